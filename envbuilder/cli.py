@@ -1,0 +1,222 @@
+"""The `envbuild` command line. Heavy imports (docker, requests, rattler) stay inside the
+commands that need them, so `render` starts fast."""
+
+from __future__ import annotations
+
+import json
+import sys
+from functools import wraps
+from pathlib import Path
+
+import click
+
+from .errors import EnvbuildError, UserError
+
+
+def _split(values: tuple[str, ...]) -> tuple[str, ...]:
+    """--without apex,flash-attn and --without apex --without flash-attn both work."""
+    return tuple(v.strip() for value in values for v in value.split(",") if v.strip())
+
+
+def override_options(f):
+    opts = [
+        click.option("--cuda", help="CUDA toolkit of the image, e.g. 12.4."),
+        click.option("--torch", "torch_", metavar="VERSION", help="torch release, e.g. 2.6.0."),
+        click.option("--python", help="Python version, e.g. 3.10."),
+        click.option("--verl", help="verl release, e.g. 0.4.1."),
+        click.option("--rollout", type=click.Choice(["hf", "vllm", "sglang"]), help="Rollout backend."),
+        click.option("--vllm", help="vLLM release (vllm rollout)."),
+        click.option("--with", "with_", multiple=True, metavar="NAMES",
+                     help="Add optional components: apex, flash-attn (comma-separated)."),
+        click.option("--without", multiple=True, metavar="NAMES",
+                     help="Leave components out: apex, flash-attn (comma-separated)."),
+        click.option("--driver", metavar="VERSION", help="Check against this NVIDIA driver version."),
+        click.option("--allow-unsupported", is_flag=True,
+                     help="Render even when the hardware is below a floor; the warnings go into the files."),
+        click.option("--matrix-dir", multiple=True, type=click.Path(path_type=Path),
+                     envvar="ENVBUILD_MATRIX_DIR",
+                     help="Extra matrix folder(s) whose *.yaml add or override profiles and facts."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+
+    @wraps(f)
+    def wrapper(*args, cuda, torch_, python, verl, rollout, vllm, with_, without, driver,
+                allow_unsupported, matrix_dir, **kwargs):
+        from .resolve import Overrides
+
+        kwargs["overrides"] = Overrides(cuda=cuda, torch=torch_, python=python, verl=verl,
+                                        rollout=rollout, vllm=vllm, with_=_split(with_),
+                                        without=_split(without), driver=driver,
+                                        allow_unsupported=allow_unsupported)
+        kwargs["matrix_dirs"] = tuple(matrix_dir)
+        return f(*args, **kwargs)
+
+    return wrapper
+
+
+def _matrix(matrix_dirs):
+    from . import matrix
+
+    return matrix.load(tuple(matrix_dirs))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"],
+                               "auto_envvar_prefix": "ENVBUILD"})
+@click.version_option(package_name="envbuild")
+def cli():
+    """Reproducible GPU environments for LLM RL training, right for the GPU you have."""
+
+
+@cli.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--matrix-dir", multiple=True, type=click.Path(path_type=Path), envvar="ENVBUILD_MATRIX_DIR")
+def list_(as_json, matrix_dir):
+    """Profiles with GPU, compute capability, CUDA, torch and rollout, one line each."""
+    m = _matrix(matrix_dir)
+    rows = []
+    for name, p in m.profiles.items():
+        gpu = m.gpus[p["gpu"]]
+        rows.append({"profile": name, "gpu": gpu["name"], "cc": gpu["compute_capability"],
+                     "vram_gb": gpu["vram_gb"], "cuda": p["cuda"], "torch": p["torch"],
+                     "verl": p["verl"], "rollout": p["rollout"], "description": p["description"]})
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    header = ("PROFILE", "GPU", "CC", "CUDA", "TORCH", "VERL", "ROLLOUT")
+    table = [header] + [(r["profile"], r["gpu"], r["cc"], r["cuda"], r["torch"], r["verl"], r["rollout"])
+                        for r in rows]
+    widths = [max(len(str(row[i])) for row in table) for i in range(len(header))]
+    for row in table:
+        click.echo("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+
+
+@cli.command()
+@click.argument("profile")
+@click.option("--json", "as_json", is_flag=True, help="The resolved environment as JSON.")
+@override_options
+def show(profile, as_json, overrides, matrix_dirs):
+    """The resolved environment of PROFILE."""
+    from .resolve import resolve
+
+    env = resolve(_matrix(matrix_dirs), profile, overrides)
+    if as_json:
+        click.echo(env.to_json(), nl=False)
+        return
+    d = env.data
+    lines = [
+        f"profile    {d['profile']}: {d['description']}",
+        f"gpu        {d['gpu']['name']} (CC {d['gpu']['compute_capability']}, {d['gpu']['vram_gb']} GB)",
+        f"cuda       {d['cuda']['version']} ({d['cuda']['images']['runtime']}), driver >= "
+        f"{d['driver']['min_driver']}",
+        f"python     {d['python']}",
+        f"torch      {' '.join(d['torch']['packages'])}"
+        + (f" from {d['torch']['index_url']}" if d["torch"]["index_url"] else " from PyPI"),
+        f"rollout    {d['rollout']}" + (f" (vllm {d['vllm']['version']})" if d["vllm"] else ""),
+        f"verl       {d['verl']['version']}",
+        f"precision  {d['dtype']}, attention {d['attention']}, remove_padding "
+        f"{d['features']['remove_padding']}, torch.compile {d['features']['torch_compile']}",
+        f"extensions {', '.join(x for x in ('apex', 'flash_attn') if d[x]) or 'none'}",
+        f"patches    {', '.join(p['name'] for p in d['patches']) or 'none'}",
+    ]
+    lines += [f"WARNING    {w}" for w in d["warnings"]]
+    click.echo("\n".join(lines))
+
+
+@cli.command()
+@click.argument("profile")
+@override_options
+def check(profile, overrides, matrix_dirs):
+    """Exit 0 when PROFILE (with overrides) is a working combination; else explain, exit 2."""
+    from .resolve import resolve
+
+    env = resolve(_matrix(matrix_dirs), profile, overrides)
+    d = env.data
+    click.echo(f"OK: {profile} resolves: {d['gpu']['name']} (CC {d['gpu']['compute_capability']}), "
+               f"CUDA {d['cuda']['version']}, torch {d['torch']['version']}+{d['torch']['variant']}, "
+               f"verl {d['verl']['version']} with the {d['rollout']} rollout, {d['dtype']}.")
+    for w in d["warnings"]:
+        click.echo(f"WARNING: {w}")
+
+
+@cli.command()
+@click.argument("profile", required=False)
+@click.option("--all", "all_", is_flag=True, help="Render every profile into OUT/<profile>/.")
+@click.option("--from", "from_", type=click.Path(path_type=Path),
+              help="Replay an envbuild.json (from a render or an image's /etc/envbuild.json).")
+@click.option("-o", "--out", type=click.Path(path_type=Path),
+              help="Output directory (default out/<profile>, or out/ with --all).")
+@override_options
+def render(profile, all_, from_, out, overrides, matrix_dirs):
+    """Write Dockerfile, environment.yml, requirements.txt, run script, preflight.py, envbuild.json."""
+    from . import render as R
+    from .resolve import ResolvedEnv, resolve
+
+    if sum(bool(x) for x in (profile, all_, from_)) != 1:
+        raise UserError("Name one profile, or --all, or --from envbuild.json (exactly one). "
+                        "`envbuild list` shows the profiles.")
+    if from_:
+        try:
+            text = Path(from_).read_text(encoding="utf-8")
+        except OSError as e:
+            raise UserError(f"Cannot read {from_}: {e.strerror}.") from None
+        env = ResolvedEnv.from_json(text, str(from_))
+        target = out or Path("out") / env.name
+        R.render(env, target)
+        click.echo(f"rendered {env.name} from {from_} -> {target}/")
+        return
+    m = _matrix(matrix_dirs)
+    names = list(m.profiles) if all_ else [profile]
+    base = out or Path("out")
+    failed = []
+    for name in names:
+        try:
+            env = resolve(m, name, overrides)
+        except EnvbuildError as e:
+            if not all_:
+                raise
+            failed.append(name)
+            click.echo(f"envbuild: {name}: {e}", err=True)
+            continue
+        target = base / name if (all_ or out is None) else out
+        R.render(env, target)
+        click.echo(f"rendered {name} -> {target}/")
+        for w in env.data["warnings"]:
+            click.echo(f"  WARNING: {w}")
+    if failed:
+        raise UserError(f"{len(failed)} of {len(names)} profiles did not resolve: {', '.join(failed)}.")
+
+
+def _load_plugins():
+    """Commands of the actions (build, lock, ...) register here when their modules exist."""
+    import importlib
+
+    for module in ("envbuilder.commands",):
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name != module:
+                raise
+
+
+def main(argv=None):
+    _load_plugins()
+    try:
+        cli.main(args=argv, prog_name="envbuild", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(2 if e.exit_code == 2 else e.exit_code)
+    except EnvbuildError as e:
+        click.echo(f"envbuild: error: {e}", err=True)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        click.echo("Interrupted.", err=True)
+        sys.exit(130)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

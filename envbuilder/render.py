@@ -1,0 +1,152 @@
+"""ResolvedEnv -> files. Only formatting: every decision was made by the resolver.
+
+Output is byte-identical for identical input (sorted, no timestamps), and it is written to a
+temporary directory first and swapped into place, so a failed render leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from .errors import ActionError, UserError
+from .paths import data_dir
+from .resolve import ResolvedEnv
+
+RUN_SCRIPT = "run_ppo_gsm8k.sh"
+# output file -> template; executables get mode 0755
+FILES = {
+    "Dockerfile": "Dockerfile.j2",
+    "environment.yml": "environment.yml.j2",
+    "requirements.txt": "requirements.txt.j2",
+    RUN_SCRIPT: "run_ppo_gsm8k.sh.j2",
+    "preflight.py": "preflight.py.j2",
+    "envbuild-secrets.sh": "envbuild-secrets.sh.j2",
+    "apply_patches.py": "apply_patches.py.j2",
+}
+EXECUTABLE = {RUN_SCRIPT, "preflight.py", "apply_patches.py"}
+MARKER = "envbuild.json"
+
+_jinja = None
+
+
+def jinja_env():
+    global _jinja
+    if _jinja is None:
+        import jinja2
+
+        cache_dir = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "envbuild" / "jinja"
+        try:
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            cache = jinja2.FileSystemBytecodeCache(str(cache_dir))
+        except OSError:  # a read-only home only costs speed
+            cache = None
+        _jinja = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(str(data_dir("templates"))),
+            undefined=jinja2.StrictUndefined,
+            autoescape=False,
+            keep_trailing_newline=True,
+            bytecode_cache=cache,
+        )
+    return _jinja
+
+
+def apex_command(d: dict) -> str:
+    apex = d["apex"]
+    if not apex:
+        return ""
+    if apex["install"] == "env":
+        return f'APEX_CPP_EXT=1 APEX_CUDA_EXT=1 pip install -v --no-build-isolation "apex @ {apex["url"]}"'
+    return ('pip install -v --no-build-isolation --config-settings "--build-option=--cpp_ext" '
+            f'--config-settings "--build-option=--cuda_ext" "apex @ {apex["url"]}"')
+
+
+def preflight_expectations(d: dict) -> dict:
+    imports = ["torch", "transformers", "verl"]
+    if d["vllm"]:
+        imports.append("vllm")
+    if d["flash_attn"]:
+        imports.append("flash_attn")
+    if d["apex"]:
+        imports += ["apex", "amp_C"]
+    return {
+        "profile": d["profile"],
+        "gpu": d["gpu"]["name"],
+        "compute_capability": d["gpu"]["compute_capability"],
+        "torch_cuda": d["torch"]["cuda"],
+        "dtype": d["dtype"],
+        "torch_dtype": {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[d["dtype"]],
+        "torch_compile": d["features"]["torch_compile"],
+        "model_vram_gb": d["train"]["model_vram_gb"],
+        "min_driver": d["driver"]["min_driver"],
+        "compat_driver": d["driver"]["compat_driver"],
+        "driver_cuda": d["driver"]["for_cuda"],
+        "imports": imports,
+    }
+
+
+def render_files(env: ResolvedEnv) -> dict[str, str]:
+    """All rendered files by name, in memory."""
+    d = env.data
+    spec = env.to_json()
+    context = {
+        "env": d,
+        "needs_builder": bool(d["apex"] or d["flash_attn"]),
+        "run_script": RUN_SCRIPT,
+        "spec_sha256": hashlib.sha256(spec.encode()).hexdigest(),
+        "apex_command": apex_command(d),
+        "expected": preflight_expectations(d),
+    }
+    j = jinja_env()
+    out = {MARKER: spec}
+    for name, template in FILES.items():
+        if name == "apply_patches.py" and not d["patches"]:
+            continue
+        out[name] = j.get_template(template).render(context)
+    return out
+
+
+def write_dir(out_dir: Path, files: dict[str, str]) -> list[Path]:
+    """Write `files` into `out_dir` as one swap: all of them or, on failure, none."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"{out_dir} exists and is not a directory. Pass -o a new or envbuild-made "
+                        "directory.")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / MARKER).exists():
+        raise UserError(f"{out_dir} is not empty and was not written by envbuild (no {MARKER}); "
+                        "refusing to replace it. Pass -o a new or empty directory.")
+    parent = out_dir.parent if str(out_dir.parent) else Path(".")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=parent))
+    except OSError as e:
+        raise ActionError(f"Cannot create {parent}: {e.strerror}. Check the path and its "
+                          "permissions.") from None
+    old = None
+    try:
+        for name, text in sorted(files.items()):
+            path = tmp / name
+            path.write_text(text, encoding="utf-8")
+            path.chmod(0o755 if name in EXECUTABLE else 0o644)
+        tmp.chmod(0o755)
+        if out_dir.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old.", dir=parent))
+            os.rename(out_dir, old / "d")
+        os.rename(tmp, out_dir)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and (old / "d").exists() and not out_dir.exists():
+            os.rename(old / "d", out_dir)
+        raise ActionError(f"Cannot write {out_dir}: {e.strerror}. Nothing was changed; check free "
+                          "space and permissions.") from None
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    return [out_dir / name for name in sorted(files)]
+
+
+def render(env: ResolvedEnv, out_dir: Path) -> list[Path]:
+    return write_dir(out_dir, render_files(env))

@@ -1,0 +1,455 @@
+"""Profile + overrides -> ResolvedEnv, or the list of rules the combination breaks.
+
+Pure: reads only the Matrix. Every rule reads its threshold from the data; no GPU name or
+version is spelled out here. A Violation says what, why and a concrete fix; `hard` ones stay
+errors under --allow-unsupported (the combination cannot work at all), the others become
+warnings that are written into the rendered files.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import __version__
+from .errors import UserError
+from .matrix import Matrix, cc_tuple, in_range, version_key
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Overrides:
+    cuda: str | None = None
+    torch: str | None = None
+    python: str | None = None
+    verl: str | None = None
+    rollout: str | None = None
+    vllm: str | None = None
+    with_: tuple[str, ...] = ()
+    without: tuple[str, ...] = ()
+    driver: str | None = None
+    allow_unsupported: bool = False
+
+    def as_dict(self) -> dict:
+        d = {k: v for k, v in self.__dict__.items() if v not in (None, (), False)}
+        if "with_" in d:
+            d["with"] = d.pop("with_")
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(d.items())}
+
+
+@dataclass(frozen=True)
+class Violation:
+    rule: str
+    what: str
+    why: str
+    fix: str
+    hard: bool = False
+
+    def text(self) -> str:
+        return f"{self.what}: {self.why}. Fix: {self.fix}."
+
+
+class ResolveError(UserError):
+    def __init__(self, profile: str, violations: list[Violation]):
+        self.profile = profile
+        self.violations = violations
+        lines = [f"Profile {profile!r} cannot be resolved as asked:"]
+        lines += [f"  - [{v.rule}] {v.text()}" for v in violations]
+        if not any(v.hard for v in violations):
+            lines.append("  (--allow-unsupported renders anyway and writes these warnings into "
+                         "the files.)")
+        super().__init__("\n".join(lines))
+
+
+@dataclass(frozen=True)
+class ResolvedEnv:
+    """Everything the templates need; JSON round-trips to the same bytes."""
+
+    data: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return self.data["profile"]
+
+    def to_json(self) -> str:
+        return json.dumps(self.data, indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, origin: str = "envbuild.json") -> "ResolvedEnv":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{origin} is not valid JSON ({e.msg} at line {e.lineno}). Pass the "
+                            "envbuild.json that `envbuild render` wrote.") from None
+        if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
+            raise UserError(f"{origin} is not an envbuild resolved environment of schema version "
+                            f"{SCHEMA_VERSION}. Pass the envbuild.json that `envbuild render` wrote "
+                            "(or re-resolve it from its profile).")
+        return cls(data)
+
+
+def suggest(name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
+    return f"did you mean {close[0]!r}? " if close else ""
+
+
+def _cc_runs(gpu_cc: str, archs: list[str]) -> bool:
+    """True when a cubin in `archs` runs on `gpu_cc`: same major, minor <= the GPU's."""
+    major, minor = cc_tuple(gpu_cc)
+    return any(a[0] == major and a[1] <= minor for a in map(cc_tuple, archs))
+
+
+def _at_least(cc: str, floor: str) -> bool:
+    return cc_tuple(cc) >= cc_tuple(floor)
+
+
+class _Resolver:
+    def __init__(self, m: Matrix, profile_name: str, ov: Overrides):
+        self.m, self.ov = m, ov
+        self.v: list[Violation] = []
+        if profile_name not in m.profiles:
+            raise UserError(f"Unknown profile {profile_name!r}; {suggest(profile_name, list(m.profiles))}"
+                            f"Known profiles: {', '.join(m.profiles)}. `envbuild list` shows them; "
+                            "add your own with --matrix-dir.")
+        self.name = profile_name
+        self.p = m.profiles[profile_name]
+
+    def add(self, rule: str, what: str, why: str, fix: str, hard: bool = False) -> None:
+        self.v.append(Violation(rule, what, why, fix, hard))
+
+    def pick(self, kind: str, section: str, value: str) -> dict:
+        table = self.m.sections[section]
+        if value not in table:
+            known = sorted(table, key=version_key) if section != "gpus" else list(table)
+            raise UserError(f"{kind} {value!r} is not in the matrix; {suggest(value, known)}known: "
+                            f"{', '.join(known)}. Add it in a --matrix-dir overlay if you need it.")
+        return table[value]
+
+    # -- the rules ---------------------------------------------------------------------------
+
+    def torch_build(self, torch_v: str, torch: dict, cuda_v: str, needs_nvcc: bool) -> tuple[str, dict] | None:
+        builds = torch["builds"]
+        exact = [(k, b) for k, b in builds.items() if b["cuda"] == cuda_v]
+        if exact:
+            return exact[0]
+        # torch wheels carry their own CUDA runtime: an older minor of the image's major runs.
+        older = sorted(((k, b) for k, b in builds.items()
+                        if b["cuda"].split(".")[0] == cuda_v.split(".")[0]
+                        and version_key(b["cuda"]) < version_key(cuda_v)),
+                       key=lambda kb: version_key(kb[1]["cuda"]))
+        if older and not needs_nvcc:
+            return older[-1]
+        have = ", ".join(f"{k} (CUDA {b['cuda']})" for k, b in builds.items())
+        others = [t for t, rec in self.m.torch.items()
+                  if any(b["cuda"] == cuda_v for b in rec["builds"].values())]
+        fix = f"use --cuda {' or --cuda '.join(sorted({b['cuda'] for b in builds.values()}))}"
+        if others:
+            fix += f", or --torch {others[-1]} (it has a CUDA {cuda_v} build)"
+        why = f"its builds are {have}"
+        if older and needs_nvcc:
+            why += "; an older-minor build would run, but a compiled extension needs nvcc to match"
+        self.add("torch-cuda", f"torch {torch_v} has no build for CUDA {cuda_v}", why, fix, hard=True)
+        return None
+
+    def arch_rule(self, gpu_key: str, gpu: dict, torch_v: str, variant: str, build: dict) -> None:
+        cc = gpu["compute_capability"]
+        if _cc_runs(cc, build["archs"]):
+            return
+        fixes = []  # the same torch release first, then the newest releases
+        releases = sorted(self.m.torch, key=version_key, reverse=True)
+        releases.sort(key=lambda tv: tv != torch_v)
+        for tv in releases:
+            for b in sorted(self.m.torch[tv]["builds"].values(), key=lambda b: version_key(b["cuda"]),
+                            reverse=True):
+                if _cc_runs(cc, b["archs"]):
+                    fixes.append(f"--torch {tv} --cuda {b['cuda']}")
+        fix = "use " + (" or ".join(fixes[:2]) if fixes else "a GPU this build supports")
+        self.add("arch", f"torch {torch_v}+{variant} has no kernels for sm_{cc.replace('.', '')} "
+                 f"({gpu['name']})",
+                 f"its arch list is {';'.join(build['archs'])}; it would fail at run time with "
+                 "'no kernel image is available for execution on the device'", fix, hard=True)
+
+    def driver_rule(self, cuda_v: str, cuda: dict, extra_cudas: list[str]) -> dict:
+        need = max([cuda_v, *extra_cudas], key=version_key)
+        need_rec = self.m.cuda.get(need, cuda)
+        info = {"min_driver": need_rec["min_driver"], "compat_driver": need_rec["compat_driver"],
+                "for_cuda": need}
+        drv = self.ov.driver
+        if drv is None:
+            return info
+        if version_key(drv) >= version_key(need_rec["min_driver"]):
+            info["mode"] = "native"
+        elif version_key(drv) >= version_key(need_rec["compat_driver"]):
+            info["mode"] = "minor-version-compatibility"
+        else:
+            ok = [c for c, r in self.m.cuda.items()
+                  if version_key(drv) >= version_key(r["min_driver"])]
+            fix = f"upgrade the driver to >= {need_rec['min_driver']}"
+            if ok:
+                fix += f", or use --cuda {max(ok, key=version_key)}"
+            self.add("driver", f"driver {drv} is too old for CUDA {need}",
+                     f"CUDA {need} needs >= {need_rec['min_driver']} (or >= "
+                     f"{need_rec['compat_driver']} under minor-version compatibility)", fix)
+            info["mode"] = "too-old"
+        info["driver"] = drv
+        return info
+
+    def rollout_rule(self, verl_v: str, verl: dict, rollout: str) -> None:
+        if rollout in verl["rollouts"]:
+            return
+        having = [v for v, r in self.m.verl.items() if rollout in r["rollouts"]]
+        fix = f"use --verl {having[-1]}" if having else "choose another rollout"
+        others = [r for r in verl["rollouts"] if r != rollout]
+        if others:
+            fix += f", or --rollout {others[0]}"
+        self.add("rollout", f"verl {verl_v} has no {rollout!r} rollout",
+                 f"its rollouts are {', '.join(verl['rollouts'])}", fix, hard=True)
+
+    def choose_vllm(self, torch_v: str, verl_v: str, verl: dict) -> str | None:
+        fitting = [v for v, r in self.m.vllm.items()
+                   if r["torch"] == torch_v and in_range(v, verl["vllm"])]
+        if fitting:
+            return max(fitting, key=version_key)
+        pins = ", ".join(f"{v}->torch {r['torch']}" for v, r in self.m.vllm.items())
+        self.add("vllm-torch", f"no vLLM release in the matrix pins torch {torch_v} within verl "
+                 f"{verl_v}'s range {verl['vllm']}", f"vLLM pins torch exactly ({pins})",
+                 "pick a --torch that a vLLM release pins, or --rollout hf", hard=True)
+        return None
+
+    def vllm_rules(self, vllm_v: str, vr: dict, torch_v: str, build: dict, verl_v: str,
+                   verl: dict, gpu: dict, python: str) -> None:
+        if vr["torch"] != torch_v:
+            same = [v for v, r in self.m.vllm.items() if r["torch"] == torch_v]
+            fix = f"use --torch {vr['torch']}" + (f" or --vllm {same[-1]}" if same else "")
+            self.add("vllm-torch", f"vllm {vllm_v} with torch {torch_v} is an ABI mismatch",
+                     f"vllm {vllm_v} pins torch=={vr['torch']} and its compiled ops are built against "
+                     f"it; installing torch {torch_v} beside it (e.g. with --no-deps) breaks them",
+                     fix, hard=True)
+        if not in_range(vllm_v, verl["vllm"]):
+            fit = [v for v in self.m.vllm if in_range(v, verl["vllm"])]
+            self.add("verl-vllm", f"verl {verl_v} does not accept vllm {vllm_v}",
+                     f"its setup.py allows vllm{verl['vllm']}",
+                     f"use --vllm {fit[-1]}" if fit else "use another --verl", hard=True)
+        if vr["wheel_cuda"].split(".")[0] != build["cuda"].split(".")[0]:
+            self.add("vllm-cuda", f"vllm {vllm_v} is built for CUDA {vr['wheel_cuda']} but torch is "
+                     f"built for CUDA {build['cuda']}", "the CUDA major versions must agree",
+                     f"use --cuda {vr['wheel_cuda']}", hard=True)
+        if python not in vr["python"]:
+            self.add("vllm-python", f"vllm {vllm_v} has no wheels for Python {python}",
+                     f"it supports {', '.join(vr['python'])}", f"use --python {vr['python'][-1]}",
+                     hard=True)
+    def vllm_cc_rule(self, gpu: dict) -> None:
+        floor = self.m.min_compute_capability
+        if floor and not _at_least(gpu["compute_capability"], floor):
+            hf = [v for v, r in self.m.verl.items() if "hf" in r["rollouts"]]
+            fix = "use --rollout hf" + (f" with --verl {hf[-1]} (the last verl with the HF rollout)"
+                                        if hf else "")
+            self.add("vllm-cc", f"vLLM cannot run on the {gpu['name']} (CC {gpu['compute_capability']})",
+                     f"vLLM supports compute capability >= {floor} only (Volta or later); its kernels "
+                     "are not built for this GPU", fix)
+
+    # -- the whole -------------------------------------------------------------------------
+
+    def run(self) -> ResolvedEnv:
+        p, ov, m = self.p, self.ov, self.m
+        gpu_key = p["gpu"]
+        gpu = m.gpus[gpu_key]
+        cc = gpu["compute_capability"]
+        cuda_v = ov.cuda or p["cuda"]
+        torch_v = ov.torch or p["torch"]
+        verl_v = ov.verl or p["verl"]
+        rollout = ov.rollout or p["rollout"]
+        cuda = self.pick("CUDA", "cuda", cuda_v)
+        torch = self.pick("torch", "torch", torch_v)
+        verl = self.pick("verl", "verl", verl_v)
+
+        components = dict(p["components"])
+        optional = p.get("optional_components", {})
+        for name in ov.with_:
+            if name in components:
+                continue
+            if name in optional:
+                components[name] = optional[name]
+            elif name == "flash-attn" and m.flash_attn:
+                fitting = [v for v, r in m.flash_attn["versions"].items()
+                           if in_range(torch_v, r["torch"])]
+                if not fitting:
+                    raise UserError(f"No flash-attn release in the matrix supports torch {torch_v}; "
+                                    "pick another --torch or leave flash-attn out.")
+                components[name] = max(fitting, key=version_key)
+            elif name == "apex" and m.apex:
+                components[name] = max(m.apex["versions"], key=version_key)
+            else:
+                raise UserError(f"Unknown component {name!r} for --with; components are apex, "
+                                "flash-attn.")
+        for name in ov.without:
+            if name not in ("apex", "flash-attn"):
+                raise UserError(f"Unknown component {name!r} for --without; "
+                                f"{suggest(name, ['apex', 'flash-attn'])}components are apex, flash-attn.")
+            components.pop(name, None)
+
+        needs_nvcc = "apex" in components and m.apex and m.apex["nvcc_must_match_torch_cuda"]
+        picked = self.torch_build(torch_v, torch, cuda_v, bool(needs_nvcc))
+        python = ov.python or p.get("python") or cuda["python"]
+        if python not in torch["python"]:
+            self.add("torch-python", f"torch {torch_v} has no wheels for Python {python}",
+                     f"it supports {', '.join(torch['python'])}",
+                     f"use --python {cuda['python']}" if cuda["python"] in torch["python"]
+                     else f"use a --torch that supports Python {python}", hard=True)
+        if python != cuda["python"]:
+            same = [c for c, r in m.cuda.items() if r["python"] == python]
+            self.add("image-python", f"the CUDA {cuda_v} image ({cuda['images']['runtime']}) ships "
+                     f"Python {cuda['python']}, not {python}",
+                     "the image's system Python is the one the venv is made from",
+                     f"use --python {cuda['python']}" + (f" or --cuda {same[-1]}" if same else ""),
+                     hard=True)
+
+        if picked:
+            variant, build = picked
+            self.arch_rule(gpu_key, gpu, torch_v, variant, build)
+        else:
+            variant, build = f"cu{cuda_v.replace('.', '')}", {"cuda": cuda_v, "archs": []}
+
+        self.rollout_rule(verl_v, verl, rollout)
+        vllm_v = None
+        extra_cudas = []
+        if rollout == "vllm":
+            self.vllm_cc_rule(gpu)
+            vllm_v = ov.vllm or p.get("vllm") or self.choose_vllm(torch_v, verl_v, verl)
+            if vllm_v:
+                vr = self.pick("vllm", "vllm", vllm_v)
+                self.vllm_rules(vllm_v, vr, torch_v, build, verl_v, verl, gpu, python)
+                if vr["wheel_cuda"] in m.cuda:
+                    extra_cudas.append(vr["wheel_cuda"])
+        elif ov.vllm:
+            self.add("rollout", f"--vllm {ov.vllm} was given but the rollout is {rollout!r}",
+                     "vLLM is only installed for the vllm rollout", "add --rollout vllm", hard=True)
+        driver = self.driver_rule(cuda_v, cuda, extra_cudas)
+
+        # dtype, attention and the features that follow from the GPU
+        feats = {k: _at_least(cc, f["min_compute_capability"]) for k, f in m.features.items()}
+        dtype = p["dtype"]
+        if dtype == "auto":
+            dtype = "bf16" if gpu["bf16"] else ("fp16" if gpu["fp16_fast"] else "fp32")
+        elif dtype == "bf16" and not gpu["bf16"]:
+            self.add("bf16", f"bf16 on the {gpu['name']} (CC {cc})",
+                     f"native bfloat16 needs CC >= {m.features['bf16']['min_compute_capability']}",
+                     "set dtype to fp16 or fp32 in the profile")
+        fa = None
+        if "flash-attn" in components:
+            fa = components["flash-attn"]
+            fa_rec = m.flash_attn["versions"].get(fa)
+            if fa_rec is None:
+                raise UserError(f"flash-attn {fa!r} is not in the matrix; known: "
+                                f"{', '.join(m.flash_attn['versions'])}.")
+            if not in_range(torch_v, fa_rec["torch"]):
+                self.add("flash-attn-torch", f"flash-attn {fa} does not support torch {torch_v}",
+                         f"it supports torch{fa_rec['torch']}", "pick another flash-attn version "
+                         "in the profile, or --without flash-attn", hard=True)
+            if not _at_least(cc, m.flash_attn["min_compute_capability"]):
+                self.add("flash-attn-cc", f"flash-attn on the {gpu['name']} (CC {cc})",
+                         "FlashAttention-2 only supports Ampere GPUs or newer (CC >= "
+                         f"{m.flash_attn['min_compute_capability']})", "use --without flash-attn "
+                         "(attention falls back to sdpa)")
+        fa_usable = fa is not None and _at_least(cc, m.flash_attn["min_compute_capability"])
+        attention = p["attention"]
+        if attention == "auto":
+            attention = "flash_attention_2" if fa_usable else "sdpa"
+        elif attention == "flash_attention_2" and fa is None:
+            self.add("attention", "attention flash_attention_2 without the flash-attn package",
+                     "the profile asks for it but flash-attn is not installed",
+                     "use --with flash-attn, or set attention to sdpa", hard=True)
+        remove_padding = attention == "flash_attention_2" and feats.get("remove_padding", True)
+
+        apex = None
+        if "apex" in components:
+            av = components["apex"]
+            arec = m.apex["versions"].get(av)
+            if arec is None:
+                raise UserError(f"apex {av!r} is not in the matrix; known: "
+                                f"{', '.join(m.apex['versions'])}.")
+            if m.apex["nvcc_must_match_torch_cuda"] and build["cuda"] != cuda_v:
+                self.add("apex-nvcc", f"apex needs nvcc == torch.version.cuda, but the image's nvcc "
+                         f"is {cuda_v} and torch is built for {build['cuda']}",
+                         "apex's setup.py refuses a CUDA version mismatch",
+                         f"use --cuda {build['cuda']} or --without apex", hard=True)
+            apex = {"version": av, "ref": arec["ref"], "install": arec["install"],
+                    "url": m.apex["source_url"].format(ref=arec["ref"])}
+        if (apex or fa) and cc not in cuda["nvcc_archs"]:
+            self.add("nvcc-arch", f"nvcc {cuda_v} cannot build for sm_{cc.replace('.', '')}",
+                     f"it targets {', '.join(cuda['nvcc_archs'])}",
+                     "use another --cuda, or --without apex,flash-attn", hard=True)
+
+        patches = []
+        for pname in verl["patches"]:
+            pr = m.patches[pname]
+            wanted = {"always": True,
+                      "no_flash_attention": attention != "flash_attention_2",
+                      "no_bf16": dtype != "bf16"}[pr["when"]]
+            if wanted:
+                values = {"attention": attention,
+                          "autocast_dtype": {"bf16": "bfloat16", "fp16": "float16"}.get(dtype, "float32"),
+                          "autocast_enabled": str(dtype != "fp32")}
+                patches.append({"name": pname, "why": pr["why"], "files": list(pr["files"]),
+                                "replace": [{"find": r["find"], "with": r["with"].format(**values)}
+                                            for r in pr["replace"]]})
+
+        hard = [v for v in self.v if v.hard]
+        if hard or (self.v and not ov.allow_unsupported):
+            raise ResolveError(self.name, self.v)
+
+        pins = dict(verl["pins"])
+        pins.update(p.get("pins", {}))
+        torch_index = None
+        local = ""
+        if variant != torch["pypi_default"]:
+            torch_index = m.index_url.format(variant=variant)
+            local = f"+{variant}"
+        defaults = m.defaults or {}
+        data = {
+            "schema_version": SCHEMA_VERSION,
+            "envbuild_version": __version__,
+            "profile": self.name,
+            "description": p["description"],
+            "overrides": ov.as_dict(),
+            "gpu": {"key": gpu_key, "name": gpu["name"], "arch": gpu["arch"],
+                    "compute_capability": cc, "sm": cc.replace(".", ""),
+                    "vram_gb": gpu["vram_gb"], "bf16": gpu["bf16"],
+                    "max_smem_per_block_kb": gpu["max_smem_per_block_kb"]},
+            "cuda": {"version": cuda_v, "full_version": cuda["version"], "ubuntu": cuda["ubuntu"],
+                     "images": dict(cuda["images"]), "conda_nvcc": cuda["conda_nvcc"]},
+            "driver": driver,
+            "python": python,
+            "torch": {"version": torch_v, "variant": variant, "cuda": build["cuda"],
+                      "archs": list(build["archs"]), "index_url": torch_index,
+                      "packages": [f"torch=={torch_v}{local}",
+                                   f"torchvision=={torch['torchvision']}{local}",
+                                   f"torchaudio=={torch['torchaudio']}{local}"]},
+            "rollout": rollout,
+            "vllm": {"version": vllm_v, "torch": m.vllm[vllm_v]["torch"],
+                     "wheel_cuda": m.vllm[vllm_v]["wheel_cuda"]} if vllm_v else None,
+            "verl": {"version": verl_v, "attention_override": verl["attention_override"],
+                     "pins": dict(sorted(pins.items()))},
+            "dtype": dtype,
+            "attention": attention,
+            "features": {"bf16": dtype == "bf16", "flash_attention": attention == "flash_attention_2",
+                         "remove_padding": remove_padding,
+                         "torch_compile": feats.get("torch_compile", True)},
+            "flash_attn": {"version": fa} if fa else None,
+            "apex": dict(apex, arch_list=cc) if apex else None,
+            "patches": patches,
+            "indexes": {"pypi": defaults.get("pypi_index", "https://pypi.org/simple"),
+                        "torch": torch_index},
+            "huggingface": defaults.get("huggingface", "https://huggingface.co"),
+            "conda_channels": list(defaults.get("conda_channels", ["conda-forge", "nvidia"])),
+            "train": dict(p["train"]),
+            "warnings": [v.text() for v in self.v],
+        }
+        return ResolvedEnv(data)
+
+
+def resolve(m: Matrix, profile: str, overrides: Overrides | None = None) -> ResolvedEnv:
+    return _Resolver(m, profile, overrides or Overrides()).run()

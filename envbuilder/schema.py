@@ -1,0 +1,113 @@
+"""A small schema checker for the matrix files: names the file and the key on every error.
+
+A schema is plain data: a dict of field -> type spec, where a key ending in "?" is optional;
+a spec is a Python type, a `Pattern`, `ListOf`, `MapOf`, `OneOf`, or a nested dict.
+(jsonschema would do, but its import alone costs more than a whole render.)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+
+class SchemaError(ValueError):
+    def __init__(self, where: str, message: str):
+        super().__init__(f"{where}: {message}")
+        self.where = where
+
+
+@dataclass(frozen=True)
+class Pattern:
+    regex: str
+    example: str
+
+    def check(self, value: Any, where: str) -> None:
+        if not isinstance(value, str):
+            hint = " (quote it, YAML read it as a number)" if isinstance(value, (int, float)) else ""
+            raise SchemaError(where, f"expected a string like {self.example!r}, got {value!r}{hint}")
+        if not re.fullmatch(self.regex, value):
+            raise SchemaError(where, f"{value!r} is not of the form {self.example!r}")
+
+
+@dataclass(frozen=True)
+class ListOf:
+    item: Any
+
+
+@dataclass(frozen=True)
+class MapOf:
+    value: Any
+    key: Any = None  # a Pattern for keys, or None for any string
+
+
+@dataclass(frozen=True)
+class OneOf:
+    choices: tuple
+
+
+VERSION = Pattern(r"\d+(\.\d+)*([a-z]+\d*|\.post\d+)?", "2.6.0")
+CC = Pattern(r"\d+\.\d", "6.1")
+CUDA = Pattern(r"\d+\.\d+", "11.8")
+DRIVER = Pattern(r"\d+\.\d+(\.\d+)?", "550.54.14")
+
+_TYPE_NAMES = {str: "a string", int: "a whole number", float: "a number", bool: "true or false",
+               dict: "a mapping", list: "a list"}
+
+
+def check(value: Any, spec: Any, where: str) -> None:
+    """Raise SchemaError naming `where` (file: dotted.key) at the first mismatch."""
+    if isinstance(spec, Pattern):
+        spec.check(value, where)
+    elif isinstance(spec, OneOf):
+        if value not in spec.choices:
+            raise SchemaError(where, f"{value!r} is not one of {', '.join(map(str, spec.choices))}")
+    elif isinstance(spec, ListOf):
+        if not isinstance(value, list):
+            raise SchemaError(where, f"expected a list, got {value!r}")
+        for i, item in enumerate(value):
+            check(item, spec.item, f"{where}[{i}]")
+    elif isinstance(spec, MapOf):
+        if not isinstance(value, dict):
+            raise SchemaError(where, f"expected a mapping, got {value!r}")
+        for key, item in value.items():
+            key_where = f"{where}.{key}"
+            if spec.key is not None:
+                spec.key.check(key, key_where)
+            elif not isinstance(key, str):
+                raise SchemaError(key_where, f"key {key!r} must be a string (quote it)")
+            check(item, spec.value, key_where)
+    elif isinstance(spec, dict):
+        _check_record(value, spec, where)
+    elif spec is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise SchemaError(where, f"expected a number, got {value!r}")
+    elif spec is Any:
+        return
+    elif isinstance(spec, tuple):  # nullable: (type, None)
+        if value is not None:
+            check(value, spec[0], where)
+    else:
+        if not isinstance(value, spec) or (spec is int and isinstance(value, bool)):
+            raise SchemaError(where, f"expected {_TYPE_NAMES.get(spec, spec.__name__)}, got {value!r}")
+
+
+def _check_record(value: Any, spec: dict, where: str) -> None:
+    if not isinstance(value, dict):
+        raise SchemaError(where, f"expected a mapping, got {value!r}")
+    fields = {k.rstrip("?"): k.endswith("?") for k in spec}
+    for key in value:
+        if key not in fields:
+            import difflib
+
+            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(fields)}"
+            raise SchemaError(f"{where}.{key}", f"unknown key{hint}")
+    for key, optional in fields.items():
+        sub = spec[key + "?"] if optional else spec[key]
+        if key not in value:
+            if not optional:
+                raise SchemaError(f"{where}.{key}", "required key is missing")
+            continue
+        check(value[key], sub, f"{where}.{key}")
