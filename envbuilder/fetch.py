@@ -26,7 +26,7 @@ from envbuilder.errors import ActionError, UserError
 CHUNK = 64 * 1024  # small enough that a dropped connection loses little of what arrived
 HASH_BLOCK = 1024 * 1024
 PARTIAL_DIR = ".partial"
-MAX_RETRY_AFTER = 60.0  # a server asking for longer is treated as down, not waited on
+MAX_RETRY_AFTER = 60.0  # cap on a server's Retry-After, so one slow mirror cannot stall an export
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
