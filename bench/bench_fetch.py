@@ -1,0 +1,148 @@
+"""Benchmark: offline wheelhouse export with fetch_all against sequential downloads.
+
+A loopback PEP 503 index serves N generated wheels, adding a fixed latency to every request
+and throttling each connection, as a remote mirror does. Timed (median of --repeats runs):
+  pip download   real `pip download --no-deps -r req.txt` from that index, one by one
+                 (includes pip's start-up and one index-page request per package)
+  sequential     fetch_all(jobs=1): the same engine and requests, one file at a time
+  parallel       fetch_all(jobs=--jobs)
+  no-op          fetch_all again into a full wheelhouse (hash checks only, no request)
+
+Run: .venv/bin/python bench/bench_fetch.py [--files 40] [--size-kib 256] [--latency-ms 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from envbuilder.fetch import FetchItem, fetch_all  # noqa: E402
+from httpfixtures import FileServer  # noqa: E402
+
+
+def make_wheel(name: str, payload_size: int) -> tuple[str, bytes]:
+    """A real, installable py3-none-any wheel whose bulk is random (incompressible) bytes."""
+    filename = f"{name}-1.0-py3-none-any.whl"
+    info = f"{name}-1.0.dist-info"
+    members = {
+        f"{name}/__init__.py": b"",
+        f"{name}/payload.bin": os.urandom(payload_size),
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n".encode(),
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: bench\nRoot-Is-Purelib: true\n"
+                         b"Tag: py3-none-any\n",
+    }
+    record = "".join(f"{path},,\n" for path in members) + f"{info}/RECORD,,\n"
+    members[f"{info}/RECORD"] = record.encode()
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as zf:
+        for path, data in members.items():
+            zf.writestr(path, data)
+    return filename, buffer.getvalue()
+
+
+def simple_index(wheels: dict[str, tuple[str, bytes]]) -> dict[str, bytes]:
+    """The server's files: /simple/ pages (PEP 503) linking to /files/<wheel>#sha256=..."""
+    tree = {"simple/": "".join(f'<a href="{n}/">{n}</a>\n' for n in wheels).encode()}
+    for name, (filename, data) in wheels.items():
+        digest = hashlib.sha256(data).hexdigest()
+        link = f'<a href="../../files/{filename}#sha256={digest}">{filename}</a>\n'
+        tree[f"simple/{name}/"] = link.encode()
+        tree[f"files/{filename}"] = data
+    return tree
+
+
+def timed(run, repeats: int, prepare=lambda: None) -> float:
+    """Median wall time of `run` over `repeats`, with `prepare` untimed before each."""
+    times = []
+    for _ in range(repeats):
+        prepare()
+        started = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def pip_download(index_url: str, requirements: Path, dest: Path) -> None:
+    # --isolated and a PIP_-free environment: only our index, no local wheel caches or mirrors
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    subprocess.run([sys.executable, "-m", "pip", "download", "--isolated", "--no-deps",
+                    "--no-cache-dir", "--disable-pip-version-check", "--progress-bar", "off", "-q",
+                    "--index-url", index_url, "-d", str(dest), "-r", str(requirements)],
+                   check=True, env=env)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--files", type=int, default=40)
+    parser.add_argument("--size-kib", type=int, default=256)
+    parser.add_argument("--latency-ms", type=float, default=50)
+    parser.add_argument("--rate-mib", type=float, default=20, help="per-connection throughput")
+    parser.add_argument("--jobs", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-pip", action="store_true", help="skip the pip download baseline")
+    args = parser.parse_args()
+
+    wheels = {f"benchpkg{i:03d}": make_wheel(f"benchpkg{i:03d}", args.size_kib * 1024)
+              for i in range(args.files)}
+    total_bytes = sum(len(data) for _, data in wheels.values())
+    server = FileServer(simple_index(wheels), latency=args.latency_ms / 1000,
+                        rate=args.rate_mib * 1024 * 1024)
+    with server, tempfile.TemporaryDirectory(prefix="bench-fetch-") as tmp:
+        work = Path(tmp)
+        items = [FetchItem(fn, hashlib.sha256(data).hexdigest(), (server.url(f"files/{fn}"),),
+                           len(data)) for fn, data in wheels.values()]
+        quiet = lambda event: None  # noqa: E731 - the bench prints its own table
+
+        def fresh(name: str):
+            return lambda: _empty_dir(work / name)
+
+        rows = []
+        if not args.no_pip:
+            requirements = work / "req.txt"
+            requirements.write_text("".join(f"{name}==1.0\n" for name in wheels))
+            rows.append(("pip download (sequential)", timed(
+                lambda: pip_download(server.url("simple/"), requirements, work / "pip"),
+                args.repeats, fresh("pip"))))
+            assert len(list((work / "pip").glob("*.whl"))) == args.files
+        rows.append(("fetch_all jobs=1 (sequential)", timed(
+            lambda: fetch_all(items, work / "seq", jobs=1, progress=quiet),
+            args.repeats, fresh("seq"))))
+        rows.append((f"fetch_all jobs={args.jobs}", timed(
+            lambda: fetch_all(items, work / "par", jobs=args.jobs, progress=quiet),
+            args.repeats, fresh("par"))))
+        parallel = rows[-1][1]
+        rows.append(("no-op re-export (all present)", timed(
+            lambda: fetch_all(items, work / "par", jobs=args.jobs, progress=quiet),
+            args.repeats)))
+
+    print(f"{args.files} wheels x {args.size_kib} KiB ({total_bytes / 2**20:.1f} MiB), "
+          f"{args.latency_ms:g} ms per request, {args.rate_mib:g} MiB/s per connection, "
+          f"median of {args.repeats}")
+    print(f"{'method':<32}{'seconds':>9}  parallel is")
+    for label, seconds in rows:
+        baseline = label.startswith(("pip", "fetch_all jobs=1"))
+        ratio = f"{seconds / parallel:.1f}x faster" if baseline else ""
+        print(f"{label:<32}{seconds:>9.3f}  {ratio}".rstrip())
+
+
+def _empty_dir(path: Path) -> None:
+    if path.exists():
+        for child in sorted(path.rglob("*"), reverse=True):
+            child.rmdir() if child.is_dir() else child.unlink()
+    path.mkdir(parents=True, exist_ok=True)
+
+
+if __name__ == "__main__":
+    main()
