@@ -7,86 +7,25 @@ shipped ones and replace records key by key, so users add or override profiles w
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from . import schema as S
 from .errors import UserError
 from .paths import data_dir
+from .versions import in_range, version_key  # noqa: F401  (re-exported)
 
-SOURCE = str
-GPU = {"name": str, "match": S.ListOf(str), "arch": str, "compute_capability": S.CC,
-       "vram_gb": float, "max_smem_per_block_kb": int, "bf16": bool, "fp16_fast": bool,
-       "source": SOURCE}
-CUDA = {"version": S.VERSION, "min_driver": S.DRIVER, "compat_driver": S.DRIVER,
-        "nvcc_archs": S.ListOf(S.CC), "ubuntu": str, "python": S.CUDA,
-        "images": {"devel": str, "runtime": str}, "conda_nvcc": str, "source": SOURCE}
-TORCH = {"python": S.ListOf(S.CUDA), "torchvision": S.VERSION, "torchaudio": S.VERSION,
-         "pypi_default": str, "builds": S.MapOf({"cuda": S.CUDA, "archs": S.ListOf(S.CC)}),
-         "source": SOURCE}
-VLLM = {"torch": S.VERSION, "wheel_cuda": S.CUDA, "python": S.ListOf(S.CUDA), "source": SOURCE}
-FEATURE = {"min_compute_capability": S.CC, "note?": str, "source": SOURCE}
-FLASH_ATTN = {"min_compute_capability": S.CC, "source": SOURCE,
-              "versions": S.MapOf({"torch": str, "source": SOURCE}, key=S.VERSION)}
-APEX = {"versions": S.MapOf({"ref": str, "install": S.OneOf(("env", "config_settings")),
-                             "source": SOURCE}),
-        "source_url": str, "nvcc_must_match_torch_cuda": bool, "source": SOURCE}
-VERL = {"rollouts": S.ListOf(S.OneOf(("hf", "vllm", "sglang"))), "vllm": str,
-        "attention_override": (str, None), "patches": S.ListOf(str),
-        "pins": S.MapOf(S.VERSION), "source": SOURCE}
-PATCH = {"why": str, "when": S.OneOf(("no_flash_attention", "no_bf16", "always")),
-         "files": S.ListOf(str),
-         "replace": S.ListOf({"find": str, "with": str}), "source": SOURCE}
-TRAIN = {"model": str, "model_vram_gb": float, "n_gpus": int, "train_batch_size": int,
-         "ppo_mini_batch_size": int, "micro_batch_size_per_gpu": int, "max_prompt_length": int,
-         "max_response_length": int, "param_offload": bool, "optimizer_offload": bool,
-         "gradient_checkpointing": bool, "gpu_memory_utilization": float, "lora_rank": int}
-PROFILE = {"description": str, "gpu": str, "cuda": S.CUDA, "torch": S.VERSION, "verl": S.VERSION,
-           "rollout": S.OneOf(("hf", "vllm", "sglang")), "vllm?": S.VERSION,
-           "python?": S.CUDA, "dtype": S.OneOf(("auto", "bf16", "fp16", "fp32")),
-           "attention": S.OneOf(("auto", "flash_attention_2", "sdpa", "eager")),
-           "components": S.MapOf(S.VERSION), "optional_components?": S.MapOf(S.VERSION),
-           "pins?": S.MapOf(S.VERSION), "train": TRAIN, "source": SOURCE}
-ENDPOINTS = S.ListOf(str)
-MIRROR = {"description": str, "registries?": S.MapOf(ENDPOINTS), "pypi?": ENDPOINTS,
-          "pytorch?": ENDPOINTS, "conda?": S.MapOf(ENDPOINTS), "huggingface?": ENDPOINTS,
-          "apt?": ENDPOINTS, "github?": ENDPOINTS, "source?": SOURCE}
-DEFAULTS = {"pypi_index": str, "huggingface": str, "conda_channels": S.ListOf(str),
-            "registry_local": str}
-
-# section -> (schema of the section, whether records merge by key)
-SECTIONS: dict[str, tuple[Any, bool]] = {
-    "gpus": (S.MapOf(GPU), True),
-    "cuda": (S.MapOf(CUDA, key=S.CUDA), True),
-    "torch": (S.MapOf(TORCH, key=S.VERSION), True),
-    "index_url": (str, False),
-    "arch_lists": (S.MapOf(S.ListOf(S.CC)), True),
-    "vllm": (S.MapOf(VLLM, key=S.VERSION), True),
-    "min_compute_capability": (S.CC, False),
-    "min_compute_capability_source": (SOURCE, False),
-    "features": (S.MapOf(FEATURE), True),
-    "flash_attn": (FLASH_ATTN, False),
-    "apex": (APEX, False),
-    "verl": (S.MapOf(VERL, key=S.VERSION), True),
-    "patches": (S.MapOf(PATCH), True),
-    "profiles": (S.MapOf(PROFILE), True),
-    "mirrors": (S.MapOf(MIRROR), True),
-    "defaults": (DEFAULTS, False),
-    "sources": (S.MapOf(str), False),
-}
-
-
-@dataclass
 class Matrix:
     """The merged, validated matrix. Sections are plain dicts of validated records."""
 
-    sections: dict[str, Any]
-    origin: dict[tuple[str, str], str] = field(default_factory=dict)  # (section, key) -> file
+    def __init__(self, sections: dict[str, Any], origin: dict[tuple[str, str], str] | None = None):
+        self.sections = sections
+        self.origin = origin or {}  # (section, key) -> the file it came from
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "sections":
+            raise AttributeError(name)
         try:
             return self.sections[name]
         except KeyError:
@@ -114,11 +53,13 @@ def _read(path: Path) -> dict:
         return {}
     if not isinstance(doc, dict):
         raise UserError(f"{path}: a matrix file must be a mapping of sections "
-                        f"({', '.join(SECTIONS)}), not {type(doc).__name__}.")
+                        f"(gpus, cuda, torch, profiles, ...), not {type(doc).__name__}.")
     return doc
 
 
 def _check_sources(doc: dict, name: str) -> None:
+    from . import schema as S
+
     known = doc.get("sources", {})
 
     def walk(node: Any, where: str) -> None:
@@ -138,6 +79,9 @@ def _check_sources(doc: dict, name: str) -> None:
 
 
 def _validate_file(path: Path, doc: dict) -> None:
+    from . import schema as S
+    from .matrix_schema import SECTIONS
+
     name = _display(path)
     for section, body in doc.items():
         if section not in SECTIONS:
@@ -175,10 +119,53 @@ def matrix_files(overlays: tuple[Path, ...] = ()) -> list[Path]:
     return files
 
 
+def _cache_path(files: list[Path]) -> Path | None:
+    """Where the validated matrix for exactly these files (paths, sizes, mtimes) is kept."""
+    import hashlib
+
+    from . import __version__
+
+    h = hashlib.sha256(__version__.encode())
+    try:
+        for f in files:
+            st = f.stat()
+            h.update(f"{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+    except OSError:
+        return None
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "envbuild"
+    return root / f"matrix-{h.hexdigest()[:32]}.pickle"
+
+
 def load(overlays: tuple[Path, ...] = ()) -> Matrix:
+    """The merged, validated matrix; a cache keyed by the files' stats skips re-validation."""
+    import pickle
+
+    files = matrix_files(overlays)
+    cache = _cache_path(files) if not os.environ.get("ENVBUILD_NO_CACHE") else None
+    if cache is not None:
+        try:
+            with open(cache, "rb") as fh:
+                return Matrix(*pickle.load(fh))
+        except (OSError, pickle.UnpicklingError, EOFError, TypeError, ValueError):
+            pass
+    m = _load(files)
+    if cache is not None:
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_bytes(pickle.dumps((m.sections, m.origin), protocol=pickle.HIGHEST_PROTOCOL))
+            os.replace(tmp, cache)
+        except OSError:  # a read-only home only costs speed
+            pass
+    return m
+
+
+def _load(files: list[Path]) -> Matrix:
+    from .matrix_schema import SECTIONS
+
     sections: dict[str, Any] = {}
     origin: dict[tuple[str, str], str] = {}
-    for path in matrix_files(overlays):
+    for path in files:
         doc = _read(path)
         _validate_file(path, doc)
         for section, body in doc.items():
@@ -228,18 +215,6 @@ def _cross_check(m: Matrix) -> None:
 def cc_tuple(cc: str) -> tuple[int, int]:
     major, _, minor = cc.partition(".")
     return int(major), int(minor or 0)
-
-
-def version_key(v: str):
-    from packaging.version import Version
-
-    return Version(v)
-
-
-def in_range(version: str, spec: str) -> bool:
-    from packaging.specifiers import SpecifierSet
-
-    return SpecifierSet(spec).contains(version, prereleases=True)
 
 
 def overlays_from_env() -> tuple[Path, ...]:

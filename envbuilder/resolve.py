@@ -8,10 +8,8 @@ warnings that are written into the rendered files.
 
 from __future__ import annotations
 
-import difflib
 import json
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import __version__
 from .errors import UserError
@@ -20,8 +18,7 @@ from .matrix import Matrix, cc_tuple, in_range, version_key
 SCHEMA_VERSION = 1
 
 
-@dataclass(frozen=True)
-class Overrides:
+class Overrides(NamedTuple):
     cuda: str | None = None
     torch: str | None = None
     python: str | None = None
@@ -34,14 +31,13 @@ class Overrides:
     allow_unsupported: bool = False
 
     def as_dict(self) -> dict:
-        d = {k: v for k, v in self.__dict__.items() if v not in (None, (), False)}
+        d = {k: v for k, v in self._asdict().items() if v not in (None, (), False)}
         if "with_" in d:
             d["with"] = d.pop("with_")
         return {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(d.items())}
 
 
-@dataclass(frozen=True)
-class Violation:
+class Violation(NamedTuple):
     rule: str
     what: str
     why: str
@@ -64,11 +60,13 @@ class ResolveError(UserError):
         super().__init__("\n".join(lines))
 
 
-@dataclass(frozen=True)
 class ResolvedEnv:
     """Everything the templates need; JSON round-trips to the same bytes."""
 
-    data: dict[str, Any]
+    __slots__ = ("data",)
+
+    def __init__(self, data: dict[str, Any]):
+        self.data = data
 
     @property
     def name(self) -> str:
@@ -92,6 +90,8 @@ class ResolvedEnv:
 
 
 def suggest(name: str, known: list[str]) -> str:
+    import difflib
+
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
     return f"did you mean {close[0]!r}? " if close else ""
 

@@ -8,7 +8,6 @@ a spec is a Python type, a `Pattern`, `ListOf`, `MapOf`, `OneOf`, or a nested di
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
 
 
@@ -18,10 +17,9 @@ class SchemaError(ValueError):
         self.where = where
 
 
-@dataclass(frozen=True)
 class Pattern:
-    regex: str
-    example: str
+    def __init__(self, regex: str, example: str):
+        self.regex, self.example = regex, example
 
     def check(self, value: Any, where: str) -> None:
         if not isinstance(value, str):
@@ -31,20 +29,19 @@ class Pattern:
             raise SchemaError(where, f"{value!r} is not of the form {self.example!r}")
 
 
-@dataclass(frozen=True)
 class ListOf:
-    item: Any
+    def __init__(self, item: Any):
+        self.item = item
 
 
-@dataclass(frozen=True)
 class MapOf:
-    value: Any
-    key: Any = None  # a Pattern for keys, or None for any string
+    def __init__(self, value: Any, key: Pattern | None = None):
+        self.value, self.key = value, key  # key: a Pattern for keys, or None for any string
 
 
-@dataclass(frozen=True)
 class OneOf:
-    choices: tuple
+    def __init__(self, choices: tuple):
+        self.choices = choices
 
 
 VERSION = Pattern(r"\d+(\.\d+)*([a-z]+\d*|\.post\d+)?", "2.6.0")

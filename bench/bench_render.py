@@ -1,0 +1,59 @@
+#!/usr/bin/env python3
+"""Render speed: whole-process `envbuild render p40` and `envbuild render --all` against the
+floor `python -c "import jinja2, yaml, click"`, in the same environment, interleaved.
+
+Usage: python bench/bench_render.py [--runs 15]
+Aims (issue 2): render p40 <= 1.3x the floor, render --all <= 2x the floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def envbuild_cmd() -> list[str]:
+    exe = Path(sys.executable).parent / "envbuild"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "envbuilder.cli"]
+
+
+def timed(cmd: list[str], cwd: Path) -> float:
+    start = time.perf_counter()
+    subprocess.run(cmd, cwd=cwd, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=15)
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="envbuild-bench-"))
+    cases = {
+        "floor: import jinja2, yaml, click": [sys.executable, "-c", "import jinja2, yaml, click"],
+        "envbuild render p40": envbuild_cmd() + ["render", "p40", "-o", str(work / "p40")],
+        "envbuild render --all": envbuild_cmd() + ["render", "--all", "-o", str(work / "all")],
+    }
+    for cmd in cases.values():  # warm the OS file cache and jinja's bytecode cache once
+        timed(cmd, work)
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(args.runs):
+        for name, cmd in cases.items():
+            samples[name].append(timed(cmd, work))
+    shutil.rmtree(work, ignore_errors=True)
+    floor = statistics.median(samples["floor: import jinja2, yaml, click"])
+    print(f"{'case':40} {'median ms':>10} {'ratio':>7}")
+    for name, values in samples.items():
+        med = statistics.median(values)
+        print(f"{name:40} {med * 1000:10.1f} {med / floor:6.2f}x")
+    print(f"\n{args.runs} runs each, interleaved; aims: render p40 <= 1.30x, render --all <= 2.00x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""The schema of every matrix section (checked only when the files changed: see matrix.load)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import schema as S
+
+SOURCE = str
+GPU = {"name": str, "match": S.ListOf(str), "arch": str, "compute_capability": S.CC,
+       "vram_gb": float, "max_smem_per_block_kb": int, "bf16": bool, "fp16_fast": bool,
+       "source": SOURCE}
+CUDA = {"version": S.VERSION, "min_driver": S.DRIVER, "compat_driver": S.DRIVER,
+        "nvcc_archs": S.ListOf(S.CC), "ubuntu": str, "python": S.CUDA,
+        "images": {"devel": str, "runtime": str}, "conda_nvcc": str, "source": SOURCE}
+TORCH = {"python": S.ListOf(S.CUDA), "torchvision": S.VERSION, "torchaudio": S.VERSION,
+         "pypi_default": str, "builds": S.MapOf({"cuda": S.CUDA, "archs": S.ListOf(S.CC)}),
+         "source": SOURCE}
+VLLM = {"torch": S.VERSION, "wheel_cuda": S.CUDA, "python": S.ListOf(S.CUDA), "source": SOURCE}
+FEATURE = {"min_compute_capability": S.CC, "note?": str, "source": SOURCE}
+FLASH_ATTN = {"min_compute_capability": S.CC, "source": SOURCE,
+              "versions": S.MapOf({"torch": str, "source": SOURCE}, key=S.VERSION)}
+APEX = {"versions": S.MapOf({"ref": str, "install": S.OneOf(("env", "config_settings")),
+                             "source": SOURCE}),
+        "source_url": str, "nvcc_must_match_torch_cuda": bool, "source": SOURCE}
+VERL = {"rollouts": S.ListOf(S.OneOf(("hf", "vllm", "sglang"))), "vllm": str,
+        "attention_override": (str, None), "patches": S.ListOf(str),
+        "pins": S.MapOf(S.VERSION), "source": SOURCE}
+PATCH = {"why": str, "when": S.OneOf(("no_flash_attention", "no_bf16", "always")),
+         "files": S.ListOf(str),
+         "replace": S.ListOf({"find": str, "with": str}), "source": SOURCE}
+TRAIN = {"model": str, "model_vram_gb": float, "n_gpus": int, "train_batch_size": int,
+         "ppo_mini_batch_size": int, "micro_batch_size_per_gpu": int, "max_prompt_length": int,
+         "max_response_length": int, "param_offload": bool, "optimizer_offload": bool,
+         "gradient_checkpointing": bool, "gpu_memory_utilization": float, "lora_rank": int}
+PROFILE = {"description": str, "gpu": str, "cuda": S.CUDA, "torch": S.VERSION, "verl": S.VERSION,
+           "rollout": S.OneOf(("hf", "vllm", "sglang")), "vllm?": S.VERSION,
+           "python?": S.CUDA, "dtype": S.OneOf(("auto", "bf16", "fp16", "fp32")),
+           "attention": S.OneOf(("auto", "flash_attention_2", "sdpa", "eager")),
+           "components": S.MapOf(S.VERSION), "optional_components?": S.MapOf(S.VERSION),
+           "pins?": S.MapOf(S.VERSION), "train": TRAIN, "source": SOURCE}
+ENDPOINTS = S.ListOf(str)
+MIRROR = {"description": str, "registries?": S.MapOf(ENDPOINTS), "pypi?": ENDPOINTS,
+          "pytorch?": ENDPOINTS, "conda?": S.MapOf(ENDPOINTS), "huggingface?": ENDPOINTS,
+          "apt?": ENDPOINTS, "github?": ENDPOINTS, "source?": SOURCE}
+DEFAULTS = {"pypi_index": str, "huggingface": str, "conda_channels": S.ListOf(str),
+            "registry_local": str}
+
+# section -> (schema of the section, whether records merge by key)
+SECTIONS: dict[str, tuple[Any, bool]] = {
+    "gpus": (S.MapOf(GPU), True),
+    "cuda": (S.MapOf(CUDA, key=S.CUDA), True),
+    "torch": (S.MapOf(TORCH, key=S.VERSION), True),
+    "index_url": (str, False),
+    "arch_lists": (S.MapOf(S.ListOf(S.CC)), True),
+    "vllm": (S.MapOf(VLLM, key=S.VERSION), True),
+    "min_compute_capability": (S.CC, False),
+    "min_compute_capability_source": (SOURCE, False),
+    "features": (S.MapOf(FEATURE), True),
+    "flash_attn": (FLASH_ATTN, False),
+    "apex": (APEX, False),
+    "verl": (S.MapOf(VERL, key=S.VERSION), True),
+    "patches": (S.MapOf(PATCH), True),
+    "profiles": (S.MapOf(PROFILE), True),
+    "mirrors": (S.MapOf(MIRROR), True),
+    "defaults": (DEFAULTS, False),
+    "sources": (S.MapOf(str), False),
+}
+
+
