@@ -187,11 +187,16 @@ def render(profile, all_, from_, out, overrides, matrix_dirs):
         raise UserError(f"{len(failed)} of {len(names)} profiles did not resolve: {', '.join(failed)}.")
 
 
+# Each action adds its commands to `cli` from a module of its own; these modules import only
+# click at the top (their heavy imports live inside the commands), so `render` stays fast.
+COMMAND_MODULES = ("envbuilder.cli_build", "envbuilder.cli_lock", "envbuilder.cli_wheelhouse",
+                   "envbuilder.cli_detect")
+
+
 def _load_plugins():
-    """Commands of the actions (build, lock, ...) register here when their modules exist."""
     import importlib
 
-    for module in ("envbuilder.commands",):
+    for module in COMMAND_MODULES:
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as e:
