@@ -11,7 +11,7 @@ GPU = {"name": str, "match": S.ListOf(str), "arch": str, "compute_capability": S
        "vram_gb": float, "max_smem_per_block_kb": int, "bf16": bool, "fp16_fast": bool,
        "source": SOURCE}
 CUDA = {"version": S.VERSION, "min_driver": S.DRIVER, "compat_driver": S.DRIVER,
-        "nvcc_archs": S.ListOf(S.CC), "ubuntu": str, "python": S.CUDA,
+        "nvcc_archs": S.ListOf(S.CC), "ubuntu": str, "glibc?": S.GLIBC, "python": S.CUDA,
         "images": {"devel": str, "runtime": str}, "conda_nvcc": str, "source": SOURCE}
 TORCH = {"python": S.ListOf(S.CUDA), "torchvision": S.VERSION, "torchaudio": S.VERSION,
          "pypi_default": str, "builds": S.MapOf({"cuda": S.CUDA, "archs": S.ListOf(S.CC)}),

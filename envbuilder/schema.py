@@ -47,6 +47,7 @@ class OneOf:
 VERSION = Pattern(r"\d+(\.\d+)*([a-z]+\d*|\.post\d+)?", "2.6.0")
 CC = Pattern(r"\d+\.\d", "6.1")
 CUDA = Pattern(r"\d+\.\d+", "11.8")
+GLIBC = Pattern(r"\d+\.\d+", "2.35")
 DRIVER = Pattern(r"\d+\.\d+(\.\d+)?", "550.54.14")
 
 _TYPE_NAMES = {str: "a string", int: "a whole number", float: "a number", bool: "true or false",
