@@ -146,8 +146,11 @@ def check(profile, overrides, matrix_dirs):
               help="Replay an envbuild.json (from a render or an image's /etc/envbuild.json).")
 @click.option("-o", "--out", type=click.Path(path_type=Path),
               help="Output directory (default out/<profile>, or out/ with --all).")
+@click.option("--locked", "locked_dir", is_flag=False, flag_value="-", default=None,
+              metavar="[DIR]", help="FROM image@sha256 and pip layers with --require-hashes, from "
+              "the lock in DIR (default lockfiles/<profile>; with --all, DIR/<profile>).")
 @override_options
-def render(profile, all_, from_, out, overrides, matrix_dirs):
+def render(profile, all_, from_, out, locked_dir, overrides, matrix_dirs):
     """Write Dockerfile, environment.yml, requirements.txt, run script, preflight.py, envbuild.json."""
     from . import render as R
     from .resolve import ResolvedEnv, resolve
@@ -162,7 +165,7 @@ def render(profile, all_, from_, out, overrides, matrix_dirs):
             raise UserError(f"Cannot read {from_}: {e.strerror}.") from None
         env = ResolvedEnv.from_json(text, str(from_))
         target = out or Path("out") / env.name
-        R.render(env, target)
+        R.render(env, target, _locked(env, locked_dir, all_))
         click.echo(f"rendered {env.name} from {from_} -> {target}/")
         return
     m = _matrix(matrix_dirs)
@@ -179,12 +182,22 @@ def render(profile, all_, from_, out, overrides, matrix_dirs):
             click.echo(f"envbuild: {name}: {e}", err=True)
             continue
         target = base / name if (all_ or out is None) else out
-        R.render(env, target)
+        R.render(env, target, _locked(env, locked_dir, all_))
         click.echo(f"rendered {name} -> {target}/")
         for w in env.data["warnings"]:
             click.echo(f"  WARNING: {w}")
     if failed:
         raise UserError(f"{len(failed)} of {len(names)} profiles did not resolve: {', '.join(failed)}.")
+
+
+def _locked(env, locked_dir, all_):
+    if locked_dir is None:
+        return None
+    from .lock.lockfile import for_render
+
+    if locked_dir == "-":
+        return for_render(env, Path("lockfiles") / env.name)
+    return for_render(env, Path(locked_dir) / env.name if all_ else Path(locked_dir))
 
 
 # Each action adds its commands to `cli` from a module of its own; these modules import only

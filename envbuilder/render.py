@@ -88,8 +88,9 @@ def preflight_expectations(d: dict) -> dict:
     }
 
 
-def render_files(env: ResolvedEnv) -> dict[str, str]:
-    """All rendered files by name, in memory."""
+def render_files(env: ResolvedEnv, locked: dict | None = None) -> dict[str, str]:
+    """All rendered files by name, in memory. `locked` (lock.lockfile.for_render) pins the base
+    images by digest and installs each layer from its hashed requirement file."""
     d = env.data
     spec = env.to_json()
     context = {
@@ -99,6 +100,7 @@ def render_files(env: ResolvedEnv) -> dict[str, str]:
         "spec_sha256": hashlib.sha256(spec.encode()).hexdigest(),
         "apex_command": apex_command(d),
         "expected": preflight_expectations(d),
+        "locked": locked,
     }
     j = jinja_env()
     out = {MARKER: spec}
@@ -106,6 +108,7 @@ def render_files(env: ResolvedEnv) -> dict[str, str]:
         if name == "apply_patches.py" and not d["patches"]:
             continue
         out[name] = j.get_template(template).render(context)
+    out.update(locked["files"] if locked else {})
     return out
 
 
@@ -148,5 +151,5 @@ def write_dir(out_dir: Path, files: dict[str, str]) -> list[Path]:
     return [out_dir / name for name in sorted(files)]
 
 
-def render(env: ResolvedEnv, out_dir: Path) -> list[Path]:
-    return write_dir(out_dir, render_files(env))
+def render(env: ResolvedEnv, out_dir: Path, locked: dict | None = None) -> list[Path]:
+    return write_dir(out_dir, render_files(env, locked))

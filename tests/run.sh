@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[actions,test]'
+.venv/bin/python -m pip install -q -e '.[actions,lock,test]'
 
 if [ -x tests/infra/provision.sh ]; then
   if [ "$(id -u)" = 0 ]; then

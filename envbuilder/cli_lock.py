@@ -1,0 +1,102 @@
+"""`envbuild lock`: lockfiles for a profile (or all), and `--check` for CI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .cli import _matrix, _split, cli
+from .errors import ActionError, EnvbuildError, UserError
+
+LOCK_ROOT = Path("lockfiles")
+
+
+def lock_dir_for(name: str, out: Path | None, all_: bool) -> Path:
+    """-o is the profile's lock directory, or with --all the folder of one per profile."""
+    if out is None:
+        return LOCK_ROOT / name
+    return Path(out) / name if all_ else Path(out)
+
+
+@cli.command()
+@click.argument("profile", required=False)
+@click.option("--all", "all_", is_flag=True, help="Lock every profile into lockfiles/<profile>/.")
+@click.option("--check", is_flag=True,
+              help="Make nothing; exit 1 when a lock is missing, incomplete or stale against the "
+                   "current matrices and templates (no network needed).")
+@click.option("-o", "--out", type=click.Path(path_type=Path),
+              help="Lock directory (default lockfiles/<profile>; with --all, DIR/<profile>).")
+@click.option("--index-url", metavar="URL", help="PyPI index to use instead of the profile's "
+              "(a mirror, a local pypiserver).")
+@click.option("--torch-index-url", metavar="URL",
+              help="PyTorch index to use instead of the profile's (for +cuXXX builds).")
+@click.option("--channel", "channels", multiple=True, metavar="URL",
+              help="Conda channel instead of the profile's (repeatable, in priority order).")
+@click.option("--registry-mirror", metavar="HOST[/PREFIX]",
+              help="Read image digests from this registry (images under PREFIX/) instead of "
+                   "each image's own registry.")
+@click.option("--solver", type=click.Choice(["rattler", "conda-lock"]), default="rattler",
+              show_default=True, help="Conda solver; conda-lock needs conda/mamba/micromamba on PATH.")
+@click.option("--only", multiple=True, metavar="PARTS",
+              help="Lock only these parts: conda, pip, images (comma-separated). A partial lock "
+                   "is reported as incomplete by --check.")
+@click.option("--matrix-dir", multiple=True, type=click.Path(path_type=Path),
+              envvar="ENVBUILD_MATRIX_DIR",
+              help="Extra matrix folder(s) whose *.yaml add or override profiles and facts.")
+def lock(profile, all_, check, out, index_url, torch_index_url, channels, registry_mirror,
+         solver, only, matrix_dir):
+    """Pin PROFILE's conda part, pip part and base images for its target machine."""
+    from .lock import lockfile as L
+    from .resolve import resolve
+
+    if bool(profile) == bool(all_):
+        raise UserError("Name one profile, or --all (exactly one). `envbuild list` shows them.")
+    parts = _split(only) or tuple(L.PARTS)
+    unknown = [p for p in parts if p not in L.PARTS]
+    if unknown:
+        raise UserError(f"Unknown part {', '.join(unknown)} for --only; parts are "
+                        f"{', '.join(L.PARTS)}.")
+    if solver == "conda-lock" and "conda" in parts and not check:
+        from .lock.conda import conda_exe
+
+        if conda_exe() is None:
+            raise UserError("--solver conda-lock runs conda-lock, which needs conda, mamba or "
+                            "micromamba on PATH to solve the conda part; none is. Install one, or "
+                            "use --solver rattler (the default: py-rattler needs no conda).")
+    overlays = tuple(matrix_dir)
+    m = _matrix(overlays)
+    names = list(m.profiles) if all_ else [profile]
+    bad: list[str] = []
+    codes: list[int] = []
+    for name in names:
+        target = lock_dir_for(name, out, all_)
+        try:
+            env = resolve(m, name, None)
+            if check:
+                found = L.problems(env, target, overlays)
+                for p in found:
+                    click.echo(f"{name}: {p}")
+                if found:
+                    bad.append(name)
+                else:
+                    click.echo(f"{name}: ok ({target}/)")
+                continue
+            from .lock import lock_profile, sources_for, target_glibc
+
+            src = sources_for(env, index_url, torch_index_url, channels, registry_mirror)
+            lock_profile(env, target_glibc(m, env), src, target, overlays=overlays,
+                         parts=parts, solver=solver, say=lambda s: click.echo(s, err=True))
+            click.echo(f"locked {name} -> {target}/")
+        except EnvbuildError as e:
+            if not all_:
+                raise
+            bad.append(name)
+            codes.append(e.exit_code)
+            click.echo(f"envbuild: {name}: {e}", err=True)
+    if check and bad:
+        raise ActionError(f"{len(bad)} of {len(names)} lock(s) need `envbuild lock`: "
+                          f"{', '.join(bad)}.")
+    if bad:
+        cls = UserError if 2 in codes else ActionError
+        raise cls(f"{len(bad)} of {len(names)} profiles were not locked: {', '.join(bad)}.")

@@ -1,0 +1,131 @@
+"""`envbuild lock`: pin a profile's environment to exact artifacts, for its target machine.
+
+lockfiles/<profile>/ holds
+  conda-lock.yml     the conda part (python, pip, nvcc where something is compiled) solved with
+                     py-rattler for the target's virtual packages, and the pip part's pins with
+                     URL + sha256, in conda-lock's own format (its models and writer)
+  requirements.lock  the pip part from `uv pip compile --generate-hashes` for the target's
+                     Python and glibc, through the profile's indexes
+  images.lock        the digest of every base image, from the registry's v2 API
+  lock.json          the input hash (resolved env + templates + matrices), tool versions, sources
+
+Only this module's lightweight parts load for `--check` and `render --locked`; rattler,
+conda_lock, requests and uv load inside the steps that use them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+from ..errors import UserError
+from ..resolve import ResolvedEnv
+from . import lockfile as L
+
+SOLVERS = ("rattler", "conda-lock")
+
+
+class Sources(NamedTuple):
+    """Where a lock reads from: the profile's own endpoints or the mirrors given instead."""
+
+    pypi: str
+    torch: str | None
+    channels: tuple[str, ...]
+    registry_mirror: str | None
+
+
+def sources_for(env: ResolvedEnv, index_url=None, torch_index_url=None, channels=(),
+                registry_mirror=None) -> Sources:
+    from .conda import default_channels
+
+    d = env.data
+    return Sources(index_url or d["indexes"]["pypi"],
+                   (torch_index_url or d["indexes"]["torch"]) if d["indexes"]["torch"] else None,
+                   tuple(channels) or tuple(default_channels(env)), registry_mirror or None)
+
+
+def target_glibc(matrix, env: ResolvedEnv) -> str:
+    cuda_v = env.data["cuda"]["version"]
+    glibc = (matrix.cuda.get(cuda_v) or {}).get("glibc")
+    if not glibc:
+        raise UserError(f"{matrix.where('cuda', cuda_v)}: cuda.{cuda_v} has no `glibc` fact (the C "
+                        f"library of its Ubuntu {env.data['cuda']['ubuntu']} image); a lock is "
+                        "solved for it. Add it with its source.")
+    return glibc
+
+
+def _version(dist: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def lock_profile(env: ResolvedEnv, glibc: str, sources: Sources, out_dir: Path, *,
+                 overlays: tuple[Path, ...] = (), parts=tuple(L.PARTS), solver: str = "rattler",
+                 say: Callable[[str], None] = lambda msg: None) -> dict:
+    """Solve, pin and write lockfiles for `env` into `out_dir`; returns lock.json's content."""
+    from .conda import virtual_packages
+    from .pip import parse, python_platform
+
+    digests = L.input_digests(env, overlays)
+    input_sha = L.input_sha256(digests)
+    vpkgs = virtual_packages(env, glibc)
+    files: dict[str, str] = {}
+    tools = {"envbuild": env.data["envbuild_version"]}
+    pylock = None
+    parents: dict[str, frozenset[str]] = {}
+    if "pip" in parts:
+        from .pip import compile_lock, uv_version
+
+        say(f"{env.name}: pip part: uv pip compile for Python {env.data['python']} on "
+            f"{python_platform(glibc)} via {sources.pypi}"
+            + (f" + {sources.torch}" if sources.torch else ""))
+        files[L.REQUIREMENTS], pylock = compile_lock(env, glibc, sources.pypi, sources.torch)
+        parents = {n: e.parents for n, e in parse(files[L.REQUIREMENTS]).items()}
+        tools["uv"] = uv_version()
+    if "conda" in parts:
+        import tempfile
+
+        from .conda import solve_conda_lock, solve_rattler, write_conda_lock
+
+        say(f"{env.name}: conda part: {solver} for {', '.join(f'{k}={v}' for k, v in vpkgs.items())} "
+            f"from {', '.join(sources.channels)}")
+        solve = solve_rattler if solver == "rattler" else solve_conda_lock
+        records = solve(env, list(sources.channels), vpkgs)
+        with tempfile.TemporaryDirectory(prefix="envbuild-lock-") as tmp:
+            files[L.CONDA_LOCK] = write_conda_lock(
+                Path(tmp) / L.CONDA_LOCK, records, pylock, parents, channels=list(sources.channels),
+                input_sha256=input_sha, profile=env.name, vpkgs=vpkgs)
+        tools["conda-lock"] = _version("conda-lock")
+        if solver == "rattler":
+            tools["py-rattler"] = _version("py-rattler")
+    if "images" in parts:
+        from .images import lock_images
+
+        refs = sorted(set(env.data["cuda"]["images"].values()))
+        say(f"{env.name}: images: {', '.join(refs)} from "
+            f"{sources.registry_mirror or 'their own registries'}")
+        files[L.IMAGES] = L.dumps(lock_images(refs, sources.registry_mirror))
+        tools["requests"] = _version("requests")
+    meta = {
+        "format": L.FORMAT,
+        "profile": env.name,
+        "input_sha256": input_sha,
+        "env_sha256": L.env_sha256(env),
+        "inputs": digests,
+        "parts": sorted(parts),
+        "solver": solver if "conda" in parts else None,
+        "target": {"platform": "linux-64", "python": env.data["python"],
+                   "python_platform": python_platform(glibc), "virtual_packages": vpkgs},
+        "sources": {**({"pypi": sources.pypi, "torch": sources.torch} if "pip" in parts else {}),
+                    **({"channels": list(sources.channels)} if "conda" in parts else {}),
+                    **({"registry_mirror": sources.registry_mirror} if "images" in parts else {})},
+        "tools": tools,
+        "files": {name: L.sha256_text(text) for name, text in sorted(files.items())},
+    }
+    files[L.META] = L.dumps(meta)
+    L.write_dir(out_dir, files)
+    return meta

@@ -1,0 +1,209 @@
+"""The conda part of a lock, solved for the TARGET machine (its CUDA driver, its glibc), and
+conda-lock.yml written with conda-lock's own models and writer.
+
+The default solver is py-rattler (no conda executable needed); `--solver conda-lock` runs
+conda-lock itself where a conda, mamba or micromamba is on PATH.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path, PurePosixPath
+from typing import NamedTuple
+from urllib.parse import urlsplit
+
+from ..errors import ActionError, UserError
+from ..resolve import ResolvedEnv
+
+PLATFORM = "linux-64"
+# The target kernel is not known when locking; conda-lock's default. Packages rarely ask.
+LINUX = "5.10"
+CONDA_EXES = ("micromamba", "mamba", "conda")
+
+
+class CondaRecord(NamedTuple):
+    """One solved conda package: what conda-lock.yml records and rattler needs to install it."""
+
+    name: str
+    version: str
+    build: str
+    url: str
+    md5: str
+    sha256: str
+    depends: tuple[str, ...]
+
+
+def specs(env: ResolvedEnv) -> list[str]:
+    """What environment.yml asks conda for: python, pip, and nvcc when something is compiled."""
+    d = env.data
+    out = [f"python={d['python']}", "pip"]
+    if d["apex"] or d["flash_attn"]:
+        v = d["cuda"]["version"]
+        out += [d["cuda"]["conda_nvcc"], f"cuda-cudart-dev={v}", f"cuda-libraries-dev={v}"]
+    return out
+
+
+def default_channels(env: ResolvedEnv) -> list[str]:
+    d = env.data
+    label = [f"nvidia/label/cuda-{d['cuda']['full_version']}"] if d["apex"] or d["flash_attn"] else []
+    return label + list(d["conda_channels"])
+
+
+def virtual_packages(env: ResolvedEnv, glibc: str) -> dict[str, str]:
+    """The target's virtual packages, name -> "version" or "version build"."""
+    return {"__archspec": "1 x86_64", "__cuda": env.data["cuda"]["version"], "__glibc": glibc,
+            "__linux": LINUX, "__unix": "0"}
+
+
+def _hint(message: str, vpkgs: dict[str, str]) -> str:
+    need = re.findall(r"__cuda\s*>=\s*([\d.]+)", message)
+    if need:
+        return (f"A package needs a CUDA driver for __cuda >= {max(need, key=_vkey)}, but the "
+                f"profile's target is __cuda={vpkgs['__cuda']}: pick a conda_nvcc (matrices, "
+                "cuda.yaml) of the profile's CUDA, or another --cuda.")
+    need = re.findall(r"__glibc\s*>=\s*([\d.]+)", message)
+    if need:
+        return (f"A package needs __glibc >= {max(need, key=_vkey)}, but the base image has "
+                f"glibc {vpkgs['__glibc']}.")
+    return "A spec names a version the channels do not have for linux-64."
+
+
+def _vkey(v: str) -> tuple:
+    return tuple(int(x) for x in re.findall(r"\d+", v))
+
+
+def solve_rattler(env: ResolvedEnv, channels: list[str], vpkgs: dict[str, str]) -> list[CondaRecord]:
+    import asyncio
+
+    from rattler import Channel, GenericVirtualPackage, PackageName, Version, solve
+    from rattler.exceptions import SolverError
+    from rattler.package import BuildString
+
+    def vp(name: str, spec: str) -> GenericVirtualPackage:
+        version, _, build = spec.partition(" ")
+        return GenericVirtualPackage(PackageName(name), Version(version), BuildString(build or "0"))
+
+    wanted = specs(env)
+    try:
+        records = asyncio.run(solve(
+            sources=[Channel(c) for c in channels], specs=wanted, platforms=[PLATFORM, "noarch"],
+            virtual_packages=[vp(n, s) for n, s in sorted(vpkgs.items())]))
+    except SolverError as e:
+        text = str(e)
+        if "no candidates were found" in text or "cannot be installed" in text or \
+                "incompatible" in text:
+            raise UserError(f"The conda part of {env.name} ({', '.join(wanted)}) cannot be solved "
+                            f"for its target ({', '.join(f'{k}={v}' for k, v in sorted(vpkgs.items()) if k in ('__cuda', '__glibc'))}):\n"
+                            f"{text.strip()}\n{_hint(text, vpkgs)}") from None
+        raise ActionError(f"Cannot fetch the conda channels ({', '.join(channels)}):\n"
+                          f"{text.strip()}\nCheck the URLs, or pass --channel a mirror that "
+                          "answers.") from None
+    except Exception as e:  # rattler raises its own types for fetch errors
+        if type(e).__module__.startswith("rattler") or isinstance(e, OSError):
+            raise ActionError(f"Cannot fetch the conda channels ({', '.join(channels)}): "
+                              f"{type(e).__name__}: {str(e).strip()}\nCheck the URLs, or pass "
+                              "--channel a mirror that answers.") from None
+        raise
+    out = []
+    for r in records:
+        if r.md5 is None:
+            raise ActionError(f"{r.url} has no md5 in its channel's repodata; conda-lock.yml "
+                              "needs one.")
+        out.append(CondaRecord(r.name.normalized, str(r.version), str(r.build), r.url,
+                               r.md5.hex(), r.sha256.hex() if r.sha256 else "",
+                               tuple(str(d) for d in r.depends)))
+    return sorted(out)
+
+
+def conda_exe() -> str | None:
+    for name in CONDA_EXES:
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def solve_conda_lock(env: ResolvedEnv, channels: list[str], vpkgs: dict[str, str]) -> list[CondaRecord]:
+    """conda-lock itself for the conda part (it needs a conda executable to solve)."""
+    import yaml
+
+    exe = conda_exe()
+    if exe is None:
+        raise UserError("--solver conda-lock runs conda-lock, which needs conda, mamba or "
+                        "micromamba on PATH to solve; none is. Install one, or use --solver rattler "
+                        "(the default: py-rattler solves without any conda).")
+    from conda_lock.lockfile import parse_conda_lock_file
+
+    with tempfile.TemporaryDirectory(prefix="envbuild-conda-lock-") as tmp:
+        tmp = Path(tmp)
+        (tmp / "environment.yml").write_text(yaml.safe_dump(
+            {"name": f"envbuild-{env.name}", "channels": channels, "dependencies": specs(env)}))
+        (tmp / "virtual-packages.yml").write_text(yaml.safe_dump(
+            {"subdirs": {PLATFORM: {"packages": vpkgs}}}))
+        proc = subprocess.run(
+            [sys.executable, "-m", "conda_lock", "lock", "--conda", exe, "-p", PLATFORM,
+             "-f", "environment.yml", "--virtual-package-spec", "virtual-packages.yml",
+             "--lockfile", "conda-lock.yml"], cwd=tmp, capture_output=True, text=True)
+        if proc.returncode != 0:
+            msg = (proc.stderr or proc.stdout).strip()[-3000:]
+            cls = ActionError if re.search(r"(?i)connect|http error|timed out|resolve host", msg) \
+                else UserError
+            raise cls(f"conda-lock could not lock the conda part of {env.name}:\n{msg}")
+        lock = parse_conda_lock_file(tmp / "conda-lock.yml")
+    return sorted(CondaRecord(p.name, p.version, p.build or "", p.url, p.hash.md5 or "",
+                              p.hash.sha256 or "",
+                              tuple(f"{k} {v}".strip() if v != "*" else k
+                                    for k, v in p.dependencies.items()))
+                  for p in lock.package if p.manager == "conda")
+
+
+def _dependencies(depends: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for spec in depends:
+        name, _, version = spec.strip().partition(" ")
+        out[name] = version.strip() or "*"
+    return out
+
+
+def write_conda_lock(path: Path, conda: list[CondaRecord], pylock: dict | None,
+                     pip_parents: dict[str, frozenset[str]], *, channels: list[str],
+                     input_sha256: str, profile: str, vpkgs: dict[str, str]) -> str:
+    """conda-lock.yml through conda-lock's writer; returns its text."""
+    from conda_lock.lockfile import write_conda_lock_file
+    from conda_lock.lockfile.v1.models import HashModel, LockMeta
+    from conda_lock.lockfile.v2prelim.models import LockedDependency, Lockfile
+
+    from .pip import normalize, pip_artifact
+
+    packages = [LockedDependency(
+        name=r.name, version=r.version, manager="conda", platform=PLATFORM,
+        dependencies=_dependencies(r.depends), url=r.url,
+        hash=HashModel(md5=r.md5, sha256=r.sha256 or None), build=r.build, categories={"main"})
+        for r in conda]
+    for p in (pylock or {}).get("packages", []):
+        name = normalize(p["name"])
+        url, sha256 = pip_artifact(p)
+        deps = {child: "*" for child, parents in pip_parents.items() if name in parents}
+        packages.append(LockedDependency(
+            name=name, version=p["version"], manager="pip", platform=PLATFORM,
+            dependencies=dict(sorted(deps.items())), url=url, hash=HashModel(sha256=sha256),
+            categories={"main"}))
+    meta = LockMeta(
+        content_hash={PLATFORM: input_sha256}, channels=list(channels), platforms=[PLATFORM],
+        sources=["environment.yml"],
+        custom_metadata={"envbuild_profile": profile,
+                         "virtual_packages": ", ".join(f"{k}={v}" for k, v in sorted(vpkgs.items()))})
+    write_conda_lock_file(Lockfile(package=packages, metadata=meta), path,
+                          metadata_choices=None, include_help_text=False)
+    return path.read_text(encoding="utf-8")
+
+
+def channel_of(url: str) -> tuple[str, str, str]:
+    """(channel URL, subdir, file name) of a package URL."""
+    path = PurePosixPath(urlsplit(url).path)
+    subdir = path.parent.name
+    return url[: url.rindex(f"/{subdir}/")] + "/", subdir, path.name

@@ -1,0 +1,175 @@
+"""The Lockfile directory (lockfiles/<profile>/): what it holds, the input hash it was made from,
+writing it in one swap, and telling whether it is still current. Pure Python, no network: this is
+what `envbuild lock --check` and `envbuild render --locked` need.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from ..errors import ActionError, UserError
+from ..paths import data_dir
+from ..resolve import ResolvedEnv
+
+FORMAT = 1
+META = "lock.json"
+CONDA_LOCK = "conda-lock.yml"
+REQUIREMENTS = "requirements.lock"
+IMAGES = "images.lock"
+# part -> the file that holds it
+PARTS = {"conda": CONDA_LOCK, "pip": REQUIREMENTS, "images": IMAGES}
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def env_sha256(env: ResolvedEnv) -> str:
+    return sha256_text(env.to_json())
+
+
+def input_digests(env: ResolvedEnv, overlays: tuple[Path, ...] = ()) -> dict[str, str]:
+    """label -> sha256 of every input a lock depends on: the resolved environment, every
+    template and every matrix file (shipped and overlays). All of the matrix, not only the
+    records this profile reads: a lock flagged stale costs a re-lock, a stale lock missed costs
+    a wrong build."""
+    from ..matrix import matrix_files
+
+    digests = {f"env/{env.name}.json": env_sha256(env)}
+    for path in sorted(data_dir("templates").glob("*.j2")):
+        digests[f"templates/{path.name}"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    shipped = data_dir("matrices")
+    overlay_index = {Path(d).resolve(): i for i, d in enumerate(overlays)}
+    for path in matrix_files(tuple(overlays)):
+        parent = path.parent.resolve()
+        label = "matrices" if parent == shipped.resolve() else f"overlay{overlay_index.get(parent, 0)}"
+        digests[f"{label}/{path.name}"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return dict(sorted(digests.items()))
+
+
+def input_sha256(digests: dict[str, str]) -> str:
+    return sha256_text("".join(f"{label}\0{digest}\n" for label, digest in sorted(digests.items())))
+
+
+def dumps(obj) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True) + "\n"
+
+
+def read_meta(lock_dir: Path) -> dict | None:
+    try:
+        meta = json.loads((Path(lock_dir) / META).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"{Path(lock_dir) / META} is unreadable ({e}). Re-create it with "
+                        "`envbuild lock`.") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise UserError(f"{Path(lock_dir) / META} is not an envbuild lock of format {FORMAT}. "
+                        "Re-create it with `envbuild lock`.")
+    return meta
+
+
+def problems(env: ResolvedEnv, lock_dir: Path, overlays: tuple[Path, ...] = ()) -> list[str]:
+    """Why the lock in `lock_dir` is not current for `env` (empty when it is). No network."""
+    lock_dir = Path(lock_dir)
+    meta = read_meta(lock_dir)
+    if meta is None:
+        return [f"missing: no {lock_dir / META}"]
+    out = []
+    if meta.get("profile") != env.name:
+        out.append(f"is the lock of profile {meta.get('profile')!r}, not {env.name!r}")
+    now = input_digests(env, overlays)
+    if meta.get("input_sha256") != input_sha256(now):
+        then = meta.get("inputs", {})
+        changed = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))
+        out.append("stale: changed since locking: " + ", ".join(changed or ["(inputs)"]))
+    for part, name in PARTS.items():
+        if part not in meta.get("parts", []):
+            out.append(f"incomplete: {name} was not locked (made with --only "
+                       f"{','.join(meta.get('parts', []))})")
+            continue
+        try:
+            text = (lock_dir / name).read_text(encoding="utf-8")
+        except OSError:
+            out.append(f"missing: {lock_dir / name}")
+            continue
+        if sha256_text(text) != meta.get("files", {}).get(name):
+            out.append(f"modified: {name} differs from what `envbuild lock` wrote (sha256)")
+    return out
+
+
+def write_dir(lock_dir: Path, files: dict[str, str]) -> None:
+    """Replace `lock_dir` with exactly `files`, as one swap: all of them or, on failure, none."""
+    lock_dir = Path(lock_dir)
+    if lock_dir.exists() and not lock_dir.is_dir():
+        raise UserError(f"{lock_dir} exists and is not a directory. Pass -o a lock directory.")
+    if lock_dir.is_dir() and any(lock_dir.iterdir()) and not (lock_dir / META).exists():
+        raise UserError(f"{lock_dir} is not empty and was not written by envbuild lock (no "
+                        f"{META}); refusing to replace it. Pass -o a new or empty directory.")
+    parent = lock_dir.parent
+    old = None
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{lock_dir.name}.", dir=parent))
+    except OSError as e:
+        raise ActionError(f"Cannot create {parent}: {e.strerror}.") from None
+    try:
+        for name, text in sorted(files.items()):
+            (tmp / name).write_text(text, encoding="utf-8")
+            (tmp / name).chmod(0o644)
+        tmp.chmod(0o755)
+        if lock_dir.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{lock_dir.name}.old.", dir=parent))
+            os.rename(lock_dir, old / "d")
+        os.rename(tmp, lock_dir)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and (old / "d").exists() and not lock_dir.exists():
+            os.rename(old / "d", lock_dir)
+        raise ActionError(f"Cannot write {lock_dir}: {e.strerror}. Nothing was changed.") from None
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def for_render(env: ResolvedEnv, lock_dir: Path) -> dict:
+    """The `locked` context of the Dockerfile template: base images by digest and the hashed
+    requirement file of each install layer (copied into the build context)."""
+    from .pip import layer_files
+
+    lock_dir = Path(lock_dir)
+    meta = read_meta(lock_dir)
+    if meta is None:
+        raise UserError(f"No lock in {lock_dir} (no {META}). Make it with `envbuild lock "
+                        f"{env.name}`, or pass --locked DIR where it is.")
+    if meta.get("env_sha256") != env_sha256(env):
+        raise UserError(f"The lock in {lock_dir} was made for another resolved environment than "
+                        f"{env.name!r} resolves to now (matrices or overrides changed). Re-lock with "
+                        f"`envbuild lock {env.name}`.")
+    missing = [PARTS[p] for p in ("pip", "images") if p not in meta.get("parts", [])]
+    if missing:
+        raise UserError(f"The lock in {lock_dir} has no {' and no '.join(missing)} (made with "
+                        f"--only {','.join(meta.get('parts', []))}); a locked Dockerfile needs both. "
+                        f"Complete it with `envbuild lock {env.name}` on a machine that reaches "
+                        "the registry and the indexes.")
+    texts = {}
+    for name in (REQUIREMENTS, IMAGES):
+        text = (lock_dir / name).read_text(encoding="utf-8")
+        if sha256_text(text) != meta.get("files", {}).get(name):
+            raise UserError(f"{lock_dir / name} differs from what `envbuild lock` wrote; "
+                            f"re-lock with `envbuild lock {env.name}`.")
+        texts[name] = text
+    images = json.loads(texts[IMAGES])
+    pinned = {}
+    for role, ref in sorted(env.data["cuda"]["images"].items()):
+        if ref not in images:
+            raise UserError(f"{lock_dir / IMAGES} has no digest for {ref}; re-lock.")
+        pinned[role] = f"{ref}@{images[ref]['digest']}"
+    layers, files = layer_files(env, texts[REQUIREMENTS])
+    return {"images": pinned, "layers": layers, "files": files,
+            "input_sha256": meta["input_sha256"]}
