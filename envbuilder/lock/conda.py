@@ -80,6 +80,7 @@ def solve_rattler(env: ResolvedEnv, channels: list[str], vpkgs: dict[str, str]) 
     import asyncio
 
     from rattler import Channel, GenericVirtualPackage, PackageName, Version, solve
+    from rattler import exceptions as rx
     from rattler.exceptions import SolverError
     from rattler.package import BuildString
 
@@ -102,12 +103,12 @@ def solve_rattler(env: ResolvedEnv, channels: list[str], vpkgs: dict[str, str]) 
         raise ActionError(f"Cannot fetch the conda channels ({', '.join(channels)}):\n"
                           f"{text.strip()}\nCheck the URLs, or pass --channel a mirror that "
                           "answers.") from None
-    except Exception as e:  # rattler raises its own types for fetch errors
-        if type(e).__module__.startswith("rattler") or isinstance(e, OSError):
-            raise ActionError(f"Cannot fetch the conda channels ({', '.join(channels)}): "
-                              f"{type(e).__name__}: {str(e).strip()}\nCheck the URLs, or pass "
-                              "--channel a mirror that answers.") from None
-        raise
+    except (rx.GatewayError, rx.FetchRepoDataError, rx.IoError, OSError) as e:
+        raise ActionError(f"Cannot fetch the conda channels ({', '.join(channels)}): "
+                          f"{str(e).strip()}\nCheck the URLs, or pass --channel a mirror that "
+                          "answers.") from None
+    except (rx.InvalidChannelError, rx.InvalidMatchSpecError, rx.InvalidUrlError) as e:
+        raise UserError(f"A conda channel or spec of {env.name} is malformed: {e}") from None
     out = []
     for r in records:
         if r.md5 is None:

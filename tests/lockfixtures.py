@@ -1,0 +1,399 @@
+"""Loopback stand-ins for what `envbuild lock` talks to: fixture wheels behind pypiserver, a conda
+channel built with py-rattler-build and served over HTTP, and a registry with pushed manifests.
+Shared by tests/test_lock.py and bench/bench_lock.py. Nothing here leaves 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import functools
+import gzip
+import hashlib
+import http.server
+import io
+import json
+import os
+import random
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import zipfile
+from pathlib import Path
+
+ZIP_DATE = (2024, 1, 1, 0, 0, 0)  # fixed, so every fixture wheel is byte-reproducible
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, seconds: float = 30.0) -> None:
+    import requests
+
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            requests.get(url, timeout=2)
+            return
+        except requests.RequestException:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{url} did not answer within {seconds} s")
+            time.sleep(0.1)
+
+
+# ---- wheels ---------------------------------------------------------------------------------
+
+def _record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def make_wheel(dest: Path, name: str, version: str, *, tag: str = "py3-none-any",
+               requires: tuple[str, ...] = (), extras: dict[str, tuple[str, ...]] | None = None,
+               payload: int = 0, salt: str = "") -> Path:
+    """A minimal valid wheel written by hand: a package, METADATA, WHEEL and RECORD. `payload`
+    adds that many incompressible bytes (stored, seeded: the same bytes every time)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    dist = re.sub(r"[-_.]+", "_", name).lower()
+    info = f"{dist}-{version}.dist-info"
+    meta = [f"Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    meta += [f"Requires-Dist: {r}" for r in requires]
+    for extra, reqs in (extras or {}).items():
+        meta.append(f"Provides-Extra: {extra}")
+        meta += [f'Requires-Dist: {r} ; extra == "{extra}"' for r in reqs]
+    files = {
+        f"{dist}/__init__.py": f'__version__ = "{version}"  # envbuild test stand-in {salt}\n'.encode(),
+        f"{info}/METADATA": ("\n".join(meta) + "\n").encode(),
+        f"{info}/WHEEL": (f"Wheel-Version: 1.0\nGenerator: envbuild-tests\nRoot-Is-Purelib: "
+                          f"{'true' if tag.endswith('-any') else 'false'}\nTag: {tag}\n").encode(),
+    }
+    if payload:
+        files[f"{dist}/_payload.bin"] = random.Random(f"{name}{version}{salt}").randbytes(payload)
+    record = "".join(f"{p},{_record_hash(d)},{len(d)}\n" for p, d in files.items())
+    files[f"{info}/RECORD"] = (record + f"{info}/RECORD,,\n").encode()
+    path = dest / f"{dist}-{version}-{tag}.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for p, d in files.items():
+            zi = zipfile.ZipInfo(p, ZIP_DATE)
+            zi.compress_type = zipfile.ZIP_STORED if p.endswith(".bin") else zipfile.ZIP_DEFLATED
+            zi.external_attr = 0o644 << 16
+            z.writestr(zi, d)
+    return path
+
+
+CP310 = "cp310-cp310-linux_x86_64"
+
+
+def p40_wheels(torch_dir: Path, pypi_dir: Path, torch_payload: int = 0) -> dict[str, Path]:
+    """Stand-ins named exactly as the p40 profile pins them: torch's three on a PyTorch-like index
+    (which, like the real one, also carries a few common dependencies), the rest on a PyPI-like
+    one, which also has a decoy `torch 2.6.0+cu118` that must never be picked."""
+    w = {}
+    w["torch"] = make_wheel(torch_dir, "torch", "2.6.0+cu118", tag=CP310, payload=torch_payload,
+                            requires=("filelock", "typing-extensions>=4.10.0"))
+    w["torchvision"] = make_wheel(torch_dir, "torchvision", "0.21.0+cu118", tag=CP310,
+                                  requires=("torch==2.6.0+cu118", "numpy"))
+    w["torchaudio"] = make_wheel(torch_dir, "torchaudio", "2.6.0+cu118", tag=CP310,
+                                 requires=("torch==2.6.0+cu118",))
+    make_wheel(torch_dir, "filelock", "3.16.1")                   # same bytes as PyPI's
+    make_wheel(torch_dir, "numpy", "2.1.2", tag=CP310)            # not the pinned 1.26.4
+    w["decoy"] = make_wheel(pypi_dir, "torch", "2.6.0+cu118", tag=CP310, salt="decoy")
+    make_wheel(pypi_dir, "torch", "2.6.0", tag=CP310, requires=("filelock",))
+    for name, version, requires, tag in [
+        ("filelock", "3.16.1", (), "py3-none-any"),
+        ("typing-extensions", "4.12.2", (), "py3-none-any"),
+        ("numpy", "1.26.4", (), CP310),
+        ("numpy", "2.1.2", (), CP310),
+        ("transformers", "4.51.3", ("filelock", "numpy>=1.17", "tokenizers>=0.21,<0.22"), "py3-none-any"),
+        ("tokenizers", "0.21.1", (), CP310),
+        ("tensordict", "0.6.2", ("torch>=2.5.0", "numpy"), CP310),
+        ("accelerate", "1.7.0", ("torch>=2.0.0", "numpy"), "py3-none-any"),
+        ("peft", "0.15.2", ("torch>=1.13.0", "transformers", "accelerate>=0.21.0"), "py3-none-any"),
+        ("datasets", "3.6.0", ("pyarrow>=15.0.0", "numpy>=1.17", "filelock"), "py3-none-any"),
+        ("pyarrow", "20.0.0", (), CP310),
+        ("hydra-core", "1.3.2", ("omegaconf<2.4,>=2.2",), "py3-none-any"),
+        ("omegaconf", "2.3.0", (), "py3-none-any"),
+        ("codetiming", "1.4.0", (), "py3-none-any"),
+        ("torchdata", "0.11.0", ("torch>=2",), "py3-none-any"),
+        ("aiohttp", "3.11.18", (), CP310),
+        ("pandas", "2.2.3", ("numpy>=1.22.4",), CP310),
+        ("verl", "0.4.1", ("accelerate", "codetiming", "datasets", "hydra-core", "numpy", "pandas",
+                           "peft", "pyarrow>=19.0.0", "ray[default]>=2.41.0", "tensordict<=0.6.2",
+                           "torchdata", "transformers"), "py3-none-any"),
+    ]:
+        w.setdefault(name, make_wheel(pypi_dir, name, version, tag=tag, requires=requires))
+    w["ray"] = make_wheel(pypi_dir, "ray", "2.46.0", tag=CP310, requires=("filelock",),
+                          extras={"default": ("aiohttp>=3.7",)})
+    return w
+
+
+class PypiServer:
+    """`pypi-server run` on a free loopback port over one wheel folder."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/simple/"
+
+    def __enter__(self) -> "PypiServer":
+        exe = Path(sys.executable).with_name("pypi-server")
+        self.proc = subprocess.Popen(
+            [str(exe), "run", "-i", "127.0.0.1", "-p", str(self.port), "--disable-fallback",
+             "--hash-algo", "sha256", str(self.root)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_http(self.url)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+# ---- conda channel --------------------------------------------------------------------------
+
+# name, version, subdir, build, depends, constrains
+CHANNEL_PACKAGES = [
+    ("python", "3.10.0", "linux-64", "h0_0", ["__glibc >=2.17"], []),
+    ("python", "3.12.0", "linux-64", "h0_0", ["__glibc >=2.17"], []),
+    ("pip", "24.0", "noarch", "pyh0_0", ["python >=3.7"], []),
+    ("cuda-version", "11.8", "noarch", "h0_3", [], ["__cuda >=11.8"]),
+    ("cuda-version", "12.4", "noarch", "h0_3", [], ["__cuda >=12.4"]),
+    ("cuda-nvcc", "11.8.89", "linux-64", "h0_0", ["__cuda >=11.8", "__glibc >=2.17", "cuda-version 11.8.*"], []),
+    ("cuda-nvcc", "12.4.131", "linux-64", "h0_0", ["__cuda >=12.4", "__glibc >=2.17", "cuda-version 12.4.*"], []),
+    ("cuda-cudart-dev", "11.8.89", "linux-64", "h0_0", ["cuda-version 11.8.*"], []),
+    ("cuda-libraries-dev", "11.8.0", "linux-64", "h0_0", ["cuda-version 11.8.*"], []),
+]
+
+
+def build_channel(root: Path) -> Path:
+    """A tiny conda channel (assemble_package + rattler.index), byte-reproducible packages."""
+    import asyncio
+    import datetime
+    import tempfile
+
+    from rattler.index import index_fs
+    from rattler_build import ArchiveType, assemble_package
+
+    ts = datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone.utc)
+    for name, version, subdir, build, depends, constrains in CHANNEL_PACKAGES:
+        with tempfile.TemporaryDirectory() as tmp:
+            payload = Path(tmp) / ("share" if subdir == "noarch" else "bin") / f"{name}-{version}.txt"
+            payload.parent.mkdir(parents=True)
+            payload.write_text(f"{name} {version} envbuild test stand-in\n")
+            (root / subdir).mkdir(parents=True, exist_ok=True)
+            assemble_package(name=name, version=version, target_platform=subdir,
+                             build_string=build, output_dir=root / subdir, files_dir=Path(tmp),
+                             depends=depends, constrains=constrains,
+                             noarch="generic" if subdir == "noarch" else None, license="MIT",
+                             archive_type=ArchiveType.Conda, timestamp=ts, detect_prefix=False)
+    asyncio.run(index_fs(root, write_zst=False, write_shards=False, force=True))
+    return root
+
+
+class StaticServer:
+    """A threading HTTP file server on loopback that logs request paths."""
+
+    def __init__(self, root: Path):
+        log = self.log = []
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def log_message(self, *a):
+                log.append(self.path)
+
+        self.httpd = http.server.ThreadingHTTPServer(
+            ("127.0.0.1", 0), functools.partial(Handler, directory=str(root)))
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+# ---- registry -------------------------------------------------------------------------------
+
+DOCKER_V2 = "application/vnd.docker.distribution.manifest.v2+json"
+DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+
+
+def _sha(b: bytes) -> str:
+    return "sha256:" + hashlib.sha256(b).hexdigest()
+
+
+class Registry:
+    """Push tiny images through the registry HTTP API (no docker client)."""
+
+    def __init__(self, url: str):
+        import requests
+
+        self.url = url.rstrip("/")
+        self.s = requests.Session()
+
+    def blob(self, repo: str, data: bytes) -> dict:
+        d = _sha(data)
+        if self.s.head(f"{self.url}/v2/{repo}/blobs/{d}").status_code != 200:
+            r = self.s.post(f"{self.url}/v2/{repo}/blobs/uploads/")
+            r.raise_for_status()
+            loc = r.headers["Location"]
+            loc = loc if loc.startswith("http") else self.url + loc
+            self.s.put(loc, params={"digest": d}, data=data,
+                       headers={"Content-Type": "application/octet-stream"}).raise_for_status()
+        return {"digest": d, "size": len(data)}
+
+    def manifest(self, repo: str, ref: str, body: dict, media_type: str) -> str:
+        raw = json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+        r = self.s.put(f"{self.url}/v2/{repo}/manifests/{ref}", data=raw,
+                       headers={"Content-Type": media_type})
+        r.raise_for_status()
+        return _sha(raw)
+
+    def image(self, repo: str, ref: str, arch: str, oci: bool) -> tuple[str, int]:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as t:
+            data = f"{repo} {arch}\n".encode()
+            ti = tarfile.TarInfo("hello.txt")
+            ti.size, ti.mtime = len(data), 0
+            t.addfile(ti, io.BytesIO(data))
+        tar = buf.getvalue()
+        layer = gzip.compress(tar, mtime=0)
+        cfg = json.dumps({"architecture": arch, "os": "linux", "config": {},
+                          "rootfs": {"type": "layers", "diff_ids": [_sha(tar)]}},
+                         sort_keys=True).encode()
+        mt = OCI_MANIFEST if oci else DOCKER_V2
+        body = {"schemaVersion": 2, "mediaType": mt,
+                "config": {"mediaType": "application/vnd.oci.image.config.v1+json" if oci else
+                           "application/vnd.docker.container.image.v1+json", **self.blob(repo, cfg)},
+                "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip" if oci else
+                            "application/vnd.docker.image.rootfs.diff.tar.gzip",
+                            **self.blob(repo, layer)}]}
+        raw_len = len(json.dumps(body, separators=(",", ":"), sort_keys=True).encode())
+        return self.manifest(repo, ref, body, mt), raw_len
+
+    def multiarch(self, repo: str, tag: str, oci: bool) -> str:
+        """A manifest list (docker) or an index (OCI) of amd64 + arm64 under `tag`."""
+        entries = []
+        for arch in ("amd64", "arm64"):
+            digest, size = self.image(repo, f"{tag}-{arch}", arch, oci)
+            entries.append({"mediaType": OCI_MANIFEST if oci else DOCKER_V2, "digest": digest,
+                            "size": size, "platform": {"architecture": arch, "os": "linux"}})
+        mt = OCI_INDEX if oci else DOCKER_LIST
+        return self.manifest(repo, tag, {"schemaVersion": 2, "mediaType": mt,
+                                         "manifests": entries}, mt)
+
+
+SHARED_REGISTRY = "http://127.0.0.1:5000"
+
+
+@contextlib.contextmanager
+def registry(workdir: Path):
+    """The loopback registry tests/infra/provision.sh runs on :5000 when it answers, else a
+    registry of our own (Debian's docker-registry) on a free port."""
+    import requests
+
+    try:
+        if requests.get(f"{SHARED_REGISTRY}/v2/", timeout=2).status_code == 200:
+            yield SHARED_REGISTRY
+            return
+    except requests.RequestException:
+        pass
+    exe = shutil.which("docker-registry") or "/usr/bin/docker-registry"
+    if not Path(exe).exists() and os.geteuid() == 0:
+        subprocess.run(["apt-get", "install", "-y", "-q", "docker-registry"], check=True,
+                       stdout=subprocess.DEVNULL, env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+    if not Path(exe).exists():
+        raise RuntimeError("no registry on 127.0.0.1:5000 and no docker-registry binary "
+                           "(apt-get install docker-registry)")
+    port = free_port()
+    (workdir / "data").mkdir(parents=True, exist_ok=True)
+    config = workdir / "config.yml"
+    config.write_text(f"version: 0.1\nlog: {{level: error}}\nstorage:\n  filesystem:\n"
+                      f"    rootdirectory: {workdir / 'data'}\nhttp:\n  addr: 127.0.0.1:{port}\n")
+    proc = subprocess.Popen([exe, "serve", str(config)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_http(f"{url}/v2/")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+class TokenGate:
+    """A Docker-Hub-like front for a registry: /v2/ answers 401 with a Bearer challenge unless
+    the request carries the token that /token hands out anonymously."""
+
+    TOKEN = "envbuild-test-token"
+
+    def __init__(self, upstream: str):
+        import requests
+
+        gate = self
+        self.token_requests: list[str] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _relay(self, method: str):
+                if self.path.startswith("/token"):
+                    gate.token_requests.append(self.path)
+                    body = json.dumps({"token": gate.TOKEN}).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                if self.headers.get("Authorization") != f"Bearer {gate.TOKEN}":
+                    self.send_response(401)
+                    self.send_header("WWW-Authenticate", f'Bearer realm="{gate.url}/token",'
+                                     'service="envbuild-test-registry"')
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                r = requests.request(method, upstream + self.path,
+                                     headers={"Accept": self.headers.get("Accept", "")})
+                self.send_response(r.status_code)
+                for h in ("Content-Type", "Docker-Content-Digest", "Content-Length"):
+                    if h in r.headers:
+                        self.send_header(h, r.headers[h])
+                self.end_headers()
+                if method == "GET":
+                    self.wfile.write(r.content)
+
+            def do_HEAD(self):
+                self._relay("HEAD")
+
+            def do_GET(self):
+                self._relay("GET")
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

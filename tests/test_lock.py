@@ -1,0 +1,429 @@
+"""`envbuild lock` against loopback stand-ins of everything it talks to: a conda channel built
+here (py-rattler-build + rattler.index, served over HTTP), two pypiservers with fixture wheels
+named as the p40 profile pins them (a PyTorch-like index and a PyPI-like one), and a registry
+with pushed manifests. One behaviour per test.
+
+These tests must run in CI: a missing tool fails them (CI=true), it does not skip them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from envbuilder.cli import main
+
+for module in ("rattler", "rattler_build", "conda_lock", "uv", "pypiserver", "requests"):
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        if os.environ.get("CI") == "true":
+            raise
+        pytest.skip(f"{module} is not installed (pip install -e '.[lock,test]')",
+                    allow_module_level=True)
+
+import lockfixtures as F  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+NS = "envbuild-lock-test"  # our repositories in a (possibly shared) registry
+
+
+def envbuild(capsys, *args) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exit_:
+        main(list(map(str, args)))
+    out, err = capsys.readouterr()
+    return exit_.value.code, out, err
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated(tmp_path_factory):
+    """No user caches or configuration leak into a lock (and none of ours into the user's)."""
+    home = tmp_path_factory.mktemp("home")
+    saved = dict(os.environ)
+    os.environ.update(ENVBUILD_NO_CACHE="1", XDG_CACHE_HOME=str(home / "cache"),
+                      UV_CACHE_DIR=str(home / "uv-cache"))
+    for k in [k for k in os.environ if k.startswith(("UV_INDEX", "UV_EXTRA", "ENVBUILD_MATRIX"))]:
+        del os.environ[k]
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+@pytest.fixture(scope="session")
+def world(tmp_path_factory):
+    """Channel, indexes and registry, with the p40 profile's base images pushed."""
+    from envbuilder import matrix
+    from envbuilder.resolve import resolve
+
+    root = tmp_path_factory.mktemp("world")
+    wheels = F.p40_wheels(root / "torch-index", root / "pypi")
+    channel = F.build_channel(root / "channel")
+    chan = F.StaticServer(channel)
+    env = resolve(matrix.load(), "p40")
+    with F.PypiServer(root / "torch-index") as torch_idx, F.PypiServer(root / "pypi") as pypi, \
+            F.registry(root / "registry") as reg:
+        r = F.Registry(reg)
+        images = env.data["cuda"]["images"]
+        pushed = {
+            images["runtime"]: r.multiarch(f"{NS}/{images['runtime'].split(':')[0]}",
+                                           images["runtime"].split(":")[1], oci=False),
+            images["devel"]: r.multiarch(f"{NS}/{images['devel'].split(':')[0]}",
+                                         images["devel"].split(":")[1], oci=True),
+        }
+        yield {"root": root, "wheels": wheels, "channel": chan, "channel_dir": channel,
+               "torch": torch_idx.url, "pypi": pypi.url, "registry": reg, "pushed": pushed,
+               "env": env, "mirror": f"{reg.split('://')[1]}/{NS}"}
+    chan.close()
+
+
+def lock_args(world, out, *extra):
+    return ["lock", "p40", "-o", out, "--index-url", world["pypi"], "--torch-index-url",
+            world["torch"], "--channel", world["channel"].url, "--registry-mirror",
+            world["mirror"], *extra]
+
+
+@pytest.fixture(scope="session")
+def p40_lock(world, tmp_path_factory):
+    out = tmp_path_factory.mktemp("locks") / "p40"
+    with pytest.MonkeyPatch.context():
+        with pytest.raises(SystemExit) as exit_:
+            main(lock_args(world, out))
+    assert exit_.value.code == 0
+    return out
+
+
+def closed_port() -> int:
+    return F.free_port()  # bound and released: nothing listens there
+
+
+# ---- what the lock holds ---------------------------------------------------------------------
+
+def test_lock_writes_the_four_files(p40_lock):
+    assert sorted(p.name for p in p40_lock.iterdir()) == [
+        "conda-lock.yml", "images.lock", "lock.json", "requirements.lock"]
+    meta = json.loads((p40_lock / "lock.json").read_text())
+    assert meta["parts"] == ["conda", "images", "pip"]
+    assert meta["target"]["virtual_packages"]["__cuda"] == "11.8"
+    assert meta["target"]["virtual_packages"]["__glibc"] == "2.35"  # Ubuntu 22.04's
+    assert meta["target"]["python_platform"] == "x86_64-manylinux_2_35"
+    assert set(meta["tools"]) >= {"uv", "py-rattler", "conda-lock", "requests", "envbuild"}
+
+
+def test_conda_lock_yml_is_accepted_by_conda_lock(p40_lock, tmp_path):
+    from conda_lock.lockfile import parse_conda_lock_file
+
+    lock = parse_conda_lock_file(p40_lock / "conda-lock.yml")
+    conda = {p.name: p for p in lock.package if p.manager == "conda"}
+    pip = {p.name: p for p in lock.package if p.manager == "pip"}
+    assert conda["python"].version == "3.10.0"
+    assert conda["cuda-nvcc"].version == "11.8.89"  # p40 builds apex: nvcc 11.8 == torch's CUDA
+    assert {"pip", "cuda-cudart-dev", "cuda-libraries-dev"} <= set(conda)
+    assert all(p.hash.md5 and p.hash.sha256 for p in conda.values())
+    assert pip["torch"].version == "2.6.0+cu118"
+    assert all(p.hash.sha256 and p.url.startswith("http://127.0.0.1:") for p in pip.values())
+    assert "filelock" in pip["torch"].dependencies
+
+    shutil.copy(p40_lock / "conda-lock.yml", tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "conda_lock", "render", "-k", "explicit",
+                           "--platform", "linux-64", "conda-lock.yml"], cwd=tmp_path,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    explicit = (tmp_path / "conda-linux-64.lock").read_text()
+    assert "@EXPLICIT" in explicit
+    assert re.search(r"^http://127\.0\.0\.1:\d+/linux-64/cuda-nvcc-11\.8\.89-h0_0\.conda#[0-9a-f]{32}$",
+                     explicit, re.M)
+    assert "# pip torch @ http://127.0.0.1:" in explicit
+
+
+def _records(yml: Path, tamper: str | None = None):
+    from conda_lock.lockfile import parse_conda_lock_file
+    from rattler import PackageRecord, RepoDataRecord
+    from rattler.package import BuildString
+
+    from envbuilder.lock.conda import channel_of
+
+    for p in parse_conda_lock_file(yml).package:
+        if p.manager != "conda":
+            continue
+        channel, subdir, fname = channel_of(p.url)
+        sha = "0" * 64 if p.name == tamper else p.hash.sha256
+        record = PackageRecord(
+            name=p.name, version=p.version, build=BuildString(p.build), build_number=0,
+            subdir=subdir, depends=[f"{k} {v}" if v != "*" else k for k, v in p.dependencies.items()],
+            md5=bytes.fromhex(p.hash.md5), sha256=bytes.fromhex(sha),
+            noarch="generic" if subdir == "noarch" else None)
+        yield RepoDataRecord(record, file_name=fname, url=p.url, channel=channel)
+
+
+def _install(records, prefix: Path):
+    import asyncio
+
+    from rattler import install
+    from rattler.platform import Platform
+
+    asyncio.run(install(list(records), target_prefix=prefix, cache_dir=prefix.parent / "pkgs",
+                        platform=Platform("linux-64"), execute_link_scripts=False,
+                        show_progress=False))
+
+
+def test_rattler_installs_the_locked_env_without_solving(world, p40_lock, tmp_path):
+    before = len(world["channel"].log)
+    _install(_records(p40_lock / "conda-lock.yml"), tmp_path / "env")
+    fetched = world["channel"].log[before:]
+    assert fetched and not any("repodata" in path for path in fetched), fetched
+    installed = sorted(p.name.rsplit("-", 2)[0] for p in (tmp_path / "env" / "conda-meta").glob("*.json"))
+    assert installed == ["cuda-cudart-dev", "cuda-libraries-dev", "cuda-nvcc", "cuda-version",
+                         "pip", "python"]
+
+
+def test_a_tampered_conda_sha256_fails_the_install(p40_lock, tmp_path):
+    with pytest.raises(Exception, match="hash mismatch"):
+        _install(_records(p40_lock / "conda-lock.yml", tamper="cuda-nvcc"), tmp_path / "env")
+
+
+def _python310() -> str:
+    for candidate in [shutil.which("python3.10"),
+                      *sorted(Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+                              .glob("versions/3.10*/bin/python3.10"))]:
+        if candidate and subprocess.run([str(candidate), "-c", "pass"],
+                                        capture_output=True).returncode == 0:
+            return str(candidate)
+    pytest.fail("no Python 3.10 interpreter for the cp310 fixture wheels")
+
+
+def _pip_install(world, venv: Path, requirements: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env["PIP_CONFIG_FILE"] = os.devnull  # this host's pip.conf adds find-links
+    return subprocess.run(
+        [venv / "bin" / "pip", "install", "--no-cache-dir", "--disable-pip-version-check",
+         "--no-deps", "--require-hashes", "--only-binary=:all:", "--index-url", world["pypi"],
+         "--extra-index-url", world["torch"], "-r", requirements],
+        capture_output=True, text=True, env=env)
+
+
+def test_requirements_lock_installs_with_require_hashes_and_a_tampered_hash_fails(
+        world, p40_lock, tmp_path):
+    subprocess.run([_python310(), "-m", "venv", tmp_path / "v"], check=True)
+    proc = _pip_install(world, tmp_path / "v", p40_lock / "requirements.lock")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = subprocess.run([tmp_path / "v" / "bin" / "python", "-c",
+                          "import torch, verl, numpy; print(torch.__version__, numpy.__version__)"],
+                         capture_output=True, text=True)
+    assert out.stdout.split() == ["2.6.0+cu118", "1.26.4"]
+
+    text = (p40_lock / "requirements.lock").read_text()
+    torch_hash = hashlib.sha256(world["wheels"]["torch"].read_bytes()).hexdigest()
+    (tmp_path / "tampered.txt").write_text(text.replace(torch_hash, "0" * 64))
+    subprocess.run([_python310(), "-m", "venv", tmp_path / "v2"], check=True)
+    proc = _pip_install(world, tmp_path / "v2", tmp_path / "tampered.txt")
+    assert proc.returncode != 0
+    assert "DO NOT MATCH THE HASHES" in proc.stderr
+
+
+def test_torch_comes_from_the_torch_index_never_the_decoy(world, p40_lock):
+    from conda_lock.lockfile import parse_conda_lock_file
+
+    text = (p40_lock / "requirements.lock").read_text()
+    real = hashlib.sha256(world["wheels"]["torch"].read_bytes()).hexdigest()
+    decoy = hashlib.sha256(world["wheels"]["decoy"].read_bytes()).hexdigest()
+    assert real in text and decoy not in text
+    assert "numpy==1.26.4" in text  # the torch index has numpy, not this version: falls through
+    pip = {p.name: p for p in parse_conda_lock_file(p40_lock / "conda-lock.yml").package
+           if p.manager == "pip"}
+    assert pip["torch"].url.startswith(world["torch"].replace("/simple/", "/"))
+    assert pip["torch"].hash.sha256 == real
+
+
+def test_images_lock_pins_the_list_digest_not_a_platform_child(world, p40_lock):
+    images = json.loads((p40_lock / "images.lock").read_text())
+    assert {ref: v["digest"] for ref, v in images.items()} == world["pushed"]
+    media = {v["media_type"] for v in images.values()}
+    assert media == {F.DOCKER_LIST, F.OCI_INDEX}
+
+
+def test_anonymous_bearer_token_flow(world):
+    from envbuilder.lock.images import digest
+
+    gate = F.TokenGate(world["registry"])
+    try:
+        ref = world["env"].data["cuda"]["images"]["runtime"]
+        got = digest(ref, mirror=f"{gate.url}/{NS}")
+    finally:
+        gate.close()
+    assert got.digest == world["pushed"][ref]
+    assert gate.token_requests and "scope=repository" in gate.token_requests[0]
+
+
+# ---- same inputs, same bytes; --check ------------------------------------------------------
+
+def test_relocking_unchanged_inputs_changes_no_byte(world, p40_lock, tmp_path, capsys):
+    rc, _, err = envbuild(capsys, *lock_args(world, tmp_path / "again"))
+    assert rc == 0, err
+    for f in p40_lock.iterdir():
+        assert (tmp_path / "again" / f.name).read_bytes() == f.read_bytes(), f.name
+    rc, _, err = envbuild(capsys, *lock_args(world, p40_lock))  # in place, over itself
+    assert rc == 0, err
+
+
+def test_check_passes_offline_and_detects_a_changed_matrix(world, tmp_path, capsys, monkeypatch):
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "local.yaml").write_text("sources:\n  mine: https://example.org/a\n")
+    lock_dir = tmp_path / "lock"
+    rc, _, err = envbuild(capsys, *lock_args(world, lock_dir, "--matrix-dir", overlay))
+    assert rc == 0, err
+
+    def no_network(*a, **k):
+        raise AssertionError("--check must not touch the network")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    rc, out, _ = envbuild(capsys, "lock", "p40", "--check", "-o", lock_dir, "--matrix-dir", overlay)
+    assert rc == 0 and "p40: ok" in out
+
+    # a changed fact: the p40's verl pins in an overlay
+    (overlay / "local.yaml").write_text(
+        "sources:\n  mine: https://example.org/a\nprofiles:\n" +
+        _profile_yaml("p40", pins={"transformers": "4.52.0"}))
+    rc, out, err = envbuild(capsys, "lock", "p40", "--check", "-o", lock_dir, "--matrix-dir", overlay)
+    assert rc == 1
+    assert "stale" in out and "overlay0/local.yaml" in out and "env/p40.json" in out
+
+
+def _profile_yaml(name: str, **changes) -> str:
+    import yaml
+
+    from envbuilder import matrix
+
+    record = dict(matrix.load().profiles[name], **changes, source="mine")
+    return "  " + yaml.safe_dump({name: record}).replace("\n", "\n  ").rstrip() + "\n"
+
+
+def test_check_reports_missing_and_hand_edited_locks(world, p40_lock, tmp_path, capsys):
+    rc, out, _ = envbuild(capsys, "lock", "p40", "--check", "-o", tmp_path / "none")
+    assert rc == 1 and "missing" in out
+    shutil.copytree(p40_lock, tmp_path / "edited")
+    lockfile = tmp_path / "edited" / "requirements.lock"
+    lockfile.write_text(lockfile.read_text().replace("numpy==1.26.4", "numpy==2.1.2"))
+    rc, out, _ = envbuild(capsys, "lock", "p40", "--check", "-o", tmp_path / "edited")
+    assert rc == 1 and "modified: requirements.lock" in out
+
+
+def test_check_all_lists_every_profile(p40_lock, tmp_path, capsys):
+    root = tmp_path / "root"
+    shutil.copytree(p40_lock, root / "p40")
+    rc, out, _ = envbuild(capsys, "lock", "--all", "--check", "-o", root)
+    assert rc == 1
+    assert "p40: ok" in out and "4090: missing" in out and "h200: missing" in out
+
+
+# ---- errors ----------------------------------------------------------------------------------
+
+def test_unsatisfiable_cuda_names_the_package_and_the_virtual_package(world, tmp_path, capsys):
+    import yaml
+
+    from envbuilder import matrix
+
+    cuda = dict(matrix.load().cuda["11.8"], conda_nvcc="cuda-nvcc=12.4")  # nvcc too new for 11.8
+    (tmp_path / "cuda.yaml").write_text(yaml.safe_dump({
+        "sources": {"mine": "https://example.org/b"}, "cuda": {"11.8": {**cuda, "source": "mine"}}}))
+    rc, _, err = envbuild(capsys, *lock_args(world, tmp_path / "lock", "--matrix-dir", tmp_path))
+    assert rc == 2, err
+    assert "cuda-nvcc" in err and "__cuda" in err and "__cuda=11.8" in err
+    assert not (tmp_path / "lock").exists()  # nothing half-written
+
+
+@pytest.mark.parametrize("what", ["index", "torch-index", "channel", "registry"])
+def test_an_unreachable_endpoint_exits_1_naming_it(world, tmp_path, capsys, what):
+    dead = f"127.0.0.1:{closed_port()}"
+    args = lock_args(world, tmp_path / "lock")
+    flag, value = {"index": ("--index-url", f"http://{dead}/simple/"),
+                   "torch-index": ("--torch-index-url", f"http://{dead}/simple/"),
+                   "channel": ("--channel", f"http://{dead}/"),
+                   "registry": ("--registry-mirror", f"{dead}/{NS}")}[what]
+    args[args.index(flag) + 1] = value
+    rc, _, err = envbuild(capsys, *args)
+    assert rc == 1, err
+    assert dead in err
+
+
+def test_solver_conda_lock_without_a_conda_says_so(world, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    rc, _, err = envbuild(capsys, *lock_args(world, tmp_path / "lock", "--solver", "conda-lock"))
+    assert rc == 2
+    assert "conda, mamba or micromamba" in err and "--solver rattler" in err
+
+
+# ---- render --locked -------------------------------------------------------------------------
+
+def test_render_locked_pins_images_and_requires_hashes(world, p40_lock, tmp_path, capsys):
+    from envbuilder.lock.pip import parse
+
+    rc, _, err = envbuild(capsys, "render", "p40", "-o", tmp_path / "out", "--locked", p40_lock)
+    assert rc == 0, err
+    out = tmp_path / "out"
+    dockerfile = (out / "Dockerfile").read_text()
+    images = json.loads((p40_lock / "images.lock").read_text())
+    for role, ref in world["env"].data["cuda"]["images"].items():
+        assert f"ARG BASE_{role.upper()}={ref}@{images[ref]['digest']}\n" in dockerfile
+    installs = re.findall(r"pip install .*", dockerfile)
+    locked = [i for i in installs if "--require-hashes" in i]
+    assert len(locked) == 4  # torch in the builder, then torch, verl deps, verl
+    assert all("--no-deps" in i for i in locked)
+    layer_files = sorted(p.name for p in out.glob("locked-*.txt"))
+    assert layer_files == ["locked-torch.txt", "locked-verl-deps.txt", "locked-verl.txt"]
+    for name in layer_files:
+        assert f"source={name},target=/tmp/envbuild-lock/{name}" in dockerfile
+    # the layers together hold exactly the lock, each package once, with all its hashes
+    everything = parse((p40_lock / "requirements.lock").read_text())
+    parts = [parse((out / n).read_text()) for n in layer_files]
+    assert sorted(n for p in parts for n in p) == sorted(everything)
+    assert all(p[n].hashes == everything[n].hashes for p in parts for n in p)
+    torch_layer = parse((out / "locked-torch.txt").read_text())
+    assert {"torch", "torchvision", "torchaudio", "filelock", "typing-extensions"} <= set(torch_layer)
+    assert set(parse((out / "locked-verl.txt").read_text())) == {"verl", "pandas"}
+
+    import dockerfile as buildkit_parser
+
+    parsed = buildkit_parser.parse_string(dockerfile)
+    assert [c.value[0] for c in parsed if c.cmd == "FROM"] == ["${BASE_DEVEL}", "${BASE_RUNTIME}"]
+
+
+def test_render_locked_installs_in_a_fresh_venv_layer_by_layer(world, p40_lock, tmp_path, capsys):
+    rc, _, err = envbuild(capsys, "render", "p40", "-o", tmp_path / "out", "--locked", p40_lock)
+    assert rc == 0, err
+    subprocess.run([_python310(), "-m", "venv", tmp_path / "v"], check=True)
+    for layer in ("torch", "verl-deps", "verl"):
+        proc = _pip_install(world, tmp_path / "v", tmp_path / "out" / f"locked-{layer}.txt")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    check = subprocess.run([tmp_path / "v" / "bin" / "pip", "check"], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout
+
+
+def test_unlocked_render_is_unchanged_by_the_lock_support(tmp_path, capsys):
+    rc, _, _ = envbuild(capsys, "render", "p40", "-o", tmp_path / "out")
+    assert rc == 0
+    dockerfile = (tmp_path / "out" / "Dockerfile").read_text()
+    assert "--require-hashes" not in dockerfile and "@sha256:" not in dockerfile
+    assert not list((tmp_path / "out").glob("locked-*"))
+
+
+def test_render_locked_refuses_a_partial_or_foreign_lock(world, tmp_path, capsys):
+    rc, _, err = envbuild(capsys, *lock_args(world, tmp_path / "pip-only", "--only", "pip"))
+    assert rc == 0, err
+    rc, _, err = envbuild(capsys, "render", "p40", "-o", tmp_path / "o1", "--locked",
+                          tmp_path / "pip-only")
+    assert rc == 2 and "images.lock" in err
+    rc, _, err = envbuild(capsys, "render", "4090", "-o", tmp_path / "o2", "--locked",
+                          tmp_path / "pip-only")
+    assert rc == 2 and "another resolved environment" in err
+    assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
