@@ -58,8 +58,10 @@ def _record_hash(data: bytes) -> str:
 def make_wheel(dest: Path, name: str, version: str, *, tag: str = "py3-none-any",
                requires: tuple[str, ...] = (), extras: dict[str, tuple[str, ...]] | None = None,
                payload: int = 0, salt: str = "") -> Path:
-    """A minimal valid wheel written by hand: a package, METADATA, WHEEL and RECORD. `payload`
-    adds that many incompressible bytes (stored, seeded: the same bytes every time)."""
+    """A minimal valid wheel written by hand: a package, METADATA, WHEEL and RECORD, the
+    .dist-info last as real wheels have it (a reader without Range requests must read through
+    the package to reach METADATA). `payload` adds that many incompressible bytes (stored,
+    seeded: the same bytes every time)."""
     dest.mkdir(parents=True, exist_ok=True)
     dist = re.sub(r"[-_.]+", "_", name).lower()
     info = f"{dist}-{version}.dist-info"
@@ -68,14 +70,14 @@ def make_wheel(dest: Path, name: str, version: str, *, tag: str = "py3-none-any"
     for extra, reqs in (extras or {}).items():
         meta.append(f"Provides-Extra: {extra}")
         meta += [f'Requires-Dist: {r} ; extra == "{extra}"' for r in reqs]
-    files = {
-        f"{dist}/__init__.py": f'__version__ = "{version}"  # envbuild test stand-in {salt}\n'.encode(),
+    files = {f"{dist}/__init__.py": f'__version__ = "{version}"  # envbuild test stand-in {salt}\n'.encode()}
+    if payload:
+        files[f"{dist}/_payload.bin"] = random.Random(f"{name}{version}{salt}").randbytes(payload)
+    files |= {
         f"{info}/METADATA": ("\n".join(meta) + "\n").encode(),
         f"{info}/WHEEL": (f"Wheel-Version: 1.0\nGenerator: envbuild-tests\nRoot-Is-Purelib: "
                           f"{'true' if tag.endswith('-any') else 'false'}\nTag: {tag}\n").encode(),
     }
-    if payload:
-        files[f"{dist}/_payload.bin"] = random.Random(f"{name}{version}{salt}").randbytes(payload)
     record = "".join(f"{p},{_record_hash(d)},{len(d)}\n" for p, d in files.items())
     files[f"{info}/RECORD"] = (record + f"{info}/RECORD,,\n").encode()
     path = dest / f"{dist}-{version}-{tag}.whl"
