@@ -104,7 +104,8 @@ def solve_rattler(env: ResolvedEnv, channels: list[str], vpkgs: dict[str, str]) 
                           f"{text.strip()}\nCheck the URLs, or pass --channel a mirror that "
                           "answers.") from None
     except (rx.GatewayError, rx.FetchRepoDataError, rx.IoError, OSError) as e:
-        raise ActionError(f"Cannot fetch the conda channels ({', '.join(channels)}): "
+        urls = ", ".join(Channel(c).base_url for c in channels)
+        raise ActionError(f"Cannot fetch the conda channels ({urls}): "
                           f"{str(e).strip()}\nCheck the URLs, or pass --channel a mirror that "
                           "answers.") from None
     except (rx.InvalidChannelError, rx.InvalidMatchSpecError, rx.InvalidUrlError) as e:
