@@ -121,6 +121,7 @@ class Relay:
 
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
+        self.httpd.handle_error = lambda *a: None  # clients drop keep-alive connections at exit
         threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
 
     @property

@@ -65,7 +65,7 @@ def make_wheel(dest: Path, name: str, version: str, *, tag: str = "py3-none-any"
     dest.mkdir(parents=True, exist_ok=True)
     dist = re.sub(r"[-_.]+", "_", name).lower()
     info = f"{dist}-{version}.dist-info"
-    meta = [f"Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    meta = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
     meta += [f"Requires-Dist: {r}" for r in requires]
     for extra, reqs in (extras or {}).items():
         meta.append(f"Provides-Extra: {extra}")
@@ -301,7 +301,8 @@ class Registry:
                                          "manifests": entries}, mt)
 
 
-SHARED_REGISTRY = "http://127.0.0.1:5000"
+# tests/infra/provision.sh's registry (ENVBUILD_TEST_REGISTRY_PORT there)
+SHARED_REGISTRY = f"http://127.0.0.1:{os.environ.get('ENVBUILD_TEST_REGISTRY_PORT', '5000')}"
 
 
 @contextlib.contextmanager
@@ -318,8 +319,9 @@ def registry(workdir: Path):
         pass
     exe = shutil.which("docker-registry") or "/usr/bin/docker-registry"
     if not Path(exe).exists() and os.geteuid() == 0:
-        subprocess.run(["apt-get", "install", "-y", "-q", "docker-registry"], check=True,
-                       stdout=subprocess.DEVNULL, env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+        apt_env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        for cmd in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "docker-registry"]):
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=apt_env)
     if not Path(exe).exists():
         raise RuntimeError("no registry on 127.0.0.1:5000 and no docker-registry binary "
                            "(apt-get install docker-registry)")

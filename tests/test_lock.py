@@ -145,12 +145,22 @@ def test_conda_lock_yml_is_accepted_by_conda_lock(p40_lock, tmp_path):
     assert "# pip torch @ http://127.0.0.1:" in explicit
 
 
+def channel_of(url: str) -> tuple[str, str, str]:
+    """(channel URL, subdir, file name) of a package URL."""
+    from pathlib import PurePosixPath
+    from urllib.parse import urlsplit
+
+    path = PurePosixPath(urlsplit(url).path)
+    subdir = path.parent.name
+    return url[: url.rindex(f"/{subdir}/")] + "/", subdir, path.name
+
+
 def _records(yml: Path, tamper: str | None = None):
+    """conda-lock.yml's conda entries as rattler records: URL, hashes, build and dependencies
+    only, no repodata."""
     from conda_lock.lockfile import parse_conda_lock_file
     from rattler import PackageRecord, RepoDataRecord
     from rattler.package import BuildString
-
-    from envbuilder.lock.conda import channel_of
 
     for p in parse_conda_lock_file(yml).package:
         if p.manager != "conda":

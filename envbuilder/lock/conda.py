@@ -12,9 +12,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import NamedTuple
-from urllib.parse import urlsplit
 
 from ..errors import ActionError, UserError
 from ..resolve import ResolvedEnv
@@ -203,9 +202,3 @@ def write_conda_lock(path: Path, conda: list[CondaRecord], pylock: dict | None,
                           metadata_choices=None, include_help_text=False)
     return path.read_text(encoding="utf-8")
 
-
-def channel_of(url: str) -> tuple[str, str, str]:
-    """(channel URL, subdir, file name) of a package URL."""
-    path = PurePosixPath(urlsplit(url).path)
-    subdir = path.parent.name
-    return url[: url.rindex(f"/{subdir}/")] + "/", subdir, path.name
