@@ -179,8 +179,34 @@ CHANNEL_PACKAGES = [
 ]
 
 
+# py-rattler may kill the interpreter at exit after its work is done (see
+# envbuilder/lock/rattler_worker.py), so the tests run it in a child too: the child prints a
+# result line and leaves with os._exit, and pytest's own exit code stays its own.
+RESULT = "lockfixtures-result: "
+
+
+def _in_child(*args) -> dict:
+    proc = subprocess.run([sys.executable, __file__, *map(str, args)], capture_output=True,
+                          text=True)
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(RESULT):
+            return json.loads(line[len(RESULT):])
+    raise RuntimeError(f"{args[0]} child died (exit {proc.returncode}): {proc.stderr[-3000:]}")
+
+
 def build_channel(root: Path) -> Path:
     """A tiny conda channel (assemble_package + rattler.index), byte-reproducible packages."""
+    _in_child("build-channel", root)
+    return root
+
+
+def install_locked(lock_yml: Path, prefix: Path, tamper: str | None = None) -> dict:
+    """rattler.install of conda-lock.yml's conda entries, from their URLs and hashes alone (no
+    repodata, no solve): {"ok": True} or {"error": message}. `tamper` zeroes one sha256."""
+    return _in_child("install", lock_yml, prefix, tamper or "")
+
+
+def _build_channel(root: Path) -> None:
     import asyncio
     import datetime
     import tempfile
@@ -201,7 +227,41 @@ def build_channel(root: Path) -> Path:
                              noarch="generic" if subdir == "noarch" else None, license="MIT",
                              archive_type=ArchiveType.Conda, timestamp=ts, detect_prefix=False)
     asyncio.run(index_fs(root, write_zst=False, write_shards=False, force=True))
-    return root
+
+
+def channel_of(url: str) -> tuple[str, str, str]:
+    """(channel URL, subdir, file name) of a package URL."""
+    from pathlib import PurePosixPath
+    from urllib.parse import urlsplit
+
+    path = PurePosixPath(urlsplit(url).path)
+    subdir = path.parent.name
+    return url[: url.rindex(f"/{subdir}/")] + "/", subdir, path.name
+
+
+def _install(lock_yml: Path, prefix: Path, tamper: str) -> None:
+    import asyncio
+
+    from conda_lock.lockfile import parse_conda_lock_file
+    from rattler import PackageRecord, RepoDataRecord, install
+    from rattler.package import BuildString
+    from rattler.platform import Platform
+
+    records = []
+    for p in parse_conda_lock_file(lock_yml).package:
+        if p.manager != "conda":
+            continue
+        channel, subdir, fname = channel_of(p.url)
+        sha = "0" * 64 if p.name == tamper else p.hash.sha256
+        record = PackageRecord(
+            name=p.name, version=p.version, build=BuildString(p.build), build_number=0,
+            subdir=subdir, depends=[f"{k} {v}" if v != "*" else k for k, v in p.dependencies.items()],
+            md5=bytes.fromhex(p.hash.md5), sha256=bytes.fromhex(sha),
+            noarch="generic" if subdir == "noarch" else None)
+        records.append(RepoDataRecord(record, file_name=fname, url=p.url, channel=channel))
+    asyncio.run(install(records, target_prefix=prefix, cache_dir=prefix.parent / f"{prefix.name}-pkgs",
+                        platform=Platform("linux-64"), execute_link_scripts=False,
+                        show_progress=False))
 
 
 class StaticServer:
@@ -401,3 +461,18 @@ class TokenGate:
     def close(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+if __name__ == "__main__":
+    what, *rest = sys.argv[1:]
+    try:
+        if what == "build-channel":
+            _build_channel(Path(rest[0]))
+        elif what == "install":
+            _install(Path(rest[0]), Path(rest[1]), rest[2])
+        result = {"ok": True}
+    except Exception as e:  # the test reads the message
+        result = {"error": f"{type(e).__name__}: {e}"}
+    sys.stdout.write(RESULT + json.dumps(result) + "\n")
+    sys.stdout.flush()
+    os._exit(0)

@@ -76,48 +76,42 @@ def _vkey(v: str) -> tuple:
 
 
 def solve_rattler(env: ResolvedEnv, channels: list[str], vpkgs: dict[str, str]) -> list[CondaRecord]:
-    import asyncio
-
-    from rattler import Channel, GenericVirtualPackage, PackageName, Version, solve
-    from rattler import exceptions as rx
-    from rattler.exceptions import SolverError
-    from rattler.package import BuildString
-
-    def vp(name: str, spec: str) -> GenericVirtualPackage:
-        version, _, build = spec.partition(" ")
-        return GenericVirtualPackage(PackageName(name), Version(version), BuildString(build or "0"))
+    from .rattler_worker import call
 
     wanted = specs(env)
     try:
-        records = asyncio.run(solve(
-            sources=[Channel(c) for c in channels], specs=wanted, platforms=[PLATFORM, "noarch"],
-            virtual_packages=[vp(n, s) for n, s in sorted(vpkgs.items())]))
-    except SolverError as e:
-        text = str(e)
-        if "no candidates were found" in text or "cannot be installed" in text or \
-                "incompatible" in text:
-            raise UserError(f"The conda part of {env.name} ({', '.join(wanted)}) cannot be solved "
-                            f"for its target ({', '.join(f'{k}={v}' for k, v in sorted(vpkgs.items()) if k in ('__cuda', '__glibc'))}):\n"
-                            f"{text.strip()}\n{_hint(text, vpkgs)}") from None
-        raise ActionError(f"Cannot fetch the conda channels ({', '.join(channels)}):\n"
-                          f"{text.strip()}\nCheck the URLs, or pass --channel a mirror that "
-                          "answers.") from None
-    except (rx.GatewayError, rx.FetchRepoDataError, rx.IoError, OSError) as e:
-        urls = ", ".join(Channel(c).base_url for c in channels)
-        raise ActionError(f"Cannot fetch the conda channels ({urls}): "
-                          f"{str(e).strip()}\nCheck the URLs, or pass --channel a mirror that "
-                          "answers.") from None
-    except (rx.InvalidChannelError, rx.InvalidMatchSpecError, rx.InvalidUrlError) as e:
-        raise UserError(f"A conda channel or spec of {env.name} is malformed: {e}") from None
+        result = call({"channels": channels, "specs": wanted, "platforms": [PLATFORM, "noarch"],
+                       "virtual_packages": vpkgs})
+    except RuntimeError as e:
+        raise ActionError(f"Solving the conda part of {env.name} failed: {e}") from None
+    if "unsat" in result:
+        text = result["unsat"].strip()
+        target = ", ".join(f"{k}={v}" for k, v in sorted(vpkgs.items()) if k in ("__cuda", "__glibc"))
+        raise UserError(f"The conda part of {env.name} ({', '.join(wanted)}) cannot be solved for "
+                        f"its target ({target}):\n{text}\n{_hint(text, vpkgs)}")
+    if "fetch" in result:
+        raise ActionError(f"Cannot fetch the conda channels ({', '.join(_urls(channels))}): "
+                          f"{result['fetch'].strip()}\nCheck the URLs, or pass --channel a mirror "
+                          "that answers.")
+    if "invalid" in result:
+        raise UserError(f"A conda channel or spec of {env.name} is malformed: {result['invalid']}")
     out = []
-    for r in records:
-        if r.md5 is None:
-            raise ActionError(f"{r.url} has no md5 in its channel's repodata; conda-lock.yml "
+    for r in result["ok"]:
+        if not r["md5"]:
+            raise ActionError(f"{r['url']} has no md5 in its channel's repodata; conda-lock.yml "
                               "needs one.")
-        out.append(CondaRecord(r.name.normalized, str(r.version), str(r.build), r.url,
-                               r.md5.hex(), r.sha256.hex() if r.sha256 else "",
-                               tuple(str(d) for d in r.depends)))
+        out.append(CondaRecord(r["name"], r["version"], r["build"], r["url"], r["md5"],
+                               r["sha256"], tuple(r["depends"])))
     return sorted(out)
+
+
+def _urls(channels: list[str]) -> list[str]:
+    try:
+        from rattler import Channel
+
+        return [Channel(c).base_url for c in channels]
+    except Exception:  # a malformed name is reported by the solve itself
+        return list(channels)
 
 
 def conda_exe() -> str | None:
