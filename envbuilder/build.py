@@ -24,7 +24,7 @@ PULL_FAILURE = re.compile(
     r"toomanyrequests|unauthorized|authentication required|pull access denied|"
     r"connection refused|no such host|i/o timeout|TLS handshake timeout|"
     r"failed to resolve source metadata|failed to do request|"
-    r"dial tcp|server misbehaving|manifest unknown|not found: manifest", re.I)
+    r"dial tcp|server misbehaving|manifest unknown|not found: manifest|: not found$", re.I | re.M)
 
 
 class BuildKitClient(NamedTuple):

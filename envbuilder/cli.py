@@ -223,5 +223,7 @@ def main(argv=None):
     sys.exit(0)
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # `python -m envbuilder.cli`: run the importable module, whose
+    from envbuilder.cli import main as _main  # `cli` group the action modules register on
+
+    _main()

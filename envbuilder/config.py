@@ -59,6 +59,15 @@ def user_config() -> dict:
 
 def registry_for(name: str, default_local: str) -> str:
     """`local` -> the configured local registry; a configured name -> its host; else `name` as a host."""
+    from .errors import ActionError
+
     regs = dict(user_config().get("registries") or {})
     regs.setdefault("local", os.environ.get("ENVBUILD_REGISTRY_LOCAL", default_local))
-    return regs.get(name, name)
+    if name in regs:
+        return regs[name]
+    host = name.split("/", 1)[0]
+    if "." in host or ":" in host or host == "localhost":
+        return name
+    raise ActionError(f"No registry named {name!r}: your config ({config_path()}) names "
+                      f"{', '.join(sorted(regs))}. Use one of those, or HOST[:PORT]; nothing was "
+                      "pushed.")

@@ -138,9 +138,8 @@ def choice(name: str, body: dict, index: int = 0, healthy: dict | None = None) -
 
 
 def order_by_health(endpoints: list[str], healthy: dict) -> list[str]:
-    """Healthy endpoints first (by latency), then the rest in their listed order."""
-    up = sorted((e for e in endpoints if healthy.get(e, (False, 0))[0]),
-                key=lambda e: healthy[e][1])
+    """Healthy endpoints first, then the rest; each group in its listed order."""
+    up = [e for e in endpoints if healthy.get(e, (False, 0))[0]]
     return up + [e for e in endpoints if e not in up]
 
 
