@@ -23,8 +23,9 @@ def dist_name(name: str) -> str:
 
 def make_wheel(out_dir: Path, name: str, version: str, *, tag: str = "py3-none-any",
                files: dict[str, str | bytes] | None = None, requires: list[str] = (),
-               module: str | None = None) -> Path:
-    """Write NAME-VERSION-TAG.whl into out_dir; returns its path."""
+               module: str | None = None, payload_mb: int = 0) -> Path:
+    """Write NAME-VERSION-TAG.whl into out_dir; returns its path. `payload_mb` adds that much
+    incompressible data (stored, not deflated) so a stand-in weighs what the real wheel does."""
     dist = dist_name(name)
     module = module if module is not None else dist
     info = f"{dist}-{version}.dist-info"
@@ -34,6 +35,10 @@ def make_wheel(out_dir: Path, name: str, version: str, *, tag: str = "py3-none-a
             f'"""envbuild test stand-in for {name}."""\n__version__ = "{version}"\n').encode()
     for path, data in (files or {}).items():
         contents[path] = data.encode() if isinstance(data, str) else data
+    if payload_mb:
+        import os
+
+        contents[f"{module or dist}/_payload.bin"] = os.urandom(payload_mb << 20)
     meta = [f"Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
     meta += [f"Requires-Dist: {r}" for r in requires]
     contents[f"{info}/METADATA"] = ("\n".join(meta) + "\n").encode()
@@ -48,6 +53,7 @@ def make_wheel(out_dir: Path, name: str, version: str, *, tag: str = "py3-none-a
         for p, d in sorted(contents.items()):
             info_ = zipfile.ZipInfo(p, date_time=(2020, 1, 1, 0, 0, 0))
             info_.external_attr = 0o644 << 16
+            info_.compress_type = zipfile.ZIP_STORED if p.endswith("_payload.bin") else zipfile.ZIP_DEFLATED
             zf.writestr(info_, d)
     return path
 
@@ -68,15 +74,18 @@ def verl_files(fixture_root: Path) -> dict[str, bytes]:
             for p in sorted((fixture_root / "verl").rglob("*.py")) if p.name != "__init__.py"}
 
 
-def wheels_for_env(out_dir: Path, d: dict, verl_fixture: Path | None = None) -> list[Path]:
-    """Stand-in wheels for every package a resolved environment installs."""
+def wheels_for_env(out_dir: Path, d: dict, verl_fixture: Path | None = None,
+                   weights_mb: dict[str, int] | None = None) -> list[Path]:
+    """Stand-in wheels for every package a resolved environment installs; `weights_mb` gives
+    some of them a realistic size (e.g. {"torch": 512})."""
     pins = [p for p in d["torch"]["packages"]]
     if d.get("vllm"):
         pins.append(f"vllm=={d['vllm']['version']}")
     pins += [f"{n}=={v}" for n, v in d["verl"]["pins"].items()]
     made = []
     for name, version in requirement_pins(pins):
-        made.append(make_wheel(out_dir, name, version))
+        made.append(make_wheel(out_dir, name, version,
+                               payload_mb=(weights_mb or {}).get(name, 0)))
     files = verl_files(verl_fixture) if verl_fixture else {}
     made.append(make_wheel(out_dir, "verl", d["verl"]["version"], files=files))
     return made
