@@ -161,8 +161,16 @@ def render(profile, all_, from_, out, overrides, matrix_dirs):
         except OSError as e:
             raise UserError(f"Cannot read {from_}: {e.strerror}.") from None
         env = ResolvedEnv.from_json(text, str(from_))
-        target = out or Path("out") / env.name
-        R.render(env, target)
+        target = out or Path("out") / str(env.data.get("profile", "replay"))
+        import jinja2
+
+        try:
+            files = R.render_files(env)
+        except (KeyError, TypeError, AttributeError, jinja2.UndefinedError) as e:
+            raise UserError(f"{from_} is not a complete envbuild resolved environment (missing or "
+                            f"malformed: {e}). Pass the envbuild.json that `envbuild render` wrote, "
+                            "unedited, or re-resolve it from its profile.") from None
+        R.write_dir(target, files)
         click.echo(f"rendered {env.name} from {from_} -> {target}/")
         return
     m = _matrix(matrix_dirs)
