@@ -102,7 +102,7 @@ missing_packages() {
 }
 apt_install() {
   local -a pkgs=("$@")
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends -o DPkg::Lock::Timeout=300 \
     -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "${pkgs[@]}" \
     >>"$LOG_DIR/apt.log" 2>&1
 }
@@ -123,7 +123,7 @@ install_packages() {
   for p in "${miss[@]}"; do
     local policy; policy=$(apt-cache policy "$p" 2>/dev/null || true)
     if [[ "$policy" != *"Candidate: "[0-9]* ]]; then
-      if ! apt-get update -q >>"$LOG_DIR/apt.log" 2>&1; then
+      if ! apt-get update -q -o DPkg::Lock::Timeout=300 >>"$LOG_DIR/apt.log" 2>&1; then
         if ((made_policy)); then rm -f /usr/sbin/policy-rc.d; fi
         echo "apt-get update failed; see $LOG_DIR/apt.log" >&2; return 1
       fi
@@ -131,7 +131,7 @@ install_packages() {
     fi
   done
   if apt_install "${miss[@]}"; then ok=1
-  elif [[ -z "$updated" ]] && apt-get update -q >>"$LOG_DIR/apt.log" 2>&1 && apt_install "${miss[@]}"; then
+  elif [[ -z "$updated" ]] && apt-get update -q -o DPkg::Lock::Timeout=300 >>"$LOG_DIR/apt.log" 2>&1 && apt_install "${miss[@]}"; then
     ok=1; updated=" (after apt-get update)"
   fi
   if ((made_policy)); then rm -f /usr/sbin/policy-rc.d; fi
