@@ -82,6 +82,7 @@ class Probes(NamedTuple):
     which_all: Callable[[str], list[str]] = which_all
     free_bytes: Callable[[str], int] = free_bytes
     exists: Callable[[str], bool] = os.path.exists
+    mirror_probe: Callable[[dict], list] = lambda body: __import__("envbuilder.mirrors", fromlist=["probe"]).probe(body)
 
 
 # -- GPU checks (pure) -----------------------------------------------------------------------
@@ -228,15 +229,28 @@ def conda_check(which: Callable[[str], str | None], required: bool) -> Check:
                  "micromamba-installation.html), or use the image, which needs none")
 
 
-def mirror_check(mirror: str | None) -> Check:
-    try:
-        from . import mirrors  # noqa: F401  (another module's; absent from this build)
-    except ImportError:
-        what = f"mirror {mirror}" if mirror else "mirror endpoints"
-        return Check("mirrors", "skip", f"{what} not checked: this envbuild has no mirror probe "
-                     "(envbuilder.mirrors)")
-    return Check("mirrors", "skip", "not checked: envbuilder.mirrors is present but the doctor does "
-                 "not call it yet")
+def mirror_check(m: Matrix, mirror: str | None, probe: Callable) -> Check:
+    """Every target of the set (each registry, the indexes, ...) needs one endpoint that answers."""
+    from . import mirrors as M
+    from .config import user_config
+
+    name = mirror or user_config().get("mirror")
+    if not name:
+        return Check("mirrors", "skip", "no mirror set chosen (pass --mirror NAME, or set `mirror:` "
+                     "in your config)")
+    results = probe(M.get_set(m, name))
+    targets: dict[tuple[str, str], list] = {}
+    for p in results:
+        targets.setdefault((p.kind, p.target), []).append(p)
+    down = [f"{kind} {target}" if kind != target else kind
+            for (kind, target), ps in sorted(targets.items()) if not any(p.ok for p in ps)]
+    up = sum(1 for p in results if p.ok)
+    detail = f"set {name}: {up} of {len(results)} endpoints answer"
+    if down:
+        return Check("mirrors", "fail", f"{detail}; nothing answers for {', '.join(down)}",
+                     f"run `envbuild mirrors probe --mirror {name}` for details, or choose another "
+                     "set / add an endpoint in your config")
+    return Check("mirrors", "ok", detail)
 
 
 class Report(NamedTuple):
@@ -261,7 +275,7 @@ def doctor(m: Matrix, profile: str, overrides: Overrides = Overrides(), probes: 
     checks.append(buildkit_check(probes.run, probes.which_all, probes.exists))
     checks.append(disk_check(base.data, engine, probes.free_bytes, probes.exists))
     checks.append(conda_check(probes.which, conda_required))
-    checks.append(mirror_check(mirror))
+    checks.append(mirror_check(m, mirror, probes.mirror_probe))
     return Report(profile, machine, tuple(checks))
 
 

@@ -183,11 +183,16 @@ class _Resolver:
         elif version_key(drv) >= version_key(need_rec["compat_driver"]):
             info["mode"] = "minor-version-compatibility"
         else:
-            ok = [c for c, r in self.m.cuda.items()
-                  if version_key(drv) >= version_key(r["min_driver"])]
+            native = [c for c, r in self.m.cuda.items()
+                      if version_key(drv) >= version_key(r["min_driver"])]
+            compat = [c for c, r in self.m.cuda.items()
+                      if version_key(drv) >= version_key(r["compat_driver"]) and c not in native]
             fix = f"upgrade the driver to >= {need_rec['min_driver']}"
-            if ok:
-                fix += f", or use --cuda {max(ok, key=version_key)}"
+            if native:
+                fix += f", or use --cuda {max(native, key=version_key)}"
+            elif compat:
+                fix += (f", or use --cuda {max(compat, key=version_key)} (runs on this driver under "
+                        "minor-version compatibility)")
             self.add("driver", f"driver {drv} is too old for CUDA {need}",
                      f"CUDA {need} needs >= {need_rec['min_driver']} (or >= "
                      f"{need_rec['compat_driver']} under minor-version compatibility)", fix)

@@ -194,7 +194,8 @@ def test_driver_too_old_fits_nothing_and_says_the_fix(m):
     [fit] = rec.fits
     assert fit.profile == "a100" and not fit.ok
     assert "driver 470.82.01 is too old for CUDA 12.8: CUDA 12.8 needs >= 570.26" in fit.reasons[1].text
-    assert fit.fixes == ("upgrade the driver to >= 570.26",)
+    assert fit.fixes == ("upgrade the driver to >= 570.26, or use --cuda 11.8 (runs on this driver "
+                         "under minor-version compatibility)",)
 
 
 def test_unknown_gpu_gets_the_closest_profile_of_its_family(m):
@@ -250,7 +251,7 @@ def test_doctor_driver_too_old_exits_1_with_the_fix(m):
     assert code == 1
     checks = {c["check"]: c for c in json.loads(out)["checks"]}
     assert checks["driver"]["status"] == "fail"
-    assert checks["driver"]["fix"] == "upgrade the driver to >= 570.26"
+    assert checks["driver"]["fix"] .startswith("upgrade the driver to >= 570.26, or use --cuda 11.8")
     assert checks["GPU 0 arch"]["status"] == "ok"
 
 
@@ -305,10 +306,48 @@ def test_doctor_conda_missing_warns_unless_asked_for(m):
     assert code == 1 and "\u2717 conda:" in out
 
 
-def test_doctor_mirror_check_is_skipped_without_the_mirrors_module(m):
-    code, out = invoke(["doctor", "p40", "--mirror", "tuna"], host("p40"))
+def test_doctor_mirror_check_is_skipped_when_no_set_is_chosen(m, monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))  # no user config, so no default set
+    code, out = invoke(["doctor", "p40"], host("p40"))
     assert code == 0
-    assert "- mirrors: mirror tuna not checked" in out
+    assert "- mirrors: no mirror set chosen" in out
+
+
+def test_doctor_probes_the_mirror_set_on_loopback(m, tmp_path, monkeypatch):
+    import json
+    import socket
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Registry(BaseHTTPRequestHandler):
+        def do_GET(self):  # a registry answers /v2/ with 401 when it wants a token
+            self.send_response(401 if self.path == "/v2/" else 404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Registry)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(json.dumps({"mirrors": {"lo": {
+        "description": "loopback", "registries": {"docker.io": [f"127.0.0.1:{srv.server_port}"]},
+        "pypi": [f"http://127.0.0.1:{closed}/simple"]}}}))
+    monkeypatch.setenv("ENVBUILD_CONFIG", str(cfg))
+    from envbuilder import config
+
+    config._load.cache_clear()
+    try:
+        code, out = invoke(["doctor", "p40", "--mirror", "lo"], host("p40"))
+    finally:
+        srv.shutdown()
+        config._load.cache_clear()
+    assert code == 1
+    assert "\u2717 mirrors: set lo: 1 of 2 endpoints answer; nothing answers for pypi" in out
 
 
 def test_buildkit_new_client_without_buildx_fails():
