@@ -11,9 +11,12 @@ import click
 from .cli import _matrix, cli, override_options
 from .errors import UserError
 
-SMOKE = ["python", "-c", "import json, torch, transformers, verl; "
-         "spec = json.load(open('/etc/envbuild.json')); "
-         "print('smoke ok:', spec['profile'], 'torch', torch.__version__, 'verl', verl.__version__)"]
+def smoke_command(imports: list[str]) -> list[str]:
+    """Import every key module the image promises (preflight's list), with no GPU needed."""
+    return ["python", "-c", "import importlib, json; spec = json.load(open('/etc/envbuild.json')); "
+            f"mods = [importlib.import_module(m) for m in {imports!r}]; "
+            "print('smoke ok:', spec['profile'], ', '.join("
+            "f'{m.__name__} {getattr(m, \"__version__\", \"\")}'.strip() for m in mods))"]
 
 
 @cli.group()
@@ -133,7 +136,9 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
             shutil.rmtree(context.parent, ignore_errors=True)
     say(f"built {result.image}")
     if smoke:
-        say(B.smoke(client, result.image, SMOKE).strip())
+        from .render import preflight_expectations
+
+        say(B.smoke(client, result.image, smoke_command(preflight_expectations(d)["imports"])).strip())
     if registry:
         digest = B.push(client, result.image, registry, tag, say)
         click.echo(f"{registry}/{tag.rsplit(':', 1)[0]}@{digest}")

@@ -89,3 +89,17 @@ def wheels_for_env(out_dir: Path, d: dict, verl_fixture: Path | None = None,
     files = verl_files(verl_fixture) if verl_fixture else {}
     made.append(make_wheel(out_dir, "verl", d["verl"]["version"], files=files))
     return made
+
+
+def apex_archive(standin: Path, url: str) -> tuple[str, bytes]:
+    """(path on the server, .tar.gz bytes) of the apex stand-in, laid out as GitHub serves
+    `url` (https://github.com/NVIDIA/apex/archive/refs/tags/REF.tar.gz)."""
+    import io
+    import tarfile
+
+    path = url.split("://", 1)[1].split("/", 1)[1]
+    ref = path.rsplit("/", 1)[-1].removesuffix(".tar.gz")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        tar.add(standin, arcname=f"apex-{ref}")
+    return path, buf.getvalue()

@@ -17,13 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from fixture_wheels import wheels_for_env
+from fixture_wheels import apex_archive, make_wheel, wheels_for_env
 
 pytestmark = pytest.mark.docker
 
 ROOT = Path(__file__).resolve().parent.parent
 REGISTRY = f"127.0.0.1:{os.environ.get('ENVBUILD_TEST_REGISTRY_PORT', '5000')}"
 VERL_FIXTURE = ROOT / "tests" / "fixtures" / "verl-0.4.1"
+APEX_STANDIN = ROOT / "tests" / "fixtures" / "apex-standin"
+BUILD_TOOLS = ("packaging", "ninja", "wheel", "setuptools", "psutil")  # the builder stage's pip step
 ENVBUILD = [sys.executable, "-m", "envbuilder.cli"]
 
 
@@ -72,6 +74,8 @@ def index(tmp_path_factory, docker_client):
     pkgs = tmp_path_factory.mktemp("pkgs")
     d = resolve(matrix.load(), "p40", Overrides(without=("apex",))).data
     wheels_for_env(pkgs, d, VERL_FIXTURE if VERL_FIXTURE.is_dir() else None)
+    for name in BUILD_TOOLS:
+        make_wheel(pkgs, name, "0.0.1")
     port = _free_port()
     exe = Path(sys.executable).parent / "pypi-server"
     _need(exe.exists(), "pypiserver is not installed")
@@ -98,12 +102,24 @@ def index(tmp_path_factory, docker_client):
 
 
 @pytest.fixture(scope="module")
-def config(tmp_path_factory, index):
+def github():
+    """A loopback stand-in for github.com serving the apex source archive at apex's real path."""
+    from envbuilder import matrix
+    from httpfixtures import FileServer
+
+    path, data = apex_archive(APEX_STANDIN, matrix.load().apex["source_url"].format(ref="25.08"))
+    with FileServer({path: data}) as srv:
+        yield srv.url("").rstrip("/")
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory, index, github):
     """The user's config: a `test` mirror set mapping Docker Hub to the loopback registry, and
     a `fallback` set whose first endpoint is a closed port and whose second answers /v2/ but
     does not hold the image (so the pull itself fails and the build moves on)."""
     closed = f"127.0.0.1:{_free_port()}"
-    body = {"pypi": [index], "pytorch": [index], "huggingface": ["http://127.0.0.1:9/hf"]}
+    body = {"pypi": [index], "pytorch": [index], "huggingface": ["http://127.0.0.1:9/hf"],
+            "github": [github]}
     cfg = {
         "registries": {"local": REGISTRY},
         "mirrors": {
@@ -160,6 +176,19 @@ def test_build_p40_through_mirror_pushes_and_pulls_back(docker_client, config):
                                        remove=True, network_mode="host")
     assert out.decode().strip() == "p40"
     assert image.labels["io.envbuild.profile"] == "p40"
+
+
+def test_build_compiles_apex_in_the_devel_stage_and_ships_only_the_wheel(docker_client, config):
+    tag = "envbuild-test/p40:apex"
+    r = envbuild(["build", "p40", "--mirror", "test", "--tag", tag, "-v"], config)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "[builder" in r.stderr and "apex @ http://127.0.0.1:" in r.stderr  # through the mirror
+    assert "smoke ok: p40" in r.stderr and "amp_C" in r.stderr
+    # the runtime stage has the compiled extension but not the compiler that built it
+    out = docker_client.containers.run(tag, ["sh", "-c", "command -v cc gcc || echo no-compiler; "
+                                             "python -c 'import amp_C; print(amp_C.standin())'"],
+                                       remove=True, network_mode="host").decode()
+    assert out.split() == ["no-compiler", "amp_C"]
 
 
 def test_build_falls_back_to_the_next_registry_endpoint(docker_client, config):

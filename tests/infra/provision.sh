@@ -16,6 +16,7 @@
 #   ENVBUILD_TEST_STORAGE_DRIVER  force a dockerd storage driver (default: dockerd's choice,
 #                                 overlay2 here; falls back to vfs if dockerd won't start)
 #   ENVBUILD_TEST_BASE_IMAGE      local name of the imported base (envbuild-test/base:bookworm)
+#   ENVBUILD_TEST_INCLUDE         packages debootstrap adds (python3,python3-venv,python3-pip,ca-certificates)
 #   ENVBUILD_TEST_DEBIAN_MIRROR   mirror for debootstrap (http://deb.debian.org/debian)
 #   ENVBUILD_TEST_STATE_DIR       (/var/lib/envbuild-test)   registry storage, pid files, env.sh
 #   ENVBUILD_TEST_CACHE_DIR       (/var/cache/envbuild-test) cached rootfs tarball
@@ -36,7 +37,7 @@ LOG_DIR="${ENVBUILD_TEST_LOG_DIR:-/var/log/envbuild-test}"
 WAIT_S="${ENVBUILD_TEST_WAIT_S:-60}"
 REGISTRY_CONFIG="${HERE}/registry.yml"
 SUITE=bookworm
-INCLUDE=python3,python3-venv,python3-pip,ca-certificates
+INCLUDE="${ENVBUILD_TEST_INCLUDE:-python3,python3-venv,python3-pip,ca-certificates}"
 PACKAGES=(docker.io docker-registry debootstrap curl)
 
 IMAGES=()
@@ -264,12 +265,19 @@ registry_has() {  # registry_has NAME TAG
     "http://$REGISTRY/v2/$1/manifests/$2" || true)
   [[ "$code" == 200 ]]
 }
+registry_config() {  # registry_config NAME TAG: the image ID (config digest) the registry serves
+  curl -s -m 10 -H 'Accept: application/vnd.docker.distribution.manifest.v2+json' \
+    "http://$REGISTRY/v2/$1/manifests/$2" 2>/dev/null \
+    | python3 -c 'import json,sys; print(json.load(sys.stdin)["config"]["digest"])' 2>/dev/null || true
+}
 push_images() {
-  local ref path name tag pushed=0 skipped=0
+  local ref path name tag pushed=0 skipped=0 want
+  want=$("$DOCKER" image inspect -f '{{.Id}}' "$BASE_IMAGE")
   for ref in "${IMAGES[@]}"; do
     path="${ref#"$REGISTRY"/}"
     if [[ "${path##*/}" == *:* ]]; then name="${path%:*}"; tag="${path##*:}"; else name="$path"; tag=latest; fi
-    if registry_has "$name" "$tag"; then skipped=$((skipped + 1)); continue; fi
+    # the same image already under that name: nothing to do (another image there is replaced)
+    if [[ "$(registry_config "$name" "$tag")" == "$want" ]]; then skipped=$((skipped + 1)); continue; fi
     "$DOCKER" tag "$BASE_IMAGE" "$REGISTRY/$name:$tag"
     if ! "$DOCKER" push "$REGISTRY/$name:$tag" >>"$LOG_DIR/push.log" 2>&1; then
       echo "docker push $REGISTRY/$name:$tag failed; see $LOG_DIR/push.log" >&2; return 1
