@@ -164,8 +164,17 @@ def render(profile, all_, from_, out, locked_dir, overrides, matrix_dirs):
         except OSError as e:
             raise UserError(f"Cannot read {from_}: {e.strerror}.") from None
         env = ResolvedEnv.from_json(text, str(from_))
-        target = out or Path("out") / env.name
-        R.render(env, target, _locked(env, locked_dir, all_))
+        target = out or Path("out") / str(env.data.get("profile", "replay"))
+        import jinja2
+
+        locked = _locked(env, locked_dir, all_)
+        try:
+            files = R.render_files(env, locked)
+        except (KeyError, TypeError, AttributeError, jinja2.UndefinedError) as e:
+            raise UserError(f"{from_} is not a complete envbuild resolved environment (missing or "
+                            f"malformed: {e}). Pass the envbuild.json that `envbuild render` wrote, "
+                            "unedited, or re-resolve it from its profile.") from None
+        R.write_dir(target, files)
         click.echo(f"rendered {env.name} from {from_} -> {target}/")
         return
     m = _matrix(matrix_dirs)
@@ -236,5 +245,7 @@ def main(argv=None):
     sys.exit(0)
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # `python -m envbuilder.cli`: run the importable module, whose
+    from envbuilder.cli import main as _main  # `cli` group the action modules register on
+
+    _main()

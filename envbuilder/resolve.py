@@ -130,7 +130,7 @@ class _Resolver:
 
     # -- the rules ---------------------------------------------------------------------------
 
-    def torch_build(self, torch_v: str, torch: dict, cuda_v: str, needs_nvcc: bool) -> tuple[str, dict] | None:
+    def torch_build(self, torch_v: str, torch: dict, cuda_v: str) -> tuple[str, dict] | None:
         builds = torch["builds"]
         exact = [(k, b) for k, b in builds.items() if b["cuda"] == cuda_v]
         if exact:
@@ -140,7 +140,7 @@ class _Resolver:
                         if b["cuda"].split(".")[0] == cuda_v.split(".")[0]
                         and version_key(b["cuda"]) < version_key(cuda_v)),
                        key=lambda kb: version_key(kb[1]["cuda"]))
-        if older and not needs_nvcc:
+        if older:  # (apex then asks for an exact match: see the apex-nvcc rule)
             return older[-1]
         have = ", ".join(f"{k} (CUDA {b['cuda']})" for k, b in builds.items())
         others = [t for t, rec in self.m.torch.items()
@@ -149,8 +149,6 @@ class _Resolver:
         if others:
             fix += f", or --torch {others[-1]} (it has a CUDA {cuda_v} build)"
         why = f"its builds are {have}"
-        if older and needs_nvcc:
-            why += "; an older-minor build would run, but a compiled extension needs nvcc to match"
         self.add("torch-cuda", f"torch {torch_v} has no build for CUDA {cuda_v}", why, fix, hard=True)
         return None
 
@@ -185,11 +183,16 @@ class _Resolver:
         elif version_key(drv) >= version_key(need_rec["compat_driver"]):
             info["mode"] = "minor-version-compatibility"
         else:
-            ok = [c for c, r in self.m.cuda.items()
-                  if version_key(drv) >= version_key(r["min_driver"])]
+            native = [c for c, r in self.m.cuda.items()
+                      if version_key(drv) >= version_key(r["min_driver"])]
+            compat = [c for c, r in self.m.cuda.items()
+                      if version_key(drv) >= version_key(r["compat_driver"]) and c not in native]
             fix = f"upgrade the driver to >= {need_rec['min_driver']}"
-            if ok:
-                fix += f", or use --cuda {max(ok, key=version_key)}"
+            if native:
+                fix += f", or use --cuda {max(native, key=version_key)}"
+            elif compat:
+                fix += (f", or use --cuda {max(compat, key=version_key)} (runs on this driver under "
+                        "minor-version compatibility)")
             self.add("driver", f"driver {drv} is too old for CUDA {need}",
                      f"CUDA {need} needs >= {need_rec['min_driver']} (or >= "
                      f"{need_rec['compat_driver']} under minor-version compatibility)", fix)
@@ -291,8 +294,7 @@ class _Resolver:
                                 f"{suggest(name, ['apex', 'flash-attn'])}components are apex, flash-attn.")
             components.pop(name, None)
 
-        needs_nvcc = "apex" in components and m.apex and m.apex["nvcc_must_match_torch_cuda"]
-        picked = self.torch_build(torch_v, torch, cuda_v, bool(needs_nvcc))
+        picked = self.torch_build(torch_v, torch, cuda_v)
         python = ov.python or p.get("python") or cuda["python"]
         if python not in torch["python"]:
             self.add("torch-python", f"torch {torch_v} has no wheels for Python {python}",
@@ -300,7 +302,8 @@ class _Resolver:
                      f"use --python {cuda['python']}" if cuda["python"] in torch["python"]
                      else f"use a --torch that supports Python {python}", hard=True)
         if python != cuda["python"]:
-            same = [c for c, r in m.cuda.items() if r["python"] == python]
+            same = [c for c, r in m.cuda.items() if r["python"] == python
+                    and any(b["cuda"] == c and _cc_runs(cc, b["archs"]) for b in torch["builds"].values())]
             self.add("image-python", f"the CUDA {cuda_v} image ({cuda['images']['runtime']}) ships "
                      f"Python {cuda['python']}, not {python}",
                      "the image's system Python is the one the venv is made from",

@@ -37,6 +37,8 @@ class FileServer:
         self.latency = latency  # seconds added before every response
         self.rate = rate  # bytes per second per connection, None for unthrottled
         self.log: list[LoggedRequest] = []
+        self.in_flight = 0  # requests inside their latency sleep right now
+        self.max_in_flight = 0  # the most that ever overlapped
         self._lock = threading.Lock()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._httpd.daemon_threads = True
@@ -78,7 +80,12 @@ def _handler_for(server: FileServer):
         def do_GET(self):
             range_header = self.headers.get("Range")
             action = server.next_action("GET", self.path, range_header)
+            with server._lock:
+                server.in_flight += 1
+                server.max_in_flight = max(server.max_in_flight, server.in_flight)
             time.sleep(server.latency)
+            with server._lock:
+                server.in_flight -= 1
             body = server.files.get(self.path.lstrip("/"))
             if isinstance(action, int) or body is None:
                 return self._empty(action if isinstance(action, int) else 404)

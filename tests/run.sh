@@ -9,13 +9,18 @@ python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[actions,lock,test]'
 
-if [ -x tests/infra/provision.sh ]; then
-  if [ "$(id -u)" = 0 ]; then
-    tests/infra/provision.sh
-  elif [ "${CI:-}" = true ]; then
-    echo "tests/run.sh: the Docker/registry tests need root to provision (CI=true)" >&2
-    exit 1
-  fi
+# Docker engine, loopback registry and base images for the build tests (root only; under
+# CI=true a machine that can't provision fails here rather than skipping those tests).
+if [ "$(id -u)" = 0 ]; then
+  bash tests/infra/provision.sh --images-file tests/infra/images.txt
+  ENVBUILD_TEST_BASE_IMAGE=envbuild-test/devel:bookworm \
+  ENVBUILD_TEST_INCLUDE=python3,python3-venv,python3-pip,python3-dev,build-essential,ca-certificates \
+    bash tests/infra/provision.sh --no-smoke --images-file tests/infra/devel-images.txt
+elif [ "${CI:-}" = true ]; then
+  echo "tests/run.sh: the Docker/registry tests need root to provision (CI=true)" >&2
+  exit 1
+else
+  echo "tests/run.sh: not root, so the Docker/registry tests will be skipped" >&2
 fi
 
 set +e

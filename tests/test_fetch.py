@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import time
 
 import pytest
 
@@ -41,10 +40,9 @@ def test_downloads_every_file_verified_into_dest(tmp_path):
 def test_parallel_jobs_overlap_per_request_latency(tmp_path):
     files = {f"pkg{i}.whl": os.urandom(10_000) for i in range(8)}
     with FileServer(files, latency=0.3) as srv:
-        started = time.monotonic()
         fetch([item_for(n, d, srv.url(n)) for n, d in files.items()], tmp_path, jobs=8)
-        elapsed = time.monotonic() - started
-    assert elapsed < 8 * 0.3 / 2  # one by one would take 2.4 s
+    # counted at the server, not timed: several requests were waiting out their latency at once
+    assert srv.max_in_flight > 1
 
 
 def test_dropped_connection_resumes_with_range_request(tmp_path):

@@ -1,0 +1,5 @@
+"""`python -m envbuilder` runs the envbuild CLI."""
+
+from envbuilder.cli import main
+
+main()

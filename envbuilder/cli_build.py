@@ -1,0 +1,146 @@
+"""`envbuild build` and `envbuild mirrors`: the image actions (docker, requests load lazily)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import click
+
+from .cli import _matrix, cli, override_options
+from .errors import UserError
+
+def smoke_command(imports: list[str]) -> list[str]:
+    """Import every key module the image promises (preflight's list), with no GPU needed."""
+    return ["python", "-c", "import importlib, json; spec = json.load(open('/etc/envbuild.json')); "
+            f"mods = [importlib.import_module(m) for m in {imports!r}]; "
+            "print('smoke ok:', spec['profile'], ', '.join("
+            "f'{m.__name__} {getattr(m, \"__version__\", \"\")}'.strip() for m in mods))"]
+
+
+@cli.group()
+def mirrors():
+    """Mirror sets: what each rewrites, and how healthy their endpoints are."""
+
+
+@mirrors.command("list")
+@click.option("--json", "as_json", is_flag=True)
+def mirrors_list(as_json):
+    """Shipped and configured mirror sets and what each rewrites."""
+    from . import mirrors as M
+    from .config import config_path
+
+    sets = M.mirror_sets(_matrix(()))
+    if as_json:
+        click.echo(json.dumps(sets, indent=2, sort_keys=True))
+        return
+    for name, body in sets.items():
+        click.echo(f"{name}: {body.get('description', '')}")
+        for reg, eps in sorted((body.get("registries") or {}).items()):
+            click.echo(f"  {reg:<22} -> {', '.join(eps)}")
+        for kind in ("pypi", "pytorch", "huggingface", "apt", "github"):
+            if body.get(kind):
+                click.echo(f"  {kind:<22} -> {', '.join(body[kind])}")
+        for ch, eps in sorted((body.get("conda") or {}).items()):
+            click.echo(f"  conda:{ch:<16} -> {', '.join(eps)}")
+    click.echo(f"(your own sets go in {config_path()} under `mirrors:`)")
+
+
+@mirrors.command("probe")
+@click.option("--mirror", "name", required=True, help="Mirror set to probe.")
+@click.option("--timeout", default=5.0, show_default=True, help="Seconds per endpoint.")
+@click.option("--json", "as_json", is_flag=True)
+def mirrors_probe(name, timeout, as_json):
+    """Health and latency of every endpoint of a set, probed in parallel."""
+    from . import mirrors as M
+
+    probes = M.probe(M.get_set(_matrix(()), name), timeout=timeout)
+    if as_json:
+        click.echo(json.dumps([p._asdict() for p in probes], indent=2))
+    else:
+        rows = [("KIND", "FOR", "ENDPOINT", "STATUS", "MS")]
+        rows += [(p.kind, p.target, p.endpoint, ("ok " if p.ok else "DOWN ") + p.status,
+                  f"{p.latency_ms:.0f}") for p in probes]
+        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        for r in rows:
+            click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    if probes and not any(p.ok for p in probes):
+        raise SystemExit(1)
+
+
+@cli.command()
+@click.argument("profile")
+@click.option("--mirror", help="Mirror set (or `auto`: the configured/first set whose registry answers).")
+@click.option("--push", "push_to", metavar="REGISTRY", help="`local`, a configured name, or HOST[:PORT].")
+@click.option("--tag", help="Image name:tag (default envbuild/<profile>:<spec hash>).")
+@click.option("--ca-cert", type=click.Path(path_type=Path), help="CA bundle for TLS-intercepting networks (BuildKit secret).")
+@click.option("--pip-conf", type=click.Path(path_type=Path), help="pip.conf for the build (BuildKit secret).")
+@click.option("--smoke/--no-smoke", default=True, show_default=True, help="Run imports in the built image.")
+@click.option("--context", "keep_context", type=click.Path(path_type=Path), help="Keep the build context here.")
+@click.option("-v", "--verbose", is_flag=True, help="Show the whole build log.")
+@override_options
+def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context, verbose,
+          overrides, matrix_dirs):
+    """Render PROFILE, build it with BuildKit (through a mirror), smoke-test and push it."""
+    from . import build as B
+    from . import mirrors as M
+    from .config import registry_for, user_config
+    from .render import render_files
+    from .resolve import resolve
+
+    m = _matrix(matrix_dirs)
+    env = resolve(m, profile, overrides)
+    secrets = B.secret_files(ca_cert, pip_conf)
+    files = render_files(env)
+    d = env.data
+    tag = tag or f"envbuild/{profile}:{__import__('hashlib').sha256(files['envbuild.json'].encode()).hexdigest()[:12]}"
+    if ":" not in tag.rsplit("/", 1)[-1]:
+        tag += ":latest"
+
+    def say(msg):
+        click.echo(msg, err=True)
+
+    body = healthy = None
+    name = mirror
+    if mirror == "auto":
+        name = user_config().get("mirror")
+        candidates = [name] if name else list(M.mirror_sets(m))
+        for cand in candidates:
+            probes = M.probe(M.get_set(m, cand), kinds=("registry",))
+            if any(p.ok for p in probes):
+                name = cand
+                break
+        else:
+            raise B.ActionError("--mirror auto: no mirror set has a registry endpoint that answers "
+                                f"(tried {', '.join(candidates)}). Check your network or add a "
+                                "mirror set to your config.")
+        say(f"--mirror auto chose {name!r}")
+    if name:
+        body = M.get_set(m, name)
+        healthy = M.health(M.probe(body))
+        for e, (ok, ms) in sorted(healthy.items()):
+            say(f"  probe {e}: {'ok' if ok else 'DOWN'} ({ms:.0f} ms)")
+    registry = registry_for(push_to, (m.defaults or {}).get("registry_local", "localhost:5000")) if push_to else None
+    client = B.engine()
+    context = B.stage_context(files) if keep_context is None else None
+    if keep_context is not None:
+        from .render import write_dir
+
+        write_dir(keep_context, files)
+        context = keep_context
+    try:
+        result = B.build(context, d, tag, name, body, healthy, secrets, B.default_echo(verbose), say)
+    finally:
+        if keep_context is None:
+            shutil.rmtree(context.parent, ignore_errors=True)
+    say(f"built {result.image}")
+    if smoke:
+        from .render import preflight_expectations
+
+        say(B.smoke(client, result.image, smoke_command(preflight_expectations(d)["imports"])).strip())
+    if registry:
+        digest = B.push(client, result.image, registry, tag, say)
+        click.echo(f"{registry}/{tag.rsplit(':', 1)[0]}@{digest}")
+    else:
+        click.echo(result.image)

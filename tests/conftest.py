@@ -1,0 +1,145 @@
+"""Shared helpers for the renderer tests: the shipped matrix, a profile resolved with overrides,
+matrix overlays written the way a user writes them, and the `envbuild` command (in-process and
+as the installed console script). No network, no Docker."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from envbuilder import matrix as M
+from envbuilder.resolve import Overrides, ResolveError, ResolvedEnv, resolve
+
+TESTS = Path(__file__).resolve().parent
+GOLDEN = TESTS / "golden"
+FIXTURES = TESTS / "fixtures"
+
+
+@functools.lru_cache(maxsize=None)
+def shipped() -> M.Matrix:
+    """The matrix from matrices/*.yaml, loaded once (tests must not mutate it)."""
+    return M.load()
+
+
+PROFILES = list(shipped().profiles)
+
+
+def overrides(**kw) -> Overrides:
+    """Overrides(...) that also takes lists for with_/without, as the CLI splits them."""
+    for key in ("with_", "without"):
+        if key in kw:
+            kw[key] = tuple(kw[key])
+    return Overrides(**kw)
+
+
+def resolved(profile: str, matrix: M.Matrix | None = None, **kw) -> ResolvedEnv:
+    return resolve(matrix or shipped(), profile, overrides(**kw))
+
+
+def violations(profile: str, matrix: M.Matrix | None = None, **kw) -> dict:
+    """The rules `profile` with these overrides breaks, by rule name."""
+    with pytest.raises(ResolveError) as e:
+        resolved(profile, matrix, **kw)
+    return {v.rule: v for v in e.value.violations}
+
+
+def record(section: str, key: str, **changes) -> dict:
+    """A deep copy of a shipped record with some fields changed: a starting point for overlays."""
+    rec = copy.deepcopy(shipped().sections[section][key])
+    rec.update(changes)
+    return rec
+
+
+@pytest.fixture
+def overlay(tmp_path):
+    """Write a --matrix-dir folder: overlay({...}) dumps one YAML file, overlay(text=...) writes
+    raw text (for malformed YAML). Returns the folder; .file is the last file written."""
+    folder = tmp_path / "overlay"
+    folder.mkdir()
+
+    def write(doc: dict | None = None, *, text: str | None = None, name: str = "lab.yaml") -> Path:
+        path = folder / name
+        path.write_text(text if text is not None else yaml.safe_dump(doc, sort_keys=False),
+                        encoding="utf-8")
+        write.file = path
+        return folder
+
+    return write
+
+
+def snapshot(folder: Path) -> dict:
+    """Every file under `folder` with its bytes and mode, to show that nothing changed."""
+    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mode)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+# -- the command line --------------------------------------------------------------------------
+
+def envbuild_exe() -> str:
+    """The installed console script of the interpreter running the tests."""
+    beside = Path(sys.executable).parent / "envbuild"
+    found = str(beside) if beside.exists() else shutil.which("envbuild")
+    if not found:
+        pytest.fail("the `envbuild` console script is not installed; run `pip install -e .`")
+    return found
+
+
+def clean_env(**extra) -> dict:
+    """The environment minus any ENVBUILD_* setting of the developer's shell."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ENVBUILD_")}
+    env.update(extra)
+    return env
+
+
+@pytest.fixture(scope="session")
+def cache_home(tmp_path_factory):
+    return tmp_path_factory.mktemp("xdg-cache")
+
+
+@pytest.fixture
+def run_envbuild(cache_home, tmp_path):
+    """Run the real `envbuild` script in a fresh process: run_envbuild('check', 'p40')."""
+
+    def run(*args, cwd=None, env=None):
+        return subprocess.run([envbuild_exe(), *map(str, args)], cwd=cwd or tmp_path,
+                              env=clean_env(XDG_CACHE_HOME=str(cache_home), **(env or {})),
+                              capture_output=True, text=True, timeout=60)
+
+    return run
+
+
+@pytest.fixture
+def cli(capsys, monkeypatch, tmp_path):
+    """Run envbuilder.cli.main in-process: returns (exit code, stdout, stderr)."""
+    from envbuilder.cli import main
+
+    for k in list(os.environ):
+        if k.startswith("ENVBUILD_"):
+            monkeypatch.delenv(k)
+    monkeypatch.chdir(tmp_path)  # a stray default `out/` would land here, not in the checkout
+
+    def run(*args):
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as e:
+            main([str(a) for a in args])
+        out, err = capsys.readouterr()
+        return e.value.code, out, err
+
+    return run
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _jinja_cache_out_of_home(cache_home):
+    """The renderer caches compiled templates under $XDG_CACHE_HOME: keep that out of ~."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("XDG_CACHE_HOME", str(cache_home))
+    yield
+    mp.undo()

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# verl PPO on GSM8K for profile p40: Tesla P40 (CC 6.1, 24 GB)
+# Rendered by envbuild 0.1.0: fp32, eager attention, hf rollout, verl 0.4.1.
+# Usage: DATA_DIR=~/data/gsm8k MODEL=Qwen/Qwen2.5-0.5B-Instruct ./run_ppo_gsm8k.sh [extra hydra overrides]
+set -euo pipefail
+
+MODEL=${MODEL:-Qwen/Qwen2.5-0.5B-Instruct}
+DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k}
+N_GPUS=${N_GPUS:-1}
+export HF_ENDPOINT=${HF_ENDPOINT:-https://huggingface.co}
+# CC 6.1 is below Triton's floor (7.0): no torch.compile.
+export TORCHDYNAMO_DISABLE=1
+
+if [ ! -f "$DATA_DIR/train.parquet" ] || [ ! -f "$DATA_DIR/test.parquet" ]; then
+  echo "GSM8K parquet files not found in $DATA_DIR." >&2
+  echo "Make them with verl's examples/data_preprocess/gsm8k.py --local_dir $DATA_DIR (needs the HF hub or a mirror set in HF_ENDPOINT)." >&2
+  exit 2
+fi
+
+python3 /opt/envbuild/preflight.py --quiet
+
+args=(
+  algorithm.adv_estimator=gae
+  algorithm.kl_ctrl.kl_coef=0.001
+  data.train_files="$DATA_DIR/train.parquet"
+  data.val_files="$DATA_DIR/test.parquet"
+  data.train_batch_size=8
+  data.max_prompt_length=256
+  data.max_response_length=256
+  actor_rollout_ref.model.path="$MODEL"
+  actor_rollout_ref.model.use_remove_padding=False
+  actor_rollout_ref.model.enable_gradient_checkpointing=True
+  actor_rollout_ref.actor.optim.lr=1e-6
+  actor_rollout_ref.actor.ppo_mini_batch_size=4
+  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1
+  actor_rollout_ref.actor.fsdp_config.param_offload=True
+  actor_rollout_ref.actor.fsdp_config.optimizer_offload=True
+  ++actor_rollout_ref.actor.fsdp_config.model_dtype=fp32
+  ++actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32
+  ++actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype=fp32
+  ++actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype=fp32
+  actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1
+  actor_rollout_ref.ref.fsdp_config.param_offload=True
+  ++actor_rollout_ref.ref.fsdp_config.model_dtype=fp32
+  actor_rollout_ref.rollout.name=hf
+  actor_rollout_ref.rollout.dtype=float32
+  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1
+  actor_rollout_ref.rollout.tensor_model_parallel_size=1
+  actor_rollout_ref.rollout.gpu_memory_utilization=0.4
+  critic.optim.lr=1e-5
+  critic.model.path="$MODEL"
+  critic.model.use_remove_padding=False
+  critic.model.enable_gradient_checkpointing=True
+  critic.ppo_micro_batch_size_per_gpu=1
+  critic.model.fsdp_config.param_offload=True
+  critic.model.fsdp_config.optimizer_offload=True
+  ++critic.model.fsdp_config.model_dtype=fp32
+  trainer.logger=[console]
+  trainer.val_before_train=False
+  trainer.n_gpus_per_node="$N_GPUS"
+  trainer.nnodes=1
+  trainer.save_freq=-1
+  trainer.test_freq=10
+  trainer.total_epochs=1
+)
+exec python3 -m verl.trainer.main_ppo "${args[@]}" "$@"

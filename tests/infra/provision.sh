@@ -1,0 +1,325 @@
+#!/usr/bin/env bash
+# Make this machine ready for envbuild's real Docker tests, all on loopback:
+#   Debian docker.io (dockerd 20.10, BuildKit built in), Debian docker-registry on
+#   127.0.0.1:5000 (no auth), and a Debian base image made with debootstrap and pushed into
+#   that registry under every image reference the tests' mirror maps to.
+# Idempotent: every step checks first and skips what is already there. Run as root.
+#
+# Usage: tests/infra/provision.sh [--images-file FILE]... [--no-smoke] [IMAGE_REF]...
+#   IMAGE_REF       e.g. 127.0.0.1:5000/nvidia/cuda:11.8.0-cudnn8-devel-ubuntu22.04
+#   --images-file   file with one image reference per line ('#' comments, blank lines ok)
+#   --no-smoke      skip the container run and BuildKit smoke build at the end
+#
+# Environment (all optional):
+#   ENVBUILD_TEST_REGISTRY_PORT   registry port on 127.0.0.1 (5000)
+#   ENVBUILD_TEST_DOCKER          docker client that can do BuildKit builds (/usr/bin/docker)
+#   ENVBUILD_TEST_STORAGE_DRIVER  force a dockerd storage driver (default: dockerd's choice,
+#                                 overlay2 here; falls back to vfs if dockerd won't start)
+#   ENVBUILD_TEST_BASE_IMAGE      local name of the imported base (envbuild-test/base:bookworm)
+#   ENVBUILD_TEST_INCLUDE         packages debootstrap adds (python3,python3-venv,python3-pip,ca-certificates)
+#   ENVBUILD_TEST_DEBIAN_MIRROR   mirror for debootstrap (http://deb.debian.org/debian)
+#   ENVBUILD_TEST_STATE_DIR       (/var/lib/envbuild-test)   registry storage, pid files, env.sh
+#   ENVBUILD_TEST_CACHE_DIR       (/var/cache/envbuild-test) cached rootfs tarball
+#   ENVBUILD_TEST_LOG_DIR         (/var/log/envbuild-test)   dockerd/registry/apt/debootstrap logs
+#   ENVBUILD_TEST_WAIT_S          seconds to wait for dockerd / the registry (60)
+set -Eeuo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+PORT="${ENVBUILD_TEST_REGISTRY_PORT:-5000}"
+REGISTRY="127.0.0.1:${PORT}"
+DOCKER="${ENVBUILD_TEST_DOCKER:-/usr/bin/docker}"
+STORAGE_DRIVER="${ENVBUILD_TEST_STORAGE_DRIVER:-}"
+BASE_IMAGE="${ENVBUILD_TEST_BASE_IMAGE:-envbuild-test/base:bookworm}"
+MIRROR="${ENVBUILD_TEST_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+STATE_DIR="${ENVBUILD_TEST_STATE_DIR:-/var/lib/envbuild-test}"
+CACHE_DIR="${ENVBUILD_TEST_CACHE_DIR:-/var/cache/envbuild-test}"
+LOG_DIR="${ENVBUILD_TEST_LOG_DIR:-/var/log/envbuild-test}"
+WAIT_S="${ENVBUILD_TEST_WAIT_S:-60}"
+REGISTRY_CONFIG="${HERE}/registry.yml"
+SUITE=bookworm
+INCLUDE="${ENVBUILD_TEST_INCLUDE:-python3,python3-venv,python3-pip,ca-certificates}"
+PACKAGES=(docker.io docker-registry debootstrap curl)
+
+IMAGES=()
+SMOKE=1
+while (($#)); do
+  case "$1" in
+    --images-file)
+      [[ $# -ge 2 && -r "$2" ]] || { echo "provision: --images-file needs a readable file" >&2; exit 2; }
+      while IFS= read -r line || [[ -n "$line" ]]; do
+        line="${line%%#*}"; line="${line//[[:space:]]/}"
+        if [[ -n "$line" ]]; then IMAGES+=("$line"); fi
+      done <"$2"
+      shift 2 ;;
+    --no-smoke) SMOKE=0; shift ;;
+    -h|--help) sed -n '2,/^set -Eeuo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "provision: unknown option $1 (see --help)" >&2; exit 2 ;;
+    *) IMAGES+=("$1"); shift ;;
+  esac
+done
+
+# ---------------------------------------------------------------- helpers
+T0=$(date +%s%N)
+SUMMARY=()
+now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
+log() { printf '[provision %6.1fs] %s\n' "$(( ($(date +%s%N) - T0) / 1000000 ))e-3" "$*"; }
+die() { printf '[provision] ERROR: %s\n' "$*" >&2; exit 1; }
+CURRENT_STEP=setup
+STEP_OUT=$(mktemp)
+step() {  # step NAME FUNC: run FUNC (errexit applies inside), record what it did and how long
+  local name="$1"; shift
+  local t; t=$(now_ms)
+  CURRENT_STEP="$name"
+  log "== $name"
+  "$@" >"$STEP_OUT"
+  local what; what="$(tr '\n' ' ' <"$STEP_OUT")"; what="${what% }"
+  local dt=$(( $(now_ms) - t ))
+  SUMMARY+=("$(printf '%-9s %6.1fs  %s' "$name" "${dt}e-3" "$what")")
+  log "   $what ($(printf '%.1f' "${dt}e-3")s)"
+}
+on_exit() {
+  local rc=$?
+  rm -f "$STEP_OUT"
+  if [[ $rc -ne 0 ]]; then echo "[provision] FAILED in step '$CURRENT_STEP' (exit $rc); logs in $LOG_DIR" >&2; fi
+}
+trap on_exit EXIT
+
+[[ $EUID -eq 0 ]] || die "run as root (installs packages, starts dockerd)"
+for ref in "${IMAGES[@]}"; do
+  [[ "$ref" == "$REGISTRY/"* ]] || die "image reference '$ref' is not in the loopback registry $REGISTRY/ (refusing to push anywhere else)"
+  [[ "$ref" != *@* ]] || die "image reference '$ref' has a digest; give a tag"
+done
+mkdir -p "$STATE_DIR/registry" "$CACHE_DIR" "$LOG_DIR"
+
+exec 9>"$STATE_DIR/provision.lock"
+flock -w 600 9 || die "another provision.sh holds $STATE_DIR/provision.lock"
+
+# ---------------------------------------------------------------- packages
+missing_packages() {
+  local p
+  for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q '^install ok installed$' || echo "$p"
+  done
+}
+apt_install() {
+  local -a pkgs=("$@")
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends -o DPkg::Lock::Timeout=300 \
+    -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "${pkgs[@]}" \
+    >>"$LOG_DIR/apt.log" 2>&1
+}
+install_packages() {
+  local -a miss
+  mapfile -t miss < <(missing_packages)
+  if ((${#miss[@]} == 0)); then echo "already installed: ${PACKAGES[*]}"; return 0; fi
+  # Keep maintainer scripts from starting services: the packaged docker-registry would listen
+  # on :5000 with htpasswd auth, and the packaged dockerd without our flags.
+  local made_policy=0
+  if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d; made_policy=1
+  fi
+  local updated="" ok=0
+  # apt-get update only when needed: a package without a candidate, or an install that fails
+  # (stale lists give 404s); then update once and retry.
+  local p
+  for p in "${miss[@]}"; do
+    local policy; policy=$(apt-cache policy "$p" 2>/dev/null || true)
+    if [[ "$policy" != *"Candidate: "[0-9]* ]]; then
+      if ! apt-get update -q -o DPkg::Lock::Timeout=300 >>"$LOG_DIR/apt.log" 2>&1; then
+        if ((made_policy)); then rm -f /usr/sbin/policy-rc.d; fi
+        echo "apt-get update failed; see $LOG_DIR/apt.log" >&2; return 1
+      fi
+      updated=" (after apt-get update)"; break
+    fi
+  done
+  if apt_install "${miss[@]}"; then ok=1
+  elif [[ -z "$updated" ]] && apt-get update -q -o DPkg::Lock::Timeout=300 >>"$LOG_DIR/apt.log" 2>&1 && apt_install "${miss[@]}"; then
+    ok=1; updated=" (after apt-get update)"
+  fi
+  if ((made_policy)); then rm -f /usr/sbin/policy-rc.d; fi
+  ((ok)) || { echo "apt-get install ${miss[*]} failed; see $LOG_DIR/apt.log" >&2; return 1; }
+  echo "installed ${miss[*]}$updated"
+}
+step packages install_packages
+
+# ---------------------------------------------------------------- dockerd
+docker_answers() { timeout 10 "$DOCKER" version --format '{{.Server.Version}}' >/dev/null 2>&1; }
+start_dockerd() {
+  [[ -x "$DOCKER" ]] || { echo "docker client $DOCKER not found" >&2; return 1; }
+  if docker_answers; then
+    echo "dockerd already answers ($("$DOCKER" info --format '{{.ServerVersion}}, storage {{.Driver}}'))"; return 0
+  fi
+  if [[ -n "${DOCKER_HOST:-}" && "$DOCKER_HOST" != "unix:///var/run/docker.sock" ]]; then
+    echo "DOCKER_HOST=$DOCKER_HOST does not answer; not starting a local dockerd for it" >&2; return 1
+  fi
+  # A dockerd that died leaves its pid file (and containerd's) behind; dockerd refuses to start then.
+  local pf
+  for pf in /var/run/docker.pid /var/run/docker/containerd/containerd.pid; do
+    if [[ -f "$pf" ]] && ! kill -0 "$(cat "$pf" 2>/dev/null)" 2>/dev/null; then rm -f "$pf"; fi
+  done
+  if [[ -f /var/run/docker.pid ]]; then
+    echo "a dockerd (pid $(cat /var/run/docker.pid)) runs but does not answer; see $LOG_DIR/dockerd.log" >&2; return 1
+  fi
+  local -a drivers
+  if [[ -n "$STORAGE_DRIVER" ]]; then drivers=("$STORAGE_DRIVER"); else drivers=("" vfs); fi
+  local d i pid
+  for d in "${drivers[@]}"; do
+    local -a args=(--bridge=none --iptables=false --ip-masq=false --ip-forward=false)
+    if [[ -n "$d" ]]; then args+=("--storage-driver=$d"); fi
+    echo "--- $(date -u +%FT%TZ) dockerd ${args[*]}" >>"$LOG_DIR/dockerd.log"
+    # 9>&-: the daemon must not inherit (and so hold forever) provision.sh's lock.
+    setsid nohup dockerd "${args[@]}" >>"$LOG_DIR/dockerd.log" 2>&1 </dev/null 9>&- &
+    pid=$!
+    for ((i = 0; i < WAIT_S * 2; i++)); do
+      if docker_answers; then
+        echo "started dockerd pid $pid (${args[*]}; $("$DOCKER" info --format 'storage {{.Driver}}'); log $LOG_DIR/dockerd.log)"
+        return 0
+      fi
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.5
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+      echo "dockerd pid $pid did not answer within ${WAIT_S}s; see $LOG_DIR/dockerd.log" >&2; return 1
+    fi
+    echo "dockerd ${args[*]} exited; last log lines:" >&2; tail -n 5 "$LOG_DIR/dockerd.log" >&2
+    rm -f /var/run/docker.pid
+  done
+  echo "dockerd would not start; see $LOG_DIR/dockerd.log" >&2; return 1
+}
+step dockerd start_dockerd
+
+# ---------------------------------------------------------------- registry
+registry_code() { curl -s -o /dev/null -m 5 -w '%{http_code}' "http://$REGISTRY/v2/" 2>/dev/null || true; }
+start_registry() {
+  local code; code=$(registry_code)
+  if [[ "$code" == 401 ]] && [[ -f /var/run/docker-registry.pid ]] && kill -0 "$(cat /var/run/docker-registry.pid)" 2>/dev/null; then
+    # Debian's packaged service (htpasswd auth) got started by the install; it's not ours.
+    /etc/init.d/docker-registry stop >/dev/null 2>&1 || true
+    sleep 1; code=$(registry_code)
+  fi
+  case "$code" in
+    200) echo "registry already answers on http://$REGISTRY/v2/"; return 0 ;;
+    401) echo "something on $REGISTRY asks for auth (Debian's packaged docker-registry service?); stop it or set ENVBUILD_TEST_REGISTRY_PORT" >&2; return 1 ;;
+    000) ;;
+    *) echo "something else listens on $REGISTRY (HTTP $code on /v2/); set ENVBUILD_TEST_REGISTRY_PORT" >&2; return 1 ;;
+  esac
+  command -v docker-registry >/dev/null || { echo "docker-registry binary missing" >&2; return 1; }
+  # Copy the config out of the checkout: CI's clone may vanish while the registry keeps running.
+  install -m 644 "$REGISTRY_CONFIG" "$STATE_DIR/registry.yml"
+  local pid i
+  echo "--- $(date -u +%FT%TZ) docker-registry serve on $REGISTRY" >>"$LOG_DIR/registry.log"
+  REGISTRY_HTTP_ADDR="$REGISTRY" REGISTRY_STORAGE_FILESYSTEM_ROOTDIRECTORY="$STATE_DIR/registry" \
+    setsid nohup docker-registry serve "$STATE_DIR/registry.yml" >>"$LOG_DIR/registry.log" 2>&1 </dev/null 9>&- &
+  pid=$!
+  echo "$pid" >"$STATE_DIR/registry.pid"
+  for ((i = 0; i < WAIT_S * 4; i++)); do
+    if [[ "$(registry_code)" == 200 ]]; then
+      echo "started docker-registry pid $pid on http://$REGISTRY (storage $STATE_DIR/registry; log $LOG_DIR/registry.log)"; return 0
+    fi
+    kill -0 "$pid" 2>/dev/null || { echo "docker-registry exited; last log lines:" >&2; tail -n 5 "$LOG_DIR/registry.log" >&2; return 1; }
+    sleep 0.25
+  done
+  echo "registry pid $pid did not answer on http://$REGISTRY/v2/ within ${WAIT_S}s" >&2; return 1
+}
+step registry start_registry
+
+# ---------------------------------------------------------------- base image
+TARBALL="$CACHE_DIR/rootfs-${SUITE}-minbase-$(echo "$INCLUDE" | md5sum | cut -c1-8).tar.gz"
+make_rootfs_tarball() {
+  if [[ -s "$TARBALL" ]]; then echo "cached $TARBALL ($(du -h "$TARBALL" | cut -f1))"; return 0; fi
+  command -v debootstrap >/dev/null || { echo "debootstrap missing" >&2; return 1; }
+  local work; work=$(mktemp -d "$CACHE_DIR/rootfs.XXXXXX")
+  if ! debootstrap --variant=minbase --include="$INCLUDE" "$SUITE" "$work/rootfs" "$MIRROR" \
+      >"$LOG_DIR/debootstrap.log" 2>&1; then
+    echo "debootstrap failed; tail of $LOG_DIR/debootstrap.log:" >&2; tail -n 10 "$LOG_DIR/debootstrap.log" >&2
+    rm -rf "$work"; return 1
+  fi
+  # Drop what an image doesn't need: downloaded .debs, apt lists, caches (~100 MB).
+  rm -rf "$work/rootfs/var/cache/apt/archives/"*.deb "$work/rootfs/var/cache/apt/"*.bin \
+    "$work/rootfs/var/lib/apt/lists/"* "$work/rootfs/var/log/"*.log
+  tar --numeric-owner -C "$work/rootfs" -c . | gzip -1 >"$work/rootfs.tar.gz"
+  mv "$work/rootfs.tar.gz" "$TARBALL"
+  rm -rf "$work"
+  echo "debootstrap $SUITE minbase (+$INCLUDE) -> $TARBALL ($(du -h "$TARBALL" | cut -f1))"
+}
+import_base() {
+  if "$DOCKER" image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
+    echo "$BASE_IMAGE already present ($("$DOCKER" image inspect -f '{{.Id}}' "$BASE_IMAGE" | cut -c1-19))"; return 0
+  fi
+  local id
+  id=$("$DOCKER" import \
+    --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+    --change 'ENV LANG=C.UTF-8' --change 'CMD ["/bin/bash"]' \
+    --message "envbuild test base: debootstrap $SUITE minbase +$INCLUDE" \
+    "$TARBALL" "$BASE_IMAGE") || return 1
+  echo "imported $BASE_IMAGE ${id:0:19}"
+}
+step rootfs make_rootfs_tarball
+step import import_base
+
+# ---------------------------------------------------------------- push under the mirror's names
+registry_has() {  # registry_has NAME TAG
+  local code
+  code=$(curl -s -o /dev/null -m 10 -w '%{http_code}' -I \
+    -H 'Accept: application/vnd.docker.distribution.manifest.v2+json' \
+    -H 'Accept: application/vnd.oci.image.manifest.v1+json' \
+    "http://$REGISTRY/v2/$1/manifests/$2" || true)
+  [[ "$code" == 200 ]]
+}
+registry_config() {  # registry_config NAME TAG: the image ID (config digest) the registry serves
+  curl -s -m 10 -H 'Accept: application/vnd.docker.distribution.manifest.v2+json' \
+    "http://$REGISTRY/v2/$1/manifests/$2" 2>/dev/null \
+    | python3 -c 'import json,sys; print(json.load(sys.stdin)["config"]["digest"])' 2>/dev/null || true
+}
+push_images() {
+  local ref path name tag pushed=0 skipped=0 want
+  want=$("$DOCKER" image inspect -f '{{.Id}}' "$BASE_IMAGE")
+  for ref in "${IMAGES[@]}"; do
+    path="${ref#"$REGISTRY"/}"
+    if [[ "${path##*/}" == *:* ]]; then name="${path%:*}"; tag="${path##*:}"; else name="$path"; tag=latest; fi
+    # the same image already under that name: nothing to do (another image there is replaced)
+    if [[ "$(registry_config "$name" "$tag")" == "$want" ]]; then skipped=$((skipped + 1)); continue; fi
+    "$DOCKER" tag "$BASE_IMAGE" "$REGISTRY/$name:$tag"
+    if ! "$DOCKER" push "$REGISTRY/$name:$tag" >>"$LOG_DIR/push.log" 2>&1; then
+      echo "docker push $REGISTRY/$name:$tag failed; see $LOG_DIR/push.log" >&2; return 1
+    fi
+    # Drop the local alias so tests that use the name really go through the registry.
+    "$DOCKER" rmi "$REGISTRY/$name:$tag" >/dev/null
+    registry_has "$name" "$tag" || { echo "pushed $ref but the registry does not list it" >&2; return 1; }
+    pushed=$((pushed + 1))
+  done
+  echo "${#IMAGES[@]} reference(s): pushed $pushed, already there $skipped"
+}
+step push push_images
+
+# ---------------------------------------------------------------- smoke checks
+smoke() {
+  "$DOCKER" run --rm --network=host "$BASE_IMAGE" python3 -c 'import venv, ssl' \
+    || { echo "cannot run a container from $BASE_IMAGE" >&2; return 1; }
+  local ctx; ctx=$(mktemp -d)
+  printf 'secret-ok\n' >"$ctx/secret"
+  # No '# syntax=' line: the frontend built into dockerd must do cache and secret mounts.
+  printf 'FROM %s\nRUN --mount=type=cache,target=/root/.cache/x --mount=type=secret,id=s grep -q secret-ok /run/secrets/s\n' \
+    "$BASE_IMAGE" >"$ctx/Dockerfile"
+  if ! DOCKER_BUILDKIT=1 "$DOCKER" build --progress=plain --network=host --secret "id=s,src=$ctx/secret" \
+      -t envbuild-test/smoke:latest "$ctx" >"$LOG_DIR/smoke.log" 2>&1; then
+    rm -rf "$ctx"; echo "BuildKit build with $DOCKER failed; see $LOG_DIR/smoke.log" >&2; return 1
+  fi
+  rm -rf "$ctx"
+  "$DOCKER" rmi envbuild-test/smoke:latest >/dev/null
+  echo "container run + BuildKit (cache+secret mounts) OK with DOCKER_BUILDKIT=1 $DOCKER"
+}
+if ((SMOKE)); then step smoke smoke; fi
+
+# ---------------------------------------------------------------- for the tests
+cat >"$STATE_DIR/env.sh" <<EOF
+# Written by tests/infra/provision.sh; source it to reach the test infrastructure.
+export ENVBUILD_TEST_REGISTRY=$REGISTRY
+export ENVBUILD_TEST_DOCKER=$DOCKER
+export ENVBUILD_TEST_BASE_IMAGE=$BASE_IMAGE
+export DOCKER_BUILDKIT=1
+EOF
+
+echo
+echo "provision: done in $(printf '%.1f' "$(( ($(date +%s%N) - T0) / 1000000 ))e-3")s"
+printf '  %s\n' "${SUMMARY[@]}"
+echo "  registry http://$REGISTRY  client $DOCKER (DOCKER_BUILDKIT=1)  env: $STATE_DIR/env.sh"

