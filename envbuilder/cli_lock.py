@@ -36,6 +36,9 @@ def lock_dir_for(name: str, out: Path | None, all_: bool) -> Path:
 @click.option("--registry-mirror", metavar="HOST[/PREFIX]",
               help="Read image digests from this registry (images under PREFIX/) instead of "
                    "each image's own registry.")
+@click.option("--mirror", "mirror_set", metavar="NAME",
+              help="Take the indexes, channels and registries from this mirror set "
+                   "(`envbuild mirrors list`); the flags above override it.")
 @click.option("--solver", type=click.Choice(["rattler", "conda-lock"]), default="rattler",
               show_default=True, help="Conda solver; conda-lock needs conda/mamba/micromamba on PATH.")
 @click.option("--only", multiple=True, metavar="PARTS",
@@ -45,7 +48,7 @@ def lock_dir_for(name: str, out: Path | None, all_: bool) -> Path:
               envvar="ENVBUILD_MATRIX_DIR",
               help="Extra matrix folder(s) whose *.yaml add or override profiles and facts.")
 def lock(profile, all_, check, out, index_url, torch_index_url, channels, registry_mirror,
-         solver, only, matrix_dir):
+         mirror_set, solver, only, matrix_dir):
     """Pin PROFILE's conda part, pip part and base images for its target machine."""
     from .lock import lockfile as L
     from .resolve import resolve
@@ -67,6 +70,11 @@ def lock(profile, all_, check, out, index_url, torch_index_url, channels, regist
     overlays = tuple(matrix_dir)
     m = _matrix(overlays)
     names = list(m.profiles) if all_ else [profile]
+    mirror = None
+    if mirror_set:
+        from . import mirrors as M
+
+        mirror = M.choice(mirror_set, M.get_set(m, mirror_set))
     bad: list[str] = []
     codes: list[int] = []
     for name in names:
@@ -84,7 +92,7 @@ def lock(profile, all_, check, out, index_url, torch_index_url, channels, regist
                 continue
             from .lock import lock_profile, sources_for, target_glibc
 
-            src = sources_for(env, index_url, torch_index_url, channels, registry_mirror)
+            src = sources_for(env, index_url, torch_index_url, channels, registry_mirror, mirror)
             lock_profile(env, target_glibc(m, env), src, target, overlays=overlays,
                          parts=parts, solver=solver, say=lambda s: click.echo(s, err=True))
             click.echo(f"locked {name} -> {target}/")

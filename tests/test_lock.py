@@ -66,6 +66,8 @@ def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("world")
     wheels = F.p40_wheels(root / "torch-index", root / "pypi")
     channel = F.build_channel(root / "channel")
+    (channel / "label").mkdir()
+    (channel / "label" / "cuda-11.8.0").symlink_to(channel)  # nvidia/label/cuda-X through a mirror
     chan = F.StaticServer(channel)
     env = resolve(matrix.load(), "p40")
     with F.PypiServer(root / "torch-index") as torch_idx, F.PypiServer(root / "pypi") as pypi, \
@@ -229,6 +231,30 @@ def test_anonymous_bearer_token_flow(world):
         gate.close()
     assert got.digest == world["pushed"][ref]
     assert gate.token_requests and "scope=repository" in gate.token_requests[0]
+
+
+def test_a_mirror_set_supplies_indexes_channels_and_registry(world, p40_lock, tmp_path, capsys):
+    import yaml
+
+    chan = world["channel"].url.rstrip("/")
+    (tmp_path / "mirrors.yaml").write_text(yaml.safe_dump({
+        "sources": {"mine": "https://example.org/m"},
+        "mirrors": {"loop": {
+            "description": "loopback stand-ins of every upstream",
+            "registries": {"docker.io": [world["mirror"]]},
+            "pypi": [world["pypi"]], "pytorch": [world["torch"]],
+            "conda": {"conda-forge": [chan], "nvidia": [chan]}, "source": "mine"}}}))
+    rc, _, err = envbuild(capsys, "lock", "p40", "-o", tmp_path / "lock", "--mirror", "loop",
+                          "--matrix-dir", tmp_path)
+    assert rc == 0, err
+    meta = json.loads((tmp_path / "lock" / "lock.json").read_text())
+    assert meta["sources"]["channels"] == [f"{chan}/label/cuda-11.8.0", chan]
+    assert meta["sources"]["registry_mirror"] == {"docker.io": world["mirror"]}
+    assert meta["sources"]["pypi"] == world["pypi"] and meta["sources"]["torch"] == world["torch"]
+    for name in ("requirements.lock", "images.lock"):  # the same artifacts as through the flags
+        assert (tmp_path / "lock" / name).read_bytes() == (p40_lock / name).read_bytes()
+    assert f"{chan}/label/cuda-11.8.0/linux-64/cuda-nvcc-11.8.89" in \
+        (tmp_path / "lock" / "conda-lock.yml").read_text()
 
 
 # ---- same inputs, same bytes; --check ------------------------------------------------------

@@ -26,22 +26,42 @@ SOLVERS = ("rattler", "conda-lock")
 
 
 class Sources(NamedTuple):
-    """Where a lock reads from: the profile's own endpoints or the mirrors given instead."""
+    """Where a lock reads from: the profile's own endpoints, a mirror set's, or the flags'."""
 
     pypi: str
     torch: str | None
     channels: tuple[str, ...]
-    registry_mirror: str | None
+    # one HOST[/PREFIX] for every image, or {upstream registry: HOST[/PREFIX]} from a mirror set
+    registry_mirror: str | dict | None
 
 
 def sources_for(env: ResolvedEnv, index_url=None, torch_index_url=None, channels=(),
-                registry_mirror=None) -> Sources:
+                registry_mirror=None, mirror=None) -> Sources:
+    """Flags first, then the mirror set (`mirrors.MirrorChoice`), then the profile's own."""
     from .conda import default_channels
 
     d = env.data
-    return Sources(index_url or d["indexes"]["pypi"],
-                   (torch_index_url or d["indexes"]["torch"]) if d["indexes"]["torch"] else None,
-                   tuple(channels) or tuple(default_channels(env)), registry_mirror or None)
+    pypi = index_url or (mirror and mirror.pypi) or d["indexes"]["pypi"]
+    torch = None
+    if d["indexes"]["torch"]:
+        torch = torch_index_url or (
+            mirror.pytorch.format(variant=d["torch"]["variant"]) if mirror and mirror.pytorch
+            else d["indexes"]["torch"])
+    if not channels:
+        channels = default_channels(env)
+        if mirror and mirror.conda:  # nvidia/label/cuda-X goes through the nvidia mirror
+            channels = list(dict.fromkeys(_mirrored_channel(c, mirror.conda) for c in channels))
+    registry = registry_mirror or (
+        {k: v for k, v in sorted(mirror.registries.items()) if v} if mirror else None) or None
+    return Sources(pypi, torch, tuple(channels), registry)
+
+
+def _mirrored_channel(channel: str, conda: dict) -> str:
+    name, _, label = channel.partition("/")
+    base = conda.get(channel) or conda.get(name)
+    if not base:
+        return channel
+    return base.rstrip("/") + (f"/{label}" if label and channel not in conda else "")
 
 
 def target_glibc(matrix, env: ResolvedEnv) -> str:
@@ -106,8 +126,10 @@ def lock_profile(env: ResolvedEnv, glibc: str, sources: Sources, out_dir: Path, 
         from .images import lock_images
 
         refs = sorted(set(env.data["cuda"]["images"].values()))
-        say(f"{env.name}: images: {', '.join(refs)} from "
-            f"{sources.registry_mirror or 'their own registries'}")
+        where = sources.registry_mirror or "their own registries"
+        if isinstance(where, dict):
+            where = ", ".join(f"{k} via {v}" for k, v in where.items())
+        say(f"{env.name}: images: {', '.join(refs)} from {where}")
         files[L.IMAGES] = L.dumps(lock_images(refs, sources.registry_mirror))
         tools["requests"] = _version("requests")
     meta = {

@@ -147,10 +147,20 @@ def digest(ref: str, mirror: str | None = None, session=None) -> ImageDigest:
     return ImageDigest(found, media_type)
 
 
-def lock_images(refs: list[str], mirror: str | None = None) -> dict[str, dict[str, str]]:
+def mirror_for(ref: str, mirror: str | dict | None) -> str | None:
+    """The registry to read `ref` from: one mirror for all, or a mirror set's entry for the
+    image's registry (keyed docker.io for Docker Hub, as in matrices/mirrors.yaml)."""
+    if not isinstance(mirror, dict):
+        return mirror
+    registry = parse_ref(ref).registry
+    return mirror.get("docker.io" if registry == DOCKER_HUB else registry)
+
+
+def lock_images(refs: list[str], mirror: str | dict | None = None) -> dict[str, dict[str, str]]:
     import requests
 
-    if mirror is not None and not mirror.strip():
+    if isinstance(mirror, str) and not mirror.strip():
         raise UserError("--registry-mirror needs HOST[:PORT][/PREFIX].")
     with requests.Session() as session:
-        return {ref: digest(ref, mirror, session)._asdict() for ref in sorted(set(refs))}
+        return {ref: digest(ref, mirror_for(ref, mirror), session)._asdict()
+                for ref in sorted(set(refs))}
