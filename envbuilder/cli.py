@@ -61,7 +61,35 @@ def _matrix(matrix_dirs):
     return matrix.load(tuple(matrix_dirs))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"],
+# The actions' commands live in modules of their own, imported only when one of their commands
+# runs (or help lists them), so `render` pays nothing for build, lock, wheelhouse or detect.
+LAZY_COMMANDS = {"build": "envbuilder.cli_build", "mirrors": "envbuilder.cli_build",
+                 "lock": "envbuilder.cli_lock", "wheelhouse": "envbuilder.cli_wheelhouse",
+                 "detect": "envbuilder.cli_detect", "doctor": "envbuilder.cli_detect"}
+
+
+class LazyGroup(click.Group):
+    def _load(self, module: str) -> None:
+        import importlib
+
+        try:
+            importlib.import_module(module)  # registers its commands on `cli`
+        except ModuleNotFoundError as e:
+            if e.name != module:
+                raise
+
+    def get_command(self, ctx, name):
+        if name not in self.commands and name in LAZY_COMMANDS:
+            self._load(LAZY_COMMANDS[name])
+        return super().get_command(ctx, name)
+
+    def list_commands(self, ctx):
+        for module in sorted(set(LAZY_COMMANDS.values())):
+            self._load(module)
+        return super().list_commands(ctx)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"],
                                "auto_envvar_prefix": "ENVBUILD"})
 @click.version_option(package_name="envbuild")
 def cli():
@@ -209,25 +237,7 @@ def _locked(env, locked_dir, all_):
     return for_render(env, Path(locked_dir) / env.name if all_ else Path(locked_dir))
 
 
-# Each action adds its commands to `cli` from a module of its own; these modules import only
-# click at the top (their heavy imports live inside the commands), so `render` stays fast.
-COMMAND_MODULES = ("envbuilder.cli_build", "envbuilder.cli_lock", "envbuilder.cli_wheelhouse",
-                   "envbuilder.cli_detect")
-
-
-def _load_plugins():
-    import importlib
-
-    for module in COMMAND_MODULES:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name != module:
-                raise
-
-
 def main(argv=None):
-    _load_plugins()
     try:
         cli.main(args=argv, prog_name="envbuild", standalone_mode=False)
     except click.exceptions.Abort:

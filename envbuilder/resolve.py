@@ -9,7 +9,7 @@ warnings that are written into the rendered files.
 from __future__ import annotations
 
 import json
-from typing import Any, NamedTuple
+from typing import Any
 
 from . import __version__
 from .errors import UserError
@@ -18,17 +18,56 @@ from .matrix import Matrix, cc_tuple, in_range, version_key
 SCHEMA_VERSION = 1
 
 
-class Overrides(NamedTuple):
-    cuda: str | None = None
-    torch: str | None = None
-    python: str | None = None
-    verl: str | None = None
-    rollout: str | None = None
-    vllm: str | None = None
-    with_: tuple[str, ...] = ()
-    without: tuple[str, ...] = ()
-    driver: str | None = None
-    allow_unsupported: bool = False
+class _Record:
+    """A small immutable record. (typing.NamedTuple costs milliseconds per class at import,
+    more than the rest of a render.)"""
+
+    __slots__ = ()
+    _fields: tuple[str, ...] = ()
+    _defaults: dict[str, Any] = {}
+
+    def __init__(self, *args, **kwargs):
+        if len(args) > len(self._fields):
+            raise TypeError(f"{type(self).__name__} takes {len(self._fields)} fields")
+        values = dict(zip(self._fields, args))
+        for k, v in kwargs.items():
+            if k not in self._fields or k in values:
+                raise TypeError(f"{type(self).__name__}: bad or repeated field {k!r}")
+            values[k] = v
+        for f in self._fields:
+            if f not in values:
+                if f not in self._defaults:
+                    raise TypeError(f"{type(self).__name__}: missing field {f!r}")
+                values[f] = self._defaults[f]
+            object.__setattr__(self, f, values[f])
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
+    def _asdict(self) -> dict:
+        return {f: getattr(self, f) for f in self._fields}
+
+    def _replace(self, **changes):
+        return type(self)(**dict(self._asdict(), **changes))
+
+    def __eq__(self, other):
+        return type(other) is type(self) and self._asdict() == other._asdict()
+
+    def __hash__(self):
+        return hash(tuple(self._asdict().values()))
+
+    def __repr__(self):
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self._asdict().items())})"
+
+
+class Overrides(_Record):
+    """What the user asked to change about a profile (CLI flags)."""
+
+    __slots__ = _fields = ("cuda", "torch", "python", "verl", "rollout", "vllm", "with_",
+                           "without", "driver", "allow_unsupported")
+    _defaults = {"cuda": None, "torch": None, "python": None, "verl": None, "rollout": None,
+                 "vllm": None, "with_": (), "without": (), "driver": None,
+                 "allow_unsupported": False}
 
     def as_dict(self) -> dict:
         d = {k: v for k, v in self._asdict().items() if v not in (None, (), False)}
@@ -37,12 +76,11 @@ class Overrides(NamedTuple):
         return {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(d.items())}
 
 
-class Violation(NamedTuple):
-    rule: str
-    what: str
-    why: str
-    fix: str
-    hard: bool = False
+class Violation(_Record):
+    """A broken rule: what, why and a concrete fix; `hard` ones survive --allow-unsupported."""
+
+    __slots__ = _fields = ("rule", "what", "why", "fix", "hard")
+    _defaults = {"hard": False}
 
     def text(self) -> str:
         return f"{self.what}: {self.why}. Fix: {self.fix}."
