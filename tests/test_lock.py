@@ -108,9 +108,9 @@ def closed_port() -> int:
 
 # ---- what the lock holds ---------------------------------------------------------------------
 
-def test_lock_writes_the_four_files(p40_lock):
+def test_lock_writes_the_five_files(p40_lock):
     assert sorted(p.name for p in p40_lock.iterdir()) == [
-        "conda-lock.yml", "images.lock", "lock.json", "requirements.lock"]
+        "conda-lock.yml", "images.lock", "lock.json", "pylock.toml", "requirements.lock"]
     meta = json.loads((p40_lock / "lock.json").read_text())
     assert meta["parts"] == ["conda", "images", "pip"]
     assert meta["target"]["virtual_packages"]["__cuda"] == "11.8"

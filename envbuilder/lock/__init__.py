@@ -6,6 +6,8 @@ lockfiles/<profile>/ holds
                      URL + sha256, in conda-lock's own format (its models and writer)
   requirements.lock  the pip part from `uv pip compile --generate-hashes` for the target's
                      Python and glibc, through the profile's indexes
+  pylock.toml        the same pins as PEP 751 with each file's URL and sha256 (what
+                     `envbuild wheelhouse` downloads)
   images.lock        the digest of every base image, from the registry's v2 API
   lock.json          the input hash (resolved env + templates + matrices), tool versions, sources
 
@@ -103,7 +105,8 @@ def lock_profile(env: ResolvedEnv, glibc: str, sources: Sources, out_dir: Path, 
         say(f"{env.name}: pip part: uv pip compile for Python {env.data['python']} on "
             f"{python_platform(glibc)} via {sources.pypi}"
             + (f" + {sources.torch}" if sources.torch else ""))
-        files[L.REQUIREMENTS], pylock = compile_lock(env, glibc, sources.pypi, sources.torch)
+        files[L.REQUIREMENTS], files[L.PYLOCK], pylock = compile_lock(env, glibc, sources.pypi,
+                                                                      sources.torch)
         parents = {n: e.parents for n, e in parse(files[L.REQUIREMENTS]).items()}
         tools["uv"] = uv_version()
     if "conda" in parts:

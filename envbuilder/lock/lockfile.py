@@ -20,6 +20,7 @@ FORMAT = 1
 META = "lock.json"
 CONDA_LOCK = "conda-lock.yml"
 REQUIREMENTS = "requirements.lock"
+PYLOCK = "pylock.toml"  # written with the pip part: the same pins with file URLs (PEP 751)
 IMAGES = "images.lock"
 # part -> the file that holds it
 PARTS = {"conda": CONDA_LOCK, "pip": REQUIREMENTS, "images": IMAGES}
@@ -100,6 +101,8 @@ def problems(env: ResolvedEnv, lock_dir: Path, overlays: tuple[Path, ...] = ()) 
             continue
         if sha256_text(text) != meta.get("files", {}).get(name):
             out.append(f"modified: {name} differs from what `envbuild lock` wrote (sha256)")
+    if "pip" in meta.get("parts", []) and PYLOCK not in meta.get("files", {}):
+        out.append(f"incomplete: no {PYLOCK} (made by an older envbuild; re-lock)")
     return out
 
 

@@ -111,9 +111,17 @@ def _run_uv(args: list[str], cwd: Path, indexes: list[str]) -> None:
                     "platform) on these indexes.")
 
 
-def compile_lock(env: ResolvedEnv, glibc: str, pypi: str, torch: str | None) -> tuple[str, dict]:
-    """(requirements.lock text, pylock.toml as a dict: one artifact URL + sha256 per package)."""
-    import tomllib
+def load_toml(text: str) -> dict:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    return tomllib.loads(text)
+
+
+def compile_lock(env: ResolvedEnv, glibc: str, pypi: str, torch: str | None) -> tuple[str, str, dict]:
+    """(requirements.lock text, pylock.toml text, pylock.toml as a dict): the hashed pins, and
+    one artifact URL + sha256 per package (PEP 751)."""
 
     indexes = [pypi] + ([torch] if torch else [])
     args = compile_args(env.name, env.data["python"], glibc, pypi, torch)
@@ -125,14 +133,15 @@ def compile_lock(env: ResolvedEnv, glibc: str, pypi: str, torch: str | None) -> 
         # pylock.toml (PEP 751): the one file per package that fits the target, with its URL
         _run_uv(["requirements.in", *args, "--quiet", "-o", "pylock.toml"], tmp, indexes)
         text = (tmp / "requirements.lock").read_text(encoding="utf-8")
-        pylock = tomllib.loads((tmp / "pylock.toml").read_text(encoding="utf-8"))
+        pylock_text = (tmp / "pylock.toml").read_text(encoding="utf-8")
+        pylock = load_toml(pylock_text)
     locked = {(n, p.version) for n, p in parse(text).items()}
     other = {(normalize(p["name"]), p["version"]) for p in pylock.get("packages", [])}
     if locked != other:
         raise ActionError("uv gave two different resolutions for the same input "
                           f"(requirements.lock vs pylock.toml: {sorted(locked ^ other)}); the "
                           "index changed while locking. Run envbuild lock again.")
-    return text, pylock
+    return text, pylock_text, pylock
 
 
 def parse(text: str) -> dict[str, Locked]:
