@@ -232,12 +232,13 @@ def secret_files(ca_cert: Path | None, pip_conf: Path | None) -> dict[str, Path]
     return out
 
 
-def stage_context(files: dict[str, str]) -> Path:
-    """A private build context made from rendered files (removed by the caller)."""
+def stage_context(files: dict[str, str], links: dict[str, Path] | None = None) -> Path:
+    """A private build context made from rendered files (removed by the caller); `links`
+    (a wheelhouse's files) are hard-linked in."""
     from .render import write_dir
 
     root = Path(tempfile.mkdtemp(prefix="envbuild-ctx-"))
-    write_dir(root / "ctx", files)
+    write_dir(root / "ctx", files, links)
     return root / "ctx"
 
 

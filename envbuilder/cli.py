@@ -177,8 +177,11 @@ def check(profile, overrides, matrix_dirs):
 @click.option("--locked", "locked_dir", is_flag=False, flag_value="-", default=None,
               metavar="[DIR]", help="FROM image@sha256 and pip layers with --require-hashes, from "
               "the lock in DIR (default lockfiles/<profile>; with --all, DIR/<profile>).")
+@click.option("--wheelhouse", type=click.Path(path_type=Path), metavar="DIR",
+              help="Install from this wheelhouse (envbuild wheelhouse) with no index at all; "
+              "implies --locked with the wheelhouse's copy of the lock.")
 @override_options
-def render(profile, all_, from_, out, locked_dir, overrides, matrix_dirs):
+def render(profile, all_, from_, out, locked_dir, wheelhouse, overrides, matrix_dirs):
     """Write Dockerfile, environment.yml, requirements.txt, run script, preflight.py, envbuild.json."""
     from . import render as R
     from .resolve import ResolvedEnv, resolve
@@ -195,14 +198,14 @@ def render(profile, all_, from_, out, locked_dir, overrides, matrix_dirs):
         target = out or Path("out") / str(env.data.get("profile", "replay"))
         import jinja2
 
-        locked = _locked(env, locked_dir, all_)
+        locked = _locked(env, locked_dir, all_, wheelhouse)
         try:
             files = R.render_files(env, locked)
         except (KeyError, TypeError, AttributeError, jinja2.UndefinedError) as e:
             raise UserError(f"{from_} is not a complete envbuild resolved environment (missing or "
                             f"malformed: {e}). Pass the envbuild.json that `envbuild render` wrote, "
                             "unedited, or re-resolve it from its profile.") from None
-        R.write_dir(target, files)
+        R.write_dir(target, files, (locked or {}).get("links"))
         click.echo(f"rendered {env.name} from {from_} -> {target}/")
         return
     m = _matrix(matrix_dirs)
@@ -219,7 +222,7 @@ def render(profile, all_, from_, out, locked_dir, overrides, matrix_dirs):
             click.echo(f"envbuild: {name}: {e}", err=True)
             continue
         target = base / name if (all_ or out is None) else out
-        R.render(env, target, _locked(env, locked_dir, all_))
+        R.render(env, target, _locked(env, locked_dir, all_, wheelhouse))
         click.echo(f"rendered {name} -> {target}/")
         for w in env.data["warnings"]:
             click.echo(f"  WARNING: {w}")
@@ -227,10 +230,18 @@ def render(profile, all_, from_, out, locked_dir, overrides, matrix_dirs):
         raise UserError(f"{len(failed)} of {len(names)} profiles did not resolve: {', '.join(failed)}.")
 
 
-def _locked(env, locked_dir, all_):
+def _locked(env, locked_dir, all_, wheelhouse=None):
+    from .lock.lockfile import for_render
+
+    if wheelhouse is not None:
+        if env.data["apex"] or env.data["flash_attn"]:
+            raise UserError(f"{env.name} compiles {'apex' if env.data['apex'] else 'flash-attn'} in "
+                            "a builder stage whose build tools and source archive are not in the "
+                            "lock, so it cannot build offline yet. Use --without apex,flash-attn "
+                            "(lock and export with the same overrides).")
+        return for_render(env, Path(wheelhouse) / "locks" / env.name, Path(wheelhouse))
     if locked_dir is None:
         return None
-    from .lock.lockfile import for_render
 
     if locked_dir == "-":
         return for_render(env, Path("lockfiles") / env.name)

@@ -79,12 +79,15 @@ def mirrors_probe(name, timeout, as_json):
 @click.option("--smoke/--no-smoke", default=True, show_default=True, help="Run imports in the built image.")
 @click.option("--context", "keep_context", type=click.Path(path_type=Path), help="Keep the build context here.")
 @click.option("-v", "--verbose", is_flag=True, help="Show the whole build log.")
+@click.option("--wheelhouse", type=click.Path(path_type=Path), metavar="DIR",
+              help="pip installs only from this wheelhouse (envbuild wheelhouse): no index at all.")
 @override_options
 def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context, verbose,
-          overrides, matrix_dirs):
+          wheelhouse, overrides, matrix_dirs):
     """Render PROFILE, build it with BuildKit (through a mirror), smoke-test and push it."""
     from . import build as B
     from . import mirrors as M
+    from .cli import _locked
     from .config import registry_for, user_config
     from .render import render_files
     from .resolve import resolve
@@ -92,7 +95,9 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
     m = _matrix(matrix_dirs)
     env = resolve(m, profile, overrides)
     secrets = B.secret_files(ca_cert, pip_conf)
-    files = render_files(env)
+    locked = _locked(env, None, False, wheelhouse) if wheelhouse else None
+    files = render_files(env, locked)
+    links = (locked or {}).get("links")
     d = env.data
     tag = tag or f"envbuild/{profile}:{__import__('hashlib').sha256(files['envbuild.json'].encode()).hexdigest()[:12]}"
     if ":" not in tag.rsplit("/", 1)[-1]:
@@ -123,11 +128,11 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
             say(f"  probe {e}: {'ok' if ok else 'DOWN'} ({ms:.0f} ms)")
     registry = registry_for(push_to, (m.defaults or {}).get("registry_local", "localhost:5000")) if push_to else None
     client = B.engine()
-    context = B.stage_context(files) if keep_context is None else None
+    context = B.stage_context(files, links) if keep_context is None else None
     if keep_context is not None:
         from .render import write_dir
 
-        write_dir(keep_context, files)
+        write_dir(keep_context, files, links)
         context = keep_context
     try:
         result = B.build(context, d, tag, name, body, healthy, secrets, B.default_echo(verbose), say)

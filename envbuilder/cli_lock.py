@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from .cli import _matrix, _split, cli
+from .cli import _matrix, _split, cli, override_options
 from .errors import ActionError, EnvbuildError, UserError
 
 LOCK_ROOT = Path("lockfiles")
@@ -44,12 +44,13 @@ def lock_dir_for(name: str, out: Path | None, all_: bool) -> Path:
 @click.option("--only", multiple=True, metavar="PARTS",
               help="Lock only these parts: conda, pip, images (comma-separated). A partial lock "
                    "is reported as incomplete by --check.")
-@click.option("--matrix-dir", multiple=True, type=click.Path(path_type=Path),
-              envvar="ENVBUILD_MATRIX_DIR",
-              help="Extra matrix folder(s) whose *.yaml add or override profiles and facts.")
+@override_options
 def lock(profile, all_, check, out, index_url, torch_index_url, channels, registry_mirror,
-         mirror_set, solver, only, matrix_dir):
-    """Pin PROFILE's conda part, pip part and base images for its target machine."""
+         mirror_set, solver, only, overrides, matrix_dirs):
+    """Pin PROFILE's conda part, pip part and base images for its target machine.
+
+    The override options lock a variant of the profile (give it its own -o); `render --locked`
+    and `wheelhouse` then take the same overrides."""
     from .lock import lockfile as L
     from .resolve import resolve
 
@@ -67,7 +68,7 @@ def lock(profile, all_, check, out, index_url, torch_index_url, channels, regist
             raise UserError("--solver conda-lock runs conda-lock, which needs conda, mamba or "
                             "micromamba on PATH to solve the conda part; none is. Install one, or "
                             "use --solver rattler (the default: py-rattler needs no conda).")
-    overlays = tuple(matrix_dir)
+    overlays = tuple(matrix_dirs)
     m = _matrix(overlays)
     names = list(m.profiles) if all_ else [profile]
     mirror = None
@@ -80,7 +81,7 @@ def lock(profile, all_, check, out, index_url, torch_index_url, channels, regist
     for name in names:
         target = lock_dir_for(name, out, all_)
         try:
-            env = resolve(m, name, None)
+            env = resolve(m, name, overrides)
             if check:
                 found = L.problems(env, target, overlays)
                 for p in found:

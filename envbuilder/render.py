@@ -112,8 +112,9 @@ def render_files(env: ResolvedEnv, locked: dict | None = None) -> dict[str, str]
     return out
 
 
-def write_dir(out_dir: Path, files: dict[str, str]) -> list[Path]:
-    """Write `files` into `out_dir` as one swap: all of them or, on failure, none."""
+def write_dir(out_dir: Path, files: dict[str, str], links: dict[str, Path] | None = None) -> list[Path]:
+    """Write `files` into `out_dir` as one swap: all of them or, on failure, none. `links`
+    ({relative path: existing file}) are hard-linked in (copied across filesystems)."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"{out_dir} exists and is not a directory. Pass -o a new or envbuild-made "
@@ -134,6 +135,13 @@ def write_dir(out_dir: Path, files: dict[str, str]) -> list[Path]:
             path = tmp / name
             path.write_text(text, encoding="utf-8")
             path.chmod(0o755 if name in EXECUTABLE else 0o644)
+        for name, src in sorted((links or {}).items()):
+            path = tmp / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(src, path)
+            except OSError:
+                shutil.copy2(src, path)
         tmp.chmod(0o755)
         if out_dir.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old.", dir=parent))
@@ -148,8 +156,8 @@ def write_dir(out_dir: Path, files: dict[str, str]) -> list[Path]:
     finally:
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-    return [out_dir / name for name in sorted(files)]
+    return [out_dir / name for name in sorted(files)] + [out_dir / n for n in sorted(links or {})]
 
 
 def render(env: ResolvedEnv, out_dir: Path, locked: dict | None = None) -> list[Path]:
-    return write_dir(out_dir, render_files(env, locked))
+    return write_dir(out_dir, render_files(env, locked), (locked or {}).get("links"))

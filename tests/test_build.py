@@ -126,6 +126,9 @@ def config(tmp_path_factory, index, github):
             "test": dict(body, description="loopback test mirror", registries={"docker.io": [REGISTRY]}),
             "fallback": dict(body, description="first endpoint closed",
                              registries={"docker.io": [closed, f"{REGISTRY}/empty", REGISTRY]}),
+            "offline": {"description": "no package index at all: both point at a closed port",
+                        "registries": {"docker.io": [REGISTRY]},
+                        "pypi": [f"http://{closed}/simple"], "pytorch": [f"http://{closed}/simple"]},
         },
     }
     path = tmp_path_factory.mktemp("cfg") / "config.yaml"
@@ -234,3 +237,17 @@ def test_unknown_registry_name_is_a_clear_exit_1(docker_client, config):
                   "--tag", "envbuild-test/p40:unknown", "--push", "nosuchregistry"], config)
     assert r.returncode == 1
     assert "nosuchregistry" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_build_from_a_wheelhouse_with_no_index_at_all(docker_client, config, index, tmp_path):
+    lock = tmp_path / "lock"
+    r = envbuild(["lock", "p40", "--without", "apex", "--only", "pip", "--index-url", index,
+                  "--torch-index-url", index, "-o", str(lock)], config)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = envbuild(["wheelhouse", "p40", "--lock-dir", str(lock), "-o", str(tmp_path / "wh")], config)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = envbuild(["build", "p40", "--without", "apex", "--wheelhouse", str(tmp_path / "wh"),
+                  "--mirror", "offline", "--tag", "envbuild-test/p40:wheelhouse", "-v"], config)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "--no-index --find-links /wheelhouse" in r.stderr
+    assert "smoke ok: p40" in r.stderr

@@ -64,7 +64,8 @@ def world(tmp_path_factory):
     from envbuilder.resolve import resolve
 
     root = tmp_path_factory.mktemp("world")
-    wheels = F.p40_wheels(root / "torch-index", root / "pypi")
+    # torch weighs a few MiB so a download cut halfway has written something to resume from
+    wheels = F.p40_wheels(root / "torch-index", root / "pypi", torch_payload=4 << 20)
     channel = F.build_channel(root / "channel")
     (channel / "label").mkdir()
     (channel / "label" / "cuda-11.8.0").symlink_to(channel)  # nvidia/label/cuda-X through a mirror

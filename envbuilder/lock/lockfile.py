@@ -140,9 +140,11 @@ def write_dir(lock_dir: Path, files: dict[str, str]) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def for_render(env: ResolvedEnv, lock_dir: Path) -> dict:
+def for_render(env: ResolvedEnv, lock_dir: Path, wheelhouse: Path | None = None) -> dict:
     """The `locked` context of the Dockerfile template: base images by digest and the hashed
-    requirement file of each install layer (copied into the build context)."""
+    requirement file of each install layer (copied into the build context). With a wheelhouse
+    (whose locks/<profile>/ is `lock_dir`), pip installs from its files with no index, and the
+    base images are pinned where the lock has them."""
     from .pip import layer_files
 
     lock_dir = Path(lock_dir)
@@ -153,26 +155,51 @@ def for_render(env: ResolvedEnv, lock_dir: Path) -> dict:
     if meta.get("env_sha256") != env_sha256(env):
         raise UserError(f"The lock in {lock_dir} was made for another resolved environment than "
                         f"{env.name!r} resolves to now (matrices or overrides changed). Re-lock with "
-                        f"`envbuild lock {env.name}`.")
-    missing = [PARTS[p] for p in ("pip", "images") if p not in meta.get("parts", [])]
+                        f"`envbuild lock {env.name}` (with the same overrides).")
+    needed = ("pip",) if wheelhouse is not None else ("pip", "images")
+    missing = [PARTS[p] for p in needed if p not in meta.get("parts", [])]
     if missing:
         raise UserError(f"The lock in {lock_dir} has no {' and no '.join(missing)} (made with "
-                        f"--only {','.join(meta.get('parts', []))}); a locked Dockerfile needs both. "
-                        f"Complete it with `envbuild lock {env.name}` on a machine that reaches "
-                        "the registry and the indexes.")
+                        f"--only {','.join(meta.get('parts', []))}); a locked Dockerfile needs "
+                        f"{'it' if len(needed) == 1 else 'both'}. Complete it with `envbuild lock "
+                        f"{env.name}` on a machine that reaches the registry and the indexes.")
     texts = {}
     for name in (REQUIREMENTS, IMAGES):
+        if name == IMAGES and "images" not in meta.get("parts", []):
+            continue
         text = (lock_dir / name).read_text(encoding="utf-8")
         if sha256_text(text) != meta.get("files", {}).get(name):
             raise UserError(f"{lock_dir / name} differs from what `envbuild lock` wrote; "
                             f"re-lock with `envbuild lock {env.name}`.")
         texts[name] = text
-    images = json.loads(texts[IMAGES])
+    images = json.loads(texts[IMAGES]) if IMAGES in texts else {}
     pinned = {}
     for role, ref in sorted(env.data["cuda"]["images"].items()):
-        if ref not in images:
+        if ref in images:
+            pinned[role] = f"{ref}@{images[ref]['digest']}"
+        elif IMAGES in texts:
             raise UserError(f"{lock_dir / IMAGES} has no digest for {ref}; re-lock.")
-        pinned[role] = f"{ref}@{images[ref]['digest']}"
+        else:
+            pinned[role] = ref
     layers, files = layer_files(env, texts[REQUIREMENTS])
-    return {"images": pinned, "layers": layers, "files": files,
-            "input_sha256": meta["input_sha256"]}
+    out = {"images": pinned, "images_pinned": IMAGES in texts, "layers": layers, "files": files,
+           "input_sha256": meta["input_sha256"], "wheelhouse": wheelhouse is not None, "links": {}}
+    if wheelhouse is not None:
+        out["links"] = wheelhouse_links(env, Path(wheelhouse))
+    return out
+
+
+def wheelhouse_links(env: ResolvedEnv, wheelhouse: Path) -> dict[str, Path]:
+    """{build-context path: wheelhouse file} for the pip files the profile needs."""
+    try:
+        manifest = json.loads((wheelhouse / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        raise UserError(f"{wheelhouse} is not an envbuild wheelhouse (no readable manifest.json). "
+                        f"Make one with `envbuild wheelhouse {env.name} -o {wheelhouse}`.") from None
+    profile = manifest.get("profiles", {}).get(env.name)
+    if profile is None:
+        raise UserError(f"The wheelhouse {wheelhouse} holds no complete export of {env.name} "
+                        f"(it has: {', '.join(manifest.get('profiles', {})) or 'none'}). Run "
+                        f"`envbuild wheelhouse {env.name} -o {wheelhouse}`.")
+    return {"wheelhouse/" + p.split("/", 1)[1]: wheelhouse / p
+            for p in profile["files"] if p.startswith("pypi/")}

@@ -48,12 +48,23 @@ def _solve(req: dict) -> list[dict]:
              "depends": [str(d) for d in r.depends]} for r in records]
 
 
+def _index(req: dict) -> bool:
+    """Write repodata.json for every subdir of a local channel folder."""
+    import asyncio
+    from pathlib import Path
+
+    from rattler.index import index_fs
+
+    asyncio.run(index_fs(Path(req["channel_dir"]), write_zst=False, write_shards=False, force=True))
+    return True
+
+
 def main() -> None:
     from rattler import exceptions as rx
 
     req = json.loads(sys.stdin.read())
     try:
-        result = {"ok": _solve(req)}
+        result = {"ok": (_index if req.get("op") == "index" else _solve)(req)}
     except rx.SolverError as e:
         result = {"unsat": str(e)}
     except (rx.GatewayError, rx.FetchRepoDataError, rx.IoError, OSError) as e:

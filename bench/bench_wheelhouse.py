@@ -1,4 +1,5 @@
-"""Benchmark: offline wheelhouse export with fetch_all against sequential downloads.
+"""Benchmark: offline wheelhouse export (`envbuild wheelhouse`, and its engine fetch_all) against
+sequential downloads of the same lock.
 
 A loopback PEP 503 index serves N generated wheels, adding a fixed latency to every request
 and throttling each connection, as a remote mirror does. Timed (median of --repeats runs):
@@ -6,7 +7,9 @@ and throttling each connection, as a remote mirror does. Timed (median of --repe
                  (includes pip's start-up and one index-page request per package)
   sequential     fetch_all(jobs=1): the same engine and requests, one file at a time
   parallel       fetch_all(jobs=--jobs)
-  no-op          fetch_all again into a full wheelhouse (hash checks only, no request)
+  envbuild       the whole `envbuild wheelhouse` process on a lock of the same files (a bench
+                 input written here: pylock.toml, requirements.lock, lock.json), jobs=--jobs
+  no-op          `envbuild wheelhouse` again into the full wheelhouse (hash checks, no request)
 
 Run: .venv/bin/python bench/bench_fetch.py [--files 40] [--size-kib 256] [--latency-ms 50]
 """
@@ -83,6 +86,30 @@ def pip_download(index_url: str, requirements: Path, dest: Path) -> None:
                    check=True, env=env)
 
 
+def bench_lock(lock: Path, wheels: dict[str, tuple[str, bytes]], url) -> None:
+    """A pip-only lock of the generated wheels, in envbuild's layout (the bench's input)."""
+    pylock, req = ['lock-version = "1.0"\ncreated-by = "bench"\n'], []
+    for name, (filename, data) in wheels.items():
+        digest = hashlib.sha256(data).hexdigest()
+        pylock.append(f'\n[[packages]]\nname = "{name}"\nversion = "1.0"\nwheels = [{{ url = '
+                      f'"{url(filename)}", size = {len(data)}, hashes = {{ sha256 = "{digest}" }} }}]\n')
+        req.append(f"{name}==1.0 \\\n    --hash=sha256:{digest}\n")
+    files = {"pylock.toml": "".join(pylock), "requirements.lock": "".join(req)}
+    lock.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (lock / name).write_text(text)
+    meta = {"format": 1, "profile": "bench", "parts": ["pip"], "input_sha256": "bench",
+            "env_sha256": "bench",
+            "files": {n: hashlib.sha256(t.encode()).hexdigest() for n, t in files.items()}}
+    (lock / "lock.json").write_text(__import__("json").dumps(meta))
+
+
+def envbuild_wheelhouse(lock: Path, dest: Path, jobs: int) -> None:
+    subprocess.run([sys.executable, "-m", "envbuilder", "wheelhouse", "bench", "--lock-dir",
+                    str(lock), "-o", str(dest), "--jobs", str(jobs)], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=40)
@@ -122,15 +149,18 @@ def main() -> None:
         rows.append((f"fetch_all jobs={args.jobs}", timed(
             lambda: fetch_all(items, work / "par", jobs=args.jobs, progress=quiet),
             args.repeats, fresh("par"))))
+        bench_lock(work / "lock", wheels, lambda fn: server.url(f"files/{fn}"))
+        rows.append((f"envbuild wheelhouse jobs={args.jobs}", timed(
+            lambda: envbuild_wheelhouse(work / "lock", work / "wh", args.jobs),
+            args.repeats, fresh("wh"))))
         parallel = rows[-1][1]
         rows.append(("no-op re-export (all present)", timed(
-            lambda: fetch_all(items, work / "par", jobs=args.jobs, progress=quiet),
-            args.repeats)))
+            lambda: envbuild_wheelhouse(work / "lock", work / "wh", args.jobs), args.repeats)))
 
     print(f"{args.files} wheels x {args.size_kib} KiB ({total_bytes / 2**20:.1f} MiB), "
           f"{args.latency_ms:g} ms per request, {args.rate_mib:g} MiB/s per connection, "
           f"median of {args.repeats}")
-    print(f"{'method':<32}{'seconds':>9}  parallel is")
+    print(f"{'method':<32}{'seconds':>9}  envbuild wheelhouse is")
     for label, seconds in rows:
         baseline = label.startswith(("pip", "fetch_all jobs=1"))
         ratio = f"{seconds / parallel:.1f}x faster" if baseline else ""

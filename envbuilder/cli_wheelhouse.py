@@ -1,0 +1,91 @@
+"""`envbuild wheelhouse`: export a lock's files for offline installs (requests loads lazily)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .cli import _matrix, cli
+from .errors import UserError
+
+
+def url_map_for_mirror(body: dict) -> list[tuple[str, str]]:
+    """Prefix rewrites that send a lock's upstream URLs through a mirror set's endpoints."""
+    out = []
+    for endpoint in body.get("pytorch") or []:
+        if "{variant}" in endpoint:
+            out.append(("https://download.pytorch.org/whl/", endpoint.split("{variant}")[0]))
+    for endpoint in body.get("pypi") or []:
+        if endpoint.rstrip("/").endswith("/simple"):  # PEP 503 mirrors keep PyPI's /packages/ paths
+            out.append(("https://files.pythonhosted.org/packages/",
+                        endpoint.rstrip("/")[: -len("simple")] + "packages/"))
+    for channel, endpoints in (body.get("conda") or {}).items():
+        for endpoint in endpoints:
+            out.append((f"https://conda.anaconda.org/{channel}/", endpoint.rstrip("/") + "/"))
+    return [(a, b) for a, b in out if a != b]
+
+
+def _url_maps(values: tuple[str, ...]) -> list[tuple[str, str]]:
+    out = []
+    for v in values:
+        frm, sep, to = v.partition("=")
+        if not sep or not frm or not to:
+            raise UserError(f"--url-map {v!r} is not FROM=TO (two URL prefixes).")
+        out.append((frm, to))
+    return out
+
+
+def write_tar(out: Path) -> Path:
+    """OUT.tar beside OUT: sorted members, no owners or times, so the same files give the same bytes."""
+    import tarfile
+
+    tar_path = out.with_name(out.name + ".tar")
+    tmp = tar_path.with_name(f".{tar_path.name}.tmp")
+
+    def clean(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        info.mtime = 0
+        return info
+
+    with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
+        for path in sorted(p for p in out.rglob("*") if not p.name.startswith(".")):
+            if ".partial" in path.relative_to(out).parts:
+                continue
+            tar.add(path, arcname=f"{out.name}/{path.relative_to(out)}", recursive=False, filter=clean)
+    tmp.replace(tar_path)
+    return tar_path
+
+
+@cli.command()
+@click.argument("profiles", nargs=-1, required=True)
+@click.option("-o", "--out", type=click.Path(path_type=Path), required=True,
+              help="Wheelhouse directory; several profiles exported into one share their files.")
+@click.option("--lock-dir", type=click.Path(path_type=Path),
+              help="The lock to export (default lockfiles/<profile>); one profile only.")
+@click.option("--mirror", help="Try this mirror set's endpoints before the lock's own URLs.")
+@click.option("--url-map", multiple=True, metavar="FROM=TO",
+              help="Try URL prefix TO before FROM (repeatable), e.g. an internal artifact proxy.")
+@click.option("-j", "--jobs", default=8, show_default=True, help="Parallel downloads.")
+@click.option("--tar", "make_tar", is_flag=True, help="Also pack OUT into OUT.tar to carry across.")
+@click.option("--matrix-dir", multiple=True, type=click.Path(path_type=Path), envvar="ENVBUILD_MATRIX_DIR")
+def wheelhouse(profiles, out, lock_dir, mirror, url_map, jobs, make_tar, matrix_dir):
+    """Fetch every file PROFILE's lock pins (wheels, conda packages), verified, for offline installs."""
+    from .wheelhouse import export
+
+    if lock_dir and len(profiles) > 1:
+        raise UserError("--lock-dir names one lock; export several profiles from lockfiles/<profile>.")
+    if jobs < 1:
+        raise UserError("--jobs must be at least 1.")
+    maps = _url_maps(url_map)
+    if mirror:
+        from . import mirrors as M
+
+        maps += url_map_for_mirror(M.get_set(_matrix(tuple(matrix_dir)), mirror))
+    locks = {p: (lock_dir or Path("lockfiles") / p) for p in profiles}
+    report = export(locks, out, url_map=maps, jobs=jobs, say=lambda s: click.echo(s, err=True))
+    click.echo(f"wheelhouse {out}/: {report.files} file(s), {len(report.downloaded)} downloaded "
+               f"({report.bytes_transferred / 1e6:.1f} MB), {len(report.skipped)} already there")
+    if make_tar:
+        click.echo(f"packed {write_tar(out)}")

@@ -1,0 +1,196 @@
+"""`envbuild wheelhouse`: export a real lock (made in test_lock's loopback world: a rattler-made
+conda channel and two pypiservers) and install from it with no network."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import pytest
+
+from test_lock import _python310, isolated, lock_args, p40_lock, world  # noqa: F401  (fixtures)
+
+from envbuilder.cli import main
+from envbuilder.lock.pip import load_toml
+from httpfixtures import FileServer
+
+
+def envbuild(capsys, *args) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exit_:
+        main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return exit_.value.code, out, err
+
+
+@pytest.fixture(scope="module")
+def exported(p40_lock, tmp_path_factory):
+    out = tmp_path_factory.mktemp("wh") / "p40"
+    with pytest.raises(SystemExit) as exit_:
+        main(["wheelhouse", "p40", "--lock-dir", str(p40_lock), "-o", str(out)])
+    assert exit_.value.code == 0
+    return out
+
+
+def pip_urls(lock_dir: Path) -> dict[str, str]:
+    """{file name as in the URL: URL} of the lock's pip files."""
+    pylock = load_toml((lock_dir / "pylock.toml").read_text())
+    urls = [w["url"] for p in pylock["packages"] for w in p.get("wheels", [])]
+    return {u.rsplit("/", 1)[-1]: u for u in urls}
+
+
+def relocated_lock(lock_dir: Path, dest: Path, new_base: str) -> Path:
+    """A copy of the lock whose pip URLs point at `new_base` (lock.json re-signed to match), as
+    a lock made against another index would be."""
+    shutil.copytree(lock_dir, dest)
+    pylock = (dest / "pylock.toml").read_text()
+    for name, url in pip_urls(lock_dir).items():
+        pylock = pylock.replace(url, f"{new_base}/{name}")
+    (dest / "pylock.toml").write_text(pylock)
+    meta = json.loads((dest / "lock.json").read_text())
+    meta["files"]["pylock.toml"] = hashlib.sha256(pylock.encode()).hexdigest()
+    (dest / "lock.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    return dest
+
+
+def test_export_holds_every_pinned_file_verified(exported, p40_lock):
+    manifest = json.loads((exported / "manifest.json").read_text())
+    pins = load_toml((p40_lock / "pylock.toml").read_text())["packages"]
+    pip_files = {p: f for p, f in manifest["files"].items() if f["kind"] == "pip"}
+    assert {f["name"] for f in pip_files.values()} == {p["name"].lower() for p in pins}
+    assert any(f["kind"] == "conda" and f["name"] == "cuda-nvcc" for f in manifest["files"].values())
+    for path, f in manifest["files"].items():
+        data = (exported / path).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == f["sha256"] and len(data) == f["size"]
+    assert sorted(manifest["profiles"]["p40"]["files"]) == sorted(manifest["files"])
+    assert (exported / "simple" / "torch" / "index.html").read_text().count("#sha256=") == 1
+    assert (exported / "locks" / "p40" / "lock.json").exists()
+
+
+def test_install_sh_installs_the_pip_part_with_no_index(exported, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env.update(PYTHON=_python310(), PIP_CONFIG_FILE=os.devnull, PATH="/usr/bin:/bin")
+    r = subprocess.run([str(exported / "install.sh"), "--prefix", str(tmp_path / "env")], env=env,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "skipping the conda part" in r.stderr  # no micromamba here: said, not hidden
+    check = subprocess.run([tmp_path / "env" / "bin" / "python", "-c",
+                            "import torch, verl; print(torch.__version__)"], capture_output=True,
+                           text=True)
+    assert check.stdout.strip() == "2.6.0+cu118"
+
+
+def test_the_conda_part_is_a_channel_rattler_solves_offline(exported, p40_lock):
+    from envbuilder.lock.rattler_worker import call
+
+    meta = json.loads((p40_lock / "lock.json").read_text())
+    result = call({"channels": [(exported / "conda").as_uri()], "specs": ["cuda-nvcc 11.8.*", "python 3.10.*"],
+                   "platforms": ["linux-64", "noarch"],
+                   "virtual_packages": meta["target"]["virtual_packages"]})
+    assert "ok" in result, result
+    urls = {r["url"] for r in result["ok"]}
+    assert all(u.startswith((exported / "conda").as_uri()) for u in urls)
+    explicit = (exported / "conda" / "p40.txt").read_text().splitlines()
+    assert explicit[1] == "@EXPLICIT" and all(l.startswith("./conda/") for l in explicit[2:])
+
+
+def test_a_second_export_downloads_nothing(exported, p40_lock, capsys):
+    before = json.loads((exported / "manifest.json").read_text())
+    code, out, _ = envbuild(capsys, "wheelhouse", "p40", "--lock-dir", p40_lock, "-o", exported)
+    assert code == 0
+    assert " 0 downloaded (0.0 MB)" in out
+    assert json.loads((exported / "manifest.json").read_text()) == before
+
+
+def test_a_dropped_connection_resumes_with_a_range_request(p40_lock, tmp_path, capsys):
+    urls = pip_urls(p40_lock)
+    torch = next(n for n in urls if n.startswith("torch-"))
+    files = {n: Path(unquote(urlsplit(u).path)).name for n, u in urls.items()}
+    import requests
+
+    blobs = {name: requests.get(url, timeout=10).content for name, url in urls.items()}
+    with FileServer(blobs, script={torch: ["drop"]}) as srv:
+        lock = relocated_lock(p40_lock, tmp_path / "lock", srv.url("").rstrip("/"))
+        code, out, err = envbuild(capsys, "wheelhouse", "p40", "--lock-dir", lock, "-o",
+                                  tmp_path / "wh")
+        ranges = [r.range for r in srv.requests_for(torch)]
+    assert code == 0, err
+    assert ranges[0] is None and ranges[1] and ranges[1].startswith("bytes=") and ranges[1] != "bytes=0-"
+    assert (tmp_path / "wh" / "pypi" / files[torch]).read_bytes() == blobs[torch]
+
+
+def test_a_file_whose_hash_never_matches_fails_and_stays_out_of_the_manifest(p40_lock, tmp_path, capsys):
+    import requests
+
+    urls = pip_urls(p40_lock)
+    blobs = {name: requests.get(url, timeout=10).content for name, url in urls.items()}
+    bad = next(n for n in urls if n.startswith("transformers-"))
+    with FileServer(blobs, script={bad: ["corrupt"] * 50}) as srv:
+        lock = relocated_lock(p40_lock, tmp_path / "lock", srv.url("").rstrip("/"))
+        code, out, err = envbuild(capsys, "wheelhouse", "p40", "--lock-dir", lock, "-o",
+                                  tmp_path / "wh")
+    assert code == 1
+    bad_file = unquote(bad)
+    assert bad_file in err and "sha256" in err and "Traceback" not in err
+    manifest = json.loads((tmp_path / "wh" / "manifest.json").read_text())
+    assert f"pypi/{bad_file}" not in manifest["files"]
+    assert not (tmp_path / "wh" / "pypi" / bad_file).exists()
+    assert "p40" not in manifest["profiles"]  # incomplete: no install.sh profile for it
+    assert any(p.startswith("pypi/torch-") for p in manifest["files"])  # the rest is kept
+
+
+def test_tar_packs_the_wheelhouse_reproducibly(exported, p40_lock, tmp_path, capsys):
+    code, out, _ = envbuild(capsys, "wheelhouse", "p40", "--lock-dir", p40_lock, "-o", exported, "--tar")
+    assert code == 0
+    tar = exported.with_name("p40.tar")
+    first = tar.read_bytes()
+    envbuild(capsys, "wheelhouse", "p40", "--lock-dir", p40_lock, "-o", exported, "--tar")
+    assert tar.read_bytes() == first
+    import tarfile
+
+    with tarfile.open(tar) as t:
+        assert "p40/install.sh" in t.getnames() and "p40/manifest.json" in t.getnames()
+
+
+def test_two_profiles_in_one_wheelhouse_store_shared_files_once(world, p40_lock, tmp_path, capsys):
+    variant = tmp_path / "lock-noapex"
+    code, _, err = envbuild(capsys, *lock_args(world, variant, "--without", "apex"))
+    assert code == 0, err
+    wh = tmp_path / "wh"
+    assert envbuild(capsys, "wheelhouse", "p40", "--lock-dir", p40_lock, "-o", wh)[0] == 0
+    before = {p.name: p.stat().st_ino for p in (wh / "pypi").iterdir()}
+    from envbuilder.wheelhouse import export
+
+    report = export({"p40-noapex": variant}, wh)  # a variant: the same wheels, fewer conda packages
+    assert report.downloaded == [] or all(p.startswith("conda/") for p in report.downloaded)
+    after = {p.name: p.stat().st_ino for p in (wh / "pypi").iterdir()}
+    assert after == before  # no pip file stored twice or replaced
+    manifest = json.loads((wh / "manifest.json").read_text())
+    assert set(manifest["profiles"]) == {"p40", "p40-noapex"}
+    assert "p40 p40-noapex" in (wh / "install.sh").read_text()
+
+
+def test_render_with_the_wheelhouse_needs_no_index(world, tmp_path, capsys):
+    variant = tmp_path / "lock"
+    assert envbuild(capsys, *lock_args(world, variant, "--without", "apex"))[0] == 0
+    wh = tmp_path / "wh"
+    assert envbuild(capsys, "wheelhouse", "p40", "--lock-dir", variant, "-o", wh)[0] == 0
+    code, _, err = envbuild(capsys, "render", "p40", "--without", "apex", "--wheelhouse", wh,
+                            "-o", tmp_path / "out")
+    assert code == 0, err
+    dockerfile = (tmp_path / "out" / "Dockerfile").read_text()
+    pip_lines = [l for l in dockerfile.splitlines() if "pip install" in l and not l.startswith("#")]
+    assert pip_lines and all("--no-index --find-links /wheelhouse" in l for l in pip_lines)
+    assert "PIP_INDEX_URL}" not in "".join(pip_lines)
+    assert sorted(p.name for p in (tmp_path / "out" / "wheelhouse").iterdir()) == \
+        sorted(p.name for p in (wh / "pypi").iterdir())
+
+
+def test_render_with_a_wheelhouse_refuses_a_builder_stage(exported, capsys):
+    code, _, err = envbuild(capsys, "render", "p40", "--wheelhouse", exported, "-o", "/nonexistent/x")
+    assert code == 2
+    assert "--without apex" in err
