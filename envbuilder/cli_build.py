@@ -9,7 +9,6 @@ from pathlib import Path
 import click
 
 from .cli import _matrix, cli, override_options
-from .errors import UserError
 
 def smoke_command(imports: list[str]) -> list[str]:
     """Import every key module the image promises (preflight's list), with no GPU needed."""

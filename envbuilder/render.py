@@ -112,15 +112,17 @@ def render_files(env: ResolvedEnv, locked: dict | None = None) -> dict[str, str]
     return out
 
 
-def write_dir(out_dir: Path, files: dict[str, str], links: dict[str, Path] | None = None) -> list[Path]:
+def write_dir(out_dir: Path, files: dict[str, str], links: dict[str, Path] | None = None,
+              marker: str = MARKER) -> list[Path]:
     """Write `files` into `out_dir` as one swap: all of them or, on failure, none. `links`
-    ({relative path: existing file}) are hard-linked in (copied across filesystems)."""
+    ({relative path: existing file}) are hard-linked in (copied across filesystems). An existing
+    non-empty `out_dir` is replaced only when it holds `marker` (envbuild wrote it)."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"{out_dir} exists and is not a directory. Pass -o a new or envbuild-made "
                         "directory.")
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / MARKER).exists():
-        raise UserError(f"{out_dir} is not empty and was not written by envbuild (no {MARKER}); "
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / marker).exists():
+        raise UserError(f"{out_dir} is not empty and was not written by envbuild (no {marker}); "
                         "refusing to replace it. Pass -o a new or empty directory.")
     parent = out_dir.parent if str(out_dir.parent) else Path(".")
     try:
@@ -134,7 +136,7 @@ def write_dir(out_dir: Path, files: dict[str, str], links: dict[str, Path] | Non
         for name, text in sorted(files.items()):
             path = tmp / name
             path.write_text(text, encoding="utf-8")
-            path.chmod(0o755 if name in EXECUTABLE else 0o644)
+            path.chmod(0o755 if name in EXECUTABLE and marker == MARKER else 0o644)
         for name, src in sorted((links or {}).items()):
             path = tmp / name
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -39,7 +39,7 @@ def make_wheel(out_dir: Path, name: str, version: str, *, tag: str = "py3-none-a
         import os
 
         contents[f"{module or dist}/_payload.bin"] = os.urandom(payload_mb << 20)
-    meta = [f"Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    meta = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
     meta += [f"Requires-Dist: {r}" for r in requires]
     contents[f"{info}/METADATA"] = ("\n".join(meta) + "\n").encode()
     contents[f"{info}/WHEEL"] = (f"Wheel-Version: 1.0\nGenerator: envbuild-tests\n"

@@ -36,26 +36,19 @@ class ImageDigest(NamedTuple):
 
 
 def parse_ref(ref: str) -> ImageRef:
-    """`nvidia/cuda:12.4.1-…` -> Docker Hub's nvidia/cuda; `nvcr.io/nvidia/pytorch:24.01-py3`."""
-    name, _, tag = ref.rpartition(":")
-    if not name or "/" in tag:
-        name, tag = ref, "latest"
-    first, _, rest = name.partition("/")
-    if rest and ("." in first or ":" in first or first == "localhost"):
-        registry, repository = first, rest
-    else:
-        registry, repository = DOCKER_HUB, name
-    if registry in ("docker.io", "index.docker.io"):
-        registry = DOCKER_HUB
-    if registry == DOCKER_HUB and "/" not in repository:
-        repository = f"library/{repository}"
-    return ImageRef(registry, repository, tag)
+    """`nvidia/cuda:12.4.1-…` -> Docker Hub's nvidia/cuda; `nvcr.io/nvidia/pytorch:24.01-py3`.
+    Docker's reference rules are mirrors.parse_image's; here Docker Hub is the API's host."""
+    from ..mirrors import DOCKER_HUB as HUB_NAME, parse_image
+
+    p = parse_image(ref)
+    return ImageRef(DOCKER_HUB if p.registry == HUB_NAME else p.registry, p.repository,
+                    p.reference[1:])
 
 
 def _base_url(host: str) -> str:
-    bare = host.rsplit(":", 1)[0].strip("[]") if host.count(":") <= 1 or "]" in host else host
-    loopback = bare in ("localhost", "::1") or bare.startswith("127.")
-    return f"{'http' if loopback else 'https'}://{host}"
+    from ..mirrors import endpoint_url
+
+    return endpoint_url(host)
 
 
 def endpoint(ref: ImageRef, mirror: str | None) -> tuple[str, str]:

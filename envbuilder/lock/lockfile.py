@@ -7,12 +7,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
-from ..errors import ActionError, UserError
+from ..errors import UserError
 from ..paths import data_dir
 from ..resolve import ResolvedEnv
 
@@ -108,36 +105,9 @@ def problems(env: ResolvedEnv, lock_dir: Path, overlays: tuple[Path, ...] = ()) 
 
 def write_dir(lock_dir: Path, files: dict[str, str]) -> None:
     """Replace `lock_dir` with exactly `files`, as one swap: all of them or, on failure, none."""
-    lock_dir = Path(lock_dir)
-    if lock_dir.exists() and not lock_dir.is_dir():
-        raise UserError(f"{lock_dir} exists and is not a directory. Pass -o a lock directory.")
-    if lock_dir.is_dir() and any(lock_dir.iterdir()) and not (lock_dir / META).exists():
-        raise UserError(f"{lock_dir} is not empty and was not written by envbuild lock (no "
-                        f"{META}); refusing to replace it. Pass -o a new or empty directory.")
-    parent = lock_dir.parent
-    old = None
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{lock_dir.name}.", dir=parent))
-    except OSError as e:
-        raise ActionError(f"Cannot create {parent}: {e.strerror}.") from None
-    try:
-        for name, text in sorted(files.items()):
-            (tmp / name).write_text(text, encoding="utf-8")
-            (tmp / name).chmod(0o644)
-        tmp.chmod(0o755)
-        if lock_dir.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{lock_dir.name}.old.", dir=parent))
-            os.rename(lock_dir, old / "d")
-        os.rename(tmp, lock_dir)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None and (old / "d").exists() and not lock_dir.exists():
-            os.rename(old / "d", lock_dir)
-        raise ActionError(f"Cannot write {lock_dir}: {e.strerror}. Nothing was changed.") from None
-    finally:
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+    from ..render import write_dir as swap_dir
+
+    swap_dir(lock_dir, files, marker=META)
 
 
 def for_render(env: ResolvedEnv, lock_dir: Path, wheelhouse: Path | None = None) -> dict:
