@@ -180,8 +180,10 @@ def check(profile, overrides, matrix_dirs):
 @click.option("--wheelhouse", type=click.Path(path_type=Path), metavar="DIR",
               help="Install from this wheelhouse (envbuild wheelhouse) with no index at all; "
               "implies --locked with the wheelhouse's copy of the lock.")
+@click.option("--mirror", metavar="NAME", help="Point images, indexes, channels and endpoints at "
+              "this mirror set's first endpoints (no probing: render stays offline).")
 @override_options
-def render(profile, all_, from_, out, locked_dir, wheelhouse, overrides, matrix_dirs):
+def render(profile, all_, from_, out, locked_dir, wheelhouse, mirror, overrides, matrix_dirs):
     """Write Dockerfile, environment.yml, requirements.txt, run script, preflight.py, envbuild.json."""
     from . import render as R
     from .resolve import ResolvedEnv, resolve
@@ -222,7 +224,12 @@ def render(profile, all_, from_, out, locked_dir, wheelhouse, overrides, matrix_
             click.echo(f"envbuild: {name}: {e}", err=True)
             continue
         target = base / name if (all_ or out is None) else out
-        R.render(env, target, _locked(env, locked_dir, all_, wheelhouse))
+        locked = _locked(env, locked_dir, all_, wheelhouse)  # against the upstream spec
+        if mirror:
+            from . import mirrors as M
+
+            env = M.apply_to_env(env, M.choice(mirror, M.get_set(m, mirror)))
+        R.render(env, target, locked)
         click.echo(f"rendered {name} -> {target}/")
         for w in env.data["warnings"]:
             click.echo(f"  WARNING: {w}")

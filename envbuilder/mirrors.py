@@ -101,6 +101,31 @@ class MirrorChoice(NamedTuple):
         return args
 
 
+def apply_to_env(env, mirror: MirrorChoice):
+    """The resolved environment with every upstream endpoint replaced by the mirror's: base
+    images, the PyPI and PyTorch indexes, the Hugging Face endpoint, the conda channels, the apex
+    source URL and an apt mirror. Rendering it gives files whose defaults already point at the
+    mirror (build args can still override them)."""
+    import copy
+
+    from .resolve import ResolvedEnv
+
+    d = copy.deepcopy(env.data)
+    d["cuda"]["images"] = {role: mirror.image(ref) for role, ref in d["cuda"]["images"].items()}
+    if mirror.pypi:
+        d["indexes"]["pypi"] = mirror.pypi
+    if mirror.pytorch and d["indexes"]["torch"]:
+        d["indexes"]["torch"] = d["torch"]["index_url"] = mirror.pytorch.format(variant=d["torch"]["variant"])
+    if mirror.huggingface:
+        d["huggingface"] = mirror.huggingface
+    conda = mirror.conda or {}
+    d["conda_channels"] = [conda.get(ch) or ch for ch in d["conda_channels"]]
+    if d.get("apex") and mirror.github:
+        d["apex"]["url"] = d["apex"]["url"].replace("https://github.com", mirror.github.rstrip("/"), 1)
+    d["mirror"] = {"name": mirror.name, "apt": mirror.apt, "conda_nvidia": conda.get("nvidia")}
+    return ResolvedEnv(d)
+
+
 def mirror_sets(m) -> dict[str, dict]:
     from .config import user_config
 

@@ -1,0 +1,106 @@
+"""Mirror sets: image references, Dockerfile rewriting, rendering through a set, the user's config."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from envbuilder import mirrors as M
+from envbuilder.cli import main
+
+
+def run(capsys, *args, **env):
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        from envbuilder import config
+
+        config._load.cache_clear()
+        with pytest.raises(SystemExit) as exit_:
+            main([str(a) for a in args])
+        config._load.cache_clear()
+    out, err = capsys.readouterr()
+    return exit_.value.code, out, err
+
+
+@pytest.mark.parametrize("ref, expected", [
+    ("ubuntu:22.04", ("docker.io", "library/ubuntu", ":22.04")),
+    ("nvidia/cuda:11.8.0-cudnn8-devel-ubuntu22.04", ("docker.io", "nvidia/cuda", ":11.8.0-cudnn8-devel-ubuntu22.04")),
+    ("docker.io/library/python", ("docker.io", "library/python", ":latest")),
+    ("nvcr.io/nvidia/pytorch:24.01-py3", ("nvcr.io", "nvidia/pytorch", ":24.01-py3")),
+    ("localhost:5000/envbuild/p40@sha256:" + "a" * 64, ("localhost:5000", "envbuild/p40", "@sha256:" + "a" * 64)),
+    ("127.0.0.1:5000/nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04", ("127.0.0.1:5000", "nvidia/cuda", ":12.4.1-cudnn-runtime-ubuntu22.04")),
+])
+def test_image_references_follow_dockers_rules(ref, expected):
+    assert tuple(M.parse_image(ref)) == expected
+
+
+def test_a_mirror_rewrites_images_of_the_registries_it_covers():
+    choice = M.MirrorChoice("x", {"docker.io": "hub.example/proxy", "nvcr.io": None})
+    assert choice.image("ubuntu:22.04") == "hub.example/proxy/library/ubuntu:22.04"
+    assert choice.image("nvidia/cuda:12.8.1-cudnn-devel-ubuntu22.04") == \
+        "hub.example/proxy/nvidia/cuda:12.8.1-cudnn-devel-ubuntu22.04"
+    assert choice.image("nvcr.io/nvidia/pytorch:24.01-py3") == "nvcr.io/nvidia/pytorch:24.01-py3"
+
+
+def test_rewrite_dockerfile_touches_images_but_not_stages_or_variables():
+    text = ("ARG BASE_DEVEL=nvidia/cuda:11.8.0-devel\n"
+            "FROM ${BASE_DEVEL} AS builder\n"
+            "FROM ubuntu:22.04 AS runtime\n"
+            "COPY --from=builder /wheels /wheels\n"
+            "COPY --from=quay.io/org/tool:1 /bin/tool /bin/tool\n"
+            "RUN --mount=type=bind,from=busybox:1.36,source=/bin,target=/x true\n")
+    choice = M.MirrorChoice("x", {"docker.io": "127.0.0.1:5000", "quay.io": "q.example"})
+    assert M.rewrite_dockerfile(text, choice).splitlines() == [
+        "ARG BASE_DEVEL=127.0.0.1:5000/nvidia/cuda:11.8.0-devel",
+        "FROM ${BASE_DEVEL} AS builder",
+        "FROM 127.0.0.1:5000/library/ubuntu:22.04 AS runtime",
+        "COPY --from=builder /wheels /wheels",
+        "COPY --from=q.example/org/tool:1 /bin/tool /bin/tool",
+        "RUN --mount=type=bind,from=127.0.0.1:5000/library/busybox:1.36,source=/bin,target=/x true",
+    ]
+
+
+def test_render_through_a_mirror_points_every_endpoint_at_it(capsys, tmp_path):
+    code, _, err = run(capsys, "render", "p40", "--mirror", "cn", "-o", tmp_path / "p40")
+    assert code == 0, err
+    dockerfile = (tmp_path / "p40" / "Dockerfile").read_text()
+    args = dict(line[4:].split("=", 1) for line in dockerfile.splitlines() if line.startswith("ARG ") and "=" in line)
+    assert args["BASE_RUNTIME"].startswith("docker.m.daocloud.io/nvidia/cuda:11.8.0")
+    assert args["PIP_INDEX_URL"] == "https://pypi.tuna.tsinghua.edu.cn/simple"
+    assert args["TORCH_INDEX_URL"] == "https://mirrors.nju.edu.cn/pytorch/whl/cu118"
+    assert args["HF_ENDPOINT"] == "https://hf-mirror.com"
+    assert args["APT_MIRROR"] == '"http://mirrors.tuna.tsinghua.edu.cn/ubuntu"'
+    env_yml = (tmp_path / "p40" / "environment.yml").read_text()
+    assert "https://mirrors.tuna.tsinghua.edu.cn/anaconda/cloud/conda-forge" in env_yml
+    assert "--index-url https://mirrors.nju.edu.cn/pytorch/whl/cu118" in env_yml
+
+
+def test_users_add_mirror_sets_in_their_config(capsys, tmp_path):
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(json.dumps({"mirrors": {"corp": {
+        "description": "our proxy", "registries": {"docker.io": ["registry.corp.example/hub"]},
+        "pypi": ["https://pypi.corp.example/simple"]}}}))
+    code, out, _ = run(capsys, "mirrors", "list", ENVBUILD_CONFIG=str(cfg))
+    assert code == 0
+    assert "corp: our proxy" in out and "registry.corp.example/hub" in out
+    code, _, _ = run(capsys, "render", "4090", "--mirror", "corp", "-o", tmp_path / "o",
+                     ENVBUILD_CONFIG=str(cfg))
+    assert code == 0
+    assert "ARG BASE_RUNTIME=registry.corp.example/hub/nvidia/cuda:" in (tmp_path / "o" / "Dockerfile").read_text()
+
+
+def test_a_broken_config_is_exit_2_naming_the_file(capsys, tmp_path):
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("mirrors: [unclosed\n")
+    code, _, err = run(capsys, "mirrors", "list", ENVBUILD_CONFIG=str(cfg))
+    assert code == 2
+    assert str(cfg) in err and "Traceback" not in err
+
+
+def test_an_unknown_mirror_set_is_exit_2_with_a_suggestion(capsys, tmp_path):
+    code, _, err = run(capsys, "render", "p40", "--mirror", "cm", "-o", tmp_path / "x")
+    assert code == 2
+    assert "did you mean 'cn'" in err
+    assert not (tmp_path / "x").exists()
