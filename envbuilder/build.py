@@ -226,8 +226,9 @@ def secret_files(ca_cert: Path | None, pip_conf: Path | None) -> dict[str, Path]
             continue
         p = Path(path)
         if not p.is_file():
-            raise UserError(f"{sid.replace('_', '-')} file {p} does not exist. Pass a readable "
-                            "file (it reaches RUN steps as a BuildKit secret only).")
+            what = "is a directory" if p.is_dir() else "does not exist"
+            raise UserError(f"--{sid.replace('_', '-')} {p} {what}. Pass a readable file (it "
+                            "reaches RUN steps as a BuildKit secret only).")
         out[sid] = p.resolve()
     return out
 

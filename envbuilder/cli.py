@@ -18,6 +18,15 @@ def _split(values: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(v.strip() for value in values for v in value.split(",") if v.strip())
 
 
+def _driver_version(ctx, param, value):
+    import re
+
+    if value is not None and not re.fullmatch(r"\d+\.\d+(\.\d+)?", value):
+        raise click.BadParameter(f"{value!r} is not an NVIDIA driver version like 550.54.14 "
+                                 "(nvidia-smi shows it as 'Driver Version').")
+    return value
+
+
 def override_options(f):
     opts = [
         click.option("--cuda", help="CUDA toolkit of the image, e.g. 12.4."),
@@ -30,7 +39,8 @@ def override_options(f):
                      help="Add optional components: apex, flash-attn (comma-separated)."),
         click.option("--without", multiple=True, metavar="NAMES",
                      help="Leave components out: apex, flash-attn (comma-separated)."),
-        click.option("--driver", metavar="VERSION", help="Check against this NVIDIA driver version."),
+        click.option("--driver", metavar="VERSION", callback=_driver_version,
+                     help="Check against this NVIDIA driver version, e.g. 550.54.14."),
         click.option("--allow-unsupported", is_flag=True,
                      help="Render even when the hardware is below a floor; the warnings go into the files."),
         click.option("--matrix-dir", multiple=True, type=click.Path(path_type=Path),
@@ -213,31 +223,37 @@ def render(profile, all_, from_, out, locked_dir, wheelhouse, mirror, overrides,
     m = _matrix(matrix_dirs)
     names = list(m.profiles) if all_ else [profile]
     base = out or Path("out")
-    failed = []
+    if all_ and base.exists() and not base.is_dir():
+        raise UserError(f"{base} exists and is not a directory. Pass -o a directory for --all.")
+    # resolve every profile first: an --all that cannot resolve one of them writes nothing
+    envs, failed = [], []
     for name in names:
         try:
-            env = resolve(m, name, overrides)
+            envs.append(resolve(m, name, overrides))
         except EnvbuildError as e:
             if not all_:
                 raise
             failed.append(name)
             click.echo(f"envbuild: {name}: {e}", err=True)
-            continue
-        target = base / name if (all_ or out is None) else out
+    if failed:
+        raise UserError(f"{len(failed)} of {len(names)} profiles did not resolve "
+                        f"({', '.join(failed)}); nothing was written.")
+    for env in envs:
+        target = base / env.name if (all_ or out is None) else out
         locked = _locked(env, locked_dir, all_, wheelhouse)  # against the upstream spec
         if mirror:
             from . import mirrors as M
 
             env = M.apply_to_env(env, M.choice(mirror, M.get_set(m, mirror)))
         R.render(env, target, locked)
-        click.echo(f"rendered {name} -> {target}/")
+        click.echo(f"rendered {env.name} -> {target}/")
         for w in env.data["warnings"]:
             click.echo(f"  WARNING: {w}")
-    if failed:
-        raise UserError(f"{len(failed)} of {len(names)} profiles did not resolve: {', '.join(failed)}.")
 
 
 def _locked(env, locked_dir, all_, wheelhouse=None):
+    if wheelhouse is None and locked_dir is None:
+        return None  # (and the lock module stays unimported on the plain render path)
     from .lock.lockfile import for_render
 
     if wheelhouse is not None:
@@ -246,10 +262,10 @@ def _locked(env, locked_dir, all_, wheelhouse=None):
                             "a builder stage whose build tools and source archive are not in the "
                             "lock, so it cannot build offline yet. Use --without apex,flash-attn "
                             "(lock and export with the same overrides).")
+        if not (Path(wheelhouse) / "manifest.json").is_file():
+            raise UserError(f"{wheelhouse} is not an envbuild wheelhouse (no manifest.json). Make "
+                            f"one with `envbuild wheelhouse {env.name} -o {wheelhouse}`.")
         return for_render(env, Path(wheelhouse) / "locks" / env.name, Path(wheelhouse))
-    if locked_dir is None:
-        return None
-
     if locked_dir == "-":
         return for_render(env, Path("lockfiles") / env.name)
     return for_render(env, Path(locked_dir) / env.name if all_ else Path(locked_dir))

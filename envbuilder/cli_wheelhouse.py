@@ -83,6 +83,14 @@ def wheelhouse(profiles, out, lock_dir, mirror, url_map, jobs, make_tar, matrix_
         from . import mirrors as M
 
         maps += url_map_for_mirror(M.get_set(_matrix(tuple(matrix_dir)), mirror))
+    if not lock_dir:  # a name without a lock is most often a typo of a profile
+        m = _matrix(tuple(matrix_dir))
+        for p in profiles:
+            if p not in m.profiles and not (Path("lockfiles") / p).is_dir():
+                from .resolve import suggest
+
+                raise UserError(f"Unknown profile {p!r}; {suggest(p, list(m.profiles))}known: "
+                                f"{', '.join(m.profiles)}. Or pass --lock-dir for a lock elsewhere.")
     locks = {p: (lock_dir or Path("lockfiles") / p) for p in profiles}
     report = export(locks, out, url_map=maps, jobs=jobs, say=lambda s: click.echo(s, err=True))
     click.echo(f"wheelhouse {out}/: {report.files} file(s), {len(report.downloaded)} downloaded "

@@ -168,6 +168,8 @@ def detect(m: Matrix, nvml: Any = None, run: Callable | None = None) -> Machine:
             reasons.append(str(e))
     if machine is None:
         return Machine((), None, None, "", "; ".join(reasons))
+    if machine.driver and not re.fullmatch(r"\d+\.\d+(\.\d+)?", machine.driver):
+        machine = machine._replace(driver=None)  # e.g. 'N/A' from a half-working driver: unknown
     if not machine.gpus:
         return machine._replace(problem=f"the driver ({machine.via}) lists no GPU")
     return identify(m, machine)

@@ -201,6 +201,11 @@ def _cross_check(m: Matrix) -> None:
     refs = (("gpu", "gpus"), ("cuda", "cuda"), ("torch", "torch"), ("verl", "verl"),
             ("vllm", "vllm"))
     for key, prof in m.profiles.items():
+        for field_ in ("components", "optional_components"):
+            for comp in prof.get(field_) or {}:
+                if comp not in COMPONENTS:
+                    raise UserError(f"{m.where('profiles', key)}: profiles.{key}.{field_}.{comp}: "
+                                    f"unknown component; components are {', '.join(COMPONENTS)}.")
         for field_, section in refs:
             value = prof.get(field_)
             if value is not None and value not in m.sections[section]:
@@ -210,6 +215,9 @@ def _cross_check(m: Matrix) -> None:
                 hint = f" Did you mean {close[0]!r}?" if close else ""
                 raise UserError(f"{m.where('profiles', key)}: profiles.{key}.{field_} is "
                                 f"{value!r}, which {section} does not define.{hint}")
+
+
+COMPONENTS = ("apex", "flash-attn")  # the compiled extensions a profile may build
 
 
 def cc_tuple(cc: str) -> tuple[int, int]:

@@ -7,7 +7,7 @@ from typing import Any
 from . import schema as S
 
 SOURCE = str
-GPU = {"name": str, "match": S.ListOf(str), "arch": str, "compute_capability": S.CC,
+GPU = {"name": str, "match": S.ListOf(S.Regex()), "arch": str, "compute_capability": S.CC,
        "vram_gb": float, "max_smem_per_block_kb": int, "bf16": bool, "fp16_fast": bool,
        "source": SOURCE}
 CUDA = {"version": S.VERSION, "min_driver": S.DRIVER, "compat_driver": S.DRIVER,
@@ -19,11 +19,12 @@ TORCH = {"python": S.ListOf(S.CUDA), "torchvision": S.VERSION, "torchaudio": S.V
 VLLM = {"torch": S.VERSION, "wheel_cuda": S.CUDA, "python": S.ListOf(S.CUDA), "source": SOURCE}
 FEATURE = {"min_compute_capability": S.CC, "note?": str, "source": SOURCE}
 FLASH_ATTN = {"min_compute_capability": S.CC, "source": SOURCE,
-              "versions": S.MapOf({"torch": str, "source": SOURCE}, key=S.VERSION)}
+              "versions": S.MapOf({"torch": S.Range(), "source": SOURCE}, key=S.VERSION),
+              "runtime_pins?": S.MapOf(S.VERSION)}
 APEX = {"versions": S.MapOf({"ref": str, "install": S.OneOf(("env", "config_settings")),
                              "source": SOURCE}),
         "source_url": str, "nvcc_must_match_torch_cuda": bool, "source": SOURCE}
-VERL = {"rollouts": S.ListOf(S.OneOf(("hf", "vllm", "sglang"))), "vllm": str,
+VERL = {"rollouts": S.ListOf(S.OneOf(("hf", "vllm", "sglang"))), "vllm": S.Range(),
         "attention_override": (str, None), "patches": S.ListOf(str),
         "pins": S.MapOf(S.VERSION), "source": SOURCE}
 PATCH = {"why": str, "when": S.OneOf(("no_flash_attention", "no_bf16", "always")),

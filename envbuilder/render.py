@@ -129,8 +129,8 @@ def write_dir(out_dir: Path, files: dict[str, str], links: dict[str, Path] | Non
         parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=parent))
     except OSError as e:
-        raise ActionError(f"Cannot create {parent}: {e.strerror}. Check the path and its "
-                          "permissions.") from None
+        raise ActionError(f"Cannot write into {parent} for {out_dir}: {e.strerror}. Check the path "
+                          "and its permissions.") from None
     old = None
     try:
         for name, text in sorted(files.items()):

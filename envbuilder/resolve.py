@@ -16,6 +16,8 @@ from .errors import UserError
 from .matrix import Matrix, cc_tuple, in_range, version_key
 
 SCHEMA_VERSION = 1
+# Rollouts whose packages the matrix knows how to pin (hf needs none, vllm: matrices/vllm.yaml).
+INSTALLABLE_ROLLOUTS = ("hf", "vllm")
 
 
 class _Record:
@@ -221,10 +223,11 @@ class _Resolver:
         elif version_key(drv) >= version_key(need_rec["compat_driver"]):
             info["mode"] = "minor-version-compatibility"
         else:
+            usable = set(self.usable_cudas)
             native = [c for c, r in self.m.cuda.items()
-                      if version_key(drv) >= version_key(r["min_driver"])]
-            compat = [c for c, r in self.m.cuda.items()
-                      if version_key(drv) >= version_key(r["compat_driver"]) and c not in native]
+                      if c in usable and version_key(drv) >= version_key(r["min_driver"])]
+            compat = [c for c, r in self.m.cuda.items() if c in usable and c not in native
+                      and version_key(drv) >= version_key(r["compat_driver"])]
             fix = f"upgrade the driver to >= {need_rec['min_driver']}"
             if native:
                 fix += f", or use --cuda {max(native, key=version_key)}"
@@ -239,11 +242,16 @@ class _Resolver:
         return info
 
     def rollout_rule(self, verl_v: str, verl: dict, rollout: str) -> None:
+        if rollout not in INSTALLABLE_ROLLOUTS:
+            self.add("rollout", f"the {rollout!r} rollout is not one envbuild can install yet",
+                     "the matrix holds no release facts (torch pin, hardware floor) for it, so an "
+                     "image would lack it", "use --rollout vllm or --rollout hf", hard=True)
+            return
         if rollout in verl["rollouts"]:
             return
         having = [v for v, r in self.m.verl.items() if rollout in r["rollouts"]]
         fix = f"use --verl {having[-1]}" if having else "choose another rollout"
-        others = [r for r in verl["rollouts"] if r != rollout]
+        others = [r for r in verl["rollouts"] if r != rollout and r in INSTALLABLE_ROLLOUTS]
         if others:
             fix += f", or --rollout {others[0]}"
         self.add("rollout", f"verl {verl_v} has no {rollout!r} rollout",
@@ -263,7 +271,8 @@ class _Resolver:
     def vllm_rules(self, vllm_v: str, vr: dict, torch_v: str, build: dict, verl_v: str,
                    verl: dict, gpu: dict, python: str) -> None:
         if vr["torch"] != torch_v:
-            same = [v for v, r in self.m.vllm.items() if r["torch"] == torch_v]
+            same = [v for v, r in self.m.vllm.items()
+                    if r["torch"] == torch_v and in_range(v, verl["vllm"])]
             fix = f"use --torch {vr['torch']}" + (f" or --vllm {same[-1]}" if same else "")
             self.add("vllm-torch", f"vllm {vllm_v} with torch {torch_v} is an ABI mismatch",
                      f"vllm {vllm_v} pins torch=={vr['torch']} and its compiled ops are built against "
@@ -274,10 +283,14 @@ class _Resolver:
             self.add("verl-vllm", f"verl {verl_v} does not accept vllm {vllm_v}",
                      f"its setup.py allows vllm{verl['vllm']}",
                      f"use --vllm {fit[-1]}" if fit else "use another --verl", hard=True)
-        if vr["wheel_cuda"].split(".")[0] != build["cuda"].split(".")[0]:
+        major = vr["wheel_cuda"].split(".")[0]
+        if major != build["cuda"].split(".")[0]:
+            fits = sorted({b["cuda"] for b in self.m.torch[torch_v]["builds"].values()
+                           if b["cuda"].split(".")[0] == major}, key=version_key)
             self.add("vllm-cuda", f"vllm {vllm_v} is built for CUDA {vr['wheel_cuda']} but torch is "
                      f"built for CUDA {build['cuda']}", "the CUDA major versions must agree",
-                     f"use --cuda {vr['wheel_cuda']}", hard=True)
+                     f"use --cuda {fits[-1]}" if fits else f"use a --torch with a CUDA {major} build",
+                     hard=True)
         if python not in vr["python"]:
             self.add("vllm-python", f"vllm {vllm_v} has no wheels for Python {python}",
                      f"it supports {', '.join(vr['python'])}", f"use --python {vr['python'][-1]}",
@@ -368,6 +381,11 @@ class _Resolver:
         elif ov.vllm:
             self.add("rollout", f"--vllm {ov.vllm} was given but the rollout is {rollout!r}",
                      "vLLM is only installed for the vllm rollout", "add --rollout vllm", hard=True)
+        # CUDAs a --cuda suggestion may name: the torch release has a build for them, and the
+        # vLLM wheel (if any) shares their major
+        self.usable_cudas = [c for c in m.cuda
+                             if any(b["cuda"] == c for b in torch["builds"].values())
+                             and all(c.split(".")[0] == x.split(".")[0] for x in extra_cudas)]
         driver = self.driver_rule(cuda_v, cuda, extra_cudas)
 
         # dtype, attention and the features that follow from the GPU
@@ -443,6 +461,8 @@ class _Resolver:
             raise ResolveError(self.name, self.v)
 
         pins = dict(verl["pins"])
+        if fa:  # its wheel installs with --no-deps: what it imports at run time is pinned here
+            pins.update(m.flash_attn.get("runtime_pins") or {})
         pins.update(p.get("pins", {}))
         torch_index = None
         local = ""

@@ -44,6 +44,36 @@ class OneOf:
         self.choices = choices
 
 
+class Range(Pattern):
+    """A version range (">=0.7.3,<=0.8.5") that envbuild's own comparison understands."""
+
+    def __init__(self):
+        super().__init__(r".*", ">=0.7.3,<=0.8.5")
+
+    def check(self, value: Any, where: str) -> None:
+        super().check(value, where)
+        from .versions import in_range
+
+        try:
+            in_range("0", value)
+        except ValueError:
+            raise SchemaError(where, f"{value!r} is not a version range like {self.example!r}") from None
+
+
+class Regex(Pattern):
+    """A regular expression (GPU name patterns)."""
+
+    def __init__(self):
+        super().__init__(r".*", r"\bP40\b")
+
+    def check(self, value: Any, where: str) -> None:
+        super().check(value, where)
+        try:
+            re.compile(value)
+        except re.error as e:
+            raise SchemaError(where, f"{value!r} is not a valid regular expression ({e})") from None
+
+
 VERSION = Pattern(r"\d+(\.\d+)*([a-z]+\d*|\.post\d+)?", "2.6.0")
 CC = Pattern(r"\d+\.\d", "6.1")
 CUDA = Pattern(r"\d+\.\d+", "11.8")

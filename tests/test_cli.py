@@ -172,3 +172,16 @@ def test_the_profiles_listed_are_the_shipped_matrix(cli):
     _, out, _ = cli("list")
     for name, profile in shipped().profiles.items():
         assert name in out and profile["torch"] in out
+
+
+def test_a_driver_that_is_not_a_version_is_exit_2(cli):
+    code, out, err = cli("check", "p40", "--driver", "notaversion")
+    assert code == 2
+    assert "not an NVIDIA driver version" in err and "Traceback" not in err
+
+
+def test_render_all_that_cannot_resolve_every_profile_writes_nothing(cli, tmp_path):
+    code, _, err = cli("render", "--all", "-o", tmp_path / "all", "--torch", "2.8.0", "--cuda", "12.8")
+    assert code == 2
+    assert "nothing was written" in err
+    assert not (tmp_path / "all").exists()

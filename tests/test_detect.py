@@ -194,8 +194,8 @@ def test_driver_too_old_fits_nothing_and_says_the_fix(m):
     [fit] = rec.fits
     assert fit.profile == "a100" and not fit.ok
     assert "driver 470.82.01 is too old for CUDA 12.8: CUDA 12.8 needs >= 570.26" in fit.reasons[1].text
-    assert fit.fixes == ("upgrade the driver to >= 570.26, or use --cuda 11.8 (runs on this driver "
-                         "under minor-version compatibility)",)
+    # no --cuda to suggest: torch 2.8.0 has no build for a CUDA this driver runs
+    assert fit.fixes == ("upgrade the driver to >= 570.26",)
 
 
 def test_unknown_gpu_gets_the_closest_profile_of_its_family(m):
@@ -251,7 +251,7 @@ def test_doctor_driver_too_old_exits_1_with_the_fix(m):
     assert code == 1
     checks = {c["check"]: c for c in json.loads(out)["checks"]}
     assert checks["driver"]["status"] == "fail"
-    assert checks["driver"]["fix"] .startswith("upgrade the driver to >= 570.26, or use --cuda 11.8")
+    assert checks["driver"]["fix"] == "upgrade the driver to >= 570.26"
     assert checks["GPU 0 arch"]["status"] == "ok"
 
 
@@ -377,3 +377,21 @@ def test_rendered_preflight_is_valid_python(m, profile, tmp_path):
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == profile
+
+
+def test_a_driver_reported_as_na_is_unknown_not_a_crash(m):
+    class NoNVML:
+        class NVMLError(Exception):
+            pass
+
+        def nvmlInit(self):
+            raise self.NVMLError("Driver Not Loaded")
+
+    def run(argv):  # a half-working driver: the GPU is listed, its version is not
+        text = "0, Tesla P40, 6.1, 24576, N/A\n" if tuple(argv) == QUERY else "no table\n"
+        return subprocess.CompletedProcess(argv, 0, text, "")
+
+    machine = detect(m, NoNVML(), run)
+    assert machine.driver is None and machine.gpus[0].model == "p40"
+    rec = recommend(m, machine)
+    assert "driver unknown" in rec.fits[0].reasons[1].text

@@ -110,3 +110,19 @@ def test_a_gpu_whose_bf16_contradicts_the_feature_floor_is_rejected(overlay):
 def test_a_matrix_dir_that_is_not_a_folder_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="is not a directory"):
         M.load((tmp_path / "missing",))
+
+
+def test_a_version_range_that_cannot_be_read_is_rejected_at_load(overlay):
+    folder = overlay({"verl": {"0.4.1": record("verl", "0.4.1", vllm="garbage",
+                                               source="https://example.org")}})
+    with pytest.raises(UserError) as e:
+        M.load((folder,))
+    assert "verl.0.4.1.vllm" in str(e.value) and "not a version range" in str(e.value)
+
+
+def test_an_unknown_component_in_a_profile_is_rejected(overlay):
+    folder = overlay({"profiles": {"lab": record("profiles", "p40", components={"flash_attn": "2.8.3"},
+                                                 source="https://example.org")}})
+    with pytest.raises(UserError) as e:
+        M.load((folder,))
+    assert "profiles.lab.components.flash_attn" in str(e.value) and "flash-attn" in str(e.value)

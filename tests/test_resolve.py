@@ -261,3 +261,13 @@ def test_every_shipped_profile_resolves_without_warnings(profile):
 
 def test_resolving_is_pure():
     assert resolved("p40").to_json() == resolved("p40").to_json()
+
+
+def test_a_rollout_envbuild_cannot_install_is_refused():
+    v = violations("t4", rollout="sglang")["rollout"]
+    assert v.hard and "--rollout vllm" in v.fix
+
+
+def test_flash_attn_brings_what_it_imports_at_run_time():
+    env = resolved("4090", with_=["flash-attn"]).data
+    assert env["verl"]["pins"]["einops"] == "0.8.1"
