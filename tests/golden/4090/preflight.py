@@ -113,6 +113,10 @@ def checks():
         try:
             importlib.import_module(module)
             add(f"import {module}", True, "ok")
+        except ModuleNotFoundError as e:
+            add(f"import {module}", False, f"{type(e).__name__}: {e}".splitlines()[0],
+                f"{module} is not installed here: run this inside the envbuild image, or install "
+                "the profile's requirements.txt")
         except Exception as e:
             add(f"import {module}", False, f"{type(e).__name__}: {e}".splitlines()[0],
                 f"the image's {module} is broken; rebuild it")
