@@ -123,9 +123,14 @@ def run_build(client: BuildKitClient, context: Path, tag: str, build_args: dict[
     return proc.wait(), "".join(lines)
 
 
+# Build args that point package steps at an index or a download; an offline build (from a
+# wheelhouse in the context) keeps its own file:// defaults instead.
+NETWORK_ARGS = ("PIP_INDEX_URL", "TORCH_INDEX_URL", "APEX_URL")
+
+
 def build(context: Path, d: dict, tag: str, mirror_name: str | None, mirror_body: dict | None,
           healthy: dict | None, secrets: dict[str, Path], echo: Callable[[str], None],
-          say: Callable[[str], None]) -> BuildResult:
+          say: Callable[[str], None], offline: bool = False) -> BuildResult:
     """Build the rendered `context`; on a pull failure, retry through the next registry endpoint."""
     from . import mirrors as M
 
@@ -141,6 +146,8 @@ def build(context: Path, d: dict, tag: str, mirror_name: str | None, mirror_body
             choice = M.choice(mirror_name or "mirror", mirror_body, i, healthy)
             (context / "Dockerfile").write_text(M.rewrite_dockerfile(dockerfile, choice), encoding="utf-8")
             args = choice.build_args(d)
+            if offline:
+                args = {k: v for k, v in args.items() if k not in NETWORK_ARGS}
             endpoint = ", ".join(f"{k} -> {v}" for k, v in sorted(choice.registries.items()) if v)
             say(f"mirror {mirror_name}: {endpoint or 'no registry rewrite'}")
         rc, log = run_build(client, context, tag, args, secrets, echo)

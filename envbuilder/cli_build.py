@@ -134,7 +134,8 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
         write_dir(keep_context, files, links)
         context = keep_context
     try:
-        result = B.build(context, d, tag, name, body, healthy, secrets, B.default_echo(verbose), say)
+        result = B.build(context, d, tag, name, body, healthy, secrets, B.default_echo(verbose), say,
+                         offline=bool(wheelhouse))
     finally:
         if keep_context is None:
             shutil.rmtree(context.parent, ignore_errors=True)

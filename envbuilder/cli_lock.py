@@ -36,6 +36,9 @@ def lock_dir_for(name: str, out: Path | None, all_: bool) -> Path:
 @click.option("--registry-mirror", metavar="HOST[/PREFIX]",
               help="Read image digests from this registry (images under PREFIX/) instead of "
                    "each image's own registry.")
+@click.option("--github-url", metavar="URL",
+              help="A prefix that replaces https://github.com when fetching source archives "
+                   "(apex) to pin their sha256.")
 @click.option("--mirror", "mirror_set", metavar="NAME",
               help="Take the indexes, channels and registries from this mirror set "
                    "(`envbuild mirrors list`); the flags above override it.")
@@ -46,7 +49,7 @@ def lock_dir_for(name: str, out: Path | None, all_: bool) -> Path:
                    "is reported as incomplete by --check.")
 @override_options
 def lock(profile, all_, check, out, index_url, torch_index_url, channels, registry_mirror,
-         mirror_set, solver, only, overrides, matrix_dirs):
+         github_url, mirror_set, solver, only, overrides, matrix_dirs):
     """Pin PROFILE's conda part, pip part and base images for its target machine.
 
     The override options lock a variant of the profile (give it its own -o); `render --locked`
@@ -93,7 +96,8 @@ def lock(profile, all_, check, out, index_url, torch_index_url, channels, regist
                 continue
             from .lock import lock_profile, sources_for, target_glibc
 
-            src = sources_for(env, index_url, torch_index_url, channels, registry_mirror, mirror)
+            src = sources_for(env, index_url, torch_index_url, channels, registry_mirror, mirror,
+                              github_url)
             lock_profile(env, target_glibc(m, env), src, target, overlays=overlays,
                          parts=parts, solver=solver, say=lambda s: click.echo(s, err=True))
             click.echo(f"locked {name} -> {target}/")

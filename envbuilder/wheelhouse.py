@@ -7,6 +7,7 @@ URLs and sha256), so no resolver runs here. The Wheelhouse directory holds
   pypi/                 the wheels (and sdists), stored once for every profile exported here
   simple/               a PEP 503 index over pypi/ (pip --index-url file://.../simple works too)
   conda/<subdir>/       the conda packages, with repodata.json from rattler's indexer
+  sources/              source archives the builder stage compiles (apex), by sha256
   conda/<profile>.txt   the explicit conda environment of each profile (paths relative to here)
   locks/<profile>/      a copy of the lock it was made from (render --wheelhouse reads it)
   manifest.json         every file: name, version, size, sha256; and what each profile uses
@@ -32,7 +33,7 @@ FORMAT = 1
 
 
 class Artifact(NamedTuple):
-    kind: str  # pip | conda
+    kind: str  # pip | conda | source
     name: str
     version: str
     url: str
@@ -42,6 +43,8 @@ class Artifact(NamedTuple):
 
     @property
     def filename(self) -> str:
+        if self.kind == "source":  # GitHub's archive URLs end in the bare ref (25.08.tar.gz)
+            return f"{self.name}-{self.version}.tar.gz"
         return unquote(urlsplit(self.url).path.rsplit("/", 1)[-1])
 
     @property
@@ -85,6 +88,10 @@ def artifacts(lock_dir: Path) -> tuple[dict, list[Artifact]]:
             for f in files:
                 out.append(Artifact("pip", normalize(p["name"]), p["version"], f["url"],
                                     f["hashes"]["sha256"], f.get("size"), "pypi"))
+    if L.SOURCES in meta.get("files", {}):  # source archives the builder compiles (apex)
+        for name, src in sorted(json.loads(_verified_text(lock_dir, meta, L.SOURCES)).items()):
+            out.append(Artifact("source", name, src.get("ref", ""), src["url"], src["sha256"],
+                                src.get("size"), "sources"))
     if "conda" in meta.get("parts", []):
         import yaml
 

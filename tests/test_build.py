@@ -126,9 +126,10 @@ def config(tmp_path_factory, index, github):
             "test": dict(body, description="loopback test mirror", registries={"docker.io": [REGISTRY]}),
             "fallback": dict(body, description="first endpoint closed",
                              registries={"docker.io": [closed, f"{REGISTRY}/empty", REGISTRY]}),
-            "offline": {"description": "no package index at all: both point at a closed port",
+            "offline": {"description": "no package index, no GitHub: all point at a closed port",
                         "registries": {"docker.io": [REGISTRY]},
-                        "pypi": [f"http://{closed}/simple"], "pytorch": [f"http://{closed}/simple"]},
+                        "pypi": [f"http://{closed}/simple"], "pytorch": [f"http://{closed}/simple"],
+                        "github": [f"http://{closed}"]},
         },
     }
     path = tmp_path_factory.mktemp("cfg") / "config.yaml"
@@ -239,15 +240,18 @@ def test_unknown_registry_name_is_a_clear_exit_1(docker_client, config):
     assert "nosuchregistry" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_build_from_a_wheelhouse_with_no_index_at_all(docker_client, config, index, tmp_path):
+def test_build_from_a_wheelhouse_with_no_index_at_all(docker_client, config, index, github, tmp_path):
+    """p40 whole, apex included: its build tools and source archive come from the wheelhouse too."""
     lock = tmp_path / "lock"
-    r = envbuild(["lock", "p40", "--without", "apex", "--only", "pip", "--index-url", index,
-                  "--torch-index-url", index, "-o", str(lock)], config)
+    r = envbuild(["lock", "p40", "--only", "pip", "--index-url", index, "--torch-index-url", index,
+                  "--github-url", github, "-o", str(lock)], config)
     assert r.returncode == 0, r.stderr[-3000:]
-    r = envbuild(["wheelhouse", "p40", "--lock-dir", str(lock), "-o", str(tmp_path / "wh")], config)
+    r = envbuild(["wheelhouse", "p40", "--lock-dir", str(lock), "-o", str(tmp_path / "wh"),
+                  "--url-map", f"https://github.com={github}"], config)
     assert r.returncode == 0, r.stderr[-3000:]
-    r = envbuild(["build", "p40", "--without", "apex", "--wheelhouse", str(tmp_path / "wh"),
-                  "--mirror", "offline", "--tag", "envbuild-test/p40:wheelhouse", "-v"], config)
+    r = envbuild(["build", "p40", "--wheelhouse", str(tmp_path / "wh"), "--mirror", "offline",
+                  "--tag", "envbuild-test/p40:wheelhouse", "-v"], config)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "--no-index --find-links /wheelhouse" in r.stderr
-    assert "smoke ok: p40" in r.stderr
+    assert "apex @ file:///wheelhouse/sources/apex-25.08.tar.gz#sha256=" in r.stderr
+    assert "smoke ok: p40" in r.stderr and "amp_C" in r.stderr

@@ -71,8 +71,13 @@ def world(tmp_path_factory):
     (channel / "label" / "cuda-11.8.0").symlink_to(channel)  # nvidia/label/cuda-X through a mirror
     chan = F.StaticServer(channel)
     env = resolve(matrix.load(), "p40")
+    from fixture_wheels import apex_archive
+    from httpfixtures import FileServer
+
+    apex_path, apex_tgz = apex_archive(REPO / "tests" / "fixtures" / "apex-standin",
+                                       env.data["apex"]["url"])
     with F.PypiServer(root / "torch-index") as torch_idx, F.PypiServer(root / "pypi") as pypi, \
-            F.registry(root / "registry") as reg:
+            F.registry(root / "registry") as reg, FileServer({apex_path: apex_tgz}) as github:
         r = F.Registry(reg)
         images = env.data["cuda"]["images"]
         pushed = {
@@ -83,14 +88,15 @@ def world(tmp_path_factory):
         }
         yield {"root": root, "wheels": wheels, "channel": chan, "channel_dir": channel,
                "torch": torch_idx.url, "pypi": pypi.url, "registry": reg, "pushed": pushed,
-               "env": env, "mirror": f"{reg.split('://')[1]}/{NS}"}
+               "env": env, "mirror": f"{reg.split('://')[1]}/{NS}",
+               "github": github.url("").rstrip("/"), "apex_tgz": apex_tgz}
     chan.close()
 
 
 def lock_args(world, out, *extra):
     return ["lock", "p40", "-o", out, "--index-url", world["pypi"], "--torch-index-url",
             world["torch"], "--channel", world["channel"].url, "--registry-mirror",
-            world["mirror"], *extra]
+            world["mirror"], "--github-url", world["github"], *extra]
 
 
 @pytest.fixture(scope="session")
@@ -109,9 +115,10 @@ def closed_port() -> int:
 
 # ---- what the lock holds ---------------------------------------------------------------------
 
-def test_lock_writes_the_five_files(p40_lock):
+def test_lock_writes_the_six_files(p40_lock):
     assert sorted(p.name for p in p40_lock.iterdir()) == [
-        "conda-lock.yml", "images.lock", "lock.json", "pylock.toml", "requirements.lock"]
+        "conda-lock.yml", "images.lock", "lock.json", "pylock.toml", "requirements.lock",
+        "sources.lock"]
     meta = json.loads((p40_lock / "lock.json").read_text())
     assert meta["parts"] == ["conda", "images", "pip"]
     assert meta["target"]["virtual_packages"]["__cuda"] == "11.8"
@@ -243,7 +250,7 @@ def test_a_mirror_set_supplies_indexes_channels_and_registry(world, p40_lock, tm
         "mirrors": {"loop": {
             "description": "loopback stand-ins of every upstream",
             "registries": {"docker.io": [world["mirror"]]},
-            "pypi": [world["pypi"]], "pytorch": [world["torch"]],
+            "pypi": [world["pypi"]], "pytorch": [world["torch"]], "github": [world["github"]],
             "conda": {"conda-forge": [chan], "nvidia": [chan]}, "source": "mine"}}}))
     rc, _, err = envbuild(capsys, "lock", "p40", "-o", tmp_path / "lock", "--mirror", "loop",
                           "--matrix-dir", tmp_path)
@@ -251,6 +258,7 @@ def test_a_mirror_set_supplies_indexes_channels_and_registry(world, p40_lock, tm
     meta = json.loads((tmp_path / "lock" / "lock.json").read_text())
     assert meta["sources"]["channels"] == [f"{chan}/label/cuda-11.8.0", chan]
     assert meta["sources"]["registry_mirror"] == {"docker.io": world["mirror"]}
+    assert meta["sources"]["github"] == world["github"]
     assert meta["sources"]["pypi"] == world["pypi"] and meta["sources"]["torch"] == world["torch"]
     for name in ("requirements.lock", "images.lock"):  # the same artifacts as through the flags
         assert (tmp_path / "lock" / name).read_bytes() == (p40_lock / name).read_bytes()
@@ -371,17 +379,23 @@ def test_render_locked_pins_images_and_requires_hashes(world, p40_lock, tmp_path
         assert f"ARG BASE_{role.upper()}={ref}@{images[ref]['digest']}\n" in dockerfile
     installs = re.findall(r"pip install .*", dockerfile)
     locked = [i for i in installs if "--require-hashes" in i]
-    assert len(locked) == 4  # torch in the builder, then torch, verl deps, verl
+    # torch and the build tools in the builder, then torch, verl deps, verl
+    assert len(locked) == 5
     assert all("--no-deps" in i for i in locked)
     layer_files = sorted(p.name for p in out.glob("locked-*.txt"))
-    assert layer_files == ["locked-torch.txt", "locked-verl-deps.txt", "locked-verl.txt"]
+    assert layer_files == ["locked-build.txt", "locked-torch.txt", "locked-verl-deps.txt",
+                           "locked-verl.txt"]
     for name in layer_files:
         assert f"source={name},target=/tmp/envbuild-lock/{name}" in dockerfile
-    # the layers together hold exactly the lock, each package once, with all its hashes
+    # the runtime layers hold each package once, the builder's tools the rest of the lock,
+    # everything with all its hashes
     everything = parse((p40_lock / "requirements.lock").read_text())
-    parts = [parse((out / n).read_text()) for n in layer_files]
-    assert sorted(n for p in parts for n in p) == sorted(everything)
-    assert all(p[n].hashes == everything[n].hashes for p in parts for n in p)
+    runtime = [parse((out / n).read_text()) for n in layer_files if n != "locked-build.txt"]
+    build = parse((out / "locked-build.txt").read_text())
+    names = [n for p in runtime for n in p]
+    assert len(names) == len(set(names))
+    assert set(names) | set(build) == set(everything)
+    assert all(p[n].hashes == everything[n].hashes for p in runtime + [build] for n in p)
     torch_layer = parse((out / "locked-torch.txt").read_text())
     assert {"torch", "torchvision", "torchaudio", "filelock", "typing-extensions"} <= set(torch_layer)
     assert set(parse((out / "locked-verl.txt").read_text())) == {"verl", "pandas"}
@@ -421,3 +435,28 @@ def test_render_locked_refuses_a_partial_or_foreign_lock(world, tmp_path, capsys
                           tmp_path / "pip-only")
     assert rc == 2 and "another resolved environment" in err
     assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
+
+
+def test_the_apex_source_is_pinned_by_sha256(world, p40_lock):
+    import hashlib
+
+    apex = json.loads((p40_lock / "sources.lock").read_text())["apex"]
+    assert apex["url"] == world["env"].data["apex"]["url"]  # the upstream URL, not the mirror's
+    assert apex["sha256"] == hashlib.sha256(world["apex_tgz"]).hexdigest()
+    assert apex["filename"] == "apex-25.08.tar.gz"
+
+
+def test_render_locked_pins_the_builders_tools_and_the_apex_archive(p40_lock, tmp_path, capsys):
+    code, _, err = envbuild(capsys, "render", "p40", "--locked", p40_lock, "-o", tmp_path / "o")
+    assert code == 0, err
+    dockerfile = (tmp_path / "o" / "Dockerfile").read_text()
+    builder = dockerfile.split("FROM ${BASE_RUNTIME}")[0]
+    assert "-r /tmp/envbuild-lock/locked-build.txt" in builder
+    assert "pip install packaging ninja" not in builder
+    sha = json.loads((p40_lock / "sources.lock").read_text())["apex"]["sha256"]
+    assert f'"apex @ ${{APEX_URL}}#sha256={sha}"' in builder
+    build_layer = (tmp_path / "o" / "locked-build.txt").read_text()
+    assert "setuptools==80.9.0" in build_layer and "--hash=sha256:" in build_layer
+    # the tools stay in the builder: no runtime layer installs them
+    runtime_layers = [p.read_text() for p in (tmp_path / "o").glob("locked-*.txt") if p.name != "locked-build.txt"]
+    assert not any("setuptools==" in t or "ninja==" in t for t in runtime_layers)

@@ -27,11 +27,16 @@ def envbuild(capsys, *args) -> tuple[int, str, str]:
     return exit_.value.code, out, err
 
 
+def github(world) -> list[str]:
+    """The apex archive's upstream is GitHub: in these tests, the world's loopback stand-in."""
+    return ["--url-map", f"https://github.com={world['github']}"]
+
+
 @pytest.fixture(scope="module")
-def exported(p40_lock, tmp_path_factory):
+def exported(world, p40_lock, tmp_path_factory):
     out = tmp_path_factory.mktemp("wh") / "p40"
     with pytest.raises(SystemExit) as exit_:
-        main(["wheelhouse", "p40", "--lock-dir", str(p40_lock), "-o", str(out)])
+        main(["wheelhouse", "p40", "--lock-dir", str(p40_lock), "-o", str(out), *github(world)])
     assert exit_.value.code == 0
     return out
 
@@ -98,15 +103,16 @@ def test_the_conda_part_is_a_channel_rattler_solves_offline(exported, p40_lock):
     assert explicit[1] == "@EXPLICIT" and all(l.startswith("./conda/") for l in explicit[2:])
 
 
-def test_a_second_export_downloads_nothing(exported, p40_lock, capsys):
+def test_a_second_export_downloads_nothing(world, exported, p40_lock, capsys):
     before = json.loads((exported / "manifest.json").read_text())
-    code, out, _ = envbuild(capsys, "wheelhouse", "p40", "--lock-dir", p40_lock, "-o", exported)
+    code, out, _ = envbuild(capsys, "wheelhouse", "p40", "--lock-dir", p40_lock, "-o", exported,
+                            *github(world))
     assert code == 0
     assert " 0 downloaded (0.0 MB)" in out
     assert json.loads((exported / "manifest.json").read_text()) == before
 
 
-def test_a_dropped_connection_resumes_with_a_range_request(p40_lock, tmp_path, capsys):
+def test_a_dropped_connection_resumes_with_a_range_request(world, p40_lock, tmp_path, capsys):
     urls = pip_urls(p40_lock)
     torch = next(n for n in urls if n.startswith("torch-"))
     files = {n: Path(unquote(urlsplit(u).path)).name for n, u in urls.items()}
@@ -116,14 +122,14 @@ def test_a_dropped_connection_resumes_with_a_range_request(p40_lock, tmp_path, c
     with FileServer(blobs, script={torch: ["drop"]}) as srv:
         lock = relocated_lock(p40_lock, tmp_path / "lock", srv.url("").rstrip("/"))
         code, out, err = envbuild(capsys, "wheelhouse", "p40", "--lock-dir", lock, "-o",
-                                  tmp_path / "wh")
+                                  tmp_path / "wh", *github(world))
         ranges = [r.range for r in srv.requests_for(torch)]
     assert code == 0, err
     assert ranges[0] is None and ranges[1] and ranges[1].startswith("bytes=") and ranges[1] != "bytes=0-"
     assert (tmp_path / "wh" / "pypi" / files[torch]).read_bytes() == blobs[torch]
 
 
-def test_a_file_whose_hash_never_matches_fails_and_stays_out_of_the_manifest(p40_lock, tmp_path, capsys):
+def test_a_file_whose_hash_never_matches_fails_and_stays_out_of_the_manifest(world, p40_lock, tmp_path, capsys):
     import requests
 
     urls = pip_urls(p40_lock)
@@ -132,7 +138,7 @@ def test_a_file_whose_hash_never_matches_fails_and_stays_out_of_the_manifest(p40
     with FileServer(blobs, script={bad: ["corrupt"] * 50}) as srv:
         lock = relocated_lock(p40_lock, tmp_path / "lock", srv.url("").rstrip("/"))
         code, out, err = envbuild(capsys, "wheelhouse", "p40", "--lock-dir", lock, "-o",
-                                  tmp_path / "wh")
+                                  tmp_path / "wh", *github(world))
     assert code == 1
     bad_file = unquote(bad)
     assert bad_file in err and "sha256" in err and "Traceback" not in err
@@ -143,12 +149,14 @@ def test_a_file_whose_hash_never_matches_fails_and_stays_out_of_the_manifest(p40
     assert any(p.startswith("pypi/torch-") for p in manifest["files"])  # the rest is kept
 
 
-def test_tar_packs_the_wheelhouse_reproducibly(exported, p40_lock, tmp_path, capsys):
-    code, out, _ = envbuild(capsys, "wheelhouse", "p40", "--lock-dir", p40_lock, "-o", exported, "--tar")
+def test_tar_packs_the_wheelhouse_reproducibly(world, exported, p40_lock, tmp_path, capsys):
+    code, out, _ = envbuild(capsys, "wheelhouse", "p40", "--lock-dir", p40_lock, "-o", exported,
+                            "--tar", *github(world))
     assert code == 0
     tar = exported.with_name("p40.tar")
     first = tar.read_bytes()
-    envbuild(capsys, "wheelhouse", "p40", "--lock-dir", p40_lock, "-o", exported, "--tar")
+    envbuild(capsys, "wheelhouse", "p40", "--lock-dir", p40_lock, "-o", exported, "--tar",
+             *github(world))
     assert tar.read_bytes() == first
     import tarfile
 
@@ -161,7 +169,7 @@ def test_two_profiles_in_one_wheelhouse_store_shared_files_once(world, p40_lock,
     code, _, err = envbuild(capsys, *lock_args(world, variant, "--without", "apex"))
     assert code == 0, err
     wh = tmp_path / "wh"
-    assert envbuild(capsys, "wheelhouse", "p40", "--lock-dir", p40_lock, "-o", wh)[0] == 0
+    assert envbuild(capsys, "wheelhouse", "p40", "--lock-dir", p40_lock, "-o", wh, *github(world))[0] == 0
     before = {p.name: p.stat().st_ino for p in (wh / "pypi").iterdir()}
     from envbuilder.wheelhouse import export
 
@@ -178,7 +186,7 @@ def test_render_with_the_wheelhouse_needs_no_index(world, tmp_path, capsys):
     variant = tmp_path / "lock"
     assert envbuild(capsys, *lock_args(world, variant, "--without", "apex"))[0] == 0
     wh = tmp_path / "wh"
-    assert envbuild(capsys, "wheelhouse", "p40", "--lock-dir", variant, "-o", wh)[0] == 0
+    assert envbuild(capsys, "wheelhouse", "p40", "--lock-dir", variant, "-o", wh, *github(world))[0] == 0
     code, _, err = envbuild(capsys, "render", "p40", "--without", "apex", "--wheelhouse", wh,
                             "-o", tmp_path / "out")
     assert code == 0, err
@@ -190,7 +198,18 @@ def test_render_with_the_wheelhouse_needs_no_index(world, tmp_path, capsys):
         sorted(p.name for p in (wh / "pypi").iterdir())
 
 
-def test_render_with_a_wheelhouse_refuses_a_builder_stage(exported, capsys):
-    code, _, err = envbuild(capsys, "render", "p40", "--wheelhouse", exported, "-o", "/nonexistent/x")
+def test_render_with_a_wheelhouse_builds_apex_from_its_pinned_source(exported, tmp_path, capsys):
+    code, _, err = envbuild(capsys, "render", "p40", "--wheelhouse", exported, "-o", tmp_path / "o")
+    assert code == 0, err
+    dockerfile = (tmp_path / "o" / "Dockerfile").read_text()
+    builder = dockerfile.split("FROM ${BASE_RUNTIME}")[0]
+    assert "ARG APEX_URL=file:///wheelhouse/sources/apex-25.08.tar.gz" in builder
+    assert "--no-index --find-links /wheelhouse --no-deps --require-hashes -r /tmp/envbuild-lock/locked-build.txt" in builder
+    src = tmp_path / "o" / "wheelhouse" / "sources" / "apex-25.08.tar.gz"
+    assert src.read_bytes() == (exported / "sources" / "apex-25.08.tar.gz").read_bytes()
+
+
+def test_render_with_a_wheelhouse_refuses_flash_attn_it_cannot_pin(exported, capsys):
+    code, _, err = envbuild(capsys, "render", "3090", "--wheelhouse", exported, "-o", "/nonexistent/x")
     assert code == 2
-    assert "--without apex" in err
+    assert "--without flash-attn" in err

@@ -8,6 +8,7 @@ lockfiles/<profile>/ holds
                      Python and glibc, through the profile's indexes
   pylock.toml        the same pins as PEP 751 with each file's URL and sha256 (what
                      `envbuild wheelhouse` downloads)
+  sources.lock       where apex is compiled: its source archive's URL and sha256
   images.lock        the digest of every base image, from the registry's v2 API
   lock.json          the input hash (resolved env + templates + matrices), tool versions, sources
 
@@ -35,10 +36,11 @@ class Sources(NamedTuple):
     channels: tuple[str, ...]
     # one HOST[/PREFIX] for every image, or {upstream registry: HOST[/PREFIX]} from a mirror set
     registry_mirror: str | dict | None
+    github: str | None = None  # a prefix that replaces https://github.com (apex's archive)
 
 
 def sources_for(env: ResolvedEnv, index_url=None, torch_index_url=None, channels=(),
-                registry_mirror=None, mirror=None) -> Sources:
+                registry_mirror=None, mirror=None, github_url=None) -> Sources:
     """Flags first, then the mirror set (`mirrors.MirrorChoice`), then the profile's own."""
     from .conda import default_channels
 
@@ -55,7 +57,8 @@ def sources_for(env: ResolvedEnv, index_url=None, torch_index_url=None, channels
             channels = list(dict.fromkeys(_mirrored_channel(c, mirror.conda) for c in channels))
     registry = registry_mirror or (
         {k: v for k, v in sorted(mirror.registries.items()) if v} if mirror else None) or None
-    return Sources(pypi, torch, tuple(channels), registry)
+    github = github_url or (mirror.github if mirror and mirror.github else None)
+    return Sources(pypi, torch, tuple(channels), registry, github)
 
 
 def _mirrored_channel(channel: str, conda: dict) -> str:
@@ -109,6 +112,12 @@ def lock_profile(env: ResolvedEnv, glibc: str, sources: Sources, out_dir: Path, 
                                                                       sources.torch)
         parents = {n: e.parents for n, e in parse(files[L.REQUIREMENTS]).items()}
         tools["uv"] = uv_version()
+        if env.data["apex"]:
+            from .sources import lock_sources
+
+            say(f"{env.name}: apex source {env.data['apex']['url']}"
+                + (f" via {sources.github}" if sources.github else ""))
+            files[L.SOURCES] = L.dumps(lock_sources(env, sources.github))
     if "conda" in parts:
         import tempfile
 
@@ -146,6 +155,7 @@ def lock_profile(env: ResolvedEnv, glibc: str, sources: Sources, out_dir: Path, 
         "target": {"platform": "linux-64", "python": env.data["python"],
                    "python_platform": python_platform(glibc), "virtual_packages": vpkgs},
         "sources": {**({"pypi": sources.pypi, "torch": sources.torch} if "pip" in parts else {}),
+                    **({"github": sources.github} if "pip" in parts and env.data["apex"] else {}),
                     **({"channels": list(sources.channels)} if "conda" in parts else {}),
                     **({"registry_mirror": sources.registry_mirror} if "images" in parts else {})},
         "tools": tools,

@@ -18,6 +18,7 @@ META = "lock.json"
 CONDA_LOCK = "conda-lock.yml"
 REQUIREMENTS = "requirements.lock"
 PYLOCK = "pylock.toml"  # written with the pip part: the same pins with file URLs (PEP 751)
+SOURCES = "sources.lock"  # written with the pip part where apex is built: its archive's sha256
 IMAGES = "images.lock"
 # part -> the file that holds it
 PARTS = {"conda": CONDA_LOCK, "pip": REQUIREMENTS, "images": IMAGES}
@@ -98,8 +99,11 @@ def problems(env: ResolvedEnv, lock_dir: Path, overlays: tuple[Path, ...] = ()) 
             continue
         if sha256_text(text) != meta.get("files", {}).get(name):
             out.append(f"modified: {name} differs from what `envbuild lock` wrote (sha256)")
-    if "pip" in meta.get("parts", []) and PYLOCK not in meta.get("files", {}):
-        out.append(f"incomplete: no {PYLOCK} (made by an older envbuild; re-lock)")
+    if "pip" in meta.get("parts", []):
+        wanted = [PYLOCK] + ([SOURCES] if env.data["apex"] else [])
+        for name in wanted:
+            if name not in meta.get("files", {}):
+                out.append(f"incomplete: no {name} (made by an older envbuild; re-lock)")
     return out
 
 
@@ -134,9 +138,14 @@ def for_render(env: ResolvedEnv, lock_dir: Path, wheelhouse: Path | None = None)
                         f"{'it' if len(needed) == 1 else 'both'}. Complete it with `envbuild lock "
                         f"{env.name}` on a machine that reaches the registry and the indexes.")
     texts = {}
-    for name in (REQUIREMENTS, IMAGES):
+    for name in (REQUIREMENTS, IMAGES, SOURCES):
         if name == IMAGES and "images" not in meta.get("parts", []):
             continue
+        if name == SOURCES and not env.data["apex"]:
+            continue
+        if name == SOURCES and name not in meta.get("files", {}):
+            raise UserError(f"The lock in {lock_dir} pins no apex source archive (no {SOURCES}; "
+                            f"made by an older envbuild). Re-lock with `envbuild lock {env.name}`.")
         text = (lock_dir / name).read_text(encoding="utf-8")
         if sha256_text(text) != meta.get("files", {}).get(name):
             raise UserError(f"{lock_dir / name} differs from what `envbuild lock` wrote; "
@@ -152,8 +161,10 @@ def for_render(env: ResolvedEnv, lock_dir: Path, wheelhouse: Path | None = None)
         else:
             pinned[role] = ref
     layers, files = layer_files(env, texts[REQUIREMENTS])
+    apex_source = json.loads(texts[SOURCES])["apex"] if SOURCES in texts else None
     out = {"images": pinned, "images_pinned": IMAGES in texts, "layers": layers, "files": files,
-           "input_sha256": meta["input_sha256"], "wheelhouse": wheelhouse is not None, "links": {}}
+           "input_sha256": meta["input_sha256"], "wheelhouse": wheelhouse is not None, "links": {},
+           "apex_source": apex_source}
     if wheelhouse is not None:
         out["links"] = wheelhouse_links(env, Path(wheelhouse))
     return out
@@ -171,5 +182,11 @@ def wheelhouse_links(env: ResolvedEnv, wheelhouse: Path) -> dict[str, Path]:
         raise UserError(f"The wheelhouse {wheelhouse} holds no complete export of {env.name} "
                         f"(it has: {', '.join(manifest.get('profiles', {})) or 'none'}). Run "
                         f"`envbuild wheelhouse {env.name} -o {wheelhouse}`.")
-    return {"wheelhouse/" + p.split("/", 1)[1]: wheelhouse / p
-            for p in profile["files"] if p.startswith("pypi/")}
+    # pip files flat (pip's --find-links), source archives under sources/
+    links = {}
+    for p in profile["files"]:
+        if p.startswith("pypi/"):
+            links["wheelhouse/" + p[len("pypi/"):]] = wheelhouse / p
+        elif p.startswith("sources/"):
+            links["wheelhouse/" + p] = wheelhouse / p
+    return links

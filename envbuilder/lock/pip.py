@@ -16,6 +16,9 @@ from ..resolve import ResolvedEnv
 # Dockerfile install layers, most expensive first; each installs what its roots pull in that no
 # earlier layer installed.
 LAYERS = ("torch", "vllm", "verl-deps", "verl")
+# What the builder stage installs beside torch to compile apex / flash-attn; locked with the rest
+# so a locked or offline build pins them too. Installed in the builder only, never at run time.
+BUILD_TOOLS = ("packaging", "ninja", "wheel", "setuptools", "psutil")
 _REQ = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==(\S+)")
 _HASH = re.compile(r"--hash=(sha256:[0-9a-f]{64})")
 _NETWORK = ("Failed to fetch", "error sending request", "Connection refused", "dns error",
@@ -43,8 +46,15 @@ def layer_roots(env: ResolvedEnv) -> dict[str, list[str]]:
     }
 
 
+def needs_builder(env: ResolvedEnv) -> bool:
+    return bool(env.data["apex"] or env.data["flash_attn"])
+
+
 def requirements_in(env: ResolvedEnv) -> str:
-    return "".join(f"{r}\n" for layer in layer_roots(env).values() for r in layer)
+    reqs = [r for layer in layer_roots(env).values() for r in layer]
+    if needs_builder(env):
+        reqs += list(BUILD_TOOLS)
+    return "".join(f"{r}\n" for r in reqs)
 
 
 def python_platform(glibc: str) -> str:
@@ -181,25 +191,34 @@ def parse(text: str) -> dict[str, Locked]:
 
 def layers(env: ResolvedEnv, locked: dict[str, Locked]) -> dict[str, list[str]]:
     """Each layer's packages: the closure of its roots over the lock's dependency edges, minus
-    what an earlier layer installs. Anything left over goes into the last layer."""
+    what an earlier layer installs. Anything left over goes into the last layer. The builder's
+    `build` layer is the closure of the build tools on its own (it may overlap the others)."""
     children: dict[str, set[str]] = {}
     for name, entry in locked.items():
         for parent in entry.parents:
             children.setdefault(parent, set()).add(name)
-    done: set[str] = set()
-    out: dict[str, list[str]] = {}
-    for layer, roots in layer_roots(env).items():
-        todo = [normalize(_REQ.match(r)[1]) for r in roots]
+
+    def closure(roots, skip=frozenset()) -> set[str]:
+        todo = [normalize(_REQ.match(r)[1]) if _REQ.match(r) else normalize(r) for r in roots]
         mine: set[str] = set()
         while todo:
             n = todo.pop()
-            if n in done or n in mine or n not in locked:
+            if n in skip or n in mine or n not in locked:
                 continue
             mine.add(n)
             todo += children.get(n, ())
+        return mine
+
+    done: set[str] = set()
+    out: dict[str, list[str]] = {}
+    for layer, roots in layer_roots(env).items():
+        mine = closure(roots, frozenset(done))
         done |= mine
         out[layer] = sorted(mine)
-    out[LAYERS[-1]] = sorted(set(out[LAYERS[-1]]) | (set(locked) - done))
+    build = closure(BUILD_TOOLS) if needs_builder(env) else set()
+    out[LAYERS[-1]] = sorted(set(out[LAYERS[-1]]) | (set(locked) - done - build))
+    if needs_builder(env):
+        out["build"] = sorted(build)
     return out
 
 
