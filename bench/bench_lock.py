@@ -50,8 +50,9 @@ CONDA_LOCK = textwrap.dedent("""
     mapping = pathlib.Path(tempfile.mkdtemp()) / "map.json"; mapping.write_text("{}")
     specs = {}
     for r in reqs:
-        m = re.match(r"([A-Za-z0-9._-]+)(?:\\[([^\\]]+)\\])?==(.+)", r)
-        specs[m[1]] = VersionedDependency(name=m[1], manager="pip", version="==" + m[3],
+        m = re.match(r"([A-Za-z0-9._-]+)(?:\\[([^\\]]+)\\])?(?:==(.+))?$", r)
+        specs[m[1]] = VersionedDependency(name=m[1], manager="pip",
+                                          version="==" + m[3] if m[3] else "*",
                                           extras=m[2].split(",") if m[2] else [])
     python = LockedDependency(name="python", version="3.10.0", manager="conda", platform="linux-64",
                               url="http://127.0.0.1/linux-64/python-3.10.0-h0_0.conda",
