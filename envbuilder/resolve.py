@@ -160,6 +160,13 @@ class _Resolver:
     def add(self, rule: str, what: str, why: str, fix: str, hard: bool = False) -> None:
         self.v.append(Violation(rule, what, why, fix, hard))
 
+    def release(self, kind: str, version: str, releases: dict) -> dict:
+        """A component's release record (apex, flash-attn), or a clear error naming the known ones."""
+        if version not in releases:
+            raise UserError(f"{kind} {version!r} is not in the matrix; known: {', '.join(releases)}. "
+                            "Add it in a --matrix-dir overlay if you need it.")
+        return releases[version]
+
     def pick(self, kind: str, section: str, value: str) -> dict:
         table = self.m.sections[section]
         if value not in table:
@@ -400,10 +407,7 @@ class _Resolver:
         fa = None
         if "flash-attn" in components:
             fa = components["flash-attn"]
-            fa_rec = m.flash_attn["versions"].get(fa)
-            if fa_rec is None:
-                raise UserError(f"flash-attn {fa!r} is not in the matrix; known: "
-                                f"{', '.join(m.flash_attn['versions'])}.")
+            fa_rec = self.release("flash-attn", fa, m.flash_attn["versions"])
             if not in_range(torch_v, fa_rec["torch"]):
                 self.add("flash-attn-torch", f"flash-attn {fa} does not support torch {torch_v}",
                          f"it supports torch{fa_rec['torch']}", "pick another flash-attn version "
@@ -426,10 +430,7 @@ class _Resolver:
         apex = None
         if "apex" in components:
             av = components["apex"]
-            arec = m.apex["versions"].get(av)
-            if arec is None:
-                raise UserError(f"apex {av!r} is not in the matrix; known: "
-                                f"{', '.join(m.apex['versions'])}.")
+            arec = self.release("apex", av, m.apex["versions"])
             if m.apex["nvcc_must_match_torch_cuda"] and build["cuda"] != cuda_v:
                 self.add("apex-nvcc", f"apex needs nvcc == torch.version.cuda, but the image's nvcc "
                          f"is {cuda_v} and torch is built for {build['cuda']}",
