@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,17 +24,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from fixture_wheels import apex_archive, make_wheel, verl_files, wheels_for_env  # noqa: E402
-from httpfixtures import FileServer  # noqa: E402
+from httpfixtures import FileServer, free_port  # noqa: E402
 
 REGISTRY = f"127.0.0.1:{os.environ.get('ENVBUILD_TEST_REGISTRY_PORT', '5000')}"
 DOCKER = os.environ.get("ENVBUILD_DOCKER", "/usr/bin/docker")
 BUMPED = "0.4.1.post9"  # a verl pin that differs from the profile's and nothing else
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def single_stage(dockerfile: str) -> str:

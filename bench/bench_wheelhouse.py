@@ -18,41 +18,26 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from envbuilder.fetch import FetchItem, fetch_all  # noqa: E402
+from fixture_wheels import make_wheel  # noqa: E402
 from httpfixtures import FileServer  # noqa: E402
 
 
-def make_wheel(name: str, payload_size: int) -> tuple[str, bytes]:
-    """A real, installable py3-none-any wheel whose bulk is random (incompressible) bytes."""
-    filename = f"{name}-1.0-py3-none-any.whl"
-    info = f"{name}-1.0.dist-info"
-    members = {
-        f"{name}/__init__.py": b"",
-        f"{name}/payload.bin": os.urandom(payload_size),
-        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n".encode(),
-        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: bench\nRoot-Is-Purelib: true\n"
-                         b"Tag: py3-none-any\n",
-    }
-    record = "".join(f"{path},,\n" for path in members) + f"{info}/RECORD,,\n"
-    members[f"{info}/RECORD"] = record.encode()
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as zf:
-        for path, data in members.items():
-            zf.writestr(path, data)
-    return filename, buffer.getvalue()
+def bench_wheel(work: Path, name: str, payload_size: int) -> tuple[str, bytes]:
+    """A real, installable py3-none-any wheel whose bulk is incompressible bytes."""
+    path = make_wheel(work / "wheels", name, "1.0", payload=payload_size)
+    return path.name, path.read_bytes()
 
 
 def simple_index(wheels: dict[str, tuple[str, bytes]]) -> dict[str, bytes]:
@@ -121,8 +106,9 @@ def main() -> None:
     parser.add_argument("--no-pip", action="store_true", help="skip the pip download baseline")
     args = parser.parse_args()
 
-    wheels = {f"benchpkg{i:03d}": make_wheel(f"benchpkg{i:03d}", args.size_kib * 1024)
-              for i in range(args.files)}
+    with tempfile.TemporaryDirectory(prefix="bench-wheels-") as made:
+        wheels = {f"benchpkg{i:03d}": bench_wheel(Path(made), f"benchpkg{i:03d}", args.size_kib * 1024)
+                  for i in range(args.files)}
     total_bytes = sum(len(data) for _, data in wheels.values())
     server = FileServer(simple_index(wheels), latency=args.latency_ms / 1000,
                         rate=args.rate_mib * 1024 * 1024)

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import random
 import re
 import zipfile
 from pathlib import Path
+
+
+ZIP_DATE = (2024, 1, 1, 0, 0, 0)  # fixed, so every fixture wheel is byte-reproducible
 
 
 def _record_hash(data: bytes) -> str:
@@ -21,40 +25,44 @@ def dist_name(name: str) -> str:
     return re.sub(r"[-_.]+", "_", name).lower()
 
 
-def make_wheel(out_dir: Path, name: str, version: str, *, tag: str = "py3-none-any",
-               files: dict[str, str | bytes] | None = None, requires: list[str] = (),
-               module: str | None = None, payload_mb: int = 0) -> Path:
-    """Write NAME-VERSION-TAG.whl into out_dir; returns its path. `payload_mb` adds that much
-    incompressible data (stored, not deflated) so a stand-in weighs what the real wheel does."""
+def make_wheel(dest: Path, name: str, version: str, *, tag: str = "py3-none-any",
+               requires: tuple[str, ...] = (), extras: dict[str, tuple[str, ...]] | None = None,
+               files: dict[str, str | bytes] | None = None, payload: int = 0,
+               salt: str = "") -> Path:
+    """A minimal valid wheel written by hand: a package whose __init__ records the version,
+    extra `files`, then METADATA, WHEEL and RECORD, the .dist-info last as real wheels have it
+    (a reader without Range requests must read through the package to reach METADATA).
+    `payload` adds that many incompressible bytes (stored, seeded: the same bytes every time),
+    so a stand-in weighs what the real wheel does."""
+    dest.mkdir(parents=True, exist_ok=True)
     dist = dist_name(name)
-    module = module if module is not None else dist
     info = f"{dist}-{version}.dist-info"
-    contents: dict[str, bytes] = {}
-    if module:
-        contents[f"{module}/__init__.py"] = (
-            f'"""envbuild test stand-in for {name}."""\n__version__ = "{version}"\n').encode()
-    for path, data in (files or {}).items():
-        contents[path] = data.encode() if isinstance(data, str) else data
-    if payload_mb:
-        import os
-
-        contents[f"{module or dist}/_payload.bin"] = os.urandom(payload_mb << 20)
     meta = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
     meta += [f"Requires-Dist: {r}" for r in requires]
-    contents[f"{info}/METADATA"] = ("\n".join(meta) + "\n").encode()
-    contents[f"{info}/WHEEL"] = (f"Wheel-Version: 1.0\nGenerator: envbuild-tests\n"
-                                 f"Root-Is-Purelib: true\nTag: {tag}\n").encode()
-    record = [f"{p},{_record_hash(d)},{len(d)}" for p, d in sorted(contents.items())]
-    record.append(f"{info}/RECORD,,")
-    contents[f"{info}/RECORD"] = ("\n".join(record) + "\n").encode()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{dist}-{version}-{tag}.whl"
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
-        for p, d in sorted(contents.items()):
-            info_ = zipfile.ZipInfo(p, date_time=(2020, 1, 1, 0, 0, 0))
-            info_.external_attr = 0o644 << 16
-            info_.compress_type = zipfile.ZIP_STORED if p.endswith("_payload.bin") else zipfile.ZIP_DEFLATED
-            zf.writestr(info_, d)
+    for extra, reqs in (extras or {}).items():
+        meta.append(f"Provides-Extra: {extra}")
+        meta += [f'Requires-Dist: {r} ; extra == "{extra}"' for r in reqs]
+    contents = {f"{dist}/__init__.py": f'__version__ = "{version}"  # envbuild test stand-in {salt}\n'.encode()}
+    for path, data in (files or {}).items():
+        contents[path] = data.encode() if isinstance(data, str) else data
+    if payload:
+        rng = random.Random(f"{name}{version}{salt}")  # in chunks: randbytes caps near 256 MiB
+        contents[f"{dist}/_payload.bin"] = b"".join(
+            rng.randbytes(min(1 << 24, payload - i)) for i in range(0, payload, 1 << 24))
+    contents |= {
+        f"{info}/METADATA": ("\n".join(meta) + "\n").encode(),
+        f"{info}/WHEEL": (f"Wheel-Version: 1.0\nGenerator: envbuild-tests\nRoot-Is-Purelib: "
+                          f"{'true' if tag.endswith('-any') else 'false'}\nTag: {tag}\n").encode(),
+    }
+    record = "".join(f"{p},{_record_hash(d)},{len(d)}\n" for p, d in contents.items())
+    contents[f"{info}/RECORD"] = (record + f"{info}/RECORD,,\n").encode()
+    path = dest / f"{dist}-{version}-{tag}.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for p, d in contents.items():
+            zi = zipfile.ZipInfo(p, ZIP_DATE)
+            zi.compress_type = zipfile.ZIP_STORED if p.endswith(".bin") else zipfile.ZIP_DEFLATED
+            zi.external_attr = 0o644 << 16
+            z.writestr(zi, d)
     return path
 
 
@@ -85,7 +93,7 @@ def wheels_for_env(out_dir: Path, d: dict, verl_fixture: Path | None = None,
     made = []
     for name, version in requirement_pins(pins):
         made.append(make_wheel(out_dir, name, version,
-                               payload_mb=(weights_mb or {}).get(name, 0)))
+                               payload=(weights_mb or {}).get(name, 0) << 20))
     files = verl_files(verl_fixture) if verl_fixture else {}
     made.append(make_wheel(out_dir, "verl", d["verl"]["version"], files=files))
     return made

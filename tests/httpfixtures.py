@@ -135,9 +135,13 @@ def _range_start(header: str | None) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def closed_port_url(path: str) -> str:
-    """A loopback URL on which nothing listens: connections are refused."""
+def free_port() -> int:
+    """A loopback port nothing listens on (bound and released)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}/{path}"
+        return s.getsockname()[1]
+
+
+def closed_port_url(path: str) -> str:
+    """A loopback URL on which nothing listens: connections are refused."""
+    return f"http://127.0.0.1:{free_port()}/{path}"

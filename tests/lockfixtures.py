@@ -5,7 +5,6 @@ Shared by tests/test_lock.py and bench/bench_lock.py. Nothing here leaves 127.0.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import functools
 import gzip
@@ -14,25 +13,16 @@ import http.server
 import io
 import json
 import os
-import random
-import re
 import shutil
-import socket
 import subprocess
 import sys
 import tarfile
 import threading
 import time
-import zipfile
 from pathlib import Path
 
-ZIP_DATE = (2024, 1, 1, 0, 0, 0)  # fixed, so every fixture wheel is byte-reproducible
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from fixture_wheels import make_wheel  # noqa: E402  (one wheel writer for every test)
+from httpfixtures import free_port  # noqa: E402,F401  (re-exported: F.free_port)
 
 
 def wait_http(url: str, seconds: float = 30.0) -> None:
@@ -50,45 +40,6 @@ def wait_http(url: str, seconds: float = 30.0) -> None:
 
 
 # ---- wheels ---------------------------------------------------------------------------------
-
-def _record_hash(data: bytes) -> str:
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-
-
-def make_wheel(dest: Path, name: str, version: str, *, tag: str = "py3-none-any",
-               requires: tuple[str, ...] = (), extras: dict[str, tuple[str, ...]] | None = None,
-               payload: int = 0, salt: str = "") -> Path:
-    """A minimal valid wheel written by hand: a package, METADATA, WHEEL and RECORD, the
-    .dist-info last as real wheels have it (a reader without Range requests must read through
-    the package to reach METADATA). `payload` adds that many incompressible bytes (stored,
-    seeded: the same bytes every time)."""
-    dest.mkdir(parents=True, exist_ok=True)
-    dist = re.sub(r"[-_.]+", "_", name).lower()
-    info = f"{dist}-{version}.dist-info"
-    meta = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
-    meta += [f"Requires-Dist: {r}" for r in requires]
-    for extra, reqs in (extras or {}).items():
-        meta.append(f"Provides-Extra: {extra}")
-        meta += [f'Requires-Dist: {r} ; extra == "{extra}"' for r in reqs]
-    files = {f"{dist}/__init__.py": f'__version__ = "{version}"  # envbuild test stand-in {salt}\n'.encode()}
-    if payload:
-        files[f"{dist}/_payload.bin"] = random.Random(f"{name}{version}{salt}").randbytes(payload)
-    files |= {
-        f"{info}/METADATA": ("\n".join(meta) + "\n").encode(),
-        f"{info}/WHEEL": (f"Wheel-Version: 1.0\nGenerator: envbuild-tests\nRoot-Is-Purelib: "
-                          f"{'true' if tag.endswith('-any') else 'false'}\nTag: {tag}\n").encode(),
-    }
-    record = "".join(f"{p},{_record_hash(d)},{len(d)}\n" for p, d in files.items())
-    files[f"{info}/RECORD"] = (record + f"{info}/RECORD,,\n").encode()
-    path = dest / f"{dist}-{version}-{tag}.whl"
-    with zipfile.ZipFile(path, "w") as z:
-        for p, d in files.items():
-            zi = zipfile.ZipInfo(p, ZIP_DATE)
-            zi.compress_type = zipfile.ZIP_STORED if p.endswith(".bin") else zipfile.ZIP_DEFLATED
-            zi.external_attr = 0o644 << 16
-            z.writestr(zi, d)
-    return path
-
 
 CP310 = "cp310-cp310-linux_x86_64"
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import socket
 import subprocess
 import sys
 import tarfile
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from fixture_wheels import apex_archive, make_wheel, wheels_for_env
+from httpfixtures import FileServer, free_port
 
 pytestmark = pytest.mark.docker
 
@@ -59,12 +59,6 @@ def docker_client():
     return client
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def index(tmp_path_factory, docker_client):
     """A pypiserver on loopback with stand-in wheels for everything p40 installs."""
@@ -76,7 +70,7 @@ def index(tmp_path_factory, docker_client):
     wheels_for_env(pkgs, d, VERL_FIXTURE if VERL_FIXTURE.is_dir() else None)
     for name in BUILD_TOOLS:
         make_wheel(pkgs, name, "0.0.1")
-    port = _free_port()
+    port = free_port()
     exe = Path(sys.executable).parent / "pypi-server"
     _need(exe.exists(), "pypiserver is not installed")
     log = open(pkgs.parent / "pypiserver.log", "w")
@@ -105,7 +99,6 @@ def index(tmp_path_factory, docker_client):
 def github():
     """A loopback stand-in for github.com serving the apex source archive at apex's real path."""
     from envbuilder import matrix
-    from httpfixtures import FileServer
 
     path, data = apex_archive(APEX_STANDIN, matrix.load().apex["source_url"].format(ref="25.08"))
     with FileServer({path: data}) as srv:
@@ -117,7 +110,7 @@ def config(tmp_path_factory, index, github):
     """The user's config: a `test` mirror set mapping Docker Hub to the loopback registry, and
     a `fallback` set whose first endpoint is a closed port and whose second answers /v2/ but
     does not hold the image (so the pull itself fails and the build moves on)."""
-    closed = f"127.0.0.1:{_free_port()}"
+    closed = f"127.0.0.1:{free_port()}"
     body = {"pypi": [index], "pytorch": [index], "huggingface": ["http://127.0.0.1:9/hf"],
             "github": [github]}
     cfg = {
@@ -225,7 +218,7 @@ def test_daemon_not_running_is_a_clear_exit_1(config, tmp_path):
 
 
 def test_unreachable_registry_pushes_nothing(docker_client, config):
-    closed = f"127.0.0.1:{_free_port()}"
+    closed = f"127.0.0.1:{free_port()}"
     r = envbuild(["build", "p40", "--mirror", "test", "--without", "apex", "--no-smoke",
                   "--tag", "envbuild-test/p40:unreach", "--push", closed], config)
     assert r.returncode == 1
