@@ -11,13 +11,14 @@ and throttling each connection, as a remote mirror does. Timed (median of --repe
                  input written here: pylock.toml, requirements.lock, lock.json), jobs=--jobs
   no-op          `envbuild wheelhouse` again into the full wheelhouse (hash checks, no request)
 
-Run: .venv/bin/python bench/bench_fetch.py [--files 40] [--size-kib 256] [--latency-ms 50]
+Run: .venv/bin/python bench/bench_wheelhouse.py [--files 40] [--size-kib 256] [--latency-ms 50]
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import statistics
 import subprocess
@@ -86,7 +87,7 @@ def bench_lock(lock: Path, wheels: dict[str, tuple[str, bytes]], url) -> None:
     meta = {"format": 1, "profile": "bench", "parts": ["pip"], "input_sha256": "bench",
             "env_sha256": "bench",
             "files": {n: hashlib.sha256(t.encode()).hexdigest() for n, t in files.items()}}
-    (lock / "lock.json").write_text(__import__("json").dumps(meta))
+    (lock / "lock.json").write_text(json.dumps(meta))
 
 
 def envbuild_wheelhouse(lock: Path, dest: Path, jobs: int) -> None:

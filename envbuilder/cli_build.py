@@ -98,7 +98,10 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
     files = render_files(env, locked)
     links = (locked or {}).get("links")
     d = env.data
-    tag = tag or f"envbuild/{profile}:{__import__('hashlib').sha256(files['envbuild.json'].encode()).hexdigest()[:12]}"
+    if not tag:
+        import hashlib
+
+        tag = f"envbuild/{profile}:{hashlib.sha256(files['envbuild.json'].encode()).hexdigest()[:12]}"
     if ":" not in tag.rsplit("/", 1)[-1]:
         tag += ":latest"
 

@@ -73,6 +73,12 @@ def free_bytes(path: str) -> int:
     return shutil.disk_usage(path).free
 
 
+def probe_mirror(body: dict) -> list:
+    from .mirrors import probe
+
+    return probe(body)
+
+
 class Probes(NamedTuple):
     """How the doctor reads the machine; tests pass recorded answers instead."""
     nvml: Any = None  # a pynvml-like module; None imports pynvml
@@ -82,7 +88,7 @@ class Probes(NamedTuple):
     which_all: Callable[[str], list[str]] = which_all
     free_bytes: Callable[[str], int] = free_bytes
     exists: Callable[[str], bool] = os.path.exists
-    mirror_probe: Callable[[dict], list] = lambda body: __import__("envbuilder.mirrors", fromlist=["probe"]).probe(body)
+    mirror_probe: Callable[[dict], list] = probe_mirror
 
 
 # -- GPU checks (pure) -----------------------------------------------------------------------

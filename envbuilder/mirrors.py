@@ -168,7 +168,8 @@ def order_by_health(endpoints: list[str], healthy: dict) -> list[str]:
     return up + [e for e in endpoints if e not in up]
 
 
-def registry_attempts(body: dict, healthy: dict | None = None) -> int:
+def registry_attempts(body: dict) -> int:
+    """How many endpoints a build may try: the longest registry list of the set."""
     return max([len(v) for v in (body.get("registries") or {}).values()] or [1])
 
 
