@@ -16,7 +16,10 @@ CUDA = {"version": S.VERSION, "min_driver": S.DRIVER, "compat_driver": S.DRIVER,
 TORCH = {"python": S.ListOf(S.CUDA), "torchvision": S.VERSION, "torchaudio": S.VERSION,
          "pypi_default": str, "builds": S.MapOf({"cuda": S.CUDA, "archs": S.ListOf(S.CC)}),
          "source": SOURCE}
-VLLM = {"torch": S.VERSION, "wheel_cuda": S.CUDA, "python": S.ListOf(S.CUDA), "source": SOURCE}
+VLLM = {"torch": S.VERSION, "wheel_cuda": S.CUDA, "python": S.ListOf(S.CUDA),
+        "pins?": S.MapOf(S.VERSION), "source": SOURCE}
+# requires: PACKAGE -> VERSION -> what that release's METADATA needs of a shared dependency
+REQUIRES = S.MapOf(S.MapOf({"needs": S.MapOf(S.Range()), "source": SOURCE}, key=S.VERSION))
 FEATURE = {"min_compute_capability": S.CC, "note?": str, "source": SOURCE}
 FLASH_ATTN = {"min_compute_capability": S.CC, "source": SOURCE,
               "versions": S.MapOf({"torch": S.Range(), "source": SOURCE}, key=S.VERSION),
@@ -24,7 +27,8 @@ FLASH_ATTN = {"min_compute_capability": S.CC, "source": SOURCE,
 APEX = {"versions": S.MapOf({"ref": str, "install": S.OneOf(("env", "config_settings")),
                              "source": SOURCE}),
         "source_url": str, "nvcc_must_match_torch_cuda": bool, "source": SOURCE}
-VERL = {"rollouts": S.ListOf(S.OneOf(("hf", "vllm", "sglang"))), "vllm": S.Range(),
+VERL = {"torch": S.Range(), "torch_why?": str, "torch_source": SOURCE,
+        "rollouts": S.ListOf(S.OneOf(("hf", "vllm", "sglang"))), "vllm": S.Range(),
         "attention_override": (str, None), "patches": S.ListOf(str),
         "pins": S.MapOf(S.VERSION), "source": SOURCE}
 PATCH = {"why": str, "when": S.OneOf(("no_flash_attention", "no_bf16", "always")),
@@ -61,6 +65,7 @@ SECTIONS: dict[str, tuple[Any, bool]] = {
     "flash_attn": (FLASH_ATTN, False),
     "apex": (APEX, False),
     "verl": (S.MapOf(VERL, key=S.VERSION), True),
+    "requires": (REQUIRES, True),
     "patches": (S.MapOf(PATCH), True),
     "profiles": (S.MapOf(PROFILE), True),
     "mirrors": (S.MapOf(MIRROR), True),

@@ -14,6 +14,7 @@ from typing import Any
 from . import __version__
 from .errors import UserError
 from .matrix import Matrix, cc_tuple, in_range, version_key
+from .versions import ranges_overlap
 
 SCHEMA_VERSION = 1
 # Rollouts whose packages the matrix knows how to pin (hf needs none, vllm: matrices/vllm.yaml).
@@ -302,6 +303,54 @@ class _Resolver:
             self.add("vllm-python", f"vllm {vllm_v} has no wheels for Python {python}",
                      f"it supports {', '.join(vr['python'])}", f"use --python {vr['python'][-1]}",
                      hard=True)
+    def verl_torch_rule(self, verl_v: str, verl: dict, torch_v: str, cuda_v: str, cc: str) -> None:
+        """verl's own code imports torch APIs that its METADATA does not pin (torch comes from
+        the image), so no resolver catches this: the matrix records the floor."""
+        spec = verl["torch"]
+        if in_range(torch_v, spec):
+            return
+        fits = [t for t in sorted(self.m.torch, key=version_key) if in_range(t, spec)]
+        same_cuda = [t for t in fits if any(b["cuda"] == cuda_v and _cc_runs(cc, b["archs"])
+                                            for b in self.m.torch[t]["builds"].values())]
+        older = [v for v, r in self.m.verl.items() if in_range(torch_v, r["torch"])]
+        fix = (f"use --torch {same_cuda[0]} (it has a CUDA {cuda_v} build)" if same_cuda
+               else f"use --torch {fits[0]} with a --cuda it is built for" if fits
+               else "use another torch")
+        if older:
+            fix += f", or --verl {older[-1]}"
+        self.add("verl-torch", f"verl {verl_v} needs torch{spec}, not {torch_v}",
+                 verl.get("torch_why") or f"its own code imports torch APIs newer than {torch_v} "
+                 f"(see {verl['torch_source']})", fix, hard=True)
+
+    def shared_dependency_rule(self, packages: dict[str, str]) -> None:
+        """Two installed packages whose requirements on one dependency cannot both hold (pip
+        installs them in different layers without noticing), or a pin outside a requirement."""
+        needs: dict[str, list[tuple[str, str]]] = {}
+        for pkg, ver in sorted(packages.items()):
+            rec = (self.m.requires.get(pkg) or {}).get(ver)
+            for dep, spec in sorted(((rec or {}).get("needs") or {}).items()):
+                needs.setdefault(dep, []).append((f"{pkg}=={ver}", spec))
+        for dep, wants in sorted(needs.items()):
+            pinned = packages.get(dep)
+            if pinned is not None:
+                for who, spec in wants:
+                    if not in_range(pinned, spec):
+                        self.add("shared-dependency", f"{dep}=={pinned} is pinned but {who} needs "
+                                 f"{dep}{spec}", "pip would install one and break the other "
+                                 "(`pip check` fails; uv refuses to resolve it)",
+                                 f"pin {dep} inside {spec}, or choose another {who.split('==')[0]}",
+                                 hard=True)
+                continue
+            for i, (who_a, spec_a) in enumerate(wants):
+                for who_b, spec_b in wants[i + 1:]:
+                    if not ranges_overlap(spec_a, spec_b):
+                        self.add("shared-dependency", f"{who_a} and {who_b} cannot be installed "
+                                 "together", f"{who_a} needs {dep}{spec_a}, {who_b} needs "
+                                 f"{dep}{spec_b}; installed in separate layers every step exits 0 "
+                                 "and the result is broken", f"pin {who_b.split('==')[0]} (or "
+                                 f"{who_a.split('==')[0]}) to a release whose {dep} requirement "
+                                 "meets the other's, in the profile's `pins`", hard=True)
+
     def vllm_cc_rule(self, gpu: dict) -> None:
         floor = self.m.min_compute_capability
         if floor and not _at_least(gpu["compute_capability"], floor):
@@ -375,6 +424,7 @@ class _Resolver:
             variant, build = f"cu{cuda_v.replace('.', '')}", {"cuda": cuda_v, "archs": []}
 
         self.rollout_rule(verl_v, verl, rollout)
+        self.verl_torch_rule(verl_v, verl, torch_v, cuda_v, cc)
         vllm_v = None
         extra_cudas = []
         if rollout == "vllm":
@@ -457,14 +507,20 @@ class _Resolver:
                                 "replace": [{"find": r["find"], "with": r["with"].format(**values)}
                                             for r in pr["replace"]]})
 
-        hard = [v for v in self.v if v.hard]
-        if hard or (self.v and not ov.allow_unsupported):
-            raise ResolveError(self.name, self.v)
-
+        # verl's pins, then the vLLM release's own pairings, then what flash-attn imports, then
+        # the profile's: later ones win
         pins = dict(verl["pins"])
+        if vllm_v:
+            pins.update(m.vllm[vllm_v].get("pins") or {})
         if fa:  # its wheel installs with --no-deps: what it imports at run time is pinned here
             pins.update(m.flash_attn.get("runtime_pins") or {})
         pins.update(p.get("pins", {}))
+        self.shared_dependency_rule({"torch": torch_v, **({"vllm": vllm_v} if vllm_v else {}),
+                                     **pins})
+
+        hard = [v for v in self.v if v.hard]
+        if hard or (self.v and not ov.allow_unsupported):
+            raise ResolveError(self.name, self.v)
         torch_index = None
         local = ""
         if variant != torch["pypi_default"]:

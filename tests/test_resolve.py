@@ -123,7 +123,7 @@ def test_a_4090_without_flash_attn_gets_bf16_and_sdpa():
 
 def test_a_4090_with_flash_attn_gets_flash_attention_2():
     env = resolved("4090", with_=["flash-attn"]).data
-    assert env["flash_attn"] == {"version": "2.5.8"}
+    assert env["flash_attn"] == {"version": "2.6.3"}  # 2.5.8 stops below torch 2.4
     assert env["attention"] == "flash_attention_2"
 
 
@@ -271,3 +271,57 @@ def test_a_rollout_envbuild_cannot_install_is_refused():
 def test_flash_attn_brings_what_it_imports_at_run_time():
     env = resolved("4090", with_=["flash-attn"]).data
     assert env["verl"]["pins"]["einops"] == "0.8.1"
+
+
+# -- verl's torch floor (its own imports, not in its METADATA) -----------------------------------
+
+def test_verl_041_with_torch_231_is_refused_because_fsdp_workers_need_devicemesh():
+    v = violations("4090", torch="2.3.1")["verl-torch"]
+    assert v.hard
+    assert "verl 0.4.1 needs torch>=2.4, not 2.3.1" in v.what
+    assert "DeviceMesh" in v.why and "verl.workers.fsdp_workers" in v.why
+
+
+def test_the_verl_torch_fix_resolves():
+    fix = violations("4090", torch="2.3.1")["verl-torch"].fix
+    torch = re.search(r"--torch (\S+)", fix).group(1)
+    env = resolved("4090", torch=torch).data
+    assert env["torch"]["version"] == torch and env["cuda"]["version"] == "12.1"
+
+
+def test_every_shipped_profile_meets_its_verls_torch_floor():
+    for name in PROFILES:
+        d = resolved(name).data
+        floor = M.load().verl[d["verl"]["version"]]["torch"]
+        assert M.in_range(d["torch"]["version"], floor), name
+
+
+# -- shared dependencies: what two installed packages require of a third ------------------------
+
+def test_t4_gets_the_ray_that_vllm_085_can_live_with():
+    pins = resolved("t4").data["verl"]["pins"]
+    assert pins["ray[default]"] == "2.47.1"  # vllm.yaml's pairing over verl 0.6.1's 2.49.2
+
+
+def test_ray_249_with_vllm_085_is_refused_naming_opentelemetry(overlay):
+    prof = record("profiles", "t4", pins={"ray[default]": "2.49.2"}, source="https://example.org")
+    v = violations("t4", M.load((overlay({"profiles": {"t4": prof}}),)))["shared-dependency"]
+    assert v.hard
+    assert "vllm==0.8.5.post1" in v.what and "ray[default]==2.49.2" in v.what
+    assert "opentelemetry-sdk>=1.26.0,<1.27.0" in v.why and "opentelemetry-sdk>=1.30.0" in v.why
+
+
+def test_a_pin_outside_a_packages_requirement_is_refused(overlay):
+    prof = record("profiles", "t4", pins={"opentelemetry-sdk": "1.30.0"},
+                  source="https://example.org")
+    v = violations("t4", M.load((overlay({"profiles": {"t4": prof}}),)))["shared-dependency"]
+    assert "opentelemetry-sdk==1.30.0 is pinned but vllm==0.8.5.post1 needs" in v.what
+
+
+def test_overlapping_requirements_pass():
+    from envbuilder.versions import ranges_overlap
+
+    assert ranges_overlap(">=1.26.0,<1.27.0", ">=1.26.5")
+    assert not ranges_overlap(">=1.26.0,<1.27.0", ">=1.30.0")
+    assert not ranges_overlap("<1.27", ">=1.27") and ranges_overlap("<=1.27", ">=1.27")
+    assert ranges_overlap("==2.0", ">=1.0,<3") and not ranges_overlap("==2.0", ">2.0")
