@@ -163,18 +163,43 @@ def show(profile, as_json, overrides, matrix_dirs):
 
 @cli.command()
 @click.argument("profile")
+@click.option("--resolve", "online", is_flag=True,
+              help="Also resolve the whole pinned set as one solution with uv against the index, "
+                   "for the profile's Python and platform (needs the network and the lock extra).")
+@click.option("--index-url", metavar="URL", help="With --resolve: the PyPI index (default the "
+              "profile's).")
+@click.option("--torch-index-url", metavar="URL", help="With --resolve: the PyTorch index for "
+              "+cuXXX builds (default the profile's; when it does not answer, PyPI's build of the "
+              "same torch version is resolved instead, and said so).")
 @override_options
-def check(profile, overrides, matrix_dirs):
+def check(profile, online, index_url, torch_index_url, overrides, matrix_dirs):
     """Exit 0 when PROFILE (with overrides) is a working combination; else explain, exit 2."""
     from .resolve import resolve
 
-    env = resolve(_matrix(matrix_dirs), profile, overrides)
+    m = _matrix(matrix_dirs)
+    env = resolve(m, profile, overrides)
     d = env.data
     click.echo(f"OK: {profile} resolves: {d['gpu']['name']} (CC {d['gpu']['compute_capability']}), "
                f"CUDA {d['cuda']['version']}, torch {d['torch']['version']}+{d['torch']['variant']}, "
                f"verl {d['verl']['version']} with the {d['rollout']} rollout, {d['dtype']}.")
     for w in d["warnings"]:
         click.echo(f"WARNING: {w}")
+    if online:
+        from .lock import target_glibc
+        from .lock.pip import co_resolve, index_answers, python_platform
+        from .plan import torch_swap
+
+        glibc = target_glibc(m, env)
+        pypi = index_url or d["indexes"]["pypi"]
+        torch_index = torch_index_url or d["indexes"]["torch"]
+        swap = bool(torch_index) and not index_answers(torch_index)
+        if swap:
+            click.echo(f"note: the PyTorch index {torch_index} does not answer; resolving torch "
+                       f"{torch_swap(env)} in its place: the rest of the set is the profile's.")
+        found = co_resolve(env, glibc, pypi, torch_index, swap)
+        click.echo(f"OK: the whole pinned set co-resolves: {len(found)} packages from {pypi}"
+                   + (f" and {torch_index}" if torch_index and not swap else "")
+                   + f" for Python {d['python']} on {python_platform(glibc)}.")
 
 
 @cli.command()
@@ -241,6 +266,13 @@ def render(profile, all_, from_, out, locked_dir, wheelhouse, mirror, overrides,
     for env in envs:
         target = base / env.name if (all_ or out is None) else out
         locked = _locked(env, locked_dir, all_, wheelhouse)  # against the upstream spec
+        if not locked:
+            from .plan import with_constraints
+
+            env = with_constraints(env)
+            if not env.data["constraints"]:
+                click.echo(f"  note: {env.name} is not pinned beyond its top-level pins (no lock "
+                           f"matches it): `envbuild lock {env.name}` makes one.", err=True)
         if mirror:
             from . import mirrors as M
 
@@ -270,9 +302,23 @@ def _locked(env, locked_dir, all_, wheelhouse=None):
     return for_render(env, Path(locked_dir) / env.name if all_ else Path(locked_dir))
 
 
+# Optional dependencies -> the extra that installs them (pyproject.toml's optional-dependencies).
+EXTRAS = {"docker": "actions", "requests": "actions", "pynvml": "actions", "rattler": "lock",
+          "conda_lock": "lock", "uv": "lock", "tomli": "lock"}
+
+
 def main(argv=None):
     try:
-        cli.main(args=argv, prog_name="envbuild", standalone_mode=False)
+        try:
+            cli.main(args=argv, prog_name="envbuild", standalone_mode=False)
+        except ModuleNotFoundError as e:
+            extra = EXTRAS.get((e.name or "").split(".")[0])
+            if not extra:
+                raise
+            raise UserError(f"This command needs the {e.name!r} package, which is not installed: "
+                            f"it comes with envbuild's [{extra}] extra. Install it with "
+                            f"`pip install 'envbuild[{extra}]'` (from a checkout: "
+                            f"`.venv/bin/pip install -e '.[actions,lock]'`).") from None
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(130)

@@ -95,6 +95,10 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
     env = resolve(m, profile, overrides)
     secrets = B.secret_files(ca_cert, pip_conf)
     locked = _locked(env, None, False, wheelhouse) if wheelhouse else None
+    if not locked:
+        from .plan import with_constraints
+
+        env = with_constraints(env)
     files = render_files(env, locked)
     links = (locked or {}).get("links")
     d = env.data

@@ -108,6 +108,18 @@ def render_files(env: ResolvedEnv, locked: dict | None = None) -> dict[str, str]
         if name == "apply_patches.py" and not d["patches"]:
             continue
         out[name] = j.get_template(template).render(context)
+    if d.get("constraints") and not locked:
+        from .plan import CONSTRAINTS
+
+        c = d["constraints"]
+        for layer in c["order"]:
+            pins = c["layers"][layer]
+            head = (f"# envbuild: what the {layer} layer of {d['profile']} installs, from "
+                    f"{c['from']}"
+                    + (f"; solved with torch {c['torch_swapped']}, so torch's own packages are "
+                       "pinned by the requirements, not here" if c["torch_swapped"] else "")
+                    + ".\n")
+            out[CONSTRAINTS.format(layer=layer)] = head + "".join(f"{pin}\n" for pin in pins)
     out.update(locked["files"] if locked else {})
     return out
 
@@ -135,6 +147,7 @@ def write_dir(out_dir: Path, files: dict[str, str], links: dict[str, Path] | Non
     try:
         for name, text in sorted(files.items()):
             path = tmp / name
+            path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
             path.chmod(0o755 if name in EXECUTABLE and marker == MARKER else 0o644)
         for name, src in sorted((links or {}).items()):

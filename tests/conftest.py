@@ -143,3 +143,19 @@ def _jinja_cache_out_of_home(cache_home):
     mp.setenv("XDG_CACHE_HOME", str(cache_home))
     yield
     mp.undo()
+
+
+PYPI = "https://pypi.org/simple"
+
+
+@pytest.fixture(scope="session")
+def real_pypi():
+    """The real-package tier's index. Unreachable: a skip with the reason, except under CI=true,
+    where this tier must run (CI reaches PyPI)."""
+    from envbuilder.lock.pip import index_answers
+
+    if index_answers(PYPI, timeout=10):
+        return PYPI
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{PYPI} does not answer: the real-index tests must run under CI=true")
+    pytest.skip(f"{PYPI} does not answer: the real-index tests need it")

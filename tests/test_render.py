@@ -43,16 +43,19 @@ def instructions(text: str):
 
 @pytest.mark.parametrize("profile", ["p40", "4090"])
 def test_rendered_files_match_the_golden_files(profile, tmp_path):
-    """A changed golden file is reviewed like code. Regenerate: UPDATE_GOLDEN=1 pytest tests."""
+    """A changed golden file is reviewed like code. Regenerate: UPDATE_GOLDEN=1 pytest tests.
+    As `envbuild render` writes them: with the constraints of the shipped lock."""
+    from envbuilder.plan import with_constraints
+
     out = tmp_path / profile
-    render(resolved(profile), out)
+    render(with_constraints(resolved(profile)), out)
     golden = GOLDEN / profile
     if os.environ.get("UPDATE_GOLDEN") == "1":
         shutil.rmtree(golden, ignore_errors=True)
         shutil.copytree(out, golden)
     assert golden.is_dir(), f"no {golden}; create it with UPDATE_GOLDEN=1 and review it"
-    got = {p.name: p.read_bytes() for p in out.iterdir()}
-    want = {p.name: p.read_bytes() for p in golden.iterdir()}
+    got = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    want = {str(p.relative_to(golden)): p.read_bytes() for p in golden.rglob("*") if p.is_file()}
     assert sorted(got) == sorted(want), "files added or missing; rerun with UPDATE_GOLDEN=1 and review"
     for name in sorted(want):
         assert got[name] == want[name], f"{profile}/{name} differs from tests/golden/; review the diff"
@@ -259,7 +262,8 @@ def test_verl_is_the_last_pip_layer(profile, rendered):
 
 def test_a_verl_pin_change_leaves_the_torch_layer_and_all_before_it_cached(overlay):
     """Docker's cache keys on instructions, so comments (the header names verl) don't count."""
-    verl = record("verl", "0.4.1", source="https://pypi.org/project/verl/")
+    verl = record("verl", "0.4.1", source="https://pypi.org/project/verl/",
+                  torch_source="https://pypi.org/project/verl/")
     verl["pins"] = dict(verl["pins"], transformers="4.52.4")
     folder = overlay({"verl": {"0.4.2": verl},
                       "profiles": {"p40": record("profiles", "p40", verl="0.4.2",
