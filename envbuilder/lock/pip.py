@@ -82,19 +82,28 @@ def _run_uv(args: list[str], cwd: Path, indexes: list[str]) -> None:
                     "platform) on these indexes.")
 
 
-def co_resolve(env: ResolvedEnv, glibc: str, pypi: str, torch: str | None,
-               swap_torch: bool = False) -> dict[str, Locked]:
-    """Resolve the whole pinned set with uv for the target's Python and platform, as one
-    solution; UserError naming the conflict when there is none."""
+def _compile(env: ResolvedEnv, glibc: str, pypi: str, torch: str | None, swap_torch: bool,
+             outputs: dict[str, list[str]]) -> dict[str, str]:
+    """Run `uv pip compile` of the plan once per output file ({name: extra args}) for the
+    target's Python and platform; {name: text}. `swap_torch`: PyPI's build of the profile's
+    torch version, no PyTorch index."""
     if swap_torch:
         torch = None
     indexes = [pypi] + ([torch] if torch else [])
     args = compile_args(env.name, env.data["python"], glibc, pypi, torch)
-    with tempfile.TemporaryDirectory(prefix="envbuild-resolve-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="envbuild-lock-") as tmp:
         tmp = Path(tmp)
         (tmp / "requirements.in").write_text(requirements_in(env, swap_torch), encoding="utf-8")
-        _run_uv(["requirements.in", *args, "--quiet", "-o", "resolved.txt"], tmp, indexes)
-        return parse((tmp / "resolved.txt").read_text(encoding="utf-8"))
+        for name, extra in outputs.items():
+            _run_uv(["requirements.in", *args, *extra, "--quiet", "-o", name], tmp, indexes)
+        return {name: (tmp / name).read_text(encoding="utf-8") for name in outputs}
+
+
+def co_resolve(env: ResolvedEnv, glibc: str, pypi: str, torch: str | None,
+               swap_torch: bool = False) -> dict[str, Locked]:
+    """Resolve the whole pinned set with uv for the target's Python and platform, as one
+    solution; UserError naming the conflict when there is none."""
+    return parse(_compile(env, glibc, pypi, torch, swap_torch, {"resolved.txt": []})["resolved.txt"])
 
 
 def index_answers(url: str, timeout: float = 5.0) -> bool:
@@ -130,20 +139,11 @@ def compile_lock(env: ResolvedEnv, glibc: str, pypi: str, torch: str | None,
     one artifact URL + sha256 per package (PEP 751). `swap_torch`: solve with PyPI's build of
     the profile's torch version (no PyTorch index)."""
 
-    if swap_torch:
-        torch = None
-    indexes = [pypi] + ([torch] if torch else [])
-    args = compile_args(env.name, env.data["python"], glibc, pypi, torch)
-    with tempfile.TemporaryDirectory(prefix="envbuild-lock-") as tmp:
-        tmp = Path(tmp)
-        (tmp / "requirements.in").write_text(requirements_in(env, swap_torch), encoding="utf-8")
-        _run_uv(["requirements.in", *args, "--generate-hashes", "--quiet", "-o",
-                 "requirements.lock"], tmp, indexes)
-        # pylock.toml (PEP 751): the one file per package that fits the target, with its URL
-        _run_uv(["requirements.in", *args, "--quiet", "-o", "pylock.toml"], tmp, indexes)
-        text = (tmp / "requirements.lock").read_text(encoding="utf-8")
-        pylock_text = (tmp / "pylock.toml").read_text(encoding="utf-8")
-        pylock = load_toml(pylock_text)
+    # pylock.toml (PEP 751): the one file per package that fits the target, with its URL
+    out = _compile(env, glibc, pypi, torch, swap_torch,
+                   {"requirements.lock": ["--generate-hashes"], "pylock.toml": []})
+    text, pylock_text = out["requirements.lock"], out["pylock.toml"]
+    pylock = load_toml(pylock_text)
     locked = {(n, p.version) for n, p in parse(text).items()}
     other = {(normalize(p["name"]), p["version"]) for p in pylock.get("packages", [])}
     if locked != other:
