@@ -197,7 +197,10 @@ def driver_check(r):
 def libcuda_for_imports(r):
     """Compiled modules may link libcuda.so.1 (vllm._C does), which only the driver provides.
     Without one, the CUDA image's forward-compat libcuda stands in, for loading modules only."""
-    import ctypes
+    try:
+        import ctypes
+    except ImportError:  # a Python built without ctypes loads no compiled module through it either
+        return
     try:
         ctypes.CDLL("libcuda.so.1")
         return
