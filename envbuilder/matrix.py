@@ -198,6 +198,11 @@ def _cross_check(m: Matrix) -> None:
             if p not in m.patches:
                 raise UserError(f"{m.where('verl', key)}: verl.{key}.patches names {p!r}, which "
                                 "patches.yaml does not define.")
+        for rollout in ver["training_path"]["rollouts"]:
+            if rollout not in ver["rollouts"]:
+                raise UserError(f"{m.where('verl', key)}: verl.{key}.training_path.rollouts.{rollout}: "
+                                f"verl {key} has no {rollout!r} rollout (its rollouts are "
+                                f"{', '.join(ver['rollouts'])}). Remove the entry or fix `rollouts`.")
     refs = (("gpu", "gpus"), ("cuda", "cuda"), ("torch", "torch"), ("verl", "verl"),
             ("vllm", "vllm"))
     for key, prof in m.profiles.items():

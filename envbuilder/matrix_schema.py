@@ -7,6 +7,10 @@ from typing import Any
 from . import schema as S
 
 SOURCE = str
+# what a training run imports, in order: dotted Python module names (they land in preflight.py
+# and the smoke test as data, and the real-package tests look each one up in the real wheel)
+MODULES = S.ListOf(S.MODULE)
+TRAINING_PATH = {"modules": MODULES, "source": SOURCE}
 GPU = {"name": str, "match": S.ListOf(S.Regex()), "arch": str, "compute_capability": S.CC,
        "vram_gb": float, "max_smem_per_block_kb": int, "bf16": bool, "fp16_fast": bool,
        "source": SOURCE}
@@ -23,14 +27,17 @@ REQUIRES = S.MapOf(S.MapOf({"needs": S.MapOf(S.Range()), "source": SOURCE}, key=
 FEATURE = {"min_compute_capability": S.CC, "note?": str, "source": SOURCE}
 FLASH_ATTN = {"min_compute_capability": S.CC, "source": SOURCE,
               "versions": S.MapOf({"torch": S.Range(), "source": SOURCE}, key=S.VERSION),
-              "runtime_pins?": S.MapOf(S.VERSION)}
+              "runtime_pins?": S.MapOf(S.VERSION), "training_path": TRAINING_PATH}
 APEX = {"versions": S.MapOf({"ref": str, "install": S.OneOf(("env", "config_settings")),
                              "source": SOURCE}),
-        "source_url": str, "nvcc_must_match_torch_cuda": bool, "source": SOURCE}
+        "source_url": str, "nvcc_must_match_torch_cuda": bool, "training_path": TRAINING_PATH,
+        "source": SOURCE}
 VERL = {"torch": S.Range(), "torch_why?": str, "torch_source": SOURCE,
         "rollouts": S.ListOf(S.OneOf(("hf", "vllm", "sglang"))), "vllm": S.Range(),
         "attention_override": (str, None), "patches": S.ListOf(str),
-        "pins": S.MapOf(S.VERSION), "source": SOURCE}
+        "pins": S.MapOf(S.VERSION),
+        "training_path": {"modules": MODULES, "rollouts": S.MapOf(MODULES), "source": SOURCE},
+        "source": SOURCE}
 PATCH = {"why": str, "when": S.OneOf(("no_flash_attention", "no_bf16", "always")),
          "files": S.ListOf(str),
          "replace": S.ListOf({"find": str, "with": str}), "source": SOURCE}
@@ -61,6 +68,8 @@ SECTIONS: dict[str, tuple[Any, bool]] = {
     "vllm": (S.MapOf(VLLM, key=S.VERSION), True),
     "min_compute_capability": (S.CC, False),
     "min_compute_capability_source": (SOURCE, False),
+    "vllm_training_path": (TRAINING_PATH, False),
+    "cuda_compat": ({"libcuda": S.ABSPATH, "source": SOURCE}, False),
     "features": (S.MapOf(FEATURE), True),
     "flash_attn": (FLASH_ATTN, False),
     "apex": (APEX, False),

@@ -65,18 +65,16 @@ def apex_command(d: dict) -> str:
 
 
 def preflight_expectations(d: dict) -> dict:
-    imports = ["torch", "transformers", "verl"]
-    if d["vllm"]:
-        imports.append("vllm")
-    if d["flash_attn"]:
-        imports.append("flash_attn")
-    if d["apex"]:
-        imports += ["apex", "amp_C"]
+    """What preflight.py checks, as data (its EXPECTED blob). training_path: every module a
+    training run imports, which the build's smoke test (preflight.py --smoke) imports too."""
     return {
         "profile": d["profile"],
         "gpu": d["gpu"]["name"],
         "compute_capability": d["gpu"]["compute_capability"],
+        "torch_version": d["torch"]["version"],
         "torch_cuda": d["torch"]["cuda"],
+        "torch_requirement": d["torch"]["packages"][0],
+        "torch_index": d["torch"]["index_url"] or d["indexes"]["pypi"],
         "dtype": d["dtype"],
         "torch_dtype": {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[d["dtype"]],
         "torch_compile": d["features"]["torch_compile"],
@@ -84,7 +82,8 @@ def preflight_expectations(d: dict) -> dict:
         "min_driver": d["driver"]["min_driver"],
         "compat_driver": d["driver"]["compat_driver"],
         "driver_cuda": d["driver"]["for_cuda"],
-        "imports": imports,
+        "compat_libcuda": d["cuda"]["compat_libcuda"],
+        "training_path": list(d["training_path"]),
     }
 
 

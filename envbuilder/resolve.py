@@ -127,6 +127,11 @@ class ResolvedEnv:
             raise UserError(f"{origin} is not an envbuild resolved environment of schema version "
                             f"{SCHEMA_VERSION}. Pass the envbuild.json that `envbuild render` wrote "
                             "(or re-resolve it from its profile).")
+        if "training_path" not in data or "compat_libcuda" not in (data.get("cuda") or {}):
+            raise UserError(f"{origin} was written by an older envbuild: it has no training_path "
+                            "(the modules preflight and the smoke test import). Re-resolve it: "
+                            f"envbuild render {data.get('profile', 'PROFILE')} with the same "
+                            "overrides (they are under `overrides` in the file).")
         return cls(data)
 
 
@@ -145,6 +150,21 @@ def _cc_runs(gpu_cc: str, archs: list[str]) -> bool:
 
 def _at_least(cc: str, floor: str) -> bool:
     return cc_tuple(cc) >= cc_tuple(floor)
+
+
+def training_path(m: Matrix, verl_v: str, rollout: str, components: tuple[str, ...] = ()) -> list[str]:
+    """The modules a PPO run (verl.trainer.main_ppo, FSDP) imports, in the order preflight and the
+    smoke test import them: the compiled parts first (each names the package that is broken:
+    vllm's ops for the vllm rollout, then `components`, "flash-attn"/"apex"), then verl's trainer,
+    workers, dataset and reward, then the rollout's own modules. Every name comes from the matrix."""
+    parts = []
+    if rollout == "vllm":
+        parts.append(m.vllm_training_path["modules"])
+    sections = {"flash-attn": m.flash_attn, "apex": m.apex}
+    parts += [sections[c]["training_path"]["modules"] for c in ("flash-attn", "apex") if c in components]
+    path = m.verl[verl_v]["training_path"]
+    parts += [path["modules"], path["rollouts"].get(rollout, [])]
+    return list(dict.fromkeys(name for part in parts for name in part))
 
 
 class _Resolver:
@@ -264,6 +284,14 @@ class _Resolver:
             fix += f", or --rollout {others[0]}"
         self.add("rollout", f"verl {verl_v} has no {rollout!r} rollout",
                  f"its rollouts are {', '.join(verl['rollouts'])}", fix, hard=True)
+
+    def training_path_rule(self, verl_v: str, verl: dict, rollout: str) -> None:
+        if rollout in verl["rollouts"] and rollout not in verl["training_path"]["rollouts"]:
+            self.add("training-path", f"the matrix records no training path for verl {verl_v}'s "
+                     f"{rollout!r} rollout", "preflight and the smoke test would not import the "
+                     "rollout's modules, so a broken rollout would show only once training starts",
+                     f"add verl.{verl_v}.training_path.rollouts.{rollout} (the modules verl's FSDP "
+                     "workers import for it, read from the release's wheel)", hard=True)
 
     def choose_vllm(self, torch_v: str, verl_v: str, verl: dict) -> str | None:
         fitting = [v for v, r in self.m.vllm.items()
@@ -425,6 +453,7 @@ class _Resolver:
 
         self.rollout_rule(verl_v, verl, rollout)
         self.verl_torch_rule(verl_v, verl, torch_v, cuda_v, cc)
+        self.training_path_rule(verl_v, verl, rollout)
         vllm_v = None
         extra_cudas = []
         if rollout == "vllm":
@@ -538,7 +567,8 @@ class _Resolver:
                     "vram_gb": gpu["vram_gb"], "bf16": gpu["bf16"],
                     "max_smem_per_block_kb": gpu["max_smem_per_block_kb"]},
             "cuda": {"version": cuda_v, "full_version": cuda["version"], "ubuntu": cuda["ubuntu"],
-                     "images": dict(cuda["images"]), "conda_nvcc": cuda["conda_nvcc"]},
+                     "images": dict(cuda["images"]), "conda_nvcc": cuda["conda_nvcc"],
+                     "compat_libcuda": m.cuda_compat["libcuda"]},
             "driver": driver,
             "python": python,
             "torch": {"version": torch_v, "variant": variant, "cuda": build["cuda"],
@@ -564,6 +594,7 @@ class _Resolver:
             "huggingface": defaults.get("huggingface", "https://huggingface.co"),
             "conda_channels": list(defaults.get("conda_channels", ["conda-forge", "nvidia"])),
             "train": dict(p["train"]),
+            "training_path": training_path(m, verl_v, rollout, tuple(components)),
             "warnings": [v.text() for v in self.v],
         }
         return ResolvedEnv(data)

@@ -79,6 +79,8 @@ CC = Pattern(r"\d+\.\d", "6.1")
 CUDA = Pattern(r"\d+\.\d+", "11.8")
 GLIBC = Pattern(r"\d+\.\d+", "2.35")
 DRIVER = Pattern(r"\d+\.\d+(\.\d+)?", "550.54.14")
+MODULE = Pattern(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", "verl.trainer.main_ppo")
+ABSPATH = Pattern(r"/[A-Za-z0-9_.+/-]*", "/usr/local/cuda/compat/libcuda.so.1")
 
 _TYPE_NAMES = {str: "a string", int: "a whole number", float: "a number", bool: "true or false",
                dict: "a mapping", list: "a list"}

@@ -82,19 +82,57 @@ def verl_files(fixture_root: Path) -> dict[str, bytes]:
             for p in sorted((fixture_root / "verl").rglob("*.py")) if p.name != "__init__.py"}
 
 
+def importable_source(real: bytes) -> bytes:
+    """A recorded real verl file as a stand-in module: its text held in a string, so the image's
+    source patches apply to the real lines while the module imports without verl's dependencies
+    (torch.distributed, transformers, ...), which the stand-ins do not have."""
+    text = real.decode("utf-8")
+    if "'''" in text or text.endswith("\\"):
+        raise ValueError("a recorded verl file cannot sit in r'''...'''; quote it otherwise")
+    return ("# envbuild test stand-in: the real file's text, patchable but not executed\n"
+            "SOURCE = r'''" + text + "'''\n").encode()
+
+
+def module_files(modules: list[str], body=lambda module: f"# envbuild test stand-in for {module}\n"
+                 ) -> dict[str, str]:
+    """Files that make each dotted module importable: NAME.py, or NAME/__init__.py where another
+    module sits under it, and an __init__.py for every package on the way. body(module) is
+    each module's text (packages on the way only get `body(package)` when listed)."""
+    packages = {".".join(m.split(".")[:i]) for m in modules for i in range(1, m.count(".") + 1)}
+    files = {}
+    for name in sorted(packages | set(modules)):
+        path = name.replace(".", "/") + ("/__init__.py" if name in packages else ".py")
+        files[path] = body(name) if name in modules else ""
+    return files
+
+
+def training_path_files(d: dict, dist: str) -> dict[str, str]:
+    """Stand-ins for the modules of d's training path inside the package `dist`; its own
+    __init__.py is left to make_wheel, which writes __version__ there."""
+    modules = [m for m in d["training_path"] if m.split(".")[0] == dist]
+    return {p: text for p, text in module_files(modules).items() if p != f"{dist}/__init__.py"}
+
+
 def wheels_for_env(out_dir: Path, d: dict, verl_fixture: Path | None = None,
                    weights_mb: dict[str, int] | None = None) -> list[Path]:
     """Stand-in wheels for every package a resolved environment installs; `weights_mb` gives
-    some of them a realistic size (e.g. {"torch": 512})."""
+    some of them a realistic size (e.g. {"torch": 512}). torch says which CUDA it is built for
+    (torch.version.cuda, as preflight reads it); verl holds a module for every verl module of
+    the training path, the recorded real sources among them (see importable_source)."""
     pins = [p for p in d["torch"]["packages"]]
     if d.get("vllm"):
         pins.append(f"vllm=={d['vllm']['version']}")
     pins += [f"{n}=={v}" for n, v in d["verl"]["pins"].items()]
     made = []
     for name, version in requirement_pins(pins):
-        made.append(make_wheel(out_dir, name, version,
+        files = training_path_files(d, dist_name(name))  # vllm._C for one
+        if name == "torch":
+            files["torch/version.py"] = f"__version__ = {version!r}\ncuda = {d['torch']['cuda']!r}\n"
+        made.append(make_wheel(out_dir, name, version, files=files,
                                payload=(weights_mb or {}).get(name, 0) << 20))
-    files = verl_files(verl_fixture) if verl_fixture else {}
+    files = training_path_files(d, "verl")
+    if verl_fixture:
+        files.update({path: importable_source(data) for path, data in verl_files(verl_fixture).items()})
     made.append(make_wheel(out_dir, "verl", d["verl"]["version"], files=files))
     return made
 

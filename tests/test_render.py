@@ -18,6 +18,7 @@ import yaml
 
 from conftest import (FIXTURES, GOLDEN, PROFILES, clean_env, envbuild_exe, record, resolved,
                       shipped, snapshot)
+from fixture_wheels import module_files
 from envbuilder import matrix as M
 from envbuilder.render import MARKER, RUN_SCRIPT, render, render_files
 from envbuilder.resolve import ResolvedEnv
@@ -384,10 +385,12 @@ def preflight(profile: str, tmp_path: Path, **gpu) -> subprocess.CompletedProces
     site = tmp_path / "site"
     site.mkdir(exist_ok=True)
     (site / "torch.py").write_text(FAKE_TORCH)
-    for module in ("transformers", "verl", "vllm", "flash_attn", "apex", "amp_C"):
-        (site / f"{module}.py").write_text("")
+    env = resolved(profile)
+    for path, text in module_files(env.data["training_path"]).items():
+        (site / path).parent.mkdir(parents=True, exist_ok=True)
+        (site / path).write_text(text)
     script = tmp_path / "preflight.py"
-    script.write_text(render_files(resolved(profile))["preflight.py"])
+    script.write_text(render_files(env)["preflight.py"])
     empty_path = tmp_path / "no-nvidia-smi"
     empty_path.mkdir(exist_ok=True)
     return subprocess.run([sys.executable, str(script), "--json"], capture_output=True, text=True,
