@@ -54,7 +54,7 @@ def test_a_missing_torch_cuda_build_suggests_the_cuda_versions_it_has():
 def test_a_driver_too_old_for_the_cuda_image_is_a_violation():
     v = violations("t4", driver="450.0")["driver"]
     assert "driver 450.0 is too old for CUDA 12.4" in v.what
-    assert "550.54.14" in v.fix
+    assert "550.54.15" in v.fix
 
 
 def test_a_driver_above_the_compat_floor_runs_in_minor_version_compatibility():
