@@ -189,6 +189,36 @@ def parse(text: str) -> dict[str, Locked]:
     return out
 
 
+def replace_hashes(text: str, hashes: dict[str, tuple[str, ...]]) -> str:
+    """requirements.lock text with the hash list of each package in `hashes` ({normalized
+    name: ("sha256:...", ...)}) replaced: the requirement line keeps its pin and marker, the
+    comments stay. Every name must be pinned in the text."""
+    out: list[str] = []
+    seen: set[str] = set()
+    lines = iter(text.splitlines())
+    for line in lines:
+        m = _REQ.match(line)
+        name = normalize(m[1]) if m else None
+        if name not in hashes:
+            out.append(line)
+            continue
+        statement = [line]
+        while statement[-1].rstrip().endswith("\\"):  # the requirement's continuation lines
+            nxt = next(lines, None)
+            if nxt is None:
+                break
+            statement.append(nxt)
+        head = _HASH.sub("", statement[0]).rstrip().removesuffix("\\").rstrip()
+        new = [head] + [f"    --hash={h}" for h in hashes[name]]
+        out.append(" \\\n".join(new))
+        seen.add(name)
+    missing = sorted(set(hashes) - seen)
+    if missing:
+        raise UserError(f"requirements.lock pins no {', '.join(missing)}, which pylock.toml "
+                        "pins; the lock is inconsistent. Re-lock with `envbuild lock`.")
+    return "\n".join(out) + ("\n" if text.endswith("\n") else "")
+
+
 def layers(env: ResolvedEnv, locked: dict[str, Locked]) -> dict[str, list[str]]:
     """Each layer's packages: the closure of its roots over the lock's dependency edges, minus
     what an earlier layer installs. Anything left over goes into the last layer. The builder's
