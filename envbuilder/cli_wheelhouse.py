@@ -87,6 +87,10 @@ def wheelhouse(profiles, out, lock_dir, mirror, url_map, build_index_url, jobs, 
         raise UserError("--lock-dir names one lock; export several profiles from lockfiles/<profile>.")
     if jobs < 1:
         raise UserError("--jobs must be at least 1.")
+    if build_index_url and not build_index_url.startswith(("http://", "https://", "file://")):
+        raise UserError(f"--build-index-url {build_index_url!r} is not an index URL; pass the "
+                        "http(s):// or file:// URL of a PEP 503 index that serves the build "
+                        "backends (e.g. https://pypi.org/simple or your mirror's).")
     maps = _url_maps(url_map)
     if mirror:
         from . import mirrors as M
