@@ -13,7 +13,8 @@ URLs and sha256), so no resolver runs here. The Wheelhouse directory holds
   conda/<profile>.txt   the explicit conda environment of each profile (paths relative to here)
   requirements/<profile>.lock  the lock's requirements.lock, with each built wheel's sha256 in
                         place of its sdist's (install.sh installs from it)
-  locks/<profile>/      a copy of the lock it was made from, untouched (render --wheelhouse reads it)
+  locks/<profile>/      an untouched copy of the lock it was made from (render --wheelhouse
+                        reads it)
   manifest.json         every file: name, version, size, sha256 (a built wheel also what it was
                         built from and how); and what each profile uses
   install.sh            on the far side: pip --no-index --require-hashes --only-binary, conda
@@ -390,9 +391,10 @@ def _profile_files(out: Path, name: str, lock_dir: Path, meta: dict, arts: list[
 
         text = _verified_text(lock_dir, meta, L.REQUIREMENTS)
         if built:
-            text = (f"# envbuild wheelhouse: {L.REQUIREMENTS} of {name}, with the sha256 of the wheel "
-                    f"built here from each sdist ({', '.join(sorted(built))}) in place of the "
-                    "sdist's\n" + replace_hashes(text, {n: (f"sha256:{h}",) for n, h in built.items()}))
+            note = (f"# envbuild wheelhouse: {L.REQUIREMENTS} of {name}, with the sha256 of the "
+                    f"wheel built here from each sdist ({', '.join(sorted(built))}) in place of "
+                    "the sdist's\n")
+            text = note + replace_hashes(text, {n: (f"sha256:{h}",) for n, h in built.items()})
         _write_text(out / "requirements" / f"{name}.lock", text)
     conda = [a for a in arts if a.kind == "conda"]
     if conda:
