@@ -66,6 +66,44 @@ def make_wheel(dest: Path, name: str, version: str, *, tag: str = "py3-none-any"
     return path
 
 
+def make_sdist(dest: Path, name: str, version: str, *, module: str | None = None,
+               platform: bool = False, requires: tuple[str, ...] = ()) -> Path:
+    """A real, minimal setuptools sdist laid out like antlr4-python3-runtime 4.9.3's: setup.py
+    and PKG-INFO, no pyproject.toml (so a PEP 517 frontend builds it with setuptools'
+    legacy backend, `setuptools>=40.8.0`). Its module records its name and version. With
+    `platform`, setup.py declares extension modules without compiling any, so the wheel gets
+    CPython and platform tags (cp310-cp310-linux_x86_64) and needs no compiler. `module` is the
+    import name (default: the name with _). Byte-reproducible."""
+    import gzip
+    import io
+    import tarfile
+
+    dest.mkdir(parents=True, exist_ok=True)
+    module = module or dist_name(name)
+    root = f"{name}-{version}"
+    distclass = ("from setuptools.dist import Distribution\n\n\n"
+                 "class BinaryDistribution(Distribution):\n"
+                 "    def has_ext_modules(self):\n        return True\n\n\n") if platform else ""
+    setup_py = (f"from setuptools import setup\n{distclass}"
+                f"setup(name={name!r}, version={version!r}, packages=[{module!r}], "
+                f"install_requires={list(requires)!r}"
+                + (", distclass=BinaryDistribution" if platform else "") + ")\n")
+    pkg_info = "\n".join(["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+                         + [f"Requires-Dist: {r}" for r in requires]) + "\n"
+    contents = {f"{root}/PKG-INFO": pkg_info, f"{root}/setup.py": setup_py,
+                f"{root}/{module}/__init__.py": f'__version__ = "{version}"  # envbuild test stand-in\n'}
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path, text in sorted(contents.items()):
+            data = text.encode()
+            info = tarfile.TarInfo(path)
+            info.size, info.mtime, info.mode = len(data), 1704067200, 0o644  # 2024-01-01
+            tar.addfile(info, io.BytesIO(data))
+    path = dest / f"{root}.tar.gz"
+    path.write_bytes(gzip.compress(raw.getvalue(), mtime=0))
+    return path
+
+
 def requirement_pins(lines: list[str]) -> list[tuple[str, str]]:
     """(name, version) of every `name==version` (extras dropped) in a requirements text."""
     out = []

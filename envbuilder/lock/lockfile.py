@@ -183,18 +183,23 @@ def for_render(env: ResolvedEnv, lock_dir: Path, wheelhouse: Path | None = None)
             raise UserError(f"{lock_dir / IMAGES} has no digest for {ref}; re-lock.")
         else:
             pinned[role] = ref
-    layers, files = layer_files(env, texts[REQUIREMENTS])
+    requirements, links = texts[REQUIREMENTS], {}
+    if wheelhouse is not None:  # the wheels built from the lock's sdists install in their place
+        from .pip import replace_hashes
+
+        links, built = wheelhouse_files(env, Path(wheelhouse))
+        requirements = replace_hashes(requirements, built)
+    layers, files = layer_files(env, requirements)
     apex_source = json.loads(texts[SOURCES])["apex"] if SOURCES in texts else None
-    out = {"images": pinned, "images_pinned": IMAGES in texts, "layers": layers, "files": files,
-           "input_sha256": meta["input_sha256"], "wheelhouse": wheelhouse is not None, "links": {},
-           "apex_source": apex_source}
-    if wheelhouse is not None:
-        out["links"] = wheelhouse_links(env, Path(wheelhouse))
-    return out
+    return {"images": pinned, "images_pinned": IMAGES in texts, "layers": layers, "files": files,
+            "input_sha256": meta["input_sha256"], "wheelhouse": wheelhouse is not None,
+            "links": links, "apex_source": apex_source}
 
 
-def wheelhouse_links(env: ResolvedEnv, wheelhouse: Path) -> dict[str, Path]:
-    """{build-context path: wheelhouse file} for the pip files the profile needs."""
+def wheelhouse_files(env: ResolvedEnv,
+                     wheelhouse: Path) -> tuple[dict[str, Path], dict[str, tuple[str, ...]]]:
+    """({build-context path: wheelhouse file} for the pip files the profile needs, {package:
+    ("sha256:..." of the wheel built from its sdist,)})."""
     try:
         manifest = json.loads((wheelhouse / "manifest.json").read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
@@ -205,6 +210,22 @@ def wheelhouse_links(env: ResolvedEnv, wheelhouse: Path) -> dict[str, Path]:
         raise UserError(f"The wheelhouse {wheelhouse} holds no complete export of {env.name} "
                         f"(it has: {', '.join(manifest.get('profiles', {})) or 'none'}). Run "
                         f"`envbuild wheelhouse {env.name} -o {wheelhouse}`.")
+    from ..wheelbuild import is_sdist
+
+    built, files = profile.get("built") or {}, manifest.get("files", {})
+    unbuilt = sorted(f["name"] for p, f in files.items()
+                     if p in profile["files"] and f.get("kind") == "pip" and is_sdist(p)
+                     and f.get("name") not in built)
+    if unbuilt:
+        raise UserError(f"The wheelhouse {wheelhouse} holds {', '.join(unbuilt)} of {env.name} as "
+                        "sdists only (exported by an older envbuild), which an offline build "
+                        "cannot build. Export it again with `envbuild wheelhouse "
+                        f"{env.name} -o {wheelhouse}`: that builds them into wheels.")
+    if any(p not in files or p not in profile["files"] for p in built.values()):
+        raise UserError(f"{wheelhouse / 'manifest.json'} names built wheels of {env.name} it does "
+                        f"not list; export it again with `envbuild wheelhouse {env.name} -o "
+                        f"{wheelhouse}`.")
+    hashes = {name: (f"sha256:{files[p]['sha256']}",) for name, p in built.items()}
     # pip files flat (pip's --find-links), source archives under sources/
     links = {}
     for p in profile["files"]:
@@ -212,4 +233,4 @@ def wheelhouse_links(env: ResolvedEnv, wheelhouse: Path) -> dict[str, Path]:
             links["wheelhouse/" + p[len("pypi/"):]] = wheelhouse / p
         elif p.startswith("sources/"):
             links["wheelhouse/" + p] = wheelhouse / p
-    return links
+    return links, hashes

@@ -4,13 +4,12 @@ and the split of requirements.lock into the Dockerfile's install layers."""
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import tempfile
 from pathlib import Path
 
 from ..errors import ActionError, UserError
-from ..plan import (BUILD_TOOLS, LAYERS, Locked, _REQ, layer_roots, layers,  # noqa: F401
+from ..plan import (BUILD_TOOLS, LAYERS, Locked, _HASH, _REQ, layer_roots, layers,  # noqa: F401
                     needs_builder, normalize, parse, requirements_in)
 from ..resolve import ResolvedEnv
 
@@ -151,6 +150,36 @@ def compile_lock(env: ResolvedEnv, glibc: str, pypi: str, torch: str | None,
                           f"(requirements.lock vs pylock.toml: {sorted(locked ^ other)}); the "
                           "index changed while locking. Run envbuild lock again.")
     return text, pylock_text, pylock
+
+
+def replace_hashes(text: str, hashes: dict[str, tuple[str, ...]]) -> str:
+    """requirements.lock text with the hash list of each package in `hashes` ({normalized
+    name: ("sha256:...", ...)}) replaced: the requirement line keeps its pin and marker, the
+    comments stay. Every name must be pinned in the text."""
+    out: list[str] = []
+    seen: set[str] = set()
+    lines = iter(text.splitlines())
+    for line in lines:
+        m = _REQ.match(line)
+        name = normalize(m[1]) if m else None
+        if name not in hashes:
+            out.append(line)
+            continue
+        statement = [line]
+        while statement[-1].rstrip().endswith("\\"):  # the requirement's continuation lines
+            nxt = next(lines, None)
+            if nxt is None:
+                break
+            statement.append(nxt)
+        head = _HASH.sub("", statement[0]).rstrip().removesuffix("\\").rstrip()
+        new = [head] + [f"    --hash={h}" for h in hashes[name]]
+        out.append(" \\\n".join(new))
+        seen.add(name)
+    missing = sorted(set(hashes) - seen)
+    if missing:
+        raise UserError(f"requirements.lock pins no {', '.join(missing)}, which pylock.toml "
+                        "pins; the lock is inconsistent. Re-lock with `envbuild lock`.")
+    return "\n".join(out) + ("\n" if text.endswith("\n") else "")
 
 
 def layer_files(env: ResolvedEnv, text: str) -> tuple[dict[str, str | None], dict[str, str]]:
