@@ -57,6 +57,9 @@ def _read(path: Path) -> dict:
     return doc
 
 
+SOURCE_KEYS = ("source", "min_compute_capability_source", "torch_source")
+
+
 def _check_sources(doc: dict, name: str) -> None:
     from . import schema as S
 
@@ -65,7 +68,7 @@ def _check_sources(doc: dict, name: str) -> None:
     def walk(node: Any, where: str) -> None:
         if isinstance(node, dict):
             for k, v in node.items():
-                if (k == "source" or k.endswith("_source")) and isinstance(v, str):
+                if k in SOURCE_KEYS and isinstance(v, str):
                     for token in (t.strip() for t in v.split(",")):
                         if token not in known and "://" not in token:
                             raise S.SchemaError(f"{where}.{k}", f"source {token!r} is neither a URL "

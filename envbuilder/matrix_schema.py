@@ -55,6 +55,9 @@ ENDPOINTS = S.ListOf(str)
 MIRROR = {"description": str, "registries?": S.MapOf(ENDPOINTS), "pypi?": ENDPOINTS,
           "pytorch?": ENDPOINTS, "conda?": S.MapOf(ENDPOINTS), "huggingface?": ENDPOINTS,
           "apt?": ENDPOINTS, "github?": ENDPOINTS, "source?": SOURCE}
+DATASET = {"repo": str, "revision": str, "files": {"train": str, "test": str},
+           "data_source": str, "ability": str, "instruction": str, "answer_pattern": str,
+           "source": SOURCE}
 DEFAULTS = {"pypi_index": str, "huggingface": str, "conda_channels": S.ListOf(str),
             "registry_local": str}
 
@@ -78,6 +81,7 @@ SECTIONS: dict[str, tuple[Any, bool]] = {
     "patches": (S.MapOf(PATCH), True),
     "profiles": (S.MapOf(PROFILE), True),
     "mirrors": (S.MapOf(MIRROR), True),
+    "datasets": (S.MapOf(DATASET), True),
     "defaults": (DEFAULTS, False),
     "sources": (S.MapOf(str), False),
 }

@@ -26,8 +26,9 @@ FILES = {
     "preflight.py": "preflight.py.j2",
     "envbuild-secrets.sh": "envbuild-secrets.sh.j2",
     "apply_patches.py": "apply_patches.py.j2",
+    "prepare_gsm8k.py": "prepare_gsm8k.py.j2",
 }
-EXECUTABLE = {RUN_SCRIPT, "preflight.py", "apply_patches.py"}
+EXECUTABLE = {RUN_SCRIPT, "preflight.py", "apply_patches.py", "prepare_gsm8k.py"}
 MARKER = "envbuild.json"
 
 _jinja = None
@@ -105,6 +106,8 @@ def render_files(env: ResolvedEnv, locked: dict | None = None) -> dict[str, str]
     out = {MARKER: spec}
     for name, template in FILES.items():
         if name == "apply_patches.py" and not d["patches"]:
+            continue
+        if name == "prepare_gsm8k.py" and not d.get("dataset"):
             continue
         out[name] = j.get_template(template).render(context)
     if d.get("constraints") and not locked:

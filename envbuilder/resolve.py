@@ -594,6 +594,7 @@ class _Resolver:
             "huggingface": defaults.get("huggingface", "https://huggingface.co"),
             "conda_channels": list(defaults.get("conda_channels", ["conda-forge", "nvidia"])),
             "train": dict(p["train"]),
+            "dataset": dict(m.datasets["gsm8k"], name="gsm8k") if m.datasets.get("gsm8k") else None,
             "training_path": training_path(m, verl_v, rollout, tuple(components)),
             "warnings": [v.text() for v in self.v],
         }

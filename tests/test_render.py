@@ -24,7 +24,7 @@ from envbuilder.render import MARKER, RUN_SCRIPT, render, render_files
 from envbuilder.resolve import ResolvedEnv
 
 ALWAYS = {"Dockerfile", "environment.yml", "requirements.txt", RUN_SCRIPT, "preflight.py",
-          "envbuild-secrets.sh", MARKER}
+          "prepare_gsm8k.py", "envbuild-secrets.sh", MARKER}
 
 
 @pytest.fixture(scope="session")
@@ -74,6 +74,7 @@ def test_every_shipped_profile_renders_its_files(profile, rendered):
 def test_scripts_are_executable_and_the_rest_is_not(rendered):
     modes = {p.name: p.stat().st_mode & 0o777 for p in rendered["p40"].iterdir()}
     assert modes.pop(RUN_SCRIPT) == modes.pop("preflight.py") == modes.pop("apply_patches.py") == 0o755
+    assert modes.pop("prepare_gsm8k.py") == 0o755
     assert set(modes.values()) == {0o644}
 
 
@@ -224,7 +225,7 @@ def test_every_file_the_dockerfile_copies_is_rendered(profile, rendered):
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_the_python_files_compile(profile, rendered, tmp_path):
-    for name in ("preflight.py", "apply_patches.py"):
+    for name in ("preflight.py", "apply_patches.py", "prepare_gsm8k.py"):
         path = rendered[profile] / name
         if path.exists():
             py_compile.compile(str(path), cfile=str(tmp_path / f"{name}c"), doraise=True)

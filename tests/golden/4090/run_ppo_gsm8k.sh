@@ -2,20 +2,22 @@
 # verl PPO on GSM8K for profile 4090: NVIDIA GeForce RTX 4090 (CC 8.9, 24 GB)
 # Rendered by envbuild 0.1.0: bf16, sdpa attention, hf rollout, verl 0.4.1.
 # Usage: DATA_DIR=~/data/gsm8k MODEL=Qwen/Qwen2.5-1.5B-Instruct ./run_ppo_gsm8k.sh [extra hydra overrides]
+#        GSM8K_FROM=/path/to/gsm8k (local train/test .parquet or .jsonl) instead of the hub;
+#        ENVBUILD_HOME=DIR where preflight.py and prepare_gsm8k.py are, outside the image.
 set -euo pipefail
 
 MODEL=${MODEL:-Qwen/Qwen2.5-1.5B-Instruct}
 DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k}
 N_GPUS=${N_GPUS:-1}
 export HF_ENDPOINT=${HF_ENDPOINT:-https://huggingface.co}
-
+# GSM8K in verl's layout: made here when missing, from the hub through HF_ENDPOINT (a mirror
+# works) or, with GSM8K_FROM=PATH, from local parquet/jsonl files (e.g. carried across an air gap).
 if [ ! -f "$DATA_DIR/train.parquet" ] || [ ! -f "$DATA_DIR/test.parquet" ]; then
-  echo "GSM8K parquet files not found in $DATA_DIR." >&2
-  echo "Make them with verl's examples/data_preprocess/gsm8k.py --local_dir $DATA_DIR (needs the HF hub or a mirror set in HF_ENDPOINT)." >&2
-  exit 2
+  echo "GSM8K not found in $DATA_DIR: preparing it from ${GSM8K_FROM:-$HF_ENDPOINT}" >&2
+  python3 "${ENVBUILD_HOME:-/opt/envbuild}/prepare_gsm8k.py" --out "$DATA_DIR" ${GSM8K_FROM:+--from "$GSM8K_FROM"}
 fi
 
-python3 /opt/envbuild/preflight.py --quiet
+python3 "${ENVBUILD_HOME:-/opt/envbuild}/preflight.py" --quiet
 
 args=(
   algorithm.adv_estimator=gae
