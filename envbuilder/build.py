@@ -125,7 +125,7 @@ def run_build(client: BuildKitClient, context: Path, tag: str, build_args: dict[
 
 # Build args that point package steps at an index or a download; an offline build (from a
 # wheelhouse in the context) keeps its own file:// defaults instead.
-NETWORK_ARGS = ("PIP_INDEX_URL", "TORCH_INDEX_URL", "APEX_URL")
+NETWORK_ARGS = ("PIP_INDEX_URL", "TORCH_INDEX_URL", "APEX_URL", "FLASH_ATTN_RELEASE")
 
 
 def build(context: Path, d: dict, tag: str, mirror_name: str | None, mirror_body: dict | None,
