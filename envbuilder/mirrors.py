@@ -104,6 +104,14 @@ class MirrorChoice(NamedTuple):
         return args
 
 
+USERINFO = re.compile(r"(://)[^/@\s]*@")  # user:password@ in a URL
+
+
+def redacted(endpoint: str) -> str:
+    """An endpoint as printed: user:password@ (a mirror's credentials) shown as ***@."""
+    return USERINFO.sub(r"\1***@", endpoint)
+
+
 def github_url(url: str, prefix: str | None) -> str:
     """`url` (https://github.com/...) through a GitHub mirror prefix; unchanged without one."""
     return url.replace(GITHUB, prefix.rstrip("/"), 1) if prefix else url
