@@ -191,15 +191,17 @@ def apex_archive(standin: Path, url: str) -> tuple[str, bytes]:
     return path, buf.getvalue()
 
 
-def flash_attn_release_wheel(dest: Path, release_filename: str, version: str) -> Path:
+def flash_attn_release_wheel(dest: Path, release_filename: str, version: str,
+                             salt: str = "") -> Path:
     """A stand-in of a flash-attn release wheel, saved under the release's file name
     (flash_attn-2.6.3+cu123torch2.4cxx11abiFALSE-cp311-cp311-linux_x86_64.whl). Its METADATA
     says the bare version, as the release's renamed wheels do; it holds the modules of the
-    training path (flash_attn_2_cuda, flash_attn.bert_padding) as plain Python."""
+    training path (flash_attn_2_cuda, flash_attn.bert_padding) as plain Python. `salt` changes
+    its bytes (and sha256), e.g. so a locked build step is never a BuildKit cache hit."""
     tag = "-".join(release_filename[:-len(".whl")].split("-")[-3:])
     files = {"flash_attn_2_cuda.py": "# envbuild test stand-in for flash_attn_2_cuda\n",
              "flash_attn/bert_padding.py": "# envbuild test stand-in for flash_attn.bert_padding\n"}
-    built = make_wheel(dest / ".build", "flash_attn", version, tag=tag, files=files)
+    built = make_wheel(dest / ".build", "flash_attn", version, tag=tag, files=files, salt=salt)
     out = dest / release_filename
     out.write_bytes(built.read_bytes())
     built.unlink()
