@@ -99,23 +99,6 @@ class RangeFile(io.RawIOBase):
         return len(data)
 
 
-@pytest.fixture(scope="module")
-def verl_wheels(pypi, tmp_path_factory):
-    dest = tmp_path_factory.mktemp("verl-wheels")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
-    env["PIP_CONFIG_FILE"] = os.devnull  # no host find-links, extra indexes or constraints
-    wheels = {}
-    for version in shipped().verl:
-        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                            "--index-url", SIMPLE, "-d", str(dest), f"verl=={version}"],
-                           capture_output=True, text=True, env=env, timeout=600)
-        assert r.returncode == 0, f"pip download verl=={version} failed:\n{r.stderr[-2000:]}"
-        found = sorted(dest.glob(f"verl-{version}-*.whl"))
-        assert found, f"no verl {version} wheel in {dest}"
-        wheels[version] = found[0]
-    return wheels
-
-
 @pytest.mark.parametrize("version", list(shipped().verl))
 def test_every_verl_module_of_the_training_path_is_in_that_releases_wheel(verl_wheels, version):
     m = shipped()
