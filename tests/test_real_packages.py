@@ -1,6 +1,6 @@
 """The real-package tier: the training path names only modules that exist in the real releases.
 
-Downloads from PyPI: every verl release in the matrix (`pip download --no-deps`, about 1 MB
+Downloads from PyPI: every verl release in the matrix (conftest's verl_wheels, about 1 MB
 each), the file listing of every vLLM wheel in the matrix (its zip central directory only, read
 with HTTP Range requests, not the 300 MB wheel), and the flash-attn sdists the profiles install.
 apex is not on PyPI (its source comes from GitHub), so its module names are not checked here.
@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
-import subprocess
-import sys
 import tarfile
 import urllib.error
 import urllib.request
