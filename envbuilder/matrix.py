@@ -201,11 +201,22 @@ def _cross_check(m: Matrix) -> None:
             if p not in m.patches:
                 raise UserError(f"{m.where('verl', key)}: verl.{key}.patches names {p!r}, which "
                                 "patches.yaml does not define.")
+        for r in ver.get("reviewed") or []:
+            if r not in m.reviewed:
+                raise UserError(f"{m.where('verl', key)}: verl.{key}.reviewed names {r!r}, which "
+                                "no `reviewed:` section defines.")
         for rollout in ver["training_path"]["rollouts"]:
             if rollout not in ver["rollouts"]:
                 raise UserError(f"{m.where('verl', key)}: verl.{key}.training_path.rollouts.{rollout}: "
                                 f"verl {key} has no {rollout!r} rollout (its rollouts are "
                                 f"{', '.join(ver['rollouts'])}). Remove the entry or fix `rollouts`.")
+    for key, patch in m.patches.items():
+        for i, r in enumerate(patch["replace"]):
+            _check_fields(r["with"], f"{m.where('patches', key)}: patches.{key}.replace[{i}].with")
+    for key, rec in m.reviewed.items():
+        for hkey, value in rec["holds"].items():
+            if isinstance(value, str):
+                _check_fields(value, f"{m.where('reviewed', key)}: reviewed.{key}.holds.{hkey}")
     refs = (("gpu", "gpus"), ("cuda", "cuda"), ("torch", "torch"), ("verl", "verl"),
             ("vllm", "vllm"))
     for key, prof in m.profiles.items():
@@ -223,6 +234,23 @@ def _cross_check(m: Matrix) -> None:
                 hint = f" Did you mean {close[0]!r}?" if close else ""
                 raise UserError(f"{m.where('profiles', key)}: profiles.{key}.{field_} is "
                                 f"{value!r}, which {section} does not define.{hint}")
+
+
+def _check_fields(text: str, where: str) -> None:
+    """`text` formats only the names the resolver fills in (a patch's `with`, a `holds` value)."""
+    import string
+
+    from .matrix_schema import FORMAT_FIELDS
+
+    try:
+        names = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
+    except ValueError as e:
+        raise UserError(f"{where}: {text!r} is not a valid format string ({e}); write a literal "
+                        "brace as {{ or }}.") from None
+    unknown = [n for n in names if n not in FORMAT_FIELDS]
+    if unknown:
+        raise UserError(f"{where}: {{{unknown[0]}}} is not a value envbuild fills in; known: "
+                        f"{', '.join('{' + f + '}' for f in FORMAT_FIELDS)}.")
 
 
 COMPONENTS = ("apex", "flash-attn")  # the compiled extensions a profile may build

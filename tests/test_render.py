@@ -24,7 +24,7 @@ from envbuilder.render import MARKER, RUN_SCRIPT, render, render_files
 from envbuilder.resolve import ResolvedEnv
 
 ALWAYS = {"Dockerfile", "environment.yml", "requirements.txt", RUN_SCRIPT, "preflight.py",
-          "prepare_gsm8k.py", "envbuild-secrets.sh", MARKER}
+          "audit_precision.py", "prepare_gsm8k.py", "envbuild-secrets.sh", MARKER}
 
 
 @pytest.fixture(scope="session")
@@ -73,8 +73,8 @@ def test_every_shipped_profile_renders_its_files(profile, rendered):
 
 def test_scripts_are_executable_and_the_rest_is_not(rendered):
     modes = {p.name: p.stat().st_mode & 0o777 for p in rendered["p40"].iterdir()}
-    assert modes.pop(RUN_SCRIPT) == modes.pop("preflight.py") == modes.pop("apply_patches.py") == 0o755
-    assert modes.pop("prepare_gsm8k.py") == 0o755
+    assert (modes.pop(RUN_SCRIPT) == modes.pop("preflight.py") == modes.pop("apply_patches.py")
+            == modes.pop("audit_precision.py") == modes.pop("prepare_gsm8k.py") == 0o755)
     assert set(modes.values()) == {0o644}
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # verl PPO on GSM8K for profile 4090: NVIDIA GeForce RTX 4090 (CC 8.9, 24 GB)
 # Rendered by envbuild 0.1.0: bf16, sdpa attention, hf rollout, verl 0.4.1.
+# Precision, part by part: rollout bf16 · reference log-probs bf16 · actor (log-probs, PPO update) bf16 · critic bf16.
 # Usage: DATA_DIR=~/data/gsm8k MODEL=Qwen/Qwen2.5-1.5B-Instruct ./run_ppo_gsm8k.sh [extra hydra overrides]
 #        GSM8K_FROM=/path/to/gsm8k (local train/test .parquet or .jsonl) instead of the hub;
 #        ENVBUILD_HOME=DIR where preflight.py and prepare_gsm8k.py are, outside the image.
@@ -10,6 +11,8 @@ MODEL=${MODEL:-Qwen/Qwen2.5-1.5B-Instruct}
 DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k}
 N_GPUS=${N_GPUS:-1}
 export HF_ENDPOINT=${HF_ENDPOINT:-https://huggingface.co}
+# PYTORCH_CUDA_ALLOC_CONF expandable_segments:True: against allocator fragmentation on a card of at most 24 GB (the P40 field report needed an allocator setting). An exported value wins (empty: off).
+export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF-expandable_segments:True}
 # GSM8K in verl's layout: made here when missing, from the hub through HF_ENDPOINT (a mirror
 # works) or, with GSM8K_FROM=PATH, from local parquet/jsonl files (e.g. carried across an air gap).
 if [ ! -f "$DATA_DIR/train.parquet" ] || [ ! -f "$DATA_DIR/test.parquet" ]; then
