@@ -41,8 +41,10 @@ VERL = {"torch": S.Range(), "torch_why?": str, "torch_source": SOURCE,
 PATCH = {"why": str, "when": S.OneOf(("no_flash_attention", "no_bf16", "always")),
          "files": S.ListOf(str),
          "replace": S.ListOf({"find": str, "with": str}), "source": SOURCE}
+# micro_batch_size_per_gpu: optional; an upper bound on every planned micro-batch (the plan picks
+# the largest that fits the GPU: envbuilder/memory.py)
 TRAIN = {"model": str, "model_vram_gb": float, "n_gpus": int, "train_batch_size": int,
-         "ppo_mini_batch_size": int, "micro_batch_size_per_gpu": int, "max_prompt_length": int,
+         "ppo_mini_batch_size": int, "micro_batch_size_per_gpu?": int, "max_prompt_length": int,
          "max_response_length": int, "param_offload": bool, "optimizer_offload": bool,
          "gradient_checkpointing": bool, "gpu_memory_utilization": float, "lora_rank": int}
 PROFILE = {"description": str, "gpu": str, "cuda": S.CUDA, "torch": S.VERSION, "verl": S.VERSION,
@@ -51,6 +53,16 @@ PROFILE = {"description": str, "gpu": str, "cuda": S.CUDA, "torch": S.VERSION, "
            "attention": S.OneOf(("auto", "flash_attention_2", "sdpa", "eager")),
            "components": S.MapOf(S.VERSION), "optional_components?": S.MapOf(S.VERSION),
            "pins?": S.MapOf(S.VERSION), "train": TRAIN, "source": SOURCE}
+# a decoder's architecture (its config.json) for the memory estimate; `parameters` is checked
+# against the count the architecture gives (matrix._cross_check)
+MODEL = {"family": S.OneOf(("qwen2",)), "layers": int, "hidden_size": int, "attention_heads": int,
+         "kv_heads": int, "head_dim": int, "intermediate_size": int, "vocab_size": int,
+         "tied_embeddings": bool, "qkv_bias": bool, "max_position_embeddings": int,
+         "parameters": int, "source": SOURCE}
+DATASET = {"train": int, "test": int, "source": SOURCE}
+MEMORY = {"total_mib": S.MapOf({"mib": int, "source": SOURCE}), "cuda_context_gib": float,
+          "nccl_gib": float, "allocator_overhead": float, "margin": float,
+          "validation_share": float, "source": SOURCE}
 ENDPOINTS = S.ListOf(str)
 MIRROR = {"description": str, "registries?": S.MapOf(ENDPOINTS), "pypi?": ENDPOINTS,
           "pytorch?": ENDPOINTS, "conda?": S.MapOf(ENDPOINTS), "huggingface?": ENDPOINTS,
@@ -78,6 +90,9 @@ SECTIONS: dict[str, tuple[Any, bool]] = {
     "patches": (S.MapOf(PATCH), True),
     "profiles": (S.MapOf(PROFILE), True),
     "mirrors": (S.MapOf(MIRROR), True),
+    "models": (S.MapOf(MODEL), True),
+    "datasets": (S.MapOf(DATASET), True),
+    "memory": (MEMORY, False),
     "defaults": (DEFAULTS, False),
     "sources": (S.MapOf(str), False),
 }
