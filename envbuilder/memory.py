@@ -453,8 +453,8 @@ def plan(env: dict, arch_rec: dict, consts: dict, val_rows: int) -> dict:
     problems: list[dict] = []
     for key in BATCHED:
         cands = candidates(s, key)
-        best = _largest(cands, lambda b: fits(s, estimate(s, key, b)["bytes"],
-                                               estimate(s, key, 1)["budget_gib"]))
+        budget = estimate(s, key, 1)["budget_gib"]
+        best = _largest(cands, lambda b: fits(s, estimate(s, key, b)["bytes"], budget))
         if best is None:
             best = 1
             bound[key] = "does not fit"
