@@ -279,6 +279,11 @@ def _check_models(m: Matrix) -> None:
                 problems.append(f"train_batch_size {t['train_batch_size']} and ppo_mini_batch_size "
                                 f"{t['ppo_mini_batch_size']} must be multiples of n_gpus "
                                 f"{t['n_gpus']} (verl splits both evenly over the GPUs)")
+            longest = m.models[t["model"]]["max_position_embeddings"]
+            if t["max_prompt_length"] + t["max_response_length"] > longest:
+                problems.append(f"max_prompt_length + max_response_length "
+                                f"({t['max_prompt_length'] + t['max_response_length']}) exceeds "
+                                f"{t['model']}'s max_position_embeddings {longest}")
             if t["ppo_mini_batch_size"] > t["train_batch_size"]:
                 problems.append(f"ppo_mini_batch_size {t['ppo_mini_batch_size']} is larger than "
                                 f"train_batch_size {t['train_batch_size']}")

@@ -395,10 +395,11 @@ def _largest(candidates: list[int], ok) -> int | None:
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
 
 
-def candidates(s: Setup, key: str) -> list[int]:
+def candidates(s: Setup, key: str):
     """The batch sizes a phase may take.
     generation, HF rollout: verl's HFRollout splits a batch into batch // micro_batch_size chunks
       that DataProto.chunk requires to be equal, so below the rollout batch only its divisors
@@ -406,19 +407,16 @@ def candidates(s: Setup, key: str) -> list[int]:
       micro_batch_size is one chunk). vLLM: any count up to the larger of the two.
     log_prob: up to the rollout batch (verl splits it into micro-batches, the last may be short).
     actor, critic: divisors of the mini-batch (verl asserts mini % micro == 0)."""
+    cap = s.cap if (s.cap and key != "generation") else None
     if key == "generation":
         top = max(s.gen_per_gpu, s.val_per_gpu)
         if s.rollout == "hf":
-            out = divisors(s.gen_per_gpu) + list(range(s.gen_per_gpu + 1, top + 1))
-        else:
-            out = list(range(1, top + 1))
-    elif key == "log_prob":
-        out = list(range(1, s.gen_per_gpu + 1))
-    else:
-        out = divisors(s.mini_per_gpu)
-    if s.cap and key != "generation":
-        out = [b for b in out if b <= s.cap] or [1]
-    return out
+            return divisors(s.gen_per_gpu) + list(range(s.gen_per_gpu + 1, top + 1))
+        return range(1, top + 1)
+    if key == "log_prob":  # (a range: a huge batch costs no memory here)
+        return range(1, min(s.gen_per_gpu, cap or s.gen_per_gpu) + 1)
+    out = divisors(s.mini_per_gpu)
+    return [b for b in out if b <= cap] or [1] if cap else out
 
 
 def estimate(s: Setup, key: str, batch: int) -> dict:

@@ -87,6 +87,7 @@ def test_a_profile_whose_model_is_not_in_the_table_is_refused_with_the_fix(overl
     ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization must be in (0, 1]"),
     ({"train_batch_size": 12, "n_gpus": 8}, "must be multiples of n_gpus"),
     ({"ppo_mini_batch_size": 64}, "larger than train_batch_size"),
+    ({"max_response_length": 40000}, "exceeds Qwen/Qwen2.5-0.5B-Instruct's max_position_embeddings"),
 ])
 def test_a_train_block_that_cannot_be_sized_is_refused_at_load(overlay, change, says):
     prof = rec("profiles", "p40")
@@ -161,6 +162,14 @@ def test_the_p40_validates_in_batches_because_the_whole_set_does_not_fit():
     assert mem["bound_by"]["generation"] == "memory"
     assert [t["term"] for t in whole["terms"] if t["kind"] == "work"][:2] == [
         "KV cache (prompt)", "prefill transient"]
+
+
+def test_a_huge_batch_is_planned_without_enumerating_it(overlay):
+    prof = rec("profiles", "3090")
+    prof["train"].update(train_batch_size=2 ** 40, ppo_mini_batch_size=2 ** 39)
+    mem = plan_of("mine", M.load((overlay({"profiles": {"mine": prof}}),)))
+    assert 1 <= mem["batch"]["log_prob_micro_batch_size_per_gpu"] < 64
+    assert mem["bound_by"]["actor"] == "memory"
 
 
 def test_more_memory_never_plans_smaller_batches(overlay):
