@@ -132,12 +132,13 @@ class ResolvedEnv:
             raise UserError(f"{origin} is not an envbuild resolved environment of schema version "
                             f"{SCHEMA_VERSION}. Pass the envbuild.json that `envbuild render` wrote "
                             "(or re-resolve it from its profile).")
-        missing = [k for k in ("training_path", "precision", "audit", "cuda_alloc_conf")
+        missing = [k for k in ("training_path", "precision", "audit", "cuda_alloc_conf", "memory")
                    if k not in data]
         if missing or "compat_libcuda" not in (data.get("cuda") or {}):
             raise UserError(f"{origin} was written by an older envbuild: it has no "
                             f"{(missing or ['cuda.compat_libcuda'])[0]} (what the image's preflight, "
-                            "precision audit and run script are rendered from). Re-resolve it: "
+                            "precision audit, batch sizes and run script are rendered from). "
+                            "Re-resolve it: "
                             f"envbuild render {data.get('profile', 'PROFILE')} with the same "
                             "overrides (they are under `overrides` in the file).")
         return cls(data)
@@ -397,6 +398,60 @@ class _Resolver:
                      f"vLLM supports compute capability >= {floor} only (Volta or later); its kernels "
                      "are not built for this GPU", fix)
 
+    def memory_plan(self, gpu_key: str, gpu: dict, dtype: str, attention: str, rollout: str,
+                    train: dict) -> dict:
+        from .memory import plan
+
+        mem = self.m.memory
+        total = mem["total_mib"].get(gpu_key)
+        consts = dict(mem, total_gib=total["mib"] / 1024 if total else float(gpu["vram_gb"]))
+        env = {"dtype": dtype, "attention": attention, "rollout": rollout, "train": train}
+        return plan(env, self.m.models[train["model"]], consts, self.m.datasets["gsm8k"]["rows"]["test"])
+
+    def memory_rule(self, gpu_key: str, gpu: dict, dtype: str, attention: str, rollout: str) -> dict:
+        """The batch sizes that fit the GPU (envbuilder/memory.py), or why none does."""
+        train = self.p["train"]
+        mem = self.memory_plan(gpu_key, gpu, dtype, attention, rollout, train)
+        if not mem["problems"]:
+            return mem
+
+        def fits(**changes) -> bool:
+            return not self.memory_plan(gpu_key, gpu, dtype, attention, rollout,
+                                        dict(train, **changes))["problems"]
+
+        fixes = []
+        size = self.m.models[train["model"]]["parameters"]
+        smaller = sorted((r["parameters"], name) for name, r in self.m.models.items()
+                         if r["parameters"] < size and fits(model=name))
+        if smaller:
+            fixes.append(f"a smaller model from the table: train.model {smaller[-1][1]}")
+        if not (train["param_offload"] and train["optimizer_offload"]) and fits(
+                param_offload=True, optimizer_offload=True):
+            fixes.append("offload what is idle: train.param_offload and train.optimizer_offload "
+                         "true")
+        prompt, response = train["max_prompt_length"], train["max_response_length"]
+        while prompt + response > 128:
+            prompt, response = max(prompt // 2, 32), max(response // 2, 32)
+            if fits(max_prompt_length=prompt, max_response_length=response):
+                fixes.append(f"shorter sequences: train.max_prompt_length {prompt} and "
+                             f"max_response_length {response}")
+                break
+        if rollout == "vllm" and fits(gpu_memory_utilization=round(train["gpu_memory_utilization"] / 2, 2)):
+            fixes.append(f"a smaller vLLM share: train.gpu_memory_utilization "
+                         f"{round(train['gpu_memory_utilization'] / 2, 2)}")
+        fix = ("in a --matrix-dir overlay of the profile, " + "; or ".join(fixes)) if fixes else (
+            "a GPU with more memory, or more GPUs (train.n_gpus) to shard the state over")
+        worst = max(mem["problems"], key=lambda p: p["gib"] - p["budget_gib"])
+        phase = next(p for p in mem["phases"] if p["phase"] == worst["phase"])
+        top = sorted(phase["terms"], key=lambda t: -t["gib"])[:3]
+        why = (f"its {worst['phase']} phase needs {worst['gib']:.1f} GiB per GPU at batch 1 "
+               f"against {worst['budget_gib']:.1f} GiB usable ("
+               + ", ".join(f"{t['term']} {t['gib']:.1f}" for t in top) + "; `envbuild show "
+               f"{self.name} --memory --allow-unsupported` prints the whole budget)")
+        self.add("memory", f"{train['model']} does not fit the {gpu['name']} "
+                 f"({mem['gpu_total_gib']:.0f} GiB) even at batch 1", why, fix)
+        return mem
+
     # -- the whole -------------------------------------------------------------------------
 
     def run(self) -> ResolvedEnv:
@@ -574,6 +629,8 @@ class _Resolver:
         self.shared_dependency_rule({"torch": torch_v, **({"vllm": vllm_v} if vllm_v else {}),
                                      **pins})
 
+        memory = self.memory_rule(gpu_key, gpu, dtype, attention, rollout)
+
         hard = [v for v in self.v if v.hard]
         if hard or (self.v and not ov.allow_unsupported):
             raise ResolveError(self.name, self.v)
@@ -627,6 +684,7 @@ class _Resolver:
             "train": dict(p["train"]),
             "dataset": dict(m.datasets["gsm8k"], name="gsm8k") if m.datasets.get("gsm8k") else None,
             "training_path": training_path(m, verl_v, rollout, tuple(components)),
+            "memory": memory,
             "warnings": [v.text() for v in self.v],
         }
         return ResolvedEnv(data)

@@ -203,8 +203,7 @@ def test_the_run_script_carries_the_p40_settings(rendered):
     for line in ("export TORCHDYNAMO_DISABLE=1", "actor_rollout_ref.rollout.name=hf",
                  "actor_rollout_ref.rollout.dtype=float32",
                  "actor_rollout_ref.model.use_remove_padding=False",
-                 "actor_rollout_ref.actor.fsdp_config.param_offload=True",
-                 "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"):
+                 "actor_rollout_ref.actor.fsdp_config.param_offload=True"):
         assert line in script
 
 
