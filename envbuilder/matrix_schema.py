@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import schema as S
+from .resolve import AUDIT_CHECKS
 
 SOURCE = str
 # what a training run imports, in order: dotted Python module names (they land in preflight.py
@@ -43,17 +44,33 @@ APEX = {"versions": S.MapOf({"ref": str, "install": S.OneOf(("env", "config_sett
                              "source": SOURCE}),
         "source_url": str, "nvcc_must_match_torch_cuda": bool, "training_path": TRAINING_PATH,
         "source": SOURCE}
+# the parts of a PPO run that compute in a dtype of their own (verl's roles), and the dtypes
+DTYPES = S.OneOf(("bf16", "fp16", "fp32"))
+PARTS = ("actor", "critic", "ref", "rollout")
+PRECISION = {part: S.ListOf(DTYPES) for part in PARTS}
+# the names a patch's `with` and a reviewed exception's `holds` may format in
+FORMAT_FIELDS = ("attention", *(f"{part}_{kind}" for part in PARTS for kind in ("dtype", "autocast")))
 VERL = {"torch": S.Range(), "torch_why?": str, "torch_source": SOURCE,
         "rollouts": S.ListOf(S.OneOf(("hf", "vllm", "sglang"))), "vllm": S.Range(),
         "attention_override": (str, None), "patches": S.ListOf(str),
+        "precision": PRECISION, "precision_source": SOURCE,
+        "autocast_keys?": {f"{part}?": S.HYDRA_KEY for part in PARTS},
+        "reviewed?": S.ListOf(str),
         "pins": S.MapOf(S.VERSION),
         "training_path": {"modules": MODULES, "rollouts": S.MapOf(MODULES), "source": SOURCE},
         "source": SOURCE}
 PATCH = {"why": str, "when": S.OneOf(("no_flash_attention", "no_bf16", "always")),
          "files": S.ListOf(str),
          "replace": S.ListOf({"find": str, "with": str}), "source": SOURCE}
+REVIEWED = {"check": S.OneOf(tuple(AUDIT_CHECKS)), "file": S.RELPATH, "line": str, "why": str,
+            "holds": S.MapOf(S.Scalar(), key=S.HYDRA_KEY), "source": SOURCE}
+ALLOC_CONF = {"max_vram_gb": float, "value": S.ALLOC_CONF, "why": str,
+              "not_with_rollouts": S.MapOf(str, key=S.Pattern(r"hf|vllm|sglang", "vllm")),
+              "source": SOURCE}
+# micro_batch_size_per_gpu: optional; an upper bound on every planned micro-batch (the plan picks
+# the largest that fits the GPU: envbuilder/memory.py)
 TRAIN = {"model": str, "model_vram_gb": float, "n_gpus": int, "train_batch_size": int,
-         "ppo_mini_batch_size": int, "micro_batch_size_per_gpu": int, "max_prompt_length": int,
+         "ppo_mini_batch_size": int, "micro_batch_size_per_gpu?": int, "max_prompt_length": int,
          "max_response_length": int, "param_offload": bool, "optimizer_offload": bool,
          "gradient_checkpointing": bool, "gpu_memory_utilization": float, "lora_rank": int}
 PROFILE = {"description": str, "gpu": str, "cuda": S.CUDA, "torch": S.VERSION, "verl": S.VERSION,
@@ -62,13 +79,22 @@ PROFILE = {"description": str, "gpu": str, "cuda": S.CUDA, "torch": S.VERSION, "
            "attention": S.OneOf(("auto", "flash_attention_2", "sdpa", "eager")),
            "components": S.MapOf(S.VERSION), "optional_components?": S.MapOf(S.VERSION),
            "pins?": S.MapOf(S.VERSION), "train": TRAIN, "source": SOURCE}
+# a decoder's architecture (its config.json) for the memory estimate; `parameters` is checked
+# against the count the architecture gives (matrix._cross_check)
+MODEL = {"family": S.OneOf(("qwen2",)), "layers": int, "hidden_size": int, "attention_heads": int,
+         "kv_heads": int, "head_dim": int, "intermediate_size": int, "vocab_size": int,
+         "tied_embeddings": bool, "qkv_bias": bool, "max_position_embeddings": int,
+         "parameters": int, "source": SOURCE}
+MEMORY = {"total_mib": S.MapOf({"mib": int, "source": SOURCE}), "cuda_context_gib": float,
+          "nccl_gib": float, "allocator_overhead": float, "margin": float,
+          "validation_share": float, "source": SOURCE}
 ENDPOINTS = S.ListOf(str)
 MIRROR = {"description": str, "registries?": S.MapOf(ENDPOINTS), "pypi?": ENDPOINTS,
           "pytorch?": ENDPOINTS, "conda?": S.MapOf(ENDPOINTS), "huggingface?": ENDPOINTS,
           "apt?": ENDPOINTS, "github?": ENDPOINTS, "source?": SOURCE}
 DATASET = {"repo": str, "revision": str, "files": {"train": str, "test": str},
            "data_source": str, "ability": str, "instruction": str, "answer_pattern": str,
-           "source": SOURCE}
+           "rows": {"train": int, "test": int}, "source": SOURCE}
 DEFAULTS = {"pypi_index": str, "huggingface": str, "conda_channels": S.ListOf(str),
             "registry_local": str}
 
@@ -90,9 +116,13 @@ SECTIONS: dict[str, tuple[Any, bool]] = {
     "verl": (S.MapOf(VERL, key=S.VERSION), True),
     "requires": (REQUIRES, True),
     "patches": (S.MapOf(PATCH), True),
+    "reviewed": (S.MapOf(REVIEWED), True),
+    "cuda_alloc_conf": (ALLOC_CONF, False),
     "profiles": (S.MapOf(PROFILE), True),
     "mirrors": (S.MapOf(MIRROR), True),
     "datasets": (S.MapOf(DATASET), True),
+    "models": (S.MapOf(MODEL), True),
+    "memory": (MEMORY, False),
     "defaults": (DEFAULTS, False),
     "sources": (S.MapOf(str), False),
 }

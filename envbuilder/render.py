@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .errors import ActionError, UserError
 from .paths import data_dir
-from .resolve import ResolvedEnv
+from .resolve import TORCH_DTYPE, ResolvedEnv
 
 RUN_SCRIPT = "run_ppo_gsm8k.sh"
 # output file -> template; executables get mode 0755
@@ -26,9 +26,11 @@ FILES = {
     "preflight.py": "preflight.py.j2",
     "envbuild-secrets.sh": "envbuild-secrets.sh.j2",
     "apply_patches.py": "apply_patches.py.j2",
+    "audit_precision.py": "audit_precision.py.j2",
     "prepare_gsm8k.py": "prepare_gsm8k.py.j2",
 }
-EXECUTABLE = {RUN_SCRIPT, "preflight.py", "apply_patches.py", "prepare_gsm8k.py"}
+EXECUTABLE = {RUN_SCRIPT, "preflight.py", "apply_patches.py", "audit_precision.py",
+              "prepare_gsm8k.py"}
 # copied, not rendered: the builder stage runs envbuild's own module (one place for the name)
 FLASH_ATTN_SCRIPT = "flash_attn_wheel.py"
 MARKER = "envbuild.json"
@@ -87,7 +89,7 @@ def preflight_expectations(d: dict) -> dict:
         "torch_requirement": d["torch"]["packages"][0],
         "torch_index": d["torch"]["index_url"] or d["indexes"]["pypi"],
         "dtype": d["dtype"],
-        "torch_dtype": {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[d["dtype"]],
+        "torch_dtype": TORCH_DTYPE[d["dtype"]],
         "torch_compile": d["features"]["torch_compile"],
         "model_vram_gb": d["train"]["model_vram_gb"],
         "min_driver": d["driver"]["min_driver"],
@@ -95,6 +97,26 @@ def preflight_expectations(d: dict) -> dict:
         "driver_cuda": d["driver"]["for_cuda"],
         "compat_libcuda": d["cuda"]["compat_libcuda"],
         "training_path": list(d["training_path"]),
+    }
+
+
+def audit_plan(d: dict) -> dict:
+    """What audit_precision.py checks, as data (its PLAN blob): the checks that apply, in the
+    verl files the run loads (the training path's verl modules and the files the patches touch),
+    with the matrix's reviewed exceptions."""
+    no_bf16 = (f"the profile computes in {d['dtype']}"
+               + ("" if d["gpu"]["bf16"] else f"; the {d['gpu']['name']} has no native bfloat16"))
+    return {
+        "profile": d["profile"],
+        "gpu": d["gpu"]["name"],
+        "verl": d["verl"]["version"],
+        "checks": list(d["audit"]["checks"]),
+        "reasons": {"autocast_bf16": no_bf16,
+                    "flash_attention_2": f"the attention is {d['attention']}, not flash-attn"},
+        "modules": [m for m in d["training_path"] if m.split(".")[0] == "verl"],
+        "files": sorted({f for p in d["patches"] for f in p["files"]}),
+        "reviewed": [{k: r[k] for k in ("name", "check", "file", "line", "why")}
+                     for r in d["audit"]["reviewed"]],
     }
 
 
@@ -110,6 +132,8 @@ def render_files(env: ResolvedEnv, locked: dict | None = None) -> dict[str, str]
         "spec_sha256": hashlib.sha256(spec.encode()).hexdigest(),
         "apex_command": apex_command(d),
         "expected": preflight_expectations(d),
+        "audit": audit_plan(d),
+        "torch_dtype": TORCH_DTYPE,
         "locked": locked,
     }
     j = jinja_env()

@@ -17,6 +17,11 @@ from .matrix import Matrix, cc_tuple, in_range, version_key
 from .versions import ranges_overlap
 
 SCHEMA_VERSION = 1
+# the torch dtype of each of envbuild's dtype names
+TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+# the precision audit's checks (templates/audit_precision.py.j2 implements them) and the
+# condition under which each applies (one of the conditions a patch's `when` names)
+AUDIT_CHECKS = {"autocast_bf16": "no_bf16", "flash_attention_2": "no_flash_attention"}
 # Rollouts whose packages the matrix knows how to pin (hf needs none, vllm: matrices/vllm.yaml).
 INSTALLABLE_ROLLOUTS = ("hf", "vllm")
 
@@ -127,9 +132,13 @@ class ResolvedEnv:
             raise UserError(f"{origin} is not an envbuild resolved environment of schema version "
                             f"{SCHEMA_VERSION}. Pass the envbuild.json that `envbuild render` wrote "
                             "(or re-resolve it from its profile).")
-        if "training_path" not in data or "compat_libcuda" not in (data.get("cuda") or {}):
-            raise UserError(f"{origin} was written by an older envbuild: it has no training_path "
-                            "(the modules preflight and the smoke test import). Re-resolve it: "
+        missing = [k for k in ("training_path", "precision", "audit", "cuda_alloc_conf", "memory")
+                   if k not in data]
+        if missing or "compat_libcuda" not in (data.get("cuda") or {}):
+            raise UserError(f"{origin} was written by an older envbuild: it has no "
+                            f"{(missing or ['cuda.compat_libcuda'])[0]} (what the image's preflight, "
+                            "precision audit, batch sizes and run script are rendered from). "
+                            "Re-resolve it: "
                             f"envbuild render {data.get('profile', 'PROFILE')} with the same "
                             "overrides (they are under `overrides` in the file).")
         return cls(data)
@@ -399,6 +408,60 @@ class _Resolver:
                      f"vLLM supports compute capability >= {floor} only (Volta or later); its kernels "
                      "are not built for this GPU", fix)
 
+    def memory_plan(self, gpu_key: str, gpu: dict, dtype: str, attention: str, rollout: str,
+                    train: dict) -> dict:
+        from .memory import plan
+
+        mem = self.m.memory
+        total = mem["total_mib"].get(gpu_key)
+        consts = dict(mem, total_gib=total["mib"] / 1024 if total else float(gpu["vram_gb"]))
+        env = {"dtype": dtype, "attention": attention, "rollout": rollout, "train": train}
+        return plan(env, self.m.models[train["model"]], consts, self.m.datasets["gsm8k"]["rows"]["test"])
+
+    def memory_rule(self, gpu_key: str, gpu: dict, dtype: str, attention: str, rollout: str) -> dict:
+        """The batch sizes that fit the GPU (envbuilder/memory.py), or why none does."""
+        train = self.p["train"]
+        mem = self.memory_plan(gpu_key, gpu, dtype, attention, rollout, train)
+        if not mem["problems"]:
+            return mem
+
+        def fits(**changes) -> bool:
+            return not self.memory_plan(gpu_key, gpu, dtype, attention, rollout,
+                                        dict(train, **changes))["problems"]
+
+        fixes = []
+        size = self.m.models[train["model"]]["parameters"]
+        smaller = sorted((r["parameters"], name) for name, r in self.m.models.items()
+                         if r["parameters"] < size and fits(model=name))
+        if smaller:
+            fixes.append(f"a smaller model from the table: train.model {smaller[-1][1]}")
+        if not (train["param_offload"] and train["optimizer_offload"]) and fits(
+                param_offload=True, optimizer_offload=True):
+            fixes.append("offload what is idle: train.param_offload and train.optimizer_offload "
+                         "true")
+        prompt, response = train["max_prompt_length"], train["max_response_length"]
+        while prompt + response > 128:
+            prompt, response = max(prompt // 2, 32), max(response // 2, 32)
+            if fits(max_prompt_length=prompt, max_response_length=response):
+                fixes.append(f"shorter sequences: train.max_prompt_length {prompt} and "
+                             f"max_response_length {response}")
+                break
+        if rollout == "vllm" and fits(gpu_memory_utilization=round(train["gpu_memory_utilization"] / 2, 2)):
+            fixes.append(f"a smaller vLLM share: train.gpu_memory_utilization "
+                         f"{round(train['gpu_memory_utilization'] / 2, 2)}")
+        fix = ("in a --matrix-dir overlay of the profile, " + "; or ".join(fixes)) if fixes else (
+            "a GPU with more memory, or more GPUs (train.n_gpus) to shard the state over")
+        worst = max(mem["problems"], key=lambda p: p["gib"] - p["budget_gib"])
+        phase = next(p for p in mem["phases"] if p["phase"] == worst["phase"])
+        top = sorted(phase["terms"], key=lambda t: -t["gib"])[:3]
+        why = (f"its {worst['phase']} phase needs {worst['gib']:.1f} GiB per GPU at batch 1 "
+               f"against {worst['budget_gib']:.1f} GiB usable ("
+               + ", ".join(f"{t['term']} {t['gib']:.1f}" for t in top) + "; `envbuild show "
+               f"{self.name} --memory --allow-unsupported` prints the whole budget)")
+        self.add("memory", f"{train['model']} does not fit the {gpu['name']} "
+                 f"({mem['gpu_total_gib']:.0f} GiB) even at batch 1", why, fix)
+        return mem
+
     # -- the whole -------------------------------------------------------------------------
 
     def run(self) -> ResolvedEnv:
@@ -532,19 +595,38 @@ class _Resolver:
                      f"it targets {', '.join(cuda['nvcc_archs'])}",
                      "use another --cuda, or --without apex,flash-attn", hard=True)
 
+        # what each part of the run computes in: the profile's dtype where this verl can run the
+        # part in it, fp32 otherwise (verl.yaml precision: no fp16 training without a loss scaler)
+        precision = {part: dtype if dtype in allowed else "fp32"
+                     for part, allowed in sorted(verl["precision"].items())}
+        values = {"attention": attention}
+        for part, pd in precision.items():
+            values[f"{part}_dtype"] = TORCH_DTYPE[pd]
+            values[f"{part}_autocast"] = str(pd != "fp32")
+        # the conditions a patch's `when` and an audit check name
+        conditions = {"always": True, "no_flash_attention": attention != "flash_attention_2",
+                      "no_bf16": dtype != "bf16"}
         patches = []
         for pname in verl["patches"]:
             pr = m.patches[pname]
-            wanted = {"always": True,
-                      "no_flash_attention": attention != "flash_attention_2",
-                      "no_bf16": dtype != "bf16"}[pr["when"]]
-            if wanted:
-                values = {"attention": attention,
-                          "autocast_dtype": {"bf16": "bfloat16", "fp16": "float16"}.get(dtype, "float32"),
-                          "autocast_enabled": str(dtype != "fp32")}
+            if conditions[pr["when"]]:
                 patches.append({"name": pname, "why": pr["why"], "files": list(pr["files"]),
                                 "replace": [{"find": r["find"], "with": r["with"].format(**values)}
                                             for r in pr["replace"]]})
+        checks = [c for c, when in AUDIT_CHECKS.items() if conditions[when]]
+        reviewed = []
+        for rname in verl.get("reviewed") or []:
+            rec = m.reviewed[rname]
+            if rec["check"] in checks:
+                reviewed.append({"name": rname, "check": rec["check"], "file": rec["file"],
+                                 "line": rec["line"], "why": rec["why"],
+                                 "holds": {k: v.format(**values) if isinstance(v, str) else v
+                                           for k, v in sorted(rec["holds"].items())}})
+        alloc = None
+        ac = m.cuda_alloc_conf
+        if ac and gpu["vram_gb"] <= ac["max_vram_gb"]:
+            refused = ac["not_with_rollouts"].get(rollout)
+            alloc = {"value": None if refused else ac["value"], "why": refused or ac["why"]}
 
         # verl's pins, then the vLLM release's own pairings, then what flash-attn imports, then
         # the profile's: later ones win
@@ -556,6 +638,8 @@ class _Resolver:
         pins.update(p.get("pins", {}))
         self.shared_dependency_rule({"torch": torch_v, **({"vllm": vllm_v} if vllm_v else {}),
                                      **pins})
+
+        memory = self.memory_rule(gpu_key, gpu, dtype, attention, rollout)
 
         hard = [v for v in self.v if v.hard]
         if hard or (self.v and not ov.allow_unsupported):
@@ -590,8 +674,10 @@ class _Resolver:
             "vllm": {"version": vllm_v, "torch": m.vllm[vllm_v]["torch"],
                      "wheel_cuda": m.vllm[vllm_v]["wheel_cuda"]} if vllm_v else None,
             "verl": {"version": verl_v, "attention_override": verl["attention_override"],
+                     "autocast_keys": dict(sorted((verl.get("autocast_keys") or {}).items())),
                      "pins": dict(sorted(pins.items()))},
             "dtype": dtype,
+            "precision": precision,
             "attention": attention,
             "features": {"bf16": dtype == "bf16", "flash_attention": attention == "flash_attention_2",
                          "remove_padding": remove_padding,
@@ -599,6 +685,8 @@ class _Resolver:
             "flash_attn": flash_attn_release(m.flash_attn, fa) if fa else None,
             "apex": dict(apex, arch_list=cc) if apex else None,
             "patches": patches,
+            "audit": {"checks": checks, "reviewed": reviewed},
+            "cuda_alloc_conf": alloc,
             "indexes": {"pypi": defaults.get("pypi_index", "https://pypi.org/simple"),
                         "torch": torch_index},
             "huggingface": defaults.get("huggingface", "https://huggingface.co"),
@@ -606,6 +694,7 @@ class _Resolver:
             "train": dict(p["train"]),
             "dataset": dict(m.datasets["gsm8k"], name="gsm8k") if m.datasets.get("gsm8k") else None,
             "training_path": training_path(m, verl_v, rollout, tuple(components)),
+            "memory": memory,
             "warnings": [v.text() for v in self.v],
         }
         return ResolvedEnv(data)

@@ -159,3 +159,37 @@ def real_pypi():
     if os.environ.get("CI") == "true":
         pytest.fail(f"{PYPI} does not answer: the real-index tests must run under CI=true")
     pytest.skip(f"{PYPI} does not answer: the real-index tests need it")
+
+
+@pytest.fixture(scope="session")
+def verl_wheels(real_pypi, tmp_path_factory) -> dict:
+    """The real wheel of every verl release in the matrix, from PyPI (`pip download --no-deps`,
+    about 1 MB each, once per session): {version: path}."""
+    dest = tmp_path_factory.mktemp("verl-wheels")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env["PIP_CONFIG_FILE"] = os.devnull  # no host find-links, extra indexes or constraints
+    wheels = {}
+    for version in shipped().verl:
+        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                            "--index-url", real_pypi, "-d", str(dest), f"verl=={version}"],
+                           capture_output=True, text=True, env=env, timeout=600)
+        assert r.returncode == 0, f"pip download verl=={version} failed:\n{r.stderr[-2000:]}"
+        found = sorted(dest.glob(f"verl-{version}-*.whl"))
+        assert found, f"no verl {version} wheel in {dest}"
+        wheels[version] = found[0]
+    return wheels
+
+
+@pytest.fixture(scope="session")
+def verl_trees(verl_wheels, tmp_path_factory) -> dict:
+    """Each real verl wheel unpacked, as pip installs it into site-packages: {version: folder
+    holding verl/}. Read-only by convention: copy it (shutil.copytree) before patching."""
+    import zipfile
+
+    trees = {}
+    for version, wheel in verl_wheels.items():
+        root = tmp_path_factory.mktemp(f"verl-{version}")
+        with zipfile.ZipFile(wheel) as z:
+            z.extractall(root)
+        trees[version] = root
+    return trees

@@ -1,6 +1,6 @@
 """The real-package tier: the training path names only modules that exist in the real releases.
 
-Downloads from PyPI: every verl release in the matrix (`pip download --no-deps`, about 1 MB
+Downloads from PyPI: every verl release in the matrix (conftest's verl_wheels, about 1 MB
 each), the file listing of every vLLM wheel in the matrix (its zip central directory only, read
 with HTTP Range requests, not the 300 MB wheel), and the flash-attn sdists the profiles install (whose setup.py
 also names the prebuilt release wheel: envbuild's name must be that one).
@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
-import subprocess
-import sys
 import tarfile
 import urllib.error
 import urllib.request
@@ -98,23 +95,6 @@ class RangeFile(io.RawIOBase):
         buf[:len(data)] = data
         self.pos += len(data)
         return len(data)
-
-
-@pytest.fixture(scope="module")
-def verl_wheels(pypi, tmp_path_factory):
-    dest = tmp_path_factory.mktemp("verl-wheels")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
-    env["PIP_CONFIG_FILE"] = os.devnull  # no host find-links, extra indexes or constraints
-    wheels = {}
-    for version in shipped().verl:
-        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                            "--index-url", SIMPLE, "-d", str(dest), f"verl=={version}"],
-                           capture_output=True, text=True, env=env, timeout=600)
-        assert r.returncode == 0, f"pip download verl=={version} failed:\n{r.stderr[-2000:]}"
-        found = sorted(dest.glob(f"verl-{version}-*.whl"))
-        assert found, f"no verl {version} wheel in {dest}"
-        wheels[version] = found[0]
-    return wheels
 
 
 @pytest.mark.parametrize("version", list(shipped().verl))

@@ -24,7 +24,7 @@ from envbuilder.render import MARKER, RUN_SCRIPT, render, render_files
 from envbuilder.resolve import ResolvedEnv
 
 ALWAYS = {"Dockerfile", "environment.yml", "requirements.txt", RUN_SCRIPT, "preflight.py",
-          "prepare_gsm8k.py", "envbuild-secrets.sh", MARKER}
+          "audit_precision.py", "prepare_gsm8k.py", "envbuild-secrets.sh", MARKER}
 
 
 @pytest.fixture(scope="session")
@@ -74,8 +74,8 @@ def test_every_shipped_profile_renders_its_files(profile, rendered):
 
 def test_scripts_are_executable_and_the_rest_is_not(rendered):
     modes = {p.name: p.stat().st_mode & 0o777 for p in rendered["p40"].iterdir()}
-    assert modes.pop(RUN_SCRIPT) == modes.pop("preflight.py") == modes.pop("apply_patches.py") == 0o755
-    assert modes.pop("prepare_gsm8k.py") == 0o755
+    assert (modes.pop(RUN_SCRIPT) == modes.pop("preflight.py") == modes.pop("apply_patches.py")
+            == modes.pop("audit_precision.py") == modes.pop("prepare_gsm8k.py") == 0o755)
     assert set(modes.values()) == {0o644}
 
 
@@ -204,8 +204,7 @@ def test_the_run_script_carries_the_p40_settings(rendered):
     for line in ("export TORCHDYNAMO_DISABLE=1", "actor_rollout_ref.rollout.name=hf",
                  "actor_rollout_ref.rollout.dtype=float32",
                  "actor_rollout_ref.model.use_remove_padding=False",
-                 "actor_rollout_ref.actor.fsdp_config.param_offload=True",
-                 "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"):
+                 "actor_rollout_ref.actor.fsdp_config.param_offload=True"):
         assert line in script
 
 

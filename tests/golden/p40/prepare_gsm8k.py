@@ -23,7 +23,7 @@ import tempfile
 import urllib.error
 import urllib.request
 
-SPEC = json.loads("{\"ability\": \"math\", \"answer_pattern\": \"#### (\\\\-?[0-9\\\\.\\\\,]+)\", \"data_source\": \"openai/gsm8k\", \"files\": {\"test\": \"main/test-00000-of-00001.parquet\", \"train\": \"main/train-00000-of-00001.parquet\"}, \"instruction\": \"Let\\u0027s think step by step and output the final answer after \\\"####\\\".\", \"name\": \"gsm8k\", \"repo\": \"openai/gsm8k\", \"revision\": \"main\", \"source\": \"hf_files, verl_preprocess, verl_reward\"}")
+SPEC = json.loads("{\"ability\": \"math\", \"answer_pattern\": \"#### (\\\\-?[0-9\\\\.\\\\,]+)\", \"data_source\": \"openai/gsm8k\", \"files\": {\"test\": \"main/test-00000-of-00001.parquet\", \"train\": \"main/train-00000-of-00001.parquet\"}, \"instruction\": \"Let\\u0027s think step by step and output the final answer after \\\"####\\\".\", \"name\": \"gsm8k\", \"repo\": \"openai/gsm8k\", \"revision\": \"main\", \"rows\": {\"test\": 1319, \"train\": 7473}, \"source\": \"hf_card, hf_files, verl_preprocess, verl_reward\"}")
 SPLITS = ("train", "test")
 MAX_BYTES = 256 * 1024 * 1024  # a GSM8K split is ~3 MB: anything this large is not it
 
