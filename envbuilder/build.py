@@ -103,6 +103,14 @@ class BuildResult(NamedTuple):
     log_tail: str
 
 
+def redacted(text: str) -> str:
+    """`text` with every user:password@ of a URL shown as ***@ (a mirror's credentials in a
+    build arg appear in BuildKit's step titles)."""
+    from .mirrors import USERINFO
+
+    return USERINFO.sub(r"\1***@", text)
+
+
 def run_build(client: BuildKitClient, context: Path, tag: str, build_args: dict[str, str],
               secrets: dict[str, Path], echo: Callable[[str], None]) -> tuple[int, str]:
     """One `docker build`; streams progress lines through `echo`, returns (rc, full log)."""
@@ -117,7 +125,8 @@ def run_build(client: BuildKitClient, context: Path, tag: str, build_args: dict[
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env, errors="replace")
     assert proc.stdout is not None
-    for line in proc.stdout:
+    for line in proc.stdout:  # BuildKit titles RUN steps with the build args they use
+        line = redacted(line)
         lines.append(line)
         echo(line.rstrip("\n"))
     return proc.wait(), "".join(lines)
@@ -125,7 +134,7 @@ def run_build(client: BuildKitClient, context: Path, tag: str, build_args: dict[
 
 # Build args that point package steps at an index or a download; an offline build (from a
 # wheelhouse in the context) keeps its own file:// defaults instead.
-NETWORK_ARGS = ("PIP_INDEX_URL", "TORCH_INDEX_URL", "APEX_URL")
+NETWORK_ARGS = ("PIP_INDEX_URL", "TORCH_INDEX_URL", "APEX_URL", "FLASH_ATTN_RELEASE")
 
 
 def build(context: Path, d: dict, tag: str, mirror_name: str | None, mirror_body: dict | None,

@@ -348,10 +348,6 @@ def _locked(env, locked_dir, all_, wheelhouse=None):
     from .lock.lockfile import for_render
 
     if wheelhouse is not None:
-        if env.data["flash_attn"]:
-            raise UserError(f"{env.name} compiles flash-attn from its PyPI sdist, which the lock "
-                            "does not pin yet, so it cannot build offline. Use --without "
-                            "flash-attn (lock and export with the same overrides).")
         if not (Path(wheelhouse) / "manifest.json").is_file():
             raise UserError(f"{wheelhouse} is not an envbuild wheelhouse (no manifest.json). Make "
                             f"one with `envbuild wheelhouse {env.name} -o {wheelhouse}`.")

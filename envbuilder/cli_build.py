@@ -134,7 +134,7 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
         body = M.get_set(m, name)
         healthy = M.health(M.probe(body))
         for e, (ok, ms) in sorted(healthy.items()):
-            say(f"  probe {e}: {'ok' if ok else 'DOWN'} ({ms:.0f} ms)")
+            say(f"  probe {M.redacted(e)}: {'ok' if ok else 'DOWN'} ({ms:.0f} ms)")
     registry = registry_for(push_to, (m.defaults or {}).get("registry_local", "localhost:5000")) if push_to else None
     client = B.engine()
     context = B.stage_context(files, links) if keep_context is None else None

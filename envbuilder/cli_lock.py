@@ -37,8 +37,8 @@ def lock_dir_for(name: str, out: Path | None, all_: bool) -> Path:
               help="Read image digests from this registry (images under PREFIX/) instead of "
                    "each image's own registry.")
 @click.option("--github-url", metavar="URL",
-              help="A prefix that replaces https://github.com when fetching source archives "
-                   "(apex) to pin their sha256.")
+              help="A prefix that replaces https://github.com when fetching files from GitHub "
+                   "(apex's source archive, flash-attn's release wheels) to pin their sha256.")
 @click.option("--mirror", "mirror_set", metavar="NAME",
               help="Take the indexes, channels and registries from this mirror set "
                    "(`envbuild mirrors list`); the flags above override it.")

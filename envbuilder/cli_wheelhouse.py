@@ -20,7 +20,7 @@ def url_map_for_mirror(body: dict) -> list[tuple[str, str]]:
         if endpoint.rstrip("/").endswith("/simple"):  # PEP 503 mirrors keep PyPI's /packages/ paths
             out.append(("https://files.pythonhosted.org/packages/",
                         endpoint.rstrip("/")[: -len("simple")] + "packages/"))
-    for endpoint in body.get("github") or []:  # source archives (apex)
+    for endpoint in body.get("github") or []:  # GitHub files (apex archive, flash-attn wheels)
         out.append(("https://github.com/", endpoint.rstrip("/") + "/"))
     for channel, endpoints in (body.get("conda") or {}).items():
         for endpoint in endpoints:

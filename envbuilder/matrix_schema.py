@@ -26,8 +26,19 @@ VLLM = {"torch": S.VERSION, "wheel_cuda": S.CUDA, "python": S.ListOf(S.CUDA),
 # requires: PACKAGE -> VERSION -> what that release's METADATA needs of a shared dependency
 REQUIRES = S.MapOf(S.MapOf({"needs": S.MapOf(S.Range()), "source": SOURCE}, key=S.VERSION))
 FEATURE = {"min_compute_capability": S.CC, "note?": str, "source": SOURCE}
+# release_wheels.filename: a template of {version} {cuda_tag} {torch} {cxx11_abi} {python}
+# {machine} (envbuilder/flash_attn_wheel.py formats it); wheel_cuda: CUDA major -> wheel tag
+# (a release without it, or a major it does not list, has no prebuilt wheel: the builder compiles)
+WHEEL_TEMPLATE = S.Pattern(r"[A-Za-z0-9_.+-]*(\{(version|cuda_tag|torch|cxx11_abi|python|machine)\}"
+                           r"[A-Za-z0-9_.+-]*)+\.whl", "flash_attn-{version}+cu{cuda_tag}...-linux_{machine}.whl")
 FLASH_ATTN = {"min_compute_capability": S.CC, "source": SOURCE,
-              "versions": S.MapOf({"torch": S.Range(), "source": SOURCE}, key=S.VERSION),
+              "versions": S.MapOf({"torch": S.Range(),
+                                   "wheel_cuda?": S.MapOf(S.Pattern(r"\d{2,3}", "12"),
+                                                          key=S.Pattern(r"\d+", "12")),
+                                   "source": SOURCE}, key=S.VERSION),
+              "release_wheels": {"url": S.Pattern(r"https?://[^\s{}]+(\{version\}[^\s{}]*)?",
+                                                  "https://github.com/OWNER/REPO/releases/download/v{version}"),
+                                 "filename": WHEEL_TEMPLATE, "source": SOURCE},
               "runtime_pins?": S.MapOf(S.VERSION), "training_path": TRAINING_PATH}
 APEX = {"versions": S.MapOf({"ref": str, "install": S.OneOf(("env", "config_settings")),
                              "source": SOURCE}),

@@ -15,6 +15,7 @@ from typing import NamedTuple
 from .errors import UserError
 
 DOCKER_HUB = "docker.io"
+GITHUB = "https://github.com"  # what a mirror set's `github` prefix replaces (apex, flash-attn)
 _LOOPBACK = re.compile(r"^(localhost|127\.\d+\.\d+\.\d+|\[::1\])(:\d+)?$")
 
 
@@ -97,14 +98,29 @@ class MirrorChoice(NamedTuple):
         if self.apt:
             args["APT_MIRROR"] = self.apt
         if self.github and d.get("apex"):
-            args["APEX_URL"] = d["apex"]["url"].replace("https://github.com", self.github.rstrip("/"), 1)
+            args["APEX_URL"] = github_url(d["apex"]["url"], self.github)
+        if self.github and d.get("flash_attn"):  # an ARG of the builder stage only: not in history
+            args["FLASH_ATTN_RELEASE"] = github_url(d["flash_attn"]["release"], self.github)
         return args
+
+
+USERINFO = re.compile(r"(://)[^/@\s]*@")  # user:password@ in a URL
+
+
+def redacted(endpoint: str) -> str:
+    """An endpoint as printed: user:password@ (a mirror's credentials) shown as ***@."""
+    return USERINFO.sub(r"\1***@", endpoint)
+
+
+def github_url(url: str, prefix: str | None) -> str:
+    """`url` (https://github.com/...) through a GitHub mirror prefix; unchanged without one."""
+    return url.replace(GITHUB, prefix.rstrip("/"), 1) if prefix else url
 
 
 def apply_to_env(env, mirror: MirrorChoice):
     """The resolved environment with every upstream endpoint replaced by the mirror's: base
     images, the PyPI and PyTorch indexes, the Hugging Face endpoint, the conda channels, the apex
-    source URL and an apt mirror. Rendering it gives files whose defaults already point at the
+    source URL, flash-attn's release folder and an apt mirror. Rendering it gives files whose defaults already point at the
     mirror (build args can still override them)."""
     import copy
 
@@ -121,7 +137,9 @@ def apply_to_env(env, mirror: MirrorChoice):
     conda = mirror.conda or {}
     d["conda_channels"] = [conda.get(ch) or ch for ch in d["conda_channels"]]
     if d.get("apex") and mirror.github:
-        d["apex"]["url"] = d["apex"]["url"].replace("https://github.com", mirror.github.rstrip("/"), 1)
+        d["apex"]["url"] = github_url(d["apex"]["url"], mirror.github)
+    if d.get("flash_attn") and mirror.github:
+        d["flash_attn"]["release"] = github_url(d["flash_attn"]["release"], mirror.github)
     d["mirror"] = {"name": mirror.name, "apt": mirror.apt, "conda_nvidia": conda.get("nvidia")}
     return ResolvedEnv(d)
 

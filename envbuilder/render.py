@@ -31,6 +31,8 @@ FILES = {
 }
 EXECUTABLE = {RUN_SCRIPT, "preflight.py", "apply_patches.py", "audit_precision.py",
               "prepare_gsm8k.py"}
+# copied, not rendered: the builder stage runs envbuild's own module (one place for the name)
+FLASH_ATTN_SCRIPT = "flash_attn_wheel.py"
 MARKER = "envbuild.json"
 
 _jinja = None
@@ -54,7 +56,15 @@ def jinja_env():
             keep_trailing_newline=True,
             bytecode_cache=cache,
         )
+        _jinja.filters["sh"] = _sh
     return _jinja
+
+
+def _sh(value) -> str:
+    """A value quoted for the shell of a RUN line (single quotes; Dockerfile-safe)."""
+    import shlex
+
+    return shlex.quote(str(value))
 
 
 def apex_command(d: dict) -> str:
@@ -134,6 +144,8 @@ def render_files(env: ResolvedEnv, locked: dict | None = None) -> dict[str, str]
         if name == "prepare_gsm8k.py" and not d.get("dataset"):
             continue
         out[name] = j.get_template(template).render(context)
+    if d["flash_attn"]:
+        out[FLASH_ATTN_SCRIPT] = (Path(__file__).parent / FLASH_ATTN_SCRIPT).read_text(encoding="utf-8")
     if d.get("constraints") and not locked:
         from .plan import CONSTRAINTS
 

@@ -157,6 +157,16 @@ def _cc_runs(gpu_cc: str, archs: list[str]) -> bool:
     return any(a[0] == major and a[1] <= minor for a in map(cc_tuple, archs))
 
 
+def flash_attn_release(fa_data: dict, version: str) -> dict:
+    """The flash-attn part of a ResolvedEnv: the version, and where its prebuilt release wheel
+    is (the download folder, the file name template, the CUDA tags; the builder names the file
+    from the installed torch, envbuilder/flash_attn_wheel.py)."""
+    rel = fa_data["release_wheels"]
+    return {"version": version, "release": rel["url"].format(version=version),
+            "wheel": rel["filename"],
+            "cuda_tags": dict(sorted((fa_data["versions"][version].get("wheel_cuda") or {}).items()))}
+
+
 def _at_least(cc: str, floor: str) -> bool:
     return cc_tuple(cc) >= cc_tuple(floor)
 
@@ -672,7 +682,7 @@ class _Resolver:
             "features": {"bf16": dtype == "bf16", "flash_attention": attention == "flash_attention_2",
                          "remove_padding": remove_padding,
                          "torch_compile": feats.get("torch_compile", True)},
-            "flash_attn": {"version": fa} if fa else None,
+            "flash_attn": flash_attn_release(m.flash_attn, fa) if fa else None,
             "apex": dict(apex, arch_list=cc) if apex else None,
             "patches": patches,
             "audit": {"checks": checks, "reviewed": reviewed},

@@ -9,7 +9,8 @@ URLs and sha256), so no resolver runs here. The Wheelhouse directory holds
                         never builds
   simple/               a PEP 503 index over pypi/ (pip --index-url file://.../simple works too)
   conda/<subdir>/       the conda packages, with repodata.json from rattler's indexer
-  sources/              source archives the builder stage compiles (apex), by sha256
+  sources/              what the builder stage fetches from GitHub, by sha256: apex's
+                        source archive, flash-attn's release wheels
   conda/<profile>.txt   the explicit conda environment of each profile (paths relative to here)
   requirements/<profile>.lock  the lock's requirements.lock, with each built wheel's sha256 in
                         place of its sdist's (install.sh installs from it)
@@ -50,7 +51,9 @@ class Artifact(NamedTuple):
 
     @property
     def filename(self) -> str:
-        if self.kind == "source":  # GitHub's archive URLs end in the bare ref (25.08.tar.gz)
+        if self.kind == "source" and not self.url.endswith(".whl"):
+            # GitHub's archive URLs end in the bare ref (25.08.tar.gz); release wheels
+            # (flash-attn's) keep their own name, which the builder looks for
             return f"{self.name}-{self.version}.tar.gz"
         return unquote(urlsplit(self.url).path.rsplit("/", 1)[-1])
 
@@ -95,7 +98,7 @@ def artifacts(lock_dir: Path) -> tuple[dict, list[Artifact]]:
             for f in files:
                 out.append(Artifact("pip", normalize(p["name"]), p["version"], f["url"],
                                     f["hashes"]["sha256"], f.get("size"), "pypi"))
-    if L.SOURCES in meta.get("files", {}):  # source archives the builder compiles (apex)
+    if L.SOURCES in meta.get("files", {}):  # GitHub files the builder uses (apex, flash-attn)
         for name, src in sorted(json.loads(_verified_text(lock_dir, meta, L.SOURCES)).items()):
             out.append(Artifact("source", name, src.get("ref", ""), src["url"], src["sha256"],
                                 src.get("size"), "sources"))

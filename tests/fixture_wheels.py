@@ -166,6 +166,8 @@ def wheels_for_env(out_dir: Path, d: dict, verl_fixture: Path | None = None,
         files = training_path_files(d, dist_name(name))  # vllm._C for one
         if name == "torch":
             files["torch/version.py"] = f"__version__ = {version!r}\ncuda = {d['torch']['cuda']!r}\n"
+            # what flash-attn's setup.py (and envbuild's builder) read for the wheel's C++ ABI
+            files["torch/_C/__init__.py"] = "_GLIBCXX_USE_CXX11_ABI = False\n"
         made.append(make_wheel(out_dir, name, version, files=files,
                                payload=(weights_mb or {}).get(name, 0) << 20))
     files = training_path_files(d, "verl")
@@ -187,3 +189,54 @@ def apex_archive(standin: Path, url: str) -> tuple[str, bytes]:
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         tar.add(standin, arcname=f"apex-{ref}")
     return path, buf.getvalue()
+
+
+def flash_attn_release_wheel(dest: Path, release_filename: str, version: str,
+                             salt: str = "") -> Path:
+    """A stand-in of a flash-attn release wheel, saved under the release's file name
+    (flash_attn-2.6.3+cu123torch2.4cxx11abiFALSE-cp311-cp311-linux_x86_64.whl). Its METADATA
+    says the bare version, as the release's renamed wheels do; it holds the modules of the
+    training path (flash_attn_2_cuda, flash_attn.bert_padding) as plain Python. `salt` changes
+    its bytes (and sha256), e.g. so a locked build step is never a BuildKit cache hit."""
+    tag = "-".join(release_filename[:-len(".whl")].split("-")[-3:])
+    files = {"flash_attn_2_cuda.py": "# envbuild test stand-in for flash_attn_2_cuda\n",
+             "flash_attn/bert_padding.py": "# envbuild test stand-in for flash_attn.bert_padding\n"}
+    built = make_wheel(dest / ".build", "flash_attn", version, tag=tag, files=files, salt=salt)
+    out = dest / release_filename
+    out.write_bytes(built.read_bytes())
+    built.unlink()
+    return out
+
+
+def torch_standin(dest: Path, version: str, cuda: str, cxx11_abi: bool) -> Path:
+    """An importable stand-in torch package (on PYTHONPATH=dest) with what flash-attn's wheel
+    name is read from: __version__, version.cuda, _C._GLIBCXX_USE_CXX11_ABI."""
+    (dest / "torch" / "_C").mkdir(parents=True, exist_ok=True)
+    (dest / "torch" / "__init__.py").write_text(f"__version__ = {version!r}\n")
+    (dest / "torch" / "version.py").write_text(f"__version__ = {version!r}\ncuda = {cuda!r}\n")
+    (dest / "torch" / "_C" / "__init__.py").write_text(f"_GLIBCXX_USE_CXX11_ABI = {cxx11_abi!r}\n")
+    return dest
+
+
+def flash_attn_sdist(standin: Path, dest: Path, version: str) -> Path:
+    """flash_attn-VERSION.tar.gz from tests/fixtures/flash-attn-standin (its in-tree backend
+    builds in a second, compiling nothing), with a PKG-INFO naming the version."""
+    import gzip
+    import io
+    import tarfile
+
+    dest.mkdir(parents=True, exist_ok=True)
+    root = f"flash_attn-{version}"
+    contents = {f"{root}/PKG-INFO": f"Metadata-Version: 2.1\nName: flash_attn\nVersion: {version}\n".encode()}
+    for p in sorted(standin.iterdir()):
+        if p.is_file() and p.suffix in (".py", ".toml"):
+            contents[f"{root}/{p.name}"] = p.read_bytes()
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path, data in sorted(contents.items()):
+            info = tarfile.TarInfo(path)
+            info.size, info.mtime, info.mode = len(data), 1704067200, 0o644
+            tar.addfile(info, io.BytesIO(data))
+    out = dest / f"{root}.tar.gz"
+    out.write_bytes(gzip.compress(raw.getvalue(), mtime=0))
+    return out

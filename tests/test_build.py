@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -16,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from fixture_wheels import apex_archive, make_wheel, wheels_for_env
+from fixture_wheels import (apex_archive, flash_attn_release_wheel, flash_attn_sdist, make_wheel,
+                            wheels_for_env)
 from httpfixtures import FileServer, free_port
 
 pytestmark = pytest.mark.docker
@@ -25,6 +27,12 @@ ROOT = Path(__file__).resolve().parent.parent
 REGISTRY = f"127.0.0.1:{os.environ.get('ENVBUILD_TEST_REGISTRY_PORT', '5000')}"
 VERL_FIXTURE = ROOT / "tests" / "fixtures" / "verl-0.4.1"
 APEX_STANDIN = ROOT / "tests" / "fixtures" / "apex-standin"
+FLASH_ATTN_STANDIN = ROOT / "tests" / "fixtures" / "flash-attn-standin"
+# the build tests' base image is debootstrapped Debian bookworm (tests/infra/provision.sh): its
+# python3 is 3.11, whatever the profile's CUDA image would ship; the builder names flash-attn's
+# wheel from the Python it runs
+IMAGE_PYTHON = "3.11"
+FA_PROFILE = ["4090", "--with", "flash-attn"]  # flash-attn 2.6.3 on torch 2.4.0 (CUDA 12.1)
 BUILD_TOOLS = ("packaging", "ninja", "wheel", "setuptools", "psutil")  # the builder stage's pip step
 ENVBUILD = [sys.executable, "-m", "envbuilder.cli"]
 
@@ -70,6 +78,14 @@ def index(tmp_path_factory, docker_client):
     wheels_for_env(pkgs, d, VERL_FIXTURE if VERL_FIXTURE.is_dir() else None)
     for name in BUILD_TOOLS:
         make_wheel(pkgs, name, "0.0.1")
+    # the 4090 with flash-attn: its stand-ins where p40's do not already have the file, and
+    # flash-attn's sdist, which the builder's fallback builds (in a second: a stand-in)
+    fa = resolve(matrix.load(), "4090", Overrides(with_=("flash-attn",))).data
+    extra = pkgs.parent / "pkgs-4090"
+    for w in wheels_for_env(extra, fa, VERL_FIXTURE if VERL_FIXTURE.is_dir() else None):
+        if not (pkgs / w.name).exists():
+            w.rename(pkgs / w.name)
+    flash_attn_sdist(FLASH_ATTN_STANDIN, pkgs, fa["flash_attn"]["version"])
     port = free_port()
     exe = Path(sys.executable).parent / "pypi-server"
     _need(exe.exists(), "pypiserver is not installed")
@@ -105,8 +121,38 @@ def github():
         yield srv.url("").rstrip("/")
 
 
+def fa_release_name(python: str = IMAGE_PYTHON, abi: bool = False) -> tuple[str, str]:
+    """(path on github.com, file name) of the flash-attn release wheel the builder looks for:
+    the stand-in torch in the image is 2.4.0 built with CUDA 12.1 and the old C++ ABI."""
+    from envbuilder import matrix
+    from envbuilder.flash_attn_wheel import wheel_filename
+    from envbuilder.resolve import Overrides, resolve
+
+    d = resolve(matrix.load(), "4090", Overrides(with_=("flash-attn",))).data
+    fa = d["flash_attn"]
+    name = wheel_filename(fa["wheel"], fa["version"], d["torch"]["version"], d["torch"]["cuda"],
+                          python, abi, fa["cuda_tags"])
+    return fa["release"].split("://", 1)[1].split("/", 1)[1] + "/" + name, name
+
+
 @pytest.fixture(scope="module")
-def config(tmp_path_factory, index, github):
+def fa_github(tmp_path_factory):
+    """A loopback github.com that has apex's archive and flash-attn's release wheel (a stand-in
+    holding the training path's modules) for the build image's torch and Python, old ABI only."""
+    from envbuilder import matrix
+
+    path, name = fa_release_name()
+    # salted per session: its sha256 is in the locked builder step, which so never comes from
+    # the cache (the assertions read what the step printed)
+    wheel = flash_attn_release_wheel(tmp_path_factory.mktemp("fa-release"), name, "2.6.3",
+                                     salt=os.urandom(6).hex())
+    apex_path, apex_data = apex_archive(APEX_STANDIN, matrix.load().apex["source_url"].format(ref="25.08"))
+    with FileServer({path: wheel.read_bytes(), apex_path: apex_data}) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory, index, github, fa_github):
     """The user's config: a `test` mirror set mapping Docker Hub to the loopback registry, and
     a `fallback` set whose first endpoint is a closed port and whose second answers /v2/ but
     does not hold the image (so the pull itself fails and the build moves on)."""
@@ -119,6 +165,11 @@ def config(tmp_path_factory, index, github):
             "test": dict(body, description="loopback test mirror", registries={"docker.io": [REGISTRY]}),
             "fallback": dict(body, description="first endpoint closed",
                              registries={"docker.io": [closed, f"{REGISTRY}/empty", REGISTRY]}),
+            # flash-attn's release wheel through a GitHub prefix that carries credentials
+            "test-fa": dict(body, description="loopback mirror with flash-attn's release",
+                            registries={"docker.io": [REGISTRY]},
+                            github=[fa_github.url("").rstrip("/").replace(
+                                "http://", f"http://envbuild:{FA_TOKEN}@")]),
             "offline": {"description": "no package index, no GitHub: all point at a closed port",
                         "registries": {"docker.io": [REGISTRY]},
                         "pypi": [f"http://{closed}/simple"], "pytorch": [f"http://{closed}/simple"],
@@ -128,6 +179,9 @@ def config(tmp_path_factory, index, github):
     path = tmp_path_factory.mktemp("cfg") / "config.yaml"
     path.write_text(json.dumps(cfg))  # JSON is YAML
     return path
+
+
+FA_TOKEN = "fa-" + os.urandom(6).hex()  # a credential in the GitHub prefix: never in the image
 
 
 def envbuild(args, config, **env):
@@ -248,3 +302,92 @@ def test_build_from_a_wheelhouse_with_no_index_at_all(docker_client, config, ind
     assert "--no-index --find-links /wheelhouse" in r.stderr
     assert "apex @ file:///wheelhouse/sources/apex-25.08.tar.gz#sha256=" in r.stderr
     assert "smoke ok: p40" in r.stderr and "amp_C" in r.stderr
+
+
+# ---- flash-attn: the release wheel first, the sdist build as the fallback ---------------------
+
+# the fallback's own line in the build output (BuildKit prefixes output lines with "#N secs ")
+FALLBACK_SAID = re.compile(r"^#\d+ [\d.]+ envbuild: flash-attn: building 2\.6\.3 from "
+                                         r"its PyPI sdist instead", re.M)
+
+
+def _history(client, image: str) -> str:
+    return "\n".join(str(h.get("CreatedBy", "")) for h in client.images.get(image).history())
+
+
+def test_flash_attn_installs_the_release_wheel_through_the_mirror_and_compiles_nothing(
+        docker_client, config, fa_github):
+    tag = "envbuild-test/4090:fa-prebuilt"
+    path, name = fa_release_name()
+    r = envbuild(["build", *FA_PROFILE, "--mirror", "test-fa", "--tag", tag, "-v"], config)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"fetching the prebuilt wheel http://***@127.0.0.1:{fa_github.port}/{path}" in r.stderr
+    assert f"installed the prebuilt wheel {name}" in r.stderr
+    assert "checked against its own RECORD (integrity, not a pin" in r.stderr
+    assert not FALLBACK_SAID.search(r.stderr)  # (the -v log echoes the command; not its output)
+    assert "flash-attn stand-in: source build" not in r.stderr  # the sdist was never built
+    assert "smoke ok: 4090" in r.stderr and "flash_attn_2_cuda" in r.stderr
+    # the credential went to the server as Basic auth, and into no layer and no history entry
+    assert any(q.authorization and q.path == "/" + path for q in fa_github.log)
+    assert FA_TOKEN not in r.stderr
+    assert FA_TOKEN not in _history(docker_client, tag)
+    assert not _layers_contain(docker_client, tag, FA_TOKEN.encode())
+    out = docker_client.containers.run(tag, ["python", "-c", "import flash_attn_2_cuda, flash_attn; "
+                                             "print(flash_attn.__version__, hasattr(flash_attn_2_cuda, 'BUILT_FROM'))"],
+                                       remove=True, network_mode="host").decode().split()
+    assert out == ["2.6.3", "False"]  # the release wheel's module, not the sdist build's
+
+
+def test_flash_attn_without_a_release_wheel_falls_back_to_the_sdist_build(docker_client, config):
+    """The `test` mirror's GitHub has only apex's archive: 404 for the wheel, so the builder
+    says so and builds flash-attn from the (stand-in) sdist on the index."""
+    tag = "envbuild-test/4090:fa-fallback"
+    r = envbuild(["build", *FA_PROFILE, "--mirror", "test", "--tag", tag, "-v"], config)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "no prebuilt wheel:" in r.stderr and "answered HTTP 404" in r.stderr
+    assert FALLBACK_SAID.search(r.stderr)
+    assert ("flash-attn stand-in: source build of 2.6.3 (FLASH_ATTENTION_FORCE_BUILD=TRUE, "
+            "FLASH_ATTN_CUDA_ARCHS=89)") in r.stderr
+    assert "smoke ok: 4090" in r.stderr
+    out = docker_client.containers.run(tag, ["python", "-c", "import flash_attn_2_cuda; "
+                                             "print(flash_attn_2_cuda.BUILT_FROM)"],
+                                       remove=True, network_mode="host").decode().strip()
+    assert out == "sdist"
+
+
+def test_flash_attn_from_a_wheelhouse_with_no_index_and_no_github(docker_client, config, index,
+                                                                   fa_github, tmp_path):
+    """Lock pins the release wheel (the ABI variant the release has; the other answers 404),
+    the wheelhouse carries it, and the offline build installs it by sha256."""
+    from conftest import record
+
+    over = tmp_path / "overlay"  # the build image's Python, so the lock pins the file it needs
+    over.mkdir()
+    (over / "image.yaml").write_text(json.dumps({
+        "sources": {"provision": "tests/infra/provision.sh (Debian bookworm's python3)"},
+        "cuda": {"12.1": record("cuda", "12.1", python=IMAGE_PYTHON, source="provision")}}))
+    menv = {"ENVBUILD_MATRIX_DIR": str(over)}
+    github = fa_github.url("").rstrip("/")
+    lock = tmp_path / "lock"
+    r = envbuild(["lock", *FA_PROFILE, "--only", "pip,sources", "--index-url", index,
+                  "--torch-index-url", index, "--github-url", github, "-o", str(lock)], config, **menv)
+    assert r.returncode == 0, r.stderr[-3000:]
+    sources = json.loads((lock / "sources.lock").read_text())
+    _, name = fa_release_name()
+    assert sorted(sources) == ["flash-attn-cxx11abiFALSE"]  # no TRUE variant on this "release"
+    assert sources["flash-attn-cxx11abiFALSE"]["filename"] == name
+    assert sources["flash-attn-cxx11abiFALSE"]["url"].startswith("https://github.com/Dao-AILab/")
+    r = envbuild(["wheelhouse", "4090", "--lock-dir", str(lock), "-o", str(tmp_path / "wh"),
+                  "--url-map", f"https://github.com={github}"], config, **menv)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (tmp_path / "wh" / "sources" / name).is_file()
+    served = len(fa_github.log)
+    r = envbuild(["build", *FA_PROFILE, "--wheelhouse", str(tmp_path / "wh"), "--mirror", "offline",
+                  "--tag", "envbuild-test/4090:fa-wheelhouse", "-v"], config, **menv)
+    assert r.returncode == 0, r.stderr[-3000:]
+    sha = sources["flash-attn-cxx11abiFALSE"]["sha256"]
+    assert f"fetching the prebuilt wheel file:///wheelhouse/sources/{name}" in r.stderr
+    assert f"sha256 {sha} as the lock pins it" in r.stderr
+    assert not FALLBACK_SAID.search(r.stderr) and "flash-attn stand-in: source build" not in r.stderr
+    assert "smoke ok: 4090" in r.stderr
+    assert len(fa_github.log) == served  # the build asked GitHub for nothing

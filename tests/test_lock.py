@@ -460,3 +460,61 @@ def test_render_locked_pins_the_builders_tools_and_the_apex_archive(p40_lock, tm
     # the tools stay in the builder: no runtime layer installs them
     runtime_layers = [p.read_text() for p in (tmp_path / "o").glob("locked-*.txt") if p.name != "locked-build.txt"]
     assert not any("setuptools==" in t or "ninja==" in t for t in runtime_layers)
+
+
+# ---- flash-attn's release wheels (sources.lock) ----------------------------------------------
+
+def _fa_names(profile="3090"):
+    from envbuilder import matrix
+    from envbuilder.flash_attn_wheel import wheel_filename
+    from envbuilder.resolve import resolve
+
+    d = resolve(matrix.load(), profile).data
+    fa = d["flash_attn"]
+    path = fa["release"].split("://", 1)[1].split("/", 1)[1]
+    return {abi: (path, wheel_filename(fa["wheel"], fa["version"], d["torch"]["version"],
+                                       d["torch"]["cuda"], d["python"], abi, fa["cuda_tags"]))
+            for abi in (False, True)}
+
+
+def test_the_flash_attn_release_wheels_of_both_abis_are_pinned_by_sha256(tmp_path, capsys):
+    """The lock cannot read the target torch's C++ ABI (that needs its binary), so it pins both
+    variants the release has; the builder picks the one the installed torch needs."""
+    import hashlib
+
+    from fixture_wheels import flash_attn_release_wheel
+    from httpfixtures import FileServer
+
+    names = _fa_names()
+    files = {f"{path}/{name}": flash_attn_release_wheel(tmp_path / "rel", name, "2.8.3").read_bytes()
+             for path, name in names.values()}
+    with FileServer(files) as gh:
+        code, _, err = envbuild(capsys, "lock", "3090", "--only", "sources", "--github-url",
+                                gh.url("").rstrip("/"), "-o", tmp_path / "lock")
+    assert code == 0, err
+    assert names[False][1] == "flash_attn-2.8.3+cu12torch2.8cxx11abiFALSE-cp310-cp310-linux_x86_64.whl"
+    got = json.loads((tmp_path / "lock" / "sources.lock").read_text())
+    assert sorted(got) == ["flash-attn-cxx11abiFALSE", "flash-attn-cxx11abiTRUE"]
+    for abi, (path, name) in names.items():
+        e = got[f"flash-attn-cxx11abi{str(abi).upper()}"]
+        assert e["url"] == f"https://github.com/{path}/{name}"  # upstream, not the mirror
+        assert e["sha256"] == hashlib.sha256(files[f"{path}/{name}"]).hexdigest()
+        assert (e["filename"], e["cxx11_abi"]) == (name, abi)
+
+
+def test_a_release_without_any_wheel_for_the_target_fails_the_lock(tmp_path, capsys):
+    from httpfixtures import FileServer
+
+    with FileServer({}) as gh:
+        code, _, err = envbuild(capsys, "lock", "3090", "--only", "sources", "--github-url",
+                                gh.url("").rstrip("/"), "-o", tmp_path / "lock")
+    assert code == 1 and "answered 404" in err and "--without flash-attn" in err
+    assert not (tmp_path / "lock").exists()
+
+
+def test_locking_flash_attn_where_github_does_not_answer_names_the_mirror_options(tmp_path, capsys):
+    code, _, err = envbuild(capsys, "lock", "3090", "--only", "sources", "--github-url",
+                            f"http://127.0.0.1:{closed_port()}", "-o", tmp_path / "lock")
+    assert code == 1 and "Traceback" not in err
+    assert "flash-attn's release wheel" in err and "--github-url" in err and "--mirror" in err
+    assert not (tmp_path / "lock").exists()

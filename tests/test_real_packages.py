@@ -2,7 +2,8 @@
 
 Downloads from PyPI: every verl release in the matrix (conftest's verl_wheels, about 1 MB
 each), the file listing of every vLLM wheel in the matrix (its zip central directory only, read
-with HTTP Range requests, not the 300 MB wheel), and the flash-attn sdists the profiles install.
+with HTTP Range requests, not the 300 MB wheel), and the flash-attn sdists the profiles install (whose setup.py
+also names the prebuilt release wheel: envbuild's name must be that one).
 apex is not on PyPI (its source comes from GitHub), so its module names are not checked here.
 PyPI unreachable: skipped with the reason printed; under CI=true that fails instead.
 """
@@ -142,3 +143,71 @@ def test_flash_attns_training_path_modules_are_what_its_sdist_builds(pypi, versi
     have |= set(re.findall(r'CUDAExtension\(\s*name="([A-Za-z0-9_]+)"', setup))
     missing = [x for x in shipped().flash_attn["training_path"]["modules"] if x not in have]
     assert not missing, f"flash-attn {version} builds or ships no {', '.join(missing)}"
+
+
+def _setup_get_wheel_url(setup: str, version: str):
+    """flash-attn's own get_wheel_url (and get_platform), executed from the sdist's setup.py
+    with a stand-in `torch` whose attributes the caller sets: the function is plain Python over
+    torch.__version__, torch.version.cuda, torch._C._GLIBCXX_USE_CXX11_ABI and sys.version_info."""
+    import ast
+    import types
+
+    from packaging.version import parse
+
+    tree = ast.parse(setup)
+    wanted = {"get_wheel_url", "get_platform", "get_package_version"}
+    body = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in wanted]
+    body += [n for n in tree.body if isinstance(n, ast.Assign)
+             and any(getattr(t, "id", None) in ("BASE_WHEEL_URL", "PACKAGE_NAME") for t in n.targets)]
+    assert {n.name for n in body if isinstance(n, ast.FunctionDef)} >= {"get_wheel_url", "get_platform"}
+    torch = types.SimpleNamespace(__version__="", version=types.SimpleNamespace(cuda="", hip=None),
+                                  _C=types.SimpleNamespace(_GLIBCXX_USE_CXX11_ABI=False))
+    sys_ = types.SimpleNamespace(platform="linux", version_info=None)
+    ns = {"torch": torch, "sys": sys_, "parse": parse, "IS_ROCM": False, "os": os,
+          "platform": types.SimpleNamespace(uname=lambda: types.SimpleNamespace(machine="x86_64")),
+          "get_package_version": lambda: version}
+    exec(compile(ast.Module(body=[n for n in body if getattr(n, "name", "") != "get_package_version"],
+                            type_ignores=[]), "setup.py", "exec"), ns)
+    return ns["get_wheel_url"], torch, sys_
+
+
+@pytest.mark.parametrize("version", flash_attn_versions())
+def test_the_wheel_name_is_the_one_flash_attns_setup_py_guesses(pypi, version):
+    """envbuild names the release wheel as the sdist's own setup.py does, for the torch/CUDA/
+    Python of every profile that installs this version, both C++ ABIs and both CUDA majors."""
+    from envbuilder import matrix
+    from envbuilder.flash_attn_wheel import wheel_filename
+    from envbuilder.resolve import Overrides, resolve
+
+    sdists = [f for f in files_of("flash-attn") if f["filename"] == f"flash_attn-{version}.tar.gz"]
+    assert sdists, f"PyPI has no sdist of flash-attn {version}"
+    with tarfile.open(fileobj=io.BytesIO(_get(sdists[0]["url"])), mode="r:gz") as tar:
+        setup = tar.extractfile(f"flash_attn-{version}/setup.py").read().decode()
+    get_wheel_url, torch, sys_ = _setup_get_wheel_url(setup, version)
+    m = shipped()
+    targets = set()
+    for name, p in m.profiles.items():
+        if version in ((p.get("components") or {}).get("flash-attn"),
+                       (p.get("optional_components") or {}).get("flash-attn")):
+            d = resolve(m, name, Overrides(with_=("flash-attn",))).data
+            targets.add((d["torch"]["version"], d["torch"]["cuda"], d["python"]))
+    assert targets, f"no profile installs flash-attn {version}"
+    targets |= {(t, "11.8", py) for t, _, py in targets}  # the CUDA 11 branch too
+    rel = m.flash_attn["release_wheels"]
+    tags = m.flash_attn["versions"][version].get("wheel_cuda") or {}
+    for torch_v, cuda, python in sorted(targets):
+        for abi in (False, True):
+            torch.__version__, torch.version.cuda = torch_v, cuda
+            torch._C._GLIBCXX_USE_CXX11_ABI = abi
+            sys_.version_info = types_version(python)
+            want_url, want_name = get_wheel_url()
+            got = wheel_filename(rel["filename"], version, torch_v, cuda, python, abi, tags)
+            assert got == want_name, (torch_v, cuda, python, abi)
+            assert rel["url"].format(version=version) + "/" + got == want_url
+
+
+def types_version(python: str):
+    import types
+
+    major, minor = map(int, python.split(".")[:2])
+    return types.SimpleNamespace(major=major, minor=minor)

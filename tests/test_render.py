@@ -67,8 +67,9 @@ def test_rendered_files_match_the_golden_files(profile, tmp_path):
 @pytest.mark.parametrize("profile", PROFILES)
 def test_every_shipped_profile_renders_its_files(profile, rendered):
     names = {p.name for p in rendered[profile].iterdir()}
-    patches = resolved(profile).data["patches"]
-    assert names == ALWAYS | ({"apply_patches.py"} if patches else set())
+    d = resolved(profile).data
+    assert names == (ALWAYS | ({"apply_patches.py"} if d["patches"] else set())
+                     | ({"flash_attn_wheel.py"} if d["flash_attn"] else set()))
 
 
 def test_scripts_are_executable_and_the_rest_is_not(rendered):
@@ -416,3 +417,32 @@ def test_preflight_catches_a_torch_without_kernels_for_the_gpu(tmp_path):
     failed = {c["check"]: c for c in report["checks"] if not c["ok"]}
     assert report["ready"] is False
     assert "no kernel image is available" in failed["GPU 0 arch"]["fix"]
+
+
+def test_flash_attn_tries_the_release_wheel_then_the_sdist_in_the_builder_only(rendered):
+    text = (rendered["3090"] / "Dockerfile").read_text()
+    builder, runtime = text.split("FROM ${BASE_RUNTIME} AS runtime")
+    assert ('ARG FLASH_ATTN_RELEASE="https://github.com/Dao-AILab/flash-attention/releases/'
+            'download/v2.8.3"') in builder
+    assert "FLASH_ATTN_RELEASE" not in runtime  # a builder ARG: never in the image's history
+    assert "--mount=type=bind,source=flash_attn_wheel.py,target=/tmp/envbuild/flash_attn_wheel.py" in builder
+    assert "--cuda-tags '{\"11\": \"11\", \"12\": \"12\"}'" in builder
+    assert '[ "$rc" -eq 3 ] || exit "$rc"' in builder  # only "no such wheel" falls back
+    assert ('FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTN_CUDA_ARCHS="86" pip wheel -v '
+            "--no-build-isolation --no-deps -w /wheels flash-attn==2.8.3") in builder
+    # the script in the context is envbuild's own module, byte for byte
+    from envbuilder import flash_attn_wheel
+
+    assert (rendered["3090"] / "flash_attn_wheel.py").read_bytes() == \
+        Path(flash_attn_wheel.__file__).read_bytes()
+    assert instructions(text)  # BuildKit's parser takes it
+
+
+def test_a_mirrors_github_prefix_reaches_flash_attns_release(tmp_path):
+    from envbuilder import mirrors as M
+
+    env = M.apply_to_env(resolved("3090"), M.MirrorChoice("m", {}, github="https://gh.example/p/"))
+    assert env.data["flash_attn"]["release"] == \
+        "https://gh.example/p/Dao-AILab/flash-attention/releases/download/v2.8.3"
+    args = M.MirrorChoice("m", {}, github="https://gh.example/p").build_args(resolved("3090").data)
+    assert args["FLASH_ATTN_RELEASE"].startswith("https://gh.example/p/Dao-AILab/")

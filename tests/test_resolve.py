@@ -123,8 +123,19 @@ def test_a_4090_without_flash_attn_gets_bf16_and_sdpa():
 
 def test_a_4090_with_flash_attn_gets_flash_attention_2():
     env = resolved("4090", with_=["flash-attn"]).data
-    assert env["flash_attn"] == {"version": "2.6.3"}  # 2.5.8 stops below torch 2.4
+    assert env["flash_attn"]["version"] == "2.6.3"  # 2.5.8 stops below torch 2.4
     assert env["attention"] == "flash_attention_2"
+
+
+def test_flash_attn_carries_where_its_release_wheel_is():
+    """The release folder of the resolved version and the CUDA tags of that release (2.6.3's
+    setup.py: cu118 / cu123; 2.8.3's: the major only), from matrices/extensions.yaml."""
+    fa = resolved("4090", with_=["flash-attn"]).data["flash_attn"]
+    assert fa["release"] == "https://github.com/Dao-AILab/flash-attention/releases/download/v2.6.3"
+    assert fa["cuda_tags"] == {"11": "118", "12": "123"}
+    fa = resolved("3090").data["flash_attn"]
+    assert (fa["version"], fa["cuda_tags"]) == ("2.8.3", {"11": "11", "12": "12"})
+    assert fa["release"].endswith("/releases/download/v2.8.3")
 
 
 def test_a_3090_gets_flash_attention_2_and_remove_padding():

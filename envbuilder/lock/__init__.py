@@ -8,7 +8,8 @@ lockfiles/<profile>/ holds
                      Python and glibc, through the profile's indexes
   pylock.toml        the same pins as PEP 751 with each file's URL and sha256 (what
                      `envbuild wheelhouse` downloads)
-  sources.lock       where apex is compiled: its source archive's URL and sha256
+  sources.lock       files from GitHub releases: apex's source archive (where apex is compiled)
+                     and flash-attn's prebuilt wheels (both C++ ABIs), each URL and sha256
   images.lock        the digest of every base image, from the registry's v2 API
   lock.json          the input hash (resolved env + templates + matrices), tool versions, sources
 
@@ -36,7 +37,7 @@ class Sources(NamedTuple):
     channels: tuple[str, ...]
     # one HOST[/PREFIX] for every image, or {upstream registry: HOST[/PREFIX]} from a mirror set
     registry_mirror: str | dict | None
-    github: str | None = None  # a prefix that replaces https://github.com (apex's archive)
+    github: str | None = None  # a prefix that replaces https://github.com (apex, flash-attn)
 
 
 def sources_for(env: ResolvedEnv, index_url=None, torch_index_url=None, channels=(),
@@ -119,12 +120,10 @@ def lock_profile(env: ResolvedEnv, glibc: str, sources: Sources, out_dir: Path, 
             env, glibc, sources.pypi, sources.torch, swap_torch=bool(swapped))
         parents = {n: e.parents for n, e in parse(files[L.REQUIREMENTS]).items()}
         tools["uv"] = uv_version()
-    if "sources" in parts and env.data["apex"]:
+    if "sources" in parts and L.has_sources(env):
         from .sources import lock_sources
 
-        say(f"{env.name}: apex source {env.data['apex']['url']}"
-            + (f" via {sources.github}" if sources.github else ""))
-        files[L.SOURCES] = L.dumps(lock_sources(env, sources.github))
+        files[L.SOURCES] = L.dumps(lock_sources(env, sources.github, say))
     if "conda" in parts:
         import tempfile
 
@@ -164,7 +163,7 @@ def lock_profile(env: ResolvedEnv, glibc: str, sources: Sources, out_dir: Path, 
         "target": {"platform": "linux-64", "python": env.data["python"],
                    "python_platform": python_platform(glibc), "virtual_packages": vpkgs},
         "sources": {**({"pypi": sources.pypi, "torch": sources.torch} if "pip" in parts else {}),
-                    **({"github": sources.github} if "pip" in parts and env.data["apex"] else {}),
+                    **({"github": sources.github} if "pip" in parts and L.has_sources(env) else {}),
                     **({"channels": list(sources.channels)} if "conda" in parts else {}),
                     **({"registry_mirror": sources.registry_mirror} if "images" in parts else {})},
         "tools": tools,

@@ -18,15 +18,20 @@ META = "lock.json"
 CONDA_LOCK = "conda-lock.yml"
 REQUIREMENTS = "requirements.lock"
 PYLOCK = "pylock.toml"  # written with the pip part: the same pins with file URLs (PEP 751)
-SOURCES = "sources.lock"  # written with the pip part where apex is built: its archive's sha256
+SOURCES = "sources.lock"  # where apex or flash-attn is built: GitHub files' URLs and sha256
 IMAGES = "images.lock"
-# part -> the file that holds it ("sources" only where apex is compiled)
+# part -> the file that holds it ("sources" only where apex or flash-attn is built)
 PARTS = {"conda": CONDA_LOCK, "pip": REQUIREMENTS, "sources": SOURCES, "images": IMAGES}
 
 
+def has_sources(env: ResolvedEnv) -> bool:
+    """Whether the builder fetches files from GitHub that a lock pins (sources.lock)."""
+    return bool(env.data["apex"] or env.data["flash_attn"])
+
+
 def parts_for(env: ResolvedEnv, parts=tuple(PARTS)) -> list[str]:
-    """The parts of `parts` that `env` has (no sources part without apex)."""
-    return [p for p in parts if p != "sources" or env.data["apex"]]
+    """The parts of `parts` that `env` has (no sources part without apex or flash-attn)."""
+    return [p for p in parts if p != "sources" or has_sources(env)]
 
 
 def sha256_text(text: str) -> str:
@@ -164,11 +169,12 @@ def for_render(env: ResolvedEnv, lock_dir: Path, wheelhouse: Path | None = None)
     for name in (REQUIREMENTS, IMAGES, SOURCES):
         if name == IMAGES and "images" not in meta.get("parts", []):
             continue
-        if name == SOURCES and not env.data["apex"]:
+        if name == SOURCES and not has_sources(env):
             continue
         if name == SOURCES and name not in meta.get("files", {}):
-            raise UserError(f"The lock in {lock_dir} pins no apex source archive (no {SOURCES}; "
-                            f"made by an older envbuild). Re-lock with `envbuild lock {env.name}`.")
+            raise UserError(f"The lock in {lock_dir} pins no {' or '.join(_sourced(env))} (no "
+                            f"{SOURCES}; made by an older envbuild, or with --only without "
+                            f"sources). Re-lock with `envbuild lock {env.name}`.")
         text = (lock_dir / name).read_text(encoding="utf-8")
         if sha256_text(text) != meta.get("files", {}).get(name):
             raise UserError(f"{lock_dir / name} differs from what `envbuild lock` wrote; "
@@ -190,10 +196,27 @@ def for_render(env: ResolvedEnv, lock_dir: Path, wheelhouse: Path | None = None)
         links, built = wheelhouse_files(env, Path(wheelhouse))
         requirements = replace_hashes(requirements, built)
     layers, files = layer_files(env, requirements)
-    apex_source = json.loads(texts[SOURCES])["apex"] if SOURCES in texts else None
+    sources = json.loads(texts[SOURCES]) if SOURCES in texts else {}
+    apex_source = sources.get("apex") if env.data["apex"] else None
+    fa_wheels = None
+    if env.data["flash_attn"]:
+        from .sources import flash_attn_pins
+
+        fa_wheels = flash_attn_pins(sources)
+        if not fa_wheels:
+            raise UserError(f"{lock_dir / SOURCES} pins no flash-attn wheel (made by an older "
+                            f"envbuild). Re-lock with `envbuild lock {env.name}`.")
+    if env.data["apex"] and not apex_source:
+        raise UserError(f"{lock_dir / SOURCES} pins no apex source archive. Re-lock with "
+                        f"`envbuild lock {env.name}`.")
     return {"images": pinned, "images_pinned": IMAGES in texts, "layers": layers, "files": files,
             "input_sha256": meta["input_sha256"], "wheelhouse": wheelhouse is not None,
-            "links": links, "apex_source": apex_source}
+            "links": links, "apex_source": apex_source, "flash_attn_wheels": fa_wheels}
+
+
+def _sourced(env: ResolvedEnv) -> list[str]:
+    return ((["apex source archive"] if env.data["apex"] else [])
+            + (["flash-attn wheel"] if env.data["flash_attn"] else []))
 
 
 def wheelhouse_files(env: ResolvedEnv,

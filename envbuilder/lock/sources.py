@@ -1,35 +1,115 @@
-"""Source archives a lock pins by sha256: apex, which the builder stage compiles from GitHub's
-release archive (through a mirror prefix where GitHub is slow or blocked)."""
+"""Files from GitHub that a lock pins by sha256 (sources.lock): apex's source archive, which the
+builder stage compiles, and flash-attn's prebuilt release wheels, which it installs; both
+fetched through a mirror prefix where GitHub is slow or blocked.
+
+flash-attn's wheel is named by the C++ ABI of the installed torch (torch._C._GLIBCXX_USE_CXX11_ABI),
+which a lock cannot read without the torch wheel's binary, so the lock pins both ABI variants
+that the release has (one may be missing) and the builder picks the one the installed torch
+needs (envbuilder/flash_attn_wheel.py).
+"""
 
 from __future__ import annotations
 
 import hashlib
 
-from ..errors import ActionError
+from ..errors import ActionError, UserError
 from ..resolve import ResolvedEnv
 
-GITHUB = "https://github.com"
+# sources.lock keys of flash-attn's wheels: flash-attn-cxx11abiFALSE, flash-attn-cxx11abiTRUE
+FLASH_ATTN_KEY = "flash-attn-cxx11abi"
+TARGET_MACHINE = "x86_64"  # the lock's target platform is linux-64
 
 
-def lock_sources(env: ResolvedEnv, github: str | None = None) -> dict:
-    """{"apex": {url, filename, sha256, size}}: the archive downloaded once and hashed."""
+class _Missing(Exception):
+    pass
+
+
+def _sha256(url: str, github: str | None, what: str, missing_ok: bool = False) -> tuple[str, int]:
+    """(sha256, size) of `url` fetched through the `github` prefix; with `missing_ok`, _Missing
+    on a 404 (any other failure: ActionError naming the mirror options)."""
     import requests
 
-    apex = env.data["apex"]
-    url = apex["url"]
-    fetch = url.replace(GITHUB, github.rstrip("/"), 1) if github else url
+    from ..mirrors import github_url
+
+    fetch = github_url(url, github)
     h, size = hashlib.sha256(), 0
     try:
         with requests.get(fetch, stream=True, timeout=60) as r:
+            if missing_ok and r.status_code == 404:
+                raise _Missing(fetch)
             r.raise_for_status()
             for chunk in r.iter_content(1 << 20):
                 h.update(chunk)
                 size += len(chunk)
     except requests.RequestException as e:
-        raise ActionError(f"Cannot download the apex source {fetch} to pin its sha256 "
+        raise ActionError(f"Cannot download {what} {fetch} to pin its sha256 "
                           f"({type(e).__name__}: {str(e)[:200]}). Pass --github-url (a GitHub "
                           "mirror prefix) or --mirror with a `github` endpoint, or lock on a "
                           "machine that reaches GitHub.") from None
+    return h.hexdigest(), size
+
+
+def apex_source(env: ResolvedEnv, github: str | None) -> dict:
+    apex = env.data["apex"]
+    sha, size = _sha256(apex["url"], github, "the apex source")
     ref = apex["ref"]
-    return {"apex": {"url": url, "filename": f"apex-{ref}.tar.gz", "sha256": h.hexdigest(),
-                     "size": size, "ref": ref}}
+    return {"url": apex["url"], "filename": f"apex-{ref}.tar.gz", "sha256": sha, "size": size,
+            "ref": ref}
+
+
+def flash_attn_wheels(env: ResolvedEnv, github: str | None) -> dict:
+    """{sources.lock key: {url, filename, sha256, size, ref, cxx11_abi}} for each ABI variant of
+    the target's release wheel that the release has."""
+    from ..flash_attn_wheel import wheel_filename
+
+    d = env.data
+    fa = d["flash_attn"]
+    names = {abi: wheel_filename(fa["wheel"], fa["version"], d["torch"]["version"],
+                                 d["torch"]["cuda"], d["python"], abi, fa["cuda_tags"],
+                                 TARGET_MACHINE) for abi in (False, True)}
+    if names[False] is None:
+        raise UserError(f"flash-attn {fa['version']}'s release builds no wheel for CUDA "
+                        f"{d['torch']['cuda']} (matrices/extensions.yaml, flash_attn.versions."
+                        f"{fa['version']}.wheel_cuda), so a lock cannot pin it and the builder "
+                        "would compile it from the unpinned sdist. Lock with --without flash-attn, "
+                        "or pick a flash-attn release that builds for this CUDA.")
+    out, missing = {}, []
+    for abi, filename in names.items():
+        url = f"{fa['release'].rstrip('/')}/{filename}"
+        try:
+            sha, size = _sha256(url, github, "flash-attn's release wheel", missing_ok=True)
+        except _Missing as e:
+            missing.append(str(e))
+            continue
+        out[f"{FLASH_ATTN_KEY}{str(abi).upper()}"] = {
+            "url": url, "filename": filename, "sha256": sha, "size": size, "ref": fa["version"],
+            "cxx11_abi": abi}
+    if not out:
+        raise ActionError(f"flash-attn {fa['version']}'s release has no wheel for torch "
+                          f"{d['torch']['version']} (CUDA {d['torch']['cuda']}), Python "
+                          f"{d['python']}: {' and '.join(missing)} answered 404. A lock cannot pin "
+                          "the sdist build; lock with --without flash-attn, or another torch/Python "
+                          "that the release builds for.")
+    return out
+
+
+def lock_sources(env: ResolvedEnv, github: str | None = None,
+                 say=lambda msg: None) -> dict:
+    """sources.lock's content: apex's archive and flash-attn's wheels, downloaded and hashed.
+    The URLs are the upstream ones (a mirror serves the same bytes)."""
+    out = {}
+    if env.data["apex"]:
+        say(f"{env.name}: apex source {env.data['apex']['url']}" + (f" via {github}" if github else ""))
+        out["apex"] = apex_source(env, github)
+    if env.data["flash_attn"]:
+        fa = env.data["flash_attn"]
+        say(f"{env.name}: flash-attn {fa['version']} release wheels (both C++ ABIs) from "
+            f"{fa['release']}" + (f" via {github}" if github else ""))
+        out.update(flash_attn_wheels(env, github))
+    return out
+
+
+def flash_attn_pins(sources: dict) -> dict[str, str]:
+    """{file name: sha256} of the flash-attn wheels a sources.lock pins (what the builder checks)."""
+    return {e["filename"]: e["sha256"] for k, e in sorted(sources.items())
+            if k.startswith(FLASH_ATTN_KEY)}
