@@ -143,3 +143,21 @@ def _jinja_cache_out_of_home(cache_home):
     mp.setenv("XDG_CACHE_HOME", str(cache_home))
     yield
     mp.undo()
+
+
+# -- the real-install tier: opt-in, deselected (not skipped) otherwise ---------------------------
+
+def real_install_wanted(config) -> bool:
+    """`-m real_install` (or any -m naming it) or ENVBUILD_REAL_INSTALL=1 selects the tests that
+    install real packages from PyPI (GBs, minutes); a plain run deselects them, and says so."""
+    return (os.environ.get("ENVBUILD_REAL_INSTALL") == "1"
+            or "real_install" in (config.getoption("markexpr", "") or ""))
+
+
+def pytest_collection_modifyitems(config, items):
+    if real_install_wanted(config):
+        return
+    heavy = [item for item in items if item.get_closest_marker("real_install")]
+    if heavy:
+        config.hook.pytest_deselected(items=heavy)
+        items[:] = [item for item in items if not item.get_closest_marker("real_install")]
