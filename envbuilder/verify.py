@@ -462,7 +462,6 @@ class _Verifier:
         from . import render as R
         from .lock.pip import layer_roots, uv_bin
 
-        start = time.monotonic()
         d, r = self.d, self.r
         r.isolation = isolation()[1]
         files = R.render_files(self.env)
@@ -503,7 +502,6 @@ class _Verifier:
         if made.rc != 0 or not py.exists():
             self.fail(f"venv: {self.interp.path} -m venv failed: "
                       f"{(made.err.strip().splitlines() or ['timed out'])[-1]}")
-            r.seconds = round(time.monotonic() - start, 1)
             return r
 
         index_args = ["--index-url", pypi]
@@ -523,10 +521,7 @@ class _Verifier:
                 entry["error"] = "not run: an earlier layer did not install"
                 continue
             self.say(f"layer {layer}: uv pip install {' '.join(roots)}")
-            # copies, not uv's default hard links into its cache: the recorded patches edit
-            # verl's files in place, which would otherwise edit the cache for every later venv
-            cmd = [uv, "pip", "install", "--no-config", "--python", str(py), "--link-mode",
-                   "copy", *index_args]
+            cmd = [uv, "pip", "install", "--no-config", "--python", str(py), *index_args]
             if constraints:
                 cmd += ["-c", str(constraints)]
             got = run(cmd + roots, env=_clean_env(), cwd=work,
@@ -559,12 +554,12 @@ class _Verifier:
                     "modules": sorted(m for m, c in ext.items() if c == comp),
                     "why": why.format(version=d[comp]["version"], cuda=d["cuda"]["version"])})
         if not installed_all:
-            r.seconds = round(time.monotonic() - start, 1)
             return r
 
         if d["patches"]:
             names = [p["name"] for p in d["patches"]]
             self.say(f"patches: {', '.join(names)}")
+            _unshare_files(venv, [f for p in d["patches"] for f in p["files"]])
             got = run([str(py), str(rendered / "apply_patches.py")], env=_clean_env(), cwd=work,
                       timeout=600, say=self.say, label="patches")
             r.patches = {"ok": got.rc == 0, "names": names,
@@ -579,7 +574,6 @@ class _Verifier:
             r.compose = {"skipped": "--skip-compose"}
         else:
             self.compose(py, work, rendered)
-        r.seconds = round(time.monotonic() - start, 1)
         return r
 
     def imports(self, py: Path, work: Path) -> None:
@@ -673,6 +667,19 @@ class _Verifier:
             c["ok"] = True
 
 
+def _unshare_files(venv: Path, rels: list[str]) -> None:
+    """Give each file the patches edit an inode of its own. uv hard-links installed files to
+    its cache, and apply_patches.py writes in place: without this, patching one venv patches
+    the cache, and every later venv gets an already-patched verl."""
+    for site in venv.glob("lib/python*/site-packages"):
+        for rel in dict.fromkeys(rels):
+            path = site / rel
+            if path.is_file() and not path.is_symlink() and path.stat().st_nlink > 1:
+                tmp = path.with_name(f".{path.name}.envbuild-copy")
+                shutil.copy2(path, tmp)
+                os.replace(tmp, path)
+
+
 def _first_error(lines: list[str]) -> str:
     """The line of uv's output that says what went wrong, with the one after it."""
     for i, ln in enumerate(lines):
@@ -686,23 +693,25 @@ def _first_error(lines: list[str]) -> str:
 def verify(env: ResolvedEnv, interp: Interpreter, opts: Options) -> Report:
     """Verify one resolved profile. Its temporary directory (and a --keep venv left unfinished by
     Ctrl-C) is removed whatever happens."""
+    start = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix=f"envbuild-verify-{env.name}-"))
     venv = opts.keep if opts.keep else work / "venv"
     v = _Verifier(env, interp, opts)
-    done = False
     try:
         report = v.run(work, venv)
-        report.ok = not report.failures
-        if opts.keep and venv.exists():
-            report.venv = str(venv)
-        done = True
-        return report
-    finally:
+    except BaseException:
         shutil.rmtree(work, ignore_errors=True)
-        if not done:
-            if opts.keep and venv.exists() and (venv / "pyvenv.cfg").exists():
-                shutil.rmtree(venv, ignore_errors=True)  # an unfinished venv is of no use
-            opts.say(f"[{env.name}] stopped: removed the unfinished venv and {work}")
+        if opts.keep and venv.exists() and (venv / "pyvenv.cfg").exists():
+            shutil.rmtree(venv, ignore_errors=True)  # an unfinished venv is of no use
+        opts.say(f"[{env.name}] stopped: removed the unfinished venv and {work}")
+        raise
+    report.ok = not report.failures
+    if opts.keep and venv.exists():
+        report.venv = str(venv)
+    v.say(f"removing {work}")
+    shutil.rmtree(work, ignore_errors=True)
+    report.seconds = round(time.monotonic() - start, 1)  # the wall time, removal included
+    return report
 
 
 def check_keep(path: Path) -> None:
