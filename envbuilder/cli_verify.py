@@ -32,7 +32,8 @@ def row(r: dict) -> tuple[str, ...]:
         install = "-"
     else:
         install = f"{len(done)}/{len(layers)} layers"
-        failed = [x["layer"] for x in layers if not x["ok"] and not (x.get("error") or "").startswith("not run")]
+        failed = [x["layer"] for x in layers
+                  if not x["ok"] and not (x.get("error") or "").startswith("not run")]
         if failed:
             install += f" ({failed[0]} failed)"
     checks = [x for x in layers if x.get("pip_check")]

@@ -69,7 +69,8 @@ if [ "$1" = -m ] && [ "$2" = verl.trainer.main_ppo ]; then
   printf '%s\\0' "$@" > {args}
   exec {python} -m verl.trainer.main_ppo --cfg job "$@"
 fi
-echo "envbuild verify: the run script called python3 $*; only the preflight and verl.trainer.main_ppo were expected" >&2
+echo "envbuild verify: the run script called python3 $*;" \
+  "only the preflight and verl.trainer.main_ppo were expected" >&2
 exit 97
 """
 
@@ -254,9 +255,6 @@ def run(cmd: list[str], *, env: dict, cwd: Path | None = None, timeout: float,
     """Run `cmd`, collect its output, forward chosen stderr lines as progress, say that it is
     still working every HEARTBEAT_S, and stop it (its whole group) on timeout or Ctrl-C."""
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                            start_new_session=True, text=True, errors="replace")
     out: list[str] = []
     err: list[str] = []
 
@@ -266,12 +264,15 @@ def run(cmd: list[str], *, env: dict, cwd: Path | None = None, timeout: float,
             if fwd and fwd(line.rstrip("\n")):
                 say(f"  {label}: {line.strip()}")
 
-    threads = [threading.Thread(target=pump, args=(proc.stdout, out, None), daemon=True),
-               threading.Thread(target=pump, args=(proc.stderr, err, forward), daemon=True)]
-    for t in threads:
-        t.start()
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            start_new_session=True, text=True, errors="replace")
     rc: int | None = None
-    try:
+    try:  # from here on, Ctrl-C (or anything else) never leaves the child running
+        threads = [threading.Thread(target=pump, args=(proc.stdout, out, None), daemon=True),
+                   threading.Thread(target=pump, args=(proc.stderr, err, forward), daemon=True)]
+        for t in threads:
+            t.start()
         while True:
             try:
                 rc = proc.wait(min(HEARTBEAT_S, max(0.1, timeout - (time.monotonic() - start))))
@@ -283,7 +284,7 @@ def run(cmd: list[str], *, env: dict, cwd: Path | None = None, timeout: float,
                     rc = None
                     break
                 say(f"  {label}: still working ({fmt_seconds(elapsed)})")
-    except BaseException:  # Ctrl-C included: never leave the child running
+    except BaseException:
         _stop(proc)
         raise
     for t in threads:
@@ -534,7 +535,8 @@ class _Verifier:
                         if ln.strip() and not ln.startswith("Using Python")]
                 entry["error"] = ("timed out after " + fmt_seconds(got.seconds)) if got.rc is None \
                     else "\n".join(text[-25:])
-                self.fail(f"layer {layer} did not install: {_first_error(text) if got.rc else entry['error']}")
+                why = _first_error(text) if got.rc else entry["error"]
+                self.fail(f"layer {layer} did not install: {why}")
                 continue
             entry["ok"] = True
             self.say(f"layer {layer}: installed in {fmt_seconds(got.seconds)}; pip check")

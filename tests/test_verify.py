@@ -62,12 +62,11 @@ class World:
         self.env = tiny_env(self.overlay, cuda=cuda if cuda != "12.4" else None)
         self.modules, _ = import_plan(self.env.data)
         V.build(root / "pypi", root / "torch", self.env.data, self.modules, **build)
-        self.pypi = F.PypiServer(root / "pypi")
-        self.torch = F.PypiServer(root / "torch")
 
     def __enter__(self):
-        self.pypi.__enter__()
-        self.torch.__enter__()
+        # one after the other: a free port is only taken once its server listens on it
+        self.pypi = F.PypiServer(self.root / "pypi").__enter__()
+        self.torch = F.PypiServer(self.root / "torch").__enter__()
         return self
 
     def __exit__(self, *exc):
