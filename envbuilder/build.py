@@ -174,6 +174,13 @@ def smoke(client, image: str, command: list[str]) -> str:
         out = client.containers.run(image, command, remove=True, network_mode="host",
                                     stdout=True, stderr=True)
     except Exception as e:
+        report = getattr(e, "stderr", None)  # docker's ContainerError: the command's stderr
+        lines = report.decode(errors="replace").strip().splitlines() if isinstance(report, bytes) else []
+        failed = [ln for ln in lines if ln.startswith(("\u2717", "    fix:"))] or lines[-5:]
+        if failed:
+            raise ActionError(f"The smoke test failed in {image}:\n" + "\n".join(failed) + "\nThe "
+                              "image built but a training run would fail there; fix the above and "
+                              "rebuild.") from None
         raise ActionError(f"The smoke test failed in {image}: {_first_line(e)}. The image built "
                           "but does not work; see the build log above.") from None
     return out.decode(errors="replace")

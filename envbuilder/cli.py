@@ -133,12 +133,21 @@ def list_(as_json, matrix_dir):
 @cli.command()
 @click.argument("profile")
 @click.option("--json", "as_json", is_flag=True, help="The resolved environment as JSON.")
+@click.option("--memory", is_flag=True, help="The memory budget per GPU, term by term, and the "
+              "batch sizes it gives (with --json: the plan as JSON).")
 @override_options
-def show(profile, as_json, overrides, matrix_dirs):
+def show(profile, as_json, memory, overrides, matrix_dirs):
     """The resolved environment of PROFILE."""
     from .resolve import resolve
 
     env = resolve(_matrix(matrix_dirs), profile, overrides)
+    if memory:
+        if as_json:
+            click.echo(json.dumps({"profile": env.name, "memory": env.data["memory"]}, indent=2,
+                                  sort_keys=True))
+        else:
+            click.echo("\n".join(memory_lines(env.data)))
+        return
     if as_json:
         click.echo(env.to_json(), nl=False)
         return
@@ -158,24 +167,99 @@ def show(profile, as_json, overrides, matrix_dirs):
         f"extensions {', '.join(x for x in ('apex', 'flash_attn') if d[x]) or 'none'}",
         f"patches    {', '.join(p['name'] for p in d['patches']) or 'none'}",
     ]
+    mem = d["memory"]
+    lines.append(f"memory     peak {mem['peak']['gib']:.1f} GiB of {mem['usable_gib']:.1f} usable "
+                 f"({mem['peak']['phase']}); `--memory` for the budget")
     lines += [f"WARNING    {w}" for w in d["warnings"]]
     click.echo("\n".join(lines))
 
 
+# The run script's names for the planned sizes (templates/run_ppo_gsm8k.sh.j2 writes them).
+BATCH_KEYS = (("val_batch_size", "data.val_batch_size"),
+              ("rollout_micro_batch_size", "+actor_rollout_ref.rollout.micro_batch_size"),
+              ("max_num_seqs", "actor_rollout_ref.rollout.max_num_seqs"),
+              ("log_prob_micro_batch_size_per_gpu",
+               "actor_rollout_ref.{rollout,ref}.log_prob_micro_batch_size_per_gpu"),
+              ("actor_ppo_micro_batch_size_per_gpu", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"),
+              ("critic_ppo_micro_batch_size_per_gpu", "critic.ppo_micro_batch_size_per_gpu"),
+              ("test_freq", "trainer.test_freq"))
+PHASE_BATCH = {"generation": "generation", "log_prob": "log_prob", "actor": "actor", "critic": "critic"}
+
+
+def memory_lines(d: dict) -> list[str]:
+    """`show --memory`: the budget line by line (term, formula, GiB) and the chosen sizes."""
+    mem, a = d["memory"], d["memory"]["arch"]
+    out = [f"memory per GPU: {d['gpu']['name']}, {mem['gpu_total_gib']:.1f} GiB - "
+           f"{mem['cuda_context_gib']:g} CUDA context"
+           + (f" - {mem['nccl_gib']:g} NCCL" if mem["nccl_gib"] else "")
+           + f" = {mem['usable_gib']:.1f} GiB usable; a planned batch adds "
+           f"{mem['allocator_overhead']:.0%} for the allocator and leaves {mem['margin']:.0%} free",
+           f"model {mem['model']}: {a['layers']} layers, hidden {a['hidden_size']}, "
+           f"{a['attention_heads']} heads ({a['kv_heads']} KV) x {a['head_dim']}, MLP "
+           f"{a['intermediate_size']}, vocab {a['vocab_size']}, "
+           f"{'tied' if a['tied_embeddings'] else 'untied'} embeddings, {a['parameters']:,} params"
+           + (f" (+{a['lora_parameters']:,} LoRA)" if a["lora_parameters"] else ""),
+           f"{d['train']['n_gpus']} GPU(s), {d['dtype']}, {d['attention']} attention, "
+           f"{d['rollout']} rollout, sequences {mem['sequence']['prompt']} + "
+           f"{mem['sequence']['response']}, rollout batch {mem['rollout_batch_per_gpu']} and "
+           f"mini-batch {mem['mini_batch_per_gpu']} per GPU, {mem['validation_rows']} validation "
+           "prompts"]
+    width = max(len(t["term"]) for p in mem["phases"] for t in p["terms"])
+    for p in mem["phases"]:
+        key = p["key"]
+        head = f"{p['phase']}" + (f" at batch {p['batch']}" if key in PHASE_BATCH else "")
+        bound = mem["bound_by"].get(key)
+        out += ["", f"{head}: {p['total_gib']:.2f} GiB of {p['budget_gib']:.1f}"
+                + (f" (batch bounded by {bound})" if bound else "")
+                + ("" if p["fits"] else "  DOES NOT FIT")]
+        out += [f"  {t['term']:<{width}}  {t['gib']:7.2f}  {t['formula']}" for t in p["terms"]]
+    out += ["", f"peak: {mem['peak']['phase']}, {mem['peak']['gib']:.2f} GiB of "
+            f"{mem['usable_gib']:.1f} usable", "", "batch sizes (run_ppo_gsm8k.sh):"]
+    kw = max(len(k) for _, k in BATCH_KEYS)
+    out += [f"  {key:<{kw}}  {mem['batch'][name]}" for name, key in BATCH_KEYS
+            if mem["batch"][name] is not None]
+    return out
+
+
 @cli.command()
 @click.argument("profile")
+@click.option("--resolve", "online", is_flag=True,
+              help="Also resolve the whole pinned set as one solution with uv against the index, "
+                   "for the profile's Python and platform (needs the network and the lock extra).")
+@click.option("--index-url", metavar="URL", help="With --resolve: the PyPI index (default the "
+              "profile's).")
+@click.option("--torch-index-url", metavar="URL", help="With --resolve: the PyTorch index for "
+              "+cuXXX builds (default the profile's; when it does not answer, PyPI's build of the "
+              "same torch version is resolved instead, and said so).")
 @override_options
-def check(profile, overrides, matrix_dirs):
+def check(profile, online, index_url, torch_index_url, overrides, matrix_dirs):
     """Exit 0 when PROFILE (with overrides) is a working combination; else explain, exit 2."""
     from .resolve import resolve
 
-    env = resolve(_matrix(matrix_dirs), profile, overrides)
+    m = _matrix(matrix_dirs)
+    env = resolve(m, profile, overrides)
     d = env.data
     click.echo(f"OK: {profile} resolves: {d['gpu']['name']} (CC {d['gpu']['compute_capability']}), "
                f"CUDA {d['cuda']['version']}, torch {d['torch']['version']}+{d['torch']['variant']}, "
                f"verl {d['verl']['version']} with the {d['rollout']} rollout, {d['dtype']}.")
     for w in d["warnings"]:
         click.echo(f"WARNING: {w}")
+    if online:
+        from .lock import target_glibc
+        from .lock.pip import co_resolve, index_answers, python_platform
+        from .plan import torch_swap
+
+        glibc = target_glibc(m, env)
+        pypi = index_url or d["indexes"]["pypi"]
+        torch_index = torch_index_url or d["indexes"]["torch"]
+        swap = bool(torch_index) and not index_answers(torch_index)
+        if swap:
+            click.echo(f"note: the PyTorch index {torch_index} does not answer; resolving torch "
+                       f"{torch_swap(env)} in its place: the rest of the set is the profile's.")
+        found = co_resolve(env, glibc, pypi, torch_index, swap)
+        click.echo(f"OK: the whole pinned set co-resolves: {len(found)} packages from {pypi}"
+                   + (f" and {torch_index}" if torch_index and not swap else "")
+                   + f" for Python {d['python']} on {python_platform(glibc)}.")
 
 
 @cli.command()
@@ -242,6 +326,13 @@ def render(profile, all_, from_, out, locked_dir, wheelhouse, mirror, overrides,
     for env in envs:
         target = base / env.name if (all_ or out is None) else out
         locked = _locked(env, locked_dir, all_, wheelhouse)  # against the upstream spec
+        if not locked:
+            from .plan import with_constraints
+
+            env = with_constraints(env)
+            if not env.data["constraints"]:
+                click.echo(f"  note: {env.name} is not pinned beyond its top-level pins (no lock "
+                           f"matches it): `envbuild lock {env.name}` makes one.", err=True)
         if mirror:
             from . import mirrors as M
 
@@ -271,9 +362,23 @@ def _locked(env, locked_dir, all_, wheelhouse=None):
     return for_render(env, Path(locked_dir) / env.name if all_ else Path(locked_dir))
 
 
+# Optional dependencies -> the extra that installs them (pyproject.toml's optional-dependencies).
+EXTRAS = {"docker": "actions", "requests": "actions", "pynvml": "actions", "rattler": "lock",
+          "conda_lock": "lock", "uv": "lock", "tomli": "lock"}
+
+
 def main(argv=None):
     try:
-        cli.main(args=argv, prog_name="envbuild", standalone_mode=False)
+        try:
+            cli.main(args=argv, prog_name="envbuild", standalone_mode=False)
+        except ModuleNotFoundError as e:
+            extra = EXTRAS.get((e.name or "").split(".")[0])
+            if not extra:
+                raise
+            raise UserError(f"This command needs the {e.name!r} package, which is not installed: "
+                            f"it comes with envbuild's [{extra}] extra. Install it with "
+                            f"`pip install 'envbuild[{extra}]'` (from a checkout: "
+                            f"`.venv/bin/pip install -e '.[actions,lock]'`).") from None
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(130)

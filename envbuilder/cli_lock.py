@@ -45,11 +45,15 @@ def lock_dir_for(name: str, out: Path | None, all_: bool) -> Path:
 @click.option("--solver", type=click.Choice(["rattler", "conda-lock"]), default="rattler",
               show_default=True, help="Conda solver; conda-lock needs conda/mamba/micromamba on PATH.")
 @click.option("--only", multiple=True, metavar="PARTS",
-              help="Lock only these parts: conda, pip, images (comma-separated). A partial lock "
-                   "is reported as incomplete by --check.")
+              help="Lock (or --check) only these parts: conda, pip, sources, images "
+                   "(comma-separated). A partial lock is reported as incomplete by a full --check.")
+@click.option("--torch-from-pypi", is_flag=True,
+              help="Solve the pip part with PyPI's build of the profile's torch version when the "
+                   "PyTorch index is out of reach: the lock then pins everything else (a plain "
+                   "render's constraints) but not the +cuXXX torch, so --locked refuses it.")
 @override_options
 def lock(profile, all_, check, out, index_url, torch_index_url, channels, registry_mirror,
-         github_url, mirror_set, solver, only, overrides, matrix_dirs):
+         github_url, mirror_set, solver, only, torch_from_pypi, overrides, matrix_dirs):
     """Pin PROFILE's conda part, pip part and base images for its target machine.
 
     The override options lock a variant of the profile (give it its own -o); `render --locked`
@@ -86,20 +90,24 @@ def lock(profile, all_, check, out, index_url, torch_index_url, channels, regist
         try:
             env = resolve(m, name, overrides)
             if check:
-                found = L.problems(env, target, overlays)
+                found = L.problems(env, target, overlays, parts)
                 for p in found:
                     click.echo(f"{name}: {p}")
                 if found:
                     bad.append(name)
                 else:
-                    click.echo(f"{name}: ok ({target}/)")
+                    meta = L.read_meta(target) or {}
+                    note = (f"; torch {meta['torch_swapped']}: constraints only, not --locked"
+                            if meta.get("torch_swapped") else "")
+                    click.echo(f"{name}: ok ({target}/){note}")
                 continue
             from .lock import lock_profile, sources_for, target_glibc
 
             src = sources_for(env, index_url, torch_index_url, channels, registry_mirror, mirror,
                               github_url)
             lock_profile(env, target_glibc(m, env), src, target, overlays=overlays,
-                         parts=parts, solver=solver, say=lambda s: click.echo(s, err=True))
+                         parts=parts, solver=solver, swap_torch=torch_from_pypi,
+                         say=lambda s: click.echo(s, err=True))
             click.echo(f"locked {name} -> {target}/")
         except EnvbuildError as e:
             if not all_:

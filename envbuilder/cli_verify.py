@@ -41,6 +41,8 @@ def row(r: dict) -> tuple[str, ...]:
     pip_check = "-" if not checks else (f"fails after {bad[0]}" if bad else "clean")
     p = r["patches"]
     patches = "-" if p is None else (f"{len(p['names'])} applied" if p["ok"] else "failed")
+    a = r.get("audit")
+    audit = "-" if a is None else ("clean" if a["ok"] else "FAILED")
     if r["imports"]:
         imports = f"{sum(i['ok'] for i in r['imports'])}/{len(r['imports'])}"
     else:
@@ -56,13 +58,13 @@ def row(r: dict) -> tuple[str, ...]:
         compose = f"{c['checked'] - len(c['mismatches'])}/{c['checked']} hold"
     else:
         compose = "rejected"
-    return (r["profile"], r["python"], install, pip_check, patches, imports, compose,
+    return (r["profile"], r["python"], install, pip_check, patches, audit, imports, compose,
             fmt_seconds(r["seconds"]), "ok" if r["ok"] else "FAILED")
 
 
 def table(reports: list[dict]) -> str:
-    header = ("PROFILE", "PYTHON", "INSTALL", "PIP CHECK", "PATCHES", "IMPORTS", "OVERRIDES",
-              "TIME", "RESULT")
+    header = ("PROFILE", "PYTHON", "INSTALL", "PIP CHECK", "PATCHES", "AUDIT", "IMPORTS",
+              "OVERRIDES", "TIME", "RESULT")
     rows = [header] + [row(r) for r in reports]
     widths = [max(len(x[i]) for x in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(x, widths)).rstrip() for x in rows]

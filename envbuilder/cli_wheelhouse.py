@@ -69,22 +69,35 @@ def write_tar(out: Path) -> Path:
 @click.option("--mirror", help="Try this mirror set's endpoints before the lock's own URLs.")
 @click.option("--url-map", multiple=True, metavar="FROM=TO",
               help="Try URL prefix TO before FROM (repeatable), e.g. an internal artifact proxy.")
+@click.option("--build-index-url", metavar="URL", envvar="ENVBUILD_BUILD_INDEX_URL",
+              help="Index to fetch build backends (setuptools, ...) from when a lock's sdist is "
+                   "built into a wheel (default: --mirror's PyPI endpoint, else the index the "
+                   "lock was made from).")
 @click.option("-j", "--jobs", default=8, show_default=True, help="Parallel downloads.")
 @click.option("--tar", "make_tar", is_flag=True, help="Also pack OUT into OUT.tar to carry across.")
 @click.option("--matrix-dir", multiple=True, type=click.Path(path_type=Path), envvar="ENVBUILD_MATRIX_DIR")
-def wheelhouse(profiles, out, lock_dir, mirror, url_map, jobs, make_tar, matrix_dir):
-    """Fetch every file PROFILE's lock pins (wheels, conda packages), verified, for offline installs."""
+def wheelhouse(profiles, out, lock_dir, mirror, url_map, build_index_url, jobs, make_tar, matrix_dir):
+    """Fetch every file PROFILE's lock pins (wheels, conda packages), verified, for offline installs.
+
+    Every sdist the lock pins is built into a wheel for the lock's target here, so the far side
+    builds nothing."""
     from .wheelhouse import export
 
     if lock_dir and len(profiles) > 1:
         raise UserError("--lock-dir names one lock; export several profiles from lockfiles/<profile>.")
     if jobs < 1:
         raise UserError("--jobs must be at least 1.")
+    if build_index_url and not build_index_url.startswith(("http://", "https://", "file://")):
+        raise UserError(f"--build-index-url {build_index_url!r} is not an index URL; pass the "
+                        "http(s):// or file:// URL of a PEP 503 index that serves the build "
+                        "backends (e.g. https://pypi.org/simple or your mirror's).")
     maps = _url_maps(url_map)
     if mirror:
         from . import mirrors as M
 
-        maps += url_map_for_mirror(M.get_set(_matrix(tuple(matrix_dir)), mirror))
+        body = M.get_set(_matrix(tuple(matrix_dir)), mirror)
+        maps += url_map_for_mirror(body)
+        build_index_url = build_index_url or next(iter(body.get("pypi") or []), None)
     if not lock_dir:  # a name without a lock is most often a typo of a profile
         m = _matrix(tuple(matrix_dir))
         for p in profiles:
@@ -94,8 +107,10 @@ def wheelhouse(profiles, out, lock_dir, mirror, url_map, jobs, make_tar, matrix_
                 raise UserError(f"Unknown profile {p!r}; {suggest(p, list(m.profiles))}known: "
                                 f"{', '.join(m.profiles)}. Or pass --lock-dir for a lock elsewhere.")
     locks = {p: (lock_dir or Path("lockfiles") / p) for p in profiles}
-    report = export(locks, out, url_map=maps, jobs=jobs, say=lambda s: click.echo(s, err=True))
+    report = export(locks, out, url_map=maps, jobs=jobs, build_index=build_index_url,
+                    say=lambda s: click.echo(s, err=True))
     click.echo(f"wheelhouse {out}/: {report.files} file(s), {len(report.downloaded)} downloaded "
-               f"({report.bytes_transferred / 1e6:.1f} MB), {len(report.skipped)} already there")
+               f"({report.bytes_transferred / 1e6:.1f} MB), {len(report.skipped)} already there, "
+               f"{len(report.built)} wheel(s) built from sdists")
     if make_tar:
         click.echo(f"packed {write_tar(out)}")

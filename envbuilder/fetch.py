@@ -192,7 +192,7 @@ def _fetch_one(item, dest, session, retries, backoff, timeout, counted, emit) ->
     """Fetch one item through its mirrors: "skipped" or "downloaded", or raise _ItemFailed."""
     target = dest / item.filename
     expected = item.sha256.lower()
-    if target.is_file() and _sha256_file(target) == expected:
+    if target.is_file() and sha256_file(target) == expected:
         emit(FetchEvent("skipped", item.filename))
         return "skipped"
     partial = dest / PARTIAL_DIR / item.filename
@@ -230,13 +230,13 @@ def _download(session, url, partial: Path, item: FetchItem, timeout, counted) ->
     """Complete `partial` from `url`; return its sha256 and whether earlier bytes were kept."""
     offset = partial.stat().st_size if partial.is_file() else 0
     if offset and offset == item.size:
-        return _sha256_file(partial), True  # whole already (e.g. stopped before the move)
+        return sha256_file(partial), True  # whole already (e.g. stopped before the move)
     headers = {"Range": f"bytes={offset}-"} if offset else {}
     try:
         with session.get(url, headers=headers, stream=True, timeout=timeout) as resp:
             _check_status(resp, offset)
             if resp.status_code == 416:
-                return _sha256_file(partial), True  # nothing left to send: the part is whole
+                return sha256_file(partial), True  # nothing left to send: the part is whole
             if resp.status_code == 206 and _range_start(resp) != offset:
                 partial.unlink(missing_ok=True)  # bytes for another offset: start clean
                 raise _Retry(f"unexpected Content-Range {resp.headers.get('Content-Range')!r}")
@@ -288,7 +288,7 @@ def _sha256_of(path: Path):
     return hasher
 
 
-def _sha256_file(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     return _sha256_of(path).hexdigest()
 
 

@@ -57,6 +57,9 @@ def _read(path: Path) -> dict:
     return doc
 
 
+SOURCE_KEYS = ("source", "min_compute_capability_source", "torch_source")
+
+
 def _check_sources(doc: dict, name: str) -> None:
     from . import schema as S
 
@@ -65,7 +68,7 @@ def _check_sources(doc: dict, name: str) -> None:
     def walk(node: Any, where: str) -> None:
         if isinstance(node, dict):
             for k, v in node.items():
-                if k in ("source", "min_compute_capability_source") and isinstance(v, str):
+                if k in SOURCE_KEYS and isinstance(v, str):
                     for token in (t.strip() for t in v.split(",")):
                         if token not in known and "://" not in token:
                             raise S.SchemaError(f"{where}.{k}", f"source {token!r} is neither a URL "
@@ -198,6 +201,23 @@ def _cross_check(m: Matrix) -> None:
             if p not in m.patches:
                 raise UserError(f"{m.where('verl', key)}: verl.{key}.patches names {p!r}, which "
                                 "patches.yaml does not define.")
+        for r in ver.get("reviewed") or []:
+            if r not in m.reviewed:
+                raise UserError(f"{m.where('verl', key)}: verl.{key}.reviewed names {r!r}, which "
+                                "no `reviewed:` section defines.")
+        for rollout in ver["training_path"]["rollouts"]:
+            if rollout not in ver["rollouts"]:
+                raise UserError(f"{m.where('verl', key)}: verl.{key}.training_path.rollouts.{rollout}: "
+                                f"verl {key} has no {rollout!r} rollout (its rollouts are "
+                                f"{', '.join(ver['rollouts'])}). Remove the entry or fix `rollouts`.")
+    for key, patch in m.patches.items():
+        for i, r in enumerate(patch["replace"]):
+            _check_fields(r["with"], f"{m.where('patches', key)}: patches.{key}.replace[{i}].with")
+    for key, rec in m.reviewed.items():
+        for hkey, value in rec["holds"].items():
+            if isinstance(value, str):
+                _check_fields(value, f"{m.where('reviewed', key)}: reviewed.{key}.holds.{hkey}")
+    _check_models(m)
     refs = (("gpu", "gpus"), ("cuda", "cuda"), ("torch", "torch"), ("verl", "verl"),
             ("vllm", "vllm"))
     for key, prof in m.profiles.items():
@@ -215,6 +235,91 @@ def _cross_check(m: Matrix) -> None:
                 hint = f" Did you mean {close[0]!r}?" if close else ""
                 raise UserError(f"{m.where('profiles', key)}: profiles.{key}.{field_} is "
                                 f"{value!r}, which {section} does not define.{hint}")
+
+
+def _check_fields(text: str, where: str) -> None:
+    """`text` formats only the names the resolver fills in (a patch's `with`, a `holds` value)."""
+    import string
+
+    from .matrix_schema import FORMAT_FIELDS
+
+    try:
+        names = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
+    except ValueError as e:
+        raise UserError(f"{where}: {text!r} is not a valid format string ({e}); write a literal "
+                        "brace as {{ or }}.") from None
+    unknown = [n for n in names if n not in FORMAT_FIELDS]
+    if unknown:
+        raise UserError(f"{where}: {{{unknown[0]}}} is not a value envbuild fills in; known: "
+                        f"{', '.join('{' + f + '}' for f in FORMAT_FIELDS)}.")
+
+
+def _check_models(m: Matrix) -> None:
+    """The model table agrees with itself, and every profile's training run can be sized."""
+    from .memory import Arch
+
+    for name, rec in m.models.items():
+        where = f"{m.where('models', name)}: models.{name}"
+        if rec["attention_heads"] % rec["kv_heads"]:
+            raise UserError(f"{where}: attention_heads {rec['attention_heads']} is not a multiple "
+                            f"of kv_heads {rec['kv_heads']}. Copy both from the model's config.json.")
+        counted = Arch(name, rec).params()
+        if counted != rec["parameters"]:
+            raise UserError(f"{where}.parameters is {rec['parameters']:,} but the architecture gives "
+                            f"{counted:,} (embeddings, q/k/v/o, MLP, norms"
+                            f"{'' if rec['tied_embeddings'] else ', lm_head'}). One of the fields is "
+                            "wrong: compare each with the model's config.json and its model card.")
+    mem = m.memory
+    if mem is None:
+        raise UserError("No `memory:` section in the matrix (matrices/memory.yaml): the memory "
+                        "estimate needs it. Reinstall envbuild or restore the file.")
+    for key, lo, hi in (("margin", 0, 0.9), ("allocator_overhead", 0, 1), ("validation_share", 0.01, 1),
+                        ("cuda_context_gib", 0, 64), ("nccl_gib", 0, 64)):
+        if not lo <= mem[key] <= hi:
+            raise UserError(f"{m.where('memory', key)}: memory.{key} is {mem[key]}, outside "
+                            f"{lo}..{hi}. Set it inside that range.")
+    for gpu in mem["total_mib"]:
+        if gpu not in m.gpus:
+            raise UserError(f"matrices: memory.total_mib.{gpu} names a GPU that gpus does not define.")
+    if "gsm8k" not in m.datasets:
+        raise UserError("No `datasets.gsm8k` in the matrix (matrices/datasets.yaml): the validation "
+                        "batch is sized from its test split. Restore it.")
+    for key, prof in m.profiles.items():
+        t, where = prof["train"], f"{m.where('profiles', key)}: profiles.{key}.train"
+        if t["model"] not in m.models:
+            import difflib
+
+            close = difflib.get_close_matches(t["model"], list(m.models), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise UserError(f"{where}.model {t['model']!r} is not in the model table, so its memory "
+                            f"cannot be estimated.{hint} Known: {', '.join(m.models)}. Add its "
+                            "architecture under `models:` (from its config.json) in a --matrix-dir "
+                            "overlay.")
+        problems = []
+        for field_ in ("n_gpus", "train_batch_size", "ppo_mini_batch_size", "max_prompt_length",
+                       "max_response_length", "micro_batch_size_per_gpu"):
+            if field_ in t and t[field_] < 1:
+                problems.append(f"{field_} must be at least 1 (it is {t[field_]})")
+        if t["lora_rank"] < 0:
+            problems.append(f"lora_rank must be 0 or more (it is {t['lora_rank']})")
+        if not 0 < t["gpu_memory_utilization"] <= 1:
+            problems.append(f"gpu_memory_utilization must be in (0, 1] (it is "
+                            f"{t['gpu_memory_utilization']})")
+        if not problems:
+            if t["train_batch_size"] % t["n_gpus"] or t["ppo_mini_batch_size"] % t["n_gpus"]:
+                problems.append(f"train_batch_size {t['train_batch_size']} and ppo_mini_batch_size "
+                                f"{t['ppo_mini_batch_size']} must be multiples of n_gpus "
+                                f"{t['n_gpus']} (verl splits both evenly over the GPUs)")
+            longest = m.models[t["model"]]["max_position_embeddings"]
+            if t["max_prompt_length"] + t["max_response_length"] > longest:
+                problems.append(f"max_prompt_length + max_response_length "
+                                f"({t['max_prompt_length'] + t['max_response_length']}) exceeds "
+                                f"{t['model']}'s max_position_embeddings {longest}")
+            if t["ppo_mini_batch_size"] > t["train_batch_size"]:
+                problems.append(f"ppo_mini_batch_size {t['ppo_mini_batch_size']} is larger than "
+                                f"train_batch_size {t['train_batch_size']}")
+        if problems:
+            raise UserError(f"{where}: {'; '.join(problems)}. Fix the profile's train block.")
 
 
 COMPONENTS = ("apex", "flash-attn")  # the compiled extensions a profile may build

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .errors import ActionError, UserError
 from .paths import data_dir
-from .resolve import ResolvedEnv
+from .resolve import TORCH_DTYPE, ResolvedEnv
 
 RUN_SCRIPT = "run_ppo_gsm8k.sh"
 # output file -> template; executables get mode 0755
@@ -26,8 +26,11 @@ FILES = {
     "preflight.py": "preflight.py.j2",
     "envbuild-secrets.sh": "envbuild-secrets.sh.j2",
     "apply_patches.py": "apply_patches.py.j2",
+    "audit_precision.py": "audit_precision.py.j2",
+    "prepare_gsm8k.py": "prepare_gsm8k.py.j2",
 }
-EXECUTABLE = {RUN_SCRIPT, "preflight.py", "apply_patches.py"}
+EXECUTABLE = {RUN_SCRIPT, "preflight.py", "apply_patches.py", "audit_precision.py",
+              "prepare_gsm8k.py"}
 MARKER = "envbuild.json"
 
 _jinja = None
@@ -65,26 +68,45 @@ def apex_command(d: dict) -> str:
 
 
 def preflight_expectations(d: dict) -> dict:
-    imports = ["torch", "transformers", "verl"]
-    if d["vllm"]:
-        imports.append("vllm")
-    if d["flash_attn"]:
-        imports.append("flash_attn")
-    if d["apex"]:
-        imports += ["apex", "amp_C"]
+    """What preflight.py checks, as data (its EXPECTED blob). training_path: every module a
+    training run imports, which the build's smoke test (preflight.py --smoke) imports too."""
     return {
         "profile": d["profile"],
         "gpu": d["gpu"]["name"],
         "compute_capability": d["gpu"]["compute_capability"],
+        "torch_version": d["torch"]["version"],
         "torch_cuda": d["torch"]["cuda"],
+        "torch_requirement": d["torch"]["packages"][0],
+        "torch_index": d["torch"]["index_url"] or d["indexes"]["pypi"],
         "dtype": d["dtype"],
-        "torch_dtype": {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[d["dtype"]],
+        "torch_dtype": TORCH_DTYPE[d["dtype"]],
         "torch_compile": d["features"]["torch_compile"],
         "model_vram_gb": d["train"]["model_vram_gb"],
         "min_driver": d["driver"]["min_driver"],
         "compat_driver": d["driver"]["compat_driver"],
         "driver_cuda": d["driver"]["for_cuda"],
-        "imports": imports,
+        "compat_libcuda": d["cuda"]["compat_libcuda"],
+        "training_path": list(d["training_path"]),
+    }
+
+
+def audit_plan(d: dict) -> dict:
+    """What audit_precision.py checks, as data (its PLAN blob): the checks that apply, in the
+    verl files the run loads (the training path's verl modules and the files the patches touch),
+    with the matrix's reviewed exceptions."""
+    no_bf16 = (f"the profile computes in {d['dtype']}"
+               + ("" if d["gpu"]["bf16"] else f"; the {d['gpu']['name']} has no native bfloat16"))
+    return {
+        "profile": d["profile"],
+        "gpu": d["gpu"]["name"],
+        "verl": d["verl"]["version"],
+        "checks": list(d["audit"]["checks"]),
+        "reasons": {"autocast_bf16": no_bf16,
+                    "flash_attention_2": f"the attention is {d['attention']}, not flash-attn"},
+        "modules": [m for m in d["training_path"] if m.split(".")[0] == "verl"],
+        "files": sorted({f for p in d["patches"] for f in p["files"]}),
+        "reviewed": [{k: r[k] for k in ("name", "check", "file", "line", "why")}
+                     for r in d["audit"]["reviewed"]],
     }
 
 
@@ -100,6 +122,8 @@ def render_files(env: ResolvedEnv, locked: dict | None = None) -> dict[str, str]
         "spec_sha256": hashlib.sha256(spec.encode()).hexdigest(),
         "apex_command": apex_command(d),
         "expected": preflight_expectations(d),
+        "audit": audit_plan(d),
+        "torch_dtype": TORCH_DTYPE,
         "locked": locked,
     }
     j = jinja_env()
@@ -107,7 +131,21 @@ def render_files(env: ResolvedEnv, locked: dict | None = None) -> dict[str, str]
     for name, template in FILES.items():
         if name == "apply_patches.py" and not d["patches"]:
             continue
+        if name == "prepare_gsm8k.py" and not d.get("dataset"):
+            continue
         out[name] = j.get_template(template).render(context)
+    if d.get("constraints") and not locked:
+        from .plan import CONSTRAINTS
+
+        c = d["constraints"]
+        for layer in c["order"]:
+            pins = c["layers"][layer]
+            head = (f"# envbuild: what the {layer} layer of {d['profile']} installs, from "
+                    f"{c['from']}"
+                    + (f"; solved with torch {c['torch_swapped']}, so torch's own packages are "
+                       "pinned by the requirements, not here" if c["torch_swapped"] else "")
+                    + ".\n")
+            out[CONSTRAINTS.format(layer=layer)] = head + "".join(f"{pin}\n" for pin in pins)
     out.update(locked["files"] if locked else {})
     return out
 
@@ -135,6 +173,7 @@ def write_dir(out_dir: Path, files: dict[str, str], links: dict[str, Path] | Non
     try:
         for name, text in sorted(files.items()):
             path = tmp / name
+            path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
             path.chmod(0o755 if name in EXECUTABLE and marker == MARKER else 0o644)
         for name, src in sorted((links or {}).items()):

@@ -14,8 +14,14 @@ from typing import Any
 from . import __version__
 from .errors import UserError
 from .matrix import Matrix, cc_tuple, in_range, version_key
+from .versions import ranges_overlap
 
 SCHEMA_VERSION = 1
+# the torch dtype of each of envbuild's dtype names
+TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+# the precision audit's checks (templates/audit_precision.py.j2 implements them) and the
+# condition under which each applies (one of the conditions a patch's `when` names)
+AUDIT_CHECKS = {"autocast_bf16": "no_bf16", "flash_attention_2": "no_flash_attention"}
 # Rollouts whose packages the matrix knows how to pin (hf needs none, vllm: matrices/vllm.yaml).
 INSTALLABLE_ROLLOUTS = ("hf", "vllm")
 
@@ -126,6 +132,15 @@ class ResolvedEnv:
             raise UserError(f"{origin} is not an envbuild resolved environment of schema version "
                             f"{SCHEMA_VERSION}. Pass the envbuild.json that `envbuild render` wrote "
                             "(or re-resolve it from its profile).")
+        missing = [k for k in ("training_path", "precision", "audit", "cuda_alloc_conf", "memory")
+                   if k not in data]
+        if missing or "compat_libcuda" not in (data.get("cuda") or {}):
+            raise UserError(f"{origin} was written by an older envbuild: it has no "
+                            f"{(missing or ['cuda.compat_libcuda'])[0]} (what the image's preflight, "
+                            "precision audit, batch sizes and run script are rendered from). "
+                            "Re-resolve it: "
+                            f"envbuild render {data.get('profile', 'PROFILE')} with the same "
+                            "overrides (they are under `overrides` in the file).")
         return cls(data)
 
 
@@ -144,6 +159,21 @@ def _cc_runs(gpu_cc: str, archs: list[str]) -> bool:
 
 def _at_least(cc: str, floor: str) -> bool:
     return cc_tuple(cc) >= cc_tuple(floor)
+
+
+def training_path(m: Matrix, verl_v: str, rollout: str, components: tuple[str, ...] = ()) -> list[str]:
+    """The modules a PPO run (verl.trainer.main_ppo, FSDP) imports, in the order preflight and the
+    smoke test import them: the compiled parts first (each names the package that is broken:
+    vllm's ops for the vllm rollout, then `components`, "flash-attn"/"apex"), then verl's trainer,
+    workers, dataset and reward, then the rollout's own modules. Every name comes from the matrix."""
+    parts = []
+    if rollout == "vllm":
+        parts.append(m.vllm_training_path["modules"])
+    sections = {"flash-attn": m.flash_attn, "apex": m.apex}
+    parts += [sections[c]["training_path"]["modules"] for c in ("flash-attn", "apex") if c in components]
+    path = m.verl[verl_v]["training_path"]
+    parts += [path["modules"], path["rollouts"].get(rollout, [])]
+    return list(dict.fromkeys(name for part in parts for name in part))
 
 
 class _Resolver:
@@ -264,6 +294,14 @@ class _Resolver:
         self.add("rollout", f"verl {verl_v} has no {rollout!r} rollout",
                  f"its rollouts are {', '.join(verl['rollouts'])}", fix, hard=True)
 
+    def training_path_rule(self, verl_v: str, verl: dict, rollout: str) -> None:
+        if rollout in verl["rollouts"] and rollout not in verl["training_path"]["rollouts"]:
+            self.add("training-path", f"the matrix records no training path for verl {verl_v}'s "
+                     f"{rollout!r} rollout", "preflight and the smoke test would not import the "
+                     "rollout's modules, so a broken rollout would show only once training starts",
+                     f"add verl.{verl_v}.training_path.rollouts.{rollout} (the modules verl's FSDP "
+                     "workers import for it, read from the release's wheel)", hard=True)
+
     def choose_vllm(self, torch_v: str, verl_v: str, verl: dict) -> str | None:
         fitting = [v for v, r in self.m.vllm.items()
                    if r["torch"] == torch_v and in_range(v, verl["vllm"])]
@@ -302,6 +340,54 @@ class _Resolver:
             self.add("vllm-python", f"vllm {vllm_v} has no wheels for Python {python}",
                      f"it supports {', '.join(vr['python'])}", f"use --python {vr['python'][-1]}",
                      hard=True)
+    def verl_torch_rule(self, verl_v: str, verl: dict, torch_v: str, cuda_v: str, cc: str) -> None:
+        """verl's own code imports torch APIs that its METADATA does not pin (torch comes from
+        the image), so no resolver catches this: the matrix records the floor."""
+        spec = verl["torch"]
+        if in_range(torch_v, spec):
+            return
+        fits = [t for t in sorted(self.m.torch, key=version_key) if in_range(t, spec)]
+        same_cuda = [t for t in fits if any(b["cuda"] == cuda_v and _cc_runs(cc, b["archs"])
+                                            for b in self.m.torch[t]["builds"].values())]
+        older = [v for v, r in self.m.verl.items() if in_range(torch_v, r["torch"])]
+        fix = (f"use --torch {same_cuda[0]} (it has a CUDA {cuda_v} build)" if same_cuda
+               else f"use --torch {fits[0]} with a --cuda it is built for" if fits
+               else "use another torch")
+        if older:
+            fix += f", or --verl {older[-1]}"
+        self.add("verl-torch", f"verl {verl_v} needs torch{spec}, not {torch_v}",
+                 verl.get("torch_why") or f"its own code imports torch APIs newer than {torch_v} "
+                 f"(see {verl['torch_source']})", fix, hard=True)
+
+    def shared_dependency_rule(self, packages: dict[str, str]) -> None:
+        """Two installed packages whose requirements on one dependency cannot both hold (pip
+        installs them in different layers without noticing), or a pin outside a requirement."""
+        needs: dict[str, list[tuple[str, str]]] = {}
+        for pkg, ver in sorted(packages.items()):
+            rec = (self.m.requires.get(pkg) or {}).get(ver)
+            for dep, spec in sorted(((rec or {}).get("needs") or {}).items()):
+                needs.setdefault(dep, []).append((f"{pkg}=={ver}", spec))
+        for dep, wants in sorted(needs.items()):
+            pinned = packages.get(dep)
+            if pinned is not None:
+                for who, spec in wants:
+                    if not in_range(pinned, spec):
+                        self.add("shared-dependency", f"{dep}=={pinned} is pinned but {who} needs "
+                                 f"{dep}{spec}", "pip would install one and break the other "
+                                 "(`pip check` fails; uv refuses to resolve it)",
+                                 f"pin {dep} inside {spec}, or choose another {who.split('==')[0]}",
+                                 hard=True)
+                continue
+            for i, (who_a, spec_a) in enumerate(wants):
+                for who_b, spec_b in wants[i + 1:]:
+                    if not ranges_overlap(spec_a, spec_b):
+                        self.add("shared-dependency", f"{who_a} and {who_b} cannot be installed "
+                                 "together", f"{who_a} needs {dep}{spec_a}, {who_b} needs "
+                                 f"{dep}{spec_b}; installed in separate layers every step exits 0 "
+                                 "and the result is broken", f"pin {who_b.split('==')[0]} (or "
+                                 f"{who_a.split('==')[0]}) to a release whose {dep} requirement "
+                                 "meets the other's, in the profile's `pins`", hard=True)
+
     def vllm_cc_rule(self, gpu: dict) -> None:
         floor = self.m.min_compute_capability
         if floor and not _at_least(gpu["compute_capability"], floor):
@@ -311,6 +397,60 @@ class _Resolver:
             self.add("vllm-cc", f"vLLM cannot run on the {gpu['name']} (CC {gpu['compute_capability']})",
                      f"vLLM supports compute capability >= {floor} only (Volta or later); its kernels "
                      "are not built for this GPU", fix)
+
+    def memory_plan(self, gpu_key: str, gpu: dict, dtype: str, attention: str, rollout: str,
+                    train: dict) -> dict:
+        from .memory import plan
+
+        mem = self.m.memory
+        total = mem["total_mib"].get(gpu_key)
+        consts = dict(mem, total_gib=total["mib"] / 1024 if total else float(gpu["vram_gb"]))
+        env = {"dtype": dtype, "attention": attention, "rollout": rollout, "train": train}
+        return plan(env, self.m.models[train["model"]], consts, self.m.datasets["gsm8k"]["rows"]["test"])
+
+    def memory_rule(self, gpu_key: str, gpu: dict, dtype: str, attention: str, rollout: str) -> dict:
+        """The batch sizes that fit the GPU (envbuilder/memory.py), or why none does."""
+        train = self.p["train"]
+        mem = self.memory_plan(gpu_key, gpu, dtype, attention, rollout, train)
+        if not mem["problems"]:
+            return mem
+
+        def fits(**changes) -> bool:
+            return not self.memory_plan(gpu_key, gpu, dtype, attention, rollout,
+                                        dict(train, **changes))["problems"]
+
+        fixes = []
+        size = self.m.models[train["model"]]["parameters"]
+        smaller = sorted((r["parameters"], name) for name, r in self.m.models.items()
+                         if r["parameters"] < size and fits(model=name))
+        if smaller:
+            fixes.append(f"a smaller model from the table: train.model {smaller[-1][1]}")
+        if not (train["param_offload"] and train["optimizer_offload"]) and fits(
+                param_offload=True, optimizer_offload=True):
+            fixes.append("offload what is idle: train.param_offload and train.optimizer_offload "
+                         "true")
+        prompt, response = train["max_prompt_length"], train["max_response_length"]
+        while prompt + response > 128:
+            prompt, response = max(prompt // 2, 32), max(response // 2, 32)
+            if fits(max_prompt_length=prompt, max_response_length=response):
+                fixes.append(f"shorter sequences: train.max_prompt_length {prompt} and "
+                             f"max_response_length {response}")
+                break
+        if rollout == "vllm" and fits(gpu_memory_utilization=round(train["gpu_memory_utilization"] / 2, 2)):
+            fixes.append(f"a smaller vLLM share: train.gpu_memory_utilization "
+                         f"{round(train['gpu_memory_utilization'] / 2, 2)}")
+        fix = ("in a --matrix-dir overlay of the profile, " + "; or ".join(fixes)) if fixes else (
+            "a GPU with more memory, or more GPUs (train.n_gpus) to shard the state over")
+        worst = max(mem["problems"], key=lambda p: p["gib"] - p["budget_gib"])
+        phase = next(p for p in mem["phases"] if p["phase"] == worst["phase"])
+        top = sorted(phase["terms"], key=lambda t: -t["gib"])[:3]
+        why = (f"its {worst['phase']} phase needs {worst['gib']:.1f} GiB per GPU at batch 1 "
+               f"against {worst['budget_gib']:.1f} GiB usable ("
+               + ", ".join(f"{t['term']} {t['gib']:.1f}" for t in top) + "; `envbuild show "
+               f"{self.name} --memory --allow-unsupported` prints the whole budget)")
+        self.add("memory", f"{train['model']} does not fit the {gpu['name']} "
+                 f"({mem['gpu_total_gib']:.0f} GiB) even at batch 1", why, fix)
+        return mem
 
     # -- the whole -------------------------------------------------------------------------
 
@@ -375,6 +515,8 @@ class _Resolver:
             variant, build = f"cu{cuda_v.replace('.', '')}", {"cuda": cuda_v, "archs": []}
 
         self.rollout_rule(verl_v, verl, rollout)
+        self.verl_torch_rule(verl_v, verl, torch_v, cuda_v, cc)
+        self.training_path_rule(verl_v, verl, rollout)
         vllm_v = None
         extra_cudas = []
         if rollout == "vllm":
@@ -443,28 +585,55 @@ class _Resolver:
                      f"it targets {', '.join(cuda['nvcc_archs'])}",
                      "use another --cuda, or --without apex,flash-attn", hard=True)
 
+        # what each part of the run computes in: the profile's dtype where this verl can run the
+        # part in it, fp32 otherwise (verl.yaml precision: no fp16 training without a loss scaler)
+        precision = {part: dtype if dtype in allowed else "fp32"
+                     for part, allowed in sorted(verl["precision"].items())}
+        values = {"attention": attention}
+        for part, pd in precision.items():
+            values[f"{part}_dtype"] = TORCH_DTYPE[pd]
+            values[f"{part}_autocast"] = str(pd != "fp32")
+        # the conditions a patch's `when` and an audit check name
+        conditions = {"always": True, "no_flash_attention": attention != "flash_attention_2",
+                      "no_bf16": dtype != "bf16"}
         patches = []
         for pname in verl["patches"]:
             pr = m.patches[pname]
-            wanted = {"always": True,
-                      "no_flash_attention": attention != "flash_attention_2",
-                      "no_bf16": dtype != "bf16"}[pr["when"]]
-            if wanted:
-                values = {"attention": attention,
-                          "autocast_dtype": {"bf16": "bfloat16", "fp16": "float16"}.get(dtype, "float32"),
-                          "autocast_enabled": str(dtype != "fp32")}
+            if conditions[pr["when"]]:
                 patches.append({"name": pname, "why": pr["why"], "files": list(pr["files"]),
                                 "replace": [{"find": r["find"], "with": r["with"].format(**values)}
                                             for r in pr["replace"]]})
+        checks = [c for c, when in AUDIT_CHECKS.items() if conditions[when]]
+        reviewed = []
+        for rname in verl.get("reviewed") or []:
+            rec = m.reviewed[rname]
+            if rec["check"] in checks:
+                reviewed.append({"name": rname, "check": rec["check"], "file": rec["file"],
+                                 "line": rec["line"], "why": rec["why"],
+                                 "holds": {k: v.format(**values) if isinstance(v, str) else v
+                                           for k, v in sorted(rec["holds"].items())}})
+        alloc = None
+        ac = m.cuda_alloc_conf
+        if ac and gpu["vram_gb"] <= ac["max_vram_gb"]:
+            refused = ac["not_with_rollouts"].get(rollout)
+            alloc = {"value": None if refused else ac["value"], "why": refused or ac["why"]}
+
+        # verl's pins, then the vLLM release's own pairings, then what flash-attn imports, then
+        # the profile's: later ones win
+        pins = dict(verl["pins"])
+        if vllm_v:
+            pins.update(m.vllm[vllm_v].get("pins") or {})
+        if fa:  # its wheel installs with --no-deps: what it imports at run time is pinned here
+            pins.update(m.flash_attn.get("runtime_pins") or {})
+        pins.update(p.get("pins", {}))
+        self.shared_dependency_rule({"torch": torch_v, **({"vllm": vllm_v} if vllm_v else {}),
+                                     **pins})
+
+        memory = self.memory_rule(gpu_key, gpu, dtype, attention, rollout)
 
         hard = [v for v in self.v if v.hard]
         if hard or (self.v and not ov.allow_unsupported):
             raise ResolveError(self.name, self.v)
-
-        pins = dict(verl["pins"])
-        if fa:  # its wheel installs with --no-deps: what it imports at run time is pinned here
-            pins.update(m.flash_attn.get("runtime_pins") or {})
-        pins.update(p.get("pins", {}))
         torch_index = None
         local = ""
         if variant != torch["pypi_default"]:
@@ -482,7 +651,8 @@ class _Resolver:
                     "vram_gb": gpu["vram_gb"], "bf16": gpu["bf16"],
                     "max_smem_per_block_kb": gpu["max_smem_per_block_kb"]},
             "cuda": {"version": cuda_v, "full_version": cuda["version"], "ubuntu": cuda["ubuntu"],
-                     "images": dict(cuda["images"]), "conda_nvcc": cuda["conda_nvcc"]},
+                     "images": dict(cuda["images"]), "conda_nvcc": cuda["conda_nvcc"],
+                     "compat_libcuda": m.cuda_compat["libcuda"]},
             "driver": driver,
             "python": python,
             "torch": {"version": torch_v, "variant": variant, "cuda": build["cuda"],
@@ -494,8 +664,10 @@ class _Resolver:
             "vllm": {"version": vllm_v, "torch": m.vllm[vllm_v]["torch"],
                      "wheel_cuda": m.vllm[vllm_v]["wheel_cuda"]} if vllm_v else None,
             "verl": {"version": verl_v, "attention_override": verl["attention_override"],
+                     "autocast_keys": dict(sorted((verl.get("autocast_keys") or {}).items())),
                      "pins": dict(sorted(pins.items()))},
             "dtype": dtype,
+            "precision": precision,
             "attention": attention,
             "features": {"bf16": dtype == "bf16", "flash_attention": attention == "flash_attention_2",
                          "remove_padding": remove_padding,
@@ -503,11 +675,16 @@ class _Resolver:
             "flash_attn": {"version": fa} if fa else None,
             "apex": dict(apex, arch_list=cc) if apex else None,
             "patches": patches,
+            "audit": {"checks": checks, "reviewed": reviewed},
+            "cuda_alloc_conf": alloc,
             "indexes": {"pypi": defaults.get("pypi_index", "https://pypi.org/simple"),
                         "torch": torch_index},
             "huggingface": defaults.get("huggingface", "https://huggingface.co"),
             "conda_channels": list(defaults.get("conda_channels", ["conda-forge", "nvidia"])),
             "train": dict(p["train"]),
+            "dataset": dict(m.datasets["gsm8k"], name="gsm8k") if m.datasets.get("gsm8k") else None,
+            "training_path": training_path(m, verl_v, rollout, tuple(components)),
+            "memory": memory,
             "warnings": [v.text() for v in self.v],
         }
         return ResolvedEnv(data)

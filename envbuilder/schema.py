@@ -44,6 +44,14 @@ class OneOf:
         self.choices = choices
 
 
+class Scalar:
+    """A string, number or true/false (a config value)."""
+
+    def check(self, value: Any, where: str) -> None:
+        if not isinstance(value, (str, int, float, bool)):
+            raise SchemaError(where, f"expected a string, number or true/false, got {value!r}")
+
+
 class Range(Pattern):
     """A version range (">=0.7.3,<=0.8.5") that envbuild's own comparison understands."""
 
@@ -79,6 +87,14 @@ CC = Pattern(r"\d+\.\d", "6.1")
 CUDA = Pattern(r"\d+\.\d+", "11.8")
 GLIBC = Pattern(r"\d+\.\d+", "2.35")
 DRIVER = Pattern(r"\d+\.\d+(\.\d+)?", "550.54.14")
+MODULE = Pattern(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", "verl.trainer.main_ppo")
+HYDRA_KEY = Pattern(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*",
+                    "actor_rollout_ref.actor.fsdp_config.dtype")
+# a relative path inside a package, no way out of it (lands in a rendered script as data)
+RELPATH = Pattern(r"[A-Za-z0-9_]+(/[A-Za-z0-9_]+)*\.py", "verl/workers/fsdp_workers.py")
+# PYTORCH_CUDA_ALLOC_CONF: option:value pairs, nothing a shell would read
+ALLOC_CONF = Pattern(r"[a-z_]+:[A-Za-z0-9_.]+(,[a-z_]+:[A-Za-z0-9_.]+)*", "expandable_segments:True")
+ABSPATH = Pattern(r"/[A-Za-z0-9_.+/-]*", "/usr/local/cuda/compat/libcuda.so.1")
 
 _TYPE_NAMES = {str: "a string", int: "a whole number", float: "a number", bool: "true or false",
                dict: "a mapping", list: "a list"}
@@ -86,7 +102,7 @@ _TYPE_NAMES = {str: "a string", int: "a whole number", float: "a number", bool: 
 
 def check(value: Any, spec: Any, where: str) -> None:
     """Raise SchemaError naming `where` (file: dotted.key) at the first mismatch."""
-    if isinstance(spec, Pattern):
+    if isinstance(spec, (Pattern, Scalar)):
         spec.check(value, where)
     elif isinstance(spec, OneOf):
         if value not in spec.choices:

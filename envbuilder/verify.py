@@ -111,6 +111,7 @@ class Report:
     isolation: str | None = None
     layers: list = field(default_factory=list)
     patches: dict | None = None
+    audit: dict | None = None
     not_installed: list = field(default_factory=list)
     imports: list = field(default_factory=list)
     compose: dict | None = None
@@ -486,13 +487,16 @@ class _Verifier:
             old, new = swap.get("torch") or next(iter(swap.values()))
             r.torch_swapped = f"{old} -> {new} (PyPI; the PyTorch index is unreachable)"
             self.say(f"torch {r.torch_swapped}")
+        # the lock's pins (render's constraints/<layer>.txt, one set per layer, all from one
+        # lock): their union constrains every layer, as the Dockerfile's cumulative -c does
         constraints = None
-        if "constraints.txt" in files:
-            constraints = rendered / "constraints.txt"
-            if swap:
-                constraints = work / "constraints.txt"
-                constraints.write_text("".join(swap_line(ln, swap) + "\n" for ln in
-                                               files["constraints.txt"].splitlines()), "utf-8")
+        layer_files = [name for name in sorted(files) if name.startswith("constraints/")]
+        if layer_files:
+            constraints = work / "constraints.txt"
+            constraints.write_text("".join(
+                swap_line(ln, swap) + "\n" for name in layer_files
+                for ln in files[name].splitlines() if ln.strip() and not ln.startswith("#")),
+                "utf-8")
             r.constraints = True
 
         # the venv, pip seeded by ensurepip (no index needed)
@@ -570,6 +574,16 @@ class _Verifier:
                 msg = (got.err.strip().splitlines() or ["timed out" if got.rc is None else "failed"])[-1]
                 r.patches["error"] = msg
                 self.fail(f"patches: {msg}")
+
+        # the precision audit, as the image build runs it right after the patches
+        if "audit_precision.py" in files:
+            self.say("precision audit")
+            got = run([str(py), str(rendered / "audit_precision.py")], env=_clean_env(), cwd=work,
+                      timeout=600, say=self.say, label="audit")
+            r.audit = {"ok": got.rc == 0, "output": (got.out + got.err).strip().splitlines()}
+            if got.rc != 0:
+                lines = r.audit["output"] or ["timed out" if got.rc is None else "failed"]
+                self.fail("precision audit: " + "; ".join(lines[-3:]))
 
         self.imports(py, work)
         if self.opts.skip_compose:

@@ -39,3 +39,26 @@ def in_range(version: str, spec: str) -> bool:
         if not ok:
             return False
     return True
+
+
+def ranges_overlap(a: str, b: str) -> bool:
+    """True when some version can satisfy both ranges (">=1.26.0,<1.27.0" and ">=1.30.0": no).
+    `!=` clauses are ignored: they exclude single versions, never a whole interval."""
+    low: tuple | None = None  # (key, inclusive)
+    high: tuple | None = None
+    for clause in filter(None, (c.strip() for c in f"{a},{b}".split(","))):
+        m = _CLAUSE.fullmatch(clause)
+        if not m:
+            raise ValueError(f"not a version range: {a!r} / {b!r}")
+        op, bound = m.group(1), version_key(m.group(2))
+        if op in (">=", ">", "=="):
+            cand = (bound, op != ">")
+            if low is None or cand[0] > low[0] or (cand[0] == low[0] and not cand[1]):
+                low = cand
+        if op in ("<=", "<", "=="):
+            cand = (bound, op != "<")
+            if high is None or cand[0] < high[0] or (cand[0] == high[0] and not cand[1]):
+                high = cand
+    if low is None or high is None:
+        return True
+    return low[0] < high[0] or (low[0] == high[0] and low[1] and high[1])

@@ -145,19 +145,51 @@ def _jinja_cache_out_of_home(cache_home):
     mp.undo()
 
 
-# -- the real-install tier: opt-in, deselected (not skipped) otherwise ---------------------------
-
-def real_install_wanted(config) -> bool:
-    """`-m real_install` (or any -m naming it) or ENVBUILD_REAL_INSTALL=1 selects the tests that
-    install real packages from PyPI (GBs, minutes); a plain run deselects them, and says so."""
-    return (os.environ.get("ENVBUILD_REAL_INSTALL") == "1"
-            or "real_install" in (config.getoption("markexpr", "") or ""))
+PYPI = "https://pypi.org/simple"
 
 
-def pytest_collection_modifyitems(config, items):
-    if real_install_wanted(config):
-        return
-    heavy = [item for item in items if item.get_closest_marker("real_install")]
-    if heavy:
-        config.hook.pytest_deselected(items=heavy)
-        items[:] = [item for item in items if not item.get_closest_marker("real_install")]
+@pytest.fixture(scope="session")
+def real_pypi():
+    """The real-package tier's index. Unreachable: a skip with the reason, except under CI=true,
+    where this tier must run (CI reaches PyPI)."""
+    from envbuilder.lock.pip import index_answers
+
+    if index_answers(PYPI, timeout=10):
+        return PYPI
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{PYPI} does not answer: the real-index tests must run under CI=true")
+    pytest.skip(f"{PYPI} does not answer: the real-index tests need it")
+
+
+@pytest.fixture(scope="session")
+def verl_wheels(real_pypi, tmp_path_factory) -> dict:
+    """The real wheel of every verl release in the matrix, from PyPI (`pip download --no-deps`,
+    about 1 MB each, once per session): {version: path}."""
+    dest = tmp_path_factory.mktemp("verl-wheels")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env["PIP_CONFIG_FILE"] = os.devnull  # no host find-links, extra indexes or constraints
+    wheels = {}
+    for version in shipped().verl:
+        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                            "--index-url", real_pypi, "-d", str(dest), f"verl=={version}"],
+                           capture_output=True, text=True, env=env, timeout=600)
+        assert r.returncode == 0, f"pip download verl=={version} failed:\n{r.stderr[-2000:]}"
+        found = sorted(dest.glob(f"verl-{version}-*.whl"))
+        assert found, f"no verl {version} wheel in {dest}"
+        wheels[version] = found[0]
+    return wheels
+
+
+@pytest.fixture(scope="session")
+def verl_trees(verl_wheels, tmp_path_factory) -> dict:
+    """Each real verl wheel unpacked, as pip installs it into site-packages: {version: folder
+    holding verl/}. Read-only by convention: copy it (shutil.copytree) before patching."""
+    import zipfile
+
+    trees = {}
+    for version, wheel in verl_wheels.items():
+        root = tmp_path_factory.mktemp(f"verl-{version}")
+        with zipfile.ZipFile(wheel) as z:
+            z.extractall(root)
+        trees[version] = root
+    return trees

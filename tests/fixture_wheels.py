@@ -66,6 +66,44 @@ def make_wheel(dest: Path, name: str, version: str, *, tag: str = "py3-none-any"
     return path
 
 
+def make_sdist(dest: Path, name: str, version: str, *, module: str | None = None,
+               platform: bool = False, requires: tuple[str, ...] = ()) -> Path:
+    """A real, minimal setuptools sdist laid out like antlr4-python3-runtime 4.9.3's: setup.py
+    and PKG-INFO, no pyproject.toml (so a PEP 517 frontend builds it with setuptools'
+    legacy backend, `setuptools>=40.8.0`). Its module records its name and version. With
+    `platform`, setup.py declares extension modules without compiling any, so the wheel gets
+    CPython and platform tags (cp310-cp310-linux_x86_64) and needs no compiler. `module` is the
+    import name (default: the name with _). Byte-reproducible."""
+    import gzip
+    import io
+    import tarfile
+
+    dest.mkdir(parents=True, exist_ok=True)
+    module = module or dist_name(name)
+    root = f"{name}-{version}"
+    distclass = ("from setuptools.dist import Distribution\n\n\n"
+                 "class BinaryDistribution(Distribution):\n"
+                 "    def has_ext_modules(self):\n        return True\n\n\n") if platform else ""
+    setup_py = (f"from setuptools import setup\n{distclass}"
+                f"setup(name={name!r}, version={version!r}, packages=[{module!r}], "
+                f"install_requires={list(requires)!r}"
+                + (", distclass=BinaryDistribution" if platform else "") + ")\n")
+    pkg_info = "\n".join(["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+                         + [f"Requires-Dist: {r}" for r in requires]) + "\n"
+    contents = {f"{root}/PKG-INFO": pkg_info, f"{root}/setup.py": setup_py,
+                f"{root}/{module}/__init__.py": f'__version__ = "{version}"  # envbuild test stand-in\n'}
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path, text in sorted(contents.items()):
+            data = text.encode()
+            info = tarfile.TarInfo(path)
+            info.size, info.mtime, info.mode = len(data), 1704067200, 0o644  # 2024-01-01
+            tar.addfile(info, io.BytesIO(data))
+    path = dest / f"{root}.tar.gz"
+    path.write_bytes(gzip.compress(raw.getvalue(), mtime=0))
+    return path
+
+
 def requirement_pins(lines: list[str]) -> list[tuple[str, str]]:
     """(name, version) of every `name==version` (extras dropped) in a requirements text."""
     out = []
@@ -82,19 +120,57 @@ def verl_files(fixture_root: Path) -> dict[str, bytes]:
             for p in sorted((fixture_root / "verl").rglob("*.py")) if p.name != "__init__.py"}
 
 
+def importable_source(real: bytes) -> bytes:
+    """A recorded real verl file as a stand-in module: its text held in a string, so the image's
+    source patches apply to the real lines while the module imports without verl's dependencies
+    (torch.distributed, transformers, ...), which the stand-ins do not have."""
+    text = real.decode("utf-8")
+    if "'''" in text or text.endswith("\\"):
+        raise ValueError("a recorded verl file cannot sit in r'''...'''; quote it otherwise")
+    return ("# envbuild test stand-in: the real file's text, patchable but not executed\n"
+            "SOURCE = r'''" + text + "'''\n").encode()
+
+
+def module_files(modules: list[str], body=lambda module: f"# envbuild test stand-in for {module}\n"
+                 ) -> dict[str, str]:
+    """Files that make each dotted module importable: NAME.py, or NAME/__init__.py where another
+    module sits under it, and an __init__.py for every package on the way. body(module) is
+    each module's text (packages on the way only get `body(package)` when listed)."""
+    packages = {".".join(m.split(".")[:i]) for m in modules for i in range(1, m.count(".") + 1)}
+    files = {}
+    for name in sorted(packages | set(modules)):
+        path = name.replace(".", "/") + ("/__init__.py" if name in packages else ".py")
+        files[path] = body(name) if name in modules else ""
+    return files
+
+
+def training_path_files(d: dict, dist: str) -> dict[str, str]:
+    """Stand-ins for the modules of d's training path inside the package `dist`; its own
+    __init__.py is left to make_wheel, which writes __version__ there."""
+    modules = [m for m in d["training_path"] if m.split(".")[0] == dist]
+    return {p: text for p, text in module_files(modules).items() if p != f"{dist}/__init__.py"}
+
+
 def wheels_for_env(out_dir: Path, d: dict, verl_fixture: Path | None = None,
                    weights_mb: dict[str, int] | None = None) -> list[Path]:
     """Stand-in wheels for every package a resolved environment installs; `weights_mb` gives
-    some of them a realistic size (e.g. {"torch": 512})."""
+    some of them a realistic size (e.g. {"torch": 512}). torch says which CUDA it is built for
+    (torch.version.cuda, as preflight reads it); verl holds a module for every verl module of
+    the training path, the recorded real sources among them (see importable_source)."""
     pins = [p for p in d["torch"]["packages"]]
     if d.get("vllm"):
         pins.append(f"vllm=={d['vllm']['version']}")
     pins += [f"{n}=={v}" for n, v in d["verl"]["pins"].items()]
     made = []
     for name, version in requirement_pins(pins):
-        made.append(make_wheel(out_dir, name, version,
+        files = training_path_files(d, dist_name(name))  # vllm._C for one
+        if name == "torch":
+            files["torch/version.py"] = f"__version__ = {version!r}\ncuda = {d['torch']['cuda']!r}\n"
+        made.append(make_wheel(out_dir, name, version, files=files,
                                payload=(weights_mb or {}).get(name, 0) << 20))
-    files = verl_files(verl_fixture) if verl_fixture else {}
+    files = training_path_files(d, "verl")
+    if verl_fixture:
+        files.update({path: importable_source(data) for path, data in verl_files(verl_fixture).items()})
     made.append(make_wheel(out_dir, "verl", d["verl"]["version"], files=files))
     return made
 

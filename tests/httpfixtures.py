@@ -26,6 +26,7 @@ class LoggedRequest:
     method: str
     path: str
     range: str | None
+    authorization: str | None = None
 
 
 class FileServer:
@@ -57,9 +58,10 @@ class FileServer:
         with self._lock:
             return [r for r in self.log if r.path == "/" + path.lstrip("/")]
 
-    def next_action(self, method: str, path: str, range_header: str | None):
+    def next_action(self, method: str, path: str, range_header: str | None,
+                    authorization: str | None = None):
         with self._lock:
-            self.log.append(LoggedRequest(method, path, range_header))
+            self.log.append(LoggedRequest(method, path, range_header, authorization))
             queue = self.script.get(path.lstrip("/"), [])
             return queue.pop(0) if queue else self.default
 
@@ -79,7 +81,8 @@ def _handler_for(server: FileServer):
 
         def do_GET(self):
             range_header = self.headers.get("Range")
-            action = server.next_action("GET", self.path, range_header)
+            action = server.next_action("GET", self.path, range_header,
+                                        self.headers.get("Authorization"))
             with server._lock:
                 server.in_flight += 1
                 server.max_in_flight = max(server.max_in_flight, server.in_flight)

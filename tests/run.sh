@@ -23,8 +23,11 @@ else
   echo "tests/run.sh: not root, so the Docker/registry tests will be skipped" >&2
 fi
 
+# ENVBUILD_HEAVY=1 adds the heavy tier (real multi-GB images and installs; see the README).
+heavy=()
+[ "${ENVBUILD_HEAVY:-}" = 1 ] && heavy=(-m "heavy or not heavy")
 set +e
-.venv/bin/python -m pytest -q -rs "$@"
+.venv/bin/python -m pytest -q -rs "${heavy[@]}" "$@"
 rc=$?
 set -e
 [ "$rc" = 5 ] && { echo "tests/run.sh: pytest collected no tests" >&2; exit 1; }

@@ -236,7 +236,7 @@ def test_unknown_registry_name_is_a_clear_exit_1(docker_client, config):
 def test_build_from_a_wheelhouse_with_no_index_at_all(docker_client, config, index, github, tmp_path):
     """p40 whole, apex included: its build tools and source archive come from the wheelhouse too."""
     lock = tmp_path / "lock"
-    r = envbuild(["lock", "p40", "--only", "pip", "--index-url", index, "--torch-index-url", index,
+    r = envbuild(["lock", "p40", "--only", "pip,sources", "--index-url", index, "--torch-index-url", index,
                   "--github-url", github, "-o", str(lock)], config)
     assert r.returncode == 0, r.stderr[-3000:]
     r = envbuild(["wheelhouse", "p40", "--lock-dir", str(lock), "-o", str(tmp_path / "wh"),

@@ -193,9 +193,9 @@ def test_driver_too_old_fits_nothing_and_says_the_fix(m):
     assert rec.profile is None
     [fit] = rec.fits
     assert fit.profile == "a100" and not fit.ok
-    assert "driver 470.82.01 is too old for CUDA 12.8: CUDA 12.8 needs >= 570.26" in fit.reasons[1].text
+    assert "driver 470.82.01 is too old for CUDA 12.8: CUDA 12.8 needs >= 570.124.06" in fit.reasons[1].text
     # no --cuda to suggest: torch 2.8.0 has no build for a CUDA this driver runs
-    assert fit.fixes == ("upgrade the driver to >= 570.26",)
+    assert fit.fixes == ("upgrade the driver to >= 570.124.06",)
 
 
 def test_unknown_gpu_gets_the_closest_profile_of_its_family(m):
@@ -251,7 +251,7 @@ def test_doctor_driver_too_old_exits_1_with_the_fix(m):
     assert code == 1
     checks = {c["check"]: c for c in json.loads(out)["checks"]}
     assert checks["driver"]["status"] == "fail"
-    assert checks["driver"]["fix"] == "upgrade the driver to >= 570.26"
+    assert checks["driver"]["fix"] == "upgrade the driver to >= 570.124.06"
     assert checks["GPU 0 arch"]["status"] == "ok"
 
 

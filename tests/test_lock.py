@@ -120,7 +120,7 @@ def test_lock_writes_the_six_files(p40_lock):
         "conda-lock.yml", "images.lock", "lock.json", "pylock.toml", "requirements.lock",
         "sources.lock"]
     meta = json.loads((p40_lock / "lock.json").read_text())
-    assert meta["parts"] == ["conda", "images", "pip"]
+    assert meta["parts"] == ["conda", "images", "pip", "sources"]
     assert meta["target"]["virtual_packages"]["__cuda"] == "11.8"
     assert meta["target"]["virtual_packages"]["__glibc"] == "2.35"  # Ubuntu 22.04's
     assert meta["target"]["python_platform"] == "x86_64-manylinux_2_35"

@@ -18,12 +18,13 @@ import yaml
 
 from conftest import (FIXTURES, GOLDEN, PROFILES, clean_env, envbuild_exe, record, resolved,
                       shipped, snapshot)
+from fixture_wheels import module_files
 from envbuilder import matrix as M
 from envbuilder.render import MARKER, RUN_SCRIPT, render, render_files
 from envbuilder.resolve import ResolvedEnv
 
 ALWAYS = {"Dockerfile", "environment.yml", "requirements.txt", RUN_SCRIPT, "preflight.py",
-          "envbuild-secrets.sh", MARKER}
+          "audit_precision.py", "prepare_gsm8k.py", "envbuild-secrets.sh", MARKER}
 
 
 @pytest.fixture(scope="session")
@@ -43,16 +44,19 @@ def instructions(text: str):
 
 @pytest.mark.parametrize("profile", ["p40", "4090"])
 def test_rendered_files_match_the_golden_files(profile, tmp_path):
-    """A changed golden file is reviewed like code. Regenerate: UPDATE_GOLDEN=1 pytest tests."""
+    """A changed golden file is reviewed like code. Regenerate: UPDATE_GOLDEN=1 pytest tests.
+    As `envbuild render` writes them: with the constraints of the shipped lock."""
+    from envbuilder.plan import with_constraints
+
     out = tmp_path / profile
-    render(resolved(profile), out)
+    render(with_constraints(resolved(profile)), out)
     golden = GOLDEN / profile
     if os.environ.get("UPDATE_GOLDEN") == "1":
         shutil.rmtree(golden, ignore_errors=True)
         shutil.copytree(out, golden)
     assert golden.is_dir(), f"no {golden}; create it with UPDATE_GOLDEN=1 and review it"
-    got = {p.name: p.read_bytes() for p in out.iterdir()}
-    want = {p.name: p.read_bytes() for p in golden.iterdir()}
+    got = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    want = {str(p.relative_to(golden)): p.read_bytes() for p in golden.rglob("*") if p.is_file()}
     assert sorted(got) == sorted(want), "files added or missing; rerun with UPDATE_GOLDEN=1 and review"
     for name in sorted(want):
         assert got[name] == want[name], f"{profile}/{name} differs from tests/golden/; review the diff"
@@ -69,7 +73,8 @@ def test_every_shipped_profile_renders_its_files(profile, rendered):
 
 def test_scripts_are_executable_and_the_rest_is_not(rendered):
     modes = {p.name: p.stat().st_mode & 0o777 for p in rendered["p40"].iterdir()}
-    assert modes.pop(RUN_SCRIPT) == modes.pop("preflight.py") == modes.pop("apply_patches.py") == 0o755
+    assert (modes.pop(RUN_SCRIPT) == modes.pop("preflight.py") == modes.pop("apply_patches.py")
+            == modes.pop("audit_precision.py") == modes.pop("prepare_gsm8k.py") == 0o755)
     assert set(modes.values()) == {0o644}
 
 
@@ -198,8 +203,7 @@ def test_the_run_script_carries_the_p40_settings(rendered):
     for line in ("export TORCHDYNAMO_DISABLE=1", "actor_rollout_ref.rollout.name=hf",
                  "actor_rollout_ref.rollout.dtype=float32",
                  "actor_rollout_ref.model.use_remove_padding=False",
-                 "actor_rollout_ref.actor.fsdp_config.param_offload=True",
-                 "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"):
+                 "actor_rollout_ref.actor.fsdp_config.param_offload=True"):
         assert line in script
 
 
@@ -220,7 +224,7 @@ def test_every_file_the_dockerfile_copies_is_rendered(profile, rendered):
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_the_python_files_compile(profile, rendered, tmp_path):
-    for name in ("preflight.py", "apply_patches.py"):
+    for name in ("preflight.py", "apply_patches.py", "prepare_gsm8k.py"):
         path = rendered[profile] / name
         if path.exists():
             py_compile.compile(str(path), cfile=str(tmp_path / f"{name}c"), doraise=True)
@@ -259,7 +263,8 @@ def test_verl_is_the_last_pip_layer(profile, rendered):
 
 def test_a_verl_pin_change_leaves_the_torch_layer_and_all_before_it_cached(overlay):
     """Docker's cache keys on instructions, so comments (the header names verl) don't count."""
-    verl = record("verl", "0.4.1", source="https://pypi.org/project/verl/")
+    verl = record("verl", "0.4.1", source="https://pypi.org/project/verl/",
+                  torch_source="https://pypi.org/project/verl/")
     verl["pins"] = dict(verl["pins"], transformers="4.52.4")
     folder = overlay({"verl": {"0.4.2": verl},
                       "profiles": {"p40": record("profiles", "p40", verl="0.4.2",
@@ -380,10 +385,12 @@ def preflight(profile: str, tmp_path: Path, **gpu) -> subprocess.CompletedProces
     site = tmp_path / "site"
     site.mkdir(exist_ok=True)
     (site / "torch.py").write_text(FAKE_TORCH)
-    for module in ("transformers", "verl", "vllm", "flash_attn", "apex", "amp_C"):
-        (site / f"{module}.py").write_text("")
+    env = resolved(profile)
+    for path, text in module_files(env.data["training_path"]).items():
+        (site / path).parent.mkdir(parents=True, exist_ok=True)
+        (site / path).write_text(text)
     script = tmp_path / "preflight.py"
-    script.write_text(render_files(resolved(profile))["preflight.py"])
+    script.write_text(render_files(env)["preflight.py"])
     empty_path = tmp_path / "no-nvidia-smi"
     empty_path.mkdir(exist_ok=True)
     return subprocess.run([sys.executable, str(script), "--json"], capture_output=True, text=True,

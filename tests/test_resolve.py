@@ -54,7 +54,7 @@ def test_a_missing_torch_cuda_build_suggests_the_cuda_versions_it_has():
 def test_a_driver_too_old_for_the_cuda_image_is_a_violation():
     v = violations("t4", driver="450.0")["driver"]
     assert "driver 450.0 is too old for CUDA 12.4" in v.what
-    assert "550.54.14" in v.fix
+    assert "550.54.15" in v.fix
 
 
 def test_a_driver_above_the_compat_floor_runs_in_minor_version_compatibility():
@@ -123,7 +123,7 @@ def test_a_4090_without_flash_attn_gets_bf16_and_sdpa():
 
 def test_a_4090_with_flash_attn_gets_flash_attention_2():
     env = resolved("4090", with_=["flash-attn"]).data
-    assert env["flash_attn"] == {"version": "2.5.8"}
+    assert env["flash_attn"] == {"version": "2.6.3"}  # 2.5.8 stops below torch 2.4
     assert env["attention"] == "flash_attention_2"
 
 
@@ -234,22 +234,93 @@ def patch_names(profile: str) -> list[str]:
 
 def test_a_p40_gets_the_attention_import_and_autocast_patches():
     assert patch_names("p40") == ["verl-hardcoded-fa2", "verl-optional-flash-attn-import",
-                                  "verl-hf-rollout-autocast"]
+                                  "verl-hf-rollout-autocast", "verl-actor-autocast",
+                                  "verl-critic-autocast"]
 
 
 def test_the_p40_patches_carry_its_attention_and_dtype():
     patches = {p["name"]: p for p in resolved("p40").data["patches"]}
     assert patches["verl-hardcoded-fa2"]["replace"][0]["with"] == 'attn_implementation="eager"'
-    assert "dtype=torch.float32, enabled=False" in patches["verl-hf-rollout-autocast"]["replace"][0]["with"]
+    for name in ("verl-hf-rollout-autocast", "verl-actor-autocast", "verl-critic-autocast"):
+        assert "dtype=torch.float32, enabled=False" in patches[name]["replace"][0]["with"], name
 
 
 def test_a_3090_with_flash_attention_and_bf16_needs_no_patch():
     assert patch_names("3090") == []
 
 
-def test_a_t4_on_verl_061_still_gets_the_hardcoded_fa2_patch():
-    assert patch_names("t4") == ["verl-hardcoded-fa2"]
-    assert resolved("t4").data["patches"][0]["replace"][0]["with"] == 'attn_implementation="sdpa"'
+def test_a_t4_on_verl_061_gets_the_fa2_and_the_critic_autocast_patches():
+    assert patch_names("t4") == ["verl-hardcoded-fa2", "verl-critic-autocast"]
+    patches = {p["name"]: p for p in resolved("t4").data["patches"]}
+    assert patches["verl-hardcoded-fa2"]["replace"][0]["with"] == 'attn_implementation="sdpa"'
+    # the critic trains in fp32 (no loss scaler), though the T4 computes its inference in fp16
+    assert patches["verl-critic-autocast"]["replace"][0]["with"].endswith(
+        "dtype=torch.float32, enabled=False)")
+
+
+# -- the dtype of each part of the run ---------------------------------------------------------
+
+@pytest.mark.parametrize("profile, want", [
+    ("p40", dict(actor="fp32", critic="fp32", ref="fp32", rollout="fp32")),
+    ("t4", dict(actor="fp32", critic="fp32", ref="fp16", rollout="fp16")),
+    ("v100", dict(actor="fp32", critic="fp32", ref="fp16", rollout="fp16")),
+    ("4090", dict(actor="bf16", critic="bf16", ref="bf16", rollout="bf16")),
+    ("h200", dict(actor="bf16", critic="bf16", ref="bf16", rollout="bf16")),
+])
+def test_each_part_computes_in_what_the_gpu_and_verl_support(profile, want):
+    assert resolved(profile).data["precision"] == want
+
+
+def test_the_parts_follow_the_matrix_not_the_gpu_name(overlay):
+    """A verl release recorded with an fp16 loss scaler for its actor trains the actor in fp16."""
+    rec = record("verl", "0.6.1", source="https://example.org")
+    rec["precision"] = dict(rec["precision"], actor=["bf16", "fp16", "fp32"])
+    folder = overlay({"verl": {"0.6.1": rec}})
+    d = resolved("t4", M.load((folder,))).data
+    assert d["precision"]["actor"] == "fp16" and d["precision"]["critic"] == "fp32"
+
+
+def test_a_fp16_verl_041_run_patches_the_actor_with_its_training_dtype_and_the_rollout_with_fp16():
+    d = resolved("t4", verl="0.4.1", rollout="hf", vllm=None).data
+    patches = {p["name"]: p["replace"][0]["with"] for p in d["patches"]}
+    assert "dtype=torch.float32, enabled=False" in patches["verl-actor-autocast"]
+    assert "dtype=torch.float16, enabled=True" in patches["verl-hf-rollout-autocast"]
+
+
+def test_the_audit_checks_what_the_gpu_lacks_with_the_releases_reviewed_lines():
+    p40, t4, h200 = (resolved(p).data["audit"] for p in ("p40", "t4", "h200"))
+    assert p40["checks"] == ["autocast_bf16", "flash_attention_2"]
+    assert [r["name"] for r in p40["reviewed"]] == ["verl-reward-model-autocast"]
+    assert h200 == {"checks": [], "reviewed": []}
+    holds = {r["name"]: r["holds"] for r in t4["reviewed"]}
+    assert holds["verl-actor-attention-default"] == {
+        "actor_rollout_ref.model.override_config.attn_implementation": "sdpa"}
+    assert holds["verl-reward-model-autocast"] == {"reward_model.enable": False}
+    # a bf16 card without flash-attn checks the attention only
+    assert resolved("4090").data["audit"]["checks"] == ["flash_attention_2"]
+
+
+def test_the_allocator_setting_goes_to_small_cards_but_not_with_vllms_sleep_mode():
+    assert resolved("p40").data["cuda_alloc_conf"]["value"] == "expandable_segments:True"
+    t4 = resolved("t4").data["cuda_alloc_conf"]
+    assert t4["value"] is None and "sleep mode" in t4["why"]
+    assert resolved("h200").data["cuda_alloc_conf"] is None
+    assert resolved("v100").data["cuda_alloc_conf"] is None  # 32 GB
+
+
+def test_a_patch_naming_an_unknown_value_is_refused_when_the_matrix_loads(overlay):
+    rec = record("patches", "verl-critic-autocast", source="https://example.org")
+    rec["replace"] = [{"find": "x", "with": "dtype=torch.{critic_dtpe}"}]
+    folder = overlay({"patches": {"verl-critic-autocast": rec}})
+    with pytest.raises(UserError, match=r"\{critic_dtpe\} is not a value envbuild fills in"):
+        M.load((folder,))
+
+
+def test_a_release_naming_an_unknown_reviewed_exception_is_refused(overlay):
+    folder = overlay({"verl": {"0.6.1": record("verl", "0.6.1", reviewed=["nope"],
+                                                       source="https://example.org")}})
+    with pytest.raises(UserError, match="verl.0.6.1.reviewed names 'nope'"):
+        M.load((folder,))
 
 
 # -- the whole ---------------------------------------------------------------------------------
@@ -271,3 +342,57 @@ def test_a_rollout_envbuild_cannot_install_is_refused():
 def test_flash_attn_brings_what_it_imports_at_run_time():
     env = resolved("4090", with_=["flash-attn"]).data
     assert env["verl"]["pins"]["einops"] == "0.8.1"
+
+
+# -- verl's torch floor (its own imports, not in its METADATA) -----------------------------------
+
+def test_verl_041_with_torch_231_is_refused_because_fsdp_workers_need_devicemesh():
+    v = violations("4090", torch="2.3.1")["verl-torch"]
+    assert v.hard
+    assert "verl 0.4.1 needs torch>=2.4, not 2.3.1" in v.what
+    assert "DeviceMesh" in v.why and "verl.workers.fsdp_workers" in v.why
+
+
+def test_the_verl_torch_fix_resolves():
+    fix = violations("4090", torch="2.3.1")["verl-torch"].fix
+    torch = re.search(r"--torch (\S+)", fix).group(1)
+    env = resolved("4090", torch=torch).data
+    assert env["torch"]["version"] == torch and env["cuda"]["version"] == "12.1"
+
+
+def test_every_shipped_profile_meets_its_verls_torch_floor():
+    for name in PROFILES:
+        d = resolved(name).data
+        floor = M.load().verl[d["verl"]["version"]]["torch"]
+        assert M.in_range(d["torch"]["version"], floor), name
+
+
+# -- shared dependencies: what two installed packages require of a third ------------------------
+
+def test_t4_gets_the_ray_that_vllm_085_can_live_with():
+    pins = resolved("t4").data["verl"]["pins"]
+    assert pins["ray[default]"] == "2.47.1"  # vllm.yaml's pairing over verl 0.6.1's 2.49.2
+
+
+def test_ray_249_with_vllm_085_is_refused_naming_opentelemetry(overlay):
+    prof = record("profiles", "t4", pins={"ray[default]": "2.49.2"}, source="https://example.org")
+    v = violations("t4", M.load((overlay({"profiles": {"t4": prof}}),)))["shared-dependency"]
+    assert v.hard
+    assert "vllm==0.8.5.post1" in v.what and "ray[default]==2.49.2" in v.what
+    assert "opentelemetry-sdk>=1.26.0,<1.27.0" in v.why and "opentelemetry-sdk>=1.30.0" in v.why
+
+
+def test_a_pin_outside_a_packages_requirement_is_refused(overlay):
+    prof = record("profiles", "t4", pins={"opentelemetry-sdk": "1.30.0"},
+                  source="https://example.org")
+    v = violations("t4", M.load((overlay({"profiles": {"t4": prof}}),)))["shared-dependency"]
+    assert "opentelemetry-sdk==1.30.0 is pinned but vllm==0.8.5.post1 needs" in v.what
+
+
+def test_overlapping_requirements_pass():
+    from envbuilder.versions import ranges_overlap
+
+    assert ranges_overlap(">=1.26.0,<1.27.0", ">=1.26.5")
+    assert not ranges_overlap(">=1.26.0,<1.27.0", ">=1.30.0")
+    assert not ranges_overlap("<1.27", ">=1.27") and ranges_overlap("<=1.27", ">=1.27")
+    assert ranges_overlap("==2.0", ">=1.0,<3") and not ranges_overlap("==2.0", ">2.0")

@@ -3,8 +3,8 @@ torch/transformers/accelerate/verl wheels and the real hydra-core (see verifyfix
 pypiserver; real venvs, real uv installs, real `pip check`, real imports in fresh interpreters,
 and the rendered run script composed through real Hydra with verl 0.4.1's own config.
 
-The last test (`real_install`) installs a shipped profile from PyPI; it runs only when asked
-for (`-m real_install` or ENVBUILD_REAL_INSTALL=1), see the README.
+The last test (marker `heavy`) installs a shipped profile from PyPI; it runs only when asked
+for (`-m heavy` or ENVBUILD_HEAVY=1 tests/run.sh), see the README.
 """
 
 from __future__ import annotations
@@ -396,12 +396,12 @@ def test_render_does_not_load_verify():
     assert "envbuilder.verify" not in out and "envbuilder.cli_verify" not in out
 
 
-# ---- the real thing (opt-in: -m real_install, or ENVBUILD_REAL_INSTALL=1) ---------------------------
+# ---- the real thing (opt-in: -m heavy, or ENVBUILD_HEAVY=1 tests/run.sh) -------------------------
 
-REAL_PROFILES = os.environ.get("ENVBUILD_REAL_INSTALL_PROFILES", "4090").split(",")
+REAL_PROFILES = os.environ.get("ENVBUILD_VERIFY_PROFILES", "4090").split(",")
 
 
-@pytest.mark.real_install
+@pytest.mark.heavy
 @pytest.mark.parametrize("profile", REAL_PROFILES)
 def test_real_install_of_a_shipped_profile(profile, tmp_path):
     """The profile's real pins from PyPI (GBs): every layer installs with a clean pip check,

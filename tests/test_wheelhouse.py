@@ -213,3 +213,10 @@ def test_render_with_a_wheelhouse_refuses_flash_attn_it_cannot_pin(exported, cap
     code, _, err = envbuild(capsys, "render", "3090", "--wheelhouse", exported, "-o", "/nonexistent/x")
     assert code == 2
     assert "--without flash-attn" in err
+
+
+def test_a_build_index_that_is_no_url_is_bad_input(p40_lock, tmp_path, capsys):
+    code, _, err = envbuild(capsys, "wheelhouse", "p40", "--lock-dir", p40_lock, "-o",
+                            tmp_path / "wh", "--build-index-url", "pypi.org/simple")
+    assert code == 2 and "is not an index URL" in err and "Traceback" not in err
+    assert not (tmp_path / "wh").exists()

@@ -90,11 +90,16 @@ def _version(dist: str) -> str:
 
 def lock_profile(env: ResolvedEnv, glibc: str, sources: Sources, out_dir: Path, *,
                  overlays: tuple[Path, ...] = (), parts=tuple(L.PARTS), solver: str = "rattler",
+                 swap_torch: bool = False,
                  say: Callable[[str], None] = lambda msg: None) -> dict:
-    """Solve, pin and write lockfiles for `env` into `out_dir`; returns lock.json's content."""
+    """Solve, pin and write lockfiles for `env` into `out_dir`; returns lock.json's content.
+    `swap_torch` solves the pip part with PyPI's build of the profile's torch version: such a
+    lock pins everything else (render's constraints) but cannot install the +cuXXX torch."""
+    from ..plan import plan_sha256, torch_swap
     from .conda import virtual_packages
     from .pip import parse, python_platform
 
+    parts = L.parts_for(env, parts)
     digests = L.input_digests(env, overlays)
     input_sha = L.input_sha256(digests)
     vpkgs = virtual_packages(env, glibc)
@@ -102,22 +107,24 @@ def lock_profile(env: ResolvedEnv, glibc: str, sources: Sources, out_dir: Path, 
     tools = {"envbuild": env.data["envbuild_version"]}
     pylock = None
     parents: dict[str, frozenset[str]] = {}
+    swapped = torch_swap(env) if swap_torch else None
     if "pip" in parts:
         from .pip import compile_lock, uv_version
 
         say(f"{env.name}: pip part: uv pip compile for Python {env.data['python']} on "
             f"{python_platform(glibc)} via {sources.pypi}"
-            + (f" + {sources.torch}" if sources.torch else ""))
-        files[L.REQUIREMENTS], files[L.PYLOCK], pylock = compile_lock(env, glibc, sources.pypi,
-                                                                      sources.torch)
+            + (f" + {sources.torch}" if sources.torch and not swapped else "")
+            + (f" (torch {swapped})" if swapped else ""))
+        files[L.REQUIREMENTS], files[L.PYLOCK], pylock = compile_lock(
+            env, glibc, sources.pypi, sources.torch, swap_torch=bool(swapped))
         parents = {n: e.parents for n, e in parse(files[L.REQUIREMENTS]).items()}
         tools["uv"] = uv_version()
-        if env.data["apex"]:
-            from .sources import lock_sources
+    if "sources" in parts and env.data["apex"]:
+        from .sources import lock_sources
 
-            say(f"{env.name}: apex source {env.data['apex']['url']}"
-                + (f" via {sources.github}" if sources.github else ""))
-            files[L.SOURCES] = L.dumps(lock_sources(env, sources.github))
+        say(f"{env.name}: apex source {env.data['apex']['url']}"
+            + (f" via {sources.github}" if sources.github else ""))
+        files[L.SOURCES] = L.dumps(lock_sources(env, sources.github))
     if "conda" in parts:
         import tempfile
 
@@ -149,6 +156,8 @@ def lock_profile(env: ResolvedEnv, glibc: str, sources: Sources, out_dir: Path, 
         "profile": env.name,
         "input_sha256": input_sha,
         "env_sha256": L.env_sha256(env),
+        "plan_sha256": plan_sha256(env),
+        **({"torch_swapped": swapped} if swapped else {}),
         "inputs": digests,
         "parts": sorted(parts),
         "solver": solver if "conda" in parts else None,

@@ -20,8 +20,13 @@ REQUIREMENTS = "requirements.lock"
 PYLOCK = "pylock.toml"  # written with the pip part: the same pins with file URLs (PEP 751)
 SOURCES = "sources.lock"  # written with the pip part where apex is built: its archive's sha256
 IMAGES = "images.lock"
-# part -> the file that holds it
-PARTS = {"conda": CONDA_LOCK, "pip": REQUIREMENTS, "images": IMAGES}
+# part -> the file that holds it ("sources" only where apex is compiled)
+PARTS = {"conda": CONDA_LOCK, "pip": REQUIREMENTS, "sources": SOURCES, "images": IMAGES}
+
+
+def parts_for(env: ResolvedEnv, parts=tuple(PARTS)) -> list[str]:
+    """The parts of `parts` that `env` has (no sources part without apex)."""
+    return [p for p in parts if p != "sources" or env.data["apex"]]
 
 
 def sha256_text(text: str) -> str:
@@ -73,21 +78,33 @@ def read_meta(lock_dir: Path) -> dict | None:
     return meta
 
 
-def problems(env: ResolvedEnv, lock_dir: Path, overlays: tuple[Path, ...] = ()) -> list[str]:
-    """Why the lock in `lock_dir` is not current for `env` (empty when it is). No network."""
+def problems(env: ResolvedEnv, lock_dir: Path, overlays: tuple[Path, ...] = (),
+             parts=tuple(PARTS)) -> list[str]:
+    """Why the lock in `lock_dir` is not current for `env` (empty when it is). No network.
+    Checking only the pip part, a lock is stale when what the solver saw changed (the plan's
+    requirements, Python, CUDA image); with the conda part or images, when any input did."""
+    from ..plan import plan_sha256
+
     lock_dir = Path(lock_dir)
     meta = read_meta(lock_dir)
     if meta is None:
         return [f"missing: no {lock_dir / META}"]
     out = []
+    parts = parts_for(env, parts)
     if meta.get("profile") != env.name:
         out.append(f"is the lock of profile {meta.get('profile')!r}, not {env.name!r}")
-    now = input_digests(env, overlays)
-    if meta.get("input_sha256") != input_sha256(now):
-        then = meta.get("inputs", {})
-        changed = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))
-        out.append("stale: changed since locking: " + ", ".join(changed or ["(inputs)"]))
-    for part, name in PARTS.items():
+    if set(parts) <= {"pip", "sources"}:
+        if meta.get("plan_sha256") != plan_sha256(env):
+            out.append("stale: the pip plan (requirements, Python, CUDA image) changed since "
+                       "locking")
+    else:
+        now = input_digests(env, overlays)
+        if meta.get("input_sha256") != input_sha256(now):
+            then = meta.get("inputs", {})
+            changed = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))
+            out.append("stale: changed since locking: " + ", ".join(changed or ["(inputs)"]))
+    for part in parts:
+        name = PARTS[part]
         if part not in meta.get("parts", []):
             out.append(f"incomplete: {name} was not locked (made with --only "
                        f"{','.join(meta.get('parts', []))})")
@@ -99,9 +116,8 @@ def problems(env: ResolvedEnv, lock_dir: Path, overlays: tuple[Path, ...] = ()) 
             continue
         if sha256_text(text) != meta.get("files", {}).get(name):
             out.append(f"modified: {name} differs from what `envbuild lock` wrote (sha256)")
-    if "pip" in meta.get("parts", []):
-        wanted = [PYLOCK] + ([SOURCES] if env.data["apex"] else [])
-        for name in wanted:
+    if "pip" in meta.get("parts", []) and "pip" in parts:
+        for name in [PYLOCK]:
             if name not in meta.get("files", {}):
                 out.append(f"incomplete: no {name} (made by an older envbuild; re-lock)")
     return out
@@ -130,6 +146,13 @@ def for_render(env: ResolvedEnv, lock_dir: Path, wheelhouse: Path | None = None)
         raise UserError(f"The lock in {lock_dir} was made for another resolved environment than "
                         f"{env.name!r} resolves to now (matrices or overrides changed). Re-lock with "
                         f"`envbuild lock {env.name}` (with the same overrides).")
+    if meta.get("torch_swapped"):
+        raise UserError(f"The lock in {lock_dir} was solved with PyPI's torch in place of the "
+                        f"profile's ({meta['torch_swapped']}), because the PyTorch index was out "
+                        "of reach: it pins everything else (a plain render uses it as constraints) "
+                        "but cannot install this torch with --require-hashes. Re-lock with "
+                        f"`envbuild lock {env.name}` where the PyTorch index (or its mirror: "
+                        "--torch-index-url) answers.")
     needed = ("pip",) if wheelhouse is not None else ("pip", "images")
     missing = [PARTS[p] for p in needed if p not in meta.get("parts", [])]
     if missing:
@@ -160,18 +183,23 @@ def for_render(env: ResolvedEnv, lock_dir: Path, wheelhouse: Path | None = None)
             raise UserError(f"{lock_dir / IMAGES} has no digest for {ref}; re-lock.")
         else:
             pinned[role] = ref
-    layers, files = layer_files(env, texts[REQUIREMENTS])
+    requirements, links = texts[REQUIREMENTS], {}
+    if wheelhouse is not None:  # the wheels built from the lock's sdists install in their place
+        from .pip import replace_hashes
+
+        links, built = wheelhouse_files(env, Path(wheelhouse))
+        requirements = replace_hashes(requirements, built)
+    layers, files = layer_files(env, requirements)
     apex_source = json.loads(texts[SOURCES])["apex"] if SOURCES in texts else None
-    out = {"images": pinned, "images_pinned": IMAGES in texts, "layers": layers, "files": files,
-           "input_sha256": meta["input_sha256"], "wheelhouse": wheelhouse is not None, "links": {},
-           "apex_source": apex_source}
-    if wheelhouse is not None:
-        out["links"] = wheelhouse_links(env, Path(wheelhouse))
-    return out
+    return {"images": pinned, "images_pinned": IMAGES in texts, "layers": layers, "files": files,
+            "input_sha256": meta["input_sha256"], "wheelhouse": wheelhouse is not None,
+            "links": links, "apex_source": apex_source}
 
 
-def wheelhouse_links(env: ResolvedEnv, wheelhouse: Path) -> dict[str, Path]:
-    """{build-context path: wheelhouse file} for the pip files the profile needs."""
+def wheelhouse_files(env: ResolvedEnv,
+                     wheelhouse: Path) -> tuple[dict[str, Path], dict[str, tuple[str, ...]]]:
+    """({build-context path: wheelhouse file} for the pip files the profile needs, {package:
+    ("sha256:..." of the wheel built from its sdist,)})."""
     try:
         manifest = json.loads((wheelhouse / "manifest.json").read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
@@ -182,6 +210,22 @@ def wheelhouse_links(env: ResolvedEnv, wheelhouse: Path) -> dict[str, Path]:
         raise UserError(f"The wheelhouse {wheelhouse} holds no complete export of {env.name} "
                         f"(it has: {', '.join(manifest.get('profiles', {})) or 'none'}). Run "
                         f"`envbuild wheelhouse {env.name} -o {wheelhouse}`.")
+    from ..wheelbuild import is_sdist
+
+    built, files = profile.get("built") or {}, manifest.get("files", {})
+    unbuilt = sorted(f["name"] for p, f in files.items()
+                     if p in profile["files"] and f.get("kind") == "pip" and is_sdist(p)
+                     and f.get("name") not in built)
+    if unbuilt:
+        raise UserError(f"The wheelhouse {wheelhouse} holds {', '.join(unbuilt)} of {env.name} as "
+                        "sdists only (exported by an older envbuild), which an offline build "
+                        "cannot build. Export it again with `envbuild wheelhouse "
+                        f"{env.name} -o {wheelhouse}`: that builds them into wheels.")
+    if any(p not in files or p not in profile["files"] for p in built.values()):
+        raise UserError(f"{wheelhouse / 'manifest.json'} names built wheels of {env.name} it does "
+                        f"not list; export it again with `envbuild wheelhouse {env.name} -o "
+                        f"{wheelhouse}`.")
+    hashes = {name: (f"sha256:{files[p]['sha256']}",) for name, p in built.items()}
     # pip files flat (pip's --find-links), source archives under sources/
     links = {}
     for p in profile["files"]:
@@ -189,4 +233,4 @@ def wheelhouse_links(env: ResolvedEnv, wheelhouse: Path) -> dict[str, Path]:
             links["wheelhouse/" + p[len("pypi/"):]] = wheelhouse / p
         elif p.startswith("sources/"):
             links["wheelhouse/" + p] = wheelhouse / p
-    return links
+    return links, hashes

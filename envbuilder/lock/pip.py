@@ -4,57 +4,17 @@ and the split of requirements.lock into the Dockerfile's install layers."""
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import NamedTuple
 
 from ..errors import ActionError, UserError
+from ..plan import (BUILD_TOOLS, LAYERS, Locked, _HASH, _REQ, layer_roots, layers,  # noqa: F401
+                    needs_builder, normalize, parse, requirements_in)
 from ..resolve import ResolvedEnv
 
-# Dockerfile install layers, most expensive first; each installs what its roots pull in that no
-# earlier layer installed.
-LAYERS = ("torch", "vllm", "verl-deps", "verl")
-# What the builder stage installs beside torch to compile apex / flash-attn; locked with the rest
-# so a locked or offline build pins them too. Installed in the builder only, never at run time.
-BUILD_TOOLS = ("packaging", "ninja", "wheel", "setuptools", "psutil")
-_REQ = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==(\S+)")
-_HASH = re.compile(r"--hash=(sha256:[0-9a-f]{64})")
 _NETWORK = ("Failed to fetch", "error sending request", "Connection refused", "dns error",
             "timed out", "Could not connect", "tcp connect error", "operation timed out")
-
-
-class Locked(NamedTuple):
-    version: str
-    hashes: tuple[str, ...]
-    parents: frozenset[str]  # packages that pull this one in ("" = asked for directly)
-
-
-def normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name.split("[")[0]).lower()
-
-
-def layer_roots(env: ResolvedEnv) -> dict[str, list[str]]:
-    """The requirements each install layer asks for, as the unlocked Dockerfile does."""
-    d = env.data
-    return {
-        "torch": list(d["torch"]["packages"]),
-        "vllm": [f"vllm=={d['vllm']['version']}"] if d["vllm"] else [],
-        "verl-deps": [f"{name}=={version}" for name, version in d["verl"]["pins"].items()],
-        "verl": [f"verl=={d['verl']['version']}"],
-    }
-
-
-def needs_builder(env: ResolvedEnv) -> bool:
-    return bool(env.data["apex"] or env.data["flash_attn"])
-
-
-def requirements_in(env: ResolvedEnv) -> str:
-    reqs = [r for layer in layer_roots(env).values() for r in layer]
-    if needs_builder(env):
-        reqs += list(BUILD_TOOLS)
-    return "".join(f"{r}\n" for r in reqs)
 
 
 def python_platform(glibc: str) -> str:
@@ -121,6 +81,49 @@ def _run_uv(args: list[str], cwd: Path, indexes: list[str]) -> None:
                     "platform) on these indexes.")
 
 
+def _compile(env: ResolvedEnv, glibc: str, pypi: str, torch: str | None, swap_torch: bool,
+             outputs: dict[str, list[str]]) -> dict[str, str]:
+    """Run `uv pip compile` of the plan once per output file ({name: extra args}) for the
+    target's Python and platform; {name: text}. `swap_torch`: PyPI's build of the profile's
+    torch version, no PyTorch index."""
+    if swap_torch:
+        torch = None
+    indexes = [pypi] + ([torch] if torch else [])
+    args = compile_args(env.name, env.data["python"], glibc, pypi, torch)
+    with tempfile.TemporaryDirectory(prefix="envbuild-lock-") as tmp:
+        tmp = Path(tmp)
+        (tmp / "requirements.in").write_text(requirements_in(env, swap_torch), encoding="utf-8")
+        for name, extra in outputs.items():
+            _run_uv(["requirements.in", *args, *extra, "--quiet", "-o", name], tmp, indexes)
+        return {name: (tmp / name).read_text(encoding="utf-8") for name in outputs}
+
+
+def co_resolve(env: ResolvedEnv, glibc: str, pypi: str, torch: str | None,
+               swap_torch: bool = False) -> dict[str, Locked]:
+    """Resolve the whole pinned set with uv for the target's Python and platform, as one
+    solution; UserError naming the conflict when there is none."""
+    return parse(_compile(env, glibc, pypi, torch, swap_torch, {"resolved.txt": []})["resolved.txt"])
+
+
+def index_answers(url: str, timeout: float = 5.0) -> bool:
+    """True when a PEP 503 index answers at all (its root, or its `torch/` page)."""
+    import urllib.error
+    import urllib.request
+
+    for probe in (url.rstrip("/") + "/torch/", url.rstrip("/") + "/"):
+        try:
+            with urllib.request.urlopen(urllib.request.Request(probe, method="HEAD"),
+                                        timeout=timeout) as r:
+                if r.status < 400:
+                    return True
+        except urllib.error.HTTPError as e:
+            if e.code < 500 and e.code != 404:
+                return True
+        except (OSError, ValueError):
+            pass
+    return False
+
+
 def load_toml(text: str) -> dict:
     try:
         import tomllib
@@ -129,22 +132,17 @@ def load_toml(text: str) -> dict:
     return tomllib.loads(text)
 
 
-def compile_lock(env: ResolvedEnv, glibc: str, pypi: str, torch: str | None) -> tuple[str, str, dict]:
+def compile_lock(env: ResolvedEnv, glibc: str, pypi: str, torch: str | None,
+                 swap_torch: bool = False) -> tuple[str, str, dict]:
     """(requirements.lock text, pylock.toml text, pylock.toml as a dict): the hashed pins, and
-    one artifact URL + sha256 per package (PEP 751)."""
+    one artifact URL + sha256 per package (PEP 751). `swap_torch`: solve with PyPI's build of
+    the profile's torch version (no PyTorch index)."""
 
-    indexes = [pypi] + ([torch] if torch else [])
-    args = compile_args(env.name, env.data["python"], glibc, pypi, torch)
-    with tempfile.TemporaryDirectory(prefix="envbuild-lock-") as tmp:
-        tmp = Path(tmp)
-        (tmp / "requirements.in").write_text(requirements_in(env), encoding="utf-8")
-        _run_uv(["requirements.in", *args, "--generate-hashes", "--quiet", "-o",
-                 "requirements.lock"], tmp, indexes)
-        # pylock.toml (PEP 751): the one file per package that fits the target, with its URL
-        _run_uv(["requirements.in", *args, "--quiet", "-o", "pylock.toml"], tmp, indexes)
-        text = (tmp / "requirements.lock").read_text(encoding="utf-8")
-        pylock_text = (tmp / "pylock.toml").read_text(encoding="utf-8")
-        pylock = load_toml(pylock_text)
+    # pylock.toml (PEP 751): the one file per package that fits the target, with its URL
+    out = _compile(env, glibc, pypi, torch, swap_torch,
+                   {"requirements.lock": ["--generate-hashes"], "pylock.toml": []})
+    text, pylock_text = out["requirements.lock"], out["pylock.toml"]
+    pylock = load_toml(pylock_text)
     locked = {(n, p.version) for n, p in parse(text).items()}
     other = {(normalize(p["name"]), p["version"]) for p in pylock.get("packages", [])}
     if locked != other:
@@ -154,72 +152,34 @@ def compile_lock(env: ResolvedEnv, glibc: str, pypi: str, torch: str | None) -> 
     return text, pylock_text, pylock
 
 
-def parse(text: str) -> dict[str, Locked]:
-    """requirements.lock (uv's format, annotated) -> {normalized name: Locked}."""
-    out: dict[str, Locked] = {}
-    name = version = None
-    hashes: list[str] = []
-    parents: set[str] = set()
-    in_via = False
-
-    def flush():
-        if name:
-            out[name] = Locked(version, tuple(hashes), frozenset(parents))
-
-    for line in text.splitlines():
+def replace_hashes(text: str, hashes: dict[str, tuple[str, ...]]) -> str:
+    """requirements.lock text with the hash list of each package in `hashes` ({normalized
+    name: ("sha256:...", ...)}) replaced: the requirement line keeps its pin and marker, the
+    comments stay. Every name must be pinned in the text."""
+    out: list[str] = []
+    seen: set[str] = set()
+    lines = iter(text.splitlines())
+    for line in lines:
         m = _REQ.match(line)
-        if m:
-            flush()
-            name, version, hashes, parents, in_via = normalize(m[1]), m[2], [], set(), False
-            hashes += _HASH.findall(line)
+        name = normalize(m[1]) if m else None
+        if name not in hashes:
+            out.append(line)
             continue
-        stripped = line.strip()
-        hashes += _HASH.findall(stripped)
-        if stripped.startswith("# via"):
-            rest = stripped[len("# via"):].strip()
-            in_via = not rest
-            if rest:
-                parents.add("" if rest.startswith("-r ") else normalize(rest))
-        elif in_via and stripped.startswith("#   "):
-            rest = stripped[4:].strip()
-            parents.add("" if rest.startswith("-r ") else normalize(rest))
-        elif not stripped.startswith("#"):
-            in_via = False
-    flush()
-    return out
-
-
-def layers(env: ResolvedEnv, locked: dict[str, Locked]) -> dict[str, list[str]]:
-    """Each layer's packages: the closure of its roots over the lock's dependency edges, minus
-    what an earlier layer installs. Anything left over goes into the last layer. The builder's
-    `build` layer is the closure of the build tools on its own (it may overlap the others)."""
-    children: dict[str, set[str]] = {}
-    for name, entry in locked.items():
-        for parent in entry.parents:
-            children.setdefault(parent, set()).add(name)
-
-    def closure(roots, skip=frozenset()) -> set[str]:
-        todo = [normalize(_REQ.match(r)[1]) if _REQ.match(r) else normalize(r) for r in roots]
-        mine: set[str] = set()
-        while todo:
-            n = todo.pop()
-            if n in skip or n in mine or n not in locked:
-                continue
-            mine.add(n)
-            todo += children.get(n, ())
-        return mine
-
-    done: set[str] = set()
-    out: dict[str, list[str]] = {}
-    for layer, roots in layer_roots(env).items():
-        mine = closure(roots, frozenset(done))
-        done |= mine
-        out[layer] = sorted(mine)
-    build = closure(BUILD_TOOLS) if needs_builder(env) else set()
-    out[LAYERS[-1]] = sorted(set(out[LAYERS[-1]]) | (set(locked) - done - build))
-    if needs_builder(env):
-        out["build"] = sorted(build)
-    return out
+        statement = [line]
+        while statement[-1].rstrip().endswith("\\"):  # the requirement's continuation lines
+            nxt = next(lines, None)
+            if nxt is None:
+                break
+            statement.append(nxt)
+        head = _HASH.sub("", statement[0]).rstrip().removesuffix("\\").rstrip()
+        new = [head] + [f"    --hash={h}" for h in hashes[name]]
+        out.append(" \\\n".join(new))
+        seen.add(name)
+    missing = sorted(set(hashes) - seen)
+    if missing:
+        raise UserError(f"requirements.lock pins no {', '.join(missing)}, which pylock.toml "
+                        "pins; the lock is inconsistent. Re-lock with `envbuild lock`.")
+    return "\n".join(out) + ("\n" if text.endswith("\n") else "")
 
 
 def layer_files(env: ResolvedEnv, text: str) -> tuple[dict[str, str | None], dict[str, str]]:

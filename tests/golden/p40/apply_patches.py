@@ -15,6 +15,10 @@ PATCHES = [
     (["verl/workers/actor/dp_actor.py", "verl/workers/critic/dp_critic.py"], [("if is_cuda_available:\n    from flash_attn.bert_padding import index_first_axis, pad_input, rearrange, unpad_input\n", "if is_cuda_available:\n    try:  # envbuild: no flash-attn below CC 8.0; unpadding stays off\n        from flash_attn.bert_padding import index_first_axis, pad_input, rearrange, unpad_input\n    except ImportError:\n        pass\n")]),
     # verl-hf-rollout-autocast: the HF rollout generates under torch.autocast(dtype=torch.bfloat16), hard-coded, which GPUs below CC 8.0 cannot run natively
     (["verl/workers/rollout/hf_rollout.py"], [("torch.autocast(device_type=get_device_name(), dtype=torch.bfloat16)", "torch.autocast(device_type=get_device_name(), dtype=torch.float32, enabled=False)")]),
+    # verl-actor-autocast: verl 0.4.x-0.5.x run the actor's forward (old log-probs and the PPO update; the reference model's log-probs go through the same class) under torch.autocast(dtype=torch.bfloat16), hard-coded in dp_actor.py. 0.6.x takes the dtype from actor.fsdp_config.dtype instead, which the run script sets (verl.yaml autocast_keys). The reference model shares the line, so it takes the actor's dtype here; it still computes in its FSDP param dtype (ref.fsdp_config.mixed_precision.param_dtype), which the run script sets to the inference dtype
+    (["verl/workers/actor/dp_actor.py"], [("torch.autocast(device_type=self.device_name, dtype=torch.bfloat16)", "torch.autocast(device_type=self.device_name, dtype=torch.float32, enabled=False)")]),
+    # verl-critic-autocast: the critic's forward (values and the value update) runs under torch.autocast(dtype=torch.bfloat16), hard-coded in dp_critic.py from 0.4.x through 0.6.x (0.6.x has critic.model.fsdp_config.dtype but dp_critic.py does not read it)
+    (["verl/workers/critic/dp_critic.py"], [("torch.autocast(device_type=self.device_name, dtype=torch.bfloat16)", "torch.autocast(device_type=self.device_name, dtype=torch.float32, enabled=False)")]),
 ]
 
 

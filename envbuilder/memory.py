@@ -1,0 +1,517 @@
+"""How much GPU memory a verl PPO run needs per GPU, and the largest batch sizes that fit.
+
+Pure arithmetic, no torch: the profile's dtype, attention, rollout and `train` block, the model's
+architecture (matrices/models.yaml) and a few constants (matrices/memory.yaml). The resolver calls
+`plan()` and keeps what it returns as `env.data["memory"]`; the run script only formats it;
+`envbuild show --memory` prints it. bench/memory_gpu.py checks it on a real GPU.
+
+verl runs actor, rollout, reference and critic in one process per GPU, one phase at a time, so
+the peak is the largest phase, and each phase is the state resident then plus its working set:
+
+  generate       rollout and validation generation. HF rollout: `model.generate` on the actor's
+                 own FSDP module; vLLM: the engine's `gpu_memory_utilization` share of the card
+  log_prob       old-policy and reference log-probs: a forward without grad, entropy included
+  actor_update   forward + backward at the actor's micro-batch (gradients accumulating)
+  actor_step     Adam's step: no activations, but a parameter-sized temporary
+  critic_update, critic_step   the same for the critic (a value head, no vocabulary logits)
+
+State, per GPU (n = n_gpus; FSDP shards every role's state over the n GPUs):
+  fp32 master weights  4 B × params / n. The actor and critic keep fp32 weights whatever the
+                       compute dtype (the run script's comment says why); LoRA freezes the base
+                       but verl still loads it in fp32.
+  compute copy         FSDP mixed precision runs forward and backward on a bf16 copy: the whole
+                       model on one GPU (NO_SHARD keeps it), the gathered units (the root unit -
+                       embeddings, lm_head - and two decoder layers, with their gradients) on n > 1
+  gradients            4 B × trainable / n (fp32; only the LoRA adapters when lora_rank > 0)
+  Adam                 8 B × trainable / n (exp_avg and exp_avg_sq, fp32)
+  Adam step temporary  4 B × trainable / n (torch's foreach Adam takes the sqrt of exp_avg_sq
+                       into a new list of tensors)
+  reference            2 or 4 B × params / n, unless param_offload (FSDP CPUOffload streams it
+                       per layer) or LoRA (the actor without its adapters is the reference)
+Outside its own phases a role's weights stay on the GPU unless param_offload, its Adam state
+unless optimizer_offload; verl loads both back for the role's own phase, so offload never
+shrinks a role's own update.
+
+Working sets, at batch b, sequence s = prompt + response (padded: the worst case; remove-padding
+saves only the padding), compute bytes c (2 for bf16, else 4):
+  checkpoints      L × b·s × H × c             (gradient checkpointing keeps each layer's input)
+  layer            2 × b·s × (4H + (a+2k)·d + a·d + 4I) × c
+                   one decoder layer recomputed in backward: its activations and their grads
+  eager scores     b × a × s² × (4 + c) × 2    (eager attention materialises the scores: the fp32
+                   softmax and the compute-dtype copy, and their grads; this is what a Pascal
+                   card without flash or memory-efficient attention pays)
+  logits           b·s × V × c × copies        (the vocabulary logits and the log-prob/entropy
+                   arithmetic over them; copies below)
+  KV cache         b × s × L × 2 × k·d × g     (g: generation bytes; HF's DynamicCache grows by
+                   torch.cat, so the last step also holds one layer's K copy)
+  prefill          b × p × 3I × g              (the MLP's gate/up/product over the whole prompt,
+                   HF prefills the whole batch at once) + eager prefill scores b·a·p²·(4+g)·2
+Every constant of these formulas is a count of tensors in the code that runs (transformers'
+Qwen2 and generate, verl's dp_actor / dp_critic / torch_functional); the H200 device run
+(tests/fixtures/gpu/memory) checks the totals.
+"""
+
+from __future__ import annotations
+
+import math
+
+GIB = 1024 ** 3
+
+# How many tensors of a shape are alive at a phase's peak. Counted in the code that runs
+# (transformers' Qwen2 and generate, verl's dp_actor / torch_functional), then set from the H200
+# device run (tests/fixtures/gpu/memory/h200-run.json; tests/test_memory_gpu.py replays it):
+# training: the (b, s, V) logits, the gradient of the response slice and of the whole tensor, and
+# verl's logprobs_from_logits_v2 row by row (fp32: gather + logsumexp; bf16: log_softmax); measured
+# 2.8 for 0.5B models (fp32 and bf16), 2.0 for the 7B: the larger is kept.
+LOGIT_COPIES_TRAIN = 2.8
+# without grad (log_prob, calculate_entropy=True): the logits once, and entropy_from_logits'
+# softmax and product over the response (b, r, V); under bf16 autocast those run in fp32 and
+# logsumexp takes an fp32 copy: 6 bf16-sized tensors (measured 5.2 to 5.8), fp32: 2 (measured 2.0)
+ENTROPY_COPIES = {4: 2.0, 2: 6.0}
+# the recomputed layer in backward: its activations and their gradients (measured 1.5 to 1.8)
+LAYER_FACTOR = 1.7
+# eager attention in backward, over b·a·s²·(4 + c): scores, probabilities and their gradients
+EAGER_TRAIN_COPIES = 1.0
+# HF's prefill at the MLP, over the 3 (b, p, I) tensors it counts (4 with LoRA: the adapter's
+# output beside the base's): the hidden states, the cache and the allocator's 2 MiB rounding add
+# the rest (measured 1.11 to 1.41 on 0.5B models, at least 1.30 on the 7B)
+PREFILL_FACTOR = 1.45
+ROLLOUT_N = 1  # actor_rollout_ref.rollout.n: GAE samples one response per prompt
+
+
+class Arch:
+    """A decoder's shape (a models.yaml record) and the parameter counts that follow from it."""
+
+    def __init__(self, name: str, rec: dict):
+        self.name = name
+        self.L, self.H = rec["layers"], rec["hidden_size"]
+        self.a, self.k, self.d = rec["attention_heads"], rec["kv_heads"], rec["head_dim"]
+        self.I, self.V = rec["intermediate_size"], rec["vocab_size"]
+        self.tied, self.bias = rec["tied_embeddings"], rec["qkv_bias"]
+
+    def layer_params(self) -> int:
+        qkv = (self.a + 2 * self.k) * self.d
+        return (self.H * qkv + (qkv if self.bias else 0) + self.a * self.d * self.H
+                + 3 * self.H * self.I + 2 * self.H)
+
+    def root_params(self) -> int:
+        """Outside the decoder layers: embeddings, the final norm, an untied lm_head."""
+        return self.V * self.H * (1 if self.tied else 2) + self.H
+
+    def params(self) -> int:
+        return self.L * self.layer_params() + self.root_params()
+
+    def critic_params(self) -> int:
+        """verl's critic is AutoModelForTokenClassification: no lm_head, a (H -> 1) score head."""
+        return self.params() - (0 if self.tied else self.V * self.H) + self.H + 1
+
+    def lora_params(self, rank: int) -> int:
+        """peft's all-linear targets q, k, v, o, gate, up, down: rank × (in + out) each."""
+        H, I, q, kv = self.H, self.I, self.a * self.d, self.k * self.d
+        return self.L * rank * ((H + q) + 2 * (H + kv) + (q + H) + 2 * (H + I) + (I + H))
+
+    def kv_bytes_per_token(self, nbytes: int) -> int:
+        return self.L * 2 * self.k * self.d * nbytes
+
+
+def _gib(nbytes: float) -> float:
+    return nbytes / GIB
+
+
+def _m(count: int) -> str:
+    return f"{count / 1e6:.1f}M" if count < 1e9 else f"{count / 1e9:.2f}B"
+
+
+class Setup:
+    """What of a resolved environment the estimate reads."""
+
+    def __init__(self, env: dict, arch: Arch, consts: dict, val_rows: int):
+        t = env["train"]
+        self.arch, self.consts, self.val_rows = arch, consts, val_rows
+        self.dtype, self.rollout = env["dtype"], env["rollout"]
+        self.eager = env["attention"] == "eager"
+        self.n = t["n_gpus"]
+        self.prompt, self.response = t["max_prompt_length"], t["max_response_length"]
+        self.seq = self.prompt + self.response
+        self.lora = t["lora_rank"]
+        self.param_offload, self.optimizer_offload = t["param_offload"], t["optimizer_offload"]
+        self.ckpt = t["gradient_checkpointing"]
+        self.util = t["gpu_memory_utilization"]
+        self.cap = t.get("micro_batch_size_per_gpu")  # an optional upper bound from the profile
+        # compute bytes of the actor/critic (fp32 where the GPU has no bf16: see the run script)
+        self.c = 2 if self.dtype == "bf16" else 4
+        # inference bytes (vLLM and the reference run in fp16 where bf16 is missing)
+        self.inf = 4 if self.dtype == "fp32" else 2
+        # the HF rollout generates with the actor's FSDP module, in its compute dtype
+        self.g = self.c if self.rollout == "hf" else self.inf
+        self.gen_per_gpu = t["train_batch_size"] * ROLLOUT_N // self.n
+        self.mini_per_gpu = max(t["ppo_mini_batch_size"] * ROLLOUT_N // self.n, 1)
+        self.val_per_gpu = math.ceil(val_rows / self.n)
+        self.total_gib = consts["total_gib"]
+        self.usable_gib = (self.total_gib - consts["cuda_context_gib"]
+                           - (consts["nccl_gib"] if self.n > 1 else 0))
+
+
+class Term:
+    """One line of a budget. kind: `state` (the working role's weights, gradients, optimizer),
+    `resident` (what the other roles leave on the GPU meanwhile), `work` (the batch's working set)."""
+
+    __slots__ = ("name", "formula", "nbytes", "kind")
+
+    def __init__(self, name: str, formula: str, nbytes: float, kind: str = "state"):
+        self.name, self.formula, self.nbytes, self.kind = name, formula, nbytes, kind
+
+    def as_dict(self) -> dict:
+        return {"term": self.name, "formula": self.formula, "gib": round(_gib(self.nbytes), 3),
+                "kind": self.kind, "bytes": int(self.nbytes)}
+
+
+# -- state -------------------------------------------------------------------------------------
+
+def _role_state(s: Setup, role: str) -> dict[str, Term]:
+    """A role's own state (weights, compute copy, grads, Adam, step temporary) on one GPU."""
+    a, n = s.arch, s.n
+    params = a.params() if role == "actor" else a.critic_params()
+    lora = a.lora_params(s.lora) if (role == "actor" and s.lora) else 0
+    trainable = lora or params
+    per = f" / {n} GPUs" if n > 1 else ""
+    out = {"weights": Term(f"{role} weights", f"4 B × {_m(params + lora)} params{per} (fp32 master)",
+                           4 * (params + lora) / n)}
+    if n == 1:
+        if s.c < 4:
+            out["copy"] = Term(f"{role} bf16 copy", f"2 B × {_m(params + lora)} params (FSDP mixed "
+                               "precision, NO_SHARD)", 2 * (params + lora))
+    else:
+        units = a.root_params() + 2 * a.layer_params()
+        out["copy"] = Term(f"{role} FSDP gathered units", f"2 × {s.c} B × {_m(units)} params "
+                           "(root unit + 2 layers, weights and their grads)", 2 * s.c * units)
+    kind = "LoRA " if lora else ""
+    out["grads"] = Term(f"{role} gradients", f"4 B × {_m(trainable)} {kind}params{per}",
+                        4 * trainable / n)
+    out["adam"] = Term(f"{role} Adam state", f"8 B × {_m(trainable)} {kind}params{per}",
+                       8 * trainable / n)
+    out["step"] = Term(f"{role} Adam step temporary", f"4 B × {_m(trainable)} {kind}params{per} "
+                       "(foreach sqrt)", 4 * trainable / n)
+    return out
+
+
+def _reference(s: Setup) -> Term | None:
+    if s.lora or s.param_offload:
+        return None
+    return Term("reference weights (resident)", f"{s.inf} B × {_m(s.arch.params())} params"
+                + (f" / {s.n} GPUs" if s.n > 1 else ""), s.inf * s.arch.params() / s.n, "resident")
+
+
+def _resident(s: Setup, busy: str) -> list[Term]:
+    """What other roles leave on the GPU while `busy` works."""
+    out = []
+    for role in ("actor", "critic"):
+        if role == busy:
+            continue
+        st = _role_state(s, role)
+        if not s.param_offload:
+            out.append(Term(f"{st['weights'].name} (resident)", st["weights"].formula,
+                            st["weights"].nbytes, "resident"))
+        if not s.optimizer_offload:
+            out.append(Term(f"{st['adam'].name} (resident)", st["adam"].formula, st["adam"].nbytes,
+                            "resident"))
+    ref = _reference(s)
+    if ref:
+        out.append(ref)
+    return out
+
+
+# -- working sets ------------------------------------------------------------------------------
+
+def _work(terms: list[Term]) -> list[Term]:
+    for term in terms:
+        term.kind = "work"
+    return terms
+
+
+def _layer_width(a: Arch) -> int:
+    """Activation values one decoder layer keeps per token: norm inputs and outputs (4H), q/k/v
+    ((a+2k)d), K and V repeated to every head for grouped-query attention (2ad), the attention
+    output (ad), the MLP's gate, activation, up and product (4I)."""
+    return 4 * a.H + (a.a + 2 * a.k) * a.d + 2 * a.a * a.d + a.a * a.d + 4 * a.I
+
+
+def _train_work(s: Setup, b: int, logits: bool) -> list[Term]:
+    a, c, T = s.arch, s.c, b * s.seq
+    width = _layer_width(a)
+    out = []
+    if s.ckpt:
+        out.append(Term("checkpoints", f"{a.L} layers × {b}×{s.seq} tokens × {a.H} × {c} B",
+                        a.L * T * a.H * c))
+        out.append(Term("recomputed layer", f"{LAYER_FACTOR:g} × {b}×{s.seq} tokens × {width} "
+                        f"values × {c} B", LAYER_FACTOR * T * width * c))
+    else:
+        out.append(Term("activations", f"{a.L} layers × {b}×{s.seq} tokens × {width} values × "
+                        f"{c} B (no checkpointing)", a.L * T * width * c))
+    if s.eager:
+        n_layers = 1 if s.ckpt else a.L
+        out.append(Term("eager attention scores", f"{n_layers} × {b} × {a.a} heads × {s.seq}² × "
+                        f"(4+{c}) B × {EAGER_TRAIN_COPIES:g}",
+                        n_layers * b * a.a * s.seq ** 2 * (4 + c) * EAGER_TRAIN_COPIES))
+    if logits:
+        k = LOGIT_COPIES_TRAIN
+        out.append(Term("logits", f"{b}×{s.seq} tokens × {a.V} vocab × {c} B × {k:g} copies",
+                        T * a.V * c * k))
+    return _work(out)
+
+
+def _nograd_work(s: Setup, b: int) -> list[Term]:
+    a, c, T = s.arch, s.c, b * s.seq
+    out = [Term("forward transient", f"{b}×{s.seq} tokens × (2H + 3I) × {c} B",
+                T * (2 * a.H + 3 * a.I) * c)]
+    if s.eager:
+        out.append(Term("eager attention scores", f"{b} × {a.a} heads × {s.seq}² × (4+{c}) B",
+                        b * a.a * s.seq ** 2 * (4 + c)))
+    k = ENTROPY_COPIES[c]
+    out.append(Term("logits + entropy", f"{b} × ({s.seq} + {k:g}×{s.response}) tokens × {a.V} vocab "
+                    f"× {c} B", b * (s.seq + k * s.response) * a.V * c))
+    return _work(out)
+
+
+def generate_work(s: Setup, b: int) -> tuple[str, list[Term]]:
+    """HF generate's peak at batch b: the prefill (the whole prompt at once) or the last decode
+    step (the full cache); whichever is larger."""
+    a, g, p = s.arch, s.g, s.prompt
+    kvt = a.kv_bytes_per_token(g)
+    last_logits = Term("next-token logits", f"{b} × {a.V} vocab × (4+4+{g}) B",
+                       b * a.V * (8 + g))
+    n_mlp = 3 + (1 if (s.lora and s.rollout == "hf") else 0)
+    mlp = PREFILL_FACTOR * b * p * n_mlp * a.I * g
+    scores = b * a.a * p ** 2 * (4 + g) if s.eager else 0
+    prefill = [Term("KV cache (prompt)", f"{b} × {p} tokens × {a.L} layers × 2 × {a.k}×{a.d} × "
+                    f"{g} B", b * p * kvt),
+               Term("prefill transient", f"max(MLP {PREFILL_FACTOR:g} × {b}×{p} tokens × "
+                    f"{n_mlp}×{a.I} × {g} B"
+                    + (f", eager scores {b} × {a.a} heads × {p}² × (4+{g}) B)" if s.eager else ")"),
+                    max(mlp, scores)),
+               last_logits]
+    decode = [Term("KV cache", f"{b} × {s.seq} tokens × {a.L} layers × 2 × {a.k}×{a.d} × {g} B",
+                   b * s.seq * kvt),
+              Term("cache growth copy", f"{b} × {s.seq} tokens × {a.k}×{a.d} × {g} B "
+                   "(torch.cat re-allocates one layer's K)", b * s.seq * a.k * a.d * g)]
+    if a.a > a.k:
+        decode.append(Term("K/V repeated to every head", f"2 × {b} × {s.seq} tokens × "
+                           f"{a.a}×{a.d} × {g} B (repeat_kv, one layer)", 2 * b * s.seq * a.a * a.d * g))
+    decode.append(last_logits)
+    if sum(t.nbytes for t in prefill) > sum(t.nbytes for t in decode):
+        return "prefill", _work(prefill)
+    return "last decode step", _work(decode)
+
+
+# -- phases ------------------------------------------------------------------------------------
+
+def _gen_weights(s: Setup) -> list[Term]:
+    if s.rollout == "hf":  # the actor's own module, loaded on the GPU to generate
+        st = _role_state(s, "actor")
+        return [st["weights"]] + ([st["copy"]] if "copy" in st else [])
+    return [Term("vLLM weights", f"{s.inf} B × {_m(s.arch.params())} params", s.inf * s.arch.params())]
+
+
+def phase(s: Setup, name: str, b: int) -> dict:
+    """One phase at batch b: {phase, batch, terms, total_gib}."""
+    note = ""
+    if name == "generate":
+        note, work = generate_work(s, b)
+        terms = _gen_weights(s) + work
+        if s.rollout == "hf":
+            terms += _resident(s, "actor") + _actor_resident_optimizer(s)
+    elif name in ("actor_update", "critic_update", "actor_step", "critic_step"):
+        role = name.split("_")[0]
+        st = _role_state(s, role)
+        if name.endswith("update"):
+            terms = [st[k] for k in ("weights", "copy", "grads", "adam") if k in st]
+            terms += _train_work(s, b, logits=role == "actor")
+        else:
+            terms = [st[k] for k in ("weights", "copy", "grads", "adam", "step") if k in st]
+        terms += _resident(s, role)
+    elif name == "log_prob":
+        st = _role_state(s, "actor")
+        terms = [st[k] for k in ("weights", "copy") if k in st] + _nograd_work(s, b)
+        terms += _resident(s, "actor") + _actor_resident_optimizer(s)
+    else:
+        raise ValueError(name)
+    total = sum(t.nbytes for t in terms)
+    return {"phase": name + (f" ({note})" if note else ""), "batch": b,
+            "terms": [t.as_dict() for t in terms], "total_gib": round(_gib(total), 3),
+            "_bytes": total}
+
+
+def _actor_resident_optimizer(s: Setup) -> list[Term]:
+    """The actor's Adam state while the actor generates or scores (unless optimizer_offload)."""
+    if s.optimizer_offload:
+        return []
+    st = _role_state(s, "actor")
+    return [Term(f"{st['adam'].name} (resident)", st["adam"].formula, st["adam"].nbytes,
+                 "resident")]
+
+
+def vllm_phase(s: Setup, b: int) -> dict:
+    """Inside vLLM's share (gpu_memory_utilization × the card): its weights and, sized the HF way
+    (whole-batch prefill: more than vLLM's chunked prefill needs), max_num_seqs sequences."""
+    note, work = generate_work(s, b)
+    terms = _gen_weights(s) + work
+    total = sum(t.nbytes for t in terms)
+    return {"phase": f"vLLM engine ({note})", "batch": b, "terms": [t.as_dict() for t in terms],
+            "total_gib": round(_gib(total), 3), "_bytes": total}
+
+
+def vllm_outside(s: Setup) -> dict:
+    """While vLLM generates, the rest of the process: the engine's share and the resident roles."""
+    share = s.util * s.total_gib * GIB
+    terms = [Term("vLLM share", f"gpu_memory_utilization {s.util:g} × {s.total_gib:.1f} GiB", share,
+                  "work")]
+    terms += _resident(s, "rollout")  # (not a role: the actor's and critic's state both count)
+    total = sum(t.nbytes for t in terms)
+    return {"phase": "generate (vLLM)", "batch": None, "terms": [t.as_dict() for t in terms],
+            "total_gib": round(_gib(total), 3), "_bytes": total, "exempt_bytes": int(share)}
+
+
+# -- the plan ---------------------------------------------------------------------------------
+
+def fits(s: Setup, nbytes: float, budget_gib: float, margin: bool = True, exempt: float = 0) -> bool:
+    """Whether `nbytes` of tensors fit `budget_gib` once the allocator's overhead is added (and,
+    with `margin`, leaving the margin free). `exempt`: bytes of a budget already whole (vLLM's
+    share), which takes no overhead."""
+    if margin:
+        budget_gib *= 1 - s.consts["margin"]
+    return (nbytes - exempt) * (1 + s.consts["allocator_overhead"]) + exempt <= budget_gib * GIB
+
+
+def _largest(candidates: list[int], ok) -> int | None:
+    """The largest candidate for which ok() holds; memory grows with the batch (bisection)."""
+    lo, hi, best = 0, len(candidates) - 1, None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if ok(candidates[mid]):
+            best, lo = candidates[mid], mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def candidates(s: Setup, key: str):
+    """The batch sizes a phase may take.
+    generation, HF rollout: verl's HFRollout splits a batch into batch // micro_batch_size chunks
+      that DataProto.chunk requires to be equal, so below the rollout batch only its divisors
+      work; above it any size up to the validation set (a validation batch of up to
+      micro_batch_size is one chunk). vLLM: any count up to the larger of the two.
+    log_prob: up to the rollout batch (verl splits it into micro-batches, the last may be short).
+    actor, critic: divisors of the mini-batch (verl asserts mini % micro == 0)."""
+    cap = s.cap if (s.cap and key != "generation") else None
+    if key == "generation":
+        top = max(s.gen_per_gpu, s.val_per_gpu)
+        if s.rollout == "hf":
+            return divisors(s.gen_per_gpu) + list(range(s.gen_per_gpu + 1, top + 1))
+        return range(1, top + 1)
+    if key == "log_prob":  # (a range: a huge batch costs no memory here)
+        return range(1, min(s.gen_per_gpu, cap or s.gen_per_gpu) + 1)
+    out = divisors(s.mini_per_gpu)
+    return [b for b in out if b <= cap] or [1] if cap else out
+
+
+def estimate(s: Setup, key: str, batch: int) -> dict:
+    """One phase at `batch`: {phase, batch, terms, total_gib, bytes, budget_gib}."""
+    budget = s.usable_gib
+    if key == "generation":
+        if s.rollout == "hf":
+            out = phase(s, "generate", batch)
+        else:
+            out, budget = vllm_phase(s, batch), s.util * s.total_gib
+    elif key == "generate_outside":
+        out = vllm_outside(s)
+    else:
+        out = phase(s, {"log_prob": "log_prob", "actor": "actor_update", "critic": "critic_update",
+                        "actor_step": "actor_step", "critic_step": "critic_step"}[key], batch)
+    out["bytes"] = int(out.pop("_bytes"))
+    out["budget_gib"] = round(budget, 3)
+    return out
+
+
+BATCHED = ("generation", "log_prob", "actor", "critic")
+
+
+def plan(env: dict, arch_rec: dict, consts: dict, val_rows: int) -> dict:
+    """The memory budget and the batch sizes of a resolved profile (`env`: at least dtype,
+    attention, rollout and train of ResolvedEnv.data; `consts`: matrices/memory.yaml's `memory`
+    with the card's total_gib)."""
+    s = Setup(env, Arch(env["train"]["model"], arch_rec), consts, val_rows)
+    phases: dict[str, dict] = {}
+    batch: dict[str, int] = {}
+    bound: dict[str, str] = {}
+    problems: list[dict] = []
+    for key in BATCHED:
+        cands = candidates(s, key)
+        budget = estimate(s, key, 1)["budget_gib"]
+        best = _largest(cands, lambda b: fits(s, estimate(s, key, b)["bytes"], budget))
+        if best is None:
+            best = 1
+            bound[key] = "does not fit"
+        elif cands.index(best) + 1 < len(cands):
+            bound[key] = "memory"
+        else:
+            bound[key] = "profile cap" if (s.cap and key != "generation" and best == s.cap) else "batch"
+        batch[key] = best
+        phases[key] = estimate(s, key, best)
+    for key in ("actor_step", "critic_step") + (("generate_outside",) if s.rollout == "vllm" else ()):
+        phases[key] = estimate(s, key, 0)
+    for key, p in phases.items():
+        p["key"] = key
+        p["fits"] = fits(s, p["bytes"], p["budget_gib"], margin=False, exempt=p.get("exempt_bytes", 0))
+        if not p["fits"]:
+            problems.append({"phase": p["phase"], "gib": p["total_gib"], "budget_gib": p["budget_gib"]})
+
+    g = batch["generation"]
+    sizes = {
+        "val_batch_size": g * s.n,
+        "rollout_micro_batch_size": g if s.rollout == "hf" else None,
+        "max_num_seqs": g if s.rollout == "vllm" else None,
+        "log_prob_micro_batch_size_per_gpu": batch["log_prob"],
+        "actor_ppo_micro_batch_size_per_gpu": batch["actor"],
+        "critic_ppo_micro_batch_size_per_gpu": batch["critic"],
+        # validation generates val_per_gpu sequences; between two validations the rollouts
+        # generate test_freq × gen_per_gpu: validation stays within validation_share of that
+        "test_freq": max(1, math.ceil(s.val_per_gpu / (s.gen_per_gpu * consts["validation_share"]))),
+    }
+    # the process's peak (vLLM's engine phase is inside its share, counted by generate_outside)
+    in_process = [p for k, p in phases.items() if not (k == "generation" and s.rollout == "vllm")]
+    peak = max(in_process, key=lambda p: p["bytes"])
+    a = s.arch
+    return {
+        "model": a.name,
+        "arch": {"layers": a.L, "hidden_size": a.H, "attention_heads": a.a, "kv_heads": a.k,
+                 "head_dim": a.d, "intermediate_size": a.I, "vocab_size": a.V,
+                 "tied_embeddings": a.tied, "parameters": a.params(),
+                 "critic_parameters": a.critic_params(),
+                 "lora_parameters": a.lora_params(s.lora) if s.lora else 0},
+        "gpu_total_gib": round(s.total_gib, 2),
+        "cuda_context_gib": consts["cuda_context_gib"],
+        "nccl_gib": consts["nccl_gib"] if s.n > 1 else 0,
+        "usable_gib": round(s.usable_gib, 2),
+        "allocator_overhead": consts["allocator_overhead"],
+        "margin": consts["margin"],
+        "vllm_share_gib": round(s.util * s.total_gib, 2) if s.rollout == "vllm" else None,
+        "sequence": {"prompt": s.prompt, "response": s.response},
+        "validation_rows": val_rows,
+        "rollout_batch_per_gpu": s.gen_per_gpu,
+        "mini_batch_per_gpu": s.mini_per_gpu,
+        "phases": list(phases.values()),
+        "peak": {"phase": peak["phase"], "gib": peak["total_gib"]},
+        "batch": sizes,
+        "bound_by": bound,
+        "problems": problems,
+    }
+
+
+def setup(env: dict, arch_rec: dict, consts: dict, val_rows: int) -> Setup:
+    """The estimate's view of a resolved environment (for `estimate` at chosen batches)."""
+    return Setup(env, Arch(env["train"]["model"], arch_rec), consts, val_rows)

@@ -1,0 +1,202 @@
+"""The install plan of a resolved environment, as the Dockerfile's pip layers run it: each
+layer's requirements, the requirements.in a lock solves, and the constraints that pin
+everything beyond the top-level pins. Pure and light: `render` imports it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import NamedTuple
+
+from .resolve import ResolvedEnv
+
+# Dockerfile install layers, most expensive first; each installs what its roots pull in that no
+# earlier layer installed.
+LAYERS = ("torch", "vllm", "verl-deps", "verl")
+# What the builder stage installs beside torch to compile apex / flash-attn; locked with the rest
+# so a locked or offline build pins them too. Installed in the builder only, never at run time.
+BUILD_TOOLS = ("packaging", "ninja", "wheel", "setuptools", "psutil")
+# Packages whose files differ between torch's CUDA builds (torch's own, and the CUDA runtime
+# wheels it pulls in): a lock solved with PyPI's build of a torch version pins none of them for
+# another build of that version.
+TORCH_BUILD_PACKAGES = re.compile(r"^(torch|torchvision|torchaudio|triton|nvidia-.*)$")
+_REQ = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==(\S+)")
+_HASH = re.compile(r"--hash=(sha256:[0-9a-f]{64})")
+_LOCAL = re.compile(r"\+cu\d+$")
+CONSTRAINTS = "constraints/{layer}.txt"  # one file per install layer (render writes them)
+
+
+class Locked(NamedTuple):
+    version: str
+    hashes: tuple[str, ...]
+    parents: frozenset[str]  # packages that pull this one in ("" = asked for directly)
+
+
+def normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name.split("[")[0]).lower()
+
+
+def layer_roots(env: ResolvedEnv) -> dict[str, list[str]]:
+    """The requirements each install layer asks for, as the unlocked Dockerfile does."""
+    d = env.data
+    return {
+        "torch": list(d["torch"]["packages"]),
+        "vllm": [f"vllm=={d['vllm']['version']}"] if d["vllm"] else [],
+        "verl-deps": [f"{name}=={version}" for name, version in d["verl"]["pins"].items()],
+        "verl": [f"verl=={d['verl']['version']}"],
+    }
+
+
+def needs_builder(env: ResolvedEnv) -> bool:
+    return bool(env.data["apex"] or env.data["flash_attn"])
+
+
+def requirements_in(env: ResolvedEnv, swap_torch: bool = False) -> str:
+    """What a lock solves. `swap_torch`: PyPI's build of the same torch version in place of a
+    `+cuXXX` one (for when the PyTorch index is out of reach)."""
+    reqs = [r for layer in layer_roots(env).values() for r in layer]
+    if needs_builder(env):
+        reqs += list(BUILD_TOOLS)
+    if swap_torch:
+        reqs = [_LOCAL.sub("", r) for r in reqs]
+    return "".join(f"{r}\n" for r in reqs)
+
+
+def torch_swap(env: ResolvedEnv) -> str | None:
+    """'2.6.0+cu118 -> 2.6.0' when the profile's torch is a +cuXXX build PyPI does not serve."""
+    t = env.data["torch"]
+    if not t["index_url"]:
+        return None
+    return f"{t['version']}+{t['variant']} -> {t['version']} (PyPI's build)"
+
+
+def plan_sha256(env: ResolvedEnv) -> str:
+    """What a pip solution depends on: the requirements, the target Python and the CUDA image
+    (its glibc). Not the index URLs (a mirror serves the same files) nor the templates."""
+    d = env.data
+    text = f"{requirements_in(env)}\0python={d['python']}\0cuda={d['cuda']['version']}\n"
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def parse(text: str) -> dict[str, Locked]:
+    """requirements.lock (uv's format, annotated) -> {normalized name: Locked}."""
+    out: dict[str, Locked] = {}
+    name = version = None
+    hashes: list[str] = []
+    parents: set[str] = set()
+    in_via = False
+
+    def flush():
+        if name:
+            out[name] = Locked(version, tuple(hashes), frozenset(parents))
+
+    for line in text.splitlines():
+        m = _REQ.match(line)
+        if m:
+            flush()
+            name, version, hashes, parents, in_via = normalize(m[1]), m[2], [], set(), False
+            hashes += _HASH.findall(line)
+            continue
+        stripped = line.strip()
+        hashes += _HASH.findall(stripped)
+        if stripped.startswith("# via"):
+            rest = stripped[len("# via"):].strip()
+            in_via = not rest
+            if rest:
+                parents.add("" if rest.startswith("-r ") else normalize(rest))
+        elif in_via and stripped.startswith("#   "):
+            rest = stripped[4:].strip()
+            parents.add("" if rest.startswith("-r ") else normalize(rest))
+        elif not stripped.startswith("#"):
+            in_via = False
+    flush()
+    return out
+
+
+def layers(env: ResolvedEnv, locked: dict[str, Locked]) -> dict[str, list[str]]:
+    """Each layer's packages: the closure of its roots over the lock's dependency edges, minus
+    what an earlier layer installs. Anything left over goes into the last layer. The builder's
+    `build` layer is the closure of the build tools on its own (it may overlap the others)."""
+    children: dict[str, set[str]] = {}
+    for name, entry in locked.items():
+        for parent in entry.parents:
+            children.setdefault(parent, set()).add(name)
+
+    def closure(roots, skip=frozenset()) -> set[str]:
+        todo = [normalize(_REQ.match(r)[1]) if _REQ.match(r) else normalize(r) for r in roots]
+        mine: set[str] = set()
+        while todo:
+            n = todo.pop()
+            if n in skip or n in mine or n not in locked:
+                continue
+            mine.add(n)
+            todo += children.get(n, ())
+        return mine
+
+    done: set[str] = set()
+    out: dict[str, list[str]] = {}
+    for layer, roots in layer_roots(env).items():
+        mine = closure(roots, frozenset(done))
+        done |= mine
+        out[layer] = sorted(mine)
+    build = closure(BUILD_TOOLS) if needs_builder(env) else set()
+    out[LAYERS[-1]] = sorted(set(out[LAYERS[-1]]) | (set(locked) - done - build))
+    if needs_builder(env):
+        out["build"] = sorted(build)
+    return out
+
+
+def constraint_layers(env: ResolvedEnv, requirements_lock: str,
+                      torch_swapped: bool) -> dict[str, list[str]]:
+    """{layer: `name==version` of the packages that layer installs} (pip constraints take no
+    extras and no hashes). One set per layer, so that a changed verl pin leaves the torch
+    layer's set, and with it Docker's cache of that layer, as it was. From a lock solved with
+    PyPI's torch: none of the packages that differ between torch builds."""
+    locked = parse(requirements_lock)
+    return {layer.replace("-", "_"): [f"{n}=={locked[n].version}" for n in names
+                                      if not (torch_swapped and TORCH_BUILD_PACKAGES.match(n))]
+            for layer, names in layers(env, locked).items()}
+
+
+def lock_candidates(profile: str) -> list[tuple[str, Path]]:
+    """Where a render looks for a lock of `profile`: the user's ./lockfiles, then the shipped."""
+    from .paths import data_dir
+
+    out = [(f"lockfiles/{profile}", Path("lockfiles") / profile)]
+    try:
+        out.append((f"envbuild's shipped lockfiles/{profile}", data_dir("lockfiles") / profile))
+    except FileNotFoundError:
+        pass
+    return out
+
+
+def find_constraints(env: ResolvedEnv) -> dict | None:
+    """The constraints of the first lock whose plan is this environment's, read only when its
+    requirements.lock hashes to what lock.json records; None when no lock fits."""
+    want = plan_sha256(env)
+    for label, lock_dir in lock_candidates(env.name):
+        if "/" in env.name or env.name in ("", ".", ".."):
+            return None  # a profile name never leaves lockfiles/
+        try:
+            meta = json.loads((lock_dir / "lock.json").read_text(encoding="utf-8"))
+            if not isinstance(meta, dict) or meta.get("plan_sha256") != want:
+                continue
+            text = (lock_dir / "requirements.lock").read_text(encoding="utf-8")
+        except (OSError, ValueError):
+            continue
+        if hashlib.sha256(text.encode()).hexdigest() != (meta.get("files") or {}).get(
+                "requirements.lock"):
+            continue
+        swapped = meta.get("torch_swapped")
+        layers_ = constraint_layers(env, text, bool(swapped))
+        return {"from": label, "torch_swapped": swapped, "plan_sha256": want, "layers": layers_,
+                "order": [layer for layer, pins in layers_.items() if pins]}  # (JSON sorts keys)
+    return None
+
+
+def with_constraints(env: ResolvedEnv) -> ResolvedEnv:
+    """`env` with `constraints`: the pins of the lock whose plan it is, or None (it floats)."""
+    return ResolvedEnv(dict(env.data, constraints=find_constraints(env)))

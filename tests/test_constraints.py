@@ -1,0 +1,134 @@
+"""A plain render pins what a user gets beyond the top-level pins: constraints.txt holds the
+whole resolved set from the lock whose plan the environment is, and every pip step of the
+Dockerfile, requirements.txt and environment.yml installs within it. No matching lock: the files
+say they float, and the CLI says how to pin them."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import PROFILES
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pip_steps(dockerfile: str) -> list[str]:
+    """Every RUN step (continuations joined) that runs `pip install`."""
+    joined = dockerfile.replace("\\\n", " ")
+    return [line for line in joined.splitlines()
+            if line.startswith("RUN ") and re.search(r"\bpip install\b", line)]
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_shipped_profile_renders_with_its_locks_constraints(profile, cli, tmp_path):
+    code, out, err = cli("render", profile, "-o", tmp_path / "o")
+    assert code == 0, err
+    o = tmp_path / "o"
+    cons = all_constraints(o)
+    assert f"shipped lockfiles/{profile}" in cons
+    pins = [line for line in cons.splitlines() if not line.startswith("#")]
+    assert len(pins) > 50 and all(re.fullmatch(r"[a-z0-9-]+==\S+", p) for p in pins), pins[:5]
+    assert "verl==" in cons and "numpy==" in cons
+    layers = sorted(p.stem for p in (o / "constraints").iterdir())
+    for step in pip_steps((o / "Dockerfile").read_text()):
+        if "/wheels/*.whl" in step:  # the builder's own wheels, --no-deps
+            continue
+        assert "-c /tmp/envbuild/constraints/torch.txt" in step, step
+        assert "source=constraints/torch.txt,target=/tmp/envbuild/constraints/torch.txt" in step
+    for layer in layers:
+        assert f"\n-c constraints/{layer}.txt\n" in (o / "requirements.txt").read_text()
+        assert f"      - -c constraints/{layer}.txt\n" in (o / "environment.yml").read_text()
+    assert "not pinned" not in err
+
+
+def all_constraints(out: Path) -> str:
+    return "".join(p.read_text() for p in sorted((out / "constraints").iterdir()))
+
+
+def test_a_verl_pin_change_leaves_the_torch_layers_constraints_as_they_were(tmp_path):
+    # Docker keys a RUN's cache on its bind mounts' content: the torch layer mounts only its own
+    from conftest import resolved
+    from envbuilder.plan import constraint_layers
+    from envbuilder.lock.pip import parse
+
+    env = resolved("4090")
+    text = (ROOT / "lockfiles" / "4090" / "requirements.lock").read_text()
+    before = constraint_layers(env, text, False)
+    bumped = text.replace("\ncodetiming==1.4.0", "\ncodetiming==1.4.1")
+    assert parse(bumped)["codetiming"].version == "1.4.1"
+    after = constraint_layers(env, bumped, False)
+    assert after["torch"] == before["torch"] and after["verl_deps"] != before["verl_deps"]
+
+
+def test_the_p40_constraints_come_from_a_lock_solved_with_pypis_torch_and_leave_torch_out(cli,
+                                                                                       tmp_path):
+    code, _, err = cli("render", "p40", "-o", tmp_path / "o")
+    assert code == 0, err
+    cons = all_constraints(tmp_path / "o")
+    assert "solved with torch 2.6.0+cu118 -> 2.6.0" in cons
+    names = {line.split("==")[0] for line in cons.splitlines() if "==" in line}
+    assert not names & {"torch", "torchvision", "torchaudio", "triton"}
+    assert not any(n.startswith("nvidia-") for n in names)
+    assert {"numpy", "transformers", "verl", "ray"} <= names
+    # torch itself comes from the +cu118 pins, installed within the same constraints
+    assert "torch==2.6.0+cu118" in (tmp_path / "o" / "Dockerfile").read_text()
+
+
+def test_an_environment_no_lock_matches_says_it_floats(cli, tmp_path):
+    code, _, err = cli("render", "4090", "--torch", "2.5.1", "-o", tmp_path / "o")
+    assert code == 0, err
+    o = tmp_path / "o"
+    assert not (o / "constraints").exists()
+    assert "NOT PINNED" in (o / "Dockerfile").read_text()
+    assert "NOT PINNED" in (o / "requirements.txt").read_text()
+    assert "constraints" not in (o / "environment.yml").read_text()
+    assert "not pinned beyond its top-level pins" in err and "envbuild lock 4090" in err
+
+
+def copy_lock(profile: str, into: Path) -> Path:
+    dst = into / "lockfiles" / profile
+    shutil.copytree(ROOT / "lockfiles" / profile, dst)
+    return dst
+
+
+def test_a_users_own_lock_in_the_working_directory_comes_first(cli, tmp_path):
+    lock = copy_lock("4090", tmp_path)  # cli runs in tmp_path
+    req = lock / "requirements.lock"
+    text = req.read_text().replace("\ncodetiming==1.4.0", "\ncodetiming==1.4.0  ")
+    req.write_text(text)
+    meta = json.loads((lock / "lock.json").read_text())
+    import hashlib
+
+    meta["files"]["requirements.lock"] = hashlib.sha256(text.encode()).hexdigest()
+    (lock / "lock.json").write_text(json.dumps(meta))
+    code, _, err = cli("render", "4090", "-o", tmp_path / "o")
+    assert code == 0, err
+    assert "from lockfiles/4090." in all_constraints(tmp_path / "o")
+    assert "codetiming==1.4.0" in all_constraints(tmp_path / "o")
+
+
+def test_a_tampered_lock_is_not_used(cli, tmp_path):
+    lock = copy_lock("4090", tmp_path)
+    req = lock / "requirements.lock"
+    req.write_text(req.read_text().replace("numpy==1.26.4", "numpy==2.2.0"))  # hash not updated
+    code, _, err = cli("render", "4090", "-o", tmp_path / "o")
+    assert code == 0, err
+    cons = all_constraints(tmp_path / "o")
+    assert "shipped lockfiles/4090" in cons and "numpy==1.26.4" in cons
+
+
+def test_render_from_replays_the_same_constraints(cli, tmp_path):
+    assert cli("render", "t4", "-o", tmp_path / "a")[0] == 0
+    assert cli("render", "--from", tmp_path / "a" / "envbuild.json", "-o", tmp_path / "b")[0] == 0
+    for name in ("constraints/torch.txt", "constraints/verl.txt", "Dockerfile", "requirements.txt"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+
+def test_the_shipped_pip_locks_are_fresh(cli):
+    code, out, err = cli("lock", "--all", "--check", "--only", "pip", "-o", ROOT / "lockfiles")
+    assert code == 0, out + err

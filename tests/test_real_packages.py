@@ -1,0 +1,144 @@
+"""The real-package tier: the training path names only modules that exist in the real releases.
+
+Downloads from PyPI: every verl release in the matrix (conftest's verl_wheels, about 1 MB
+each), the file listing of every vLLM wheel in the matrix (its zip central directory only, read
+with HTTP Range requests, not the 300 MB wheel), and the flash-attn sdists the profiles install.
+apex is not on PyPI (its source comes from GitHub), so its module names are not checked here.
+PyPI unreachable: skipped with the reason printed; under CI=true that fails instead.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import tarfile
+import urllib.error
+import urllib.request
+import zipfile
+from pathlib import Path, PurePosixPath
+
+import pytest
+
+from conftest import shipped
+from envbuilder.resolve import INSTALLABLE_ROLLOUTS, training_path
+
+pytestmark = pytest.mark.pypi
+
+SIMPLE = "https://pypi.org/simple"
+TIMEOUT = 60
+
+
+def _get(url: str, headers: dict | None = None) -> bytes:
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}),
+                                timeout=TIMEOUT) as r:
+        return r.read()
+
+
+@pytest.fixture(scope="module")
+def pypi(real_pypi):
+    return real_pypi
+
+
+def files_of(project: str) -> list[dict]:
+    """The project's files from PyPI's JSON simple API (PEP 691): filename, url, ..."""
+    body = _get(f"{SIMPLE}/{project}/", {"Accept": "application/vnd.pypi.simple.v1+json"})
+    return json.loads(body)["files"]
+
+
+def modules_in(names: list[str]) -> set[str]:
+    """Importable module names of an archive's member paths: a.py, a/__init__.py, a.*.so."""
+    out = set()
+    for name in names:
+        p = PurePosixPath(name)
+        if p.suffix == ".py":
+            parts = p.parts[:-1] if p.name == "__init__.py" else (*p.parts[:-1], p.stem)
+        elif p.suffix == ".so":
+            parts = (*p.parts[:-1], p.name.split(".", 1)[0])
+        else:
+            continue
+        if parts and all(part.isidentifier() for part in parts):
+            out.add(".".join(parts))
+    return out
+
+
+class RangeFile(io.RawIOBase):
+    """A remote file read through HTTP Range requests: zipfile needs only its central directory."""
+
+    def __init__(self, url: str):
+        head = urllib.request.Request(url, method="HEAD")
+        with urllib.request.urlopen(head, timeout=TIMEOUT) as r:
+            self.size = int(r.headers["Content-Length"])
+        self.url, self.pos = url, 0
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def tell(self):
+        return self.pos
+
+    def seek(self, offset, whence=0):
+        self.pos = {0: offset, 1: self.pos + offset, 2: self.size + offset}[whence]
+        return self.pos
+
+    def readinto(self, buf):
+        n = min(len(buf), self.size - self.pos)
+        if n <= 0:
+            return 0
+        data = _get(self.url, {"Range": f"bytes={self.pos}-{self.pos + n - 1}"})
+        if len(data) > n:  # a server that ignored Range: fail loudly, do not download 300 MB twice
+            raise OSError(f"{self.url} ignored the Range request")
+        buf[:len(data)] = data
+        self.pos += len(data)
+        return len(data)
+
+
+@pytest.mark.parametrize("version", list(shipped().verl))
+def test_every_verl_module_of_the_training_path_is_in_that_releases_wheel(verl_wheels, version):
+    m = shipped()
+    record = m.verl[version]["training_path"]
+    listed = record["modules"] + [x for mods in record["rollouts"].values() for x in mods]
+    assert all(x.split(".")[0] == "verl" for x in listed), "a verl record names a non-verl module"
+    with zipfile.ZipFile(verl_wheels[version]) as z:
+        have = modules_in(z.namelist())
+    rollouts = [r for r in m.verl[version]["rollouts"] if r in INSTALLABLE_ROLLOUTS]
+    assert rollouts and set(rollouts) <= set(record["rollouts"])
+    for rollout in rollouts:
+        path = training_path(m, version, rollout, ("flash-attn", "apex"))
+        missing = [x for x in path if x.split(".")[0] == "verl" and x not in have]
+        assert not missing, f"verl {version} ({rollout} rollout) has no {', '.join(missing)}"
+
+
+@pytest.mark.parametrize("version", list(shipped().vllm))
+def test_vllms_training_path_modules_are_in_every_vllm_wheel(pypi, version):
+    wheels = [f for f in files_of("vllm") if f["filename"].startswith(f"vllm-{version}-")
+              and f["filename"].endswith("x86_64.whl") and "manylinux" in f["filename"]]
+    assert wheels, f"PyPI has no x86_64 manylinux wheel of vllm {version}"
+    with zipfile.ZipFile(io.BufferedReader(RangeFile(wheels[0]["url"]), buffer_size=1 << 16)) as z:
+        have = modules_in(z.namelist())
+    missing = [x for x in shipped().vllm_training_path["modules"] if x not in have]
+    assert not missing, f"{wheels[0]['filename']} has no {', '.join(missing)}"
+
+
+def flash_attn_versions() -> list[str]:
+    profiles = shipped().profiles.values()
+    return sorted({p.get(k, {}).get("flash-attn") for p in profiles
+                   for k in ("components", "optional_components")} - {None})
+
+
+@pytest.mark.parametrize("version", flash_attn_versions())
+def test_flash_attns_training_path_modules_are_what_its_sdist_builds(pypi, version, tmp_path):
+    """PyPI has only flash-attn's sdist: its setup.py names the CUDA extension, its tree the rest."""
+    sdists = [f for f in files_of("flash-attn") if f["filename"] == f"flash_attn-{version}.tar.gz"]
+    assert sdists, f"PyPI has no sdist of flash-attn {version}"
+    with tarfile.open(fileobj=io.BytesIO(_get(sdists[0]["url"])), mode="r:gz") as tar:
+        names = tar.getnames()
+        root = f"flash_attn-{version}/"
+        setup = tar.extractfile(root + "setup.py").read().decode()
+    have = modules_in([n[len(root):] for n in names if n.startswith(root)])
+    have |= set(re.findall(r'CUDAExtension\(\s*name="([A-Za-z0-9_]+)"', setup))
+    missing = [x for x in shipped().flash_attn["training_path"]["modules"] if x not in have]
+    assert not missing, f"flash-attn {version} builds or ships no {', '.join(missing)}"
