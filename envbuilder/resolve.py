@@ -672,8 +672,10 @@ class _Resolver:
             "features": {"bf16": dtype == "bf16", "flash_attention": attention == "flash_attention_2",
                          "remove_padding": remove_padding,
                          "torch_compile": feats.get("torch_compile", True)},
-            "flash_attn": {"version": fa} if fa else None,
-            "apex": dict(apex, arch_list=cc) if apex else None,
+            "flash_attn": ({"version": fa, "modules": list(m.flash_attn["training_path"]["modules"])}
+                           if fa else None),
+            "apex": (dict(apex, arch_list=cc, modules=list(m.apex["training_path"]["modules"]))
+                     if apex else None),
             "patches": patches,
             "audit": {"checks": checks, "reviewed": reviewed},
             "cuda_alloc_conf": alloc,

@@ -348,19 +348,12 @@ def index_answers(url: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
 
 def import_plan(d: dict) -> tuple[list[str], dict[str, str]]:
     """(the modules a training run imports, in order; {top-level module: component} for the
-    compiled extensions among them). The training path comes from the resolved env where it has
-    one, else from the preflight's import list; the extensions' modules are those the preflight
-    list gains when the component is present."""
-    from .render import preflight_expectations
-
-    modules = list(d.get("training_path") or preflight_expectations(d)["imports"])
-    bare = {**d, "apex": None, "flash_attn": None}
-    base = set(preflight_expectations(bare)["imports"])
+    compiled extensions among them, from each component's `modules` in the resolved env)."""
+    modules = list(d["training_path"])
     ext: dict[str, str] = {}
     for comp in ("apex", "flash_attn"):
-        if d.get(comp):
-            for mod in set(preflight_expectations({**bare, comp: d[comp]})["imports"]) - base:
-                ext[mod.split(".")[0]] = comp
+        for mod in (d.get(comp) or {}).get("modules", []):
+            ext[mod.split(".")[0]] = comp
     return modules, ext
 
 

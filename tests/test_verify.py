@@ -23,7 +23,6 @@ import yaml
 from conftest import clean_env, envbuild_exe, resolved
 from envbuilder import matrix as M
 from envbuilder.cli_verify import table
-from envbuilder.render import preflight_expectations
 from envbuilder.verify import (check_overrides, hydra_error, import_plan, local_pins,
                                parse_printed_config, swap_line)
 from httpfixtures import closed_port_url
@@ -177,7 +176,7 @@ def test_patches_are_applied_before_the_imports(happy):
 def test_every_module_of_the_training_path_imports_in_its_own_interpreter(happy):
     (r,) = happy["report"]["profiles"]
     d = happy["world"].env.data
-    expected = list(d.get("training_path") or preflight_expectations(d)["imports"])
+    expected = list(d["training_path"])
     assert [i["module"] for i in r["imports"]] == expected
     assert all(i["ok"] and i["error"] is None for i in r["imports"]), r["imports"]
     assert r["isolation"]  # says how the imports and the compose were kept off the network
@@ -197,7 +196,7 @@ def test_the_run_scripts_overrides_compose_with_verls_hydra_config(happy):
     assert c["values"] == {"actor_rollout_ref.rollout.name": "hf",
                            "actor_rollout_ref.rollout.dtype": "bfloat16",
                            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu":
-                               d["train"]["micro_batch_size_per_gpu"]}
+                               d["memory"]["batch"]["actor_ppo_micro_batch_size_per_gpu"]}
 
 
 def test_keep_leaves_the_venv_and_nothing_else(happy):
