@@ -75,7 +75,8 @@ def _matrix(matrix_dirs):
 # runs (or help lists them), so `render` pays nothing for build, lock, wheelhouse or detect.
 LAZY_COMMANDS = {"build": "envbuilder.cli_build", "mirrors": "envbuilder.cli_build",
                  "lock": "envbuilder.cli_lock", "wheelhouse": "envbuilder.cli_wheelhouse",
-                 "detect": "envbuilder.cli_detect", "doctor": "envbuilder.cli_detect"}
+                 "detect": "envbuilder.cli_detect", "doctor": "envbuilder.cli_detect",
+                 "verify": "envbuilder.cli_verify"}
 
 
 class LazyGroup(click.Group):

@@ -158,11 +158,12 @@ def _cc_runs(gpu_cc: str, archs: list[str]) -> bool:
 
 
 def flash_attn_release(fa_data: dict, version: str) -> dict:
-    """The flash-attn part of a ResolvedEnv: the version, and where its prebuilt release wheel
-    is (the download folder, the file name template, the CUDA tags; the builder names the file
-    from the installed torch, envbuilder/flash_attn_wheel.py)."""
+    """The flash-attn part of a ResolvedEnv: the version, the modules the run imports of it, and
+    where its prebuilt release wheel is (the download folder, the file name template, the CUDA
+    tags; the builder names the file from the installed torch, envbuilder/flash_attn_wheel.py)."""
     rel = fa_data["release_wheels"]
-    return {"version": version, "release": rel["url"].format(version=version),
+    return {"version": version, "modules": list(fa_data["training_path"]["modules"]),
+            "release": rel["url"].format(version=version),
             "wheel": rel["filename"],
             "cuda_tags": dict(sorted((fa_data["versions"][version].get("wheel_cuda") or {}).items()))}
 
@@ -683,7 +684,8 @@ class _Resolver:
                          "remove_padding": remove_padding,
                          "torch_compile": feats.get("torch_compile", True)},
             "flash_attn": flash_attn_release(m.flash_attn, fa) if fa else None,
-            "apex": dict(apex, arch_list=cc) if apex else None,
+            "apex": (dict(apex, arch_list=cc, modules=list(m.apex["training_path"]["modules"]))
+                     if apex else None),
             "patches": patches,
             "audit": {"checks": checks, "reviewed": reviewed},
             "cuda_alloc_conf": alloc,
