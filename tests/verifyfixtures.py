@@ -182,7 +182,7 @@ def build(pypi: Path, torch_index: Path, d: dict, modules: list[str], *, conflic
                   "verl/trainer/config/ppo_trainer.yaml": config or CONFIG.read_text("utf-8"),
                   GUARD: GUARD_FIND}
     for top in dict.fromkeys(m.split(".")[0] for m in modules):
-        if top not in provided:
+        if top not in provided and top != "verl":  # verl's own files: the make_wheel below
             verl_files = {**files_for(top), **verl_files}
     make_wheel(pypi, "verl", d["verl"]["version"], requires=("hydra-core",),
                files=files_for("verl", verl_files))
