@@ -76,8 +76,14 @@ def index(tmp_path_factory, docker_client):
     pkgs = tmp_path_factory.mktemp("pkgs")
     d = resolve(matrix.load(), "p40", Overrides(without=("apex",))).data
     wheels_for_env(pkgs, d, VERL_FIXTURE if VERL_FIXTURE.is_dir() else None)
+    # the builder's tools at the versions the shipped p40 lock pins (a full p40 render constrains
+    # them, as a real mirror of PyPI would serve), or any version where no lock pins them
+    from envbuilder.plan import find_constraints
+
+    full = find_constraints(resolve(matrix.load(), "p40", Overrides())) or {"layers": {}}
+    pinned = dict(pin.split("==", 1) for pins in full["layers"].values() for pin in pins)
     for name in BUILD_TOOLS:
-        make_wheel(pkgs, name, "0.0.1")
+        make_wheel(pkgs, name, pinned.get(name, "0.0.1"))
     # the 4090 with flash-attn: its stand-ins where p40's do not already have the file, and
     # flash-attn's sdist, which the builder's fallback builds (in a second: a stand-in)
     fa = resolve(matrix.load(), "4090", Overrides(with_=("flash-attn",))).data
