@@ -5,6 +5,7 @@ everything beyond the top-level pins. Pure and light: `render` imports it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -35,6 +36,7 @@ class Locked(NamedTuple):
     parents: frozenset[str]  # packages that pull this one in ("" = asked for directly)
 
 
+@functools.lru_cache(maxsize=None)
 def normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name.split("[")[0]).lower()
 
@@ -81,8 +83,9 @@ def plan_sha256(env: ResolvedEnv) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def parse(text: str) -> dict[str, Locked]:
-    """requirements.lock (uv's format, annotated) -> {normalized name: Locked}."""
+def parse(text: str, with_hashes: bool = True) -> dict[str, Locked]:
+    """requirements.lock (uv's format, annotated) -> {normalized name: Locked}. Without
+    `with_hashes` (what constraints need), the hash lines, most of a lock, are skipped unread."""
     out: dict[str, Locked] = {}
     name = version = None
     hashes: list[str] = []
@@ -94,14 +97,18 @@ def parse(text: str) -> dict[str, Locked]:
             out[name] = Locked(version, tuple(hashes), frozenset(parents))
 
     for line in text.splitlines():
+        if not with_hashes and line.lstrip().startswith("--hash="):
+            continue
         m = _REQ.match(line)
         if m:
             flush()
             name, version, hashes, parents, in_via = normalize(m[1]), m[2], [], set(), False
-            hashes += _HASH.findall(line)
+            if with_hashes:
+                hashes += _HASH.findall(line)
             continue
         stripped = line.strip()
-        hashes += _HASH.findall(stripped)
+        if with_hashes:
+            hashes += _HASH.findall(stripped)
         if stripped.startswith("# via"):
             rest = stripped[len("# via"):].strip()
             in_via = not rest
@@ -155,7 +162,7 @@ def constraint_layers(env: ResolvedEnv, requirements_lock: str,
     extras and no hashes). One set per layer, so that a changed verl pin leaves the torch
     layer's set, and with it Docker's cache of that layer, as it was. From a lock solved with
     PyPI's torch: none of the packages that differ between torch builds."""
-    locked = parse(requirements_lock)
+    locked = parse(requirements_lock, with_hashes=False)
     return {layer.replace("-", "_"): [f"{n}=={locked[n].version}" for n in names
                                       if not (torch_swapped and TORCH_BUILD_PACKAGES.match(n))]
             for layer, names in layers(env, locked).items()}
