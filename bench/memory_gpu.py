@@ -49,7 +49,8 @@ DEVICE = "cuda"  # (a CPU smoke test of the harness sets "cpu")
 
 # -- cases (here, with envbuilder) --------------------------------------------------------------
 
-def write_cases(out: Path) -> None:
+def write_cases(out: Path, probes: list[str] | None = None) -> None:
+    """`probes`: PROFILE:KEY:B1,B2 adds runs of KEY at those batch sizes (label "probe")."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from envbuilder import matrix, memory
     from envbuilder.resolve import resolve
@@ -80,6 +81,10 @@ def write_cases(out: Path) -> None:
             if b < 1 or (label == "twice" and mem["bound_by"]["generation"] != "memory"):
                 continue
             runs.append(_run_case(memory, s, "generation", b, label))
+        for probe in probes or ():
+            p_name, p_key, p_sizes = probe.split(":")
+            if p_name == name:
+                runs += [_run_case(memory, s, p_key, int(b), "probe") for b in p_sizes.split(",")]
         for key in ("log_prob", "actor", "critic"):
             runs.append(_run_case(memory, s, key, plan_b[key], "planned"))
             bigger = [b for b in memory.candidates(s, key) if b > plan_b[key]]
@@ -98,6 +103,8 @@ def write_cases(out: Path) -> None:
             "gradient_checkpointing": s.ckpt, "param_offload": s.param_offload,
             "optimizer_offload": s.optimizer_offload,
             "usable_gib": mem["usable_gib"], "vllm_share_gib": mem["vllm_share_gib"],
+            # what the rendered run script exports (PYTORCH_CUDA_ALLOC_CONF), so the run has it
+            "alloc_conf": (env.get("cuda_alloc_conf") or {}).get("value"),
             "plan": mem["batch"], "bound_by": mem["bound_by"], "runs": runs,
         })
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -142,7 +149,9 @@ def _model_bytes(s, key: str) -> int:
 
 # -- run (on the GPU, with torch and transformers only) -----------------------------------------
 
-def run(cases_path: Path, out_dir: Path, only: list[str], budget_s: float) -> int:
+def run(cases_path: Path, out_dir: Path, only: list[str], budget_s: float,
+        labels: list[str] | None = None, name: str = "memory_gpu.json",
+        keys: list[str] | None = None) -> int:
     import torch
     import transformers
 
@@ -170,6 +179,8 @@ def run(cases_path: Path, out_dir: Path, only: list[str], budget_s: float) -> in
         rec = {k: case[k] for k in case if k != "runs"}
         rec["runs"] = []
         for r in case["runs"]:
+            if (labels and r["label"] not in labels) or (keys and r["key"] not in keys):
+                continue
             if time.time() - start > budget_s:
                 rec["runs"].append(dict(r, skipped="time budget"))
                 continue
@@ -180,7 +191,7 @@ def run(cases_path: Path, out_dir: Path, only: list[str], budget_s: float) -> in
                   f"res={_g(row.get('peak_reserved')):>7} cap={r['cap_bytes'] / GIB:7.2f} "
                   f"{'OOM' if row.get('oom') else 'ok'} {row.get('seconds', 0):.1f}s", flush=True)
         results["profiles"].append(rec)
-        (out_dir / "memory_gpu.json").write_text(json.dumps(results, indent=1) + "\n")
+        (out_dir / name).write_text(json.dumps(results, indent=1) + "\n")
     print(f"total {time.time() - start:.0f}s")
     return 0
 
@@ -199,6 +210,7 @@ def measure(case: dict, r: dict, total: int) -> dict:
     out["cap_clamped_to_card"] = r["cap_bytes"] > total
     gc.collect()
     torch.cuda.empty_cache()
+    out["alloc_conf_applied"] = _allocator(case.get("alloc_conf"))
     torch.cuda.set_per_process_memory_fraction(cap / total)
     torch.cuda.reset_peak_memory_stats()
     held = []
@@ -222,6 +234,18 @@ def measure(case: dict, r: dict, total: int) -> dict:
     torch.cuda.empty_cache()
     torch.cuda.set_per_process_memory_fraction(1.0)
     return out
+
+
+def _allocator(conf: str | None) -> str:
+    """The caching allocator's setting for this run, as the rendered run script exports it
+    (expandable segments on small cards with the HF rollout, off otherwise). Set at run time
+    (the process serves every profile); it applies to the segments allocated after it, and
+    measure() empties the cache first."""
+    import torch
+
+    value = conf or "expandable_segments:False"
+    torch.cuda.memory._set_allocator_settings(value)
+    return value
 
 
 def _config(case: dict, attn: str):
@@ -453,16 +477,22 @@ def main() -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("cases", help="write the cases (needs envbuilder)")
     c.add_argument("-o", "--out", type=Path, default=Path("out/memory_cases.json"))
+    c.add_argument("--probe", nargs="*", default=[], metavar="PROFILE:KEY:B1,B2",
+                   help="extra runs of KEY (generation, log_prob, actor, critic) at these sizes")
     r = sub.add_parser("run", help="measure on the GPU (needs torch and transformers)")
     r.add_argument("--cases", type=Path, default=Path("out/memory_cases.json"))
     r.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out/memory")))
     r.add_argument("--only", nargs="*", default=[])
     r.add_argument("--budget-s", type=float, default=480)
+    r.add_argument("--labels", nargs="*", default=[],
+                   help="only these runs of each profile (e.g. planned: the current plan's sizes)")
+    r.add_argument("--name", default="memory_gpu.json", help="the result file's name in --out")
+    r.add_argument("--keys", nargs="*", default=[], help="only these phases (generation, ...)")
     args = ap.parse_args()
     if args.cmd == "cases":
-        write_cases(args.out)
+        write_cases(args.out, args.probe)
         return 0
-    return run(args.cases, args.out, args.only, args.budget_s)
+    return run(args.cases, args.out, args.only, args.budget_s, args.labels, args.name, args.keys)
 
 
 if __name__ == "__main__":

@@ -193,7 +193,9 @@ def memory_lines(d: dict) -> list[str]:
            f"{mem['cuda_context_gib']:g} CUDA context"
            + (f" - {mem['nccl_gib']:g} NCCL" if mem["nccl_gib"] else "")
            + f" = {mem['usable_gib']:.1f} GiB usable; a planned batch adds "
-           f"{mem['allocator_overhead']:.0%} for the allocator and leaves {mem['margin']:.0%} free",
+           f"{mem['allocator_overhead']:.0%} for the allocator"
+           + (f" ({mem['hf_generate_overhead']:.0%} in HF generate)" if d["rollout"] == "hf" else "")
+           + f" and leaves {mem['margin']:.0%} free",
            f"model {mem['model']}: {a['layers']} layers, hidden {a['hidden_size']}, "
            f"{a['attention_heads']} heads ({a['kv_heads']} KV) x {a['head_dim']}, MLP "
            f"{a['intermediate_size']}, vocab {a['vocab_size']}, "

@@ -273,7 +273,8 @@ def _check_models(m: Matrix) -> None:
     if mem is None:
         raise UserError("No `memory:` section in the matrix (matrices/memory.yaml): the memory "
                         "estimate needs it. Reinstall envbuild or restore the file.")
-    for key, lo, hi in (("margin", 0, 0.9), ("allocator_overhead", 0, 1), ("validation_share", 0.01, 1),
+    for key, lo, hi in (("margin", 0, 0.9), ("allocator_overhead", 0, 1),
+                        ("hf_generate_overhead", 0, 1), ("validation_share", 0.01, 1),
                         ("cuda_context_gib", 0, 64), ("nccl_gib", 0, 64)):
         if not lo <= mem[key] <= hi:
             raise UserError(f"{m.where('memory', key)}: memory.{key} is {mem[key]}, outside "

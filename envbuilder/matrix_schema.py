@@ -86,7 +86,8 @@ MODEL = {"family": S.OneOf(("qwen2",)), "layers": int, "hidden_size": int, "atte
          "tied_embeddings": bool, "qkv_bias": bool, "max_position_embeddings": int,
          "parameters": int, "source": SOURCE}
 MEMORY = {"total_mib": S.MapOf({"mib": int, "source": SOURCE}), "cuda_context_gib": float,
-          "nccl_gib": float, "allocator_overhead": float, "margin": float,
+          "nccl_gib": float, "allocator_overhead": float, "hf_generate_overhead": float,
+          "margin": float,
           "validation_share": float, "source": SOURCE}
 ENDPOINTS = S.ListOf(str)
 MIRROR = {"description": str, "registries?": S.MapOf(ENDPOINTS), "pypi?": ENDPOINTS,

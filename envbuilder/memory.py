@@ -373,13 +373,22 @@ def vllm_outside(s: Setup) -> dict:
 
 # -- the plan ---------------------------------------------------------------------------------
 
-def fits(s: Setup, nbytes: float, budget_gib: float, margin: bool = True, exempt: float = 0) -> bool:
-    """Whether `nbytes` of tensors fit `budget_gib` once the allocator's overhead is added (and,
-    with `margin`, leaving the margin free). `exempt`: bytes of a budget already whole (vLLM's
-    share), which takes no overhead."""
+def overhead(s: Setup, key: str) -> float:
+    """The allocator's overhead for a phase: HF generate's own where it generates (its KV cache
+    grows a token at a time and eager attention's score blocks come and go), else the common one."""
+    if key == "generation" and s.rollout == "hf":
+        return s.consts["hf_generate_overhead"]
+    return s.consts["allocator_overhead"]
+
+
+def fits(s: Setup, nbytes: float, budget_gib: float, margin: bool = True, exempt: float = 0,
+         key: str = "") -> bool:
+    """Whether `nbytes` of tensors fit `budget_gib` once the allocator's overhead for phase `key`
+    is added (and, with `margin`, leaving the margin free). `exempt`: bytes of a budget already
+    whole (vLLM's share), which takes no overhead."""
     if margin:
         budget_gib *= 1 - s.consts["margin"]
-    return (nbytes - exempt) * (1 + s.consts["allocator_overhead"]) + exempt <= budget_gib * GIB
+    return (nbytes - exempt) * (1 + overhead(s, key)) + exempt <= budget_gib * GIB
 
 
 def _largest(candidates: list[int], ok) -> int | None:
@@ -452,7 +461,7 @@ def plan(env: dict, arch_rec: dict, consts: dict, val_rows: int) -> dict:
     for key in BATCHED:
         cands = candidates(s, key)
         budget = estimate(s, key, 1)["budget_gib"]
-        best = _largest(cands, lambda b: fits(s, estimate(s, key, b)["bytes"], budget))
+        best = _largest(cands, lambda b: fits(s, estimate(s, key, b)["bytes"], budget, key=key))
         if best is None:
             best = 1
             bound[key] = "does not fit"
@@ -466,7 +475,8 @@ def plan(env: dict, arch_rec: dict, consts: dict, val_rows: int) -> dict:
         phases[key] = estimate(s, key, 0)
     for key, p in phases.items():
         p["key"] = key
-        p["fits"] = fits(s, p["bytes"], p["budget_gib"], margin=False, exempt=p.get("exempt_bytes", 0))
+        p["fits"] = fits(s, p["bytes"], p["budget_gib"], margin=False,
+                         exempt=p.get("exempt_bytes", 0), key=key)
         if not p["fits"]:
             problems.append({"phase": p["phase"], "gib": p["total_gib"], "budget_gib": p["budget_gib"]})
 
@@ -498,6 +508,7 @@ def plan(env: dict, arch_rec: dict, consts: dict, val_rows: int) -> dict:
         "nccl_gib": consts["nccl_gib"] if s.n > 1 else 0,
         "usable_gib": round(s.usable_gib, 2),
         "allocator_overhead": consts["allocator_overhead"],
+        "hf_generate_overhead": consts["hf_generate_overhead"],
         "margin": consts["margin"],
         "vllm_share_gib": round(s.util * s.total_gib, 2) if s.rollout == "vllm" else None,
         "sequence": {"prompt": s.prompt, "response": s.response},

@@ -146,10 +146,10 @@ def test_every_micro_batch_divides_the_mini_batch_and_is_the_largest_that_fits(p
         if key in ("actor", "critic"):
             assert mem["mini_batch_per_gpu"] % chosen == 0
         budget = memory.estimate(s, key, 1)["budget_gib"]
-        assert memory.fits(s, memory.estimate(s, key, chosen)["bytes"], budget)
+        assert memory.fits(s, memory.estimate(s, key, chosen)["bytes"], budget, key=key)
         if bigger:  # the next size up would not fit: the plan is as large as memory allows
             assert mem["bound_by"][key] == "memory"
-            assert not memory.fits(s, memory.estimate(s, key, bigger[0])["bytes"], budget)
+            assert not memory.fits(s, memory.estimate(s, key, bigger[0])["bytes"], budget, key=key)
 
 
 def test_the_p40_validates_in_batches_because_the_whole_set_does_not_fit():

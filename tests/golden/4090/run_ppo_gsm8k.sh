@@ -27,10 +27,10 @@ args=(
   algorithm.kl_ctrl.kl_coef=0.001
   data.train_files="$DATA_DIR/train.parquet"
   data.val_files="$DATA_DIR/test.parquet"
-  # batch sizes per GPU from the memory plan (envbuild show 4090 --memory): peak 19.225 GiB
-  # (generate (prefill)) of 23.5 usable; validation in batches, never the whole set at once
+  # batch sizes per GPU from the memory plan (envbuild show 4090 --memory): peak 18.985 GiB
+  # (log_prob) of 23.5 usable; validation in batches, never the whole set at once
   data.train_batch_size=16
-  data.val_batch_size=425
+  data.val_batch_size=357
   data.max_prompt_length=512
   data.max_response_length=512
   actor_rollout_ref.model.path="$MODEL"
@@ -51,7 +51,7 @@ args=(
   actor_rollout_ref.rollout.name=hf
   actor_rollout_ref.rollout.dtype=bfloat16
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=12
-  +actor_rollout_ref.rollout.micro_batch_size=425
+  +actor_rollout_ref.rollout.micro_batch_size=357
   actor_rollout_ref.rollout.tensor_model_parallel_size=1
   actor_rollout_ref.rollout.gpu_memory_utilization=0.5
   ++actor_rollout_ref.model.lora_rank=32

@@ -29,10 +29,10 @@ args=(
   algorithm.kl_ctrl.kl_coef=0.001
   data.train_files="$DATA_DIR/train.parquet"
   data.val_files="$DATA_DIR/test.parquet"
-  # batch sizes per GPU from the memory plan (envbuild show p40 --memory): peak 19.203 GiB
+  # batch sizes per GPU from the memory plan (envbuild show p40 --memory): peak 16.901 GiB
   # (generate (prefill)) of 23.5 usable; validation in batches, never the whole set at once
   data.train_batch_size=8
-  data.val_batch_size=626
+  data.val_batch_size=543
   data.max_prompt_length=256
   data.max_response_length=256
   actor_rollout_ref.model.path="$MODEL"
@@ -53,7 +53,7 @@ args=(
   actor_rollout_ref.rollout.name=hf
   actor_rollout_ref.rollout.dtype=float32
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8
-  +actor_rollout_ref.rollout.micro_batch_size=626
+  +actor_rollout_ref.rollout.micro_batch_size=543
   actor_rollout_ref.rollout.tensor_model_parallel_size=1
   actor_rollout_ref.rollout.gpu_memory_utilization=0.4
   actor_rollout_ref.actor.use_torch_compile=False
