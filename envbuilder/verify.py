@@ -456,10 +456,12 @@ class _Verifier:
     def run(self, work: Path, venv: Path) -> Report:
         from . import render as R
         from .lock.pip import layer_roots, uv_bin
+        from .plan import with_constraints
 
         d, r = self.d, self.r
         r.isolation = isolation()[1]
-        files = R.render_files(self.env)
+        # as `envbuild render` does: the pins of the lock whose plan this is, per layer
+        files = R.render_files(with_constraints(self.env))
         rendered = work / "render"
         R.write_dir(rendered, files)
         uv = uv_bin()

@@ -74,7 +74,7 @@ class World:
 
 
 def verify(world: World, *args, tmp: Path, env: dict | None = None, cuda: str | None = None,
-           popen: bool = False):
+           popen: bool = False, cwd: Path | None = None):
     """Run the installed `envbuild verify tiny` in a fresh process, its temporary directories
     under `tmp`, uv's cache beside them (the developer's cache stays untouched)."""
     (tmp / "tmp").mkdir(parents=True, exist_ok=True)
@@ -83,8 +83,8 @@ def verify(world: World, *args, tmp: Path, env: dict | None = None, cuda: str | 
     e = clean_env(TMPDIR=str(tmp / "tmp"), UV_CACHE_DIR=str(tmp / "uv-cache"), **(env or {}))
     if popen:
         return subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
-    return subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=TIMEOUT)
+                                text=True, cwd=cwd)
+    return subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=TIMEOUT, cwd=cwd)
 
 
 def venv_python(venv: Path) -> str:
@@ -262,6 +262,31 @@ def test_a_layer_that_cannot_install_stops_the_later_ones(tmp_path):
     assert layers["verl"]["error"] == "not run: an earlier layer did not install"
     assert r["imports"] == [] and r["compose"] is None and r["patches"] is None
     assert any(f.startswith("layer verl-deps did not install: ") for f in r["failures"])
+
+
+def test_the_lock_of_the_profiles_plan_constrains_the_installs(tmp_path):
+    """As `envbuild render` does, verify installs under the pins of the lock whose plan the
+    profile is (./lockfiles/<profile>, then the shipped ones): a lock that pins a hydra-core the
+    index does not have stops the layer that installs it."""
+    import hashlib
+
+    from envbuilder.plan import plan_sha256
+
+    with World(tmp_path) as w:
+        lock = tmp_path / "cwd" / "lockfiles" / "tiny"
+        lock.mkdir(parents=True)
+        text = "hydra-core==0.0.1\n    # via -r requirements.in\n"
+        (lock / "requirements.lock").write_text(text, encoding="utf-8")
+        (lock / "lock.json").write_text(json.dumps({
+            "plan_sha256": plan_sha256(w.env),
+            "files": {"requirements.lock": hashlib.sha256(text.encode()).hexdigest()}}))
+        proc = verify(w, "--json", "--skip-compose", tmp=tmp_path, cwd=tmp_path / "cwd")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    (r,) = json.loads(proc.stdout)["profiles"]
+    assert r["constraints"] is True
+    layers = {x["layer"]: x for x in r["layers"]}
+    assert layers["torch"]["ok"] and not layers["verl-deps"]["ok"]
+    assert "hydra-core==0.0.1" in layers["verl-deps"]["error"], layers["verl-deps"]["error"]
 
 
 def test_a_reachable_torch_index_keeps_the_cu_builds(tmp_path):
