@@ -72,6 +72,8 @@ def table(reports: list[dict]) -> str:
         name = r["profile"]
         if r["torch_swapped"]:
             lines.append(f"{name}: torch {r['torch_swapped']}")
+        if r.get("libcuda") and r["libcuda"] != "the host's NVIDIA driver":
+            lines.append(f"{name}: libcuda: {r['libcuda']}")
         for n in r["not_installed"]:
             mods = f" (imports {', '.join(n['modules'])} not checked)" if n["modules"] else ""
             lines.append(f"{name}: not installed here: {n['component']} {n['version']}{mods}: "

@@ -108,6 +108,7 @@ class Report:
     torch_index_url: str | None = None
     torch_swapped: str | None = None
     constraints: bool = False
+    libcuda: str | None = None
     isolation: str | None = None
     layers: list = field(default_factory=list)
     patches: dict | None = None
@@ -357,6 +358,57 @@ def import_plan(d: dict) -> tuple[list[str], dict[str, str]]:
     return modules, ext
 
 
+# ---- a libcuda for loading, where the machine has no driver ----------------------------------------
+
+_DRIVER_SYMBOL = re.compile(r"^(cu[A-Z]\w*)(@.*)?$")  # the driver API (cudart's are cuda[A-Z]...)
+
+
+def libcuda_users(site: Path, packages: set[str]) -> dict[Path, set[str]]:
+    """{shared object: the driver-API symbols it leaves undefined} for the .so files under the
+    given top-level packages of `site` that need libcuda.so.1 (readelf's NEEDED entries)."""
+    readelf, nm = shutil.which("readelf"), shutil.which("nm")
+    if not (readelf and nm):
+        return {}
+    out: dict[Path, set[str]] = {}
+    for pkg in sorted(packages):
+        root = site / pkg
+        if not root.is_dir():
+            continue
+        for so in sorted(root.rglob("*.so")):
+            try:
+                dyn = subprocess.run([readelf, "-d", "-W", str(so)], capture_output=True,
+                                     text=True, timeout=60).stdout
+                if "[libcuda.so.1]" not in dyn:
+                    continue
+                und = subprocess.run([nm, "-D", "--undefined-only", str(so)], capture_output=True,
+                                     text=True, timeout=60).stdout
+            except (OSError, subprocess.TimeoutExpired):
+                continue
+            syms = {m[1] for m in (_DRIVER_SYMBOL.match(ln.split()[-1]) for ln in und.splitlines()
+                                   if ln.strip()) if m}
+            out[so] = syms
+    return out
+
+
+def build_libcuda_stub(symbols: list[str], out: Path) -> bool | str:
+    """Compile out/libcuda.so.1 exporting `symbols`, each returning 34 (CUDA_ERROR_STUB_LIBRARY).
+    True, or why not."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        return "no C compiler (cc)"
+    out.mkdir(parents=True, exist_ok=True)
+    src = out / "libcuda_stub.c"
+    src.write_text("".join(f"int {name}(void) {{ return 34; }}\n" for name in symbols)
+                   or "int cuInit(void) { return 34; }\n", encoding="utf-8")
+    try:
+        got = subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o",
+                              str(out / "libcuda.so.1"), str(src)], capture_output=True,
+                             text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return str(e)
+    return True if got.returncode == 0 else (got.stderr.strip().splitlines() or ["cc failed"])[-1]
+
+
 # ---- the composed config ----------------------------------------------------------------------------
 
 def parse_printed_config(text: str) -> dict | None:
@@ -594,11 +646,16 @@ class _Verifier:
         cwd = work / "imports"
         cwd.mkdir(exist_ok=True)
         prefix = isolation()[0]
+        extra = {}
+        stub = self.libcuda(py, work, {m.split(".")[0] for m in modules} - set(ext))
+        if stub:
+            extra["LD_LIBRARY_PATH"] = os.pathsep.join(
+                [str(stub)] + [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p])
         for mod in modules:
             if mod.split(".")[0] in ext:
                 continue  # reported under not_installed
             self.say(f"import {mod}")
-            got = run([*prefix, str(py), "-c", IMPORT_SNIPPET, mod], env=_offline_env(home),
+            got = run([*prefix, str(py), "-c", IMPORT_SNIPPET, mod], env=_offline_env(home, **extra),
                       cwd=cwd, timeout=IMPORT_TIMEOUT_S, say=self.say, label=f"import {mod}")
             res = None
             for line in reversed(got.out.splitlines()):
@@ -621,6 +678,38 @@ class _Verifier:
             self.r.imports.append(entry)
             if not entry["ok"]:
                 self.fail(f"import {mod}: {entry['error']}")
+
+    def libcuda(self, py: Path, work: Path, packages: set[str]) -> Path | None:
+        """Compiled modules may link the driver's libcuda.so.1 (vllm._C does), which a machine
+        without an NVIDIA driver lacks, so the loader stops before it checks anything else (the
+        torch ABI). As the image's preflight loads CUDA's forward-compat libcuda there, this
+        builds a stub that exports the driver-API symbols those modules name (each returns
+        CUDA_ERROR_STUB_LIBRARY): the modules load, nothing calls the driver. The directory to
+        put on LD_LIBRARY_PATH, or None where the host has a libcuda or nothing links one."""
+        probe = run([str(py), "-c", "import ctypes; ctypes.CDLL('libcuda.so.1')"],
+                    env=_clean_env(), timeout=60, label="libcuda")
+        if probe.rc == 0:
+            self.r.libcuda = "the host's NVIDIA driver"
+            return None
+        site = run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['platlib'])"],
+                   env=_clean_env(), timeout=60, label="site-packages").out.strip()
+        linked = libcuda_users(Path(site), packages) if site else {}
+        if not linked:
+            return None
+        names = sorted({sym for syms in linked.values() for sym in syms})
+        where = ", ".join(str(f.relative_to(site)) for f in sorted(linked))
+        out = work / "libcuda-stub"
+        made = build_libcuda_stub(names, out)
+        if made is not True:
+            self.r.libcuda = (f"none on this machine, and no stub could be built ({made}): "
+                              f"{where} will not load")
+            self.say(f"libcuda: {self.r.libcuda}")
+            return None
+        self.r.libcuda = (f"no NVIDIA driver here: a stub libcuda.so.1 exporting the {len(names)} "
+                          f"driver-API symbols that {where} link stands in, for loading only "
+                          "(every call returns CUDA_ERROR_STUB_LIBRARY)")
+        self.say(f"libcuda: {self.r.libcuda}")
+        return out
 
     def compose(self, py: Path, work: Path, rendered: Path) -> None:
         from .render import RUN_SCRIPT

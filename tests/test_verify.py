@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -381,6 +382,43 @@ def test_the_extensions_modules_are_reported_not_imported():
     modules, ext = import_plan(resolved("3090").data)
     assert ext == {"flash_attn": "flash_attn", "flash_attn_2_cuda": "flash_attn"}
     assert import_plan(resolved("4090").data)[1] == {}
+
+
+def test_a_stub_libcuda_lets_a_module_linked_against_the_driver_load(tmp_path):
+    """vllm._C links libcuda.so.1, which only a driver provides: on a machine without one, verify
+    builds a stub exporting the driver-API symbols such modules name, so they load (and the
+    loader checks their other symbols, torch's ABI) while nothing calls the driver."""
+    from envbuilder.verify import build_libcuda_stub, libcuda_users
+
+    if not all(shutil.which(t) for t in ("cc", "readelf", "nm")):
+        assert os.environ.get("CI") != "true", "CI has gcc and binutils: cc, readelf, nm"
+        pytest.skip("needs cc, readelf and nm (binutils, gcc)")
+    link = tmp_path / "link"  # a libcuda to link against, as the real one is at build time
+    assert build_libcuda_stub(["cuInit", "cuMemCreate"], link) is True
+    pkg = tmp_path / "site" / "ext"
+    pkg.mkdir(parents=True)
+    (tmp_path / "user.c").write_text(
+        "int cuInit(unsigned); int cudaFree(void*);\n"
+        "int probe(void) { return cuInit(0); }\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(pkg / "_C.so"), str(tmp_path / "user.c"),
+                    f"-L{link}", "-l:libcuda.so.1", "-Wl,--allow-shlib-undefined"], check=True)
+    (pkg / "plain.so").write_bytes((pkg / "_C.so").read_bytes().replace(b"libcuda.so.1", b"libcudx.so.1"))
+    users = libcuda_users(tmp_path / "site", {"ext", "absent"})
+    assert users == {pkg / "_C.so": {"cuInit"}}  # not cudaFree (the runtime's), not plain.so
+
+    load = ("import ctypes, os, sys; lib = ctypes.CDLL(sys.argv[1], mode=os.RTLD_NOW); "
+            "print(lib.probe())")
+    env = clean_env()
+    env.pop("LD_LIBRARY_PATH", None)
+    bare = subprocess.run([sys.executable, "-c", load, str(pkg / "_C.so")], env=env,
+                          capture_output=True, text=True)
+    assert bare.returncode != 0 and "libcuda.so.1" in bare.stderr
+    stub = tmp_path / "stub"
+    assert build_libcuda_stub(sorted(users[pkg / "_C.so"]), stub) is True
+    loaded = subprocess.run([sys.executable, "-c", load, str(pkg / "_C.so")],
+                            env={**env, "LD_LIBRARY_PATH": str(stub)}, capture_output=True, text=True)
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.strip() == "34"  # CUDA_ERROR_STUB_LIBRARY: the driver is never reached
 
 
 def test_check_overrides_compares_values_as_hydra_parses_them():
