@@ -325,9 +325,15 @@ def render(profile, all_, from_, out, locked_dir, wheelhouse, mirror, overrides,
     if failed:
         raise UserError(f"{len(failed)} of {len(names)} profiles did not resolve "
                         f"({', '.join(failed)}); nothing was written.")
+    choice = None
+    if mirror:
+        from . import mirrors as M
+
+        choice = M.choice(mirror, M.get_set(m, mirror))
     for env in envs:
         target = base / env.name if (all_ or out is None) else out
-        locked = _locked(env, locked_dir, all_, wheelhouse)  # against the upstream spec
+        # against the upstream spec (what the lock recorded); its images through the mirror
+        locked = _locked(env, locked_dir, all_, wheelhouse, choice)
         if not locked:
             from .plan import with_constraints
 
@@ -335,17 +341,15 @@ def render(profile, all_, from_, out, locked_dir, wheelhouse, mirror, overrides,
             if not env.data["constraints"]:
                 click.echo(f"  note: {env.name} is not pinned beyond its top-level pins (no lock "
                            f"matches it): `envbuild lock {env.name}` makes one.", err=True)
-        if mirror:
-            from . import mirrors as M
-
-            env = M.apply_to_env(env, M.choice(mirror, M.get_set(m, mirror)))
+        if choice:
+            env = M.apply_to_env(env, choice)
         R.render(env, target, locked)
         click.echo(f"rendered {env.name} -> {target}/")
         for w in env.data["warnings"]:
             click.echo(f"  WARNING: {w}")
 
 
-def _locked(env, locked_dir, all_, wheelhouse=None):
+def _locked(env, locked_dir, all_, wheelhouse=None, mirror=None):
     if wheelhouse is None and locked_dir is None:
         return None  # (and the lock module stays unimported on the plain render path)
     from .lock.lockfile import for_render
@@ -354,10 +358,10 @@ def _locked(env, locked_dir, all_, wheelhouse=None):
         if not (Path(wheelhouse) / "manifest.json").is_file():
             raise UserError(f"{wheelhouse} is not an envbuild wheelhouse (no manifest.json). Make "
                             f"one with `envbuild wheelhouse {env.name} -o {wheelhouse}`.")
-        return for_render(env, Path(wheelhouse) / "locks" / env.name, Path(wheelhouse))
+        return for_render(env, Path(wheelhouse) / "locks" / env.name, Path(wheelhouse), mirror)
     if locked_dir == "-":
-        return for_render(env, Path("lockfiles") / env.name)
-    return for_render(env, Path(locked_dir) / env.name if all_ else Path(locked_dir))
+        return for_render(env, Path("lockfiles") / env.name, mirror=mirror)
+    return for_render(env, Path(locked_dir) / env.name if all_ else Path(locked_dir), mirror=mirror)
 
 
 # Optional dependencies -> the extra that installs them (pyproject.toml's optional-dependencies).

@@ -406,6 +406,25 @@ def test_render_locked_pins_images_and_requires_hashes(world, p40_lock, tmp_path
     assert [c.value[0] for c in parsed if c.cmd == "FROM"] == ["${BASE_DEVEL}", "${BASE_RUNTIME}"]
 
 
+def test_render_locked_through_a_mirror_pins_the_mirrors_images_at_the_locked_digests(
+        world, p40_lock, tmp_path, capsys):
+    """A digest names the content: through a mirror the locked Dockerfile pulls the mirror's
+    reference at the digest the lock recorded, never the upstream Docker Hub one."""
+    from envbuilder import matrix as MX, mirrors as M
+
+    rc, _, err = envbuild(capsys, "render", "p40", "-o", tmp_path / "out", "--locked", p40_lock,
+                          "--mirror", "cn")
+    assert rc == 0, err
+    dockerfile = (tmp_path / "out" / "Dockerfile").read_text()
+    images = json.loads((p40_lock / "images.lock").read_text())
+    choice = M.choice("cn", M.get_set(MX.load(), "cn"))
+    for role, ref in world["env"].data["cuda"]["images"].items():
+        mirrored = choice.image(ref)
+        assert mirrored != ref
+        assert f"ARG BASE_{role.upper()}={mirrored}@{images[ref]['digest']}\n" in dockerfile
+        assert f"={ref}@" not in dockerfile
+
+
 def test_render_locked_installs_in_a_fresh_venv_layer_by_layer(world, p40_lock, tmp_path, capsys):
     rc, _, err = envbuild(capsys, "render", "p40", "-o", tmp_path / "out", "--locked", p40_lock)
     assert rc == 0, err

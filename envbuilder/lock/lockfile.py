@@ -135,11 +135,14 @@ def write_dir(lock_dir: Path, files: dict[str, str]) -> None:
     swap_dir(lock_dir, files, marker=META)
 
 
-def for_render(env: ResolvedEnv, lock_dir: Path, wheelhouse: Path | None = None) -> dict:
+def for_render(env: ResolvedEnv, lock_dir: Path, wheelhouse: Path | None = None,
+               mirror=None) -> dict:
     """The `locked` context of the Dockerfile template: base images by digest and the hashed
     requirement file of each install layer (copied into the build context). With a wheelhouse
     (whose locks/<profile>/ is `lock_dir`), pip installs from its files with no index, and the
-    base images are pinned where the lock has them."""
+    base images are pinned where the lock has them. With a `mirror` (mirrors.MirrorChoice) the
+    images are the mirror's references at the digests the lock recorded upstream (a digest names
+    the content, wherever it is pulled from)."""
     from .pip import layer_files
 
     lock_dir = Path(lock_dir)
@@ -183,12 +186,13 @@ def for_render(env: ResolvedEnv, lock_dir: Path, wheelhouse: Path | None = None)
     images = json.loads(texts[IMAGES]) if IMAGES in texts else {}
     pinned = {}
     for role, ref in sorted(env.data["cuda"]["images"].items()):
+        where = mirror.image(ref) if mirror else ref
         if ref in images:
-            pinned[role] = f"{ref}@{images[ref]['digest']}"
+            pinned[role] = f"{where}@{images[ref]['digest']}"
         elif IMAGES in texts:
             raise UserError(f"{lock_dir / IMAGES} has no digest for {ref}; re-lock.")
         else:
-            pinned[role] = ref
+            pinned[role] = where
     requirements, links = texts[REQUIREMENTS], {}
     if wheelhouse is not None:  # the wheels built from the lock's sdists install in their place
         from .pip import replace_hashes
