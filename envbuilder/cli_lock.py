@@ -75,8 +75,7 @@ def lock(profile, all_, check, out, index_url, torch_index_url, channels, regist
             raise UserError("--solver conda-lock runs conda-lock, which needs conda, mamba or "
                             "micromamba on PATH to solve the conda part; none is. Install one, or "
                             "use --solver rattler (the default: py-rattler needs no conda).")
-    overlays = tuple(matrix_dirs)
-    m = _matrix(overlays)
+    m = _matrix(tuple(matrix_dirs))
     names = list(m.profiles) if all_ else [profile]
     mirror = None
     if mirror_set:
@@ -90,7 +89,7 @@ def lock(profile, all_, check, out, index_url, torch_index_url, channels, regist
         try:
             env = resolve(m, name, overrides)
             if check:
-                found = L.problems(env, target, overlays, parts)
+                found = L.problems(env, target, parts)
                 for p in found:
                     click.echo(f"{name}: {p}")
                 if found:
@@ -105,7 +104,7 @@ def lock(profile, all_, check, out, index_url, torch_index_url, channels, regist
 
             src = sources_for(env, index_url, torch_index_url, channels, registry_mirror, mirror,
                               github_url)
-            lock_profile(env, target_glibc(m, env), src, target, overlays=overlays,
+            lock_profile(env, target_glibc(m, env), src, target,
                          parts=parts, solver=solver, swap_torch=torch_from_pypi,
                          say=lambda s: click.echo(s, err=True))
             click.echo(f"locked {name} -> {target}/")

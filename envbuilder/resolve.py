@@ -662,6 +662,7 @@ class _Resolver:
                     "vram_gb": gpu["vram_gb"], "bf16": gpu["bf16"],
                     "max_smem_per_block_kb": gpu["max_smem_per_block_kb"]},
             "cuda": {"version": cuda_v, "full_version": cuda["version"], "ubuntu": cuda["ubuntu"],
+                     "glibc": cuda.get("glibc"),
                      "images": dict(cuda["images"]), "conda_nvcc": cuda["conda_nvcc"],
                      "compat_libcuda": m.cuda_compat["libcuda"]},
             "driver": driver,

@@ -298,7 +298,44 @@ def test_check_passes_offline_and_detects_a_changed_matrix(world, tmp_path, caps
         _profile_yaml("p40", pins={"transformers": "4.52.0"}))
     rc, out, err = envbuild(capsys, "lock", "p40", "--check", "-o", lock_dir, "--matrix-dir", overlay)
     assert rc == 1
-    assert "stale" in out and "overlay0/local.yaml" in out and "env/p40.json" in out
+    assert "stale: changed since locking: pip.requirements" in out
+    assert "pip.target" not in out and "conda." not in out and "images." not in out
+
+
+@pytest.fixture
+def edited_templates(tmp_path, monkeypatch):
+    """envbuild's data folder as a copy whose Dockerfile template gained a comment."""
+    from envbuilder import paths
+    from envbuilder import render as R
+
+    pkg = tmp_path / "pkg"
+    for name in ("matrices", "templates", "lockfiles"):
+        shutil.copytree(paths.data_dir(name), pkg / "_data" / name)
+    dockerfile = pkg / "_data" / "templates" / "Dockerfile.j2"
+    dockerfile.write_text(dockerfile.read_text() + "# a comment written after locking\n")
+    paths.data_dir.cache_clear()
+    monkeypatch.setattr(paths, "_PKG", pkg)
+    monkeypatch.setattr(R, "_jinja", None)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    yield pkg
+    paths.data_dir.cache_clear()
+
+
+def test_a_template_comment_or_a_new_envbuild_leaves_a_lock_current(
+        world, p40_lock, edited_templates, tmp_path, capsys, monkeypatch):
+    """A lock depends on what its solvers see, not on templates that cannot change a solution,
+    nor on envbuild's version."""
+    import envbuilder
+    from envbuilder import resolve as RS
+
+    monkeypatch.setattr(RS, "__version__", envbuilder.__version__ + ".post1", raising=False)
+    rc, out, _ = envbuild(capsys, "lock", "p40", "--check", "-o", p40_lock)
+    assert rc == 0 and "p40: ok" in out, out
+    rc, _, err = envbuild(capsys, "render", "p40", "-o", tmp_path / "out", "--locked", p40_lock)
+    assert rc == 0, err
+    dockerfile = (tmp_path / "out" / "Dockerfile").read_text()
+    assert "# a comment written after locking" in dockerfile and "--require-hashes" in dockerfile
+    assert envbuilder.__version__ + ".post1" in (tmp_path / "out" / "envbuild.json").read_text()
 
 
 def _profile_yaml(name: str, **changes) -> str:
@@ -452,7 +489,8 @@ def test_render_locked_refuses_a_partial_or_foreign_lock(world, tmp_path, capsys
     assert rc == 2 and "images.lock" in err
     rc, _, err = envbuild(capsys, "render", "4090", "-o", tmp_path / "o2", "--locked",
                           tmp_path / "pip-only")
-    assert rc == 2 and "another resolved environment" in err
+    assert rc == 2 and "is the lock of profile 'p40', not '4090'" in err
+    assert "pip.requirements" in err
     assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
 
 

@@ -90,7 +90,7 @@ def _version(dist: str) -> str:
 
 
 def lock_profile(env: ResolvedEnv, glibc: str, sources: Sources, out_dir: Path, *,
-                 overlays: tuple[Path, ...] = (), parts=tuple(L.PARTS), solver: str = "rattler",
+                 parts=tuple(L.PARTS), solver: str = "rattler",
                  swap_torch: bool = False,
                  say: Callable[[str], None] = lambda msg: None) -> dict:
     """Solve, pin and write lockfiles for `env` into `out_dir`; returns lock.json's content.
@@ -101,7 +101,7 @@ def lock_profile(env: ResolvedEnv, glibc: str, sources: Sources, out_dir: Path, 
     from .pip import parse, python_platform
 
     parts = L.parts_for(env, parts)
-    digests = L.input_digests(env, overlays)
+    digests = L.input_digests(env, parts)
     input_sha = L.input_sha256(digests)
     vpkgs = virtual_packages(env, glibc)
     files: dict[str, str] = {}
@@ -154,7 +154,6 @@ def lock_profile(env: ResolvedEnv, glibc: str, sources: Sources, out_dir: Path, 
         "format": L.FORMAT,
         "profile": env.name,
         "input_sha256": input_sha,
-        "env_sha256": L.env_sha256(env),
         "plan_sha256": plan_sha256(env),
         **({"torch_swapped": swapped} if swapped else {}),
         "inputs": digests,

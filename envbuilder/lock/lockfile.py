@@ -10,10 +10,9 @@ import json
 from pathlib import Path
 
 from ..errors import UserError
-from ..paths import data_dir
 from ..resolve import ResolvedEnv
 
-FORMAT = 1
+FORMAT = 2  # 2: inputs are what each part's solver sees, not every template and matrix file
 META = "lock.json"
 CONDA_LOCK = "conda-lock.yml"
 REQUIREMENTS = "requirements.lock"
@@ -38,27 +37,40 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def env_sha256(env: ResolvedEnv) -> str:
-    return sha256_text(env.to_json())
+def solver_inputs(env: ResolvedEnv) -> dict[str, dict]:
+    """part -> what that part's solution depends on, and nothing else: the requirements, the
+    target (Python, platform, the image's glibc and CUDA) and the upstream indexes or channels.
+    Not the templates, envbuild's version or matrix facts the solver never sees, so a comment
+    in the Dockerfile template or a new envbuild release leaves every lock current. A mirror
+    serves the same files, so the mirror a lock was made through is not an input either. The
+    solvers' versions are recorded in lock.json (`tools`), not hashed: a uv release would
+    otherwise stale every lock without changing what it pins."""
+    from ..plan import requirements_in
+    from .conda import default_channels, specs, virtual_packages
+
+    d = env.data
+    target = {"platform": "linux-64", "python": d["python"], "glibc": d["cuda"].get("glibc"),
+              "cuda": d["cuda"]["version"]}
+    out = {
+        "pip": {"requirements": requirements_in(env), "target": target,
+                "indexes": {"pypi": d["indexes"]["pypi"], "torch": d["indexes"]["torch"]}},
+        "conda": {"specs": specs(env), "channels": default_channels(env), "target": target,
+                  "virtual_packages": virtual_packages(env, d["cuda"].get("glibc") or "")},
+        "images": {"refs": sorted(set(d["cuda"]["images"].values())), "platform": "linux/amd64"},
+    }
+    if has_sources(env):
+        out["sources"] = {"apex": d["apex"], "flash_attn": d["flash_attn"], "target": target,
+                          "torch": d["torch"]["version"]}
+    return out
 
 
-def input_digests(env: ResolvedEnv, overlays: tuple[Path, ...] = ()) -> dict[str, str]:
-    """label -> sha256 of every input a lock depends on: the resolved environment, every
-    template and every matrix file (shipped and overlays). All of the matrix, not only the
-    records this profile reads: a lock flagged stale costs a re-lock, a stale lock missed costs
-    a wrong build."""
-    from ..matrix import matrix_files
-
-    digests = {f"env/{env.name}.json": env_sha256(env)}
-    for path in sorted(data_dir("templates").glob("*.j2")):
-        digests[f"templates/{path.name}"] = hashlib.sha256(path.read_bytes()).hexdigest()
-    shipped = data_dir("matrices")
-    overlay_index = {Path(d).resolve(): i for i, d in enumerate(overlays)}
-    for path in matrix_files(tuple(overlays)):
-        parent = path.parent.resolve()
-        label = "matrices" if parent == shipped.resolve() else f"overlay{overlay_index.get(parent, 0)}"
-        digests[f"{label}/{path.name}"] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return dict(sorted(digests.items()))
+def input_digests(env: ResolvedEnv, parts) -> dict[str, str]:
+    """"part.key" -> sha256 of that input, for the given parts (so a stale lock says which
+    input of which part moved)."""
+    inputs = solver_inputs(env)
+    return {f"{part}.{key}": sha256_text(json.dumps(value, sort_keys=True))
+            for part in sorted(parts) if part in inputs
+            for key, value in sorted(inputs[part].items())}
 
 
 def input_sha256(digests: dict[str, str]) -> str:
@@ -83,13 +95,10 @@ def read_meta(lock_dir: Path) -> dict | None:
     return meta
 
 
-def problems(env: ResolvedEnv, lock_dir: Path, overlays: tuple[Path, ...] = (),
-             parts=tuple(PARTS)) -> list[str]:
+def problems(env: ResolvedEnv, lock_dir: Path, parts=tuple(PARTS)) -> list[str]:
     """Why the lock in `lock_dir` is not current for `env` (empty when it is). No network.
-    Checking only the pip part, a lock is stale when what the solver saw changed (the plan's
-    requirements, Python, CUDA image); with the conda part or images, when any input did."""
-    from ..plan import plan_sha256
-
+    A part is stale when what its solver sees changed (solver_inputs), never for a template
+    or a matrix fact the solution does not depend on."""
     lock_dir = Path(lock_dir)
     meta = read_meta(lock_dir)
     if meta is None:
@@ -98,16 +107,12 @@ def problems(env: ResolvedEnv, lock_dir: Path, overlays: tuple[Path, ...] = (),
     parts = parts_for(env, parts)
     if meta.get("profile") != env.name:
         out.append(f"is the lock of profile {meta.get('profile')!r}, not {env.name!r}")
-    if set(parts) <= {"pip", "sources"}:
-        if meta.get("plan_sha256") != plan_sha256(env):
-            out.append("stale: the pip plan (requirements, Python, CUDA image) changed since "
-                       "locking")
-    else:
-        now = input_digests(env, overlays)
-        if meta.get("input_sha256") != input_sha256(now):
-            then = meta.get("inputs", {})
-            changed = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))
-            out.append("stale: changed since locking: " + ", ".join(changed or ["(inputs)"]))
+    locked = [p for p in parts if p in meta.get("parts", [])]
+    now, then = input_digests(env, locked), meta.get("inputs", {})
+    changed = sorted(k for k in now if now[k] != then.get(k))
+    if changed:
+        out.append("stale: changed since locking: " + ", ".join(changed)
+                   + " (re-lock: what the solver sees moved)")
     for part in parts:
         name = PARTS[part]
         if part not in meta.get("parts", []):
@@ -150,10 +155,12 @@ def for_render(env: ResolvedEnv, lock_dir: Path, wheelhouse: Path | None = None,
     if meta is None:
         raise UserError(f"No lock in {lock_dir} (no {META}). Make it with `envbuild lock "
                         f"{env.name}`, or pass --locked DIR where it is.")
-    if meta.get("env_sha256") != env_sha256(env):
-        raise UserError(f"The lock in {lock_dir} was made for another resolved environment than "
-                        f"{env.name!r} resolves to now (matrices or overrides changed). Re-lock with "
-                        f"`envbuild lock {env.name}` (with the same overrides).")
+    stale = [p for p in problems(env, lock_dir, ("pip", "sources") if wheelhouse is not None
+                                 else tuple(PARTS)) if p.startswith(("stale", "is the lock"))]
+    if stale:
+        raise UserError(f"The lock in {lock_dir} was made for other inputs than {env.name!r} has "
+                        f"now ({'; '.join(stale)}). Re-lock with `envbuild lock {env.name}` "
+                        "(with the same overrides).")
     if meta.get("torch_swapped"):
         raise UserError(f"The lock in {lock_dir} was solved with PyPI's torch in place of the "
                         f"profile's ({meta['torch_swapped']}), because the PyTorch index was out "
