@@ -19,9 +19,9 @@ def _split(values: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _driver_version(ctx, param, value):
-    import re
+    from .versions import is_driver_version
 
-    if value is not None and not re.fullmatch(r"\d+\.\d+(\.\d+)?", value):
+    if value is not None and not is_driver_version(value):
         raise click.BadParameter(f"{value!r} is not an NVIDIA driver version like 550.54.14 "
                                  "(nvidia-smi shows it as 'Driver Version').")
     return value

@@ -15,6 +15,7 @@ from typing import Any, Callable, NamedTuple
 
 from .matrix import Matrix, cc_tuple
 from .resolve import Overrides, ResolveError, _cc_runs, resolve
+from .versions import is_driver_version
 
 QUERY = ("nvidia-smi", "--query-gpu=index,name,compute_cap,memory.total,driver_version",
          "--format=csv,noheader,nounits")
@@ -168,7 +169,7 @@ def detect(m: Matrix, nvml: Any = None, run: Callable | None = None) -> Machine:
             reasons.append(str(e))
     if machine is None:
         return Machine((), None, None, "", "; ".join(reasons))
-    if machine.driver and not re.fullmatch(r"\d+\.\d+(\.\d+)?", machine.driver):
+    if machine.driver and not is_driver_version(machine.driver):
         machine = machine._replace(driver=None)  # e.g. 'N/A' from a half-working driver: unknown
     if not machine.gpus:
         return machine._replace(problem=f"the driver ({machine.via}) lists no GPU")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .versions import DRIVER_PATTERN, VERSION_PATTERN
+
 
 class SchemaError(ValueError):
     def __init__(self, where: str, message: str):
@@ -82,11 +84,11 @@ class Regex(Pattern):
             raise SchemaError(where, f"{value!r} is not a valid regular expression ({e})") from None
 
 
-VERSION = Pattern(r"\d+(\.\d+)*([a-z]+\d*|\.post\d+)?", "2.6.0")
+VERSION = Pattern(VERSION_PATTERN, "2.6.0")  # exactly what versions.version_key orders
 CC = Pattern(r"\d+\.\d", "6.1")
 CUDA = Pattern(r"\d+\.\d+", "11.8")
 GLIBC = Pattern(r"\d+\.\d+", "2.35")
-DRIVER = Pattern(r"\d+\.\d+(\.\d+)?", "550.54.14")
+DRIVER = Pattern(DRIVER_PATTERN, "550.54.14")
 MODULE = Pattern(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", "verl.trainer.main_ppo")
 HYDRA_KEY = Pattern(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*",
                     "actor_rollout_ref.actor.fsdp_config.dtype")

@@ -1,5 +1,6 @@
 """Release-version ordering and ranges for the versions the matrix holds (2.6.0, 0.8.5.post1,
-570.26, 24.04.01), PEP 440's rules for release and post segments.
+2.9.0rc1, 570.26, 24.04.01), PEP 440's rules for release, pre-, post- and dev segments; and the
+one NVIDIA driver version pattern (the schema, --driver and detect use it).
 
 Own code rather than `packaging`: importing packaging.specifiers costs more than a whole render.
 """
@@ -8,22 +9,42 @@ from __future__ import annotations
 
 import re
 
-_VERSION = re.compile(r"(\d+(?:\.\d+)*)(?:\.?post(\d+))?(?:\+[\w.]+)?")
+# what the matrix schema accepts as a version, and exactly what version_key orders
+VERSION_PATTERN = r"\d+(?:\.\d+)*(?:(?:a|b|rc)\d+)?(?:\.?post\d+)?(?:\.?dev\d+)?"
+DRIVER_PATTERN = r"\d+\.\d+(?:\.\d+)?"  # 550.54.14, 570.26
+
+_VERSION = re.compile(r"(\d+(?:\.\d+)*)(?:(a|b|rc)(\d+))?(?:\.?post(\d+))?(?:\.?dev(\d+))?"
+                      r"(?:\+[\w.]+)?")
 _CLAUSE = re.compile(r"\s*(==|!=|>=|<=|>|<)\s*([\w.+]+)\s*")
+_PRE = {"a": 0, "b": 1, "rc": 2}
+
+
+def is_driver_version(text) -> bool:
+    return isinstance(text, str) and re.fullmatch(DRIVER_PATTERN, text) is not None
 
 
 def version_key(text: str) -> tuple:
-    """A sort key: the release numbers (zero-padded) then the post number (-1 for none)."""
+    """A sort key, PEP 440's order: X.devN < XaN < XbN < XrcN < X < X.postN; the release
+    numbers zero-padded. Raises ValueError (naming the text) for anything else."""
     m = _VERSION.fullmatch(str(text).strip())
     if not m:
         raise ValueError(f"not a release version: {text!r}")
     release = tuple(int(p) for p in m.group(1).split("."))
     release += (0,) * (8 - len(release))
-    return release + (int(m.group(2)) if m.group(2) is not None else -1,)
+    pre, post, dev = m.group(2), m.group(4), m.group(5)
+    if pre:
+        pre_key = (_PRE[pre], int(m.group(3)))
+    elif dev is not None and post is None:
+        pre_key = (-1, 0)  # X.devN comes before X's pre-releases
+    else:
+        pre_key = (3, 0)
+    return release + pre_key + (int(post) if post is not None else -1,
+                                int(dev) if dev is not None else 1 << 62)
 
 
 def _is_post_of(version: tuple, base: tuple) -> bool:
-    return version[:-1] == base[:-1] and base[-1] == -1 and version[-1] >= 0
+    """`version` is a post-release of `base` (which is none): `>base` excludes it (PEP 440)."""
+    return version[:-2] == base[:-2] and base[-2] == -1 and version[-2] >= 0
 
 
 def in_range(version: str, spec: str) -> bool:

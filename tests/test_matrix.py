@@ -126,3 +126,26 @@ def test_an_unknown_component_in_a_profile_is_rejected(overlay):
     with pytest.raises(UserError) as e:
         M.load((folder,))
     assert "profiles.lab.components.flash_attn" in str(e.value) and "flash-attn" in str(e.value)
+
+
+def test_a_pre_release_in_an_overlay_loads_sorts_and_resolves(overlay):
+    """The schema's version grammar is the one versions.version_key orders: a 2.9.0rc1-style key
+    neither passes the schema and then breaks the resolver (a traceback) nor gets refused."""
+    from envbuilder.versions import in_range, version_key
+
+    latest = max(shipped().verl, key=version_key)
+    folder = overlay({"verl": {"9.0.0rc1": record("verl", latest, source=URL)}})
+    m = M.load((folder,))
+    assert max(m.verl, key=version_key) == "9.0.0rc1"
+    env = resolved("h200", m, verl="9.0.0rc1").data
+    assert env["verl"]["version"] == "9.0.0rc1"
+    assert sorted(["9.0.0", "9.0.0rc1", "9.0.0b1", "9.0.0.dev3", "9.0.0.post1", "8.9"],
+                  key=version_key) == ["8.9", "9.0.0.dev3", "9.0.0b1", "9.0.0rc1", "9.0.0",
+                                       "9.0.0.post1"]
+    assert in_range("9.0.0rc1", ">=8.9,<9.0.0") and not in_range("0.8.5.post1", ">0.8.5")
+
+
+def test_a_version_the_resolver_could_not_order_is_rejected_at_load(overlay):
+    latest = max(shipped().verl)
+    msg = load_error(overlay({"verl": {"0.7.0foo1": record("verl", latest, source=URL)}}))
+    assert "0.7.0foo1" in msg and "Traceback" not in msg
