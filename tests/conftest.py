@@ -15,8 +15,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from envbuilder import matrix as M
-from envbuilder.resolve import Overrides, ResolveError, ResolvedEnv, resolve
+# Before anything loads the matrix (PROFILES below, at import): every cache the code under test
+# keeps (the validated matrix, compiled templates) goes to a folder of this run, never into the
+# developer's ~/.cache.
+_CACHE_HOME = Path(__import__("tempfile").mkdtemp(prefix="envbuild-test-cache-"))
+os.environ["XDG_CACHE_HOME"] = str(_CACHE_HOME)
+
+from envbuilder import matrix as M  # noqa: E402
+from envbuilder.resolve import Overrides, ResolveError, ResolvedEnv, resolve  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 GOLDEN = TESTS / "golden"
@@ -100,8 +106,9 @@ def clean_env(**extra) -> dict:
 
 
 @pytest.fixture(scope="session")
-def cache_home(tmp_path_factory):
-    return tmp_path_factory.mktemp("xdg-cache")
+def cache_home():
+    yield _CACHE_HOME
+    shutil.rmtree(_CACHE_HOME, ignore_errors=True)
 
 
 @pytest.fixture
@@ -137,12 +144,11 @@ def cli(capsys, monkeypatch, tmp_path):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _jinja_cache_out_of_home(cache_home):
-    """The renderer caches compiled templates under $XDG_CACHE_HOME: keep that out of ~."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv("XDG_CACHE_HOME", str(cache_home))
+def _caches_out_of_home(cache_home):
+    """Every test runs with XDG_CACHE_HOME in this run's folder (set at import); a test that
+    changes it gets it back after (monkeypatch), and the folder goes at the end."""
+    assert os.environ["XDG_CACHE_HOME"] == str(_CACHE_HOME)
     yield
-    mp.undo()
 
 
 PYPI = "https://pypi.org/simple"

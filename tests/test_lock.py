@@ -43,22 +43,23 @@ def envbuild(capsys, *args) -> tuple[int, str, str]:
     return exit_.value.code, out, err
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def isolated(tmp_path_factory):
-    """No user caches or configuration leak into a lock (and none of ours into the user's)."""
+    """No user caches or configuration leak into a lock (and none of ours into the user's);
+    for this module's tests only: the environment is as it was once the module is done."""
     home = tmp_path_factory.mktemp("home")
-    saved = dict(os.environ)
-    os.environ.update(ENVBUILD_NO_CACHE="1", XDG_CACHE_HOME=str(home / "cache"),
-                      UV_CACHE_DIR=str(home / "uv-cache"))
+    mp = pytest.MonkeyPatch()
+    for k, v in dict(ENVBUILD_NO_CACHE="1", XDG_CACHE_HOME=str(home / "cache"),
+                     UV_CACHE_DIR=str(home / "uv-cache")).items():
+        mp.setenv(k, v)
     for k in [k for k in os.environ if k.startswith(("UV_INDEX", "UV_EXTRA", "ENVBUILD_MATRIX"))]:
-        del os.environ[k]
+        mp.delenv(k)
     yield
-    os.environ.clear()
-    os.environ.update(saved)
+    mp.undo()
 
 
-@pytest.fixture(scope="session")
-def world(tmp_path_factory):
+@pytest.fixture(scope="module")
+def world(isolated, tmp_path_factory):
     """Channel, indexes and registry, with the p40 profile's base images pushed."""
     from envbuilder import matrix
     from envbuilder.resolve import resolve
@@ -99,7 +100,7 @@ def lock_args(world, out, *extra):
             world["mirror"], "--github-url", world["github"], *extra]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def p40_lock(world, tmp_path_factory):
     out = tmp_path_factory.mktemp("locks") / "p40"
     with pytest.MonkeyPatch.context():

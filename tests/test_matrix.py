@@ -149,3 +149,40 @@ def test_a_version_the_resolver_could_not_order_is_rejected_at_load(overlay):
     latest = max(shipped().verl)
     msg = load_error(overlay({"verl": {"0.7.0foo1": record("verl", latest, source=URL)}}))
     assert "0.7.0foo1" in msg and "Traceback" not in msg
+
+
+def test_the_suite_keeps_its_caches_out_of_the_home_directory():
+    """conftest points XDG_CACHE_HOME at a folder of this run before the matrix is first loaded."""
+    import os
+    from pathlib import Path
+
+    cache = M._cache_path(M.matrix_files())
+    assert cache is not None and cache.suffix == ".json"
+    assert Path(os.environ["XDG_CACHE_HOME"]) in cache.parents
+    assert Path.home() / ".cache" not in cache.parents
+
+
+def test_the_matrix_cache_is_plain_json_keyed_on_content(tmp_path, monkeypatch):
+    """An edit that keeps a file's size and time still misses the cache; a cache file that is
+    not what envbuild writes is ignored, never executed."""
+    import json
+    import os
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("ENVBUILD_NO_CACHE", raising=False)
+    folder = tmp_path / "overlay"
+    folder.mkdir()
+    lab = folder / "lab.yaml"
+    lab.write_text("sources:\n  a: https://example.org/a\n")
+    first = M.load((folder,))
+    cache = M._cache_path(M.matrix_files((folder,)))
+    assert cache.is_file() and json.loads(cache.read_text())["sections"] == first.sections
+    assert M.load((folder,)).sections == first.sections  # read back from the cache
+    st = lab.stat()
+    lab.write_text("sources:\n  b: https://example.org/a\n")  # same size
+    os.utime(lab, ns=(st.st_atime_ns, st.st_mtime_ns))  # same time
+    assert M._cache_path(M.matrix_files((folder,))) != cache
+    cache2 = M._cache_path(M.matrix_files((folder,)))
+    cache2.parent.mkdir(parents=True, exist_ok=True)
+    cache2.write_bytes(b"\x80\x04garbage")  # e.g. a pickle: ignored, validated afresh
+    assert M.load((folder,)).sections == first.sections
