@@ -13,7 +13,7 @@ import click
 from .errors import EnvbuildError, UserError
 
 
-def _split(values: tuple[str, ...]) -> tuple[str, ...]:
+def split_names(values: tuple[str, ...]) -> tuple[str, ...]:
     """--without apex,flash-attn and --without apex --without flash-attn both work."""
     return tuple(v.strip() for value in values for v in value.split(",") if v.strip())
 
@@ -43,29 +43,35 @@ def override_options(f):
                      help="Check against this NVIDIA driver version, e.g. 550.54.14."),
         click.option("--allow-unsupported", is_flag=True,
                      help="Render even when the hardware is below a floor; the warnings go into the files."),
-        click.option("--matrix-dir", multiple=True, type=click.Path(path_type=Path),
-                     envvar="ENVBUILD_MATRIX_DIR",
-                     help="Extra matrix folder(s) whose *.yaml add or override profiles and facts."),
     ]
+    f = matrix_dir_option(f)
     for opt in reversed(opts):
         f = opt(f)
 
     @wraps(f)
     def wrapper(*args, cuda, torch_, python, verl, rollout, vllm, with_, without, driver,
-                allow_unsupported, matrix_dir, **kwargs):
+                allow_unsupported, **kwargs):
         from .resolve import Overrides
 
         kwargs["overrides"] = Overrides(cuda=cuda, torch=torch_, python=python, verl=verl,
-                                        rollout=rollout, vllm=vllm, with_=_split(with_),
-                                        without=_split(without), driver=driver,
+                                        rollout=rollout, vllm=vllm, with_=split_names(with_),
+                                        without=split_names(without), driver=driver,
                                         allow_unsupported=allow_unsupported)
-        kwargs["matrix_dirs"] = tuple(matrix_dir)
         return f(*args, **kwargs)
 
     return wrapper
 
 
-def _matrix(matrix_dirs):
+def matrix_dir_option(f):
+    """--matrix-dir (and ENVBUILD_MATRIX_DIR), the same on every command that reads the
+    matrix: the command gets `matrix_dirs`, a tuple of folders."""
+    return click.option("--matrix-dir", "matrix_dirs", multiple=True,
+                        type=click.Path(path_type=Path), envvar="ENVBUILD_MATRIX_DIR",
+                        help="Extra matrix folder(s) whose *.yaml add or override profiles, "
+                             "facts and mirror sets.")(f)
+
+
+def load_matrix(matrix_dirs):
     from . import matrix
 
     return matrix.load(tuple(matrix_dirs))
@@ -109,10 +115,10 @@ def cli():
 
 @cli.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--matrix-dir", multiple=True, type=click.Path(path_type=Path), envvar="ENVBUILD_MATRIX_DIR")
-def list_(as_json, matrix_dir):
+@matrix_dir_option
+def list_(as_json, matrix_dirs):
     """Profiles with GPU, compute capability, CUDA, torch and rollout, one line each."""
-    m = _matrix(matrix_dir)
+    m = load_matrix(matrix_dirs)
     rows = []
     for name, p in m.profiles.items():
         gpu = m.gpus[p["gpu"]]
@@ -140,7 +146,7 @@ def show(profile, as_json, memory, overrides, matrix_dirs):
     """The resolved environment of PROFILE."""
     from .resolve import resolve
 
-    env = resolve(_matrix(matrix_dirs), profile, overrides)
+    env = resolve(load_matrix(matrix_dirs), profile, overrides)
     if memory:
         if as_json:
             click.echo(json.dumps({"profile": env.name, "memory": env.data["memory"]}, indent=2,
@@ -238,7 +244,7 @@ def check(profile, online, index_url, torch_index_url, overrides, matrix_dirs):
     """Exit 0 when PROFILE (with overrides) is a working combination; else explain, exit 2."""
     from .resolve import resolve
 
-    m = _matrix(matrix_dirs)
+    m = load_matrix(matrix_dirs)
     env = resolve(m, profile, overrides)
     d = env.data
     click.echo(f"OK: {profile} resolves: {d['gpu']['name']} (CC {d['gpu']['compute_capability']}), "
@@ -297,7 +303,7 @@ def render(profile, all_, from_, out, locked_dir, wheelhouse, mirror, overrides,
         target = out or Path("out") / str(env.data.get("profile", "replay"))
         import jinja2
 
-        locked = _locked(env, locked_dir, all_, wheelhouse)
+        locked = locked_context(env, locked_dir, all_, wheelhouse)
         try:
             files = R.render_files(env, locked)
         except (KeyError, TypeError, AttributeError, jinja2.UndefinedError) as e:
@@ -307,7 +313,7 @@ def render(profile, all_, from_, out, locked_dir, wheelhouse, mirror, overrides,
         R.write_dir(target, files, (locked or {}).get("links"))
         click.echo(f"rendered {env.name} from {from_} -> {target}/")
         return
-    m = _matrix(matrix_dirs)
+    m = load_matrix(matrix_dirs)
     names = list(m.profiles) if all_ else [profile]
     base = out or Path("out")
     if all_ and base.exists() and not base.is_dir():
@@ -333,7 +339,7 @@ def render(profile, all_, from_, out, locked_dir, wheelhouse, mirror, overrides,
     for env in envs:
         target = base / env.name if (all_ or out is None) else out
         # against the upstream spec (what the lock recorded); its images through the mirror
-        locked = _locked(env, locked_dir, all_, wheelhouse, choice)
+        locked = locked_context(env, locked_dir, all_, wheelhouse, choice)
         if not locked:
             from .plan import with_constraints
 
@@ -349,7 +355,7 @@ def render(profile, all_, from_, out, locked_dir, wheelhouse, mirror, overrides,
             click.echo(f"  WARNING: {w}")
 
 
-def _locked(env, locked_dir, all_, wheelhouse=None, mirror=None):
+def locked_context(env, locked_dir, all_, wheelhouse=None, mirror=None):
     if wheelhouse is None and locked_dir is None:
         return None  # (and the lock module stays unimported on the plain render path)
     from .lock.lockfile import for_render

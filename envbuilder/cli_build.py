@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from .cli import _matrix, cli, override_options
+from .cli import cli, load_matrix, matrix_dir_option, override_options
 
 PREFLIGHT = "/opt/envbuild/preflight.py"  # where the Dockerfile puts it
 
@@ -28,12 +28,13 @@ def mirrors():
 
 @mirrors.command("list")
 @click.option("--json", "as_json", is_flag=True)
-def mirrors_list(as_json):
+@matrix_dir_option
+def mirrors_list(as_json, matrix_dirs):
     """Shipped and configured mirror sets and what each rewrites."""
     from . import mirrors as M
     from .config import config_path
 
-    sets = M.mirror_sets(_matrix(()))
+    sets = M.mirror_sets(load_matrix(matrix_dirs))
     if as_json:
         click.echo(json.dumps(sets, indent=2, sort_keys=True))
         return
@@ -53,11 +54,12 @@ def mirrors_list(as_json):
 @click.option("--mirror", "name", required=True, help="Mirror set to probe.")
 @click.option("--timeout", default=5.0, show_default=True, help="Seconds per endpoint.")
 @click.option("--json", "as_json", is_flag=True)
-def mirrors_probe(name, timeout, as_json):
+@matrix_dir_option
+def mirrors_probe(name, timeout, as_json, matrix_dirs):
     """Health and latency of every endpoint of a set, probed in parallel."""
     from . import mirrors as M
 
-    probes = M.probe(M.get_set(_matrix(()), name), timeout=timeout)
+    probes = M.probe(M.get_set(load_matrix(matrix_dirs), name), timeout=timeout)
     if as_json:
         click.echo(json.dumps([p._asdict() for p in probes], indent=2))
     else:
@@ -89,15 +91,15 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
     """Render PROFILE, build it with BuildKit (through a mirror), smoke-test and push it."""
     from . import build as B
     from . import mirrors as M
-    from .cli import _locked
+    from .cli import locked_context
     from .config import registry_for, user_config
     from .render import render_files
     from .resolve import resolve
 
-    m = _matrix(matrix_dirs)
+    m = load_matrix(matrix_dirs)
     env = resolve(m, profile, overrides)
     secrets = B.secret_files(ca_cert, pip_conf)
-    locked = _locked(env, None, False, wheelhouse) if wheelhouse else None
+    locked = locked_context(env, None, False, wheelhouse) if wheelhouse else None
     if not locked:
         from .plan import with_constraints
 

@@ -7,11 +7,10 @@ object, so tests hand them recorded answers; by default the real ones are used.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import click
 
-from .cli import _matrix, cli, override_options
+from .cli import cli, load_matrix, matrix_dir_option, override_options
 
 
 def _probes(ctx: click.Context):
@@ -22,13 +21,13 @@ def _probes(ctx: click.Context):
 
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--matrix-dir", multiple=True, type=click.Path(path_type=Path), envvar="ENVBUILD_MATRIX_DIR")
+@matrix_dir_option
 @click.pass_context
-def detect(ctx, as_json, matrix_dir):
+def detect(ctx, as_json, matrix_dirs):
     """GPUs, driver, the newest CUDA it supports, and the profile that fits them best, with why."""
     from .detect import NO_GPU_FIX, detect as detect_machine, machine_json, recommend, recommendation_json
 
-    m = _matrix(matrix_dir)
+    m = load_matrix(matrix_dirs)
     probes = _probes(ctx)
     machine = detect_machine(m, probes.nvml, probes.run)
     rec = recommend(m, machine)
@@ -81,7 +80,7 @@ def doctor(ctx, profile, as_json, mirror, conda_required, overrides, matrix_dirs
     from .doctor import doctor as run_doctor, report_json
     from .errors import ActionError
 
-    m = _matrix(matrix_dirs)
+    m = load_matrix(matrix_dirs)
     report = run_doctor(m, profile, overrides, _probes(ctx), mirror, conda_required)
     failed = [c for c in report.checks if c.status == "fail"]
     if as_json:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from .cli import _matrix, _split, cli, override_options
+from .cli import cli, load_matrix, override_options, split_names
 from .errors import ActionError, EnvbuildError, UserError
 
 LOCK_ROOT = Path("lockfiles")
@@ -63,7 +63,7 @@ def lock(profile, all_, check, out, index_url, torch_index_url, channels, regist
 
     if bool(profile) == bool(all_):
         raise UserError("Name one profile, or --all (exactly one). `envbuild list` shows them.")
-    parts = _split(only) or tuple(L.PARTS)
+    parts = split_names(only) or tuple(L.PARTS)
     unknown = [p for p in parts if p not in L.PARTS]
     if unknown:
         raise UserError(f"Unknown part {', '.join(unknown)} for --only; parts are "
@@ -75,7 +75,7 @@ def lock(profile, all_, check, out, index_url, torch_index_url, channels, regist
             raise UserError("--solver conda-lock runs conda-lock, which needs conda, mamba or "
                             "micromamba on PATH to solve the conda part; none is. Install one, or "
                             "use --solver rattler (the default: py-rattler needs no conda).")
-    m = _matrix(tuple(matrix_dirs))
+    m = load_matrix(tuple(matrix_dirs))
     names = list(m.profiles) if all_ else [profile]
     mirror = None
     if mirror_set:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from .cli import _matrix, cli, override_options
+from .cli import cli, load_matrix, override_options
 from .errors import ActionError, EnvbuildError, UserError
 
 _URL = re.compile(r"^(https?://[^\s/]+(/\S*)?|file:///\S*)$")
@@ -114,7 +114,7 @@ def verify(profiles, all_, as_json, keep, index_url, torch_index_url, skip_compo
     if bool(profiles) == bool(all_):
         raise UserError("Name one or more profiles, or --all (not both). `envbuild list` shows "
                         "them.")
-    m = _matrix(matrix_dirs)
+    m = load_matrix(matrix_dirs)
     names = list(m.profiles) if all_ else list(dict.fromkeys(profiles))
     envs, failed = [], []
     for name in names:  # all bad input is found before anything is downloaded

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from .cli import _matrix, cli
+from .cli import cli, load_matrix, matrix_dir_option
 from .errors import UserError
 
 
@@ -75,8 +75,8 @@ def write_tar(out: Path) -> Path:
                    "lock was made from).")
 @click.option("-j", "--jobs", default=8, show_default=True, help="Parallel downloads.")
 @click.option("--tar", "make_tar", is_flag=True, help="Also pack OUT into OUT.tar to carry across.")
-@click.option("--matrix-dir", multiple=True, type=click.Path(path_type=Path), envvar="ENVBUILD_MATRIX_DIR")
-def wheelhouse(profiles, out, lock_dir, mirror, url_map, build_index_url, jobs, make_tar, matrix_dir):
+@matrix_dir_option
+def wheelhouse(profiles, out, lock_dir, mirror, url_map, build_index_url, jobs, make_tar, matrix_dirs):
     """Fetch every file PROFILE's lock pins (wheels, conda packages), verified, for offline installs.
 
     Every sdist the lock pins is built into a wheel for the lock's target here, so the far side
@@ -95,11 +95,11 @@ def wheelhouse(profiles, out, lock_dir, mirror, url_map, build_index_url, jobs, 
     if mirror:
         from . import mirrors as M
 
-        body = M.get_set(_matrix(tuple(matrix_dir)), mirror)
+        body = M.get_set(load_matrix(matrix_dirs), mirror)
         maps += url_map_for_mirror(body)
         build_index_url = build_index_url or next(iter(body.get("pypi") or []), None)
     if not lock_dir:  # a name without a lock is most often a typo of a profile
-        m = _matrix(tuple(matrix_dir))
+        m = load_matrix(matrix_dirs)
         for p in profiles:
             if p not in m.profiles and not (Path("lockfiles") / p).is_dir():
                 from .resolve import suggest

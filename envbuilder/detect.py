@@ -14,7 +14,7 @@ import subprocess
 from typing import Any, Callable, NamedTuple
 
 from .matrix import Matrix, cc_tuple
-from .resolve import Overrides, ResolveError, _cc_runs, resolve
+from .resolve import Overrides, ResolveError, cc_runs, resolve
 from .versions import is_driver_version
 
 QUERY = ("nvidia-smi", "--query-gpu=index,name,compute_cap,memory.total,driver_version",
@@ -225,7 +225,7 @@ class Recommendation(NamedTuple):
 
 def runnable_archs(cc: str, archs: list[str]) -> list[str]:
     """The archs of a build whose code runs on `cc`, by the resolver's rule."""
-    return [a for a in archs if _cc_runs(cc, [a])]
+    return [a for a in archs if cc_runs(cc, [a])]
 
 
 def fit_profile(m: Matrix, name: str, gpu: Gpu, driver: str | None, cuda: str | None) -> Fit:
@@ -287,7 +287,7 @@ def candidates(m: Matrix, gpu: Gpu) -> list[str]:
     if exact or not gpu.compute_capability:
         return exact
     family = [n for n, p in m.profiles.items()
-              if _cc_runs(gpu.compute_capability, [m.gpus[p["gpu"]]["compute_capability"]])]
+              if cc_runs(gpu.compute_capability, [m.gpus[p["gpu"]]["compute_capability"]])]
     return sorted(family, key=lambda n: cc_tuple(m.gpus[m.profiles[n]["gpu"]]["compute_capability"]),
                   reverse=True)
 

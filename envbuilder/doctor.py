@@ -13,7 +13,7 @@ from typing import Any, Callable, NamedTuple
 
 from .detect import Machine, NO_GPU_FIX, detect, run_command, runnable_archs
 from .matrix import Matrix, cc_tuple
-from .resolve import Overrides, ResolveError, ResolvedEnv, _cc_runs, resolve
+from .resolve import Overrides, ResolveError, ResolvedEnv, cc_runs, resolve
 from .versions import version_key
 
 # Rough size of a built image and its build cache, in GB: CUDA runtime + torch + verl, then what
@@ -116,7 +116,7 @@ def gpu_checks(m: Matrix, profile: str, overrides: Overrides, base: ResolvedEnv,
             "render a profile for this GPU (envbuild detect names one), or a --torch/--cuda whose "
             "build lists it"))
         same = g.model == d["gpu"]["key"]
-        compatible = _cc_runs(g.compute_capability, [pgpu["compute_capability"]])
+        compatible = cc_runs(g.compute_capability, [pgpu["compute_capability"]])
         checks.append(Check(
             f"GPU {g.index} profile", "ok" if same or compatible else "fail",
             f"{g.name} (CC {g.compute_capability}) "

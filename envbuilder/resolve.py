@@ -151,7 +151,7 @@ def suggest(name: str, known: list[str]) -> str:
     return f"did you mean {close[0]!r}? " if close else ""
 
 
-def _cc_runs(gpu_cc: str, archs: list[str]) -> bool:
+def cc_runs(gpu_cc: str, archs: list[str]) -> bool:
     """True when a cubin in `archs` runs on `gpu_cc`: same major, minor <= the GPU's."""
     major, minor = cc_tuple(gpu_cc)
     return any(a[0] == major and a[1] <= minor for a in map(cc_tuple, archs))
@@ -242,7 +242,7 @@ class _Resolver:
 
     def arch_rule(self, gpu_key: str, gpu: dict, torch_v: str, variant: str, build: dict) -> None:
         cc = gpu["compute_capability"]
-        if _cc_runs(cc, build["archs"]):
+        if cc_runs(cc, build["archs"]):
             return
         fixes = []  # the same torch release first, then the newest releases
         releases = sorted(self.m.torch, key=version_key, reverse=True)
@@ -250,7 +250,7 @@ class _Resolver:
         for tv in releases:
             for b in sorted(self.m.torch[tv]["builds"].values(), key=lambda b: version_key(b["cuda"]),
                             reverse=True):
-                if _cc_runs(cc, b["archs"]):
+                if cc_runs(cc, b["archs"]):
                     fixes.append(f"--torch {tv} --cuda {b['cuda']}")
         fix = "use " + (" or ".join(fixes[:2]) if fixes else "a GPU this build supports")
         self.add("arch", f"torch {torch_v}+{variant} has no kernels for sm_{cc.replace('.', '')} "
@@ -358,7 +358,7 @@ class _Resolver:
         if in_range(torch_v, spec):
             return
         fits = [t for t in sorted(self.m.torch, key=version_key) if in_range(t, spec)]
-        same_cuda = [t for t in fits if any(b["cuda"] == cuda_v and _cc_runs(cc, b["archs"])
+        same_cuda = [t for t in fits if any(b["cuda"] == cuda_v and cc_runs(cc, b["archs"])
                                             for b in self.m.torch[t]["builds"].values())]
         older = [v for v, r in self.m.verl.items() if in_range(torch_v, r["torch"])]
         fix = (f"use --torch {same_cuda[0]} (it has a CUDA {cuda_v} build)" if same_cuda
@@ -512,7 +512,7 @@ class _Resolver:
                      else f"use a --torch that supports Python {python}", hard=True)
         if python != cuda["python"]:
             same = [c for c, r in m.cuda.items() if r["python"] == python
-                    and any(b["cuda"] == c and _cc_runs(cc, b["archs"]) for b in torch["builds"].values())]
+                    and any(b["cuda"] == c and cc_runs(cc, b["archs"]) for b in torch["builds"].values())]
             self.add("image-python", f"the CUDA {cuda_v} image ({cuda['images']['runtime']}) ships "
                      f"Python {cuda['python']}, not {python}",
                      "the image's system Python is the one the venv is made from",

@@ -104,3 +104,29 @@ def test_an_unknown_mirror_set_is_exit_2_with_a_suggestion(capsys, tmp_path):
     assert code == 2
     assert "did you mean 'cn'" in err
     assert not (tmp_path / "x").exists()
+
+
+def test_mirrors_list_and_probe_read_an_overlay_mirror_set(capsys, tmp_path):
+    """--matrix-dir works on `mirrors` as on render: a set an overlay adds is listed and probed
+    (here a loopback PyPI that answers and one that does not)."""
+    from httpfixtures import FileServer, closed_port_url
+
+    server, dead = FileServer({"simple/": b"<html></html>"}), closed_port_url("simple/")
+    with server:
+        overlay = tmp_path / "overlay"
+        overlay.mkdir()
+        (overlay / "lab.yaml").write_text(json.dumps({
+            "sources": {"lab": "our lab's mirrors"},
+            "mirrors": {"lab": {"description": "the lab's proxy",
+                                "pypi": [server.url("simple/"), dead],
+                                "source": "lab"}}}))
+        code, out, err = run(capsys, "mirrors", "list", "--matrix-dir", overlay)
+        assert code == 0, err
+        assert "lab: the lab's proxy" in out
+        code, out, err = run(capsys, "mirrors", "probe", "--mirror", "lab", "--json",
+                             "--matrix-dir", overlay)
+    assert code == 0, err
+    probes = {p["endpoint"]: p["ok"] for p in json.loads(out)}
+    assert probes == {server.url("simple/"): True, dead: False}
+    code, _, err = run(capsys, "mirrors", "probe", "--mirror", "lab")
+    assert code == 2 and "lab" in err  # without the overlay, no such set
