@@ -19,12 +19,13 @@ from typing import Callable, NamedTuple
 
 from .errors import ActionError, UserError
 
-# Build output that means "this registry endpoint would not serve the pull": try the next one.
+# Build output that means the base image could not be pulled (the endpoint served its manifest
+# a moment ago, so this is rare: a blob the mirror lacks, a dropped connection).
 PULL_FAILURE = re.compile(
     r"toomanyrequests|unauthorized|authentication required|pull access denied|"
-    r"connection refused|no such host|i/o timeout|TLS handshake timeout|"
-    r"failed to resolve source metadata|failed to do request|"
-    r"dial tcp|server misbehaving|manifest unknown|not found: manifest|: not found$", re.I | re.M)
+    r"failed to resolve source metadata|failed to copy|failed to fetch|"
+    r"manifest unknown|not found: manifest", re.I | re.M)
+_FAILED_STEP = re.compile(r"^\s*> \[([^\]]+)\] (.+)$", re.M)
 
 
 class BuildKitClient(NamedTuple):
@@ -33,46 +34,77 @@ class BuildKitClient(NamedTuple):
     description: str
 
 
-def _client_version(docker: str) -> tuple[int, ...] | None:
+def _run(argv) -> subprocess.CompletedProcess:
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=20)
+
+
+def which_all(name: str) -> list[str]:
+    """Every `name` executable on PATH, in PATH order (a plugin-less new client may shadow an
+    old one); one entry per real file."""
+    found: list[str] = []
+    for d in os.environ.get("PATH", "").split(os.pathsep):
+        p = os.path.join(d, name)
+        if d and os.path.isfile(p) and os.access(p, os.X_OK) \
+                and os.path.realpath(p) not in map(os.path.realpath, found):
+            found.append(p)
+    return found
+
+
+def docker_clients(which: Callable[[str], list[str]] = which_all,
+                   exists: Callable[[str], bool] = os.path.exists) -> list[str]:
+    """The docker clients to try, in order: $ENVBUILD_DOCKER, every `docker` on PATH, then the
+    usual places."""
+    fixed = [os.environ.get("ENVBUILD_DOCKER")] + ["/usr/bin/docker", "/usr/local/bin/docker"]
+    env_first, rest = fixed[0], fixed[1:]
+    out = ([env_first] if env_first and exists(env_first) else []) + list(which("docker"))
+    out += [c for c in rest if exists(c)]
+    return list(dict.fromkeys(out))
+
+
+def client_version(run: Callable, docker: str) -> str | None:
+    """A docker client's own version (it prints it even when the daemon is unreachable)."""
     try:
-        out = subprocess.run([docker, "version", "--format", "{{.Client.Version}}"],
-                             capture_output=True, text=True, timeout=20)
+        out = run((docker, "version", "--format", "{{.Client.Version}}"))
     except (OSError, subprocess.TimeoutExpired):
         return None
-    m = re.match(r"(\d+)\.(\d+)", out.stdout.strip())
-    return (int(m.group(1)), int(m.group(2))) if m else None
+    first = out.stdout.strip().splitlines()[0] if out.stdout.strip() else ""
+    return first if first[:1].isdigit() else None
 
 
-def find_buildkit() -> BuildKitClient:
-    """The first docker client that can run BuildKit builds, or a clear error."""
-    candidates = []
-    for c in (os.environ.get("ENVBUILD_DOCKER"), shutil.which("docker"), "/usr/bin/docker",
-              "/usr/local/bin/docker"):
-        if c and os.path.exists(c) and c not in candidates:
-            candidates.append(c)
-    if not candidates:
+def find_buildkit(run: Callable = _run, clients: list[str] | None = None) -> BuildKitClient:
+    """The first docker client that can run BuildKit builds: one with the buildx plugin, or one
+    older than 23 (BuildKit built in, DOCKER_BUILDKIT=1). `build` and `doctor` both ask here."""
+    from .versions import version_key
+
+    clients = docker_clients() if clients is None else clients
+    if not clients:
         raise ActionError("No docker client found on PATH. Install Docker (Debian/Ubuntu: "
                           "apt-get install docker.io, which also brings BuildKit) and run again.")
     tried = []
-    for docker in candidates:
+    for docker in clients:
         try:
-            bx = subprocess.run([docker, "buildx", "version"], capture_output=True, text=True,
-                                timeout=20)
+            bx = run((docker, "buildx", "version"))
         except (OSError, subprocess.TimeoutExpired):
-            continue
-        if bx.returncode == 0:
+            bx = None
+        if bx is not None and bx.returncode == 0:
+            words = bx.stdout.split()
             return BuildKitClient((docker, "buildx", "build", "--load"), {},
-                                  f"{docker} buildx ({bx.stdout.split()[1] if bx.stdout.split()[1:] else 'buildx'})")
-        version = _client_version(docker)
-        if version and version < (23, 0):
+                                  f"{docker} buildx ({words[1] if len(words) > 1 else 'buildx'})")
+        version = client_version(run, docker)
+        try:
+            old = version is not None and version_key(version) < version_key("23")
+        except ValueError:
+            old = False
+        if old:
             return BuildKitClient((docker, "build"), {"DOCKER_BUILDKIT": "1"},
-                                  f"{docker} {'.'.join(map(str, version))} with DOCKER_BUILDKIT=1")
-        tried.append(f"{docker} ({'.'.join(map(str, version)) if version else 'unknown version'}, "
-                     "no buildx plugin)")
-    raise ActionError("No BuildKit-capable docker client: " + "; ".join(tried) + ". A client of "
-                      "version 23 or later needs the buildx plugin (apt-get install docker-buildx, "
-                      "or the docker-buildx-plugin package); Debian's docker.io 20.10 client has "
-                      "BuildKit built in (set ENVBUILD_DOCKER=/usr/bin/docker).")
+                                  f"DOCKER_BUILDKIT=1 with {docker} (client {version}, BuildKit "
+                                  "built in)")
+        tried.append(f"{docker} {version or '(version unknown)'}")
+    raise ActionError(f"no buildx plugin, and {', '.join(tried)} refuse"
+                      f"{'s' if len(tried) == 1 else ''} DOCKER_BUILDKIT=1 builds without it "
+                      "('buildx component is missing'). Install the buildx plugin "
+                      "(docker-buildx-plugin or docker-buildx), or point ENVBUILD_DOCKER at a "
+                      "docker client older than 23 (e.g. Debian's docker.io 20.10).")
 
 
 def engine():
@@ -99,7 +131,6 @@ def _first_line(e: Exception) -> str:
 
 class BuildResult(NamedTuple):
     image: str
-    endpoint: str | None
     log_tail: str
 
 
@@ -137,44 +168,68 @@ def run_build(client: BuildKitClient, context: Path, tag: str, build_args: dict[
 NETWORK_ARGS = ("PIP_INDEX_URL", "TORCH_INDEX_URL", "APEX_URL", "FLASH_ATTN_RELEASE")
 
 
-def build(context: Path, d: dict, tag: str, mirror_name: str | None, mirror_body: dict | None,
-          healthy: dict | None, secrets: dict[str, Path], echo: Callable[[str], None],
-          say: Callable[[str], None], offline: bool = False) -> BuildResult:
-    """Build the rendered `context`; on a pull failure, retry through the next registry endpoint."""
+def pick_registries(set_name: str, body: dict, refs: list[str], healthy: dict | None,
+                    say: Callable[[str], None]) -> dict[str, str | None]:
+    """For each registry the base images come from, the first endpoint of the mirror set
+    (answering ones first) that serves every one of its images: a manifest HEAD through the v2
+    API, before anything is built. A registry the set does not cover stays upstream (None).
+    ActionError when no endpoint of a covered registry serves them, with what each answered."""
     from . import mirrors as M
+    from . import registry as R
 
+    by_registry: dict[str, list[str]] = {}
+    for ref in sorted(set(refs)):
+        by_registry.setdefault(R.parse_image(ref).registry, []).append(ref)
+    picks: dict[str, str | None] = {}
+    with R.session() as s:
+        for reg, images in sorted(by_registry.items()):
+            endpoints = (body.get("registries") or {}).get(reg) or []
+            if not endpoints:
+                picks[reg] = None
+                continue
+            tried = []
+            for ep in M.order_by_health(endpoints, healthy or {}):
+                try:
+                    for ref in images:
+                        R.digest(ref, ep, s)
+                except ActionError as e:
+                    tried.append(f"{M.redacted(ep)}: {e}")
+                    say(f"registry {reg}: {M.redacted(ep)} does not serve {', '.join(images)} ({e})")
+                    continue
+                picks[reg] = ep
+                say(f"registry {reg}: {M.redacted(ep)} serves {', '.join(images)}")
+                break
+            else:
+                raise ActionError(f"No endpoint of mirror set {set_name!r} serves "
+                                  f"{', '.join(images)}:\n  " + "\n  ".join(tried) + "\nTry "
+                                  "another --mirror (`envbuild mirrors probe --mirror NAME` shows "
+                                  "which answer), or add an endpoint that carries the image.")
+    return picks
+
+
+# Build args that point package steps at an index or a download; an offline build (from a
+# wheelhouse in the context) keeps its own file:// defaults instead.
+NETWORK_ARGS = ("PIP_INDEX_URL", "TORCH_INDEX_URL", "APEX_URL", "FLASH_ATTN_RELEASE")
+
+
+def build(context: Path, tag: str, build_args: dict[str, str], secrets: dict[str, Path],
+          echo: Callable[[str], None], say: Callable[[str], None]) -> BuildResult:
+    """Build the rendered `context` once (its base images already name the registry endpoint
+    that serves them); a failure is reported as the step that failed."""
     client = find_buildkit()
     say(f"builder: {client.description}")
-    dockerfile = (context / "Dockerfile").read_text(encoding="utf-8")
-    attempts = M.registry_attempts(mirror_body) if mirror_body else 1
-    last_log = ""
-    for i in range(attempts):
-        args: dict[str, str] = {}
-        endpoint = None
-        if mirror_body is not None:
-            choice = M.choice(mirror_name or "mirror", mirror_body, i, healthy)
-            (context / "Dockerfile").write_text(M.rewrite_dockerfile(dockerfile, choice), encoding="utf-8")
-            args = choice.build_args(d)
-            if offline:
-                args = {k: v for k, v in args.items() if k not in NETWORK_ARGS}
-            endpoint = ", ".join(f"{k} -> {v}" for k, v in sorted(choice.registries.items()) if v)
-            say(f"mirror {mirror_name}: {endpoint or 'no registry rewrite'}")
-        rc, log = run_build(client, context, tag, args, secrets, echo)
-        last_log = log
-        if rc == 0:
-            if mirror_body is not None:
-                say(f"served by: {endpoint}")
-            return BuildResult(tag, endpoint, log[-2000:])
-        m = PULL_FAILURE.search(log)
-        if m and i + 1 < attempts:
-            say(f"pull failed through {endpoint} ({m.group(0)}); trying the next endpoint")
-            continue
-        break
-    (context / "Dockerfile").write_text(dockerfile, encoding="utf-8")
-    tail = "\n".join(last_log.strip().splitlines()[-15:])
-    raise ActionError(f"docker build failed for {tag}.\n{tail}\nFix the error above (a pull error "
-                      "means the registry or mirror would not serve the base image: try another "
-                      "--mirror), then run again.")
+    rc, log = run_build(client, context, tag, build_args, secrets, echo)
+    if rc == 0:
+        return BuildResult(tag, log[-2000:])
+    tail = "\n".join(log.strip().splitlines()[-15:])
+    steps = _FAILED_STEP.findall(log)
+    if PULL_FAILURE.search(log) and not steps:
+        raise ActionError(f"docker build of {tag} could not pull its base image, although the "
+                          f"registry endpoint served its manifest:\n{tail}\nRun again, or try "
+                          "another --mirror.")
+    where = f" at [{steps[-1][0]}] {steps[-1][1][:160]}" if steps else ""
+    raise ActionError(f"docker build of {tag} failed{where}.\n{tail}\nFix the error above (the "
+                      "step's own output says why), then run again.")
 
 
 def smoke(client, image: str, command: list[str]) -> str:
@@ -199,7 +254,7 @@ def push(client, image: str, registry: str, repo_tag: str, say: Callable[[str], 
     """Tag `image` as registry/repo_tag, push it with progress, return the pushed digest."""
     import requests
 
-    from .mirrors import endpoint_url
+    from .registry import endpoint_url
 
     base = endpoint_url(registry)
     try:
@@ -231,14 +286,15 @@ def push(client, image: str, registry: str, repo_tag: str, say: Callable[[str], 
     if not digest:
         raise ActionError(f"Push of {target}:{tag} reported no digest; the registry may have "
                           "rejected it silently. Check the registry's logs.")
-    accept = ", ".join(["application/vnd.docker.distribution.manifest.v2+json",
-                        "application/vnd.docker.distribution.manifest.list.v2+json",
-                        "application/vnd.oci.image.manifest.v1+json",
-                        "application/vnd.oci.image.index.v1+json"])
-    head = requests.head(f"{base}/v2/{repo}/manifests/{tag}", headers={"Accept": accept}, timeout=10)
-    if head.status_code != 200 or head.headers.get("Docker-Content-Digest") != digest:
+    from .registry import digest as served_digest
+
+    try:
+        served = served_digest(f"{target}:{tag}").digest
+    except ActionError as e:
+        served = f"nothing: {e}"
+    if served != digest:
         raise ActionError(f"After pushing, {target}:{tag} is not served with digest {digest} "
-                          f"(HTTP {head.status_code}). The push is not complete; run again.")
+                          f"(the registry serves {served}). The push is not complete; run again.")
     return digest
 
 

@@ -78,32 +78,26 @@ def load_matrix(matrix_dirs):
 
 
 # The actions' commands live in modules of their own, imported only when one of their commands
-# runs (or help lists them), so `render` pays nothing for build, lock, wheelhouse or detect.
-LAZY_COMMANDS = {"build": "envbuilder.cli_build", "mirrors": "envbuilder.cli_build",
-                 "lock": "envbuilder.cli_lock", "wheelhouse": "envbuilder.cli_wheelhouse",
-                 "detect": "envbuilder.cli_detect", "doctor": "envbuilder.cli_detect",
-                 "verify": "envbuilder.cli_verify"}
+# runs (or help lists them), so `render` pays nothing for build, lock, wheelhouse or detect:
+# click's documented lazy subcommands, name -> "module:command" (no registration by import).
+LAZY_COMMANDS = {"build": "envbuilder.cli_build:build", "mirrors": "envbuilder.cli_build:mirrors",
+                 "lock": "envbuilder.cli_lock:lock",
+                 "wheelhouse": "envbuilder.cli_wheelhouse:wheelhouse",
+                 "detect": "envbuilder.cli_detect:detect", "doctor": "envbuilder.cli_detect:doctor",
+                 "verify": "envbuilder.cli_verify:verify"}
 
 
 class LazyGroup(click.Group):
-    def _load(self, module: str) -> None:
-        import importlib
-
-        try:
-            importlib.import_module(module)  # registers its commands on `cli`
-        except ModuleNotFoundError as e:
-            if e.name != module:
-                raise
+    def list_commands(self, ctx):
+        return sorted([*super().list_commands(ctx), *LAZY_COMMANDS])
 
     def get_command(self, ctx, name):
-        if name not in self.commands and name in LAZY_COMMANDS:
-            self._load(LAZY_COMMANDS[name])
-        return super().get_command(ctx, name)
+        if name in LAZY_COMMANDS:
+            import importlib
 
-    def list_commands(self, ctx):
-        for module in sorted(set(LAZY_COMMANDS.values())):
-            self._load(module)
-        return super().list_commands(ctx)
+            module, attr = LAZY_COMMANDS[name].split(":")
+            return getattr(importlib.import_module(module), attr)
+        return super().get_command(ctx, name)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"],
@@ -402,7 +396,7 @@ def main(argv=None):
     sys.exit(0)
 
 
-if __name__ == "__main__":  # `python -m envbuilder.cli`: run the importable module, whose
-    from envbuilder.cli import main as _main  # `cli` group the action modules register on
+if __name__ == "__main__":  # `python -m envbuilder.cli`: run the importable module (the action
+    from envbuilder.cli import main as _main  # modules import their helpers from it, not __main__)
 
     _main()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from .cli import cli, load_matrix, matrix_dir_option, override_options
+from .cli import load_matrix, matrix_dir_option, override_options
 
 PREFLIGHT = "/opt/envbuild/preflight.py"  # where the Dockerfile puts it
 
@@ -21,7 +21,7 @@ def smoke_command(preflight: str = PREFLIGHT) -> list[str]:
             "sys.argv = [path, '--smoke']; runpy.run_path(path, run_name='__main__')", preflight]
 
 
-@cli.group()
+@click.group()
 def mirrors():
     """Mirror sets: what each rewrites, and how healthy their endpoints are."""
 
@@ -73,7 +73,7 @@ def mirrors_probe(name, timeout, as_json, matrix_dirs):
         raise SystemExit(1)
 
 
-@cli.command()
+@click.command()
 @click.argument("profile")
 @click.option("--mirror", help="Mirror set (or `auto`: the configured/first set whose registry answers).")
 @click.option("--push", "push_to", metavar="REGISTRY", help="`local`, a configured name, or HOST[:PORT].")
@@ -99,25 +99,16 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
     m = load_matrix(matrix_dirs)
     env = resolve(m, profile, overrides)
     secrets = B.secret_files(ca_cert, pip_conf)
-    locked = locked_context(env, None, False, wheelhouse) if wheelhouse else None
-    if not locked:
-        from .plan import with_constraints
-
-        env = with_constraints(env)
-    files = render_files(env, locked)
-    links = (locked or {}).get("links")
-    d = env.data
-    if not tag:
+    if not tag:  # named after the upstream spec: the same image whichever mirror built it
         import hashlib
 
-        tag = f"envbuild/{profile}:{hashlib.sha256(files['envbuild.json'].encode()).hexdigest()[:12]}"
+        tag = f"envbuild/{profile}:{hashlib.sha256(env.to_json().encode()).hexdigest()[:12]}"
     if ":" not in tag.rsplit("/", 1)[-1]:
         tag += ":latest"
 
     def say(msg):
         click.echo(msg, err=True)
 
-    body = healthy = None
     name = mirror
     if mirror == "auto":
         name = user_config().get("mirror")
@@ -132,11 +123,31 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
                                 f"(tried {', '.join(candidates)}). Check your network or add a "
                                 "mirror set to your config.")
         say(f"--mirror auto chose {name!r}")
+    choice, build_args = None, {}
     if name:
         body = M.get_set(m, name)
         healthy = M.health(M.probe(body))
         for e, (ok, ms) in sorted(healthy.items()):
             say(f"  probe {M.redacted(e)}: {'ok' if ok else 'DOWN'} ({ms:.0f} ms)")
+        # the base images' registry endpoints, picked before building: the environment's own
+        # image references name them (render, lock and build read the same mirrored data)
+        picks = B.pick_registries(name, body, list(env.data["cuda"]["images"].values()),
+                                  healthy, say)
+        choice = M.choice(name, body, healthy)._replace(registries=picks)
+        # indexes and downloads reach the build as build args: a mirror's credentials then stay
+        # out of the rendered envbuild.json that the image carries
+        build_args = choice.build_args(env.data)
+        if wheelhouse:  # the wheelhouse's own files, never an index
+            build_args = {k: v for k, v in build_args.items() if k not in B.NETWORK_ARGS}
+    locked = locked_context(env, None, False, wheelhouse, choice) if wheelhouse else None
+    if not locked:
+        from .plan import with_constraints
+
+        env = with_constraints(env)
+    if choice:
+        env = M.apply_to_env(env, M.MirrorChoice(name, picks))  # the image references only
+    files = render_files(env, locked)
+    links = (locked or {}).get("links")
     registry = registry_for(push_to, (m.defaults or {}).get("registry_local", "localhost:5000")) if push_to else None
     client = B.engine()
     context = B.stage_context(files, links) if keep_context is None else None
@@ -146,8 +157,7 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
         write_dir(keep_context, files, links)
         context = keep_context
     try:
-        result = B.build(context, d, tag, name, body, healthy, secrets, B.default_echo(verbose), say,
-                         offline=bool(wheelhouse))
+        result = B.build(context, tag, build_args, secrets, B.default_echo(verbose), say)
     finally:
         if keep_context is None:
             shutil.rmtree(context.parent, ignore_errors=True)

@@ -10,7 +10,7 @@ import json
 
 import click
 
-from .cli import cli, load_matrix, matrix_dir_option, override_options
+from .cli import load_matrix, matrix_dir_option, override_options
 
 
 def _probes(ctx: click.Context):
@@ -19,7 +19,7 @@ def _probes(ctx: click.Context):
     return ctx.obj if ctx.obj is not None else Probes()
 
 
-@cli.command()
+@click.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @matrix_dir_option
 @click.pass_context
@@ -67,7 +67,7 @@ def detect(ctx, as_json, matrix_dirs):
                 click.echo(f"    fix: {fix}")
 
 
-@cli.command()
+@click.command()
 @click.argument("profile")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--mirror", metavar="NAME", help="Also check this mirror set's endpoints.")

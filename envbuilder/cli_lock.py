@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from .cli import cli, load_matrix, override_options, split_names
+from .cli import load_matrix, override_options, split_names
 from .errors import ActionError, EnvbuildError, UserError
 
 LOCK_ROOT = Path("lockfiles")
@@ -19,7 +19,7 @@ def lock_dir_for(name: str, out: Path | None, all_: bool) -> Path:
     return Path(out) / name if all_ else Path(out)
 
 
-@cli.command()
+@click.command()
 @click.argument("profile", required=False)
 @click.option("--all", "all_", is_flag=True, help="Lock every profile into lockfiles/<profile>/.")
 @click.option("--check", is_flag=True,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from .cli import cli, load_matrix, override_options
+from .cli import load_matrix, override_options
 from .errors import ActionError, EnvbuildError, UserError
 
 _URL = re.compile(r"^(https?://[^\s/]+(/\S*)?|file:///\S*)$")
@@ -85,7 +85,7 @@ def table(reports: list[dict]) -> str:
     return "\n".join(lines)
 
 
-@cli.command()
+@click.command()
 @click.argument("profiles", nargs=-1)
 @click.option("--all", "all_", is_flag=True, help="Verify every profile, one after another.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report on stdout.")

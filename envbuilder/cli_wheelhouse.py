@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from .cli import cli, load_matrix, matrix_dir_option
+from .cli import load_matrix, matrix_dir_option
 from .errors import UserError
 
 
@@ -60,7 +60,7 @@ def write_tar(out: Path) -> Path:
     return tar_path
 
 
-@cli.command()
+@click.command()
 @click.argument("profiles", nargs=-1, required=True)
 @click.option("-o", "--out", type=click.Path(path_type=Path), required=True,
               help="Wheelhouse directory; several profiles exported into one share their files.")

@@ -14,7 +14,8 @@ from typing import Any, Callable, NamedTuple
 from .detect import Machine, NO_GPU_FIX, detect, run_command, runnable_archs
 from .matrix import Matrix, cc_tuple
 from .resolve import Overrides, ResolveError, ResolvedEnv, cc_runs, resolve
-from .versions import version_key
+from .build import which_all
+from .errors import ActionError
 
 # Rough size of a built image and its build cache, in GB: CUDA runtime + torch + verl, then what
 # vLLM and a build stage (devel image, nvcc, apex/flash-attn compiles) add. An estimate, not a fact.
@@ -57,16 +58,6 @@ def probe_engine(timeout: int = 5) -> Engine:
         return Engine(False, str(e).splitlines()[0] if str(e) else type(e).__name__)
     return Engine(True, f"Docker {info.get('ServerVersion', '?')}", tuple(sorted(info.get("Runtimes") or {})),
                   info.get("DockerRootDir"))
-
-
-def which_all(name: str) -> list[str]:
-    """Every `name` executable on PATH, in PATH order."""
-    found = []
-    for d in os.environ.get("PATH", "").split(os.pathsep):
-        p = os.path.join(d, name)
-        if d and os.access(p, os.X_OK) and os.path.realpath(p) not in map(os.path.realpath, found):
-            found.append(p)
-    return found
 
 
 def free_bytes(path: str) -> int:
@@ -169,41 +160,18 @@ def docker_checks(engine: Engine) -> list[Check]:
                   "--runtime=docker && sudo systemctl restart docker`")]
 
 
-def _client_version(run: Callable, client: str) -> str | None:
-    try:
-        out = run((client, "version", "--format", "{{.Client.Version}}"))
-    except (FileNotFoundError, OSError):
-        return None
-    # the client prints its own version even when the daemon is unreachable (exit status 1)
-    first = out.stdout.strip().splitlines()[0] if out.stdout.strip() else ""
-    return first if first[:1].isdigit() else None
-
-
 def buildkit_check(run: Callable, which_all_: Callable[[str], list[str]],
                    exists: Callable[[str], bool]) -> Check:
-    """The buildx plugin, or a client before 23 (BuildKit built in, DOCKER_BUILDKIT=1)."""
+    """What `envbuild build` would build with (build.find_buildkit, ENVBUILD_DOCKER included)."""
+    from .build import docker_clients, find_buildkit
+
     try:
-        out = run(("docker", "buildx", "version"))
-        if out.returncode == 0:
-            return Check("buildkit", "ok", f"docker buildx: {out.stdout.strip()}")
-    except (FileNotFoundError, OSError):
-        pass
-    clients = which_all_("docker") + [c for c in ("/usr/bin/docker",) if exists(c)]
-    seen = []
-    for client in dict.fromkeys(clients):
-        v = _client_version(run, client)
-        if v is None:
-            continue
-        if version_key(v) < version_key("23"):
-            return Check("buildkit", "ok", f"DOCKER_BUILDKIT=1 with {client} (client {v}, BuildKit "
-                         "built in)")
-        seen.append(f"{client} {v}")
-    detail = ("no docker client found" if not seen else
-              f"no buildx plugin, and {', '.join(seen)} refuse{'s' if len(seen) == 1 else ''} "
-              "DOCKER_BUILDKIT=1 builds without it ('buildx component is missing')")
-    return Check("buildkit", "fail", detail,
-                 "install the buildx plugin (docker-buildx-plugin or docker-buildx), or put a docker "
-                 "client older than 23 (e.g. Debian's docker.io 20.10) on PATH")
+        client = find_buildkit(run, docker_clients(which_all_, exists))
+    except ActionError as e:
+        detail, _, fix = str(e).partition(". Install")
+        return Check("buildkit", "fail", detail, ("install" + fix) if fix else
+                     "install Docker (apt-get install docker.io)")
+    return Check("buildkit", "ok", client.description)
 
 
 def image_gb(d: dict) -> int:

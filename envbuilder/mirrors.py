@@ -1,8 +1,11 @@
-"""Mirror sets: rewrite image references, index URLs and endpoints; probe endpoint health.
+"""Mirror sets: which endpoint stands in for which upstream; probe endpoint health.
 
-A Mirror is data (matrices/mirrors.yaml plus the user's config). Choosing an endpoint makes a
-`MirrorChoice` (one endpoint per kind); applying a choice rewrites a rendered Dockerfile's image
-references and yields the build args (indexes, HF endpoint, apex URL, apt mirror).
+A mirror set is data (matrices/mirrors.yaml plus the user's config). Choosing endpoints makes a
+`MirrorChoice` (one endpoint per kind); applying a choice to a resolved environment
+(`apply_to_env`) gives the mirrored environment that render, lock and build use: its image
+references, indexes, channels and download URLs point at the mirror. `build` picks each registry
+endpoint that serves the base images before it builds, and passes the index and download
+endpoints as build args (a mirror's credentials stay out of the files the image carries).
 """
 
 from __future__ import annotations
@@ -13,54 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 from .errors import UserError
+from .registry import DOCKER_HUB, endpoint_url, parse_image, registry_host
 
-DOCKER_HUB = "docker.io"
 GITHUB = "https://github.com"  # what a mirror set's `github` prefix replaces (apex, flash-attn)
-_LOOPBACK = re.compile(r"^(localhost|127\.\d+\.\d+\.\d+|\[::1\])(:\d+)?$")
-
-
-class ImageRef(NamedTuple):
-    registry: str  # docker.io, nvcr.io, 127.0.0.1:5000 ...
-    repository: str  # library/ubuntu, nvidia/cuda
-    reference: str  # ":tag" or "@sha256:..."
-
-    def __str__(self) -> str:
-        return f"{self.registry}/{self.repository}{self.reference}"
-
-
-def parse_image(ref: str) -> ImageRef:
-    """Docker's reference rules: a first component with '.' or ':' (or localhost) is a registry."""
-    name, reference = ref, ":latest"
-    if "@" in ref:
-        name, digest = ref.split("@", 1)
-        reference = "@" + digest
-    else:
-        last = ref.rsplit("/", 1)[-1]
-        if ":" in last:
-            name, tag = ref.rsplit(":", 1)
-            reference = ":" + tag
-    first, _, rest = name.partition("/")
-    if rest and ("." in first or ":" in first or first == "localhost"):
-        registry, repository = first, rest
-    else:
-        registry, repository = DOCKER_HUB, name
-    if registry in ("index.docker.io", "registry-1.docker.io"):
-        registry = DOCKER_HUB
-    if registry == DOCKER_HUB and "/" not in repository:
-        repository = "library/" + repository
-    return ImageRef(registry, repository, reference)
-
-
-def endpoint_url(endpoint: str) -> str:
-    """The base URL of a registry endpoint: plain http on loopback, https elsewhere."""
-    if endpoint.startswith(("http://", "https://")):
-        return endpoint.rstrip("/")
-    host = endpoint.split("/", 1)[0]
-    return ("http://" if _LOOPBACK.match(host) else "https://") + endpoint.rstrip("/")
-
-
-def registry_host(endpoint: str) -> str:
-    return endpoint.split("://", 1)[-1].rstrip("/")
 
 
 class MirrorChoice(NamedTuple):
@@ -164,14 +122,13 @@ def get_set(m, name: str) -> dict:
     return sets[name]
 
 
-def choice(name: str, body: dict, index: int = 0, healthy: dict | None = None) -> MirrorChoice:
-    """The `index`-th endpoint of every registry (healthy ones first when `healthy` is given)."""
+def choice(name: str, body: dict, healthy: dict | None = None) -> MirrorChoice:
+    """The first endpoint of every kind (answering ones first when `healthy` is given)."""
 
     def pick(endpoints):
         if not endpoints:
             return None
-        ordered = order_by_health(endpoints, healthy) if healthy is not None else list(endpoints)
-        return ordered[min(index, len(ordered) - 1)]
+        return (order_by_health(endpoints, healthy) if healthy is not None else list(endpoints))[0]
 
     registries = {reg: pick(eps) for reg, eps in (body.get("registries") or {}).items()}
     conda = {ch: pick(eps) for ch, eps in (body.get("conda") or {}).items()}
@@ -184,45 +141,6 @@ def order_by_health(endpoints: list[str], healthy: dict) -> list[str]:
     """Healthy endpoints first, then the rest; each group in its listed order."""
     up = [e for e in endpoints if healthy.get(e, (False, 0))[0]]
     return up + [e for e in endpoints if e not in up]
-
-
-def registry_attempts(body: dict) -> int:
-    """How many endpoints a build may try: the longest registry list of the set."""
-    return max([len(v) for v in (body.get("registries") or {}).values()] or [1])
-
-
-# -- rewriting a Dockerfile -------------------------------------------------------------------
-
-_FROM = re.compile(r"^(\s*FROM\s+(?:--platform=\S+\s+)?)(\S+)(.*)$", re.I)
-_ARG = re.compile(r"^(\s*ARG\s+)(BASE_\w+|\w+_IMAGE)=(\S+)\s*$", re.I)
-_FROM_FLAG = re.compile(r"((?:COPY|--mount=\S*?)[ ,]?--?from=|,from=)([^\s,]+)", re.I)
-
-
-def rewrite_dockerfile(text: str, mirror: MirrorChoice) -> str:
-    """Point every image reference (FROM, image ARG defaults, COPY --from, mount from=) at the
-    mirror; stage names and ${VAR} references stay as they are."""
-    stages = {m.group(1).lower() for m in re.finditer(r"^\s*FROM\s+\S+\s+AS\s+(\S+)", text, re.I | re.M)}
-
-    def image(ref: str) -> str:
-        if "$" in ref or ref.lower() in stages or ref == "scratch":
-            return ref
-        return mirror.image(ref)
-
-    out = []
-    for line in text.splitlines(keepends=True):
-        body = line.rstrip("\n")
-        nl = line[len(body):]
-        m = _FROM.match(body)
-        if m:
-            body = m.group(1) + image(m.group(2)) + m.group(3)
-        else:
-            m = _ARG.match(body)
-            if m:
-                body = f"{m.group(1)}{m.group(2)}={image(m.group(3))}"
-            else:
-                body = _FROM_FLAG.sub(lambda mm: mm.group(1) + image(mm.group(2)), body)
-        out.append(body + nl)
-    return "".join(out)
 
 
 # -- probing ------------------------------------------------------------------------------------

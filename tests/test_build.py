@@ -176,6 +176,8 @@ def config(tmp_path_factory, index, github, fa_github):
                             registries={"docker.io": [REGISTRY]},
                             github=[fa_github.url("").rstrip("/").replace(
                                 "http://", f"http://envbuild:{FA_TOKEN}@")]),
+            "nowhere": dict(body, description="registries that answer but lack the images",
+                            registries={"docker.io": [f"{REGISTRY}/empty", closed]}),
             "offline": {"description": "no package index, no GitHub: all point at a closed port",
                         "registries": {"docker.io": [REGISTRY]},
                         "pypi": [f"http://{closed}/simple"], "pytorch": [f"http://{closed}/simple"],
@@ -253,8 +255,32 @@ def test_build_falls_back_to_the_next_registry_endpoint(docker_client, config):
                   "--tag", "envbuild-test/p40:fallback"], config)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "DOWN" in r.stderr  # the closed port, found by the probe
-    assert f"pull failed through docker.io -> {REGISTRY}/empty" in r.stderr
-    assert r.stderr.rstrip().splitlines()[-2] == f"served by: docker.io -> {REGISTRY}"
+    # picked before building, by the manifests each endpoint serves: one build, no retries
+    assert f"registry docker.io: {REGISTRY}/empty does not serve" in r.stderr
+    assert f"registry docker.io: {REGISTRY} serves" in r.stderr
+    assert r.stderr.count("builder: ") == 1
+
+
+def test_no_endpoint_serving_the_base_images_builds_nothing_and_says_what_each_answered(
+        docker_client, config):
+    r = envbuild(["build", "p40", "--mirror", "nowhere", "--without", "apex", "--no-smoke",
+                  "--tag", "envbuild-test/p40:nowhere"], config)
+    assert r.returncode == 1
+    assert "No endpoint of mirror set 'nowhere' serves" in r.stderr
+    assert f"{REGISTRY}/empty: The registry http://{REGISTRY} has no manifest" in r.stderr
+    assert "Cannot reach the registry" in r.stderr  # the closed port
+    assert "builder: " not in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_failing_step_is_reported_as_that_step_not_as_a_pull(docker_client, config):
+    """The index points at a closed port: pip's step fails once, named, with its output; no
+    other registry endpoint is tried."""
+    r = envbuild(["build", "p40", "--mirror", "offline", "--without", "apex", "--no-smoke",
+                  "--tag", "envbuild-test/p40:step-fails"], config)
+    assert r.returncode == 1
+    assert r.stderr.count("builder: ") == 1
+    assert "failed at [" in r.stderr and "pip install" in r.stderr
+    assert "could not pull" not in r.stderr
 
 
 def test_ca_cert_reaches_the_build_but_no_layer(docker_client, config, tmp_path):

@@ -217,7 +217,7 @@ def invoke(args, probes):
 
 
 def host(box, *, runtimes=("nvidia", "runc"), free_gb=100, buildx=True, conda=True, engine=True):
-    docker = {("docker", "buildx", "version"): (0, "github.com/docker/buildx v0.17.1 abc\n")} if buildx else {
+    docker = {("/usr/local/bin/docker", "buildx", "version"): (0, "github.com/docker/buildx v0.17.1 abc\n")} if buildx else {
         ("/usr/local/bin/docker", "version", "--format", "{{.Client.Version}}"): (1, "28.2.2\n")}
     return Probes(
         nvml=FakeNVML(box), run=smi(box, docker),
@@ -364,6 +364,21 @@ def test_buildkit_old_client_builds_with_docker_buildkit():
     check = buildkit_check(smi("p40", runs), lambda n: ["/usr/local/bin/docker"], lambda p: True)
     assert check.status == "ok"
     assert check.detail.startswith("DOCKER_BUILDKIT=1 with /usr/bin/docker (client 20.10.24+dfsg1")
+
+
+def test_doctor_asks_the_client_build_would_use_envbuild_docker_first(monkeypatch):
+    """ENVBUILD_DOCKER names the client `build` uses; doctor checks that one, not only PATH's."""
+    monkeypatch.setenv("ENVBUILD_DOCKER", "/opt/docker-20/docker")
+    runs = {("/opt/docker-20/docker", "version", "--format", "{{.Client.Version}}"): (0, "20.10.24\n"),
+            ("/usr/local/bin/docker", "version", "--format", "{{.Client.Version}}"): (0, "28.2.2\n")}
+    check = buildkit_check(smi("p40", runs), lambda n: ["/usr/local/bin/docker"], lambda p: True)
+    assert check.status == "ok"
+    assert check.detail.startswith("DOCKER_BUILDKIT=1 with /opt/docker-20/docker (client 20.10.24")
+    monkeypatch.setenv("ENVBUILD_DOCKER", "/nowhere/docker")  # absent: the others are asked
+    check = buildkit_check(smi("p40", runs), lambda n: ["/usr/local/bin/docker"],
+                           lambda p: p != "/nowhere/docker")
+    assert check.status == "fail" and "/opt/docker-20" not in check.detail
+    assert "/usr/local/bin/docker 28.2.2" in check.detail
 
 
 # -- preflight.py: the same rules inside the image -------------------------------------------

@@ -230,7 +230,7 @@ def test_images_lock_pins_the_list_digest_not_a_platform_child(world, p40_lock):
 
 
 def test_anonymous_bearer_token_flow(world):
-    from envbuilder.lock.images import digest
+    from envbuilder.registry import digest
 
     gate = F.TokenGate(world["registry"])
     try:

@@ -1,0 +1,186 @@
+"""The one registry client: image references by Docker's rules, where a registry endpoint (or a
+mirror `[SCHEME://]HOST[:PORT][/PREFIX]`) serves an image, and its manifest's digest through the
+v2 API (requests only, no docker daemon), with retries.
+
+Docker Hub and nvcr.io answer 401 with a `WWW-Authenticate: Bearer realm=...` challenge; an
+anonymous token from that realm is enough to read public manifests. A HEAD with every manifest
+media type in Accept returns the digest of what the tag names, a multi-arch list/index included:
+with fewer types a registry answers 400/404, or silently the digest of one platform's child.
+`envbuild lock` (images.lock), `build` (which endpoint serves the base images) and `push` (what
+the registry now serves) all read manifests here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import NamedTuple
+
+from .errors import ActionError
+
+DOCKER_HUB = "docker.io"  # Docker Hub as image references (and mirror sets) name it
+DOCKER_HUB_API = "registry-1.docker.io"  # ... and where its v2 API answers
+ACCEPT = ", ".join([
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+])
+TIMEOUT = 30
+_LOOPBACK = re.compile(r"^(localhost|127\.\d+\.\d+\.\d+|\[::1\])(:\d+)?$")
+
+
+class ImageRef(NamedTuple):
+    registry: str  # docker.io, nvcr.io, 127.0.0.1:5000 ...
+    repository: str  # library/ubuntu, nvidia/cuda
+    reference: str  # ":tag" or "@sha256:..."
+
+    def __str__(self) -> str:
+        return f"{self.registry}/{self.repository}{self.reference}"
+
+
+class ImageDigest(NamedTuple):
+    digest: str
+    media_type: str
+
+
+def parse_image(ref: str) -> ImageRef:
+    """Docker's reference rules: a first component with '.' or ':' (or localhost) is a registry."""
+    name, reference = ref, ":latest"
+    if "@" in ref:
+        name, digest_ = ref.split("@", 1)
+        reference = "@" + digest_
+    else:
+        last = ref.rsplit("/", 1)[-1]
+        if ":" in last:
+            name, tag = ref.rsplit(":", 1)
+            reference = ":" + tag
+    first, _, rest = name.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        registry, repository = first, rest
+    else:
+        registry, repository = DOCKER_HUB, name
+    if registry in ("index.docker.io", DOCKER_HUB_API):
+        registry = DOCKER_HUB
+    if registry == DOCKER_HUB and "/" not in repository:
+        repository = "library/" + repository
+    return ImageRef(registry, repository, reference)
+
+
+def endpoint_url(endpoint: str) -> str:
+    """The base URL of a registry endpoint: plain http on loopback, https elsewhere."""
+    if endpoint.startswith(("http://", "https://")):
+        return endpoint.rstrip("/")
+    host = endpoint.split("/", 1)[0]
+    return ("http://" if _LOOPBACK.match(host) else "https://") + endpoint.rstrip("/")
+
+
+def registry_host(endpoint: str) -> str:
+    return endpoint.split("://", 1)[-1].rstrip("/")
+
+
+def api_location(ref: ImageRef, mirror: str | None = None) -> tuple[str, str]:
+    """(API base URL, repository there) of `ref`, from its own registry or through `mirror`
+    `[SCHEME://]HOST[:PORT][/PREFIX]`, which serves every image under PREFIX/<repository>
+    (Docker Hub's official images as library/<name>)."""
+    if not mirror:
+        host = DOCKER_HUB_API if ref.registry == DOCKER_HUB else ref.registry
+        return endpoint_url(host), ref.repository
+    scheme, sep, rest = mirror.partition("://")
+    if not sep:
+        scheme, rest = "", mirror
+    host, _, prefix = rest.partition("/")
+    base = f"{scheme}://{host}" if scheme else endpoint_url(host)
+    prefix = prefix.strip("/")
+    return base, f"{prefix}/{ref.repository}" if prefix else ref.repository
+
+
+def session():
+    """A requests session that retries what a registry or a network hiccup answers for a while
+    (connection errors, 429 with Retry-After, 5xx) on the idempotent HEAD and GET."""
+    import requests
+    from requests.adapters import HTTPAdapter
+    from urllib3.util.retry import Retry
+
+    s = requests.Session()
+    retry = Retry(total=3, connect=3, read=2, backoff_factor=0.5,
+                  status_forcelist=(429, 500, 502, 503, 504), allowed_methods=("HEAD", "GET"),
+                  respect_retry_after_header=True, raise_on_status=False)
+    adapter = HTTPAdapter(max_retries=retry)
+    s.mount("http://", adapter)
+    s.mount("https://", adapter)
+    return s
+
+
+def _challenge(header: str) -> dict[str, str]:
+    scheme, _, params = header.partition(" ")
+    out = {k.lower(): v for k, v in re.findall(r'(\w+)="([^"]*)"', params)}
+    out["scheme"] = scheme.lower()
+    return out
+
+
+def _token(s, challenge: dict[str, str], repository: str, where: str) -> str:
+    params = {"scope": challenge.get("scope") or f"repository:{repository}:pull"}
+    if challenge.get("service"):
+        params["service"] = challenge["service"]
+    try:
+        r = s.get(challenge["realm"], params=params, timeout=TIMEOUT)
+    except Exception as e:
+        raise ActionError(f"Cannot reach the token service {challenge['realm']} of {where}: "
+                          f"{type(e).__name__}. Use a mirror that answers.") from None
+    if r.status_code != 200:
+        raise ActionError(f"The token service {challenge['realm']} refused an anonymous token for "
+                          f"{repository} (HTTP {r.status_code}); the image may be private.")
+    body = r.json()
+    token = body.get("token") or body.get("access_token")
+    if not token:
+        raise ActionError(f"The token service {challenge['realm']} answered without a token.")
+    return token
+
+
+def digest(ref: str, mirror: str | None = None, s=None) -> ImageDigest:
+    """The digest `ref`'s tag points at now, read from its registry (or `mirror`). ActionError
+    says what the registry answered and what to do."""
+    import requests
+
+    s = s or session()
+    parsed = parse_image(ref)
+    base, repository = api_location(parsed, mirror)
+    url = f"{base}/v2/{repository}/manifests/{parsed.reference[1:]}"
+    what = f"{repository}{parsed.reference}"
+    headers = {"Accept": ACCEPT}
+
+    def request(method: str):
+        try:
+            return s.request(method, url, headers=headers, timeout=TIMEOUT)
+        except requests.RequestException as e:
+            raise ActionError(f"Cannot reach the registry {base} for {ref}: {type(e).__name__}. "
+                              "Check the network, or use a mirror that answers.") from None
+
+    r = request("HEAD")
+    if r.status_code == 401:
+        ch = _challenge(r.headers.get("WWW-Authenticate", ""))
+        if ch["scheme"] != "bearer" or "realm" not in ch:
+            raise ActionError(f"The registry {base} wants credentials for {repository} "
+                              f"({r.headers.get('WWW-Authenticate', 'no challenge')}); envbuild "
+                              "reads public images anonymously only. Use a mirror that serves it.")
+        headers["Authorization"] = f"Bearer {_token(s, ch, repository, base)}"
+        r = request("HEAD")
+    if r.status_code == 404:
+        raise ActionError(f"The registry {base} has no manifest for {what} ({ref}). Check the "
+                          "tag, or that the mirror carries the image.")
+    if r.status_code == 429:
+        raise ActionError(f"The registry {base} rate-limits this address (HTTP 429 "
+                          "toomanyrequests). Wait, or use a mirror.")
+    if r.status_code != 200:
+        raise ActionError(f"The registry {base} answered HTTP {r.status_code} for {what}.")
+    found = r.headers.get("Docker-Content-Digest")
+    media_type = r.headers.get("Content-Type", "").split(";")[0].strip()
+    if not found:  # some registries send the digest only with the body: hash it ourselves
+        r = request("GET")
+        if r.status_code != 200:
+            raise ActionError(f"The registry {base} answered HTTP {r.status_code} for {what}.")
+        found = "sha256:" + hashlib.sha256(r.content).hexdigest()
+    if not re.fullmatch(r"sha256:[0-9a-f]{64}", found):
+        raise ActionError(f"The registry {base} gave {found!r} as the digest of {ref}.")
+    return ImageDigest(found, media_type)
