@@ -10,6 +10,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from .resolve import ResolvedEnv
@@ -42,7 +43,7 @@ def normalize(name: str) -> str:
 
 
 def layer_roots(env: ResolvedEnv) -> dict[str, list[str]]:
-    """The requirements each install layer asks for, as the unlocked Dockerfile does."""
+    """The requirements each install layer asks for (its own top-level pins), in order."""
     d = env.data
     return {
         "torch": list(d["torch"]["packages"]),
@@ -53,7 +54,82 @@ def layer_roots(env: ResolvedEnv) -> dict[str, list[str]]:
 
 
 def needs_builder(env: ResolvedEnv) -> bool:
+    """A builder stage compiles or fetches extensions (apex, flash-attn) against the torch."""
     return bool(env.data["apex"] or env.data["flash_attn"])
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One pip step: what it asks for and what it fixes for itself and every later step."""
+
+    name: str  # torch, vllm, verl-deps, verl; `build` for the builder stage's tools
+    requirements: tuple[str, ...]  # its own top-level pins
+    pins: tuple[str, ...]  # name==version: its own pins and the lock's pins of what it installs
+    arg: str | None = None  # a build ARG that can override its package's version (VERL_VERSION)
+
+    @property
+    def constraints_file(self) -> str:
+        return CONSTRAINTS.format(layer=self.name)
+
+
+@dataclass(frozen=True)
+class InstallPlan:
+    """How a resolved environment is installed, once, for every consumer: the Dockerfile's
+    stages and steps, requirements.txt, environment.yml, the lock's requirements.in, verify."""
+
+    pypi: str
+    torch_index: str | None  # +cuXXX builds come from here, PyPI second
+    layers: tuple[Layer, ...]  # the runtime stage's pip steps, in order (empty ones left out)
+    builder: Layer | None  # the builder stage's torch and tools; None when nothing is compiled
+    conda_specs: tuple[str, ...]  # what environment.yml asks conda for
+    pinned_from: str | None  # the lock whose pins the layers carry; None: top-level pins only
+    torch_swapped: str | None  # that lock was solved with PyPI's torch: torch's own pins are ours
+
+    def upto(self, name: str) -> tuple[Layer, ...]:
+        """The runtime layers up to and including `name`: a step installs within all of them."""
+        names = [layer.name for layer in self.layers]
+        return self.layers[:names.index(name) + 1]
+
+    @property
+    def requirements(self) -> tuple[str, ...]:
+        return tuple(r for layer in self.layers for r in layer.requirements)
+
+
+def conda_specs(env: ResolvedEnv) -> list[str]:
+    """What environment.yml asks conda for: python, pip, and nvcc when something is compiled."""
+    d = env.data
+    out = [f"python={d['python']}", "pip"]
+    if needs_builder(env):
+        v = d["cuda"]["version"]
+        out += [d["cuda"]["conda_nvcc"], f"cuda-cudart-dev={v}", f"cuda-libraries-dev={v}"]
+    return out
+
+
+def install_plan(env: ResolvedEnv) -> InstallPlan:
+    """The plan of `env` (with its `constraints`, plan.with_constraints, where a lock fits)."""
+    d = env.data
+    c = d.get("constraints") or {}
+    locked = c.get("layers") or {}
+
+    def pins(name: str, own: list[str]) -> tuple[str, ...]:
+        """(a constraint names no extras: ray[default]==2.46.0 pins ray==2.46.0)"""
+        mine = {}
+        for r in own:
+            m = _REQ.match(r)
+            if m:
+                mine[normalize(m[1])] = f"{normalize(m[1])}=={m[2]}"
+        for pin in locked.get(name, ()):
+            mine.setdefault(normalize(pin.split("==")[0]), pin)
+        return tuple(sorted(mine.values()))
+
+    layers = [Layer(name, tuple(own), pins(name, own), "VERL_VERSION" if name == "verl" else None)
+              for name, own in layer_roots(env).items() if own]
+    builder = None
+    if needs_builder(env):
+        own = [d["torch"]["packages"][0], *BUILD_TOOLS]
+        builder = Layer("build", tuple(own), pins("build", [d["torch"]["packages"][0]]))
+    return InstallPlan(d["indexes"]["pypi"], d["indexes"]["torch"], tuple(layers), builder,
+                       tuple(conda_specs(env)), c.get("from"), c.get("torch_swapped"))
 
 
 def requirements_in(env: ResolvedEnv, swap_torch: bool = False) -> str:
@@ -163,8 +239,8 @@ def constraint_layers(env: ResolvedEnv, requirements_lock: str,
     layer's set, and with it Docker's cache of that layer, as it was. From a lock solved with
     PyPI's torch: none of the packages that differ between torch builds."""
     locked = parse(requirements_lock, with_hashes=False)
-    return {layer.replace("-", "_"): [f"{n}=={locked[n].version}" for n in names
-                                      if not (torch_swapped and TORCH_BUILD_PACKAGES.match(n))]
+    return {layer: [f"{n}=={locked[n].version}" for n in names
+                    if not (torch_swapped and TORCH_BUILD_PACKAGES.match(n))]
             for layer, names in layers(env, locked).items()}
 
 

@@ -123,11 +123,14 @@ def audit_plan(d: dict) -> dict:
 def render_files(env: ResolvedEnv, locked: dict | None = None) -> dict[str, str]:
     """All rendered files by name, in memory. `locked` (lock.lockfile.for_render) pins the base
     images by digest and installs each layer from its hashed requirement file."""
+    from .plan import install_plan
+
     d = env.data
     spec = env.to_json()
+    plan = install_plan(env)
     context = {
         "env": d,
-        "needs_builder": bool(d["apex"] or d["flash_attn"]),
+        "plan": plan,
         "run_script": RUN_SCRIPT,
         "spec_sha256": hashlib.sha256(spec.encode()).hexdigest(),
         "apex_command": apex_command(d),
@@ -146,18 +149,14 @@ def render_files(env: ResolvedEnv, locked: dict | None = None) -> dict[str, str]
         out[name] = j.get_template(template).render(context)
     if d["flash_attn"]:
         out[FLASH_ATTN_SCRIPT] = (Path(__file__).parent / FLASH_ATTN_SCRIPT).read_text(encoding="utf-8")
-    if d.get("constraints") and not locked:
-        from .plan import CONSTRAINTS
-
-        c = d["constraints"]
-        for layer in c["order"]:
-            pins = c["layers"][layer]
-            head = (f"# envbuild: what the {layer} layer of {d['profile']} installs, from "
-                    f"{c['from']}"
-                    + (f"; solved with torch {c['torch_swapped']}, so torch's own packages are "
-                       "pinned by the requirements, not here" if c["torch_swapped"] else "")
-                    + ".\n")
-            out[CONSTRAINTS.format(layer=layer)] = head + "".join(f"{pin}\n" for pin in pins)
+    if not locked:  # each pip step's pins, one file per step (its cache key moves with it alone)
+        for layer in [*plan.layers, *([plan.builder] if plan.builder else [])]:
+            head = (f"# envbuild: what the {layer.name} step of {d['profile']} fixes for itself and "
+                    "every later step: " + (f"from {plan.pinned_from}" if plan.pinned_from else
+                                           "its top-level pins only (no lock fits)")
+                    + (f"; solved with torch {plan.torch_swapped}, so torch's own packages are "
+                       "pinned by the requirements" if plan.torch_swapped else "") + ".\n")
+            out[layer.constraints_file] = head + "".join(f"{pin}\n" for pin in layer.pins)
     out.update(locked["files"] if locked else {})
     return out
 

@@ -424,7 +424,7 @@ def test_render_locked_pins_images_and_requires_hashes(world, p40_lock, tmp_path
     assert layer_files == ["locked-build.txt", "locked-torch.txt", "locked-verl-deps.txt",
                            "locked-verl.txt"]
     for name in layer_files:
-        assert f"source={name},target=/tmp/envbuild-lock/{name}" in dockerfile
+        assert f"source={name},target=/tmp/envbuild/{name}" in dockerfile
     # the runtime layers hold each package once, the builder's tools the rest of the lock,
     # everything with all its hashes
     everything = parse((p40_lock / "requirements.lock").read_text())
@@ -509,7 +509,7 @@ def test_render_locked_pins_the_builders_tools_and_the_apex_archive(p40_lock, tm
     assert code == 0, err
     dockerfile = (tmp_path / "o" / "Dockerfile").read_text()
     builder = dockerfile.split("FROM ${BASE_RUNTIME}")[0]
-    assert "-r /tmp/envbuild-lock/locked-build.txt" in builder
+    assert "-r /tmp/envbuild/locked-build.txt" in builder
     assert "pip install packaging ninja" not in builder
     sha = json.loads((p40_lock / "sources.lock").read_text())["apex"]["sha256"]
     assert f'"apex @ ${{APEX_URL}}#sha256={sha}"' in builder

@@ -40,6 +40,7 @@ def render(tmp_path: Path, profile: str, matrix: M.Matrix | None = None, **kw) -
     out = tmp_path / "rendered"
     out.mkdir(exist_ok=True)
     for name, text in render_files(env).items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
         (out / name).write_text(text)
     return out / "preflight.py", env.data
 

@@ -24,7 +24,8 @@ from envbuilder.render import MARKER, RUN_SCRIPT, render, render_files
 from envbuilder.resolve import ResolvedEnv
 
 ALWAYS = {"Dockerfile", "environment.yml", "requirements.txt", RUN_SCRIPT, "preflight.py",
-          "audit_precision.py", "prepare_gsm8k.py", "envbuild-secrets.sh", MARKER}
+          "audit_precision.py", "prepare_gsm8k.py", "envbuild-secrets.sh", MARKER,
+          "constraints"}  # each pip step's pins (the top-level ones at least)
 
 
 @pytest.fixture(scope="session")
@@ -73,7 +74,7 @@ def test_every_shipped_profile_renders_its_files(profile, rendered):
 
 
 def test_scripts_are_executable_and_the_rest_is_not(rendered):
-    modes = {p.name: p.stat().st_mode & 0o777 for p in rendered["p40"].iterdir()}
+    modes = {p.name: p.stat().st_mode & 0o777 for p in rendered["p40"].rglob("*") if p.is_file()}
     assert (modes.pop(RUN_SCRIPT) == modes.pop("preflight.py") == modes.pop("apply_patches.py")
             == modes.pop("audit_precision.py") == modes.pop("prepare_gsm8k.py") == 0o755)
     assert set(modes.values()) == {0o644}
@@ -183,6 +184,9 @@ def test_the_shell_scripts_pass_bash_n(profile, rendered):
 def test_requirements_txt_pins_every_package_exactly(profile, rendered):
     lines = [ln for ln in (rendered[profile] / "requirements.txt").read_text().splitlines()
              if ln and not ln.startswith("#")]
+    constraints = [ln for ln in lines if ln.startswith("-c ")]
+    assert constraints and all((rendered[profile] / ln[3:]).is_file() for ln in constraints)
+    lines = lines[len(constraints):]
     packages = [ln for ln in lines if not ln.startswith("--")]
     assert lines[0].startswith("--index-url ")
     assert all(re.fullmatch(r"[A-Za-z0-9_.\-]+(\[[a-z,]+\])?==[A-Za-z0-9_.+]+", p) for p in packages), packages

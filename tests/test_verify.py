@@ -267,8 +267,8 @@ def test_a_layer_that_cannot_install_stops_the_later_ones(tmp_path):
 
 def test_the_lock_of_the_profiles_plan_constrains_the_installs(tmp_path):
     """As `envbuild render` does, verify installs under the pins of the lock whose plan the
-    profile is (./lockfiles/<profile>, then the shipped ones): a lock that pins a hydra-core the
-    index does not have stops the layer that installs it."""
+    profile is (./lockfiles/<profile>, then the shipped ones): a lock that pins an omegaconf (a
+    dependency of hydra-core) the index does not have stops the layer that installs it."""
     import hashlib
 
     from envbuilder.plan import plan_sha256
@@ -276,7 +276,9 @@ def test_the_lock_of_the_profiles_plan_constrains_the_installs(tmp_path):
     with World(tmp_path) as w:
         lock = tmp_path / "cwd" / "lockfiles" / "tiny"
         lock.mkdir(parents=True)
-        text = "hydra-core==0.0.1\n    # via -r requirements.in\n"
+        hydra = V.md.version("hydra-core")  # what the stand-in world pins; omegaconf under it
+        text = (f"hydra-core=={hydra}\n    # via -r requirements.in\n"
+                "omegaconf==0.0.1\n    # via hydra-core\n")
         (lock / "requirements.lock").write_text(text, encoding="utf-8")
         (lock / "lock.json").write_text(json.dumps({
             "plan_sha256": plan_sha256(w.env),
@@ -287,7 +289,7 @@ def test_the_lock_of_the_profiles_plan_constrains_the_installs(tmp_path):
     assert r["constraints"] is True
     layers = {x["layer"]: x for x in r["layers"]}
     assert layers["torch"]["ok"] and not layers["verl-deps"]["ok"]
-    assert "hydra-core==0.0.1" in layers["verl-deps"]["error"], layers["verl-deps"]["error"]
+    assert "omegaconf==0.0.1" in layers["verl-deps"]["error"], layers["verl-deps"]["error"]
 
 
 def test_a_reachable_torch_index_keeps_the_cu_builds(tmp_path):

@@ -204,7 +204,7 @@ def test_render_with_a_wheelhouse_builds_apex_from_its_pinned_source(exported, t
     dockerfile = (tmp_path / "o" / "Dockerfile").read_text()
     builder = dockerfile.split("FROM ${BASE_RUNTIME}")[0]
     assert "ARG APEX_URL=file:///wheelhouse/sources/apex-25.08.tar.gz" in builder
-    assert "--no-index --find-links /wheelhouse --no-deps --require-hashes -r /tmp/envbuild-lock/locked-build.txt" in builder
+    assert "--no-index --find-links /wheelhouse --no-deps --require-hashes -r /tmp/envbuild/locked-build.txt" in builder
     src = tmp_path / "o" / "wheelhouse" / "sources" / "apex-25.08.tar.gz"
     assert src.read_bytes() == (exported / "sources" / "apex-25.08.tar.gz").read_bytes()
 

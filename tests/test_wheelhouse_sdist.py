@@ -250,11 +250,11 @@ def test_render_with_the_wheelhouse_installs_the_wheel_offline(exported, downloa
     assert (out / "wheelhouse" / Path(WHEEL).name).read_bytes() == (exported / WHEEL).read_bytes()
     dockerfile = (out / "Dockerfile").read_text()
     commands = re.findall(r"pip install (--no-index --find-links /wheelhouse [^\\&\n]*?"
-                          r"-r /tmp/envbuild-lock/locked-[\w-]+\.txt)", dockerfile)
+                          r"-r /tmp/envbuild/locked-[\w-]+\.txt)", dockerfile)
     assert len(commands) == len([n for n in layers if n != "locked-build.txt"])
     venv = newest_pip_venv(tmp_path / "image", downloads)
     for args in commands:
-        args = args.replace("/tmp/envbuild-lock/", f"{out}/").replace("/wheelhouse", f"{out}/wheelhouse")
+        args = args.replace("/tmp/envbuild/", f"{out}/").replace("/wheelhouse", f"{out}/wheelhouse")
         r = subprocess.run([*offline, venv / "bin" / "python", "-m", "pip", "install", "--isolated",
                             *args.split()], env=pip_env(XDG_CACHE_HOME=tmp_path / "cache"),
                            capture_output=True, text=True)

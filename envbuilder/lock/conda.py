@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..errors import ActionError, UserError
+from ..plan import conda_specs
 from ..resolve import ResolvedEnv
 
 PLATFORM = "linux-64"
@@ -34,16 +35,6 @@ class CondaRecord(NamedTuple):
     md5: str
     sha256: str
     depends: tuple[str, ...]
-
-
-def specs(env: ResolvedEnv) -> list[str]:
-    """What environment.yml asks conda for: python, pip, and nvcc when something is compiled."""
-    d = env.data
-    out = [f"python={d['python']}", "pip"]
-    if d["apex"] or d["flash_attn"]:
-        v = d["cuda"]["version"]
-        out += [d["cuda"]["conda_nvcc"], f"cuda-cudart-dev={v}", f"cuda-libraries-dev={v}"]
-    return out
 
 
 def default_channels(env: ResolvedEnv) -> list[str]:
@@ -78,7 +69,7 @@ def _vkey(v: str) -> tuple:
 def solve_rattler(env: ResolvedEnv, channels: list[str], vpkgs: dict[str, str]) -> list[CondaRecord]:
     from .rattler_worker import call
 
-    wanted = specs(env)
+    wanted = conda_specs(env)
     try:
         result = call({"channels": channels, "specs": wanted, "platforms": [PLATFORM, "noarch"],
                        "virtual_packages": vpkgs})
@@ -136,7 +127,7 @@ def solve_conda_lock(env: ResolvedEnv, channels: list[str], vpkgs: dict[str, str
     with tempfile.TemporaryDirectory(prefix="envbuild-conda-lock-") as tmp:
         tmp = Path(tmp)
         (tmp / "environment.yml").write_text(yaml.safe_dump(
-            {"name": f"envbuild-{env.name}", "channels": channels, "dependencies": specs(env)}))
+            {"name": f"envbuild-{env.name}", "channels": channels, "dependencies": conda_specs(env)}))
         (tmp / "virtual-packages.yml").write_text(yaml.safe_dump(
             {"subdirs": {PLATFORM: {"packages": vpkgs}}}))
         proc = subprocess.run(

@@ -45,8 +45,8 @@ def solver_inputs(env: ResolvedEnv) -> dict[str, dict]:
     serves the same files, so the mirror a lock was made through is not an input either. The
     solvers' versions are recorded in lock.json (`tools`), not hashed: a uv release would
     otherwise stale every lock without changing what it pins."""
-    from ..plan import requirements_in
-    from .conda import default_channels, specs, virtual_packages
+    from ..plan import conda_specs, requirements_in
+    from .conda import default_channels, virtual_packages
 
     d = env.data
     target = {"platform": "linux-64", "python": d["python"], "glibc": d["cuda"].get("glibc"),
@@ -54,7 +54,7 @@ def solver_inputs(env: ResolvedEnv) -> dict[str, dict]:
     out = {
         "pip": {"requirements": requirements_in(env), "target": target,
                 "indexes": {"pypi": d["indexes"]["pypi"], "torch": d["indexes"]["torch"]}},
-        "conda": {"specs": specs(env), "channels": default_channels(env), "target": target,
+        "conda": {"specs": conda_specs(env), "channels": default_channels(env), "target": target,
                   "virtual_packages": virtual_packages(env, d["cuda"].get("glibc") or "")},
         "images": {"refs": sorted(set(d["cuda"]["images"].values())), "platform": "linux/amd64"},
     }

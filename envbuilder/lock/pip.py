@@ -199,7 +199,7 @@ def layer_files(env: ResolvedEnv, text: str) -> tuple[dict[str, str | None], dic
                                      [f"    --hash={h}" for h in entry.hashes]))
         names[layer] = fname
         files[fname] = "\n".join(body) + "\n"
-    return {k.replace("-", "_"): v for k, v in names.items()}, files
+    return names, files
 
 
 def pip_artifact(package: dict) -> tuple[str, str]:
