@@ -334,13 +334,12 @@ def render(profile, all_, from_, out, locked_dir, wheelhouse, mirror, overrides,
         target = base / env.name if (all_ or out is None) else out
         # against the upstream spec (what the lock recorded); its images through the mirror
         locked = locked_context(env, locked_dir, all_, wheelhouse, choice)
-        if not locked:
-            from .plan import with_constraints
+        from .plan import with_constraints
 
-            env = with_constraints(env)
-            if not env.data["constraints"]:
-                click.echo(f"  note: {env.name} is not pinned beyond its top-level pins (no lock "
-                           f"matches it): `envbuild lock {env.name}` makes one.", err=True)
+        env = with_constraints(env)  # (requirements.txt and environment.yml, also when locked)
+        if not locked and not env.data["constraints"]:
+            click.echo(f"  note: {env.name} is not pinned beyond its top-level pins (no lock "
+                       f"matches it): `envbuild lock {env.name}` makes one.", err=True)
         if choice:
             env = M.apply_to_env(env, choice)
         R.render(env, target, locked)

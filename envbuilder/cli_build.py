@@ -140,10 +140,9 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
         if wheelhouse:  # the wheelhouse's own files, never an index
             build_args = {k: v for k, v in build_args.items() if k not in B.NETWORK_ARGS}
     locked = locked_context(env, None, False, wheelhouse, choice) if wheelhouse else None
-    if not locked:
-        from .plan import with_constraints
+    from .plan import with_constraints
 
-        env = with_constraints(env)
+    env = with_constraints(env)
     if choice:
         env = M.apply_to_env(env, M.MirrorChoice(name, picks))  # the image references only
     files = render_files(env, locked)

@@ -149,14 +149,15 @@ def render_files(env: ResolvedEnv, locked: dict | None = None) -> dict[str, str]
         out[name] = j.get_template(template).render(context)
     if d["flash_attn"]:
         out[FLASH_ATTN_SCRIPT] = (Path(__file__).parent / FLASH_ATTN_SCRIPT).read_text(encoding="utf-8")
-    if not locked:  # each pip step's pins, one file per step (its cache key moves with it alone)
-        for layer in [*plan.layers, *([plan.builder] if plan.builder else [])]:
-            head = (f"# envbuild: what the {layer.name} step of {d['profile']} fixes for itself and "
-                    "every later step: " + (f"from {plan.pinned_from}" if plan.pinned_from else
-                                           "its top-level pins only (no lock fits)")
-                    + (f"; solved with torch {plan.torch_swapped}, so torch's own packages are "
-                       "pinned by the requirements" if plan.torch_swapped else "") + ".\n")
-            out[layer.constraints_file] = head + "".join(f"{pin}\n" for pin in layer.pins)
+    # each pip step's pins, one file per step (its cache key moves with it alone); a locked
+    # Dockerfile installs the hashed files instead, requirements.txt and environment.yml these
+    for layer in [*plan.layers, *([plan.builder] if plan.builder else [])]:
+        head = (f"# envbuild: what the {layer.name} step of {d['profile']} fixes for itself and "
+                "every later step: " + (f"from {plan.pinned_from}" if plan.pinned_from else
+                                       "its top-level pins only (no lock fits)")
+                + (f"; solved with torch {plan.torch_swapped}, so torch's own packages are "
+                   "pinned by the requirements" if plan.torch_swapped else "") + ".\n")
+        out[layer.constraints_file] = head + "".join(f"{pin}\n" for pin in layer.pins)
     out.update(locked["files"] if locked else {})
     return out
 

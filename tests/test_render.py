@@ -43,24 +43,46 @@ def instructions(text: str):
 
 # -- golden files ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("profile", ["p40", "4090"])
-def test_rendered_files_match_the_golden_files(profile, tmp_path):
-    """A changed golden file is reviewed like code. Regenerate: UPDATE_GOLDEN=1 pytest tests.
-    As `envbuild render` writes them: with the constraints of the shipped lock."""
-    from envbuilder.plan import with_constraints
+GOLDEN_CASES = {  # tests/golden/<case>: what `envbuild render ARGS` writes
+    "p40": ["p40"],  # fp32, eager, HF rollout, apex in a builder stage, patches
+    "4090": ["4090"],  # bf16 on PyPI's torch, no builder
+    "t4-vllm": ["t4"],  # the vLLM step, fp16 where verl reads it
+    "h200-flash-attn": ["h200"],  # flash-attn's release wheel in the builder, 8 GPUs
+    "4090-mirror-cn": ["4090", "--mirror", "cn"],  # every endpoint through a mirror set
+    # hashed per-step files and base images by digest (a fixture lock: its digests are made up)
+    "4090-locked": ["4090", "--locked", str(FIXTURES / "locks" / "4090")],
+}
 
-    out = tmp_path / profile
-    render(with_constraints(resolved(profile)), out)
-    golden = GOLDEN / profile
+
+@pytest.mark.parametrize("case", list(GOLDEN_CASES))
+def test_rendered_files_match_the_golden_files(case, cli, tmp_path, monkeypatch, request):
+    """A changed golden file is reviewed like code: a difference fails with its unified diff.
+    Regenerate: UPDATE_GOLDEN=1 pytest tests/test_render.py -k golden."""
+    import difflib
+
+    (tmp_path / "config.yaml").write_text("{}\n")  # no user mirror sets: the shipped ones only
+    monkeypatch.setenv("ENVBUILD_CONFIG", str(tmp_path / "config.yaml"))
+    from envbuilder import config
+
+    config._load.cache_clear()
+    request.addfinalizer(config._load.cache_clear)
+    out = tmp_path / case
+    code, _, err = cli("render", *GOLDEN_CASES[case], "-o", out)
+    assert code == 0, err
+    golden = GOLDEN / case
     if os.environ.get("UPDATE_GOLDEN") == "1":
         shutil.rmtree(golden, ignore_errors=True)
         shutil.copytree(out, golden)
     assert golden.is_dir(), f"no {golden}; create it with UPDATE_GOLDEN=1 and review it"
-    got = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    want = {str(p.relative_to(golden)): p.read_bytes() for p in golden.rglob("*") if p.is_file()}
+    got = {str(p.relative_to(out)): p.read_text() for p in out.rglob("*") if p.is_file()}
+    want = {str(p.relative_to(golden)): p.read_text() for p in golden.rglob("*") if p.is_file()}
     assert sorted(got) == sorted(want), "files added or missing; rerun with UPDATE_GOLDEN=1 and review"
-    for name in sorted(want):
-        assert got[name] == want[name], f"{profile}/{name} differs from tests/golden/; review the diff"
+    diffs = ["".join(difflib.unified_diff(want[name].splitlines(True), got[name].splitlines(True),
+                                          f"golden/{case}/{name}", f"rendered/{case}/{name}"))
+             for name in sorted(want) if got[name] != want[name]]
+    if diffs:
+        pytest.fail("rendered files differ from tests/golden/ (UPDATE_GOLDEN=1 after review):\n"
+                    + "\n".join(diffs)[:20000], pytrace=False)
 
 
 # -- every profile, every time the same bytes --------------------------------------------------
