@@ -219,17 +219,20 @@ class _Resolver:
     # -- the rules ---------------------------------------------------------------------------
 
     def torch_build(self, torch_v: str, torch: dict, cuda_v: str) -> tuple[str, dict] | None:
+        """The torch build for the image's CUDA: the exact one, else the newest older minor of
+        its major (torch wheels carry their own CUDA runtime); None when there is none."""
         builds = torch["builds"]
         exact = [(k, b) for k, b in builds.items() if b["cuda"] == cuda_v]
         if exact:
             return exact[0]
-        # torch wheels carry their own CUDA runtime: an older minor of the image's major runs.
         older = sorted(((k, b) for k, b in builds.items()
                         if b["cuda"].split(".")[0] == cuda_v.split(".")[0]
                         and version_key(b["cuda"]) < version_key(cuda_v)),
                        key=lambda kb: version_key(kb[1]["cuda"]))
-        if older:  # (apex then asks for an exact match: see the apex-nvcc rule)
-            return older[-1]
+        return older[-1] if older else None  # (apex then asks for an exact match: apex-nvcc)
+
+    def torch_cuda_rule(self, torch_v: str, torch: dict, cuda_v: str) -> None:
+        builds = torch["builds"]
         have = ", ".join(f"{k} (CUDA {b['cuda']})" for k, b in builds.items())
         others = [t for t, rec in self.m.torch.items()
                   if any(b["cuda"] == cuda_v for b in rec["builds"].values())]
@@ -238,7 +241,6 @@ class _Resolver:
             fix += f", or --torch {others[-1]} (it has a CUDA {cuda_v} build)"
         why = f"its builds are {have}"
         self.add("torch-cuda", f"torch {torch_v} has no build for CUDA {cuda_v}", why, fix, hard=True)
-        return None
 
     def arch_rule(self, gpu_key: str, gpu: dict, torch_v: str, variant: str, build: dict) -> None:
         cc = gpu["compute_capability"]
@@ -258,9 +260,11 @@ class _Resolver:
                  f"its arch list is {';'.join(build['archs'])}; it would fail at run time with "
                  "'no kernel image is available for execution on the device'", fix, hard=True)
 
-    def driver_rule(self, cuda_v: str, cuda: dict, extra_cudas: list[str]) -> dict:
-        need = max([cuda_v, *extra_cudas], key=version_key)
-        need_rec = self.m.cuda.get(need, cuda)
+    def driver_info(self, s: "Selection") -> dict:
+        """The driver the image needs (its CUDA's, or the vLLM wheel's if newer) and, with
+        --driver, how the given one runs it: native, minor-version compatibility, too old."""
+        need = max([s.cuda_v, *s.extra_cudas], key=version_key)
+        need_rec = self.m.cuda.get(need, s.cuda)
         info = {"min_driver": need_rec["min_driver"], "compat_driver": need_rec["compat_driver"],
                 "for_cuda": need}
         drv = self.ov.driver
@@ -271,23 +275,29 @@ class _Resolver:
         elif version_key(drv) >= version_key(need_rec["compat_driver"]):
             info["mode"] = "minor-version-compatibility"
         else:
-            usable = set(self.usable_cudas)
-            native = [c for c, r in self.m.cuda.items()
-                      if c in usable and version_key(drv) >= version_key(r["min_driver"])]
-            compat = [c for c, r in self.m.cuda.items() if c in usable and c not in native
-                      and version_key(drv) >= version_key(r["compat_driver"])]
-            fix = f"upgrade the driver to >= {need_rec['min_driver']}"
-            if native:
-                fix += f", or use --cuda {max(native, key=version_key)}"
-            elif compat:
-                fix += (f", or use --cuda {max(compat, key=version_key)} (runs on this driver under "
-                        "minor-version compatibility)")
-            self.add("driver", f"driver {drv} is too old for CUDA {need}",
-                     f"CUDA {need} needs >= {need_rec['min_driver']} (or >= "
-                     f"{need_rec['compat_driver']} under minor-version compatibility)", fix)
             info["mode"] = "too-old"
         info["driver"] = drv
         return info
+
+    def driver_rule(self, s: "Selection") -> None:
+        info, drv = s.driver, self.ov.driver
+        if info.get("mode") != "too-old":
+            return
+        need = info["for_cuda"]
+        usable = set(s.usable_cudas)
+        native = [c for c, r in self.m.cuda.items()
+                  if c in usable and version_key(drv) >= version_key(r["min_driver"])]
+        compat = [c for c, r in self.m.cuda.items() if c in usable and c not in native
+                  and version_key(drv) >= version_key(r["compat_driver"])]
+        fix = f"upgrade the driver to >= {info['min_driver']}"
+        if native:
+            fix += f", or use --cuda {max(native, key=version_key)}"
+        elif compat:
+            fix += (f", or use --cuda {max(compat, key=version_key)} (runs on this driver under "
+                    "minor-version compatibility)")
+        self.add("driver", f"driver {drv} is too old for CUDA {need}",
+                 f"CUDA {need} needs >= {info['min_driver']} (or >= "
+                 f"{info['compat_driver']} under minor-version compatibility)", fix)
 
     def rollout_rule(self, verl_v: str, verl: dict, rollout: str) -> None:
         if rollout not in INSTALLABLE_ROLLOUTS:
@@ -313,16 +323,17 @@ class _Resolver:
                      f"add verl.{verl_v}.training_path.rollouts.{rollout} (the modules verl's FSDP "
                      "workers import for it, read from the release's wheel)", hard=True)
 
-    def choose_vllm(self, torch_v: str, verl_v: str, verl: dict) -> str | None:
+    def choose_vllm(self, torch_v: str, verl: dict) -> str | None:
+        """The newest vLLM release that pins this torch within verl's range, or None."""
         fitting = [v for v, r in self.m.vllm.items()
                    if r["torch"] == torch_v and in_range(v, verl["vllm"])]
-        if fitting:
-            return max(fitting, key=version_key)
+        return max(fitting, key=version_key) if fitting else None
+
+    def vllm_choice_rule(self, torch_v: str, verl_v: str, verl: dict) -> None:
         pins = ", ".join(f"{v}->torch {r['torch']}" for v, r in self.m.vllm.items())
         self.add("vllm-torch", f"no vLLM release in the matrix pins torch {torch_v} within verl "
                  f"{verl_v}'s range {verl['vllm']}", f"vLLM pins torch exactly ({pins})",
                  "pick a --torch that a vLLM release pins, or --rollout hf", hard=True)
-        return None
 
     def vllm_rules(self, vllm_v: str, vr: dict, torch_v: str, build: dict, verl_v: str,
                    verl: dict, gpu: dict, python: str) -> None:
@@ -419,12 +430,14 @@ class _Resolver:
         env = {"dtype": dtype, "attention": attention, "rollout": rollout, "train": train}
         return plan(env, self.m.models[train["model"]], consts, self.m.datasets["gsm8k"]["rows"]["test"])
 
-    def memory_rule(self, gpu_key: str, gpu: dict, dtype: str, attention: str, rollout: str) -> dict:
-        """The batch sizes that fit the GPU (envbuilder/memory.py), or why none does."""
+    def memory_rule(self, s: "Selection") -> None:
+        """When no batch fits the GPU (the selection's memory plan, envbuilder/memory.py): why,
+        and which change to the profile would fit."""
+        gpu_key, gpu, dtype, attention, rollout = s.gpu_key, s.gpu, s.dtype, s.attention, s.rollout
         train = self.p["train"]
-        mem = self.memory_plan(gpu_key, gpu, dtype, attention, rollout, train)
+        mem = s.memory
         if not mem["problems"]:
-            return mem
+            return
 
         def fits(**changes) -> bool:
             return not self.memory_plan(gpu_key, gpu, dtype, attention, rollout,
@@ -461,25 +474,69 @@ class _Resolver:
                f"{self.name} --memory --allow-unsupported` prints the whole budget)")
         self.add("memory", f"{train['model']} does not fit the {gpu['name']} "
                  f"({mem['gpu_total_gib']:.0f} GiB) even at batch 1", why, fix)
-        return mem
 
-    # -- the whole -------------------------------------------------------------------------
+    # -- the whole: select, then every rule over the selection, then assemble ---------------
 
-    def run(self) -> ResolvedEnv:
+    def select(self) -> "Selection":
+        """What the profile and the overrides name, read from the matrix, with nothing judged:
+        an unknown version is bad input (UserError); every judgement is a rule's."""
         p, ov, m = self.p, self.ov, self.m
-        gpu_key = p["gpu"]
-        gpu = m.gpus[gpu_key]
-        cc = gpu["compute_capability"]
-        cuda_v = ov.cuda or p["cuda"]
-        torch_v = ov.torch or p["torch"]
-        verl_v = ov.verl or p["verl"]
-        rollout = ov.rollout or p["rollout"]
-        cuda = self.pick("CUDA", "cuda", cuda_v)
-        torch = self.pick("torch", "torch", torch_v)
-        verl = self.pick("verl", "verl", verl_v)
+        s = Selection()
+        s.gpu_key = p["gpu"]
+        s.gpu = m.gpus[s.gpu_key]
+        s.cc = s.gpu["compute_capability"]
+        s.cuda_v, s.torch_v = ov.cuda or p["cuda"], ov.torch or p["torch"]
+        s.verl_v, s.rollout = ov.verl or p["verl"], ov.rollout or p["rollout"]
+        s.cuda = self.pick("CUDA", "cuda", s.cuda_v)
+        s.torch = self.pick("torch", "torch", s.torch_v)
+        s.verl = self.pick("verl", "verl", s.verl_v)
+        s.components = self.select_components(s.torch_v)
+        s.python = ov.python or p.get("python") or s.cuda["python"]
+        s.picked = self.torch_build(s.torch_v, s.torch, s.cuda_v)
+        s.variant, s.build = s.picked or (f"cu{s.cuda_v.replace('.', '')}",
+                                          {"cuda": s.cuda_v, "archs": []})
+        s.vllm_v = s.vr = None
+        s.extra_cudas = []
+        if s.rollout == "vllm":
+            s.vllm_v = ov.vllm or p.get("vllm") or self.choose_vllm(s.torch_v, s.verl)
+            if s.vllm_v:
+                s.vr = self.pick("vllm", "vllm", s.vllm_v)
+                if s.vr["wheel_cuda"] in m.cuda:
+                    s.extra_cudas.append(s.vr["wheel_cuda"])
+        # CUDAs a --cuda suggestion may name: the torch release has a build for them, and the
+        # vLLM wheel (if any) shares their major
+        s.usable_cudas = [c for c in m.cuda
+                          if any(b["cuda"] == c for b in s.torch["builds"].values())
+                          and all(c.split(".")[0] == x.split(".")[0] for x in s.extra_cudas)]
+        s.driver = self.driver_info(s)
+        s.feats = {k: _at_least(s.cc, f["min_compute_capability"]) for k, f in m.features.items()}
+        s.dtype = p["dtype"]
+        if s.dtype == "auto":
+            s.dtype = "bf16" if s.gpu["bf16"] else ("fp16" if s.gpu["fp16_fast"] else "fp32")
+        s.fa = s.components.get("flash-attn")
+        s.fa_rec = self.release("flash-attn", s.fa, m.flash_attn["versions"]) if s.fa else None
+        fa_usable = s.fa is not None and _at_least(s.cc, m.flash_attn["min_compute_capability"])
+        s.attention = p["attention"]
+        if s.attention == "auto":
+            s.attention = "flash_attention_2" if fa_usable else "sdpa"
+        s.apex_v = s.components.get("apex")
+        s.apex_rec = self.release("apex", s.apex_v, m.apex["versions"]) if s.apex_v else None
+        # verl's pins, then the vLLM release's own pairings, then what flash-attn imports, then
+        # the profile's: later ones win
+        s.pins = dict(s.verl["pins"])
+        if s.vllm_v:
+            s.pins.update(m.vllm[s.vllm_v].get("pins") or {})
+        if s.fa:  # its wheel installs with --no-deps: what it imports at run time is pinned here
+            s.pins.update(m.flash_attn.get("runtime_pins") or {})
+        s.pins.update(p.get("pins", {}))
+        s.memory = self.memory_plan(s.gpu_key, s.gpu, s.dtype, s.attention, s.rollout, p["train"])
+        return s
 
-        components = dict(p["components"])
-        optional = p.get("optional_components", {})
+    def select_components(self, torch_v: str) -> dict[str, str]:
+        """The profile's compiled components with --with / --without applied."""
+        m, ov = self.m, self.ov
+        components = dict(self.p["components"])
+        optional = self.p.get("optional_components", {})
         for name in ov.with_:
             if name in components:
                 continue
@@ -502,100 +559,27 @@ class _Resolver:
                 raise UserError(f"Unknown component {name!r} for --without; "
                                 f"{suggest(name, ['apex', 'flash-attn'])}components are apex, flash-attn.")
             components.pop(name, None)
+        return components
 
-        picked = self.torch_build(torch_v, torch, cuda_v)
-        python = ov.python or p.get("python") or cuda["python"]
-        if python not in torch["python"]:
-            self.add("torch-python", f"torch {torch_v} has no wheels for Python {python}",
-                     f"it supports {', '.join(torch['python'])}",
-                     f"use --python {cuda['python']}" if cuda["python"] in torch["python"]
-                     else f"use a --torch that supports Python {python}", hard=True)
-        if python != cuda["python"]:
-            same = [c for c, r in m.cuda.items() if r["python"] == python
-                    and any(b["cuda"] == c and cc_runs(cc, b["archs"]) for b in torch["builds"].values())]
-            self.add("image-python", f"the CUDA {cuda_v} image ({cuda['images']['runtime']}) ships "
-                     f"Python {cuda['python']}, not {python}",
-                     "the image's system Python is the one the venv is made from",
-                     f"use --python {cuda['python']}" + (f" or --cuda {same[-1]}" if same else ""),
-                     hard=True)
+    def run(self) -> ResolvedEnv:
+        s = self.select()
+        for rule in RULES:
+            rule(self, s)
+        hard = [v for v in self.v if v.hard]
+        if hard or (self.v and not self.ov.allow_unsupported):
+            raise ResolveError(self.name, self.v)
+        return self.assemble(s)
 
-        if picked:
-            variant, build = picked
-            self.arch_rule(gpu_key, gpu, torch_v, variant, build)
-        else:
-            variant, build = f"cu{cuda_v.replace('.', '')}", {"cuda": cuda_v, "archs": []}
-
-        self.rollout_rule(verl_v, verl, rollout)
-        self.verl_torch_rule(verl_v, verl, torch_v, cuda_v, cc)
-        self.training_path_rule(verl_v, verl, rollout)
-        vllm_v = None
-        extra_cudas = []
-        if rollout == "vllm":
-            self.vllm_cc_rule(gpu)
-            vllm_v = ov.vllm or p.get("vllm") or self.choose_vllm(torch_v, verl_v, verl)
-            if vllm_v:
-                vr = self.pick("vllm", "vllm", vllm_v)
-                self.vllm_rules(vllm_v, vr, torch_v, build, verl_v, verl, gpu, python)
-                if vr["wheel_cuda"] in m.cuda:
-                    extra_cudas.append(vr["wheel_cuda"])
-        elif ov.vllm:
-            self.add("rollout", f"--vllm {ov.vllm} was given but the rollout is {rollout!r}",
-                     "vLLM is only installed for the vllm rollout", "add --rollout vllm", hard=True)
-        # CUDAs a --cuda suggestion may name: the torch release has a build for them, and the
-        # vLLM wheel (if any) shares their major
-        self.usable_cudas = [c for c in m.cuda
-                             if any(b["cuda"] == c for b in torch["builds"].values())
-                             and all(c.split(".")[0] == x.split(".")[0] for x in extra_cudas)]
-        driver = self.driver_rule(cuda_v, cuda, extra_cudas)
-
-        # dtype, attention and the features that follow from the GPU
-        feats = {k: _at_least(cc, f["min_compute_capability"]) for k, f in m.features.items()}
-        dtype = p["dtype"]
-        if dtype == "auto":
-            dtype = "bf16" if gpu["bf16"] else ("fp16" if gpu["fp16_fast"] else "fp32")
-        elif dtype == "bf16" and not gpu["bf16"]:
-            self.add("bf16", f"bf16 on the {gpu['name']} (CC {cc})",
-                     f"native bfloat16 needs CC >= {m.features['bf16']['min_compute_capability']}",
-                     "set dtype to fp16 or fp32 in the profile")
-        fa = None
-        if "flash-attn" in components:
-            fa = components["flash-attn"]
-            fa_rec = self.release("flash-attn", fa, m.flash_attn["versions"])
-            if not in_range(torch_v, fa_rec["torch"]):
-                self.add("flash-attn-torch", f"flash-attn {fa} does not support torch {torch_v}",
-                         f"it supports torch{fa_rec['torch']}", "pick another flash-attn version "
-                         "in the profile, or --without flash-attn", hard=True)
-            if not _at_least(cc, m.flash_attn["min_compute_capability"]):
-                self.add("flash-attn-cc", f"flash-attn on the {gpu['name']} (CC {cc})",
-                         "FlashAttention-2 only supports Ampere GPUs or newer (CC >= "
-                         f"{m.flash_attn['min_compute_capability']})", "use --without flash-attn "
-                         "(attention falls back to sdpa)")
-        fa_usable = fa is not None and _at_least(cc, m.flash_attn["min_compute_capability"])
-        attention = p["attention"]
-        if attention == "auto":
-            attention = "flash_attention_2" if fa_usable else "sdpa"
-        elif attention == "flash_attention_2" and fa is None:
-            self.add("attention", "attention flash_attention_2 without the flash-attn package",
-                     "the profile asks for it but flash-attn is not installed",
-                     "use --with flash-attn, or set attention to sdpa", hard=True)
-        remove_padding = attention == "flash_attention_2" and feats.get("remove_padding", True)
-
+    def assemble(self, s: "Selection") -> ResolvedEnv:
+        """The resolved environment of a selection every rule accepted."""
+        p, ov, m = self.p, self.ov, self.m
+        cc, verl, dtype, attention = s.cc, s.verl, s.dtype, s.attention
+        remove_padding = attention == "flash_attention_2" and s.feats.get("remove_padding", True)
         apex = None
-        if "apex" in components:
-            av = components["apex"]
-            arec = self.release("apex", av, m.apex["versions"])
-            if m.apex["nvcc_must_match_torch_cuda"] and build["cuda"] != cuda_v:
-                self.add("apex-nvcc", f"apex needs nvcc == torch.version.cuda, but the image's nvcc "
-                         f"is {cuda_v} and torch is built for {build['cuda']}",
-                         "apex's setup.py refuses a CUDA version mismatch",
-                         f"use --cuda {build['cuda']} or --without apex", hard=True)
-            apex = {"version": av, "ref": arec["ref"], "install": arec["install"],
-                    "url": m.apex["source_url"].format(ref=arec["ref"])}
-        if (apex or fa) and cc not in cuda["nvcc_archs"]:
-            self.add("nvcc-arch", f"nvcc {cuda_v} cannot build for sm_{cc.replace('.', '')}",
-                     f"it targets {', '.join(cuda['nvcc_archs'])}",
-                     "use another --cuda, or --without apex,flash-attn", hard=True)
-
+        if s.apex_v:
+            apex = {"version": s.apex_v, "ref": s.apex_rec["ref"], "install": s.apex_rec["install"],
+                    "url": m.apex["source_url"].format(ref=s.apex_rec["ref"]), "arch_list": cc,
+                    "modules": list(m.apex["training_path"]["modules"])}
         # what each part of the run computes in: the profile's dtype where this verl can run the
         # part in it, fp32 otherwise (verl.yaml precision: no fp16 training without a loss scaler)
         precision = {part: dtype if dtype in allowed else "fp32"
@@ -625,68 +609,51 @@ class _Resolver:
                                            for k, v in sorted(rec["holds"].items())}})
         alloc = None
         ac = m.cuda_alloc_conf
-        if ac and gpu["vram_gb"] <= ac["max_vram_gb"]:
-            refused = ac["not_with_rollouts"].get(rollout)
+        if ac and s.gpu["vram_gb"] <= ac["max_vram_gb"]:
+            refused = ac["not_with_rollouts"].get(s.rollout)
             alloc = {"value": None if refused else ac["value"], "why": refused or ac["why"]}
-
-        # verl's pins, then the vLLM release's own pairings, then what flash-attn imports, then
-        # the profile's: later ones win
-        pins = dict(verl["pins"])
-        if vllm_v:
-            pins.update(m.vllm[vllm_v].get("pins") or {})
-        if fa:  # its wheel installs with --no-deps: what it imports at run time is pinned here
-            pins.update(m.flash_attn.get("runtime_pins") or {})
-        pins.update(p.get("pins", {}))
-        self.shared_dependency_rule({"torch": torch_v, **({"vllm": vllm_v} if vllm_v else {}),
-                                     **pins})
-
-        memory = self.memory_rule(gpu_key, gpu, dtype, attention, rollout)
-
-        hard = [v for v in self.v if v.hard]
-        if hard or (self.v and not ov.allow_unsupported):
-            raise ResolveError(self.name, self.v)
         torch_index = None
         local = ""
-        if variant != torch["pypi_default"]:
-            torch_index = m.index_url.format(variant=variant)
-            local = f"+{variant}"
+        if s.variant != s.torch["pypi_default"]:
+            torch_index = m.index_url.format(variant=s.variant)
+            local = f"+{s.variant}"
         defaults = m.defaults or {}
+        gpu, cuda, torch_v, vllm_v = s.gpu, s.cuda, s.torch_v, s.vllm_v
         data = {
             "schema_version": SCHEMA_VERSION,
             "envbuild_version": __version__,
             "profile": self.name,
             "description": p["description"],
             "overrides": ov.as_dict(),
-            "gpu": {"key": gpu_key, "name": gpu["name"], "arch": gpu["arch"],
+            "gpu": {"key": s.gpu_key, "name": gpu["name"], "arch": gpu["arch"],
                     "compute_capability": cc, "sm": cc.replace(".", ""),
                     "vram_gb": gpu["vram_gb"], "bf16": gpu["bf16"],
                     "max_smem_per_block_kb": gpu["max_smem_per_block_kb"]},
-            "cuda": {"version": cuda_v, "full_version": cuda["version"], "ubuntu": cuda["ubuntu"],
+            "cuda": {"version": s.cuda_v, "full_version": cuda["version"], "ubuntu": cuda["ubuntu"],
                      "glibc": cuda.get("glibc"),
                      "images": dict(cuda["images"]), "conda_nvcc": cuda["conda_nvcc"],
                      "compat_libcuda": m.cuda_compat["libcuda"]},
-            "driver": driver,
-            "python": python,
-            "torch": {"version": torch_v, "variant": variant, "cuda": build["cuda"],
-                      "archs": list(build["archs"]), "index_url": torch_index,
+            "driver": s.driver,
+            "python": s.python,
+            "torch": {"version": torch_v, "variant": s.variant, "cuda": s.build["cuda"],
+                      "archs": list(s.build["archs"]), "index_url": torch_index,
                       "packages": [f"torch=={torch_v}{local}",
-                                   f"torchvision=={torch['torchvision']}{local}",
-                                   f"torchaudio=={torch['torchaudio']}{local}"]},
-            "rollout": rollout,
+                                   f"torchvision=={s.torch['torchvision']}{local}",
+                                   f"torchaudio=={s.torch['torchaudio']}{local}"]},
+            "rollout": s.rollout,
             "vllm": {"version": vllm_v, "torch": m.vllm[vllm_v]["torch"],
                      "wheel_cuda": m.vllm[vllm_v]["wheel_cuda"]} if vllm_v else None,
-            "verl": {"version": verl_v, "attention_override": verl["attention_override"],
+            "verl": {"version": s.verl_v, "attention_override": verl["attention_override"],
                      "autocast_keys": dict(sorted((verl.get("autocast_keys") or {}).items())),
-                     "pins": dict(sorted(pins.items()))},
+                     "pins": dict(sorted(s.pins.items()))},
             "dtype": dtype,
             "precision": precision,
             "attention": attention,
             "features": {"bf16": dtype == "bf16", "flash_attention": attention == "flash_attention_2",
                          "remove_padding": remove_padding,
-                         "torch_compile": feats.get("torch_compile", True)},
-            "flash_attn": flash_attn_release(m.flash_attn, fa) if fa else None,
-            "apex": (dict(apex, arch_list=cc, modules=list(m.apex["training_path"]["modules"]))
-                     if apex else None),
+                         "torch_compile": s.feats.get("torch_compile", True)},
+            "flash_attn": flash_attn_release(m.flash_attn, s.fa) if s.fa else None,
+            "apex": apex,
             "patches": patches,
             "audit": {"checks": checks, "reviewed": reviewed},
             "cuda_alloc_conf": alloc,
@@ -696,11 +663,115 @@ class _Resolver:
             "conda_channels": list(defaults.get("conda_channels", ["conda-forge", "nvidia"])),
             "train": dict(p["train"]),
             "dataset": dict(m.datasets["gsm8k"], name="gsm8k") if m.datasets.get("gsm8k") else None,
-            "training_path": training_path(m, verl_v, rollout, tuple(components)),
-            "memory": memory,
+            "training_path": training_path(m, s.verl_v, s.rollout, tuple(s.components)),
+            "memory": s.memory,
             "warnings": [v.text() for v in self.v],
         }
         return ResolvedEnv(data)
+
+
+class Selection:
+    """What a profile and its overrides name (versions, the matrix's records, the torch build,
+    the vLLM release, dtype and attention as the profile asks): the input of every rule."""
+
+
+# -- the rules: each takes the selection and adds what it finds wrong ----------------------------
+
+def _rule_torch_cuda(r: _Resolver, s: Selection) -> None:
+    if s.picked is None:
+        r.torch_cuda_rule(s.torch_v, s.torch, s.cuda_v)
+
+
+def _rule_python(r: _Resolver, s: Selection) -> None:
+    torch, cuda, python, m = s.torch, s.cuda, s.python, r.m
+    if python not in torch["python"]:
+        r.add("torch-python", f"torch {s.torch_v} has no wheels for Python {python}",
+              f"it supports {', '.join(torch['python'])}",
+              f"use --python {cuda['python']}" if cuda["python"] in torch["python"]
+              else f"use a --torch that supports Python {python}", hard=True)
+    if python != cuda["python"]:
+        same = [c for c, rec in m.cuda.items() if rec["python"] == python
+                and any(b["cuda"] == c and cc_runs(s.cc, b["archs"]) for b in torch["builds"].values())]
+        r.add("image-python", f"the CUDA {s.cuda_v} image ({cuda['images']['runtime']}) ships "
+              f"Python {cuda['python']}, not {python}",
+              "the image's system Python is the one the venv is made from",
+              f"use --python {cuda['python']}" + (f" or --cuda {same[-1]}" if same else ""),
+              hard=True)
+
+
+def _rule_arch(r: _Resolver, s: Selection) -> None:
+    if s.picked:
+        r.arch_rule(s.gpu_key, s.gpu, s.torch_v, s.variant, s.build)
+
+
+def _rule_verl(r: _Resolver, s: Selection) -> None:
+    r.rollout_rule(s.verl_v, s.verl, s.rollout)
+    r.verl_torch_rule(s.verl_v, s.verl, s.torch_v, s.cuda_v, s.cc)
+    r.training_path_rule(s.verl_v, s.verl, s.rollout)
+
+
+def _rule_vllm(r: _Resolver, s: Selection) -> None:
+    if s.rollout == "vllm":
+        r.vllm_cc_rule(s.gpu)
+        if s.vllm_v is None:
+            r.vllm_choice_rule(s.torch_v, s.verl_v, s.verl)
+        else:
+            r.vllm_rules(s.vllm_v, s.vr, s.torch_v, s.build, s.verl_v, s.verl, s.gpu, s.python)
+    elif r.ov.vllm:
+        r.add("rollout", f"--vllm {r.ov.vllm} was given but the rollout is {s.rollout!r}",
+              "vLLM is only installed for the vllm rollout", "add --rollout vllm", hard=True)
+
+
+def _rule_driver(r: _Resolver, s: Selection) -> None:
+    r.driver_rule(s)
+
+
+def _rule_bf16(r: _Resolver, s: Selection) -> None:
+    if r.p["dtype"] == "bf16" and not s.gpu["bf16"]:
+        r.add("bf16", f"bf16 on the {s.gpu['name']} (CC {s.cc})",
+              f"native bfloat16 needs CC >= {r.m.features['bf16']['min_compute_capability']}",
+              "set dtype to fp16 or fp32 in the profile")
+
+
+def _rule_extensions(r: _Resolver, s: Selection) -> None:
+    m, cc = r.m, s.cc
+    if s.fa:
+        if not in_range(s.torch_v, s.fa_rec["torch"]):
+            r.add("flash-attn-torch", f"flash-attn {s.fa} does not support torch {s.torch_v}",
+                  f"it supports torch{s.fa_rec['torch']}", "pick another flash-attn version "
+                  "in the profile, or --without flash-attn", hard=True)
+        if not _at_least(cc, m.flash_attn["min_compute_capability"]):
+            r.add("flash-attn-cc", f"flash-attn on the {s.gpu['name']} (CC {cc})",
+                  "FlashAttention-2 only supports Ampere GPUs or newer (CC >= "
+                  f"{m.flash_attn['min_compute_capability']})", "use --without flash-attn "
+                  "(attention falls back to sdpa)")
+    if s.attention == "flash_attention_2" and s.fa is None:
+        r.add("attention", "attention flash_attention_2 without the flash-attn package",
+              "the profile asks for it but flash-attn is not installed",
+              "use --with flash-attn, or set attention to sdpa", hard=True)
+    if s.apex_v and m.apex["nvcc_must_match_torch_cuda"] and s.build["cuda"] != s.cuda_v:
+        r.add("apex-nvcc", f"apex needs nvcc == torch.version.cuda, but the image's nvcc "
+              f"is {s.cuda_v} and torch is built for {s.build['cuda']}",
+              "apex's setup.py refuses a CUDA version mismatch",
+              f"use --cuda {s.build['cuda']} or --without apex", hard=True)
+    if (s.apex_v or s.fa) and cc not in s.cuda["nvcc_archs"]:
+        r.add("nvcc-arch", f"nvcc {s.cuda_v} cannot build for sm_{cc.replace('.', '')}",
+              f"it targets {', '.join(s.cuda['nvcc_archs'])}",
+              "use another --cuda, or --without apex,flash-attn", hard=True)
+
+
+def _rule_shared_dependencies(r: _Resolver, s: Selection) -> None:
+    r.shared_dependency_rule({"torch": s.torch_v, **({"vllm": s.vllm_v} if s.vllm_v else {}),
+                              **s.pins})
+
+
+def _rule_memory(r: _Resolver, s: Selection) -> None:
+    r.memory_rule(s)
+
+
+# In the order their findings are reported.
+RULES = (_rule_torch_cuda, _rule_python, _rule_arch, _rule_verl, _rule_vllm, _rule_driver,
+         _rule_bf16, _rule_extensions, _rule_shared_dependencies, _rule_memory)
 
 
 def resolve(m: Matrix, profile: str, overrides: Overrides | None = None) -> ResolvedEnv:
