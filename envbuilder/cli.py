@@ -294,16 +294,23 @@ def render(profile, all_, from_, out, locked_dir, wheelhouse, mirror, overrides,
         except OSError as e:
             raise UserError(f"Cannot read {from_}: {e.strerror}.") from None
         env = ResolvedEnv.from_json(text, str(from_))
+        m = load_matrix(matrix_dirs)
+        # the shape the resolver writes, from the shipped profiles: a file that lost keys or
+        # changed their kinds is named here, before any template reads it
+        problems = env.shape_problems([resolve(m, name) for name in m.profiles
+                                       if name in ("p40", "t4", "h200")] or
+                                      [resolve(m, next(iter(m.profiles)))])
+        if problems:
+            profile = env.data.get("profile", "PROFILE")
+            raise UserError(f"{from_} is not an envbuild resolved environment as this envbuild "
+                            f"writes it: {'; '.join(problems[:5])}"
+                            + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else "")
+                            + ". Pass the envbuild.json that `envbuild render` wrote, unedited, or "
+                            f"re-resolve it: envbuild render {profile} with the same overrides "
+                            "(they are under `overrides` in the file).")
         target = out or Path("out") / str(env.data.get("profile", "replay"))
-        import jinja2
-
         locked = locked_context(env, locked_dir, all_, wheelhouse)
-        try:
-            files = R.render_files(env, locked)
-        except (KeyError, TypeError, AttributeError, jinja2.UndefinedError) as e:
-            raise UserError(f"{from_} is not a complete envbuild resolved environment (missing or "
-                            f"malformed: {e}). Pass the envbuild.json that `envbuild render` wrote, "
-                            "unedited, or re-resolve it from its profile.") from None
+        files = R.render_files(env, locked)  # (a failure past the check is a bug: a traceback)
         R.write_dir(target, files, (locked or {}).get("links"))
         click.echo(f"rendered {env.name} from {from_} -> {target}/")
         return

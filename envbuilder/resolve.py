@@ -132,16 +132,35 @@ class ResolvedEnv:
             raise UserError(f"{origin} is not an envbuild resolved environment of schema version "
                             f"{SCHEMA_VERSION}. Pass the envbuild.json that `envbuild render` wrote "
                             "(or re-resolve it from its profile).")
-        missing = [k for k in ("training_path", "precision", "audit", "cuda_alloc_conf", "memory")
-                   if k not in data]
-        if missing or "compat_libcuda" not in (data.get("cuda") or {}):
-            raise UserError(f"{origin} was written by an older envbuild: it has no "
-                            f"{(missing or ['cuda.compat_libcuda'])[0]} (what the image's preflight, "
-                            "precision audit, batch sizes and run script are rendered from). "
-                            "Re-resolve it: "
-                            f"envbuild render {data.get('profile', 'PROFILE')} with the same "
-                            "overrides (they are under `overrides` in the file).")
         return cls(data)
+
+    def shape_problems(self, references: list["ResolvedEnv"]) -> list[str]:
+        """Where this environment (read from a file) differs in shape from what the resolver
+        writes: a key the references all have is missing, or holds another kind of value. Two
+        levels deep (the records; maps such as verl.pins may hold any keys)."""
+        kinds = {dict: "an object", list: "a list", str: "a string", bool: "true/false",
+                 int: "a number", float: "a number"}
+
+        def kind(value) -> str | None:
+            return None if value is None else kinds.get(type(value), type(value).__name__)
+
+        def compare(data: dict, refs: list[dict], where: str, depth: int) -> list[str]:
+            out = []
+            for key in sorted(set.intersection(*(set(r) for r in refs))):
+                if key not in data:
+                    out.append(f"{where}{key} is missing")
+                    continue
+                want = {kind(r[key]) for r in refs} - {None}
+                got = kind(data[key])
+                if got is not None and want and got not in want:
+                    out.append(f"{where}{key} is {got}, not {' or '.join(sorted(want))}")
+                elif depth and got == "an object":
+                    sub = [r[key] for r in refs if isinstance(r[key], dict)]
+                    if sub:
+                        out += compare(data[key], sub, f"{where}{key}.", depth - 1)
+            return out
+
+        return compare(self.data, [r.data for r in references], "", 1)
 
 
 def suggest(name: str, known: list[str]) -> str:

@@ -185,3 +185,22 @@ def test_render_all_that_cannot_resolve_every_profile_writes_nothing(cli, tmp_pa
     assert code == 2
     assert "nothing was written" in err
     assert not (tmp_path / "all").exists()
+
+
+def test_render_from_a_hand_edited_spec_names_what_changed_shape(cli, tmp_path):
+    """A key the resolver always writes is gone or holds another kind of value: named, exit 2,
+    before any template reads it (a template failing past this check is a bug, not bad input)."""
+    import json
+
+    assert cli("render", "p40", "-o", tmp_path / "a")[0] == 0
+    spec = json.loads((tmp_path / "a" / "envbuild.json").read_text())
+    spec["gpu"]["compute_capability"] = 6.1
+    del spec["memory"]["batch"]
+    (tmp_path / "edited.json").write_text(json.dumps(spec))
+    code, _, err = cli("render", "--from", tmp_path / "edited.json", "-o", tmp_path / "b")
+    assert code == 2 and "Traceback" not in err
+    assert "gpu.compute_capability is a number, not a string" in err
+    assert "memory.batch is missing" in err
+    assert not (tmp_path / "b").exists()
+    code, _, err = cli("render", "--from", tmp_path / "a" / "envbuild.json", "-o", tmp_path / "c")
+    assert code == 0, err
