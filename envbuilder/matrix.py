@@ -10,8 +10,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .errors import UserError
 from .paths import data_dir
 from .versions import in_range, version_key  # noqa: F401  (re-exported)
@@ -37,6 +35,8 @@ class Matrix:
 
 
 def _read(path: Path) -> dict:
+    import yaml  # (only when validating afresh: a cached matrix needs no YAML)
+
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:

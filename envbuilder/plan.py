@@ -10,10 +10,8 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from dataclasses import dataclass
-from typing import NamedTuple
 
-from .resolve import ResolvedEnv
+from .resolve import Record, ResolvedEnv
 
 # Dockerfile install layers, most expensive first; each installs what its roots pull in that no
 # earlier layer installed.
@@ -27,14 +25,17 @@ BUILD_TOOLS = ("packaging", "ninja", "wheel", "setuptools", "psutil")
 TORCH_BUILD_PACKAGES = re.compile(r"^(torch|torchvision|torchaudio|triton|nvidia-.*)$")
 _REQ = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==(\S+)")
 _HASH = re.compile(r"--hash=(sha256:[0-9a-f]{64})")
+_HASH_LINE = re.compile(r"^[ \t]+--hash=[^\n]*\n?", re.M)
 _LOCAL = re.compile(r"\+cu\d+$")
 CONSTRAINTS = "constraints/{layer}.txt"  # one file per install layer (render writes them)
 
 
-class Locked(NamedTuple):
-    version: str
-    hashes: tuple[str, ...]
-    parents: frozenset[str]  # packages that pull this one in ("" = asked for directly)
+class Locked(Record):
+    """A package's pin in a lock: version, hashes, and parents (the packages that pull it in;
+    "" = asked for directly)."""
+
+    __slots__ = _fields = ("version", "hashes", "parents")
+    _defaults: dict = {}
 
 
 @functools.lru_cache(maxsize=None)
@@ -58,32 +59,32 @@ def needs_builder(env: ResolvedEnv) -> bool:
     return bool(env.data["apex"] or env.data["flash_attn"])
 
 
-@dataclass(frozen=True)
-class Layer:
-    """One pip step: what it asks for and what it fixes for itself and every later step."""
+class Layer(Record):
+    """One pip step: what it asks for and what it fixes for itself and every later step.
+    name: torch, vllm, verl-deps, verl; `build` for the builder stage's tools. requirements: its
+    own top-level pins. pins: name==version, its own pins and the lock's pins of what it
+    installs. arg: a build ARG that can override its package's version (VERL_VERSION)."""
 
-    name: str  # torch, vllm, verl-deps, verl; `build` for the builder stage's tools
-    requirements: tuple[str, ...]  # its own top-level pins
-    pins: tuple[str, ...]  # name==version: its own pins and the lock's pins of what it installs
-    arg: str | None = None  # a build ARG that can override its package's version (VERL_VERSION)
+    __slots__ = _fields = ("name", "requirements", "pins", "arg")
+    _defaults = {"arg": None}
 
     @property
     def constraints_file(self) -> str:
         return CONSTRAINTS.format(layer=self.name)
 
 
-@dataclass(frozen=True)
-class InstallPlan:
+class InstallPlan(Record):
     """How a resolved environment is installed, once, for every consumer: the Dockerfile's
-    stages and steps, requirements.txt, environment.yml, the lock's requirements.in, verify."""
+    stages and steps, requirements.txt, environment.yml, the lock's requirements.in, verify.
+    torch_index: where +cuXXX builds come from (PyPI second). layers: the runtime stage's pip
+    steps in order (empty ones left out). builder: the builder stage's torch and tools, None when
+    nothing is compiled. conda_specs: what environment.yml asks conda for. pinned_from: the lock
+    whose pins the layers carry (None: top-level pins only). torch_swapped: that lock was solved
+    with PyPI's torch, so torch's own pins are the profile's."""
 
-    pypi: str
-    torch_index: str | None  # +cuXXX builds come from here, PyPI second
-    layers: tuple[Layer, ...]  # the runtime stage's pip steps, in order (empty ones left out)
-    builder: Layer | None  # the builder stage's torch and tools; None when nothing is compiled
-    conda_specs: tuple[str, ...]  # what environment.yml asks conda for
-    pinned_from: str | None  # the lock whose pins the layers carry; None: top-level pins only
-    torch_swapped: str | None  # that lock was solved with PyPI's torch: torch's own pins are ours
+    __slots__ = _fields = ("pypi", "torch_index", "layers", "builder", "conda_specs",
+                           "pinned_from", "torch_swapped")
+    _defaults: dict = {}
 
     def upto(self, name: str) -> tuple[Layer, ...]:
         """The runtime layers up to and including `name`: a step installs within all of them."""
@@ -172,9 +173,9 @@ def parse(text: str, with_hashes: bool = True) -> dict[str, Locked]:
         if name:
             out[name] = Locked(version, tuple(hashes), frozenset(parents))
 
+    if not with_hashes:  # one pass in C rather than a Python test per hash line
+        text = _HASH_LINE.sub("", text)
     for line in text.splitlines():
-        if not with_hashes and line.lstrip().startswith("--hash="):
-            continue
         m = _REQ.match(line)
         if m:
             flush()

@@ -26,7 +26,7 @@ AUDIT_CHECKS = {"autocast_bf16": "no_bf16", "flash_attention_2": "no_flash_atten
 INSTALLABLE_ROLLOUTS = ("hf", "vllm")
 
 
-class _Record:
+class Record:
     """A small immutable record. (typing.NamedTuple costs milliseconds per class at import,
     more than the rest of a render.)"""
 
@@ -68,7 +68,7 @@ class _Record:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self._asdict().items())})"
 
 
-class Overrides(_Record):
+class Overrides(Record):
     """What the user asked to change about a profile (CLI flags)."""
 
     __slots__ = _fields = ("cuda", "torch", "python", "verl", "rollout", "vllm", "with_",
@@ -84,7 +84,7 @@ class Overrides(_Record):
         return {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(d.items())}
 
 
-class Violation(_Record):
+class Violation(Record):
     """A broken rule: what, why and a concrete fix; `hard` ones survive --allow-unsupported."""
 
     __slots__ = _fields = ("rule", "what", "why", "fix", "hard")
