@@ -49,13 +49,18 @@ def main() -> int:
         if name.startswith("constraints/"):
             (work / name).parent.mkdir(parents=True, exist_ok=True)
             (work / name).write_text(text)
+    # neither tool reads the host's settings (pip.conf find-links, PIP_*/UV_* variables)
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
+    clean["PIP_CONFIG_FILE"] = os.devnull
 
     def install(tool: str, cache: Path) -> float:
         venv = work / f"venv-{tool}"
         shutil.rmtree(venv, ignore_errors=True)
         subprocess.run([python, "-m", "venv", str(venv)], check=True)
         py = str(venv / "bin" / "python")
+        if tool == "pip":  # a current pip (untimed): the fairer opponent for uv
+            subprocess.run([py, "-m", "pip", "install", "-q", "--upgrade", "pip"], check=True,
+                           env=clean)
         start = time.perf_counter()
         for layer in plan.layers:
             cons = [a for lay in plan.upto(layer.name) if lay.pins
