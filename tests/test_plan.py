@@ -1,0 +1,83 @@
+"""The install plan, step by step (in the manner of hpccm's per-building-block tests): what each
+pip step asks for, what it installs within, and the Dockerfile line each step becomes."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from conftest import resolved
+from envbuilder.plan import BUILD_TOOLS, install_plan, normalize, with_constraints
+from envbuilder.render import render_files
+
+
+def plan_of(profile: str, **kw):
+    return install_plan(with_constraints(resolved(profile, **kw)))
+
+
+def step_line(dockerfile: str, requirement: str) -> str:
+    joined = dockerfile.replace("\\\n", " ")
+    [line] = [ln for ln in joined.splitlines() if ln.startswith("RUN ") and requirement in ln]
+    return line
+
+
+def test_a_4090_plan_has_three_steps_and_no_builder():
+    plan = plan_of("4090")
+    assert [s.name for s in plan.layers] == ["torch", "verl-deps", "verl"]
+    assert plan.builder is None and plan.torch_index is None
+    assert plan.conda_specs == ("python=3.10", "pip")
+
+
+def test_each_step_asks_for_its_own_pins_and_fixes_them_without_extras():
+    plan = plan_of("4090")
+    d = resolved("4090").data
+    deps = plan.layers[1]
+    assert deps.requirements == tuple(f"{n}=={v}" for n, v in d["verl"]["pins"].items())
+    pinned = {p.split("==")[0]: p.split("==")[1] for p in deps.pins}
+    for req in deps.requirements:
+        name, version = re.match(r"([^=\[]+)(?:\[[^\]]*\])?==(.+)", req).groups()
+        assert pinned[normalize(name)] == version  # ray[default]==x pins ray==x
+    assert all("[" not in p for p in deps.pins)
+    assert plan.upto("verl-deps") == plan.layers[:2]
+
+
+def test_the_verl_step_keeps_its_build_arg():
+    plan = plan_of("4090")
+    assert plan.layers[-1].arg == "VERL_VERSION"
+    line = step_line(render_files(with_constraints(resolved("4090")))["Dockerfile"],
+                     '"verl==${VERL_VERSION}"')
+    assert "torch==" not in line.split("constraints/verl.txt")[-1]  # not repeated: constrained
+
+
+def test_a_later_step_installs_within_the_earlier_steps_pins_and_asks_only_its_own():
+    dockerfile = render_files(with_constraints(resolved("4090")))["Dockerfile"]
+    line = step_line(dockerfile, "accelerate==")
+    assert "-c /tmp/envbuild/constraints/torch.txt -c /tmp/envbuild/constraints/verl-deps.txt" in line
+    assert "source=constraints/torch.txt" in line and "source=constraints/verl-deps.txt" in line
+    assert "torch==" not in line.split("constraints/verl-deps.txt ")[-1]
+
+
+def test_a_vllm_profile_has_the_vllm_step_after_torch():
+    plan = plan_of("t4")
+    assert [s.name for s in plan.layers] == ["torch", "vllm", "verl-deps", "verl"]
+    assert plan.layers[1].requirements == (f"vllm=={resolved('t4').data['vllm']['version']}",)
+
+
+@pytest.mark.parametrize("profile", ["p40", "h200"])
+def test_a_compiling_profile_has_a_builder_with_torch_and_the_tools_and_nvcc_for_conda(profile):
+    plan = plan_of(profile)
+    d = resolved(profile).data
+    assert plan.builder.requirements == (d["torch"]["packages"][0], *BUILD_TOOLS)
+    assert d["torch"]["packages"][0] in plan.builder.pins
+    assert d["cuda"]["conda_nvcc"] in plan.conda_specs
+    dockerfile = render_files(with_constraints(resolved(profile)))["Dockerfile"]
+    line = step_line(dockerfile, " ".join(BUILD_TOOLS))
+    assert "constraints/torch.txt" in line and "constraints/build.txt" in line
+
+
+def test_without_a_lock_the_steps_carry_their_top_level_pins_only():
+    plan = plan_of("4090", torch="2.5.1")
+    assert plan.pinned_from is None
+    assert plan.layers[0].pins == tuple(sorted(f"{normalize(r.split('==')[0])}=={r.split('==')[1]}"
+                                               for r in plan.layers[0].requirements))
