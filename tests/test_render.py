@@ -51,6 +51,8 @@ GOLDEN_CASES = {  # tests/golden/<case>: what `envbuild render ARGS` writes
     "4090-mirror-cn": ["4090", "--mirror", "cn"],  # every endpoint through a mirror set
     # hashed per-step files and base images by digest (a fixture lock: its digests are made up)
     "4090-locked": ["4090", "--locked", str(FIXTURES / "locks" / "4090")],
+    # offline: the wheelhouse's copy of that lock, pip with no index (a skeleton wheelhouse)
+    "4090-wheelhouse": ["4090", "--wheelhouse", str(FIXTURES / "wheelhouse-4090")],
 }
 
 

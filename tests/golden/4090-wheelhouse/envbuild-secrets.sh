@@ -1,0 +1,12 @@
+# Sourced at the start of RUN steps: points pip, requests and apt at the CA bundle and pip.conf
+# passed as BuildKit secrets (docker build --secret id=ca_cert,src=... --secret id=pip_conf,src=...).
+# Secrets are tmpfs mounts under /run/secrets for one RUN step; nothing of them lands in a layer.
+if [ -s /run/secrets/ca_cert ]; then
+  export PIP_CERT=/run/secrets/ca_cert SSL_CERT_FILE=/run/secrets/ca_cert REQUESTS_CA_BUNDLE=/run/secrets/ca_cert
+  export APT_CA_OPT="-o Acquire::https::CAInfo=/run/secrets/ca_cert"
+else
+  export APT_CA_OPT=""
+fi
+if [ -s /run/secrets/pip_conf ]; then
+  export PIP_CONFIG_FILE=/run/secrets/pip_conf
+fi
