@@ -28,6 +28,14 @@ PULL_FAILURE = re.compile(
 _FAILED_STEP = re.compile(r"^\s*> \[([^\]]+)\] (.+)$", re.M)
 
 
+class NoBuildKit(ActionError):
+    """No docker client can run BuildKit builds: `detail` says what was found, `fix` what to do."""
+
+    def __init__(self, detail: str, fix: str):
+        super().__init__(f"{detail}. {fix[:1].upper()}{fix[1:]}.")
+        self.detail, self.fix = detail, fix
+
+
 class BuildKitClient(NamedTuple):
     argv: tuple[str, ...]  # ("docker", "buildx", "build") or ("docker", "build")
     env: dict
@@ -54,10 +62,9 @@ def docker_clients(which: Callable[[str], list[str]] = which_all,
                    exists: Callable[[str], bool] = os.path.exists) -> list[str]:
     """The docker clients to try, in order: $ENVBUILD_DOCKER, every `docker` on PATH, then the
     usual places."""
-    fixed = [os.environ.get("ENVBUILD_DOCKER")] + ["/usr/bin/docker", "/usr/local/bin/docker"]
-    env_first, rest = fixed[0], fixed[1:]
-    out = ([env_first] if env_first and exists(env_first) else []) + list(which("docker"))
-    out += [c for c in rest if exists(c)]
+    chosen = os.environ.get("ENVBUILD_DOCKER")
+    out = ([chosen] if chosen and exists(chosen) else []) + list(which("docker"))
+    out += [c for c in ("/usr/bin/docker", "/usr/local/bin/docker") if exists(c)]
     return list(dict.fromkeys(out))
 
 
@@ -78,8 +85,8 @@ def find_buildkit(run: Callable = _run, clients: list[str] | None = None) -> Bui
 
     clients = docker_clients() if clients is None else clients
     if not clients:
-        raise ActionError("No docker client found on PATH. Install Docker (Debian/Ubuntu: "
-                          "apt-get install docker.io, which also brings BuildKit) and run again.")
+        raise NoBuildKit("No docker client found on PATH", "install Docker (Debian/Ubuntu: "
+                         "apt-get install docker.io, which also brings BuildKit) and run again")
     tried = []
     for docker in clients:
         try:
@@ -100,11 +107,12 @@ def find_buildkit(run: Callable = _run, clients: list[str] | None = None) -> Bui
                                   f"DOCKER_BUILDKIT=1 with {docker} (client {version}, BuildKit "
                                   "built in)")
         tried.append(f"{docker} {version or '(version unknown)'}")
-    raise ActionError(f"no buildx plugin, and {', '.join(tried)} refuse"
-                      f"{'s' if len(tried) == 1 else ''} DOCKER_BUILDKIT=1 builds without it "
-                      "('buildx component is missing'). Install the buildx plugin "
-                      "(docker-buildx-plugin or docker-buildx), or point ENVBUILD_DOCKER at a "
-                      "docker client older than 23 (e.g. Debian's docker.io 20.10).")
+    raise NoBuildKit(f"no buildx plugin, and {', '.join(tried)} refuse"
+                     f"{'s' if len(tried) == 1 else ''} DOCKER_BUILDKIT=1 builds without it "
+                     "('buildx component is missing')",
+                     "install the buildx plugin (docker-buildx-plugin or docker-buildx), or point "
+                     "ENVBUILD_DOCKER at a docker client older than 23 (e.g. Debian's docker.io "
+                     "20.10)")
 
 
 def engine():
@@ -205,11 +213,6 @@ def pick_registries(set_name: str, body: dict, refs: list[str], healthy: dict | 
                                   "another --mirror (`envbuild mirrors probe --mirror NAME` shows "
                                   "which answer), or add an endpoint that carries the image.")
     return picks
-
-
-# Build args that point package steps at an index or a download; an offline build (from a
-# wheelhouse in the context) keeps its own file:// defaults instead.
-NETWORK_ARGS = ("PIP_INDEX_URL", "TORCH_INDEX_URL", "APEX_URL", "FLASH_ATTN_RELEASE")
 
 
 def build(context: Path, tag: str, build_args: dict[str, str], secrets: dict[str, Path],

@@ -332,6 +332,8 @@ def render(profile, all_, from_, out, locked_dir, wheelhouse, mirror, overrides,
     if failed:
         raise UserError(f"{len(failed)} of {len(names)} profiles did not resolve "
                         f"({', '.join(failed)}); nothing was written.")
+    from .plan import with_constraints
+
     choice = None
     if mirror:
         from . import mirrors as M
@@ -341,8 +343,6 @@ def render(profile, all_, from_, out, locked_dir, wheelhouse, mirror, overrides,
         target = base / env.name if (all_ or out is None) else out
         # against the upstream spec (what the lock recorded); its images through the mirror
         locked = locked_context(env, locked_dir, all_, wheelhouse, choice)
-        from .plan import with_constraints
-
         env = with_constraints(env)  # (requirements.txt and environment.yml, also when locked)
         if not locked and not env.data["constraints"]:
             click.echo(f"  note: {env.name} is not pinned beyond its top-level pins (no lock "

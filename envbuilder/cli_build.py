@@ -93,6 +93,7 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
     from . import mirrors as M
     from .cli import locked_context
     from .config import registry_for, user_config
+    from .plan import with_constraints
     from .render import render_files
     from .resolve import resolve
 
@@ -140,8 +141,6 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
         if wheelhouse:  # the wheelhouse's own files, never an index
             build_args = {k: v for k, v in build_args.items() if k not in B.NETWORK_ARGS}
     locked = locked_context(env, None, False, wheelhouse, choice) if wheelhouse else None
-    from .plan import with_constraints
-
     env = with_constraints(env)
     if choice:
         env = M.apply_to_env(env, M.MirrorChoice(name, picks))  # the image references only

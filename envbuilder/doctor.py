@@ -14,8 +14,7 @@ from typing import Any, Callable, NamedTuple
 from .detect import Machine, NO_GPU_FIX, detect, run_command, runnable_archs
 from .matrix import Matrix, cc_tuple
 from .resolve import Overrides, ResolveError, ResolvedEnv, cc_runs, resolve
-from .build import which_all
-from .errors import ActionError
+from .build import NoBuildKit, docker_clients, find_buildkit, which_all
 
 # Rough size of a built image and its build cache, in GB: CUDA runtime + torch + verl, then what
 # vLLM and a build stage (devel image, nvcc, apex/flash-attn compiles) add. An estimate, not a fact.
@@ -163,14 +162,10 @@ def docker_checks(engine: Engine) -> list[Check]:
 def buildkit_check(run: Callable, which_all_: Callable[[str], list[str]],
                    exists: Callable[[str], bool]) -> Check:
     """What `envbuild build` would build with (build.find_buildkit, ENVBUILD_DOCKER included)."""
-    from .build import docker_clients, find_buildkit
-
     try:
         client = find_buildkit(run, docker_clients(which_all_, exists))
-    except ActionError as e:
-        detail, _, fix = str(e).partition(". Install")
-        return Check("buildkit", "fail", detail, ("install" + fix) if fix else
-                     "install Docker (apt-get install docker.io)")
+    except NoBuildKit as e:
+        return Check("buildkit", "fail", e.detail, e.fix)
     return Check("buildkit", "ok", client.description)
 
 

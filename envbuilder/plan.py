@@ -276,8 +276,7 @@ def find_constraints(env: ResolvedEnv) -> dict | None:
             continue
         swapped = meta.get("torch_swapped")
         layers_ = constraint_layers(env, text, bool(swapped))
-        return {"from": label, "torch_swapped": swapped, "plan_sha256": want, "layers": layers_,
-                "order": [layer for layer, pins in layers_.items() if pins]}  # (JSON sorts keys)
+        return {"from": label, "torch_swapped": swapped, "plan_sha256": want, "layers": layers_}
     return None
 
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import re
 
-# what the matrix schema accepts as a version, and exactly what version_key orders
-VERSION_PATTERN = r"\d+(?:\.\d+)*(?:(?:a|b|rc)\d+)?(?:\.?post\d+)?(?:\.?dev\d+)?"
+# what the matrix schema accepts as a version, and exactly what version_key orders (which also
+# takes a local suffix, +cu118, as pip's pins carry it)
+VERSION_PATTERN = r"(\d+(?:\.\d+)*)(?:(a|b|rc)(\d+))?(?:\.?post(\d+))?(?:\.?dev(\d+))?"
 DRIVER_PATTERN = r"\d+\.\d+(?:\.\d+)?"  # 550.54.14, 570.26
 
-_VERSION = re.compile(r"(\d+(?:\.\d+)*)(?:(a|b|rc)(\d+))?(?:\.?post(\d+))?(?:\.?dev(\d+))?"
-                      r"(?:\+[\w.]+)?")
+_VERSION = re.compile(VERSION_PATTERN + r"(?:\+[\w.]+)?")
 _CLAUSE = re.compile(r"\s*(==|!=|>=|<=|>|<)\s*([\w.+]+)\s*")
 _PRE = {"a": 0, "b": 1, "rc": 2}
 

@@ -95,16 +95,10 @@ def read_meta(lock_dir: Path) -> dict | None:
     return meta
 
 
-def problems(env: ResolvedEnv, lock_dir: Path, parts=tuple(PARTS)) -> list[str]:
-    """Why the lock in `lock_dir` is not current for `env` (empty when it is). No network.
-    A part is stale when what its solver sees changed (solver_inputs), never for a template
-    or a matrix fact the solution does not depend on."""
-    lock_dir = Path(lock_dir)
-    meta = read_meta(lock_dir)
-    if meta is None:
-        return [f"missing: no {lock_dir / META}"]
+def _stale(env: ResolvedEnv, meta: dict, parts) -> list[str]:
+    """Why a lock (its lock.json `meta`) was made for other inputs than `env` has now, for the
+    `parts` it holds: another profile, or what a part's solver sees has moved."""
     out = []
-    parts = parts_for(env, parts)
     if meta.get("profile") != env.name:
         out.append(f"is the lock of profile {meta.get('profile')!r}, not {env.name!r}")
     locked = [p for p in parts if p in meta.get("parts", [])]
@@ -113,6 +107,19 @@ def problems(env: ResolvedEnv, lock_dir: Path, parts=tuple(PARTS)) -> list[str]:
     if changed:
         out.append("stale: changed since locking: " + ", ".join(changed)
                    + " (re-lock: what the solver sees moved)")
+    return out
+
+
+def problems(env: ResolvedEnv, lock_dir: Path, parts=tuple(PARTS)) -> list[str]:
+    """Why the lock in `lock_dir` is not current for `env` (empty when it is). No network.
+    A part is stale when what its solver sees changed (solver_inputs), never for a template
+    or a matrix fact the solution does not depend on."""
+    lock_dir = Path(lock_dir)
+    meta = read_meta(lock_dir)
+    if meta is None:
+        return [f"missing: no {lock_dir / META}"]
+    parts = parts_for(env, parts)
+    out = _stale(env, meta, parts)
     for part in parts:
         name = PARTS[part]
         if part not in meta.get("parts", []):
@@ -155,8 +162,8 @@ def for_render(env: ResolvedEnv, lock_dir: Path, wheelhouse: Path | None = None,
     if meta is None:
         raise UserError(f"No lock in {lock_dir} (no {META}). Make it with `envbuild lock "
                         f"{env.name}`, or pass --locked DIR where it is.")
-    stale = [p for p in problems(env, lock_dir, ("pip", "sources") if wheelhouse is not None
-                                 else tuple(PARTS)) if p.startswith(("stale", "is the lock"))]
+    stale = _stale(env, meta, parts_for(env, ("pip", "sources") if wheelhouse is not None
+                                        else tuple(PARTS)))
     if stale:
         raise UserError(f"The lock in {lock_dir} was made for other inputs than {env.name!r} has "
                         f"now ({'; '.join(stale)}). Re-lock with `envbuild lock {env.name}` "
