@@ -1,18 +1,16 @@
 """ResolvedEnv -> files. Only formatting: every decision was made by the resolver.
 
-Output is byte-identical for identical input (sorted, no timestamps), and it is written to a
-temporary directory first and swapped into place, so a failed render leaves nothing behind.
+Output is byte-identical for identical input (sorted, no timestamps). It is staged first and
+moved into place file by file (outdir.py): a failed render changes nothing, and a re-render
+replaces or deletes only the files envbuild wrote there and nobody edited since.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
-from .errors import ActionError, UserError
 from .paths import data_dir
 from .resolve import TORCH_DTYPE, ResolvedEnv
 
@@ -163,54 +161,14 @@ def render_files(env: ResolvedEnv, locked: dict | None = None) -> dict[str, str]
 
 
 def write_dir(out_dir: Path, files: dict[str, str], links: dict[str, Path] | None = None,
-              marker: str = MARKER) -> list[Path]:
-    """Write `files` into `out_dir` as one swap: all of them or, on failure, none. `links`
-    ({relative path: existing file}) are hard-linked in (copied across filesystems). An existing
-    non-empty `out_dir` is replaced only when it holds `marker` (envbuild wrote it)."""
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UserError(f"{out_dir} exists and is not a directory. Pass -o a new or envbuild-made "
-                        "directory.")
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / marker).exists():
-        raise UserError(f"{out_dir} is not empty and was not written by envbuild (no {marker}); "
-                        "refusing to replace it. Pass -o a new or empty directory.")
-    parent = out_dir.parent if str(out_dir.parent) else Path(".")
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=parent))
-    except OSError as e:
-        raise ActionError(f"Cannot write into {parent} for {out_dir}: {e.strerror}. Check the path "
-                          "and its permissions.") from None
-    old = None
-    try:
-        for name, text in sorted(files.items()):
-            path = tmp / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
-            path.chmod(0o755 if name in EXECUTABLE and marker == MARKER else 0o644)
-        for name, src in sorted((links or {}).items()):
-            path = tmp / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.link(src, path)
-            except OSError:
-                shutil.copy2(src, path)
-        tmp.chmod(0o755)
-        if out_dir.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old.", dir=parent))
-            os.rename(out_dir, old / "d")
-        os.rename(tmp, out_dir)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None and (old / "d").exists() and not out_dir.exists():
-            os.rename(old / "d", out_dir)
-        raise ActionError(f"Cannot write {out_dir}: {e.strerror}. Nothing was changed; check free "
-                          "space and permissions.") from None
-    finally:
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    return [out_dir / name for name in sorted(files)] + [out_dir / n for n in sorted(links or {})]
+              marker: str | None = None, force: bool = False) -> list[Path]:
+    """Write `files` (and hard-link `links`) into `out_dir`, replacing and deleting only what an
+    earlier envbuild write put there (outdir.write_dir); the scripts get mode 0755."""
+    from .outdir import write_dir as write
+
+    return write(out_dir, files, links, EXECUTABLE, force)
 
 
-def render(env: ResolvedEnv, out_dir: Path, locked: dict | None = None) -> list[Path]:
-    return write_dir(out_dir, render_files(env, locked), (locked or {}).get("links"))
+def render(env: ResolvedEnv, out_dir: Path, locked: dict | None = None,
+           force: bool = False) -> list[Path]:
+    return write_dir(out_dir, render_files(env, locked), (locked or {}).get("links"), force=force)

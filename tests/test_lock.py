@@ -118,6 +118,7 @@ def closed_port() -> int:
 
 def test_lock_writes_the_six_files(p40_lock):
     assert sorted(p.name for p in p40_lock.iterdir()) == [
+        ".envbuild-files.json",  # (what envbuild wrote there: a re-lock deletes only that)
         "conda-lock.yml", "images.lock", "lock.json", "pylock.toml", "requirements.lock",
         "sources.lock"]
     meta = json.loads((p40_lock / "lock.json").read_text())

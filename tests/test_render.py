@@ -25,7 +25,8 @@ from envbuilder.resolve import ResolvedEnv
 
 ALWAYS = {"Dockerfile", "environment.yml", "requirements.txt", RUN_SCRIPT, "preflight.py",
           "audit_precision.py", "prepare_gsm8k.py", "envbuild-secrets.sh", MARKER,
-          "constraints"}  # each pip step's pins (the top-level ones at least)
+          "constraints",  # each pip step's pins (the top-level ones at least)
+          ".envbuild-files.json"}  # what envbuild wrote there (a re-render deletes only that)
 
 
 @pytest.fixture(scope="session")
@@ -74,9 +75,11 @@ def test_rendered_files_match_the_golden_files(case, cli, tmp_path, monkeypatch,
     golden = GOLDEN / case
     if os.environ.get("UPDATE_GOLDEN") == "1":
         shutil.rmtree(golden, ignore_errors=True)
-        shutil.copytree(out, golden)
+        shutil.copytree(out, golden, ignore=shutil.ignore_patterns(".envbuild-files.json"))
     assert golden.is_dir(), f"no {golden}; create it with UPDATE_GOLDEN=1 and review it"
-    got = {str(p.relative_to(out)): p.read_text() for p in out.rglob("*") if p.is_file()}
+    # (the write record holds the hashes of these same files: nothing to review in it)
+    got = {str(p.relative_to(out)): p.read_text() for p in out.rglob("*")
+           if p.is_file() and p.name != ".envbuild-files.json"}
     want = {str(p.relative_to(golden)): p.read_text() for p in golden.rglob("*") if p.is_file()}
     assert sorted(got) == sorted(want), "files added or missing; rerun with UPDATE_GOLDEN=1 and review"
     diffs = ["".join(difflib.unified_diff(want[name].splitlines(True), got[name].splitlines(True),

@@ -1,0 +1,244 @@
+"""Writing a directory of generated files without touching what envbuild did not write.
+
+Every directory envbuild writes (a render, a lock, a build context) gets a record,
+`.envbuild-files.json`, of each file it wrote and the sha256 of the bytes it wrote. The next write
+into the same directory
+  - replaces a file only when it is one envbuild wrote and nobody edited since (its bytes still
+    hash to the record), or when it already holds exactly the new bytes;
+  - deletes only such files (ones the new set no longer has);
+  - never touches anything else: a user's checkpoints, notes, or edits of a rendered file.
+A directory that has no record (a project folder, an older envbuild's output) is written into
+only when it is empty or nothing in it has a name envbuild is about to write. `force` overwrites
+conflicting files (it still deletes nothing envbuild did not write).
+
+The swap is recoverable: the new files are first written into a staging folder inside the
+directory (same filesystem), then the new record is journaled, then each file is renamed into
+place (atomic per file), then the journal becomes the record. A run killed in between leaves
+old-or-new files that hash to the record or the journal (both still count as envbuild's), and the
+staging folder, which the next run removes before it writes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path, PurePosixPath
+
+from .errors import ActionError, UserError
+
+RECORD = ".envbuild-files.json"
+JOURNAL = ".envbuild-files.next.json"
+STAGING_PREFIX = ".envbuild-staging-"
+FORMAT = 1
+
+
+def safe_relpath(name: str, where: str = "a generated file") -> PurePosixPath:
+    """`name` as a path that stays inside its directory (relative, no `..`, no empty parts)."""
+    p = PurePosixPath(name)
+    if (not name or "\\" in name or "\x00" in name or p.is_absolute()
+            or any(part in ("", ".", "..") for part in name.split("/"))):
+        raise UserError(f"{where} is named {shorten(name)!r}, which would leave its directory. "
+                        "Names are plain relative paths without '..'; check the file that gave it.")
+    return p
+
+
+def shorten(text: str, limit: int = 80) -> str:
+    """A value as echoed back in a message: at most `limit` characters."""
+    text = str(text)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+
+
+def _sha256(path: Path) -> str | None:
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    except OSError:
+        return None
+    return h.hexdigest()
+
+
+def _read_record(path: Path) -> dict[str, str]:
+    """{relative path: sha256} from a record or journal; {} when there is none or it is not one
+    (then nothing counts as envbuild's, which only makes the write more careful)."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    files = doc.get("files") if isinstance(doc, dict) and doc.get("format") == FORMAT else None
+    if not isinstance(files, dict):
+        return {}
+    out = {}
+    for name, digest in files.items():
+        try:
+            safe_relpath(name)
+        except UserError:
+            continue  # a tampered record cannot point envbuild outside the directory
+        if isinstance(digest, str):
+            out[name] = digest
+    return out
+
+
+def _record_text(files: dict[str, str]) -> str:
+    return json.dumps({"format": FORMAT, "written_by": "envbuild", "files": dict(sorted(files.items()))},
+                      indent=1) + "\n"
+
+
+def _inside(root: Path, rel: PurePosixPath) -> Path | None:
+    """root/rel when no directory on the way is a symbolic link (a link could lead the write
+    outside `root`); None otherwise."""
+    cur = root
+    for part in rel.parts[:-1]:
+        cur = cur / part
+        if cur.is_symlink() or (cur.exists() and not cur.is_dir()):
+            return None
+    return root / rel
+
+
+def clean_debris(out_dir: Path) -> None:
+    """Remove the staging folders an interrupted write left (they are envbuild's by name and
+    hold only envbuild's files)."""
+    try:
+        entries = list(out_dir.iterdir())
+    except OSError:
+        return
+    for p in entries:
+        if p.name.startswith(STAGING_PREFIX) and p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def write_dir(out_dir: Path, files: dict[str, str], links: dict[str, Path] | None = None,
+              executable: frozenset[str] | set[str] = frozenset(), force: bool = False) -> list[Path]:
+    """Write `files` (text by relative path) and `links` ({relative path: existing file},
+    hard-linked in or copied) into `out_dir`, deleting only files an earlier write recorded and
+    nobody changed since. Refuses (exit 2) before writing anything when a file it would replace
+    is not envbuild's or was edited, unless `force`."""
+    out_dir = Path(out_dir)
+    links = dict(links or {})
+    names = {str(safe_relpath(n)): n for n in [*files, *links]}
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"{out_dir} exists and is not a directory. Pass -o a new directory or one "
+                        "envbuild wrote.")
+    record, journal = out_dir / RECORD, out_dir / JOURNAL
+    if out_dir.is_dir():
+        clean_debris(out_dir)
+    # what envbuild wrote here: the record, and a journal an interrupted write left behind
+    old = _read_record(record) if out_dir.is_dir() else {}
+    pending = _read_record(journal) if out_dir.is_dir() else {}
+
+    def ours(name: str, digest: str | None) -> bool:
+        return digest is not None and digest in (old.get(name), pending.get(name))
+
+    new_digests = {n: hashlib.sha256(t.encode("utf-8")).hexdigest() for n, t in files.items()}
+    has_record = bool(old or pending) or record.is_file()
+    foreign = [p for p in out_dir.iterdir() if p.name not in (RECORD, JOURNAL)] \
+        if out_dir.is_dir() else []
+    conflicts = []
+    for name in sorted(names):
+        target = _inside(out_dir, PurePosixPath(name))
+        if target is None:
+            raise UserError(f"{out_dir}: a directory on the way to {name} is a symbolic link or a "
+                            "file; envbuild does not write through links. Remove it or pass -o "
+                            "another directory.")
+        if target.is_symlink() or target.is_dir():
+            conflicts.append(name)
+        elif target.exists():
+            digest = _sha256(target)
+            if not (ours(name, digest) or digest == new_digests.get(name)):
+                conflicts.append(name)
+    if foreign and not has_record and not force:
+        clash = (f" and has {', '.join(conflicts[:5])}"
+                 + (f" and {len(conflicts) - 5} more" if len(conflicts) > 5 else "")) if conflicts else ""
+        raise UserError(f"{out_dir} is not empty and was not written by envbuild (no {RECORD})"
+                        f"{clash}. envbuild writes only into new directories or ones it wrote. "
+                        "Pass -o a new or empty directory, or --force to write into this one "
+                        "(envbuild then overwrites only the files it renders and deletes nothing).")
+    if conflicts and not force:
+        raise UserError(f"{out_dir}: {', '.join(conflicts[:5])}"
+                        + (f" and {len(conflicts) - 5} more" if len(conflicts) > 5 else "")
+                        + " changed since envbuild wrote them (or envbuild did not write them). "
+                        "envbuild does not overwrite edits: move them away, or pass --force to "
+                        "overwrite them.")
+    if conflicts and any(Path(out_dir, n).is_dir() and not Path(out_dir, n).is_symlink()
+                         for n in conflicts):
+        raise UserError(f"{out_dir}: a directory stands where envbuild writes a file "
+                        f"({', '.join(n for n in conflicts if Path(out_dir, n).is_dir())}). Move it "
+                        "away; envbuild deletes no directories it did not make.")
+    # files of the last write that this one no longer has, unchanged since: removed at the end
+    stale = [n for n in sorted(set(old) | set(pending)) if n not in names
+             and (p := _inside(out_dir, PurePosixPath(n))) is not None
+             and p.is_file() and not p.is_symlink() and ours(n, _sha256(p))]
+
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out_dir))
+    except OSError as e:
+        raise ActionError(f"Cannot write into {out_dir}: {e.strerror}. Check the path, its "
+                          "permissions and free space.") from None
+    written: dict[str, str] = {}
+    try:
+        for name, text in sorted(files.items()):
+            path = stage / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+            path.chmod(0o755 if name in executable else 0o644)
+            written[name] = new_digests[name]
+        for name, src in sorted(links.items()):
+            path = stage / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(src, path)
+            except OSError:
+                shutil.copy2(src, path)
+            written[name] = _sha256(path) or ""
+        # the journal first: from here on a killed run leaves files that hash to old or new
+        _atomic_text(journal, _record_text(written), stage)
+        for name in sorted(written):
+            target = out_dir / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(stage / name, target)
+    except OSError as e:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise ActionError(f"Cannot write {out_dir}: {e.strerror}. Check free space and permissions, "
+                          "then run the command again: it finishes or undoes this write (files "
+                          "that were not envbuild's are untouched).") from None
+    for name in stale:
+        try:
+            (out_dir / name).unlink()
+        except OSError:
+            pass
+    _remove_empty_dirs(out_dir, stale)
+    try:
+        os.replace(journal, record)
+    except OSError:
+        pass  # the journal still counts on the next run
+    shutil.rmtree(stage, ignore_errors=True)
+    try:
+        out_dir.chmod(0o755)
+    except OSError:
+        pass
+    return [out_dir / n for n in sorted(files)] + [out_dir / n for n in sorted(links)]
+
+
+def _atomic_text(path: Path, text: str, tmp_dir: Path) -> None:
+    fd, tmp = tempfile.mkstemp(dir=tmp_dir, prefix="record.")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def _remove_empty_dirs(root: Path, removed: list[str]) -> None:
+    """The folders of removed files, deepest first, while they are empty (an rmdir never removes
+    anything a user put there)."""
+    dirs = {PurePosixPath(n).parent for n in removed}
+    for d in sorted({p for d in dirs for p in [d, *d.parents] if str(p) != "."},
+                    key=lambda p: -len(p.parts)):
+        try:
+            (root / d).rmdir()
+        except OSError:
+            pass
