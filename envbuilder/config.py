@@ -30,9 +30,8 @@ def config_path() -> Path:
 
 @lru_cache(maxsize=None)
 def _load(path: str) -> dict:
-    import yaml
-
     from . import schema as S
+    from .limits import load_yaml, read_text_bounded
     from .matrix_schema import MIRROR
 
     p = Path(path)
@@ -41,10 +40,7 @@ def _load(path: str) -> dict:
             raise UserError(f"ENVBUILD_CONFIG points at {p}, which does not exist. Create it or "
                             "unset the variable.")
         return {}
-    try:
-        doc = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as e:
-        raise UserError(f"{p}: cannot read the envbuild config ({e}). Fix the file's YAML.") from None
+    doc = load_yaml(read_text_bounded(p, "envbuild config"), str(p)) or {}
     spec = {"registries?": S.MapOf(str), "mirror?": str, "mirrors?": S.MapOf(MIRROR)}
     try:
         S.check(doc, spec, str(p))
@@ -59,7 +55,7 @@ def user_config() -> dict:
 
 def registry_for(name: str, default_local: str) -> str:
     """`local` -> the configured local registry; a configured name -> its host; else `name` as a host."""
-    from .errors import ActionError
+    from .outdir import shorten
 
     regs = dict(user_config().get("registries") or {})
     regs.setdefault("local", os.environ.get("ENVBUILD_REGISTRY_LOCAL", default_local))
@@ -68,6 +64,6 @@ def registry_for(name: str, default_local: str) -> str:
     host = name.split("/", 1)[0]
     if "." in host or ":" in host or host == "localhost":
         return name
-    raise ActionError(f"No registry named {name!r}: your config ({config_path()}) names "
+    raise UserError(f"No registry named {shorten(name, 60)!r}: your config ({config_path()}) names "
                       f"{', '.join(sorted(regs))}. Use one of those, or HOST[:PORT]; nothing was "
                       "pushed.")

@@ -35,21 +35,9 @@ class Matrix:
 
 
 def _read(path: Path) -> dict:
-    import yaml  # (only when validating afresh: a cached matrix needs no YAML)
+    from .limits import load_yaml, read_text_bounded  # (only when validating afresh)
 
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise UserError(f"Cannot read matrix file {path}: {e.strerror}.") from None
-    try:
-        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-        doc = yaml.load(text, Loader=loader)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e)
-        raise UserError(f"{path}{at}: malformed YAML ({problem}). Fix the file's syntax "
-                        "(indentation, quotes, colons) and run again.") from None
+    doc = load_yaml(read_text_bounded(path, "matrix file"), str(path))
     if doc is None:
         return {}
     if not isinstance(doc, dict):
@@ -136,9 +124,17 @@ def _cache_path(files: list[Path]) -> Path | None:
     from . import __version__
 
     h = hashlib.sha256(__version__.encode())
+    import stat
+
+    from .limits import MAX_INPUT_BYTES
+
     try:
         for f in [*files, *(Path(__file__).parent / name for name in _VALIDATORS)]:
-            data = f.read_bytes()
+            with open(f, "rb") as fh:
+                st = os.fstat(fh.fileno())
+                if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_INPUT_BYTES:
+                    return None  # (no cache: reading it afresh says what is wrong with it)
+                data = fh.read(MAX_INPUT_BYTES + 1)
             h.update(f"{f.resolve()}\0{len(data)}\0".encode())
             h.update(data)
     except OSError:

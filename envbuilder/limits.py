@@ -1,0 +1,123 @@
+"""Reading what users hand envbuild (overlays, the config, --from specs), bounded.
+
+A file is read only when it is a regular file of at most MAX_INPUT_BYTES (a link to /dev/zero or
+a FIFO would never end); YAML is composed first and its expanded size counted before anything is
+built from it (a few hundred bytes of nested aliases expand to billions of nodes), and a mapping
+that names a key twice is refused instead of keeping the last value silently.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from .errors import UserError
+
+# Far above any real input: the shipped matrices together are ~100 KB and ~20,000 nodes.
+MAX_INPUT_BYTES = 8 << 20
+MAX_YAML_NODES = 1_000_000
+
+
+def read_text_bounded(path: Path, what: str, limit: int = MAX_INPUT_BYTES) -> str:
+    """The text of `path` (UTF-8), or an exit-2 paragraph: what, why, what to do."""
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise UserError(f"{what} {path} is not a regular file (a device, pipe or folder); "
+                                "envbuild reads only files. Pass the file itself.")
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise UserError(f"Cannot read {path} ({what}): {e.strerror}. Check the path and its "
+                        "permissions.") from None
+    if len(data) > limit:
+        raise UserError(f"{what} {path} is larger than {limit >> 20} MiB, far more than any "
+                        "envbuild input; it is not the file you meant. Pass the right file.")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise UserError(f"{what} {path} is not UTF-8 text (byte 0x{data[e.start]:02x} at line "
+                        f"{line}). Save it as UTF-8.") from None
+
+
+def load_yaml(text: str, origin: str) -> Any:
+    """Safe YAML with the expansion and duplicate-key checks; yaml errors become UserError."""
+    import yaml
+
+    loader_cls = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        loader = loader_cls(text)
+        try:
+            node = loader.get_single_node()
+            if node is None:
+                return None
+            _check_nodes(node, origin)
+            return loader.construct_document(node)
+        finally:
+            loader.dispose()
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0][:200]
+        raise UserError(f"{origin}{at}: malformed YAML ({problem}). Fix the file's syntax "
+                        "(indentation, quotes, colons) and run again.") from None
+    except RecursionError:
+        raise UserError(f"{origin}: nested too deeply to be an envbuild file. Pass the right "
+                        "file.") from None
+
+
+def _check_nodes(root, origin: str) -> None:
+    """Count the nodes the document expands to (an alias counts its whole target again) without
+    expanding it, and refuse duplicate keys in any mapping."""
+    import yaml
+
+    sizes: dict[int, int] = {}
+    stack = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if key in sizes and not done:
+            continue
+        if isinstance(node, yaml.ScalarNode):
+            sizes[key] = 1
+            continue
+        children = ([n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode)
+                    else list(node.value))
+        if not done:
+            if key in sizes:
+                continue
+            sizes[key] = -1  # in progress (a recursive alias is refused by the composer already)
+            stack.append((node, True))
+            stack.extend((c, False) for c in children if id(c) not in sizes)
+            if isinstance(node, yaml.MappingNode):
+                _duplicates(node, origin)
+            continue
+        if any(sizes.get(id(c)) == -1 for c in children):
+            raise UserError(f"{origin}: an alias at line {node.start_mark.line + 1} refers to a "
+                            "value that contains it (a recursive structure); no envbuild file has "
+                            "one. Remove the '*' alias.")
+        total = 1 + sum(sizes.get(id(c), 1) for c in children)
+        if total > MAX_YAML_NODES:
+            raise UserError(f"{origin}: its aliases expand to more than {MAX_YAML_NODES:,} values "
+                            f"(line {node.start_mark.line + 1}); no envbuild file is that large. "
+                            "It looks like an alias bomb: remove the nested '*' aliases.")
+        sizes[key] = total
+
+
+def _duplicates(node, origin: str) -> None:
+    import yaml
+
+    seen: dict[str, int] = {}
+    for k, _ in node.value:
+        if not isinstance(k, yaml.ScalarNode) or k.tag == "tag:yaml.org,2002:merge":
+            continue
+        if k.value in seen:
+            from .outdir import shorten
+
+            raise UserError(f"{origin}: the key {shorten(k.value, 60)!r} appears twice in one "
+                            f"mapping (lines {seen[k.value]} and {k.start_mark.line + 1}); YAML "
+                            "would keep only the last silently. Keep one of them.")
+        seen[k.value] = k.start_mark.line + 1
