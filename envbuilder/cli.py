@@ -53,6 +53,10 @@ def override_options(f):
                 allow_unsupported, **kwargs):
         from .resolve import Overrides
 
+        both = sorted(set(split_names(with_)) & set(split_names(without)))
+        if both:
+            raise UserError(f"--with and --without both name {', '.join(both)}: say once whether "
+                            "the profile gets it.")
         kwargs["overrides"] = Overrides(cuda=cuda, torch=torch_, python=python, verl=verl,
                                         rollout=rollout, vllm=vllm, with_=split_names(with_),
                                         without=split_names(without), driver=driver,
@@ -279,8 +283,11 @@ def check(profile, online, index_url, torch_index_url, overrides, matrix_dirs):
               "implies --locked with the wheelhouse's copy of the lock.")
 @click.option("--mirror", metavar="NAME", help="Point images, indexes, channels and endpoints at "
               "this mirror set's first endpoints (no probing: render stays offline).")
+@click.option("--force", is_flag=True, help="Overwrite files in the output directory that "
+              "envbuild did not write or that were edited since (it still deletes nothing it did "
+              "not write).")
 @override_options
-def render(profile, all_, from_, out, locked_dir, wheelhouse, mirror, overrides, matrix_dirs):
+def render(profile, all_, from_, out, locked_dir, wheelhouse, mirror, force, overrides, matrix_dirs):
     """Write Dockerfile, environment.yml, requirements.txt, run script, preflight.py, envbuild.json."""
     from . import render as R
     from .resolve import ResolvedEnv, resolve
@@ -288,11 +295,11 @@ def render(profile, all_, from_, out, locked_dir, wheelhouse, mirror, overrides,
     if sum(bool(x) for x in (profile, all_, from_)) != 1:
         raise UserError("Name one profile, or --all, or --from envbuild.json (exactly one). "
                         "`envbuild list` shows the profiles.")
+    if locked_dir is not None and wheelhouse is not None:
+        raise UserError("--locked and --wheelhouse both say where the lock comes from: a "
+                        "wheelhouse carries its own copy of the lock. Pass one of them.")
     if from_:
-        try:
-            text = Path(from_).read_text(encoding="utf-8")
-        except OSError as e:
-            raise UserError(f"Cannot read {from_}: {e.strerror}.") from None
+        text = read_input_file(Path(from_), "--from file")
         env = ResolvedEnv.from_json(text, str(from_))
         m = load_matrix(matrix_dirs)
         # the shape the resolver writes, from the shipped profiles: a file that lost keys or
@@ -308,10 +315,10 @@ def render(profile, all_, from_, out, locked_dir, wheelhouse, mirror, overrides,
                             + ". Pass the envbuild.json that `envbuild render` wrote, unedited, or "
                             f"re-resolve it: envbuild render {profile} with the same overrides "
                             "(they are under `overrides` in the file).")
-        target = out or Path("out") / str(env.data.get("profile", "replay"))
+        target = out or Path("out") / plain_name(env.name, "the profile named in " + str(from_))
         locked = locked_context(env, locked_dir, all_, wheelhouse)
         files = R.render_files(env, locked)  # (a failure past the check is a bug: a traceback)
-        R.write_dir(target, files, (locked or {}).get("links"))
+        R.write_dir(target, files, (locked or {}).get("links"), force=force)
         click.echo(f"rendered {env.name} from {from_} -> {target}/")
         return
     m = load_matrix(matrix_dirs)
@@ -340,7 +347,7 @@ def render(profile, all_, from_, out, locked_dir, wheelhouse, mirror, overrides,
 
         choice = M.choice(mirror, M.get_set(m, mirror))
     for env in envs:
-        target = base / env.name if (all_ or out is None) else out
+        target = base / plain_name(env.name, "a profile") if (all_ or out is None) else out
         # against the upstream spec (what the lock recorded); its images through the mirror
         locked = locked_context(env, locked_dir, all_, wheelhouse, choice)
         env = with_constraints(env)  # (requirements.txt and environment.yml, also when locked)
@@ -349,10 +356,32 @@ def render(profile, all_, from_, out, locked_dir, wheelhouse, mirror, overrides,
                        f"matches it): `envbuild lock {env.name}` makes one.", err=True)
         if choice:
             env = M.apply_to_env(env, choice)
-        R.render(env, target, locked)
+        R.render(env, target, locked, force=force)
         click.echo(f"rendered {env.name} -> {target}/")
         for w in env.data["warnings"]:
             click.echo(f"  WARNING: {w}")
+
+
+def plain_name(name: str, what: str) -> str:
+    """`name` as one folder name under out/ (a name from an overlay or a --from file that holds
+    a '/' or is '..' would render outside it)."""
+    from .outdir import shorten
+
+    if not name or "/" in name or "\\" in name or name in (".", "..") or "\x00" in name:
+        raise UserError(f"{what} is {shorten(name)!r}, which is not a plain folder name: it would "
+                        "render outside out/. Rename the profile (letters, digits, '.', '_', '-').")
+    return name
+
+
+# Input files (overlays, the config, --from specs) are read whole: none is anywhere near this.
+MAX_INPUT_BYTES = 8 << 20
+
+
+def read_input_file(path: Path, what: str) -> str:
+    """A user's input file as text, bounded and UTF-8, or an exit-2 paragraph saying why not."""
+    from .limits import read_text_bounded
+
+    return read_text_bounded(path, what)
 
 
 def locked_context(env, locked_dir, all_, wheelhouse=None, mirror=None):
@@ -394,12 +423,54 @@ def main(argv=None):
         e.show()
         sys.exit(2 if e.exit_code == 2 else e.exit_code)
     except EnvbuildError as e:
-        click.echo(f"envbuild: error: {e}", err=True)
+        click.echo(f"envbuild: error: {bounded_message(str(e))}", err=True)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         click.echo("Interrupted.", err=True)
         sys.exit(130)
+    except Exception as e:  # a bug: one paragraph, not a traceback (ENVBUILD_DEBUG=1 shows it)
+        import os
+
+        if os.environ.get("ENVBUILD_DEBUG") == "1":
+            raise
+        click.echo(internal_error_text(argv if argv is not None else sys.argv[1:], e), err=True)
+        sys.exit(1)
     sys.exit(0)
+
+
+def bounded_message(text: str) -> str:
+    """A message as printed: any run of 200+ characters without a space (a value someone pasted
+    or a hostile file carried, echoed back) cut to its start and its length."""
+    import re
+
+    return re.sub(r"\S{200,}", lambda m: f"{m[0][:80]}...({len(m[0])} characters)", text)
+
+
+def internal_error_text(argv, exc: BaseException) -> str:
+    """The paragraph for an exception envbuild did not expect: which command, what broke, that
+    it is envbuild's fault, and where to report it."""
+    from .outdir import shorten
+
+    command = next((a for a in argv if not str(a).startswith("-")), "")
+    detail = shorten(str(exc).splitlines()[0] if str(exc) else "", 200)
+    return (f"envbuild: internal error in `envbuild {command}`: {type(exc).__name__}"
+            + (f": {detail}" if detail else "") + ". This is a bug in envbuild, not in your input. "
+            f"Please report it at {issue_tracker()} with this message, the command line and "
+            "`envbuild --version`; run again with ENVBUILD_DEBUG=1 to get the full traceback.")
+
+
+def issue_tracker() -> str:
+    """Where to report bugs: the package's Project-URL (Issues), if the metadata has one."""
+    try:
+        from importlib.metadata import metadata
+
+        for entry in metadata("envbuild").get_all("Project-URL") or []:
+            label, _, url = entry.partition(",")
+            if label.strip().lower() in ("issues", "bug tracker", "tracker"):
+                return url.strip()
+    except Exception:
+        pass
+    return "envbuild's issue tracker"
 
 
 if __name__ == "__main__":  # `python -m envbuilder.cli`: run the importable module (the action

@@ -116,9 +116,14 @@ def run_envbuild(cache_home, tmp_path):
     """Run the real `envbuild` script in a fresh process: run_envbuild('check', 'p40')."""
 
     def run(*args, cwd=None, env=None):
-        return subprocess.run([envbuild_exe(), *map(str, args)], cwd=cwd or tmp_path,
-                              env=clean_env(XDG_CACHE_HOME=str(cache_home), **(env or {})),
-                              capture_output=True, text=True, timeout=60)
+        # ENVBUILD_DEBUG=1: a bug shows as its traceback (not the user's one-paragraph message),
+        # and a traceback fails the test whatever exit code it expected
+        r = subprocess.run([envbuild_exe(), *map(str, args)], cwd=cwd or tmp_path,
+                           env=clean_env(XDG_CACHE_HOME=str(cache_home), ENVBUILD_DEBUG="1",
+                                         **(env or {})),
+                           capture_output=True, text=True, timeout=60)
+        assert "Traceback (most recent call last)" not in r.stderr, r.stderr
+        return r
 
     return run
 
@@ -132,6 +137,7 @@ def cli(capsys, monkeypatch, tmp_path):
         if k.startswith("ENVBUILD_"):
             monkeypatch.delenv(k)
     monkeypatch.chdir(tmp_path)  # a stray default `out/` would land here, not in the checkout
+    monkeypatch.setenv("ENVBUILD_DEBUG", "1")  # a bug raises into the test instead of exit 1
 
     def run(*args):
         capsys.readouterr()
