@@ -84,7 +84,7 @@ def load_matrix(matrix_dirs):
 # The actions' commands live in modules of their own, imported only when one of their commands
 # runs (or help lists them), so `render` pays nothing for build, lock, wheelhouse or detect:
 # click's documented lazy subcommands, name -> "module:command" (no registration by import).
-LAZY_COMMANDS = {"build": "envbuilder.cli_build:build", "mirrors": "envbuilder.cli_build:mirrors",
+LAZY_COMMANDS = {"build": "envbuilder.cli_build:build", "bake": "envbuilder.cli_build:bake", "mirrors": "envbuilder.cli_build:mirrors",
                  "lock": "envbuilder.cli_lock:lock",
                  "wheelhouse": "envbuilder.cli_wheelhouse:wheelhouse",
                  "detect": "envbuilder.cli_detect:detect", "doctor": "envbuilder.cli_detect:doctor",

@@ -35,6 +35,8 @@ def mirrors_list(as_json, matrix_dirs):
     from .config import config_path
 
     sets = M.mirror_sets(load_matrix(matrix_dirs))
+    # a set's endpoints may carry user:password@: shown as ***@, as every log line shows them
+    sets = json.loads(M.redacted(json.dumps(sets)))
     if as_json:
         click.echo(json.dumps(sets, indent=2, sort_keys=True))
         return
@@ -61,10 +63,10 @@ def mirrors_probe(name, timeout, as_json, matrix_dirs):
 
     probes = M.probe(M.get_set(load_matrix(matrix_dirs), name), timeout=timeout)
     if as_json:
-        click.echo(json.dumps([p._asdict() for p in probes], indent=2))
+        click.echo(M.redacted(json.dumps([p._asdict() for p in probes], indent=2)))
     else:
         rows = [("KIND", "FOR", "ENDPOINT", "STATUS", "MS")]
-        rows += [(p.kind, p.target, p.endpoint, ("ok " if p.ok else "DOWN ") + p.status,
+        rows += [(p.kind, p.target, M.redacted(p.endpoint), ("ok " if p.ok else "DOWN ") + p.status,
                   f"{p.latency_ms:.0f}") for p in probes]
         widths = [max(len(r[i]) for r in rows) for i in range(5)]
         for r in rows:
@@ -101,9 +103,9 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
     env = resolve(m, profile, overrides)
     secrets = B.secret_files(ca_cert, pip_conf)
     if not tag:  # named after the upstream spec: the same image whichever mirror built it
-        import hashlib
+        from .bake import default_tag
 
-        tag = f"envbuild/{profile}:{hashlib.sha256(env.to_json().encode()).hexdigest()[:12]}"
+        tag = default_tag(env)
     if ":" not in tag.rsplit("/", 1)[-1]:
         tag += ":latest"
 
@@ -167,3 +169,54 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
         click.echo(f"{registry}/{tag.rsplit(':', 1)[0]}@{digest}")
     else:
         click.echo(result.image)
+
+
+@click.command()
+@click.argument("profiles", nargs=-1)
+@click.option("--all", "all_", is_flag=True, help="Every profile.")
+@click.option("-o", "--out", type=click.Path(path_type=Path), required=True,
+              help="Folder for docker-bake.hcl and a build context per profile.")
+@click.option("--mirror", metavar="NAME", help="Point images and indexes at this mirror set's "
+              "first endpoints (no probing: bake stays offline, like render --mirror).")
+@click.option("--registry", default="local", show_default=True, help="Where the targets push and "
+              "keep their registry cache: `local`, a configured name, or HOST[:PORT] (the file's "
+              "REGISTRY variable; override it when baking).")
+@click.option("--force", is_flag=True, help="Write into a folder envbuild did not write (it still "
+              "deletes nothing it did not write).")
+@override_options
+def bake(profiles, all_, out, mirror, registry, force, overrides, matrix_dirs):
+    """Write a docker-bake.hcl with a target per profile (and each one's build context), so
+    `docker buildx bake` builds the matrix on any BuildKit builder."""
+    from . import bake as K
+    from . import mirrors as M
+    from .cli import plain_name
+    from .config import registry_for
+    from .errors import UserError
+    from .outdir import write_dir
+    from .plan import with_constraints
+    from .render import EXECUTABLE, render_files
+    from .resolve import resolve
+
+    m = load_matrix(matrix_dirs)
+    names = list(m.profiles) if all_ else list(dict.fromkeys(profiles))
+    if bool(all_) == bool(profiles):
+        raise UserError("Name the profiles to bake, or --all (not both). `envbuild list` shows "
+                        "them.")
+    host = registry_for(registry, (m.defaults or {}).get("registry_local", "localhost:5000"))
+    choice = M.choice(mirror, M.get_set(m, mirror)) if mirror else None
+    envs = [resolve(m, name, overrides) for name in names]  # all resolve, or nothing is written
+    contexts, targets, shared = {}, [], None
+    for env in envs:
+        tag = K.default_tag(env)  # (the upstream spec: the same tag `envbuild build` gives it)
+        env = with_constraints(env)
+        if choice:
+            env = M.apply_to_env(env, choice)
+        contexts[plain_name(env.name, "a profile")] = render_files(env)
+        targets.append(K.bake_target(env, tag))
+        shared = shared or K.variables(env.data, host)
+    files = {f"{name}/{path}": text for name, ctx in contexts.items() for path, text in ctx.items()}
+    files[K.BAKE_FILE] = K.bake_file(targets, shared)
+    write_dir(out, files, executable={f"{n}/{e}" for n in contexts for e in EXECUTABLE},
+              force=force)
+    click.echo(f"wrote {out / K.BAKE_FILE}: {len(targets)} target(s) ({', '.join(contexts)}); "
+               f"build them with: docker buildx bake -f {out / K.BAKE_FILE}")
