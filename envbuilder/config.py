@@ -41,7 +41,10 @@ def _load(path: str) -> dict:
                             "unset the variable.")
         return {}
     doc = load_yaml(read_text_bounded(p, "envbuild config"), str(p)) or {}
-    spec = {"registries?": S.MapOf(str), "mirror?": str, "mirrors?": S.MapOf(MIRROR)}
+    # every value is checked for what it is (a registry endpoint, a name, a mirror set's URLs):
+    # they reach image references, build args and rendered files
+    spec = {"registries?": S.MapOf(S.REGISTRY, key=S.NAME), "mirror?": S.NAME,
+            "mirrors?": S.MapOf(MIRROR, key=S.NAME)}
     try:
         S.check(doc, spec, str(p))
     except S.SchemaError as e:

@@ -7,125 +7,197 @@ from typing import Any
 from . import schema as S
 from .resolve import AUDIT_CHECKS
 
-SOURCE = str
+# What each string is (schema.py): names, versions, URLs, model ids, packages, one line of text.
+# Every string of the matrix, an overlay or the config has a kind here, checked as it enters.
+SOURCE = S.Text(2000)  # URLs or keys of the file's `sources:` (matrix._check_sources)
+DESCRIPTION = S.Text(300)
+WHY = S.Text(2000)  # a fact's reason, as the rendered files and messages quote it
+PINS = S.MapOf(S.VERSION, key=S.PACKAGE)  # package -> the version it is pinned to
+ROLLOUTS = ("hf", "vllm", "sglang")
 # what a training run imports, in order: dotted Python module names (they land in preflight.py
 # and the smoke test as data, and the real-package tests look each one up in the real wheel)
 MODULES = S.ListOf(S.MODULE)
 TRAINING_PATH = {"modules": MODULES, "source": SOURCE}
-GPU = {"name": str, "match": S.ListOf(S.Regex()), "arch": str, "compute_capability": S.CC,
-       "vram_gb": float, "max_smem_per_block_kb": int, "bf16": bool, "fp16_fast": bool,
-       "source": SOURCE}
+GPU = {"name": S.GPU_NAME, "match": S.ListOf(S.Regex()), "arch": S.NAME,
+       "compute_capability": S.CC, "vram_gb": float, "max_smem_per_block_kb": int, "bf16": bool,
+       "fp16_fast": bool, "source": SOURCE}
+UBUNTU = S.Pattern(r"\d+\.\d+", "22.04", max_len=16)
 CUDA = {"version": S.VERSION, "min_driver": S.DRIVER, "compat_driver": S.DRIVER,
-        "nvcc_archs": S.ListOf(S.CC), "ubuntu": str, "glibc?": S.GLIBC, "python": S.CUDA,
-        "images": {"devel": str, "runtime": str}, "conda_nvcc": str, "source": SOURCE}
+        "nvcc_archs": S.ListOf(S.CC), "ubuntu": UBUNTU, "glibc?": S.GLIBC, "python": S.CUDA,
+        "images": {"devel": S.IMAGE, "runtime": S.IMAGE}, "conda_nvcc": S.CONDA_SPEC,
+        "source": SOURCE}
 TORCH = {"python": S.ListOf(S.CUDA), "torchvision": S.VERSION, "torchaudio": S.VERSION,
-         "pypi_default": str, "builds": S.MapOf({"cuda": S.CUDA, "archs": S.ListOf(S.CC)}),
+         "pypi_default": S.NAME,
+         "builds": S.MapOf({"cuda": S.CUDA, "archs": S.ListOf(S.CC)}, key=S.NAME),
          "source": SOURCE}
 VLLM = {"torch": S.VERSION, "wheel_cuda": S.CUDA, "python": S.ListOf(S.CUDA),
-        "pins?": S.MapOf(S.VERSION), "source": SOURCE}
+        "pins?": PINS, "source": SOURCE}
 # requires: PACKAGE -> VERSION -> what that release's METADATA needs of a shared dependency
-REQUIRES = S.MapOf(S.MapOf({"needs": S.MapOf(S.Range()), "source": SOURCE}, key=S.VERSION))
-FEATURE = {"min_compute_capability": S.CC, "note?": str, "source": SOURCE}
+REQUIRES = S.MapOf(S.MapOf({"needs": S.MapOf(S.Range(), key=S.PACKAGE), "source": SOURCE},
+                           key=S.VERSION), key=S.PACKAGE)
+FEATURE = {"min_compute_capability": S.CC, "note?": WHY, "source": SOURCE}
 # release_wheels.filename: a template of {version} {cuda_tag} {torch} {cxx11_abi} {python}
 # {machine} (envbuilder/flash_attn_wheel.py formats it); wheel_cuda: CUDA major -> wheel tag
 # (a release without it, or a major it does not list, has no prebuilt wheel: the builder compiles)
 WHEEL_TEMPLATE = S.Pattern(r"[A-Za-z0-9_.+-]*(\{(version|cuda_tag|torch|cxx11_abi|python|machine)\}"
                            r"[A-Za-z0-9_.+-]*)+\.whl", "flash_attn-{version}+cu{cuda_tag}...-linux_{machine}.whl")
+CUDA_TAGS = S.MapOf(S.Pattern(r"\d{2,3}", "12"), key=S.Pattern(r"\d+", "12"))
 FLASH_ATTN = {"min_compute_capability": S.CC, "source": SOURCE,
-              "versions": S.MapOf({"torch": S.Range(),
-                                   "wheel_cuda?": S.MapOf(S.Pattern(r"\d{2,3}", "12"),
-                                                          key=S.Pattern(r"\d+", "12")),
-                                   "source": SOURCE}, key=S.VERSION),
-              "release_wheels": {"url": S.Pattern(r"https?://[^\s{}]+(\{version\}[^\s{}]*)?",
-                                                  "https://github.com/OWNER/REPO/releases/download/v{version}"),
+              "versions": S.MapOf({"torch": S.Range(), "wheel_cuda?": CUDA_TAGS, "source": SOURCE},
+                                  key=S.VERSION),
+              "release_wheels": {"url": S.Url(("version",), "https://github.com/OWNER/REPO/"
+                                              "releases/download/v{version}"),
                                  "filename": WHEEL_TEMPLATE, "source": SOURCE},
-              "runtime_pins?": S.MapOf(S.VERSION), "training_path": TRAINING_PATH}
-APEX = {"versions": S.MapOf({"ref": str, "install": S.OneOf(("env", "config_settings")),
-                             "source": SOURCE}),
-        "source_url": str, "nvcc_must_match_torch_cuda": bool, "training_path": TRAINING_PATH,
-        "source": SOURCE}
+              "runtime_pins?": PINS, "training_path": TRAINING_PATH}
+APEX = {"versions": S.MapOf({"ref": S.GIT_REF, "install": S.OneOf(("env", "config_settings")),
+                             "source": SOURCE}, key=S.VERSION),
+        "source_url": S.Url(("ref",), "https://github.com/NVIDIA/apex/archive/refs/tags/{ref}.tar.gz"),
+        "nvcc_must_match_torch_cuda": bool, "training_path": TRAINING_PATH, "source": SOURCE}
 # the parts of a PPO run that compute in a dtype of their own (verl's roles), and the dtypes
 DTYPES = S.OneOf(("bf16", "fp16", "fp32"))
 PARTS = ("actor", "critic", "ref", "rollout")
 PRECISION = {part: S.ListOf(DTYPES) for part in PARTS}
 # the names a patch's `with` and a reviewed exception's `holds` may format in
 FORMAT_FIELDS = ("attention", *(f"{part}_{kind}" for part in PARTS for kind in ("dtype", "autocast")))
-VERL = {"torch": S.Range(), "torch_why?": str, "torch_source": SOURCE,
-        "rollouts": S.ListOf(S.OneOf(("hf", "vllm", "sglang"))), "vllm": S.Range(),
-        "attention_override": (str, None), "patches": S.ListOf(str),
+AUTOCAST_KEYS = {f"{part}?": S.HYDRA_KEY for part in PARTS}
+VERL = {"torch": S.Range(), "torch_why?": WHY, "torch_source": SOURCE,
+        "rollouts": S.ListOf(S.OneOf(ROLLOUTS)), "vllm": S.Range(),
+        "attention_override": (S.HYDRA_OVERRIDE, None), "patches": S.ListOf(S.NAME),
         "precision": PRECISION, "precision_source": SOURCE,
-        "autocast_keys?": {f"{part}?": S.HYDRA_KEY for part in PARTS},
-        "reviewed?": S.ListOf(str),
-        "pins": S.MapOf(S.VERSION),
-        "training_path": {"modules": MODULES, "rollouts": S.MapOf(MODULES), "source": SOURCE},
+        "autocast_keys?": AUTOCAST_KEYS,
+        "reviewed?": S.ListOf(S.NAME),
+        "pins": PINS,
+        "training_path": {"modules": MODULES, "rollouts": S.MapOf(MODULES, key=S.OneOf(ROLLOUTS)),
+                          "source": SOURCE},
         "source": SOURCE}
-PATCH = {"why": str, "when": S.OneOf(("no_flash_attention", "no_bf16", "always")),
-         "files": S.ListOf(str),
-         "replace": S.ListOf({"find": str, "with": str}), "source": SOURCE}
-REVIEWED = {"check": S.OneOf(tuple(AUDIT_CHECKS)), "file": S.RELPATH, "line": str, "why": str,
-            "holds": S.MapOf(S.Scalar(), key=S.HYDRA_KEY), "source": SOURCE}
-ALLOC_CONF = {"max_vram_gb": float, "value": S.ALLOC_CONF, "why": str,
-              "not_with_rollouts": S.MapOf(str, key=S.Pattern(r"hf|vllm|sglang", "vllm")),
+# find / with: source text, written into apply_patches.py as Python literals
+PATCH = {"why": WHY, "when": S.OneOf(("no_flash_attention", "no_bf16", "always")),
+         "files": S.ListOf(S.RELPATH),
+         "replace": S.ListOf({"find": S.Code(10_000), "with": S.Code(10_000)}), "source": SOURCE}
+REVIEWED = {"check": S.OneOf(tuple(AUDIT_CHECKS)), "file": S.RELPATH, "line": S.Text(1000),
+            "why": WHY, "holds": S.MapOf(S.Scalar(), key=S.HYDRA_KEY), "source": SOURCE}
+ALLOC_CONF = {"max_vram_gb": float, "value": S.ALLOC_CONF, "why": WHY,
+              "not_with_rollouts": S.MapOf(WHY, key=S.Pattern(r"hf|vllm|sglang", "vllm")),
               "source": SOURCE}
 # micro_batch_size_per_gpu: optional; an upper bound on every planned micro-batch (the plan picks
 # the largest that fits the GPU: envbuilder/memory.py)
-TRAIN = {"model": str, "model_vram_gb": float, "n_gpus": int, "train_batch_size": int,
+TRAIN = {"model": S.MODEL_ID, "model_vram_gb": float, "n_gpus": int, "train_batch_size": int,
          "ppo_mini_batch_size": int, "micro_batch_size_per_gpu?": int, "max_prompt_length": int,
          "max_response_length": int, "param_offload": bool, "optimizer_offload": bool,
          "gradient_checkpointing": bool, "gpu_memory_utilization": float, "lora_rank": int}
-PROFILE = {"description": str, "gpu": str, "cuda": S.CUDA, "torch": S.VERSION, "verl": S.VERSION,
-           "rollout": S.OneOf(("hf", "vllm", "sglang")), "vllm?": S.VERSION,
+COMPONENT_VERSIONS = S.MapOf(S.VERSION, key=S.NAME)  # (matrix._cross_check: apex, flash-attn)
+PROFILE = {"description": DESCRIPTION, "gpu": S.NAME, "cuda": S.CUDA, "torch": S.VERSION,
+           "verl": S.VERSION, "rollout": S.OneOf(ROLLOUTS), "vllm?": S.VERSION,
            "python?": S.CUDA, "dtype": S.OneOf(("auto", "bf16", "fp16", "fp32")),
            "attention": S.OneOf(("auto", "flash_attention_2", "sdpa", "eager")),
-           "components": S.MapOf(S.VERSION), "optional_components?": S.MapOf(S.VERSION),
-           "pins?": S.MapOf(S.VERSION), "train": TRAIN, "source": SOURCE}
+           "components": COMPONENT_VERSIONS, "optional_components?": COMPONENT_VERSIONS,
+           "pins?": PINS, "train": TRAIN, "source": SOURCE}
 # a decoder's architecture (its config.json) for the memory estimate; `parameters` is checked
 # against the count the architecture gives (matrix._cross_check)
 MODEL = {"family": S.OneOf(("qwen2",)), "layers": int, "hidden_size": int, "attention_heads": int,
          "kv_heads": int, "head_dim": int, "intermediate_size": int, "vocab_size": int,
          "tied_embeddings": bool, "qkv_bias": bool, "max_position_embeddings": int,
          "parameters": int, "source": SOURCE}
-MEMORY = {"total_mib": S.MapOf({"mib": int, "source": SOURCE}), "cuda_context_gib": float,
-          "nccl_gib": float, "allocator_overhead": float, "hf_generate_overhead": float,
-          "margin": float,
+MEMORY = {"total_mib": S.MapOf({"mib": int, "source": SOURCE}, key=S.NAME),
+          "cuda_context_gib": float, "nccl_gib": float, "allocator_overhead": float,
+          "hf_generate_overhead": float, "margin": float,
           "validation_share": float, "source": SOURCE}
-ENDPOINTS = S.ListOf(str)
-MIRROR = {"description": str, "registries?": S.MapOf(ENDPOINTS), "pypi?": ENDPOINTS,
-          "pytorch?": ENDPOINTS, "conda?": S.MapOf(ENDPOINTS), "huggingface?": ENDPOINTS,
-          "apt?": ENDPOINTS, "github?": ENDPOINTS, "source?": SOURCE}
-DATASET = {"repo": str, "revision": str, "files": {"train": str, "test": str},
-           "data_source": str, "ability": str, "instruction": str, "answer_pattern": str,
-           "rows": {"train": int, "test": int}, "source": SOURCE}
-DEFAULTS = {"pypi_index": str, "huggingface": str, "conda_channels": S.ListOf(str),
-            "registry_local": str}
+# endpoints, tried in order: registries (HOST[:PORT][/PREFIX]) by the registry they stand in
+# for; index, Hugging Face, apt and GitHub prefixes as URLs (the PyTorch index's take {variant})
+MIRROR = {"description": DESCRIPTION, "registries?": S.MapOf(S.ListOf(S.REGISTRY), key=S.REGISTRY_HOST),
+          "pypi?": S.ListOf(S.URL), "pytorch?": S.ListOf(S.Url(("variant",))),
+          "conda?": S.MapOf(S.ListOf(S.URL), key=S.NAME), "huggingface?": S.ListOf(S.URL),
+          "apt?": S.ListOf(S.URL), "github?": S.ListOf(S.URL), "source?": SOURCE}
+DATASET = {"repo": S.MODEL_ID, "revision": S.GIT_REF, "files": {"train": S.REPO_FILE, "test": S.REPO_FILE},
+           "data_source": S.Text(200), "ability": S.Text(200), "instruction": S.Text(1000),
+           "answer_pattern": S.Regex(), "rows": {"train": int, "test": int}, "source": SOURCE}
+DEFAULTS = {"pypi_index": S.URL, "huggingface": S.URL, "conda_channels": S.ListOf(S.CHANNEL),
+            "registry_local": S.REGISTRY}
 
 # section -> (schema of the section, whether records merge by key)
 SECTIONS: dict[str, tuple[Any, bool]] = {
-    "gpus": (S.MapOf(GPU), True),
+    "gpus": (S.MapOf(GPU, key=S.NAME), True),
     "cuda": (S.MapOf(CUDA, key=S.CUDA), True),
     "torch": (S.MapOf(TORCH, key=S.VERSION), True),
-    "index_url": (str, False),
-    "arch_lists": (S.MapOf(S.ListOf(S.CC)), True),
+    "index_url": (S.Url(("variant",), "https://download.pytorch.org/whl/{variant}"), False),
+    "arch_lists": (S.MapOf(S.ListOf(S.CC), key=S.NAME), True),
     "vllm": (S.MapOf(VLLM, key=S.VERSION), True),
     "min_compute_capability": (S.CC, False),
     "min_compute_capability_source": (SOURCE, False),
     "vllm_training_path": (TRAINING_PATH, False),
     "cuda_compat": ({"libcuda": S.ABSPATH, "source": SOURCE}, False),
-    "features": (S.MapOf(FEATURE), True),
+    "features": (S.MapOf(FEATURE, key=S.NAME), True),
     "flash_attn": (FLASH_ATTN, False),
     "apex": (APEX, False),
     "verl": (S.MapOf(VERL, key=S.VERSION), True),
     "requires": (REQUIRES, True),
-    "patches": (S.MapOf(PATCH), True),
-    "reviewed": (S.MapOf(REVIEWED), True),
+    "patches": (S.MapOf(PATCH, key=S.NAME), True),
+    "reviewed": (S.MapOf(REVIEWED, key=S.NAME), True),
     "cuda_alloc_conf": (ALLOC_CONF, False),
-    "profiles": (S.MapOf(PROFILE), True),
-    "mirrors": (S.MapOf(MIRROR), True),
-    "datasets": (S.MapOf(DATASET), True),
-    "models": (S.MapOf(MODEL), True),
+    "profiles": (S.MapOf(PROFILE, key=S.NAME), True),
+    "mirrors": (S.MapOf(MIRROR, key=S.NAME), True),
+    "datasets": (S.MapOf(DATASET, key=S.NAME), True),
+    "models": (S.MapOf(MODEL, key=S.MODEL_ID), True),
     "memory": (MEMORY, False),
     "defaults": (DEFAULTS, False),
-    "sources": (S.MapOf(str), False),
+    "sources": (S.MapOf(SOURCE, key=S.NAME), False),
 }
 
 
+# The resolved environment (envbuild.json) as the resolver writes it, read back by `render
+# --from`: every value a file carries is checked with the kind of the matrix field it came from
+# (ResolvedEnv.from_json), so an edited or foreign file reaches no template with a value the
+# matrix itself would refuse. The memory plan's parts no template reads one by one are any data
+# of one-line text ("*").
+DRIVER_MODES = ("native", "minor-version-compatibility", "too-old")
+RESOLVED = {
+    "schema_version": int, "envbuild_version": S.VERSION, "profile": S.NAME,
+    "description": DESCRIPTION,
+    "overrides": {"cuda?": S.CUDA, "torch?": S.VERSION, "python?": S.CUDA, "verl?": S.VERSION,
+                  "rollout?": S.OneOf(ROLLOUTS), "vllm?": S.VERSION, "with?": S.ListOf(S.NAME),
+                  "without?": S.ListOf(S.NAME), "driver?": S.DRIVER, "allow_unsupported?": bool},
+    "gpu": {"key": S.NAME, "name": S.GPU_NAME, "arch": S.NAME, "compute_capability": S.CC,
+            "sm": S.Pattern(r"\d+", "61", max_len=8), "vram_gb": float, "bf16": bool,
+            "max_smem_per_block_kb": int},
+    "cuda": {"version": S.CUDA, "full_version": S.VERSION, "ubuntu": UBUNTU, "glibc": (S.GLIBC, None),
+             "images": {"devel": S.IMAGE, "runtime": S.IMAGE}, "conda_nvcc": S.CONDA_SPEC,
+             "compat_libcuda": S.ABSPATH},
+    "driver": {"min_driver": S.DRIVER, "compat_driver": S.DRIVER, "for_cuda": S.CUDA,
+               "mode?": S.OneOf(DRIVER_MODES), "driver?": S.DRIVER},
+    "python": S.CUDA,
+    "torch": {"version": S.VERSION, "variant": S.NAME, "cuda": S.CUDA, "archs": S.ListOf(S.CC),
+              "index_url": (S.URL, None), "packages": S.ListOf(S.REQUIREMENT)},
+    "rollout": S.OneOf(ROLLOUTS),
+    "vllm": ({"version": S.VERSION, "torch": S.VERSION, "wheel_cuda": S.CUDA}, None),
+    "verl": {"version": S.VERSION, "attention_override": (S.HYDRA_OVERRIDE, None),
+             "autocast_keys": AUTOCAST_KEYS, "pins": PINS},
+    "dtype": DTYPES,
+    "precision": {part: DTYPES for part in PARTS},
+    "attention": S.OneOf(("flash_attention_2", "sdpa", "eager")),
+    "features": {"bf16": bool, "flash_attention": bool, "remove_padding": bool,
+                 "torch_compile": bool},
+    "flash_attn": ({"version": S.VERSION, "modules": MODULES, "release": S.URL,
+                    "wheel": WHEEL_TEMPLATE, "cuda_tags": CUDA_TAGS}, None),
+    "apex": ({"version": S.VERSION, "ref": S.GIT_REF, "install": APEX["versions"].value["install"],
+              "url": S.URL, "arch_list": S.CC, "modules": MODULES}, None),
+    "patches": S.ListOf({"name": S.NAME, "why": WHY, "files": PATCH["files"],
+                         "replace": PATCH["replace"]}),
+    "audit": {"checks": S.ListOf(S.OneOf(tuple(AUDIT_CHECKS))),
+              "reviewed": S.ListOf(dict({k: REVIEWED[k] for k in ("check", "file", "line", "why",
+                                                                  "holds")}, name=S.NAME))},
+    "cuda_alloc_conf": ({"value": (S.ALLOC_CONF, None), "why": WHY}, None),
+    "indexes": {"pypi": S.URL, "torch": (S.URL, None)},
+    "huggingface": S.URL,
+    "conda_channels": S.ListOf(S.CHANNEL),
+    "train": TRAIN,
+    "dataset": (dict(DATASET, name=S.NAME), None),
+    "training_path": MODULES,
+    "memory": {"peak": {"phase": S.Text(200), "gib": float}, "usable_gib": float,
+               "batch": S.MapOf((int, None), key=S.HYDRA_KEY), "*": S.Tree(S.Text(1000))},
+    "warnings": S.ListOf(S.Text(4000)),
+    # added by render: the pins of the lock that fits (plan.with_constraints), the mirror set
+    "constraints?": ({"from": S.Text(300), "torch_swapped": (S.Text(300), None),
+                      "plan_sha256": S.SHA256,
+                      "layers": S.MapOf(S.ListOf(S.REQUIREMENT), key=S.NAME)}, None),
+    "mirror?": {"name": S.NAME, "apt": (S.URL, None), "conda_nvidia": (S.URL, None)},
+}

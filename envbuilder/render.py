@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from .paths import data_dir
+from .quoting import FILTERS, comment, word
 from .resolve import TORCH_DTYPE, ResolvedEnv
 
 RUN_SCRIPT = "run_ppo_gsm8k.sh"
@@ -59,15 +60,9 @@ def jinja_env():
             keep_trailing_newline=True,
             bytecode_cache=cache,
         )
-        _jinja.filters["sh"] = _sh
+        # every value leaves through the filter of the language it lands in (quoting.py)
+        _jinja.filters.update(FILTERS)
     return _jinja
-
-
-def _sh(value) -> str:
-    """A value quoted for the shell of a RUN line (single quotes; Dockerfile-safe)."""
-    import shlex
-
-    return shlex.quote(str(value))
 
 
 def apex_command(d: dict) -> str:
@@ -159,8 +154,10 @@ def render_files(env: ResolvedEnv, locked: dict | None = None) -> dict[str, str]
                 "every later step: " + (f"from {plan.pinned_from}" if plan.pinned_from else
                                        "its top-level pins only (no lock fits)")
                 + (f"; solved with torch {plan.torch_swapped}, so torch's own packages are "
-                   "pinned by the requirements" if plan.torch_swapped else "") + ".\n")
-        out[layer.constraints_file] = head + "".join(f"{pin}\n" for pin in layer.pins)
+                   "pinned by the requirements" if plan.torch_swapped else ""))
+        # (a pip constraints file: one comment line, then one bare pin a line; quoting.py)
+        out[layer.constraints_file] = (comment(head) + ".\n"
+                                       + "".join(f"{word(pin)}\n" for pin in layer.pins))
     out.update(locked["files"] if locked else {})
     return out
 

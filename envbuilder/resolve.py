@@ -123,15 +123,34 @@ class ResolvedEnv:
 
     @classmethod
     def from_json(cls, text: str, origin: str = "envbuild.json") -> "ResolvedEnv":
+        """The environment a file holds, every value checked against the kind of the matrix
+        field it came from (matrix_schema.RESOLVED): names, versions, URLs, model ids, pins,
+        one-line text. Missing keys are left to shape_problems, which names them all."""
+        from . import schema as S
+        from .matrix_schema import RESOLVED
+
         try:
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_no_duplicate_keys)
         except json.JSONDecodeError as e:
             raise UserError(f"{origin} is not valid JSON ({e.msg} at line {e.lineno}). Pass the "
+                            "envbuild.json that `envbuild render` wrote.") from None
+        except _DuplicateKey as e:
+            raise UserError(f"{origin} names the key {e.key!r} twice in one object; JSON would "
+                            "keep only the last silently. Pass the envbuild.json that `envbuild "
+                            "render` wrote, unedited.") from None
+        except RecursionError:
+            raise UserError(f"{origin} is nested too deeply to be an envbuild.json. Pass the "
                             "envbuild.json that `envbuild render` wrote.") from None
         if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
             raise UserError(f"{origin} is not an envbuild resolved environment of schema version "
                             f"{SCHEMA_VERSION}. Pass the envbuild.json that `envbuild render` wrote "
                             "(or re-resolve it from its profile).")
+        try:
+            S.check(data, RESOLVED, f"{origin}: ", partial=True)
+        except S.SchemaError as e:
+            raise UserError(f"{e}. It is not a value envbuild writes there; pass the envbuild.json "
+                            "that `envbuild render` wrote, unedited, or re-resolve the profile "
+                            "(envbuild render PROFILE).") from None
         return cls(data)
 
     def shape_problems(self, references: list["ResolvedEnv"]) -> list[str]:
@@ -161,6 +180,22 @@ class ResolvedEnv:
             return out
 
         return compare(self.data, [r.data for r in references], "", 1)
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str):
+        from .outdir import shorten
+
+        self.key = shorten(key, 60)
+
+
+def _no_duplicate_keys(pairs: list) -> dict:
+    """A JSON object, refusing a key named twice (json.loads would keep the last silently)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set = set()
+        raise _DuplicateKey(next(k for k, _ in pairs if k in seen or seen.add(k)))
+    return out
 
 
 def suggest(name: str, known: list[str]) -> str:

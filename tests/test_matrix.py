@@ -186,3 +186,57 @@ def test_the_matrix_cache_is_plain_json_keyed_on_content(tmp_path, monkeypatch):
     cache2.parent.mkdir(parents=True, exist_ok=True)
     cache2.write_bytes(b"\x80\x04garbage")  # e.g. a pickle: ignored, validated afresh
     assert M.load((folder,)).sections == first.sections
+
+
+@pytest.mark.parametrize("doc, where, says", [
+    ({"profiles": {"lab": record("profiles", "p40", source=URL, description="p40\nRUN x")}},
+     "profiles.lab.description", "U+000A"),
+    ({"profiles": {"../lab": record("profiles", "p40", source=URL)}}, "profiles.../lab",
+     "no '..'"),
+    ({"gpus": {"p40": record("gpus", "p40", source=URL, name='P40"""')}}, "gpus.p40.name",
+     "a GPU name"),
+    ({"profiles": {"p40": record("profiles", "p40", source=URL, pins={"numpy; rm -rf ~": "1"})}},
+     "profiles.p40.pins.numpy; rm -rf ~", "a package name"),
+    ({"defaults": dict(shipped().defaults, huggingface="https://hf.example/$(id)")},
+     "defaults.huggingface", "an http(s) URL"),
+    ({"index_url": "https://download.pytorch.org/whl/{cuda}"}, "index_url",
+     "{cuda} in 'https://download.pytorch.org/whl/{cuda}' is not a field envbuild fills in"),
+    ({"profiles": {"p40": record("profiles", "p40", source=URL, train=dict(
+        record("profiles", "p40")["train"], model="Qwen/`id`"))}}, "profiles.p40.train.model",
+     "a Hugging Face repo id"),
+], ids=["newline in text", "name as a path", "quotes in a gpu name", "shell in a pin",
+        "$() in a URL", "unknown placeholder", "backticks in a model id"])
+def test_a_value_that_is_not_what_its_field_is_names_file_and_key(overlay, doc, where, says):
+    """Every string has a kind (a name, a URL, a package, one line of text): a value of another
+    is refused at load, naming the file and the key, before anything is rendered from it."""
+    msg = load_error(overlay(doc))
+    assert f"{overlay.file.name}: {where}" in msg and says in msg, msg
+
+
+def test_a_value_is_echoed_in_an_error_cut_to_its_start(overlay):
+    msg = load_error(overlay({"profiles": {"lab": record("profiles", "p40", source=URL,
+                                                         description="x" * 100_000)}}))
+    assert "(100002 characters)" in msg and len(msg) < 400, msg
+
+
+def test_every_string_of_the_schema_has_a_kind():
+    """No field is a bare `str`: each says what it is (schema.py), so nothing enters unchecked."""
+    from envbuilder import schema as S
+    from envbuilder.matrix_schema import RESOLVED, SECTIONS
+
+    def walk(spec, where):
+        assert spec is not str, f"{where} is a bare str: give it a kind (schema.py)"
+        if isinstance(spec, dict):
+            for key, sub in spec.items():
+                walk(sub, f"{where}.{key}")
+        elif isinstance(spec, (S.ListOf, S.Tree)):
+            walk(getattr(spec, "item", None) or spec.leaf, f"{where}[]")
+        elif isinstance(spec, S.MapOf):
+            assert spec.key is not None, f"{where}: its keys need a kind"
+            walk(spec.value, f"{where}.*")
+        elif isinstance(spec, tuple):
+            walk(spec[0], where)
+
+    for section, (spec, _) in SECTIONS.items():
+        walk(spec, section)
+    walk(RESOLVED, "envbuild.json")

@@ -3,6 +3,7 @@ breaks out, each with what, why and a fix that works."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -407,3 +408,71 @@ def test_overlapping_requirements_pass():
     assert not ranges_overlap(">=1.26.0,<1.27.0", ">=1.30.0")
     assert not ranges_overlap("<1.27", ">=1.27") and ranges_overlap("<=1.27", ">=1.27")
     assert ranges_overlap("==2.0", ">=1.0,<3") and not ranges_overlap("==2.0", ">2.0")
+
+
+# -- what render --from checks a file against is what the resolver writes -----------------------
+
+def resolved_variants():
+    """Every shipped profile as render writes it: plain, pinned by its lock, through a mirror
+    set; and one with each optional part (--driver, overrides, warnings, no dataset)."""
+    from envbuilder import mirrors
+    from envbuilder.plan import with_constraints
+
+    cn = mirrors.choice("cn", mirrors.get_set(M.load(), "cn"))
+    for name in PROFILES:
+        env = resolved(name)
+        yield name, env
+        yield f"{name} locked", with_constraints(env)
+        yield f"{name} --mirror cn", mirrors.apply_to_env(with_constraints(env), cn)
+    yield "driver", resolved("t4", driver="535.104.05")
+    yield "overrides", resolved("4090", with_=["flash-attn"], python="3.10", torch="2.4.0")
+    yield "warnings", resolved("p40", rollout="vllm", cuda="12.4", allow_unsupported=True)
+
+
+def test_every_resolved_environment_is_of_the_kinds_render_from_checks():
+    """matrix_schema.RESOLVED, checked whole (no key missing, none unknown): a key the resolver
+    starts to write must get its kind there, or every `render --from` of it is refused."""
+    from envbuilder import schema as S
+    from envbuilder.matrix_schema import RESOLVED
+
+    for label, env in resolved_variants():
+        data = json.loads(env.to_json())
+        S.check(data, RESOLVED, f"{label}: ")
+
+
+@pytest.mark.parametrize("path, value, named", [
+    (("profile",), "../../escaped", "profile"),
+    (("train", "model"), "Qwen/$(touch x)", "train.model"),
+    (("gpu", "name"), 'P40"""', "gpu.name"),
+    (("memory", "batch", "val_batch_size"), "8\nrm -rf ~", "memory.batch.val_batch_size"),
+    (("verl", "pins"), {"numpy; touch x": "1.0"}, "verl.pins"),
+    (("huggingface",), "https://hf.example/{x}", "huggingface"),
+    (("surprise",), {"a": ["x\nRUN y"]}, "surprise.a[0]"),
+])
+def test_a_spec_file_value_of_the_wrong_kind_is_refused_naming_its_key(path, value, named):
+    from envbuilder.resolve import ResolvedEnv
+
+    data = json.loads(resolved("p40").to_json())
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    with pytest.raises(UserError) as e:
+        ResolvedEnv.from_json(json.dumps(data), "edited.json")
+    assert f"edited.json: {named}" in str(e.value)
+
+
+def test_a_spec_file_from_an_older_envbuild_may_hold_keys_this_one_no_longer_writes():
+    from envbuilder.plan import with_constraints
+    from envbuilder.resolve import ResolvedEnv
+
+    data = json.loads(with_constraints(resolved("4090")).to_json())
+    data["constraints"]["order"] = ["torch", "verl-deps", "verl"]  # (dropped in 80dbd6c)
+    assert ResolvedEnv.from_json(json.dumps(data)).data["constraints"]["order"][0] == "torch"
+
+
+def test_a_spec_file_may_lack_keys_for_the_shape_check_to_name_them_all():
+    from envbuilder.resolve import ResolvedEnv
+
+    env = ResolvedEnv.from_json('{"schema_version": 1, "profile": "p40", "gpu": {"sm": 61}}')
+    assert env.name == "p40"
