@@ -88,7 +88,8 @@ LAZY_COMMANDS = {"build": "envbuilder.cli_build:build", "bake": "envbuilder.cli_
                  "lock": "envbuilder.cli_lock:lock",
                  "wheelhouse": "envbuilder.cli_wheelhouse:wheelhouse",
                  "detect": "envbuilder.cli_detect:detect", "doctor": "envbuilder.cli_detect:doctor",
-                 "verify": "envbuilder.cli_verify:verify"}
+                 "verify": "envbuilder.cli_verify:verify",
+                 "refresh": "envbuilder.cli_refresh:refresh"}
 
 
 class LazyGroup(click.Group):
@@ -393,7 +394,8 @@ def locked_context(env, locked_dir, all_, wheelhouse=None, mirror=None):
         if not (Path(wheelhouse) / "manifest.json").is_file():
             raise UserError(f"{wheelhouse} is not an envbuild wheelhouse (no manifest.json). Make "
                             f"one with `envbuild wheelhouse {env.name} -o {wheelhouse}`.")
-        return for_render(env, Path(wheelhouse) / "locks" / env.name, Path(wheelhouse), mirror)
+        return for_render(env, Path(wheelhouse) / "locks" / plain_name(env.name, "a profile"),
+                          Path(wheelhouse), mirror)
     if locked_dir == "-":
         return for_render(env, Path("lockfiles") / env.name, mirror=mirror)
     return for_render(env, Path(locked_dir) / env.name if all_ else Path(locked_dir), mirror=mirror)

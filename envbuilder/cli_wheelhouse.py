@@ -38,28 +38,6 @@ def _url_maps(values: tuple[str, ...]) -> list[tuple[str, str]]:
     return out
 
 
-def write_tar(out: Path) -> Path:
-    """OUT.tar beside OUT: sorted members, no owners or times, so the same files give the same bytes."""
-    import tarfile
-
-    tar_path = out.with_name(out.name + ".tar")
-    tmp = tar_path.with_name(f".{tar_path.name}.tmp")
-
-    def clean(info: tarfile.TarInfo) -> tarfile.TarInfo:
-        info.uid = info.gid = 0
-        info.uname = info.gname = ""
-        info.mtime = 0
-        return info
-
-    with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
-        for path in sorted(p for p in out.rglob("*") if not p.name.startswith(".")):
-            if ".partial" in path.relative_to(out).parts:
-                continue
-            tar.add(path, arcname=f"{out.name}/{path.relative_to(out)}", recursive=False, filter=clean)
-    tmp.replace(tar_path)
-    return tar_path
-
-
 @click.command()
 @click.argument("profiles", nargs=-1, required=True)
 @click.option("-o", "--out", type=click.Path(path_type=Path), required=True,
@@ -108,9 +86,9 @@ def wheelhouse(profiles, out, lock_dir, mirror, url_map, build_index_url, jobs, 
                                 f"{', '.join(m.profiles)}. Or pass --lock-dir for a lock elsewhere.")
     locks = {p: (lock_dir or Path("lockfiles") / p) for p in profiles}
     report = export(locks, out, url_map=maps, jobs=jobs, build_index=build_index_url,
-                    say=lambda s: click.echo(s, err=True))
+                    say=lambda s: click.echo(s, err=True), tar=make_tar)
     click.echo(f"wheelhouse {out}/: {report.files} file(s), {len(report.downloaded)} downloaded "
                f"({report.bytes_transferred / 1e6:.1f} MB), {len(report.skipped)} already there, "
                f"{len(report.built)} wheel(s) built from sdists")
-    if make_tar:
-        click.echo(f"packed {write_tar(out)}")
+    if report.tar:
+        click.echo(f"packed {report.tar}")

@@ -230,6 +230,9 @@ def build_wheel(sdist: Path, sha256: str, name: str, version: str, target: dict,
         + ("" if found else f"; no Python {want} here, so only a pure wheel will do"))
     scratch = dest / PARTIAL_DIR  # where fetch keeps its partial downloads; skipped by --tar
     scratch.mkdir(parents=True, exist_ok=True)
+    for stale in scratch.glob("build-*"):  # a killed export's build folder (ours, by its name;
+        if stale.is_dir() and not stale.is_symlink():  # one export at a time holds the lock)
+            shutil.rmtree(stale, ignore_errors=True)
     try:
         with tempfile.TemporaryDirectory(dir=scratch, prefix="build-") as tmp:
             wheel, build = _uv_build(sdist, sha256, Path(tmp), python, index, what)

@@ -20,24 +20,38 @@ URLs and sha256), so no resolver runs here. The Wheelhouse directory holds
                         built from and how); and what each profile uses
   install.sh            on the far side: pip --no-index --require-hashes --only-binary, conda
                         --offline
+  .envbuild-wheelhouse.lock  held (flock) by the one export writing here; made first, so that a
+                        directory an export was killed in is known as a wheelhouse and resumed
+
+A file enters manifest.json only once its bytes on disk hash right, and leaves it (and the
+index) when they no longer do: each export re-checks what the manifest lists. envbuild deletes
+only files it wrote here, by name, and never writes through a link.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import html
 import json
 import os
 import re
 import shutil
+import tempfile
+import time
 from pathlib import Path
 from typing import Callable, NamedTuple
 from urllib.parse import unquote, urlsplit
 
 from .errors import ActionError, UserError
 from .lock import lockfile as L
+from .quoting import sh
 
-MANIFEST = "manifest.json"
-FORMAT = 1
+MANIFEST = L.WHEELHOUSE_MANIFEST
+FORMAT = L.WHEELHOUSE_FORMAT
+LOCK = ".envbuild-wheelhouse.lock"
+WAIT_FOR_OTHER = 3600.0  # seconds an export waits for another one writing into the same place
 
 
 class Artifact(NamedTuple):
@@ -66,46 +80,39 @@ def normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _verified_text(lock_dir: Path, meta: dict, name: str) -> str:
-    try:
-        text = (lock_dir / name).read_text(encoding="utf-8")
-    except OSError:
-        raise UserError(f"{lock_dir / name} is missing; re-make the lock with `envbuild lock`.") from None
-    if L.sha256_text(text) != meta.get("files", {}).get(name):
-        raise UserError(f"{lock_dir / name} differs from what `envbuild lock` wrote (sha256); "
-                        "a wheelhouse exports only what a lock pinned. Re-lock.")
-    return text
+class LockPlan(NamedTuple):
+    meta: dict  # lock.json
+    artifacts: list[Artifact]
+    texts: dict[str, str]  # every file of the lock as it was verified, lock.json too
 
 
-def artifacts(lock_dir: Path) -> tuple[dict, list[Artifact]]:
-    """(lock.json, every file the lock pins with its URL and sha256)."""
+def artifacts(lock_dir: Path, profile: str | None = None) -> LockPlan:
+    """The lock in `lock_dir`, verified whole (lockfile.verified), with every file it pins: its
+    URL, sha256 and the path it gets in a wheelhouse (checked to stay inside it)."""
     from .lock.pip import load_toml
 
     lock_dir = Path(lock_dir)
-    meta = L.read_meta(lock_dir)
-    if meta is None:
-        raise UserError(f"No lock in {lock_dir} (no {L.META}). Make one with `envbuild lock "
-                        "PROFILE`, or pass --lock-dir where it is.")
+    meta, texts = L.verified(lock_dir, profile)
     out: list[Artifact] = []
-    if "pip" in meta.get("parts", []):
-        if L.PYLOCK not in meta.get("files", {}):
+    if "pip" in meta["parts"]:
+        if L.PYLOCK not in texts:
             raise UserError(f"The lock in {lock_dir} has no {L.PYLOCK} (made by an older envbuild), "
                             "so it names no file URLs. Re-lock with `envbuild lock`.")
-        for p in load_toml(_verified_text(lock_dir, meta, L.PYLOCK)).get("packages", []):
+        for p in load_toml(texts[L.PYLOCK])["packages"]:
             files = p.get("wheels") or ([p["sdist"]] if p.get("sdist") else [])
             if not files:
                 raise UserError(f"{lock_dir / L.PYLOCK}: {p['name']} has no file to download.")
             for f in files:
                 out.append(Artifact("pip", normalize(p["name"]), p["version"], f["url"],
                                     f["hashes"]["sha256"], f.get("size"), "pypi"))
-    if L.SOURCES in meta.get("files", {}):  # GitHub files the builder uses (apex, flash-attn)
-        for name, src in sorted(json.loads(_verified_text(lock_dir, meta, L.SOURCES)).items()):
+    if L.SOURCES in texts:  # GitHub files the builder uses (apex, flash-attn)
+        for name, src in sorted(json.loads(texts[L.SOURCES]).items()):
             out.append(Artifact("source", name, src.get("ref", ""), src["url"], src["sha256"],
                                 src.get("size"), "sources"))
-    if "conda" in meta.get("parts", []):
+    if "conda" in meta["parts"]:
         import yaml
 
-        doc = yaml.safe_load(_verified_text(lock_dir, meta, L.CONDA_LOCK))
+        doc = yaml.load(texts[L.CONDA_LOCK], Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
         for p in doc.get("package", []):
             if p.get("manager") != "conda":
                 continue
@@ -115,7 +122,15 @@ def artifacts(lock_dir: Path) -> tuple[dict, list[Artifact]]:
     if not out:
         raise UserError(f"The lock in {lock_dir} pins no packages (parts: "
                         f"{', '.join(meta.get('parts', [])) or 'none'}).")
-    return meta, out
+    for a in out:  # a name from a lock becomes a path here: it must stay where it belongs
+        size_ok = a.size is None or (isinstance(a.size, int) and a.size >= 0)
+        if not (L.wheelhouse_path(a.path) and L.plain_name(a.name) and size_ok
+                and (a.kind != "pip" or L.PIP_NAME.fullmatch(a.name))):
+            raise UserError(f"The lock in {lock_dir} pins {a.name[:60]!r} from {a.url[:120]}, "
+                            f"which would be stored as {a.path[:120]!r}: not a plain file name "
+                            "inside the wheelhouse (or a malformed size). envbuild never writes "
+                            "outside it; re-lock with `envbuild lock`.")
+    return LockPlan(meta, out, texts)
 
 
 def mirrored_urls(url: str, url_map: list[tuple[str, str]]) -> tuple[str, ...]:
@@ -125,40 +140,61 @@ def mirrored_urls(url: str, url_map: list[tuple[str, str]]) -> tuple[str, ...]:
 
 
 def _read_manifest(out: Path) -> dict:
+    doc = L.read_wheelhouse_manifest(out)  # every path checked to stay inside `out`
+    return doc if doc is not None else {"format": FORMAT, "files": {}, "profiles": {}}
+
+
+def _real_dir(out: Path, rel: str) -> Path:
+    """out/rel, made of real directories (made where missing). A link or a file on the way is
+    refused: envbuild never follows a name out of the wheelhouse."""
+    cur = out
+    for part in rel.split("/"):
+        cur = cur / part
+        if not cur.is_symlink() and not cur.exists():
+            cur.mkdir(exist_ok=True)
+        if cur.is_symlink() or not cur.is_dir():
+            raise UserError(f"{cur} is a symbolic link or a file where the wheelhouse keeps a "
+                            "directory; envbuild does not write through links. Move it away, or "
+                            "export into a new directory.")
+    return cur
+
+
+def _write_text(out: Path, rel: str, text: str, mode: int = 0o644) -> None:
+    """out/rel written whole or not at all (a temporary file renamed over it)."""
+    folder, _, name = rel.rpartition("/")
+    parent = _real_dir(out, folder) if folder else out
+    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{name}.")
     try:
-        doc = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return {"format": FORMAT, "files": {}, "profiles": {}}
-    except (OSError, json.JSONDecodeError) as e:
-        raise UserError(f"{out / MANIFEST} is unreadable ({e}); export into a new directory.") from None
-    if doc.get("format") != FORMAT:
-        raise UserError(f"{out / MANIFEST} is not an envbuild wheelhouse manifest of format {FORMAT}.")
-    return doc
-
-
-def _write_text(path: Path, text: str, mode: int = 0o644) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.chmod(mode)
-    os.replace(tmp, path)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, parent / name)  # (over a link, the link is replaced, not followed)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _simple_index(out: Path, files: dict) -> None:
-    """PEP 503 pages for every pip file in the manifest (regenerated whole each export)."""
+    """PEP 503 pages for every pip file in the manifest: each project's page rewritten, the
+    pages of projects no longer listed removed (only the index.html envbuild writes)."""
     projects: dict[str, list[str]] = {}
     for path, f in sorted(files.items()):
         if f["kind"] == "pip":
             projects.setdefault(f["name"], []).append(path)
-    simple = out / "simple"
-    if simple.exists():
-        shutil.rmtree(simple)
+    simple = _real_dir(out, "simple")
+    for folder in sorted(simple.iterdir()):
+        page = folder / "index.html"
+        if folder.name not in projects and folder.is_dir() and not folder.is_symlink() \
+                and page.is_file() and not page.is_symlink():
+            page.unlink()
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only when nothing else is in it
     links = "".join(f'    <a href="{html.escape(n)}/">{html.escape(n)}</a><br>\n' for n in projects)
-    _write_text(simple / "index.html", f"<!DOCTYPE html>\n<html><body>\n{links}</body></html>\n")
+    _write_text(out, "simple/index.html", f"<!DOCTYPE html>\n<html><body>\n{links}</body></html>\n")
     for name, paths in projects.items():
         body = "".join(f'    <a href="../../{html.escape(p)}#sha256={files[p]["sha256"]}">'
                        f'{html.escape(p.rsplit("/", 1)[-1])}</a><br>\n' for p in paths)
-        _write_text(simple / name / "index.html",
+        _write_text(out, f"simple/{name}/index.html",
                     f"<!DOCTYPE html>\n<html><body>\n{body}</body></html>\n")
 
 
@@ -195,8 +231,11 @@ if [ -z "$PROFILE" ]; then
   fi
   PROFILE="${PROFILES[0]}"
 fi
+case " ${PROFILES[*]} " in  # only a profile whose every file is here and hashes right
+  *" $PROFILE "*) ;;
+  *) echo "install.sh: no complete profile $PROFILE here (have: ${PROFILES[*]})" >&2; exit 2 ;;
+esac
 REQ="$HERE/requirements/$PROFILE.lock"
-[ -f "$REQ" ] || [ -f "$HERE/conda/$PROFILE.txt" ] || { echo "install.sh: no profile $PROFILE here (have: ${PROFILES[*]})" >&2; exit 2; }
 PREFIX="${PREFIX:-$HERE/env-$PROFILE}"
 PY=""
 if [ -x "$PREFIX/bin/python" ]; then
@@ -231,30 +270,108 @@ class ExportReport(NamedTuple):
     bytes_transferred: int
     files: int
     built: list[str] = []  # wheels built from sdists by this export (none when all were there)
+    tar: Path | None = None  # OUT.tar, when asked for
 
 
 def export(profiles: dict[str, Path], out: Path, *, url_map: list[tuple[str, str]] = (),
            jobs: int = 8, progress=None, session=None, build_index: str | None = None,
-           say: Callable[[str], None] = lambda m: None) -> ExportReport:
+           say: Callable[[str], None] = lambda m: None, tar: bool = False,
+           wait: float = WAIT_FOR_OTHER) -> ExportReport:
     """Fetch every file the locks of `profiles` ({name: lock dir}) pin into `out`, and build a
-    wheel from every sdist among them (its backend from `build_index`, else the lock's index)."""
-    from .fetch import FetchItem, fetch_all
-
+    wheel from every sdist among them (its backend from `build_index`, else the lock's index).
+    One export at a time writes into `out` (another one waits up to `wait` seconds); one that
+    was stopped (Ctrl-C, killed, a full disk) is resumed by the next. `tar`: also OUT.tar."""
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"{out} exists and is not a directory; pass -o a wheelhouse directory.")
-    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).exists():
-        raise UserError(f"{out} is not empty and is not a wheelhouse (no {MANIFEST}); pass -o a "
-                        "new or empty directory, or an existing wheelhouse.")
-    plans = {name: artifacts(lock_dir) for name, lock_dir in profiles.items()}
+    for name in profiles:
+        if not L.PROFILE_NAME.fullmatch(name):
+            raise UserError(f"{name[:80]!r} cannot be a profile of a wheelhouse: it names files "
+                            "there (requirements/NAME.lock, locks/NAME/) and a word of install.sh, "
+                            "so it is letters, digits, '.', '_', '+' and '-', starting with a "
+                            "letter or digit. Export it under a plain name.")
+    plans = {name: artifacts(lock_dir, name) for name, lock_dir in profiles.items()}
     wanted: dict[str, Artifact] = {}
-    for _, arts in plans.values():
-        for a in arts:
+    for plan in plans.values():
+        for a in plan.artifacts:
             other = wanted.setdefault(a.path, a)
             if other.sha256 != a.sha256:
                 raise UserError(f"Two locks pin {a.path} with different sha256 ({other.sha256} vs "
                                 f"{a.sha256}); export them into separate wheelhouses.")
+    with _exclusive(out, say, wait):
+        try:
+            report = _export_into(out, plans, wanted, url_map, jobs, progress, session,
+                                  build_index, say)
+            return report._replace(tar=write_tar(out)) if tar else report
+        except KeyboardInterrupt:
+            say(f"Interrupted: the export into {out} stopped. What arrived whole is kept, and "
+                "partial downloads stay in its .partial/ folders: run the same command again "
+                "to resume.")
+            raise
+        except OSError as e:  # writing the wheelhouse itself (a full disk, permissions)
+            raise _write_error(out, e, wanted) from None
+
+
+@contextlib.contextmanager
+def _exclusive(out: Path, say, wait: float):
+    """Hold `out`'s lock file (flock) while an export writes there: a second export into the
+    same directory waits, and gives up after `wait` seconds. The lock file is made before
+    anything else, so it also marks the directory as a wheelhouse (complete or not): an export
+    killed before it wrote manifest.json is resumed, not refused."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out} exists and is not a directory; pass -o a wheelhouse directory.")
+    if out.is_dir() and not (out / LOCK).exists() and not (out / MANIFEST).exists() \
+            and any(out.iterdir()):
+        raise UserError(f"{out} is not empty and is not a wheelhouse (no {MANIFEST}); pass -o a "
+                        "new or empty directory, or an existing wheelhouse.")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    except OSError as e:
+        raise _write_error(out, e, {}) from None
+    try:
+        if not _try_lock(fd):
+            holder = _holder(fd)
+            limit = f"{wait / 60:.0f} min" if wait >= 60 else f"{wait:g} s"
+            say(f"Another envbuild export{holder} is writing into {out}: waiting for it to "
+                f"finish (at most {limit}; Ctrl-C stops waiting).")
+            deadline = time.monotonic() + wait
+            while not _try_lock(fd):
+                if time.monotonic() >= deadline:
+                    raise ActionError(f"Another envbuild export{holder} has been writing into "
+                                      f"{out} for more than {wait:g} s, so this one did not "
+                                      "start. Let it finish (or stop it), then run this command "
+                                      "again; it resumes from what is there.")
+                time.sleep(0.2)
+        with contextlib.suppress(OSError):  # who holds it, for a waiting export's message
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # (releases the lock; a killed process's lock goes with it)
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
+def _holder(fd: int) -> str:
+    with contextlib.suppress(OSError, ValueError):
+        return f" (pid {int(os.pread(fd, 32, 0).decode().strip())})"
+    return ""
+
+
+def _export_into(out: Path, plans: dict[str, LockPlan], wanted: dict[str, Artifact], url_map,
+                 jobs: int, progress, session, build_index, say) -> ExportReport:
+    """export()'s work, while it holds `out`'s lock."""
+    from .fetch import FetchItem, fetch_all
+
     manifest = _read_manifest(out)
+    for folder in ("simple", "requirements", "locks", *(f"locks/{n}" for n in plans),
+                   *{a.subdir for a in wanted.values()}):
+        _real_dir(out, folder)  # a link planted in the wheelhouse is refused before any download
     for path, a in wanted.items():
         old = manifest["files"].get(path)
         if old and old["sha256"] != a.sha256:
@@ -265,37 +382,51 @@ def export(profiles: dict[str, Path], out: Path, *, url_map: list[tuple[str, str
         groups.setdefault(a.subdir, []).append(
             FetchItem(a.filename, a.sha256, mirrored_urls(a.url, list(url_map)), a.size))
     downloaded, skipped, nbytes, failures = [], [], 0, []
+    no_space = False
     for subdir, items in groups.items():
         say(f"{subdir}: {len(items)} file(s)")
         try:
-            report = fetch_all(items, out / subdir, jobs=jobs, progress=progress, session=session)
+            report = fetch_all(items, _real_dir(out, subdir), jobs=jobs, progress=progress,
+                               session=session)
         except ActionError as e:  # record what did arrive, then report the failure
             report = e.report
             failures.append(e)
+            no_space = bool(getattr(e, "no_space", False))
         downloaded += [f"{subdir}/{n}" for n in report.downloaded]
         skipped += [f"{subdir}/{n}" for n in report.skipped]
         nbytes += report.bytes_transferred
-    present = set(downloaded) | set(skipped)
+        if no_space:
+            break  # the other groups cannot land either
+    present = set(downloaded) | set(skipped)  # fetch checked their bytes on disk just now
     for path in sorted(present):
         a = wanted[path]
-        size = (out / path).stat().st_size
         manifest["files"][path] = {"kind": a.kind, "name": a.name, "version": a.version,
-                                   "size": size, "sha256": a.sha256}
-    wheels, built = _wheels_from_sdists(out, plans, present, manifest, build_index, failures, say)
-    for name, (meta, arts) in plans.items():
-        if name in wheels and all(a.path in present for a in arts):
-            manifest["profiles"][name] = {"input_sha256": meta["input_sha256"],
-                                          "files": sorted([a.path for a in arts]
+                                   "size": (out / path).stat().st_size, "sha256": a.sha256}
+    wheels, built = ({}, []) if no_space else \
+        _wheels_from_sdists(out, plans, present, manifest, build_index, failures, say)
+    _keep_only_valid(out, manifest, present | {p for w in wheels.values() for p in w.values()},
+                     say)
+    for name, plan in plans.items():
+        if name in wheels and all(a.path in present for a in plan.artifacts):
+            manifest["profiles"][name] = {"input_sha256": plan.meta["input_sha256"],
+                                          "files": sorted([a.path for a in plan.artifacts]
                                                           + list(wheels[name].values())),
                                           "built": wheels[name]}
-            _profile_files(out, name, Path(profiles[name]), meta, arts,
+            _profile_files(out, name, plan,
                            {n: manifest["files"][p]["sha256"] for n, p in wheels[name].items()})
+    for name, entry in sorted(manifest["profiles"].items()):  # complete, or not listed
+        if any(p not in manifest["files"] for p in entry["files"]):
+            del manifest["profiles"][name]
+            say(f"{name} is no longer complete here (a file it uses is missing or damaged): "
+                f"export {name} again")
     _simple_index(out, manifest["files"])
     if any(p.startswith("conda/") for p in present):
         _conda_index(out)
-    names = " ".join(sorted(manifest["profiles"]))
-    _write_text(out / "install.sh", INSTALL_SH.replace("__PROFILES__", names), 0o755)
-    _write_text(out / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    names = " ".join(map(sh, sorted(manifest["profiles"])))  # one bash word each, whatever the name
+    _write_text(out, "install.sh", INSTALL_SH.replace("__PROFILES__", names), 0o755)
+    _write_text(out, MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    if no_space:
+        raise _no_space(out, wanted)
     if len(failures) == 1:
         raise failures[0]
     if failures:
@@ -306,6 +437,71 @@ def export(profiles: dict[str, Path], out: Path, *, url_map: list[tuple[str, str
         {p for w in wheels.values() for p in w.values()}), built)
 
 
+def _keep_only_valid(out: Path, manifest: dict, checked: set[str], say) -> None:
+    """Drop from the manifest every file whose bytes on disk no longer hash right (and remove
+    the file: the manifest says envbuild wrote it, and its bytes are wrong). `checked`: the
+    paths this export verified already."""
+    from .fetch import sha256_file
+
+    for path, f in sorted(manifest["files"].items()):
+        if path in checked:
+            continue
+        file = out / path
+        try:
+            ok = file.is_file() and not file.is_symlink() and sha256_file(file) == f["sha256"]
+        except OSError:
+            ok = False
+        if not ok:
+            del manifest["files"][path]
+            say(f"{path} is missing or no longer hashes right: it leaves the manifest and the "
+                "index")
+            if file.is_file() and not file.is_symlink():
+                file.unlink()
+
+
+def _missing_bytes(out: Path, wanted: dict[str, Artifact]) -> tuple[int, int]:
+    """(bytes still to fetch for the files not here, less what their partial downloads hold;
+    how many of them have no size in the lock)."""
+    need = unknown = 0
+    for path, a in wanted.items():
+        if (out / path).is_file():
+            continue
+        if a.size is None:
+            unknown += 1
+            continue
+        partial = out / a.subdir / ".partial" / a.filename
+        need += max(a.size - (partial.stat().st_size if partial.is_file() else 0), 0)
+    return need, unknown
+
+
+def _no_space(out: Path, wanted: dict[str, Artifact]) -> ActionError:
+    from .fetch import human_size
+
+    need, unknown = _missing_bytes(out, wanted)
+    try:
+        free = shutil.disk_usage(out).free
+    except OSError:
+        free = 0
+    if need:
+        ask = (f"the files still missing need about {human_size(need)}"
+               + (f" (and {unknown} of a size the lock does not record)" if unknown else "")
+               + f". Free {human_size(max(need - free, 1 << 20))} or more there")
+    else:
+        ask = "Free space there"
+    return ActionError(f"No space left on {out} ({human_size(free)} free): {ask}, or choose "
+                       "another -o. Then run the same command again: the export resumes from "
+                       "what arrived (nothing that arrived is lost).")
+
+
+def _write_error(out: Path, e: OSError, wanted: dict[str, Artifact]) -> ActionError:
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return _no_space(out, wanted)
+    return ActionError(f"Cannot write the wheelhouse {out}: {e.strerror}"
+                       + (f" ({e.filename})" if e.filename else "") + ". Check "
+                       "the directory's permissions, then run the same command again: it resumes "
+                       "from what arrived.")
+
+
 def _wheels_from_sdists(out: Path, plans: dict, present: set[str], manifest: dict,
                         build_index: str | None, failures: list, say) -> tuple[dict, list[str]]:
     """A wheel for every sdist of every profile, fit for that profile's target: one already in
@@ -314,12 +510,12 @@ def _wheels_from_sdists(out: Path, plans: dict, present: set[str], manifest: dic
     built now]); a build's failure goes to `failures`, its profile stays incomplete."""
     from .wheelbuild import build_wheel, is_sdist
 
-    reserved = frozenset(p.rsplit("/", 1)[-1] for _, arts in plans.values() for p in
-                         (a.path for a in arts) if p.startswith("pypi/"))
+    reserved = frozenset(a.filename for plan in plans.values() for a in plan.artifacts
+                         if a.subdir == "pypi")
     wheels: dict[str, dict[str, str]] = {}
     built: list[str] = []
     failed: set[tuple] = set()  # (sdist, target) whose build failed in this run: not tried twice
-    for name, (meta, arts) in plans.items():
+    for name, (meta, arts, _) in plans.items():
         target = meta.get("target") or {}
         mine, complete = {}, True
         for a in arts:
@@ -385,32 +581,35 @@ def _forget_profiles_using(manifest: dict, path: str, sha256: str, keep: set[str
             say(f"{path} was rebuilt with other bytes: export {name} again to use it")
 
 
-def _profile_files(out: Path, name: str, lock_dir: Path, meta: dict, arts: list[Artifact],
-                   built: dict[str, str]) -> None:
+def _profile_files(out: Path, name: str, plan: LockPlan, built: dict[str, str]) -> None:
     """requirements/<profile>.lock, conda/<profile>.txt and locks/<profile>/ for one profile;
-    `built` ({package: sha256}) are the wheels that stand in for the lock's sdists."""
-    if "pip" in meta.get("parts", []):
+    `built` ({package: sha256}) are the wheels that stand in for the lock's sdists. Written from
+    the lock's texts as they were verified, not read again."""
+    meta, arts, texts = plan
+    if "pip" in meta["parts"]:
         from .lock.pip import replace_hashes
 
-        text = _verified_text(lock_dir, meta, L.REQUIREMENTS)
+        text = texts[L.REQUIREMENTS]
         if built:
             note = (f"# envbuild wheelhouse: {L.REQUIREMENTS} of {name}, with the sha256 of the "
                     f"wheel built here from each sdist ({', '.join(sorted(built))}) in place of "
                     "the sdist's\n")
             text = note + replace_hashes(text, {n: (f"sha256:{h}",) for n, h in built.items()})
-        _write_text(out / "requirements" / f"{name}.lock", text)
+        _write_text(out, f"requirements/{name}.lock", text)
     conda = [a for a in arts if a.kind == "conda"]
     if conda:
         lines = ["# envbuild wheelhouse: the conda part of " + name + " (install.sh makes the "
                  "paths absolute)", "@EXPLICIT"]
         lines += [f"./{a.path}#{_md5(out / a.path)}" for a in conda]
-        _write_text(out / "conda" / f"{name}.txt", "\n".join(lines) + "\n")
-    dest = out / "locks" / name
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-    for f in sorted(meta.get("files", {})) + [L.META]:
-        shutil.copy2(lock_dir / f, dest / f)
+        _write_text(out, f"conda/{name}.txt", "\n".join(lines) + "\n")
+    # locks/<profile>/: the lock's files, and no file of an earlier lock it no longer has (only
+    # lock file names are ever removed there)
+    dest = _real_dir(out, f"locks/{name}")
+    for f in L.FILES:
+        if f not in texts and (dest / f).is_file() and not (dest / f).is_symlink():
+            (dest / f).unlink()
+    for f, text in sorted(texts.items()):
+        _write_text(out, f"locks/{name}/{f}", text)
 
 
 def _md5(path: Path) -> str:
@@ -421,3 +620,26 @@ def _md5(path: Path) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def write_tar(out: Path) -> Path:
+    """OUT.tar beside OUT: sorted members, no owners or times, so the same files give the same
+    bytes. Hidden files (the lock file, temporary files) and partial downloads stay out."""
+    import tarfile
+
+    tar_path = out.with_name(out.name + ".tar")
+    tmp = tar_path.with_name(f".{tar_path.name}.tmp")
+
+    def clean(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        info.mtime = 0
+        return info
+
+    with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
+        for path in sorted(p for p in out.rglob("*") if not p.name.startswith(".")):
+            if ".partial" in path.relative_to(out).parts:
+                continue
+            tar.add(path, arcname=f"{out.name}/{path.relative_to(out)}", recursive=False, filter=clean)
+    tmp.replace(tar_path)
+    return tar_path

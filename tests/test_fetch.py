@@ -167,3 +167,73 @@ def test_terminal_progress_on_a_tty_redraws_one_line(tmp_path):
         fetch([item_for(WHEEL, DATA, srv.url(WHEEL))], tmp_path, progress=TerminalProgress(out))
     assert "\r1/1 files" in out.getvalue()
     assert out.getvalue().count("\n") == 1
+
+
+# ---- faults that never end: an endless body, a stall, a stop ----------------------------------
+
+def test_a_body_longer_than_the_locked_size_is_cut_off_and_removed(tmp_path):
+    from faultserver import FaultServer
+
+    with FaultServer({WHEEL: DATA}, default="endless") as srv:
+        with pytest.raises(ActionError) as caught:
+            fetch([item_for(WHEEL, DATA, srv.url(WHEEL), size=len(DATA))], tmp_path)
+        sent = srv.sent_endless
+    assert f"more than the {len(DATA)} bytes the lock records" in str(caught.value)
+    assert not (tmp_path / WHEEL).exists() and not (tmp_path / ".partial" / WHEEL).exists()
+    assert sent < 16 << 20  # it stopped reading; the server would have sent 64 MiB
+
+
+def test_a_body_of_no_recorded_size_is_cut_off_at_the_cap(tmp_path, monkeypatch):
+    from envbuilder import fetch as F
+    from faultserver import FaultServer
+
+    monkeypatch.setattr(F, "MAX_UNSIZED", 1 << 20)
+    with FaultServer({WHEEL: DATA}, default="endless") as srv:
+        with pytest.raises(ActionError) as caught:
+            fetch([item_for(WHEEL, DATA, srv.url(WHEEL))], tmp_path)
+    assert f"more than the {1 << 20} bytes any file here may have" in str(caught.value)
+    assert not (tmp_path / ".partial" / WHEEL).exists()
+
+
+def test_a_stalled_download_is_reported_off_a_tty_and_then_completes(tmp_path):
+    import threading
+
+    from faultserver import FaultServer
+
+    out = io.StringIO()
+    with FaultServer({WHEEL: DATA}, script={WHEEL: ["stall"]}) as srv:
+        threading.Timer(2.5, srv.release.set).start()
+        fetch([item_for(WHEEL, DATA, srv.url(WHEEL))], tmp_path, progress=TerminalProgress(out),
+              stall_notice=1.0)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == f"waiting for {WHEEL} from 127.0.0.1:{srv.port}: no bytes for 1 s"
+    assert lines[1].endswith("no bytes for 2 s")
+    assert lines[-1].startswith("fetched 1,")
+    assert (tmp_path / WHEEL).read_bytes() == DATA
+
+
+def test_ctrl_c_stops_a_stalled_download_at_once_and_keeps_its_partial(tmp_path):
+    """Ctrl-C while a mirror hangs mid-body: fetch_all returns (raising) within a second,
+    starts no other file, and leaves the partial to resume from."""
+    import time
+
+    from faultserver import FaultServer
+
+    others = {f"other{i}.whl": DATA for i in range(4)}
+    stopped = []
+
+    def ctrl_c(event):
+        if event.kind == "stalled" and not stopped:
+            stopped.append(time.monotonic())
+            raise KeyboardInterrupt
+
+    with FaultServer({WHEEL: DATA, **others}, script={WHEEL: ["stall"]}) as srv:
+        items = [item_for(WHEEL, DATA, srv.url(WHEEL))] + \
+            [item_for(n, d, srv.url(n)) for n, d in others.items()]
+        with pytest.raises(KeyboardInterrupt):
+            fetch(items, tmp_path, jobs=1, progress=ctrl_c, stall_notice=0.3)
+        took = time.monotonic() - stopped[0]
+        assert [r.path for r in srv.log] == [f"/{WHEEL}"]  # no other file started
+    assert took < 1.5
+    assert 0 < (tmp_path / ".partial" / WHEEL).stat().st_size < len(DATA)
+    assert not (tmp_path / WHEEL).exists()

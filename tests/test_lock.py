@@ -367,6 +367,56 @@ def test_check_all_lists_every_profile(p40_lock, tmp_path, capsys):
     assert "p40: ok" in out and "4090: missing" in out and "h200: missing" in out
 
 
+def _truncate(name: str, resign: bool):
+    def damage(lock: Path) -> None:
+        path = lock / name
+        path.write_text(path.read_text()[: len(path.read_text()) // 2])
+        if resign:  # a careless hand edit that re-signs lock.json over the damage
+            meta = json.loads((lock / "lock.json").read_text())
+            meta["files"][name] = hashlib.sha256(path.read_text().encode()).hexdigest()
+            (lock / "lock.json").write_text(json.dumps(meta))
+    return damage
+
+
+def _edit_a_hash(lock: Path) -> None:
+    path = lock / "requirements.lock"
+    text = path.read_text()
+    i = text.index("--hash=sha256:") + len("--hash=sha256:")
+    path.write_text(text[:i] + ("1" if text[i] == "0" else "0") + text[i + 1:])
+
+
+def _list_outside(lock: Path) -> None:
+    meta = json.loads((lock / "lock.json").read_text())
+    meta["files"]["../outside.lock"] = "0" * 64
+    (lock / "lock.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("damage, words", [
+    (_truncate("pylock.toml", resign=False), "modified: pylock.toml"),
+    (_truncate("pylock.toml", resign=True), "pylock.toml does not parse"),
+    (_truncate("conda-lock.yml", resign=True), "conda-lock.yml"),
+    (_edit_a_hash, "modified: requirements.lock"),
+    (lambda lock: (lock / "requirements.lock").unlink(), "missing:"),
+    (_list_outside, "'../outside.lock', which is no lock file"),
+], ids=["truncated-pylock", "truncated-pylock-resigned", "truncated-conda-lock-resigned",
+        "edited-hash", "missing-requirements", "listed-outside"])
+def test_check_render_and_wheelhouse_refuse_a_damaged_lock_alike(p40_lock, tmp_path, capsys,
+                                                                 damage, words):
+    """One integrity check of a lock directory (lockfile.integrity) for all three readers: each
+    file lock.json lists hashes right and parses, each locked part has its file."""
+    lock = tmp_path / "lock"
+    shutil.copytree(p40_lock, lock)
+    damage(lock)
+    rc, out, err = envbuild(capsys, "lock", "p40", "--check", "-o", lock)
+    assert rc == 1 and words in out, out + err
+    rc, _, err = envbuild(capsys, "render", "p40", "--locked", lock, "-o", tmp_path / "out")
+    assert rc == 2 and words in err and "Re-lock" in err, err
+    assert "Traceback" not in err and "internal error" not in err
+    rc, _, err = envbuild(capsys, "wheelhouse", "p40", "--lock-dir", lock, "-o", tmp_path / "wh")
+    assert rc == 2 and words in err, err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "wh").exists()
+
+
 # ---- errors ----------------------------------------------------------------------------------
 
 def test_unsatisfiable_cuda_names_the_package_and_the_virtual_package(world, tmp_path, capsys):

@@ -222,3 +222,20 @@ def test_a_build_index_that_is_no_url_is_bad_input(p40_lock, tmp_path, capsys):
                             tmp_path / "wh", "--build-index-url", "pypi.org/simple")
     assert code == 2 and "is not an index URL" in err and "Traceback" not in err
     assert not (tmp_path / "wh").exists()
+
+
+def test_render_with_a_wheelhouse_whose_manifest_leads_outside_is_refused(exported, tmp_path, capsys):
+    """A path in manifest.json becomes a file of the build context: one that climbs out of
+    pypi/ would have render write over a file outside its output directory."""
+    wh = tmp_path / "wh"
+    shutil.copytree(exported, wh)
+    victim = tmp_path / "victim.whl"  # (a wheel's name: not taken for an sdist to build)
+    victim.write_text("keep me\n")
+    manifest = json.loads((wh / "manifest.json").read_text())
+    crafted, first = "pypi/../../victim.whl", next(p for p in manifest["files"] if p.startswith("pypi/"))
+    manifest["files"][crafted] = manifest["files"][first]
+    manifest["profiles"]["p40"]["files"].append(crafted)
+    (wh / "manifest.json").write_text(json.dumps(manifest))
+    code, _, err = envbuild(capsys, "render", "p40", "--wheelhouse", wh, "-o", tmp_path / "out")
+    assert code == 2 and "manifest.json is not as envbuild wrote it" in err, err
+    assert victim.read_text() == "keep me\n" and not (tmp_path / "out").exists()

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
+import stat
 from pathlib import Path
 
 from ..errors import UserError
@@ -21,6 +24,11 @@ SOURCES = "sources.lock"  # where apex or flash-attn is built: GitHub files' URL
 IMAGES = "images.lock"
 # part -> the file that holds it ("sources" only where apex or flash-attn is built)
 PARTS = {"conda": CONDA_LOCK, "pip": REQUIREMENTS, "sources": SOURCES, "images": IMAGES}
+FILES = (CONDA_LOCK, REQUIREMENTS, PYLOCK, SOURCES, IMAGES)  # all that lock.json may list
+MAX_FILE = 256 << 20  # far above any real lock file (a big conda-lock.yml is ~1 MiB)
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_URL = re.compile(r"https?://[^\s\"'`$\\]+")  # no space, quote or shell character
+_FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 
 
 def has_sources(env: ResolvedEnv) -> bool:
@@ -82,17 +90,25 @@ def dumps(obj) -> str:
 
 
 def read_meta(lock_dir: Path) -> dict | None:
+    return _read_meta(Path(lock_dir))[0]
+
+
+def _read_meta(lock_dir: Path) -> tuple[dict | None, str]:
+    """(lock.json, its text), (None, "") when there is none; UserError when it is no lock.json."""
+    text, why = _read_bounded(lock_dir / META)
+    if text is None and why.startswith("missing:"):
+        return None, ""
     try:
-        meta = json.loads((Path(lock_dir) / META).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, json.JSONDecodeError) as e:
-        raise UserError(f"{Path(lock_dir) / META} is unreadable ({e}). Re-create it with "
-                        "`envbuild lock`.") from None
+        meta = json.loads(text) if text is not None else None
+    except ValueError as e:
+        why = str(e)
+    if text is None or why:
+        raise UserError(f"{lock_dir / META} is unreadable ({why}). Re-create it with "
+                        "`envbuild lock`.")
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise UserError(f"{Path(lock_dir) / META} is not an envbuild lock of format {FORMAT}. "
+        raise UserError(f"{lock_dir / META} is not an envbuild lock of format {FORMAT}. "
                         "Re-create it with `envbuild lock`.")
-    return meta
+    return meta, text
 
 
 def _stale(env: ResolvedEnv, meta: dict, parts) -> list[str]:
@@ -113,31 +129,162 @@ def _stale(env: ResolvedEnv, meta: dict, parts) -> list[str]:
 def problems(env: ResolvedEnv, lock_dir: Path, parts=tuple(PARTS)) -> list[str]:
     """Why the lock in `lock_dir` is not current for `env` (empty when it is). No network.
     A part is stale when what its solver sees changed (solver_inputs), never for a template
-    or a matrix fact the solution does not depend on."""
+    or a matrix fact the solution does not depend on; a lock is damaged when a file it lists
+    does not hash right or does not parse (integrity)."""
     lock_dir = Path(lock_dir)
-    meta = read_meta(lock_dir)
+    meta, _, damaged = integrity(lock_dir)
     if meta is None:
         return [f"missing: no {lock_dir / META}"]
     parts = parts_for(env, parts)
     out = _stale(env, meta, parts)
     for part in parts:
-        name = PARTS[part]
         if part not in meta.get("parts", []):
-            out.append(f"incomplete: {name} was not locked (made with --only "
+            out.append(f"incomplete: {PARTS[part]} was not locked (made with --only "
                        f"{','.join(meta.get('parts', []))})")
-            continue
-        try:
-            text = (lock_dir / name).read_text(encoding="utf-8")
-        except OSError:
-            out.append(f"missing: {lock_dir / name}")
-            continue
-        if sha256_text(text) != meta.get("files", {}).get(name):
-            out.append(f"modified: {name} differs from what `envbuild lock` wrote (sha256)")
+    out += damaged
     if "pip" in meta.get("parts", []) and "pip" in parts:
         for name in [PYLOCK]:
             if name not in meta.get("files", {}):
                 out.append(f"incomplete: no {name} (made by an older envbuild; re-lock)")
     return out
+
+
+def integrity(lock_dir: Path) -> tuple[dict | None, dict[str, str], list[str]]:
+    """(lock.json, {name: text} of it and of the files it lists, why the directory is not as
+    `envbuild lock` wrote it); lock.json None: there is no lock. The one check of a lock
+    directory, which `lock --check`, `render --locked` and `wheelhouse` all use: every file
+    lock.json lists is a lock file's name, present, and hashes to what lock.json recorded;
+    each locked part has its file; each file parses as what it is, and the three copies of the
+    pip pins agree (so a hand edit that re-signed lock.json, or a half-written file, fails)."""
+    lock_dir = Path(lock_dir)
+    meta, meta_text = _read_meta(lock_dir)
+    if meta is None:
+        return None, {}, [f"missing: no {lock_dir / META}"]
+    listed, parts = meta.get("files"), meta.get("parts")
+    if not isinstance(listed, dict) or not isinstance(parts, list):
+        return meta, {}, [f"unreadable: {META} has no `files` table or no `parts` list"]
+    out: list[str] = []
+    texts: dict[str, str] = {META: meta_text}
+    for part in parts:
+        if part not in PARTS:
+            out.append(f"unreadable: {META} names a part {str(part)[:40]!r} envbuild does not know")
+        elif PARTS[part] not in listed:
+            out.append(f"incomplete: {META} lists no {PARTS[part]} for its {part} part")
+    for name, digest in sorted(listed.items()):
+        if name not in FILES:  # also keeps a name like ../x from leading out of the directory
+            out.append(f"unreadable: {META} lists {str(name)[:80]!r}, which is no lock file")
+            continue
+        text, why = _read_bounded(lock_dir / name)
+        if text is None:
+            out.append(why)
+        elif not isinstance(digest, str) or sha256_text(text) != digest:
+            out.append(f"modified: {name} differs from what `envbuild lock` wrote (sha256)")
+        else:
+            texts[name] = text
+    for name, text in texts.items():
+        why = _unparsable(name, text)
+        if why:
+            out.append(f"unreadable: {name} {why}")
+    if not out and PYLOCK in texts:  # the pip pins, written thrice in one run, agree
+        from .pip import load_toml, normalize, parse
+
+        files = {(normalize(p["name"]), p["version"]) for p in load_toml(texts[PYLOCK])["packages"]}
+        copies = {REQUIREMENTS: lambda t: {(n, e.version) for n, e in parse(t).items()},
+                  CONDA_LOCK: _conda_lock_pip_pins}
+        for name, pins_of in copies.items():
+            pins = pins_of(texts[name]) if name in texts else files
+            if pins != files:
+                out.append(f"modified: {name} and {PYLOCK} pin different pip packages "
+                           f"({', '.join(f'{n} {v}' for n, v in sorted(pins ^ files)[:5])})")
+    return meta, texts, out
+
+
+def _conda_lock_pip_pins(text: str) -> set[tuple[str, str]]:
+    import yaml
+
+    doc = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    return {(p["name"], str(p["version"])) for p in doc["package"] if p["manager"] == "pip"}
+
+
+def verified(lock_dir: Path, profile: str | None = None) -> tuple[dict, dict[str, str]]:
+    """(lock.json, {name: text} of its files) of an intact lock (integrity), or an exit-2
+    paragraph saying what is wrong with it."""
+    lock_dir = Path(lock_dir)
+    meta, texts, damaged = integrity(lock_dir)
+    if meta is None:
+        raise UserError(f"No lock in {lock_dir} (no {META}). Make one with `envbuild lock "
+                        f"{profile or 'PROFILE'}`, or pass the directory where it is.")
+    if damaged:
+        raise UserError(f"The lock in {lock_dir} is not as `envbuild lock` wrote it: "
+                        f"{'; '.join(damaged[:5])}"
+                        + (f"; and {len(damaged) - 5} more" if len(damaged) > 5 else "")
+                        + ". envbuild uses a lock only whole and unedited (an edit is a different "
+                        f"lock). Re-lock with `envbuild lock {profile or 'PROFILE'}`.")
+    return meta, texts
+
+
+def _read_bounded(path: Path) -> tuple[str | None, str]:
+    """(text, "") of a regular UTF-8 file of at most MAX_FILE bytes, or (None, why not)."""
+    try:
+        with open(path, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return None, f"unreadable: {path} is not a regular file"
+            data = f.read(MAX_FILE + 1)
+    except FileNotFoundError:
+        return None, f"missing: {path}"
+    except OSError as e:
+        return None, f"unreadable: {path}: {e.strerror}"
+    if len(data) > MAX_FILE:
+        return None, f"unreadable: {path} is over {MAX_FILE >> 20} MiB: no file envbuild wrote"
+    try:
+        return data.decode("utf-8"), ""
+    except UnicodeDecodeError:
+        return None, f"unreadable: {path} is not UTF-8 text"
+
+
+def _unparsable(name: str, text: str) -> str | None:
+    """Why a lock file's text is not what its name says, or None: the shape its readers rely
+    on (every pin hashed, every file a URL and a sha256), so none of them meets a KeyError."""
+    try:
+        if name == REQUIREMENTS:
+            from .pip import parse
+
+            pins = parse(text)
+            unhashed = sorted(n for n, e in pins.items() if not e.hashes)
+            if not pins:
+                return "pins no package"
+            if unhashed:
+                return f"pins {', '.join(unhashed[:5])} without a sha256"
+        elif name == PYLOCK:
+            from .pip import load_toml
+
+            for p in load_toml(text)["packages"]:
+                files = list(p.get("wheels") or []) + ([p["sdist"]] if p.get("sdist") else [])
+                if not (isinstance(p["name"], str) and isinstance(p["version"], str)) or not all(
+                        isinstance(f["url"], str) and _SHA256.fullmatch(f["hashes"]["sha256"])
+                        for f in files):
+                    return f"has an entry for {str(p['name'])[:40]} without a URL and sha256"
+        elif name == CONDA_LOCK:
+            import yaml
+
+            loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+            for p in yaml.load(text, Loader=loader)["package"]:
+                if not (isinstance(p["name"], str) and p["manager"] in ("conda", "pip")
+                        and isinstance(p["url"], str) and isinstance(p["hash"], dict)):
+                    return f"has an entry for {str(p['name'])[:40]} without a URL and hash"
+        elif name == SOURCES:  # its URLs and names go into the Dockerfile and the wheelhouse
+            for key, src in json.loads(text).items():
+                if not (_URL.fullmatch(src["url"]) and _SHA256.fullmatch(src["sha256"])
+                        and _FILE_NAME.fullmatch(src.get("filename", "x"))):
+                    return f"has an entry {str(key)[:40]!r} without a plain URL, name and sha256"
+        elif name == IMAGES:
+            for ref, image in json.loads(text).items():
+                if not re.fullmatch(r"sha256:[0-9a-f]{64}", image["digest"]):
+                    return f"has no sha256 digest for {str(ref)[:80]}"
+    except Exception as e:  # whatever a truncated or garbled file raises in its parser
+        detail = str(e).splitlines()[0][:120] if str(e) else ""
+        return f"does not parse ({type(e).__name__}: {detail})"
+    return None
 
 
 def write_dir(lock_dir: Path, files: dict[str, str]) -> None:
@@ -158,10 +305,7 @@ def for_render(env: ResolvedEnv, lock_dir: Path, wheelhouse: Path | None = None,
     from .pip import layer_files
 
     lock_dir = Path(lock_dir)
-    meta = read_meta(lock_dir)
-    if meta is None:
-        raise UserError(f"No lock in {lock_dir} (no {META}). Make it with `envbuild lock "
-                        f"{env.name}`, or pass --locked DIR where it is.")
+    meta, lock_texts = verified(lock_dir, env.name)
     stale = _stale(env, meta, parts_for(env, ("pip", "sources") if wheelhouse is not None
                                         else tuple(PARTS)))
     if stale:
@@ -192,11 +336,7 @@ def for_render(env: ResolvedEnv, lock_dir: Path, wheelhouse: Path | None = None,
             raise UserError(f"The lock in {lock_dir} pins no {' or '.join(_sourced(env))} (no "
                             f"{SOURCES}; made by an older envbuild, or with --only without "
                             f"sources). Re-lock with `envbuild lock {env.name}`.")
-        text = (lock_dir / name).read_text(encoding="utf-8")
-        if sha256_text(text) != meta.get("files", {}).get(name):
-            raise UserError(f"{lock_dir / name} differs from what `envbuild lock` wrote; "
-                            f"re-lock with `envbuild lock {env.name}`.")
-        texts[name] = text
+        texts[name] = lock_texts[name]  # (verified: each locked part has its file)
     images = json.loads(texts[IMAGES]) if IMAGES in texts else {}
     pinned = {}
     for role, ref in sorted(env.data["cuda"]["images"].items()):
@@ -241,19 +381,18 @@ def wheelhouse_files(env: ResolvedEnv,
                      wheelhouse: Path) -> tuple[dict[str, Path], dict[str, tuple[str, ...]]]:
     """({build-context path: wheelhouse file} for the pip files the profile needs, {package:
     ("sha256:..." of the wheel built from its sdist,)})."""
-    try:
-        manifest = json.loads((wheelhouse / "manifest.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        raise UserError(f"{wheelhouse} is not an envbuild wheelhouse (no readable manifest.json). "
-                        f"Make one with `envbuild wheelhouse {env.name} -o {wheelhouse}`.") from None
-    profile = manifest.get("profiles", {}).get(env.name)
+    manifest = read_wheelhouse_manifest(wheelhouse)
+    if manifest is None:
+        raise UserError(f"{wheelhouse} is not an envbuild wheelhouse (no {WHEELHOUSE_MANIFEST}). "
+                        f"Make one with `envbuild wheelhouse {env.name} -o {wheelhouse}`.")
+    profile = manifest["profiles"].get(env.name)
     if profile is None:
         raise UserError(f"The wheelhouse {wheelhouse} holds no complete export of {env.name} "
-                        f"(it has: {', '.join(manifest.get('profiles', {})) or 'none'}). Run "
+                        f"(it has: {', '.join(manifest['profiles']) or 'none'}). Run "
                         f"`envbuild wheelhouse {env.name} -o {wheelhouse}`.")
     from ..wheelbuild import is_sdist
 
-    built, files = profile.get("built") or {}, manifest.get("files", {})
+    built, files = profile.get("built") or {}, manifest["files"]
     unbuilt = sorted(f["name"] for p, f in files.items()
                      if p in profile["files"] and f.get("kind") == "pip" and is_sdist(p)
                      and f.get("name") not in built)
@@ -262,12 +401,14 @@ def wheelhouse_files(env: ResolvedEnv,
                         "sdists only (exported by an older envbuild), which an offline build "
                         "cannot build. Export it again with `envbuild wheelhouse "
                         f"{env.name} -o {wheelhouse}`: that builds them into wheels.")
-    if any(p not in files or p not in profile["files"] for p in built.values()):
-        raise UserError(f"{wheelhouse / 'manifest.json'} names built wheels of {env.name} it does "
+    if any(p not in files for p in profile["files"]) or \
+            any(p not in profile["files"] for p in built.values()):
+        raise UserError(f"{wheelhouse / WHEELHOUSE_MANIFEST} names files of {env.name} it does "
                         f"not list; export it again with `envbuild wheelhouse {env.name} -o "
                         f"{wheelhouse}`.")
     hashes = {name: (f"sha256:{files[p]['sha256']}",) for name, p in built.items()}
-    # pip files flat (pip's --find-links), source archives under sources/
+    # pip files flat (pip's --find-links), source archives under sources/ (every path was
+    # checked to be pypi/NAME or sources/NAME: none leads out of the build context)
     links = {}
     for p in profile["files"]:
         if p.startswith("pypi/"):
@@ -275,3 +416,84 @@ def wheelhouse_files(env: ResolvedEnv,
         elif p.startswith("sources/"):
             links["wheelhouse/" + p] = wheelhouse / p
     return links, hashes
+
+
+# ---- a wheelhouse's manifest.json: the one reader (`wheelhouse` and `render --wheelhouse`) ----
+
+WHEELHOUSE_MANIFEST = "manifest.json"
+WHEELHOUSE_FORMAT = 1
+KINDS = ("pip", "conda", "source")
+PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")  # a file name and a shell word
+PIP_NAME = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")  # PEP 503's normalized form
+
+
+def plain_name(name) -> bool:
+    """A name that stays in its directory: no separator, not '.' or '..', not hidden."""
+    return (isinstance(name, str) and name != "" and not name.startswith(".")
+            and "/" not in name and "\\" not in name and name.isprintable())
+
+
+def wheelhouse_path(path) -> bool:
+    """Whether `path` is where a wheelhouse keeps a file: pypi/NAME, sources/NAME or
+    conda/SUBDIR/NAME, each part plain, so that joined to the wheelhouse it stays inside."""
+    if not isinstance(path, str):
+        return False
+    parts = path.split("/")
+    shape = (len(parts) == 2 and parts[0] in ("pypi", "sources")) or \
+        (len(parts) == 3 and parts[0] == "conda")
+    return shape and all(plain_name(p) for p in parts[1:])
+
+
+def read_wheelhouse_manifest(wheelhouse: Path) -> dict | None:
+    """manifest.json of `wheelhouse` (None when there is none), every path in it checked to stay
+    inside the wheelhouse and every entry to have the shape envbuild writes; UserError (exit 2)
+    otherwise, since everything that reads it joins its paths to directories and writes."""
+    path = Path(wheelhouse) / WHEELHOUSE_MANIFEST
+    text, why = _read_bounded(path)
+    if text is None and why.startswith("missing:"):
+        return None
+    doc = None
+    if text is not None:
+        try:
+            doc = json.loads(text)
+        except ValueError as e:
+            why = f"not JSON: {e}"
+    if not isinstance(doc, dict):
+        raise UserError(f"{path} is not an envbuild wheelhouse manifest "
+                        f"({why or 'not a JSON object'}). Export into a new directory with "
+                        "`envbuild wheelhouse PROFILE -o NEWDIR`.")
+    bad = _manifest_problem(doc)
+    if bad:
+        raise UserError(f"{path} is not as envbuild wrote it: {bad}. envbuild writes only "
+                        "files inside the wheelhouse there, so it was edited or made by something "
+                        "else; nothing was done with it. Export into a new directory with "
+                        "`envbuild wheelhouse PROFILE -o NEWDIR`.")
+    return doc
+
+
+def _manifest_problem(doc: dict) -> str | None:
+    if doc.get("format") != WHEELHOUSE_FORMAT:
+        return f"its format is {str(doc.get('format'))[:20]!r}, not {WHEELHOUSE_FORMAT}"
+    files, profiles = doc.get("files"), doc.get("profiles")
+    if not isinstance(files, dict) or not isinstance(profiles, dict):
+        return "it has no `files` or no `profiles` table"
+    for path, f in files.items():
+        if not wheelhouse_path(path):
+            return f"it lists a file at {path[:80]!r}, which is not a wheelhouse path"
+        if not (isinstance(f, dict) and f.get("kind") in KINDS and plain_name(f.get("name"))
+                and (f["kind"] != "pip" or PIP_NAME.fullmatch(f["name"]))
+                and isinstance(f.get("version"), str) and isinstance(f.get("size"), int)
+                and isinstance(f.get("sha256"), str) and _SHA256.fullmatch(f["sha256"])):
+            return f"its entry for {path[:80]!r} is malformed"
+        src = f.get("built_from")
+        if src is not None and not (isinstance(src, dict) and wheelhouse_path(src.get("path"))):
+            return f"its entry for {path[:80]!r} was built from no wheelhouse path"
+    for name, p in profiles.items():
+        if not PROFILE_NAME.fullmatch(name):
+            return f"it names a profile {name[:80]!r}, which is not a plain profile name"
+        built = (p.get("built") or {}) if isinstance(p, dict) else None
+        if not (isinstance(p, dict) and isinstance(p.get("files"), list)
+                and all(wheelhouse_path(x) for x in p["files"]) and isinstance(built, dict)
+                and all(isinstance(k, str) and wheelhouse_path(v) for k, v in built.items())):
+            return f"its profile {name!r} lists paths that are not wheelhouse paths"
+    return None
