@@ -126,7 +126,7 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
                                 f"(tried {', '.join(candidates)}). Check your network or add a "
                                 "mirror set to your config.")
         say(f"--mirror auto chose {name!r}")
-    choice, build_args = None, {}
+    choice, build_args, credentials = None, {}, ""
     if name:
         body = M.get_set(m, name)
         healthy = M.health(M.probe(body))
@@ -137,15 +137,14 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
         picks = B.pick_registries(name, body, list(env.data["cuda"]["images"].values()),
                                   healthy, say)
         choice = M.choice(name, body, healthy)._replace(registries=picks)
-        # indexes and downloads reach the build as build args: a mirror's credentials then stay
-        # out of the rendered envbuild.json that the image carries
-        build_args = choice.build_args(env.data)
-        if wheelhouse:  # the wheelhouse's own files, never an index
-            build_args = {k: v for k, v in build_args.items() if k not in B.NETWORK_ARGS}
+        # the rendered files point at the mirror (its endpoints without credentials: the
+        # image's envbuild.json and ENV HF_ENDPOINT name the same mirror); credentials reach the
+        # RUN steps as a secret only (a wheelhouse build uses its own files, never an index)
+        credentials = choice.credentials_env(env.data, B.NETWORK_ARGS if wheelhouse else ())
     locked = locked_context(env, None, False, wheelhouse, choice) if wheelhouse else None
     env = with_constraints(env)
     if choice:
-        env = M.apply_to_env(env, M.MirrorChoice(name, picks))  # the image references only
+        env = M.apply_to_env(env, choice)
     files = render_files(env, locked)
     links = (locked or {}).get("links")
     registry = registry_for(push_to, (m.defaults or {}).get("registry_local", "localhost:5000")) if push_to else None
@@ -156,11 +155,21 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
 
         write_dir(keep_context, files, links)
         context = keep_context
+    secret_dir = None
+    if credentials:  # a private file for the one build (BuildKit mounts it on tmpfs per step)
+        import tempfile
+
+        secret_dir = Path(tempfile.mkdtemp(prefix="envbuild-secret-"))
+        (secret_dir / "endpoints").write_text(credentials)
+        (secret_dir / "endpoints").chmod(0o600)
+        secrets = dict(secrets, endpoints=secret_dir / "endpoints")
     try:
         result = B.build(context, tag, build_args, secrets, B.default_echo(verbose), say)
     finally:
         if keep_context is None:
             shutil.rmtree(context.parent, ignore_errors=True)
+        if secret_dir is not None:
+            shutil.rmtree(secret_dir, ignore_errors=True)
     say(f"built {result.image}")
     if smoke:
         say(B.smoke(client, result.image, smoke_command()).strip())

@@ -3,9 +3,10 @@
 A mirror set is data (matrices/mirrors.yaml plus the user's config). Choosing endpoints makes a
 `MirrorChoice` (one endpoint per kind); applying a choice to a resolved environment
 (`apply_to_env`) gives the mirrored environment that render, lock and build use: its image
-references, indexes, channels and download URLs point at the mirror. `build` picks each registry
-endpoint that serves the base images before it builds, and passes the index and download
-endpoints as build args (a mirror's credentials stay out of the files the image carries).
+references, indexes, channels and download URLs point at the mirror, without any credentials.
+`build` picks each registry endpoint that serves the base images before it builds, and hands the
+endpoints that carry credentials to the RUN steps as a BuildKit secret (never a build arg, which
+`docker history` shows, nor a file the image carries).
 """
 
 from __future__ import annotations
@@ -44,25 +45,39 @@ class MirrorChoice(NamedTuple):
             return ref
         return f"{host}/{repository}{parsed.reference}"
 
-    def build_args(self, d: dict) -> dict[str, str]:
-        """Build args that point the rendered Dockerfile at this choice's endpoints."""
-        args = {}
+    def endpoints(self, d: dict) -> dict[str, str]:
+        """The endpoints a build's RUN steps use, by the variable the Dockerfile reads them
+        from, as the set names them (credentials included)."""
+        out = {}
         if self.pypi:
-            args["PIP_INDEX_URL"] = self.pypi
+            out["PIP_INDEX_URL"] = self.pypi
         if self.pytorch and d["indexes"].get("torch"):
-            args["TORCH_INDEX_URL"] = self.pytorch.format(variant=d["torch"]["variant"])
-        if self.huggingface:
-            args["HF_ENDPOINT"] = self.huggingface
+            out["TORCH_INDEX_URL"] = self.pytorch.format(variant=d["torch"]["variant"])
         if self.apt:
-            args["APT_MIRROR"] = self.apt
+            out["APT_MIRROR"] = self.apt
         if self.github and d.get("apex"):
-            args["APEX_URL"] = github_url(d["apex"]["url"], self.github)
-        if self.github and d.get("flash_attn"):  # an ARG of the builder stage only: not in history
-            args["FLASH_ATTN_RELEASE"] = github_url(d["flash_attn"]["release"], self.github)
-        return args
+            out["APEX_URL"] = github_url(d["apex"]["url"], self.github)
+        if self.github and d.get("flash_attn"):
+            out["FLASH_ATTN_RELEASE"] = github_url(d["flash_attn"]["release"], self.github)
+        return out
+
+    def credentials_env(self, d: dict, skip: tuple[str, ...] = ()) -> str:
+        """The endpoints that carry user:password@, as a shell file the image's RUN steps
+        source from a BuildKit secret (id=endpoints): the rendered files and the image name
+        them without the credentials, and no build arg (which `docker history` shows) holds them."""
+        import shlex
+
+        lines = [f"export {var}={shlex.quote(url)}\n" for var, url in sorted(self.endpoints(d).items())
+                 if var not in skip and url != without_credentials(url)]
+        return "".join(lines)
 
 
 USERINFO = re.compile(r"(://)[^/@\s]*@")  # user:password@ in a URL
+
+
+def without_credentials(url: str) -> str:
+    """`url` without its user:password@ (what files, labels and the image may name)."""
+    return USERINFO.sub(r"\1", url)
 
 
 def redacted(endpoint: str) -> str:
@@ -84,21 +99,25 @@ def apply_to_env(env, mirror: MirrorChoice):
 
     from .resolve import ResolvedEnv
 
+    # every endpoint without its credentials: what the files (and the image's envbuild.json)
+    # name; `envbuild build` hands the credentials to RUN steps as a secret (credentials_env)
+    bare = without_credentials
     d = copy.deepcopy(env.data)
     d["cuda"]["images"] = {role: mirror.image(ref) for role, ref in d["cuda"]["images"].items()}
     if mirror.pypi:
-        d["indexes"]["pypi"] = mirror.pypi
+        d["indexes"]["pypi"] = bare(mirror.pypi)
     if mirror.pytorch and d["indexes"]["torch"]:
-        d["indexes"]["torch"] = d["torch"]["index_url"] = mirror.pytorch.format(variant=d["torch"]["variant"])
+        d["indexes"]["torch"] = d["torch"]["index_url"] = bare(mirror.pytorch.format(variant=d["torch"]["variant"]))
     if mirror.huggingface:
-        d["huggingface"] = mirror.huggingface
-    conda = mirror.conda or {}
+        d["huggingface"] = bare(mirror.huggingface)
+    conda = {ch: bare(url) for ch, url in (mirror.conda or {}).items() if url}
     d["conda_channels"] = [conda.get(ch) or ch for ch in d["conda_channels"]]
     if d.get("apex") and mirror.github:
-        d["apex"]["url"] = github_url(d["apex"]["url"], mirror.github)
+        d["apex"]["url"] = bare(github_url(d["apex"]["url"], mirror.github))
     if d.get("flash_attn") and mirror.github:
-        d["flash_attn"]["release"] = github_url(d["flash_attn"]["release"], mirror.github)
-    d["mirror"] = {"name": mirror.name, "apt": mirror.apt, "conda_nvidia": conda.get("nvidia")}
+        d["flash_attn"]["release"] = bare(github_url(d["flash_attn"]["release"], mirror.github))
+    d["mirror"] = {"name": mirror.name, "apt": bare(mirror.apt) if mirror.apt else mirror.apt,
+                   "conda_nvidia": conda.get("nvidia")}
     return ResolvedEnv(d)
 
 

@@ -176,6 +176,12 @@ def config(tmp_path_factory, index, github, fa_github):
                             registries={"docker.io": [REGISTRY]},
                             github=[fa_github.url("").rstrip("/").replace(
                                 "http://", f"http://envbuild:{FA_TOKEN}@")]),
+            # the package index (and HF endpoint) through URLs that carry credentials
+            "test-cred": dict(body, description="loopback mirror behind credentials",
+                              registries={"docker.io": [REGISTRY]},
+                              pypi=[index.replace("http://", f"http://envbuild:{INDEX_TOKEN}@")],
+                              pytorch=[index.replace("http://", f"http://envbuild:{INDEX_TOKEN}@")],
+                              huggingface=[f"http://envbuild:{INDEX_TOKEN}@127.0.0.1:9/hf"]),
             "nowhere": dict(body, description="registries that answer but lack the images",
                             registries={"docker.io": [f"{REGISTRY}/empty", closed]}),
             "offline": {"description": "no package index, no GitHub: all point at a closed port",
@@ -190,6 +196,7 @@ def config(tmp_path_factory, index, github, fa_github):
 
 
 FA_TOKEN = "fa-" + os.urandom(6).hex()  # a credential in the GitHub prefix: never in the image
+INDEX_TOKEN = "ix-" + os.urandom(6).hex()  # a credential in the index URLs: never in the image
 
 
 def envbuild(args, config, **env):
@@ -447,3 +454,22 @@ def test_a_bake_target_builds_with_exactly_the_args_its_file_gives(docker_client
     assert rc == 0, log[-3000:]
     assert "smoke ok: p40" in B.smoke(docker_client, t["tags"][0], smoke_command())
     docker_client.images.remove(t["tags"][0], force=True)
+
+
+def test_a_mirrors_credentials_reach_the_build_but_no_layer_history_or_file(docker_client, config):
+    """An index URL with user:password@ used to be a build arg, which `docker history` shows, and
+    the image's HF_ENDPOINT (a build arg too) disagreed with its /etc/envbuild.json. Now the
+    files name the mirror without credentials and the credentials reach RUN steps as a secret."""
+    tag = "envbuild-test/p40:cred"
+    r = envbuild(["build", "p40", "--mirror", "test-cred", "--without", "apex", "--no-smoke",
+                  "--tag", tag, "-v"], config)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert INDEX_TOKEN not in r.stderr + r.stdout
+    assert INDEX_TOKEN not in _history(docker_client, tag)
+    assert not _layers_contain(docker_client, tag, INDEX_TOKEN.encode())
+    spec = json.loads(docker_client.containers.run(tag, ["cat", "/etc/envbuild.json"], remove=True,
+                                                   network_mode="host"))
+    env = dict(e.split("=", 1) for e in docker_client.images.get(tag).attrs["Config"]["Env"])
+    assert env["HF_ENDPOINT"] == spec["huggingface"] == "http://127.0.0.1:9/hf"
+    assert spec["indexes"]["pypi"].startswith("http://127.0.0.1:")  # the mirror, bare
+    docker_client.images.remove(tag, force=True)

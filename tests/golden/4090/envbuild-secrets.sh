@@ -10,3 +10,9 @@ fi
 if [ -s /run/secrets/pip_conf ]; then
   export PIP_CONFIG_FILE=/run/secrets/pip_conf
 fi
+# A mirror's endpoints that carry credentials (envbuild build writes this file: `export VAR='...'`
+# lines for PIP_INDEX_URL, TORCH_INDEX_URL, APT_MIRROR, APEX_URL, FLASH_ATTN_RELEASE): they override
+# the credential-free ARG defaults for this step only and never reach a layer or `docker history`.
+if [ -s /run/secrets/endpoints ]; then
+  . /run/secrets/endpoints
+fi
