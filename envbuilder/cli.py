@@ -403,7 +403,7 @@ def locked_context(env, locked_dir, all_, wheelhouse=None, mirror=None):
 
 # Optional dependencies -> the extra that installs them (pyproject.toml's optional-dependencies).
 EXTRAS = {"docker": "actions", "requests": "actions", "pynvml": "actions", "rattler": "lock",
-          "conda_lock": "lock", "uv": "lock", "tomli": "lock"}
+          "conda_lock": "lock", "uv": "lock", "tomli": "lock", "packaging": "actions"}
 
 
 def main(argv=None):

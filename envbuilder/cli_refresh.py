@@ -1,0 +1,332 @@
+"""`envbuild refresh`: the matrix against PyPI's JSON API, and the fetching it needs (loads only
+when used; requests is imported inside). The comparison itself is envbuilder/refresh.py.
+
+Per release, the metadata comes from `/pypi/<name>/<version>/json`; where an index serves only
+the project page (`/pypi/<name>/json`, as some mirrors and proxies do), from the release's
+wheel: its `*.dist-info/METADATA`, read with HTTP range requests (a few hundred KB of a
+400 MB wheel: the zip's directory and that one member), as pip's lazy wheel does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+from pathlib import Path
+
+import click
+
+from .cli import load_matrix, matrix_dir_option
+from .errors import ActionError, UserError
+
+DEFAULT_INDEX = "https://pypi.org"
+MAX_PROJECT_BYTES = 64 << 20  # ray's project page is 1.5 MB
+MAX_METADATA_BYTES = 4 << 20
+MAX_WHEEL_READ_BYTES = 64 << 20  # what a zip directory and one METADATA can take of a wheel
+WORKERS = 8
+
+
+def _index_url(ctx, param, value):
+    value = (value or DEFAULT_INDEX).strip()
+    if not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", value):
+        raise click.BadParameter(f"{value!r} is not an http(s) URL. Pass the root of an index "
+                                 f"that serves PyPI's JSON API, e.g. {DEFAULT_INDEX}.")
+    value = value.rstrip("/")
+    return value[: -len("/simple")] if value.endswith("/simple") else value
+
+
+@click.command()
+@click.option("--index-url", default=DEFAULT_INDEX, show_default=True, callback=_index_url,
+              metavar="URL", help="Root of PyPI's JSON API (<URL>/pypi/<name>/json); a trailing "
+              "/simple is dropped.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
+@click.option("--write-overlay", "overlay_dir", type=click.Path(path_type=Path), metavar="DIR",
+              help="Write DIR/refresh.yaml: a --matrix-dir overlay of the mechanical fixes, the "
+                   "rest as a commented TODO report, for review. matrices/ is never edited.")
+@click.option("--newest", default=3, show_default=True, type=click.IntRange(0, 50),
+              help="Read the metadata of this many of the newest releases past the matrix's "
+                   "(torch, vllm, verl, flash-attn); older new ones are listed by version only.")
+@click.option("--timeout", default=30.0, show_default=True, type=click.FloatRange(1, 600),
+              help="Seconds to wait for each answer of the index.")
+@matrix_dir_option
+def refresh(index_url, as_json, overlay_dir, newest, timeout, matrix_dirs):
+    """What PyPI says now about torch, vllm, verl, flash-attn, transformers and ray, against the
+    matrix: new releases, changed pins, contradicted facts. Prints the drift; edits nothing."""
+    from . import refresh as R
+
+    import importlib.util
+
+    if importlib.util.find_spec("packaging") is None:  # (PyPI's requirement strings)
+        raise UserError("envbuild refresh reads PyPI's requirement strings (PEP 508) with the "
+                        "'packaging' package, which is not installed here. Install it: "
+                        "`pip install packaging`.")
+    if overlay_dir is not None:
+        _check_overlay_dir(Path(overlay_dir), matrix_dirs)
+    m = load_matrix(matrix_dirs)
+    index = PyPIJson(index_url, timeout)
+    say = (lambda text: None) if as_json else (lambda text: click.echo(text, err=True))
+    say(f"reading {index_url}/pypi/<name>/json for {', '.join(R.PACKAGES)} ...")
+    projects = index.projects(R.PACKAGES)
+    wanted = R.wanted_metadata(m, projects, newest)
+    say(f"reading the metadata of {sum(map(len, wanted.values()))} releases ...")
+    metadata = index.metadata_of(wanted, projects)
+    report = {"index": index_url, **R.compare(m, projects, metadata, where=m.where)}
+    if overlay_dir is not None:
+        path = _write_overlay(Path(overlay_dir), R.overlay_text(report, m, _sources_of(m)),
+                              matrix_dirs)
+        report["overlay"] = str(path)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    click.echo(R.text(report), nl=False)
+    if overlay_dir is not None:
+        click.echo(f"overlay: {report['overlay']} (review it; use it with --matrix-dir "
+                   f"{overlay_dir})")
+
+
+# -- the overlay file ------------------------------------------------------------------------
+
+def _check_overlay_dir(folder: Path, matrix_dirs) -> None:
+    from . import refresh as R
+    from .paths import data_dir
+
+    shipped = data_dir("matrices").resolve()
+    target = folder.resolve()
+    if target == shipped or shipped in target.parents:
+        raise UserError(f"--write-overlay {folder} is envbuild's own matrices folder: refresh "
+                        "never edits the shipped matrix. Pass another folder (e.g. "
+                        "--write-overlay refresh) and fold reviewed facts into matrices/ by hand.")
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"--write-overlay {folder} exists and is not a folder. Pass a folder: "
+                        "refresh writes refresh.yaml into it.")
+    existing = folder / "refresh.yaml"
+    if existing.is_symlink() or (existing.exists() and not existing.is_file()):
+        raise UserError(f"{existing} is not a regular file; refresh writes only a file of its "
+                        "own there. Remove it or pass another folder.")
+    if existing.is_file():
+        with open(existing, encoding="utf-8", errors="replace") as f:
+            head = f.read(len(R.OVERLAY_HEADER))
+        if head != R.OVERLAY_HEADER:
+            raise UserError(f"{existing} exists and was not written by envbuild refresh (it "
+                            f"does not start with {R.OVERLAY_HEADER!r}); refresh overwrites only "
+                            "its own file. Move it away or pass another folder.")
+
+
+def _sources_of(m):
+    """(section, key) -> its file's `sources:` map, to write a copied record's sources as URLs."""
+    from .limits import load_yaml, read_text_bounded
+
+    cache: dict[str, dict] = {}
+
+    def sources(section: str, key: str) -> dict:
+        path = m.origin.get((section, key))
+        if not path:
+            return {}
+        if path not in cache:
+            doc = load_yaml(read_text_bounded(Path(path), "matrix file"), path) or {}
+            cache[path] = doc.get("sources") or {}
+        return cache[path]
+
+    return sources
+
+
+def _write_overlay(folder: Path, text: str, matrix_dirs) -> Path:
+    """Write folder/refresh.yaml after checking that the matrix loads with it (a copy that the
+    schema refuses would be a bug of refresh's, not a fact to review)."""
+    import shutil
+    import tempfile
+
+    from . import matrix
+
+    folder.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=".refresh-", dir=folder))
+    try:
+        (stage / "refresh.yaml").write_text(text, encoding="utf-8")
+        matrix._load(matrix.matrix_files((*map(Path, matrix_dirs), stage)))
+        os.replace(stage / "refresh.yaml", folder / "refresh.yaml")
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return folder / "refresh.yaml"
+
+
+# -- PyPI's JSON API -----------------------------------------------------------------------------
+
+class PyPIJson:
+    """GETs on `<index>/pypi/<name>/json` and `<index>/pypi/<name>/<version>/json`, with the
+    retries of the registry client; an index that does not answer is an exit-1 paragraph."""
+
+    def __init__(self, base: str, timeout: float):
+        self.base, self.timeout = base, timeout
+        self._local = threading.local()
+
+    def session(self):
+        s = getattr(self._local, "session", None)
+        if s is None:
+            from .registry import session
+
+            s = self._local.session = session()
+            s.headers["User-Agent"] = "envbuild-refresh"
+        return s
+
+    def _get(self, url: str, limit: int, headers: dict | None = None):
+        """(status, body bytes); network failures raise requests' exceptions."""
+        with self.session().get(url, timeout=self.timeout, stream=True,
+                                headers=headers or {}) as r:
+            if r.status_code >= 400:
+                return r.status_code, b""
+            body = bytearray()
+            for chunk in r.iter_content(1 << 16):
+                body += chunk
+                if len(body) > limit:
+                    raise ValueError(f"{url} answered more than {limit >> 20} MB")
+            return r.status_code, bytes(body)
+
+    def projects(self, names) -> dict[str, dict]:
+        import requests
+
+        out = {}
+        for name in names:
+            url = f"{self.base}/pypi/{name}/json"
+            try:
+                status, body = self._get(url, MAX_PROJECT_BYTES)
+            except (requests.RequestException, ValueError) as e:
+                raise ActionError(f"{self.base} does not answer for {name} ({_why(e)}): envbuild "
+                                  f"refresh reads PyPI's JSON API there ({url}). Check the "
+                                  "network and proxy settings (HTTPS_PROXY), or pass --index-url "
+                                  "an index that serves that API (PyPI itself, or a mirror that "
+                                  "does, such as devpi).") from None
+            if status == 404:
+                raise ActionError(f"{url} answered 404: {self.base} serves no JSON API page for "
+                                  f"{name}. --index-url takes the root of PyPI's JSON API "
+                                  f"({DEFAULT_INDEX}), not a simple index; pass one that serves "
+                                  "/pypi/<name>/json.")
+            if status >= 400:
+                raise ActionError(f"{url} answered HTTP {status}: the index refused the JSON API "
+                                  "request. Try again later, or pass another --index-url.")
+            try:
+                doc = json.loads(body)
+                if not isinstance(doc, dict) or not isinstance(doc.get("releases"), dict):
+                    raise ValueError("no `releases` mapping")
+            except ValueError as e:
+                raise ActionError(f"{url} is not PyPI's project JSON ({_why(e)}): the index "
+                                  "answered something else (a login page, a proxy's error?). "
+                                  "Pass --index-url the root of PyPI's JSON API.") from None
+            out[name] = doc
+        return out
+
+    def metadata_of(self, wanted: dict[str, list[str]], projects: dict) -> dict:
+        from concurrent.futures import ThreadPoolExecutor
+
+        jobs = [(pkg, v) for pkg, versions in wanted.items() for v in versions]
+        with ThreadPoolExecutor(WORKERS) as pool:
+            got = list(pool.map(lambda job: self.metadata(*job, projects[job[0]]), jobs))
+        out: dict[str, dict] = {}
+        for (pkg, v), md in zip(jobs, got):
+            out.setdefault(pkg, {})[v] = md
+        return out
+
+    def metadata(self, name: str, version: str, project: dict) -> dict:
+        """{"requires_python", "requires_dist", "from"}, or {"error": why}."""
+        import requests
+
+        url = f"{self.base}/pypi/{name}/{version}/json"
+        try:
+            status, body = self._get(url, MAX_METADATA_BYTES * 4)
+        except (requests.RequestException, ValueError) as e:
+            raise ActionError(f"{url} did not answer ({_why(e)}) after the project pages did: "
+                              "the index or the network failed midway. Run refresh again; pass "
+                              "--timeout more seconds on a slow link.") from None
+        if status < 400:
+            try:
+                info = json.loads(body)["info"]
+                return {"requires_python": info.get("requires_python") or None,
+                        "requires_dist": info.get("requires_dist") or [], "from": url}
+            except (ValueError, KeyError, TypeError) as e:
+                return {"error": f"{url} is not PyPI's release JSON ({_why(e)})"}
+        if status != 404:
+            return {"error": f"{url} answered HTTP {status}"}
+        return self.from_wheel(name, version, project)
+
+    def from_wheel(self, name: str, version: str, project: dict) -> dict:
+        import requests
+
+        files = (project.get("releases") or {}).get(version) or []
+        wheels = [f for f in files if str(f.get("filename", "")).endswith(".whl") and f.get("url")]
+        if not wheels:
+            return {"error": "no per-release JSON at this index (404) and no wheel to read "
+                    "METADATA from (PyPI has only its sdist)"}
+        wheel = min(wheels, key=lambda f: (not re.search(r"linux.*x86_64|none-any", f["filename"]),
+                                           f["filename"]))
+        from urllib.parse import urljoin
+
+        url = urljoin(f"{self.base}/pypi/{name}/json", wheel["url"])
+        try:
+            text = _wheel_metadata(self, url, wheel.get("size"))
+        except (requests.RequestException, ValueError, OSError, KeyError) as e:
+            return {"error": f"no per-release JSON at this index (404), and the METADATA of "
+                    f"{wheel['filename']} could not be read ({_why(e)})"}
+        import email.parser
+
+        msg = email.parser.Parser().parsestr(text, headersonly=True)
+        return {"requires_python": msg.get("Requires-Python") or None,
+                "requires_dist": msg.get_all("Requires-Dist") or [],
+                "from": f"{wheel['filename']} METADATA (no per-release JSON at this index)"}
+
+
+class _RangeFile:
+    """A remote file as zipfile reads it: every read one HTTP range request."""
+
+    def __init__(self, index: PyPIJson, url: str, size: int):
+        self.index, self.url, self.size, self.pos, self.fetched = index, url, size, 0, 0
+
+    def seekable(self):
+        return True
+
+    def tell(self):
+        return self.pos
+
+    def seek(self, offset, whence=0):
+        self.pos = {0: offset, 1: self.pos + offset, 2: self.size + offset}[whence]
+        return self.pos
+
+    def read(self, n=-1):
+        end = self.size if n is None or n < 0 else min(self.size, self.pos + n)
+        if end <= self.pos:
+            return b""
+        self.fetched += end - self.pos
+        if self.fetched > MAX_WHEEL_READ_BYTES:
+            raise ValueError(f"reading its METADATA took more than {MAX_WHEEL_READ_BYTES >> 20} MB")
+        with self.index.session().get(self.url, timeout=self.index.timeout, stream=True,
+                                      headers={"Range": f"bytes={self.pos}-{end - 1}"}) as r:
+            if r.status_code != 206:
+                raise ValueError(f"the file server answered HTTP {r.status_code} to a range "
+                                 "request (no partial reads: not downloading the whole wheel)")
+            data = r.raw.read(end - self.pos + 1, decode_content=True)
+        if len(data) != end - self.pos:
+            raise ValueError(f"a range request returned {len(data)} bytes, not {end - self.pos}")
+        self.pos = end
+        return data
+
+
+def _wheel_metadata(index: PyPIJson, url: str, size: int | None) -> str:
+    import zipfile
+
+    if not size:
+        r = index.session().head(url, timeout=index.timeout, allow_redirects=True)
+        size = int(r.headers.get("Content-Length") or 0)
+        if r.status_code >= 400 or not size:
+            raise ValueError(f"HEAD answered HTTP {r.status_code} without a length")
+    with zipfile.ZipFile(_RangeFile(index, url, int(size))) as z:  # type: ignore[arg-type]
+        names = [n for n in z.namelist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)]
+        if len(names) != 1:
+            raise ValueError(f"{len(names)} *.dist-info/METADATA members")
+        info = z.getinfo(names[0])
+        if info.file_size > MAX_METADATA_BYTES:
+            raise ValueError(f"METADATA is {info.file_size} bytes")
+        return z.read(info).decode("utf-8", errors="replace")
+
+
+def _why(e: Exception) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return f"{type(e).__name__}: {text[:300]}"

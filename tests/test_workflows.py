@@ -1,0 +1,64 @@
+"""The GitHub workflows: each validates against the workflow schema (check-jsonschema's built-in
+copy, offline; actionlint is not installable here), a deliberately broken copy does not, and
+the CI workflow does what the README promises: render and lint every profile on pull requests,
+run the README's test command, and bake and push the matrix on main and tags."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+WORKFLOWS = sorted((Path(__file__).resolve().parent.parent / ".github" / "workflows").glob("*.yml"))
+
+
+def check_jsonschema() -> str:
+    exe = Path(sys.executable).parent / "check-jsonschema"
+    if not exe.exists():
+        if os.environ.get("CI") == "true":
+            pytest.fail("check-jsonschema is not installed (the test extra lists it)")
+        pytest.skip("check-jsonschema is not installed: pip install check-jsonschema")
+    return str(exe)
+
+
+def validate(path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([check_jsonschema(), "--builtin-schema", "vendor.github-workflows",
+                           str(path)], capture_output=True, text=True, timeout=120)
+
+
+def test_the_workflows_are_there():
+    assert {p.name for p in WORKFLOWS} >= {"ci.yml", "lock.yml", "refresh.yml"}
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_every_workflow_validates(path):
+    r = validate(path)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_broken_workflow_does_not_validate(tmp_path):
+    doc = yaml.safe_load(WORKFLOWS[0].read_text())
+    job = next(iter(doc["jobs"].values()))
+    job["runs-on"] = {"not": ["a", "runner"]}
+    job["steps"] = "not a list"
+    broken = tmp_path / "broken.yml"
+    broken.write_text(yaml.safe_dump(doc))
+    assert validate(broken).returncode != 0
+
+
+def test_ci_renders_lints_tests_and_bakes_the_matrix():
+    doc = yaml.safe_load((WORKFLOWS[0].parent / "ci.yml").read_text())
+    on = doc[True]  # (YAML 1.1 reads the key `on` as true)
+    assert "pull_request" in on and on["push"]["branches"] == ["main"] and on["push"]["tags"]
+    runs = {name: "\n".join(s.get("run", "") for s in job["steps"]) for name, job in doc["jobs"].items()}
+    assert "envbuild render --all" in runs["render-and-lint"] and "hadolint" in runs["render-and-lint"]
+    assert "bash tests/run.sh" in runs["tests"]  # the README's second command, nothing else
+    images = doc["jobs"]["images"]
+    assert images["if"] == "github.event_name == 'push'"
+    assert "envbuild bake --all" in runs["images"]
+    bake = [s for s in images["steps"] if str(s.get("uses", "")).startswith("docker/bake-action@")]
+    assert bake and bake[0]["with"]["push"] is True and bake[0]["with"]["files"] == "docker-bake.hcl"
