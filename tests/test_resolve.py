@@ -476,3 +476,11 @@ def test_a_spec_file_may_lack_keys_for_the_shape_check_to_name_them_all():
 
     env = ResolvedEnv.from_json('{"schema_version": 1, "profile": "p40", "gpu": {"sm": 61}}')
     assert env.name == "p40"
+
+
+def test_vllm_0_7_3_is_refused_beside_verls_ray_pins():
+    """vLLM 0.7.3 pins ray[adag]==2.40.0; verl 0.4.1/0.5.0 pin ray 2.46.0/2.47.1 (found by
+    `envbuild refresh` on PyPI's metadata; uv refuses the pair). The resolver used to accept it."""
+    v = violations("t4", verl="0.5.0", torch="2.5.1", vllm="0.7.3")
+    assert "shared-dependency" in v
+    assert "vllm==0.7.3 needs ray[default]==2.40.0" in v["shared-dependency"].text()
