@@ -302,12 +302,9 @@ def render(profile, all_, from_, out, locked_dir, wheelhouse, mirror, force, ove
     if from_:
         text = read_input_file(Path(from_), "--from file")
         env = ResolvedEnv.from_json(text, str(from_))
-        m = load_matrix(matrix_dirs)
-        # the shape the resolver writes, from the shipped profiles: a file that lost keys or
-        # changed their kinds is named here, before any template reads it
-        problems = env.shape_problems([resolve(m, name) for name in m.profiles
-                                       if name in ("p40", "t4", "h200")] or
-                                      [resolve(m, next(iter(m.profiles)))])
+        # the shape the resolver writes (its field spec): a file that lost keys or changed
+        # their kinds is named here, before any template reads it
+        problems = env.shape_problems()
         if problems:
             profile = env.data.get("profile", "PROFILE")
             raise UserError(f"{from_} is not an envbuild resolved environment as this envbuild "

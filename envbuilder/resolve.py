@@ -153,33 +153,55 @@ class ResolvedEnv:
                             "(envbuild render PROFILE).") from None
         return cls(data)
 
-    def shape_problems(self, references: list["ResolvedEnv"]) -> list[str]:
-        """Where this environment (read from a file) differs in shape from what the resolver
-        writes: a key the references all have is missing, or holds another kind of value. Two
-        levels deep (the records; maps such as verl.pins may hold any keys)."""
+    def shape_problems(self) -> list[str]:
+        """Where this environment (read from a file) differs in shape from the resolved
+        environment's field spec (matrix_schema.RESOLVED, the one description of its type): every
+        required key that is missing, every value of another kind, all at once."""
+        from . import schema as S
+        from .matrix_schema import RESOLVED
+
         kinds = {dict: "an object", list: "a list", str: "a string", bool: "true/false",
                  int: "a number", float: "a number"}
 
-        def kind(value) -> str | None:
-            return None if value is None else kinds.get(type(value), type(value).__name__)
+        def want(spec) -> set[str]:
+            if isinstance(spec, tuple):
+                return want(spec[0])
+            if isinstance(spec, (dict, S.MapOf, S.Tree)):
+                return {"an object"}
+            if isinstance(spec, S.ListOf):
+                return {"a list"}
+            if spec in (int, float):
+                return {"a number"}
+            if spec is bool:
+                return {"true/false"}
+            if isinstance(spec, S.OneOf):
+                return {kinds.get(type(c), "a string") for c in spec.choices}
+            return {"a string"}  # (the text kinds)
 
-        def compare(data: dict, refs: list[dict], where: str, depth: int) -> list[str]:
+        def walk(data: dict, spec: dict, where: str) -> list[str]:
             out = []
-            for key in sorted(set.intersection(*(set(r) for r in refs))):
-                if key not in data:
-                    out.append(f"{where}{key} is missing")
+            for key, sub in spec.items():
+                if key == "*":
                     continue
-                want = {kind(r[key]) for r in refs} - {None}
-                got = kind(data[key])
-                if got is not None and want and got not in want:
-                    out.append(f"{where}{key} is {got}, not {' or '.join(sorted(want))}")
-                elif depth and got == "an object":
-                    sub = [r[key] for r in refs if isinstance(r[key], dict)]
-                    if sub:
-                        out += compare(data[key], sub, f"{where}{key}.", depth - 1)
+                name = key.rstrip("?")
+                if name not in data:
+                    if not key.endswith("?"):
+                        out.append(f"{where}{name} is missing")
+                    continue
+                value = data[name]
+                if value is None:
+                    continue
+                got = kinds.get(type(value), type(value).__name__)
+                wanted = want(sub)
+                if got not in wanted:
+                    out.append(f"{where}{name} is {got}, not {' or '.join(sorted(wanted))}")
+                elif got == "an object":
+                    inner = sub[0] if isinstance(sub, tuple) else sub
+                    if isinstance(inner, dict):
+                        out += walk(value, inner, f"{where}{name}.")
             return out
 
-        return compare(self.data, [r.data for r in references], "", 1)
+        return walk(self.data, RESOLVED, "")
 
 
 class _DuplicateKey(ValueError):

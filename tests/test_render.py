@@ -475,5 +475,24 @@ def test_a_mirrors_github_prefix_reaches_flash_attns_release(tmp_path):
     env = M.apply_to_env(resolved("3090"), M.MirrorChoice("m", {}, github="https://gh.example/p/"))
     assert env.data["flash_attn"]["release"] == \
         "https://gh.example/p/Dao-AILab/flash-attention/releases/download/v2.8.3"
-    args = M.MirrorChoice("m", {}, github="https://gh.example/p").build_args(resolved("3090").data)
+    args = M.MirrorChoice("m", {}, github="https://gh.example/p").endpoints(resolved("3090").data)
     assert args["FLASH_ATTN_RELEASE"].startswith("https://gh.example/p/Dao-AILab/")
+
+
+def test_a_mirrors_credentials_are_in_no_rendered_file_only_in_the_builds_secret(tmp_path):
+    from envbuilder import mirrors as M
+
+    choice = M.MirrorChoice("m", {}, pypi="https://u:s3cret@pypi.corp/simple",
+                            pytorch="https://u:s3cret@pypi.corp/whl/{variant}",
+                            huggingface="https://u:s3cret@hf.corp", apt="http://u:s3cret@apt.corp/ubuntu",
+                            github="https://u:s3cret@gh.corp")
+    env = M.apply_to_env(resolved("p40"), choice)
+    files = render(env, tmp_path / "o")
+    assert not [p.name for p in files if "s3cret" in p.read_text()]
+    assert env.data["indexes"]["pypi"] == "https://pypi.corp/simple"
+    secret = choice.credentials_env(resolved("p40").data)
+    assert "export PIP_INDEX_URL=https://u:s3cret@pypi.corp/simple" in secret
+    assert "TORCH_INDEX_URL=https://u:s3cret@pypi.corp/whl/cu118" in secret
+    assert "APEX_URL=" in secret and "APT_MIRROR=" in secret
+    plain = M.MirrorChoice("m", {}, pypi="https://pypi.corp/simple")
+    assert plain.credentials_env(resolved("p40").data) == ""  # (nothing to hide: no secret)
