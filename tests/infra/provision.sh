@@ -3,6 +3,7 @@
 #   Debian docker.io (dockerd 20.10, BuildKit built in), Debian docker-registry on
 #   127.0.0.1:5000 (no auth), and a Debian base image made with debootstrap and pushed into
 #   that registry under every image reference the tests' mirror maps to.
+#   Also installs skopeo (export-image/import-image tests), podman and buildah.
 # Idempotent: every step checks first and skips what is already there. Run as root.
 #
 # Usage: tests/infra/provision.sh [--images-file FILE]... [--no-smoke] [IMAGE_REF]...
@@ -38,7 +39,7 @@ WAIT_S="${ENVBUILD_TEST_WAIT_S:-60}"
 REGISTRY_CONFIG="${HERE}/registry.yml"
 SUITE=bookworm
 INCLUDE="${ENVBUILD_TEST_INCLUDE:-python3,python3-venv,python3-pip,ca-certificates}"
-PACKAGES=(docker.io docker-registry debootstrap curl)
+PACKAGES=(docker.io docker-registry debootstrap curl skopeo podman buildah)
 
 IMAGES=()
 SMOKE=1

@@ -1,0 +1,442 @@
+"""Images across an air gap: `export-image` writes a built image as an OCI archive with a
+sidecar (`FILE.json`: image name, manifest digest, sha256 and size of the archive file);
+`import-image` checks the archive against its sidecar and loads it into a registry.
+
+The copying is skopeo's (Debian/Ubuntu `skopeo`, found on PATH): `docker-daemon:` or `docker://`
+to `oci-archive:`, and `oci-archive:` to `docker://` with `--preserve-digests`, so the manifest
+digest the registry serves after the import is the one the sidecar names. Loopback registries
+are spoken to without TLS (as `docker push` does); every other registry with TLS verified.
+
+The archive is written into a private folder next to FILE and published by a hard link (never
+over an existing file) or, with `force`, by a rename; the sidecar is published last, so a
+half-written pair never reads as a good one: an archive without its sidecar is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+from .errors import ActionError, UserError
+
+FORMAT = "envbuild-image-archive/1"
+SIDECAR_SUFFIX = ".json"
+MAX_SIDECAR_BYTES = 64 << 10
+MAX_INDEX_BYTES = 1 << 20  # index.json / a manifest inside the archive
+INNER = "image.tar"  # the archive's name inside the private folder (skopeo's path has no ':')
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_HOST = (r"(?:localhost|\[[0-9a-fA-F:]+\]|[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+         r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*)(?::\d{1,5})?")
+_TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
+# Docker's reference grammar: [HOST[:PORT]/]PATH[:TAG][@sha256:HEX]
+REFERENCE = re.compile(rf"(?:{_HOST}/)?{_COMPONENT}(?:/{_COMPONENT})*(?::{_TAG})?"
+                       r"(?:@sha256:[0-9a-f]{64})?")
+# a repository in the target registry, no host: PATH[:TAG]
+NAME = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT})*(?::{_TAG})?")
+IMAGE_ID = re.compile(r"(?:sha256:)?[0-9a-f]{12,64}")
+_LOOPBACK = re.compile(r"^(localhost|127\.\d+\.\d+\.\d+|\[::1\])(:\d+)?$")
+
+Say = Callable[[str], None]
+
+
+def sidecar_path(archive: Path) -> Path:
+    return archive.with_name(archive.name + SIDECAR_SUFFIX)
+
+
+def find_skopeo(which: Callable[[str], str | None] = shutil.which) -> str:
+    found = which("skopeo")
+    if not found:
+        raise UserError("skopeo is not installed: export-image and import-image copy images with "
+                        "it (docker-daemon/registry <-> OCI archive). Install it (Debian/Ubuntu: "
+                        "apt install skopeo; Fedora/RHEL: dnf install skopeo) and run again.")
+    return found
+
+
+def _short(text: str, limit: int = 120) -> str:
+    from .outdir import shorten
+
+    return shorten(text, limit)
+
+
+def check_reference(ref: str, what: str = "IMAGE") -> str:
+    """An image reference (Docker's grammar) or a local image ID, else UserError."""
+    if len(ref) > 512 or not (REFERENCE.fullmatch(ref) or IMAGE_ID.fullmatch(ref)):
+        raise UserError(f"{what} {_short(ref)!r} is not an image reference: give NAME[:TAG] of an "
+                        "image in the Docker engine (docker images lists them), an image ID, or "
+                        "a registry reference HOST[:PORT]/NAME[:TAG] (lowercase names).")
+    return ref
+
+
+def check_name(name: str) -> str:
+    """A repository[:tag] for the target registry, without a registry host; adds :latest."""
+    first = name.split("/", 1)[0]
+    if "/" in name and ("." in first or ":" in first or first == "localhost"):
+        raise UserError(f"--name {_short(name)!r} names a registry host ({first}): give NAME[:TAG] "
+                        "only, and the registry with --registry.")
+    if len(name) > 255 or not NAME.fullmatch(name):
+        raise UserError(f"--name {_short(name)!r} is not a repository name: give NAME[:TAG], "
+                        "lowercase path components (letters, digits, '.', '_', '-') separated by "
+                        "'/', and a tag of letters, digits, '_', '.', '-'.")
+    return name if ":" in name.rsplit("/", 1)[-1] else name + ":latest"
+
+
+def is_loopback(registry: str) -> bool:
+    return bool(_LOOPBACK.match(registry.split("://", 1)[-1].split("/", 1)[0]))
+
+
+def _has_registry(ref: str) -> bool:
+    first, _, rest = ref.partition("/")
+    return bool(rest) and ("." in first or ":" in first or first == "localhost")
+
+
+def archive_name(ref: str) -> str | None:
+    """The repository[:tag] an archive records for `ref` (its registry host dropped), which
+    import-image uses unless --name is given; None for an image ID."""
+    from .registry import parse_image
+
+    if IMAGE_ID.fullmatch(ref):  # (Docker reads a bare 12-64 hex digits as an ID too)
+        return None
+    parsed = parse_image(ref)
+    name = parsed.repository
+    if not _has_registry(ref) and name.startswith("library/") and not ref.startswith("library/"):
+        name = name[len("library/"):]  # `ubuntu:22.04` as the user wrote it
+    return name + (parsed.reference if parsed.reference.startswith(":") else "")
+
+
+def sha256_file(path: Path) -> tuple[str, int]:
+    h, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+            size += len(chunk)
+    return h.hexdigest(), size
+
+
+def read_index(archive: Path) -> dict:
+    """The archive's one manifest: {digest, media_type, ref_name, config_digest}. UserError
+    when the file is not an OCI archive of one image."""
+    try:
+        with tarfile.open(archive, "r:") as tar:
+            def member_bytes(name: str) -> bytes:
+                m = tar.getmember(name)
+                if not m.isfile() or m.size > MAX_INDEX_BYTES:
+                    raise UserError(f"{archive}: {name} in the archive is not a small file: this "
+                                    "is not an OCI archive envbuild export-image wrote.")
+                f = tar.extractfile(m)
+                assert f is not None
+                return f.read()
+
+            index = json.loads(member_bytes("index.json"))
+            manifests = index.get("manifests") or []
+            if len(manifests) != 1 or not _DIGEST.fullmatch(str(manifests[0].get("digest", ""))):
+                raise UserError(f"{archive} holds {len(manifests)} manifests (one with a sha256 "
+                                "digest expected): export one image per archive.")
+            entry = manifests[0]
+            digest = entry["digest"]
+            blob = member_bytes(f"blobs/sha256/{digest.split(':', 1)[1]}")
+            if "sha256:" + hashlib.sha256(blob).hexdigest() != digest:
+                raise UserError(f"{archive}: the manifest blob does not hash to {digest}: the "
+                                "archive is corrupt. Copy it again, or export it again.")
+            manifest = json.loads(blob)
+    except KeyError as e:
+        raise UserError(f"{archive} is not an OCI archive ({e.args[0]} missing in it). Give a "
+                        "file envbuild export-image wrote.") from None
+    except (tarfile.TarError, ValueError, OSError) as e:
+        raise UserError(f"{archive} is not a readable OCI archive ({type(e).__name__}: "
+                        f"{_short(str(e), 160)}). Copy it again, or export it again.") from None
+    return {"digest": digest, "media_type": entry.get("mediaType", ""),
+            "ref_name": (entry.get("annotations") or {}).get("org.opencontainers.image.ref.name"),
+            "config_digest": (manifest.get("config") or {}).get("digest")}
+
+
+def run_skopeo(argv: list[str], say: Say, cwd: Path | None = None,
+               env: dict | None = None) -> tuple[int, str]:
+    """Run skopeo, its progress lines through `say`; (rc, last lines). Ctrl-C stops it."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            errors="replace", cwd=cwd, env=dict(os.environ, **(env or {})))
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            del lines[:-20]
+            say("  " + line.rstrip("\n"))
+        return proc.wait(), "\n".join(lines[-8:])
+    except BaseException:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        raise
+
+
+def _skopeo_error(line: str) -> str:
+    m = re.search(r'msg="(.*)"', line)
+    return m.group(1) if m else line
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _publish(src: Path, dest: Path, force: bool) -> None:
+    """Move `src` to `dest`: over an existing file only with `force`; otherwise by a hard link,
+    which fails rather than overwrite (a rename where the file system has no hard links)."""
+    if force:
+        os.replace(src, dest)
+        return
+    try:
+        os.link(src, dest)
+    except FileExistsError:
+        raise UserError(f"{dest} exists (written meanwhile?); nothing was overwritten. Remove "
+                        "it, pick another -o, or pass --force.") from None
+    except OSError:  # no hard links here (vfat, some network file systems)
+        if os.path.lexists(dest):
+            raise UserError(f"{dest} exists; nothing was overwritten. Remove it, pick another "
+                            "-o, or pass --force.") from None
+        os.rename(src, dest)
+        return
+    os.unlink(src)
+
+
+def resolve_source(image: str, say: Say) -> tuple[str, list[str], str]:
+    """(skopeo source, its flags, description) for `image`: the Docker engine's image when it
+    has one by that name or ID, else the registry a reference with a host names. ActionError
+    (exit 1) when neither has it."""
+    from . import build as B
+
+    daemon_problem = None
+    try:
+        client = B.engine()
+    except ActionError as e:
+        client, daemon_problem = None, str(e)
+    if client is not None:
+        import docker.errors
+
+        try:
+            found = client.images.get(image)
+        except docker.errors.ImageNotFound:
+            found = None
+        except Exception as e:  # noqa: BLE001 - an engine that errors is reported as such
+            raise ActionError(f"The Docker engine could not look up {_short(image)} "
+                              f"({B._first_line(e)}). Check the engine and run again.") from None
+        if found is not None:
+            args = []
+            host = os.environ.get("DOCKER_HOST")
+            if host:
+                args += ["--src-daemon-host", host]
+            return (f"docker-daemon:{found.id}", args,
+                    f"{image} ({found.id[:19]}) from the Docker engine")
+    if _has_registry(image):
+        from .registry import digest
+
+        served = digest(image)  # ActionError (exit 1) with what the registry answered
+        args = ["--src-tls-verify=false"] if is_loopback(image.split("/", 1)[0]) else []
+        pinned = image.split("@", 1)[0]
+        if ":" in pinned.rsplit("/", 1)[-1]:
+            pinned = pinned.rsplit(":", 1)[0]
+        return (f"docker://{pinned}@{served.digest}", args,
+                f"{image} ({served.digest[:19]}) from its registry")
+    if daemon_problem:
+        raise ActionError(f"Cannot look up {_short(image)}: {daemon_problem} (A reference with a "
+                          "registry host, HOST[:PORT]/NAME:TAG, is exported from that registry "
+                          "without the engine.)")
+    raise ActionError(f"No image {_short(image)} in the Docker engine (`docker images` lists "
+                      "them), and the name has no registry host to fetch it from. Build it "
+                      "(envbuild build), check the name and tag, or give HOST[:PORT]/NAME:TAG "
+                      "(docker.io/NAME:TAG for Docker Hub).")
+
+
+def export_image(image: str, out: Path, force: bool, say: Say) -> dict:
+    """Write `image` as an OCI archive at `out` and its sidecar next to it; returns the
+    sidecar's data."""
+    check_reference(image)
+    out = Path(out)
+    side = sidecar_path(out)
+    if out.is_dir():
+        raise UserError(f"-o {out} is a directory: give the archive's file name, e.g. "
+                        f"{out / 'image.tar'}.")
+    if not out.parent.is_dir():
+        raise UserError(f"-o {out}: the folder {out.parent} does not exist. Create it first.")
+    if not force:
+        for p in (out, side):
+            if os.path.lexists(p):
+                raise UserError(f"{p} exists; export-image does not overwrite it. Remove it, pick "
+                                "another -o, or pass --force.")
+    skopeo = find_skopeo()
+    source, src_args, described = resolve_source(image, say)
+    say(f"exporting {described} to {out}")
+    name = archive_name(image)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name[:40]}.envbuild-", dir=out.parent))
+    try:
+        dest = f"oci-archive:{INNER}" + (f":{name}" if name else "")
+        rc, tail = run_skopeo([skopeo, "copy", *src_args, "--digestfile", "digest", source, dest],
+                              say, cwd=work, env={"TMPDIR": str(work)})
+        if rc != 0:
+            raise ActionError(f"skopeo could not export {_short(image)} (exit {rc}): "
+                              f"{_skopeo_error(tail.splitlines()[-1] if tail else '')}. Check that "
+                              f"the engine or registry serves it, and the free space in "
+                              f"{out.parent}; nothing was written.")
+        archive = work / INNER
+        copied = (work / "digest").read_text().strip()
+        info = read_index(archive)
+        if info["digest"] != copied:
+            raise ActionError(f"skopeo reported manifest {copied} but the archive holds "
+                              f"{info['digest']}; nothing was written. Run again.")
+        _fsync(archive)
+        sha, size = sha256_file(archive)
+        data = {"format": FORMAT, "image": image, "name": name, "source": source,
+                "manifest_digest": info["digest"], "media_type": info["media_type"],
+                "config_digest": info["config_digest"], "archive": out.name,
+                "archive_sha256": sha, "archive_size": size}
+        (work / "sidecar").write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        _fsync(work / "sidecar")
+        _publish(archive, out, force)
+        try:
+            _publish(work / "sidecar", side, force)
+        except BaseException:
+            out.unlink(missing_ok=True)  # ours, just linked: no archive without its sidecar
+            raise
+        _fsync(out.parent)
+        return data
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def read_sidecar(archive: Path) -> dict:
+    side = sidecar_path(archive)
+    if not side.is_file():
+        raise UserError(f"{archive} has no sidecar {side.name} next to it, so its integrity "
+                        "cannot be checked. Copy the sidecar with the archive (export-image "
+                        "writes both), or export the image again.")
+    if side.stat().st_size > MAX_SIDECAR_BYTES:
+        raise UserError(f"{side} is larger than {MAX_SIDECAR_BYTES} bytes: not a sidecar "
+                        "export-image wrote.")
+    try:
+        data = json.loads(side.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UserError(f"{side} is not valid JSON ({type(e).__name__}): not a sidecar "
+                        "export-image wrote. Copy it again from the source.") from None
+    bad = []
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        bad.append(f"format (expected {FORMAT})")
+        data = data if isinstance(data, dict) else {}
+    if not _DIGEST.fullmatch(str(data.get("manifest_digest", ""))):
+        bad.append("manifest_digest")
+    if not _HEX64.fullmatch(str(data.get("archive_sha256", ""))):
+        bad.append("archive_sha256")
+    if not isinstance(data.get("archive_size"), int) or isinstance(data.get("archive_size"), bool):
+        bad.append("archive_size")
+    name = data.get("name")
+    if name is not None and (not isinstance(name, str) or not NAME.fullmatch(name)):
+        bad.append("name")
+    if bad:
+        raise UserError(f"{side} has no valid {', '.join(bad)}: not a sidecar export-image "
+                        "wrote, or it was edited. Copy it again from the source.")
+    return data
+
+
+def verify_archive(archive: Path, data: dict, say: Say) -> dict:
+    """The archive's bytes against its sidecar: size, sha256, then the manifest inside.
+    UserError (exit 2: corrupt input) on any mismatch."""
+    size = archive.stat().st_size
+    if size != data["archive_size"]:
+        raise UserError(f"{archive} is {size} bytes but its sidecar says {data['archive_size']}: "
+                        "the archive is incomplete or corrupt (a copy cut short?). Copy it again "
+                        "from the source; nothing was loaded.")
+    say(f"checking the sha256 of {archive} ({size / 2**20:.1f} MiB)")
+    sha, _ = sha256_file(archive)
+    if sha != data["archive_sha256"]:
+        raise UserError(f"{archive} has sha256 {sha}, but its sidecar says "
+                        f"{data['archive_sha256']}: the archive is corrupt or was changed. Copy "
+                        "it again from the source (or export it again); nothing was loaded.")
+    info = read_index(archive)
+    if info["digest"] != data["manifest_digest"]:
+        raise UserError(f"{archive} holds manifest {info['digest']} but its sidecar names "
+                        f"{data['manifest_digest']}: the two do not belong together. Copy both "
+                        "again from the source; nothing was loaded.")
+    return info
+
+
+def registry_answers(registry: str) -> None:
+    import requests
+
+    from .registry import endpoint_url
+
+    base = endpoint_url(registry.split("/", 1)[0])
+    try:
+        r = requests.get(base + "/v2/", timeout=10)
+    except requests.RequestException as e:
+        raise ActionError(f"Registry {registry} is unreachable ({type(e).__name__}). Start it or "
+                          "fix --registry (`local`, a name from your config's `registries:`, or "
+                          "HOST[:PORT]); nothing was loaded.") from None
+    if r.status_code not in (200, 401):
+        raise ActionError(f"{registry} answered HTTP {r.status_code} to /v2/: not a container "
+                          "registry. Check --registry; nothing was loaded.")
+
+
+def import_image(archive: Path, registry: str, name: str | None, say: Say) -> dict:
+    """Check `archive` against its sidecar and copy it into `registry` as `name` (default: the
+    name the archive recorded). Returns {reference, digest, target}."""
+    archive = Path(archive)
+    if not archive.is_file():
+        raise UserError(f"{archive} is not a file. Give the .tar export-image wrote (its sidecar "
+                        f"{sidecar_path(archive).name} next to it).")
+    data = read_sidecar(archive)
+    if name is None:
+        if not data.get("name"):
+            raise UserError(f"{archive} records no image name (it was exported by image ID): "
+                            "give one with --name NAME:TAG.")
+        name = data["name"]
+    target_name = check_name(name)
+    skopeo = find_skopeo()
+    registry = registry.rstrip("/")
+    registry_answers(registry)
+    verify_archive(archive, data, say)
+    target = f"{registry}/{target_name}"
+    digest = data["manifest_digest"]
+    say(f"loading {archive} ({digest[:19]}) into {target}")
+    work = Path(tempfile.mkdtemp(prefix="envbuild-import-"))
+    try:
+        (work / INNER).symlink_to(archive.resolve())
+        tls = ["--dest-tls-verify=false"] if is_loopback(registry) else []
+        rc, tail = run_skopeo([skopeo, "copy", "--preserve-digests", *tls, "--digestfile",
+                               "digest", f"oci-archive:{INNER}", f"docker://{target}"], say,
+                              cwd=work, env={"TMPDIR": str(work)})
+        if rc != 0:
+            raise ActionError(f"skopeo could not load {archive} into {target} (exit {rc}): "
+                              f"{_skopeo_error(tail.splitlines()[-1] if tail else '')}. Check the "
+                              "registry (its logs, free space, credentials) and run again.")
+        pushed = (work / "digest").read_text().strip()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if pushed != digest:
+        raise ActionError(f"skopeo pushed {target} as {pushed}, not {digest} as exported. The "
+                          "registry may rewrite manifests; check it and run again.")
+    from .registry import digest as served_digest
+
+    try:
+        served = served_digest(target).digest
+    except ActionError as e:
+        served = f"nothing: {e}"
+    if served != digest:
+        raise ActionError(f"After loading, {target} is not served with digest {digest} (the "
+                          f"registry serves {served}). The import is not complete; run again.")
+    repo = target.rsplit(":", 1)[0]
+    return {"reference": f"{repo}@{digest}", "digest": digest, "target": target,
+            "config_digest": data.get("config_digest")}
