@@ -89,7 +89,10 @@ LAZY_COMMANDS = {"build": "envbuilder.cli_build:build", "bake": "envbuilder.cli_
                  "wheelhouse": "envbuilder.cli_wheelhouse:wheelhouse",
                  "detect": "envbuilder.cli_detect:detect", "doctor": "envbuilder.cli_detect:doctor",
                  "verify": "envbuilder.cli_verify:verify",
-                 "refresh": "envbuilder.cli_refresh:refresh"}
+                 "refresh": "envbuilder.cli_refresh:refresh",
+                 "export-image": "envbuilder.cli_image:export_image",
+                 "import-image": "envbuilder.cli_image:import_image",
+                 "apptainer": "envbuilder.cli_apptainer:apptainer"}
 
 
 class LazyGroup(click.Group):

@@ -18,7 +18,7 @@ from .schema import printable  # (what a one-line text may hold: written as itse
 
 # one token that no target reads specially: no whitespace, quote, `$`, backslash, `#`, `{}`,
 # `&`, `*`, `;`, `<>`, `|` or backtick (a URL, a requirement `ray[default]==2.46.0`, an image)
-_BARE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._~:/?@!%+=,\[\]-]*")
+BARE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._~:/?@!%+=,\[\]-]*")
 _ASCII_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # longer than any one value envbuild writes into a line (the schema's longest text is 4,000);
 # BuildKit's parser refuses a Dockerfile with a line over 64 KiB outright
@@ -86,7 +86,7 @@ def arg(value) -> str:
     """A Dockerfile ARG default: bare when it is one plain token (as the files always read),
     else double-quoted (dq), so no `$` or space in it is read by the Dockerfile."""
     text = _bounded(value)
-    return text if _BARE.fullmatch(text) else f'"{dq(text)}"'
+    return text if BARE.fullmatch(text) else f'"{dq(text)}"'
 
 
 def word(value) -> str:
@@ -94,7 +94,7 @@ def word(value) -> str:
     rely on (pip expands ${VAR} and splits options on spaces; YAML reads `: `, ` #`, a leading
     `-`, `[` or `!`). Anything else is refused: the schema never lets such a value in."""
     text = _bounded(value)
-    if not _BARE.fullmatch(text):
+    if not BARE.fullmatch(text):
         raise ValueError(f"{_shorten(text)!r} is not one plain token: it cannot be written into "
                          "requirements.txt or environment.yml")
     return text

@@ -1,0 +1,252 @@
+"""`envbuild apptainer`: an Apptainer (Singularity) definition file of a profile's image, for
+clusters that run Apptainer rather than Docker.
+
+The definition installs nothing: it starts from the image `envbuild build` pushed, by digest
+(`Bootstrap: docker`, a tag can move), or from an OCI archive of it (`Bootstrap: oci-archive`),
+and adds what Apptainer keeps beside the image: labels, the run-time environment the image's ENV
+sets, a %test that is the build's own smoke test, and a %runscript that starts the launch script.
+It is one file written where the user says (default ./<profile>.def), never into a render's
+folder, whose files are tracked by its record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path, PurePosixPath
+
+import click
+
+from .cli import load_matrix, override_options
+from .errors import UserError
+
+TEMPLATE = "apptainer.def.j2"
+# the first line of every file this command writes: a file that does not start with it is not
+# envbuild's, and is replaced only with --force
+HEADER = "# envbuild apptainer definition"
+# The run-time ENV lines of templates/_macros.j2 (common_setup): the venv the image installs into
+VENV = "/opt/venv"
+# name[:port]/path[:tag]@sha256:<64 hex>, as `envbuild build --push` prints it (the grammar of
+# distribution's reference, lower-case path components; the host may be any DNS name or IP)
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+_HOST = rf"(?:{_LABEL}(?:\.{_LABEL})*(?::[0-9]+)?/)"
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_REF = re.compile(rf"(?P<name>{_HOST}?{_COMPONENT}(?:/{_COMPONENT})*)"
+                  r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?"
+                  r"(?:@(?P<digest>sha256:[0-9a-f]{64}))?")
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# an OCI archive's index.json is a few hundred bytes; anything near this is not one
+MAX_INDEX_BYTES = 1 << 20
+
+
+def image_reference(ref: str) -> tuple[str, str]:
+    """(reference, digest) of an --image value, which must name its digest."""
+    text = ref.strip()
+    if text.startswith("docker://"):
+        text = text[len("docker://"):]
+    m = _REF.fullmatch(text)
+    if not m:
+        raise UserError(f"--image {ref!r} is not an image reference (REGISTRY/NAME@sha256:DIGEST, "
+                        "64 lower-case hex digits). Pass the reference `envbuild build PROFILE "
+                        "--push REGISTRY` printed.")
+    if not m["digest"]:
+        raise UserError(f"--image {ref!r} names no digest: a tag can move, so the SIF could be "
+                        "built from an image other than the one envbuild built and tested. Pass "
+                        "the REGISTRY/NAME@sha256:... reference `envbuild build PROFILE --push "
+                        "REGISTRY` printed (or `docker inspect --format '{{index .RepoDigests 0}}' "
+                        "IMAGE`).")
+    return text, m["digest"]
+
+
+def archive_digest(path: Path) -> str | None:
+    """The manifest digest of an OCI archive (its index.json's one manifest), None when the
+    file is not there yet; an archive that is not an OCI image layout is refused."""
+    import tarfile
+
+    if not path.exists():
+        return None
+    bad = (f"--oci-archive {path} is not an OCI image archive (a tar with an index.json naming "
+           "one image). Write one with `envbuild export-image`, `skopeo copy "
+           "docker-daemon:IMAGE oci-archive:FILE` or `podman save --format oci-archive`.")
+    try:
+        with tarfile.open(path, "r:*") as tar:
+            member = next((m for m in tar if m.name.lstrip("./") == "index.json"), None)
+            if member is None or not member.isfile() or member.size > MAX_INDEX_BYTES:
+                raise UserError(bad)
+            index = json.loads(tar.extractfile(member).read())
+    except (OSError, tarfile.TarError, ValueError, UnicodeDecodeError):
+        raise UserError(bad) from None
+    manifests = index.get("manifests") if isinstance(index, dict) else None
+    if not isinstance(manifests, list) or len(manifests) != 1 or not isinstance(manifests[0], dict):
+        raise UserError(bad.replace("(a tar", "with exactly one image (a tar"))
+    digest = manifests[0].get("digest")
+    return digest if isinstance(digest, str) and _DIGEST.fullmatch(digest) else None
+
+
+def archive_path(path: Path) -> Path:
+    """The archive as the absolute path the header names; Apptainer's header is bare words
+    (a `#` starts a comment there), so the path must be one plain token."""
+    from .quoting import BARE
+
+    full = Path(os.path.abspath(path))
+    if not BARE.fullmatch(str(full)[1:]):  # (after its leading `/`: the template's `word`)
+        raise UserError(f"--oci-archive {str(full)!r} holds characters an Apptainer definition's "
+                        "header cannot carry (a space, quote, `#`, `$` or the like). Move or "
+                        "rename the archive to a plain path (letters, digits, '/', '.', '_', '-').")
+    return full
+
+
+def labels(d: dict, source: str, digest: str | None) -> list[tuple[str, str]]:
+    """%labels, key and value: the image's own io.envbuild.* labels (Dockerfile.j2) and where
+    the SIF came from. Apptainer reads one label a line: key, a space, the rest of the line."""
+    out = [("io.envbuild.version", d["envbuild_version"]),
+           ("io.envbuild.profile", d["profile"]),
+           ("io.envbuild.gpu", d["gpu"]["key"]),
+           ("io.envbuild.gpu-name", d["gpu"]["name"]),
+           ("io.envbuild.compute-capability", d["gpu"]["compute_capability"]),
+           ("io.envbuild.cuda", d["cuda"]["version"]),
+           ("io.envbuild.torch", f"{d['torch']['version']}+{d['torch']['variant']}"),
+           ("io.envbuild.verl", d["verl"]["version"]),
+           ("io.envbuild.rollout", d["rollout"]),
+           ("io.envbuild.image", source)]
+    if digest:
+        out.append(("io.envbuild.image-digest", digest))
+    return [(k, str(v)) for k, v in out]
+
+
+def environment(d: dict) -> list[tuple[str, str]]:
+    """%environment: what the image's ENV sets that matters when it runs (Dockerfile.j2 and
+    _macros.j2), from the resolved environment. PATH is written after these, with $PATH."""
+    out = [("VIRTUAL_ENV", VENV),
+           ("PYTHONDONTWRITEBYTECODE", "1"),  # (the SIF is read-only)
+           ("HF_ENDPOINT", d["huggingface"])]
+    alloc = d.get("cuda_alloc_conf") or {}
+    if alloc.get("value"):  # (the run script's default; none where the profile has none)
+        out.append(("PYTORCH_CUDA_ALLOC_CONF", alloc["value"]))
+    if not d["features"]["torch_compile"]:
+        out.append(("TORCHDYNAMO_DISABLE", "1"))
+    for name, value in out:  # (the schema refused these where they entered: a second wall)
+        if not all(c == " " or c.isprintable() for c in str(value)):
+            raise UserError(f"The value of {name} for profile {d['profile']!r} holds a control "
+                            "character, which a POSIX shell's %environment cannot carry. Fix "
+                            "the matrix value it comes from.")
+    return out
+
+
+def definition(env, source: str, bootstrap: str, digest: str | None, def_name: str) -> str:
+    """The definition file's text for `env` (a ResolvedEnv) built from `source`."""
+    from .cli_build import PREFLIGHT, smoke_command
+    from .render import RUN_SCRIPT, jinja_env
+
+    d = env.data
+    sif = f"{PurePosixPath(def_name).stem or d['profile']}.sif"
+    context = {
+        "d": d,
+        "header": HEADER,
+        "bootstrap": bootstrap,
+        "source": source,
+        "labels": labels(d, source, digest),
+        "environment": environment(d),
+        "venv_bin": f"{VENV}/bin",
+        "test_command": smoke_command(),
+        # where the Dockerfile copies the launch script: beside preflight.py
+        "run_command": str(PurePosixPath(PREFLIGHT).parent / RUN_SCRIPT),
+        "preflight": PREFLIGHT,
+        "sif": sif,
+        "def_name": def_name,
+    }
+    return jinja_env().get_template(TEMPLATE).render(context)
+
+
+def ours(path: Path) -> bool:
+    """Whether `path` is a file this command wrote (its first line is HEADER)."""
+    try:
+        with open(path, "rb") as f:
+            first = f.read(len(HEADER.encode()) + 1)
+    except OSError:
+        return False
+    return first.startswith(HEADER.encode() + b" ")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """`text` into `path` whole or not at all: a temporary file beside it, then os.replace."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+@click.command()
+@click.argument("profile")
+@click.option("--image", metavar="REF@sha256:DIGEST",
+              help="The pushed image, by digest (what `envbuild build --push` prints).")
+@click.option("--oci-archive", type=click.Path(path_type=Path, dir_okay=False), metavar="PATH",
+              help="An OCI archive of the image (as `envbuild export-image` writes), instead.")
+@click.option("-o", "--out", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
+              help="Where to write the definition (default ./PROFILE.def).")
+@click.option("--mirror", metavar="NAME", help="The mirror set the image was built through: "
+              "its Hugging Face endpoint goes into %environment (as in the image).")
+@click.option("--force", is_flag=True, help="Replace FILE even when envbuild did not write it.")
+@override_options
+def apptainer(profile, image, oci_archive, out, mirror, force, overrides, matrix_dirs):
+    """Write an Apptainer definition of PROFILE's image, for clusters without Docker:
+    `apptainer build PROFILE.sif PROFILE.def`, then `apptainer run --nv PROFILE.sif`."""
+    from . import mirrors as M
+    from .cli import plain_name
+    from .resolve import resolve
+
+    if bool(image) == bool(oci_archive):
+        raise UserError("Pass the image to start from: --image REF@sha256:DIGEST (what `envbuild "
+                        "build PROFILE --push REGISTRY` printed) or --oci-archive PATH (not "
+                        "both).")
+    if image:
+        source, digest = image_reference(image)
+        bootstrap = "docker"
+    else:
+        bootstrap = "oci-archive"
+        full = archive_path(oci_archive)
+        digest = archive_digest(full)
+        source = str(full)
+        if not full.exists():
+            click.echo(f"note: {full} does not exist yet; `apptainer build` needs it there.",
+                       err=True)
+    m = load_matrix(matrix_dirs)
+    env = resolve(m, profile, overrides)
+    if mirror:
+        env = M.apply_to_env(env, M.choice(mirror, M.get_set(m, mirror)))
+    path = out if out is not None else Path(f"{plain_name(env.name, 'The profile name')}.def")
+    if path.is_dir():
+        raise UserError(f"{path} is a folder; -o names the definition file to write (e.g. "
+                        f"{path / (env.name + '.def')}).")
+    if (path.exists() or path.is_symlink()) and not force and not ours(path):
+        raise UserError(f"{path} exists and envbuild did not write it (its first line is not "
+                        f"{HEADER!r}...), so it is left as it is. Pass --force to replace it, or "
+                        "-o another file.")
+    if image and not re.search(rf"(^|/){re.escape(env.name)}(:[^/@]*)?@", source):
+        click.echo(f"note: {source} is not named after profile {env.name}; the labels and "
+                   f"%environment describe {env.name} as resolved here. Check it is that image.",
+                   err=True)
+    text = definition(env, source, bootstrap, digest, path.name)
+    if not path.parent.is_dir():
+        raise UserError(f"The folder of {path} does not exist. Create it, or -o a file in an "
+                        "existing folder.")
+    write_atomic(path, text)
+    sif = f"{path.stem}.sif"
+    click.echo(f"wrote {path}: build it with `apptainer build {sif} {path}`, run it with "
+               f"`apptainer run --nv {sif}`", err=True)
+    click.echo(str(path))
