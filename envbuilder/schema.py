@@ -175,7 +175,7 @@ class Regex(Pattern):
             raise SchemaError(where, f"{shown(value)} is not a valid regular expression ({e})") from None
 
 
-_URL_CHAR = r"[A-Za-z0-9._~:/?@!%+=,\[\]-]"  # (quoting._BARE's characters: a URL is one plain word)
+_URL_CHAR = r"[A-Za-z0-9._~:/?@!%+=,\[\]-]"  # (quoting.BARE's characters: a URL is one plain word)
 _USERINFO = r"[A-Za-z0-9._~%!+=,-]+(?::[A-Za-z0-9._~%!+=,-]*)?"  # user:password (a mirror's)
 _HOST = r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])"
 _NAME = r"(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
