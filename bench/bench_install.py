@@ -4,7 +4,10 @@ within the rendered constraints, into a fresh venv of the profile's Python, from
 empty cache (a first build) and then again with the cache warm (what the Dockerfile's cache
 mounts give a rebuild). Measured side by side in one run.
 
-Usage: python bench/bench_install.py [--profile 4090]
+uv compiles bytecode at install time, as pip does and as the Dockerfile's runtime stage asks
+(UV_COMPILE_BYTECODE=1); --no-compile-bytecode measures uv without it.
+
+Usage: python bench/bench_install.py [--profile 4090] [--no-compile-bytecode]
 Needs PyPI and several GB of disk and downloads per run (two cold installs).
 """
 
@@ -26,7 +29,11 @@ sys.path.insert(0, str(ROOT))
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="4090")
+    ap.add_argument("--no-compile-bytecode", action="store_true",
+                    help="uv without --compile-bytecode (how the first numbers were measured; "
+                         "the Dockerfile compiles, as pip does)")
     args = ap.parse_args()
+    compile_bytecode = not args.no_compile_bytecode
 
     from envbuilder import matrix
     from envbuilder.lock.pip import uv_bin
@@ -69,8 +76,11 @@ def main() -> int:
                 cmd = [py, "-m", "pip", "install", "-q", "--cache-dir", str(cache),
                        "--index-url", plan.pypi, *cons, *layer.requirements]
             else:
+                # as the Dockerfile runs it (UV_LINK_MODE=copy, UV_COMPILE_BYTECODE=1): uv
+                # compiles bytecode at install time only when asked, pip always does
                 cmd = [uv, "pip", "install", "-q", "--no-config", "--python", py,
                        "--cache-dir", str(cache), "--index-url", plan.pypi, "--link-mode", "copy",
+                       *(["--compile-bytecode"] if compile_bytecode else []),
                        *cons, *layer.requirements]
             subprocess.run(cmd, check=True, env=clean)
         return time.perf_counter() - start

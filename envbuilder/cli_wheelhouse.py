@@ -85,8 +85,12 @@ def wheelhouse(profiles, out, lock_dir, mirror, url_map, build_index_url, jobs, 
                 raise UserError(f"Unknown profile {p!r}; {suggest(p, list(m.profiles))}known: "
                                 f"{', '.join(m.profiles)}. Or pass --lock-dir for a lock elsewhere.")
     locks = {p: (lock_dir or Path("lockfiles") / p) for p in profiles}
+    from .resolve import uv_pin
+
+    # the uv wheel the Dockerfiles' runtime stage installs with (the matrix's pin), carried too
+    uv = uv_pin(load_matrix(matrix_dirs).defaults or {})
     report = export(locks, out, url_map=maps, jobs=jobs, build_index=build_index_url,
-                    say=lambda s: click.echo(s, err=True), tar=make_tar)
+                    say=lambda s: click.echo(s, err=True), tar=make_tar, uv=uv)
     click.echo(f"wheelhouse {out}/: {report.files} file(s), {len(report.downloaded)} downloaded "
                f"({report.bytes_transferred / 1e6:.1f} MB), {len(report.skipped)} already there, "
                f"{len(report.built)} wheel(s) built from sdists")

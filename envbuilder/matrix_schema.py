@@ -111,8 +111,11 @@ MIRROR = {"description": DESCRIPTION, "registries?": S.MapOf(S.ListOf(S.REGISTRY
 DATASET = {"repo": S.MODEL_ID, "revision": S.GIT_REF, "files": {"train": S.REPO_FILE, "test": S.REPO_FILE},
            "data_source": S.Text(200), "ability": S.Text(200), "instruction": S.Text(1000),
            "answer_pattern": S.Regex(), "rows": {"train": int, "test": int}, "source": SOURCE}
+# uv: the installer of the runtime stage's pip steps, its one linux x86_64 wheel pinned by sha256
+# (an overlay that replaces `defaults` must carry it: resolve.uv_pin says so)
+UV = {"version": S.VERSION, "url": S.URL, "sha256": S.SHA256, "size": int, "source": SOURCE}
 DEFAULTS = {"pypi_index": S.URL, "huggingface": S.URL, "conda_channels": S.ListOf(S.CHANNEL),
-            "registry_local": S.REGISTRY}
+            "registry_local": S.REGISTRY, "uv?": UV}
 
 # section -> (schema of the section, whether records merge by key)
 SECTIONS: dict[str, tuple[Any, bool]] = {
@@ -187,6 +190,7 @@ RESOLVED = {
                                                                   "holds")}, name=S.NAME))},
     "cuda_alloc_conf": ({"value": (S.ALLOC_CONF, None), "why": WHY}, None),
     "indexes": {"pypi": S.URL, "torch": (S.URL, None)},
+    "uv": {k: UV[k] for k in ("version", "url", "sha256", "size")},
     "huggingface": S.URL,
     "conda_channels": S.ListOf(S.CHANNEL),
     "train": TRAIN,

@@ -735,6 +735,7 @@ class _Resolver:
             "cuda_alloc_conf": alloc,
             "indexes": {"pypi": defaults.get("pypi_index", "https://pypi.org/simple"),
                         "torch": torch_index},
+            "uv": uv_pin(defaults),
             "huggingface": defaults.get("huggingface", "https://huggingface.co"),
             "conda_channels": list(defaults.get("conda_channels", ["conda-forge", "nvidia"])),
             "train": dict(p["train"]),
@@ -852,3 +853,15 @@ RULES = (_rule_torch_cuda, _rule_python, _rule_arch, _rule_verl, _rule_vllm, _ru
 
 def resolve(m: Matrix, profile: str, overrides: Overrides | None = None) -> ResolvedEnv:
     return _Resolver(m, profile, overrides or Overrides()).run()
+
+
+def uv_pin(defaults: dict) -> dict:
+    """The uv wheel the runtime stage's pip steps install with (defaults.uv: version, url,
+    sha256, size)."""
+    uv = defaults.get("uv")
+    if not uv:
+        raise UserError("The matrix's `defaults:` section has no `uv:` pin (version, url, sha256, "
+                        "size of uv's manylinux x86_64 wheel), which the Dockerfile installs its "
+                        "pip steps with. An overlay that replaces `defaults:` must carry it; copy "
+                        "it from envbuild's matrices/defaults.yaml.")
+    return {k: uv[k] for k in ("version", "url", "sha256", "size")}

@@ -42,7 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Callable, NamedTuple
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote, urljoin, urlsplit
 
 from .errors import ActionError, UserError
 from .lock import lockfile as L
@@ -264,6 +264,36 @@ echo "installed $PROFILE into $PREFIX"
 '''
 
 
+def uv_artifacts(pin: dict, plans: dict[str, LockPlan], build_index: str | None, session,
+                 say: Callable[[str], None]) -> list[Artifact]:
+    """The uv wheel `pin` names (file name and sha256; the matrix's defaults.uv), found on the
+    index the locks were made from (or `build_index`, a mirror's) as every pip file of a lock
+    is, and then fetched and verified like them. None there: [] and a warning; a build from
+    this wheelhouse then installs with pip (render says so in the Dockerfile)."""
+    import requests
+
+    filename = pin["url"].rsplit("/", 1)[-1]
+    indexes = [build_index] + [(p.meta.get("sources") or {}).get("pypi") for p in plans.values()]
+    get = (session or requests).get
+    for index in dict.fromkeys(i for i in indexes if i and i.startswith(("http://", "https://"))):
+        page = index.rstrip("/") + "/uv/"
+        try:
+            r = get(page, timeout=30)
+            if r.status_code != 200:
+                continue
+        except requests.RequestException:
+            continue
+        for href in re.findall(r'href="([^"]+)"', r.text):
+            url = urljoin(page, html.unescape(href)).split("#", 1)[0]
+            if unquote(urlsplit(url).path.rsplit("/", 1)[-1]) == filename:
+                return [Artifact("pip", "uv", pin["version"], url, pin["sha256"], pin["size"],
+                                 "pypi")]
+    say(f"warning: no index of these locks serves {filename} (uv {pin['version']}, which the "
+        "Dockerfile's runtime stage installs with): this wheelhouse holds no uv, and a build "
+        "from it installs with pip. Pass --build-index-url an index that serves it.")
+    return []
+
+
 class ExportReport(NamedTuple):
     downloaded: list[str]
     skipped: list[str]
@@ -276,11 +306,13 @@ class ExportReport(NamedTuple):
 def export(profiles: dict[str, Path], out: Path, *, url_map: list[tuple[str, str]] = (),
            jobs: int = 8, progress=None, session=None, build_index: str | None = None,
            say: Callable[[str], None] = lambda m: None, tar: bool = False,
-           wait: float = WAIT_FOR_OTHER) -> ExportReport:
+           wait: float = WAIT_FOR_OTHER, uv: dict | None = None) -> ExportReport:
     """Fetch every file the locks of `profiles` ({name: lock dir}) pin into `out`, and build a
     wheel from every sdist among them (its backend from `build_index`, else the lock's index).
     One export at a time writes into `out` (another one waits up to `wait` seconds); one that
-    was stopped (Ctrl-C, killed, a full disk) is resumed by the next. `tar`: also OUT.tar."""
+    was stopped (Ctrl-C, killed, a full disk) is resumed by the next. `tar`: also OUT.tar.
+    `uv` (the matrix's defaults.uv pin): also the uv wheel a Dockerfile's runtime stage installs
+    with, for every profile (uv_artifacts)."""
     out = Path(out)
     for name in profiles:
         if not L.PROFILE_NAME.fullmatch(name):
@@ -289,6 +321,10 @@ def export(profiles: dict[str, Path], out: Path, *, url_map: list[tuple[str, str
                             "so it is letters, digits, '.', '_', '+' and '-', starting with a "
                             "letter or digit. Export it under a plain name.")
     plans = {name: artifacts(lock_dir, name) for name, lock_dir in profiles.items()}
+    if uv:
+        tools = uv_artifacts(uv, plans, build_index, session, say)
+        for plan in plans.values():
+            plan.artifacts.extend(tools)
     wanted: dict[str, Artifact] = {}
     for plan in plans.values():
         for a in plan.artifacts:

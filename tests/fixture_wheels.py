@@ -240,3 +240,38 @@ def flash_attn_sdist(standin: Path, dest: Path, version: str) -> Path:
     out = dest / f"{root}.tar.gz"
     out.write_bytes(gzip.compress(raw.getvalue(), mtime=0))
     return out
+
+
+def real_uv_wheel(dest: Path) -> Path:
+    """The real uv wheel the matrix pins (defaults.uv: the runtime stage installs it first, by its
+    sha256, then installs with it), copied into `dest`. Downloaded from PyPI with pip once and
+    kept in the user's cache (envbuild-test/), checked against the pinned sha256 each time: a
+    stand-in cannot take its place, since the Dockerfile runs `uv pip install`."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from envbuilder import matrix
+    from envbuilder.resolve import uv_pin
+
+    pin = uv_pin(matrix.load().defaults or {})
+    name = pin["url"].rsplit("/", 1)[-1]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "envbuild-test"
+    cached = cache / name
+    if not (cached.is_file() and hashlib.sha256(cached.read_bytes()).hexdigest() == pin["sha256"]):
+        cache.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "download", f"uv=={pin['version']}", "--no-deps",
+             "--only-binary=:all:", "--platform", "manylinux2014_x86_64", "--python-version",
+             "3.11", "--index-url", "https://pypi.org/simple", "--no-cache-dir", "-q", "-d",
+             str(cache)], capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0 or not cached.is_file():
+            raise RuntimeError(f"cannot download {name} from PyPI (the build tests need the real "
+                               f"uv wheel): {proc.stderr[-2000:]}")
+        if hashlib.sha256(cached.read_bytes()).hexdigest() != pin["sha256"]:
+            cached.unlink()
+            raise RuntimeError(f"{name} from PyPI does not hash to the matrix's pin {pin['sha256']}")
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(cached, dest / name)
+    return dest / name

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from fixture_wheels import (apex_archive, flash_attn_release_wheel, flash_attn_sdist, make_wheel,
-                            wheels_for_env)
+                            real_uv_wheel, wheels_for_env)
 from httpfixtures import FileServer, free_port
 
 pytestmark = pytest.mark.docker
@@ -69,7 +69,8 @@ def docker_client():
 
 @pytest.fixture(scope="module")
 def index(tmp_path_factory, docker_client):
-    """A pypiserver on loopback with stand-in wheels for everything p40 installs."""
+    """A pypiserver on loopback with stand-in wheels for everything p40 installs, and uv's real
+    wheel."""
     from envbuilder import matrix
     from envbuilder.resolve import Overrides, resolve
 
@@ -92,6 +93,9 @@ def index(tmp_path_factory, docker_client):
         if not (pkgs / w.name).exists():
             w.rename(pkgs / w.name)
     flash_attn_sdist(FLASH_ATTN_STANDIN, pkgs, fa["flash_attn"]["version"])
+    # the real uv wheel: the runtime stage runs `uv pip install`, so no stand-in can do (and an
+    # export of a lock made against this index carries it into the wheelhouse)
+    real_uv_wheel(pkgs)
     port = free_port()
     exe = Path(sys.executable).parent / "pypi-server"
     _need(exe.exists(), "pypiserver is not installed")

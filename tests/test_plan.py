@@ -81,3 +81,37 @@ def test_without_a_lock_the_steps_carry_their_top_level_pins_only():
     assert plan.pinned_from is None
     assert plan.layers[0].pins == tuple(sorted(f"{normalize(r.split('==')[0])}=={r.split('==')[1]}"
                                                for r in plan.layers[0].requirements))
+
+
+def runtime_and_builder_steps(dockerfile: str) -> tuple[list[str], list[str]]:
+    """(the runtime stage's RUN lines that install, the builder stage's), continuations joined."""
+    joined = dockerfile.replace("\\\n", " ")
+    builder, _, runtime = joined.partition(" AS runtime\n")
+    if not runtime:
+        builder, runtime = "", builder
+    pick = lambda text: [ln for ln in text.splitlines()  # noqa: E731
+                         if ln.startswith("RUN ") and re.search(r"\bpip install\b", ln)]
+    return pick(runtime), pick(builder)
+
+
+@pytest.mark.parametrize("profile", ["p40", "4090", "t4"])
+def test_the_runtime_steps_install_with_uv_pinned_by_sha256_and_the_builder_keeps_pip(profile):
+    d = resolved(profile).data
+    dockerfile = render_files(with_constraints(resolved(profile)))["Dockerfile"]
+    runtime, builder = runtime_and_builder_steps(dockerfile)
+    first, *steps = runtime
+    # uv itself: pip installs the one wheel the matrix pins, by its sha256, before any step
+    assert f"-r <(echo 'uv=={d['uv']['version']} --hash=sha256:{d['uv']['sha256']}')" in first
+    assert " pip install --no-deps --require-hashes " in first
+    assert "ENV UV_LINK_MODE=copy" in dockerfile
+    assert steps and all(" uv pip install " in s and "target=/root/.cache/uv" in s for s in steps)
+    for step in steps:
+        if "/wheels/*.whl" in step:
+            continue
+        if d["torch"]["index_url"]:  # pip's choice among the two indexes, not uv's first-match
+            assert ('--index-url "${TORCH_INDEX_URL}" --extra-index-url "${PIP_INDEX_URL}" '
+                    "--index-strategy unsafe-best-match") in step
+        else:  # uv reads no PIP_INDEX_URL: every step names it
+            assert '--index-url "${PIP_INDEX_URL}"' in step and "TORCH_INDEX_URL" not in step
+    assert bool(builder) == bool(plan_of(profile).builder)
+    assert all(" uv " not in s and "target=/root/.cache/pip" in s for s in builder)

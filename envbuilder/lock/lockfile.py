@@ -347,12 +347,13 @@ def for_render(env: ResolvedEnv, lock_dir: Path, wheelhouse: Path | None = None,
             raise UserError(f"{lock_dir / IMAGES} has no digest for {ref}; re-lock.")
         else:
             pinned[role] = where
-    requirements, links = texts[REQUIREMENTS], {}
+    requirements, links, uv_wheel = texts[REQUIREMENTS], {}, None
     if wheelhouse is not None:  # the wheels built from the lock's sdists install in their place
         from .pip import replace_hashes
 
         links, built = wheelhouse_files(env, Path(wheelhouse))
         requirements = replace_hashes(requirements, built)
+        uv_wheel = _wheelhouse_uv(env, Path(wheelhouse), links)
     layers, files = layer_files(env, requirements)
     sources = json.loads(texts[SOURCES]) if SOURCES in texts else {}
     apex_source = sources.get("apex") if env.data["apex"] else None
@@ -369,7 +370,18 @@ def for_render(env: ResolvedEnv, lock_dir: Path, wheelhouse: Path | None = None,
                         f"`envbuild lock {env.name}`.")
     return {"images": pinned, "images_pinned": IMAGES in texts, "layers": layers, "files": files,
             "input_sha256": meta["input_sha256"], "wheelhouse": wheelhouse is not None,
-            "links": links, "apex_source": apex_source, "flash_attn_wheels": fa_wheels}
+            "links": links, "apex_source": apex_source, "flash_attn_wheels": fa_wheels,
+            "uv_wheel": uv_wheel}
+
+
+def _wheelhouse_uv(env: ResolvedEnv, wheelhouse: Path, links: dict[str, Path]) -> str | None:
+    """The file name of the uv wheel the matrix pins when the wheelhouse carries it for this
+    profile with that sha256 (its runtime stage then installs with uv), else None (pip)."""
+    pin = env.data["uv"]
+    name = pin["url"].rsplit("/", 1)[-1]
+    entry = (read_wheelhouse_manifest(wheelhouse) or {}).get("files", {}).get(f"pypi/{name}")
+    ok = f"wheelhouse/{name}" in links and entry and entry.get("sha256") == pin["sha256"]
+    return name if ok else None
 
 
 def _sourced(env: ResolvedEnv) -> list[str]:
