@@ -255,20 +255,7 @@ def smoke(client, image: str, command: list[str]) -> str:
 
 def push(client, image: str, registry: str, repo_tag: str, say: Callable[[str], None]) -> str:
     """Tag `image` as registry/repo_tag, push it with progress, return the pushed digest."""
-    import requests
-
-    from .registry import endpoint_url
-
-    base = endpoint_url(registry)
-    try:
-        r = requests.get(base + "/v2/", timeout=10)
-        if r.status_code not in (200, 401):
-            raise ActionError(f"{registry} answered HTTP {r.status_code} to /v2/: not a container "
-                              "registry. Check --push.")
-    except requests.RequestException as e:
-        raise ActionError(f"Registry {registry} is unreachable ({type(e).__name__}). Start it or "
-                          "fix --push (a name from your config's `registries:`, or HOST[:PORT]); "
-                          "nothing was pushed.") from None
+    check_registry(registry)
     repo, _, tag = repo_tag.rpartition(":")
     target = f"{registry}/{repo}"
     client.images.get(image).tag(target, tag)
@@ -289,6 +276,30 @@ def push(client, image: str, registry: str, repo_tag: str, say: Callable[[str], 
     if not digest:
         raise ActionError(f"Push of {target}:{tag} reported no digest; the registry may have "
                           "rejected it silently. Check the registry's logs.")
+    check_served(target, tag, digest)
+    return digest
+
+
+def check_registry(registry: str) -> None:
+    """ActionError unless `registry` answers /v2/ as a container registry (nothing is pushed)."""
+    import requests
+
+    from .registry import endpoint_url
+
+    base = endpoint_url(registry)
+    try:
+        r = requests.get(base + "/v2/", timeout=10)
+        if r.status_code not in (200, 401):
+            raise ActionError(f"{registry} answered HTTP {r.status_code} to /v2/: not a container "
+                              "registry. Check --push.")
+    except requests.RequestException as e:
+        raise ActionError(f"Registry {registry} is unreachable ({type(e).__name__}). Start it or "
+                          "fix --push (a name from your config's `registries:`, or HOST[:PORT]); "
+                          "nothing was pushed.") from None
+
+
+def check_served(target: str, tag: str, digest: str) -> None:
+    """ActionError unless the registry now serves target:tag with `digest` (after a push)."""
     from .registry import digest as served_digest
 
     try:
@@ -298,7 +309,6 @@ def push(client, image: str, registry: str, repo_tag: str, say: Callable[[str], 
     if served != digest:
         raise ActionError(f"After pushing, {target}:{tag} is not served with digest {digest} "
                           f"(the registry serves {served}). The push is not complete; run again.")
-    return digest
 
 
 def secret_files(ca_cert: Path | None, pip_conf: Path | None) -> dict[str, Path]:
@@ -325,12 +335,12 @@ def stage_context(files: dict[str, str], links: dict[str, Path] | None = None) -
     return root / "ctx"
 
 
-def default_echo(verbose: bool) -> Callable[[str], None]:
+def default_echo(verbose: bool, header: str = r"^#\d+ \[") -> Callable[[str], None]:
     if verbose:
         return lambda line: print(line, file=sys.stderr, flush=True)
-    step = re.compile(r"^#\d+ \[")
+    step = re.compile(header)
 
-    def echo(line: str) -> None:  # BuildKit's step headers only: one line per step
+    def echo(line: str) -> None:  # the build's step headers (BuildKit's by default): one a step
         if step.match(line):
             print(line, file=sys.stderr, flush=True)
     return echo

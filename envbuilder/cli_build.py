@@ -81,17 +81,25 @@ def mirrors_probe(name, timeout, as_json, matrix_dirs):
 @click.option("--push", "push_to", metavar="REGISTRY", help="`local`, a configured name, or HOST[:PORT].")
 @click.option("--tag", help="Image name:tag (default envbuild/<profile>:<spec hash>).")
 @click.option("--ca-cert", type=click.Path(path_type=Path), help="CA bundle for TLS-intercepting networks (BuildKit secret).")
-@click.option("--pip-conf", type=click.Path(path_type=Path), help="pip.conf for the build (BuildKit secret).")
+@click.option("--pip-conf", type=click.Path(path_type=Path), help="pip.conf for the build's pip "
+              "steps (BuildKit secret): the builder stage and uv's own install; the runtime "
+              "stage's uv steps take their indexes from --mirror.")
 @click.option("--smoke/--no-smoke", default=True, show_default=True, help="Run imports in the built image.")
 @click.option("--context", "keep_context", type=click.Path(path_type=Path), help="Keep the build context here.")
 @click.option("-v", "--verbose", is_flag=True, help="Show the whole build log.")
 @click.option("--wheelhouse", type=click.Path(path_type=Path), metavar="DIR",
               help="pip installs only from this wheelhouse (envbuild wheelhouse): no index at all.")
+@click.option("--engine", type=click.Choice(["auto", "docker", "podman", "buildah"]), default="auto",
+              envvar="ENVBUILD_ENGINE", show_default=True,
+              help="What builds: docker (BuildKit), or daemonless podman or buildah. auto: docker "
+              "when its client has BuildKit and the daemon answers, else podman, else buildah.")
 @override_options
 def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context, verbose,
-          wheelhouse, overrides, matrix_dirs):
-    """Render PROFILE, build it with BuildKit (through a mirror), smoke-test and push it."""
+          wheelhouse, engine, overrides, matrix_dirs):
+    """Render PROFILE, build it with BuildKit or podman/buildah (through a mirror), smoke-test
+    and push it."""
     from . import build as B
+    from . import engines as E
     from . import mirrors as M
     from .cli import locked_context
     from .config import registry_for, user_config
@@ -112,6 +120,7 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
     def say(msg):
         click.echo(msg, err=True)
 
+    engine = E.choose(engine, smoke, say)
     name = mirror
     if mirror == "auto":
         name = user_config().get("mirror")
@@ -148,7 +157,7 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
     files = render_files(env, locked)
     links = (locked or {}).get("links")
     registry = registry_for(push_to, (m.defaults or {}).get("registry_local", "localhost:5000")) if push_to else None
-    client = B.engine()
+    eng = E.make(engine)  # docker: the daemon must answer before anything is built
     context = B.stage_context(files, links) if keep_context is None else None
     if keep_context is not None:
         from .render import write_dir
@@ -164,7 +173,8 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
         (secret_dir / "endpoints").chmod(0o600)
         secrets = dict(secrets, endpoints=secret_dir / "endpoints")
     try:
-        result = B.build(context, tag, build_args, secrets, B.default_echo(verbose), say)
+        result = eng.build(context, tag, build_args, secrets,
+                           B.default_echo(verbose, eng.step_header), say)
     finally:
         if keep_context is None:
             shutil.rmtree(context.parent, ignore_errors=True)
@@ -172,9 +182,9 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
             shutil.rmtree(secret_dir, ignore_errors=True)
     say(f"built {result.image}")
     if smoke:
-        say(B.smoke(client, result.image, smoke_command()).strip())
+        say(eng.smoke(result.image, smoke_command()).strip())
     if registry:
-        digest = B.push(client, result.image, registry, tag, say)
+        digest = eng.push(result.image, registry, tag, say)
         click.echo(f"{registry}/{tag.rsplit(':', 1)[0]}@{digest}")
     else:
         click.echo(result.image)

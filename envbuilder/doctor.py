@@ -1,7 +1,7 @@
 """Is this machine ready to build and run a profile? Each check says ✓/✗ and, when it fails, the fix.
 
 The GPU checks apply the resolver's rules to what `detect` found; the host checks (Docker engine,
-NVIDIA runtime, BuildKit, disk, conda) read the machine through the probes in `Probes`, which
+NVIDIA runtime, BuildKit, the build engines usable, disk, conda) read the machine through the probes in `Probes`, which
 tests replace with recorded answers.
 """
 
@@ -169,6 +169,25 @@ def buildkit_check(run: Callable, which_all_: Callable[[str], list[str]],
     return Check("buildkit", "ok", client.description)
 
 
+def engines_check(engine: Engine, buildkit: Check, which: Callable[[str], str | None],
+                  run: Callable) -> Check:
+    """Which engines `envbuild build --engine` can use: docker (its daemon and BuildKit, as the
+    checks above found), podman and buildah (installed, and their version answers)."""
+    from .engines import statuses
+
+    docker_ok = engine.reachable and buildkit.status == "ok"
+    docker_why = (f"{engine.detail}, BuildKit" if docker_ok else
+                  f"daemon {engine.detail}" if not engine.reachable else buildkit.detail)
+    rows = [("docker", docker_ok, docker_why)] + statuses(which, run)
+    usable = [name for name, ok, _ in rows if ok]
+    detail = "; ".join(f"{name}: {'yes' if ok else 'no'} ({why})" for name, ok, why in rows)
+    if not usable:
+        return Check("engines", "fail", detail, "start Docker (with BuildKit), or install podman "
+                     "and buildah (apt-get install podman buildah) and build with --engine podman")
+    pick = "docker" if docker_ok else usable[0]
+    return Check("engines", "ok", f"{detail}; --engine auto builds with {pick}")
+
+
 def image_gb(d: dict) -> int:
     return (IMAGE_GB["base"] + (IMAGE_GB["vllm"] if d["vllm"] else 0)
             + (IMAGE_GB["builder"] if d["apex"] or d["flash_attn"] else 0))
@@ -242,6 +261,7 @@ def doctor(m: Matrix, profile: str, overrides: Overrides = Overrides(), probes: 
     checks = gpu_checks(m, profile, overrides, base, machine)
     checks += docker_checks(engine)
     checks.append(buildkit_check(probes.run, probes.which_all, probes.exists))
+    checks.append(engines_check(engine, checks[-1], probes.which, probes.run))
     checks.append(disk_check(base.data, engine, probes.free_bytes, probes.exists))
     checks.append(conda_check(probes.which, conda_required))
     checks.append(mirror_check(m, mirror, probes.mirror_probe))
