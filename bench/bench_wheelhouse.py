@@ -73,27 +73,31 @@ def pip_download(index_url: str, requirements: Path, dest: Path) -> None:
 
 
 def bench_lock(lock: Path, wheels: dict[str, tuple[str, bytes]], url) -> None:
-    """A pip-only lock of the generated wheels, in envbuild's layout (the bench's input)."""
-    pylock, req = ['lock-version = "1.0"\ncreated-by = "bench"\n'], []
+    """A pip-only lock of the generated wheels, as `envbuild lock` writes it (the bench's input)."""
+    from envbuilder.lock import lockfile as L
+
+    pylock, req = ['lock-version = "1.0"', 'created-by = "bench"', ""], []
     for name, (filename, data) in wheels.items():
         digest = hashlib.sha256(data).hexdigest()
-        pylock.append(f'\n[[packages]]\nname = "{name}"\nversion = "1.0"\nwheels = [{{ url = '
-                      f'"{url(filename)}", size = {len(data)}, hashes = {{ sha256 = "{digest}" }} }}]\n')
-        req.append(f"{name}==1.0 \\\n    --hash=sha256:{digest}\n")
-    files = {"pylock.toml": "".join(pylock), "requirements.lock": "".join(req)}
+        pylock += ["[[packages]]", f'name = "{name}"', 'version = "1.0"',
+                   f'wheels = [{{ url = "{url(filename)}", size = {len(data)}, hashes = '
+                   f'{{ sha256 = "{digest}" }} }}]', ""]
+        req.append(f"{name}==1.0 \\\n    --hash=sha256:{digest}")
+    files = {L.PYLOCK: "\n".join(pylock), L.REQUIREMENTS: "\n".join(req) + "\n"}
+    meta = {"format": L.FORMAT, "profile": "bench", "input_sha256": "0" * 64, "inputs": {},
+            "parts": ["pip"], "sources": {"pypi": url("")},
+            "target": {"platform": "linux-64", "python": "3.10",
+                       "python_platform": "x86_64-manylinux_2_35"},
+            "files": {n: L.sha256_text(t) for n, t in files.items()}}
     lock.mkdir(parents=True, exist_ok=True)
-    for name, text in files.items():
+    for name, text in {**files, L.META: L.dumps(meta)}.items():
         (lock / name).write_text(text)
-    meta = {"format": 1, "profile": "bench", "parts": ["pip"], "input_sha256": "bench",
-            "env_sha256": "bench",
-            "files": {n: hashlib.sha256(t.encode()).hexdigest() for n, t in files.items()}}
-    (lock / "lock.json").write_text(json.dumps(meta))
 
 
 def envbuild_wheelhouse(lock: Path, dest: Path, jobs: int) -> None:
     subprocess.run([sys.executable, "-m", "envbuilder", "wheelhouse", "bench", "--lock-dir",
                     str(lock), "-o", str(dest), "--jobs", str(jobs)], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                   stdout=subprocess.DEVNULL)
 
 
 def main() -> None:
