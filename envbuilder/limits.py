@@ -20,21 +20,40 @@ MAX_INPUT_BYTES = 8 << 20
 MAX_YAML_NODES = 1_000_000
 
 
+class NotRegularFile(ValueError):
+    """A path that is a device, a pipe or a folder: reading it might never end."""
+
+
+class TooLarge(ValueError):
+    """A file over the limit its reader set."""
+
+
+def read_limited(path: Path, limit: int) -> bytes:
+    """The bytes of `path`, read only when it is a regular file and at most `limit` bytes long.
+    OSError (FileNotFoundError when missing), NotRegularFile or TooLarge otherwise: each reader
+    says what that means for its file."""
+    with open(path, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise NotRegularFile(str(path))
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise TooLarge(str(path))
+    return data
+
+
 def read_text_bounded(path: Path, what: str, limit: int = MAX_INPUT_BYTES) -> str:
     """The text of `path` (UTF-8), or an exit-2 paragraph: what, why, what to do."""
     try:
-        with open(path, "rb") as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                raise UserError(f"{what} {path} is not a regular file (a device, pipe or folder); "
-                                "envbuild reads only files. Pass the file itself.")
-            data = f.read(limit + 1)
+        data = read_limited(path, limit)
+    except NotRegularFile:
+        raise UserError(f"{what} {path} is not a regular file (a device, pipe or folder); "
+                        "envbuild reads only files. Pass the file itself.") from None
+    except TooLarge:
+        raise UserError(f"{what} {path} is larger than {limit >> 20} MiB, far more than any "
+                        "envbuild input; it is not the file you meant. Pass the right file.") from None
     except OSError as e:
         raise UserError(f"Cannot read {path} ({what}): {e.strerror}. Check the path and its "
                         "permissions.") from None
-    if len(data) > limit:
-        raise UserError(f"{what} {path} is larger than {limit >> 20} MiB, far more than any "
-                        "envbuild input; it is not the file you meant. Pass the right file.")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -124,20 +124,15 @@ def _cache_path(files: list[Path]) -> Path | None:
     from . import __version__
 
     h = hashlib.sha256(__version__.encode())
-    import stat
-
-    from .limits import MAX_INPUT_BYTES
+    from .limits import MAX_INPUT_BYTES, read_limited
 
     try:
         for f in [*files, *(Path(__file__).parent / name for name in _VALIDATORS)]:
-            with open(f, "rb") as fh:
-                st = os.fstat(fh.fileno())
-                if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_INPUT_BYTES:
-                    return None  # (no cache: reading it afresh says what is wrong with it)
-                data = fh.read(MAX_INPUT_BYTES + 1)
+            # (a device, a pipe or a huge file: no cache; reading it afresh says what is wrong)
+            data = read_limited(f, MAX_INPUT_BYTES)
             h.update(f"{f.resolve()}\0{len(data)}\0".encode())
             h.update(data)
-    except OSError:
+    except (OSError, ValueError):
         return None
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "envbuild"
     return root / f"matrix-{h.hexdigest()[:32]}.json"

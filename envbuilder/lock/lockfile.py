@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import stat
 from pathlib import Path
 
 from ..errors import UserError
@@ -225,17 +223,18 @@ def verified(lock_dir: Path, profile: str | None = None) -> tuple[dict, dict[str
 
 def _read_bounded(path: Path) -> tuple[str | None, str]:
     """(text, "") of a regular UTF-8 file of at most MAX_FILE bytes, or (None, why not)."""
+    from ..limits import NotRegularFile, TooLarge, read_limited
+
     try:
-        with open(path, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                return None, f"unreadable: {path} is not a regular file"
-            data = f.read(MAX_FILE + 1)
+        data = read_limited(path, MAX_FILE)
     except FileNotFoundError:
         return None, f"missing: {path}"
+    except NotRegularFile:
+        return None, f"unreadable: {path} is not a regular file"
+    except TooLarge:
+        return None, f"unreadable: {path} is over {MAX_FILE >> 20} MiB: no file envbuild wrote"
     except OSError as e:
         return None, f"unreadable: {path}: {e.strerror}"
-    if len(data) > MAX_FILE:
-        return None, f"unreadable: {path} is over {MAX_FILE >> 20} MiB: no file envbuild wrote"
     try:
         return data.decode("utf-8"), ""
     except UnicodeDecodeError:
