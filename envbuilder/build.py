@@ -224,15 +224,22 @@ def build(context: Path, tag: str, build_args: dict[str, str], secrets: dict[str
     rc, log = run_build(client, context, tag, build_args, secrets, echo)
     if rc == 0:
         return BuildResult(tag, log[-2000:])
-    tail = "\n".join(log.strip().splitlines()[-15:])
     steps = _FAILED_STEP.findall(log)
-    if PULL_FAILURE.search(log) and not steps:
-        raise ActionError(f"docker build of {tag} could not pull its base image, although the "
-                          f"registry endpoint served its manifest:\n{tail}\nRun again, or try "
-                          "another --mirror.")
+    raise build_failure("docker", tag, log, steps, PULL_FAILURE.search(log) is not None and not steps)
+
+
+def build_failure(engine: str, tag: str, log: str, steps: list[tuple[str, str]],
+                  pull_failed: bool) -> ActionError:
+    """A failed build, reported as what it is: the base image's pull, or the step (the last of
+    `steps`, (number, instruction) as the engine titles them) whose own output says why."""
+    tail = "\n".join(log.strip().splitlines()[-15:])
+    if pull_failed:
+        return ActionError(f"{engine} build of {tag} could not pull its base image, although the "
+                           f"registry endpoint served its manifest:\n{tail}\nRun again, or try "
+                           "another --mirror.")
     where = f" at [{steps[-1][0]}] {steps[-1][1][:160]}" if steps else ""
-    raise ActionError(f"docker build of {tag} failed{where}.\n{tail}\nFix the error above (the "
-                      "step's own output says why), then run again.")
+    return ActionError(f"{engine} build of {tag} failed{where}.\n{tail}\nFix the error above (the "
+                       "step's own output says why), then run again.")
 
 
 def smoke(client, image: str, command: list[str]) -> str:

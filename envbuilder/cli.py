@@ -303,7 +303,9 @@ def render(profile, all_, from_, out, locked_dir, wheelhouse, mirror, force, ove
         raise UserError("--locked and --wheelhouse both say where the lock comes from: a "
                         "wheelhouse carries its own copy of the lock. Pass one of them.")
     if from_:
-        text = read_input_file(Path(from_), "--from file")
+        from .limits import read_text_bounded
+
+        text = read_text_bounded(Path(from_), "--from file")
         env = ResolvedEnv.from_json(text, str(from_))
         # the shape the resolver writes (its field spec): a file that lost keys or changed
         # their kinds is named here, before any template reads it
@@ -372,17 +374,6 @@ def plain_name(name: str, what: str) -> str:
         raise UserError(f"{what} is {shorten(name)!r}, which is not a plain folder name: it would "
                         "render outside out/. Rename the profile (letters, digits, '.', '_', '-').")
     return name
-
-
-# Input files (overlays, the config, --from specs) are read whole: none is anywhere near this.
-MAX_INPUT_BYTES = 8 << 20
-
-
-def read_input_file(path: Path, what: str) -> str:
-    """A user's input file as text, bounded and UTF-8, or an exit-2 paragraph saying why not."""
-    from .limits import read_text_bounded
-
-    return read_text_bounded(path, what)
 
 
 def locked_context(env, locked_dir, all_, wheelhouse=None, mirror=None):

@@ -135,7 +135,7 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
                                 f"(tried {', '.join(candidates)}). Check your network or add a "
                                 "mirror set to your config.")
         say(f"--mirror auto chose {name!r}")
-    choice, build_args, credentials = None, {}, ""
+    choice, credentials = None, ""
     if name:
         body = M.get_set(m, name)
         healthy = M.health(M.probe(body))
@@ -173,7 +173,8 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
         (secret_dir / "endpoints").chmod(0o600)
         secrets = dict(secrets, endpoints=secret_dir / "endpoints")
     try:
-        result = eng.build(context, tag, build_args, secrets,
+        # no build args: the rendered files already name every endpoint (credentials: a secret)
+        result = eng.build(context, tag, {}, secrets,
                            B.default_echo(verbose, eng.step_header), say)
     finally:
         if keep_context is None:

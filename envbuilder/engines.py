@@ -226,16 +226,10 @@ def _daemonless_result(name, context, tag, build_args, argv, echo, say):
     rc, log = _stream(argv, echo)
     if rc == 0:
         return B.BuildResult(tag, log[-2000:])
-    tail = "\n".join(log.strip().splitlines()[-15:])
     steps = STEP.findall(log)
-    if (PULL_FAILED.search(log) or B.PULL_FAILURE.search(log)) and \
-            (not steps or steps[-1][1].upper().startswith("FROM ")):
-        raise ActionError(f"{name} build of {tag} could not pull its base image, although the "
-                          f"registry endpoint served its manifest:\n{tail}\nRun again, or try "
-                          "another --mirror.")
-    where = f" at [{steps[-1][0]}] {steps[-1][1][:160]}" if steps else ""
-    raise ActionError(f"{name} build of {tag} failed{where}.\n{tail}\nFix the error above (the "
-                      "step's own output says why), then run again.")
+    pulled = (PULL_FAILED.search(log) or B.PULL_FAILURE.search(log)) and \
+        (not steps or steps[-1][1].upper().startswith("FROM "))
+    raise B.build_failure(name, tag, log, steps, bool(pulled))
 
 
 def _version(name: str) -> str:

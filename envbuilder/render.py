@@ -163,7 +163,7 @@ def render_files(env: ResolvedEnv, locked: dict | None = None) -> dict[str, str]
 
 
 def write_dir(out_dir: Path, files: dict[str, str], links: dict[str, Path] | None = None,
-              marker: str | None = None, force: bool = False) -> list[Path]:
+              force: bool = False) -> list[Path]:
     """Write `files` (and hard-link `links`) into `out_dir`, replacing and deleting only what an
     earlier envbuild write put there (outdir.write_dir); the scripts get mode 0755."""
     from .outdir import write_dir as write

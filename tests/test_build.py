@@ -230,6 +230,17 @@ def _layers_contain(client, image: str, needle: bytes) -> bool:
     return False
 
 
+def pull_back(client, ref: str, profile: str):
+    """Pull `ref` and check it is `profile`'s image: its /etc/envbuild.json and its label."""
+    image = client.images.pull(ref)
+    out = client.containers.run(image.id, ["python", "-c", "import json; "
+                                "print(json.load(open('/etc/envbuild.json'))['profile'])"],
+                                remove=True, network_mode="host")
+    assert out.decode().strip() == profile
+    assert image.labels["io.envbuild.profile"] == profile
+    return image
+
+
 def test_build_p40_through_mirror_pushes_and_pulls_back(docker_client, config):
     tag = "envbuild-test/p40:mirror"
     r = envbuild(["build", "p40", "--mirror", "test", "--without", "apex", "--push", "local",
@@ -240,12 +251,7 @@ def test_build_p40_through_mirror_pushes_and_pulls_back(docker_client, config):
     assert pushed.startswith(f"{REGISTRY}/envbuild-test/p40@sha256:")
     docker_client.images.remove(f"{REGISTRY}/{tag}", force=True)
     docker_client.images.remove(tag, force=True)
-    image = docker_client.images.pull(pushed)
-    out = docker_client.containers.run(image.id, ["python", "-c", "import json; "
-                                       "print(json.load(open('/etc/envbuild.json'))['profile'])"],
-                                       remove=True, network_mode="host")
-    assert out.decode().strip() == "p40"
-    assert image.labels["io.envbuild.profile"] == "p40"
+    pull_back(docker_client, pushed, "p40")
 
 
 def test_build_compiles_apex_in_the_devel_stage_and_ships_only_the_wheel(docker_client, config):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from test_build import (ENVBUILD, REGISTRY, ROOT, config, docker_client, envbuild, fa_github,  # noqa: F401
-                        github, index)
+                        github, index, pull_back)
 
 pytestmark = pytest.mark.docker
 
@@ -57,12 +57,7 @@ def test_daemonless_build_through_the_mirror_smokes_pushes_and_pulls_back(docker
         docker_client.images.remove(pushed, force=True)
     except Exception:  # noqa: BLE001 - not there yet
         pass
-    image = docker_client.images.pull(pushed)
-    out = docker_client.containers.run(image.id, ["python", "-c", "import json; "
-                                       "print(json.load(open('/etc/envbuild.json'))['profile'])"],
-                                       remove=True, network_mode="host")
-    assert out.decode().strip() == "p40"
-    assert image.labels["io.envbuild.profile"] == "p40"
+    image = pull_back(docker_client, pushed, "p40")
     # docker's image format: SHELL (bash -o pipefail) kept, which OCI images would drop
     shell = docker_client.api.inspect_image(image.id)["Config"].get("Shell")
     assert shell == ["/bin/bash", "-o", "pipefail", "-c"]

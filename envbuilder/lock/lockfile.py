@@ -287,10 +287,11 @@ def _unparsable(name: str, text: str) -> str | None:
 
 
 def write_dir(lock_dir: Path, files: dict[str, str]) -> None:
-    """Replace `lock_dir` with exactly `files`, as one swap: all of them or, on failure, none."""
-    from ..render import write_dir as swap_dir
+    """Write the lock's `files` into `lock_dir`: staged, then moved into place; only files an
+    earlier lock wrote there (and nobody edited) are replaced or removed (outdir.write_dir)."""
+    from ..outdir import write_dir as write
 
-    swap_dir(lock_dir, files, marker=META)
+    write(lock_dir, files)
 
 
 def for_render(env: ResolvedEnv, lock_dir: Path, wheelhouse: Path | None = None,
