@@ -54,7 +54,7 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="envbuild-bench-build-"))
     m = matrix.load()
-    d = resolve(m, "p40", Overrides()).data
+    d = resolve(m, "p40", Overrides()).to_dict()
     fixture = ROOT / "tests" / "fixtures" / "verl-0.4.1"
     # torch weighs most by far (the real cu118 wheel is ~2.3 GB): the stand-ins keep that shape
     wheels_for_env(work / "pkgs", d, fixture if fixture.is_dir() else None,

@@ -48,7 +48,7 @@ def main() -> int:
         print(f"{args.profile} needs the PyTorch index ({plan.torch_index}); pick a profile whose "
               "torch PyPI serves (4090, t4, v100, 3090, a100, h100, h200)", file=sys.stderr)
         return 2
-    python = find_python(env.data["python"]).path
+    python = find_python(env.python).path
     uv = uv_bin()
     work = Path(tempfile.mkdtemp(prefix="envbuild-bench-install-"))
     files = render_files(env)

@@ -140,7 +140,7 @@ def run_uv(env, pypi: str, torch: str) -> tuple[float, set]:
         tmp = Path(tmp)
         (tmp / "requirements.in").write_text(requirements_in(env))
         e = dict(os.environ, UV_CACHE_DIR=str(tmp / "cache"), UV_PYTHON_DOWNLOADS="never")
-        args = compile_args(env.name, env.data["python"], "2.35", pypi, torch)
+        args = compile_args(env.name, env.python, "2.35", pypi, torch)
         t0 = time.perf_counter()
         p = subprocess.run([uv_bin(), "pip", "compile", "requirements.in", *args,
                             "--generate-hashes", "-q", "-o", "requirements.lock"],

@@ -59,7 +59,7 @@ def write_cases(out: Path, probes: list[str] | None = None) -> None:
     consts_of = {}
     cases = []
     for name in m.profiles:
-        env = resolve(m, name).data
+        env = resolve(m, name).to_dict()
         mem = env["memory"]
         arch_rec = m.models[env["train"]["model"]]
         total = m.memory["total_mib"].get(env["gpu"]["key"])

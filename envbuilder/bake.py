@@ -27,15 +27,15 @@ def hcl_string(value: str) -> str:
     return json.dumps(str(value)).replace("${", "$${").replace("%{", "%%{")
 
 
-def target_args(d: dict) -> dict[str, str]:
+def target_args(env) -> dict[str, str]:
     """Build args of a profile's target: where its steps fetch from (what the rendered
     Dockerfile's ARGs default to, mirror applied), and the compile parallelism."""
     args = {"PIP_INDEX_URL": "${PIP_INDEX_URL}", "HF_ENDPOINT": "${HF_ENDPOINT}",
             "APT_MIRROR": "${APT_MIRROR}"}
-    if d.get("apex") or d.get("flash_attn"):  # (a builder stage compiles them)
+    if env.needs_builder:  # (a builder stage compiles them)
         args["MAX_JOBS"] = "${MAX_JOBS}"
-    if d["indexes"].get("torch"):
-        args["TORCH_INDEX_URL"] = d["indexes"]["torch"]  # per profile: its CUDA variant's index
+    if env.indexes.torch:
+        args["TORCH_INDEX_URL"] = env.indexes.torch  # per profile: its CUDA variant's index
     return args
 
 
@@ -72,18 +72,17 @@ def bake_file(targets: list[dict], variables: dict[str, str]) -> str:
 def bake_target(env, tag: str) -> dict:
     """The target of one (mirrored, constrained) resolved environment; `tag` is its upstream
     name envbuild/<profile>:<hash>, pushed under ${REGISTRY}/."""
-    d = env.data
     repo, version = tag.rsplit(":", 1)
-    return {"name": env.name, "context": env.name, "args": target_args(d),
+    return {"name": env.name, "context": env.name, "args": target_args(env),
             "tags": [f"${{REGISTRY}}/{repo}:{version}", f"${{REGISTRY}}/{repo}:latest"],
             "cache_ref": f"${{REGISTRY}}/{repo}:buildcache",
             "labels": {"io.envbuild.profile": env.name, "io.envbuild.tag": tag}}
 
 
-def variables(d: dict, registry: str) -> dict[str, str]:
+def variables(env, registry: str) -> dict[str, str]:
     """The variables every target shares: the registry it pushes to and caches in, and the
     endpoints (the first profile's, mirror applied; they are the same for every profile)."""
-    mirror = d.get("mirror") or {}
-    return {"REGISTRY": registry, "PIP_INDEX_URL": d["indexes"]["pypi"],
-            "HF_ENDPOINT": d["huggingface"], "APT_MIRROR": mirror.get("apt") or "",
+    apt = env.mirror.apt if env.mirror else None
+    return {"REGISTRY": registry, "PIP_INDEX_URL": env.indexes.pypi,
+            "HF_ENDPOINT": env.huggingface, "APT_MIRROR": apt or "",
             "MAX_JOBS": "4"}

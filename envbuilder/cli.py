@@ -151,34 +151,35 @@ def show(profile, as_json, memory, overrides, matrix_dirs):
     env = resolve(load_matrix(matrix_dirs), profile, overrides)
     if memory:
         if as_json:
-            click.echo(json.dumps({"profile": env.name, "memory": env.data["memory"]}, indent=2,
+            from .record import plain
+
+            click.echo(json.dumps({"profile": env.name, "memory": plain(env.memory)}, indent=2,
                                   sort_keys=True))
         else:
-            click.echo("\n".join(memory_lines(env.data)))
+            click.echo("\n".join(memory_lines(env)))
         return
     if as_json:
         click.echo(env.to_json(), nl=False)
         return
-    d = env.data
     lines = [
-        f"profile    {d['profile']}: {d['description']}",
-        f"gpu        {d['gpu']['name']} (CC {d['gpu']['compute_capability']}, {d['gpu']['vram_gb']} GB)",
-        f"cuda       {d['cuda']['version']} ({d['cuda']['images']['runtime']}), driver >= "
-        f"{d['driver']['min_driver']}",
-        f"python     {d['python']}",
-        f"torch      {' '.join(d['torch']['packages'])}"
-        + (f" from {d['torch']['index_url']}" if d["torch"]["index_url"] else " from PyPI"),
-        f"rollout    {d['rollout']}" + (f" (vllm {d['vllm']['version']})" if d["vllm"] else ""),
-        f"verl       {d['verl']['version']}",
-        f"precision  {d['dtype']}, attention {d['attention']}, remove_padding "
-        f"{d['features']['remove_padding']}, torch.compile {d['features']['torch_compile']}",
-        f"extensions {', '.join(x for x in ('apex', 'flash_attn') if d[x]) or 'none'}",
-        f"patches    {', '.join(p['name'] for p in d['patches']) or 'none'}",
+        f"profile    {env.profile}: {env.description}",
+        f"gpu        {env.gpu.name} (CC {env.gpu.compute_capability}, {env.gpu.vram_gb} GB)",
+        f"cuda       {env.cuda.version} ({env.cuda.images['runtime']}), driver >= "
+        f"{env.driver.min_driver}",
+        f"python     {env.python}",
+        f"torch      {' '.join(env.torch.packages)}"
+        + (f" from {env.torch.index_url}" if env.torch.index_url else " from PyPI"),
+        f"rollout    {env.rollout}" + (f" (vllm {env.vllm.version})" if env.vllm else ""),
+        f"verl       {env.verl.version}",
+        f"precision  {env.dtype}, attention {env.attention}, remove_padding "
+        f"{env.features.remove_padding}, torch.compile {env.features.torch_compile}",
+        f"extensions {', '.join(x for x in ('apex', 'flash_attn') if getattr(env, x)) or 'none'}",
+        f"patches    {', '.join(p.name for p in env.patches) or 'none'}",
     ]
-    mem = d["memory"]
+    mem = env.memory
     lines.append(f"memory     peak {mem['peak']['gib']:.1f} GiB of {mem['usable_gib']:.1f} usable "
                  f"({mem['peak']['phase']}); `--memory` for the budget")
-    lines += [f"WARNING    {w}" for w in d["warnings"]]
+    lines += [f"WARNING    {w}" for w in env.warnings]
     click.echo("\n".join(lines))
 
 
@@ -194,23 +195,23 @@ BATCH_KEYS = (("val_batch_size", "data.val_batch_size"),
 PHASE_BATCH = {"generation": "generation", "log_prob": "log_prob", "actor": "actor", "critic": "critic"}
 
 
-def memory_lines(d: dict) -> list[str]:
+def memory_lines(env) -> list[str]:
     """`show --memory`: the budget line by line (term, formula, GiB) and the chosen sizes."""
-    mem, a = d["memory"], d["memory"]["arch"]
-    out = [f"memory per GPU: {d['gpu']['name']}, {mem['gpu_total_gib']:.1f} GiB - "
+    mem, a = env.memory, env.memory["arch"]
+    out = [f"memory per GPU: {env.gpu.name}, {mem['gpu_total_gib']:.1f} GiB - "
            f"{mem['cuda_context_gib']:g} CUDA context"
            + (f" - {mem['nccl_gib']:g} NCCL" if mem["nccl_gib"] else "")
            + f" = {mem['usable_gib']:.1f} GiB usable; a planned batch adds "
            f"{mem['allocator_overhead']:.0%} for the allocator"
-           + (f" ({mem['hf_generate_overhead']:.0%} in HF generate)" if d["rollout"] == "hf" else "")
+           + (f" ({mem['hf_generate_overhead']:.0%} in HF generate)" if env.rollout == "hf" else "")
            + f" and leaves {mem['margin']:.0%} free",
            f"model {mem['model']}: {a['layers']} layers, hidden {a['hidden_size']}, "
            f"{a['attention_heads']} heads ({a['kv_heads']} KV) x {a['head_dim']}, MLP "
            f"{a['intermediate_size']}, vocab {a['vocab_size']}, "
            f"{'tied' if a['tied_embeddings'] else 'untied'} embeddings, {a['parameters']:,} params"
            + (f" (+{a['lora_parameters']:,} LoRA)" if a["lora_parameters"] else ""),
-           f"{d['train']['n_gpus']} GPU(s), {d['dtype']}, {d['attention']} attention, "
-           f"{d['rollout']} rollout, sequences {mem['sequence']['prompt']} + "
+           f"{env.train.n_gpus} GPU(s), {env.dtype}, {env.attention} attention, "
+           f"{env.rollout} rollout, sequences {mem['sequence']['prompt']} + "
            f"{mem['sequence']['response']}, rollout batch {mem['rollout_batch_per_gpu']} and "
            f"mini-batch {mem['mini_batch_per_gpu']} per GPU, {mem['validation_rows']} validation "
            "prompts"]
@@ -248,11 +249,10 @@ def check(profile, online, index_url, torch_index_url, overrides, matrix_dirs):
 
     m = load_matrix(matrix_dirs)
     env = resolve(m, profile, overrides)
-    d = env.data
-    click.echo(f"OK: {profile} resolves: {d['gpu']['name']} (CC {d['gpu']['compute_capability']}), "
-               f"CUDA {d['cuda']['version']}, torch {d['torch']['version']}+{d['torch']['variant']}, "
-               f"verl {d['verl']['version']} with the {d['rollout']} rollout, {d['dtype']}.")
-    for w in d["warnings"]:
+    click.echo(f"OK: {profile} resolves: {env.gpu.name} (CC {env.gpu.compute_capability}), "
+               f"CUDA {env.cuda.version}, torch {env.torch.version}+{env.torch.variant}, "
+               f"verl {env.verl.version} with the {env.rollout} rollout, {env.dtype}.")
+    for w in env.warnings:
         click.echo(f"WARNING: {w}")
     if online:
         from .lock import target_glibc
@@ -260,8 +260,8 @@ def check(profile, online, index_url, torch_index_url, overrides, matrix_dirs):
         from .plan import torch_swap
 
         glibc = target_glibc(m, env)
-        pypi = index_url or d["indexes"]["pypi"]
-        torch_index = torch_index_url or d["indexes"]["torch"]
+        pypi = index_url or env.indexes.pypi
+        torch_index = torch_index_url or env.indexes.torch
         swap = bool(torch_index) and not index_answers(torch_index)
         if swap:
             click.echo(f"note: the PyTorch index {torch_index} does not answer; resolving torch "
@@ -269,7 +269,7 @@ def check(profile, online, index_url, torch_index_url, overrides, matrix_dirs):
         found = co_resolve(env, glibc, pypi, torch_index, swap)
         click.echo(f"OK: the whole pinned set co-resolves: {len(found)} packages from {pypi}"
                    + (f" and {torch_index}" if torch_index and not swap else "")
-                   + f" for Python {d['python']} on {python_platform(glibc)}.")
+                   + f" for Python {env.python} on {python_platform(glibc)}.")
 
 
 @cli.command()
@@ -306,18 +306,9 @@ def render(profile, all_, from_, out, locked_dir, wheelhouse, mirror, force, ove
         from .limits import read_text_bounded
 
         text = read_text_bounded(Path(from_), "--from file")
+        # every value's kind and the whole shape checked, all problems named at once, before
+        # any template reads it
         env = ResolvedEnv.from_json(text, str(from_))
-        # the shape the resolver writes (its field spec): a file that lost keys or changed
-        # their kinds is named here, before any template reads it
-        problems = env.shape_problems()
-        if problems:
-            profile = env.data.get("profile", "PROFILE")
-            raise UserError(f"{from_} is not an envbuild resolved environment as this envbuild "
-                            f"writes it: {'; '.join(problems[:5])}"
-                            + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else "")
-                            + ". Pass the envbuild.json that `envbuild render` wrote, unedited, or "
-                            f"re-resolve it: envbuild render {profile} with the same overrides "
-                            "(they are under `overrides` in the file).")
         target = out or Path("out") / plain_name(env.name, "the profile named in " + str(from_))
         locked = locked_context(env, locked_dir, all_, wheelhouse)
         files = R.render_files(env, locked)  # (a failure past the check is a bug: a traceback)
@@ -354,14 +345,14 @@ def render(profile, all_, from_, out, locked_dir, wheelhouse, mirror, force, ove
         # against the upstream spec (what the lock recorded); its images through the mirror
         locked = locked_context(env, locked_dir, all_, wheelhouse, choice)
         env = with_constraints(env)  # (requirements.txt and environment.yml, also when locked)
-        if not locked and not env.data["constraints"]:
+        if not locked and not env.constraints:
             click.echo(f"  note: {env.name} is not pinned beyond its top-level pins (no lock "
                        f"matches it): `envbuild lock {env.name}` makes one.", err=True)
         if choice:
             env = M.apply_to_env(env, choice)
         R.render(env, target, locked, force=force)
         click.echo(f"rendered {env.name} -> {target}/")
-        for w in env.data["warnings"]:
+        for w in env.warnings:
             click.echo(f"  WARNING: {w}")
 
 

@@ -99,38 +99,38 @@ def archive_path(path: Path) -> Path:
     return full
 
 
-def labels(d: dict, source: str, digest: str | None) -> list[tuple[str, str]]:
+def labels(env, source: str, digest: str | None) -> list[tuple[str, str]]:
     """%labels, key and value: the image's own io.envbuild.* labels (Dockerfile.j2) and where
     the SIF came from. Apptainer reads one label a line: key, a space, the rest of the line."""
-    out = [("io.envbuild.version", d["envbuild_version"]),
-           ("io.envbuild.profile", d["profile"]),
-           ("io.envbuild.gpu", d["gpu"]["key"]),
-           ("io.envbuild.gpu-name", d["gpu"]["name"]),
-           ("io.envbuild.compute-capability", d["gpu"]["compute_capability"]),
-           ("io.envbuild.cuda", d["cuda"]["version"]),
-           ("io.envbuild.torch", f"{d['torch']['version']}+{d['torch']['variant']}"),
-           ("io.envbuild.verl", d["verl"]["version"]),
-           ("io.envbuild.rollout", d["rollout"]),
+    out = [("io.envbuild.version", env.envbuild_version),
+           ("io.envbuild.profile", env.profile),
+           ("io.envbuild.gpu", env.gpu.key),
+           ("io.envbuild.gpu-name", env.gpu.name),
+           ("io.envbuild.compute-capability", env.gpu.compute_capability),
+           ("io.envbuild.cuda", env.cuda.version),
+           ("io.envbuild.torch", f"{env.torch.version}+{env.torch.variant}"),
+           ("io.envbuild.verl", env.verl.version),
+           ("io.envbuild.rollout", env.rollout),
            ("io.envbuild.image", source)]
     if digest:
         out.append(("io.envbuild.image-digest", digest))
     return [(k, str(v)) for k, v in out]
 
 
-def environment(d: dict) -> list[tuple[str, str]]:
+def environment(env) -> list[tuple[str, str]]:
     """%environment: what the image's ENV sets that matters when it runs (Dockerfile.j2 and
     _macros.j2), from the resolved environment. PATH is written after these, with $PATH."""
     out = [("VIRTUAL_ENV", VENV),
            ("PYTHONDONTWRITEBYTECODE", "1"),  # (the SIF is read-only)
-           ("HF_ENDPOINT", d["huggingface"])]
-    alloc = d.get("cuda_alloc_conf") or {}
-    if alloc.get("value"):  # (the run script's default; none where the profile has none)
-        out.append(("PYTORCH_CUDA_ALLOC_CONF", alloc["value"]))
-    if not d["features"]["torch_compile"]:
+           ("HF_ENDPOINT", env.huggingface)]
+    alloc = env.cuda_alloc_conf
+    if alloc and alloc.value:  # (the run script's default; none where the profile has none)
+        out.append(("PYTORCH_CUDA_ALLOC_CONF", alloc.value))
+    if not env.features.torch_compile:
         out.append(("TORCHDYNAMO_DISABLE", "1"))
     for name, value in out:  # (the schema refused these where they entered: a second wall)
         if not all(c == " " or c.isprintable() for c in str(value)):
-            raise UserError(f"The value of {name} for profile {d['profile']!r} holds a control "
+            raise UserError(f"The value of {name} for profile {env.profile!r} holds a control "
                             "character, which a POSIX shell's %environment cannot carry. Fix "
                             "the matrix value it comes from.")
     return out
@@ -141,15 +141,14 @@ def definition(env, source: str, bootstrap: str, digest: str | None, def_name: s
     from .cli_build import PREFLIGHT, smoke_command
     from .render import RUN_SCRIPT, jinja_env
 
-    d = env.data
-    sif = f"{PurePosixPath(def_name).stem or d['profile']}.sif"
+    sif = f"{PurePosixPath(def_name).stem or env.profile}.sif"
     context = {
-        "d": d,
+        "d": env,
         "header": HEADER,
         "bootstrap": bootstrap,
         "source": source,
-        "labels": labels(d, source, digest),
-        "environment": environment(d),
+        "labels": labels(env, source, digest),
+        "environment": environment(env),
         "venv_bin": f"{VENV}/bin",
         "test_command": smoke_command(),
         # where the Dockerfile copies the launch script: beside preflight.py

@@ -143,13 +143,13 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
             say(f"  probe {M.redacted(e)}: {'ok' if ok else 'DOWN'} ({ms:.0f} ms)")
         # the base images' registry endpoints, picked before building: the environment's own
         # image references name them (render, lock and build read the same mirrored data)
-        picks = B.pick_registries(name, body, list(env.data["cuda"]["images"].values()),
+        picks = B.pick_registries(name, body, list(env.cuda.images.values()),
                                   healthy, say)
         choice = M.choice(name, body, healthy)._replace(registries=picks)
         # the rendered files point at the mirror (its endpoints without credentials: the
         # image's envbuild.json and ENV HF_ENDPOINT name the same mirror); credentials reach the
         # RUN steps as a secret only (a wheelhouse build uses its own files, never an index)
-        credentials = choice.credentials_env(env.data, B.NETWORK_ARGS if wheelhouse else ())
+        credentials = choice.credentials_env(env, B.NETWORK_ARGS if wheelhouse else ())
     locked = locked_context(env, None, False, wheelhouse, choice) if wheelhouse else None
     env = with_constraints(env)
     if choice:
@@ -233,7 +233,7 @@ def bake(profiles, all_, out, mirror, registry, force, overrides, matrix_dirs):
             env = M.apply_to_env(env, choice)
         contexts[plain_name(env.name, "a profile")] = render_files(env)
         targets.append(K.bake_target(env, tag))
-        shared = shared or K.variables(env.data, host)
+        shared = shared or K.variables(env, host)
     files = {f"{name}/{path}": text for name, ctx in contexts.items() for path, text in ctx.items()}
     files[K.BAKE_FILE] = K.bake_file(targets, shared)
     write_dir(out, files, executable={f"{n}/{e}" for n in contexts for e in EXECUTABLE},

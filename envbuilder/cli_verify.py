@@ -135,7 +135,7 @@ def verify(profiles, all_, as_json, keep, index_url, torch_index_url, skip_compo
             check_keep(keeps[env.name])
     interps = {}
     for env in envs:
-        py = env.data["python"]
+        py = env.python
         if py not in interps:
             interps[py] = find_python(py)
         if interps[py] is None:
@@ -152,7 +152,7 @@ def verify(profiles, all_, as_json, keep, index_url, torch_index_url, skip_compo
     for env in envs:
         opts = Options(index_url=index_url, torch_index_url=torch_index_url,
                        keep=keeps.get(env.name), skip_compose=skip_compose, say=say)
-        reports.append(run_verify(env, interps[env.data["python"]], opts).as_dict())
+        reports.append(run_verify(env, interps[env.python], opts).as_dict())
     ok = all(r["ok"] for r in reports)
     if as_json:
         click.echo(json.dumps({"ok": ok, "profiles": reports}, indent=2))

@@ -248,32 +248,31 @@ def fit_profile(m: Matrix, name: str, gpu: Gpu, driver: str | None, cuda: str | 
             reasons.append(Reason(False, f"{v.what}: {v.why}"))
             fixes.append(v.fix)
         return Fit(name, False, tuple(reasons), tuple(fixes))
-    d = env.data
-    drv = d["driver"]
-    need = f"profile {name} needs CUDA {drv['for_cuda']} (>= {drv['min_driver']})"
+    drv = env.driver
+    need = f"profile {name} needs CUDA {drv.for_cuda} (>= {drv.min_driver})"
     if driver is None:
         reasons.append(Reason(None, f"driver unknown; {need}"))
-    elif drv["mode"] == "native":
+    elif drv.mode == "native":
         reasons.append(Reason(True, f"driver {driver} supports CUDA {cuda or '?'}; {need}"))
     else:
         reasons.append(Reason(True, f"driver {driver} supports CUDA {cuda or '?'}; {need}, and runs it "
-                              f"under minor-version compatibility (>= {drv['compat_driver']}, "
+                              f"under minor-version compatibility (>= {drv.compat_driver}, "
                               "no PTX JIT)"))
-    t = d["torch"]
-    runs = runnable_archs(gpu.compute_capability, t["archs"])
-    build = f"torch {t['version']}+{t['variant']}"
+    t = env.torch
+    runs = runnable_archs(gpu.compute_capability, t.archs)
+    build = f"torch {t.version}+{t.variant}"
     if runs:
         best = max(runs, key=cc_tuple)
         reasons.append(Reason(True, f"{build} has sm_{best.replace('.', '')} which runs on CC "
                               f"{gpu.compute_capability}"))
     else:
         reasons.append(Reason(False, f"{build} has no kernels for CC {gpu.compute_capability} "
-                              f"(its arch list is {';'.join(t['archs'])})"))
+                              f"(its arch list is {';'.join(t.archs)})"))
         fixes.append("render with a --torch/--cuda whose build lists this CC (envbuild show)")
-    need_gb = d["train"]["model_vram_gb"]
+    need_gb = env.train.model_vram_gb
     enough = gpu.vram_gb >= need_gb
     reasons.append(Reason(enough, f"{gpu.vram_gb:.0f} GB {'>=' if enough else '<'} {need_gb:g} GB "
-                          f"for {d['train']['model']}"))
+                          f"for {env.train.model}"))
     if not enough:
         fixes.append("use a GPU with more memory, or a profile (--matrix-dir) with a smaller "
                      "model and more offload")

@@ -85,39 +85,38 @@ class Probes(NamedTuple):
 
 def gpu_checks(m: Matrix, profile: str, overrides: Overrides, base: ResolvedEnv,
                machine: Machine) -> list[Check]:
-    d = base.data
     if not machine.gpus and not overrides.driver:
         return [Check("GPU", "fail", f"no NVIDIA GPU found: {machine.problem}", NO_GPU_FIX)]
     checks = [driver_check(m, profile, overrides, base, machine)]
     if not machine.gpus:
         return checks + [Check("GPU", "fail", f"no NVIDIA GPU found: {machine.problem}", NO_GPU_FIX)]
-    t, pgpu = d["torch"], d["gpu"]
-    build = f"torch {t['version']}+{t['variant']}"
+    t, pgpu = base.torch, base.gpu
+    build = f"torch {t.version}+{t.variant}"
     for g in sorted({(g.name, g.compute_capability): g for g in machine.gpus}.values()):
         if not g.compute_capability:
             checks.append(Check(f"GPU {g.index}", "fail", f"{g.name}: compute capability unknown",
                                 "add this GPU to gpus in a --matrix-dir overlay"))
             continue
-        runs = runnable_archs(g.compute_capability, t["archs"])
+        runs = runnable_archs(g.compute_capability, t.archs)
         checks.append(Check(
             f"GPU {g.index} arch", "ok" if runs else "fail",
             f"{build} has {'sm_' + max(runs, key=cc_tuple).replace('.', '') if runs else 'no kernels'}"
-            f" for the {g.name} (CC {g.compute_capability}); its arch list is {';'.join(t['archs'])}",
+            f" for the {g.name} (CC {g.compute_capability}); its arch list is {';'.join(t.archs)}",
             "render a profile for this GPU (envbuild detect names one), or a --torch/--cuda whose "
             "build lists it"))
-        same = g.model == d["gpu"]["key"]
-        compatible = cc_runs(g.compute_capability, [pgpu["compute_capability"]])
+        same = g.model == base.gpu.key
+        compatible = cc_runs(g.compute_capability, [pgpu.compute_capability])
         checks.append(Check(
             f"GPU {g.index} profile", "ok" if same or compatible else "fail",
             f"{g.name} (CC {g.compute_capability}) "
             + ("is the profile's GPU" if same else
-               f"vs the profile's {pgpu['name']} (CC {pgpu['compute_capability']}): code built for "
+               f"vs the profile's {pgpu.name} (CC {pgpu.compute_capability}): code built for "
                f"it {'runs' if compatible else 'does not run'} here"),
             "render the profile for this GPU (envbuild detect names it)"))
-        need = d["train"]["model_vram_gb"]
+        need = base.train.model_vram_gb
         checks.append(Check(
             f"GPU {g.index} memory", "ok" if g.vram_gb >= need else "fail",
-            f"{g.vram_gb:.0f} GB for {d['train']['model']} (about {need:g} GB)",
+            f"{g.vram_gb:.0f} GB for {base.train.model} (about {need:g} GB)",
             "use a smaller model, more offload, or a GPU with more memory"))
     return checks
 
@@ -126,8 +125,8 @@ def driver_check(m: Matrix, profile: str, overrides: Overrides, base: ResolvedEn
                  machine: Machine) -> Check:
     """The resolver's driver rule with the detected (or --driver) version."""
     driver = overrides.driver or machine.driver
-    info = base.data["driver"]
-    need = f"CUDA {info['for_cuda']} needs >= {info['min_driver']}"
+    info = base.driver
+    need = f"CUDA {info.for_cuda} needs >= {info.min_driver}"
     source = "" if overrides.driver else f" (supports CUDA {machine.cuda or '?'})"
     try:
         env = resolve(m, profile, overrides._replace(driver=driver))
@@ -136,10 +135,10 @@ def driver_check(m: Matrix, profile: str, overrides: Overrides, base: ResolvedEn
         detail = (f"{driver}{source}; {bad[0].why}" if bad else
                   "; ".join(f"{v.what}: {v.why}" for v in e.violations))
         return Check("driver", "fail", detail, "; ".join(v.fix for v in bad or e.violations))
-    if env.data["driver"]["mode"] == "native":
+    if env.driver.mode == "native":
         return Check("driver", "ok", f"{driver}{source}; {need}")
     return Check("driver", "ok", f"{driver}{source}; {need}, runs under minor-version compatibility "
-                 f"(>= {info['compat_driver']}; no PTX JIT)")
+                 f"(>= {info.compat_driver}; no PTX JIT)")
 
 
 # -- host checks -----------------------------------------------------------------------------
@@ -188,17 +187,17 @@ def engines_check(engine: Engine, buildkit: Check, which: Callable[[str], str | 
     return Check("engines", "ok", f"{detail}; --engine auto builds with {pick}")
 
 
-def image_gb(d: dict) -> int:
-    return (IMAGE_GB["base"] + (IMAGE_GB["vllm"] if d["vllm"] else 0)
-            + (IMAGE_GB["builder"] if d["apex"] or d["flash_attn"] else 0))
+def image_gb(env: ResolvedEnv) -> int:
+    return (IMAGE_GB["base"] + (IMAGE_GB["vllm"] if env.vllm else 0)
+            + (IMAGE_GB["builder"] if env.needs_builder else 0))
 
 
-def disk_check(d: dict, engine: Engine, free: Callable[[str], int], exists: Callable[[str], bool]) -> Check:
+def disk_check(env: ResolvedEnv, engine: Engine, free: Callable[[str], int], exists: Callable[[str], bool]) -> Check:
     root = engine.root_dir or "/var/lib/docker"
     path = root
     while not exists(path) and path != os.path.dirname(path):  # nearest existing parent
         path = os.path.dirname(path)
-    need = image_gb(d)
+    need = image_gb(env)
     have = free(path) / 1e9
     where = root if path == root else f"{root} (on {path})"
     return Check("disk", "ok" if have >= need else "fail",
@@ -262,7 +261,7 @@ def doctor(m: Matrix, profile: str, overrides: Overrides = Overrides(), probes: 
     checks += docker_checks(engine)
     checks.append(buildkit_check(probes.run, probes.which_all, probes.exists))
     checks.append(engines_check(engine, checks[-1], probes.which, probes.run))
-    checks.append(disk_check(base.data, engine, probes.free_bytes, probes.exists))
+    checks.append(disk_check(base, engine, probes.free_bytes, probes.exists))
     checks.append(conda_check(probes.which, conda_required))
     checks.append(mirror_check(m, mirror, probes.mirror_probe))
     return Report(profile, machine, tuple(checks))

@@ -2,7 +2,7 @@
 
 Pure arithmetic, no torch: the profile's dtype, attention, rollout and `train` block, the model's
 architecture (matrices/models.yaml) and a few constants (matrices/memory.yaml). The resolver calls
-`plan()` and keeps what it returns as `env.data["memory"]`; the run script only formats it;
+`plan()` and keeps what it returns as `ResolvedEnv.memory`; the run script only formats it;
 `envbuild show --memory` prints it. bench/memory_gpu.py checks it on a real GPU.
 
 verl runs actor, rollout, reference and critic in one process per GPU, one phase at a time, so
@@ -451,7 +451,7 @@ BATCHED = ("generation", "log_prob", "actor", "critic")
 
 def plan(env: dict, arch_rec: dict, consts: dict, val_rows: int) -> dict:
     """The memory budget and the batch sizes of a resolved profile (`env`: at least dtype,
-    attention, rollout and train of ResolvedEnv.data; `consts`: matrices/memory.yaml's `memory`
+    attention, rollout and train of a resolved environment, as plain data; `consts`: matrices/memory.yaml's `memory`
     with the card's total_gib)."""
     s = Setup(env, Arch(env["train"]["model"], arch_rec), consts, val_rows)
     phases: dict[str, dict] = {}

@@ -45,29 +45,29 @@ class MirrorChoice(NamedTuple):
             return ref
         return f"{host}/{repository}{parsed.reference}"
 
-    def endpoints(self, d: dict) -> dict[str, str]:
+    def endpoints(self, env) -> dict[str, str]:
         """The endpoints a build's RUN steps use, by the variable the Dockerfile reads them
         from, as the set names them (credentials included)."""
         out = {}
         if self.pypi:
             out["PIP_INDEX_URL"] = self.pypi
-        if self.pytorch and d["indexes"].get("torch"):
-            out["TORCH_INDEX_URL"] = self.pytorch.format(variant=d["torch"]["variant"])
+        if self.pytorch and env.indexes.torch:
+            out["TORCH_INDEX_URL"] = self.pytorch.format(variant=env.torch.variant)
         if self.apt:
             out["APT_MIRROR"] = self.apt
-        if self.github and d.get("apex"):
-            out["APEX_URL"] = github_url(d["apex"]["url"], self.github)
-        if self.github and d.get("flash_attn"):
-            out["FLASH_ATTN_RELEASE"] = github_url(d["flash_attn"]["release"], self.github)
+        if self.github and env.apex:
+            out["APEX_URL"] = github_url(env.apex.url, self.github)
+        if self.github and env.flash_attn:
+            out["FLASH_ATTN_RELEASE"] = github_url(env.flash_attn.release, self.github)
         return out
 
-    def credentials_env(self, d: dict, skip: tuple[str, ...] = ()) -> str:
+    def credentials_env(self, env, skip: tuple[str, ...] = ()) -> str:
         """The endpoints that carry user:password@, as a shell file the image's RUN steps
         source from a BuildKit secret (id=endpoints): the rendered files and the image name
         them without the credentials, and no build arg (which `docker history` shows) holds them."""
         import shlex
 
-        lines = [f"export {var}={shlex.quote(url)}\n" for var, url in sorted(self.endpoints(d).items())
+        lines = [f"export {var}={shlex.quote(url)}\n" for var, url in sorted(self.endpoints(env).items())
                  if var not in skip and url != without_credentials(url)]
         return "".join(lines)
 
@@ -93,32 +93,34 @@ def github_url(url: str, prefix: str | None) -> str:
 def apply_to_env(env, mirror: MirrorChoice):
     """The resolved environment with every upstream endpoint replaced by the mirror's: base
     images, the PyPI and PyTorch indexes, the Hugging Face endpoint, the conda channels, the apex
-    source URL, flash-attn's release folder and an apt mirror. Rendering it gives files whose defaults already point at the
-    mirror (build args can still override them)."""
-    import copy
-
-    from .resolve import ResolvedEnv
+    source URL, flash-attn's release folder and an apt mirror. Rendering it gives files whose
+    defaults already point at the mirror (build args can still override them)."""
+    from .record import frozen
+    from .resolved import Mirror
 
     # every endpoint without its credentials: what the files (and the image's envbuild.json)
     # name; `envbuild build` hands the credentials to RUN steps as a secret (credentials_env)
     bare = without_credentials
-    d = copy.deepcopy(env.data)
-    d["cuda"]["images"] = {role: mirror.image(ref) for role, ref in d["cuda"]["images"].items()}
+    images = frozen({role: mirror.image(ref) for role, ref in env.cuda.images.items()})
+    indexes, torch = env.indexes, env.torch
     if mirror.pypi:
-        d["indexes"]["pypi"] = bare(mirror.pypi)
-    if mirror.pytorch and d["indexes"]["torch"]:
-        d["indexes"]["torch"] = d["torch"]["index_url"] = bare(mirror.pytorch.format(variant=d["torch"]["variant"]))
-    if mirror.huggingface:
-        d["huggingface"] = bare(mirror.huggingface)
+        indexes = indexes._replace(pypi=bare(mirror.pypi))
+    if mirror.pytorch and indexes.torch:
+        url = bare(mirror.pytorch.format(variant=torch.variant))
+        indexes, torch = indexes._replace(torch=url), torch._replace(index_url=url)
     conda = {ch: bare(url) for ch, url in (mirror.conda or {}).items() if url}
-    d["conda_channels"] = [conda.get(ch) or ch for ch in d["conda_channels"]]
-    if d.get("apex") and mirror.github:
-        d["apex"]["url"] = bare(github_url(d["apex"]["url"], mirror.github))
-    if d.get("flash_attn") and mirror.github:
-        d["flash_attn"]["release"] = bare(github_url(d["flash_attn"]["release"], mirror.github))
-    d["mirror"] = {"name": mirror.name, "apt": bare(mirror.apt) if mirror.apt else mirror.apt,
-                   "conda_nvidia": conda.get("nvidia")}
-    return ResolvedEnv(d)
+    apex, fa = env.apex, env.flash_attn
+    if apex and mirror.github:
+        apex = apex._replace(url=bare(github_url(apex.url, mirror.github)))
+    if fa and mirror.github:
+        fa = fa._replace(release=bare(github_url(fa.release, mirror.github)))
+    return env._replace(
+        cuda=env.cuda._replace(images=images), indexes=indexes, torch=torch,
+        huggingface=bare(mirror.huggingface) if mirror.huggingface else env.huggingface,
+        conda_channels=tuple(conda.get(ch) or ch for ch in env.conda_channels),
+        apex=apex, flash_attn=fa,
+        mirror=Mirror(name=mirror.name, apt=bare(mirror.apt) if mirror.apt else mirror.apt,
+                      conda_nvidia=conda.get("nvidia")))
 
 
 def mirror_sets(m) -> dict[str, dict]:

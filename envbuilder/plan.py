@@ -11,7 +11,8 @@ import json
 import re
 from pathlib import Path
 
-from .resolve import Record, ResolvedEnv
+from .record import Record, frozen
+from .resolved import Constraints, ResolvedEnv
 
 # Dockerfile install layers, most expensive first; each installs what its roots pull in that no
 # earlier layer installed.
@@ -45,18 +46,12 @@ def normalize(name: str) -> str:
 
 def layer_roots(env: ResolvedEnv) -> dict[str, list[str]]:
     """The requirements each install layer asks for (its own top-level pins), in order."""
-    d = env.data
     return {
-        "torch": list(d["torch"]["packages"]),
-        "vllm": [f"vllm=={d['vllm']['version']}"] if d["vllm"] else [],
-        "verl-deps": [f"{name}=={version}" for name, version in d["verl"]["pins"].items()],
-        "verl": [f"verl=={d['verl']['version']}"],
+        "torch": list(env.torch.packages),
+        "vllm": [f"vllm=={env.vllm.version}"] if env.vllm else [],
+        "verl-deps": [f"{name}=={version}" for name, version in env.verl.pins.items()],
+        "verl": [f"verl=={env.verl.version}"],
     }
-
-
-def needs_builder(env: ResolvedEnv) -> bool:
-    """A builder stage compiles or fetches extensions (apex, flash-attn) against the torch."""
-    return bool(env.data["apex"] or env.data["flash_attn"])
 
 
 class Layer(Record):
@@ -98,19 +93,17 @@ class InstallPlan(Record):
 
 def conda_specs(env: ResolvedEnv) -> list[str]:
     """What environment.yml asks conda for: python, pip, and nvcc when something is compiled."""
-    d = env.data
-    out = [f"python={d['python']}", "pip"]
-    if needs_builder(env):
-        v = d["cuda"]["version"]
-        out += [d["cuda"]["conda_nvcc"], f"cuda-cudart-dev={v}", f"cuda-libraries-dev={v}"]
+    out = [f"python={env.python}", "pip"]
+    if env.needs_builder:
+        v = env.cuda.version
+        out += [env.cuda.conda_nvcc, f"cuda-cudart-dev={v}", f"cuda-libraries-dev={v}"]
     return out
 
 
 def install_plan(env: ResolvedEnv) -> InstallPlan:
     """The plan of `env` (with its `constraints`, plan.with_constraints, where a lock fits)."""
-    d = env.data
-    c = d.get("constraints") or {}
-    locked = c.get("layers") or {}
+    c = env.constraints
+    locked = c.layers if c else {}
 
     def pins(name: str, own: list[str]) -> tuple[str, ...]:
         """(a constraint names no extras: ray[default]==2.46.0 pins ray==2.46.0)"""
@@ -126,18 +119,19 @@ def install_plan(env: ResolvedEnv) -> InstallPlan:
     layers = [Layer(name, tuple(own), pins(name, own), "VERL_VERSION" if name == "verl" else None)
               for name, own in layer_roots(env).items() if own]
     builder = None
-    if needs_builder(env):
-        own = [d["torch"]["packages"][0], *BUILD_TOOLS]
-        builder = Layer("build", tuple(own), pins("build", [d["torch"]["packages"][0]]))
-    return InstallPlan(d["indexes"]["pypi"], d["indexes"]["torch"], tuple(layers), builder,
-                       tuple(conda_specs(env)), c.get("from"), c.get("torch_swapped"))
+    if env.needs_builder:
+        own = [env.torch.packages[0], *BUILD_TOOLS]
+        builder = Layer("build", tuple(own), pins("build", [env.torch.packages[0]]))
+    return InstallPlan(env.indexes.pypi, env.indexes.torch, tuple(layers), builder,
+                       tuple(conda_specs(env)), c.from_ if c else None,
+                       c.torch_swapped if c else None)
 
 
 def requirements_in(env: ResolvedEnv, swap_torch: bool = False) -> str:
     """What a lock solves. `swap_torch`: PyPI's build of the same torch version in place of a
     `+cuXXX` one (for when the PyTorch index is out of reach)."""
     reqs = [r for layer in layer_roots(env).values() for r in layer]
-    if needs_builder(env):
+    if env.needs_builder:
         reqs += list(BUILD_TOOLS)
     if swap_torch:
         reqs = [_LOCAL.sub("", r) for r in reqs]
@@ -146,17 +140,16 @@ def requirements_in(env: ResolvedEnv, swap_torch: bool = False) -> str:
 
 def torch_swap(env: ResolvedEnv) -> str | None:
     """'2.6.0+cu118 -> 2.6.0' when the profile's torch is a +cuXXX build PyPI does not serve."""
-    t = env.data["torch"]
-    if not t["index_url"]:
+    t = env.torch
+    if not t.index_url:
         return None
-    return f"{t['version']}+{t['variant']} -> {t['version']} (PyPI's build)"
+    return f"{t.version}+{t.variant} -> {t.version} (PyPI's build)"
 
 
 def plan_sha256(env: ResolvedEnv) -> str:
     """What a pip solution depends on: the requirements, the target Python and the CUDA image
     (its glibc). Not the index URLs (a mirror serves the same files) nor the templates."""
-    d = env.data
-    text = f"{requirements_in(env)}\0python={d['python']}\0cuda={d['cuda']['version']}\n"
+    text = f"{requirements_in(env)}\0python={env.python}\0cuda={env.cuda.version}\n"
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -226,9 +219,9 @@ def layers(env: ResolvedEnv, locked: dict[str, Locked]) -> dict[str, list[str]]:
         mine = closure(roots, frozenset(done))
         done |= mine
         out[layer] = sorted(mine)
-    build = closure(BUILD_TOOLS) if needs_builder(env) else set()
+    build = closure(BUILD_TOOLS) if env.needs_builder else set()
     out[LAYERS[-1]] = sorted(set(out[LAYERS[-1]]) | (set(locked) - done - build))
-    if needs_builder(env):
+    if env.needs_builder:
         out["build"] = sorted(build)
     return out
 
@@ -257,7 +250,7 @@ def lock_candidates(profile: str) -> list[tuple[str, Path]]:
     return out
 
 
-def find_constraints(env: ResolvedEnv) -> dict | None:
+def find_constraints(env: ResolvedEnv) -> Constraints | None:
     """The constraints of the first lock whose plan is this environment's, read only when its
     requirements.lock hashes to what lock.json records; None when no lock fits."""
     want = plan_sha256(env)
@@ -276,10 +269,11 @@ def find_constraints(env: ResolvedEnv) -> dict | None:
             continue
         swapped = meta.get("torch_swapped")
         layers_ = constraint_layers(env, text, bool(swapped))
-        return {"from": label, "torch_swapped": swapped, "plan_sha256": want, "layers": layers_}
+        return Constraints(from_=label, torch_swapped=swapped, plan_sha256=want,
+                           layers=frozen(layers_))
     return None
 
 
 def with_constraints(env: ResolvedEnv) -> ResolvedEnv:
     """`env` with `constraints`: the pins of the lock whose plan it is, or None (it floats)."""
-    return ResolvedEnv(dict(env.data, constraints=find_constraints(env)))
+    return env._replace(constraints=find_constraints(env))

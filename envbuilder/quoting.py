@@ -13,6 +13,7 @@ template some other way.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from .schema import printable  # (what a one-line text may hold: written as itself)
 
@@ -72,7 +73,7 @@ def py(value) -> str:
         return repr(value)
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(map(py, value)) + "]"
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         return "{" + ", ".join(f"{py(k)}: {py(v)}" for k, v in value.items()) + "}"
     raise ValueError(f"no Python literal for a {type(value).__name__}")
 

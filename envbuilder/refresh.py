@@ -536,21 +536,21 @@ def _combinations(d: _Drift, m, rels: dict, meta) -> None:
     combos = []
     for name in sections.get("profiles") or {}:
         try:
-            env = resolve(m, name).data
+            env = resolve(m, name)
         except EnvbuildError as e:
             d.notes.append(f"profile {name}: not checked: it does not resolve "
                            f"({str(e).splitlines()[0]})")
             continue
-        installs = {"torch": (env["torch"]["version"], (), f"profiles.{name}.torch", "torch"),
-                    "verl": (env["verl"]["version"], (), f"profiles.{name}.verl", "verl")}
-        if env["vllm"]:
-            installs["vllm"] = (env["vllm"]["version"], (), f"profiles.{name}.vllm", "vllm")
-        if env["flash_attn"]:
-            installs["flash-attn"] = (env["flash_attn"]["version"], (),
+        installs = {"torch": (env.torch.version, (), f"profiles.{name}.torch", "torch"),
+                    "verl": (env.verl.version, (), f"profiles.{name}.verl", "verl")}
+        if env.vllm:
+            installs["vllm"] = (env.vllm.version, (), f"profiles.{name}.vllm", "vllm")
+        if env.flash_attn:
+            installs["flash-attn"] = (env.flash_attn.version, (),
                                       f"profiles.{name}.components.flash-attn", "flash-attn")
-        for pkg, v in env["verl"]["pins"].items():
+        for pkg, v in env.verl.pins.items():
             installs[canon(pkg)] = (v, extras_of(pkg), _pin_origin(sections, name, env, pkg), pkg)
-        combos.append({"label": f"profile {name}", "python": env["python"], "installs": installs})
+        combos.append({"label": f"profile {name}", "python": env.python, "installs": installs})
     pythons = sorted({c["python"] for c in combos}) or ["3.10"]
     from .versions import in_range
 
@@ -578,15 +578,15 @@ def _combinations(d: _Drift, m, rels: dict, meta) -> None:
         d.add(**rec)
 
 
-def _pin_origin(sections: dict, profile: str, env: dict, pkg: str) -> str:
+def _pin_origin(sections: dict, profile: str, env, pkg: str) -> str:
     p = sections["profiles"][profile]
     if pkg in (p.get("pins") or {}):
         return f"profiles.{profile}.pins.{pkg}"
-    vllm = env["vllm"]["version"] if env["vllm"] else None
+    vllm = env.vllm.version if env.vllm else None
     if vllm and pkg in ((sections["vllm"][vllm].get("pins")) or {}):
         return f"vllm.{vllm}.pins.{pkg}"
-    if pkg in (sections["verl"][env["verl"]["version"]].get("pins") or {}):
-        return f"verl.{env['verl']['version']}.pins.{pkg}"
+    if pkg in (sections["verl"][env.verl.version].get("pins") or {}):
+        return f"verl.{env.verl.version}.pins.{pkg}"
     return "flash_attn.runtime_pins"
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .paths import data_dir
 from .quoting import FILTERS, comment, word
+from .record import plain
 from .resolve import TORCH_DTYPE, ResolvedEnv
 
 RUN_SCRIPT = "run_ppo_gsm8k.sh"
@@ -62,59 +63,61 @@ def jinja_env():
         )
         # every value leaves through the filter of the language it lands in (quoting.py)
         _jinja.filters.update(FILTERS)
+        # tojson writes the resolved environment's records and read-only maps as plain JSON
+        _jinja.policies["json.dumps_kwargs"] = {"sort_keys": True, "default": plain}
     return _jinja
 
 
-def apex_command(d: dict) -> str:
-    apex = d["apex"]
+def apex_command(env: ResolvedEnv) -> str:
+    apex = env.apex
     if not apex:
         return ""
-    if apex["install"] == "env":
-        return f'APEX_CPP_EXT=1 APEX_CUDA_EXT=1 pip install -v --no-build-isolation "apex @ {apex["url"]}"'
+    if apex.install == "env":
+        return f'APEX_CPP_EXT=1 APEX_CUDA_EXT=1 pip install -v --no-build-isolation "apex @ {apex.url}"'
     return ('pip install -v --no-build-isolation --config-settings "--build-option=--cpp_ext" '
-            f'--config-settings "--build-option=--cuda_ext" "apex @ {apex["url"]}"')
+            f'--config-settings "--build-option=--cuda_ext" "apex @ {apex.url}"')
 
 
-def preflight_expectations(d: dict) -> dict:
+def preflight_expectations(env: ResolvedEnv) -> dict:
     """What preflight.py checks, as data (its EXPECTED blob). training_path: every module a
     training run imports, which the build's smoke test (preflight.py --smoke) imports too."""
     return {
-        "profile": d["profile"],
-        "gpu": d["gpu"]["name"],
-        "compute_capability": d["gpu"]["compute_capability"],
-        "torch_version": d["torch"]["version"],
-        "torch_cuda": d["torch"]["cuda"],
-        "torch_requirement": d["torch"]["packages"][0],
-        "torch_index": d["torch"]["index_url"] or d["indexes"]["pypi"],
-        "dtype": d["dtype"],
-        "torch_dtype": TORCH_DTYPE[d["dtype"]],
-        "torch_compile": d["features"]["torch_compile"],
-        "model_vram_gb": d["train"]["model_vram_gb"],
-        "min_driver": d["driver"]["min_driver"],
-        "compat_driver": d["driver"]["compat_driver"],
-        "driver_cuda": d["driver"]["for_cuda"],
-        "compat_libcuda": d["cuda"]["compat_libcuda"],
-        "training_path": list(d["training_path"]),
+        "profile": env.profile,
+        "gpu": env.gpu.name,
+        "compute_capability": env.gpu.compute_capability,
+        "torch_version": env.torch.version,
+        "torch_cuda": env.torch.cuda,
+        "torch_requirement": env.torch.packages[0],
+        "torch_index": env.torch.index_url or env.indexes.pypi,
+        "dtype": env.dtype,
+        "torch_dtype": TORCH_DTYPE[env.dtype],
+        "torch_compile": env.features.torch_compile,
+        "model_vram_gb": env.train.model_vram_gb,
+        "min_driver": env.driver.min_driver,
+        "compat_driver": env.driver.compat_driver,
+        "driver_cuda": env.driver.for_cuda,
+        "compat_libcuda": env.cuda.compat_libcuda,
+        "training_path": list(env.training_path),
     }
 
 
-def audit_plan(d: dict) -> dict:
+def audit_plan(env: ResolvedEnv) -> dict:
     """What audit_precision.py checks, as data (its PLAN blob): the checks that apply, in the
     verl files the run loads (the training path's verl modules and the files the patches touch),
     with the matrix's reviewed exceptions."""
-    no_bf16 = (f"the profile computes in {d['dtype']}"
-               + ("" if d["gpu"]["bf16"] else f"; the {d['gpu']['name']} has no native bfloat16"))
+    no_bf16 = (f"the profile computes in {env.dtype}"
+               + ("" if env.gpu.bf16 else f"; the {env.gpu.name} has no native bfloat16"))
     return {
-        "profile": d["profile"],
-        "gpu": d["gpu"]["name"],
-        "verl": d["verl"]["version"],
-        "checks": list(d["audit"]["checks"]),
+        "profile": env.profile,
+        "gpu": env.gpu.name,
+        "verl": env.verl.version,
+        "checks": list(env.audit.checks),
         "reasons": {"autocast_bf16": no_bf16,
-                    "flash_attention_2": f"the attention is {d['attention']}, not flash-attn"},
-        "modules": [m for m in d["training_path"] if m.split(".")[0] == "verl"],
-        "files": sorted({f for p in d["patches"] for f in p["files"]}),
-        "reviewed": [{k: r[k] for k in ("name", "check", "file", "line", "why")}
-                     for r in d["audit"]["reviewed"]],
+                    "flash_attention_2": f"the attention is {env.attention}, not flash-attn"},
+        "modules": [m for m in env.training_path if m.split(".")[0] == "verl"],
+        "files": sorted({f for p in env.patches for f in p.files}),
+        "reviewed": [{k: getattr(r, k) for k in ("name", "check", "file", "line", "why")}
+                     for r in env.audit.reviewed],
     }
 
 
@@ -123,34 +126,33 @@ def render_files(env: ResolvedEnv, locked: dict | None = None) -> dict[str, str]
     images by digest and installs each layer from its hashed requirement file."""
     from .plan import install_plan
 
-    d = env.data
     spec = env.to_json()
     plan = install_plan(env)
     context = {
-        "env": d,
+        "env": env,
         "plan": plan,
         "run_script": RUN_SCRIPT,
         "spec_sha256": hashlib.sha256(spec.encode()).hexdigest(),
-        "apex_command": apex_command(d),
-        "expected": preflight_expectations(d),
-        "audit": audit_plan(d),
+        "apex_command": apex_command(env),
+        "expected": preflight_expectations(env),
+        "audit": audit_plan(env),
         "torch_dtype": TORCH_DTYPE,
         "locked": locked,
     }
     j = jinja_env()
     out = {MARKER: spec}
     for name, template in FILES.items():
-        if name == "apply_patches.py" and not d["patches"]:
+        if name == "apply_patches.py" and not env.patches:
             continue
-        if name == "prepare_gsm8k.py" and not d.get("dataset"):
+        if name == "prepare_gsm8k.py" and not env.dataset:
             continue
         out[name] = j.get_template(template).render(context)
-    if d["flash_attn"]:
+    if env.flash_attn:
         out[FLASH_ATTN_SCRIPT] = (Path(__file__).parent / FLASH_ATTN_SCRIPT).read_text(encoding="utf-8")
     # each pip step's pins, one file per step (its cache key moves with it alone); a locked
     # Dockerfile installs the hashed files instead, requirements.txt and environment.yml these
     for layer in [*plan.layers, *([plan.builder] if plan.builder else [])]:
-        head = (f"# envbuild: what the {layer.name} step of {d['profile']} fixes for itself and "
+        head = (f"# envbuild: what the {layer.name} step of {env.profile} fixes for itself and "
                 "every later step: " + (f"from {plan.pinned_from}" if plan.pinned_from else
                                        "its top-level pins only (no lock fits)")
                 + (f"; solved with torch {plan.torch_swapped}, so torch's own packages are "

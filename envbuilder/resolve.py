@@ -14,9 +14,11 @@ from typing import Any
 from . import __version__
 from .errors import UserError
 from .matrix import Matrix, cc_tuple, in_range, version_key
+from . import resolved as R
+from .record import Record, frozen
+from .resolved import SCHEMA_VERSION, Overrides, ResolvedEnv  # noqa: F401  (re-exported)
 from .versions import ranges_overlap
 
-SCHEMA_VERSION = 1
 # the torch dtype of each of envbuild's dtype names
 TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 # the precision audit's checks (templates/audit_precision.py.j2 implements them) and the
@@ -24,64 +26,6 @@ TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 AUDIT_CHECKS = {"autocast_bf16": "no_bf16", "flash_attention_2": "no_flash_attention"}
 # Rollouts whose packages the matrix knows how to pin (hf needs none, vllm: matrices/vllm.yaml).
 INSTALLABLE_ROLLOUTS = ("hf", "vllm")
-
-
-class Record:
-    """A small immutable record. (typing.NamedTuple costs milliseconds per class at import,
-    more than the rest of a render.)"""
-
-    __slots__ = ()
-    _fields: tuple[str, ...] = ()
-    _defaults: dict[str, Any] = {}
-
-    def __init__(self, *args, **kwargs):
-        if len(args) > len(self._fields):
-            raise TypeError(f"{type(self).__name__} takes {len(self._fields)} fields")
-        values = dict(zip(self._fields, args))
-        for k, v in kwargs.items():
-            if k not in self._fields or k in values:
-                raise TypeError(f"{type(self).__name__}: bad or repeated field {k!r}")
-            values[k] = v
-        for f in self._fields:
-            if f not in values:
-                if f not in self._defaults:
-                    raise TypeError(f"{type(self).__name__}: missing field {f!r}")
-                values[f] = self._defaults[f]
-            object.__setattr__(self, f, values[f])
-
-    def __setattr__(self, name, value):
-        raise AttributeError(f"{type(self).__name__} is immutable")
-
-    def _asdict(self) -> dict:
-        return {f: getattr(self, f) for f in self._fields}
-
-    def _replace(self, **changes):
-        return type(self)(**dict(self._asdict(), **changes))
-
-    def __eq__(self, other):
-        return type(other) is type(self) and self._asdict() == other._asdict()
-
-    def __hash__(self):
-        return hash(tuple(self._asdict().values()))
-
-    def __repr__(self):
-        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self._asdict().items())})"
-
-
-class Overrides(Record):
-    """What the user asked to change about a profile (CLI flags)."""
-
-    __slots__ = _fields = ("cuda", "torch", "python", "verl", "rollout", "vllm", "with_",
-                           "without", "driver", "allow_unsupported")
-    _defaults = {"cuda": None, "torch": None, "python": None, "verl": None, "rollout": None,
-                 "vllm": None, "with_": (), "without": (), "driver": None,
-                 "allow_unsupported": False}
-
-    def as_dict(self) -> dict:
-        d = {k: v for k, v in self._asdict().items() if v not in (None, (), False)}
-        if "with_" in d:
-            d["with"] = d.pop("with_")
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(d.items())}
 
 
 class Violation(Record):
@@ -106,120 +50,6 @@ class ResolveError(UserError):
         super().__init__("\n".join(lines))
 
 
-class ResolvedEnv:
-    """Everything the templates need; JSON round-trips to the same bytes."""
-
-    __slots__ = ("data",)
-
-    def __init__(self, data: dict[str, Any]):
-        self.data = data
-
-    @property
-    def name(self) -> str:
-        return self.data["profile"]
-
-    def to_json(self) -> str:
-        return json.dumps(self.data, indent=2, sort_keys=True) + "\n"
-
-    @classmethod
-    def from_json(cls, text: str, origin: str = "envbuild.json") -> "ResolvedEnv":
-        """The environment a file holds, every value checked against the kind of the matrix
-        field it came from (matrix_schema.RESOLVED): names, versions, URLs, model ids, pins,
-        one-line text. Missing keys are left to shape_problems, which names them all."""
-        from . import schema as S
-        from .matrix_schema import RESOLVED
-
-        try:
-            data = json.loads(text, object_pairs_hook=_no_duplicate_keys)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{origin} is not valid JSON ({e.msg} at line {e.lineno}). Pass the "
-                            "envbuild.json that `envbuild render` wrote.") from None
-        except _DuplicateKey as e:
-            raise UserError(f"{origin} names the key {e.key!r} twice in one object; JSON would "
-                            "keep only the last silently. Pass the envbuild.json that `envbuild "
-                            "render` wrote, unedited.") from None
-        except RecursionError:
-            raise UserError(f"{origin} is nested too deeply to be an envbuild.json. Pass the "
-                            "envbuild.json that `envbuild render` wrote.") from None
-        if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
-            raise UserError(f"{origin} is not an envbuild resolved environment of schema version "
-                            f"{SCHEMA_VERSION}. Pass the envbuild.json that `envbuild render` wrote "
-                            "(or re-resolve it from its profile).")
-        try:
-            S.check(data, RESOLVED, f"{origin}: ", partial=True)
-        except S.SchemaError as e:
-            raise UserError(f"{e}. It is not a value envbuild writes there; pass the envbuild.json "
-                            "that `envbuild render` wrote, unedited, or re-resolve the profile "
-                            "(envbuild render PROFILE).") from None
-        return cls(data)
-
-    def shape_problems(self) -> list[str]:
-        """Where this environment (read from a file) differs in shape from the resolved
-        environment's field spec (matrix_schema.RESOLVED, the one description of its type): every
-        required key that is missing, every value of another kind, all at once."""
-        from . import schema as S
-        from .matrix_schema import RESOLVED
-
-        kinds = {dict: "an object", list: "a list", str: "a string", bool: "true/false",
-                 int: "a number", float: "a number"}
-
-        def want(spec) -> set[str]:
-            if isinstance(spec, tuple):
-                return want(spec[0])
-            if isinstance(spec, (dict, S.MapOf, S.Tree)):
-                return {"an object"}
-            if isinstance(spec, S.ListOf):
-                return {"a list"}
-            if spec in (int, float):
-                return {"a number"}
-            if spec is bool:
-                return {"true/false"}
-            if isinstance(spec, S.OneOf):
-                return {kinds.get(type(c), "a string") for c in spec.choices}
-            return {"a string"}  # (the text kinds)
-
-        def walk(data: dict, spec: dict, where: str) -> list[str]:
-            out = []
-            for key, sub in spec.items():
-                if key == "*":
-                    continue
-                name = key.rstrip("?")
-                if name not in data:
-                    if not key.endswith("?"):
-                        out.append(f"{where}{name} is missing")
-                    continue
-                value = data[name]
-                if value is None:
-                    continue
-                got = kinds.get(type(value), type(value).__name__)
-                wanted = want(sub)
-                if got not in wanted:
-                    out.append(f"{where}{name} is {got}, not {' or '.join(sorted(wanted))}")
-                elif got == "an object":
-                    inner = sub[0] if isinstance(sub, tuple) else sub
-                    if isinstance(inner, dict):
-                        out += walk(value, inner, f"{where}{name}.")
-            return out
-
-        return walk(self.data, RESOLVED, "")
-
-
-class _DuplicateKey(ValueError):
-    def __init__(self, key: str):
-        from .outdir import shorten
-
-        self.key = shorten(key, 60)
-
-
-def _no_duplicate_keys(pairs: list) -> dict:
-    """A JSON object, refusing a key named twice (json.loads would keep the last silently)."""
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        seen: set = set()
-        raise _DuplicateKey(next(k for k, _ in pairs if k in seen or seen.add(k)))
-    return out
-
-
 def suggest(name: str, known: list[str]) -> str:
     import difflib
 
@@ -233,15 +63,15 @@ def cc_runs(gpu_cc: str, archs: list[str]) -> bool:
     return any(a[0] == major and a[1] <= minor for a in map(cc_tuple, archs))
 
 
-def flash_attn_release(fa_data: dict, version: str) -> dict:
+def flash_attn_release(fa_data: dict, version: str) -> R.FlashAttn:
     """The flash-attn part of a ResolvedEnv: the version, the modules the run imports of it, and
     where its prebuilt release wheel is (the download folder, the file name template, the CUDA
     tags; the builder names the file from the installed torch, envbuilder/flash_attn_wheel.py)."""
     rel = fa_data["release_wheels"]
-    return {"version": version, "modules": list(fa_data["training_path"]["modules"]),
-            "release": rel["url"].format(version=version),
-            "wheel": rel["filename"],
-            "cuda_tags": dict(sorted((fa_data["versions"][version].get("wheel_cuda") or {}).items()))}
+    tags = dict(sorted((fa_data["versions"][version].get("wheel_cuda") or {}).items()))
+    return R.FlashAttn(version=version, modules=tuple(fa_data["training_path"]["modules"]),
+                       release=rel["url"].format(version=version), wheel=rel["filename"],
+                       cuda_tags=frozen(tags))
 
 
 def _at_least(cc: str, floor: str) -> bool:
@@ -336,44 +166,43 @@ class _Resolver:
                  f"its arch list is {';'.join(build['archs'])}; it would fail at run time with "
                  "'no kernel image is available for execution on the device'", fix, hard=True)
 
-    def driver_info(self, s: "Selection") -> dict:
+    def driver_info(self, s: "Selection") -> R.Driver:
         """The driver the image needs (its CUDA's, or the vLLM wheel's if newer) and, with
         --driver, how the given one runs it: native, minor-version compatibility, too old."""
         need = max([s.cuda_v, *s.extra_cudas], key=version_key)
         need_rec = self.m.cuda.get(need, s.cuda)
-        info = {"min_driver": need_rec["min_driver"], "compat_driver": need_rec["compat_driver"],
-                "for_cuda": need}
+        info = R.Driver(min_driver=need_rec["min_driver"], compat_driver=need_rec["compat_driver"],
+                        for_cuda=need)
         drv = self.ov.driver
         if drv is None:
             return info
         if version_key(drv) >= version_key(need_rec["min_driver"]):
-            info["mode"] = "native"
+            mode = "native"
         elif version_key(drv) >= version_key(need_rec["compat_driver"]):
-            info["mode"] = "minor-version-compatibility"
+            mode = "minor-version-compatibility"
         else:
-            info["mode"] = "too-old"
-        info["driver"] = drv
-        return info
+            mode = "too-old"
+        return info._replace(mode=mode, driver=drv)
 
     def driver_rule(self, s: "Selection") -> None:
         info, drv = s.driver, self.ov.driver
-        if info.get("mode") != "too-old":
+        if info.mode != "too-old":
             return
-        need = info["for_cuda"]
+        need = info.for_cuda
         usable = set(s.usable_cudas)
         native = [c for c, r in self.m.cuda.items()
                   if c in usable and version_key(drv) >= version_key(r["min_driver"])]
         compat = [c for c, r in self.m.cuda.items() if c in usable and c not in native
                   and version_key(drv) >= version_key(r["compat_driver"])]
-        fix = f"upgrade the driver to >= {info['min_driver']}"
+        fix = f"upgrade the driver to >= {info.min_driver}"
         if native:
             fix += f", or use --cuda {max(native, key=version_key)}"
         elif compat:
             fix += (f", or use --cuda {max(compat, key=version_key)} (runs on this driver under "
                     "minor-version compatibility)")
         self.add("driver", f"driver {drv} is too old for CUDA {need}",
-                 f"CUDA {need} needs >= {info['min_driver']} (or >= "
-                 f"{info['compat_driver']} under minor-version compatibility)", fix)
+                 f"CUDA {need} needs >= {info.min_driver} (or >= "
+                 f"{info.compat_driver} under minor-version compatibility)", fix)
 
     def rollout_rule(self, verl_v: str, verl: dict, rollout: str) -> None:
         if rollout not in INSTALLABLE_ROLLOUTS:
@@ -653,9 +482,9 @@ class _Resolver:
         remove_padding = attention == "flash_attention_2" and s.feats.get("remove_padding", True)
         apex = None
         if s.apex_v:
-            apex = {"version": s.apex_v, "ref": s.apex_rec["ref"], "install": s.apex_rec["install"],
-                    "url": m.apex["source_url"].format(ref=s.apex_rec["ref"]), "arch_list": cc,
-                    "modules": list(m.apex["training_path"]["modules"])}
+            apex = R.Apex(version=s.apex_v, ref=s.apex_rec["ref"], install=s.apex_rec["install"],
+                          url=m.apex["source_url"].format(ref=s.apex_rec["ref"]), arch_list=cc,
+                          modules=tuple(m.apex["training_path"]["modules"]))
         # what each part of the run computes in: the profile's dtype where this verl can run the
         # part in it, fp32 otherwise (verl.yaml precision: no fp16 training without a loss scaler)
         precision = {part: dtype if dtype in allowed else "fp32"
@@ -671,23 +500,24 @@ class _Resolver:
         for pname in verl["patches"]:
             pr = m.patches[pname]
             if conditions[pr["when"]]:
-                patches.append({"name": pname, "why": pr["why"], "files": list(pr["files"]),
-                                "replace": [{"find": r["find"], "with": r["with"].format(**values)}
-                                            for r in pr["replace"]]})
-        checks = [c for c, when in AUDIT_CHECKS.items() if conditions[when]]
+                patches.append(R.Patch(name=pname, why=pr["why"], files=tuple(pr["files"]),
+                                       replace=frozen([{"find": r["find"],
+                                                        "with": r["with"].format(**values)}
+                                                       for r in pr["replace"]])))
+        checks = tuple(c for c, when in AUDIT_CHECKS.items() if conditions[when])
         reviewed = []
         for rname in verl.get("reviewed") or []:
             rec = m.reviewed[rname]
             if rec["check"] in checks:
-                reviewed.append({"name": rname, "check": rec["check"], "file": rec["file"],
-                                 "line": rec["line"], "why": rec["why"],
-                                 "holds": {k: v.format(**values) if isinstance(v, str) else v
-                                           for k, v in sorted(rec["holds"].items())}})
+                holds = {k: v.format(**values) if isinstance(v, str) else v
+                         for k, v in sorted(rec["holds"].items())}
+                reviewed.append(R.Reviewed(name=rname, check=rec["check"], file=rec["file"],
+                                           line=rec["line"], why=rec["why"], holds=frozen(holds)))
         alloc = None
         ac = m.cuda_alloc_conf
         if ac and s.gpu["vram_gb"] <= ac["max_vram_gb"]:
             refused = ac["not_with_rollouts"].get(s.rollout)
-            alloc = {"value": None if refused else ac["value"], "why": refused or ac["why"]}
+            alloc = R.AllocConf(value=None if refused else ac["value"], why=refused or ac["why"])
         torch_index = None
         local = ""
         if s.variant != s.torch["pypi_default"]:
@@ -695,56 +525,54 @@ class _Resolver:
             local = f"+{s.variant}"
         defaults = m.defaults or {}
         gpu, cuda, torch_v, vllm_v = s.gpu, s.cuda, s.torch_v, s.vllm_v
-        data = {
-            "schema_version": SCHEMA_VERSION,
-            "envbuild_version": __version__,
-            "profile": self.name,
-            "description": p["description"],
-            "overrides": ov.as_dict(),
-            "gpu": {"key": s.gpu_key, "name": gpu["name"], "arch": gpu["arch"],
-                    "compute_capability": cc, "sm": cc.replace(".", ""),
-                    "vram_gb": gpu["vram_gb"], "bf16": gpu["bf16"],
-                    "max_smem_per_block_kb": gpu["max_smem_per_block_kb"]},
-            "cuda": {"version": s.cuda_v, "full_version": cuda["version"], "ubuntu": cuda["ubuntu"],
-                     "glibc": cuda.get("glibc"),
-                     "images": dict(cuda["images"]), "conda_nvcc": cuda["conda_nvcc"],
-                     "compat_libcuda": m.cuda_compat["libcuda"]},
-            "driver": s.driver,
-            "python": s.python,
-            "torch": {"version": torch_v, "variant": s.variant, "cuda": s.build["cuda"],
-                      "archs": list(s.build["archs"]), "index_url": torch_index,
-                      "packages": [f"torch=={torch_v}{local}",
-                                   f"torchvision=={s.torch['torchvision']}{local}",
-                                   f"torchaudio=={s.torch['torchaudio']}{local}"]},
-            "rollout": s.rollout,
-            "vllm": {"version": vllm_v, "torch": m.vllm[vllm_v]["torch"],
-                     "wheel_cuda": m.vllm[vllm_v]["wheel_cuda"]} if vllm_v else None,
-            "verl": {"version": s.verl_v, "attention_override": verl["attention_override"],
-                     "autocast_keys": dict(sorted((verl.get("autocast_keys") or {}).items())),
-                     "pins": dict(sorted(s.pins.items()))},
-            "dtype": dtype,
-            "precision": precision,
-            "attention": attention,
-            "features": {"bf16": dtype == "bf16", "flash_attention": attention == "flash_attention_2",
-                         "remove_padding": remove_padding,
-                         "torch_compile": s.feats.get("torch_compile", True)},
-            "flash_attn": flash_attn_release(m.flash_attn, s.fa) if s.fa else None,
-            "apex": apex,
-            "patches": patches,
-            "audit": {"checks": checks, "reviewed": reviewed},
-            "cuda_alloc_conf": alloc,
-            "indexes": {"pypi": defaults.get("pypi_index", "https://pypi.org/simple"),
-                        "torch": torch_index},
-            "uv": uv_pin(defaults),
-            "huggingface": defaults.get("huggingface", "https://huggingface.co"),
-            "conda_channels": list(defaults.get("conda_channels", ["conda-forge", "nvidia"])),
-            "train": dict(p["train"]),
-            "dataset": dict(m.datasets["gsm8k"], name="gsm8k") if m.datasets.get("gsm8k") else None,
-            "training_path": training_path(m, s.verl_v, s.rollout, tuple(s.components)),
-            "memory": s.memory,
-            "warnings": [v.text() for v in self.v],
-        }
-        return ResolvedEnv(data)
+        dataset = m.datasets.get("gsm8k")
+        return ResolvedEnv(
+            schema_version=SCHEMA_VERSION,
+            envbuild_version=__version__,
+            profile=self.name,
+            description=p["description"],
+            overrides=ov,
+            gpu=R.Gpu(key=s.gpu_key, name=gpu["name"], arch=gpu["arch"], compute_capability=cc,
+                      sm=cc.replace(".", ""), vram_gb=gpu["vram_gb"], bf16=gpu["bf16"],
+                      max_smem_per_block_kb=gpu["max_smem_per_block_kb"]),
+            cuda=R.Cuda(version=s.cuda_v, full_version=cuda["version"], ubuntu=cuda["ubuntu"],
+                        glibc=cuda.get("glibc"), images=frozen(cuda["images"]),
+                        conda_nvcc=cuda["conda_nvcc"], compat_libcuda=m.cuda_compat["libcuda"]),
+            driver=s.driver,
+            python=s.python,
+            torch=R.Torch(version=torch_v, variant=s.variant, cuda=s.build["cuda"],
+                          archs=tuple(s.build["archs"]), index_url=torch_index,
+                          packages=(f"torch=={torch_v}{local}",
+                                    f"torchvision=={s.torch['torchvision']}{local}",
+                                    f"torchaudio=={s.torch['torchaudio']}{local}")),
+            rollout=s.rollout,
+            vllm=R.Vllm(version=vllm_v, torch=m.vllm[vllm_v]["torch"],
+                        wheel_cuda=m.vllm[vllm_v]["wheel_cuda"]) if vllm_v else None,
+            verl=R.Verl(version=s.verl_v, attention_override=verl["attention_override"],
+                        autocast_keys=frozen(dict(sorted((verl.get("autocast_keys") or {}).items()))),
+                        pins=frozen(dict(sorted(s.pins.items())))),
+            dtype=dtype,
+            precision=R.Precision(**precision),
+            attention=attention,
+            features=R.Features(bf16=dtype == "bf16", flash_attention=attention == "flash_attention_2",
+                                remove_padding=remove_padding,
+                                torch_compile=s.feats.get("torch_compile", True)),
+            flash_attn=flash_attn_release(m.flash_attn, s.fa) if s.fa else None,
+            apex=apex,
+            patches=tuple(patches),
+            audit=R.Audit(checks=checks, reviewed=tuple(reviewed)),
+            cuda_alloc_conf=alloc,
+            indexes=R.Indexes(pypi=defaults.get("pypi_index", "https://pypi.org/simple"),
+                              torch=torch_index),
+            uv=uv_pin(defaults),
+            huggingface=defaults.get("huggingface", "https://huggingface.co"),
+            conda_channels=tuple(defaults.get("conda_channels", ["conda-forge", "nvidia"])),
+            train=R.Train.from_plain(p["train"]),
+            dataset=R.Dataset.from_plain(dict(dataset, name="gsm8k")) if dataset else None,
+            training_path=tuple(training_path(m, s.verl_v, s.rollout, tuple(s.components))),
+            memory=frozen(s.memory),
+            warnings=tuple(v.text() for v in self.v),
+        )
 
 
 class Selection:
@@ -855,7 +683,7 @@ def resolve(m: Matrix, profile: str, overrides: Overrides | None = None) -> Reso
     return _Resolver(m, profile, overrides or Overrides()).run()
 
 
-def uv_pin(defaults: dict) -> dict:
+def uv_pin(defaults: dict) -> R.Uv:
     """The uv wheel the runtime stage's pip steps install with (defaults.uv: version, url,
     sha256, size)."""
     uv = defaults.get("uv")
@@ -864,4 +692,4 @@ def uv_pin(defaults: dict) -> dict:
                         "size of uv's manylinux x86_64 wheel), which the Dockerfile installs its "
                         "pip steps with. An overlay that replaces `defaults:` must carry it; copy "
                         "it from envbuild's matrices/defaults.yaml.")
-    return {k: uv[k] for k in ("version", "url", "sha256", "size")}
+    return R.Uv(**{k: uv[k] for k in R.Uv._fields})

@@ -347,13 +347,13 @@ def index_answers(url: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
         return False
 
 
-def import_plan(d: dict) -> tuple[list[str], dict[str, str]]:
+def import_plan(env: ResolvedEnv) -> tuple[list[str], dict[str, str]]:
     """(the modules a training run imports, in order; {top-level module: component} for the
     compiled extensions among them, from each component's `modules` in the resolved env)."""
-    modules = list(d["training_path"])
+    modules = list(env.training_path)
     ext: dict[str, str] = {}
     for comp in ("apex", "flash_attn"):
-        for mod in (d.get(comp) or {}).get("modules", []):
+        for mod in (getattr(env, comp).modules if getattr(env, comp) else ()):
             ext[mod.split(".")[0]] = comp
     return modules, ext
 
@@ -494,11 +494,10 @@ def hydra_error(stderr: str) -> str:
 class _Verifier:
     def __init__(self, env: ResolvedEnv, interp: Interpreter, opts: Options):
         self.env = env
-        self.d = env.data
         self.interp = interp
         self.opts = opts
         self.say = lambda s: opts.say(f"[{env.name}] {s}")
-        self.r = Report(profile=env.name, python=self.d["python"],
+        self.r = Report(profile=env.name, python=env.python,
                         interpreter=f"{interp.path} ({interp.version})")
 
     def fail(self, text: str) -> None:
@@ -510,7 +509,7 @@ class _Verifier:
         from .lock.pip import layer_roots, uv_bin
         from .plan import with_constraints
 
-        d, r = self.d, self.r
+        env, r = self.env, self.r
         r.isolation = isolation()[1]
         # as `envbuild render` does: the pins of the lock whose plan this is, per layer
         files = R.render_files(with_constraints(self.env))
@@ -519,13 +518,13 @@ class _Verifier:
         uv = uv_bin()
 
         # the indexes, and the torch swap when the PyTorch index does not answer
-        pypi = self.opts.index_url or d["indexes"]["pypi"]
-        torch_index = self.opts.torch_index_url or d["indexes"]["torch"]
+        pypi = self.opts.index_url or env.indexes.pypi
+        torch_index = self.opts.torch_index_url or env.indexes.torch
         swap: dict[str, tuple[str, str]] = {}
         if torch_index:
             self.say(f"PyTorch index {torch_index}: probing ({PROBE_TIMEOUT_S:.0f} s at most)")
             if not index_answers(torch_index):
-                swap = local_pins(d["torch"]["packages"])
+                swap = local_pins(env.torch.packages)
                 self.say(f"PyTorch index {torch_index} does not answer"
                          + ("; its +cu builds are swapped for PyPI's" if swap else ""))
                 torch_index = None
@@ -600,19 +599,20 @@ class _Verifier:
                           + (f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""))
 
         for comp, why in EXTENSION_WHY.items():
-            if d.get(comp):
-                _, ext = import_plan(d)
+            if getattr(env, comp):
+                _, ext = import_plan(env)
+                version = getattr(env, comp).version
                 r.not_installed.append({
-                    "component": comp, "version": d[comp]["version"],
+                    "component": comp, "version": version,
                     "modules": sorted(m for m, c in ext.items() if c == comp),
-                    "why": why.format(version=d[comp]["version"], cuda=d["cuda"]["version"])})
+                    "why": why.format(version=version, cuda=env.cuda.version)})
         if not installed_all:
             return r
 
-        if d["patches"]:
-            names = [p["name"] for p in d["patches"]]
+        if env.patches:
+            names = [p.name for p in env.patches]
             self.say(f"patches: {', '.join(names)}")
-            _unshare_files(venv, [f for p in d["patches"] for f in p["files"]])
+            _unshare_files(venv, [f for p in env.patches for f in p.files])
             got = run([str(py), str(rendered / "apply_patches.py")], env=_clean_env(), cwd=work,
                       timeout=600, say=self.say, label="patches")
             r.patches = {"ok": got.rc == 0, "names": names,
@@ -640,7 +640,7 @@ class _Verifier:
         return r
 
     def imports(self, py: Path, work: Path) -> None:
-        modules, ext = import_plan(self.d)
+        modules, ext = import_plan(self.env)
         home = work / "home"
         home.mkdir(exist_ok=True)
         cwd = work / "imports"

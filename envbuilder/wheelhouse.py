@@ -264,7 +264,7 @@ echo "installed $PROFILE into $PREFIX"
 '''
 
 
-def uv_artifacts(pin: dict, plans: dict[str, LockPlan], build_index: str | None, session,
+def uv_artifacts(pin, plans: dict[str, LockPlan], build_index: str | None, session,
                  say: Callable[[str], None]) -> list[Artifact]:
     """The uv wheel `pin` names (file name and sha256; the matrix's defaults.uv), found on the
     index the locks were made from (or `build_index`, a mirror's) as every pip file of a lock
@@ -272,7 +272,7 @@ def uv_artifacts(pin: dict, plans: dict[str, LockPlan], build_index: str | None,
     this wheelhouse then installs with pip (render says so in the Dockerfile)."""
     import requests
 
-    filename = pin["url"].rsplit("/", 1)[-1]
+    filename = pin.url.rsplit("/", 1)[-1]
     indexes = [build_index] + [(p.meta.get("sources") or {}).get("pypi") for p in plans.values()]
     get = (session or requests).get
     for index in dict.fromkeys(i for i in indexes if i and i.startswith(("http://", "https://"))):
@@ -286,9 +286,9 @@ def uv_artifacts(pin: dict, plans: dict[str, LockPlan], build_index: str | None,
         for href in re.findall(r'href="([^"]+)"', r.text):
             url = urljoin(page, html.unescape(href)).split("#", 1)[0]
             if unquote(urlsplit(url).path.rsplit("/", 1)[-1]) == filename:
-                return [Artifact("pip", "uv", pin["version"], url, pin["sha256"], pin["size"],
+                return [Artifact("pip", "uv", pin.version, url, pin.sha256, pin.size,
                                  "pypi")]
-    say(f"warning: no index of these locks serves {filename} (uv {pin['version']}, which the "
+    say(f"warning: no index of these locks serves {filename} (uv {pin.version}, which the "
         "Dockerfile's runtime stage installs with): this wheelhouse holds no uv, and a build "
         "from it installs with pip. Pass --build-index-url an index that serves it.")
     return []
@@ -306,12 +306,12 @@ class ExportReport(NamedTuple):
 def export(profiles: dict[str, Path], out: Path, *, url_map: list[tuple[str, str]] = (),
            jobs: int = 8, progress=None, session=None, build_index: str | None = None,
            say: Callable[[str], None] = lambda m: None, tar: bool = False,
-           wait: float = WAIT_FOR_OTHER, uv: dict | None = None) -> ExportReport:
+           wait: float = WAIT_FOR_OTHER, uv=None) -> ExportReport:
     """Fetch every file the locks of `profiles` ({name: lock dir}) pin into `out`, and build a
     wheel from every sdist among them (its backend from `build_index`, else the lock's index).
     One export at a time writes into `out` (another one waits up to `wait` seconds); one that
     was stopped (Ctrl-C, killed, a full disk) is resumed by the next. `tar`: also OUT.tar.
-    `uv` (the matrix's defaults.uv pin): also the uv wheel a Dockerfile's runtime stage installs
+    `uv` (resolved.Uv, the matrix's defaults.uv pin): also the uv wheel a Dockerfile's runtime stage installs
     with, for every profile (uv_artifacts)."""
     out = Path(out)
     for name in profiles:

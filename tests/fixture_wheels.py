@@ -256,22 +256,22 @@ def real_uv_wheel(dest: Path) -> Path:
     from envbuilder.resolve import uv_pin
 
     pin = uv_pin(matrix.load().defaults or {})
-    name = pin["url"].rsplit("/", 1)[-1]
+    name = pin.url.rsplit("/", 1)[-1]
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "envbuild-test"
     cached = cache / name
-    if not (cached.is_file() and hashlib.sha256(cached.read_bytes()).hexdigest() == pin["sha256"]):
+    if not (cached.is_file() and hashlib.sha256(cached.read_bytes()).hexdigest() == pin.sha256):
         cache.mkdir(parents=True, exist_ok=True)
         proc = subprocess.run(
-            [sys.executable, "-m", "pip", "download", f"uv=={pin['version']}", "--no-deps",
+            [sys.executable, "-m", "pip", "download", f"uv=={pin.version}", "--no-deps",
              "--only-binary=:all:", "--platform", "manylinux2014_x86_64", "--python-version",
              "3.11", "--index-url", "https://pypi.org/simple", "--no-cache-dir", "-q", "-d",
              str(cache)], capture_output=True, text=True, timeout=600)
         if proc.returncode != 0 or not cached.is_file():
             raise RuntimeError(f"cannot download {name} from PyPI (the build tests need the real "
                                f"uv wheel): {proc.stderr[-2000:]}")
-        if hashlib.sha256(cached.read_bytes()).hexdigest() != pin["sha256"]:
+        if hashlib.sha256(cached.read_bytes()).hexdigest() != pin.sha256:
             cached.unlink()
-            raise RuntimeError(f"{name} from PyPI does not hash to the matrix's pin {pin['sha256']}")
+            raise RuntimeError(f"{name} from PyPI does not hash to the matrix's pin {pin.sha256}")
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(cached, dest / name)
     return dest / name

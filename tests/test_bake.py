@@ -26,8 +26,8 @@ def test_bake_all_writes_a_target_and_a_context_per_profile(cli, tmp_path):
         assert t["cache-from"] == [f"type=registry,ref=127.0.0.1:5999/envbuild/{name}:buildcache"]
         assert t["cache-to"][0].endswith(":buildcache,mode=max")
         assert t["labels"]["io.envbuild.profile"] == name
-        assert t["args"]["PIP_INDEX_URL"] == env.data["indexes"]["pypi"]
-        assert t["args"].get("TORCH_INDEX_URL") == env.data["indexes"]["torch"]
+        assert t["args"]["PIP_INDEX_URL"] == env.indexes.pypi
+        assert t["args"].get("TORCH_INDEX_URL") == env.indexes.torch
         # every build arg the file passes is one the Dockerfile declares
         dockerfile = (tmp_path / "bake" / name / "Dockerfile").read_text()
         for arg in t["args"]:
@@ -53,7 +53,7 @@ def test_bake_through_a_mirror_points_the_contexts_at_it(cli, tmp_path):
     bake = load(tmp_path / "b" / "docker-bake.hcl")
     assert bake["variables"]["PIP_INDEX_URL"] == cn.pypi
     assert bake["targets"]["4090"]["args"]["PIP_INDEX_URL"] == cn.pypi
-    assert f"ARG BASE_RUNTIME={cn.image(resolved('4090').data['cuda']['images']['runtime'])}" in dockerfile
+    assert f"ARG BASE_RUNTIME={cn.image(resolved('4090').cuda.images['runtime'])}" in dockerfile
 
 
 def test_hcl_strings_keep_template_markers_literal():

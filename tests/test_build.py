@@ -75,19 +75,20 @@ def index(tmp_path_factory, docker_client):
     from envbuilder.resolve import Overrides, resolve
 
     pkgs = tmp_path_factory.mktemp("pkgs")
-    d = resolve(matrix.load(), "p40", Overrides(without=("apex",))).data
+    d = resolve(matrix.load(), "p40", Overrides(without=("apex",))).to_dict()
     wheels_for_env(pkgs, d, VERL_FIXTURE if VERL_FIXTURE.is_dir() else None)
     # the builder's tools at the versions the shipped p40 lock pins (a full p40 render constrains
     # them, as a real mirror of PyPI would serve), or any version where no lock pins them
     from envbuilder.plan import find_constraints
 
-    full = find_constraints(resolve(matrix.load(), "p40", Overrides())) or {"layers": {}}
-    pinned = dict(pin.split("==", 1) for pins in full["layers"].values() for pin in pins)
+    full = find_constraints(resolve(matrix.load(), "p40", Overrides()))
+    pinned = dict(pin.split("==", 1) for pins in (full.layers if full else {}).values()
+                  for pin in pins)
     for name in BUILD_TOOLS:
         make_wheel(pkgs, name, pinned.get(name, "0.0.1"))
     # the 4090 with flash-attn: its stand-ins where p40's do not already have the file, and
     # flash-attn's sdist, which the builder's fallback builds (in a second: a stand-in)
-    fa = resolve(matrix.load(), "4090", Overrides(with_=("flash-attn",))).data
+    fa = resolve(matrix.load(), "4090", Overrides(with_=("flash-attn",))).to_dict()
     extra = pkgs.parent / "pkgs-4090"
     for w in wheels_for_env(extra, fa, VERL_FIXTURE if VERL_FIXTURE.is_dir() else None):
         if not (pkgs / w.name).exists():
@@ -138,7 +139,7 @@ def fa_release_name(python: str = IMAGE_PYTHON, abi: bool = False) -> tuple[str,
     from envbuilder.flash_attn_wheel import wheel_filename
     from envbuilder.resolve import Overrides, resolve
 
-    d = resolve(matrix.load(), "4090", Overrides(with_=("flash-attn",))).data
+    d = resolve(matrix.load(), "4090", Overrides(with_=("flash-attn",))).to_dict()
     fa = d["flash_attn"]
     name = wheel_filename(fa["wheel"], fa["version"], d["torch"]["version"], d["torch"]["cuda"],
                           python, abi, fa["cuda_tags"])

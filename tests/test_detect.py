@@ -294,8 +294,8 @@ def test_doctor_engine_without_nvidia_runtime_fails(m):
 
 
 def test_doctor_disk_needs_room_for_vllm_and_the_build_stage(m):
-    assert image_gb(resolve(m, "p40").data) == 20  # apex: a build stage, no vLLM
-    assert image_gb(resolve(m, "h200").data) == 25  # flash-attn and vLLM
+    assert image_gb(resolve(m, "p40")) == 20  # apex: a build stage, no vLLM
+    assert image_gb(resolve(m, "h200")) == 25  # flash-attn and vLLM
     report = doctor(m, "h200", Overrides(), host("h200", free_gb=24))
     assert [c.name for c in report.checks if c.status == "fail"] == ["disk"]
 

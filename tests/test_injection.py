@@ -514,7 +514,7 @@ def render_direct(spec: dict, field: Field, value: str, work: Path) -> Path | No
     data = copy.deepcopy(spec)
     field.edit(data, value)
     try:
-        files = render_files(ResolvedEnv(data))
+        files = render_files(ResolvedEnv.from_plain(data))
     except ValueError as e:  # quoting.word / quoting.sh: a value with no safe way into its file
         assert str(e)
         return None

@@ -76,11 +76,11 @@ def world(isolated, tmp_path_factory):
     from httpfixtures import FileServer
 
     apex_path, apex_tgz = apex_archive(REPO / "tests" / "fixtures" / "apex-standin",
-                                       env.data["apex"]["url"])
+                                       env.to_dict()["apex"]["url"])
     with F.PypiServer(root / "torch-index") as torch_idx, F.PypiServer(root / "pypi") as pypi, \
             F.registry(root / "registry") as reg, FileServer({apex_path: apex_tgz}) as github:
         r = F.Registry(reg)
-        images = env.data["cuda"]["images"]
+        images = env.to_dict()["cuda"]["images"]
         pushed = {
             images["runtime"]: r.multiarch(f"{NS}/{images['runtime'].split(':')[0]}",
                                            images["runtime"].split(":")[1], oci=False),
@@ -235,7 +235,7 @@ def test_anonymous_bearer_token_flow(world):
 
     gate = F.TokenGate(world["registry"])
     try:
-        ref = world["env"].data["cuda"]["images"]["runtime"]
+        ref = world["env"].to_dict()["cuda"]["images"]["runtime"]
         got = digest(ref, mirror=f"{gate.url}/{NS}")
     finally:
         gate.close()
@@ -464,7 +464,7 @@ def test_render_locked_pins_images_and_requires_hashes(world, p40_lock, tmp_path
     out = tmp_path / "out"
     dockerfile = (out / "Dockerfile").read_text()
     images = json.loads((p40_lock / "images.lock").read_text())
-    for role, ref in world["env"].data["cuda"]["images"].items():
+    for role, ref in world["env"].to_dict()["cuda"]["images"].items():
         assert f"ARG BASE_{role.upper()}={ref}@{images[ref]['digest']}\n" in dockerfile
     installs = re.findall(r"pip install .*", dockerfile)
     locked = [i for i in installs if "--require-hashes" in i]
@@ -508,7 +508,7 @@ def test_render_locked_through_a_mirror_pins_the_mirrors_images_at_the_locked_di
     dockerfile = (tmp_path / "out" / "Dockerfile").read_text()
     images = json.loads((p40_lock / "images.lock").read_text())
     choice = M.choice("cn", M.get_set(MX.load(), "cn"))
-    for role, ref in world["env"].data["cuda"]["images"].items():
+    for role, ref in world["env"].to_dict()["cuda"]["images"].items():
         mirrored = choice.image(ref)
         assert mirrored != ref
         assert f"ARG BASE_{role.upper()}={mirrored}@{images[ref]['digest']}\n" in dockerfile
@@ -554,7 +554,7 @@ def test_the_apex_source_is_pinned_by_sha256(world, p40_lock):
     import hashlib
 
     apex = json.loads((p40_lock / "sources.lock").read_text())["apex"]
-    assert apex["url"] == world["env"].data["apex"]["url"]  # the upstream URL, not the mirror's
+    assert apex["url"] == world["env"].to_dict()["apex"]["url"]  # the upstream URL, not the mirror's
     assert apex["sha256"] == hashlib.sha256(world["apex_tgz"]).hexdigest()
     assert apex["filename"] == "apex-25.08.tar.gz"
 
@@ -582,7 +582,7 @@ def _fa_names(profile="3090"):
     from envbuilder.flash_attn_wheel import wheel_filename
     from envbuilder.resolve import resolve
 
-    d = resolve(matrix.load(), profile).data
+    d = resolve(matrix.load(), profile).to_dict()
     fa = d["flash_attn"]
     path = fa["release"].split("://", 1)[1].split("/", 1)[1]
     return {abi: (path, wheel_filename(fa["wheel"], fa["version"], d["torch"]["version"],

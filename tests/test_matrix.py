@@ -88,7 +88,7 @@ def test_an_overlay_adds_a_profile(overlay):
     folder = overlay({"profiles": {"p40x2": record("profiles", "p40", train=train, source=URL)}})
     m = M.load((folder,))
     assert m.where("profiles", "p40x2") == str(overlay.file)
-    assert resolved("p40x2", m).data["train"]["n_gpus"] == 2
+    assert resolved("p40x2", m).to_dict()["train"]["n_gpus"] == 2
     assert set(shipped().profiles) < set(m.profiles)
 
 
@@ -96,7 +96,7 @@ def test_an_overlay_overrides_a_shipped_profile(overlay):
     train = dict(record("profiles", "p40")["train"], max_response_length=512)
     folder = overlay({"profiles": {"p40": record("profiles", "p40", description="our P40 box",
                                                  train=train, source=URL)}})
-    env = resolved("p40", M.load((folder,))).data
+    env = resolved("p40", M.load((folder,))).to_dict()
     assert env["description"] == "our P40 box"
     assert env["train"]["max_response_length"] == 512
 
@@ -137,7 +137,7 @@ def test_a_pre_release_in_an_overlay_loads_sorts_and_resolves(overlay):
     folder = overlay({"verl": {"9.0.0rc1": record("verl", latest, source=URL)}})
     m = M.load((folder,))
     assert max(m.verl, key=version_key) == "9.0.0rc1"
-    env = resolved("h200", m, verl="9.0.0rc1").data
+    env = resolved("h200", m, verl="9.0.0rc1").to_dict()
     assert env["verl"]["version"] == "9.0.0rc1"
     assert sorted(["9.0.0", "9.0.0rc1", "9.0.0b1", "9.0.0.dev3", "9.0.0.post1", "8.9"],
                   key=version_key) == ["8.9", "9.0.0.dev3", "9.0.0b1", "9.0.0rc1", "9.0.0",

@@ -23,12 +23,12 @@ CONFIG_FILE = {"0.4.1": CONFIGS / "0.4.1" / "ppo_trainer.yaml",
 
 
 def plan_of(profile: str, matrix=None) -> dict:
-    return resolved(profile, matrix).data["memory"]
+    return resolved(profile, matrix).to_dict()["memory"]
 
 
 def setup_of(profile: str, matrix=None, **train):
     m = matrix or shipped()
-    env = resolved(profile, m).data
+    env = resolved(profile, m).to_dict()
     env = dict(env, train=dict(env["train"], **train))
     total = m.memory["total_mib"].get(env["gpu"]["key"])
     consts = dict(m.memory, total_gib=total["mib"] / 1024 if total else float(env["gpu"]["vram_gb"]))
@@ -114,7 +114,7 @@ def test_every_planned_phase_fits_its_budget_with_the_margin(profile):
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_every_generation_batch_is_bounded_and_splits_as_verl_splits_it(profile):
-    mem, env = plan_of(profile), resolved(profile).data
+    mem, env = plan_of(profile), resolved(profile).to_dict()
     b, n = mem["batch"], env["train"]["n_gpus"]
     per_gpu = b["val_batch_size"] // n
     assert b["val_batch_size"] % n == 0 and per_gpu <= math.ceil(mem["validation_rows"] / n)
@@ -210,7 +210,7 @@ def test_the_seed_4090_model_is_refused_with_a_smaller_model_from_the_table(over
     assert "train.model Qwen/Qwen2.5-0.5B-Instruct" in v.fix
     # --allow-unsupported renders anyway, with the warning in the files
     env = resolved("4090", m, allow_unsupported=True)
-    assert any("does not fit" in w for w in env.data["warnings"])
+    assert any("does not fit" in w for w in env.to_dict()["warnings"])
 
 
 def test_a_vllm_share_that_leaves_too_little_for_the_rest_is_refused(overlay):
@@ -272,7 +272,7 @@ def _has(config: dict, key: str) -> bool:
 def test_every_key_the_run_script_sets_is_in_that_verl_releases_config(profile):
     """Hydra refuses a plain key the config lacks and a `+key` it has: read against the release's
     own ppo_trainer config (tests/fixtures/verl-configs, from the PyPI wheels)."""
-    version = resolved(profile).data["verl"]["version"]
+    version = resolved(profile).to_dict()["verl"]["version"]
     config = yaml.safe_load(CONFIG_FILE[version].read_text(encoding="utf-8"))
     for line in _overrides(profile):
         key = line.split("=", 1)[0]

@@ -27,7 +27,7 @@ UNDER, OVER = 0.90, 1.25
 
 def setup_of(profile: str):
     m = shipped()
-    env = resolved(profile).data
+    env = resolved(profile).to_dict()
     total = m.memory["total_mib"].get(env["gpu"]["key"])
     consts = dict(m.memory, total_gib=total["mib"] / 1024 if total else float(env["gpu"]["vram_gb"]))
     return memory.setup(env, m.models[env["train"]["model"]], consts, m.datasets["gsm8k"]["rows"]["test"])
@@ -93,7 +93,7 @@ def test_the_planned_sizes_fit_and_twice_the_generation_batch_does_not(profile):
     """Each planned size is at or below one the GPU ran, or between a size that fitted (where the
     estimate was at or above the measurement, so its slope is conservative) and one that ran out.
     Twice the planned generation batch ran out where memory bounds the plan."""
-    rec, plan = MEASURED[profile], resolved(profile).data["memory"]
+    rec, plan = MEASURED[profile], resolved(profile).to_dict()["memory"]
     s = setup_of(profile)
     sizes = {"generation": plan["batch"]["val_batch_size"] // s.n,
              "log_prob": plan["batch"]["log_prob_micro_batch_size_per_gpu"],
@@ -150,7 +150,7 @@ def test_todays_plan_fitted_with_the_run_scripts_allocator(profile):
     rendered script exports. It fitted, its peak allocation is within the estimate, and what the
     allocator reserved is within the estimate plus the phase's overhead: the overhead the plan
     keeps free is at least what the allocator took."""
-    rec, plan, s = CHECKED[profile], resolved(profile).data, setup_of(profile)
+    rec, plan, s = CHECKED[profile], resolved(profile).to_dict(), setup_of(profile)
     assert rec["arch"]["layers"] == s.arch.L and rec["arch"]["hidden_size"] == s.arch.H
     assert (rec["compute_bytes"], rec["generation_bytes"], rec["rollout"], rec["n_gpus"]) == (
         s.c, s.g, s.rollout, s.n)

@@ -31,7 +31,7 @@ def test_a_4090_plan_has_three_steps_and_no_builder():
 
 def test_each_step_asks_for_its_own_pins_and_fixes_them_without_extras():
     plan = plan_of("4090")
-    d = resolved("4090").data
+    d = resolved("4090").to_dict()
     deps = plan.layers[1]
     assert deps.requirements == tuple(f"{n}=={v}" for n, v in d["verl"]["pins"].items())
     pinned = {p.split("==")[0]: p.split("==")[1] for p in deps.pins}
@@ -61,13 +61,13 @@ def test_a_later_step_installs_within_the_earlier_steps_pins_and_asks_only_its_o
 def test_a_vllm_profile_has_the_vllm_step_after_torch():
     plan = plan_of("t4")
     assert [s.name for s in plan.layers] == ["torch", "vllm", "verl-deps", "verl"]
-    assert plan.layers[1].requirements == (f"vllm=={resolved('t4').data['vllm']['version']}",)
+    assert plan.layers[1].requirements == (f"vllm=={resolved('t4').to_dict()['vllm']['version']}",)
 
 
 @pytest.mark.parametrize("profile", ["p40", "h200"])
 def test_a_compiling_profile_has_a_builder_with_torch_and_the_tools_and_nvcc_for_conda(profile):
     plan = plan_of(profile)
-    d = resolved(profile).data
+    d = resolved(profile).to_dict()
     assert plan.builder.requirements == (d["torch"]["packages"][0], *BUILD_TOOLS)
     assert d["torch"]["packages"][0] in plan.builder.pins
     assert d["cuda"]["conda_nvcc"] in plan.conda_specs
@@ -96,7 +96,7 @@ def runtime_and_builder_steps(dockerfile: str) -> tuple[list[str], list[str]]:
 
 @pytest.mark.parametrize("profile", ["p40", "4090", "t4"])
 def test_the_runtime_steps_install_with_uv_pinned_by_sha256_and_the_builder_keeps_pip(profile):
-    d = resolved(profile).data
+    d = resolved(profile).to_dict()
     dockerfile = render_files(with_constraints(resolved(profile)))["Dockerfile"]
     runtime, builder = runtime_and_builder_steps(dockerfile)
     first, *steps = runtime

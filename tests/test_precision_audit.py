@@ -79,7 +79,7 @@ def fixture_site(version: str, d: dict, tmp_path: Path) -> Path:
 # -- without network: the recorded real files ----------------------------------------------------
 
 def test_the_p40_audit_fails_on_unpatched_verl_naming_file_and_line(tmp_path):
-    d = resolved("p40").data
+    d = resolved("p40").to_dict()
     site = fixture_site("0.4.1", d, tmp_path)
     scripts = write_scripts(render_files(resolved("p40")), tmp_path)
     r = run_script(scripts["audit_precision.py"], site, tmp_path)
@@ -98,7 +98,7 @@ def test_the_p40_audit_fails_on_unpatched_verl_naming_file_and_line(tmp_path):
 
 @pytest.mark.parametrize("profile, version", [("p40", "0.4.1"), ("t4", "0.6.1")])
 def test_the_audit_passes_once_the_recorded_patches_are_applied(profile, version, tmp_path):
-    d = resolved(profile).data
+    d = resolved(profile).to_dict()
     site = fixture_site(version, d, tmp_path)
     scripts = write_scripts(render_files(resolved(profile)), tmp_path)
     assert run_script(scripts["apply_patches.py"], site, tmp_path).returncode == 0
@@ -111,7 +111,7 @@ def test_the_audit_passes_on_what_the_image_build_installs(tmp_path):
     """The Dockerfile's order on the stand-in wheels the build tests install: pip install,
     apply_patches.py, audit_precision.py."""
     env = resolved("p40", without=["apex"])
-    d = env.data
+    d = env.to_dict()
     wheels = wheels_for_env(tmp_path / "pkgs", d, FIXTURES / "verl-0.4.1")
     site = tmp_path / "site-packages"
     with zipfile.ZipFile(next(w for w in wheels if w.name.startswith("verl-"))) as z:
@@ -123,7 +123,7 @@ def test_the_audit_passes_on_what_the_image_build_installs(tmp_path):
 
 
 def test_a_multiline_autocast_is_found_and_a_commented_one_is_not(tmp_path):
-    d = resolved("p40").data
+    d = resolved("p40").to_dict()
     site = fixture_site("0.4.1", d, tmp_path)
     scripts = write_scripts(render_files(resolved("p40")), tmp_path)
     assert run_script(scripts["apply_patches.py"], site, tmp_path).returncode == 0
@@ -143,7 +143,7 @@ def test_a_multiline_autocast_is_found_and_a_commented_one_is_not(tmp_path):
 
 
 def test_a_reviewed_line_that_is_gone_fails_the_audit(tmp_path):
-    d = resolved("p40").data
+    d = resolved("p40").to_dict()
     site = fixture_site("0.4.1", d, tmp_path)
     scripts = write_scripts(render_files(resolved("p40")), tmp_path)
     assert run_script(scripts["apply_patches.py"], site, tmp_path).returncode == 0
@@ -158,7 +158,7 @@ def test_a_reviewed_line_that_is_gone_fails_the_audit(tmp_path):
 
 
 def test_a_missing_training_path_module_or_verl_fails_the_audit(tmp_path):
-    d = resolved("p40").data
+    d = resolved("p40").to_dict()
     site = fixture_site("0.4.1", d, tmp_path)
     (site / "verl/trainer/main_ppo.py").unlink()
     scripts = write_scripts(render_files(resolved("p40")), tmp_path)
@@ -269,7 +269,7 @@ def kind(d: dict) -> str:
 
 
 def test_the_combinations_cover_every_kind_of_precision_and_every_patch_of_every_release():
-    envs = [combo(c).data for c in COMBOS]
+    envs = [combo(c).to_dict() for c in COMBOS]
     seen = {(d["verl"]["version"], kind(d)) for d in envs}
     patched = {(d["verl"]["version"], p["name"]) for d in envs for p in d["patches"]}
     for version, rec in shipped().verl.items():
@@ -281,7 +281,7 @@ def test_the_combinations_cover_every_kind_of_precision_and_every_patch_of_every
 @pytest.mark.parametrize("name", COMBOS)
 def test_the_recorded_patches_apply_to_the_real_wheel_and_the_audit_passes(verl_trees, name, tmp_path):
     env = combo(name)
-    d = env.data
+    d = env.to_dict()
     site = tmp_path / "site"
     shutil.copytree(verl_trees[d["verl"]["version"]], site)
     scripts = write_scripts(render_files(env), tmp_path)
@@ -307,7 +307,7 @@ def test_the_recorded_patches_apply_to_the_real_wheel_and_the_audit_passes(verl_
 def test_the_audit_fails_on_the_unpatched_real_wheel_naming_every_line_a_patch_fixes(
         verl_trees, name, tmp_path):
     env = combo(name)
-    d = env.data
+    d = env.to_dict()
     site = verl_trees[d["verl"]["version"]]  # read only: the audit does not write
     scripts = write_scripts(render_files(env), tmp_path)
     r = run_script(scripts["audit_precision.py"], site, tmp_path)
@@ -327,7 +327,7 @@ def test_the_run_scripts_overrides_compose_with_the_releases_own_config(verl_tre
     from verlconfig import compose_run_config, keys_ending, run_script_overrides
 
     env = combo(name)
-    d = env.data
+    d = env.to_dict()
     cfg = compose_run_config(verl_trees[d["verl"]["version"]],
                              run_script_overrides(render_files(env)[RUN_SCRIPT]))
     parts = ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "actor_rollout_ref.rollout", "critic")

@@ -42,7 +42,7 @@ def render(tmp_path: Path, profile: str, matrix: M.Matrix | None = None, **kw) -
     for name, text in render_files(env).items():
         (out / name).parent.mkdir(parents=True, exist_ok=True)
         (out / name).write_text(text)
-    return out / "preflight.py", env.data
+    return out / "preflight.py", env.to_dict()
 
 
 def run(script: Path, *args: str, site: Path | None = None) -> subprocess.CompletedProcess:

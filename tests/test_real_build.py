@@ -27,7 +27,7 @@ def pypi_only_config(tmp_path_factory, docker_client, real_pypi):  # noqa: F811
     from envbuilder import matrix
     from envbuilder.resolve import resolve
 
-    env = resolve(matrix.load(), "4090").data
+    env = resolve(matrix.load(), "4090").to_dict()
     image = docker_client.images.get(BASE)
     for ref in sorted(set(env["cuda"]["images"].values())):
         repo, tag = ref.rsplit(":", 1)

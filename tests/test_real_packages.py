@@ -190,7 +190,7 @@ def test_the_wheel_name_is_the_one_flash_attns_setup_py_guesses(pypi, version):
     for name, p in m.profiles.items():
         if version in ((p.get("components") or {}).get("flash-attn"),
                        (p.get("optional_components") or {}).get("flash-attn")):
-            d = resolve(m, name, Overrides(with_=("flash-attn",))).data
+            d = resolve(m, name, Overrides(with_=("flash-attn",))).to_dict()
             targets.add((d["torch"]["version"], d["torch"]["cuda"], d["python"]))
     assert targets, f"no profile installs flash-attn {version}"
     targets |= {(t, "11.8", py) for t, _, py in targets}  # the CUDA 11 branch too

@@ -95,7 +95,7 @@ def test_rendered_files_match_the_golden_files(case, cli, tmp_path, monkeypatch,
 @pytest.mark.parametrize("profile", PROFILES)
 def test_every_shipped_profile_renders_its_files(profile, rendered):
     names = {p.name for p in rendered[profile].iterdir()}
-    d = resolved(profile).data
+    d = resolved(profile).to_dict()
     assert names == (ALWAYS | ({"apply_patches.py"} if d["patches"] else set())
                      | ({"flash_attn_wheel.py"} if d["flash_attn"] else set()))
 
@@ -217,13 +217,13 @@ def test_requirements_txt_pins_every_package_exactly(profile, rendered):
     packages = [ln for ln in lines if not ln.startswith("--")]
     assert lines[0].startswith("--index-url ")
     assert all(re.fullmatch(r"[A-Za-z0-9_.\-]+(\[[a-z,]+\])?==[A-Za-z0-9_.+]+", p) for p in packages), packages
-    assert packages[-1] == f"verl=={resolved(profile).data['verl']['version']}"
+    assert packages[-1] == f"verl=={resolved(profile).to_dict()['verl']['version']}"
 
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_environment_yml_is_a_conda_environment_with_the_pip_section(profile, rendered):
     env = yaml.safe_load((rendered[profile] / "environment.yml").read_text())
-    data = resolved(profile).data
+    data = resolved(profile).to_dict()
     assert env["name"] == f"envbuild-{profile}"
     assert f"python={data['python']}" in env["dependencies"]
     [pip] = [d for d in env["dependencies"] if isinstance(d, dict)]
@@ -418,7 +418,7 @@ def preflight(profile: str, tmp_path: Path, **gpu) -> subprocess.CompletedProces
     site.mkdir(exist_ok=True)
     (site / "torch.py").write_text(FAKE_TORCH)
     env = resolved(profile)
-    for path, text in module_files(env.data["training_path"]).items():
+    for path, text in module_files(env.to_dict()["training_path"]).items():
         (site / path).parent.mkdir(parents=True, exist_ok=True)
         (site / path).write_text(text)
     script = tmp_path / "preflight.py"
@@ -473,9 +473,9 @@ def test_a_mirrors_github_prefix_reaches_flash_attns_release(tmp_path):
     from envbuilder import mirrors as M
 
     env = M.apply_to_env(resolved("3090"), M.MirrorChoice("m", {}, github="https://gh.example/p/"))
-    assert env.data["flash_attn"]["release"] == \
+    assert env.flash_attn.release == \
         "https://gh.example/p/Dao-AILab/flash-attention/releases/download/v2.8.3"
-    args = M.MirrorChoice("m", {}, github="https://gh.example/p").endpoints(resolved("3090").data)
+    args = M.MirrorChoice("m", {}, github="https://gh.example/p").endpoints(resolved("3090"))
     assert args["FLASH_ATTN_RELEASE"].startswith("https://gh.example/p/Dao-AILab/")
 
 
@@ -489,10 +489,10 @@ def test_a_mirrors_credentials_are_in_no_rendered_file_only_in_the_builds_secret
     env = M.apply_to_env(resolved("p40"), choice)
     files = render(env, tmp_path / "o")
     assert not [p.name for p in files if "s3cret" in p.read_text()]
-    assert env.data["indexes"]["pypi"] == "https://pypi.corp/simple"
-    secret = choice.credentials_env(resolved("p40").data)
+    assert env.indexes.pypi == "https://pypi.corp/simple"
+    secret = choice.credentials_env(resolved("p40"))
     assert "export PIP_INDEX_URL=https://u:s3cret@pypi.corp/simple" in secret
     assert "TORCH_INDEX_URL=https://u:s3cret@pypi.corp/whl/cu118" in secret
     assert "APEX_URL=" in secret and "APT_MIRROR=" in secret
     plain = M.MirrorChoice("m", {}, pypi="https://pypi.corp/simple")
-    assert plain.credentials_env(resolved("p40").data) == ""  # (nothing to hide: no secret)
+    assert plain.credentials_env(resolved("p40")) == ""  # (nothing to hide: no secret)

@@ -29,12 +29,12 @@ def test_torch_27_cu128_on_a_p40_fails_with_no_kernel_image():
 def test_the_arch_fix_names_a_torch_that_runs_on_the_gpu():
     fix = violations("p40", torch="2.7.0", cuda="12.8")["arch"].fix
     torch, cuda = re.search(r"--torch (\S+) --cuda (\S+)", fix).groups()
-    env = resolved("p40", torch=torch, cuda=cuda).data
+    env = resolved("p40", torch=torch, cuda=cuda).to_dict()
     assert env["torch"]["version"] == torch and env["warnings"] == []
 
 
 def test_a_p40_runs_torch_26_cu124_because_cuda_12_does_not_refuse_pascal():
-    env = resolved("p40", cuda="12.4").data
+    env = resolved("p40", cuda="12.4").to_dict()
     assert env["torch"]["variant"] == "cu124"
     assert "6.0" in env["torch"]["archs"]  # an sm_60 cubin runs on CC 6.1
     assert env["warnings"] == []
@@ -59,13 +59,13 @@ def test_a_driver_too_old_for_the_cuda_image_is_a_violation():
 
 
 def test_a_driver_above_the_compat_floor_runs_in_minor_version_compatibility():
-    env = resolved("t4", driver="530.0").data
+    env = resolved("t4", driver="530.0").to_dict()
     assert env["driver"]["mode"] == "minor-version-compatibility"
     assert env["warnings"] == []
 
 
 def test_a_driver_above_the_toolkit_minimum_runs_natively():
-    assert resolved("t4", driver="560.35.03").data["driver"]["mode"] == "native"
+    assert resolved("t4", driver="560.35.03").to_dict()["driver"]["mode"] == "native"
 
 
 # -- vLLM --------------------------------------------------------------------------------------
@@ -84,7 +84,7 @@ def test_the_seeds_vllm_0_6_3_with_torch_2_6_is_an_abi_mismatch():
 
 
 def test_vllm_with_its_exact_torch_pin_resolves():
-    env = resolved("t4").data
+    env = resolved("t4").to_dict()
     assert env["vllm"]["version"] == "0.8.5.post1"
     assert env["vllm"]["torch"] == env["torch"]["version"] == "2.6.0"
     assert env["warnings"] == []
@@ -94,7 +94,7 @@ def test_the_vllm_floor_is_read_from_the_data(overlay):
     # No GPU name in the rule: lower the floor in a matrix overlay and the P40 passes it.
     folder = overlay({"min_compute_capability": "6.0",
                       "min_compute_capability_source": "https://example.org/a-fork"})
-    env = resolved("p40", M.load((folder,)), rollout="vllm", cuda="12.4").data
+    env = resolved("p40", M.load((folder,)), rollout="vllm", cuda="12.4").to_dict()
     assert env["vllm"]["version"] == "0.8.5"
     assert env["warnings"] == []
 
@@ -117,13 +117,13 @@ def test_flash_attn_on_a_t4_is_below_its_floor():
 
 
 def test_a_4090_without_flash_attn_gets_bf16_and_sdpa():
-    env = resolved("4090").data
+    env = resolved("4090").to_dict()
     assert (env["dtype"], env["attention"], env["flash_attn"]) == ("bf16", "sdpa", None)
     assert env["features"]["remove_padding"] is False
 
 
 def test_a_4090_with_flash_attn_gets_flash_attention_2():
-    env = resolved("4090", with_=["flash-attn"]).data
+    env = resolved("4090", with_=["flash-attn"]).to_dict()
     assert env["flash_attn"]["version"] == "2.6.3"  # 2.5.8 stops below torch 2.4
     assert env["attention"] == "flash_attention_2"
 
@@ -131,29 +131,29 @@ def test_a_4090_with_flash_attn_gets_flash_attention_2():
 def test_flash_attn_carries_where_its_release_wheel_is():
     """The release folder of the resolved version and the CUDA tags of that release (2.6.3's
     setup.py: cu118 / cu123; 2.8.3's: the major only), from matrices/extensions.yaml."""
-    fa = resolved("4090", with_=["flash-attn"]).data["flash_attn"]
+    fa = resolved("4090", with_=["flash-attn"]).to_dict()["flash_attn"]
     assert fa["release"] == "https://github.com/Dao-AILab/flash-attention/releases/download/v2.6.3"
     assert fa["cuda_tags"] == {"11": "118", "12": "123"}
-    fa = resolved("3090").data["flash_attn"]
+    fa = resolved("3090").to_dict()["flash_attn"]
     assert (fa["version"], fa["cuda_tags"]) == ("2.8.3", {"11": "11", "12": "12"})
     assert fa["release"].endswith("/releases/download/v2.8.3")
 
 
 def test_a_3090_gets_flash_attention_2_and_remove_padding():
-    env = resolved("3090").data
+    env = resolved("3090").to_dict()
     assert (env["dtype"], env["attention"]) == ("bf16", "flash_attention_2")
     assert env["features"]["remove_padding"] is True
 
 
 def test_a_p40_gets_fp32_eager_and_no_torch_compile():
-    env = resolved("p40").data
+    env = resolved("p40").to_dict()
     assert (env["dtype"], env["attention"]) == ("fp32", "eager")
     assert env["features"]["torch_compile"] is False
     assert env["features"]["bf16"] is False
 
 
 def test_a_t4_gets_fp16():
-    env = resolved("t4").data
+    env = resolved("t4").to_dict()
     assert (env["dtype"], env["attention"]) == ("fp16", "sdpa")
     assert env["features"]["torch_compile"] is True
 
@@ -176,13 +176,13 @@ def test_apex_needs_a_torch_built_for_the_images_nvcc():
 
 
 def test_without_apex_an_older_minor_torch_build_is_used():
-    env = resolved("v100", cuda="12.8", without=["apex"]).data
+    env = resolved("v100", cuda="12.8", without=["apex"]).to_dict()
     assert env["torch"]["variant"] == "cu126"
     assert env["apex"] is None
 
 
 def test_apex_is_built_for_the_gpus_arch():
-    env = resolved("p40").data
+    env = resolved("p40").to_dict()
     assert env["apex"]["arch_list"] == "6.1"
     assert env["torch"]["cuda"] == env["cuda"]["version"]
 
@@ -200,7 +200,7 @@ def test_a_python_the_cuda_image_does_not_ship_is_a_violation():
 
 def test_allow_unsupported_writes_soft_violations_into_every_rendered_file():
     env = resolved("p40", rollout="vllm", cuda="12.4", allow_unsupported=True)
-    [warning] = env.data["warnings"]
+    [warning] = env.to_dict()["warnings"]
     assert "vLLM cannot run on the Tesla P40 (CC 6.1)" in warning
     files = render_files(env)
     for name in RENDERED_WITH_WARNINGS:
@@ -241,7 +241,7 @@ def test_an_unknown_component_to_leave_out_gets_a_suggestion():
 # -- recorded verl patches ---------------------------------------------------------------------
 
 def patch_names(profile: str) -> list[str]:
-    return [p["name"] for p in resolved(profile).data["patches"]]
+    return [p["name"] for p in resolved(profile).to_dict()["patches"]]
 
 
 def test_a_p40_gets_the_attention_import_and_autocast_patches():
@@ -251,7 +251,7 @@ def test_a_p40_gets_the_attention_import_and_autocast_patches():
 
 
 def test_the_p40_patches_carry_its_attention_and_dtype():
-    patches = {p["name"]: p for p in resolved("p40").data["patches"]}
+    patches = {p["name"]: p for p in resolved("p40").to_dict()["patches"]}
     assert patches["verl-hardcoded-fa2"]["replace"][0]["with"] == 'attn_implementation="eager"'
     for name in ("verl-hf-rollout-autocast", "verl-actor-autocast", "verl-critic-autocast"):
         assert "dtype=torch.float32, enabled=False" in patches[name]["replace"][0]["with"], name
@@ -263,7 +263,7 @@ def test_a_3090_with_flash_attention_and_bf16_needs_no_patch():
 
 def test_a_t4_on_verl_061_gets_the_fa2_and_the_critic_autocast_patches():
     assert patch_names("t4") == ["verl-hardcoded-fa2", "verl-critic-autocast"]
-    patches = {p["name"]: p for p in resolved("t4").data["patches"]}
+    patches = {p["name"]: p for p in resolved("t4").to_dict()["patches"]}
     assert patches["verl-hardcoded-fa2"]["replace"][0]["with"] == 'attn_implementation="sdpa"'
     # the critic trains in fp32 (no loss scaler), though the T4 computes its inference in fp16
     assert patches["verl-critic-autocast"]["replace"][0]["with"].endswith(
@@ -280,7 +280,7 @@ def test_a_t4_on_verl_061_gets_the_fa2_and_the_critic_autocast_patches():
     ("h200", dict(actor="bf16", critic="bf16", ref="bf16", rollout="bf16")),
 ])
 def test_each_part_computes_in_what_the_gpu_and_verl_support(profile, want):
-    assert resolved(profile).data["precision"] == want
+    assert resolved(profile).to_dict()["precision"] == want
 
 
 def test_the_parts_follow_the_matrix_not_the_gpu_name(overlay):
@@ -288,19 +288,19 @@ def test_the_parts_follow_the_matrix_not_the_gpu_name(overlay):
     rec = record("verl", "0.6.1", source="https://example.org")
     rec["precision"] = dict(rec["precision"], actor=["bf16", "fp16", "fp32"])
     folder = overlay({"verl": {"0.6.1": rec}})
-    d = resolved("t4", M.load((folder,))).data
+    d = resolved("t4", M.load((folder,))).to_dict()
     assert d["precision"]["actor"] == "fp16" and d["precision"]["critic"] == "fp32"
 
 
 def test_a_fp16_verl_041_run_patches_the_actor_with_its_training_dtype_and_the_rollout_with_fp16():
-    d = resolved("t4", verl="0.4.1", rollout="hf", vllm=None).data
+    d = resolved("t4", verl="0.4.1", rollout="hf", vllm=None).to_dict()
     patches = {p["name"]: p["replace"][0]["with"] for p in d["patches"]}
     assert "dtype=torch.float32, enabled=False" in patches["verl-actor-autocast"]
     assert "dtype=torch.float16, enabled=True" in patches["verl-hf-rollout-autocast"]
 
 
 def test_the_audit_checks_what_the_gpu_lacks_with_the_releases_reviewed_lines():
-    p40, t4, h200 = (resolved(p).data["audit"] for p in ("p40", "t4", "h200"))
+    p40, t4, h200 = (resolved(p).to_dict()["audit"] for p in ("p40", "t4", "h200"))
     assert p40["checks"] == ["autocast_bf16", "flash_attention_2"]
     assert [r["name"] for r in p40["reviewed"]] == ["verl-reward-model-autocast"]
     assert h200 == {"checks": [], "reviewed": []}
@@ -309,15 +309,15 @@ def test_the_audit_checks_what_the_gpu_lacks_with_the_releases_reviewed_lines():
         "actor_rollout_ref.model.override_config.attn_implementation": "sdpa"}
     assert holds["verl-reward-model-autocast"] == {"reward_model.enable": False}
     # a bf16 card without flash-attn checks the attention only
-    assert resolved("4090").data["audit"]["checks"] == ["flash_attention_2"]
+    assert resolved("4090").to_dict()["audit"]["checks"] == ["flash_attention_2"]
 
 
 def test_the_allocator_setting_goes_to_small_cards_but_not_with_vllms_sleep_mode():
-    assert resolved("p40").data["cuda_alloc_conf"]["value"] == "expandable_segments:True"
-    t4 = resolved("t4").data["cuda_alloc_conf"]
+    assert resolved("p40").to_dict()["cuda_alloc_conf"]["value"] == "expandable_segments:True"
+    t4 = resolved("t4").to_dict()["cuda_alloc_conf"]
     assert t4["value"] is None and "sleep mode" in t4["why"]
-    assert resolved("h200").data["cuda_alloc_conf"] is None
-    assert resolved("v100").data["cuda_alloc_conf"] is None  # 32 GB
+    assert resolved("h200").to_dict()["cuda_alloc_conf"] is None
+    assert resolved("v100").to_dict()["cuda_alloc_conf"] is None  # 32 GB
 
 
 def test_a_patch_naming_an_unknown_value_is_refused_when_the_matrix_loads(overlay):
@@ -339,7 +339,7 @@ def test_a_release_naming_an_unknown_reviewed_exception_is_refused(overlay):
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_every_shipped_profile_resolves_without_warnings(profile):
-    assert resolved(profile).data["warnings"] == []
+    assert resolved(profile).to_dict()["warnings"] == []
 
 
 def test_resolving_is_pure():
@@ -352,7 +352,7 @@ def test_a_rollout_envbuild_cannot_install_is_refused():
 
 
 def test_flash_attn_brings_what_it_imports_at_run_time():
-    env = resolved("4090", with_=["flash-attn"]).data
+    env = resolved("4090", with_=["flash-attn"]).to_dict()
     assert env["verl"]["pins"]["einops"] == "0.8.1"
 
 
@@ -368,13 +368,13 @@ def test_verl_041_with_torch_231_is_refused_because_fsdp_workers_need_devicemesh
 def test_the_verl_torch_fix_resolves():
     fix = violations("4090", torch="2.3.1")["verl-torch"].fix
     torch = re.search(r"--torch (\S+)", fix).group(1)
-    env = resolved("4090", torch=torch).data
+    env = resolved("4090", torch=torch).to_dict()
     assert env["torch"]["version"] == torch and env["cuda"]["version"] == "12.1"
 
 
 def test_every_shipped_profile_meets_its_verls_torch_floor():
     for name in PROFILES:
-        d = resolved(name).data
+        d = resolved(name).to_dict()
         floor = M.load().verl[d["verl"]["version"]]["torch"]
         assert M.in_range(d["torch"]["version"], floor), name
 
@@ -382,7 +382,7 @@ def test_every_shipped_profile_meets_its_verls_torch_floor():
 # -- shared dependencies: what two installed packages require of a third ------------------------
 
 def test_t4_gets_the_ray_that_vllm_085_can_live_with():
-    pins = resolved("t4").data["verl"]["pins"]
+    pins = resolved("t4").to_dict()["verl"]["pins"]
     assert pins["ray[default]"] == "2.47.1"  # vllm.yaml's pairing over verl 0.6.1's 2.49.2
 
 
@@ -468,14 +468,20 @@ def test_a_spec_file_from_an_older_envbuild_may_hold_keys_this_one_no_longer_wri
 
     data = json.loads(with_constraints(resolved("4090")).to_json())
     data["constraints"]["order"] = ["torch", "verl-deps", "verl"]  # (dropped in 80dbd6c)
-    assert ResolvedEnv.from_json(json.dumps(data)).data["constraints"]["order"][0] == "torch"
+    env = ResolvedEnv.from_json(json.dumps(data))
+    assert env.constraints == with_constraints(resolved("4090")).constraints
+    assert "order" not in env.to_dict()["constraints"]  # (read, not carried on)
 
 
-def test_a_spec_file_may_lack_keys_for_the_shape_check_to_name_them_all():
+def test_a_spec_file_that_lacks_keys_is_refused_naming_them_all():
     from envbuilder.resolve import ResolvedEnv
 
-    env = ResolvedEnv.from_json('{"schema_version": 1, "profile": "p40", "gpu": {"sm": 61}}')
-    assert env.name == "p40"
+    with pytest.raises(UserError) as e:
+        ResolvedEnv.from_json('{"schema_version": 1, "profile": "p40", "gpu": {"sm": "61"}}')
+    msg = str(e.value)
+    assert "envbuild_version is missing; description is missing; overrides is missing; " \
+           "gpu.key is missing" in msg
+    assert "more)" in msg and "envbuild render p40" in msg
 
 
 def test_vllm_0_7_3_is_refused_beside_verls_ray_pins():

@@ -33,7 +33,7 @@ def verl_record(version: str) -> dict:
 
 
 def path(profile: str, **kw) -> list[str]:
-    return resolved(profile, **kw).data["training_path"]
+    return resolved(profile, **kw).to_dict()["training_path"]
 
 
 @pytest.mark.parametrize("profile, expected", [
@@ -92,7 +92,7 @@ def test_the_names_come_from_the_matrix_not_from_code(overlay):
     rec["training_path"] = dict(rec["training_path"], modules=["verl", "verl.lab.trainer"],
                                 rollouts={"hf": ["verl.lab.rollout"]})
     m = M.load((overlay({"verl": {"0.4.1": rec}}),))
-    assert resolved("4090", m).data["training_path"] == ["verl", "verl.lab.trainer", "verl.lab.rollout"]
+    assert resolved("4090", m).to_dict()["training_path"] == ["verl", "verl.lab.trainer", "verl.lab.rollout"]
 
 
 def test_a_rollout_without_a_recorded_training_path_is_a_hard_error(overlay):
@@ -145,9 +145,9 @@ def test_every_training_path_fact_names_its_source():
 
 
 def test_preflight_and_the_smoke_test_take_the_training_path_from_the_resolved_env():
-    d = resolved("t4").data
-    expected = preflight_expectations(d)
-    assert expected["training_path"] == d["training_path"]
+    env = resolved("t4")
+    expected = preflight_expectations(env)
+    assert expected["training_path"] == list(env.training_path)
     assert expected["compat_libcuda"] == shipped().cuda_compat["libcuda"]
     text = render_files(resolved("t4"))["preflight.py"]
     assert "vllm_rollout_spmd" in text.split("EXPECTED = json.loads(", 1)[1].split("\n", 1)[0]

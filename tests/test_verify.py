@@ -60,8 +60,8 @@ class World:
         self.root = root
         self.overlay = write_overlay(root / "overlay", V.overlay_doc(pins))
         self.env = tiny_env(self.overlay, cuda=cuda if cuda != "12.4" else None)
-        self.modules, _ = import_plan(self.env.data)
-        V.build(root / "pypi", root / "torch", self.env.data, self.modules, **build)
+        self.modules, _ = import_plan(self.env)
+        V.build(root / "pypi", root / "torch", self.env.to_dict(), self.modules, **build)
 
     def __enter__(self):
         # one after the other: a free port is only taken once its server listens on it
@@ -176,7 +176,7 @@ def test_patches_are_applied_before_the_imports(happy):
 
 def test_every_module_of_the_training_path_imports_in_its_own_interpreter(happy):
     (r,) = happy["report"]["profiles"]
-    d = happy["world"].env.data
+    d = happy["world"].env.to_dict()
     expected = list(d["training_path"])
     assert [i["module"] for i in r["imports"]] == expected
     assert all(i["ok"] and i["error"] is None for i in r["imports"]), r["imports"]
@@ -187,7 +187,7 @@ def test_the_run_scripts_overrides_compose_with_verls_hydra_config(happy):
     (r,) = happy["report"]["profiles"]
     c = r["compose"]
     assert c["ok"], c
-    d = happy["world"].env.data
+    d = happy["world"].env.to_dict()
     from envbuilder.render import RUN_SCRIPT, render_files
 
     script = render_files(happy["world"].env)[RUN_SCRIPT]
@@ -374,16 +374,16 @@ def test_local_pins_and_swap_keep_everything_but_the_label():
         "Torch==2.6.0 ; python_version >= '3.9'"
     assert swap_line("torch==2.6.0+cu124", pins) == "torch==2.6.0+cu124"  # not the swapped pin
     assert swap_line("numpy==1.26.4", pins) == "numpy==1.26.4"
-    assert local_pins(resolved("4090").data["torch"]["packages"]) == {}
+    assert local_pins(resolved("4090").to_dict()["torch"]["packages"]) == {}
 
 
 def test_the_extensions_modules_are_reported_not_imported():
-    modules, ext = import_plan(resolved("p40").data)
+    modules, ext = import_plan(resolved("p40"))
     apex = {"apex", "apex_C", "amp_C", "fused_layer_norm_cuda"}
     assert ext == dict.fromkeys(apex, "apex") and apex <= set(modules)
-    modules, ext = import_plan(resolved("3090").data)
+    modules, ext = import_plan(resolved("3090"))
     assert ext == {"flash_attn": "flash_attn", "flash_attn_2_cuda": "flash_attn"}
-    assert import_plan(resolved("4090").data)[1] == {}
+    assert import_plan(resolved("4090"))[1] == {}
 
 
 def test_a_stub_libcuda_lets_a_module_linked_against_the_driver_load(tmp_path):

@@ -45,13 +45,12 @@ def sources_for(env: ResolvedEnv, index_url=None, torch_index_url=None, channels
     """Flags first, then the mirror set (`mirrors.MirrorChoice`), then the profile's own."""
     from .conda import default_channels
 
-    d = env.data
-    pypi = index_url or (mirror and mirror.pypi) or d["indexes"]["pypi"]
+    pypi = index_url or (mirror and mirror.pypi) or env.indexes.pypi
     torch = None
-    if d["indexes"]["torch"]:
+    if env.indexes.torch:
         torch = torch_index_url or (
-            mirror.pytorch.format(variant=d["torch"]["variant"]) if mirror and mirror.pytorch
-            else d["indexes"]["torch"])
+            mirror.pytorch.format(variant=env.torch.variant) if mirror and mirror.pytorch
+            else env.indexes.torch)
     if not channels:
         channels = default_channels(env)
         if mirror and mirror.conda:  # nvidia/label/cuda-X goes through the nvidia mirror
@@ -71,11 +70,11 @@ def _mirrored_channel(channel: str, conda: dict) -> str:
 
 
 def target_glibc(matrix, env: ResolvedEnv) -> str:
-    cuda_v = env.data["cuda"]["version"]
+    cuda_v = env.cuda.version
     glibc = (matrix.cuda.get(cuda_v) or {}).get("glibc")
     if not glibc:
         raise UserError(f"{matrix.where('cuda', cuda_v)}: cuda.{cuda_v} has no `glibc` fact (the C "
-                        f"library of its Ubuntu {env.data['cuda']['ubuntu']} image); a lock is "
+                        f"library of its Ubuntu {env.cuda.ubuntu} image); a lock is "
                         "solved for it. Add it with its source.")
     return glibc
 
@@ -105,14 +104,14 @@ def lock_profile(env: ResolvedEnv, glibc: str, sources: Sources, out_dir: Path, 
     input_sha = L.input_sha256(digests)
     vpkgs = virtual_packages(env, glibc)
     files: dict[str, str] = {}
-    tools = {"envbuild": env.data["envbuild_version"]}
+    tools = {"envbuild": env.envbuild_version}
     pylock = None
     parents: dict[str, frozenset[str]] = {}
     swapped = torch_swap(env) if swap_torch else None
     if "pip" in parts:
         from .pip import compile_lock, uv_version
 
-        say(f"{env.name}: pip part: uv pip compile for Python {env.data['python']} on "
+        say(f"{env.name}: pip part: uv pip compile for Python {env.python} on "
             f"{python_platform(glibc)} via {sources.pypi}"
             + (f" + {sources.torch}" if sources.torch and not swapped else "")
             + (f" (torch {swapped})" if swapped else ""))
@@ -143,7 +142,7 @@ def lock_profile(env: ResolvedEnv, glibc: str, sources: Sources, out_dir: Path, 
     if "images" in parts:
         from .images import lock_images
 
-        refs = sorted(set(env.data["cuda"]["images"].values()))
+        refs = sorted(set(env.cuda.images.values()))
         where = sources.registry_mirror or "their own registries"
         if isinstance(where, dict):
             where = ", ".join(f"{k} via {v}" for k, v in where.items())
@@ -159,7 +158,7 @@ def lock_profile(env: ResolvedEnv, glibc: str, sources: Sources, out_dir: Path, 
         "inputs": digests,
         "parts": sorted(parts),
         "solver": solver if "conda" in parts else None,
-        "target": {"platform": "linux-64", "python": env.data["python"],
+        "target": {"platform": "linux-64", "python": env.python,
                    "python_platform": python_platform(glibc), "virtual_packages": vpkgs},
         "sources": {**({"pypi": sources.pypi, "torch": sources.torch} if "pip" in parts else {}),
                     **({"github": sources.github} if "pip" in parts and L.has_sources(env) else {}),

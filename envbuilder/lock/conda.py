@@ -38,14 +38,13 @@ class CondaRecord(NamedTuple):
 
 
 def default_channels(env: ResolvedEnv) -> list[str]:
-    d = env.data
-    label = [f"nvidia/label/cuda-{d['cuda']['full_version']}"] if d["apex"] or d["flash_attn"] else []
-    return label + list(d["conda_channels"])
+    label = [f"nvidia/label/cuda-{env.cuda.full_version}"] if env.needs_builder else []
+    return label + list(env.conda_channels)
 
 
 def virtual_packages(env: ResolvedEnv, glibc: str) -> dict[str, str]:
     """The target's virtual packages, name -> "version" or "version build"."""
-    return {"__archspec": "1 x86_64", "__cuda": env.data["cuda"]["version"], "__glibc": glibc,
+    return {"__archspec": "1 x86_64", "__cuda": env.cuda.version, "__glibc": glibc,
             "__linux": LINUX, "__unix": "0"}
 
 

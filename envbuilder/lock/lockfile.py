@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from ..errors import UserError
+from ..record import plain
 from ..resolve import ResolvedEnv
 
 FORMAT = 2  # 2: inputs are what each part's solver sees, not every template and matrix file
@@ -31,7 +32,7 @@ _FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 
 def has_sources(env: ResolvedEnv) -> bool:
     """Whether the builder fetches files from GitHub that a lock pins (sources.lock)."""
-    return bool(env.data["apex"] or env.data["flash_attn"])
+    return env.needs_builder  # (the builder's extensions are what it fetches)
 
 
 def parts_for(env: ResolvedEnv, parts=tuple(PARTS)) -> list[str]:
@@ -54,19 +55,18 @@ def solver_inputs(env: ResolvedEnv) -> dict[str, dict]:
     from ..plan import conda_specs, requirements_in
     from .conda import default_channels, virtual_packages
 
-    d = env.data
-    target = {"platform": "linux-64", "python": d["python"], "glibc": d["cuda"].get("glibc"),
-              "cuda": d["cuda"]["version"]}
+    target = {"platform": "linux-64", "python": env.python, "glibc": env.cuda.glibc,
+              "cuda": env.cuda.version}
     out = {
         "pip": {"requirements": requirements_in(env), "target": target,
-                "indexes": {"pypi": d["indexes"]["pypi"], "torch": d["indexes"]["torch"]}},
+                "indexes": env.indexes.to_dict()},
         "conda": {"specs": conda_specs(env), "channels": default_channels(env), "target": target,
-                  "virtual_packages": virtual_packages(env, d["cuda"].get("glibc") or "")},
-        "images": {"refs": sorted(set(d["cuda"]["images"].values())), "platform": "linux/amd64"},
+                  "virtual_packages": virtual_packages(env, env.cuda.glibc or "")},
+        "images": {"refs": sorted(set(env.cuda.images.values())), "platform": "linux/amd64"},
     }
     if has_sources(env):
-        out["sources"] = {"apex": d["apex"], "flash_attn": d["flash_attn"], "target": target,
-                          "torch": d["torch"]["version"]}
+        out["sources"] = {"apex": plain(env.apex), "flash_attn": plain(env.flash_attn),
+                          "target": target, "torch": env.torch.version}
     return out
 
 
@@ -339,7 +339,7 @@ def for_render(env: ResolvedEnv, lock_dir: Path, wheelhouse: Path | None = None,
         texts[name] = lock_texts[name]  # (verified: each locked part has its file)
     images = json.loads(texts[IMAGES]) if IMAGES in texts else {}
     pinned = {}
-    for role, ref in sorted(env.data["cuda"]["images"].items()):
+    for role, ref in sorted(env.cuda.images.items()):
         where = mirror.image(ref) if mirror else ref
         if ref in images:
             pinned[role] = f"{where}@{images[ref]['digest']}"
@@ -356,16 +356,16 @@ def for_render(env: ResolvedEnv, lock_dir: Path, wheelhouse: Path | None = None,
         uv_wheel = _wheelhouse_uv(env, Path(wheelhouse), links)
     layers, files = layer_files(env, requirements)
     sources = json.loads(texts[SOURCES]) if SOURCES in texts else {}
-    apex_source = sources.get("apex") if env.data["apex"] else None
+    apex_source = sources.get("apex") if env.apex else None
     fa_wheels = None
-    if env.data["flash_attn"]:
+    if env.flash_attn:
         from .sources import flash_attn_pins
 
         fa_wheels = flash_attn_pins(sources)
         if not fa_wheels:
             raise UserError(f"{lock_dir / SOURCES} pins no flash-attn wheel (made by an older "
                             f"envbuild). Re-lock with `envbuild lock {env.name}`.")
-    if env.data["apex"] and not apex_source:
+    if env.apex and not apex_source:
         raise UserError(f"{lock_dir / SOURCES} pins no apex source archive. Re-lock with "
                         f"`envbuild lock {env.name}`.")
     return {"images": pinned, "images_pinned": IMAGES in texts, "layers": layers, "files": files,
@@ -377,16 +377,16 @@ def for_render(env: ResolvedEnv, lock_dir: Path, wheelhouse: Path | None = None,
 def _wheelhouse_uv(env: ResolvedEnv, wheelhouse: Path, links: dict[str, Path]) -> str | None:
     """The file name of the uv wheel the matrix pins when the wheelhouse carries it for this
     profile with that sha256 (its runtime stage then installs with uv), else None (pip)."""
-    pin = env.data["uv"]
-    name = pin["url"].rsplit("/", 1)[-1]
+    pin = env.uv
+    name = pin.url.rsplit("/", 1)[-1]
     entry = (read_wheelhouse_manifest(wheelhouse) or {}).get("files", {}).get(f"pypi/{name}")
-    ok = f"wheelhouse/{name}" in links and entry and entry.get("sha256") == pin["sha256"]
+    ok = f"wheelhouse/{name}" in links and entry and entry.get("sha256") == pin.sha256
     return name if ok else None
 
 
 def _sourced(env: ResolvedEnv) -> list[str]:
-    return ((["apex source archive"] if env.data["apex"] else [])
-            + (["flash-attn wheel"] if env.data["flash_attn"] else []))
+    return ((["apex source archive"] if env.apex else [])
+            + (["flash-attn wheel"] if env.flash_attn else []))
 
 
 def wheelhouse_files(env: ResolvedEnv,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..errors import ActionError, UserError
 from ..plan import (BUILD_TOOLS, LAYERS, Locked, _HASH, _REQ, layer_roots, layers,  # noqa: F401
-                    needs_builder, normalize, parse, requirements_in)
+                    normalize, parse, requirements_in)
 from ..resolve import ResolvedEnv
 
 _NETWORK = ("Failed to fetch", "error sending request", "Connection refused", "dns error",
@@ -89,7 +89,7 @@ def _compile(env: ResolvedEnv, glibc: str, pypi: str, torch: str | None, swap_to
     if swap_torch:
         torch = None
     indexes = [pypi] + ([torch] if torch else [])
-    args = compile_args(env.name, env.data["python"], glibc, pypi, torch)
+    args = compile_args(env.name, env.python, glibc, pypi, torch)
     with tempfile.TemporaryDirectory(prefix="envbuild-lock-") as tmp:
         tmp = Path(tmp)
         (tmp / "requirements.in").write_text(requirements_in(env, swap_torch), encoding="utf-8")

@@ -50,10 +50,10 @@ def _sha256(url: str, github: str | None, what: str, missing_ok: bool = False) -
 
 
 def apex_source(env: ResolvedEnv, github: str | None) -> dict:
-    apex = env.data["apex"]
-    sha, size = _sha256(apex["url"], github, "the apex source")
-    ref = apex["ref"]
-    return {"url": apex["url"], "filename": f"apex-{ref}.tar.gz", "sha256": sha, "size": size,
+    apex = env.apex
+    sha, size = _sha256(apex.url, github, "the apex source")
+    ref = apex.ref
+    return {"url": apex.url, "filename": f"apex-{ref}.tar.gz", "sha256": sha, "size": size,
             "ref": ref}
 
 
@@ -62,32 +62,31 @@ def flash_attn_wheels(env: ResolvedEnv, github: str | None) -> dict:
     the target's release wheel that the release has."""
     from ..flash_attn_wheel import wheel_filename
 
-    d = env.data
-    fa = d["flash_attn"]
-    names = {abi: wheel_filename(fa["wheel"], fa["version"], d["torch"]["version"],
-                                 d["torch"]["cuda"], d["python"], abi, fa["cuda_tags"],
+    fa = env.flash_attn
+    names = {abi: wheel_filename(fa.wheel, fa.version, env.torch.version,
+                                 env.torch.cuda, env.python, abi, fa.cuda_tags,
                                  TARGET_MACHINE) for abi in (False, True)}
     if names[False] is None:
-        raise UserError(f"flash-attn {fa['version']}'s release builds no wheel for CUDA "
-                        f"{d['torch']['cuda']} (matrices/extensions.yaml, flash_attn.versions."
-                        f"{fa['version']}.wheel_cuda), so a lock cannot pin it and the builder "
+        raise UserError(f"flash-attn {fa.version}'s release builds no wheel for CUDA "
+                        f"{env.torch.cuda} (matrices/extensions.yaml, flash_attn.versions."
+                        f"{fa.version}.wheel_cuda), so a lock cannot pin it and the builder "
                         "would compile it from the unpinned sdist. Lock with --without flash-attn, "
                         "or pick a flash-attn release that builds for this CUDA.")
     out, missing = {}, []
     for abi, filename in names.items():
-        url = f"{fa['release'].rstrip('/')}/{filename}"
+        url = f"{fa.release.rstrip('/')}/{filename}"
         try:
             sha, size = _sha256(url, github, "flash-attn's release wheel", missing_ok=True)
         except _Missing as e:
             missing.append(str(e))
             continue
         out[f"{FLASH_ATTN_KEY}{str(abi).upper()}"] = {
-            "url": url, "filename": filename, "sha256": sha, "size": size, "ref": fa["version"],
+            "url": url, "filename": filename, "sha256": sha, "size": size, "ref": fa.version,
             "cxx11_abi": abi}
     if not out:
-        raise ActionError(f"flash-attn {fa['version']}'s release has no wheel for torch "
-                          f"{d['torch']['version']} (CUDA {d['torch']['cuda']}), Python "
-                          f"{d['python']}: {' and '.join(missing)} answered 404. A lock cannot pin "
+        raise ActionError(f"flash-attn {fa.version}'s release has no wheel for torch "
+                          f"{env.torch.version} (CUDA {env.torch.cuda}), Python "
+                          f"{env.python}: {' and '.join(missing)} answered 404. A lock cannot pin "
                           "the sdist build; lock with --without flash-attn, or another torch/Python "
                           "that the release builds for.")
     return out
@@ -98,13 +97,13 @@ def lock_sources(env: ResolvedEnv, github: str | None = None,
     """sources.lock's content: apex's archive and flash-attn's wheels, downloaded and hashed.
     The URLs are the upstream ones (a mirror serves the same bytes)."""
     out = {}
-    if env.data["apex"]:
-        say(f"{env.name}: apex source {env.data['apex']['url']}" + (f" via {github}" if github else ""))
+    if env.apex:
+        say(f"{env.name}: apex source {env.apex.url}" + (f" via {github}" if github else ""))
         out["apex"] = apex_source(env, github)
-    if env.data["flash_attn"]:
-        fa = env.data["flash_attn"]
-        say(f"{env.name}: flash-attn {fa['version']} release wheels (both C++ ABIs) from "
-            f"{fa['release']}" + (f" via {github}" if github else ""))
+    if env.flash_attn:
+        fa = env.flash_attn
+        say(f"{env.name}: flash-attn {fa.version} release wheels (both C++ ABIs) from "
+            f"{fa.release}" + (f" via {github}" if github else ""))
         out.update(flash_attn_wheels(env, github))
     return out
 

