@@ -81,6 +81,26 @@ def load_matrix(matrix_dirs):
     return matrix.load(tuple(matrix_dirs))
 
 
+def resolve_all(m, names: list[str], overrides, nothing: str) -> list:
+    """Every named profile resolved before anything is done: each failure is printed, then one
+    error says how many failed and that `nothing` happened. One name alone raises its own."""
+    from .resolve import resolve
+
+    envs, failed = [], []
+    for name in names:
+        try:
+            envs.append(resolve(m, name, overrides))
+        except EnvbuildError as e:
+            if len(names) == 1:
+                raise
+            failed.append(name)
+            click.echo(f"envbuild: {name}: {e}", err=True)
+    if failed:
+        raise UserError(f"{len(failed)} of {len(names)} profiles did not resolve "
+                        f"({', '.join(failed)}); {nothing}.")
+    return envs
+
+
 # The actions' commands live in modules of their own, imported only when one of their commands
 # runs (or help lists them), so `render` pays nothing for build, lock, wheelhouse or detect:
 # click's documented lazy subcommands, name -> "module:command" (no registration by import).
@@ -294,7 +314,7 @@ def check(profile, online, index_url, torch_index_url, overrides, matrix_dirs):
 def render(profile, all_, from_, out, locked_dir, wheelhouse, mirror, force, overrides, matrix_dirs):
     """Write Dockerfile, environment.yml, requirements.txt, run script, preflight.py, envbuild.json."""
     from . import render as R
-    from .resolve import ResolvedEnv, resolve
+    from .resolve import ResolvedEnv
 
     if sum(bool(x) for x in (profile, all_, from_)) != 1:
         raise UserError("Name one profile, or --all, or --from envbuild.json (exactly one). "
@@ -321,18 +341,7 @@ def render(profile, all_, from_, out, locked_dir, wheelhouse, mirror, force, ove
     if all_ and base.exists() and not base.is_dir():
         raise UserError(f"{base} exists and is not a directory. Pass -o a directory for --all.")
     # resolve every profile first: an --all that cannot resolve one of them writes nothing
-    envs, failed = [], []
-    for name in names:
-        try:
-            envs.append(resolve(m, name, overrides))
-        except EnvbuildError as e:
-            if not all_:
-                raise
-            failed.append(name)
-            click.echo(f"envbuild: {name}: {e}", err=True)
-    if failed:
-        raise UserError(f"{len(failed)} of {len(names)} profiles did not resolve "
-                        f"({', '.join(failed)}); nothing was written.")
+    envs = resolve_all(m, names, overrides, "nothing was written")
     from .plan import with_constraints
 
     choice = None

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import click
 
-from .cli import load_matrix, override_options
-from .errors import ActionError, EnvbuildError, UserError
+from .cli import load_matrix, override_options, resolve_all
+from .errors import ActionError, UserError
 
 _URL = re.compile(r"^(https?://[^\s/]+(/\S*)?|file:///\S*)$")
 
@@ -108,7 +108,6 @@ def verify(profiles, all_, as_json, keep, index_url, torch_index_url, skip_compo
 
     Downloads several GB per profile (torch, its CUDA libraries, vLLM) and takes minutes; run it
     before changing a profile's pins. Exit 0 when every step passes, 1 when one fails."""
-    from .resolve import resolve
     from .verify import Options, check_keep, find_python, verify as run_verify
 
     if bool(profiles) == bool(all_):
@@ -116,18 +115,8 @@ def verify(profiles, all_, as_json, keep, index_url, torch_index_url, skip_compo
                         "them.")
     m = load_matrix(matrix_dirs)
     names = list(m.profiles) if all_ else list(dict.fromkeys(profiles))
-    envs, failed = [], []
-    for name in names:  # all bad input is found before anything is downloaded
-        try:
-            envs.append(resolve(m, name, overrides))
-        except EnvbuildError as e:
-            if len(names) == 1:
-                raise
-            failed.append(name)
-            click.echo(f"envbuild: {name}: {e}", err=True)
-    if failed:
-        raise UserError(f"{len(failed)} of {len(names)} profiles did not resolve "
-                        f"({', '.join(failed)}); nothing was installed.")
+    # all bad input is found before anything is downloaded
+    envs = resolve_all(m, names, overrides, "nothing was installed")
     keeps = {}
     for env in envs:
         if keep:

@@ -8,13 +8,10 @@ warnings that are written into the rendered files.
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 from . import __version__
+from . import resolved as R
 from .errors import UserError
 from .matrix import Matrix, cc_tuple, in_range, version_key
-from . import resolved as R
 from .record import Record, frozen
 from .resolved import SCHEMA_VERSION, Overrides, ResolvedEnv  # noqa: F401  (re-exported)
 from .versions import ranges_overlap
