@@ -128,6 +128,9 @@ def driver_check(m: Matrix, profile: str, overrides: Overrides, base: ResolvedEn
     info = base.driver
     need = f"CUDA {info.for_cuda} needs >= {info.min_driver}"
     source = "" if overrides.driver else f" (supports CUDA {machine.cuda or '?'})"
+    if driver is None:  # (a listed GPU whose driver version nvidia-smi reports as N/A)
+        return Check("driver", "skip", f"driver version unknown; {need}",
+                     "check that `nvidia-smi` reports the driver version, or pass --driver VERSION")
     try:
         env = resolve(m, profile, overrides._replace(driver=driver))
     except ResolveError as e:

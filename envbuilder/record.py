@@ -62,7 +62,12 @@ class Record:
         return type(other) is type(self) and self._asdict() == other._asdict()
 
     def __hash__(self):
-        return hash(tuple(self._asdict().values()))
+        return hash(_hashable(self))
+
+    def __reduce__(self):
+        """copy, deepcopy and pickle rebuild a record through its constructor (the slots refuse
+        the assignment they would make; a read-only mapping travels as a dict)."""
+        return (_rebuild, (type(self), tuple(_unproxied(v) for v in self._asdict().values())))
 
     def __repr__(self):
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self._asdict().items())})"
@@ -113,3 +118,26 @@ def plain(value):
     if isinstance(value, (list, tuple)):
         return [plain(v) for v in value]
     return value
+
+
+def _hashable(value):
+    """`value` as nested tuples (a record's type and fields, a mapping's sorted items)."""
+    if isinstance(value, Record):
+        return (type(value).__name__, *(_hashable(v) for v in value._asdict().values()))
+    if isinstance(value, Mapping):
+        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_hashable(v) for v in value)
+    return value
+
+
+def _unproxied(value):
+    if isinstance(value, MappingProxyType):
+        return {k: _unproxied(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_unproxied(v) for v in value)
+    return value
+
+
+def _rebuild(cls, values: tuple):
+    return cls(*(frozen(v) for v in values))

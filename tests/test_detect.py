@@ -410,3 +410,9 @@ def test_a_driver_reported_as_na_is_unknown_not_a_crash(m):
     assert machine.driver is None and machine.gpus[0].model == "p40"
     rec = recommend(m, machine)
     assert "driver unknown" in rec.fits[0].reasons[1].text
+    # doctor cannot check it: it says so, and does not call it fine
+    from envbuilder.doctor import driver_check
+
+    check = driver_check(m, "p40", Overrides(), resolve(m, "p40"), machine)
+    assert (check.status, check.detail) == ("skip", "driver version unknown; CUDA 11.8 needs >= "
+                                                     "520.61.05")

@@ -184,3 +184,15 @@ def test_plain_data_of_an_environment_is_what_the_file_holds():
     assert over.to_dict()["overrides"] == {"driver": "560.35.03", "with": ["flash-attn"]}
     assert over.driver.mode == "native" and over.to_dict()["driver"]["mode"] == "native"
     assert "mode" not in resolved("4090").to_dict()["driver"]
+
+
+def test_an_environment_copies_pickles_and_hashes_as_the_value_it_is():
+    import copy
+    import pickle
+
+    env = with_constraints(resolved("h200"))
+    for twin in (copy.copy(env), copy.deepcopy(env), pickle.loads(pickle.dumps(env))):
+        assert twin == env and twin.to_json() == env.to_json()
+        assert hash(twin) == hash(env)
+        assert isinstance(twin.verl.pins, MappingProxyType)
+    assert len({env, copy.deepcopy(env), resolved("p40")}) == 2
