@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path, PurePosixPath
 
@@ -138,6 +139,7 @@ def write_dir(out_dir: Path, files: dict[str, str], links: dict[str, Path] | Non
     foreign = [p for p in out_dir.iterdir() if p.name not in (RECORD, JOURNAL)] \
         if out_dir.is_dir() else []
     conflicts = []
+    unchanged = set()  # already there with these bytes and this mode: nothing to write
     for name in sorted(names):
         target = _inside(out_dir, PurePosixPath(name))
         if target is None:
@@ -150,6 +152,8 @@ def write_dir(out_dir: Path, files: dict[str, str], links: dict[str, Path] | Non
             digest = _sha256(target)
             if not (ours(name, digest) or digest == new_digests.get(name)):
                 conflicts.append(name)
+            elif digest == new_digests.get(name) and _mode(target) == _mode_of(name, executable):
+                unchanged.add(name)
     if foreign and not has_record and not force:
         clash = (f" and has {', '.join(conflicts[:5])}"
                  + (f" and {len(conflicts) - 5} more" if len(conflicts) > 5 else "")) if conflicts else ""
@@ -182,11 +186,13 @@ def write_dir(out_dir: Path, files: dict[str, str], links: dict[str, Path] | Non
     written: dict[str, str] = {}
     try:
         for name, text in sorted(files.items()):
+            written[name] = new_digests[name]
+            if name in unchanged:
+                continue
             path = stage / name
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
-            path.chmod(0o755 if name in executable else 0o644)
-            written[name] = new_digests[name]
+            path.chmod(_mode_of(name, executable))
         for name, src in sorted(links.items()):
             path = stage / name
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -197,7 +203,7 @@ def write_dir(out_dir: Path, files: dict[str, str], links: dict[str, Path] | Non
             written[name] = _sha256(path) or ""
         # the journal first: from here on a killed run leaves files that hash to old or new
         _atomic_text(journal, _record_text(written), stage)
-        for name in sorted(written):
+        for name in sorted(set(written) - unchanged):
             target = out_dir / name
             target.parent.mkdir(parents=True, exist_ok=True)
             os.replace(stage / name, target)
@@ -222,6 +228,17 @@ def write_dir(out_dir: Path, files: dict[str, str], links: dict[str, Path] | Non
     except OSError:
         pass
     return [out_dir / n for n in sorted(files)] + [out_dir / n for n in sorted(links)]
+
+
+def _mode_of(name: str, executable) -> int:
+    return 0o755 if name in executable else 0o644
+
+
+def _mode(path: Path) -> int | None:
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        return None
 
 
 def _atomic_text(path: Path, text: str, tmp_dir: Path) -> None:

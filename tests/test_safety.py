@@ -75,6 +75,27 @@ def test_a_deleted_rendered_file_is_just_written_again(tmp_path):
     assert (out / "preflight.py").is_file()
 
 
+def test_a_re_render_leaves_files_that_already_hold_their_bytes_alone(tmp_path):
+    """Unchanged files are not written again (their inode and mtime stay, as make leaves an
+    up-to-date target); a changed one, or one whose mode was changed, is written."""
+    out = tmp_path / "o"
+    render(resolved("p40"), out)
+    before = {p.name: p.stat() for p in out.iterdir() if p.is_file()}
+    os.chmod(out / "preflight.py", 0o644)  # (rendered 0755)
+    render(resolved("p40"), out)
+    after = {p.name: p.stat() for p in out.iterdir() if p.is_file()}
+    for name in ("Dockerfile", "run_ppo_gsm8k.sh", "requirements.txt"):
+        assert (after[name].st_ino, after[name].st_mtime_ns) == \
+            (before[name].st_ino, before[name].st_mtime_ns), name
+    assert after["preflight.py"].st_ino != before["preflight.py"].st_ino
+    assert after["preflight.py"].st_mode & 0o777 == 0o755
+    render(resolved("p40", driver="560.35.03"), out)  # envbuild.json now says the driver
+    assert (out / MARKER).stat().st_ino != after[MARKER].st_ino
+    assert '"driver": "560.35.03"' in (out / MARKER).read_text()
+    assert outdir._read_record(out / outdir.RECORD)[MARKER] == \
+        outdir._sha256(out / MARKER)
+
+
 @pytest.mark.parametrize("name", ["../../escaped", "../p40", "a/b", "..", "/etc/x"])
 def test_a_profile_name_from_a_from_file_never_leaves_out(cli, tmp_path, name):
     spec = json.loads(render_files(resolved("p40"))[MARKER])
