@@ -261,7 +261,9 @@ def smoke(client, image: str, command: list[str]) -> str:
 
 def push(client, image: str, registry: str, repo_tag: str, say: Callable[[str], None]) -> str:
     """Tag `image` as registry/repo_tag, push it with progress, return the pushed digest."""
-    check_registry(registry)
+    from .registry import check_registry, check_served
+
+    check_registry(registry, "--push", "nothing was pushed")
     repo, _, tag = repo_tag.rpartition(":")
     target = f"{registry}/{repo}"
     client.images.get(image).tag(target, tag)
@@ -282,39 +284,8 @@ def push(client, image: str, registry: str, repo_tag: str, say: Callable[[str], 
     if not digest:
         raise ActionError(f"Push of {target}:{tag} reported no digest; the registry may have "
                           "rejected it silently. Check the registry's logs.")
-    check_served(target, tag, digest)
+    check_served(f"{target}:{tag}", digest, "pushing", "push")
     return digest
-
-
-def check_registry(registry: str) -> None:
-    """ActionError unless `registry` answers /v2/ as a container registry (nothing is pushed)."""
-    import requests
-
-    from .registry import endpoint_url
-
-    base = endpoint_url(registry)
-    try:
-        r = requests.get(base + "/v2/", timeout=10)
-        if r.status_code not in (200, 401):
-            raise ActionError(f"{registry} answered HTTP {r.status_code} to /v2/: not a container "
-                              "registry. Check --push.")
-    except requests.RequestException as e:
-        raise ActionError(f"Registry {registry} is unreachable ({type(e).__name__}). Start it or "
-                          "fix --push (a name from your config's `registries:`, or HOST[:PORT]); "
-                          "nothing was pushed.") from None
-
-
-def check_served(target: str, tag: str, digest: str) -> None:
-    """ActionError unless the registry now serves target:tag with `digest` (after a push)."""
-    from .registry import digest as served_digest
-
-    try:
-        served = served_digest(f"{target}:{tag}").digest
-    except ActionError as e:
-        served = f"nothing: {e}"
-    if served != digest:
-        raise ActionError(f"After pushing, {target}:{tag} is not served with digest {digest} "
-                          f"(the registry serves {served}). The push is not complete; run again.")
 
 
 def secret_files(ca_cert: Path | None, pip_conf: Path | None) -> dict[str, Path]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import ActionError, UserError
+from .registry import is_loopback
 
 NAMES = ("docker", "podman", "buildah")
 INSTALL = {"docker": "Debian/Ubuntu: apt-get install docker.io, which brings BuildKit",
@@ -138,13 +139,6 @@ def statuses(which: Callable[[str], str | None], run: Callable) -> list[tuple[st
 
 
 # -- podman / buildah -----------------------------------------------------------------------------
-
-def is_loopback(endpoint: str) -> bool:
-    from .registry import _LOOPBACK
-
-    host = endpoint.split("://", 1)[-1].split("/", 1)[0]
-    return bool(_LOOPBACK.match(host))
-
 
 _ARG = re.compile(r"^\s*ARG\s+([A-Za-z_][A-Za-z0-9_]*)(?:=(.*))?$", re.I)
 _FROM = re.compile(r"^\s*FROM\s+(?:--platform=\S+\s+)?(\S+)(?:\s+AS\s+(\S+))?", re.I)
@@ -289,9 +283,9 @@ def daemonless_push(name: str, image: str, registry: str, repo_tag: str,
                     say: Callable[[str], None]) -> str:
     """`podman push` / `buildah push` to registry/repo_tag (--tls-verify=false on loopback only),
     return the pushed digest once the registry serves it."""
-    from . import build as B
+    from .registry import check_registry, check_served
 
-    B.check_registry(registry)
+    check_registry(registry, "--push", "nothing was pushed")
     repo, _, tag = repo_tag.rpartition(":")
     target = f"{registry}/{repo}"
     say(f"pushing {target}:{tag}")
@@ -308,5 +302,5 @@ def daemonless_push(name: str, image: str, registry: str, repo_tag: str,
     if not digest:
         raise ActionError(f"Push of {target}:{tag} reported no digest; the registry may have "
                           "rejected it silently. Check the registry's logs.")
-    B.check_served(target, tag, digest)
+    check_served(f"{target}:{tag}", digest, "pushing", "push")
     return digest

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import ActionError, UserError
+from .registry import check_registry, check_served, is_loopback, is_registry_host
 
 FORMAT = "envbuild-image-archive/1"
 SIDECAR_SUFFIX = ".json"
@@ -44,7 +45,6 @@ REFERENCE = re.compile(rf"(?:{_HOST}/)?{_COMPONENT}(?:/{_COMPONENT})*(?::{_TAG})
 # a repository in the target registry, no host: PATH[:TAG]
 NAME = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT})*(?::{_TAG})?")
 IMAGE_ID = re.compile(r"(?:sha256:)?[0-9a-f]{12,64}")
-_LOOPBACK = re.compile(r"^(localhost|127\.\d+\.\d+\.\d+|\[::1\])(:\d+)?$")
 
 Say = Callable[[str], None]
 
@@ -80,7 +80,7 @@ def check_reference(ref: str, what: str = "IMAGE") -> str:
 def check_name(name: str) -> str:
     """A repository[:tag] for the target registry, without a registry host; adds :latest."""
     first = name.split("/", 1)[0]
-    if "/" in name and ("." in first or ":" in first or first == "localhost"):
+    if "/" in name and is_registry_host(first):
         raise UserError(f"--name {_short(name)!r} names a registry host ({first}): give NAME[:TAG] "
                         "only, and the registry with --registry.")
     if len(name) > 255 or not NAME.fullmatch(name):
@@ -90,13 +90,9 @@ def check_name(name: str) -> str:
     return name if ":" in name.rsplit("/", 1)[-1] else name + ":latest"
 
 
-def is_loopback(registry: str) -> bool:
-    return bool(_LOOPBACK.match(registry.split("://", 1)[-1].split("/", 1)[0]))
-
-
 def _has_registry(ref: str) -> bool:
     first, _, rest = ref.partition("/")
-    return bool(rest) and ("." in first or ":" in first or first == "localhost")
+    return bool(rest) and is_registry_host(first)
 
 
 def archive_name(ref: str) -> str | None:
@@ -246,7 +242,7 @@ def resolve_source(image: str, say: Say) -> tuple[str, list[str], str]:
         from .registry import digest
 
         served = digest(image)  # ActionError (exit 1) with what the registry answered
-        args = ["--src-tls-verify=false"] if is_loopback(image.split("/", 1)[0]) else []
+        args = ["--src-tls-verify=false"] if is_loopback(image) else []
         pinned = image.split("@", 1)[0]
         if ":" in pinned.rsplit("/", 1)[-1]:
             pinned = pinned.rsplit(":", 1)[0]
@@ -373,23 +369,6 @@ def verify_archive(archive: Path, data: dict, say: Say) -> dict:
     return info
 
 
-def registry_answers(registry: str) -> None:
-    import requests
-
-    from .registry import endpoint_url
-
-    base = endpoint_url(registry.split("/", 1)[0])
-    try:
-        r = requests.get(base + "/v2/", timeout=10)
-    except requests.RequestException as e:
-        raise ActionError(f"Registry {registry} is unreachable ({type(e).__name__}). Start it or "
-                          "fix --registry (`local`, a name from your config's `registries:`, or "
-                          "HOST[:PORT]); nothing was loaded.") from None
-    if r.status_code not in (200, 401):
-        raise ActionError(f"{registry} answered HTTP {r.status_code} to /v2/: not a container "
-                          "registry. Check --registry; nothing was loaded.")
-
-
 def import_image(archive: Path, registry: str, name: str | None, say: Say) -> dict:
     """Check `archive` against its sidecar and copy it into `registry` as `name` (default: the
     name the archive recorded). Returns {reference, digest, target}."""
@@ -406,7 +385,7 @@ def import_image(archive: Path, registry: str, name: str | None, say: Say) -> di
     target_name = check_name(name)
     skopeo = find_skopeo()
     registry = registry.rstrip("/")
-    registry_answers(registry)
+    check_registry(registry.split("/", 1)[0], "--registry", "nothing was loaded")
     verify_archive(archive, data, say)
     target = f"{registry}/{target_name}"
     digest = data["manifest_digest"]
@@ -428,15 +407,7 @@ def import_image(archive: Path, registry: str, name: str | None, say: Say) -> di
     if pushed != digest:
         raise ActionError(f"skopeo pushed {target} as {pushed}, not {digest} as exported. The "
                           "registry may rewrite manifests; check it and run again.")
-    from .registry import digest as served_digest
-
-    try:
-        served = served_digest(target).digest
-    except ActionError as e:
-        served = f"nothing: {e}"
-    if served != digest:
-        raise ActionError(f"After loading, {target} is not served with digest {digest} (the "
-                          f"registry serves {served}). The import is not complete; run again.")
+    check_served(target, digest, "loading", "import")
     repo = target.rsplit(":", 1)[0]
     return {"reference": f"{repo}@{digest}", "digest": digest, "target": target,
             "config_digest": data.get("config_digest")}

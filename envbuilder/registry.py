@@ -56,7 +56,7 @@ def parse_image(ref: str) -> ImageRef:
             name, tag = ref.rsplit(":", 1)
             reference = ":" + tag
     first, _, rest = name.partition("/")
-    if rest and ("." in first or ":" in first or first == "localhost"):
+    if rest and is_registry_host(first):
         registry, repository = first, rest
     else:
         registry, repository = DOCKER_HUB, name
@@ -67,12 +67,23 @@ def parse_image(ref: str) -> ImageRef:
     return ImageRef(registry, repository, reference)
 
 
+def is_registry_host(component: str) -> bool:
+    """Docker's rule for a reference's first component (before a '/'): a registry host when it
+    holds a '.' or a ':', or is localhost; else part of the repository (on Docker Hub)."""
+    return "." in component or ":" in component or component == "localhost"
+
+
+def is_loopback(endpoint: str) -> bool:
+    """Whether a registry endpoint, image reference or URL names a host on this machine (spoken
+    to over plain HTTP, as the docker daemon allows for 127.0.0.0/8)."""
+    return bool(_LOOPBACK.match(endpoint.split("://", 1)[-1].split("/", 1)[0]))
+
+
 def endpoint_url(endpoint: str) -> str:
     """The base URL of a registry endpoint: plain http on loopback, https elsewhere."""
     if endpoint.startswith(("http://", "https://")):
         return endpoint.rstrip("/")
-    host = endpoint.split("/", 1)[0]
-    return ("http://" if _LOOPBACK.match(host) else "https://") + endpoint.rstrip("/")
+    return ("http://" if is_loopback(endpoint) else "https://") + endpoint.rstrip("/")
 
 
 def registry_host(endpoint: str) -> str:
@@ -184,3 +195,31 @@ def digest(ref: str, mirror: str | None = None, s=None) -> ImageDigest:
     if not re.fullmatch(r"sha256:[0-9a-f]{64}", found):
         raise ActionError(f"The registry {base} gave {found!r} as the digest of {ref}.")
     return ImageDigest(found, media_type)
+
+
+def check_registry(registry: str, option: str, undone: str) -> None:
+    """ActionError (exit 1) unless `registry` answers /v2/ as a container registry. `option`:
+    the flag that named it (--push, --registry); `undone`: what therefore did not happen."""
+    import requests
+
+    try:
+        r = requests.get(endpoint_url(registry) + "/v2/", timeout=10)
+    except requests.RequestException as e:
+        raise ActionError(f"Registry {registry} is unreachable ({type(e).__name__}). Start it or "
+                          f"fix {option} (`local`, a name from your config's `registries:`, or "
+                          f"HOST[:PORT]); {undone}.") from None
+    if r.status_code not in (200, 401):
+        raise ActionError(f"{registry} answered HTTP {r.status_code} to /v2/: not a container "
+                          f"registry. Check {option}; {undone}.")
+
+
+def check_served(reference: str, want: str, after: str, what: str) -> None:
+    """ActionError (exit 1) unless the registry now serves `reference` with digest `want`.
+    `after`/`what`: the action that put it there ("pushing"/"push", "loading"/"import")."""
+    try:
+        served = digest(reference).digest
+    except ActionError as e:
+        served = f"nothing: {e}"
+    if served != want:
+        raise ActionError(f"After {after}, {reference} is not served with digest {want} (the "
+                          f"registry serves {served}). The {what} is not complete; run again.")
