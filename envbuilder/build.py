@@ -126,14 +126,18 @@ def engine():
         client.ping()
         return client
     except Exception as e:  # the SDK raises DockerException, requests' and socket errors alike
-        raise ActionError(f"Cannot reach the Docker engine at {host} ({_first_line(e)}). Start it "
+        raise ActionError(f"Cannot reach the Docker engine at {host} ({first_line(e)}). Start it "
                           "(systemctl start docker, or dockerd as root), check DOCKER_HOST, and "
                           "make sure your user may use the socket (the docker group).") from None
 
 
-def _first_line(e: Exception) -> str:
+def first_line(e: Exception) -> str:
     text = str(e).strip().splitlines()
     return text[0][:200] if text else type(e).__name__
+
+
+# the first line of a BuildKit build step ("#7 [runtime 3/9] RUN ..."): progress without -v
+BUILDKIT_STEP = r"^#\d+ \["
 
 
 class BuildResult(NamedTuple):
@@ -254,7 +258,7 @@ def smoke(client, image: str, command: list[str]) -> str:
             raise ActionError(f"The smoke test failed in {image}:\n" + "\n".join(failed) + "\nThe "
                               "image built but a training run would fail there; fix the above and "
                               "rebuild.") from None
-        raise ActionError(f"The smoke test failed in {image}: {_first_line(e)}. The image built "
+        raise ActionError(f"The smoke test failed in {image}: {first_line(e)}. The image built "
                           "but does not work; see the build log above.") from None
     return out.decode(errors="replace")
 
@@ -312,7 +316,7 @@ def stage_context(files: dict[str, str], links: dict[str, Path] | None = None) -
     return root / "ctx"
 
 
-def default_echo(verbose: bool, header: str = r"^#\d+ \[") -> Callable[[str], None]:
+def default_echo(verbose: bool, header: str = BUILDKIT_STEP) -> Callable[[str], None]:
     if verbose:
         return lambda line: print(line, file=sys.stderr, flush=True)
     step = re.compile(header)

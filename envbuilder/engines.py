@@ -60,7 +60,7 @@ def docker_usable() -> tuple[bool, str]:
 
         docker.from_env(timeout=5).ping()
     except Exception as e:  # noqa: BLE001 - the SDK missing, the daemon down: not usable
-        return False, f"the Docker daemon does not answer ({B._first_line(e)})"
+        return False, f"the Docker daemon does not answer ({B.first_line(e)})"
     return True, client.description
 
 
@@ -111,7 +111,7 @@ def make(name: str) -> Engine:
     if name == "docker":
         client = B.engine()
         return Engine("docker", B.build, partial(B.smoke, client), partial(B.push, client),
-                      r"^#\d+ \[")
+                      B.BUILDKIT_STEP)
     return Engine(name, partial(daemonless_build, name), buildah_smoke,
                   partial(daemonless_push, name), STEP.pattern)
 
@@ -203,15 +203,11 @@ def build_argv(name: str, context: Path, tag: str, build_args: dict[str, str],
 def daemonless_build(name: str, context: Path, tag: str, build_args: dict[str, str],
                      secrets: dict[str, Path], echo: Callable[[str], None],
                      say: Callable[[str], None]):
+    from . import build as B
+
     argv = build_argv(name, context, tag, build_args, secrets)
     version = _version(name)
     say(f"builder: {name}{' ' + version if version else ''} ({' '.join(argv[1:2])}, daemonless)")
-    return _daemonless_result(name, context, tag, build_args, argv, echo, say)
-
-
-def _daemonless_result(name, context, tag, build_args, argv, echo, say):
-    from . import build as B
-
     mixed = [img for _, img in base_images((context / "Dockerfile").read_text(), build_args)
              if is_loopback(img)]
     if mixed and "--tls-verify=false" not in argv:

@@ -230,7 +230,7 @@ def resolve_source(image: str, say: Say) -> tuple[str, list[str], str]:
             found = None
         except Exception as e:  # noqa: BLE001 - an engine that errors is reported as such
             raise ActionError(f"The Docker engine could not look up {_short(image)} "
-                              f"({B._first_line(e)}). Check the engine and run again.") from None
+                              f"({B.first_line(e)}). Check the engine and run again.") from None
         if found is not None:
             args = []
             host = os.environ.get("DOCKER_HOST")
