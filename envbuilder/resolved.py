@@ -138,6 +138,11 @@ class Uv(Record):
 
     __slots__ = _fields = ("version", "url", "sha256", "size")
 
+    @property
+    def filename(self) -> str:
+        """The wheel's file name (the last part of its URL), as indexes and wheelhouses list it."""
+        return self.url.rsplit("/", 1)[-1]
+
 
 class Train(Record):
     """The PPO run's settings (the profile's `train`); micro_batch_size_per_gpu: an upper bound

@@ -272,7 +272,7 @@ def uv_artifacts(pin, plans: dict[str, LockPlan], build_index: str | None, sessi
     this wheelhouse then installs with pip (render says so in the Dockerfile)."""
     import requests
 
-    filename = pin.url.rsplit("/", 1)[-1]
+    filename = pin.filename
     indexes = [build_index] + [(p.meta.get("sources") or {}).get("pypi") for p in plans.values()]
     get = (session or requests).get
     for index in dict.fromkeys(i for i in indexes if i and i.startswith(("http://", "https://"))):

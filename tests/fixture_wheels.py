@@ -256,7 +256,7 @@ def real_uv_wheel(dest: Path) -> Path:
     from envbuilder.resolve import uv_pin
 
     pin = uv_pin(matrix.load().defaults or {})
-    name = pin.url.rsplit("/", 1)[-1]
+    name = pin.filename
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "envbuild-test"
     cached = cache / name
     if not (cached.is_file() and hashlib.sha256(cached.read_bytes()).hexdigest() == pin.sha256):

@@ -378,7 +378,7 @@ def _wheelhouse_uv(env: ResolvedEnv, wheelhouse: Path, links: dict[str, Path]) -
     """The file name of the uv wheel the matrix pins when the wheelhouse carries it for this
     profile with that sha256 (its runtime stage then installs with uv), else None (pip)."""
     pin = env.uv
-    name = pin.url.rsplit("/", 1)[-1]
+    name = pin.filename
     entry = (read_wheelhouse_manifest(wheelhouse) or {}).get("files", {}).get(f"pypi/{name}")
     ok = f"wheelhouse/{name}" in links and entry and entry.get("sha256") == pin.sha256
     return name if ok else None
