@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from pathlib import Path, PurePosixPath
 
 import click
 
 from .cli import load_matrix, override_options
 from .errors import UserError
+from .outdir import write_text_atomic
 
 TEMPLATE = "apptainer.def.j2"
 # the first line of every file this command writes: a file that does not start with it is not
@@ -170,26 +170,6 @@ def ours(path: Path) -> bool:
     return first.startswith(HEADER.encode() + b" ")
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """`text` into `path` whole or not at all: a temporary file beside it, then os.replace."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 @click.command()
 @click.argument("profile")
 @click.option("--image", metavar="REF@sha256:DIGEST",
@@ -244,7 +224,9 @@ def apptainer(profile, image, oci_archive, out, mirror, force, overrides, matrix
     if not path.parent.is_dir():
         raise UserError(f"The folder of {path} does not exist. Create it, or -o a file in an "
                         "existing folder.")
-    write_atomic(path, text)
+    umask = os.umask(0)
+    os.umask(umask)
+    write_text_atomic(path, text, 0o666 & ~umask, fsync=True)  # (the mode `open` would give)
     sif = f"{path.stem}.sif"
     click.echo(f"wrote {path}: build it with `apptainer build {sif} {path}`, run it with "
                f"`apptainer run --nv {sif}`", err=True)

@@ -202,7 +202,7 @@ def write_dir(out_dir: Path, files: dict[str, str], links: dict[str, Path] | Non
                 shutil.copy2(src, path)
             written[name] = _sha256(path) or ""
         # the journal first: from here on a killed run leaves files that hash to old or new
-        _atomic_text(journal, _record_text(written), stage)
+        write_text_atomic(journal, _record_text(written), tmp_dir=stage)
         for name in sorted(set(written) - unchanged):
             target = out_dir / name
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -241,12 +241,23 @@ def _mode(path: Path) -> int | None:
         return None
 
 
-def _atomic_text(path: Path, text: str, tmp_dir: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=tmp_dir, prefix="record.")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+def write_text_atomic(path: Path, text: str, mode: int = 0o644, tmp_dir: Path | None = None,
+                      fsync: bool = False) -> None:
+    """`text` (UTF-8) into `path` whole or not at all: a temporary file in `tmp_dir` (default:
+    beside `path`) renamed over it, so a link at `path` is replaced, not followed. `fsync`: on
+    disk before the rename."""
+    fd, tmp = tempfile.mkstemp(dir=tmp_dir or path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _remove_empty_dirs(root: Path, removed: list[str]) -> None:

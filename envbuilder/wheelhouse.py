@@ -38,7 +38,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable, NamedTuple
@@ -161,17 +160,11 @@ def _real_dir(out: Path, rel: str) -> Path:
 
 def _write_text(out: Path, rel: str, text: str, mode: int = 0o644) -> None:
     """out/rel written whole or not at all (a temporary file renamed over it)."""
+    from .outdir import write_text_atomic
+
     folder, _, name = rel.rpartition("/")
     parent = _real_dir(out, folder) if folder else out
-    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, parent / name)  # (over a link, the link is replaced, not followed)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(parent / name, text, mode)  # (over a link, the link is replaced)
 
 
 def _simple_index(out: Path, files: dict) -> None:
