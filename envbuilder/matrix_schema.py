@@ -150,8 +150,8 @@ SECTIONS: dict[str, tuple[Any, bool]] = {
 # The kinds of the resolved environment's values (its typed records: envbuilder/resolved.py,
 # held to these fields by tests/test_resolved.py), read back by `render --from`: every value a
 # file carries is checked with the kind of the matrix field it came from (ResolvedEnv.from_dict),
-# so an edited or foreign file reaches no template with a value the matrix itself would refuse. The memory plan's parts no template reads one by one are any data
-# of one-line text ("*").
+# so an edited or foreign file reaches no template with a value the matrix itself would refuse.
+# The memory plan's parts no template reads one by one are any data of one-line text ("*").
 DRIVER_MODES = ("native", "minor-version-compatibility", "too-old")
 RESOLVED = {
     "schema_version": int, "envbuild_version": S.VERSION, "profile": S.NAME,
