@@ -75,7 +75,7 @@ def write_cases(out: Path, probes: list[str] | None = None) -> None:
         small = arch_rec["parameters"] < 2e9  # (the half-batch slope only where it is cheap)
         gen = [(g // 2, "half")] if small else []
         gen += [(g, "planned"), (2 * g, "twice")]
-        if s.rollout == "hf" and g < s.val_per_gpu < 2 * g:
+        if s.rollout == "hf" and g < s.val_per_gpu:
             gen.append((s.val_per_gpu, "whole validation set"))  # what verl 0.4.1 does unbounded
         for b, label in sorted(gen):
             if b < 1 or (label == "twice" and mem["bound_by"]["generation"] != "memory"):

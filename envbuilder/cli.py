@@ -199,6 +199,7 @@ def show(profile, as_json, memory, overrides, matrix_dirs):
     mem = env.memory
     lines.append(f"memory     peak {mem['peak']['gib']:.1f} GiB of {mem['usable_gib']:.1f} usable "
                  f"({mem['peak']['phase']}); `--memory` for the budget")
+    lines += [f"plan       {n}" for n in env.notes]
     lines += [f"WARNING    {w}" for w in env.warnings]
     click.echo("\n".join(lines))
 

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import click
 
+from . import gpu_tier
 from .cli import load_matrix, override_options, resolve_all
 from .errors import ActionError, UserError
+from .render import render_files
 
 _URL = re.compile(r"^(https?://[^\s/]+(/\S*)?|file:///\S*)$")
 
@@ -59,12 +61,12 @@ def row(r: dict) -> tuple[str, ...]:
     else:
         compose = "rejected"
     return (r["profile"], r["python"], install, pip_check, patches, audit, imports, compose,
-            fmt_seconds(r["seconds"]), "ok" if r["ok"] else "FAILED")
+            r.get("gpu_step") or "not run", fmt_seconds(r["seconds"]), "ok" if r["ok"] else "FAILED")
 
 
 def table(reports: list[dict]) -> str:
     header = ("PROFILE", "PYTHON", "INSTALL", "PIP CHECK", "PATCHES", "AUDIT", "IMPORTS",
-              "OVERRIDES", "TIME", "RESULT")
+              "OVERRIDES", "GPU STEP", "TIME", "RESULT")
     rows = [header] + [row(r) for r in reports]
     widths = [max(len(x[i]) for x in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(x, widths)).rstrip() for x in rows]
@@ -82,6 +84,9 @@ def table(reports: list[dict]) -> str:
             lines.append(f"{name}: FAILED {f}")
         if r["venv"]:
             lines.append(f"{name}: venv kept at {r['venv']}")
+    lines.append("GPU STEP: verl's workers ran a PPO step on a GPU with this very configuration "
+                 "(bench/gpu_step.py; its records ship with envbuild). Only that tier proves a "
+                 "training step; the columns before it prove installs, pins, patches and configs.")
     return "\n".join(lines)
 
 
@@ -141,7 +146,10 @@ def verify(profiles, all_, as_json, keep, index_url, torch_index_url, skip_compo
     for env in envs:
         opts = Options(index_url=index_url, torch_index_url=torch_index_url,
                        keep=keeps.get(env.name), skip_compose=skip_compose, say=say)
-        reports.append(run_verify(env, interps[env.python], opts).as_dict())
+        report = run_verify(env, interps[env.python], opts).as_dict()
+        # the GPU tier is not run here (no GPU): what its records say of this very render
+        report["gpu_step"] = gpu_tier.status(env, render_files(env), m.models)
+        reports.append(report)
     ok = all(r["ok"] for r in reports)
     if as_json:
         click.echo(json.dumps({"ok": ok, "profiles": reports}, indent=2))

@@ -30,7 +30,8 @@ State, per GPU (n = n_gpus; FSDP shards every role's state over the n GPUs):
                        per layer) or LoRA (the actor without its adapters is the reference)
 Outside its own phases a role's weights stay on the GPU unless param_offload, its Adam state
 unless optimizer_offload; verl loads both back for the role's own phase, so offload never
-shrinks a role's own update.
+shrinks a role's own update. The actor's weights follow actor_param_offload: off where the HF
+rollout of the release cannot generate from an offloaded actor (the resolver's choice).
 
 Working sets, at batch b, sequence s = prompt + response (padded: the worst case; remove-padding
 saves only the padding), compute bytes c (2 for bf16, else 4):
@@ -135,6 +136,12 @@ class Setup:
         self.seq = self.prompt + self.response
         self.lora = t["lora_rank"]
         self.param_offload, self.optimizer_offload = t["param_offload"], t["optimizer_offload"]
+        # the actor's own parameter offload: off where the release's HF rollout cannot generate
+        # from an offloaded actor (the resolver decides; verl.yaml hf_rollout.offload)
+        self.actor_param_offload = t.get("actor_param_offload", self.param_offload)
+        # LoRA on the HF rollout: one FSDP unit holds base and adapters (use_orig_params=True),
+        # and FSDP keeps a gradient for the whole flat parameter, frozen base included
+        self.lora_flat = bool(self.lora) and env.get("lora_flat_grads", False)
         self.ckpt = t["gradient_checkpointing"]
         self.util = t["gpu_memory_utilization"]
         self.cap = t.get("micro_batch_size_per_gpu")  # an optional upper bound from the profile
@@ -174,6 +181,7 @@ def _role_state(s: Setup, role: str) -> dict[str, Term]:
     params = a.params() if role == "actor" else a.critic_params()
     lora = a.lora_params(s.lora) if (role == "actor" and s.lora) else 0
     trainable = lora or params
+    graded = params + lora if (lora and s.lora_flat) else trainable
     per = f" / {n} GPUs" if n > 1 else ""
     out = {"weights": Term(f"{role} weights", f"4 B × {_m(params + lora)} params{per} (fp32 master)",
                            4 * (params + lora) / n)}
@@ -186,8 +194,12 @@ def _role_state(s: Setup, role: str) -> dict[str, Term]:
         out["copy"] = Term(f"{role} FSDP gathered units", f"2 × {s.c} B × {_m(units)} params "
                            "(root unit + 2 layers, weights and their grads)", 2 * s.c * units)
     kind = "LoRA " if lora else ""
-    out["grads"] = Term(f"{role} gradients", f"4 B × {_m(trainable)} {kind}params{per}",
-                        4 * trainable / n)
+    if graded != trainable:
+        out["grads"] = Term(f"{role} gradients", f"4 B × {_m(graded)} params{per} (LoRA in one "
+                            "FSDP flat parameter: its gradient spans the frozen base)", 4 * graded / n)
+    else:
+        out["grads"] = Term(f"{role} gradients", f"4 B × {_m(trainable)} {kind}params{per}",
+                            4 * trainable / n)
     out["adam"] = Term(f"{role} Adam state", f"8 B × {_m(trainable)} {kind}params{per}",
                        8 * trainable / n)
     out["step"] = Term(f"{role} Adam step temporary", f"4 B × {_m(trainable)} {kind}params{per} "
@@ -209,7 +221,7 @@ def _resident(s: Setup, busy: str) -> list[Term]:
         if role == busy:
             continue
         st = _role_state(s, role)
-        if not s.param_offload:
+        if not (s.actor_param_offload if role == "actor" else s.param_offload):
             out.append(Term(f"{st['weights'].name} (resident)", st["weights"].formula,
                             st["weights"].nbytes, "resident"))
         if not s.optimizer_offload:

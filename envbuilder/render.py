@@ -98,6 +98,10 @@ def preflight_expectations(env: ResolvedEnv) -> dict:
         "driver_cuda": env.driver.for_cuda,
         "compat_libcuda": env.cuda.compat_libcuda,
         "training_path": list(env.training_path),
+        # the run's extra Hydra overrides (run_ppo_gsm8k.sh passes them with --overrides)
+        "verl_version": env.verl.version,
+        "config_reads": list(env.verl.config_reads),
+        "refused_overrides": [r.to_dict() for r in env.verl.refused_overrides],
     }
 
 

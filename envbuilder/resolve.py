@@ -323,27 +323,32 @@ class _Resolver:
                      "are not built for this GPU", fix)
 
     def memory_plan(self, gpu_key: str, gpu: dict, dtype: str, attention: str, rollout: str,
-                    train: dict) -> dict:
+                    train: dict, lora_flat: bool = False) -> dict:
         from .memory import plan
 
         mem = self.m.memory
         total = mem["total_mib"].get(gpu_key)
         consts = dict(mem, total_gib=total["mib"] / 1024 if total else float(gpu["vram_gb"]))
-        env = {"dtype": dtype, "attention": attention, "rollout": rollout, "train": train}
+        env = {"dtype": dtype, "attention": attention, "rollout": rollout, "train": train,
+               "lora_flat_grads": lora_flat}
         return plan(env, self.m.models[train["model"]], consts, self.m.datasets["gsm8k"]["rows"]["test"])
 
     def memory_rule(self, s: "Selection") -> None:
         """When no batch fits the GPU (the selection's memory plan, envbuilder/memory.py): why,
         and which change to the profile would fit."""
         gpu_key, gpu, dtype, attention, rollout = s.gpu_key, s.gpu, s.dtype, s.attention, s.rollout
-        train = self.p["train"]
+        train = s.train
         mem = s.memory
         if not mem["problems"]:
             return
 
         def fits(**changes) -> bool:
-            return not self.memory_plan(gpu_key, gpu, dtype, attention, rollout,
-                                        dict(train, **changes))["problems"]
+            changed = dict(train, **changes)
+            if "param_offload" in changes:
+                changed["actor_param_offload"] = changes["param_offload"] and train[
+                    "actor_param_offload"] == train["param_offload"]
+            return not self.memory_plan(gpu_key, gpu, dtype, attention, rollout, changed,
+                                        lora_flat=bool(s.lora_key))["problems"]
 
         fixes = []
         size = self.m.models[train["model"]]["parameters"]
@@ -431,8 +436,40 @@ class _Resolver:
         if s.fa:  # its wheel installs with --no-deps: what it imports at run time is pinned here
             s.pins.update(m.flash_attn.get("runtime_pins") or {})
         s.pins.update(p.get("pins", {}))
-        s.memory = self.memory_plan(s.gpu_key, s.gpu, s.dtype, s.attention, s.rollout, p["train"])
+        self.hf_rollout_plan(s)
+        s.memory = self.memory_plan(s.gpu_key, s.gpu, s.dtype, s.attention, s.rollout, s.train,
+                                    lora_flat=bool(s.lora_key))
         return s
+
+    def hf_rollout_plan(self, s: "Selection") -> None:
+        """What the release's HF rollout cannot do, planned around (verl.yaml hf_rollout): the
+        actor's parameters stay on the GPU where generate cannot load them back, LoRA gets
+        use_orig_params=True where one flat parameter holds base and adapters; and the run
+        overrides that would undo either, for preflight to refuse."""
+        s.train = dict(self.p["train"])
+        s.notes, s.refused, s.lora_key = [], [], None
+        hf = (s.verl.get("hf_rollout") or {}) if s.rollout == "hf" else {}
+        off, lora = hf.get("offload"), hf.get("lora")
+        s.train["actor_param_offload"] = s.train["param_offload"]
+        where = f"verl {s.verl_v}'s HF rollout"
+        if off and not off["works"]:
+            key = "actor_rollout_ref.actor.fsdp_config.param_offload"
+            if s.train["param_offload"]:
+                s.train["actor_param_offload"] = False
+                s.notes.append(f"{key}=False although the profile offloads parameters (the critic's "
+                               f"and the reference's still are): {off['why']}. The memory plan "
+                               "keeps the actor's weights on the GPU in every phase")
+            s.refused.append(R.RefusedOverride(
+                key=key, value="true", why=f"{where} cannot generate from an offloaded actor: "
+                f"{off['why']}", fix="leave it False (the memory plan keeps the actor's weights on "
+                f"the GPU: envbuild show {self.name} --memory), offload the optimizer instead, or use "
+                "the vLLM rollout on a GPU of CC >= 7.0"))
+        if lora and s.train["lora_rank"]:
+            s.lora_key = lora["key"]
+            s.notes.append(f"{lora['key']}=True for LoRA on the HF rollout: {lora['why']}")
+            s.refused.append(R.RefusedOverride(
+                key=lora["key"], value="false", why=f"{where} cannot wrap LoRA then: {lora['why']}",
+                fix=f"leave {lora['key']}=True as the run script sets it"))
 
     def select_components(self, torch_v: str) -> dict[str, str]:
         """The profile's compiled components with --with / --without applied."""
@@ -492,7 +529,9 @@ class _Resolver:
             values[f"{part}_autocast"] = str(pd != "fp32")
         # the conditions a patch's `when` and an audit check name
         conditions = {"always": True, "no_flash_attention": attention != "flash_attention_2",
-                      "no_bf16": dtype != "bf16"}
+                      "no_bf16": dtype != "bf16",
+                      "lora_hf_rollout": bool(s.train["lora_rank"]) and s.rollout == "hf",
+                      "hf_rollout": s.rollout == "hf"}
         patches = []
         for pname in verl["patches"]:
             pr = m.patches[pname]
@@ -547,7 +586,9 @@ class _Resolver:
                         wheel_cuda=m.vllm[vllm_v]["wheel_cuda"]) if vllm_v else None,
             verl=R.Verl(version=s.verl_v, attention_override=verl["attention_override"],
                         autocast_keys=frozen(dict(sorted((verl.get("autocast_keys") or {}).items()))),
-                        pins=frozen(dict(sorted(s.pins.items())))),
+                        pins=frozen(dict(sorted(s.pins.items()))),
+                        config_reads=tuple(verl.get("config_reads") or ()),
+                        lora_orig_params_key=s.lora_key, refused_overrides=tuple(s.refused)),
             dtype=dtype,
             precision=R.Precision(**precision),
             attention=attention,
@@ -564,7 +605,8 @@ class _Resolver:
             uv=uv_pin(defaults),
             huggingface=defaults.get("huggingface", "https://huggingface.co"),
             conda_channels=tuple(defaults.get("conda_channels", ["conda-forge", "nvidia"])),
-            train=R.Train.from_plain(p["train"]),
+            train=R.Train.from_plain(s.train),
+            notes=tuple(s.notes),
             dataset=R.Dataset.from_plain(dict(dataset, name="gsm8k")) if dataset else None,
             training_path=tuple(training_path(m, s.verl_v, s.rollout, tuple(s.components))),
             memory=frozen(s.memory),

@@ -74,10 +74,22 @@ class Vllm(Record):
     __slots__ = _fields = ("version", "torch", "wheel_cuda")
 
 
-class Verl(Record):
-    """autocast_keys: part -> the Hydra key of its autocast dtype; pins: package -> version."""
+class RefusedOverride(Record):
+    """A run override (KEY=VALUE on the run script's command line) preflight refuses: why, fix."""
 
-    __slots__ = _fields = ("version", "attention_override", "autocast_keys", "pins")
+    __slots__ = _fields = ("key", "value", "why", "fix")
+
+
+class Verl(Record):
+    """autocast_keys: part -> the Hydra key of its autocast dtype; pins: package -> version;
+    config_reads: keys the release reads that its config file lacks (only `+`/`++` sets them);
+    lora_orig_params_key: the key the run script sets True for LoRA on the HF rollout (None
+    where not needed); refused_overrides: what preflight refuses on the run's command line."""
+
+    __slots__ = _fields = ("version", "attention_override", "autocast_keys", "pins",
+                           "config_reads", "lora_orig_params_key", "refused_overrides")
+    _defaults = {"config_reads": (), "lora_orig_params_key": None, "refused_overrides": ()}
+    _nested = {"refused_overrides": (RefusedOverride,)}
 
 
 class Precision(Record):
@@ -151,7 +163,8 @@ class Train(Record):
     __slots__ = _fields = ("model", "model_vram_gb", "n_gpus", "train_batch_size",
                            "ppo_mini_batch_size", "micro_batch_size_per_gpu", "max_prompt_length",
                            "max_response_length", "param_offload", "optimizer_offload",
-                           "gradient_checkpointing", "gpu_memory_utilization", "lora_rank")
+                           "gradient_checkpointing", "gpu_memory_utilization", "lora_rank",
+                           "actor_param_offload")
     _defaults = {"micro_batch_size_per_gpu": None}
     _omit_none = ("micro_batch_size_per_gpu",)
 
@@ -190,9 +203,9 @@ class ResolvedEnv(Record):
         "schema_version", "envbuild_version", "profile", "description", "overrides", "gpu",
         "cuda", "driver", "python", "torch", "rollout", "vllm", "verl", "dtype", "precision",
         "attention", "features", "flash_attn", "apex", "patches", "audit", "cuda_alloc_conf",
-        "indexes", "uv", "huggingface", "conda_channels", "train", "dataset", "training_path",
-        "memory", "warnings", "constraints", "mirror")
-    _defaults = {"constraints": None, "mirror": None}
+        "indexes", "uv", "huggingface", "conda_channels", "train", "notes", "dataset",
+        "training_path", "memory", "warnings", "constraints", "mirror")
+    _defaults = {"constraints": None, "mirror": None, "notes": ()}
     _omit_none = ("mirror",)
     _nested = {"overrides": Overrides, "gpu": Gpu, "cuda": Cuda, "driver": Driver,
                "torch": Torch, "vllm": Vllm, "verl": Verl, "precision": Precision,

@@ -174,7 +174,9 @@ def test_a_huge_batch_is_planned_without_enumerating_it(overlay):
 
 def test_more_memory_never_plans_smaller_batches(overlay):
     gpu = rec("gpus", "p40", vram_gb=48)
-    bigger = plan_of("p40", M.load((overlay({"gpus": {"p40": gpu}}),)))["batch"]
+    card = "https://example.org/a-48gb-card"  # (the card's size is memory.yaml's, not vram_gb)
+    mem = dict(shipped().memory, total_mib={"p40": {"mib": 48 * 1024, "source": card}}, source=card)
+    bigger = plan_of("p40", M.load((overlay({"gpus": {"p40": gpu}, "memory": mem}),)))["batch"]
     smaller = plan_of("p40")["batch"]
     assert all(bigger[k] >= smaller[k] for k in smaller if smaller[k] is not None)
     assert bigger["val_batch_size"] > smaller["val_batch_size"]
@@ -224,7 +226,8 @@ def test_a_vllm_share_that_leaves_too_little_for_the_rest_is_refused(overlay):
 def test_show_memory_prints_the_budget_and_a_refusal_is_exit_2(cli, overlay):
     code, out, _ = cli("show", "p40", "--memory")
     assert code == 0
-    assert "23.5 GiB usable" in out and "eager scores" in out and "KV cache" in out
+    assert "22.4 GiB - 0.5 CUDA context = 21.9 GiB usable" in out  # (22,919 MiB: ECC on)
+    assert "eager scores" in out and "KV cache" in out
     assert "data.val_batch_size" in out and "+actor_rollout_ref.rollout.micro_batch_size" in out
     code, out, _ = cli("show", "p40", "--memory", "--json")
     assert code == 0 and json.loads(out)["memory"] == plan_of("p40")

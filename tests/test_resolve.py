@@ -247,7 +247,7 @@ def patch_names(profile: str) -> list[str]:
 def test_a_p40_gets_the_attention_import_and_autocast_patches():
     assert patch_names("p40") == ["verl-hardcoded-fa2", "verl-optional-flash-attn-import",
                                   "verl-hf-rollout-autocast", "verl-actor-autocast",
-                                  "verl-critic-autocast"]
+                                  "verl-critic-autocast", "verl-hf-sharding-manager-timing"]
 
 
 def test_the_p40_patches_carry_its_attention_and_dtype():

@@ -17,7 +17,7 @@ import pathlib
 import re
 import sys
 
-PLAN = json.loads("{\"checks\": [\"flash_attention_2\"], \"files\": [\"verl/utils/model.py\", \"verl/workers/actor/dp_actor.py\", \"verl/workers/critic/dp_critic.py\", \"verl/workers/fsdp_workers.py\"], \"gpu\": \"NVIDIA GeForce RTX 4090\", \"modules\": [\"verl\", \"verl.trainer.main_ppo\", \"verl.workers.fsdp_workers\", \"verl.workers.actor.dp_actor\", \"verl.workers.critic.dp_critic\", \"verl.utils.dataset.rl_dataset\", \"verl.workers.reward_manager.naive\", \"verl.utils.reward_score.gsm8k\", \"verl.workers.rollout.hf_rollout\", \"verl.workers.sharding_manager.base\"], \"profile\": \"4090\", \"reasons\": {\"autocast_bf16\": \"the profile computes in bf16\", \"flash_attention_2\": \"the attention is sdpa, not flash-attn\"}, \"reviewed\": [], \"verl\": \"0.4.1\"}")
+PLAN = json.loads("{\"checks\": [\"flash_attention_2\"], \"files\": [\"verl/utils/model.py\", \"verl/workers/actor/dp_actor.py\", \"verl/workers/critic/dp_critic.py\", \"verl/workers/fsdp_workers.py\", \"verl/workers/sharding_manager/base.py\"], \"gpu\": \"NVIDIA GeForce RTX 4090\", \"modules\": [\"verl\", \"verl.trainer.main_ppo\", \"verl.workers.fsdp_workers\", \"verl.workers.actor.dp_actor\", \"verl.workers.critic.dp_critic\", \"verl.utils.dataset.rl_dataset\", \"verl.workers.reward_manager.naive\", \"verl.utils.reward_score.gsm8k\", \"verl.workers.rollout.hf_rollout\", \"verl.workers.sharding_manager.base\"], \"profile\": \"4090\", \"reasons\": {\"autocast_bf16\": \"the profile computes in bf16\", \"flash_attention_2\": \"the attention is sdpa, not flash-attn\"}, \"reviewed\": [], \"verl\": \"0.4.1\"}")
 WHAT = {
     "autocast_bf16": "torch.autocast(..., dtype=torch.bfloat16)",
     "flash_attention_2": 'a "flash_attention_2" literal',

@@ -10,16 +10,21 @@ fix. Without a GPU the GPU checks fail and the imports are checked all the same.
   --json    the report as JSON
   --quiet   print nothing when every check passes
   --smoke   only the checks that need no GPU (torch build, imports): what `envbuild build` runs
+  --overrides ARGS...   (last) the run's extra Hydra overrides, checked before anything starts:
+            one this verl release cannot run (EXPECTED's refused_overrides) and a `+`/`++` key
+            that verl's own config does not have and its code does not read (Hydra's `++`
+            adds any key silently, and a misspelt one is never read) are refused, exit 2
 
 Exit 0 when every check passes, 1 when one fails, 2 on a bad argument.
 """
 
 import importlib
+import importlib.util
 import json
 import os
 import sys
 
-EXPECTED = json.loads("{\"compat_driver\": \"525.60.13\", \"compat_libcuda\": \"/usr/local/cuda/compat/libcuda.so.1\", \"compute_capability\": \"8.9\", \"driver_cuda\": \"12.1\", \"dtype\": \"bf16\", \"gpu\": \"NVIDIA GeForce RTX 4090\", \"min_driver\": \"530.30.02\", \"model_vram_gb\": 8, \"profile\": \"4090\", \"torch_compile\": true, \"torch_cuda\": \"12.1\", \"torch_dtype\": \"bfloat16\", \"torch_index\": \"https://pypi.tuna.tsinghua.edu.cn/simple\", \"torch_requirement\": \"torch==2.4.0\", \"torch_version\": \"2.4.0\", \"training_path\": [\"verl\", \"verl.trainer.main_ppo\", \"verl.workers.fsdp_workers\", \"verl.workers.actor.dp_actor\", \"verl.workers.critic.dp_critic\", \"verl.utils.dataset.rl_dataset\", \"verl.workers.reward_manager.naive\", \"verl.utils.reward_score.gsm8k\", \"verl.workers.rollout.hf_rollout\", \"verl.workers.sharding_manager.base\"]}")
+EXPECTED = json.loads("{\"compat_driver\": \"525.60.13\", \"compat_libcuda\": \"/usr/local/cuda/compat/libcuda.so.1\", \"compute_capability\": \"8.9\", \"config_reads\": [\"actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype\", \"actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype\", \"actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype\", \"actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype\", \"actor_rollout_ref.ref.fsdp_config.model_dtype\", \"critic.model.fsdp_config.mixed_precision.param_dtype\", \"actor_rollout_ref.rollout.micro_batch_size\", \"actor_rollout_ref.actor.fsdp_config.use_orig_params\"], \"driver_cuda\": \"12.1\", \"dtype\": \"bf16\", \"gpu\": \"NVIDIA GeForce RTX 4090\", \"min_driver\": \"530.30.02\", \"model_vram_gb\": 8, \"profile\": \"4090\", \"refused_overrides\": [{\"fix\": \"leave it False (the memory plan keeps the actor\\u0027s weights on the GPU: envbuild show 4090 --memory), offload the optimizer instead, or use the vLLM rollout on a GPU of CC \\u003e= 7.0\", \"key\": \"actor_rollout_ref.actor.fsdp_config.param_offload\", \"value\": \"true\", \"why\": \"verl 0.4.1\\u0027s HF rollout cannot generate from an offloaded actor: verl 0.4.1 offloads the actor\\u0027s parameters at the end of init_model (fsdp_workers.py lines 542-543) and loads them back in every method but generate_sequences, whose HF rollout runs under BaseShardingManager, which loads nothing (lines 409-414): generate runs with the weights on the CPU and fails with \\u0027Expects tensor to be on the compute device\\u0027\"}, {\"fix\": \"leave actor_rollout_ref.actor.fsdp_config.use_orig_params=True as the run script sets it\", \"key\": \"actor_rollout_ref.actor.fsdp_config.use_orig_params\", \"value\": \"false\", \"why\": \"verl 0.4.1\\u0027s HF rollout cannot wrap LoRA then: the HF rollout wraps the actor with auto_wrap_policy=None (fsdp_workers.py lines 306-308), so the frozen base and the LoRA adapters share one flat parameter, which FSDP refuses with use_orig_params=False (line 326): \\u0027Must flatten tensors with uniform requires_grad when use_orig_params=False\\u0027\"}], \"torch_compile\": true, \"torch_cuda\": \"12.1\", \"torch_dtype\": \"bfloat16\", \"torch_index\": \"https://pypi.tuna.tsinghua.edu.cn/simple\", \"torch_requirement\": \"torch==2.4.0\", \"torch_version\": \"2.4.0\", \"training_path\": [\"verl\", \"verl.trainer.main_ppo\", \"verl.workers.fsdp_workers\", \"verl.workers.actor.dp_actor\", \"verl.workers.critic.dp_critic\", \"verl.utils.dataset.rl_dataset\", \"verl.workers.reward_manager.naive\", \"verl.utils.reward_score.gsm8k\", \"verl.workers.rollout.hf_rollout\", \"verl.workers.sharding_manager.base\"], \"verl_version\": \"0.4.1\"}")
 FLAGS = ("--json", "--quiet", "--smoke")
 TORCH_FIX = ("reinstall {req} from {index} (pip install --force-reinstall --no-deps '{req}' "
              "--index-url {index}), or rebuild the image").format(req=EXPECTED["torch_requirement"],
@@ -258,6 +263,79 @@ def checks(smoke):
     return r.results
 
 
+def config_keys():
+    """(every key of verl's composed PPO config, the keys of its empty maps), composed as
+    `python -m verl.trainer.main_ppo` composes it (hydra's compose API, the config its
+    @hydra.main names)."""
+    import re
+
+    spec = importlib.util.find_spec("verl")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("verl is not installed")
+    root = list(spec.submodule_search_locations)[0]
+    with open(os.path.join(root, "trainer", "main_ppo.py"), encoding="utf-8") as f:
+        found = re.search(r'@hydra\.main\(\s*config_path="([^"]+)",\s*config_name="([^"]+)"', f.read())
+    if found is None:
+        raise RuntimeError("verl/trainer/main_ppo.py names no @hydra.main config")
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    config_dir = os.path.normpath(os.path.join(root, "trainer", found.group(1)))
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        cfg = compose(config_name=found.group(2))
+    keys, open_maps = set(), set()
+
+    def walk(node, prefix):
+        for k, v in node.items():
+            key = f"{prefix}{k}"
+            keys.add(key)
+            if isinstance(v, dict):
+                if not v:
+                    open_maps.add(key)
+                walk(v, key + ".")
+
+    walk(OmegaConf.to_container(cfg, resolve=False), "")
+    return keys, open_maps
+
+
+def override_problems(args):
+    """[(what, fix)] for the run's extra Hydra overrides."""
+    import difflib
+    import re
+
+    problems, added = [], []
+    for arg in args:
+        found = re.match(r"^(\+{0,2})([A-Za-z_][A-Za-z0-9_.]*)=(.*)$", arg, re.S)
+        if found is None:
+            continue  # not KEY=VALUE (a Hydra flag, a ~deletion): Hydra itself judges it
+        prefix, key, value = found.groups()
+        for ref in EXPECTED["refused_overrides"]:
+            if key == ref["key"] and value.strip().lower() == ref["value"]:
+                problems.append((f"{arg}: {ref['why']}", ref["fix"]))
+        if prefix:
+            added.append((prefix, key, arg))
+    if added:
+        try:
+            keys, open_maps = config_keys()
+        except Exception as e:
+            return problems + [(f"verl's config could not be read to check {added[0][2]}: "
+                                f"{first_line(e)}", "check that verl and hydra-core import in "
+                                "this environment (preflight.py lists the imports)")]
+        reads = set(EXPECTED["config_reads"])
+        for prefix, key, arg in added:
+            if key in keys or key in reads or any(key.startswith(m + ".") for m in open_maps):
+                continue
+            near = difflib.get_close_matches(key, sorted(keys | reads), n=1, cutoff=0.6)
+            problems.append((f"{arg}: verl {EXPECTED['verl_version']}'s config has no key {key} and "
+                             f"its code does not read one; Hydra's {prefix} would add it silently "
+                             "and the run would go on without it",
+                             (f"did you mean {near[0]}? " if near else "") + "set a key the config "
+                             "has, without + (`python -m verl.trainer.main_ppo --cfg job` prints them)"))
+    return problems
+
+
 def stdout_to_stderr(fn):
     """fn() with file descriptor 1 pointed at stderr: packages that log to stdout on import
     (vLLM does) must not get into the report or break --json."""
@@ -284,12 +362,23 @@ def main(argv):
     if "-h" in argv or "--help" in argv:
         print(__doc__)
         return 0
+    overrides = None
+    if "--overrides" in argv:
+        at = argv.index("--overrides")
+        argv, overrides = argv[:at], argv[at + 1:]
     unknown = [a for a in argv if a not in FLAGS]
     if unknown:
         print(f"preflight.py: unknown argument {unknown[0]!r}; use {', '.join(FLAGS)} "
               "(--help says what each does)", file=sys.stderr)
         return 2
     smoke = "--smoke" in argv
+    if overrides:
+        refused = stdout_to_stderr(lambda: override_problems(overrides))
+        if refused:
+            for what, fix in refused:
+                print(f"\u2717 run override {what}\n    fix: {fix}", file=sys.stderr)
+            print(f"NOT STARTED: {len(refused)} run override(s) refused", file=sys.stderr)
+            return 2
     results = stdout_to_stderr(lambda: checks(smoke))
     ready = all(r["ok"] for r in results)
     try:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # verl PPO on GSM8K for profile 4090: NVIDIA GeForce RTX 4090 (CC 8.9, 24 GB)
 # Rendered by envbuild 0.1.0: bf16, sdpa attention, hf rollout, verl 0.4.1.
+# PLAN: actor_rollout_ref.actor.fsdp_config.use_orig_params=True for LoRA on the HF rollout: the HF rollout wraps the actor with auto_wrap_policy=None (fsdp_workers.py lines 306-308), so the frozen base and the LoRA adapters share one flat parameter, which FSDP refuses with use_orig_params=False (line 326): 'Must flatten tensors with uniform requires_grad when use_orig_params=False'
 # Precision, part by part: rollout bf16 · reference log-probs bf16 · actor (log-probs, PPO update) bf16 · critic bf16.
 # Usage: DATA_DIR=~/data/gsm8k MODEL=Qwen/Qwen2.5-0.5B-Instruct ./run_ppo_gsm8k.sh [extra hydra overrides]
 #        GSM8K_FROM=/path/to/gsm8k (local train/test .parquet or .jsonl) instead of the hub;
@@ -20,7 +21,9 @@ if [ ! -f "$DATA_DIR/train.parquet" ] || [ ! -f "$DATA_DIR/test.parquet" ]; then
   python3 "${ENVBUILD_HOME:-/opt/envbuild}/prepare_gsm8k.py" --out "$DATA_DIR" ${GSM8K_FROM:+--from "$GSM8K_FROM"}
 fi
 
-python3 "${ENVBUILD_HOME:-/opt/envbuild}/preflight.py" --quiet
+# preflight also checks the extra overrides: a +/++ key verl's config does not have, or one this
+# release cannot run (envbuild.json verl.refused_overrides), stops here with the reason (exit 2)
+python3 "${ENVBUILD_HOME:-/opt/envbuild}/preflight.py" --quiet --overrides "$@"
 
 args=(
   algorithm.adv_estimator=gae
@@ -28,7 +31,7 @@ args=(
   data.train_files="$DATA_DIR/train.parquet"
   data.val_files="$DATA_DIR/test.parquet"
   # batch sizes per GPU from the memory plan (envbuild show 4090 --memory): peak 18.985 GiB
-  # (log_prob) of 23.5 usable; validation in batches, never the whole set at once
+  # (log_prob) of 23.49 usable; validation in batches, never the whole set at once
   data.train_batch_size=16
   data.val_batch_size=357
   data.max_prompt_length=512
@@ -57,6 +60,7 @@ args=(
   ++actor_rollout_ref.model.lora_rank=32
   ++actor_rollout_ref.model.lora_alpha=32
   ++actor_rollout_ref.model.target_modules=all-linear
+  ++actor_rollout_ref.actor.fsdp_config.use_orig_params=True
   critic.optim.lr=1e-5
   critic.model.path="$MODEL"
   critic.model.use_remove_padding=False

@@ -18,7 +18,9 @@ if [ ! -f "$DATA_DIR/train.parquet" ] || [ ! -f "$DATA_DIR/test.parquet" ]; then
   python3 "${ENVBUILD_HOME:-/opt/envbuild}/prepare_gsm8k.py" --out "$DATA_DIR" ${GSM8K_FROM:+--from "$GSM8K_FROM"}
 fi
 
-python3 "${ENVBUILD_HOME:-/opt/envbuild}/preflight.py" --quiet
+# preflight also checks the extra overrides: a +/++ key verl's config does not have, or one this
+# release cannot run (envbuild.json verl.refused_overrides), stops here with the reason (exit 2)
+python3 "${ENVBUILD_HOME:-/opt/envbuild}/preflight.py" --quiet --overrides "$@"
 
 args=(
   algorithm.adv_estimator=gae

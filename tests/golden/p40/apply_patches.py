@@ -19,6 +19,8 @@ PATCHES = [
     (["verl/workers/actor/dp_actor.py"], [("torch.autocast(device_type=self.device_name, dtype=torch.bfloat16)", "torch.autocast(device_type=self.device_name, dtype=torch.float32, enabled=False)")]),
     # verl-critic-autocast: the critic's forward (values and the value update) runs under torch.autocast(dtype=torch.bfloat16), hard-coded in dp_critic.py from 0.4.x through 0.6.x (0.6.x has critic.model.fsdp_config.dtype but dp_critic.py does not read it)
     (["verl/workers/critic/dp_critic.py"], [("torch.autocast(device_type=self.device_name, dtype=torch.bfloat16)", "torch.autocast(device_type=self.device_name, dtype=torch.float32, enabled=False)")]),
+    # verl-hf-sharding-manager-timing: verl 0.4.1's generate_sequences reads self.rollout_sharding_manager.timing after every generation (fsdp_workers.py line 671), and the HF rollout's BaseShardingManager has no such attribute, so every HF generation ends in an AttributeError ('BaseShardingManager' object has no attribute 'timing') (found by the GPU tier, tests/fixtures/gpu/step). verl 0.5.0 gives BaseShardingManager a timing dict; the patch does the same
+    (["verl/workers/sharding_manager/base.py"], [("class BaseShardingManager:\n    def __enter__(self):", "class BaseShardingManager:\n    timing = {}  # envbuild: verl 0.5.0 sets self.timing = {}; 0.4.1's generate_sequences reads it\n\n    def __enter__(self):")]),
 ]
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # verl PPO on GSM8K for profile p40: Tesla P40 (CC 6.1, 24 GB)
 # Rendered by envbuild 0.1.0: fp32, eager attention, hf rollout, verl 0.4.1.
+# PLAN: actor_rollout_ref.actor.fsdp_config.param_offload=False although the profile offloads parameters (the critic's and the reference's still are): verl 0.4.1 offloads the actor's parameters at the end of init_model (fsdp_workers.py lines 542-543) and loads them back in every method but generate_sequences, whose HF rollout runs under BaseShardingManager, which loads nothing (lines 409-414): generate runs with the weights on the CPU and fails with 'Expects tensor to be on the compute device'. The memory plan keeps the actor's weights on the GPU in every phase
 # Precision, part by part: rollout fp32 · reference log-probs fp32 · actor (log-probs, PPO update) fp32 · critic fp32.
 # Usage: DATA_DIR=~/data/gsm8k MODEL=Qwen/Qwen2.5-0.5B-Instruct ./run_ppo_gsm8k.sh [extra hydra overrides]
 #        GSM8K_FROM=/path/to/gsm8k (local train/test .parquet or .jsonl) instead of the hub;
@@ -22,17 +23,19 @@ if [ ! -f "$DATA_DIR/train.parquet" ] || [ ! -f "$DATA_DIR/test.parquet" ]; then
   python3 "${ENVBUILD_HOME:-/opt/envbuild}/prepare_gsm8k.py" --out "$DATA_DIR" ${GSM8K_FROM:+--from "$GSM8K_FROM"}
 fi
 
-python3 "${ENVBUILD_HOME:-/opt/envbuild}/preflight.py" --quiet
+# preflight also checks the extra overrides: a +/++ key verl's config does not have, or one this
+# release cannot run (envbuild.json verl.refused_overrides), stops here with the reason (exit 2)
+python3 "${ENVBUILD_HOME:-/opt/envbuild}/preflight.py" --quiet --overrides "$@"
 
 args=(
   algorithm.adv_estimator=gae
   algorithm.kl_ctrl.kl_coef=0.001
   data.train_files="$DATA_DIR/train.parquet"
   data.val_files="$DATA_DIR/test.parquet"
-  # batch sizes per GPU from the memory plan (envbuild show p40 --memory): peak 16.901 GiB
-  # (generate (prefill)) of 23.5 usable; validation in batches, never the whole set at once
+  # batch sizes per GPU from the memory plan (envbuild show p40 --memory): peak 15.736 GiB
+  # (generate (prefill)) of 21.88 usable; validation in batches, never the whole set at once
   data.train_batch_size=8
-  data.val_batch_size=543
+  data.val_batch_size=501
   data.max_prompt_length=256
   data.max_response_length=256
   actor_rollout_ref.model.path="$MODEL"
@@ -41,7 +44,7 @@ args=(
   actor_rollout_ref.actor.optim.lr=1e-6
   actor_rollout_ref.actor.ppo_mini_batch_size=4
   actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4
-  actor_rollout_ref.actor.fsdp_config.param_offload=True
+  actor_rollout_ref.actor.fsdp_config.param_offload=False
   actor_rollout_ref.actor.fsdp_config.optimizer_offload=True
   ++actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32
   ++actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype=fp32
@@ -53,7 +56,7 @@ args=(
   actor_rollout_ref.rollout.name=hf
   actor_rollout_ref.rollout.dtype=float32
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8
-  +actor_rollout_ref.rollout.micro_batch_size=543
+  +actor_rollout_ref.rollout.micro_batch_size=501
   actor_rollout_ref.rollout.tensor_model_parallel_size=1
   actor_rollout_ref.rollout.gpu_memory_utilization=0.4
   actor_rollout_ref.actor.use_torch_compile=False

@@ -1,0 +1,470 @@
+#!/usr/bin/env python3
+"""verl's own workers run a PPO step on a GPU with the rendered configuration (the GPU tier).
+
+Imports and a composed config prove neither a generation nor an update (p40 and 4090 passed
+both and died before their first step). This runs the code that would die: verl's
+ActorRolloutRefWorker and CriticWorker, built in one process as verl's trainer builds them
+(world size 1), from the run script's own Hydra overrides composed with the release's config,
+on the release's wheel with the rendered apply_patches.py applied, on a randomly initialised
+model of the profile's shape, under the card's memory cap:
+
+  init_model (critic, reference if the trainer makes one, actor+rollout last, as verl does)
+  → generate_sequences on one validation batch of the planned size (greedy, validate=True)
+  → two training steps: generate_sequences (train batch) → compute_log_prob →
+    compute_ref_log_prob (where the config makes a reference) → compute_values →
+    GAE (verl's core_algos) → update_critic → update_actor
+
+Peaks per phase (torch.cuda.max_memory_allocated / reserved) and the dtypes each part computes
+in (forward hooks: parameters, inputs, outputs and the autocast state per module and phase)
+are recorded. Controls show the failures the plan avoids, on the same code: p40 with the
+actor's parameters offloaded (the HF rollout generates from CPU weights) and 4090 without
+use_orig_params (LoRA in one flat parameter).
+
+Two steps, on two machines:
+  python bench/gpu_step.py cases -o .gpu/cases.json            (here: needs envbuilder)
+  python bench/gpu_step.py device --cases .gpu/cases.json --wheels .whl --out DIR
+                                                              (on the GPU machine)
+`device` unpacks each case's wheels (verl's release and the profile's pins of what verl
+imports; the machine's own torch stays) into a folder of its own and runs each case in a
+process of its own. The JSON it writes is what tests/fixtures/gpu/step/ holds, and
+tests/test_gpu_step.py replays it against today's render.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+import zipfile
+from pathlib import Path
+
+GIB = 1024 ** 3
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from envbuilder.gpu_tier import CARRIED, SCRIPT_ENV  # noqa: E402  (needs only the standard library here)
+# a wheel's content left out to fit a call (64 MiB): ray's Java jar and its dashboard's web
+# client, which a Python process that never starts Java workers or the dashboard does not load
+TRIMMED = ("ray/jars/", "ray/dashboard/client/build/")
+PROFILES = ("p40", "4090")
+SUBSTITUTES = {"tensordict": {"0.5.0": {
+    "version": "0.6.2", "why": "tensordict 0.5.0 imports ForkingPickler from "
+    "torch.multiprocessing.reductions, which the GPU machine's torch 2.11 no longer has; 0.6.2 is "
+    "the newest release verl 0.4.1 accepts (tensordict<=0.6.2) and the p40 profile's pin"}}}
+
+
+# -- cases (here) -------------------------------------------------------------------------------
+
+def case_of(profile: str, render_files, resolve, m) -> dict:
+    """The GPU run of one profile as envbuild renders it today (envbuilder.gpu_tier.case)."""
+    from envbuilder import gpu_tier
+
+    env = resolve(m, profile)
+    case = gpu_tier.case(env, render_files(env), m.models)
+    # where the profile's pin cannot import on the GPU machine's torch, the nearest release that
+    # can, said in the record (the profile's torch itself cannot be carried)
+    case["substitutes"] = {name: dict(SUBSTITUTES[name][version], pinned=version)
+                           for name, version in case["pins"].items()
+                           if version in SUBSTITUTES.get(name, {})}
+    return case
+
+
+def write_cases(out: Path, profiles: list[str]) -> None:
+    from envbuilder import matrix
+    from envbuilder.render import render_files
+    from envbuilder.resolve import resolve
+
+    m = matrix.load()
+    cases = [case_of(p, render_files, resolve, m) for p in profiles]
+    controls = []
+    for case in cases:
+        if case["profile"] == "p40":  # the plan's fix undone: the actor offloaded on the HF rollout
+            controls.append(dict(case, name="p40-control-actor-offload", control=True,
+                                 expect="Expects tensor to be on the compute device",
+                                 overrides=case["overrides"] + ["actor_rollout_ref.actor.fsdp_config.param_offload=True"]))
+        if case["lora_rank"]:  # LoRA on the HF rollout without use_orig_params
+            key = next(o for o in case["overrides"] if "use_orig_params" in o)
+            controls.append(dict(case, name=f"{case['profile']}-control-flat-lora", control=True,
+                                 expect="uniform requires_grad",
+                                 overrides=[o for o in case["overrides"] if o != key]))
+    for case in cases:
+        case.update(name=case["profile"], control=False, expect=None)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"cases": cases + controls}, indent=1) + "\n")
+    print(f"wrote {len(cases)} cases and {len(controls)} controls to {out}")
+
+
+# -- device: unpack, patch, run each case in its own process --------------------------------------
+
+def _wheel_name(path: Path) -> str:
+    return path.name.split("-")[0].lower().replace("_", "-")
+
+
+def unpack(case: dict, wheels: Path, site: Path) -> dict:
+    """The case's wheels into `site` (a wheel is a zip of its import tree); {name: file}."""
+    want = {k.split("[")[0].lower(): v for k, v in case["pins"].items()}
+    want.update({k: v["version"] for k, v in case.get("substitutes", {}).items()})
+    used = {}
+    for whl in sorted(wheels.glob("*.whl")):
+        name = _wheel_name(whl)
+        version = whl.name.split("-")[1]
+        if name == "verl":
+            if version != case["verl"]:
+                continue
+        elif name in want and want[name] != version:
+            continue
+        elif name not in CARRIED:
+            continue
+        if name in used:
+            raise SystemExit(f"two wheels of {name} fit case {case['name']}: {used[name]}, {whl.name}")
+        with zipfile.ZipFile(whl) as z:
+            for info in z.infolist():
+                if not info.filename.startswith(TRIMMED):
+                    z.extract(info, site)
+        used[name] = whl.name
+    missing = [n for n in want if n not in used and n in CARRIED]
+    if missing or "verl" not in used:
+        raise SystemExit(f"case {case['name']}: no wheel for {missing or ['verl']} in {wheels}")
+    return used
+
+
+def device(cases_path: Path, wheels: Path, out: Path, only: list[str]) -> int:
+    cases = json.loads(cases_path.read_text())["cases"]
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for case in cases:
+        if only and case["name"] not in only:
+            continue
+        root = Path("/tmp/envbuild-gpu") / case["name"]
+        shutil.rmtree(root, ignore_errors=True)
+        site = root / "site"
+        site.mkdir(parents=True)
+        t0 = time.time()
+        used = unpack(case, wheels, site)
+        (root / "apply_patches.py").write_text(case["apply_patches"])
+        env = dict(os.environ, PYTHONPATH=str(site), PYTHONUNBUFFERED="1")
+        patched = subprocess.run([sys.executable, str(root / "apply_patches.py")], env=env,
+                                 capture_output=True, text=True, timeout=300)
+        print(f"[{case['name']}] unpacked {len(used)} wheels in {time.time() - t0:.0f}s; "
+              f"apply_patches rc={patched.returncode}: {patched.stdout.strip()[-400:]}"
+              f"{patched.stderr.strip()[-1500:]}", flush=True)
+        env.update(case["exports"])
+        (root / "case.json").write_text(json.dumps(case))
+        r = subprocess.run([sys.executable, str(Path(__file__).resolve()), "case", str(root / "case.json"),
+                            "--out", str(root / "result.json")], env=env, timeout=1500)
+        try:
+            result = json.loads((root / "result.json").read_text())
+        except (OSError, ValueError) as e:
+            result = {"name": case["name"], "error": f"no result (rc={r.returncode}): {e}"}
+        result.update(wheels=used, apply_patches={"rc": patched.returncode,
+                                                  "stdout": patched.stdout[-2000:],
+                                                  "stderr": patched.stderr[-2000:]})
+        results.append(result)
+        (out / "gpu-step.json").write_text(json.dumps({"runs": results}, indent=1) + "\n")
+    return 0
+
+
+# -- one case, in its own process ---------------------------------------------------------------
+
+class Dtypes:
+    """Forward hooks on a few modules of each model: per phase, what dtype the parameters, the
+    inputs and the outputs had, and the autocast state, as seen inside the forward."""
+
+    def __init__(self, torch):
+        self.torch, self.phase, self.seen = torch, "init", {}
+
+    def _dtype(self, x):
+        t = self.torch
+        if isinstance(x, t.Tensor):
+            return str(x.dtype).replace("torch.", "")
+        if isinstance(x, (tuple, list)) and x:
+            return self._dtype(x[0])
+        if hasattr(x, "logits"):
+            return self._dtype(x.logits)
+        if hasattr(x, "last_hidden_state"):
+            return self._dtype(x.last_hidden_state)
+        return None
+
+    def watch(self, role: str, model) -> list[str]:
+        picked = []
+        for name, mod in model.named_modules():
+            short = name.replace("_fsdp_wrapped_module.", "").replace("base_model.model.", "")
+            if short.endswith(("embed_tokens", "layers.0.self_attn", "layers.0.self_attn.q_proj",
+                               "layers.0.self_attn.q_proj.base_layer",
+                               "layers.0.self_attn.q_proj.lora_A.default", "layers.0.mlp",
+                               "model.norm", "lm_head", "score")) and short not in picked:
+                picked.append(short)
+                mod.register_forward_hook(self._hook(role, short))
+        return picked
+
+    def _hook(self, role, short):
+        torch = self.torch
+
+        def hook(mod, args, output):
+            params = sorted({str(p.dtype).replace("torch.", "") for p in mod.parameters(recurse=False)})
+            rec = {"params": params, "input": self._dtype(args), "output": self._dtype(output),
+                   "autocast": (torch.get_autocast_dtype("cuda").__str__().replace("torch.", "")
+                                if torch.is_autocast_enabled("cuda") else None)}
+            key = f"{self.phase}|{role}|{short}"
+            seen = self.seen.setdefault(key, [])
+            if rec not in seen:
+                seen.append(rec)
+        return hook
+
+
+def run_case(case_path: Path, out_path: Path) -> int:
+    case = json.loads(case_path.read_text())
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(29500 + os.getpid() % 1000))
+    result = {"name": case["name"], "profile": case["profile"], "control": case["control"],
+              "fingerprint": case["fingerprint"], "overrides": case["overrides"],
+              "expect": case.get("expect"), "phases": [], "error": None}
+
+    def save():
+        out_path.write_text(json.dumps(result, indent=1) + "\n")
+
+    try:
+        _run(case, result, save)
+    except BaseException as e:  # the result says where and how it failed
+        result["error"] = {"phase": result.get("phase"), "type": type(e).__name__,
+                           "message": str(e)[:2000], "traceback": traceback.format_exc()[-6000:]}
+        print(f"[{case['name']}] FAILED in {result.get('phase')}: {type(e).__name__}: {str(e)[:500]}", flush=True)
+    save()
+    return 0
+
+
+def _model_dir(case: dict, torch) -> str:
+    """A randomly initialised model of the profile's shape, saved as a hub checkpoint would be
+    (config, safetensors weights, a tokenizer and a generation config): no download."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    path = SCRIPT_ENV["MODEL"]
+    a = case["arch"]
+    eos, pad = 151645, 151643
+    cfg = transformers.Qwen2Config(
+        vocab_size=a["vocab_size"], hidden_size=a["hidden_size"], intermediate_size=a["intermediate_size"],
+        num_hidden_layers=a["layers"], num_attention_heads=a["attention_heads"],
+        num_key_value_heads=a["kv_heads"], max_position_embeddings=a["max_position_embeddings"],
+        tie_word_embeddings=a["tied_embeddings"], torch_dtype="bfloat16", eos_token_id=eos,
+        bos_token_id=pad, use_sliding_window=False)
+    marker = Path(path) / "envbuild-arch.json"
+    if marker.exists() and json.loads(marker.read_text()) == a:
+        return path
+    shutil.rmtree(path, ignore_errors=True)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32)
+    model.save_pretrained(path, safe_serialization=True)
+    del model
+    torch.cuda.empty_cache()
+    vocab = {f"w{i}": i for i in range(1000)}
+    vocab.update({"<|endoftext|>": pad, "<|im_start|>": 151644, "<|im_end|>": eos, "<unk>": 1000})
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
+                                                pad_token="<|endoftext|>", unk_token="<unk>")
+    fast.save_pretrained(path)
+    transformers.GenerationConfig(eos_token_id=eos, pad_token_id=pad, bos_token_id=pad).save_pretrained(path)
+    marker.write_text(json.dumps(a))
+    return path
+
+
+def _compose(case: dict):
+    import re
+
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    import verl
+
+    root = Path(verl.__file__).parent
+    found = re.search(r'@hydra\.main\(\s*config_path="([^"]+)",\s*config_name="([^"]+)"',
+                      (root / "trainer" / "main_ppo.py").read_text())
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str((root / "trainer" / found.group(1)).resolve()), version_base=None):
+        cfg = compose(config_name=found.group(2), overrides=case["overrides"])
+    OmegaConf.resolve(cfg)
+    return cfg
+
+
+def _prompts(n: int, length: int, torch, meta: dict):
+    from verl import DataProto
+
+    g = torch.Generator().manual_seed(n)
+    ids = torch.randint(0, 1000, (n, length), generator=g)
+    mask = torch.ones_like(ids)
+    pos = torch.arange(length).unsqueeze(0).expand(n, -1).contiguous()
+    return DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": mask, "position_ids": pos},
+                               meta_info=dict(meta))
+
+
+def _run(case: dict, result: dict, save) -> None:
+    import numpy as np
+    import torch
+
+    dev = torch.device("cuda")
+    props = torch.cuda.get_device_properties(dev)
+    total = props.total_memory
+    torch.ones(1, device=dev)
+    import importlib.metadata as md
+
+    versions = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": sys.version.split()[0]}
+    for name in ("transformers", "verl", "peft", "tensordict", "ray", "hydra-core", "accelerate",
+                 "tokenizers", "numpy"):
+        try:
+            versions[name] = md.version(name)
+        except md.PackageNotFoundError:
+            versions[name] = None
+    result["meta"] = {"device": props.name, "total_bytes": total, "versions": versions,
+                      "cap_bytes": case["cap_bytes"], "card_gib": case["card_gib"],
+                      "exports": {k: os.environ.get(k) for k in case["exports"]}}
+    result["phase"] = "model"
+    model_path = _model_dir(case, torch)
+    result["phase"] = "config"
+    cfg = _compose(case)
+    from omegaconf import OmegaConf
+
+    result["config"] = {k: OmegaConf.select(cfg, k) for k in (
+        "actor_rollout_ref.actor.fsdp_config.param_offload", "actor_rollout_ref.actor.fsdp_config.optimizer_offload",
+        "actor_rollout_ref.ref.fsdp_config.param_offload", "critic.model.fsdp_config.param_offload",
+        "actor_rollout_ref.actor.fsdp_config.use_orig_params", "actor_rollout_ref.rollout.name",
+        "actor_rollout_ref.rollout.micro_batch_size", "actor_rollout_ref.model.lora_rank",
+        "data.val_batch_size", "data.train_batch_size", "algorithm.adv_estimator",
+        "algorithm.use_kl_in_reward", "actor_rollout_ref.actor.use_kl_loss",
+        "actor_rollout_ref.model.enable_gradient_checkpointing")}
+    torch.cuda.set_per_process_memory_fraction(min(case["cap_bytes"], total) / total)
+    from verl.trainer.ppo import core_algos
+    from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
+
+    dt = Dtypes(torch)
+    lora = cfg.actor_rollout_ref.model.get("lora_rank", 0) > 0
+    use_ref = bool(cfg.algorithm.use_kl_in_reward or cfg.actor_rollout_ref.actor.use_kl_loss)
+    use_critic = cfg.algorithm.adv_estimator == "gae"
+    result["roles"] = {"critic": use_critic, "reference": ("in the actor (LoRA off)" if lora else "worker")
+                       if use_ref else "none: algorithm.use_kl_in_reward and actor.use_kl_loss are False "
+                       "(verl's main_ppo makes no reference policy)"}
+
+    def phase(name: str, fn, **info):
+        result["phase"] = name
+        dt.phase = name
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        t0 = time.time()
+        out = fn()
+        torch.cuda.synchronize()
+        rec = dict(info, phase=name, seconds=round(time.time() - t0, 2),
+                   peak_allocated=int(torch.cuda.max_memory_allocated()),
+                   peak_reserved=int(torch.cuda.max_memory_reserved()),
+                   allocated_after=int(torch.cuda.memory_allocated()))
+        result["phases"].append(rec)
+        print(f"[{case['name']}] {name:22} {rec['seconds']:7.1f}s peak {rec['peak_allocated'] / GIB:6.2f} "
+              f"alloc / {rec['peak_reserved'] / GIB:6.2f} reserved GiB  {info or ''}", flush=True)
+        save()
+        return out
+
+    # verl's trainer: critic, then the reference, then the actor with its rollout (last)
+    critic = CriticWorker(cfg.critic) if use_critic else None
+    ref = ActorRolloutRefWorker(cfg.actor_rollout_ref, role="ref") if (use_ref and not lora) else None
+    actor = ActorRolloutRefWorker(cfg.actor_rollout_ref, role="actor_rollout")
+    if critic:
+        phase("init_model critic", critic.init_model)
+        result["watched_critic"] = dt.watch("critic", critic.critic_module)
+    if ref:
+        phase("init_model ref", ref.init_model)
+        dt.watch("ref", ref.ref_module_fsdp)
+    phase("init_model actor", actor.init_model)
+    result["watched_actor"] = dt.watch("actor", actor.actor_module_fsdp)
+    result["attn_implementation"] = getattr(actor.actor_model_config, "_attn_implementation", None)
+
+    P, R = cfg.data.max_prompt_length, cfg.data.max_response_length
+    gen_meta = {"eos_token_id": 151645, "pad_token_id": 151643, "recompute_log_prob": False}
+    val_n = cfg.data.val_batch_size
+    val = _prompts(val_n, P, torch, dict(gen_meta, do_sample=bool(OmegaConf.select(cfg, "actor_rollout_ref.rollout.val_kwargs.do_sample", default=False)),
+                                        validate=True))
+    out = phase("validation generate", lambda: actor.generate_sequences(val), batch=val_n)
+    result["validation_response_shape"] = list(out.batch["responses"].shape)
+    del out, val
+
+    n_train = cfg.data.train_batch_size
+    for step in (1, 2):
+        from verl import DataProto
+
+        batch = _prompts(n_train, P, torch, dict(gen_meta, do_sample=True))
+        batch.non_tensor_batch["uid"] = np.array([f"u{i}" for i in range(n_train)], dtype=object)
+        gen_batch = batch.pop(batch_keys=["input_ids", "attention_mask", "position_ids"])
+        gen_batch.meta_info = dict(gen_meta, do_sample=True)
+        gen_out = phase(f"step{step} generate", lambda: actor.generate_sequences(gen_batch), batch=n_train)
+        gen_out.meta_info.pop("timing", None)
+        batch = batch.union(gen_out)
+        batch.batch["response_mask"] = batch.batch["attention_mask"][:, -R:]
+        batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
+        old = phase(f"step{step} compute_log_prob", lambda: actor.compute_log_prob(batch))
+        old.batch.pop("entropys")
+        batch = batch.union(old)
+        if use_ref:
+            refp = phase(f"step{step} compute_ref_log_prob",
+                         lambda: (actor if lora else ref).compute_ref_log_prob(batch))
+            batch = batch.union(refp)
+        if critic:
+            values = phase(f"step{step} compute_values", lambda: critic.compute_values(batch))
+            batch = batch.union(values)
+        # a rule-based reward stands in: one score at each response's last token
+        mask = batch.batch["response_mask"]  # (where the workers left the batch: verl moves it)
+        scores = torch.zeros_like(mask, dtype=torch.float32)
+        last = mask.sum(-1).clamp(min=1) - 1
+        scores[torch.arange(n_train, device=mask.device), last] = torch.randint(
+            0, 2, (n_train,), device=mask.device).float()
+        batch.batch["token_level_scores"] = scores
+        batch.batch["token_level_rewards"] = scores
+        adv, ret = core_algos.compute_gae_advantage_return(
+            token_level_rewards=scores, values=batch.batch["values"], response_mask=batch.batch["response_mask"],
+            gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam)
+        batch.batch["advantages"], batch.batch["returns"] = adv, ret
+        if critic:
+            c = phase(f"step{step} update_critic", lambda: critic.update_critic(batch))
+            result.setdefault("critic_metrics", []).append(_metrics(c))
+        batch.meta_info["multi_turn"] = False
+        a = phase(f"step{step} update_actor", lambda: actor.update_actor(batch))
+        result.setdefault("actor_metrics", []).append(_metrics(a))
+    result["phase"] = None
+    result["dtypes"] = dt.seen
+    result["ok"] = True
+
+
+def _metrics(out) -> dict:
+    m = out.meta_info.get("metrics", {})
+    return {k: (v if isinstance(v, (int, float)) else (v[-1] if isinstance(v, list) and v else str(v)))
+            for k, v in m.items() if isinstance(v, (int, float, list))}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("cases")
+    c.add_argument("-o", "--out", type=Path, required=True)
+    c.add_argument("--profiles", nargs="*", default=list(PROFILES))
+    d = sub.add_parser("device")
+    d.add_argument("--cases", type=Path, required=True)
+    d.add_argument("--wheels", type=Path, required=True)
+    d.add_argument("--out", type=Path, required=True)
+    d.add_argument("--only", nargs="*", default=[])
+    r = sub.add_parser("case")
+    r.add_argument("case", type=Path)
+    r.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args(argv)
+    if a.cmd == "cases":
+        write_cases(a.out, a.profiles)
+        return 0
+    if a.cmd == "device":
+        return device(a.cases, a.wheels, a.out, a.only)
+    return run_case(a.case, a.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

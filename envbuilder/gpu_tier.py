@@ -1,0 +1,121 @@
+"""The GPU tier's records: which rendered configuration ran verl's workers through a PPO step on
+a GPU (bench/gpu_step.py writes them; tests/fixtures/gpu/step/ holds them and travels in the
+wheel as _data/gpu_step). A record counts for a profile only while today's render has the same
+fingerprint: the run script's overrides, its exports, the patches, the card's cap, the model's
+shape, the pins of what verl imports, the precision and the attention."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import subprocess
+from functools import lru_cache
+from pathlib import Path
+
+from .resolved import ResolvedEnv
+
+GIB = 1024 ** 3
+# the shell variables of the rendered run script, as the GPU tier expands them
+SCRIPT_ENV = {"MODEL": "/tmp/envbuild-gpu/model", "DATA_DIR": "/tmp/envbuild-gpu/data", "N_GPUS": "1"}
+# what verl imports on the worker path beyond what a GPU machine's torch image has: the pins of
+# these are part of a run's identity
+CARRIED = ("transformers", "tokenizers", "huggingface-hub", "peft", "accelerate", "tensordict",
+           "ray", "hydra-core", "omegaconf", "antlr4-python3-runtime", "codetiming", "setuptools",
+           "jsonschema", "jsonschema-specifications", "referencing", "rpds-py", "orjson")
+_ARGS = re.compile(r"^args=\(\n.*?^\)\n", re.S | re.M)
+_KEYS = ("profile", "verl", "overrides", "exports", "patches", "cap_bytes", "arch", "pins",
+         "precision", "attention")
+
+
+def run_script_overrides(script: str, env: dict[str, str] | None = None) -> list[str]:
+    """The overrides in a rendered run script's `args=( ... )` array, as its bash expands them
+    (quotes, "$MODEL" and the like), with `env` for the variables."""
+    found = _ARGS.search(script)
+    if found is None:
+        raise ValueError("no `args=(` ... `)` array in the run script")
+    program = ("set -eu\n" + "".join(f"{k}={shlex.quote(v)}\n" for k, v in (env or {}).items())
+               + found.group(0) + 'printf "%s\\0" "${args[@]}"\n')
+    r = subprocess.run(["bash", "--noprofile", "--norc", "-c", program], capture_output=True,
+                       env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, timeout=60)
+    if r.returncode != 0:
+        raise ValueError(f"bash could not expand the args array: {r.stderr.decode()[-1000:]}")
+    return r.stdout.decode().split("\0")[:-1]
+
+
+def fingerprint(case: dict) -> str:
+    blob = json.dumps({k: case[k] for k in _KEYS}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def case(env: ResolvedEnv, files: dict[str, str], models: dict) -> dict:
+    """The GPU run of a resolved, rendered profile (`files`: render_files(env))."""
+    exports = {}
+    if env.cuda_alloc_conf and env.cuda_alloc_conf.value:
+        exports["PYTORCH_CUDA_ALLOC_CONF"] = env.cuda_alloc_conf.value
+    if not env.features.torch_compile:
+        exports["TORCHDYNAMO_DISABLE"] = "1"
+    mem = env.memory
+    out = {
+        "profile": env.profile, "gpu": env.gpu.name, "verl": env.verl.version,
+        "overrides": run_script_overrides(files["run_ppo_gsm8k.sh"], SCRIPT_ENV),
+        "exports": exports,
+        "patches": [{"name": p.name, "files": list(p.files), "replace": [dict(r) for r in p.replace]}
+                    for p in env.patches],
+        "apply_patches": files["apply_patches.py"],
+        # the card: what the plan calls usable (its memory less the CUDA context), the cap of
+        # torch's caching allocator (the context lives outside it)
+        "cap_bytes": int(mem["usable_gib"] * GIB), "card_gib": mem["gpu_total_gib"],
+        "arch": {k: v for k, v in models[env.train.model].items()
+                 if k not in ("source", "parameters", "family")},
+        "model": env.train.model,
+        "pins": {k: v for k, v in env.verl.pins.items() if k.split("[")[0] in CARRIED},
+        "precision": env.precision.to_dict(), "attention": env.attention, "dtype": env.dtype,
+        "lora_rank": env.train.lora_rank,
+        "plan": {"batch": dict(mem["batch"]), "peak": dict(mem["peak"]),
+                 "phases": {p["key"]: p["total_gib"] for p in mem["phases"]}},
+    }
+    out["fingerprint"] = fingerprint(out)
+    return out
+
+
+def records_dir() -> Path | None:
+    pkg = Path(__file__).resolve().parent
+    for candidate in (pkg / "_data" / "gpu_step", pkg.parent / "tests" / "fixtures" / "gpu" / "step"):
+        if candidate.is_dir():
+            return candidate
+    return None
+
+
+@lru_cache(maxsize=None)
+def records() -> tuple[dict, ...]:
+    """Every recorded run (the profiles' own, not the controls)."""
+    where = records_dir()
+    out = []
+    for path in sorted(where.glob("*.json")) if where else ():
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        for run in doc.get("runs", []) if isinstance(doc, dict) else []:
+            if isinstance(run, dict) and not run.get("control"):
+                out.append(dict(run, file=path.name))
+    return tuple(out)
+
+
+def status(env: ResolvedEnv, files: dict[str, str], models: dict) -> str:
+    """What the GPU tier says of this render: `ran (...)`, `stale` (a run of another
+    configuration), or `not run`."""
+    mine = [r for r in records() if r.get("profile") == env.profile]
+    if not mine:
+        return "not run"
+    fp = case(env, files, models)["fingerprint"]
+    for r in mine:
+        if r.get("fingerprint") == fp:
+            if not r.get("ok"):
+                return f"FAILED in {(r.get('error') or {}).get('phase')}"
+            steps = len([p for p in r.get("phases", []) if p["phase"].endswith("update_actor")])
+            return f"ran: {steps} steps ({(r.get('meta') or {}).get('device', 'GPU')})"
+    return "stale (another configuration ran)"
