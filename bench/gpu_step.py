@@ -50,6 +50,8 @@ from envbuilder.gpu_tier import CARRIED, SCRIPT_ENV  # noqa: E402  (needs only t
 # a wheel's content left out to fit a call (64 MiB): ray's Java jar and its dashboard's web
 # client, which a Python process that never starts Java workers or the dashboard does not load
 TRIMMED = ("ray/jars/", "ray/dashboard/client/build/")
+# what only `--ppo` (verl's trainer: its dataset and dataloader) imports besides
+PPO_EXTRA = ("datasets", "dill", "multiprocess", "torchdata")
 PROFILES = ("p40", "4090")
 SUBSTITUTES = {"tensordict": {"0.5.0": {
     "version": "0.6.2", "why": "tensordict 0.5.0 imports ForkingPickler from "
@@ -117,7 +119,7 @@ def unpack(case: dict, wheels: Path, site: Path) -> dict:
                 continue
         elif name in want and want[name] != version:
             continue
-        elif name not in CARRIED:
+        elif name not in CARRIED + PPO_EXTRA:
             continue
         if name in used:
             raise SystemExit(f"two wheels of {name} fit case {case['name']}: {used[name]}, {whl.name}")
@@ -132,7 +134,7 @@ def unpack(case: dict, wheels: Path, site: Path) -> dict:
     return used
 
 
-def device(cases_path: Path, wheels: Path, out: Path, only: list[str]) -> int:
+def device(cases_path: Path, wheels: Path, out: Path, only: list[str], ppo: bool = False) -> int:
     cases = json.loads(cases_path.read_text())["cases"]
     out.mkdir(parents=True, exist_ok=True)
     results = []
@@ -154,6 +156,10 @@ def device(cases_path: Path, wheels: Path, out: Path, only: list[str]) -> int:
               f"{patched.stderr.strip()[-1500:]}", flush=True)
         env.update(case["exports"])
         (root / "case.json").write_text(json.dumps(case))
+        if ppo:
+            results.append(dict(main_ppo(case, root, env), wheels=used))
+            (out / "gpu-ppo.json").write_text(json.dumps({"runs": results}, indent=1) + "\n")
+            continue
         r = subprocess.run([sys.executable, str(Path(__file__).resolve()), "case", str(root / "case.json"),
                             "--out", str(root / "result.json")], env=env, timeout=1500)
         try:
@@ -166,6 +172,70 @@ def device(cases_path: Path, wheels: Path, out: Path, only: list[str]) -> int:
         results.append(result)
         (out / "gpu-step.json").write_text(json.dumps({"runs": results}, indent=1) + "\n")
     return 0
+
+
+# -- verl's own trainer, with Ray ---------------------------------------------------------------
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|> "
+                 "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant {% endif %}")
+
+
+def _gsm8k_like(root: Path, case: dict, cfg_rows: dict) -> dict:
+    """train/test parquet files in the layout prepare_gsm8k.py writes (verl's gsm8k example):
+    data_source openai/gsm8k, a chat prompt, the rule reward's ground truth."""
+    import pandas as pd
+
+    out = {}
+    for split, n in cfg_rows.items():
+        rows = [{"data_source": "openai/gsm8k",
+                 "prompt": [{"role": "user", "content": " ".join(f"w{(i * 7 + j) % 1000}" for j in range(40))
+                             + " Let's think step by step and output the final answer after ####."}],
+                 "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(i)},
+                 "extra_info": {"split": split, "index": i}} for i in range(n)]
+        path = root / "data" / f"{split}.parquet"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pd.DataFrame(rows).to_parquet(path)
+        out[split] = str(path)
+    return out
+
+
+def main_ppo(case: dict, root: Path, env: dict) -> dict:
+    """`python -m verl.trainer.main_ppo` with the rendered overrides, on Ray, for the first
+    validation and two training steps; its console output is the record."""
+    sys.path.insert(0, env["PYTHONPATH"])
+    import torch
+
+    result = {"name": case["name"], "profile": case["profile"], "fingerprint": case["fingerprint"],
+              "mode": "main_ppo"}
+    model = Path(SCRIPT_ENV["MODEL"])
+    sys.argv = ["x"]
+    _model_dir(case, torch)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    tok.chat_template = CHAT_TEMPLATE
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.save_pretrained(model)
+    val = next(int(o.split("=")[1]) for o in case["overrides"] if o.startswith("data.val_batch_size="))
+    train = next(int(o.split("=")[1]) for o in case["overrides"] if o.startswith("data.train_batch_size="))
+    files = _gsm8k_like(root, case, {"train": 2 * train, "test": val + 7})
+    extra = ["trainer.val_before_train=True", "trainer.total_training_steps=2",
+             f"data.train_files={files['train']}", f"data.val_files={files['test']}",
+             "ray_init.num_cpus=8"]
+    overrides = [o for o in case["overrides"] if not o.startswith(("data.train_files=", "data.val_files="))]
+    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides, *extra]
+    t0 = time.time()
+    proc = subprocess.run(cmd, env=dict(env, RAY_DEDUP_LOGS="0"), cwd=root, capture_output=True,
+                          text=True, timeout=480)
+    log = proc.stdout + proc.stderr
+    (root / "main_ppo.log").write_text(log)
+    steps = sorted({int(m) for m in __import__("re").findall(r"step:(\d+) ", log)})
+    result.update(rc=proc.returncode, seconds=round(time.time() - t0, 1), extra_overrides=extra,
+                  steps=steps, validation="val-core/" in log or "val/" in log,
+                  metrics=[line[:4000] for line in log.splitlines() if "step:" in line][-3:],
+                  tail=log[-6000:])
+    print(f"[{case['name']}] main_ppo rc={proc.returncode} steps={steps} in {result['seconds']}s", flush=True)
+    return result
 
 
 # -- one case, in its own process ---------------------------------------------------------------
@@ -454,6 +524,10 @@ def main(argv=None) -> int:
     d.add_argument("--wheels", type=Path, required=True)
     d.add_argument("--out", type=Path, required=True)
     d.add_argument("--only", nargs="*", default=[])
+    d.add_argument("--ppo", action="store_true",
+                   help="instead of the in-process steps: `python -m verl.trainer.main_ppo` itself, "
+                        "with Ray, for validation and two steps (no memory cap: Ray's workers are "
+                        "separate processes)")
     r = sub.add_parser("case")
     r.add_argument("case", type=Path)
     r.add_argument("--out", type=Path, required=True)
@@ -462,7 +536,7 @@ def main(argv=None) -> int:
         write_cases(a.out, a.profiles)
         return 0
     if a.cmd == "device":
-        return device(a.cases, a.wheels, a.out, a.only)
+        return device(a.cases, a.wheels, a.out, a.only, ppo=a.ppo)
     return run_case(a.case, a.out)
 
 

@@ -100,8 +100,10 @@ def _display(path: Path) -> str:
         return str(path)
 
 
-def matrix_files(overlays: tuple[Path, ...] = ()) -> list[Path]:
-    files = sorted(data_dir("matrices").glob("*.yaml"))
+def matrix_files(overlays: tuple[Path, ...] = (), base: Path | None = None) -> list[Path]:
+    """The shipped matrix files (or those of `base`, a folder of the same sections: the tests'
+    frozen fixture matrix), then each overlay folder's."""
+    files = sorted(Path(base).glob("*.yaml") if base is not None else data_dir("matrices").glob("*.yaml"))
     for d in overlays:
         d = Path(d)
         if not d.is_dir():
@@ -138,12 +140,13 @@ def _cache_path(files: list[Path]) -> Path | None:
     return root / f"matrix-{h.hexdigest()[:32]}.json"
 
 
-def load(overlays: tuple[Path, ...] = ()) -> Matrix:
+def load(overlays: tuple[Path, ...] = (), base: Path | None = None) -> Matrix:
     """The merged, validated matrix; a JSON cache keyed by the inputs' contents skips
-    re-validation (about 25 ms of a render). Plain data only: reading it runs nothing."""
+    re-validation (about 25 ms of a render). Plain data only: reading it runs nothing.
+    `base`: another folder in place of the shipped matrices (the tests' frozen matrix)."""
     import json
 
-    files = matrix_files(overlays)
+    files = matrix_files(overlays, base)
     cache = _cache_path(files) if not os.environ.get("ENVBUILD_NO_CACHE") else None
     if cache is not None:
         try:

@@ -57,11 +57,28 @@ def violations(profile: str, matrix: M.Matrix | None = None, **kw) -> dict:
     return {v.rule: v for v in e.value.violations}
 
 
-def record(section: str, key: str, **changes) -> dict:
-    """A deep copy of a shipped record with some fields changed: a starting point for overlays."""
-    rec = copy.deepcopy(shipped().sections[section][key])
+def record(section: str, key: str, matrix: M.Matrix | None = None, **changes) -> dict:
+    """A deep copy of a shipped record (or `matrix`'s) with some fields changed: a starting
+    point for overlays."""
+    rec = copy.deepcopy((matrix or shipped()).sections[section][key])
     rec.update(changes)
     return rec
+
+
+# The resolver's logic tests run on this frozen copy of the matrix (tests/fixtures/matrix, see its
+# README), so that a matrix update (a new torch, vLLM or verl release) changes only the tests of
+# the shipped facts and the goldens, never a test of a rule.
+FROZEN = FIXTURES / "matrix"
+
+
+@functools.lru_cache(maxsize=None)
+def frozen() -> M.Matrix:
+    return M.load(base=FROZEN)
+
+
+def frozen_with(*overlays) -> M.Matrix:
+    """The frozen matrix with --matrix-dir overlay folders on top."""
+    return M.load(tuple(overlays), base=FROZEN)
 
 
 @pytest.fixture

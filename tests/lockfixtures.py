@@ -85,7 +85,7 @@ def p40_wheels(torch_dir: Path, pypi_dir: Path, torch_payload: int = 0) -> dict[
     w["ray"] = make_wheel(pypi_dir, "ray", "2.46.0", tag=CP310, requires=("filelock",),
                           extras={"default": ("aiohttp>=3.7",)})
     for name, version in [("packaging", "25.0"), ("ninja", "1.11.1.4"), ("wheel", "0.45.1"),
-                          ("setuptools", "80.9.0"), ("psutil", "7.0.0")]:  # the builder's tools
+                          ("setuptools", "81.0.0"), ("psutil", "7.0.0")]:  # the builder's tools (setuptools: verl 0.4.1's pin)
         w[name] = make_wheel(pypi_dir, name, version)
     return w
 

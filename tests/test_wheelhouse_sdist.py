@@ -78,12 +78,16 @@ def pypi(real_pypi) -> str:
 
 @pytest.fixture(scope="session")
 def downloads(pypi, tmp_path_factory) -> dict[str, Path]:
-    """The newest pip and setuptools wheels from PyPI, fetched once."""
+    """The newest pip wheel from PyPI, and the setuptools wheel the p40 profile pins (verl
+    0.4.1's pin: the last with pkg_resources), fetched once."""
     import requests
 
+    from conftest import shipped
+
+    setuptools = shipped().verl["0.4.1"]["pins"]["setuptools"]
     d = tmp_path_factory.mktemp("pypi-downloads")
     r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                        "--index-url", pypi, "-d", d, "pip", "setuptools"], env=pip_env(),
+                        "--index-url", pypi, "-d", d, "pip", f"setuptools=={setuptools}"], env=pip_env(),
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     newest = requests.get("https://pypi.org/pypi/pip/json", timeout=20).json()["info"]["version"]
@@ -133,6 +137,7 @@ def world(downloads, tmp_path_factory):
     sdist = make_sdist(root / "pypi", "antlr4-python3-runtime", "4.9.3", module="antlr4")
     for standin in (root / "pypi").glob("setuptools-*.whl"):
         standin.unlink()  # the builder's stand-in is no build backend; PyPI serves the real one
+        # (at the profile's pin)
     shutil.copy(downloads["setuptools"], root / "pypi")
     with F.PypiServer(root / "torch-index") as torch, F.PypiServer(root / "pypi") as pypi:
         yield {"root": root, "pypi": pypi.url, "torch": torch.url, "sdist": sdist}
