@@ -24,10 +24,13 @@ Two steps, on two machines:
   python bench/gpu_step.py cases -o .gpu/cases.json            (here: needs envbuilder)
   python bench/gpu_step.py device --cases .gpu/cases.json --wheels .whl --out DIR
                                                               (on the GPU machine)
+  python bench/gpu_step.py device --ppo ...   verl's own `python -m verl.trainer.main_ppo` with
+                                              the same overrides, through Ray, for the first
+                                              validation and two steps (no memory cap)
 `device` unpacks each case's wheels (verl's release and the profile's pins of what verl
 imports; the machine's own torch stays) into a folder of its own and runs each case in a
 process of its own. The JSON it writes is what tests/fixtures/gpu/step/ holds, and
-tests/test_gpu_step.py replays it against today's render.
+tests/test_gpu_step.py replays them against today's render.
 """
 
 from __future__ import annotations
@@ -126,7 +129,10 @@ def unpack(case: dict, wheels: Path, site: Path) -> dict:
         with zipfile.ZipFile(whl) as z:
             for info in z.infolist():
                 if not info.filename.startswith(TRIMMED):
-                    z.extract(info, site)
+                    path = z.extract(info, site)
+                    mode = info.external_attr >> 16  # zipfile drops the execute bits (ray's binaries)
+                    if mode & 0o111:
+                        os.chmod(path, mode & 0o777)
         used[name] = whl.name
     missing = [n for n in want if n not in used and n in CARRIED]
     if missing or "verl" not in used:
@@ -327,11 +333,12 @@ def _model_dir(case: dict, torch) -> str:
         return path
     shutil.rmtree(path, ignore_errors=True)
     torch.manual_seed(0)
-    with torch.device("cuda"):
+    with torch.device(os.environ.get("ENVBUILD_GPU_STEP_DEVICE", "cuda")):  # (cpu: a harness smoke test)
         model = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32)
     model.save_pretrained(path, safe_serialization=True)
     del model
-    torch.cuda.empty_cache()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     vocab = {f"w{i}": i for i in range(1000)}
     vocab.update({"<|endoftext|>": pad, "<|im_start|>": 151644, "<|im_end|>": eos, "<unk>": 1000})
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))

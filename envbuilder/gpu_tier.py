@@ -90,8 +90,7 @@ def records_dir() -> Path | None:
 
 
 @lru_cache(maxsize=None)
-def records() -> tuple[dict, ...]:
-    """Every recorded run (the profiles' own, not the controls)."""
+def _runs() -> tuple[dict, ...]:
     where = records_dir()
     out = []
     for path in sorted(where.glob("*.json")) if where else ():
@@ -103,6 +102,16 @@ def records() -> tuple[dict, ...]:
             if isinstance(run, dict) and not run.get("control"):
                 out.append(dict(run, file=path.name))
     return tuple(out)
+
+
+def records() -> tuple[dict, ...]:
+    """Every recorded in-process worker run (the profiles' own, not the controls)."""
+    return tuple(r for r in _runs() if r.get("mode") != "main_ppo")
+
+
+def trainer_records() -> tuple[dict, ...]:
+    """Every recorded `python -m verl.trainer.main_ppo` run through Ray (bench/gpu_step.py --ppo)."""
+    return tuple(r for r in _runs() if r.get("mode") == "main_ppo")
 
 
 def status(env: ResolvedEnv, files: dict[str, str], models: dict) -> str:
@@ -117,5 +126,8 @@ def status(env: ResolvedEnv, files: dict[str, str], models: dict) -> str:
             if not r.get("ok"):
                 return f"FAILED in {(r.get('error') or {}).get('phase')}"
             steps = len([p for p in r.get("phases", []) if p["phase"].endswith("update_actor")])
-            return f"ran: {steps} steps ({(r.get('meta') or {}).get('device', 'GPU')})"
+            ray = [p for p in trainer_records() if p.get("profile") == env.profile
+                   and p.get("fingerprint") == fp and p.get("rc") == 0]
+            return (f"ran: {steps} steps ({(r.get('meta') or {}).get('device', 'GPU')})"
+                    + (f", main_ppo+Ray {max(ray[0]['steps'])} steps" if ray else ""))
     return "stale (another configuration ran)"

@@ -134,3 +134,43 @@ def test_the_controls_differ_from_the_profile_only_in_the_undone_fix(today):
         "actor_rollout_ref.actor.fsdp_config.param_offload=True"]
     assert lora["overrides"] == [o for o in today["4090"]["overrides"] if "use_orig_params" not in o]
     assert len(lora["overrides"]) == len(today["4090"]["overrides"]) - 1
+
+
+PPO = {r["name"]: r for r in json.loads((FIXTURES / "gpu" / "step" / "h200-main-ppo.json").read_text(
+    encoding="utf-8"))["runs"]}
+
+
+@pytest.mark.parametrize("profile", ["p40", "4090"])
+def test_verls_own_trainer_ran_validation_and_two_steps_through_ray(profile, today):
+    """`python -m verl.trainer.main_ppo` with the rendered overrides (plus validation first, two
+    steps and the fixture's data files), through Ray: the first validation (step 0) and steps 1
+    and 2 logged their metrics, and it exited 0."""
+    run = PPO[profile]
+    assert run["mode"] == "main_ppo" and run["fingerprint"] == today[profile]["fingerprint"]
+    assert run["rc"] == 0 and run["steps"] == [0, 1, 2] and run["validation"]
+    assert set(run["extra_overrides"]) == {
+        "trainer.val_before_train=True", "trainer.total_training_steps=2", "ray_init.num_cpus=8",
+        *[o for o in run["extra_overrides"] if o.startswith(("data.train_files=", "data.val_files="))]}
+    last = run["metrics"][-1]
+    for metric in ("critic/vf_loss", "actor/pg_loss", "val-core/openai/gsm8k/reward/mean@1"):
+        assert metric in " ".join(run["metrics"]), metric
+    assert "step:2 " in last
+
+
+def test_verify_reports_the_gpu_tier_for_this_very_render():
+    from envbuilder import gpu_tier
+    from envbuilder.render import render_files
+    from envbuilder.resolve import resolve
+
+    m = shipped()
+    for profile in ("p40", "4090"):
+        env = resolve(m, profile)
+        assert gpu_tier.status(env, render_files(env), m.models) == (
+            "ran: 2 steps (NVIDIA H200), main_ppo+Ray 2 steps")
+    env = resolve(m, "t4")
+    assert gpu_tier.status(env, render_files(env), m.models) == "not run"
+    # another configuration of a profile that ran: the record does not count for it
+    from envbuilder.resolve import Overrides
+
+    env = resolve(m, "p40", Overrides(verl="0.5.0"))
+    assert gpu_tier.status(env, render_files(env), m.models).startswith("stale")
