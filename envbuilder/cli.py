@@ -43,6 +43,9 @@ def override_options(f):
                      help="Check against this NVIDIA driver version, e.g. 550.54.14."),
         click.option("--allow-unsupported", is_flag=True,
                      help="Render even when the hardware is below a floor; the warnings go into the files."),
+        click.option("--ecc", type=click.Choice(["on", "off"]),
+                     help="Plan memory for the board with ECC on (GDDR datacenter boards' default, "
+                          "which costs memory) or off (nvidia-smi -e 0 and a reboot)."),
     ]
     f = matrix_dir_option(f)
     for opt in reversed(opts):
@@ -50,7 +53,7 @@ def override_options(f):
 
     @wraps(f)
     def wrapper(*args, cuda, torch_, python, verl, rollout, vllm, with_, without, driver,
-                allow_unsupported, **kwargs):
+                allow_unsupported, ecc, **kwargs):
         from .resolve import Overrides
 
         both = sorted(set(split_names(with_)) & set(split_names(without)))
@@ -60,7 +63,7 @@ def override_options(f):
         kwargs["overrides"] = Overrides(cuda=cuda, torch=torch_, python=python, verl=verl,
                                         rollout=rollout, vllm=vllm, with_=split_names(with_),
                                         without=split_names(without), driver=driver,
-                                        allow_unsupported=allow_unsupported)
+                                        allow_unsupported=allow_unsupported, ecc=ecc)
         return f(*args, **kwargs)
 
     return wrapper
@@ -219,7 +222,9 @@ PHASE_BATCH = {"generation": "generation", "log_prob": "log_prob", "actor": "act
 def memory_lines(env) -> list[str]:
     """`show --memory`: the budget line by line (term, formula, GiB) and the chosen sizes."""
     mem, a = env.memory, env.memory["arch"]
-    out = [f"memory per GPU: {env.gpu.name}, {mem['gpu_total_gib']:.1f} GiB - "
+    card = mem.get("card") or {}
+    out = [f"memory per GPU: {env.gpu.name}, {mem['gpu_total_gib']:.1f} GiB"
+           + (f" ({card['mib']} MiB: {card['why']})" if card else "") + " - "
            f"{mem['cuda_context_gib']:g} CUDA context"
            + (f" - {mem['nccl_gib']:g} NCCL" if mem["nccl_gib"] else "")
            + f" = {mem['usable_gib']:.1f} GiB usable; a planned batch adds "

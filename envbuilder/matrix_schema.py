@@ -102,7 +102,7 @@ MODEL = {"family": S.OneOf(("qwen2",)), "layers": int, "hidden_size": int, "atte
          "kv_heads": int, "head_dim": int, "intermediate_size": int, "vocab_size": int,
          "tied_embeddings": bool, "qkv_bias": bool, "max_position_embeddings": int,
          "parameters": int, "source": SOURCE}
-MEMORY = {"total_mib": S.MapOf({"mib": int, "source": SOURCE}, key=S.NAME),
+MEMORY = {"total_mib": S.MapOf({"mib": int, "ecc_off_mib?": int, "source": SOURCE}, key=S.NAME),
           "cuda_context_gib": float, "nccl_gib": float, "allocator_overhead": float,
           "hf_generate_overhead": float, "margin": float,
           "validation_share": float, "source": SOURCE}
@@ -162,7 +162,8 @@ RESOLVED = {
     "description": DESCRIPTION,
     "overrides": {"cuda?": S.CUDA, "torch?": S.VERSION, "python?": S.CUDA, "verl?": S.VERSION,
                   "rollout?": S.OneOf(ROLLOUTS), "vllm?": S.VERSION, "with?": S.ListOf(S.NAME),
-                  "without?": S.ListOf(S.NAME), "driver?": S.DRIVER, "allow_unsupported?": bool},
+                  "without?": S.ListOf(S.NAME), "driver?": S.DRIVER, "allow_unsupported?": bool,
+                  "ecc?": S.OneOf(("on", "off"))},
     "gpu": {"key": S.NAME, "name": S.GPU_NAME, "arch": S.NAME, "compute_capability": S.CC,
             "sm": S.Pattern(r"\d+", "61", max_len=8), "vram_gb": float, "bf16": bool,
             "max_smem_per_block_kb": int},

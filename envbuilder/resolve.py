@@ -328,10 +328,13 @@ class _Resolver:
 
         mem = self.m.memory
         total = mem["total_mib"].get(gpu_key)
-        consts = dict(mem, total_gib=total["mib"] / 1024 if total else float(gpu["vram_gb"]))
+        card = card_size(total, gpu, self.ov.ecc)
+        consts = dict(mem, total_gib=card["mib"] / 1024)
         env = {"dtype": dtype, "attention": attention, "rollout": rollout, "train": train,
                "lora_flat_grads": lora_flat}
-        return plan(env, self.m.models[train["model"]], consts, self.m.datasets["gsm8k"]["rows"]["test"])
+        out = plan(env, self.m.models[train["model"]], consts, self.m.datasets["gsm8k"]["rows"]["test"])
+        out["card"] = card
+        return out
 
     def memory_rule(self, s: "Selection") -> None:
         """When no batch fits the GPU (the selection's memory plan, envbuilder/memory.py): why,
@@ -612,6 +615,25 @@ class _Resolver:
             memory=frozen(s.memory),
             warnings=tuple(v.text() for v in self.v),
         )
+
+
+def card_size(total: dict | None, gpu: dict, ecc: str | None) -> dict:
+    """The memory the plan counts on (memory.yaml total_mib, else the nominal vram_gb) and what
+    the board's ECC does to it: `ecc` is the --ecc override (None: the board's default)."""
+    if total is None:
+        return {"mib": int(gpu["vram_gb"] * 1024), "ecc": "as shipped",
+                "why": "no nvidia-smi size recorded: the nominal size"
+                + (f"; --ecc {ecc} changes nothing here" if ecc else "")}
+    if "ecc_off_mib" not in total:
+        why = ("the board's default" if ecc is None else
+               f"--ecc {ecc}: no other size is recorded for this board (its ECC takes no memory, "
+               "or the size with ECC off is unknown)")
+        return {"mib": total["mib"], "ecc": "as shipped", "why": why}
+    if ecc == "off":
+        return {"mib": total["ecc_off_mib"], "ecc": "off",
+                "why": f"--ecc off (with ECC on, its default, the board shows {total['mib']} MiB)"}
+    return {"mib": total["mib"], "ecc": "on",
+            "why": f"ECC on, the board's default (--ecc off plans with {total['ecc_off_mib']} MiB)"}
 
 
 class Selection:

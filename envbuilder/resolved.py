@@ -26,10 +26,10 @@ class Overrides(Record):
     """What the user asked to change about a profile (CLI flags)."""
 
     __slots__ = _fields = ("cuda", "torch", "python", "verl", "rollout", "vllm", "with_",
-                           "without", "driver", "allow_unsupported")
+                           "without", "driver", "allow_unsupported", "ecc")
     _defaults = {"cuda": None, "torch": None, "python": None, "verl": None, "rollout": None,
                  "vllm": None, "with_": (), "without": (), "driver": None,
-                 "allow_unsupported": False}
+                 "allow_unsupported": False, "ecc": None}
     _keys = {"with_": "with"}
 
     def to_dict(self) -> dict:

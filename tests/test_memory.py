@@ -226,7 +226,7 @@ def test_a_vllm_share_that_leaves_too_little_for_the_rest_is_refused(overlay):
 def test_show_memory_prints_the_budget_and_a_refusal_is_exit_2(cli, overlay):
     code, out, _ = cli("show", "p40", "--memory")
     assert code == 0
-    assert "22.4 GiB - 0.5 CUDA context = 21.9 GiB usable" in out  # (22,919 MiB: ECC on)
+    assert "22.4 GiB (22919 MiB: ECC on, the board's default" in out and "21.9 GiB usable" in out
     assert "eager scores" in out and "KV cache" in out
     assert "data.val_batch_size" in out and "+actor_rollout_ref.rollout.micro_batch_size" in out
     code, out, _ = cli("show", "p40", "--memory", "--json")
@@ -285,3 +285,21 @@ def test_every_key_the_run_script_sets_is_in_that_verl_releases_config(profile):
             assert not _has(config, key[1:]), f"{key}: verl {version} has it; drop the +"
         else:
             assert _has(config, key), f"{key}: not in verl {version}'s config; it needs a +"
+
+
+def test_a_p40_plans_with_ecc_on_unless_told_it_is_off():
+    """A Tesla P40 ships with ECC on and shows 22,919 MiB; with ECC off (nvidia-smi -e 0) it shows
+    24,451 MiB: --ecc off plans with that, and the batches grow with it."""
+    on, off = resolved("p40").memory, resolved("p40", ecc="off").memory
+    assert on["card"]["mib"] == 22919 and on["card"]["ecc"] == "on"
+    assert off["card"]["mib"] == 24451 and off["card"]["ecc"] == "off"
+    assert off["usable_gib"] > on["usable_gib"]
+    assert off["batch"]["val_batch_size"] > on["batch"]["val_batch_size"]
+    assert resolved("p40", ecc="on").memory == on
+
+
+def test_ecc_off_changes_nothing_on_a_card_without_a_recorded_ecc_size():
+    for profile in ("3090", "h100"):
+        assert resolved(profile, ecc="off").memory["batch"] == resolved(profile).memory["batch"]
+        assert "changes nothing" in resolved(profile, ecc="off").memory["card"]["why"] or (
+            "no other size" in resolved(profile, ecc="off").memory["card"]["why"])
