@@ -120,6 +120,8 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
     def say(msg):
         click.echo(msg, err=True)
 
+    for note in env.notes:  # before anything starts: a source build of flash-attn takes long
+        say(f"plan: {note}")
     engine = E.choose(engine, smoke, say)
     name = mirror
     if mirror == "auto":

@@ -43,8 +43,10 @@ WHEEL_TEMPLATE = S.Pattern(r"[A-Za-z0-9_.+-]*(\{(version|cuda_tag|torch|cxx11_ab
                            r"[A-Za-z0-9_.+-]*)+\.whl", "flash_attn-{version}+cu{cuda_tag}...-linux_{machine}.whl")
 CUDA_TAGS = S.MapOf(S.Pattern(r"\d{2,3}", "12"), key=S.Pattern(r"\d+", "12"))
 FLASH_ATTN = {"min_compute_capability": S.CC, "source": SOURCE,
-              "versions": S.MapOf({"torch": S.Range(), "wheel_cuda?": CUDA_TAGS, "source": SOURCE},
-                                  key=S.VERSION),
+              "versions": S.MapOf({"torch": S.Range(), "wheel_cuda?": CUDA_TAGS,
+                                   "wheel_torch?": S.Range(), "wheel_python?": S.ListOf(S.CUDA),
+                                   "source": SOURCE}, key=S.VERSION),
+              "sdist_build?": {"estimate": WHY, "source": SOURCE},
               "release_wheels": {"url": S.Url(("version",), "https://github.com/OWNER/REPO/"
                                               "releases/download/v{version}"),
                                  "filename": WHEEL_TEMPLATE, "source": SOURCE},

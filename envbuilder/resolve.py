@@ -71,6 +71,21 @@ def flash_attn_release(fa_data: dict, version: str) -> R.FlashAttn:
                        cuda_tags=frozen(tags))
 
 
+def flash_attn_wheel_gap(rec: dict, torch_v: str, torch_cuda: str, python: str) -> str | None:
+    """What the flash-attn release's published wheels lack for this torch, its CUDA and the
+    Python (extensions.yaml, from the tag's publish.yml), or None when a wheel exists."""
+    gaps = []
+    if rec.get("wheel_torch") and not in_range(torch_v, rec["wheel_torch"]):
+        gaps.append(f"torch {torch_v} (its wheels: torch{rec['wheel_torch']})")
+    major = str(torch_cuda).split(".")[0]
+    if major not in (rec.get("wheel_cuda") or {}):
+        built = ", ".join(f"CUDA {k}" for k in sorted(rec.get("wheel_cuda") or {})) or "none"
+        gaps.append(f"CUDA {torch_cuda} (its wheels: {built})")
+    if rec.get("wheel_python") and python not in rec["wheel_python"]:
+        gaps.append(f"Python {python} (its wheels: {', '.join(rec['wheel_python'])})")
+    return "; ".join(gaps) or None
+
+
 def _at_least(cc: str, floor: str) -> bool:
     return cc_tuple(cc) >= cc_tuple(floor)
 
@@ -711,6 +726,13 @@ def _rule_extensions(r: _Resolver, s: Selection) -> None:
                   "FlashAttention-2 only supports Ampere GPUs or newer (CC >= "
                   f"{m.flash_attn['min_compute_capability']})", "use --without flash-attn "
                   "(attention falls back to sdpa)")
+    if s.fa:
+        missing = flash_attn_wheel_gap(s.fa_rec, s.torch_v, s.build["cuda"], s.python)
+        if missing:
+            est = (m.flash_attn.get("sdist_build") or {}).get("estimate", "")
+            s.notes.append(f"no prebuilt flash-attn {s.fa} wheel for {missing}: the builder stage "
+                           f"compiles it from the sdist" + (f" ({est})" if est else "")
+                           + "; a torch, Python or CUDA its release builds avoids that")
     if s.attention == "flash_attention_2" and s.fa is None:
         r.add("attention", "attention flash_attention_2 without the flash-attn package",
               "the profile asks for it but flash-attn is not installed",

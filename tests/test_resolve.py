@@ -148,12 +148,12 @@ def test_a_4090_with_flash_attn_gets_flash_attention_2():
 
 def test_flash_attn_carries_where_its_release_wheel_is():
     """The release folder of the resolved version and the CUDA tags of that release (2.6.3's
-    setup.py: cu118 / cu123; 2.8.3's: the major only), from matrices/extensions.yaml."""
+    setup.py: cu118 / cu123; 2.8.3 publishes CUDA 12 only, tagged with the major), from extensions.yaml."""
     fa = resolved("4090", with_=["flash-attn"]).to_dict()["flash_attn"]
     assert fa["release"] == "https://github.com/Dao-AILab/flash-attention/releases/download/v2.6.3"
     assert fa["cuda_tags"] == {"11": "118", "12": "123"}
     fa = resolved("3090").to_dict()["flash_attn"]
-    assert (fa["version"], fa["cuda_tags"]) == ("2.8.3", {"11": "11", "12": "12"})
+    assert (fa["version"], fa["cuda_tags"]) == ("2.8.3", {"12": "12"})
     assert fa["release"].endswith("/releases/download/v2.8.3")
 
 
@@ -498,3 +498,29 @@ def test_vllm_0_7_3_is_refused_beside_verls_ray_pins():
     v = violations("t4", verl="0.5.0", torch="2.5.1", vllm="0.7.3")
     assert "shared-dependency" in v
     assert "vllm==0.7.3 needs ray[default]==2.40.0" in v["shared-dependency"].text()
+
+
+# -- flash-attn: a prebuilt wheel, or a source build said before it starts ---------------------
+
+def test_flash_attn_with_a_published_wheel_makes_no_note():
+    env = resolved("4090", with_=["flash-attn"])
+    assert env.flash_attn.version == "2.6.3" and not any("flash-attn" in n for n in env.notes)
+
+
+def test_flash_attn_without_a_published_wheel_says_it_compiles_and_how_long():
+    """2.6.3's release builds torch 2.0-2.4: a torch 2.5 compiles it from the sdist."""
+    notes = [n for n in resolved("4090", with_=["flash-attn"], torch="2.5.1").notes if "flash-attn" in n]
+    assert len(notes) == 1
+    assert "no prebuilt flash-attn 2.6.3 wheel for torch 2.5.1 (its wheels: torch>=2.2,<2.5)" in notes[0]
+    assert "compiles it from the sdist" in notes[0] and "64-core" in notes[0]
+
+
+def test_the_wheel_gap_names_torch_cuda_and_python():
+    from envbuilder.resolve import flash_attn_wheel_gap
+
+    rec = frozen().flash_attn["versions"]["2.8.3"]
+    assert flash_attn_wheel_gap(rec, "2.8.0", "12.8", "3.10") is None
+    assert "torch 2.9.1" in flash_attn_wheel_gap(rec, "2.9.1", "12.8", "3.10")
+    assert "CUDA 11.8 (its wheels: CUDA 12)" in flash_attn_wheel_gap(rec, "2.6.0", "11.8", "3.10")
+    assert "CUDA 13.0" in flash_attn_wheel_gap(rec, "2.8.0", "13.0", "3.10")
+    assert "Python 3.8" in flash_attn_wheel_gap(rec, "2.8.0", "12.8", "3.8")

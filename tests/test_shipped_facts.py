@@ -40,3 +40,33 @@ def test_the_frozen_matrix_is_a_real_matrix_of_its_own():
 
     assert not FROZEN.is_symlink() and (FROZEN / "profiles.yaml").is_file()
     assert {"p40", "4090", "t4", "v100", "3090", "h200"} <= set(frozen().profiles)
+
+
+# flash-attn's published wheels, as each tag's .github/workflows/publish.yml builds them
+# (torch-version, python-version and cuda-version of its matrix; read 2026-12-03)
+PUBLISHED = {
+    "2.5.8": (["2.1.2", "2.2.2", "2.3.0"], ["3.8", "3.9", "3.10", "3.11"], ["11", "12"]),
+    "2.6.3": (["2.2.2", "2.3.1", "2.4.0"], ["3.8", "3.9", "3.10", "3.11", "3.12"], ["11", "12"]),
+    "2.7.4.post1": (["2.2.2", "2.3.1", "2.4.0", "2.5.1", "2.6.0"], ["3.9", "3.10", "3.11", "3.12", "3.13"], ["12"]),
+    "2.8.3": (["2.4.0", "2.5.1", "2.6.0", "2.7.1", "2.8.0"], ["3.9", "3.10", "3.11", "3.12", "3.13"], ["12"]),
+}
+NOT_PUBLISHED = {"2.5.8": "2.4.0", "2.6.3": "2.5.1", "2.7.4.post1": "2.7.1", "2.8.3": "2.9.1"}
+
+
+@pytest.mark.parametrize("version", list(PUBLISHED))
+def test_flash_attn_wheel_facts_match_what_each_release_published(version):
+    from envbuilder.resolve import flash_attn_wheel_gap
+
+    rec = shipped().flash_attn["versions"][version]
+    torches, pythons, cudas = PUBLISHED[version]
+    assert sorted(rec["wheel_cuda"]) == cudas and rec["wheel_python"] == pythons
+    for torch in torches:
+        assert flash_attn_wheel_gap(rec, torch, f"{cudas[-1]}.4", pythons[0]) is None, torch
+    assert "torch" in flash_attn_wheel_gap(rec, NOT_PUBLISHED[version], f"{cudas[-1]}.4", pythons[0])
+
+
+def test_every_shipped_flash_attn_profile_has_a_prebuilt_wheel():
+    for name in PROFILES:
+        env = resolved(name)
+        if env.flash_attn:
+            assert not any("flash-attn" in n for n in env.notes), name
