@@ -362,9 +362,8 @@ class _Resolver:
 
         def fits(**changes) -> bool:
             changed = dict(train, **changes)
-            if "param_offload" in changes:
-                changed["actor_param_offload"] = changes["param_offload"] and train[
-                    "actor_param_offload"] == train["param_offload"]
+            if "param_offload" in changes:  # the actor's only where its rollout allows it
+                changed["actor_param_offload"] = changes["param_offload"] and s.actor_offload_ok
             return not self.memory_plan(gpu_key, gpu, dtype, attention, rollout, changed,
                                         lora_flat=bool(s.lora_key))["problems"]
 
@@ -468,12 +467,12 @@ class _Resolver:
         s.notes, s.refused, s.lora_key = [], [], None
         hf = (s.verl.get("hf_rollout") or {}) if s.rollout == "hf" else {}
         off, lora = hf.get("offload"), hf.get("lora")
-        s.train["actor_param_offload"] = s.train["param_offload"]
+        s.actor_offload_ok = not (off and not off["works"])
+        s.train["actor_param_offload"] = s.train["param_offload"] and s.actor_offload_ok
         where = f"verl {s.verl_v}'s HF rollout"
-        if off and not off["works"]:
+        if not s.actor_offload_ok:
             key = "actor_rollout_ref.actor.fsdp_config.param_offload"
             if s.train["param_offload"]:
-                s.train["actor_param_offload"] = False
                 s.notes.append(f"{key}=False although the profile offloads parameters (the critic's "
                                f"and the reference's still are): {off['why']}. The memory plan "
                                "keeps the actor's weights on the GPU in every phase")
@@ -481,7 +480,7 @@ class _Resolver:
                 key=key, value="true", why=f"{where} cannot generate from an offloaded actor: "
                 f"{off['why']}", fix="leave it False (the memory plan keeps the actor's weights on "
                 f"the GPU: envbuild show {self.name} --memory), offload the optimizer instead, or use "
-                "the vLLM rollout on a GPU of CC >= 7.0"))
+                f"the vLLM rollout on a GPU of CC >= {self.m.min_compute_capability}"))
         if lora and s.train["lora_rank"]:
             s.lora_key = lora["key"]
             s.notes.append(f"{lora['key']}=True for LoRA on the HF rollout: {lora['why']}")
