@@ -352,20 +352,12 @@ def _model_dir(case: dict, torch) -> str:
 
 
 def _compose(case: dict):
-    import re
-
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
     import verl
+    from envbuilder.gpu_tier import compose_run_config
 
-    root = Path(verl.__file__).parent
-    found = re.search(r'@hydra\.main\(\s*config_path="([^"]+)",\s*config_name="([^"]+)"',
-                      (root / "trainer" / "main_ppo.py").read_text())
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str((root / "trainer" / found.group(1)).resolve()), version_base=None):
-        cfg = compose(config_name=found.group(2), overrides=case["overrides"])
+    cfg = compose_run_config(Path(verl.__file__).parent.parent, case["overrides"])
     OmegaConf.resolve(cfg)
     return cfg
 
@@ -402,7 +394,7 @@ def _run(case: dict, result: dict, save) -> None:
                       "cap_bytes": case["cap_bytes"], "card_gib": case["card_gib"],
                       "exports": {k: os.environ.get(k) for k in case["exports"]}}
     result["phase"] = "model"
-    model_path = _model_dir(case, torch)
+    _model_dir(case, torch)  # (at SCRIPT_ENV's MODEL, the path the overrides name)
     result["phase"] = "config"
     cfg = _compose(case)
     from omegaconf import OmegaConf
@@ -470,8 +462,6 @@ def _run(case: dict, result: dict, save) -> None:
 
     n_train = cfg.data.train_batch_size
     for step in (1, 2):
-        from verl import DataProto
-
         batch = _prompts(n_train, P, torch, dict(gen_meta, do_sample=True))
         batch.non_tensor_batch["uid"] = np.array([f"u{i}" for i in range(n_train)], dtype=object)
         gen_batch = batch.pop(batch_keys=["input_ids", "attention_mask", "position_ids"])

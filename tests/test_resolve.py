@@ -10,7 +10,6 @@ import pytest
 
 import conftest
 from conftest import frozen, frozen_with
-from envbuilder import matrix as M
 from envbuilder.errors import UserError
 from envbuilder.render import render_files
 from envbuilder.resolve import ResolveError

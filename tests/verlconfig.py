@@ -11,15 +11,10 @@ before it starts Ray. What the composed config says is what verl's workers read.
 
 from __future__ import annotations
 
-import os
-import re
-import shlex
-import subprocess
-from pathlib import Path
+from envbuilder.gpu_tier import compose_run_config, main_ppo_config  # noqa: F401  (re-exported)
 
 # the shell variables a rendered run script reads, with values for composing
 SCRIPT_ENV = {"MODEL": "Qwen/Qwen2.5-0.5B-Instruct", "DATA_DIR": "/data/gsm8k", "N_GPUS": "1"}
-_HYDRA_MAIN = re.compile(r"@hydra\.main\(\s*config_path=\"([^\"]+)\",\s*config_name=\"([^\"]+)\"")
 
 
 def run_script_overrides(script: str, env: dict[str, str] | None = None) -> list[str]:
@@ -28,32 +23,6 @@ def run_script_overrides(script: str, env: dict[str, str] | None = None) -> list
     from envbuilder.gpu_tier import run_script_overrides as expand
 
     return expand(script, dict(SCRIPT_ENV, **(env or {})))
-
-
-def main_ppo_config(verl_root: Path) -> tuple[Path, str]:
-    """(config directory, config name) from the release's own `@hydra.main(...)` in
-    verl/trainer/main_ppo.py."""
-    main = Path(verl_root) / "verl" / "trainer" / "main_ppo.py"
-    found = _HYDRA_MAIN.search(main.read_text(encoding="utf-8"))
-    if found is None:
-        raise ValueError(f"{main} has no @hydra.main(config_path=..., config_name=...)")
-    return (main.parent / found.group(1)).resolve(), found.group(2)
-
-
-def compose_run_config(verl_root: Path, overrides: list[str]):
-    """verl's PPO trainer config at the release unpacked under `verl_root`, with `overrides`
-    applied as `python -m verl.trainer.main_ppo OVERRIDES` applies them (an override of a key
-    the release does not have fails here as it fails there)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    config_dir, name = main_ppo_config(verl_root)
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(config_dir), version_base=None):
-            return compose(config_name=name, overrides=list(overrides))
-    finally:
-        GlobalHydra.instance().clear()
 
 
 def keys_ending(cfg, roots: tuple[str, ...], suffix: str) -> dict[str, object]:
