@@ -113,6 +113,7 @@ LAZY_COMMANDS = {"build": "envbuilder.cli_build:build", "bake": "envbuilder.cli_
                  "detect": "envbuilder.cli_detect:detect", "doctor": "envbuilder.cli_detect:doctor",
                  "verify": "envbuilder.cli_verify:verify",
                  "refresh": "envbuilder.cli_refresh:refresh",
+                 "affected": "envbuilder.cli_refresh:affected",
                  "export-image": "envbuilder.cli_image:export_image",
                  "import-image": "envbuilder.cli_image:import_image",
                  "apptainer": "envbuilder.cli_apptainer:apptainer"}
@@ -169,9 +170,10 @@ def list_(as_json, matrix_dirs):
 @override_options
 def show(profile, as_json, memory, overrides, matrix_dirs):
     """The resolved environment of PROFILE."""
-    from .resolve import resolve
+    from .resolve import held_back, resolve
 
-    env = resolve(load_matrix(matrix_dirs), profile, overrides)
+    m = load_matrix(matrix_dirs)
+    env = resolve(m, profile, overrides)
     if memory:
         if as_json:
             from .record import plain
@@ -203,6 +205,7 @@ def show(profile, as_json, memory, overrides, matrix_dirs):
     lines.append(f"memory     peak {mem['peak']['gib']:.1f} GiB of {mem['usable_gib']:.1f} usable "
                  f"({mem['peak']['phase']}); `--memory` for the budget")
     lines += [f"plan       {n}" for n in env.notes]
+    lines += [f"held back  {h}" for h in held_back(m, profile, overrides)]
     lines += [f"WARNING    {w}" for w in env.warnings]
     click.echo("\n".join(lines))
 

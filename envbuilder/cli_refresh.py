@@ -18,7 +18,7 @@ from pathlib import Path
 import click
 
 from .cli import load_matrix, matrix_dir_option
-from .errors import ActionError, UserError
+from .errors import ActionError, EnvbuildError, UserError
 
 DEFAULT_INDEX = "https://pypi.org"
 MAX_PROJECT_BYTES = 64 << 20  # ray's project page is 1.5 MB
@@ -83,6 +83,42 @@ def refresh(index_url, as_json, overlay_dir, newest, timeout, matrix_dirs):
     if overlay_dir is not None:
         click.echo(f"overlay: {report['overlay']} (review it; use it with --matrix-dir "
                    f"{overlay_dir})")
+
+
+@click.command()
+@click.argument("overlay", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="The profiles and what changed, as JSON.")
+@matrix_dir_option
+def affected(overlay, as_json, matrix_dirs):
+    """The profiles whose environment the matrix overlay OVERLAY changes (refresh's pull request
+    runs `check --resolve` and `verify` on these): each profile resolved with and without it, and
+    again with `--verl X` for every stack (stacks.yaml), compared field by field. A profile the
+    overlay breaks is affected too. One name a line; nothing when the overlay changes nothing."""
+    from .resolve import Overrides, resolve
+
+    base, over = load_matrix(matrix_dirs), load_matrix((*matrix_dirs, overlay))
+    found: dict[str, list[str]] = {}
+    for name in over.profiles:
+        stacks = sorted({*(base.sections.get("stacks") or {}), *(over.sections.get("stacks") or {})})
+        for verl in (None, *stacks):
+            ov = Overrides(verl=verl) if verl else Overrides()
+            got = []
+            for m in (base, over):
+                try:
+                    got.append(json.loads(resolve(m, name, ov).to_json()) if name in m.profiles
+                               else None)
+                except EnvbuildError as e:
+                    got.append(f"refused: {str(e).splitlines()[0]}")
+            if got[0] != got[1]:
+                what = (sorted(k for k in got[1] if got[0].get(k) != got[1].get(k))
+                        if all(isinstance(g, dict) for g in got) else [str(got[1])])
+                found.setdefault(name, []).append(f"{'--verl ' + verl if verl else 'as shipped'}: "
+                                                  f"{', '.join(what)}")
+    if as_json:
+        click.echo(json.dumps({"overlay": str(overlay), "affected": found}, indent=2, sort_keys=True))
+        return
+    for name in found:
+        click.echo(name)
 
 
 # -- the overlay file ------------------------------------------------------------------------

@@ -20,7 +20,7 @@ MODULES = S.ListOf(S.MODULE)
 TRAINING_PATH = {"modules": MODULES, "source": SOURCE}
 GPU = {"name": S.GPU_NAME, "match": S.ListOf(S.Regex()), "arch": S.NAME,
        "compute_capability": S.CC, "vram_gb": float, "max_smem_per_block_kb": int, "bf16": bool,
-       "fp16_fast": bool, "source": SOURCE}
+       "fp16_fast": bool, "machine?": S.OneOf(("x86_64", "aarch64")), "source": SOURCE}
 UBUNTU = S.Pattern(r"\d+\.\d+", "22.04", max_len=16)
 CUDA = {"version": S.VERSION, "min_driver": S.DRIVER, "compat_driver": S.DRIVER,
         "nvcc_archs": S.ListOf(S.CC), "ubuntu": UBUNTU, "glibc?": S.GLIBC, "python": S.CUDA,
@@ -31,7 +31,7 @@ TORCH = {"python": S.ListOf(S.CUDA), "torchvision": S.VERSION, "torchaudio": S.V
          "builds": S.MapOf({"cuda": S.CUDA, "archs": S.ListOf(S.CC)}, key=S.NAME),
          "source": SOURCE}
 VLLM = {"torch": S.VERSION, "wheel_cuda": S.CUDA, "python": S.ListOf(S.CUDA),
-        "pins?": PINS, "source": SOURCE}
+        "min_compute_capability?": S.CC, "modules?": MODULES, "pins?": PINS, "source": SOURCE}
 # requires: PACKAGE -> VERSION -> what that release's METADATA needs of a shared dependency
 REQUIRES = S.MapOf(S.MapOf({"needs": S.MapOf(S.Range(), key=S.PACKAGE), "source": SOURCE},
                            key=S.VERSION), key=S.PACKAGE)
@@ -63,7 +63,8 @@ PRECISION = {part: S.ListOf(DTYPES) for part in PARTS}
 FORMAT_FIELDS = ("attention", *(f"{part}_{kind}" for part in PARTS for kind in ("dtype", "autocast")))
 AUTOCAST_KEYS = {f"{part}?": S.HYDRA_KEY for part in PARTS}
 VERL = {"torch": S.Range(), "torch_why?": WHY, "torch_source": SOURCE,
-        "rollouts": S.ListOf(S.OneOf(ROLLOUTS)), "vllm": S.Range(),
+        "python?": S.Range(), "rollouts": S.ListOf(S.OneOf(ROLLOUTS)),
+        "rollout_mode?": S.OneOf(("sync", "async")), "rollouts_why?": WHY, "vllm": S.Range(),
         "attention_override": (S.HYDRA_OVERRIDE, None), "patches": S.ListOf(S.NAME),
         "precision": PRECISION, "precision_source": SOURCE,
         "autocast_keys?": AUTOCAST_KEYS,
@@ -75,6 +76,8 @@ VERL = {"torch": S.Range(), "torch_why?": WHY, "torch_source": SOURCE,
         "hf_rollout?": {"offload?": {"works": bool, "why": WHY, "source": SOURCE},
                         "lora?": {"key": S.HYDRA_KEY, "why": WHY, "source": SOURCE}},
         "config_reads?": S.ListOf(S.HYDRA_KEY),
+        # where the critic's FSDP settings live (critic.model.fsdp_config up to 0.7.x)
+        "critic_fsdp?": S.HYDRA_KEY,
         "source": SOURCE}
 # find / with: source text, written into apply_patches.py as Python literals
 PATCH = {"why": WHY, "when": S.OneOf(("no_flash_attention", "no_bf16", "lora_hf_rollout", "hf_rollout", "always")),
@@ -92,6 +95,11 @@ TRAIN = {"model": S.MODEL_ID, "model_vram_gb": float, "n_gpus": int, "train_batc
          "max_response_length": int, "param_offload": bool, "optimizer_offload": bool,
          "gradient_checkpointing": bool, "gpu_memory_utilization": float, "lora_rank": int}
 COMPONENT_VERSIONS = S.MapOf(S.VERSION, key=S.NAME)  # (matrix._cross_check: apex, flash-attn)
+# a whole pinned set by verl release (stacks.yaml): what `--verl X` selects on a profile that
+# runs another verl; components apply where the GPU meets their hardware floor
+STACK = {"cuda": S.CUDA, "torch": S.VERSION, "rollout": S.OneOf(ROLLOUTS), "vllm?": S.VERSION,
+         "python?": S.CUDA, "components?": COMPONENT_VERSIONS, "pins?": PINS, "why": WHY,
+         "source": SOURCE}
 PROFILE = {"description": DESCRIPTION, "gpu": S.NAME, "cuda": S.CUDA, "torch": S.VERSION,
            "verl": S.VERSION, "rollout": S.OneOf(ROLLOUTS), "vllm?": S.VERSION,
            "python?": S.CUDA, "dtype": S.OneOf(("auto", "bf16", "fp16", "fp32")),
@@ -144,6 +152,7 @@ SECTIONS: dict[str, tuple[Any, bool]] = {
     "reviewed": (S.MapOf(REVIEWED, key=S.NAME), True),
     "cuda_alloc_conf": (ALLOC_CONF, False),
     "profiles": (S.MapOf(PROFILE, key=S.NAME), True),
+    "stacks": (S.MapOf(STACK, key=S.VERSION), True),
     "mirrors": (S.MapOf(MIRROR, key=S.NAME), True),
     "datasets": (S.MapOf(DATASET, key=S.NAME), True),
     "models": (S.MapOf(MODEL, key=S.MODEL_ID), True),
@@ -181,6 +190,7 @@ RESOLVED = {
     "vllm": ({"version": S.VERSION, "torch": S.VERSION, "wheel_cuda": S.CUDA}, None),
     "verl": {"version": S.VERSION, "attention_override": (S.HYDRA_OVERRIDE, None),
              "autocast_keys": AUTOCAST_KEYS, "pins": PINS, "config_reads": S.ListOf(S.HYDRA_KEY),
+             "rollout_mode": S.OneOf(("sync", "async")), "critic_fsdp": S.HYDRA_KEY,
              "lora_orig_params_key": (S.HYDRA_KEY, None),
              "refused_overrides": S.ListOf({"key": S.HYDRA_KEY, "value": S.Text(200), "why": WHY,
                                             "fix": WHY})},

@@ -90,14 +90,16 @@ def _at_least(cc: str, floor: str) -> bool:
     return cc_tuple(cc) >= cc_tuple(floor)
 
 
-def training_path(m: Matrix, verl_v: str, rollout: str, components: tuple[str, ...] = ()) -> list[str]:
+def training_path(m: Matrix, verl_v: str, rollout: str, components: tuple[str, ...] = (),
+                  vllm_v: str | None = None) -> list[str]:
     """The modules a PPO run (verl.trainer.main_ppo, FSDP) imports, in the order preflight and the
     smoke test import them: the compiled parts first (each names the package that is broken:
     vllm's ops for the vllm rollout, then `components`, "flash-attn"/"apex"), then verl's trainer,
     workers, dataset and reward, then the rollout's own modules. Every name comes from the matrix."""
     parts = []
-    if rollout == "vllm":
-        parts.append(m.vllm_training_path["modules"])
+    if rollout == "vllm":  # a release whose compiled ops moved records its own (vllm.yaml)
+        own = (m.vllm.get(vllm_v) or {}).get("modules") if vllm_v else None
+        parts.append(own or m.vllm_training_path["modules"])
     sections = {"flash-attn": m.flash_attn, "apex": m.apex}
     parts += [sections[c]["training_path"]["modules"] for c in ("flash-attn", "apex") if c in components]
     path = m.verl[verl_v]["training_path"]
@@ -229,8 +231,10 @@ class _Resolver:
         others = [r for r in verl["rollouts"] if r != rollout and r in INSTALLABLE_ROLLOUTS]
         if others:
             fix += f", or --rollout {others[0]}"
-        self.add("rollout", f"verl {verl_v} has no {rollout!r} rollout",
-                 f"its rollouts are {', '.join(verl['rollouts'])}", fix, hard=True)
+        why = f"its rollouts are {', '.join(verl['rollouts'])}"
+        if verl.get("rollouts_why"):
+            why += f" ({verl['rollouts_why']})"
+        self.add("rollout", f"verl {verl_v} has no {rollout!r} rollout", why, fix, hard=True)
 
     def training_path_rule(self, verl_v: str, verl: dict, rollout: str) -> None:
         if rollout in verl["rollouts"] and rollout not in verl["training_path"]["rollouts"]:
@@ -327,8 +331,21 @@ class _Resolver:
                                  f"{who_a.split('==')[0]}) to a release whose {dep} requirement "
                                  "meets the other's, in the profile's `pins`", hard=True)
 
-    def vllm_cc_rule(self, gpu: dict) -> None:
+    def vllm_cc_rule(self, gpu: dict, vr: dict | None = None) -> None:
         floor = self.m.min_compute_capability
+        own = (vr or {}).get("min_compute_capability")
+        if own and _at_least(gpu["compute_capability"], floor or "0.0") and not _at_least(
+                gpu["compute_capability"], own):
+            cc = gpu["compute_capability"]
+            runs = [(v, st) for v, st in (self.m.sections.get("stacks") or {}).items()
+                    if st.get("vllm") in self.m.vllm and _at_least(
+                        cc, self.m.vllm[st["vllm"]].get("min_compute_capability") or floor or "0.0")]
+            best = max(runs, key=lambda vs: version_key(vs[0])) if runs else None
+            self.add("vllm-cc", f"this vLLM release cannot run on the {gpu['name']} (CC {cc})",
+                     f"it supports compute capability >= {own} only",
+                     f"use --verl {best[0]} (its stack's vLLM {best[1]['vllm']} runs on CC {cc})"
+                     if best else "use a vLLM release older than this one", hard=True)
+            return
         if floor and not _at_least(gpu["compute_capability"], floor):
             hf = [v for v, r in self.m.verl.items() if "hf" in r["rollouts"]]
             fix = "use --rollout hf" + (f" with --verl {hf[-1]} (the last verl with the HF rollout)"
@@ -404,8 +421,10 @@ class _Resolver:
     def select(self) -> "Selection":
         """What the profile and the overrides name, read from the matrix, with nothing judged:
         an unknown version is bad input (UserError); every judgement is a rule's."""
-        p, ov, m = self.p, self.ov, self.m
+        ov, m = self.ov, self.m
         s = Selection()
+        p = self.p = self.stacked(self.p)
+        s.stack = self.stack
         s.gpu_key = p["gpu"]
         s.gpu = m.gpus[s.gpu_key]
         s.cc = s.gpu["compute_capability"]
@@ -457,6 +476,37 @@ class _Resolver:
         s.memory = self.memory_plan(s.gpu_key, s.gpu, s.dtype, s.attention, s.rollout, s.train,
                                     lora_flat=bool(s.lora_key))
         return s
+
+    def stacked(self, p: dict) -> dict:
+        """The profile as `--verl X` asks: where X is not the profile's own verl and stacks.yaml
+        has X's whole pinned set (CUDA, torch, rollout, vLLM, Python, components, pins), those
+        replace the profile's, so `--verl 0.6.1` on a verl 0.9 profile is the 0.6.1 stack and not
+        verl 0.6.1 beside torch 2.11. The other overrides still apply on top."""
+        self.stack = None
+        want = self.ov.verl
+        stack = (self.m.sections.get("stacks") or {}).get(want) if want else None
+        if stack is None or want == p["verl"]:
+            return p
+        self.stack = want
+        q = dict(p, verl=want, cuda=stack["cuda"], torch=stack["torch"], rollout=stack["rollout"],
+                 pins=dict(stack.get("pins") or {}))
+        for key in ("vllm", "python"):
+            q.pop(key, None)
+            if key in stack:
+                q[key] = stack[key]
+        comps = dict(p["components"])
+        floor = (self.m.flash_attn or {}).get("min_compute_capability", "0.0")
+        cc = self.m.gpus[p["gpu"]]["compute_capability"]
+        for name, version in (stack.get("components") or {}).items():
+            if name == "flash-attn" and not _at_least(cc, floor):
+                continue
+            comps[name] = version
+        if "flash-attn" not in (stack.get("components") or {}):
+            comps.pop("flash-attn", None)  # another torch: the profile's flash-attn may not fit
+        q["components"] = comps
+        q["optional_components"] = {k: v for k, v in (p.get("optional_components") or {}).items()
+                                    if k != "flash-attn"}
+        return q
 
     def hf_rollout_plan(self, s: "Selection") -> None:
         """What the release's HF rollout cannot do, planned around (verl.yaml hf_rollout): the
@@ -605,7 +655,9 @@ class _Resolver:
                         autocast_keys=frozen(dict(sorted((verl.get("autocast_keys") or {}).items()))),
                         pins=frozen(dict(sorted(s.pins.items()))),
                         config_reads=tuple(verl.get("config_reads") or ()),
-                        lora_orig_params_key=s.lora_key, refused_overrides=tuple(s.refused)),
+                        lora_orig_params_key=s.lora_key, refused_overrides=tuple(s.refused),
+                        rollout_mode=verl.get("rollout_mode", "sync"),
+                        critic_fsdp=verl.get("critic_fsdp", "critic.model.fsdp_config")),
             dtype=dtype,
             precision=R.Precision(**precision),
             attention=attention,
@@ -625,7 +677,8 @@ class _Resolver:
             train=R.Train.from_plain(s.train),
             notes=tuple(s.notes),
             dataset=R.Dataset.from_plain(dict(dataset, name="gsm8k")) if dataset else None,
-            training_path=tuple(training_path(m, s.verl_v, s.rollout, tuple(s.components))),
+            training_path=tuple(training_path(m, s.verl_v, s.rollout, tuple(s.components),
+                                               s.vllm_v)),
             memory=frozen(s.memory),
             warnings=tuple(v.text() for v in self.v),
         )
@@ -684,7 +737,27 @@ def _rule_arch(r: _Resolver, s: Selection) -> None:
         r.arch_rule(s.gpu_key, s.gpu, s.torch_v, s.variant, s.build)
 
 
+def _rule_machine(r: _Resolver, s: Selection) -> None:
+    machine = s.gpu.get("machine", "x86_64")
+    if machine != "x86_64":
+        r.add("machine", f"the {s.gpu['name']} is an {machine} system",
+              f"PyPI serves {machine} wheels of torch, vLLM and Ray for this pinned set, but "
+              "envbuild renders x86_64 images only: its uv pin, locks and wheelhouse name "
+              "x86_64 wheels, and apex and flash-attn would build for the wrong machine",
+              "use NVIDIA's aarch64 NGC PyTorch image (nvcr.io/nvidia/pytorch) with verl's own "
+              "install steps, or an x86_64 host with the same GPU generation (envbuild render "
+              + ("b200" if "b200" in r.m.profiles else "h100") + ")", hard=True)
+
+
 def _rule_verl(r: _Resolver, s: Selection) -> None:
+    spec = s.verl.get("python")
+    if spec and not in_range(s.python, spec):
+        fit = [c for c, rec in r.m.cuda.items() if in_range(rec["python"], spec)
+               and any(b["cuda"] == c for b in s.torch["builds"].values())]
+        r.add("verl-python", f"verl {s.verl_v} does not install on Python {s.python}",
+              f"its wheel says Requires-Python {spec}",
+              (f"use --cuda {fit[-1]} (its image ships Python {r.m.cuda[fit[-1]]['python']})"
+               if fit else "use another --verl"), hard=True)
     r.rollout_rule(s.verl_v, s.verl, s.rollout)
     r.verl_torch_rule(s.verl_v, s.verl, s.torch_v, s.cuda_v, s.cc)
     r.training_path_rule(s.verl_v, s.verl, s.rollout)
@@ -692,7 +765,7 @@ def _rule_verl(r: _Resolver, s: Selection) -> None:
 
 def _rule_vllm(r: _Resolver, s: Selection) -> None:
     if s.rollout == "vllm":
-        r.vllm_cc_rule(s.gpu)
+        r.vllm_cc_rule(s.gpu, s.vr)
         if s.vllm_v is None:
             r.vllm_choice_rule(s.torch_v, s.verl_v, s.verl)
         else:
@@ -757,12 +830,38 @@ def _rule_memory(r: _Resolver, s: Selection) -> None:
 
 
 # In the order their findings are reported.
-RULES = (_rule_torch_cuda, _rule_python, _rule_arch, _rule_verl, _rule_vllm, _rule_driver,
+RULES = (_rule_machine, _rule_torch_cuda, _rule_python, _rule_arch, _rule_verl, _rule_vllm, _rule_driver,
          _rule_bf16, _rule_extensions, _rule_shared_dependencies, _rule_memory)
 
 
 def resolve(m: Matrix, profile: str, overrides: Overrides | None = None) -> ResolvedEnv:
     return _Resolver(m, profile, overrides or Overrides()).run()
+
+
+def held_back(m: Matrix, profile: str, overrides: Overrides | None = None) -> list[str]:
+    """Why the profile does not run the newest stack (stacks.yaml): what the resolver says of
+    `--verl NEWEST` on it, the hard refusals first. Empty when it already runs that verl."""
+    stacks = m.sections.get("stacks") or {}
+    ov = overrides or Overrides()
+    if not stacks or profile not in m.profiles:
+        return []
+    newest = max(stacks, key=version_key)
+    current = ov.verl or m.profiles[profile]["verl"]
+    if version_key(current) >= version_key(newest):
+        return []
+    st = stacks[newest]
+    what = (f"verl {newest} (torch {st['torch']}, CUDA {st['cuda']}"
+            + (f", vLLM {st['vllm']}" if st.get("vllm") else "") + ")")
+    try:
+        _Resolver(m, profile, Overrides(verl=newest, driver=ov.driver, ecc=ov.ecc)).run()
+    except ResolveError as e:
+        found = sorted(e.violations, key=lambda v: not v.hard)
+        return [f"{what} is not for this GPU: {v.what} ({v.why})" for v in found[:1]]
+    if ov.verl:
+        return [f"{what} also resolves here: envbuild render {profile} (the profile's default) or "
+                f"--verl {newest}"]
+    return [f"{what} also resolves here: envbuild render {profile} --verl {newest}; the "
+            f"profile stays on verl {current}, the stack its GPU tier and field reports cover"]
 
 
 def uv_pin(defaults: dict) -> R.Uv:

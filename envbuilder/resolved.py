@@ -87,8 +87,10 @@ class Verl(Record):
     where not needed); refused_overrides: what preflight refuses on the run's command line."""
 
     __slots__ = _fields = ("version", "attention_override", "autocast_keys", "pins",
-                           "config_reads", "lora_orig_params_key", "refused_overrides")
-    _defaults = {"config_reads": (), "lora_orig_params_key": None, "refused_overrides": ()}
+                           "config_reads", "lora_orig_params_key", "refused_overrides",
+                           "rollout_mode", "critic_fsdp")
+    _defaults = {"config_reads": (), "lora_orig_params_key": None, "refused_overrides": (),
+                 "rollout_mode": "sync", "critic_fsdp": "critic.model.fsdp_config"}
     _nested = {"refused_overrides": (RefusedOverride,)}
 
 

@@ -82,6 +82,19 @@ def frozen_with(*overlays) -> M.Matrix:
 
 
 @pytest.fixture
+def frozen_matrix(monkeypatch):
+    """Commands run in-process read the frozen fixture matrix instead of the shipped one: the CLI
+    tests of a rule's logic (refresh's comparisons, say) then survive a matrix update."""
+    from envbuilder import matrix as matrix_module
+    from envbuilder import paths
+
+    real = paths.data_dir
+    monkeypatch.setattr(matrix_module, "data_dir",
+                        lambda name: FROZEN if name == "matrices" else real(name))
+    return FROZEN
+
+
+@pytest.fixture
 def overlay(tmp_path):
     """Write a --matrix-dir folder: overlay({...}) dumps one YAML file, overlay(text=...) writes
     raw text (for malformed YAML). Returns the folder; .file is the last file written."""

@@ -61,7 +61,7 @@ def test_check_takes_comma_separated_components(cli):
 
 
 def test_check_with_allow_unsupported_prints_the_warning(cli):
-    code, out, _ = cli("check", "t4", "--with", "flash-attn", "--allow-unsupported")
+    code, out, _ = cli("check", "t4", "--verl", "0.6.1", "--with", "flash-attn", "--allow-unsupported")
     assert code == 0
     assert "WARNING: flash-attn on the Tesla T4 (CC 7.5)" in out
 
@@ -204,3 +204,17 @@ def test_render_from_a_hand_edited_spec_names_what_changed_shape(cli, tmp_path):
     assert not (tmp_path / "b").exists()
     code, _, err = cli("render", "--from", tmp_path / "a" / "envbuild.json", "-o", tmp_path / "c")
     assert code == 0, err
+
+
+def test_affected_names_the_profiles_an_overlay_changes(cli, overlay):
+    """refresh's pull request checks and verifies these: a changed fact that reaches a profile's
+    resolved environment (here vLLM 0.24.0's hardware floor refusing the T4), nothing for a fact
+    that reaches none (a Python its profiles don't use)."""
+    from conftest import record
+
+    rec = record("vllm", "0.24.0", min_compute_capability="8.0", source="https://example.org/x")
+    code, out, err = cli("affected", overlay({"vllm": {"0.24.0": rec}}))
+    assert (code, out.split()) == (0, ["t4"]), err
+    code, out, _ = cli("affected", overlay({"vllm": {"0.24.0": dict(rec, min_compute_capability="7.5",
+                                                                   python=["3.11", "3.12"])}}))
+    assert (code, out) == (0, "")

@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 import envbuilder.cli_detect  # noqa: F401  (registers detect and doctor)
+from conftest import frozen
 from envbuilder import matrix
 from envbuilder.cli import cli, main
 from envbuilder.detect import QUERY, QUERY_NO_CC, Gpu, Machine, detect, match_model, parse_cuda_version, recommend
@@ -23,7 +24,9 @@ GB = 10**9
 
 @pytest.fixture(scope="module")
 def m():
-    return matrix.load()
+    """detect's and doctor's logic on the frozen fixture matrix: a matrix update changes none of
+    these; the CLI tests below read the shipped one (what a user's envbuild says)."""
+    return frozen()
 
 
 # -- the recorded machines -------------------------------------------------------------------
@@ -251,7 +254,7 @@ def test_doctor_driver_too_old_exits_1_with_the_fix(m):
     assert code == 1
     checks = {c["check"]: c for c in json.loads(out)["checks"]}
     assert checks["driver"]["status"] == "fail"
-    assert checks["driver"]["fix"] == "upgrade the driver to >= 570.124.06"
+    assert checks["driver"]["fix"] == "upgrade the driver to >= 580.82.07"  # a100: CUDA 13.0
     assert checks["GPU 0 arch"]["status"] == "ok"
 
 
@@ -416,3 +419,39 @@ def test_a_driver_reported_as_na_is_unknown_not_a_crash(m):
     check = driver_check(m, "p40", Overrides(), resolve(m, "p40"), machine)
     assert (check.status, check.detail) == ("skip", "driver version unknown; CUDA 11.8 needs >= "
                                                      "520.61.05")
+
+
+# -- today's GPUs, against the shipped matrix --------------------------------------------------
+
+@pytest.mark.parametrize("box, profile", [("b200", "b200"), ("5090", "5090")])
+def test_a_recorded_blackwell_box_gets_its_profile(box, profile):
+    """nvidia-smi and NVML as a B200 and an RTX 5090 on driver 580.95.05 report them (the memory
+    lines are real cards', tests/fixtures/gpu/README.md)."""
+    code, out = invoke(["detect", "--json"], host(box))
+    assert code == 0, out
+    report = json.loads(out)
+    assert report["recommendation"]["profile"] == profile
+    assert parse_cuda_version((FIXTURES / box / "nvidia-smi.txt").read_text()) == "13.0"
+
+
+@pytest.mark.parametrize("name, model", [
+    ("NVIDIA B200", "b200"), ("NVIDIA B300 SXM6 AC", "b300"), ("NVIDIA GeForce RTX 5090", "5090"),
+    ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "rtx-pro-6000"),
+    ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "rtx-pro-6000"),
+    ("NVIDIA GB200", "gb200"), ("NVIDIA GH200 480GB", "gh200"), ("NVIDIA H200", "h200")])
+def test_todays_names_map_to_the_shipped_models(name, model):
+    assert match_model(matrix.load(), name) == model
+
+
+def test_a_grace_machine_is_refused_with_the_reason_and_a_fix():
+    """GB200/GH200 hosts are aarch64: the resolver says what envbuild can't render for them."""
+    from envbuilder.resolve import ResolveError
+
+    m = matrix.load()
+    prof = dict(m.profiles["b200"], gpu="gb200")
+    m2 = matrix.Matrix(dict(m.sections, profiles={"gb200-test": prof}), m.origin)
+    with pytest.raises(ResolveError) as e:
+        resolve(m2, "gb200-test")
+    [v] = [v for v in e.value.violations if v.rule == "machine"]
+    assert v.hard and "aarch64" in v.what and "x86_64 images only" in v.why
+    assert "nvcr.io/nvidia/pytorch" in v.fix

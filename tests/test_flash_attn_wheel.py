@@ -41,7 +41,9 @@ PY = f"cp{sys.version_info.major}{sys.version_info.minor}"
 ])
 def test_the_profiles_wheel_names(profile, with_, abi, want):
     """The first is the file verl's install docs fetch for torch 2.8 (the brief's example)."""
-    d = resolved(profile, with_=list(with_)).to_dict()
+    # 3090 and h200 on the verl 0.6.1 stack: flash-attn 2.8.3 for torch 2.8 (stacks.yaml)
+    kw = {} if with_ else {"verl": "0.6.1"}
+    d = resolved(profile, with_=list(with_), **kw).to_dict()
     fa = d["flash_attn"]
     got = W.wheel_filename(fa["wheel"], fa["version"], d["torch"]["version"], d["torch"]["cuda"],
                            d["python"], abi, fa["cuda_tags"])

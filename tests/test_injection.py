@@ -35,7 +35,7 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from conftest import FIXTURES, record, resolved, shipped
+from conftest import FIXTURES, frozen, record, resolved, shipped
 from envbuilder import quoting
 from envbuilder.errors import UserError
 from envbuilder.render import MARKER, RUN_SCRIPT, render_files
@@ -608,12 +608,12 @@ def test_an_unknown_placeholder_in_the_index_url_is_exit_2_not_a_traceback(rende
 
 
 RC_OVERLAY = {
-    "torch": {"2.9.0rc1": dict(record("torch", "2.9.0"), torchvision="0.24.0rc1",
+    "torch": {"2.9.0rc1": dict(record("torch", "2.9.0", frozen()), torchvision="0.24.0rc1",
                                torchaudio="2.9.0rc1", source=URL)},
-    "vllm": {"0.11.1rc2": dict(record("vllm", "0.11.0"), torch="2.9.0rc1", source=URL)},
-    "verl": {"0.7.0rc1": dict(record("verl", "0.6.1"), vllm=">=0.8.5,<=0.11.1rc2", source=URL,
+    "vllm": {"0.11.1rc2": dict(record("vllm", "0.11.0", frozen()), torch="2.9.0rc1", source=URL)},
+    "verl": {"0.7.0rc1": dict(record("verl", "0.6.1", frozen()), vllm=">=0.8.5,<=0.11.1rc2", source=URL,
                               torch_source=URL)},
-    "profiles": {"rc": record("profiles", "h200", torch="2.9.0rc1", vllm="0.11.1rc2",
+    "profiles": {"rc": record("profiles", "h200", frozen(), torch="2.9.0rc1", vllm="0.11.1rc2",
                               verl="0.7.0rc1", source=URL,
                               pins={"transformers": "4.57.0rc3"})},
 }

@@ -584,9 +584,9 @@ def test_render_locked_pins_the_builders_tools_and_the_apex_archive(p40_lock, tm
 def _fa_names(profile="3090"):
     from envbuilder import matrix
     from envbuilder.flash_attn_wheel import wheel_filename
-    from envbuilder.resolve import resolve
+    from envbuilder.resolve import Overrides, resolve
 
-    d = resolve(matrix.load(), profile).to_dict()
+    d = resolve(matrix.load(), profile, Overrides(verl="0.6.1")).to_dict()  # flash-attn 2.8.3
     fa = d["flash_attn"]
     path = fa["release"].split("://", 1)[1].split("/", 1)[1]
     return {abi: (path, wheel_filename(fa["wheel"], fa["version"], d["torch"]["version"],
@@ -606,7 +606,7 @@ def test_the_flash_attn_release_wheels_of_both_abis_are_pinned_by_sha256(tmp_pat
     files = {f"{path}/{name}": flash_attn_release_wheel(tmp_path / "rel", name, "2.8.3").read_bytes()
              for path, name in names.values()}
     with FileServer(files) as gh:
-        code, _, err = envbuild(capsys, "lock", "3090", "--only", "sources", "--github-url",
+        code, _, err = envbuild(capsys, "lock", "3090", "--verl", "0.6.1", "--only", "sources", "--github-url",
                                 gh.url("").rstrip("/"), "-o", tmp_path / "lock")
     assert code == 0, err
     assert names[False][1] == "flash_attn-2.8.3+cu12torch2.8cxx11abiFALSE-cp310-cp310-linux_x86_64.whl"
@@ -623,14 +623,14 @@ def test_a_release_without_any_wheel_for_the_target_fails_the_lock(tmp_path, cap
     from httpfixtures import FileServer
 
     with FileServer({}) as gh:
-        code, _, err = envbuild(capsys, "lock", "3090", "--only", "sources", "--github-url",
+        code, _, err = envbuild(capsys, "lock", "3090", "--verl", "0.6.1", "--only", "sources", "--github-url",
                                 gh.url("").rstrip("/"), "-o", tmp_path / "lock")
     assert code == 1 and "answered 404" in err and "--without flash-attn" in err
     assert not (tmp_path / "lock").exists()
 
 
 def test_locking_flash_attn_where_github_does_not_answer_names_the_mirror_options(tmp_path, capsys):
-    code, _, err = envbuild(capsys, "lock", "3090", "--only", "sources", "--github-url",
+    code, _, err = envbuild(capsys, "lock", "3090", "--verl", "0.6.1", "--only", "sources", "--github-url",
                             f"http://127.0.0.1:{closed_port()}", "-o", tmp_path / "lock")
     assert code == 1 and "Traceback" not in err
     assert "flash-attn's release wheel" in err and "--github-url" in err and "--mirror" in err

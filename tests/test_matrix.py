@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from conftest import record, resolved, shipped
+from conftest import frozen, frozen_with, record, resolved, shipped
 from envbuilder import matrix as M
 from envbuilder.errors import UserError
 
@@ -133,9 +133,9 @@ def test_a_pre_release_in_an_overlay_loads_sorts_and_resolves(overlay):
     neither passes the schema and then breaks the resolver (a traceback) nor gets refused."""
     from envbuilder.versions import in_range, version_key
 
-    latest = max(shipped().verl, key=version_key)
+    latest = max(frozen().verl, key=version_key)
     folder = overlay({"verl": {"9.0.0rc1": record("verl", latest, source=URL)}})
-    m = M.load((folder,))
+    m = frozen_with(folder)
     assert max(m.verl, key=version_key) == "9.0.0rc1"
     env = resolved("h200", m, verl="9.0.0rc1").to_dict()
     assert env["verl"]["version"] == "9.0.0rc1"
@@ -146,7 +146,7 @@ def test_a_pre_release_in_an_overlay_loads_sorts_and_resolves(overlay):
 
 
 def test_a_version_the_resolver_could_not_order_is_rejected_at_load(overlay):
-    latest = max(shipped().verl)
+    latest = max(frozen().verl)
     msg = load_error(overlay({"verl": {"0.7.0foo1": record("verl", latest, source=URL)}}))
     assert "0.7.0foo1" in msg and "Traceback" not in msg
 

@@ -19,7 +19,8 @@ from envbuilder.render import RUN_SCRIPT, render_files
 
 CONFIGS = FIXTURES / "verl-configs"
 CONFIG_FILE = {"0.4.1": CONFIGS / "0.4.1" / "ppo_trainer.yaml",
-               "0.6.1": CONFIGS / "0.6.1" / "_generated_ppo_trainer.yaml"}
+               "0.6.1": CONFIGS / "0.6.1" / "_generated_ppo_trainer.yaml",
+               "0.9.1": CONFIGS / "0.9.1" / "_generated_ppo_trainer.yaml"}
 
 
 def plan_of(profile: str, matrix=None) -> dict:

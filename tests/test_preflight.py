@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, resolved
+from conftest import FIXTURES, frozen, frozen_with, resolved
 from fixture_wheels import module_files, wheels_for_env
 from envbuilder import matrix as M
 from envbuilder.cli_build import smoke_command
@@ -36,7 +36,8 @@ def need(ok: bool, why: str) -> None:
 
 
 def render(tmp_path: Path, profile: str, matrix: M.Matrix | None = None, **kw) -> tuple[Path, dict]:
-    env = resolved(profile, matrix, **kw)
+    """preflight's logic on the frozen fixture matrix (conftest) unless a matrix is given."""
+    env = resolved(profile, matrix or frozen(), **kw)
     out = tmp_path / "rendered"
     out.mkdir(exist_ok=True)
     for name, text in render_files(env).items():
@@ -262,7 +263,7 @@ def test_without_a_driver_the_cuda_images_compat_libcuda_lets_compiled_modules_l
         return folder
 
     absent = tmp_path / "nowhere" / "libcuda.so.1"
-    script, _ = render(tmp_path, "t4", M.load((with_compat(absent),)))
+    script, _ = render(tmp_path, "t4", frozen_with(with_compat(absent)))
     r = run(script, "--smoke", site=site)
     no_traceback(r)
     got = lines(r)
@@ -271,7 +272,7 @@ def test_without_a_driver_the_cuda_images_compat_libcuda_lets_compiled_modules_l
     assert "needs the NVIDIA driver's libcuda.so.1" in r.stdout and "--gpus all" in r.stdout
     assert "libcuda for imports" not in got
 
-    script, _ = render(tmp_path, "t4", M.load((with_compat(compat / "libcuda.so.1"),)))
+    script, _ = render(tmp_path, "t4", frozen_with(with_compat(compat / "libcuda.so.1")))
     r = run(script, "--smoke", site=site)
     no_traceback(r)
     got = lines(r)

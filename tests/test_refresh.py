@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import FIXTURES, clean_env, envbuild_exe, record, shipped
+from conftest import FIXTURES, clean_env, envbuild_exe, frozen, record, shipped
 
 PYPI_JSON = FIXTURES / "pypi-json"
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,6 +75,11 @@ class _Index(BaseHTTPRequestHandler):
         pass
 
 
+@pytest.fixture(autouse=True)
+def _frozen(frozen_matrix):
+    """refresh's comparisons are logic: they run on the frozen fixture matrix (conftest)."""
+
+
 @pytest.fixture
 def index():
     """start(root=..., per_release_json=True, ranges=True, extra={path: bytes}) -> base URL."""
@@ -97,8 +102,9 @@ def index():
 
 
 def rec(section: str, key: str, **changes) -> dict:
-    """A shipped record with changes, citing a URL (an overlay file has its own `sources:`)."""
-    return record(section, key, source="https://example.org/lab-notes", **changes)
+    """A frozen matrix's record with changes, citing a URL (an overlay file has its own
+    `sources:`)."""
+    return record(section, key, frozen(), source="https://example.org/lab-notes", **changes)
 
 
 def shipped_sources(*names: str) -> dict:
@@ -164,7 +170,7 @@ def test_vllm_0_7_3s_exact_ray_pin_contradicts_verls_ray_pins(cli, index):
     r = next(r for r in drift(report, "contradicted", "vllm") if "2.47.1" in r["matrix"])
     assert r["combinations"] == ["verl 0.5.0 + vllm 0.7.3"]
     [where] = r["where"]
-    assert where.endswith("matrices/verl.yaml: verl.0.5.0.pins.ray[default]")
+    assert where.endswith("/verl.yaml: verl.0.5.0.pins.ray[default]")
 
 
 def test_an_altered_overlay_pin_shows_as_changed_and_the_overlay_fixes_it(cli, index, overlay,
@@ -188,7 +194,7 @@ def test_an_altered_overlay_pin_shows_as_changed_and_the_overlay_fixes_it(cli, i
     assert m.vllm["0.8.5.post1"]["torch"] == "2.6.0"
     assert m.vllm["0.8.5.post1"]["pins"] == {"ray[default]": "2.47.1"}
     assert m.verl["0.6.1"]["vllm"] == "<=0.11.0,>=0.8.5"
-    assert m.verl["0.6.1"]["patches"] == shipped().verl["0.6.1"]["patches"]
+    assert m.verl["0.6.1"]["patches"] == frozen().verl["0.6.1"]["patches"]
     doc = yaml.safe_load(written.read_text())
     assert doc["vllm"]["0.8.5.post1"]["source"].startswith("https://pypi.org/project/vllm/0.8.5.post1/, ")
     assert "https://github.com/vllm-project/vllm/releases" in doc["vllm"]["0.8.5.post1"]["source"]
@@ -232,7 +238,7 @@ def test_a_python_choice_that_requires_python_refuses_is_contradicted(cli, index
 def test_disjoint_shared_dependencies_the_matrix_does_not_record_are_named(cli, index, overlay):
     # without dependencies.yaml's record of vllm 0.8.5.post1, pairing it with ray 2.49.2 (which
     # needs opentelemetry-sdk>=1.30.0; vllm pins <1.27) resolves, and only refresh says why not
-    kept = dict(shipped().requires["vllm"]["0.8.5"], source="https://example.org/lab-notes")
+    kept = dict(frozen().requires["vllm"]["0.8.5"], source="https://example.org/lab-notes")
     folder = overlay({"requires": {"vllm": {"0.8.5": kept}},
                       "vllm": {"0.8.5.post1": rec("vllm", "0.8.5.post1",
                                                   pins={"ray[default]": "2.49.2"})}})
@@ -266,7 +272,7 @@ def test_pure_comparison_sorts_pre_releases_and_ignores_yanked_ones():
     vllm["releases"] = {v: f for v, f in vllm["releases"].items() if R._key(v) <= R._key("0.11.0")}
     vllm["releases"].update({"0.11.1": files(yanked=True), "0.11.2": files(), "0.12.0rc1": files(),
                              "0.11.2rc1": files(), "0.12.0.dev3": files()})
-    report = R.compare(shipped(), {"vllm": vllm}, {})
+    report = R.compare(frozen(), {"vllm": vllm}, {})
     [new] = [r for r in report["drift"] if r["kind"] == "new" and r["package"] == "vllm"]
     assert new["versions"] == ["0.11.2"]  # 0.11.1 is yanked
     [pre] = [r for r in report["drift"] if r["kind"] == "prerelease"]
@@ -388,7 +394,7 @@ def test_refresh_reads_the_real_index_for_every_package(real_pypi, cache_home):
     assert set(report["packages"]) == {"torch", "vllm", "verl", "flash-attn", "transformers", "ray"}
     for name, s in report["packages"].items():
         assert s["latest"] and s["releases"] > 0, name
-    assert report["packages"]["vllm"]["metadata_read"] >= len(shipped().vllm)
+    assert report["packages"]["vllm"]["metadata_read"] >= len(frozen().vllm)
     assert {r["kind"] for r in report["drift"]} <= {"new", "prerelease", "changed",
                                                     "contradicted", "unrecorded"}
 
@@ -402,16 +408,16 @@ def _record_fixtures(dest: Path = PYPI_JSON, base: str = "https://pypi.org") -> 
 
     client = PyPIJson(base, timeout=60)
     projects = client.projects(R.PACKAGES)
-    wanted = R.wanted_metadata(shipped(), projects, newest=3)
+    wanted = R.wanted_metadata(frozen(), projects, newest=3)
     metadata = client.metadata_of(wanted, projects)
-    named = R.named_versions(shipped().sections)
+    named = R.named_versions(frozen().sections)
     dest.mkdir(parents=True, exist_ok=True)
     for old in dest.glob("*.json"):
         old.unlink()
     for pkg in R.PACKAGES:
         doc = projects[pkg]
         rels = R.releases(doc)
-        finals, pres = R.new_versions(R.newest_named(pkg, shipped().sections, named[pkg]), rels)
+        finals, pres = R.new_versions(R.newest_named(pkg, frozen().sections, named[pkg]), rels)
         detailed = set(wanted[pkg]) | ((set(finals) | set(pres)) if pkg in R.CATALOG else set())
         out = {}
         for v, files in doc["releases"].items():
@@ -445,3 +451,4 @@ def _record_fixtures(dest: Path = PYPI_JSON, base: str = "https://pypi.org") -> 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--record"]:
     _record_fixtures()
+

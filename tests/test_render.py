@@ -48,7 +48,11 @@ GOLDEN_CASES = {  # tests/golden/<case>: what `envbuild render ARGS` writes
     "p40": ["p40"],  # fp32, eager, HF rollout, apex in a builder stage, patches
     "4090": ["4090"],  # bf16 on PyPI's torch, no builder
     "t4-vllm": ["t4"],  # the vLLM step, fp16 where verl reads it
-    "h200-flash-attn": ["h200"],  # flash-attn's release wheel in the builder, 8 GPUs
+    # flash-attn's release wheel in the builder, 8 GPUs: the verl 0.6.1 stack (stacks.yaml)
+    "h200-flash-attn": ["h200", "--verl", "0.6.1"],
+    # verl 0.9.1's async rollout, engine workers' keys (critic.fsdp), CUDA 13 on Ubuntu 24.04
+    "h100-verl09": ["h100"],
+    "b200": ["b200"],  # Blackwell: torch 2.11.0 cu130 from PyPI, the critic's attention patched
     "4090-mirror-cn": ["4090", "--mirror", "cn"],  # every endpoint through a mirror set
     # hashed per-step files and base images by digest (a fixture lock: its digests are made up)
     "4090-locked": ["4090", "--locked", str(FIXTURES / "locks" / "4090")],
@@ -324,9 +328,9 @@ def patched_tree(version: str, tmp_path: Path) -> Path:
     return root
 
 
-def apply_patches(profile: str, site: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+def apply_patches(profile: str, site: Path, tmp_path: Path, **kw) -> subprocess.CompletedProcess:
     script = tmp_path / f"apply_patches_{profile}.py"
-    script.write_text(render_files(resolved(profile))["apply_patches.py"])
+    script.write_text(render_files(resolved(profile, **kw))["apply_patches.py"])
     return subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           cwd=tmp_path, timeout=60, env=dict(os.environ, PYTHONPATH=str(site)))
 
@@ -359,7 +363,7 @@ def test_the_patched_verl_files_still_compile(tmp_path):
 
 def test_the_t4_patch_applies_to_verl_061(tmp_path):
     site = patched_tree("0.6.1", tmp_path)
-    r = apply_patches("t4", site, tmp_path)
+    r = apply_patches("t4", site, tmp_path, verl="0.6.1")
     assert r.returncode == 0, r.stderr
     for rel in ("workers/fsdp_workers.py", "utils/model.py"):
         text = (site / "verl" / rel).read_text()
@@ -456,8 +460,16 @@ def test_preflight_catches_a_torch_without_kernels_for_the_gpu(tmp_path):
     assert "no kernel image is available" in failed["GPU 0 arch"]["fix"]
 
 
-def test_flash_attn_tries_the_release_wheel_then_the_sdist_in_the_builder_only(rendered):
-    text = (rendered["3090"] / "Dockerfile").read_text()
+@pytest.fixture(scope="module")
+def rendered_fa(tmp_path_factory):
+    """3090 on the verl 0.6.1 stack, whose flash-attn 2.8.3 publishes wheels for its torch."""
+    out = tmp_path_factory.mktemp("rendered-fa") / "3090"
+    render(resolved("3090", verl="0.6.1"), out)
+    return out
+
+
+def test_flash_attn_tries_the_release_wheel_then_the_sdist_in_the_builder_only(rendered_fa):
+    text = (rendered_fa / "Dockerfile").read_text()
     builder, runtime = text.split("FROM ${BASE_RUNTIME} AS runtime")
     assert ('ARG FLASH_ATTN_RELEASE="https://github.com/Dao-AILab/flash-attention/releases/'
             'download/v2.8.3"') in builder
@@ -470,7 +482,7 @@ def test_flash_attn_tries_the_release_wheel_then_the_sdist_in_the_builder_only(r
     # the script in the context is envbuild's own module, byte for byte
     from envbuilder import flash_attn_wheel
 
-    assert (rendered["3090"] / "flash_attn_wheel.py").read_bytes() == \
+    assert (rendered_fa / "flash_attn_wheel.py").read_bytes() == \
         Path(flash_attn_wheel.__file__).read_bytes()
     assert instructions(text)  # BuildKit's parser takes it
 
@@ -478,10 +490,12 @@ def test_flash_attn_tries_the_release_wheel_then_the_sdist_in_the_builder_only(r
 def test_a_mirrors_github_prefix_reaches_flash_attns_release(tmp_path):
     from envbuilder import mirrors as M
 
-    env = M.apply_to_env(resolved("3090"), M.MirrorChoice("m", {}, github="https://gh.example/p/"))
+    env = M.apply_to_env(resolved("3090", verl="0.6.1"),
+                         M.MirrorChoice("m", {}, github="https://gh.example/p/"))
     assert env.flash_attn.release == \
         "https://gh.example/p/Dao-AILab/flash-attention/releases/download/v2.8.3"
-    args = M.MirrorChoice("m", {}, github="https://gh.example/p").endpoints(resolved("3090"))
+    args = M.MirrorChoice("m", {}, github="https://gh.example/p").endpoints(
+        resolved("3090", verl="0.6.1"))
     assert args["FLASH_ATTN_RELEASE"].startswith("https://gh.example/p/Dao-AILab/")
 
 

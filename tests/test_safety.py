@@ -60,7 +60,7 @@ def test_a_re_render_keeps_the_users_files_and_refuses_to_overwrite_their_edits(
     assert "run_ppo_gsm8k.sh" in r.stderr and "changed since envbuild wrote" in r.stderr
     assert snapshot(out) == before
     # a profile without patches: apply_patches.py (envbuild's, unedited) goes, the user's stay
-    r = run_envbuild("render", "3090", "-o", out, "--force")
+    r = run_envbuild("render", "3090", "--verl", "0.6.1", "-o", out, "--force")
     assert r.returncode == 0, r.stderr
     assert not (out / "apply_patches.py").exists()
     assert ckpt.exists() and (out / "notes.md").exists()

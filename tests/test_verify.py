@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import clean_env, envbuild_exe, resolved
+from conftest import clean_env, envbuild_exe, frozen, resolved
 from envbuilder import matrix as M
 from envbuilder.cli_verify import table
 from envbuilder.verify import (check_overrides, hydra_error, import_plan, local_pins,
@@ -378,12 +378,12 @@ def test_local_pins_and_swap_keep_everything_but_the_label():
 
 
 def test_the_extensions_modules_are_reported_not_imported():
-    modules, ext = import_plan(resolved("p40"))
+    modules, ext = import_plan(resolved("p40", frozen()))
     apex = {"apex", "apex_C", "amp_C", "fused_layer_norm_cuda"}
     assert ext == dict.fromkeys(apex, "apex") and apex <= set(modules)
-    modules, ext = import_plan(resolved("3090"))
+    modules, ext = import_plan(resolved("3090", frozen()))
     assert ext == {"flash_attn": "flash_attn", "flash_attn_2_cuda": "flash_attn"}
-    assert import_plan(resolved("4090"))[1] == {}
+    assert import_plan(resolved("4090", frozen()))[1] == {}
 
 
 def test_a_stub_libcuda_lets_a_module_linked_against_the_driver_load(tmp_path):

@@ -1,4 +1,4 @@
-"""Recorded source patches for verl 0.6.1 on Tesla T4; rendered by envbuild.
+"""Recorded source patches for verl 0.9.1 on Tesla T4; rendered by envbuild.
 
 Each replacement must match at least once: a patch that no longer fits its release stops the
 build instead of leaving the hard-coded behaviour in place.
@@ -9,10 +9,8 @@ import pathlib
 import sys
 
 PATCHES = [
-    # verl-hardcoded-fa2: verl loads the actor/critic/reward models with attn_implementation="flash_attention_2" hard-coded (0.4.x-0.5.x everywhere; 0.6.x still in load_valuehead_model and the reward model), which needs CC >= 8.0 and the flash-attn package
-    (["verl/workers/fsdp_workers.py", "verl/utils/model.py"], [("attn_implementation=\"flash_attention_2\"", "attn_implementation=\"sdpa\"")]),
-    # verl-critic-autocast: the critic's forward (values and the value update) runs under torch.autocast(dtype=torch.bfloat16), hard-coded in dp_critic.py from 0.4.x through 0.6.x (0.6.x has critic.model.fsdp_config.dtype but dp_critic.py does not read it)
-    (["verl/workers/critic/dp_critic.py"], [("torch.autocast(device_type=self.device_name, dtype=torch.bfloat16)", "torch.autocast(device_type=self.device_name, dtype=torch.float32, enabled=False)")]),
+    # verl-valuehead-fa2: verl 0.9.1 loads the critic (load_valuehead_model, both its token-classification and its value-head path) with attn_implementation="flash_attention_2" hard-coded, whatever critic.model.override_config says; that needs CC >= 8.0 and the flash-attn package
+    (["verl/utils/model.py"], [("attn_implementation=\"flash_attention_2\"", "attn_implementation=\"sdpa\"")]),
 ]
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # verl PPO on GSM8K for profile t4: Tesla T4 (CC 7.5, 16 GB)
-# Rendered by envbuild 0.1.0: fp16, sdpa attention, vllm rollout, verl 0.6.1.
+# Rendered by envbuild 0.1.0: fp16, sdpa attention, vllm rollout, verl 0.9.1.
 # Precision, part by part: rollout fp16 · reference log-probs fp16 · actor (log-probs, PPO update) fp32 · critic fp32 (training stays in fp32: verl's FSDP critic has no fp16 loss scaler).
 # Usage: DATA_DIR=~/data/gsm8k MODEL=Qwen/Qwen2.5-0.5B-Instruct ./run_ppo_gsm8k.sh [extra hydra overrides]
 #        GSM8K_FROM=/path/to/gsm8k (local train/test .parquet or .jsonl) instead of the hub;
@@ -50,6 +50,7 @@ args=(
   ++actor_rollout_ref.ref.fsdp_config.model_dtype=fp16
   ++actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype=fp16
   actor_rollout_ref.rollout.name=vllm
+  actor_rollout_ref.rollout.mode=async
   actor_rollout_ref.rollout.dtype=float16
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16
   actor_rollout_ref.rollout.max_num_seqs=276
@@ -58,16 +59,16 @@ args=(
   +actor_rollout_ref.model.override_config.attn_implementation=sdpa
   +critic.model.override_config.attn_implementation=sdpa
   actor_rollout_ref.actor.fsdp_config.dtype=float32
-  critic.model.fsdp_config.dtype=float32
+  critic.fsdp.dtype=float32
   actor_rollout_ref.ref.fsdp_config.dtype=float16
   critic.optim.lr=1e-5
   critic.model.path="$MODEL"
   critic.model.use_remove_padding=False
   critic.model.enable_gradient_checkpointing=True
   critic.ppo_micro_batch_size_per_gpu=8
-  critic.model.fsdp_config.param_offload=True
-  critic.model.fsdp_config.optimizer_offload=True
-  ++critic.model.fsdp_config.mixed_precision.param_dtype=fp32
+  critic.fsdp.param_offload=True
+  critic.fsdp.optimizer_offload=True
+  ++critic.fsdp.mixed_precision.param_dtype=fp32
   trainer.logger=[console]
   trainer.val_before_train=False
   trainer.n_gpus_per_node="$N_GPUS"
