@@ -141,3 +141,13 @@ def test_blackwell_memory_is_the_size_nvidia_smi_reports(profile, mib):
     d = resolved(profile).to_dict()
     assert shipped().memory["total_mib"][profile]["mib"] == mib
     assert d["memory"]["usable_gib"] < mib / 1024
+
+
+def test_torch_2_15_is_pypis_cuda_13_2_build_for_python_3_11_up():
+    """torch 2.15.0's PyPI wheels are +cu132 (cuda-toolkit 13.2.2) for cp311-cp315: Requires-Python
+    >=3.11. No shipped profile runs it (no vLLM pins it yet); a CUDA 13.0 image takes its cu130
+    build from the PyTorch index."""
+    rec = shipped().torch["2.15.0"]
+    assert rec["pypi_default"] == "cu132" and "3.10" not in rec["python"]
+    assert rec["builds"]["cu132"]["cuda"] == "13.2"
+    assert rec["builds"]["cu130"]["archs"] == shipped().torch["2.14.1"]["builds"]["cu130"]["archs"]
