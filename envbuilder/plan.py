@@ -232,10 +232,41 @@ def constraint_layers(env: ResolvedEnv, requirements_lock: str,
     extras and no hashes). One set per layer, so that a changed verl pin leaves the torch
     layer's set, and with it Docker's cache of that layer, as it was. From a lock solved with
     PyPI's torch: none of the packages that differ between torch builds."""
-    locked = parse(requirements_lock, with_hashes=False)
+    locked = _parsed(requirements_lock)
     return {layer: [f"{n}=={locked[n].version}" for n in names
                     if not (torch_swapped and TORCH_BUILD_PACKAGES.match(n))]
             for layer, names in layers(env, locked).items()}
+
+
+def _parsed(text: str) -> dict[str, Locked]:
+    """parse(text, with_hashes=False), kept in the cache folder (XDG_CACHE_HOME/envbuild) by the
+    sha256 of the lock and of this file's code: a render of every profile reads a few MB of locks,
+    and parsing them was a third of `render --all`. Plain data only; a cache that can't be read or
+    written is parsed afresh."""
+    import os
+
+    h = hashlib.sha256(text.encode())
+    path = None
+    try:
+        h.update(Path(__file__).read_bytes())
+        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "envbuild"
+        path = root / f"lock-{h.hexdigest()[:32]}.json"
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return {n: Locked(str(v), (), frozenset(map(str, ps))) for n, (v, ps) in data.items()}
+    except (OSError, ValueError, TypeError, AttributeError):
+        pass
+    locked = parse(text, with_hashes=False)
+    if path is None:
+        return locked
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({n: [e.version, sorted(e.parents)] for n, e in locked.items()}),
+                       encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return locked
 
 
 def lock_candidates(profile: str) -> list[tuple[str, Path]]:

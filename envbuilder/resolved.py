@@ -14,6 +14,8 @@ same fields, and every object of the spec to a record or a read-only map
 from __future__ import annotations
 
 import json
+from pathlib import Path
+import os
 from typing import Any
 
 from .errors import UserError
@@ -225,7 +227,29 @@ class ResolvedEnv(Record):
         return bool(self.apex or self.flash_attn)
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+        """envbuild.json's text: indented, sorted. json's indenting encoder is pure Python (a
+        third of `render --all`), so the text is kept in the cache folder by the sha256 of the
+        compact form (C-encoded) and used only when it reads back as this environment."""
+        d = self.to_dict()
+        compact = json.dumps(d, sort_keys=True, separators=(",", ":"))
+        path = _json_cache(compact)
+        if path is not None:
+            try:
+                text = path.read_text(encoding="utf-8")
+                if json.loads(text) == d:
+                    return text
+            except (OSError, ValueError):
+                pass
+        text = json.dumps(d, indent=2, sort_keys=True) + "\n"
+        if path is not None:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_text(text, encoding="utf-8")
+                os.replace(tmp, path)
+            except OSError:
+                pass
+        return text
 
     @classmethod
     def from_json(cls, text: str, origin: str = "envbuild.json") -> "ResolvedEnv":
@@ -350,3 +374,13 @@ def _no_duplicate_keys(pairs: list) -> dict:
         seen: set = set()
         raise _DuplicateKey(next(k for k, _ in pairs if k in seen or seen.add(k)))
     return out
+
+
+def _json_cache(compact: str) -> Path | None:
+    import hashlib
+
+    try:
+        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "envbuild"
+    except RuntimeError:  # no home directory
+        return None
+    return root / f"env-{hashlib.sha256(compact.encode()).hexdigest()[:32]}.json"

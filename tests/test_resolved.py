@@ -196,3 +196,23 @@ def test_an_environment_copies_pickles_and_hashes_as_the_value_it_is():
         assert hash(twin) == hash(env)
         assert isinstance(twin.verl.pins, MappingProxyType)
     assert len({env, copy.deepcopy(env), resolved("p40")}) == 2
+
+
+def test_envbuild_json_text_is_the_environment_even_with_a_tampered_cache(tmp_path, monkeypatch):
+    """to_json keeps its indented text in the cache folder; a cached text that does not read
+    back as this environment (edited, or another's) is never used."""
+    import json as _json
+
+    from envbuilder import resolved as R
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    env = resolved("p40", frozen())
+    want = _json.dumps(env.to_dict(), indent=2, sort_keys=True) + "\n"
+    assert env.to_json() == want  # a miss: written to the cache
+    [cached] = (tmp_path / "envbuild").glob("env-*.json")
+    assert cached.read_text() == want and env.to_json() == want  # a hit
+    cached.write_text(want.replace('"p40"', '"evil"'))
+    assert env.to_json() == want
+    cached.write_text("not json")
+    assert env.to_json() == want
+    assert R._json_cache("{}") != R._json_cache("[]")
