@@ -97,16 +97,15 @@ def affected(overlay, as_json, matrix_dirs):
     from .resolve import Overrides, resolve
 
     base, over = load_matrix(matrix_dirs), load_matrix((*matrix_dirs, overlay))
+    stacks = sorted({*(base.sections.get("stacks") or {}), *(over.sections.get("stacks") or {})})
     found: dict[str, list[str]] = {}
     for name in over.profiles:
-        stacks = sorted({*(base.sections.get("stacks") or {}), *(over.sections.get("stacks") or {})})
         for verl in (None, *stacks):
             ov = Overrides(verl=verl) if verl else Overrides()
             got = []
             for m in (base, over):
                 try:
-                    got.append(json.loads(resolve(m, name, ov).to_json()) if name in m.profiles
-                               else None)
+                    got.append(resolve(m, name, ov).to_dict() if name in m.profiles else None)
                 except EnvbuildError as e:
                     got.append(f"refused: {str(e).splitlines()[0]}")
             if got[0] != got[1]:

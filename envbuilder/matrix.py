@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UserError
-from .paths import data_dir
+from .paths import cache_file, data_dir, read_cache, write_cache
 from .versions import in_range, version_key  # noqa: F401  (re-exported)
 
 class Matrix:
@@ -136,8 +136,7 @@ def _cache_path(files: list[Path]) -> Path | None:
             h.update(data)
     except (OSError, ValueError):
         return None
-    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "envbuild"
-    return root / f"matrix-{h.hexdigest()[:32]}.json"
+    return cache_file(f"matrix-{h.hexdigest()[:32]}.json")
 
 
 def load(overlays: tuple[Path, ...] = (), base: Path | None = None) -> Matrix:
@@ -148,22 +147,16 @@ def load(overlays: tuple[Path, ...] = (), base: Path | None = None) -> Matrix:
 
     files = matrix_files(overlays, base)
     cache = _cache_path(files) if not os.environ.get("ENVBUILD_NO_CACHE") else None
-    if cache is not None:
+    text = read_cache(cache)
+    if text is not None:
         try:
-            doc = json.loads(cache.read_text(encoding="utf-8"))
+            doc = json.loads(text)
             return Matrix(doc["sections"], {(sec, key): where for sec, key, where in doc["origin"]})
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # absent, or not what this code writes: validate afresh
+        except (ValueError, KeyError, TypeError):
+            pass  # not what this code writes: validate afresh
     m = _load(files)
-    if cache is not None:
-        try:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"sections": m.sections, "origin": [
-                [sec, key, where] for (sec, key), where in m.origin.items()]}), encoding="utf-8")
-            os.replace(tmp, cache)
-        except OSError:  # a read-only home only costs speed
-            pass
+    write_cache(cache, json.dumps({"sections": m.sections, "origin": [
+        [sec, key, where] for (sec, key), where in m.origin.items()]}))
     return m
 
 

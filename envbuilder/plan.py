@@ -239,33 +239,27 @@ def constraint_layers(env: ResolvedEnv, requirements_lock: str,
 
 
 def _parsed(text: str) -> dict[str, Locked]:
-    """parse(text, with_hashes=False), kept in the cache folder (XDG_CACHE_HOME/envbuild) by the
-    sha256 of the lock and of this file's code: a render of every profile reads a few MB of locks,
-    and parsing them was a third of `render --all`. Plain data only; a cache that can't be read or
+    """parse(text, with_hashes=False), kept in the cache folder (paths.cache_file) by the sha256
+    of the lock and of this file's code: a render of every profile reads a few MB of locks, and
+    parsing them was a third of `render --all`. Plain data only; a cache that can't be read or
     written is parsed afresh."""
-    import os
+    from .paths import cache_file, read_cache, write_cache
 
     h = hashlib.sha256(text.encode())
-    path = None
     try:
         h.update(Path(__file__).read_bytes())
-        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "envbuild"
-        path = root / f"lock-{h.hexdigest()[:32]}.json"
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return {n: Locked(str(v), (), frozenset(map(str, ps))) for n, (v, ps) in data.items()}
-    except (OSError, ValueError, TypeError, AttributeError):
-        pass
-    locked = parse(text, with_hashes=False)
-    if path is None:
-        return locked
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({n: [e.version, sorted(e.parents)] for n, e in locked.items()}),
-                       encoding="utf-8")
-        os.replace(tmp, path)
     except OSError:
-        pass
+        return parse(text, with_hashes=False)
+    path = cache_file(f"lock-{h.hexdigest()[:32]}.json")
+    cached = read_cache(path)
+    if cached is not None:
+        try:
+            return {n: Locked(str(v), (), frozenset(map(str, ps)))
+                    for n, (v, ps) in json.loads(cached).items()}
+        except (ValueError, TypeError, AttributeError):
+            pass
+    locked = parse(text, with_hashes=False)
+    write_cache(path, json.dumps({n: [e.version, sorted(e.parents)] for n, e in locked.items()}))
     return locked
 
 

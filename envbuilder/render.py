@@ -43,15 +43,18 @@ def jinja_env():
     if _jinja is None:
         import jinja2
 
-        cache_dir = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "envbuild" / "jinja"
+        from .paths import cache_file
+
+        cache_dir = cache_file("jinja")
         # compiled templates are code (marshal): used only from a folder that is this user's
         # alone, as jinja's own default cache folder demands (it halves a render's time)
         cache = None
         try:
-            cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            st = cache_dir.stat()
-            if st.st_uid == os.getuid() and not st.st_mode & 0o022:
-                cache = jinja2.FileSystemBytecodeCache(str(cache_dir))
+            if cache_dir is not None:
+                cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+                st = cache_dir.stat()
+                if st.st_uid == os.getuid() and not st.st_mode & 0o022:
+                    cache = jinja2.FileSystemBytecodeCache(str(cache_dir))
         except OSError:  # a read-only home only costs speed
             pass
         _jinja = jinja2.Environment(

@@ -424,7 +424,6 @@ class _Resolver:
         ov, m = self.ov, self.m
         s = Selection()
         p = self.p = self.stacked(self.p)
-        s.stack = self.stack
         s.gpu_key = p["gpu"]
         s.gpu = m.gpus[s.gpu_key]
         s.cc = s.gpu["compute_capability"]
@@ -482,27 +481,23 @@ class _Resolver:
         has X's whole pinned set (CUDA, torch, rollout, vLLM, Python, components, pins), those
         replace the profile's, so `--verl 0.6.1` on a verl 0.9 profile is the 0.6.1 stack and not
         verl 0.6.1 beside torch 2.11. The other overrides still apply on top."""
-        self.stack = None
         want = self.ov.verl
         stack = (self.m.sections.get("stacks") or {}).get(want) if want else None
         if stack is None or want == p["verl"]:
             return p
-        self.stack = want
         q = dict(p, verl=want, cuda=stack["cuda"], torch=stack["torch"], rollout=stack["rollout"],
                  pins=dict(stack.get("pins") or {}))
         for key in ("vllm", "python"):
             q.pop(key, None)
             if key in stack:
                 q[key] = stack[key]
-        comps = dict(p["components"])
+        comps, theirs = dict(p["components"]), stack.get("components") or {}
+        if "flash-attn" not in theirs:
+            comps.pop("flash-attn", None)  # another torch: the profile's flash-attn may not fit
         floor = (self.m.flash_attn or {}).get("min_compute_capability", "0.0")
         cc = self.m.gpus[p["gpu"]]["compute_capability"]
-        for name, version in (stack.get("components") or {}).items():
-            if name == "flash-attn" and not _at_least(cc, floor):
-                continue
-            comps[name] = version
-        if "flash-attn" not in (stack.get("components") or {}):
-            comps.pop("flash-attn", None)  # another torch: the profile's flash-attn may not fit
+        comps.update({name: version for name, version in theirs.items()
+                      if not (name == "flash-attn" and not _at_least(cc, floor))})
         q["components"] = comps
         q["optional_components"] = {k: v for k, v in (p.get("optional_components") or {}).items()
                                     if k != "flash-attn"}
@@ -853,7 +848,7 @@ def held_back(m: Matrix, profile: str, overrides: Overrides | None = None) -> li
     what = (f"verl {newest} (torch {st['torch']}, CUDA {st['cuda']}"
             + (f", vLLM {st['vllm']}" if st.get("vllm") else "") + ")")
     try:
-        _Resolver(m, profile, Overrides(verl=newest, driver=ov.driver, ecc=ov.ecc)).run()
+        resolve(m, profile, Overrides(verl=newest, driver=ov.driver, ecc=ov.ecc))
     except ResolveError as e:
         found = sorted(e.violations, key=lambda v: not v.hard)
         return [f"{what} is not for this GPU: {v.what} ({v.why})" for v in found[:1]]

@@ -13,9 +13,8 @@ same fields, and every object of the spec to a record or a read-only map
 
 from __future__ import annotations
 
+import hashlib
 import json
-from pathlib import Path
-import os
 from typing import Any
 
 from .errors import UserError
@@ -230,25 +229,19 @@ class ResolvedEnv(Record):
         """envbuild.json's text: indented, sorted. json's indenting encoder is pure Python (a
         third of `render --all`), so the text is kept in the cache folder by the sha256 of the
         compact form (C-encoded) and used only when it reads back as this environment."""
+        from .paths import cache_file, read_cache, write_cache
+
         d = self.to_dict()
         compact = json.dumps(d, sort_keys=True, separators=(",", ":"))
-        path = _json_cache(compact)
-        if path is not None:
-            try:
-                text = path.read_text(encoding="utf-8")
-                if json.loads(text) == d:
-                    return text
-            except (OSError, ValueError):
-                pass
+        path = cache_file(f"env-{hashlib.sha256(compact.encode()).hexdigest()[:32]}.json")
+        text = read_cache(path)
+        try:
+            if text is not None and json.loads(text) == d:
+                return text
+        except ValueError:
+            pass
         text = json.dumps(d, indent=2, sort_keys=True) + "\n"
-        if path is not None:
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(f".{os.getpid()}.tmp")
-                tmp.write_text(text, encoding="utf-8")
-                os.replace(tmp, path)
-            except OSError:
-                pass
+        write_cache(path, text)
         return text
 
     @classmethod
@@ -375,12 +368,3 @@ def _no_duplicate_keys(pairs: list) -> dict:
         raise _DuplicateKey(next(k for k, _ in pairs if k in seen or seen.add(k)))
     return out
 
-
-def _json_cache(compact: str) -> Path | None:
-    import hashlib
-
-    try:
-        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "envbuild"
-    except RuntimeError:  # no home directory
-        return None
-    return root / f"env-{hashlib.sha256(compact.encode()).hexdigest()[:32]}.json"
