@@ -15,7 +15,7 @@ VERSION_PATTERN = r"(\d+(?:\.\d+)*)(?:(a|b|rc)(\d+))?(?:\.?post(\d+))?(?:\.?dev(
 DRIVER_PATTERN = r"\d+\.\d+(?:\.\d+)?"  # 550.54.14, 570.26
 
 _VERSION = re.compile(VERSION_PATTERN + r"(?:\+[\w.]+)?")
-_CLAUSE = re.compile(r"\s*(==|!=|>=|<=|>|<)\s*([\w.+]+)\s*")
+_CLAUSE = re.compile(r"\s*(==|!=|>=|<=|>|<)\s*([\w.+]+?)(\.\*)?\s*")
 _PRE = {"a": 0, "b": 1, "rc": 2}
 
 
@@ -54,7 +54,14 @@ def in_range(version: str, spec: str) -> bool:
         m = _CLAUSE.fullmatch(clause)
         if not m:
             raise ValueError(f"not a version range: {spec!r}")
-        op, bound = m.group(1), version_key(m.group(2))
+        op = m.group(1)
+        if m.group(3):  # a prefix match, PEP 440's `==5.0.*` / `!=5.0.*`
+            if op not in ("==", "!="):
+                raise ValueError(f"not a version range: {spec!r}")
+            if _has_prefix(version, m.group(2)) != (op == "=="):
+                return False
+            continue
+        bound = version_key(m.group(2))
         ok = {"==": v == bound, "!=": v != bound, ">=": v >= bound, "<=": v <= bound,
               "<": v < bound, ">": v > bound and not _is_post_of(v, bound)}[op]
         if not ok:
@@ -62,24 +69,45 @@ def in_range(version: str, spec: str) -> bool:
     return True
 
 
+def _has_prefix(version: str, prefix: str) -> bool:
+    """`version`'s release segments begin with `prefix`'s (5.0.2 with 5.0; 5.10 not with 5.1)."""
+    head = tuple(int(p) for p in prefix.split("."))
+    return version_key(version)[:len(head)] == head
+
+
+def _clauses(clause: str, spec: str):
+    """One clause as (op, key) pairs: `==5.0.*` is >=5.0 and <5.1; `!=5.0.*` gives none (it
+    excludes one series, never a whole interval)."""
+    m = _CLAUSE.fullmatch(clause)
+    if not m:
+        raise ValueError(f"not a version range: {spec!r}")
+    op, text = m.group(1), m.group(2)
+    if not m.group(3):
+        return ((op, version_key(text)),)
+    if op == "!=":
+        return ()
+    if op != "==":
+        raise ValueError(f"not a version range: {spec!r}")
+    head = [int(p) for p in text.split(".")]
+    upper = ".".join(map(str, head[:-1] + [head[-1] + 1]))
+    return ((">=", version_key(text)), ("<", version_key(upper)))
+
+
 def ranges_overlap(a: str, b: str) -> bool:
     """True when some version can satisfy both ranges (">=1.26.0,<1.27.0" and ">=1.30.0": no).
-    `!=` clauses are ignored: they exclude single versions, never a whole interval."""
+    `!=` clauses are ignored: they exclude single versions or series, never a whole interval."""
     low: tuple | None = None  # (key, inclusive)
     high: tuple | None = None
     for clause in filter(None, (c.strip() for c in f"{a},{b}".split(","))):
-        m = _CLAUSE.fullmatch(clause)
-        if not m:
-            raise ValueError(f"not a version range: {a!r} / {b!r}")
-        op, bound = m.group(1), version_key(m.group(2))
-        if op in (">=", ">", "=="):
-            cand = (bound, op != ">")
-            if low is None or cand[0] > low[0] or (cand[0] == low[0] and not cand[1]):
-                low = cand
-        if op in ("<=", "<", "=="):
-            cand = (bound, op != "<")
-            if high is None or cand[0] < high[0] or (cand[0] == high[0] and not cand[1]):
-                high = cand
+        for op, bound in _clauses(clause, f"{a} / {b}"):
+            if op in (">=", ">", "=="):
+                cand = (bound, op != ">")
+                if low is None or cand[0] > low[0] or (cand[0] == low[0] and not cand[1]):
+                    low = cand
+            if op in ("<=", "<", "=="):
+                cand = (bound, op != "<")
+                if high is None or cand[0] < high[0] or (cand[0] == high[0] and not cand[1]):
+                    high = cand
     if low is None or high is None:
         return True
     return low[0] < high[0] or (low[0] == high[0] and low[1] and high[1])

@@ -145,6 +145,21 @@ def test_a_pre_release_in_an_overlay_loads_sorts_and_resolves(overlay):
     assert in_range("9.0.0rc1", ">=8.9,<9.0.0") and not in_range("0.8.5.post1", ">0.8.5")
 
 
+def test_a_prefix_clause_matches_a_whole_series_as_pip_does():
+    """vLLM 0.19.1 asks transformers!=5.0.*,...,!=5.5.0 (PEP 440 prefix matches): 5.10 is not
+    in the 5.1 series, and a `!=` series never empties a range (5.9.0 fits, 5.0.3 does not)."""
+    from envbuilder.versions import in_range, ranges_overlap
+
+    spec = ">=4.56.0,!=5.0.*,!=5.1.*,!=5.2.*,!=5.3.*,!=5.4.*,!=5.5.0"
+    fits = [v for v in ("4.55.0", "4.57.6", "5.0.3", "5.4.9", "5.5.0", "5.5.1", "5.10.0")
+            if in_range(v, spec)]
+    assert fits == ["4.57.6", "5.5.1", "5.10.0"]
+    assert in_range("5.1.3", "==5.1.*") and not in_range("5.10.1", "==5.1.*")
+    assert ranges_overlap(spec, "==5.9.0") and not ranges_overlap("==5.0.*", ">=5.1")
+    with pytest.raises(ValueError, match="not a version range"):
+        in_range("5.0.0", ">=5.*")
+
+
 def test_a_version_the_resolver_could_not_order_is_rejected_at_load(overlay):
     latest = max(frozen().verl)
     msg = load_error(overlay({"verl": {"0.7.0foo1": record("verl", latest, source=URL)}}))

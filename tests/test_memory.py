@@ -19,8 +19,8 @@ from envbuilder.render import RUN_SCRIPT, render_files
 
 CONFIGS = FIXTURES / "verl-configs"
 CONFIG_FILE = {"0.4.1": CONFIGS / "0.4.1" / "ppo_trainer.yaml",
-               "0.6.1": CONFIGS / "0.6.1" / "_generated_ppo_trainer.yaml",
-               "0.9.1": CONFIGS / "0.9.1" / "_generated_ppo_trainer.yaml"}
+               **{v: CONFIGS / v / "_generated_ppo_trainer.yaml"
+                  for v in ("0.6.1", "0.7.1", "0.8.0", "0.9.0", "0.9.1")}}
 
 
 def plan_of(profile: str, matrix=None) -> dict:
@@ -240,8 +240,8 @@ def test_show_memory_prints_the_budget_and_a_refusal_is_exit_2(cli, overlay):
 
 # -- the run script ----------------------------------------------------------------------------
 
-def _overrides(profile: str) -> list[str]:
-    script = render_files(resolved(profile), None)[RUN_SCRIPT]
+def _overrides(profile: str, **options) -> list[str]:
+    script = render_files(resolved(profile, **options), None)[RUN_SCRIPT]
     body = script.split("args=(", 1)[1].split("\n)", 1)[0]
     return [line.strip() for line in body.splitlines()
             if line.strip() and not line.strip().startswith("#")]
@@ -272,13 +272,18 @@ def _has(config: dict, key: str) -> bool:
     return True
 
 
-@pytest.mark.parametrize("profile", PROFILES)
-def test_every_key_the_run_script_sets_is_in_that_verl_releases_config(profile):
+# every shipped profile as shipped, and every shipped stack (stacks.yaml) on a bf16 and an fp16 card
+_RUNS = [(p, None) for p in PROFILES] + [(p, v) for v in shipped().stacks for p in ("h100", "t4")]
+
+
+@pytest.mark.parametrize("profile,verl", _RUNS, ids=[f"{p}-{v or 'default'}" for p, v in _RUNS])
+def test_every_key_the_run_script_sets_is_in_that_verl_releases_config(profile, verl):
     """Hydra refuses a plain key the config lacks and a `+key` it has: read against the release's
     own ppo_trainer config (tests/fixtures/verl-configs, from the PyPI wheels)."""
-    version = resolved(profile).to_dict()["verl"]["version"]
+    options = {"verl": verl} if verl else {}
+    version = resolved(profile, **options).to_dict()["verl"]["version"]
     config = yaml.safe_load(CONFIG_FILE[version].read_text(encoding="utf-8"))
-    for line in _overrides(profile):
+    for line in _overrides(profile, **options):
         key = line.split("=", 1)[0]
         if key.startswith("++"):
             continue

@@ -256,6 +256,9 @@ _COMBOS |= {
     "t4-fp32-verl0.6.1": None,
     "t4-fp32-verl0.9.1": None,
 }
+for _v in ("0.7.1", "0.8.0", "0.9.0"):
+    _COMBOS |= {f"t4-verl{_v}": ("t4", {"verl": _v}), f"h100-verl{_v}": ("h100", {"verl": _v}),
+                f"t4-fp32-verl{_v}": None}
 COMBOS = list(_COMBOS)
 
 

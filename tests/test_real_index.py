@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from conftest import PROFILES, clean_env, envbuild_exe, record
+from conftest import PROFILES, clean_env, envbuild_exe, record, shipped
 
 
 def check_resolve(*args, cache_home, timeout=600):
@@ -26,6 +26,17 @@ def test_every_profile_co_resolves_on_the_real_index(profile, real_pypi, cache_h
     assert "the whole pinned set co-resolves" in r.stdout
     if "note: the PyTorch index" in r.stdout:
         assert "(PyPI's build) in its place" in r.stdout
+
+
+# every other verl release's whole pinned set (stacks.yaml), on the h100 that defaults to the newest
+OLDER_STACKS = [v for v in shipped().stacks if v != shipped().profiles["h100"]["verl"]]
+
+
+@pytest.mark.parametrize("verl", OLDER_STACKS)
+def test_every_stack_co_resolves_on_the_real_index(verl, real_pypi, cache_home):
+    r = check_resolve("h100", "--verl", verl, cache_home=cache_home)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "the whole pinned set co-resolves" in r.stdout
 
 
 def test_a_conflict_the_matrix_does_not_know_is_named_by_the_real_index(real_pypi, overlay,

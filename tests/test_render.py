@@ -52,6 +52,9 @@ GOLDEN_CASES = {  # tests/golden/<case>: what `envbuild render ARGS` writes
     "h200-flash-attn": ["h200", "--verl", "0.6.1"],
     # verl 0.9.1's async rollout, engine workers' keys (critic.fsdp), CUDA 13 on Ubuntu 24.04
     "h100-verl09": ["h100"],
+    # verl 0.7.1: the async rollout over the legacy fsdp_workers (critic.model.fsdp_config), on a
+    # T4: fp16 inference, the critic's hard-coded bf16 autocast and attention both patched
+    "t4-verl071": ["t4", "--verl", "0.7.1"],
     "b200": ["b200"],  # Blackwell: torch 2.11.0 cu130 from PyPI, the critic's attention patched
     "4090-mirror-cn": ["4090", "--mirror", "cn"],  # every endpoint through a mirror set
     # hashed per-step files and base images by digest (a fixture lock: its digests are made up)

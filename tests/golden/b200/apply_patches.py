@@ -9,7 +9,7 @@ import pathlib
 import sys
 
 PATCHES = [
-    # verl-valuehead-fa2: verl 0.9.1 loads the critic (load_valuehead_model, both its token-classification and its value-head path) with attn_implementation="flash_attention_2" hard-coded, whatever critic.model.override_config says; that needs CC >= 8.0 and the flash-attn package
+    # verl-valuehead-fa2: verl 0.7.x-0.9.x load the critic (load_valuehead_model, both its token-classification and its value-head path) with attn_implementation="flash_attention_2" hard-coded, whatever critic.model.override_config says; that needs CC >= 8.0 and the flash-attn package
     (["verl/utils/model.py"], [("attn_implementation=\"flash_attention_2\"", "attn_implementation=\"sdpa\"")]),
 ]
 
