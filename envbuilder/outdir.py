@@ -176,6 +176,9 @@ def write_dir(out_dir: Path, files: dict[str, str], links: dict[str, Path] | Non
     stale = [n for n in sorted(set(old) | set(pending)) if n not in names
              and (p := _inside(out_dir, PurePosixPath(n))) is not None
              and p.is_file() and not p.is_symlink() and ours(n, _sha256(p))]
+    if (not links and not pending and not stale and unchanged == set(files) and old == new_digests
+            and not journal.exists()):
+        return [out_dir / n for n in sorted(files)]  # a re-render that changes nothing writes nothing
 
     try:
         out_dir.mkdir(parents=True, exist_ok=True)

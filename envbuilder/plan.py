@@ -226,30 +226,31 @@ def layers(env: ResolvedEnv, locked: dict[str, Locked]) -> dict[str, list[str]]:
     return out
 
 
-def constraint_layers(env: ResolvedEnv, requirements_lock: str,
-                      torch_swapped: bool) -> dict[str, list[str]]:
+def constraint_layers(env: ResolvedEnv, requirements_lock: str, torch_swapped: bool,
+                      lock_sha256: str | None = None) -> dict[str, list[str]]:
     """{layer: `name==version` of the packages that layer installs} (pip constraints take no
     extras and no hashes). One set per layer, so that a changed verl pin leaves the torch
     layer's set, and with it Docker's cache of that layer, as it was. From a lock solved with
     PyPI's torch: none of the packages that differ between torch builds."""
-    locked = _parsed(requirements_lock)
+    locked = _parsed(requirements_lock, lock_sha256)
     return {layer: [f"{n}=={locked[n].version}" for n in names
                     if not (torch_swapped and TORCH_BUILD_PACKAGES.match(n))]
             for layer, names in layers(env, locked).items()}
 
 
-def _parsed(text: str) -> dict[str, Locked]:
+def _parsed(text: str, text_sha256: str | None = None) -> dict[str, Locked]:
     """parse(text, with_hashes=False), kept in the cache folder (paths.cache_file) by the sha256
-    of the lock and of this file's code: a render of every profile reads a few MB of locks, and
-    parsing them was a third of `render --all`. Plain data only; a cache that can't be read or
-    written is parsed afresh."""
+    of the lock (`text_sha256` where the caller has it) and of this file's code: a render of
+    every profile reads a few MB of locks, and parsing them was a third of `render --all`. Plain
+    data only; a cache that can't be read or written is parsed afresh."""
     from .paths import cache_file, read_cache, write_cache
 
-    h = hashlib.sha256(text.encode())
     try:
-        h.update(Path(__file__).read_bytes())
+        code = Path(__file__).read_bytes()
     except OSError:
         return parse(text, with_hashes=False)
+    h = hashlib.sha256((text_sha256 or hashlib.sha256(text.encode()).hexdigest()).encode())
+    h.update(code)
     path = cache_file(f"lock-{h.hexdigest()[:32]}.json")
     cached = read_cache(path)
     if cached is not None:
@@ -289,11 +290,11 @@ def find_constraints(env: ResolvedEnv) -> Constraints | None:
             text = (lock_dir / "requirements.lock").read_text(encoding="utf-8")
         except (OSError, ValueError):
             continue
-        if hashlib.sha256(text.encode()).hexdigest() != (meta.get("files") or {}).get(
-                "requirements.lock"):
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        if digest != (meta.get("files") or {}).get("requirements.lock"):
             continue
         swapped = meta.get("torch_swapped")
-        layers_ = constraint_layers(env, text, bool(swapped))
+        layers_ = constraint_layers(env, text, bool(swapped), digest)
         return Constraints(from_=label, torch_swapped=swapped, plan_sha256=want,
                            layers=frozen(layers_))
     return None

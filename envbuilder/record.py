@@ -100,8 +100,14 @@ class Record:
         return cls(**values)
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None)})  # the JSON leaves, tested first: most
+# values are these, and isinstance against an ABC (Mapping) is slow
+
+
 def frozen(value):
     """`value` with every list a tuple and every dict a read-only mapping, all the way down."""
+    if type(value) in _SCALARS:
+        return value
     if isinstance(value, (list, tuple)):
         return tuple(frozen(v) for v in value)
     if isinstance(value, Mapping) and not isinstance(value, MappingProxyType):
@@ -111,6 +117,8 @@ def frozen(value):
 
 def plain(value):
     """Plain data of a record, a read-only mapping or a tuple, all the way down (JSON's)."""
+    if type(value) in _SCALARS:
+        return value
     if isinstance(value, Record):
         return value.to_dict()
     if isinstance(value, Mapping):

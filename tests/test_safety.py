@@ -96,6 +96,19 @@ def test_a_re_render_leaves_files_that_already_hold_their_bytes_alone(tmp_path):
         outdir._sha256(out / MARKER)
 
 
+def test_a_re_render_that_changes_nothing_writes_nothing_not_even_the_record(tmp_path):
+    """Every file already holds its bytes and mode and the record says so: the folder's entries,
+    the record's inode included, stay as they were (no staging folder, no journal)."""
+    out = tmp_path / "o"
+    render(resolved("p40"), out)
+    before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.iterdir()}
+    render(resolved("p40"), out)
+    assert {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.iterdir()} == before
+    (out / outdir.RECORD).unlink()  # without its record the folder is not known to be envbuild's
+    with pytest.raises(UserError, match="not written by envbuild"):
+        render(resolved("p40"), out)
+
+
 @pytest.mark.parametrize("name", ["../../escaped", "../p40", "a/b", "..", "/etc/x"])
 def test_a_profile_name_from_a_from_file_never_leaves_out(cli, tmp_path, name):
     spec = json.loads(render_files(resolved("p40"))[MARKER])
