@@ -830,7 +830,21 @@ RULES = (_rule_machine, _rule_torch_cuda, _rule_python, _rule_arch, _rule_verl, 
 
 
 def resolve(m: Matrix, profile: str, overrides: Overrides | None = None) -> ResolvedEnv:
-    return _Resolver(m, profile, overrides or Overrides()).run()
+    """The environment of `profile` under `overrides`; a refusal's fixes are all checked to work
+    (fixes.checked), so none leads to a new refusal."""
+    ov = overrides or Overrides()
+    try:
+        return _Resolver(m, profile, ov).run()
+    except ResolveError as e:
+        from . import fixes
+
+        def broken(o: Overrides):
+            try:
+                return _Resolver(m, profile, o).run()
+            except ResolveError as again:
+                return {v.rule for v in again.violations}
+
+        raise ResolveError(profile, fixes.checked(m, profile, ov, e.violations, broken)) from None
 
 
 def held_back(m: Matrix, profile: str, overrides: Overrides | None = None) -> list[str]:

@@ -1,0 +1,116 @@
+"""Every fix a refusal suggests works: a walk over a grid of overrides (GPU x CUDA x torch x
+rollout x verl x vLLM) on the shipped matrix applies each suggested fix, as a user would type it
+after their own flags, and the profile must then resolve. A fix that leads to a new refusal is
+the trap a new user falls into ("--torch 2.9.1" for a P40 on CUDA 13.0: no sm_61 kernels)."""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import pytest
+
+from conftest import resolved, shipped, violations
+from envbuilder.errors import UserError
+from envbuilder.resolve import ResolveError
+
+# what a user copies out of a fix: `--flag value` pairs, and `drop --flag` (leave it out)
+FLAG = re.compile(r"(drop )?--(cuda|torch|python|verl|rollout|vllm|with|without|driver|ecc)\b"
+                  r"(?:[ =]([\w.+-]+(?:,[\w.+-]+)*))?")
+KW = {"with": "with_"}
+NO_FIX = "no one change of"
+
+
+def typed(fix_alternative: str, given: dict) -> dict | None:
+    """The overrides after the user applies this alternative; None when it names no flag."""
+    found = FLAG.findall(fix_alternative)
+    if not found:
+        return None
+    out = dict(given)
+    for drop, flag, value in found:
+        key = KW.get(flag, flag)
+        if drop:
+            out.pop(key, None)
+        else:
+            assert value, f"{fix_alternative!r}: --{flag} without a value to type"
+            out[key] = value.rstrip(".").split(",") if key in ("with_", "without") else value.rstrip(".")
+    return out
+
+
+def _grid() -> list[tuple[str, dict]]:
+    m = shipped()
+    dims = {"cuda": list(m.cuda), "torch": list(m.torch), "rollout": ["hf", "vllm", "sglang"],
+            "verl": list(m.verl), "vllm": list(m.vllm)}
+    grid = []
+    for p in ("p40", "4090", "v100", "t4", "h100", "b200"):  # six generations, Pascal to Blackwell
+        grid += [(p, {d: v}) for d, vals in dims.items() for v in vals]
+        grid += [(p, {"rollout": r, "verl": v}) for r, v in itertools.product(dims["rollout"], dims["verl"])]
+    for p in ("p40", "t4", "b200"):
+        grid += [(p, {"cuda": c, "torch": t}) for c, t in itertools.product(dims["cuda"], dims["torch"])]
+    return grid
+
+
+GRID = _grid()
+
+
+def _refusal(profile: str, given: dict) -> ResolveError | None:
+    try:
+        resolved(profile, **given)
+    except ResolveError as e:
+        return e
+    return None
+
+
+@pytest.mark.parametrize("chunk", range(8))
+def test_every_suggested_fix_resolves(chunk):
+    refusals = fixes_tried = 0
+    for profile, given in GRID[chunk::8]:
+        try:
+            e = _refusal(profile, given)
+        except UserError:
+            continue  # not a refusal with fixes (an unknown name), tested elsewhere
+        if e is None:
+            continue
+        refusals += 1
+        for v in e.violations:
+            assert v.fix, (profile, given, v.rule)
+            for alternative in re.split(r"\s+or\s+", v.fix):
+                if alternative.startswith(NO_FIX):
+                    continue
+                after = typed(alternative, given)
+                if after is None:
+                    continue  # prose: an overlay to write, another image
+                fixes_tried += 1
+                try:
+                    resolved(profile, **after)
+                except UserError as again:
+                    pytest.fail(f"envbuild check {profile} {given}: [{v.rule}] suggests "
+                                f"{alternative!r}, and with it: {again}")
+    assert refusals and fixes_tried, "the grid must refuse something and suggest fixes"
+
+
+def test_the_first_hour_fixes_lead_somewhere():
+    """The fixes the field found leading nowhere (issue 20), now each one that resolves."""
+    p40_cuda13 = violations("p40", cuda="13.0")
+    assert "2.9.1" not in str(p40_cuda13) and "--cuda 11.8" in p40_cuda13["torch-cuda"].fix
+    resolved("p40", cuda="11.8")
+    p40_vllm = violations("p40", rollout="vllm")
+    assert all("--cuda 12.6" not in v.fix for v in p40_vllm.values())
+    assert any(re.search(r"--rollout hf\b", v.fix) for v in p40_vllm.values())
+
+
+def test_a_fix_that_names_no_working_change_says_so_rather_than_guessing(overlay):
+    """A GPU no torch in the matrix has kernels for (a Kepler K10, CC 3.0): the refusal says that no
+    one change resolves it, and offers no flag to try."""
+    from conftest import record
+    from envbuilder import matrix as M
+
+    gpu = record("gpus", "p40", compute_capability="3.0", name="Tesla K10", match=[r"\bK10\b"],
+                 source="https://example.org")
+    prof = record("profiles", "p40", gpu="k10", source="https://example.org")
+    m = M.load((overlay({"gpus": {"k10": gpu}, "profiles": {"k10": prof}}),))
+    with pytest.raises(ResolveError) as e:
+        resolved("k10", m)
+    alternatives = [a for v in e.value.violations for a in re.split(r"\s+or\s+", v.fix)]
+    assert any(a.startswith(NO_FIX) for a in alternatives), alternatives
+    assert all(a.startswith(NO_FIX) or typed(a, {}) is None for a in alternatives), alternatives
