@@ -78,6 +78,22 @@ def matrix_dir_option(f):
                              "facts and mirror sets.")(f)
 
 
+def override_flags(overrides) -> str:
+    """The override flags as the user would type them again (" --verl 0.5.0 --with apex"), for a
+    hint that names a command: the command must be the one for this very variant."""
+    from .quoting import sh as shell_word
+
+    out = []
+    for key, value in overrides.to_dict().items():
+        if value is True:
+            out.append(f"--{key.replace('_', '-')}")
+        elif isinstance(value, list):
+            out.append(f"--{key} {shell_word(','.join(value))}")
+        else:
+            out.append(f"--{key} {shell_word(str(value))}")
+    return "".join(f" {o}" for o in out)
+
+
 def load_matrix(matrix_dirs):
     from . import matrix
 
@@ -364,8 +380,20 @@ def render(profile, all_, from_, out, locked_dir, wheelhouse, mirror, force, ove
         locked = locked_context(env, locked_dir, all_, wheelhouse, choice)
         env = with_constraints(env)  # (requirements.txt and environment.yml, also when locked)
         if not locked and not env.constraints:
+            flags = override_flags(overrides)
+            if flags:  # a variant's lock goes into a folder of its own; render --locked reads it
+                from .quoting import sh as shell_word
+
+                lock_dir = shell_word(f"lockfiles/{env.name}-" + "-".join(
+                    f"{k}{v if not isinstance(v, list) else ','.join(v)}"
+                    for k, v in overrides.to_dict().items() if v is not True))
+                how = (f"`envbuild lock {env.name}{flags} -o {lock_dir}` makes one, and `envbuild "
+                       f"render {env.name}{flags} --locked {lock_dir}"
+                       + (f" -o {shell_word(str(target))}" if out is not None else "") + "` uses it")
+            else:
+                how = f"`envbuild lock {env.name}` makes one"
             click.echo(f"  note: {env.name} is not pinned beyond its top-level pins (no lock "
-                       f"matches it): `envbuild lock {env.name}` makes one.", err=True)
+                       f"matches it): {how}.", err=True)
         if choice:
             env = M.apply_to_env(env, choice)
         R.render(env, target, locked, force=force)

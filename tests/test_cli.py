@@ -73,6 +73,24 @@ def test_render_writes_the_profile_directory(cli, tmp_path):
     assert f"rendered p40 -> {tmp_path / 'p40'}/" in out
 
 
+def test_the_not_pinned_hint_names_the_lock_of_this_very_variant(cli, tmp_path):
+    """A render with overrides that no lock fits: the hint carries the user's flags and -o, and
+    puts the variant's lock in a folder of its own (lockfiles/p40 is the profile's own)."""
+    import shlex
+
+    code, _, err = cli("render", "p40", "--verl", "0.5.0", "--without", "apex", "-o", tmp_path / "o")
+    assert code == 0
+    hint = err.split("not pinned", 1)[1]
+    lock, render = [c for c in hint.split("`")[1::2]]
+    assert shlex.split(lock) == ["envbuild", "lock", "p40", "--verl", "0.5.0", "--without", "apex",
+                                 "-o", "lockfiles/p40-verl0.5.0-withoutapex"]
+    assert shlex.split(render) == ["envbuild", "render", "p40", "--verl", "0.5.0", "--without",
+                                   "apex", "--locked", "lockfiles/p40-verl0.5.0-withoutapex",
+                                   "-o", str(tmp_path / "o")]
+    code, _, err = cli("render", "t4", "--verl", "0.6.1")
+    assert "`envbuild lock t4 --verl 0.6.1 -o lockfiles/t4-verl0.6.1`" in err
+
+
 def test_render_all_writes_every_profile(cli, tmp_path):
     code, _, _ = cli("render", "--all", "-o", tmp_path / "out")
     assert code == 0
