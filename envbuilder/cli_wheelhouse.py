@@ -38,6 +38,73 @@ def _url_maps(values: tuple[str, ...]) -> list[tuple[str, str]]:
     return out
 
 
+def shipped_or_local_lock(profile: str) -> Path:
+    """Where `render` finds a profile's lock: ./lockfiles/<profile>, else the one shipped with
+    envbuild (plan.lock_candidates); the local path when neither exists (its error names it)."""
+    from .plan import lock_candidates
+
+    candidates = lock_candidates(profile)
+    return next((d for _, d in candidates if (d / "lock.json").is_file()), candidates[0][1])
+
+
+def lock_shortfalls(m, profile: str, lock_dir: Path, accept_pypi_torch: bool,
+                    accept_partial: bool) -> list[str]:
+    """Why exporting this lock would carry something other than what the profile installs: a
+    torch swapped for PyPI's build (what that means: its CUDA and driver floor), a part the
+    profile needs and the lock lacks. Empty when nothing is short, or the user accepted it."""
+    import json
+
+    from .lock.lockfile import parts_for
+    from .resolve import resolve
+
+    try:
+        meta = json.loads((Path(lock_dir) / "lock.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []  # no readable lock: export's own check names it
+    if not isinstance(meta, dict):
+        return []
+    import re
+
+    from .plan import plan_sha256
+
+    out = []
+    swapped = meta.get("torch_swapped")
+    if swapped and not accept_pypi_torch:
+        asked = re.match(r"([0-9][0-9.]*)\+(cu\d+)", str(swapped))
+        t = m.torch.get(asked.group(1)) if asked else None
+        mine = (t or {}).get("builds", {}).get(asked.group(2)) if asked else None
+        pypi = (t or {}).get("builds", {}).get((t or {}).get("pypi_default") or "")
+        what = ""
+        if mine and pypi and pypi["cuda"] in m.cuda:
+            c = m.cuda[pypi["cuda"]]
+            what = (f" PyPI's torch {asked.group(1)} is its CUDA {pypi['cuda']} build (the "
+                    f"nvidia-*-cu{pypi['cuda'].split('.')[0]} runtime; driver >= "
+                    f"{c.get('compat_driver') or c['min_driver']}), not the {asked.group(2)} build "
+                    f"for CUDA {mine['cuda']} that {profile} is made for.")
+        out.append(f"{lock_dir}: torch is a swap ({swapped}): the PyTorch index was out of reach "
+                   f"when it was locked.{what} Fix: re-lock where the PyTorch index or its mirror "
+                   f"answers (`envbuild lock {profile} --torch-index-url URL`, or --mirror NAME), "
+                   "or pass --accept-pypi-torch to export it as it is.")
+    if profile not in m.profiles:
+        return out
+    env = resolve(m, profile)
+    if meta.get("plan_sha256") != plan_sha256(env):
+        return out  # a lock of a variant (lock --without apex ...): its parts are its own
+    missing = [p for p in parts_for(env, ("conda", "sources")) if p not in meta.get("parts", [])]
+    if missing and not accept_partial:
+        names = {"conda": "conda part (conda-lock.yml)",
+                 "sources": "source archive of " + " or ".join(
+                     n for n in ("apex", "flash-attn") if getattr(env, n.replace("-", "_")))}
+        reach = {"conda": "the conda channels (or --channel a mirror)",
+                 "sources": "GitHub (or --github-url a mirror)"}
+        out.append(f"{lock_dir}: no {' and no '.join(names[p] for p in missing)}: it was made with "
+                   f"--only {','.join(meta.get('parts', []))}, so the far side would have to "
+                   f"fetch {'them' if len(missing) > 1 else 'it'}. Fix: `envbuild lock {profile}` "
+                   f"where {' and '.join(reach[p] for p in missing)} answer"
+                   f"{'' if len(missing) > 1 else 's'}, or pass --accept-partial.")
+    return out
+
+
 @click.command()
 @click.argument("profiles", nargs=-1, required=True)
 @click.option("-o", "--out", type=click.Path(path_type=Path), required=True,
@@ -53,8 +120,15 @@ def _url_maps(values: tuple[str, ...]) -> list[tuple[str, str]]:
                    "lock was made from).")
 @click.option("-j", "--jobs", default=8, show_default=True, help="Parallel downloads.")
 @click.option("--tar", "make_tar", is_flag=True, help="Also pack OUT into OUT.tar to carry across.")
+@click.option("--accept-pypi-torch", is_flag=True, help="Export a lock solved with PyPI's torch "
+              "in place of the profile's +cuXXX build (the PyTorch index was out of reach when it "
+              "was made), knowing the wheelhouse then carries PyPI's torch and its CUDA.")
+@click.option("--accept-partial", is_flag=True, help="Export a lock that lacks a part the "
+              "profile needs (the conda part, apex's or flash-attn's source), knowing the far "
+              "side must fetch it.")
 @matrix_dir_option
-def wheelhouse(profiles, out, lock_dir, mirror, url_map, build_index_url, jobs, make_tar, matrix_dirs):
+def wheelhouse(profiles, out, lock_dir, mirror, url_map, build_index_url, jobs, make_tar,
+               accept_pypi_torch, accept_partial, matrix_dirs):
     """Fetch every file PROFILE's lock pins (wheels, conda packages), verified, for offline installs.
 
     Every sdist the lock pins is built into a wheel for the lock's target here, so the far side
@@ -84,7 +158,13 @@ def wheelhouse(profiles, out, lock_dir, mirror, url_map, build_index_url, jobs, 
 
                 raise UserError(f"Unknown profile {p!r}; {suggest(p, list(m.profiles))}known: "
                                 f"{', '.join(m.profiles)}. Or pass --lock-dir for a lock elsewhere.")
-    locks = {p: (lock_dir or Path("lockfiles") / p) for p in profiles}
+    locks = {p: (lock_dir or shipped_or_local_lock(p)) for p in profiles}
+    refusals = [why for p, d in locks.items()
+                for why in lock_shortfalls(load_matrix(matrix_dirs), p, d, accept_pypi_torch,
+                                           accept_partial)]
+    if refusals:
+        raise UserError("Not exported: the wheelhouse would not hold what the profile installs.\n"
+                        + "\n".join(f"  - {r}" for r in refusals))
     from .resolve import uv_pin
 
     # the uv wheel the Dockerfiles' runtime stage installs with (the matrix's pin), carried too

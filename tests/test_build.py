@@ -345,7 +345,7 @@ def test_build_from_a_wheelhouse_with_no_index_at_all(docker_client, config, ind
                   "--github-url", github, "-o", str(lock)], config)
     assert r.returncode == 0, r.stderr[-3000:]
     r = envbuild(["wheelhouse", "p40", "--lock-dir", str(lock), "-o", str(tmp_path / "wh"),
-                  "--url-map", f"https://github.com={github}"], config)
+                  "--url-map", f"https://github.com={github}", "--accept-partial"], config)
     assert r.returncode == 0, r.stderr[-3000:]
     r = envbuild(["build", "p40", "--wheelhouse", str(tmp_path / "wh"), "--mirror", "offline",
                   "--tag", "envbuild-test/p40:wheelhouse", "-v"], config)
@@ -429,7 +429,7 @@ def test_flash_attn_from_a_wheelhouse_with_no_index_and_no_github(docker_client,
     assert sources["flash-attn-cxx11abiFALSE"]["filename"] == name
     assert sources["flash-attn-cxx11abiFALSE"]["url"].startswith("https://github.com/Dao-AILab/")
     r = envbuild(["wheelhouse", "4090", "--lock-dir", str(lock), "-o", str(tmp_path / "wh"),
-                  "--url-map", f"https://github.com={github}"], config, **menv)
+                  "--url-map", f"https://github.com={github}", "--accept-partial"], config, **menv)
     assert r.returncode == 0, r.stderr[-3000:]
     assert (tmp_path / "wh" / "sources" / name).is_file()
     served = len(fa_github.log)

@@ -239,3 +239,66 @@ def test_render_with_a_wheelhouse_whose_manifest_leads_outside_is_refused(export
     code, _, err = envbuild(capsys, "render", "p40", "--wheelhouse", wh, "-o", tmp_path / "out")
     assert code == 2 and "manifest.json is not as envbuild wrote it" in err, err
     assert victim.read_text() == "keep me\n" and not (tmp_path / "out").exists()
+
+
+# ---- a lock that would export something other than what the profile installs -------------------
+
+def _edited_lock(p40_lock: Path, dest: Path, **changes) -> Path:
+    shutil.copytree(p40_lock, dest)
+    meta = json.loads((dest / "lock.json").read_text())
+    meta.update(changes)
+    (dest / "lock.json").write_text(json.dumps(meta, indent=1))
+    return dest
+
+
+def test_a_lock_with_pypis_torch_in_place_of_the_profiles_is_refused_naming_what_it_means(
+        world, p40_lock, tmp_path, capsys):
+    """The shipped p40 lock was solved with PyPI's torch (the PyTorch index was out of reach):
+    exported as it is, the wheelhouse would install CUDA 12.4's torch on a CUDA 11.8 profile and
+    say nothing. It is refused (exit 2, nothing written) with what the swap means and both ways
+    out; --accept-pypi-torch exports it."""
+    lock = _edited_lock(p40_lock, tmp_path / "lock", torch_swapped="2.6.0+cu118 -> 2.6.0 (PyPI's build)")
+    code, _, err = envbuild(capsys, "wheelhouse", "p40", "--lock-dir", lock, "-o", tmp_path / "wh",
+                            *github(world))
+    assert code == 2, err
+    assert "torch is a swap" in err and "CUDA 12.4 build" in err and "driver >= 525.60.13" in err
+    assert "not the cu118 build for CUDA 11.8" in err
+    assert "--torch-index-url" in err and "--accept-pypi-torch" in err
+    assert not (tmp_path / "wh").exists()
+    code, out, err = envbuild(capsys, "wheelhouse", "p40", "--lock-dir", lock, "-o", tmp_path / "wh",
+                              "--accept-pypi-torch", *github(world))
+    assert code == 0, err
+    assert (tmp_path / "wh" / "manifest.json").is_file()
+
+
+def test_a_lock_without_the_conda_part_or_apex_source_is_refused_unless_accepted(
+        world, p40_lock, tmp_path, capsys):
+    lock = _edited_lock(p40_lock, tmp_path / "lock", parts=["pip", "images"])
+    meta = json.loads((lock / "lock.json").read_text())
+    for name in ("conda-lock.yml", "sources.lock"):
+        meta["files"].pop(name, None)
+        (lock / name).unlink()
+    (lock / "lock.json").write_text(json.dumps(meta, indent=1))
+    code, _, err = envbuild(capsys, "wheelhouse", "p40", "--lock-dir", lock, "-o", tmp_path / "wh",
+                            *github(world))
+    assert code == 2, err
+    assert "no conda part (conda-lock.yml) and no source archive of apex" in err
+    assert "--accept-partial" in err and not (tmp_path / "wh").exists()
+    code, _, err = envbuild(capsys, "wheelhouse", "p40", "--lock-dir", lock, "-o", tmp_path / "wh",
+                            "--accept-partial", *github(world))
+    assert code == 0, err
+    assert not (tmp_path / "wh" / "conda").exists()
+
+
+def test_outside_a_checkout_the_shipped_lock_is_found_as_render_finds_it(capsys, tmp_path,
+                                                                          monkeypatch):
+    """No ./lockfiles here: the wheelhouse reads envbuild's own shipped lock (the p40 one is a
+    PyPI-torch swap made with --only pip, so it is refused for what it is, not for being
+    missing)."""
+    from envbuilder.paths import data_dir
+
+    monkeypatch.chdir(tmp_path)
+    code, _, err = envbuild(capsys, "wheelhouse", "p40", "-o", tmp_path / "wh")
+    assert code == 2, err
+    assert "No lock" not in err and str(data_dir("lockfiles") / "p40") in err
+    assert "torch is a swap" in err and "no conda part" in err
