@@ -100,8 +100,8 @@ def lock_shortfalls(m, profile: str, lock_dir: Path, accept_pypi_torch: bool,
         out.append(f"{lock_dir}: no {' and no '.join(names[p] for p in missing)}: it was made with "
                    f"--only {','.join(meta.get('parts', []))}, so the far side would have to "
                    f"fetch {'them' if len(missing) > 1 else 'it'}. Fix: `envbuild lock {profile}` "
-                   f"where {' and '.join(reach[p] for p in missing)} answer"
-                   f"{'' if len(missing) > 1 else 's'}, or pass --accept-partial.")
+                   f"where {' and '.join(reach[p] for p in missing)} can be reached, or pass "
+                   "--accept-partial.")
     return out
 
 

@@ -204,12 +204,15 @@ INSTALL_SH = r'''#!/usr/bin/env bash
 #   ./install.sh [PROFILE] [--prefix DIR]        (PYTHON=python3.10 picks the venv's Python)
 # An existing environment at DIR (DIR/bin/python) is installed into. Else, with a conda part and
 # micromamba/mamba/conda on PATH, it makes a conda env at DIR (--offline, from conda/PROFILE.txt);
-# otherwise a venv at DIR from $PYTHON. The pip part then installs with pip --no-index
+# otherwise a venv at DIR from $PYTHON, or from the first of pythonX.Y and python3 that is the
+# Python the lock was solved for. A Python of another version is refused before anything is
+# installed (the lock's wheels are for one Python). The pip part then installs with pip --no-index
 # --require-hashes --no-deps --only-binary=:all: from pypi/: nothing is built here (each sdist of
 # the lock was built into a wheel at export), so any pip works, with no compiler and no network.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 PROFILES=(__PROFILES__)
+declare -A LOCK_PYTHON=(__PYTHONS__)  # the Python each profile's lock was solved for
 PROFILE="" PREFIX=""
 while (($#)); do
   case "$1" in
@@ -230,8 +233,19 @@ case " ${PROFILES[*]} " in  # only a profile whose every file is here and hashes
 esac
 REQ="$HERE/requirements/$PROFILE.lock"
 PREFIX="${PREFIX:-$HERE/env-$PROFILE}"
+WANT="${LOCK_PYTHON[$PROFILE]:-}"
+py_version() { "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true; }
+refuse_python() {  # $1: the Python found, $2: its version
+  echo "install.sh: the $PROFILE lock is for Python $WANT, and $1 is Python ${2:-(not runnable)}:" \
+       "its wheels would not install there. Install Python $WANT (e.g. apt-get install" \
+       "python$WANT python$WANT-venv, or uv python install $WANT) and run again, or point" \
+       "PYTHON at it: PYTHON=/path/to/python$WANT ./install.sh $PROFILE" >&2
+  exit 2
+}
 PY=""
 if [ -x "$PREFIX/bin/python" ]; then
+  got="$(py_version "$PREFIX/bin/python")"
+  if [ -n "$WANT" ] && [ "$got" != "$WANT" ]; then refuse_python "$PREFIX/bin/python" "$got"; fi
   echo "install.sh: installing into the existing environment at $PREFIX" >&2
   PY="$PREFIX/bin/python"
 elif [ -f "$HERE/conda/$PROFILE.txt" ]; then
@@ -246,8 +260,23 @@ elif [ -f "$HERE/conda/$PROFILE.txt" ]; then
   fi
 fi
 if [ -z "$PY" ]; then
-  "${PYTHON:-python3}" -m venv "$PREFIX"
+  BASE="${PYTHON:-}"
+  if [ -z "$BASE" ]; then  # the lock's Python by name, else python3 if it is that version
+    for cand in ${WANT:+"python$WANT"} python3; do
+      if command -v "$cand" >/dev/null && { [ -z "$WANT" ] || [ "$(py_version "$cand")" = "$WANT" ]; }; then
+        BASE="$cand"; break
+      fi
+    done
+    if [ -z "$BASE" ]; then refuse_python "python3" "$(py_version python3)"; fi
+  elif [ -n "$WANT" ] && [ "$(py_version "$BASE")" != "$WANT" ]; then
+    refuse_python "$BASE" "$(py_version "$BASE")"
+  fi
+  echo "install.sh: a venv at $PREFIX from $BASE (Python ${WANT:-$(py_version "$BASE")})" >&2
+  "$BASE" -m venv "$PREFIX"
   PY="$PREFIX/bin/python"
+else
+  got="$(py_version "$PY")"
+  if [ -n "$WANT" ] && [ "$got" != "$WANT" ]; then refuse_python "$PY" "$got"; fi
 fi
 if [ -f "$REQ" ]; then
   "$PY" -m pip install --isolated --no-index --find-links "$HERE/pypi" --require-hashes --no-deps \
@@ -438,6 +467,8 @@ def _export_into(out: Path, plans: dict[str, LockPlan], wanted: dict[str, Artifa
     for name, plan in plans.items():
         if name in wheels and all(a.path in present for a in plan.artifacts):
             manifest["profiles"][name] = {"input_sha256": plan.meta["input_sha256"],
+                                          "python": str((plan.meta.get("target") or {})
+                                                        .get("python") or ""),
                                           "files": sorted([a.path for a in plan.artifacts]
                                                           + list(wheels[name].values())),
                                           "built": wheels[name]}
@@ -452,7 +483,11 @@ def _export_into(out: Path, plans: dict[str, LockPlan], wanted: dict[str, Artifa
     if any(p.startswith("conda/") for p in present):
         _conda_index(out)
     names = " ".join(map(sh, sorted(manifest["profiles"])))  # one bash word each, whatever the name
-    _write_text(out, "install.sh", INSTALL_SH.replace("__PROFILES__", names), 0o755)
+    pythons = " ".join(f"[{sh(n)}]={sh(e.get('python') or '')}"
+                       for n, e in sorted(manifest["profiles"].items())
+                       if re.fullmatch(r"3\.\d+", str(e.get("python") or "")))
+    _write_text(out, "install.sh", INSTALL_SH.replace("__PROFILES__", names)
+                .replace("__PYTHONS__", pythons), 0o755)
     _write_text(out, MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     if no_space:
         raise _no_space(out, wanted)

@@ -89,6 +89,40 @@ def test_install_sh_installs_the_pip_part_with_no_index(exported, tmp_path):
     assert check.stdout.strip() == "2.6.0+cu118"
 
 
+def test_install_sh_finds_the_locks_python_or_refuses_before_installing_anything(exported, tmp_path):
+    """The p40 lock is for Python 3.10: python3 here is another (3.11), so with no PYTHON the
+    script looks for python3.10 by name; where there is none, or PYTHON or an existing
+    environment is another version, it refuses (exit 2) naming the version it needs and how
+    to give it one, and creates nothing."""
+    import sys
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    base.update(PIP_CONFIG_FILE=os.devnull)
+    bins = tmp_path / "bin"
+    bins.mkdir()
+    (bins / "python3").symlink_to(sys.executable)  # a Python 3.11, as on the field report
+    other = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    assert other != "3.10"
+    r = subprocess.run([str(exported / "install.sh"), "--prefix", str(tmp_path / "a")],
+                       env=dict(base, PATH=f"{bins}:/usr/bin:/bin"), capture_output=True, text=True)
+    assert r.returncode == 2, r.stderr
+    assert f"the p40 lock is for Python 3.10, and python3 is Python {other}" in r.stderr
+    assert "PYTHON=/path/to/python3.10" in r.stderr and not (tmp_path / "a").exists()
+    r = subprocess.run([str(exported / "install.sh"), "--prefix", str(tmp_path / "b")],
+                       env=dict(base, PATH="/usr/bin:/bin", PYTHON=sys.executable),
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and f"is Python {other}" in r.stderr and not (tmp_path / "b").exists()
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "c")], check=True)
+    r = subprocess.run([str(exported / "install.sh"), "--prefix", str(tmp_path / "c")],
+                       env=dict(base, PATH="/usr/bin:/bin"), capture_output=True, text=True)
+    assert r.returncode == 2 and str(tmp_path / "c" / "bin" / "python") in r.stderr
+    (bins / "python3.10").symlink_to(_python310())  # found by name, with no PYTHON
+    r = subprocess.run([str(exported / "install.sh"), "--prefix", str(tmp_path / "d")],
+                       env=dict(base, PATH=f"{bins}:/usr/bin:/bin"), capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "from python3.10 (Python 3.10)" in r.stderr
+
+
 def test_the_conda_part_is_a_channel_rattler_solves_offline(exported, p40_lock):
     from envbuilder.lock.rattler_worker import call
 
