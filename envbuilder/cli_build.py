@@ -60,6 +60,9 @@ def mirrors_list(as_json, matrix_dirs):
 def mirrors_probe(name, timeout, as_json, matrix_dirs):
     """Health and latency of every endpoint of a set, probed in parallel."""
     from . import mirrors as M
+    from .errors import need_extra
+
+    need_extra("mirrors probe", "actions", ("requests",))
 
     probes = M.probe(M.get_set(load_matrix(matrix_dirs), name), timeout=timeout)
     if as_json:
@@ -98,6 +101,9 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
           wheelhouse, engine, overrides, matrix_dirs):
     """Render PROFILE, build it with BuildKit or podman/buildah (through a mirror), smoke-test
     and push it."""
+    from .errors import need_extra
+
+    need_extra("build", "actions")
     from . import build as B
     from . import engines as E
     from . import mirrors as M

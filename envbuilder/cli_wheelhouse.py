@@ -133,8 +133,10 @@ def wheelhouse(profiles, out, lock_dir, mirror, url_map, build_index_url, jobs, 
 
     Every sdist the lock pins is built into a wheel for the lock's target here, so the far side
     builds nothing."""
+    from .errors import need_extra
     from .wheelhouse import export
 
+    need_extra("wheelhouse", "actions", ("requests",))
     if lock_dir and len(profiles) > 1:
         raise UserError("--lock-dir names one lock; export several profiles from lockfiles/<profile>.")
     if jobs < 1:

@@ -57,9 +57,11 @@ def docker_usable() -> tuple[bool, str]:
         return False, e.detail
     try:
         import docker
-
+    except ImportError:
+        return False, "the docker Python SDK is not installed (pip install 'envbuild[actions]')"
+    try:
         docker.from_env(timeout=5).ping()
-    except Exception as e:  # noqa: BLE001 - the SDK missing, the daemon down: not usable
+    except Exception as e:  # noqa: BLE001 - the daemon down or unreachable: not usable
         return False, f"the Docker daemon does not answer ({B.first_line(e)})"
     return True, client.description
 

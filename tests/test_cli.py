@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from conftest import PROFILES, clean_env, record, shipped
 from envbuilder.render import MARKER
 
@@ -236,3 +238,20 @@ def test_affected_names_the_profiles_an_overlay_changes(cli, overlay):
     code, out, _ = cli("affected", overlay({"vllm": {"0.24.0": dict(rec, min_compute_capability="7.5",
                                                                    python=["3.11", "3.12"])}}))
     assert (code, out) == (0, "")
+
+
+@pytest.mark.parametrize("argv,extra", [(["build", "p40", "--push", "local"], "actions"),
+                                        (["wheelhouse", "p40", "-o", "wh"], "actions")])
+def test_a_missing_extra_is_named_before_the_command_starts(argv, extra, tmp_path):
+    """Without the docker SDK, build used to say the Docker daemon does not answer, fall back
+    to podman and claim a registry had answered; now it stops at once (exit 2) naming the extra
+    and the pip command, and writes nothing."""
+    blocked = ["docker", "requests"] if argv[0] == "wheelhouse" else ["docker"]
+    code = ("import sys\n" + "".join(f"sys.modules[{m!r}] = None\n" for m in blocked)
+            + f"from envbuilder.cli import main\nmain({argv!r})\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"envbuild[{extra}]" in r.stderr and f"`{extra}` extra" in r.stderr
+    assert "does not answer" not in r.stderr and "Traceback" not in r.stderr
+    assert list(tmp_path.iterdir()) == []
