@@ -445,6 +445,11 @@ def test_an_unreachable_endpoint_exits_1_naming_it(world, tmp_path, capsys, what
     rc, _, err = envbuild(capsys, *args)
     assert rc == 1, err
     assert dead in err
+    if what in ("index", "torch-index"):  # only what is down is named, with its own way on
+        head = err.split("Cannot lock the pip part", 1)[1].split("uv said:")[0]
+        assert head.count(dead) == 1 and world["pypi"] not in head and world["torch"] not in head
+        assert ("--torch-from-pypi" in head) == (what == "torch-index")
+        assert ("--index-url a PyPI mirror" in head) == (what == "index")
 
 
 def test_solver_conda_lock_without_a_conda_says_so(world, tmp_path, capsys, monkeypatch):

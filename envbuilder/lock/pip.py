@@ -72,13 +72,30 @@ def _run_uv(args: list[str], cwd: Path, indexes: list[str]) -> None:
     if proc.returncode == 0:
         return
     msg = proc.stderr.strip()[-3000:]
-    if any(s in msg for s in _NETWORK):
-        raise ActionError(f"Cannot reach the package index ({', '.join(indexes)}) to lock the pip "
-                          f"part:\n{msg}\nCheck the URL, or pass --index-url / --torch-index-url "
-                          "a mirror that answers.")
+    down = [i for i in indexes if i.startswith(("http://", "https://")) and not index_answers(i)]
+    if down or any(s in msg for s in _NETWORK):
+        raise ActionError(unreachable(down or indexes, torch=indexes[1] if len(indexes) > 1 else None)
+                          + f"\nuv said:\n{msg}")
     raise UserError(f"The pip part cannot be resolved against {', '.join(indexes)}:\n{msg}\n"
                     "A pin in the matrix has no release (or no wheel for this Python and "
                     "platform) on these indexes.")
+
+
+def unreachable(down: list[str], torch: str | None) -> str:
+    """What does not answer, by name (not every index the lock uses), and each way on: a mirror
+    for it, and for the PyTorch index PyPI's build of the same torch, with what that costs."""
+    lines = [f"Cannot lock the pip part: {', '.join(down)} "
+             f"{'does' if len(down) == 1 else 'do'} not answer from here."]
+    if any(d != torch for d in down):
+        lines.append("Fix: pass --index-url a PyPI mirror that answers (or --mirror NAME; "
+                     "`envbuild mirrors list`).")
+    if torch in down:
+        lines.append("For the PyTorch index: pass --torch-index-url a mirror of it, or "
+                     "--torch-from-pypi to solve with PyPI's build of the same torch version. Its "
+                     "CUDA is PyPI's (e.g. 12.4 for torch 2.6.0, not the profile's +cu118), so "
+                     "that lock pins everything else as constraints and cannot be used --locked "
+                     "or exported to a wheelhouse without --accept-pypi-torch.")
+    return "\n".join(lines)
 
 
 def _compile(env: ResolvedEnv, glibc: str, pypi: str, torch: str | None, swap_torch: bool,
