@@ -94,6 +94,29 @@ def override_flags(overrides) -> str:
     return "".join(f" {o}" for o in out)
 
 
+def implied_profile(m, command: str, probes=None) -> str:
+    """The profile a command without PROFILE takes: the one `envbuild detect` picks for this
+    machine's GPUs, said on stderr with why; with no GPU a profile fits, a refusal that lists
+    the profiles (exit 2)."""
+    from .detect import detect, recommend
+    from .doctor import Probes
+
+    probes = probes if probes is not None else Probes()
+    machine = detect(m, probes.nvml, probes.run)
+    rec = recommend(m, machine)
+    if rec.profile and rec.gpu is not None:
+        click.echo(f"{command}: no PROFILE given: this machine's {rec.gpu.name} (CC "
+                   f"{rec.gpu.compute_capability}) fits profile {rec.profile} best (`envbuild "
+                   f"detect` says why); name another to override", err=True)
+        return rec.profile
+    why = machine.problem if not machine.gpus else "; ".join(rec.notes) or "no profile fits its GPU"
+    raise UserError(f"Name a profile: `envbuild {command} PROFILE`. None was given, "
+                    + ("there is no rendered folder here (no envbuild.json), "
+                       if command.startswith("build") else "")
+                    + f"and detect picks none for this machine ({why}). Profiles: "
+                    f"{', '.join(m.profiles)} (`envbuild list` shows each one's GPU).")
+
+
 def load_matrix(matrix_dirs):
     from . import matrix
 
@@ -341,7 +364,7 @@ def render(profile, all_, from_, out, locked_dir, wheelhouse, mirror, force, ove
     from . import render as R
     from .resolve import ResolvedEnv
 
-    if sum(bool(x) for x in (profile, all_, from_)) != 1:
+    if sum(bool(x) for x in (profile, all_, from_)) > 1:
         raise UserError("Name one profile, or --all, or --from envbuild.json (exactly one). "
                         "`envbuild list` shows the profiles.")
     if locked_dir is not None and wheelhouse is not None:
@@ -361,6 +384,8 @@ def render(profile, all_, from_, out, locked_dir, wheelhouse, mirror, force, ove
         click.echo(f"rendered {env.name} from {from_} -> {target}/")
         return
     m = load_matrix(matrix_dirs)
+    if not (profile or all_):
+        profile = implied_profile(m, "render", click.get_current_context().obj)
     names = list(m.profiles) if all_ else [profile]
     base = out or Path("out")
     if all_ and base.exists() and not base.is_dir():

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from .cli import load_matrix, matrix_dir_option, override_options
+from .errors import UserError
 
 PREFLIGHT = "/opt/envbuild/preflight.py"  # where the Dockerfile puts it
 
@@ -79,7 +80,7 @@ def mirrors_probe(name, timeout, as_json, matrix_dirs):
 
 
 @click.command()
-@click.argument("profile")
+@click.argument("profile", required=False)
 @click.option("--mirror", help="Mirror set (or `auto`: the configured/first set whose registry answers).")
 @click.option("--push", "push_to", metavar="REGISTRY", help="`local`, a configured name, or HOST[:PORT].")
 @click.option("--tag", help="Image name:tag (default envbuild/<profile>:<spec hash>).")
@@ -100,7 +101,11 @@ def mirrors_probe(name, timeout, as_json, matrix_dirs):
 def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context, verbose,
           wheelhouse, engine, overrides, matrix_dirs):
     """Render PROFILE, build it with BuildKit or podman/buildah (through a mirror), smoke-test
-    and push it."""
+    and push it.
+
+    Without PROFILE: inside a rendered folder, the environment its envbuild.json holds (as
+    `docker build .` takes the folder); elsewhere the profile `envbuild detect` picks for this
+    machine."""
     from .errors import need_extra
 
     need_extra("build", "actions")
@@ -114,7 +119,24 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
     from .resolve import resolve
 
     m = load_matrix(matrix_dirs)
-    env = resolve(m, profile, overrides)
+    here = Path("envbuild.json")
+    if profile is None and here.is_file():
+        from .limits import read_text_bounded
+        from .resolved import ResolvedEnv
+
+        if overrides.to_dict():
+            raise UserError("This folder's envbuild.json already fixes every choice; overrides "
+                            "apply to a profile. Run `envbuild build PROFILE --OVERRIDE ...`, or "
+                            "re-render this folder with them first.")
+        env = ResolvedEnv.from_json(read_text_bounded(here, "envbuild.json"), "./envbuild.json")
+        click.echo(f"build: no PROFILE given: building {env.name} as ./envbuild.json holds it "
+                   "(the folder `envbuild render` wrote)", err=True)
+    else:
+        if profile is None:
+            from .cli import implied_profile
+
+            profile = implied_profile(m, "build", click.get_current_context().obj)
+        env = resolve(m, profile, overrides)
     secrets = B.secret_files(ca_cert, pip_conf)
     if not tag:  # named after the upstream spec: the same image whichever mirror built it
         from .bake import default_tag

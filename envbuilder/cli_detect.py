@@ -68,7 +68,7 @@ def detect(ctx, as_json, matrix_dirs):
 
 
 @click.command()
-@click.argument("profile")
+@click.argument("profile", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--mirror", metavar="NAME", help="Also check this mirror set's endpoints.")
 @click.option("--conda", "conda_required", is_flag=True,
@@ -76,11 +76,16 @@ def detect(ctx, as_json, matrix_dirs):
 @override_options
 @click.pass_context
 def doctor(ctx, profile, as_json, mirror, conda_required, overrides, matrix_dirs):
-    """Is this machine ready to build and run PROFILE? Each check ✓/✗ with the fix; exit 1 if not."""
+    """Is this machine ready to build and run PROFILE? Each check ✓/✗ with the fix; exit 1 if not.
+    Without PROFILE: the one `envbuild detect` picks for this machine."""
     from .doctor import doctor as run_doctor, report_json
     from .errors import ActionError
 
     m = load_matrix(matrix_dirs)
+    if profile is None:
+        from .cli import implied_profile
+
+        profile = implied_profile(m, "doctor", _probes(ctx))
     report = run_doctor(m, profile, overrides, _probes(ctx), mirror, conda_required)
     failed = [c for c in report.checks if c.status == "fail"]
     if as_json:

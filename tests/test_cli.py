@@ -255,3 +255,18 @@ def test_a_missing_extra_is_named_before_the_command_starts(argv, extra, tmp_pat
     assert f"envbuild[{extra}]" in r.stderr and f"`{extra}` extra" in r.stderr
     assert "does not answer" not in r.stderr and "Traceback" not in r.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_build_with_no_profile_in_a_rendered_folder_builds_what_its_envbuild_json_holds(
+        cli, tmp_path, monkeypatch):
+    """`envbuild build --push local` inside out/p40, as people type it: the folder's
+    envbuild.json is the environment (here the engine is then out of reach: exit 1 naming it,
+    after saying what it was about to build). Overrides there are refused: the file fixes them."""
+    assert cli("render", "t4", "--verl", "0.6.1", "-o", tmp_path / "t4")[0] == 0
+    monkeypatch.chdir(tmp_path / "t4")
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")
+    code, _, err = cli("build", "--push", "local", "--engine", "docker", "--no-smoke")
+    assert "building t4 as ./envbuild.json holds it" in err, err
+    assert code == 1 and "no-docker.sock" in err
+    code, _, err = cli("build", "--verl", "0.9.1", "--engine", "docker")
+    assert code == 2 and "already fixes every choice" in err

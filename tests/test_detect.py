@@ -455,3 +455,23 @@ def test_a_grace_machine_is_refused_with_the_reason_and_a_fix():
     [v] = [v for v in e.value.violations if v.rule == "machine"]
     assert v.hard and "aarch64" in v.what and "x86_64 images only" in v.why
     assert "nvcr.io/nvidia/pytorch" in v.fix
+
+
+def test_render_doctor_and_build_without_a_profile_take_the_one_detect_picks(m, tmp_path,
+                                                                             monkeypatch):
+    """The command people type: `envbuild render` / `doctor` with no PROFILE on a P40 box take
+    p40 and say so (stderr); on a machine with no GPU they refuse (exit 2) listing the profiles,
+    before anything is written."""
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(cli, ["render", "-o", "out"], obj=host("p40"))
+    assert r.exit_code == 0, r.output
+    assert "no PROFILE given: this machine's Tesla P40 (CC 6.1) fits profile p40 best" in r.output
+    assert json.loads((tmp_path / "out" / "envbuild.json").read_text())["profile"] == "p40"
+    code, out = invoke(["doctor"], host("p40"))
+    assert code == 0 and out.splitlines()[-1] == "READY: profile p40 on this machine"
+    for argv in (["render", "-o", "none"], ["doctor"], ["build", "--push", "local"]):
+        r = CliRunner().invoke(cli, argv, obj=host("no-driver"))
+        said = r.output + str(r.exception)
+        assert getattr(r.exception, "exit_code", r.exit_code) == 2, said
+        assert "Name a profile" in said and "p40, 4090" in said and "NVML" in said
+    assert not (tmp_path / "none").exists()
