@@ -17,7 +17,10 @@ BAKE_FILE = "docker-bake.hcl"
 
 def default_tag(env) -> str:
     """envbuild/<profile>:<12 hex of the upstream spec>: the same image whichever mirror,
-    machine or builder made it (`envbuild build` names images the same way)."""
+    machine or builder made it (`envbuild build` names images the same way). The lock's pins and
+    a mirror are left out of the spec hashed: a rendered folder's envbuild.json (which has them)
+    names the image `envbuild build PROFILE` names."""
+    env = env._replace(constraints=None, mirror=None)
     return f"envbuild/{env.name}:{hashlib.sha256(env.to_json().encode()).hexdigest()[:12]}"
 
 

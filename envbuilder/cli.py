@@ -78,22 +78,6 @@ def matrix_dir_option(f):
                              "facts and mirror sets.")(f)
 
 
-def override_flags(overrides) -> str:
-    """The override flags as the user would type them again (" --verl 0.5.0 --with apex"), for a
-    hint that names a command: the command must be the one for this very variant."""
-    from .quoting import sh as shell_word
-
-    out = []
-    for key, value in overrides.to_dict().items():
-        if value is True:
-            out.append(f"--{key.replace('_', '-')}")
-        elif isinstance(value, list):
-            out.append(f"--{key} {shell_word(','.join(value))}")
-        else:
-            out.append(f"--{key} {shell_word(str(value))}")
-    return "".join(f" {o}" for o in out)
-
-
 def implied_profile(m, command: str, probes=None) -> str:
     """The profile a command without PROFILE takes: the one `envbuild detect` picks for this
     machine's GPUs, said on stderr with why; with no GPU a profile fits, a refusal that lists
@@ -110,7 +94,9 @@ def implied_profile(m, command: str, probes=None) -> str:
                    f"detect` says why); name another to override", err=True)
         return rec.profile
     why = machine.problem if not machine.gpus else "; ".join(rec.notes) or "no profile fits its GPU"
-    raise UserError(f"Name a profile: `envbuild {command} PROFILE`. None was given, "
+    raise UserError(f"Name a profile: `envbuild {command} PROFILE`"
+                    + (" (or --all, or --from envbuild.json)" if command == "render" else "")
+                    + ". None was given, "
                     + ("there is no rendered folder here (no envbuild.json), "
                        if command.startswith("build") else "")
                     + f"and detect picks none for this machine ({why}). Profiles: "
@@ -405,18 +391,9 @@ def render(profile, all_, from_, out, locked_dir, wheelhouse, mirror, force, ove
         locked = locked_context(env, locked_dir, all_, wheelhouse, choice)
         env = with_constraints(env)  # (requirements.txt and environment.yml, also when locked)
         if not locked and not env.constraints:
-            flags = override_flags(overrides)
-            if flags:  # a variant's lock goes into a folder of its own; render --locked reads it
-                from .quoting import sh as shell_word
+            from .plan import lock_hint
 
-                lock_dir = shell_word(f"lockfiles/{env.name}-" + "-".join(
-                    f"{k}{v if not isinstance(v, list) else ','.join(v)}"
-                    for k, v in overrides.to_dict().items() if v is not True))
-                how = (f"`envbuild lock {env.name}{flags} -o {lock_dir}` makes one, and `envbuild "
-                       f"render {env.name}{flags} --locked {lock_dir}"
-                       + (f" -o {shell_word(str(target))}" if out is not None else "") + "` uses it")
-            else:
-                how = f"`envbuild lock {env.name}` makes one"
+            how = lock_hint(env.name, overrides, target if out is not None else None)
             click.echo(f"  note: {env.name} is not pinned beyond its top-level pins (no lock "
                        f"matches it): {how}.", err=True)
         if choice:

@@ -303,3 +303,34 @@ def find_constraints(env: ResolvedEnv) -> Constraints | None:
 def with_constraints(env: ResolvedEnv) -> ResolvedEnv:
     """`env` with `constraints`: the pins of the lock whose plan it is, or None (it floats)."""
     return env._replace(constraints=find_constraints(env))
+
+
+def override_flags(overrides) -> str:
+    """The override flags as the user would type them again (" --verl 0.5.0 --with apex")."""
+    from .quoting import sh
+
+    out = []
+    for key, value in overrides.to_dict().items():
+        if value is True:
+            out.append(f"--{key.replace('_', '-')}")
+        else:
+            out.append(f"--{key} {sh(','.join(value) if isinstance(value, list) else str(value))}")
+    return "".join(f" {o}" for o in out)
+
+
+def lock_hint(profile: str, overrides, out=None) -> str:
+    """How to pin a render that no lock fits: for the profile as shipped `envbuild lock
+    PROFILE` (render finds lockfiles/PROFILE); for a variant, its lock in a folder of its own
+    (lockfiles/PROFILE is the profile's) and the render --locked, with the user's -o, that
+    uses it."""
+    from .quoting import sh
+
+    flags = override_flags(overrides)
+    if not flags:
+        return f"`envbuild lock {sh(profile)}` makes one"
+    lock_dir = sh(f"lockfiles/{profile}-" + "-".join(
+        f"{k}{','.join(v) if isinstance(v, list) else v}"
+        for k, v in overrides.to_dict().items() if v is not True))
+    return (f"`envbuild lock {sh(profile)}{flags} -o {lock_dir}` makes one, and `envbuild render "
+            f"{sh(profile)}{flags} --locked {lock_dir}" + (f" -o {sh(str(out))}" if out else "")
+            + "` uses it")

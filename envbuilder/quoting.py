@@ -121,5 +121,12 @@ def _shorten(text: str) -> str:
     return shorten(text, 60)
 
 
+def md(value) -> str:
+    """Text inside a line of Markdown (a rendered folder's README.md): one line, and the
+    characters that would start markup (code spans, table cells, emphasis, HTML, links) as
+    Markdown's backslash escapes."""
+    return re.sub(r"([\\`*_{}\[\]<>|#!])", r"\\\1", comment(value))
+
+
 FILTERS = {"sh": sh, "comment": comment, "pystr": pystr, "py": py, "dq": dq, "arg": arg,
-           "word": word}
+           "word": word, "md": md}

@@ -28,6 +28,7 @@ FILES = {
     "apply_patches.py": "apply_patches.py.j2",
     "audit_precision.py": "audit_precision.py.j2",
     "prepare_gsm8k.py": "prepare_gsm8k.py.j2",
+    "README.md": "README.md.j2",  # what each file is and the commands that come next
 }
 EXECUTABLE = {RUN_SCRIPT, "preflight.py", "apply_patches.py", "audit_precision.py",
               "prepare_gsm8k.py"}
@@ -131,7 +132,8 @@ def audit_plan(env: ResolvedEnv) -> dict:
 def render_files(env: ResolvedEnv, locked: dict | None = None) -> dict[str, str]:
     """All rendered files by name, in memory. `locked` (lock.lockfile.for_render) pins the base
     images by digest and installs each layer from its hashed requirement file."""
-    from .plan import install_plan
+    from .bake import default_tag
+    from .plan import install_plan, lock_hint, override_flags
 
     spec = env.to_json()
     plan = install_plan(env)
@@ -145,6 +147,9 @@ def render_files(env: ResolvedEnv, locked: dict | None = None) -> dict[str, str]
         "audit": audit_plan(env),
         "torch_dtype": TORCH_DTYPE,
         "locked": locked,
+        "image_tag": default_tag(env),
+        "lock_hint": lock_hint(env.profile, env.overrides),
+        "override_flags": override_flags(env.overrides),
     }
     j = jinja_env()
     out = {MARKER: spec}

@@ -100,9 +100,9 @@ def test_render_all_writes_every_profile(cli, tmp_path):
 
 
 def test_render_without_a_profile_is_exit_2(run_envbuild, tmp_path):
-    r = run_envbuild("render")
+    r = run_envbuild("render")  # (no GPU here: detect picks no profile for this machine)
     assert r.returncode == 2
-    assert "Name one profile, or --all, or --from" in r.stderr
+    assert "Name a profile: `envbuild render PROFILE` (or --all, or --from envbuild.json)" in r.stderr
     assert list(tmp_path.iterdir()) == []
 
 

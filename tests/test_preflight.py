@@ -108,6 +108,9 @@ def test_without_torch_every_check_is_a_line_and_the_imports_still_run(tmp_path)
     assert report["ready"] is False
     assert [c["check"] for c in report["checks"] if c["check"].startswith("import ")][1:] == \
         [f"import {m}" for m in d["training_path"]]
+    # apex is compiled in the builder stage, not in requirements.txt: its fix is the build
+    apex = next(c for c in report["checks"] if c["check"] == "import apex")
+    assert "not in requirements.txt" in apex["fix"] and "--cuda_ext" in apex["fix"], apex
 
 
 HOSTILE = {

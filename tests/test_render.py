@@ -24,7 +24,7 @@ from envbuilder.render import MARKER, RUN_SCRIPT, render, render_files
 from envbuilder.resolve import ResolvedEnv
 
 ALWAYS = {"Dockerfile", "environment.yml", "requirements.txt", RUN_SCRIPT, "preflight.py",
-          "audit_precision.py", "prepare_gsm8k.py", "envbuild-secrets.sh", MARKER,
+          "audit_precision.py", "prepare_gsm8k.py", "envbuild-secrets.sh", MARKER, "README.md",
           "constraints",  # each pip step's pins (the top-level ones at least)
           ".envbuild-files.json"}  # what envbuild wrote there (a re-render deletes only that)
 
@@ -519,3 +519,37 @@ def test_a_mirrors_credentials_are_in_no_rendered_file_only_in_the_builds_secret
     assert "APEX_URL=" in secret and "APT_MIRROR=" in secret
     plain = M.MirrorChoice("m", {}, pypi="https://pypi.corp/simple")
     assert plain.credentials_env(resolved("p40")) == ""  # (nothing to hide: no secret)
+
+
+@pytest.mark.parametrize("argv", [["p40"], ["t4", "--verl", "0.7.1", "--without", "apex"],
+                                  ["4090", "--mirror", "cn"]])
+def test_the_folders_readme_names_commands_that_parse_for_this_very_variant(argv, tmp_path):
+    """README.md's next steps are real commands: each `envbuild ...` in it parses with envbuild's
+    own options, carries the user's overrides, and the image it names is the tag `envbuild
+    build` gives the folder."""
+    import re
+    import shlex
+
+    import click
+
+    from envbuilder.bake import default_tag
+    from envbuilder.cli import cli as group
+
+    out = tmp_path / "o"
+    r = subprocess.run([envbuild_exe(), "render", *argv, "-o", str(out)], capture_output=True,
+                       text=True, env=clean_env())
+    assert r.returncode == 0, r.stderr
+    text = (out / "README.md").read_text()
+    commands = re.findall(r"`(envbuild [^`]+)`", text)
+    assert len(commands) >= 5, commands
+    for command in commands:
+        words = shlex.split(command)[1:]
+        sub = group.get_command(click.Context(group), words[0])
+        sub.make_context(words[0], words[1:], resilient_parsing=False)  # raises on a bad option
+    overrides = [w for w in argv[1:] if w not in ("--mirror", "cn")]
+    for command in commands:
+        if command.startswith(("envbuild doctor", "envbuild lock", "envbuild render")) \
+                and "--from" not in command:
+            assert " ".join(overrides) in command, command
+    tag = default_tag(ResolvedEnv.from_json((out / "envbuild.json").read_text()))
+    assert f"docker run --rm --gpus all {tag}`" in text

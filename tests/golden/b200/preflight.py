@@ -30,6 +30,8 @@ TORCH_FIX = ("reinstall {req} from {index} (pip install --force-reinstall --no-d
              "--index-url {index}), or rebuild the image").format(req=EXPECTED["torch_requirement"],
                                                                    index=EXPECTED["torch_index"])
 DRIVER_FIX = "run the container with --gpus all (NVIDIA Container Toolkit) and check nvidia-smi"
+# compiled from source in the image's builder stage, never in requirements.txt: how to build each
+BUILT = json.loads("{\"apex\": null, \"flash_attn\": null}")
 
 
 def first_line(exc):
@@ -232,7 +234,10 @@ def import_check(r, module):
     except BaseException as e:
         text = first_line(e)
         missing = getattr(e, "name", None) if isinstance(e, ModuleNotFoundError) else None
-        if missing and (module == missing or module.startswith(missing + ".")):
+        if missing and BUILT.get(missing) and (module == missing or module.startswith(missing + ".")):
+            fix = (f"{missing} is compiled from source for this GPU, not in requirements.txt: run "
+                   f"this inside the envbuild image, or build it (needs nvcc): {BUILT[missing]}")
+        elif missing and (module == missing or module.startswith(missing + ".")):
             fix = (f"{missing} is not installed here: run this inside the envbuild image, or install "
                    "the profile's requirements.txt")
         elif missing:
