@@ -27,7 +27,7 @@ fi
 heavy=()
 [ "${ENVBUILD_HEAVY:-}" = 1 ] && heavy=(-m "heavy or not heavy")
 set +e
-.venv/bin/python -m pytest -q -rs "${heavy[@]}" "$@"
+.venv/bin/python -m pytest -q -rs --durations=25 "${heavy[@]}" "$@"
 rc=$?
 set -e
 [ "$rc" = 5 ] && { echo "tests/run.sh: pytest collected no tests" >&2; exit 1; }

@@ -62,3 +62,35 @@ def test_ci_renders_lints_tests_and_bakes_the_matrix():
     assert "envbuild bake --all" in runs["images"]
     bake = [s for s in images["steps"] if str(s.get("uses", "")).startswith("docker/bake-action@")]
     assert bake and bake[0]["with"]["push"] is True and bake[0]["with"]["files"] == "docker-bake.hcl"
+
+
+def test_the_workflows_work_on_github_as_written():
+    """What the first-hour review found: a pull request opened with GITHUB_TOKEN runs no
+    workflow (both PR-opening jobs take ENVBUILD_PR_TOKEN first); lock.yml's path filter
+    names everything the lock inputs are made from; GHCR wants a lowercase owner; and
+    provision.sh keeps a runner's own Docker instead of installing docker.io beside it."""
+    root = WORKFLOWS[0].parent
+    for name in ("lock.yml", "refresh.yml"):
+        doc = yaml.safe_load((root / name).read_text())
+        pr = [s for j in doc["jobs"].values() for s in j["steps"]
+              if str(s.get("uses", "")).startswith("peter-evans/create-pull-request@")]
+        assert pr and all(s["with"]["token"].startswith("${{ secrets.ENVBUILD_PR_TOKEN")
+                          for s in pr), name
+    paths = yaml.safe_load((root / "lock.yml").read_text())[True]["pull_request"]["paths"]
+    for feeds in ("envbuilder/plan.py", "envbuilder/mirrors.py", "pyproject.toml",
+                  "matrices/**", "envbuilder/lock/**"):
+        assert feeds in paths, feeds
+    ci = (root / "ci.yml").read_text()
+    assert "github.repository_owner" not in ci and "${GITHUB_REPOSITORY_OWNER,,}" in ci
+    provision = (root.parent.parent / "tests" / "infra" / "provision.sh").read_text()
+    assert '[[ "$p" == docker.io ]] && command -v dockerd' in provision
+
+
+def test_the_lowercase_owner_step_lowercases(tmp_path):
+    """The step's own shell line, run by bash with GitHub's variables."""
+    doc = yaml.safe_load((WORKFLOWS[0].parent / "ci.yml").read_text())
+    step = next(s for s in doc["jobs"]["images"]["steps"] if "GITHUB_ENV" in s.get("run", ""))
+    env_file = tmp_path / "env"
+    subprocess.run(["bash", "-c", step["run"]], check=True, env={
+        "GITHUB_REPOSITORY_OWNER": "My-Org", "GITHUB_ENV": str(env_file), "PATH": "/usr/bin:/bin"})
+    assert env_file.read_text() == "REGISTRY=ghcr.io/my-org\n"

@@ -99,6 +99,11 @@ flock -w 600 9 || die "another provision.sh holds $STATE_DIR/provision.lock"
 missing_packages() {
   local p
   for p in "${PACKAGES[@]}"; do
+    # a Docker from another package (docker-ce, moby-engine: GitHub's runners) serves as well;
+    # installing Debian's docker.io beside it conflicts (containerd vs containerd.io)
+    if [[ "$p" == docker.io ]] && command -v dockerd >/dev/null && command -v docker >/dev/null; then
+      continue
+    fi
     dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q '^install ok installed$' || echo "$p"
   done
 }
