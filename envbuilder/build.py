@@ -13,6 +13,8 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Callable, NamedTuple
 
@@ -167,11 +169,23 @@ def run_build(client: BuildKitClient, context: Path, tag: str, build_args: dict[
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env, errors="replace")
     assert proc.stdout is not None
-    for line in proc.stdout:  # BuildKit titles RUN steps with the build args they use
-        line = redacted(line)
-        lines.append(line)
-        echo(line.rstrip("\n"))
-    return proc.wait(), "".join(lines)
+    done = threading.Event()
+    if hasattr(echo, "tick"):  # the step log's heartbeat while a step runs quietly
+        def beat():
+            while not done.wait(1.0):
+                echo.tick()
+        threading.Thread(target=beat, daemon=True).start()
+    try:
+        for line in proc.stdout:  # BuildKit titles RUN steps with the build args they use
+            line = redacted(line)
+            lines.append(line)
+            echo(line.rstrip("\n"))
+        rc = proc.wait()
+    finally:
+        done.set()
+    if hasattr(echo, "close"):
+        echo.close(rc)
+    return rc, "".join(lines)
 
 
 # Build args that point package steps at an index or a download; an offline build (from a
@@ -240,9 +254,66 @@ def build_failure(engine: str, tag: str, log: str, steps: list[tuple[str, str]],
         return ActionError(f"{engine} build of {tag} could not pull its base image, although the "
                            f"registry endpoint served its manifest:\n{tail}\nRun again, or try "
                            "another --mirror.")
-    where = f" at [{steps[-1][0]}] {steps[-1][1][:160]}" if steps else ""
-    return ActionError(f"{engine} build of {tag} failed{where}.\n{tail}\nFix the error above (the "
-                       "step's own output says why), then run again.")
+    where = f" at [{steps[-1][0]}] {step_title(steps[-1][1])}" if steps else ""
+    kind, fix = classify(log)
+    return ActionError(f"{engine} build of {tag} failed{where}.\n{tail}\n"
+                       + (f"{kind}. Fix: {fix}." if kind else
+                          "The step's own output above says why; fix that, then run again."))
+
+
+# A failed build, classified by what fixes it: (kind, the patterns of its log, the fix). The
+# first kind whose pattern the log's last lines hold is the one reported.
+FAILURES = (
+    ("TLS verification failed (a TLS-intercepting proxy?)",
+     r"CERTIFICATE_VERIFY_FAILED|certificate verify failed|x509: certificate signed by unknown",
+     "pass the network's CA bundle with --ca-cert FILE (a BuildKit secret, never in a layer)"),
+    ("A host name does not resolve from the build's network (DNS)",
+     r"Temporary failure in name resolution|Name or service not known|Could not resolve host|"
+     r"NameResolutionError|no such host|Failed to resolve",
+     "build through a mirror you can reach (--mirror NAME; `envbuild mirrors list`), or from a "
+     "wheelhouse (--wheelhouse DIR)"),
+    ("The registry or index asked for credentials, or refused them",
+     r"401 Unauthorized|403 Forbidden|authentication required|unauthorized: |denied: ",
+     "give the endpoint its credentials (in the mirror set's URL, or `docker login HOST`)"),
+    ("A pull or download was rate limited",
+     r"429 Too Many Requests|toomanyrequests|rate limit",
+     "pull through a mirror (--mirror NAME or --mirror auto), or `docker login` to raise Docker "
+     "Hub's limit"),
+    ("The disk is full", r"No space left on device|no space left on device",
+     "free space (`docker builder prune`, `docker system prune`) or move Docker's data-root to a "
+     "bigger disk"),
+    ("pip cannot install these pins from this index (resolution impossible)",
+     r"ResolutionImpossible|No matching distribution found|No solution found when resolving|"
+     r"we can conclude that",
+     "the index lacks a pinned version or file: check it answers and is not behind (a stale "
+     "mirror), that the PyTorch index (or its mirror) answers for a +cuXXX torch, or build from "
+     "a wheelhouse"),
+    ("A compile step failed", r"nvcc fatal|fatal error: |error: command '[^']*' failed|"
+     r"subprocess-exited-with-error|Failed to build ",
+     "check that nvcc's CUDA is torch's (envbuild check PROFILE), the arch list of the GPU; or "
+     "leave the compiled part out (--without apex / --without flash-attn)"),
+)
+
+
+def classify(log: str) -> tuple[str | None, str | None]:
+    """(what kind of failure, its one fix) from a failed build's last lines; (None, None) when
+    none is recognised."""
+    tail = "\n".join(log.strip().splitlines()[-60:])
+    for kind, pattern, fix in FAILURES:
+        if re.search(pattern, tail):
+            return kind, fix
+    return None, None
+
+
+def step_title(instruction: str, limit: int = 120) -> str:
+    """A build step as a person reads it: RUN's --mount/--network options left out (they are
+    the same on every step), and shortened at a word, never mid-word."""
+    text = re.sub(r"--(mount|network|security)=\S+\s*", "", instruction).strip()
+    text = re.sub(r"\s+", " ", text)
+    if len(text) <= limit:
+        return text
+    cut = text[:limit].rsplit(" ", 1)[0]
+    return cut + " ..."
 
 
 def smoke(client, image: str, command: list[str]) -> str:
@@ -316,9 +387,138 @@ def stage_context(files: dict[str, str], links: dict[str, Path] | None = None) -
     return root / "ctx"
 
 
+class StepLog:
+    """BuildKit's --progress=plain, parsed into steps (the progress a person reads while a build
+    runs): each step when it ends, CACHED or with its time; cached steps in the Dockerfile's
+    order (BuildKit reports them in any order); while a step runs, a line every `beat` seconds
+    with its elapsed time and its last output (so a CI log shows life during the torch step),
+    and the total at the end. On a terminal the running step's line is rewritten in place
+    instead; elsewhere nothing is ever rewritten (no carriage returns)."""
+
+    START = re.compile(r"^#(\d+) \[([^\]]+)\] (.*)$")
+    STATE = re.compile(r"^#(\d+) (CACHED|DONE ([\d.]+)s|ERROR\b.*|CANCELED)\s*$")
+    OUTPUT = re.compile(r"^#(\d+) \d+\.\d+ (.*)$")
+
+    def __init__(self, out=None, tty: bool | None = None, beat: float = 12.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.out = out or sys.stderr
+        self.tty = self.out.isatty() if tty is None else tty
+        self.beat, self.clock = beat, clock
+        self.start = clock()
+        self.steps: dict[str, dict] = {}  # id -> {label, title, started, last}
+        self.stages: list[str] = []
+        self.cached: list[dict] = []  # waiting to be printed in the Dockerfile's order
+        self.counts = {"cached": 0, "run": 0}
+        self.running: str | None = None
+        self.last_beat = self.start
+        self.status = False  # a status line is on the terminal
+        import threading
+
+        self.lock = threading.Lock()
+
+    def _print(self, text: str) -> None:
+        if self.status:
+            self.out.write("\r\x1b[K")
+            self.status = False
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    @staticmethod
+    def _clock_text(seconds: float) -> str:
+        if seconds < 10:
+            return f"{seconds:.1f}s"
+        seconds = int(round(seconds))
+        return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+    def _order(self, step: dict) -> tuple:
+        stage, _, pos = step["label"].partition(" ")
+        k = pos.split("/")[0]
+        return (self.stages.index(stage) if stage in self.stages else 99,
+                int(k) if k.isdigit() else 0)
+
+    def _flush_cached(self) -> None:
+        for step in sorted(self.cached, key=self._order):
+            self._print(f"  [{step['label']}] {step['title']}  CACHED")
+        self.cached = []
+
+    def __call__(self, line: str) -> None:
+        with self.lock:
+            self._line(line)
+
+    def _line(self, line: str) -> None:
+        m = self.START.match(line)
+        if m:
+            sid, label, instr = m.groups()
+            if label == "internal" or label.startswith("internal]"):
+                return
+            stage = label.split(" ", 1)[0]
+            if stage not in self.stages:
+                self.stages.append(stage)
+            self.steps[sid] = {"label": label, "title": step_title(instr, 90),
+                               "started": self.clock(), "last": ""}
+            return
+        m = self.OUTPUT.match(line)
+        if m and m.group(1) in self.steps:
+            self.steps[m.group(1)]["last"] = m.group(2).strip()[:80]
+            self.running = m.group(1)
+            return
+        m = self.STATE.match(line)
+        if not m or m.group(1) not in self.steps:
+            return
+        step = self.steps.pop(m.group(1))
+        if step["title"].startswith("FROM "):
+            return
+        if m.group(2) == "CACHED":
+            self.counts["cached"] += 1
+            self.cached.append(step)
+            return
+        self._flush_cached()
+        if m.group(3):
+            self.counts["run"] += 1
+            self._print(f"  [{step['label']}] {step['title']}  done in "
+                        f"{self._clock_text(float(m.group(3)))}")
+        else:
+            self._print(f"  [{step['label']}] {step['title']}  {m.group(2).split(':')[0]}")
+        if self.running == m.group(1):
+            self.running = None
+
+    def tick(self) -> None:
+        """A heartbeat (a timer calls it every second): the running step and its time."""
+        with self.lock:
+            now = self.clock()
+            if self.running not in self.steps:
+                running = [s for s in self.steps.values() if not s["title"].startswith("FROM ")]
+                if not running:
+                    return
+                step = max(running, key=lambda s: s["started"])
+            else:
+                step = self.steps[self.running]
+            text = (f"  ... [{step['label']}] {step['title']}  running "
+                    f"{self._clock_text(now - step['started'])}"
+                    + (f" ({step['last']})" if step["last"] else ""))
+            if self.tty:
+                self.out.write("\r\x1b[K" + text[:200])
+                self.out.flush()
+                self.status = True
+            elif now - self.last_beat >= self.beat:
+                self._print(text)
+                self.last_beat = now
+
+    def close(self, rc: int) -> None:
+        with self.lock:
+            self._flush_cached()
+            total = self.counts["cached"] + self.counts["run"]
+            self._print(f"build {'done' if rc == 0 else 'failed'} in "
+                        f"{self._clock_text(self.clock() - self.start)}: {total} step"
+                        f"{'s' if total != 1 else ''}, {self.counts['cached']} cached, "
+                        f"{self.counts['run']} run")
+
+
 def default_echo(verbose: bool, header: str = BUILDKIT_STEP) -> Callable[[str], None]:
     if verbose:
         return lambda line: print(line, file=sys.stderr, flush=True)
+    if header == BUILDKIT_STEP:
+        return StepLog()
     step = re.compile(header)
 
     def echo(line: str) -> None:  # the build's step headers (BuildKit's by default): one a step

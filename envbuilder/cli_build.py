@@ -161,9 +161,12 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
                 name = cand
                 break
         else:
+            from .config import config_path
+
             raise B.ActionError("--mirror auto: no mirror set has a registry endpoint that answers "
-                                f"(tried {', '.join(candidates)}). Check your network or add a "
-                                "mirror set to your config.")
+                                f"(tried {', '.join(candidates)}). Check your network, or add a "
+                                f"mirror set under `mirrors:` in {config_path()} (envbuild's "
+                                "config; ENVBUILD_CONFIG names another) with a registry you reach.")
         say(f"--mirror auto chose {name!r}")
     choice, credentials = None, ""
     if name:
@@ -188,6 +191,13 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
     links = (locked or {}).get("links")
     registry = registry_for(push_to, (m.defaults or {}).get("registry_local", "localhost:5000")) if push_to else None
     eng = E.make(engine)  # docker: the daemon must answer before anything is built
+    from . import reach
+
+    # what the build fetches and where it pushes, probed before any step (with a mirror set, its
+    # endpoints were probed above and its registries picked: the push target remains)
+    missing = reach.check(env, wheelhouse is not None, registry, upstream=not name)
+    if missing:
+        raise B.ActionError(reach.message(missing))
     context = B.stage_context(files, links) if keep_context is None else None
     if keep_context is not None:
         from .render import write_dir

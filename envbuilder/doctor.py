@@ -267,7 +267,26 @@ def doctor(m: Matrix, profile: str, overrides: Overrides = Overrides(), probes: 
     checks.append(disk_check(base, engine, probes.free_bytes, probes.exists))
     checks.append(conda_check(probes.which, conda_required))
     checks.append(mirror_check(m, mirror, probes.mirror_probe))
+    checks.append(network_check(base, mirror, probes.mirror_probe))
     return Report(profile, machine, tuple(checks))
+
+
+def network_check(base: ResolvedEnv, mirror: str | None, probe: Callable) -> Check:
+    """What the profile's build fetches (base images' registry, the indexes, GitHub), probed as
+    `envbuild build` probes it before its first step; through a mirror set, mirror_check."""
+    from . import reach
+    from .config import user_config
+
+    if mirror or user_config().get("mirror"):
+        return Check("network", "skip", "the build goes through the mirror set (see `mirrors`)")
+    found = reach.check(base, False, None, probe=probe)
+    if found:
+        return Check("network", "fail", "; ".join(f"{f.what}: {f.why}" for f in found),
+                     " ".join(dict.fromkeys(f.fix for f in found)))
+    body = reach.needs(base)
+    n = sum(len(v) for v in body["registries"].values()) + sum(
+        len(body.get(k) or []) for k in ("pypi", "pytorch", "github"))
+    return Check("network", "ok", f"all {n} endpoints the build fetches from answer")
 
 
 def report_json(r: Report) -> dict:

@@ -177,7 +177,7 @@ def fetch_all(
     workers = [threading.Thread(target=work, name=f"fetch-{n}", daemon=True)
                for n in range(min(jobs, len(items)))]
     outcomes: dict[int, object] = {}
-    emit(FetchEvent("begin", total=len(items)))
+    emit(FetchEvent("begin", total=len(items), nbytes=sum(i.size or 0 for i in items)))
     try:
         for w in workers:
             w.start()
@@ -529,23 +529,28 @@ def _failure_error(report: FetchReport, dest: Path, total: int) -> ActionError:
 
 
 class TerminalProgress:
-    """Default display: a line redrawn with \\r on a TTY; elsewhere one summary line at the end.
-    A download that waits for bytes is said on a line of its own, on a TTY or not (a log of a
-    CI job shows why nothing moves)."""
+    """Default display: files, bytes (of the total the lock's sizes give), rate and ETA. On a
+    TTY one line redrawn in place; elsewhere (a CI log, a pipe) a plain line every `interval`
+    seconds, never a carriage return, so a long download shows life. A download that waits for
+    bytes is said on a line of its own either way (a log shows why nothing moves)."""
 
-    def __init__(self, stream: TextIO | None = None, min_interval: float = 0.1):
+    def __init__(self, stream: TextIO | None = None, min_interval: float = 0.1,
+                 interval: float = 12.0, clock: Callable[[], float] = time.monotonic,
+                 label: str = "fetch"):
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
         self.min_interval = min_interval  # redraws per second are bounded, not per chunk
+        self.interval, self.clock, self.label = interval, clock, label
         self._lock = threading.Lock()
-        self._start = self._drawn = time.monotonic()
-        self.total = self.bytes = 0
+        self._start = self._drawn = self._said = clock()
+        self.total = self.bytes = self.expected = 0
         self.counts = {"done": 0, "skipped": 0, "failed": 0}
 
     def __call__(self, event: FetchEvent) -> None:
         with self._lock:
             if event.kind == "begin":
-                self.total, self._start = event.total, time.monotonic()
+                self.total, self.expected = event.total, event.nbytes
+                self._start = self._said = self.clock()
             elif event.kind == "progress":
                 self.bytes += event.nbytes
             elif event.kind in self.counts:
@@ -559,22 +564,37 @@ class TerminalProgress:
                     self._draw(force=True)
             elif self.tty:
                 self._draw(force=event.kind != "progress")
+            elif self.clock() - self._said >= self.interval:
+                self._said = self.clock()
+                self.stream.write(f"{self.label}: {self._status()}\n")
+                self.stream.flush()
 
     def _rate(self) -> float:
-        return self.bytes / max(time.monotonic() - self._start, 1e-6)
+        return self.bytes / max(self.clock() - self._start, 1e-6)
+
+    def _status(self) -> str:
+        finished = sum(self.counts.values())
+        rate = self._rate()
+        text = f"{finished}/{self.total} files  {human_size(self.bytes)}"
+        if self.expected:
+            text += f" of {human_size(self.expected)}"
+        text += f"  {human_size(rate)}/s"
+        left = self.expected - self.bytes
+        if self.expected and rate > 0 and left > 0:
+            eta = int(left / rate)
+            text += f"  ETA {eta // 60}m{eta % 60:02d}s" if eta >= 60 else f"  ETA {eta}s"
+        return text
 
     def _draw(self, force: bool) -> None:
-        now = time.monotonic()
+        now = self.clock()
         if not force and now - self._drawn < self.min_interval:
             return
         self._drawn = now
-        finished = sum(self.counts.values())
-        self.stream.write(f"\r{finished}/{self.total} files  {human_size(self.bytes)}  "
-                          f"{human_size(self._rate())}/s\x1b[K")
+        self.stream.write(f"\r{self._status()}\x1b[K")
         self.stream.flush()
 
     def _finish(self) -> None:
-        elapsed = time.monotonic() - self._start
+        elapsed = self.clock() - self._start
         c = self.counts
         self.stream.write(("\r\x1b[K" if self.tty else "")
                           + f"fetched {c['done']}, already present {c['skipped']}, "

@@ -191,15 +191,30 @@ def _probe_one(kind: str, target: str, endpoint: str, timeout: float) -> Probe:
         r = requests.get(url, timeout=timeout, allow_redirects=True, stream=True)
         r.close()
         ms = (time.perf_counter() - start) * 1000
-        return Probe(kind, target, endpoint, r.status_code in alive, f"HTTP {r.status_code}", ms)
+        status = {401: "HTTP 401 (credentials needed)", 403: "HTTP 403 (refused: credentials?)",
+                  429: "HTTP 429 (rate limited)"}.get(r.status_code, f"HTTP {r.status_code}")
+        return Probe(kind, target, endpoint, r.status_code in alive, status, ms)
     except requests.RequestException as e:
         ms = (time.perf_counter() - start) * 1000
-        reason = type(e).__name__
-        if isinstance(e, requests.ConnectionError):
-            reason = "connection refused/unreachable"
-        elif isinstance(e, requests.Timeout):
-            reason = f"timeout after {timeout:g}s"
-        return Probe(kind, target, endpoint, False, reason, ms)
+        return Probe(kind, target, endpoint, False, failure_reason(e, timeout), ms)
+
+
+def failure_reason(e: Exception, timeout: float) -> str:
+    """What a failed request met, in the words of its fix: TLS interception, DNS, refused,
+    timeout (requests' SSLError is a ConnectionError, so TLS is told apart first)."""
+    import requests
+
+    text = str(e)
+    if isinstance(e, requests.exceptions.SSLError) or "CERTIFICATE_VERIFY_FAILED" in text:
+        return "TLS verification failed (a TLS-intercepting proxy? CERTIFICATE_VERIFY_FAILED)"
+    if isinstance(e, requests.Timeout):
+        return f"timeout after {timeout:g}s"
+    if isinstance(e, requests.ConnectionError):
+        if any(s in text for s in ("NameResolutionError", "Name or service not known",
+                                   "Temporary failure in name resolution", "nodename nor servname")):
+            return "DNS: the host name does not resolve here"
+        return "connection refused/unreachable"
+    return type(e).__name__
 
 
 def probe(body: dict, timeout: float = 5.0, kinds: tuple[str, ...] | None = None) -> list[Probe]:

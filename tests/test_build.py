@@ -5,10 +5,12 @@ when the infrastructure is missing."""
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -204,8 +206,26 @@ FA_TOKEN = "fa-" + os.urandom(6).hex()  # a credential in the GitHub prefix: nev
 INDEX_TOKEN = "ix-" + os.urandom(6).hex()  # a credential in the index URLs: never in the image
 
 
+@functools.lru_cache(maxsize=None)
+def standin_python_overlay() -> str:
+    """A matrix overlay whose every CUDA image ships the stand-in base's Python (3.11): the
+    Dockerfile refuses a base image whose python3 is not the profile's Python, so the build
+    tests render for the base they build on (as a user with such a base would, with --python)."""
+    import tempfile
+
+    from envbuilder import matrix
+
+    m = matrix.load()
+    folder = Path(tempfile.mkdtemp(prefix="envbuild-standin-python-"))
+    (folder / "standin.yaml").write_text(json.dumps({
+        "sources": {"provision": "tests/infra/provision.sh (Debian bookworm's python3)"},
+        "cuda": {k: dict(rec, python=IMAGE_PYTHON, source="provision") for k, rec in m.cuda.items()}}))
+    return str(folder)
+
+
 def envbuild(args, config, **env):
-    full = dict(os.environ, ENVBUILD_CONFIG=str(config), **env)
+    full = dict(os.environ, ENVBUILD_CONFIG=str(config), ENVBUILD_MATRIX_DIR=standin_python_overlay())
+    full.update(env)
     return subprocess.run(ENVBUILD + args, capture_output=True, text=True, env=full, cwd=ROOT,
                           timeout=1800)
 
@@ -301,6 +321,40 @@ def test_a_failing_step_is_reported_as_that_step_not_as_a_pull(docker_client, co
     assert "could not pull" not in r.stderr
 
 
+def test_a_base_image_with_another_python_is_refused_before_anything_installs(docker_client,
+                                                                               config):
+    """The field report: a base image that already has python3 (3.11 on the Debian stand-in)
+    skipped the apt step, and the profile's Python 3.10 pins went into 3.11 without a word. Now
+    the first step stops the build, naming both versions and both ways out."""
+    r = envbuild(["build", "p40", "--mirror", "test", "--without", "apex", "--no-smoke",
+                  "--tag", "envbuild-test/p40:other-python"], config, ENVBUILD_MATRIX_DIR="")
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert ("the base image's python3 is Python 3.11, but p40's pins and wheels are for Python "
+            "3.10") in r.stderr
+    assert "--python X.Y" in r.stderr and "failed at [" in r.stderr
+
+
+def test_a_build_whose_base_registry_does_not_answer_stops_before_any_step(docker_client, config,
+                                                                           tmp_path):
+    """No --mirror, and the registry the base images come from does not answer (Docker Hub on a
+    network that blocks it; here a closed loopback port): the build names it and --mirror in
+    seconds, before its first step, instead of failing minutes in."""
+    from envbuilder import matrix
+
+    dead = f"127.0.0.1:{free_port()}"
+    rec = dict(matrix.load().cuda["12.1"], python=IMAGE_PYTHON, source="provision")
+    rec["images"] = {role: f"{dead}/{ref}" for role, ref in rec["images"].items()}
+    (tmp_path / "dead.yaml").write_text(json.dumps({
+        "sources": {"provision": "tests/infra/provision.sh"}, "cuda": {"12.1": rec}}))
+    start = time.monotonic()
+    r = envbuild(["build", "4090", "--no-smoke", "--push", "local"], config,
+                 ENVBUILD_MATRIX_DIR=os.pathsep.join([standin_python_overlay(), str(tmp_path)]))
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert f"{dead} (the base images): connection refused/unreachable" in r.stderr
+    assert "--mirror NAME" in r.stderr and "failed at [" not in r.stderr
+    assert time.monotonic() - start < 60
+
+
 def test_ca_cert_reaches_the_build_but_no_layer(docker_client, config, tmp_path):
     secret = b"ENVBUILD-TEST-CA-" + os.urandom(8).hex().encode()
     ca = tmp_path / "corp.pem"
@@ -326,8 +380,9 @@ def test_unreachable_registry_pushes_nothing(docker_client, config):
     r = envbuild(["build", "p40", "--mirror", "test", "--without", "apex", "--no-smoke",
                   "--tag", "envbuild-test/p40:unreach", "--push", closed], config)
     assert r.returncode == 1
-    assert "unreachable" in r.stderr and "nothing was pushed" in r.stderr
-    assert "@sha256:" not in r.stdout
+    # found before the build, not after it: nothing is built for a push that cannot happen
+    assert f"{closed} (the push): connection refused/unreachable" in r.stderr
+    assert "builder:" not in r.stderr and "@sha256:" not in r.stdout
 
 
 def test_unknown_registry_name_is_bad_input_and_builds_nothing(docker_client, config):
@@ -410,14 +465,7 @@ def test_flash_attn_from_a_wheelhouse_with_no_index_and_no_github(docker_client,
                                                                    fa_github, tmp_path):
     """Lock pins the release wheel (the ABI variant the release has; the other answers 404),
     the wheelhouse carries it, and the offline build installs it by sha256."""
-    from conftest import record
-
-    over = tmp_path / "overlay"  # the build image's Python, so the lock pins the file it needs
-    over.mkdir()
-    (over / "image.yaml").write_text(json.dumps({
-        "sources": {"provision": "tests/infra/provision.sh (Debian bookworm's python3)"},
-        "cuda": {"12.1": record("cuda", "12.1", python=IMAGE_PYTHON, source="provision")}}))
-    menv = {"ENVBUILD_MATRIX_DIR": str(over)}
+    menv = {}  # (envbuild() renders for the build image's Python: the lock pins the file it needs)
     github = fa_github.url("").rstrip("/")
     lock = tmp_path / "lock"
     r = envbuild(["lock", *FA_PROFILE, "--only", "pip,sources", "--index-url", index,
@@ -484,3 +532,71 @@ def test_a_mirrors_credentials_reach_the_build_but_no_layer_history_or_file(dock
     assert env["HF_ENDPOINT"] == spec["huggingface"] == "http://127.0.0.1:9/hf"
     assert spec["indexes"]["pypi"].startswith("http://127.0.0.1:")  # the mirror, bare
     docker_client.images.remove(tag, force=True)
+
+
+def test_a_p40_owners_first_hour_end_to_end(docker_client, config, index, github, tmp_path):
+    """The field report's first hour, each step the one the previous output names: render p40,
+    read its README, `envbuild build --push local` inside the folder with no way to Docker Hub
+    (a clear exit 1 naming --mirror, before any build step), the same through the loopback
+    mirror, the wheelhouse (refused for the shipped lock's PyPI torch, then locked here and
+    exported), and the offline install with the right Python. Only loopback is ever reached:
+    "no network" is a proxy on a closed loopback port."""
+    import shlex
+
+    base = dict(os.environ, ENVBUILD_CONFIG=str(config), ENVBUILD_MATRIX_DIR=standin_python_overlay())
+
+    def run(args, cwd, **extra):
+        r = subprocess.run(ENVBUILD + args, cwd=cwd, env=dict(base, **extra), capture_output=True,
+                           text=True, timeout=1800)
+        return r.returncode, r.stdout, r.stderr
+
+    code, out, err = run(["render", "p40", "-o", "out/p40"], tmp_path)
+    assert code == 0, err
+    folder = tmp_path / "out" / "p40"
+    readme = (folder / "README.md").read_text()
+    assert "`envbuild build --push local`" in readme and "`envbuild doctor p40`" in readme
+    # (for Python 3.11 no shipped lock fits: the README says how to make one)
+    assert "--mirror NAME" in readme and "`envbuild lock p40` makes one" in readme
+    assert "`envbuild wheelhouse p40 -o wh/p40`" in readme
+
+    dead = f"http://127.0.0.1:{free_port()}"  # every non-loopback request goes nowhere
+    code, out, err = run(["build", "--push", "local"], folder, HTTPS_PROXY=dead, HTTP_PROXY=dead,
+                         https_proxy=dead, http_proxy=dead, NO_PROXY="127.0.0.1,localhost",
+                         no_proxy="127.0.0.1,localhost")
+    assert code == 1, err[-3000:]
+    assert "building p40 as ./envbuild.json holds it" in err
+    assert "registry-1.docker.io (the base images)" in err and "--mirror NAME" in err
+    assert "builder:" not in err and "failed at [" not in err  # nothing was built
+
+    code, out, err = run(["build", "--mirror", "test", "--push", "local"], folder)
+    assert code == 0, err[-3000:]
+    assert re.search(r"^build done in \S+: \d+ steps, \d+ cached, \d+ run$", err, re.M), err[-2000:]
+    assert f"{REGISTRY}/envbuild/p40@sha256:" in out
+
+    code, _, err = run(["wheelhouse", "p40", "-o", "wh"], tmp_path)  # the shipped lock
+    assert code == 2 and "torch is a swap" in err and "envbuild lock p40" in err
+    code, _, err = run(["lock", "p40", "--only", "pip,sources", "--index-url", index,
+                        "--torch-index-url", index, "--github-url", github], tmp_path)
+    assert code == 0, err[-3000:]
+    code, _, err = run(["wheelhouse", "p40", "-o", "wh", "--url-map",
+                        f"https://github.com={github}"], tmp_path)
+    assert code == 2 and "no conda part" in err and "--accept-partial" in err
+    code, out, err = run(["wheelhouse", "p40", "-o", "wh", "--url-map",
+                          f"https://github.com={github}", "--accept-partial"], tmp_path)
+    assert code == 0, err[-3000:]
+
+    install = [str(tmp_path / "wh" / "install.sh"), "--prefix", str(tmp_path / "env")]
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    wrong = subprocess.run(install, env=dict(clean, PIP_CONFIG_FILE=os.devnull,
+                                             PYTHON=shutil.which("python3.10") or "/bin/false"),
+                           capture_output=True, text=True, timeout=600)
+    assert wrong.returncode == 2 and f"the p40 lock is for Python {IMAGE_PYTHON}" in wrong.stderr
+    assert not (tmp_path / "env").exists()
+    right = subprocess.run(install, env=dict(clean, PIP_CONFIG_FILE=os.devnull,
+                                             PYTHON=sys.executable), capture_output=True,
+                           text=True, timeout=600)
+    assert right.returncode == 0, right.stderr[-3000:]
+    check = subprocess.run([str(tmp_path / "env" / "bin" / "python"), "-c",
+                            "import torch, verl; print(torch.__version__)"],
+                           capture_output=True, text=True)
+    assert check.stdout.strip() == "2.6.0+cu118", check.stderr

@@ -219,7 +219,21 @@ def invoke(args, probes):
     return code, r.output
 
 
-def host(box, *, runtimes=("nvidia", "runc"), free_gb=100, buildx=True, conda=True, engine=True):
+def recorded_network(down: dict | None = None):
+    """A stand-in for the network probes (mirrors.probe's answers, no traffic): every endpoint
+    answers, except the kinds in `down` ({kind: what the probe met})."""
+    from envbuilder.mirrors import Probe
+
+    def probe(body):
+        jobs = [("registry", reg, e) for reg, eps in body.get("registries", {}).items() for e in eps]
+        jobs += [(k, k, e) for k in ("pypi", "pytorch", "github") for e in body.get(k) or []]
+        return [Probe(k, t, e, k not in (down or {}), (down or {}).get(k, "HTTP 200"), 12.0)
+                for k, t, e in jobs]
+    return probe
+
+
+def host(box, *, runtimes=("nvidia", "runc"), free_gb=100, buildx=True, conda=True, engine=True,
+         network=None):
     docker = {("/usr/local/bin/docker", "buildx", "version"): (0, "github.com/docker/buildx v0.17.1 abc\n")} if buildx else {
         ("/usr/local/bin/docker", "version", "--format", "{{.Client.Version}}"): (1, "28.2.2\n")}
     return Probes(
@@ -228,7 +242,7 @@ def host(box, *, runtimes=("nvidia", "runc"), free_gb=100, buildx=True, conda=Tr
         else Engine(False, "Error while fetching server API version"),
         which=lambda name: f"/opt/bin/{name}" if conda and name == "micromamba" else None,
         which_all=lambda name: ["/usr/local/bin/docker"], free_bytes=lambda path: free_gb * GB,
-        exists=lambda path: path != "/usr/bin/docker")
+        exists=lambda path: path != "/usr/bin/docker", mirror_probe=network or recorded_network())
 
 
 def test_detect_prints_the_real_h200_run(m):
@@ -345,7 +359,9 @@ def test_doctor_probes_the_mirror_set_on_loopback(m, tmp_path, monkeypatch):
 
     config._load.cache_clear()
     try:
-        code, out = invoke(["doctor", "p40", "--mirror", "lo"], host("p40"))
+        from envbuilder.doctor import probe_mirror  # the real probes: the set is all loopback
+
+        code, out = invoke(["doctor", "p40", "--mirror", "lo"], host("p40", network=probe_mirror))
     finally:
         srv.shutdown()
         config._load.cache_clear()
@@ -475,3 +491,21 @@ def test_render_doctor_and_build_without_a_profile_take_the_one_detect_picks(m, 
         assert getattr(r.exception, "exit_code", r.exit_code) == 2, said
         assert "Name a profile" in said and "p40, 4090" in said and "NVML" in said
     assert not (tmp_path / "none").exists()
+
+
+
+def test_doctor_probes_what_the_build_fetches_and_names_each_fix(m):
+    """A P40 box behind a network without Docker Hub and with a TLS-intercepting proxy in front
+    of GitHub: doctor says so before a build would, each with its own fix."""
+    down = {"registry": "DNS: the host name does not resolve here",
+            "github": "TLS verification failed (a TLS-intercepting proxy? CERTIFICATE_VERIFY_FAILED)"}
+    code, out = invoke(["doctor", "p40", "--json"], host("p40", network=recorded_network(down)))
+    assert code == 1
+    net = {c["check"]: c for c in json.loads(out)["checks"]}["network"]
+    assert net["status"] == "fail"
+    assert "registry-1.docker.io (the base images): DNS" in net["detail"]
+    assert "https://github.com (the builder's source files): TLS verification failed" in net["detail"]
+    assert "--mirror NAME" in net["fix"] and "--ca-cert FILE" in net["fix"]
+    code, out = invoke(["doctor", "p40", "--json"], host("p40"))
+    net = {c["check"]: c for c in json.loads(out)["checks"]}["network"]
+    assert net["status"] == "ok" and "all 4 endpoints" in net["detail"]  # hub, PyPI, torch, GitHub

@@ -115,9 +115,13 @@ def test_podman_without_buildah_needs_no_smoke(bare_config, tmp_path):
     assert "`buildah` is not on PATH" in r.stderr and "--no-smoke" in r.stderr
 
 
-def test_doctor_lists_the_engines(bare_config):
+def test_doctor_lists_the_engines(tmp_path):
+    # a mirror set on loopback as the config's default: doctor probes it, not the upstream hosts
+    config = tmp_path / "config.yaml"
+    config.write_text(json.dumps({"mirror": "lo", "mirrors": {"lo": {
+        "description": "loopback", "registries": {"docker.io": [REGISTRY]}}}}))
     r = subprocess.run(ENVBUILD + ["doctor", "p40", "--json"], capture_output=True, text=True,
-                       cwd=ROOT, env=dict(os.environ, ENVBUILD_CONFIG=str(bare_config)),
+                       cwd=ROOT, env=dict(os.environ, ENVBUILD_CONFIG=str(config)),
                        timeout=300)
     checks = {c["check"]: c for c in json.loads(r.stdout)["checks"]}
     engines = checks["engines"]["detail"]

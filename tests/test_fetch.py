@@ -169,6 +169,27 @@ def test_terminal_progress_on_a_tty_redraws_one_line(tmp_path):
     assert out.getvalue().count("\n") == 1
 
 
+def test_a_long_download_off_a_tty_says_files_bytes_rate_and_eta_every_interval():
+    """A CI log of a 3 GB export: a plain line every 12 s (no carriage return) with the files,
+    the bytes of the total the lock's sizes give, the rate and the time left."""
+    now = [0.0]
+    out = io.StringIO()
+    p = TerminalProgress(out, interval=12.0, clock=lambda: now[0], label="wheelhouse")
+    p(FetchEvent("begin", total=40, nbytes=3 << 30))
+    for second in range(1, 31):  # 50 MiB a second for 30 s, a file done every 3 s
+        now[0] = float(second)
+        p(FetchEvent("progress", "torch.whl", nbytes=50 << 20))
+        if second % 3 == 0:
+            p(FetchEvent("done", f"f{second}.whl"))
+    p(FetchEvent("end"))
+    lines = out.getvalue().splitlines()
+    assert "\r" not in out.getvalue()
+    assert lines[:2] == [
+        "wheelhouse: 3/40 files  600.0 MiB of 3.0 GiB  50.0 MiB/s  ETA 49s",
+        "wheelhouse: 7/40 files  1.2 GiB of 3.0 GiB  50.0 MiB/s  ETA 37s"]
+    assert lines[2].startswith("fetched 10, already present 0, failed 0 of 40 files: 1.5 GiB")
+
+
 # ---- faults that never end: an endless body, a stall, a stop ----------------------------------
 
 def test_a_body_longer_than_the_locked_size_is_cut_off_and_removed(tmp_path):

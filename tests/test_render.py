@@ -553,3 +553,11 @@ def test_the_folders_readme_names_commands_that_parse_for_this_very_variant(argv
             assert " ".join(overrides) in command, command
     tag = default_tag(ResolvedEnv.from_json((out / "envbuild.json").read_text()))
     assert f"docker run --rm --gpus all {tag}`" in text
+
+
+def test_the_dockerfile_refuses_a_base_image_of_another_python_in_both_stages(rendered):
+    """Each stage's first step compares the venv's Python with the profile's and stops the
+    build, naming both, when they differ (a base image that already had another python3)."""
+    text = (rendered["p40"] / "Dockerfile").read_text()
+    assert text.count('if [ "$base_python" != 3.10 ]; then') == 2  # builder and runtime
+    assert text.count("exit 1;") >= 2
