@@ -13,8 +13,9 @@ python3 -m venv .venv
 # CI=true a machine that can't provision fails here rather than skipping those tests).
 if [ "$(id -u)" = 0 ]; then
   bash tests/infra/provision.sh --images-file tests/infra/images.txt
+  # the builder stages' base: the same image plus the compilers (one debootstrap, not two)
   ENVBUILD_TEST_BASE_IMAGE=envbuild-test/devel:bookworm \
-  ENVBUILD_TEST_INCLUDE=python3,python3-venv,python3-pip,python3-dev,build-essential,ca-certificates \
+  ENVBUILD_TEST_DERIVE_FROM=envbuild-test/base:bookworm ENVBUILD_TEST_APT="python3-dev build-essential" \
     bash tests/infra/provision.sh --no-smoke --images-file tests/infra/devel-images.txt
 elif [ "${CI:-}" = true ]; then
   echo "tests/run.sh: the Docker/registry tests need root to provision (CI=true)" >&2

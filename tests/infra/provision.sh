@@ -17,6 +17,8 @@
 #   ENVBUILD_TEST_STORAGE_DRIVER  force a dockerd storage driver (default: dockerd's choice,
 #                                 overlay2 here; falls back to vfs if dockerd won't start)
 #   ENVBUILD_TEST_BASE_IMAGE      local name of the imported base (envbuild-test/base:bookworm)
+#   ENVBUILD_TEST_DERIVE_FROM     make the base from this local image plus ENVBUILD_TEST_APT
+#                                 (Debian packages) instead of a debootstrap of its own
 #   ENVBUILD_TEST_INCLUDE         packages debootstrap adds (python3,python3-venv,python3-pip,ca-certificates)
 #   ENVBUILD_TEST_DEBIAN_MIRROR   mirror for debootstrap (http://deb.debian.org/debian)
 #   ENVBUILD_TEST_STATE_DIR       (/var/lib/envbuild-test)   registry storage, pid files, env.sh
@@ -31,6 +33,8 @@ REGISTRY="127.0.0.1:${PORT}"
 DOCKER="${ENVBUILD_TEST_DOCKER:-/usr/bin/docker}"
 STORAGE_DRIVER="${ENVBUILD_TEST_STORAGE_DRIVER:-}"
 BASE_IMAGE="${ENVBUILD_TEST_BASE_IMAGE:-envbuild-test/base:bookworm}"
+DERIVE_FROM="${ENVBUILD_TEST_DERIVE_FROM:-}"
+APT_PACKAGES="${ENVBUILD_TEST_APT:-}"
 MIRROR="${ENVBUILD_TEST_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 STATE_DIR="${ENVBUILD_TEST_STATE_DIR:-/var/lib/envbuild-test}"
 CACHE_DIR="${ENVBUILD_TEST_CACHE_DIR:-/var/cache/envbuild-test}"
@@ -259,8 +263,30 @@ import_base() {
     "$TARBALL" "$BASE_IMAGE") || return 1
   echo "imported $BASE_IMAGE ${id:0:19}"
 }
-step rootfs make_rootfs_tarball
-step import import_base
+# ENVBUILD_TEST_DERIVE_FROM=IMAGE (an image provisioned before) and ENVBUILD_TEST_APT="pkgs":
+# this base is that image plus those Debian packages, one `docker build` (about a minute), not a
+# second debootstrap of the whole system (minutes).
+derive_base() {
+  if "$DOCKER" image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
+    echo "$BASE_IMAGE already present ($("$DOCKER" image inspect -f '{{.Id}}' "$BASE_IMAGE" | cut -c1-19))"; return 0
+  fi
+  "$DOCKER" image inspect "$DERIVE_FROM" >/dev/null 2>&1 || { echo "$DERIVE_FROM is not there to derive from" >&2; return 1; }
+  local ctx; ctx=$(mktemp -d)
+  printf 'FROM %s\nRUN apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends %s && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin\n' \
+    "$DERIVE_FROM" "$APT_PACKAGES" >"$ctx/Dockerfile"
+  if ! DOCKER_BUILDKIT=1 "$DOCKER" build --progress=plain --network=host -t "$BASE_IMAGE" "$ctx" \
+      >"$LOG_DIR/derive.log" 2>&1; then
+    rm -rf "$ctx"; echo "deriving $BASE_IMAGE from $DERIVE_FROM failed; see $LOG_DIR/derive.log" >&2; return 1
+  fi
+  rm -rf "$ctx"
+  echo "derived $BASE_IMAGE from $DERIVE_FROM (+$APT_PACKAGES)"
+}
+if [[ -n "$DERIVE_FROM" ]]; then
+  step derive derive_base
+else
+  step rootfs make_rootfs_tarball
+  step import import_base
+fi
 
 # ---------------------------------------------------------------- push under the mirror's names
 registry_has() {  # registry_has NAME TAG
