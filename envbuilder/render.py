@@ -135,7 +135,8 @@ def render_files(env: ResolvedEnv, locked: dict | None = None) -> dict[str, str]
     from .bake import default_tag
     from .plan import install_plan, lock_hint, override_flags
 
-    spec = env.to_json()
+    d = env.to_dict()
+    spec = env.to_json(d)
     plan = install_plan(env)
     context = {
         "env": env,
@@ -147,7 +148,7 @@ def render_files(env: ResolvedEnv, locked: dict | None = None) -> dict[str, str]
         "audit": audit_plan(env),
         "torch_dtype": TORCH_DTYPE,
         "locked": locked,
-        "image_tag": default_tag(env),
+        "image_tag": default_tag(env, d),
         "lock_hint": lock_hint(env.profile, env.overrides),
         "override_flags": override_flags(env.overrides),
     }

@@ -225,13 +225,13 @@ class ResolvedEnv(Record):
         """A builder stage compiles or fetches extensions (apex, flash-attn) against the torch."""
         return bool(self.apex or self.flash_attn)
 
-    def to_json(self) -> str:
+    def to_json(self, d: dict | None = None) -> str:
         """envbuild.json's text: indented, sorted. json's indenting encoder is pure Python (a
         third of `render --all`), so the text is kept in the cache folder by the sha256 of the
         compact form (C-encoded) and used only when it reads back as this environment."""
         from .paths import cache_file, read_cache, write_cache
 
-        d = self.to_dict()
+        d = self.to_dict() if d is None else d  # (d: this environment's to_dict(), if at hand)
         compact = json.dumps(d, sort_keys=True, separators=(",", ":"))
         path = cache_file(f"env-{hashlib.sha256(compact.encode()).hexdigest()[:32]}.json")
         text = read_cache(path)
