@@ -269,11 +269,12 @@ FAILURES = (
      "pass the network's CA bundle with --ca-cert FILE (a BuildKit secret, never in a layer)"),
     ("A host name does not resolve from the build's network (DNS)",
      r"Temporary failure in name resolution|Name or service not known|Could not resolve host|"
-     r"NameResolutionError|no such host|Failed to resolve",
+     r"NameResolutionError|no such host|Failed to resolve '",
      "build through a mirror you can reach (--mirror NAME; `envbuild mirrors list`), or from a "
      "wheelhouse (--wheelhouse DIR)"),
     ("The registry or index asked for credentials, or refused them",
-     r"401 Unauthorized|403 Forbidden|authentication required|unauthorized: |denied: ",
+     r"401 Unauthorized|403 Forbidden|authentication required|unauthorized: |"
+     r"requested access to the resource is denied",
      "give the endpoint its credentials (in the mirror set's URL, or `docker login HOST`)"),
     ("A pull or download was rate limited",
      r"429 Too Many Requests|toomanyrequests|rate limit",
@@ -454,8 +455,9 @@ class StepLog:
             stage = label.split(" ", 1)[0]
             if stage not in self.stages:
                 self.stages.append(stage)
-            self.steps[sid] = {"label": label, "title": step_title(instr, 90),
-                               "started": self.clock(), "last": ""}
+            if sid not in self.steps:  # (BuildKit prints a step's header again when outputs interleave)
+                self.steps[sid] = {"label": label, "title": step_title(instr, 90),
+                                   "started": self.clock(), "last": ""}
             return
         m = self.OUTPUT.match(line)
         if m and m.group(1) in self.steps:

@@ -93,13 +93,16 @@ def mirrors_probe(name, timeout, as_json, matrix_dirs):
 @click.option("-v", "--verbose", is_flag=True, help="Show the whole build log.")
 @click.option("--wheelhouse", type=click.Path(path_type=Path), metavar="DIR",
               help="pip installs only from this wheelhouse (envbuild wheelhouse): no index at all.")
+@click.option("--no-probe", is_flag=True, help="Do not probe the registries, indexes and GitHub "
+              "before building (base images only the engine has, a network only the engine's "
+              "proxy reaches).")
 @click.option("--engine", type=click.Choice(["auto", "docker", "podman", "buildah"]), default="auto",
               envvar="ENVBUILD_ENGINE", show_default=True,
               help="What builds: docker (BuildKit), or daemonless podman or buildah. auto: docker "
               "when its client has BuildKit and the daemon answers, else podman, else buildah.")
 @override_options
 def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context, verbose,
-          wheelhouse, engine, overrides, matrix_dirs):
+          wheelhouse, no_probe, engine, overrides, matrix_dirs):
     """Render PROFILE, build it with BuildKit or podman/buildah (through a mirror), smoke-test
     and push it.
 
@@ -128,6 +131,12 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
             raise UserError("This folder's envbuild.json already fixes every choice; overrides "
                             "apply to a profile. Run `envbuild build PROFILE --OVERRIDE ...`, or "
                             "re-render this folder with them first.")
+        if wheelhouse is None and (Path("wheelhouse").is_dir() or any(Path(".").glob("locked-*.txt"))):
+            raise UserError("This folder was rendered --locked or --wheelhouse: its pins and files "
+                            "come from the lock, which envbuild.json does not hold, so building it "
+                            "from envbuild.json would be another, unpinned image. Build the folder "
+                            "as it is (`docker buildx build --network=host -t TAG .`), or name the "
+                            "profile and the same flags: `envbuild build PROFILE --wheelhouse DIR`.")
         env = ResolvedEnv.from_json(read_text_bounded(here, "envbuild.json"), "./envbuild.json")
         click.echo(f"build: no PROFILE given: building {env.name} as ./envbuild.json holds it "
                    "(the folder `envbuild render` wrote)", err=True)
@@ -195,7 +204,8 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
 
     # what the build fetches and where it pushes, probed before any step (with a mirror set, its
     # endpoints were probed above and its registries picked: the push target remains)
-    missing = reach.check(env, wheelhouse is not None, registry, upstream=not name)
+    missing = [] if no_probe else reach.check(env, wheelhouse is not None, registry,
+                                              upstream=not name, ca_cert=ca_cert)
     if missing:
         raise B.ActionError(reach.message(missing))
     context = B.stage_context(files, links) if keep_context is None else None

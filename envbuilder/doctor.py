@@ -279,7 +279,11 @@ def network_check(base: ResolvedEnv, mirror: str | None, probe: Callable) -> Che
 
     if mirror or user_config().get("mirror"):
         return Check("network", "skip", "the build goes through the mirror set (see `mirrors`)")
-    found = reach.check(base, False, None, probe=probe)
+    try:
+        found = reach.check(base, False, None, probe=probe)
+    except ImportError:  # the probes need requests (the actions extra)
+        return Check("network", "skip", "not probed: requests is not installed (pip install "
+                     "'envbuild[actions]')")
     if found:
         return Check("network", "fail", "; ".join(f"{f.what}: {f.why}" for f in found),
                      " ".join(dict.fromkeys(f.fix for f in found)))

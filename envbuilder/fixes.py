@@ -128,15 +128,26 @@ def _candidates(m, profile: str, ov: Overrides):
                 yield {"torch": t, "cuda": c}
 
 
-def whole_fix(m, profile: str, ov: Overrides, attempt) -> dict | None:
-    """The first candidate change under which the profile resolves, each flag with the value it
-    then has; None when none does."""
+# refusals no candidate change can lift (the machine's driver: --driver, detect): a fix is judged
+# by what it leaves besides these
+FIXED_BY_MACHINE = frozenset({"driver"})
+
+
+def _resolves(after, before: set) -> bool:
+    return after is None or (after <= FIXED_BY_MACHINE and after <= before)
+
+
+def whole_fix(m, profile: str, ov: Overrides, attempt, before: set = frozenset()) -> dict | None:
+    """The first candidate change under which the profile resolves (but for the machine's own
+    refusals), each flag with the value it then has; None when none does."""
     for flags in _candidates(m, profile, ov):
         if any(getattr(ov, _KEY.get(f, f)) == v for f, v in flags.items()):
             continue  # the user already has it
         changed = applied(ov, flags)
-        if attempt(changed) is None:
-            env = attempt.envs[changed]
+        if _resolves(attempt(changed), before):
+            env = attempt.envs.get(changed)
+            if env is None and any(v is None for v in flags.values()):
+                continue  # (a dropped flag's value is read from the resolved environment)
             return {f: v if v is not None else VALUE_OF[f](env) for f, v in flags.items()}
     return None
 
@@ -146,18 +157,23 @@ def checked(m, profile: str, ov: Overrides, violations: list, run) -> list:
     which the profile resolves; one with none gets the change that resolves it, when there is
     one. Prose without flags (an overlay to write, another image) stays as it is."""
     attempt = _Attempts(run)
+    before = {v.rule for v in violations}
     whole: list = []  # computed once, when first needed
     out = []
     for v in violations:
+        if v.rule in FIXED_BY_MACHINE:
+            out.append(v)  # (the machine's: its own fix, an upgrade, stands)
+            continue
         alts = [a.rstrip(" ,;") for a in alternatives(v.fix)]
         kept = [a for a in alts if (flags := concrete(m, a)) is not None
-                and attempt(applied(ov, flags)) is None]
+                and _resolves(attempt(applied(ov, flags)), before)]
         prose = [a for a in alts if concrete(m, a) is None and not FIX_FLAG.search(a)]
         if not kept:
             if not whole:
-                whole.append(whole_fix(m, profile, ov, attempt))
+                whole.append(whole_fix(m, profile, ov, attempt, before))
             if whole[0]:
-                kept = [f"{render_flags(whole[0])} (with it {profile} resolves)"]
+                kept = [f"{render_flags(whole[0])} (with it {profile} resolves"
+                        + (", but for the driver)" if before & FIXED_BY_MACHINE else ")")]
         if kept and not re.match(r"(use|add|pass|drop)\b", kept[0]):
             kept[0] = f"use {kept[0]}"
         fix = " or ".join(kept + prose) or (

@@ -12,6 +12,7 @@ endpoints that carry credentials to the RUN steps as a BuildKit secret (never a 
 from __future__ import annotations
 
 import re
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
@@ -175,7 +176,7 @@ class Probe(NamedTuple):
     latency_ms: float
 
 
-def _probe_one(kind: str, target: str, endpoint: str, timeout: float) -> Probe:
+def _probe_one(kind: str, target: str, endpoint: str, timeout: float, verify=True) -> Probe:
     import requests
 
     if kind == "registry":
@@ -188,7 +189,7 @@ def _probe_one(kind: str, target: str, endpoint: str, timeout: float) -> Probe:
         alive = tuple(range(200, 400))
     start = time.perf_counter()
     try:
-        r = requests.get(url, timeout=timeout, allow_redirects=True, stream=True)
+        r = requests.get(url, timeout=timeout, allow_redirects=True, stream=True, verify=verify)
         r.close()
         ms = (time.perf_counter() - start) * 1000
         status = {401: "HTTP 401 (credentials needed)", 403: "HTTP 403 (refused: credentials?)",
@@ -217,8 +218,9 @@ def failure_reason(e: Exception, timeout: float) -> str:
     return type(e).__name__
 
 
-def probe(body: dict, timeout: float = 5.0, kinds: tuple[str, ...] | None = None) -> list[Probe]:
-    """Every endpoint of a mirror set, in parallel."""
+def probe(body: dict, timeout: float = 5.0, kinds: tuple[str, ...] | None = None,
+          ca_cert=None) -> list[Probe]:
+    """Every endpoint of a mirror set, in parallel (`ca_cert`: a CA bundle to trust too)."""
     jobs = []
     for reg, eps in (body.get("registries") or {}).items():
         jobs += [("registry", reg, e) for e in eps]
@@ -230,8 +232,30 @@ def probe(body: dict, timeout: float = 5.0, kinds: tuple[str, ...] | None = None
         jobs = [j for j in jobs if j[0] in kinds]
     if not jobs:
         return []
-    with ThreadPoolExecutor(max_workers=min(16, len(jobs))) as pool:
-        return list(pool.map(lambda j: _probe_one(*j, timeout), jobs))
+    verify = _trust(ca_cert)
+    try:
+        with ThreadPoolExecutor(max_workers=min(16, len(jobs))) as pool:
+            return list(pool.map(lambda j: _probe_one(*j, timeout, verify), jobs))
+    finally:
+        if isinstance(verify, str):
+            os.unlink(verify)
+
+
+def _trust(ca_cert) -> bool | str:
+    """requests' `verify`: True (certifi), or one bundle of the system's CAs and `ca_cert`."""
+    if not ca_cert:
+        return True
+    import tempfile
+    from pathlib import Path
+
+    parts = [Path(ca_cert).read_bytes()]
+    for system in ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt"):
+        if Path(system).is_file():
+            parts.append(Path(system).read_bytes())
+            break
+    with tempfile.NamedTemporaryFile("wb", suffix=".pem", delete=False) as f:
+        f.write(b"\n".join(parts))
+    return f.name
 
 
 def health(probes: list[Probe]) -> dict:

@@ -42,7 +42,8 @@ def needs(env, wheelhouse: bool = False, push: str | None = None, upstream: bool
 def _fix(kind: str, target: str, status: str, env) -> str:
     if status.startswith("TLS"):
         return ("this network intercepts TLS: pass its CA bundle with --ca-cert FILE (a BuildKit "
-                "secret: it reaches the build's steps, never a layer)")
+                "secret: it reaches the build's steps, never a layer), or --no-probe if only the "
+                "engine trusts it")
     if kind == "registry" and target.startswith("push "):
         return "check the --push registry (a name from your config's `registries:`, or HOST:PORT)"
     if kind == "registry":
@@ -78,12 +79,14 @@ def findings(env, probes: list) -> list[Finding]:
 
 
 def check(env, wheelhouse: bool, push: str | None, upstream: bool = True,
-          probe: Callable[[dict], list] | None = None) -> list[Finding]:
-    """Probe what the build of `env` needs (mirrors.probe: in parallel, 5 s each)."""
+          probe: Callable[[dict], list] | None = None, ca_cert=None) -> list[Finding]:
+    """Probe what the build of `env` needs (mirrors.probe: in parallel, 5 s each), trusting
+    `ca_cert` (the build's --ca-cert) beside the system's CAs."""
     if probe is None:
         from .mirrors import probe as probe_set
 
-        probe = probe_set
+        def probe(body):
+            return probe_set(body, ca_cert=ca_cert)
     return findings(env, probe(needs(env, wheelhouse, push, upstream)))
 
 

@@ -217,7 +217,7 @@ PROFILE="" PREFIX=""
 while (($#)); do
   case "$1" in
     --prefix) PREFIX="$2"; shift 2 ;;
-    -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; echo "profiles: ${PROFILES[*]}"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; echo "profiles: ${PROFILES[*]}"; exit 0 ;;
     *) PROFILE="$1"; shift ;;
   esac
 done

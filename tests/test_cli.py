@@ -270,3 +270,17 @@ def test_build_with_no_profile_in_a_rendered_folder_builds_what_its_envbuild_jso
     assert code == 1 and "no-docker.sock" in err
     code, _, err = cli("build", "--verl", "0.9.1", "--engine", "docker")
     assert code == 2 and "already fixes every choice" in err
+
+
+def test_build_with_no_profile_refuses_a_folder_rendered_from_a_wheelhouse(cli, tmp_path,
+                                                                            monkeypatch):
+    """envbuild.json does not hold the lock a --wheelhouse/--locked render used: building the
+    folder from it would be another, unpinned image, so build refuses and says how."""
+    from conftest import FIXTURES
+
+    assert cli("render", "4090", "--wheelhouse", FIXTURES / "wheelhouse-4090", "-o",
+               tmp_path / "o")[0] == 0
+    monkeypatch.chdir(tmp_path / "o")
+    code, _, err = cli("build", "--push", "local", "--engine", "docker")
+    assert code == 2 and "rendered --locked or --wheelhouse" in err
+    assert "--wheelhouse DIR" in err

@@ -78,3 +78,38 @@ def test_a_failed_build_is_classified_with_one_fix_and_its_step_is_never_cut_mid
     err = build_failure("docker", "t:1", "ERROR: No matching distribution found for x==1",
                         [("5/9", run)], False)
     assert "resolution impossible" in str(err) and "Fix the error above" not in str(err)
+
+
+def test_review_mends_classification_ca_cert_and_a_reprinted_step_header(tmp_path):
+    import io
+
+    from envbuilder.build import StepLog, classify
+    from envbuilder.mirrors import _trust
+
+    assert classify("OSError: [Errno 13] Permission denied: '/opt/venv/x'") == (None, None)
+    assert "DNS" not in (classify("error: Failed to resolve dependencies for `verl`")[0] or "")
+    assert "credentials" in classify("denied: requested access to the resource is denied")[0]
+    ca = tmp_path / "corp.pem"
+    ca.write_bytes(b"-----BEGIN CERTIFICATE-----\nCORP\n-----END CERTIFICATE-----\n")
+    assert _trust(None) is True
+    bundle = _trust(str(ca))
+    try:  # the build's --ca-cert is trusted by the probes, beside the system's CAs
+        assert b"CORP" in open(bundle, "rb").read()
+    finally:
+        import os
+
+        os.unlink(bundle)
+    now = [0.0]
+    log = StepLog(out=io.StringIO(), tty=False, clock=lambda: now[0])
+    log("#6 [runtime 3/6] RUN long")
+    now[0] = 30.0
+    log("#6 [runtime 3/6] RUN long")  # BuildKit prints it again when outputs interleave
+    assert log.steps["6"]["started"] == 0.0
+
+
+def test_a_driver_refusal_does_not_hide_the_fixes_of_the_others():
+    from conftest import violations
+
+    v = violations("h100", vllm="0.9.2", driver="535.54.03")
+    assert v["verl-vllm"].fix == "use --vllm 0.24.0"
+    assert "upgrade the driver" in v["driver"].fix
