@@ -426,10 +426,9 @@ class StepLog:
 
     @staticmethod
     def _clock_text(seconds: float) -> str:
-        if seconds < 10:
-            return f"{seconds:.1f}s"
-        seconds = int(round(seconds))
-        return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+        from .progress import clock_text
+
+        return clock_text(seconds)
 
     def _order(self, step: dict) -> tuple:
         stage, _, pos = step["label"].partition(" ")

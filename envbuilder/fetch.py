@@ -29,6 +29,7 @@ import requests
 from requests.adapters import HTTPAdapter
 
 from envbuilder.errors import ActionError, UserError
+from envbuilder.progress import clock_text
 
 CHUNK = 64 * 1024  # small enough that a dropped connection loses little of what arrived
 HASH_BLOCK = 1024 * 1024
@@ -581,8 +582,7 @@ class TerminalProgress:
         text += f"  {human_size(rate)}/s"
         left = self.expected - self.bytes
         if self.expected and rate > 0 and left > 0:
-            eta = int(left / rate)
-            text += f"  ETA {eta // 60}m{eta % 60:02d}s" if eta >= 60 else f"  ETA {eta}s"
+            text += f"  ETA {clock_text(left / rate)}"
         return text
 
     def _draw(self, force: bool) -> None:

@@ -266,6 +266,9 @@ def test_a_mirror_set_supplies_indexes_channels_and_registry(world, p40_lock, tm
         assert (tmp_path / "lock" / name).read_bytes() == (p40_lock / name).read_bytes()
     assert f"{chan}/label/cuda-11.8.0/linux-64/cuda-nvcc-11.8.89" in \
         (tmp_path / "lock" / "conda-lock.yml").read_text()
+    # each part says when it starts and how long it took (a line every 12 s between)
+    for part in ("pip part", "sources", "conda part", "images"):
+        assert f"p40: {part}: done in " in err, err
 
 
 # ---- same inputs, same bytes; --check ------------------------------------------------------

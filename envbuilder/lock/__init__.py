@@ -91,11 +91,13 @@ def _version(dist: str) -> str:
 def lock_profile(env: ResolvedEnv, glibc: str, sources: Sources, out_dir: Path, *,
                  parts=tuple(L.PARTS), solver: str = "rattler",
                  swap_torch: bool = False,
-                 say: Callable[[str], None] = lambda msg: None) -> dict:
+                 say: Callable[[str], None] = lambda msg: None, beat: float = 12.0) -> dict:
     """Solve, pin and write lockfiles for `env` into `out_dir`; returns lock.json's content.
     `swap_torch` solves the pip part with PyPI's build of the profile's torch version: such a
-    lock pins everything else (render's constraints) but cannot install the +cuXXX torch."""
+    lock pins everything else (render's constraints) but cannot install the +cuXXX torch.
+    Each part says when it starts, a line every `beat` seconds while it runs, and its time."""
     from ..plan import plan_sha256, torch_swap
+    from ..progress import Heartbeat
     from .conda import virtual_packages
     from .pip import parse, python_platform
 
@@ -115,14 +117,16 @@ def lock_profile(env: ResolvedEnv, glibc: str, sources: Sources, out_dir: Path, 
             f"{python_platform(glibc)} via {sources.pypi}"
             + (f" + {sources.torch}" if sources.torch and not swapped else "")
             + (f" (torch {swapped})" if swapped else ""))
-        files[L.REQUIREMENTS], files[L.PYLOCK], pylock = compile_lock(
-            env, glibc, sources.pypi, sources.torch, swap_torch=bool(swapped))
+        with Heartbeat(f"{env.name}: pip part", say, every=beat):
+            files[L.REQUIREMENTS], files[L.PYLOCK], pylock = compile_lock(
+                env, glibc, sources.pypi, sources.torch, swap_torch=bool(swapped))
         parents = {n: e.parents for n, e in parse(files[L.REQUIREMENTS]).items()}
         tools["uv"] = uv_version()
     if "sources" in parts and L.has_sources(env):
         from .sources import lock_sources
 
-        files[L.SOURCES] = L.dumps(lock_sources(env, sources.github, say))
+        with Heartbeat(f"{env.name}: sources", say, every=beat):
+            files[L.SOURCES] = L.dumps(lock_sources(env, sources.github, say))
     if "conda" in parts:
         import tempfile
 
@@ -131,7 +135,8 @@ def lock_profile(env: ResolvedEnv, glibc: str, sources: Sources, out_dir: Path, 
         say(f"{env.name}: conda part: {solver} for {', '.join(f'{k}={v}' for k, v in vpkgs.items())} "
             f"from {', '.join(sources.channels)}")
         solve = solve_rattler if solver == "rattler" else solve_conda_lock
-        records = solve(env, list(sources.channels), vpkgs)
+        with Heartbeat(f"{env.name}: conda part", say, every=beat):
+            records = solve(env, list(sources.channels), vpkgs)
         with tempfile.TemporaryDirectory(prefix="envbuild-lock-") as tmp:
             files[L.CONDA_LOCK] = write_conda_lock(
                 Path(tmp) / L.CONDA_LOCK, records, pylock, parents, channels=list(sources.channels),
@@ -147,7 +152,8 @@ def lock_profile(env: ResolvedEnv, glibc: str, sources: Sources, out_dir: Path, 
         if isinstance(where, dict):
             where = ", ".join(f"{k} via {v}" for k, v in where.items())
         say(f"{env.name}: images: {', '.join(refs)} from {where}")
-        files[L.IMAGES] = L.dumps(lock_images(refs, sources.registry_mirror))
+        with Heartbeat(f"{env.name}: images", say, every=beat):
+            files[L.IMAGES] = L.dumps(lock_images(refs, sources.registry_mirror))
         tools["requests"] = _version("requests")
     meta = {
         "format": L.FORMAT,
