@@ -235,3 +235,19 @@ def verl_trees(verl_wheels, tmp_path_factory) -> dict:
             z.extractall(root)
         trees[version] = root
     return trees
+
+
+# -- test tiers --------------------------------------------------------------------------------
+# Every test carries one or more tier markers (pyproject.toml names them; docs/CONTRIBUTING.md
+# says what each needs): `pytest -m unit` runs what needs neither Docker, nor PyPI, nor a GPU.
+# A test that reaches PyPI through the real_pypi fixture (or what depends on it) is `pypi`.
+TIERS = ("docker", "pypi", "gpu", "heavy")
+_PYPI_FIXTURES = {"real_pypi", "verl_wheels", "verl_trees"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _PYPI_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.pypi)
+        if not any(item.get_closest_marker(t) for t in TIERS):
+            item.add_marker(pytest.mark.unit)

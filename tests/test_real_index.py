@@ -12,6 +12,8 @@ import pytest
 
 from conftest import PROFILES, clean_env, envbuild_exe, record, shipped
 
+pytestmark = pytest.mark.pypi  # (real_pypi marks it too; said here so a reader sees the tier)
+
 
 def check_resolve(*args, cache_home, timeout=600):
     return subprocess.run([envbuild_exe(), "check", *args, "--resolve"], capture_output=True,
