@@ -43,6 +43,10 @@ def override_options(f):
                      help="Check against this NVIDIA driver version, e.g. 550.54.14."),
         click.option("--allow-unsupported", is_flag=True,
                      help="Render even when the hardware is below a floor; the warnings go into the files."),
+        click.option("--model", metavar="HF_ID|FOLDER",
+                     help="Train this model: a hub repo id (its config.json is read through "
+                     "HF_ENDPOINT, then cached) or a folder holding its config.json. The memory "
+                     "plan, batch sizes and run script follow its shape."),
         click.option("--ecc", type=click.Choice(["on", "off"]),
                      help="Plan memory for the board with ECC on (GDDR datacenter boards' default, "
                           "which costs memory) or off (nvidia-smi -e 0 and a reboot)."),
@@ -53,17 +57,25 @@ def override_options(f):
 
     @wraps(f)
     def wrapper(*args, cuda, torch_, python, verl, rollout, vllm, with_, without, driver,
-                allow_unsupported, ecc, **kwargs):
+                allow_unsupported, model, ecc, **kwargs):
         from .resolve import Overrides
 
         both = sorted(set(split_names(with_)) & set(split_names(without)))
         if both:
             raise UserError(f"--with and --without both name {', '.join(both)}: say once whether "
                             "the profile gets it.")
+        model_key, arch = None, None
+        if model is not None:
+            from .architectures import with_model
+
+            table = load_matrix(kwargs.get("matrix_dirs") or ())
+            m, model_key = with_model(table, model)
+            arch = None if model_key in table.models else m.models[model_key]
         kwargs["overrides"] = Overrides(cuda=cuda, torch=torch_, python=python, verl=verl,
                                         rollout=rollout, vllm=vllm, with_=split_names(with_),
                                         without=split_names(without), driver=driver,
-                                        allow_unsupported=allow_unsupported, ecc=ecc)
+                                        allow_unsupported=allow_unsupported, ecc=ecc,
+                                        model=model_key, model_arch=arch)
         return f(*args, **kwargs)
 
     return wrapper

@@ -90,7 +90,7 @@ ALLOC_CONF = {"max_vram_gb": float, "value": S.ALLOC_CONF, "why": WHY,
               "source": SOURCE}
 # micro_batch_size_per_gpu: optional; an upper bound on every planned micro-batch (the plan picks
 # the largest that fits the GPU: envbuilder/memory.py)
-TRAIN = {"model": S.MODEL_ID, "model_vram_gb": float, "n_gpus": int, "train_batch_size": int,
+TRAIN = {"model": S.MODEL_REF, "model_vram_gb": float, "n_gpus": int, "train_batch_size": int,
          "ppo_mini_batch_size": int, "micro_batch_size_per_gpu?": int, "max_prompt_length": int,
          "max_response_length": int, "param_offload": bool, "optimizer_offload": bool,
          "gradient_checkpointing": bool, "gpu_memory_utilization": float, "lora_rank": int}
@@ -108,9 +108,10 @@ PROFILE = {"description": DESCRIPTION, "gpu": S.NAME, "cuda": S.CUDA, "torch": S
            "pins?": PINS, "train": TRAIN, "source": SOURCE}
 # a decoder's architecture (its config.json) for the memory estimate; `parameters` is checked
 # against the count the architecture gives (matrix._cross_check)
-MODEL = {"family": S.OneOf(("qwen2",)), "layers": int, "hidden_size": int, "attention_heads": int,
+MODEL = {"family": S.OneOf(("qwen2", "llama", "qwen3")), "layers": int, "hidden_size": int,
+         "attention_heads": int,
          "kv_heads": int, "head_dim": int, "intermediate_size": int, "vocab_size": int,
-         "tied_embeddings": bool, "qkv_bias": bool, "max_position_embeddings": int,
+         "tied_embeddings": bool, "qkv_bias": bool, "qk_norm?": bool, "max_position_embeddings": int,
          "parameters": int, "source": SOURCE}
 MEMORY = {"total_mib": S.MapOf({"mib": int, "ecc_off_mib?": int, "source": SOURCE}, key=S.NAME),
           "cuda_context_gib": float, "nccl_gib": float, "allocator_overhead": float,
@@ -174,7 +175,7 @@ RESOLVED = {
     "overrides": {"cuda?": S.CUDA, "torch?": S.VERSION, "python?": S.CUDA, "verl?": S.VERSION,
                   "rollout?": S.OneOf(ROLLOUTS), "vllm?": S.VERSION, "with?": S.ListOf(S.NAME),
                   "without?": S.ListOf(S.NAME), "driver?": S.DRIVER, "allow_unsupported?": bool,
-                  "ecc?": S.OneOf(("on", "off"))},
+                  "ecc?": S.OneOf(("on", "off")), "model?": S.MODEL_REF},
     "gpu": {"key": S.NAME, "name": S.GPU_NAME, "arch": S.NAME, "compute_capability": S.CC,
             "sm": S.Pattern(r"\d+", "61", max_len=8), "vram_gb": float, "bf16": bool,
             "max_smem_per_block_kb": int},

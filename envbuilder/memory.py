@@ -89,11 +89,12 @@ class Arch:
         self.a, self.k, self.d = rec["attention_heads"], rec["kv_heads"], rec["head_dim"]
         self.I, self.V = rec["intermediate_size"], rec["vocab_size"]
         self.tied, self.bias = rec["tied_embeddings"], rec["qkv_bias"]
+        self.qk_norm = rec.get("qk_norm", False)  # Qwen3: an RMSNorm of head_dim on q and on k
 
     def layer_params(self) -> int:
         qkv = (self.a + 2 * self.k) * self.d
         return (self.H * qkv + (qkv if self.bias else 0) + self.a * self.d * self.H
-                + 3 * self.H * self.I + 2 * self.H)
+                + 3 * self.H * self.I + 2 * self.H + (2 * self.d if self.qk_norm else 0))
 
     def root_params(self) -> int:
         """Outside the decoder layers: embeddings, the final norm, an untied lm_head."""

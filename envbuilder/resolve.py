@@ -117,6 +117,14 @@ class _Resolver:
                             "add your own with --matrix-dir.")
         self.name = profile_name
         self.p = m.profiles[profile_name]
+        # the model table, with --model's shape where the table lacks it (its config.json)
+        self.models = m.models
+        if ov.model and ov.model not in m.models:
+            if not ov.model_arch:
+                raise UserError(f"--model {ov.model!r} is not in the model table "
+                                f"({', '.join(m.models)}) and its shape was not read. Pass a hub "
+                                "repo id or a folder holding its config.json.")
+            self.models = {**m.models, ov.model: dict(ov.model_arch)}
 
     def add(self, rule: str, what: str, why: str, fix: str, hard: bool = False) -> None:
         self.v.append(Violation(rule, what, why, fix, hard))
@@ -364,7 +372,7 @@ class _Resolver:
         consts = dict(mem, total_gib=card["mib"] / 1024)
         env = {"dtype": dtype, "attention": attention, "rollout": rollout, "train": train,
                "lora_flat_grads": lora_flat}
-        out = plan(env, self.m.models[train["model"]], consts, self.m.datasets["gsm8k"]["rows"]["test"])
+        out = plan(env, self.models[train["model"]], consts, self.m.datasets["gsm8k"]["rows"]["test"])
         out["card"] = card
         return out
 
@@ -385,11 +393,9 @@ class _Resolver:
                                         lora_flat=bool(s.lora_key))["problems"]
 
         fixes = []
-        size = self.m.models[train["model"]]["parameters"]
+        size = self.models[train["model"]]["parameters"]
         smaller = sorted((r["parameters"], name) for name, r in self.m.models.items()
                          if r["parameters"] < size and fits(model=name))
-        if smaller:
-            fixes.append(f"a smaller model from the table: train.model {smaller[-1][1]}")
         if not (train["param_offload"] and train["optimizer_offload"]) and fits(
                 param_offload=True, optimizer_offload=True):
             fixes.append("offload what is idle: train.param_offload and train.optimizer_offload "
@@ -406,6 +412,8 @@ class _Resolver:
                          f"{round(train['gpu_memory_utilization'] / 2, 2)}")
         fix = ("in a --matrix-dir overlay of the profile, " + "; or ".join(fixes)) if fixes else (
             "a GPU with more memory, or more GPUs (train.n_gpus) to shard the state over")
+        if smaller:  # (a model of the table: --model takes it, and the fix walk checks it)
+            fix = f"use --model {smaller[-1][1]} (a smaller model from the table); or {fix}"
         worst = max(mem["problems"], key=lambda p: p["gib"] - p["budget_gib"])
         phase = next(p for p in mem["phases"] if p["phase"] == worst["phase"])
         top = sorted(phase["terms"], key=lambda t: -t["gib"])[:3]
@@ -509,7 +517,18 @@ class _Resolver:
         use_orig_params=True where one flat parameter holds base and adapters; and the run
         overrides that would undo either, for preflight to refuse."""
         s.train = dict(self.p["train"])
+        if self.ov.model and self.ov.model != s.train["model"]:
+            from .architectures import scaled_vram_gb
+
+            was = self.models[s.train["model"]]["parameters"]
+            s.train["model"] = self.ov.model
+            s.train["model_vram_gb"] = scaled_vram_gb(s.train["model_vram_gb"], was,
+                                                      self.models[self.ov.model]["parameters"])
         s.notes, s.refused, s.lora_key = [], [], None
+        if self.ov.model and self.ov.model.startswith("/"):
+            s.notes.append(f"the model is the folder {self.ov.model}, which the image does not "
+                           f"hold: mount it at the same path (docker run -v "
+                           f"{self.ov.model}:{self.ov.model}:ro ...)")
         hf = (s.verl.get("hf_rollout") or {}) if s.rollout == "hf" else {}
         off, lora = hf.get("offload"), hf.get("lora")
         s.actor_offload_ok = not (off and not off["works"])
@@ -820,13 +839,27 @@ def _rule_shared_dependencies(r: _Resolver, s: Selection) -> None:
                               **s.pins})
 
 
+def _rule_model(r: _Resolver, s: Selection) -> None:
+    t = s.train
+    longest = r.models[t["model"]]["max_position_embeddings"]
+    need = t["max_prompt_length"] + t["max_response_length"]
+    if need > longest:
+        r.add("model-context", f"{t['model']} reads at most {longest} tokens, but the profile's "
+              f"prompts and responses take {need}",
+              "max_position_embeddings in its config.json bounds prompt + response",
+              "pick a model with a longer context, or shorten train.max_prompt_length and "
+              "max_response_length in a --matrix-dir overlay", hard=True)
+
+
 def _rule_memory(r: _Resolver, s: Selection) -> None:
+    if any(v.rule == "model-context" for v in r.v):
+        return  # (a plan of sequences the model cannot read says nothing more)
     r.memory_rule(s)
 
 
 # In the order their findings are reported.
 RULES = (_rule_machine, _rule_torch_cuda, _rule_python, _rule_arch, _rule_verl, _rule_vllm, _rule_driver,
-         _rule_bf16, _rule_extensions, _rule_shared_dependencies, _rule_memory)
+         _rule_bf16, _rule_extensions, _rule_shared_dependencies, _rule_model, _rule_memory)
 
 
 def resolve(m: Matrix, profile: str, overrides: Overrides | None = None) -> ResolvedEnv:

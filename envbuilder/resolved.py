@@ -27,16 +27,20 @@ class Overrides(Record):
     """What the user asked to change about a profile (CLI flags)."""
 
     __slots__ = _fields = ("cuda", "torch", "python", "verl", "rollout", "vllm", "with_",
-                           "without", "driver", "allow_unsupported", "ecc")
+                           "without", "driver", "allow_unsupported", "ecc", "model", "model_arch")
     _defaults = {"cuda": None, "torch": None, "python": None, "verl": None, "rollout": None,
                  "vllm": None, "with_": (), "without": (), "driver": None,
-                 "allow_unsupported": False, "ecc": None}
+                 "allow_unsupported": False, "ecc": None, "model": None, "model_arch": None}
     _keys = {"with_": "with"}
+    # model_arch: the shape --model's config.json gave (architectures.with_model), for a model
+    # the table lacks; derived from `model`, so never a flag of its own
+    _derived = ("model_arch",)
 
     def to_dict(self) -> dict:
         """The flags given, by their names (`with`), sorted; what was left at its default is
         left out."""
-        d = {self._keys.get(k, k): v for k, v in self._asdict().items() if v not in (None, (), False)}
+        d = {self._keys.get(k, k): v for k, v in self._asdict().items()
+             if v not in (None, (), False) and k not in self._derived}
         return {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(d.items())}
 
 

@@ -238,6 +238,10 @@ _HF_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"
 MODEL_ID = Pattern(rf"(?!.*(?:\.\.|--))(?:{_HF_PART}/)?{_HF_PART}", "Qwen/Qwen2.5-0.5B-Instruct",
                    "a Hugging Face repo id like 'Qwen/Qwen2.5-0.5B-Instruct' (letters, digits, "
                    "'.', '_', '-'; at most 96 each side of the '/'; no '..' or '--')", 193)
+# what a run trains: a hub repo id, or (--model FOLDER) the folder's absolute path
+MODEL_REF = Pattern(rf"{MODEL_ID.regex}|/(?!.*(?:\.\.|//))[A-Za-z0-9_.+/-]{{1,200}}",
+                    "Qwen/Qwen2.5-0.5B-Instruct", "a Hugging Face repo id like "
+                    "'Qwen/Qwen2.5-0.5B-Instruct' or a model folder's absolute path", 201)
 # a pip package as a pin names it: a PEP 508 name with optional extras (ray[default])
 PACKAGE = Pattern(rf"{_PACKAGE}(?:\[{_PACKAGE}(?:,{_PACKAGE})*\])?", "ray[default]",
                   "a package name (PEP 508: letters, digits, '.', '_', '-'; extras in [])")

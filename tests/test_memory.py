@@ -210,7 +210,7 @@ def test_the_seed_4090_model_is_refused_with_a_smaller_model_from_the_table(over
     v = violations("4090", m)["memory"]
     assert "Qwen/Qwen2.5-1.5B-Instruct does not fit the NVIDIA GeForce RTX 4090" in v.what
     assert "critic" in v.why and "GiB" in v.why
-    assert "train.model Qwen/Qwen2.5-0.5B-Instruct" in v.fix
+    assert "use --model Qwen/Qwen2.5-0.5B-Instruct" in v.fix  # (a flag: the fix walk checks it)
     # --allow-unsupported renders anyway, with the warning in the files
     env = resolved("4090", m, allow_unsupported=True)
     assert any("does not fit" in w for w in env.to_dict()["warnings"])

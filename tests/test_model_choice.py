@@ -1,0 +1,145 @@
+"""--model: the model a user trains, from the table, a folder's config.json, or the hub's
+config.json through a Hugging Face endpoint (a loopback one serving the real files here)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURES, shipped
+from envbuilder.architectures import arch_from_config
+from envbuilder.errors import UserError
+from envbuilder.memory import Arch
+from faultserver import FaultServer
+
+HF = FIXTURES / "hf"
+
+
+def config(repo: str) -> dict:
+    return json.loads((HF / repo / "config.json").read_text())
+
+
+def hub_files() -> dict[str, bytes]:
+    return {f"{p.parent.relative_to(HF)}/resolve/main/config.json": p.read_bytes()
+            for p in HF.rglob("config.json")}
+
+
+@pytest.fixture
+def run(cli, monkeypatch):
+    """envbuild in-process (conftest's cli): (exit code, stdout + stderr); env= sets variables."""
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+
+    def go(*args, env=None):
+        for k, v in (env or {}).items():
+            monkeypatch.setenv(k, v)
+        code, out, err = cli(*args)
+        return code, out + err
+    return go
+
+
+@pytest.fixture
+def hub():
+    with FaultServer(hub_files()) as server:
+        yield server
+
+
+def test_a_config_json_gives_the_shape_the_table_records():
+    rec = arch_from_config(config("Qwen/Qwen2-7B-Instruct"), "config.json", "Qwen/Qwen2-7B-Instruct")
+    table = dict(shipped().models["Qwen/Qwen2-7B-Instruct"])
+    assert {k: v for k, v in rec.items() if k != "source"} == \
+        {k: v for k, v in table.items() if k != "source"}
+
+
+@pytest.mark.parametrize("repo,params", [("meta-llama/Llama-3.1-8B-Instruct", 8_030_261_248),
+                                         ("Qwen/Qwen3-8B", 8_190_735_360)])
+def test_other_families_count_the_parameters_their_cards_state(repo, params):
+    rec = arch_from_config(config(repo), "config.json", repo)
+    assert rec["parameters"] == params == Arch(repo, rec).params()
+
+
+def test_a_mixture_of_experts_or_an_unknown_layout_is_refused_with_the_reason():
+    with pytest.raises(UserError, match="mixture-of-experts.*num_experts"):
+        arch_from_config(config("Qwen/Qwen3-30B-A3B"), "config.json", "Qwen/Qwen3-30B-A3B")
+    with pytest.raises(UserError, match="'gpt2' model.*knows the layouts"):
+        arch_from_config({"model_type": "gpt2"}, "config.json", "gpt2")
+    for bad in ([], {"model_type": "llama", "num_hidden_layers": "32"},
+                {"model_type": "llama", "num_hidden_layers": 10**9}):
+        with pytest.raises(UserError):
+            arch_from_config(bad, "config.json", "x")
+
+
+def test_a_local_folder_sizes_the_plan_and_names_the_run_scripts_model(tmp_path, run):
+    folder = tmp_path / "my-llama"
+    shutil.copytree(HF / "meta-llama" / "Llama-3.1-8B-Instruct", folder)
+    code, out = run("render", "h100", "--model", folder, "-o", tmp_path / "out")
+    assert code == 0, out
+    script = (tmp_path / "out" / "run_ppo_gsm8k.sh").read_text()
+    assert f"MODEL=${{MODEL:-{folder}}}" in script
+    spec = json.loads((tmp_path / "out" / "envbuild.json").read_text())
+    assert spec["train"]["model"] == str(folder)
+    assert spec["overrides"]["model"] == str(folder) and "model_arch" not in spec["overrides"]
+    code, default = run("show", "h100", "--memory")
+    code2, mine = run("show", "h100", "--memory", "--model", folder)
+    assert code == code2 == 0 and default != mine and "8.03B" in mine
+
+
+def test_a_folder_without_config_json_and_a_missing_folder_are_refused(tmp_path, run):
+    (tmp_path / "empty").mkdir()
+    for arg, why in ((tmp_path / "empty", "no config.json"), (tmp_path / "nope", "no such folder")):
+        code, out = run("show", "h100", "--model", arg)
+        assert code == 2 and why in out, out
+
+
+def test_a_hub_model_is_read_through_hf_endpoint_once_then_from_the_cache(hub, tmp_path, run):
+    env = {"HF_ENDPOINT": hub.url("")}
+    code, out = run("render", "h100", "--model", "Qwen/Qwen3-8B", "-o", tmp_path / "a", env=env)
+    assert code == 0, out
+    assert len(hub.requests_for("Qwen/Qwen3-8B/resolve/main/config.json")) == 1
+    assert "MODEL=${MODEL:-Qwen/Qwen3-8B}" in (tmp_path / "a" / "run_ppo_gsm8k.sh").read_text()
+    hub.script["Qwen/Qwen3-8B/resolve/main/config.json"] = [503] * 5  # the hub is down now
+    code, out = run("render", "h100", "--model", "Qwen/Qwen3-8B", "-o", tmp_path / "b", env=env)
+    assert code == 0, out  # the cached config.json answered: no request reached the hub
+    assert len(hub.requests_for("Qwen/Qwen3-8B/resolve/main/config.json")) == 1
+    assert (tmp_path / "a" / "run_ppo_gsm8k.sh").read_bytes() == \
+        (tmp_path / "b" / "run_ppo_gsm8k.sh").read_bytes()
+
+
+def test_an_unknown_repo_a_dead_endpoint_and_an_endless_body_each_say_what_to_do(hub, tmp_path, run):
+    code, out = run("show", "h100", "--model", "nobody/nothing", env={"HF_ENDPOINT": hub.url("")})
+    assert code == 2 and "no such repo" in out, out
+    from httpfixtures import closed_port_url
+
+    code, out = run("show", "h100", "--model", "Qwen/Qwen3-8B",
+                    env={"HF_ENDPOINT": closed_port_url("").rstrip("/")})
+    assert code == 1 and "HF_ENDPOINT" in out and "--model /path/to/model" in out, out
+    hub.script["Qwen/Qwen3-8B/resolve/main/config.json"] = ["endless"]
+    hub.files["big/x/resolve/main/config.json"] = b"{" * 10
+    code, out = run("show", "h100", "--model", "Qwen/Qwen3-8B", env={"HF_ENDPOINT": hub.url("")})
+    assert code == 1 and "more than 1024 KiB" in out, out
+
+
+def test_credentials_in_hf_endpoint_are_never_printed(tmp_path, run):
+    from httpfixtures import closed_port_url
+
+    url = closed_port_url("").rstrip("/").replace("http://", "http://user:s3cret@")
+    code, out = run("show", "h100", "--model", "Qwen/Qwen3-8B", env={"HF_ENDPOINT": url})
+    assert code == 1 and "s3cret" not in out and "***@" in out, out
+
+
+def test_a_model_whose_context_is_shorter_than_the_profiles_sequences_is_refused(tmp_path, run):
+    folder = tmp_path / "short"
+    folder.mkdir()
+    cfg = dict(config("Qwen/Qwen2-7B-Instruct"), max_position_embeddings=256)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    code, out = run("show", "h100", "--model", folder)
+    assert code == 2 and "[model-context]" in out and "256 tokens" in out, out
+
+
+def test_a_model_too_big_for_the_card_names_a_smaller_one_that_resolves(run):
+    code, out = run("show", "4090", "--model", "Qwen/Qwen2-7B-Instruct")
+    assert code == 2 and "[memory]" in out, out
+    fix = out.split("use --model ", 1)[1].split(" ", 1)[0]
+    assert run("show", "4090", "--model", fix)[0] == 0
