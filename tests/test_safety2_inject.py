@@ -178,8 +178,13 @@ def _fence_blocks(body: str) -> list[tuple[int, int]]:
     return blocks
 
 
+# Markdown alone (no control character but the newline): it closes the code block and renders
+MARKDOWN = "ok\n```\n\n[link](https://evil.example) <img src=x> @octocat\n````\n"
+
+
+@pytest.mark.parametrize("reason", [ESCAPES, MARKDOWN], ids=["escapes", "markdown"])
 def test_the_pull_request_body_keeps_every_index_string_inside_its_code_block(hostile_index,
-                                                                                 tmp_path):
+                                                                                 tmp_path, reason):
     """The refresh workflow's own step, run by bash as the runner runs it, against an index
     whose yanked_reason for a transformers release the shipped matrix pins holds terminal
     escapes and Markdown: the body the pull request gets is the preamble and one code block,
@@ -190,7 +195,7 @@ def test_the_pull_request_body_keeps_every_index_string_inside_its_code_block(ho
     pinned = sorted(v for v in R.named_versions(shipped().sections)["transformers"]
                     if recorded.get(v))
     assert pinned
-    base = hostile_index(yank("transformers", pinned[0], ESCAPES))
+    base = hostile_index(yank("transformers", pinned[0], reason))
     step = _workflow_step("envbuild refresh --write-overlay refresh")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
