@@ -487,7 +487,9 @@ def bounded_message(text: str) -> str:
     or a hostile file carried, echoed back) cut to its start and its length."""
     import re
 
-    return re.sub(r"\S{200,}", lambda m: f"{m[0][:80]}...({len(m[0])} characters)", text)
+    from .quoting import redact  # (a URL's user:password@ is printed as ***@)
+
+    return re.sub(r"\S{200,}", lambda m: f"{m[0][:80]}...({len(m[0])} characters)", redact(text))
 
 
 def internal_error_text(argv, exc: BaseException) -> str:

@@ -205,7 +205,7 @@ def apptainer(profile, image, oci_archive, out, mirror, force, overrides, matrix
             click.echo(f"note: {full} does not exist yet; `apptainer build` needs it there.",
                        err=True)
     m = load_matrix(matrix_dirs)
-    env = resolve(m, profile, overrides)
+    env = M.split_credentials(resolve(m, profile, overrides))[0]  # (no user:password@ in it)
     if mirror:
         env = M.apply_to_env(env, M.choice(mirror, M.get_set(m, mirror)))
     path = out if out is not None else Path(f"{plain_name(env.name, 'The profile name')}.def")

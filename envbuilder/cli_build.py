@@ -146,6 +146,10 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
 
             profile = implied_profile(m, "build", click.get_current_context().obj)
         env = resolve(m, profile, overrides)
+    # the endpoints' user:password@ (an overlay's index, say) reach the RUN steps only as the
+    # `endpoints` secret; the image's name, its files and its labels name them without
+    probe_env = env
+    env, _, own_credentials = M.split_credentials(env)
     secrets = B.secret_files(ca_cert, pip_conf)
     if not tag:  # named after the upstream spec: the same image whichever mirror built it
         from .bake import default_tag
@@ -177,7 +181,7 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
                                 f"mirror set under `mirrors:` in {config_path()} (envbuild's "
                                 "config; ENVBUILD_CONFIG names another) with a registry you reach.")
         say(f"--mirror auto chose {name!r}")
-    choice, credentials = None, ""
+    choice, endpoints = None, dict(own_credentials)
     if name:
         body = M.get_set(m, name)
         healthy = M.health(M.probe(body))
@@ -189,9 +193,12 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
                                   healthy, say)
         choice = M.choice(name, body, healthy)._replace(registries=picks)
         # the rendered files point at the mirror (its endpoints without credentials: the
-        # image's envbuild.json and ENV HF_ENDPOINT name the same mirror); credentials reach the
-        # RUN steps as a secret only (a wheelhouse build uses its own files, never an index)
-        credentials = choice.credentials_env(env, B.NETWORK_ARGS if wheelhouse else ())
+        # image's envbuild.json and ENV HF_ENDPOINT name the same mirror); its endpoints replace
+        # the profile's own, credentials and all
+        endpoints.update(choice.endpoints(env))
+    # credentials reach the RUN steps as a secret only (a wheelhouse build uses its own files,
+    # never an index)
+    credentials = M.endpoints_secret(endpoints, B.NETWORK_ARGS if wheelhouse else ())
     locked = locked_context(env, None, False, wheelhouse, choice) if wheelhouse else None
     env = with_constraints(env)
     if choice:
@@ -204,10 +211,12 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
 
     # what the build fetches and where it pushes, probed before any step (with a mirror set, its
     # endpoints were probed above and its registries picked: the push target remains)
-    missing = [] if no_probe else reach.check(env, wheelhouse is not None, registry,
-                                              upstream=not name, ca_cert=ca_cert)
+    # (upstream, the profile's own endpoints are probed with their credentials, and named
+    # without them)
+    missing = [] if no_probe else reach.check(env if name else probe_env, wheelhouse is not None,
+                                              registry, upstream=not name, ca_cert=ca_cert)
     if missing:
-        raise B.ActionError(reach.message(missing))
+        raise B.ActionError(M.redacted(reach.message(missing)))
     context = B.stage_context(files, links) if keep_context is None else None
     if keep_context is not None:
         from .render import write_dir
@@ -276,7 +285,11 @@ def bake(profiles, all_, out, mirror, registry, force, overrides, matrix_dirs):
     choice = M.choice(mirror, M.get_set(m, mirror)) if mirror else None
     envs = [resolve(m, name, overrides) for name in names]  # all resolve, or nothing is written
     contexts, targets, shared = {}, [], None
+    stripped: set[str] = set()
     for env in envs:
+        # no user:password@ in the bake file or the contexts: bake has no secret to carry it
+        env, _, secret = M.split_credentials(env)
+        stripped |= set(secret)
         tag = K.default_tag(env)  # (the upstream spec: the same tag `envbuild build` gives it)
         env = with_constraints(env)
         if choice:
@@ -290,3 +303,8 @@ def bake(profiles, all_, out, mirror, registry, force, overrides, matrix_dirs):
               force=force)
     click.echo(f"wrote {out / K.BAKE_FILE}: {len(targets)} target(s) ({', '.join(contexts)}); "
                f"build them with: docker buildx bake -f {out / K.BAKE_FILE}")
+    if stripped:
+        click.echo(f"note: {', '.join(sorted(stripped))} carry user:password@, which "
+                   f"{K.BAKE_FILE} and the contexts name without; pass them as the endpoints "
+                   "secret (--set '*.secrets=id=endpoints,src=FILE', FILE of `export VAR='URL'` "
+                   "lines).", err=True)

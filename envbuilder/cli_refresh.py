@@ -19,6 +19,7 @@ import click
 
 from .cli import load_matrix, matrix_dir_option
 from .errors import ActionError, EnvbuildError, UserError
+from .quoting import redact as redacted
 
 DEFAULT_INDEX = "https://pypi.org"
 MAX_PROJECT_BYTES = 64 << 20  # ray's project page is 1.5 MB
@@ -41,6 +42,8 @@ def _index_url(ctx, param, value):
               metavar="URL", help="Root of PyPI's JSON API (<URL>/pypi/<name>/json); a trailing "
               "/simple is dropped.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
+@click.option("--markdown", is_flag=True, help="The report as one Markdown code block (the "
+              "refresh workflow's pull request body): nothing the index wrote renders there.")
 @click.option("--write-overlay", "overlay_dir", type=click.Path(path_type=Path), metavar="DIR",
               help="Write DIR/refresh.yaml: a --matrix-dir overlay of the mechanical fixes, the "
                    "rest as a commented TODO report, for review. matrices/ is never edited.")
@@ -50,7 +53,7 @@ def _index_url(ctx, param, value):
 @click.option("--timeout", default=30.0, show_default=True, type=click.FloatRange(1, 600),
               help="Seconds to wait for each answer of the index.")
 @matrix_dir_option
-def refresh(index_url, as_json, overlay_dir, newest, timeout, matrix_dirs):
+def refresh(index_url, as_json, markdown, overlay_dir, newest, timeout, matrix_dirs):
     """What PyPI says now about torch, vllm, verl, flash-attn, transformers and ray, against the
     matrix: new releases, changed pins, contradicted facts. Prints the drift; edits nothing."""
     from . import refresh as R
@@ -61,17 +64,20 @@ def refresh(index_url, as_json, overlay_dir, newest, timeout, matrix_dirs):
         raise UserError("envbuild refresh reads PyPI's requirement strings (PEP 508) with the "
                         "'packaging' package, which is not installed here. Install it: "
                         "`pip install packaging`.")
+    if as_json and markdown:
+        raise UserError("--json and --markdown are two forms of the one report; pass one.")
     if overlay_dir is not None:
         _check_overlay_dir(Path(overlay_dir), matrix_dirs)
     m = load_matrix(matrix_dirs)
     index = PyPIJson(index_url, timeout)
+    shown = redacted(index_url)  # (an index URL's user:password@ is printed as ***@)
     say = (lambda text: None) if as_json else (lambda text: click.echo(text, err=True))
-    say(f"reading {index_url}/pypi/<name>/json for {', '.join(R.PACKAGES)} ...")
+    say(f"reading {shown}/pypi/<name>/json for {', '.join(R.PACKAGES)} ...")
     projects = index.projects(R.PACKAGES)
     wanted = R.wanted_metadata(m, projects, newest)
     say(f"reading the metadata of {sum(map(len, wanted.values()))} releases ...")
     metadata = index.metadata_of(wanted, projects)
-    report = {"index": index_url, **R.compare(m, projects, metadata, where=m.where)}
+    report = {"index": shown, **R.compare(m, projects, metadata, where=m.where)}
     if overlay_dir is not None:
         path = _write_overlay(Path(overlay_dir), R.overlay_text(report, m, _sources_of(m)),
                               matrix_dirs)
@@ -79,10 +85,7 @@ def refresh(index_url, as_json, overlay_dir, newest, timeout, matrix_dirs):
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
-    click.echo(R.text(report), nl=False)
-    if overlay_dir is not None:
-        click.echo(f"overlay: {report['overlay']} (review it; use it with --matrix-dir "
-                   f"{overlay_dir})")
+    click.echo(R.markdown(report) if markdown else R.text(report), nl=False)
 
 
 @click.command()
@@ -173,16 +176,35 @@ def _write_overlay(folder: Path, text: str, matrix_dirs) -> Path:
     import tempfile
 
     from . import matrix
+    from .outdir import write_text_atomic
 
-    folder.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=".refresh-", dir=folder))
+    stage = None
     try:
-        (stage / "refresh.yaml").write_text(text, encoding="utf-8")
+        folder.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=".refresh-", dir=folder))
+        write_text_atomic(stage / "refresh.yaml", text, fsync=True)
         matrix._load(matrix.matrix_files((*map(Path, matrix_dirs), stage)))
-        os.replace(stage / "refresh.yaml", folder / "refresh.yaml")
+        os.replace(stage / "refresh.yaml", folder / "refresh.yaml")  # (whole, or the old one)
+    except OSError as e:
+        raise _write_error(folder, e) from None
     finally:
-        shutil.rmtree(stage, ignore_errors=True)
+        if stage is not None:
+            shutil.rmtree(stage, ignore_errors=True)
     return folder / "refresh.yaml"
+
+
+def _write_error(folder: Path, e: OSError) -> EnvbuildError:
+    """A folder that cannot take refresh.yaml: exit 2 where the folder refuses writes (the
+    user's choice of folder), exit 1 where the disk failed (full, an I/O error)."""
+    import errno
+
+    why = e.strerror or type(e).__name__
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST):
+        return UserError(f"--write-overlay {folder}: cannot write refresh.yaml there ({why}). "
+                         "Nothing was written. Pass --write-overlay a folder you can write.")
+    return ActionError(f"--write-overlay {folder}: writing refresh.yaml failed ({why}); any "
+                       "refresh.yaml there is as it was. Free space there (or pass another "
+                       "folder) and run refresh again.")
 
 
 # -- PyPI's JSON API -----------------------------------------------------------------------------

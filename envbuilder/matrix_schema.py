@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from . import schema as S
@@ -61,6 +62,58 @@ PARTS = ("actor", "critic", "ref", "rollout")
 PRECISION = {part: S.ListOf(DTYPES) for part in PARTS}
 # the names a patch's `with` and a reviewed exception's `holds` may format in
 FORMAT_FIELDS = ("attention", *(f"{part}_{kind}" for part in PARTS for kind in ("dtype", "autocast")))
+# A patch's `with` and a `holds` value are data with `{name}` placeholders (a name above) and
+# `{{` / `}}` for a literal brace; nothing else of str.format (no format spec: `{attention:>9999}`
+# would write gigabytes; no conversion, attribute or index). PLACEHOLDER reads them left to right
+# as str.format does, so a template it takes fills (fill_placeholders) to the same text.
+PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}|\{[^{}]{0,40}\}?|\}")
+
+
+def placeholder_error(text: str) -> str | None:
+    """What in `text` is not a `{name}` placeholder, a `{{` or a `}}`; None when nothing is."""
+    for m in PLACEHOLDER.finditer(text):
+        if m[0] in ("{{", "}}") or m[1] in FORMAT_FIELDS:
+            continue
+        what = (f"{{{m[1]}}} is not a value envbuild fills in" if m[1] else
+                f"{m[0]!r} is not a placeholder (a format spec, conversion, attribute or index, or "
+                "a lone brace)")
+        return (f"{what}. A `with` or `holds` value takes only "
+                f"{', '.join('{' + f + '}' for f in FORMAT_FIELDS)}, and {{{{ or }}}} for a "
+                "literal brace")
+    return None
+
+
+def fill_placeholders(text: str, values: dict[str, str]) -> str:
+    """`text` (placeholder_error found nothing in it) with each `{name}` as values[name] and each
+    `{{` / `}}` as one brace: one pass, no formatting (anything else stays as it is)."""
+    def one(m: re.Match) -> str:
+        if m[0] in ("{{", "}}"):
+            return m[0][0]
+        return values.get(m[1], m[0]) if m[1] else m[0]
+
+    return PLACEHOLDER.sub(one, text)
+
+
+class TemplateCode(S.Code):
+    """Source text with `{name}` placeholders (a patch's `with`)."""
+
+    def check(self, value: Any, where: str) -> None:
+        super().check(value, where)
+        why = placeholder_error(value)
+        if why:
+            raise S.SchemaError(where, why)
+
+
+class TemplateScalar(S.Scalar):
+    """A config value; a string one with `{name}` placeholders (a reviewed exception's `holds`)."""
+
+    def check(self, value: Any, where: str) -> None:
+        super().check(value, where)
+        why = placeholder_error(value) if isinstance(value, str) else None
+        if why:
+            raise S.SchemaError(where, why)
+
+
 AUTOCAST_KEYS = {f"{part}?": S.HYDRA_KEY for part in PARTS}
 VERL = {"torch": S.Range(), "torch_why?": WHY, "torch_source": SOURCE,
         "python?": S.Range(), "rollouts": S.ListOf(S.OneOf(ROLLOUTS)),
@@ -80,11 +133,14 @@ VERL = {"torch": S.Range(), "torch_why?": WHY, "torch_source": SOURCE,
         "critic_fsdp?": S.HYDRA_KEY,
         "source": SOURCE}
 # find / with: source text, written into apply_patches.py as Python literals
+# (`with` as the matrix holds it, a template; filled, as a resolved environment holds it, code)
+REPLACE = {"find": S.Code(10_000), "with": S.Code(10_000)}
 PATCH = {"why": WHY, "when": S.OneOf(("no_flash_attention", "no_bf16", "lora_hf_rollout", "hf_rollout", "always")),
          "files": S.ListOf(S.RELPATH),
-         "replace": S.ListOf({"find": S.Code(10_000), "with": S.Code(10_000)}), "source": SOURCE}
+         "replace": S.ListOf(dict(REPLACE, **{"with": TemplateCode(10_000)})), "source": SOURCE}
+HOLDS = S.MapOf(S.Scalar(), key=S.HYDRA_KEY)
 REVIEWED = {"check": S.OneOf(tuple(AUDIT_CHECKS)), "file": S.RELPATH, "line": S.Text(1000),
-            "why": WHY, "holds": S.MapOf(S.Scalar(), key=S.HYDRA_KEY), "source": SOURCE}
+            "why": WHY, "holds": S.MapOf(TemplateScalar(), key=S.HYDRA_KEY), "source": SOURCE}
 ALLOC_CONF = {"max_vram_gb": float, "value": S.ALLOC_CONF, "why": WHY,
               "not_with_rollouts": S.MapOf(WHY, key=S.Pattern(r"hf|vllm|sglang", "vllm")),
               "source": SOURCE}
@@ -205,10 +261,10 @@ RESOLVED = {
     "apex": ({"version": S.VERSION, "ref": S.GIT_REF, "install": APEX["versions"].value["install"],
               "url": S.URL, "arch_list": S.CC, "modules": MODULES}, None),
     "patches": S.ListOf({"name": S.NAME, "why": WHY, "files": PATCH["files"],
-                         "replace": PATCH["replace"]}),
+                         "replace": S.ListOf(REPLACE)}),
     "audit": {"checks": S.ListOf(S.OneOf(tuple(AUDIT_CHECKS))),
-              "reviewed": S.ListOf(dict({k: REVIEWED[k] for k in ("check", "file", "line", "why",
-                                                                  "holds")}, name=S.NAME))},
+              "reviewed": S.ListOf(dict({k: REVIEWED[k] for k in ("check", "file", "line", "why")},
+                                        holds=HOLDS, name=S.NAME))},
     "cuda_alloc_conf": ({"value": (S.ALLOC_CONF, None), "why": WHY}, None),
     "indexes": {"pypi": S.URL, "torch": (S.URL, None)},
     "uv": {k: UV[k] for k in ("version", "url", "sha256", "size")},

@@ -11,13 +11,13 @@ endpoints that carry credentials to the RUN steps as a BuildKit secret (never a 
 
 from __future__ import annotations
 
-import re
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 from .errors import UserError
+from .quoting import USERINFO, redact
 from .registry import DOCKER_HUB, endpoint_url, parse_image, registry_host
 
 GITHUB = "https://github.com"  # what a mirror set's `github` prefix replaces (apex, flash-attn)
@@ -66,14 +66,7 @@ class MirrorChoice(NamedTuple):
         """The endpoints that carry user:password@, as a shell file the image's RUN steps
         source from a BuildKit secret (id=endpoints): the rendered files and the image name
         them without the credentials, and no build arg (which `docker history` shows) holds them."""
-        import shlex
-
-        lines = [f"export {var}={shlex.quote(url)}\n" for var, url in sorted(self.endpoints(env).items())
-                 if var not in skip and url != without_credentials(url)]
-        return "".join(lines)
-
-
-USERINFO = re.compile(r"(://)[^/@\s]*@")  # user:password@ in a URL
+        return endpoints_secret(self.endpoints(env), skip)
 
 
 def without_credentials(url: str) -> str:
@@ -82,8 +75,63 @@ def without_credentials(url: str) -> str:
 
 
 def redacted(endpoint: str) -> str:
-    """An endpoint as printed: user:password@ (a mirror's credentials) shown as ***@."""
-    return USERINFO.sub(r"\1***@", endpoint)
+    """An endpoint (or a message naming endpoints) as printed: user:password@ shown as ***@."""
+    return redact(endpoint)
+
+
+# -- credentials from any source -----------------------------------------------------------------
+# A URL's user:password@ is a secret wherever it comes from: a mirror set (apply_to_env strips
+# it), and as much an overlay's or the config's defaults (pypi_index, huggingface, index_url), a
+# `render --from` file, or a hand-edited envbuild.json. No rendered file, envbuild.json, label,
+# bake file or definition names it (render.render_files strips every URL of the environment it
+# renders, through split_credentials); `envbuild build` hands the ones a RUN step reads to the
+# build as the `endpoints` BuildKit secret (endpoints_secret), which envbuild-secrets.sh sources.
+
+def env_endpoints(env) -> dict[str, str]:
+    """The URLs of a resolved environment that the rendered files read into a variable, by that
+    variable (what the `endpoints` secret may replace for one RUN step)."""
+    out = {"PIP_INDEX_URL": env.indexes.pypi, "HF_ENDPOINT": env.huggingface}
+    if env.indexes.torch:
+        out["TORCH_INDEX_URL"] = env.indexes.torch
+    if env.mirror and env.mirror.apt:
+        out["APT_MIRROR"] = env.mirror.apt
+    if env.apex:
+        out["APEX_URL"] = env.apex.url
+    if env.flash_attn:
+        out["FLASH_ATTN_RELEASE"] = env.flash_attn.release
+    return out
+
+
+def split_credentials(env, d: dict | None = None):
+    """(the environment with no URL's user:password@ anywhere in it, its to_dict(), and
+    {variable: URL with its credentials} of env_endpoints): what the files may name, and what
+    only the `endpoints` secret may carry. `d`: env.to_dict(), if at hand."""
+    d = env.to_dict() if d is None else d
+    bare = _without_userinfo(d)
+    if bare == d:
+        return env, d, {}
+    secret = {var: url for var, url in env_endpoints(env).items()
+              if url and url != without_credentials(url)}
+    return type(env).from_plain(bare), bare, secret
+
+
+def _without_userinfo(node):
+    if isinstance(node, str):
+        return without_credentials(node) if "@" in node else node
+    if isinstance(node, dict):
+        return {k: _without_userinfo(v) for k, v in node.items()}
+    if isinstance(node, (list, tuple)):
+        return [_without_userinfo(v) for v in node]
+    return node
+
+
+def endpoints_secret(endpoints: dict[str, str], skip: tuple[str, ...] = ()) -> str:
+    """The `endpoints` secret's text: an `export VAR='URL'` line for each endpoint that carries
+    user:password@ (the others are the rendered files' own defaults), `skip` left out."""
+    import shlex
+
+    return "".join(f"export {var}={shlex.quote(url)}\n" for var, url in sorted(endpoints.items())
+                   if var not in skip and url and url != without_credentials(url))
 
 
 def github_url(url: str, prefix: str | None) -> str:

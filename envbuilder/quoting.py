@@ -26,6 +26,16 @@ _ASCII_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 MAX_LINE_VALUE = 8192
 
 
+# a URL's user:password@ (a secret wherever it comes from: a mirror set, an overlay, the config,
+# a --from file, an --index-url); `[^/@\s]*`: userinfo holds no `/` or `@` (they are %-encoded)
+USERINFO = re.compile(r"(://)[^/@\s]*@")
+
+
+def redact(text: str) -> str:
+    """`text` (a URL, or a message naming URLs) with each URL's user:password@ as ***@."""
+    return USERINFO.sub(r"\1***@", str(text))
+
+
 def _escape(ch: str) -> str:
     """Python's escape of one character: \\n, \\x1b, \\u2028, \\U000e0001."""
     return repr(ch)[1:-1]
@@ -123,9 +133,34 @@ def _shorten(text: str) -> str:
 
 def md(value) -> str:
     """Text inside a line of Markdown (a rendered folder's README.md): one line, and the
-    characters that would start markup (code spans, table cells, emphasis, HTML, links) as
-    Markdown's backslash escapes."""
-    return re.sub(r"([\\`*_{}\[\]<>|#!])", r"\\\1", comment(value))
+    characters that would start markup (code spans, table cells, emphasis, HTML, links, entity
+    references such as `&#x202e;`, which would render as the character itself) as Markdown's
+    backslash escapes."""
+    return re.sub(r"([\\`*_{}\[\]<>|#!&])", r"\\\1", comment(value))
+
+
+def line(value, limit: int = MAX_LINE_VALUE) -> str:
+    """Text from outside envbuild (an index's strings, in a report) for one line of a terminal,
+    a `#` comment or a Markdown code block: every character that is not printable written as its
+    escape (C0 and C1 controls, so ESC and with it every CSI and OSC sequence; DEL; the bidi
+    overrides and other format characters; line and paragraph separators), and text longer
+    than `limit` cut, saying how long it was. Unlike `comment`, never refuses: a report shows
+    what it was given."""
+    from .outdir import shorten
+
+    text = shorten(str(value), limit)
+    if text.isprintable():
+        return text
+    return "".join(c if printable(c) else _escape(c) for c in text)
+
+
+def md_code_block(text: str) -> str:
+    """`text` (lines already passed through `line`) as one fenced Markdown code block: the fence
+    is a run of backticks longer than any in `text`, so no line of it can close the block, and
+    nothing in it renders (links, HTML, mentions)."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}\n{text.rstrip(chr(10))}\n{fence}\n"
 
 
 FILTERS = {"sh": sh, "comment": comment, "pystr": pystr, "py": py, "dq": dq, "arg": arg,

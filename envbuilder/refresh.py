@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 from typing import Any, Callable
 
+from . import quoting
 from .versions import VERSION_PATTERN, ranges_overlap, version_key
 
 PACKAGES = ("torch", "vllm", "verl", "flash-attn", "transformers", "ray")
@@ -701,7 +703,18 @@ def text(report: dict) -> str:
     counts = {k: sum(1 for r in drift if r["kind"] == k) for k in KINDS}
     lines += ["", "summary: " + ", ".join(f"{n} {k}" for k, n in counts.items())
               + (". Nothing drifted." if not drift else ".")]
-    return "\n".join(lines) + "\n"
+    if report.get("overlay"):
+        lines.append(f"overlay: {report['overlay']} (review it; use it with --matrix-dir "
+                     f"{os.path.dirname(report['overlay']) or '.'})")
+    # the index's strings (a yanked_reason, a requires_python) are in these lines: each stays
+    # one line, its control characters and escape sequences written as escapes
+    return "\n".join(map(quoting.line, lines)) + "\n"
+
+
+def markdown(report: dict) -> str:
+    """The human report as one Markdown code block (the refresh workflow's pull request body):
+    nothing an index wrote renders, and no line of it can end the block."""
+    return quoting.md_code_block(text(report))
 
 
 def _fmt(value: Any) -> str:
@@ -720,11 +733,16 @@ def overlay_text(report: dict, m, sources_of: Callable[[str, str], dict]) -> str
     from the matrix with the fix applied and its sources written out as URLs (an overlay file
     checks `source:` against its own `sources:`); everything else as a commented TODO report,
     with the facts PyPI gives for new releases. Same input, same bytes (no date): a weekly job
-    whose upstream did not move proposes nothing."""
+    whose upstream did not move proposes nothing.
+
+    What the index says reaches the file two ways only: as typed values of the copied records,
+    which yaml.safe_dump writes (a fix whose value the matrix schema refuses is not applied: it
+    is listed as a TODO instead), and inside comments, each one line (`_comment_lines`): no
+    string of the index can add a key, a record or a line of YAML."""
     import yaml
 
     units: dict[tuple[str, str], Any] = {}
-    fixed = []
+    fixed, refused = [], []
     for r in report["drift"]:
         fix = r.get("fix")
         if not fix:
@@ -732,8 +750,8 @@ def overlay_text(report: dict, m, sources_of: Callable[[str, str], dict]) -> str
         section, key, *inner = fix["path"]
         unit = units.get((section, key))
         if unit is None:
-            unit = units[(section, key)] = _urls(copy.deepcopy(m.sections[section][key]),
-                                                 sources_of(section, key))
+            unit = _urls(copy.deepcopy(m.sections[section][key]), sources_of(section, key))
+        unit = copy.deepcopy(unit)
         node, holder = unit, None
         for part in inner[:-1]:
             holder, node = node, node[part]
@@ -744,14 +762,18 @@ def overlay_text(report: dict, m, sources_of: Callable[[str, str], dict]) -> str
                 if cite not in rec["source"]:
                     rec["source"] = f"{cite}, {rec['source']}"
                 break
+        if not _schema_takes(section, key, unit):
+            refused.append(r)
+            continue
+        units[(section, key)] = unit
         fixed.append(f"{'.'.join(fix['path'])}: {_fmt(r['matrix'])} -> {_fmt(fix['value'])}")
-    lines = [f"{OVERLAY_HEADER} (envbuild refresh --write-overlay, against {report['index']}).",
-             "# For review: use it with `--matrix-dir DIR`, then fold what holds into matrices/ by",
-             "# hand. Live records below are copies of the matrix's with only mechanical fixes from",
-             "# PyPI's metadata applied; everything else is a TODO in comments.", ""]
+    lines = _comment_lines([
+        f"{OVERLAY_HEADER[2:]} (envbuild refresh --write-overlay, against {report['index']}).",
+        "For review: use it with `--matrix-dir DIR`, then fold what holds into matrices/ by",
+        "hand. Live records below are copies of the matrix's with only mechanical fixes from",
+        "PyPI's metadata applied; everything else is a TODO in comments."]) + [""]
     if fixed:
-        lines.append("# mechanical fixes:")
-        lines += [f"#   {f}" for f in fixed]
+        lines += _comment_lines(["mechanical fixes:", *(f"  {f}" for f in fixed)])
         by_section: dict[str, dict] = {}
         for (section, key), unit in sorted(units.items(), key=lambda kv: (kv[0][0], _key(kv[0][1])
                                                                           or (), kv[0][1])):
@@ -759,43 +781,72 @@ def overlay_text(report: dict, m, sources_of: Callable[[str, str], dict]) -> str
         lines.append(yaml.safe_dump(by_section, sort_keys=False, default_flow_style=None,
                                     width=100, allow_unicode=True).rstrip())
     else:
-        lines.append("# mechanical fixes: none")
-    todo = [r for r in report["drift"] if not r.get("fix")]
+        lines += _comment_lines(["mechanical fixes: none"])
+    todo = [r for r in report["drift"] if not r.get("fix") or r in refused]
     if todo:
-        lines += ["", "# TODO (needs a person: PyPI's metadata alone does not settle these)"]
+        lines += ["", *_comment_lines(["TODO (needs a person: PyPI's metadata alone does not "
+                                       "settle these)"])]
         for r in todo:
-            lines.append(f"# - [{r['kind']}] {_comment(r['message'])}")
-            for w in r["where"]:
-                lines.append(f"#     at {_comment(w)}")
+            notes = [f"- [{r['kind']}] {r['message']}"]
+            notes += [f"    at {w}" for w in r["where"]]
+            if r in refused:
+                notes.append(f"    PyPI's value {_scalar(r['fix']['value'])} is not one the matrix "
+                             "takes: not applied")
             if r.get("versions"):
-                lines.append(f"#     versions: {_short(r['versions'], 40)}")
+                notes.append(f"    versions: {_short(r['versions'], 40)}")
             details = r.get("details") or {}
             if details and r["package"] == "vllm":
-                lines.append("#     vllm:")
+                notes.append("    vllm:")
             for v, facts in details.items():
-                lines += [f"#     {line}" for line in _template(r["package"], v, facts)]
+                notes += [f"    {line}" for line in _template(r["package"], v, facts)]
+            lines += _comment_lines(notes)
     return "\n".join(lines) + "\n"
 
 
-def _comment(text: str) -> str:
-    return " ".join(str(text).split())
+def _comment_lines(texts: list[str]) -> list[str]:
+    """YAML comment lines: `# ` and the text, one line each whatever it holds (a newline, a
+    line separator or an escape sequence in it is written as its escape)."""
+    return [f"# {quoting.line(t)}".rstrip() for t in texts]
+
+
+def _schema_takes(section: str, key: str, unit: Any) -> bool:
+    """Whether the matrix schema takes `unit` as the record `section.key` (its `source:` URLs
+    aside, which matrix._check_sources checks against the file's own `sources:`)."""
+    from . import schema as S
+    from .matrix_schema import SECTIONS
+
+    try:
+        S.check({key: unit}, SECTIONS[section][0], "refresh.yaml")
+    except (S.SchemaError, ValueError, TypeError):
+        return False
+    return True
+
+
+def _scalar(value: Any) -> str:
+    """A value of PyPI's as YAML writes it, on one line: a plain token as itself, anything else
+    double-quoted with JSON's escapes (YAML reads them the same)."""
+    if isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]*", value):
+        return value
+    return json.dumps(value)
 
 
 def _template(pkg: str, version: str, facts: dict) -> list[str]:
     """A commented record for a new release: what PyPI gives, TODO for the rest."""
     src = project_url(pkg, version)
+    v = _scalar(version)
     if pkg == "vllm":
-        return [f"  {version}: {{torch: {facts.get('torch', 'TODO')}, wheel_cuda: TODO, python: "
-                f"{json.dumps(facts.get('python', 'TODO'))}, source: {src}}}  # wheel_cuda: release notes"]
+        return [f"  {v}: {{torch: {_scalar(facts.get('torch', 'TODO'))}, wheel_cuda: TODO, "
+                f"python: {json.dumps(facts.get('python', 'TODO'))}, source: {src}}}  "
+                "# wheel_cuda: release notes"]
     if pkg == "torch":
-        return [f"{version}: python {json.dumps(facts.get('python', 'TODO'))}, pypi_default "
-                f"{facts.get('pypi_default', 'TODO')}; TODO torchvision, torchaudio, builds and "
-                f"their arch lists (pytorch RELEASE.md, build_cuda.sh); source {src}"]
+        return [f"{v}: python {json.dumps(facts.get('python', 'TODO'))}, pypi_default "
+                f"{_scalar(facts.get('pypi_default', 'TODO'))}; TODO torchvision, torchaudio, "
+                f"builds and their arch lists (pytorch RELEASE.md, build_cuda.sh); source {src}"]
     if pkg == "verl":
-        return [f"{version}: vllm {facts.get('vllm', 'TODO')!s}, requires_python "
-                f"{facts.get('requires_python')}; TODO rollouts, attention_override, patches, "
-                f"precision, pins, training_path (read the release); source {src}"]
-    return [f"{version}: requires_python {facts.get('requires_python')}; TODO torch range, "
+        return [f"{v}: vllm {_scalar(facts.get('vllm', 'TODO'))}, requires_python "
+                f"{_scalar(facts.get('requires_python'))}; TODO rollouts, attention_override, "
+                f"patches, precision, pins, training_path (read the release); source {src}"]
+    return [f"{v}: requires_python {_scalar(facts.get('requires_python'))}; TODO torch range, "
             f"wheel_cuda (the GitHub release's wheels); source {src}"]
 
 

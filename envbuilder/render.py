@@ -8,11 +8,12 @@ replaces or deletes only the files envbuild wrote there and nobody edited since.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
 from .paths import data_dir
-from .quoting import FILTERS, comment, word
+from .quoting import FILTERS, USERINFO, comment, word
 from .record import plain
 from .resolve import TORCH_DTYPE, ResolvedEnv
 
@@ -136,6 +137,15 @@ def render_files(env: ResolvedEnv, locked: dict | None = None) -> dict[str, str]
     from .plan import install_plan, lock_hint, override_flags
 
     d = env.to_dict()
+    # A URL's user:password@ (an overlay's index, a --from file's endpoint) is a secret: no file
+    # written here names it, envbuild.json included; `envbuild build` hands the ones the RUN
+    # steps read to the build as the `endpoints` BuildKit secret (mirrors.split_credentials).
+    credentials: list[str] = []
+    if USERINFO.search(json.dumps(d)):
+        from .mirrors import split_credentials
+
+        env, d, secret = split_credentials(env, d)
+        credentials = sorted(secret)
     spec = env.to_json(d)
     plan = install_plan(env)
     context = {
@@ -151,6 +161,7 @@ def render_files(env: ResolvedEnv, locked: dict | None = None) -> dict[str, str]
         "image_tag": default_tag(env, d),
         "lock_hint": lock_hint(env.profile, env.overrides),
         "override_flags": override_flags(env.overrides),
+        "credentials": credentials,
     }
     j = jinja_env()
     out = {MARKER: spec}

@@ -604,6 +604,8 @@ class _Resolver:
         # part in it, fp32 otherwise (verl.yaml precision: no fp16 training without a loss scaler)
         precision = {part: dtype if dtype in allowed else "fp32"
                      for part, allowed in sorted(verl["precision"].items())}
+        from .matrix_schema import fill_placeholders  # (the matrix checked every template)
+
         values = {"attention": attention}
         for part, pd in precision.items():
             values[f"{part}_dtype"] = TORCH_DTYPE[pd]
@@ -619,14 +621,14 @@ class _Resolver:
             if conditions[pr["when"]]:
                 patches.append(R.Patch(name=pname, why=pr["why"], files=tuple(pr["files"]),
                                        replace=frozen([{"find": r["find"],
-                                                        "with": r["with"].format(**values)}
+                                                        "with": fill_placeholders(r["with"], values)}
                                                        for r in pr["replace"]])))
         checks = tuple(c for c, when in AUDIT_CHECKS.items() if conditions[when])
         reviewed = []
         for rname in verl.get("reviewed") or []:
             rec = m.reviewed[rname]
             if rec["check"] in checks:
-                holds = {k: v.format(**values) if isinstance(v, str) else v
+                holds = {k: fill_placeholders(v, values) if isinstance(v, str) else v
                          for k, v in sorted(rec["holds"].items())}
                 reviewed.append(R.Reviewed(name=rname, check=rec["check"], file=rec["file"],
                                            line=rec["line"], why=rec["why"], holds=frozen(holds)))
