@@ -643,3 +643,21 @@ def test_locking_flash_attn_where_github_does_not_answer_names_the_mirror_option
     assert code == 1 and "Traceback" not in err
     assert "flash-attn's release wheel" in err and "--github-url" in err and "--mirror" in err
     assert not (tmp_path / "lock").exists()
+
+
+def test_index_credentials_reach_no_lock_file_and_no_message(world, tmp_path, capsys):
+    """An index with user:password@ (a private mirror) is used to solve, but lock.json, the
+    requirement files and every line lock prints name it as ***@ or not at all."""
+    def creds(url: str) -> str:
+        return url.replace("http://", "http://locker:s3cret@", 1)
+
+    args = lock_args(world, tmp_path / "lock")
+    args[args.index("--index-url") + 1] = creds(world["pypi"])
+    args[args.index("--torch-index-url") + 1] = creds(world["torch"])
+    rc, out, err = envbuild(capsys, *args, "--only", "pip")
+    assert rc == 0, err
+    assert "s3cret" not in out + err and "***@" in err
+    for f in (tmp_path / "lock").iterdir():
+        assert "s3cret" not in f.read_text(), f.name
+    meta = json.loads((tmp_path / "lock" / "lock.json").read_text())
+    assert meta["sources"]["pypi"] == world["pypi"]

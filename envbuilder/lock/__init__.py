@@ -79,6 +79,17 @@ def target_glibc(matrix, env: ResolvedEnv) -> str:
     return glibc
 
 
+def _bare(value, strip):
+    """`value` (a str, or lists and dicts of them) with `strip` applied to every string."""
+    if isinstance(value, str):
+        return strip(value)
+    if isinstance(value, dict):
+        return {k: _bare(v, strip) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_bare(v, strip) for v in value]
+    return value
+
+
 def _version(dist: str) -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -97,7 +108,11 @@ def lock_profile(env: ResolvedEnv, glibc: str, sources: Sources, out_dir: Path, 
     lock pins everything else (render's constraints) but cannot install the +cuXXX torch.
     Each part says when it starts, a line every `beat` seconds while it runs, and its time."""
     from ..plan import plan_sha256, torch_swap
+    from ..mirrors import redacted, without_credentials
     from ..progress import Heartbeat
+
+    say_plain = say
+    say = lambda msg: say_plain(redacted(msg))  # noqa: E731  (a URL's user:password@ as ***@)
     from .conda import virtual_packages
     from .pip import parse, python_platform
 
@@ -166,10 +181,13 @@ def lock_profile(env: ResolvedEnv, glibc: str, sources: Sources, out_dir: Path, 
         "solver": solver if "conda" in parts else None,
         "target": {"platform": "linux-64", "python": env.python,
                    "python_platform": python_platform(glibc), "virtual_packages": vpkgs},
-        "sources": {**({"pypi": sources.pypi, "torch": sources.torch} if "pip" in parts else {}),
-                    **({"github": sources.github} if "pip" in parts and L.has_sources(env) else {}),
-                    **({"channels": list(sources.channels)} if "conda" in parts else {}),
-                    **({"registry_mirror": sources.registry_mirror} if "images" in parts else {})},
+        # where it was solved from, never with a URL's user:password@ (lock.json is committed)
+        "sources": _bare({
+            **({"pypi": sources.pypi, "torch": sources.torch} if "pip" in parts else {}),
+            **({"github": sources.github} if "pip" in parts and L.has_sources(env) else {}),
+            **({"channels": list(sources.channels)} if "conda" in parts else {}),
+            **({"registry_mirror": sources.registry_mirror} if "images" in parts else {})},
+            without_credentials),
         "tools": tools,
         "files": {name: L.sha256_text(text) for name, text in sorted(files.items())},
     }
