@@ -47,6 +47,10 @@ def override_options(f):
                      help="Train this model: a hub repo id (its config.json is read through "
                      "HF_ENDPOINT, then cached) or a folder holding its config.json. The memory "
                      "plan, batch sizes and run script follow its shape."),
+        click.option("--algo", metavar="ESTIMATOR",
+                     help="verl's advantage estimator: gae (PPO with a critic, the default), grpo, "
+                     "rloo, reinforce_plus_plus, remax, ... (`envbuild show PROFILE` lists the "
+                     "release's); the run script, critic and memory plan follow it."),
         click.option("--ecc", type=click.Choice(["on", "off"]),
                      help="Plan memory for the board with ECC on (GDDR datacenter boards' default, "
                           "which costs memory) or off (nvidia-smi -e 0 and a reboot)."),
@@ -57,7 +61,7 @@ def override_options(f):
 
     @wraps(f)
     def wrapper(*args, cuda, torch_, python, verl, rollout, vllm, with_, without, driver,
-                allow_unsupported, model, ecc, **kwargs):
+                allow_unsupported, model, algo, ecc, **kwargs):
         from .resolve import Overrides
 
         both = sorted(set(split_names(with_)) & set(split_names(without)))
@@ -75,7 +79,7 @@ def override_options(f):
                                         rollout=rollout, vllm=vllm, with_=split_names(with_),
                                         without=split_names(without), driver=driver,
                                         allow_unsupported=allow_unsupported, ecc=ecc,
-                                        model=model_key, model_arch=arch)
+                                        model=model_key, model_arch=arch, algo=algo)
         return f(*args, **kwargs)
 
     return wrapper
@@ -233,6 +237,9 @@ def show(profile, as_json, memory, overrides, matrix_dirs):
         + (f" from {env.torch.index_url}" if env.torch.index_url else " from PyPI"),
         f"rollout    {env.rollout}" + (f" (vllm {env.vllm.version})" if env.vllm else ""),
         f"verl       {env.verl.version}",
+        f"algorithm  {env.algorithm.name}" + ("" if env.algorithm.critic else " (no critic)")
+        + (f", {env.algorithm.n} responses per prompt" if env.algorithm.n > 1 else "")
+        + f"; --algo also takes {', '.join(available_algorithms(m, env))}",
         f"precision  {env.dtype}, attention {env.attention}, remove_padding "
         f"{env.features.remove_padding}, torch.compile {env.features.torch_compile}",
         f"extensions {', '.join(x for x in ('apex', 'flash_attn') if getattr(env, x)) or 'none'}",
@@ -245,6 +252,15 @@ def show(profile, as_json, memory, overrides, matrix_dirs):
     lines += [f"held back  {h}" for h in held_back(m, profile, overrides)]
     lines += [f"WARNING    {w}" for w in env.warnings]
     click.echo("\n".join(lines))
+
+
+def available_algorithms(m, env) -> list[str]:
+    """The estimators env's verl release has that the recipe can run, besides env's own."""
+    from .versions import version_key
+
+    return [name for name, rec in (m.sections.get("algorithms") or {}).items()
+            if name != env.algorithm.name and not rec.get("refused")
+            and version_key(env.verl.version) >= version_key(rec["since"])]
 
 
 # The run script's names for the planned sizes (templates/run_ppo_gsm8k.sh.j2 writes them).

@@ -135,6 +135,21 @@ VERL = {"torch": S.Range(), "torch_why?": WHY, "torch_source": SOURCE,
 # find / with: source text, written into apply_patches.py as Python literals
 # (`with` as the matrix holds it, a template; filled, as a resolved environment holds it, code)
 REPLACE = {"find": S.Code(10_000), "with": S.Code(10_000)}
+# a run key set to a plain value (an estimator's extra settings)
+RUN_SETTING = S.Pattern(S.HYDRA_KEY.regex + r"=[A-Za-z0-9_.]+",
+                        "actor_rollout_ref.actor.calculate_sum_pi_squared=True")
+# an advantage estimator of verl (algorithms.yaml): what it needs of the run
+ALGORITHM = {"description": DESCRIPTION, "since": S.VERSION, "critic": bool, "group": bool,
+             "n": int, "kl": S.OneOf(("loss", "reward", "none")),
+             "kl_loss_type?": S.OneOf(("low_var_kl", "kl", "mse", "abs")), "kl_loss_coef?": float,
+             "extra?": S.ListOf(RUN_SETTING), "extra_generation?": bool,
+             "refused?": WHY, "source": SOURCE}
+# what the resolved run takes of it (envbuild.json `algorithm`)
+RESOLVED_ALGORITHM = {"name": S.NAME, "critic": bool, "group": bool, "n": int,
+                      "kl": S.OneOf(("loss", "reward", "none")),
+                      "kl_loss_type": (S.OneOf(("low_var_kl", "kl", "mse", "abs")), None),
+                      "kl_loss_coef": (float, None), "extra": S.ListOf(RUN_SETTING),
+                      "extra_generation": bool}
 PATCH = {"why": WHY, "when": S.OneOf(("no_flash_attention", "no_bf16", "lora_hf_rollout", "hf_rollout", "always")),
          "files": S.ListOf(S.RELPATH),
          "replace": S.ListOf(dict(REPLACE, **{"with": TemplateCode(10_000)})), "source": SOURCE}
@@ -161,7 +176,7 @@ PROFILE = {"description": DESCRIPTION, "gpu": S.NAME, "cuda": S.CUDA, "torch": S
            "python?": S.CUDA, "dtype": S.OneOf(("auto", "bf16", "fp16", "fp32")),
            "attention": S.OneOf(("auto", "flash_attention_2", "sdpa", "eager")),
            "components": COMPONENT_VERSIONS, "optional_components?": COMPONENT_VERSIONS,
-           "pins?": PINS, "train": TRAIN, "source": SOURCE}
+           "pins?": PINS, "train": TRAIN, "algorithm?": S.NAME, "source": SOURCE}
 # a decoder's architecture (its config.json) for the memory estimate; `parameters` is checked
 # against the count the architecture gives (matrix._cross_check)
 MODEL = {"family": S.OneOf(("qwen2", "llama", "qwen3")), "layers": int, "hidden_size": int,
@@ -204,6 +219,7 @@ SECTIONS: dict[str, tuple[Any, bool]] = {
     "flash_attn": (FLASH_ATTN, False),
     "apex": (APEX, False),
     "verl": (S.MapOf(VERL, key=S.VERSION), True),
+    "algorithms": (S.MapOf(ALGORITHM, key=S.NAME), True),
     "requires": (REQUIRES, True),
     "patches": (S.MapOf(PATCH, key=S.NAME), True),
     "reviewed": (S.MapOf(REVIEWED, key=S.NAME), True),
@@ -231,7 +247,7 @@ RESOLVED = {
     "overrides": {"cuda?": S.CUDA, "torch?": S.VERSION, "python?": S.CUDA, "verl?": S.VERSION,
                   "rollout?": S.OneOf(ROLLOUTS), "vllm?": S.VERSION, "with?": S.ListOf(S.NAME),
                   "without?": S.ListOf(S.NAME), "driver?": S.DRIVER, "allow_unsupported?": bool,
-                  "ecc?": S.OneOf(("on", "off")), "model?": S.MODEL_REF},
+                  "ecc?": S.OneOf(("on", "off")), "model?": S.MODEL_REF, "algo?": S.NAME},
     "gpu": {"key": S.NAME, "name": S.GPU_NAME, "arch": S.NAME, "compute_capability": S.CC,
             "sm": S.Pattern(r"\d+", "61", max_len=8), "vram_gb": float, "bf16": bool,
             "max_smem_per_block_kb": int},
@@ -271,6 +287,7 @@ RESOLVED = {
     "huggingface": S.URL,
     "conda_channels": S.ListOf(S.CHANNEL),
     "train": dict(TRAIN, actor_param_offload=bool),
+    "algorithm": RESOLVED_ALGORITHM,
     "notes": S.ListOf(S.Text(4000)),
     "dataset": (dict(DATASET, name=S.NAME), None),
     "training_path": MODULES,

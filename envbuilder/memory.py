@@ -77,7 +77,7 @@ EAGER_TRAIN_COPIES = 1.0
 # output beside the base's): the hidden states, the cache and the allocator's 2 MiB rounding add
 # the rest (measured 1.11 to 1.41 on 0.5B models, at least 1.30 on the 7B)
 PREFILL_FACTOR = 1.45
-ROLLOUT_N = 1  # actor_rollout_ref.rollout.n: GAE samples one response per prompt
+ROLLOUT_N = 1  # actor_rollout_ref.rollout.n where the plan is not told (GAE: one response)
 
 
 class Arch:
@@ -152,8 +152,12 @@ class Setup:
         self.inf = 4 if self.dtype == "fp32" else 2
         # the HF rollout generates with the actor's FSDP module, in its compute dtype
         self.g = self.c if self.rollout == "hf" else self.inf
-        self.gen_per_gpu = t["train_batch_size"] * ROLLOUT_N // self.n
-        self.mini_per_gpu = max(t["ppo_mini_batch_size"] * ROLLOUT_N // self.n, 1)
+        # the estimator (algorithms.yaml): a critic (gae only), and rollout.n responses per
+        # prompt, so the rollout and each mini-batch hold n times the prompts
+        self.critic = env.get("critic", True)
+        self.rollout_n = env.get("rollout_n", ROLLOUT_N)
+        self.gen_per_gpu = t["train_batch_size"] * self.rollout_n // self.n
+        self.mini_per_gpu = max(t["ppo_mini_batch_size"] * self.rollout_n // self.n, 1)
         self.val_per_gpu = math.ceil(val_rows / self.n)
         self.total_gib = consts["total_gib"]
         self.usable_gib = (self.total_gib - consts["cuda_context_gib"]
@@ -218,7 +222,7 @@ def _reference(s: Setup) -> Term | None:
 def _resident(s: Setup, busy: str) -> list[Term]:
     """What other roles leave on the GPU while `busy` works."""
     out = []
-    for role in ("actor", "critic"):
+    for role in ("actor", "critic") if s.critic else ("actor",):
         if role == busy:
             continue
         st = _role_state(s, role)
@@ -432,6 +436,11 @@ def candidates(s: Setup, key: str):
     cap = s.cap if (s.cap and key != "generation") else None
     if key == "generation":
         top = max(s.gen_per_gpu, s.val_per_gpu)
+        if s.rollout == "hf" and s.rollout_n > 1:
+            # HFRollout chunks the prompts by micro_batch_size and generates n sequences of
+            # each (num_return_sequences): a generate call holds n × a divisor of the prompts
+            prompts = s.gen_per_gpu // s.rollout_n
+            return [s.rollout_n * d for d in divisors(prompts)]
         if s.rollout == "hf":
             return divisors(s.gen_per_gpu) + list(range(s.gen_per_gpu + 1, top + 1))
         return range(1, top + 1)
@@ -472,6 +481,8 @@ def plan(env: dict, arch_rec: dict, consts: dict, val_rows: int) -> dict:
     bound: dict[str, str] = {}
     problems: list[dict] = []
     for key in BATCHED:
+        if key == "critic" and not s.critic:
+            continue  # (no critic: nothing to size)
         cands = candidates(s, key)
         budget = estimate(s, key, 1)["budget_gib"]
         best = _largest(cands, lambda b: fits(s, estimate(s, key, b)["bytes"], budget, key=key))
@@ -484,7 +495,8 @@ def plan(env: dict, arch_rec: dict, consts: dict, val_rows: int) -> dict:
             bound[key] = "profile cap" if (s.cap and key != "generation" and best == s.cap) else "batch"
         batch[key] = best
         phases[key] = estimate(s, key, best)
-    for key in ("actor_step", "critic_step") + (("generate_outside",) if s.rollout == "vllm" else ()):
+    steps = ("actor_step", "critic_step") if s.critic else ("actor_step",)
+    for key in steps + (("generate_outside",) if s.rollout == "vllm" else ()):
         phases[key] = estimate(s, key, 0)
     for key, p in phases.items():
         p["key"] = key
@@ -496,11 +508,12 @@ def plan(env: dict, arch_rec: dict, consts: dict, val_rows: int) -> dict:
     g = batch["generation"]
     sizes = {
         "val_batch_size": g * s.n,
-        "rollout_micro_batch_size": g if s.rollout == "hf" else None,
+        # (HF: in prompts, each generating rollout.n sequences)
+        "rollout_micro_batch_size": g // s.rollout_n if s.rollout == "hf" else None,
         "max_num_seqs": g if s.rollout == "vllm" else None,
         "log_prob_micro_batch_size_per_gpu": batch["log_prob"],
         "actor_ppo_micro_batch_size_per_gpu": batch["actor"],
-        "critic_ppo_micro_batch_size_per_gpu": batch["critic"],
+        "critic_ppo_micro_batch_size_per_gpu": batch.get("critic"),
         # validation generates val_per_gpu sequences; between two validations the rollouts
         # generate test_freq × gen_per_gpu: validation stays within validation_share of that
         "test_freq": max(1, math.ceil(s.val_per_gpu / (s.gen_per_gpu * consts["validation_share"]))),
@@ -514,7 +527,7 @@ def plan(env: dict, arch_rec: dict, consts: dict, val_rows: int) -> dict:
         "arch": {"layers": a.L, "hidden_size": a.H, "attention_heads": a.a, "kv_heads": a.k,
                  "head_dim": a.d, "intermediate_size": a.I, "vocab_size": a.V,
                  "tied_embeddings": a.tied, "parameters": a.params(),
-                 "critic_parameters": a.critic_params(),
+                 "critic_parameters": a.critic_params() if s.critic else 0,
                  "lora_parameters": a.lora_params(s.lora) if s.lora else 0},
         "gpu_total_gib": round(s.total_gib, 2),
         "cuda_context_gib": consts["cuda_context_gib"],
@@ -526,6 +539,7 @@ def plan(env: dict, arch_rec: dict, consts: dict, val_rows: int) -> dict:
         "vllm_share_gib": round(s.util * s.total_gib, 2) if s.rollout == "vllm" else None,
         "sequence": {"prompt": s.prompt, "response": s.response},
         "validation_rows": val_rows,
+        "rollout_n": s.rollout_n,
         "rollout_batch_per_gpu": s.gen_per_gpu,
         "mini_batch_per_gpu": s.mini_per_gpu,
         "phases": list(phases.values()),

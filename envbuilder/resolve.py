@@ -117,6 +117,7 @@ class _Resolver:
                             "add your own with --matrix-dir.")
         self.name = profile_name
         self.p = m.profiles[profile_name]
+        self.algo_rec: dict | None = None  # the selection's estimator (select() sets it)
         # the model table, with --model's shape where the table lacks it (its config.json)
         self.models = m.models
         if ov.model and ov.model not in m.models:
@@ -139,7 +140,8 @@ class _Resolver:
     def pick(self, kind: str, section: str, value: str) -> dict:
         table = self.m.sections[section]
         if value not in table:
-            known = sorted(table, key=version_key) if section != "gpus" else list(table)
+            known = (list(table) if section in ("gpus", "algorithms")
+                     else sorted(table, key=version_key))
             raise UserError(f"{kind} {value!r} is not in the matrix; {suggest(value, known)}known: "
                             f"{', '.join(known)}. Add it in a --matrix-dir overlay if you need it.")
         return table[value]
@@ -363,15 +365,17 @@ class _Resolver:
                      "are not built for this GPU", fix)
 
     def memory_plan(self, gpu_key: str, gpu: dict, dtype: str, attention: str, rollout: str,
-                    train: dict, lora_flat: bool = False) -> dict:
+                    train: dict, lora_flat: bool = False, algo: dict | None = None) -> dict:
         from .memory import plan
 
         mem = self.m.memory
         total = mem["total_mib"].get(gpu_key)
         card = card_size(total, gpu, self.ov.ecc)
         consts = dict(mem, total_gib=card["mib"] / 1024)
+        algo = algo or self.algo_rec or {"critic": True, "n": 1}
         env = {"dtype": dtype, "attention": attention, "rollout": rollout, "train": train,
-               "lora_flat_grads": lora_flat}
+               "lora_flat_grads": lora_flat, "critic": algo["critic"], "rollout_n": algo["n"],
+               "extra_generation": algo.get("extra_generation", False)}
         out = plan(env, self.models[train["model"]], consts, self.m.datasets["gsm8k"]["rows"]["test"])
         out["card"] = card
         return out
@@ -385,14 +389,19 @@ class _Resolver:
         if not mem["problems"]:
             return
 
-        def fits(**changes) -> bool:
+        def fits(algo=None, **changes) -> bool:
             changed = dict(train, **changes)
             if "param_offload" in changes:  # the actor's only where its rollout allows it
                 changed["actor_param_offload"] = changes["param_offload"] and s.actor_offload_ok
             return not self.memory_plan(gpu_key, gpu, dtype, attention, rollout, changed,
-                                        lora_flat=bool(s.lora_key))["problems"]
+                                        lora_flat=bool(s.lora_key), algo=algo)["problems"]
 
         fixes = []
+        # without a critic (GRPO: no critic weights, gradients or Adam state) a run fits where
+        # the critic's state does not: the seed 4090 report's 7B LoRA run is that case
+        grpo = self.m.algorithms.get("grpo")
+        critic_free = (s.algo_rec["critic"] and grpo is not None
+                       and version_key(s.verl_v) >= version_key(grpo["since"]) and fits(algo=grpo))
         size = self.models[train["model"]]["parameters"]
         smaller = sorted((r["parameters"], name) for name, r in self.m.models.items()
                          if r["parameters"] < size and fits(model=name))
@@ -414,6 +423,8 @@ class _Resolver:
             "a GPU with more memory, or more GPUs (train.n_gpus) to shard the state over")
         if smaller:  # (a model of the table: --model takes it, and the fix walk checks it)
             fix = f"use --model {smaller[-1][1]} (a smaller model from the table); or {fix}"
+        if critic_free:
+            fix = f"use --algo grpo (no critic to train: it fits); or {fix}"
         worst = max(mem["problems"], key=lambda p: p["gib"] - p["budget_gib"])
         phase = next(p for p in mem["phases"] if p["phase"] == worst["phase"])
         top = sorted(phase["terms"], key=lambda t: -t["gib"])[:3]
@@ -440,6 +451,9 @@ class _Resolver:
         s.cuda = self.pick("CUDA", "cuda", s.cuda_v)
         s.torch = self.pick("torch", "torch", s.torch_v)
         s.verl = self.pick("verl", "verl", s.verl_v)
+        s.algo = ov.algo or p.get("algorithm", "gae")
+        s.algo_rec = self.pick("algorithm (--algo)", "algorithms", s.algo)
+        self.algo_rec = s.algo_rec
         s.components = self.select_components(s.torch_v)
         s.python = ov.python or p.get("python") or s.cuda["python"]
         s.picked = self.torch_build(s.torch_v, s.torch, s.cuda_v)
@@ -691,6 +705,12 @@ class _Resolver:
             huggingface=defaults.get("huggingface", "https://huggingface.co"),
             conda_channels=tuple(defaults.get("conda_channels", ["conda-forge", "nvidia"])),
             train=R.Train.from_plain(s.train),
+            algorithm=R.Algorithm(name=s.algo, critic=s.algo_rec["critic"], group=s.algo_rec["group"],
+                                  n=s.algo_rec["n"], kl=s.algo_rec["kl"],
+                                  kl_loss_type=s.algo_rec.get("kl_loss_type"),
+                                  kl_loss_coef=s.algo_rec.get("kl_loss_coef"),
+                                  extra=tuple(s.algo_rec.get("extra") or ()),
+                                  extra_generation=s.algo_rec.get("extra_generation", False)),
             notes=tuple(s.notes),
             dataset=R.Dataset.from_plain(dict(dataset, name="gsm8k")) if dataset else None,
             training_path=tuple(training_path(m, s.verl_v, s.rollout, tuple(s.components),
@@ -841,6 +861,19 @@ def _rule_shared_dependencies(r: _Resolver, s: Selection) -> None:
                               **s.pins})
 
 
+def _rule_algorithm(r: _Resolver, s: Selection) -> None:
+    a = s.algo_rec
+    if version_key(s.verl_v) < version_key(a["since"]):
+        newer = [v for v in r.m.verl if version_key(v) >= version_key(a["since"])]
+        r.add("algorithm-release", f"verl {s.verl_v} has no {s.algo} estimator",
+              f"{s.algo} came with verl {a['since']} (its AdvantageEstimator)",
+              (f"use --verl {newer[-1]}" if newer else "use another --algo")
+              + " or --algo grpo", hard=True)
+    if a.get("refused"):
+        r.add("algorithm-reward", f"{s.algo} cannot train on this recipe",
+              a["refused"], "use --algo grpo", hard=True)
+
+
 def _rule_model(r: _Resolver, s: Selection) -> None:
     t = s.train
     longest = r.models[t["model"]]["max_position_embeddings"]
@@ -861,7 +894,8 @@ def _rule_memory(r: _Resolver, s: Selection) -> None:
 
 # In the order their findings are reported.
 RULES = (_rule_machine, _rule_torch_cuda, _rule_python, _rule_arch, _rule_verl, _rule_vllm, _rule_driver,
-         _rule_bf16, _rule_extensions, _rule_shared_dependencies, _rule_model, _rule_memory)
+         _rule_bf16, _rule_extensions, _rule_shared_dependencies, _rule_algorithm, _rule_model,
+         _rule_memory)
 
 
 def resolve(m: Matrix, profile: str, overrides: Overrides | None = None) -> ResolvedEnv:

@@ -27,10 +27,12 @@ class Overrides(Record):
     """What the user asked to change about a profile (CLI flags)."""
 
     __slots__ = _fields = ("cuda", "torch", "python", "verl", "rollout", "vllm", "with_",
-                           "without", "driver", "allow_unsupported", "ecc", "model", "model_arch")
+                           "without", "driver", "allow_unsupported", "ecc", "model", "model_arch",
+                           "algo")
     _defaults = {"cuda": None, "torch": None, "python": None, "verl": None, "rollout": None,
                  "vllm": None, "with_": (), "without": (), "driver": None,
-                 "allow_unsupported": False, "ecc": None, "model": None, "model_arch": None}
+                 "allow_unsupported": False, "ecc": None, "model": None, "model_arch": None,
+                 "algo": None}
     _keys = {"with_": "with"}
     # model_arch: the shape --model's config.json gave (architectures.with_model), for a model
     # the table lacks; derived from `model`, so never a flag of its own
@@ -176,6 +178,16 @@ class Train(Record):
     _omit_none = ("micro_batch_size_per_gpu",)
 
 
+class Algorithm(Record):
+    """verl's advantage estimator and what the run takes of it (algorithms.yaml): a critic
+    (gae only), `n` responses per prompt (above 1 where it normalises over the group), where
+    the KL to the reference goes (`loss`, `reward` or `none`), extra run keys, and one more
+    greedy rollout per prompt (ReMax)."""
+
+    __slots__ = _fields = ("name", "critic", "group", "n", "kl", "kl_loss_type", "kl_loss_coef",
+                           "extra", "extra_generation")
+
+
 class Dataset(Record):
     """files: split -> file in the repo; rows: split -> row count."""
 
@@ -210,7 +222,7 @@ class ResolvedEnv(Record):
         "schema_version", "envbuild_version", "profile", "description", "overrides", "gpu",
         "cuda", "driver", "python", "torch", "rollout", "vllm", "verl", "dtype", "precision",
         "attention", "features", "flash_attn", "apex", "patches", "audit", "cuda_alloc_conf",
-        "indexes", "uv", "huggingface", "conda_channels", "train", "notes", "dataset",
+        "indexes", "uv", "huggingface", "conda_channels", "train", "algorithm", "notes", "dataset",
         "training_path", "memory", "warnings", "constraints", "mirror")
     _defaults = {"constraints": None, "mirror": None, "notes": ()}
     _omit_none = ("mirror",)
@@ -218,7 +230,7 @@ class ResolvedEnv(Record):
                "torch": Torch, "vllm": Vllm, "verl": Verl, "precision": Precision,
                "features": Features, "flash_attn": FlashAttn, "apex": Apex, "patches": (Patch,),
                "audit": Audit, "cuda_alloc_conf": AllocConf, "indexes": Indexes, "uv": Uv,
-               "train": Train, "dataset": Dataset, "constraints": Constraints, "mirror": Mirror}
+               "train": Train, "algorithm": Algorithm, "dataset": Dataset, "constraints": Constraints, "mirror": Mirror}
 
     @property
     def name(self) -> str:
