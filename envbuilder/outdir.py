@@ -61,10 +61,20 @@ def shorten(text: str, limit: int = 80) -> str:
     return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
 
 
+def _open_nofollow(path: Path):
+    """`path` opened for reading when it is a regular file and not a link (OSError otherwise):
+    a record or a file in the directory is never read through a link envbuild did not make."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    return os.fdopen(fd, "rb")
+
+
 def _sha256(path: Path) -> str | None:
     h = hashlib.sha256()
     try:
-        with open(path, "rb") as f:
+        with _open_nofollow(path) as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
     except OSError:
@@ -205,7 +215,8 @@ def _read_record(path: Path) -> dict[str, str]:
     """{relative path: sha256} from a record or journal; {} when there is none or it is not one
     (then nothing counts as envbuild's, which only makes the write more careful)."""
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        with _open_nofollow(path) as f:  # (a record that is a link is no record)
+            doc = json.loads(f.read().decode("utf-8"))
     except (OSError, ValueError):
         return {}
     files = doc.get("files") if isinstance(doc, dict) and doc.get("format") == FORMAT else None
@@ -277,7 +288,7 @@ def write_dir(out_dir: Path, files: dict[str, str], links: dict[str, Checked] | 
         return digest is not None and digest in (old.get(name), pending.get(name))
 
     new_digests = {n: hashlib.sha256(t.encode("utf-8")).hexdigest() for n, t in files.items()}
-    has_record = bool(old or pending) or record.is_file()
+    has_record = bool(old or pending) or (record.is_file() and not record.is_symlink())
     foreign = [p for p in out_dir.iterdir() if p.name not in (RECORD, JOURNAL)] \
         if out_dir.is_dir() else []
     conflicts = []

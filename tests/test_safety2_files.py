@@ -199,6 +199,25 @@ def test_an_output_folder_reached_through_a_link_is_refused(run_envbuild, tmp_pa
     assert list(target.iterdir()) == []
 
 
+def test_a_record_that_is_a_link_is_no_record(run_envbuild, tmp_path):
+    """A planted .envbuild-files.json that links to a record elsewhere, claiming the user's
+    notes as envbuild's files. Before: read through the link, and the notes deleted as a stale
+    file of an earlier render (exit 0). Failed before the fix: yes."""
+    out = tmp_path / "out"
+    out.mkdir()
+    notes = out / "notes.txt"
+    notes.write_text("my notes\n")
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text(json.dumps({"format": 1, "written_by": "envbuild", "files": {
+        "notes.txt": hashlib.sha256(notes.read_bytes()).hexdigest()}}))
+    (out / ".envbuild-files.json").symlink_to(elsewhere)
+    r = run_envbuild("render", PROFILE, "-o", out)
+    assert r.returncode == 2, r.stderr
+    assert "was not written by envbuild" in r.stderr
+    assert notes.read_text() == "my notes\n" and sorted(p.name for p in out.iterdir()) == \
+        [".envbuild-files.json", "notes.txt"]
+
+
 # ---- 3: a registry is a registry, not bake settings ----------------------------------------------
 
 EVIL_REGISTRIES = ["reg.example:5000,type=local,dest=/tmp/stolen", "reg.example:5000 x",
