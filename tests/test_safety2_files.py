@@ -557,9 +557,10 @@ def test_export_into_a_read_only_or_full_folder_is_exit_1_and_writes_nothing(
                          ids=["export-o-empty", "export-o-root", "import-empty", "import-root",
                               "apptainer-o-empty", "apptainer-archive-empty"])
 def test_an_empty_or_nameless_path_is_exit_2(run_envbuild, tmp_path, argv):
-    """Before: 'internal error ... PosixPath('.') has an empty name' (export-image, import-
-    image); apptainer said '. is a folder'. Failed before the fix: yes (all but the last, which
-    said the folder was no OCI archive)."""
+    """Before: 'internal error ... PosixPath('.') has an empty name' (export-image -o '',
+    import-image '' and '/'); apptainer -o '' said '. is a folder', --oci-archive '' called the
+    current folder no OCI archive (exit 2, the wrong thing named). Failed before the fix: yes,
+    except export-image -o '/', which click already refused (kept as a guard)."""
     r = run_envbuild(*argv, env={"XDG_CONFIG_HOME": str(tmp_path)})
     assert r.returncode == 2, r.stderr
     assert "internal error" not in r.stderr
