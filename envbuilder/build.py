@@ -399,9 +399,9 @@ def secret_files(ca_cert: Path | None, pip_conf: Path | None) -> dict[str, Path]
     return out
 
 
-def stage_context(files: dict[str, str], links: dict[str, Path] | None = None) -> Path:
+def stage_context(files: dict[str, str], links: dict | None = None) -> Path:
     """A private build context made from rendered files (removed by the caller); `links`
-    (a wheelhouse's files) are hard-linked in."""
+    (a wheelhouse's files, outdir.Checked) are placed as the bytes their manifest names."""
     from .render import write_dir
 
     root = Path(tempfile.mkdtemp(prefix="envbuild-ctx-"))
