@@ -184,8 +184,10 @@ def place_checked(src: Checked, dest: Path) -> None:
 
 
 def _refuse_links_on_the_way(out_dir: Path) -> None:
-    """UserError when `out_dir` is a symbolic link, or would be created inside one: envbuild
-    does not write through a link it did not make (one planted at -o, or at out/)."""
+    """UserError when `out_dir` is a symbolic link, or would be created inside a link another
+    user planted: envbuild does not write through a link it did not make. (The folder it would
+    be created in may be a link of the user's own or root's, as the kernel's protected_symlinks
+    allows: a home or scratch folder linked to where the space is.)"""
     if out_dir.is_symlink():
         raise UserError(f"{out_dir} is a symbolic link (to {shorten(os.readlink(out_dir))}); "
                         "envbuild does not write through links it did not make. Pass the folder "
@@ -195,11 +197,15 @@ def _refuse_links_on_the_way(out_dir: Path) -> None:
     above = out_dir.parent
     while not os.path.lexists(above) and above != above.parent:
         above = above.parent
-    if above.is_symlink():
-        raise UserError(f"{above} is a symbolic link (to {shorten(os.readlink(above))}), and "
-                        f"envbuild would create {out_dir} through it; it does not write through "
-                        "links it did not make. Pass a path without the link (the folder it "
-                        "points at, if that is yours).")
+    try:
+        st = os.lstat(above)
+    except OSError:
+        return  # (gone meanwhile: the mkdir says so)
+    if stat.S_ISLNK(st.st_mode) and st.st_uid not in (0, os.geteuid()):
+        raise UserError(f"{above} is a symbolic link of another user's (uid {st.st_uid}, to "
+                        f"{shorten(os.readlink(above))}), and envbuild would create {out_dir} "
+                        "through it; it does not write through links it did not make. Pass a "
+                        "path without the link (the folder it points at, if that is yours).")
 
 
 def _missing_folders(out_dir: Path) -> list[Path]:

@@ -184,19 +184,36 @@ def test_a_wheelhouse_file_writable_by_others_is_copied_not_linked(run_envbuild,
 
 # ---- 2: an output folder that is a link is not written through ---------------------------------
 
-@pytest.mark.parametrize("how", ["out-is-a-link", "parent-is-a-link"])
+@pytest.mark.parametrize("how", ["out-is-a-link", "parent-is-anothers-link"])
 def test_an_output_folder_reached_through_a_link_is_refused(run_envbuild, tmp_path, how):
-    """-o a planted link to an empty folder (or a new folder under such a link). Before: the
-    render went into the link's target, exit 0. Failed before the fix: yes."""
+    """-o a planted link to an empty folder, or a new folder under a link another user planted
+    (out/ in a shared folder). Before: the render went into the link's target, exit 0. Failed
+    before the fix: yes."""
     target = tmp_path / "victim"
     target.mkdir()
     link = tmp_path / "out"
     link.symlink_to(target, target_is_directory=True)
+    if how == "parent-is-anothers-link":
+        if os.geteuid() != 0:
+            _unavailable("a link owned by another user can only be made by root")
+        os.lchown(link, 65534, 65534)
     out = link if how == "out-is-a-link" else link / "p"
     r = run_envbuild("render", PROFILE, "-o", out)
     assert r.returncode == 2, r.stderr
     assert "symbolic link" in r.stderr and str(link) in r.stderr
     assert list(target.iterdir()) == []
+
+
+def test_a_new_folder_under_a_link_of_ones_own_is_written(run_envbuild, tmp_path):
+    """A home or scratch folder that is the user's own link (or root's) stays usable: only the
+    folder written into must not be a link. (A guard for the fix: it passed before.)"""
+    target = tmp_path / "scratch"
+    target.mkdir()
+    link = tmp_path / "home"
+    link.symlink_to(target, target_is_directory=True)
+    r = run_envbuild("render", PROFILE, "-o", link / "envs" / "t4")
+    assert r.returncode == 0, r.stderr
+    assert (target / "envs" / "t4" / "Dockerfile").is_file()
 
 
 def test_a_record_that_is_a_link_is_no_record(run_envbuild, tmp_path):
