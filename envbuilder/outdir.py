@@ -17,8 +17,10 @@ place (atomic per file), then the journal becomes the record. A run killed in be
 old-or-new files that hash to the record or the journal (both still count as envbuild's), and the
 staging folder, which the next run removes before it writes.
 
-Nothing is written through a link envbuild did not make: the directory itself, the folder it
-would be created in, and every folder inside it must be real folders. Files placed from
+Nothing is written through a link envbuild did not make: the directory itself and every folder
+inside it must be real folders, and the folder a new directory is created in may be a link only
+of the user's own or root's (not one another user planted). A record or a file it may replace is
+never read through a link. Files placed from
 elsewhere (a wheelhouse's, `Checked`) are opened without following links, must be regular files
 with the size and sha256 their manifest names, and enter as exactly the bytes that were checked:
 a hard link to the inode that was hashed (only when nobody else may write it), else a copy made
