@@ -87,7 +87,11 @@ def bake_target(env, tag: str) -> dict:
 def variables(env, registry: str) -> dict[str, str]:
     """The variables every target shares: the registry it pushes to and caches in, and the
     endpoints (the first profile's, mirror applied; they are the same for every profile)."""
+    from .config import check_registry
+
     apt = env.mirror.apt if env.mirror else None
-    return {"REGISTRY": registry, "PIP_INDEX_URL": env.indexes.pypi,
+    # (config.registry_for checked it where it came from; it lands in cache-to, where a ',' adds
+    # settings: a second wall)
+    return {"REGISTRY": check_registry(registry, "The bake file's registry"), "PIP_INDEX_URL": env.indexes.pypi,
             "HF_ENDPOINT": env.huggingface, "APT_MIRROR": apt or "",
             "MAX_JOBS": "4"}

@@ -116,6 +116,26 @@ def find_buildkit(run: Callable = _run, clients: list[str] | None = None) -> Bui
                      "20.10)")
 
 
+DOCKER_TIMEOUT = 600  # seconds the docker SDK waits for one answer of the engine
+MAX_DOCKER_TIMEOUT = 7 * 24 * 3600
+
+
+def docker_timeout() -> int:
+    """ENVBUILD_DOCKER_TIMEOUT (seconds, 1 to a week; ASCII digits only), DOCKER_TIMEOUT when
+    unset; UserError (exit 2) naming the variable for anything else (a typo is not a daemon
+    that does not answer)."""
+    value = os.environ.get("ENVBUILD_DOCKER_TIMEOUT")
+    if value is None:
+        return DOCKER_TIMEOUT
+    if not (re.fullmatch(r"[0-9]{1,7}", value) and 0 < int(value) <= MAX_DOCKER_TIMEOUT):
+        from .outdir import shorten
+
+        raise UserError(f"ENVBUILD_DOCKER_TIMEOUT is {shorten(ascii(value), 60)}: it takes a whole "
+                        f"number of seconds from 1 to {MAX_DOCKER_TIMEOUT} (a week), written with "
+                        f"the digits 0-9, e.g. {DOCKER_TIMEOUT} (the default). Fix it or unset it.")
+    return int(value)
+
+
 def engine():
     """A docker SDK client that answers, or ActionError naming the fix."""
     try:
@@ -123,8 +143,9 @@ def engine():
     except ImportError:
         raise ActionError("The docker Python SDK is missing: pip install 'envbuild[actions]'.") from None
     host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    timeout = docker_timeout()  # (before the try: a bad value is the user's, not the engine's)
     try:
-        client = docker.from_env(timeout=int(os.environ.get("ENVBUILD_DOCKER_TIMEOUT", "600")))
+        client = docker.from_env(timeout=timeout)
         client.ping()
         return client
     except Exception as e:  # the SDK raises DockerException, requests' and socket errors alike
@@ -378,9 +399,9 @@ def secret_files(ca_cert: Path | None, pip_conf: Path | None) -> dict[str, Path]
     return out
 
 
-def stage_context(files: dict[str, str], links: dict[str, Path] | None = None) -> Path:
+def stage_context(files: dict[str, str], links: dict | None = None) -> Path:
     """A private build context made from rendered files (removed by the caller); `links`
-    (a wheelhouse's files) are hard-linked in."""
+    (a wheelhouse's files, outdir.Checked) are placed as the bytes their manifest names."""
     from .render import write_dir
 
     root = Path(tempfile.mkdtemp(prefix="envbuild-ctx-"))

@@ -19,7 +19,7 @@ from pathlib import Path, PurePosixPath
 import click
 
 from .cli import load_matrix, override_options
-from .errors import UserError
+from .errors import ActionError, UserError
 from .outdir import write_text_atomic
 
 TEMPLATE = "apptainer.def.j2"
@@ -174,9 +174,9 @@ def ours(path: Path) -> bool:
 @click.argument("profile")
 @click.option("--image", metavar="REF@sha256:DIGEST",
               help="The pushed image, by digest (what `envbuild build --push` prints).")
-@click.option("--oci-archive", type=click.Path(path_type=Path, dir_okay=False), metavar="PATH",
+@click.option("--oci-archive", type=click.Path(dir_okay=False), metavar="PATH",
               help="An OCI archive of the image (as `envbuild export-image` writes), instead.")
-@click.option("-o", "--out", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
+@click.option("-o", "--out", type=click.Path(dir_okay=False), metavar="FILE",
               help="Where to write the definition (default ./PROFILE.def).")
 @click.option("--mirror", metavar="NAME", help="The mirror set the image was built through: "
               "its Hugging Face endpoint goes into %environment (as in the image).")
@@ -189,6 +189,14 @@ def apptainer(profile, image, oci_archive, out, mirror, force, overrides, matrix
     from .cli import plain_name
     from .resolve import resolve
 
+    # (as typed: Path('') would be '.', the current folder)
+    for option, value in (("-o", out), ("--oci-archive", oci_archive)):
+        if value is not None and not value:
+            raise UserError(f"{option} is empty: give a file name"
+                            + (" (e.g. PROFILE.def)." if option == "-o" else " (the .tar "
+                               "`envbuild export-image` wrote)."))
+    out = Path(out) if out is not None else None
+    oci_archive = Path(oci_archive) if oci_archive is not None else None
     if bool(image) == bool(oci_archive):
         raise UserError("Pass the image to start from: --image REF@sha256:DIGEST (what `envbuild "
                         "build PROFILE --push REGISTRY` printed) or --oci-archive PATH (not "
@@ -226,7 +234,12 @@ def apptainer(profile, image, oci_archive, out, mirror, force, overrides, matrix
                         "existing folder.")
     umask = os.umask(0)
     os.umask(umask)
-    write_text_atomic(path, text, 0o666 & ~umask, fsync=True)  # (the mode `open` would give)
+    try:
+        write_text_atomic(path, text, 0o666 & ~umask, fsync=True)  # (the mode `open` would give)
+    except OSError as e:  # (its temporary file is gone again: nothing half-written stays)
+        raise ActionError(f"Cannot write {path}: {e.strerror}. Check the free space and "
+                          f"permissions of {path.parent}, or -o a file elsewhere; nothing was "
+                          "written.") from None
     sif = f"{path.stem}.sif"
     click.echo(f"wrote {path}: build it with `apptainer build {sif} {path}`, run it with "
                f"`apptainer run --nv {sif}`", err=True)

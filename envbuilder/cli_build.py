@@ -205,7 +205,8 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
         env = M.apply_to_env(env, choice)
     files = render_files(env, locked)
     links = (locked or {}).get("links")
-    registry = registry_for(push_to, (m.defaults or {}).get("registry_local", "localhost:5000")) if push_to else None
+    registry = registry_for(push_to, (m.defaults or {}).get("registry_local", "localhost:5000"),
+                            "--push") if push_to else None
     eng = E.make(engine)  # docker: the daemon must answer before anything is built
     from . import reach
 

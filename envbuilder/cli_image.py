@@ -17,7 +17,7 @@ def _say(msg: str) -> None:
 
 @click.command("export-image")
 @click.argument("image")
-@click.option("-o", "--out", type=click.Path(path_type=Path, dir_okay=False), required=True,
+@click.option("-o", "--out", type=click.Path(dir_okay=False), required=True,
               metavar="FILE.tar",
               help="The OCI archive to write; its sidecar goes to FILE.tar.json.")
 @click.option("--force", is_flag=True, help="Replace FILE.tar (and its sidecar) if they exist.")
@@ -28,7 +28,8 @@ def export_image(image, out, force, as_json):
     wheelhouse; prints the manifest digest."""
     from .image_archive import export_image as export, sidecar_path
 
-    data = export(image, out, force, _say)
+    data = export(image, out, force, _say)  # (`out` as typed: an empty one is refused there)
+    out = Path(out)
     _say(f"wrote {out} ({data['archive_size'] / 2**20:.1f} MiB, sha256 {data['archive_sha256']}) "
          f"and {sidecar_path(out)}; load it with: envbuild import-image {out}")
     if as_json:
@@ -38,7 +39,7 @@ def export_image(image, out, force, as_json):
 
 
 @click.command("import-image")
-@click.argument("archive", type=click.Path(path_type=Path))
+@click.argument("archive", type=click.Path())
 @click.option("--registry", default="local", show_default=True, metavar="REGISTRY",
               help="`local`, a name from your config's `registries:`, or HOST[:PORT].")
 @click.option("--name", metavar="NAME:TAG", help="Repository and tag there (default: the name "

@@ -14,6 +14,7 @@ The file is $ENVBUILD_CONFIG, else $XDG_CONFIG_HOME/envbuild/config.yaml (~/.con
 from __future__ import annotations
 
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -56,17 +57,52 @@ def user_config() -> dict:
     return _load(str(config_path()))
 
 
-def registry_for(name: str, default_local: str) -> str:
-    """`local` -> the configured local registry; a configured name -> its host; else `name` as a host."""
+# Where images are pushed and bake keeps its cache: HOST[:PORT][/PATH], nothing else. It
+# becomes part of image references and of bake's `cache-to = ["type=registry,ref=..."]`, where
+# a ',' or '=' would add settings (a local cache exported anywhere), so the grammar is strict:
+# DNS labels, an IPv4 or [IPv6] address; a port of 1-5 ASCII digits up to 65535; lower-case
+# path components as Docker's reference grammar has them.
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+PUSH_REGISTRY = re.compile(rf"(?P<host>{_LABEL}(?:\.{_LABEL})*|\[[0-9A-Fa-f:.]{{2,45}}\])"
+                           rf"(?::(?P<port>[0-9]{{1,5}}))?(?:/{_COMPONENT})*")
+
+
+def check_registry(value: str, where: str) -> str:
+    """`value` when it is HOST[:PORT][/PATH] (PUSH_REGISTRY), else UserError (exit 2) naming
+    `where` it came from."""
+    from .outdir import shorten
+
+    m = PUSH_REGISTRY.fullmatch(value) if isinstance(value, str) and len(value) <= 255 else None
+    if m is None or (m["port"] is not None and not 0 < int(m["port"]) < 65536):
+        raise UserError(f"{where} is {shorten(ascii(value) if isinstance(value, str) else value, 100)}, "
+                        "which is not a registry: give HOST[:PORT][/PATH] (e.g. localhost:5000 or "
+                        "registry.example.com/team: letters, digits, '.', '-' in the host, a port "
+                        "up to 65535, lower-case path parts; no scheme, spaces or commas). Nothing "
+                        "was written or pushed.")
+    return value
+
+
+def registry_for(name: str, default_local: str, option: str = "--registry") -> str:
+    """`local` -> the configured local registry; a configured name -> its host; else `name` as a
+    host. Whichever it is, it must be HOST[:PORT][/PATH] (check_registry), named by where it came
+    from (`option`, ENVBUILD_REGISTRY_LOCAL, the config, the matrix's registry_local)."""
     from .outdir import shorten
 
     regs = dict(user_config().get("registries") or {})
-    regs.setdefault("local", os.environ.get("ENVBUILD_REGISTRY_LOCAL", default_local))
+    sources = {n: f"the config's registries.{n} ({config_path()})" for n in regs}
+    if "local" not in regs:
+        if "ENVBUILD_REGISTRY_LOCAL" in os.environ:
+            regs["local"] = os.environ["ENVBUILD_REGISTRY_LOCAL"]
+            sources["local"] = f"ENVBUILD_REGISTRY_LOCAL (what {option} local names)"
+        else:
+            regs["local"] = default_local
+            sources["local"] = "the matrix's defaults.registry_local"
     if name in regs:
-        return regs[name]
+        return check_registry(regs[name], sources[name])
     host = name.split("/", 1)[0]
     if "." in host or ":" in host or host == "localhost":
-        return name
+        return check_registry(name, option)
     raise UserError(f"No registry named {shorten(name, 60)!r}: your config ({config_path()}) names "
                       f"{', '.join(sorted(regs))}. Use one of those, or HOST[:PORT]; nothing was "
                       "pushed.")

@@ -106,25 +106,40 @@ def _first_line(out: subprocess.CompletedProcess) -> str:
     return lines[0] if lines else f"exit status {out.returncode}"
 
 
+def _unreadable(line: str) -> NoGpu:
+    shown = ascii(line[:200]) + (f" ({len(line)} characters)" if len(line) > 200 else "")
+    return NoGpu(f"nvidia-smi printed a line envbuild cannot read: {shown} (its numbers must "
+                 "be written with the digits 0-9; a driver or a wrapper that prints others is "
+                 "not one envbuild trusts). Check `nvidia-smi --query-gpu=index,name,memory.total "
+                 "--format=csv` and the nvidia-smi first on PATH")
+
+
 def parse_query(text: str, with_cc: bool = True) -> tuple[list[Gpu], str | None]:
-    """The GPUs and driver from `nvidia-smi --query-gpu=... --format=csv,noheader,nounits`."""
+    """The GPUs and driver from `nvidia-smi --query-gpu=... --format=csv,noheader,nounits`.
+    Numbers are read from the digits 0-9 only: a GPU row with any other digit (Python's int()
+    takes '٣' and str.isdigit() '²') raises NoGpu naming the line."""
     gpus, driver = [], None
     for line in filter(None, (l.strip() for l in text.splitlines())):
         fields = [f.strip() for f in line.split(",")]
         if len(fields) != (5 if with_cc else 4) or not fields[0].isdigit():
             continue  # not a GPU row (a warning nvidia-smi printed)
+        if any(c.isdigit() and c not in "0123456789" for c in line):
+            raise _unreadable(line)
         if with_cc:
             index, name, cc, mem, driver = fields
         else:
             (index, name, mem, driver), cc = fields, None
-        cc = cc if cc and re.fullmatch(r"\d+\.\d+", cc) else None
-        gpus.append(Gpu(int(index), name, cc, int(mem) if mem.isdigit() else 0))
+        if not re.fullmatch(r"[0-9]{1,4}", index):
+            raise _unreadable(line)
+        cc = cc if cc and re.fullmatch(r"[0-9]{1,2}\.[0-9]{1,2}", cc) else None
+        gpus.append(Gpu(int(index), name, cc,
+                        int(mem) if re.fullmatch(r"[0-9]{1,9}", mem) else 0))  # ([N/A]: 0)
     return gpus, driver
 
 
 def parse_cuda_version(table: str) -> str | None:
-    """'CUDA Version: 12.2' from the header of plain `nvidia-smi`."""
-    m = re.search(r"CUDA Version:\s*(\d+\.\d+)", table)
+    """'CUDA Version: 12.2' from the header of plain `nvidia-smi` (digits 0-9 only)."""
+    m = re.search(r"CUDA Version:\s*([0-9]{1,3}\.[0-9]{1,3})(?![0-9])", table)
     return m.group(1) if m else None
 
 
@@ -169,7 +184,7 @@ def detect(m: Matrix, nvml: Any = None, run: Callable | None = None) -> Machine:
             reasons.append(str(e))
     if machine is None:
         return Machine((), None, None, "", "; ".join(reasons))
-    if machine.driver and not is_driver_version(machine.driver):
+    if machine.driver and not (machine.driver.isascii() and is_driver_version(machine.driver)):
         machine = machine._replace(driver=None)  # e.g. 'N/A' from a half-working driver: unknown
     if not machine.gpus:
         return machine._replace(problem=f"the driver ({machine.via}) lists no GPU")

@@ -10,15 +10,27 @@ are spoken to without TLS (as `docker push` does); every other registry with TLS
 The archive is written into a private folder next to FILE and published by a hard link (never
 over an existing file) or, with `force`, by a rename; the sidecar is published last, so a
 half-written pair never reads as a good one: an archive without its sidecar is refused.
+
+All of skopeo's temporary files go into that private folder too (`skopeo --tmpdir`: skopeo 1.9
+ignores TMPDIR and fills /var/tmp with oci*/docker-tar* copies of the image). The folder is
+named after the process (`.FILE.envbuild-<pid>-XXXXXXXX`; an import's is
+`envbuild-import-<pid>-XXXXXXXX` in the temporary folder) and holds a lock that envbuild and
+skopeo keep while they run. A run killed on the spot (SIGKILL, a lost session) leaves it behind;
+the next export into that folder (or import) removes such debris, but only what it can prove is
+an earlier run's: a real folder of ours by name and owner, whose process is gone and whose lock
+nobody holds.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tarfile
 import tempfile
@@ -155,11 +167,107 @@ def read_index(archive: Path) -> dict:
             "config_digest": (manifest.get("config") or {}).get("digest")}
 
 
+# a work folder of an export (next to its archive) and of an import (in the temporary folder):
+# its name says which process made it; tempfile's eight random characters end it
+EXPORT_WORK = re.compile(r"(?s)\..{1,40}\.envbuild-(?P<pid>[0-9]{1,10})-[a-z0-9_]{8}")
+IMPORT_WORK = re.compile(r"envbuild-import-(?P<pid>[0-9]{1,10})-[a-z0-9_]{8}")
+WORK_LOCK = "lock"
+
+
+class Work:
+    """A private folder (0700) for one skopeo run and every temporary file of it, named after
+    this process and locked (flock) while envbuild or the skopeo it starts runs; `close`
+    removes it."""
+
+    def __init__(self, parent: Path, prefix: str):
+        self.path = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=parent))
+        try:
+            self.lock = os.open(self.path / WORK_LOCK, os.O_WRONLY | os.O_CREAT | os.O_EXCL
+                                | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            fcntl.flock(self.lock, fcntl.LOCK_EX)
+        except BaseException:
+            shutil.rmtree(self.path, ignore_errors=True)
+            raise
+
+    def close(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+        os.close(self.lock)  # (after: a lock nobody holds marks debris)
+
+
+def _running(pid: int) -> bool:
+    if pid <= 0:
+        return True  # (not a process of ours: kept)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's process, or one we may not signal: it runs
+    return True
+
+
+def clean_debris(parent: Path, pattern: re.Pattern) -> list[Path]:
+    """Remove the work folders in `parent` that runs killed on the spot left (their skopeo
+    temporary files inside); returns them. Only what is provably an earlier run's goes: a name
+    `pattern` matches, a real folder (no link) owned by this user, whose process no longer runs
+    and whose lock nobody holds. Anything else is left as it is."""
+    removed = []
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = pattern.fullmatch(entry.name)
+        if not m:
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        pid = int(m["pid"])
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or pid == os.getpid() \
+                or _running(pid):
+            continue
+        try:
+            fd = os.open(os.path.join(entry.path, WORK_LOCK),
+                         os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except FileNotFoundError:
+            fd = None  # killed before it made its lock
+        except OSError:
+            continue
+        try:
+            if fd is not None:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    continue
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError as e:
+                    if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                        continue  # a skopeo it started still runs
+                    raise
+            shutil.rmtree(entry.path, ignore_errors=True)  # (never follows a link inside)
+            removed.append(Path(entry.path))
+        except OSError:
+            continue
+        finally:
+            if fd is not None:
+                os.close(fd)
+    return removed
+
+
+def skopeo_argv(skopeo: str, work: Work) -> list[str]:
+    """skopeo and its global options: every temporary file of the run inside `work`."""
+    return [skopeo, "--tmpdir", str(work.path)]
+
+
 def run_skopeo(argv: list[str], say: Say, cwd: Path | None = None,
-               env: dict | None = None) -> tuple[int, str]:
-    """Run skopeo, its progress lines through `say`; (rc, last lines). Ctrl-C stops it."""
+               env: dict | None = None, work: Work | None = None) -> tuple[int, str]:
+    """Run skopeo, its progress lines through `say`; (rc, last lines). Ctrl-C stops it. With
+    `work`, skopeo holds its lock too, so that the folder is not taken for debris while it runs
+    (also when envbuild itself was killed)."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            errors="replace", cwd=cwd, env=dict(os.environ, **(env or {})))
+                            errors="replace", cwd=cwd, env=dict(os.environ, **(env or {})),
+                            pass_fds=(work.lock,) if work else ())
     lines: list[str] = []
     try:
         assert proc.stdout is not None
@@ -258,15 +366,17 @@ def resolve_source(image: str, say: Say) -> tuple[str, list[str], str]:
                       "(docker.io/NAME:TAG for Docker Hub).")
 
 
-def export_image(image: str, out: Path, force: bool, say: Say) -> dict:
+def export_image(image: str, out: Path | str, force: bool, say: Say) -> dict:
     """Write `image` as an OCI archive at `out` and its sidecar next to it; returns the
     sidecar's data."""
     check_reference(image)
+    if not str(out):
+        raise UserError("-o is empty: give the archive's file name, e.g. image.tar.")
     out = Path(out)
-    side = sidecar_path(out)
-    if out.is_dir():
+    if out.is_dir() or out.name in ("", ".", ".."):
         raise UserError(f"-o {out} is a directory: give the archive's file name, e.g. "
                         f"{out / 'image.tar'}.")
+    side = sidecar_path(out)
     if not out.parent.is_dir():
         raise UserError(f"-o {out}: the folder {out.parent} does not exist. Create it first.")
     if not force:
@@ -275,43 +385,59 @@ def export_image(image: str, out: Path, force: bool, say: Say) -> dict:
                 raise UserError(f"{p} exists; export-image does not overwrite it. Remove it, pick "
                                 "another -o, or pass --force.")
     skopeo = find_skopeo()
+    clean_debris(out.parent, EXPORT_WORK)
+    try:
+        work = Work(out.parent, f".{out.name[:40]}.envbuild-")
+    except OSError as e:
+        raise ActionError(f"Cannot write into {out.parent}: {e.strerror}. Check that folder's "
+                          "permissions and free space, or pick another -o; nothing was "
+                          "written.") from None
+    try:
+        return _export_into(image, out, side, force, skopeo, work, say)
+    except OSError as e:
+        raise ActionError(f"Cannot write {out}: {e.strerror}. Check the free space and "
+                          f"permissions in {out.parent}, then run again; nothing was "
+                          "written.") from None
+    finally:
+        work.close()
+
+
+def _export_into(image: str, out: Path, side: Path, force: bool, skopeo: str, work: Work,
+                 say: Say) -> dict:
     source, src_args, described = resolve_source(image, say)
     say(f"exporting {described} to {out}")
     name = archive_name(image)
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name[:40]}.envbuild-", dir=out.parent))
+    dest = f"oci-archive:{INNER}" + (f":{name}" if name else "")
+    rc, tail = run_skopeo([*skopeo_argv(skopeo, work), "copy", *src_args, "--digestfile",
+                           "digest", source, dest], say, cwd=work.path,
+                          env={"TMPDIR": str(work.path)}, work=work)
+    if rc != 0:
+        raise ActionError(f"skopeo could not export {_short(image)} (exit {rc}): "
+                          f"{_skopeo_error(tail.splitlines()[-1] if tail else '')}. Check that "
+                          f"the engine or registry serves it, and the free space in "
+                          f"{out.parent}; nothing was written.")
+    archive = work.path / INNER
+    copied = (work.path / "digest").read_text().strip()
+    info = read_index(archive)
+    if info["digest"] != copied:
+        raise ActionError(f"skopeo reported manifest {copied} but the archive holds "
+                          f"{info['digest']}; nothing was written. Run again.")
+    _fsync(archive)
+    sha, size = sha256_file(archive)
+    data = {"format": FORMAT, "image": image, "name": name, "source": source,
+            "manifest_digest": info["digest"], "media_type": info["media_type"],
+            "config_digest": info["config_digest"], "archive": out.name,
+            "archive_sha256": sha, "archive_size": size}
+    (work.path / "sidecar").write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    _fsync(work.path / "sidecar")
+    _publish(archive, out, force)
     try:
-        dest = f"oci-archive:{INNER}" + (f":{name}" if name else "")
-        rc, tail = run_skopeo([skopeo, "copy", *src_args, "--digestfile", "digest", source, dest],
-                              say, cwd=work, env={"TMPDIR": str(work)})
-        if rc != 0:
-            raise ActionError(f"skopeo could not export {_short(image)} (exit {rc}): "
-                              f"{_skopeo_error(tail.splitlines()[-1] if tail else '')}. Check that "
-                              f"the engine or registry serves it, and the free space in "
-                              f"{out.parent}; nothing was written.")
-        archive = work / INNER
-        copied = (work / "digest").read_text().strip()
-        info = read_index(archive)
-        if info["digest"] != copied:
-            raise ActionError(f"skopeo reported manifest {copied} but the archive holds "
-                              f"{info['digest']}; nothing was written. Run again.")
-        _fsync(archive)
-        sha, size = sha256_file(archive)
-        data = {"format": FORMAT, "image": image, "name": name, "source": source,
-                "manifest_digest": info["digest"], "media_type": info["media_type"],
-                "config_digest": info["config_digest"], "archive": out.name,
-                "archive_sha256": sha, "archive_size": size}
-        (work / "sidecar").write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-        _fsync(work / "sidecar")
-        _publish(archive, out, force)
-        try:
-            _publish(work / "sidecar", side, force)
-        except BaseException:
-            out.unlink(missing_ok=True)  # ours, just linked: no archive without its sidecar
-            raise
-        _fsync(out.parent)
-        return data
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        _publish(work.path / "sidecar", side, force)
+    except BaseException:
+        out.unlink(missing_ok=True)  # ours, just linked: no archive without its sidecar
+        raise
+    _fsync(out.parent)
+    return data
 
 
 def read_sidecar(archive: Path) -> dict:
@@ -372,8 +498,14 @@ def verify_archive(archive: Path, data: dict, say: Say) -> dict:
 def import_image(archive: Path, registry: str, name: str | None, say: Say) -> dict:
     """Check `archive` against its sidecar and copy it into `registry` as `name` (default: the
     name the archive recorded). Returns {reference, digest, target}."""
+    if not str(archive):
+        raise UserError("ARCHIVE is empty: give the .tar export-image wrote (its sidecar "
+                        "FILE.tar.json next to it).")
     archive = Path(archive)
-    if not archive.is_file():
+    if archive.name in ("", ".", "..") or not archive.is_file():
+        if archive.name in ("", ".", ".."):
+            raise UserError(f"ARCHIVE {str(archive)!r} names a folder, not a file: give the .tar "
+                            "export-image wrote (its sidecar FILE.tar.json next to it).")
         raise UserError(f"{archive} is not a file. Give the .tar export-image wrote (its sidecar "
                         f"{sidecar_path(archive).name} next to it).")
     data = read_sidecar(archive)
@@ -390,20 +522,33 @@ def import_image(archive: Path, registry: str, name: str | None, say: Say) -> di
     target = f"{registry}/{target_name}"
     digest = data["manifest_digest"]
     say(f"loading {archive} ({digest[:19]}) into {target}")
-    work = Path(tempfile.mkdtemp(prefix="envbuild-import-"))
+    # skopeo unpacks the whole archive into its temporary folder: ours, in the temporary folder
+    tmp = Path(tempfile.gettempdir())
+    clean_debris(tmp, IMPORT_WORK)
     try:
-        (work / INNER).symlink_to(archive.resolve())
+        work = Work(tmp, "envbuild-import-")
+    except OSError as e:
+        raise ActionError(f"Cannot make a temporary folder in {tmp}: {e.strerror}. Free space "
+                          "there, or point TMPDIR at a folder with room for the unpacked image; "
+                          "nothing was loaded.") from None
+    try:
+        (work.path / INNER).symlink_to(archive.resolve())
         tls = ["--dest-tls-verify=false"] if is_loopback(registry) else []
-        rc, tail = run_skopeo([skopeo, "copy", "--preserve-digests", *tls, "--digestfile",
-                               "digest", f"oci-archive:{INNER}", f"docker://{target}"], say,
-                              cwd=work, env={"TMPDIR": str(work)})
+        rc, tail = run_skopeo([*skopeo_argv(skopeo, work), "copy", "--preserve-digests", *tls,
+                               "--digestfile", "digest", f"oci-archive:{INNER}",
+                               f"docker://{target}"], say, cwd=work.path,
+                              env={"TMPDIR": str(work.path)}, work=work)
         if rc != 0:
             raise ActionError(f"skopeo could not load {archive} into {target} (exit {rc}): "
                               f"{_skopeo_error(tail.splitlines()[-1] if tail else '')}. Check the "
-                              "registry (its logs, free space, credentials) and run again.")
-        pushed = (work / "digest").read_text().strip()
+                              f"registry (its logs, free space, credentials) and the free space "
+                              f"in {tmp}, and run again.")
+        pushed = (work.path / "digest").read_text().strip()
+    except OSError as e:
+        raise ActionError(f"Cannot use the temporary folder {work.path}: {e.strerror}. Free "
+                          f"space in {tmp} (or point TMPDIR elsewhere) and run again.") from None
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        work.close()
     if pushed != digest:
         raise ActionError(f"skopeo pushed {target} as {pushed}, not {digest} as exported. The "
                           "registry may rewrite manifests; check it and run again.")

@@ -16,10 +16,20 @@ directory (same filesystem), then the new record is journaled, then each file is
 place (atomic per file), then the journal becomes the record. A run killed in between leaves
 old-or-new files that hash to the record or the journal (both still count as envbuild's), and the
 staging folder, which the next run removes before it writes.
+
+Nothing is written through a link envbuild did not make: the directory itself and every folder
+inside it must be real folders, and the folder a new directory is created in may be a link only
+of the user's own or root's (not one another user planted). A record or a file it may replace is
+never read through a link. Files placed from
+elsewhere (a wheelhouse's, `Checked`) are opened without following links, must be regular files
+with the size and sha256 their manifest names, and enter as exactly the bytes that were checked:
+a hard link to the inode that was hashed (only when nobody else may write it), else a copy made
+from the checked descriptor and hashed as it is written.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -27,8 +37,9 @@ import shutil
 import stat
 import tempfile
 from pathlib import Path, PurePosixPath
+from typing import NamedTuple
 
-from .errors import ActionError, UserError
+from .errors import ActionError, EnvbuildError, UserError
 
 RECORD = ".envbuild-files.json"
 JOURNAL = ".envbuild-files.next.json"
@@ -52,10 +63,20 @@ def shorten(text: str, limit: int = 80) -> str:
     return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
 
 
+def _open_nofollow(path: Path):
+    """`path` opened for reading when it is a regular file and not a link (OSError otherwise):
+    a record or a file in the directory is never read through a link envbuild did not make."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    return os.fdopen(fd, "rb")
+
+
 def _sha256(path: Path) -> str | None:
     h = hashlib.sha256()
     try:
-        with open(path, "rb") as f:
+        with _open_nofollow(path) as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
     except OSError:
@@ -63,11 +84,147 @@ def _sha256(path: Path) -> str | None:
     return h.hexdigest()
 
 
+class Checked(NamedTuple):
+    """A file to place as exactly the bytes a manifest names: `rel` inside `root` (the folder the
+    user named, e.g. a wheelhouse; no link below it is followed), its size and sha256. `fix`
+    ends a refusal's message (what to do)."""
+    root: Path
+    rel: str
+    size: int
+    sha256: str
+    fix: str = "Replace it with the file its manifest names."
+
+
+def _refuse(src: Checked, why: str) -> UserError:
+    return UserError(f"{Path(src.root) / src.rel} {why}; envbuild places only regular files "
+                     f"whose bytes hash to what their manifest records. {src.fix}")
+
+
+def _open_checked(src: Checked) -> tuple[int, int, str]:
+    """(descriptor of the file, descriptor of its folder, its name): `src.rel` opened below
+    `src.root` without following any link (a FIFO opened without blocking)."""
+    parts = safe_relpath(src.rel, "a placed file").parts
+    try:
+        dfd = os.open(src.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # (named by the user)
+    except OSError as e:
+        raise _refuse(src, f"cannot be opened ({src.root}: {e.strerror})") from None
+    try:
+        for part in parts[:-1]:
+            try:
+                nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                              dir_fd=dfd)
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise _refuse(src, f"is reached through {part}/, which is a symbolic link or "
+                                       "not a folder") from None
+                raise _refuse(src, f"cannot be opened ({e.strerror})") from None
+            os.close(dfd)
+            dfd = nfd
+        try:
+            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         dir_fd=dfd)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise _refuse(src, "is a symbolic link") from None
+            raise _refuse(src, f"cannot be opened ({e.strerror})") from None
+    except BaseException:
+        os.close(dfd)
+        raise
+    return fd, dfd, parts[-1]
+
+
+def _hash_fd(fd: int, sink: int | None = None) -> tuple[str, int]:
+    """(sha256, size) of what `fd` reads from its start; each chunk also written to `sink`."""
+    h, size = hashlib.sha256(), 0
+    os.lseek(fd, 0, os.SEEK_SET)
+    while chunk := os.read(fd, 1 << 20):
+        h.update(chunk)
+        size += len(chunk)
+        if sink is not None:
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(sink, view):]
+    return h.hexdigest(), size
+
+
+def place_checked(src: Checked, dest: Path) -> None:
+    """Put `src` at `dest` (a new name) as exactly the bytes its manifest names, or UserError
+    (exit 2) naming what is wrong with it; OSError when the write itself fails."""
+    fd, dfd, name = _open_checked(src)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _refuse(src, "is not a regular file")
+        if st.st_size != src.size:
+            raise _refuse(src, f"is {st.st_size} bytes, not the {src.size} its manifest records")
+        # a hard link shares the inode: only one nobody else may write stays what was checked
+        if st.st_uid == os.geteuid() and not st.st_mode & 0o022:
+            digest, size = _hash_fd(fd)
+            if (digest, size) != (src.sha256, src.size):
+                raise _refuse(src, "does not hash to the sha256 its manifest records")
+            try:
+                os.link(name, dest, src_dir_fd=dfd, follow_symlinks=False)
+            except OSError:
+                pass  # another file system, or no hard links here: a copy, below
+            else:
+                linked = os.lstat(dest)
+                if (linked.st_dev, linked.st_ino) == (st.st_dev, st.st_ino):
+                    return
+                os.unlink(dest)  # the name was swapped since it was opened: copy what was checked
+        out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                      0o644)
+        try:
+            digest, size = _hash_fd(fd, out)
+        finally:
+            os.close(out)
+        if (digest, size) != (src.sha256, src.size):
+            os.unlink(dest)
+            raise _refuse(src, "does not hash to the sha256 its manifest records")
+    finally:
+        os.close(fd)
+        os.close(dfd)
+
+
+def _refuse_links_on_the_way(out_dir: Path) -> None:
+    """UserError when `out_dir` is a symbolic link, or would be created inside a link another
+    user planted: envbuild does not write through a link it did not make. (The folder it would
+    be created in may be a link of the user's own or root's, as the kernel's protected_symlinks
+    allows: a home or scratch folder linked to where the space is.)"""
+    if out_dir.is_symlink():
+        raise UserError(f"{out_dir} is a symbolic link (to {shorten(os.readlink(out_dir))}); "
+                        "envbuild does not write through links it did not make. Pass the folder "
+                        "itself, or a new path.")
+    if os.path.lexists(out_dir):
+        return
+    above = out_dir.parent
+    while not os.path.lexists(above) and above != above.parent:
+        above = above.parent
+    try:
+        st = os.lstat(above)
+    except OSError:
+        return  # (gone meanwhile: the mkdir says so)
+    if stat.S_ISLNK(st.st_mode) and st.st_uid not in (0, os.geteuid()):
+        raise UserError(f"{above} is a symbolic link of another user's (uid {st.st_uid}, to "
+                        f"{shorten(os.readlink(above))}), and envbuild would create {out_dir} "
+                        "through it; it does not write through links it did not make. Pass a "
+                        "path without the link (the folder it points at, if that is yours).")
+
+
+def _missing_folders(out_dir: Path) -> list[Path]:
+    """`out_dir` and the folders above it that do not exist yet, deepest first."""
+    missing, p = [], out_dir
+    while not os.path.lexists(p) and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    return missing
+
+
 def _read_record(path: Path) -> dict[str, str]:
     """{relative path: sha256} from a record or journal; {} when there is none or it is not one
     (then nothing counts as envbuild's, which only makes the write more careful)."""
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        with _open_nofollow(path) as f:  # (a record that is a link is no record)
+            doc = json.loads(f.read().decode("utf-8"))
     except (OSError, ValueError):
         return {}
     files = doc.get("files") if isinstance(doc, dict) and doc.get("format") == FORMAT else None
@@ -112,15 +269,19 @@ def clean_debris(out_dir: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
-def write_dir(out_dir: Path, files: dict[str, str], links: dict[str, Path] | None = None,
+def write_dir(out_dir: Path, files: dict[str, str], links: dict[str, Checked] | None = None,
               executable: frozenset[str] | set[str] = frozenset(), force: bool = False) -> list[Path]:
-    """Write `files` (text by relative path) and `links` ({relative path: existing file},
-    hard-linked in or copied) into `out_dir`, deleting only files an earlier write recorded and
-    nobody changed since. Refuses (exit 2) before writing anything when a file it would replace
-    is not envbuild's or was edited, unless `force`."""
+    """Write `files` (text by relative path) and `links` ({relative path: Checked file}, placed
+    as their checked bytes: place_checked) into `out_dir`, deleting only files an earlier write
+    recorded and nobody changed since. Refuses (exit 2) before writing anything when a file it
+    would replace is not envbuild's or was edited, unless `force`, or when a placed file is not
+    what its manifest names (then nothing of this write stays)."""
     out_dir = Path(out_dir)
     links = dict(links or {})
+    if not all(isinstance(src, Checked) for src in links.values()):
+        raise TypeError("write_dir places only Checked files")
     names = {str(safe_relpath(n)): n for n in [*files, *links]}
+    _refuse_links_on_the_way(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"{out_dir} exists and is not a directory. Pass -o a new directory or one "
                         "envbuild wrote.")
@@ -135,7 +296,7 @@ def write_dir(out_dir: Path, files: dict[str, str], links: dict[str, Path] | Non
         return digest is not None and digest in (old.get(name), pending.get(name))
 
     new_digests = {n: hashlib.sha256(t.encode("utf-8")).hexdigest() for n, t in files.items()}
-    has_record = bool(old or pending) or record.is_file()
+    has_record = bool(old or pending) or (record.is_file() and not record.is_symlink())
     foreign = [p for p in out_dir.iterdir() if p.name not in (RECORD, JOURNAL)] \
         if out_dir.is_dir() else []
     conflicts = []
@@ -180,10 +341,20 @@ def write_dir(out_dir: Path, files: dict[str, str], links: dict[str, Path] | Non
             and not journal.exists()):
         return [out_dir / n for n in sorted(files)]  # a re-render that changes nothing writes nothing
 
+    made = _missing_folders(out_dir)  # removed again when this write fails
+
+    def undo_folders() -> None:
+        for p in made:
+            try:
+                p.rmdir()  # (only while empty)
+            except OSError:
+                break
+
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         stage = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out_dir))
     except OSError as e:
+        undo_folders()
         raise ActionError(f"Cannot write into {out_dir}: {e.strerror}. Check the path, its "
                           "permissions and free space.") from None
     written: dict[str, str] = {}
@@ -199,11 +370,8 @@ def write_dir(out_dir: Path, files: dict[str, str], links: dict[str, Path] | Non
         for name, src in sorted(links.items()):
             path = stage / name
             path.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.link(src, path)
-            except OSError:
-                shutil.copy2(src, path)
-            written[name] = _sha256(path) or ""
+            place_checked(src, path)
+            written[name] = src.sha256
         # the journal first: from here on a killed run leaves files that hash to old or new
         write_text_atomic(journal, _record_text(written), tmp_dir=stage)
         for name in sorted(set(written) - unchanged):
@@ -212,9 +380,14 @@ def write_dir(out_dir: Path, files: dict[str, str], links: dict[str, Path] | Non
             os.replace(stage / name, target)
     except OSError as e:
         shutil.rmtree(stage, ignore_errors=True)
+        undo_folders()
         raise ActionError(f"Cannot write {out_dir}: {e.strerror}. Check free space and permissions, "
                           "then run the command again: it finishes or undoes this write (files "
                           "that were not envbuild's are untouched).") from None
+    except EnvbuildError:  # a placed file that is not what its manifest names: nothing moved yet
+        shutil.rmtree(stage, ignore_errors=True)
+        undo_folders()
+        raise
     for name in stale:
         try:
             (out_dir / name).unlink()

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from ..errors import UserError
+from ..outdir import Checked
 from ..record import plain
 from ..resolve import ResolvedEnv
 
@@ -390,9 +391,10 @@ def _sourced(env: ResolvedEnv) -> list[str]:
 
 
 def wheelhouse_files(env: ResolvedEnv,
-                     wheelhouse: Path) -> tuple[dict[str, Path], dict[str, tuple[str, ...]]]:
-    """({build-context path: wheelhouse file} for the pip files the profile needs, {package:
-    ("sha256:..." of the wheel built from its sdist,)})."""
+                     wheelhouse: Path) -> tuple[dict[str, Checked], dict[str, tuple[str, ...]]]:
+    """({build-context path: wheelhouse file, with the size and sha256 the manifest records}
+    for the pip files the profile needs, {package: ("sha256:..." of the wheel built from its
+    sdist,)}). outdir.write_dir places each file only as those bytes, never through a link."""
     manifest = read_wheelhouse_manifest(wheelhouse)
     if manifest is None:
         raise UserError(f"{wheelhouse} is not an envbuild wheelhouse (no {WHEELHOUSE_MANIFEST}). "
@@ -421,12 +423,15 @@ def wheelhouse_files(env: ResolvedEnv,
     hashes = {name: (f"sha256:{files[p]['sha256']}",) for name, p in built.items()}
     # pip files flat (pip's --find-links), source archives under sources/ (every path was
     # checked to be pypi/NAME or sources/NAME: none leads out of the build context)
+    fix = (f"The wheelhouse was changed after its export: export it again with `envbuild "
+           f"wheelhouse {env.name} -o {wheelhouse}` (or copy it again from its source).")
     links = {}
     for p in profile["files"]:
+        checked = Checked(Path(wheelhouse), p, files[p]["size"], files[p]["sha256"], fix)
         if p.startswith("pypi/"):
-            links["wheelhouse/" + p[len("pypi/"):]] = wheelhouse / p
+            links["wheelhouse/" + p[len("pypi/"):]] = checked
         elif p.startswith("sources/"):
-            links["wheelhouse/" + p] = wheelhouse / p
+            links["wheelhouse/" + p] = checked
     return links, hashes
 
 
