@@ -1,0 +1,236 @@
+"""The docs hold to the code: README.md stays a short page that starts with its two commands
+(what CI runs), every relative link in README.md and docs/*.md leads to a file (and an #anchor
+to a heading there), and every `envbuild ...` line in their bash/sh/console blocks parses with
+envbuild's own click options, as the rendered folder's README is checked in test_render.py."""
+
+from __future__ import annotations
+
+import copy
+import re
+import shlex
+from pathlib import Path
+
+import click
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+FIRST_COMMANDS = [
+    "python3 -m venv .venv && .venv/bin/pip install . && .venv/bin/envbuild render p40",
+    "bash tests/run.sh",
+]
+MAX_README_LINES = 260
+SHELLS = {"bash", "sh", "shell", "console"}
+FENCE = re.compile(r"^(```+|~~~+)\s*([\w+-]*)")
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+INLINE_CODE = re.compile(r"(`+)(?:(?!\1).)+?\1")
+OPERATORS = set("();&|<>")
+
+
+def split_blocks(text: str) -> tuple[list[str], list[tuple[str, list[str]]]]:
+    """The lines outside fenced code, and each fenced block as (language, lines)."""
+    prose: list[str] = []
+    blocks: list[tuple[str, list[str]]] = []
+    fence = None
+    for line in text.splitlines():
+        m = FENCE.match(line.strip())
+        if fence is None and m:
+            fence, lang, body = m.group(1), m.group(2).lower(), []
+            blocks.append((lang, body))
+        elif fence is not None and line.strip().startswith(fence) and not line.strip()[len(fence):].strip():
+            fence = None
+            prose.append("")  # (keeps nothing of the block, but one line per line is not needed)
+        elif fence is not None:
+            body.append(line)
+        else:
+            prose.append(line)
+    return prose, blocks
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: markup and punctuation dropped, lower case, spaces to -."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link keeps its text
+    text = re.sub(r"[^\w\- ]", "", text.strip().lower())
+    return text.replace(" ", "-")
+
+
+def anchors(text: str) -> set[str]:
+    prose, _ = split_blocks(text)
+    seen: dict[str, int] = {}
+    out = set()
+    for line in prose:
+        m = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if not m:
+            continue
+        base = slug(m.group(1))
+        n = seen.get(base, 0)
+        seen[base] = n + 1
+        out.add(base if n == 0 else f"{base}-{n}")
+    return out
+
+
+def broken_links(page: Path, text: str | None = None) -> list[str]:
+    """Every relative link of a page that leads nowhere: a missing file, or a missing heading."""
+    text = page.read_text() if text is None else text
+    prose, _ = split_blocks(text)
+    problems = []
+    for line in prose:
+        for target in LINK.findall(INLINE_CODE.sub("", line)):
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                problems.append(f"{page.name}: {target}: no {path}")
+            elif anchor and (dest.suffix != ".md" or anchor not in anchors(dest.read_text())):
+                problems.append(f"{page.name}: {target}: no heading #{anchor} in {dest.name}")
+    return problems
+
+
+def command_lines(text: str) -> list[str]:
+    """The shell lines of a page's bash/sh/console blocks, continuations joined; in a console
+    block only the `$ ` lines (the rest is output)."""
+    _, blocks = split_blocks(text)
+    lines = []
+    for lang, body in blocks:
+        if lang not in SHELLS:
+            continue
+        joined = "\n".join(body).replace("\\\n", " ").splitlines()
+        for line in joined:
+            if lang == "console":
+                if not line.startswith("$ "):
+                    continue
+                line = line[2:]
+            if line.strip():
+                lines.append(line)
+    return lines
+
+
+def envbuild_commands(line: str) -> list[list[str]]:
+    """The argument lists of every `envbuild` (or `.../envbuild`) call on a shell line, split at
+    `&&`, `;`, `|`, parentheses, with leading VAR=value assignments and comments dropped."""
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    lexer.commenters = "#"
+    calls: list[list[str]] = []
+    current: list[str] = []
+    for token in [*lexer, ";"]:
+        if token and set(token) <= OPERATORS:
+            while current and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", current[0]):
+                current.pop(0)
+            if current and (current[0] == "envbuild" or current[0].endswith("/envbuild")):
+                calls.append(current[1:])
+            current = []
+        else:
+            current.append(token)
+    return calls
+
+
+def parse(words: list[str]) -> None:
+    """Parse an envbuild command line with envbuild's own click options, without running it;
+    raises click's UsageError (or BadParameter) on an unknown command, option or value."""
+    from envbuilder.cli import cli as group
+
+    cmd: click.Command = group
+    ctx = click.Context(group, info_name="envbuild")
+    while isinstance(cmd, click.Group):
+        if not words:
+            raise click.UsageError("no command", ctx)
+        name, words = words[0], words[1:]
+        sub = cmd.get_command(ctx, name)
+        if sub is None:
+            raise click.UsageError(f"no such command {name!r}", ctx)
+        if isinstance(sub, click.Group):
+            ctx = click.Context(sub, parent=ctx, info_name=name)
+        else:
+            grammar_only(sub).make_context(name, list(words), parent=ctx, resilient_parsing=False)
+        cmd = sub
+
+
+def grammar_only(cmd: click.Command) -> click.Command:
+    """A copy of cmd whose path parameters accept paths that do not exist here: a page's
+    commands name the files that the commands before them wrote (`affected refresh`)."""
+    copy_ = copy.copy(cmd)
+    copy_.params = []
+    for param in cmd.params:
+        param = copy.copy(param)
+        if isinstance(param.type, click.Path) and param.type.exists:
+            param.type = copy.copy(param.type)
+            param.type.exists = False
+        copy_.params.append(param)
+    return copy_
+
+
+def all_commands() -> list[tuple[str, str]]:
+    return [(page.relative_to(ROOT).as_posix(), line) for page in PAGES
+            for line in command_lines(page.read_text()) if envbuild_commands(line)]
+
+
+def test_the_docs_pages_are_there():
+    names = {p.name for p in PAGES}
+    assert {"README.md", "concepts.md", "memory.md", "offline.md", "mirrors.md", "verify.md",
+            "reference.md", "ARCHITECTURE.md", "CONTRIBUTING.md"} <= names
+
+
+def test_the_readme_starts_with_its_two_commands():
+    lines = README.read_text().splitlines()
+    assert lines[0] == "# envbuild"
+    first = next(i for i, line in enumerate(lines) if line.startswith("```"))
+    assert lines[first] == "```bash", "the README's first block is not a bash block"
+    end = lines.index("```", first + 1)
+    assert lines[first + 1:end] == FIRST_COMMANDS
+    assert all(not line.strip() for line in lines[1:first]), "something comes before the commands"
+
+
+def test_ci_runs_only_what_the_readme_names():
+    """`.ci/run` calls the README's test command and nothing else."""
+    run = (ROOT / ".ci" / "run").read_text().splitlines()
+    calls = [line.strip() for line in run if line.strip() and not line.lstrip().startswith("#")
+             and not line.startswith(("set ", "cd "))]
+    assert calls and all(call in FIRST_COMMANDS for call in calls), calls
+
+
+def test_the_readme_is_short():
+    n = len(README.read_text().splitlines())
+    assert n <= MAX_README_LINES, (f"README.md is {n} lines (at most {MAX_README_LINES}): move "
+                                   "the detail into docs/")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_relative_link_resolves(page):
+    assert broken_links(page) == []
+
+
+COMMANDS = all_commands()
+
+
+@pytest.mark.parametrize("where,line", COMMANDS,
+                         ids=[f"{where}:{i}" for i, (where, _) in enumerate(COMMANDS)])
+def test_every_envbuild_command_in_the_docs_parses(where, line):
+    for words in envbuild_commands(line):
+        try:
+            parse(words)
+        except click.ClickException as e:
+            pytest.fail(f"{where}: `{line.strip()}`: {e.format_message()}")
+
+
+def test_the_checks_can_fail(tmp_path):
+    """A broken link, a missing heading and a misspelt option are each caught."""
+    page = tmp_path / "page.md"
+    (tmp_path / "there.md").write_text("# A heading: here\n")
+    text = ("[ok](there.md#a-heading-here) [gone](nowhere.md) [no heading](there.md#elsewhere)\n"
+            "`[in code](nowhere.md)`\n```bash\n[x](nowhere.md)\n```\n")
+    assert broken_links(page, text) == [
+        "page.md: nowhere.md: no nowhere.md",
+        "page.md: there.md#elsewhere: no heading #elsewhere in there.md"]
+    block = "```bash\ncd out && envbuild render p40 --no-such-flag  # comment\n```\n"
+    (calls,) = [envbuild_commands(line) for line in command_lines(block)]
+    assert calls == [["render", "p40", "--no-such-flag"]]
+    with pytest.raises(click.UsageError):
+        parse(calls[0])
+    with pytest.raises(click.UsageError):
+        parse(["mirrors", "lsit"])
+    parse(["mirrors", "probe", "--mirror", "cn"])
+    console = "```console\n$ envbuild detect\nenvbuild output --not-an-option\n```\n"
+    assert [envbuild_commands(line) for line in command_lines(console)] == [[["detect"]]]
