@@ -51,6 +51,14 @@ def override_options(f):
                      help="verl's advantage estimator: gae (PPO with a critic, the default), grpo, "
                      "rloo, reinforce_plus_plus, remax, ... (`envbuild show PROFILE` lists the "
                      "release's); the run script, critic and memory plan follow it."),
+        click.option("--nodes", type=click.IntRange(1, 1024),
+                     help="Train across this many nodes (a Ray cluster); default 1."),
+        click.option("--gpus-per-node", type=click.IntRange(1, 64),
+                     help="GPUs on each node (default: the profile's count). The memory plan "
+                     "shards over nodes x GPUs."),
+        click.option("--interconnect", metavar="nvlink|pcie|ib|roce|tcp",
+                     help="How the GPUs talk: nvlink or pcie inside a node; ib, roce or tcp "
+                     "between nodes (default tcp with --nodes above 1). Sets NCCL's variables."),
         click.option("--ecc", type=click.Choice(["on", "off"]),
                      help="Plan memory for the board with ECC on (GDDR datacenter boards' default, "
                           "which costs memory) or off (nvidia-smi -e 0 and a reboot)."),
@@ -61,7 +69,7 @@ def override_options(f):
 
     @wraps(f)
     def wrapper(*args, cuda, torch_, python, verl, rollout, vllm, with_, without, driver,
-                allow_unsupported, model, algo, ecc, **kwargs):
+                allow_unsupported, model, algo, nodes, gpus_per_node, interconnect, ecc, **kwargs):
         from .resolve import Overrides
 
         both = sorted(set(split_names(with_)) & set(split_names(without)))
@@ -79,7 +87,9 @@ def override_options(f):
                                         rollout=rollout, vllm=vllm, with_=split_names(with_),
                                         without=split_names(without), driver=driver,
                                         allow_unsupported=allow_unsupported, ecc=ecc,
-                                        model=model_key, model_arch=arch, algo=algo)
+                                        model=model_key, model_arch=arch, algo=algo,
+                                        nodes=nodes, gpus_per_node=gpus_per_node,
+                                        interconnect=interconnect)
         return f(*args, **kwargs)
 
     return wrapper
@@ -240,6 +250,10 @@ def show(profile, as_json, memory, overrides, matrix_dirs):
         f"algorithm  {env.algorithm.name}" + ("" if env.algorithm.critic else " (no critic)")
         + (f", {env.algorithm.n} responses per prompt" if env.algorithm.n > 1 else "")
         + f"; --algo also takes {', '.join(available_algorithms(m, env))}",
+        f"cluster    {env.cluster.nodes} node(s) x {env.cluster.gpus_per_node} GPU(s)"
+        + (f", {env.cluster.interconnect}" if env.cluster.interconnect else "")
+        + (f" ({', '.join(f'{k}={v}' for k, v in env.cluster.env.items())})"
+           if env.cluster.env else ""),
         f"precision  {env.dtype}, attention {env.attention}, remove_padding "
         f"{env.features.remove_padding}, torch.compile {env.features.torch_compile}",
         f"extensions {', '.join(x for x in ('apex', 'flash_attn') if getattr(env, x)) or 'none'}",
@@ -292,7 +306,9 @@ def memory_lines(env) -> list[str]:
            f"{a['intermediate_size']}, vocab {a['vocab_size']}, "
            f"{'tied' if a['tied_embeddings'] else 'untied'} embeddings, {a['parameters']:,} params"
            + (f" (+{a['lora_parameters']:,} LoRA)" if a["lora_parameters"] else ""),
-           f"{env.train.n_gpus} GPU(s), {env.dtype}, {env.attention} attention, "
+           (f"{env.cluster.nodes} nodes x {env.train.n_gpus} GPUs = "
+            f"{env.cluster.nodes * env.train.n_gpus} GPUs" if env.cluster.nodes > 1
+            else f"{env.train.n_gpus} GPU(s)") + f", {env.dtype}, {env.attention} attention, "
            f"{env.rollout} rollout, sequences {mem['sequence']['prompt']} + "
            f"{mem['sequence']['response']}, rollout batch {mem['rollout_batch_per_gpu']} and "
            f"mini-batch {mem['mini_batch_per_gpu']} per GPU, {mem['validation_rows']} validation "

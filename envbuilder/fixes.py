@@ -20,7 +20,7 @@ from .resolved import Overrides
 from .versions import is_driver_version, version_key
 
 # a flag with the value a user would type after it (values may be comma lists: apex,flash-attn)
-FIX_FLAG = re.compile(r"--(cuda|torch|python|verl|rollout|vllm|with|without|driver|ecc|model|algo)\b"
+FIX_FLAG = re.compile(r"--(cuda|torch|python|verl|rollout|vllm|with|without|driver|ecc|model|algo|interconnect)\b"
                       r"(?:[ =]([^\s,;()]+(?:,[^\s,;()]+)*))?")
 ROLLOUTS = ("hf", "vllm", "sglang")
 COMPONENTS = ("apex", "flash-attn")
@@ -39,7 +39,8 @@ def _valid(m, flag: str, value: str | None) -> bool:
             "without": lambda: all(c in COMPONENTS for c in value.split(",")),
             "driver": lambda: is_driver_version(value),
             "ecc": lambda: value in ("on", "off"), "model": lambda: value in m.models,
-            "algo": lambda: value in m.algorithms}[flag]()
+            "algo": lambda: value in m.algorithms,
+            "interconnect": lambda: value in (m.sections.get("interconnects") or {})}[flag]()
 
 
 DROP = re.compile(r"\bdrop --([a-z]+)")

@@ -46,7 +46,7 @@ def _read(path: Path) -> dict:
     return doc
 
 
-SOURCE_KEYS = ("source", "min_compute_capability_source", "torch_source")
+SOURCE_KEYS = ("source", "min_compute_capability_source", "torch_source", "p2p_source")
 
 
 def _check_sources(doc: dict, name: str) -> None:

@@ -21,7 +21,14 @@ MODULES = S.ListOf(S.MODULE)
 TRAINING_PATH = {"modules": MODULES, "source": SOURCE}
 GPU = {"name": S.GPU_NAME, "match": S.ListOf(S.Regex()), "arch": S.NAME,
        "compute_capability": S.CC, "vram_gb": float, "max_smem_per_block_kb": int, "bf16": bool,
-       "fp16_fast": bool, "machine?": S.OneOf(("x86_64", "aarch64")), "source": SOURCE}
+       "fp16_fast": bool, "machine?": S.OneOf(("x86_64", "aarch64")), "p2p?": bool,
+       "p2p_source?": SOURCE, "source": SOURCE}
+# an environment variable NCCL or Gloo reads, set to a plain value
+ENV_NAME = S.Pattern(r"[A-Z][A-Z0-9_]{0,63}", "NCCL_IB_DISABLE")
+ENV_VALUE = S.Pattern(r"[A-Za-z0-9_.,^:-]{0,64}", "1")
+INTERCONNECT = {"description": DESCRIPTION, "scope": S.OneOf(("node", "cluster")),
+                "env": S.MapOf(ENV_VALUE, key=ENV_NAME), "interface": bool, "note?": WHY,
+                "source": SOURCE}
 UBUNTU = S.Pattern(r"\d+\.\d+", "22.04", max_len=16)
 CUDA = {"version": S.VERSION, "min_driver": S.DRIVER, "compat_driver": S.DRIVER,
         "nvcc_archs": S.ListOf(S.CC), "ubuntu": UBUNTU, "glibc?": S.GLIBC, "python": S.CUDA,
@@ -220,6 +227,7 @@ SECTIONS: dict[str, tuple[Any, bool]] = {
     "apex": (APEX, False),
     "verl": (S.MapOf(VERL, key=S.VERSION), True),
     "algorithms": (S.MapOf(ALGORITHM, key=S.NAME), True),
+    "interconnects": (S.MapOf(INTERCONNECT, key=S.NAME), True),
     "requires": (REQUIRES, True),
     "patches": (S.MapOf(PATCH, key=S.NAME), True),
     "reviewed": (S.MapOf(REVIEWED, key=S.NAME), True),
@@ -247,7 +255,8 @@ RESOLVED = {
     "overrides": {"cuda?": S.CUDA, "torch?": S.VERSION, "python?": S.CUDA, "verl?": S.VERSION,
                   "rollout?": S.OneOf(ROLLOUTS), "vllm?": S.VERSION, "with?": S.ListOf(S.NAME),
                   "without?": S.ListOf(S.NAME), "driver?": S.DRIVER, "allow_unsupported?": bool,
-                  "ecc?": S.OneOf(("on", "off")), "model?": S.MODEL_REF, "algo?": S.NAME},
+                  "ecc?": S.OneOf(("on", "off")), "model?": S.MODEL_REF, "algo?": S.NAME,
+                  "nodes?": int, "gpus_per_node?": int, "interconnect?": S.NAME},
     "gpu": {"key": S.NAME, "name": S.GPU_NAME, "arch": S.NAME, "compute_capability": S.CC,
             "sm": S.Pattern(r"\d+", "61", max_len=8), "vram_gb": float, "bf16": bool,
             "max_smem_per_block_kb": int},
@@ -288,6 +297,8 @@ RESOLVED = {
     "conda_channels": S.ListOf(S.CHANNEL),
     "train": dict(TRAIN, actor_param_offload=bool),
     "algorithm": RESOLVED_ALGORITHM,
+    "cluster": {"nodes": int, "gpus_per_node": int, "interconnect": (S.NAME, None),
+                "env": S.MapOf(ENV_VALUE, key=ENV_NAME), "interface": bool},
     "notes": S.ListOf(S.Text(4000)),
     "dataset": (dict(DATASET, name=S.NAME), None),
     "training_path": MODULES,

@@ -132,7 +132,7 @@ class Setup:
         self.arch, self.consts, self.val_rows = arch, consts, val_rows
         self.dtype, self.rollout = env["dtype"], env["rollout"]
         self.eager = env["attention"] == "eager"
-        self.n = t["n_gpus"]
+        self.n = t["n_gpus"] * env.get("nodes", 1)  # the world: every GPU of every node
         self.prompt, self.response = t["max_prompt_length"], t["max_response_length"]
         self.seq = self.prompt + self.response
         self.lora = t["lora_rank"]

@@ -140,7 +140,7 @@ class _Resolver:
     def pick(self, kind: str, section: str, value: str) -> dict:
         table = self.m.sections[section]
         if value not in table:
-            known = (list(table) if section in ("gpus", "algorithms")
+            known = (list(table) if section in ("gpus", "algorithms", "interconnects")
                      else sorted(table, key=version_key))
             raise UserError(f"{kind} {value!r} is not in the matrix; {suggest(value, known)}known: "
                             f"{', '.join(known)}. Add it in a --matrix-dir overlay if you need it.")
@@ -375,7 +375,8 @@ class _Resolver:
         algo = algo or self.algo_rec or {"critic": True, "n": 1}
         env = {"dtype": dtype, "attention": attention, "rollout": rollout, "train": train,
                "lora_flat_grads": lora_flat, "critic": algo["critic"], "rollout_n": algo["n"],
-               "extra_generation": algo.get("extra_generation", False)}
+               "extra_generation": algo.get("extra_generation", False),
+               "nodes": getattr(self, "nodes", 1)}
         out = plan(env, self.models[train["model"]], consts, self.m.datasets["gsm8k"]["rows"]["test"])
         out["card"] = card
         return out
@@ -494,6 +495,7 @@ class _Resolver:
             s.pins.update(m.flash_attn.get("runtime_pins") or {})
         s.pins.update(p.get("pins", {}))
         self.hf_rollout_plan(s)
+        self.cluster_plan(s)
         s.memory = self.memory_plan(s.gpu_key, s.gpu, s.dtype, s.attention, s.rollout, s.train,
                                     lora_flat=bool(s.lora_key))
         return s
@@ -524,6 +526,46 @@ class _Resolver:
         q["optional_components"] = {k: v for k, v in (p.get("optional_components") or {}).items()
                                     if k != "flash-attn"}
         return q
+
+    def cluster_plan(self, s: "Selection") -> None:
+        """--nodes and --gpus-per-node: the world the run shards over (the memory plan divides
+        every role's state by it; verl splits the batches evenly over it, so they are rounded
+        up to a multiple), and --interconnect: what NCCL and Gloo are told (interconnects.yaml),
+        with NCCL_P2P_DISABLE=1 for several GPUs per node of a card without peer-to-peer."""
+        ov, t = self.ov, s.train
+        nodes = ov.nodes or 1
+        per_node = ov.gpus_per_node or t["n_gpus"]
+        if nodes < 1 or per_node < 1 or nodes > 1024 or per_node > 64:
+            raise UserError(f"--nodes {nodes} --gpus-per-node {per_node}: a run takes 1 to 1024 "
+                            "nodes of 1 to 64 GPUs each.")
+        t["n_gpus"] = per_node
+        world = nodes * per_node
+        for key in ("train_batch_size", "ppo_mini_batch_size"):
+            if t[key] % world:
+                was, t[key] = t[key], -(-t[key] // world) * world
+                label = ("actor_rollout_ref.actor.ppo_mini_batch_size"
+                         if key == "ppo_mini_batch_size" else "data.train_batch_size")
+                s.notes.append(f"{label} {t[key]}: the profile's {was} rounded up to a multiple "
+                               f"of the {world} GPUs (verl splits it evenly over them)")
+        if t["ppo_mini_batch_size"] > t["train_batch_size"]:
+            t["ppo_mini_batch_size"] = t["train_batch_size"]
+        s.nodes, s.world = nodes, world
+        self.nodes = nodes
+        name = ov.interconnect or ("tcp" if nodes > 1 else None)
+        table = self.m.sections.get("interconnects") or {}
+        s.interconnect = self.pick("interconnect (--interconnect)", "interconnects", name) if name else None
+        s.ic_name = name
+        if nodes > 1 and not ov.interconnect:
+            s.notes.append(f"the {nodes} nodes talk over plain TCP (NCCL_IB_DISABLE=1): pass "
+                           "--interconnect ib or roce where they have an RDMA network")
+        env = dict((s.interconnect or {}).get("env") or {})
+        if per_node > 1 and s.gpu.get("p2p") is False:
+            env["NCCL_P2P_DISABLE"] = "1"
+            s.notes.append(f"NCCL_P2P_DISABLE=1: {per_node} {s.gpu['name']}s in a node have no "
+                           "peer-to-peer (NCCL's P2P transport hangs on them)")
+        s.cluster_env = dict(sorted(env.items()))
+        if table and s.interconnect and s.interconnect.get("note"):
+            s.notes.append(f"{name}: {s.interconnect['note']}")
 
     def hf_rollout_plan(self, s: "Selection") -> None:
         """What the release's HF rollout cannot do, planned around (verl.yaml hf_rollout): the
@@ -711,6 +753,9 @@ class _Resolver:
                                   kl_loss_coef=s.algo_rec.get("kl_loss_coef"),
                                   extra=tuple(s.algo_rec.get("extra") or ()),
                                   extra_generation=s.algo_rec.get("extra_generation", False)),
+            cluster=R.Cluster(nodes=s.nodes, gpus_per_node=s.train["n_gpus"],
+                              interconnect=s.ic_name, env=frozen(s.cluster_env),
+                              interface=bool(s.interconnect and s.interconnect["interface"])),
             notes=tuple(s.notes),
             dataset=R.Dataset.from_plain(dict(dataset, name="gsm8k")) if dataset else None,
             training_path=tuple(training_path(m, s.verl_v, s.rollout, tuple(s.components),
@@ -874,6 +919,14 @@ def _rule_algorithm(r: _Resolver, s: Selection) -> None:
               a["refused"], "use --algo grpo", hard=True)
 
 
+def _rule_cluster(r: _Resolver, s: Selection) -> None:
+    ic = s.interconnect
+    if s.nodes > 1 and ic and ic["scope"] != "cluster":
+        r.add("interconnect", f"--interconnect {s.ic_name} joins the GPUs of one node, but the run "
+              f"spans {s.nodes} nodes", "the nodes talk over a network: InfiniBand, RoCE or TCP",
+              "use --interconnect tcp or --interconnect ib or --interconnect roce", hard=True)
+
+
 def _rule_model(r: _Resolver, s: Selection) -> None:
     t = s.train
     longest = r.models[t["model"]]["max_position_embeddings"]
@@ -894,7 +947,7 @@ def _rule_memory(r: _Resolver, s: Selection) -> None:
 
 # In the order their findings are reported.
 RULES = (_rule_machine, _rule_torch_cuda, _rule_python, _rule_arch, _rule_verl, _rule_vllm, _rule_driver,
-         _rule_bf16, _rule_extensions, _rule_shared_dependencies, _rule_algorithm, _rule_model,
+         _rule_bf16, _rule_extensions, _rule_shared_dependencies, _rule_algorithm, _rule_cluster, _rule_model,
          _rule_memory)
 
 

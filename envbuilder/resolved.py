@@ -28,11 +28,11 @@ class Overrides(Record):
 
     __slots__ = _fields = ("cuda", "torch", "python", "verl", "rollout", "vllm", "with_",
                            "without", "driver", "allow_unsupported", "ecc", "model", "model_arch",
-                           "algo")
+                           "algo", "nodes", "gpus_per_node", "interconnect")
     _defaults = {"cuda": None, "torch": None, "python": None, "verl": None, "rollout": None,
                  "vllm": None, "with_": (), "without": (), "driver": None,
                  "allow_unsupported": False, "ecc": None, "model": None, "model_arch": None,
-                 "algo": None}
+                 "algo": None, "nodes": None, "gpus_per_node": None, "interconnect": None}
     _keys = {"with_": "with"}
     # model_arch: the shape --model's config.json gave (architectures.with_model), for a model
     # the table lacks; derived from `model`, so never a flag of its own
@@ -188,6 +188,15 @@ class Algorithm(Record):
                            "extra", "extra_generation")
 
 
+class Cluster(Record):
+    """Where the run's GPUs are: `nodes` machines of `gpus_per_node` each, how they talk
+    (interconnects.yaml: None for one GPU), the NCCL/Gloo variables the run script exports
+    unless set, and whether it names the bootstrap interface (NCCL_SOCKET_IFNAME,
+    GLOO_SOCKET_IFNAME) from the default route."""
+
+    __slots__ = _fields = ("nodes", "gpus_per_node", "interconnect", "env", "interface")
+
+
 class Dataset(Record):
     """files: split -> file in the repo; rows: split -> row count."""
 
@@ -222,7 +231,7 @@ class ResolvedEnv(Record):
         "schema_version", "envbuild_version", "profile", "description", "overrides", "gpu",
         "cuda", "driver", "python", "torch", "rollout", "vllm", "verl", "dtype", "precision",
         "attention", "features", "flash_attn", "apex", "patches", "audit", "cuda_alloc_conf",
-        "indexes", "uv", "huggingface", "conda_channels", "train", "algorithm", "notes", "dataset",
+        "indexes", "uv", "huggingface", "conda_channels", "train", "algorithm", "cluster", "notes", "dataset",
         "training_path", "memory", "warnings", "constraints", "mirror")
     _defaults = {"constraints": None, "mirror": None, "notes": ()}
     _omit_none = ("mirror",)
@@ -230,7 +239,7 @@ class ResolvedEnv(Record):
                "torch": Torch, "vllm": Vllm, "verl": Verl, "precision": Precision,
                "features": Features, "flash_attn": FlashAttn, "apex": Apex, "patches": (Patch,),
                "audit": Audit, "cuda_alloc_conf": AllocConf, "indexes": Indexes, "uv": Uv,
-               "train": Train, "algorithm": Algorithm, "dataset": Dataset, "constraints": Constraints, "mirror": Mirror}
+               "train": Train, "algorithm": Algorithm, "cluster": Cluster, "dataset": Dataset, "constraints": Constraints, "mirror": Mirror}
 
     @property
     def name(self) -> str:

@@ -4,6 +4,8 @@ is refused with the fix, and every key the run script sets exists in that verl r
 
 from __future__ import annotations
 
+import shlex
+
 import json
 import math
 from pathlib import Path
@@ -243,7 +245,8 @@ def test_show_memory_prints_the_budget_and_a_refusal_is_exit_2(cli, overlay):
 def _overrides(profile: str, **options) -> list[str]:
     script = render_files(resolved(profile, **options), None)[RUN_SCRIPT]
     body = script.split("args=(", 1)[1].split("\n)", 1)[0]
-    return [line.strip() for line in body.splitlines()
+    # one word a line, as bash reads it (quotes removed: 'trainer.logger=[console]')
+    return [shlex.split(line)[0] for line in body.splitlines()
             if line.strip() and not line.strip().startswith("#")]
 
 
