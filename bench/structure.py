@@ -1,0 +1,136 @@
+"""The package's structural facts, read from its source (no import): the layers import each other
+in one direction only (no circles, module-level or lazy), no module imports another module's
+private names, and no module of the command-line layer is longer than about 150 lines.
+
+    python bench/structure.py          # prints the facts; exit 1 when one does not hold
+
+tests/test_structure.py asserts the same facts in CI.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PKG = ROOT / "envbuilder"
+CLI_MAX_LINES = 160  # "about 150": a command's options, one library call and its formatting
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+
+
+def _resolve(mod: str, is_pkg: bool, level: int, name: str | None) -> str:
+    if level == 0:
+        return name or ""
+    base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+    base = base[: len(base) - (level - 1)]
+    return ".".join(base + ([name] if name else []))
+
+
+def imports(mods: dict[str, Path]) -> dict[str, list[tuple[str, list[str], int]]]:
+    """module -> [(imported module, names taken from it, line)] for envbuilder's own modules."""
+    out: dict[str, list[tuple[str, list[str], int]]] = defaultdict(list)
+    for mod, path in mods.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        is_pkg = path.name == "__init__.py"
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.startswith("envbuilder"):
+                        out[mod].append((a.name, [], node.lineno))
+            elif isinstance(node, ast.ImportFrom):
+                target = _resolve(mod, is_pkg, node.level, node.module)
+                if not target.startswith("envbuilder"):
+                    continue
+                names = [a.name for a in node.names]
+                # `from envbuilder.lock import pip` imports the module envbuilder.lock.pip
+                subs = [f"{target}.{n}" for n in names if f"{target}.{n}" in mods]
+                if subs:
+                    out[mod].extend((s, [], node.lineno) for s in subs)
+                    names = [n for n in names if f"{target}.{n}" not in mods]
+                if names or not subs:
+                    out[mod].append((target, names, node.lineno))
+    return out
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    sys.setrecursionlimit(10000)
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def facts() -> dict:
+    mods = modules()
+    imp = imports(mods)
+    # a module importing its own package's __init__ (from . import x) is no dependency edge
+    graph = {m: {t for t, _, _ in lst if t in mods and t != m and not m.startswith(t + ".")}
+             for m, lst in imp.items()}
+    private = sorted(f"{m}:{line} takes {t}.{n}" for m, lst in imp.items() for t, names, line in lst
+                     for n in names if n.startswith("_") and not n.startswith("__") and t != m)
+    cli_long = sorted(f"{m}: {len(p.read_text().splitlines())} lines" for m, p in mods.items()
+                      if m.startswith("envbuilder.cli.") or m == "envbuilder.cli"
+                      if len(p.read_text().splitlines()) > CLI_MAX_LINES)
+    return {"modules": len(mods), "cycles": cycles(graph), "private_imports": private,
+            "long_cli_modules": cli_long}
+
+
+def main() -> int:
+    f = facts()
+    print(f"{f['modules']} modules")
+    print(f"circles: {len(f['cycles'])}")
+    for c in f["cycles"]:
+        print("  " + " <-> ".join(c))
+    print(f"private cross-imports: {len(f['private_imports'])}")
+    for p in f["private_imports"]:
+        print("  " + p)
+    print(f"command-line modules over {CLI_MAX_LINES} lines: {len(f['long_cli_modules'])}")
+    for c in f["long_cli_modules"]:
+        print("  " + c)
+    return 1 if (f["cycles"] or f["private_imports"] or f["long_cli_modules"]) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
