@@ -279,16 +279,19 @@ def lock_candidates(profile: str) -> list[tuple[str, Path]]:
 def find_constraints(env: ResolvedEnv) -> Constraints | None:
     """The constraints of the first lock whose plan is this environment's, read only when its
     requirements.lock hashes to what lock.json records; None when no lock fits."""
+    from .errors import UserError
+    from .lock.lockfile import read_meta
+
     want = plan_sha256(env)
     for label, lock_dir in lock_candidates(env.name):
         if "/" in env.name or env.name in ("", ".", ".."):
             return None  # a profile name never leaves lockfiles/
         try:
-            meta = json.loads((lock_dir / "lock.json").read_text(encoding="utf-8"))
-            if not isinstance(meta, dict) or meta.get("plan_sha256") != want:
+            meta = read_meta(lock_dir)  # (the one reader; a lock.json that is no lock: skipped)
+            if meta is None or meta.get("plan_sha256") != want:
                 continue
             text = (lock_dir / "requirements.lock").read_text(encoding="utf-8")
-        except (OSError, ValueError):
+        except (OSError, ValueError, UserError):
             continue
         digest = hashlib.sha256(text.encode()).hexdigest()
         if digest != (meta.get("files") or {}).get("requirements.lock"):

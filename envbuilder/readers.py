@@ -209,13 +209,16 @@ def parse_toml(data: bytes | str, origin: str, *, shape: Any = None, fix: str = 
                       fix) from None
     except (ValueError, TypeError, OverflowError) as e:
         raise BadData(origin, "", f"is not valid TOML ({_first_line(e)})", fix) from None
-    check_tree(doc, origin, fix, bounds)
+    import datetime
+
+    # (TOML has times of its own: pylock.toml's upload-time; nothing envbuild reads is one)
+    check_tree(doc, origin, fix, bounds, allow=(datetime.date, datetime.time))
     if shape is not None:
         check_shape(doc, shape, origin, fix)
     return doc
 
 
-_PARSERS = {"json": parse_json, "yaml": parse_yaml, "toml": parse_toml}
+PARSERS = {"json": parse_json, "yaml": parse_yaml, "toml": parse_toml}
 
 
 def read(path: Path, what: str, kind: str = "json", *, shape: Any = None, fix: str = DEFAULT_FIX,
@@ -227,7 +230,7 @@ def read(path: Path, what: str, kind: str = "json", *, shape: Any = None, fix: s
         if missing_ok:
             return None
         raise UserError(f"{what} {path} does not exist. {fix}".rstrip())
-    return _PARSERS[kind](data, str(path), shape=shape, fix=fix, bounds=bounds)
+    return PARSERS[kind](data, str(path), shape=shape, fix=fix, bounds=bounds)
 
 
 def _first_line(e: BaseException) -> str:
@@ -263,55 +266,59 @@ def _path(parts: tuple) -> str:
 _KINDS = (dict, list, str, int, float, bool, type(None))
 
 
-def check_tree(doc: Any, origin: str, fix: str = DEFAULT_FIX, bounds: Bounds = BOUNDS) -> None:
+def check_tree(doc: Any, origin: str, fix: str = DEFAULT_FIX, bounds: Bounds = BOUNDS,
+               allow: tuple = ()) -> None:
     """Depth, lengths, kinds and numbers of the whole document (iterative: a deep one cannot
-    exhaust Python's stack here); BadData at the first value out of bounds."""
-    def path_text(at: tuple) -> str:
-        return _path(at) or "(the document itself)"
+    exhaust Python's stack here); BadData at the first value out of bounds. `allow`: kinds
+    besides JSON's the format has (TOML's dates)."""
+    def bad(at: tuple, problem: str) -> BadData:
+        where = _path(at)
+        return BadData(origin, where, problem, fix, head=None if where else f"{origin}: {problem}")
 
     stack: list[tuple[Any, tuple, int]] = [(doc, (), 0)]
     while stack:
         value, at, depth = stack.pop()
         if isinstance(value, _Refused):
-            raise BadData(origin, path_text(at), value.why, fix)
+            raise bad(at, value.why)
         if not isinstance(value, _KINDS):
-            raise BadData(origin, path_text(at), f"it holds {_kind_name(value)}, which no file "
-                          "of envbuild's has (only text, numbers, true/false, null, lists and "
-                          "objects)", fix)
+            if allow and isinstance(value, allow):
+                continue
+            raise bad(at, f"it holds {_kind_name(value)}, which no file of envbuild's has (only "
+                      "text, numbers, true/false, null, lists and objects)")
         if isinstance(value, str):
             if len(value) > bounds.max_string:
-                raise BadData(origin, path_text(at), f"a string of {len(value):,} characters is "
-                              f"longer than any envbuild writes (at most "
-                              f"{bounds.max_string:,})", fix)
+                raise bad(at, f"a string of {len(value):,} characters is longer than any "
+                          f"envbuild writes (at most {bounds.max_string:,})")
         elif isinstance(value, float):
             if not math.isfinite(value):
-                raise BadData(origin, path_text(at), f"{value!r} is not a number envbuild reads "
-                              "(a finite number expected)", fix)
+                raise bad(at, f"{value!r} is not a number envbuild reads (a finite number "
+                          "expected)")
         elif isinstance(value, int) and not isinstance(value, bool):
             if value.bit_length() > 63:
-                raise BadData(origin, path_text(at), "a whole number this large is far beyond "
-                              "any value envbuild writes", fix)
+                raise bad(at, "a whole number this large is far beyond any value envbuild "
+                          "writes")
         elif isinstance(value, (dict, list)):
             if depth >= bounds.max_depth:
-                raise BadData(origin, path_text(at), f"it is nested more than "
-                              f"{bounds.max_depth} levels deep; no file of envbuild's is", fix)
+                raise bad(at, f"it is nested more than {bounds.max_depth} levels deep; no file "
+                          "of envbuild's is")
             if len(value) > bounds.max_items:
-                raise BadData(origin, path_text(at), f"{len(value):,} entries in one "
-                              f"{'object' if isinstance(value, dict) else 'list'} are more than "
-                              f"any file of envbuild's holds (at most {bounds.max_items:,})", fix)
+                raise bad(at, f"{len(value):,} entries in one "
+                          f"{'object' if isinstance(value, dict) else 'list'} are more than any "
+                          f"file of envbuild's holds (at most {bounds.max_items:,})")
             if isinstance(value, _Duplicate):
-                raise BadData(origin, path_text(at), f"an object names the key {_key(value.key)} "
-                              "twice (JSON would keep only the last, silently)", fix)
+                raise bad(at, f"an object names the key {_key(value.key)} twice (JSON would "
+                          "keep only the last, silently)")
             if isinstance(value, dict):
                 for k, v in value.items():
                     if isinstance(k, str):
                         if len(k) > bounds.max_string:
-                            raise BadData(origin, path_text(at), f"a key of {len(k):,} "
-                                          "characters is longer than any envbuild writes", fix)
-                    elif not isinstance(k, (int, float, bool)) or isinstance(k, float) and \
-                            not math.isfinite(k):  # (YAML's keys: 11.8, 12, true)
-                        raise BadData(origin, path_text(at), f"a key that is "
-                                      f"{_kind_name(k)} is no key of envbuild's files", fix)
+                            raise bad(at, f"a key of {len(k):,} characters is longer than any "
+                                      "envbuild writes")
+                    elif not isinstance(k, (int, float, bool)) or (
+                            isinstance(k, float) and not math.isfinite(k)):
+                        # (YAML's keys may be numbers or true/false: 11.8, 12, on)
+                        raise bad(at, f"a key that is {_kind_name(k)} is no key of envbuild's "
+                                  "files")
                     stack.append((v, at + (k,), depth + 1))
             else:
                 stack.extend((v, at + (i,), depth + 1) for i, v in enumerate(value))
