@@ -501,30 +501,57 @@ def wheelhouse_path(path) -> bool:
 
 
 def read_wheelhouse_manifest(wheelhouse: Path) -> dict | None:
-    """manifest.json of `wheelhouse` (None when there is none), every path in it checked to stay
-    inside the wheelhouse and every entry to have the shape envbuild writes; UserError (exit 2)
-    otherwise, since everything that reads it joins its paths to directories and writes."""
+    """manifest.json of `wheelhouse` (None when there is none), read by the one bounded reader
+    (readers.py) against the shape envbuild writes, every path in it checked to stay inside the
+    wheelhouse and every entry to have the shape envbuild writes; UserError (exit 2) otherwise,
+    since everything that reads it joins its paths to directories and writes."""
+    from ..readers import BadData, Bounds, parse_json
+
     path = Path(wheelhouse) / WHEELHOUSE_MANIFEST
     text, why = _read_bounded(path)
     if text is None and why.startswith("missing:"):
         return None
+    fix = ("envbuild writes only files inside the wheelhouse there, so it was edited or made by "
+           "something else; nothing was done with it. Export into a new directory with "
+           "`envbuild wheelhouse PROFILE -o NEWDIR`.")
     doc = None
     if text is not None:
         try:
-            doc = json.loads(text)
-        except ValueError as e:
-            why = f"not JSON: {e}"
+            doc = parse_json(text, str(path), fix=fix, bounds=Bounds(max_bytes=MAX_FILE))
+        except BadData as e:
+            why = e.detail
     if not isinstance(doc, dict):
         raise UserError(f"{path} is not an envbuild wheelhouse manifest "
                         f"({why or 'not a JSON object'}). Export into a new directory with "
                         "`envbuild wheelhouse PROFILE -o NEWDIR`.")
-    bad = _manifest_problem(doc)
+    bad = None
+    if doc.get("format") != WHEELHOUSE_FORMAT:
+        bad = f"its format is {str(doc.get('format'))[:20]!r}, not {WHEELHOUSE_FORMAT}"
+    else:
+        try:
+            from ..readers import check_shape
+
+            check_shape(doc, MANIFEST_SHAPE, str(path), fix)
+        except BadData as e:
+            bad = e.detail
+    bad = bad or _manifest_problem(doc)
     if bad:
-        raise UserError(f"{path} is not as envbuild wrote it: {bad}. envbuild writes only "
-                        "files inside the wheelhouse there, so it was edited or made by something "
-                        "else; nothing was done with it. Export into a new directory with "
-                        "`envbuild wheelhouse PROFILE -o NEWDIR`.")
+        raise UserError(f"{path} is not as envbuild wrote it: {bad}. {fix}")
     return doc
+
+
+_WH_PATH = S.Text(1000)  # (wheelhouse_path checks each: pypi/NAME, sources/NAME, conda/SUB/NAME)
+MANIFEST_SHAPE = {
+    "format": int,
+    "files": S.MapOf({"kind": S.OneOf(KINDS), "name": S.Text(300), "version": S.Text(200),
+                      "size": _SIZE, "sha256": S.SHA256,
+                      "built_from?": {"path": _WH_PATH, "sha256": S.SHA256, **_MORE},
+                      "build?": {"python?": S.Text(100), "machine?": S.Text(100),
+                                 "glibc?": S.Text(100), **_MORE}, **_MORE}, key=_WH_PATH),
+    "profiles": S.MapOf({"input_sha256?": S.SHA256, "python?": S.Text(100),
+                         "files": S.ListOf(_WH_PATH), "built?": (S.MapOf(_WH_PATH), None),
+                         **_MORE}, key=S.Text(200)),
+    **_MORE}
 
 
 def _manifest_problem(doc: dict) -> str | None:
