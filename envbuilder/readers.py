@@ -344,5 +344,6 @@ def check_shape(doc: Any, shape: Any, origin: str, fix: str = DEFAULT_FIX,
     try:
         S.check(doc, shape, "\0", partial)
     except S.SchemaError as e:
-        problem = str(e)[len(e.where) + 2:]
-        raise BadData(origin, e.where.lstrip("\0").lstrip("."), problem, fix) from None
+        problem, where = str(e)[len(e.where) + 2:], e.where.lstrip("\0").lstrip(".")
+        raise BadData(origin, where, problem, fix,
+                      head=None if where else f"{origin}: {problem}") from None

@@ -138,3 +138,114 @@ def test_a_malformed_lock_json_is_refused_by_render_and_check(cli, tmp_path, att
     assert not (tmp_path / "out").exists()
     code, _, err = cli("lock", "p40", "--check", "-o", lock)
     refused(code, err, "lock.json", where)
+
+
+# ---- a wheelhouse's manifest.json (render --wheelhouse) ----------------------------------------
+
+def _wheelhouse(tmp_path: Path, manifest: str) -> Path:
+    """A wheelhouse as `render --wheelhouse` reads it: manifest.json and the lock of h100 (pip
+    only, as the shipped one is) under locks/."""
+    wh = tmp_path / "wh"
+    (wh / "locks").mkdir(parents=True)
+    shutil.copytree(LOCKS / "h100", wh / "locks" / "h100")
+    (wh / "manifest.json").write_text(manifest)
+    return wh
+
+
+WHL = "pypi/x-1-py3-none-any.whl"
+MANIFEST_ATTACKS = {
+    "deep nesting": ('{"format": 1, "files": {}, "profiles": {}, "x": ' + _nested(5000) + "}",
+                     "nested"),
+    "a profile nested 3000 deep": ('{"format": 1, "files": {}, "profiles": {"h100": '
+                                   + _nested(3000) + "}}", "nested"),
+    "a negative size": (json.dumps({"format": 1, "files": {WHL: {
+        "kind": "pip", "name": "x", "version": "1", "size": -5, "sha256": "0" * 64}},
+        "profiles": {"h100": {"files": [WHL], "built": {}}}}), f"files.{WHL}.size"),
+}
+
+
+@pytest.mark.parametrize("attack", list(MANIFEST_ATTACKS))
+def test_a_malformed_wheelhouse_manifest_is_refused_by_render(cli, tmp_path, attack):
+    manifest, words = MANIFEST_ATTACKS[attack]
+    wh = _wheelhouse(tmp_path, manifest)
+    code, _, err = cli("render", "h100", "--wheelhouse", wh, "-o", tmp_path / "out")
+    refused(code, err, "manifest.json", words, "envbuild wheelhouse")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_wheelhouse_without_the_profile_is_still_named_as_such(cli, tmp_path):
+    wh = _wheelhouse(tmp_path, json.dumps({"format": 1, "files": {}, "profiles": {}}))
+    code, _, err = cli("render", "h100", "--wheelhouse", wh, "-o", tmp_path / "out")
+    refused(code, err, "holds no complete export of h100")
+
+
+# ---- an image archive: index.json and the sidecar (import-image, apptainer --oci-archive) -------
+
+DIGEST = "sha256:" + "a" * 64
+
+
+def oci_archive(path: Path, index: bytes) -> Path:
+    with tarfile.open(path, "w") as tar:
+        for name, data in [("oci-layout", b'{"imageLayoutVersion": "1.0.0"}'),
+                           ("index.json", index)]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def sidecar(archive: Path, text: str | None = None) -> None:
+    """The sidecar export-image writes for `archive` (its sha256 and size right), or `text`."""
+    import hashlib
+
+    data = archive.read_bytes()
+    archive.with_name(archive.name + ".json").write_text(text if text is not None else json.dumps({
+        "format": "envbuild-image-archive/1", "image": "x:1", "name": "x:1",
+        "source": "docker-daemon:x", "manifest_digest": DIGEST, "media_type": "m",
+        "config_digest": None, "archive": archive.name,
+        "archive_sha256": hashlib.sha256(data).hexdigest(), "archive_size": len(data)}))
+
+
+@pytest.fixture
+def registry():
+    """A loopback stand-in that answers /v2/ as a registry does (import-image asks it first)."""
+    from httpfixtures import FileServer
+
+    with FileServer({"v2/": b"{}"}) as server:
+        yield f"127.0.0.1:{server.port}"
+
+
+INDEX_ATTACKS = {
+    "a list where the index belongs": (b"[1, 2]", "index.json"),
+    "a manifest entry that is a list": (b'{"manifests": [[1]]}', "manifests[0]"),
+    "deep nesting": (b'{"manifests": [], "x": ' + _nested(5000).encode() + b"}", "nested"),
+}
+
+
+@pytest.mark.parametrize("attack", list(INDEX_ATTACKS))
+def test_import_image_refuses_a_malformed_index_json(cli, tmp_path, registry, attack):
+    index, words = INDEX_ATTACKS[attack]
+    archive = oci_archive(tmp_path / "img.tar", index)
+    sidecar(archive)
+    code, _, err = cli("import-image", archive, "--registry", registry, "--name", "x:1")
+    refused(code, err, "img.tar: index.json", words)
+
+
+def test_import_image_refuses_a_deeply_nested_sidecar(cli, tmp_path, registry):
+    archive = oci_archive(tmp_path / "img.tar", json.dumps(
+        {"manifests": [{"digest": DIGEST}]}).encode())
+    sidecar(archive, '{"format": ' + _nested(5000) + "}")
+    code, _, err = cli("import-image", archive, "--registry", registry, "--name", "x:1")
+    refused(code, err, "img.tar.json", "nested")
+
+
+def test_apptainer_reads_index_json_through_the_same_reader(cli, tmp_path):
+    archive = oci_archive(tmp_path / "img.tar", b'{"manifests": [], "x": '
+                          + _nested(5000).encode() + b"}")
+    code, _, err = cli("apptainer", "p40", "--oci-archive", archive, "-o", tmp_path / "p.def")
+    refused(code, err, "index.json", "nested", "not an OCI image archive")
+    assert not (tmp_path / "p.def").exists()
+    oci_archive(archive, json.dumps({"manifests": [{"digest": DIGEST, "size": 1}]}).encode())
+    code, _, err = cli("apptainer", "p40", "--oci-archive", archive, "-o", tmp_path / "p.def")
+    assert code == 0, err
+    assert f"io.envbuild.image-digest {DIGEST}" in (tmp_path / "p.def").read_text()
