@@ -275,53 +275,64 @@ def check_tree(doc: Any, origin: str, fix: str = DEFAULT_FIX, bounds: Bounds = B
         where = _path(at)
         return BadData(origin, where, problem, fix, head=None if where else f"{origin}: {problem}")
 
-    stack: list[tuple[Any, tuple, int]] = [(doc, (), 0)]
-    while stack:
-        value, at, depth = stack.pop()
-        if isinstance(value, _Refused):
-            raise bad(at, value.why)
-        if not isinstance(value, _KINDS):
-            if allow and isinstance(value, allow):
-                continue
-            raise bad(at, f"it holds {_kind_name(value)}, which no file of envbuild's has (only "
-                      "text, numbers, true/false, null, lists and objects)")
-        if isinstance(value, str):
-            if len(value) > bounds.max_string:
+    max_string, max_depth, max_items = bounds.max_string, bounds.max_depth, bounds.max_items
+
+    def scalar(value: Any, at: tuple) -> None:
+        kind = type(value)
+        if kind is str:
+            if len(value) > max_string:
                 raise bad(at, f"a string of {len(value):,} characters is longer than any "
-                          f"envbuild writes (at most {bounds.max_string:,})")
-        elif isinstance(value, float):
+                          f"envbuild writes (at most {max_string:,})")
+        elif kind is float:
             if not math.isfinite(value):
                 raise bad(at, f"{value!r} is not a number envbuild reads (a finite number "
                           "expected)")
-        elif isinstance(value, int) and not isinstance(value, bool):
+        elif kind is int:
             if value.bit_length() > 63:
                 raise bad(at, "a whole number this large is far beyond any value envbuild "
                           "writes")
-        elif isinstance(value, (dict, list)):
-            if depth >= bounds.max_depth:
-                raise bad(at, f"it is nested more than {bounds.max_depth} levels deep; no file "
-                          "of envbuild's is")
-            if len(value) > bounds.max_items:
-                raise bad(at, f"{len(value):,} entries in one "
-                          f"{'object' if isinstance(value, dict) else 'list'} are more than any "
-                          f"file of envbuild's holds (at most {bounds.max_items:,})")
-            if isinstance(value, _Duplicate):
-                raise bad(at, f"an object names the key {_key(value.key)} twice (JSON would "
-                          "keep only the last, silently)")
-            if isinstance(value, dict):
-                for k, v in value.items():
-                    if isinstance(k, str):
-                        if len(k) > bounds.max_string:
-                            raise bad(at, f"a key of {len(k):,} characters is longer than any "
-                                      "envbuild writes")
-                    elif not isinstance(k, (int, float, bool)) or (
-                            isinstance(k, float) and not math.isfinite(k)):
-                        # (YAML's keys may be numbers or true/false: 11.8, 12, on)
-                        raise bad(at, f"a key that is {_kind_name(k)} is no key of envbuild's "
-                                  "files")
-                    stack.append((v, at + (k,), depth + 1))
+        elif kind is not bool and value is not None:
+            if isinstance(value, _Refused):
+                raise bad(at, value.why)
+            if allow and isinstance(value, allow):
+                return
+            raise bad(at, f"it holds {_kind_name(value)}, which no file of envbuild's has (only "
+                      "text, numbers, true/false, null, lists and objects)")
+
+    def container(value: Any, at: tuple, depth: int) -> None:
+        if depth >= max_depth:
+            raise bad(at, f"it is nested more than {max_depth} levels deep; no file of "
+                      "envbuild's is")
+        if len(value) > max_items:
+            raise bad(at, f"{len(value):,} entries in one "
+                      f"{'object' if isinstance(value, dict) else 'list'} are more than any "
+                      f"file of envbuild's holds (at most {max_items:,})")
+        if isinstance(value, _Duplicate):
+            raise bad(at, f"an object names the key {_key(value.key)} twice (JSON would keep "
+                      "only the last, silently)")
+
+    if not isinstance(doc, (dict, list)):
+        scalar(doc, ())
+        return
+    container(doc, (), 0)
+    stack: list[tuple[Any, tuple, int]] = [(doc, (), 0)]  # (a container checked, its path, depth)
+    while stack:
+        value, at, depth = stack.pop()
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for k, v in items:
+            if isinstance(value, dict) and type(k) is not str:
+                if not isinstance(k, (int, float, bool)) or (
+                        isinstance(k, float) and not math.isfinite(k)):
+                    # (YAML's keys may be numbers or true/false: 11.8, 12, on)
+                    raise bad(at, f"a key that is {_kind_name(k)} is no key of envbuild's files")
+            elif type(k) is str and len(k) > max_string:
+                raise bad(at, f"a key of {len(k):,} characters is longer than any envbuild "
+                          "writes")
+            if isinstance(v, (dict, list)):
+                container(v, at + (k,), depth + 1)
+                stack.append((v, at + (k,), depth + 1))
             else:
-                stack.extend((v, at + (i,), depth + 1) for i, v in enumerate(value))
+                scalar(v, at + (k,))
 
 
 def _key(key: str) -> str:

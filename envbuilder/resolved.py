@@ -230,17 +230,19 @@ class ResolvedEnv(Record):
     def to_json(self, d: dict | None = None) -> str:
         """envbuild.json's text: indented, sorted. json's indenting encoder is pure Python (a
         third of `render --all`), so the text is kept in the cache folder by the sha256 of the
-        compact form (C-encoded) and used only when it reads back as this environment."""
+        compact form (C-encoded) and used only when it reads back as this environment: its own
+        compact form is this one's, byte for byte."""
         from .paths import cache_file, read_cache, write_cache
 
         d = self.to_dict() if d is None else d  # (d: this environment's to_dict(), if at hand)
         compact = json.dumps(d, sort_keys=True, separators=(",", ":"))
         path = cache_file(f"env-{hashlib.sha256(compact.encode()).hexdigest()[:32]}.json")
-        text = read_cache(path)
-        try:
-            if text is not None and json.loads(text) == d:
+        text = read_cache(path)  # (only this user's file, in this user's private folder)
+        try:  # the same document, kind for kind (1 == 1.0 == true in Python, not in JSON)
+            if text is not None and json.dumps(json.loads(text), sort_keys=True,
+                                               separators=(",", ":")) == compact:
                 return text
-        except ValueError:
+        except (ValueError, RecursionError):
             pass
         text = json.dumps(d, indent=2, sort_keys=True) + "\n"
         write_cache(path, text)

@@ -45,9 +45,10 @@ def shown(value: Any, limit: int = 60) -> str:
 
 def _at(where: str, key: Any) -> str:
     """`where`.key (or `where` key after "file: "); a huge key is not printed whole either."""
-    from .outdir import shorten
+    if not (isinstance(key, str) and len(key) <= 60):
+        from .outdir import shorten
 
-    key = shorten(str(key), 60) if isinstance(key, str) else shown(key)
+        key = shorten(str(key), 60) if isinstance(key, str) else shown(key)
     return f"{where}{key}" if where.endswith(": ") else f"{where}.{key}"
 
 
@@ -95,7 +96,10 @@ class Pattern:
         if not isinstance(value, str):
             raise _not_a_string(value, f"a string like {self.example!r}", where)
         # (ASCII: a \d is 0-9, not any script's digit, which no version or name may hold)
-        if len(value) > self.max_len or not re.fullmatch(self.regex, value, re.ASCII):
+        compiled = self.__dict__.get("_compiled")
+        if compiled is None:
+            compiled = self._compiled = re.compile(self.regex, re.ASCII)
+        if len(value) > self.max_len or not compiled.fullmatch(value):
             raise SchemaError(where, f"{shown(value)} is not {self.what}")
 
 

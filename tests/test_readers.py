@@ -249,3 +249,106 @@ def test_apptainer_reads_index_json_through_the_same_reader(cli, tmp_path):
     code, _, err = cli("apptainer", "p40", "--oci-archive", archive, "-o", tmp_path / "p.def")
     assert code == 0, err
     assert f"io.envbuild.image-digest {DIGEST}" in (tmp_path / "p.def").read_text()
+
+
+# ---- envbuild's own caches: a private folder, validated content, exclusive temp files ---------
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A cache home of this test's own, and the matrix cache file a load writes there."""
+    from envbuilder import matrix as M
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cachehome"))
+    monkeypatch.delenv("ENVBUILD_NO_CACHE", raising=False)
+    M.load()
+    path = M._cache_path(M.matrix_files())
+    assert path.is_file()
+    return path
+
+
+def _render(cli, out: Path) -> dict:
+    code, _, err = cli("render", "p40", "-o", out)
+    assert code == 0, err
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file()}
+
+
+def test_a_planted_matrix_cache_is_validated_like_a_fresh_load(cli, tmp_path, cache):
+    """A value no matrix file may hold (a newline: a Dockerfile line of its own) in the cache
+    is refused as a fresh load would refuse it; the matrix is read afresh and the cache
+    rewritten."""
+    clean = _render(cli, tmp_path / "clean")
+    doc = json.loads(cache.read_text())
+    verl = doc["sections"]["verl"][doc["sections"]["profiles"]["p40"]["verl"]]
+    verl["pins"] = {k: v + "\nRUN echo pwned" for k, v in verl["pins"].items()}
+    doc["sections"]["cuda"]["11.8"]["conda_nvcc"] += "\nRUN echo pwned"
+    cache.write_text(json.dumps(doc))
+    assert _render(cli, tmp_path / "planted") == clean
+    assert "pwned" not in cache.read_text()
+
+
+def _plant_description(cache: Path, text: str) -> None:
+    doc = json.loads(cache.read_text())
+    doc["sections"]["profiles"]["p40"]["description"] = text  # (valid text: only where it is)
+    cache.write_text(json.dumps(doc))
+
+
+def test_a_cache_folder_others_may_write_into_is_not_used(cli, tmp_path, cache):
+    clean = _render(cli, tmp_path / "clean")
+    _plant_description(cache, "planted by someone else")
+    cache.parent.chmod(0o777)
+    assert _render(cli, tmp_path / "planted") == clean
+    assert stat.S_IMODE(cache.parent.stat().st_mode) == 0o777  # (not ours to fix: not used)
+
+
+def test_a_cache_folder_of_another_user_is_not_used(cli, tmp_path, cache):
+    clean = _render(cli, tmp_path / "clean")
+    _plant_description(cache, "planted by someone else")
+    try:
+        os.chown(cache.parent, 65534, 65534)
+    except PermissionError:
+        pytest.skip("making a folder of another user needs root")
+    assert _render(cli, tmp_path / "planted") == clean
+
+
+def test_a_cache_folder_of_ours_that_others_may_read_is_made_private(cli, tmp_path, cache):
+    """What an older envbuild (or jinja's mkdir -p) left at 0755 is ours: it is tightened to
+    0700 and used."""
+    cache.parent.chmod(0o755)
+    _render(cli, tmp_path / "out")
+    assert stat.S_IMODE(cache.parent.stat().st_mode) == 0o700
+
+
+def test_a_cache_file_that_is_a_link_is_not_followed(cli, tmp_path, cache):
+    clean = _render(cli, tmp_path / "clean")
+    elsewhere = tmp_path / "elsewhere.json"
+    shutil.copy(cache, elsewhere)
+    _plant_description(elsewhere, "read through a link")
+    cache.unlink()
+    cache.symlink_to(elsewhere)
+    assert _render(cli, tmp_path / "planted") == clean
+
+
+def test_the_cache_temp_file_is_never_opened_through_a_planted_link(tmp_path, cache):
+    """`<cache>.<pid>.tmp` was opened by name: a link planted there overwrote its target."""
+    from envbuilder.paths import write_cache
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    for pid in range(os.getpid() - 2, os.getpid() + 3):
+        cache.with_suffix(f".{pid}.tmp").symlink_to(victim)
+    write_cache(cache, '{"planted": 1}')
+    assert victim.read_text() == "precious\n"
+    assert json.loads(cache.read_text()) == {"planted": 1} and not cache.is_symlink()
+    assert not [p for p in cache.parent.iterdir() if p.name.startswith(f".{cache.name}.")]
+
+
+def test_envbuild_json_text_from_the_cache_is_the_environment_kind_for_kind(tmp_path, monkeypatch):
+    """A cached text that equals the environment only in Python's eyes (true == 1) is not it."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("ENVBUILD_NO_CACHE", raising=False)
+    env = resolved("p40")
+    want = env.to_json()
+    [cached] = (tmp_path / "envbuild").glob("env-*.json")
+    assert '"n_gpus": 1,' in want
+    cached.write_text(want.replace('"n_gpus": 1,', '"n_gpus": true,'))
+    assert env.to_json() == want
