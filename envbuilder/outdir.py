@@ -66,9 +66,11 @@ def _sha256(path: Path) -> str | None:
 def _read_record(path: Path) -> dict[str, str]:
     """{relative path: sha256} from a record or journal; {} when there is none or it is not one
     (then nothing counts as envbuild's, which only makes the write more careful)."""
+    from .readers import read  # (bounded: a record nested 5000 deep was an internal error)
+
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        doc = read(path, "The record of written files", missing_ok=True)
+    except (OSError, ValueError, UserError):
         return {}
     files = doc.get("files") if isinstance(doc, dict) and doc.get("format") == FORMAT else None
     if not isinstance(files, dict):
