@@ -252,12 +252,17 @@ def _parsed(text: str, text_sha256: str | None = None) -> dict[str, Locked]:
     h = hashlib.sha256((text_sha256 or hashlib.sha256(text.encode()).hexdigest()).encode())
     h.update(code)
     path = cache_file(f"lock-{h.hexdigest()[:32]}.json")
-    cached = read_cache(path)
+    cached = read_cache(path)  # (only this user's file, in this user's private folder)
     if cached is not None:
-        try:
-            return {n: Locked(str(v), (), frozenset(map(str, ps)))
-                    for n, (v, ps) in json.loads(cached).items()}
-        except (ValueError, TypeError, AttributeError):
+        from . import schema as S
+        from .errors import UserError
+        from .readers import parse_json
+
+        pin = S.ListOf(S.Tree(S.Pattern(r"[A-Za-z0-9][A-Za-z0-9.+!_-]{0,99}", "torch")), min_len=2)
+        try:  # (validated as what parse() makes: names and versions of a pin, one word each)
+            return {n: Locked(str(v), (), frozenset(map(str, ps))) for n, (v, ps) in parse_json(
+                cached, str(path), shape=S.MapOf(pin, key=S.PACKAGE)).items()}
+        except (ValueError, TypeError, AttributeError, UserError):
             pass
     locked = parse(text, with_hashes=False)
     write_cache(path, json.dumps({n: [e.version, sorted(e.parents)] for n, e in locked.items()}))

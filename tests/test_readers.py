@@ -7,7 +7,6 @@ exit-2 paragraph naming the file and the key, and nothing is written. No network
 
 from __future__ import annotations
 
-import copy
 import io
 import json
 import os
@@ -352,3 +351,33 @@ def test_envbuild_json_text_from_the_cache_is_the_environment_kind_for_kind(tmp_
     assert '"n_gpus": 1,' in want
     cached.write_text(want.replace('"n_gpus": 1,', '"n_gpus": true,'))
     assert env.to_json() == want
+
+
+# ---- the record of an output folder (render -o DIR) --------------------------------------------
+
+def test_a_deeply_nested_record_in_the_output_folder_is_ignored_not_a_crash(cli, tmp_path):
+    """The record of what envbuild wrote into a folder is read back on the next render: one
+    nested 5000 deep was an internal error; now it counts as no record (the careful case)."""
+    out = tmp_path / "out"
+    assert cli("render", "p40", "-o", out)[0] == 0
+    record = out / ".envbuild-files.json"
+    record.write_text(record.read_text()[:-2] + ', "x": ' + _nested(5000) + "}\n")
+    code, _, err = cli("render", "p40", "-o", out)
+    assert code == 0, err
+    assert "x" not in json.loads(record.read_text())  # (written afresh)
+
+
+def test_a_planted_lock_cache_is_validated_before_its_pins_reach_the_constraints(
+        cli, tmp_path, monkeypatch):
+    """plan.py keeps each lock's parsed pins in the cache folder: a version planted there with a
+    newline added a line of its own to constraints/*.txt."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cachehome"))
+    monkeypatch.delenv("ENVBUILD_NO_CACHE", raising=False)
+    assert cli("render", "h100", "-o", tmp_path / "clean")[0] == 0
+    [cached] = (tmp_path / "cachehome" / "envbuild").glob("lock-*.json")
+    doc = json.loads(cached.read_text())
+    doc = {n: [v + "\n--index-url http://127.0.0.1:9/evil", ps] for n, (v, ps) in doc.items()}
+    cached.write_text(json.dumps(doc))
+    assert cli("render", "h100", "-o", tmp_path / "planted")[0] == 0
+    for f in (tmp_path / "clean" / "constraints").iterdir():
+        assert (tmp_path / "planted" / "constraints" / f.name).read_text() == f.read_text()
