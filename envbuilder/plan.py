@@ -10,6 +10,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 from .record import Record, frozen
 from .resolved import Constraints, ResolvedEnv
@@ -284,22 +285,26 @@ def lock_candidates(profile: str) -> list[tuple[str, Path]]:
 def find_constraints(env: ResolvedEnv) -> Constraints | None:
     """The constraints of the first lock whose plan is this environment's, read only when its
     requirements.lock hashes to what lock.json records; None when no lock fits."""
+    from . import schema as S
     from .errors import UserError
-    from .lock.lockfile import read_meta
+    from .readers import read
 
+    # what is read of lock.json here (the one bounded reader; lock --check reads the rest)
+    shape = {"plan_sha256": S.SHA256, "files": {"requirements.lock": S.SHA256, "*": Any},
+             "torch_swapped?": (S.Text(300), None), "*": Any}
     want = plan_sha256(env)
     for label, lock_dir in lock_candidates(env.name):
         if "/" in env.name or env.name in ("", ".", ".."):
             return None  # a profile name never leaves lockfiles/
         try:
-            meta = read_meta(lock_dir)  # (the one reader; a lock.json that is no lock: skipped)
-            if meta is None or meta.get("plan_sha256") != want:
+            meta = read(lock_dir / "lock.json", "lock.json", shape=shape, missing_ok=True)
+            if meta is None or meta["plan_sha256"] != want:  # (no lock, or not this plan's)
                 continue
             text = (lock_dir / "requirements.lock").read_text(encoding="utf-8")
         except (OSError, ValueError, UserError):
             continue
         digest = hashlib.sha256(text.encode()).hexdigest()
-        if digest != (meta.get("files") or {}).get("requirements.lock"):
+        if digest != meta["files"]["requirements.lock"]:
             continue
         swapped = meta.get("torch_swapped")
         layers_ = constraint_layers(env, text, bool(swapped), digest)
