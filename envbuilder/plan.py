@@ -239,6 +239,10 @@ def constraint_layers(env: ResolvedEnv, requirements_lock: str, torch_swapped: b
             for layer, names in layers(env, locked).items()}
 
 
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+!_-]{0,99}", re.ASCII)  # a cached pin's name, version
+_WORD = re.compile(r"(?:[A-Za-z0-9][A-Za-z0-9.+!_-]{0,99})?", re.ASCII)  # a parent ("": -r)
+
+
 def _parsed(text: str, text_sha256: str | None = None) -> dict[str, Locked]:
     """parse(text, with_hashes=False), kept in the cache folder (paths.cache_file) by the sha256
     of the lock (`text_sha256` where the caller has it) and of this file's code: a render of
@@ -255,14 +259,14 @@ def _parsed(text: str, text_sha256: str | None = None) -> dict[str, Locked]:
     path = cache_file(f"lock-{h.hexdigest()[:32]}.json")
     cached = read_cache(path)  # (only this user's file, in this user's private folder)
     if cached is not None:
-        from . import schema as S
         from .errors import UserError
         from .readers import parse_json
 
-        pin = S.ListOf(S.Tree(S.Pattern(r"[A-Za-z0-9][A-Za-z0-9.+!_-]{0,99}", "torch")), min_len=2)
-        try:  # (validated as what parse() makes: names and versions of a pin, one word each)
-            return {n: Locked(str(v), (), frozenset(map(str, ps))) for n, (v, ps) in parse_json(
-                cached, str(path), shape=S.MapOf(pin, key=S.PACKAGE)).items()}
+        try:  # validated as what parse() makes: names and versions of pins, one word each
+            doc = parse_json(cached, str(path))
+            if all(isinstance(ps, list) and _NAME.fullmatch(n) and _NAME.fullmatch(v)
+                   and all(map(_WORD.fullmatch, ps)) for n, (v, ps) in doc.items()):
+                return {n: Locked(v, (), frozenset(ps)) for n, (v, ps) in doc.items()}
         except (ValueError, TypeError, AttributeError, UserError):
             pass
     locked = parse(text, with_hashes=False)

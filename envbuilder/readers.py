@@ -270,69 +270,112 @@ def check_tree(doc: Any, origin: str, fix: str = DEFAULT_FIX, bounds: Bounds = B
                allow: tuple = ()) -> None:
     """Depth, lengths, kinds and numbers of the whole document (iterative: a deep one cannot
     exhaust Python's stack here); BadData at the first value out of bounds. `allow`: kinds
-    besides JSON's the format has (TOML's dates)."""
+    besides JSON's the format has (TOML's dates). A render reads dozens of documents through
+    here, so the loop visits each container once and tests its items inline; the path of a
+    value is rebuilt from parent links only for the message."""
+    max_string, max_depth, max_items = bounds.max_string, bounds.max_depth, bounds.max_items
+    limit = (1 << 63) - 1
+    # (container, depth, index of its parent here, its key there)
+    seen: list[tuple[Any, int, int, Any]] = []
+
+    def path(index: int, key: Any = None, has_key: bool = False) -> tuple:
+        out = [key] if has_key else []
+        while index >= 0:
+            _, _, parent, k = seen[index]
+            if parent >= 0:
+                out.append(k)
+            index = parent
+        return tuple(reversed(out))
+
     def bad(at: tuple, problem: str) -> BadData:
         where = _path(at)
         return BadData(origin, where, problem, fix, head=None if where else f"{origin}: {problem}")
 
-    max_string, max_depth, max_items = bounds.max_string, bounds.max_depth, bounds.max_items
+    def odd(value: Any, at: tuple) -> None:  # a value that is no str, dict, list, int, float
+        if value is None or value is True or value is False:
+            return
+        if isinstance(value, _Refused):
+            raise bad(at, value.why)
+        if isinstance(value, (dict, list)):  # (a subclass: _Duplicate)
+            return
+        if allow and isinstance(value, allow):
+            return
+        if isinstance(value, float):
+            kind = float
+        elif isinstance(value, int) and not isinstance(value, bool):
+            kind = int
+        elif isinstance(value, str):
+            kind = str
+        else:
+            raise bad(at, f"it holds {_kind_name(value)}, which no file of envbuild's has (only "
+                      "text, numbers, true/false, null, lists and objects)")
+        scalar(kind(value), at)
 
-    def scalar(value: Any, at: tuple) -> None:
-        kind = type(value)
-        if kind is str:
+    def scalar(value: Any, at: tuple) -> None:  # a str, int or float out of bounds, or fine
+        if type(value) is str:
             if len(value) > max_string:
                 raise bad(at, f"a string of {len(value):,} characters is longer than any "
                           f"envbuild writes (at most {max_string:,})")
-        elif kind is float:
+        elif type(value) is float:
             if not math.isfinite(value):
                 raise bad(at, f"{value!r} is not a number envbuild reads (a finite number "
                           "expected)")
-        elif kind is int:
-            if value.bit_length() > 63:
-                raise bad(at, "a whole number this large is far beyond any value envbuild "
-                          "writes")
-        elif kind is not bool and value is not None:
-            if isinstance(value, _Refused):
-                raise bad(at, value.why)
-            if allow and isinstance(value, allow):
-                return
-            raise bad(at, f"it holds {_kind_name(value)}, which no file of envbuild's has (only "
-                      "text, numbers, true/false, null, lists and objects)")
+        elif type(value) is int and not -limit <= value <= limit:
+            raise bad(at, "a whole number this large is far beyond any value envbuild writes")
 
-    def container(value: Any, at: tuple, depth: int) -> None:
+    def container(value: Any, depth: int, parent: int, key: Any) -> None:
         if depth >= max_depth:
-            raise bad(at, f"it is nested more than {max_depth} levels deep; no file of "
-                      "envbuild's is")
+            raise bad(path(parent, key, parent >= 0), f"it is nested more than {max_depth} "
+                      "levels deep; no file of envbuild's is")
         if len(value) > max_items:
-            raise bad(at, f"{len(value):,} entries in one "
+            raise bad(path(parent, key, parent >= 0), f"{len(value):,} entries in one "
                       f"{'object' if isinstance(value, dict) else 'list'} are more than any "
                       f"file of envbuild's holds (at most {max_items:,})")
         if isinstance(value, _Duplicate):
-            raise bad(at, f"an object names the key {_key(value.key)} twice (JSON would keep "
-                      "only the last, silently)")
+            raise bad(path(parent, key, parent >= 0), f"an object names the key "
+                      f"{_key(value.key)} twice (JSON would keep only the last, silently)")
+        seen.append((value, depth, parent, key))
 
     if not isinstance(doc, (dict, list)):
-        scalar(doc, ())
+        (scalar if type(doc) in (str, int, float) else odd)(doc, ())
         return
-    container(doc, (), 0)
-    stack: list[tuple[Any, tuple, int]] = [(doc, (), 0)]  # (a container checked, its path, depth)
-    while stack:
-        value, at, depth = stack.pop()
-        items = value.items() if isinstance(value, dict) else enumerate(value)
-        for k, v in items:
-            if isinstance(value, dict) and type(k) is not str:
-                if not isinstance(k, (int, float, bool)) or (
+    container(doc, 0, -1, None)
+    i = 0
+    while i < len(seen):
+        value, depth, _, _ = seen[i]
+        if type(value) is list:
+            items = enumerate(value)
+        else:
+            for k in value:
+                if type(k) is str:
+                    if len(k) > max_string:
+                        raise bad(path(i), f"a key of {len(k):,} characters is longer than "
+                                  "any envbuild writes")
+                elif not isinstance(k, (int, float, bool)) or (
                         isinstance(k, float) and not math.isfinite(k)):
                     # (YAML's keys may be numbers or true/false: 11.8, 12, on)
-                    raise bad(at, f"a key that is {_kind_name(k)} is no key of envbuild's files")
-            elif type(k) is str and len(k) > max_string:
-                raise bad(at, f"a key of {len(k):,} characters is longer than any envbuild "
-                          "writes")
-            if isinstance(v, (dict, list)):
-                container(v, at + (k,), depth + 1)
-                stack.append((v, at + (k,), depth + 1))
-            else:
-                scalar(v, at + (k,))
+                    raise bad(path(i), f"a key that is {_kind_name(k)} is no key of "
+                              "envbuild's files")
+            items = value.items()
+        for k, v in items:
+            kind = type(v)
+            if kind is str:
+                if len(v) > max_string:
+                    scalar(v, path(i, k, True))
+            elif kind is dict or kind is list:
+                container(v, depth + 1, i, k)
+            elif kind is int:
+                if not -limit <= v <= limit:
+                    scalar(v, path(i, k, True))
+            elif kind is float:
+                if v - v != 0.0:  # (NaN and the infinities)
+                    scalar(v, path(i, k, True))
+            elif v is not None and kind is not bool:
+                if isinstance(v, (dict, list)):
+                    container(v, depth + 1, i, k)
+                else:
+                    odd(v, path(i, k, True))
+        i += 1
 
 
 def _key(key: str) -> str:

@@ -381,3 +381,14 @@ def test_a_planted_lock_cache_is_validated_before_its_pins_reach_the_constraints
     assert cli("render", "h100", "-o", tmp_path / "planted")[0] == 0
     for f in (tmp_path / "clean" / "constraints").iterdir():
         assert (tmp_path / "planted" / "constraints" / f.name).read_text() == f.read_text()
+    # the cache written afresh is used again as it is (validation passes what parse() wrote)
+    before = cached.stat().st_mtime_ns
+    assert cli("render", "h100", "-o", tmp_path / "again")[0] == 0
+    assert cached.stat().st_mtime_ns == before
+
+
+def test_a_valid_matrix_cache_is_used_as_it_is(cli, tmp_path, cache):
+    """Validation passes what matrix.load wrote: the cache is read, not rewritten."""
+    before = cache.stat().st_mtime_ns
+    _render(cli, tmp_path / "out")
+    assert cache.stat().st_mtime_ns == before
