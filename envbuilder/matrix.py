@@ -140,8 +140,10 @@ def _cache_path(files: list[Path]) -> Path | None:
 
 
 def load(overlays: tuple[Path, ...] = (), base: Path | None = None) -> Matrix:
-    """The merged, validated matrix; a JSON cache keyed by the inputs' contents skips
-    re-validation (about 25 ms of a render). Plain data only: reading it runs nothing.
+    """The merged, validated matrix; a JSON cache keyed by the inputs' contents skips reading
+    and merging the YAML files (half of loading), never the validation: what the cache holds is
+    checked as a fresh load checks it (_from_cache), and it is read only from this user's
+    private cache folder (paths.read_cache). Plain data only: reading it runs nothing.
     `base`: another folder in place of the shipped matrices (the tests' frozen matrix)."""
     import json
 

@@ -1,4 +1,7 @@
-"""Where the shipped data lives: inside the wheel, or at the top of a source checkout."""
+"""Where the shipped data lives (inside the wheel, or at the top of a source checkout), and
+envbuild's cache folder: used only when it is this user's own and private (mode 0700, not a
+link), its files read without following a link and written through a temporary file created
+exclusively in it. What a cache file holds is validated by its reader like any other input."""
 
 from __future__ import annotations
 

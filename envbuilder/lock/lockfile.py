@@ -1,6 +1,10 @@
 """The Lockfile directory (lockfiles/<profile>/): what it holds, the input hash it was made from,
 writing it in one swap, and telling whether it is still current. Pure Python, no network: this is
 what `envbuild lock --check` and `envbuild render --locked` need.
+
+A lock directory (and a wheelhouse's manifest.json) may come from anyone: each of its files is
+read only through parse() (readers.py: bounded, typed, against the shape `envbuild lock`
+writes), never by json/yaml/toml directly.
 """
 
 from __future__ import annotations
