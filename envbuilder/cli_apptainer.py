@@ -11,7 +11,6 @@ folder, whose files are tracked by its record.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path, PurePosixPath
@@ -63,8 +62,11 @@ def image_reference(ref: str) -> tuple[str, str]:
 
 def archive_digest(path: Path) -> str | None:
     """The manifest digest of an OCI archive (its index.json's one manifest), None when the
-    file is not there yet; an archive that is not an OCI image layout is refused."""
+    file is not there yet; an archive that is not an OCI image layout is refused. index.json is
+    read as import-image reads it (image_archive.index_manifests: the one bounded reader)."""
     import tarfile
+
+    from .image_archive import index_manifests
 
     if not path.exists():
         return None
@@ -73,17 +75,15 @@ def archive_digest(path: Path) -> str | None:
            "docker-daemon:IMAGE oci-archive:FILE` or `podman save --format oci-archive`.")
     try:
         with tarfile.open(path, "r:*") as tar:
-            member = next((m for m in tar if m.name.lstrip("./") == "index.json"), None)
-            if member is None or not member.isfile() or member.size > MAX_INDEX_BYTES:
-                raise UserError(bad)
-            index = json.loads(tar.extractfile(member).read())
-    except (OSError, tarfile.TarError, ValueError, UnicodeDecodeError):
+            manifests = index_manifests(tar, path, bad)
+    except UserError as e:
+        raise UserError(str(e) if bad in str(e) else bad) from None
+    except (OSError, tarfile.TarError, EOFError):
         raise UserError(bad) from None
-    manifests = index.get("manifests") if isinstance(index, dict) else None
-    if not isinstance(manifests, list) or len(manifests) != 1 or not isinstance(manifests[0], dict):
+    if len(manifests) != 1:
         raise UserError(bad.replace("(a tar", "with exactly one image (a tar"))
-    digest = manifests[0].get("digest")
-    return digest if isinstance(digest, str) and _DIGEST.fullmatch(digest) else None
+    digest = manifests[0]["digest"]
+    return digest if _DIGEST.fullmatch(digest) else None
 
 
 def archive_path(path: Path) -> Path:

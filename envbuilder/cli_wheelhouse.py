@@ -52,14 +52,12 @@ def lock_shortfalls(m, profile: str, lock_dir: Path, accept_pypi_torch: bool,
     """Why exporting this lock would carry something other than what the profile installs: a
     torch swapped for PyPI's build (what that means: its CUDA and driver floor), a part the
     profile needs and the lock lacks. Empty when nothing is short, or the user accepted it."""
-    import json
-
-    from .lock.lockfile import parts_for
+    from .lock.lockfile import parts_for, read_meta
     from .resolve import resolve
 
     try:
-        meta = json.loads((Path(lock_dir) / "lock.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        meta = read_meta(Path(lock_dir))  # (the one reader of lock.json)
+    except (OSError, ValueError, UserError):
         return []  # no readable lock: export's own check names it
     if not isinstance(meta, dict):
         return []

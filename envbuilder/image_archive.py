@@ -35,8 +35,9 @@ import subprocess
 import tarfile
 import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
+from . import schema as S
 from .errors import ActionError, UserError
 from .registry import check_registry, check_served, is_loopback, is_registry_host
 
@@ -130,41 +131,78 @@ def sha256_file(path: Path) -> tuple[str, int]:
     return h.hexdigest(), size
 
 
+# The shapes of what an archive carries, read only through readers.py (bounded, typed): the OCI
+# layout's index.json and the image manifest it names (what else they hold nothing here reads:
+# any data, bounded), and the sidecar export-image writes.
+_MORE = {"*": Any}
+_DESCRIPTOR = {"mediaType?": S.Text(300), "digest": S.Text(200), "size?": S.Int(0, 1 << 50),
+               "annotations?": S.MapOf(S.Text(4000)), **_MORE}
+INDEX_SHAPE = {"schemaVersion?": S.Int(0, 1000), "mediaType?": S.Text(300),
+               "manifests": S.ListOf(_DESCRIPTOR), **_MORE}
+MANIFEST_SHAPE = {"config?": {"digest?": S.Text(200), **_MORE}, **_MORE}
+_DIGEST_TEXT = S.Pattern(_DIGEST.pattern, "sha256:" + "0" * 64, "a sha256 digest")
+SIDECAR_SHAPE = {"format": S.Text(100), "image?": (S.Text(1000), None), "name?": (S.Text(300), None),
+                 "source?": (S.Text(2000), None), "manifest_digest": _DIGEST_TEXT,
+                 "media_type?": (S.Text(300), None), "config_digest?": (_DIGEST_TEXT, None),
+                 "archive?": (S.Text(1000), None), "archive_sha256": S.SHA256,
+                 "archive_size": S.Int(0, 1 << 50), **_MORE}
+_ARCHIVE_FIX = "It is not an OCI archive envbuild export-image wrote: copy it again, or export it again."
+
+
+def index_manifests(tar: tarfile.TarFile, archive: Path, fix: str = _ARCHIVE_FIX) -> list[dict]:
+    """The manifests listed by the index.json of the OCI layout in `tar` (export-image's archive,
+    or any OCI archive apptainer is given), read by the one bounded reader (readers.py) against
+    the shape of an OCI index; UserError (exit 2) naming the key otherwise."""
+    from .readers import Bounds, parse_json
+
+    member = next((m for m in tar.getmembers() if m.name in ("index.json", "./index.json")), None)
+    if member is None:
+        raise UserError(f"{archive} is not an OCI archive (index.json missing in it). {fix}")
+    index = parse_json(_member_bytes(tar, member, archive, fix), f"{archive}: index.json",
+                       shape=INDEX_SHAPE, fix=fix, bounds=Bounds(max_bytes=MAX_INDEX_BYTES))
+    return index["manifests"]
+
+
+def _member_bytes(tar: tarfile.TarFile, member: tarfile.TarInfo, archive: Path, fix: str) -> bytes:
+    f = tar.extractfile(member) if member.isfile() and member.size <= MAX_INDEX_BYTES else None
+    if f is None:
+        raise UserError(f"{archive}: {member.name} in the archive is not a small file. {fix}")
+    return f.read(MAX_INDEX_BYTES + 1)
+
+
 def read_index(archive: Path) -> dict:
     """The archive's one manifest: {digest, media_type, ref_name, config_digest}. UserError
     when the file is not an OCI archive of one image."""
+    from .readers import Bounds, parse_json
+
     try:
         with tarfile.open(archive, "r:") as tar:
-            def member_bytes(name: str) -> bytes:
-                m = tar.getmember(name)
-                if not m.isfile() or m.size > MAX_INDEX_BYTES:
-                    raise UserError(f"{archive}: {name} in the archive is not a small file: this "
-                                    "is not an OCI archive envbuild export-image wrote.")
-                f = tar.extractfile(m)
-                assert f is not None
-                return f.read()
-
-            index = json.loads(member_bytes("index.json"))
-            manifests = index.get("manifests") or []
-            if len(manifests) != 1 or not _DIGEST.fullmatch(str(manifests[0].get("digest", ""))):
+            manifests = index_manifests(tar, archive)
+            if len(manifests) != 1 or not _DIGEST.fullmatch(manifests[0]["digest"]):
                 raise UserError(f"{archive} holds {len(manifests)} manifests (one with a sha256 "
                                 "digest expected): export one image per archive.")
             entry = manifests[0]
             digest = entry["digest"]
-            blob = member_bytes(f"blobs/sha256/{digest.split(':', 1)[1]}")
+            try:
+                member = tar.getmember(f"blobs/sha256/{digest.split(':', 1)[1]}")
+            except KeyError:
+                raise UserError(f"{archive} is not an OCI archive (the blob of manifest "
+                                f"{digest} is missing in it). Give a file envbuild export-image "
+                                "wrote.") from None
+            blob = _member_bytes(tar, member, archive, _ARCHIVE_FIX)
             if "sha256:" + hashlib.sha256(blob).hexdigest() != digest:
                 raise UserError(f"{archive}: the manifest blob does not hash to {digest}: the "
                                 "archive is corrupt. Copy it again, or export it again.")
-            manifest = json.loads(blob)
-    except KeyError as e:
-        raise UserError(f"{archive} is not an OCI archive ({e.args[0]} missing in it). Give a "
-                        "file envbuild export-image wrote.") from None
-    except (tarfile.TarError, ValueError, OSError) as e:
+            manifest = parse_json(blob, f"{archive}: manifest {digest[:19]}", shape=MANIFEST_SHAPE,
+                                  fix=_ARCHIVE_FIX, bounds=Bounds(max_bytes=MAX_INDEX_BYTES))
+    except (tarfile.TarError, OSError) as e:
         raise UserError(f"{archive} is not a readable OCI archive ({type(e).__name__}: "
                         f"{_short(str(e), 160)}). Copy it again, or export it again.") from None
+    config = (manifest.get("config") or {}).get("digest")
     return {"digest": digest, "media_type": entry.get("mediaType", ""),
             "ref_name": (entry.get("annotations") or {}).get("org.opencontainers.image.ref.name"),
-            "config_digest": (manifest.get("config") or {}).get("digest")}
+            "config_digest": config if isinstance(config, str) and _DIGEST.fullmatch(config)
+            else None}
 
 
 # a work folder of an export (next to its archive) and of an import (in the temporary folder):
@@ -441,19 +479,17 @@ def _export_into(image: str, out: Path, side: Path, force: bool, skopeo: str, wo
 
 
 def read_sidecar(archive: Path) -> dict:
+    """The sidecar of `archive`, read by the one bounded reader (readers.py) against the shape
+    export-image writes; UserError (exit 2) naming what is wrong otherwise."""
+    from .readers import BadData, Bounds, check_shape, read
+
     side = sidecar_path(archive)
     if not side.is_file():
         raise UserError(f"{archive} has no sidecar {side.name} next to it, so its integrity "
                         "cannot be checked. Copy the sidecar with the archive (export-image "
                         "writes both), or export the image again.")
-    if side.stat().st_size > MAX_SIDECAR_BYTES:
-        raise UserError(f"{side} is larger than {MAX_SIDECAR_BYTES} bytes: not a sidecar "
-                        "export-image wrote.")
-    try:
-        data = json.loads(side.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise UserError(f"{side} is not valid JSON ({type(e).__name__}): not a sidecar "
-                        "export-image wrote. Copy it again from the source.") from None
+    fix = "It is not a sidecar export-image wrote, or it was edited: copy it again from the source."
+    data = read(side, "The sidecar", fix=fix, bounds=Bounds(max_bytes=MAX_SIDECAR_BYTES))
     bad = []
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         bad.append(f"format (expected {FORMAT})")
@@ -470,6 +506,11 @@ def read_sidecar(archive: Path) -> dict:
     if bad:
         raise UserError(f"{side} has no valid {', '.join(bad)}: not a sidecar export-image "
                         "wrote, or it was edited. Copy it again from the source.")
+    try:
+        check_shape(data, SIDECAR_SHAPE, str(side), fix)
+    except BadData as e:
+        raise UserError(f"{side}: {e.detail}: not a sidecar export-image wrote, or it was "
+                        "edited. Copy it again from the source.") from None
     return data
 
 

@@ -2,8 +2,10 @@
 
 A file is read only when it is a regular file of at most MAX_INPUT_BYTES (a link to /dev/zero or
 a FIFO would never end); YAML is composed first and its expanded size counted before anything is
-built from it (a few hundred bytes of nested aliases expand to billions of nodes), and a mapping
-that names a key twice is refused instead of keeping the last value silently.
+built from it (a few hundred bytes of nested aliases expand to billions of nodes), its nesting
+bounded (MAX_YAML_DEPTH), a whole number of hundreds of digits refused before Python converts
+it, and a mapping that names a key twice is refused instead of keeping the last value silently.
+readers.py builds the typed reader of every other file on these.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from .errors import UserError
 # Far above any real input: the shipped matrices together are ~100 KB and ~20,000 nodes.
 MAX_INPUT_BYTES = 8 << 20
 MAX_YAML_NODES = 1_000_000
+MAX_YAML_DEPTH = 64  # the deepest shipped matrix file has 6 levels
+MAX_YAML_INT_CHARS = 40  # (a whole number of the matrix has at most 11 digits)
 
 
 class NotRegularFile(ValueError):
@@ -86,6 +90,12 @@ def load_yaml(text: str, origin: str) -> Any:
     except RecursionError:
         raise UserError(f"{origin}: nested too deeply to be an envbuild file. Pass the right "
                         "file.") from None
+    except (ValueError, TypeError, OverflowError) as e:  # a constructor's: a bad date, !!binary
+        from .outdir import shorten
+
+        raise UserError(f"{origin}: holds a value YAML cannot build "
+                        f"({shorten(str(e).splitlines()[0] if str(e) else type(e).__name__, 160)})"
+                        ". Fix that value (quote it to make it text).") from None
 
 
 def _check_nodes(root, origin: str) -> None:
@@ -94,23 +104,33 @@ def _check_nodes(root, origin: str) -> None:
     import yaml
 
     sizes: dict[int, int] = {}
-    stack = [(root, False)]
+    stack = [(root, False, 0)]
     while stack:
-        node, done = stack.pop()
+        node, done, depth = stack.pop()
         key = id(node)
         if key in sizes and not done:
             continue
         if isinstance(node, yaml.ScalarNode):
+            if node.tag == "tag:yaml.org,2002:int" and len(node.value) > MAX_YAML_INT_CHARS:
+                from .outdir import shorten
+
+                raise UserError(f"{origin}: line {node.start_mark.line + 1} holds a whole number "
+                                f"of {len(node.value):,} characters ({shorten(node.value, 30)}), "
+                                "far beyond any value of an envbuild file. Fix that value.")
             sizes[key] = 1
             continue
+        if depth >= MAX_YAML_DEPTH:
+            raise UserError(f"{origin}: nested more than {MAX_YAML_DEPTH} levels deep at line "
+                            f"{node.start_mark.line + 1}; no envbuild file is. Pass the right "
+                            "file.")
         children = ([n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode)
                     else list(node.value))
         if not done:
             if key in sizes:
                 continue
             sizes[key] = -1  # in progress (a recursive alias is refused by the composer already)
-            stack.append((node, True))
-            stack.extend((c, False) for c in children if id(c) not in sizes)
+            stack.append((node, True, depth))
+            stack.extend((c, False, depth + 1) for c in children if id(c) not in sizes)
             if isinstance(node, yaml.MappingNode):
                 _duplicates(node, origin)
             continue

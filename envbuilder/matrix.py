@@ -140,24 +140,53 @@ def _cache_path(files: list[Path]) -> Path | None:
 
 
 def load(overlays: tuple[Path, ...] = (), base: Path | None = None) -> Matrix:
-    """The merged, validated matrix; a JSON cache keyed by the inputs' contents skips
-    re-validation (about 25 ms of a render). Plain data only: reading it runs nothing.
+    """The merged, validated matrix; a JSON cache keyed by the inputs' contents skips reading
+    and merging the YAML files (half of loading), never the validation: what the cache holds is
+    checked as a fresh load checks it (_from_cache), and it is read only from this user's
+    private cache folder (paths.read_cache). Plain data only: reading it runs nothing.
     `base`: another folder in place of the shipped matrices (the tests' frozen matrix)."""
     import json
 
     files = matrix_files(overlays, base)
     cache = _cache_path(files) if not os.environ.get("ENVBUILD_NO_CACHE") else None
-    text = read_cache(cache)
+    text = read_cache(cache)  # (only this user's file, in this user's private folder)
     if text is not None:
-        try:
-            doc = json.loads(text)
-            return Matrix(doc["sections"], {(sec, key): where for sec, key, where in doc["origin"]})
-        except (ValueError, KeyError, TypeError):
-            pass  # not what this code writes: validate afresh
+        m = _from_cache(text, str(cache))
+        if m is not None:
+            return m  # else: not what this code writes; validate afresh (and replace it)
     m = _load(files)
     write_cache(cache, json.dumps({"sections": m.sections, "origin": [
         [sec, key, where] for (sec, key), where in m.origin.items()]}))
     return m
+
+
+def _from_cache(text: str, origin: str) -> Matrix | None:
+    """The matrix a cache file holds, validated as a fresh load validates it (readers.py's
+    bounds, every section's schema, the cross-checks between them): a file that fails any of
+    it, whoever wrote it, is None and the matrix is read afresh. Only the `sources:` keys each
+    fact names are not checked again (the cache keeps no `sources:`; they are provenance, and
+    the fresh load that wrote the cache checked them)."""
+    from . import schema as S
+    from .matrix_schema import SECTIONS
+    from .readers import parse_json
+
+    where = S.Text(4096)
+    shape = {"sections": S.MapOf(Any), "origin": S.ListOf(S.ListOf(where, min_len=3))}
+    try:
+        doc = parse_json(text, origin, shape=shape)
+        sections = doc["sections"]
+        if set(sections) != set(SECTIONS) or any(len(o) != 3 for o in doc["origin"]):
+            return None
+        for name, (spec, merged) in SECTIONS.items():
+            body = sections[name]
+            if body is None and not merged:
+                continue  # (a section none of the files has)
+            S.check(body, spec, f"{origin}: {name}")
+        m = Matrix(sections, {(sec, key): w for sec, key, w in doc["origin"]})
+        _cross_check(m)
+        return m
+    except (UserError, S.SchemaError):
+        return None
 
 
 def _load(files: list[Path]) -> Matrix:

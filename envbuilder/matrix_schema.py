@@ -152,7 +152,7 @@ ALGORITHM = {"description": DESCRIPTION, "since": S.VERSION, "critic": bool, "gr
              "extra?": S.ListOf(RUN_SETTING), "extra_generation?": bool,
              "refused?": WHY, "source": SOURCE}
 # what the resolved run takes of it (envbuild.json `algorithm`)
-RESOLVED_ALGORITHM = {"name": S.NAME, "critic": bool, "group": bool, "n": int,
+RESOLVED_ALGORITHM = {"name": S.NAME, "critic": bool, "group": bool, "n": S.Int(1, 64),
                       "kl": S.OneOf(("loss", "reward", "none")),
                       "kl_loss_type": (S.OneOf(("low_var_kl", "kl", "mse", "abs")), None),
                       "kl_loss_coef": (float, None), "extra": S.ListOf(RUN_SETTING),
@@ -249,6 +249,20 @@ SECTIONS: dict[str, tuple[Any, bool]] = {
 # so an edited or foreign file reaches no template with a value the matrix itself would refuse.
 # The memory plan's parts no template reads one by one are any data of one-line text ("*").
 DRIVER_MODES = ("native", "minor-version-compatibility", "too-old")
+# The numbers of a resolved environment, each in the range it means (a count is never 0 or
+# negative, a share of memory is in (0, 1]): a file can hold any number, the matrix only these.
+COUNT = S.Int(1, 10**9)
+GIB = S.Num(0, 1 << 20)
+TRAIN_RANGES = {"model_vram_gb": S.Num(0, 1 << 20, above=True), "n_gpus": S.Int(1, 1 << 16),
+                "train_batch_size": COUNT, "ppo_mini_batch_size": COUNT,
+                "micro_batch_size_per_gpu?": (COUNT, None), "max_prompt_length": COUNT,
+                "max_response_length": COUNT, "gpu_memory_utilization": S.Num(0, 1, above=True),
+                "lora_rank": S.Int(0, 1 << 16)}
+# the run script's batch sizes (memory.plan's `sizes`): every one it writes, by name
+MEMORY_BATCH = {key: COUNT for key in ("val_batch_size", "log_prob_micro_batch_size_per_gpu",
+                                       "actor_ppo_micro_batch_size_per_gpu",
+                                       "critic_ppo_micro_batch_size_per_gpu", "test_freq")}
+MEMORY_BATCH.update({key: (COUNT, None) for key in ("rollout_micro_batch_size", "max_num_seqs")})
 RESOLVED = {
     "schema_version": int, "envbuild_version": S.VERSION, "profile": S.NAME,
     "description": DESCRIPTION,
@@ -258,8 +272,8 @@ RESOLVED = {
                   "ecc?": S.OneOf(("on", "off")), "model?": S.MODEL_REF, "algo?": S.NAME,
                   "nodes?": int, "gpus_per_node?": int, "interconnect?": S.NAME},
     "gpu": {"key": S.NAME, "name": S.GPU_NAME, "arch": S.NAME, "compute_capability": S.CC,
-            "sm": S.Pattern(r"\d+", "61", max_len=8), "vram_gb": float, "bf16": bool,
-            "max_smem_per_block_kb": int},
+            "sm": S.Pattern(r"\d+", "61", max_len=8), "vram_gb": S.Num(0, 1 << 20, above=True),
+            "bf16": bool, "max_smem_per_block_kb": S.Int(1, 1 << 20)},
     "cuda": {"version": S.CUDA, "full_version": S.VERSION, "ubuntu": UBUNTU, "glibc": (S.GLIBC, None),
              "images": {"devel": S.IMAGE, "runtime": S.IMAGE}, "conda_nvcc": S.CONDA_SPEC,
              "compat_libcuda": S.ABSPATH},
@@ -267,7 +281,7 @@ RESOLVED = {
                "mode?": S.OneOf(DRIVER_MODES), "driver?": S.DRIVER},
     "python": S.CUDA,
     "torch": {"version": S.VERSION, "variant": S.NAME, "cuda": S.CUDA, "archs": S.ListOf(S.CC),
-              "index_url": (S.URL, None), "packages": S.ListOf(S.REQUIREMENT)},
+              "index_url": (S.URL, None), "packages": S.ListOf(S.REQUIREMENT, min_len=1)},
     "rollout": S.OneOf(ROLLOUTS),
     "vllm": ({"version": S.VERSION, "torch": S.VERSION, "wheel_cuda": S.CUDA}, None),
     "verl": {"version": S.VERSION, "attention_override": (S.HYDRA_OVERRIDE, None),
@@ -292,18 +306,19 @@ RESOLVED = {
                                         holds=HOLDS, name=S.NAME))},
     "cuda_alloc_conf": ({"value": (S.ALLOC_CONF, None), "why": WHY}, None),
     "indexes": {"pypi": S.URL, "torch": (S.URL, None)},
-    "uv": {k: UV[k] for k in ("version", "url", "sha256", "size")},
+    "uv": dict({k: UV[k] for k in ("version", "url", "sha256")}, size=S.Int(1, 1 << 40)),
     "huggingface": S.URL,
     "conda_channels": S.ListOf(S.CHANNEL),
-    "train": dict(TRAIN, actor_param_offload=bool),
+    "train": dict(TRAIN, **TRAIN_RANGES, actor_param_offload=bool),
     "algorithm": RESOLVED_ALGORITHM,
-    "cluster": {"nodes": int, "gpus_per_node": int, "interconnect": (S.NAME, None),
-                "env": S.MapOf(ENV_VALUE, key=ENV_NAME), "interface": bool},
+    "cluster": {"nodes": S.Int(1, 1024), "gpus_per_node": S.Int(1, 64),
+                "interconnect": (S.NAME, None), "env": S.MapOf(ENV_VALUE, key=ENV_NAME),
+                "interface": bool},
     "notes": S.ListOf(S.Text(4000)),
-    "dataset": (dict(DATASET, name=S.NAME), None),
+    "dataset": (dict(DATASET, name=S.NAME, rows={"train": COUNT, "test": COUNT}), None),
     "training_path": MODULES,
-    "memory": {"peak": {"phase": S.Text(200), "gib": float}, "usable_gib": float,
-               "batch": S.MapOf((int, None), key=S.HYDRA_KEY), "*": S.Tree(S.Text(1000))},
+    "memory": {"peak": {"phase": S.Text(200), "gib": GIB}, "usable_gib": GIB,
+               "batch": MEMORY_BATCH, "*": S.Tree(S.Text(1000))},
     "warnings": S.ListOf(S.Text(4000)),
     # added by render: the pins of the lock that fits (plan.with_constraints), the mirror set
     "constraints?": ({"from": S.Text(300), "torch_swapped": (S.Text(300), None),

@@ -45,6 +45,7 @@ RECORD = ".envbuild-files.json"
 JOURNAL = ".envbuild-files.next.json"
 STAGING_PREFIX = ".envbuild-staging-"
 FORMAT = 1
+MAX_RECORD_BYTES = 16 << 20  # a record names every file of one folder: a few KB
 
 
 def safe_relpath(name: str, where: str = "a generated file") -> PurePosixPath:
@@ -222,10 +223,15 @@ def _missing_folders(out_dir: Path) -> list[Path]:
 def _read_record(path: Path) -> dict[str, str]:
     """{relative path: sha256} from a record or journal; {} when there is none or it is not one
     (then nothing counts as envbuild's, which only makes the write more careful)."""
+    from .readers import parse_json
+
     try:
         with _open_nofollow(path) as f:  # (a record that is a link is no record)
-            doc = json.loads(f.read().decode("utf-8"))
-    except (OSError, ValueError):
+            data = f.read(MAX_RECORD_BYTES + 1)
+        if len(data) > MAX_RECORD_BYTES:
+            return {}
+        doc = parse_json(data, str(path))  # (bounded: one nested 5000 deep was an internal error)
+    except (OSError, ValueError, UserError):
         return {}
     files = doc.get("files") if isinstance(doc, dict) and doc.get("format") == FORMAT else None
     if not isinstance(files, dict):

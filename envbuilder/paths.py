@@ -1,8 +1,13 @@
-"""Where the shipped data lives: inside the wheel, or at the top of a source checkout."""
+"""Where the shipped data lives (inside the wheel, or at the top of a source checkout), and
+envbuild's cache folder: used only when it is this user's own and private (mode 0700, not a
+link), its files read without following a link and written through a temporary file created
+exclusively in it. What a cache file holds is validated by its reader like any other input."""
 
 from __future__ import annotations
 
 import os
+import secrets
+import stat
 from functools import lru_cache
 from pathlib import Path
 
@@ -27,26 +32,93 @@ def cache_file(name: str) -> Path | None:
         return None
 
 
-def read_cache(path: Path | None) -> str | None:
-    """A cache file's text; None where it is absent or unreadable, or caching is off
-    (ENVBUILD_NO_CACHE). What it holds is data for the caller to check, never code."""
-    if path is None or os.environ.get("ENVBUILD_NO_CACHE"):
+MAX_CACHE_BYTES = 16 << 20  # far above any cache file (the validated matrix is ~0.3 MiB)
+
+
+def private_dir(folder: Path, create: bool = False) -> int | None:
+    """An open descriptor of `folder` when only this user can have put anything in it: a real
+    folder (not a link), owned by this user, mode 0700 (one of this user's that others may only
+    read and enter, as an older envbuild or jinja's `mkdir -p` left it, is tightened to 0700;
+    one that others may write into is never used: it may hold their files). None otherwise, and
+    the caller goes without its cache. `create`: make it (0700) first where it is missing."""
+    if create:
+        try:
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            pass
+        except OSError:
+            return None
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
         return None
     try:
-        return path.read_text(encoding="utf-8")
+        st = os.fstat(fd)
+        mode = stat.S_IMODE(st.st_mode)
+        if st.st_uid == os.getuid() and not mode & 0o022:
+            if mode != 0o700:
+                os.fchmod(fd, 0o700)
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def read_cache(path: Path | None) -> str | None:
+    """A cache file's text; None where it is absent or unreadable, or caching is off
+    (ENVBUILD_NO_CACHE), or it is not this user's own regular file in this user's private cache
+    folder (private_dir): a file another user planted there, or a link, is never read. What it
+    holds is data for the caller to validate like any input (readers.py), never code."""
+    if path is None or os.environ.get("ENVBUILD_NO_CACHE"):
+        return None
+    folder = private_dir(path.parent)
+    if folder is None:
+        return None
+    try:
+        fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     dir_fd=folder)
+    except OSError:
+        return None
+    finally:
+        os.close(folder)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() \
+                or st.st_size > MAX_CACHE_BYTES:
+            return None
+        with os.fdopen(fd, "rb") as f:
+            fd = -1
+            data = f.read(MAX_CACHE_BYTES + 1)
+        return data.decode("utf-8") if len(data) <= MAX_CACHE_BYTES else None
     except (OSError, ValueError):
         return None
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def write_cache(path: Path | None, text: str) -> None:
-    """`text` into a cache file, whole or not at all (a temporary file renamed over it); a
-    read-only home only costs speed."""
+    """`text` into a cache file, whole or not at all: a temporary file created exclusively (never
+    through a link someone planted) in the private cache folder, then renamed over the file; a
+    read-only home, or a cache folder that is not private, only costs speed."""
     if path is None or os.environ.get("ENVBUILD_NO_CACHE"):
         return
+    folder = private_dir(path.parent, create=True)
+    if folder is None:
+        return
+    tmp = f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600, dir_fd=folder)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path.name, src_dir_fd=folder, dst_dir_fd=folder)
     except OSError:
-        pass
+        try:
+            os.unlink(tmp, dir_fd=folder)
+        except OSError:
+            pass
+    finally:
+        os.close(folder)

@@ -10,6 +10,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 from .record import Record, frozen
 from .resolved import Constraints, ResolvedEnv
@@ -238,6 +239,10 @@ def constraint_layers(env: ResolvedEnv, requirements_lock: str, torch_swapped: b
             for layer, names in layers(env, locked).items()}
 
 
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+!_-]{0,99}", re.ASCII)  # a cached pin's name, version
+_WORD = re.compile(r"(?:[A-Za-z0-9][A-Za-z0-9.+!_-]{0,99})?", re.ASCII)  # a parent ("": -r)
+
+
 def _parsed(text: str, text_sha256: str | None = None) -> dict[str, Locked]:
     """parse(text, with_hashes=False), kept in the cache folder (paths.cache_file) by the sha256
     of the lock (`text_sha256` where the caller has it) and of this file's code: a render of
@@ -252,12 +257,17 @@ def _parsed(text: str, text_sha256: str | None = None) -> dict[str, Locked]:
     h = hashlib.sha256((text_sha256 or hashlib.sha256(text.encode()).hexdigest()).encode())
     h.update(code)
     path = cache_file(f"lock-{h.hexdigest()[:32]}.json")
-    cached = read_cache(path)
+    cached = read_cache(path)  # (only this user's file, in this user's private folder)
     if cached is not None:
-        try:
-            return {n: Locked(str(v), (), frozenset(map(str, ps)))
-                    for n, (v, ps) in json.loads(cached).items()}
-        except (ValueError, TypeError, AttributeError):
+        from .errors import UserError
+        from .readers import parse_json
+
+        try:  # validated as what parse() makes: names and versions of pins, one word each
+            doc = parse_json(cached, str(path))
+            if all(isinstance(ps, list) and _NAME.fullmatch(n) and _NAME.fullmatch(v)
+                   and all(map(_WORD.fullmatch, ps)) for n, (v, ps) in doc.items()):
+                return {n: Locked(v, (), frozenset(ps)) for n, (v, ps) in doc.items()}
+        except (ValueError, TypeError, AttributeError, UserError):
             pass
     locked = parse(text, with_hashes=False)
     write_cache(path, json.dumps({n: [e.version, sorted(e.parents)] for n, e in locked.items()}))
@@ -279,19 +289,26 @@ def lock_candidates(profile: str) -> list[tuple[str, Path]]:
 def find_constraints(env: ResolvedEnv) -> Constraints | None:
     """The constraints of the first lock whose plan is this environment's, read only when its
     requirements.lock hashes to what lock.json records; None when no lock fits."""
+    from . import schema as S
+    from .errors import UserError
+    from .readers import read
+
+    # what is read of lock.json here (the one bounded reader; lock --check reads the rest)
+    shape = {"plan_sha256": S.SHA256, "files": {"requirements.lock": S.SHA256, "*": Any},
+             "torch_swapped?": (S.Text(300), None), "*": Any}
     want = plan_sha256(env)
     for label, lock_dir in lock_candidates(env.name):
         if "/" in env.name or env.name in ("", ".", ".."):
             return None  # a profile name never leaves lockfiles/
         try:
-            meta = json.loads((lock_dir / "lock.json").read_text(encoding="utf-8"))
-            if not isinstance(meta, dict) or meta.get("plan_sha256") != want:
+            meta = read(lock_dir / "lock.json", "lock.json", shape=shape, missing_ok=True)
+            if meta is None or meta["plan_sha256"] != want:  # (no lock, or not this plan's)
                 continue
             text = (lock_dir / "requirements.lock").read_text(encoding="utf-8")
-        except (OSError, ValueError):
+        except (OSError, ValueError, UserError):
             continue
         digest = hashlib.sha256(text.encode()).hexdigest()
-        if digest != (meta.get("files") or {}).get("requirements.lock"):
+        if digest != meta["files"]["requirements.lock"]:
             continue
         swapped = meta.get("torch_swapped")
         layers_ = constraint_layers(env, text, bool(swapped), digest)

@@ -21,6 +21,8 @@ from .errors import UserError
 from .record import Record
 
 SCHEMA_VERSION = 1
+FROM_FIX = ("Pass the envbuild.json that `envbuild render` wrote, unedited, or re-resolve the "
+            "profile (envbuild render PROFILE).")
 
 
 class Overrides(Record):
@@ -253,17 +255,19 @@ class ResolvedEnv(Record):
     def to_json(self, d: dict | None = None) -> str:
         """envbuild.json's text: indented, sorted. json's indenting encoder is pure Python (a
         third of `render --all`), so the text is kept in the cache folder by the sha256 of the
-        compact form (C-encoded) and used only when it reads back as this environment."""
+        compact form (C-encoded) and used only when it reads back as this environment: its own
+        compact form is this one's, byte for byte."""
         from .paths import cache_file, read_cache, write_cache
 
         d = self.to_dict() if d is None else d  # (d: this environment's to_dict(), if at hand)
         compact = json.dumps(d, sort_keys=True, separators=(",", ":"))
         path = cache_file(f"env-{hashlib.sha256(compact.encode()).hexdigest()[:32]}.json")
-        text = read_cache(path)
-        try:
-            if text is not None and json.loads(text) == d:
+        text = read_cache(path)  # (only this user's file, in this user's private folder)
+        try:  # the same document, kind for kind (1 == 1.0 == true in Python, not in JSON)
+            if text is not None and json.dumps(json.loads(text), sort_keys=True,
+                                               separators=(",", ":")) == compact:
                 return text
-        except ValueError:
+        except (ValueError, RecursionError):
             pass
         text = json.dumps(d, indent=2, sort_keys=True) + "\n"
         write_cache(path, text)
@@ -271,20 +275,12 @@ class ResolvedEnv(Record):
 
     @classmethod
     def from_json(cls, text: str, origin: str = "envbuild.json") -> "ResolvedEnv":
-        """The environment a file holds (JSON), checked as from_dict checks it."""
-        try:
-            data = json.loads(text, object_pairs_hook=_no_duplicate_keys)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{origin} is not valid JSON ({e.msg} at line {e.lineno}). Pass the "
-                            "envbuild.json that `envbuild render` wrote.") from None
-        except _DuplicateKey as e:
-            raise UserError(f"{origin} names the key {e.key!r} twice in one object; JSON would "
-                            "keep only the last silently. Pass the envbuild.json that `envbuild "
-                            "render` wrote, unedited.") from None
-        except RecursionError:
-            raise UserError(f"{origin} is nested too deeply to be an envbuild.json. Pass the "
-                            "envbuild.json that `envbuild render` wrote.") from None
-        return cls.from_dict(data, origin)
+        """The environment a file holds (JSON), read by the one bounded reader (readers.py: no
+        NaN, no number of hundreds of digits, no key twice, nested at most a few levels) and
+        checked as from_dict checks it."""
+        from .readers import parse_json
+
+        return cls.from_dict(parse_json(text, origin, fix=FROM_FIX), origin)
 
     @classmethod
     def from_dict(cls, data: Any, origin: str = "envbuild.json") -> "ResolvedEnv":
@@ -295,7 +291,9 @@ class ResolvedEnv(Record):
         reaches no template with a value the matrix would refuse (UserError, exit 2)."""
         from . import schema as S
         from .matrix_schema import RESOLVED
+        from .readers import check_tree
 
+        check_tree(data, origin, FROM_FIX)  # (depth, lengths, finite numbers: data from outside)
         if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
             raise UserError(f"{origin} is not an envbuild resolved environment of schema version "
                             f"{SCHEMA_VERSION}. Pass the envbuild.json that `envbuild render` wrote "
@@ -321,7 +319,7 @@ class ResolvedEnv(Record):
 def shape_problems(data: dict) -> list[str]:
     """Where plain data (read from a file) differs in shape from the resolved environment's
     field spec (matrix_schema.RESOLVED): every required key that is missing, every value of
-    another kind, all at once."""
+    another kind (a number in a list of names too), all at once."""
     from . import schema as S
     from .matrix_schema import RESOLVED
 
@@ -335,13 +333,31 @@ def shape_problems(data: dict) -> list[str]:
             return {"an object"}
         if isinstance(spec, S.ListOf):
             return {"a list"}
-        if spec in (int, float):
+        if spec in (int, float) or isinstance(spec, (S.Int, S.Num)):
             return {"a number"}
         if spec is bool:
             return {"true/false"}
+        if isinstance(spec, S.Scalar):
+            return {"a string", "a number", "true/false"}
         if isinstance(spec, S.OneOf):
             return {kinds.get(type(c), "a string") for c in spec.choices}
         return {"a string"}  # (the text kinds)
+
+    def value(v, spec, where: str) -> list[str]:
+        if v is None:
+            return []
+        got = kinds.get(type(v), type(v).__name__)
+        wanted = want(spec)
+        if got not in wanted:
+            return [f"{where} is {got}, not {' or '.join(sorted(wanted))}"]
+        inner = spec[0] if isinstance(spec, tuple) else spec
+        if isinstance(inner, dict):
+            return walk(v, inner, f"{where}.")
+        if isinstance(inner, S.ListOf):
+            return [p for i, item in enumerate(v) for p in value(item, inner.item, f"{where}[{i}]")]
+        if isinstance(inner, S.MapOf):
+            return [p for k, item in v.items() for p in value(item, inner.value, f"{where}.{k}")]
+        return []
 
     def walk(data: dict, spec: dict, where: str) -> list[str]:
         out = []
@@ -353,43 +369,7 @@ def shape_problems(data: dict) -> list[str]:
                 if not key.endswith("?"):
                     out.append(f"{where}{name} is missing")
                 continue
-            value = data[name]
-            if value is None:
-                continue
-            got = kinds.get(type(value), type(value).__name__)
-            wanted = want(sub)
-            if got not in wanted:
-                out.append(f"{where}{name} is {got}, not {' or '.join(sorted(wanted))}")
-            elif got == "an object":
-                inner = sub[0] if isinstance(sub, tuple) else sub
-                if isinstance(inner, dict):
-                    out += walk(value, inner, f"{where}{name}.")
-            elif got == "a list":
-                inner = sub[0] if isinstance(sub, tuple) else sub
-                if isinstance(inner, S.ListOf) and isinstance(inner.item, dict):
-                    for i, item in enumerate(value):
-                        if isinstance(item, dict):
-                            out += walk(item, inner.item, f"{where}{name}[{i}].")
-                        else:
-                            out.append(f"{where}{name}[{i}] is "
-                                       f"{kinds.get(type(item), type(item).__name__)}, not an object")
+            out += value(data[name], sub, f"{where}{name}")
         return out
 
     return walk(data, RESOLVED, "")
-
-
-class _DuplicateKey(ValueError):
-    def __init__(self, key: str):
-        from .outdir import shorten
-
-        self.key = shorten(key, 60)
-
-
-def _no_duplicate_keys(pairs: list) -> dict:
-    """A JSON object, refusing a key named twice (json.loads would keep the last silently)."""
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        seen: set = set()
-        raise _DuplicateKey(next(k for k, _ in pairs if k in seen or seen.add(k)))
-    return out
-

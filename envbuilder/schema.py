@@ -2,7 +2,7 @@
 
 A schema is plain data: a dict of field -> type spec, where a key ending in "?" is optional
 (and a key "*" gives the kind of every key the record does not name); a spec is a Python type,
-a `Pattern`, `Text`, `Code`, `ListOf`, `MapOf`, `OneOf`, `Tree`, or a nested dict.
+a `Pattern`, `Text`, `Code`, `Int`, `Num`, `ListOf`, `MapOf`, `OneOf`, `Tree`, or a nested dict.
 (jsonschema would do, but its import alone costs more than a whole render.)
 
 Every string has a kind that says what it is (a name, a version, a URL, a model id, a package,
@@ -10,6 +10,9 @@ one line of text...), checked where it enters: the rendered files quote what the
 (quoting.py), and these kinds keep out what no quoting could make harmless (a newline in a
 Dockerfile instruction, a `$` in a bare ARG default, a name that is a path out of its folder).
 An error echoes a value cut to its start (a 100,000-character value is not printed back).
+
+Every number is finite (no NaN or infinity) and a whole number is within MAX_INT of zero; `Int`
+and `Num` give the range a field means (a count is never negative, a share is in (0, 1]).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import re
 from typing import Any
 
 from .versions import DRIVER_PATTERN, VERSION_PATTERN
+
+MAX_INT = 2**63 - 1  # any whole number a file of envbuild's holds (bytes, counts) is far below
 
 
 class SchemaError(ValueError):
@@ -30,14 +35,20 @@ def shown(value: Any, limit: int = 60) -> str:
     """A value as a message echoes it: its repr, cut to `limit` characters and its length."""
     from .outdir import shorten
 
-    return shorten(repr(value), limit)
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):  # a whole number of thousands of digits (no repr), or
+        # a value nested too deeply to print
+        text = f"<{type(value).__name__} too large to show>"
+    return shorten(text, limit)
 
 
 def _at(where: str, key: Any) -> str:
     """`where`.key (or `where` key after "file: "); a huge key is not printed whole either."""
-    from .outdir import shorten
+    if not (isinstance(key, str) and len(key) <= 60):
+        from .outdir import shorten
 
-    key = shorten(str(key), 60) if isinstance(key, str) else shown(key)
+        key = shorten(str(key), 60) if isinstance(key, str) else shown(key)
     return f"{where}{key}" if where.endswith(": ") else f"{where}.{key}"
 
 
@@ -85,7 +96,10 @@ class Pattern:
         if not isinstance(value, str):
             raise _not_a_string(value, f"a string like {self.example!r}", where)
         # (ASCII: a \d is 0-9, not any script's digit, which no version or name may hold)
-        if len(value) > self.max_len or not re.fullmatch(self.regex, value, re.ASCII):
+        compiled = self.__dict__.get("_compiled")
+        if compiled is None:
+            compiled = self._compiled = re.compile(self.regex, re.ASCII)
+        if len(value) > self.max_len or not compiled.fullmatch(value):
             raise SchemaError(where, f"{shown(value)} is not {self.what}")
 
 
@@ -121,8 +135,10 @@ class Tree:
 
 
 class ListOf:
-    def __init__(self, item: Any):
-        self.item = item
+    """A list of `item`s, at least `min_len` of them (a torch install names torch first)."""
+
+    def __init__(self, item: Any, min_len: int = 0):
+        self.item, self.min_len = item, min_len
 
 
 class MapOf:
@@ -143,6 +159,56 @@ class Scalar:
             raise SchemaError(where, f"expected a string, number or true/false, got {shown(value)}")
         if isinstance(value, str):
             _check_text(value, where, 300, "a value here")
+        elif not isinstance(value, bool):
+            why = _number_problem(value, whole=False)
+            if why:
+                raise SchemaError(where, why)
+
+
+def _number_problem(value: Any, whole: bool) -> str | None:
+    """Why `value` is no number of this kind (None when it is one): true/false, text, NaN,
+    infinity and a whole number beyond MAX_INT are none."""
+    import math
+
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            whole and not isinstance(value, int)):
+        return f"expected {'a whole number' if whole else 'a number'}, got {shown(value)}"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{value!r} is not a number envbuild reads (a finite number expected)"
+    if isinstance(value, int) and abs(value) > MAX_INT:
+        return (f"a whole number of about {int(value.bit_length() * 0.30103) + 1:,} digits is far "
+                f"beyond any value here (at most {MAX_INT:,})")
+    return None
+
+
+class Int:
+    """A whole number from `lo` to `hi` (never true/false): a count, a size in bytes."""
+
+    def __init__(self, lo: int = 0, hi: int = MAX_INT):
+        self.lo, self.hi = lo, hi
+
+    def check(self, value: Any, where: str) -> None:
+        why = _number_problem(value, whole=True)
+        if why:
+            raise SchemaError(where, why)
+        if not self.lo <= value <= self.hi:
+            raise SchemaError(where, f"{shown(value)} is outside {self.lo:,}..{self.hi:,}")
+
+
+class Num:
+    """A finite number from `lo` to `hi`; `above`: greater than `lo`, not equal to it (a share
+    of memory in (0, 1])."""
+
+    def __init__(self, lo: float = 0, hi: float = 1e12, above: bool = False):
+        self.lo, self.hi, self.above = lo, hi, above
+
+    def check(self, value: Any, where: str) -> None:
+        why = _number_problem(value, whole=False)
+        if why:
+            raise SchemaError(where, why)
+        if not ((self.lo < value) if self.above else (self.lo <= value)) or value > self.hi:
+            interval = f"({self.lo}, {self.hi}]" if self.above else f"{self.lo}..{self.hi}"
+            raise SchemaError(where, f"{shown(value)} is outside {interval}")
 
 
 class Range(Pattern):
@@ -285,7 +351,7 @@ def check(value: Any, spec: Any, where: str, partial: bool = False) -> None:
     checked all the same, and nothing but a scalar sits where a scalar belongs."""
     if partial and isinstance(value, (int, float)) and _is_text_kind(spec):
         return
-    if isinstance(spec, (Pattern, Scalar, Text)):
+    if isinstance(spec, (Pattern, Scalar, Text, Int, Num)):
         spec.check(value, where)
     elif isinstance(spec, OneOf):
         if value not in spec.choices:
@@ -293,6 +359,9 @@ def check(value: Any, spec: Any, where: str, partial: bool = False) -> None:
     elif isinstance(spec, ListOf):
         if not isinstance(value, list):
             raise SchemaError(where, f"expected a list, got {shown(value)}")
+        if len(value) < spec.min_len:
+            raise SchemaError(where, f"expected a list of at least {spec.min_len} "
+                              f"item{'s' if spec.min_len > 1 else ''}, got {shown(value)}")
         for i, item in enumerate(value):
             check(item, spec.item, f"{where}[{i}]", partial)
     elif isinstance(spec, MapOf):
@@ -309,9 +378,10 @@ def check(value: Any, spec: Any, where: str, partial: bool = False) -> None:
         _check_tree(value, spec.leaf, where)
     elif isinstance(spec, dict):
         _check_record(value, spec, where, partial)
-    elif spec is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise SchemaError(where, f"expected a number, got {shown(value)}")
+    elif spec is float or spec is int:
+        why = _number_problem(value, whole=spec is int)
+        if why:
+            raise SchemaError(where, why)
     elif spec is Any:
         return
     elif isinstance(spec, tuple):  # nullable: (type, None)
@@ -340,7 +410,11 @@ def _check_tree(value: Any, leaf: Any, where: str) -> None:
             _check_tree(item, leaf, f"{where}[{i}]")
     elif isinstance(value, str):
         check(value, leaf, where)
-    elif value is not None and not isinstance(value, (int, float, bool)):
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        why = _number_problem(value, whole=False)
+        if why:
+            raise SchemaError(where, why)
+    elif value is not None and not isinstance(value, bool):
         raise SchemaError(where, f"expected data, got {shown(value)}")
 
 

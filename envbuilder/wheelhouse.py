@@ -88,8 +88,6 @@ class LockPlan(NamedTuple):
 def artifacts(lock_dir: Path, profile: str | None = None) -> LockPlan:
     """The lock in `lock_dir`, verified whole (lockfile.verified), with every file it pins: its
     URL, sha256 and the path it gets in a wheelhouse (checked to stay inside it)."""
-    from .lock.pip import load_toml
-
     lock_dir = Path(lock_dir)
     meta, texts = L.verified(lock_dir, profile)
     out: list[Artifact] = []
@@ -97,7 +95,7 @@ def artifacts(lock_dir: Path, profile: str | None = None) -> LockPlan:
         if L.PYLOCK not in texts:
             raise UserError(f"The lock in {lock_dir} has no {L.PYLOCK} (made by an older envbuild), "
                             "so it names no file URLs. Re-lock with `envbuild lock`.")
-        for p in load_toml(texts[L.PYLOCK])["packages"]:
+        for p in L.parse(L.PYLOCK, texts[L.PYLOCK], str(lock_dir / L.PYLOCK))["packages"]:
             files = p.get("wheels") or ([p["sdist"]] if p.get("sdist") else [])
             if not files:
                 raise UserError(f"{lock_dir / L.PYLOCK}: {p['name']} has no file to download.")
@@ -105,17 +103,19 @@ def artifacts(lock_dir: Path, profile: str | None = None) -> LockPlan:
                 out.append(Artifact("pip", normalize(p["name"]), p["version"], f["url"],
                                     f["hashes"]["sha256"], f.get("size"), "pypi"))
     if L.SOURCES in texts:  # GitHub files the builder uses (apex, flash-attn)
-        for name, src in sorted(json.loads(texts[L.SOURCES]).items()):
+        for name, src in sorted(L.parse(L.SOURCES, texts[L.SOURCES],
+                                        str(lock_dir / L.SOURCES)).items()):
             out.append(Artifact("source", name, src.get("ref", ""), src["url"], src["sha256"],
                                 src.get("size"), "sources"))
     if "conda" in meta["parts"]:
-        import yaml
-
-        doc = yaml.load(texts[L.CONDA_LOCK], Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-        for p in doc.get("package", []):
-            if p.get("manager") != "conda":
+        doc = L.parse(L.CONDA_LOCK, texts[L.CONDA_LOCK], str(lock_dir / L.CONDA_LOCK))
+        for p in doc["package"]:
+            if p["manager"] != "conda":
                 continue
-            platform = urlsplit(p["url"]).path.rstrip("/").split("/")[-2]
+            if not p["hash"].get("sha256"):
+                raise UserError(f"{lock_dir / L.CONDA_LOCK}: {p['name']} has no sha256, so its "
+                                "download cannot be checked. Re-lock with `envbuild lock`.")
+            platform = ([""] + urlsplit(p["url"]).path.rstrip("/").split("/"))[-2]
             out.append(Artifact("conda", p["name"], str(p["version"]), p["url"],
                                 p["hash"]["sha256"], None, f"conda/{platform}"))
     if not out:

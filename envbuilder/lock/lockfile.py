@@ -1,15 +1,22 @@
 """The Lockfile directory (lockfiles/<profile>/): what it holds, the input hash it was made from,
 writing it in one swap, and telling whether it is still current. Pure Python, no network: this is
 what `envbuild lock --check` and `envbuild render --locked` need.
+
+A lock directory (and a wheelhouse's manifest.json) may come from anyone: each of its files is
+read only through parse() (readers.py: bounded, typed, against the shape `envbuild lock`
+writes), never by json/yaml/toml directly.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
 from pathlib import Path
+from typing import Any
 
+from .. import schema as S
 from ..errors import UserError
 from ..outdir import Checked
 from ..record import plain
@@ -93,20 +100,21 @@ def read_meta(lock_dir: Path) -> dict | None:
 
 
 def _read_meta(lock_dir: Path) -> tuple[dict | None, str]:
-    """(lock.json, its text), (None, "") when there is none; UserError when it is no lock.json."""
+    """(lock.json, its text), (None, "") when there is none; UserError (exit 2, naming the key)
+    when it is no lock.json of this format, or not in the shape `envbuild lock` writes."""
+    from ..readers import check_shape
+
     text, why = _read_bounded(lock_dir / META)
     if text is None and why.startswith("missing:"):
         return None, ""
-    try:
-        meta = json.loads(text) if text is not None else None
-    except ValueError as e:
-        why = str(e)
-    if text is None or why:
+    if text is None:
         raise UserError(f"{lock_dir / META} is unreadable ({why}). Re-create it with "
                         "`envbuild lock`.")
+    meta = parse(META, text, str(lock_dir / META), shape=False)  # (readers.BadData: exit 2)
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise UserError(f"{lock_dir / META} is not an envbuild lock of format {FORMAT}. "
                         "Re-create it with `envbuild lock`.")
+    check_shape(meta, META_SHAPE, str(lock_dir / META), RELOCK)
     return meta, text
 
 
@@ -181,15 +189,17 @@ def integrity(lock_dir: Path) -> tuple[dict | None, dict[str, str], list[str]]:
         else:
             texts[name] = text
     for name, text in texts.items():
-        why = _unparsable(name, text)
+        why = _unparsable(name, text, str(lock_dir / name))
         if why:
             out.append(f"unreadable: {name} {why}")
     if not out and PYLOCK in texts:  # the pip pins, written thrice in one run, agree
-        from .pip import load_toml, normalize, parse
+        from .pip import normalize
+        from .pip import parse as parse_requirements
 
-        files = {(normalize(p["name"]), p["version"]) for p in load_toml(texts[PYLOCK])["packages"]}
-        copies = {REQUIREMENTS: lambda t: {(n, e.version) for n, e in parse(t).items()},
-                  CONDA_LOCK: _conda_lock_pip_pins}
+        files = {(normalize(p["name"]), p["version"])
+                 for p in parse(PYLOCK, texts[PYLOCK], str(lock_dir / PYLOCK))["packages"]}
+        copies = {REQUIREMENTS: lambda t: {(n, e.version) for n, e in parse_requirements(t).items()},
+                  CONDA_LOCK: lambda t: _conda_lock_pip_pins(t, str(lock_dir / CONDA_LOCK))}
         for name, pins_of in copies.items():
             pins = pins_of(texts[name]) if name in texts else files
             if pins != files:
@@ -198,10 +208,8 @@ def integrity(lock_dir: Path) -> tuple[dict | None, dict[str, str], list[str]]:
     return meta, texts, out
 
 
-def _conda_lock_pip_pins(text: str) -> set[tuple[str, str]]:
-    import yaml
-
-    doc = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+def _conda_lock_pip_pins(text: str, origin: str) -> set[tuple[str, str]]:
+    doc = parse(CONDA_LOCK, text, origin)
     return {(p["name"], str(p["version"])) for p in doc["package"] if p["manager"] == "pip"}
 
 
@@ -242,49 +250,89 @@ def _read_bounded(path: Path) -> tuple[str | None, str]:
         return None, f"unreadable: {path} is not UTF-8 text"
 
 
-def _unparsable(name: str, text: str) -> str | None:
+def _unparsable(name: str, text: str, origin: str = "") -> str | None:
     """Why a lock file's text is not what its name says, or None: the shape its readers rely
     on (every pin hashed, every file a URL and a sha256), so none of them meets a KeyError."""
+    from ..readers import BadData
+
+    if name == REQUIREMENTS:
+        from .pip import parse as parse_requirements
+
+        try:
+            pins = parse_requirements(text)
+        except Exception as e:  # whatever a truncated or garbled file raises in its parser
+            detail = str(e).splitlines()[0][:120] if str(e) else ""
+            return f"does not parse ({type(e).__name__}: {detail})"
+        unhashed = sorted(n for n, e in pins.items() if not e.hashes)
+        if not pins:
+            return "pins no package"
+        if unhashed:
+            return f"pins {', '.join(unhashed[:5])} without a sha256"
+        return None
     try:
-        if name == REQUIREMENTS:
-            from .pip import parse
-
-            pins = parse(text)
-            unhashed = sorted(n for n, e in pins.items() if not e.hashes)
-            if not pins:
-                return "pins no package"
-            if unhashed:
-                return f"pins {', '.join(unhashed[:5])} without a sha256"
-        elif name == PYLOCK:
-            from .pip import load_toml
-
-            for p in load_toml(text)["packages"]:
-                files = list(p.get("wheels") or []) + ([p["sdist"]] if p.get("sdist") else [])
-                if not (isinstance(p["name"], str) and isinstance(p["version"], str)) or not all(
-                        isinstance(f["url"], str) and _SHA256.fullmatch(f["hashes"]["sha256"])
-                        for f in files):
-                    return f"has an entry for {str(p['name'])[:40]} without a URL and sha256"
-        elif name == CONDA_LOCK:
-            import yaml
-
-            loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-            for p in yaml.load(text, Loader=loader)["package"]:
-                if not (isinstance(p["name"], str) and p["manager"] in ("conda", "pip")
-                        and isinstance(p["url"], str) and isinstance(p["hash"], dict)):
-                    return f"has an entry for {str(p['name'])[:40]} without a URL and hash"
-        elif name == SOURCES:  # its URLs and names go into the Dockerfile and the wheelhouse
-            for key, src in json.loads(text).items():
-                if not (_URL.fullmatch(src["url"]) and _SHA256.fullmatch(src["sha256"])
-                        and _FILE_NAME.fullmatch(src.get("filename", "x"))):
-                    return f"has an entry {str(key)[:40]!r} without a plain URL, name and sha256"
-        elif name == IMAGES:
-            for ref, image in json.loads(text).items():
-                if not re.fullmatch(r"sha256:[0-9a-f]{64}", image["digest"]):
-                    return f"has no sha256 digest for {str(ref)[:80]}"
-    except Exception as e:  # whatever a truncated or garbled file raises in its parser
-        detail = str(e).splitlines()[0][:120] if str(e) else ""
-        return f"does not parse ({type(e).__name__}: {detail})"
+        parse(name, text, origin or name)
+    except BadData as e:
+        return f"does not parse ({e.detail})"
     return None
+
+
+# ---- the shapes of a lock's files: each is read only through parse(), with its shape ----------
+
+RELOCK = ("It is not as `envbuild lock` wrote it: re-create the lock with `envbuild lock` (a "
+          "lock is used only whole and unedited).")
+# what a tool (uv, conda-lock) or a newer envbuild adds that nothing here reads: any data, bounded
+# by the reader (depth, lengths, finite numbers)
+_MORE = {"*": Any}
+_TEXT = S.Text(4000)
+_URL_TEXT = S.Pattern(r"https?://(?:(?![\"'`$\\])[!-~])+", "https://files.pythonhosted.org/...",
+                      "a plain http(s) URL (no space, quote or shell character)", 4000)
+_SIZE = S.Int(0, 1 << 44)
+META_SHAPE = {
+    "format": int, "profile": S.NAME, "input_sha256": S.SHA256, "plan_sha256?": S.SHA256,
+    "torch_swapped?": (_TEXT, None),
+    "inputs": S.MapOf(S.SHA256, key=S.Pattern(r"[a-z_]+\.[a-z_]+", "pip.requirements")),
+    "parts": S.ListOf(S.Text(200)), "solver?": (S.NAME, None),
+    "target?": {"platform?": _TEXT, "python?": _TEXT, "python_platform?": _TEXT,
+                "virtual_packages?": S.MapOf(_TEXT), **_MORE},
+    "sources?": {"pypi?": (_TEXT, None), "torch?": (_TEXT, None), "github?": (_TEXT, None),
+                 "channels?": S.ListOf(_TEXT), "registry_mirror?": S.Tree(_TEXT), **_MORE},
+    "tools?": S.Tree(_TEXT),
+    "files": S.MapOf(S.SHA256), **_MORE}
+_FILE = {"url": _URL_TEXT, "hashes": {"sha256": S.SHA256, **_MORE}, "size?": (_SIZE, None),
+         **_MORE}
+PYLOCK_SHAPE = {"packages": S.ListOf({"name": S.PACKAGE, "version": S.Text(200),
+                                      "wheels?": S.ListOf(_FILE), "sdist?": _FILE, **_MORE}),
+                **_MORE}
+CONDA_LOCK_SHAPE = {"package": S.ListOf({
+    "name": S.Text(300), "version": S.Scalar(), "manager": S.OneOf(("conda", "pip")),
+    "url": _URL_TEXT, "hash": {"sha256?": (S.SHA256, None), "md5?": (S.Text(64), None), **_MORE},
+    **_MORE}), **_MORE}
+SOURCES_SHAPE = S.MapOf({"url": _URL_TEXT, "sha256": S.SHA256,
+                         "filename?": S.Pattern(_FILE_NAME.pattern, "apex-25.08.tar.gz",
+                                                "a plain file name", 255),
+                         "size?": (_SIZE, None), "ref?": S.Text(200), **_MORE}, key=S.NAME)
+IMAGES_SHAPE = S.MapOf({"digest": S.Pattern(r"sha256:[0-9a-f]{64}", "sha256:..."), **_MORE},
+                       key=S.Text(500))
+_SHAPES = {META: ("json", META_SHAPE), SOURCES: ("json", SOURCES_SHAPE),
+           IMAGES: ("json", IMAGES_SHAPE), PYLOCK: ("toml", PYLOCK_SHAPE),
+           CONDA_LOCK: ("yaml", CONDA_LOCK_SHAPE)}
+
+
+def parse(name: str, text: str, origin: str, shape: bool = True) -> Any:
+    """The content of the lock file `name` (lock.json, sources.lock, images.lock, pylock.toml,
+    conda-lock.yml) read by the one bounded reader (readers.py) and checked against the shape
+    `envbuild lock` writes (`shape`=False: bounds only); readers.BadData (exit 2, naming the
+    key) otherwise. The same text is parsed once (integrity and the readers after it share it)."""
+    return _parse(name, text, origin, shape)
+
+
+@functools.lru_cache(maxsize=16)
+def _parse(name: str, text: str, origin: str, shape: bool) -> Any:
+    from .. import readers
+
+    kind, spec = _SHAPES[name]
+    return readers.PARSERS[kind](text, origin, shape=spec if shape else None, fix=RELOCK,
+                                 bounds=readers.Bounds(max_bytes=MAX_FILE))
 
 
 def write_dir(lock_dir: Path, files: dict[str, str]) -> None:
@@ -338,7 +386,7 @@ def for_render(env: ResolvedEnv, lock_dir: Path, wheelhouse: Path | None = None,
                             f"{SOURCES}; made by an older envbuild, or with --only without "
                             f"sources). Re-lock with `envbuild lock {env.name}`.")
         texts[name] = lock_texts[name]  # (verified: each locked part has its file)
-    images = json.loads(texts[IMAGES]) if IMAGES in texts else {}
+    images = parse(IMAGES, texts[IMAGES], str(lock_dir / IMAGES)) if IMAGES in texts else {}
     pinned = {}
     for role, ref in sorted(env.cuda.images.items()):
         where = mirror.image(ref) if mirror else ref
@@ -356,7 +404,7 @@ def for_render(env: ResolvedEnv, lock_dir: Path, wheelhouse: Path | None = None,
         requirements = replace_hashes(requirements, built)
         uv_wheel = _wheelhouse_uv(env, Path(wheelhouse), links)
     layers, files = layer_files(env, requirements)
-    sources = json.loads(texts[SOURCES]) if SOURCES in texts else {}
+    sources = parse(SOURCES, texts[SOURCES], str(lock_dir / SOURCES)) if SOURCES in texts else {}
     apex_source = sources.get("apex") if env.apex else None
     fa_wheels = None
     if env.flash_attn:
@@ -462,30 +510,57 @@ def wheelhouse_path(path) -> bool:
 
 
 def read_wheelhouse_manifest(wheelhouse: Path) -> dict | None:
-    """manifest.json of `wheelhouse` (None when there is none), every path in it checked to stay
-    inside the wheelhouse and every entry to have the shape envbuild writes; UserError (exit 2)
-    otherwise, since everything that reads it joins its paths to directories and writes."""
+    """manifest.json of `wheelhouse` (None when there is none), read by the one bounded reader
+    (readers.py) against the shape envbuild writes, every path in it checked to stay inside the
+    wheelhouse and every entry to have the shape envbuild writes; UserError (exit 2) otherwise,
+    since everything that reads it joins its paths to directories and writes."""
+    from ..readers import BadData, Bounds, parse_json
+
     path = Path(wheelhouse) / WHEELHOUSE_MANIFEST
     text, why = _read_bounded(path)
     if text is None and why.startswith("missing:"):
         return None
+    fix = ("envbuild writes only files inside the wheelhouse there, so it was edited or made by "
+           "something else; nothing was done with it. Export into a new directory with "
+           "`envbuild wheelhouse PROFILE -o NEWDIR`.")
     doc = None
     if text is not None:
         try:
-            doc = json.loads(text)
-        except ValueError as e:
-            why = f"not JSON: {e}"
+            doc = parse_json(text, str(path), fix=fix, bounds=Bounds(max_bytes=MAX_FILE))
+        except BadData as e:
+            why = e.detail
     if not isinstance(doc, dict):
         raise UserError(f"{path} is not an envbuild wheelhouse manifest "
                         f"({why or 'not a JSON object'}). Export into a new directory with "
                         "`envbuild wheelhouse PROFILE -o NEWDIR`.")
-    bad = _manifest_problem(doc)
+    bad = None
+    if doc.get("format") != WHEELHOUSE_FORMAT:
+        bad = f"its format is {str(doc.get('format'))[:20]!r}, not {WHEELHOUSE_FORMAT}"
+    else:
+        try:
+            from ..readers import check_shape
+
+            check_shape(doc, MANIFEST_SHAPE, str(path), fix)
+        except BadData as e:
+            bad = e.detail
+    bad = bad or _manifest_problem(doc)
     if bad:
-        raise UserError(f"{path} is not as envbuild wrote it: {bad}. envbuild writes only "
-                        "files inside the wheelhouse there, so it was edited or made by something "
-                        "else; nothing was done with it. Export into a new directory with "
-                        "`envbuild wheelhouse PROFILE -o NEWDIR`.")
+        raise UserError(f"{path} is not as envbuild wrote it: {bad}. {fix}")
     return doc
+
+
+_WH_PATH = S.Text(1000)  # (wheelhouse_path checks each: pypi/NAME, sources/NAME, conda/SUB/NAME)
+MANIFEST_SHAPE = {
+    "format": int,
+    "files": S.MapOf({"kind": S.OneOf(KINDS), "name": S.Text(300), "version": S.Text(200),
+                      "size": _SIZE, "sha256": S.SHA256,
+                      "built_from?": {"path": _WH_PATH, "sha256": S.SHA256, **_MORE},
+                      "build?": {"python?": S.Text(100), "machine?": S.Text(100),
+                                 "glibc?": S.Text(100), **_MORE}, **_MORE}, key=_WH_PATH),
+    "profiles": S.MapOf({"input_sha256?": S.SHA256, "python?": S.Text(100),
+                         "files": S.ListOf(_WH_PATH), "built?": (S.MapOf(_WH_PATH), None),
+                         **_MORE}, key=S.Text(200)),
+    **_MORE}
 
 
 def _manifest_problem(doc: dict) -> str | None:
