@@ -90,7 +90,12 @@ class NetError(ActionError):
 
 
 class BadAnswer(ActionError):
-    """An answer that is not what was expected (HTML, a list, a string, nesting too deep)."""
+    """An answer that is not what was expected (HTML, a list, a string, nesting too deep):
+    `url` (redacted) `detail` ("answered a list where ... belongs"); the message adds `advice`."""
+
+    def __init__(self, url: str, detail: str, advice: str = ""):
+        self.url, self.detail = redact(url), redact(detail)
+        super().__init__(f"{self.url} {self.detail}." + (f" {advice}" if advice else ""))
 
 
 # ---- credentials ---------------------------------------------------------------------------
@@ -431,15 +436,17 @@ def kind_of(value: Any) -> str:
             type(None): "null", int: "a number", float: "a number"}.get(type(value), "a value")
 
 
+_ADVICE = "Check the URL, or whether a proxy answers in the server's place."
+
+
 def json_value(body: bytes, url: str, what: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
     """`body` as JSON, or BadAnswer naming `url` (redacted) and `what` was expected: an HTML
     page (a captive portal, a proxy's sign-in or error page), text that is not JSON, NaN or
     Infinity, nesting deeper than `max_depth`."""
-    where = redact(url)
     if body.lstrip()[:1] == b"<":
-        raise BadAnswer(f"{where} answered an HTML page where {what} (JSON) belongs: a captive "
-                        "portal, or a proxy's sign-in or error page? Check the network (sign "
-                        "in, or set HTTPS_PROXY), or the URL.")
+        raise BadAnswer(url, f"answered an HTML page where {what} (JSON) belongs (a captive "
+                             "portal, or a proxy's sign-in or error page?)",
+                        "Check the network (sign in, or set HTTPS_PROXY), or the URL.")
 
     def refuse(constant):
         raise ValueError(f"{constant} is not a JSON number")
@@ -447,17 +454,16 @@ def json_value(body: bytes, url: str, what: str, max_depth: int = MAX_JSON_DEPTH
     try:
         doc = json.loads(body, parse_constant=refuse)
     except RecursionError:
-        doc = None
-        depth = max_depth + 1
+        doc, depth = None, max_depth + 1
     except (ValueError, UnicodeDecodeError) as e:
-        raise BadAnswer(f"{where} answered something that is not JSON where {what} belongs "
-                        f"({redact(str(e).splitlines()[0][:120])}). Check the URL, or whether a "
-                        "proxy answers in the server's place.") from None
+        first = (str(e).splitlines() or [type(e).__name__])[0][:120]
+        raise BadAnswer(url, f"answered something that is not JSON where {what} belongs "
+                             f"({first})", _ADVICE) from None
     else:
         depth = _depth(doc, max_depth)
     if depth > max_depth:
-        raise BadAnswer(f"{where} answered JSON nested more than {max_depth} levels deep where "
-                        f"{what} belongs: not what such a server sends. Check the URL.")
+        raise BadAnswer(url, f"answered JSON nested more than {max_depth} levels deep where "
+                             f"{what} belongs", _ADVICE)
     return doc
 
 
@@ -465,8 +471,8 @@ def json_object(body: bytes, url: str, what: str) -> dict:
     """`body` as a JSON object (json_value's checks, and then the kind)."""
     doc = json_value(body, url, what)
     if not isinstance(doc, dict):
-        raise BadAnswer(f"{redact(url)} answered {kind_of(doc)} where {what} (a JSON object) "
-                        "belongs. Check the URL, or whether a proxy answers in the server's place.")
+        raise BadAnswer(url, f"answered {kind_of(doc)} where {what} (a JSON object) belongs",
+                        _ADVICE)
     return doc
 
 

@@ -146,7 +146,9 @@ def _token(s, challenge: dict[str, str], repository: str, where: str) -> str:
     try:
         body = net.json_object(r.body, realm, "a token")
     except net.BadAnswer as e:
-        raise ActionError(f"The token service of {where}: {e}") from None
+        raise ActionError(f"The token service {e.url} of {where} {e.detail}. Check the network "
+                          "(sign in to a captive portal, or set HTTPS_PROXY), the registry or "
+                          "the mirror.") from None
     token = body.get("token") or body.get("access_token")
     if not isinstance(token, str) or not _TOKEN.fullmatch(token):
         got = "no token" if not token else f"{net.kind_of(token)} that is no token"

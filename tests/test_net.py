@@ -365,7 +365,8 @@ def test_a_project_page_of_the_wrong_shape_is_exit_1_naming_it(cli, project):
 
 
 def test_a_release_page_nested_too_deep_is_a_per_release_error(cli):
-    project = ("json", {"info": {"version": "99.0"}, "releases": {"99.0": []}})
+    wheel = {"filename": "torch-99.0-py3-none-any.whl", "url": "/f.whl", "yanked": False}
+    project = ("json", {"info": {"version": "99.0"}, "releases": {"99.0": [wheel]}})
     with FaultServer({}, default=EMPTY_PROJECT,
                      script={"pypi/torch/json": [project],
                              "pypi/torch/99.0/json": [("raw", b"[" * 100_000)]}) as srv:
