@@ -441,6 +441,15 @@ def test_flash_attn_download_gives_up_on_a_body_that_drips(tmp_path, monkeypatch
     assert isinstance(got, F.Unavailable) and "within" in str(got)
 
 
+def test_flash_attn_download_retries_a_body_cut_short(tmp_path):
+    from envbuilder import flash_attn_wheel as F
+
+    data = os.urandom(1 << 20)
+    with FaultServer({"w.whl": data}, script={"w.whl": ["drop"]}) as srv:
+        F.download(srv.url("w.whl"), str(tmp_path / "w"), attempts=2)
+    assert (tmp_path / "w").read_bytes() == data
+
+
 # ---- lock's source pins (apex's archive, flash-attn's wheels) -----------------------------------
 
 def test_a_source_archive_that_never_ends_is_not_pinned(monkeypatch):
