@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import threading
 import time
 from typing import Any, NamedTuple
@@ -114,11 +113,12 @@ def redact(text: str) -> str:
 def no_empty_url(ctx, param, value):
     """A click callback for URL options: an empty value (a careless `--index-url "$MIRROR"`)
     is refused, exit 2, never taken as "the default"."""
-    if value is not None and not str(value).strip():
+    values = value if isinstance(value, (tuple, list)) else (value,)
+    if any(v is not None and not str(v).strip() for v in values):
         import click
 
-        raise click.BadParameter(f"is empty. Give the URL ({param.metavar or 'URL'}), or leave "
-                                 "the option out to use the default.")
+        raise click.BadParameter(f"is empty. Give the {param.metavar or 'URL'}, or leave the "
+                                 "option out to use the default.")
     return value
 
 
@@ -154,6 +154,8 @@ class _Flight:
                 return
             self.expired = True
             conn = self.conn
+        import socket
+
         sock = getattr(conn, "sock", None)
         if isinstance(sock, socket.socket):
             try:  # a read blocked on it returns at once (end of file)
@@ -333,10 +335,13 @@ def _size(n: int) -> str:
 
 def request(s, method: str, url: str, expect: Expect, *, headers: dict | None = None,
             params: dict | None = None, timeout: float = 30.0, deadline: float | None = None,
-            allow_redirects: bool = True) -> Answer:
+            allow_redirects: bool = True, sink=None, body_if=None) -> Answer:
     """One exchange through session `s`: the answer, with at most `expect.max_bytes` of body
     (none for HEAD or a status-only Expect), all within `deadline` s (default the Expect's).
-    `timeout`: the most to wait to connect and for each read. NetError on any failure."""
+    `timeout`: the most to wait to connect and for each read. `sink`: a function that takes
+    the body chunk by chunk instead (a download hashed as it streams; Answer.body is then
+    empty). `body_if`: a function of the status; the body is read only where it says so (a
+    download reads no error page). NetError on any failure."""
     import requests
 
     seconds = (expect.deadline if deadline is None else deadline) * DEADLINE_SCALE
@@ -352,8 +357,9 @@ def request(s, method: str, url: str, expect: Expect, *, headers: dict | None = 
             with s.request(method, url, headers=headers, params=params, timeout=timeout,
                            stream=True, allow_redirects=allow_redirects) as r:
                 body = b""
-                if method != "HEAD" and expect.max_bytes:
-                    body = _read(r, expect, flight, url)
+                if method != "HEAD" and expect.max_bytes and (body_if is None
+                                                             or body_if(r.status_code)):
+                    body = _read(r, expect, flight, url, sink)
                 answer = Answer(r.status_code, r.headers, body, r.url)
         except _Expired:
             raise _late(url, flight) from None
@@ -387,18 +393,22 @@ def _too_large(url: str, expect: Expect) -> NetError:
                          "body that does not end?); stopped reading there", "too-large")
 
 
-def _read(r, expect: Expect, flight: _Flight, url: str) -> bytes:
+def _read(r, expect: Expect, flight: _Flight, url: str, sink=None) -> bytes:
     length = r.headers.get("Content-Length", "")
     if length.isdigit() and int(length) > expect.max_bytes and \
             "Content-Encoding" not in r.headers:
         raise _too_large(url, expect)
-    body = bytearray()
+    body, size = bytearray(), 0
     for chunk in r.iter_content(CHUNK):
-        body += chunk
-        if len(body) > expect.max_bytes:
+        size += len(chunk)
+        if size > expect.max_bytes:
             raise _too_large(url, expect)
         if flight.expired or time.monotonic() > flight.deadline:
             raise _Expired()
+        if sink is None:
+            body += chunk
+        else:
+            sink(chunk)
     return bytes(body)
 
 
@@ -421,7 +431,8 @@ def reason(e: Exception, timeout: float) -> str:
         return f"timeout after {timeout:g}s"
     if isinstance(e, requests.ConnectionError):
         if any(s in text for s in ("NameResolutionError", "Name or service not known",
-                                   "Temporary failure in name resolution", "nodename nor servname")):
+                                   "Temporary failure in name resolution",
+                                   "nodename nor servname")):
             return "DNS: the host name does not resolve here"
         return "connection refused/unreachable"
     first = (text.splitlines() or [""])[0][:200]
@@ -485,7 +496,8 @@ def _depth(doc: Any, limit: int) -> int:
             deepest = max(deepest, depth)
             if depth > limit:
                 return depth
-            stack.extend((v, depth + 1) for v in (node.values() if isinstance(node, dict) else node))
+            children = node.values() if isinstance(node, dict) else node
+            stack.extend((v, depth + 1) for v in children)
     return deepest
 
 
