@@ -250,7 +250,8 @@ class PyPIJson:
             except net.BadAnswer as e:
                 raise ActionError(f"{e.url} is not PyPI's project JSON: it {e.detail}. The "
                                   "index answered something else (a login page, a proxy's "
-                                  "error?); pass --index-url the root of PyPI's JSON API.") from None
+                                  "error?); pass --index-url the root of PyPI's JSON API."
+                                  ) from None
             out[name] = doc
         return out
 
@@ -360,8 +361,9 @@ def _check_project(doc: dict, url: str) -> None:
                                      f"{version[:60]!r}, not an object")
             for key, kinds in _FILE_FIELDS.items():
                 value = f.get(key)
-                if value is not None and (not isinstance(value, kinds) or
-                                          (key == "size" and (isinstance(value, bool) or value < 0))):
+                bad_size = key == "size" and (isinstance(value, bool) or
+                                              (isinstance(value, int) and value < 0))
+                if value is not None and (not isinstance(value, kinds) or bad_size):
                     raise BadAnswer(url, f"has {kind_of(value)} for `{key}` of file {i} of "
                                          f"release {version[:60]!r}")
 

@@ -194,10 +194,10 @@ def _digest(ref: str, mirror: str | None, s) -> ImageDigest:
     if r.status == 401:
         ch = _challenge(r.headers.get("WWW-Authenticate", ""))
         if ch["scheme"] != "bearer" or "realm" not in ch:
+            asked = net.redact(r.headers.get("WWW-Authenticate", "no challenge"))[:200]
             raise ActionError(f"The registry {shown} wants credentials for {repository} "
-                              f"({net.redact(r.headers.get('WWW-Authenticate', 'no challenge'))[:200]}); "
-                              "envbuild reads public images anonymously only. Use a mirror that "
-                              "serves it.")
+                              f"({asked}); envbuild reads public images anonymously only. Use a "
+                              "mirror that serves it.")
         headers["Authorization"] = f"Bearer {_token(s, ch, repository, shown)}"
         r = request("HEAD")
     if r.status == 404:

@@ -300,7 +300,8 @@ def uv_artifacts(pin, plans: dict[str, LockPlan], build_index: str | None, sessi
     own = session is None
     s = session or net.session()
     try:
-        for index in dict.fromkeys(i for i in indexes if i and i.startswith(("http://", "https://"))):
+        for index in dict.fromkeys(i for i in indexes
+                                   if i and i.startswith(("http://", "https://"))):
             page = index.rstrip("/") + "/uv/"
             try:
                 r = net.request(s, "GET", page, net.INDEX_PAGE, timeout=30)

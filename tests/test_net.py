@@ -513,5 +513,5 @@ def test_a_redirect_loop_and_a_closed_port_are_network_errors_not_crashes():
             net.request(s, "GET", srv.url("loop"), net.JSON_API, timeout=2)
     assert "redirect" in str(e.value)
     with pytest.raises(net.NetError) as e:
-        net.request(net.session(), "GET", closed_port_url("x"), net.JSON_API, timeout=2)
+        net.request(net.session(retries=0), "GET", closed_port_url("x"), net.JSON_API, timeout=2)
     assert "refused" in str(e.value)
