@@ -16,6 +16,7 @@ and, for the network clients that read answers rather than files (registry, inde
   ("answer", status, {header: value}, body)   any answer (a 401 challenge, a HEAD without a
                   digest, a 429 with Retry-After)
   ("redirect", url)   302 to url (a loop: to itself; another host: another server's url)
+  ("redirect", url, "endless")   302 to url, with a body that does not end
   "stall-header"  a status line and one header, then nothing until `release` (or close)
   "drip"          a status line, then one byte of an endless header every `drip_every` s
   "drip-body"     headers for a large body, then one byte of it every `drip_every` s
@@ -128,6 +129,8 @@ def _fault_handler(server: FaultServer, base):
                     self._send(200, {"Content-Type": "application/json"}, action[1])
                 elif action[0] == "answer":
                     self._send(action[1], action[2], action[3])
+                elif action[0] == "redirect" and action[2:] == ("endless",):
+                    self._endless(b"", 302, {"Location": action[1]})
                 elif action[0] == "redirect":
                     self._send(302, {"Location": action[1]}, b"")
             except (BrokenPipeError, ConnectionResetError):
@@ -180,8 +183,10 @@ def _fault_handler(server: FaultServer, base):
                 return
             self.wfile.write(rest[half:])
 
-        def _endless(self, body: bytes):
-            self.send_response(200)
+        def _endless(self, body: bytes, status: int = 200, headers: dict | None = None):
+            self.send_response(status)
+            for k, v in (headers or {}).items():
+                self.send_header(k, v)
             self.send_header("Content-Type", "application/octet-stream")
             self.send_header("Connection", "close")
             self.end_headers()

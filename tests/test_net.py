@@ -307,6 +307,18 @@ def test_the_mirror_probe_gives_up_on_dripping_headers(monkeypatch):
     assert all("timeout" in p.status for p in got)
 
 
+def test_a_redirect_whose_body_never_ends_is_not_read():
+    """requests reads a redirect's whole body before it follows the Location."""
+    from envbuilder.mirrors import probe
+
+    with FaultServer({"simple/": b"<html></html>"}) as srv:
+        srv.script = {"moved/": [("redirect", srv.url("simple/"), "endless")]}
+        got = probe({"pypi": [srv.url("moved/")]}, timeout=5)
+        sent = srv.sent_endless
+    assert [p.ok for p in got] == [True]
+    assert sent < SLACK
+
+
 # ---- the wheelhouse's --build-index-url page, and its download messages ------------------------
 
 def test_the_uv_page_of_a_build_index_is_read_to_its_cap():
