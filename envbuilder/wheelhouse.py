@@ -344,7 +344,23 @@ def export(profiles: dict[str, Path], out: Path, *, url_map: list[tuple[str, str
     was stopped (Ctrl-C, killed, a full disk) is resumed by the next. `tar`: also OUT.tar.
     `uv` (resolved.Uv, the matrix's defaults.uv pin): also the uv wheel a Dockerfile's runtime stage installs
     with, for every profile (uv_artifacts)."""
-    out = Path(out)
+    from .errors import EnvbuildError
+    from .net import redact
+
+    def shown(message: str, told=say) -> None:  # no index's or mirror's password printed
+        told(redact(message))
+
+    try:
+        return _export(profiles, Path(out), url_map, jobs, progress, session, build_index, shown,
+                       tar, wait, uv)
+    except EnvbuildError as e:  # a build index's or mirror's user:password@ named in a failure
+        e.args = (redact(str(e)),)
+        raise
+
+
+def _export(profiles, out, url_map, jobs, progress, session, build_index, say, tar, wait,
+            uv) -> ExportReport:
+    """export()'s work, its messages redacted."""
     for name in profiles:
         if not L.PROFILE_NAME.fullmatch(name):
             raise UserError(f"{name[:80]!r} cannot be a profile of a wheelhouse: it names files "

@@ -357,6 +357,42 @@ def test_download_stall_and_failure_messages_never_print_credentials(tmp_path):
     assert any("***@" in s for s in said)
 
 
+def test_a_failed_sdist_build_never_prints_the_build_index_credentials(tmp_path):
+    """The wheel built from a lock's sdist gets its build backend from --build-index-url; when
+    that fails, neither what export says nor its error names the index's password."""
+    import hashlib
+
+    from faultserver import TARGET
+    from fixture_wheels import make_sdist
+
+    from envbuilder.lock import lockfile as L
+    from envbuilder.wheelhouse import export
+
+    sdist = make_sdist(tmp_path / "src", "demo_pkg", "1.0")
+    data, sha = sdist.read_bytes(), hashlib.sha256(sdist.read_bytes()).hexdigest()
+    said: list[str] = []
+    with FileServer({sdist.name: data}) as srv:
+        lock = tmp_path / "lock"
+        lock.mkdir()
+        pylock = "\n".join(['lock-version = "1.0"', 'created-by = "envbuild tests"', "",
+                            "[[packages]]", 'name = "demo-pkg"', 'version = "1.0"',
+                            f'sdist = {{ url = "{srv.url(sdist.name)}", hashes = {{ sha256 = '
+                            f'"{sha}" }}, size = {len(data)} }}', ""])
+        texts = {L.PYLOCK: pylock, L.REQUIREMENTS: f"demo-pkg==1.0 \\\n    --hash=sha256:{sha}\n"}
+        meta = {"format": L.FORMAT, "profile": "demo", "input_sha256": "0" * 64, "inputs": {},
+                "parts": ["pip"], "target": TARGET, "sources": {"pypi": srv.url("simple")},
+                "files": {n: L.sha256_text(x) for n, x in texts.items()}}
+        for name, text in {**texts, L.META: L.dumps(meta)}.items():
+            (lock / name).write_text(text, encoding="utf-8")
+        with FaultServer({}, default=403) as refusing:
+            index = f"http://envbuild:{SECRET}@127.0.0.1:{refusing.port}/simple"
+            with pytest.raises(ActionError) as e:
+                export({"demo": lock}, tmp_path / "wh", build_index=index, say=said.append)
+    assert "demo" in str(e.value)
+    assert SECRET not in str(e.value) and not [s for s in said if SECRET in s], said
+    assert any("***@" in s for s in said + [str(e.value)])
+
+
 # ---- refresh: PyPI's JSON API and the range reader -----------------------------------------------
 
 EMPTY_PROJECT = ("json", {"info": {"version": "1.0"}, "releases": {}})
