@@ -100,7 +100,8 @@ class BadAnswer(ActionError):
 # ---- credentials ---------------------------------------------------------------------------
 
 _USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
-_AUTH_VALUE = re.compile(r"\b(Bearer|Basic|token)(\s+|=)[A-Za-z0-9._~+/=-]{4,}", re.I)
+# an Authorization value (not a challenge's `Basic realm="..."`)
+_AUTH_VALUE = re.compile(r"\b(Bearer|Basic)(\s+)(?![A-Za-z]+=\")[A-Za-z0-9._~+/-]{6,}=*", re.I)
 
 
 def redact(text: str) -> str:
@@ -255,7 +256,10 @@ def _classes():
                 self.bundle = None
 
         def __del__(self):
-            self.close()
+            try:
+                self.close()
+            except Exception:  # noqa: BLE001 - (at interpreter exit, modules may be gone)
+                pass
 
     _CLASSES = (Adapter, CappedRetry, Session)
     return _CLASSES

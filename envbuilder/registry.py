@@ -185,8 +185,9 @@ def _digest(ref: str, mirror: str | None, s) -> ImageDigest:
             return net.request(s, method, url, net.MANIFEST, headers=headers, timeout=TIMEOUT)
         except net.NetError as e:
             if e.kind == "too-large":
-                raise ActionError(f"The registry {shown} {e.reason}, for {ref}. A registry "
-                                  "sends a few KB; check the registry or mirror.") from None
+                raise ActionError(f"Reading the manifest of {ref} from the registry {shown}: it "
+                                  f"{e.reason}. A manifest is a few KB; check the registry or "
+                                  "mirror.") from None
             raise ActionError(f"Cannot reach the registry {shown} for {ref}: {e.reason}. "
                               "Check the network, or use a mirror that answers.") from None
 

@@ -210,25 +210,22 @@ def test_export_image_stays_small_when_the_manifest_never_ends(tmp_path, child_e
     assert sent < (4 << 20) + SLACK
 
 
-def test_import_image_stays_small_when_v2_never_ends_and_a_portal_token_is_exit_1(
-        tmp_path, child_env):
+def test_import_image_stays_small_when_v2_never_ends(tmp_path, child_env):
+    from envbuilder.image_archive import FORMAT
+
     archive = tmp_path / "app.tar"
     archive.write_bytes(b"not read: the registry is checked first")
     (tmp_path / "app.tar.json").write_text(json.dumps({
-        "format": 1, "name": "envbuild/app:1.0", "manifest_digest": "sha256:" + "a" * 64,
-        "archive_sha256": "b" * 64, "archive_size": 40}))
-    from envbuilder.image_archive import FORMAT
-
-    side = json.loads((tmp_path / "app.tar.json").read_text())
-    side["format"] = FORMAT
-    (tmp_path / "app.tar.json").write_text(json.dumps(side))
+        "format": FORMAT, "name": "envbuild/app:1.0", "manifest_digest": "sha256:" + "a" * 64,
+        "archive_sha256": "b" * 64, "archive_size": 1}))
     with FaultServer({}, script={"v2/": ["endless"]}) as srv:
         srv.endless_cap = 512 << 20
         code, err, rss = _child_rss([sys.executable, "-m", "envbuilder", "import-image",
                                      str(archive), "--registry", f"127.0.0.1:{srv.port}"],
                                     child_env)
         sent = srv.sent_endless
-    assert "internal error" not in err
+    # /v2/ answered 200: a registry; then the archive is checked (and refused: exit 2)
+    assert code == 2 and "internal error" not in err and "sidecar says 1" in err, err
     assert rss < 250, f"import-image peaked at {rss} MiB reading /v2/"
     assert sent < SLACK
 
@@ -544,11 +541,14 @@ def test_an_empty_index_url_is_exit_2(cli, args, option):
 def test_redaction_covers_urls_and_authorization_values():
     from envbuilder.net import redact
 
-    text = (f"GET http://u:{SECRET}@h:1/x and https://tok@h/y failed; Authorization: Bearer abc.def "
-            f"and basic ZW52YnVpbGQ6czNj, ftp://a:b@c")
+    text = (f"GET http://u:{SECRET}@h:1/x and https://tok@h/y failed; Authorization: Bearer "
+            f"eyJhbGci.abc-def_1 and basic ZW52YnVpbGQ6czNj==, ftp://a:b@c; the token service "
+            f'asked: Basic realm="registry"')
     out = redact(text)
-    assert SECRET not in out and "abc.def" not in out and "ZW52YnVpbGQ6czNj" not in out
+    assert SECRET not in out and "eyJhbGci" not in out and "ZW52YnVpbGQ6czNj" not in out
     assert "http://***@h:1/x" in out and "https://***@h/y" in out and "ftp://***@c" in out
+    assert "Bearer ***" in out and "basic ***," in out
+    assert 'the token service asked: Basic realm="registry"' in out
 
 
 def test_a_redirect_loop_and_a_closed_port_are_network_errors_not_crashes():
