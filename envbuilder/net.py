@@ -99,16 +99,16 @@ class BadAnswer(ActionError):
 
 # ---- credentials ---------------------------------------------------------------------------
 
-_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
+_USERINFO = r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@"
 # an Authorization value (not a challenge's `Basic realm="..."`)
-_AUTH_VALUE = re.compile(r"\b(Bearer|Basic)(\s+)(?![A-Za-z]+=\")[A-Za-z0-9._~+/-]{6,}=*", re.I)
+_AUTH_VALUE = r"\b(Bearer|Basic)(\s+)(?![A-Za-z]+=\")[A-Za-z0-9._~+/-]{6,}=*"
 
 
 def redact(text: str) -> str:
     """`text` with every URL's `user:password@` shown as `***@` and every Authorization value
     (Bearer/Basic ...) as `***`: what any message may print."""
-    text = _USERINFO.sub(r"\1***@", str(text))
-    return _AUTH_VALUE.sub(lambda m: f"{m[1]}{m[2]}***", text)
+    text = re.sub(_USERINFO, r"\1***@", str(text))
+    return re.sub(_AUTH_VALUE, lambda m: f"{m[1]}{m[2]}***", text, flags=re.I)
 
 
 def no_empty_url(ctx, param, value):
