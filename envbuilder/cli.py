@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from .errors import EnvbuildError, UserError
+from .net import no_empty_url
 
 
 def split_names(values: tuple[str, ...]) -> tuple[str, ...]:
@@ -335,11 +336,11 @@ def memory_lines(env) -> list[str]:
 @click.option("--resolve", "online", is_flag=True,
               help="Also resolve the whole pinned set as one solution with uv against the index, "
                    "for the profile's Python and platform (needs the network and the lock extra).")
-@click.option("--index-url", metavar="URL", help="With --resolve: the PyPI index (default the "
-              "profile's).")
-@click.option("--torch-index-url", metavar="URL", help="With --resolve: the PyTorch index for "
-              "+cuXXX builds (default the profile's; when it does not answer, PyPI's build of the "
-              "same torch version is resolved instead, and said so).")
+@click.option("--index-url", metavar="URL", callback=no_empty_url, help="With --resolve: the PyPI "
+              "index (default the profile's).")
+@click.option("--torch-index-url", metavar="URL", callback=no_empty_url, help="With --resolve: the "
+              "PyTorch index for +cuXXX builds (default the profile's; when it does not answer, "
+              "PyPI's build of the same torch version is resolved instead, and said so).")
 @override_options
 def check(profile, online, index_url, torch_index_url, overrides, matrix_dirs):
     """Exit 0 when PROFILE (with overrides) is a working combination; else explain, exit 2."""

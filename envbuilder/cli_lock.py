@@ -8,6 +8,7 @@ import click
 
 from .cli import load_matrix, override_options, split_names
 from .errors import ActionError, EnvbuildError, UserError
+from .net import no_empty_url
 
 LOCK_ROOT = Path("lockfiles")
 
@@ -27,16 +28,16 @@ def lock_dir_for(name: str, out: Path | None, all_: bool) -> Path:
                    "current matrices and templates (no network needed).")
 @click.option("-o", "--out", type=click.Path(path_type=Path),
               help="Lock directory (default lockfiles/<profile>; with --all, DIR/<profile>).")
-@click.option("--index-url", metavar="URL", help="PyPI index to use instead of the profile's "
-              "(a mirror, a local pypiserver).")
-@click.option("--torch-index-url", metavar="URL",
+@click.option("--index-url", callback=no_empty_url, metavar="URL",
+              help="PyPI index to use instead of the profile's (a mirror, a local pypiserver).")
+@click.option("--torch-index-url", callback=no_empty_url, metavar="URL",
               help="PyTorch index to use instead of the profile's (for +cuXXX builds).")
-@click.option("--channel", "channels", multiple=True, metavar="URL",
+@click.option("--channel", "channels", multiple=True, callback=no_empty_url, metavar="URL",
               help="Conda channel instead of the profile's (repeatable, in priority order).")
-@click.option("--registry-mirror", metavar="HOST[/PREFIX]",
+@click.option("--registry-mirror", callback=no_empty_url, metavar="HOST[/PREFIX]",
               help="Read image digests from this registry (images under PREFIX/) instead of "
                    "each image's own registry.")
-@click.option("--github-url", metavar="URL",
+@click.option("--github-url", callback=no_empty_url, metavar="URL",
               help="A prefix that replaces https://github.com when fetching files from GitHub "
                    "(apex's source archive, flash-attn's release wheels) to pin their sha256.")
 @click.option("--mirror", "mirror_set", metavar="NAME",

@@ -210,65 +210,70 @@ def _write_error(folder: Path, e: OSError) -> EnvbuildError:
 # -- PyPI's JSON API -----------------------------------------------------------------------------
 
 class PyPIJson:
-    """GETs on `<index>/pypi/<name>/json` and `<index>/pypi/<name>/<version>/json`, with the
-    retries of the registry client; an index that does not answer is an exit-1 paragraph."""
+    """GETs on `<index>/pypi/<name>/json` and `<index>/pypi/<name>/<version>/json` through
+    net.session (retries, proxies, CAs), each body within its cap and every exchange within
+    `deadline`; an index that does not answer, or answers something that is not PyPI's project
+    JSON (HTML, a list, a release that is a string, files of the wrong kind), is an exit-1
+    paragraph naming the URL without its credentials."""
 
     def __init__(self, base: str, timeout: float):
         self.base, self.timeout = base, timeout
+        self.deadline = max(60.0, 4 * timeout)  # a whole answer, however slowly it drips
         self._local = threading.local()
 
     def session(self):
         s = getattr(self._local, "session", None)
         if s is None:
-            from .registry import session
+            from .net import session
 
-            s = self._local.session = session()
-            s.headers["User-Agent"] = "envbuild-refresh"
+            s = self._local.session = session(user_agent="envbuild-refresh")
         return s
 
     def _get(self, url: str, limit: int, headers: dict | None = None):
-        """(status, body bytes); network failures raise requests' exceptions."""
-        with self.session().get(url, timeout=self.timeout, stream=True,
-                                headers=headers or {}) as r:
-            if r.status_code >= 400:
-                return r.status_code, b""
-            body = bytearray()
-            for chunk in r.iter_content(1 << 16):
-                body += chunk
-                if len(body) > limit:
-                    raise ValueError(f"{url} answered more than {limit >> 20} MB")
-            return r.status_code, bytes(body)
+        """(status, body bytes; empty for a status >= 400); net.NetError when the index does
+        not answer, answers more than `limit` bytes, or not within the deadline."""
+        from . import net
+
+        expect = net.Expect("PyPI's JSON API answer", limit, self.deadline)
+        r = net.request(self.session(), "GET", url, expect, headers=headers,
+                        timeout=self.timeout)
+        return r.status, (r.body if r.status < 400 else b"")
 
     def projects(self, names) -> dict[str, dict]:
-        import requests
+        from . import net
 
         out = {}
+        shown = net.redact(self.base)
         for name in names:
             url = f"{self.base}/pypi/{name}/json"
             try:
                 status, body = self._get(url, MAX_PROJECT_BYTES)
-            except (requests.RequestException, ValueError) as e:
-                raise ActionError(f"{self.base} does not answer for {name} ({_why(e)}): envbuild "
-                                  f"refresh reads PyPI's JSON API there ({url}). Check the "
+            except net.NetError as e:
+                if e.kind == "too-large":
+                    raise ActionError(f"{e}: not PyPI's project JSON for {name}. Pass "
+                                      "--index-url the root of PyPI's JSON API.") from None
+                raise ActionError(f"{shown} does not answer for {name} ({e.reason}): envbuild "
+                                  f"refresh reads PyPI's JSON API there ({e.url}). Check the "
                                   "network and proxy settings (HTTPS_PROXY), or pass --index-url "
                                   "an index that serves that API (PyPI itself, or a mirror that "
                                   "does, such as devpi).") from None
             if status == 404:
-                raise ActionError(f"{url} answered 404: {self.base} serves no JSON API page for "
-                                  f"{name}. --index-url takes the root of PyPI's JSON API "
-                                  f"({DEFAULT_INDEX}), not a simple index; pass one that serves "
-                                  "/pypi/<name>/json.")
+                raise ActionError(f"{net.redact(url)} answered 404: {shown} serves no JSON API "
+                                  f"page for {name}. --index-url takes the root of PyPI's JSON "
+                                  f"API ({DEFAULT_INDEX}), not a simple index; pass one that "
+                                  "serves /pypi/<name>/json.")
             if status >= 400:
-                raise ActionError(f"{url} answered HTTP {status}: the index refused the JSON API "
-                                  "request. Try again later, or pass another --index-url.")
+                raise ActionError(f"{net.redact(url)} answered HTTP {status}: the index refused "
+                                  "the JSON API request. Try again later, or pass another "
+                                  "--index-url.")
             try:
-                doc = json.loads(body)
-                if not isinstance(doc, dict) or not isinstance(doc.get("releases"), dict):
-                    raise ValueError("no `releases` mapping")
-            except ValueError as e:
-                raise ActionError(f"{url} is not PyPI's project JSON ({_why(e)}): the index "
-                                  "answered something else (a login page, a proxy's error?). "
-                                  "Pass --index-url the root of PyPI's JSON API.") from None
+                doc = net.json_object(body, url, "PyPI's project JSON")
+                _check_project(doc, url)
+            except net.BadAnswer as e:
+                raise ActionError(f"{e.url} is not PyPI's project JSON: it {e.detail}. The "
+                                  "index answered something else (a login page, a proxy's "
+                                  "error?); pass --index-url the root of PyPI's JSON API."
+                                  ) from None
             out[name] = doc
         return out
 
@@ -285,28 +290,41 @@ class PyPIJson:
 
     def metadata(self, name: str, version: str, project: dict) -> dict:
         """{"requires_python", "requires_dist", "from"}, or {"error": why}."""
-        import requests
+        from . import net
 
         url = f"{self.base}/pypi/{name}/{version}/json"
+        shown = net.redact(url)
         try:
             status, body = self._get(url, MAX_METADATA_BYTES * 4)
-        except (requests.RequestException, ValueError) as e:
-            raise ActionError(f"{url} did not answer ({_why(e)}) after the project pages did: "
-                              "the index or the network failed midway. Run refresh again; pass "
-                              "--timeout more seconds on a slow link.") from None
+        except net.NetError as e:
+            if e.kind == "too-large":
+                return {"error": str(e)}
+            raise ActionError(f"{shown} did not answer ({e.reason}) after the project pages "
+                              "did: the index or the network failed midway. Run refresh again; "
+                              "pass --timeout more seconds on a slow link.") from None
         if status < 400:
             try:
-                info = json.loads(body)["info"]
-                return {"requires_python": info.get("requires_python") or None,
-                        "requires_dist": info.get("requires_dist") or [], "from": url}
-            except (ValueError, KeyError, TypeError) as e:
-                return {"error": f"{url} is not PyPI's release JSON ({_why(e)})"}
+                info = net.json_object(body, url, "PyPI's release JSON").get("info")
+                if not isinstance(info, dict):
+                    raise net.BadAnswer(url, f"has {net.kind_of(info)} for `info`, not an object")
+                rp, rd = info.get("requires_python"), info.get("requires_dist")
+                if rp is not None and not isinstance(rp, str):
+                    raise net.BadAnswer(url, f"has {net.kind_of(rp)} for `info.requires_python`")
+                if rd is not None and not (isinstance(rd, list)
+                                           and all(isinstance(r, str) for r in rd)):
+                    raise net.BadAnswer(url, "has `info.requires_dist` that is no list of text")
+                return {"requires_python": rp or None, "requires_dist": rd or [], "from": url}
+            except net.BadAnswer as e:
+                return {"error": f"{e.url} is not PyPI's release JSON: it {e.detail}"}
         if status != 404:
-            return {"error": f"{url} answered HTTP {status}"}
+            return {"error": f"{shown} answered HTTP {status}"}
         return self.from_wheel(name, version, project)
 
     def from_wheel(self, name: str, version: str, project: dict) -> dict:
-        import requests
+        import zipfile
+        import zlib
+
+        from . import net
 
         files = (project.get("releases") or {}).get(version) or []
         wheels = [f for f in files if str(f.get("filename", "")).endswith(".whl") and f.get("url")]
@@ -320,7 +338,10 @@ class PyPIJson:
         url = urljoin(f"{self.base}/pypi/{name}/json", wheel["url"])
         try:
             text = _wheel_metadata(self, url, wheel.get("size"))
-        except (requests.RequestException, ValueError, OSError, KeyError) as e:
+        except (net.NetError, ValueError, OSError, KeyError, EOFError, zipfile.BadZipFile,
+                zlib.error, NotImplementedError, RuntimeError) as e:
+            # (a file that is no zip, a truncated or corrupt one, a compression or encryption
+            # zipfile does not read: the wheel cannot give its METADATA)
             return {"error": f"no per-release JSON at this index (404), and the METADATA of "
                     f"{wheel['filename']} could not be read ({_why(e)})"}
         import email.parser
@@ -331,8 +352,47 @@ class PyPIJson:
                 "from": f"{wheel['filename']} METADATA (no per-release JSON at this index)"}
 
 
+_FILE_FIELDS = {"filename": (str,), "url": (str,), "yanked": (bool, str), "yanked_reason": (str,),
+                "requires_python": (str,), "size": (int,)}
+
+
+def _check_project(doc: dict, url: str) -> None:
+    """net.BadAnswer unless `doc` has the shape of PyPI's project JSON in what refresh reads:
+    `info` an object (its `version` text), `releases` an object of lists of file objects whose
+    filename, url, yanked, yanked_reason, requires_python and size are of their kinds."""
+    from .net import BadAnswer, kind_of
+
+    info = doc.get("info")
+    if info is not None and not isinstance(info, dict):
+        raise BadAnswer(url, f"has {kind_of(info)} for `info`, not an object")
+    if info and info.get("version") is not None and not isinstance(info["version"], str):
+        raise BadAnswer(url, f"has {kind_of(info['version'])} for `info.version`, not text")
+    releases = doc.get("releases")
+    if not isinstance(releases, dict):
+        raise BadAnswer(url, "has no `releases` object" if releases is None else
+                        f"has {kind_of(releases)} for `releases`, not an object")
+    for version, files in releases.items():
+        if files is None:
+            continue
+        if not isinstance(files, list):
+            raise BadAnswer(url, f"has {kind_of(files)} for release {version[:60]!r}, not a "
+                                 "list of files")
+        for i, f in enumerate(files):
+            if not isinstance(f, dict):
+                raise BadAnswer(url, f"has {kind_of(f)} as file {i} of release "
+                                     f"{version[:60]!r}, not an object")
+            for key, kinds in _FILE_FIELDS.items():
+                value = f.get(key)
+                bad_size = key == "size" and (isinstance(value, bool) or
+                                              (isinstance(value, int) and value < 0))
+                if value is not None and (not isinstance(value, kinds) or bad_size):
+                    raise BadAnswer(url, f"has {kind_of(value)} for `{key}` of file {i} of "
+                                         f"release {version[:60]!r}")
+
+
 class _RangeFile:
-    """A remote file as zipfile reads it: every read one HTTP range request."""
+    """A remote file as zipfile reads it: every read one HTTP range request (through
+    net.request: the body at most what was asked for, within the index's deadline)."""
 
     def __init__(self, index: PyPIJson, url: str, size: int):
         self.index, self.url, self.size, self.pos, self.fetched = index, url, size, 0, 0
@@ -345,35 +405,50 @@ class _RangeFile:
 
     def seek(self, offset, whence=0):
         self.pos = {0: offset, 1: self.pos + offset, 2: self.size + offset}[whence]
+        if self.pos < 0:
+            raise ValueError(f"a seek before the start of the file ({self.pos})")
         return self.pos
 
     def read(self, n=-1):
+        from . import net
+
         end = self.size if n is None or n < 0 else min(self.size, self.pos + n)
         if end <= self.pos:
             return b""
         self.fetched += end - self.pos
         if self.fetched > MAX_WHEEL_READ_BYTES:
             raise ValueError(f"reading its METADATA took more than {MAX_WHEEL_READ_BYTES >> 20} MB")
-        with self.index.session().get(self.url, timeout=self.index.timeout, stream=True,
-                                      headers={"Range": f"bytes={self.pos}-{end - 1}"}) as r:
-            if r.status_code != 206:
-                raise ValueError(f"the file server answered HTTP {r.status_code} to a range "
-                                 "request (no partial reads: not downloading the whole wheel)")
-            data = r.raw.read(end - self.pos + 1, decode_content=True)
-        if len(data) != end - self.pos:
-            raise ValueError(f"a range request returned {len(data)} bytes, not {end - self.pos}")
+        expect = net.Expect("a range of a wheel", end - self.pos, self.index.deadline)
+        try:
+            r = net.request(self.index.session(), "GET", self.url, expect,
+                            headers={"Range": f"bytes={self.pos}-{end - 1}"},
+                            timeout=self.index.timeout)
+        except net.NetError as e:
+            if e.kind == "too-large":
+                raise ValueError(f"a range request returned more than the {end - self.pos} "
+                                 "bytes asked for") from None
+            raise
+        if r.status != 206:
+            raise ValueError(f"the file server answered HTTP {r.status} to a range "
+                             "request (no partial reads: not downloading the whole wheel)")
+        if len(r.body) != end - self.pos:
+            raise ValueError(f"a range request returned {len(r.body)} bytes, not {end - self.pos}")
         self.pos = end
-        return data
+        return r.body
 
 
 def _wheel_metadata(index: PyPIJson, url: str, size: int | None) -> str:
     import zipfile
 
+    from . import net
+
     if not size:
-        r = index.session().head(url, timeout=index.timeout, allow_redirects=True)
-        size = int(r.headers.get("Content-Length") or 0)
-        if r.status_code >= 400 or not size:
-            raise ValueError(f"HEAD answered HTTP {r.status_code} without a length")
+        r = net.request(index.session(), "HEAD", url, net.STATUS, timeout=index.timeout,
+                        deadline=index.deadline)
+        length = r.headers.get("Content-Length") or ""
+        size = int(length) if length.isdigit() else 0
+        if r.status >= 400 or not size:
+            raise ValueError(f"HEAD answered HTTP {r.status} without a length")
     with zipfile.ZipFile(_RangeFile(index, url, int(size))) as z:  # type: ignore[arg-type]
         names = [n for n in z.namelist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)]
         if len(names) != 1:
@@ -385,5 +460,7 @@ def _wheel_metadata(index: PyPIJson, url: str, size: int | None) -> str:
 
 
 def _why(e: Exception) -> str:
+    from .net import redact
+
     text = " ".join(str(e).split()) or type(e).__name__
-    return f"{type(e).__name__}: {text[:300]}"
+    return redact(f"{type(e).__name__}: {text[:300]}")

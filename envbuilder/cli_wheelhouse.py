@@ -8,6 +8,7 @@ import click
 
 from .cli import load_matrix, matrix_dir_option
 from .errors import UserError
+from .net import no_empty_url
 
 
 def url_map_for_mirror(body: dict) -> list[tuple[str, str]]:
@@ -113,6 +114,7 @@ def lock_shortfalls(m, profile: str, lock_dir: Path, accept_pypi_torch: bool,
 @click.option("--url-map", multiple=True, metavar="FROM=TO",
               help="Try URL prefix TO before FROM (repeatable), e.g. an internal artifact proxy.")
 @click.option("--build-index-url", metavar="URL", envvar="ENVBUILD_BUILD_INDEX_URL",
+              callback=no_empty_url,
               help="Index to fetch build backends (setuptools, ...) from when a lock's sdist is "
                    "built into a wheel (default: --mirror's PyPI endpoint, else the index the "
                    "lock was made from).")

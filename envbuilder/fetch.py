@@ -7,6 +7,8 @@ or right. A partial left by a dropped connection (or an earlier run, killed or s
 resumed with `Range`. A body longer than the file can be is cut off there. Ctrl-C (or a full
 disk) stops every worker within about a second: no new file starts, and the reads in flight are
 cut by shutting their sockets down. A download that receives nothing for a while is reported.
+The session is envbuilder/net.py's (proxies and CAs from the environment, no redirect body read),
+and no message names a URL's credentials.
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ from typing import Callable, Iterable, TextIO
 from urllib.parse import urlsplit
 
 import requests
-from requests.adapters import HTTPAdapter
 
 from envbuilder.errors import ActionError, UserError
+from envbuilder.net import redact
 from envbuilder.progress import clock_text
 
 CHUNK = 64 * 1024  # small enough that a dropped connection loses little of what arrived
@@ -256,11 +258,9 @@ def _validated(items: Iterable[FetchItem]) -> list[FetchItem]:
 
 def _pooled_session(jobs: int) -> requests.Session:
     """A session whose pool keeps one connection per worker; retries are ours, not urllib3's."""
-    session = requests.Session()
-    adapter = HTTPAdapter(pool_connections=jobs, pool_maxsize=jobs, max_retries=0)
-    session.mount("http://", adapter)
-    session.mount("https://", adapter)
-    return session
+    from envbuilder.net import session
+
+    return session(retries=0, pool=jobs)
 
 
 class _Activity:
@@ -279,7 +279,8 @@ class _Activity:
 
     def begin(self, filename: str, url: str) -> None:
         with self._lock:
-            self._flight[filename] = [urlsplit(url).netloc, time.monotonic(), 0]
+            host = urlsplit(url).netloc.rsplit("@", 1)[-1]  # (never its user:password@)
+            self._flight[filename] = [host, time.monotonic(), 0]
 
     def reading(self, filename: str, resp: requests.Response) -> bool:
         """Note the socket under `resp` (so abort() can cut it); False once aborted."""
@@ -349,6 +350,7 @@ def _fetch_one(item, dest, session, retries, backoff, timeout, activity, emit, s
         partial.unlink()  # longer than the file can be: not worth resuming
     errors: list[str] = []
     for url in item.urls:
+        shown = redact(url)
         attempt = 0
         while attempt <= retries:
             if stop.is_set():
@@ -356,7 +358,7 @@ def _fetch_one(item, dest, session, retries, backoff, timeout, activity, emit, s
             try:
                 got, resumed = _download(session, url, partial, item, timeout, activity, stop)
             except _Retry as exc:
-                errors.append(f"{exc} from {url}")
+                errors.append(redact(f"{exc} from {shown}"))
                 attempt += 1
                 if attempt <= retries:
                     emit(FetchEvent("retry", item.filename, message=errors[-1]))
@@ -364,7 +366,7 @@ def _fetch_one(item, dest, session, retries, backoff, timeout, activity, emit, s
                         raise _Stopped() from None
                 continue
             except _NextMirror as exc:
-                errors.append(f"{exc} from {url}")
+                errors.append(redact(f"{exc} from {shown}"))
                 break
             if got == expected:
                 try:
@@ -374,7 +376,7 @@ def _fetch_one(item, dest, session, retries, backoff, timeout, activity, emit, s
                 emit(FetchEvent("done", item.filename))
                 return "downloaded"
             partial.unlink(missing_ok=True)
-            errors.append(f"sha256 mismatch from {url}: expected {expected}, got {got}")
+            errors.append(f"sha256 mismatch from {shown}: expected {expected}, got {got}")
             if not resumed:
                 break  # this mirror serves other bytes than the lockfile names: try the next
             attempt += 1  # the stale part may be the bad one: fetch it whole once more here

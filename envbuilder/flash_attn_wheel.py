@@ -76,6 +76,9 @@ def wheel_filename(template: str, version: str, torch_version: str, torch_cuda: 
 
 # ---- in the builder ------------------------------------------------------------------------
 
+DEADLINE_S = 3600.0  # the whole download: a mirror that sends a byte a minute never times out a read
+
+
 def _redacted(url: str) -> str:
     return re.sub(r"//[^/@]*@", "//***@", url, count=1)
 
@@ -95,22 +98,107 @@ def _request(url: str):
     return urllib.request.Request(url, headers=headers), _redacted(url)
 
 
+def _origin(url: str) -> tuple:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    return parts.scheme, parts.hostname, parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+
+
+class _Cut:
+    """The sockets one download opens, shut down when its deadline passes: a read blocked on
+    one returns at once (urllib's timeout bounds each read, not the whole)."""
+
+    def __init__(self):
+        import threading
+
+        self.lock = threading.Lock()
+        self.socks: list = []
+        self.expired = False
+
+    def add(self, sock) -> None:
+        with self.lock:
+            self.socks.append(sock)
+            if not self.expired:
+                return
+        self._shut(sock)
+
+    def expire(self) -> None:
+        with self.lock:
+            self.expired = True
+            socks = list(self.socks)
+        for sock in socks:
+            self._shut(sock)
+
+    @staticmethod
+    def _shut(sock) -> None:
+        import socket
+
+        try:
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)
+        except (OSError, TypeError):
+            pass
+
+
+def _opener(cut: _Cut):
+    """A urllib opener whose connections `cut` can shut down, and whose redirects keep the
+    Authorization header only on the same scheme, host and port (urllib's own handler sends it
+    wherever a mirror redirects: the mirror's credentials to another host)."""
+    import urllib.request
+
+    def watched(base):
+        class Handler(base):
+            def do_open(self, http_class, req, **kwargs):
+                class Connection(http_class):
+                    def connect(self):
+                        super().connect()
+                        cut.add(self.sock)
+
+                return super().do_open(Connection, req, **kwargs)
+
+        return Handler
+
+    class SameOriginAuth(urllib.request.HTTPRedirectHandler):
+        max_redirections = 10
+
+        def redirect_request(self, req, fp, code, msg, headers, newurl):
+            new = super().redirect_request(req, fp, code, msg, headers, newurl)
+            if new is not None and _origin(new.full_url) != _origin(req.full_url):
+                new.remove_header("Authorization")
+            return new
+
+    return urllib.request.build_opener(watched(urllib.request.HTTPHandler),
+                                       watched(urllib.request.HTTPSHandler), SameOriginAuth)
+
+
 def download(url: str, dest_tmp: str, timeout: float = 60.0, attempts: int = 3) -> str:
-    """Stream `url` into `dest_tmp`; returns the sha256. Unavailable for 404/403/410 at once, and
-    for connection failures and 5xx after `attempts` tries."""
+    """Stream `url` into `dest_tmp`; returns the sha256. Unavailable for 404/403/410 at once, for
+    a download not done within DEADLINE_S, and for connection failures and 5xx after `attempts`
+    tries."""
+    import http.client
+    import threading
     import time
     import urllib.error
-    import urllib.request
 
     req, shown = _request(url)
     last = ""
     for i in range(attempts):
+        cut = _Cut()
+        timer = threading.Timer(DEADLINE_S, cut.expire)
+        timer.daemon = True
+        timer.start()
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as r, open(dest_tmp, "wb") as f:
+            with _opener(cut).open(req, timeout=timeout) as r, open(dest_tmp, "wb") as f:
                 h, size = hashlib.sha256(), 0
+                length = r.headers.get("Content-Length") or ""
+                read = getattr(r, "read1", r.read)  # (one receive at a time: the deadline is seen)
                 while True:
-                    chunk = r.read(1 << 20)
+                    chunk = read(1 << 20)
+                    if cut.expired:
+                        break
                     if not chunk:
+                        if length.isdigit() and size != int(length):
+                            raise http.client.IncompleteRead(b"", int(length) - size)
                         return h.hexdigest()
                     size += len(chunk)
                     if size > MAX_BYTES:
@@ -121,8 +209,14 @@ def download(url: str, dest_tmp: str, timeout: float = 60.0, attempts: int = 3) 
             if e.code in (403, 404, 410):
                 raise Unavailable(f"{shown} answered HTTP {e.code}") from None
             last = f"HTTP {e.code}"
-        except (urllib.error.URLError, OSError) as e:  # refused, DNS, timeout, reset
-            last = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
+        except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as e:
+            # refused, DNS, timeout, reset, a body cut short
+            last = f"{type(e).__name__}: {_redacted(str(getattr(e, 'reason', e)))}"
+        finally:
+            timer.cancel()
+        if cut.expired:
+            raise Unavailable(f"{shown} sent no complete wheel within {DEADLINE_S:g} s (a mirror "
+                              "that stalls or sends too slowly)")
         if i + 1 < attempts:
             time.sleep(2 * (i + 1))
     raise Unavailable(f"{shown} did not answer ({last}) after {attempts} tries")

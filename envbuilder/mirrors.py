@@ -224,8 +224,8 @@ class Probe(NamedTuple):
     latency_ms: float
 
 
-def _probe_one(kind: str, target: str, endpoint: str, timeout: float, verify=True) -> Probe:
-    import requests
+def _probe_one(kind: str, target: str, endpoint: str, timeout: float, s) -> Probe:
+    from . import net
 
     if kind == "registry":
         url = endpoint_url(endpoint).split("/", 3)
@@ -236,39 +236,32 @@ def _probe_one(kind: str, target: str, endpoint: str, timeout: float, verify=Tru
         url = url.rstrip("/") + "/"
         alive = tuple(range(200, 400))
     start = time.perf_counter()
-    try:
-        r = requests.get(url, timeout=timeout, allow_redirects=True, stream=True, verify=verify)
-        r.close()
+    try:  # the status is the answer: no body is read, and all of it within 3 x timeout
+        r = net.request(s, "GET", url, net.STATUS, timeout=timeout, deadline=3 * timeout)
+    except net.NetError as e:
         ms = (time.perf_counter() - start) * 1000
-        status = {401: "HTTP 401 (credentials needed)", 403: "HTTP 403 (refused: credentials?)",
-                  429: "HTTP 429 (rate limited)"}.get(r.status_code, f"HTTP {r.status_code}")
-        return Probe(kind, target, endpoint, r.status_code in alive, status, ms)
-    except requests.RequestException as e:
-        ms = (time.perf_counter() - start) * 1000
-        return Probe(kind, target, endpoint, False, failure_reason(e, timeout), ms)
+        why = f"timeout ({e.reason})" if e.kind == "deadline" else e.reason
+        return Probe(kind, target, endpoint, False, why, ms)
+    ms = (time.perf_counter() - start) * 1000
+    status = {401: "HTTP 401 (credentials needed)", 403: "HTTP 403 (refused: credentials?)",
+              429: "HTTP 429 (rate limited)"}.get(r.status, f"HTTP {r.status}")
+    return Probe(kind, target, endpoint, r.status in alive, status, ms)
 
 
 def failure_reason(e: Exception, timeout: float) -> str:
-    """What a failed request met, in the words of its fix: TLS interception, DNS, refused,
-    timeout (requests' SSLError is a ConnectionError, so TLS is told apart first)."""
-    import requests
+    """What a failed request met, in the words of its fix (net.reason): TLS interception, DNS,
+    refused, timeout."""
+    from .net import reason
 
-    text = str(e)
-    if isinstance(e, requests.exceptions.SSLError) or "CERTIFICATE_VERIFY_FAILED" in text:
-        return "TLS verification failed (a TLS-intercepting proxy? CERTIFICATE_VERIFY_FAILED)"
-    if isinstance(e, requests.Timeout):
-        return f"timeout after {timeout:g}s"
-    if isinstance(e, requests.ConnectionError):
-        if any(s in text for s in ("NameResolutionError", "Name or service not known",
-                                   "Temporary failure in name resolution", "nodename nor servname")):
-            return "DNS: the host name does not resolve here"
-        return "connection refused/unreachable"
-    return type(e).__name__
+    return reason(e, timeout)
 
 
 def probe(body: dict, timeout: float = 5.0, kinds: tuple[str, ...] | None = None,
           ca_cert=None) -> list[Probe]:
-    """Every endpoint of a mirror set, in parallel (`ca_cert`: a CA bundle to trust too)."""
+    """Every endpoint of a mirror set, in parallel (`ca_cert`: a CA bundle to trust too), each
+    through one net.session: no retries, no body read, at most 3 x `timeout` s each."""
+    from . import net
+
     jobs = []
     for reg, eps in (body.get("registries") or {}).items():
         jobs += [("registry", reg, e) for e in eps]
@@ -280,30 +273,18 @@ def probe(body: dict, timeout: float = 5.0, kinds: tuple[str, ...] | None = None
         jobs = [j for j in jobs if j[0] in kinds]
     if not jobs:
         return []
-    verify = _trust(ca_cert)
-    try:
-        with ThreadPoolExecutor(max_workers=min(16, len(jobs))) as pool:
-            return list(pool.map(lambda j: _probe_one(*j, timeout, verify), jobs))
-    finally:
-        if isinstance(verify, str):
-            os.unlink(verify)
+    workers = min(16, len(jobs))
+    with net.session(retries=0, ca_cert=ca_cert, pool=workers) as s:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            return list(pool.map(lambda j: _probe_one(*j, timeout, s), jobs))
 
 
 def _trust(ca_cert) -> bool | str:
-    """requests' `verify`: True (certifi), or one bundle of the system's CAs and `ca_cert`."""
-    if not ca_cert:
-        return True
-    import tempfile
-    from pathlib import Path
+    """requests' `verify`: True (its own CAs), or one bundle of the system's CAs and `ca_cert`
+    (net.ca_bundle; the caller removes the file)."""
+    from .net import ca_bundle
 
-    parts = [Path(ca_cert).read_bytes()]
-    for system in ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt"):
-        if Path(system).is_file():
-            parts.append(Path(system).read_bytes())
-            break
-    with tempfile.NamedTemporaryFile("wb", suffix=".pem", delete=False) as f:
-        f.write(b"\n".join(parts))
-    return f.name
+    return ca_bundle(ca_cert)
 
 
 def health(probes: list[Probe]) -> dict:

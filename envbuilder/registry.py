@@ -8,6 +8,10 @@ media type in Accept returns the digest of what the tag names, a multi-arch list
 with fewer types a registry answers 400/404, or silently the digest of one platform's child.
 `envbuild lock` (images.lock), `build` (which endpoint serves the base images) and `push` (what
 the registry now serves) all read manifests here.
+
+Every answer is read through envbuilder/net.py: a manifest body at most net.MANIFEST's cap, a
+token answer at most net.TOKEN's and only as a JSON object holding a token, /v2/ by its status
+alone, each exchange within its deadline; no message prints a mirror's credentials.
 """
 
 from __future__ import annotations
@@ -107,20 +111,11 @@ def api_location(ref: ImageRef, mirror: str | None = None) -> tuple[str, str]:
 
 
 def session():
-    """A requests session that retries what a registry or a network hiccup answers for a while
-    (connection errors, 429 with Retry-After, 5xx) on the idempotent HEAD and GET."""
-    import requests
-    from requests.adapters import HTTPAdapter
-    from urllib3.util.retry import Retry
+    """The registry client's session (net.session): retries what a registry or a network hiccup
+    answers for a while (connection errors, 429 with Retry-After, 5xx) on HEAD and GET."""
+    from . import net
 
-    s = requests.Session()
-    retry = Retry(total=3, connect=3, read=2, backoff_factor=0.5,
-                  status_forcelist=(429, 500, 502, 503, 504), allowed_methods=("HEAD", "GET"),
-                  respect_retry_after_header=True, raise_on_status=False)
-    adapter = HTTPAdapter(max_retries=retry)
-    s.mount("http://", adapter)
-    s.mount("https://", adapter)
-    return s
+    return net.session()
 
 
 def _challenge(header: str) -> dict[str, str]:
@@ -130,87 +125,119 @@ def _challenge(header: str) -> dict[str, str]:
     return out
 
 
+_TOKEN = re.compile(r"[\x21-\x7e]{1,16384}")  # what an Authorization header can carry
+
+
 def _token(s, challenge: dict[str, str], repository: str, where: str) -> str:
+    from . import net
+
+    realm = challenge["realm"]
     params = {"scope": challenge.get("scope") or f"repository:{repository}:pull"}
     if challenge.get("service"):
         params["service"] = challenge["service"]
     try:
-        r = s.get(challenge["realm"], params=params, timeout=TIMEOUT)
-    except Exception as e:
-        raise ActionError(f"Cannot reach the token service {challenge['realm']} of {where}: "
-                          f"{type(e).__name__}. Use a mirror that answers.") from None
-    if r.status_code != 200:
-        raise ActionError(f"The token service {challenge['realm']} refused an anonymous token for "
-                          f"{repository} (HTTP {r.status_code}); the image may be private.")
-    body = r.json()
+        r = net.request(s, "GET", realm, net.TOKEN, params=params, timeout=TIMEOUT)
+    except net.NetError as e:
+        raise ActionError(f"Cannot get a token from the token service {net.redact(realm)} of "
+                          f"{where}: {e.reason}. Use a mirror that answers.") from None
+    if r.status != 200:
+        raise ActionError(f"The token service {net.redact(realm)} refused an anonymous token for "
+                          f"{repository} (HTTP {r.status}); the image may be private.")
+    try:
+        body = net.json_object(r.body, realm, "a token")
+    except net.BadAnswer as e:
+        raise ActionError(f"The token service {e.url} of {where} {e.detail}. Check the network "
+                          "(sign in to a captive portal, or set HTTPS_PROXY), the registry or "
+                          "the mirror.") from None
     token = body.get("token") or body.get("access_token")
-    if not token:
-        raise ActionError(f"The token service {challenge['realm']} answered without a token.")
+    if not isinstance(token, str) or not _TOKEN.fullmatch(token):
+        got = "no token" if not token else f"{net.kind_of(token)} that is no token"
+        raise ActionError(f"The token service {net.redact(realm)} of {where} answered {got} (a "
+                          "JSON object with a `token` string is what registries send). Check the "
+                          "registry or mirror, or use another.")
     return token
 
 
 def digest(ref: str, mirror: str | None = None, s=None) -> ImageDigest:
     """The digest `ref`'s tag points at now, read from its registry (or `mirror`). ActionError
     says what the registry answered and what to do."""
-    import requests
-
+    own = s is None
     s = s or session()
+    try:
+        return _digest(ref, mirror, s)
+    finally:
+        if own:
+            s.close()
+
+
+def _digest(ref: str, mirror: str | None, s) -> ImageDigest:
+    from . import net
+
     parsed = parse_image(ref)
     base, repository = api_location(parsed, mirror)
     url = f"{base}/v2/{repository}/manifests/{parsed.reference[1:]}"
     what = f"{repository}{parsed.reference}"
+    shown = net.redact(base)
     headers = {"Accept": ACCEPT}
 
     def request(method: str):
         try:
-            return s.request(method, url, headers=headers, timeout=TIMEOUT)
-        except requests.RequestException as e:
-            raise ActionError(f"Cannot reach the registry {base} for {ref}: {type(e).__name__}. "
+            return net.request(s, method, url, net.MANIFEST, headers=headers, timeout=TIMEOUT)
+        except net.NetError as e:
+            if e.kind == "too-large":
+                raise ActionError(f"Reading the manifest of {ref} from the registry {shown}: it "
+                                  f"{e.reason}. A manifest is a few KB; check the registry or "
+                                  "mirror.") from None
+            raise ActionError(f"Cannot reach the registry {shown} for {ref}: {e.reason}. "
                               "Check the network, or use a mirror that answers.") from None
 
     r = request("HEAD")
-    if r.status_code == 401:
+    if r.status == 401:
         ch = _challenge(r.headers.get("WWW-Authenticate", ""))
         if ch["scheme"] != "bearer" or "realm" not in ch:
-            raise ActionError(f"The registry {base} wants credentials for {repository} "
-                              f"({r.headers.get('WWW-Authenticate', 'no challenge')}); envbuild "
-                              "reads public images anonymously only. Use a mirror that serves it.")
-        headers["Authorization"] = f"Bearer {_token(s, ch, repository, base)}"
+            asked = net.redact(r.headers.get("WWW-Authenticate", "no challenge"))[:200]
+            raise ActionError(f"The registry {shown} wants credentials for {repository} "
+                              f"({asked}); envbuild reads public images anonymously only. Use a "
+                              "mirror that serves it.")
+        headers["Authorization"] = f"Bearer {_token(s, ch, repository, shown)}"
         r = request("HEAD")
-    if r.status_code == 404:
-        raise ActionError(f"The registry {base} has no manifest for {what} ({ref}). Check the "
+    if r.status == 404:
+        raise ActionError(f"The registry {shown} has no manifest for {what} ({ref}). Check the "
                           "tag, or that the mirror carries the image.")
-    if r.status_code == 429:
-        raise ActionError(f"The registry {base} rate-limits this address (HTTP 429 "
+    if r.status == 429:
+        raise ActionError(f"The registry {shown} rate-limits this address (HTTP 429 "
                           "toomanyrequests). Wait, or use a mirror.")
-    if r.status_code != 200:
-        raise ActionError(f"The registry {base} answered HTTP {r.status_code} for {what}.")
+    if r.status != 200:
+        raise ActionError(f"The registry {shown} answered HTTP {r.status} for {what}.")
     found = r.headers.get("Docker-Content-Digest")
     media_type = r.headers.get("Content-Type", "").split(";")[0].strip()
     if not found:  # some registries send the digest only with the body: hash it ourselves
         r = request("GET")
-        if r.status_code != 200:
-            raise ActionError(f"The registry {base} answered HTTP {r.status_code} for {what}.")
-        found = "sha256:" + hashlib.sha256(r.content).hexdigest()
+        if r.status != 200:
+            raise ActionError(f"The registry {shown} answered HTTP {r.status} for {what}.")
+        found = "sha256:" + hashlib.sha256(r.body).hexdigest()
     if not re.fullmatch(r"sha256:[0-9a-f]{64}", found):
-        raise ActionError(f"The registry {base} gave {found!r} as the digest of {ref}.")
-    return ImageDigest(found, media_type)
+        raise ActionError(f"The registry {shown} gave {found[:100]!r} as the digest of {ref}.")
+    return ImageDigest(found, media_type[:200])
 
 
 def check_registry(registry: str, option: str, undone: str) -> None:
-    """ActionError (exit 1) unless `registry` answers /v2/ as a container registry. `option`:
-    the flag that named it (--push, --registry); `undone`: what therefore did not happen."""
-    import requests
+    """ActionError (exit 1) unless `registry` answers /v2/ as a container registry (by its
+    status: the body is not read). `option`: the flag that named it (--push, --registry);
+    `undone`: what therefore did not happen."""
+    from . import net
 
-    try:
-        r = requests.get(endpoint_url(registry) + "/v2/", timeout=10)
-    except requests.RequestException as e:
-        raise ActionError(f"Registry {registry} is unreachable ({type(e).__name__}). Start it or "
-                          f"fix {option} (`local`, a name from your config's `registries:`, or "
-                          f"HOST[:PORT]); {undone}.") from None
-    if r.status_code not in (200, 401):
-        raise ActionError(f"{registry} answered HTTP {r.status_code} to /v2/: not a container "
-                          f"registry. Check {option}; {undone}.")
+    with net.session(retries=0) as s:
+        try:
+            r = net.request(s, "GET", endpoint_url(registry) + "/v2/", net.REGISTRY_ROOT,
+                            timeout=10)
+        except net.NetError as e:
+            raise ActionError(f"Registry {net.redact(registry)} is unreachable ({e.reason}). "
+                              f"Start it or fix {option} (`local`, a name from your config's "
+                              f"`registries:`, or HOST[:PORT]); {undone}.") from None
+    if r.status not in (200, 401):
+        raise ActionError(f"{net.redact(registry)} answered HTTP {r.status} to /v2/: not a "
+                          f"container registry. Check {option}; {undone}.")
 
 
 def check_served(reference: str, want: str, after: str, what: str) -> None:

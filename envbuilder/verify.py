@@ -332,19 +332,11 @@ def swap_line(line: str, swap: dict[str, tuple[str, str]]) -> str:
 
 
 def index_answers(url: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
-    """Whether a PEP 503 index answers for torch (short timeout; proxies from the environment)."""
-    import urllib.error
-    import urllib.request
-    from urllib.parse import urlsplit
+    """Whether a PEP 503 index answers (short timeout; proxies from the environment):
+    net.index_answers, the one rule `envbuild lock` and `check --resolve` use too."""
+    from .net import index_answers as answers
 
-    parts = urlsplit(url)
-    if parts.scheme == "file":
-        return Path(parts.path).is_dir()
-    try:
-        with urllib.request.urlopen(url.rstrip("/") + "/torch/", timeout=timeout) as resp:
-            return resp.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
+    return answers(url, timeout)
 
 
 def import_plan(env: ResolvedEnv) -> tuple[list[str], dict[str, str]]:

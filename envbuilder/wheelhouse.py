@@ -291,25 +291,34 @@ def uv_artifacts(pin, plans: dict[str, LockPlan], build_index: str | None, sessi
     """The uv wheel `pin` names (file name and sha256; the matrix's defaults.uv), found on the
     index the locks were made from (or `build_index`, a mirror's) as every pip file of a lock
     is, and then fetched and verified like them. None there: [] and a warning; a build from
-    this wheelhouse then installs with pip (render says so in the Dockerfile)."""
-    import requests
+    this wheelhouse then installs with pip (render says so in the Dockerfile). Each index's
+    uv/ page is read through net.request: at most net.INDEX_PAGE's cap, within its deadline."""
+    from . import net
 
     filename = pin.filename
     indexes = [build_index] + [(p.meta.get("sources") or {}).get("pypi") for p in plans.values()]
-    get = (session or requests).get
-    for index in dict.fromkeys(i for i in indexes if i and i.startswith(("http://", "https://"))):
-        page = index.rstrip("/") + "/uv/"
-        try:
-            r = get(page, timeout=30)
-            if r.status_code != 200:
+    own = session is None
+    s = session or net.session()
+    try:
+        for index in dict.fromkeys(i for i in indexes
+                                   if i and i.startswith(("http://", "https://"))):
+            page = index.rstrip("/") + "/uv/"
+            try:
+                r = net.request(s, "GET", page, net.INDEX_PAGE, timeout=30)
+            except net.NetError as e:
+                if e.kind in ("too-large", "deadline"):
+                    say(f"warning: {e}: not looking for uv there")
                 continue
-        except requests.RequestException:
-            continue
-        for href in re.findall(r'href="([^"]+)"', r.text):
-            url = urljoin(page, html.unescape(href)).split("#", 1)[0]
-            if unquote(urlsplit(url).path.rsplit("/", 1)[-1]) == filename:
-                return [Artifact("pip", "uv", pin.version, url, pin.sha256, pin.size,
-                                 "pypi")]
+            if r.status != 200:
+                continue
+            for href in re.findall(r'href="([^"]+)"', r.body.decode("utf-8", "replace")):
+                url = urljoin(page, html.unescape(href)).split("#", 1)[0]
+                if unquote(urlsplit(url).path.rsplit("/", 1)[-1]) == filename:
+                    return [Artifact("pip", "uv", pin.version, url, pin.sha256, pin.size,
+                                     "pypi")]
+    finally:
+        if own:
+            s.close()
     say(f"warning: no index of these locks serves {filename} (uv {pin.version}, which the "
         "Dockerfile's runtime stage installs with): this wheelhouse holds no uv, and a build "
         "from it installs with pip. Pass --build-index-url an index that serves it.")
@@ -335,7 +344,23 @@ def export(profiles: dict[str, Path], out: Path, *, url_map: list[tuple[str, str
     was stopped (Ctrl-C, killed, a full disk) is resumed by the next. `tar`: also OUT.tar.
     `uv` (resolved.Uv, the matrix's defaults.uv pin): also the uv wheel a Dockerfile's runtime stage installs
     with, for every profile (uv_artifacts)."""
-    out = Path(out)
+    from .errors import EnvbuildError
+    from .net import redact
+
+    def shown(message: str, told=say) -> None:  # no index's or mirror's password printed
+        told(redact(message))
+
+    try:
+        return _export(profiles, Path(out), url_map, jobs, progress, session, build_index, shown,
+                       tar, wait, uv)
+    except EnvbuildError as e:  # a build index's or mirror's user:password@ named in a failure
+        e.args = (redact(str(e)),)
+        raise
+
+
+def _export(profiles, out, url_map, jobs, progress, session, build_index, say, tar, wait,
+            uv) -> ExportReport:
+    """export()'s work, its messages redacted."""
     for name in profiles:
         if not L.PROFILE_NAME.fullmatch(name):
             raise UserError(f"{name[:80]!r} cannot be a profile of a wheelhouse: it names files "

@@ -6,8 +6,23 @@ can meet mid-body besides:
   "stall"     headers for the whole file, half the body, then nothing until `release` is set
               (or the server closes), then the rest: a mirror that hangs, or a process killed
               while it waits
-  "endless"   200 with no Content-Length, the file, then more bytes until the client goes away
-              (capped at ENDLESS_CAP so a client that never stops cannot fill the test's disk)
+  "endless"   200 with no Content-Length, the file (if any), then more bytes until the client
+              goes away (capped at `endless_cap`, ENDLESS_CAP by default, so a client that never
+              stops cannot fill the test's disk or memory); `sent_endless` counts the filler
+and, for the network clients that read answers rather than files (registry, index, JSON APIs):
+  "html"          200 text/html: a captive portal's sign-in page where JSON belongs
+  ("json", v)     200 application/json, the JSON of v (a list, a string, anything)
+  ("raw", b)      200 application/json with the bytes b as they are (deep nesting, junk)
+  ("answer", status, {header: value}, body)   any answer (a 401 challenge, a HEAD without a
+                  digest, a 429 with Retry-After)
+  ("redirect", url)   302 to url (a loop: to itself; another host: another server's url)
+  ("redirect", url, "endless")   302 to url, with a body that does not end
+  "stall-header"  a status line and one header, then nothing until `release` (or close)
+  "drip"          a status line, then one byte of an endless header every `drip_every` s
+  "drip-body"     headers for a large body, then one byte of it every `drip_every` s
+  "ranges"        the file, honouring `Range: bytes=A-B` (206): a wheel read by range requests
+Paths are matched without their query string for these actions; HEAD takes the same actions
+(without the body), and a HEAD for a plain file answers its status and length.
 `wheel_lock` writes a small pip-only lock (lock.json, pylock.toml, requirements.lock) whose files
 are served by such a server, for driving `envbuild wheelhouse` without a resolver.
 """
@@ -16,14 +31,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from fixture_wheels import make_wheel
 from httpfixtures import FileServer
 
 ENDLESS_CAP = 64 << 20
-_NEW = ("stall", "endless")
+_NEW = ("stall", "endless", "html", "stall-header", "drip", "drip-body", "ranges")
+_NEW_TUPLES = ("json", "raw", "answer", "redirect")
+CAPTIVE_PORTAL = (b"<!DOCTYPE html>\n<html><head><title>Sign in to the network</title></head>"
+                  b"<body><form action=\"/login\">Accept the terms to go on</form></body></html>\n")
+
+
+def _is_new(action) -> bool:
+    return action in _NEW or (isinstance(action, tuple) and action and action[0] in _NEW_TUPLES)
 
 
 class FaultServer(FileServer):
@@ -32,24 +56,30 @@ class FaultServer(FileServer):
         self.release = threading.Event()  # set: stalled responses go on
         self.stalled = threading.Event()  # set once a response is stalled (the test may act)
         self.sent_endless = 0  # bytes the endless action sent, all clients together
+        self.sent_drip = 0  # bytes the drip actions sent, all clients together
+        self.endless_cap = ENDLESS_CAP
+        self.drip_every = 0.2
         self._closing = threading.Event()
         self._httpd.RequestHandlerClass = _fault_handler(self, self._httpd.RequestHandlerClass)
         # a client that goes away mid-body (the faults provoke it) is no error of the server's
         self._httpd.handle_error = lambda request, client_address: None
 
-    def take_new_action(self, path: str, range_header: str | None):
+    def take_new_action(self, path: str, range_header: str | None, method: str = "GET",
+                        authorization: str | None = None):
         """The next action for `path` when it is one of this module's (logged and consumed, as
         FileServer.next_action does), else None: FileServer's handler takes that one."""
         with self._lock:
-            queue = self.script.get(path.lstrip("/"), [])
+            queue = self.script.get(path.lstrip("/"))
+            if queue is None:
+                queue = self.script.get(urlsplit(path).path.lstrip("/"), [])
             action = queue[0] if queue else self.default
-            if action not in _NEW:
+            if not _is_new(action):
                 return None
             if queue:
                 queue.pop(0)
             from httpfixtures import LoggedRequest
 
-            self.log.append(LoggedRequest("GET", path, range_header))
+            self.log.append(LoggedRequest(method, path, range_header, authorization))
             return action
 
     def __exit__(self, *exc) -> None:
@@ -61,18 +91,78 @@ class FaultServer(FileServer):
 def _fault_handler(server: FaultServer, base):
     class Handler(base):
         def do_GET(self):
+            self._answer("GET")
+
+        def do_HEAD(self):
+            self._answer("HEAD")
+
+        def _answer(self, method: str):
             range_header = self.headers.get("Range")
-            action = server.take_new_action(self.path, range_header)
-            body = server.files.get(self.path.lstrip("/"))
-            if action is None or body is None:
-                return super().do_GET()
+            action = server.take_new_action(self.path, range_header, method,
+                                            self.headers.get("Authorization"))
+            key = self.path.lstrip("/")
+            body = server.files.get(key, server.files.get(urlsplit(self.path).path.lstrip("/")))
+            if action is None:
+                if method == "GET":
+                    return super().do_GET()
+                return self._head_of_file(range_header)
+            self.head_only = method == "HEAD"
             try:
                 if action == "stall":
-                    self._stall(body, range_header)
-                else:
-                    self._endless(body)
+                    self._stall(body or b"", range_header)
+                elif action == "endless":
+                    self._endless(body or b"")
+                elif action == "html":
+                    self._send(200, {"Content-Type": "text/html; charset=utf-8"}, CAPTIVE_PORTAL)
+                elif action == "stall-header":
+                    self._stall_header()
+                elif action == "drip":
+                    self._drip()
+                elif action == "drip-body":
+                    self._drip_body()
+                elif action == "ranges":
+                    self._ranges(body, range_header)
+                elif action[0] == "json":
+                    self._send(200, {"Content-Type": "application/json"},
+                               json.dumps(action[1]).encode())
+                elif action[0] == "raw":
+                    self._send(200, {"Content-Type": "application/json"}, action[1])
+                elif action[0] == "answer":
+                    self._send(action[1], action[2], action[3])
+                elif action[0] == "redirect" and action[2:] == ("endless",):
+                    self._endless(b"", 302, {"Location": action[1]})
+                elif action[0] == "redirect":
+                    self._send(302, {"Location": action[1]}, b"")
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client went away (killed, or it stopped reading): what we wait for
+
+        def _send(self, status: int, headers: dict, body: bytes):
+            self.send_response(status)
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if not self.head_only:
+                self.wfile.write(body)
+
+        def _head_of_file(self, range_header):
+            action = server.next_action("HEAD", self.path, range_header,
+                                        self.headers.get("Authorization"))
+            body = server.files.get(self.path.lstrip("/"))
+            status = action if isinstance(action, int) else (404 if body is None else 200)
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body) if status == 200 else 0))
+            self.send_header("Accept-Ranges", "bytes")
+            self.end_headers()
+
+        def _wait_or_close(self) -> bool:
+            """Wait for `release`; True when the server is closing (stop sending)."""
+            while not server.release.wait(0.05):
+                pass
+            if server._closing.is_set():
+                self.close_connection = True
+                return True
+            return False
 
         def _stall(self, body: bytes, range_header):
             from httpfixtures import _range_start
@@ -89,27 +179,73 @@ def _fault_handler(server: FaultServer, base):
             self.wfile.write(rest[:half])
             self.wfile.flush()
             server.stalled.set()
-            while not server.release.wait(0.05):
-                pass
-            if server._closing.is_set():
-                self.close_connection = True
+            if self._wait_or_close():
                 return
             self.wfile.write(rest[half:])
 
-        def _endless(self, body: bytes):
-            self.send_response(200)
+        def _endless(self, body: bytes, status: int = 200, headers: dict | None = None):
+            self.send_response(status)
+            for k, v in (headers or {}).items():
+                self.send_header(k, v)
             self.send_header("Content-Type", "application/octet-stream")
             self.send_header("Connection", "close")
             self.end_headers()
             self.close_connection = True
+            if self.head_only:
+                return
             self.wfile.write(body)
             filler = b"\0" * (64 * 1024)
             sent = len(body)
-            while sent < ENDLESS_CAP and not server._closing.is_set():
+            while sent < server.endless_cap and not server._closing.is_set():
                 self.wfile.write(filler)
                 sent += len(filler)
                 with server._lock:
                     server.sent_endless += len(filler)
+
+        def _stall_header(self):
+            self.close_connection = True
+            self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\n")
+            self.wfile.flush()
+            server.stalled.set()
+            self._wait_or_close()
+
+        def _drip(self):
+            self.close_connection = True
+            self.wfile.write(b"HTTP/1.1 200 OK\r\nX-Drip: ")
+            self.wfile.flush()
+            server.stalled.set()
+            self._drip_forever()
+
+        def _drip_body(self):
+            self.close_connection = True
+            self.send_response(200)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(1 << 30))
+            self.end_headers()
+            self.wfile.flush()
+            server.stalled.set()
+            if not self.head_only:
+                self._drip_forever()
+
+        def _drip_forever(self):
+            while not server._closing.wait(server.drip_every):
+                self.wfile.write(b"a")
+                self.wfile.flush()
+                with server._lock:
+                    server.sent_drip += 1
+
+        def _ranges(self, body: bytes | None, range_header):
+            if body is None:
+                return self._send(404, {}, b"")
+            m = re.fullmatch(r"bytes=(\d+)-(\d*)", range_header or "")
+            if not m:
+                return self._send(200, {"Accept-Ranges": "bytes"}, body)
+            start = int(m[1])
+            end = min(int(m[2]) if m[2] else len(body) - 1, len(body) - 1)
+            if start > end:
+                return self._send(416, {"Content-Range": f"bytes */{len(body)}"}, b"")
+            self._send(206, {"Content-Range": f"bytes {start}-{end}/{len(body)}",
+                             "Accept-Ranges": "bytes"}, body[start:end + 1])
 
     return Handler
 

@@ -123,22 +123,10 @@ def co_resolve(env: ResolvedEnv, glibc: str, pypi: str, torch: str | None,
 
 
 def index_answers(url: str, timeout: float = 5.0) -> bool:
-    """True when a PEP 503 index answers at all (its root, or its `torch/` page)."""
-    import urllib.error
-    import urllib.request
+    """Whether a PEP 503 index answers: net.index_answers, the one rule verify uses too."""
+    from ..net import index_answers as answers
 
-    for probe in (url.rstrip("/") + "/torch/", url.rstrip("/") + "/"):
-        try:
-            with urllib.request.urlopen(urllib.request.Request(probe, method="HEAD"),
-                                        timeout=timeout) as r:
-                if r.status < 400:
-                    return True
-        except urllib.error.HTTPError as e:
-            if e.code < 500 and e.code != 404:
-                return True
-        except (OSError, ValueError):
-            pass
-    return False
+    return answers(url, timeout)
 
 
 def load_toml(text: str) -> dict:

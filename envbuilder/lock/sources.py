@@ -24,29 +24,41 @@ class _Missing(Exception):
     pass
 
 
-def _sha256(url: str, github: str | None, what: str, missing_ok: bool = False) -> tuple[str, int]:
-    """(sha256, size) of `url` fetched through the `github` prefix; with `missing_ok`, _Missing
-    on a 404 (any other failure: ActionError naming the mirror options)."""
-    import requests
+MAX_SOURCE_BYTES = 4 << 30  # flash-attn's release wheels are under 1 GiB, apex's archive a few MB
+SOURCE_DEADLINE = 3600.0  # seconds for one file, however slowly it comes
 
+
+def _sha256(url: str, github: str | None, what: str, missing_ok: bool = False) -> tuple[str, int]:
+    """(sha256, size) of `url` fetched through the `github` prefix (net.request: hashed as it
+    streams, at most MAX_SOURCE_BYTES within SOURCE_DEADLINE); with `missing_ok`, _Missing on a
+    404 (any other failure: ActionError naming the mirror options)."""
+    from .. import net
     from ..mirrors import github_url
 
     fetch = github_url(url, github)
-    h, size = hashlib.sha256(), 0
-    try:
-        with requests.get(fetch, stream=True, timeout=60) as r:
-            if missing_ok and r.status_code == 404:
-                raise _Missing(fetch)
-            r.raise_for_status()
-            for chunk in r.iter_content(1 << 20):
-                h.update(chunk)
-                size += len(chunk)
-    except requests.RequestException as e:
-        raise ActionError(f"Cannot download {what} {fetch} to pin its sha256 "
-                          f"({type(e).__name__}: {str(e)[:200]}). Pass --github-url (a GitHub "
-                          "mirror prefix) or --mirror with a `github` endpoint, or lock on a "
-                          "machine that reaches GitHub.") from None
-    return h.hexdigest(), size
+    shown = net.redact(fetch)
+    h, size = hashlib.sha256(), [0]
+
+    def take(chunk: bytes) -> None:
+        h.update(chunk)
+        size[0] += len(chunk)
+
+    expect = net.Expect(what, MAX_SOURCE_BYTES, SOURCE_DEADLINE)
+    fix = ("Pass --github-url (a GitHub mirror prefix) or --mirror with a `github` endpoint, or "
+           "lock on a machine that reaches GitHub.")
+    with net.session() as s:
+        try:
+            r = net.request(s, "GET", fetch, expect, timeout=60, sink=take,
+                            body_if=lambda status: status == 200)
+        except net.NetError as e:
+            raise ActionError(f"Cannot download {what} {shown} to pin its sha256 ({e.reason}). "
+                              f"{fix}") from None
+    if missing_ok and r.status == 404:
+        raise _Missing(shown)
+    if r.status != 200:
+        raise ActionError(f"Cannot download {what} {shown} to pin its sha256 (it answered HTTP "
+                          f"{r.status}). {fix}")
+    return h.hexdigest(), size[0]
 
 
 def apex_source(env: ResolvedEnv, github: str | None) -> dict:
