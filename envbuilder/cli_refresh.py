@@ -29,6 +29,9 @@ WORKERS = 8
 
 
 def _index_url(ctx, param, value):
+    if value is not None and not value.strip():  # (a careless "$MIRROR" is no default)
+        raise click.BadParameter("is empty. Pass the root of an index that serves PyPI's JSON "
+                                 f"API, or leave --index-url out for {DEFAULT_INDEX}.")
     value = (value or DEFAULT_INDEX).strip()
     if not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", value):
         raise click.BadParameter(f"{value!r} is not an http(s) URL. Pass the root of an index "

@@ -11,7 +11,6 @@ endpoints that carry credentials to the RUN steps as a BuildKit secret (never a 
 
 from __future__ import annotations
 
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple

@@ -281,12 +281,19 @@ def _uv_build(sdist: Path, sha256: str, tmp: Path, python: tuple[str, str], inde
     exe, full = python
     cmd = [uv_bin(), "build", "--no-config", "--wheel", "--python", exe, "--no-python-downloads",
            "--default-index", index, "--out-dir", str(tmp / "out"), str(src)]
-    try:
-        proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True,
-                              timeout=BUILD_TIMEOUT)
+    from .runner import TooMuchMemory, run
+
+    try:  # (bounded: uv reads the build index's pages whole; one that never ends filled memory)
+        proc = run(cmd, cwd=tmp, env=env, timeout=BUILD_TIMEOUT)
     except subprocess.TimeoutExpired:
         raise ActionError(f"Building a wheel of {what} took longer than {BUILD_TIMEOUT} s; nothing "
                           "was built. Build on a faster machine, or report the package.") from None
+    except TooMuchMemory as e:
+        from .net import redact
+
+        raise ActionError(f"Building a wheel of {what} was stopped: uv {e} reading "
+                          f"{redact(index)}. An index that sends a page without end does that; "
+                          "pass --build-index-url another.") from None
     if proc.returncode != 0:
         log = (proc.stderr + proc.stdout).strip()[-2500:]
         raise ActionError(

@@ -40,7 +40,7 @@ from fixture_wheels import make_wheel
 from httpfixtures import FileServer
 
 ENDLESS_CAP = 64 << 20
-_NEW = ("stall", "endless", "html", "stall-header", "drip", "drip-body", "ranges")
+_NEW = ("stall", "endless", "endless-html", "html", "stall-header", "drip", "drip-body", "ranges")
 _NEW_TUPLES = ("json", "raw", "answer", "redirect")
 CAPTIVE_PORTAL = (b"<!DOCTYPE html>\n<html><head><title>Sign in to the network</title></head>"
                   b"<body><form action=\"/login\">Accept the terms to go on</form></body></html>\n")
@@ -112,6 +112,9 @@ def _fault_handler(server: FaultServer, base):
                     self._stall(body or b"", range_header)
                 elif action == "endless":
                     self._endless(body or b"")
+                elif action == "endless-html":  # an index page that never ends (uv reads it whole)
+                    self._endless(b"<!DOCTYPE html><html><body>\n", content_type="text/html",
+                                  filler=b'<a href="pkg-1.0.tar.gz">pkg-1.0.tar.gz</a><br/>\n' * 1500)
                 elif action == "html":
                     self._send(200, {"Content-Type": "text/html; charset=utf-8"}, CAPTIVE_PORTAL)
                 elif action == "stall-header":
@@ -183,18 +186,19 @@ def _fault_handler(server: FaultServer, base):
                 return
             self.wfile.write(rest[half:])
 
-        def _endless(self, body: bytes, status: int = 200, headers: dict | None = None):
+        def _endless(self, body: bytes, status: int = 200, headers: dict | None = None,
+                     content_type: str = "application/octet-stream", filler: bytes | None = None):
             self.send_response(status)
             for k, v in (headers or {}).items():
                 self.send_header(k, v)
-            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Type", content_type)
             self.send_header("Connection", "close")
             self.end_headers()
             self.close_connection = True
             if self.head_only:
                 return
             self.wfile.write(body)
-            filler = b"\0" * (64 * 1024)
+            filler = filler or b"\0" * (64 * 1024)
             sent = len(body)
             while sent < server.endless_cap and not server._closing.is_set():
                 self.wfile.write(filler)

@@ -529,6 +529,7 @@ def test_source_pin_messages_never_print_the_credentials_of_the_github_mirror():
     (["lock", "p40", "--check", "--github-url", ""], "--github-url"),
     (["lock", "p40", "--check", "--registry-mirror", ""], "--registry-mirror"),
     (["wheelhouse", "p40", "-o", "out", "--build-index-url", ""], "--build-index-url"),
+    (["refresh", "--index-url", ""], "--index-url"),
 ])
 def test_an_empty_index_url_is_exit_2(cli, args, option):
     code, out, err = cli(*args)
@@ -563,3 +564,25 @@ def test_a_redirect_loop_and_a_closed_port_are_network_errors_not_crashes():
     with pytest.raises(net.NetError) as e:
         net.request(net.session(retries=0), "GET", closed_port_url("x"), net.JSON_API, timeout=2)
     assert "refused" in str(e.value)
+
+
+# ---- uv reads index pages itself: its process is bounded from outside ----------------------------
+
+def test_uv_on_an_index_page_that_never_ends_is_stopped_at_its_memory_cap(tmp_path, monkeypatch):
+    """uv pip compile reads a simple page whole (6 GB in 25 s on an endless one); the lock runs
+    it under envbuild's runner, which stops its process group at a cap (here 300 MiB) and names
+    the index, instead of letting it fill the machine."""
+    from envbuilder.lock import pip as P
+
+    monkeypatch.setattr("envbuilder.runner.MAX_RSS", 300 << 20)
+    (tmp_path / "requirements.in").write_text("six==1.16.0\n")
+    with FaultServer({}) as srv:
+        srv.endless_cap = 4 << 30
+        srv.script = {"simple/six/": ["endless-html"]}
+        index = srv.url("simple").replace("http://", f"http://envbuild:{SECRET}@")
+        with pytest.raises(ActionError) as e:
+            P._run_uv(["requirements.in", "--index-url", index, "--no-cache"], tmp_path, [index])
+    msg = str(e.value)
+    assert "was stopped" in msg and "over its cap of 300 MiB" in msg, msg
+    assert SECRET not in msg and "***@" in msg
+    assert srv.sent_endless < 3 << 30  # (stopped long before the server's own cap)

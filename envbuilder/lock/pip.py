@@ -63,22 +63,31 @@ def compile_args(profile: str, python: str, glibc: str, pypi: str, torch: str | 
 
 
 def _run_uv(args: list[str], cwd: Path, indexes: list[str]) -> None:
+    from ..net import redact
+    from ..runner import TooMuchMemory, run
+
     try:
-        proc = subprocess.run([uv_bin(), "pip", "compile", *args], cwd=cwd, env=_uv_env(),
-                              capture_output=True, text=True, timeout=3600)
+        # (bounded: uv reads an index page whole, and one that never ends filled the memory)
+        proc = run([uv_bin(), "pip", "compile", *args], cwd=cwd, env=_uv_env(), timeout=3600)
     except subprocess.TimeoutExpired:
         raise ActionError(f"uv pip compile did not finish within an hour against "
-                          f"{', '.join(indexes)}.") from None
+                          f"{redact(', '.join(indexes))}.") from None
+    except TooMuchMemory as e:
+        raise ActionError(f"uv pip compile was stopped: it {e} reading "
+                          f"{redact(', '.join(indexes))}. An index that sends a page without end "
+                          "does that; check the index (or its mirror) in a browser, or pass "
+                          "another with --index-url.") from None
     if proc.returncode == 0:
         return
     msg = proc.stderr.strip()[-3000:]
     down = [i for i in indexes if i.startswith(("http://", "https://")) and not index_answers(i)]
     if down or any(s in msg for s in _NETWORK):
-        raise ActionError(unreachable(down or indexes, torch=indexes[1] if len(indexes) > 1 else None)
-                          + f"\nuv said:\n{msg}")
-    raise UserError(f"The pip part cannot be resolved against {', '.join(indexes)}:\n{msg}\n"
+        raise ActionError(redact(unreachable(down or indexes,
+                                             torch=indexes[1] if len(indexes) > 1 else None)
+                                 + f"\nuv said:\n{msg}"))
+    raise UserError(redact(f"The pip part cannot be resolved against {', '.join(indexes)}:\n{msg}\n"
                     "A pin in the matrix has no release (or no wheel for this Python and "
-                    "platform) on these indexes.")
+                    "platform) on these indexes."))
 
 
 def unreachable(down: list[str], torch: str | None) -> str:

@@ -1,0 +1,91 @@
+"""Running a tool as a child process, bounded: a time limit and a cap on the memory of the
+child and everything it starts (its process group), so a tool that reads an endless answer
+(uv on an index page that never ends: 6 GB in 25 s) is stopped and named, not left to fill the
+machine. Output is captured as `subprocess.run` captures it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+# what a resolver or a wheel build needs is far less; an endless read is more
+# (ENVBUILD_TOOL_MAX_RSS_MB sets another cap: a small machine, or a test)
+MAX_RSS = int(os.environ.get("ENVBUILD_TOOL_MAX_RSS_MB") or 6 << 10) << 20
+POLL = 0.2
+
+
+class TooMuchMemory(Exception):
+    """The child's process group went over `max_rss` bytes and was stopped."""
+
+    def __init__(self, rss: int, cap: int):
+        super().__init__(f"used {rss >> 20} MiB, over its cap of {cap >> 20} MiB")
+        self.rss, self.cap = rss, cap
+
+
+def _group_rss(pgid: int) -> int:
+    """Resident bytes of every process in group `pgid` (Linux /proc; 0 where it is absent)."""
+    total = 0
+    page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid:  # (pgrp is the 5th field, the 3rd after the name)
+                total += int(fields[21]) * page  # rss in pages, the 24th field
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+def run(cmd: list[str], *, cwd=None, env=None, timeout: float | None = None,
+        max_rss: int | None = None, text: bool = True) -> subprocess.CompletedProcess:
+    """`subprocess.run(cmd, capture_output=True)` in a process group of its own, stopped (the
+    whole group) when it runs past `timeout` (subprocess.TimeoutExpired) or its resident
+    memory passes `max_rss` (TooMuchMemory; default MAX_RSS)."""
+    max_rss = MAX_RSS if max_rss is None else max_rss
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    out: dict[str, bytes] = {}
+
+    def drain(name: str, stream) -> None:
+        out[name] = stream.read()
+
+    readers = [threading.Thread(target=drain, args=(n, s), daemon=True)
+               for n, s in (("stdout", proc.stdout), ("stderr", proc.stderr))]
+    for t in readers:
+        t.start()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    problem: Exception | None = None
+    while proc.poll() is None:
+        if deadline is not None and time.monotonic() > deadline:
+            problem = subprocess.TimeoutExpired(cmd, timeout)
+        else:
+            rss = _group_rss(proc.pid)
+            if rss > max_rss:
+                problem = TooMuchMemory(rss, max_rss)
+        if problem is not None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            proc.wait()
+            break
+        try:
+            proc.wait(POLL)
+        except subprocess.TimeoutExpired:
+            pass
+    for t in readers:
+        t.join(5)
+    if problem is not None:
+        raise problem
+    stdout, stderr = out.get("stdout", b""), out.get("stderr", b"")
+    if text:
+        return subprocess.CompletedProcess(cmd, proc.returncode,
+                                           stdout.decode("utf-8", "replace"),
+                                           stderr.decode("utf-8", "replace"))
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
