@@ -202,9 +202,9 @@ def build_command(env) -> str:
     """The `envbuild build` line that makes the image this launcher's run needs: the overrides
     the launcher was given, with the world size spelled out."""
     words = ["envbuild", "build", env.profile]
-    given = env.overrides.to_dict()
-    given.update(nodes=env.cluster.nodes, gpus_per_node=env.cluster.gpus_per_node)
-    for key, value in given.items():
+    given = {**env.overrides.to_dict(), "nodes": env.cluster.nodes,
+             "gpus_per_node": env.cluster.gpus_per_node}
+    for key, value in sorted(given.items()):
         flag = "--" + key.replace("_", "-")
         if value is True:
             words.append(flag)
@@ -358,7 +358,8 @@ def rayjob_yaml(env, image: str, **kw) -> str:
     import yaml
 
     class Dumper(yaml.SafeDumper):
-        pass
+        def ignore_aliases(self, data):  # (the pods' equal parts written out, not as &anchors)
+            return True
 
     def text(dumper, value):
         style = "|" if "\n" in value else None
@@ -402,8 +403,9 @@ def ray_commands(env, *, head_ip: str | None = None, port: int = RAY_PORT) -> st
     if cl.nodes > 1:
         lines += [f"# 3. on each of the other {cl.nodes - 1} node(s):",
                   "ray start " + " ".join(ray_worker_args(ip, p, g))]
-    lines += [f"# 4. on the head, once `ray status` shows {cl.nodes * cl.gpus_per_node} GPUs "
-              "(the image must be built for this run: " + comment(build_command(env)) + "):",
+    lines += [f"# 4. on the head, in the container of its `ray start` (Ray's sockets are in its "
+              f"/tmp), once `ray status` shows {cl.nodes * cl.gpus_per_node} GPUs; the image must "
+              "be built for this run: " + comment(build_command(env)),
               f'RAY_ADDRESS="$HEAD_IP:{p}" {sh(RUN_SCRIPT)}']
     return "\n".join(lines) + "\n"
 
