@@ -153,7 +153,7 @@ def image_reference(ref: str, digest: bool) -> str:
     grammar); with `digest`, one that names its manifest digest (a tag can move)."""
     from .image_archive import IMAGE_ID, REFERENCE
 
-    text = ref[len("docker://"):] if ref.startswith("docker://") else ref
+    text = ref.removeprefix("docker://")
     if len(text) > 512 or not (REFERENCE.fullmatch(text) or (not digest and IMAGE_ID.fullmatch(text))):
         raise UserError(f"--image {_shown(ref)} is not an image reference: give "
                         "REGISTRY/NAME[:TAG]@sha256:DIGEST (lower-case path, 64 hex digits), as "
@@ -240,13 +240,15 @@ def ray_worker_args(ip: str, port: str, gpus: str) -> list[str]:
 
 def slurm_script(env, *, sif: str | None = None, image: str | None = None,
                  job: str | None = None) -> str:
-    """The sbatch script for `env` (sif: an Apptainer image's absolute path, or image: a
-    docker reference), already checked by sif_path / image_reference and job_name."""
+    """The sbatch script for `env` (sif: an Apptainer image's path, or image: a docker
+    reference; each checked here too, for a caller that is not the CLI)."""
     from .render import jinja_env
 
     if (sif is None) == (image is None):
         raise UserError("Pass the image the nodes run: --sif PATH (an Apptainer image, from "
                         "`envbuild apptainer`) or --image REF (docker), not both.")
+    sif = sif_path(sif) if sif is not None else None
+    image = image_reference(image, digest=False) if image is not None else None
     cl = env.cluster
     bash = {"ip": '"$head_ip"', "port": '"$ray_port"', "gpus": '"$gpus_per_node"'}
     context = {
@@ -299,6 +301,7 @@ def rayjob(env, image: str, *, job: str | None = None, cpus: int | None = None,
     each one whole GPU node (G GPUs), so the N nodes the run script was rendered for are the N
     pods Ray sees; the job runs the image's run script on the head once Ray sees every GPU."""
     cl = env.cluster
+    image = image_reference(image, digest=True)
     cpus, memory_gib, shm_gib = pod_sizes(env, cpus, memory_gib, shm_gib)
     name = job_name(job, env.profile, kubernetes=True)
     variables = {**dict(cl.env), "RAY_USAGE_STATS_ENABLED": "0"}
@@ -321,7 +324,8 @@ def rayjob(env, image: str, *, job: str | None = None, cpus: int | None = None,
         }], "volumes": [dict(v) for v in volumes]}}
 
     start = {"num-gpus": str(cl.gpus_per_node)}
-    cluster = {"headGroupSpec": {"rayStartParams": dict(start), "template": template("ray-head")}}
+    cluster: dict[str, object] = {"headGroupSpec": {"rayStartParams": dict(start),
+                                                    "template": template("ray-head")}}
     if cl.nodes > 1:
         workers = cl.nodes - 1
         cluster["workerGroupSpecs"] = [{
@@ -347,8 +351,10 @@ def entrypoint(env) -> str:
     check, the wait for every GPU, then the run script."""
     cl = env.cluster
     check = shlex.join(["python3", "-c", IMAGE_CHECK, RECORD, *check_args(env)])
-    wait = (shlex.join(["python3", "-c", RAY_WAITER]) + ' "${RAY_ADDRESS:-127.0.0.1:%d}" %d'
-            ' "${ENVBUILD_RAY_WAIT:-%d}"' % (RAY_PORT, cl.nodes * cl.gpus_per_node, RAY_WAIT))
+    # (RAY_ADDRESS: the GCS address Ray's job supervisor gives an entrypoint)
+    wait = (shlex.join(["python3", "-c", RAY_WAITER])
+            + f' "${{RAY_ADDRESS:-127.0.0.1:{RAY_PORT}}}" {cl.nodes * cl.gpus_per_node}'
+            + f' "${{ENVBUILD_RAY_WAIT:-{RAY_WAIT}}}"')
     return f"{check} && {wait} && exec {shlex.quote(RUN_SCRIPT)}"
 
 
@@ -384,19 +390,19 @@ def ray_commands(env, *, head_ip: str | None = None, port: int = RAY_PORT) -> st
     cl = env.cluster
     lines = [f"# envbuild launch ray: {comment(describe(env))}",
              "# Run these in the image on each node (apptainer exec --nv IMAGE.sif bash, or docker",
-             "# run --gpus all --network host --ipc host -it IMAGE bash), or beside a rendered "
-             "run script.",
+             ("# run --gpus all --network host --ipc host -it IMAGE bash), or beside a rendered "
+              "run script."),
              f"HEAD_IP={sh(head_ip)}" if head_ip else
              'HEAD_IP=${HEAD_IP:?set HEAD_IP to the address the other nodes reach the head at}']
     if cl.env or cl.interface:
         lines.append("# 1. on every node, before `ray start` (Ray's workers inherit it; a value "
-                     "you export wins):")
+                     + "you export wins):")
         lines += [f"export {k}=${{{k}:-{sh(v)}}}" for k, v in cl.env.items()]
         if cl.interface:
-            lines += ["iface=$(awk '$2 == \"00000000\" {print $1; exit}' /proc/net/route)  "
-                      "# the default route's interface",
-                      'export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-$iface} '
-                      'GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-$iface}']
+            lines += [("iface=$(awk '$2 == \"00000000\" {print $1; exit}' /proc/net/route)  "
+                       "# the default route's interface"),
+                      ('export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-$iface} '
+                       'GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-$iface}')]
     ip, p, g = '"$HEAD_IP"', str(port), str(cl.gpus_per_node)
     lines += ["# 2. on the head node:", shlex.join(["ray", "start"]) + " "
               + " ".join(ray_head_args(ip, p, g))]

@@ -290,7 +290,7 @@ def loopback(tmp_path):
 def test_the_sbatch_script_forms_a_two_node_ray_cluster_and_runs_the_trainer_on_it(loopback,
                                                                                   runtime):
     cluster, script = loopback(runtime)
-    code, out, err, took = cluster.run(script, "trainer.total_epochs=2")
+    code, out, err, _ = cluster.run(script, "trainer.total_epochs=2")
     assert code == 0, err[-4000:]
     got = cluster.result()
     assert got["nodes"] == ["node1", "node2"]  # both joined, by the names Slurm gave them
@@ -308,7 +308,7 @@ def test_the_sbatch_script_forms_a_two_node_ray_cluster_and_runs_the_trainer_on_
 def test_a_worker_that_never_joins_ends_in_a_timeout_that_names_it(loopback):
     cluster, script = loopback()
     cluster.node("node2", "hang")  # its srun step never starts Ray, and never returns
-    code, out, err, took = cluster.run(script, wait=10)
+    code, _, err, took = cluster.run(script, wait=10)
     assert code == 1, err[-4000:]
     assert ("Ray sees 8 of 16 GPUs on 1 node(s); these nodes did not join: node2. Their "
             "`ray start` output is in the job log; raise ENVBUILD_RAY_WAIT") in err
@@ -319,7 +319,7 @@ def test_a_worker_that_never_joins_ends_in_a_timeout_that_names_it(loopback):
 def test_a_worker_whose_ray_start_fails_stops_the_job_at_once_naming_it(loopback):
     cluster, script = loopback()
     cluster.node("node2", "fail")
-    code, out, err, took = cluster.run(script, wait=120)
+    code, _, err, took = cluster.run(script, wait=120)
     assert code == 1
     assert "envbuild: ray start on node2 exited (status 3) before every GPU joined" in err
     assert took < 60  # not the 120 s deadline
@@ -330,7 +330,7 @@ def test_an_image_built_for_another_run_is_refused_before_ray_starts(loopback):
     cluster, script = loopback()
     one_node = render_files(resolved("h100", algo="grpo"))["envbuild.json"]
     (cluster.shim / "root" / "etc" / "envbuild.json").write_text(one_node)
-    code, out, err, took = cluster.run(script)
+    code, _, err, _ = cluster.run(script)
     assert code == 2
     assert ("the image was rendered for another run: nodes 1 (this job: 2). The batch sizes and "
             "trainer.nnodes of its run script follow that; build the image with: envbuild build "
@@ -431,7 +431,7 @@ def test_a_tag_only_image_is_refused_naming_build_push(cli, tmp_path):
     assert code == 2
     assert "names no digest" in err and "envbuild build PROFILE --push REGISTRY" in err
     assert not (tmp_path / "job.yaml").exists()
-    code, out, err = cli("launch", "kuberay", "h100", "--nodes", "2", "--image", IMAGE,
+    code, _, err = cli("launch", "kuberay", "h100", "--nodes", "2", "--image", IMAGE,
                          "-o", tmp_path / "job.yaml")
     assert code == 0, err
     assert yaml.safe_load((tmp_path / "job.yaml").read_text())["kind"] == "RayJob"
@@ -673,3 +673,15 @@ def test_launch_files_match_the_golden_files(cli, tmp_path, case, name):
 def test_every_golden_file_is_a_case():
     cases = {f"{c}/{n}" for c in GOLDEN_CASES for n in GOLDEN_CASES[c]}
     assert {str(p.relative_to(GOLDEN)) for p in GOLDEN.rglob("*") if p.is_file()} == cases
+
+
+def test_the_library_entry_points_check_their_values_too():
+    env = resolved("h100", nodes=2)
+    with pytest.raises(UserError, match="is not an image reference"):
+        L.slurm_script(env, image="a/b:1\n#SBATCH --uid=0")
+    with pytest.raises(UserError, match="control character"):
+        L.slurm_script(env, sif="/x\n.sif")
+    with pytest.raises(UserError, match="--job-name"):
+        L.slurm_script(env, sif="/x.sif", job="a;b")
+    with pytest.raises(UserError, match="names no digest"):
+        L.rayjob(env, "registry.example/envbuild/h100:1")
