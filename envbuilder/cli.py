@@ -168,7 +168,8 @@ LAZY_COMMANDS = {"build": "envbuilder.cli_build:build", "bake": "envbuilder.cli_
                  "affected": "envbuilder.cli_refresh:affected",
                  "export-image": "envbuilder.cli_image:export_image",
                  "import-image": "envbuilder.cli_image:import_image",
-                 "apptainer": "envbuilder.cli_apptainer:apptainer"}
+                 "apptainer": "envbuilder.cli_apptainer:apptainer",
+                 "launch": "envbuilder.cli_launch:launch"}
 
 
 class LazyGroup(click.Group):

@@ -1,0 +1,14 @@
+# envbuild launch ray: 4090 on 2 node(s) x 1 GPU(s) (NVIDIA GeForce RTX 4090), verl 0.4.1, gae, tcp
+# Run these in the image on each node (apptainer exec --nv IMAGE.sif bash, or docker
+# run --gpus all --network host --ipc host -it IMAGE bash), or beside a rendered run script.
+HEAD_IP=192.168.1.10
+# 1. on every node, before `ray start` (Ray's workers inherit it; a value you export wins):
+export NCCL_IB_DISABLE=${NCCL_IB_DISABLE:-1}
+iface=$(awk '$2 == "00000000" {print $1; exit}' /proc/net/route)  # the default route's interface
+export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-$iface} GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-$iface}
+# 2. on the head node:
+ray start --head --node-ip-address="$HEAD_IP" --port=6379 --num-gpus=1 --disable-usage-stats
+# 3. on each of the other 1 node(s):
+ray start --address="$HEAD_IP":6379 --num-gpus=1 --disable-usage-stats
+# 4. on the head, in the container of its `ray start` (Ray's sockets are in its /tmp), once `ray status` shows 2 GPUs; the image must be built for this run: envbuild build 4090 --gpus-per-node 1 --nodes 2
+RAY_ADDRESS="$HEAD_IP:6379" /opt/envbuild/run_ppo_gsm8k.sh
