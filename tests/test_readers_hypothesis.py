@@ -239,7 +239,10 @@ def envbuild(*args, env: dict | None = None) -> tuple[int, str]:
         os.environ.update(saved)
     text = err.getvalue()
     assert code in (0, 1, 2), (code, text[-2000:])
-    assert "bug in envbuild" not in text and "Traceback" not in text, text[-2000:]
+    assert "bug in envbuild" not in text, text[-2000:]
+    # a traceback of envbuild's own code (a loopback server's thread of another test may print
+    # one of its own to the same stderr: that is no finding here)
+    assert not ("Traceback" in text and "envbuilder" in text), text[-2000:]
     return code, text
 
 
