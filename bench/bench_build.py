@@ -48,9 +48,9 @@ def image_mb(ref: str) -> float:
 
 
 def main() -> int:
-    from envbuilder import matrix
-    from envbuilder import mirrors as M
-    from envbuilder.resolve import Overrides, resolve
+    from envbuilder.model import matrix
+    from envbuilder.model import mirrors as M
+    from envbuilder.model.resolve import Overrides, resolve
 
     work = Path(tempfile.mkdtemp(prefix="envbuild-bench-build-"))
     m = matrix.load()

@@ -35,12 +35,12 @@ def main() -> int:
     args = ap.parse_args()
     compile_bytecode = not args.no_compile_bytecode
 
-    from envbuilder import matrix
+    from envbuilder.model import matrix
     from envbuilder.lock.pip import uv_bin
-    from envbuilder.plan import install_plan, with_constraints
-    from envbuilder.render import render_files
-    from envbuilder.resolve import resolve
-    from envbuilder.verify import find_python
+    from envbuilder.render.plan import install_plan, with_constraints
+    from envbuilder.render.files import render_files
+    from envbuilder.model.resolve import resolve
+    from envbuilder.machine.verify import find_python
 
     env = with_constraints(resolve(matrix.load(), args.profile))
     plan = install_plan(env)

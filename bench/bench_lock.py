@@ -35,9 +35,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import lockfixtures as F  # noqa: E402
-from envbuilder import matrix  # noqa: E402
+from envbuilder.model import matrix  # noqa: E402
 from envbuilder.lock.pip import compile_args, parse, requirements_in, uv_bin  # noqa: E402
-from envbuilder.resolve import resolve  # noqa: E402
+from envbuilder.model.resolve import resolve  # noqa: E402
 
 CONDA_LOCK = textwrap.dedent("""
     import json, re, sys, tempfile, pathlib

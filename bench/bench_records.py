@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The resolved environment's classes: envbuild's Record (envbuilder/record.py) against
+"""The resolved environment's classes: envbuild's Record (envbuilder/model/record.py) against
 `dataclasses.dataclass(frozen=True, slots=True)` for the same classes and fields, each defined
 in a fresh process after the imports a render makes anyway (jinja2, yaml, click), interleaved.
 
@@ -25,7 +25,7 @@ PRELUDE = "import time, jinja2, yaml, click\n"
 
 def classes() -> list[tuple[str, tuple[str, ...], dict]]:
     """(name, fields, defaults) of every record of the resolved environment, children first."""
-    from envbuilder.resolved import ResolvedEnv
+    from envbuilder.model.resolved import ResolvedEnv
 
     out, seen = [], set()
 
@@ -52,7 +52,7 @@ def dataclass_source() -> str:
 
 def record_source() -> str:
     # the module as a render imports it (its dependencies are light: errors, record)
-    return (PRELUDE + "t0 = time.perf_counter()\nimport envbuilder.resolved\n"
+    return (PRELUDE + "t0 = time.perf_counter()\nimport envbuilder.model.resolved\n"
             "print(time.perf_counter() - t0)\n")
 
 
@@ -70,7 +70,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=15)
     args = ap.parse_args()
-    cases = {"Record classes (envbuilder.resolved)": record_source(),
+    cases = {"Record classes (envbuilder.model.resolved)": record_source(),
              "frozen slotted dataclasses, same fields": dataclass_source()}
     for source in cases.values():
         timed(source)
@@ -78,7 +78,7 @@ def main() -> int:
     for _ in range(args.runs):
         for name, source in cases.items():
             samples[name].append(timed(source))
-    base = statistics.median(samples["Record classes (envbuilder.resolved)"])
+    base = statistics.median(samples["Record classes (envbuilder.model.resolved)"])
     print(f"{len(classes())} classes, defined after `import jinja2, yaml, click`")
     print(f"{'case':42} {'median ms':>10} {'ratio':>7}")
     for name, values in samples.items():

@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from envbuilder.fetch import FetchItem, fetch_all  # noqa: E402
+from envbuilder.offline.fetch import FetchItem, fetch_all  # noqa: E402
 from fixture_wheels import make_wheel  # noqa: E402
 from httpfixtures import FileServer  # noqa: E402
 

@@ -49,7 +49,7 @@ from pathlib import Path
 GIB = 1024 ** 3
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-from envbuilder.gpu_tier import CARRIED, SCRIPT_ENV  # noqa: E402  (needs only the standard library here)
+from envbuilder.model.gpu_tier import CARRIED, SCRIPT_ENV  # noqa: E402  (needs only the standard library here)
 # a wheel's content left out to fit a call (64 MiB): ray's Java jar and its dashboard's web
 # client, which a Python process that never starts Java workers or the dashboard does not load
 TRIMMED = ("ray/jars/", "ray/dashboard/client/build/")
@@ -65,8 +65,8 @@ SUBSTITUTES = {"tensordict": {"0.5.0": {
 # -- cases (here) -------------------------------------------------------------------------------
 
 def case_of(profile: str, render_files, resolve, m) -> dict:
-    """The GPU run of one profile as envbuild renders it today (envbuilder.gpu_tier.case)."""
-    from envbuilder import gpu_tier
+    """The GPU run of one profile as envbuild renders it today (envbuilder.model.gpu_tier.case)."""
+    from envbuilder.model import gpu_tier
 
     env = resolve(m, profile)
     case = gpu_tier.case(env, render_files(env), m.models)
@@ -79,9 +79,9 @@ def case_of(profile: str, render_files, resolve, m) -> dict:
 
 
 def write_cases(out: Path, profiles: list[str]) -> None:
-    from envbuilder import matrix
-    from envbuilder.render import render_files
-    from envbuilder.resolve import resolve
+    from envbuilder.model import matrix
+    from envbuilder.render.files import render_files
+    from envbuilder.model.resolve import resolve
 
     m = matrix.load()
     cases = [case_of(p, render_files, resolve, m) for p in profiles]
@@ -355,7 +355,7 @@ def _compose(case: dict):
     from omegaconf import OmegaConf
 
     import verl
-    from envbuilder.gpu_tier import compose_run_config
+    from envbuilder.model.gpu_tier import compose_run_config
 
     cfg = compose_run_config(Path(verl.__file__).parent.parent, case["overrides"])
     OmegaConf.resolve(cfg)

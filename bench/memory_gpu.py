@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The memory estimate (envbuilder/memory.py) against a real GPU, one profile at a time.
+"""The memory estimate (envbuilder/model/memory.py) against a real GPU, one profile at a time.
 
 Two steps, on two machines:
   python bench/memory_gpu.py cases -o out/memory_cases.json     (here: needs envbuilder)
@@ -52,8 +52,9 @@ DEVICE = "cuda"  # (a CPU smoke test of the harness sets "cpu")
 def write_cases(out: Path, probes: list[str] | None = None) -> None:
     """`probes`: PROFILE:KEY:B1,B2 adds runs of KEY at those batch sizes (label "probe")."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from envbuilder import matrix, memory
-    from envbuilder.resolve import resolve
+    from envbuilder.model import matrix
+    from envbuilder.model import memory
+    from envbuilder.model.resolve import resolve
 
     m = matrix.load()
     consts_of = {}

@@ -18,7 +18,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from .errors import UserError
+from envbuilder.errors import UserError
 
 
 def config_path() -> Path:
@@ -31,9 +31,9 @@ def config_path() -> Path:
 
 @lru_cache(maxsize=None)
 def _load(path: str) -> dict:
-    from . import schema as S
-    from .limits import load_yaml, read_text_bounded
-    from .matrix_schema import MIRROR
+    from envbuilder.model import schema as S
+    from envbuilder.limits import load_yaml, read_text_bounded
+    from envbuilder.model.matrix_schema import MIRROR
 
     p = Path(path)
     if not p.exists():
@@ -71,7 +71,7 @@ PUSH_REGISTRY = re.compile(rf"(?P<host>{_LABEL}(?:\.{_LABEL})*|\[[0-9A-Fa-f:.]{{
 def check_registry(value: str, where: str) -> str:
     """`value` when it is HOST[:PORT][/PATH] (PUSH_REGISTRY), else UserError (exit 2) naming
     `where` it came from."""
-    from .outdir import shorten
+    from envbuilder.text import shorten
 
     m = PUSH_REGISTRY.fullmatch(value) if isinstance(value, str) and len(value) <= 255 else None
     if m is None or (m["port"] is not None and not 0 < int(m["port"]) < 65536):
@@ -87,7 +87,7 @@ def registry_for(name: str, default_local: str, option: str = "--registry") -> s
     """`local` -> the configured local registry; a configured name -> its host; else `name` as a
     host. Whichever it is, it must be HOST[:PORT][/PATH] (check_registry), named by where it came
     from (`option`, ENVBUILD_REGISTRY_LOCAL, the config, the matrix's registry_local)."""
-    from .outdir import shorten
+    from envbuilder.text import shorten
 
     regs = dict(user_config().get("registries") or {})
     sources = {n: f"the config's registries.{n} ({config_path()})" for n in regs}

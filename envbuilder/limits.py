@@ -15,7 +15,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from .errors import UserError
+from envbuilder.errors import UserError
 
 # Far above any real input: the shipped matrices together are ~100 KB and ~20,000 nodes.
 MAX_INPUT_BYTES = 8 << 20
@@ -91,7 +91,7 @@ def load_yaml(text: str, origin: str) -> Any:
         raise UserError(f"{origin}: nested too deeply to be an envbuild file. Pass the right "
                         "file.") from None
     except (ValueError, TypeError, OverflowError) as e:  # a constructor's: a bad date, !!binary
-        from .outdir import shorten
+        from envbuilder.text import shorten
 
         raise UserError(f"{origin}: holds a value YAML cannot build "
                         f"({shorten(str(e).splitlines()[0] if str(e) else type(e).__name__, 160)})"
@@ -112,7 +112,7 @@ def _check_nodes(root, origin: str) -> None:
             continue
         if isinstance(node, yaml.ScalarNode):
             if node.tag == "tag:yaml.org,2002:int" and len(node.value) > MAX_YAML_INT_CHARS:
-                from .outdir import shorten
+                from envbuilder.text import shorten
 
                 raise UserError(f"{origin}: line {node.start_mark.line + 1} holds a whole number "
                                 f"of {len(node.value):,} characters ({shorten(node.value, 30)}), "
@@ -154,7 +154,7 @@ def _duplicates(node, origin: str) -> None:
         if not isinstance(k, yaml.ScalarNode) or k.tag == "tag:yaml.org,2002:merge":
             continue
         if k.value in seen:
-            from .outdir import shorten
+            from envbuilder.text import shorten
 
             raise UserError(f"{origin}: the key {shorten(k.value, 60)!r} appears twice in one "
                             f"mapping (lines {seen[k.value]} and {k.start_mark.line + 1}); YAML "

@@ -122,3 +122,82 @@ def write_cache(path: Path | None, text: str) -> None:
             pass
     finally:
         os.close(folder)
+
+
+# -- sealed caches --------------------------------------------------------------------------------
+# A cache whose content took long to validate (the matrix) is sealed: its first line is an HMAC
+# of the rest under a key of 32 random bytes kept in the private cache folder (mode 0600, made
+# once). Only text this envbuild validated and sealed passes `read_sealed`; a file planted in the
+# folder, edited, or sealed under another key is None, and the caller validates afresh. (Whoever
+# can read the key can already write the user's files: they are the user.)
+SEAL = "envbuild-sealed 1 "
+_KEY = ".key"
+
+
+def _cache_key(folder: int) -> bytes | None:
+    """The cache key in the private folder `folder` (a descriptor), made when missing."""
+    try:
+        fd = os.open(_KEY, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
+    except FileNotFoundError:
+        try:
+            fd = os.open(_KEY, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o600, dir_fd=folder)
+            key = secrets.token_bytes(32)
+            with os.fdopen(fd, "wb") as f:
+                f.write(key)
+            return key
+        except OSError:
+            return None
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
+            return None
+        key = os.read(fd, 33)
+        return key if len(key) == 32 else None
+    finally:
+        os.close(fd)
+
+
+def _seal(key: bytes, body: str) -> str:
+    import hmac
+
+    return hmac.new(key, body.encode("utf-8"), "sha256").hexdigest()
+
+
+def read_sealed(path: Path | None) -> str | None:
+    """The body of a sealed cache file (write_sealed) when its seal is this user's key's; None
+    otherwise (absent, another's, planted, edited)."""
+    import hmac
+
+    text = read_cache(path)
+    if text is None or not text.startswith(SEAL):
+        return None
+    head, _, body = text.partition("\n")
+    folder = private_dir(path.parent)
+    if folder is None:
+        return None
+    try:
+        key = _cache_key(folder)
+    finally:
+        os.close(folder)
+    if key is None or not hmac.compare_digest(head[len(SEAL):], _seal(key, body)):
+        return None
+    return body
+
+
+def write_sealed(path: Path | None, body: str) -> None:
+    """`body` as a sealed cache file (see read_sealed); nothing where there is no private
+    folder or key."""
+    if path is None or os.environ.get("ENVBUILD_NO_CACHE"):
+        return
+    folder = private_dir(path.parent, create=True)
+    if folder is None:
+        return
+    try:
+        key = _cache_key(folder)
+    finally:
+        os.close(folder)
+    if key is not None:
+        write_cache(path, f"{SEAL}{_seal(key, body)}\n{body}")

@@ -26,8 +26,8 @@ import math
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from .errors import UserError
-from .limits import MAX_INPUT_BYTES
+from envbuilder.errors import UserError
+from envbuilder.limits import MAX_INPUT_BYTES
 
 
 class Bounds(NamedTuple):
@@ -68,7 +68,7 @@ DEFAULT_FIX = "It is not as envbuild writes it (edited, damaged or made by somet
 def read_bytes(path: Path, what: str, bounds: Bounds = BOUNDS) -> bytes | None:
     """The bytes of `path` (a regular file within bounds), None when there is no such file;
     UserError (exit 2) when it is not a regular file, too large or unreadable."""
-    from .limits import NotRegularFile, TooLarge, read_limited
+    from envbuilder.limits import NotRegularFile, TooLarge, read_limited
 
     try:
         return read_limited(Path(path), bounds.max_bytes)
@@ -175,7 +175,7 @@ def parse_yaml(data: bytes | str, origin: str, *, shape: Any = None, fix: str = 
                bounds: Bounds = BOUNDS) -> Any:
     """The YAML document `data` holds (safe, aliases counted, no key twice), checked like
     parse_json; None for an empty document."""
-    from .limits import load_yaml
+    from envbuilder.limits import load_yaml
 
     text = _text(data, origin, fix, bounds)
     try:
@@ -234,7 +234,7 @@ def read(path: Path, what: str, kind: str = "json", *, shape: Any = None, fix: s
 
 
 def _first_line(e: BaseException) -> str:
-    from .outdir import shorten
+    from envbuilder.text import shorten
 
     text = str(e).splitlines()[0] if str(e) else type(e).__name__
     if "integer string conversion" in text:  # (Python's own limit, in its own words)
@@ -247,7 +247,7 @@ def _first_line(e: BaseException) -> str:
 def _path(parts: tuple) -> str:
     """`packages[3].version` for ("packages", 3, "version"); a key that is not a plain word is
     quoted, and cut to its start."""
-    from .outdir import shorten
+    from envbuilder.text import shorten
 
     out = ""
     for p in parts:
@@ -379,7 +379,7 @@ def check_tree(doc: Any, origin: str, fix: str = DEFAULT_FIX, bounds: Bounds = B
 
 
 def _key(key: str) -> str:
-    from .outdir import shorten
+    from envbuilder.text import shorten
 
     return shorten(repr(key), 60)
 
@@ -393,7 +393,7 @@ def _kind_name(value: Any) -> str:
 def check_shape(doc: Any, shape: Any, origin: str, fix: str = DEFAULT_FIX,
                 partial: bool = False) -> None:
     """`doc` against a schema.py spec; BadData naming the path of the first mismatch."""
-    from . import schema as S
+    from envbuilder.model import schema as S
 
     try:
         S.check(doc, shape, "\0", partial)

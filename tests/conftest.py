@@ -21,8 +21,8 @@ import yaml
 _CACHE_HOME = Path(__import__("tempfile").mkdtemp(prefix="envbuild-test-cache-"))
 os.environ["XDG_CACHE_HOME"] = str(_CACHE_HOME)
 
-from envbuilder import matrix as M  # noqa: E402
-from envbuilder.resolve import Overrides, ResolveError, ResolvedEnv, resolve  # noqa: E402
+from envbuilder.model import matrix as M  # noqa: E402
+from envbuilder.model.resolve import Overrides, ResolveError, ResolvedEnv, resolve  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 GOLDEN = TESTS / "golden"
@@ -85,7 +85,7 @@ def frozen_with(*overlays) -> M.Matrix:
 def frozen_matrix(monkeypatch):
     """Commands run in-process read the frozen fixture matrix instead of the shipped one: the CLI
     tests of a rule's logic (refresh's comparisons, say) then survive a matrix update."""
-    from envbuilder import matrix as matrix_module
+    from envbuilder.model import matrix as matrix_module
     from envbuilder import paths
 
     real = paths.data_dir

@@ -252,8 +252,8 @@ def real_uv_wheel(dest: Path) -> Path:
     import subprocess
     import sys
 
-    from envbuilder import matrix
-    from envbuilder.resolve import uv_pin
+    from envbuilder.model import matrix
+    from envbuilder.model.resolve import uv_pin
 
     pin = uv_pin(matrix.load().defaults or {})
     name = pin.filename

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import resolved, shipped, violations
-from envbuilder.render import render_files
+from envbuilder.render.files import render_files
 
 ALGOS = list(shipped().algorithms)
 RUNNABLE = [a for a in ALGOS if not shipped().algorithms[a].get("refused")]
@@ -83,7 +83,7 @@ def test_every_estimator_composes_with_every_release_that_has_it(verl_trees, alg
     from omegaconf import OmegaConf
     from verlconfig import compose_run_config, run_script_overrides
 
-    from envbuilder.versions import version_key
+    from envbuilder.model.versions import version_key
 
     rec = shipped().algorithms[algo]
     checked = 0

@@ -21,10 +21,10 @@ import pytest
 from spython.main.parse.parsers import SingularityParser
 
 from conftest import PROFILES, resolved
-from envbuilder.cli_apptainer import HEADER, definition
-from envbuilder.cli_build import PREFLIGHT, smoke_command
+from envbuilder.cli.apptainer import HEADER, definition
+from envbuilder.cli.build import PREFLIGHT, smoke_command
 from envbuilder.errors import UserError
-from envbuilder.render import render_files
+from envbuilder.render.files import render_files
 
 DIGEST = "sha256:" + "0123456789abcdef" * 4
 REGISTRY = "127.0.0.1:5000"

@@ -8,7 +8,7 @@ import json
 
 from bakefile import load
 from conftest import PROFILES, resolved
-from envbuilder.bake import default_tag, hcl_string
+from envbuilder.engines.bake import default_tag, hcl_string
 
 
 def test_bake_all_writes_a_target_and_a_context_per_profile(cli, tmp_path):
@@ -46,7 +46,7 @@ def test_a_variable_overridden_when_baking_reaches_every_target(cli, tmp_path):
 def test_bake_through_a_mirror_points_the_contexts_at_it(cli, tmp_path):
     assert cli("bake", "4090", "--mirror", "cn", "-o", tmp_path / "b")[0] == 0
     from conftest import shipped
-    from envbuilder import mirrors as M
+    from envbuilder.model import mirrors as M
 
     cn = M.choice("cn", M.get_set(shipped(), "cn"))
     dockerfile = (tmp_path / "b" / "4090" / "Dockerfile").read_text()

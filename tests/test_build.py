@@ -73,15 +73,15 @@ def docker_client():
 def index(tmp_path_factory, docker_client):
     """A pypiserver on loopback with stand-in wheels for everything p40 installs, and uv's real
     wheel."""
-    from envbuilder import matrix
-    from envbuilder.resolve import Overrides, resolve
+    from envbuilder.model import matrix
+    from envbuilder.model.resolve import Overrides, resolve
 
     pkgs = tmp_path_factory.mktemp("pkgs")
     d = resolve(matrix.load(), "p40", Overrides(without=("apex",))).to_dict()
     wheels_for_env(pkgs, d, VERL_FIXTURE if VERL_FIXTURE.is_dir() else None)
     # the builder's tools at the versions the shipped p40 lock pins (a full p40 render constrains
     # them, as a real mirror of PyPI would serve), or any version where no lock pins them
-    from envbuilder.plan import find_constraints
+    from envbuilder.render.plan import find_constraints
 
     full = find_constraints(resolve(matrix.load(), "p40", Overrides()))
     pinned = dict(pin.split("==", 1) for pins in (full.layers if full else {}).values()
@@ -127,7 +127,7 @@ def index(tmp_path_factory, docker_client):
 @pytest.fixture(scope="module")
 def github():
     """A loopback stand-in for github.com serving the apex source archive at apex's real path."""
-    from envbuilder import matrix
+    from envbuilder.model import matrix
 
     path, data = apex_archive(APEX_STANDIN, matrix.load().apex["source_url"].format(ref="25.08"))
     with FileServer({path: data}) as srv:
@@ -137,9 +137,9 @@ def github():
 def fa_release_name(python: str = IMAGE_PYTHON, abi: bool = False) -> tuple[str, str]:
     """(path on github.com, file name) of the flash-attn release wheel the builder looks for:
     the stand-in torch in the image is 2.4.0 built with CUDA 12.1 and the old C++ ABI."""
-    from envbuilder import matrix
-    from envbuilder.flash_attn_wheel import wheel_filename
-    from envbuilder.resolve import Overrides, resolve
+    from envbuilder.model import matrix
+    from envbuilder.lock.flash_attn import wheel_filename
+    from envbuilder.model.resolve import Overrides, resolve
 
     d = resolve(matrix.load(), "4090", Overrides(with_=("flash-attn",))).to_dict()
     fa = d["flash_attn"]
@@ -152,7 +152,7 @@ def fa_release_name(python: str = IMAGE_PYTHON, abi: bool = False) -> tuple[str,
 def fa_github(tmp_path_factory):
     """A loopback github.com that has apex's archive and flash-attn's release wheel (a stand-in
     holding the training path's modules) for the build image's torch and Python, old ABI only."""
-    from envbuilder import matrix
+    from envbuilder.model import matrix
 
     path, name = fa_release_name()
     # salted per session: its sha256 is in the locked builder step, which so never comes from
@@ -213,7 +213,7 @@ def standin_python_overlay() -> str:
     tests render for the base they build on (as a user with such a base would, with --python)."""
     import tempfile
 
-    from envbuilder import matrix
+    from envbuilder.model import matrix
 
     m = matrix.load()
     folder = Path(tempfile.mkdtemp(prefix="envbuild-standin-python-"))
@@ -339,7 +339,7 @@ def test_a_build_whose_base_registry_does_not_answer_stops_before_any_step(docke
     """No --mirror, and the registry the base images come from does not answer (Docker Hub on a
     network that blocks it; here a closed loopback port): the build names it and --mirror in
     seconds, before its first step, instead of failing minutes in."""
-    from envbuilder import matrix
+    from envbuilder.model import matrix
 
     dead = f"127.0.0.1:{free_port()}"
     rec = dict(matrix.load().cuda["12.1"], python=IMAGE_PYTHON, source="provision")
@@ -498,8 +498,8 @@ def test_a_bake_target_builds_with_exactly_the_args_its_file_gives(docker_client
     and nothing else; the image then passes its smoke test. (The registry cache-from/cache-to
     entries need buildx and are not exercised.)"""
     from bakefile import load
-    from envbuilder import build as B
-    from envbuilder.cli_build import smoke_command
+    from envbuilder.engines import docker as B
+    from envbuilder.cli.build import smoke_command
 
     r = envbuild(["bake", "p40", "--without", "apex", "--mirror", "test", "--registry", "local",
                   "-o", str(tmp_path / "bake")], config)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from envbuilder.build import StepLog, default_echo
+from envbuilder.engines.docker import StepLog, default_echo
 
 LOG = (Path(__file__).parent / "fixtures" / "buildlogs" / "buildkit-20.10-plain.log").read_text()
 STEP = '[runtime 3/6] RUN for i in 1 2 3 4 5; do echo "installing wheel part $i"; sleep 2; done'

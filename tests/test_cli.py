@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import PROFILES, clean_env, record, shipped
-from envbuilder.render import MARKER
+from envbuilder.render.files import MARKER
 
 
 def test_list_shows_every_profile_with_gpu_cc_cuda_torch_and_rollout(run_envbuild):

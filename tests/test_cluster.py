@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import resolved, violations
-from envbuilder.render import render_files
+from envbuilder.render.files import render_files
 
 
 def script(env) -> str:

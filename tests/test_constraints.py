@@ -58,7 +58,7 @@ def all_constraints(out: Path) -> str:
 def test_a_verl_pin_change_leaves_the_torch_layers_constraints_as_they_were(tmp_path):
     # Docker keys a RUN's cache on its bind mounts' content: the torch layer mounts only its own
     from conftest import resolved
-    from envbuilder.plan import constraint_layers
+    from envbuilder.render.plan import constraint_layers
     from envbuilder.lock.pip import parse
 
     env = resolved("4090")

@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import envbuilder.cli_detect  # noqa: F401  (registers detect and doctor)
+import envbuilder.cli.machine  # noqa: F401  (registers detect and doctor)
 from conftest import frozen
-from envbuilder import matrix
+from envbuilder.model import matrix
 from envbuilder.cli import cli, main
-from envbuilder.detect import QUERY, QUERY_NO_CC, Gpu, Machine, detect, match_model, parse_cuda_version, recommend
-from envbuilder.doctor import Engine, Probes, buildkit_check, doctor, image_gb
-from envbuilder.render import render_files
-from envbuilder.resolve import Overrides, resolve
+from envbuilder.machine.detect import QUERY, QUERY_NO_CC, Gpu, Machine, detect, match_model, parse_cuda_version, recommend
+from envbuilder.machine.doctor import Engine, Probes, buildkit_check, doctor, image_gb
+from envbuilder.render.files import render_files
+from envbuilder.model.resolve import Overrides, resolve
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gpu"
 GB = 10**9
@@ -222,7 +222,7 @@ def invoke(args, probes):
 def recorded_network(down: dict | None = None):
     """A stand-in for the network probes (mirrors.probe's answers, no traffic): every endpoint
     answers, except the kinds in `down` ({kind: what the probe met})."""
-    from envbuilder.mirrors import Probe
+    from envbuilder.model.mirrors import Probe
 
     def probe(body):
         jobs = [("registry", reg, e) for reg, eps in body.get("registries", {}).items() for e in eps]
@@ -359,7 +359,7 @@ def test_doctor_probes_the_mirror_set_on_loopback(m, tmp_path, monkeypatch):
 
     config._load.cache_clear()
     try:
-        from envbuilder.doctor import probe_mirror  # the real probes: the set is all loopback
+        from envbuilder.machine.doctor import probe_mirror  # the real probes: the set is all loopback
 
         code, out = invoke(["doctor", "p40", "--mirror", "lo"], host("p40", network=probe_mirror))
     finally:
@@ -430,7 +430,7 @@ def test_a_driver_reported_as_na_is_unknown_not_a_crash(m):
     rec = recommend(m, machine)
     assert "driver unknown" in rec.fits[0].reasons[1].text
     # doctor cannot check it: it says so, and does not call it fine
-    from envbuilder.doctor import driver_check
+    from envbuilder.machine.doctor import driver_check
 
     check = driver_check(m, "p40", Overrides(), resolve(m, "p40"), machine)
     assert (check.status, check.detail) == ("skip", "driver version unknown; CUDA 11.8 needs >= "
@@ -461,7 +461,7 @@ def test_todays_names_map_to_the_shipped_models(name, model):
 
 def test_a_grace_machine_is_refused_with_the_reason_and_a_fix():
     """GB200/GH200 hosts are aarch64: the resolver says what envbuild can't render for them."""
-    from envbuilder.resolve import ResolveError
+    from envbuilder.model.resolve import ResolveError
 
     m = matrix.load()
     prof = dict(m.profiles["b200"], gpu="gb200")

@@ -226,7 +226,7 @@ def test_no_rendered_step_holds_two_locked_cache_mounts():
     one. The templates lock at most one mount per step, its last cache mount, so every engine
     builds the same file."""
     from conftest import PROFILES, resolved
-    from envbuilder.render import render_files
+    from envbuilder.render.files import render_files
 
     import re
 

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from envbuilder.errors import ActionError, UserError
-from envbuilder.fetch import FetchEvent, FetchItem, TerminalProgress, fetch_all
+from envbuilder.offline.fetch import FetchEvent, FetchItem, TerminalProgress, fetch_all
 from httpfixtures import FileServer, closed_port_url
 
 WHEEL = "demo-1.0-py3-none-any.whl"
@@ -205,7 +205,7 @@ def test_a_body_longer_than_the_locked_size_is_cut_off_and_removed(tmp_path):
 
 
 def test_a_body_of_no_recorded_size_is_cut_off_at_the_cap(tmp_path, monkeypatch):
-    from envbuilder import fetch as F
+    from envbuilder.offline import fetch as F
     from faultserver import FaultServer
 
     monkeypatch.setattr(F, "MAX_UNSIZED", 1 << 20)

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import resolved, shipped, violations
 from envbuilder.errors import UserError
-from envbuilder.resolve import ResolveError
+from envbuilder.model.resolve import ResolveError
 
 # what a user copies out of a fix: `--flag value` pairs, and `drop --flag` (leave it out)
 FLAG = re.compile(r"(drop )?--(cuda|torch|python|verl|rollout|vllm|with|without|driver|ecc)\b"
@@ -103,7 +103,7 @@ def test_a_fix_that_names_no_working_change_says_so_rather_than_guessing(overlay
     """A GPU no torch in the matrix has kernels for (a Kepler K10, CC 3.0): the refusal says that no
     one change resolves it, and offers no flag to try."""
     from conftest import record
-    from envbuilder import matrix as M
+    from envbuilder.model import matrix as M
 
     gpu = record("gpus", "p40", compute_capability="3.0", name="Tesla K10", match=[r"\bK10\b"],
                  source="https://example.org")

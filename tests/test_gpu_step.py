@@ -33,8 +33,8 @@ def _bench():
 @pytest.fixture(scope="module")
 def today():
     """The cases bench/gpu_step.py would send today, by profile."""
-    from envbuilder.render import render_files
-    from envbuilder.resolve import resolve
+    from envbuilder.render.files import render_files
+    from envbuilder.model.resolve import resolve
 
     bench = _bench()
     return {p: bench.case_of(p, render_files, resolve, shipped()) for p in bench.PROFILES}
@@ -158,9 +158,9 @@ def test_verls_own_trainer_ran_validation_and_two_steps_through_ray(profile, tod
 
 
 def test_verify_reports_the_gpu_tier_for_this_very_render():
-    from envbuilder import gpu_tier
-    from envbuilder.render import render_files
-    from envbuilder.resolve import resolve
+    from envbuilder.model import gpu_tier
+    from envbuilder.render.files import render_files
+    from envbuilder.model.resolve import resolve
 
     m = shipped()
     for profile in ("p40", "4090"):
@@ -170,7 +170,7 @@ def test_verify_reports_the_gpu_tier_for_this_very_render():
     env = resolve(m, "t4")
     assert gpu_tier.status(env, render_files(env), m.models) == "not run"
     # another configuration of a profile that ran: the record does not count for it
-    from envbuilder.resolve import Overrides
+    from envbuilder.model.resolve import Overrides
 
     env = resolve(m, "p40", Overrides(verl="0.5.0"))
     assert gpu_tier.status(env, render_files(env), m.models).startswith("stale")

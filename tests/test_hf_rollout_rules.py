@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from conftest import resolved, shipped
-from envbuilder.render import render_files
+from envbuilder.render.files import render_files
 
 OFFLOAD = "actor_rollout_ref.actor.fsdp_config.param_offload"
 ORIG = "actor_rollout_ref.actor.fsdp_config.use_orig_params"

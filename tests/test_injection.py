@@ -1,6 +1,6 @@
 """Issue 12, no injected code: every value from the matrix, an overlay, the config or a --from
-file is checked where it enters (the kinds in envbuilder/schema.py) and quoted where it leaves
-(the filters of envbuilder/quoting.py, in templates/*.j2).
+file is checked where it enters (the kinds in envbuilder/model/schema.py) and quoted where it leaves
+(the filters of envbuilder/render/quoting.py, in templates/*.j2).
 
 Hostile strings (newlines, quotes, $(...), backticks, triple quotes, `; touch`, NUL, unicode,
 100,000 characters) go through every field that reaches a rendered file: by a --matrix-dir
@@ -36,11 +36,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import FIXTURES, frozen, record, resolved, shipped
-from envbuilder import quoting
-from envbuilder.mirrors import without_credentials as bare
+from envbuilder.render import quoting
+from envbuilder.model.mirrors import without_credentials as bare
 from envbuilder.errors import UserError
-from envbuilder.render import MARKER, RUN_SCRIPT, render_files
-from envbuilder.resolve import ResolvedEnv
+from envbuilder.render.files import MARKER, RUN_SCRIPT, render_files
+from envbuilder.model.resolve import ResolvedEnv
 
 URL = "https://example.org/lab"
 CANARY_DIR = Path(tempfile.mkdtemp(prefix="envbuild-canary-"))
@@ -579,7 +579,7 @@ def test_a_benign_value_leaves_every_filter_unchanged():
 # -- checked where it enters: the placeholder, the pre-release, a key named twice ----------------
 
 def overlay_error(tmp_path, doc) -> str:
-    from envbuilder import matrix as M
+    from envbuilder.model import matrix as M
 
     folder = fresh(tmp_path)
     (folder / "lab.yaml").write_text(yaml.safe_dump(doc), encoding="utf-8")

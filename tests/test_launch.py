@@ -35,9 +35,9 @@ import pytest
 import yaml
 
 from conftest import TESTS, resolved
-from envbuilder import launch as L
+from envbuilder.engines import launch as L
 from envbuilder.errors import UserError
-from envbuilder.render import render_files
+from envbuilder.render.files import render_files
 
 BIN = Path(sys.executable).parent  # the test interpreter's venv: python3 with ray, shellcheck
 DIGEST = "sha256:" + "0123456789abcdef" * 4

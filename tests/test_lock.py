@@ -61,8 +61,8 @@ def isolated(tmp_path_factory):
 @pytest.fixture(scope="module")
 def world(isolated, tmp_path_factory):
     """Channel, indexes and registry, with the p40 profile's base images pushed."""
-    from envbuilder import matrix
-    from envbuilder.resolve import resolve
+    from envbuilder.model import matrix
+    from envbuilder.model.resolve import resolve
 
     root = tmp_path_factory.mktemp("world")
     # torch weighs a few MiB so a download cut halfway has written something to resume from
@@ -231,7 +231,7 @@ def test_images_lock_pins_the_list_digest_not_a_platform_child(world, p40_lock):
 
 
 def test_anonymous_bearer_token_flow(world):
-    from envbuilder.registry import digest
+    from envbuilder.oci.registry import digest
 
     gate = F.TokenGate(world["registry"])
     try:
@@ -311,7 +311,7 @@ def test_check_passes_offline_and_detects_a_changed_matrix(world, tmp_path, caps
 def edited_templates(tmp_path, monkeypatch):
     """envbuild's data folder as a copy whose Dockerfile template gained a comment."""
     from envbuilder import paths
-    from envbuilder import render as R
+    from envbuilder.render import files as R
 
     pkg = tmp_path / "pkg"
     for name in ("matrices", "templates", "lockfiles"):
@@ -331,7 +331,7 @@ def test_a_template_comment_or_a_new_envbuild_leaves_a_lock_current(
     """A lock depends on what its solvers see, not on templates that cannot change a solution,
     nor on envbuild's version."""
     import envbuilder
-    from envbuilder import resolve as RS
+    from envbuilder.model import resolve as RS
 
     monkeypatch.setattr(RS, "__version__", envbuilder.__version__ + ".post1", raising=False)
     rc, out, _ = envbuild(capsys, "lock", "p40", "--check", "-o", p40_lock)
@@ -346,7 +346,7 @@ def test_a_template_comment_or_a_new_envbuild_leaves_a_lock_current(
 def _profile_yaml(name: str, **changes) -> str:
     import yaml
 
-    from envbuilder import matrix
+    from envbuilder.model import matrix
 
     record = dict(matrix.load().profiles[name], **changes, source="mine")
     return "  " + yaml.safe_dump({name: record}).replace("\n", "\n  ").rstrip() + "\n"
@@ -425,7 +425,7 @@ def test_check_render_and_wheelhouse_refuse_a_damaged_lock_alike(p40_lock, tmp_p
 def test_unsatisfiable_cuda_names_the_package_and_the_virtual_package(world, tmp_path, capsys):
     import yaml
 
-    from envbuilder import matrix
+    from envbuilder.model import matrix
 
     cuda = dict(matrix.load().cuda["11.8"], conda_nvcc="cuda-nvcc=12.4")  # nvcc too new for 11.8
     (tmp_path / "cuda.yaml").write_text(yaml.safe_dump({
@@ -508,7 +508,8 @@ def test_render_locked_through_a_mirror_pins_the_mirrors_images_at_the_locked_di
         world, p40_lock, tmp_path, capsys):
     """A digest names the content: through a mirror the locked Dockerfile pulls the mirror's
     reference at the digest the lock recorded, never the upstream Docker Hub one."""
-    from envbuilder import matrix as MX, mirrors as M
+    from envbuilder.model import matrix as MX
+    from envbuilder.model import mirrors as M
 
     rc, _, err = envbuild(capsys, "render", "p40", "-o", tmp_path / "out", "--locked", p40_lock,
                           "--mirror", "cn")
@@ -590,9 +591,9 @@ def test_render_locked_pins_the_builders_tools_and_the_apex_archive(p40_lock, tm
 # ---- flash-attn's release wheels (sources.lock) ----------------------------------------------
 
 def _fa_names(profile="3090"):
-    from envbuilder import matrix
-    from envbuilder.flash_attn_wheel import wheel_filename
-    from envbuilder.resolve import Overrides, resolve
+    from envbuilder.model import matrix
+    from envbuilder.lock.flash_attn import wheel_filename
+    from envbuilder.model.resolve import Overrides, resolve
 
     d = resolve(matrix.load(), profile, Overrides(verl="0.6.1")).to_dict()  # flash-attn 2.8.3
     fa = d["flash_attn"]

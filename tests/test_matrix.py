@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from conftest import frozen, frozen_with, record, resolved, shipped
-from envbuilder import matrix as M
+from envbuilder.model import matrix as M
 from envbuilder.errors import UserError
 
 URL = "https://example.org/my-lab-notes"  # an overlay fact's source may be a URL
@@ -131,7 +131,7 @@ def test_an_unknown_component_in_a_profile_is_rejected(overlay):
 def test_a_pre_release_in_an_overlay_loads_sorts_and_resolves(overlay):
     """The schema's version grammar is the one versions.version_key orders: a 2.9.0rc1-style key
     neither passes the schema and then breaks the resolver (a traceback) nor gets refused."""
-    from envbuilder.versions import in_range, version_key
+    from envbuilder.model.versions import in_range, version_key
 
     latest = max(frozen().verl, key=version_key)
     folder = overlay({"verl": {"9.0.0rc1": record("verl", latest, source=URL)}})
@@ -148,7 +148,7 @@ def test_a_pre_release_in_an_overlay_loads_sorts_and_resolves(overlay):
 def test_a_prefix_clause_matches_a_whole_series_as_pip_does():
     """vLLM 0.19.1 asks transformers!=5.0.*,...,!=5.5.0 (PEP 440 prefix matches): 5.10 is not
     in the 5.1 series, and a `!=` series never empties a range (5.9.0 fits, 5.0.3 does not)."""
-    from envbuilder.versions import in_range, ranges_overlap
+    from envbuilder.model.versions import in_range, ranges_overlap
 
     spec = ">=4.56.0,!=5.0.*,!=5.1.*,!=5.2.*,!=5.3.*,!=5.4.*,!=5.5.0"
     fits = [v for v in ("4.55.0", "4.57.6", "5.0.3", "5.4.9", "5.5.0", "5.5.1", "5.10.0")
@@ -236,8 +236,8 @@ def test_a_value_is_echoed_in_an_error_cut_to_its_start(overlay):
 
 def test_every_string_of_the_schema_has_a_kind():
     """No field is a bare `str`: each says what it is (schema.py), so nothing enters unchecked."""
-    from envbuilder import schema as S
-    from envbuilder.matrix_schema import RESOLVED, SECTIONS
+    from envbuilder.model import schema as S
+    from envbuilder.model.matrix_schema import RESOLVED, SECTIONS
 
     def walk(spec, where):
         assert spec is not str, f"{where} is a bare str: give it a kind (schema.py)"

@@ -14,10 +14,10 @@ import pytest
 import yaml
 
 from conftest import FIXTURES, PROFILES, record, resolved, shipped, violations
-from envbuilder import matrix as M
-from envbuilder import memory
+from envbuilder.model import matrix as M
+from envbuilder.model import memory
 from envbuilder.errors import UserError
-from envbuilder.render import RUN_SCRIPT, render_files
+from envbuilder.render.files import RUN_SCRIPT, render_files
 
 CONFIGS = FIXTURES / "verl-configs"
 CONFIG_FILE = {"0.4.1": CONFIGS / "0.4.1" / "ppo_trainer.yaml",

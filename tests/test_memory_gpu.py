@@ -11,7 +11,7 @@ import re
 import pytest
 
 from conftest import FIXTURES, resolved, shipped
-from envbuilder import memory
+from envbuilder.model import memory
 
 RUN = json.loads((FIXTURES / "gpu" / "memory" / "h200-run.json").read_text(encoding="utf-8"))
 MEASURED = {p["profile"]: p for p in RUN["profiles"]}

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from envbuilder import mirrors as M
+from envbuilder.model import mirrors as M
 from envbuilder.cli import main
 
 
@@ -33,7 +33,7 @@ def run(capsys, *args, **env):
     ("127.0.0.1:5000/nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04", ("127.0.0.1:5000", "nvidia/cuda", ":12.4.1-cudnn-runtime-ubuntu22.04")),
 ])
 def test_image_references_follow_dockers_rules(ref, expected):
-    from envbuilder.registry import parse_image
+    from envbuilder.oci.registry import parse_image
 
     assert tuple(parse_image(ref)) == expected
 

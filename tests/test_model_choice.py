@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURES, shipped
-from envbuilder.architectures import arch_from_config
+from envbuilder.model.architectures import arch_from_config
 from envbuilder.errors import UserError
-from envbuilder.memory import Arch
+from envbuilder.model.memory import Arch
 from faultserver import FaultServer
 
 HF = FIXTURES / "hf"

@@ -64,8 +64,8 @@ def short_deadlines(monkeypatch, seconds: float = 1.0) -> None:
     """Every client's total-time deadline made short, so that a dripping server is given up on
     in a second (the defaults are minutes)."""
     try:
-        from envbuilder import net
-    except ImportError:  # (the code before envbuilder/net.py: nothing to shorten)
+        from envbuilder.oci import http as net
+    except ImportError:  # (the code before envbuilder/oci/http.py: nothing to shorten)
         return
     monkeypatch.setattr(net, "DEADLINE_SCALE", seconds / 60.0)
 
@@ -73,7 +73,7 @@ def short_deadlines(monkeypatch, seconds: float = 1.0) -> None:
 # ---- the registry client: manifest, token service, /v2/ ---------------------------------------
 
 def test_a_manifest_that_never_ends_is_cut_at_its_cap():
-    from envbuilder.registry import digest
+    from envbuilder.oci.registry import digest
 
     # HEAD without Docker-Content-Digest: the client GETs the body to hash it
     head = ("answer", 200, {"Content-Type": OCI_MANIFEST}, b"")
@@ -96,7 +96,7 @@ def challenge(srv: FaultServer) -> tuple:
 ], ids=["captive-portal", "list", "string", "deep", "number", "header-injection", "no-token",
         "endless"])
 def test_a_token_service_that_answers_nonsense_is_an_action_error_naming_it(answer):
-    from envbuilder.registry import digest
+    from envbuilder.oci.registry import digest
 
     with FaultServer({}, script={MANIFEST: []}) as srv:
         srv.script[MANIFEST].append(challenge(srv))
@@ -109,7 +109,7 @@ def test_a_token_service_that_answers_nonsense_is_an_action_error_naming_it(answ
 
 
 def test_v2_that_never_ends_is_not_read():
-    from envbuilder.registry import check_registry
+    from envbuilder.oci.registry import check_registry
 
     with FaultServer({}, script={"v2/": ["endless"]}) as srv:
         check_registry(f"127.0.0.1:{srv.port}", "--registry", "nothing was loaded")
@@ -118,7 +118,7 @@ def test_v2_that_never_ends_is_not_read():
 
 
 def test_a_registry_that_drips_its_headers_is_given_up_on_at_the_deadline(monkeypatch):
-    from envbuilder.registry import digest
+    from envbuilder.oci.registry import digest
 
     short_deadlines(monkeypatch)
     with FaultServer({}, script={MANIFEST: ["drip"] * 4}) as srv:
@@ -128,7 +128,7 @@ def test_a_registry_that_drips_its_headers_is_given_up_on_at_the_deadline(monkey
 
 
 def test_a_retry_after_of_an_hour_does_not_hold_the_client(monkeypatch):
-    from envbuilder.registry import digest
+    from envbuilder.oci.registry import digest
 
     short_deadlines(monkeypatch)
     busy = ("answer", 429, {"Retry-After": "3600"}, b"")
@@ -139,7 +139,7 @@ def test_a_retry_after_of_an_hour_does_not_hold_the_client(monkeypatch):
 
 
 def test_registry_messages_never_print_the_credentials_of_a_mirror():
-    from envbuilder.registry import digest
+    from envbuilder.oci.registry import digest
 
     with FaultServer({}, script={"v2/prefix/" + MANIFEST[3:]: [("answer", 418, {}, b"")]}) as srv:
         mirror = f"http://envbuild:{SECRET}@127.0.0.1:{srv.port}/prefix"
@@ -150,7 +150,7 @@ def test_registry_messages_never_print_the_credentials_of_a_mirror():
 
 
 def test_the_mirror_pick_of_build_reads_a_bounded_manifest():
-    from envbuilder.build import pick_registries
+    from envbuilder.engines.docker import pick_registries
 
     head = ("answer", 200, {"Content-Type": OCI_MANIFEST}, b"")
     path = "v2/library/ubuntu/manifests/22.04"
@@ -211,7 +211,7 @@ def test_export_image_stays_small_when_the_manifest_never_ends(tmp_path, child_e
 
 
 def test_import_image_stays_small_when_v2_never_ends(tmp_path, child_env):
-    from envbuilder.image_archive import FORMAT
+    from envbuilder.oci.archive import FORMAT
 
     archive = tmp_path / "app.tar"
     archive.write_bytes(b"not read: the registry is checked first")
@@ -244,7 +244,7 @@ def test_export_image_with_a_captive_portal_for_a_token_service_is_exit_1(tmp_pa
 
 def _probes(url: str, timeout: float = 1.0) -> tuple[bool, bool]:
     from envbuilder.lock.pip import index_answers as lock_answers
-    from envbuilder.verify import index_answers as verify_answers
+    from envbuilder.machine.verify import index_answers as verify_answers
 
     return lock_answers(url, timeout=timeout), verify_answers(url, timeout=timeout)
 
@@ -293,7 +293,7 @@ def test_index_probes_give_up_on_dripping_headers(monkeypatch):
 
 
 def test_the_mirror_probe_gives_up_on_dripping_headers(monkeypatch):
-    from envbuilder.mirrors import probe
+    from envbuilder.model.mirrors import probe
 
     short_deadlines(monkeypatch)
     with FaultServer({}, default="drip") as srv:
@@ -306,7 +306,7 @@ def test_the_mirror_probe_gives_up_on_dripping_headers(monkeypatch):
 
 def test_a_redirect_whose_body_never_ends_is_not_read():
     """requests reads a redirect's whole body before it follows the Location."""
-    from envbuilder.mirrors import probe
+    from envbuilder.model.mirrors import probe
 
     with FaultServer({"simple/": b"<html></html>"}) as srv:
         srv.script = {"moved/": [("redirect", srv.url("simple/"), "endless")]}
@@ -319,7 +319,7 @@ def test_a_redirect_whose_body_never_ends_is_not_read():
 # ---- the wheelhouse's --build-index-url page, and its download messages ------------------------
 
 def test_the_uv_page_of_a_build_index_is_read_to_its_cap():
-    from envbuilder.wheelhouse import uv_artifacts
+    from envbuilder.offline.wheelhouse import uv_artifacts
 
     pin = types.SimpleNamespace(filename="uv-0.7.0-py3-none-any.whl", version="0.7.0",
                                 sha256="0" * 64, size=1)
@@ -336,7 +336,7 @@ def test_the_uv_page_of_a_build_index_is_read_to_its_cap():
 def test_download_stall_and_failure_messages_never_print_credentials(tmp_path):
     import hashlib
 
-    from envbuilder.fetch import FetchItem, fetch_all
+    from envbuilder.offline.fetch import FetchItem, fetch_all
 
     data = os.urandom(256 << 10)
     events = []
@@ -363,7 +363,7 @@ def test_a_failed_sdist_build_never_prints_the_build_index_credentials(tmp_path)
     from fixture_wheels import make_sdist
 
     from envbuilder.lock import lockfile as L
-    from envbuilder.wheelhouse import export
+    from envbuilder.offline.wheelhouse import export
 
     sdist = make_sdist(tmp_path / "src", "demo_pkg", "1.0")
     data, sha = sdist.read_bytes(), hashlib.sha256(sdist.read_bytes()).hexdigest()
@@ -421,7 +421,7 @@ def test_a_release_page_nested_too_deep_is_a_per_release_error(cli):
 
 
 def test_a_wheel_that_is_no_zip_is_a_per_release_error():
-    from envbuilder.cli_refresh import PyPIJson
+    from envbuilder.cli.refresh import PyPIJson
 
     junk = os.urandom(300_000)
     wheel = {"filename": "torch-99.0-cp311-cp311-manylinux1_x86_64.whl",
@@ -436,7 +436,7 @@ def test_a_wheel_that_is_no_zip_is_a_per_release_error():
 
 
 def test_a_project_page_that_drips_is_given_up_on(monkeypatch):
-    from envbuilder.cli_refresh import PyPIJson
+    from envbuilder.cli.refresh import PyPIJson
 
     short_deadlines(monkeypatch)
     with FaultServer({}, default="drip") as srv:
@@ -447,7 +447,7 @@ def test_a_project_page_that_drips_is_given_up_on(monkeypatch):
 
 
 def test_refresh_messages_never_print_the_credentials_of_the_index():
-    from envbuilder.cli_refresh import PyPIJson
+    from envbuilder.cli.refresh import PyPIJson
 
     with FaultServer({}, default=418) as srv:
         client = PyPIJson(f"http://envbuild:{SECRET}@127.0.0.1:{srv.port}", timeout=5)
@@ -459,7 +459,7 @@ def test_refresh_messages_never_print_the_credentials_of_the_index():
 # ---- the flash-attn wheel download (in the builder: standard library only) ----------------------
 
 def test_flash_attn_credentials_do_not_follow_a_redirect_to_another_host(tmp_path):
-    from envbuilder import flash_attn_wheel as F
+    from envbuilder.lock import flash_attn as F
 
     data = b"wheel bytes"
     with FileServer({"w.whl": data}) as other, \
@@ -476,7 +476,7 @@ def test_flash_attn_credentials_do_not_follow_a_redirect_to_another_host(tmp_pat
 
 
 def test_flash_attn_download_gives_up_on_a_body_that_drips(tmp_path, monkeypatch):
-    from envbuilder import flash_attn_wheel as F
+    from envbuilder.lock import flash_attn as F
 
     monkeypatch.setattr(F, "DEADLINE_S", 1.5, raising=False)
     with FaultServer({}, default="drip-body") as srv:
@@ -487,7 +487,7 @@ def test_flash_attn_download_gives_up_on_a_body_that_drips(tmp_path, monkeypatch
 
 
 def test_flash_attn_download_retries_a_body_cut_short(tmp_path):
-    from envbuilder import flash_attn_wheel as F
+    from envbuilder.lock import flash_attn as F
 
     data = os.urandom(1 << 20)
     with FaultServer({"w.whl": data}, script={"w.whl": ["drop"]}) as srv:
@@ -540,7 +540,7 @@ def test_an_empty_index_url_is_exit_2(cli, args, option):
 # ---- the session itself ----------------------------------------------------------------------------
 
 def test_redaction_covers_urls_and_authorization_values():
-    from envbuilder.net import redact
+    from envbuilder.oci.http import redact
 
     text = (f"GET http://u:{SECRET}@h:1/x and https://tok@h/y failed; Authorization: Bearer "
             f"eyJhbGci.abc-def_1 and basic ZW52YnVpbGQ6czNj==, ftp://a:b@c; the token service "
@@ -553,7 +553,7 @@ def test_redaction_covers_urls_and_authorization_values():
 
 
 def test_a_redirect_loop_and_a_closed_port_are_network_errors_not_crashes():
-    from envbuilder import net
+    from envbuilder.oci import http as net
 
     with FaultServer({}) as srv:
         srv.script = {"loop": [("redirect", srv.url("loop"))] * 40}
@@ -574,7 +574,7 @@ def test_uv_on_an_index_page_that_never_ends_is_stopped_at_its_memory_cap(tmp_pa
     the index, instead of letting it fill the machine."""
     from envbuilder.lock import pip as P
 
-    monkeypatch.setattr("envbuilder.runner.MAX_RSS", 300 << 20)
+    monkeypatch.setattr("envbuilder.tools.run.MAX_RSS", 300 << 20)
     (tmp_path / "requirements.in").write_text("six==1.16.0\n")
     with FaultServer({}) as srv:
         srv.endless_cap = 4 << 30

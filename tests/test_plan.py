@@ -8,8 +8,8 @@ import re
 import pytest
 
 from conftest import resolved
-from envbuilder.plan import BUILD_TOOLS, install_plan, normalize, with_constraints
-from envbuilder.render import render_files
+from envbuilder.render.plan import BUILD_TOOLS, install_plan, normalize, with_constraints
+from envbuilder.render.files import render_files
 
 
 def plan_of(profile: str, **kw):

@@ -26,9 +26,9 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURES, PROFILES, frozen, record, resolved, shipped
-from envbuilder import matrix as M
-from envbuilder.render import RUN_SCRIPT, render_files
-from envbuilder.resolve import TORCH_DTYPE
+from envbuilder.model import matrix as M
+from envbuilder.render.files import RUN_SCRIPT, render_files
+from envbuilder.model.resolve import TORCH_DTYPE
 from fixture_wheels import module_files, wheels_for_env
 
 BF16 = {"bf16", "bfloat16"}

@@ -20,9 +20,9 @@ import pytest
 
 from conftest import FIXTURES, frozen, frozen_with, resolved
 from fixture_wheels import module_files, wheels_for_env
-from envbuilder import matrix as M
-from envbuilder.cli_build import smoke_command
-from envbuilder.render import render_files
+from envbuilder.model import matrix as M
+from envbuilder.cli.build import smoke_command
+from envbuilder.render.files import render_files
 
 CHECK, CROSS = "\u2713", "\u2717"
 
@@ -326,7 +326,7 @@ def test_the_smoke_test_imports_the_training_path_of_the_installed_image(tmp_pat
 def test_a_failed_smoke_test_names_the_import_that_failed(tmp_path):
     from docker.errors import ContainerError
 
-    from envbuilder.build import smoke
+    from envbuilder.engines.docker import smoke
     from envbuilder.errors import ActionError
 
     script, d = render(tmp_path, "p40")

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import resolved
-from envbuilder.render import render
+from envbuilder.render.files import render
 from httpfixtures import FileServer
 
 TRAIN = [

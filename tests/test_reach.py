@@ -1,4 +1,4 @@
-"""What a build fetches, probed before its first step (envbuilder/reach.py): the endpoints each
+"""What a build fetches, probed before its first step (envbuilder/machine/reach.py): the endpoints each
 profile's rendered files use, and each failure told apart by what fixes it (DNS, refused, timeout,
 TLS interception, credentials, rate limit)."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import requests
 
 from conftest import resolved
-from envbuilder import reach
-from envbuilder.mirrors import Probe, failure_reason
+from envbuilder.machine import reach
+from envbuilder.model.mirrors import Probe, failure_reason
 
 
 def test_what_each_build_fetches_follows_the_rendered_files():
@@ -53,7 +53,7 @@ def test_a_failure_is_named_by_what_fixes_it():
 
 
 def test_a_failed_build_is_classified_with_one_fix_and_its_step_is_never_cut_mid_word():
-    from envbuilder.build import build_failure, classify, step_title
+    from envbuilder.engines.docker import build_failure, classify, step_title
 
     cases = {
         "ERROR: Could not find a version that satisfies the requirement torch==2.6.0+cu118\n"
@@ -83,8 +83,8 @@ def test_a_failed_build_is_classified_with_one_fix_and_its_step_is_never_cut_mid
 def test_review_mends_classification_ca_cert_and_a_reprinted_step_header(tmp_path):
     import io
 
-    from envbuilder.build import StepLog, classify
-    from envbuilder.mirrors import _trust
+    from envbuilder.engines.docker import StepLog, classify
+    from envbuilder.model.mirrors import _trust
 
     assert classify("OSError: [Errno 13] Permission denied: '/opt/venv/x'") == (None, None)
     assert "DNS" not in (classify("error: Failed to resolve dependencies for `verl`")[0] or "")

@@ -25,7 +25,7 @@ LOCKS = Path(__file__).resolve().parent.parent / "lockfiles"
 @pytest.fixture(scope="module")
 def p40_json() -> str:
     """envbuild.json of p40, as `envbuild render p40` writes it."""
-    from envbuilder.render import MARKER, render_files
+    from envbuilder.render.files import MARKER, render_files
 
     return render_files(resolved("p40"))[MARKER]
 
@@ -255,7 +255,7 @@ def test_apptainer_reads_index_json_through_the_same_reader(cli, tmp_path):
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     """A cache home of this test's own, and the matrix cache file a load writes there."""
-    from envbuilder import matrix as M
+    from envbuilder.model import matrix as M
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cachehome"))
     monkeypatch.delenv("ENVBUILD_NO_CACHE", raising=False)
@@ -276,7 +276,7 @@ def test_a_planted_matrix_cache_is_validated_like_a_fresh_load(cli, tmp_path, ca
     is refused as a fresh load would refuse it; the matrix is read afresh and the cache
     rewritten."""
     clean = _render(cli, tmp_path / "clean")
-    doc = json.loads(cache.read_text())
+    doc = _cache_doc(cache)
     verl = doc["sections"]["verl"][doc["sections"]["profiles"]["p40"]["verl"]]
     verl["pins"] = {k: v + "\nRUN echo pwned" for k, v in verl["pins"].items()}
     doc["sections"]["cuda"]["11.8"]["conda_nvcc"] += "\nRUN echo pwned"
@@ -285,8 +285,16 @@ def test_a_planted_matrix_cache_is_validated_like_a_fresh_load(cli, tmp_path, ca
     assert "pwned" not in cache.read_text()
 
 
+def _cache_doc(cache: Path) -> dict:
+    """The matrix cache's JSON (its seal line, paths.SEAL, left off)."""
+    from envbuilder.paths import SEAL
+
+    text = cache.read_text()
+    return json.loads(text.split("\n", 1)[1] if text.startswith(SEAL) else text)
+
+
 def _plant_description(cache: Path, text: str) -> None:
-    doc = json.loads(cache.read_text())
+    doc = _cache_doc(cache)
     doc["sections"]["profiles"]["p40"]["description"] = text  # (valid text: only where it is)
     cache.write_text(json.dumps(doc))
 

@@ -272,7 +272,7 @@ def only_bad_data(call):
 @settings(max_examples=120, **SETTINGS)
 @given(st.one_of(json_texts({"a": [1, {"b": "c"}], "d": 1.5}), st.text(max_size=80)))
 def test_parse_json_returns_or_says_what_is_wrong(text):
-    from envbuilder import schema as S
+    from envbuilder.model import schema as S
     from envbuilder.readers import parse_json
 
     shape = {"a": S.ListOf(S.Scalar()), "d?": S.Num(0, 10), "*": S.Tree(S.Text(100))}
@@ -301,7 +301,7 @@ def test_parse_toml_returns_or_says_what_is_wrong(text):
 
 @functools.lru_cache(maxsize=None)
 def p40_spec() -> dict:
-    from envbuilder.render import MARKER, render_files
+    from envbuilder.render.files import MARKER, render_files
 
     return json.loads(render_files(resolved("p40"))[MARKER])
 
@@ -471,7 +471,7 @@ def test_a_matrix_overlay_is_loaded_or_refused(work, text):
 def matrix_cache() -> dict:
     """The matrix cache as matrix.load writes it (profiles, memory and defaults: the parts a
     render of p40 reads, small enough to damage in many ways)."""
-    from envbuilder import matrix as M
+    from envbuilder.model import matrix as M
 
     home = Path(tempfile.mkdtemp(prefix="envbuild-cache-"))
     saved = os.environ.get("XDG_CACHE_HOME")
@@ -496,7 +496,7 @@ def test_a_planted_matrix_cache_never_breaks_a_render(work, text, whole):
     """Planted over the cache a render of p40 reads: damaged, alone or within the whole
     matrix. A cache that is not valid is not used (the matrix is read afresh); one that is
     valid but another (p40 removed) renders what it says."""
-    from envbuilder import matrix as M
+    from envbuilder.model import matrix as M
 
     doc = matrix_cache()
     if text is None:  # a newline in a pin: a Dockerfile line of its own

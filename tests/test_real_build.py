@@ -24,8 +24,8 @@ BASE = "envbuild-test/base:bookworm"  # tests/infra/provision.sh makes it
 def pypi_only_config(tmp_path_factory, docker_client, real_pypi):  # noqa: F811
     """The user's config for a PyPI-only network: images from their own registry (where they
     put a base image under the nvidia/cuda name), packages from PyPI."""
-    from envbuilder import matrix
-    from envbuilder.resolve import resolve
+    from envbuilder.model import matrix
+    from envbuilder.model.resolve import resolve
 
     env = resolve(matrix.load(), "4090").to_dict()
     image = docker_client.images.get(BASE)

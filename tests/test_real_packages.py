@@ -23,7 +23,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from conftest import shipped
-from envbuilder.resolve import INSTALLABLE_ROLLOUTS, training_path
+from envbuilder.model.resolve import INSTALLABLE_ROLLOUTS, training_path
 
 pytestmark = pytest.mark.pypi
 
@@ -182,9 +182,9 @@ def test_the_wheel_name_is_the_one_flash_attns_setup_py_guesses(pypi, version):
     """envbuild names the release wheel as the sdist's own setup.py does, for the torch/CUDA/
     Python of every profile that installs this version, both C++ ABIs and both CUDA majors
     (where the release published no wheel for a major, envbuild names none)."""
-    from envbuilder import matrix
-    from envbuilder.flash_attn_wheel import wheel_filename
-    from envbuilder.resolve import Overrides, resolve
+    from envbuilder.model import matrix
+    from envbuilder.lock.flash_attn import wheel_filename
+    from envbuilder.model.resolve import Overrides, resolve
 
     sdists = [f for f in files_of("flash-attn") if f["filename"] == f"flash_attn-{version}.tar.gz"]
     assert sdists, f"PyPI has no sdist of flash-attn {version}"

@@ -186,7 +186,7 @@ def test_an_altered_overlay_pin_shows_as_changed_and_the_overlay_fixes_it(cli, i
     [rng] = drift(report, "changed", "verl", "vllm range")
     assert (rng["matrix"], rng["pypi"]) == (">=0.8.5,<=0.10.2", "<=0.11.0,>=0.8.5")
     # the overlay carries both fixes on whole copies of the records, and loads over the overlay
-    from envbuilder import matrix as M
+    from envbuilder.model import matrix as M
 
     written = out / "refresh.yaml"
     assert report["overlay"] == str(written)
@@ -263,7 +263,7 @@ def test_the_human_report_names_each_drift_and_its_matrix_key(cli, index, overla
 
 
 def test_pure_comparison_sorts_pre_releases_and_ignores_yanked_ones():
-    from envbuilder import refresh as R
+    from envbuilder.upstream import refresh as R
 
     def files(yanked=False):
         return [{"filename": "vllm-x-cp38-abi3-manylinux1_x86_64.whl", "yanked": yanked}]
@@ -304,7 +304,7 @@ def _project_with_wheel(tmp_path: Path, wheel: bytes) -> Path:
 
 def test_without_per_release_json_the_metadata_comes_from_the_wheel_by_range_requests(index,
                                                                                    tmp_path):
-    from envbuilder.cli_refresh import PyPIJson
+    from envbuilder.cli.refresh import PyPIJson
 
     wheel = _wheel("vllm", "0.8.5.post1", ["torch==2.6.0", 'ray[cgraph]>=2.43.0'])
     root = _project_with_wheel(tmp_path, wheel)
@@ -320,7 +320,7 @@ def test_without_per_release_json_the_metadata_comes_from_the_wheel_by_range_req
 
 
 def test_a_file_server_without_range_requests_is_not_downloaded_whole(index, tmp_path):
-    from envbuilder.cli_refresh import PyPIJson
+    from envbuilder.cli.refresh import PyPIJson
 
     wheel = _wheel("vllm", "0.8.5.post1", ["torch==2.6.0"])
     root = _project_with_wheel(tmp_path, wheel)
@@ -403,8 +403,8 @@ def test_refresh_reads_the_real_index_for_every_package(real_pypi, cache_home):
 
 def _record_fixtures(dest: Path = PYPI_JSON, base: str = "https://pypi.org") -> None:
     """Fetch what refresh reads for the shipped matrix and write trimmed copies into `dest`."""
-    from envbuilder import refresh as R
-    from envbuilder.cli_refresh import PyPIJson
+    from envbuilder.upstream import refresh as R
+    from envbuilder.cli.refresh import PyPIJson
 
     client = PyPIJson(base, timeout=60)
     projects = client.projects(R.PACKAGES)

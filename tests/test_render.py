@@ -19,9 +19,9 @@ import yaml
 from conftest import (FIXTURES, GOLDEN, PROFILES, clean_env, envbuild_exe, record, resolved,
                       shipped, snapshot)
 from fixture_wheels import module_files
-from envbuilder import matrix as M
-from envbuilder.render import MARKER, RUN_SCRIPT, render, render_files
-from envbuilder.resolve import ResolvedEnv
+from envbuilder.model import matrix as M
+from envbuilder.render.files import MARKER, RUN_SCRIPT, render, render_files
+from envbuilder.model.resolve import ResolvedEnv
 
 ALWAYS = {"Dockerfile", "environment.yml", "requirements.txt", RUN_SCRIPT, "preflight.py",
           "audit_precision.py", "prepare_gsm8k.py", "envbuild-secrets.sh", MARKER, "README.md",
@@ -483,7 +483,7 @@ def test_flash_attn_tries_the_release_wheel_then_the_sdist_in_the_builder_only(r
     assert ('FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTN_CUDA_ARCHS="86" pip wheel -v '
             "--no-build-isolation --no-deps -w /wheels flash-attn==2.8.3") in builder
     # the script in the context is envbuild's own module, byte for byte
-    from envbuilder import flash_attn_wheel
+    from envbuilder.lock import flash_attn as flash_attn_wheel
 
     assert (rendered_fa / "flash_attn_wheel.py").read_bytes() == \
         Path(flash_attn_wheel.__file__).read_bytes()
@@ -491,7 +491,7 @@ def test_flash_attn_tries_the_release_wheel_then_the_sdist_in_the_builder_only(r
 
 
 def test_a_mirrors_github_prefix_reaches_flash_attns_release(tmp_path):
-    from envbuilder import mirrors as M
+    from envbuilder.model import mirrors as M
 
     env = M.apply_to_env(resolved("3090", verl="0.6.1"),
                          M.MirrorChoice("m", {}, github="https://gh.example/p/"))
@@ -503,7 +503,7 @@ def test_a_mirrors_github_prefix_reaches_flash_attns_release(tmp_path):
 
 
 def test_a_mirrors_credentials_are_in_no_rendered_file_only_in_the_builds_secret(tmp_path):
-    from envbuilder import mirrors as M
+    from envbuilder.model import mirrors as M
 
     choice = M.MirrorChoice("m", {}, pypi="https://u:s3cret@pypi.corp/simple",
                             pytorch="https://u:s3cret@pypi.corp/whl/{variant}",
@@ -532,7 +532,7 @@ def test_the_folders_readme_names_commands_that_parse_for_this_very_variant(argv
 
     import click
 
-    from envbuilder.bake import default_tag
+    from envbuilder.engines.bake import default_tag
     from envbuilder.cli import cli as group
 
     out = tmp_path / "o"

@@ -11,8 +11,8 @@ import pytest
 import conftest
 from conftest import frozen, frozen_with
 from envbuilder.errors import UserError
-from envbuilder.render import render_files
-from envbuilder.resolve import ResolveError
+from envbuilder.render.files import render_files
+from envbuilder.model.resolve import ResolveError
 
 # Every rule here runs on the frozen fixture matrix (conftest.FROZEN), never the shipped one: a
 # matrix update leaves these tests alone (tests/test_shipped_facts.py holds the shipped facts).
@@ -407,7 +407,7 @@ def test_a_pin_outside_a_packages_requirement_is_refused(overlay):
 
 
 def test_overlapping_requirements_pass():
-    from envbuilder.versions import ranges_overlap
+    from envbuilder.model.versions import ranges_overlap
 
     assert ranges_overlap(">=1.26.0,<1.27.0", ">=1.26.5")
     assert not ranges_overlap(">=1.26.0,<1.27.0", ">=1.30.0")
@@ -421,8 +421,8 @@ def resolved_variants(matrix=None):
     """Every profile (of the frozen matrix, or `matrix`) as render writes it: plain, pinned by
     its lock, through a mirror set; and one with each optional part (--driver, overrides,
     warnings, no dataset)."""
-    from envbuilder import mirrors
-    from envbuilder.plan import with_constraints
+    from envbuilder.model import mirrors
+    from envbuilder.render.plan import with_constraints
 
     m = matrix or frozen()
     cn = mirrors.choice("cn", mirrors.get_set(m, "cn"))
@@ -439,8 +439,8 @@ def resolved_variants(matrix=None):
 def test_every_resolved_environment_is_of_the_kinds_render_from_checks():
     """matrix_schema.RESOLVED, checked whole (no key missing, none unknown): a key the resolver
     starts to write must get its kind there, or every `render --from` of it is refused."""
-    from envbuilder import schema as S
-    from envbuilder.matrix_schema import RESOLVED
+    from envbuilder.model import schema as S
+    from envbuilder.model.matrix_schema import RESOLVED
 
     for label, env in resolved_variants():
         data = json.loads(env.to_json())
@@ -457,7 +457,7 @@ def test_every_resolved_environment_is_of_the_kinds_render_from_checks():
     (("surprise",), {"a": ["x\nRUN y"]}, "surprise.a[0]"),
 ])
 def test_a_spec_file_value_of_the_wrong_kind_is_refused_naming_its_key(path, value, named):
-    from envbuilder.resolve import ResolvedEnv
+    from envbuilder.model.resolve import ResolvedEnv
 
     data = json.loads(resolved("p40").to_json())
     node = data
@@ -470,8 +470,8 @@ def test_a_spec_file_value_of_the_wrong_kind_is_refused_naming_its_key(path, val
 
 
 def test_a_spec_file_from_an_older_envbuild_may_hold_keys_this_one_no_longer_writes():
-    from envbuilder.plan import with_constraints
-    from envbuilder.resolve import ResolvedEnv
+    from envbuilder.render.plan import with_constraints
+    from envbuilder.model.resolve import ResolvedEnv
 
     data = json.loads(with_constraints(resolved("4090")).to_json())
     data["constraints"]["order"] = ["torch", "verl-deps", "verl"]  # (dropped in 80dbd6c)
@@ -481,7 +481,7 @@ def test_a_spec_file_from_an_older_envbuild_may_hold_keys_this_one_no_longer_wri
 
 
 def test_a_spec_file_that_lacks_keys_is_refused_naming_them_all():
-    from envbuilder.resolve import ResolvedEnv
+    from envbuilder.model.resolve import ResolvedEnv
 
     with pytest.raises(UserError) as e:
         ResolvedEnv.from_json('{"schema_version": 1, "profile": "p40", "gpu": {"sm": "61"}}')
@@ -515,7 +515,7 @@ def test_flash_attn_without_a_published_wheel_says_it_compiles_and_how_long():
 
 
 def test_the_wheel_gap_names_torch_cuda_and_python():
-    from envbuilder.resolve import flash_attn_wheel_gap
+    from envbuilder.model.resolve import flash_attn_wheel_gap
 
     rec = frozen().flash_attn["versions"]["2.8.3"]
     assert flash_attn_wheel_gap(rec, "2.8.0", "12.8", "3.10") is None

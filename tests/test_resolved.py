@@ -1,4 +1,4 @@
-"""The typed resolved environment (envbuilder/resolved.py): frozen records whose fields are
+"""The typed resolved environment (envbuilder/model/resolved.py): frozen records whose fields are
 matrix_schema.RESOLVED's, round-tripping through JSON, changed only by making a new one."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from types import MappingProxyType
 import pytest
 
 from conftest import PROFILES, frozen, resolved
-from envbuilder import schema as S
+from envbuilder.model import schema as S
 from envbuilder.errors import UserError
-from envbuilder.matrix_schema import RESOLVED
-from envbuilder.plan import with_constraints
-from envbuilder.record import Record, plain
-from envbuilder.resolved import ResolvedEnv
+from envbuilder.model.matrix_schema import RESOLVED
+from envbuilder.render.plan import with_constraints
+from envbuilder.model.record import Record, plain
+from envbuilder.model.resolved import ResolvedEnv
 
 
 def record_classes() -> dict[str, type]:
@@ -140,7 +140,7 @@ def test_nothing_reached_through_an_environment_can_be_changed_in_place():
 
 
 def test_a_mirror_and_a_lock_make_new_environments_and_leave_the_old_one_as_it_was():
-    from envbuilder import mirrors as M
+    from envbuilder.model import mirrors as M
 
     env = resolved("p40")
     before = env.to_json()

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from conftest import resolved, snapshot
-from envbuilder import outdir
+from envbuilder.render import outdir
 from envbuilder.errors import UserError
-from envbuilder.render import MARKER, render, render_files
+from envbuilder.render.files import MARKER, render, render_files
 
 RECORD = outdir.RECORD
 
@@ -315,7 +315,7 @@ def test_an_unknown_push_name_is_bad_input(cli, tmp_path, monkeypatch):
 
 def test_an_unexpected_exception_is_one_paragraph_naming_the_command(capsys, monkeypatch):
     from envbuilder import cli as C
-    from envbuilder import render as R
+    from envbuilder.render import files as R
 
     def broken(*a, **k):
         raise RuntimeError("template exploded\nsecond line")

@@ -615,7 +615,7 @@ def test_nvidia_smi_printing_other_digits_is_named_not_an_internal_error(tmp_pat
     from click.testing import CliRunner
 
     from envbuilder.cli import cli
-    from envbuilder.doctor import Probes
+    from envbuilder.machine.doctor import Probes
     from test_detect import NO_NVML
 
     bin_dir = tmp_path / "bin"

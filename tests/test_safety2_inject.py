@@ -106,7 +106,7 @@ def unsafe_chars(text: str) -> list[str]:
 
 def test_a_newline_in_requires_python_never_becomes_overlay_structure(cli, frozen_matrix,
                                                                      hostile_index, tmp_path):
-    from envbuilder import matrix as M
+    from envbuilder.model import matrix as M
 
     def edit(root):
         edit_json(root, "verl-0.9.1", lambda d: d["info"].__setitem__("requires_python", INJECTED))
@@ -189,7 +189,7 @@ def test_the_pull_request_body_keeps_every_index_string_inside_its_code_block(ho
     whose yanked_reason for a transformers release the shipped matrix pins holds terminal
     escapes and Markdown: the body the pull request gets is the preamble and one code block,
     and the code block holds no character a terminal or a Markdown reader acts on."""
-    from envbuilder import refresh as R
+    from envbuilder.upstream import refresh as R
 
     recorded = json.loads((PYPI_JSON / "transformers.json").read_text())["releases"]
     pinned = sorted(v for v in R.named_versions(shipped().sections)["transformers"]
@@ -414,9 +414,9 @@ def no_config(monkeypatch, tmp_path):
 
 def test_credentials_in_overlay_defaults_reach_the_build_only_as_the_secret(cli, overlay, tmp_path,
                                                                             no_config):
-    from envbuilder import matrix as M
-    from envbuilder import mirrors
-    from envbuilder.resolve import resolve
+    from envbuilder.model import matrix as M
+    from envbuilder.model import mirrors
+    from envbuilder.model.resolve import resolve
 
     pypi, hf = "https://pypi.corp.example/simple/", "https://hf.corp.example"
     folder = overlay({"defaults": dict(shipped().defaults, pypi_index=creds(pypi),
@@ -440,9 +440,9 @@ def test_credentials_in_overlay_defaults_reach_the_build_only_as_the_secret(cli,
 
 
 def test_credentials_in_a_from_file_are_written_into_no_rendered_file(cli, tmp_path, no_config):
-    from envbuilder import mirrors
-    from envbuilder.render import MARKER, render_files
-    from envbuilder.resolve import ResolvedEnv, resolve
+    from envbuilder.model import mirrors
+    from envbuilder.render.files import MARKER, render_files
+    from envbuilder.model.resolve import ResolvedEnv, resolve
 
     spec = json.loads(render_files(resolve(shipped(), "p40"))[MARKER])
     assert spec["indexes"]["torch"] and spec["apex"]  # (p40: a +cu118 torch, apex compiled)

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from conftest import FIXTURES, PROFILES, resolved, shipped
-from envbuilder import matrix as M
+from envbuilder.model import matrix as M
 from test_resolve import resolved_variants
 
 
@@ -26,8 +26,8 @@ def test_every_shipped_profile_meets_its_verls_torch_floor(profile):
 
 
 def test_every_shipped_environment_is_of_the_kinds_render_from_checks():
-    from envbuilder import schema as S
-    from envbuilder.matrix_schema import RESOLVED
+    from envbuilder.model import schema as S
+    from envbuilder.model.matrix_schema import RESOLVED
 
     for label, env in resolved_variants(shipped()):
         S.check(json.loads(env.to_json()), RESOLVED, f"{label}: ")
@@ -55,7 +55,7 @@ NOT_PUBLISHED = {"2.5.8": "2.4.0", "2.6.3": "2.5.1", "2.7.4.post1": "2.7.1", "2.
 
 @pytest.mark.parametrize("version", list(PUBLISHED))
 def test_flash_attn_wheel_facts_match_what_each_release_published(version):
-    from envbuilder.resolve import flash_attn_wheel_gap
+    from envbuilder.model.resolve import flash_attn_wheel_gap
 
     rec = shipped().flash_attn["versions"][version]
     torches, pythons, cudas = PUBLISHED[version]
@@ -128,7 +128,7 @@ def test_what_cannot_work_on_todays_stack_is_refused_with_why(args, rule, words)
 @pytest.mark.parametrize("profile, says", [
     ("v100", "no kernels for sm_70"), ("p40", "no kernels for sm_61"), ("4090", "also resolves")])
 def test_show_says_what_holds_an_older_profile_back(profile, says):
-    from envbuilder.resolve import held_back
+    from envbuilder.model.resolve import held_back
 
     [line] = held_back(shipped(), profile)
     assert line.startswith("verl 0.9.1 (torch 2.11.0, CUDA 13.0, vLLM 0.24.0)") and says in line

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from conftest import PROFILES, frozen, record, resolved, shipped, violations
-from envbuilder import matrix as M
-from envbuilder.cli_build import smoke_command
+from envbuilder.model import matrix as M
+from envbuilder.cli.build import smoke_command
 from envbuilder.errors import UserError
-from envbuilder.render import preflight_expectations, render_files
+from envbuilder.render.files import preflight_expectations, render_files
 
 VERL_041_HF = ["verl", "verl.trainer.main_ppo", "verl.workers.fsdp_workers",
                "verl.workers.actor.dp_actor", "verl.workers.critic.dp_critic",

@@ -22,9 +22,9 @@ import pytest
 import yaml
 
 from conftest import clean_env, envbuild_exe, frozen, resolved
-from envbuilder import matrix as M
-from envbuilder.cli_verify import table
-from envbuilder.verify import (check_overrides, hydra_error, import_plan, local_pins,
+from envbuilder.model import matrix as M
+from envbuilder.cli.verify import table
+from envbuilder.machine.verify import (check_overrides, hydra_error, import_plan, local_pins,
                                parse_printed_config, swap_line)
 from httpfixtures import closed_port_url
 
@@ -188,7 +188,7 @@ def test_the_run_scripts_overrides_compose_with_verls_hydra_config(happy):
     c = r["compose"]
     assert c["ok"], c
     d = happy["world"].env.to_dict()
-    from envbuilder.render import RUN_SCRIPT, render_files
+    from envbuilder.render.files import RUN_SCRIPT, render_files
 
     script = render_files(happy["world"].env)[RUN_SCRIPT]
     block = script.split("\nargs=(\n", 1)[1].split("\n)\n", 1)[0]
@@ -271,7 +271,7 @@ def test_the_lock_of_the_profiles_plan_constrains_the_installs(tmp_path):
     dependency of hydra-core) the index does not have stops the layer that installs it."""
     import hashlib
 
-    from envbuilder.plan import plan_sha256
+    from envbuilder.render.plan import plan_sha256
 
     with World(tmp_path) as w:
         lock = tmp_path / "cwd" / "lockfiles" / "tiny"
@@ -390,7 +390,7 @@ def test_a_stub_libcuda_lets_a_module_linked_against_the_driver_load(tmp_path):
     """vllm._C links libcuda.so.1, which only a driver provides: on a machine without one, verify
     builds a stub exporting the driver-API symbols such modules name, so they load (and the
     loader checks their other symbols, torch's ABI) while nothing calls the driver."""
-    from envbuilder.verify import build_libcuda_stub, libcuda_users
+    from envbuilder.machine.verify import build_libcuda_stub, libcuda_users
 
     if not all(shutil.which(t) for t in ("cc", "readelf", "nm")):
         assert os.environ.get("CI") != "true", "CI has gcc and binutils: cc, readelf, nm"
@@ -459,7 +459,7 @@ def test_render_does_not_load_verify():
     with tempfile.TemporaryDirectory() as tmp:
         out = subprocess.run([sys.executable, "-c", code, str(Path(tmp) / "o")],
                              capture_output=True, text=True, env=clean_env(), check=True).stdout
-    assert "envbuilder.verify" not in out and "envbuilder.cli_verify" not in out
+    assert "envbuilder.machine.verify" not in out and "envbuilder.cli.verify" not in out
 
 
 # ---- the real thing (opt-in: -m heavy, or ENVBUILD_HEAVY=1 tests/run.sh) -------------------------

@@ -205,7 +205,7 @@ def test_two_profiles_in_one_wheelhouse_store_shared_files_once(world, p40_lock,
     wh = tmp_path / "wh"
     assert envbuild(capsys, "wheelhouse", "p40", "--lock-dir", p40_lock, "-o", wh, *github(world))[0] == 0
     before = {p.name: p.stat().st_ino for p in (wh / "pypi").iterdir()}
-    from envbuilder.wheelhouse import export
+    from envbuilder.offline.wheelhouse import export
 
     report = export({"p40-noapex": variant}, wh)  # a variant: the same wheels, fewer conda packages
     assert report.downloaded == [] or all(p.startswith("conda/") for p in report.downloaded)

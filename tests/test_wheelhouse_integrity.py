@@ -164,7 +164,7 @@ def test_an_export_waiting_for_another_gives_up_after_its_wait(files, tmp_path):
     import fcntl
 
     from envbuilder.errors import ActionError
-    from envbuilder.wheelhouse import LOCK, export
+    from envbuilder.offline.wheelhouse import LOCK, export
 
     with FaultServer(files) as srv:
         lock = wheel_lock(tmp_path / "lock", files, base(srv))

@@ -312,7 +312,7 @@ def _target(python: str, glibc: tuple[int, int]) -> dict:
 
 
 def _host_glibc() -> tuple[int, int]:
-    from envbuilder.wheelbuild import host_glibc
+    from envbuilder.offline.wheelbuild import host_glibc
 
     g = host_glibc()
     assert g, "these tests expect a glibc host"
@@ -320,7 +320,7 @@ def _host_glibc() -> tuple[int, int]:
 
 
 def test_a_platform_sdist_builds_with_the_target_python(world, tmp_path):
-    from envbuilder.wheelbuild import build_wheel
+    from envbuilder.offline.wheelbuild import build_wheel
 
     sdist = make_sdist(tmp_path / "src", "tinyext", "1.0", platform=True)
     sha = hashlib.sha256(sdist.read_bytes()).hexdigest()
@@ -332,7 +332,7 @@ def test_a_platform_sdist_builds_with_the_target_python(world, tmp_path):
 
 
 def test_a_platform_wheel_linked_against_a_newer_glibc_than_the_target_is_refused(world, tmp_path):
-    from envbuilder.wheelbuild import build_wheel
+    from envbuilder.offline.wheelbuild import build_wheel
 
     sdist = make_sdist(tmp_path / "src", "tinyext", "1.0", platform=True)
     sha = hashlib.sha256(sdist.read_bytes()).hexdigest()
@@ -348,7 +348,7 @@ def test_a_platform_wheel_linked_against_a_newer_glibc_than_the_target_is_refuse
 def test_without_the_target_python_only_a_pure_wheel_will_do(world, tmp_path):
     """No Python 3.99 anywhere: a pure wheel built by another Python fits everywhere; a platform
     wheel is refused, naming the interpreter it needs."""
-    from envbuilder.wheelbuild import build_wheel, find_python
+    from envbuilder.offline.wheelbuild import build_wheel, find_python
 
     assert find_python("3.99") is None
     sha = hashlib.sha256(world["sdist"].read_bytes()).hexdigest()

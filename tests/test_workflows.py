@@ -77,7 +77,7 @@ def test_the_workflows_work_on_github_as_written():
         assert pr and all(s["with"]["token"].startswith("${{ secrets.ENVBUILD_PR_TOKEN")
                           for s in pr), name
     paths = yaml.safe_load((root / "lock.yml").read_text())[True]["pull_request"]["paths"]
-    for feeds in ("envbuilder/plan.py", "envbuilder/mirrors.py", "pyproject.toml",
+    for feeds in ("envbuilder/render/plan.py", "envbuilder/model/mirrors.py", "pyproject.toml",
                   "matrices/**", "envbuilder/lock/**"):
         assert feeds in paths, feeds
     ci = (root / "ci.yml").read_text()

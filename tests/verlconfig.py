@@ -11,7 +11,7 @@ before it starts Ray. What the composed config says is what verl's workers read.
 
 from __future__ import annotations
 
-from envbuilder.gpu_tier import compose_run_config, main_ppo_config  # noqa: F401  (re-exported)
+from envbuilder.model.gpu_tier import compose_run_config, main_ppo_config  # noqa: F401  (re-exported)
 
 # the shell variables a rendered run script reads, with values for composing
 SCRIPT_ENV = {"MODEL": "Qwen/Qwen2.5-0.5B-Instruct", "DATA_DIR": "/data/gsm8k", "N_GPUS": "1"}
@@ -20,7 +20,7 @@ SCRIPT_ENV = {"MODEL": "Qwen/Qwen2.5-0.5B-Instruct", "DATA_DIR": "/data/gsm8k", 
 def run_script_overrides(script: str, env: dict[str, str] | None = None) -> list[str]:
     """The overrides in a rendered run script's `args=( ... )` array, as its bash expands them
     (quotes, "$MODEL" and the like) with SCRIPT_ENV and `env` for the variables."""
-    from envbuilder.gpu_tier import run_script_overrides as expand
+    from envbuilder.model.gpu_tier import run_script_overrides as expand
 
     return expand(script, dict(SCRIPT_ENV, **(env or {})))
 

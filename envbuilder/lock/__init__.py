@@ -22,9 +22,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from ..errors import UserError
-from ..resolve import ResolvedEnv
-from . import lockfile as L
+from envbuilder.errors import UserError
+from envbuilder.model.resolve import ResolvedEnv
+from envbuilder.lock import lockfile as L
 
 SOLVERS = ("rattler", "conda-lock")
 
@@ -43,7 +43,7 @@ class Sources(NamedTuple):
 def sources_for(env: ResolvedEnv, index_url=None, torch_index_url=None, channels=(),
                 registry_mirror=None, mirror=None, github_url=None) -> Sources:
     """Flags first, then the mirror set (`mirrors.MirrorChoice`), then the profile's own."""
-    from .conda import default_channels
+    from envbuilder.lock.conda import default_channels
 
     pypi = index_url or (mirror and mirror.pypi) or env.indexes.pypi
     torch = None
@@ -107,14 +107,14 @@ def lock_profile(env: ResolvedEnv, glibc: str, sources: Sources, out_dir: Path, 
     `swap_torch` solves the pip part with PyPI's build of the profile's torch version: such a
     lock pins everything else (render's constraints) but cannot install the +cuXXX torch.
     Each part says when it starts, a line every `beat` seconds while it runs, and its time."""
-    from ..plan import plan_sha256, torch_swap
-    from ..mirrors import redacted, without_credentials
-    from ..progress import Heartbeat
+    from envbuilder.render.plan import plan_sha256, torch_swap
+    from envbuilder.model.mirrors import redacted, without_credentials
+    from envbuilder.progress import Heartbeat
 
     say_plain = say
     say = lambda msg: say_plain(redacted(msg))  # noqa: E731  (a URL's user:password@ as ***@)
-    from .conda import virtual_packages
-    from .pip import parse, python_platform
+    from envbuilder.lock.conda import virtual_packages
+    from envbuilder.lock.pip import parse, python_platform
 
     parts = L.parts_for(env, parts)
     digests = L.input_digests(env, parts)
@@ -126,7 +126,7 @@ def lock_profile(env: ResolvedEnv, glibc: str, sources: Sources, out_dir: Path, 
     parents: dict[str, frozenset[str]] = {}
     swapped = torch_swap(env) if swap_torch else None
     if "pip" in parts:
-        from .pip import compile_lock, uv_version
+        from envbuilder.lock.pip import compile_lock, uv_version
 
         say(f"{env.name}: pip part: uv pip compile for Python {env.python} on "
             f"{python_platform(glibc)} via {sources.pypi}"
@@ -138,14 +138,14 @@ def lock_profile(env: ResolvedEnv, glibc: str, sources: Sources, out_dir: Path, 
         parents = {n: e.parents for n, e in parse(files[L.REQUIREMENTS]).items()}
         tools["uv"] = uv_version()
     if "sources" in parts and L.has_sources(env):
-        from .sources import lock_sources
+        from envbuilder.lock.sources import lock_sources
 
         with Heartbeat(f"{env.name}: sources", say, every=beat):
             files[L.SOURCES] = L.dumps(lock_sources(env, sources.github, say))
     if "conda" in parts:
         import tempfile
 
-        from .conda import solve_conda_lock, solve_rattler, write_conda_lock
+        from envbuilder.lock.conda import solve_conda_lock, solve_rattler, write_conda_lock
 
         say(f"{env.name}: conda part: {solver} for {', '.join(f'{k}={v}' for k, v in vpkgs.items())} "
             f"from {', '.join(sources.channels)}")
@@ -160,7 +160,7 @@ def lock_profile(env: ResolvedEnv, glibc: str, sources: Sources, out_dir: Path, 
         if solver == "rattler":
             tools["py-rattler"] = _version("py-rattler")
     if "images" in parts:
-        from .images import lock_images
+        from envbuilder.lock.images import lock_images
 
         refs = sorted(set(env.cuda.images.values()))
         where = sources.registry_mirror or "their own registries"

@@ -15,9 +15,9 @@ import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
-from ..errors import ActionError, UserError
-from ..plan import conda_specs
-from ..resolve import ResolvedEnv
+from envbuilder.errors import ActionError, UserError
+from envbuilder.render.plan import conda_specs
+from envbuilder.model.resolve import ResolvedEnv
 
 PLATFORM = "linux-64"
 # The target kernel is not known when locking; conda-lock's default. Packages rarely ask.
@@ -66,7 +66,7 @@ def _vkey(v: str) -> tuple:
 
 
 def solve_rattler(env: ResolvedEnv, channels: list[str], vpkgs: dict[str, str]) -> list[CondaRecord]:
-    from .rattler_worker import call
+    from envbuilder.lock.rattler_worker import call
 
     wanted = conda_specs(env)
     try:
@@ -162,7 +162,7 @@ def write_conda_lock(path: Path, conda: list[CondaRecord], pylock: dict | None,
     from conda_lock.lockfile.v1.models import HashModel, LockMeta
     from conda_lock.lockfile.v2prelim.models import LockedDependency, Lockfile
 
-    from .pip import normalize, pip_artifact
+    from envbuilder.lock.pip import normalize, pip_artifact
 
     packages = [LockedDependency(
         name=r.name, version=r.version, manager="conda", platform=PLATFORM,

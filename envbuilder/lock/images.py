@@ -1,13 +1,13 @@
 """images.lock: the digest of every base image, read through the registry client
-(envbuilder/registry.py: Docker's reference rules, anonymous tokens, every manifest media type
+(envbuilder/oci/registry.py: Docker's reference rules, anonymous tokens, every manifest media type
 in Accept, retries); from each image's own registry, one mirror for all, or a mirror set's
 endpoint per registry.
 """
 
 from __future__ import annotations
 
-from ..errors import UserError
-from ..registry import digest, parse_image, session
+from envbuilder.errors import UserError
+from envbuilder.oci.registry import digest, parse_image, session
 
 
 def mirror_for(ref: str, mirror: str | dict | None) -> str | None:

@@ -16,11 +16,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .. import schema as S
-from ..errors import UserError
-from ..outdir import Checked
-from ..record import plain
-from ..resolve import ResolvedEnv
+from envbuilder.model import schema as S
+from envbuilder.errors import UserError
+from envbuilder.render.outdir import Checked
+from envbuilder.model.record import plain
+from envbuilder.model.resolve import ResolvedEnv
 
 FORMAT = 2  # 2: inputs are what each part's solver sees, not every template and matrix file
 META = "lock.json"
@@ -60,8 +60,8 @@ def solver_inputs(env: ResolvedEnv) -> dict[str, dict]:
     serves the same files, so the mirror a lock was made through is not an input either. The
     solvers' versions are recorded in lock.json (`tools`), not hashed: a uv release would
     otherwise stale every lock without changing what it pins."""
-    from ..plan import conda_specs, requirements_in
-    from .conda import default_channels, virtual_packages
+    from envbuilder.render.plan import conda_specs, requirements_in
+    from envbuilder.lock.conda import default_channels, virtual_packages
 
     target = {"platform": "linux-64", "python": env.python, "glibc": env.cuda.glibc,
               "cuda": env.cuda.version}
@@ -95,6 +95,17 @@ def dumps(obj) -> str:
     return json.dumps(obj, indent=2, sort_keys=True) + "\n"
 
 
+def lock_dir_in(root: Path, profile: str) -> Path:
+    """The lock folder of `profile` that a folder option names: ROOT/<profile>/ (the rule of
+    every folder option: `lock -o`, `render -o`, `--locked`, with one profile or --all), or ROOT
+    itself when it is one lock (it holds lock.json) and ROOT/<profile>/ is not there: the lock
+    of `profile`, or another profile's, which the caller then names as such."""
+    root = Path(root)
+    if (root / META).is_file() and not (root / profile / META).is_file():
+        return root
+    return root / profile
+
+
 def read_meta(lock_dir: Path) -> dict | None:
     return _read_meta(Path(lock_dir))[0]
 
@@ -102,7 +113,7 @@ def read_meta(lock_dir: Path) -> dict | None:
 def _read_meta(lock_dir: Path) -> tuple[dict | None, str]:
     """(lock.json, its text), (None, "") when there is none; UserError (exit 2, naming the key)
     when it is no lock.json of this format, or not in the shape `envbuild lock` writes."""
-    from ..readers import check_shape
+    from envbuilder.readers import check_shape
 
     text, why = _read_bounded(lock_dir / META)
     if text is None and why.startswith("missing:"):
@@ -193,8 +204,8 @@ def integrity(lock_dir: Path) -> tuple[dict | None, dict[str, str], list[str]]:
         if why:
             out.append(f"unreadable: {name} {why}")
     if not out and PYLOCK in texts:  # the pip pins, written thrice in one run, agree
-        from .pip import normalize
-        from .pip import parse as parse_requirements
+        from envbuilder.lock.pip import normalize
+        from envbuilder.lock.pip import parse as parse_requirements
 
         files = {(normalize(p["name"]), p["version"])
                  for p in parse(PYLOCK, texts[PYLOCK], str(lock_dir / PYLOCK))["packages"]}
@@ -232,7 +243,7 @@ def verified(lock_dir: Path, profile: str | None = None) -> tuple[dict, dict[str
 
 def _read_bounded(path: Path) -> tuple[str | None, str]:
     """(text, "") of a regular UTF-8 file of at most MAX_FILE bytes, or (None, why not)."""
-    from ..limits import NotRegularFile, TooLarge, read_limited
+    from envbuilder.limits import NotRegularFile, TooLarge, read_limited
 
     try:
         data = read_limited(path, MAX_FILE)
@@ -253,10 +264,10 @@ def _read_bounded(path: Path) -> tuple[str | None, str]:
 def _unparsable(name: str, text: str, origin: str = "") -> str | None:
     """Why a lock file's text is not what its name says, or None: the shape its readers rely
     on (every pin hashed, every file a URL and a sha256), so none of them meets a KeyError."""
-    from ..readers import BadData
+    from envbuilder.readers import BadData
 
     if name == REQUIREMENTS:
-        from .pip import parse as parse_requirements
+        from envbuilder.lock.pip import parse as parse_requirements
 
         try:
             pins = parse_requirements(text)
@@ -328,7 +339,7 @@ def parse(name: str, text: str, origin: str, shape: bool = True) -> Any:
 
 @functools.lru_cache(maxsize=16)
 def _parse(name: str, text: str, origin: str, shape: bool) -> Any:
-    from .. import readers
+    from envbuilder import readers
 
     kind, spec = _SHAPES[name]
     return readers.PARSERS[kind](text, origin, shape=spec if shape else None, fix=RELOCK,
@@ -338,7 +349,7 @@ def _parse(name: str, text: str, origin: str, shape: bool) -> Any:
 def write_dir(lock_dir: Path, files: dict[str, str]) -> None:
     """Write the lock's `files` into `lock_dir`: staged, then moved into place; only files an
     earlier lock wrote there (and nobody edited) are replaced or removed (outdir.write_dir)."""
-    from ..outdir import write_dir as write
+    from envbuilder.render.outdir import write_dir as write
 
     write(lock_dir, files)
 
@@ -351,7 +362,7 @@ def for_render(env: ResolvedEnv, lock_dir: Path, wheelhouse: Path | None = None,
     base images are pinned where the lock has them. With a `mirror` (mirrors.MirrorChoice) the
     images are the mirror's references at the digests the lock recorded upstream (a digest names
     the content, wherever it is pulled from)."""
-    from .pip import layer_files
+    from envbuilder.lock.pip import layer_files
 
     lock_dir = Path(lock_dir)
     meta, lock_texts = verified(lock_dir, env.name)
@@ -398,7 +409,7 @@ def for_render(env: ResolvedEnv, lock_dir: Path, wheelhouse: Path | None = None,
             pinned[role] = where
     requirements, links, uv_wheel = texts[REQUIREMENTS], {}, None
     if wheelhouse is not None:  # the wheels built from the lock's sdists install in their place
-        from .pip import replace_hashes
+        from envbuilder.lock.pip import replace_hashes
 
         links, built = wheelhouse_files(env, Path(wheelhouse))
         requirements = replace_hashes(requirements, built)
@@ -408,7 +419,7 @@ def for_render(env: ResolvedEnv, lock_dir: Path, wheelhouse: Path | None = None,
     apex_source = sources.get("apex") if env.apex else None
     fa_wheels = None
     if env.flash_attn:
-        from .sources import flash_attn_pins
+        from envbuilder.lock.sources import flash_attn_pins
 
         fa_wheels = flash_attn_pins(sources)
         if not fa_wheels:
@@ -452,7 +463,7 @@ def wheelhouse_files(env: ResolvedEnv,
         raise UserError(f"The wheelhouse {wheelhouse} holds no complete export of {env.name} "
                         f"(it has: {', '.join(manifest['profiles']) or 'none'}). Run "
                         f"`envbuild wheelhouse {env.name} -o {wheelhouse}`.")
-    from ..wheelbuild import is_sdist
+    from envbuilder.offline.wheelbuild import is_sdist
 
     built, files = profile.get("built") or {}, manifest["files"]
     unbuilt = sorted(f["name"] for p, f in files.items()
@@ -514,7 +525,7 @@ def read_wheelhouse_manifest(wheelhouse: Path) -> dict | None:
     (readers.py) against the shape envbuild writes, every path in it checked to stay inside the
     wheelhouse and every entry to have the shape envbuild writes; UserError (exit 2) otherwise,
     since everything that reads it joins its paths to directories and writes."""
-    from ..readers import BadData, Bounds, parse_json
+    from envbuilder.readers import BadData, Bounds, parse_json
 
     path = Path(wheelhouse) / WHEELHOUSE_MANIFEST
     text, why = _read_bounded(path)
@@ -538,7 +549,7 @@ def read_wheelhouse_manifest(wheelhouse: Path) -> dict | None:
         bad = f"its format is {str(doc.get('format'))[:20]!r}, not {WHEELHOUSE_FORMAT}"
     else:
         try:
-            from ..readers import check_shape
+            from envbuilder.readers import check_shape
 
             check_shape(doc, MANIFEST_SHAPE, str(path), fix)
         except BadData as e:

@@ -3,15 +3,15 @@ and the split of requirements.lock into the Dockerfile's install layers."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import tempfile
 from pathlib import Path
 
-from ..errors import ActionError, UserError
-from ..plan import (BUILD_TOOLS, LAYERS, Locked, _HASH, _REQ, layer_roots, layers,  # noqa: F401
+from envbuilder.errors import ActionError, UserError
+from envbuilder.render.plan import (BUILD_TOOLS, HASH, LAYERS, REQ, Locked, layer_roots, layers,  # noqa: F401
                     normalize, parse, requirements_in)
-from ..resolve import ResolvedEnv
+from envbuilder.model.resolve import ResolvedEnv
+from envbuilder.tools.uv import uv_bin, uv_env, uv_version  # noqa: F401  (lock.pip.uv_bin for callers)
 
 _NETWORK = ("Failed to fetch", "error sending request", "Connection refused", "dns error",
             "timed out", "Could not connect", "tcp connect error", "operation timed out")
@@ -19,35 +19,6 @@ _NETWORK = ("Failed to fetch", "error sending request", "Connection refused", "d
 
 def python_platform(glibc: str) -> str:
     return f"x86_64-manylinux_{glibc.replace('.', '_')}"
-
-
-def uv_bin() -> str:
-    try:
-        from uv import find_uv_bin
-
-        return find_uv_bin()
-    except (ImportError, FileNotFoundError):
-        import shutil
-
-        found = shutil.which("uv")
-        if not found:
-            raise UserError("uv is not installed; `envbuild lock` resolves the pip part with it. "
-                            "Install the lock extras: pip install 'envbuild[lock]'.") from None
-        return found
-
-
-def uv_version() -> str:
-    out = subprocess.run([uv_bin(), "--version"], capture_output=True, text=True).stdout.split()
-    return out[1] if len(out) > 1 else "unknown"
-
-
-def _uv_env() -> dict[str, str]:
-    """The caller's environment minus uv's index settings: the lock names its indexes itself."""
-    env = {k: v for k, v in os.environ.items()
-           if not (k.startswith("UV_") and k not in ("UV_CACHE_DIR", "UV_NATIVE_TLS",
-                                                     "UV_HTTP_TIMEOUT", "UV_CONCURRENT_DOWNLOADS"))}
-    env["UV_PYTHON_DOWNLOADS"] = "never"  # wheels resolve from tags; never fetch a CPython
-    return env
 
 
 def compile_args(profile: str, python: str, glibc: str, pypi: str, torch: str | None) -> list[str]:
@@ -63,12 +34,12 @@ def compile_args(profile: str, python: str, glibc: str, pypi: str, torch: str | 
 
 
 def _run_uv(args: list[str], cwd: Path, indexes: list[str]) -> None:
-    from ..net import redact
-    from ..runner import TooMuchMemory, run
+    from envbuilder.oci.http import redact
+    from envbuilder.tools.run import TooMuchMemory, run
 
     try:
         # (bounded: uv reads an index page whole, and one that never ends filled the memory)
-        proc = run([uv_bin(), "pip", "compile", *args], cwd=cwd, env=_uv_env(), timeout=3600)
+        proc = run([uv_bin(), "pip", "compile", *args], cwd=cwd, env=uv_env(), timeout=3600)
     except subprocess.TimeoutExpired:
         raise ActionError(f"uv pip compile did not finish within an hour against "
                           f"{redact(', '.join(indexes))}.") from None
@@ -133,7 +104,7 @@ def co_resolve(env: ResolvedEnv, glibc: str, pypi: str, torch: str | None,
 
 def index_answers(url: str, timeout: float = 5.0) -> bool:
     """Whether a PEP 503 index answers: net.index_answers, the one rule verify uses too."""
-    from ..net import index_answers as answers
+    from envbuilder.oci.http import index_answers as answers
 
     return answers(url, timeout)
 
@@ -174,7 +145,7 @@ def replace_hashes(text: str, hashes: dict[str, tuple[str, ...]]) -> str:
     seen: set[str] = set()
     lines = iter(text.splitlines())
     for line in lines:
-        m = _REQ.match(line)
+        m = REQ.match(line)
         name = normalize(m[1]) if m else None
         if name not in hashes:
             out.append(line)
@@ -185,7 +156,7 @@ def replace_hashes(text: str, hashes: dict[str, tuple[str, ...]]) -> str:
             if nxt is None:
                 break
             statement.append(nxt)
-        head = _HASH.sub("", statement[0]).rstrip().removesuffix("\\").rstrip()
+        head = HASH.sub("", statement[0]).rstrip().removesuffix("\\").rstrip()
         new = [head] + [f"    --hash={h}" for h in hashes[name]]
         out.append(" \\\n".join(new))
         seen.add(name)

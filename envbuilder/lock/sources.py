@@ -5,15 +5,15 @@ fetched through a mirror prefix where GitHub is slow or blocked.
 flash-attn's wheel is named by the C++ ABI of the installed torch (torch._C._GLIBCXX_USE_CXX11_ABI),
 which a lock cannot read without the torch wheel's binary, so the lock pins both ABI variants
 that the release has (one may be missing) and the builder picks the one the installed torch
-needs (envbuilder/flash_attn_wheel.py).
+needs (envbuilder/lock/flash_attn.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 
-from ..errors import ActionError, UserError
-from ..resolve import ResolvedEnv
+from envbuilder.errors import ActionError, UserError
+from envbuilder.model.resolve import ResolvedEnv
 
 # sources.lock keys of flash-attn's wheels: flash-attn-cxx11abiFALSE, flash-attn-cxx11abiTRUE
 FLASH_ATTN_KEY = "flash-attn-cxx11abi"
@@ -32,8 +32,8 @@ def _sha256(url: str, github: str | None, what: str, missing_ok: bool = False) -
     """(sha256, size) of `url` fetched through the `github` prefix (net.request: hashed as it
     streams, at most MAX_SOURCE_BYTES within SOURCE_DEADLINE); with `missing_ok`, _Missing on a
     404 (any other failure: ActionError naming the mirror options)."""
-    from .. import net
-    from ..mirrors import github_url
+    from envbuilder.oci import http as net
+    from envbuilder.model.mirrors import github_url
 
     fetch = github_url(url, github)
     shown = net.redact(fetch)
@@ -72,7 +72,7 @@ def apex_source(env: ResolvedEnv, github: str | None) -> dict:
 def flash_attn_wheels(env: ResolvedEnv, github: str | None) -> dict:
     """{sources.lock key: {url, filename, sha256, size, ref, cxx11_abi}} for each ABI variant of
     the target's release wheel that the release has."""
-    from ..flash_attn_wheel import wheel_filename
+    from envbuilder.lock.flash_attn import wheel_filename
 
     fa = env.flash_attn
     names = {abi: wheel_filename(fa.wheel, fa.version, env.torch.version,

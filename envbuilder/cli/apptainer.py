@@ -1,0 +1,246 @@
+"""`envbuild apptainer`: an Apptainer (Singularity) definition file of a profile's image, for
+clusters that run Apptainer rather than Docker.
+
+The definition installs nothing: it starts from the image `envbuild build` pushed, by digest
+(`Bootstrap: docker`, a tag can move), or from an OCI archive of it (`Bootstrap: oci-archive`),
+and adds what Apptainer keeps beside the image: labels, the run-time environment the image's ENV
+sets, a %test that is the build's own smoke test, and a %runscript that starts the launch script.
+It is one file written where the user says (default ./<profile>.def), never into a render's
+folder, whose files are tracked by its record.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path, PurePosixPath
+
+import click
+
+from envbuilder.cli.options import load_matrix, override_options
+from envbuilder.errors import ActionError, UserError
+from envbuilder.render.outdir import write_text_atomic
+
+TEMPLATE = "apptainer.def.j2"
+# the first line of every file this command writes: a file that does not start with it is not
+# envbuild's, and is replaced only with --force
+HEADER = "# envbuild apptainer definition"
+# The run-time ENV lines of templates/_macros.j2 (common_setup): the venv the image installs into
+VENV = "/opt/venv"
+# name[:port]/path[:tag]@sha256:<64 hex>, as `envbuild build --push` prints it (the grammar of
+# distribution's reference, lower-case path components; the host may be any DNS name or IP)
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+_HOST = rf"(?:{_LABEL}(?:\.{_LABEL})*(?::[0-9]+)?/)"
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_REF = re.compile(rf"(?P<name>{_HOST}?{_COMPONENT}(?:/{_COMPONENT})*)"
+                  r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?"
+                  r"(?:@(?P<digest>sha256:[0-9a-f]{64}))?")
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# an OCI archive's index.json is a few hundred bytes; anything near this is not one
+MAX_INDEX_BYTES = 1 << 20
+
+
+def image_reference(ref: str) -> tuple[str, str]:
+    """(reference, digest) of an --image value, which must name its digest."""
+    text = ref.strip()
+    if text.startswith("docker://"):
+        text = text[len("docker://"):]
+    m = _REF.fullmatch(text)
+    if not m:
+        raise UserError(f"--image {ref!r} is not an image reference (REGISTRY/NAME@sha256:DIGEST, "
+                        "64 lower-case hex digits). Pass the reference `envbuild build PROFILE "
+                        "--push REGISTRY` printed.")
+    if not m["digest"]:
+        raise UserError(f"--image {ref!r} names no digest: a tag can move, so the SIF could be "
+                        "built from an image other than the one envbuild built and tested. Pass "
+                        "the REGISTRY/NAME@sha256:... reference `envbuild build PROFILE --push "
+                        "REGISTRY` printed (or `docker inspect --format '{{index .RepoDigests 0}}' "
+                        "IMAGE`).")
+    return text, m["digest"]
+
+
+def archive_digest(path: Path) -> str | None:
+    """The manifest digest of an OCI archive (its index.json's one manifest), None when the
+    file is not there yet; an archive that is not an OCI image layout is refused. index.json is
+    read as import-image reads it (image_archive.index_manifests: the one bounded reader)."""
+    import tarfile
+
+    from envbuilder.oci.archive import index_manifests
+
+    if not path.exists():
+        return None
+    bad = (f"--oci-archive {path} is not an OCI image archive (a tar with an index.json naming "
+           "one image). Write one with `envbuild export-image`, `skopeo copy "
+           "docker-daemon:IMAGE oci-archive:FILE` or `podman save --format oci-archive`.")
+    try:
+        with tarfile.open(path, "r:*") as tar:
+            manifests = index_manifests(tar, path, bad)
+    except UserError as e:
+        raise UserError(str(e) if bad in str(e) else bad) from None
+    except (OSError, tarfile.TarError, EOFError):
+        raise UserError(bad) from None
+    if len(manifests) != 1:
+        raise UserError(bad.replace("(a tar", "with exactly one image (a tar"))
+    digest = manifests[0]["digest"]
+    return digest if _DIGEST.fullmatch(digest) else None
+
+
+def archive_path(path: Path) -> Path:
+    """The archive as the absolute path the header names; Apptainer's header is bare words
+    (a `#` starts a comment there), so the path must be one plain token."""
+    from envbuilder.render.quoting import BARE
+
+    full = Path(os.path.abspath(path))
+    if not BARE.fullmatch(str(full)[1:]):  # (after its leading `/`: the template's `word`)
+        raise UserError(f"--oci-archive {str(full)!r} holds characters an Apptainer definition's "
+                        "header cannot carry (a space, quote, `#`, `$` or the like). Move or "
+                        "rename the archive to a plain path (letters, digits, '/', '.', '_', '-').")
+    return full
+
+
+def labels(env, source: str, digest: str | None) -> list[tuple[str, str]]:
+    """%labels, key and value: the image's own io.envbuild.* labels (Dockerfile.j2) and where
+    the SIF came from. Apptainer reads one label a line: key, a space, the rest of the line."""
+    out = [("io.envbuild.version", env.envbuild_version),
+           ("io.envbuild.profile", env.profile),
+           ("io.envbuild.gpu", env.gpu.key),
+           ("io.envbuild.gpu-name", env.gpu.name),
+           ("io.envbuild.compute-capability", env.gpu.compute_capability),
+           ("io.envbuild.cuda", env.cuda.version),
+           ("io.envbuild.torch", f"{env.torch.version}+{env.torch.variant}"),
+           ("io.envbuild.verl", env.verl.version),
+           ("io.envbuild.rollout", env.rollout),
+           ("io.envbuild.image", source)]
+    if digest:
+        out.append(("io.envbuild.image-digest", digest))
+    return [(k, str(v)) for k, v in out]
+
+
+def environment(env) -> list[tuple[str, str]]:
+    """%environment: what the image's ENV sets that matters when it runs (Dockerfile.j2 and
+    _macros.j2), from the resolved environment. PATH is written after these, with $PATH."""
+    out = [("VIRTUAL_ENV", VENV),
+           ("PYTHONDONTWRITEBYTECODE", "1"),  # (the SIF is read-only)
+           ("HF_ENDPOINT", env.huggingface)]
+    alloc = env.cuda_alloc_conf
+    if alloc and alloc.value:  # (the run script's default; none where the profile has none)
+        out.append(("PYTORCH_CUDA_ALLOC_CONF", alloc.value))
+    if not env.features.torch_compile:
+        out.append(("TORCHDYNAMO_DISABLE", "1"))
+    for name, value in out:  # (the schema refused these where they entered: a second wall)
+        if not all(c == " " or c.isprintable() for c in str(value)):
+            raise UserError(f"The value of {name} for profile {env.profile!r} holds a control "
+                            "character, which a POSIX shell's %environment cannot carry. Fix "
+                            "the matrix value it comes from.")
+    return out
+
+
+def definition(env, source: str, bootstrap: str, digest: str | None, def_name: str) -> str:
+    """The definition file's text for `env` (a ResolvedEnv) built from `source`."""
+    from envbuilder.cli.build import PREFLIGHT, smoke_command
+    from envbuilder.render.files import RUN_SCRIPT, jinja_env
+
+    sif = f"{PurePosixPath(def_name).stem or env.profile}.sif"
+    context = {
+        "d": env,
+        "header": HEADER,
+        "bootstrap": bootstrap,
+        "source": source,
+        "labels": labels(env, source, digest),
+        "environment": environment(env),
+        "venv_bin": f"{VENV}/bin",
+        "test_command": smoke_command(),
+        # where the Dockerfile copies the launch script: beside preflight.py
+        "run_command": str(PurePosixPath(PREFLIGHT).parent / RUN_SCRIPT),
+        "preflight": PREFLIGHT,
+        "sif": sif,
+        "def_name": def_name,
+    }
+    return jinja_env().get_template(TEMPLATE).render(context)
+
+
+def ours(path: Path) -> bool:
+    """Whether `path` is a file this command wrote (its first line is HEADER)."""
+    try:
+        with open(path, "rb") as f:
+            first = f.read(len(HEADER.encode()) + 1)
+    except OSError:
+        return False
+    return first.startswith(HEADER.encode() + b" ")
+
+
+@click.command()
+@click.argument("profile")
+@click.option("--image", metavar="REF@sha256:DIGEST",
+              help="The pushed image, by digest (what `envbuild build --push` prints).")
+@click.option("--oci-archive", type=click.Path(dir_okay=False), metavar="PATH",
+              help="An OCI archive of the image (as `envbuild export-image` writes), instead.")
+@click.option("-o", "--out", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Where to write the definition (default ./PROFILE.def).")
+@click.option("--mirror", metavar="NAME", help="The mirror set the image was built through: "
+              "its Hugging Face endpoint goes into %environment (as in the image).")
+@click.option("--force", is_flag=True, help="Replace FILE even when envbuild did not write it.")
+@override_options
+def apptainer(profile, image, oci_archive, out, mirror, force, overrides, matrix_dirs):
+    """Write an Apptainer definition of PROFILE's image, for clusters without Docker:
+    `apptainer build PROFILE.sif PROFILE.def`, then `apptainer run --nv PROFILE.sif`."""
+    from envbuilder.model import mirrors as M
+    from envbuilder.cli.options import plain_name
+    from envbuilder.model.resolve import resolve
+
+    # (as typed: Path('') would be '.', the current folder)
+    for option, value in (("-o", out), ("--oci-archive", oci_archive)):
+        if value is not None and not value:
+            raise UserError(f"{option} is empty: give a file name"
+                            + (" (e.g. PROFILE.def)." if option == "-o" else " (the .tar "
+                               "`envbuild export-image` wrote)."))
+    out = Path(out) if out is not None else None
+    oci_archive = Path(oci_archive) if oci_archive is not None else None
+    if bool(image) == bool(oci_archive):
+        raise UserError("Pass the image to start from: --image REF@sha256:DIGEST (what `envbuild "
+                        "build PROFILE --push REGISTRY` printed) or --oci-archive PATH (not "
+                        "both).")
+    if image:
+        source, digest = image_reference(image)
+        bootstrap = "docker"
+    else:
+        bootstrap = "oci-archive"
+        full = archive_path(oci_archive)
+        digest = archive_digest(full)
+        source = str(full)
+        if not full.exists():
+            click.echo(f"note: {full} does not exist yet; `apptainer build` needs it there.",
+                       err=True)
+    m = load_matrix(matrix_dirs)
+    env = M.split_credentials(resolve(m, profile, overrides))[0]  # (no user:password@ in it)
+    if mirror:
+        env = M.apply_to_env(env, M.choice(mirror, M.get_set(m, mirror)))
+    path = out if out is not None else Path(f"{plain_name(env.name, 'The profile name')}.def")
+    if path.is_dir():
+        raise UserError(f"{path} is a folder; -o names the definition file to write (e.g. "
+                        f"{path / (env.name + '.def')}).")
+    if (path.exists() or path.is_symlink()) and not force and not ours(path):
+        raise UserError(f"{path} exists and envbuild did not write it (its first line is not "
+                        f"{HEADER!r}...), so it is left as it is. Pass --force to replace it, or "
+                        "-o another file.")
+    if image and not re.search(rf"(^|/){re.escape(env.name)}(:[^/@]*)?@", source):
+        click.echo(f"note: {source} is not named after profile {env.name}; the labels and "
+                   f"%environment describe {env.name} as resolved here. Check it is that image.",
+                   err=True)
+    text = definition(env, source, bootstrap, digest, path.name)
+    if not path.parent.is_dir():
+        raise UserError(f"The folder of {path} does not exist. Create it, or -o a file in an "
+                        "existing folder.")
+    umask = os.umask(0)
+    os.umask(umask)
+    try:
+        write_text_atomic(path, text, 0o666 & ~umask, fsync=True)  # (the mode `open` would give)
+    except OSError as e:  # (its temporary file is gone again: nothing half-written stays)
+        raise ActionError(f"Cannot write {path}: {e.strerror}. Check the free space and "
+                          f"permissions of {path.parent}, or -o a file elsewhere; nothing was "
+                          "written.") from None
+    sif = f"{path.stem}.sif"
+    click.echo(f"wrote {path}: build it with `apptainer build {sif} {path}`, run it with "
+               f"`apptainer run --nv {sif}`", err=True)
+    click.echo(str(path))

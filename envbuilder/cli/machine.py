@@ -1,0 +1,99 @@
+"""`envbuild detect` and `envbuild doctor`: what this machine has, and whether it is ready.
+
+Both read the machine through probes (NVML, nvidia-smi, the docker SDK) passed in click's context
+object, so tests hand them recorded answers; by default the real ones are used.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from envbuilder.cli.options import load_matrix, matrix_dir_option, override_options
+
+
+def _probes(ctx: click.Context):
+    from envbuilder.machine.doctor import Probes
+
+    return ctx.obj if ctx.obj is not None else Probes()
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@matrix_dir_option
+@click.pass_context
+def detect(ctx, as_json, matrix_dirs):
+    """GPUs, driver, the newest CUDA it supports, and the profile that fits them best, with why."""
+    from envbuilder.machine.detect import NO_GPU_FIX, detect as detect_machine, machine_json, recommend, recommendation_json
+
+    m = load_matrix(matrix_dirs)
+    probes = _probes(ctx)
+    machine = detect_machine(m, probes.nvml, probes.run)
+    rec = recommend(m, machine)
+    if as_json:
+        click.echo(json.dumps({**machine_json(machine), "recommendation": recommendation_json(rec)},
+                              indent=2))
+        return
+    if not machine.gpus:
+        click.echo(f"no NVIDIA GPU found: {machine.problem}")
+        click.echo(f"  fix: {NO_GPU_FIX}")
+        return
+    for g in machine.gpus:
+        model = f"matrix model {g.model}" if g.model else "not in the matrix"
+        click.echo(f"GPU {g.index}  {g.name}  CC {g.compute_capability or '?'}  {g.vram_gb:.0f} GB  "
+                   f"({model})")
+    click.echo(f"driver {machine.driver}, supports CUDA up to {machine.cuda or '?'} "
+               f"(read through {machine.via})")
+    for note in rec.notes:
+        click.echo(f"note: {note}")
+    if rec.profile:
+        best = next(f for f in rec.fits if f.profile == rec.profile)
+        click.echo(f"profile: {rec.profile}")
+        for r in best.reasons:
+            click.echo(f"  {r.line()}")
+        others = [f.profile for f in rec.fits if f.ok and f.profile != rec.profile]
+        if others:
+            click.echo(f"  also fits: {', '.join(others)}")
+        click.echo(f"next: envbuild doctor {rec.profile}; envbuild render {rec.profile}")
+        return
+    if rec.fits:
+        click.echo(f"no profile fits {rec.gpu.label()}:")
+        for f in rec.fits:
+            click.echo(f"  {f.profile}:")
+            for r in f.reasons:
+                click.echo(f"    {r.line()}")
+            for fix in f.fixes:
+                click.echo(f"    fix: {fix}")
+
+
+@click.command()
+@click.argument("profile", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--mirror", metavar="NAME", help="Also check this mirror set's endpoints.")
+@click.option("--conda", "conda_required", is_flag=True,
+              help="Fail (not only warn) when no conda/mamba/micromamba is on PATH.")
+@override_options
+@click.pass_context
+def doctor(ctx, profile, as_json, mirror, conda_required, overrides, matrix_dirs):
+    """Is this machine ready to build and run PROFILE? Each check ✓/✗ with the fix; exit 1 if not.
+    Without PROFILE: the one `envbuild detect` picks for this machine."""
+    from envbuilder.machine.doctor import doctor as run_doctor, report_json
+    from envbuilder.errors import ActionError
+
+    m = load_matrix(matrix_dirs)
+    if profile is None:
+        from envbuilder.cli.options import implied_profile
+
+        profile = implied_profile(m, "doctor", _probes(ctx))
+    report = run_doctor(m, profile, overrides, _probes(ctx), mirror, conda_required)
+    failed = [c for c in report.checks if c.status == "fail"]
+    if as_json:
+        click.echo(json.dumps(report_json(report), indent=2))
+    else:
+        for c in report.checks:
+            click.echo("\n".join(c.lines()))
+        click.echo(("READY" if report.ready else "NOT READY") + f": profile {profile} on this machine")
+    if failed:
+        raise ActionError(f"{len(failed)} of {len(report.checks)} checks failed for {profile}: "
+                          f"{', '.join(c.name for c in failed)}.")

@@ -1,0 +1,97 @@
+"""The profile matrix as one `docker-bake.hcl`: BuildKit's own way to build many images at once,
+on any builder (local, a Kubernetes or cloud builder), with a registry cache.
+
+`envbuild bake` renders each profile's build context into DIR/<profile>/ (the same files
+`envbuild build` builds) and writes DIR/docker-bake.hcl: a target per profile (its context,
+build args, tags, registry cache-from/cache-to, labels), a `default` group of them all, and
+variables a team overrides on the command line (`REGISTRY=... docker buildx bake`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+BAKE_FILE = "docker-bake.hcl"
+
+
+def default_tag(env, d: dict | None = None) -> str:
+    """envbuild/<profile>:<12 hex of the upstream spec>: the same image whichever mirror,
+    machine or builder made it (`envbuild build` names images the same way). The lock's pins and
+    a mirror are left out of the spec hashed: a rendered folder's envbuild.json (which has them)
+    names the image `envbuild build PROFILE` names."""
+    d = dict(d if d is not None else env.to_dict(), constraints=None)  # (d: env.to_dict(), if at hand)
+    d.pop("mirror", None)
+    spec = json.dumps(d, sort_keys=True, separators=(",", ":"))
+    return f"envbuild/{env.name}:{hashlib.sha256(spec.encode()).hexdigest()[:12]}"
+
+
+def hcl_string(value: str) -> str:
+    """A value as an HCL string literal. JSON's escapes are HCL's; `${` and `%{` start
+    templates in HCL, so they are doubled to stay literal."""
+    return json.dumps(str(value)).replace("${", "$${").replace("%{", "%%{")
+
+
+def target_args(env) -> dict[str, str]:
+    """Build args of a profile's target: where its steps fetch from (what the rendered
+    Dockerfile's ARGs default to, mirror applied), and the compile parallelism."""
+    args = {"PIP_INDEX_URL": "${PIP_INDEX_URL}", "HF_ENDPOINT": "${HF_ENDPOINT}",
+            "APT_MIRROR": "${APT_MIRROR}"}
+    if env.needs_builder:  # (a builder stage compiles them)
+        args["MAX_JOBS"] = "${MAX_JOBS}"
+    if env.indexes.torch:
+        args["TORCH_INDEX_URL"] = env.indexes.torch  # per profile: its CUDA variant's index
+    return args
+
+
+def bake_file(targets: list[dict], variables: dict[str, str]) -> str:
+    """docker-bake.hcl for `targets` ({name, context, args, tags, cache_ref, labels})."""
+    lines = ["# envbuild bake: one target per profile. Build them all on any BuildKit builder:",
+             "#   docker buildx bake -f docker-bake.hcl [--push] [TARGET...]",
+             "# Override a variable from the environment, e.g. REGISTRY=registry.corp:5000.",
+             ""]
+    for name, default in variables.items():
+        lines += [f"variable {hcl_string(name)} {{", f"  default = {hcl_string(default)}", "}", ""]
+    lines += ['group "default" {',
+              "  targets = [" + ", ".join(hcl_string(t["name"]) for t in targets) + "]", "}", ""]
+    for t in targets:
+        def value(v: str) -> str:  # a ${VARIABLE} reference stays an HCL template
+            return json.dumps(v) if v.startswith("${") and v.endswith("}") else hcl_string(v)
+
+        lines += [f"target {hcl_string(t['name'])} {{",
+                  f"  context = {hcl_string(t['context'])}",
+                  '  dockerfile = "Dockerfile"',
+                  '  platforms = ["linux/amd64"]',
+                  "  args = {"]
+        lines += [f"    {k} = {value(v)}" for k, v in sorted(t["args"].items())]
+        lines += ["  }",
+                  "  tags = [" + ", ".join(json.dumps(tag) for tag in t["tags"]) + "]",
+                  f'  cache-from = ["type=registry,ref={t["cache_ref"]}"]',
+                  f'  cache-to = ["type=registry,ref={t["cache_ref"]},mode=max"]',
+                  "  labels = {"]
+        lines += [f"    {hcl_string(k)} = {hcl_string(v)}" for k, v in sorted(t["labels"].items())]
+        lines += ["  }", "}", ""]
+    return "\n".join(lines)
+
+
+def bake_target(env, tag: str) -> dict:
+    """The target of one (mirrored, constrained) resolved environment; `tag` is its upstream
+    name envbuild/<profile>:<hash>, pushed under ${REGISTRY}/."""
+    repo, version = tag.rsplit(":", 1)
+    return {"name": env.name, "context": env.name, "args": target_args(env),
+            "tags": [f"${{REGISTRY}}/{repo}:{version}", f"${{REGISTRY}}/{repo}:latest"],
+            "cache_ref": f"${{REGISTRY}}/{repo}:buildcache",
+            "labels": {"io.envbuild.profile": env.name, "io.envbuild.tag": tag}}
+
+
+def variables(env, registry: str) -> dict[str, str]:
+    """The variables every target shares: the registry it pushes to and caches in, and the
+    endpoints (the first profile's, mirror applied; they are the same for every profile)."""
+    from envbuilder.config import check_registry
+
+    apt = env.mirror.apt if env.mirror else None
+    # (config.registry_for checked it where it came from; it lands in cache-to, where a ',' adds
+    # settings: a second wall)
+    return {"REGISTRY": check_registry(registry, "The bake file's registry"), "PIP_INDEX_URL": env.indexes.pypi,
+            "HF_ENDPOINT": env.huggingface, "APT_MIRROR": apt or "",
+            "MAX_JOBS": "4"}

@@ -1,0 +1,347 @@
+"""What NVIDIA GPUs this machine has, and which profile fits them.
+
+The GPUs are read through NVML (nvidia-ml-py) or, failing that, `nvidia-smi`; `probe_nvml`,
+`probe_smi` and `detect` are the only functions that touch the machine, and they take the NVML
+module and the command runner as arguments so tests feed recorded values. Matching names to the
+matrix's GPU models and choosing a profile are pure, and every rule comes from the matrix and the
+resolver: no GPU name appears here.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from typing import Any, Callable, NamedTuple
+
+from envbuilder.model.matrix import Matrix, cc_tuple
+from envbuilder.model.resolve import Overrides, ResolveError, cc_runs, resolve
+from envbuilder.model.versions import is_driver_version
+
+QUERY = ("nvidia-smi", "--query-gpu=index,name,compute_cap,memory.total,driver_version",
+         "--format=csv,noheader,nounits")
+# Older drivers' nvidia-smi has no compute_cap field; the matrix then gives the CC by name.
+QUERY_NO_CC = ("nvidia-smi", "--query-gpu=index,name,memory.total,driver_version",
+               "--format=csv,noheader,nounits")
+NO_GPU_FIX = ("install the NVIDIA driver (nvidia-smi must list the GPU); inside a container, "
+              "start it with --gpus all")
+
+
+class Gpu(NamedTuple):
+    index: int
+    name: str
+    compute_capability: str | None
+    vram_mib: int
+    model: str | None = None  # the matrix's gpus key, when a `match` pattern names it
+
+    @property
+    def vram_gb(self) -> float:
+        return self.vram_mib / 1024
+
+    def label(self) -> str:
+        cc = self.compute_capability or "?"
+        return f"GPU {self.index} {self.name} (CC {cc}, {self.vram_gb:.0f} GB)"
+
+
+class Machine(NamedTuple):
+    gpus: tuple[Gpu, ...]
+    driver: str | None
+    cuda: str | None  # the newest CUDA the driver supports
+    via: str  # "nvml" or "nvidia-smi"; "" when no GPU was found
+    problem: str | None = None  # why no GPU was found
+
+
+class NoGpu(Exception):
+    """One probe's reason for finding no GPU."""
+
+
+# -- reading the machine ---------------------------------------------------------------------
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def cuda_from_int(version: int) -> str:
+    """NVML's CUDA driver version: 12020 -> '12.2', 13000 -> '13.0'."""
+    return f"{version // 1000}.{version % 1000 // 10}"
+
+
+def probe_nvml(nvml: Any) -> Machine:
+    """Read the GPUs through a pynvml-like module; raises NoGpu with NVML's reason."""
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as e:
+        raise NoGpu(f"NVML: {e}") from None
+    try:
+        driver = _text(nvml.nvmlSystemGetDriverVersion())
+        cuda = None
+        for fn in ("nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion"):
+            if hasattr(nvml, fn):
+                try:
+                    cuda = cuda_from_int(getattr(nvml, fn)())
+                    break
+                except nvml.NVMLError:
+                    continue
+        gpus = []
+        for i in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(i)
+            major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
+            gpus.append(Gpu(i, _text(nvml.nvmlDeviceGetName(handle)), f"{major}.{minor}",
+                            nvml.nvmlDeviceGetMemoryInfo(handle).total // 2**20))
+    except nvml.NVMLError as e:
+        raise NoGpu(f"NVML: {e}") from None
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except nvml.NVMLError:
+            pass
+    return Machine(tuple(gpus), driver, cuda, "nvml")
+
+
+def run_command(argv: tuple[str, ...]) -> subprocess.CompletedProcess:
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=30)
+
+
+def _first_line(out: subprocess.CompletedProcess) -> str:
+    lines = [l.strip() for l in (out.stdout + "\n" + out.stderr).splitlines() if l.strip()]
+    return lines[0] if lines else f"exit status {out.returncode}"
+
+
+def _unreadable(line: str) -> NoGpu:
+    shown = ascii(line[:200]) + (f" ({len(line)} characters)" if len(line) > 200 else "")
+    return NoGpu(f"nvidia-smi printed a line envbuild cannot read: {shown} (its numbers must "
+                 "be written with the digits 0-9; a driver or a wrapper that prints others is "
+                 "not one envbuild trusts). Check `nvidia-smi --query-gpu=index,name,memory.total "
+                 "--format=csv` and the nvidia-smi first on PATH")
+
+
+def parse_query(text: str, with_cc: bool = True) -> tuple[list[Gpu], str | None]:
+    """The GPUs and driver from `nvidia-smi --query-gpu=... --format=csv,noheader,nounits`.
+    Numbers are read from the digits 0-9 only: a GPU row with any other digit (Python's int()
+    takes '٣' and str.isdigit() '²') raises NoGpu naming the line."""
+    gpus, driver = [], None
+    for line in filter(None, (l.strip() for l in text.splitlines())):
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) != (5 if with_cc else 4) or not fields[0].isdigit():
+            continue  # not a GPU row (a warning nvidia-smi printed)
+        if any(c.isdigit() and c not in "0123456789" for c in line):
+            raise _unreadable(line)
+        if with_cc:
+            index, name, cc, mem, driver = fields
+        else:
+            (index, name, mem, driver), cc = fields, None
+        if not re.fullmatch(r"[0-9]{1,4}", index):
+            raise _unreadable(line)
+        cc = cc if cc and re.fullmatch(r"[0-9]{1,2}\.[0-9]{1,2}", cc) else None
+        gpus.append(Gpu(int(index), name, cc,
+                        int(mem) if re.fullmatch(r"[0-9]{1,9}", mem) else 0))  # ([N/A]: 0)
+    return gpus, driver
+
+
+def parse_cuda_version(table: str) -> str | None:
+    """'CUDA Version: 12.2' from the header of plain `nvidia-smi` (digits 0-9 only)."""
+    m = re.search(r"CUDA Version:\s*([0-9]{1,3}\.[0-9]{1,3})(?![0-9])", table)
+    return m.group(1) if m else None
+
+
+def probe_smi(run: Callable[[tuple[str, ...]], Any]) -> Machine:
+    """Read the GPUs through nvidia-smi; raises NoGpu with its reason."""
+    try:
+        out = run(QUERY)
+        with_cc = True
+        if out.returncode != 0 and "compute_cap" in out.stdout + out.stderr:
+            out, with_cc = run(QUERY_NO_CC), False
+    except FileNotFoundError:
+        raise NoGpu("nvidia-smi: not found on PATH") from None
+    except subprocess.TimeoutExpired as e:  # a wedged GPU can hang the driver's tools
+        raise NoGpu(f"nvidia-smi: no answer within {e.timeout:g} s") from None
+    if out.returncode != 0:
+        raise NoGpu(f"nvidia-smi: {_first_line(out)}")
+    gpus, driver = parse_query(out.stdout, with_cc)
+    table = run(("nvidia-smi",))
+    cuda = parse_cuda_version(table.stdout) if table.returncode == 0 else None
+    return Machine(tuple(gpus), driver, cuda, "nvidia-smi")
+
+
+def detect(m: Matrix, nvml: Any = None, run: Callable | None = None) -> Machine:
+    """The machine's GPUs, named by the matrix; NVML first, then nvidia-smi. Never raises for a
+    missing GPU or driver: the Machine's `problem` says why none was found."""
+    reasons = []
+    machine = None
+    if nvml is None:
+        try:
+            import pynvml as nvml
+        except ImportError:
+            reasons.append("NVML: nvidia-ml-py is not installed")
+    if nvml is not None:
+        try:
+            machine = probe_nvml(nvml)
+        except NoGpu as e:
+            reasons.append(str(e))
+    if machine is None:
+        try:
+            machine = probe_smi(run or run_command)
+        except NoGpu as e:
+            reasons.append(str(e))
+    if machine is None:
+        return Machine((), None, None, "", "; ".join(reasons))
+    if machine.driver and not (machine.driver.isascii() and is_driver_version(machine.driver)):
+        machine = machine._replace(driver=None)  # e.g. 'N/A' from a half-working driver: unknown
+    if not machine.gpus:
+        return machine._replace(problem=f"the driver ({machine.via}) lists no GPU")
+    return identify(m, machine)
+
+
+# -- naming and choosing (pure) --------------------------------------------------------------
+
+def match_model(m: Matrix, name: str) -> str | None:
+    """The first matrix GPU model whose `match` pattern finds the reported name."""
+    for key, gpu in m.gpus.items():
+        if any(re.search(p, name, re.IGNORECASE) for p in gpu["match"]):
+            return key
+    return None
+
+
+def identify(m: Matrix, machine: Machine) -> Machine:
+    """Each GPU with its matrix model; the CC from the matrix where the driver gave none."""
+    gpus = []
+    for g in machine.gpus:
+        model = match_model(m, g.name)
+        cc = g.compute_capability or (m.gpus[model]["compute_capability"] if model else None)
+        gpus.append(g._replace(model=model, compute_capability=cc))
+    return machine._replace(gpus=tuple(gpus))
+
+
+def weakest(gpus: tuple[Gpu, ...]) -> Gpu:
+    """The GPU a profile must fit: lowest CC, then least memory."""
+    return min(gpus, key=lambda g: (cc_tuple(g.compute_capability or "0.0"), g.vram_mib, g.index))
+
+
+class Reason(NamedTuple):
+    ok: bool | None  # None: information, not a check
+    text: str
+
+    def line(self) -> str:
+        return self.text + {True: " \u2713", False: " \u2717", None: ""}[self.ok]
+
+
+class Fit(NamedTuple):
+    profile: str
+    ok: bool
+    reasons: tuple[Reason, ...]
+    fixes: tuple[str, ...]
+
+
+class Recommendation(NamedTuple):
+    gpu: Gpu | None  # the GPU the profile was chosen for
+    profile: str | None
+    fits: tuple[Fit, ...]  # every candidate checked, best first
+    notes: tuple[str, ...]
+
+
+def runnable_archs(cc: str, archs: list[str]) -> list[str]:
+    """The archs of a build whose code runs on `cc`, by the resolver's rule."""
+    return [a for a in archs if cc_runs(cc, [a])]
+
+
+def fit_profile(m: Matrix, name: str, gpu: Gpu, driver: str | None, cuda: str | None) -> Fit:
+    """Does profile `name` fit this GPU and driver? Each reason says what was compared."""
+    p = m.profiles[name]
+    pgpu = m.gpus[p["gpu"]]
+    reasons: list[Reason] = []
+    fixes: list[str] = []
+    if gpu.model == p["gpu"]:
+        reasons.append(Reason(True, f"{gpu.name} is the matrix's {p['gpu']}, the GPU of profile {name}"))
+    else:
+        known = f"the matrix's {gpu.model}" if gpu.model else "not in the matrix"
+        reasons.append(Reason(True, f"{gpu.name} (CC {gpu.compute_capability}) is {known}; profile "
+                              f"{name} is built for the {pgpu['name']} (CC {pgpu['compute_capability']}), "
+                              f"whose code runs on CC {gpu.compute_capability}"))
+    try:
+        env = resolve(m, name, Overrides(driver=driver))
+    except ResolveError as e:
+        for v in e.violations:
+            reasons.append(Reason(False, f"{v.what}: {v.why}"))
+            fixes.append(v.fix)
+        return Fit(name, False, tuple(reasons), tuple(fixes))
+    drv = env.driver
+    need = f"profile {name} needs CUDA {drv.for_cuda} (>= {drv.min_driver})"
+    if driver is None:
+        reasons.append(Reason(None, f"driver unknown; {need}"))
+    elif drv.mode == "native":
+        reasons.append(Reason(True, f"driver {driver} supports CUDA {cuda or '?'}; {need}"))
+    else:
+        reasons.append(Reason(True, f"driver {driver} supports CUDA {cuda or '?'}; {need}, and runs it "
+                              f"under minor-version compatibility (>= {drv.compat_driver}, "
+                              "no PTX JIT)"))
+    t = env.torch
+    runs = runnable_archs(gpu.compute_capability, t.archs)
+    build = f"torch {t.version}+{t.variant}"
+    if runs:
+        best = max(runs, key=cc_tuple)
+        reasons.append(Reason(True, f"{build} has sm_{best.replace('.', '')} which runs on CC "
+                              f"{gpu.compute_capability}"))
+    else:
+        reasons.append(Reason(False, f"{build} has no kernels for CC {gpu.compute_capability} "
+                              f"(its arch list is {';'.join(t.archs)})"))
+        fixes.append("render with a --torch/--cuda whose build lists this CC (envbuild show)")
+    need_gb = env.train.model_vram_gb
+    enough = gpu.vram_gb >= need_gb
+    reasons.append(Reason(enough, f"{gpu.vram_gb:.0f} GB {'>=' if enough else '<'} {need_gb:g} GB "
+                          f"for {env.train.model}"))
+    if not enough:
+        fixes.append("use a GPU with more memory, or a profile (--matrix-dir) with a smaller "
+                     "model and more offload")
+    ok = all(r.ok is not False for r in reasons)
+    return Fit(name, ok, tuple(reasons), tuple(fixes))
+
+
+def candidates(m: Matrix, gpu: Gpu) -> list[str]:
+    """Profiles for this GPU's model; else those whose GPU's code runs on its CC, closest first."""
+    exact = [n for n, p in m.profiles.items() if gpu.model and p["gpu"] == gpu.model]
+    if exact or not gpu.compute_capability:
+        return exact
+    family = [n for n, p in m.profiles.items()
+              if cc_runs(gpu.compute_capability, [m.gpus[p["gpu"]]["compute_capability"]])]
+    return sorted(family, key=lambda n: cc_tuple(m.gpus[m.profiles[n]["gpu"]]["compute_capability"]),
+                  reverse=True)
+
+
+def recommend(m: Matrix, machine: Machine) -> Recommendation:
+    if not machine.gpus:
+        return Recommendation(None, None, (), (f"no NVIDIA GPU found: {machine.problem}",))
+    gpu = weakest(machine.gpus)
+    notes = []
+    kinds = {(g.name, g.compute_capability, g.vram_mib) for g in machine.gpus}
+    if len(kinds) > 1:
+        notes.append(f"{len(kinds)} kinds of GPU: the profile must fit the weakest, {gpu.label()}")
+    if not gpu.compute_capability:
+        notes.append(f"the compute capability of {gpu.name} is unknown (the driver does not report "
+                     "it and the matrix has no such GPU): add it to gpus in a --matrix-dir overlay")
+        return Recommendation(gpu, None, (), tuple(notes))
+    fits = [fit_profile(m, n, gpu, machine.driver, machine.cuda) for n in candidates(m, gpu)]
+    fits.sort(key=lambda f: not f.ok)  # stable: the closest fitting profile first
+    best = fits[0].profile if fits and fits[0].ok else None
+    if not fits:
+        notes.append(f"no profile in the matrix runs on {gpu.name} (CC {gpu.compute_capability}); "
+                     "add one in a --matrix-dir overlay, starting from `envbuild show <profile>` "
+                     "of the nearest GPU")
+    if best:
+        n_gpus = m.profiles[best]["train"]["n_gpus"]
+        if len(machine.gpus) < n_gpus:
+            notes.append(f"profile {best} trains on {n_gpus} GPUs and this machine has "
+                         f"{len(machine.gpus)}: run the script with N_GPUS={len(machine.gpus)}")
+    return Recommendation(gpu, best, tuple(fits), tuple(notes))
+
+
+def machine_json(machine: Machine) -> dict:
+    return {"gpus": [dict(g._asdict(), vram_gb=round(g.vram_gb, 1)) for g in machine.gpus],
+            "driver": machine.driver, "cuda": machine.cuda, "via": machine.via or None,
+            "problem": machine.problem}
+
+
+def recommendation_json(rec: Recommendation) -> dict:
+    return {"for_gpu": rec.gpu.index if rec.gpu else None, "profile": rec.profile,
+            "candidates": [{"profile": f.profile, "fits": f.ok,
+                            "reasons": [{"ok": r.ok, "text": r.text} for r in f.reasons],
+                            "fixes": list(f.fixes)} for f in rec.fits],
+            "notes": list(rec.notes)}

@@ -1,0 +1,98 @@
+"""What a profile's build fetches over the network, probed in parallel before any build step, so a
+build that cannot work fails in seconds, naming what does not answer and the way around it,
+rather than minutes in with "Fix the error above".
+
+The endpoints are those of the rendered files: the base images' registries, the Python index, the
+PyTorch index where the profile installs a +cuXXX torch, GitHub where the builder fetches apex's or
+flash-attn's release files, and the registry a build pushes to. A wheelhouse build needs no index
+and no GitHub."""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+from envbuilder.oci.registry import DOCKER_HUB, DOCKER_HUB_API, parse_image
+
+
+class Finding(NamedTuple):
+    what: str  # the endpoint, and what the build needs it for
+    why: str  # what the probe met
+    fix: str
+
+
+def needs(env, wheelhouse: bool = False, push: str | None = None, upstream: bool = True) -> dict:
+    """The endpoints the build of `env` fetches from (and pushes to), in the shape of a mirror set
+    (mirrors.probe). Not `upstream`: the push target alone (a mirror set stands in for the rest)."""
+    registries: dict[str, list[str]] = {}
+    for ref in sorted(set(env.cuda.images.values())) if upstream else ():
+        host = parse_image(ref).registry
+        registries.setdefault(host, [DOCKER_HUB_API if host == DOCKER_HUB else host])
+    if push:
+        registries.setdefault(f"push {push}", [push])
+    body: dict = {"registries": registries}
+    if upstream and not wheelhouse:
+        body["pypi"] = [env.indexes.pypi]
+        if env.indexes.torch:
+            body["pytorch"] = [env.indexes.torch]
+        if env.needs_builder:
+            body["github"] = ["https://github.com"]
+    return body
+
+
+def _fix(kind: str, target: str, status: str, env) -> str:
+    if status.startswith("TLS"):
+        return ("this network intercepts TLS: pass its CA bundle with --ca-cert FILE (a BuildKit "
+                "secret: it reaches the build's steps, never a layer), or --no-probe if only the "
+                "engine trusts it")
+    if kind == "registry" and target.startswith("push "):
+        return "check the --push registry (a name from your config's `registries:`, or HOST:PORT)"
+    if kind == "registry":
+        return (f"pull the base images through a mirror: --mirror NAME (`envbuild mirrors list`) "
+                f"or --mirror auto, whose registries stand in for {target}")
+    if kind == "pypi":
+        return ("--mirror NAME with a PyPI endpoint, or build from a wheelhouse (--wheelhouse DIR, "
+                "exported by `envbuild wheelhouse` where PyPI answers)")
+    if kind == "pytorch":
+        return (f"--mirror NAME with a PyTorch endpoint, or a wheelhouse; a lock made with "
+                f"--torch-from-pypi takes PyPI's build of torch {env.torch.version} instead (PyPI's "
+                "CUDA, not the profile's)")
+    parts = " or ".join(n for n, on in (("apex", env.apex), ("flash-attn", env.flash_attn)) if on)
+    return (f"--mirror NAME with a GitHub endpoint, or a wheelhouse (it carries {parts}'s files)"
+            + (", or --without apex" if env.apex else ""))
+
+
+def findings(env, probes: list) -> list[Finding]:
+    """Each needed target with no endpoint that answers, with its fix."""
+    by_target: dict[tuple[str, str], list] = {}
+    for p in probes:
+        by_target.setdefault((p.kind, p.target), []).append(p)
+    out = []
+    for (kind, target), ps in sorted(by_target.items()):
+        if any(p.ok for p in ps):
+            continue
+        p = ps[0]
+        need = {"registry": "the base images" if not target.startswith("push ") else "the push",
+                "pypi": "the Python packages", "pytorch": f"torch {env.torch.version}+{env.torch.variant}",
+                "github": "the builder's source files"}.get(kind, kind)
+        out.append(Finding(f"{p.endpoint} ({need})", p.status, _fix(kind, target, p.status, env)))
+    return out
+
+
+def check(env, wheelhouse: bool, push: str | None, upstream: bool = True,
+          probe: Callable[[dict], list] | None = None, ca_cert=None) -> list[Finding]:
+    """Probe what the build of `env` needs (mirrors.probe: in parallel, 5 s each), trusting
+    `ca_cert` (the build's --ca-cert) beside the system's CAs."""
+    if probe is None:
+        from envbuilder.model.mirrors import probe as probe_set
+
+        def probe(body):
+            return probe_set(body, ca_cert=ca_cert)
+    return findings(env, probe(needs(env, wheelhouse, push, upstream)))
+
+
+def message(findings_: list[Finding]) -> str:
+    lines = ["The build would fail: what it fetches does not answer from here (probed before any "
+             "build step):"]
+    for f in findings_:
+        lines.append(f"  - {f.what}: {f.why}. Fix: {f.fix}.")
+    return "\n".join(lines)

@@ -1,0 +1,812 @@
+"""`envbuild verify`: the real-install tier. A profile's real pinned set goes into a throwaway
+venv of the profile's Python, layer by layer in the Dockerfile's order, with `pip check` after
+every layer; then the recorded source patches, an import of every module on the training path
+(each in a fresh interpreter, no GPU, no network), and verl's own Hydra config composed with the
+rendered run script's overrides (`--cfg job`: composed and printed, never run).
+
+Nothing here decides compatibility: the env comes from the resolver, the files from the
+renderer, the layers from `lock.pip.layer_roots`. Only stdlib at import time; uv runs as a
+child process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from envbuilder.errors import UserError
+from envbuilder.model.resolve import ResolvedEnv
+
+# uv's own summary lines, forwarded as progress while a layer installs
+_UV_PROGRESS = ("Resolved ", "Prepared ", "Installed ", "Uninstalled ", "Downloading ",
+                "Building ", "Built ")
+HEARTBEAT_S = 30.0
+PROBE_TIMEOUT_S = 5.0
+INSTALL_TIMEOUT_S = 3600.0
+IMPORT_TIMEOUT_S = 600.0
+COMPOSE_TIMEOUT_S = 600.0
+RESULT = "envbuild-verify-result: "
+
+# One import in a fresh interpreter; the result is one marked JSON line, printed before os._exit
+# so that a crash at interpreter exit (ray, vllm) cannot turn a clean import into a failure.
+IMPORT_SNIPPET = f"""
+import importlib, json, os, sys
+name = sys.argv[1]
+try:
+    importlib.import_module(name)
+except BaseException as e:
+    text = f"{{type(e).__name__}}: {{e}}".strip().splitlines()
+    res = {{"ok": False, "error": text[0] if text else type(e).__name__,
+           "missing": e.name if isinstance(e, ModuleNotFoundError) else None}}
+else:
+    res = {{"ok": True}}
+sys.stdout.write("\\n{RESULT}" + json.dumps(res) + "\\n")
+sys.stdout.flush()
+os._exit(0)
+"""
+
+# Stands in for `python3` on the rendered run script's PATH: the preflight (it needs a GPU)
+# passes, and verl's trainer gets `--cfg job`: Hydra composes and prints the config, then stops.
+STUB = """#!/bin/sh
+# envbuild verify: python3 for the rendered run script (compose only, no training)
+case "$1" in
+  */preflight.py) exit 0 ;;
+esac
+if [ "$1" = -m ] && [ "$2" = verl.trainer.main_ppo ]; then
+  shift 2
+  printf '%s\\0' "$@" > {args}
+  exec {python} -m verl.trainer.main_ppo --cfg job "$@"
+fi
+echo "envbuild verify: the run script called python3 $*;" \
+  "only the preflight and verl.trainer.main_ppo were expected" >&2
+exit 97
+"""
+
+EXTENSION_WHY = {
+    "apex": "apex {version} compiles its C++/CUDA extensions from NVIDIA's GitHub source archive "
+            "with nvcc {cuda} (the image's builder stage); there is no PyPI wheel, and nothing is "
+            "compiled here",
+    "flash_attn": "flash-attn {version} has only an sdist on PyPI, which compiles with nvcc {cuda} "
+                  "for hours (the image's builder stage); nothing is compiled here",
+}
+
+
+@dataclass
+class Options:
+    index_url: str | None = None        # default: the profile's PyPI index
+    torch_index_url: str | None = None  # default: the profile's PyTorch index (+cuXXX builds)
+    keep: Path | None = None            # keep the venv here instead of a temporary one
+    skip_compose: bool = False
+    say: Callable[[str], None] = lambda line: None
+
+
+@dataclass
+class Interpreter:
+    path: str
+    version: str  # full, e.g. 3.10.13
+
+
+@dataclass
+class Report:
+    profile: str
+    python: str
+    ok: bool = False
+    interpreter: str | None = None
+    index_url: str | None = None
+    torch_index_url: str | None = None
+    torch_swapped: str | None = None
+    constraints: bool = False
+    libcuda: str | None = None
+    isolation: str | None = None
+    layers: list = field(default_factory=list)
+    patches: dict | None = None
+    audit: dict | None = None
+    not_installed: list = field(default_factory=list)
+    imports: list = field(default_factory=list)
+    compose: dict | None = None
+    failures: list = field(default_factory=list)
+    venv: str | None = None
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+# ---- the profile's Python ---------------------------------------------------------------------
+
+def _probe_python(path: str, version: str) -> Interpreter | None:
+    code = "import sys, venv, ensurepip; print('%d.%d.%d' % sys.version_info[:3])"
+    try:
+        out = subprocess.run([path, "-c", code], capture_output=True, text=True, timeout=30,
+                             env=_clean_env())
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    full = out.stdout.strip()
+    if out.returncode == 0 and full.rsplit(".", 1)[0] == version:
+        return Interpreter(path, full)
+    return None
+
+
+def _version_key(name: str) -> tuple:
+    return tuple(int(x) if x.isdigit() else -1 for x in re.split(r"[.]", name))
+
+
+def find_python(version: str) -> Interpreter | None:
+    """A Python `version` (X.Y) interpreter with venv and ensurepip: pyenv's, then PATH's, then
+    envbuild's own, then what uv finds (never downloaded)."""
+    cands: list[str] = []
+    root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    if root.is_dir():
+        pattern = re.compile(rf"{re.escape(version)}\.\d+")
+        for d in sorted((p for p in root.iterdir() if pattern.fullmatch(p.name)),
+                        key=lambda p: _version_key(p.name), reverse=True):
+            cands.append(str(d / "bin" / f"python{version}"))
+    for name in (f"python{version}", "python3"):
+        found = shutil.which(name)
+        if found:
+            cands.append(found)
+    cands.append(getattr(sys, "_base_executable", None) or sys.executable)
+    try:
+        from envbuilder.lock.pip import uv_bin
+
+        out = subprocess.run([uv_bin(), "python", "find", version, "--no-config",
+                              "--no-python-downloads"], capture_output=True, text=True,
+                             timeout=60, env=_clean_env())
+        if out.returncode == 0 and out.stdout.strip():
+            cands.append(out.stdout.strip().splitlines()[-1])
+    except (UserError, OSError, subprocess.TimeoutExpired):
+        pass
+    for c in dict.fromkeys(cands):
+        found = _probe_python(c, version)
+        if found:
+            return found
+    return None
+
+
+# ---- environments for children ------------------------------------------------------------------
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    """The caller's environment minus uv's index settings (lock.pip's rule), pip's settings and
+    anything that would put other code on the venv's path: only the indexes named on the command
+    line are used, never the host's pip.conf, find-links or global constraints."""
+    from envbuilder.tools.uv import uv_env
+
+    drop = ("PIP_", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "VIRTUAL_ENV",
+            "CONDA_PREFIX")
+    env = {k: v for k, v in uv_env().items() if not k.startswith(drop)}
+    env.update({"PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+                "PIP_NO_INPUT": "1", "PYTHONNOUSERSITE": "1"})
+    env.update(extra)
+    return env
+
+
+_ISOLATION: tuple[list[str], str] | None = None
+
+
+def isolation() -> tuple[list[str], str]:
+    """(command prefix, description) that runs a child with no network: a new network namespace
+    where the kernel allows one (only a loopback that is down), else proxies at a closed port."""
+    global _ISOLATION
+    if _ISOLATION is None:
+        _ISOLATION = ([], "HTTP(S) proxies pointed at a closed loopback port (no network namespace)")
+        exe = shutil.which("unshare")
+        for flags in (["-n"], ["-r", "-n"]):
+            if not exe:
+                break
+            try:
+                ok = subprocess.run([exe, *flags, "--", "true"], capture_output=True,
+                                    timeout=10).returncode == 0
+            except (OSError, subprocess.TimeoutExpired):
+                ok = False
+            if ok:
+                _ISOLATION = ([exe, *flags, "--"], f"no network (unshare {' '.join(flags)})")
+                break
+    return _ISOLATION
+
+
+def _offline_env(home: Path, **extra: str) -> dict[str, str]:
+    dead = "http://127.0.0.1:9"  # discard port: nothing answers
+    env = _clean_env(CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                     HF_DATASETS_OFFLINE="1", HOME=str(home), XDG_CACHE_HOME=str(home / ".cache"),
+                     HTTP_PROXY=dead, HTTPS_PROXY=dead, http_proxy=dead, https_proxy=dead,
+                     ALL_PROXY=dead, all_proxy=dead, NO_PROXY="", no_proxy="",
+                     RAY_USAGE_STATS_ENABLED="0", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+    env.update(extra)
+    return env
+
+
+# ---- running children with progress, timeouts and Ctrl-C -------------------------------------------
+
+@dataclass
+class Ran:
+    rc: int | None  # None: it ran past its time limit and was stopped
+    out: str
+    err: str
+    seconds: float
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """End the child's whole process group (it runs in a session of its own)."""
+    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run(cmd: list[str], *, env: dict, cwd: Path | None = None, timeout: float,
+        say: Callable[[str], None] = lambda s: None, label: str = "",
+        forward: Callable[[str], bool] | None = None) -> Ran:
+    """Run `cmd`, collect its output, forward chosen stderr lines as progress, say that it is
+    still working every HEARTBEAT_S, and stop it (its whole group) on timeout or Ctrl-C."""
+    start = time.monotonic()
+    out: list[str] = []
+    err: list[str] = []
+
+    def pump(stream, sink, fwd):
+        for line in stream:
+            sink.append(line)
+            if fwd and fwd(line.rstrip("\n")):
+                say(f"  {label}: {line.strip()}")
+
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            start_new_session=True, text=True, errors="replace")
+    rc: int | None = None
+    try:  # from here on, Ctrl-C (or anything else) never leaves the child running
+        threads = [threading.Thread(target=pump, args=(proc.stdout, out, None), daemon=True),
+                   threading.Thread(target=pump, args=(proc.stderr, err, forward), daemon=True)]
+        for t in threads:
+            t.start()
+        while True:
+            try:
+                rc = proc.wait(min(HEARTBEAT_S, max(0.1, timeout - (time.monotonic() - start))))
+                break
+            except subprocess.TimeoutExpired:
+                elapsed = time.monotonic() - start
+                if elapsed >= timeout:
+                    _stop(proc)
+                    rc = None
+                    break
+                say(f"  {label}: still working ({fmt_seconds(elapsed)})")
+    except BaseException:
+        _stop(proc)
+        raise
+    for t in threads:
+        t.join(10)
+    return Ran(rc, "".join(out), "".join(err), time.monotonic() - start)
+
+
+def fmt_seconds(s: float) -> str:
+    s = int(round(s))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+# ---- what gets installed --------------------------------------------------------------------------
+
+_PIN = re.compile(r"^(\s*)([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==([^\s;+#]+)(\+[^\s;#]+)?(.*)$")
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def local_pins(packages: list[str]) -> dict[str, tuple[str, str]]:
+    """{normalized name: (pinned version with its +local label, the same without)} for the pins
+    that name a local build (`torch==2.6.0+cu118`): the ones only the PyTorch index has."""
+    out = {}
+    for req in packages:
+        m = _PIN.match(req)
+        if m and m[5]:
+            out[_norm(m[2])] = (m[4] + m[5], m[4])
+    return out
+
+
+def swap_line(line: str, swap: dict[str, tuple[str, str]]) -> str:
+    """A requirement or constraint line with a swapped pin's local label removed."""
+    m = _PIN.match(line)
+    if m and m[5] and _norm(m[2]) in swap and swap[_norm(m[2])][0] == m[4] + m[5]:
+        return f"{m[1]}{m[2]}{m[3] or ''}=={m[4]}{m[6]}"
+    return line
+
+
+def index_answers(url: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether a PEP 503 index answers (short timeout; proxies from the environment):
+    net.index_answers, the one rule `envbuild lock` and `check --resolve` use too."""
+    from envbuilder.oci.http import index_answers as answers
+
+    return answers(url, timeout)
+
+
+def import_plan(env: ResolvedEnv) -> tuple[list[str], dict[str, str]]:
+    """(the modules a training run imports, in order; {top-level module: component} for the
+    compiled extensions among them, from each component's `modules` in the resolved env)."""
+    modules = list(env.training_path)
+    ext: dict[str, str] = {}
+    for comp in ("apex", "flash_attn"):
+        for mod in (getattr(env, comp).modules if getattr(env, comp) else ()):
+            ext[mod.split(".")[0]] = comp
+    return modules, ext
+
+
+# ---- a libcuda for loading, where the machine has no driver ----------------------------------------
+
+_DRIVER_SYMBOL = re.compile(r"^(cu[A-Z]\w*)(@.*)?$")  # the driver API (cudart's are cuda[A-Z]...)
+
+
+def libcuda_users(site: Path, packages: set[str]) -> dict[Path, set[str]]:
+    """{shared object: the driver-API symbols it leaves undefined} for the .so files under the
+    given top-level packages of `site` that need libcuda.so.1 (readelf's NEEDED entries)."""
+    readelf, nm = shutil.which("readelf"), shutil.which("nm")
+    if not (readelf and nm):
+        return {}
+    out: dict[Path, set[str]] = {}
+    for pkg in sorted(packages):
+        root = site / pkg
+        if not root.is_dir():
+            continue
+        for so in sorted(root.rglob("*.so")):
+            try:
+                dyn = subprocess.run([readelf, "-d", "-W", str(so)], capture_output=True,
+                                     text=True, timeout=60).stdout
+                if "[libcuda.so.1]" not in dyn:
+                    continue
+                und = subprocess.run([nm, "-D", "--undefined-only", str(so)], capture_output=True,
+                                     text=True, timeout=60).stdout
+            except (OSError, subprocess.TimeoutExpired):
+                continue
+            syms = {m[1] for m in (_DRIVER_SYMBOL.match(ln.split()[-1]) for ln in und.splitlines()
+                                   if ln.strip()) if m}
+            out[so] = syms
+    return out
+
+
+def build_libcuda_stub(symbols: list[str], out: Path) -> bool | str:
+    """Compile out/libcuda.so.1 exporting `symbols`, each returning 34 (CUDA_ERROR_STUB_LIBRARY).
+    True, or why not."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        return "no C compiler (cc)"
+    out.mkdir(parents=True, exist_ok=True)
+    src = out / "libcuda_stub.c"
+    src.write_text("".join(f"int {name}(void) {{ return 34; }}\n" for name in symbols)
+                   or "int cuInit(void) { return 34; }\n", encoding="utf-8")
+    try:
+        got = subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o",
+                              str(out / "libcuda.so.1"), str(src)], capture_output=True,
+                             text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return str(e)
+    return True if got.returncode == 0 else (got.stderr.strip().splitlines() or ["cc failed"])[-1]
+
+
+# ---- the composed config ----------------------------------------------------------------------------
+
+def parse_printed_config(text: str) -> dict | None:
+    """The YAML that `--cfg job` prints, skipping anything imports printed before it."""
+    import yaml
+
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if re.match(r"^[A-Za-z_][\w-]*:(\s|$)", line):
+            try:
+                doc = yaml.safe_load("\n".join(lines[i:]))
+            except yaml.YAMLError:
+                continue
+            if isinstance(doc, dict):
+                return doc
+    return None
+
+
+_MISSING = object()
+
+
+def _lookup(cfg, dotted: str):
+    node = cfg
+    for part in dotted.split("."):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
+            return _MISSING
+    return node
+
+
+def _same(composed, text: str) -> bool:
+    """Whether a Hydra override value (as the script passed it) is what the config holds."""
+    text = text.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        text = text[1:-1]
+    if composed is None:
+        return text.lower() in ("null", "~", "none")
+    if isinstance(composed, bool):
+        return text.lower() == str(composed).lower()
+    if isinstance(composed, (int, float)):
+        try:
+            return float(text) == float(composed)
+        except ValueError:
+            return False
+    if isinstance(composed, list):
+        if not (text.startswith("[") and text.endswith("]")):
+            return False
+        items = [x.strip() for x in text[1:-1].split(",") if x.strip()]
+        return len(items) == len(composed) and all(_same(c, t) for c, t in zip(composed, items))
+    return str(composed) == text
+
+
+def check_overrides(cfg: dict, args: list[str]) -> tuple[int, list[dict]]:
+    """(how many overrides were compared, the ones whose value the composed config does not
+    hold). Deletions (~key) and interpolated values are not compared."""
+    checked, wrong = 0, []
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        if not sep or key.startswith("~") or "${" in value:
+            continue
+        key = key.lstrip("+")
+        got = _lookup(cfg, key)
+        checked += 1
+        if got is _MISSING or not _same(got, value):
+            wrong.append({"override": arg,
+                          "composed": None if got is _MISSING else json.dumps(got, default=str)})
+    return checked, wrong
+
+
+def hydra_error(stderr: str) -> str:
+    """Hydra's message (`Could not override 'x'. ... Key 'x' is not in struct`), or the last line
+    of a Python traceback."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    if any(ln.startswith("Traceback") for ln in lines):
+        return lines[-1]
+    lines = [ln for ln in lines if "HYDRA_FULL_ERROR" not in ln]
+    return " / ".join(lines[:3]) if lines else "(no message)"
+
+
+# ---- one profile ------------------------------------------------------------------------------------
+
+class _Verifier:
+    def __init__(self, env: ResolvedEnv, interp: Interpreter, opts: Options):
+        self.env = env
+        self.interp = interp
+        self.opts = opts
+        self.say = lambda s: opts.say(f"[{env.name}] {s}")
+        self.r = Report(profile=env.name, python=env.python,
+                        interpreter=f"{interp.path} ({interp.version})")
+
+    def fail(self, text: str) -> None:
+        self.r.failures.append(text)
+        self.say(f"FAILED: {text}")
+
+    def run(self, work: Path, venv: Path) -> Report:
+        from envbuilder.render import files as R
+        from envbuilder.lock.pip import layer_roots, uv_bin
+        from envbuilder.render.plan import with_constraints
+
+        env, r = self.env, self.r
+        r.isolation = isolation()[1]
+        # as `envbuild render` does: the pins of the lock whose plan this is, per layer
+        files = R.render_files(with_constraints(self.env))
+        rendered = work / "render"
+        R.write_dir(rendered, files)
+        uv = uv_bin()
+
+        # the indexes, and the torch swap when the PyTorch index does not answer
+        pypi = self.opts.index_url or env.indexes.pypi
+        torch_index = self.opts.torch_index_url or env.indexes.torch
+        swap: dict[str, tuple[str, str]] = {}
+        if torch_index:
+            self.say(f"PyTorch index {torch_index}: probing ({PROBE_TIMEOUT_S:.0f} s at most)")
+            if not index_answers(torch_index):
+                swap = local_pins(env.torch.packages)
+                self.say(f"PyTorch index {torch_index} does not answer"
+                         + ("; its +cu builds are swapped for PyPI's" if swap else ""))
+                torch_index = None
+        r.index_url, r.torch_index_url = pypi, torch_index
+        if swap:
+            old, new = swap.get("torch") or next(iter(swap.values()))
+            r.torch_swapped = f"{old} -> {new} (PyPI; the PyTorch index is unreachable)"
+            self.say(f"torch {r.torch_swapped}")
+        # the lock's pins (render's constraints/<layer>.txt, one set per layer, all from one
+        # lock): their union constrains every layer, as the Dockerfile's cumulative -c does
+        constraints = None
+        layer_files = [name for name in sorted(files) if name.startswith("constraints/")]
+        if layer_files:
+            constraints = work / "constraints.txt"
+            constraints.write_text("".join(
+                swap_line(ln, swap) + "\n" for name in layer_files
+                for ln in files[name].splitlines() if ln.strip() and not ln.startswith("#")),
+                "utf-8")
+            r.constraints = True
+
+        # the venv, pip seeded by ensurepip (no index needed)
+        self.say(f"venv {venv} from Python {self.interp.version} ({self.interp.path})")
+        made = run([self.interp.path, "-m", "venv", str(venv)], env=_clean_env(), timeout=600,
+                   say=self.say, label="venv")
+        py = venv / "bin" / "python"
+        if made.rc != 0 or not py.exists():
+            self.fail(f"venv: {self.interp.path} -m venv failed: "
+                      f"{(made.err.strip().splitlines() or ['timed out'])[-1]}")
+            return r
+
+        index_args = ["--index-url", pypi]
+        if torch_index:  # as pip merges the Dockerfile's --index-url and --extra-index-url
+            index_args += ["--extra-index-url", torch_index, "--index-strategy", "unsafe-best-match"]
+        installed_all = True
+        for layer, roots in layer_roots(self.env).items():
+            roots = [swap_line(x, swap) for x in roots]
+            if not roots:
+                r.layers.append({"layer": layer, "requirements": [], "ok": True, "seconds": 0.0,
+                                 "empty": True, "pip_check": None})
+                continue
+            entry = {"layer": layer, "requirements": roots, "ok": False, "seconds": 0.0,
+                     "error": None, "pip_check": None}
+            r.layers.append(entry)
+            if not installed_all:
+                entry["error"] = "not run: an earlier layer did not install"
+                continue
+            self.say(f"layer {layer}: uv pip install {' '.join(roots)}")
+            cmd = [uv, "pip", "install", "--no-config", "--python", str(py), *index_args]
+            if constraints:
+                cmd += ["-c", str(constraints)]
+            got = run(cmd + roots, env=_clean_env(), cwd=work,
+                      timeout=INSTALL_TIMEOUT_S, say=self.say, label=f"layer {layer}",
+                      forward=lambda ln: ln.startswith(_UV_PROGRESS))
+            entry["seconds"] = round(got.seconds, 1)
+            if got.rc != 0:
+                installed_all = False
+                text = [ln for ln in got.err.strip().splitlines()
+                        if ln.strip() and not ln.startswith("Using Python")]
+                entry["error"] = ("timed out after " + fmt_seconds(got.seconds)) if got.rc is None \
+                    else "\n".join(text[-25:])
+                why = _first_error(text) if got.rc else entry["error"]
+                self.fail(f"layer {layer} did not install: {why}")
+                continue
+            entry["ok"] = True
+            self.say(f"layer {layer}: installed in {fmt_seconds(got.seconds)}; pip check")
+            chk = run([str(py), "-m", "pip", "check"], env=_clean_env(), cwd=work, timeout=600,
+                      say=self.say, label="pip check")
+            problems = [ln.strip() for ln in (chk.out + chk.err).splitlines() if ln.strip()]
+            entry["pip_check"] = {"ok": chk.rc == 0, "problems": [] if chk.rc == 0 else problems}
+            if chk.rc != 0:
+                self.fail(f"pip check after layer {layer}: " + "; ".join(problems[:3])
+                          + (f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""))
+
+        for comp, why in EXTENSION_WHY.items():
+            if getattr(env, comp):
+                _, ext = import_plan(env)
+                version = getattr(env, comp).version
+                r.not_installed.append({
+                    "component": comp, "version": version,
+                    "modules": sorted(m for m, c in ext.items() if c == comp),
+                    "why": why.format(version=version, cuda=env.cuda.version)})
+        if not installed_all:
+            return r
+
+        if env.patches:
+            names = [p.name for p in env.patches]
+            self.say(f"patches: {', '.join(names)}")
+            _unshare_files(venv, [f for p in env.patches for f in p.files])
+            got = run([str(py), str(rendered / "apply_patches.py")], env=_clean_env(), cwd=work,
+                      timeout=600, say=self.say, label="patches")
+            r.patches = {"ok": got.rc == 0, "names": names,
+                         "output": (got.out + got.err).strip().splitlines()}
+            if got.rc != 0:
+                msg = (got.err.strip().splitlines() or ["timed out" if got.rc is None else "failed"])[-1]
+                r.patches["error"] = msg
+                self.fail(f"patches: {msg}")
+
+        # the precision audit, as the image build runs it right after the patches
+        if "audit_precision.py" in files:
+            self.say("precision audit")
+            got = run([str(py), str(rendered / "audit_precision.py")], env=_clean_env(), cwd=work,
+                      timeout=600, say=self.say, label="audit")
+            r.audit = {"ok": got.rc == 0, "output": (got.out + got.err).strip().splitlines()}
+            if got.rc != 0:
+                lines = r.audit["output"] or ["timed out" if got.rc is None else "failed"]
+                self.fail("precision audit: " + "; ".join(lines[-3:]))
+
+        self.imports(py, work)
+        if self.opts.skip_compose:
+            r.compose = {"skipped": "--skip-compose"}
+        else:
+            self.compose(py, work, rendered)
+        return r
+
+    def imports(self, py: Path, work: Path) -> None:
+        modules, ext = import_plan(self.env)
+        home = work / "home"
+        home.mkdir(exist_ok=True)
+        cwd = work / "imports"
+        cwd.mkdir(exist_ok=True)
+        prefix = isolation()[0]
+        extra = {}
+        stub = self.libcuda(py, work, {m.split(".")[0] for m in modules} - set(ext))
+        if stub:
+            extra["LD_LIBRARY_PATH"] = os.pathsep.join(
+                [str(stub)] + [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p])
+        for mod in modules:
+            if mod.split(".")[0] in ext:
+                continue  # reported under not_installed
+            self.say(f"import {mod}")
+            got = run([*prefix, str(py), "-c", IMPORT_SNIPPET, mod], env=_offline_env(home, **extra),
+                      cwd=cwd, timeout=IMPORT_TIMEOUT_S, say=self.say, label=f"import {mod}")
+            res = None
+            for line in reversed(got.out.splitlines()):
+                if line.startswith(RESULT):
+                    res = json.loads(line[len(RESULT):])
+                    break
+            entry = {"module": mod, "ok": bool(res and res["ok"]), "seconds": round(got.seconds, 1),
+                     "error": None}
+            if res is None:
+                tail = [ln for ln in got.err.strip().splitlines() if ln.strip()]
+                entry["error"] = (f"timed out after {fmt_seconds(got.seconds)}" if got.rc is None
+                                  else f"the interpreter died (exit {got.rc})"
+                                  + (f": {tail[-1]}" if tail else ""))
+            elif not res["ok"]:
+                entry["error"] = res["error"]
+                missing = (res.get("missing") or "").split(".")[0]
+                if missing in ext:
+                    entry["needs"] = ext[missing]
+                    entry["error"] += f" ({ext[missing]} is not installed here)"
+            self.r.imports.append(entry)
+            if not entry["ok"]:
+                self.fail(f"import {mod}: {entry['error']}")
+
+    def libcuda(self, py: Path, work: Path, packages: set[str]) -> Path | None:
+        """Compiled modules may link the driver's libcuda.so.1 (vllm._C does), which a machine
+        without an NVIDIA driver lacks, so the loader stops before it checks anything else (the
+        torch ABI). As the image's preflight loads CUDA's forward-compat libcuda there, this
+        builds a stub that exports the driver-API symbols those modules name (each returns
+        CUDA_ERROR_STUB_LIBRARY): the modules load, nothing calls the driver. The directory to
+        put on LD_LIBRARY_PATH, or None where the host has a libcuda or nothing links one."""
+        probe = run([str(py), "-c", "import ctypes; ctypes.CDLL('libcuda.so.1')"],
+                    env=_clean_env(), timeout=60, label="libcuda")
+        if probe.rc == 0:
+            self.r.libcuda = "the host's NVIDIA driver"
+            return None
+        site = run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['platlib'])"],
+                   env=_clean_env(), timeout=60, label="site-packages").out.strip()
+        linked = libcuda_users(Path(site), packages) if site else {}
+        if not linked:
+            return None
+        names = sorted({sym for syms in linked.values() for sym in syms})
+        where = ", ".join(str(f.relative_to(site)) for f in sorted(linked))
+        out = work / "libcuda-stub"
+        made = build_libcuda_stub(names, out)
+        if made is not True:
+            self.r.libcuda = (f"none on this machine, and no stub could be built ({made}): "
+                              f"{where} will not load")
+            self.say(f"libcuda: {self.r.libcuda}")
+            return None
+        self.r.libcuda = (f"no NVIDIA driver here: a stub libcuda.so.1 exporting the {len(names)} "
+                          f"driver-API symbols that {where} link stands in, for loading only "
+                          "(every call returns CUDA_ERROR_STUB_LIBRARY)")
+        self.say(f"libcuda: {self.r.libcuda}")
+        return out
+
+    def compose(self, py: Path, work: Path, rendered: Path) -> None:
+        from envbuilder.render.files import RUN_SCRIPT
+
+        base = work / "compose"
+        stub_dir, data = base / "bin", base / "data"
+        stub_dir.mkdir(parents=True)
+        data.mkdir()
+        (base / "home").mkdir()
+        for name in ("train.parquet", "test.parquet"):
+            (data / name).write_bytes(b"")
+        args_file = base / "args"
+        stub = stub_dir / "python3"
+        stub.write_text(STUB.format(args=shlex.quote(str(args_file)),
+                                    python=shlex.quote(str(py))), encoding="utf-8")
+        stub.chmod(0o755)
+        env = _offline_env(base / "home", PATH=f"{stub_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+                           DATA_DIR=str(data))
+        for k in ("MODEL", "N_GPUS"):  # the script's own defaults, not the caller's
+            env.pop(k, None)
+        self.say(f"compose: {RUN_SCRIPT} with verl's Hydra config (--cfg job)")
+        got = run([*isolation()[0], "bash", str(rendered / RUN_SCRIPT)], env=env, cwd=base,
+                  timeout=COMPOSE_TIMEOUT_S, say=self.say, label="compose")
+        c = {"ok": False, "checked": 0, "mismatches": [], "error": None,
+             "seconds": round(got.seconds, 1)}
+        self.r.compose = c
+        args = [a for a in args_file.read_bytes().decode().split("\0") if a] \
+            if args_file.exists() else []
+        c["overrides"] = len([a for a in args if "=" in a])
+        if got.rc != 0:
+            c["error"] = (f"timed out after {fmt_seconds(got.seconds)}" if got.rc is None
+                          else hydra_error(got.err))
+            self.fail(f"compose: rejected: {c['error']}")
+            return
+        cfg = parse_printed_config(got.out)
+        if cfg is None:
+            c["error"] = "exit 0 but no config was printed (is --cfg job supported by this verl?)"
+            self.fail(f"compose: {c['error']}")
+            return
+        c["checked"], c["mismatches"] = check_overrides(cfg, args)
+        spot = {}
+        for key in ("actor_rollout_ref.rollout.name", "actor_rollout_ref.rollout.dtype",
+                    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"):
+            got_v = _lookup(cfg, key)
+            spot[key] = None if got_v is _MISSING else got_v
+        c["values"] = spot
+        if c["checked"] == 0:
+            c["error"] = "the run script passed no overrides to compare"
+            self.fail(f"compose: {c['error']}")
+        elif c["mismatches"]:
+            c["error"] = "composed config differs: " + "; ".join(
+                f"{m['override']} (composed: {m['composed']})" for m in c["mismatches"][:3])
+            self.fail(f"compose: {c['error']}")
+        else:
+            c["ok"] = True
+
+
+def _unshare_files(venv: Path, rels: list[str]) -> None:
+    """Give each file the patches edit an inode of its own. uv hard-links installed files to
+    its cache, and apply_patches.py writes in place: without this, patching one venv patches
+    the cache, and every later venv gets an already-patched verl."""
+    for site in venv.glob("lib/python*/site-packages"):
+        for rel in dict.fromkeys(rels):
+            path = site / rel
+            if path.is_file() and not path.is_symlink() and path.stat().st_nlink > 1:
+                tmp = path.with_name(f".{path.name}.envbuild-copy")
+                shutil.copy2(path, tmp)
+                os.replace(tmp, path)
+
+
+def _first_error(lines: list[str]) -> str:
+    """The line of uv's output that says what went wrong, with the one after it."""
+    for i, ln in enumerate(lines):
+        s = ln.strip()
+        if s.startswith(("error:", "×", "ERROR")) or "No solution found" in s:
+            nxt = lines[i + 1].strip() if i + 1 < len(lines) else ""
+            return f"{s} {nxt}".strip()
+    return lines[-1].strip() if lines else "(no message)"
+
+
+def verify(env: ResolvedEnv, interp: Interpreter, opts: Options) -> Report:
+    """Verify one resolved profile. Its temporary directory (and a --keep venv left unfinished by
+    Ctrl-C) is removed whatever happens."""
+    start = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix=f"envbuild-verify-{env.name}-"))
+    venv = opts.keep if opts.keep else work / "venv"
+    v = _Verifier(env, interp, opts)
+    try:
+        report = v.run(work, venv)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        if opts.keep and venv.exists() and (venv / "pyvenv.cfg").exists():
+            shutil.rmtree(venv, ignore_errors=True)  # an unfinished venv is of no use
+        opts.say(f"[{env.name}] stopped: removed the unfinished venv and {work}")
+        raise
+    report.ok = not report.failures
+    if opts.keep and venv.exists():
+        report.venv = str(venv)
+    v.say(f"removing {work}")
+    shutil.rmtree(work, ignore_errors=True)
+    report.seconds = round(time.monotonic() - start, 1)  # the wall time, removal included
+    return report
+
+
+def check_keep(path: Path) -> None:
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise UserError(f"--keep {path} exists and is not an empty directory; verify makes a "
+                        "fresh venv there. Pass a new path.")

@@ -1,0 +1,185 @@
+"""Every fix a refusal offers works: each `--flag value` alternative of a violation's fix is
+applied to the user's own overrides and resolved again, and kept only when the profile then
+resolves (a fix that trades one refusal for another is the trap of "suggested fixes that lead
+to new errors"). Where none of a violation's alternatives survive, the matrix is searched for
+the smallest change that resolves the profile (one of the user's flags dropped, a stack, one
+flag, then a torch with a CUDA it is built for), and that is offered instead. Advice that names
+a flag without a value ("a --torch that supports Python 3.10") is replaced; prose that names no
+flag (an overlay to write, another image) stays.
+
+Only the error path pays for this: a few resolutions per refusal, a search of about a hundred
+(some hundred milliseconds) where a fix has to be found."""
+
+from __future__ import annotations
+
+import re
+from typing import Callable
+
+from envbuilder.errors import UserError
+from envbuilder.model.resolved import Overrides
+from envbuilder.model.versions import is_driver_version, version_key
+
+# a flag with the value a user would type after it (values may be comma lists: apex,flash-attn)
+FIX_FLAG = re.compile(r"--(cuda|torch|python|verl|rollout|vllm|with|without|driver|ecc|model|algo|interconnect)\b"
+                      r"(?:[ =]([^\s,;()]+(?:,[^\s,;()]+)*))?")
+ROLLOUTS = ("hf", "vllm", "sglang")
+COMPONENTS = ("apex", "flash-attn")
+_KEY = {"with": "with_"}
+
+
+def _valid(m, flag: str, value: str | None) -> bool:
+    if value is None:
+        return False
+    value = value.rstrip(".")
+    return {"cuda": lambda: value in m.cuda, "torch": lambda: value in m.torch,
+            "verl": lambda: value in m.verl, "vllm": lambda: value in m.vllm,
+            "rollout": lambda: value in ROLLOUTS,
+            "python": lambda: re.fullmatch(r"3\.\d+", value) is not None,
+            "with": lambda: all(c in COMPONENTS for c in value.split(",")),
+            "without": lambda: all(c in COMPONENTS for c in value.split(",")),
+            "driver": lambda: is_driver_version(value),
+            "ecc": lambda: value in ("on", "off"), "model": lambda: value in m.models,
+            "algo": lambda: value in m.algorithms,
+            "interconnect": lambda: value in (m.sections.get("interconnects") or {})}[flag]()
+
+
+DROP = re.compile(r"\bdrop --([a-z]+)")
+
+
+def concrete(m, alternative: str) -> dict | None:
+    """The overrides an alternative names ({"torch": "2.9.0", "cuda": "12.6"}; "drop --vllm":
+    {"vllm": None}); None when it names a flag without a value the matrix knows ("a --torch
+    that supports Python 3.10") or names none."""
+    dropped = {f: None for f in DROP.findall(alternative)}
+    found = FIX_FLAG.findall(DROP.sub("", alternative))
+    if not (found or dropped) or not all(_valid(m, f, v) for f, v in found):
+        return None
+    return {**dropped, **{f: v.rstrip(".") for f, v in found}}
+
+
+def applied(ov: Overrides, flags: dict) -> Overrides:
+    """The user's overrides with these flags set (a flag replaces the user's value of it; None
+    drops it)."""
+    changes = {}
+    for flag, value in flags.items():
+        key = _KEY.get(flag, flag)
+        changes[key] = (tuple(value.split(",")) if key in ("with_", "without") and value
+                        else value)
+    return ov._replace(**changes)
+
+
+def alternatives(fix: str) -> list[str]:
+    """A fix's alternatives, as its text offers them: "use --torch 2.9.0 or --vllm 0.8.5"."""
+    return [a.strip() for a in re.split(r"\s+or\s+(?=(?:use\s+|add\s+|pass\s+|drop\s+)?--)", fix)
+            if a.strip()]
+
+
+def render_flags(flags: dict) -> str:
+    return " ".join(f"--{f} {v}" if v is not None else f"drop --{f}" for f, v in flags.items())
+
+
+class _Attempts:
+    """Resolutions of the profile under overrides, each run once: None when it resolves, the
+    set of broken rules when it is refused, {"!"} when the input itself is refused. `run`
+    returns the resolved environment or the broken rules."""
+
+    def __init__(self, run: Callable[[Overrides], object]):
+        self.run, self.seen, self.envs = run, {}, {}
+
+    def __call__(self, ov: Overrides):
+        if ov not in self.seen:
+            try:
+                got = self.run(ov)
+            except UserError:
+                got = {"!"}
+            if isinstance(got, set):
+                self.seen[ov] = got
+            else:
+                self.seen[ov], self.envs[ov] = None, got
+        return self.seen[ov]
+
+
+# what a flag's value is in a resolved environment (to name the value a dropped flag falls
+# back to: `--cuda 13.0` refused on a P40 -> "use --cuda 11.8")
+VALUE_OF = {"cuda": lambda e: e.cuda.version, "torch": lambda e: e.torch.version,
+            "verl": lambda e: e.verl.version, "rollout": lambda e: e.rollout,
+            "vllm": lambda e: e.vllm.version if e.vllm else None, "python": lambda e: e.python}
+
+
+def _candidates(m, profile: str, ov: Overrides):
+    """Changes to try, smallest and most coherent first: one of the user's own flags dropped
+    (None: the profile's value), a whole stack (stacks.yaml), one flag (rollout, cuda, torch,
+    verl, vllm; newest first), then a torch with a CUDA it is built for."""
+    newest = lambda xs: sorted(xs, key=version_key, reverse=True)  # noqa: E731
+    mine = [flag for flag in VALUE_OF if getattr(ov, flag) is not None]
+    for flag in mine:
+        yield {flag: None}
+    if len(mine) > 1:
+        yield dict.fromkeys(mine)  # the profile as shipped
+    stacks = m.sections.get("stacks") or {}
+    for v in newest(stacks):
+        yield {"verl": v}
+    for r in ROLLOUTS:
+        yield {"rollout": r}
+    for flag, table in (("cuda", m.cuda), ("torch", m.torch), ("verl", m.verl), ("vllm", m.vllm)):
+        for v in newest(table):
+            yield {flag: v}
+    for t in newest(m.torch):
+        for c in newest({b["cuda"] for b in m.torch[t]["builds"].values()}):
+            if c in m.cuda:
+                yield {"torch": t, "cuda": c}
+
+
+# refusals no candidate change can lift (the machine's driver: --driver, detect): a fix is judged
+# by what it leaves besides these
+FIXED_BY_MACHINE = frozenset({"driver"})
+
+
+def _resolves(after, before: set) -> bool:
+    return after is None or (after <= FIXED_BY_MACHINE and after <= before)
+
+
+def whole_fix(m, profile: str, ov: Overrides, attempt, before: set = frozenset()) -> dict | None:
+    """The first candidate change under which the profile resolves (but for the machine's own
+    refusals), each flag with the value it then has; None when none does."""
+    for flags in _candidates(m, profile, ov):
+        if any(getattr(ov, _KEY.get(f, f)) == v for f, v in flags.items()):
+            continue  # the user already has it
+        changed = applied(ov, flags)
+        if _resolves(attempt(changed), before):
+            env = attempt.envs.get(changed)
+            if env is None and any(v is None for v in flags.values()):
+                continue  # (a dropped flag's value is read from the resolved environment)
+            return {f: v if v is not None else VALUE_OF[f](env) for f, v in flags.items()}
+    return None
+
+
+def checked(m, profile: str, ov: Overrides, violations: list, run) -> list:
+    """`violations` with every fix checked (module docstring): each keeps the alternatives under
+    which the profile resolves; one with none gets the change that resolves it, when there is
+    one. Prose without flags (an overlay to write, another image) stays as it is."""
+    attempt = _Attempts(run)
+    before = {v.rule for v in violations}
+    whole: list = []  # computed once, when first needed
+    out = []
+    for v in violations:
+        if v.rule in FIXED_BY_MACHINE:
+            out.append(v)  # (the machine's: its own fix, an upgrade, stands)
+            continue
+        alts = [a.rstrip(" ,;") for a in alternatives(v.fix)]
+        kept = [a for a in alts if (flags := concrete(m, a)) is not None
+                and _resolves(attempt(applied(ov, flags)), before)]
+        prose = [a for a in alts if concrete(m, a) is None and not FIX_FLAG.search(a)]
+        if not kept:
+            if not whole:
+                whole.append(whole_fix(m, profile, ov, attempt, before))
+            if whole[0]:
+                kept = [f"{render_flags(whole[0])} (with it {profile} resolves"
+                        + (", but for the driver)" if before & FIXED_BY_MACHINE else ")")]
+        if kept and not re.match(r"(use|add|pass|drop)\b", kept[0]):
+            kept[0] = f"use {kept[0]}"
+        fix = " or ".join(kept + prose) or (
+            "no one change of --verl, --rollout, --cuda, --torch, --vllm, nor a torch with a CUDA "
+            f"it is built for, makes {profile} resolve: `envbuild list` shows the profiles")
+        out.append(v._replace(fix=fix) if fix != v.fix else v)
+    return out

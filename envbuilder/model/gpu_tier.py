@@ -1,0 +1,162 @@
+"""The GPU tier's records: which rendered configuration ran verl's workers through a PPO step on
+a GPU (bench/gpu_step.py writes them; tests/fixtures/gpu/step/ holds them and travels in the
+wheel as _data/gpu_step). A record counts for a profile only while today's render has the same
+fingerprint: the run script's overrides, its exports, the patches, the card's cap, the model's
+shape, the pins of what verl imports, the precision and the attention."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import subprocess
+from functools import lru_cache
+from pathlib import Path
+
+from envbuilder.model.resolved import ResolvedEnv
+
+GIB = 1024 ** 3
+# the shell variables of the rendered run script, as the GPU tier expands them
+SCRIPT_ENV = {"MODEL": "/tmp/envbuild-gpu/model", "DATA_DIR": "/tmp/envbuild-gpu/data", "N_GPUS": "1"}
+# what verl imports on the worker path beyond what a GPU machine's torch image has: the pins of
+# these are part of a run's identity
+CARRIED = ("transformers", "tokenizers", "huggingface-hub", "peft", "accelerate", "tensordict",
+           "ray", "hydra-core", "omegaconf", "antlr4-python3-runtime", "codetiming", "setuptools",
+           "jsonschema", "jsonschema-specifications", "referencing", "rpds-py", "orjson")
+_ARGS = re.compile(r"^args=\(\n.*?^\)\n", re.S | re.M)
+_KEYS = ("profile", "verl", "overrides", "exports", "patches", "cap_bytes", "arch", "pins",
+         "precision", "attention")
+
+
+def run_script_overrides(script: str, env: dict[str, str] | None = None) -> list[str]:
+    """The overrides in a rendered run script's `args=( ... )` array, as its bash expands them
+    (quotes, "$MODEL" and the like), with `env` for the variables."""
+    found = _ARGS.search(script)
+    if found is None:
+        raise ValueError("no `args=(` ... `)` array in the run script")
+    program = ("set -eu\n" + "".join(f"{k}={shlex.quote(v)}\n" for k, v in (env or {}).items())
+               + found.group(0) + 'printf "%s\\0" "${args[@]}"\n')
+    r = subprocess.run(["bash", "--noprofile", "--norc", "-c", program], capture_output=True,
+                       env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, timeout=60)
+    if r.returncode != 0:
+        raise ValueError(f"bash could not expand the args array: {r.stderr.decode()[-1000:]}")
+    return r.stdout.decode().split("\0")[:-1]
+
+
+_HYDRA_MAIN = re.compile(r"@hydra\.main\(\s*config_path=\"([^\"]+)\",\s*config_name=\"([^\"]+)\"")
+
+
+def main_ppo_config(verl_root: Path) -> tuple[Path, str]:
+    """(config directory, config name) from the release's own `@hydra.main(...)` in
+    verl/trainer/main_ppo.py, under `verl_root` (the folder holding verl/)."""
+    main = Path(verl_root) / "verl" / "trainer" / "main_ppo.py"
+    found = _HYDRA_MAIN.search(main.read_text(encoding="utf-8"))
+    if found is None:
+        raise ValueError(f"{main} has no @hydra.main(config_path=..., config_name=...)")
+    return (main.parent / found.group(1)).resolve(), found.group(2)
+
+
+def compose_run_config(verl_root: Path, overrides: list[str]):
+    """verl's PPO trainer config at the release under `verl_root`, with `overrides` applied as
+    `python -m verl.trainer.main_ppo OVERRIDES` applies them (an override of a key the release
+    does not have fails here as it fails there). Needs hydra-core, imported here only."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    config_dir, name = main_ppo_config(verl_root)
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+            return compose(config_name=name, overrides=list(overrides))
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def fingerprint(case: dict) -> str:
+    blob = json.dumps({k: case[k] for k in _KEYS}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def case(env: ResolvedEnv, files: dict[str, str], models: dict) -> dict:
+    """The GPU run of a resolved, rendered profile (`files`: render_files(env))."""
+    exports = {}
+    if env.cuda_alloc_conf and env.cuda_alloc_conf.value:
+        exports["PYTORCH_CUDA_ALLOC_CONF"] = env.cuda_alloc_conf.value
+    if not env.features.torch_compile:
+        exports["TORCHDYNAMO_DISABLE"] = "1"
+    mem = env.memory
+    out = {
+        "profile": env.profile, "gpu": env.gpu.name, "verl": env.verl.version,
+        "overrides": run_script_overrides(files["run_ppo_gsm8k.sh"], SCRIPT_ENV),
+        "exports": exports,
+        "patches": [{"name": p.name, "files": list(p.files), "replace": [dict(r) for r in p.replace]}
+                    for p in env.patches],
+        "apply_patches": files["apply_patches.py"],
+        # the card: what the plan calls usable (its memory less the CUDA context), the cap of
+        # torch's caching allocator (the context lives outside it)
+        "cap_bytes": int(mem["usable_gib"] * GIB), "card_gib": mem["gpu_total_gib"],
+        "arch": {k: v for k, v in models[env.train.model].items()
+                 if k not in ("source", "parameters", "family")},
+        "model": env.train.model,
+        "pins": {k: v for k, v in env.verl.pins.items() if k.split("[")[0] in CARRIED},
+        "precision": env.precision.to_dict(), "attention": env.attention, "dtype": env.dtype,
+        "lora_rank": env.train.lora_rank,
+        "plan": {"batch": dict(mem["batch"]), "peak": dict(mem["peak"]),
+                 "phases": {p["key"]: p["total_gib"] for p in mem["phases"]}},
+    }
+    out["fingerprint"] = fingerprint(out)
+    return out
+
+
+def records_dir() -> Path | None:
+    pkg = Path(__file__).resolve().parent.parent  # (envbuilder/, as paths.data_dir finds data)
+    for candidate in (pkg / "_data" / "gpu_step", pkg.parent / "tests" / "fixtures" / "gpu" / "step"):
+        if candidate.is_dir():
+            return candidate
+    return None
+
+
+@lru_cache(maxsize=None)
+def _runs() -> tuple[dict, ...]:
+    where = records_dir()
+    out = []
+    for path in sorted(where.glob("*.json")) if where else ():
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        for run in doc.get("runs", []) if isinstance(doc, dict) else []:
+            if isinstance(run, dict) and not run.get("control"):
+                out.append(dict(run, file=path.name))
+    return tuple(out)
+
+
+def records() -> tuple[dict, ...]:
+    """Every recorded in-process worker run (the profiles' own, not the controls)."""
+    return tuple(r for r in _runs() if r.get("mode") != "main_ppo")
+
+
+def trainer_records() -> tuple[dict, ...]:
+    """Every recorded `python -m verl.trainer.main_ppo` run through Ray (bench/gpu_step.py --ppo)."""
+    return tuple(r for r in _runs() if r.get("mode") == "main_ppo")
+
+
+def status(env: ResolvedEnv, files: dict[str, str], models: dict) -> str:
+    """What the GPU tier says of this render: `ran (...)`, `stale` (a run of another
+    configuration), or `not run`."""
+    mine = [r for r in records() if r.get("profile") == env.profile]
+    if not mine:
+        return "not run"
+    fp = case(env, files, models)["fingerprint"]
+    for r in mine:
+        if r.get("fingerprint") == fp:
+            if not r.get("ok"):
+                return f"FAILED in {(r.get('error') or {}).get('phase')}"
+            steps = len([p for p in r.get("phases", []) if p["phase"].endswith("update_actor")])
+            ray = [p for p in trainer_records() if p.get("profile") == env.profile
+                   and p.get("fingerprint") == fp and p.get("rc") == 0]
+            return (f"ran: {steps} steps ({(r.get('meta') or {}).get('device', 'GPU')})"
+                    + (f", main_ppo+Ray {max(ray[0]['steps'])} steps" if ray else ""))
+    return "stale (another configuration ran)"

@@ -1,0 +1,381 @@
+"""Load the compatibility matrix (matrices/*.yaml plus user overlays) and validate it.
+
+Every file may hold any of the sections below; an overlay directory's files are read after the
+shipped ones and replace records key by key, so users add or override profiles without forking.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from envbuilder.errors import UserError
+from envbuilder.paths import SEAL, cache_file, data_dir, read_cache, read_sealed, write_sealed
+from envbuilder.model.versions import in_range, version_key  # noqa: F401  (re-exported)
+
+class Matrix:
+    """The merged, validated matrix. Sections are plain dicts of validated records."""
+
+    def __init__(self, sections: dict[str, Any], origin: dict[tuple[str, str], str] | None = None):
+        self.sections = sections
+        self.origin = origin or {}  # (section, key) -> the file it came from
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "sections":
+            raise AttributeError(name)
+        try:
+            return self.sections[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def where(self, section: str, key: str) -> str:
+        where = self.origin.get((section, key))
+        return _display(Path(where)) if where else f"matrices ({section})"
+
+
+def _read(path: Path) -> dict:
+    from envbuilder.limits import load_yaml, read_text_bounded  # (only when validating afresh)
+
+    doc = load_yaml(read_text_bounded(path, "matrix file"), str(path))
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise UserError(f"{path}: a matrix file must be a mapping of sections "
+                        f"(gpus, cuda, torch, profiles, ...), not {type(doc).__name__}.")
+    return doc
+
+
+SOURCE_KEYS = ("source", "min_compute_capability_source", "torch_source", "p2p_source")
+
+
+def _check_sources(doc: dict, name: str) -> None:
+    from envbuilder.model import schema as S
+
+    known = doc.get("sources", {})
+
+    def walk(node: Any, where: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if k in SOURCE_KEYS and isinstance(v, str):
+                    for token in (t.strip() for t in v.split(",")):
+                        if token not in known and "://" not in token:
+                            raise S.SchemaError(f"{where}.{k}", f"source {token!r} is neither a URL "
+                                                f"nor a key of this file's `sources:`")
+                else:
+                    walk(v, f"{where}.{k}")
+
+    for section, body in doc.items():
+        if section != "sources":
+            walk(body, f"{name}: {section}")
+
+
+def _validate_file(path: Path, doc: dict) -> None:
+    from envbuilder.model import schema as S
+    from envbuilder.model.matrix_schema import SECTIONS
+
+    name = _display(path)
+    for section, body in doc.items():
+        if section not in SECTIONS:
+            import difflib
+
+            close = difflib.get_close_matches(str(section), list(SECTIONS), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise UserError(f"{name}: unknown section {section!r}.{hint} "
+                            f"Known sections: {', '.join(SECTIONS)}.")
+        try:
+            S.check(body, SECTIONS[section][0], f"{name}: {section}")
+        except S.SchemaError as e:
+            raise UserError(f"{e}. Fix this key in the matrix file and run again.") from None
+    try:
+        _check_sources(doc, name)
+    except S.SchemaError as e:
+        raise UserError(f"{e}. Every fact names where it comes from.") from None
+
+
+def _display(path: Path) -> str:
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def matrix_files(overlays: tuple[Path, ...] = (), base: Path | None = None) -> list[Path]:
+    """The shipped matrix files (or those of `base`, a folder of the same sections: the tests'
+    frozen fixture matrix), then each overlay folder's."""
+    files = sorted(Path(base).glob("*.yaml") if base is not None else data_dir("matrices").glob("*.yaml"))
+    for d in overlays:
+        d = Path(d)
+        if not d.is_dir():
+            raise UserError(f"Matrix overlay {d} is not a directory. Pass --matrix-dir a folder "
+                            "of *.yaml files (same sections as the shipped matrices).")
+        files += sorted(d.glob("*.yaml"))
+    return files
+
+
+# What the validated matrix depends on besides the files: the code that validates it.
+# the code that validates a matrix (its cache is keyed by this code too): this package's, and
+# the bounded reader's
+_VALIDATORS = ("matrix.py", "matrix_schema.py", "schema.py", "versions.py", "../readers.py")
+
+
+def _cache_path(files: list[Path]) -> Path | None:
+    """Where the validated matrix of exactly these files' contents is kept: the key hashes
+    every file's bytes and the validating code's, so an edit anywhere (a matrix file, the
+    schema, a cross-check) misses the cache, whatever the file times say."""
+    import hashlib
+
+    from envbuilder import __version__
+
+    h = hashlib.sha256(__version__.encode())
+    from envbuilder.limits import MAX_INPUT_BYTES, read_limited
+
+    try:
+        for f in [*files, *(Path(__file__).parent / name for name in _VALIDATORS)]:
+            # (a device, a pipe or a huge file: no cache; reading it afresh says what is wrong)
+            data = read_limited(f, MAX_INPUT_BYTES)
+            h.update(f"{f.resolve()}\0{len(data)}\0".encode())
+            h.update(data)
+    except (OSError, ValueError):
+        return None
+    return cache_file(f"matrix-{h.hexdigest()[:32]}.json")
+
+
+def load(overlays: tuple[Path, ...] = (), base: Path | None = None) -> Matrix:
+    """The merged, validated matrix; a JSON cache keyed by the inputs' contents skips reading
+    and merging the YAML files (half of loading), never the validation: what the cache holds is
+    checked as a fresh load checks it (_from_cache), and it is read only from this user's
+    private cache folder (paths.read_cache). Plain data only: reading it runs nothing.
+    `base`: another folder in place of the shipped matrices (the tests' frozen matrix)."""
+
+    files = matrix_files(overlays, base)
+    cache = _cache_path(files) if not os.environ.get("ENVBUILD_NO_CACHE") else None
+    sealed = read_sealed(cache)  # (what this envbuild validated and sealed with the user's key)
+    if sealed is not None:
+        m = _from_sealed(sealed)
+        if m is not None:
+            return m
+    text = None if sealed is not None else read_cache(cache)
+    if text is not None and not text.startswith(SEAL):
+        m = _from_cache(text, str(cache))  # (an unsealed cache: validated as a fresh load is)
+        if m is not None:
+            write_sealed(cache, text)
+            return m  # else: not what this code writes; validate afresh (and replace it)
+    m = _load(files)
+    write_sealed(cache, json.dumps({"sections": m.sections, "origin": [
+        [sec, key, where] for (sec, key), where in m.origin.items()]}))
+    return m
+
+
+def _from_sealed(body: str) -> Matrix | None:
+    """The matrix a sealed cache holds: this envbuild validated it (a fresh load, or
+    _from_cache) before sealing it, and the seal proves it is unchanged since; only its JSON
+    is read."""
+    try:
+        doc = json.loads(body)
+        return Matrix(doc["sections"], {(sec, key): w for sec, key, w in doc["origin"]})
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _from_cache(text: str, origin: str) -> Matrix | None:
+    """The matrix a cache file holds, validated as a fresh load validates it (readers.py's
+    bounds, every section's schema, the cross-checks between them): a file that fails any of
+    it, whoever wrote it, is None and the matrix is read afresh. Only the `sources:` keys each
+    fact names are not checked again (the cache keeps no `sources:`; they are provenance, and
+    the fresh load that wrote the cache checked them)."""
+    from envbuilder.model import schema as S
+    from envbuilder.model.matrix_schema import SECTIONS
+    from envbuilder.readers import parse_json
+
+    where = S.Text(4096)
+    shape = {"sections": S.MapOf(Any), "origin": S.ListOf(S.ListOf(where, min_len=3))}
+    try:
+        doc = parse_json(text, origin, shape=shape)
+        sections = doc["sections"]
+        if set(sections) != set(SECTIONS) or any(len(o) != 3 for o in doc["origin"]):
+            return None
+        for name, (spec, merged) in SECTIONS.items():
+            body = sections[name]
+            if body is None and not merged:
+                continue  # (a section none of the files has)
+            S.check(body, spec, f"{origin}: {name}")
+        m = Matrix(sections, {(sec, key): w for sec, key, w in doc["origin"]})
+        _cross_check(m)
+        return m
+    except (UserError, S.SchemaError):
+        return None
+
+
+def _load(files: list[Path]) -> Matrix:
+    from envbuilder.model.matrix_schema import SECTIONS
+
+    sections: dict[str, Any] = {}
+    origin: dict[tuple[str, str], str] = {}
+    for path in files:
+        doc = _read(path)
+        _validate_file(path, doc)
+        for section, body in doc.items():
+            if section == "sources":
+                continue
+            merge_by_key = SECTIONS[section][1]
+            if merge_by_key:
+                sections.setdefault(section, {}).update(body)
+                for key in body:
+                    origin[(section, key)] = str(path)  # (shown relative to the cwd of the day)
+            else:
+                sections[section] = body
+    for section in SECTIONS:
+        sections.setdefault(section, {} if SECTIONS[section][1] else None)
+    m = Matrix(sections, origin)
+    _cross_check(m)
+    return m
+
+
+def _cross_check(m: Matrix) -> None:
+    """References between files and facts that must agree."""
+    bf16_floor = (m.features.get("bf16") or {}).get("min_compute_capability")
+    for key, gpu in m.gpus.items():
+        if bf16_floor and gpu["bf16"] != (cc_tuple(gpu["compute_capability"]) >= cc_tuple(bf16_floor)):
+            raise UserError(f"{m.where('gpus', key)}: gpus.{key}.bf16 is {gpu['bf16']} but CC "
+                            f"{gpu['compute_capability']} vs the bf16 floor {bf16_floor} says "
+                            "otherwise. Correct one of the two facts.")
+    for key, ver in m.verl.items():
+        for p in ver["patches"]:
+            if p not in m.patches:
+                raise UserError(f"{m.where('verl', key)}: verl.{key}.patches names {p!r}, which "
+                                "patches.yaml does not define.")
+        for r in ver.get("reviewed") or []:
+            if r not in m.reviewed:
+                raise UserError(f"{m.where('verl', key)}: verl.{key}.reviewed names {r!r}, which "
+                                "no `reviewed:` section defines.")
+        for rollout in ver["training_path"]["rollouts"]:
+            if rollout not in ver["rollouts"]:
+                raise UserError(f"{m.where('verl', key)}: verl.{key}.training_path.rollouts.{rollout}: "
+                                f"verl {key} has no {rollout!r} rollout (its rollouts are "
+                                f"{', '.join(ver['rollouts'])}). Remove the entry or fix `rollouts`.")
+    for key, patch in m.patches.items():
+        for i, r in enumerate(patch["replace"]):
+            _check_fields(r["with"], f"{m.where('patches', key)}: patches.{key}.replace[{i}].with")
+    for key, rec in m.reviewed.items():
+        for hkey, value in rec["holds"].items():
+            if isinstance(value, str):
+                _check_fields(value, f"{m.where('reviewed', key)}: reviewed.{key}.holds.{hkey}")
+    _check_models(m)
+    refs = (("gpu", "gpus"), ("cuda", "cuda"), ("torch", "torch"), ("verl", "verl"),
+            ("vllm", "vllm"))
+    for key, prof in m.profiles.items():
+        for field_ in ("components", "optional_components"):
+            for comp in prof.get(field_) or {}:
+                if comp not in COMPONENTS:
+                    raise UserError(f"{m.where('profiles', key)}: profiles.{key}.{field_}.{comp}: "
+                                    f"unknown component; components are {', '.join(COMPONENTS)}.")
+        for field_, section in refs:
+            value = prof.get(field_)
+            if value is not None and value not in m.sections[section]:
+                import difflib
+
+                close = difflib.get_close_matches(str(value), list(m.sections[section]), n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise UserError(f"{m.where('profiles', key)}: profiles.{key}.{field_} is "
+                                f"{value!r}, which {section} does not define.{hint}")
+
+
+def _check_fields(text: str, where: str) -> None:
+    """`text` formats only the names the resolver fills in (a patch's `with`, a `holds` value)."""
+    import string
+
+    from envbuilder.model.matrix_schema import FORMAT_FIELDS
+
+    try:
+        names = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
+    except ValueError as e:
+        raise UserError(f"{where}: {text!r} is not a valid format string ({e}); write a literal "
+                        "brace as {{ or }}.") from None
+    unknown = [n for n in names if n not in FORMAT_FIELDS]
+    if unknown:
+        raise UserError(f"{where}: {{{unknown[0]}}} is not a value envbuild fills in; known: "
+                        f"{', '.join('{' + f + '}' for f in FORMAT_FIELDS)}.")
+
+
+def _check_models(m: Matrix) -> None:
+    """The model table agrees with itself, and every profile's training run can be sized."""
+    from envbuilder.model.memory import Arch
+
+    for name, rec in m.models.items():
+        where = f"{m.where('models', name)}: models.{name}"
+        if rec["attention_heads"] % rec["kv_heads"]:
+            raise UserError(f"{where}: attention_heads {rec['attention_heads']} is not a multiple "
+                            f"of kv_heads {rec['kv_heads']}. Copy both from the model's config.json.")
+        counted = Arch(name, rec).params()
+        if counted != rec["parameters"]:
+            raise UserError(f"{where}.parameters is {rec['parameters']:,} but the architecture gives "
+                            f"{counted:,} (embeddings, q/k/v/o, MLP, norms"
+                            f"{'' if rec['tied_embeddings'] else ', lm_head'}). One of the fields is "
+                            "wrong: compare each with the model's config.json and its model card.")
+    mem = m.memory
+    if mem is None:
+        raise UserError("No `memory:` section in the matrix (matrices/memory.yaml): the memory "
+                        "estimate needs it. Reinstall envbuild or restore the file.")
+    for key, lo, hi in (("margin", 0, 0.9), ("allocator_overhead", 0, 1),
+                        ("hf_generate_overhead", 0, 1), ("validation_share", 0.01, 1),
+                        ("cuda_context_gib", 0, 64), ("nccl_gib", 0, 64)):
+        if not lo <= mem[key] <= hi:
+            raise UserError(f"{m.where('memory', key)}: memory.{key} is {mem[key]}, outside "
+                            f"{lo}..{hi}. Set it inside that range.")
+    for gpu in mem["total_mib"]:
+        if gpu not in m.gpus:
+            raise UserError(f"matrices: memory.total_mib.{gpu} names a GPU that gpus does not define.")
+    if "gsm8k" not in m.datasets:
+        raise UserError("No `datasets.gsm8k` in the matrix (matrices/datasets.yaml): the validation "
+                        "batch is sized from its test split. Restore it.")
+    for key, prof in m.profiles.items():
+        t, where = prof["train"], f"{m.where('profiles', key)}: profiles.{key}.train"
+        if t["model"] not in m.models:
+            import difflib
+
+            close = difflib.get_close_matches(t["model"], list(m.models), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise UserError(f"{where}.model {t['model']!r} is not in the model table, so its memory "
+                            f"cannot be estimated.{hint} Known: {', '.join(m.models)}. Add its "
+                            "architecture under `models:` (from its config.json) in a --matrix-dir "
+                            "overlay.")
+        problems = []
+        for field_ in ("n_gpus", "train_batch_size", "ppo_mini_batch_size", "max_prompt_length",
+                       "max_response_length", "micro_batch_size_per_gpu"):
+            if field_ in t and t[field_] < 1:
+                problems.append(f"{field_} must be at least 1 (it is {t[field_]})")
+        if t["lora_rank"] < 0:
+            problems.append(f"lora_rank must be 0 or more (it is {t['lora_rank']})")
+        if not 0 < t["gpu_memory_utilization"] <= 1:
+            problems.append(f"gpu_memory_utilization must be in (0, 1] (it is "
+                            f"{t['gpu_memory_utilization']})")
+        if not problems:
+            if t["train_batch_size"] % t["n_gpus"] or t["ppo_mini_batch_size"] % t["n_gpus"]:
+                problems.append(f"train_batch_size {t['train_batch_size']} and ppo_mini_batch_size "
+                                f"{t['ppo_mini_batch_size']} must be multiples of n_gpus "
+                                f"{t['n_gpus']} (verl splits both evenly over the GPUs)")
+            longest = m.models[t["model"]]["max_position_embeddings"]
+            if t["max_prompt_length"] + t["max_response_length"] > longest:
+                problems.append(f"max_prompt_length + max_response_length "
+                                f"({t['max_prompt_length'] + t['max_response_length']}) exceeds "
+                                f"{t['model']}'s max_position_embeddings {longest}")
+            if t["ppo_mini_batch_size"] > t["train_batch_size"]:
+                problems.append(f"ppo_mini_batch_size {t['ppo_mini_batch_size']} is larger than "
+                                f"train_batch_size {t['train_batch_size']}")
+        if problems:
+            raise UserError(f"{where}: {'; '.join(problems)}. Fix the profile's train block.")
+
+
+COMPONENTS = ("apex", "flash-attn")  # the compiled extensions a profile may build
+
+
+def cc_tuple(cc: str) -> tuple[int, int]:
+    major, _, minor = cc.partition(".")
+    return int(major), int(minor or 0)
+
+
+def overlays_from_env() -> tuple[Path, ...]:
+    env = os.environ.get("ENVBUILD_MATRIX_DIR")
+    return tuple(Path(p) for p in env.split(os.pathsep) if p) if env else ()

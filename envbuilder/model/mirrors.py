@@ -1,0 +1,285 @@
+"""Mirror sets: which endpoint stands in for which upstream; probe endpoint health.
+
+A mirror set is data (matrices/mirrors.yaml plus the user's config). Choosing endpoints makes a
+`MirrorChoice` (one endpoint per kind); applying a choice to a resolved environment
+(`apply_to_env`) gives the mirrored environment that render, lock and build use: its image
+references, indexes, channels and download URLs point at the mirror, without any credentials.
+`build` picks each registry endpoint that serves the base images before it builds, and hands the
+endpoints that carry credentials to the RUN steps as a BuildKit secret (never a build arg, which
+`docker history` shows, nor a file the image carries).
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
+
+from envbuilder.errors import UserError
+from envbuilder.text import USERINFO, redact, without_credentials  # noqa: F401 (re-exported)
+from envbuilder.oci.registry import DOCKER_HUB, endpoint_url, parse_image, registry_host
+
+GITHUB = "https://github.com"  # what a mirror set's `github` prefix replaces (apex, flash-attn)
+
+
+class MirrorChoice(NamedTuple):
+    """One endpoint per kind (None: leave that kind as upstream)."""
+
+    name: str
+    registries: dict  # upstream registry -> endpoint host[/prefix]
+    pypi: str | None = None
+    pytorch: str | None = None
+    conda: dict | None = None
+    huggingface: str | None = None
+    apt: str | None = None
+    github: str | None = None
+
+    def image(self, ref: str) -> str:
+        parsed = parse_image(ref)
+        target = self.registries.get(parsed.registry)
+        if not target:
+            return ref
+        host = registry_host(target)
+        repository = parsed.repository
+        if host.split("/")[0] in ("registry-1.docker.io",) and parsed.registry == DOCKER_HUB:
+            return ref
+        return f"{host}/{repository}{parsed.reference}"
+
+    def endpoints(self, env) -> dict[str, str]:
+        """The endpoints a build's RUN steps use, by the variable the Dockerfile reads them
+        from, as the set names them (credentials included)."""
+        out = {}
+        if self.pypi:
+            out["PIP_INDEX_URL"] = self.pypi
+        if self.pytorch and env.indexes.torch:
+            out["TORCH_INDEX_URL"] = self.pytorch.format(variant=env.torch.variant)
+        if self.apt:
+            out["APT_MIRROR"] = self.apt
+        if self.github and env.apex:
+            out["APEX_URL"] = github_url(env.apex.url, self.github)
+        if self.github and env.flash_attn:
+            out["FLASH_ATTN_RELEASE"] = github_url(env.flash_attn.release, self.github)
+        return out
+
+    def credentials_env(self, env, skip: tuple[str, ...] = ()) -> str:
+        """The endpoints that carry user:password@, as a shell file the image's RUN steps
+        source from a BuildKit secret (id=endpoints): the rendered files and the image name
+        them without the credentials, and no build arg (which `docker history` shows) holds them."""
+        return endpoints_secret(self.endpoints(env), skip)
+
+
+def redacted(endpoint: str) -> str:
+    """An endpoint (or a message naming endpoints) as printed: user:password@ shown as ***@."""
+    return redact(endpoint)
+
+
+# -- credentials from any source -----------------------------------------------------------------
+# A URL's user:password@ is a secret wherever it comes from: a mirror set (apply_to_env strips
+# it), and as much an overlay's or the config's defaults (pypi_index, huggingface, index_url), a
+# `render --from` file, or a hand-edited envbuild.json. No rendered file, envbuild.json, label,
+# bake file or definition names it (render.render_files strips every URL of the environment it
+# renders, through split_credentials); `envbuild build` hands the ones a RUN step reads to the
+# build as the `endpoints` BuildKit secret (endpoints_secret), which envbuild-secrets.sh sources.
+
+def env_endpoints(env) -> dict[str, str]:
+    """The URLs of a resolved environment that the rendered files read into a variable, by that
+    variable (what the `endpoints` secret may replace for one RUN step)."""
+    out = {"PIP_INDEX_URL": env.indexes.pypi, "HF_ENDPOINT": env.huggingface}
+    if env.indexes.torch:
+        out["TORCH_INDEX_URL"] = env.indexes.torch
+    if env.mirror and env.mirror.apt:
+        out["APT_MIRROR"] = env.mirror.apt
+    if env.apex:
+        out["APEX_URL"] = env.apex.url
+    if env.flash_attn:
+        out["FLASH_ATTN_RELEASE"] = env.flash_attn.release
+    return out
+
+
+def split_credentials(env, d: dict | None = None):
+    """(the environment with no URL's user:password@ anywhere in it, its to_dict(), and
+    {variable: URL with its credentials} of env_endpoints): what the files may name, and what
+    only the `endpoints` secret may carry. `d`: env.to_dict(), if at hand."""
+    d = env.to_dict() if d is None else d
+    bare = _without_userinfo(d)
+    if bare == d:
+        return env, d, {}
+    secret = {var: url for var, url in env_endpoints(env).items()
+              if url and url != without_credentials(url)}
+    return type(env).from_plain(bare), bare, secret
+
+
+def _without_userinfo(node):
+    if isinstance(node, str):
+        return without_credentials(node) if "@" in node else node
+    if isinstance(node, dict):
+        return {k: _without_userinfo(v) for k, v in node.items()}
+    if isinstance(node, (list, tuple)):
+        return [_without_userinfo(v) for v in node]
+    return node
+
+
+def endpoints_secret(endpoints: dict[str, str], skip: tuple[str, ...] = ()) -> str:
+    """The `endpoints` secret's text: an `export VAR='URL'` line for each endpoint that carries
+    user:password@ (the others are the rendered files' own defaults), `skip` left out."""
+    import shlex
+
+    return "".join(f"export {var}={shlex.quote(url)}\n" for var, url in sorted(endpoints.items())
+                   if var not in skip and url and url != without_credentials(url))
+
+
+def github_url(url: str, prefix: str | None) -> str:
+    """`url` (https://github.com/...) through a GitHub mirror prefix; unchanged without one."""
+    return url.replace(GITHUB, prefix.rstrip("/"), 1) if prefix else url
+
+
+def apply_to_env(env, mirror: MirrorChoice):
+    """The resolved environment with every upstream endpoint replaced by the mirror's: base
+    images, the PyPI and PyTorch indexes, the Hugging Face endpoint, the conda channels, the apex
+    source URL, flash-attn's release folder and an apt mirror. Rendering it gives files whose
+    defaults already point at the mirror (build args can still override them)."""
+    from envbuilder.model.record import frozen
+    from envbuilder.model.resolved import Mirror
+
+    # every endpoint without its credentials: what the files (and the image's envbuild.json)
+    # name; `envbuild build` hands the credentials to RUN steps as a secret (credentials_env)
+    bare = without_credentials
+    images = frozen({role: mirror.image(ref) for role, ref in env.cuda.images.items()})
+    indexes, torch = env.indexes, env.torch
+    if mirror.pypi:
+        indexes = indexes._replace(pypi=bare(mirror.pypi))
+    if mirror.pytorch and indexes.torch:
+        url = bare(mirror.pytorch.format(variant=torch.variant))
+        indexes, torch = indexes._replace(torch=url), torch._replace(index_url=url)
+    conda = {ch: bare(url) for ch, url in (mirror.conda or {}).items() if url}
+    apex, fa = env.apex, env.flash_attn
+    if apex and mirror.github:
+        apex = apex._replace(url=bare(github_url(apex.url, mirror.github)))
+    if fa and mirror.github:
+        fa = fa._replace(release=bare(github_url(fa.release, mirror.github)))
+    return env._replace(
+        cuda=env.cuda._replace(images=images), indexes=indexes, torch=torch,
+        huggingface=bare(mirror.huggingface) if mirror.huggingface else env.huggingface,
+        conda_channels=tuple(conda.get(ch) or ch for ch in env.conda_channels),
+        apex=apex, flash_attn=fa,
+        mirror=Mirror(name=mirror.name, apt=bare(mirror.apt) if mirror.apt else mirror.apt,
+                      conda_nvidia=conda.get("nvidia")))
+
+
+def mirror_sets(m) -> dict[str, dict]:
+    from envbuilder.config import user_config
+
+    sets = dict(user_config().get("mirrors") or {})
+    for name, body in (m.mirrors or {}).items():
+        sets.setdefault(name, body)
+    return sets
+
+
+def get_set(m, name: str) -> dict:
+    sets = mirror_sets(m)
+    if name not in sets:
+        from envbuilder.model.resolve import suggest
+
+        raise UserError(f"Unknown mirror set {name!r}; {suggest(name, list(sets))}known: "
+                        f"{', '.join(sets)}. `envbuild mirrors list` shows them; add your own in "
+                        "your config file.")
+    return sets[name]
+
+
+def choice(name: str, body: dict, healthy: dict | None = None) -> MirrorChoice:
+    """The first endpoint of every kind (answering ones first when `healthy` is given)."""
+
+    def pick(endpoints):
+        if not endpoints:
+            return None
+        return (order_by_health(endpoints, healthy) if healthy is not None else list(endpoints))[0]
+
+    registries = {reg: pick(eps) for reg, eps in (body.get("registries") or {}).items()}
+    conda = {ch: pick(eps) for ch, eps in (body.get("conda") or {}).items()}
+    return MirrorChoice(name, registries, pick(body.get("pypi")), pick(body.get("pytorch")),
+                        conda or None, pick(body.get("huggingface")), pick(body.get("apt")),
+                        pick(body.get("github")))
+
+
+def order_by_health(endpoints: list[str], healthy: dict) -> list[str]:
+    """Healthy endpoints first, then the rest; each group in its listed order."""
+    up = [e for e in endpoints if healthy.get(e, (False, 0))[0]]
+    return up + [e for e in endpoints if e not in up]
+
+
+# -- probing ------------------------------------------------------------------------------------
+
+class Probe(NamedTuple):
+    kind: str
+    target: str  # what it stands in for (docker.io, pypi, ...)
+    endpoint: str
+    ok: bool
+    status: str
+    latency_ms: float
+
+
+def _probe_one(kind: str, target: str, endpoint: str, timeout: float, s) -> Probe:
+    from envbuilder.oci import http as net
+
+    if kind == "registry":
+        url = endpoint_url(endpoint).split("/", 3)
+        url = "/".join(url[:3]) + "/v2/"
+        alive = (200, 401)
+    else:
+        url = endpoint.format(variant="cu118") if "{variant}" in endpoint else endpoint
+        url = url.rstrip("/") + "/"
+        alive = tuple(range(200, 400))
+    start = time.perf_counter()
+    try:  # the status is the answer: no body is read, and all of it within 3 x timeout
+        r = net.request(s, "GET", url, net.STATUS, timeout=timeout, deadline=3 * timeout)
+    except net.NetError as e:
+        ms = (time.perf_counter() - start) * 1000
+        why = f"timeout ({e.reason})" if e.kind == "deadline" else e.reason
+        return Probe(kind, target, endpoint, False, why, ms)
+    ms = (time.perf_counter() - start) * 1000
+    status = {401: "HTTP 401 (credentials needed)", 403: "HTTP 403 (refused: credentials?)",
+              429: "HTTP 429 (rate limited)"}.get(r.status, f"HTTP {r.status}")
+    return Probe(kind, target, endpoint, r.status in alive, status, ms)
+
+
+def failure_reason(e: Exception, timeout: float) -> str:
+    """What a failed request met, in the words of its fix (net.reason): TLS interception, DNS,
+    refused, timeout."""
+    from envbuilder.oci.http import reason
+
+    return reason(e, timeout)
+
+
+def probe(body: dict, timeout: float = 5.0, kinds: tuple[str, ...] | None = None,
+          ca_cert=None) -> list[Probe]:
+    """Every endpoint of a mirror set, in parallel (`ca_cert`: a CA bundle to trust too), each
+    through one net.session: no retries, no body read, at most 3 x `timeout` s each."""
+    from envbuilder.oci import http as net
+
+    jobs = []
+    for reg, eps in (body.get("registries") or {}).items():
+        jobs += [("registry", reg, e) for e in eps]
+    for kind in ("pypi", "pytorch", "huggingface", "apt", "github"):
+        jobs += [(kind, kind, e) for e in body.get(kind) or []]
+    for ch, eps in (body.get("conda") or {}).items():
+        jobs += [("conda", ch, e) for e in eps]
+    if kinds:
+        jobs = [j for j in jobs if j[0] in kinds]
+    if not jobs:
+        return []
+    workers = min(16, len(jobs))
+    with net.session(retries=0, ca_cert=ca_cert, pool=workers) as s:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            return list(pool.map(lambda j: _probe_one(*j, timeout, s), jobs))
+
+
+def _trust(ca_cert) -> bool | str:
+    """requests' `verify`: True (its own CAs), or one bundle of the system's CAs and `ca_cert`
+    (net.ca_bundle; the caller removes the file)."""
+    from envbuilder.oci.http import ca_bundle
+
+    return ca_bundle(ca_cert)
+
+
+def health(probes: list[Probe]) -> dict:
+    return {p.endpoint: (p.ok, p.latency_ms) for p in probes}

@@ -1,0 +1,205 @@
+"""ResolvedEnv -> files. Only formatting: every decision was made by the resolver.
+
+Output is byte-identical for identical input (sorted, no timestamps). It is staged first and
+moved into place file by file (outdir.py): a failed render changes nothing, and a re-render
+replaces or deletes only the files envbuild wrote there and nobody edited since.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from envbuilder.paths import data_dir
+from envbuilder.render.quoting import FILTERS, comment, word
+from envbuilder.text import USERINFO
+from envbuilder.model.record import plain
+from envbuilder.model.resolve import TORCH_DTYPE, ResolvedEnv
+
+RUN_SCRIPT = "run_ppo_gsm8k.sh"
+# output file -> template; executables get mode 0755
+FILES = {
+    "Dockerfile": "Dockerfile.j2",
+    "environment.yml": "environment.yml.j2",
+    "requirements.txt": "requirements.txt.j2",
+    RUN_SCRIPT: "run_ppo_gsm8k.sh.j2",
+    "preflight.py": "preflight.py.j2",
+    "envbuild-secrets.sh": "envbuild-secrets.sh.j2",
+    "apply_patches.py": "apply_patches.py.j2",
+    "audit_precision.py": "audit_precision.py.j2",
+    "prepare_gsm8k.py": "prepare_gsm8k.py.j2",
+    "README.md": "README.md.j2",  # what each file is and the commands that come next
+}
+EXECUTABLE = {RUN_SCRIPT, "preflight.py", "apply_patches.py", "audit_precision.py",
+              "prepare_gsm8k.py"}
+# copied, not rendered: the builder stage runs envbuild's own module (one place for the name)
+FLASH_ATTN_SCRIPT = "flash_attn_wheel.py"
+MARKER = "envbuild.json"
+
+_jinja = None
+
+
+def jinja_env():
+    global _jinja
+    if _jinja is None:
+        import jinja2
+
+        from envbuilder.paths import cache_file
+
+        cache_dir = cache_file("jinja")
+        # compiled templates are code (marshal): used only from a folder that is this user's
+        # alone, as jinja's own default cache folder demands (it halves a render's time)
+        cache = None
+        try:
+            if cache_dir is not None:
+                cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+                st = cache_dir.stat()
+                if st.st_uid == os.getuid() and not st.st_mode & 0o022:
+                    cache = jinja2.FileSystemBytecodeCache(str(cache_dir))
+        except OSError:  # a read-only home only costs speed
+            pass
+        _jinja = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(str(data_dir("templates"))),
+            undefined=jinja2.StrictUndefined,
+            autoescape=False,
+            keep_trailing_newline=True,
+            bytecode_cache=cache,
+        )
+        # every value leaves through the filter of the language it lands in (quoting.py)
+        _jinja.filters.update(FILTERS)
+        # tojson writes the resolved environment's records and read-only maps as plain JSON
+        _jinja.policies["json.dumps_kwargs"] = {"sort_keys": True, "default": plain}
+    return _jinja
+
+
+def apex_command(env: ResolvedEnv) -> str:
+    apex = env.apex
+    if not apex:
+        return ""
+    if apex.install == "env":
+        return f'APEX_CPP_EXT=1 APEX_CUDA_EXT=1 pip install -v --no-build-isolation "apex @ {apex.url}"'
+    return ('pip install -v --no-build-isolation --config-settings "--build-option=--cpp_ext" '
+            f'--config-settings "--build-option=--cuda_ext" "apex @ {apex.url}"')
+
+
+def preflight_expectations(env: ResolvedEnv) -> dict:
+    """What preflight.py checks, as data (its EXPECTED blob). training_path: every module a
+    training run imports, which the build's smoke test (preflight.py --smoke) imports too."""
+    return {
+        "profile": env.profile,
+        "gpu": env.gpu.name,
+        "compute_capability": env.gpu.compute_capability,
+        "torch_version": env.torch.version,
+        "torch_cuda": env.torch.cuda,
+        "torch_requirement": env.torch.packages[0],
+        "torch_index": env.torch.index_url or env.indexes.pypi,
+        "dtype": env.dtype,
+        "torch_dtype": TORCH_DTYPE[env.dtype],
+        "torch_compile": env.features.torch_compile,
+        "model_vram_gb": env.train.model_vram_gb,
+        "min_driver": env.driver.min_driver,
+        "compat_driver": env.driver.compat_driver,
+        "driver_cuda": env.driver.for_cuda,
+        "compat_libcuda": env.cuda.compat_libcuda,
+        "training_path": list(env.training_path),
+        # the run's extra Hydra overrides (run_ppo_gsm8k.sh passes them with --overrides)
+        "verl_version": env.verl.version,
+        "config_reads": list(env.verl.config_reads),
+        "refused_overrides": [r.to_dict() for r in env.verl.refused_overrides],
+    }
+
+
+def audit_plan(env: ResolvedEnv) -> dict:
+    """What audit_precision.py checks, as data (its PLAN blob): the checks that apply, in the
+    verl files the run loads (the training path's verl modules and the files the patches touch),
+    with the matrix's reviewed exceptions."""
+    no_bf16 = (f"the profile computes in {env.dtype}"
+               + ("" if env.gpu.bf16 else f"; the {env.gpu.name} has no native bfloat16"))
+    return {
+        "profile": env.profile,
+        "gpu": env.gpu.name,
+        "verl": env.verl.version,
+        "checks": list(env.audit.checks),
+        "reasons": {"autocast_bf16": no_bf16,
+                    "flash_attention_2": f"the attention is {env.attention}, not flash-attn"},
+        "modules": [m for m in env.training_path if m.split(".")[0] == "verl"],
+        "files": sorted({f for p in env.patches for f in p.files}),
+        "reviewed": [{k: getattr(r, k) for k in ("name", "check", "file", "line", "why")}
+                     for r in env.audit.reviewed],
+    }
+
+
+def render_files(env: ResolvedEnv, locked: dict | None = None) -> dict[str, str]:
+    """All rendered files by name, in memory. `locked` (lock.lockfile.for_render) pins the base
+    images by digest and installs each layer from its hashed requirement file."""
+    from envbuilder.engines.bake import default_tag
+    from envbuilder.render.plan import install_plan, lock_hint, override_flags
+
+    d = env.to_dict()
+    # A URL's user:password@ (an overlay's index, a --from file's endpoint) is a secret: no file
+    # written here names it, envbuild.json included; `envbuild build` hands the ones the RUN
+    # steps read to the build as the `endpoints` BuildKit secret (mirrors.split_credentials).
+    credentials: list[str] = []
+    if USERINFO.search(json.dumps(d)):
+        from envbuilder.model.mirrors import split_credentials
+
+        env, d, secret = split_credentials(env, d)
+        credentials = sorted(secret)
+    spec = env.to_json(d)
+    plan = install_plan(env)
+    context = {
+        "env": env,
+        "plan": plan,
+        "run_script": RUN_SCRIPT,
+        "spec_sha256": hashlib.sha256(spec.encode()).hexdigest(),
+        "apex_command": apex_command(env),
+        "expected": preflight_expectations(env),
+        "audit": audit_plan(env),
+        "torch_dtype": TORCH_DTYPE,
+        "locked": locked,
+        "image_tag": default_tag(env, d),
+        "lock_hint": lock_hint(env.profile, env.overrides),
+        "override_flags": override_flags(env.overrides),
+        "credentials": credentials,
+    }
+    j = jinja_env()
+    out = {MARKER: spec}
+    for name, template in FILES.items():
+        if name == "apply_patches.py" and not env.patches:
+            continue
+        if name == "prepare_gsm8k.py" and not env.dataset:
+            continue
+        out[name] = j.get_template(template).render(context)
+    if env.flash_attn:
+        from envbuilder.lock import flash_attn  # (the builder runs this module as the script)
+
+        out[FLASH_ATTN_SCRIPT] = Path(flash_attn.__file__).read_text(encoding="utf-8")
+    # each pip step's pins, one file per step (its cache key moves with it alone); a locked
+    # Dockerfile installs the hashed files instead, requirements.txt and environment.yml these
+    for layer in [*plan.layers, *([plan.builder] if plan.builder else [])]:
+        head = (f"# envbuild: what the {layer.name} step of {env.profile} fixes for itself and "
+                "every later step: " + (f"from {plan.pinned_from}" if plan.pinned_from else
+                                       "its top-level pins only (no lock fits)")
+                + (f"; solved with torch {plan.torch_swapped}, so torch's own packages are "
+                   "pinned by the requirements" if plan.torch_swapped else ""))
+        # (a pip constraints file: one comment line, then one bare pin a line; quoting.py)
+        out[layer.constraints_file] = (comment(head) + ".\n"
+                                       + "".join(f"{word(pin)}\n" for pin in layer.pins))
+    out.update(locked["files"] if locked else {})
+    return out
+
+
+def write_dir(out_dir: Path, files: dict[str, str], links: dict[str, Path] | None = None,
+              force: bool = False) -> list[Path]:
+    """Write `files` (and hard-link `links`) into `out_dir`, replacing and deleting only what an
+    earlier envbuild write put there (outdir.write_dir); the scripts get mode 0755."""
+    from envbuilder.render.outdir import write_dir as write
+
+    return write(out_dir, files, links, EXECUTABLE, force)
+
+
+def render(env: ResolvedEnv, out_dir: Path, locked: dict | None = None,
+           force: bool = False) -> list[Path]:
+    return write_dir(out_dir, render_files(env, locked), (locked or {}).get("links"), force=force)

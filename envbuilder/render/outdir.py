@@ -1,0 +1,449 @@
+"""Writing a directory of generated files without touching what envbuild did not write.
+
+Every directory envbuild writes (a render, a lock, a build context) gets a record,
+`.envbuild-files.json`, of each file it wrote and the sha256 of the bytes it wrote. The next write
+into the same directory
+  - replaces a file only when it is one envbuild wrote and nobody edited since (its bytes still
+    hash to the record), or when it already holds exactly the new bytes;
+  - deletes only such files (ones the new set no longer has);
+  - never touches anything else: a user's checkpoints, notes, or edits of a rendered file.
+A directory that has no record (a project folder, an older envbuild's output) is written into
+only when it is empty or nothing in it has a name envbuild is about to write. `force` overwrites
+conflicting files (it still deletes nothing envbuild did not write).
+
+The swap is recoverable: the new files are first written into a staging folder inside the
+directory (same filesystem), then the new record is journaled, then each file is renamed into
+place (atomic per file), then the journal becomes the record. A run killed in between leaves
+old-or-new files that hash to the record or the journal (both still count as envbuild's), and the
+staging folder, which the next run removes before it writes.
+
+Nothing is written through a link envbuild did not make: the directory itself and every folder
+inside it must be real folders, and the folder a new directory is created in may be a link only
+of the user's own or root's (not one another user planted). A record or a file it may replace is
+never read through a link. Files placed from
+elsewhere (a wheelhouse's, `Checked`) are opened without following links, must be regular files
+with the size and sha256 their manifest names, and enter as exactly the bytes that were checked:
+a hard link to the inode that was hashed (only when nobody else may write it), else a copy made
+from the checked descriptor and hashed as it is written.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import stat
+import tempfile
+from pathlib import Path, PurePosixPath
+from typing import NamedTuple
+
+from envbuilder.errors import ActionError, EnvbuildError, UserError
+from envbuilder.text import shorten  # noqa: F401  (re-exported: outdir.shorten)
+
+RECORD = ".envbuild-files.json"
+JOURNAL = ".envbuild-files.next.json"
+STAGING_PREFIX = ".envbuild-staging-"
+FORMAT = 1
+MAX_RECORD_BYTES = 16 << 20  # a record names every file of one folder: a few KB
+
+
+def safe_relpath(name: str, where: str = "a generated file") -> PurePosixPath:
+    """`name` as a path that stays inside its directory (relative, no `..`, no empty parts)."""
+    p = PurePosixPath(name)
+    if (not name or "\\" in name or "\x00" in name or p.is_absolute()
+            or any(part in ("", ".", "..") for part in name.split("/"))):
+        raise UserError(f"{where} is named {shorten(name)!r}, which would leave its directory. "
+                        "Names are plain relative paths without '..'; check the file that gave it.")
+    return p
+
+
+def _open_nofollow(path: Path):
+    """`path` opened for reading when it is a regular file and not a link (OSError otherwise):
+    a record or a file in the directory is never read through a link envbuild did not make."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    return os.fdopen(fd, "rb")
+
+
+def _sha256(path: Path) -> str | None:
+    h = hashlib.sha256()
+    try:
+        with _open_nofollow(path) as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    except OSError:
+        return None
+    return h.hexdigest()
+
+
+class Checked(NamedTuple):
+    """A file to place as exactly the bytes a manifest names: `rel` inside `root` (the folder the
+    user named, e.g. a wheelhouse; no link below it is followed), its size and sha256. `fix`
+    ends a refusal's message (what to do)."""
+    root: Path
+    rel: str
+    size: int
+    sha256: str
+    fix: str = "Replace it with the file its manifest names."
+
+
+def _refuse(src: Checked, why: str) -> UserError:
+    return UserError(f"{Path(src.root) / src.rel} {why}; envbuild places only regular files "
+                     f"whose bytes hash to what their manifest records. {src.fix}")
+
+
+def _open_checked(src: Checked) -> tuple[int, int, str]:
+    """(descriptor of the file, descriptor of its folder, its name): `src.rel` opened below
+    `src.root` without following any link (a FIFO opened without blocking)."""
+    parts = safe_relpath(src.rel, "a placed file").parts
+    try:
+        dfd = os.open(src.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # (named by the user)
+    except OSError as e:
+        raise _refuse(src, f"cannot be opened ({src.root}: {e.strerror})") from None
+    try:
+        for part in parts[:-1]:
+            try:
+                nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                              dir_fd=dfd)
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise _refuse(src, f"is reached through {part}/, which is a symbolic link or "
+                                       "not a folder") from None
+                raise _refuse(src, f"cannot be opened ({e.strerror})") from None
+            os.close(dfd)
+            dfd = nfd
+        try:
+            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         dir_fd=dfd)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise _refuse(src, "is a symbolic link") from None
+            raise _refuse(src, f"cannot be opened ({e.strerror})") from None
+    except BaseException:
+        os.close(dfd)
+        raise
+    return fd, dfd, parts[-1]
+
+
+def _hash_fd(fd: int, sink: int | None = None) -> tuple[str, int]:
+    """(sha256, size) of what `fd` reads from its start; each chunk also written to `sink`."""
+    h, size = hashlib.sha256(), 0
+    os.lseek(fd, 0, os.SEEK_SET)
+    while chunk := os.read(fd, 1 << 20):
+        h.update(chunk)
+        size += len(chunk)
+        if sink is not None:
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(sink, view):]
+    return h.hexdigest(), size
+
+
+def place_checked(src: Checked, dest: Path) -> None:
+    """Put `src` at `dest` (a new name) as exactly the bytes its manifest names, or UserError
+    (exit 2) naming what is wrong with it; OSError when the write itself fails."""
+    fd, dfd, name = _open_checked(src)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _refuse(src, "is not a regular file")
+        if st.st_size != src.size:
+            raise _refuse(src, f"is {st.st_size} bytes, not the {src.size} its manifest records")
+        # a hard link shares the inode: only one nobody else may write stays what was checked
+        if st.st_uid == os.geteuid() and not st.st_mode & 0o022:
+            digest, size = _hash_fd(fd)
+            if (digest, size) != (src.sha256, src.size):
+                raise _refuse(src, "does not hash to the sha256 its manifest records")
+            try:
+                os.link(name, dest, src_dir_fd=dfd, follow_symlinks=False)
+            except OSError:
+                pass  # another file system, or no hard links here: a copy, below
+            else:
+                linked = os.lstat(dest)
+                if (linked.st_dev, linked.st_ino) == (st.st_dev, st.st_ino):
+                    return
+                os.unlink(dest)  # the name was swapped since it was opened: copy what was checked
+        out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                      0o644)
+        try:
+            digest, size = _hash_fd(fd, out)
+        finally:
+            os.close(out)
+        if (digest, size) != (src.sha256, src.size):
+            os.unlink(dest)
+            raise _refuse(src, "does not hash to the sha256 its manifest records")
+    finally:
+        os.close(fd)
+        os.close(dfd)
+
+
+def _refuse_links_on_the_way(out_dir: Path) -> None:
+    """UserError when `out_dir` is a symbolic link, or would be created inside a link another
+    user planted: envbuild does not write through a link it did not make. (The folder it would
+    be created in may be a link of the user's own or root's, as the kernel's protected_symlinks
+    allows: a home or scratch folder linked to where the space is.)"""
+    if out_dir.is_symlink():
+        raise UserError(f"{out_dir} is a symbolic link (to {shorten(os.readlink(out_dir))}); "
+                        "envbuild does not write through links it did not make. Pass the folder "
+                        "itself, or a new path.")
+    if os.path.lexists(out_dir):
+        return
+    above = out_dir.parent
+    while not os.path.lexists(above) and above != above.parent:
+        above = above.parent
+    try:
+        st = os.lstat(above)
+    except OSError:
+        return  # (gone meanwhile: the mkdir says so)
+    if stat.S_ISLNK(st.st_mode) and st.st_uid not in (0, os.geteuid()):
+        raise UserError(f"{above} is a symbolic link of another user's (uid {st.st_uid}, to "
+                        f"{shorten(os.readlink(above))}), and envbuild would create {out_dir} "
+                        "through it; it does not write through links it did not make. Pass a "
+                        "path without the link (the folder it points at, if that is yours).")
+
+
+def _missing_folders(out_dir: Path) -> list[Path]:
+    """`out_dir` and the folders above it that do not exist yet, deepest first."""
+    missing, p = [], out_dir
+    while not os.path.lexists(p) and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    return missing
+
+
+def _read_record(path: Path) -> dict[str, str]:
+    """{relative path: sha256} from a record or journal; {} when there is none or it is not one
+    (then nothing counts as envbuild's, which only makes the write more careful)."""
+    from envbuilder.readers import parse_json
+
+    try:
+        with _open_nofollow(path) as f:  # (a record that is a link is no record)
+            data = f.read(MAX_RECORD_BYTES + 1)
+        if len(data) > MAX_RECORD_BYTES:
+            return {}
+        doc = parse_json(data, str(path))  # (bounded: one nested 5000 deep was an internal error)
+    except (OSError, ValueError, UserError):
+        return {}
+    files = doc.get("files") if isinstance(doc, dict) and doc.get("format") == FORMAT else None
+    if not isinstance(files, dict):
+        return {}
+    out = {}
+    for name, digest in files.items():
+        try:
+            safe_relpath(name)
+        except UserError:
+            continue  # a tampered record cannot point envbuild outside the directory
+        if isinstance(digest, str):
+            out[name] = digest
+    return out
+
+
+def _record_text(files: dict[str, str]) -> str:
+    return json.dumps({"format": FORMAT, "written_by": "envbuild", "files": dict(sorted(files.items()))},
+                      indent=1) + "\n"
+
+
+def _inside(root: Path, rel: PurePosixPath) -> Path | None:
+    """root/rel when no directory on the way is a symbolic link (a link could lead the write
+    outside `root`); None otherwise."""
+    cur = root
+    for part in rel.parts[:-1]:
+        cur = cur / part
+        if cur.is_symlink() or (cur.exists() and not cur.is_dir()):
+            return None
+    return root / rel
+
+
+def clean_debris(out_dir: Path) -> None:
+    """Remove the staging folders an interrupted write left (they are envbuild's by name and
+    hold only envbuild's files)."""
+    try:
+        entries = list(out_dir.iterdir())
+    except OSError:
+        return
+    for p in entries:
+        if p.name.startswith(STAGING_PREFIX) and p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def write_dir(out_dir: Path, files: dict[str, str], links: dict[str, Checked] | None = None,
+              executable: frozenset[str] | set[str] = frozenset(), force: bool = False) -> list[Path]:
+    """Write `files` (text by relative path) and `links` ({relative path: Checked file}, placed
+    as their checked bytes: place_checked) into `out_dir`, deleting only files an earlier write
+    recorded and nobody changed since. Refuses (exit 2) before writing anything when a file it
+    would replace is not envbuild's or was edited, unless `force`, or when a placed file is not
+    what its manifest names (then nothing of this write stays)."""
+    out_dir = Path(out_dir)
+    links = dict(links or {})
+    if not all(isinstance(src, Checked) for src in links.values()):
+        raise TypeError("write_dir places only Checked files")
+    names = {str(safe_relpath(n)): n for n in [*files, *links]}
+    _refuse_links_on_the_way(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"{out_dir} exists and is not a directory. Pass -o a new directory or one "
+                        "envbuild wrote.")
+    record, journal = out_dir / RECORD, out_dir / JOURNAL
+    if out_dir.is_dir():
+        clean_debris(out_dir)
+    # what envbuild wrote here: the record, and a journal an interrupted write left behind
+    old = _read_record(record) if out_dir.is_dir() else {}
+    pending = _read_record(journal) if out_dir.is_dir() else {}
+
+    def ours(name: str, digest: str | None) -> bool:
+        return digest is not None and digest in (old.get(name), pending.get(name))
+
+    new_digests = {n: hashlib.sha256(t.encode("utf-8")).hexdigest() for n, t in files.items()}
+    has_record = bool(old or pending) or (record.is_file() and not record.is_symlink())
+    foreign = [p for p in out_dir.iterdir() if p.name not in (RECORD, JOURNAL)] \
+        if out_dir.is_dir() else []
+    conflicts = []
+    unchanged = set()  # already there with these bytes and this mode: nothing to write
+    for name in sorted(names):
+        target = _inside(out_dir, PurePosixPath(name))
+        if target is None:
+            raise UserError(f"{out_dir}: a directory on the way to {name} is a symbolic link or a "
+                            "file; envbuild does not write through links. Remove it or pass -o "
+                            "another directory.")
+        if target.is_symlink() or target.is_dir():
+            conflicts.append(name)
+        elif target.exists():
+            digest = _sha256(target)
+            if not (ours(name, digest) or digest == new_digests.get(name)):
+                conflicts.append(name)
+            elif digest == new_digests.get(name) and _mode(target) == _mode_of(name, executable):
+                unchanged.add(name)
+    if foreign and not has_record and not force:
+        clash = (f" and has {', '.join(conflicts[:5])}"
+                 + (f" and {len(conflicts) - 5} more" if len(conflicts) > 5 else "")) if conflicts else ""
+        raise UserError(f"{out_dir} is not empty and was not written by envbuild (no {RECORD})"
+                        f"{clash}. envbuild writes only into new directories or ones it wrote. "
+                        "Pass -o a new or empty directory, or --force to write into this one "
+                        "(envbuild then overwrites only the files it renders and deletes nothing).")
+    if conflicts and not force:
+        raise UserError(f"{out_dir}: {', '.join(conflicts[:5])}"
+                        + (f" and {len(conflicts) - 5} more" if len(conflicts) > 5 else "")
+                        + " changed since envbuild wrote them (or envbuild did not write them). "
+                        "envbuild does not overwrite edits: move them away, or pass --force to "
+                        "overwrite them.")
+    if conflicts and any(Path(out_dir, n).is_dir() and not Path(out_dir, n).is_symlink()
+                         for n in conflicts):
+        raise UserError(f"{out_dir}: a directory stands where envbuild writes a file "
+                        f"({', '.join(n for n in conflicts if Path(out_dir, n).is_dir())}). Move it "
+                        "away; envbuild deletes no directories it did not make.")
+    # files of the last write that this one no longer has, unchanged since: removed at the end
+    stale = [n for n in sorted(set(old) | set(pending)) if n not in names
+             and (p := _inside(out_dir, PurePosixPath(n))) is not None
+             and p.is_file() and not p.is_symlink() and ours(n, _sha256(p))]
+    if (not links and not pending and not stale and unchanged == set(files) and old == new_digests
+            and not journal.exists()):
+        return [out_dir / n for n in sorted(files)]  # a re-render that changes nothing writes nothing
+
+    made = _missing_folders(out_dir)  # removed again when this write fails
+
+    def undo_folders() -> None:
+        for p in made:
+            try:
+                p.rmdir()  # (only while empty)
+            except OSError:
+                break
+
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out_dir))
+    except OSError as e:
+        undo_folders()
+        raise ActionError(f"Cannot write into {out_dir}: {e.strerror}. Check the path, its "
+                          "permissions and free space.") from None
+    written: dict[str, str] = {}
+    try:
+        for name, text in sorted(files.items()):
+            written[name] = new_digests[name]
+            if name in unchanged:
+                continue
+            path = stage / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+            path.chmod(_mode_of(name, executable))
+        for name, src in sorted(links.items()):
+            path = stage / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            place_checked(src, path)
+            written[name] = src.sha256
+        # the journal first: from here on a killed run leaves files that hash to old or new
+        write_text_atomic(journal, _record_text(written), tmp_dir=stage)
+        for name in sorted(set(written) - unchanged):
+            target = out_dir / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(stage / name, target)
+    except OSError as e:
+        shutil.rmtree(stage, ignore_errors=True)
+        undo_folders()
+        raise ActionError(f"Cannot write {out_dir}: {e.strerror}. Check free space and permissions, "
+                          "then run the command again: it finishes or undoes this write (files "
+                          "that were not envbuild's are untouched).") from None
+    except EnvbuildError:  # a placed file that is not what its manifest names: nothing moved yet
+        shutil.rmtree(stage, ignore_errors=True)
+        undo_folders()
+        raise
+    for name in stale:
+        try:
+            (out_dir / name).unlink()
+        except OSError:
+            pass
+    _remove_empty_dirs(out_dir, stale)
+    try:
+        os.replace(journal, record)
+    except OSError:
+        pass  # the journal still counts on the next run
+    shutil.rmtree(stage, ignore_errors=True)
+    try:
+        out_dir.chmod(0o755)
+    except OSError:
+        pass
+    return [out_dir / n for n in sorted(files)] + [out_dir / n for n in sorted(links)]
+
+
+def _mode_of(name: str, executable) -> int:
+    return 0o755 if name in executable else 0o644
+
+
+def _mode(path: Path) -> int | None:
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        return None
+
+
+def write_text_atomic(path: Path, text: str, mode: int = 0o644, tmp_dir: Path | None = None,
+                      fsync: bool = False) -> None:
+    """`text` (UTF-8) into `path` whole or not at all: a temporary file in `tmp_dir` (default:
+    beside `path`) renamed over it, so a link at `path` is replaced, not followed. `fsync`: on
+    disk before the rename."""
+    fd, tmp = tempfile.mkstemp(dir=tmp_dir or path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _remove_empty_dirs(root: Path, removed: list[str]) -> None:
+    """The folders of removed files, deepest first, while they are empty (an rmdir never removes
+    anything a user put there)."""
+    dirs = {PurePosixPath(n).parent for n in removed}
+    for d in sorted({p for d in dirs for p in [d, *d.parents] if str(p) != "."},
+                    key=lambda p: -len(p.parts)):
+        try:
+            (root / d).rmdir()
+        except OSError:
+            pass

@@ -1,0 +1,353 @@
+"""The install plan of a resolved environment, as the Dockerfile's pip layers run it: each
+layer's requirements, the requirements.in a lock solves, and the constraints that pin
+everything beyond the top-level pins. Pure and light: `render` imports it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from envbuilder.model.record import Record, frozen
+from envbuilder.model.resolved import Constraints, ResolvedEnv
+
+# Dockerfile install layers, most expensive first; each installs what its roots pull in that no
+# earlier layer installed.
+LAYERS = ("torch", "vllm", "verl-deps", "verl")
+# What the builder stage installs beside torch to compile apex / flash-attn; locked with the rest
+# so a locked or offline build pins them too. Installed in the builder only, never at run time.
+BUILD_TOOLS = ("packaging", "ninja", "wheel", "setuptools", "psutil")
+# Packages whose files differ between torch's CUDA builds (torch's own, and the CUDA runtime
+# wheels it pulls in): a lock solved with PyPI's build of a torch version pins none of them for
+# another build of that version.
+TORCH_BUILD_PACKAGES = re.compile(r"^(torch|torchvision|torchaudio|triton|nvidia-.*)$")
+REQ = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==(\S+)")
+HASH = re.compile(r"--hash=(sha256:[0-9a-f]{64})")
+_HASH_LINE = re.compile(r"^[ \t]+--hash=[^\n]*\n?", re.M)
+_LOCAL = re.compile(r"\+cu\d+$")
+CONSTRAINTS = "constraints/{layer}.txt"  # one file per install layer (render writes them)
+
+
+class Locked(Record):
+    """A package's pin in a lock: version, hashes, and parents (the packages that pull it in;
+    "" = asked for directly)."""
+
+    __slots__ = _fields = ("version", "hashes", "parents")
+    _defaults: dict = {}
+
+
+@functools.lru_cache(maxsize=None)
+def normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name.split("[")[0]).lower()
+
+
+def layer_roots(env: ResolvedEnv) -> dict[str, list[str]]:
+    """The requirements each install layer asks for (its own top-level pins), in order."""
+    return {
+        "torch": list(env.torch.packages),
+        "vllm": [f"vllm=={env.vllm.version}"] if env.vllm else [],
+        "verl-deps": [f"{name}=={version}" for name, version in env.verl.pins.items()],
+        "verl": [f"verl=={env.verl.version}"],
+    }
+
+
+class Layer(Record):
+    """One pip step: what it asks for and what it fixes for itself and every later step.
+    name: torch, vllm, verl-deps, verl; `build` for the builder stage's tools. requirements: its
+    own top-level pins. pins: name==version, its own pins and the lock's pins of what it
+    installs. arg: a build ARG that can override its package's version (VERL_VERSION)."""
+
+    __slots__ = _fields = ("name", "requirements", "pins", "arg")
+    _defaults = {"arg": None}
+
+    @property
+    def constraints_file(self) -> str:
+        return CONSTRAINTS.format(layer=self.name)
+
+
+class InstallPlan(Record):
+    """How a resolved environment is installed, once, for every consumer: the Dockerfile's
+    stages and steps, requirements.txt, environment.yml, the lock's requirements.in, verify.
+    torch_index: where +cuXXX builds come from (PyPI second). layers: the runtime stage's pip
+    steps in order (empty ones left out). builder: the builder stage's torch and tools, None when
+    nothing is compiled. conda_specs: what environment.yml asks conda for. pinned_from: the lock
+    whose pins the layers carry (None: top-level pins only). torch_swapped: that lock was solved
+    with PyPI's torch, so torch's own pins are the profile's."""
+
+    __slots__ = _fields = ("pypi", "torch_index", "layers", "builder", "conda_specs",
+                           "pinned_from", "torch_swapped")
+    _defaults: dict = {}
+
+    def upto(self, name: str) -> tuple[Layer, ...]:
+        """The runtime layers up to and including `name`: a step installs within all of them."""
+        names = [layer.name for layer in self.layers]
+        return self.layers[:names.index(name) + 1]
+
+    @property
+    def requirements(self) -> tuple[str, ...]:
+        return tuple(r for layer in self.layers for r in layer.requirements)
+
+
+def conda_specs(env: ResolvedEnv) -> list[str]:
+    """What environment.yml asks conda for: python, pip, and nvcc when something is compiled."""
+    out = [f"python={env.python}", "pip"]
+    if env.needs_builder:
+        v = env.cuda.version
+        out += [env.cuda.conda_nvcc, f"cuda-cudart-dev={v}", f"cuda-libraries-dev={v}"]
+    return out
+
+
+def install_plan(env: ResolvedEnv) -> InstallPlan:
+    """The plan of `env` (with its `constraints`, plan.with_constraints, where a lock fits)."""
+    c = env.constraints
+    locked = c.layers if c else {}
+
+    def pins(name: str, own: list[str]) -> tuple[str, ...]:
+        """(a constraint names no extras: ray[default]==2.46.0 pins ray==2.46.0)"""
+        mine = {}
+        for r in own:
+            m = REQ.match(r)
+            if m:
+                mine[normalize(m[1])] = f"{normalize(m[1])}=={m[2]}"
+        for pin in locked.get(name, ()):
+            mine.setdefault(normalize(pin.split("==")[0]), pin)
+        return tuple(sorted(mine.values()))
+
+    layers = [Layer(name, tuple(own), pins(name, own), "VERL_VERSION" if name == "verl" else None)
+              for name, own in layer_roots(env).items() if own]
+    builder = None
+    if env.needs_builder:
+        own = [env.torch.packages[0], *BUILD_TOOLS]
+        builder = Layer("build", tuple(own), pins("build", [env.torch.packages[0]]))
+    return InstallPlan(env.indexes.pypi, env.indexes.torch, tuple(layers), builder,
+                       tuple(conda_specs(env)), c.from_ if c else None,
+                       c.torch_swapped if c else None)
+
+
+def requirements_in(env: ResolvedEnv, swap_torch: bool = False) -> str:
+    """What a lock solves. `swap_torch`: PyPI's build of the same torch version in place of a
+    `+cuXXX` one (for when the PyTorch index is out of reach)."""
+    reqs = [r for layer in layer_roots(env).values() for r in layer]
+    if env.needs_builder:
+        reqs += list(BUILD_TOOLS)
+    if swap_torch:
+        reqs = [_LOCAL.sub("", r) for r in reqs]
+    return "".join(f"{r}\n" for r in reqs)
+
+
+def torch_swap(env: ResolvedEnv) -> str | None:
+    """'2.6.0+cu118 -> 2.6.0' when the profile's torch is a +cuXXX build PyPI does not serve."""
+    t = env.torch
+    if not t.index_url:
+        return None
+    return f"{t.version}+{t.variant} -> {t.version} (PyPI's build)"
+
+
+def plan_sha256(env: ResolvedEnv) -> str:
+    """What a pip solution depends on: the requirements, the target Python and the CUDA image
+    (its glibc). Not the index URLs (a mirror serves the same files) nor the templates."""
+    text = f"{requirements_in(env)}\0python={env.python}\0cuda={env.cuda.version}\n"
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def parse(text: str, with_hashes: bool = True) -> dict[str, Locked]:
+    """requirements.lock (uv's format, annotated) -> {normalized name: Locked}. Without
+    `with_hashes` (what constraints need), the hash lines, most of a lock, are skipped unread."""
+    out: dict[str, Locked] = {}
+    name = version = None
+    hashes: list[str] = []
+    parents: set[str] = set()
+    in_via = False
+
+    def flush():
+        if name:
+            out[name] = Locked(version, tuple(hashes), frozenset(parents))
+
+    if not with_hashes:  # one pass in C rather than a Python test per hash line
+        text = _HASH_LINE.sub("", text)
+    for line in text.splitlines():
+        m = REQ.match(line)
+        if m:
+            flush()
+            name, version, hashes, parents, in_via = normalize(m[1]), m[2], [], set(), False
+            if with_hashes:
+                hashes += HASH.findall(line)
+            continue
+        stripped = line.strip()
+        if with_hashes:
+            hashes += HASH.findall(stripped)
+        if stripped.startswith("# via"):
+            rest = stripped[len("# via"):].strip()
+            in_via = not rest
+            if rest:
+                parents.add("" if rest.startswith("-r ") else normalize(rest))
+        elif in_via and stripped.startswith("#   "):
+            rest = stripped[4:].strip()
+            parents.add("" if rest.startswith("-r ") else normalize(rest))
+        elif not stripped.startswith("#"):
+            in_via = False
+    flush()
+    return out
+
+
+def layers(env: ResolvedEnv, locked: dict[str, Locked]) -> dict[str, list[str]]:
+    """Each layer's packages: the closure of its roots over the lock's dependency edges, minus
+    what an earlier layer installs. Anything left over goes into the last layer. The builder's
+    `build` layer is the closure of the build tools on its own (it may overlap the others)."""
+    children: dict[str, set[str]] = {}
+    for name, entry in locked.items():
+        for parent in entry.parents:
+            children.setdefault(parent, set()).add(name)
+
+    def closure(roots, skip=frozenset()) -> set[str]:
+        todo = [normalize(REQ.match(r)[1]) if REQ.match(r) else normalize(r) for r in roots]
+        mine: set[str] = set()
+        while todo:
+            n = todo.pop()
+            if n in skip or n in mine or n not in locked:
+                continue
+            mine.add(n)
+            todo += children.get(n, ())
+        return mine
+
+    done: set[str] = set()
+    out: dict[str, list[str]] = {}
+    for layer, roots in layer_roots(env).items():
+        mine = closure(roots, frozenset(done))
+        done |= mine
+        out[layer] = sorted(mine)
+    build = closure(BUILD_TOOLS) if env.needs_builder else set()
+    out[LAYERS[-1]] = sorted(set(out[LAYERS[-1]]) | (set(locked) - done - build))
+    if env.needs_builder:
+        out["build"] = sorted(build)
+    return out
+
+
+def constraint_layers(env: ResolvedEnv, requirements_lock: str, torch_swapped: bool,
+                      lock_sha256: str | None = None) -> dict[str, list[str]]:
+    """{layer: `name==version` of the packages that layer installs} (pip constraints take no
+    extras and no hashes). One set per layer, so that a changed verl pin leaves the torch
+    layer's set, and with it Docker's cache of that layer, as it was. From a lock solved with
+    PyPI's torch: none of the packages that differ between torch builds."""
+    locked = _parsed(requirements_lock, lock_sha256)
+    return {layer: [f"{n}=={locked[n].version}" for n in names
+                    if not (torch_swapped and TORCH_BUILD_PACKAGES.match(n))]
+            for layer, names in layers(env, locked).items()}
+
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+!_-]{0,99}", re.ASCII)  # a cached pin's name, version
+_WORD = re.compile(r"(?:[A-Za-z0-9][A-Za-z0-9.+!_-]{0,99})?", re.ASCII)  # a parent ("": -r)
+
+
+def _parsed(text: str, text_sha256: str | None = None) -> dict[str, Locked]:
+    """parse(text, with_hashes=False), kept in the cache folder (paths.cache_file) by the sha256
+    of the lock (`text_sha256` where the caller has it) and of this file's code: a render of
+    every profile reads a few MB of locks, and parsing them was a third of `render --all`. Plain
+    data only; a cache that can't be read or written is parsed afresh."""
+    from envbuilder.paths import cache_file, read_cache, write_cache
+
+    try:
+        code = Path(__file__).read_bytes()
+    except OSError:
+        return parse(text, with_hashes=False)
+    h = hashlib.sha256((text_sha256 or hashlib.sha256(text.encode()).hexdigest()).encode())
+    h.update(code)
+    path = cache_file(f"lock-{h.hexdigest()[:32]}.json")
+    cached = read_cache(path)  # (only this user's file, in this user's private folder)
+    if cached is not None:
+        from envbuilder.errors import UserError
+        from envbuilder.readers import parse_json
+
+        try:  # validated as what parse() makes: names and versions of pins, one word each
+            doc = parse_json(cached, str(path))
+            if all(isinstance(ps, list) and _NAME.fullmatch(n) and _NAME.fullmatch(v)
+                   and all(map(_WORD.fullmatch, ps)) for n, (v, ps) in doc.items()):
+                return {n: Locked(v, (), frozenset(ps)) for n, (v, ps) in doc.items()}
+        except (ValueError, TypeError, AttributeError, UserError):
+            pass
+    locked = parse(text, with_hashes=False)
+    write_cache(path, json.dumps({n: [e.version, sorted(e.parents)] for n, e in locked.items()}))
+    return locked
+
+
+def lock_candidates(profile: str) -> list[tuple[str, Path]]:
+    """Where a render looks for a lock of `profile`: the user's ./lockfiles, then the shipped."""
+    from envbuilder.paths import data_dir
+
+    out = [(f"lockfiles/{profile}", Path("lockfiles") / profile)]
+    try:
+        out.append((f"envbuild's shipped lockfiles/{profile}", data_dir("lockfiles") / profile))
+    except FileNotFoundError:
+        pass
+    return out
+
+
+def find_constraints(env: ResolvedEnv) -> Constraints | None:
+    """The constraints of the first lock whose plan is this environment's, read only when its
+    requirements.lock hashes to what lock.json records; None when no lock fits."""
+    from envbuilder.model import schema as S
+    from envbuilder.errors import UserError
+    from envbuilder.readers import read
+
+    # what is read of lock.json here (the one bounded reader; lock --check reads the rest)
+    shape = {"plan_sha256": S.SHA256, "files": {"requirements.lock": S.SHA256, "*": Any},
+             "torch_swapped?": (S.Text(300), None), "*": Any}
+    want = plan_sha256(env)
+    for label, lock_dir in lock_candidates(env.name):
+        if "/" in env.name or env.name in ("", ".", ".."):
+            return None  # a profile name never leaves lockfiles/
+        try:
+            meta = read(lock_dir / "lock.json", "lock.json", shape=shape, missing_ok=True)
+            if meta is None or meta["plan_sha256"] != want:  # (no lock, or not this plan's)
+                continue
+            text = (lock_dir / "requirements.lock").read_text(encoding="utf-8")
+        except (OSError, ValueError, UserError):
+            continue
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        if digest != meta["files"]["requirements.lock"]:
+            continue
+        swapped = meta.get("torch_swapped")
+        layers_ = constraint_layers(env, text, bool(swapped), digest)
+        return Constraints(from_=label, torch_swapped=swapped, plan_sha256=want,
+                           layers=frozen(layers_))
+    return None
+
+
+def with_constraints(env: ResolvedEnv) -> ResolvedEnv:
+    """`env` with `constraints`: the pins of the lock whose plan it is, or None (it floats)."""
+    return env._replace(constraints=find_constraints(env))
+
+
+def override_flags(overrides) -> str:
+    """The override flags as the user would type them again (" --verl 0.5.0 --with apex")."""
+    from envbuilder.render.quoting import sh
+
+    out = []
+    for key, value in overrides.to_dict().items():
+        if value is True:
+            out.append(f"--{key.replace('_', '-')}")
+        else:
+            out.append(f"--{key} {sh(','.join(value) if isinstance(value, list) else str(value))}")
+    return "".join(f" {o}" for o in out)
+
+
+def lock_hint(profile: str, overrides, out=None) -> str:
+    """How to pin a render that no lock fits: for the profile as shipped `envbuild lock
+    PROFILE` (render finds lockfiles/PROFILE); for a variant, its lock in a folder of its own
+    (lockfiles/PROFILE is the profile's) and the render --locked, with the user's -o, that
+    uses it."""
+    from envbuilder.render.quoting import sh
+
+    flags = override_flags(overrides)
+    if not flags:
+        return f"`envbuild lock {sh(profile)}` makes one"
+    lock_dir = sh(f"lockfiles/{profile}-" + "-".join(
+        f"{k}{','.join(v) if isinstance(v, list) else v}"
+        for k, v in overrides.to_dict().items() if v is not True))
+    return (f"`envbuild lock {sh(profile)}{flags} -o {lock_dir}` makes one, and `envbuild render "
+            f"{sh(profile)}{flags} --locked {lock_dir}" + (f" -o {sh(str(out))}" if out else "")
+            + "` uses it")

@@ -1,0 +1,78 @@
+"""The one order a resolved environment goes through before it is rendered, built, baked or
+verified: its lock is found against the upstream environment (what `envbuild lock` recorded),
+then the lock's pins become its constraints, then a mirror set's endpoints replace the
+upstream ones. Every command that renders files calls `prepare`, so none can do it in
+another order.
+
+    prepared = prepare(env, lock_dir="lockfiles", mirror=choice)
+    render(prepared.env, out, prepared.locked)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from envbuilder.errors import UserError
+from envbuilder.model.resolved import ResolvedEnv
+
+LOCK_ROOT = Path("lockfiles")  # where `envbuild lock` writes and `render --locked` reads
+
+
+class Prepared(NamedTuple):
+    """What rendering needs: the environment with its constraints (and mirror), and the
+    `locked` context of the Dockerfile template (lock.lockfile.for_render: base images by
+    digest, the hashed requirement files, a wheelhouse's files), None when not --locked."""
+
+    env: ResolvedEnv
+    locked: dict[str, Any] | None
+
+    @property
+    def links(self):
+        """The files a wheelhouse render places into the folder (outdir.Checked)."""
+        return (self.locked or {}).get("links")
+
+
+def plain_name(name: str, what: str) -> str:
+    """`name` as one folder name (a name from an overlay or a --from file that holds a '/' or
+    is '..' would land outside the folder it is meant for)."""
+    from envbuilder.text import shorten
+
+    if not name or "/" in name or "\\" in name or name in (".", "..") or "\x00" in name:
+        raise UserError(f"{what} is {shorten(name)!r}, which is not a plain folder name: it would "
+                        "render outside out/. Rename the profile (letters, digits, '.', '_', '-').")
+    return name
+
+
+def locked_context(env: ResolvedEnv, lock_dir: str | Path | None = None,
+                   wheelhouse: str | Path | None = None, mirror=None) -> dict | None:
+    """The `locked` context of `env` (the upstream environment, as the lock recorded it) from
+    the lock in `lock_dir` (ROOT/<profile>/, or the lock itself: lock.lockfile.lock_dir_in;
+    "-" for lockfiles/) or from a wheelhouse's copy; None when neither is asked for."""
+    if wheelhouse is None and lock_dir is None:
+        return None  # (and the lock module stays unimported on the plain render path)
+    from envbuilder.lock.lockfile import for_render, lock_dir_in
+
+    name = plain_name(env.name, "a profile")
+    if wheelhouse is not None:
+        if not (Path(wheelhouse) / "manifest.json").is_file():
+            raise UserError(f"{wheelhouse} is not an envbuild wheelhouse (no manifest.json). Make "
+                            f"one with `envbuild wheelhouse {env.name} -o {wheelhouse}`.")
+        return for_render(env, Path(wheelhouse) / "locks" / name, Path(wheelhouse), mirror)
+    root = LOCK_ROOT if lock_dir == "-" else Path(lock_dir)
+    return for_render(env, lock_dir_in(root, name), mirror=mirror)
+
+
+def prepare(env: ResolvedEnv, *, lock_dir: str | Path | None = None,
+            wheelhouse: str | Path | None = None, mirror=None) -> Prepared:
+    """`env` ready to render: the lock (against the upstream environment), its constraints,
+    then the mirror set (`mirrors.MirrorChoice`), in that order."""
+    from envbuilder.render.plan import with_constraints
+
+    locked = locked_context(env, lock_dir, wheelhouse, mirror)
+    env = with_constraints(env)  # (requirements.txt and environment.yml, also when locked)
+    if mirror is not None:
+        from envbuilder.model.mirrors import apply_to_env
+
+        env = apply_to_env(env, mirror)
+    return Prepared(env, locked)

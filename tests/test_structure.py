@@ -1,0 +1,33 @@
+"""The package's layout keeps its shape (bench/structure.py reads it from the source): the
+layers import each other in one direction only, and no module takes another's private names."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+
+import structure  # noqa: E402
+
+
+def test_no_circles_between_modules():
+    assert structure.facts()["cycles"] == []
+
+
+def test_no_module_takes_another_modules_private_names():
+    assert structure.facts()["private_imports"] == []
+
+
+def test_the_facts_can_fail(tmp_path, monkeypatch):
+    """A planted circle and a planted private import are found (the check is not vacuous)."""
+    pkg = tmp_path / "envbuilder"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from envbuilder.b import _secret\n")
+    (pkg / "b.py").write_text("from envbuilder import a\n_secret = 1\n")
+    monkeypatch.setattr(structure, "ROOT", tmp_path)
+    monkeypatch.setattr(structure, "PKG", pkg)
+    f = structure.facts()
+    assert f["cycles"] == [["envbuilder.a", "envbuilder.b"]]
+    assert f["private_imports"] == ["envbuilder.a:1 takes envbuilder.b._secret"]
