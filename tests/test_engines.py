@@ -146,7 +146,7 @@ def _which(*present):
     (True, (), "docker"),
 ])
 def test_auto_detection_order(monkeypatch, docker_ok, present, expected):
-    from envbuilder import engines as E
+    from envbuilder.engines import daemonless as E
 
     monkeypatch.delenv("DOCKER_HOST", raising=False)
     monkeypatch.setattr(shutil, "which", _which(*present))
@@ -155,7 +155,7 @@ def test_auto_detection_order(monkeypatch, docker_ok, present, expected):
 
 
 def test_docker_host_set_means_docker(monkeypatch):
-    from envbuilder import engines as E
+    from envbuilder.engines import daemonless as E
 
     monkeypatch.setenv("DOCKER_HOST", "unix:///nowhere.sock")
     monkeypatch.setattr(shutil, "which", _which("podman", "buildah"))
@@ -164,7 +164,7 @@ def test_docker_host_set_means_docker(monkeypatch):
 
 
 def test_choose_says_why_it_fell_back(monkeypatch):
-    from envbuilder import engines as E
+    from envbuilder.engines import daemonless as E
 
     said = []
     monkeypatch.delenv("DOCKER_HOST", raising=False)
@@ -186,7 +186,7 @@ FROM builder AS again
 
 
 def test_base_images_are_qualified_and_tls_is_off_only_on_loopback(tmp_path):
-    from envbuilder import engines as E
+    from envbuilder.engines import daemonless as E
 
     (tmp_path / "Dockerfile").write_text(DOCKERFILE.format(devel="127.0.0.1:5000/nvidia/cuda:dev"))
     assert E.base_images((tmp_path / "Dockerfile").read_text(), {}) == [

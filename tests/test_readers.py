@@ -383,7 +383,7 @@ def test_a_planted_lock_cache_is_validated_before_its_pins_reach_the_constraints
     monkeypatch.delenv("ENVBUILD_NO_CACHE", raising=False)
     assert cli("render", "h100", "-o", tmp_path / "clean")[0] == 0
     [cached] = (tmp_path / "cachehome" / "envbuild").glob("lock-*.json")
-    doc = json.loads(cached.read_text())
+    doc = _cache_doc(cached)
     doc = {n: [v + "\n--index-url http://127.0.0.1:9/evil", ps] for n, (v, ps) in doc.items()}
     cached.write_text(json.dumps(doc))
     assert cli("render", "h100", "-o", tmp_path / "planted")[0] == 0

@@ -210,8 +210,13 @@ def test_envbuild_json_text_is_the_environment_even_with_a_tampered_cache(tmp_pa
     want = _json.dumps(env.to_dict(), indent=2, sort_keys=True) + "\n"
     assert env.to_json() == want  # a miss: written to the cache
     [cached] = (tmp_path / "envbuild").glob("env-*.json")
-    assert cached.read_text() == want and env.to_json() == want  # a hit
-    cached.write_text(want.replace('"p40"', '"evil"'))
+    from envbuilder.paths import read_sealed
+
+    assert read_sealed(cached) == want and env.to_json() == want  # a hit (sealed: ours)
+    seal = cached.read_text().split("\n", 1)[0]
+    cached.write_text(seal + "\n" + want.replace('"p40"', '"evil"'))  # edited under its seal
+    assert env.to_json() == want
+    cached.write_text(want.replace('"p40"', '"evil"'))  # planted without one
     assert env.to_json() == want
     cached.write_text("not json")
     assert env.to_json() == want

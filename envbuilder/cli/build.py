@@ -113,7 +113,7 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
 
     need_extra("build", "actions")
     from envbuilder.engines import docker as B
-    from envbuilder import engines as E
+    from envbuilder.engines import daemonless as E
     from envbuilder.model import mirrors as M
     from envbuilder.config import registry_for, user_config
     from envbuilder.render.files import render_files

@@ -175,7 +175,7 @@ def engines_check(engine: Engine, buildkit: Check, which: Callable[[str], str | 
                   run: Callable) -> Check:
     """Which engines `envbuild build --engine` can use: docker (its daemon and BuildKit, as the
     checks above found), podman and buildah (installed, and their version answers)."""
-    from envbuilder.engines import statuses
+    from envbuilder.engines.daemonless import statuses
 
     docker_ok = engine.reachable and buildkit.status == "ok"
     docker_why = (f"{engine.detail}, BuildKit" if docker_ok else

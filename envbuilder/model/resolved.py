@@ -257,20 +257,17 @@ class ResolvedEnv(Record):
         third of `render --all`), so the text is kept in the cache folder by the sha256 of the
         compact form (C-encoded) and used only when it reads back as this environment: its own
         compact form is this one's, byte for byte."""
-        from envbuilder.paths import cache_file, read_cache, write_cache
+        from envbuilder.paths import cache_file, read_sealed, write_sealed
 
         d = self.to_dict() if d is None else d  # (d: this environment's to_dict(), if at hand)
         compact = json.dumps(d, sort_keys=True, separators=(",", ":"))
         path = cache_file(f"env-{hashlib.sha256(compact.encode()).hexdigest()[:32]}.json")
-        text = read_cache(path)  # (only this user's file, in this user's private folder)
-        try:  # the same document, kind for kind (1 == 1.0 == true in Python, not in JSON)
-            if text is not None and json.dumps(json.loads(text), sort_keys=True,
-                                               separators=(",", ":")) == compact:
-                return text
-        except (ValueError, RecursionError):
-            pass
+        # sealed (paths.read_sealed): this envbuild wrote it from this very compact form
+        text = read_sealed(path)
+        if text is not None:
+            return text
         text = json.dumps(d, indent=2, sort_keys=True) + "\n"
-        write_cache(path, text)
+        write_sealed(path, text)
         return text
 
     @classmethod

@@ -248,7 +248,7 @@ def _parsed(text: str, text_sha256: str | None = None) -> dict[str, Locked]:
     of the lock (`text_sha256` where the caller has it) and of this file's code: a render of
     every profile reads a few MB of locks, and parsing them was a third of `render --all`. Plain
     data only; a cache that can't be read or written is parsed afresh."""
-    from envbuilder.paths import cache_file, read_cache, write_cache
+    from envbuilder.paths import cache_file, read_cache, read_sealed, write_sealed
 
     try:
         code = Path(__file__).read_bytes()
@@ -257,7 +257,13 @@ def _parsed(text: str, text_sha256: str | None = None) -> dict[str, Locked]:
     h = hashlib.sha256((text_sha256 or hashlib.sha256(text.encode()).hexdigest()).encode())
     h.update(code)
     path = cache_file(f"lock-{h.hexdigest()[:32]}.json")
-    cached = read_cache(path)  # (only this user's file, in this user's private folder)
+    sealed = read_sealed(path)  # (what this envbuild parsed and sealed: no check again)
+    if sealed is not None:
+        try:
+            return {n: Locked(v, (), frozenset(ps)) for n, (v, ps) in json.loads(sealed).items()}
+        except (ValueError, TypeError):
+            pass
+    cached = None if sealed is not None else read_cache(path)
     if cached is not None:
         from envbuilder.errors import UserError
         from envbuilder.readers import parse_json
@@ -270,7 +276,7 @@ def _parsed(text: str, text_sha256: str | None = None) -> dict[str, Locked]:
         except (ValueError, TypeError, AttributeError, UserError):
             pass
     locked = parse(text, with_hashes=False)
-    write_cache(path, json.dumps({n: [e.version, sorted(e.parents)] for n, e in locked.items()}))
+    write_sealed(path, json.dumps({n: [e.version, sorted(e.parents)] for n, e in locked.items()}))
     return locked
 
 
