@@ -13,10 +13,11 @@ LOCK_ROOT = Path("lockfiles")
 
 
 def lock_dir_for(name: str, out: Path | None, all_: bool) -> Path:
-    """-o is the profile's lock directory, or with --all the folder of one per profile."""
-    if out is None:
-        return LOCK_ROOT / name
-    return Path(out) / name if all_ else Path(out)
+    """-o DIR holds one folder per profile, DIR/<profile>/, with one profile as with --all
+    (default lockfiles/). `--check -o DIR` also takes DIR as one lock (it holds lock.json)."""
+    from .lock.lockfile import lock_dir_in
+
+    return lock_dir_in(LOCK_ROOT if out is None else Path(out), name)
 
 
 @click.command()
@@ -26,7 +27,7 @@ def lock_dir_for(name: str, out: Path | None, all_: bool) -> Path:
               help="Make nothing; exit 1 when a lock is missing, incomplete or stale against the "
                    "current matrices and templates (no network needed).")
 @click.option("-o", "--out", type=click.Path(path_type=Path),
-              help="Lock directory (default lockfiles/<profile>; with --all, DIR/<profile>).")
+              help="Folder of locks: the lock goes into DIR/<profile>/ (default lockfiles/).")
 @click.option("--index-url", metavar="URL", help="PyPI index to use instead of the profile's "
               "(a mirror, a local pypiserver).")
 @click.option("--torch-index-url", metavar="URL",

@@ -110,7 +110,8 @@ def lock_shortfalls(m, profile: str, lock_dir: Path, accept_pypi_torch: bool,
 @click.option("-o", "--out", type=click.Path(path_type=Path), required=True,
               help="Wheelhouse directory; several profiles exported into one share their files.")
 @click.option("--lock-dir", type=click.Path(path_type=Path),
-              help="The lock to export (default lockfiles/<profile>); one profile only.")
+              help="The lock to export: DIR/<profile>/ as `envbuild lock -o DIR` writes it, or DIR "
+                   "itself when it is the lock (default lockfiles/<profile>); one profile only.")
 @click.option("--mirror", help="Try this mirror set's endpoints before the lock's own URLs.")
 @click.option("--url-map", multiple=True, metavar="FROM=TO",
               help="Try URL prefix TO before FROM (repeatable), e.g. an internal artifact proxy.")
@@ -160,7 +161,11 @@ def wheelhouse(profiles, out, lock_dir, mirror, url_map, build_index_url, jobs, 
 
                 raise UserError(f"Unknown profile {p!r}; {suggest(p, list(m.profiles))}known: "
                                 f"{', '.join(m.profiles)}. Or pass --lock-dir for a lock elsewhere.")
-    locks = {p: (lock_dir or shipped_or_local_lock(p)) for p in profiles}
+    from .lock.lockfile import lock_dir_in
+
+    # --lock-dir DIR: DIR/<profile>/ as `lock -o DIR` wrote it, or DIR itself when it is the lock
+    locks = {p: (lock_dir_in(lock_dir, p) if lock_dir else shipped_or_local_lock(p))
+             for p in profiles}
     refusals = [why for p, d in locks.items()
                 for why in lock_shortfalls(load_matrix(matrix_dirs), p, d, accept_pypi_torch,
                                            accept_partial)]

@@ -88,6 +88,15 @@ def dumps(obj) -> str:
     return json.dumps(obj, indent=2, sort_keys=True) + "\n"
 
 
+def lock_dir_in(root: Path, profile: str) -> Path:
+    """The lock folder of `profile` that a folder option names: ROOT/<profile>/ (the rule of
+    every folder option: `lock -o`, `render -o`, `--locked`, with one profile or --all), or ROOT
+    itself when it is that profile's lock (its lock.json names the profile)."""
+    root = Path(root)
+    meta = read_meta(root) if (root / META).is_file() else None
+    return root if isinstance(meta, dict) and meta.get("profile") == profile else root / profile
+
+
 def read_meta(lock_dir: Path) -> dict | None:
     return _read_meta(Path(lock_dir))[0]
 
