@@ -83,6 +83,14 @@ def check_registry(value: str, where: str) -> str:
     return value
 
 
+DEFAULT_LOCAL_REGISTRY = "localhost:5000"
+
+
+def local_registry(m) -> str:
+    """The registry `local` names when nothing else does: the matrix's `registry_local`."""
+    return (m.defaults or {}).get("registry_local", DEFAULT_LOCAL_REGISTRY)
+
+
 def registry_for(name: str, default_local: str, option: str = "--registry") -> str:
     """`local` -> the configured local registry; a configured name -> its host; else `name` as a
     host. Whichever it is, it must be HOST[:PORT][/PATH] (check_registry), named by where it came

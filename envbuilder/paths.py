@@ -23,6 +23,11 @@ def data_dir(name: str) -> Path:
     raise FileNotFoundError(f"envbuild's {name}/ folder is missing from {_PKG}; reinstall envbuild")
 
 
+# where `envbuild lock` writes and `render --locked`, `wheelhouse` and the constraints look
+# first (a relative folder: the project's), before envbuild's shipped copy (data_dir)
+LOCK_ROOT = Path("lockfiles")
+
+
 def cache_file(name: str) -> Path | None:
     """`name` in envbuild's cache folder: $XDG_CACHE_HOME/envbuild, else ~/.cache/envbuild;
     None where there is no home to put it in."""

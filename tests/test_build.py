@@ -467,11 +467,11 @@ def test_flash_attn_from_a_wheelhouse_with_no_index_and_no_github(docker_client,
     the wheelhouse carries it, and the offline build installs it by sha256."""
     menv = {}  # (envbuild() renders for the build image's Python: the lock pins the file it needs)
     github = fa_github.url("").rstrip("/")
-    lock = tmp_path / "lock"
+    lock = tmp_path / "lock"  # lock -o DIR: DIR/4090/; wheelhouse --lock-dir DIR reads it there
     r = envbuild(["lock", *FA_PROFILE, "--only", "pip,sources", "--index-url", index,
                   "--torch-index-url", index, "--github-url", github, "-o", str(lock)], config, **menv)
     assert r.returncode == 0, r.stderr[-3000:]
-    sources = json.loads((lock / "sources.lock").read_text())
+    sources = json.loads((lock / "4090" / "sources.lock").read_text())
     _, name = fa_release_name()
     assert sorted(sources) == ["flash-attn-cxx11abiFALSE"]  # no TRUE variant on this "release"
     assert sources["flash-attn-cxx11abiFALSE"]["filename"] == name
@@ -550,7 +550,7 @@ def test_a_p40_owners_first_hour_end_to_end(docker_client, config, index, github
                            text=True, timeout=1800)
         return r.returncode, r.stdout, r.stderr
 
-    code, out, err = run(["render", "p40", "-o", "out/p40"], tmp_path)
+    code, out, err = run(["render", "p40", "-o", "out"], tmp_path)
     assert code == 0, err
     folder = tmp_path / "out" / "p40"
     readme = (folder / "README.md").read_text()

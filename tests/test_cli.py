@@ -69,10 +69,13 @@ def test_check_with_allow_unsupported_prints_the_warning(cli):
 
 
 def test_render_writes_the_profile_directory(cli, tmp_path):
-    code, out, _ = cli("render", "p40", "-o", tmp_path / "p40")
+    """-o names the folder that gets one folder per profile: OUT/p40/, with one profile as
+    with --all (not OUT itself)."""
+    code, out, _ = cli("render", "p40", "-o", tmp_path / "out")
     assert code == 0
-    assert (tmp_path / "p40" / MARKER).is_file()
-    assert f"rendered p40 -> {tmp_path / 'p40'}/" in out
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["p40"]
+    assert (tmp_path / "out" / "p40" / MARKER).is_file()
+    assert f"rendered p40 -> {tmp_path / 'out' / 'p40'}/" in out
 
 
 def test_the_not_pinned_hint_names_the_lock_of_this_very_variant(cli, tmp_path):
@@ -213,7 +216,7 @@ def test_render_from_a_hand_edited_spec_names_what_changed_shape(cli, tmp_path):
     import json
 
     assert cli("render", "p40", "-o", tmp_path / "a")[0] == 0
-    spec = json.loads((tmp_path / "a" / "envbuild.json").read_text())
+    spec = json.loads((tmp_path / "a" / "p40" / "envbuild.json").read_text())
     spec["gpu"]["compute_capability"] = 6.1
     del spec["memory"]["batch"]
     (tmp_path / "edited.json").write_text(json.dumps(spec))
@@ -222,8 +225,10 @@ def test_render_from_a_hand_edited_spec_names_what_changed_shape(cli, tmp_path):
     assert "gpu.compute_capability is a number, not a string" in err
     assert "memory.batch is missing" in err
     assert not (tmp_path / "b").exists()
-    code, _, err = cli("render", "--from", tmp_path / "a" / "envbuild.json", "-o", tmp_path / "c")
+    code, _, err = cli("render", "--from", tmp_path / "a" / "p40" / "envbuild.json",
+                       "-o", tmp_path / "c")
     assert code == 0, err
+    assert (tmp_path / "c" / "p40" / "envbuild.json").is_file()  # the name the file holds
 
 
 def test_affected_names_the_profiles_an_overlay_changes(cli, overlay):
@@ -262,8 +267,8 @@ def test_build_with_no_profile_in_a_rendered_folder_builds_what_its_envbuild_jso
     """`envbuild build --push local` inside out/p40, as people type it: the folder's
     envbuild.json is the environment (here the engine is then out of reach: exit 1 naming it,
     after saying what it was about to build). Overrides there are refused: the file fixes them."""
-    assert cli("render", "t4", "--verl", "0.6.1", "-o", tmp_path / "t4")[0] == 0
-    monkeypatch.chdir(tmp_path / "t4")
+    assert cli("render", "t4", "--verl", "0.6.1", "-o", tmp_path / "out")[0] == 0
+    monkeypatch.chdir(tmp_path / "out" / "t4")
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")
     code, _, err = cli("build", "--push", "local", "--engine", "docker", "--no-smoke")
     assert "building t4 as ./envbuild.json holds it" in err, err
@@ -280,7 +285,7 @@ def test_build_with_no_profile_refuses_a_folder_rendered_from_a_wheelhouse(cli, 
 
     assert cli("render", "4090", "--wheelhouse", FIXTURES / "wheelhouse-4090", "-o",
                tmp_path / "o")[0] == 0
-    monkeypatch.chdir(tmp_path / "o")
+    monkeypatch.chdir(tmp_path / "o" / "4090")
     code, _, err = cli("build", "--push", "local", "--engine", "docker")
     assert code == 2 and "rendered --locked or --wheelhouse" in err
     assert "--wheelhouse DIR" in err

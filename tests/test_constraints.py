@@ -28,7 +28,7 @@ def pip_steps(dockerfile: str) -> list[str]:
 def test_every_shipped_profile_renders_with_its_locks_constraints(profile, cli, tmp_path):
     code, out, err = cli("render", profile, "-o", tmp_path / "o")
     assert code == 0, err
-    o = tmp_path / "o"
+    o = tmp_path / "o" / profile
     cons = all_constraints(o)
     assert f"shipped lockfiles/{profile}" in cons
     pins = [line for line in cons.splitlines() if not line.startswith("#")]
@@ -74,7 +74,7 @@ def test_the_p40_constraints_come_from_a_lock_solved_with_pypis_torch_and_leave_
                                                                                        tmp_path):
     code, _, err = cli("render", "p40", "-o", tmp_path / "o")
     assert code == 0, err
-    cons = all_constraints(tmp_path / "o")
+    cons = all_constraints(tmp_path / "o" / "p40")
     assert "solved with torch 2.6.0+cu118 -> 2.6.0" in cons
     pins = [line for line in cons.splitlines() if "==" in line]
     names = {line.split("==")[0] for line in pins}
@@ -84,13 +84,13 @@ def test_the_p40_constraints_come_from_a_lock_solved_with_pypis_torch_and_leave_
     torch_pins = sorted(p for p in pins if p.split("==")[0] in ("torch", "torchvision", "torchaudio"))
     assert set(torch_pins) == {"torch==2.6.0+cu118", "torchvision==0.21.0+cu118",
                                "torchaudio==2.6.0+cu118"}
-    assert "torch==2.6.0+cu118" in (tmp_path / "o" / "Dockerfile").read_text()
+    assert "torch==2.6.0+cu118" in (tmp_path / "o" / "p40" / "Dockerfile").read_text()
 
 
 def test_an_environment_no_lock_matches_says_it_floats(cli, tmp_path):
     code, _, err = cli("render", "4090", "--torch", "2.5.1", "-o", tmp_path / "o")
     assert code == 0, err
-    o = tmp_path / "o"
+    o = tmp_path / "o" / "4090"
     # the steps still cannot undo each other's top-level pins (torch stays 2.5.1), nothing more
     cons = all_constraints(o)
     assert "its top-level pins only (no lock fits)" in cons and "torch==2.5.1" in cons
@@ -119,8 +119,8 @@ def test_a_users_own_lock_in_the_working_directory_comes_first(cli, tmp_path):
     (lock / "lock.json").write_text(json.dumps(meta))
     code, _, err = cli("render", "4090", "-o", tmp_path / "o")
     assert code == 0, err
-    assert "from lockfiles/4090." in all_constraints(tmp_path / "o")
-    assert "codetiming==1.4.0" in all_constraints(tmp_path / "o")
+    assert "from lockfiles/4090." in all_constraints(tmp_path / "o" / "4090")
+    assert "codetiming==1.4.0" in all_constraints(tmp_path / "o" / "4090")
 
 
 def test_a_tampered_lock_is_not_used(cli, tmp_path):
@@ -129,15 +129,17 @@ def test_a_tampered_lock_is_not_used(cli, tmp_path):
     req.write_text(req.read_text().replace("numpy==1.26.4", "numpy==2.2.0"))  # hash not updated
     code, _, err = cli("render", "4090", "-o", tmp_path / "o")
     assert code == 0, err
-    cons = all_constraints(tmp_path / "o")
+    cons = all_constraints(tmp_path / "o" / "4090")
     assert "shipped lockfiles/4090" in cons and "numpy==1.26.4" in cons
 
 
 def test_render_from_replays_the_same_constraints(cli, tmp_path):
     assert cli("render", "t4", "-o", tmp_path / "a")[0] == 0
-    assert cli("render", "--from", tmp_path / "a" / "envbuild.json", "-o", tmp_path / "b")[0] == 0
+    assert cli("render", "--from", tmp_path / "a" / "t4" / "envbuild.json",
+               "-o", tmp_path / "b")[0] == 0
     for name in ("constraints/torch.txt", "constraints/verl.txt", "Dockerfile", "requirements.txt"):
-        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+        assert (tmp_path / "a" / "t4" / name).read_bytes() == \
+            (tmp_path / "b" / "t4" / name).read_bytes()
 
 
 def test_the_shipped_pip_locks_are_fresh(cli):

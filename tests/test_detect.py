@@ -482,7 +482,7 @@ def test_render_doctor_and_build_without_a_profile_take_the_one_detect_picks(m, 
     r = CliRunner().invoke(cli, ["render", "-o", "out"], obj=host("p40"))
     assert r.exit_code == 0, r.output
     assert "no PROFILE given: this machine's Tesla P40 (CC 6.1) fits profile p40 best" in r.output
-    assert json.loads((tmp_path / "out" / "envbuild.json").read_text())["profile"] == "p40"
+    assert json.loads((tmp_path / "out" / "p40" / "envbuild.json").read_text())["profile"] == "p40"
     code, out = invoke(["doctor"], host("p40"))
     assert code == 0 and out.splitlines()[-1] == "READY: profile p40 on this machine"
     for argv in (["render", "-o", "none"], ["doctor"], ["build", "--push", "local"]):

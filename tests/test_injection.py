@@ -336,6 +336,14 @@ def run_files(out: Path, work: Path, field: Field) -> Rendered:
     return r
 
 
+def profile_folder(out: Path) -> Path:
+    """What `render -o OUT` wrote: OUT/<profile>/, the one thing in OUT (whatever the profile's
+    name, which is itself a value under test here)."""
+    [folder] = list(out.iterdir())
+    assert folder.is_dir() and not folder.is_symlink(), folder
+    return folder
+
+
 def rendered_files(out: Path) -> dict[str, str]:
     return {str(p.relative_to(out)): p.read_text(encoding="utf-8")
             for p in out.rglob("*") if p.is_file() and not p.name.startswith(".envbuild-")}
@@ -440,7 +448,7 @@ def overlay_baseline(render_cli, field):
     def baseline(value, work):
         code, _, err = render_overlay(render_cli, field, value, work)
         assert code == 0, err
-        return work / "out"
+        return profile_folder(work / "out")
     return baseline
 
 
@@ -453,7 +461,7 @@ def test_an_overlay_value_is_refused_or_arrives_verbatim_and_inert(render_cli, t
     work = fresh(tmp_path)
     code, _, err = render_overlay(render_cli, field, value, work)
     if code == 0:
-        check_rendered(work / "out", work, field, value, "overlay",
+        check_rendered(profile_folder(work / "out"), work, field, value, "overlay",
                        overlay_baseline(render_cli, field))
     else:
         assert_refused(code, err)
@@ -468,7 +476,7 @@ def test_a_benign_value_of_every_field_renders_and_arrives(render_cli, tmp_path,
         work = fresh(tmp_path)
         code, _, err = render_overlay(render_cli, field, value, work)
         assert code == 0, err
-        check_rendered(work / "out", work, field, value, "overlay",
+        check_rendered(profile_folder(work / "out"), work, field, value, "overlay",
                        overlay_baseline(render_cli, field))
 
 
@@ -498,11 +506,11 @@ def test_a_from_file_value_is_refused_or_arrives_verbatim_and_inert(cli, tmp_pat
     def baseline(v, where):
         code, _, err = render_from(cli, p40_spec, field, v, where)
         assert code == 0, err
-        return where / "out"
+        return profile_folder(where / "out")
 
     code, _, err = render_from(cli, p40_spec, field, value, work)
     if code == 0:
-        check_rendered(work / "out", work, field, value, "from", baseline)
+        check_rendered(profile_folder(work / "out"), work, field, value, "from", baseline)
     else:
         assert_refused(code, err)
     assert_no_canary()
@@ -627,7 +635,8 @@ def test_pre_releases_in_an_overlay_render_and_reach_preflight(render_cli, tmp_p
     (folder / "lab.yaml").write_text(yaml.safe_dump(RC_OVERLAY), encoding="utf-8")
     code, _, err = cli("render", "rc", "--matrix-dir", folder, "-o", tmp_path / "out")
     assert code == 0, err
-    r = Rendered(rendered_files(tmp_path / "out"), tmp_path / "out")
+    out = tmp_path / "out" / "rc"
+    r = Rendered(rendered_files(out), out)
     expected = r.module("preflight.py")["EXPECTED"]
     assert expected["torch_version"] == "2.9.0rc1"
     assert expected["torch_requirement"] == "torch==2.9.0rc1"
@@ -652,7 +661,8 @@ def test_any_version_like_string_in_an_overlay_renders_or_is_exit_2(render_cli, 
     (folder / "lab.yaml").write_text(yaml.safe_dump(doc), encoding="utf-8")
     code, _, err = cli("render", "v", "--matrix-dir", folder, "-o", folder / "out")
     if code == 0:
-        r = Rendered(rendered_files(folder / "out"), folder / "out")
+        out = folder / "out" / "v"
+        r = Rendered(rendered_files(out), out)
         assert r.module("preflight.py")["EXPECTED"]["torch_version"] == version
     else:
         assert_refused(code, err)

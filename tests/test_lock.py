@@ -95,6 +95,7 @@ def world(isolated, tmp_path_factory):
 
 
 def lock_args(world, out, *extra):
+    """`envbuild lock p40 -o OUT`: the lock goes into OUT/p40/."""
     return ["lock", "p40", "-o", out, "--index-url", world["pypi"], "--torch-index-url",
             world["torch"], "--channel", world["channel"].url, "--registry-mirror",
             world["mirror"], "--github-url", world["github"], *extra]
@@ -102,12 +103,12 @@ def lock_args(world, out, *extra):
 
 @pytest.fixture(scope="module")
 def p40_lock(world, tmp_path_factory):
-    out = tmp_path_factory.mktemp("locks") / "p40"
+    root = tmp_path_factory.mktemp("locks")
     with pytest.MonkeyPatch.context():
         with pytest.raises(SystemExit) as exit_:
-            main(lock_args(world, out))
+            main(lock_args(world, root))
     assert exit_.value.code == 0
-    return out
+    return root / "p40"
 
 
 def closed_port() -> int:
@@ -117,6 +118,8 @@ def closed_port() -> int:
 # ---- what the lock holds ---------------------------------------------------------------------
 
 def test_lock_writes_the_six_files(p40_lock):
+    # -o DIR holds one folder per profile, DIR/p40/, with one profile as with --all
+    assert [p.name for p in p40_lock.parent.iterdir()] == ["p40"]
     assert sorted(p.name for p in p40_lock.iterdir()) == [
         ".envbuild-files.json",  # (what envbuild wrote there: a re-lock deletes only that)
         "conda-lock.yml", "images.lock", "lock.json", "pylock.toml", "requirements.lock",
@@ -257,15 +260,16 @@ def test_a_mirror_set_supplies_indexes_channels_and_registry(world, p40_lock, tm
     rc, _, err = envbuild(capsys, "lock", "p40", "-o", tmp_path / "lock", "--mirror", "loop",
                           "--matrix-dir", tmp_path)
     assert rc == 0, err
-    meta = json.loads((tmp_path / "lock" / "lock.json").read_text())
+    lock = tmp_path / "lock" / "p40"
+    meta = json.loads((lock / "lock.json").read_text())
     assert meta["sources"]["channels"] == [f"{chan}/label/cuda-11.8.0", chan]
     assert meta["sources"]["registry_mirror"] == {"docker.io": world["mirror"]}
     assert meta["sources"]["github"] == world["github"]
     assert meta["sources"]["pypi"] == world["pypi"] and meta["sources"]["torch"] == world["torch"]
     for name in ("requirements.lock", "images.lock"):  # the same artifacts as through the flags
-        assert (tmp_path / "lock" / name).read_bytes() == (p40_lock / name).read_bytes()
+        assert (lock / name).read_bytes() == (p40_lock / name).read_bytes()
     assert f"{chan}/label/cuda-11.8.0/linux-64/cuda-nvcc-11.8.89" in \
-        (tmp_path / "lock" / "conda-lock.yml").read_text()
+        (lock / "conda-lock.yml").read_text()
     # each part says when it starts and how long it took (a line every 12 s between)
     for part in ("pip part", "sources", "conda part", "images"):
         assert f"p40: {part}: done in " in err, err
@@ -277,8 +281,8 @@ def test_relocking_unchanged_inputs_changes_no_byte(world, p40_lock, tmp_path, c
     rc, _, err = envbuild(capsys, *lock_args(world, tmp_path / "again"))
     assert rc == 0, err
     for f in p40_lock.iterdir():
-        assert (tmp_path / "again" / f.name).read_bytes() == f.read_bytes(), f.name
-    rc, _, err = envbuild(capsys, *lock_args(world, p40_lock))  # in place, over itself
+        assert (tmp_path / "again" / "p40" / f.name).read_bytes() == f.read_bytes(), f.name
+    rc, _, err = envbuild(capsys, *lock_args(world, p40_lock.parent))  # in place, over itself
     assert rc == 0, err
 
 
@@ -338,9 +342,10 @@ def test_a_template_comment_or_a_new_envbuild_leaves_a_lock_current(
     assert rc == 0 and "p40: ok" in out, out
     rc, _, err = envbuild(capsys, "render", "p40", "-o", tmp_path / "out", "--locked", p40_lock)
     assert rc == 0, err
-    dockerfile = (tmp_path / "out" / "Dockerfile").read_text()
+    dockerfile = (tmp_path / "out" / "p40" / "Dockerfile").read_text()
     assert "# a comment written after locking" in dockerfile and "--require-hashes" in dockerfile
-    assert envbuilder.__version__ + ".post1" in (tmp_path / "out" / "envbuild.json").read_text()
+    assert envbuilder.__version__ + ".post1" in \
+        (tmp_path / "out" / "p40" / "envbuild.json").read_text()
 
 
 def _profile_yaml(name: str, **changes) -> str:
@@ -469,7 +474,7 @@ def test_render_locked_pins_images_and_requires_hashes(world, p40_lock, tmp_path
 
     rc, _, err = envbuild(capsys, "render", "p40", "-o", tmp_path / "out", "--locked", p40_lock)
     assert rc == 0, err
-    out = tmp_path / "out"
+    out = tmp_path / "out" / "p40"
     dockerfile = (out / "Dockerfile").read_text()
     images = json.loads((p40_lock / "images.lock").read_text())
     for role, ref in world["env"].to_dict()["cuda"]["images"].items():
@@ -514,7 +519,7 @@ def test_render_locked_through_a_mirror_pins_the_mirrors_images_at_the_locked_di
     rc, _, err = envbuild(capsys, "render", "p40", "-o", tmp_path / "out", "--locked", p40_lock,
                           "--mirror", "cn")
     assert rc == 0, err
-    dockerfile = (tmp_path / "out" / "Dockerfile").read_text()
+    dockerfile = (tmp_path / "out" / "p40" / "Dockerfile").read_text()
     images = json.loads((p40_lock / "images.lock").read_text())
     choice = M.choice("cn", M.get_set(MX.load(), "cn"))
     for role, ref in world["env"].to_dict()["cuda"]["images"].items():
@@ -529,7 +534,7 @@ def test_render_locked_installs_in_a_fresh_venv_layer_by_layer(world, p40_lock, 
     assert rc == 0, err
     subprocess.run([_python310(), "-m", "venv", tmp_path / "v"], check=True)
     for layer in ("torch", "verl-deps", "verl"):
-        proc = _pip_install(world, tmp_path / "v", tmp_path / "out" / f"locked-{layer}.txt")
+        proc = _pip_install(world, tmp_path / "v", tmp_path / "out" / "p40" / f"locked-{layer}.txt")
         assert proc.returncode == 0, proc.stdout + proc.stderr
     check = subprocess.run([tmp_path / "v" / "bin" / "pip", "check"], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout
@@ -538,24 +543,31 @@ def test_render_locked_installs_in_a_fresh_venv_layer_by_layer(world, p40_lock, 
 def test_unlocked_render_is_unchanged_by_the_lock_support(tmp_path, capsys):
     rc, _, _ = envbuild(capsys, "render", "p40", "-o", tmp_path / "out")
     assert rc == 0
-    dockerfile = (tmp_path / "out" / "Dockerfile").read_text()
+    dockerfile = (tmp_path / "out" / "p40" / "Dockerfile").read_text()
     # (only uv itself installs by hash: the matrix pins its one wheel by sha256 in every mode)
     hashed = [line for line in dockerfile.splitlines() if "--require-hashes" in line]
     assert len(hashed) == 1 and "-r <(echo 'uv==" in hashed[0], hashed
     assert "@sha256:" not in dockerfile
-    assert not list((tmp_path / "out").glob("locked-*"))
+    assert not list((tmp_path / "out" / "p40").glob("locked-*"))
 
 
 def test_render_locked_refuses_a_partial_or_foreign_lock(world, tmp_path, capsys):
     rc, _, err = envbuild(capsys, *lock_args(world, tmp_path / "pip-only", "--only", "pip"))
     assert rc == 0, err
-    rc, _, err = envbuild(capsys, "render", "p40", "-o", tmp_path / "o1", "--locked",
-                          tmp_path / "pip-only")
-    assert rc == 2 and "images.lock" in err
+    # --locked DIR reads DIR/p40/ (as lock -o DIR wrote it), or DIR itself when it is p40's lock
+    for locked in (tmp_path / "pip-only", tmp_path / "pip-only" / "p40"):
+        rc, _, err = envbuild(capsys, "render", "p40", "-o", tmp_path / "o1", "--locked", locked)
+        assert rc == 2 and "images.lock" in err, err
+    # p40's lock where 4090's belongs
+    shutil.copytree(tmp_path / "pip-only" / "p40", tmp_path / "mixed" / "4090")
     rc, _, err = envbuild(capsys, "render", "4090", "-o", tmp_path / "o2", "--locked",
-                          tmp_path / "pip-only")
+                          tmp_path / "mixed")
     assert rc == 2 and "is the lock of profile 'p40', not '4090'" in err
     assert "pip.requirements" in err
+    # p40's lock itself, for 4090: not 4090's lock, so --locked looks for 4090's under it
+    rc, _, err = envbuild(capsys, "render", "4090", "-o", tmp_path / "o2", "--locked",
+                          tmp_path / "pip-only" / "p40")
+    assert rc == 2 and "4090" in err, err
     assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
 
 
@@ -571,17 +583,17 @@ def test_the_apex_source_is_pinned_by_sha256(world, p40_lock):
 def test_render_locked_pins_the_builders_tools_and_the_apex_archive(p40_lock, tmp_path, capsys):
     code, _, err = envbuild(capsys, "render", "p40", "--locked", p40_lock, "-o", tmp_path / "o")
     assert code == 0, err
-    dockerfile = (tmp_path / "o" / "Dockerfile").read_text()
+    dockerfile = (tmp_path / "o" / "p40" / "Dockerfile").read_text()
     builder = dockerfile.split("FROM ${BASE_RUNTIME}")[0]
     assert "-r /tmp/envbuild/locked-build.txt" in builder
     assert "pip install packaging ninja" not in builder
     sha = json.loads((p40_lock / "sources.lock").read_text())["apex"]["sha256"]
     assert f'"apex @ ${{APEX_URL}}#sha256={sha}"' in builder
-    build_layer = (tmp_path / "o" / "locked-build.txt").read_text()
+    build_layer = (tmp_path / "o" / "p40" / "locked-build.txt").read_text()
     assert "setuptools==81.0.0" in build_layer and "--hash=sha256:" in build_layer
     # the tools stay in the builder: no runtime layer installs them, except setuptools as verl
     # 0.4.1's own pin (its `import pkg_resources` needs setuptools < 82 at run time)
-    runtime_layers = {p.name: p.read_text() for p in (tmp_path / "o").glob("locked-*.txt")
+    runtime_layers = {p.name: p.read_text() for p in (tmp_path / "o" / "p40").glob("locked-*.txt")
                       if p.name != "locked-build.txt"}
     assert not any("ninja==" in t for t in runtime_layers.values())
     with_setuptools = [n for n, t in runtime_layers.items() if "setuptools==" in t]
@@ -619,7 +631,7 @@ def test_the_flash_attn_release_wheels_of_both_abis_are_pinned_by_sha256(tmp_pat
                                 gh.url("").rstrip("/"), "-o", tmp_path / "lock")
     assert code == 0, err
     assert names[False][1] == "flash_attn-2.8.3+cu12torch2.8cxx11abiFALSE-cp310-cp310-linux_x86_64.whl"
-    got = json.loads((tmp_path / "lock" / "sources.lock").read_text())
+    got = json.loads((tmp_path / "lock" / "3090" / "sources.lock").read_text())
     assert sorted(got) == ["flash-attn-cxx11abiFALSE", "flash-attn-cxx11abiTRUE"]
     for abi, (path, name) in names.items():
         e = got[f"flash-attn-cxx11abi{str(abi).upper()}"]
@@ -658,7 +670,7 @@ def test_index_credentials_reach_no_lock_file_and_no_message(world, tmp_path, ca
     rc, out, err = envbuild(capsys, *args, "--only", "pip")
     assert rc == 0, err
     assert "s3cret" not in out + err and "***@" in err
-    for f in (tmp_path / "lock").iterdir():
+    for f in (tmp_path / "lock" / "p40").iterdir():
         assert "s3cret" not in f.read_text(), f.name
-    meta = json.loads((tmp_path / "lock" / "lock.json").read_text())
+    meta = json.loads((tmp_path / "lock" / "p40" / "lock.json").read_text())
     assert meta["sources"]["pypi"] == world["pypi"]

@@ -47,7 +47,7 @@ def test_a_mirror_rewrites_images_of_the_registries_it_covers():
 
 
 def test_render_through_a_mirror_points_every_endpoint_at_it(capsys, tmp_path):
-    code, _, err = run(capsys, "render", "p40", "--mirror", "cn", "-o", tmp_path / "p40")
+    code, _, err = run(capsys, "render", "p40", "--mirror", "cn", "-o", tmp_path)  # -> p40/
     assert code == 0, err
     dockerfile = (tmp_path / "p40" / "Dockerfile").read_text()
     args = dict(line[4:].split("=", 1) for line in dockerfile.splitlines() if line.startswith("ARG ") and "=" in line)
@@ -72,7 +72,8 @@ def test_users_add_mirror_sets_in_their_config(capsys, tmp_path):
     code, _, _ = run(capsys, "render", "4090", "--mirror", "corp", "-o", tmp_path / "o",
                      ENVBUILD_CONFIG=str(cfg))
     assert code == 0
-    assert "ARG BASE_RUNTIME=registry.corp.example/hub/nvidia/cuda:" in (tmp_path / "o" / "Dockerfile").read_text()
+    assert "ARG BASE_RUNTIME=registry.corp.example/hub/nvidia/cuda:" in \
+        (tmp_path / "o" / "4090" / "Dockerfile").read_text()
 
 
 def test_a_broken_config_is_exit_2_naming_the_file(capsys, tmp_path):

@@ -76,9 +76,9 @@ def test_a_local_folder_sizes_the_plan_and_names_the_run_scripts_model(tmp_path,
     shutil.copytree(HF / "meta-llama" / "Llama-3.1-8B-Instruct", folder)
     code, out = run("render", "h100", "--model", folder, "-o", tmp_path / "out")
     assert code == 0, out
-    script = (tmp_path / "out" / "run_ppo_gsm8k.sh").read_text()
+    script = (tmp_path / "out" / "h100" / "run_ppo_gsm8k.sh").read_text()
     assert f"MODEL=${{MODEL:-{folder}}}" in script
-    spec = json.loads((tmp_path / "out" / "envbuild.json").read_text())
+    spec = json.loads((tmp_path / "out" / "h100" / "envbuild.json").read_text())
     assert spec["train"]["model"] == str(folder)
     assert spec["overrides"]["model"] == str(folder) and "model_arch" not in spec["overrides"]
     code, default = run("show", "h100", "--memory")
@@ -98,13 +98,14 @@ def test_a_hub_model_is_read_through_hf_endpoint_once_then_from_the_cache(hub, t
     code, out = run("render", "h100", "--model", "Qwen/Qwen3-8B", "-o", tmp_path / "a", env=env)
     assert code == 0, out
     assert len(hub.requests_for("Qwen/Qwen3-8B/resolve/main/config.json")) == 1
-    assert "MODEL=${MODEL:-Qwen/Qwen3-8B}" in (tmp_path / "a" / "run_ppo_gsm8k.sh").read_text()
+    assert "MODEL=${MODEL:-Qwen/Qwen3-8B}" in \
+        (tmp_path / "a" / "h100" / "run_ppo_gsm8k.sh").read_text()
     hub.script["Qwen/Qwen3-8B/resolve/main/config.json"] = [503] * 5  # the hub is down now
     code, out = run("render", "h100", "--model", "Qwen/Qwen3-8B", "-o", tmp_path / "b", env=env)
     assert code == 0, out  # the cached config.json answered: no request reached the hub
     assert len(hub.requests_for("Qwen/Qwen3-8B/resolve/main/config.json")) == 1
-    assert (tmp_path / "a" / "run_ppo_gsm8k.sh").read_bytes() == \
-        (tmp_path / "b" / "run_ppo_gsm8k.sh").read_bytes()
+    assert (tmp_path / "a" / "h100" / "run_ppo_gsm8k.sh").read_bytes() == \
+        (tmp_path / "b" / "h100" / "run_ppo_gsm8k.sh").read_bytes()
 
 
 def test_an_unknown_repo_a_dead_endpoint_and_an_endless_body_each_say_what_to_do(hub, tmp_path, run):

@@ -76,9 +76,9 @@ def test_rendered_files_match_the_golden_files(case, cli, tmp_path, monkeypatch,
 
     config._load.cache_clear()
     request.addfinalizer(config._load.cache_clear)
-    out = tmp_path / case
-    code, _, err = cli("render", *GOLDEN_CASES[case], "-o", out)
+    code, _, err = cli("render", *GOLDEN_CASES[case], "-o", tmp_path / case)
     assert code == 0, err
+    out = tmp_path / case / GOLDEN_CASES[case][0]  # -o DIR: DIR/<profile>/
     golden = GOLDEN / case
     if os.environ.get("UPDATE_GOLDEN") == "1":
         shutil.rmtree(golden, ignore_errors=True)
@@ -136,7 +136,7 @@ def test_render_from_envbuild_json_reproduces_every_byte(profile, rendered, tmp_
 def test_the_render_command_replays_an_envbuild_json(run_envbuild, rendered, tmp_path):
     r = run_envbuild("render", "--from", rendered["p40"] / MARKER, "-o", tmp_path / "replay")
     assert r.returncode == 0, r.stderr
-    assert snapshot(tmp_path / "replay") == snapshot(rendered["p40"])
+    assert snapshot(tmp_path / "replay" / "p40") == snapshot(rendered["p40"])
 
 
 # -- all or nothing ----------------------------------------------------------------------------
@@ -150,6 +150,7 @@ def test_a_failed_render_leaves_the_previous_output_untouched(run_envbuild, tmp_
     assert "no kernel image is available" in r.stderr
     assert snapshot(out) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary folders left
+    assert sorted(p.name for p in out.iterdir()) == ["p40"]
 
 
 def test_a_failed_render_into_a_new_directory_creates_nothing(run_envbuild, tmp_path):
@@ -159,14 +160,14 @@ def test_a_failed_render_into_a_new_directory_creates_nothing(run_envbuild, tmp_
 
 
 def test_render_refuses_a_non_empty_directory_envbuild_did_not_write(run_envbuild, tmp_path):
-    out = tmp_path / "mine"
-    out.mkdir()
+    out = tmp_path / "mine" / "p40"  # where `render p40 -o mine` writes
+    out.mkdir(parents=True)
     (out / "notes.txt").write_text("my own work\n")
-    before = snapshot(out)
-    r = run_envbuild("render", "p40", "-o", out)
+    before = snapshot(tmp_path / "mine")
+    r = run_envbuild("render", "p40", "-o", tmp_path / "mine")
     assert r.returncode == 2
     assert "not empty and was not written by envbuild" in r.stderr
-    assert snapshot(out) == before
+    assert snapshot(tmp_path / "mine") == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
 
 
@@ -535,10 +536,10 @@ def test_the_folders_readme_names_commands_that_parse_for_this_very_variant(argv
     from envbuilder.engines.bake import default_tag
     from envbuilder.cli import cli as group
 
-    out = tmp_path / "o"
-    r = subprocess.run([envbuild_exe(), "render", *argv, "-o", str(out)], capture_output=True,
-                       text=True, env=clean_env())
+    r = subprocess.run([envbuild_exe(), "render", *argv, "-o", str(tmp_path / "o")],
+                       capture_output=True, text=True, env=clean_env())
     assert r.returncode == 0, r.stderr
+    out = tmp_path / "o" / argv[0]
     text = (out / "README.md").read_text()
     commands = re.findall(r"`(envbuild [^`]+)`", text)
     assert len(commands) >= 5, commands

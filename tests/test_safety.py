@@ -25,42 +25,43 @@ RECORD = outdir.RECORD
 def test_a_render_into_a_project_folder_holding_an_envbuild_json_deletes_nothing(run_envbuild, tmp_path):
     """A copy of an image's /etc/envbuild.json in a project folder used to mark the folder as
     envbuild's: the render replaced the folder and every other file in it was gone."""
-    project = tmp_path / "project"
-    project.mkdir()
+    project = tmp_path / "work" / "p40"  # where `render p40 -o work` writes
+    project.mkdir(parents=True)
     (project / MARKER).write_text(render_files(resolved("p40"))[MARKER])
     (project / "train.py").write_text("my training code\n")
     (project / "Dockerfile").write_text("FROM my-own-image\n")
     before = snapshot(project)
-    r = run_envbuild("render", "p40", "-o", project)
+    r = run_envbuild("render", "p40", "-o", tmp_path / "work")
     assert r.returncode == 2
     assert "was not written by envbuild" in r.stderr and "--force" in r.stderr
     assert snapshot(project) == before
     # --force writes envbuild's files into it and leaves the rest alone
-    r = run_envbuild("render", "p40", "-o", project, "--force")
+    r = run_envbuild("render", "p40", "-o", tmp_path / "work", "--force")
     assert r.returncode == 0, r.stderr
     assert (project / "train.py").read_text() == "my training code\n"
     assert (project / "Dockerfile").read_text() != "FROM my-own-image\n"  # (asked for by --force)
 
 
 def test_a_re_render_keeps_the_users_files_and_refuses_to_overwrite_their_edits(run_envbuild, tmp_path):
-    out = tmp_path / "out" / "p40"
-    assert run_envbuild("render", "p40").returncode == 0
+    out = tmp_path / "out" / "3090"
+    assert run_envbuild("render", "3090").returncode == 0
+    assert (out / "apply_patches.py").is_file()  # (3090's verl is patched; 0.6.1 needs none)
     ckpt = out / "checkpoints" / "global_step_10" / "model.pt"
     ckpt.parent.mkdir(parents=True)
     ckpt.write_bytes(b"\x00weights" * 100)
     (out / "notes.md").write_text("lr 1e-6 diverged\n")
-    assert run_envbuild("render", "p40").returncode == 0  # unchanged files: replaced in place
+    assert run_envbuild("render", "3090").returncode == 0  # unchanged files: replaced in place
     assert ckpt.read_bytes() == b"\x00weights" * 100 and (out / "notes.md").exists()
     # an edit of a rendered file is the user's now: not overwritten, not deleted
     script = out / "run_ppo_gsm8k.sh"
     script.write_text(script.read_text() + "# my tweak\n")
     before = snapshot(out)
-    r = run_envbuild("render", "p40")
+    r = run_envbuild("render", "3090")
     assert r.returncode == 2
     assert "run_ppo_gsm8k.sh" in r.stderr and "changed since envbuild wrote" in r.stderr
     assert snapshot(out) == before
-    # a profile without patches: apply_patches.py (envbuild's, unedited) goes, the user's stay
-    r = run_envbuild("render", "3090", "--verl", "0.6.1", "-o", out, "--force")
+    # a variant without patches: apply_patches.py (envbuild's, unedited) goes, the user's stay
+    r = run_envbuild("render", "3090", "--verl", "0.6.1", "-o", tmp_path / "out", "--force")
     assert r.returncode == 0, r.stderr
     assert not (out / "apply_patches.py").exists()
     assert ckpt.exists() and (out / "notes.md").exists()

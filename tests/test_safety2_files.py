@@ -161,6 +161,7 @@ def test_checked_wheelhouse_files_are_placed_as_exactly_their_bytes(run_envbuild
     out = (tmp_path if same_fs else other_fs) / "out"
     r = run_envbuild("render", PROFILE, "--wheelhouse", wh, "-o", out)
     assert r.returncode == 0, r.stderr
+    out = out / PROFILE  # -o DIR: DIR/<profile>/
     for name, data in WHEELS.items():
         placed = out / "wheelhouse" / name
         assert not placed.is_symlink() and placed.read_bytes() == data
@@ -178,7 +179,7 @@ def test_a_wheelhouse_file_writable_by_others_is_copied_not_linked(run_envbuild,
     alpha.chmod(0o666)
     r = run_envbuild("render", PROFILE, "--wheelhouse", wh, "-o", tmp_path / "out")
     assert r.returncode == 0, r.stderr
-    placed = tmp_path / "out" / "wheelhouse" / alpha.name
+    placed = tmp_path / "out" / PROFILE / "wheelhouse" / alpha.name
     assert placed.stat().st_ino != alpha.stat().st_ino and placed.read_bytes() == alpha.read_bytes()
 
 
@@ -186,18 +187,23 @@ def test_a_wheelhouse_file_writable_by_others_is_copied_not_linked(run_envbuild,
 
 @pytest.mark.parametrize("how", ["out-is-a-link", "parent-is-anothers-link"])
 def test_an_output_folder_reached_through_a_link_is_refused(run_envbuild, tmp_path, how):
-    """-o a planted link to an empty folder, or a new folder under a link another user planted
-    (out/ in a shared folder). Before: the render went into the link's target, exit 0. Failed
-    before the fix: yes."""
+    """The profile's folder under -o (OUT/<profile>/) a planted link to an empty folder, or a
+    new folder under a link another user planted (out/ in a shared folder). Before: the render
+    went into the link's target, exit 0. Failed before the fix: yes."""
     target = tmp_path / "victim"
     target.mkdir()
-    link = tmp_path / "out"
+    if how == "out-is-a-link":
+        out = tmp_path / "out"
+        out.mkdir()
+        link = out / PROFILE  # the very folder `render PROFILE -o out` writes into
+    else:
+        link = tmp_path / "out"
+        out = link / "p"
     link.symlink_to(target, target_is_directory=True)
     if how == "parent-is-anothers-link":
         if os.geteuid() != 0:
             _unavailable("a link owned by another user can only be made by root")
         os.lchown(link, 65534, 65534)
-    out = link if how == "out-is-a-link" else link / "p"
     r = run_envbuild("render", PROFILE, "-o", out)
     assert r.returncode == 2, r.stderr
     assert "symbolic link" in r.stderr and str(link) in r.stderr
@@ -211,24 +217,24 @@ def test_a_new_folder_under_a_link_of_ones_own_is_written(run_envbuild, tmp_path
     target.mkdir()
     link = tmp_path / "home"
     link.symlink_to(target, target_is_directory=True)
-    r = run_envbuild("render", PROFILE, "-o", link / "envs" / "t4")
+    r = run_envbuild("render", PROFILE, "-o", link / "envs")
     assert r.returncode == 0, r.stderr
-    assert (target / "envs" / "t4" / "Dockerfile").is_file()
+    assert (target / "envs" / PROFILE / "Dockerfile").is_file()
 
 
 def test_a_record_that_is_a_link_is_no_record(run_envbuild, tmp_path):
     """A planted .envbuild-files.json that links to a record elsewhere, claiming the user's
     notes as envbuild's files. Before: read through the link, and the notes deleted as a stale
     file of an earlier render (exit 0). Failed before the fix: yes."""
-    out = tmp_path / "out"
-    out.mkdir()
+    out = tmp_path / "out" / PROFILE  # where `render PROFILE -o out` writes
+    out.mkdir(parents=True)
     notes = out / "notes.txt"
     notes.write_text("my notes\n")
     elsewhere = tmp_path / "elsewhere.json"
     elsewhere.write_text(json.dumps({"format": 1, "written_by": "envbuild", "files": {
         "notes.txt": hashlib.sha256(notes.read_bytes()).hexdigest()}}))
     (out / ".envbuild-files.json").symlink_to(elsewhere)
-    r = run_envbuild("render", PROFILE, "-o", out)
+    r = run_envbuild("render", PROFILE, "-o", tmp_path / "out")
     assert r.returncode == 2, r.stderr
     assert "was not written by envbuild" in r.stderr
     assert notes.read_text() == "my notes\n" and sorted(p.name for p in out.iterdir()) == \

@@ -364,7 +364,7 @@ def test_placeholders_and_doubled_braces_still_fill_as_before(cli, overlay, tmp_
     folder = overlay({"patches": {"verl-hardcoded-fa2": patch}})
     code, out, err = _render(cli, folder, tmp_path)
     assert code == 0, err
-    spec = json.loads((tmp_path / "out" / "envbuild.json").read_text())
+    spec = json.loads((tmp_path / "out" / "p40" / "envbuild.json").read_text())
     [p] = [p for p in spec["patches"] if p["name"] == "verl-hardcoded-fa2"]
     assert p["replace"][0]["with"] == 'attn_implementation="eager"  # {literal} float32'
 
@@ -376,6 +376,7 @@ def creds(url: str) -> str:
 
 
 def assert_no_secret(folder: Path) -> None:
+    assert folder.is_dir(), f"{folder} was not written"
     leaks = [str(p.relative_to(folder)) for p in sorted(folder.rglob("*"))
              if p.is_file() and SECRET.encode() in p.read_bytes()]
     assert leaks == [], f"the password is written into {leaks}"
@@ -423,11 +424,12 @@ def test_credentials_in_overlay_defaults_reach_the_build_only_as_the_secret(cli,
                                        huggingface=creds(hf))})
     code, out, err = _render(cli, folder, tmp_path)
     assert code == 0, err
-    assert_no_secret(tmp_path / "out")
-    dockerfile = (tmp_path / "out" / "Dockerfile").read_text()
+    out = tmp_path / "out" / "p40"
+    assert_no_secret(out)
+    dockerfile = (out / "Dockerfile").read_text()
     assert f"ARG PIP_INDEX_URL={pypi}\n" in dockerfile and f"ARG HF_ENDPOINT={hf}\n" in dockerfile
     assert_secret_mounted(dockerfile)
-    assert json.loads((tmp_path / "out" / "envbuild.json").read_text())["indexes"]["pypi"] == pypi
+    assert json.loads((out / "envbuild.json").read_text())["indexes"]["pypi"] == pypi
     # what `envbuild build` hands the RUN steps: the endpoints secret, credentials and all
     env, _, own = mirrors.split_credentials(resolve(M.load((folder,)), "p40"))
     assert env.indexes.pypi == pypi and env.huggingface == hf
@@ -455,8 +457,8 @@ def test_credentials_in_a_from_file_are_written_into_no_rendered_file(cli, tmp_p
     code, out, err = cli("render", "--from", tmp_path / "spec.json", "-o", tmp_path / "out")
     assert code == 0, err
     assert SECRET not in out + err
-    assert_no_secret(tmp_path / "out")
-    assert_secret_mounted((tmp_path / "out" / "Dockerfile").read_text())
+    assert_no_secret(tmp_path / "out" / "p40")
+    assert_secret_mounted((tmp_path / "out" / "p40" / "Dockerfile").read_text())
     env, _, own = mirrors.split_credentials(ResolvedEnv.from_json(json.dumps(spec), "spec.json"))
     assert own["PIP_INDEX_URL"] == spec["indexes"]["pypi"]
     assert own["HF_ENDPOINT"] == spec["huggingface"]
@@ -478,7 +480,7 @@ def test_credentials_of_a_configured_mirror_set_stay_out_of_the_files(cli, tmp_p
     config._load.cache_clear()
     code, out, err = cli("render", "a100", "--mirror", "corp", "-o", tmp_path / "out")
     assert code == 0, err
-    assert_no_secret(tmp_path / "out")
+    assert_no_secret(tmp_path / "out" / "a100")
 
 
 def test_credentials_reach_no_bake_file_and_no_apptainer_definition(cli, overlay, tmp_path,

@@ -199,9 +199,9 @@ def test_tar_packs_the_wheelhouse_reproducibly(world, exported, p40_lock, tmp_pa
 
 
 def test_two_profiles_in_one_wheelhouse_store_shared_files_once(world, p40_lock, tmp_path, capsys):
-    variant = tmp_path / "lock-noapex"
-    code, _, err = envbuild(capsys, *lock_args(world, variant, "--without", "apex"))
+    code, _, err = envbuild(capsys, *lock_args(world, tmp_path / "lock-noapex", "--without", "apex"))
     assert code == 0, err
+    variant = tmp_path / "lock-noapex" / "p40"
     wh = tmp_path / "wh"
     assert envbuild(capsys, "wheelhouse", "p40", "--lock-dir", p40_lock, "-o", wh, *github(world))[0] == 0
     before = {p.name: p.stat().st_ino for p in (wh / "pypi").iterdir()}
@@ -217,29 +217,30 @@ def test_two_profiles_in_one_wheelhouse_store_shared_files_once(world, p40_lock,
 
 
 def test_render_with_the_wheelhouse_needs_no_index(world, tmp_path, capsys):
-    variant = tmp_path / "lock"
+    variant = tmp_path / "lock"  # holds p40/, as `lock -o` writes it: --lock-dir takes it
     assert envbuild(capsys, *lock_args(world, variant, "--without", "apex"))[0] == 0
     wh = tmp_path / "wh"
     assert envbuild(capsys, "wheelhouse", "p40", "--lock-dir", variant, "-o", wh, *github(world))[0] == 0
     code, _, err = envbuild(capsys, "render", "p40", "--without", "apex", "--wheelhouse", wh,
                             "-o", tmp_path / "out")
     assert code == 0, err
-    dockerfile = (tmp_path / "out" / "Dockerfile").read_text()
+    out = tmp_path / "out" / "p40"
+    dockerfile = (out / "Dockerfile").read_text()
     pip_lines = [l for l in dockerfile.splitlines() if "pip install" in l and not l.startswith("#")]
     assert pip_lines and all("--no-index --find-links /wheelhouse" in l for l in pip_lines)
     assert "PIP_INDEX_URL}" not in "".join(pip_lines)
-    assert sorted(p.name for p in (tmp_path / "out" / "wheelhouse").iterdir()) == \
+    assert sorted(p.name for p in (out / "wheelhouse").iterdir()) == \
         sorted(p.name for p in (wh / "pypi").iterdir())
 
 
 def test_render_with_a_wheelhouse_builds_apex_from_its_pinned_source(exported, tmp_path, capsys):
     code, _, err = envbuild(capsys, "render", "p40", "--wheelhouse", exported, "-o", tmp_path / "o")
     assert code == 0, err
-    dockerfile = (tmp_path / "o" / "Dockerfile").read_text()
+    dockerfile = (tmp_path / "o" / "p40" / "Dockerfile").read_text()
     builder = dockerfile.split("FROM ${BASE_RUNTIME}")[0]
     assert "ARG APEX_URL=file:///wheelhouse/sources/apex-25.08.tar.gz" in builder
     assert "--no-index --find-links /wheelhouse --no-deps --require-hashes -r /tmp/envbuild/locked-build.txt" in builder
-    src = tmp_path / "o" / "wheelhouse" / "sources" / "apex-25.08.tar.gz"
+    src = tmp_path / "o" / "p40" / "wheelhouse" / "sources" / "apex-25.08.tar.gz"
     assert src.read_bytes() == (exported / "sources" / "apex-25.08.tar.gz").read_bytes()
 
 

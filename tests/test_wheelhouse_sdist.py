@@ -145,11 +145,12 @@ def world(downloads, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def lock(world, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("locks") / "p40"
+    root = tmp_path_factory.mktemp("locks")
     with pytest.raises(SystemExit) as exit_:
-        main(["lock", "p40", "--without", "apex", "--only", "pip", "-o", str(out), "--index-url",
+        main(["lock", "p40", "--without", "apex", "--only", "pip", "-o", str(root), "--index-url",
               world["pypi"], "--torch-index-url", world["torch"]])
     assert exit_.value.code == 0
+    out = root / "p40"  # lock -o DIR: DIR/<profile>/
     pylock = {p["name"]: p for p in load_toml((out / "pylock.toml").read_text())["packages"]}
     assert "wheels" not in pylock["antlr4-python3-runtime"]  # the lock pins the sdist: the case
     return out
@@ -247,7 +248,7 @@ def test_render_with_the_wheelhouse_installs_the_wheel_offline(exported, downloa
     code, _, err = envbuild(capsys, "render", "p40", "--without", "apex", "--wheelhouse",
                             exported, "-o", tmp_path / "out")
     assert code == 0, err
-    out = tmp_path / "out"
+    out = tmp_path / "out" / "p40"
     wheel_sha = json.loads((exported / "manifest.json").read_text())["files"][WHEEL]["sha256"]
     layers = {p.name: parse(p.read_text()) for p in out.glob("locked-*.txt")}
     holding = [n for n, pins in layers.items() if "antlr4-python3-runtime" in pins]

@@ -115,7 +115,7 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
     from envbuilder.engines import docker as B
     from envbuilder.engines import daemonless as E
     from envbuilder.model import mirrors as M
-    from envbuilder.config import registry_for, user_config
+    from envbuilder.config import local_registry, registry_for, user_config
     from envbuilder.render.files import render_files
     from envbuilder.model.resolve import resolve
 
@@ -203,7 +203,7 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
     env, locked = prepared.env, prepared.locked
     files = render_files(env, locked)
     links = (locked or {}).get("links")
-    registry = registry_for(push_to, (m.defaults or {}).get("registry_local", "localhost:5000"),
+    registry = registry_for(push_to, local_registry(m),
                             "--push") if push_to else None
     eng = E.make(engine)  # docker: the daemon must answer before anything is built
     from envbuilder.machine import reach
@@ -268,7 +268,7 @@ def bake(profiles, all_, out, mirror, registry, force, overrides, matrix_dirs):
     from envbuilder.engines import bake as K
     from envbuilder.model import mirrors as M
     from envbuilder.cli.options import plain_name
-    from envbuilder.config import registry_for
+    from envbuilder.config import local_registry, registry_for
     from envbuilder.errors import UserError
     from envbuilder.render.outdir import write_dir
     from envbuilder.cli.options import resolve_all
@@ -280,7 +280,7 @@ def bake(profiles, all_, out, mirror, registry, force, overrides, matrix_dirs):
     if bool(all_) == bool(profiles):
         raise UserError("Name the profiles to bake, or --all (not both). `envbuild list` shows "
                         "them.")
-    host = registry_for(registry, (m.defaults or {}).get("registry_local", "localhost:5000"))
+    host = registry_for(registry, local_registry(m))
     choice = M.choice(mirror, M.get_set(m, mirror)) if mirror else None
     # every profile resolves (each failure printed, as render --all does), or nothing is written
     envs = resolve_all(m, names, overrides, "nothing was baked")

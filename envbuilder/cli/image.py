@@ -48,11 +48,11 @@ def export_image(image, out, force, as_json):
 def import_image(archive, registry, name, as_json):
     """Check ARCHIVE (from export-image) against its sidecar's sha256 and load it into a
     registry; prints REGISTRY/NAME@sha256:DIGEST."""
-    from envbuilder.config import registry_for
+    from envbuilder.config import local_registry, registry_for
     from envbuilder.oci.archive import import_image as load
 
     m = load_matrix(())
-    host = registry_for(registry, (m.defaults or {}).get("registry_local", "localhost:5000"))
+    host = registry_for(registry, local_registry(m))
     result = load(archive, host, name, _say)
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True))

@@ -10,14 +10,16 @@ from envbuilder.cli.options import load_matrix, override_options, split_names
 from envbuilder.errors import ActionError, EnvbuildError, UserError
 from envbuilder.oci.http import no_empty_url
 
-LOCK_ROOT = Path("lockfiles")
+from envbuilder.paths import LOCK_ROOT
 
 
-def lock_dir_for(name: str, out: Path | None, all_: bool) -> Path:
-    """-o is the profile's lock directory, or with --all the folder of one per profile."""
-    if out is None:
-        return LOCK_ROOT / name
-    return Path(out) / name if all_ else Path(out)
+def lock_dir_for(name: str, out: Path | None, check: bool = False) -> Path:
+    """-o DIR holds one folder per profile, DIR/<profile>/, with one profile as with --all
+    (default lockfiles/). `--check -o DIR` also takes DIR as one lock (it holds lock.json);
+    locking replaces DIR's own lock only when it is this profile's."""
+    from envbuilder.lock.lockfile import lock_dir_in
+
+    return lock_dir_in(LOCK_ROOT if out is None else Path(out), name, writing=not check)
 
 
 @click.command()
@@ -27,7 +29,7 @@ def lock_dir_for(name: str, out: Path | None, all_: bool) -> Path:
               help="Make nothing; exit 1 when a lock is missing, incomplete or stale against the "
                    "current matrices and templates (no network needed).")
 @click.option("-o", "--out", type=click.Path(path_type=Path),
-              help="Lock directory (default lockfiles/<profile>; with --all, DIR/<profile>).")
+              help="Folder of locks: the lock goes into DIR/<profile>/ (default lockfiles/).")
 @click.option("--index-url", callback=no_empty_url, metavar="URL",
               help="PyPI index to use instead of the profile's (a mirror, a local pypiserver).")
 @click.option("--torch-index-url", callback=no_empty_url, metavar="URL",
@@ -86,7 +88,7 @@ def lock(profile, all_, check, out, index_url, torch_index_url, channels, regist
     bad: list[str] = []
     codes: list[int] = []
     for name in names:
-        target = lock_dir_for(name, out, all_)
+        target = lock_dir_for(name, out, check)
         try:
             env = resolve(m, name, overrides)
             if check:

@@ -14,14 +14,15 @@ from envbuilder.errors import UserError
 
 @click.command()
 @click.argument("profile", required=False)
-@click.option("--all", "all_", is_flag=True, help="Render every profile into OUT/<profile>/.")
+@click.option("--all", "all_", is_flag=True, help="Render every profile, each into OUT/<profile>/.")
 @click.option("--from", "from_", type=click.Path(path_type=Path),
               help="Replay an envbuild.json (from a render or an image's /etc/envbuild.json).")
 @click.option("-o", "--out", type=click.Path(path_type=Path),
-              help="Output directory (default out/<profile>, or out/ with --all).")
+              help="Output folder: the files go into OUT/<profile>/, with one profile as with "
+                   "--all (default out/).")
 @click.option("--locked", "locked_dir", is_flag=False, flag_value="-", default=None,
               metavar="[DIR]", help="FROM image@sha256 and pip layers with --require-hashes, from "
-              "the lock in DIR (default lockfiles/<profile>; with --all, DIR/<profile>).")
+              "the lock in DIR/<profile>/ (default lockfiles/), or DIR when it is one lock.")
 @click.option("--wheelhouse", type=click.Path(path_type=Path), metavar="DIR",
               help="Install from this wheelhouse (envbuild wheelhouse) with no index at all; "
               "implies --locked with the wheelhouse's copy of the lock.")
@@ -49,7 +50,7 @@ def render(profile, all_, from_, out, locked_dir, wheelhouse, mirror, force, ove
         # every value's kind and the whole shape checked, all problems named at once, before
         # any template reads it
         env = ResolvedEnv.from_json(text, str(from_))
-        target = out or Path("out") / plain_name(env.name, "the profile named in " + str(from_))
+        target = Path(out or "out") / plain_name(env.name, "the profile named in " + str(from_))
         locked = locked_context(env, locked_dir, wheelhouse)
         files = R.render_files(env, locked)  # (a failure past the check is a bug: a traceback)
         R.write_dir(target, files, (locked or {}).get("links"), force=force)
@@ -60,8 +61,9 @@ def render(profile, all_, from_, out, locked_dir, wheelhouse, mirror, force, ove
         profile = implied_profile(m, "render", click.get_current_context().obj)
     names = list(m.profiles) if all_ else [profile]
     base = out or Path("out")
-    if all_ and base.exists() and not base.is_dir():
-        raise UserError(f"{base} exists and is not a directory. Pass -o a directory for --all.")
+    if base.exists() and not base.is_dir():
+        raise UserError(f"{base} exists and is not a folder; -o names the folder that gets one "
+                        "folder per profile. Pass a folder.")
     # resolve every profile first: an --all that cannot resolve one of them writes nothing
     envs = resolve_all(m, names, overrides, "nothing was written")
     choice = None
@@ -70,13 +72,13 @@ def render(profile, all_, from_, out, locked_dir, wheelhouse, mirror, force, ove
 
         choice = M.choice(mirror, M.get_set(m, mirror))
     for env in envs:
-        target = base / plain_name(env.name, "a profile") if (all_ or out is None) else out
+        target = base / plain_name(env.name, "a profile")
         # its lock against the upstream spec (what the lock recorded), then the mirror
         p = prepare(env, lock_dir=locked_dir, wheelhouse=wheelhouse, mirror=choice)
         if not p.locked and not p.env.constraints:
             from envbuilder.render.plan import lock_hint
 
-            how = lock_hint(env.name, overrides, target if out is not None else None)
+            how = lock_hint(env.name, overrides, out)
             click.echo(f"  note: {env.name} is not pinned beyond its top-level pins (no lock "
                        f"matches it): {how}.", err=True)
         env = p.env

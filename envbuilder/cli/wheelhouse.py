@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from envbuilder.cli.options import load_matrix, matrix_dir_option
+from envbuilder.paths import LOCK_ROOT
 from envbuilder.errors import UserError
 from envbuilder.oci.http import no_empty_url
 
@@ -109,7 +110,8 @@ def lock_shortfalls(m, profile: str, lock_dir: Path, accept_pypi_torch: bool,
 @click.option("-o", "--out", type=click.Path(path_type=Path), required=True,
               help="Wheelhouse directory; several profiles exported into one share their files.")
 @click.option("--lock-dir", type=click.Path(path_type=Path),
-              help="The lock to export (default lockfiles/<profile>); one profile only.")
+              help="The lock to export: DIR/<profile>/ as `envbuild lock -o DIR` writes it, or DIR "
+                   "itself when it is the lock (default lockfiles/<profile>); one profile only.")
 @click.option("--mirror", help="Try this mirror set's endpoints before the lock's own URLs.")
 @click.option("--url-map", multiple=True, metavar="FROM=TO",
               help="Try URL prefix TO before FROM (repeatable), e.g. an internal artifact proxy.")
@@ -155,12 +157,16 @@ def wheelhouse(profiles, out, lock_dir, mirror, url_map, build_index_url, jobs, 
     if not lock_dir:  # a name without a lock is most often a typo of a profile
         m = load_matrix(matrix_dirs)
         for p in profiles:
-            if p not in m.profiles and not (Path("lockfiles") / p).is_dir():
+            if p not in m.profiles and not (LOCK_ROOT / p).is_dir():
                 from envbuilder.model.resolve import suggest
 
                 raise UserError(f"Unknown profile {p!r}; {suggest(p, list(m.profiles))}known: "
                                 f"{', '.join(m.profiles)}. Or pass --lock-dir for a lock elsewhere.")
-    locks = {p: (lock_dir or shipped_or_local_lock(p)) for p in profiles}
+    from envbuilder.lock.lockfile import lock_dir_in
+
+    # --lock-dir DIR: DIR/<profile>/ as `lock -o DIR` wrote it, or DIR itself when it is the lock
+    locks = {p: (lock_dir_in(lock_dir, p) if lock_dir else shipped_or_local_lock(p))
+             for p in profiles}
     refusals = [why for p, d in locks.items()
                 for why in lock_shortfalls(load_matrix(matrix_dirs), p, d, accept_pypi_torch,
                                            accept_partial)]

@@ -95,15 +95,19 @@ def dumps(obj) -> str:
     return json.dumps(obj, indent=2, sort_keys=True) + "\n"
 
 
-def lock_dir_in(root: Path, profile: str) -> Path:
+def lock_dir_in(root: Path, profile: str, writing: bool = False) -> Path:
     """The lock folder of `profile` that a folder option names: ROOT/<profile>/ (the rule of
     every folder option: `lock -o`, `render -o`, `--locked`, with one profile or --all), or ROOT
-    itself when it is one lock (it holds lock.json) and ROOT/<profile>/ is not there: the lock
-    of `profile`, or another profile's, which the caller then names as such."""
+    itself when it is one lock (it holds lock.json) and ROOT/<profile>/ is not there. Reading,
+    that lock may be another profile's (the caller then names it as such); `writing`, ROOT is
+    taken only when its lock.json is this profile's, never to replace another's."""
     root = Path(root)
-    if (root / META).is_file() and not (root / profile / META).is_file():
-        return root
-    return root / profile
+    if not (root / META).is_file() or (root / profile / META).is_file():
+        return root / profile
+    if writing:
+        meta = read_meta(root)
+        return root if isinstance(meta, dict) and meta.get("profile") == profile else root / profile
+    return root
 
 
 def read_meta(lock_dir: Path) -> dict | None:

@@ -284,7 +284,9 @@ def lock_candidates(profile: str) -> list[tuple[str, Path]]:
     """Where a render looks for a lock of `profile`: the user's ./lockfiles, then the shipped."""
     from envbuilder.paths import data_dir
 
-    out = [(f"lockfiles/{profile}", Path("lockfiles") / profile)]
+    from envbuilder.paths import LOCK_ROOT
+
+    out = [(f"{LOCK_ROOT}/{profile}", LOCK_ROOT / profile)]
     try:
         out.append((f"envbuild's shipped lockfiles/{profile}", data_dir("lockfiles") / profile))
     except FileNotFoundError:
@@ -343,9 +345,10 @@ def override_flags(overrides) -> str:
 
 def lock_hint(profile: str, overrides, out=None) -> str:
     """How to pin a render that no lock fits: for the profile as shipped `envbuild lock
-    PROFILE` (render finds lockfiles/PROFILE); for a variant, its lock in a folder of its own
-    (lockfiles/PROFILE is the profile's) and the render --locked, with the user's -o, that
-    uses it."""
+    PROFILE` (render finds lockfiles/PROFILE); for a variant, `lock -o DIR` into a folder of
+    locks of its own (it writes DIR/PROFILE/; -o lockfiles would replace the profile's
+    lockfiles/PROFILE) and the `render --locked DIR` (which reads DIR/PROFILE/), with the
+    user's -o, that uses it."""
     from envbuilder.render.quoting import sh
 
     flags = override_flags(overrides)

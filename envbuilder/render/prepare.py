@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 from envbuilder.errors import UserError
 from envbuilder.model.resolved import ResolvedEnv
 
-LOCK_ROOT = Path("lockfiles")  # where `envbuild lock` writes and `render --locked` reads
+from envbuilder.paths import LOCK_ROOT
 
 
 class Prepared(NamedTuple):
