@@ -456,7 +456,7 @@ def _run(case: dict, result: dict, save) -> None:
     val_n = cfg.data.val_batch_size
     val = _prompts(val_n, P, torch, dict(gen_meta, do_sample=bool(OmegaConf.select(cfg, "actor_rollout_ref.rollout.val_kwargs.do_sample", default=False)),
                                         validate=True))
-    out = phase("validation generate", lambda: actor.generate_sequences(val), batch=val_n)
+    out = phase("validation generate", lambda: actor.generate_sequences(val), batch=val_n)  # noqa: F821  (called before the del below)
     result["validation_response_shape"] = list(out.batch["responses"].shape)
     del out, val
 

@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
 import os
 import sys
 import time
@@ -461,9 +460,12 @@ def _update(case: dict, r: dict, held: list) -> dict:
         torch.cuda.reset_peak_memory_stats()
         micro()
         return {"steps": 0}
-    micro(); micro(); step()  # Adam's state exists from here on
+    micro()
+    micro()
+    step()  # Adam's state exists from here on
     torch.cuda.reset_peak_memory_stats()
-    micro(); micro()
+    micro()
+    micro()
     update_alloc = torch.cuda.max_memory_allocated()
     update_res = torch.cuda.max_memory_reserved()
     torch.cuda.reset_peak_memory_stats()

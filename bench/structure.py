@@ -113,8 +113,13 @@ def facts() -> dict:
     cli_long = sorted(f"{m}: {len(p.read_text().splitlines())} lines" for m, p in mods.items()
                       if m.startswith("envbuilder.cli.") or m == "envbuilder.cli"
                       if len(p.read_text().splitlines()) > CLI_MAX_LINES)
+    # the command line is the top layer: only envbuilder/__main__.py reaches into it
+    upward = sorted(f"{m} imports {t}" for m, lst in imp.items() for t, _, _ in lst
+                    if (t == "envbuilder.cli" or t.startswith("envbuilder.cli."))
+                    and not (m == "envbuilder.cli" or m.startswith("envbuilder.cli."))
+                    and m != "envbuilder.__main__")
     return {"modules": len(mods), "cycles": cycles(graph), "private_imports": private,
-            "long_cli_modules": cli_long}
+            "long_cli_modules": cli_long, "cli_imported_below": upward}
 
 
 def main() -> int:
@@ -126,10 +131,14 @@ def main() -> int:
     print(f"private cross-imports: {len(f['private_imports'])}")
     for p in f["private_imports"]:
         print("  " + p)
+    print(f"modules below the command line that import it: {len(f['cli_imported_below'])}")
+    for u in f["cli_imported_below"]:
+        print("  " + u)
     print(f"command-line modules over {CLI_MAX_LINES} lines: {len(f['long_cli_modules'])}")
     for c in f["long_cli_modules"]:
         print("  " + c)
-    return 1 if (f["cycles"] or f["private_imports"] or f["long_cli_modules"]) else 0
+    return 1 if (f["cycles"] or f["private_imports"] or f["long_cli_modules"]
+                 or f["cli_imported_below"]) else 0
 
 
 if __name__ == "__main__":

@@ -30,3 +30,12 @@ def redact(text: str) -> str:
 def without_credentials(url: str) -> str:
     """`url` without its user:password@ (what files, labels and the image may name)."""
     return USERINFO.sub(r"\1", url)
+
+
+def canonical_name(name: str) -> str:
+    """A Python package's name as PEP 503 compares names (extras and spaces left off):
+    `Flash_Attn[x]` -> `flash-attn`."""
+    return _SEPARATORS.sub("-", name.split("[")[0].strip()).lower()
+
+
+_SEPARATORS = re.compile(r"[-_.]+")

@@ -21,8 +21,8 @@ import pytest
 from spython.main.parse.parsers import SingularityParser
 
 from conftest import PROFILES, resolved
-from envbuilder.cli.apptainer import HEADER, definition
-from envbuilder.cli.build import PREFLIGHT, smoke_command
+from envbuilder.engines.apptainer import HEADER, definition
+from envbuilder.render.files import PREFLIGHT, smoke_command
 from envbuilder.errors import UserError
 from envbuilder.render.files import render_files
 

@@ -499,7 +499,7 @@ def test_a_bake_target_builds_with_exactly_the_args_its_file_gives(docker_client
     entries need buildx and are not exercised.)"""
     from bakefile import load
     from envbuilder.engines import docker as B
-    from envbuilder.cli.build import smoke_command
+    from envbuilder.render.files import smoke_command
 
     r = envbuild(["bake", "p40", "--without", "apex", "--mirror", "test", "--registry", "local",
                   "-o", str(tmp_path / "bake")], config)
@@ -541,7 +541,6 @@ def test_a_p40_owners_first_hour_end_to_end(docker_client, config, index, github
     mirror, the wheelhouse (refused for the shipped lock's PyPI torch, then locked here and
     exported), and the offline install with the right Python. Only loopback is ever reached:
     "no network" is a proxy on a closed loopback port."""
-    import shlex
 
     base = dict(os.environ, ENVBUILD_CONFIG=str(config), ENVBUILD_MATRIX_DIR=standin_python_overlay())
 

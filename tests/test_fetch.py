@@ -255,6 +255,8 @@ def test_ctrl_c_stops_a_stalled_download_at_once_and_keeps_its_partial(tmp_path)
             fetch(items, tmp_path, jobs=1, progress=ctrl_c, stall_notice=0.3)
         took = time.monotonic() - stopped[0]
         assert [r.path for r in srv.log] == [f"/{WHEEL}"]  # no other file started
-    assert took < 1.5
+    # (a bound with a wide margin for a loaded machine: the stalled download itself would
+    # hold it until the server's release, which never comes)
+    assert took < 8
     assert 0 < (tmp_path / ".partial" / WHEEL).stat().st_size < len(DATA)
     assert not (tmp_path / WHEEL).exists()

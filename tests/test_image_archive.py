@@ -177,7 +177,7 @@ def test_without_skopeo_says_how_to_install_it(tmp_path, cfg):
 def test_the_p40_image_crosses_the_gap_and_passes_its_smoke_test(docker_client, skopeo, config,
                                                                   tmp_path):
     from envbuilder.engines.docker import smoke
-    from envbuilder.cli.build import smoke_command
+    from envbuilder.render.files import smoke_command
 
     tag = "envbuild-test/p40:archive"
     r = envbuild(["build", "p40", "--mirror", "test", "--without", "apex", "--no-smoke",

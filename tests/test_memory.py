@@ -8,7 +8,6 @@ import shlex
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import yaml

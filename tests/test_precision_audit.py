@@ -104,7 +104,7 @@ def test_the_audit_passes_once_the_recorded_patches_are_applied(profile, version
     assert run_script(scripts["apply_patches.py"], site, tmp_path).returncode == 0
     r = run_script(scripts["audit_precision.py"], site, tmp_path)
     assert r.returncode == 0, r.stderr
-    assert f"audit_precision: ok: " in r.stdout and r.stderr == ""
+    assert "audit_precision: ok: " in r.stdout and r.stderr == ""
 
 
 def test_the_audit_passes_on_what_the_image_build_installs(tmp_path):

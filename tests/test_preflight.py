@@ -21,7 +21,7 @@ import pytest
 from conftest import FIXTURES, frozen, frozen_with, resolved
 from fixture_wheels import module_files, wheels_for_env
 from envbuilder.model import matrix as M
-from envbuilder.cli.build import smoke_command
+from envbuilder.render.files import smoke_command
 from envbuilder.render.files import render_files
 
 CHECK, CROSS = "\u2713", "\u2717"

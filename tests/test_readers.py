@@ -103,7 +103,7 @@ def test_render_from_still_renders_the_file_render_wrote(cli, tmp_path, p40_json
     (tmp_path / "spec.json").write_text(p40_json)
     code, _, err = cli("render", "--from", tmp_path / "spec.json", "-o", tmp_path / "out")
     assert code == 0, err
-    assert (tmp_path / "out" / "envbuild.json").read_text() == p40_json
+    assert (tmp_path / "out" / "p40" / "envbuild.json").read_text() == p40_json
 
 
 # ---- a lock directory --------------------------------------------------------------------------
@@ -368,7 +368,7 @@ def test_a_deeply_nested_record_in_the_output_folder_is_ignored_not_a_crash(cli,
     nested 5000 deep was an internal error; now it counts as no record (the careful case)."""
     out = tmp_path / "out"
     assert cli("render", "p40", "-o", out)[0] == 0
-    record = out / ".envbuild-files.json"
+    record = out / "p40" / ".envbuild-files.json"
     record.write_text(record.read_text()[:-2] + ', "x": ' + _nested(5000) + "}\n")
     code, _, err = cli("render", "p40", "-o", out)
     assert code == 0, err
@@ -387,8 +387,8 @@ def test_a_planted_lock_cache_is_validated_before_its_pins_reach_the_constraints
     doc = {n: [v + "\n--index-url http://127.0.0.1:9/evil", ps] for n, (v, ps) in doc.items()}
     cached.write_text(json.dumps(doc))
     assert cli("render", "h100", "-o", tmp_path / "planted")[0] == 0
-    for f in (tmp_path / "clean" / "constraints").iterdir():
-        assert (tmp_path / "planted" / "constraints" / f.name).read_text() == f.read_text()
+    for f in (tmp_path / "clean" / "h100" / "constraints").iterdir():
+        assert (tmp_path / "planted" / "h100" / "constraints" / f.name).read_text() == f.read_text()
     # the cache written afresh is used again as it is (validation passes what parse() wrote)
     before = cached.stat().st_mtime_ns
     assert cli("render", "h100", "-o", tmp_path / "again")[0] == 0

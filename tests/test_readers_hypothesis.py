@@ -478,7 +478,8 @@ def matrix_cache() -> dict:
     os.environ["XDG_CACHE_HOME"] = str(home)
     try:
         M.load()
-        doc = json.loads(M._cache_path(M.matrix_files()).read_text())
+        text = M._cache_path(M.matrix_files()).read_text()
+        doc = json.loads(text.split("\n", 1)[1])  # (after its seal line, paths.SEAL)
     finally:
         os.environ["XDG_CACHE_HOME"] = saved
         shutil.rmtree(home, ignore_errors=True)
@@ -521,7 +522,7 @@ def test_a_planted_matrix_cache_never_breaks_a_render(work, text, whole):
     code, err = envbuild("render", "p40", "-o", home.parent / "out",
                          env={"XDG_CACHE_HOME": str(home)})
     if code == 0:
-        assert "pwned" not in (home.parent / "out" / "Dockerfile").read_text()
+        assert "pwned" not in (home.parent / "out" / "p40" / "Dockerfile").read_text()
     else:
         assert code == 2 and "Unknown profile 'p40'" in err, err
 
@@ -538,7 +539,7 @@ def test_a_record_in_the_output_folder_is_used_or_ignored(work, text):
     folder = fresh(work)
     out = folder / "out"
     envbuild("render", "p40", "-o", out)
-    record = out / ".envbuild-files.json"
+    record = out / "p40" / ".envbuild-files.json"
     assert json.loads(record.read_text())["format"] == RECORD["format"]
     record.write_text(text, errors="surrogatepass")
     envbuild("render", "p40", "-o", out)

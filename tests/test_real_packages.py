@@ -18,7 +18,7 @@ import tarfile
 import urllib.error
 import urllib.request
 import zipfile
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 
 import pytest
 
@@ -182,7 +182,6 @@ def test_the_wheel_name_is_the_one_flash_attns_setup_py_guesses(pypi, version):
     """envbuild names the release wheel as the sdist's own setup.py does, for the torch/CUDA/
     Python of every profile that installs this version, both C++ ABIs and both CUDA majors
     (where the release published no wheel for a major, envbuild names none)."""
-    from envbuilder.model import matrix
     from envbuilder.lock.flash_attn import wheel_filename
     from envbuilder.model.resolve import Overrides, resolve
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import FIXTURES, clean_env, envbuild_exe, frozen, record, shipped
+from conftest import FIXTURES, clean_env, envbuild_exe, frozen, record
 
 PYPI_JSON = FIXTURES / "pypi-json"
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import signal
-import stat
 import subprocess
 import tarfile
 import tempfile

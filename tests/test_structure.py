@@ -19,6 +19,10 @@ def test_no_module_takes_another_modules_private_names():
     assert structure.facts()["private_imports"] == []
 
 
+def test_nothing_below_the_command_line_imports_it():
+    assert structure.facts()["cli_imported_below"] == []
+
+
 def test_the_facts_can_fail(tmp_path, monkeypatch):
     """A planted circle and a planted private import are found (the check is not vacuous)."""
     pkg = tmp_path / "envbuilder"

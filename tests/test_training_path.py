@@ -8,7 +8,7 @@ import pytest
 
 from conftest import PROFILES, frozen, record, resolved, shipped, violations
 from envbuilder.model import matrix as M
-from envbuilder.cli.build import smoke_command
+from envbuilder.render.files import smoke_command
 from envbuilder.errors import UserError
 from envbuilder.render.files import preflight_expectations, render_files
 

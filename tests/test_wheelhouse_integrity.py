@@ -341,7 +341,9 @@ def test_an_interrupted_first_export_resumes(files, tmp_path, how):
         out2, err2 = again.communicate(timeout=60)
         ranges = [r.range for r in srv.requests_for(ALPHA)]
     if how == signal.SIGINT:
-        assert took < 2.0, f"Ctrl-C took {took:.1f} s"
+        # (wide for a loaded machine: a Ctrl-C that waited for the stalled download would wait
+        # for the 30 s communicate timeout)
+        assert took < 10, f"Ctrl-C took {took:.1f} s"
         assert proc.returncode == 130 and "Traceback" not in err
         assert "run the same command again to resume" in err
     assert again.returncode == 0, err2
@@ -410,6 +412,8 @@ def test_a_stall_is_reported_every_ten_seconds_off_a_tty(files, tmp_path):
         srv.release.set()
         code, err = child.wait()
     assert code == 0, err
-    assert 9 < said < 12  # (its clock started with the last chunk, just before the stall)
+    # not before ten seconds without a byte (its clock started with the last chunk, just before
+    # the stall); the upper bound is the wait's own, wide for a loaded machine
+    assert said > 9
     assert re.search(rf"waiting for {re.escape(ALPHA)} from 127\.0\.0\.1:{srv.port}: no bytes "
                      r"for 10 s", err), err

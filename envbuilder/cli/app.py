@@ -16,7 +16,7 @@ from envbuilder.errors import EnvbuildError, UserError
 # click's documented lazy subcommands, name -> "module:command" (no registration by import).
 LAZY_COMMANDS = {"list": "envbuilder.cli.show:list_", "show": "envbuilder.cli.show:show",
                  "check": "envbuilder.cli.check:check", "render": "envbuilder.cli.render:render",
-                 "build": "envbuilder.cli.build:build", "bake": "envbuilder.cli.build:bake", "mirrors": "envbuilder.cli.build:mirrors",
+                 "build": "envbuilder.cli.build:build", "bake": "envbuilder.cli.bake:bake", "mirrors": "envbuilder.cli.mirrors:mirrors",
                  "lock": "envbuilder.cli.lock:lock",
                  "wheelhouse": "envbuilder.cli.wheelhouse:wheelhouse",
                  "detect": "envbuilder.cli.machine:detect", "doctor": "envbuilder.cli.machine:doctor",

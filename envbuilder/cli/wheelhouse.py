@@ -10,99 +10,8 @@ from envbuilder.cli.options import load_matrix, matrix_dir_option
 from envbuilder.paths import LOCK_ROOT
 from envbuilder.errors import UserError
 from envbuilder.oci.http import no_empty_url
-
-
-def url_map_for_mirror(body: dict) -> list[tuple[str, str]]:
-    """Prefix rewrites that send a lock's upstream URLs through a mirror set's endpoints."""
-    out = []
-    for endpoint in body.get("pytorch") or []:
-        if "{variant}" in endpoint:
-            out.append(("https://download.pytorch.org/whl/", endpoint.split("{variant}")[0]))
-    for endpoint in body.get("pypi") or []:
-        if endpoint.rstrip("/").endswith("/simple"):  # PEP 503 mirrors keep PyPI's /packages/ paths
-            out.append(("https://files.pythonhosted.org/packages/",
-                        endpoint.rstrip("/")[: -len("simple")] + "packages/"))
-    for endpoint in body.get("github") or []:  # GitHub files (apex archive, flash-attn wheels)
-        out.append(("https://github.com/", endpoint.rstrip("/") + "/"))
-    for channel, endpoints in (body.get("conda") or {}).items():
-        for endpoint in endpoints:
-            out.append((f"https://conda.anaconda.org/{channel}/", endpoint.rstrip("/") + "/"))
-    return [(a, b) for a, b in out if a != b]
-
-
-def _url_maps(values: tuple[str, ...]) -> list[tuple[str, str]]:
-    out = []
-    for v in values:
-        frm, sep, to = v.partition("=")
-        if not sep or not frm or not to:
-            raise UserError(f"--url-map {v!r} is not FROM=TO (two URL prefixes).")
-        out.append((frm, to))
-    return out
-
-
-def shipped_or_local_lock(profile: str) -> Path:
-    """Where `render` finds a profile's lock: ./lockfiles/<profile>, else the one shipped with
-    envbuild (plan.lock_candidates); the local path when neither exists (its error names it)."""
-    from envbuilder.render.plan import lock_candidates
-
-    candidates = lock_candidates(profile)
-    return next((d for _, d in candidates if (d / "lock.json").is_file()), candidates[0][1])
-
-
-def lock_shortfalls(m, profile: str, lock_dir: Path, accept_pypi_torch: bool,
-                    accept_partial: bool) -> list[str]:
-    """Why exporting this lock would carry something other than what the profile installs: a
-    torch swapped for PyPI's build (what that means: its CUDA and driver floor), a part the
-    profile needs and the lock lacks. Empty when nothing is short, or the user accepted it."""
-    from envbuilder.lock.lockfile import parts_for, read_meta
-    from envbuilder.model.resolve import resolve
-
-    try:
-        meta = read_meta(Path(lock_dir))  # (the one reader of lock.json)
-    except (OSError, ValueError, UserError):
-        return []  # no readable lock: export's own check names it
-    if not isinstance(meta, dict):
-        return []
-    import re
-
-    from envbuilder.render.plan import plan_sha256
-
-    out = []
-    swapped = meta.get("torch_swapped")
-    if swapped and not accept_pypi_torch:
-        asked = re.match(r"([0-9][0-9.]*)\+(cu\d+)", str(swapped))
-        t = m.torch.get(asked.group(1)) if asked else None
-        mine = (t or {}).get("builds", {}).get(asked.group(2)) if asked else None
-        pypi = (t or {}).get("builds", {}).get((t or {}).get("pypi_default") or "")
-        what = ""
-        if mine and pypi and pypi["cuda"] in m.cuda:
-            c = m.cuda[pypi["cuda"]]
-            what = (f" PyPI's torch {asked.group(1)} is its CUDA {pypi['cuda']} build (the "
-                    f"nvidia-*-cu{pypi['cuda'].split('.')[0]} runtime; driver >= "
-                    f"{c.get('compat_driver') or c['min_driver']}), not the {asked.group(2)} build "
-                    f"for CUDA {mine['cuda']} that {profile} is made for.")
-        out.append(f"{lock_dir}: torch is a swap ({swapped}): the PyTorch index was out of reach "
-                   f"when it was locked.{what} Fix: re-lock where the PyTorch index or its mirror "
-                   f"answers (`envbuild lock {profile} --torch-index-url URL`, or --mirror NAME), "
-                   "or pass --accept-pypi-torch to export it as it is.")
-    if profile not in m.profiles:
-        return out
-    env = resolve(m, profile)
-    if meta.get("plan_sha256") != plan_sha256(env):
-        return out  # a lock of a variant (lock --without apex ...): its parts are its own
-    missing = [p for p in parts_for(env, ("conda", "sources")) if p not in meta.get("parts", [])]
-    if missing and not accept_partial:
-        names = {"conda": "conda part (conda-lock.yml)",
-                 "sources": "source archive of " + " or ".join(
-                     n for n in ("apex", "flash-attn") if getattr(env, n.replace("-", "_")))}
-        reach = {"conda": "the conda channels (or --channel a mirror)",
-                 "sources": "GitHub (or --github-url a mirror)"}
-        out.append(f"{lock_dir}: no {' and no '.join(names[p] for p in missing)}: it was made with "
-                   f"--only {','.join(meta.get('parts', []))}, so the far side would have to "
-                   f"fetch {'them' if len(missing) > 1 else 'it'}. Fix: `envbuild lock {profile}` "
-                   f"where {' and '.join(reach[p] for p in missing)} can be reached, or pass "
-                   "--accept-partial.")
-    return out
+from envbuilder.offline.checks import (lock_shortfalls, shipped_or_local_lock, url_map_for_mirror,
+                                      url_maps)
 
 
 @click.command()
@@ -147,7 +56,7 @@ def wheelhouse(profiles, out, lock_dir, mirror, url_map, build_index_url, jobs, 
         raise UserError(f"--build-index-url {build_index_url!r} is not an index URL; pass the "
                         "http(s):// or file:// URL of a PEP 503 index that serves the build "
                         "backends (e.g. https://pypi.org/simple or your mirror's).")
-    maps = _url_maps(url_map)
+    maps = url_maps(url_map)
     if mirror:
         from envbuilder.model import mirrors as M
 

@@ -547,3 +547,41 @@ def default_echo(verbose: bool, header: str = BUILDKIT_STEP) -> Callable[[str], 
         if step.match(line):
             print(line, file=sys.stderr, flush=True)
     return echo
+
+
+def auto_mirror(m, say: Callable[[str], None]) -> str:
+    """`--mirror auto`: the configured mirror set, else the first whose registry answers."""
+    from envbuilder.config import config_path, user_config
+    from envbuilder.model import mirrors as M
+
+    name = user_config().get("mirror")
+    candidates = [name] if name else list(M.mirror_sets(m))
+    for cand in candidates:
+        if any(p.ok for p in M.probe(M.get_set(m, cand), kinds=("registry",))):
+            say(f"--mirror auto chose {cand!r}")
+            return cand
+    raise ActionError("--mirror auto: no mirror set has a registry endpoint that answers "
+                      f"(tried {', '.join(candidates)}). Check your network, or add a "
+                      f"mirror set under `mirrors:` in {config_path()} (envbuild's "
+                      "config; ENVBUILD_CONFIG names another) with a registry you reach.")
+
+
+def mirror_choice(m, name: str | None, env, own_credentials: dict,
+                  say: Callable[[str], None]):
+    """(the mirror choice, the endpoints the build's RUN steps read) for mirror set `name`:
+    its endpoints probed, the base images' registries picked before building (the
+    environment's own image references name them), its endpoints replacing the profile's own,
+    credentials and all. (None, the profile's own) without a mirror set."""
+    from envbuilder.model import mirrors as M
+
+    endpoints = dict(own_credentials)
+    if not name:
+        return None, endpoints
+    body = M.get_set(m, name)
+    healthy = M.health(M.probe(body))
+    for e, (ok, ms) in sorted(healthy.items()):
+        say(f"  probe {M.redacted(e)}: {'ok' if ok else 'DOWN'} ({ms:.0f} ms)")
+    picks = pick_registries(name, body, list(env.cuda.images.values()), healthy, say)
+    choice = M.choice(name, body, healthy)._replace(registries=picks)
+    endpoints.update(choice.endpoints(env))
+    return choice, endpoints

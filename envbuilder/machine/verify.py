@@ -18,7 +18,6 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -92,10 +91,7 @@ class Options:
     say: Callable[[str], None] = lambda line: None
 
 
-@dataclass
-class Interpreter:
-    path: str
-    version: str  # full, e.g. 3.10.13
+from envbuilder.tools.python import Interpreter  # noqa: E402  (path, full version)
 
 
 @dataclass
@@ -126,56 +122,12 @@ class Report:
 
 # ---- the profile's Python ---------------------------------------------------------------------
 
-def _probe_python(path: str, version: str) -> Interpreter | None:
-    code = "import sys, venv, ensurepip; print('%d.%d.%d' % sys.version_info[:3])"
-    try:
-        out = subprocess.run([path, "-c", code], capture_output=True, text=True, timeout=30,
-                             env=_clean_env())
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    full = out.stdout.strip()
-    if out.returncode == 0 and full.rsplit(".", 1)[0] == version:
-        return Interpreter(path, full)
-    return None
-
-
-def _version_key(name: str) -> tuple:
-    return tuple(int(x) if x.isdigit() else -1 for x in re.split(r"[.]", name))
-
-
 def find_python(version: str) -> Interpreter | None:
-    """A Python `version` (X.Y) interpreter with venv and ensurepip: pyenv's, then PATH's, then
-    envbuild's own, then what uv finds (never downloaded)."""
-    cands: list[str] = []
-    root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
-    if root.is_dir():
-        pattern = re.compile(rf"{re.escape(version)}\.\d+")
-        for d in sorted((p for p in root.iterdir() if pattern.fullmatch(p.name)),
-                        key=lambda p: _version_key(p.name), reverse=True):
-            cands.append(str(d / "bin" / f"python{version}"))
-    for name in (f"python{version}", "python3"):
-        found = shutil.which(name)
-        if found:
-            cands.append(found)
-    cands.append(getattr(sys, "_base_executable", None) or sys.executable)
-    try:
-        from envbuilder.lock.pip import uv_bin
+    """A Python `version` (X.Y) with venv and ensurepip (tools/python.py's search order)."""
+    from envbuilder.tools.python import find_python as find
 
-        out = subprocess.run([uv_bin(), "python", "find", version, "--no-config",
-                              "--no-python-downloads"], capture_output=True, text=True,
-                             timeout=60, env=_clean_env())
-        if out.returncode == 0 and out.stdout.strip():
-            cands.append(out.stdout.strip().splitlines()[-1])
-    except (UserError, OSError, subprocess.TimeoutExpired):
-        pass
-    for c in dict.fromkeys(cands):
-        found = _probe_python(c, version)
-        if found:
-            return found
-    return None
+    return find(version, need_venv=True)
 
-
-# ---- environments for children ------------------------------------------------------------------
 
 def _clean_env(**extra: str) -> dict[str, str]:
     """The caller's environment minus uv's index settings (lock.pip's rule), pip's settings and
@@ -308,8 +260,7 @@ def fmt_seconds(s: float) -> str:
 _PIN = re.compile(r"^(\s*)([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==([^\s;+#]+)(\+[^\s;#]+)?(.*)$")
 
 
-def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
+from envbuilder.text import canonical_name as _norm  # noqa: E402  (PEP 503, one place)
 
 
 def local_pins(packages: list[str]) -> dict[str, tuple[str, str]]:

@@ -18,7 +18,10 @@ and `Num` give the range a field means (a count is never negative, a share is in
 from __future__ import annotations
 
 import re
+
 from typing import Any
+
+from envbuilder.oci.reference import PATTERN as _REFERENCE  # (the one image grammar)
 
 from envbuilder.model.versions import DRIVER_PATTERN, VERSION_PATTERN
 
@@ -316,9 +319,7 @@ REQUIREMENT = Pattern(rf"{PACKAGE.regex}==[A-Za-z0-9][A-Za-z0-9.+!_-]{{0,63}}",
                       "torch==2.6.0+cu118", "a pin of the form 'torch==2.6.0+cu118'")
 URL = Url()
 # a container image reference: [registry[:port]/]repository[:tag][@sha256:digest]
-IMAGE = Pattern(r"[A-Za-z0-9][A-Za-z0-9._-]*(?::\d{1,5})?(?:/[A-Za-z0-9][A-Za-z0-9._-]*)*"
-                r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?",
-                "nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04", max_len=300)
+IMAGE = Pattern(_REFERENCE, "nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04", max_len=300)
 # a registry endpoint, [SCHEME://]HOST[:PORT][/PREFIX], and a registry as images name it
 REGISTRY = Pattern(rf"(?:https?://)?{_HOST}(?::\d{{1,5}})?(?:/[A-Za-z0-9._-]+)*/?",
                    "docker.m.daocloud.io", "a registry endpoint like 'registry.example:5000/prefix'")

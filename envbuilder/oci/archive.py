@@ -48,15 +48,9 @@ MAX_INDEX_BYTES = 1 << 20  # index.json / a manifest inside the archive
 INNER = "image.tar"  # the archive's name inside the private folder (skopeo's path has no ':')
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_HOST = (r"(?:localhost|\[[0-9a-fA-F:]+\]|[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
-         r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*)(?::\d{1,5})?")
-_TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
-# Docker's reference grammar: [HOST[:PORT]/]PATH[:TAG][@sha256:HEX]
-REFERENCE = re.compile(rf"(?:{_HOST}/)?{_COMPONENT}(?:/{_COMPONENT})*(?::{_TAG})?"
-                       r"(?:@sha256:[0-9a-f]{64})?")
-# a repository in the target registry, no host: PATH[:TAG]
-NAME = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT})*(?::{_TAG})?")
+# Docker's reference grammar: [HOST[:PORT]/]PATH[:TAG][@sha256:HEX], and a repository in the
+# target registry without its host, PATH[:TAG] (oci/reference.py: the one grammar)
+from envbuilder.oci.reference import NAME, REFERENCE  # noqa: E402
 IMAGE_ID = re.compile(r"(?:sha256:)?[0-9a-f]{12,64}")
 
 Say = Callable[[str], None]
@@ -122,13 +116,7 @@ def archive_name(ref: str) -> str | None:
     return name + (parsed.reference if parsed.reference.startswith(":") else "")
 
 
-def sha256_file(path: Path) -> tuple[str, int]:
-    h, size = hashlib.sha256(), 0
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-            size += len(chunk)
-    return h.hexdigest(), size
+from envbuilder.tools.digest import sha256_file  # noqa: E402,F401  ((hex, size): the one hashing)
 
 
 # The shapes of what an archive carries, read only through readers.py (bounded, typed): the OCI

@@ -481,15 +481,15 @@ def _range_start(resp: requests.Response) -> int | None:
 
 def _sha256_of(path: Path):
     """A running sha256 seeded with the file's bytes, to continue hashing a resumed download."""
-    hasher = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(HASH_BLOCK), b""):
-            hasher.update(block)
-    return hasher
+    from envbuilder.tools.digest import sha256_hasher
+
+    return sha256_hasher(path)[0]
 
 
 def sha256_file(path: Path) -> str:
-    return _sha256_of(path).hexdigest()
+    from envbuilder.tools.digest import sha256_file as digest
+
+    return digest(path)[0]
 
 
 def _first_line(exc: Exception) -> str:

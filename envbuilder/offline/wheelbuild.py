@@ -13,7 +13,6 @@ library no newer than the target's (it was linked here).
 
 from __future__ import annotations
 
-import glob
 import os
 import platform
 import re
@@ -136,46 +135,13 @@ def host_glibc() -> tuple[int, int] | None:
 
 # ---- an interpreter of the target's Python version -------------------------------------------
 
-def _probe(exe: str) -> str | None:
-    """The full version of a CPython at `exe` ("3.10.13"), or None when it does not run."""
-    try:
-        proc = subprocess.run([exe, "-c", "import sys, platform; print(sys.implementation.name, "
-                               "platform.python_version())"], capture_output=True, text=True,
-                              timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    parts = proc.stdout.split()
-    return parts[1] if proc.returncode == 0 and len(parts) == 2 and parts[0] == "cpython" else None
-
-
 def find_python(version: str) -> tuple[str, str] | None:
-    """(path, full version) of a CPython `version` (X.Y) on this machine: pythonX.Y on PATH,
-    pyenv's versions (whose shims answer only when that version is selected), then what
-    `uv python find` knows (its managed interpreters, virtual environments); never downloads."""
-    candidates = [shutil.which(f"python{version}")]
-    pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
-    found = glob.glob(str(pyenv / "versions" / f"{version}.*" / "bin" / f"python{version}"))
+    """(path, full version) of a CPython `version` (X.Y) on this machine (tools/python.py's
+    search order; never downloads)."""
+    from envbuilder.tools.python import find_python as find
 
-    def patch(path: str) -> tuple[int, ...]:
-        m = re.search(rf"/{re.escape(version)}\.(\d+)(?:/|$)", path)
-        return (int(m[1]),) if m else (-1,)
-
-    candidates += sorted(found, key=patch, reverse=True)
-    for exe in candidates:
-        if exe:
-            full = _probe(exe)
-            if full and full.rsplit(".", 1)[0] == version:
-                return exe, full
-    try:
-        from envbuilder.tools.uv import uv_env, uv_bin
-
-        proc = subprocess.run([uv_bin(), "python", "find", "--no-config", "--no-python-downloads",
-                               version], capture_output=True, text=True, timeout=60, env=uv_env())
-    except (OSError, UserError, subprocess.TimeoutExpired):
-        return None
-    exe = proc.stdout.strip()
-    full = _probe(exe) if proc.returncode == 0 and exe else None
-    return (exe, full) if full and full.rsplit(".", 1)[0] == version else None
+    found = find(version)
+    return (found.path, found.version) if found else None
 
 
 # ---- building -------------------------------------------------------------------------------

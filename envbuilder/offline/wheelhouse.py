@@ -75,8 +75,7 @@ class Artifact(NamedTuple):
         return f"{self.subdir}/{self.filename}"
 
 
-def normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
+from envbuilder.text import canonical_name as normalize  # noqa: E402  (PEP 503, one place)
 
 
 class LockPlan(NamedTuple):

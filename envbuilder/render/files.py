@@ -40,6 +40,17 @@ MARKER = "envbuild.json"
 
 _jinja = None
 
+PREFLIGHT = "/opt/envbuild/preflight.py"  # where the Dockerfile puts it
+
+
+def smoke_command(preflight: str = PREFLIGHT) -> list[str]:
+    """The image's own preflight.py in --smoke mode: the torch build and every module of the
+    training path (its EXPECTED["training_path"], rendered from the same resolved environment),
+    with no GPU needed. Its report goes to stderr, where docker's error carries it on failure."""
+    return ["python", "-c", "import runpy, sys; sys.stdout = sys.stderr; path = sys.argv[1]; "
+            "sys.argv = [path, '--smoke']; runpy.run_path(path, run_name='__main__')", preflight]
+
+
 
 def jinja_env():
     global _jinja

@@ -70,14 +70,13 @@ def _open_nofollow(path: Path):
 
 
 def _sha256(path: Path) -> str | None:
-    h = hashlib.sha256()
+    """The file's sha256, never through a link; None where it cannot be read."""
+    from envbuilder.tools.digest import sha256_file
+
     try:
-        with _open_nofollow(path) as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
+        return sha256_file(path, follow=False)[0]
     except OSError:
         return None
-    return h.hexdigest()
 
 
 class Checked(NamedTuple):

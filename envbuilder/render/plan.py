@@ -42,7 +42,11 @@ class Locked(Record):
 
 @functools.lru_cache(maxsize=None)
 def normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name.split("[")[0]).lower()
+    """PEP 503 (text.canonical_name), cached: a render of every profile asks it thousands of
+    times."""
+    from envbuilder.text import canonical_name
+
+    return canonical_name(name)
 
 
 def layer_roots(env: ResolvedEnv) -> dict[str, list[str]]:

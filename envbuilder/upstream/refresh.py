@@ -65,9 +65,11 @@ def _release_part(version: str) -> str:
     return m.group(1) if m else version
 
 
-def canon(name: str) -> str:
+def canon(name: str) -> str:  # (PEP 503: text.canonical_name)
     """PEP 503's normalized name, without extras: `Ray[default]` -> `ray`."""
-    return re.sub(r"[-_.]+", "-", name.split("[")[0].strip()).lower()
+    from envbuilder.text import canonical_name
+
+    return canonical_name(name)
 
 
 def extras_of(spec: str) -> tuple[str, ...]:

@@ -1,0 +1,67 @@
+"""`envbuild mirrors list` and `envbuild mirrors probe`: the mirror sets and whether their
+endpoints answer."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from envbuilder.cli.options import load_matrix, matrix_dir_option
+
+
+@click.group()
+def mirrors():
+    """Mirror sets: what each rewrites, and how healthy their endpoints are."""
+
+
+@mirrors.command("list")
+@click.option("--json", "as_json", is_flag=True)
+@matrix_dir_option
+def mirrors_list(as_json, matrix_dirs):
+    """Shipped and configured mirror sets and what each rewrites."""
+    from envbuilder.model import mirrors as M
+    from envbuilder.config import config_path
+
+    sets = M.mirror_sets(load_matrix(matrix_dirs))
+    # a set's endpoints may carry user:password@: shown as ***@, as every log line shows them
+    sets = json.loads(M.redacted(json.dumps(sets)))
+    if as_json:
+        click.echo(json.dumps(sets, indent=2, sort_keys=True))
+        return
+    for name, body in sets.items():
+        click.echo(f"{name}: {body.get('description', '')}")
+        for reg, eps in sorted((body.get("registries") or {}).items()):
+            click.echo(f"  {reg:<22} -> {', '.join(eps)}")
+        for kind in ("pypi", "pytorch", "huggingface", "apt", "github"):
+            if body.get(kind):
+                click.echo(f"  {kind:<22} -> {', '.join(body[kind])}")
+        for ch, eps in sorted((body.get("conda") or {}).items()):
+            click.echo(f"  conda:{ch:<16} -> {', '.join(eps)}")
+    click.echo(f"(your own sets go in {config_path()} under `mirrors:`)")
+
+
+@mirrors.command("probe")
+@click.option("--mirror", "name", required=True, help="Mirror set to probe.")
+@click.option("--timeout", default=5.0, show_default=True, help="Seconds per endpoint.")
+@click.option("--json", "as_json", is_flag=True)
+@matrix_dir_option
+def mirrors_probe(name, timeout, as_json, matrix_dirs):
+    """Health and latency of every endpoint of a set, probed in parallel."""
+    from envbuilder.model import mirrors as M
+    from envbuilder.errors import need_extra
+
+    need_extra("mirrors probe", "actions", ("requests",))
+
+    probes = M.probe(M.get_set(load_matrix(matrix_dirs), name), timeout=timeout)
+    if as_json:
+        click.echo(M.redacted(json.dumps([p._asdict() for p in probes], indent=2)))
+    else:
+        rows = [("KIND", "FOR", "ENDPOINT", "STATUS", "MS")]
+        rows += [(p.kind, p.target, M.redacted(p.endpoint), ("ok " if p.ok else "DOWN ") + p.status,
+                  f"{p.latency_ms:.0f}") for p in probes]
+        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        for r in rows:
+            click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    if probes and not any(p.ok for p in probes):
+        raise SystemExit(1)

@@ -1,0 +1,161 @@
+"""An Apptainer (Singularity) definition file of a profile's image, for
+clusters that run Apptainer rather than Docker (the library part of `envbuild apptainer`).
+
+The definition installs nothing: it starts from the image `envbuild build` pushed, by digest
+(`Bootstrap: docker`, a tag can move), or from an OCI archive of it (`Bootstrap: oci-archive`),
+and adds what Apptainer keeps beside the image: labels, the run-time environment the image's ENV
+sets, a %test that is the build's own smoke test, and a %runscript that starts the launch script.
+It is one file written where the user says (default ./<profile>.def), never into a render's
+folder, whose files are tracked by its record.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path, PurePosixPath
+
+from envbuilder.errors import UserError
+
+TEMPLATE = "apptainer.def.j2"
+# the first line of every file this command writes: a file that does not start with it is not
+# envbuild's, and is replaced only with --force
+HEADER = "# envbuild apptainer definition"
+# The run-time ENV lines of templates/_macros.j2 (common_setup): the venv the image installs into
+VENV = "/opt/venv"
+# name[:port]/path[:tag]@sha256:<64 hex>, as `envbuild build --push` prints it (the grammar of
+# distribution's reference, lower-case path components; the host may be any DNS name or IP)
+from envbuilder.oci.reference import REFERENCE as _REF  # noqa: E402  (the one grammar)
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# an OCI archive's index.json is a few hundred bytes; anything near this is not one
+MAX_INDEX_BYTES = 1 << 20
+
+
+def image_reference(ref: str) -> tuple[str, str]:
+    """(reference, digest) of an --image value, which must name its digest."""
+    text = ref.strip()
+    if text.startswith("docker://"):
+        text = text[len("docker://"):]
+    m = _REF.fullmatch(text)
+    if not m:
+        raise UserError(f"--image {ref!r} is not an image reference (REGISTRY/NAME@sha256:DIGEST, "
+                        "64 lower-case hex digits). Pass the reference `envbuild build PROFILE "
+                        "--push REGISTRY` printed.")
+    if not m["digest"]:
+        raise UserError(f"--image {ref!r} names no digest: a tag can move, so the SIF could be "
+                        "built from an image other than the one envbuild built and tested. Pass "
+                        "the REGISTRY/NAME@sha256:... reference `envbuild build PROFILE --push "
+                        "REGISTRY` printed (or `docker inspect --format '{{index .RepoDigests 0}}' "
+                        "IMAGE`).")
+    return text, m["digest"]
+
+
+def archive_digest(path: Path) -> str | None:
+    """The manifest digest of an OCI archive (its index.json's one manifest), None when the
+    file is not there yet; an archive that is not an OCI image layout is refused. index.json is
+    read as import-image reads it (image_archive.index_manifests: the one bounded reader)."""
+    import tarfile
+
+    from envbuilder.oci.archive import index_manifests
+
+    if not path.exists():
+        return None
+    bad = (f"--oci-archive {path} is not an OCI image archive (a tar with an index.json naming "
+           "one image). Write one with `envbuild export-image`, `skopeo copy "
+           "docker-daemon:IMAGE oci-archive:FILE` or `podman save --format oci-archive`.")
+    try:
+        with tarfile.open(path, "r:*") as tar:
+            manifests = index_manifests(tar, path, bad)
+    except UserError as e:
+        raise UserError(str(e) if bad in str(e) else bad) from None
+    except (OSError, tarfile.TarError, EOFError):
+        raise UserError(bad) from None
+    if len(manifests) != 1:
+        raise UserError(bad.replace("(a tar", "with exactly one image (a tar"))
+    digest = manifests[0]["digest"]
+    return digest if _DIGEST.fullmatch(digest) else None
+
+
+def archive_path(path: Path) -> Path:
+    """The archive as the absolute path the header names; Apptainer's header is bare words
+    (a `#` starts a comment there), so the path must be one plain token."""
+    from envbuilder.render.quoting import BARE
+
+    full = Path(os.path.abspath(path))
+    if not BARE.fullmatch(str(full)[1:]):  # (after its leading `/`: the template's `word`)
+        raise UserError(f"--oci-archive {str(full)!r} holds characters an Apptainer definition's "
+                        "header cannot carry (a space, quote, `#`, `$` or the like). Move or "
+                        "rename the archive to a plain path (letters, digits, '/', '.', '_', '-').")
+    return full
+
+
+def labels(env, source: str, digest: str | None) -> list[tuple[str, str]]:
+    """%labels, key and value: the image's own io.envbuild.* labels (Dockerfile.j2) and where
+    the SIF came from. Apptainer reads one label a line: key, a space, the rest of the line."""
+    out = [("io.envbuild.version", env.envbuild_version),
+           ("io.envbuild.profile", env.profile),
+           ("io.envbuild.gpu", env.gpu.key),
+           ("io.envbuild.gpu-name", env.gpu.name),
+           ("io.envbuild.compute-capability", env.gpu.compute_capability),
+           ("io.envbuild.cuda", env.cuda.version),
+           ("io.envbuild.torch", f"{env.torch.version}+{env.torch.variant}"),
+           ("io.envbuild.verl", env.verl.version),
+           ("io.envbuild.rollout", env.rollout),
+           ("io.envbuild.image", source)]
+    if digest:
+        out.append(("io.envbuild.image-digest", digest))
+    return [(k, str(v)) for k, v in out]
+
+
+def environment(env) -> list[tuple[str, str]]:
+    """%environment: what the image's ENV sets that matters when it runs (Dockerfile.j2 and
+    _macros.j2), from the resolved environment. PATH is written after these, with $PATH."""
+    out = [("VIRTUAL_ENV", VENV),
+           ("PYTHONDONTWRITEBYTECODE", "1"),  # (the SIF is read-only)
+           ("HF_ENDPOINT", env.huggingface)]
+    alloc = env.cuda_alloc_conf
+    if alloc and alloc.value:  # (the run script's default; none where the profile has none)
+        out.append(("PYTORCH_CUDA_ALLOC_CONF", alloc.value))
+    if not env.features.torch_compile:
+        out.append(("TORCHDYNAMO_DISABLE", "1"))
+    for name, value in out:  # (the schema refused these where they entered: a second wall)
+        if not all(c == " " or c.isprintable() for c in str(value)):
+            raise UserError(f"The value of {name} for profile {env.profile!r} holds a control "
+                            "character, which a POSIX shell's %environment cannot carry. Fix "
+                            "the matrix value it comes from.")
+    return out
+
+
+def definition(env, source: str, bootstrap: str, digest: str | None, def_name: str) -> str:
+    """The definition file's text for `env` (a ResolvedEnv) built from `source`."""
+    from envbuilder.render.files import PREFLIGHT, smoke_command
+    from envbuilder.render.files import RUN_SCRIPT, jinja_env
+
+    sif = f"{PurePosixPath(def_name).stem or env.profile}.sif"
+    context = {
+        "d": env,
+        "header": HEADER,
+        "bootstrap": bootstrap,
+        "source": source,
+        "labels": labels(env, source, digest),
+        "environment": environment(env),
+        "venv_bin": f"{VENV}/bin",
+        "test_command": smoke_command(),
+        # where the Dockerfile copies the launch script: beside preflight.py
+        "run_command": str(PurePosixPath(PREFLIGHT).parent / RUN_SCRIPT),
+        "preflight": PREFLIGHT,
+        "sif": sif,
+        "def_name": def_name,
+    }
+    return jinja_env().get_template(TEMPLATE).render(context)
+
+
+def ours(path: Path) -> bool:
+    """Whether `path` is a file this command wrote (its first line is HEADER)."""
+    try:
+        with open(path, "rb") as f:
+            first = f.read(len(HEADER.encode()) + 1)
+    except OSError:
+        return False
+    return first.startswith(HEADER.encode() + b" ")

@@ -1,0 +1,79 @@
+"""Finding a CPython of a given version on this machine (never downloading one): what `verify`
+makes its throwaway venv with and what the wheelhouse builds an sdist with. One search order:
+pythonX.Y on PATH, pyenv's versions (newest patch first; their shims answer only when that
+version is selected), python3 on PATH, envbuild's own interpreter, then what `uv python find`
+knows (its managed interpreters, virtual environments)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+from envbuilder.errors import UserError
+
+
+class Interpreter(NamedTuple):
+    path: str
+    version: str  # the full version, 3.10.13
+
+
+_CLEAN = ("PIP_", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "VIRTUAL_ENV",
+          "CONDA_PREFIX")
+
+
+def _env() -> dict[str, str]:
+    from envbuilder.tools.uv import uv_env
+
+    return {k: v for k, v in uv_env().items() if not k.startswith(_CLEAN)}
+
+
+def probe(path: str, version: str, need_venv: bool = False) -> Interpreter | None:
+    """`path` as an Interpreter when it is a CPython of `version` (X.Y) that runs (with venv
+    and ensurepip, `need_venv`); None otherwise."""
+    code = ("import sys, platform" + (", venv, ensurepip" if need_venv else "")
+            + "; print(sys.implementation.name, platform.python_version())")
+    try:
+        out = subprocess.run([path, "-c", code], capture_output=True, text=True, timeout=30,
+                             env=_env())
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    parts = out.stdout.split()
+    if out.returncode == 0 and len(parts) == 2 and parts[0] == "cpython" \
+            and parts[1].rsplit(".", 1)[0] == version:
+        return Interpreter(path, parts[1])
+    return None
+
+
+def _patch(path: str, version: str) -> int:
+    m = re.search(rf"/{re.escape(version)}\.(\d+)(?:/|$)", path)
+    return int(m[1]) if m else -1
+
+
+def find_python(version: str, need_venv: bool = False) -> Interpreter | None:
+    """A CPython `version` (X.Y) on this machine, in the module's search order; None when
+    there is none (uv never downloads one here)."""
+    cands = [shutil.which(f"python{version}")]
+    root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    if root.is_dir():
+        found = [str(d / "bin" / f"python{version}") for d in root.iterdir()
+                 if re.fullmatch(rf"{re.escape(version)}\.\d+", d.name)]
+        cands += sorted(found, key=lambda p: _patch(p, version), reverse=True)
+    cands += [shutil.which("python3"), getattr(sys, "_base_executable", None) or sys.executable]
+    for c in dict.fromkeys(c for c in cands if c):
+        found = probe(c, version, need_venv)
+        if found:
+            return found
+    try:
+        from envbuilder.tools.uv import uv_bin
+
+        out = subprocess.run([uv_bin(), "python", "find", "--no-config", "--no-python-downloads",
+                              version], capture_output=True, text=True, timeout=60, env=_env())
+    except (UserError, OSError, subprocess.TimeoutExpired):
+        return None
+    exe = out.stdout.strip().splitlines()[-1] if out.returncode == 0 and out.stdout.strip() else ""
+    return probe(exe, version, need_venv) if exe else None

@@ -1,0 +1,287 @@
+"""PyPI's JSON API, as `envbuild refresh` reads it (through net's one session: a size cap and a
+deadline on every answer, each checked for the shape refresh reads).
+
+Per release, the metadata comes from `/pypi/<name>/<version>/json`; where an index serves only
+the project page (`/pypi/<name>/json`, as some mirrors and proxies do), from the release's
+wheel: its `*.dist-info/METADATA`, read with HTTP range requests (a few hundred KB of a
+400 MB wheel: the zip's directory and that one member), as pip's lazy wheel does.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+
+from envbuilder.errors import ActionError
+
+
+DEFAULT_INDEX = "https://pypi.org"
+
+
+MAX_PROJECT_BYTES = 64 << 20  # ray's project page is 1.5 MB
+
+
+MAX_METADATA_BYTES = 4 << 20
+
+
+MAX_WHEEL_READ_BYTES = 64 << 20  # what a zip directory and one METADATA can take of a wheel
+
+
+WORKERS = 8
+
+
+class PyPIJson:
+    """GETs on `<index>/pypi/<name>/json` and `<index>/pypi/<name>/<version>/json` through
+    net.session (retries, proxies, CAs), each body within its cap and every exchange within
+    `deadline`; an index that does not answer, or answers something that is not PyPI's project
+    JSON (HTML, a list, a release that is a string, files of the wrong kind), is an exit-1
+    paragraph naming the URL without its credentials."""
+
+    def __init__(self, base: str, timeout: float):
+        self.base, self.timeout = base, timeout
+        self.deadline = max(60.0, 4 * timeout)  # a whole answer, however slowly it drips
+        self._local = threading.local()
+
+    def session(self):
+        s = getattr(self._local, "session", None)
+        if s is None:
+            from envbuilder.oci.http import session
+
+            s = self._local.session = session(user_agent="envbuild-refresh")
+        return s
+
+    def _get(self, url: str, limit: int, headers: dict | None = None):
+        """(status, body bytes; empty for a status >= 400); net.NetError when the index does
+        not answer, answers more than `limit` bytes, or not within the deadline."""
+        from envbuilder.oci import http as net
+
+        expect = net.Expect("PyPI's JSON API answer", limit, self.deadline)
+        r = net.request(self.session(), "GET", url, expect, headers=headers,
+                        timeout=self.timeout)
+        return r.status, (r.body if r.status < 400 else b"")
+
+    def projects(self, names) -> dict[str, dict]:
+        from envbuilder.oci import http as net
+
+        out = {}
+        shown = net.redact(self.base)
+        for name in names:
+            url = f"{self.base}/pypi/{name}/json"
+            try:
+                status, body = self._get(url, MAX_PROJECT_BYTES)
+            except net.NetError as e:
+                if e.kind == "too-large":
+                    raise ActionError(f"{e}: not PyPI's project JSON for {name}. Pass "
+                                      "--index-url the root of PyPI's JSON API.") from None
+                raise ActionError(f"{shown} does not answer for {name} ({e.reason}): envbuild "
+                                  f"refresh reads PyPI's JSON API there ({e.url}). Check the "
+                                  "network and proxy settings (HTTPS_PROXY), or pass --index-url "
+                                  "an index that serves that API (PyPI itself, or a mirror that "
+                                  "does, such as devpi).") from None
+            if status == 404:
+                raise ActionError(f"{net.redact(url)} answered 404: {shown} serves no JSON API "
+                                  f"page for {name}. --index-url takes the root of PyPI's JSON "
+                                  f"API ({DEFAULT_INDEX}), not a simple index; pass one that "
+                                  "serves /pypi/<name>/json.")
+            if status >= 400:
+                raise ActionError(f"{net.redact(url)} answered HTTP {status}: the index refused "
+                                  "the JSON API request. Try again later, or pass another "
+                                  "--index-url.")
+            try:
+                doc = net.json_object(body, url, "PyPI's project JSON")
+                _check_project(doc, url)
+            except net.BadAnswer as e:
+                raise ActionError(f"{e.url} is not PyPI's project JSON: it {e.detail}. The "
+                                  "index answered something else (a login page, a proxy's "
+                                  "error?); pass --index-url the root of PyPI's JSON API."
+                                  ) from None
+            out[name] = doc
+        return out
+
+    def metadata_of(self, wanted: dict[str, list[str]], projects: dict) -> dict:
+        from concurrent.futures import ThreadPoolExecutor
+
+        jobs = [(pkg, v) for pkg, versions in wanted.items() for v in versions]
+        with ThreadPoolExecutor(WORKERS) as pool:
+            got = list(pool.map(lambda job: self.metadata(*job, projects[job[0]]), jobs))
+        out: dict[str, dict] = {}
+        for (pkg, v), md in zip(jobs, got):
+            out.setdefault(pkg, {})[v] = md
+        return out
+
+    def metadata(self, name: str, version: str, project: dict) -> dict:
+        """{"requires_python", "requires_dist", "from"}, or {"error": why}."""
+        from envbuilder.oci import http as net
+
+        url = f"{self.base}/pypi/{name}/{version}/json"
+        shown = net.redact(url)
+        try:
+            status, body = self._get(url, MAX_METADATA_BYTES * 4)
+        except net.NetError as e:
+            if e.kind == "too-large":
+                return {"error": str(e)}
+            raise ActionError(f"{shown} did not answer ({e.reason}) after the project pages "
+                              "did: the index or the network failed midway. Run refresh again; "
+                              "pass --timeout more seconds on a slow link.") from None
+        if status < 400:
+            try:
+                info = net.json_object(body, url, "PyPI's release JSON").get("info")
+                if not isinstance(info, dict):
+                    raise net.BadAnswer(url, f"has {net.kind_of(info)} for `info`, not an object")
+                rp, rd = info.get("requires_python"), info.get("requires_dist")
+                if rp is not None and not isinstance(rp, str):
+                    raise net.BadAnswer(url, f"has {net.kind_of(rp)} for `info.requires_python`")
+                if rd is not None and not (isinstance(rd, list)
+                                           and all(isinstance(r, str) for r in rd)):
+                    raise net.BadAnswer(url, "has `info.requires_dist` that is no list of text")
+                return {"requires_python": rp or None, "requires_dist": rd or [], "from": url}
+            except net.BadAnswer as e:
+                return {"error": f"{e.url} is not PyPI's release JSON: it {e.detail}"}
+        if status != 404:
+            return {"error": f"{shown} answered HTTP {status}"}
+        return self.from_wheel(name, version, project)
+
+    def from_wheel(self, name: str, version: str, project: dict) -> dict:
+        import zipfile
+        import zlib
+
+        from envbuilder.oci import http as net
+
+        files = (project.get("releases") or {}).get(version) or []
+        wheels = [f for f in files if str(f.get("filename", "")).endswith(".whl") and f.get("url")]
+        if not wheels:
+            return {"error": "no per-release JSON at this index (404) and no wheel to read "
+                    "METADATA from (PyPI has only its sdist)"}
+        wheel = min(wheels, key=lambda f: (not re.search(r"linux.*x86_64|none-any", f["filename"]),
+                                           f["filename"]))
+        from urllib.parse import urljoin
+
+        url = urljoin(f"{self.base}/pypi/{name}/json", wheel["url"])
+        try:
+            text = _wheel_metadata(self, url, wheel.get("size"))
+        except (net.NetError, ValueError, OSError, KeyError, EOFError, zipfile.BadZipFile,
+                zlib.error, NotImplementedError, RuntimeError) as e:
+            # (a file that is no zip, a truncated or corrupt one, a compression or encryption
+            # zipfile does not read: the wheel cannot give its METADATA)
+            return {"error": f"no per-release JSON at this index (404), and the METADATA of "
+                    f"{wheel['filename']} could not be read ({_why(e)})"}
+        import email.parser
+
+        msg = email.parser.Parser().parsestr(text, headersonly=True)
+        return {"requires_python": msg.get("Requires-Python") or None,
+                "requires_dist": msg.get_all("Requires-Dist") or [],
+                "from": f"{wheel['filename']} METADATA (no per-release JSON at this index)"}
+
+
+_FILE_FIELDS = {"filename": (str,), "url": (str,), "yanked": (bool, str), "yanked_reason": (str,),
+                "requires_python": (str,), "size": (int,)}
+
+
+def _check_project(doc: dict, url: str) -> None:
+    """net.BadAnswer unless `doc` has the shape of PyPI's project JSON in what refresh reads:
+    `info` an object (its `version` text), `releases` an object of lists of file objects whose
+    filename, url, yanked, yanked_reason, requires_python and size are of their kinds."""
+    from envbuilder.oci.http import BadAnswer, kind_of
+
+    info = doc.get("info")
+    if info is not None and not isinstance(info, dict):
+        raise BadAnswer(url, f"has {kind_of(info)} for `info`, not an object")
+    if info and info.get("version") is not None and not isinstance(info["version"], str):
+        raise BadAnswer(url, f"has {kind_of(info['version'])} for `info.version`, not text")
+    releases = doc.get("releases")
+    if not isinstance(releases, dict):
+        raise BadAnswer(url, "has no `releases` object" if releases is None else
+                        f"has {kind_of(releases)} for `releases`, not an object")
+    for version, files in releases.items():
+        if files is None:
+            continue
+        if not isinstance(files, list):
+            raise BadAnswer(url, f"has {kind_of(files)} for release {version[:60]!r}, not a "
+                                 "list of files")
+        for i, f in enumerate(files):
+            if not isinstance(f, dict):
+                raise BadAnswer(url, f"has {kind_of(f)} as file {i} of release "
+                                     f"{version[:60]!r}, not an object")
+            for key, kinds in _FILE_FIELDS.items():
+                value = f.get(key)
+                bad_size = key == "size" and (isinstance(value, bool) or
+                                              (isinstance(value, int) and value < 0))
+                if value is not None and (not isinstance(value, kinds) or bad_size):
+                    raise BadAnswer(url, f"has {kind_of(value)} for `{key}` of file {i} of "
+                                         f"release {version[:60]!r}")
+
+
+class _RangeFile:
+    """A remote file as zipfile reads it: every read one HTTP range request (through
+    net.request: the body at most what was asked for, within the index's deadline)."""
+
+    def __init__(self, index: PyPIJson, url: str, size: int):
+        self.index, self.url, self.size, self.pos, self.fetched = index, url, size, 0, 0
+
+    def seekable(self):
+        return True
+
+    def tell(self):
+        return self.pos
+
+    def seek(self, offset, whence=0):
+        self.pos = {0: offset, 1: self.pos + offset, 2: self.size + offset}[whence]
+        if self.pos < 0:
+            raise ValueError(f"a seek before the start of the file ({self.pos})")
+        return self.pos
+
+    def read(self, n=-1):
+        from envbuilder.oci import http as net
+
+        end = self.size if n is None or n < 0 else min(self.size, self.pos + n)
+        if end <= self.pos:
+            return b""
+        self.fetched += end - self.pos
+        if self.fetched > MAX_WHEEL_READ_BYTES:
+            raise ValueError(f"reading its METADATA took more than {MAX_WHEEL_READ_BYTES >> 20} MB")
+        expect = net.Expect("a range of a wheel", end - self.pos, self.index.deadline)
+        try:
+            r = net.request(self.index.session(), "GET", self.url, expect,
+                            headers={"Range": f"bytes={self.pos}-{end - 1}"},
+                            timeout=self.index.timeout)
+        except net.NetError as e:
+            if e.kind == "too-large":
+                raise ValueError(f"a range request returned more than the {end - self.pos} "
+                                 "bytes asked for") from None
+            raise
+        if r.status != 206:
+            raise ValueError(f"the file server answered HTTP {r.status} to a range "
+                             "request (no partial reads: not downloading the whole wheel)")
+        if len(r.body) != end - self.pos:
+            raise ValueError(f"a range request returned {len(r.body)} bytes, not {end - self.pos}")
+        self.pos = end
+        return r.body
+
+
+def _wheel_metadata(index: PyPIJson, url: str, size: int | None) -> str:
+    import zipfile
+
+    from envbuilder.oci import http as net
+
+    if not size:
+        r = net.request(index.session(), "HEAD", url, net.STATUS, timeout=index.timeout,
+                        deadline=index.deadline)
+        length = r.headers.get("Content-Length") or ""
+        size = int(length) if length.isdigit() else 0
+        if r.status >= 400 or not size:
+            raise ValueError(f"HEAD answered HTTP {r.status} without a length")
+    with zipfile.ZipFile(_RangeFile(index, url, int(size))) as z:  # type: ignore[arg-type]
+        names = [n for n in z.namelist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)]
+        if len(names) != 1:
+            raise ValueError(f"{len(names)} *.dist-info/METADATA members")
+        info = z.getinfo(names[0])
+        if info.file_size > MAX_METADATA_BYTES:
+            raise ValueError(f"METADATA is {info.file_size} bytes")
+        return z.read(info).decode("utf-8", errors="replace")
+
+
+def _why(e: Exception) -> str:
+    from envbuilder.oci.http import redact
+
+    text = " ".join(str(e).split()) or type(e).__name__
+    return redact(f"{type(e).__name__}: {text[:300]}")
