@@ -90,3 +90,23 @@ def test_rendered_run_scripts_pass_shellcheck_and_bash_n(profile, args, tmp_path
     assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
     r = subprocess.run([shellcheck, "-S", "info", str(path)], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout
+
+
+@pytest.mark.pypi
+@pytest.mark.parametrize("profile, args", [("h100", dict(algo="grpo", nodes=2, interconnect="ib")),
+                                           ("4090", dict(nodes=2, gpus_per_node=2)),
+                                           ("p40", dict(nodes=2, algo="grpo"))])
+def test_the_multi_node_run_script_composes_with_the_releases_own_config(verl_trees, profile, args):
+    """trainer.nnodes and n_gpus_per_node, and the batches rounded to the world, as verl's own
+    Hydra config at the profile's release composes them (what main_ppo reads)."""
+    from omegaconf import OmegaConf
+    from verlconfig import compose_run_config, run_script_overrides
+
+    env = resolved(profile, **args)
+    cl = env.cluster
+    cfg = compose_run_config(verl_trees[env.verl.version], run_script_overrides(
+        script(env), {"N_GPUS": str(cl.gpus_per_node), "NNODES": str(cl.nodes)}))
+    assert OmegaConf.select(cfg, "trainer.nnodes") == cl.nodes
+    assert OmegaConf.select(cfg, "trainer.n_gpus_per_node") == cl.gpus_per_node
+    world = cl.nodes * cl.gpus_per_node
+    assert OmegaConf.select(cfg, "data.train_batch_size") % world == 0
