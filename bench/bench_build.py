@@ -42,8 +42,9 @@ def single_stage(dockerfile: str) -> str:
 
 
 def image_mb(ref: str) -> float:
-    out = subprocess.run([DOCKER, "image", "inspect", "-f", "{{.Size}}", ref], check=True,
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [DOCKER, "image", "inspect", "-f", "{{.Size}}", ref], check=True, capture_output=True, text=True
+    ).stdout
     return int(out) / 1e6
 
 
@@ -57,14 +58,25 @@ def main() -> int:
     d = resolve(m, "p40", Overrides()).to_dict()
     fixture = ROOT / "tests" / "fixtures" / "verl-0.4.1"
     # torch weighs most by far (the real cu118 wheel is ~2.3 GB): the stand-ins keep that shape
-    wheels_for_env(work / "pkgs", d, fixture if fixture.is_dir() else None,
-                   weights_mb={"torch": 768, "torchvision": 8, "torchaudio": 4, "ray": 64,
-                               "transformers": 10, "pyarrow": 40})
+    wheels_for_env(
+        work / "pkgs",
+        d,
+        fixture if fixture.is_dir() else None,
+        weights_mb={
+            "torch": 768,
+            "torchvision": 8,
+            "torchaudio": 4,
+            "ray": 64,
+            "transformers": 10,
+            "pyarrow": 40,
+        },
+    )
     make_wheel(work / "pkgs", "verl", BUMPED, files=verl_files(fixture) if fixture.is_dir() else {})
     for tool in ("packaging", "ninja", "wheel", "setuptools", "psutil"):  # the builder's pip step
         make_wheel(work / "pkgs", tool, "0.0.1")
-    apex_path, apex_tgz = apex_archive(ROOT / "tests" / "fixtures" / "apex-standin",
-                                       m.apex["source_url"].format(ref=d["apex"]["ref"]))
+    apex_path, apex_tgz = apex_archive(
+        ROOT / "tests" / "fixtures" / "apex-standin", m.apex["source_url"].format(ref=d["apex"]["ref"])
+    )
     github = FileServer({apex_path: apex_tgz}).__enter__()
     overlay = work / "overlay"
     overlay.mkdir()
@@ -72,13 +84,36 @@ def main() -> int:
     (overlay / "verl.yaml").write_text(json.dumps({"verl": {BUMPED: record}}))
     port = free_port()
     index = f"http://127.0.0.1:{port}/simple"
-    server = subprocess.Popen([str(Path(sys.executable).parent / "pypi-server"), "run", "-i",
-                               "127.0.0.1", "-p", str(port), "--disable-fallback", str(work / "pkgs")],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "pypi-server"),
+            "run",
+            "-i",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "--disable-fallback",
+            str(work / "pkgs"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     cfg = work / "config.yaml"
-    cfg.write_text(json.dumps({"mirrors": {"test": {
-        "description": "bench", "registries": {"docker.io": [REGISTRY]},
-        "pypi": [index], "pytorch": [index], "github": [github.url("").rstrip("/")]}}}))
+    cfg.write_text(
+        json.dumps(
+            {
+                "mirrors": {
+                    "test": {
+                        "description": "bench",
+                        "registries": {"docker.io": [REGISTRY]},
+                        "pypi": [index],
+                        "pytorch": [index],
+                        "github": [github.url("").rstrip("/")],
+                    }
+                }
+            }
+        )
+    )
     env = dict(os.environ, ENVBUILD_CONFIG=str(cfg), ENVBUILD_MATRIX_DIR=str(overlay))
     base = [sys.executable, "-m", "envbuilder", "build", "p40", "--mirror", "test", "--no-smoke"]
 
@@ -92,8 +127,10 @@ def main() -> int:
     try:
         time.sleep(1.5)
         subprocess.run([DOCKER, "builder", "prune", "-af"], check=True, capture_output=True)
-        subprocess.run([DOCKER, "image", "rm", "-f", "envbuild-bench/p40:cold",
-                        "envbuild-bench/p40:bumped"], capture_output=True)
+        subprocess.run(
+            [DOCKER, "image", "rm", "-f", "envbuild-bench/p40:cold", "envbuild-bench/p40:bumped"],
+            capture_output=True,
+        )
         cold = build("--tag", "envbuild-bench/p40:cold", "--context", str(work / "ctx"))
         bumped = build("--tag", "envbuild-bench/p40:bumped", "--verl", BUMPED)
         again = build("--tag", "envbuild-bench/p40:bumped")  # back to the profile's pin
@@ -105,8 +142,9 @@ def main() -> int:
         choice = M.choice("test", M.get_set(m, "test"))
         for k, v in sorted(choice.build_args(d).items()):
             argv += ["--build-arg", f"{k}={v}"]
-        subprocess.run(argv + [str(work / "ctx")], env=dict(env, DOCKER_BUILDKIT="1"), check=True,
-                       capture_output=True)
+        subprocess.run(
+            argv + [str(work / "ctx")], env=dict(env, DOCKER_BUILDKIT="1"), check=True, capture_output=True
+        )
         multi_mb, single_mb = image_mb("envbuild-bench/p40:cold"), image_mb("envbuild-bench/p40:single")
     finally:
         server.terminate()
@@ -118,8 +156,10 @@ def main() -> int:
     print(f"\n{'image':48} {'MB':>8} {'ratio':>8}")
     print(f"{'single-stage build of the same spec':48} {single_mb:8.0f} {1:8.2f}")
     print(f"{'envbuild multi-stage runtime image':48} {multi_mb:8.0f} {multi_mb / single_mb:8.2f}")
-    print("\naim: verl-pin rebuild <= 0.10 of the cold build; stand-in wheels (torch 768 MB) and "
-          "debootstrapped bases (devel = base + C toolchain, no nvcc), so the real size gap is larger")
+    print(
+        "\naim: verl-pin rebuild <= 0.10 of the cold build; stand-in wheels (torch 768 MB) and "
+        "debootstrapped bases (devel = base + C toolchain, no nvcc), so the real size gap is larger"
+    )
     return 0
 
 

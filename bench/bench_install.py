@@ -29,9 +29,12 @@ sys.path.insert(0, str(ROOT))
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="4090")
-    ap.add_argument("--no-compile-bytecode", action="store_true",
-                    help="uv without --compile-bytecode (how the first numbers were measured; "
-                         "the Dockerfile compiles, as pip does)")
+    ap.add_argument(
+        "--no-compile-bytecode",
+        action="store_true",
+        help="uv without --compile-bytecode (how the first numbers were measured; "
+        "the Dockerfile compiles, as pip does)",
+    )
     args = ap.parse_args()
     compile_bytecode = not args.no_compile_bytecode
 
@@ -45,8 +48,11 @@ def main() -> int:
     env = with_constraints(resolve(matrix.load(), args.profile))
     plan = install_plan(env)
     if plan.torch_index:
-        print(f"{args.profile} needs the PyTorch index ({plan.torch_index}); pick a profile whose "
-              "torch PyPI serves (4090, t4, v100, 3090, a100, h100, h200)", file=sys.stderr)
+        print(
+            f"{args.profile} needs the PyTorch index ({plan.torch_index}); pick a profile whose "
+            "torch PyPI serves (4090, t4, v100, 3090, a100, h100, h200)",
+            file=sys.stderr,
+        )
         return 2
     python = find_python(env.python).path
     uv = uv_bin()
@@ -66,22 +72,50 @@ def main() -> int:
         subprocess.run([python, "-m", "venv", str(venv)], check=True)
         py = str(venv / "bin" / "python")
         if tool == "pip":  # a current pip (untimed): the fairer opponent for uv
-            subprocess.run([py, "-m", "pip", "install", "-q", "--upgrade", "pip"], check=True,
-                           env=clean)
+            subprocess.run([py, "-m", "pip", "install", "-q", "--upgrade", "pip"], check=True, env=clean)
         start = time.perf_counter()
         for layer in plan.layers:
-            cons = [a for lay in plan.upto(layer.name) if lay.pins
-                    for a in ("-c", str(work / lay.constraints_file))]
+            cons = [
+                a
+                for lay in plan.upto(layer.name)
+                if lay.pins
+                for a in ("-c", str(work / lay.constraints_file))
+            ]
             if tool == "pip":
-                cmd = [py, "-m", "pip", "install", "-q", "--cache-dir", str(cache),
-                       "--index-url", plan.pypi, *cons, *layer.requirements]
+                cmd = [
+                    py,
+                    "-m",
+                    "pip",
+                    "install",
+                    "-q",
+                    "--cache-dir",
+                    str(cache),
+                    "--index-url",
+                    plan.pypi,
+                    *cons,
+                    *layer.requirements,
+                ]
             else:
                 # as the Dockerfile runs it (UV_LINK_MODE=copy, UV_COMPILE_BYTECODE=1): uv
                 # compiles bytecode at install time only when asked, pip always does
-                cmd = [uv, "pip", "install", "-q", "--no-config", "--python", py,
-                       "--cache-dir", str(cache), "--index-url", plan.pypi, "--link-mode", "copy",
-                       *(["--compile-bytecode"] if compile_bytecode else []),
-                       *cons, *layer.requirements]
+                cmd = [
+                    uv,
+                    "pip",
+                    "install",
+                    "-q",
+                    "--no-config",
+                    "--python",
+                    py,
+                    "--cache-dir",
+                    str(cache),
+                    "--index-url",
+                    plan.pypi,
+                    "--link-mode",
+                    "copy",
+                    *(["--compile-bytecode"] if compile_bytecode else []),
+                    *cons,
+                    *layer.requirements,
+                ]
             subprocess.run(cmd, check=True, env=clean)
         return time.perf_counter() - start
 

@@ -93,7 +93,8 @@ class Relay:
                 self.send_response(r.status if hasattr(r, "status") else r.code)
                 for k, v in r.headers.items():
                     if k.lower() in ("content-type", "etag", "last-modified") or (
-                            relay.honor_range and k.lower() in ("content-range", "accept-ranges")):
+                        relay.honor_range and k.lower() in ("content-range", "accept-ranges")
+                    ):
                         self.send_header(k, v)
                 # links in pypiserver's pages point back at it: rewrite them to the relay
                 body = body.replace(origin.encode(), relay.url.encode())
@@ -102,7 +103,7 @@ class Relay:
                 self.end_headers()
                 t0 = time.monotonic()
                 for i in range(0, len(body), 256 * 1024):
-                    chunk = body[i:i + 256 * 1024]
+                    chunk = body[i : i + 256 * 1024]
                     try:
                         self.wfile.write(chunk)
                     except (BrokenPipeError, ConnectionResetError):
@@ -142,9 +143,23 @@ def run_uv(env, pypi: str, torch: str) -> tuple[float, set]:
         e = dict(os.environ, UV_CACHE_DIR=str(tmp / "cache"), UV_PYTHON_DOWNLOADS="never")
         args = compile_args(env.name, env.python, "2.35", pypi, torch)
         t0 = time.perf_counter()
-        p = subprocess.run([uv_bin(), "pip", "compile", "requirements.in", *args,
-                            "--generate-hashes", "-q", "-o", "requirements.lock"],
-                           cwd=tmp, env=e, capture_output=True, text=True)
+        p = subprocess.run(
+            [
+                uv_bin(),
+                "pip",
+                "compile",
+                "requirements.in",
+                *args,
+                "--generate-hashes",
+                "-q",
+                "-o",
+                "requirements.lock",
+            ],
+            cwd=tmp,
+            env=e,
+            capture_output=True,
+            text=True,
+        )
         seconds = time.perf_counter() - t0
         assert p.returncode == 0, p.stderr
         got = {(n, x.version) for n, x in parse((tmp / "requirements.lock").read_text()).items()}
@@ -156,8 +171,12 @@ def run_conda_lock(env, pypi: str, torch: str) -> tuple[float, set]:
     with tempfile.TemporaryDirectory() as tmp:
         e = dict(os.environ, XDG_CACHE_HOME=tmp)  # Poetry's cache (pypoetry-conda-lock) starts empty
         t0 = time.perf_counter()
-        p = subprocess.run([sys.executable, "-c", CONDA_LOCK, json.dumps(reqs),
-                            json.dumps([torch, pypi])], env=e, capture_output=True, text=True)
+        p = subprocess.run(
+            [sys.executable, "-c", CONDA_LOCK, json.dumps(reqs), json.dumps([torch, pypi])],
+            env=e,
+            capture_output=True,
+            text=True,
+        )
         seconds = time.perf_counter() - t0
         assert p.returncode == 0, p.stderr[-3000:]
         got = {(n.lower(), v) for n, v in json.loads(p.stdout.strip().splitlines()[-1])}
@@ -167,8 +186,9 @@ def run_conda_lock(env, pypi: str, torch: str) -> tuple[float, set]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--torch-mb", type=int, default=100, help="size of the torch stand-in wheel")
-    ap.add_argument("--mb-per-s", type=float, default=50.0,
-                    help="per-connection rate cap of the indexes (0: no cap)")
+    ap.add_argument(
+        "--mb-per-s", type=float, default=50.0, help="per-connection rate cap of the indexes (0: no cap)"
+    )
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     os.environ["ENVBUILD_NO_CACHE"] = "1"
@@ -190,21 +210,28 @@ def main() -> None:
                             r.take()
                         seconds, got = fn(env, pypi_url, torch_url)
                         results.setdefault((name, ranges), []).append(
-                            (seconds, sum(r.take() for r in relays), got))
+                            (seconds, sum(r.take() for r in relays), got)
+                        )
         torch_size = wheels["torch"].stat().st_size
-    print(f"p40 pip part ({len(results['uv', True][0][2])} packages), torch stand-in "
-          f"{torch_size / 2**20:.0f} MiB, pypiserver on loopback at "
-          f"{f'{args.mb_per_s:g} MiB/s per connection' if args.mb_per_s else 'full speed'}, "
-          f"cold caches, median of {args.repeats}")
+    print(
+        f"p40 pip part ({len(results['uv', True][0][2])} packages), torch stand-in "
+        f"{torch_size / 2**20:.0f} MiB, pypiserver on loopback at "
+        f"{f'{args.mb_per_s:g} MiB/s per connection' if args.mb_per_s else 'full speed'}, "
+        f"cold caches, median of {args.repeats}"
+    )
     print(f"{'index':<22}{'solver':<12}{'seconds':>9}{'MiB received':>14}")
     med = {}
     for (name, ranges), runs in results.items():
         med[name, ranges] = statistics.median(r[0] for r in runs)
-        print(f"{'Range requests' if ranges else 'no Range (200 only)':<22}{name:<12}"
-              f"{med[name, ranges]:>9.2f}{statistics.median(r[1] for r in runs) / 2**20:>14.1f}")
+        print(
+            f"{'Range requests' if ranges else 'no Range (200 only)':<22}{name:<12}"
+            f"{med[name, ranges]:>9.2f}{statistics.median(r[1] for r in runs) / 2**20:>14.1f}"
+        )
     for ranges in (True, False):
-        print(f"conda-lock / uv, {'with' if ranges else 'without'} Range: "
-              f"{med['conda-lock', ranges] / med['uv', ranges]:.1f}x")
+        print(
+            f"conda-lock / uv, {'with' if ranges else 'without'} Range: "
+            f"{med['conda-lock', ranges] / med['uv', ranges]:.1f}x"
+        )
     sets = [runs[0][2] for runs in results.values()]
     print("same resolution:", "yes" if all(x == sets[0] for x in sets) else "NO")
 

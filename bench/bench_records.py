@@ -52,8 +52,10 @@ def dataclass_source() -> str:
 
 def record_source() -> str:
     # the module as a render imports it (its dependencies are light: errors, record)
-    return (PRELUDE + "t0 = time.perf_counter()\nimport envbuilder.model.resolved\n"
-            "print(time.perf_counter() - t0)\n")
+    return (
+        PRELUDE + "t0 = time.perf_counter()\nimport envbuilder.model.resolved\n"
+        "print(time.perf_counter() - t0)\n"
+    )
 
 
 # with Python's bytecode cache, as an installed envbuild runs (bench_render.py says why)
@@ -61,8 +63,9 @@ ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
 def timed(source: str) -> float:
-    out = subprocess.run([sys.executable, "-c", source], cwd=ROOT, check=True,
-                         capture_output=True, text=True, env=ENV).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", source], cwd=ROOT, check=True, capture_output=True, text=True, env=ENV
+    ).stdout
     return float(out.strip().splitlines()[-1])
 
 
@@ -70,8 +73,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=15)
     args = ap.parse_args()
-    cases = {"Record classes (envbuilder.model.resolved)": record_source(),
-             "frozen slotted dataclasses, same fields": dataclass_source()}
+    cases = {
+        "Record classes (envbuilder.model.resolved)": record_source(),
+        "frozen slotted dataclasses, same fields": dataclass_source(),
+    }
     for source in cases.values():
         timed(source)
     samples: dict[str, list[float]] = {name: [] for name in cases}

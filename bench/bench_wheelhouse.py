@@ -65,10 +65,29 @@ def timed(run, repeats: int, prepare=lambda: None) -> float:
 def pip_download(index_url: str, requirements: Path, dest: Path) -> None:
     # --isolated and a PIP_-free environment: only our index, no local wheel caches or mirrors
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
-    subprocess.run([sys.executable, "-m", "pip", "download", "--isolated", "--no-deps",
-                    "--no-cache-dir", "--disable-pip-version-check", "--progress-bar", "off", "-q",
-                    "--index-url", index_url, "-d", str(dest), "-r", str(requirements)],
-                   check=True, env=env)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--isolated",
+            "--no-deps",
+            "--no-cache-dir",
+            "--disable-pip-version-check",
+            "--progress-bar",
+            "off",
+            "-q",
+            "--index-url",
+            index_url,
+            "-d",
+            str(dest),
+            "-r",
+            str(requirements),
+        ],
+        check=True,
+        env=env,
+    )
 
 
 def bench_lock(lock: Path, wheels: dict[str, tuple[str, bytes]], url) -> None:
@@ -78,25 +97,49 @@ def bench_lock(lock: Path, wheels: dict[str, tuple[str, bytes]], url) -> None:
     pylock, req = ['lock-version = "1.0"', 'created-by = "bench"', ""], []
     for name, (filename, data) in wheels.items():
         digest = hashlib.sha256(data).hexdigest()
-        pylock += ["[[packages]]", f'name = "{name}"', 'version = "1.0"',
-                   f'wheels = [{{ url = "{url(filename)}", size = {len(data)}, hashes = '
-                   f'{{ sha256 = "{digest}" }} }}]', ""]
+        pylock += [
+            "[[packages]]",
+            f'name = "{name}"',
+            'version = "1.0"',
+            f'wheels = [{{ url = "{url(filename)}", size = {len(data)}, hashes = '
+            f'{{ sha256 = "{digest}" }} }}]',
+            "",
+        ]
         req.append(f"{name}==1.0 \\\n    --hash=sha256:{digest}")
     files = {L.PYLOCK: "\n".join(pylock), L.REQUIREMENTS: "\n".join(req) + "\n"}
-    meta = {"format": L.FORMAT, "profile": "bench", "input_sha256": "0" * 64, "inputs": {},
-            "parts": ["pip"], "sources": {"pypi": url("")},
-            "target": {"platform": "linux-64", "python": "3.10",
-                       "python_platform": "x86_64-manylinux_2_35"},
-            "files": {n: L.sha256_text(t) for n, t in files.items()}}
+    meta = {
+        "format": L.FORMAT,
+        "profile": "bench",
+        "input_sha256": "0" * 64,
+        "inputs": {},
+        "parts": ["pip"],
+        "sources": {"pypi": url("")},
+        "target": {"platform": "linux-64", "python": "3.10", "python_platform": "x86_64-manylinux_2_35"},
+        "files": {n: L.sha256_text(t) for n, t in files.items()},
+    }
     lock.mkdir(parents=True, exist_ok=True)
     for name, text in {**files, L.META: L.dumps(meta)}.items():
         (lock / name).write_text(text)
 
 
 def envbuild_wheelhouse(lock: Path, dest: Path, jobs: int) -> None:
-    subprocess.run([sys.executable, "-m", "envbuilder", "wheelhouse", "bench", "--lock-dir",
-                    str(lock), "-o", str(dest), "--jobs", str(jobs)], check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "envbuilder",
+            "wheelhouse",
+            "bench",
+            "--lock-dir",
+            str(lock),
+            "-o",
+            str(dest),
+            "--jobs",
+            str(jobs),
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
 
 
 def main() -> None:
@@ -111,15 +154,20 @@ def main() -> None:
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="bench-wheels-") as made:
-        wheels = {f"benchpkg{i:03d}": bench_wheel(Path(made), f"benchpkg{i:03d}", args.size_kib * 1024)
-                  for i in range(args.files)}
+        wheels = {
+            f"benchpkg{i:03d}": bench_wheel(Path(made), f"benchpkg{i:03d}", args.size_kib * 1024)
+            for i in range(args.files)
+        }
     total_bytes = sum(len(data) for _, data in wheels.values())
-    server = FileServer(simple_index(wheels), latency=args.latency_ms / 1000,
-                        rate=args.rate_mib * 1024 * 1024)
+    server = FileServer(
+        simple_index(wheels), latency=args.latency_ms / 1000, rate=args.rate_mib * 1024 * 1024
+    )
     with server, tempfile.TemporaryDirectory(prefix="bench-fetch-") as tmp:
         work = Path(tmp)
-        items = [FetchItem(fn, hashlib.sha256(data).hexdigest(), (server.url(f"files/{fn}"),),
-                           len(data)) for fn, data in wheels.values()]
+        items = [
+            FetchItem(fn, hashlib.sha256(data).hexdigest(), (server.url(f"files/{fn}"),), len(data))
+            for fn, data in wheels.values()
+        ]
         quiet = lambda event: None  # noqa: E731 - the bench prints its own table
 
         def fresh(name: str):
@@ -129,27 +177,59 @@ def main() -> None:
         if not args.no_pip:
             requirements = work / "req.txt"
             requirements.write_text("".join(f"{name}==1.0\n" for name in wheels))
-            rows.append(("pip download (sequential)", timed(
-                lambda: pip_download(server.url("simple/"), requirements, work / "pip"),
-                args.repeats, fresh("pip"))))
+            rows.append(
+                (
+                    "pip download (sequential)",
+                    timed(
+                        lambda: pip_download(server.url("simple/"), requirements, work / "pip"),
+                        args.repeats,
+                        fresh("pip"),
+                    ),
+                )
+            )
             assert len(list((work / "pip").glob("*.whl"))) == args.files
-        rows.append(("fetch_all jobs=1 (sequential)", timed(
-            lambda: fetch_all(items, work / "seq", jobs=1, progress=quiet),
-            args.repeats, fresh("seq"))))
-        rows.append((f"fetch_all jobs={args.jobs}", timed(
-            lambda: fetch_all(items, work / "par", jobs=args.jobs, progress=quiet),
-            args.repeats, fresh("par"))))
+        rows.append(
+            (
+                "fetch_all jobs=1 (sequential)",
+                timed(
+                    lambda: fetch_all(items, work / "seq", jobs=1, progress=quiet), args.repeats, fresh("seq")
+                ),
+            )
+        )
+        rows.append(
+            (
+                f"fetch_all jobs={args.jobs}",
+                timed(
+                    lambda: fetch_all(items, work / "par", jobs=args.jobs, progress=quiet),
+                    args.repeats,
+                    fresh("par"),
+                ),
+            )
+        )
         bench_lock(work / "lock", wheels, lambda fn: server.url(f"files/{fn}"))
-        rows.append((f"envbuild wheelhouse jobs={args.jobs}", timed(
-            lambda: envbuild_wheelhouse(work / "lock", work / "wh", args.jobs),
-            args.repeats, fresh("wh"))))
+        rows.append(
+            (
+                f"envbuild wheelhouse jobs={args.jobs}",
+                timed(
+                    lambda: envbuild_wheelhouse(work / "lock", work / "wh", args.jobs),
+                    args.repeats,
+                    fresh("wh"),
+                ),
+            )
+        )
         parallel = rows[-1][1]
-        rows.append(("no-op re-export (all present)", timed(
-            lambda: envbuild_wheelhouse(work / "lock", work / "wh", args.jobs), args.repeats)))
+        rows.append(
+            (
+                "no-op re-export (all present)",
+                timed(lambda: envbuild_wheelhouse(work / "lock", work / "wh", args.jobs), args.repeats),
+            )
+        )
 
-    print(f"{args.files} wheels x {args.size_kib} KiB ({total_bytes / 2**20:.1f} MiB), "
-          f"{args.latency_ms:g} ms per request, {args.rate_mib:g} MiB/s per connection, "
-          f"median of {args.repeats}")
+    print(
+        f"{args.files} wheels x {args.size_kib} KiB ({total_bytes / 2**20:.1f} MiB), "
+        f"{args.latency_ms:g} ms per request, {args.rate_mib:g} MiB/s per connection, "
+        f"median of {args.repeats}"
+    )
     print(f"{'method':<32}{'seconds':>9}  envbuild wheelhouse is")
     for label, seconds in rows:
         baseline = label.startswith(("pip", "fetch_all jobs=1"))

@@ -46,23 +46,31 @@ import traceback
 import zipfile
 from pathlib import Path
 
-GIB = 1024 ** 3
+GIB = 1024**3
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 from envbuilder.model.gpu_tier import CARRIED, SCRIPT_ENV  # noqa: E402  (needs only the standard library here)
+
 # a wheel's content left out to fit a call (64 MiB): ray's Java jar and its dashboard's web
 # client, which a Python process that never starts Java workers or the dashboard does not load
 TRIMMED = ("ray/jars/", "ray/dashboard/client/build/")
 # what only `--ppo` (verl's trainer: its dataset and dataloader) imports besides
 PPO_EXTRA = ("datasets", "dill", "multiprocess", "torchdata")
 PROFILES = ("p40", "4090")
-SUBSTITUTES = {"tensordict": {"0.5.0": {
-    "version": "0.6.2", "why": "tensordict 0.5.0 imports ForkingPickler from "
-    "torch.multiprocessing.reductions, which the GPU machine's torch 2.11 no longer has; 0.6.2 is "
-    "the newest release verl 0.4.1 accepts (tensordict<=0.6.2) and the p40 profile's pin"}}}
+SUBSTITUTES = {
+    "tensordict": {
+        "0.5.0": {
+            "version": "0.6.2",
+            "why": "tensordict 0.5.0 imports ForkingPickler from "
+            "torch.multiprocessing.reductions, which the GPU machine's torch 2.11 no longer has; 0.6.2 is "
+            "the newest release verl 0.4.1 accepts (tensordict<=0.6.2) and the p40 profile's pin",
+        }
+    }
+}
 
 
 # -- cases (here) -------------------------------------------------------------------------------
+
 
 def case_of(profile: str, render_files, resolve, m) -> dict:
     """The GPU run of one profile as envbuild renders it today (envbuilder.model.gpu_tier.case)."""
@@ -72,9 +80,11 @@ def case_of(profile: str, render_files, resolve, m) -> dict:
     case = gpu_tier.case(env, render_files(env), m.models)
     # where the profile's pin cannot import on the GPU machine's torch, the nearest release that
     # can, said in the record (the profile's torch itself cannot be carried)
-    case["substitutes"] = {name: dict(SUBSTITUTES[name][version], pinned=version)
-                           for name, version in case["pins"].items()
-                           if version in SUBSTITUTES.get(name, {})}
+    case["substitutes"] = {
+        name: dict(SUBSTITUTES[name][version], pinned=version)
+        for name, version in case["pins"].items()
+        if version in SUBSTITUTES.get(name, {})
+    }
     return case
 
 
@@ -88,14 +98,26 @@ def write_cases(out: Path, profiles: list[str]) -> None:
     controls = []
     for case in cases:
         if case["profile"] == "p40":  # the plan's fix undone: the actor offloaded on the HF rollout
-            controls.append(dict(case, name="p40-control-actor-offload", control=True,
-                                 expect="Expects tensor to be on the compute device",
-                                 overrides=case["overrides"] + ["actor_rollout_ref.actor.fsdp_config.param_offload=True"]))
+            controls.append(
+                dict(
+                    case,
+                    name="p40-control-actor-offload",
+                    control=True,
+                    expect="Expects tensor to be on the compute device",
+                    overrides=case["overrides"] + ["actor_rollout_ref.actor.fsdp_config.param_offload=True"],
+                )
+            )
         if case["lora_rank"]:  # LoRA on the HF rollout without use_orig_params
             key = next(o for o in case["overrides"] if "use_orig_params" in o)
-            controls.append(dict(case, name=f"{case['profile']}-control-flat-lora", control=True,
-                                 expect="uniform requires_grad",
-                                 overrides=[o for o in case["overrides"] if o != key]))
+            controls.append(
+                dict(
+                    case,
+                    name=f"{case['profile']}-control-flat-lora",
+                    control=True,
+                    expect="uniform requires_grad",
+                    overrides=[o for o in case["overrides"] if o != key],
+                )
+            )
     for case in cases:
         case.update(name=case["profile"], control=False, expect=None)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -104,6 +126,7 @@ def write_cases(out: Path, profiles: list[str]) -> None:
 
 
 # -- device: unpack, patch, run each case in its own process --------------------------------------
+
 
 def _wheel_name(path: Path) -> str:
     return path.name.split("-")[0].lower().replace("_", "-")
@@ -155,26 +178,49 @@ def device(cases_path: Path, wheels: Path, out: Path, only: list[str], ppo: bool
         used = unpack(case, wheels, site)
         (root / "apply_patches.py").write_text(case["apply_patches"])
         env = dict(os.environ, PYTHONPATH=str(site), PYTHONUNBUFFERED="1")
-        patched = subprocess.run([sys.executable, str(root / "apply_patches.py")], env=env,
-                                 capture_output=True, text=True, timeout=300)
-        print(f"[{case['name']}] unpacked {len(used)} wheels in {time.time() - t0:.0f}s; "
-              f"apply_patches rc={patched.returncode}: {patched.stdout.strip()[-400:]}"
-              f"{patched.stderr.strip()[-1500:]}", flush=True)
+        patched = subprocess.run(
+            [sys.executable, str(root / "apply_patches.py")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        print(
+            f"[{case['name']}] unpacked {len(used)} wheels in {time.time() - t0:.0f}s; "
+            f"apply_patches rc={patched.returncode}: {patched.stdout.strip()[-400:]}"
+            f"{patched.stderr.strip()[-1500:]}",
+            flush=True,
+        )
         env.update(case["exports"])
         (root / "case.json").write_text(json.dumps(case))
         if ppo:
             results.append(dict(main_ppo(case, root, env), wheels=used))
             (out / "gpu-ppo.json").write_text(json.dumps({"runs": results}, indent=1) + "\n")
             continue
-        r = subprocess.run([sys.executable, str(Path(__file__).resolve()), "case", str(root / "case.json"),
-                            "--out", str(root / "result.json")], env=env, timeout=1500)
+        r = subprocess.run(
+            [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "case",
+                str(root / "case.json"),
+                "--out",
+                str(root / "result.json"),
+            ],
+            env=env,
+            timeout=1500,
+        )
         try:
             result = json.loads((root / "result.json").read_text())
         except (OSError, ValueError) as e:
             result = {"name": case["name"], "error": f"no result (rc={r.returncode}): {e}"}
-        result.update(wheels=used, apply_patches={"rc": patched.returncode,
-                                                  "stdout": patched.stdout[-2000:],
-                                                  "stderr": patched.stderr[-2000:]})
+        result.update(
+            wheels=used,
+            apply_patches={
+                "rc": patched.returncode,
+                "stdout": patched.stdout[-2000:],
+                "stderr": patched.stderr[-2000:],
+            },
+        )
         results.append(result)
         (out / "gpu-step.json").write_text(json.dumps({"runs": results}, indent=1) + "\n")
     return 0
@@ -182,8 +228,10 @@ def device(cases_path: Path, wheels: Path, out: Path, only: list[str], ppo: bool
 
 # -- verl's own trainer, with Ray ---------------------------------------------------------------
 
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|> "
-                 "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant {% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|> "
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant {% endif %}"
+)
 
 
 def _gsm8k_like(root: Path, case: dict, cfg_rows: dict) -> dict:
@@ -193,11 +241,22 @@ def _gsm8k_like(root: Path, case: dict, cfg_rows: dict) -> dict:
 
     out = {}
     for split, n in cfg_rows.items():
-        rows = [{"data_source": "openai/gsm8k",
-                 "prompt": [{"role": "user", "content": " ".join(f"w{(i * 7 + j) % 1000}" for j in range(40))
-                             + " Let's think step by step and output the final answer after ####."}],
-                 "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(i)},
-                 "extra_info": {"split": split, "index": i}} for i in range(n)]
+        rows = [
+            {
+                "data_source": "openai/gsm8k",
+                "prompt": [
+                    {
+                        "role": "user",
+                        "content": " ".join(f"w{(i * 7 + j) % 1000}" for j in range(40))
+                        + " Let's think step by step and output the final answer after ####.",
+                    }
+                ],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": str(i)},
+                "extra_info": {"split": split, "index": i},
+            }
+            for i in range(n)
+        ]
         path = root / "data" / f"{split}.parquet"
         path.parent.mkdir(parents=True, exist_ok=True)
         pd.DataFrame(rows).to_parquet(path)
@@ -211,8 +270,12 @@ def main_ppo(case: dict, root: Path, env: dict) -> dict:
     sys.path.insert(0, env["PYTHONPATH"])
     import torch
 
-    result = {"name": case["name"], "profile": case["profile"], "fingerprint": case["fingerprint"],
-              "mode": "main_ppo"}
+    result = {
+        "name": case["name"],
+        "profile": case["profile"],
+        "fingerprint": case["fingerprint"],
+        "mode": "main_ppo",
+    }
     model = Path(SCRIPT_ENV["MODEL"])
     sys.argv = ["x"]
     _model_dir(case, torch)
@@ -225,26 +288,37 @@ def main_ppo(case: dict, root: Path, env: dict) -> dict:
     val = next(int(o.split("=")[1]) for o in case["overrides"] if o.startswith("data.val_batch_size="))
     train = next(int(o.split("=")[1]) for o in case["overrides"] if o.startswith("data.train_batch_size="))
     files = _gsm8k_like(root, case, {"train": 2 * train, "test": val + 7})
-    extra = ["trainer.val_before_train=True", "trainer.total_training_steps=2",
-             f"data.train_files={files['train']}", f"data.val_files={files['test']}",
-             "ray_init.num_cpus=8"]
+    extra = [
+        "trainer.val_before_train=True",
+        "trainer.total_training_steps=2",
+        f"data.train_files={files['train']}",
+        f"data.val_files={files['test']}",
+        "ray_init.num_cpus=8",
+    ]
     overrides = [o for o in case["overrides"] if not o.startswith(("data.train_files=", "data.val_files="))]
     cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides, *extra]
     t0 = time.time()
-    proc = subprocess.run(cmd, env=dict(env, RAY_DEDUP_LOGS="0"), cwd=root, capture_output=True,
-                          text=True, timeout=480)
+    proc = subprocess.run(
+        cmd, env=dict(env, RAY_DEDUP_LOGS="0"), cwd=root, capture_output=True, text=True, timeout=480
+    )
     log = proc.stdout + proc.stderr
     (root / "main_ppo.log").write_text(log)
     steps = sorted({int(m) for m in __import__("re").findall(r"step:(\d+) ", log)})
-    result.update(rc=proc.returncode, seconds=round(time.time() - t0, 1), extra_overrides=extra,
-                  steps=steps, validation="val-core/" in log or "val/" in log,
-                  metrics=[line[:4000] for line in log.splitlines() if "step:" in line][-3:],
-                  tail=log[-6000:])
+    result.update(
+        rc=proc.returncode,
+        seconds=round(time.time() - t0, 1),
+        extra_overrides=extra,
+        steps=steps,
+        validation="val-core/" in log or "val/" in log,
+        metrics=[line[:4000] for line in log.splitlines() if "step:" in line][-3:],
+        tail=log[-6000:],
+    )
     print(f"[{case['name']}] main_ppo rc={proc.returncode} steps={steps} in {result['seconds']}s", flush=True)
     return result
 
 
 # -- one case, in its own process ---------------------------------------------------------------
+
 
 class Dtypes:
     """Forward hooks on a few modules of each model: per phase, what dtype the parameters, the
@@ -269,10 +343,22 @@ class Dtypes:
         picked = []
         for name, mod in model.named_modules():
             short = name.replace("_fsdp_wrapped_module.", "").replace("base_model.model.", "")
-            if short.endswith(("embed_tokens", "layers.0.self_attn", "layers.0.self_attn.q_proj",
-                               "layers.0.self_attn.q_proj.base_layer",
-                               "layers.0.self_attn.q_proj.lora_A.default", "layers.0.mlp",
-                               "model.norm", "lm_head", "score")) and short not in picked:
+            if (
+                short.endswith(
+                    (
+                        "embed_tokens",
+                        "layers.0.self_attn",
+                        "layers.0.self_attn.q_proj",
+                        "layers.0.self_attn.q_proj.base_layer",
+                        "layers.0.self_attn.q_proj.lora_A.default",
+                        "layers.0.mlp",
+                        "model.norm",
+                        "lm_head",
+                        "score",
+                    )
+                )
+                and short not in picked
+            ):
                 picked.append(short)
                 mod.register_forward_hook(self._hook(role, short))
         return picked
@@ -282,23 +368,43 @@ class Dtypes:
 
         def hook(mod, args, output):
             params = sorted({str(p.dtype).replace("torch.", "") for p in mod.parameters(recurse=False)})
-            rec = {"params": params, "input": self._dtype(args), "output": self._dtype(output),
-                   "autocast": (torch.get_autocast_dtype("cuda").__str__().replace("torch.", "")
-                                if torch.is_autocast_enabled("cuda") else None)}
+            rec = {
+                "params": params,
+                "input": self._dtype(args),
+                "output": self._dtype(output),
+                "autocast": (
+                    torch.get_autocast_dtype("cuda").__str__().replace("torch.", "")
+                    if torch.is_autocast_enabled("cuda")
+                    else None
+                ),
+            }
             key = f"{self.phase}|{role}|{short}"
             seen = self.seen.setdefault(key, [])
             if rec not in seen:
                 seen.append(rec)
+
         return hook
 
 
 def run_case(case_path: Path, out_path: Path) -> int:
     case = json.loads(case_path.read_text())
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(29500 + os.getpid() % 1000))
-    result = {"name": case["name"], "profile": case["profile"], "control": case["control"],
-              "fingerprint": case["fingerprint"], "overrides": case["overrides"],
-              "expect": case.get("expect"), "phases": [], "error": None}
+    os.environ.update(
+        RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_RANK="0",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(29500 + os.getpid() % 1000),
+    )
+    result = {
+        "name": case["name"],
+        "profile": case["profile"],
+        "control": case["control"],
+        "fingerprint": case["fingerprint"],
+        "overrides": case["overrides"],
+        "expect": case.get("expect"),
+        "phases": [],
+        "error": None,
+    }
 
     def save():
         out_path.write_text(json.dumps(result, indent=1) + "\n")
@@ -306,9 +412,16 @@ def run_case(case_path: Path, out_path: Path) -> int:
     try:
         _run(case, result, save)
     except BaseException as e:  # the result says where and how it failed
-        result["error"] = {"phase": result.get("phase"), "type": type(e).__name__,
-                           "message": str(e)[:2000], "traceback": traceback.format_exc()[-6000:]}
-        print(f"[{case['name']}] FAILED in {result.get('phase')}: {type(e).__name__}: {str(e)[:500]}", flush=True)
+        result["error"] = {
+            "phase": result.get("phase"),
+            "type": type(e).__name__,
+            "message": str(e)[:2000],
+            "traceback": traceback.format_exc()[-6000:],
+        }
+        print(
+            f"[{case['name']}] FAILED in {result.get('phase')}: {type(e).__name__}: {str(e)[:500]}",
+            flush=True,
+        )
     save()
     return 0
 
@@ -323,11 +436,19 @@ def _model_dir(case: dict, torch) -> str:
     a = case["arch"]
     eos, pad = 151645, 151643
     cfg = transformers.Qwen2Config(
-        vocab_size=a["vocab_size"], hidden_size=a["hidden_size"], intermediate_size=a["intermediate_size"],
-        num_hidden_layers=a["layers"], num_attention_heads=a["attention_heads"],
-        num_key_value_heads=a["kv_heads"], max_position_embeddings=a["max_position_embeddings"],
-        tie_word_embeddings=a["tied_embeddings"], torch_dtype="bfloat16", eos_token_id=eos,
-        bos_token_id=pad, use_sliding_window=False)
+        vocab_size=a["vocab_size"],
+        hidden_size=a["hidden_size"],
+        intermediate_size=a["intermediate_size"],
+        num_hidden_layers=a["layers"],
+        num_attention_heads=a["attention_heads"],
+        num_key_value_heads=a["kv_heads"],
+        max_position_embeddings=a["max_position_embeddings"],
+        tie_word_embeddings=a["tied_embeddings"],
+        torch_dtype="bfloat16",
+        eos_token_id=eos,
+        bos_token_id=pad,
+        use_sliding_window=False,
+    )
     marker = Path(path) / "envbuild-arch.json"
     if marker.exists() and json.loads(marker.read_text()) == a:
         return path
@@ -343,8 +464,9 @@ def _model_dir(case: dict, torch) -> str:
     vocab.update({"<|endoftext|>": pad, "<|im_start|>": 151644, "<|im_end|>": eos, "<unk>": 1000})
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
-                                                pad_token="<|endoftext|>", unk_token="<unk>")
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", unk_token="<unk>"
+    )
     fast.save_pretrained(path)
     transformers.GenerationConfig(eos_token_id=eos, pad_token_id=pad, bos_token_id=pad).save_pretrained(path)
     marker.write_text(json.dumps(a))
@@ -369,8 +491,9 @@ def _prompts(n: int, length: int, torch, meta: dict):
     ids = torch.randint(0, 1000, (n, length), generator=g)
     mask = torch.ones_like(ids)
     pos = torch.arange(length).unsqueeze(0).expand(n, -1).contiguous()
-    return DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": mask, "position_ids": pos},
-                               meta_info=dict(meta))
+    return DataProto.from_dict(
+        tensors={"input_ids": ids, "attention_mask": mask, "position_ids": pos}, meta_info=dict(meta)
+    )
 
 
 def _run(case: dict, result: dict, save) -> None:
@@ -384,29 +507,54 @@ def _run(case: dict, result: dict, save) -> None:
     import importlib.metadata as md
 
     versions = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": sys.version.split()[0]}
-    for name in ("transformers", "verl", "peft", "tensordict", "ray", "hydra-core", "accelerate",
-                 "tokenizers", "numpy"):
+    for name in (
+        "transformers",
+        "verl",
+        "peft",
+        "tensordict",
+        "ray",
+        "hydra-core",
+        "accelerate",
+        "tokenizers",
+        "numpy",
+    ):
         try:
             versions[name] = md.version(name)
         except md.PackageNotFoundError:
             versions[name] = None
-    result["meta"] = {"device": props.name, "total_bytes": total, "versions": versions,
-                      "cap_bytes": case["cap_bytes"], "card_gib": case["card_gib"],
-                      "exports": {k: os.environ.get(k) for k in case["exports"]}}
+    result["meta"] = {
+        "device": props.name,
+        "total_bytes": total,
+        "versions": versions,
+        "cap_bytes": case["cap_bytes"],
+        "card_gib": case["card_gib"],
+        "exports": {k: os.environ.get(k) for k in case["exports"]},
+    }
     result["phase"] = "model"
     _model_dir(case, torch)  # (at SCRIPT_ENV's MODEL, the path the overrides name)
     result["phase"] = "config"
     cfg = _compose(case)
     from omegaconf import OmegaConf
 
-    result["config"] = {k: OmegaConf.select(cfg, k) for k in (
-        "actor_rollout_ref.actor.fsdp_config.param_offload", "actor_rollout_ref.actor.fsdp_config.optimizer_offload",
-        "actor_rollout_ref.ref.fsdp_config.param_offload", "critic.model.fsdp_config.param_offload",
-        "actor_rollout_ref.actor.fsdp_config.use_orig_params", "actor_rollout_ref.rollout.name",
-        "actor_rollout_ref.rollout.micro_batch_size", "actor_rollout_ref.model.lora_rank",
-        "data.val_batch_size", "data.train_batch_size", "algorithm.adv_estimator",
-        "algorithm.use_kl_in_reward", "actor_rollout_ref.actor.use_kl_loss",
-        "actor_rollout_ref.model.enable_gradient_checkpointing")}
+    result["config"] = {
+        k: OmegaConf.select(cfg, k)
+        for k in (
+            "actor_rollout_ref.actor.fsdp_config.param_offload",
+            "actor_rollout_ref.actor.fsdp_config.optimizer_offload",
+            "actor_rollout_ref.ref.fsdp_config.param_offload",
+            "critic.model.fsdp_config.param_offload",
+            "actor_rollout_ref.actor.fsdp_config.use_orig_params",
+            "actor_rollout_ref.rollout.name",
+            "actor_rollout_ref.rollout.micro_batch_size",
+            "actor_rollout_ref.model.lora_rank",
+            "data.val_batch_size",
+            "data.train_batch_size",
+            "algorithm.adv_estimator",
+            "algorithm.use_kl_in_reward",
+            "actor_rollout_ref.actor.use_kl_loss",
+            "actor_rollout_ref.model.enable_gradient_checkpointing",
+        )
+    }
     torch.cuda.set_per_process_memory_fraction(min(case["cap_bytes"], total) / total)
     from verl.trainer.ppo import core_algos
     from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
@@ -415,9 +563,13 @@ def _run(case: dict, result: dict, save) -> None:
     lora = cfg.actor_rollout_ref.model.get("lora_rank", 0) > 0
     use_ref = bool(cfg.algorithm.use_kl_in_reward or cfg.actor_rollout_ref.actor.use_kl_loss)
     use_critic = cfg.algorithm.adv_estimator == "gae"
-    result["roles"] = {"critic": use_critic, "reference": ("in the actor (LoRA off)" if lora else "worker")
-                       if use_ref else "none: algorithm.use_kl_in_reward and actor.use_kl_loss are False "
-                       "(verl's main_ppo makes no reference policy)"}
+    result["roles"] = {
+        "critic": use_critic,
+        "reference": ("in the actor (LoRA off)" if lora else "worker")
+        if use_ref
+        else "none: algorithm.use_kl_in_reward and actor.use_kl_loss are False "
+        "(verl's main_ppo makes no reference policy)",
+    }
 
     def phase(name: str, fn, **info):
         result["phase"] = name
@@ -427,13 +579,20 @@ def _run(case: dict, result: dict, save) -> None:
         t0 = time.time()
         out = fn()
         torch.cuda.synchronize()
-        rec = dict(info, phase=name, seconds=round(time.time() - t0, 2),
-                   peak_allocated=int(torch.cuda.max_memory_allocated()),
-                   peak_reserved=int(torch.cuda.max_memory_reserved()),
-                   allocated_after=int(torch.cuda.memory_allocated()))
+        rec = dict(
+            info,
+            phase=name,
+            seconds=round(time.time() - t0, 2),
+            peak_allocated=int(torch.cuda.max_memory_allocated()),
+            peak_reserved=int(torch.cuda.max_memory_reserved()),
+            allocated_after=int(torch.cuda.memory_allocated()),
+        )
         result["phases"].append(rec)
-        print(f"[{case['name']}] {name:22} {rec['seconds']:7.1f}s peak {rec['peak_allocated'] / GIB:6.2f} "
-              f"alloc / {rec['peak_reserved'] / GIB:6.2f} reserved GiB  {info or ''}", flush=True)
+        print(
+            f"[{case['name']}] {name:22} {rec['seconds']:7.1f}s peak {rec['peak_allocated'] / GIB:6.2f} "
+            f"alloc / {rec['peak_reserved'] / GIB:6.2f} reserved GiB  {info or ''}",
+            flush=True,
+        )
         save()
         return out
 
@@ -454,8 +613,18 @@ def _run(case: dict, result: dict, save) -> None:
     P, R = cfg.data.max_prompt_length, cfg.data.max_response_length
     gen_meta = {"eos_token_id": 151645, "pad_token_id": 151643, "recompute_log_prob": False}
     val_n = cfg.data.val_batch_size
-    val = _prompts(val_n, P, torch, dict(gen_meta, do_sample=bool(OmegaConf.select(cfg, "actor_rollout_ref.rollout.val_kwargs.do_sample", default=False)),
-                                        validate=True))
+    val = _prompts(
+        val_n,
+        P,
+        torch,
+        dict(
+            gen_meta,
+            do_sample=bool(
+                OmegaConf.select(cfg, "actor_rollout_ref.rollout.val_kwargs.do_sample", default=False)
+            ),
+            validate=True,
+        ),
+    )
     out = phase("validation generate", lambda: actor.generate_sequences(val), batch=val_n)  # noqa: F821  (called before the del below)
     result["validation_response_shape"] = list(out.batch["responses"].shape)
     del out, val
@@ -475,8 +644,10 @@ def _run(case: dict, result: dict, save) -> None:
         old.batch.pop("entropys")
         batch = batch.union(old)
         if use_ref:
-            refp = phase(f"step{step} compute_ref_log_prob",
-                         lambda: (actor if lora else ref).compute_ref_log_prob(batch))
+            refp = phase(
+                f"step{step} compute_ref_log_prob",
+                lambda: (actor if lora else ref).compute_ref_log_prob(batch),
+            )
             batch = batch.union(refp)
         if critic:
             values = phase(f"step{step} compute_values", lambda: critic.compute_values(batch))
@@ -486,12 +657,17 @@ def _run(case: dict, result: dict, save) -> None:
         scores = torch.zeros_like(mask, dtype=torch.float32)
         last = mask.sum(-1).clamp(min=1) - 1
         scores[torch.arange(n_train, device=mask.device), last] = torch.randint(
-            0, 2, (n_train,), device=mask.device).float()
+            0, 2, (n_train,), device=mask.device
+        ).float()
         batch.batch["token_level_scores"] = scores
         batch.batch["token_level_rewards"] = scores
         adv, ret = core_algos.compute_gae_advantage_return(
-            token_level_rewards=scores, values=batch.batch["values"], response_mask=batch.batch["response_mask"],
-            gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam)
+            token_level_rewards=scores,
+            values=batch.batch["values"],
+            response_mask=batch.batch["response_mask"],
+            gamma=cfg.algorithm.gamma,
+            lam=cfg.algorithm.lam,
+        )
         batch.batch["advantages"], batch.batch["returns"] = adv, ret
         if critic:
             c = phase(f"step{step} update_critic", lambda: critic.update_critic(batch))
@@ -506,8 +682,11 @@ def _run(case: dict, result: dict, save) -> None:
 
 def _metrics(out) -> dict:
     m = out.meta_info.get("metrics", {})
-    return {k: (v if isinstance(v, (int, float)) else (v[-1] if isinstance(v, list) and v else str(v)))
-            for k, v in m.items() if isinstance(v, (int, float, list))}
+    return {
+        k: (v if isinstance(v, (int, float)) else (v[-1] if isinstance(v, list) and v else str(v)))
+        for k, v in m.items()
+        if isinstance(v, (int, float, list))
+    }
 
 
 def main(argv=None) -> int:
@@ -521,10 +700,13 @@ def main(argv=None) -> int:
     d.add_argument("--wheels", type=Path, required=True)
     d.add_argument("--out", type=Path, required=True)
     d.add_argument("--only", nargs="*", default=[])
-    d.add_argument("--ppo", action="store_true",
-                   help="instead of the in-process steps: `python -m verl.trainer.main_ppo` itself, "
-                        "with Ray, for validation and two steps (no memory cap: Ray's workers are "
-                        "separate processes)")
+    d.add_argument(
+        "--ppo",
+        action="store_true",
+        help="instead of the in-process steps: `python -m verl.trainer.main_ppo` itself, "
+        "with Ray, for validation and two steps (no memory cap: Ray's workers are "
+        "separate processes)",
+    )
     r = sub.add_parser("case")
     r.add_argument("case", type=Path)
     r.add_argument("--out", type=Path, required=True)

@@ -42,11 +42,12 @@ import sys
 import time
 from pathlib import Path
 
-GIB = 1024 ** 3
+GIB = 1024**3
 DEVICE = "cuda"  # (a CPU smoke test of the harness sets "cpu")
 
 
 # -- cases (here, with envbuilder) --------------------------------------------------------------
+
 
 def write_cases(out: Path, probes: list[str] | None = None) -> None:
     """`probes`: PROFILE:KEY:B1,B2 adds runs of KEY at those batch sizes (label "probe")."""
@@ -66,10 +67,12 @@ def write_cases(out: Path, probes: list[str] | None = None) -> None:
         consts = dict(m.memory, total_gib=total["mib"] / 1024 if total else float(env["gpu"]["vram_gb"]))
         consts_of[name] = consts
         s = memory.setup(env, arch_rec, consts, mem["validation_rows"])
-        plan_b = {"generation": mem["batch"]["val_batch_size"] // s.n,
-                  "log_prob": mem["batch"]["log_prob_micro_batch_size_per_gpu"],
-                  "actor": mem["batch"]["actor_ppo_micro_batch_size_per_gpu"],
-                  "critic": mem["batch"]["critic_ppo_micro_batch_size_per_gpu"]}
+        plan_b = {
+            "generation": mem["batch"]["val_batch_size"] // s.n,
+            "log_prob": mem["batch"]["log_prob_micro_batch_size_per_gpu"],
+            "actor": mem["batch"]["actor_ppo_micro_batch_size_per_gpu"],
+            "critic": mem["batch"]["critic_ppo_micro_batch_size_per_gpu"],
+        }
         runs = []
         g = plan_b["generation"]
         small = arch_rec["parameters"] < 2e9  # (the half-batch slope only where it is cheap)
@@ -89,24 +92,59 @@ def write_cases(out: Path, probes: list[str] | None = None) -> None:
             runs.append(_run_case(memory, s, key, plan_b[key], "planned"))
             bigger = [b for b in memory.candidates(s, key) if b > plan_b[key]]
             if bigger and mem["bound_by"][key] == "memory":
-                runs.append(_run_case(memory, s, key, bigger[0] if key != "log_prob" else
-                                      bigger[min(len(bigger) - 1, max(plan_b[key] // 4, 0))], "next"))
-        cases.append({
-            "profile": name, "gpu": env["gpu"]["name"], "model": env["train"]["model"],
-            "arch": {k: arch_rec[k] for k in ("layers", "hidden_size", "attention_heads", "kv_heads",
-                                                 "head_dim", "intermediate_size", "vocab_size",
-                                                 "tied_embeddings", "max_position_embeddings")},
-            "dtype": env["dtype"], "compute_bytes": s.c, "generation_bytes": s.g,
-            "inference_bytes": s.inf, "rollout": s.rollout, "attention": env["attention"],
-            "test_attention": "eager" if s.eager else "sdpa",
-            "n_gpus": s.n, "prompt": s.prompt, "response": s.response, "lora_rank": s.lora,
-            "gradient_checkpointing": s.ckpt, "param_offload": s.param_offload,
-            "optimizer_offload": s.optimizer_offload,
-            "usable_gib": mem["usable_gib"], "vllm_share_gib": mem["vllm_share_gib"],
-            # what the rendered run script exports (PYTORCH_CUDA_ALLOC_CONF), so the run has it
-            "alloc_conf": (env.get("cuda_alloc_conf") or {}).get("value"),
-            "plan": mem["batch"], "bound_by": mem["bound_by"], "runs": runs,
-        })
+                runs.append(
+                    _run_case(
+                        memory,
+                        s,
+                        key,
+                        bigger[0]
+                        if key != "log_prob"
+                        else bigger[min(len(bigger) - 1, max(plan_b[key] // 4, 0))],
+                        "next",
+                    )
+                )
+        cases.append(
+            {
+                "profile": name,
+                "gpu": env["gpu"]["name"],
+                "model": env["train"]["model"],
+                "arch": {
+                    k: arch_rec[k]
+                    for k in (
+                        "layers",
+                        "hidden_size",
+                        "attention_heads",
+                        "kv_heads",
+                        "head_dim",
+                        "intermediate_size",
+                        "vocab_size",
+                        "tied_embeddings",
+                        "max_position_embeddings",
+                    )
+                },
+                "dtype": env["dtype"],
+                "compute_bytes": s.c,
+                "generation_bytes": s.g,
+                "inference_bytes": s.inf,
+                "rollout": s.rollout,
+                "attention": env["attention"],
+                "test_attention": "eager" if s.eager else "sdpa",
+                "n_gpus": s.n,
+                "prompt": s.prompt,
+                "response": s.response,
+                "lora_rank": s.lora,
+                "gradient_checkpointing": s.ckpt,
+                "param_offload": s.param_offload,
+                "optimizer_offload": s.optimizer_offload,
+                "usable_gib": mem["usable_gib"],
+                "vllm_share_gib": mem["vllm_share_gib"],
+                # what the rendered run script exports (PYTORCH_CUDA_ALLOC_CONF), so the run has it
+                "alloc_conf": (env.get("cuda_alloc_conf") or {}).get("value"),
+                "plan": mem["batch"],
+                "bound_by": mem["bound_by"],
+                "runs": runs,
+            }
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"cases": cases}, indent=1) + "\n")
     print(f"wrote {len(cases)} profiles to {out}")
@@ -123,19 +161,34 @@ def _run_case(memory, s, key: str, b: int, label: str) -> dict:
         ballast = resident  # the role's own state is the real thing: model, grads, Adam
     else:
         # the harness builds the model in its compute dtype; every other state byte is ballast
-        model_terms = sum(t["bytes"] for t in state if t["term"].endswith(("bf16 copy", "FSDP gathered units"))
-                          or (t["term"] in ("actor weights", "vLLM weights") and realized_model == t["bytes"]))
+        model_terms = sum(
+            t["bytes"]
+            for t in state
+            if t["term"].endswith(("bf16 copy", "FSDP gathered units"))
+            or (t["term"] in ("actor weights", "vLLM weights") and realized_model == t["bytes"])
+        )
         ballast = resident + sum(t["bytes"] for t in state) - model_terms
     extra = 0
     if s.n > 1 and key != "generation":
         units = next(t["bytes"] for t in state if t["term"].endswith("FSDP gathered units"))
         extra = realized_model - units
-    step = memory.estimate(s, f"{key}_step", 0)["bytes"] if (key in ("actor", "critic") and s.n == 1) else None
-    return {"key": key, "batch": b, "label": label, "phase": est["phase"], "step_estimate_bytes": step,
-            "estimate_bytes": est["bytes"], "budget_gib": est["budget_gib"],
-            "work_bytes": sum(t["bytes"] for t in terms if t["kind"] == "work"),
-            "model_bytes": realized_model, "ballast_bytes": int(ballast), "extra_bytes": int(extra),
-            "cap_bytes": int(est["budget_gib"] * GIB + extra)}
+    step = (
+        memory.estimate(s, f"{key}_step", 0)["bytes"] if (key in ("actor", "critic") and s.n == 1) else None
+    )
+    return {
+        "key": key,
+        "batch": b,
+        "label": label,
+        "phase": est["phase"],
+        "step_estimate_bytes": step,
+        "estimate_bytes": est["bytes"],
+        "budget_gib": est["budget_gib"],
+        "work_bytes": sum(t["bytes"] for t in terms if t["kind"] == "work"),
+        "model_bytes": realized_model,
+        "ballast_bytes": int(ballast),
+        "extra_bytes": int(extra),
+        "cap_bytes": int(est["budget_gib"] * GIB + extra),
+    }
 
 
 def _model_bytes(s, key: str) -> int:
@@ -149,9 +202,16 @@ def _model_bytes(s, key: str) -> int:
 
 # -- run (on the GPU, with torch and transformers only) -----------------------------------------
 
-def run(cases_path: Path, out_dir: Path, only: list[str], budget_s: float,
-        labels: list[str] | None = None, name: str = "memory_gpu.json",
-        keys: list[str] | None = None) -> int:
+
+def run(
+    cases_path: Path,
+    out_dir: Path,
+    only: list[str],
+    budget_s: float,
+    labels: list[str] | None = None,
+    name: str = "memory_gpu.json",
+    keys: list[str] | None = None,
+) -> int:
     import torch
     import transformers
 
@@ -163,11 +223,16 @@ def run(cases_path: Path, out_dir: Path, only: list[str], budget_s: float,
     torch.ones(1, device=dev)
     free, _ = torch.cuda.mem_get_info()
     context = total - free - torch.cuda.memory_reserved()
-    meta = {"device": props.name, "total_bytes": total, "torch": torch.__version__,
-            "cuda": torch.version.cuda, "transformers": transformers.__version__,
-            "context_bytes_after_init": int(context),
-            "note": "an H200 capped to each profile's memory emulates its memory, not its bandwidth, "
-                    "kernels or fp32-on-Pascal speed"}
+    meta = {
+        "device": props.name,
+        "total_bytes": total,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "transformers": transformers.__version__,
+        "context_bytes_after_init": int(context),
+        "note": "an H200 capped to each profile's memory emulates its memory, not its bandwidth, "
+        "kernels or fp32-on-Pascal speed",
+    }
     print(json.dumps(meta), flush=True)
     cases = json.loads(cases_path.read_text())["cases"]
     results = {"meta": meta, "profiles": []}
@@ -186,10 +251,13 @@ def run(cases_path: Path, out_dir: Path, only: list[str], budget_s: float,
                 continue
             rec["runs"].append(measure(case, r, total))
             row = rec["runs"][-1]
-            print(f"{case['profile']:5} {r['key']:10} {r['label']:7} b={r['batch']:<5} "
-                  f"est={r['estimate_bytes'] / GIB:7.2f} meas={_g(row.get('peak_allocated')):>7} "
-                  f"res={_g(row.get('peak_reserved')):>7} cap={r['cap_bytes'] / GIB:7.2f} "
-                  f"{'OOM' if row.get('oom') else 'ok'} {row.get('seconds', 0):.1f}s", flush=True)
+            print(
+                f"{case['profile']:5} {r['key']:10} {r['label']:7} b={r['batch']:<5} "
+                f"est={r['estimate_bytes'] / GIB:7.2f} meas={_g(row.get('peak_allocated')):>7} "
+                f"res={_g(row.get('peak_reserved')):>7} cap={r['cap_bytes'] / GIB:7.2f} "
+                f"{'OOM' if row.get('oom') else 'ok'} {row.get('seconds', 0):.1f}s",
+                flush=True,
+            )
         results["profiles"].append(rec)
         (out_dir / name).write_text(json.dumps(results, indent=1) + "\n")
     print(f"total {time.time() - start:.0f}s")
@@ -218,8 +286,7 @@ def measure(case: dict, r: dict, total: int) -> dict:
     try:
         if r["ballast_bytes"] > 0:
             held.append(torch.empty(r["ballast_bytes"], dtype=torch.uint8, device=DEVICE))
-        fn = {"generation": _generation, "log_prob": _log_prob, "actor": _update,
-              "critic": _update}[r["key"]]
+        fn = {"generation": _generation, "log_prob": _log_prob, "actor": _update, "critic": _update}[r["key"]]
         extra = fn(case, r, held)
         out.update(extra or {})
         out["oom"] = False
@@ -253,13 +320,22 @@ def _config(case: dict, attn: str):
 
     a = case["arch"]
     assert a["hidden_size"] // a["attention_heads"] == a["head_dim"]
-    cfg = Qwen2Config(vocab_size=a["vocab_size"], hidden_size=a["hidden_size"],
-                      intermediate_size=a["intermediate_size"], num_hidden_layers=a["layers"],
-                      num_attention_heads=a["attention_heads"], num_key_value_heads=a["kv_heads"],
-                      max_position_embeddings=a["max_position_embeddings"],
-                      tie_word_embeddings=a["tied_embeddings"], use_cache=True, num_labels=1,
-                      pad_token_id=0, bos_token_id=None, eos_token_id=None,
-                      attn_implementation=attn)
+    cfg = Qwen2Config(
+        vocab_size=a["vocab_size"],
+        hidden_size=a["hidden_size"],
+        intermediate_size=a["intermediate_size"],
+        num_hidden_layers=a["layers"],
+        num_attention_heads=a["attention_heads"],
+        num_key_value_heads=a["kv_heads"],
+        max_position_embeddings=a["max_position_embeddings"],
+        tie_word_embeddings=a["tied_embeddings"],
+        use_cache=True,
+        num_labels=1,
+        pad_token_id=0,
+        bos_token_id=None,
+        eos_token_id=None,
+        attn_implementation=attn,
+    )
     cfg._attn_implementation = attn
     return cfg
 
@@ -338,9 +414,18 @@ def _generation(case: dict, r: dict, held: list) -> dict:
     held.append(model)
     ids, mask, _ = _inputs(case, r["batch"], case["prompt"])
     with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, num_beams=1,
-                             max_new_tokens=case["response"], pad_token_id=0, eos_token_id=None,
-                             use_cache=True, return_dict_in_generate=True, output_scores=False)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=False,
+            num_beams=1,
+            max_new_tokens=case["response"],
+            pad_token_id=0,
+            eos_token_id=None,
+            use_cache=True,
+            return_dict_in_generate=True,
+            output_scores=False,
+        )
     seq = out.sequences
     assert seq.shape == (r["batch"], case["prompt"] + case["response"]), tuple(seq.shape)
     return {"generated_tokens": int(seq.shape[1] - case["prompt"])}
@@ -355,8 +440,9 @@ def _logprobs(logits, labels):
     if logits.dtype in (torch.float32, torch.float64):
         picked = torch.gather(logits, -1, labels.unsqueeze(-1)).squeeze(-1)
         return picked - torch.stack([torch.logsumexp(row, dim=-1) for row in logits])
-    rows = [F.log_softmax(rl, dim=-1).gather(-1, ll.unsqueeze(-1)).squeeze(-1)
-            for rl, ll in zip(logits, labels)]
+    rows = [
+        F.log_softmax(rl, dim=-1).gather(-1, ll.unsqueeze(-1)).squeeze(-1) for rl, ll in zip(logits, labels)
+    ]
     return torch.stack(rows)
 
 
@@ -384,7 +470,7 @@ def _log_prob(case: dict, r: dict, held: list) -> dict:
     with torch.no_grad(), _autocast(case):
         logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits
         logits.div_(1.0)
-        logits = logits[:, -resp - 1:-1, :]
+        logits = logits[:, -resp - 1 : -1, :]
         logp = _logprobs(logits, ids[:, -resp:])
         ent = _entropy(logits)
     return {"checksum_finite": bool(torch.isfinite(logp).all() and torch.isfinite(ent).all())}
@@ -438,11 +524,11 @@ def _update(case: dict, r: dict, held: list) -> dict:
             if role == "actor":
                 logits = out.logits
                 logits.div_(1.0)
-                logits = logits[:, -resp - 1:-1, :]
+                logits = logits[:, -resp - 1 : -1, :]
                 logp = _logprobs(logits, ids[:, -resp:])
                 loss = -(logp * torch.randn_like(logp)).mean()
             else:
-                values = out.logits[:, -resp - 1:-1].squeeze(-1)
+                values = out.logits[:, -resp - 1 : -1].squeeze(-1)
                 loss = 0.5 * ((values.float() - torch.randn_like(values.float())) ** 2).mean()
         loss.backward()
 
@@ -470,9 +556,13 @@ def _update(case: dict, r: dict, held: list) -> dict:
     update_res = torch.cuda.max_memory_reserved()
     torch.cuda.reset_peak_memory_stats()
     step()
-    return {"update_peak_allocated": int(update_alloc), "update_peak_reserved": int(update_res),
-            "step_peak_allocated": int(torch.cuda.max_memory_allocated()),
-            "step_peak_reserved": int(torch.cuda.max_memory_reserved()), "steps": 2}
+    return {
+        "update_peak_allocated": int(update_alloc),
+        "update_peak_reserved": int(update_res),
+        "step_peak_allocated": int(torch.cuda.max_memory_allocated()),
+        "step_peak_reserved": int(torch.cuda.max_memory_reserved()),
+        "steps": 2,
+    }
 
 
 def main() -> int:
@@ -480,15 +570,24 @@ def main() -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("cases", help="write the cases (needs envbuilder)")
     c.add_argument("-o", "--out", type=Path, default=Path("out/memory_cases.json"))
-    c.add_argument("--probe", nargs="*", default=[], metavar="PROFILE:KEY:B1,B2",
-                   help="extra runs of KEY (generation, log_prob, actor, critic) at these sizes")
+    c.add_argument(
+        "--probe",
+        nargs="*",
+        default=[],
+        metavar="PROFILE:KEY:B1,B2",
+        help="extra runs of KEY (generation, log_prob, actor, critic) at these sizes",
+    )
     r = sub.add_parser("run", help="measure on the GPU (needs torch and transformers)")
     r.add_argument("--cases", type=Path, default=Path("out/memory_cases.json"))
     r.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out/memory")))
     r.add_argument("--only", nargs="*", default=[])
     r.add_argument("--budget-s", type=float, default=480)
-    r.add_argument("--labels", nargs="*", default=[],
-                   help="only these runs of each profile (e.g. planned: the current plan's sizes)")
+    r.add_argument(
+        "--labels",
+        nargs="*",
+        default=[],
+        help="only these runs of each profile (e.g. planned: the current plan's sizes)",
+    )
     r.add_argument("--name", default="memory_gpu.json", help="the result file's name in --out")
     r.add_argument("--keys", nargs="*", default=[], help="only these phases (generation, ...)")
     args = ap.parse_args()

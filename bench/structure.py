@@ -106,20 +106,39 @@ def facts() -> dict:
     mods = modules()
     imp = imports(mods)
     # a module importing its own package's __init__ (from . import x) is no dependency edge
-    graph = {m: {t for t, _, _ in lst if t in mods and t != m and not m.startswith(t + ".")}
-             for m, lst in imp.items()}
-    private = sorted(f"{m}:{line} takes {t}.{n}" for m, lst in imp.items() for t, names, line in lst
-                     for n in names if n.startswith("_") and not n.startswith("__") and t != m)
-    cli_long = sorted(f"{m}: {len(p.read_text().splitlines())} lines" for m, p in mods.items()
-                      if m.startswith("envbuilder.cli.") or m == "envbuilder.cli"
-                      if len(p.read_text().splitlines()) > CLI_MAX_LINES)
+    graph = {
+        m: {t for t, _, _ in lst if t in mods and t != m and not m.startswith(t + ".")}
+        for m, lst in imp.items()
+    }
+    private = sorted(
+        f"{m}:{line} takes {t}.{n}"
+        for m, lst in imp.items()
+        for t, names, line in lst
+        for n in names
+        if n.startswith("_") and not n.startswith("__") and t != m
+    )
+    cli_long = sorted(
+        f"{m}: {len(p.read_text().splitlines())} lines"
+        for m, p in mods.items()
+        if m.startswith("envbuilder.cli.") or m == "envbuilder.cli"
+        if len(p.read_text().splitlines()) > CLI_MAX_LINES
+    )
     # the command line is the top layer: only envbuilder/__main__.py reaches into it
-    upward = sorted(f"{m} imports {t}" for m, lst in imp.items() for t, _, _ in lst
-                    if (t == "envbuilder.cli" or t.startswith("envbuilder.cli."))
-                    and not (m == "envbuilder.cli" or m.startswith("envbuilder.cli."))
-                    and m != "envbuilder.__main__")
-    return {"modules": len(mods), "cycles": cycles(graph), "private_imports": private,
-            "long_cli_modules": cli_long, "cli_imported_below": upward}
+    upward = sorted(
+        f"{m} imports {t}"
+        for m, lst in imp.items()
+        for t, _, _ in lst
+        if (t == "envbuilder.cli" or t.startswith("envbuilder.cli."))
+        and not (m == "envbuilder.cli" or m.startswith("envbuilder.cli."))
+        and m != "envbuilder.__main__"
+    )
+    return {
+        "modules": len(mods),
+        "cycles": cycles(graph),
+        "private_imports": private,
+        "long_cli_modules": cli_long,
+        "cli_imported_below": upward,
+    }
 
 
 def main() -> int:
@@ -137,8 +156,9 @@ def main() -> int:
     print(f"command-line modules over {CLI_MAX_LINES} lines: {len(f['long_cli_modules'])}")
     for c in f["long_cli_modules"]:
         print("  " + c)
-    return 1 if (f["cycles"] or f["private_imports"] or f["long_cli_modules"]
-                 or f["cli_imported_below"]) else 0
+    return (
+        1 if (f["cycles"] or f["private_imports"] or f["long_cli_modules"] or f["cli_imported_below"]) else 0
+    )
 
 
 if __name__ == "__main__":

@@ -38,14 +38,18 @@ def _load(path: str) -> dict:
     p = Path(path)
     if not p.exists():
         if os.environ.get("ENVBUILD_CONFIG"):
-            raise UserError(f"ENVBUILD_CONFIG points at {p}, which does not exist. Create it or "
-                            "unset the variable.")
+            raise UserError(
+                f"ENVBUILD_CONFIG points at {p}, which does not exist. Create it or unset the variable."
+            )
         return {}
     doc = load_yaml(read_text_bounded(p, "envbuild config"), str(p)) or {}
     # every value is checked for what it is (a registry endpoint, a name, a mirror set's URLs):
     # they reach image references, build args and rendered files
-    spec = {"registries?": S.MapOf(S.REGISTRY, key=S.NAME), "mirror?": S.NAME,
-            "mirrors?": S.MapOf(MIRROR, key=S.NAME)}
+    spec = {
+        "registries?": S.MapOf(S.REGISTRY, key=S.NAME),
+        "mirror?": S.NAME,
+        "mirrors?": S.MapOf(MIRROR, key=S.NAME),
+    }
     try:
         S.check(doc, spec, str(p))
     except S.SchemaError as e:
@@ -64,8 +68,10 @@ def user_config() -> dict:
 # path components as Docker's reference grammar has them.
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-PUSH_REGISTRY = re.compile(rf"(?P<host>{_LABEL}(?:\.{_LABEL})*|\[[0-9A-Fa-f:.]{{2,45}}\])"
-                           rf"(?::(?P<port>[0-9]{{1,5}}))?(?:/{_COMPONENT})*")
+PUSH_REGISTRY = re.compile(
+    rf"(?P<host>{_LABEL}(?:\.{_LABEL})*|\[[0-9A-Fa-f:.]{{2,45}}\])"
+    rf"(?::(?P<port>[0-9]{{1,5}}))?(?:/{_COMPONENT})*"
+)
 
 
 def check_registry(value: str, where: str) -> str:
@@ -75,11 +81,13 @@ def check_registry(value: str, where: str) -> str:
 
     m = PUSH_REGISTRY.fullmatch(value) if isinstance(value, str) and len(value) <= 255 else None
     if m is None or (m["port"] is not None and not 0 < int(m["port"]) < 65536):
-        raise UserError(f"{where} is {shorten(ascii(value) if isinstance(value, str) else value, 100)}, "
-                        "which is not a registry: give HOST[:PORT][/PATH] (e.g. localhost:5000 or "
-                        "registry.example.com/team: letters, digits, '.', '-' in the host, a port "
-                        "up to 65535, lower-case path parts; no scheme, spaces or commas). Nothing "
-                        "was written or pushed.")
+        raise UserError(
+            f"{where} is {shorten(ascii(value) if isinstance(value, str) else value, 100)}, "
+            "which is not a registry: give HOST[:PORT][/PATH] (e.g. localhost:5000 or "
+            "registry.example.com/team: letters, digits, '.', '-' in the host, a port "
+            "up to 65535, lower-case path parts; no scheme, spaces or commas). Nothing "
+            "was written or pushed."
+        )
     return value
 
 
@@ -111,6 +119,8 @@ def registry_for(name: str, default_local: str, option: str = "--registry") -> s
     host = name.split("/", 1)[0]
     if "." in host or ":" in host or host == "localhost":
         return check_registry(name, option)
-    raise UserError(f"No registry named {shorten(name, 60)!r}: your config ({config_path()}) names "
-                      f"{', '.join(sorted(regs))}. Use one of those, or HOST[:PORT]; nothing was "
-                      "pushed.")
+    raise UserError(
+        f"No registry named {shorten(name, 60)!r}: your config ({config_path()}) names "
+        f"{', '.join(sorted(regs))}. Use one of those, or HOST[:PORT]; nothing was "
+        "pushed."
+    )

@@ -38,9 +38,11 @@ def need_extra(command: str, extra: str, modules: tuple[str, ...] | None = None)
 
     missing = [m for m in (modules or EXTRAS[extra]) if absent(m)]
     if missing:
-        raise UserError(f"`envbuild {command}` needs the Python package"
-                        f"{'s' if len(missing) > 1 else ''} {', '.join(missing)} (envbuild's "
-                        f"`{extra}` extra), which {'are' if len(missing) > 1 else 'is'} not "
-                        f"installed in the Python envbuild runs from ({sys.executable}). Install "
-                        f"it: pip install 'envbuild[{extra}]' (from a checkout: pip install "
-                        f"-e '.[{extra}]').")
+        raise UserError(
+            f"`envbuild {command}` needs the Python package"
+            f"{'s' if len(missing) > 1 else ''} {', '.join(missing)} (envbuild's "
+            f"`{extra}` extra), which {'are' if len(missing) > 1 else 'is'} not "
+            f"installed in the Python envbuild runs from ({sys.executable}). Install "
+            f"it: pip install 'envbuild[{extra}]' (from a checkout: pip install "
+            f"-e '.[{extra}]')."
+        )

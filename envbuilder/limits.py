@@ -50,20 +50,26 @@ def read_text_bounded(path: Path, what: str, limit: int = MAX_INPUT_BYTES) -> st
     try:
         data = read_limited(path, limit)
     except NotRegularFile:
-        raise UserError(f"{what} {path} is not a regular file (a device, pipe or folder); "
-                        "envbuild reads only files. Pass the file itself.") from None
+        raise UserError(
+            f"{what} {path} is not a regular file (a device, pipe or folder); "
+            "envbuild reads only files. Pass the file itself."
+        ) from None
     except TooLarge:
-        raise UserError(f"{what} {path} is larger than {limit >> 20} MiB, far more than any "
-                        "envbuild input; it is not the file you meant. Pass the right file.") from None
+        raise UserError(
+            f"{what} {path} is larger than {limit >> 20} MiB, far more than any "
+            "envbuild input; it is not the file you meant. Pass the right file."
+        ) from None
     except OSError as e:
-        raise UserError(f"Cannot read {path} ({what}): {e.strerror}. Check the path and its "
-                        "permissions.") from None
+        raise UserError(
+            f"Cannot read {path} ({what}): {e.strerror}. Check the path and its permissions."
+        ) from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        line = data[:e.start].count(b"\n") + 1
-        raise UserError(f"{what} {path} is not UTF-8 text (byte 0x{data[e.start]:02x} at line "
-                        f"{line}). Save it as UTF-8.") from None
+        line = data[: e.start].count(b"\n") + 1
+        raise UserError(
+            f"{what} {path} is not UTF-8 text (byte 0x{data[e.start]:02x} at line {line}). Save it as UTF-8."
+        ) from None
 
 
 def load_yaml(text: str, origin: str) -> Any:
@@ -85,17 +91,20 @@ def load_yaml(text: str, origin: str) -> Any:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0][:200]
-        raise UserError(f"{origin}{at}: malformed YAML ({problem}). Fix the file's syntax "
-                        "(indentation, quotes, colons) and run again.") from None
+        raise UserError(
+            f"{origin}{at}: malformed YAML ({problem}). Fix the file's syntax "
+            "(indentation, quotes, colons) and run again."
+        ) from None
     except RecursionError:
-        raise UserError(f"{origin}: nested too deeply to be an envbuild file. Pass the right "
-                        "file.") from None
+        raise UserError(f"{origin}: nested too deeply to be an envbuild file. Pass the right file.") from None
     except (ValueError, TypeError, OverflowError) as e:  # a constructor's: a bad date, !!binary
         from envbuilder.text import shorten
 
-        raise UserError(f"{origin}: holds a value YAML cannot build "
-                        f"({shorten(str(e).splitlines()[0] if str(e) else type(e).__name__, 160)})"
-                        ". Fix that value (quote it to make it text).") from None
+        raise UserError(
+            f"{origin}: holds a value YAML cannot build "
+            f"({shorten(str(e).splitlines()[0] if str(e) else type(e).__name__, 160)})"
+            ". Fix that value (quote it to make it text)."
+        ) from None
 
 
 def _check_nodes(root, origin: str) -> None:
@@ -114,17 +123,24 @@ def _check_nodes(root, origin: str) -> None:
             if node.tag == "tag:yaml.org,2002:int" and len(node.value) > MAX_YAML_INT_CHARS:
                 from envbuilder.text import shorten
 
-                raise UserError(f"{origin}: line {node.start_mark.line + 1} holds a whole number "
-                                f"of {len(node.value):,} characters ({shorten(node.value, 30)}), "
-                                "far beyond any value of an envbuild file. Fix that value.")
+                raise UserError(
+                    f"{origin}: line {node.start_mark.line + 1} holds a whole number "
+                    f"of {len(node.value):,} characters ({shorten(node.value, 30)}), "
+                    "far beyond any value of an envbuild file. Fix that value."
+                )
             sizes[key] = 1
             continue
         if depth >= MAX_YAML_DEPTH:
-            raise UserError(f"{origin}: nested more than {MAX_YAML_DEPTH} levels deep at line "
-                            f"{node.start_mark.line + 1}; no envbuild file is. Pass the right "
-                            "file.")
-        children = ([n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode)
-                    else list(node.value))
+            raise UserError(
+                f"{origin}: nested more than {MAX_YAML_DEPTH} levels deep at line "
+                f"{node.start_mark.line + 1}; no envbuild file is. Pass the right "
+                "file."
+            )
+        children = (
+            [n for pair in node.value for n in pair]
+            if isinstance(node, yaml.MappingNode)
+            else list(node.value)
+        )
         if not done:
             if key in sizes:
                 continue
@@ -135,14 +151,18 @@ def _check_nodes(root, origin: str) -> None:
                 _duplicates(node, origin)
             continue
         if any(sizes.get(id(c)) == -1 for c in children):
-            raise UserError(f"{origin}: an alias at line {node.start_mark.line + 1} refers to a "
-                            "value that contains it (a recursive structure); no envbuild file has "
-                            "one. Remove the '*' alias.")
+            raise UserError(
+                f"{origin}: an alias at line {node.start_mark.line + 1} refers to a "
+                "value that contains it (a recursive structure); no envbuild file has "
+                "one. Remove the '*' alias."
+            )
         total = 1 + sum(sizes.get(id(c), 1) for c in children)
         if total > MAX_YAML_NODES:
-            raise UserError(f"{origin}: its aliases expand to more than {MAX_YAML_NODES:,} values "
-                            f"(line {node.start_mark.line + 1}); no envbuild file is that large. "
-                            "It looks like an alias bomb: remove the nested '*' aliases.")
+            raise UserError(
+                f"{origin}: its aliases expand to more than {MAX_YAML_NODES:,} values "
+                f"(line {node.start_mark.line + 1}); no envbuild file is that large. "
+                "It looks like an alias bomb: remove the nested '*' aliases."
+            )
         sizes[key] = total
 
 
@@ -156,7 +176,9 @@ def _duplicates(node, origin: str) -> None:
         if k.value in seen:
             from envbuilder.text import shorten
 
-            raise UserError(f"{origin}: the key {shorten(k.value, 60)!r} appears twice in one "
-                            f"mapping (lines {seen[k.value]} and {k.start_mark.line + 1}); YAML "
-                            "would keep only the last silently. Keep one of them.")
+            raise UserError(
+                f"{origin}: the key {shorten(k.value, 60)!r} appears twice in one "
+                f"mapping (lines {seen[k.value]} and {k.start_mark.line + 1}); YAML "
+                "would keep only the last silently. Keep one of them."
+            )
         seen[k.value] = k.start_mark.line + 1

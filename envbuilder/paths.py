@@ -82,16 +82,14 @@ def read_cache(path: Path | None) -> str | None:
     if folder is None:
         return None
     try:
-        fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                     dir_fd=folder)
+        fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder)
     except OSError:
         return None
     finally:
         os.close(folder)
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() \
-                or st.st_size > MAX_CACHE_BYTES:
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_size > MAX_CACHE_BYTES:
             return None
         with os.fdopen(fd, "rb") as f:
             fd = -1
@@ -115,8 +113,9 @@ def write_cache(path: Path | None, text: str) -> None:
         return
     tmp = f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600, dir_fd=folder)
+        fd = os.open(
+            tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=folder
+        )
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path.name, src_dir_fd=folder, dst_dir_fd=folder)
@@ -145,8 +144,12 @@ def _cache_key(folder: int) -> bytes | None:
         fd = os.open(_KEY, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
     except FileNotFoundError:
         try:
-            fd = os.open(_KEY, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         0o600, dir_fd=folder)
+            fd = os.open(
+                _KEY,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+                dir_fd=folder,
+            )
             key = secrets.token_bytes(32)
             with os.fdopen(fd, "wb") as f:
                 f.write(key)
@@ -187,7 +190,7 @@ def read_sealed(path: Path | None) -> str | None:
         key = _cache_key(folder)
     finally:
         os.close(folder)
-    if key is None or not hmac.compare_digest(head[len(SEAL):], _seal(key, body)):
+    if key is None or not hmac.compare_digest(head[len(SEAL) :], _seal(key, body)):
         return None
     return body
 

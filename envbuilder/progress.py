@@ -29,10 +29,17 @@ class Heartbeat:
     last line a subprocess printed, bytes so far). A beat is a plain line every `every` seconds
     off a terminal; on a terminal the line is rewritten about once a second."""
 
-    def __init__(self, label: str, say: Callable[[str], None] | None = None, *,
-                 every: float = 12.0, stream: TextIO | None = None,
-                 detail: Callable[[], str] | None = None,
-                 clock: Callable[[], float] = time.monotonic, tty: bool | None = None):
+    def __init__(
+        self,
+        label: str,
+        say: Callable[[str], None] | None = None,
+        *,
+        every: float = 12.0,
+        stream: TextIO | None = None,
+        detail: Callable[[], str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        tty: bool | None = None,
+    ):
         self.label, self.every, self.detail, self.clock = label, every, detail, clock
         self.stream = stream or sys.stderr
         self.say = say or self._line
@@ -53,8 +60,9 @@ class Heartbeat:
                 note = self.detail() or ""
             except Exception:  # a note is a courtesy; it never stops the work it describes
                 note = ""
-        return (f"{self.label}: running {clock_text(self.clock() - self.start)}"
-                + (f" ({note[:100]})" if note else ""))
+        return f"{self.label}: running {clock_text(self.clock() - self.start)}" + (
+            f" ({note[:100]})" if note else ""
+        )
 
     def beat(self) -> None:
         """One tick (the thread calls it every second; tests call it with a fake clock)."""
@@ -84,5 +92,7 @@ class Heartbeat:
         if self.status:
             self.stream.write("\r\x1b[K")
             self.stream.flush()
-        self.say(f"{self.label}: {'done' if kind is None else 'stopped'} in "
-                 f"{clock_text(self.clock() - self.start)}")
+        self.say(
+            f"{self.label}: {'done' if kind is None else 'stopped'} in "
+            f"{clock_text(self.clock() - self.start)}"
+        )

@@ -65,6 +65,7 @@ DEFAULT_FIX = "It is not as envbuild writes it (edited, damaged or made by somet
 
 # ---- reading and parsing ---------------------------------------------------------------------
 
+
 def read_bytes(path: Path, what: str, bounds: Bounds = BOUNDS) -> bytes | None:
     """The bytes of `path` (a regular file within bounds), None when there is no such file;
     UserError (exit 2) when it is not a regular file, too large or unreadable."""
@@ -75,14 +76,19 @@ def read_bytes(path: Path, what: str, bounds: Bounds = BOUNDS) -> bytes | None:
     except FileNotFoundError:
         return None
     except NotRegularFile:
-        raise UserError(f"{what} {path} is not a regular file (a device, pipe or folder); "
-                        "envbuild reads only files. Pass the file itself.") from None
+        raise UserError(
+            f"{what} {path} is not a regular file (a device, pipe or folder); "
+            "envbuild reads only files. Pass the file itself."
+        ) from None
     except TooLarge:
-        raise UserError(f"{what} {path} is larger than {_size(bounds.max_bytes)}, far more than "
-                        "any such file envbuild writes; it is not the file you meant.") from None
+        raise UserError(
+            f"{what} {path} is larger than {_size(bounds.max_bytes)}, far more than "
+            "any such file envbuild writes; it is not the file you meant."
+        ) from None
     except OSError as e:
-        raise UserError(f"Cannot read {what} {path}: {e.strerror}. Check the path and its "
-                        "permissions.") from None
+        raise UserError(
+            f"Cannot read {what} {path}: {e.strerror}. Check the path and its permissions."
+        ) from None
 
 
 def _size(n: int) -> str:
@@ -99,9 +105,10 @@ def _text(data: bytes | str, origin: str, fix: str, bounds: Bounds) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        line = data[:e.start].count(b"\n") + 1
-        raise BadData(origin, "", f"is not UTF-8 text (byte 0x{data[e.start]:02x} at line "
-                      f"{line})", fix) from None
+        line = data[: e.start].count(b"\n") + 1
+        raise BadData(
+            origin, "", f"is not UTF-8 text (byte 0x{data[e.start]:02x} at line {line})", fix
+        ) from None
 
 
 class _Refused:
@@ -121,8 +128,15 @@ class _Duplicate(dict):
     key: str = ""
 
 
-def parse_json(data: bytes | str, origin: str, *, shape: Any = None, fix: str = DEFAULT_FIX,
-               bounds: Bounds = BOUNDS, partial: bool = False) -> Any:
+def parse_json(
+    data: bytes | str,
+    origin: str,
+    *,
+    shape: Any = None,
+    fix: str = DEFAULT_FIX,
+    bounds: Bounds = BOUNDS,
+    partial: bool = False,
+) -> Any:
     """The document `data` holds, checked (see the module's docstring); BadData otherwise."""
     import json
 
@@ -131,14 +145,14 @@ def parse_json(data: bytes | str, origin: str, *, shape: Any = None, fix: str = 
 
     def number(s: str) -> Any:
         if len(s) - (s[0] == "-") > digits:
-            return _Refused(f"a whole number of {len(s.lstrip('-')):,} digits is far beyond any "
-                            "value envbuild writes")
+            return _Refused(
+                f"a whole number of {len(s.lstrip('-')):,} digits is far beyond any value envbuild writes"
+            )
         return int(s)
 
     def real(s: str) -> Any:
         if len(s) > 64:
-            return _Refused(f"a number written with {len(s):,} characters is no value envbuild "
-                            "writes")
+            return _Refused(f"a number written with {len(s):,} characters is no value envbuild writes")
         f = float(s)
         return f if math.isfinite(f) else _Refused(f"{s} is beyond the largest number")
 
@@ -155,14 +169,15 @@ def parse_json(data: bytes | str, origin: str, *, shape: Any = None, fix: str = 
         return out
 
     try:
-        doc = json.loads(text, parse_int=number, parse_float=real, parse_constant=constant,
-                         object_pairs_hook=pairs)
+        doc = json.loads(
+            text, parse_int=number, parse_float=real, parse_constant=constant, object_pairs_hook=pairs
+        )
     except json.JSONDecodeError as e:
-        raise BadData(origin, "", f"is not valid JSON ({e.msg} at line {e.lineno}, column "
-                      f"{e.colno})", fix) from None
+        raise BadData(
+            origin, "", f"is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})", fix
+        ) from None
     except RecursionError:
-        raise BadData(origin, "", f"is nested more than {bounds.max_depth} levels deep",
-                      fix) from None
+        raise BadData(origin, "", f"is nested more than {bounds.max_depth} levels deep", fix) from None
     except ValueError as e:  # (whatever else the parser refuses)
         raise BadData(origin, "", f"is not valid JSON ({_first_line(e)})", fix) from None
     check_tree(doc, origin, fix, bounds)
@@ -171,8 +186,9 @@ def parse_json(data: bytes | str, origin: str, *, shape: Any = None, fix: str = 
     return doc
 
 
-def parse_yaml(data: bytes | str, origin: str, *, shape: Any = None, fix: str = DEFAULT_FIX,
-               bounds: Bounds = BOUNDS) -> Any:
+def parse_yaml(
+    data: bytes | str, origin: str, *, shape: Any = None, fix: str = DEFAULT_FIX, bounds: Bounds = BOUNDS
+) -> Any:
     """The YAML document `data` holds (safe, aliases counted, no key twice), checked like
     parse_json; None for an empty document."""
     from envbuilder.limits import load_yaml
@@ -183,16 +199,16 @@ def parse_yaml(data: bytes | str, origin: str, *, shape: Any = None, fix: str = 
     except BadData:
         raise
     except UserError as e:  # load_yaml's own paragraph: malformed, an alias bomb, a key twice
-        raise BadData(origin, "", str(e).removeprefix(origin).lstrip(": "), fix,
-                      head=str(e)) from None
+        raise BadData(origin, "", str(e).removeprefix(origin).lstrip(": "), fix, head=str(e)) from None
     check_tree(doc, origin, fix, bounds)
     if shape is not None:
         check_shape(doc, shape, origin, fix)
     return doc
 
 
-def parse_toml(data: bytes | str, origin: str, *, shape: Any = None, fix: str = DEFAULT_FIX,
-               bounds: Bounds = BOUNDS) -> Any:
+def parse_toml(
+    data: bytes | str, origin: str, *, shape: Any = None, fix: str = DEFAULT_FIX, bounds: Bounds = BOUNDS
+) -> Any:
     """The TOML document `data` holds, checked like parse_json."""
     try:
         import tomllib
@@ -205,8 +221,7 @@ def parse_toml(data: bytes | str, origin: str, *, shape: Any = None, fix: str = 
     except tomllib.TOMLDecodeError as e:
         raise BadData(origin, "", f"is not valid TOML ({_first_line(e)})", fix) from None
     except RecursionError:
-        raise BadData(origin, "", f"is nested more than {bounds.max_depth} levels deep",
-                      fix) from None
+        raise BadData(origin, "", f"is nested more than {bounds.max_depth} levels deep", fix) from None
     except (ValueError, TypeError, OverflowError) as e:
         raise BadData(origin, "", f"is not valid TOML ({_first_line(e)})", fix) from None
     import datetime
@@ -221,8 +236,16 @@ def parse_toml(data: bytes | str, origin: str, *, shape: Any = None, fix: str = 
 PARSERS = {"json": parse_json, "yaml": parse_yaml, "toml": parse_toml}
 
 
-def read(path: Path, what: str, kind: str = "json", *, shape: Any = None, fix: str = DEFAULT_FIX,
-         bounds: Bounds = BOUNDS, missing_ok: bool = False) -> Any:
+def read(
+    path: Path,
+    what: str,
+    kind: str = "json",
+    *,
+    shape: Any = None,
+    fix: str = DEFAULT_FIX,
+    bounds: Bounds = BOUNDS,
+    missing_ok: bool = False,
+) -> Any:
     """The document in the file `path` (`kind`: json, yaml or toml), read and checked; None when
     the file is missing and `missing_ok`. `what` says in a message what the file is."""
     data = read_bytes(path, what, bounds)
@@ -244,6 +267,7 @@ def _first_line(e: BaseException) -> str:
 
 # ---- the tree and the shape ------------------------------------------------------------------
 
+
 def _path(parts: tuple) -> str:
     """`packages[3].version` for ("packages", 3, "version"); a key that is not a plain word is
     quoted, and cut to its start."""
@@ -255,8 +279,12 @@ def _path(parts: tuple) -> str:
             out += f"[{p}]"
         else:
             key = str(p) if isinstance(p, str) else repr(p)
-            if not (key.isascii() and key.isprintable() and key
-                    and all(c.isalnum() or c in "_-.+@:/" for c in key)):
+            if not (
+                key.isascii()
+                and key.isprintable()
+                and key
+                and all(c.isalnum() or c in "_-.+@:/" for c in key)
+            ):
                 key = repr(key)
             key = shorten(key, 60)
             out += f".{key}" if out else key
@@ -266,8 +294,9 @@ def _path(parts: tuple) -> str:
 _KINDS = (dict, list, str, int, float, bool, type(None))
 
 
-def check_tree(doc: Any, origin: str, fix: str = DEFAULT_FIX, bounds: Bounds = BOUNDS,
-               allow: tuple = ()) -> None:
+def check_tree(
+    doc: Any, origin: str, fix: str = DEFAULT_FIX, bounds: Bounds = BOUNDS, allow: tuple = ()
+) -> None:
     """Depth, lengths, kinds and numbers of the whole document (iterative: a deep one cannot
     exhaust Python's stack here); BadData at the first value out of bounds. `allow`: kinds
     besides JSON's the format has (TOML's dates). A render reads dozens of documents through
@@ -307,33 +336,45 @@ def check_tree(doc: Any, origin: str, fix: str = DEFAULT_FIX, bounds: Bounds = B
         elif isinstance(value, str):
             kind = str
         else:
-            raise bad(at, f"it holds {_kind_name(value)}, which no file of envbuild's has (only "
-                      "text, numbers, true/false, null, lists and objects)")
+            raise bad(
+                at,
+                f"it holds {_kind_name(value)}, which no file of envbuild's has (only "
+                "text, numbers, true/false, null, lists and objects)",
+            )
         scalar(kind(value), at)
 
     def scalar(value: Any, at: tuple) -> None:  # a str, int or float out of bounds, or fine
         if type(value) is str:
             if len(value) > max_string:
-                raise bad(at, f"a string of {len(value):,} characters is longer than any "
-                          f"envbuild writes (at most {max_string:,})")
+                raise bad(
+                    at,
+                    f"a string of {len(value):,} characters is longer than any "
+                    f"envbuild writes (at most {max_string:,})",
+                )
         elif type(value) is float:
             if not math.isfinite(value):
-                raise bad(at, f"{value!r} is not a number envbuild reads (a finite number "
-                          "expected)")
+                raise bad(at, f"{value!r} is not a number envbuild reads (a finite number expected)")
         elif type(value) is int and not -limit <= value <= limit:
             raise bad(at, "a whole number this large is far beyond any value envbuild writes")
 
     def container(value: Any, depth: int, parent: int, key: Any) -> None:
         if depth >= max_depth:
-            raise bad(path(parent, key, parent >= 0), f"it is nested more than {max_depth} "
-                      "levels deep; no file of envbuild's is")
+            raise bad(
+                path(parent, key, parent >= 0),
+                f"it is nested more than {max_depth} levels deep; no file of envbuild's is",
+            )
         if len(value) > max_items:
-            raise bad(path(parent, key, parent >= 0), f"{len(value):,} entries in one "
-                      f"{'object' if isinstance(value, dict) else 'list'} are more than any "
-                      f"file of envbuild's holds (at most {max_items:,})")
+            raise bad(
+                path(parent, key, parent >= 0),
+                f"{len(value):,} entries in one "
+                f"{'object' if isinstance(value, dict) else 'list'} are more than any "
+                f"file of envbuild's holds (at most {max_items:,})",
+            )
         if isinstance(value, _Duplicate):
-            raise bad(path(parent, key, parent >= 0), f"an object names the key "
-                      f"{_key(value.key)} twice (JSON would keep only the last, silently)")
+            raise bad(
+                path(parent, key, parent >= 0),
+                f"an object names the key {_key(value.key)} twice (JSON would keep only the last, silently)",
+            )
         seen.append((value, depth, parent, key))
 
     if not isinstance(doc, (dict, list)):
@@ -349,13 +390,12 @@ def check_tree(doc: Any, origin: str, fix: str = DEFAULT_FIX, bounds: Bounds = B
             for k in value:
                 if type(k) is str:
                     if len(k) > max_string:
-                        raise bad(path(i), f"a key of {len(k):,} characters is longer than "
-                                  "any envbuild writes")
-                elif not isinstance(k, (int, float, bool)) or (
-                        isinstance(k, float) and not math.isfinite(k)):
+                        raise bad(
+                            path(i), f"a key of {len(k):,} characters is longer than any envbuild writes"
+                        )
+                elif not isinstance(k, (int, float, bool)) or (isinstance(k, float) and not math.isfinite(k)):
                     # (YAML's keys may be numbers or true/false: 11.8, 12, on)
-                    raise bad(path(i), f"a key that is {_kind_name(k)} is no key of "
-                              "envbuild's files")
+                    raise bad(path(i), f"a key that is {_kind_name(k)} is no key of envbuild's files")
             items = value.items()
         for k, v in items:
             kind = type(v)
@@ -385,19 +425,24 @@ def _key(key: str) -> str:
 
 
 def _kind_name(value: Any) -> str:
-    names = {"date": "a date", "datetime": "a date and time", "time": "a time",
-             "bytes": "binary data", "set": "a set", "tuple": "a pair", "NoneType": "null"}
+    names = {
+        "date": "a date",
+        "datetime": "a date and time",
+        "time": "a time",
+        "bytes": "binary data",
+        "set": "a set",
+        "tuple": "a pair",
+        "NoneType": "null",
+    }
     return names.get(type(value).__name__, f"a {type(value).__name__}")
 
 
-def check_shape(doc: Any, shape: Any, origin: str, fix: str = DEFAULT_FIX,
-                partial: bool = False) -> None:
+def check_shape(doc: Any, shape: Any, origin: str, fix: str = DEFAULT_FIX, partial: bool = False) -> None:
     """`doc` against a schema.py spec; BadData naming the path of the first mismatch."""
     from envbuilder.model import schema as S
 
     try:
         S.check(doc, shape, "\0", partial)
     except S.SchemaError as e:
-        problem, where = str(e)[len(e.where) + 2:], e.where.lstrip("\0").lstrip(".")
-        raise BadData(origin, where, problem, fix,
-                      head=None if where else f"{origin}: {problem}") from None
+        problem, where = str(e)[len(e.where) + 2 :], e.where.lstrip("\0").lstrip(".")
+        raise BadData(origin, where, problem, fix, head=None if where else f"{origin}: {problem}") from None

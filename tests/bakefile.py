@@ -34,7 +34,10 @@ def load(path: Path, overrides: dict | None = None) -> dict:
         v = _unquote(v)
         return re.sub(r"(?<!\$)\$\{(\w+)\}", lambda m: str(variables[m[1]]), v) if isinstance(v, str) else v
 
-    groups = {_unquote(n): [_unquote(t) for t in b["targets"]]
-              for block in doc.get("group", []) for n, b in block.items()}
+    groups = {
+        _unquote(n): [_unquote(t) for t in b["targets"]]
+        for block in doc.get("group", [])
+        for n, b in block.items()
+    }
     targets = {_unquote(n): subst(b) for block in doc.get("target", []) for n, b in block.items()}
     return {"variables": variables, "groups": groups, "targets": targets}

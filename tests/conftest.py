@@ -89,8 +89,7 @@ def frozen_matrix(monkeypatch):
     from envbuilder import paths
 
     real = paths.data_dir
-    monkeypatch.setattr(matrix_module, "data_dir",
-                        lambda name: FROZEN if name == "matrices" else real(name))
+    monkeypatch.setattr(matrix_module, "data_dir", lambda name: FROZEN if name == "matrices" else real(name))
     return FROZEN
 
 
@@ -103,8 +102,7 @@ def overlay(tmp_path):
 
     def write(doc: dict | None = None, *, text: str | None = None, name: str = "lab.yaml") -> Path:
         path = folder / name
-        path.write_text(text if text is not None else yaml.safe_dump(doc, sort_keys=False),
-                        encoding="utf-8")
+        path.write_text(text if text is not None else yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
         write.file = path
         return folder
 
@@ -113,11 +111,15 @@ def overlay(tmp_path):
 
 def snapshot(folder: Path) -> dict:
     """Every file under `folder` with its bytes and mode, to show that nothing changed."""
-    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mode)
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mode)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 # -- the command line --------------------------------------------------------------------------
+
 
 def envbuild_exe() -> str:
     """The installed console script of the interpreter running the tests."""
@@ -148,10 +150,14 @@ def run_envbuild(cache_home, tmp_path):
     def run(*args, cwd=None, env=None):
         # ENVBUILD_DEBUG=1: a bug shows as its traceback (not the user's one-paragraph message),
         # and a traceback fails the test whatever exit code it expected
-        r = subprocess.run([envbuild_exe(), *map(str, args)], cwd=cwd or tmp_path,
-                           env=clean_env(XDG_CACHE_HOME=str(cache_home), ENVBUILD_DEBUG="1",
-                                         **(env or {})),
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [envbuild_exe(), *map(str, args)],
+            cwd=cwd or tmp_path,
+            env=clean_env(XDG_CACHE_HOME=str(cache_home), ENVBUILD_DEBUG="1", **(env or {})),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert "Traceback (most recent call last)" not in r.stderr, r.stderr
         return r
 
@@ -212,9 +218,25 @@ def verl_wheels(real_pypi, tmp_path_factory) -> dict:
     env["PIP_CONFIG_FILE"] = os.devnull  # no host find-links, extra indexes or constraints
     wheels = {}
     for version in shipped().verl:
-        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                            "--index-url", real_pypi, "-d", str(dest), f"verl=={version}"],
-                           capture_output=True, text=True, env=env, timeout=600)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--index-url",
+                real_pypi,
+                "-d",
+                str(dest),
+                f"verl=={version}",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+        )
         assert r.returncode == 0, f"pip download verl=={version} failed:\n{r.stderr[-2000:]}"
         found = sorted(dest.glob(f"verl-{version}-*.whl"))
         assert found, f"no verl {version} wheel in {dest}"

@@ -42,8 +42,10 @@ from httpfixtures import FileServer
 ENDLESS_CAP = 64 << 20
 _NEW = ("stall", "endless", "endless-html", "html", "stall-header", "drip", "drip-body", "ranges")
 _NEW_TUPLES = ("json", "raw", "answer", "redirect")
-CAPTIVE_PORTAL = (b"<!DOCTYPE html>\n<html><head><title>Sign in to the network</title></head>"
-                  b"<body><form action=\"/login\">Accept the terms to go on</form></body></html>\n")
+CAPTIVE_PORTAL = (
+    b"<!DOCTYPE html>\n<html><head><title>Sign in to the network</title></head>"
+    b'<body><form action="/login">Accept the terms to go on</form></body></html>\n'
+)
 
 
 def _is_new(action) -> bool:
@@ -64,8 +66,9 @@ class FaultServer(FileServer):
         # a client that goes away mid-body (the faults provoke it) is no error of the server's
         self._httpd.handle_error = lambda request, client_address: None
 
-    def take_new_action(self, path: str, range_header: str | None, method: str = "GET",
-                        authorization: str | None = None):
+    def take_new_action(
+        self, path: str, range_header: str | None, method: str = "GET", authorization: str | None = None
+    ):
         """The next action for `path` when it is one of this module's (logged and consumed, as
         FileServer.next_action does), else None: FileServer's handler takes that one."""
         with self._lock:
@@ -98,8 +101,9 @@ def _fault_handler(server: FaultServer, base):
 
         def _answer(self, method: str):
             range_header = self.headers.get("Range")
-            action = server.take_new_action(self.path, range_header, method,
-                                            self.headers.get("Authorization"))
+            action = server.take_new_action(
+                self.path, range_header, method, self.headers.get("Authorization")
+            )
             key = self.path.lstrip("/")
             body = server.files.get(key, server.files.get(urlsplit(self.path).path.lstrip("/")))
             if action is None:
@@ -113,8 +117,11 @@ def _fault_handler(server: FaultServer, base):
                 elif action == "endless":
                     self._endless(body or b"")
                 elif action == "endless-html":  # an index page that never ends (uv reads it whole)
-                    self._endless(b"<!DOCTYPE html><html><body>\n", content_type="text/html",
-                                  filler=b'<a href="pkg-1.0.tar.gz">pkg-1.0.tar.gz</a><br/>\n' * 1500)
+                    self._endless(
+                        b"<!DOCTYPE html><html><body>\n",
+                        content_type="text/html",
+                        filler=b'<a href="pkg-1.0.tar.gz">pkg-1.0.tar.gz</a><br/>\n' * 1500,
+                    )
                 elif action == "html":
                     self._send(200, {"Content-Type": "text/html; charset=utf-8"}, CAPTIVE_PORTAL)
                 elif action == "stall-header":
@@ -126,8 +133,7 @@ def _fault_handler(server: FaultServer, base):
                 elif action == "ranges":
                     self._ranges(body, range_header)
                 elif action[0] == "json":
-                    self._send(200, {"Content-Type": "application/json"},
-                               json.dumps(action[1]).encode())
+                    self._send(200, {"Content-Type": "application/json"}, json.dumps(action[1]).encode())
                 elif action[0] == "raw":
                     self._send(200, {"Content-Type": "application/json"}, action[1])
                 elif action[0] == "answer":
@@ -149,8 +155,7 @@ def _fault_handler(server: FaultServer, base):
                 self.wfile.write(body)
 
         def _head_of_file(self, range_header):
-            action = server.next_action("HEAD", self.path, range_header,
-                                        self.headers.get("Authorization"))
+            action = server.next_action("HEAD", self.path, range_header, self.headers.get("Authorization"))
             body = server.files.get(self.path.lstrip("/"))
             status = action if isinstance(action, int) else (404 if body is None else 200)
             self.send_response(status)
@@ -186,8 +191,14 @@ def _fault_handler(server: FaultServer, base):
                 return
             self.wfile.write(rest[half:])
 
-        def _endless(self, body: bytes, status: int = 200, headers: dict | None = None,
-                     content_type: str = "application/octet-stream", filler: bytes | None = None):
+        def _endless(
+            self,
+            body: bytes,
+            status: int = 200,
+            headers: dict | None = None,
+            content_type: str = "application/octet-stream",
+            filler: bytes | None = None,
+        ):
             self.send_response(status)
             for k, v in (headers or {}).items():
                 self.send_header(k, v)
@@ -248,8 +259,11 @@ def _fault_handler(server: FaultServer, base):
             end = min(int(m[2]) if m[2] else len(body) - 1, len(body) - 1)
             if start > end:
                 return self._send(416, {"Content-Range": f"bytes */{len(body)}"}, b"")
-            self._send(206, {"Content-Range": f"bytes {start}-{end}/{len(body)}",
-                             "Accept-Ranges": "bytes"}, body[start:end + 1])
+            self._send(
+                206,
+                {"Content-Range": f"bytes {start}-{end}/{len(body)}", "Accept-Ranges": "bytes"},
+                body[start : end + 1],
+            )
 
     return Handler
 
@@ -268,8 +282,9 @@ def wheels(dest: Path, sizes: dict[str, int]) -> dict[str, bytes]:
     return out
 
 
-def wheel_lock(lock_dir: Path, files: dict[str, bytes], base_url: str, profile: str = "demo",
-               sizes: bool = True) -> Path:
+def wheel_lock(
+    lock_dir: Path, files: dict[str, bytes], base_url: str, profile: str = "demo", sizes: bool = True
+) -> Path:
     """A lock as `envbuild lock` writes it (format 2, pip part only) pinning `files` at
     base_url/<name>, with each file's sha256 (and size, unless `sizes` is False)."""
     from envbuilder.lock import lockfile as L
@@ -281,13 +296,19 @@ def wheel_lock(lock_dir: Path, files: dict[str, bytes], base_url: str, profile: 
         sha = hashlib.sha256(data).hexdigest()
         size = f", size = {len(data)}" if sizes else ""
         wheel = f'{{ url = "{base_url}/{name}", hashes = {{ sha256 = "{sha}" }}{size} }}'
-        pylock += ["[[packages]]", f'name = "{project}"', f'version = "{version}"',
-                   f"wheels = [{wheel}]", ""]
+        pylock += ["[[packages]]", f'name = "{project}"', f'version = "{version}"', f"wheels = [{wheel}]", ""]
         req.append(f"{project}=={version} \\\n    --hash=sha256:{sha}")
     texts = {L.PYLOCK: "\n".join(pylock), L.REQUIREMENTS: "\n".join(req) + "\n"}
-    meta = {"format": L.FORMAT, "profile": profile, "input_sha256": "0" * 64, "inputs": {},
-            "parts": ["pip"], "target": TARGET, "sources": {"pypi": base_url},
-            "files": {n: L.sha256_text(t) for n, t in texts.items()}}
+    meta = {
+        "format": L.FORMAT,
+        "profile": profile,
+        "input_sha256": "0" * 64,
+        "inputs": {},
+        "parts": ["pip"],
+        "target": TARGET,
+        "sources": {"pypi": base_url},
+        "files": {n: L.sha256_text(t) for n, t in texts.items()},
+    }
     for name, text in {**texts, L.META: L.dumps(meta)}.items():
         (lock_dir / name).write_text(text, encoding="utf-8")
     return lock_dir

@@ -25,10 +25,18 @@ def dist_name(name: str) -> str:
     return re.sub(r"[-_.]+", "_", name).lower()
 
 
-def make_wheel(dest: Path, name: str, version: str, *, tag: str = "py3-none-any",
-               requires: tuple[str, ...] = (), extras: dict[str, tuple[str, ...]] | None = None,
-               files: dict[str, str | bytes] | None = None, payload: int = 0,
-               salt: str = "") -> Path:
+def make_wheel(
+    dest: Path,
+    name: str,
+    version: str,
+    *,
+    tag: str = "py3-none-any",
+    requires: tuple[str, ...] = (),
+    extras: dict[str, tuple[str, ...]] | None = None,
+    files: dict[str, str | bytes] | None = None,
+    payload: int = 0,
+    salt: str = "",
+) -> Path:
     """A minimal valid wheel written by hand: a package whose __init__ records the version,
     extra `files`, then METADATA, WHEEL and RECORD, the .dist-info last as real wheels have it
     (a reader without Range requests must read through the package to reach METADATA).
@@ -42,17 +50,22 @@ def make_wheel(dest: Path, name: str, version: str, *, tag: str = "py3-none-any"
     for extra, reqs in (extras or {}).items():
         meta.append(f"Provides-Extra: {extra}")
         meta += [f'Requires-Dist: {r} ; extra == "{extra}"' for r in reqs]
-    contents = {f"{dist}/__init__.py": f'__version__ = "{version}"  # envbuild test stand-in {salt}\n'.encode()}
+    contents = {
+        f"{dist}/__init__.py": f'__version__ = "{version}"  # envbuild test stand-in {salt}\n'.encode()
+    }
     for path, data in (files or {}).items():
         contents[path] = data.encode() if isinstance(data, str) else data
     if payload:
         rng = random.Random(f"{name}{version}{salt}")  # in chunks: randbytes caps near 256 MiB
         contents[f"{dist}/_payload.bin"] = b"".join(
-            rng.randbytes(min(1 << 24, payload - i)) for i in range(0, payload, 1 << 24))
+            rng.randbytes(min(1 << 24, payload - i)) for i in range(0, payload, 1 << 24)
+        )
     contents |= {
         f"{info}/METADATA": ("\n".join(meta) + "\n").encode(),
-        f"{info}/WHEEL": (f"Wheel-Version: 1.0\nGenerator: envbuild-tests\nRoot-Is-Purelib: "
-                          f"{'true' if tag.endswith('-any') else 'false'}\nTag: {tag}\n").encode(),
+        f"{info}/WHEEL": (
+            f"Wheel-Version: 1.0\nGenerator: envbuild-tests\nRoot-Is-Purelib: "
+            f"{'true' if tag.endswith('-any') else 'false'}\nTag: {tag}\n"
+        ).encode(),
     }
     record = "".join(f"{p},{_record_hash(d)},{len(d)}\n" for p, d in contents.items())
     contents[f"{info}/RECORD"] = (record + f"{info}/RECORD,,\n").encode()
@@ -66,8 +79,15 @@ def make_wheel(dest: Path, name: str, version: str, *, tag: str = "py3-none-any"
     return path
 
 
-def make_sdist(dest: Path, name: str, version: str, *, module: str | None = None,
-               platform: bool = False, requires: tuple[str, ...] = ()) -> Path:
+def make_sdist(
+    dest: Path,
+    name: str,
+    version: str,
+    *,
+    module: str | None = None,
+    platform: bool = False,
+    requires: tuple[str, ...] = (),
+) -> Path:
     """A real, minimal setuptools sdist laid out like antlr4-python3-runtime 4.9.3's: setup.py
     and PKG-INFO, no pyproject.toml (so a PEP 517 frontend builds it with setuptools'
     legacy backend, `setuptools>=40.8.0`). Its module records its name and version. With
@@ -81,17 +101,34 @@ def make_sdist(dest: Path, name: str, version: str, *, module: str | None = None
     dest.mkdir(parents=True, exist_ok=True)
     module = module or dist_name(name)
     root = f"{name}-{version}"
-    distclass = ("from setuptools.dist import Distribution\n\n\n"
-                 "class BinaryDistribution(Distribution):\n"
-                 "    def has_ext_modules(self):\n        return True\n\n\n") if platform else ""
-    setup_py = (f"from setuptools import setup\n{distclass}"
-                f"setup(name={name!r}, version={version!r}, packages=[{module!r}], "
-                f"install_requires={list(requires)!r}"
-                + (", distclass=BinaryDistribution" if platform else "") + ")\n")
-    pkg_info = "\n".join(["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
-                         + [f"Requires-Dist: {r}" for r in requires]) + "\n"
-    contents = {f"{root}/PKG-INFO": pkg_info, f"{root}/setup.py": setup_py,
-                f"{root}/{module}/__init__.py": f'__version__ = "{version}"  # envbuild test stand-in\n'}
+    distclass = (
+        (
+            "from setuptools.dist import Distribution\n\n\n"
+            "class BinaryDistribution(Distribution):\n"
+            "    def has_ext_modules(self):\n        return True\n\n\n"
+        )
+        if platform
+        else ""
+    )
+    setup_py = (
+        f"from setuptools import setup\n{distclass}"
+        f"setup(name={name!r}, version={version!r}, packages=[{module!r}], "
+        f"install_requires={list(requires)!r}"
+        + (", distclass=BinaryDistribution" if platform else "")
+        + ")\n"
+    )
+    pkg_info = (
+        "\n".join(
+            ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+            + [f"Requires-Dist: {r}" for r in requires]
+        )
+        + "\n"
+    )
+    contents = {
+        f"{root}/PKG-INFO": pkg_info,
+        f"{root}/setup.py": setup_py,
+        f"{root}/{module}/__init__.py": f'__version__ = "{version}"  # envbuild test stand-in\n',
+    }
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for path, text in sorted(contents.items()):
@@ -116,8 +153,11 @@ def requirement_pins(lines: list[str]) -> list[tuple[str, str]]:
 
 def verl_files(fixture_root: Path) -> dict[str, bytes]:
     """The recorded real verl sources (for the source patches) under fixture_root/verl/."""
-    return {str(p.relative_to(fixture_root)): p.read_bytes()
-            for p in sorted((fixture_root / "verl").rglob("*.py")) if p.name != "__init__.py"}
+    return {
+        str(p.relative_to(fixture_root)): p.read_bytes()
+        for p in sorted((fixture_root / "verl").rglob("*.py"))
+        if p.name != "__init__.py"
+    }
 
 
 def importable_source(real: bytes) -> bytes:
@@ -127,12 +167,15 @@ def importable_source(real: bytes) -> bytes:
     text = real.decode("utf-8")
     if "'''" in text or text.endswith("\\"):
         raise ValueError("a recorded verl file cannot sit in r'''...'''; quote it otherwise")
-    return ("# envbuild test stand-in: the real file's text, patchable but not executed\n"
-            "SOURCE = r'''" + text + "'''\n").encode()
+    return (
+        "# envbuild test stand-in: the real file's text, patchable but not executed\n"
+        "SOURCE = r'''" + text + "'''\n"
+    ).encode()
 
 
-def module_files(modules: list[str], body=lambda module: f"# envbuild test stand-in for {module}\n"
-                 ) -> dict[str, str]:
+def module_files(
+    modules: list[str], body=lambda module: f"# envbuild test stand-in for {module}\n"
+) -> dict[str, str]:
     """Files that make each dotted module importable: NAME.py, or NAME/__init__.py where another
     module sits under it, and an __init__.py for every package on the way. body(module) is
     each module's text (packages on the way only get `body(package)` when listed)."""
@@ -151,8 +194,9 @@ def training_path_files(d: dict, dist: str) -> dict[str, str]:
     return {p: text for p, text in module_files(modules).items() if p != f"{dist}/__init__.py"}
 
 
-def wheels_for_env(out_dir: Path, d: dict, verl_fixture: Path | None = None,
-                   weights_mb: dict[str, int] | None = None) -> list[Path]:
+def wheels_for_env(
+    out_dir: Path, d: dict, verl_fixture: Path | None = None, weights_mb: dict[str, int] | None = None
+) -> list[Path]:
     """Stand-in wheels for every package a resolved environment installs; `weights_mb` gives
     some of them a realistic size (e.g. {"torch": 512}). torch says which CUDA it is built for
     (torch.version.cuda, as preflight reads it); verl holds a module for every verl module of
@@ -168,8 +212,9 @@ def wheels_for_env(out_dir: Path, d: dict, verl_fixture: Path | None = None,
             files["torch/version.py"] = f"__version__ = {version!r}\ncuda = {d['torch']['cuda']!r}\n"
             # what flash-attn's setup.py (and envbuild's builder) read for the wheel's C++ ABI
             files["torch/_C/__init__.py"] = "_GLIBCXX_USE_CXX11_ABI = False\n"
-        made.append(make_wheel(out_dir, name, version, files=files,
-                               payload=(weights_mb or {}).get(name, 0) << 20))
+        made.append(
+            make_wheel(out_dir, name, version, files=files, payload=(weights_mb or {}).get(name, 0) << 20)
+        )
     files = training_path_files(d, "verl")
     if verl_fixture:
         files.update({path: importable_source(data) for path, data in verl_files(verl_fixture).items()})
@@ -191,16 +236,17 @@ def apex_archive(standin: Path, url: str) -> tuple[str, bytes]:
     return path, buf.getvalue()
 
 
-def flash_attn_release_wheel(dest: Path, release_filename: str, version: str,
-                             salt: str = "") -> Path:
+def flash_attn_release_wheel(dest: Path, release_filename: str, version: str, salt: str = "") -> Path:
     """A stand-in of a flash-attn release wheel, saved under the release's file name
     (flash_attn-2.6.3+cu123torch2.4cxx11abiFALSE-cp311-cp311-linux_x86_64.whl). Its METADATA
     says the bare version, as the release's renamed wheels do; it holds the modules of the
     training path (flash_attn_2_cuda, flash_attn.bert_padding) as plain Python. `salt` changes
     its bytes (and sha256), e.g. so a locked build step is never a BuildKit cache hit."""
-    tag = "-".join(release_filename[:-len(".whl")].split("-")[-3:])
-    files = {"flash_attn_2_cuda.py": "# envbuild test stand-in for flash_attn_2_cuda\n",
-             "flash_attn/bert_padding.py": "# envbuild test stand-in for flash_attn.bert_padding\n"}
+    tag = "-".join(release_filename[: -len(".whl")].split("-")[-3:])
+    files = {
+        "flash_attn_2_cuda.py": "# envbuild test stand-in for flash_attn_2_cuda\n",
+        "flash_attn/bert_padding.py": "# envbuild test stand-in for flash_attn.bert_padding\n",
+    }
     built = make_wheel(dest / ".build", "flash_attn", version, tag=tag, files=files, salt=salt)
     out = dest / release_filename
     out.write_bytes(built.read_bytes())
@@ -262,13 +308,34 @@ def real_uv_wheel(dest: Path) -> Path:
     if not (cached.is_file() and hashlib.sha256(cached.read_bytes()).hexdigest() == pin.sha256):
         cache.mkdir(parents=True, exist_ok=True)
         proc = subprocess.run(
-            [sys.executable, "-m", "pip", "download", f"uv=={pin.version}", "--no-deps",
-             "--only-binary=:all:", "--platform", "manylinux2014_x86_64", "--python-version",
-             "3.11", "--index-url", "https://pypi.org/simple", "--no-cache-dir", "-q", "-d",
-             str(cache)], capture_output=True, text=True, timeout=600)
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                f"uv=={pin.version}",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--platform",
+                "manylinux2014_x86_64",
+                "--python-version",
+                "3.11",
+                "--index-url",
+                "https://pypi.org/simple",
+                "--no-cache-dir",
+                "-q",
+                "-d",
+                str(cache),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         if proc.returncode != 0 or not cached.is_file():
-            raise RuntimeError(f"cannot download {name} from PyPI (the build tests need the real "
-                               f"uv wheel): {proc.stderr[-2000:]}")
+            raise RuntimeError(
+                f"cannot download {name} from PyPI (the build tests need the real "
+                f"uv wheel): {proc.stderr[-2000:]}"
+            )
         if hashlib.sha256(cached.read_bytes()).hexdigest() != pin.sha256:
             cached.unlink()
             raise RuntimeError(f"{name} from PyPI does not hash to the matrix's pin {pin.sha256}")

@@ -30,8 +30,15 @@ class LoggedRequest:
 
 
 class FileServer:
-    def __init__(self, files: dict[str, bytes], *, script: dict[str, list] | None = None,
-                 default="serve", latency: float = 0.0, rate: float | None = None):
+    def __init__(
+        self,
+        files: dict[str, bytes],
+        *,
+        script: dict[str, list] | None = None,
+        default="serve",
+        latency: float = 0.0,
+        rate: float | None = None,
+    ):
         self.files = dict(files)
         self.script = {path: list(actions) for path, actions in (script or {}).items()}
         self.default = default
@@ -44,8 +51,7 @@ class FileServer:
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._httpd.daemon_threads = True
         # a short poll interval so that shutdown() returns quickly
-        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,),
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,), daemon=True)
 
     @property
     def port(self) -> int:
@@ -58,8 +64,7 @@ class FileServer:
         with self._lock:
             return [r for r in self.log if r.path == "/" + path.lstrip("/")]
 
-    def next_action(self, method: str, path: str, range_header: str | None,
-                    authorization: str | None = None):
+    def next_action(self, method: str, path: str, range_header: str | None, authorization: str | None = None):
         with self._lock:
             self.log.append(LoggedRequest(method, path, range_header, authorization))
             queue = self.script.get(path.lstrip("/"), [])
@@ -81,8 +86,7 @@ def _handler_for(server: FileServer):
 
         def do_GET(self):
             range_header = self.headers.get("Range")
-            action = server.next_action("GET", self.path, range_header,
-                                        self.headers.get("Authorization"))
+            action = server.next_action("GET", self.path, range_header, self.headers.get("Authorization"))
             with server._lock:
                 server.in_flight += 1
                 server.max_in_flight = max(server.max_in_flight, server.in_flight)
@@ -123,7 +127,7 @@ def _handler_for(server: FileServer):
         def _write(self, body: bytes):
             step = 64 * 1024
             for i in range(0, len(body), step):
-                self.wfile.write(body[i:i + step])
+                self.wfile.write(body[i : i + step])
                 if server.rate:
                     time.sleep(min(step, len(body) - i) / server.rate)
 

@@ -49,14 +49,22 @@ def p40_wheels(torch_dir: Path, pypi_dir: Path, torch_payload: int = 0) -> dict[
     (which, like the real one, also carries a few common dependencies), the rest on a PyPI-like
     one, which also has a decoy `torch 2.6.0+cu118` that must never be picked."""
     w = {}
-    w["torch"] = make_wheel(torch_dir, "torch", "2.6.0+cu118", tag=CP310, payload=torch_payload,
-                            requires=("filelock", "typing-extensions>=4.10.0"))
-    w["torchvision"] = make_wheel(torch_dir, "torchvision", "0.21.0+cu118", tag=CP310,
-                                  requires=("torch==2.6.0+cu118", "numpy"))
-    w["torchaudio"] = make_wheel(torch_dir, "torchaudio", "2.6.0+cu118", tag=CP310,
-                                 requires=("torch==2.6.0+cu118",))
-    make_wheel(torch_dir, "filelock", "3.16.1")                   # same bytes as PyPI's
-    make_wheel(torch_dir, "numpy", "2.1.2", tag=CP310)            # not the pinned 1.26.4
+    w["torch"] = make_wheel(
+        torch_dir,
+        "torch",
+        "2.6.0+cu118",
+        tag=CP310,
+        payload=torch_payload,
+        requires=("filelock", "typing-extensions>=4.10.0"),
+    )
+    w["torchvision"] = make_wheel(
+        torch_dir, "torchvision", "0.21.0+cu118", tag=CP310, requires=("torch==2.6.0+cu118", "numpy")
+    )
+    w["torchaudio"] = make_wheel(
+        torch_dir, "torchaudio", "2.6.0+cu118", tag=CP310, requires=("torch==2.6.0+cu118",)
+    )
+    make_wheel(torch_dir, "filelock", "3.16.1")  # same bytes as PyPI's
+    make_wheel(torch_dir, "numpy", "2.1.2", tag=CP310)  # not the pinned 1.26.4
     w["decoy"] = make_wheel(pypi_dir, "torch", "2.6.0+cu118", tag=CP310, salt="decoy")
     make_wheel(pypi_dir, "torch", "2.6.0", tag=CP310, requires=("filelock",))
     for name, version, requires, tag in [
@@ -77,15 +85,37 @@ def p40_wheels(torch_dir: Path, pypi_dir: Path, torch_payload: int = 0) -> dict[
         ("torchdata", "0.11.0", ("torch>=2",), "py3-none-any"),
         ("aiohttp", "3.11.18", (), CP310),
         ("pandas", "2.2.3", ("numpy>=1.22.4",), CP310),
-        ("verl", "0.4.1", ("accelerate", "codetiming", "datasets", "hydra-core", "numpy", "pandas",
-                           "peft", "pyarrow>=19.0.0", "ray[default]>=2.41.0", "tensordict<=0.6.2",
-                           "torchdata", "transformers"), "py3-none-any"),
+        (
+            "verl",
+            "0.4.1",
+            (
+                "accelerate",
+                "codetiming",
+                "datasets",
+                "hydra-core",
+                "numpy",
+                "pandas",
+                "peft",
+                "pyarrow>=19.0.0",
+                "ray[default]>=2.41.0",
+                "tensordict<=0.6.2",
+                "torchdata",
+                "transformers",
+            ),
+            "py3-none-any",
+        ),
     ]:
         w.setdefault(name, make_wheel(pypi_dir, name, version, tag=tag, requires=requires))
-    w["ray"] = make_wheel(pypi_dir, "ray", "2.46.0", tag=CP310, requires=("filelock",),
-                          extras={"default": ("aiohttp>=3.7",)})
-    for name, version in [("packaging", "25.0"), ("ninja", "1.11.1.4"), ("wheel", "0.45.1"),
-                          ("setuptools", "81.0.0"), ("psutil", "7.0.0")]:  # the builder's tools (setuptools: verl 0.4.1's pin)
+    w["ray"] = make_wheel(
+        pypi_dir, "ray", "2.46.0", tag=CP310, requires=("filelock",), extras={"default": ("aiohttp>=3.7",)}
+    )
+    for name, version in [
+        ("packaging", "25.0"),
+        ("ninja", "1.11.1.4"),
+        ("wheel", "0.45.1"),
+        ("setuptools", "81.0.0"),
+        ("psutil", "7.0.0"),
+    ]:  # the builder's tools (setuptools: verl 0.4.1's pin)
         w[name] = make_wheel(pypi_dir, name, version)
     return w
 
@@ -105,9 +135,21 @@ class PypiServer:
     def __enter__(self) -> "PypiServer":
         exe = Path(sys.executable).with_name("pypi-server")
         self.proc = subprocess.Popen(
-            [str(exe), "run", "-i", "127.0.0.1", "-p", str(self.port), "--disable-fallback",
-             "--hash-algo", "sha256", str(self.root)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                str(exe),
+                "run",
+                "-i",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "--disable-fallback",
+                "--hash-algo",
+                "sha256",
+                str(self.root),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         wait_http(self.url)
         return self
 
@@ -126,8 +168,22 @@ CHANNEL_PACKAGES = [
     ("pip", "24.0", "noarch", "pyh0_0", ["python >=3.7"], []),
     ("cuda-version", "11.8", "noarch", "h0_3", [], ["__cuda >=11.8"]),
     ("cuda-version", "12.4", "noarch", "h0_3", [], ["__cuda >=12.4"]),
-    ("cuda-nvcc", "11.8.89", "linux-64", "h0_0", ["__cuda >=11.8", "__glibc >=2.17", "cuda-version 11.8.*"], []),
-    ("cuda-nvcc", "12.4.131", "linux-64", "h0_0", ["__cuda >=12.4", "__glibc >=2.17", "cuda-version 12.4.*"], []),
+    (
+        "cuda-nvcc",
+        "11.8.89",
+        "linux-64",
+        "h0_0",
+        ["__cuda >=11.8", "__glibc >=2.17", "cuda-version 11.8.*"],
+        [],
+    ),
+    (
+        "cuda-nvcc",
+        "12.4.131",
+        "linux-64",
+        "h0_0",
+        ["__cuda >=12.4", "__glibc >=2.17", "cuda-version 12.4.*"],
+        [],
+    ),
     ("cuda-cudart-dev", "11.8.89", "linux-64", "h0_0", ["cuda-version 11.8.*"], []),
     ("cuda-libraries-dev", "11.8.0", "linux-64", "h0_0", ["cuda-version 11.8.*"], []),
 ]
@@ -140,11 +196,10 @@ RESULT = "lockfixtures-result: "
 
 
 def _in_child(*args) -> dict:
-    proc = subprocess.run([sys.executable, __file__, *map(str, args)], capture_output=True,
-                          text=True)
+    proc = subprocess.run([sys.executable, __file__, *map(str, args)], capture_output=True, text=True)
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(RESULT):
-            return json.loads(line[len(RESULT):])
+            return json.loads(line[len(RESULT) :])
     raise RuntimeError(f"{args[0]} child died (exit {proc.returncode}): {proc.stderr[-3000:]}")
 
 
@@ -175,11 +230,21 @@ def _build_channel(root: Path) -> None:
             payload.parent.mkdir(parents=True)
             payload.write_text(f"{name} {version} envbuild test stand-in\n")
             (root / subdir).mkdir(parents=True, exist_ok=True)
-            assemble_package(name=name, version=version, target_platform=subdir,
-                             build_string=build, output_dir=root / subdir, files_dir=Path(tmp),
-                             depends=depends, constrains=constrains,
-                             noarch="generic" if subdir == "noarch" else None, license="MIT",
-                             archive_type=ArchiveType.Conda, timestamp=ts, detect_prefix=False)
+            assemble_package(
+                name=name,
+                version=version,
+                target_platform=subdir,
+                build_string=build,
+                output_dir=root / subdir,
+                files_dir=Path(tmp),
+                depends=depends,
+                constrains=constrains,
+                noarch="generic" if subdir == "noarch" else None,
+                license="MIT",
+                archive_type=ArchiveType.Conda,
+                timestamp=ts,
+                detect_prefix=False,
+            )
     asyncio.run(index_fs(root, write_zst=False, write_shards=False, force=True))
 
 
@@ -208,14 +273,27 @@ def _install(lock_yml: Path, prefix: Path, tamper: str) -> None:
         channel, subdir, fname = channel_of(p.url)
         sha = "0" * 64 if p.name == tamper else p.hash.sha256
         record = PackageRecord(
-            name=p.name, version=p.version, build=BuildString(p.build), build_number=0,
-            subdir=subdir, depends=[f"{k} {v}" if v != "*" else k for k, v in p.dependencies.items()],
-            md5=bytes.fromhex(p.hash.md5), sha256=bytes.fromhex(sha),
-            noarch="generic" if subdir == "noarch" else None)
+            name=p.name,
+            version=p.version,
+            build=BuildString(p.build),
+            build_number=0,
+            subdir=subdir,
+            depends=[f"{k} {v}" if v != "*" else k for k, v in p.dependencies.items()],
+            md5=bytes.fromhex(p.hash.md5),
+            sha256=bytes.fromhex(sha),
+            noarch="generic" if subdir == "noarch" else None,
+        )
         records.append(RepoDataRecord(record, file_name=fname, url=p.url, channel=channel))
-    asyncio.run(install(records, target_prefix=prefix, cache_dir=prefix.parent / f"{prefix.name}-pkgs",
-                        platform=Platform("linux-64"), execute_link_scripts=False,
-                        show_progress=False))
+    asyncio.run(
+        install(
+            records,
+            target_prefix=prefix,
+            cache_dir=prefix.parent / f"{prefix.name}-pkgs",
+            platform=Platform("linux-64"),
+            execute_link_scripts=False,
+            show_progress=False,
+        )
+    )
 
 
 class StaticServer:
@@ -229,7 +307,8 @@ class StaticServer:
                 log.append(self.path)
 
         self.httpd = http.server.ThreadingHTTPServer(
-            ("127.0.0.1", 0), functools.partial(Handler, directory=str(root)))
+            ("127.0.0.1", 0), functools.partial(Handler, directory=str(root))
+        )
         self.httpd.daemon_threads = True
         threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
 
@@ -270,14 +349,16 @@ class Registry:
             r.raise_for_status()
             loc = r.headers["Location"]
             loc = loc if loc.startswith("http") else self.url + loc
-            self.s.put(loc, params={"digest": d}, data=data,
-                       headers={"Content-Type": "application/octet-stream"}).raise_for_status()
+            self.s.put(
+                loc, params={"digest": d}, data=data, headers={"Content-Type": "application/octet-stream"}
+            ).raise_for_status()
         return {"digest": d, "size": len(data)}
 
     def manifest(self, repo: str, ref: str, body: dict, media_type: str) -> str:
         raw = json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
-        r = self.s.put(f"{self.url}/v2/{repo}/manifests/{ref}", data=raw,
-                       headers={"Content-Type": media_type})
+        r = self.s.put(
+            f"{self.url}/v2/{repo}/manifests/{ref}", data=raw, headers={"Content-Type": media_type}
+        )
         r.raise_for_status()
         return _sha(raw)
 
@@ -290,16 +371,34 @@ class Registry:
             t.addfile(ti, io.BytesIO(data))
         tar = buf.getvalue()
         layer = gzip.compress(tar, mtime=0)
-        cfg = json.dumps({"architecture": arch, "os": "linux", "config": {},
-                          "rootfs": {"type": "layers", "diff_ids": [_sha(tar)]}},
-                         sort_keys=True).encode()
+        cfg = json.dumps(
+            {
+                "architecture": arch,
+                "os": "linux",
+                "config": {},
+                "rootfs": {"type": "layers", "diff_ids": [_sha(tar)]},
+            },
+            sort_keys=True,
+        ).encode()
         mt = OCI_MANIFEST if oci else DOCKER_V2
-        body = {"schemaVersion": 2, "mediaType": mt,
-                "config": {"mediaType": "application/vnd.oci.image.config.v1+json" if oci else
-                           "application/vnd.docker.container.image.v1+json", **self.blob(repo, cfg)},
-                "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip" if oci else
-                            "application/vnd.docker.image.rootfs.diff.tar.gzip",
-                            **self.blob(repo, layer)}]}
+        body = {
+            "schemaVersion": 2,
+            "mediaType": mt,
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json"
+                if oci
+                else "application/vnd.docker.container.image.v1+json",
+                **self.blob(repo, cfg),
+            },
+            "layers": [
+                {
+                    "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip"
+                    if oci
+                    else "application/vnd.docker.image.rootfs.diff.tar.gzip",
+                    **self.blob(repo, layer),
+                }
+            ],
+        }
         raw_len = len(json.dumps(body, separators=(",", ":"), sort_keys=True).encode())
         return self.manifest(repo, ref, body, mt), raw_len
 
@@ -308,11 +407,16 @@ class Registry:
         entries = []
         for arch in ("amd64", "arm64"):
             digest, size = self.image(repo, f"{tag}-{arch}", arch, oci)
-            entries.append({"mediaType": OCI_MANIFEST if oci else DOCKER_V2, "digest": digest,
-                            "size": size, "platform": {"architecture": arch, "os": "linux"}})
+            entries.append(
+                {
+                    "mediaType": OCI_MANIFEST if oci else DOCKER_V2,
+                    "digest": digest,
+                    "size": size,
+                    "platform": {"architecture": arch, "os": "linux"},
+                }
+            )
         mt = OCI_INDEX if oci else DOCKER_LIST
-        return self.manifest(repo, tag, {"schemaVersion": 2, "mediaType": mt,
-                                         "manifests": entries}, mt)
+        return self.manifest(repo, tag, {"schemaVersion": 2, "mediaType": mt, "manifests": entries}, mt)
 
 
 # tests/infra/provision.sh's registry (ENVBUILD_TEST_REGISTRY_PORT there)
@@ -337,15 +441,17 @@ def registry(workdir: Path):
         for cmd in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "docker-registry"]):
             subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=apt_env)
     if not Path(exe).exists():
-        raise RuntimeError("no registry on 127.0.0.1:5000 and no docker-registry binary "
-                           "(apt-get install docker-registry)")
+        raise RuntimeError(
+            "no registry on 127.0.0.1:5000 and no docker-registry binary (apt-get install docker-registry)"
+        )
     port = free_port()
     (workdir / "data").mkdir(parents=True, exist_ok=True)
     config = workdir / "config.yml"
-    config.write_text(f"version: 0.1\nlog: {{level: error}}\nstorage:\n  filesystem:\n"
-                      f"    rootdirectory: {workdir / 'data'}\nhttp:\n  addr: 127.0.0.1:{port}\n")
-    proc = subprocess.Popen([exe, "serve", str(config)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    config.write_text(
+        f"version: 0.1\nlog: {{level: error}}\nstorage:\n  filesystem:\n"
+        f"    rootdirectory: {workdir / 'data'}\nhttp:\n  addr: 127.0.0.1:{port}\n"
+    )
+    proc = subprocess.Popen([exe, "serve", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port}"
         wait_http(f"{url}/v2/")
@@ -383,13 +489,16 @@ class TokenGate:
                     return
                 if self.headers.get("Authorization") != f"Bearer {gate.TOKEN}":
                     self.send_response(401)
-                    self.send_header("WWW-Authenticate", f'Bearer realm="{gate.url}/token",'
-                                     'service="envbuild-test-registry"')
+                    self.send_header(
+                        "WWW-Authenticate",
+                        f'Bearer realm="{gate.url}/token",service="envbuild-test-registry"',
+                    )
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
-                r = requests.request(method, upstream + self.path,
-                                     headers={"Accept": self.headers.get("Accept", "")})
+                r = requests.request(
+                    method, upstream + self.path, headers={"Accept": self.headers.get("Accept", "")}
+                )
                 self.send_response(r.status_code)
                 for h in ("Content-Type", "Docker-Content-Digest", "Content-Length"):
                     if h in r.headers:

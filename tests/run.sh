@@ -24,8 +24,9 @@ else
   echo "tests/run.sh: not root, so the Docker/registry tests will be skipped" >&2
 fi
 
-# the code's lint: pyflakes and pycodestyle's errors (pyproject.toml [tool.ruff])
+# the code's lint (pyflakes and pycodestyle's errors) and format (pyproject.toml [tool.ruff])
 .venv/bin/ruff check envbuilder tests bench
+.venv/bin/ruff format --check envbuilder tests bench
 
 # ENVBUILD_HEAVY=1 adds the heavy tier (real multi-GB images and installs; see the README).
 heavy=()

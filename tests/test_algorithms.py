@@ -27,10 +27,13 @@ def test_grpo_drops_the_critic_samples_a_group_and_puts_the_kl_in_the_loss():
     a = env.algorithm
     assert (a.critic, a.group, a.n, a.kl, a.kl_loss_type) == (False, True, 5, "loss", "low_var_kl")
     script = render_files(env)["run_ppo_gsm8k.sh"]
-    for line in ("algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=5",
-                 "actor_rollout_ref.actor.use_kl_loss=True",
-                 "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
-                 "algorithm.use_kl_in_reward=False"):
+    for line in (
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.rollout.n=5",
+        "actor_rollout_ref.actor.use_kl_loss=True",
+        "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+        "algorithm.use_kl_in_reward=False",
+    ):
         assert line in script, line
     assert "critic." not in script.split("args=(", 1)[1]
     mem = env.memory
@@ -97,8 +100,9 @@ def test_every_estimator_composes_with_every_release_that_has_it(verl_trees, alg
         if version_key(verl) < version_key(rec["since"]):
             continue
         env = resolved(profile, verl=flag, algo=algo)
-        cfg = compose_run_config(verl_trees[verl], run_script_overrides(
-            render_files(env)["run_ppo_gsm8k.sh"]))
+        cfg = compose_run_config(
+            verl_trees[verl], run_script_overrides(render_files(env)["run_ppo_gsm8k.sh"])
+        )
         assert OmegaConf.select(cfg, "algorithm.adv_estimator") == algo
         assert OmegaConf.select(cfg, "actor_rollout_ref.rollout.n") == rec["n"]
         if rec["kl"] == "loss":

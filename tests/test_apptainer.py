@@ -50,8 +50,7 @@ def parse(path):
     p = Parser(str(path))
     recipe = p.recipe["spython-base"]
     # spython turns %test into `echo "LINE" >> /tests.sh` steps; the lines, back
-    tests = [m[1] for line in recipe.install
-             if (m := re.fullmatch(r'echo "(.*)" >> /tests\.sh', line))]
+    tests = [m[1] for line in recipe.install if (m := re.fullmatch(r'echo "(.*)" >> /tests\.sh', line))]
     return p.bootstrap, recipe, tests
 
 
@@ -95,8 +94,7 @@ def labels_of(section: str) -> dict[str, str]:
 
 
 def expected_environment(d: dict) -> dict[str, str]:
-    env = {"VIRTUAL_ENV": "/opt/venv", "PYTHONDONTWRITEBYTECODE": "1",
-           "HF_ENDPOINT": d["huggingface"]}
+    env = {"VIRTUAL_ENV": "/opt/venv", "PYTHONDONTWRITEBYTECODE": "1", "HF_ENDPOINT": d["huggingface"]}
     if (d.get("cuda_alloc_conf") or {}).get("value"):
         env["PYTORCH_CUDA_ALLOC_CONF"] = d["cuda_alloc_conf"]["value"]
     if not d["features"]["torch_compile"]:
@@ -108,10 +106,21 @@ def sourced(script: str, tmp_path, shell: str = "bash") -> dict[str, str]:
     """The environment after sourcing `script` in `shell` started with nothing but PATH."""
     f = tmp_path / "environment.sh"
     f.write_text(script)
-    r = subprocess.run(["env", "-i", "PATH=/usr/bin:/bin", shell, "-c",
-                        f'set -e; . {shlex.quote(str(f))}; exec "{sys.executable}" -c '
-                        '"import json, os; print(json.dumps(dict(os.environ)))"'],
-                       capture_output=True, text=True, check=True, cwd=tmp_path)
+    r = subprocess.run(
+        [
+            "env",
+            "-i",
+            "PATH=/usr/bin:/bin",
+            shell,
+            "-c",
+            f'set -e; . {shlex.quote(str(f))}; exec "{sys.executable}" -c '
+            '"import json, os; print(json.dumps(dict(os.environ)))"',
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+    )
     return json.loads(r.stdout)
 
 
@@ -142,9 +151,10 @@ def test_each_profile_definition_parses_with_what_the_image_needs(cli, tmp_path,
     assert labels["io.envbuild.version"] == d["envbuild_version"]
     expected = expected_environment(d)
     assert recipe.environ == [f"{k}={shlex.quote(v)}" for k, v in expected.items()] + [
-        'PATH=/opt/venv/bin:"$PATH"']
+        'PATH=/opt/venv/bin:"$PATH"'
+    ]
     assert len(tests) == 1 and shlex.split(tests[0]) == smoke_command()
-    assert recipe.cmd == "exec /opt/envbuild/run_ppo_gsm8k.sh \"$@\""
+    assert recipe.cmd == 'exec /opt/envbuild/run_ppo_gsm8k.sh "$@"'
 
     # Apptainer's own split: one stage, its header, exactly these sections
     headers, body = sections(text)
@@ -192,8 +202,12 @@ def test_test_section_runs_exactly_the_builds_smoke_command(cli, tmp_path):
     stub.write_text(f"#!{sys.executable}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
     stub.chmod(0o755)
     subprocess.run(["bash", "-n"], input=body["test"], text=True, check=True)
-    r = subprocess.run(["env", "-i", f"PATH={bin_dir}", shutil.which("sh") or "/bin/sh", "-c",
-                        body["test"]], capture_output=True, text=True, check=True)
+    r = subprocess.run(
+        ["env", "-i", f"PATH={bin_dir}", shutil.which("sh") or "/bin/sh", "-c", body["test"]],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert ["python", *json.loads(r.stdout)] == smoke_command()
     # %runscript: the launch script, with the run's arguments
     subprocess.run(["bash", "-n"], input=body["runscript"], text=True, check=True)
@@ -201,12 +215,18 @@ def test_test_section_runs_exactly_the_builds_smoke_command(cli, tmp_path):
 
 
 def oci_archive(path, digest=DIGEST, manifests=1):
-    index = {"schemaVersion": 2, "manifests": [
-        {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": digest,
-         "size": 1234}] * manifests}
+    index = {
+        "schemaVersion": 2,
+        "manifests": [
+            {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": digest, "size": 1234}
+        ]
+        * manifests,
+    }
     with tarfile.open(path, "w") as tar:
-        for name, data in [("oci-layout", b'{"imageLayoutVersion": "1.0.0"}'),
-                           ("index.json", json.dumps(index).encode())]:
+        for name, data in [
+            ("oci-layout", b'{"imageLayoutVersion": "1.0.0"}'),
+            ("index.json", json.dumps(index).encode()),
+        ]:
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
@@ -239,11 +259,14 @@ def test_oci_archive_not_written_yet_is_named_without_a_digest(cli, tmp_path):
     assert not any(line.startswith("io.envbuild.image-digest") for line in recipe.labels)
 
 
-@pytest.mark.parametrize("make", [
-    lambda p: p.write_bytes(b"not a tar"),
-    lambda p: oci_archive(p, manifests=2),
-    lambda p: tarfile.open(p, "w").close(),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda p: p.write_bytes(b"not a tar"),
+        lambda p: oci_archive(p, manifests=2),
+        lambda p: tarfile.open(p, "w").close(),
+    ],
+)
 def test_a_file_that_is_no_oci_archive_is_refused(cli, tmp_path, make):
     make(tmp_path / "x.tar")
     code, out, err = cli("apptainer", "p40", "--oci-archive", tmp_path / "x.tar")
@@ -256,11 +279,14 @@ def test_an_archive_path_the_header_cannot_carry_is_refused(cli, tmp_path):
     assert code == 2 and "Move or rename" in err
 
 
-@pytest.mark.parametrize("ref", [
-    f"{REGISTRY}/envbuild/p40:latest",
-    f"{REGISTRY}/envbuild/p40",
-    "envbuild/p40:0123456789ab",
-])
+@pytest.mark.parametrize(
+    "ref",
+    [
+        f"{REGISTRY}/envbuild/p40:latest",
+        f"{REGISTRY}/envbuild/p40",
+        "envbuild/p40:0123456789ab",
+    ],
+)
 def test_a_reference_without_a_digest_is_refused(cli, tmp_path, ref):
     code, out, err = cli("apptainer", "p40", "--image", ref)
     assert code == 2
@@ -268,13 +294,16 @@ def test_a_reference_without_a_digest_is_refused(cli, tmp_path, ref):
     assert not (tmp_path / "p40.def").exists()
 
 
-@pytest.mark.parametrize("ref", [
-    f"{REGISTRY}/envbuild/p40@sha256:abc",  # a short digest
-    f"{REGISTRY}/envbuild/p40@sha256:{'A' * 64}",
-    f"{REGISTRY}/envbuild/p40 #x@{DIGEST}",
-    f"{REGISTRY}/envbuild/p40@{DIGEST}\n%post",
-    f"{REGISTRY}/Envbuild/p40@{DIGEST}",
-])
+@pytest.mark.parametrize(
+    "ref",
+    [
+        f"{REGISTRY}/envbuild/p40@sha256:abc",  # a short digest
+        f"{REGISTRY}/envbuild/p40@sha256:{'A' * 64}",
+        f"{REGISTRY}/envbuild/p40 #x@{DIGEST}",
+        f"{REGISTRY}/envbuild/p40@{DIGEST}\n%post",
+        f"{REGISTRY}/Envbuild/p40@{DIGEST}",
+    ],
+)
 def test_a_malformed_reference_is_refused(cli, tmp_path, ref):
     code, out, err = cli("apptainer", "p40", "--image", ref)
     assert code == 2 and "is not an image reference" in err
@@ -285,7 +314,7 @@ def test_a_tag_and_digest_and_a_docker_scheme_are_taken(cli, tmp_path):
     ref = f"docker://{REGISTRY}/envbuild/p40:v1@{DIGEST}"
     assert cli("apptainer", "p40", "--image", ref)[0] == 0
     headers, _ = sections((tmp_path / "p40.def").read_text())
-    assert headers == [{"bootstrap": "docker", "from": ref[len("docker://"):]}]
+    assert headers == [{"bootstrap": "docker", "from": ref[len("docker://") :]}]
 
 
 def test_image_and_archive_are_one_or_the_other(cli, tmp_path):
@@ -318,8 +347,7 @@ def test_a_file_envbuild_did_not_write_is_kept_unless_forced(cli, tmp_path):
     # a folder, or a file in a folder that is not there
     (tmp_path / "d").mkdir()
     assert cli("apptainer", "p40", "--image", image("p40"), "-o", tmp_path / "d")[0] == 2
-    code, out, err = cli("apptainer", "p40", "--image", image("p40"),
-                         "-o", tmp_path / "no" / "x.def")
+    code, out, err = cli("apptainer", "p40", "--image", image("p40"), "-o", tmp_path / "no" / "x.def")
     assert code == 2 and "does not exist" in err
 
 
@@ -352,8 +380,16 @@ def test_a_hostile_value_cannot_add_a_section_or_a_stage(tmp_path):
     stay inside their line: a line break comes out as its escape, so no `%section` or
     `Bootstrap:` line appears and every label reads back as exactly one line."""
     evil = "x\n%runscript\n    rm -rf ~\nBootstrap: docker\nFrom: evil/image\n%post\n    id"
-    env = hostile("p40", **{"gpu.name": evil, "description": evil, "profile": "p40\n%post",
-                            "verl.version": "0.4.1\r%setup", "rollout": "hf\u2028%files"})
+    env = hostile(
+        "p40",
+        **{
+            "gpu.name": evil,
+            "description": evil,
+            "profile": "p40\n%post",
+            "verl.version": "0.4.1\r%setup",
+            "rollout": "hf\u2028%files",
+        },
+    )
     text = definition(env, image("p40"), "docker", DIGEST, "p40.def")
     path = tmp_path / "p40.def"
     path.write_text(text)
@@ -381,16 +417,18 @@ def test_a_hostile_environment_value_stays_one_value(tmp_path):
     """Shell metacharacters in an %environment value are exported as themselves; a control
     character, which the POSIX sh of %environment cannot carry, is refused."""
     value = "https://h.example/$(touch pwned)`touch pwned2`'\"; touch pwned3 #"
-    env = hostile("p40", huggingface=value,
-                  **{"cuda_alloc_conf.value": "expandable_segments:True'; touch pwned4; '"})
+    env = hostile(
+        "p40", huggingface=value, **{"cuda_alloc_conf.value": "expandable_segments:True'; touch pwned4; '"}
+    )
     _, body = sections(definition(env, image("p40"), "docker", DIGEST, "p40.def"))
     got = sourced(body["environment"], tmp_path)
     assert got["HF_ENDPOINT"] == value
     assert got["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True'; touch pwned4; '"
     assert not list(tmp_path.glob("pwned*"))
     with pytest.raises(UserError, match="control character"):
-        definition(hostile("p40", huggingface="https://h.example\n%post"), image("p40"),
-                   "docker", DIGEST, "p40.def")
+        definition(
+            hostile("p40", huggingface="https://h.example\n%post"), image("p40"), "docker", DIGEST, "p40.def"
+        )
 
 
 def test_help_lists_the_command(cli):

@@ -36,8 +36,10 @@ def test_bake_all_writes_a_target_and_a_context_per_profile(cli, tmp_path):
 
 def test_a_variable_overridden_when_baking_reaches_every_target(cli, tmp_path):
     assert cli("bake", "p40", "t4", "-o", tmp_path / "b")[0] == 0
-    bake = load(tmp_path / "b" / "docker-bake.hcl", {"REGISTRY": "reg.corp:5000",
-                                                     "PIP_INDEX_URL": "https://pypi.corp/simple"})
+    bake = load(
+        tmp_path / "b" / "docker-bake.hcl",
+        {"REGISTRY": "reg.corp:5000", "PIP_INDEX_URL": "https://pypi.corp/simple"},
+    )
     for t in bake["targets"].values():
         assert t["tags"][0].startswith("reg.corp:5000/envbuild/")
         assert t["args"]["PIP_INDEX_URL"] == "https://pypi.corp/simple"
@@ -59,10 +61,11 @@ def test_bake_through_a_mirror_points_the_contexts_at_it(cli, tmp_path):
 def test_hcl_strings_keep_template_markers_literal():
     import hcl2
 
-    for value in ['plain', 'a "quoted" ${NOT_A_VAR} %{x} \\ back']:
+    for value in ["plain", 'a "quoted" ${NOT_A_VAR} %{x} \\ back']:
         parsed = hcl2.loads(f"x = {hcl_string(value)}\n")["x"]
-        assert parsed[1:-1].replace("$${", "${").replace("%%{", "%{").encode().decode(
-            "unicode_escape") == value
+        assert (
+            parsed[1:-1].replace("$${", "${").replace("%%{", "%{").encode().decode("unicode_escape") == value
+        )
 
 
 def test_bake_needs_profiles_or_all(cli, tmp_path):

@@ -19,8 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from fixture_wheels import (apex_archive, flash_attn_release_wheel, flash_attn_sdist, make_wheel,
-                            real_uv_wheel, wheels_for_env)
+from fixture_wheels import (
+    apex_archive,
+    flash_attn_release_wheel,
+    flash_attn_sdist,
+    make_wheel,
+    real_uv_wheel,
+    wheels_for_env,
+)
 from httpfixtures import FileServer, free_port
 
 pytestmark = pytest.mark.docker
@@ -84,8 +90,7 @@ def index(tmp_path_factory, docker_client):
     from envbuilder.render.plan import find_constraints
 
     full = find_constraints(resolve(matrix.load(), "p40", Overrides()))
-    pinned = dict(pin.split("==", 1) for pins in (full.layers if full else {}).values()
-                  for pin in pins)
+    pinned = dict(pin.split("==", 1) for pins in (full.layers if full else {}).values() for pin in pins)
     for name in BUILD_TOOLS:
         make_wheel(pkgs, name, pinned.get(name, "0.0.1"))
     # the 4090 with flash-attn: its stand-ins where p40's do not already have the file, and
@@ -103,9 +108,22 @@ def index(tmp_path_factory, docker_client):
     exe = Path(sys.executable).parent / "pypi-server"
     _need(exe.exists(), "pypiserver is not installed")
     log = open(pkgs.parent / "pypiserver.log", "w")
-    proc = subprocess.Popen([str(exe), "run", "-i", "127.0.0.1", "-p", str(port),
-                             "--disable-fallback", "--hash-algo", "sha256", str(pkgs)],
-                            stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            str(exe),
+            "run",
+            "-i",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "--disable-fallback",
+            "--hash-algo",
+            "sha256",
+            str(pkgs),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}/simple"
     import requests
 
@@ -143,8 +161,9 @@ def fa_release_name(python: str = IMAGE_PYTHON, abi: bool = False) -> tuple[str,
 
     d = resolve(matrix.load(), "4090", Overrides(with_=("flash-attn",))).to_dict()
     fa = d["flash_attn"]
-    name = wheel_filename(fa["wheel"], fa["version"], d["torch"]["version"], d["torch"]["cuda"],
-                          python, abi, fa["cuda_tags"])
+    name = wheel_filename(
+        fa["wheel"], fa["version"], d["torch"]["version"], d["torch"]["cuda"], python, abi, fa["cuda_tags"]
+    )
     return fa["release"].split("://", 1)[1].split("/", 1)[1] + "/" + name, name
 
 
@@ -157,8 +176,9 @@ def fa_github(tmp_path_factory):
     path, name = fa_release_name()
     # salted per session: its sha256 is in the locked builder step, which so never comes from
     # the cache (the assertions read what the step printed)
-    wheel = flash_attn_release_wheel(tmp_path_factory.mktemp("fa-release"), name, "2.6.3",
-                                     salt=os.urandom(6).hex())
+    wheel = flash_attn_release_wheel(
+        tmp_path_factory.mktemp("fa-release"), name, "2.6.3", salt=os.urandom(6).hex()
+    )
     apex_path, apex_data = apex_archive(APEX_STANDIN, matrix.load().apex["source_url"].format(ref="25.08"))
     with FileServer({path: wheel.read_bytes(), apex_path: apex_data}) as srv:
         yield srv
@@ -170,31 +190,44 @@ def config(tmp_path_factory, index, github, fa_github):
     a `fallback` set whose first endpoint is a closed port and whose second answers /v2/ but
     does not hold the image (so the pull itself fails and the build moves on)."""
     closed = f"127.0.0.1:{free_port()}"
-    body = {"pypi": [index], "pytorch": [index], "huggingface": ["http://127.0.0.1:9/hf"],
-            "github": [github]}
+    body = {"pypi": [index], "pytorch": [index], "huggingface": ["http://127.0.0.1:9/hf"], "github": [github]}
     cfg = {
         "registries": {"local": REGISTRY},
         "mirrors": {
             "test": dict(body, description="loopback test mirror", registries={"docker.io": [REGISTRY]}),
-            "fallback": dict(body, description="first endpoint closed",
-                             registries={"docker.io": [closed, f"{REGISTRY}/empty", REGISTRY]}),
+            "fallback": dict(
+                body,
+                description="first endpoint closed",
+                registries={"docker.io": [closed, f"{REGISTRY}/empty", REGISTRY]},
+            ),
             # flash-attn's release wheel through a GitHub prefix that carries credentials
-            "test-fa": dict(body, description="loopback mirror with flash-attn's release",
-                            registries={"docker.io": [REGISTRY]},
-                            github=[fa_github.url("").rstrip("/").replace(
-                                "http://", f"http://envbuild:{FA_TOKEN}@")]),
+            "test-fa": dict(
+                body,
+                description="loopback mirror with flash-attn's release",
+                registries={"docker.io": [REGISTRY]},
+                github=[fa_github.url("").rstrip("/").replace("http://", f"http://envbuild:{FA_TOKEN}@")],
+            ),
             # the package index (and HF endpoint) through URLs that carry credentials
-            "test-cred": dict(body, description="loopback mirror behind credentials",
-                              registries={"docker.io": [REGISTRY]},
-                              pypi=[index.replace("http://", f"http://envbuild:{INDEX_TOKEN}@")],
-                              pytorch=[index.replace("http://", f"http://envbuild:{INDEX_TOKEN}@")],
-                              huggingface=[f"http://envbuild:{INDEX_TOKEN}@127.0.0.1:9/hf"]),
-            "nowhere": dict(body, description="registries that answer but lack the images",
-                            registries={"docker.io": [f"{REGISTRY}/empty", closed]}),
-            "offline": {"description": "no package index, no GitHub: all point at a closed port",
-                        "registries": {"docker.io": [REGISTRY]},
-                        "pypi": [f"http://{closed}/simple"], "pytorch": [f"http://{closed}/simple"],
-                        "github": [f"http://{closed}"]},
+            "test-cred": dict(
+                body,
+                description="loopback mirror behind credentials",
+                registries={"docker.io": [REGISTRY]},
+                pypi=[index.replace("http://", f"http://envbuild:{INDEX_TOKEN}@")],
+                pytorch=[index.replace("http://", f"http://envbuild:{INDEX_TOKEN}@")],
+                huggingface=[f"http://envbuild:{INDEX_TOKEN}@127.0.0.1:9/hf"],
+            ),
+            "nowhere": dict(
+                body,
+                description="registries that answer but lack the images",
+                registries={"docker.io": [f"{REGISTRY}/empty", closed]},
+            ),
+            "offline": {
+                "description": "no package index, no GitHub: all point at a closed port",
+                "registries": {"docker.io": [REGISTRY]},
+                "pypi": [f"http://{closed}/simple"],
+                "pytorch": [f"http://{closed}/simple"],
+                "github": [f"http://{closed}"],
+            },
         },
     }
     path = tmp_path_factory.mktemp("cfg") / "config.yaml"
@@ -217,17 +250,21 @@ def standin_python_overlay() -> str:
 
     m = matrix.load()
     folder = Path(tempfile.mkdtemp(prefix="envbuild-standin-python-"))
-    (folder / "standin.yaml").write_text(json.dumps({
-        "sources": {"provision": "tests/infra/provision.sh (Debian bookworm's python3)"},
-        "cuda": {k: dict(rec, python=IMAGE_PYTHON, source="provision") for k, rec in m.cuda.items()}}))
+    (folder / "standin.yaml").write_text(
+        json.dumps(
+            {
+                "sources": {"provision": "tests/infra/provision.sh (Debian bookworm's python3)"},
+                "cuda": {k: dict(rec, python=IMAGE_PYTHON, source="provision") for k, rec in m.cuda.items()},
+            }
+        )
+    )
     return str(folder)
 
 
 def envbuild(args, config, **env):
     full = dict(os.environ, ENVBUILD_CONFIG=str(config), ENVBUILD_MATRIX_DIR=standin_python_overlay())
     full.update(env)
-    return subprocess.run(ENVBUILD + args, capture_output=True, text=True, env=full, cwd=ROOT,
-                          timeout=1800)
+    return subprocess.run(ENVBUILD + args, capture_output=True, text=True, env=full, cwd=ROOT, timeout=1800)
 
 
 def _layers_contain(client, image: str, needle: bytes) -> bool:
@@ -254,9 +291,12 @@ def _layers_contain(client, image: str, needle: bytes) -> bool:
 def pull_back(client, ref: str, profile: str):
     """Pull `ref` and check it is `profile`'s image: its /etc/envbuild.json and its label."""
     image = client.images.pull(ref)
-    out = client.containers.run(image.id, ["python", "-c", "import json; "
-                                "print(json.load(open('/etc/envbuild.json'))['profile'])"],
-                                remove=True, network_mode="host")
+    out = client.containers.run(
+        image.id,
+        ["python", "-c", "import json; print(json.load(open('/etc/envbuild.json'))['profile'])"],
+        remove=True,
+        network_mode="host",
+    )
     assert out.decode().strip() == profile
     assert image.labels["io.envbuild.profile"] == profile
     return image
@@ -264,8 +304,9 @@ def pull_back(client, ref: str, profile: str):
 
 def test_build_p40_through_mirror_pushes_and_pulls_back(docker_client, config):
     tag = "envbuild-test/p40:mirror"
-    r = envbuild(["build", "p40", "--mirror", "test", "--without", "apex", "--push", "local",
-                  "--tag", tag], config)
+    r = envbuild(
+        ["build", "p40", "--mirror", "test", "--without", "apex", "--push", "local", "--tag", tag], config
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "smoke ok: p40" in r.stderr
     pushed = r.stdout.strip().splitlines()[-1]
@@ -282,15 +323,34 @@ def test_build_compiles_apex_in_the_devel_stage_and_ships_only_the_wheel(docker_
     assert "[builder" in r.stderr and "apex @ http://127.0.0.1:" in r.stderr  # through the mirror
     assert "smoke ok: p40" in r.stderr and "amp_C" in r.stderr
     # the runtime stage has the compiled extension but not the compiler that built it
-    out = docker_client.containers.run(tag, ["sh", "-c", "command -v cc gcc || echo no-compiler; "
-                                             "python -c 'import amp_C; print(amp_C.standin())'"],
-                                       remove=True, network_mode="host").decode()
+    out = docker_client.containers.run(
+        tag,
+        [
+            "sh",
+            "-c",
+            "command -v cc gcc || echo no-compiler; python -c 'import amp_C; print(amp_C.standin())'",
+        ],
+        remove=True,
+        network_mode="host",
+    ).decode()
     assert out.split() == ["no-compiler", "amp_C"]
 
 
 def test_build_falls_back_to_the_next_registry_endpoint(docker_client, config):
-    r = envbuild(["build", "p40", "--mirror", "fallback", "--without", "apex", "--no-smoke",
-                  "--tag", "envbuild-test/p40:fallback"], config)
+    r = envbuild(
+        [
+            "build",
+            "p40",
+            "--mirror",
+            "fallback",
+            "--without",
+            "apex",
+            "--no-smoke",
+            "--tag",
+            "envbuild-test/p40:fallback",
+        ],
+        config,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "DOWN" in r.stderr  # the closed port, found by the probe
     # picked before building, by the manifests each endpoint serves: one build, no retries
@@ -300,9 +360,22 @@ def test_build_falls_back_to_the_next_registry_endpoint(docker_client, config):
 
 
 def test_no_endpoint_serving_the_base_images_builds_nothing_and_says_what_each_answered(
-        docker_client, config):
-    r = envbuild(["build", "p40", "--mirror", "nowhere", "--without", "apex", "--no-smoke",
-                  "--tag", "envbuild-test/p40:nowhere"], config)
+    docker_client, config
+):
+    r = envbuild(
+        [
+            "build",
+            "p40",
+            "--mirror",
+            "nowhere",
+            "--without",
+            "apex",
+            "--no-smoke",
+            "--tag",
+            "envbuild-test/p40:nowhere",
+        ],
+        config,
+    )
     assert r.returncode == 1
     assert "No endpoint of mirror set 'nowhere' serves" in r.stderr
     assert f"{REGISTRY}/empty: The registry http://{REGISTRY} has no manifest" in r.stderr
@@ -313,29 +386,53 @@ def test_no_endpoint_serving_the_base_images_builds_nothing_and_says_what_each_a
 def test_a_failing_step_is_reported_as_that_step_not_as_a_pull(docker_client, config):
     """The index points at a closed port: pip's step fails once, named, with its output; no
     other registry endpoint is tried."""
-    r = envbuild(["build", "p40", "--mirror", "offline", "--without", "apex", "--no-smoke",
-                  "--tag", "envbuild-test/p40:step-fails"], config)
+    r = envbuild(
+        [
+            "build",
+            "p40",
+            "--mirror",
+            "offline",
+            "--without",
+            "apex",
+            "--no-smoke",
+            "--tag",
+            "envbuild-test/p40:step-fails",
+        ],
+        config,
+    )
     assert r.returncode == 1
     assert r.stderr.count("builder: ") == 1
     assert "failed at [" in r.stderr and "pip install" in r.stderr
     assert "could not pull" not in r.stderr
 
 
-def test_a_base_image_with_another_python_is_refused_before_anything_installs(docker_client,
-                                                                               config):
+def test_a_base_image_with_another_python_is_refused_before_anything_installs(docker_client, config):
     """The field report: a base image that already has python3 (3.11 on the Debian stand-in)
     skipped the apt step, and the profile's Python 3.10 pins went into 3.11 without a word. Now
     the first step stops the build, naming both versions and both ways out."""
-    r = envbuild(["build", "p40", "--mirror", "test", "--without", "apex", "--no-smoke",
-                  "--tag", "envbuild-test/p40:other-python"], config, ENVBUILD_MATRIX_DIR="")
+    r = envbuild(
+        [
+            "build",
+            "p40",
+            "--mirror",
+            "test",
+            "--without",
+            "apex",
+            "--no-smoke",
+            "--tag",
+            "envbuild-test/p40:other-python",
+        ],
+        config,
+        ENVBUILD_MATRIX_DIR="",
+    )
     assert r.returncode == 1, r.stderr[-3000:]
-    assert ("the base image's python3 is Python 3.11, but p40's pins and wheels are for Python "
-            "3.10") in r.stderr
+    assert (
+        "the base image's python3 is Python 3.11, but p40's pins and wheels are for Python 3.10"
+    ) in r.stderr
     assert "--python X.Y" in r.stderr and "failed at [" in r.stderr
 
 
-def test_a_build_whose_base_registry_does_not_answer_stops_before_any_step(docker_client, config,
-                                                                           tmp_path):
+def test_a_build_whose_base_registry_does_not_answer_stops_before_any_step(docker_client, config, tmp_path):
     """No --mirror, and the registry the base images come from does not answer (Docker Hub on a
     network that blocks it; here a closed loopback port): the build names it and --mirror in
     seconds, before its first step, instead of failing minutes in."""
@@ -344,11 +441,15 @@ def test_a_build_whose_base_registry_does_not_answer_stops_before_any_step(docke
     dead = f"127.0.0.1:{free_port()}"
     rec = dict(matrix.load().cuda["12.1"], python=IMAGE_PYTHON, source="provision")
     rec["images"] = {role: f"{dead}/{ref}" for role, ref in rec["images"].items()}
-    (tmp_path / "dead.yaml").write_text(json.dumps({
-        "sources": {"provision": "tests/infra/provision.sh"}, "cuda": {"12.1": rec}}))
+    (tmp_path / "dead.yaml").write_text(
+        json.dumps({"sources": {"provision": "tests/infra/provision.sh"}, "cuda": {"12.1": rec}})
+    )
     start = time.monotonic()
-    r = envbuild(["build", "4090", "--no-smoke", "--push", "local"], config,
-                 ENVBUILD_MATRIX_DIR=os.pathsep.join([standin_python_overlay(), str(tmp_path)]))
+    r = envbuild(
+        ["build", "4090", "--no-smoke", "--push", "local"],
+        config,
+        ENVBUILD_MATRIX_DIR=os.pathsep.join([standin_python_overlay(), str(tmp_path)]),
+    )
     assert r.returncode == 1, r.stderr[-3000:]
     assert f"{dead} (the base images): connection refused/unreachable" in r.stderr
     assert "--mirror NAME" in r.stderr and "failed at [" not in r.stderr
@@ -360,8 +461,23 @@ def test_ca_cert_reaches_the_build_but_no_layer(docker_client, config, tmp_path)
     ca = tmp_path / "corp.pem"
     ca.write_bytes(b"-----BEGIN CERTIFICATE-----\n" + secret + b"\n-----END CERTIFICATE-----\n")
     tag = "envbuild-test/p40:ca"
-    r = envbuild(["build", "p40", "--mirror", "test", "--without", "apex", "--no-smoke",
-                  "--ca-cert", str(ca), "--tag", tag, "-v"], config)
+    r = envbuild(
+        [
+            "build",
+            "p40",
+            "--mirror",
+            "test",
+            "--without",
+            "apex",
+            "--no-smoke",
+            "--ca-cert",
+            str(ca),
+            "--tag",
+            tag,
+            "-v",
+        ],
+        config,
+    )
     # the CA replaces pip's trust store: plain-http loopback indexes don't care, so it builds
     assert r.returncode == 0, r.stderr[-3000:]
     assert _layers_contain(docker_client, tag, b"Acquire::https::CAInfo")  # the scan sees layers
@@ -369,16 +485,31 @@ def test_ca_cert_reaches_the_build_but_no_layer(docker_client, config, tmp_path)
 
 
 def test_daemon_not_running_is_a_clear_exit_1(config, tmp_path):
-    r = envbuild(["build", "p40", "--without", "apex"], config,
-                 DOCKER_HOST=f"unix://{tmp_path}/no-docker.sock")
+    r = envbuild(
+        ["build", "p40", "--without", "apex"], config, DOCKER_HOST=f"unix://{tmp_path}/no-docker.sock"
+    )
     assert r.returncode == 1
     assert "Cannot reach the Docker engine" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_unreachable_registry_pushes_nothing(docker_client, config):
     closed = f"127.0.0.1:{free_port()}"
-    r = envbuild(["build", "p40", "--mirror", "test", "--without", "apex", "--no-smoke",
-                  "--tag", "envbuild-test/p40:unreach", "--push", closed], config)
+    r = envbuild(
+        [
+            "build",
+            "p40",
+            "--mirror",
+            "test",
+            "--without",
+            "apex",
+            "--no-smoke",
+            "--tag",
+            "envbuild-test/p40:unreach",
+            "--push",
+            closed,
+        ],
+        config,
+    )
     assert r.returncode == 1
     # found before the build, not after it: nothing is built for a push that cannot happen
     assert f"{closed} (the push): connection refused/unreachable" in r.stderr
@@ -386,8 +517,22 @@ def test_unreachable_registry_pushes_nothing(docker_client, config):
 
 
 def test_unknown_registry_name_is_bad_input_and_builds_nothing(docker_client, config):
-    r = envbuild(["build", "p40", "--mirror", "test", "--without", "apex", "--no-smoke",
-                  "--tag", "envbuild-test/p40:unknown", "--push", "nosuchregistry"], config)
+    r = envbuild(
+        [
+            "build",
+            "p40",
+            "--mirror",
+            "test",
+            "--without",
+            "apex",
+            "--no-smoke",
+            "--tag",
+            "envbuild-test/p40:unknown",
+            "--push",
+            "nosuchregistry",
+        ],
+        config,
+    )
     assert r.returncode == 2  # (a name the config does not know is bad input, found before building)
     assert "builder:" not in r.stderr
     assert "nosuchregistry" in r.stderr and "Traceback" not in r.stderr
@@ -396,14 +541,53 @@ def test_unknown_registry_name_is_bad_input_and_builds_nothing(docker_client, co
 def test_build_from_a_wheelhouse_with_no_index_at_all(docker_client, config, index, github, tmp_path):
     """p40 whole, apex included: its build tools and source archive come from the wheelhouse too."""
     lock = tmp_path / "lock"
-    r = envbuild(["lock", "p40", "--only", "pip,sources", "--index-url", index, "--torch-index-url", index,
-                  "--github-url", github, "-o", str(lock)], config)
+    r = envbuild(
+        [
+            "lock",
+            "p40",
+            "--only",
+            "pip,sources",
+            "--index-url",
+            index,
+            "--torch-index-url",
+            index,
+            "--github-url",
+            github,
+            "-o",
+            str(lock),
+        ],
+        config,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
-    r = envbuild(["wheelhouse", "p40", "--lock-dir", str(lock), "-o", str(tmp_path / "wh"),
-                  "--url-map", f"https://github.com={github}", "--accept-partial"], config)
+    r = envbuild(
+        [
+            "wheelhouse",
+            "p40",
+            "--lock-dir",
+            str(lock),
+            "-o",
+            str(tmp_path / "wh"),
+            "--url-map",
+            f"https://github.com={github}",
+            "--accept-partial",
+        ],
+        config,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
-    r = envbuild(["build", "p40", "--wheelhouse", str(tmp_path / "wh"), "--mirror", "offline",
-                  "--tag", "envbuild-test/p40:wheelhouse", "-v"], config)
+    r = envbuild(
+        [
+            "build",
+            "p40",
+            "--wheelhouse",
+            str(tmp_path / "wh"),
+            "--mirror",
+            "offline",
+            "--tag",
+            "envbuild-test/p40:wheelhouse",
+            "-v",
+        ],
+        config,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "--no-index --find-links /wheelhouse" in r.stderr
     assert "apex @ file:///wheelhouse/sources/apex-25.08.tar.gz#sha256=" in r.stderr
@@ -413,8 +597,11 @@ def test_build_from_a_wheelhouse_with_no_index_at_all(docker_client, config, ind
 # ---- flash-attn: the release wheel first, the sdist build as the fallback ---------------------
 
 # the fallback's own line in the build output (BuildKit prefixes output lines with "#N secs ")
-FALLBACK_SAID = re.compile(r"^#\d+ [\d.]+ envbuild: flash-attn: building 2\.6\.3 from "
-                                         r"its PyPI sdist instead", re.M)
+FALLBACK_SAID = re.compile(
+    r"^#\d+ [\d.]+ envbuild: flash-attn: building 2\.6\.3 from "
+    r"its PyPI sdist instead",
+    re.M,
+)
 
 
 def _history(client, image: str) -> str:
@@ -422,7 +609,8 @@ def _history(client, image: str) -> str:
 
 
 def test_flash_attn_installs_the_release_wheel_through_the_mirror_and_compiles_nothing(
-        docker_client, config, fa_github):
+    docker_client, config, fa_github
+):
     tag = "envbuild-test/4090:fa-prebuilt"
     path, name = fa_release_name()
     r = envbuild(["build", *FA_PROFILE, "--mirror", "test-fa", "--tag", tag, "-v"], config)
@@ -438,9 +626,21 @@ def test_flash_attn_installs_the_release_wheel_through_the_mirror_and_compiles_n
     assert FA_TOKEN not in r.stderr
     assert FA_TOKEN not in _history(docker_client, tag)
     assert not _layers_contain(docker_client, tag, FA_TOKEN.encode())
-    out = docker_client.containers.run(tag, ["python", "-c", "import flash_attn_2_cuda, flash_attn; "
-                                             "print(flash_attn.__version__, hasattr(flash_attn_2_cuda, 'BUILT_FROM'))"],
-                                       remove=True, network_mode="host").decode().split()
+    out = (
+        docker_client.containers.run(
+            tag,
+            [
+                "python",
+                "-c",
+                "import flash_attn_2_cuda, flash_attn; "
+                "print(flash_attn.__version__, hasattr(flash_attn_2_cuda, 'BUILT_FROM'))",
+            ],
+            remove=True,
+            network_mode="host",
+        )
+        .decode()
+        .split()
+    )
     assert out == ["2.6.3", "False"]  # the release wheel's module, not the sdist build's
 
 
@@ -452,37 +652,89 @@ def test_flash_attn_without_a_release_wheel_falls_back_to_the_sdist_build(docker
     assert r.returncode == 0, r.stderr[-3000:]
     assert "no prebuilt wheel:" in r.stderr and "answered HTTP 404" in r.stderr
     assert FALLBACK_SAID.search(r.stderr)
-    assert ("flash-attn stand-in: source build of 2.6.3 (FLASH_ATTENTION_FORCE_BUILD=TRUE, "
-            "FLASH_ATTN_CUDA_ARCHS=89)") in r.stderr
+    assert (
+        "flash-attn stand-in: source build of 2.6.3 (FLASH_ATTENTION_FORCE_BUILD=TRUE, "
+        "FLASH_ATTN_CUDA_ARCHS=89)"
+    ) in r.stderr
     assert "smoke ok: 4090" in r.stderr
-    out = docker_client.containers.run(tag, ["python", "-c", "import flash_attn_2_cuda; "
-                                             "print(flash_attn_2_cuda.BUILT_FROM)"],
-                                       remove=True, network_mode="host").decode().strip()
+    out = (
+        docker_client.containers.run(
+            tag,
+            ["python", "-c", "import flash_attn_2_cuda; print(flash_attn_2_cuda.BUILT_FROM)"],
+            remove=True,
+            network_mode="host",
+        )
+        .decode()
+        .strip()
+    )
     assert out == "sdist"
 
 
-def test_flash_attn_from_a_wheelhouse_with_no_index_and_no_github(docker_client, config, index,
-                                                                   fa_github, tmp_path):
+def test_flash_attn_from_a_wheelhouse_with_no_index_and_no_github(
+    docker_client, config, index, fa_github, tmp_path
+):
     """Lock pins the release wheel (the ABI variant the release has; the other answers 404),
     the wheelhouse carries it, and the offline build installs it by sha256."""
     menv = {}  # (envbuild() renders for the build image's Python: the lock pins the file it needs)
     github = fa_github.url("").rstrip("/")
     lock = tmp_path / "lock"  # lock -o DIR: DIR/4090/; wheelhouse --lock-dir DIR reads it there
-    r = envbuild(["lock", *FA_PROFILE, "--only", "pip,sources", "--index-url", index,
-                  "--torch-index-url", index, "--github-url", github, "-o", str(lock)], config, **menv)
+    r = envbuild(
+        [
+            "lock",
+            *FA_PROFILE,
+            "--only",
+            "pip,sources",
+            "--index-url",
+            index,
+            "--torch-index-url",
+            index,
+            "--github-url",
+            github,
+            "-o",
+            str(lock),
+        ],
+        config,
+        **menv,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     sources = json.loads((lock / "4090" / "sources.lock").read_text())
     _, name = fa_release_name()
     assert sorted(sources) == ["flash-attn-cxx11abiFALSE"]  # no TRUE variant on this "release"
     assert sources["flash-attn-cxx11abiFALSE"]["filename"] == name
     assert sources["flash-attn-cxx11abiFALSE"]["url"].startswith("https://github.com/Dao-AILab/")
-    r = envbuild(["wheelhouse", "4090", "--lock-dir", str(lock), "-o", str(tmp_path / "wh"),
-                  "--url-map", f"https://github.com={github}", "--accept-partial"], config, **menv)
+    r = envbuild(
+        [
+            "wheelhouse",
+            "4090",
+            "--lock-dir",
+            str(lock),
+            "-o",
+            str(tmp_path / "wh"),
+            "--url-map",
+            f"https://github.com={github}",
+            "--accept-partial",
+        ],
+        config,
+        **menv,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert (tmp_path / "wh" / "sources" / name).is_file()
     served = len(fa_github.log)
-    r = envbuild(["build", *FA_PROFILE, "--wheelhouse", str(tmp_path / "wh"), "--mirror", "offline",
-                  "--tag", "envbuild-test/4090:fa-wheelhouse", "-v"], config, **menv)
+    r = envbuild(
+        [
+            "build",
+            *FA_PROFILE,
+            "--wheelhouse",
+            str(tmp_path / "wh"),
+            "--mirror",
+            "offline",
+            "--tag",
+            "envbuild-test/4090:fa-wheelhouse",
+            "-v",
+        ],
+        config,
+        **menv,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     sha = sources["flash-attn-cxx11abiFALSE"]["sha256"]
     assert f"fetching the prebuilt wheel file:///wheelhouse/sources/{name}" in r.stderr
@@ -501,15 +753,29 @@ def test_a_bake_target_builds_with_exactly_the_args_its_file_gives(docker_client
     from envbuilder.engines import docker as B
     from envbuilder.render.files import smoke_command
 
-    r = envbuild(["bake", "p40", "--without", "apex", "--mirror", "test", "--registry", "local",
-                  "-o", str(tmp_path / "bake")], config)
+    r = envbuild(
+        [
+            "bake",
+            "p40",
+            "--without",
+            "apex",
+            "--mirror",
+            "test",
+            "--registry",
+            "local",
+            "-o",
+            str(tmp_path / "bake"),
+        ],
+        config,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     bake = load(tmp_path / "bake" / "docker-bake.hcl")
     t = bake["targets"]["p40"]
     assert bake["groups"]["default"] == ["p40"]
     assert t["tags"][0].startswith(f"{REGISTRY}/envbuild/p40:")
-    rc, log = B.run_build(B.find_buildkit(), tmp_path / "bake" / t["context"], t["tags"][0],
-                          t["args"], {}, lambda line: None)
+    rc, log = B.run_build(
+        B.find_buildkit(), tmp_path / "bake" / t["context"], t["tags"][0], t["args"], {}, lambda line: None
+    )
     assert rc == 0, log[-3000:]
     assert "smoke ok: p40" in B.smoke(docker_client, t["tags"][0], smoke_command())
     docker_client.images.remove(t["tags"][0], force=True)
@@ -520,14 +786,17 @@ def test_a_mirrors_credentials_reach_the_build_but_no_layer_history_or_file(dock
     the image's HF_ENDPOINT (a build arg too) disagreed with its /etc/envbuild.json. Now the
     files name the mirror without credentials and the credentials reach RUN steps as a secret."""
     tag = "envbuild-test/p40:cred"
-    r = envbuild(["build", "p40", "--mirror", "test-cred", "--without", "apex", "--no-smoke",
-                  "--tag", tag, "-v"], config)
+    r = envbuild(
+        ["build", "p40", "--mirror", "test-cred", "--without", "apex", "--no-smoke", "--tag", tag, "-v"],
+        config,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert INDEX_TOKEN not in r.stderr + r.stdout
     assert INDEX_TOKEN not in _history(docker_client, tag)
     assert not _layers_contain(docker_client, tag, INDEX_TOKEN.encode())
-    spec = json.loads(docker_client.containers.run(tag, ["cat", "/etc/envbuild.json"], remove=True,
-                                                   network_mode="host"))
+    spec = json.loads(
+        docker_client.containers.run(tag, ["cat", "/etc/envbuild.json"], remove=True, network_mode="host")
+    )
     env = dict(e.split("=", 1) for e in docker_client.images.get(tag).attrs["Config"]["Env"])
     assert env["HF_ENDPOINT"] == spec["huggingface"] == "http://127.0.0.1:9/hf"
     assert spec["indexes"]["pypi"].startswith("http://127.0.0.1:")  # the mirror, bare
@@ -545,8 +814,9 @@ def test_a_p40_owners_first_hour_end_to_end(docker_client, config, index, github
     base = dict(os.environ, ENVBUILD_CONFIG=str(config), ENVBUILD_MATRIX_DIR=standin_python_overlay())
 
     def run(args, cwd, **extra):
-        r = subprocess.run(ENVBUILD + args, cwd=cwd, env=dict(base, **extra), capture_output=True,
-                           text=True, timeout=1800)
+        r = subprocess.run(
+            ENVBUILD + args, cwd=cwd, env=dict(base, **extra), capture_output=True, text=True, timeout=1800
+        )
         return r.returncode, r.stdout, r.stderr
 
     code, out, err = run(["render", "p40", "-o", "out"], tmp_path)
@@ -559,9 +829,16 @@ def test_a_p40_owners_first_hour_end_to_end(docker_client, config, index, github
     assert "`envbuild wheelhouse p40 -o wh/p40`" in readme
 
     dead = f"http://127.0.0.1:{free_port()}"  # every non-loopback request goes nowhere
-    code, out, err = run(["build", "--push", "local"], folder, HTTPS_PROXY=dead, HTTP_PROXY=dead,
-                         https_proxy=dead, http_proxy=dead, NO_PROXY="127.0.0.1,localhost",
-                         no_proxy="127.0.0.1,localhost")
+    code, out, err = run(
+        ["build", "--push", "local"],
+        folder,
+        HTTPS_PROXY=dead,
+        HTTP_PROXY=dead,
+        https_proxy=dead,
+        http_proxy=dead,
+        NO_PROXY="127.0.0.1,localhost",
+        no_proxy="127.0.0.1,localhost",
+    )
     assert code == 1, err[-3000:]
     assert "building p40 as ./envbuild.json holds it" in err
     assert "registry-1.docker.io (the base images)" in err and "--mirror NAME" in err
@@ -574,28 +851,54 @@ def test_a_p40_owners_first_hour_end_to_end(docker_client, config, index, github
 
     code, _, err = run(["wheelhouse", "p40", "-o", "wh"], tmp_path)  # the shipped lock
     assert code == 2 and "torch is a swap" in err and "envbuild lock p40" in err
-    code, _, err = run(["lock", "p40", "--only", "pip,sources", "--index-url", index,
-                        "--torch-index-url", index, "--github-url", github], tmp_path)
+    code, _, err = run(
+        [
+            "lock",
+            "p40",
+            "--only",
+            "pip,sources",
+            "--index-url",
+            index,
+            "--torch-index-url",
+            index,
+            "--github-url",
+            github,
+        ],
+        tmp_path,
+    )
     assert code == 0, err[-3000:]
-    code, _, err = run(["wheelhouse", "p40", "-o", "wh", "--url-map",
-                        f"https://github.com={github}"], tmp_path)
+    code, _, err = run(
+        ["wheelhouse", "p40", "-o", "wh", "--url-map", f"https://github.com={github}"], tmp_path
+    )
     assert code == 2 and "no conda part" in err and "--accept-partial" in err
-    code, out, err = run(["wheelhouse", "p40", "-o", "wh", "--url-map",
-                          f"https://github.com={github}", "--accept-partial"], tmp_path)
+    code, out, err = run(
+        ["wheelhouse", "p40", "-o", "wh", "--url-map", f"https://github.com={github}", "--accept-partial"],
+        tmp_path,
+    )
     assert code == 0, err[-3000:]
 
     install = [str(tmp_path / "wh" / "install.sh"), "--prefix", str(tmp_path / "env")]
     clean = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
-    wrong = subprocess.run(install, env=dict(clean, PIP_CONFIG_FILE=os.devnull,
-                                             PYTHON=shutil.which("python3.10") or "/bin/false"),
-                           capture_output=True, text=True, timeout=600)
+    wrong = subprocess.run(
+        install,
+        env=dict(clean, PIP_CONFIG_FILE=os.devnull, PYTHON=shutil.which("python3.10") or "/bin/false"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert wrong.returncode == 2 and f"the p40 lock is for Python {IMAGE_PYTHON}" in wrong.stderr
     assert not (tmp_path / "env").exists()
-    right = subprocess.run(install, env=dict(clean, PIP_CONFIG_FILE=os.devnull,
-                                             PYTHON=sys.executable), capture_output=True,
-                           text=True, timeout=600)
+    right = subprocess.run(
+        install,
+        env=dict(clean, PIP_CONFIG_FILE=os.devnull, PYTHON=sys.executable),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert right.returncode == 0, right.stderr[-3000:]
-    check = subprocess.run([str(tmp_path / "env" / "bin" / "python"), "-c",
-                            "import torch, verl; print(torch.__version__)"],
-                           capture_output=True, text=True)
+    check = subprocess.run(
+        [str(tmp_path / "env" / "bin" / "python"), "-c", "import torch, verl; print(torch.__version__)"],
+        capture_output=True,
+        text=True,
+    )
     assert check.stdout.strip() == "2.6.0+cu118", check.stderr

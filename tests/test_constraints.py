@@ -20,8 +20,11 @@ ROOT = Path(__file__).resolve().parent.parent
 def pip_steps(dockerfile: str) -> list[str]:
     """Every RUN step (continuations joined) that runs `pip install`."""
     joined = dockerfile.replace("\\\n", " ")
-    return [line for line in joined.splitlines()
-            if line.startswith("RUN ") and re.search(r"\bpip install\b", line)]
+    return [
+        line
+        for line in joined.splitlines()
+        if line.startswith("RUN ") and re.search(r"\bpip install\b", line)
+    ]
 
 
 @pytest.mark.parametrize("profile", PROFILES)
@@ -70,8 +73,7 @@ def test_a_verl_pin_change_leaves_the_torch_layers_constraints_as_they_were(tmp_
     assert after["torch"] == before["torch"] and after["verl-deps"] != before["verl-deps"]
 
 
-def test_the_p40_constraints_come_from_a_lock_solved_with_pypis_torch_and_leave_torch_out(cli,
-                                                                                       tmp_path):
+def test_the_p40_constraints_come_from_a_lock_solved_with_pypis_torch_and_leave_torch_out(cli, tmp_path):
     code, _, err = cli("render", "p40", "-o", tmp_path / "o")
     assert code == 0, err
     cons = all_constraints(tmp_path / "o" / "p40")
@@ -82,8 +84,7 @@ def test_the_p40_constraints_come_from_a_lock_solved_with_pypis_torch_and_leave_
     assert {"numpy", "transformers", "verl", "ray"} <= names
     # torch's own packages: only the profile's +cu118 pins, never the lock's PyPI build
     torch_pins = sorted(p for p in pins if p.split("==")[0] in ("torch", "torchvision", "torchaudio"))
-    assert set(torch_pins) == {"torch==2.6.0+cu118", "torchvision==0.21.0+cu118",
-                               "torchaudio==2.6.0+cu118"}
+    assert set(torch_pins) == {"torch==2.6.0+cu118", "torchvision==0.21.0+cu118", "torchaudio==2.6.0+cu118"}
     assert "torch==2.6.0+cu118" in (tmp_path / "o" / "p40" / "Dockerfile").read_text()
 
 
@@ -135,11 +136,9 @@ def test_a_tampered_lock_is_not_used(cli, tmp_path):
 
 def test_render_from_replays_the_same_constraints(cli, tmp_path):
     assert cli("render", "t4", "-o", tmp_path / "a")[0] == 0
-    assert cli("render", "--from", tmp_path / "a" / "t4" / "envbuild.json",
-               "-o", tmp_path / "b")[0] == 0
+    assert cli("render", "--from", tmp_path / "a" / "t4" / "envbuild.json", "-o", tmp_path / "b")[0] == 0
     for name in ("constraints/torch.txt", "constraints/verl.txt", "Dockerfile", "requirements.txt"):
-        assert (tmp_path / "a" / "t4" / name).read_bytes() == \
-            (tmp_path / "b" / "t4" / name).read_bytes()
+        assert (tmp_path / "a" / "t4" / name).read_bytes() == (tmp_path / "b" / "t4" / name).read_bytes()
 
 
 def test_the_shipped_pip_locks_are_fresh(cli):

@@ -13,7 +13,16 @@ import envbuilder.cli.machine  # noqa: F401  (registers detect and doctor)
 from conftest import frozen
 from envbuilder.model import matrix
 from envbuilder.cli import cli, main
-from envbuilder.machine.detect import QUERY, QUERY_NO_CC, Gpu, Machine, detect, match_model, parse_cuda_version, recommend
+from envbuilder.machine.detect import (
+    QUERY,
+    QUERY_NO_CC,
+    Gpu,
+    Machine,
+    detect,
+    match_model,
+    parse_cuda_version,
+    recommend,
+)
 from envbuilder.machine.doctor import Engine, Probes, buildkit_check, doctor, image_gb
 from envbuilder.render.files import render_files
 from envbuilder.model.resolve import Overrides, resolve
@@ -30,6 +39,7 @@ def m():
 
 
 # -- the recorded machines -------------------------------------------------------------------
+
 
 class FakeNVML:
     """Just the pynvml calls detect makes, answering with a machine's recorded nvml.json."""
@@ -126,8 +136,10 @@ def test_no_driver_is_an_answer(m):
 
 def test_driver_not_loaded_says_what_nvidia_smi_said(m):
     machine = detect(m, FakeNVML("driver-not-loaded"), smi("driver-not-loaded"))
-    assert machine.problem.startswith("NVML: Driver Not Loaded; nvidia-smi: NVIDIA-SMI has failed "
-                                      "because it couldn't communicate with the NVIDIA driver.")
+    assert machine.problem.startswith(
+        "NVML: Driver Not Loaded; nvidia-smi: NVIDIA-SMI has failed "
+        "because it couldn't communicate with the NVIDIA driver."
+    )
 
 
 def test_hanging_nvidia_smi_is_an_answer(m):
@@ -143,26 +155,39 @@ def test_real_pynvml_without_a_driver_gives_the_recorded_error(m):
         pynvml.nvmlInit()
         pytest.skip("this machine has an NVIDIA driver")
     except pynvml.NVMLError as e:
-        assert str(e) in {json.loads((FIXTURES / b / "nvml.json").read_text())["init_error"]
-                          for b in ("no-driver", "driver-not-loaded")}
+        assert str(e) in {
+            json.loads((FIXTURES / b / "nvml.json").read_text())["init_error"]
+            for b in ("no-driver", "driver-not-loaded")
+        }
     assert detect(m, pynvml, smi("no-driver")).gpus == ()
 
 
-@pytest.mark.parametrize("name, model", [
-    ("Tesla P40", "p40"), ("NVIDIA GeForce RTX 4090", "4090"), ("NVIDIA H200", "h200"),
-    ("Tesla T4", "t4"), ("NVIDIA L40S", "l40s"), ("NVIDIA A100-SXM4-80GB", "a100"),
-    ("Tesla V100-SXM2-32GB", "v100"), ("NVIDIA RTX A6000", None)])
+@pytest.mark.parametrize(
+    "name, model",
+    [
+        ("Tesla P40", "p40"),
+        ("NVIDIA GeForce RTX 4090", "4090"),
+        ("NVIDIA H200", "h200"),
+        ("Tesla T4", "t4"),
+        ("NVIDIA L40S", "l40s"),
+        ("NVIDIA A100-SXM4-80GB", "a100"),
+        ("Tesla V100-SXM2-32GB", "v100"),
+        ("NVIDIA RTX A6000", None),
+    ],
+)
 def test_names_map_to_the_matrix_models(m, name, model):
     assert match_model(m, name) == model
 
 
-@pytest.mark.parametrize("box, cuda", [("p40", "12.2"), ("4090", "12.4"), ("h200", "13.0"),
-                                       ("old-driver", "11.4")])
+@pytest.mark.parametrize(
+    "box, cuda", [("p40", "12.2"), ("4090", "12.4"), ("h200", "13.0"), ("old-driver", "11.4")]
+)
 def test_cuda_version_from_the_nvidia_smi_header(box, cuda):
     assert parse_cuda_version((FIXTURES / box / "nvidia-smi.txt").read_text()) == cuda
 
 
 # -- the recommendation ----------------------------------------------------------------------
+
 
 def test_p40_box_gets_p40_and_why(m):
     rec = recommend(m, detect(m, FakeNVML("p40")))
@@ -171,7 +196,8 @@ def test_p40_box_gets_p40_and_why(m):
         "Tesla P40 is the matrix's p40, the GPU of profile p40 \u2713",
         "driver 535.183.01 supports CUDA 12.2; profile p40 needs CUDA 11.8 (>= 520.61.05) \u2713",
         "torch 2.6.0+cu118 has sm_60 which runs on CC 6.1 \u2713",
-        "24 GB >= 8 GB for Qwen/Qwen2.5-0.5B-Instruct \u2713"]
+        "24 GB >= 8 GB for Qwen/Qwen2.5-0.5B-Instruct \u2713",
+    ]
 
 
 def test_4090_box_gets_4090(m):
@@ -187,8 +213,9 @@ def test_mixed_box_fits_the_weakest_gpu(m):
 def test_h200_box_gets_h200_and_the_gpu_count_note(m):
     rec = recommend(m, detect(m, FakeNVML("h200")))
     assert rec.profile == "h200"
-    assert rec.notes == ("profile h200 trains on 8 GPUs and this machine has 1: run the script "
-                         "with N_GPUS=1",)
+    assert rec.notes == (
+        "profile h200 trains on 8 GPUs and this machine has 1: run the script with N_GPUS=1",
+    )
 
 
 def test_driver_too_old_fits_nothing_and_says_the_fix(m):
@@ -212,6 +239,7 @@ def test_unknown_gpu_gets_the_closest_profile_of_its_family(m):
 
 # -- the CLI ---------------------------------------------------------------------------------
 
+
 def invoke(args, probes):
     """Run the CLI with recorded probes; the exit code main() would give."""
     r = CliRunner().invoke(cli, args, obj=probes)
@@ -227,22 +255,35 @@ def recorded_network(down: dict | None = None):
     def probe(body):
         jobs = [("registry", reg, e) for reg, eps in body.get("registries", {}).items() for e in eps]
         jobs += [(k, k, e) for k in ("pypi", "pytorch", "github") for e in body.get(k) or []]
-        return [Probe(k, t, e, k not in (down or {}), (down or {}).get(k, "HTTP 200"), 12.0)
-                for k, t, e in jobs]
+        return [
+            Probe(k, t, e, k not in (down or {}), (down or {}).get(k, "HTTP 200"), 12.0) for k, t, e in jobs
+        ]
+
     return probe
 
 
-def host(box, *, runtimes=("nvidia", "runc"), free_gb=100, buildx=True, conda=True, engine=True,
-         network=None):
-    docker = {("/usr/local/bin/docker", "buildx", "version"): (0, "github.com/docker/buildx v0.17.1 abc\n")} if buildx else {
-        ("/usr/local/bin/docker", "version", "--format", "{{.Client.Version}}"): (1, "28.2.2\n")}
+def host(
+    box, *, runtimes=("nvidia", "runc"), free_gb=100, buildx=True, conda=True, engine=True, network=None
+):
+    docker = (
+        {("/usr/local/bin/docker", "buildx", "version"): (0, "github.com/docker/buildx v0.17.1 abc\n")}
+        if buildx
+        else {("/usr/local/bin/docker", "version", "--format", "{{.Client.Version}}"): (1, "28.2.2\n")}
+    )
     return Probes(
-        nvml=FakeNVML(box), run=smi(box, docker),
-        engine=lambda: Engine(True, "Docker 20.10.24", runtimes, "/var/lib/docker") if engine
-        else Engine(False, "Error while fetching server API version"),
+        nvml=FakeNVML(box),
+        run=smi(box, docker),
+        engine=lambda: (
+            Engine(True, "Docker 20.10.24", runtimes, "/var/lib/docker")
+            if engine
+            else Engine(False, "Error while fetching server API version")
+        ),
         which=lambda name: f"/opt/bin/{name}" if conda and name == "micromamba" else None,
-        which_all=lambda name: ["/usr/local/bin/docker"], free_bytes=lambda path: free_gb * GB,
-        exists=lambda path: path != "/usr/bin/docker", mirror_probe=network or recorded_network())
+        which_all=lambda name: ["/usr/local/bin/docker"],
+        free_bytes=lambda path: free_gb * GB,
+        exists=lambda path: path != "/usr/bin/docker",
+        mirror_probe=network or recorded_network(),
+    )
 
 
 def test_detect_prints_the_real_h200_run(m):
@@ -351,9 +392,19 @@ def test_doctor_probes_the_mirror_set_on_loopback(m, tmp_path, monkeypatch):
         s.bind(("127.0.0.1", 0))
         closed = s.getsockname()[1]
     cfg = tmp_path / "config.yaml"
-    cfg.write_text(json.dumps({"mirrors": {"lo": {
-        "description": "loopback", "registries": {"docker.io": [f"127.0.0.1:{srv.server_port}"]},
-        "pypi": [f"http://127.0.0.1:{closed}/simple"]}}}))
+    cfg.write_text(
+        json.dumps(
+            {
+                "mirrors": {
+                    "lo": {
+                        "description": "loopback",
+                        "registries": {"docker.io": [f"127.0.0.1:{srv.server_port}"]},
+                        "pypi": [f"http://127.0.0.1:{closed}/simple"],
+                    }
+                }
+            }
+        )
+    )
     monkeypatch.setenv("ENVBUILD_CONFIG", str(cfg))
     from envbuilder import config
 
@@ -370,16 +421,19 @@ def test_doctor_probes_the_mirror_set_on_loopback(m, tmp_path, monkeypatch):
 
 
 def test_buildkit_new_client_without_buildx_fails():
-    check = buildkit_check(host("p40", buildx=False).run, lambda n: ["/usr/local/bin/docker"],
-                           lambda p: False)
+    check = buildkit_check(
+        host("p40", buildx=False).run, lambda n: ["/usr/local/bin/docker"], lambda p: False
+    )
     assert check.status == "fail"
     assert "/usr/local/bin/docker 28.2.2 refuses DOCKER_BUILDKIT=1" in check.detail
     assert "buildx component is missing" in check.detail
 
 
 def test_buildkit_old_client_builds_with_docker_buildkit():
-    runs = {("/usr/bin/docker", "version", "--format", "{{.Client.Version}}"): (0, "20.10.24+dfsg1\n"),
-            ("/usr/local/bin/docker", "version", "--format", "{{.Client.Version}}"): (0, "28.2.2\n")}
+    runs = {
+        ("/usr/bin/docker", "version", "--format", "{{.Client.Version}}"): (0, "20.10.24+dfsg1\n"),
+        ("/usr/local/bin/docker", "version", "--format", "{{.Client.Version}}"): (0, "28.2.2\n"),
+    }
     check = buildkit_check(smi("p40", runs), lambda n: ["/usr/local/bin/docker"], lambda p: True)
     assert check.status == "ok"
     assert check.detail.startswith("DOCKER_BUILDKIT=1 with /usr/bin/docker (client 20.10.24+dfsg1")
@@ -388,27 +442,37 @@ def test_buildkit_old_client_builds_with_docker_buildkit():
 def test_doctor_asks_the_client_build_would_use_envbuild_docker_first(monkeypatch):
     """ENVBUILD_DOCKER names the client `build` uses; doctor checks that one, not only PATH's."""
     monkeypatch.setenv("ENVBUILD_DOCKER", "/opt/docker-20/docker")
-    runs = {("/opt/docker-20/docker", "version", "--format", "{{.Client.Version}}"): (0, "20.10.24\n"),
-            ("/usr/local/bin/docker", "version", "--format", "{{.Client.Version}}"): (0, "28.2.2\n")}
+    runs = {
+        ("/opt/docker-20/docker", "version", "--format", "{{.Client.Version}}"): (0, "20.10.24\n"),
+        ("/usr/local/bin/docker", "version", "--format", "{{.Client.Version}}"): (0, "28.2.2\n"),
+    }
     check = buildkit_check(smi("p40", runs), lambda n: ["/usr/local/bin/docker"], lambda p: True)
     assert check.status == "ok"
     assert check.detail.startswith("DOCKER_BUILDKIT=1 with /opt/docker-20/docker (client 20.10.24")
     monkeypatch.setenv("ENVBUILD_DOCKER", "/nowhere/docker")  # absent: the others are asked
-    check = buildkit_check(smi("p40", runs), lambda n: ["/usr/local/bin/docker"],
-                           lambda p: p != "/nowhere/docker")
+    check = buildkit_check(
+        smi("p40", runs), lambda n: ["/usr/local/bin/docker"], lambda p: p != "/nowhere/docker"
+    )
     assert check.status == "fail" and "/opt/docker-20" not in check.detail
     assert "/usr/local/bin/docker 28.2.2" in check.detail
 
 
 # -- preflight.py: the same rules inside the image -------------------------------------------
 
+
 @pytest.mark.parametrize("profile", ["p40", "4090", "h200"])
 def test_rendered_preflight_is_valid_python(m, profile, tmp_path):
     path = tmp_path / "preflight.py"
     path.write_text(render_files(resolve(m, profile))["preflight.py"])
-    out = subprocess.run(["python3", "-c", f"import runpy; g = runpy.run_path({str(path)!r}, "
-                          "run_name='x'); print(g['EXPECTED']['profile'])"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            "python3",
+            "-c",
+            f"import runpy; g = runpy.run_path({str(path)!r}, run_name='x'); print(g['EXPECTED']['profile'])",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == profile
 
@@ -433,11 +497,11 @@ def test_a_driver_reported_as_na_is_unknown_not_a_crash(m):
     from envbuilder.machine.doctor import driver_check
 
     check = driver_check(m, "p40", Overrides(), resolve(m, "p40"), machine)
-    assert (check.status, check.detail) == ("skip", "driver version unknown; CUDA 11.8 needs >= "
-                                                     "520.61.05")
+    assert (check.status, check.detail) == ("skip", "driver version unknown; CUDA 11.8 needs >= 520.61.05")
 
 
 # -- today's GPUs, against the shipped matrix --------------------------------------------------
+
 
 @pytest.mark.parametrize("box, profile", [("b200", "b200"), ("5090", "5090")])
 def test_a_recorded_blackwell_box_gets_its_profile(box, profile):
@@ -450,11 +514,19 @@ def test_a_recorded_blackwell_box_gets_its_profile(box, profile):
     assert parse_cuda_version((FIXTURES / box / "nvidia-smi.txt").read_text()) == "13.0"
 
 
-@pytest.mark.parametrize("name, model", [
-    ("NVIDIA B200", "b200"), ("NVIDIA B300 SXM6 AC", "b300"), ("NVIDIA GeForce RTX 5090", "5090"),
-    ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "rtx-pro-6000"),
-    ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "rtx-pro-6000"),
-    ("NVIDIA GB200", "gb200"), ("NVIDIA GH200 480GB", "gh200"), ("NVIDIA H200", "h200")])
+@pytest.mark.parametrize(
+    "name, model",
+    [
+        ("NVIDIA B200", "b200"),
+        ("NVIDIA B300 SXM6 AC", "b300"),
+        ("NVIDIA GeForce RTX 5090", "5090"),
+        ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "rtx-pro-6000"),
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "rtx-pro-6000"),
+        ("NVIDIA GB200", "gb200"),
+        ("NVIDIA GH200 480GB", "gh200"),
+        ("NVIDIA H200", "h200"),
+    ],
+)
 def test_todays_names_map_to_the_shipped_models(name, model):
     assert match_model(matrix.load(), name) == model
 
@@ -473,8 +545,7 @@ def test_a_grace_machine_is_refused_with_the_reason_and_a_fix():
     assert "nvcr.io/nvidia/pytorch" in v.fix
 
 
-def test_render_doctor_and_build_without_a_profile_take_the_one_detect_picks(m, tmp_path,
-                                                                             monkeypatch):
+def test_render_doctor_and_build_without_a_profile_take_the_one_detect_picks(m, tmp_path, monkeypatch):
     """The command people type: `envbuild render` / `doctor` with no PROFILE on a P40 box take
     p40 and say so (stderr); on a machine with no GPU they refuse (exit 2) listing the profiles,
     before anything is written."""
@@ -493,12 +564,13 @@ def test_render_doctor_and_build_without_a_profile_take_the_one_detect_picks(m, 
     assert not (tmp_path / "none").exists()
 
 
-
 def test_doctor_probes_what_the_build_fetches_and_names_each_fix(m):
     """A P40 box behind a network without Docker Hub and with a TLS-intercepting proxy in front
     of GitHub: doctor says so before a build would, each with its own fix."""
-    down = {"registry": "DNS: the host name does not resolve here",
-            "github": "TLS verification failed (a TLS-intercepting proxy? CERTIFICATE_VERIFY_FAILED)"}
+    down = {
+        "registry": "DNS: the host name does not resolve here",
+        "github": "TLS verification failed (a TLS-intercepting proxy? CERTIFICATE_VERIFY_FAILED)",
+    }
     code, out = invoke(["doctor", "p40", "--json"], host("p40", network=recorded_network(down)))
     assert code == 1
     net = {c["check"]: c for c in json.loads(out)["checks"]}["network"]

@@ -38,7 +38,7 @@ def split_blocks(text: str) -> tuple[list[str], list[tuple[str, list[str]]]]:
         if fence is None and m:
             fence, lang, body = m.group(1), m.group(2).lower(), []
             blocks.append((lang, body))
-        elif fence is not None and line.strip().startswith(fence) and not line.strip()[len(fence):].strip():
+        elif fence is not None and line.strip().startswith(fence) and not line.strip()[len(fence) :].strip():
             fence = None
             prose.append("")  # (keeps nothing of the block, but one line per line is not needed)
         elif fence is not None:
@@ -163,14 +163,27 @@ def grammar_only(cmd: click.Command) -> click.Command:
 
 
 def all_commands() -> list[tuple[str, str]]:
-    return [(page.relative_to(ROOT).as_posix(), line) for page in PAGES
-            for line in command_lines(page.read_text()) if envbuild_commands(line)]
+    return [
+        (page.relative_to(ROOT).as_posix(), line)
+        for page in PAGES
+        for line in command_lines(page.read_text())
+        if envbuild_commands(line)
+    ]
 
 
 def test_the_docs_pages_are_there():
     names = {p.name for p in PAGES}
-    assert {"README.md", "concepts.md", "memory.md", "offline.md", "mirrors.md", "verify.md",
-            "reference.md", "ARCHITECTURE.md", "CONTRIBUTING.md"} <= names
+    assert {
+        "README.md",
+        "concepts.md",
+        "memory.md",
+        "offline.md",
+        "mirrors.md",
+        "verify.md",
+        "reference.md",
+        "ARCHITECTURE.md",
+        "CONTRIBUTING.md",
+    } <= names
 
 
 def test_the_readme_starts_with_its_two_commands():
@@ -179,22 +192,26 @@ def test_the_readme_starts_with_its_two_commands():
     first = next(i for i, line in enumerate(lines) if line.startswith("```"))
     assert lines[first] == "```bash", "the README's first block is not a bash block"
     end = lines.index("```", first + 1)
-    assert lines[first + 1:end] == FIRST_COMMANDS
+    assert lines[first + 1 : end] == FIRST_COMMANDS
     assert all(not line.strip() for line in lines[1:first]), "something comes before the commands"
 
 
 def test_ci_runs_only_what_the_readme_names():
     """`.ci/run` calls the README's test command and nothing else."""
     run = (ROOT / ".ci" / "run").read_text().splitlines()
-    calls = [line.strip() for line in run if line.strip() and not line.lstrip().startswith("#")
-             and not line.startswith(("set ", "cd "))]
+    calls = [
+        line.strip()
+        for line in run
+        if line.strip() and not line.lstrip().startswith("#") and not line.startswith(("set ", "cd "))
+    ]
     assert calls and all(call in FIRST_COMMANDS for call in calls), calls
 
 
 def test_the_readme_is_short():
     n = len(README.read_text().splitlines())
-    assert n <= MAX_README_LINES, (f"README.md is {n} lines (at most {MAX_README_LINES}): move "
-                                   "the detail into docs/")
+    assert n <= MAX_README_LINES, (
+        f"README.md is {n} lines (at most {MAX_README_LINES}): move the detail into docs/"
+    )
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
@@ -205,8 +222,9 @@ def test_every_relative_link_resolves(page):
 COMMANDS = all_commands()
 
 
-@pytest.mark.parametrize("where,line", COMMANDS,
-                         ids=[f"{where}:{i}" for i, (where, _) in enumerate(COMMANDS)])
+@pytest.mark.parametrize(
+    "where,line", COMMANDS, ids=[f"{where}:{i}" for i, (where, _) in enumerate(COMMANDS)]
+)
 def test_every_envbuild_command_in_the_docs_parses(where, line):
     for words in envbuild_commands(line):
         try:
@@ -219,11 +237,14 @@ def test_the_checks_can_fail(tmp_path):
     """A broken link, a missing heading and a misspelt option are each caught."""
     page = tmp_path / "page.md"
     (tmp_path / "there.md").write_text("# A heading: here\n")
-    text = ("[ok](there.md#a-heading-here) [gone](nowhere.md) [no heading](there.md#elsewhere)\n"
-            "`[in code](nowhere.md)`\n```bash\n[x](nowhere.md)\n```\n")
+    text = (
+        "[ok](there.md#a-heading-here) [gone](nowhere.md) [no heading](there.md#elsewhere)\n"
+        "`[in code](nowhere.md)`\n```bash\n[x](nowhere.md)\n```\n"
+    )
     assert broken_links(page, text) == [
         "page.md: nowhere.md: no nowhere.md",
-        "page.md: there.md#elsewhere: no heading #elsewhere in there.md"]
+        "page.md: there.md#elsewhere: no heading #elsewhere in there.md",
+    ]
     block = "```bash\ncd out && envbuild render p40 --no-such-flag  # comment\n```\n"
     (calls,) = [envbuild_commands(line) for line in command_lines(block)]
     assert calls == [["render", "p40", "--no-such-flag"]]

@@ -14,8 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from test_build import (ENVBUILD, REGISTRY, ROOT, config, docker_client, envbuild, fa_github,  # noqa: F401
-                        github, index, pull_back)
+from test_build import (
+    ENVBUILD,
+    REGISTRY,
+    ROOT,
+    config,  # noqa: F401  (re-exported or a fixture)
+    docker_client,  # noqa: F401  (re-exported or a fixture)
+    envbuild,
+    fa_github,  # noqa: F401
+    github,  # noqa: F401  (re-exported or a fixture)
+    index,  # noqa: F401  (re-exported or a fixture)
+    pull_back,
+)
 
 pytestmark = pytest.mark.docker
 
@@ -30,18 +40,31 @@ def _need_tool(name: str) -> None:
 
 
 def _containers() -> set[str]:
-    return set(subprocess.run(["buildah", "containers", "-q"], capture_output=True,
-                              text=True).stdout.split())
+    return set(subprocess.run(["buildah", "containers", "-q"], capture_output=True, text=True).stdout.split())
 
 
 @pytest.mark.parametrize("engine", ["podman", "buildah"])
-def test_daemonless_build_through_the_mirror_smokes_pushes_and_pulls_back(docker_client, config,
-                                                                          engine):
+def test_daemonless_build_through_the_mirror_smokes_pushes_and_pulls_back(docker_client, config, engine):
     _need_tool(engine)
     _need_tool("buildah")  # both engines smoke-test in a buildah container
     tag = f"envbuild-test/p40:{engine}"
-    r = envbuild(["build", "p40", "--engine", engine, "--mirror", "test", "--without", "apex",
-                  "--push", "local", "--tag", tag], config)
+    r = envbuild(
+        [
+            "build",
+            "p40",
+            "--engine",
+            engine,
+            "--mirror",
+            "test",
+            "--without",
+            "apex",
+            "--push",
+            "local",
+            "--tag",
+            tag,
+        ],
+        config,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"builder: {engine} " in r.stderr and "daemonless" in r.stderr
     assert f"registry docker.io: {REGISTRY} serves" in r.stderr  # the same pick, before building
@@ -50,8 +73,9 @@ def test_daemonless_build_through_the_mirror_smokes_pushes_and_pulls_back(docker
     pushed = r.stdout.strip().splitlines()[-1]
     assert pushed.startswith(f"{REGISTRY}/envbuild-test/p40@sha256:")
     # no working container left behind by the smoke test
-    left = subprocess.run(["buildah", "containers", "--format", "{{.ImageName}}"],
-                          capture_output=True, text=True).stdout
+    left = subprocess.run(
+        ["buildah", "containers", "--format", "{{.ImageName}}"], capture_output=True, text=True
+    ).stdout
     assert tag not in left
     try:
         docker_client.images.remove(pushed, force=True)
@@ -69,8 +93,22 @@ def test_a_failing_step_is_reported_as_that_step_with_podman(docker_client, conf
     _need_tool("podman")
     _need_tool("buildah")
     before = _containers()
-    r = envbuild(["build", "p40", "--engine", "podman", "--mirror", "offline", "--without", "apex",
-                  "--no-smoke", "--tag", "envbuild-test/p40:podman-fails"], config)
+    r = envbuild(
+        [
+            "build",
+            "p40",
+            "--engine",
+            "podman",
+            "--mirror",
+            "offline",
+            "--without",
+            "apex",
+            "--no-smoke",
+            "--tag",
+            "envbuild-test/p40:podman-fails",
+        ],
+        config,
+    )
     assert r.returncode == 1, r.stderr[-3000:]
     assert "podman build of envbuild-test/p40:podman-fails failed at [" in r.stderr
     assert "pip install" in r.stderr and "could not pull" not in r.stderr
@@ -88,8 +126,7 @@ def bare_config(tmp_path):
 
 def test_engine_podman_missing_is_exit_2_with_what_to_install(bare_config, tmp_path):
     config = bare_config
-    r = envbuild(["build", "p40", "--engine", "podman", "--without", "apex"], config,
-                 PATH=str(tmp_path))
+    r = envbuild(["build", "p40", "--engine", "podman", "--without", "apex"], config, PATH=str(tmp_path))
     assert r.returncode == 2, r.stderr
     assert "--engine podman: `podman` is not on PATH" in r.stderr
     assert "apt-get install podman buildah" in r.stderr and "Traceback" not in r.stderr
@@ -97,8 +134,7 @@ def test_engine_podman_missing_is_exit_2_with_what_to_install(bare_config, tmp_p
 
 def test_engine_from_the_environment(bare_config, tmp_path):
     config = bare_config
-    r = envbuild(["build", "p40", "--without", "apex"], config, PATH=str(tmp_path),
-                 ENVBUILD_ENGINE="buildah")
+    r = envbuild(["build", "p40", "--without", "apex"], config, PATH=str(tmp_path), ENVBUILD_ENGINE="buildah")
     assert r.returncode == 2, r.stderr
     assert "--engine buildah: `buildah` is not on PATH" in r.stderr
 
@@ -109,8 +145,7 @@ def test_podman_without_buildah_needs_no_smoke(bare_config, tmp_path):
     fake.mkdir()
     (fake / "podman").write_text("#!/bin/sh\nexit 0\n")
     (fake / "podman").chmod(0o755)
-    r = envbuild(["build", "p40", "--engine", "podman", "--without", "apex"], config,
-                 PATH=str(fake))
+    r = envbuild(["build", "p40", "--engine", "podman", "--without", "apex"], config, PATH=str(fake))
     assert r.returncode == 2, r.stderr
     assert "`buildah` is not on PATH" in r.stderr and "--no-smoke" in r.stderr
 
@@ -118,11 +153,22 @@ def test_podman_without_buildah_needs_no_smoke(bare_config, tmp_path):
 def test_doctor_lists_the_engines(tmp_path):
     # a mirror set on loopback as the config's default: doctor probes it, not the upstream hosts
     config = tmp_path / "config.yaml"
-    config.write_text(json.dumps({"mirror": "lo", "mirrors": {"lo": {
-        "description": "loopback", "registries": {"docker.io": [REGISTRY]}}}}))
-    r = subprocess.run(ENVBUILD + ["doctor", "p40", "--json"], capture_output=True, text=True,
-                       cwd=ROOT, env=dict(os.environ, ENVBUILD_CONFIG=str(config)),
-                       timeout=300)
+    config.write_text(
+        json.dumps(
+            {
+                "mirror": "lo",
+                "mirrors": {"lo": {"description": "loopback", "registries": {"docker.io": [REGISTRY]}}},
+            }
+        )
+    )
+    r = subprocess.run(
+        ENVBUILD + ["doctor", "p40", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=dict(os.environ, ENVBUILD_CONFIG=str(config)),
+        timeout=300,
+    )
     checks = {c["check"]: c for c in json.loads(r.stdout)["checks"]}
     engines = checks["engines"]["detail"]
     for name in ("docker", "podman", "buildah"):
@@ -134,17 +180,21 @@ def test_doctor_lists_the_engines(tmp_path):
 
 # ---- unit tests: no engine needed -------------------------------------------------------------
 
+
 def _which(*present):
     return lambda name: f"/usr/bin/{name}" if name in present else None
 
 
-@pytest.mark.parametrize("docker_ok, present, expected", [
-    (True, ("podman", "buildah"), "docker"),
-    (False, ("podman", "buildah"), "podman"),
-    (False, ("buildah",), "buildah"),
-    (False, (), "docker"),  # nothing else: docker's own error says what to fix
-    (True, (), "docker"),
-])
+@pytest.mark.parametrize(
+    "docker_ok, present, expected",
+    [
+        (True, ("podman", "buildah"), "docker"),
+        (False, ("podman", "buildah"), "podman"),
+        (False, ("buildah",), "buildah"),
+        (False, (), "docker"),  # nothing else: docker's own error says what to fix
+        (True, (), "docker"),
+    ],
+)
 def test_auto_detection_order(monkeypatch, docker_ok, present, expected):
     from envbuilder.engines import daemonless as E
 
@@ -191,7 +241,8 @@ def test_base_images_are_qualified_and_tls_is_off_only_on_loopback(tmp_path):
     (tmp_path / "Dockerfile").write_text(DOCKERFILE.format(devel="127.0.0.1:5000/nvidia/cuda:dev"))
     assert E.base_images((tmp_path / "Dockerfile").read_text(), {}) == [
         ("BASE_DEVEL", "127.0.0.1:5000/nvidia/cuda:dev"),
-        ("BASE_RUNTIME", "nvidia/cuda:11.8.0-cudnn8-runtime-ubuntu22.04")]
+        ("BASE_RUNTIME", "nvidia/cuda:11.8.0-cudnn8-runtime-ubuntu22.04"),
+    ]
     argv = E.build_argv("podman", tmp_path, "t:1", {}, {"ca_cert": Path("/ca.pem")})
     # a short name as docker reads it (registries.conf may list no search registry)
     assert "BASE_RUNTIME=docker.io/nvidia/cuda:11.8.0-cudnn8-runtime-ubuntu22.04" in argv
@@ -212,8 +263,7 @@ def test_podman_builds_apex_in_the_devel_stage_and_ships_only_the_wheel(docker_c
     _need_tool("podman")
     _need_tool("buildah")
     tag = "envbuild-test/p40:podman-apex"
-    r = envbuild(["build", "p40", "--engine", "podman", "--mirror", "test", "--tag", tag, "-v"],
-                 config)
+    r = envbuild(["build", "p40", "--engine", "podman", "--mirror", "test", "--tag", tag, "-v"], config)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "[1/2] STEP " in r.stderr and "[2/2] STEP " in r.stderr  # both stages
     assert "smoke ok: p40" in r.stderr and "amp_C" in r.stderr

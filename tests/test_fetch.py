@@ -126,8 +126,7 @@ def test_one_failure_does_not_stop_the_others(tmp_path):
     other = "other-1.0-py3-none-any.whl"
     with FileServer({other: DATA}) as srv:
         with pytest.raises(ActionError) as caught:
-            fetch([item_for(WHEEL, DATA, srv.url(WHEEL)), item_for(other, DATA, srv.url(other))],
-                  tmp_path)
+            fetch([item_for(WHEEL, DATA, srv.url(WHEEL)), item_for(other, DATA, srv.url(other))], tmp_path)
     report = caught.value.report
     assert report.downloaded == [other] and [f.filename for f in report.failed] == [WHEEL]
     assert "HTTP 404" in str(caught.value)
@@ -186,11 +185,13 @@ def test_a_long_download_off_a_tty_says_files_bytes_rate_and_eta_every_interval(
     assert "\r" not in out.getvalue()
     assert lines[:2] == [
         "wheelhouse: 3/40 files  600.0 MiB of 3.0 GiB  50.0 MiB/s  ETA 49s",
-        "wheelhouse: 7/40 files  1.2 GiB of 3.0 GiB  50.0 MiB/s  ETA 37s"]
+        "wheelhouse: 7/40 files  1.2 GiB of 3.0 GiB  50.0 MiB/s  ETA 37s",
+    ]
     assert lines[2].startswith("fetched 10, already present 0, failed 0 of 40 files: 1.5 GiB")
 
 
 # ---- faults that never end: an endless body, a stall, a stop ----------------------------------
+
 
 def test_a_body_longer_than_the_locked_size_is_cut_off_and_removed(tmp_path):
     from faultserver import FaultServer
@@ -224,8 +225,12 @@ def test_a_stalled_download_is_reported_off_a_tty_and_then_completes(tmp_path):
     out = io.StringIO()
     with FaultServer({WHEEL: DATA}, script={WHEEL: ["stall"]}) as srv:
         threading.Timer(2.5, srv.release.set).start()
-        fetch([item_for(WHEEL, DATA, srv.url(WHEEL))], tmp_path, progress=TerminalProgress(out),
-              stall_notice=1.0)
+        fetch(
+            [item_for(WHEEL, DATA, srv.url(WHEEL))],
+            tmp_path,
+            progress=TerminalProgress(out),
+            stall_notice=1.0,
+        )
     lines = out.getvalue().splitlines()
     assert lines[0] == f"waiting for {WHEEL} from 127.0.0.1:{srv.port}: no bytes for 1 s"
     assert lines[1].endswith("no bytes for 2 s")
@@ -249,8 +254,9 @@ def test_ctrl_c_stops_a_stalled_download_at_once_and_keeps_its_partial(tmp_path)
             raise KeyboardInterrupt
 
     with FaultServer({WHEEL: DATA, **others}, script={WHEEL: ["stall"]}) as srv:
-        items = [item_for(WHEEL, DATA, srv.url(WHEEL))] + \
-            [item_for(n, d, srv.url(n)) for n, d in others.items()]
+        items = [item_for(WHEEL, DATA, srv.url(WHEEL))] + [
+            item_for(n, d, srv.url(n)) for n, d in others.items()
+        ]
         with pytest.raises(KeyboardInterrupt):
             fetch(items, tmp_path, jobs=1, progress=ctrl_c, stall_notice=0.3)
         took = time.monotonic() - stopped[0]

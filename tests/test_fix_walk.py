@@ -15,8 +15,10 @@ from envbuilder.errors import UserError
 from envbuilder.model.resolve import ResolveError
 
 # what a user copies out of a fix: `--flag value` pairs, and `drop --flag` (leave it out)
-FLAG = re.compile(r"(drop )?--(cuda|torch|python|verl|rollout|vllm|with|without|driver|ecc)\b"
-                  r"(?:[ =]([\w.+-]+(?:,[\w.+-]+)*))?")
+FLAG = re.compile(
+    r"(drop )?--(cuda|torch|python|verl|rollout|vllm|with|without|driver|ecc)\b"
+    r"(?:[ =]([\w.+-]+(?:,[\w.+-]+)*))?"
+)
 KW = {"with": "with_"}
 NO_FIX = "no one change of"
 
@@ -39,8 +41,13 @@ def typed(fix_alternative: str, given: dict) -> dict | None:
 
 def _grid() -> list[tuple[str, dict]]:
     m = shipped()
-    dims = {"cuda": list(m.cuda), "torch": list(m.torch), "rollout": ["hf", "vllm", "sglang"],
-            "verl": list(m.verl), "vllm": list(m.vllm)}
+    dims = {
+        "cuda": list(m.cuda),
+        "torch": list(m.torch),
+        "rollout": ["hf", "vllm", "sglang"],
+        "verl": list(m.verl),
+        "vllm": list(m.vllm),
+    }
     grid = []
     for p in ("p40", "4090", "v100", "t4", "h100", "b200"):  # six generations, Pascal to Blackwell
         grid += [(p, {d: v}) for d, vals in dims.items() for v in vals]
@@ -84,8 +91,10 @@ def test_every_suggested_fix_resolves(chunk):
                 try:
                     resolved(profile, **after)
                 except UserError as again:
-                    pytest.fail(f"envbuild check {profile} {given}: [{v.rule}] suggests "
-                                f"{alternative!r}, and with it: {again}")
+                    pytest.fail(
+                        f"envbuild check {profile} {given}: [{v.rule}] suggests "
+                        f"{alternative!r}, and with it: {again}"
+                    )
     assert refusals and fixes_tried, "the grid must refuse something and suggest fixes"
 
 
@@ -105,8 +114,14 @@ def test_a_fix_that_names_no_working_change_says_so_rather_than_guessing(overlay
     from conftest import record
     from envbuilder.model import matrix as M
 
-    gpu = record("gpus", "p40", compute_capability="3.0", name="Tesla K10", match=[r"\bK10\b"],
-                 source="https://example.org")
+    gpu = record(
+        "gpus",
+        "p40",
+        compute_capability="3.0",
+        name="Tesla K10",
+        match=[r"\bK10\b"],
+        source="https://example.org",
+    )
     prof = record("profiles", "p40", gpu="k10", source="https://example.org")
     m = M.load((overlay({"gpus": {"k10": gpu}, "profiles": {"k10": prof}}),))
     with pytest.raises(ResolveError) as e:

@@ -23,7 +23,9 @@ from httpfixtures import FileServer, free_port
 from envbuilder.lock import flash_attn as W
 
 SCRIPT = Path(W.__file__)
-TEMPLATE = "flash_attn-{version}+cu{cuda_tag}torch{torch}cxx11abi{cxx11_abi}-{python}-{python}-linux_{machine}.whl"
+TEMPLATE = (
+    "flash_attn-{version}+cu{cuda_tag}torch{torch}cxx11abi{cxx11_abi}-{python}-{python}-linux_{machine}.whl"
+)
 RELEASE = "Dao-AILab/flash-attention/releases/download/v{version}"
 PY = f"cp{sys.version_info.major}{sys.version_info.minor}"
 
@@ -33,29 +35,53 @@ PY = f"cp{sys.version_info.major}{sys.version_info.minor}"
 # 11.x to "118" and 12.x to "123"; 2.8.3 writes the major only ("11", "12"); torch major.minor;
 # str(torch._C._GLIBCXX_USE_CXX11_ABI).upper(); cp{major}{minor}; linux_{uname machine}.
 
-@pytest.mark.parametrize("profile,with_,abi,want", [
-    ("3090", (), False, "flash_attn-2.8.3+cu12torch2.8cxx11abiFALSE-cp310-cp310-linux_x86_64.whl"),
-    ("h200", (), True, "flash_attn-2.8.3+cu12torch2.8cxx11abiTRUE-cp310-cp310-linux_x86_64.whl"),
-    ("4090", ("flash-attn",), False, "flash_attn-2.6.3+cu123torch2.4cxx11abiFALSE-cp310-cp310-linux_x86_64.whl"),
-    ("4090", ("flash-attn",), True, "flash_attn-2.6.3+cu123torch2.4cxx11abiTRUE-cp310-cp310-linux_x86_64.whl"),
-])
+
+@pytest.mark.parametrize(
+    "profile,with_,abi,want",
+    [
+        ("3090", (), False, "flash_attn-2.8.3+cu12torch2.8cxx11abiFALSE-cp310-cp310-linux_x86_64.whl"),
+        ("h200", (), True, "flash_attn-2.8.3+cu12torch2.8cxx11abiTRUE-cp310-cp310-linux_x86_64.whl"),
+        (
+            "4090",
+            ("flash-attn",),
+            False,
+            "flash_attn-2.6.3+cu123torch2.4cxx11abiFALSE-cp310-cp310-linux_x86_64.whl",
+        ),
+        (
+            "4090",
+            ("flash-attn",),
+            True,
+            "flash_attn-2.6.3+cu123torch2.4cxx11abiTRUE-cp310-cp310-linux_x86_64.whl",
+        ),
+    ],
+)
 def test_the_profiles_wheel_names(profile, with_, abi, want):
     """The first is the file verl's install docs fetch for torch 2.8 (the brief's example)."""
     # 3090 and h200 on the verl 0.6.1 stack: flash-attn 2.8.3 for torch 2.8 (stacks.yaml)
     kw = {} if with_ else {"verl": "0.6.1"}
     d = resolved(profile, with_=list(with_), **kw).to_dict()
     fa = d["flash_attn"]
-    got = W.wheel_filename(fa["wheel"], fa["version"], d["torch"]["version"], d["torch"]["cuda"],
-                           d["python"], abi, fa["cuda_tags"])
+    got = W.wheel_filename(
+        fa["wheel"],
+        fa["version"],
+        d["torch"]["version"],
+        d["torch"]["cuda"],
+        d["python"],
+        abi,
+        fa["cuda_tags"],
+    )
     assert got == want
 
 
-@pytest.mark.parametrize("tags,cuda,want", [
-    ({"11": "118", "12": "123"}, "11.8", "cu118"),  # 2.6.3
-    ({"11": "118", "12": "123"}, "12.4", "cu123"),
-    ({"11": "11", "12": "12"}, "11.8", "cu11"),     # 2.8.3
-    ({"11": "11", "12": "12"}, "12.9", "cu12"),
-])
+@pytest.mark.parametrize(
+    "tags,cuda,want",
+    [
+        ({"11": "118", "12": "123"}, "11.8", "cu118"),  # 2.6.3
+        ({"11": "118", "12": "123"}, "12.4", "cu123"),
+        ({"11": "11", "12": "12"}, "11.8", "cu11"),  # 2.8.3
+        ({"11": "11", "12": "12"}, "12.9", "cu12"),
+    ],
+)
 def test_the_cuda_tag_depends_on_the_release_and_the_cuda_major(tags, cuda, want):
     name = W.wheel_filename(TEMPLATE, "2.6.3", "2.5.1+cu124", cuda, "3.11", False, tags)
     assert name == f"flash_attn-2.6.3+{want}torch2.5cxx11abiFALSE-cp311-cp311-linux_x86_64.whl"
@@ -69,26 +95,42 @@ def test_no_tag_for_a_cuda_major_the_release_does_not_build_means_no_wheel():
 
 # ---- the fetch script, as the builder runs it ------------------------------------------------
 
+
 def _release(tmp_path, version="2.6.3", torch_v="2.4.0", cuda="12.1", abi=False):
     """(stand-in torch dir, release file name, its bytes) for this interpreter's Python."""
     tag = "123" if version == "2.6.3" else "12"
-    name = (f"flash_attn-{version}+cu{tag}torch{'.'.join(torch_v.split('.')[:2])}"
-            f"cxx11abi{str(abi).upper()}-{PY}-{PY}-linux_x86_64.whl")
+    name = (
+        f"flash_attn-{version}+cu{tag}torch{'.'.join(torch_v.split('.')[:2])}"
+        f"cxx11abi{str(abi).upper()}-{PY}-{PY}-linux_x86_64.whl"
+    )
     wheel = flash_attn_release_wheel(tmp_path / "release", name, version)
     return torch_standin(tmp_path / "torch-standin", torch_v, cuda, abi), name, wheel.read_bytes()
 
 
 def run(torch_dir, base, dest, version="2.6.3", pins=None, tags='{"11": "118", "12": "123"}'):
-    cmd = [sys.executable, str(SCRIPT), "--version", version, "--release", base,
-           "--filename", TEMPLATE, "--cuda-tags", tags, "--dest", str(dest)]
+    cmd = [
+        sys.executable,
+        str(SCRIPT),
+        "--version",
+        version,
+        "--release",
+        base,
+        "--filename",
+        TEMPLATE,
+        "--cuda-tags",
+        tags,
+        "--dest",
+        str(dest),
+    ]
     if pins is not None:
         cmd += ["--pins", json.dumps(pins)]
     env = {"PYTHONPATH": str(torch_dir), "PATH": "/usr/bin:/bin"}
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
 
 
-needs_x86 = pytest.mark.skipif(__import__("platform").machine() != "x86_64",
-                               reason="the stand-in release names linux_x86_64")
+needs_x86 = pytest.mark.skipif(
+    __import__("platform").machine() != "x86_64", reason="the stand-in release names linux_x86_64"
+)
 
 
 @needs_x86
@@ -155,8 +197,9 @@ def test_locked_only_the_pinned_bytes_install_and_nothing_falls_back(tmp_path):
     with FileServer({f"r/{name}": data}) as srv:
         ok = run(torch_dir, srv.url("r"), tmp_path / "ok", pins={name: sha})
         wrong = run(torch_dir, srv.url("r"), tmp_path / "wrong", pins={name: "0" * 64})
-        other_abi = run(torch_dir, srv.url("r"), tmp_path / "abi",
-                        pins={name.replace("abiFALSE", "abiTRUE"): sha})
+        other_abi = run(
+            torch_dir, srv.url("r"), tmp_path / "abi", pins={name.replace("abiFALSE", "abiTRUE"): sha}
+        )
         missing = run(torch_dir, srv.url("nothing-here"), tmp_path / "missing", pins={name: sha})
     assert ok.returncode == 0 and f"sha256 {sha} as the lock pins it" in ok.stdout
     assert wrong.returncode == 1 and "the lock pins " + "0" * 64 in wrong.stderr

@@ -17,7 +17,7 @@ ROOT = FIXTURES.parent.parent
 
 RUN = json.loads((FIXTURES / "gpu" / "step" / "h200-run.json").read_text(encoding="utf-8"))
 RUNS = {r["name"]: r for r in RUN["runs"]}
-GIB = 1024 ** 3
+GIB = 1024**3
 # what verl's trainer calls for a PPO step with a critic (GAE) and no reference policy, in order
 STEP = ("generate", "compute_log_prob", "compute_values", "update_critic", "update_actor")
 TORCH = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -46,7 +46,8 @@ def test_the_configuration_that_ran_is_todays_render(profile, today):
     assert run["overrides"] == case["overrides"], "the run script's overrides changed since the GPU run"
     assert run["fingerprint"] == case["fingerprint"], (
         "the rendered configuration (overrides, exports, patches, card cap, model shape, pins or "
-        "precision) changed since the GPU run: repeat it (tests/fixtures/gpu/step/README.md)")
+        "precision) changed since the GPU run: repeat it (tests/fixtures/gpu/step/README.md)"
+    )
 
 
 @pytest.mark.parametrize("profile", ["p40", "4090"])
@@ -78,16 +79,22 @@ def test_each_part_computed_in_the_dtype_of_the_precision_plan(profile, today):
     """Forward hooks saw, per phase, the autocast state and the output dtype of the decoder's
     first attention projection, the lm_head and the critic's score head."""
     run, prec = RUNS[profile], today[profile]["precision"]
-    part_of = {"generate": "rollout", "compute_log_prob": "actor", "update_actor": "actor",
-               "compute_values": "critic", "update_critic": "critic"}
+    part_of = {
+        "generate": "rollout",
+        "compute_log_prob": "actor",
+        "update_actor": "actor",
+        "compute_values": "critic",
+        "update_critic": "critic",
+    }
     checked = 0
     for key, seen in run["dtypes"].items():
         phase, role, module = key.split("|")
         step = phase.split(" ", 1)[1] if " " in phase else phase
         part = part_of.get(step)
         # the matrix products (norms upcast to fp32 under autocast by design; embeddings look up)
-        if part is None or not module.endswith(("q_proj", "base_layer", "lora_A.default", "mlp",
-                                                "lm_head", "score")):
+        if part is None or not module.endswith(
+            ("q_proj", "base_layer", "lora_A.default", "mlp", "lm_head", "score")
+        ):
             continue
         want = TORCH[prec[part]]
         for rec in seen:
@@ -116,10 +123,17 @@ def test_the_4090_trains_lora_with_use_orig_params():
     assert "verl-actor-use-orig-params" in run["apply_patches"]["stdout"] or run["apply_patches"]["rc"] == 0
 
 
-@pytest.mark.parametrize("name, phase, error", [
-    ("p40-control-actor-offload", "validation generate", "Expects tensor to be on the compute device"),
-    ("4090-control-flat-lora", "init_model actor", "uniform `requires_grad` when `use_orig_params=False`"),
-])
+@pytest.mark.parametrize(
+    "name, phase, error",
+    [
+        ("p40-control-actor-offload", "validation generate", "Expects tensor to be on the compute device"),
+        (
+            "4090-control-flat-lora",
+            "init_model actor",
+            "uniform `requires_grad` when `use_orig_params=False`",
+        ),
+    ],
+)
 def test_the_controls_fail_where_the_plan_says_they_would(name, phase, error):
     """Undo the plan's fix (the actor offloaded on the HF rollout; LoRA without
     use_orig_params) and verl's own code fails on the GPU, as verl.yaml's hf_rollout says."""
@@ -131,13 +145,18 @@ def test_the_controls_fail_where_the_plan_says_they_would(name, phase, error):
 def test_the_controls_differ_from_the_profile_only_in_the_undone_fix(today):
     p40, lora = RUNS["p40-control-actor-offload"], RUNS["4090-control-flat-lora"]
     assert p40["overrides"] == today["p40"]["overrides"] + [
-        "actor_rollout_ref.actor.fsdp_config.param_offload=True"]
+        "actor_rollout_ref.actor.fsdp_config.param_offload=True"
+    ]
     assert lora["overrides"] == [o for o in today["4090"]["overrides"] if "use_orig_params" not in o]
     assert len(lora["overrides"]) == len(today["4090"]["overrides"]) - 1
 
 
-PPO = {r["name"]: r for r in json.loads((FIXTURES / "gpu" / "step" / "h200-main-ppo.json").read_text(
-    encoding="utf-8"))["runs"]}
+PPO = {
+    r["name"]: r
+    for r in json.loads((FIXTURES / "gpu" / "step" / "h200-main-ppo.json").read_text(encoding="utf-8"))[
+        "runs"
+    ]
+}
 
 
 @pytest.mark.parametrize("profile", ["p40", "4090"])
@@ -149,8 +168,11 @@ def test_verls_own_trainer_ran_validation_and_two_steps_through_ray(profile, tod
     assert run["mode"] == "main_ppo" and run["fingerprint"] == today[profile]["fingerprint"]
     assert run["rc"] == 0 and run["steps"] == [0, 1, 2] and run["validation"]
     assert set(run["extra_overrides"]) == {
-        "trainer.val_before_train=True", "trainer.total_training_steps=2", "ray_init.num_cpus=8",
-        *[o for o in run["extra_overrides"] if o.startswith(("data.train_files=", "data.val_files="))]}
+        "trainer.val_before_train=True",
+        "trainer.total_training_steps=2",
+        "ray_init.num_cpus=8",
+        *[o for o in run["extra_overrides"] if o.startswith(("data.train_files=", "data.val_files="))],
+    }
     last = run["metrics"][-1]
     for metric in ("critic/vf_loss", "actor/pg_loss", "val-core/openai/gsm8k/reward/mean@1"):
         assert metric in " ".join(run["metrics"]), metric
@@ -166,7 +188,8 @@ def test_verify_reports_the_gpu_tier_for_this_very_render():
     for profile in ("p40", "4090"):
         env = resolve(m, profile)
         assert gpu_tier.status(env, render_files(env), m.models) == (
-            "ran: 2 steps (NVIDIA H200), main_ppo+Ray 2 steps")
+            "ran: 2 steps (NVIDIA H200), main_ppo+Ray 2 steps"
+        )
     env = resolve(m, "t4")
     assert gpu_tier.status(env, render_files(env), m.models) == "not run"
     # another configuration of a profile that ran: the record does not count for it

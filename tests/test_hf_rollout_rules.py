@@ -79,14 +79,19 @@ def test_the_hf_rollouts_generation_patch_is_recorded_for_041_only():
 
 # the lines verl.yaml's hf_rollout cites, and what each holds in the release's fsdp_workers.py
 CITED = {
-    "0.4.1": {543: "offload_fsdp_model_to_cpu(self.actor_module_fsdp)",
-              414: "rollout_sharding_manager = BaseShardingManager()",
-              308: "auto_wrap_policy = None", 326: "use_orig_params=False,",
-              671: "timing_generate.update(self.rollout_sharding_manager.timing)"},
-    "0.5.0": {609: "offload_fsdp_model_to_cpu(self.actor_module_fsdp)",
-              477: "rollout_sharding_manager = BaseShardingManager()",
-              357: "auto_wrap_policy = None",
-              381: 'use_orig_params=self.config.actor.fsdp_config.get("use_orig_params", False),'},
+    "0.4.1": {
+        543: "offload_fsdp_model_to_cpu(self.actor_module_fsdp)",
+        414: "rollout_sharding_manager = BaseShardingManager()",
+        308: "auto_wrap_policy = None",
+        326: "use_orig_params=False,",
+        671: "timing_generate.update(self.rollout_sharding_manager.timing)",
+    },
+    "0.5.0": {
+        609: "offload_fsdp_model_to_cpu(self.actor_module_fsdp)",
+        477: "rollout_sharding_manager = BaseShardingManager()",
+        357: "auto_wrap_policy = None",
+        381: 'use_orig_params=self.config.actor.fsdp_config.get("use_orig_params", False),',
+    },
 }
 
 
@@ -118,8 +123,7 @@ def test_every_config_read_is_read_by_the_release_and_absent_from_its_config(ver
     source = "\n".join(p.read_text() for p in (root / "verl" / "workers").rglob("*.py"))
     # and what the release's recorded patches make it read (0.4.1: use_orig_params)
     m = shipped()
-    source += "\n".join(r["with"] for name in m.verl[version]["patches"]
-                        for r in m.patches[name]["replace"])
+    source += "\n".join(r["with"] for name in m.verl[version]["patches"] for r in m.patches[name]["replace"])
     cfg = compose_run_config(root, [])
     reads = shipped().verl[version].get("config_reads") or []
     assert reads
@@ -138,8 +142,13 @@ def test_the_patches_apply_to_the_real_wheel(verl_trees, tmp_path, profile, kw):
     shutil.copytree(verl_trees[env.verl.version], site)
     script = tmp_path / "apply_patches.py"
     script.write_text(render_files(env)["apply_patches.py"])
-    r = subprocess.run([sys.executable, "-S", str(script)], capture_output=True, text=True,
-                       env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-S", str(script)],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     workers = (site / "verl" / "workers" / "fsdp_workers.py").read_text()
     if env.train.lora_rank:
@@ -151,9 +160,14 @@ def test_the_patches_apply_to_the_real_wheel(verl_trees, tmp_path, profile, kw):
 def preflight(env, verl_tree, tmp_path, *overrides) -> subprocess.CompletedProcess:
     script = tmp_path / "preflight.py"
     script.write_text(render_files(env)["preflight.py"])
-    return subprocess.run([sys.executable, str(script), "--quiet", "--overrides", *overrides],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                          env={"PYTHONPATH": str(verl_tree), "PATH": "/usr/bin:/bin"})
+    return subprocess.run(
+        [sys.executable, str(script), "--quiet", "--overrides", *overrides],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(verl_tree), "PATH": "/usr/bin:/bin"},
+    )
 
 
 @pytest.mark.pypi
@@ -177,16 +191,24 @@ def test_preflight_refuses_a_plus_key_verl_does_not_have(verl_trees, tmp_path):
     assert "verl 0.4.1's config has no key actor_rollout_ref.fsdp_config.offload_params" in r.stderr
     assert "fix:" in r.stderr and "NOT STARTED" in r.stderr
     # a key under an open map (override_config: {}) and a recorded read are fine
-    ok = preflight(env, verl_trees["0.4.1"], tmp_path, "+actor_rollout_ref.model.override_config.rope_theta=1",
-                   "++critic.model.fsdp_config.mixed_precision.param_dtype=fp32")
+    ok = preflight(
+        env,
+        verl_trees["0.4.1"],
+        tmp_path,
+        "+actor_rollout_ref.model.override_config.rope_theta=1",
+        "++critic.model.fsdp_config.mixed_precision.param_dtype=fp32",
+    )
     assert ok.returncode != 2, ok.stderr
 
 
 @pytest.mark.pypi
-@pytest.mark.parametrize("profile, override, reason", [
-    ("p40", f"{OFFLOAD}=True", "cannot generate from an offloaded actor"),
-    ("4090", f"++{ORIG}=False", "cannot wrap LoRA"),
-])
+@pytest.mark.parametrize(
+    "profile, override, reason",
+    [
+        ("p40", f"{OFFLOAD}=True", "cannot generate from an offloaded actor"),
+        ("4090", f"++{ORIG}=False", "cannot wrap LoRA"),
+    ],
+)
 def test_preflight_refuses_what_the_release_cannot_run(verl_trees, tmp_path, profile, override, reason):
     env = resolved(profile)
     r = preflight(env, verl_trees[env.verl.version], tmp_path, override)

@@ -17,8 +17,16 @@ import pytest
 
 # the build tests' fixtures (a loopback index, GitHub stand-ins and a config with the `test`
 # mirror set), for the p40 image; their helpers for the CLI and the CI=true rule
-from test_build import (REGISTRY, _need, config, docker_client, envbuild, fa_github,  # noqa: F401
-                        github, index)
+from test_build import (
+    REGISTRY,
+    _need,
+    config,  # noqa: F401  (re-exported or a fixture)
+    docker_client,  # noqa: F401  (re-exported or a fixture)
+    envbuild,
+    fa_github,  # noqa: F401
+    github,  # noqa: F401  (re-exported or a fixture)
+    index,  # noqa: F401  (re-exported or a fixture)
+)
 
 pytestmark = pytest.mark.docker
 
@@ -47,8 +55,9 @@ def tiny(docker_client, skopeo):
     marker = uuid.uuid4().hex[:12]
     tag = f"envbuild-test/archive:{marker}"
     dockerfile = f"FROM {BASE}\nLABEL io.envbuild.test.archive={marker}\n".encode()
-    image, _ = docker_client.images.build(fileobj=io.BytesIO(dockerfile), tag=tag, rm=True,
-                                          network_mode="host")
+    image, _ = docker_client.images.build(
+        fileobj=io.BytesIO(dockerfile), tag=tag, rm=True, network_mode="host"
+    )
     yield tag, marker, image.id
     import docker.errors
 
@@ -68,9 +77,14 @@ def _index_digest(archive) -> str:
 def _registry_has(name: str, tag: str) -> bool:
     import requests
 
-    r = requests.head(f"http://{REGISTRY}/v2/{name}/manifests/{tag}", timeout=10, headers={
-        "Accept": "application/vnd.oci.image.manifest.v1+json, "
-                  "application/vnd.docker.distribution.manifest.v2+json"})
+    r = requests.head(
+        f"http://{REGISTRY}/v2/{name}/manifests/{tag}",
+        timeout=10,
+        headers={
+            "Accept": "application/vnd.oci.image.manifest.v1+json, "
+            "application/vnd.docker.distribution.manifest.v2+json"
+        },
+    )
     return r.status_code == 200
 
 
@@ -105,12 +119,12 @@ def test_round_trip_through_an_archive_on_loopback(docker_client, tiny, tmp_path
         # the OCI form of the config drops Docker-only fields: a new image ID, as recorded
         assert pulled.id == side["config_digest"]
         assert pulled.labels["io.envbuild.test.archive"] == marker
-        out_ = docker_client.containers.run(ref, ["cat", "/etc/os-release"], remove=True,
-                                            network_mode="host").decode()
+        out_ = docker_client.containers.run(
+            ref, ["cat", "/etc/os-release"], remove=True, network_mode="host"
+        ).decode()
         assert "ID=debian" in out_
         # and out again, from the registry this time: the same manifest
-        r = envbuild(["export-image", f"{REGISTRY}/{new}", "-o", str(tmp_path / "again.tar")],
-                     cfg)
+        r = envbuild(["export-image", f"{REGISTRY}/{new}", "-o", str(tmp_path / "again.tar")], cfg)
         assert r.returncode == 0, r.stderr[-3000:]
         assert r.stdout.strip() == side["manifest_digest"]
     finally:
@@ -167,21 +181,22 @@ def test_a_missing_image_is_exit_1_and_writes_nothing(docker_client, skopeo, tmp
 def test_without_skopeo_says_how_to_install_it(tmp_path, cfg):
     empty = tmp_path / "bin"
     empty.mkdir()
-    r = envbuild(["export-image", "envbuild-test/archive:any", "-o", str(tmp_path / "x.tar")],
-                 cfg, PATH=str(empty))
+    r = envbuild(
+        ["export-image", "envbuild-test/archive:any", "-o", str(tmp_path / "x.tar")], cfg, PATH=str(empty)
+    )
     assert r.returncode == 2, r.stderr[-3000:]
     assert "skopeo is not installed" in r.stderr and "apt install skopeo" in r.stderr
     assert not (tmp_path / "x.tar").exists()
 
 
-def test_the_p40_image_crosses_the_gap_and_passes_its_smoke_test(docker_client, skopeo, config,
-                                                                  tmp_path):
+def test_the_p40_image_crosses_the_gap_and_passes_its_smoke_test(docker_client, skopeo, config, tmp_path):
     from envbuilder.engines.docker import smoke
     from envbuilder.render.files import smoke_command
 
     tag = "envbuild-test/p40:archive"
-    r = envbuild(["build", "p40", "--mirror", "test", "--without", "apex", "--no-smoke",
-                  "--tag", tag], config)
+    r = envbuild(
+        ["build", "p40", "--mirror", "test", "--without", "apex", "--no-smoke", "--tag", tag], config
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     out = tmp_path / "p40.tar"
     r = envbuild(["export-image", tag, "-o", str(out)], config)

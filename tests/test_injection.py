@@ -50,12 +50,32 @@ C = str(CANARY)
 # what an attacker writes: each would run `touch CANARY`, add a line or an instruction, or end a
 # string early, if it reached its file raw
 ATTACKS = [
-    f"$(touch {C})", f"`touch {C}`", f"; touch {C}", f"&& touch {C} #", f"| touch {C}",
-    f"\ntouch {C}\n", f"'; touch {C}; '", f'"; touch {C}; "', f"${{IFS}}touch${{IFS}}{C}",
-    f'"""\nimport os; os.system("touch {C}")\n"""', f"\nimport os; os.system('touch {C}')\n#",
-    f"\nRUN touch {C}", f"\\\nRUN touch {C}", f"\r\nRUN touch {C}", f"\u2028RUN touch {C}",
-    f"\" \\\nRUN touch {C} #", "x\x00y", "\x1b[2J", "é€😀\u202e", "{variant}{nope}", "$HOME",
-    " #", "-e git+https://evil.example/x", "..", "../../etc/passwd", f"<<EOF\ntouch {C}\nEOF",
+    f"$(touch {C})",
+    f"`touch {C}`",
+    f"; touch {C}",
+    f"&& touch {C} #",
+    f"| touch {C}",
+    f"\ntouch {C}\n",
+    f"'; touch {C}; '",
+    f'"; touch {C}; "',
+    f"${{IFS}}touch${{IFS}}{C}",
+    f'"""\nimport os; os.system("touch {C}")\n"""',
+    f"\nimport os; os.system('touch {C}')\n#",
+    f"\nRUN touch {C}",
+    f"\\\nRUN touch {C}",
+    f"\r\nRUN touch {C}",
+    f"\u2028RUN touch {C}",
+    f'" \\\nRUN touch {C} #',
+    "x\x00y",
+    "\x1b[2J",
+    "é€😀\u202e",
+    "{variant}{nope}",
+    "$HOME",
+    " #",
+    "-e git+https://evil.example/x",
+    "..",
+    "../../etc/passwd",
+    f"<<EOF\ntouch {C}\nEOF",
     "x" * 100_000,
 ]
 
@@ -64,14 +84,16 @@ def hostile(benign: tuple[str, ...]):
     """An attack, a few of them run together with random text, one after a value of the field's
     own kind, or a value of that kind as it is (so the render path runs too)."""
     short = st.sampled_from(ATTACKS[:-1])
-    return st.one_of(st.sampled_from(ATTACKS),
-                     st.lists(st.one_of(short, st.text(max_size=6)), min_size=1, max_size=3)
-                     .map("".join),
-                     st.tuples(st.sampled_from(benign), short).map("".join),
-                     st.sampled_from(benign))
+    return st.one_of(
+        st.sampled_from(ATTACKS),
+        st.lists(st.one_of(short, st.text(max_size=6)), min_size=1, max_size=3).map("".join),
+        st.tuples(st.sampled_from(benign), short).map("".join),
+        st.sampled_from(benign),
+    )
 
 
 # -- the fields that reach a rendered file, and how each enters --------------------------------
+
 
 def profile_with(**changes) -> dict:
     return {"profiles": {"p40": record("profiles", "p40", source=URL, **changes)}}
@@ -91,11 +113,13 @@ def lab_mirror(**kinds) -> dict:
 
 def set_path(*path):
     """A --from edit: the value at data[path...]."""
+
     def put(data, value):
         node = data
         for key in path[:-1]:
             node = node[key]
         node[path[-1]] = value
+
     return put
 
 
@@ -151,100 +175,195 @@ def main_argv(r: Rendered) -> list[str]:
 
 
 FIELDS = [
-    Field("description", ("Tesla P40 - lab build", "P40 (Pascal): fp32, 'eager' & offload"),
-          (f"\nRUN touch {C}", "x" * 100_000),
-          lambda v: (profile_with(description=v), "p40", []), set_path("description"),
-          lambda r, v: (r.label("org.opencontainers.image.description") == v
-                        and json.loads(r.files[MARKER])["description"] == v)),
-    Field("profile name", ("lab-p40", "p40.v2_b"), (f"$(touch {C})", "../../escaped"),
-          lambda v: ({"profiles": {v: record("profiles", "p40", source=URL)}}, v, []),
-          set_path("profile"),
-          lambda r, v: (r.label("io.envbuild.profile") == v
-                        and yaml.safe_load(r.files["environment.yml"])["name"] == f"envbuild-{v}"),
-          runs=("preflight",)),
-    Field("gpu name", ("Tesla P40", "NVIDIA P40 (24GB) rev.2"),
-          (f'""" + __import__("os").system("touch {C}") + """',),
-          lambda v: ({"gpus": {"p40": record("gpus", "p40", name=v, source=URL)}}, "p40", []),
-          set_path("gpu", "name"),
-          lambda r, v: (r.module("preflight.py")["EXPECTED"]["gpu"] == v
-                        and f"({v}, CC 6.1)" in r.module("preflight.py")["__doc__"]),
-          runs=("preflight", "apply_patches")),
-    Field("model id", ("Qwen/Qwen2.5-0.5B-Instruct", "my-org/tiny.model_v2"), (f"$(touch {C})",),
-          lambda v: ({"models": {v: record("models", "Qwen/Qwen2.5-0.5B-Instruct", source=URL)},
-                      **profile_with(train=train_with(model=v))}, "p40", []),
-          set_path("train", "model"),
-          lambda r, v: f"actor_rollout_ref.model.path={v}" in main_argv(r)
-          and f"critic.model.path={v}" in main_argv(r)),
-    Field("pin name", ("zope.interface", "my_pkg[extra,more]", "A.b-C"),  # (new to verl's pins)
-          (f"x; touch {C} #",),
-          lambda v: (profile_with(pins={v: "1.0"}), "p40", []),
-          lambda d, v: d["verl"]["pins"].__setitem__(v, "1.0"),
-          lambda r, v: f"{v}==1.0" in r.files["requirements.txt"].splitlines()
-          and f"{v}==1.0" in pip_words(r)),
-    Field("pin version", ("1.26.3", "2.9.0rc1", "0.8.5.post1"),  # (not the shipped pin)
-          (f"1.0 && touch {C}",),
-          lambda v: (profile_with(pins={"numpy": v}), "p40", []),
-          lambda d, v: d["verl"]["pins"].__setitem__("numpy", v),
-          lambda r, v: f"numpy=={v}" in r.files["requirements.txt"].splitlines()),
-    Field("torch index URL", ("https://download.pytorch.org/whl/cu118",
-                              "https://mirror.example:8443/torch/{variant}?x=1"),
-          ("https://download.pytorch.org/whl/{cuda}", f"https://x.example/$(touch {C})"),
-          lambda v: ({"index_url": v}, "p40", []),
-          lambda d, v: (set_path("indexes", "torch")(d, v), set_path("torch", "index_url")(d, v)),
-          lambda r, v: r.arg("TORCH_INDEX_URL") == bare(v.replace("{variant}", "cu118")),
-          runs=("preflight",)),
-    Field("PyPI index URL", ("https://pypi.org/simple",
-                             "http://user:pw@10.0.0.1:3141/root/pypi/+simple/"),
-          ("https://pypi.org/simple --trusted-host evil.example",),
-          lambda v: (defaults_with(pypi_index=v), "p40", []), set_path("indexes", "pypi"),
-          # (a URL's user:password@ is a secret: it arrives without it, issue 21)
-          lambda r, v: r.arg("PIP_INDEX_URL") == bare(v)
-          and f"--extra-index-url {bare(v)}" in r.files["requirements.txt"].splitlines()),
-    Field("Hugging Face endpoint", ("https://huggingface.co", "https://hf-mirror.com/"),
-          (f"https://hf.example/`touch {C}`",),
-          lambda v: (defaults_with(huggingface=v), "p40", []), set_path("huggingface"),
-          lambda r, v: r.arg("HF_ENDPOINT") == bare(v) and r.calls[-1]["HF_ENDPOINT"] == bare(v)),
-    Field("mirror's Hugging Face endpoint", ("https://hf-mirror.com",),
-          (f"https://hf.example/$(touch {C})",),
-          lambda v: (lab_mirror(huggingface=[v]), "p40", ["--mirror", "lab"]), None,
-          lambda r, v: r.arg("HF_ENDPOINT") == v and r.calls[-1]["HF_ENDPOINT"] == v),
-    Field("apt mirror", ("http://mirrors.tuna.tsinghua.edu.cn/ubuntu",),
-          (f'http://x.example/#e; touch {C}; "', "http://x.example/${IFS}"),
-          lambda v: (lab_mirror(apt=[v]), "p40", ["--mirror", "lab"]),
-          lambda d, v: d.__setitem__("mirror", {"name": "lab", "apt": v, "conda_nvidia": None}),
-          lambda r, v: r.arg("APT_MIRROR") == v),
-    Field("config's apt mirror", ("http://mirror.example/ubuntu",), (f"http://x/\nRUN touch {C}",),
-          lambda v: (lab_mirror(apt=[v]), "p40", ["--mirror", "lab"]), None,
-          lambda r, v: r.arg("APT_MIRROR") == v, config=True),
-    Field("patch why", ("verl hard-codes flash_attention_2 (needs CC >= 8.0)",),
-          (f"x\nimport os; os.system('touch {C}')",),
-          lambda v: ({"patches": {"verl-hardcoded-fa2": record(
-              "patches", "verl-hardcoded-fa2", why=v, source=URL)}}, "p40", []),
-          lambda d, v: set_path("why")(d["patches"][0], v),
-          lambda r, v: f"# verl-hardcoded-fa2: {v}" in r.files["apply_patches.py"],
-          runs=("apply_patches",)),
-    Field("base image", ("nvidia/cuda:11.8.0-cudnn8-runtime-ubuntu22.04",
-                         "registry.example:5000/nvidia/cuda:11.8.0-runtime"),
-          (f"x AS y\nRUN touch {C}",),
-          lambda v: ({"cuda": {"11.8": record("cuda", "11.8", source=URL, images=dict(
-              record("cuda", "11.8")["images"], runtime=v))}}, "p40", []),
-          set_path("cuda", "images", "runtime"),
-          lambda r, v: r.arg("BASE_RUNTIME") == v),
-    Field("dataset instruction", ('Think step by step; answer after "####".',),
-          (f'"""; __import__("os").system("touch {C}"); """',),
-          lambda v: ({"datasets": {"gsm8k": record("datasets", "gsm8k", instruction=v,
-                                                   source=URL)}}, "p40", []),
-          set_path("dataset", "instruction"),
-          lambda r, v: r.module("prepare_gsm8k.py")["SPEC"]["instruction"] == v),
-    Field("warning", ("bf16 on the Tesla P40 (CC 6.1): native bfloat16 needs CC >= 8.0.",),
-          (f"\nRUN touch {C}",), None, lambda d, v: d.__setitem__("warnings", [v]),
-          lambda r, v: f"# WARNING (--allow-unsupported): {v}" in r.files["Dockerfile"]),
-    Field("allocator why", ("against fragmentation on a 24 GB card",), (f"\ntouch {C}",), None,
-          set_path("cuda_alloc_conf", "why"),
-          lambda r, v: f": {v}. An exported" in r.files[RUN_SCRIPT]),
-    Field("memory phase", ("log_prob",), (f"\ntouch {C}",), None,
-          set_path("memory", "peak", "phase"),
-          lambda r, v: f"# ({v}) of" in r.files[RUN_SCRIPT]),
+    Field(
+        "description",
+        ("Tesla P40 - lab build", "P40 (Pascal): fp32, 'eager' & offload"),
+        (f"\nRUN touch {C}", "x" * 100_000),
+        lambda v: (profile_with(description=v), "p40", []),
+        set_path("description"),
+        lambda r, v: (
+            r.label("org.opencontainers.image.description") == v
+            and json.loads(r.files[MARKER])["description"] == v
+        ),
+    ),
+    Field(
+        "profile name",
+        ("lab-p40", "p40.v2_b"),
+        (f"$(touch {C})", "../../escaped"),
+        lambda v: ({"profiles": {v: record("profiles", "p40", source=URL)}}, v, []),
+        set_path("profile"),
+        lambda r, v: (
+            r.label("io.envbuild.profile") == v
+            and yaml.safe_load(r.files["environment.yml"])["name"] == f"envbuild-{v}"
+        ),
+        runs=("preflight",),
+    ),
+    Field(
+        "gpu name",
+        ("Tesla P40", "NVIDIA P40 (24GB) rev.2"),
+        (f'""" + __import__("os").system("touch {C}") + """',),
+        lambda v: ({"gpus": {"p40": record("gpus", "p40", name=v, source=URL)}}, "p40", []),
+        set_path("gpu", "name"),
+        lambda r, v: (
+            r.module("preflight.py")["EXPECTED"]["gpu"] == v
+            and f"({v}, CC 6.1)" in r.module("preflight.py")["__doc__"]
+        ),
+        runs=("preflight", "apply_patches"),
+    ),
+    Field(
+        "model id",
+        ("Qwen/Qwen2.5-0.5B-Instruct", "my-org/tiny.model_v2"),
+        (f"$(touch {C})",),
+        lambda v: (
+            {
+                "models": {v: record("models", "Qwen/Qwen2.5-0.5B-Instruct", source=URL)},
+                **profile_with(train=train_with(model=v)),
+            },
+            "p40",
+            [],
+        ),
+        set_path("train", "model"),
+        lambda r, v: (
+            f"actor_rollout_ref.model.path={v}" in main_argv(r) and f"critic.model.path={v}" in main_argv(r)
+        ),
+    ),
+    Field(
+        "pin name",
+        ("zope.interface", "my_pkg[extra,more]", "A.b-C"),  # (new to verl's pins)
+        (f"x; touch {C} #",),
+        lambda v: (profile_with(pins={v: "1.0"}), "p40", []),
+        lambda d, v: d["verl"]["pins"].__setitem__(v, "1.0"),
+        lambda r, v: f"{v}==1.0" in r.files["requirements.txt"].splitlines() and f"{v}==1.0" in pip_words(r),
+    ),
+    Field(
+        "pin version",
+        ("1.26.3", "2.9.0rc1", "0.8.5.post1"),  # (not the shipped pin)
+        (f"1.0 && touch {C}",),
+        lambda v: (profile_with(pins={"numpy": v}), "p40", []),
+        lambda d, v: d["verl"]["pins"].__setitem__("numpy", v),
+        lambda r, v: f"numpy=={v}" in r.files["requirements.txt"].splitlines(),
+    ),
+    Field(
+        "torch index URL",
+        ("https://download.pytorch.org/whl/cu118", "https://mirror.example:8443/torch/{variant}?x=1"),
+        ("https://download.pytorch.org/whl/{cuda}", f"https://x.example/$(touch {C})"),
+        lambda v: ({"index_url": v}, "p40", []),
+        lambda d, v: (set_path("indexes", "torch")(d, v), set_path("torch", "index_url")(d, v)),
+        lambda r, v: r.arg("TORCH_INDEX_URL") == bare(v.replace("{variant}", "cu118")),
+        runs=("preflight",),
+    ),
+    Field(
+        "PyPI index URL",
+        ("https://pypi.org/simple", "http://user:pw@10.0.0.1:3141/root/pypi/+simple/"),
+        ("https://pypi.org/simple --trusted-host evil.example",),
+        lambda v: (defaults_with(pypi_index=v), "p40", []),
+        set_path("indexes", "pypi"),
+        # (a URL's user:password@ is a secret: it arrives without it, issue 21)
+        lambda r, v: (
+            r.arg("PIP_INDEX_URL") == bare(v)
+            and f"--extra-index-url {bare(v)}" in r.files["requirements.txt"].splitlines()
+        ),
+    ),
+    Field(
+        "Hugging Face endpoint",
+        ("https://huggingface.co", "https://hf-mirror.com/"),
+        (f"https://hf.example/`touch {C}`",),
+        lambda v: (defaults_with(huggingface=v), "p40", []),
+        set_path("huggingface"),
+        lambda r, v: r.arg("HF_ENDPOINT") == bare(v) and r.calls[-1]["HF_ENDPOINT"] == bare(v),
+    ),
+    Field(
+        "mirror's Hugging Face endpoint",
+        ("https://hf-mirror.com",),
+        (f"https://hf.example/$(touch {C})",),
+        lambda v: (lab_mirror(huggingface=[v]), "p40", ["--mirror", "lab"]),
+        None,
+        lambda r, v: r.arg("HF_ENDPOINT") == v and r.calls[-1]["HF_ENDPOINT"] == v,
+    ),
+    Field(
+        "apt mirror",
+        ("http://mirrors.tuna.tsinghua.edu.cn/ubuntu",),
+        (f'http://x.example/#e; touch {C}; "', "http://x.example/${IFS}"),
+        lambda v: (lab_mirror(apt=[v]), "p40", ["--mirror", "lab"]),
+        lambda d, v: d.__setitem__("mirror", {"name": "lab", "apt": v, "conda_nvidia": None}),
+        lambda r, v: r.arg("APT_MIRROR") == v,
+    ),
+    Field(
+        "config's apt mirror",
+        ("http://mirror.example/ubuntu",),
+        (f"http://x/\nRUN touch {C}",),
+        lambda v: (lab_mirror(apt=[v]), "p40", ["--mirror", "lab"]),
+        None,
+        lambda r, v: r.arg("APT_MIRROR") == v,
+        config=True,
+    ),
+    Field(
+        "patch why",
+        ("verl hard-codes flash_attention_2 (needs CC >= 8.0)",),
+        (f"x\nimport os; os.system('touch {C}')",),
+        lambda v: (
+            {"patches": {"verl-hardcoded-fa2": record("patches", "verl-hardcoded-fa2", why=v, source=URL)}},
+            "p40",
+            [],
+        ),
+        lambda d, v: set_path("why")(d["patches"][0], v),
+        lambda r, v: f"# verl-hardcoded-fa2: {v}" in r.files["apply_patches.py"],
+        runs=("apply_patches",),
+    ),
+    Field(
+        "base image",
+        ("nvidia/cuda:11.8.0-cudnn8-runtime-ubuntu22.04", "registry.example:5000/nvidia/cuda:11.8.0-runtime"),
+        (f"x AS y\nRUN touch {C}",),
+        lambda v: (
+            {
+                "cuda": {
+                    "11.8": record(
+                        "cuda", "11.8", source=URL, images=dict(record("cuda", "11.8")["images"], runtime=v)
+                    )
+                }
+            },
+            "p40",
+            [],
+        ),
+        set_path("cuda", "images", "runtime"),
+        lambda r, v: r.arg("BASE_RUNTIME") == v,
+    ),
+    Field(
+        "dataset instruction",
+        ('Think step by step; answer after "####".',),
+        (f'"""; __import__("os").system("touch {C}"); """',),
+        lambda v: (
+            {"datasets": {"gsm8k": record("datasets", "gsm8k", instruction=v, source=URL)}},
+            "p40",
+            [],
+        ),
+        set_path("dataset", "instruction"),
+        lambda r, v: r.module("prepare_gsm8k.py")["SPEC"]["instruction"] == v,
+    ),
+    Field(
+        "warning",
+        ("bf16 on the Tesla P40 (CC 6.1): native bfloat16 needs CC >= 8.0.",),
+        (f"\nRUN touch {C}",),
+        None,
+        lambda d, v: d.__setitem__("warnings", [v]),
+        lambda r, v: f"# WARNING (--allow-unsupported): {v}" in r.files["Dockerfile"],
+    ),
+    Field(
+        "allocator why",
+        ("against fragmentation on a 24 GB card",),
+        (f"\ntouch {C}",),
+        None,
+        set_path("cuda_alloc_conf", "why"),
+        lambda r, v: f": {v}. An exported" in r.files[RUN_SCRIPT],
+    ),
+    Field(
+        "memory phase",
+        ("log_prob",),
+        (f"\ntouch {C}",),
+        None,
+        set_path("memory", "peak", "phase"),
+        lambda r, v: f"# ({v}) of" in r.files[RUN_SCRIPT],
+    ),
 ]
 OVERLAY_FIELDS = [f for f in FIELDS if f.overlay]
 FROM_FIELDS = [f for f in FIELDS if f.edit]
@@ -252,12 +371,16 @@ FROM_FIELDS = [f for f in FIELDS if f.edit]
 
 def pip_words(r: Rendered) -> list[str]:
     """The words of the Dockerfile's verl-deps pip step, as bash splits them."""
-    run = next(c for c in r.dockerfile() if c.cmd == "RUN" and "verl-deps.txt " in c.value[0]
-               and "pip install" in c.value[0])
+    run = next(
+        c
+        for c in r.dockerfile()
+        if c.cmd == "RUN" and "verl-deps.txt " in c.value[0] and "pip install" in c.value[0]
+    )
     return shlex.split(run.value[0])
 
 
 # -- what "inert" means: the structure of a benign render, and running the files ---------------
+
 
 def structure(files: dict[str, str]) -> dict:
     """What a value must not change: the file names; the Dockerfile's instructions (their
@@ -265,9 +388,10 @@ def structure(files: dict[str, str]) -> dict:
     file's syntax tree with its string constants blanked; the non-comment lines of the shell
     script and the pip files; environment.yml's shape."""
     out: dict = {"names": sorted(files)}
-    out["Dockerfile"] = [(c.cmd, len(c.value), c.flags, len(c.heredocs),
-                          bash_words(c.value[0]) if c.cmd == "RUN" else 0)
-                         for c in dockerfile.parse_string(files["Dockerfile"])]
+    out["Dockerfile"] = [
+        (c.cmd, len(c.value), c.flags, len(c.heredocs), bash_words(c.value[0]) if c.cmd == "RUN" else 0)
+        for c in dockerfile.parse_string(files["Dockerfile"])
+    ]
     for name, text in files.items():
         if name.endswith(".py"):
             tree = ast.parse(text)
@@ -279,8 +403,12 @@ def structure(files: dict[str, str]) -> dict:
             lines = text.split("\n") if name.endswith(".sh") else text.splitlines()
             out[name] = len([ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#")])
     env = yaml.safe_load(files["environment.yml"])
-    out["environment.yml"] = (sorted(env), len(env["channels"]), len(env["dependencies"]),
-                              len(env["dependencies"][-1]["pip"]))
+    out["environment.yml"] = (
+        sorted(env),
+        len(env["channels"]),
+        len(env["dependencies"]),
+        len(env["dependencies"][-1]["pip"]),
+    )
     return out
 
 
@@ -311,25 +439,43 @@ def run_files(out: Path, work: Path, field: Field) -> Rendered:
     (stub / "python3").chmod(0o755)
     for split in ("train", "test"):  # present: the run does not prepare GSM8K
         (data / f"{split}.parquet").write_bytes(b"")
-    env = {"PATH": f"{stub}:/usr/bin:/bin", "HOME": str(work), "DATA_DIR": str(data),
-           "ENVBUILD_HOME": str(out), "STUB_LOG": str(log), "LC_ALL": "C.UTF-8"}
-    p = subprocess.run(["bash", str(out / RUN_SCRIPT)], env=env, capture_output=True, text=True,
-                       timeout=60)
+    env = {
+        "PATH": f"{stub}:/usr/bin:/bin",
+        "HOME": str(work),
+        "DATA_DIR": str(data),
+        "ENVBUILD_HOME": str(out),
+        "STUB_LOG": str(log),
+        "LC_ALL": "C.UTF-8",
+    }
+    p = subprocess.run(["bash", str(out / RUN_SCRIPT)], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     r.calls = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
-    assert [c["argv"][:2] for c in r.calls] == [[f"{out}/preflight.py", "--quiet"],
-                                                ["-m", "verl.trainer.main_ppo"]], r.calls
+    assert [c["argv"][:2] for c in r.calls] == [
+        [f"{out}/preflight.py", "--quiet"],
+        ["-m", "verl.trainer.main_ppo"],
+    ], r.calls
     if "preflight" in field.runs:
-        p = subprocess.run([sys.executable, str(out / "preflight.py"), "--json"], cwd=work,
-                           capture_output=True, text=True, timeout=60,
-                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(work / "no-site")})
+        p = subprocess.run(
+            [sys.executable, str(out / "preflight.py"), "--json"],
+            cwd=work,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(work / "no-site")},
+        )
         assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
         assert json.loads(p.stdout)["ready"] is False  # (no torch, no GPU here)
     if "apply_patches" in field.runs:
         site = work / "site"
         shutil.copytree(FIXTURES / "verl-0.4.1", site)
-        p = subprocess.run([sys.executable, str(out / "apply_patches.py")], capture_output=True,
-                           text=True, timeout=60, cwd=work, env={"PYTHONPATH": str(site)})
+        p = subprocess.run(
+            [sys.executable, str(out / "apply_patches.py")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=work,
+            env={"PYTHONPATH": str(site)},
+        )
         assert p.returncode == 0, p.stderr
         assert 'attn_implementation="eager"' in (site / "verl/workers/fsdp_workers.py").read_text()
     assert_no_canary()
@@ -345,8 +491,11 @@ def profile_folder(out: Path) -> Path:
 
 
 def rendered_files(out: Path) -> dict[str, str]:
-    return {str(p.relative_to(out)): p.read_text(encoding="utf-8")
-            for p in out.rglob("*") if p.is_file() and not p.name.startswith(".envbuild-")}
+    return {
+        str(p.relative_to(out)): p.read_text(encoding="utf-8")
+        for p in out.rglob("*")
+        if p.is_file() and not p.name.startswith(".envbuild-")
+    }
 
 
 def assert_no_canary():
@@ -368,15 +517,15 @@ def assert_refused(code: int, err: str) -> None:
 _BASELINES: dict = {}
 
 
-def check_rendered(out: Path, work: Path, field: Field, value: str, path: str,
-                   baseline: Callable, verbatim: bool = True) -> None:
+def check_rendered(
+    out: Path, work: Path, field: Field, value: str, path: str, baseline: Callable, verbatim: bool = True
+) -> None:
     """`value` arrived verbatim, and nothing around it changed shape or ran: the structure is
     that of the field's first benign value rendered the same way (`path`: baseline(value, dir)
     renders it and returns the folder)."""
     r = run_files(out, work, field)
     if (field.name, path) not in _BASELINES:
-        _BASELINES[field.name, path] = structure(rendered_files(baseline(field.benign[0],
-                                                                         fresh(work))))
+        _BASELINES[field.name, path] = structure(rendered_files(baseline(field.benign[0], fresh(work))))
     assert structure(r.files) == _BASELINES[field.name, path]
     if verbatim:
         assert field.arrived(r, value), f"{field.name}: {value!r} did not arrive verbatim"
@@ -393,21 +542,28 @@ def cases(fields: list[Field]):
 
 def with_attacks(fields: list[Field]):
     """Every field with the attacks on where it lands, as explicit examples (run every time)."""
+
     def decorate(test):
         for f in fields:
             for attack in f.attacks:
                 test = example(case=(f, attack))(test)
         return test
+
     return decorate
 
 
 # (a random field and value per example, on top of every field's own attacks)
-RUN_SETTINGS = settings(max_examples=40, deadline=None, derandomize=True, database=None,
-                        suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                               HealthCheck.too_slow])
+RUN_SETTINGS = settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 # -- by an overlay (or the user's config) -------------------------------------------------------
+
 
 @pytest.fixture
 def render_cli(cli, monkeypatch, tmp_path):
@@ -449,6 +605,7 @@ def overlay_baseline(render_cli, field):
         code, _, err = render_overlay(render_cli, field, value, work)
         assert code == 0, err
         return profile_folder(work / "out")
+
     return baseline
 
 
@@ -461,8 +618,9 @@ def test_an_overlay_value_is_refused_or_arrives_verbatim_and_inert(render_cli, t
     work = fresh(tmp_path)
     code, _, err = render_overlay(render_cli, field, value, work)
     if code == 0:
-        check_rendered(profile_folder(work / "out"), work, field, value, "overlay",
-                       overlay_baseline(render_cli, field))
+        check_rendered(
+            profile_folder(work / "out"), work, field, value, "overlay", overlay_baseline(render_cli, field)
+        )
     else:
         assert_refused(code, err)
     assert_no_canary()
@@ -476,11 +634,13 @@ def test_a_benign_value_of_every_field_renders_and_arrives(render_cli, tmp_path,
         work = fresh(tmp_path)
         code, _, err = render_overlay(render_cli, field, value, work)
         assert code == 0, err
-        check_rendered(profile_folder(work / "out"), work, field, value, "overlay",
-                       overlay_baseline(render_cli, field))
+        check_rendered(
+            profile_folder(work / "out"), work, field, value, "overlay", overlay_baseline(render_cli, field)
+        )
 
 
 # -- by a --from file ----------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def p40_spec() -> dict:
@@ -518,6 +678,7 @@ def test_a_from_file_value_is_refused_or_arrives_verbatim_and_inert(cli, tmp_pat
 
 # -- past the entry checks: what the templates' quoting alone does ------------------------------
 
+
 def render_direct(spec: dict, field: Field, value: str, work: Path) -> Path | None:
     """render_files on an environment whose value never met a check (a caller's own data), the
     files written as a render writes them; None when the templates refused the value."""
@@ -547,19 +708,30 @@ def test_past_the_checks_the_quoting_alone_keeps_a_value_inert(tmp_path, p40_spe
     if out is not None:
         # verbatim where the language can say it (a bash word, Python data); in a comment or a
         # Dockerfile value, a character that would end the line is written as its escape
-        check_rendered(out, work, field, value, "direct",
-                       lambda v, where: render_direct(p40_spec, field, v, where),
-                       verbatim=all(map(quoting.printable, value)))
+        check_rendered(
+            out,
+            work,
+            field,
+            value,
+            "direct",
+            lambda v, where: render_direct(p40_spec, field, v, where),
+            verbatim=all(map(quoting.printable, value)),
+        )
     assert_no_canary()
 
 
 # -- the filters themselves ------------------------------------------------------------------------
 
+
 @settings(max_examples=50, deadline=None, database=None)
 @given(st.text().filter(lambda s: "\x00" not in s))
 def test_sh_quotes_any_text_into_one_bash_word_that_is_exactly_it(value):
-    p = subprocess.run(["bash", "-c", f"printf '%s' {quoting.sh(value)}"], capture_output=True,
-                       timeout=10, env={"LC_ALL": "C.UTF-8", "PATH": "/usr/bin:/bin"})
+    p = subprocess.run(
+        ["bash", "-c", f"printf '%s' {quoting.sh(value)}"],
+        capture_output=True,
+        timeout=10,
+        env={"LC_ALL": "C.UTF-8", "PATH": "/usr/bin:/bin"},
+    )
     assert p.stdout.decode("utf-8", "surrogateescape") == value
     assert "\n" not in quoting.sh(value) and "\r" not in quoting.sh(value)
 
@@ -571,20 +743,24 @@ def test_python_and_comment_filters_keep_any_text_on_its_line_and_exact(value):
     assert ast.literal_eval(f'"""{quoting.pystr(value)}"""') == value
     for filtered in (quoting.comment(value), quoting.pystr(value), quoting.dq(value)):
         assert len(filtered.splitlines() or [""]) == 1 and "\x00" not in filtered
-    assert dockerfile_word(f'"{quoting.dq(value)}"') == value or not all(
-        map(quoting.printable, value))
+    assert dockerfile_word(f'"{quoting.dq(value)}"') == value or not all(map(quoting.printable, value))
 
 
 def test_a_benign_value_leaves_every_filter_unchanged():
     for value in ("Tesla P40", "https://pypi.org/simple", "torch==2.6.0+cu118", "p40"):
-        assert {quoting.comment(value), quoting.pystr(value), quoting.dq(value),
-                quoting.arg(value) if " " not in value else value} == {value}
+        assert {
+            quoting.comment(value),
+            quoting.pystr(value),
+            quoting.dq(value),
+            quoting.arg(value) if " " not in value else value,
+        } == {value}
     assert quoting.word("ray[default]==2.46.0") == "ray[default]==2.46.0"
     with pytest.raises(ValueError):
         quoting.word("numpy==1.0 --index-url https://evil")
 
 
 # -- checked where it enters: the placeholder, the pre-release, a key named twice ----------------
+
 
 def overlay_error(tmp_path, doc) -> str:
     from envbuilder.model import matrix as M
@@ -596,12 +772,16 @@ def overlay_error(tmp_path, doc) -> str:
     return str(e.value)
 
 
-@pytest.mark.parametrize("doc, named", [
-    ({"index_url": "https://download.pytorch.org/whl/{cuda}"}, "index_url"),
-    ({"index_url": "https://download.pytorch.org/whl/{variant"}, "index_url"),
-    (lab_mirror(pytorch=["https://mirror.example/{varient}"]), "mirrors.lab.pytorch[0]"),
-    (lab_mirror(pypi=["https://mirror.example/{variant}/simple"]), "mirrors.lab.pypi[0]"),
-], ids=["unknown field", "unclosed brace", "mirror's pytorch", "a field where none is filled"])
+@pytest.mark.parametrize(
+    "doc, named",
+    [
+        ({"index_url": "https://download.pytorch.org/whl/{cuda}"}, "index_url"),
+        ({"index_url": "https://download.pytorch.org/whl/{variant"}, "index_url"),
+        (lab_mirror(pytorch=["https://mirror.example/{varient}"]), "mirrors.lab.pytorch[0]"),
+        (lab_mirror(pypi=["https://mirror.example/{variant}/simple"]), "mirrors.lab.pypi[0]"),
+    ],
+    ids=["unknown field", "unclosed brace", "mirror's pytorch", "a field where none is filled"],
+)
 def test_a_placeholder_envbuild_does_not_fill_is_refused_at_load(tmp_path, doc, named):
     msg = overlay_error(tmp_path, doc)
     assert named in msg and "lab.yaml" in msg
@@ -618,14 +798,29 @@ def test_an_unknown_placeholder_in_the_index_url_is_exit_2_not_a_traceback(rende
 
 
 RC_OVERLAY = {
-    "torch": {"2.9.0rc1": dict(record("torch", "2.9.0", frozen()), torchvision="0.24.0rc1",
-                               torchaudio="2.9.0rc1", source=URL)},
+    "torch": {
+        "2.9.0rc1": dict(
+            record("torch", "2.9.0", frozen()), torchvision="0.24.0rc1", torchaudio="2.9.0rc1", source=URL
+        )
+    },
     "vllm": {"0.11.1rc2": dict(record("vllm", "0.11.0", frozen()), torch="2.9.0rc1", source=URL)},
-    "verl": {"0.7.0rc1": dict(record("verl", "0.6.1", frozen()), vllm=">=0.8.5,<=0.11.1rc2", source=URL,
-                              torch_source=URL)},
-    "profiles": {"rc": record("profiles", "h200", frozen(), torch="2.9.0rc1", vllm="0.11.1rc2",
-                              verl="0.7.0rc1", source=URL,
-                              pins={"transformers": "4.57.0rc3"})},
+    "verl": {
+        "0.7.0rc1": dict(
+            record("verl", "0.6.1", frozen()), vllm=">=0.8.5,<=0.11.1rc2", source=URL, torch_source=URL
+        )
+    },
+    "profiles": {
+        "rc": record(
+            "profiles",
+            "h200",
+            frozen(),
+            torch="2.9.0rc1",
+            vllm="0.11.1rc2",
+            verl="0.7.0rc1",
+            source=URL,
+            pins={"transformers": "4.57.0rc3"},
+        )
+    },
 }
 
 
@@ -644,20 +839,33 @@ def test_pre_releases_in_an_overlay_render_and_reach_preflight(render_cli, tmp_p
     assert r.arg("VERL_VERSION") == "0.7.0rc1"
 
 
-@settings(max_examples=40, deadline=None, database=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.one_of(  # mostly releases envbuild takes; \d: digits of any script (refused)
-    st.from_regex(r"2\.[4-9](\.[0-9]{1,2})?((a|b|rc)[0-9]|\.?post[0-9]|\.?dev[0-9]|-rc1|c1"
-                  r"|\.pre1|\+cu128|-1)?", fullmatch=True),
-    st.from_regex(r"2\.\d(\.\d)?(rc\d)?", fullmatch=True)))
+@settings(
+    max_examples=40,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    st.one_of(  # mostly releases envbuild takes; \d: digits of any script (refused)
+        st.from_regex(
+            r"2\.[4-9](\.[0-9]{1,2})?((a|b|rc)[0-9]|\.?post[0-9]|\.?dev[0-9]|-rc1|c1"
+            r"|\.pre1|\+cu128|-1)?",
+            fullmatch=True,
+        ),
+        st.from_regex(r"2\.\d(\.\d)?(rc\d)?", fullmatch=True),
+    )
+)
 def test_any_version_like_string_in_an_overlay_renders_or_is_exit_2(render_cli, tmp_path, version):
     """A torch release (and the vLLM that pins it) named by any version-like string: it renders,
     reaching preflight as written, or it is an exit-2 paragraph; never a traceback."""
     cli = render_cli[0]
     folder = fresh(tmp_path)
-    doc = {"torch": {version: dict(record("torch", "2.9.0"), torchaudio=version, source=URL)},
-           "vllm": {"0.11.0": dict(record("vllm", "0.11.0"), torch=version, source=URL)},
-           "profiles": {"v": record("profiles", "h200", torch=version, source=URL)}}
+    doc = {
+        "torch": {version: dict(record("torch", "2.9.0"), torchaudio=version, source=URL)},
+        "vllm": {"0.11.0": dict(record("vllm", "0.11.0"), torch=version, source=URL)},
+        "profiles": {"v": record("profiles", "h200", torch=version, source=URL)},
+    }
     (folder / "lab.yaml").write_text(yaml.safe_dump(doc), encoding="utf-8")
     code, _, err = cli("render", "v", "--matrix-dir", folder, "-o", folder / "out")
     if code == 0:
@@ -670,8 +878,9 @@ def test_any_version_like_string_in_an_overlay_renders_or_is_exit_2(render_cli, 
 
 def test_a_key_named_twice_in_a_from_file_is_refused(cli, tmp_path, p40_spec):
     text = json.dumps(p40_spec)
-    (tmp_path / "spec.json").write_text(text.replace('"profile": "p40"',
-                                                     '"profile": "p40", "profile": "lab"', 1))
+    (tmp_path / "spec.json").write_text(
+        text.replace('"profile": "p40"', '"profile": "p40", "profile": "lab"', 1)
+    )
     code, _, err = cli("render", "--from", tmp_path / "spec.json", "-o", tmp_path / "out")
     assert_refused(code, err)
     assert "'profile' twice" in err

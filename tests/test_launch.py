@@ -97,15 +97,19 @@ done
 exec "${args[@]}"
 """
 
-APPTAINER = r"""#!/bin/bash
+APPTAINER = (
+    r"""#!/bin/bash
 [ "$1" = exec ] || { echo "apptainer shim: only exec" >&2; exit 90; }
 shift
 while [[ $1 == --* ]]; do shift; done
 if [ "$1" != "$SHIM_IMAGE" ]; then echo "apptainer shim: image [$1] is not [$SHIM_IMAGE]" >&2; exit 91; fi
 shift
-""" + IN_IMAGE
+"""
+    + IN_IMAGE
+)
 
-DOCKER = r"""#!/bin/bash
+DOCKER = (
+    r"""#!/bin/bash
 verb=$1
 shift
 case $verb in
@@ -122,7 +126,9 @@ while [ $# -gt 0 ]; do
 done
 if [ "$verb" = run ] && [ "$1" != "$SHIM_IMAGE" ]; then echo "docker shim: image [$1] is not [$SHIM_IMAGE]" >&2; exit 91; fi
 shift  # (the image, or exec's container)
-""" + IN_IMAGE
+"""
+    + IN_IMAGE
+)
 
 # the stand-in trainer: what Ray holds, and what each node's Ray workers see of NCCL's settings
 TRAINER = r"""#!/bin/bash
@@ -194,8 +200,12 @@ class Loopback:
         self.shim = tmp / "shim"
         (self.shim / "bin").mkdir(parents=True)
         (self.shim / "nodes").mkdir()
-        for name, text in (("srun", SRUN), ("scontrol", SCONTROL), ("hostname", HOSTNAME),
-                           (runtime, APPTAINER if runtime == "apptainer" else DOCKER)):
+        for name, text in (
+            ("srun", SRUN),
+            ("scontrol", SCONTROL),
+            ("hostname", HOSTNAME),
+            (runtime, APPTAINER if runtime == "apptainer" else DOCKER),
+        ):
             path = self.shim / "bin" / name
             path.write_text(text)
             path.chmod(0o755)
@@ -212,19 +222,32 @@ class Loopback:
         self.port = base
         for i, node in enumerate(nodes):
             p = base + 1 + 16 * i
-            args = [f"--temp-dir={self.ray_tmp}/{i}", "--num-cpus=1",
-                    "--object-store-memory=80000000", f"--node-manager-port={p}",
-                    f"--object-manager-port={p + 1}", f"--dashboard-agent-listen-port={p + 2}",
-                    f"--dashboard-agent-grpc-port={p + 3}", f"--metrics-export-port={p + 4}",
-                    f"--runtime-env-agent-port={p + 5}", f"--min-worker-port={p + 6}",
-                    f"--max-worker-port={p + 15}"]
+            args = [
+                f"--temp-dir={self.ray_tmp}/{i}",
+                "--num-cpus=1",
+                "--object-store-memory=80000000",
+                f"--node-manager-port={p}",
+                f"--object-manager-port={p + 1}",
+                f"--dashboard-agent-listen-port={p + 2}",
+                f"--dashboard-agent-grpc-port={p + 3}",
+                f"--metrics-export-port={p + 4}",
+                f"--runtime-env-agent-port={p + 5}",
+                f"--min-worker-port={p + 6}",
+                f"--max-worker-port={p + 15}",
+            ]
             (self.shim / "nodes" / f"{node}.args").write_text(" ".join(args))
         self.env = {
             "PATH": f"{self.shim / 'bin'}:{BIN}:/usr/bin:/bin",
-            "HOME": str(tmp), "LANG": "C.UTF-8", "SHIM": str(self.shim), "SHIM_IMAGE": image,
-            "SLURM_JOB_NODELIST": ",".join(nodes), "SLURM_JOB_ID": "4242",
-            "SLURM_CPUS_ON_NODE": "1", "ENVBUILD_RAY_PORT": str(self.port),
-            "ENVBUILD_TEST_MARK": self.marker, "RAY_USAGE_STATS_ENABLED": "0",
+            "HOME": str(tmp),
+            "LANG": "C.UTF-8",
+            "SHIM": str(self.shim),
+            "SHIM_IMAGE": image,
+            "SLURM_JOB_NODELIST": ",".join(nodes),
+            "SLURM_JOB_ID": "4242",
+            "SLURM_CPUS_ON_NODE": "1",
+            "ENVBUILD_RAY_PORT": str(self.port),
+            "ENVBUILD_TEST_MARK": self.marker,
+            "RAY_USAGE_STATS_ENABLED": "0",
         }
 
     def node(self, name: str, state: str) -> None:
@@ -233,9 +256,15 @@ class Loopback:
     def run(self, script: Path, *args: str, wait: int = 60, timeout: int = 120):
         env = dict(self.env, ENVBUILD_RAY_WAIT=str(wait))
         start = time.monotonic()
-        proc = subprocess.Popen(["bash", str(script), *args], env=env, cwd=self.tmp,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            ["bash", str(script), *args],
+            env=env,
+            cwd=self.tmp,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -271,14 +300,17 @@ def loopback(tmp_path):
 
     def make(runtime="apptainer", nodes=("node1", "node2"), **kw):
         env = resolved("h100", **{**RUN, **kw})
-        image = str(tmp_path / "images" / "h100 'nightly' $(touch pwned) `touch pwned2`.sif") \
-            if runtime == "apptainer" else IMAGE
-        cluster = Loopback(tmp_path, list(nodes), runtime, image,
-                           render_files(env)["envbuild.json"])
+        image = (
+            str(tmp_path / "images" / "h100 'nightly' $(touch pwned) `touch pwned2`.sif")
+            if runtime == "apptainer"
+            else IMAGE
+        )
+        cluster = Loopback(tmp_path, list(nodes), runtime, image, render_files(env)["envbuild.json"])
         made.append(cluster)
         script = tmp_path / "job.sbatch"
-        script.write_text(L.slurm_script(env, **({"sif": image} if runtime == "apptainer"
-                                                 else {"image": image})))
+        script.write_text(
+            L.slurm_script(env, **({"sif": image} if runtime == "apptainer" else {"image": image}))
+        )
         return cluster, script
 
     yield make
@@ -287,8 +319,7 @@ def loopback(tmp_path):
 
 
 @pytest.mark.parametrize("runtime", ["apptainer", "docker"])
-def test_the_sbatch_script_forms_a_two_node_ray_cluster_and_runs_the_trainer_on_it(loopback,
-                                                                                  runtime):
+def test_the_sbatch_script_forms_a_two_node_ray_cluster_and_runs_the_trainer_on_it(loopback, runtime):
     cluster, script = loopback(runtime)
     code, out, err, _ = cluster.run(script, "trainer.total_epochs=2")
     assert code == 0, err[-4000:]
@@ -310,8 +341,10 @@ def test_a_worker_that_never_joins_ends_in_a_timeout_that_names_it(loopback):
     cluster.node("node2", "hang")  # its srun step never starts Ray, and never returns
     code, _, err, took = cluster.run(script, wait=10)
     assert code == 1, err[-4000:]
-    assert ("Ray sees 8 of 16 GPUs on 1 node(s); these nodes did not join: node2. Their "
-            "`ray start` output is in the job log; raise ENVBUILD_RAY_WAIT") in err
+    assert (
+        "Ray sees 8 of 16 GPUs on 1 node(s); these nodes did not join: node2. Their "
+        "`ray start` output is in the job log; raise ENVBUILD_RAY_WAIT"
+    ) in err
     assert took < 10 + 30  # the deadline, not a hang
     assert not (cluster.shim / "result.json").exists()  # the trainer never started
 
@@ -332,9 +365,11 @@ def test_an_image_built_for_another_run_is_refused_before_ray_starts(loopback):
     (cluster.shim / "root" / "etc" / "envbuild.json").write_text(one_node)
     code, _, err, _ = cluster.run(script)
     assert code == 2
-    assert ("the image was rendered for another run: nodes 1 (this job: 2). The batch sizes and "
-            "trainer.nnodes of its run script follow that; build the image with: envbuild build "
-            "h100 --algo grpo --gpus-per-node 8 --nodes 2") in err
+    assert (
+        "the image was rendered for another run: nodes 1 (this job: 2). The batch sizes and "
+        "trainer.nnodes of its run script follow that; build the image with: envbuild build "
+        "h100 --algo grpo --gpus-per-node 8 --nodes 2"
+    ) in err
     # the image check was the only step: no node started Ray
     assert (cluster.shim / "steps.log").read_text().splitlines() == ["node1 apptainer"]
     assert not _marked(cluster.marker)
@@ -342,14 +377,18 @@ def test_an_image_built_for_another_run_is_refused_before_ray_starts(loopback):
 
 # -- KubeRay ---------------------------------------------------------------------------------------
 
+
 def _strict(schema):
     """The CRD's schema as `kubectl apply` (field validation Strict, its default since 1.27)
     applies it: an object that declares its properties takes no others (the API server would
     reject them; plain jsonschema lets unknown keys through)."""
     if isinstance(schema, dict):
         out = {k: _strict(v) for k, v in schema.items()}
-        if ("properties" in schema and "additionalProperties" not in schema
-                and not schema.get("x-kubernetes-preserve-unknown-fields")):
+        if (
+            "properties" in schema
+            and "additionalProperties" not in schema
+            and not schema.get("x-kubernetes-preserve-unknown-fields")
+        ):
             out["additionalProperties"] = False
         return out
     if isinstance(schema, list):
@@ -367,12 +406,13 @@ def rayjob_schema():
 
 
 def errors(validator, doc) -> list[str]:
-    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
-            for e in validator.iter_errors(doc)]
+    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(doc)]
 
 
-@pytest.mark.parametrize("args", [dict(), dict(algo="grpo", nodes=2),
-                                  dict(algo="grpo", nodes=4, gpus_per_node=8, interconnect="ib")])
+@pytest.mark.parametrize(
+    "args",
+    [dict(), dict(algo="grpo", nodes=2), dict(algo="grpo", nodes=4, gpus_per_node=8, interconnect="ib")],
+)
 @pytest.mark.parametrize("profile", ["h100", "4090"])
 def test_the_rayjob_validates_against_kuberays_crd_schema(rayjob_schema, profile, args):
     env = resolved(profile, **args)
@@ -426,30 +466,49 @@ def test_shm_is_thirty_percent_of_the_pods_memory_unless_given(rayjob_schema):
 
 
 def test_a_tag_only_image_is_refused_naming_build_push(cli, tmp_path):
-    code, _, err = cli("launch", "kuberay", "h100", "--nodes", "2", "--image",
-                       "registry.example/envbuild/h100:latest", "-o", tmp_path / "job.yaml")
+    code, _, err = cli(
+        "launch",
+        "kuberay",
+        "h100",
+        "--nodes",
+        "2",
+        "--image",
+        "registry.example/envbuild/h100:latest",
+        "-o",
+        tmp_path / "job.yaml",
+    )
     assert code == 2
     assert "names no digest" in err and "envbuild build PROFILE --push REGISTRY" in err
     assert not (tmp_path / "job.yaml").exists()
-    code, _, err = cli("launch", "kuberay", "h100", "--nodes", "2", "--image", IMAGE,
-                         "-o", tmp_path / "job.yaml")
+    code, _, err = cli(
+        "launch", "kuberay", "h100", "--nodes", "2", "--image", IMAGE, "-o", tmp_path / "job.yaml"
+    )
     assert code == 0, err
     assert yaml.safe_load((tmp_path / "job.yaml").read_text())["kind"] == "RayJob"
 
 
 # -- the sbatch script, read by real tools ----------------------------------------------------------
 
+
 @pytest.mark.parametrize("runtime", ["apptainer", "docker"])
-@pytest.mark.parametrize("profile,args", [("h100", dict(algo="grpo", nodes=2)),
-                                          ("h100", dict()),
-                                          ("4090", dict(nodes=2)),
-                                          ("4090", dict(nodes=3, gpus_per_node=2, interconnect="roce")),
-                                          ("p40", dict(nodes=2, interconnect="ib"))])
+@pytest.mark.parametrize(
+    "profile,args",
+    [
+        ("h100", dict(algo="grpo", nodes=2)),
+        ("h100", dict()),
+        ("4090", dict(nodes=2)),
+        ("4090", dict(nodes=3, gpus_per_node=2, interconnect="roce")),
+        ("p40", dict(nodes=2, interconnect="ib")),
+    ],
+)
 def test_sbatch_scripts_pass_shellcheck_and_bash_n(profile, args, runtime, tmp_path):
     env = resolved(profile, **args)
     path = tmp_path / "job.sbatch"
-    path.write_text(L.slurm_script(env, **({"sif": "/shared/my images/it's.sif"}
-                                            if runtime == "apptainer" else {"image": IMAGE})))
+    path.write_text(
+        L.slurm_script(
+            env, **({"sif": "/shared/my images/it's.sif"} if runtime == "apptainer" else {"image": IMAGE})
+        )
+    )
     r = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     r = subprocess.run([shellcheck(), "-S", "info", str(path)], capture_output=True, text=True)
@@ -464,8 +523,13 @@ def test_sbatch_directives_come_before_the_first_command():
     directives = [i for i, line in enumerate(lines) if line.startswith("#SBATCH")]
     assert directives and max(directives) < first
     assert [lines[i] for i in directives] == [
-        "#SBATCH --job-name=envbuild-h100", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1",
-        "#SBATCH --gpus-per-node=8", "#SBATCH --exclusive", "#SBATCH --mem=0"]
+        "#SBATCH --job-name=envbuild-h100",
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --gpus-per-node=8",
+        "#SBATCH --exclusive",
+        "#SBATCH --mem=0",
+    ]
 
 
 def test_the_script_reads_the_hosts_one_a_line_unlike_verls_example(loopback):
@@ -502,8 +566,11 @@ def test_render_and_launch_agree_and_the_image_check_says_when_they_do_not(tmp_p
 
     def check(record_env, launch_env):
         record.write_text(render_files(record_env)["envbuild.json"])
-        return subprocess.run([sys.executable, "-c", L.IMAGE_CHECK, str(record),
-                               *L.check_args(launch_env)], capture_output=True, text=True)
+        return subprocess.run(
+            [sys.executable, "-c", L.IMAGE_CHECK, str(record), *L.check_args(launch_env)],
+            capture_output=True,
+            text=True,
+        )
 
     assert check(env, env).returncode == 0
     r = check(env, resolved("h100", nodes=2))  # `envbuild launch slurm h100 --nodes 2`: gae
@@ -516,43 +583,59 @@ def test_render_and_launch_agree_and_the_image_check_says_when_they_do_not(tmp_p
 
 # -- hostile values ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("ref", ["registry.example/envbuild/h100:1\n#SBATCH --uid=0",
-                                 "registry.example/$(touch pwned)/h100:1",
-                                 "registry.example/envbuild/h100:1; rm -rf ~",
-                                 "registry.example/envbuild/h100`id`:1",
-                                 "-v /:/host registry.example/h100:1",
-                                 "registry.example/envbuild/h100:1\u2028x"])
+
+@pytest.mark.parametrize(
+    "ref",
+    [
+        "registry.example/envbuild/h100:1\n#SBATCH --uid=0",
+        "registry.example/$(touch pwned)/h100:1",
+        "registry.example/envbuild/h100:1; rm -rf ~",
+        "registry.example/envbuild/h100`id`:1",
+        "-v /:/host registry.example/h100:1",
+        "registry.example/envbuild/h100:1\u2028x",
+    ],
+)
 def test_a_hostile_image_reference_is_refused_by_every_launcher(cli, tmp_path, ref):
     for kind in ("slurm", "kuberay"):
-        code, _, err = cli("launch", kind, "h100", "--nodes", "2", "--image", ref + (
-            "" if kind == "slurm" else "@" + DIGEST), "-o", tmp_path / kind)
+        code, _, err = cli(
+            "launch",
+            kind,
+            "h100",
+            "--nodes",
+            "2",
+            "--image",
+            ref + ("" if kind == "slurm" else "@" + DIGEST),
+            "-o",
+            tmp_path / kind,
+        )
         assert code == 2, (kind, err)
         assert "is not an image reference" in err
         assert not (tmp_path / kind).exists()
 
 
-@pytest.mark.parametrize("name", ["job;rm -rf ~", "a b", "job\n#SBATCH --uid=0", "$(id)", "",
-                                  "-x", "x" * 65])
+@pytest.mark.parametrize("name", ["job;rm -rf ~", "a b", "job\n#SBATCH --uid=0", "$(id)", "", "-x", "x" * 65])
 def test_a_hostile_job_name_is_refused(cli, tmp_path, name):
-    code, _, err = cli("launch", "slurm", "h100", "--sif", "/x.sif", "--job-name", name,
-                       "-o", tmp_path / "job.sbatch")
+    code, _, err = cli(
+        "launch", "slurm", "h100", "--sif", "/x.sif", "--job-name", name, "-o", tmp_path / "job.sbatch"
+    )
     assert code == 2 and "--job-name" in err
     assert not (tmp_path / "job.sbatch").exists()
-    code, _, err = cli("launch", "kuberay", "h100", "--image", IMAGE, "--job-name", name,
-                       "-o", tmp_path / "job.yaml")
+    code, _, err = cli(
+        "launch", "kuberay", "h100", "--image", IMAGE, "--job-name", name, "-o", tmp_path / "job.yaml"
+    )
     assert code == 2 and "--job-name" in err
 
 
 def test_a_sif_path_with_spaces_and_quotes_is_one_word_and_a_line_break_is_refused(cli, tmp_path):
-    sif = "/shared/my images/it's \"v2\" $(touch pwned) `id`.sif"
-    code, _, err = cli("launch", "slurm", "h100", "--nodes", "2", "--sif", sif,
-                       "-o", tmp_path / "job.sbatch")
+    sif = '/shared/my images/it\'s "v2" $(touch pwned) `id`.sif'
+    code, _, err = cli("launch", "slurm", "h100", "--nodes", "2", "--sif", sif, "-o", tmp_path / "job.sbatch")
     assert code == 0, err
     script = (tmp_path / "job.sbatch").read_text()
     # bash reads the assignment back as exactly the path (the live cluster test runs it too)
     settings = "\n".join(line for line in script.splitlines() if line.startswith("image="))
-    r = subprocess.run(["bash", "-c", settings + '\nprintf %s "$image"'], capture_output=True,
-                       text=True, cwd=tmp_path)
+    r = subprocess.run(
+        ["bash", "-c", settings + '\nprintf %s "$image"'], capture_output=True, text=True, cwd=tmp_path
+    )
     assert r.stdout == sif and not list(tmp_path.glob("pwned"))
     for bad in ("/shared/a\nb.sif", "/shared/a\x1b[2Jb.sif", ""):
         code, _, err = cli("launch", "slurm", "h100", "--sif", bad, "-o", tmp_path / "bad")
@@ -560,8 +643,9 @@ def test_a_sif_path_with_spaces_and_quotes_is_one_word_and_a_line_break_is_refus
     assert not (tmp_path / "bad").exists()
 
 
-@pytest.mark.parametrize("option,value", [("--head-ip", "10.0.0.1; id"), ("--head-ip", "$(id)"),
-                                          ("--head-ip", "a b")])
+@pytest.mark.parametrize(
+    "option,value", [("--head-ip", "10.0.0.1; id"), ("--head-ip", "$(id)"), ("--head-ip", "a b")]
+)
 def test_a_hostile_head_address_is_refused(cli, option, value):
     code, _, err = cli("launch", "ray", "h100", "--nodes", "2", option, value)
     assert code == 2 and option in err
@@ -569,22 +653,24 @@ def test_a_hostile_head_address_is_refused(cli, option, value):
 
 @pytest.mark.parametrize("claim", ["data; id", "Data", "a/b", "-x"])
 def test_a_hostile_claim_name_is_refused(cli, tmp_path, claim):
-    code, _, err = cli("launch", "kuberay", "h100", "--image", IMAGE, "--data-pvc", claim,
-                       "-o", tmp_path / "job.yaml")
+    code, _, err = cli(
+        "launch", "kuberay", "h100", "--image", IMAGE, "--data-pvc", claim, "-o", tmp_path / "job.yaml"
+    )
     assert code == 2 and "--data-pvc" in err
 
 
 # -- a cluster by hand ---------------------------------------------------------------------------------
 
+
 def test_launch_ray_prints_the_start_commands_and_the_run(cli):
-    code, out, err = cli("launch", "ray", "h100", "--algo", "grpo", "--nodes", "2",
-                         "--head-ip", "10.0.0.1")
+    code, out, err = cli("launch", "ray", "h100", "--algo", "grpo", "--nodes", "2", "--head-ip", "10.0.0.1")
     assert code == 0, err
     lines = out.splitlines()
     assert "HEAD_IP=10.0.0.1" in lines
     assert "export NCCL_IB_DISABLE=${NCCL_IB_DISABLE:-1}" in lines
-    assert ('ray start --head --node-ip-address="$HEAD_IP" --port=6379 --num-gpus=8 '
-            "--disable-usage-stats") in lines
+    assert (
+        'ray start --head --node-ip-address="$HEAD_IP" --port=6379 --num-gpus=8 --disable-usage-stats'
+    ) in lines
     assert 'ray start --address="$HEAD_IP":6379 --num-gpus=8 --disable-usage-stats' in lines
     assert lines[-1] == 'RAY_ADDRESS="$HEAD_IP:6379" /opt/envbuild/run_ppo_gsm8k.sh'
     r = subprocess.run(["bash", "-n"], input=out, capture_output=True, text=True)
@@ -599,6 +685,7 @@ def test_launch_ray_on_one_node_has_no_workers_and_no_network_settings(cli):
 
 
 # -- writing files -------------------------------------------------------------------------------------
+
 
 def test_launch_writes_its_own_files_again_and_refuses_anothers_without_force(cli, tmp_path):
     path = tmp_path / "job.sbatch"
@@ -618,8 +705,19 @@ def test_launch_writes_its_own_files_again_and_refuses_anothers_without_force(cl
 
 
 def test_launch_resolves_like_render_and_refuses_what_render_refuses(cli, tmp_path):
-    code, _, err = cli("launch", "slurm", "h100", "--nodes", "2", "--interconnect", "nvlink",
-                       "--sif", "/x.sif", "-o", tmp_path / "job.sbatch")
+    code, _, err = cli(
+        "launch",
+        "slurm",
+        "h100",
+        "--nodes",
+        "2",
+        "--interconnect",
+        "nvlink",
+        "--sif",
+        "/x.sif",
+        "-o",
+        tmp_path / "job.sbatch",
+    )
     assert code == 2 and "--interconnect tcp" in err
     assert not (tmp_path / "job.sbatch").exists()
 
@@ -629,19 +727,55 @@ def test_launch_resolves_like_render_and_refuses_what_render_refuses(cli, tmp_pa
 SIF = "/shared/images/envbuild.sif"
 GOLDEN_CASES = {  # tests/golden-launch/<case>/<file>: `envbuild launch KIND ARGS -o FILE`
     # the issue's run: GRPO on two 8-GPU H100 nodes over TCP, from an Apptainer image
-    "h100-2x8-grpo": {"slurm.sbatch": ["slurm", "h100", "--algo", "grpo", "--nodes", "2",
-                                       "--gpus-per-node", "8", "--sif", SIF],
-                      "rayjob.yaml": ["kuberay", "h100", "--algo", "grpo", "--nodes", "2",
-                                      "--gpus-per-node", "8", "--image", IMAGE],
-                      "ray.sh": ["ray", "h100", "--algo", "grpo", "--nodes", "2",
-                                 "--gpus-per-node", "8"]},
+    "h100-2x8-grpo": {
+        "slurm.sbatch": [
+            "slurm",
+            "h100",
+            "--algo",
+            "grpo",
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "8",
+            "--sif",
+            SIF,
+        ],
+        "rayjob.yaml": [
+            "kuberay",
+            "h100",
+            "--algo",
+            "grpo",
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "8",
+            "--image",
+            IMAGE,
+        ],
+        "ray.sh": ["ray", "h100", "--algo", "grpo", "--nodes", "2", "--gpus-per-node", "8"],
+    },
     # two one-GPU 4090 boxes, docker on Slurm; the RayJob with a shared data claim
-    "4090-2x1": {"slurm.sbatch": ["slurm", "4090", "--nodes", "2", "--image",
-                                  f"registry.example:5000/envbuild/4090@{DIGEST}"],
-                 "rayjob.yaml": ["kuberay", "4090", "--nodes", "2", "--image",
-                                 f"registry.example:5000/envbuild/4090@{DIGEST}",
-                                 "--data-pvc", "gsm8k-data"],
-                 "ray.sh": ["ray", "4090", "--nodes", "2", "--head-ip", "192.168.1.10"]},
+    "4090-2x1": {
+        "slurm.sbatch": [
+            "slurm",
+            "4090",
+            "--nodes",
+            "2",
+            "--image",
+            f"registry.example:5000/envbuild/4090@{DIGEST}",
+        ],
+        "rayjob.yaml": [
+            "kuberay",
+            "4090",
+            "--nodes",
+            "2",
+            "--image",
+            f"registry.example:5000/envbuild/4090@{DIGEST}",
+            "--data-pvc",
+            "gsm8k-data",
+        ],
+        "ray.sh": ["ray", "4090", "--nodes", "2", "--head-ip", "192.168.1.10"],
+    },
 }
 
 
@@ -665,9 +799,14 @@ def test_launch_files_match_the_golden_files(cli, tmp_path, case, name):
     assert golden.is_file(), f"no {golden}; create it with UPDATE_GOLDEN=1 and review it"
     want = golden.read_text()
     if got != want:
-        pytest.fail("".join(difflib.unified_diff(want.splitlines(True), got.splitlines(True),
-                                                 f"golden/{case}/{name}", "launched")),
-                    pytrace=False)
+        pytest.fail(
+            "".join(
+                difflib.unified_diff(
+                    want.splitlines(True), got.splitlines(True), f"golden/{case}/{name}", "launched"
+                )
+            ),
+            pytrace=False,
+        )
 
 
 def test_every_golden_file_is_a_case():

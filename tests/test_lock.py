@@ -49,8 +49,9 @@ def isolated(tmp_path_factory):
     for this module's tests only: the environment is as it was once the module is done."""
     home = tmp_path_factory.mktemp("home")
     mp = pytest.MonkeyPatch()
-    for k, v in dict(ENVBUILD_NO_CACHE="1", XDG_CACHE_HOME=str(home / "cache"),
-                     UV_CACHE_DIR=str(home / "uv-cache")).items():
+    for k, v in dict(
+        ENVBUILD_NO_CACHE="1", XDG_CACHE_HOME=str(home / "cache"), UV_CACHE_DIR=str(home / "uv-cache")
+    ).items():
         mp.setenv(k, v)
     for k in [k for k in os.environ if k.startswith(("UV_INDEX", "UV_EXTRA", "ENVBUILD_MATRIX"))]:
         mp.delenv(k)
@@ -75,30 +76,61 @@ def world(isolated, tmp_path_factory):
     from fixture_wheels import apex_archive
     from httpfixtures import FileServer
 
-    apex_path, apex_tgz = apex_archive(REPO / "tests" / "fixtures" / "apex-standin",
-                                       env.to_dict()["apex"]["url"])
-    with F.PypiServer(root / "torch-index") as torch_idx, F.PypiServer(root / "pypi") as pypi, \
-            F.registry(root / "registry") as reg, FileServer({apex_path: apex_tgz}) as github:
+    apex_path, apex_tgz = apex_archive(
+        REPO / "tests" / "fixtures" / "apex-standin", env.to_dict()["apex"]["url"]
+    )
+    with (
+        F.PypiServer(root / "torch-index") as torch_idx,
+        F.PypiServer(root / "pypi") as pypi,
+        F.registry(root / "registry") as reg,
+        FileServer({apex_path: apex_tgz}) as github,
+    ):
         r = F.Registry(reg)
         images = env.to_dict()["cuda"]["images"]
         pushed = {
-            images["runtime"]: r.multiarch(f"{NS}/{images['runtime'].split(':')[0]}",
-                                           images["runtime"].split(":")[1], oci=False),
-            images["devel"]: r.multiarch(f"{NS}/{images['devel'].split(':')[0]}",
-                                         images["devel"].split(":")[1], oci=True),
+            images["runtime"]: r.multiarch(
+                f"{NS}/{images['runtime'].split(':')[0]}", images["runtime"].split(":")[1], oci=False
+            ),
+            images["devel"]: r.multiarch(
+                f"{NS}/{images['devel'].split(':')[0]}", images["devel"].split(":")[1], oci=True
+            ),
         }
-        yield {"root": root, "wheels": wheels, "channel": chan, "channel_dir": channel,
-               "torch": torch_idx.url, "pypi": pypi.url, "registry": reg, "pushed": pushed,
-               "env": env, "mirror": f"{reg.split('://')[1]}/{NS}",
-               "github": github.url("").rstrip("/"), "apex_tgz": apex_tgz}
+        yield {
+            "root": root,
+            "wheels": wheels,
+            "channel": chan,
+            "channel_dir": channel,
+            "torch": torch_idx.url,
+            "pypi": pypi.url,
+            "registry": reg,
+            "pushed": pushed,
+            "env": env,
+            "mirror": f"{reg.split('://')[1]}/{NS}",
+            "github": github.url("").rstrip("/"),
+            "apex_tgz": apex_tgz,
+        }
     chan.close()
 
 
 def lock_args(world, out, *extra):
     """`envbuild lock p40 -o OUT`: the lock goes into OUT/p40/."""
-    return ["lock", "p40", "-o", out, "--index-url", world["pypi"], "--torch-index-url",
-            world["torch"], "--channel", world["channel"].url, "--registry-mirror",
-            world["mirror"], "--github-url", world["github"], *extra]
+    return [
+        "lock",
+        "p40",
+        "-o",
+        out,
+        "--index-url",
+        world["pypi"],
+        "--torch-index-url",
+        world["torch"],
+        "--channel",
+        world["channel"].url,
+        "--registry-mirror",
+        world["mirror"],
+        "--github-url",
+        world["github"],
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -117,13 +149,19 @@ def closed_port() -> int:
 
 # ---- what the lock holds ---------------------------------------------------------------------
 
+
 def test_lock_writes_the_six_files(p40_lock):
     # -o DIR holds one folder per profile, DIR/p40/, with one profile as with --all
     assert [p.name for p in p40_lock.parent.iterdir()] == ["p40"]
     assert sorted(p.name for p in p40_lock.iterdir()) == [
         ".envbuild-files.json",  # (what envbuild wrote there: a re-lock deletes only that)
-        "conda-lock.yml", "images.lock", "lock.json", "pylock.toml", "requirements.lock",
-        "sources.lock"]
+        "conda-lock.yml",
+        "images.lock",
+        "lock.json",
+        "pylock.toml",
+        "requirements.lock",
+        "sources.lock",
+    ]
     meta = json.loads((p40_lock / "lock.json").read_text())
     assert meta["parts"] == ["conda", "images", "pip", "sources"]
     assert meta["target"]["virtual_packages"]["__cuda"] == "11.8"
@@ -147,14 +185,28 @@ def test_conda_lock_yml_is_accepted_by_conda_lock(p40_lock, tmp_path):
     assert "filelock" in pip["torch"].dependencies
 
     shutil.copy(p40_lock / "conda-lock.yml", tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "conda_lock", "render", "-k", "explicit",
-                           "--platform", "linux-64", "conda-lock.yml"], cwd=tmp_path,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "conda_lock",
+            "render",
+            "-k",
+            "explicit",
+            "--platform",
+            "linux-64",
+            "conda-lock.yml",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
     explicit = (tmp_path / "conda-linux-64.lock").read_text()
     assert "@EXPLICIT" in explicit
-    assert re.search(r"^http://127\.0\.0\.1:\d+/linux-64/cuda-nvcc-11\.8\.89-h0_0\.conda#[0-9a-f]{32}$",
-                     explicit, re.M)
+    assert re.search(
+        r"^http://127\.0\.0\.1:\d+/linux-64/cuda-nvcc-11\.8\.89-h0_0\.conda#[0-9a-f]{32}$", explicit, re.M
+    )
     assert "# pip torch @ http://127.0.0.1:" in explicit
 
 
@@ -164,8 +216,14 @@ def test_rattler_installs_the_locked_env_without_solving(world, p40_lock, tmp_pa
     fetched = world["channel"].log[before:]
     assert fetched and not any("repodata" in path for path in fetched), fetched
     installed = sorted(p.name.rsplit("-", 2)[0] for p in (tmp_path / "env" / "conda-meta").glob("*.json"))
-    assert installed == ["cuda-cudart-dev", "cuda-libraries-dev", "cuda-nvcc", "cuda-version",
-                         "pip", "python"]
+    assert installed == [
+        "cuda-cudart-dev",
+        "cuda-libraries-dev",
+        "cuda-nvcc",
+        "cuda-version",
+        "pip",
+        "python",
+    ]
 
 
 def test_a_tampered_conda_sha256_fails_the_install(p40_lock, tmp_path):
@@ -174,11 +232,13 @@ def test_a_tampered_conda_sha256_fails_the_install(p40_lock, tmp_path):
 
 
 def _python310() -> str:
-    for candidate in [shutil.which("python3.10"),
-                      *sorted(Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
-                              .glob("versions/3.10*/bin/python3.10"))]:
-        if candidate and subprocess.run([str(candidate), "-c", "pass"],
-                                        capture_output=True).returncode == 0:
+    for candidate in [
+        shutil.which("python3.10"),
+        *sorted(
+            Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")).glob("versions/3.10*/bin/python3.10")
+        ),
+    ]:
+        if candidate and subprocess.run([str(candidate), "-c", "pass"], capture_output=True).returncode == 0:
             return str(candidate)
     pytest.fail("no Python 3.10 interpreter for the cp310 fixture wheels")
 
@@ -187,20 +247,40 @@ def _pip_install(world, venv: Path, requirements: Path) -> subprocess.CompletedP
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
     env["PIP_CONFIG_FILE"] = os.devnull  # this host's pip.conf adds find-links
     return subprocess.run(
-        [venv / "bin" / "pip", "install", "--no-cache-dir", "--disable-pip-version-check",
-         "--no-deps", "--require-hashes", "--only-binary=:all:", "--index-url", world["pypi"],
-         "--extra-index-url", world["torch"], "-r", requirements],
-        capture_output=True, text=True, env=env)
+        [
+            venv / "bin" / "pip",
+            "install",
+            "--no-cache-dir",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "--require-hashes",
+            "--only-binary=:all:",
+            "--index-url",
+            world["pypi"],
+            "--extra-index-url",
+            world["torch"],
+            "-r",
+            requirements,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
 
 
-def test_requirements_lock_installs_with_require_hashes_and_a_tampered_hash_fails(
-        world, p40_lock, tmp_path):
+def test_requirements_lock_installs_with_require_hashes_and_a_tampered_hash_fails(world, p40_lock, tmp_path):
     subprocess.run([_python310(), "-m", "venv", tmp_path / "v"], check=True)
     proc = _pip_install(world, tmp_path / "v", p40_lock / "requirements.lock")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    out = subprocess.run([tmp_path / "v" / "bin" / "python", "-c",
-                          "import torch, verl, numpy; print(torch.__version__, numpy.__version__)"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            tmp_path / "v" / "bin" / "python",
+            "-c",
+            "import torch, verl, numpy; print(torch.__version__, numpy.__version__)",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert out.stdout.split() == ["2.6.0+cu118", "1.26.4"]
 
     text = (p40_lock / "requirements.lock").read_text()
@@ -220,8 +300,9 @@ def test_torch_comes_from_the_torch_index_never_the_decoy(world, p40_lock):
     decoy = hashlib.sha256(world["wheels"]["decoy"].read_bytes()).hexdigest()
     assert real in text and decoy not in text
     assert "numpy==1.26.4" in text  # the torch index has numpy, not this version: falls through
-    pip = {p.name: p for p in parse_conda_lock_file(p40_lock / "conda-lock.yml").package
-           if p.manager == "pip"}
+    pip = {
+        p.name: p for p in parse_conda_lock_file(p40_lock / "conda-lock.yml").package if p.manager == "pip"
+    }
     assert pip["torch"].url.startswith(world["torch"].replace("/simple/", "/"))
     assert pip["torch"].hash.sha256 == real
 
@@ -250,15 +331,27 @@ def test_a_mirror_set_supplies_indexes_channels_and_registry(world, p40_lock, tm
     import yaml
 
     chan = world["channel"].url.rstrip("/")
-    (tmp_path / "mirrors.yaml").write_text(yaml.safe_dump({
-        "sources": {"mine": "https://example.org/m"},
-        "mirrors": {"loop": {
-            "description": "loopback stand-ins of every upstream",
-            "registries": {"docker.io": [world["mirror"]]},
-            "pypi": [world["pypi"]], "pytorch": [world["torch"]], "github": [world["github"]],
-            "conda": {"conda-forge": [chan], "nvidia": [chan]}, "source": "mine"}}}))
-    rc, _, err = envbuild(capsys, "lock", "p40", "-o", tmp_path / "lock", "--mirror", "loop",
-                          "--matrix-dir", tmp_path)
+    (tmp_path / "mirrors.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "sources": {"mine": "https://example.org/m"},
+                "mirrors": {
+                    "loop": {
+                        "description": "loopback stand-ins of every upstream",
+                        "registries": {"docker.io": [world["mirror"]]},
+                        "pypi": [world["pypi"]],
+                        "pytorch": [world["torch"]],
+                        "github": [world["github"]],
+                        "conda": {"conda-forge": [chan], "nvidia": [chan]},
+                        "source": "mine",
+                    }
+                },
+            }
+        )
+    )
+    rc, _, err = envbuild(
+        capsys, "lock", "p40", "-o", tmp_path / "lock", "--mirror", "loop", "--matrix-dir", tmp_path
+    )
     assert rc == 0, err
     lock = tmp_path / "lock" / "p40"
     meta = json.loads((lock / "lock.json").read_text())
@@ -268,14 +361,14 @@ def test_a_mirror_set_supplies_indexes_channels_and_registry(world, p40_lock, tm
     assert meta["sources"]["pypi"] == world["pypi"] and meta["sources"]["torch"] == world["torch"]
     for name in ("requirements.lock", "images.lock"):  # the same artifacts as through the flags
         assert (lock / name).read_bytes() == (p40_lock / name).read_bytes()
-    assert f"{chan}/label/cuda-11.8.0/linux-64/cuda-nvcc-11.8.89" in \
-        (lock / "conda-lock.yml").read_text()
+    assert f"{chan}/label/cuda-11.8.0/linux-64/cuda-nvcc-11.8.89" in (lock / "conda-lock.yml").read_text()
     # each part says when it starts and how long it took (a line every 12 s between)
     for part in ("pip part", "sources", "conda part", "images"):
         assert f"p40: {part}: done in " in err, err
 
 
 # ---- same inputs, same bytes; --check ------------------------------------------------------
+
 
 def test_relocking_unchanged_inputs_changes_no_byte(world, p40_lock, tmp_path, capsys):
     rc, _, err = envbuild(capsys, *lock_args(world, tmp_path / "again"))
@@ -303,8 +396,9 @@ def test_check_passes_offline_and_detects_a_changed_matrix(world, tmp_path, caps
 
     # a changed fact: the p40's verl pins in an overlay
     (overlay / "local.yaml").write_text(
-        "sources:\n  mine: https://example.org/a\nprofiles:\n" +
-        _profile_yaml("p40", pins={"transformers": "4.52.0"}))
+        "sources:\n  mine: https://example.org/a\nprofiles:\n"
+        + _profile_yaml("p40", pins={"transformers": "4.52.0"})
+    )
     rc, out, err = envbuild(capsys, "lock", "p40", "--check", "-o", lock_dir, "--matrix-dir", overlay)
     assert rc == 1
     assert "stale: changed since locking: pip.requirements" in out
@@ -331,7 +425,8 @@ def edited_templates(tmp_path, monkeypatch):
 
 
 def test_a_template_comment_or_a_new_envbuild_leaves_a_lock_current(
-        world, p40_lock, edited_templates, tmp_path, capsys, monkeypatch):
+    world, p40_lock, edited_templates, tmp_path, capsys, monkeypatch
+):
     """A lock depends on what its solvers see, not on templates that cannot change a solution,
     nor on envbuild's version."""
     import envbuilder
@@ -344,8 +439,7 @@ def test_a_template_comment_or_a_new_envbuild_leaves_a_lock_current(
     assert rc == 0, err
     dockerfile = (tmp_path / "out" / "p40" / "Dockerfile").read_text()
     assert "# a comment written after locking" in dockerfile and "--require-hashes" in dockerfile
-    assert envbuilder.__version__ + ".post1" in \
-        (tmp_path / "out" / "p40" / "envbuild.json").read_text()
+    assert envbuilder.__version__ + ".post1" in (tmp_path / "out" / "p40" / "envbuild.json").read_text()
 
 
 def _profile_yaml(name: str, **changes) -> str:
@@ -383,6 +477,7 @@ def _truncate(name: str, resign: bool):
             meta = json.loads((lock / "lock.json").read_text())
             meta["files"][name] = hashlib.sha256(path.read_text().encode()).hexdigest()
             (lock / "lock.json").write_text(json.dumps(meta))
+
     return damage
 
 
@@ -390,7 +485,7 @@ def _edit_a_hash(lock: Path) -> None:
     path = lock / "requirements.lock"
     text = path.read_text()
     i = text.index("--hash=sha256:") + len("--hash=sha256:")
-    path.write_text(text[:i] + ("1" if text[i] == "0" else "0") + text[i + 1:])
+    path.write_text(text[:i] + ("1" if text[i] == "0" else "0") + text[i + 1 :])
 
 
 def _list_outside(lock: Path) -> None:
@@ -399,17 +494,26 @@ def _list_outside(lock: Path) -> None:
     (lock / "lock.json").write_text(json.dumps(meta))
 
 
-@pytest.mark.parametrize("damage, words", [
-    (_truncate("pylock.toml", resign=False), "modified: pylock.toml"),
-    (_truncate("pylock.toml", resign=True), "pylock.toml does not parse"),
-    (_truncate("conda-lock.yml", resign=True), "conda-lock.yml"),
-    (_edit_a_hash, "modified: requirements.lock"),
-    (lambda lock: (lock / "requirements.lock").unlink(), "missing:"),
-    (_list_outside, "'../outside.lock', which is no lock file"),
-], ids=["truncated-pylock", "truncated-pylock-resigned", "truncated-conda-lock-resigned",
-        "edited-hash", "missing-requirements", "listed-outside"])
-def test_check_render_and_wheelhouse_refuse_a_damaged_lock_alike(p40_lock, tmp_path, capsys,
-                                                                 damage, words):
+@pytest.mark.parametrize(
+    "damage, words",
+    [
+        (_truncate("pylock.toml", resign=False), "modified: pylock.toml"),
+        (_truncate("pylock.toml", resign=True), "pylock.toml does not parse"),
+        (_truncate("conda-lock.yml", resign=True), "conda-lock.yml"),
+        (_edit_a_hash, "modified: requirements.lock"),
+        (lambda lock: (lock / "requirements.lock").unlink(), "missing:"),
+        (_list_outside, "'../outside.lock', which is no lock file"),
+    ],
+    ids=[
+        "truncated-pylock",
+        "truncated-pylock-resigned",
+        "truncated-conda-lock-resigned",
+        "edited-hash",
+        "missing-requirements",
+        "listed-outside",
+    ],
+)
+def test_check_render_and_wheelhouse_refuse_a_damaged_lock_alike(p40_lock, tmp_path, capsys, damage, words):
     """One integrity check of a lock directory (lockfile.integrity) for all three readers: each
     file lock.json lists hashes right and parses, each locked part has its file."""
     lock = tmp_path / "lock"
@@ -427,14 +531,18 @@ def test_check_render_and_wheelhouse_refuse_a_damaged_lock_alike(p40_lock, tmp_p
 
 # ---- errors ----------------------------------------------------------------------------------
 
+
 def test_unsatisfiable_cuda_names_the_package_and_the_virtual_package(world, tmp_path, capsys):
     import yaml
 
     from envbuilder.model import matrix
 
     cuda = dict(matrix.load().cuda["11.8"], conda_nvcc="cuda-nvcc=12.4")  # nvcc too new for 11.8
-    (tmp_path / "cuda.yaml").write_text(yaml.safe_dump({
-        "sources": {"mine": "https://example.org/b"}, "cuda": {"11.8": {**cuda, "source": "mine"}}}))
+    (tmp_path / "cuda.yaml").write_text(
+        yaml.safe_dump(
+            {"sources": {"mine": "https://example.org/b"}, "cuda": {"11.8": {**cuda, "source": "mine"}}}
+        )
+    )
     rc, _, err = envbuild(capsys, *lock_args(world, tmp_path / "lock", "--matrix-dir", tmp_path))
     assert rc == 2, err
     assert "cuda-nvcc" in err and "__cuda" in err and "__cuda=11.8" in err
@@ -445,10 +553,12 @@ def test_unsatisfiable_cuda_names_the_package_and_the_virtual_package(world, tmp
 def test_an_unreachable_endpoint_exits_1_naming_it(world, tmp_path, capsys, what):
     dead = f"127.0.0.1:{closed_port()}"
     args = lock_args(world, tmp_path / "lock")
-    flag, value = {"index": ("--index-url", f"http://{dead}/simple/"),
-                   "torch-index": ("--torch-index-url", f"http://{dead}/simple/"),
-                   "channel": ("--channel", f"http://{dead}/"),
-                   "registry": ("--registry-mirror", f"{dead}/{NS}")}[what]
+    flag, value = {
+        "index": ("--index-url", f"http://{dead}/simple/"),
+        "torch-index": ("--torch-index-url", f"http://{dead}/simple/"),
+        "channel": ("--channel", f"http://{dead}/"),
+        "registry": ("--registry-mirror", f"{dead}/{NS}"),
+    }[what]
     args[args.index(flag) + 1] = value
     rc, _, err = envbuild(capsys, *args)
     assert rc == 1, err
@@ -469,6 +579,7 @@ def test_solver_conda_lock_without_a_conda_says_so(world, tmp_path, capsys, monk
 
 # ---- render --locked -------------------------------------------------------------------------
 
+
 def test_render_locked_pins_images_and_requires_hashes(world, p40_lock, tmp_path, capsys):
     from envbuilder.lock.pip import parse
 
@@ -486,8 +597,7 @@ def test_render_locked_pins_images_and_requires_hashes(world, p40_lock, tmp_path
     assert len(locked) == 6
     assert all("--no-deps" in i for i in locked)
     layer_files = sorted(p.name for p in out.glob("locked-*.txt"))
-    assert layer_files == ["locked-build.txt", "locked-torch.txt", "locked-verl-deps.txt",
-                           "locked-verl.txt"]
+    assert layer_files == ["locked-build.txt", "locked-torch.txt", "locked-verl-deps.txt", "locked-verl.txt"]
     for name in layer_files:
         assert f"source={name},target=/tmp/envbuild/{name}" in dockerfile
     # the runtime layers hold each package once, the builder's tools the rest of the lock,
@@ -510,14 +620,16 @@ def test_render_locked_pins_images_and_requires_hashes(world, p40_lock, tmp_path
 
 
 def test_render_locked_through_a_mirror_pins_the_mirrors_images_at_the_locked_digests(
-        world, p40_lock, tmp_path, capsys):
+    world, p40_lock, tmp_path, capsys
+):
     """A digest names the content: through a mirror the locked Dockerfile pulls the mirror's
     reference at the digest the lock recorded, never the upstream Docker Hub one."""
     from envbuilder.model import matrix as MX
     from envbuilder.model import mirrors as M
 
-    rc, _, err = envbuild(capsys, "render", "p40", "-o", tmp_path / "out", "--locked", p40_lock,
-                          "--mirror", "cn")
+    rc, _, err = envbuild(
+        capsys, "render", "p40", "-o", tmp_path / "out", "--locked", p40_lock, "--mirror", "cn"
+    )
     assert rc == 0, err
     dockerfile = (tmp_path / "out" / "p40" / "Dockerfile").read_text()
     images = json.loads((p40_lock / "images.lock").read_text())
@@ -560,13 +672,13 @@ def test_render_locked_refuses_a_partial_or_foreign_lock(world, tmp_path, capsys
         assert rc == 2 and "images.lock" in err, err
     # p40's lock where 4090's belongs
     shutil.copytree(tmp_path / "pip-only" / "p40", tmp_path / "mixed" / "4090")
-    rc, _, err = envbuild(capsys, "render", "4090", "-o", tmp_path / "o2", "--locked",
-                          tmp_path / "mixed")
+    rc, _, err = envbuild(capsys, "render", "4090", "-o", tmp_path / "o2", "--locked", tmp_path / "mixed")
     assert rc == 2 and "is the lock of profile 'p40', not '4090'" in err
     assert "pip.requirements" in err
     # p40's lock itself, for 4090: not 4090's lock, so --locked looks for 4090's under it
-    rc, _, err = envbuild(capsys, "render", "4090", "-o", tmp_path / "o2", "--locked",
-                          tmp_path / "pip-only" / "p40")
+    rc, _, err = envbuild(
+        capsys, "render", "4090", "-o", tmp_path / "o2", "--locked", tmp_path / "pip-only" / "p40"
+    )
     assert rc == 2 and "4090" in err, err
     assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
 
@@ -593,14 +705,18 @@ def test_render_locked_pins_the_builders_tools_and_the_apex_archive(p40_lock, tm
     assert "setuptools==81.0.0" in build_layer and "--hash=sha256:" in build_layer
     # the tools stay in the builder: no runtime layer installs them, except setuptools as verl
     # 0.4.1's own pin (its `import pkg_resources` needs setuptools < 82 at run time)
-    runtime_layers = {p.name: p.read_text() for p in (tmp_path / "o" / "p40").glob("locked-*.txt")
-                      if p.name != "locked-build.txt"}
+    runtime_layers = {
+        p.name: p.read_text()
+        for p in (tmp_path / "o" / "p40").glob("locked-*.txt")
+        if p.name != "locked-build.txt"
+    }
     assert not any("ninja==" in t for t in runtime_layers.values())
     with_setuptools = [n for n, t in runtime_layers.items() if "setuptools==" in t]
     assert all("setuptools==81.0.0" in runtime_layers[n] for n in with_setuptools)
 
 
 # ---- flash-attn's release wheels (sources.lock) ----------------------------------------------
+
 
 def _fa_names(profile="3090"):
     from envbuilder.model import matrix
@@ -610,9 +726,21 @@ def _fa_names(profile="3090"):
     d = resolve(matrix.load(), profile, Overrides(verl="0.6.1")).to_dict()  # flash-attn 2.8.3
     fa = d["flash_attn"]
     path = fa["release"].split("://", 1)[1].split("/", 1)[1]
-    return {abi: (path, wheel_filename(fa["wheel"], fa["version"], d["torch"]["version"],
-                                       d["torch"]["cuda"], d["python"], abi, fa["cuda_tags"]))
-            for abi in (False, True)}
+    return {
+        abi: (
+            path,
+            wheel_filename(
+                fa["wheel"],
+                fa["version"],
+                d["torch"]["version"],
+                d["torch"]["cuda"],
+                d["python"],
+                abi,
+                fa["cuda_tags"],
+            ),
+        )
+        for abi in (False, True)
+    }
 
 
 def test_the_flash_attn_release_wheels_of_both_abis_are_pinned_by_sha256(tmp_path, capsys):
@@ -624,11 +752,24 @@ def test_the_flash_attn_release_wheels_of_both_abis_are_pinned_by_sha256(tmp_pat
     from httpfixtures import FileServer
 
     names = _fa_names()
-    files = {f"{path}/{name}": flash_attn_release_wheel(tmp_path / "rel", name, "2.8.3").read_bytes()
-             for path, name in names.values()}
+    files = {
+        f"{path}/{name}": flash_attn_release_wheel(tmp_path / "rel", name, "2.8.3").read_bytes()
+        for path, name in names.values()
+    }
     with FileServer(files) as gh:
-        code, _, err = envbuild(capsys, "lock", "3090", "--verl", "0.6.1", "--only", "sources", "--github-url",
-                                gh.url("").rstrip("/"), "-o", tmp_path / "lock")
+        code, _, err = envbuild(
+            capsys,
+            "lock",
+            "3090",
+            "--verl",
+            "0.6.1",
+            "--only",
+            "sources",
+            "--github-url",
+            gh.url("").rstrip("/"),
+            "-o",
+            tmp_path / "lock",
+        )
     assert code == 0, err
     assert names[False][1] == "flash_attn-2.8.3+cu12torch2.8cxx11abiFALSE-cp310-cp310-linux_x86_64.whl"
     got = json.loads((tmp_path / "lock" / "3090" / "sources.lock").read_text())
@@ -644,15 +785,37 @@ def test_a_release_without_any_wheel_for_the_target_fails_the_lock(tmp_path, cap
     from httpfixtures import FileServer
 
     with FileServer({}) as gh:
-        code, _, err = envbuild(capsys, "lock", "3090", "--verl", "0.6.1", "--only", "sources", "--github-url",
-                                gh.url("").rstrip("/"), "-o", tmp_path / "lock")
+        code, _, err = envbuild(
+            capsys,
+            "lock",
+            "3090",
+            "--verl",
+            "0.6.1",
+            "--only",
+            "sources",
+            "--github-url",
+            gh.url("").rstrip("/"),
+            "-o",
+            tmp_path / "lock",
+        )
     assert code == 1 and "answered 404" in err and "--without flash-attn" in err
     assert not (tmp_path / "lock").exists()
 
 
 def test_locking_flash_attn_where_github_does_not_answer_names_the_mirror_options(tmp_path, capsys):
-    code, _, err = envbuild(capsys, "lock", "3090", "--verl", "0.6.1", "--only", "sources", "--github-url",
-                            f"http://127.0.0.1:{closed_port()}", "-o", tmp_path / "lock")
+    code, _, err = envbuild(
+        capsys,
+        "lock",
+        "3090",
+        "--verl",
+        "0.6.1",
+        "--only",
+        "sources",
+        "--github-url",
+        f"http://127.0.0.1:{closed_port()}",
+        "-o",
+        tmp_path / "lock",
+    )
     assert code == 1 and "Traceback" not in err
     assert "flash-attn's release wheel" in err and "--github-url" in err and "--mirror" in err
     assert not (tmp_path / "lock").exists()
@@ -661,6 +824,7 @@ def test_locking_flash_attn_where_github_does_not_answer_names_the_mirror_option
 def test_index_credentials_reach_no_lock_file_and_no_message(world, tmp_path, capsys):
     """An index with user:password@ (a private mirror) is used to solve, but lock.json, the
     requirement files and every line lock prints name it as ***@ or not at all."""
+
     def creds(url: str) -> str:
         return url.replace("http://", "http://locker:s3cret@", 1)
 

@@ -78,8 +78,12 @@ def test_a_source_naming_an_unknown_sources_key_is_rejected(overlay):
 
 
 def test_a_source_key_defined_in_the_same_file_is_accepted(overlay):
-    folder = overlay({"sources": {"my_notes": "lab wiki, page GPU-7"},
-                      "profiles": {"mine": record("profiles", "p40", source="my_notes")}})
+    folder = overlay(
+        {
+            "sources": {"my_notes": "lab wiki, page GPU-7"},
+            "profiles": {"mine": record("profiles", "p40", source="my_notes")},
+        }
+    )
     assert "mine" in M.load((folder,)).profiles
 
 
@@ -94,8 +98,9 @@ def test_an_overlay_adds_a_profile(overlay):
 
 def test_an_overlay_overrides_a_shipped_profile(overlay):
     train = dict(record("profiles", "p40")["train"], max_response_length=512)
-    folder = overlay({"profiles": {"p40": record("profiles", "p40", description="our P40 box",
-                                                 train=train, source=URL)}})
+    folder = overlay(
+        {"profiles": {"p40": record("profiles", "p40", description="our P40 box", train=train, source=URL)}}
+    )
     env = resolved("p40", M.load((folder,))).to_dict()
     assert env["description"] == "our P40 box"
     assert env["train"]["max_response_length"] == 512
@@ -113,16 +118,24 @@ def test_a_matrix_dir_that_is_not_a_folder_is_a_user_error(tmp_path):
 
 
 def test_a_version_range_that_cannot_be_read_is_rejected_at_load(overlay):
-    folder = overlay({"verl": {"0.4.1": record("verl", "0.4.1", vllm="garbage",
-                                               source="https://example.org")}})
+    folder = overlay(
+        {"verl": {"0.4.1": record("verl", "0.4.1", vllm="garbage", source="https://example.org")}}
+    )
     with pytest.raises(UserError) as e:
         M.load((folder,))
     assert "verl.0.4.1.vllm" in str(e.value) and "not a version range" in str(e.value)
 
 
 def test_an_unknown_component_in_a_profile_is_rejected(overlay):
-    folder = overlay({"profiles": {"lab": record("profiles", "p40", components={"flash_attn": "2.8.3"},
-                                                 source="https://example.org")}})
+    folder = overlay(
+        {
+            "profiles": {
+                "lab": record(
+                    "profiles", "p40", components={"flash_attn": "2.8.3"}, source="https://example.org"
+                )
+            }
+        }
+    )
     with pytest.raises(UserError) as e:
         M.load((folder,))
     assert "profiles.lab.components.flash_attn" in str(e.value) and "flash-attn" in str(e.value)
@@ -139,9 +152,14 @@ def test_a_pre_release_in_an_overlay_loads_sorts_and_resolves(overlay):
     assert max(m.verl, key=version_key) == "9.0.0rc1"
     env = resolved("h200", m, verl="9.0.0rc1").to_dict()
     assert env["verl"]["version"] == "9.0.0rc1"
-    assert sorted(["9.0.0", "9.0.0rc1", "9.0.0b1", "9.0.0.dev3", "9.0.0.post1", "8.9"],
-                  key=version_key) == ["8.9", "9.0.0.dev3", "9.0.0b1", "9.0.0rc1", "9.0.0",
-                                       "9.0.0.post1"]
+    assert sorted(["9.0.0", "9.0.0rc1", "9.0.0b1", "9.0.0.dev3", "9.0.0.post1", "8.9"], key=version_key) == [
+        "8.9",
+        "9.0.0.dev3",
+        "9.0.0b1",
+        "9.0.0rc1",
+        "9.0.0",
+        "9.0.0.post1",
+    ]
     assert in_range("9.0.0rc1", ">=8.9,<9.0.0") and not in_range("0.8.5.post1", ">0.8.5")
 
 
@@ -151,8 +169,9 @@ def test_a_prefix_clause_matches_a_whole_series_as_pip_does():
     from envbuilder.model.versions import in_range, ranges_overlap
 
     spec = ">=4.56.0,!=5.0.*,!=5.1.*,!=5.2.*,!=5.3.*,!=5.4.*,!=5.5.0"
-    fits = [v for v in ("4.55.0", "4.57.6", "5.0.3", "5.4.9", "5.5.0", "5.5.1", "5.10.0")
-            if in_range(v, spec)]
+    fits = [
+        v for v in ("4.55.0", "4.57.6", "5.0.3", "5.4.9", "5.5.0", "5.5.1", "5.10.0") if in_range(v, spec)
+    ]
     assert fits == ["4.57.6", "5.5.1", "5.10.0"]
     assert in_range("5.1.3", "==5.1.*") and not in_range("5.10.1", "==5.1.*")
     assert ranges_overlap(spec, "==5.9.0") and not ranges_overlap("==5.0.*", ">=5.1")
@@ -192,8 +211,7 @@ def test_the_matrix_cache_is_plain_json_keyed_on_content(tmp_path, monkeypatch):
     first = M.load((folder,))
     cache = M._cache_path(M.matrix_files((folder,)))
     # (sealed: its first line is the seal, paths.SEAL; the rest plain JSON)
-    assert cache.is_file() and json.loads(cache.read_text().split("\n", 1)[1])["sections"] \
-        == first.sections
+    assert cache.is_file() and json.loads(cache.read_text().split("\n", 1)[1])["sections"] == first.sections
     assert M.load((folder,)).sections == first.sections  # read back from the cache
     st = lab.stat()
     lab.write_text("sources:\n  b: https://example.org/a\n")  # same size
@@ -205,24 +223,56 @@ def test_the_matrix_cache_is_plain_json_keyed_on_content(tmp_path, monkeypatch):
     assert M.load((folder,)).sections == first.sections
 
 
-@pytest.mark.parametrize("doc, where, says", [
-    ({"profiles": {"lab": record("profiles", "p40", source=URL, description="p40\nRUN x")}},
-     "profiles.lab.description", "U+000A"),
-    ({"profiles": {"../lab": record("profiles", "p40", source=URL)}}, "profiles.../lab",
-     "no '..'"),
-    ({"gpus": {"p40": record("gpus", "p40", source=URL, name='P40"""')}}, "gpus.p40.name",
-     "a GPU name"),
-    ({"profiles": {"p40": record("profiles", "p40", source=URL, pins={"numpy; rm -rf ~": "1"})}},
-     "profiles.p40.pins.numpy; rm -rf ~", "a package name"),
-    ({"defaults": dict(shipped().defaults, huggingface="https://hf.example/$(id)")},
-     "defaults.huggingface", "an http(s) URL"),
-    ({"index_url": "https://download.pytorch.org/whl/{cuda}"}, "index_url",
-     "{cuda} in 'https://download.pytorch.org/whl/{cuda}' is not a field envbuild fills in"),
-    ({"profiles": {"p40": record("profiles", "p40", source=URL, train=dict(
-        record("profiles", "p40")["train"], model="Qwen/`id`"))}}, "profiles.p40.train.model",
-     "a Hugging Face repo id"),
-], ids=["newline in text", "name as a path", "quotes in a gpu name", "shell in a pin",
-        "$() in a URL", "unknown placeholder", "backticks in a model id"])
+@pytest.mark.parametrize(
+    "doc, where, says",
+    [
+        (
+            {"profiles": {"lab": record("profiles", "p40", source=URL, description="p40\nRUN x")}},
+            "profiles.lab.description",
+            "U+000A",
+        ),
+        ({"profiles": {"../lab": record("profiles", "p40", source=URL)}}, "profiles.../lab", "no '..'"),
+        ({"gpus": {"p40": record("gpus", "p40", source=URL, name='P40"""')}}, "gpus.p40.name", "a GPU name"),
+        (
+            {"profiles": {"p40": record("profiles", "p40", source=URL, pins={"numpy; rm -rf ~": "1"})}},
+            "profiles.p40.pins.numpy; rm -rf ~",
+            "a package name",
+        ),
+        (
+            {"defaults": dict(shipped().defaults, huggingface="https://hf.example/$(id)")},
+            "defaults.huggingface",
+            "an http(s) URL",
+        ),
+        (
+            {"index_url": "https://download.pytorch.org/whl/{cuda}"},
+            "index_url",
+            "{cuda} in 'https://download.pytorch.org/whl/{cuda}' is not a field envbuild fills in",
+        ),
+        (
+            {
+                "profiles": {
+                    "p40": record(
+                        "profiles",
+                        "p40",
+                        source=URL,
+                        train=dict(record("profiles", "p40")["train"], model="Qwen/`id`"),
+                    )
+                }
+            },
+            "profiles.p40.train.model",
+            "a Hugging Face repo id",
+        ),
+    ],
+    ids=[
+        "newline in text",
+        "name as a path",
+        "quotes in a gpu name",
+        "shell in a pin",
+        "$() in a URL",
+        "unknown placeholder",
+        "backticks in a model id",
+    ],
+)
 def test_a_value_that_is_not_what_its_field_is_names_file_and_key(overlay, doc, where, says):
     """Every string has a kind (a name, a URL, a package, one line of text): a value of another
     is refused at load, naming the file and the key, before anything is rendered from it."""
@@ -231,8 +281,9 @@ def test_a_value_that_is_not_what_its_field_is_names_file_and_key(overlay, doc, 
 
 
 def test_a_value_is_echoed_in_an_error_cut_to_its_start(overlay):
-    msg = load_error(overlay({"profiles": {"lab": record("profiles", "p40", source=URL,
-                                                         description="x" * 100_000)}}))
+    msg = load_error(
+        overlay({"profiles": {"lab": record("profiles", "p40", source=URL, description="x" * 100_000)}})
+    )
     assert "(100002 characters)" in msg and len(msg) < 400, msg
 
 

@@ -19,9 +19,10 @@ from envbuilder.errors import UserError
 from envbuilder.render.files import RUN_SCRIPT, render_files
 
 CONFIGS = FIXTURES / "verl-configs"
-CONFIG_FILE = {"0.4.1": CONFIGS / "0.4.1" / "ppo_trainer.yaml",
-               **{v: CONFIGS / v / "_generated_ppo_trainer.yaml"
-                  for v in ("0.6.1", "0.7.1", "0.8.0", "0.9.0", "0.9.1")}}
+CONFIG_FILE = {
+    "0.4.1": CONFIGS / "0.4.1" / "ppo_trainer.yaml",
+    **{v: CONFIGS / v / "_generated_ppo_trainer.yaml" for v in ("0.6.1", "0.7.1", "0.8.0", "0.9.0", "0.9.1")},
+}
 
 
 def plan_of(profile: str, matrix=None) -> dict:
@@ -52,6 +53,7 @@ def load_error(folder) -> str:
 
 
 # -- the model table ---------------------------------------------------------------------------
+
 
 def test_the_model_card_parameter_counts_follow_from_the_architecture():
     m = shipped()
@@ -84,13 +86,16 @@ def test_a_profile_whose_model_is_not_in_the_table_is_refused_with_the_fix(overl
     assert "--matrix-dir" in msg
 
 
-@pytest.mark.parametrize("change, says", [
-    ({"n_gpus": 0}, "n_gpus must be at least 1"),
-    ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization must be in (0, 1]"),
-    ({"train_batch_size": 12, "n_gpus": 8}, "must be multiples of n_gpus"),
-    ({"ppo_mini_batch_size": 64}, "larger than train_batch_size"),
-    ({"max_response_length": 40000}, "exceeds Qwen/Qwen2.5-0.5B-Instruct's max_position_embeddings"),
-])
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        ({"n_gpus": 0}, "n_gpus must be at least 1"),
+        ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization must be in (0, 1]"),
+        ({"train_batch_size": 12, "n_gpus": 8}, "must be multiples of n_gpus"),
+        ({"ppo_mini_batch_size": 64}, "larger than train_batch_size"),
+        ({"max_response_length": 40000}, "exceeds Qwen/Qwen2.5-0.5B-Instruct's max_position_embeddings"),
+    ],
+)
 def test_a_train_block_that_cannot_be_sized_is_refused_at_load(overlay, change, says):
     prof = rec("profiles", "p40")
     prof["train"].update(change)
@@ -99,6 +104,7 @@ def test_a_train_block_that_cannot_be_sized_is_refused_at_load(overlay, change, 
 
 
 # -- the plan ----------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_every_planned_phase_fits_its_budget_with_the_margin(profile):
@@ -137,10 +143,12 @@ def test_every_generation_batch_is_bounded_and_splits_as_verl_splits_it(profile)
 def test_every_micro_batch_divides_the_mini_batch_and_is_the_largest_that_fits(profile):
     s = setup_of(profile)
     mem = plan_of(profile)
-    for key, name in (("actor", "actor_ppo_micro_batch_size_per_gpu"),
-                      ("critic", "critic_ppo_micro_batch_size_per_gpu"),
-                      ("log_prob", "log_prob_micro_batch_size_per_gpu"),
-                      ("generation", "rollout_micro_batch_size" if s.rollout == "hf" else "max_num_seqs")):
+    for key, name in (
+        ("actor", "actor_ppo_micro_batch_size_per_gpu"),
+        ("critic", "critic_ppo_micro_batch_size_per_gpu"),
+        ("log_prob", "log_prob_micro_batch_size_per_gpu"),
+        ("generation", "rollout_micro_batch_size" if s.rollout == "hf" else "max_num_seqs"),
+    ):
         chosen = mem["batch"][name]
         cands = memory.candidates(s, key)
         assert chosen in cands
@@ -163,12 +171,14 @@ def test_the_p40_validates_in_batches_because_the_whole_set_does_not_fit():
     assert mem["batch"]["val_batch_size"] < mem["validation_rows"]
     assert mem["bound_by"]["generation"] == "memory"
     assert [t["term"] for t in whole["terms"] if t["kind"] == "work"][:2] == [
-        "KV cache (prompt)", "prefill transient"]
+        "KV cache (prompt)",
+        "prefill transient",
+    ]
 
 
 def test_a_huge_batch_is_planned_without_enumerating_it(overlay):
     prof = rec("profiles", "3090")
-    prof["train"].update(train_batch_size=2 ** 40, ppo_mini_batch_size=2 ** 39)
+    prof["train"].update(train_batch_size=2**40, ppo_mini_batch_size=2**39)
     mem = plan_of("mine", M.load((overlay({"profiles": {"mine": prof}}),)))
     assert 1 <= mem["batch"]["log_prob_micro_batch_size_per_gpu"] < 64
     assert mem["bound_by"]["actor"] == "memory"
@@ -203,6 +213,7 @@ def test_a_profile_capped_micro_batch_is_respected(overlay):
 
 
 # -- refusing what cannot fit ------------------------------------------------------------------
+
 
 def test_the_seed_4090_model_is_refused_with_a_smaller_model_from_the_table(overlay):
     prof = rec("profiles", "4090")
@@ -241,27 +252,35 @@ def test_show_memory_prints_the_budget_and_a_refusal_is_exit_2(cli, overlay):
 
 # -- the run script ----------------------------------------------------------------------------
 
+
 def _overrides(profile: str, **options) -> list[str]:
     script = render_files(resolved(profile, **options), None)[RUN_SCRIPT]
     body = script.split("args=(", 1)[1].split("\n)", 1)[0]
     # one word a line, as bash reads it (quotes removed: 'trainer.logger=[console]')
-    return [shlex.split(line)[0] for line in body.splitlines()
-            if line.strip() and not line.strip().startswith("#")]
+    return [
+        shlex.split(line)[0]
+        for line in body.splitlines()
+        if line.strip() and not line.strip().startswith("#")
+    ]
 
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_the_run_script_sets_every_planned_size(profile):
     b = plan_of(profile)["batch"]
     lines = _overrides(profile)
-    want = [f"data.val_batch_size={b['val_batch_size']}",
-            f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={b['actor_ppo_micro_batch_size_per_gpu']}",
-            f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={b['log_prob_micro_batch_size_per_gpu']}",
-            f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={b['log_prob_micro_batch_size_per_gpu']}",
-            f"critic.ppo_micro_batch_size_per_gpu={b['critic_ppo_micro_batch_size_per_gpu']}",
-            f"trainer.test_freq={b['test_freq']}"]
-    want.append(f"+actor_rollout_ref.rollout.micro_batch_size={b['rollout_micro_batch_size']}"
-                if b["rollout_micro_batch_size"] else
-                f"actor_rollout_ref.rollout.max_num_seqs={b['max_num_seqs']}")
+    want = [
+        f"data.val_batch_size={b['val_batch_size']}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={b['actor_ppo_micro_batch_size_per_gpu']}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={b['log_prob_micro_batch_size_per_gpu']}",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={b['log_prob_micro_batch_size_per_gpu']}",
+        f"critic.ppo_micro_batch_size_per_gpu={b['critic_ppo_micro_batch_size_per_gpu']}",
+        f"trainer.test_freq={b['test_freq']}",
+    ]
+    want.append(
+        f"+actor_rollout_ref.rollout.micro_batch_size={b['rollout_micro_batch_size']}"
+        if b["rollout_micro_batch_size"]
+        else f"actor_rollout_ref.rollout.max_num_seqs={b['max_num_seqs']}"
+    )
     assert set(want) <= set(lines)
 
 
@@ -310,4 +329,5 @@ def test_ecc_off_changes_nothing_on_a_card_without_a_recorded_ecc_size():
     for profile in ("3090", "h100"):
         assert resolved(profile, ecc="off").memory["batch"] == resolved(profile).memory["batch"]
         assert "changes nothing" in resolved(profile, ecc="off").memory["card"]["why"] or (
-            "no other size" in resolved(profile, ecc="off").memory["card"]["why"])
+            "no other size" in resolved(profile, ecc="off").memory["card"]["why"]
+        )

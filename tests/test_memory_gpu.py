@@ -47,8 +47,11 @@ def measured_peak(run: dict) -> int:
 
 
 def runs():
-    return [pytest.param(p, i, id=f"{p}-{r['key']}-{r['label']}-{r['batch']}")
-            for p, rec in MEASURED.items() for i, r in enumerate(rec["runs"])]
+    return [
+        pytest.param(p, i, id=f"{p}-{r['key']}-{r['label']}-{r['batch']}")
+        for p, rec in MEASURED.items()
+        for i, r in enumerate(rec["runs"])
+    ]
 
 
 def test_the_run_is_the_device_it_says_and_caps_each_profile_below_the_card():
@@ -66,8 +69,9 @@ def test_what_a_card_bigger_than_the_h200_leaves_unchecked_is_what_the_runs_show
         mine = [r for r in MEASURED[profile]["runs"] if r["key"] == key]
         assert all(r["oom"] and r["cap_clamped_to_card"] for r in mine), (profile, key)
     for profile in UNCHECKED_TWICE:
-        assert not [r for r in MEASURED[profile]["runs"]
-                    if r["key"] == "generation" and r["label"] == "twice"]
+        assert not [
+            r for r in MEASURED[profile]["runs"] if r["key"] == "generation" and r["label"] == "twice"
+        ]
     # and the small Blackwell cards were checked whole: no run of theirs was clamped
     for profile in ("5090", "rtx-pro-6000"):
         assert not any(r["cap_clamped_to_card"] for r in MEASURED[profile]["runs"])
@@ -81,10 +85,17 @@ def test_the_measured_setup_is_still_the_profiles(profile):
     assert rec["arch"]["layers"] == a.L and rec["arch"]["hidden_size"] == a.H
     assert rec["arch"]["intermediate_size"] == a.I and rec["arch"]["vocab_size"] == a.V
     assert (rec["compute_bytes"], rec["generation_bytes"], rec["rollout"], rec["n_gpus"]) == (
-        s.c, s.g, s.rollout, s.n)
+        s.c,
+        s.g,
+        s.rollout,
+        s.n,
+    )
     assert (rec["prompt"], rec["response"], rec["lora_rank"]) == (s.prompt, s.response, s.lora)
     assert (rec["param_offload"], rec["optimizer_offload"], rec["gradient_checkpointing"]) == (
-        s.param_offload, s.optimizer_offload, s.ckpt)
+        s.param_offload,
+        s.optimizer_offload,
+        s.ckpt,
+    )
     assert rec["test_attention"] == ("eager" if s.eager else "sdpa")
 
 
@@ -96,15 +107,17 @@ def test_the_estimate_matches_what_the_gpu_measured(profile, index):
     expected = est["bytes"] + r["extra_bytes"]  # (extra: what the harness holds beyond one rank)
     if r["oom"]:
         # the GPU ran out under the card's cap: the estimate must not have planned it either
-        assert (expected * (1 + memory.overhead(s, r["key"])) > r["cap_applied_bytes"]), (
+        assert expected * (1 + memory.overhead(s, r["key"])) > r["cap_applied_bytes"], (
             f"measured OOM at {r['cap_applied_bytes'] / memory.GIB:.2f} GiB, estimate "
-            f"{expected / memory.GIB:.2f} GiB says it fits")
+            f"{expected / memory.GIB:.2f} GiB says it fits"
+        )
         return
     measured_work = measured_peak(r) - (expected - work)
     ratio = work / measured_work
     assert UNDER <= ratio <= OVER, (
         f"working set measured {measured_work / memory.GIB:.2f} GiB, estimated "
-        f"{work / memory.GIB:.2f} GiB (estimate/measured {ratio:.2f})")
+        f"{work / memory.GIB:.2f} GiB (estimate/measured {ratio:.2f})"
+    )
     if r.get("step_peak_allocated") is not None:
         step = memory.estimate(s, f"{r['key']}_step", 0)["bytes"]
         assert abs(r["step_peak_allocated"] / step - 1) <= 0.05
@@ -117,22 +130,22 @@ def test_the_planned_sizes_fit_and_twice_the_generation_batch_does_not(profile):
     Twice the planned generation batch ran out where memory bounds the plan."""
     rec, plan = MEASURED[profile], resolved(profile).to_dict()["memory"]
     s = setup_of(profile)
-    sizes = {"generation": plan["batch"]["val_batch_size"] // s.n,
-             "log_prob": plan["batch"]["log_prob_micro_batch_size_per_gpu"],
-             "actor": plan["batch"]["actor_ppo_micro_batch_size_per_gpu"],
-             "critic": plan["batch"]["critic_ppo_micro_batch_size_per_gpu"]}
+    sizes = {
+        "generation": plan["batch"]["val_batch_size"] // s.n,
+        "log_prob": plan["batch"]["log_prob_micro_batch_size_per_gpu"],
+        "actor": plan["batch"]["actor_ppo_micro_batch_size_per_gpu"],
+        "critic": plan["batch"]["critic_ppo_micro_batch_size_per_gpu"],
+    }
     for key, planned in sizes.items():
         if (profile, key) in UNCHECKED:
             continue
         # a run that ran out under the H200's whole memory, below its card's cap, says nothing
-        mine = [r for r in rec["runs"] if r["key"] == key
-                and not (r["oom"] and r.get("cap_clamped_to_card"))]
+        mine = [r for r in rec["runs"] if r["key"] == key and not (r["oom"] and r.get("cap_clamped_to_card"))]
         fitted = [r["batch"] for r in mine if not r["oom"]]
         ran_out = [r["batch"] for r in mine if r["oom"]]
         if fitted and planned <= max(fitted):
             continue
-        est = {r["batch"]: memory.estimate(s, key, r["batch"])["bytes"] + r["extra_bytes"]
-               for r in mine}
+        est = {r["batch"]: memory.estimate(s, key, r["batch"])["bytes"] + r["extra_bytes"] for r in mine}
         for r in mine:
             if not r["oom"]:
                 assert est[r["batch"]] >= measured_peak(r), (key, r["batch"])
@@ -146,8 +159,12 @@ def test_the_planned_sizes_fit_and_twice_the_generation_batch_does_not(profile):
         assert ran_out and planned < min(ran_out), (key, planned, fitted, ran_out)
         if not fitted:  # only the size that ran out brackets it: the estimate predicted that
             top = memory.estimate(s, key, min(ran_out))["bytes"]
-            assert not memory.fits(s, top, plan["phases"][0]["budget_gib"] if key == "generation"
-                                   else plan["usable_gib"], margin=False)
+            assert not memory.fits(
+                s,
+                top,
+                plan["phases"][0]["budget_gib"] if key == "generation" else plan["usable_gib"],
+                margin=False,
+            )
     if plan["bound_by"]["generation"] == "memory" and profile not in UNCHECKED_TWICE:
         # the plan keeps headroom for HF generate's churn (hf_generate_overhead), not half the
         # card: a batch at most 2.5 times the planned one ran out
@@ -179,16 +196,23 @@ def test_todays_plan_fitted_with_the_run_scripts_allocator(profile):
     rec, plan, s = CHECKED[profile], resolved(profile).to_dict(), setup_of(profile)
     assert rec["arch"]["layers"] == s.arch.L and rec["arch"]["hidden_size"] == s.arch.H
     assert (rec["compute_bytes"], rec["generation_bytes"], rec["rollout"], rec["n_gpus"]) == (
-        s.c, s.g, s.rollout, s.n)
+        s.c,
+        s.g,
+        s.rollout,
+        s.n,
+    )
     assert (rec["prompt"], rec["response"]) == (s.prompt, s.response)
-    planned = {"generation": plan["memory"]["batch"]["val_batch_size"] // s.n,
-               "log_prob": plan["memory"]["batch"]["log_prob_micro_batch_size_per_gpu"],
-               "actor": plan["memory"]["batch"]["actor_ppo_micro_batch_size_per_gpu"],
-               "critic": plan["memory"]["batch"]["critic_ppo_micro_batch_size_per_gpu"]}
+    planned = {
+        "generation": plan["memory"]["batch"]["val_batch_size"] // s.n,
+        "log_prob": plan["memory"]["batch"]["log_prob_micro_batch_size_per_gpu"],
+        "actor": plan["memory"]["batch"]["actor_ppo_micro_batch_size_per_gpu"],
+        "critic": plan["memory"]["batch"]["critic_ppo_micro_batch_size_per_gpu"],
+    }
     conf = (plan.get("cuda_alloc_conf") or {}).get("value")
     for r in rec["runs"]:
         assert r["label"] == "planned" and r["batch"] == planned[r["key"]], (
-            f"{profile} {r['key']}: the check ran {r['batch']}, today's plan is {planned[r['key']]}")
+            f"{profile} {r['key']}: the check ran {r['batch']}, today's plan is {planned[r['key']]}"
+        )
         assert r.get("alloc_conf_applied") == (conf or "expandable_segments:False")
         assert not r["oom"] and r["peak_reserved"] <= r["cap_applied_bytes"]
         est = memory.estimate(s, r["key"], r["batch"])["bytes"] + r["extra_bytes"]

@@ -24,14 +24,26 @@ def run(capsys, *args, **env):
     return exit_.value.code, out, err
 
 
-@pytest.mark.parametrize("ref, expected", [
-    ("ubuntu:22.04", ("docker.io", "library/ubuntu", ":22.04")),
-    ("nvidia/cuda:11.8.0-cudnn8-devel-ubuntu22.04", ("docker.io", "nvidia/cuda", ":11.8.0-cudnn8-devel-ubuntu22.04")),
-    ("docker.io/library/python", ("docker.io", "library/python", ":latest")),
-    ("nvcr.io/nvidia/pytorch:24.01-py3", ("nvcr.io", "nvidia/pytorch", ":24.01-py3")),
-    ("localhost:5000/envbuild/p40@sha256:" + "a" * 64, ("localhost:5000", "envbuild/p40", "@sha256:" + "a" * 64)),
-    ("127.0.0.1:5000/nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04", ("127.0.0.1:5000", "nvidia/cuda", ":12.4.1-cudnn-runtime-ubuntu22.04")),
-])
+@pytest.mark.parametrize(
+    "ref, expected",
+    [
+        ("ubuntu:22.04", ("docker.io", "library/ubuntu", ":22.04")),
+        (
+            "nvidia/cuda:11.8.0-cudnn8-devel-ubuntu22.04",
+            ("docker.io", "nvidia/cuda", ":11.8.0-cudnn8-devel-ubuntu22.04"),
+        ),
+        ("docker.io/library/python", ("docker.io", "library/python", ":latest")),
+        ("nvcr.io/nvidia/pytorch:24.01-py3", ("nvcr.io", "nvidia/pytorch", ":24.01-py3")),
+        (
+            "localhost:5000/envbuild/p40@sha256:" + "a" * 64,
+            ("localhost:5000", "envbuild/p40", "@sha256:" + "a" * 64),
+        ),
+        (
+            "127.0.0.1:5000/nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04",
+            ("127.0.0.1:5000", "nvidia/cuda", ":12.4.1-cudnn-runtime-ubuntu22.04"),
+        ),
+    ],
+)
 def test_image_references_follow_dockers_rules(ref, expected):
     from envbuilder.oci.registry import parse_image
 
@@ -41,8 +53,10 @@ def test_image_references_follow_dockers_rules(ref, expected):
 def test_a_mirror_rewrites_images_of_the_registries_it_covers():
     choice = M.MirrorChoice("x", {"docker.io": "hub.example/proxy", "nvcr.io": None})
     assert choice.image("ubuntu:22.04") == "hub.example/proxy/library/ubuntu:22.04"
-    assert choice.image("nvidia/cuda:12.8.1-cudnn-devel-ubuntu22.04") == \
-        "hub.example/proxy/nvidia/cuda:12.8.1-cudnn-devel-ubuntu22.04"
+    assert (
+        choice.image("nvidia/cuda:12.8.1-cudnn-devel-ubuntu22.04")
+        == "hub.example/proxy/nvidia/cuda:12.8.1-cudnn-devel-ubuntu22.04"
+    )
     assert choice.image("nvcr.io/nvidia/pytorch:24.01-py3") == "nvcr.io/nvidia/pytorch:24.01-py3"
 
 
@@ -50,7 +64,9 @@ def test_render_through_a_mirror_points_every_endpoint_at_it(capsys, tmp_path):
     code, _, err = run(capsys, "render", "p40", "--mirror", "cn", "-o", tmp_path)  # -> p40/
     assert code == 0, err
     dockerfile = (tmp_path / "p40" / "Dockerfile").read_text()
-    args = dict(line[4:].split("=", 1) for line in dockerfile.splitlines() if line.startswith("ARG ") and "=" in line)
+    args = dict(
+        line[4:].split("=", 1) for line in dockerfile.splitlines() if line.startswith("ARG ") and "=" in line
+    )
     assert args["BASE_RUNTIME"].startswith("docker.m.daocloud.io/nvidia/cuda:11.8.0")
     assert args["PIP_INDEX_URL"] == "https://pypi.tuna.tsinghua.edu.cn/simple"
     assert args["TORCH_INDEX_URL"] == "https://mirrors.nju.edu.cn/pytorch/whl/cu118"
@@ -63,17 +79,30 @@ def test_render_through_a_mirror_points_every_endpoint_at_it(capsys, tmp_path):
 
 def test_users_add_mirror_sets_in_their_config(capsys, tmp_path):
     cfg = tmp_path / "config.yaml"
-    cfg.write_text(json.dumps({"mirrors": {"corp": {
-        "description": "our proxy", "registries": {"docker.io": ["registry.corp.example/hub"]},
-        "pypi": ["https://pypi.corp.example/simple"]}}}))
+    cfg.write_text(
+        json.dumps(
+            {
+                "mirrors": {
+                    "corp": {
+                        "description": "our proxy",
+                        "registries": {"docker.io": ["registry.corp.example/hub"]},
+                        "pypi": ["https://pypi.corp.example/simple"],
+                    }
+                }
+            }
+        )
+    )
     code, out, _ = run(capsys, "mirrors", "list", ENVBUILD_CONFIG=str(cfg))
     assert code == 0
     assert "corp: our proxy" in out and "registry.corp.example/hub" in out
-    code, _, _ = run(capsys, "render", "4090", "--mirror", "corp", "-o", tmp_path / "o",
-                     ENVBUILD_CONFIG=str(cfg))
+    code, _, _ = run(
+        capsys, "render", "4090", "--mirror", "corp", "-o", tmp_path / "o", ENVBUILD_CONFIG=str(cfg)
+    )
     assert code == 0
-    assert "ARG BASE_RUNTIME=registry.corp.example/hub/nvidia/cuda:" in \
-        (tmp_path / "o" / "4090" / "Dockerfile").read_text()
+    assert (
+        "ARG BASE_RUNTIME=registry.corp.example/hub/nvidia/cuda:"
+        in (tmp_path / "o" / "4090" / "Dockerfile").read_text()
+    )
 
 
 def test_a_broken_config_is_exit_2_naming_the_file(capsys, tmp_path):
@@ -100,16 +129,24 @@ def test_mirrors_list_and_probe_read_an_overlay_mirror_set(capsys, tmp_path):
     with server:
         overlay = tmp_path / "overlay"
         overlay.mkdir()
-        (overlay / "lab.yaml").write_text(json.dumps({
-            "sources": {"lab": "our lab's mirrors"},
-            "mirrors": {"lab": {"description": "the lab's proxy",
-                                "pypi": [server.url("simple/"), dead],
-                                "source": "lab"}}}))
+        (overlay / "lab.yaml").write_text(
+            json.dumps(
+                {
+                    "sources": {"lab": "our lab's mirrors"},
+                    "mirrors": {
+                        "lab": {
+                            "description": "the lab's proxy",
+                            "pypi": [server.url("simple/"), dead],
+                            "source": "lab",
+                        }
+                    },
+                }
+            )
+        )
         code, out, err = run(capsys, "mirrors", "list", "--matrix-dir", overlay)
         assert code == 0, err
         assert "lab: the lab's proxy" in out
-        code, out, err = run(capsys, "mirrors", "probe", "--mirror", "lab", "--json",
-                             "--matrix-dir", overlay)
+        code, out, err = run(capsys, "mirrors", "probe", "--mirror", "lab", "--json", "--matrix-dir", overlay)
     assert code == 0, err
     probes = {p["endpoint"]: p["ok"] for p in json.loads(out)}
     assert probes == {server.url("simple/"): True, dead: False}

@@ -22,8 +22,10 @@ def config(repo: str) -> dict:
 
 
 def hub_files() -> dict[str, bytes]:
-    return {f"{p.parent.relative_to(HF)}/resolve/main/config.json": p.read_bytes()
-            for p in HF.rglob("config.json")}
+    return {
+        f"{p.parent.relative_to(HF)}/resolve/main/config.json": p.read_bytes()
+        for p in HF.rglob("config.json")
+    }
 
 
 @pytest.fixture
@@ -36,6 +38,7 @@ def run(cli, monkeypatch):
             monkeypatch.setenv(k, v)
         code, out, err = cli(*args)
         return code, out + err
+
     return go
 
 
@@ -48,12 +51,14 @@ def hub():
 def test_a_config_json_gives_the_shape_the_table_records():
     rec = arch_from_config(config("Qwen/Qwen2-7B-Instruct"), "config.json", "Qwen/Qwen2-7B-Instruct")
     table = dict(shipped().models["Qwen/Qwen2-7B-Instruct"])
-    assert {k: v for k, v in rec.items() if k != "source"} == \
-        {k: v for k, v in table.items() if k != "source"}
+    assert {k: v for k, v in rec.items() if k != "source"} == {
+        k: v for k, v in table.items() if k != "source"
+    }
 
 
-@pytest.mark.parametrize("repo,params", [("meta-llama/Llama-3.1-8B-Instruct", 8_030_261_248),
-                                         ("Qwen/Qwen3-8B", 8_190_735_360)])
+@pytest.mark.parametrize(
+    "repo,params", [("meta-llama/Llama-3.1-8B-Instruct", 8_030_261_248), ("Qwen/Qwen3-8B", 8_190_735_360)]
+)
 def test_other_families_count_the_parameters_their_cards_state(repo, params):
     rec = arch_from_config(config(repo), "config.json", repo)
     assert rec["parameters"] == params == Arch(repo, rec).params()
@@ -64,8 +69,11 @@ def test_a_mixture_of_experts_or_an_unknown_layout_is_refused_with_the_reason():
         arch_from_config(config("Qwen/Qwen3-30B-A3B"), "config.json", "Qwen/Qwen3-30B-A3B")
     with pytest.raises(UserError, match="'gpt2' model.*knows the layouts"):
         arch_from_config({"model_type": "gpt2"}, "config.json", "gpt2")
-    for bad in ([], {"model_type": "llama", "num_hidden_layers": "32"},
-                {"model_type": "llama", "num_hidden_layers": 10**9}):
+    for bad in (
+        [],
+        {"model_type": "llama", "num_hidden_layers": "32"},
+        {"model_type": "llama", "num_hidden_layers": 10**9},
+    ):
         with pytest.raises(UserError):
             arch_from_config(bad, "config.json", "x")
 
@@ -97,14 +105,14 @@ def test_a_hub_model_is_read_through_hf_endpoint_once_then_from_the_cache(hub, t
     code, out = run("render", "h100", "--model", "Qwen/Qwen3-8B", "-o", tmp_path / "a", env=env)
     assert code == 0, out
     assert len(hub.requests_for("Qwen/Qwen3-8B/resolve/main/config.json")) == 1
-    assert "MODEL=${MODEL:-Qwen/Qwen3-8B}" in \
-        (tmp_path / "a" / "h100" / "run_ppo_gsm8k.sh").read_text()
+    assert "MODEL=${MODEL:-Qwen/Qwen3-8B}" in (tmp_path / "a" / "h100" / "run_ppo_gsm8k.sh").read_text()
     hub.script["Qwen/Qwen3-8B/resolve/main/config.json"] = [503] * 5  # the hub is down now
     code, out = run("render", "h100", "--model", "Qwen/Qwen3-8B", "-o", tmp_path / "b", env=env)
     assert code == 0, out  # the cached config.json answered: no request reached the hub
     assert len(hub.requests_for("Qwen/Qwen3-8B/resolve/main/config.json")) == 1
-    assert (tmp_path / "a" / "h100" / "run_ppo_gsm8k.sh").read_bytes() == \
-        (tmp_path / "b" / "h100" / "run_ppo_gsm8k.sh").read_bytes()
+    assert (tmp_path / "a" / "h100" / "run_ppo_gsm8k.sh").read_bytes() == (
+        tmp_path / "b" / "h100" / "run_ppo_gsm8k.sh"
+    ).read_bytes()
 
 
 def test_an_unknown_repo_a_dead_endpoint_and_an_endless_body_each_say_what_to_do(hub, tmp_path, run):
@@ -112,8 +120,9 @@ def test_an_unknown_repo_a_dead_endpoint_and_an_endless_body_each_say_what_to_do
     assert code == 2 and "no such repo" in out, out
     from httpfixtures import closed_port_url
 
-    code, out = run("show", "h100", "--model", "Qwen/Qwen3-8B",
-                    env={"HF_ENDPOINT": closed_port_url("").rstrip("/")})
+    code, out = run(
+        "show", "h100", "--model", "Qwen/Qwen3-8B", env={"HF_ENDPOINT": closed_port_url("").rstrip("/")}
+    )
     assert code == 1 and "HF_ENDPOINT" in out and "--model /path/to/model" in out, out
     hub.script["Qwen/Qwen3-8B/resolve/main/config.json"] = ["endless"]
     hub.files["big/x/resolve/main/config.json"] = b"{" * 10

@@ -72,6 +72,7 @@ def short_deadlines(monkeypatch, seconds: float = 1.0) -> None:
 
 # ---- the registry client: manifest, token service, /v2/ ---------------------------------------
 
+
 def test_a_manifest_that_never_ends_is_cut_at_its_cap():
     from envbuilder.oci.registry import digest
 
@@ -90,11 +91,20 @@ def challenge(srv: FaultServer) -> tuple:
     return ("answer", 401, {"WWW-Authenticate": f'Bearer realm="{realm}",service="test"'}, b"")
 
 
-@pytest.mark.parametrize("answer", [
-    "html", ("json", ["token", "abc"]), ("json", "abc"), ("raw", b"[" * 100_000),
-    ("json", {"token": 5}), ("json", {"token": "abc\r\nX-Evil: 1"}), ("json", {}), "endless",
-], ids=["captive-portal", "list", "string", "deep", "number", "header-injection", "no-token",
-        "endless"])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "html",
+        ("json", ["token", "abc"]),
+        ("json", "abc"),
+        ("raw", b"[" * 100_000),
+        ("json", {"token": 5}),
+        ("json", {"token": "abc\r\nX-Evil: 1"}),
+        ("json", {}),
+        "endless",
+    ],
+    ids=["captive-portal", "list", "string", "deep", "number", "header-injection", "no-token", "endless"],
+)
 def test_a_token_service_that_answers_nonsense_is_an_action_error_naming_it(answer):
     from envbuilder.oci.registry import digest
 
@@ -191,9 +201,14 @@ def child_env(tmp_path):
     (bin_dir / "skopeo").write_text("#!/bin/sh\nexit 99\n")
     (bin_dir / "skopeo").chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ENVBUILD_")}
-    env.update(PATH=f"{bin_dir}:{env.get('PATH', '')}", PYTHONPATH=str(REPO),
-               DOCKER_HOST=f"unix://{tmp_path}/no-docker.sock", TMPDIR=str(tmp_path),
-               XDG_CACHE_HOME=str(tmp_path / "cache"), XDG_CONFIG_HOME=str(tmp_path / "config"))
+    env.update(
+        PATH=f"{bin_dir}:{env.get('PATH', '')}",
+        PYTHONPATH=str(REPO),
+        DOCKER_HOST=f"unix://{tmp_path}/no-docker.sock",
+        TMPDIR=str(tmp_path),
+        XDG_CACHE_HOME=str(tmp_path / "cache"),
+        XDG_CONFIG_HOME=str(tmp_path / "config"),
+    )
     return env
 
 
@@ -201,8 +216,10 @@ def test_export_image_stays_small_when_the_manifest_never_ends(tmp_path, child_e
     head = ("answer", 200, {"Content-Type": OCI_MANIFEST}, b"")
     with FaultServer({}, script={MANIFEST: [head, "endless"]}) as srv:
         srv.endless_cap = 512 << 20
-        code, err, rss = _child_rss([sys.executable, "-m", "envbuilder", "export-image", ref(srv),
-                                     "-o", str(tmp_path / "app.tar")], child_env)
+        code, err, rss = _child_rss(
+            [sys.executable, "-m", "envbuilder", "export-image", ref(srv), "-o", str(tmp_path / "app.tar")],
+            child_env,
+        )
         sent = srv.sent_endless
     assert code == 1, err
     assert "internal error" not in err and "more than" in err
@@ -215,14 +232,31 @@ def test_import_image_stays_small_when_v2_never_ends(tmp_path, child_env):
 
     archive = tmp_path / "app.tar"
     archive.write_bytes(b"not read: the registry is checked first")
-    (tmp_path / "app.tar.json").write_text(json.dumps({
-        "format": FORMAT, "name": "envbuild/app:1.0", "manifest_digest": "sha256:" + "a" * 64,
-        "archive_sha256": "b" * 64, "archive_size": 1}))
+    (tmp_path / "app.tar.json").write_text(
+        json.dumps(
+            {
+                "format": FORMAT,
+                "name": "envbuild/app:1.0",
+                "manifest_digest": "sha256:" + "a" * 64,
+                "archive_sha256": "b" * 64,
+                "archive_size": 1,
+            }
+        )
+    )
     with FaultServer({}, script={"v2/": ["endless"]}) as srv:
         srv.endless_cap = 512 << 20
-        code, err, rss = _child_rss([sys.executable, "-m", "envbuilder", "import-image",
-                                     str(archive), "--registry", f"127.0.0.1:{srv.port}"],
-                                    child_env)
+        code, err, rss = _child_rss(
+            [
+                sys.executable,
+                "-m",
+                "envbuilder",
+                "import-image",
+                str(archive),
+                "--registry",
+                f"127.0.0.1:{srv.port}",
+            ],
+            child_env,
+        )
         sent = srv.sent_endless
     # /v2/ answered 200: a registry; then the archive is checked (and refused: exit 2)
     assert code == 2 and "internal error" not in err and "sidecar says 1" in err, err
@@ -234,13 +268,16 @@ def test_export_image_with_a_captive_portal_for_a_token_service_is_exit_1(tmp_pa
     with FaultServer({}, script={MANIFEST: []}) as srv:
         srv.script[MANIFEST].append(challenge(srv))
         srv.script["token"] = ["html"]
-        code, err, _ = _child_rss([sys.executable, "-m", "envbuilder", "export-image", ref(srv),
-                                   "-o", str(tmp_path / "app.tar")], child_env)
+        code, err, _ = _child_rss(
+            [sys.executable, "-m", "envbuilder", "export-image", ref(srv), "-o", str(tmp_path / "app.tar")],
+            child_env,
+        )
     assert code == 1 and "internal error" not in err, err
     assert "token service" in err and "HTML" in err
 
 
 # ---- "does this index answer?": one rule for lock and verify -----------------------------------
+
 
 def _probes(url: str, timeout: float = 1.0) -> tuple[bool, bool]:
     from envbuilder.lock.pip import index_answers as lock_answers
@@ -252,19 +289,27 @@ def _probes(url: str, timeout: float = 1.0) -> tuple[bool, bool]:
 PAGE = b"<html><body><a href='torch-2.6.0-py3-none-any.whl'>torch</a></body></html>"
 
 
-@pytest.mark.parametrize("torch_page, root, expected", [
-    ("serve", "serve", True),
-    (("answer", 401, {"WWW-Authenticate": 'Basic realm="x"'}, b""),
-     ("answer", 401, {"WWW-Authenticate": 'Basic realm="x"'}, b""), False),
-    (403, 403, False),
-    (404, "serve", True),  # an index that answers, without torch
-    (404, 404, False),
-    (503, 503, False),
-    ("redirect-loop", "redirect-loop", False),
-    ("stall-header", "stall-header", False),
-], ids=["200", "401", "403", "404-torch-only", "404", "503", "redirect-loop", "stall-header"])
+@pytest.mark.parametrize(
+    "torch_page, root, expected",
+    [
+        ("serve", "serve", True),
+        (
+            ("answer", 401, {"WWW-Authenticate": 'Basic realm="x"'}, b""),
+            ("answer", 401, {"WWW-Authenticate": 'Basic realm="x"'}, b""),
+            False,
+        ),
+        (403, 403, False),
+        (404, "serve", True),  # an index that answers, without torch
+        (404, 404, False),
+        (503, 503, False),
+        ("redirect-loop", "redirect-loop", False),
+        ("stall-header", "stall-header", False),
+    ],
+    ids=["200", "401", "403", "404-torch-only", "404", "503", "redirect-loop", "stall-header"],
+)
 def test_lock_and_verify_ask_whether_an_index_answers_by_one_rule(torch_page, root, expected):
     with FaultServer({"simple/torch/": PAGE, "simple/": PAGE}) as srv:
+
         def actions(a):
             if a == "redirect-loop":
                 return [("redirect", srv.url("simple/torch/"))] * 40
@@ -318,11 +363,13 @@ def test_a_redirect_whose_body_never_ends_is_not_read():
 
 # ---- the wheelhouse's --build-index-url page, and its download messages ------------------------
 
+
 def test_the_uv_page_of_a_build_index_is_read_to_its_cap():
     from envbuilder.offline.wheelhouse import uv_artifacts
 
-    pin = types.SimpleNamespace(filename="uv-0.7.0-py3-none-any.whl", version="0.7.0",
-                                sha256="0" * 64, size=1)
+    pin = types.SimpleNamespace(
+        filename="uv-0.7.0-py3-none-any.whl", version="0.7.0", sha256="0" * 64, size=1
+    )
     said: list[str] = []
     with FaultServer({}, script={"simple/uv/": ["endless"]}) as srv:
         srv.endless_cap = 160 << 20
@@ -342,10 +389,13 @@ def test_download_stall_and_failure_messages_never_print_credentials(tmp_path):
     events = []
     with FaultServer({"a.whl": data, "b.whl": data}, script={"a.whl": ["stall"], "b.whl": [404]}) as srv:
         base = f"http://envbuild:{SECRET}@127.0.0.1:{srv.port}"
-        items = [FetchItem("a.whl", hashlib.sha256(data).hexdigest(), (f"{base}/a.whl",), len(data)),
-                 FetchItem("b.whl", hashlib.sha256(data).hexdigest(), (f"{base}/b.whl",), len(data))]
-        threading.Thread(target=lambda: (srv.stalled.wait(10), time.sleep(0.6), srv.release.set()),
-                         daemon=True).start()
+        items = [
+            FetchItem("a.whl", hashlib.sha256(data).hexdigest(), (f"{base}/a.whl",), len(data)),
+            FetchItem("b.whl", hashlib.sha256(data).hexdigest(), (f"{base}/b.whl",), len(data)),
+        ]
+        threading.Thread(
+            target=lambda: (srv.stalled.wait(10), time.sleep(0.6), srv.release.set()), daemon=True
+        ).start()
         with pytest.raises(ActionError) as e:
             fetch_all(items, tmp_path, jobs=2, retries=0, progress=events.append, stall_notice=0.2)
     said = [ev.message for ev in events if ev.message] + [str(e.value)]
@@ -371,14 +421,30 @@ def test_a_failed_sdist_build_never_prints_the_build_index_credentials(tmp_path)
     with FileServer({sdist.name: data}) as srv:
         lock = tmp_path / "lock"
         lock.mkdir()
-        pylock = "\n".join(['lock-version = "1.0"', 'created-by = "envbuild tests"', "",
-                            "[[packages]]", 'name = "demo-pkg"', 'version = "1.0"',
-                            f'sdist = {{ url = "{srv.url(sdist.name)}", hashes = {{ sha256 = '
-                            f'"{sha}" }}, size = {len(data)} }}', ""])
+        pylock = "\n".join(
+            [
+                'lock-version = "1.0"',
+                'created-by = "envbuild tests"',
+                "",
+                "[[packages]]",
+                'name = "demo-pkg"',
+                'version = "1.0"',
+                f'sdist = {{ url = "{srv.url(sdist.name)}", hashes = {{ sha256 = '
+                f'"{sha}" }}, size = {len(data)} }}',
+                "",
+            ]
+        )
         texts = {L.PYLOCK: pylock, L.REQUIREMENTS: f"demo-pkg==1.0 \\\n    --hash=sha256:{sha}\n"}
-        meta = {"format": L.FORMAT, "profile": "demo", "input_sha256": "0" * 64, "inputs": {},
-                "parts": ["pip"], "target": TARGET, "sources": {"pypi": srv.url("simple")},
-                "files": {n: L.sha256_text(x) for n, x in texts.items()}}
+        meta = {
+            "format": L.FORMAT,
+            "profile": "demo",
+            "input_sha256": "0" * 64,
+            "inputs": {},
+            "parts": ["pip"],
+            "target": TARGET,
+            "sources": {"pypi": srv.url("simple")},
+            "files": {n: L.sha256_text(x) for n, x in texts.items()},
+        }
         for name, text in {**texts, L.META: L.dumps(meta)}.items():
             (lock / name).write_text(text, encoding="utf-8")
         with FaultServer({}, default=403) as refusing:
@@ -395,13 +461,17 @@ def test_a_failed_sdist_build_never_prints_the_build_index_credentials(tmp_path)
 EMPTY_PROJECT = ("json", {"info": {"version": "1.0"}, "releases": {}})
 
 
-@pytest.mark.parametrize("project", [
-    ("json", {"info": {"version": "99.0"}, "releases": {"99.0": "a string"}}),
-    ("json", {"info": {"version": "99.0"}, "releases": {"99.0": [1, "two"]}}),
-    ("json", {"info": {"version": "99.0"}, "releases": {"99.0": [{"filename": 5, "url": []}]}}),
-    ("json", {"info": "not an object", "releases": {}}),
-    ("raw", b"[" * 100_000),
-], ids=["release-string", "files-of-wrong-kind", "file-fields-of-wrong-kind", "info-string", "deep"])
+@pytest.mark.parametrize(
+    "project",
+    [
+        ("json", {"info": {"version": "99.0"}, "releases": {"99.0": "a string"}}),
+        ("json", {"info": {"version": "99.0"}, "releases": {"99.0": [1, "two"]}}),
+        ("json", {"info": {"version": "99.0"}, "releases": {"99.0": [{"filename": 5, "url": []}]}}),
+        ("json", {"info": "not an object", "releases": {}}),
+        ("raw", b"[" * 100_000),
+    ],
+    ids=["release-string", "files-of-wrong-kind", "file-fields-of-wrong-kind", "info-string", "deep"],
+)
 def test_a_project_page_of_the_wrong_shape_is_exit_1_naming_it(cli, project):
     with FaultServer({}, default=EMPTY_PROJECT, script={"pypi/torch/json": [project]}) as srv:
         code, out, err = cli("refresh", "--index-url", f"http://127.0.0.1:{srv.port}")
@@ -412,9 +482,11 @@ def test_a_project_page_of_the_wrong_shape_is_exit_1_naming_it(cli, project):
 def test_a_release_page_nested_too_deep_is_a_per_release_error(cli):
     wheel = {"filename": "torch-99.0-py3-none-any.whl", "url": "/f.whl", "yanked": False}
     project = ("json", {"info": {"version": "99.0"}, "releases": {"99.0": [wheel]}})
-    with FaultServer({}, default=EMPTY_PROJECT,
-                     script={"pypi/torch/json": [project],
-                             "pypi/torch/99.0/json": [("raw", b"[" * 100_000)]}) as srv:
+    with FaultServer(
+        {},
+        default=EMPTY_PROJECT,
+        script={"pypi/torch/json": [project], "pypi/torch/99.0/json": [("raw", b"[" * 100_000)]},
+    ) as srv:
         code, out, err = cli("refresh", "--json", "--index-url", f"http://127.0.0.1:{srv.port}")
     assert code in (0, None), err
     assert "nested" in out
@@ -424,12 +496,21 @@ def test_a_wheel_that_is_no_zip_is_a_per_release_error():
     from envbuilder.cli.refresh import PyPIJson
 
     junk = os.urandom(300_000)
-    wheel = {"filename": "torch-99.0-cp311-cp311-manylinux1_x86_64.whl",
-             "url": "/files/torch.whl", "size": len(junk), "yanked": False}
+    wheel = {
+        "filename": "torch-99.0-cp311-cp311-manylinux1_x86_64.whl",
+        "url": "/files/torch.whl",
+        "size": len(junk),
+        "yanked": False,
+    }
     project = {"info": {"version": "99.0"}, "releases": {"99.0": [wheel]}}
-    with FaultServer({"files/torch.whl": junk},
-                     script={"pypi/torch/json": [("json", project)], "pypi/torch/99.0/json": [404],
-                             "files/torch.whl": ["ranges"] * 10}) as srv:
+    with FaultServer(
+        {"files/torch.whl": junk},
+        script={
+            "pypi/torch/json": [("json", project)],
+            "pypi/torch/99.0/json": [404],
+            "files/torch.whl": ["ranges"] * 10,
+        },
+    ) as srv:
         client = PyPIJson(f"http://127.0.0.1:{srv.port}", timeout=5)
         md = client.metadata("torch", "99.0", client.projects(["torch"])["torch"])
     assert "error" in md and "zip" in md["error"]
@@ -458,13 +539,18 @@ def test_refresh_messages_never_print_the_credentials_of_the_index():
 
 # ---- the flash-attn wheel download (in the builder: standard library only) ----------------------
 
+
 def test_flash_attn_credentials_do_not_follow_a_redirect_to_another_host(tmp_path):
     from envbuilder.lock import flash_attn as F
 
     data = b"wheel bytes"
-    with FileServer({"w.whl": data}) as other, \
-            FaultServer({"w.whl": data}, script={"w.whl": [("redirect", other.url("w.whl"))],
-                                                 "same.whl": [("redirect", "/w.whl")]}) as first:
+    with (
+        FileServer({"w.whl": data}) as other,
+        FaultServer(
+            {"w.whl": data},
+            script={"w.whl": [("redirect", other.url("w.whl"))], "same.whl": [("redirect", "/w.whl")]},
+        ) as first,
+    ):
         url = f"http://envbuild:{SECRET}@127.0.0.1:{first.port}"
         F.download(f"{url}/w.whl", str(tmp_path / "a"), attempts=1)
         F.download(f"{url}/same.whl", str(tmp_path / "b"), attempts=1)
@@ -480,8 +566,9 @@ def test_flash_attn_download_gives_up_on_a_body_that_drips(tmp_path, monkeypatch
 
     monkeypatch.setattr(F, "DEADLINE_S", 1.5, raising=False)
     with FaultServer({}, default="drip-body") as srv:
-        done, got = within(lambda: F.download(srv.url("w.whl"), str(tmp_path / "w"), timeout=1,
-                                              attempts=1), 15)
+        done, got = within(
+            lambda: F.download(srv.url("w.whl"), str(tmp_path / "w"), timeout=1, attempts=1), 15
+        )
     assert done, "the flash-attn download waits on a body that drips one byte at a time"
     assert isinstance(got, F.Unavailable) and "within" in str(got)
 
@@ -496,6 +583,7 @@ def test_flash_attn_download_retries_a_body_cut_short(tmp_path):
 
 
 # ---- lock's source pins (apex's archive, flash-attn's wheels) -----------------------------------
+
 
 def test_a_source_archive_that_never_ends_is_not_pinned(monkeypatch):
     from envbuilder.lock import sources
@@ -521,16 +609,20 @@ def test_source_pin_messages_never_print_the_credentials_of_the_github_mirror():
 
 # ---- an empty index URL is a mistake, not the public index ----------------------------------------
 
-@pytest.mark.parametrize("args, option", [
-    (["check", "p40", "--index-url", ""], "--index-url"),
-    (["check", "p40", "--torch-index-url", " "], "--torch-index-url"),
-    (["lock", "p40", "--check", "--index-url", ""], "--index-url"),
-    (["lock", "p40", "--check", "--torch-index-url", ""], "--torch-index-url"),
-    (["lock", "p40", "--check", "--github-url", ""], "--github-url"),
-    (["lock", "p40", "--check", "--registry-mirror", ""], "--registry-mirror"),
-    (["wheelhouse", "p40", "-o", "out", "--build-index-url", ""], "--build-index-url"),
-    (["refresh", "--index-url", ""], "--index-url"),
-])
+
+@pytest.mark.parametrize(
+    "args, option",
+    [
+        (["check", "p40", "--index-url", ""], "--index-url"),
+        (["check", "p40", "--torch-index-url", " "], "--torch-index-url"),
+        (["lock", "p40", "--check", "--index-url", ""], "--index-url"),
+        (["lock", "p40", "--check", "--torch-index-url", ""], "--torch-index-url"),
+        (["lock", "p40", "--check", "--github-url", ""], "--github-url"),
+        (["lock", "p40", "--check", "--registry-mirror", ""], "--registry-mirror"),
+        (["wheelhouse", "p40", "-o", "out", "--build-index-url", ""], "--build-index-url"),
+        (["refresh", "--index-url", ""], "--index-url"),
+    ],
+)
 def test_an_empty_index_url_is_exit_2(cli, args, option):
     code, out, err = cli(*args)
     assert code == 2, (out, err)
@@ -539,12 +631,15 @@ def test_an_empty_index_url_is_exit_2(cli, args, option):
 
 # ---- the session itself ----------------------------------------------------------------------------
 
+
 def test_redaction_covers_urls_and_authorization_values():
     from envbuilder.oci.http import redact
 
-    text = (f"GET http://u:{SECRET}@h:1/x and https://tok@h/y failed; Authorization: Bearer "
-            f"eyJhbGci.abc-def_1 and basic ZW52YnVpbGQ6czNj==, ftp://a:b@c; the token service "
-            f'asked: Basic realm="registry"')
+    text = (
+        f"GET http://u:{SECRET}@h:1/x and https://tok@h/y failed; Authorization: Bearer "
+        f"eyJhbGci.abc-def_1 and basic ZW52YnVpbGQ6czNj==, ftp://a:b@c; the token service "
+        f'asked: Basic realm="registry"'
+    )
     out = redact(text)
     assert SECRET not in out and "eyJhbGci" not in out and "ZW52YnVpbGQ6czNj" not in out
     assert "http://***@h:1/x" in out and "https://***@h/y" in out and "ftp://***@c" in out
@@ -567,6 +662,7 @@ def test_a_redirect_loop_and_a_closed_port_are_network_errors_not_crashes():
 
 
 # ---- uv reads index pages itself: its process is bounded from outside ----------------------------
+
 
 def test_uv_on_an_index_page_that_never_ends_is_stopped_at_its_memory_cap(tmp_path, monkeypatch):
     """uv pip compile reads a simple page whole (6 GB in 25 s on an endless one); the lock runs

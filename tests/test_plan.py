@@ -45,8 +45,9 @@ def test_each_step_asks_for_its_own_pins_and_fixes_them_without_extras():
 def test_the_verl_step_keeps_its_build_arg():
     plan = plan_of("4090")
     assert plan.layers[-1].arg == "VERL_VERSION"
-    line = step_line(render_files(with_constraints(resolved("4090")))["Dockerfile"],
-                     '"verl==${VERL_VERSION}"')
+    line = step_line(
+        render_files(with_constraints(resolved("4090")))["Dockerfile"], '"verl==${VERL_VERSION}"'
+    )
     assert "torch==" not in line.split("constraints/verl.txt")[-1]  # not repeated: constrained
 
 
@@ -79,8 +80,9 @@ def test_a_compiling_profile_has_a_builder_with_torch_and_the_tools_and_nvcc_for
 def test_without_a_lock_the_steps_carry_their_top_level_pins_only():
     plan = plan_of("4090", torch="2.5.1")
     assert plan.pinned_from is None
-    assert plan.layers[0].pins == tuple(sorted(f"{normalize(r.split('==')[0])}=={r.split('==')[1]}"
-                                               for r in plan.layers[0].requirements))
+    assert plan.layers[0].pins == tuple(
+        sorted(f"{normalize(r.split('==')[0])}=={r.split('==')[1]}" for r in plan.layers[0].requirements)
+    )
 
 
 def runtime_and_builder_steps(dockerfile: str) -> tuple[list[str], list[str]]:
@@ -89,8 +91,11 @@ def runtime_and_builder_steps(dockerfile: str) -> tuple[list[str], list[str]]:
     builder, _, runtime = joined.partition(" AS runtime\n")
     if not runtime:
         builder, runtime = "", builder
-    pick = lambda text: [ln for ln in text.splitlines()  # noqa: E731
-                         if ln.startswith("RUN ") and re.search(r"\bpip install\b", ln)]
+    pick = lambda text: [
+        ln
+        for ln in text.splitlines()  # noqa: E731
+        if ln.startswith("RUN ") and re.search(r"\bpip install\b", ln)
+    ]
     return pick(runtime), pick(builder)
 
 
@@ -109,8 +114,10 @@ def test_the_runtime_steps_install_with_uv_pinned_by_sha256_and_the_builder_keep
         if "/wheels/*.whl" in step:
             continue
         if d["torch"]["index_url"]:  # pip's choice among the two indexes, not uv's first-match
-            assert ('--index-url "${TORCH_INDEX_URL}" --extra-index-url "${PIP_INDEX_URL}" '
-                    "--index-strategy unsafe-best-match") in step
+            assert (
+                '--index-url "${TORCH_INDEX_URL}" --extra-index-url "${PIP_INDEX_URL}" '
+                "--index-strategy unsafe-best-match"
+            ) in step
         else:  # uv reads no PIP_INDEX_URL: every step names it
             assert '--index-url "${PIP_INDEX_URL}"' in step and "TORCH_INDEX_URL" not in step
     assert bool(builder) == bool(plan_of(profile).builder)

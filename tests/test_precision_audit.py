@@ -36,8 +36,14 @@ BF16 = {"bf16", "bfloat16"}
 
 def run_script(path: Path, site: Path, tmp_path: Path) -> subprocess.CompletedProcess:
     """A rendered script as the Dockerfile's RUN runs it, against the verl under `site`."""
-    return subprocess.run([sys.executable, "-S", str(path)], capture_output=True, text=True,
-                          cwd=tmp_path, timeout=120, env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"})
+    return subprocess.run(
+        [sys.executable, "-S", str(path)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+        env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
+    )
 
 
 def write_scripts(files: dict, tmp_path: Path) -> dict[str, Path]:
@@ -78,15 +84,20 @@ def fixture_site(version: str, d: dict, tmp_path: Path) -> Path:
 
 # -- without network: the recorded real files ----------------------------------------------------
 
+
 def test_the_p40_audit_fails_on_unpatched_verl_naming_file_and_line(tmp_path):
     d = resolved("p40").to_dict()
     site = fixture_site("0.4.1", d, tmp_path)
     scripts = write_scripts(render_files(resolved("p40")), tmp_path)
     r = run_script(scripts["audit_precision.py"], site, tmp_path)
     assert r.returncode == 1, r.stdout
-    for where in ("verl/workers/actor/dp_actor.py:100", "verl/workers/critic/dp_critic.py:65",
-                  "verl/workers/rollout/hf_rollout.py:109", "verl/workers/fsdp_workers.py:221",
-                  "verl/utils/model.py:511"):
+    for where in (
+        "verl/workers/actor/dp_actor.py:100",
+        "verl/workers/critic/dp_critic.py:65",
+        "verl/workers/rollout/hf_rollout.py:109",
+        "verl/workers/fsdp_workers.py:221",
+        "verl/utils/model.py:511",
+    ):
         assert f"audit_precision: {where}: " in r.stderr, where
     assert "torch.autocast(..., dtype=torch.bfloat16) left on the run's path" in r.stderr
     assert "the Tesla P40 has no native bfloat16" in r.stderr
@@ -128,14 +139,16 @@ def test_a_multiline_autocast_is_found_and_a_commented_one_is_not(tmp_path):
     scripts = write_scripts(render_files(resolved("p40")), tmp_path)
     assert run_script(scripts["apply_patches.py"], site, tmp_path).returncode == 0
     dataset = site / "verl/utils/dataset/rl_dataset.py"
-    dataset.write_text("import torch\n"
-                       "# with torch.autocast(device_type='cuda', dtype=torch.bfloat16):\n"
-                       "x = 1  # torch.autocast('cuda', dtype=torch.bfloat16)\n"
-                       "with torch.amp.autocast(\n"
-                       "        device_type='cuda',\n"
-                       "        dtype=torch.bfloat16):\n"
-                       "    pass\n"
-                       "ATTN = {'impl': 'flash_attention_2'}  # a literal, not a comment\n")
+    dataset.write_text(
+        "import torch\n"
+        "# with torch.autocast(device_type='cuda', dtype=torch.bfloat16):\n"
+        "x = 1  # torch.autocast('cuda', dtype=torch.bfloat16)\n"
+        "with torch.amp.autocast(\n"
+        "        device_type='cuda',\n"
+        "        dtype=torch.bfloat16):\n"
+        "    pass\n"
+        "ATTN = {'impl': 'flash_attention_2'}  # a literal, not a comment\n"
+    )
     r = run_script(scripts["audit_precision.py"], site, tmp_path)
     assert r.returncode == 1
     findings = re.findall(r"audit_precision: (verl/\S+:\d+): ", r.stderr)
@@ -148,13 +161,17 @@ def test_a_reviewed_line_that_is_gone_fails_the_audit(tmp_path):
     scripts = write_scripts(render_files(resolved("p40")), tmp_path)
     assert run_script(scripts["apply_patches.py"], site, tmp_path).returncode == 0
     workers = site / "verl/workers/fsdp_workers.py"
-    workers.write_text(workers.read_text().replace(
-        "with torch.no_grad(), torch.autocast(device_type=device_name, dtype=torch.bfloat16):",
-        "with torch.no_grad():"))
+    workers.write_text(
+        workers.read_text().replace(
+            "with torch.no_grad(), torch.autocast(device_type=device_name, dtype=torch.bfloat16):",
+            "with torch.no_grad():",
+        )
+    )
     r = run_script(scripts["audit_precision.py"], site, tmp_path)
     assert r.returncode == 1
-    assert ("verl/workers/fsdp_workers.py: the reviewed line (verl-reward-model-autocast) is not "
-            "there any more") in r.stderr
+    assert (
+        "verl/workers/fsdp_workers.py: the reviewed line (verl-reward-model-autocast) is not there any more"
+    ) in r.stderr
 
 
 def test_a_missing_training_path_module_or_verl_fails_the_audit(tmp_path):
@@ -183,35 +200,52 @@ def test_the_audit_holds_its_plan_as_data_not_as_code():
     plan = json.loads(json.loads(blob))
     assert plan["checks"] == ["autocast_bf16", "flash_attention_2"]
     assert "verl.workers.critic.dp_critic" in plan["modules"]
-    assert plan["files"] == ["verl/utils/model.py", "verl/workers/critic/dp_critic.py",
-                             "verl/workers/fsdp_workers.py"]
+    assert plan["files"] == [
+        "verl/utils/model.py",
+        "verl/workers/critic/dp_critic.py",
+        "verl/workers/fsdp_workers.py",
+    ]
     assert {r["name"] for r in plan["reviewed"]} == {
-        "verl-reward-model-autocast", "verl-actor-attention-default", "verl-critic-attention-default"}
+        "verl-reward-model-autocast",
+        "verl-actor-attention-default",
+        "verl-critic-attention-default",
+    }
 
 
 def test_the_dockerfile_runs_the_audit_right_after_the_patches():
     lines = render_files(resolved("p40"))["Dockerfile"].splitlines()
     patches = lines.index("RUN python /opt/envbuild/apply_patches.py")
-    assert lines[patches + 2:patches + 4] == ["COPY audit_precision.py /opt/envbuild/audit_precision.py",
-                                               "RUN python /opt/envbuild/audit_precision.py"]
+    assert lines[patches + 2 : patches + 4] == [
+        "COPY audit_precision.py /opt/envbuild/audit_precision.py",
+        "RUN python /opt/envbuild/audit_precision.py",
+    ]
 
 
 # -- the run script -------------------------------------------------------------------------------
 
+
 def test_the_p40_run_script_says_each_parts_dtype_and_turns_compile_off_for_ray_workers():
     script = render_files(resolved("p40"))[RUN_SCRIPT]
-    assert ("# Precision, part by part: rollout fp32 · reference log-probs fp32 · actor (log-probs, "
-            "PPO update) fp32 · critic fp32.") in script
+    assert (
+        "# Precision, part by part: rollout fp32 · reference log-probs fp32 · actor (log-probs, "
+        "PPO update) fp32 · critic fp32."
+    ) in script
     assert "  actor_rollout_ref.actor.use_torch_compile=False\n" in script
     assert "export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF-expandable_segments:True}\n" in script
 
 
 def test_the_t4_run_script_trains_in_fp32_and_infers_in_fp16():
     script = render_files(resolved("t4", frozen()))[RUN_SCRIPT]
-    assert "rollout fp16 · reference log-probs fp16 · actor (log-probs, PPO update) fp32 · critic fp32 (training stays in fp32" in script
-    for line in ("actor_rollout_ref.actor.fsdp_config.dtype=float32",
-                 "actor_rollout_ref.ref.fsdp_config.dtype=float16",
-                 "critic.model.fsdp_config.dtype=float32", "actor_rollout_ref.rollout.dtype=float16"):
+    assert (
+        "rollout fp16 · reference log-probs fp16 · actor (log-probs, PPO update) fp32 · critic fp32 (training stays in fp32"
+        in script
+    )
+    for line in (
+        "actor_rollout_ref.actor.fsdp_config.dtype=float32",
+        "actor_rollout_ref.ref.fsdp_config.dtype=float16",
+        "critic.model.fsdp_config.dtype=float32",
+        "actor_rollout_ref.rollout.dtype=float16",
+    ):
         assert f"\n  {line}\n" in script, line
     assert "use_torch_compile" not in script  # CC 7.5 runs Triton
     assert "export PYTORCH_CUDA_ALLOC_CONF" not in script
@@ -223,8 +257,9 @@ def test_the_allocator_setting_runs_in_bash_and_an_exported_value_wins(tmp_path)
     line = next(l for l in script.splitlines() if l.startswith("export PYTORCH_CUDA_ALLOC_CONF="))
     probe = f'{line}\nprintf "%s" "$PYTORCH_CUDA_ALLOC_CONF"'
     env = {"PATH": "/usr/bin:/bin"}
-    run = lambda extra: subprocess.run(["bash", "-c", probe], capture_output=True, text=True,
-                                       env=dict(env, **extra)).stdout
+    run = lambda extra: (
+        subprocess.run(["bash", "-c", probe], capture_output=True, text=True, env=dict(env, **extra)).stdout
+    )
     assert run({}) == "expandable_segments:True"
     assert run({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"}) == "max_split_size_mb:128"
     assert run({"PYTORCH_CUDA_ALLOC_CONF": ""}) == ""
@@ -232,14 +267,18 @@ def test_the_allocator_setting_runs_in_bash_and_an_exported_value_wins(tmp_path)
 
 # -- the real-package tier: every verl release from its PyPI wheel --------------------------------
 
+
 @functools.lru_cache(maxsize=None)
 def t4_in_fp32():
     """An fp32 profile on verl 0.6.1 (none is shipped): a T4 profile whose dtype is fp32, from a
     --matrix-dir overlay as a user writes one."""
     folder = Path(tempfile.mkdtemp(prefix="envbuild-t4-fp32-"))
     atexit.register(shutil.rmtree, folder, True)
-    (folder / "t4fp32.yaml").write_text(json.dumps({"profiles": {
-        "t4-fp32": record("profiles", "t4", dtype="fp32", source="https://example.org")}}))
+    (folder / "t4fp32.yaml").write_text(
+        json.dumps(
+            {"profiles": {"t4-fp32": record("profiles", "t4", dtype="fp32", source="https://example.org")}}
+        )
+    )
     return folder
 
 
@@ -257,8 +296,11 @@ _COMBOS |= {
     "t4-fp32-verl0.9.1": None,
 }
 for _v in ("0.7.1", "0.8.0", "0.9.0"):
-    _COMBOS |= {f"t4-verl{_v}": ("t4", {"verl": _v}), f"h100-verl{_v}": ("h100", {"verl": _v}),
-                f"t4-fp32-verl{_v}": None}
+    _COMBOS |= {
+        f"t4-verl{_v}": ("t4", {"verl": _v}),
+        f"h100-verl{_v}": ("h100", {"verl": _v}),
+        f"t4-fp32-verl{_v}": None,
+    }
 COMBOS = list(_COMBOS)
 
 
@@ -308,10 +350,22 @@ def test_the_recorded_patches_apply_to_the_real_wheel_and_the_audit_passes(verl_
 
 
 @pytest.mark.pypi
-@pytest.mark.parametrize("name", ["p40", "p40-verl0.5.0", "t4", "t4-verl0.5.0", "t4-verl0.4.1-hf",
-                                  "t4-fp32-verl0.6.1", "4090", "4090-verl0.5.0"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "p40",
+        "p40-verl0.5.0",
+        "t4",
+        "t4-verl0.5.0",
+        "t4-verl0.4.1-hf",
+        "t4-fp32-verl0.6.1",
+        "4090",
+        "4090-verl0.5.0",
+    ],
+)
 def test_the_audit_fails_on_the_unpatched_real_wheel_naming_every_line_a_patch_fixes(
-        verl_trees, name, tmp_path):
+    verl_trees, name, tmp_path
+):
     env = combo(name)
     d = env.to_dict()
     site = verl_trees[d["verl"]["version"]]  # read only: the audit does not write
@@ -321,8 +375,11 @@ def test_the_audit_fails_on_the_unpatched_real_wheel_naming_every_line_a_patch_f
     named = set(re.findall(r"^audit_precision: (verl/\S+?:\d+): ", r.stderr, re.M))
     # every line the precision patches change is named (the fa2 import patch changes no audited
     # literal; the HF rollout's sharding-manager and LoRA patches are not about precision)
-    other = ("verl-optional-flash-attn-import", "verl-hf-sharding-manager-timing",
-             "verl-actor-use-orig-params")
+    other = (
+        "verl-optional-flash-attn-import",
+        "verl-hf-sharding-manager-timing",
+        "verl-actor-use-orig-params",
+    )
     want = patched_lines(dict(d, patches=[p for p in d["patches"] if p["name"] not in other]), site)
     assert want and want <= named, sorted(want - named)
 
@@ -336,8 +393,9 @@ def test_the_run_scripts_overrides_compose_with_the_releases_own_config(verl_tre
 
     env = combo(name)
     d = env.to_dict()
-    cfg = compose_run_config(verl_trees[d["verl"]["version"]],
-                             run_script_overrides(render_files(env)[RUN_SCRIPT]))
+    cfg = compose_run_config(
+        verl_trees[d["verl"]["version"]], run_script_overrides(render_files(env)[RUN_SCRIPT])
+    )
     parts = ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "actor_rollout_ref.rollout", "critic")
     dtypes = keys_ending(cfg, parts, "dtype")
     assert dtypes, "no dtype keys found: the walk is broken"
@@ -351,8 +409,7 @@ def test_the_run_scripts_overrides_compose_with_the_releases_own_config(verl_tre
     for part, key in d["verl"]["autocast_keys"].items():
         assert OmegaConf.select(cfg, key) == TORCH_DTYPE[pr[part]], key
     assert cfg.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype == pr["actor"]
-    assert OmegaConf.select(cfg, d["verl"]["critic_fsdp"] + ".mixed_precision.param_dtype") == \
-        pr["critic"]
+    assert OmegaConf.select(cfg, d["verl"]["critic_fsdp"] + ".mixed_precision.param_dtype") == pr["critic"]
     assert cfg.actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype == pr["ref"]
     compile_on = d["features"]["torch_compile"]
     assert cfg.actor_rollout_ref.actor.use_torch_compile is compile_on

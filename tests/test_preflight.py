@@ -53,8 +53,14 @@ def run(script: Path, *args: str, site: Path | None = None) -> subprocess.Comple
     env = {"PATH": str(empty), "LANG": "C.UTF-8"}
     if site is not None:
         env["PYTHONPATH"] = str(site)
-    return subprocess.run([sys.executable, "-S", str(script), *args], capture_output=True,
-                          text=True, timeout=120, env=env, cwd=script.parent)
+    return subprocess.run(
+        [sys.executable, "-S", str(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=script.parent,
+    )
 
 
 def torch_standin(version: str, cuda: str, gpu: bool = False) -> dict[str, str]:
@@ -93,40 +99,61 @@ P40_TORCH = ("2.6.0+cu118", "11.8")
 
 # -- torch missing, broken or foreign ---------------------------------------------------------
 
+
 def test_without_torch_every_check_is_a_line_and_the_imports_still_run(tmp_path):
     script, d = render(tmp_path, "p40")
     r = run(script)
     no_traceback(r)
     assert r.returncode == 1
     got = lines(r)
-    assert got["import torch"].startswith(f"{CROSS} import torch: ModuleNotFoundError: No module named 'torch'")
+    assert got["import torch"].startswith(
+        f"{CROSS} import torch: ModuleNotFoundError: No module named 'torch'"
+    )
     assert "torch==2.6.0+cu118 from https://download.pytorch.org/whl/cu118" in r.stdout
     assert got["GPU visible"].startswith(CROSS)
     for module in d["training_path"]:
         assert got[f"import {module}"].startswith(CROSS), module
     report = json.loads(run(script, "--json").stdout)
     assert report["ready"] is False
-    assert [c["check"] for c in report["checks"] if c["check"].startswith("import ")][1:] == \
-        [f"import {m}" for m in d["training_path"]]
+    assert [c["check"] for c in report["checks"] if c["check"].startswith("import ")][1:] == [
+        f"import {m}" for m in d["training_path"]
+    ]
     # apex is compiled in the builder stage, not in requirements.txt: its fix is the build
     apex = next(c for c in report["checks"] if c["check"] == "import apex")
     assert "not in requirements.txt" in apex["fix"] and "--cuda_ext" in apex["fix"], apex
 
 
 HOSTILE = {
-    "no torch.version": ({"torch/__init__.py": "__version__ = '2.6.0+cu118'\n"},
-                         "torch build", "is not a PyTorch build"),
-    "raises on import": ({"torch/__init__.py": "raise RuntimeError('CUDA driver initialization "
-                          "failed\\nsecond line of the story')\n"},
-                         "import torch", "RuntimeError: CUDA driver initialization failed"),
-    "exits on import": ({"torch/__init__.py": "import sys\nsys.exit(3)\n"},
-                        "import torch", "SystemExit: 3"),
-    "foreign version attribute": ({"torch/__init__.py": "__version__ = '1.0'\nversion = 'a string'\n"},
-                                  "torch build", "is not a PyTorch build"),
-    "is_available raises": (dict(torch_standin(*P40_TORCH), **{
-        "torch/cuda.py": "def is_available():\n    raise RuntimeError('Unexpected error from "
-                         "cudaGetDeviceCount()')\n"}),
-        "GPU visible", "RuntimeError: Unexpected error from cudaGetDeviceCount()"),
+    "no torch.version": (
+        {"torch/__init__.py": "__version__ = '2.6.0+cu118'\n"},
+        "torch build",
+        "is not a PyTorch build",
+    ),
+    "raises on import": (
+        {
+            "torch/__init__.py": "raise RuntimeError('CUDA driver initialization "
+            "failed\\nsecond line of the story')\n"
+        },
+        "import torch",
+        "RuntimeError: CUDA driver initialization failed",
+    ),
+    "exits on import": ({"torch/__init__.py": "import sys\nsys.exit(3)\n"}, "import torch", "SystemExit: 3"),
+    "foreign version attribute": (
+        {"torch/__init__.py": "__version__ = '1.0'\nversion = 'a string'\n"},
+        "torch build",
+        "is not a PyTorch build",
+    ),
+    "is_available raises": (
+        dict(
+            torch_standin(*P40_TORCH),
+            **{
+                "torch/cuda.py": "def is_available():\n    raise RuntimeError('Unexpected error from "
+                "cudaGetDeviceCount()')\n"
+            },
+        ),
+        "GPU visible",
+        "RuntimeError: Unexpected error from cudaGetDeviceCount()",
+    ),
 }
 
 
@@ -154,6 +181,7 @@ def test_another_torch_build_than_rendered_says_which_to_reinstall(tmp_path):
 
 # -- no GPU: the GPU checks fail, the imports are still checked --------------------------------
 
+
 def test_without_a_gpu_the_training_path_is_still_imported_one_by_one(tmp_path):
     script, d = render(tmp_path, "t4")
     site = site_with(tmp_path, dict(module_files(d["training_path"]), **torch_standin("2.6.0+cu124", "12.4")))
@@ -177,8 +205,9 @@ def test_each_failing_import_is_its_own_cross_with_the_errors_first_line(tmp_pat
     script, d = render(tmp_path, "p40", without=["apex"])
     files = dict(module_files(d["training_path"]), **torch_standin(*P40_TORCH))
     files["verl/workers/fsdp_workers.py"] = "from torch.distributed import DeviceMesh\n"
-    files["verl/workers/actor/dp_actor.py"] = ("raise ImportError('flash_attn is broken\\n"
-                                                "  and here is a long explanation')\n")
+    files["verl/workers/actor/dp_actor.py"] = (
+        "raise ImportError('flash_attn is broken\\n  and here is a long explanation')\n"
+    )
     files["verl/utils/reward_score/gsm8k.py"] = "import sys\nsys.exit('gsm8k gave up')\n"
     files["verl/utils/dataset/rl_dataset.py"] = "print('a chatty package logs to stdout')\n"
     r = run(script, "--json", site=site_with(tmp_path, files))
@@ -207,7 +236,9 @@ def test_a_module_missing_from_the_image_says_so(tmp_path):
     r = run(script, "--smoke", site=site_with(tmp_path, files))
     assert r.returncode == 1
     got = lines(r)
-    assert "No module named 'verl.workers.rollout.hf_rollout'" in got["import verl.workers.rollout.hf_rollout"]
+    assert (
+        "No module named 'verl.workers.rollout.hf_rollout'" in got["import verl.workers.rollout.hf_rollout"]
+    )
     assert "verl.workers.sharding_manager.base needs tensordict" in r.stdout
     assert r.stdout.strip().splitlines()[-1].startswith("smoke FAILED: p40")
 
@@ -220,6 +251,7 @@ def test_an_unknown_argument_is_exit_2_with_the_usage(tmp_path):
 
 
 # -- compiled modules that link libcuda.so.1 (vllm._C) on a machine without the driver -----------
+
 
 def _driver_present() -> bool:
     try:
@@ -235,34 +267,68 @@ def test_without_a_driver_the_cuda_images_compat_libcuda_lets_compiled_modules_l
     cc = shutil.which(os.environ.get("CC", "cc"))
     need(cc is not None, "no C compiler (cc) to build the libcuda-linked stand-in")
     if _driver_present():
-        pytest.skip("this machine has an NVIDIA driver (libcuda.so.1 loads); the compat library "
-                    "is for machines without one")
+        pytest.skip(
+            "this machine has an NVIDIA driver (libcuda.so.1 loads); the compat library "
+            "is for machines without one"
+        )
     build = tmp_path / "build"
     compat = tmp_path / "compat"
     build.mkdir()
     compat.mkdir()
     (build / "cuda.c").write_text("int cuInit(unsigned int flags) { return 100; }\n")
-    subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o",
-                    str(compat / "libcuda.so.1"), str(build / "cuda.c")], check=True)
+    subprocess.run(
+        [
+            cc,
+            "-shared",
+            "-fPIC",
+            "-Wl,-soname,libcuda.so.1",
+            "-o",
+            str(compat / "libcuda.so.1"),
+            str(build / "cuda.c"),
+        ],
+        check=True,
+    )
     (build / "ops.c").write_text(
         "#include <Python.h>\nint cuInit(unsigned int);\n"
         "static PyObject *init(PyObject *s, PyObject *a) { return PyLong_FromLong(cuInit(0)); }\n"
-        "static PyMethodDef m[] = {{\"init\", init, METH_NOARGS, NULL}, {NULL, NULL, 0, NULL}};\n"
-        "static struct PyModuleDef d = {PyModuleDef_HEAD_INIT, \"_C\", NULL, -1, m};\n"
-        "PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&d); }\n")
+        'static PyMethodDef m[] = {{"init", init, METH_NOARGS, NULL}, {NULL, NULL, 0, NULL}};\n'
+        'static struct PyModuleDef d = {PyModuleDef_HEAD_INIT, "_C", NULL, -1, m};\n'
+        "PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&d); }\n"
+    )
     script, d = render(tmp_path, "t4")
     files = dict(module_files(d["training_path"]), **torch_standin("2.6.0+cu124", "12.4"))
     del files["vllm/_C.py"]  # the compiled one below takes its place
     site = site_with(tmp_path, files)
-    subprocess.run([cc, "-shared", "-fPIC", "-I", sysconfig.get_paths()["include"], str(build / "ops.c"),
-                    "-L", str(compat), "-l:libcuda.so.1", "-o",
-                    str(site / "vllm" / ("_C" + sysconfig.get_config_var("EXT_SUFFIX")))], check=True)
+    subprocess.run(
+        [
+            cc,
+            "-shared",
+            "-fPIC",
+            "-I",
+            sysconfig.get_paths()["include"],
+            str(build / "ops.c"),
+            "-L",
+            str(compat),
+            "-l:libcuda.so.1",
+            "-o",
+            str(site / "vllm" / ("_C" + sysconfig.get_config_var("EXT_SUFFIX"))),
+        ],
+        check=True,
+    )
 
     def with_compat(path: Path) -> Path:
         folder = tmp_path / f"matrix-{path.parent.name}"
         folder.mkdir()
-        (folder / "compat.yaml").write_text(json.dumps(
-            {"cuda_compat": {"libcuda": str(path), "source": "https://docs.nvidia.com/deploy/cuda-compatibility/"}}))
+        (folder / "compat.yaml").write_text(
+            json.dumps(
+                {
+                    "cuda_compat": {
+                        "libcuda": str(path),
+                        "source": "https://docs.nvidia.com/deploy/cuda-compatibility/",
+                    }
+                }
+            )
+        )
         return folder
 
     absent = tmp_path / "nowhere" / "libcuda.so.1"
@@ -280,12 +346,14 @@ def test_without_a_driver_the_cuda_images_compat_libcuda_lets_compiled_modules_l
     no_traceback(r)
     got = lines(r)
     assert r.returncode == 0, r.stdout
-    assert got["libcuda for imports"].startswith(f"{CHECK} libcuda for imports: no NVIDIA driver here: "
-                                                 f"{compat / 'libcuda.so.1'}")
+    assert got["libcuda for imports"].startswith(
+        f"{CHECK} libcuda for imports: no NVIDIA driver here: {compat / 'libcuda.so.1'}"
+    )
     assert got["import vllm._C"].startswith(CHECK)
 
 
 # -- the build's smoke test, against the stand-in packages an image build installs ---------------
+
 
 def _install_standins(tmp_path: Path, d: dict) -> Path:
     """What `pip install` puts into the image: the stand-in wheels of test_build, unpacked."""
@@ -296,8 +364,12 @@ def _install_standins(tmp_path: Path, d: dict) -> Path:
         need(cc is not None, "no C compiler (cc) to build the apex stand-in")
         src = tmp_path / "apex-src"
         shutil.copytree(FIXTURES / "apex-standin", src)
-        subprocess.run([sys.executable, "-c", "import backend, sys; backend.build_wheel(sys.argv[1])",
-                        str(pkgs)], cwd=src, check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-c", "import backend, sys; backend.build_wheel(sys.argv[1])", str(pkgs)],
+            cwd=src,
+            check=True,
+            capture_output=True,
+        )
     site = tmp_path / "site-packages"
     for wheel in sorted(pkgs.glob("*.whl")):
         with zipfile.ZipFile(wheel) as z:
@@ -311,11 +383,15 @@ def test_the_smoke_test_imports_the_training_path_of_the_installed_image(tmp_pat
     site = _install_standins(tmp_path, d)
     env = {"PYTHONPATH": str(site), "PATH": os.environ.get("PATH", "")}
     if (script.parent / "apply_patches.py").exists():  # as the Dockerfile's RUN does
-        subprocess.run([sys.executable, "-S", str(script.parent / "apply_patches.py")], env=env,
-                       check=True, capture_output=True, text=True)
+        subprocess.run(
+            [sys.executable, "-S", str(script.parent / "apply_patches.py")],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
     cmd = smoke_command(str(script))
-    r = subprocess.run([sys.executable, "-S", *cmd[1:]], capture_output=True, text=True,
-                       env=env, timeout=120)
+    r = subprocess.run([sys.executable, "-S", *cmd[1:]], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout == ""  # the whole report is on stderr, where docker's error carries it
     assert f"smoke ok: {profile}" in r.stderr
@@ -333,8 +409,13 @@ def test_a_failed_smoke_test_names_the_import_that_failed(tmp_path):
     site = _install_standins(tmp_path, d)
     (site / "verl" / "workers" / "fsdp_workers.py").write_text("from torch.distributed import DeviceMesh\n")
     cmd = smoke_command(str(script))
-    r = subprocess.run([sys.executable, "-S", *cmd[1:]], capture_output=True, text=True,
-                       env={"PYTHONPATH": str(site), "PATH": ""}, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-S", *cmd[1:]],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(site), "PATH": ""},
+        timeout=120,
+    )
     assert r.returncode == 1
 
     class Containers:  # docker's side of it: the command's exit status and stderr, as docker raises them
@@ -349,6 +430,7 @@ def test_a_failed_smoke_test_names_the_import_that_failed(tmp_path):
     message = str(e.value)
     assert "The smoke test failed in envbuild/p40:test:" in message
     # the stand-in torch has no torch.distributed at all
-    assert (f"{CROSS} import verl.workers.fsdp_workers: ModuleNotFoundError: No module named "
-            "'torch.distributed'") in message
+    assert (
+        f"{CROSS} import verl.workers.fsdp_workers: ModuleNotFoundError: No module named 'torch.distributed'"
+    ) in message
     assert "training run would fail" in message

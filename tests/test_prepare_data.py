@@ -19,28 +19,38 @@ from envbuilder.render.files import render
 from httpfixtures import FileServer
 
 TRAIN = [
-    {"question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many "
-                 "clips in May. How many clips did Natalia sell altogether in April and May?",
-     "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = "
-               "<<48+24=72>>72 clips altogether in April and May.\n#### 72"},
-    {"question": "Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of "
-                 "babysitting. How much did she earn?",
-     "answer": "Weng earns 12/60 = $<<12/60=0.2>>0.2 per minute.\nWorking 50 minutes, she earned "
-               "0.2 x 50 = $<<0.2*50=10>>10.\n#### 10"},
-    {"question": "A shop sold 1,200 apples on Monday and 1,250 on Tuesday. How many in total?",
-     "answer": "1200 + 1250 = <<1200+1250=2450>>2450\n#### 2,450"},
+    {
+        "question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many "
+        "clips in May. How many clips did Natalia sell altogether in April and May?",
+        "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = "
+        "<<48+24=72>>72 clips altogether in April and May.\n#### 72",
+    },
+    {
+        "question": "Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of "
+        "babysitting. How much did she earn?",
+        "answer": "Weng earns 12/60 = $<<12/60=0.2>>0.2 per minute.\nWorking 50 minutes, she earned "
+        "0.2 x 50 = $<<0.2*50=10>>10.\n#### 10",
+    },
+    {
+        "question": "A shop sold 1,200 apples on Monday and 1,250 on Tuesday. How many in total?",
+        "answer": "1200 + 1250 = <<1200+1250=2450>>2450\n#### 2,450",
+    },
 ]
 TEST = [
-    {"question": "Janet's ducks lay 16 eggs per day. She eats three for breakfast every morning "
-                 "and bakes muffins for her friends every day with four. She sells the remainder "
-                 "at the farmers' market daily for $2 per fresh duck egg. How much in dollars does "
-                 "she make every day at the farmers' market?",
-     "answer": "Janet sells 16 - 3 - 4 = <<16-3-4=9>>9 duck eggs a day.\nShe makes 9 * 2 = "
-               "$<<9*2=18>>18 every day at the farmer's market.\n#### 18"},
-    {"question": "A robe takes 2 bolts of blue fiber and half that much white fiber. How many "
-                 "bolts in total does it take?",
-     "answer": "It takes 2/2=<<2/2=1>>1 bolt of white fiber\nSo the total amount of fabric is "
-               "2+1=<<2+1=3>>3 bolts of fabric\n#### 3"},
+    {
+        "question": "Janet's ducks lay 16 eggs per day. She eats three for breakfast every morning "
+        "and bakes muffins for her friends every day with four. She sells the remainder "
+        "at the farmers' market daily for $2 per fresh duck egg. How much in dollars does "
+        "she make every day at the farmers' market?",
+        "answer": "Janet sells 16 - 3 - 4 = <<16-3-4=9>>9 duck eggs a day.\nShe makes 9 * 2 = "
+        "$<<9*2=18>>18 every day at the farmer's market.\n#### 18",
+    },
+    {
+        "question": "A robe takes 2 bolts of blue fiber and half that much white fiber. How many "
+        "bolts in total does it take?",
+        "answer": "It takes 2/2=<<2/2=1>>1 bolt of white fiber\nSo the total amount of fabric is "
+        "2+1=<<2+1=3>>3 bolts of fabric\n#### 3",
+    },
 ]
 
 
@@ -54,8 +64,9 @@ def rendered(tmp_path_factory) -> Path:
 def run(script: Path, *args, env=None):
     full = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "GSM8K_"))}
     full.update(env or {})
-    return subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True,
-                          text=True, env=full, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(script), *map(str, args)], capture_output=True, text=True, env=full, timeout=120
+    )
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
@@ -84,8 +95,13 @@ def test_local_jsonl_becomes_verls_layout(rendered, tmp_path):
     assert len(train) == 3 and len(read(tmp_path / "data", "test")) == 2
     first = train[0]
     assert first["data_source"] == "openai/gsm8k" and first["ability"] == "math"
-    assert first["prompt"] == [{"role": "user", "content": TRAIN[0]["question"] + " Let's think "
-                                "step by step and output the final answer after \"####\"."}]
+    assert first["prompt"] == [
+        {
+            "role": "user",
+            "content": TRAIN[0]["question"] + " Let's think "
+            'step by step and output the final answer after "####".',
+        }
+    ]
     assert first["reward_model"] == {"style": "rule", "ground_truth": "72"}
     assert first["extra_info"]["split"] == "train" and first["extra_info"]["index"] == 0
     assert train[2]["reward_model"]["ground_truth"] == "2450"  # commas dropped, as verl does
@@ -93,11 +109,19 @@ def test_local_jsonl_becomes_verls_layout(rendered, tmp_path):
 
 def test_the_hub_path_goes_through_hf_endpoint_so_a_mirror_serves_it(rendered, tmp_path):
     base = "datasets/openai/gsm8k/resolve/main/main/"
-    files = {base + "train-00000-of-00001.parquet": parquet_bytes(TRAIN, tmp_path),
-             base + "test-00000-of-00001.parquet": parquet_bytes(TEST, tmp_path)}
+    files = {
+        base + "train-00000-of-00001.parquet": parquet_bytes(TRAIN, tmp_path),
+        base + "test-00000-of-00001.parquet": parquet_bytes(TEST, tmp_path),
+    }
     with FileServer(files) as srv:
-        r = run(rendered / "prepare_gsm8k.py", "--out", tmp_path / "data", "--limit", "2",
-                env={"HF_ENDPOINT": srv.url("").rstrip("/"), "HF_TOKEN": "hf_secret"})
+        r = run(
+            rendered / "prepare_gsm8k.py",
+            "--out",
+            tmp_path / "data",
+            "--limit",
+            "2",
+            env={"HF_ENDPOINT": srv.url("").rstrip("/"), "HF_TOKEN": "hf_secret"},
+        )
         auth = [q.authorization for q in srv.log]
     assert r.returncode == 0, r.stderr
     assert len(read(tmp_path / "data", "train")) == 2  # --limit
@@ -108,8 +132,12 @@ def test_the_hub_path_goes_through_hf_endpoint_so_a_mirror_serves_it(rendered, t
 def test_an_endpoint_that_does_not_answer_is_exit_1_and_writes_nothing(rendered, tmp_path):
     from httpfixtures import free_port
 
-    r = run(rendered / "prepare_gsm8k.py", "--out", tmp_path / "data",
-            env={"HF_ENDPOINT": f"http://127.0.0.1:{free_port()}"})
+    r = run(
+        rendered / "prepare_gsm8k.py",
+        "--out",
+        tmp_path / "data",
+        env={"HF_ENDPOINT": f"http://127.0.0.1:{free_port()}"},
+    )
     assert r.returncode == 1
     assert "cannot download" in r.stderr and "HF_ENDPOINT" in r.stderr
     assert "Traceback" not in r.stderr
@@ -159,10 +187,12 @@ os.execv({sys.executable!r}, [{sys.executable!r}] + args)
     write_jsonl(src / "test.jsonl", TEST)
     data = tmp_path / "data"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "GSM8K_"))}
-    env.update(PATH=f"{bin_}:{env['PATH']}", DATA_DIR=str(data), ENVBUILD_HOME=str(rendered),
-               GSM8K_FROM=str(src))
-    r = subprocess.run(["bash", str(rendered / "run_ppo_gsm8k.sh")], env=env, capture_output=True,
-                       text=True, timeout=120)
+    env.update(
+        PATH=f"{bin_}:{env['PATH']}", DATA_DIR=str(data), ENVBUILD_HOME=str(rendered), GSM8K_FROM=str(src)
+    )
+    r = subprocess.run(
+        ["bash", str(rendered / "run_ppo_gsm8k.sh")], env=env, capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, r.stderr
     assert "preparing it from" in r.stderr
     assert len(read(data, "train")) == 3
@@ -176,10 +206,27 @@ def test_verls_own_gsm8k_reward_scores_the_prepared_rows(rendered, tmp_path, rea
     the instruction asks for scores 1.0, a wrong one 0, with verl 0.4.1's own compute_score."""
     import zipfile
 
-    r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                        "--index-url", real_pypi, "-d", tmp_path, "verl==0.4.1"],
-                       env={**{k: v for k, v in os.environ.items() if not k.startswith("PIP_")},
-                            "PIP_CONFIG_FILE": os.devnull}, capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--index-url",
+            real_pypi,
+            "-d",
+            tmp_path,
+            "verl==0.4.1",
+        ],
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith("PIP_")},
+            "PIP_CONFIG_FILE": os.devnull,
+        },
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     wheel = next(tmp_path.glob("verl-0.4.1-*.whl"))
     source = zipfile.ZipFile(wheel).read("verl/utils/reward_score/gsm8k.py").decode()

@@ -11,9 +11,19 @@ import pytest
 from envbuilder.progress import Heartbeat, clock_text
 
 
-@pytest.mark.parametrize("seconds,text", [(0.04, "0.0s"), (4.25, "4.2s"), (9.94, "9.9s"),
-                                          (10.2, "10s"), (59.4, "59s"), (60, "1m00s"),
-                                          (185.0, "3m05s"), (-1, "0.0s")])
+@pytest.mark.parametrize(
+    "seconds,text",
+    [
+        (0.04, "0.0s"),
+        (4.25, "4.2s"),
+        (9.94, "9.9s"),
+        (10.2, "10s"),
+        (59.4, "59s"),
+        (60, "1m00s"),
+        (185.0, "3m05s"),
+        (-1, "0.0s"),
+    ],
+)
 def test_clock_text(seconds, text):
     assert clock_text(seconds) == text
 
@@ -33,8 +43,7 @@ def test_heartbeat_off_a_terminal_says_a_plain_line_every_interval():
     for _ in range(30):  # 30 one-second ticks: beats at 12 s and 24 s only
         clock.now += 1
         hb.beat()
-    assert lines == ["p40: pip part: running 12s (resolving)",
-                     "p40: pip part: running 24s (resolving)"]
+    assert lines == ["p40: pip part: running 12s (resolving)", "p40: pip part: running 24s (resolving)"]
     assert not any("\r" in line for line in lines)
 
 

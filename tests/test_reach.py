@@ -23,28 +23,39 @@ def test_what_each_build_fetches_follows_the_rendered_files():
     offline = reach.needs(resolved("p40"), wheelhouse=True)  # a wheelhouse needs no index
     assert set(offline) == {"registries"}
     assert reach.needs(resolved("p40"), push="r:5000", upstream=False) == {
-        "registries": {"push r:5000": ["r:5000"]}}
+        "registries": {"push r:5000": ["r:5000"]}
+    }
 
 
 def test_a_failure_is_named_by_what_fixes_it():
     tls = requests.exceptions.SSLError("[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed")
-    dns = requests.ConnectionError("HTTPSConnectionPool: NameResolutionError(<...>: Failed to "
-                                   "resolve 'registry-1.docker.io')")
+    dns = requests.ConnectionError(
+        "HTTPSConnectionPool: NameResolutionError(<...>: Failed to resolve 'registry-1.docker.io')"
+    )
     refused = requests.ConnectionError("[Errno 111] Connection refused")
     assert failure_reason(tls, 5).startswith("TLS verification failed")
     assert failure_reason(dns, 5) == "DNS: the host name does not resolve here"
     assert failure_reason(refused, 5) == "connection refused/unreachable"
     assert failure_reason(requests.ConnectTimeout("x"), 5) == "timeout after 5s"
     env = resolved("p40")
-    found = reach.findings(env, [
-        Probe("registry", "docker.io", "registry-1.docker.io", False, failure_reason(dns, 5), 3.0),
-        Probe("pypi", "pypi", "https://pypi.org/simple", True, "HTTP 200", 40.0),
-        Probe("pytorch", "pytorch", "https://download.pytorch.org/whl/cu118", False,
-              "HTTP 429 (rate limited)", 9.0),
-        Probe("github", "github", "https://github.com", False, failure_reason(tls, 5), 9.0)])
+    found = reach.findings(
+        env,
+        [
+            Probe("registry", "docker.io", "registry-1.docker.io", False, failure_reason(dns, 5), 3.0),
+            Probe("pypi", "pypi", "https://pypi.org/simple", True, "HTTP 200", 40.0),
+            Probe(
+                "pytorch",
+                "pytorch",
+                "https://download.pytorch.org/whl/cu118",
+                False,
+                "HTTP 429 (rate limited)",
+                9.0,
+            ),
+            Probe("github", "github", "https://github.com", False, failure_reason(tls, 5), 9.0),
+        ],
+    )
     by = {f.what.split(" ")[0]: f for f in found}
-    assert set(by) == {"registry-1.docker.io", "https://download.pytorch.org/whl/cu118",
-                       "https://github.com"}
+    assert set(by) == {"registry-1.docker.io", "https://download.pytorch.org/whl/cu118", "https://github.com"}
     assert "--mirror NAME" in by["registry-1.docker.io"].fix
     assert "--torch-from-pypi" in by["https://download.pytorch.org/whl/cu118"].fix
     assert "--ca-cert FILE" in by["https://github.com"].fix
@@ -59,7 +70,7 @@ def test_a_failed_build_is_classified_with_one_fix_and_its_step_is_never_cut_mid
         "ERROR: Could not find a version that satisfies the requirement torch==2.6.0+cu118\n"
         "ERROR: No matching distribution found for torch==2.6.0+cu118": "resolution impossible",
         "pip._vendor.urllib3...: [SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed": "TLS",
-        "failed to do request: Head \"https://registry-1.docker.io/v2/\": dial tcp: lookup "
+        'failed to do request: Head "https://registry-1.docker.io/v2/": dial tcp: lookup '
         "registry-1.docker.io on 10.0.0.2:53: no such host": "DNS",
         "toomanyrequests: You have reached your pull rate limit.": "rate limited",
         "OSError: [Errno 28] No space left on device": "disk is full",
@@ -69,14 +80,17 @@ def test_a_failed_build_is_classified_with_one_fix_and_its_step_is_never_cut_mid
         got, fix = classify("step output\n" + log)
         assert got and kind in got and fix, (log, got)
     assert classify("some other failure") == (None, None)
-    run = ("RUN --mount=type=cache,target=/root/.cache/uv --mount=type=bind,source=constraints,"
-           "target=/tmp/c --mount=type=secret,id=ca_cert . /usr/local/bin/envbuild-secrets && "
-           "uv pip install --index-url \"${PIP_INDEX_URL}\" -c /tmp/c/torch.txt " + "pkg==1.0 " * 30)
+    run = (
+        "RUN --mount=type=cache,target=/root/.cache/uv --mount=type=bind,source=constraints,"
+        "target=/tmp/c --mount=type=secret,id=ca_cert . /usr/local/bin/envbuild-secrets && "
+        'uv pip install --index-url "${PIP_INDEX_URL}" -c /tmp/c/torch.txt ' + "pkg==1.0 " * 30
+    )
     title = step_title(run)
     assert "--mount" not in title and title.startswith("RUN . /usr/local/bin/envbuild-secrets")
     assert len(title) <= 124 and title.endswith(" ...") and not title[:-4].endswith(("pkg=", "pk"))
-    err = build_failure("docker", "t:1", "ERROR: No matching distribution found for x==1",
-                        [("5/9", run)], False)
+    err = build_failure(
+        "docker", "t:1", "ERROR: No matching distribution found for x==1", [("5/9", run)], False
+    )
     assert "resolution impossible" in str(err) and "Fix the error above" not in str(err)
 
 

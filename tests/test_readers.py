@@ -41,6 +41,7 @@ def refused(code: int, err: str, *words: str) -> None:
 
 # ---- render --from -----------------------------------------------------------------------------
 
+
 def _nested(depth: int) -> str:
     return "[" * depth + "]" * depth
 
@@ -54,6 +55,7 @@ def _edit(path, value):
             del d[last]
         else:
             d[last] = value
+
     return edit
 
 
@@ -62,22 +64,32 @@ FROM_ATTACKS = {
     "a number in a list of module names": (_edit(("training_path", 0), 5), ["training_path[0]"]),
     "a number in the pinned packages": (_edit(("torch", "packages", 0), 2), ["torch.packages[0]"]),
     "an empty package list": (_edit(("torch", "packages"), []), ["torch.packages"]),
-    "a missing memory.batch entry": (_edit(("memory", "batch", "val_batch_size"), KeyError),
-                                     ["memory.batch.val_batch_size is missing"]),
+    "a missing memory.batch entry": (
+        _edit(("memory", "batch", "val_batch_size"), KeyError),
+        ["memory.batch.val_batch_size is missing"],
+    ),
     "an empty memory.batch": (_edit(("memory", "batch"), {}), ["memory.batch"]),
     "900-deep nesting in the memory plan": (
         lambda t: t.replace('"memory": {', '"memory": {"deep": ' + _nested(900) + ", ", 1),
-        ["memory.deep", "nested"]),
-    "a 5000-digit integer": (lambda t: t.replace('"n_gpus": 1', '"n_gpus": ' + "9" * 5000, 1),
-                             ["train.n_gpus", "5,000 digits"]),
+        ["memory.deep", "nested"],
+    ),
+    "a 5000-digit integer": (
+        lambda t: t.replace('"n_gpus": 1', '"n_gpus": ' + "9" * 5000, 1),
+        ["train.n_gpus", "5,000 digits"],
+    ),
     "gpu_memory_utilization NaN": (
         lambda t: t.replace('"gpu_memory_utilization": 0.4', '"gpu_memory_utilization": NaN', 1),
-        ["train.gpu_memory_utilization", "NaN"]),
-    "vram Infinity": (lambda t: t.replace('"vram_gb": 24', '"vram_gb": Infinity', 1),
-                      ["gpu.vram_gb", "Infinity"]),
+        ["train.gpu_memory_utilization", "NaN"],
+    ),
+    "vram Infinity": (
+        lambda t: t.replace('"vram_gb": 24', '"vram_gb": Infinity', 1),
+        ["gpu.vram_gb", "Infinity"],
+    ),
     "a negative GPU count": (_edit(("train", "n_gpus"), -4), ["train.n_gpus", "-4"]),
-    "a negative memory share": (_edit(("train", "gpu_memory_utilization"), -0.5),
-                                ["train.gpu_memory_utilization", "-0.5"]),
+    "a negative memory share": (
+        _edit(("train", "gpu_memory_utilization"), -0.5),
+        ["train.gpu_memory_utilization", "-0.5"],
+    ),
     "a zero batch size": (_edit(("memory", "batch", "test_freq"), 0), ["memory.batch.test_freq"]),
 }
 
@@ -108,21 +120,24 @@ def test_render_from_still_renders_the_file_render_wrote(cli, tmp_path, p40_json
 
 # ---- a lock directory --------------------------------------------------------------------------
 
+
 def _lock_json(edit):
     def damage(lock: Path) -> None:
         meta = json.loads((lock / "lock.json").read_text())
         text = edit(meta)
         (lock / "lock.json").write_text(text if isinstance(text, str) else json.dumps(meta))
+
     return damage
 
 
 LOCK_ATTACKS = {
     "inputs a list": (_lock_json(lambda m: m.__setitem__("inputs", [])), "inputs"),
     "parts holding a list": (_lock_json(lambda m: m.__setitem__("parts", [["pip"]])), "parts[0]"),
-    "deep nesting": (_lock_json(lambda m: json.dumps(m)[:-1] + ', "x": ' + _nested(5000) + "}"),
-                     "nested"),
-    "a 5000-digit format": (_lock_json(lambda m: json.dumps(m).replace('"format": 2', '"format": '
-                                                                       + "9" * 5000)), "format"),
+    "deep nesting": (_lock_json(lambda m: json.dumps(m)[:-1] + ', "x": ' + _nested(5000) + "}"), "nested"),
+    "a 5000-digit format": (
+        _lock_json(lambda m: json.dumps(m).replace('"format": 2', '"format": ' + "9" * 5000)),
+        "format",
+    ),
 }
 
 
@@ -141,6 +156,7 @@ def test_a_malformed_lock_json_is_refused_by_render_and_check(cli, tmp_path, att
 
 # ---- a wheelhouse's manifest.json (render --wheelhouse) ----------------------------------------
 
+
 def _wheelhouse(tmp_path: Path, manifest: str) -> Path:
     """A wheelhouse as `render --wheelhouse` reads it: manifest.json and the lock of h100 (pip
     only, as the shipped one is) under locks/."""
@@ -153,13 +169,21 @@ def _wheelhouse(tmp_path: Path, manifest: str) -> Path:
 
 WHL = "pypi/x-1-py3-none-any.whl"
 MANIFEST_ATTACKS = {
-    "deep nesting": ('{"format": 1, "files": {}, "profiles": {}, "x": ' + _nested(5000) + "}",
-                     "nested"),
-    "a profile nested 3000 deep": ('{"format": 1, "files": {}, "profiles": {"h100": '
-                                   + _nested(3000) + "}}", "nested"),
-    "a negative size": (json.dumps({"format": 1, "files": {WHL: {
-        "kind": "pip", "name": "x", "version": "1", "size": -5, "sha256": "0" * 64}},
-        "profiles": {"h100": {"files": [WHL], "built": {}}}}), f"files.{WHL}.size"),
+    "deep nesting": ('{"format": 1, "files": {}, "profiles": {}, "x": ' + _nested(5000) + "}", "nested"),
+    "a profile nested 3000 deep": (
+        '{"format": 1, "files": {}, "profiles": {"h100": ' + _nested(3000) + "}}",
+        "nested",
+    ),
+    "a negative size": (
+        json.dumps(
+            {
+                "format": 1,
+                "files": {WHL: {"kind": "pip", "name": "x", "version": "1", "size": -5, "sha256": "0" * 64}},
+                "profiles": {"h100": {"files": [WHL], "built": {}}},
+            }
+        ),
+        f"files.{WHL}.size",
+    ),
 }
 
 
@@ -185,8 +209,7 @@ DIGEST = "sha256:" + "a" * 64
 
 def oci_archive(path: Path, index: bytes) -> Path:
     with tarfile.open(path, "w") as tar:
-        for name, data in [("oci-layout", b'{"imageLayoutVersion": "1.0.0"}'),
-                           ("index.json", index)]:
+        for name, data in [("oci-layout", b'{"imageLayoutVersion": "1.0.0"}'), ("index.json", index)]:
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
@@ -198,11 +221,24 @@ def sidecar(archive: Path, text: str | None = None) -> None:
     import hashlib
 
     data = archive.read_bytes()
-    archive.with_name(archive.name + ".json").write_text(text if text is not None else json.dumps({
-        "format": "envbuild-image-archive/1", "image": "x:1", "name": "x:1",
-        "source": "docker-daemon:x", "manifest_digest": DIGEST, "media_type": "m",
-        "config_digest": None, "archive": archive.name,
-        "archive_sha256": hashlib.sha256(data).hexdigest(), "archive_size": len(data)}))
+    archive.with_name(archive.name + ".json").write_text(
+        text
+        if text is not None
+        else json.dumps(
+            {
+                "format": "envbuild-image-archive/1",
+                "image": "x:1",
+                "name": "x:1",
+                "source": "docker-daemon:x",
+                "manifest_digest": DIGEST,
+                "media_type": "m",
+                "config_digest": None,
+                "archive": archive.name,
+                "archive_sha256": hashlib.sha256(data).hexdigest(),
+                "archive_size": len(data),
+            }
+        )
+    )
 
 
 @pytest.fixture
@@ -231,16 +267,14 @@ def test_import_image_refuses_a_malformed_index_json(cli, tmp_path, registry, at
 
 
 def test_import_image_refuses_a_deeply_nested_sidecar(cli, tmp_path, registry):
-    archive = oci_archive(tmp_path / "img.tar", json.dumps(
-        {"manifests": [{"digest": DIGEST}]}).encode())
+    archive = oci_archive(tmp_path / "img.tar", json.dumps({"manifests": [{"digest": DIGEST}]}).encode())
     sidecar(archive, '{"format": ' + _nested(5000) + "}")
     code, _, err = cli("import-image", archive, "--registry", registry, "--name", "x:1")
     refused(code, err, "img.tar.json", "nested")
 
 
 def test_apptainer_reads_index_json_through_the_same_reader(cli, tmp_path):
-    archive = oci_archive(tmp_path / "img.tar", b'{"manifests": [], "x": '
-                          + _nested(5000).encode() + b"}")
+    archive = oci_archive(tmp_path / "img.tar", b'{"manifests": [], "x": ' + _nested(5000).encode() + b"}")
     code, _, err = cli("apptainer", "p40", "--oci-archive", archive, "-o", tmp_path / "p.def")
     refused(code, err, "index.json", "nested", "not an OCI image archive")
     assert not (tmp_path / "p.def").exists()
@@ -251,6 +285,7 @@ def test_apptainer_reads_index_json_through_the_same_reader(cli, tmp_path):
 
 
 # ---- envbuild's own caches: a private folder, validated content, exclusive temp files ---------
+
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
@@ -363,6 +398,7 @@ def test_envbuild_json_text_from_the_cache_is_the_environment_kind_for_kind(tmp_
 
 # ---- the record of an output folder (render -o DIR) --------------------------------------------
 
+
 def test_a_deeply_nested_record_in_the_output_folder_is_ignored_not_a_crash(cli, tmp_path):
     """The record of what envbuild wrote into a folder is read back on the next render: one
     nested 5000 deep was an internal error; now it counts as no record (the careful case)."""
@@ -375,8 +411,7 @@ def test_a_deeply_nested_record_in_the_output_folder_is_ignored_not_a_crash(cli,
     assert "x" not in json.loads(record.read_text())  # (written afresh)
 
 
-def test_a_planted_lock_cache_is_validated_before_its_pins_reach_the_constraints(
-        cli, tmp_path, monkeypatch):
+def test_a_planted_lock_cache_is_validated_before_its_pins_reach_the_constraints(cli, tmp_path, monkeypatch):
     """plan.py keeps each lock's parsed pins in the cache folder: a version planted there with a
     newline added a line of its own to constraints/*.txt."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cachehome"))

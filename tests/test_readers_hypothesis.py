@@ -32,12 +32,21 @@ from hypothesis import strategies as st
 from conftest import resolved
 
 LOCKS = Path(__file__).resolve().parent.parent / "lockfiles"
-SETTINGS = dict(deadline=None, database=None, derandomize=True, print_blob=True,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
-                                       HealthCheck.data_too_large])
+SETTINGS = dict(
+    deadline=None,
+    database=None,
+    derandomize=True,
+    print_blob=True,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.data_too_large,
+    ],
+)
 
 
 # ---- hostile values and documents --------------------------------------------------------------
+
 
 class Raw:
     """JSON text no encoder writes (NaN, a 5000-digit integer, 900 brackets): put into the
@@ -47,26 +56,64 @@ class Raw:
         self.text = text
 
 
-RAW = [Raw(t) for t in (
-    "NaN", "Infinity", "-Infinity", "1e999", "-0", "9" * 5000, "-" + "9" * 400, "1" + "0" * 30,
-    "[" * 900 + "]" * 900, "[" * 5000 + "]" * 5000, '{"a":' * 200 + "1" + "}" * 200,
-    "[" * 40 + "1" + "]" * 40, '"' + "x" * 70_000 + '"', "[" + ",".join(["0"] * 120_000) + "]",
-    '"\\ud800"', '"\\u0000\\u001b[31m"')]
+RAW = [
+    Raw(t)
+    for t in (
+        "NaN",
+        "Infinity",
+        "-Infinity",
+        "1e999",
+        "-0",
+        "9" * 5000,
+        "-" + "9" * 400,
+        "1" + "0" * 30,
+        "[" * 900 + "]" * 900,
+        "[" * 5000 + "]" * 5000,
+        '{"a":' * 200 + "1" + "}" * 200,
+        "[" * 40 + "1" + "]" * 40,
+        '"' + "x" * 70_000 + '"',
+        "[" + ",".join(["0"] * 120_000) + "]",
+        '"\\ud800"',
+        '"\\u0000\\u001b[31m"',
+    )
+]
 
 NAN, DEEP_900, DEEP_5000 = RAW[0], RAW[8], RAW[9]
 assert (NAN.text, DEEP_900.text.count("["), DEEP_5000.text.count("[")) == ("NaN", 900, 5000)
 DEEP = [r for r in RAW if r.text[:1] in "[{" or r.text.lstrip("-")[:3] == "999"]
 
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(-2**70, 2**70),
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
     st.floats(allow_nan=False, allow_infinity=False),
     st.text(max_size=40),  # any unicode: control characters, surrogates' neighbours, RTL marks
-    st.sampled_from(["", " ", "\n", "x\nRUN echo pwned", "../../etc/passwd", "sha256:" + "0" * 64,
-                     "0" * 64, "p40", "pip", "1.0", "https://example.org/x", "\u2028", "$(id)"]),
-    st.sampled_from(RAW))
-values = st.recursive(scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=12), inner, max_size=3)),
-    max_leaves=8)
+    st.sampled_from(
+        [
+            "",
+            " ",
+            "\n",
+            "x\nRUN echo pwned",
+            "../../etc/passwd",
+            "sha256:" + "0" * 64,
+            "0" * 64,
+            "p40",
+            "pip",
+            "1.0",
+            "https://example.org/x",
+            "\u2028",
+            "$(id)",
+        ]
+    ),
+    st.sampled_from(RAW),
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=12), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
 
 
 def paths(doc, at=()):
@@ -101,9 +148,13 @@ def mutated(draw, doc):
         elif op == "empty":
             parent[at[-1]] = type(old)() if isinstance(old, (dict, list, str)) else None
         elif op == "swap":
-            parent[at[-1]] = (list(old.values()) if isinstance(old, dict)
-                              else {str(i): v for i, v in enumerate(old)}
-                              if isinstance(old, list) else [old])
+            parent[at[-1]] = (
+                list(old.values())
+                if isinstance(old, dict)
+                else {str(i): v for i, v in enumerate(old)}
+                if isinstance(old, list)
+                else [old]
+            )
         else:
             parent[at[-1]] = draw(values)
     return doc
@@ -149,22 +200,56 @@ def raw_into(draw, doc):
 def json_texts(doc) -> st.SearchStrategy[str]:
     """A mutation of `doc`, or plain hostile text where the document belongs."""
     return st.one_of(
-        mutated(doc).map(dumps), mutated(doc).map(dumps), raw_into(doc).map(dumps),
-        raw_into(doc).map(dumps), values.map(dumps),
-        st.sampled_from(["", "{", "null", "[]", "{}", '"x"', "\ufeff{}", dumps(doc)[:-3],
-                         dumps(doc)[:-1] + ', "format": 2}', "\x00", "{" * 3000]),
-        st.text(max_size=60))
+        mutated(doc).map(dumps),
+        mutated(doc).map(dumps),
+        raw_into(doc).map(dumps),
+        raw_into(doc).map(dumps),
+        values.map(dumps),
+        st.sampled_from(
+            [
+                "",
+                "{",
+                "null",
+                "[]",
+                "{}",
+                '"x"',
+                "\ufeff{}",
+                dumps(doc)[:-3],
+                dumps(doc)[:-1] + ', "format": 2}',
+                "\x00",
+                "{" * 3000,
+            ]
+        ),
+        st.text(max_size=60),
+    )
 
 
 YAML_SNIPPETS = [
     "a: &a [1]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a]\nc: &c [*b, *b, *b, *b, *b, *b, *b, *b]\n"
     "d: &d [*c, *c, *c, *c, *c, *c, *c, *c]\ne: &e [*d, *d, *d, *d, *d, *d, *d, *d]\n"
     "f: [*e, *e, *e, *e, *e, *e, *e, *e]\n",
-    "a: !!python/object/apply:os.system ['id']\n", "a: !!binary aGVsbG8=\n", "a: 2024-01-01\n",
-    "a: .nan\n", "a: -.inf\n", "a: " + "9" * 5000 + "\n", "a: 1\na: 2\n", "[" * 2000,
-    "- " * 200 + "x\n", "a: !!set {x, y}\n", "? [1, 2]\n: x\n", "a: !!omap [{x: 1}]\n",
-    "%YAML 1.1\n---\na: 1\n---\nb: 2\n", "\t- x\n", "a: '\\x00'\n", "a: \"\\x1b]0;owned\\x07\"\n",
-    "{a: 1, a: 1}", "a: <<\n", "<<: *nothing\n", "a: 0x" + "f" * 100 + "\n", "a: 1_000_000\n"]
+    "a: !!python/object/apply:os.system ['id']\n",
+    "a: !!binary aGVsbG8=\n",
+    "a: 2024-01-01\n",
+    "a: .nan\n",
+    "a: -.inf\n",
+    "a: " + "9" * 5000 + "\n",
+    "a: 1\na: 2\n",
+    "[" * 2000,
+    "- " * 200 + "x\n",
+    "a: !!set {x, y}\n",
+    "? [1, 2]\n: x\n",
+    "a: !!omap [{x: 1}]\n",
+    "%YAML 1.1\n---\na: 1\n---\nb: 2\n",
+    "\t- x\n",
+    "a: '\\x00'\n",
+    'a: "\\x1b]0;owned\\x07"\n',
+    "{a: 1, a: 1}",
+    "a: <<\n",
+    "<<: *nothing\n",
+    "a: 0x" + "f" * 100 + "\n",
+    "a: 1_000_000\n",
+]
 
 
 def yaml_texts(doc) -> st.SearchStrategy[str]:
@@ -176,8 +261,7 @@ def yaml_texts(doc) -> st.SearchStrategy[str]:
         except (ValueError, yaml.YAMLError, TypeError, RecursionError):
             return dumps(d)  # (JSON is YAML too, mostly)
 
-    return st.one_of(mutated(doc).map(to_yaml), st.sampled_from(YAML_SNIPPETS),
-                     st.text(max_size=60))
+    return st.one_of(mutated(doc).map(to_yaml), st.sampled_from(YAML_SNIPPETS), st.text(max_size=60))
 
 
 def _has_raw(d) -> bool:
@@ -195,10 +279,21 @@ def _leaves(d):
         yield d
 
 
-TOML_SNIPPETS = ["a = nan", "a = inf", "a = " + "9" * 5000, "a = 1979-05-27T07:32:00Z",
-                 "a = [" * 2000 + "]" * 2000, "[[packages]]\nname = 1", "packages = 1",
-                 "packages = [1, 2]", "[[packages]]\n[[packages.wheels]]\nurl = 'x'",
-                 "a = 1\na = 2", "a = '\x00'", 'a = """\n' + "x" * 70_000 + '"""', "[a]\n[a]"]
+TOML_SNIPPETS = [
+    "a = nan",
+    "a = inf",
+    "a = " + "9" * 5000,
+    "a = 1979-05-27T07:32:00Z",
+    "a = [" * 2000 + "]" * 2000,
+    "[[packages]]\nname = 1",
+    "packages = 1",
+    "packages = [1, 2]",
+    "[[packages]]\n[[packages.wheels]]\nurl = 'x'",
+    "a = 1\na = 2",
+    "a = '\x00'",
+    'a = """\n' + "x" * 70_000 + '"""',
+    "[a]\n[a]",
+]
 
 
 def toml_texts(text: str) -> st.SearchStrategy[str]:
@@ -210,14 +305,14 @@ def toml_texts(text: str) -> st.SearchStrategy[str]:
         out = list(lines)
         for _ in range(draw(st.integers(1, 3))):
             i = draw(st.integers(0, len(out) - 1))
-            out[i] = draw(st.sampled_from(["", "]", "x = ", out[i][: len(out[i]) // 2]]
-                                          + TOML_SNIPPETS))
+            out[i] = draw(st.sampled_from(["", "]", "x = ", out[i][: len(out[i]) // 2]] + TOML_SNIPPETS))
         return "\n".join(out)
 
     return st.one_of(damaged(), st.sampled_from(TOML_SNIPPETS), st.text(max_size=60))
 
 
 # ---- the command line, in-process --------------------------------------------------------------
+
 
 def envbuild(*args, env: dict | None = None) -> tuple[int, str]:
     """(exit code, stderr) of envbuilder.cli.main(args). ENVBUILD_DEBUG=1: an internal error
@@ -259,6 +354,7 @@ def fresh(work: Path) -> Path:
 
 # ---- the readers themselves --------------------------------------------------------------------
 
+
 def only_bad_data(call):
     """`call()` returns or raises a UserError (readers.BadData is one): nothing else."""
     from envbuilder.errors import UserError
@@ -277,8 +373,7 @@ def test_parse_json_returns_or_says_what_is_wrong(text):
 
     shape = {"a": S.ListOf(S.Scalar()), "d?": S.Num(0, 10), "*": S.Tree(S.Text(100))}
     only_bad_data(lambda: parse_json(text, "doc.json"))
-    only_bad_data(lambda: parse_json(text.encode("utf-8", "surrogatepass"), "doc.json",
-                                     shape=shape))
+    only_bad_data(lambda: parse_json(text.encode("utf-8", "surrogatepass"), "doc.json", shape=shape))
 
 
 @settings(max_examples=80, **SETTINGS)
@@ -299,6 +394,7 @@ def test_parse_toml_returns_or_says_what_is_wrong(text):
 
 # ---- render --from -----------------------------------------------------------------------------
 
+
 @functools.lru_cache(maxsize=None)
 def p40_spec() -> dict:
     from envbuilder.render.files import MARKER, render_files
@@ -317,10 +413,12 @@ def _spec_text(edit) -> str:
 @example(text=None)  # (the attacks that got through before, built once the spec is at hand)
 def test_render_from_any_file_is_rendered_or_refused(work, text):
     if text is None:
-        texts = [_spec_text(lambda d: d["memory"].__setitem__("deep", DEEP_900)),
-                 _spec_text(lambda d: d["training_path"].__setitem__(0, 5)),
-                 _spec_text(lambda d: d["torch"].__setitem__("packages", [])),
-                 _spec_text(lambda d: d["train"].__setitem__("gpu_memory_utilization", NAN))]
+        texts = [
+            _spec_text(lambda d: d["memory"].__setitem__("deep", DEEP_900)),
+            _spec_text(lambda d: d["training_path"].__setitem__(0, 5)),
+            _spec_text(lambda d: d["torch"].__setitem__("packages", [])),
+            _spec_text(lambda d: d["train"].__setitem__("gpu_memory_utilization", NAN)),
+        ]
     else:
         texts = [text]
     for t in texts:
@@ -331,6 +429,7 @@ def test_render_from_any_file_is_rendered_or_refused(work, text):
 
 # ---- a lock directory: render --locked, lock --check -------------------------------------------
 
+
 def _resign(lock: Path, name: str) -> None:
     meta = json.loads((lock / "lock.json").read_text())
     meta["files"][name] = hashlib.sha256((lock / name).read_bytes()).hexdigest()
@@ -338,16 +437,23 @@ def _resign(lock: Path, name: str) -> None:
 
 
 LOCK_META = json.loads((LOCKS / "h100" / "lock.json").read_text())
-LISTED = {"sources.lock": {"apex": {"url": "https://github.com/NVIDIA/apex/archive/25.08.tar.gz",
-                                    "sha256": "0" * 64, "size": 1,
-                                    "filename": "apex-25.08.tar.gz", "ref": "25.08"}},
-          "images.lock": {"nvidia/cuda:12.8.1-devel": {"digest": "sha256:" + "0" * 64,
-                                                       "media_type": "m"}}}
+LISTED = {
+    "sources.lock": {
+        "apex": {
+            "url": "https://github.com/NVIDIA/apex/archive/25.08.tar.gz",
+            "sha256": "0" * 64,
+            "size": 1,
+            "filename": "apex-25.08.tar.gz",
+            "ref": "25.08",
+        }
+    },
+    "images.lock": {"nvidia/cuda:12.8.1-devel": {"digest": "sha256:" + "0" * 64, "media_type": "m"}},
+}
 lock_cases = st.one_of(
     st.tuples(st.just("lock.json"), json_texts(LOCK_META)),
-    st.tuples(st.just("pylock.toml"),
-              toml_texts((LOCKS / "h100" / "pylock.toml").read_text())),
-    st.sampled_from(sorted(LISTED)).flatmap(lambda n: st.tuples(st.just(n), json_texts(LISTED[n]))))
+    st.tuples(st.just("pylock.toml"), toml_texts((LOCKS / "h100" / "pylock.toml").read_text())),
+    st.sampled_from(sorted(LISTED)).flatmap(lambda n: st.tuples(st.just(n), json_texts(LISTED[n]))),
+)
 
 
 @settings(max_examples=60, **SETTINGS)
@@ -372,13 +478,28 @@ def test_a_lock_directory_is_used_or_refused(work, case):
 
 # ---- a wheelhouse's manifest.json: render --wheelhouse ----------------------------------------
 
-MANIFEST = {"format": 1, "files": {"pypi/x-1-py3-none-any.whl": {
-    "kind": "pip", "name": "x", "version": "1", "size": 3, "sha256": "0" * 64,
-    "built_from": {"path": "pypi/x-1.tar.gz", "sha256": "1" * 64},
-    "build": {"python": "3.12.3", "machine": "x86_64", "glibc": "2.35"}}},
-    "profiles": {"h100": {"input_sha256": "2" * 64, "python": "3.12",
-                          "files": ["pypi/x-1-py3-none-any.whl"],
-                          "built": {"x": "pypi/x-1-py3-none-any.whl"}}}}
+MANIFEST = {
+    "format": 1,
+    "files": {
+        "pypi/x-1-py3-none-any.whl": {
+            "kind": "pip",
+            "name": "x",
+            "version": "1",
+            "size": 3,
+            "sha256": "0" * 64,
+            "built_from": {"path": "pypi/x-1.tar.gz", "sha256": "1" * 64},
+            "build": {"python": "3.12.3", "machine": "x86_64", "glibc": "2.35"},
+        }
+    },
+    "profiles": {
+        "h100": {
+            "input_sha256": "2" * 64,
+            "python": "3.12",
+            "files": ["pypi/x-1-py3-none-any.whl"],
+            "built": {"x": "pypi/x-1-py3-none-any.whl"},
+        }
+    },
+}
 
 
 @settings(max_examples=60, **SETTINGS)
@@ -395,15 +516,25 @@ def test_a_wheelhouse_manifest_is_used_or_refused(work, text):
 # ---- an image archive: import-image (index.json, sidecar), apptainer --oci-archive -------------
 
 DIGEST = "sha256:" + "a" * 64
-INDEX = {"schemaVersion": 2, "manifests": [{
-    "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": DIGEST, "size": 1,
-    "annotations": {"org.opencontainers.image.ref.name": "x:1"}}]}
+INDEX = {
+    "schemaVersion": 2,
+    "manifests": [
+        {
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": DIGEST,
+            "size": 1,
+            "annotations": {"org.opencontainers.image.ref.name": "x:1"},
+        }
+    ],
+}
 
 
 def _archive(path: Path, index: str) -> Path:
     with tarfile.open(path, "w") as tar:
-        for name, data in [("oci-layout", b'{"imageLayoutVersion": "1.0.0"}'),
-                           ("index.json", index.encode("utf-8", "surrogatepass"))]:
+        for name, data in [
+            ("oci-layout", b'{"imageLayoutVersion": "1.0.0"}'),
+            ("index.json", index.encode("utf-8", "surrogatepass")),
+        ]:
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
@@ -412,10 +543,18 @@ def _archive(path: Path, index: str) -> Path:
 
 def _sidecar(archive: Path) -> dict:
     data = archive.read_bytes()
-    return {"format": "envbuild-image-archive/1", "image": "x:1", "name": "x:1",
-            "source": "docker-daemon:x", "manifest_digest": DIGEST, "media_type": "m",
-            "config_digest": None, "archive": archive.name,
-            "archive_sha256": hashlib.sha256(data).hexdigest(), "archive_size": len(data)}
+    return {
+        "format": "envbuild-image-archive/1",
+        "image": "x:1",
+        "name": "x:1",
+        "source": "docker-daemon:x",
+        "manifest_digest": DIGEST,
+        "media_type": "m",
+        "config_digest": None,
+        "archive": archive.name,
+        "archive_sha256": hashlib.sha256(data).hexdigest(),
+        "archive_size": len(data),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -427,10 +566,18 @@ def registry():
 
 
 GOOD = "(the sidecar export-image writes for it)"
-SIDECAR = {"format": "envbuild-image-archive/1", "image": "x:1", "name": "x:1",
-           "source": "docker-daemon:x", "manifest_digest": DIGEST, "media_type": "m",
-           "config_digest": None, "archive": "img.tar", "archive_sha256": "0" * 64,
-           "archive_size": 10240}
+SIDECAR = {
+    "format": "envbuild-image-archive/1",
+    "image": "x:1",
+    "name": "x:1",
+    "source": "docker-daemon:x",
+    "manifest_digest": DIGEST,
+    "media_type": "m",
+    "config_digest": None,
+    "archive": "img.tar",
+    "archive_sha256": "0" * 64,
+    "archive_size": 10240,
+}
 
 
 @settings(max_examples=40, **SETTINGS)
@@ -442,13 +589,15 @@ SIDECAR = {"format": "envbuild-image-archive/1", "image": "x:1", "name": "x:1",
 def test_an_image_archive_is_loaded_or_refused(work, registry, index, side):
     folder = fresh(work)
     archive = _archive(folder / "img.tar", index)
-    (folder / "img.tar.json").write_text(json.dumps(_sidecar(archive)) if side == GOOD else side,
-                                         errors="surrogatepass")
+    (folder / "img.tar.json").write_text(
+        json.dumps(_sidecar(archive)) if side == GOOD else side, errors="surrogatepass"
+    )
     envbuild("import-image", archive, "--registry", registry, "--name", "x:1")
     envbuild("apptainer", "p40", "--oci-archive", archive, "-o", folder / "p.def")
 
 
 # ---- the matrix: an overlay (render --matrix-dir) and the cache --------------------------------
+
 
 def _profile() -> dict:
     from conftest import record
@@ -463,8 +612,15 @@ def test_a_matrix_overlay_is_loaded_or_refused(work, text):
     folder = fresh(work)
     (folder / "overlay").mkdir()
     (folder / "overlay" / "lab.yaml").write_text(text, errors="surrogatepass")
-    envbuild("render", "lab", "--matrix-dir", folder / "overlay", "-o", folder / "out",
-             env={"XDG_CACHE_HOME": str(folder / "cache")})
+    envbuild(
+        "render",
+        "lab",
+        "--matrix-dir",
+        folder / "overlay",
+        "-o",
+        folder / "out",
+        env={"XDG_CACHE_HOME": str(folder / "cache")},
+    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -487,9 +643,17 @@ def matrix_cache() -> dict:
 
 
 @settings(max_examples=40, **SETTINGS)
-@given(text=st.deferred(lambda: json_texts({
-    "sections": {k: matrix_cache()["sections"][k] for k in ("profiles", "memory", "defaults")},
-    "origin": matrix_cache()["origin"][:3]})), whole=st.booleans())
+@given(
+    text=st.deferred(
+        lambda: json_texts(
+            {
+                "sections": {k: matrix_cache()["sections"][k] for k in ("profiles", "memory", "defaults")},
+                "origin": matrix_cache()["origin"][:3],
+            }
+        )
+    ),
+    whole=st.booleans(),
+)
 @example(text='{"sections": {}, "origin": []}', whole=False)
 @example(text=None, whole=True)
 @example(text=None, whole=False)
@@ -501,8 +665,16 @@ def test_a_planted_matrix_cache_never_breaks_a_render(work, text, whole):
 
     doc = matrix_cache()
     if text is None:  # a newline in a pin: a Dockerfile line of its own
-        text = dumps({"sections": {"verl": {k: dict(v, pins={"x": "1\nRUN echo pwned"})
-                                            for k, v in doc["sections"]["verl"].items()}}})
+        text = dumps(
+            {
+                "sections": {
+                    "verl": {
+                        k: dict(v, pins={"x": "1\nRUN echo pwned"})
+                        for k, v in doc["sections"]["verl"].items()
+                    }
+                }
+            }
+        )
     if whole:
         try:
             part = json.loads(text)
@@ -519,8 +691,7 @@ def test_a_planted_matrix_cache_never_breaks_a_render(work, text, whole):
     finally:
         os.environ["XDG_CACHE_HOME"] = saved
     cache.write_text(text, errors="surrogatepass")
-    code, err = envbuild("render", "p40", "-o", home.parent / "out",
-                         env={"XDG_CACHE_HOME": str(home)})
+    code, err = envbuild("render", "p40", "-o", home.parent / "out", env={"XDG_CACHE_HOME": str(home)})
     if code == 0:
         assert "pwned" not in (home.parent / "out" / "p40" / "Dockerfile").read_text()
     else:

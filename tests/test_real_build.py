@@ -33,34 +33,62 @@ def pypi_only_config(tmp_path_factory, docker_client, real_pypi):  # noqa: F811
         repo, tag = ref.rsplit(":", 1)
         image.tag(f"{REGISTRY}/{repo}", tag)
         docker_client.images.push(f"{REGISTRY}/{repo}", tag)
-    cfg = {"registries": {"local": REGISTRY},
-           "mirrors": {"pypi-only": {"description": "own registry for images, PyPI for packages",
-                                     "registries": {"docker.io": [REGISTRY]},
-                                     "pypi": [real_pypi]}}}
+    cfg = {
+        "registries": {"local": REGISTRY},
+        "mirrors": {
+            "pypi-only": {
+                "description": "own registry for images, PyPI for packages",
+                "registries": {"docker.io": [REGISTRY]},
+                "pypi": [real_pypi],
+            }
+        },
+    }
     path = tmp_path_factory.mktemp("cfg") / "config.yaml"
     path.write_text(json.dumps(cfg))
     return path
 
 
 def test_the_real_4090_image_builds_from_pypi_alone_and_imports_the_training_path(
-        docker_client, pypi_only_config):  # noqa: F811
+    docker_client, pypi_only_config
+):  # noqa: F811
     tag = "envbuild-test/4090:real"
-    r = envbuild(["build", "4090", "--mirror", "pypi-only", "--tag", tag,
-                  "--ca-cert", "/etc/ssl/certs/ca-certificates.crt", "--push", "local"],
-                 pypi_only_config)
+    r = envbuild(
+        [
+            "build",
+            "4090",
+            "--mirror",
+            "pypi-only",
+            "--tag",
+            tag,
+            "--ca-cert",
+            "/etc/ssl/certs/ca-certificates.crt",
+            "--push",
+            "local",
+        ],
+        pypi_only_config,
+    )
     assert r.returncode == 0, r.stderr[-4000:]
     assert "smoke ok: 4090" in r.stderr
     try:
         out = docker_client.containers.run(
-            tag, ["python", "-c", "import verl.workers.fsdp_workers, verl.trainer.main_ppo, "
-                  "torch; print('fsdp ok', torch.__version__)"],
-            remove=True, network_mode="host").decode()
+            tag,
+            [
+                "python",
+                "-c",
+                "import verl.workers.fsdp_workers, verl.trainer.main_ppo, "
+                "torch; print('fsdp ok', torch.__version__)",
+            ],
+            remove=True,
+            network_mode="host",
+        ).decode()
         assert "fsdp ok 2.4.0" in out
-        check = docker_client.containers.run(tag, ["python", "-m", "pip", "check"], remove=True,
-                                             network_mode="host").decode()
+        check = docker_client.containers.run(
+            tag, ["python", "-m", "pip", "check"], remove=True, network_mode="host"
+        ).decode()
         assert "No broken requirements found" in check
-        freeze = docker_client.containers.run(tag, ["python", "-m", "pip", "freeze"],
-                                              remove=True, network_mode="host").decode()
+        freeze = docker_client.containers.run(
+            tag, ["python", "-m", "pip", "freeze"], remove=True, network_mode="host"
+        ).decode()
         assert "numpy==1.26.4" in freeze and "tensordict==0.5.0" in freeze
     finally:
         docker_client.images.remove(tag, force=True)

@@ -16,9 +16,13 @@ pytestmark = pytest.mark.pypi  # (real_pypi marks it too; said here so a reader 
 
 
 def check_resolve(*args, cache_home, timeout=600):
-    return subprocess.run([envbuild_exe(), "check", *args, "--resolve"], capture_output=True,
-                          text=True, timeout=timeout,
-                          env=clean_env(XDG_CACHE_HOME=str(cache_home)))
+    return subprocess.run(
+        [envbuild_exe(), "check", *args, "--resolve"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=clean_env(XDG_CACHE_HOME=str(cache_home)),
+    )
 
 
 @pytest.mark.parametrize("profile", PROFILES)
@@ -41,8 +45,7 @@ def test_every_stack_co_resolves_on_the_real_index(verl, real_pypi, cache_home):
     assert "the whole pinned set co-resolves" in r.stdout
 
 
-def test_a_conflict_the_matrix_does_not_know_is_named_by_the_real_index(real_pypi, overlay,
-                                                                         cache_home):
+def test_a_conflict_the_matrix_does_not_know_is_named_by_the_real_index(real_pypi, overlay, cache_home):
     # vllm 0.8.5.post1 requires transformers>=4.51.1; the matrix records nothing about it
     prof = record("profiles", "t4", pins={"transformers": "4.40.0"}, source="https://example.org")
     folder = overlay({"profiles": {"t4": prof}})

@@ -32,8 +32,7 @@ TIMEOUT = 60
 
 
 def _get(url: str, headers: dict | None = None) -> bytes:
-    with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}),
-                                timeout=TIMEOUT) as r:
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=TIMEOUT) as r:
         return r.read()
 
 
@@ -93,7 +92,7 @@ class RangeFile(io.RawIOBase):
         data = _get(self.url, {"Range": f"bytes={self.pos}-{self.pos + n - 1}"})
         if len(data) > n:  # a server that ignored Range: fail loudly, do not download 300 MB twice
             raise OSError(f"{self.url} ignored the Range request")
-        buf[:len(data)] = data
+        buf[: len(data)] = data
         self.pos += len(data)
         return len(data)
 
@@ -105,8 +104,9 @@ def test_every_verl_module_of_the_training_path_is_in_that_releases_wheel(verl_w
     listed = record["modules"] + [x for mods in record["rollouts"].values() for x in mods]
     # verl's modules, and the pure-Python packages its own code imports that its METADATA does
     # not require (0.9.1's v1 trainer: transfer_queue, from the TransferQueue pin)
-    assert all(x.split(".")[0] in ("verl", "transfer_queue") for x in listed), \
+    assert all(x.split(".")[0] in ("verl", "transfer_queue") for x in listed), (
         "a verl record names a module of neither verl nor a package verl.yaml pins for it"
+    )
     with zipfile.ZipFile(verl_wheels[version]) as z:
         have = modules_in(z.namelist())
     rollouts = [r for r in m.verl[version]["rollouts"] if r in INSTALLABLE_ROLLOUTS]
@@ -119,8 +119,13 @@ def test_every_verl_module_of_the_training_path_is_in_that_releases_wheel(verl_w
 
 @pytest.mark.parametrize("version", list(shipped().vllm))
 def test_vllms_training_path_modules_are_in_every_vllm_wheel(pypi, version):
-    wheels = [f for f in files_of("vllm") if f["filename"].startswith(f"vllm-{version}-")
-              and f["filename"].endswith("x86_64.whl") and "manylinux" in f["filename"]]
+    wheels = [
+        f
+        for f in files_of("vllm")
+        if f["filename"].startswith(f"vllm-{version}-")
+        and f["filename"].endswith("x86_64.whl")
+        and "manylinux" in f["filename"]
+    ]
     assert wheels, f"PyPI has no x86_64 manylinux wheel of vllm {version}"
     with zipfile.ZipFile(io.BufferedReader(RangeFile(wheels[0]["url"]), buffer_size=1 << 16)) as z:
         have = modules_in(z.namelist())
@@ -132,8 +137,10 @@ def test_vllms_training_path_modules_are_in_every_vllm_wheel(pypi, version):
 
 def flash_attn_versions() -> list[str]:
     profiles = shipped().profiles.values()
-    return sorted({p.get(k, {}).get("flash-attn") for p in profiles
-                   for k in ("components", "optional_components")} - {None})
+    return sorted(
+        {p.get(k, {}).get("flash-attn") for p in profiles for k in ("components", "optional_components")}
+        - {None}
+    )
 
 
 @pytest.mark.parametrize("version", flash_attn_versions())
@@ -145,7 +152,7 @@ def test_flash_attns_training_path_modules_are_what_its_sdist_builds(pypi, versi
         names = tar.getnames()
         root = f"flash_attn-{version}/"
         setup = tar.extractfile(root + "setup.py").read().decode()
-    have = modules_in([n[len(root):] for n in names if n.startswith(root)])
+    have = modules_in([n[len(root) :] for n in names if n.startswith(root)])
     have |= set(re.findall(r'CUDAExtension\(\s*name="([A-Za-z0-9_]+)"', setup))
     missing = [x for x in shipped().flash_attn["training_path"]["modules"] if x not in have]
     assert not missing, f"flash-attn {version} builds or ships no {', '.join(missing)}"
@@ -163,17 +170,38 @@ def _setup_get_wheel_url(setup: str, version: str):
     tree = ast.parse(setup)
     wanted = {"get_wheel_url", "get_platform", "get_package_version"}
     body = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in wanted]
-    body += [n for n in tree.body if isinstance(n, ast.Assign)
-             and any(getattr(t, "id", None) in ("BASE_WHEEL_URL", "PACKAGE_NAME") for t in n.targets)]
+    body += [
+        n
+        for n in tree.body
+        if isinstance(n, ast.Assign)
+        and any(getattr(t, "id", None) in ("BASE_WHEEL_URL", "PACKAGE_NAME") for t in n.targets)
+    ]
     assert {n.name for n in body if isinstance(n, ast.FunctionDef)} >= {"get_wheel_url", "get_platform"}
-    torch = types.SimpleNamespace(__version__="", version=types.SimpleNamespace(cuda="", hip=None),
-                                  _C=types.SimpleNamespace(_GLIBCXX_USE_CXX11_ABI=False))
+    torch = types.SimpleNamespace(
+        __version__="",
+        version=types.SimpleNamespace(cuda="", hip=None),
+        _C=types.SimpleNamespace(_GLIBCXX_USE_CXX11_ABI=False),
+    )
     sys_ = types.SimpleNamespace(platform="linux", version_info=None)
-    ns = {"torch": torch, "sys": sys_, "parse": parse, "IS_ROCM": False, "os": os,
-          "platform": types.SimpleNamespace(uname=lambda: types.SimpleNamespace(machine="x86_64")),
-          "get_package_version": lambda: version}
-    exec(compile(ast.Module(body=[n for n in body if getattr(n, "name", "") != "get_package_version"],
-                            type_ignores=[]), "setup.py", "exec"), ns)
+    ns = {
+        "torch": torch,
+        "sys": sys_,
+        "parse": parse,
+        "IS_ROCM": False,
+        "os": os,
+        "platform": types.SimpleNamespace(uname=lambda: types.SimpleNamespace(machine="x86_64")),
+        "get_package_version": lambda: version,
+    }
+    exec(
+        compile(
+            ast.Module(
+                body=[n for n in body if getattr(n, "name", "") != "get_package_version"], type_ignores=[]
+            ),
+            "setup.py",
+            "exec",
+        ),
+        ns,
+    )
     return ns["get_wheel_url"], torch, sys_
 
 
@@ -193,8 +221,10 @@ def test_the_wheel_name_is_the_one_flash_attns_setup_py_guesses(pypi, version):
     m = shipped()
     targets = set()
     for name, p in m.profiles.items():
-        if version in ((p.get("components") or {}).get("flash-attn"),
-                       (p.get("optional_components") or {}).get("flash-attn")):
+        if version in (
+            (p.get("components") or {}).get("flash-attn"),
+            (p.get("optional_components") or {}).get("flash-attn"),
+        ):
             d = resolve(m, name, Overrides(with_=("flash-attn",))).to_dict()
             targets.add((d["torch"]["version"], d["torch"]["cuda"], d["python"]))
     assert targets, f"no profile installs flash-attn {version}"

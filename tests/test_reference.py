@@ -13,8 +13,12 @@ from envbuilder.oci.archive import check_reference
 from envbuilder.oci.reference import match
 
 DIGEST = "sha256:" + "ab" * 32
-GOOD = [f"[::1]:5000/envbuild/p40@{DIGEST}", f"localhost:5000/envbuild/p40:latest@{DIGEST}",
-        f"registry.example.org/team/envbuild/h100@{DIGEST}", f"nvidia/cuda:12.4.1@{DIGEST}"]
+GOOD = [
+    f"[::1]:5000/envbuild/p40@{DIGEST}",
+    f"localhost:5000/envbuild/p40:latest@{DIGEST}",
+    f"registry.example.org/team/envbuild/h100@{DIGEST}",
+    f"nvidia/cuda:12.4.1@{DIGEST}",
+]
 BAD = ["Envbuild/P40", "x y", "a\nb", "$(id)/x", "-v/x", "reg:port/x", "x@sha256:abc", ""]
 
 

@@ -40,6 +40,7 @@ WORKFLOW = ROOT / ".github" / "workflows" / "refresh.yml"
 
 # -- a loopback index with PyPI's JSON layout ---------------------------------------------------
 
+
 class _Index(BaseHTTPRequestHandler):
     def do_GET(self):  # noqa: N802
         path = self.path.split("?")[0]
@@ -61,7 +62,7 @@ class _Index(BaseHTTPRequestHandler):
             lo, hi = int(rng.group(1)), min(int(rng.group(2)), len(body) - 1)
             self.send_response(206)
             self.send_header("Content-Range", f"bytes {lo}-{hi}/{len(body)}")
-            body = body[lo:hi + 1]
+            body = body[lo : hi + 1]
         else:
             self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
@@ -85,8 +86,9 @@ def index():
     """start(root=..., per_release_json=True, ranges=True, extra={path: bytes}) -> base URL."""
     servers = []
 
-    def start(root: Path = PYPI_JSON, per_release_json: bool = True, ranges: bool = True,
-              extra: dict | None = None) -> str:
+    def start(
+        root: Path = PYPI_JSON, per_release_json: bool = True, ranges: bool = True, extra: dict | None = None
+    ) -> str:
         srv = ThreadingHTTPServer(("127.0.0.1", 0), _Index)
         srv.root, srv.per_release_json, srv.ranges = root, per_release_json, ranges
         srv.extra, srv.served = extra or {}, []
@@ -122,23 +124,36 @@ def refresh_json(cli, base, *args) -> dict:
 
 
 def drift(report: dict, kind: str, package: str | None = None, fact: str | None = None) -> list:
-    return [r for r in report["drift"] if r["kind"] == kind
-            and (package is None or r["package"] == package) and (fact is None or r["fact"] == fact)]
+    return [
+        r
+        for r in report["drift"]
+        if r["kind"] == kind
+        and (package is None or r["package"] == package)
+        and (fact is None or r["fact"] == fact)
+    ]
 
 
 # -- drift on the recorded data ------------------------------------------------------------------
 
+
 def test_newer_vllm_torch_and_verl_releases_are_new_with_the_facts_pypi_gives(cli, index):
     report = refresh_json(cli, index())
     assert set(report["packages"]) == {"torch", "vllm", "verl", "flash-attn", "transformers", "ray"}
-    assert report["packages"]["vllm"] == {"latest": "0.34.0", "newest_in_matrix": "0.11.0",
-                                          "releases": 102, "metadata_read": 11}
+    assert report["packages"]["vllm"] == {
+        "latest": "0.34.0",
+        "newest_in_matrix": "0.11.0",
+        "releases": 102,
+        "metadata_read": 11,
+    }
     [vllm] = drift(report, "new", "vllm")
     assert vllm["versions"][:3] == ["0.11.1", "0.11.2", "0.12.0"] and vllm["versions"][-1] == "0.34.0"
     assert len(vllm["versions"]) == 35
     # the newest three carry their exact torch pin and Python range, from requires_dist
-    assert vllm["details"]["0.34.0"] == {"torch": "2.14.0", "python": ["3.11", "3.12", "3.13", "3.14"],
-                                         "requires_python": "<3.15,>=3.11"}
+    assert vllm["details"]["0.34.0"] == {
+        "torch": "2.14.0",
+        "python": ["3.11", "3.12", "3.13", "3.14"],
+        "requires_python": "<3.15,>=3.11",
+    }
     assert vllm["details"]["0.32.0"]["torch"] == "2.13.0"
     [torch] = drift(report, "new", "torch")
     assert torch["versions"][0] == "2.10.0" and torch["pypi"] == "2.15.0"
@@ -163,21 +178,27 @@ def test_vllm_0_7_3s_exact_ray_pin_contradicts_verls_ray_pins(cli, index):
     # a real gap of the shipped matrix: vllm 0.7.3 requires ray[adag]==2.40.0, and verl 0.4.1 /
     # 0.5.0 (whose ranges admit 0.7.3) pin ray[default] 2.46.0 / 2.47.1: no install satisfies both
     report = refresh_json(cli, index())
-    found = {(r["version"], r["pypi"], r["matrix"]) for r in drift(report, "contradicted", "vllm",
-                                                                    "requirement")}
-    assert found == {("0.7.3", "ray[adag]==2.40.0", "ray[default] 2.46.0"),
-                     ("0.7.3", "ray[adag]==2.40.0", "ray[default] 2.47.1")}
+    found = {
+        (r["version"], r["pypi"], r["matrix"]) for r in drift(report, "contradicted", "vllm", "requirement")
+    }
+    assert found == {
+        ("0.7.3", "ray[adag]==2.40.0", "ray[default] 2.46.0"),
+        ("0.7.3", "ray[adag]==2.40.0", "ray[default] 2.47.1"),
+    }
     r = next(r for r in drift(report, "contradicted", "vllm") if "2.47.1" in r["matrix"])
     assert r["combinations"] == ["verl 0.5.0 + vllm 0.7.3"]
     [where] = r["where"]
     assert where.endswith("/verl.yaml: verl.0.5.0.pins.ray[default]")
 
 
-def test_an_altered_overlay_pin_shows_as_changed_and_the_overlay_fixes_it(cli, index, overlay,
-                                                                            tmp_path):
-    folder = overlay({"sources": shipped_sources("vllm", "verl"),
-                      "vllm": {"0.8.5.post1": record("vllm", "0.8.5.post1", torch="2.5.1")},
-                      "verl": {"0.6.1": record("verl", "0.6.1", vllm=">=0.8.5,<=0.10.2")}})
+def test_an_altered_overlay_pin_shows_as_changed_and_the_overlay_fixes_it(cli, index, overlay, tmp_path):
+    folder = overlay(
+        {
+            "sources": shipped_sources("vllm", "verl"),
+            "vllm": {"0.8.5.post1": record("vllm", "0.8.5.post1", torch="2.5.1")},
+            "verl": {"0.6.1": record("verl", "0.6.1", vllm=">=0.8.5,<=0.10.2")},
+        }
+    )
     out, base = tmp_path / "proposed", index()
     report = refresh_json(cli, base, "--matrix-dir", folder, "--write-overlay", out)
     [pin] = drift(report, "changed", "vllm", "torch pin")
@@ -211,8 +232,7 @@ def test_an_altered_overlay_pin_shows_as_changed_and_the_overlay_fixes_it(cli, i
 def test_versions_pypi_lacks_or_has_yanked_are_contradicted(cli, index, overlay):
     t4 = rec("profiles", "t4", pins={"transformers": "4.56.9"})  # no such release
     v100 = rec("profiles", "v100", pins={"transformers": "4.57.0"})  # yanked on PyPI
-    folder = overlay({"profiles": {"t4": t4, "v100": v100},
-                      "vllm": {"0.11.7": rec("vllm", "0.11.0")}})
+    folder = overlay({"profiles": {"t4": t4, "v100": v100}, "vllm": {"0.11.7": rec("vllm", "0.11.0")}})
     report = refresh_json(cli, index(), "--matrix-dir", folder)
     missing = {(r["package"], r["version"]) for r in drift(report, "contradicted", fact="release")}
     assert missing == {("transformers", "4.56.9"), ("vllm", "0.11.7")}
@@ -229,23 +249,31 @@ def test_a_python_choice_that_requires_python_refuses_is_contradicted(cli, index
     # an image whose Python is 3.9: torch 2.6.0 and vllm 0.8.5.post1 take it, verl 0.6.1 doesn't
     folder = overlay({"cuda": {"12.4": rec("cuda", "12.4", python="3.9")}})
     report = refresh_json(cli, index(), "--matrix-dir", folder)
-    found = {(r["package"], r["version"], r["pypi"], tuple(r["combinations"]))
-             for r in drift(report, "contradicted", fact="requires_python")}
-    assert found == {("verl", "0.6.1", ">=3.10", ("profile t4",)),
-                     ("verl", "0.6.1", ">=3.10", ("profile v100",))}
+    found = {
+        (r["package"], r["version"], r["pypi"], tuple(r["combinations"]))
+        for r in drift(report, "contradicted", fact="requires_python")
+    }
+    assert found == {
+        ("verl", "0.6.1", ">=3.10", ("profile t4",)),
+        ("verl", "0.6.1", ">=3.10", ("profile v100",)),
+    }
 
 
 def test_disjoint_shared_dependencies_the_matrix_does_not_record_are_named(cli, index, overlay):
     # without dependencies.yaml's record of vllm 0.8.5.post1, pairing it with ray 2.49.2 (which
     # needs opentelemetry-sdk>=1.30.0; vllm pins <1.27) resolves, and only refresh says why not
     kept = dict(frozen().requires["vllm"]["0.8.5"], source="https://example.org/lab-notes")
-    folder = overlay({"requires": {"vllm": {"0.8.5": kept}},
-                      "vllm": {"0.8.5.post1": rec("vllm", "0.8.5.post1",
-                                                  pins={"ray[default]": "2.49.2"})}})
+    folder = overlay(
+        {
+            "requires": {"vllm": {"0.8.5": kept}},
+            "vllm": {"0.8.5.post1": rec("vllm", "0.8.5.post1", pins={"ray[default]": "2.49.2"})},
+        }
+    )
     report = refresh_json(cli, index(), "--matrix-dir", folder)
     [r] = drift(report, "unrecorded", fact="shared opentelemetry-sdk")
-    assert r["pypi"] == ("ray 2.49.2: opentelemetry-sdk>=1.30.0; "
-                         "vllm 0.8.5.post1: opentelemetry-sdk<1.27.0,>=1.26.0")
+    assert r["pypi"] == (
+        "ray 2.49.2: opentelemetry-sdk>=1.30.0; vllm 0.8.5.post1: opentelemetry-sdk<1.27.0,>=1.26.0"
+    )
     assert r["combinations"][:2] == ["profile t4", "profile v100"]
 
 
@@ -255,8 +283,9 @@ def test_the_human_report_names_each_drift_and_its_matrix_key(cli, index, overla
     assert code in (0, None), err
     assert "  vllm: 0.11.1, 0.11.2, 0.12.0, ... (29 more), 0.32.0, 0.33.0, 0.34.0" in out
     assert "    0.34.0: torch 2.14.0; python [3.11, 3.12, 3.13, 3.14]" in out
-    assert ("  vllm 0.9.2: the matrix says it pins torch==2.6.0; its requires_dist says "
-            "torch==2.7.0.\n") in out
+    assert (
+        "  vllm 0.9.2: the matrix says it pins torch==2.6.0; its requires_dist says torch==2.7.0.\n"
+    ) in out
     assert "    at overlay/lab.yaml: vllm.0.9.2.torch\n    overlay: vllm.0.9.2.torch = 2.7.0" in out
     assert "flash-attn 2.5.8, 2.6.3, 2.7.4.post1, 2.8.3" in out  # no metadata: said, not skipped
     assert out.rstrip().endswith("1 changed, 2 contradicted, 0 unrecorded.")
@@ -270,8 +299,15 @@ def test_pure_comparison_sorts_pre_releases_and_ignores_yanked_ones():
 
     vllm = json.loads((PYPI_JSON / "vllm.json").read_text())
     vllm["releases"] = {v: f for v, f in vllm["releases"].items() if R._key(v) <= R._key("0.11.0")}
-    vllm["releases"].update({"0.11.1": files(yanked=True), "0.11.2": files(), "0.12.0rc1": files(),
-                             "0.11.2rc1": files(), "0.12.0.dev3": files()})
+    vllm["releases"].update(
+        {
+            "0.11.1": files(yanked=True),
+            "0.11.2": files(),
+            "0.12.0rc1": files(),
+            "0.11.2rc1": files(),
+            "0.12.0.dev3": files(),
+        }
+    )
     report = R.compare(frozen(), {"vllm": vllm}, {})
     [new] = [r for r in report["drift"] if r["kind"] == "new" and r["package"] == "vllm"]
     assert new["versions"] == ["0.11.2"]  # 0.11.1 is yanked
@@ -280,6 +316,7 @@ def test_pure_comparison_sorts_pre_releases_and_ignores_yanked_ones():
 
 
 # -- fetching --------------------------------------------------------------------------------------
+
 
 def _wheel(name: str, version: str, requires: list[str], pad: int = 300_000) -> bytes:
     buf = io.BytesIO()
@@ -295,18 +332,31 @@ def _wheel(name: str, version: str, requires: list[str], pad: int = 300_000) -> 
 def _project_with_wheel(tmp_path: Path, wheel: bytes) -> Path:
     root = tmp_path / "index"
     root.mkdir()
-    (root / "vllm.json").write_text(json.dumps({"info": {"version": "0.8.5.post1"}, "releases": {
-        "0.8.5.post1": [{"filename": "vllm-0.8.5.post1-cp38-abi3-manylinux1_x86_64.whl",
-                         "url": "../../packages/vllm-0.8.5.post1.whl", "size": len(wheel),
-                         "yanked": False, "requires_python": ">=3.9"}]}}))
+    (root / "vllm.json").write_text(
+        json.dumps(
+            {
+                "info": {"version": "0.8.5.post1"},
+                "releases": {
+                    "0.8.5.post1": [
+                        {
+                            "filename": "vllm-0.8.5.post1-cp38-abi3-manylinux1_x86_64.whl",
+                            "url": "../../packages/vllm-0.8.5.post1.whl",
+                            "size": len(wheel),
+                            "yanked": False,
+                            "requires_python": ">=3.9",
+                        }
+                    ]
+                },
+            }
+        )
+    )
     return root
 
 
-def test_without_per_release_json_the_metadata_comes_from_the_wheel_by_range_requests(index,
-                                                                                   tmp_path):
+def test_without_per_release_json_the_metadata_comes_from_the_wheel_by_range_requests(index, tmp_path):
     from envbuilder.cli.refresh import PyPIJson
 
-    wheel = _wheel("vllm", "0.8.5.post1", ["torch==2.6.0", 'ray[cgraph]>=2.43.0'])
+    wheel = _wheel("vllm", "0.8.5.post1", ["torch==2.6.0", "ray[cgraph]>=2.43.0"])
     root = _project_with_wheel(tmp_path, wheel)
     base = index(root=root, per_release_json=False, extra={"/packages/vllm-0.8.5.post1.whl": wheel})
     client = PyPIJson(base, timeout=10)
@@ -324,8 +374,9 @@ def test_a_file_server_without_range_requests_is_not_downloaded_whole(index, tmp
 
     wheel = _wheel("vllm", "0.8.5.post1", ["torch==2.6.0"])
     root = _project_with_wheel(tmp_path, wheel)
-    base = index(root=root, per_release_json=False, ranges=False,
-                 extra={"/packages/vllm-0.8.5.post1.whl": wheel})
+    base = index(
+        root=root, per_release_json=False, ranges=False, extra={"/packages/vllm-0.8.5.post1.whl": wheel}
+    )
     client = PyPIJson(base, timeout=10)
     md = client.metadata("vllm", "0.8.5.post1", client.projects(["vllm"])["vllm"])
     assert "error" in md and "range request" in md["error"]
@@ -365,14 +416,19 @@ def test_the_overlay_is_never_written_into_matrices_or_over_a_foreign_file(cli, 
 
 # -- the weekly job ------------------------------------------------------------------------------
 
+
 def test_the_weekly_workflow_is_valid_and_proposes_the_overlay():
     exe = Path(sys.executable).parent / "check-jsonschema"
     if not exe.exists():
         if os.environ.get("CI") == "true":
             pytest.fail("check-jsonschema is not installed (the test extra lists it)")
         pytest.skip("check-jsonschema is not installed: pip install check-jsonschema")
-    r = subprocess.run([str(exe), "--builtin-schema", "vendor.github-workflows", str(WORKFLOW)],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [str(exe), "--builtin-schema", "vendor.github-workflows", str(WORKFLOW)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     doc = yaml.safe_load(WORKFLOW.read_text())
     assert doc[True]["schedule"][0]["cron"]  # (YAML 1.1 reads the key `on` as True)
@@ -385,21 +441,33 @@ def test_the_weekly_workflow_is_valid_and_proposes_the_overlay():
 
 # -- the real index ------------------------------------------------------------------------------
 
+
 @pytest.mark.pypi
 def test_refresh_reads_the_real_index_for_every_package(real_pypi, cache_home):
-    r = subprocess.run([envbuild_exe(), "refresh", "--json"], capture_output=True, text=True,
-                       timeout=600, env=clean_env(XDG_CACHE_HOME=str(cache_home)))
+    r = subprocess.run(
+        [envbuild_exe(), "refresh", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=clean_env(XDG_CACHE_HOME=str(cache_home)),
+    )
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
     assert set(report["packages"]) == {"torch", "vllm", "verl", "flash-attn", "transformers", "ray"}
     for name, s in report["packages"].items():
         assert s["latest"] and s["releases"] > 0, name
     assert report["packages"]["vllm"]["metadata_read"] >= len(frozen().vllm)
-    assert {r["kind"] for r in report["drift"]} <= {"new", "prerelease", "changed",
-                                                    "contradicted", "unrecorded"}
+    assert {r["kind"] for r in report["drift"]} <= {
+        "new",
+        "prerelease",
+        "changed",
+        "contradicted",
+        "unrecorded",
+    }
 
 
 # -- re-recording the fixtures (network) ----------------------------------------------------------
+
 
 def _record_fixtures(dest: Path = PYPI_JSON, base: str = "https://pypi.org") -> None:
     """Fetch what refresh reads for the shipped matrix and write trimmed copies into `dest`."""
@@ -422,10 +490,19 @@ def _record_fixtures(dest: Path = PYPI_JSON, base: str = "https://pypi.org") -> 
         out = {}
         for v, files in doc["releases"].items():
             if v in detailed:
-                out[v] = [{k: f[k] for k in ("filename", "yanked", "requires_python",
-                                              *(("yanked_reason",) if f.get("yanked") else ()))}
-                          for f in files if re.search(r"linux.*x86_64\.whl$|none-any\.whl$|\.tar\.gz$",
-                                                      f["filename"])] or [{"yanked": False}]
+                out[v] = [
+                    {
+                        k: f[k]
+                        for k in (
+                            "filename",
+                            "yanked",
+                            "requires_python",
+                            *(("yanked_reason",) if f.get("yanked") else ()),
+                        )
+                    }
+                    for f in files
+                    if re.search(r"linux.*x86_64\.whl$|none-any\.whl$|\.tar\.gz$", f["filename"])
+                ] or [{"yanked": False}]
             else:
                 states = []
                 for f in files:
@@ -435,20 +512,30 @@ def _record_fixtures(dest: Path = PYPI_JSON, base: str = "https://pypi.org") -> 
                     if s not in states:
                         states.append(s)
                 out[v] = states
-        (dest / f"{pkg}.json").write_text(json.dumps(
-            {"info": {"name": pkg, "version": doc["info"]["version"]}, "releases": out},
-            indent=0, sort_keys=True) + "\n")
+        (dest / f"{pkg}.json").write_text(
+            json.dumps(
+                {"info": {"name": pkg, "version": doc["info"]["version"]}, "releases": out},
+                indent=0,
+                sort_keys=True,
+            )
+            + "\n"
+        )
         for v, md in metadata[pkg].items():
             if "error" in md:
                 continue
-            keep = [line for line in md["requires_dist"]
-                    if (m := re.search(r"extra\s*==\s*['\"]([^'\"]+)", line)) is None
-                    or m.group(1) in ("default", "vllm")]
-            (dest / f"{pkg}-{v}.json").write_text(json.dumps(
-                {"info": {"requires_python": md["requires_python"], "requires_dist": keep}},
-                indent=0) + "\n")
+            keep = [
+                line
+                for line in md["requires_dist"]
+                if (m := re.search(r"extra\s*==\s*['\"]([^'\"]+)", line)) is None
+                or m.group(1) in ("default", "vllm")
+            ]
+            (dest / f"{pkg}-{v}.json").write_text(
+                json.dumps(
+                    {"info": {"requires_python": md["requires_python"], "requires_dist": keep}}, indent=0
+                )
+                + "\n"
+            )
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--record"]:
     _record_fixtures()
-

@@ -16,17 +16,26 @@ import dockerfile
 import pytest
 import yaml
 
-from conftest import (FIXTURES, GOLDEN, PROFILES, clean_env, envbuild_exe, record, resolved,
-                      shipped, snapshot)
+from conftest import FIXTURES, GOLDEN, PROFILES, clean_env, envbuild_exe, record, resolved, shipped, snapshot
 from fixture_wheels import module_files
 from envbuilder.model import matrix as M
 from envbuilder.render.files import MARKER, RUN_SCRIPT, render, render_files
 from envbuilder.model.resolve import ResolvedEnv
 
-ALWAYS = {"Dockerfile", "environment.yml", "requirements.txt", RUN_SCRIPT, "preflight.py",
-          "audit_precision.py", "prepare_gsm8k.py", "envbuild-secrets.sh", MARKER, "README.md",
-          "constraints",  # each pip step's pins (the top-level ones at least)
-          ".envbuild-files.json"}  # what envbuild wrote there (a re-render deletes only that)
+ALWAYS = {
+    "Dockerfile",
+    "environment.yml",
+    "requirements.txt",
+    RUN_SCRIPT,
+    "preflight.py",
+    "audit_precision.py",
+    "prepare_gsm8k.py",
+    "envbuild-secrets.sh",
+    MARKER,
+    "README.md",
+    "constraints",  # each pip step's pins (the top-level ones at least)
+    ".envbuild-files.json",
+}  # what envbuild wrote there (a re-render deletes only that)
 
 
 @pytest.fixture(scope="session")
@@ -85,32 +94,57 @@ def test_rendered_files_match_the_golden_files(case, cli, tmp_path, monkeypatch,
         shutil.copytree(out, golden, ignore=shutil.ignore_patterns(".envbuild-files.json"))
     assert golden.is_dir(), f"no {golden}; create it with UPDATE_GOLDEN=1 and review it"
     # (the write record holds the hashes of these same files: nothing to review in it)
-    got = {str(p.relative_to(out)): p.read_text() for p in out.rglob("*")
-           if p.is_file() and p.name != ".envbuild-files.json"}
+    got = {
+        str(p.relative_to(out)): p.read_text()
+        for p in out.rglob("*")
+        if p.is_file() and p.name != ".envbuild-files.json"
+    }
     want = {str(p.relative_to(golden)): p.read_text() for p in golden.rglob("*") if p.is_file()}
     assert sorted(got) == sorted(want), "files added or missing; rerun with UPDATE_GOLDEN=1 and review"
-    diffs = ["".join(difflib.unified_diff(want[name].splitlines(True), got[name].splitlines(True),
-                                          f"golden/{case}/{name}", f"rendered/{case}/{name}"))
-             for name in sorted(want) if got[name] != want[name]]
+    diffs = [
+        "".join(
+            difflib.unified_diff(
+                want[name].splitlines(True),
+                got[name].splitlines(True),
+                f"golden/{case}/{name}",
+                f"rendered/{case}/{name}",
+            )
+        )
+        for name in sorted(want)
+        if got[name] != want[name]
+    ]
     if diffs:
-        pytest.fail("rendered files differ from tests/golden/ (UPDATE_GOLDEN=1 after review):\n"
-                    + "\n".join(diffs)[:20000], pytrace=False)
+        pytest.fail(
+            "rendered files differ from tests/golden/ (UPDATE_GOLDEN=1 after review):\n"
+            + "\n".join(diffs)[:20000],
+            pytrace=False,
+        )
 
 
 # -- every profile, every time the same bytes --------------------------------------------------
+
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_every_shipped_profile_renders_its_files(profile, rendered):
     names = {p.name for p in rendered[profile].iterdir()}
     d = resolved(profile).to_dict()
-    assert names == (ALWAYS | ({"apply_patches.py"} if d["patches"] else set())
-                     | ({"flash_attn_wheel.py"} if d["flash_attn"] else set()))
+    assert names == (
+        ALWAYS
+        | ({"apply_patches.py"} if d["patches"] else set())
+        | ({"flash_attn_wheel.py"} if d["flash_attn"] else set())
+    )
 
 
 def test_scripts_are_executable_and_the_rest_is_not(rendered):
     modes = {p.name: p.stat().st_mode & 0o777 for p in rendered["p40"].rglob("*") if p.is_file()}
-    assert (modes.pop(RUN_SCRIPT) == modes.pop("preflight.py") == modes.pop("apply_patches.py")
-            == modes.pop("audit_precision.py") == modes.pop("prepare_gsm8k.py") == 0o755)
+    assert (
+        modes.pop(RUN_SCRIPT)
+        == modes.pop("preflight.py")
+        == modes.pop("apply_patches.py")
+        == modes.pop("audit_precision.py")
+        == modes.pop("prepare_gsm8k.py")
+        == 0o755
+    )
     assert set(modes.values()) == {0o644}
 
 
@@ -118,9 +152,13 @@ def test_two_renders_in_separate_processes_are_byte_identical(tmp_path, cache_ho
     outs = []
     for seed in ("1", "2"):  # a different hash seed: no set or dict order may leak into a file
         out = tmp_path / f"run{seed}"
-        subprocess.run([envbuild_exe(), "render", "--all", "-o", str(out)], check=True,
-                       capture_output=True, cwd=tmp_path,
-                       env=clean_env(PYTHONHASHSEED=seed, XDG_CACHE_HOME=str(cache_home)))
+        subprocess.run(
+            [envbuild_exe(), "render", "--all", "-o", str(out)],
+            check=True,
+            capture_output=True,
+            cwd=tmp_path,
+            env=clean_env(PYTHONHASHSEED=seed, XDG_CACHE_HOME=str(cache_home)),
+        )
         outs.append(snapshot(out))
     assert outs[0] == outs[1]
     assert len(outs[0]) >= len(PROFILES) * len(ALWAYS)
@@ -140,6 +178,7 @@ def test_the_render_command_replays_an_envbuild_json(run_envbuild, rendered, tmp
 
 
 # -- all or nothing ----------------------------------------------------------------------------
+
 
 def test_a_failed_render_leaves_the_previous_output_untouched(run_envbuild, tmp_path):
     out = tmp_path / "out"
@@ -181,6 +220,7 @@ def test_rendering_again_replaces_an_envbuild_directory_completely(tmp_path):
 
 # -- the rendered files pass real tools --------------------------------------------------------
 
+
 @pytest.mark.parametrize("profile", PROFILES)
 def test_the_dockerfile_parses_with_buildkits_parser(profile, rendered):
     cmds = dockerfile.parse_file(str(rendered[profile] / "Dockerfile"))
@@ -199,9 +239,14 @@ def hadolint() -> str:
 @pytest.mark.parametrize("profile", PROFILES)
 def test_the_dockerfile_passes_hadolint_without_errors(profile, rendered, tmp_path):
     # cwd and config dirs point at an empty folder: no developer's .hadolint.yaml ignores rules.
-    r = subprocess.run([hadolint(), "--format", "json", str(rendered[profile] / "Dockerfile")],
-                       capture_output=True, text=True, cwd=tmp_path, timeout=60,
-                       env=dict(os.environ, HOME=str(tmp_path), XDG_CONFIG_HOME=str(tmp_path)))
+    r = subprocess.run(
+        [hadolint(), "--format", "json", str(rendered[profile] / "Dockerfile")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+        env=dict(os.environ, HOME=str(tmp_path), XDG_CONFIG_HOME=str(tmp_path)),
+    )
     findings = json.loads(r.stdout)
     errors = [f for f in findings if f["level"] == "error"]
     assert errors == [], errors
@@ -210,21 +255,25 @@ def test_the_dockerfile_passes_hadolint_without_errors(profile, rendered, tmp_pa
 @pytest.mark.parametrize("profile", PROFILES)
 def test_the_shell_scripts_pass_bash_n(profile, rendered):
     for name in (RUN_SCRIPT, "envbuild-secrets.sh"):
-        r = subprocess.run(["bash", "-n", str(rendered[profile] / name)], capture_output=True,
-                           text=True)
+        r = subprocess.run(["bash", "-n", str(rendered[profile] / name)], capture_output=True, text=True)
         assert r.returncode == 0, f"{name}: {r.stderr}"
 
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_requirements_txt_pins_every_package_exactly(profile, rendered):
-    lines = [ln for ln in (rendered[profile] / "requirements.txt").read_text().splitlines()
-             if ln and not ln.startswith("#")]
+    lines = [
+        ln
+        for ln in (rendered[profile] / "requirements.txt").read_text().splitlines()
+        if ln and not ln.startswith("#")
+    ]
     constraints = [ln for ln in lines if ln.startswith("-c ")]
     assert constraints and all((rendered[profile] / ln[3:]).is_file() for ln in constraints)
-    lines = lines[len(constraints):]
+    lines = lines[len(constraints) :]
     packages = [ln for ln in lines if not ln.startswith("--")]
     assert lines[0].startswith("--index-url ")
-    assert all(re.fullmatch(r"[A-Za-z0-9_.\-]+(\[[a-z,]+\])?==[A-Za-z0-9_.+]+", p) for p in packages), packages
+    assert all(re.fullmatch(r"[A-Za-z0-9_.\-]+(\[[a-z,]+\])?==[A-Za-z0-9_.+]+", p) for p in packages), (
+        packages
+    )
     assert packages[-1] == f"verl=={resolved(profile).to_dict()['verl']['version']}"
 
 
@@ -240,16 +289,19 @@ def test_environment_yml_is_a_conda_environment_with_the_pip_section(profile, re
 
 def test_the_run_script_carries_the_p40_settings(rendered):
     script = (rendered["p40"] / RUN_SCRIPT).read_text()
-    for line in ("export TORCHDYNAMO_DISABLE=1", "actor_rollout_ref.rollout.name=hf",
-                 "actor_rollout_ref.rollout.dtype=float32",
-                 "actor_rollout_ref.model.use_remove_padding=False",
-                 # verl 0.4.1's HF rollout cannot generate from an offloaded actor: its
-                 # parameters stay on the GPU, the critic's and the reference's offload
-                 "actor_rollout_ref.actor.fsdp_config.param_offload=False",
-                 "actor_rollout_ref.ref.fsdp_config.param_offload=True",
-                 "critic.model.fsdp_config.param_offload=True",
-                 "# PLAN: actor_rollout_ref.actor.fsdp_config.param_offload=False although",
-                 '--quiet --overrides "$@"'):
+    for line in (
+        "export TORCHDYNAMO_DISABLE=1",
+        "actor_rollout_ref.rollout.name=hf",
+        "actor_rollout_ref.rollout.dtype=float32",
+        "actor_rollout_ref.model.use_remove_padding=False",
+        # verl 0.4.1's HF rollout cannot generate from an offloaded actor: its
+        # parameters stay on the GPU, the critic's and the reference's offload
+        "actor_rollout_ref.actor.fsdp_config.param_offload=False",
+        "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+        "critic.model.fsdp_config.param_offload=True",
+        "# PLAN: actor_rollout_ref.actor.fsdp_config.param_offload=False although",
+        '--quiet --overrides "$@"',
+    ):
         assert line in script
 
 
@@ -263,8 +315,12 @@ def test_the_run_script_uses_verls_attention_override_where_it_has_one(rendered)
 @pytest.mark.parametrize("profile", PROFILES)
 def test_every_file_the_dockerfile_copies_is_rendered(profile, rendered):
     cmds = instructions((rendered[profile] / "Dockerfile").read_text())
-    sources = [src for c in cmds if c.cmd == "COPY" and not any(f.startswith("--from") for f in c.flags)
-               for src in c.value[:-1]]
+    sources = [
+        src
+        for c in cmds
+        if c.cmd == "COPY" and not any(f.startswith("--from") for f in c.flags)
+        for src in c.value[:-1]
+    ]
     assert sources and all((rendered[profile] / src).is_file() for src in sources), sources
 
 
@@ -285,6 +341,7 @@ def test_the_rendered_envbuild_json_is_what_show_json_prints(cli, rendered):
 
 # -- Dockerfile structure ----------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("profile", PROFILES)
 def test_the_base_images_are_build_args_defaulting_to_the_matrix_tags(profile, rendered):
     cmds = instructions((rendered[profile] / "Dockerfile").read_text())
@@ -301,20 +358,30 @@ def test_the_base_images_are_build_args_defaulting_to_the_matrix_tags(profile, r
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_verl_is_the_last_pip_layer(profile, rendered):
-    runs = [c.original for c in instructions((rendered[profile] / "Dockerfile").read_text())
-            if c.cmd == "RUN" and "pip install" in c.original]
+    runs = [
+        c.original
+        for c in instructions((rendered[profile] / "Dockerfile").read_text())
+        if c.cmd == "RUN" and "pip install" in c.original
+    ]
     assert "verl==${VERL_VERSION}" in runs[-1]
     assert all("verl==" not in r for r in runs[:-1])
 
 
 def test_a_verl_pin_change_leaves_the_torch_layer_and_all_before_it_cached(overlay):
     """Docker's cache keys on instructions, so comments (the header names verl) don't count."""
-    verl = record("verl", "0.4.1", source="https://pypi.org/project/verl/",
-                  torch_source="https://pypi.org/project/verl/")
+    verl = record(
+        "verl",
+        "0.4.1",
+        source="https://pypi.org/project/verl/",
+        torch_source="https://pypi.org/project/verl/",
+    )
     verl["pins"] = dict(verl["pins"], transformers="4.52.4")
-    folder = overlay({"verl": {"0.4.2": verl},
-                      "profiles": {"p40": record("profiles", "p40", verl="0.4.2",
-                                                 source="https://example.org")}})
+    folder = overlay(
+        {
+            "verl": {"0.4.2": verl},
+            "profiles": {"p40": record("profiles", "p40", verl="0.4.2", source="https://example.org")},
+        }
+    )
     before = instructions(render_files(resolved("p40"))["Dockerfile"])
     after = instructions(render_files(resolved("p40", M.load((folder,))))["Dockerfile"])
     first_diff = next(i for i, (a, b) in enumerate(zip(before, after)) if a.original != b.original)
@@ -324,6 +391,7 @@ def test_a_verl_pin_change_leaves_the_torch_layer_and_all_before_it_cached(overl
 
 
 # -- apply_patches.py on real verl sources -----------------------------------------------------
+
 
 def patched_tree(version: str, tmp_path: Path) -> Path:
     """A copy of tests/fixtures/verl-<version> (real files from the PyPI wheel) to patch."""
@@ -335,8 +403,14 @@ def patched_tree(version: str, tmp_path: Path) -> Path:
 def apply_patches(profile: str, site: Path, tmp_path: Path, **kw) -> subprocess.CompletedProcess:
     script = tmp_path / f"apply_patches_{profile}.py"
     script.write_text(render_files(resolved(profile, **kw))["apply_patches.py"])
-    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          cwd=tmp_path, timeout=60, env=dict(os.environ, PYTHONPATH=str(site)))
+    return subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+        env=dict(os.environ, PYTHONPATH=str(site)),
+    )
 
 
 def test_the_p40_patches_apply_to_verl_041(tmp_path):
@@ -350,8 +424,10 @@ def test_the_p40_patches_apply_to_verl_041(tmp_path):
         assert 'attn_implementation="eager"' in text
     for rel in ("workers/actor/dp_actor.py", "workers/critic/dp_critic.py"):
         text = (verl / rel).read_text()
-        assert ("    try:  # envbuild: no flash-attn below CC 8.0; unpadding stays off\n"
-                "        from flash_attn.bert_padding import") in text
+        assert (
+            "    try:  # envbuild: no flash-attn below CC 8.0; unpadding stays off\n"
+            "        from flash_attn.bert_padding import"
+        ) in text
         assert "    except ImportError:\n        pass\n" in text
     rollout = (verl / "workers/rollout/hf_rollout.py").read_text()
     assert "dtype=torch.bfloat16" not in rollout
@@ -439,13 +515,23 @@ def preflight(profile: str, tmp_path: Path, **gpu) -> subprocess.CompletedProces
     script.write_text(render_files(env)["preflight.py"])
     empty_path = tmp_path / "no-nvidia-smi"
     empty_path.mkdir(exist_ok=True)
-    return subprocess.run([sys.executable, str(script), "--json"], capture_output=True, text=True,
-                          timeout=60, env={"PYTHONPATH": str(site), "PATH": str(empty_path),
-                                           "FAKE_GPU": json.dumps(gpu)})
+    return subprocess.run(
+        [sys.executable, str(script), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": str(site), "PATH": str(empty_path), "FAKE_GPU": json.dumps(gpu)},
+    )
 
 
-P40_CU118 = dict(name="Tesla P40", cc=[6, 1], vram_gb=24, torch="2.6.0+cu118", cuda="11.8",
-                 arch_list=["sm_37", "sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"])
+P40_CU118 = dict(
+    name="Tesla P40",
+    cc=[6, 1],
+    vram_gb=24,
+    torch="2.6.0+cu118",
+    cuda="11.8",
+    arch_list=["sm_37", "sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"],
+)
 
 
 def test_preflight_reports_ready_on_the_gpu_it_was_rendered_for(tmp_path):
@@ -475,41 +561,47 @@ def rendered_fa(tmp_path_factory):
 def test_flash_attn_tries_the_release_wheel_then_the_sdist_in_the_builder_only(rendered_fa):
     text = (rendered_fa / "Dockerfile").read_text()
     builder, runtime = text.split("FROM ${BASE_RUNTIME} AS runtime")
-    assert ('ARG FLASH_ATTN_RELEASE="https://github.com/Dao-AILab/flash-attention/releases/'
-            'download/v2.8.3"') in builder
+    assert (
+        'ARG FLASH_ATTN_RELEASE="https://github.com/Dao-AILab/flash-attention/releases/download/v2.8.3"'
+    ) in builder
     assert "FLASH_ATTN_RELEASE" not in runtime  # a builder ARG: never in the image's history
     assert "--mount=type=bind,source=flash_attn_wheel.py,target=/tmp/envbuild/flash_attn_wheel.py" in builder
-    assert "--cuda-tags '{\"12\": \"12\"}'" in builder  # (2.8.3 publishes CUDA 12 wheels only)
+    assert '--cuda-tags \'{"12": "12"}\'' in builder  # (2.8.3 publishes CUDA 12 wheels only)
     assert '[ "$rc" -eq 3 ] || exit "$rc"' in builder  # only "no such wheel" falls back
-    assert ('FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTN_CUDA_ARCHS="86" pip wheel -v '
-            "--no-build-isolation --no-deps -w /wheels flash-attn==2.8.3") in builder
+    assert (
+        'FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTN_CUDA_ARCHS="86" pip wheel -v '
+        "--no-build-isolation --no-deps -w /wheels flash-attn==2.8.3"
+    ) in builder
     # the script in the context is envbuild's own module, byte for byte
     from envbuilder.lock import flash_attn as flash_attn_wheel
 
-    assert (rendered_fa / "flash_attn_wheel.py").read_bytes() == \
-        Path(flash_attn_wheel.__file__).read_bytes()
+    assert (rendered_fa / "flash_attn_wheel.py").read_bytes() == Path(flash_attn_wheel.__file__).read_bytes()
     assert instructions(text)  # BuildKit's parser takes it
 
 
 def test_a_mirrors_github_prefix_reaches_flash_attns_release(tmp_path):
     from envbuilder.model import mirrors as M
 
-    env = M.apply_to_env(resolved("3090", verl="0.6.1"),
-                         M.MirrorChoice("m", {}, github="https://gh.example/p/"))
-    assert env.flash_attn.release == \
-        "https://gh.example/p/Dao-AILab/flash-attention/releases/download/v2.8.3"
-    args = M.MirrorChoice("m", {}, github="https://gh.example/p").endpoints(
-        resolved("3090", verl="0.6.1"))
+    env = M.apply_to_env(
+        resolved("3090", verl="0.6.1"), M.MirrorChoice("m", {}, github="https://gh.example/p/")
+    )
+    assert env.flash_attn.release == "https://gh.example/p/Dao-AILab/flash-attention/releases/download/v2.8.3"
+    args = M.MirrorChoice("m", {}, github="https://gh.example/p").endpoints(resolved("3090", verl="0.6.1"))
     assert args["FLASH_ATTN_RELEASE"].startswith("https://gh.example/p/Dao-AILab/")
 
 
 def test_a_mirrors_credentials_are_in_no_rendered_file_only_in_the_builds_secret(tmp_path):
     from envbuilder.model import mirrors as M
 
-    choice = M.MirrorChoice("m", {}, pypi="https://u:s3cret@pypi.corp/simple",
-                            pytorch="https://u:s3cret@pypi.corp/whl/{variant}",
-                            huggingface="https://u:s3cret@hf.corp", apt="http://u:s3cret@apt.corp/ubuntu",
-                            github="https://u:s3cret@gh.corp")
+    choice = M.MirrorChoice(
+        "m",
+        {},
+        pypi="https://u:s3cret@pypi.corp/simple",
+        pytorch="https://u:s3cret@pypi.corp/whl/{variant}",
+        huggingface="https://u:s3cret@hf.corp",
+        apt="http://u:s3cret@apt.corp/ubuntu",
+        github="https://u:s3cret@gh.corp",
+    )
     env = M.apply_to_env(resolved("p40"), choice)
     files = render(env, tmp_path / "o")
     assert not [p.name for p in files if "s3cret" in p.read_text()]
@@ -522,8 +614,9 @@ def test_a_mirrors_credentials_are_in_no_rendered_file_only_in_the_builds_secret
     assert plain.credentials_env(resolved("p40")) == ""  # (nothing to hide: no secret)
 
 
-@pytest.mark.parametrize("argv", [["p40"], ["t4", "--verl", "0.7.1", "--without", "apex"],
-                                  ["4090", "--mirror", "cn"]])
+@pytest.mark.parametrize(
+    "argv", [["p40"], ["t4", "--verl", "0.7.1", "--without", "apex"], ["4090", "--mirror", "cn"]]
+)
 def test_the_folders_readme_names_commands_that_parse_for_this_very_variant(argv, tmp_path):
     """README.md's next steps are real commands: each `envbuild ...` in it parses with envbuild's
     own options, carries the user's overrides, and the image it names is the tag `envbuild
@@ -536,8 +629,12 @@ def test_the_folders_readme_names_commands_that_parse_for_this_very_variant(argv
     from envbuilder.engines.bake import default_tag
     from envbuilder.cli import cli as group
 
-    r = subprocess.run([envbuild_exe(), "render", *argv, "-o", str(tmp_path / "o")],
-                       capture_output=True, text=True, env=clean_env())
+    r = subprocess.run(
+        [envbuild_exe(), "render", *argv, "-o", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+    )
     assert r.returncode == 0, r.stderr
     out = tmp_path / "o" / argv[0]
     text = (out / "README.md").read_text()
@@ -549,8 +646,10 @@ def test_the_folders_readme_names_commands_that_parse_for_this_very_variant(argv
         sub.make_context(words[0], words[1:], resilient_parsing=False)  # raises on a bad option
     overrides = [w for w in argv[1:] if w not in ("--mirror", "cn")]
     for command in commands:
-        if command.startswith(("envbuild doctor", "envbuild lock", "envbuild render")) \
-                and "--from" not in command:
+        if (
+            command.startswith(("envbuild doctor", "envbuild lock", "envbuild render"))
+            and "--from" not in command
+        ):
             assert " ".join(overrides) in command, command
     tag = default_tag(ResolvedEnv.from_json((out / "envbuild.json").read_text()))
     assert f"docker run --rm --gpus all {tag}`" in text

@@ -36,6 +36,7 @@ RENDERED_WITH_WARNINGS = ("Dockerfile", "requirements.txt", "environment.yml", "
 
 # -- arch: the torch build's arch list decides, not the CUDA version ---------------------------
 
+
 def test_torch_27_cu128_on_a_p40_fails_with_no_kernel_image():
     v = violations("p40", torch="2.7.0", cuda="12.8")["arch"]
     assert v.hard
@@ -59,6 +60,7 @@ def test_a_p40_runs_torch_26_cu124_because_cuda_12_does_not_refuse_pascal():
 
 # -- torch/CUDA builds -------------------------------------------------------------------------
 
+
 def test_a_missing_torch_cuda_build_suggests_the_cuda_versions_it_has():
     v = violations("p40", cuda="12.1")["torch-cuda"]
     assert v.hard
@@ -68,6 +70,7 @@ def test_a_missing_torch_cuda_build_suggests_the_cuda_versions_it_has():
 
 
 # -- driver ------------------------------------------------------------------------------------
+
 
 def test_a_driver_too_old_for_the_cuda_image_is_a_violation():
     v = violations("t4", driver="450.0")["driver"]
@@ -86,6 +89,7 @@ def test_a_driver_above_the_toolkit_minimum_runs_natively():
 
 
 # -- vLLM --------------------------------------------------------------------------------------
+
 
 def test_vllm_on_a_p40_is_below_its_compute_capability_floor():
     v = violations("p40", rollout="vllm")["vllm-cc"]
@@ -109,14 +113,16 @@ def test_vllm_with_its_exact_torch_pin_resolves():
 
 def test_the_vllm_floor_is_read_from_the_data(overlay):
     # No GPU name in the rule: lower the floor in a matrix overlay and the P40 passes it.
-    folder = overlay({"min_compute_capability": "6.0",
-                      "min_compute_capability_source": "https://example.org/a-fork"})
+    folder = overlay(
+        {"min_compute_capability": "6.0", "min_compute_capability_source": "https://example.org/a-fork"}
+    )
     env = resolved("p40", frozen_with(folder), rollout="vllm", cuda="12.4").to_dict()
     assert env["vllm"]["version"] == "0.8.5"
     assert env["warnings"] == []
 
 
 # -- verl rollouts -----------------------------------------------------------------------------
+
 
 def test_verl_061_has_no_hf_rollout_and_the_fix_names_the_last_verl_with_it():
     v = violations("t4", rollout="hf")["rollout"]
@@ -126,6 +132,7 @@ def test_verl_061_has_no_hf_rollout_and_the_fix_names_the_last_verl_with_it():
 
 
 # -- flash-attn, bf16, attention ---------------------------------------------------------------
+
 
 def test_flash_attn_on_a_t4_is_below_its_floor():
     v = violations("t4", with_=["flash-attn"])["flash-attn-cc"]
@@ -176,13 +183,15 @@ def test_a_t4_gets_fp16():
 
 
 def test_bf16_asked_of_a_gpu_without_it_is_a_violation(overlay):
-    folder = overlay({"profiles": {"t4": record("profiles", "t4", dtype="bf16",
-                                                source="https://example.org")}})
+    folder = overlay(
+        {"profiles": {"t4": record("profiles", "t4", dtype="bf16", source="https://example.org")}}
+    )
     v = violations("t4", frozen_with(folder))["bf16"]
     assert "CC >= 8.0" in v.why
 
 
 # -- apex: nvcc must equal torch.version.cuda --------------------------------------------------
+
 
 def test_apex_needs_a_torch_built_for_the_images_nvcc():
     # torch 2.6.0 has no cu128: a cu126 wheel would run, but apex refuses nvcc 12.8 vs 12.6.
@@ -206,6 +215,7 @@ def test_apex_is_built_for_the_gpus_arch():
 
 # -- python ------------------------------------------------------------------------------------
 
+
 def test_a_python_the_cuda_image_does_not_ship_is_a_violation():
     v = violations("p40", python="3.12")["image-python"]
     assert v.hard
@@ -214,6 +224,7 @@ def test_a_python_the_cuda_image_does_not_ship_is_a_violation():
 
 
 # -- --allow-unsupported -----------------------------------------------------------------------
+
 
 def test_allow_unsupported_writes_soft_violations_into_every_rendered_file():
     env = resolved("p40", rollout="vllm", cuda="12.4", allow_unsupported=True)
@@ -240,6 +251,7 @@ def test_allow_unsupported_keeps_hard_violations_as_errors():
 
 # -- unknown names -----------------------------------------------------------------------------
 
+
 def test_an_unknown_torch_version_gets_a_suggestion():
     with pytest.raises(UserError, match=r"torch '2\.6' is not in the matrix; did you mean '2\.6\.0'"):
         resolved("p40", torch="2.6")
@@ -257,14 +269,20 @@ def test_an_unknown_component_to_leave_out_gets_a_suggestion():
 
 # -- recorded verl patches ---------------------------------------------------------------------
 
+
 def patch_names(profile: str) -> list[str]:
     return [p["name"] for p in resolved(profile).to_dict()["patches"]]
 
 
 def test_a_p40_gets_the_attention_import_and_autocast_patches():
-    assert patch_names("p40") == ["verl-hardcoded-fa2", "verl-optional-flash-attn-import",
-                                  "verl-hf-rollout-autocast", "verl-actor-autocast",
-                                  "verl-critic-autocast", "verl-hf-sharding-manager-timing"]
+    assert patch_names("p40") == [
+        "verl-hardcoded-fa2",
+        "verl-optional-flash-attn-import",
+        "verl-hf-rollout-autocast",
+        "verl-actor-autocast",
+        "verl-critic-autocast",
+        "verl-hf-sharding-manager-timing",
+    ]
 
 
 def test_the_p40_patches_carry_its_attention_and_dtype():
@@ -284,18 +302,23 @@ def test_a_t4_on_verl_061_gets_the_fa2_and_the_critic_autocast_patches():
     assert patches["verl-hardcoded-fa2"]["replace"][0]["with"] == 'attn_implementation="sdpa"'
     # the critic trains in fp32 (no loss scaler), though the T4 computes its inference in fp16
     assert patches["verl-critic-autocast"]["replace"][0]["with"].endswith(
-        "dtype=torch.float32, enabled=False)")
+        "dtype=torch.float32, enabled=False)"
+    )
 
 
 # -- the dtype of each part of the run ---------------------------------------------------------
 
-@pytest.mark.parametrize("profile, want", [
-    ("p40", dict(actor="fp32", critic="fp32", ref="fp32", rollout="fp32")),
-    ("t4", dict(actor="fp32", critic="fp32", ref="fp16", rollout="fp16")),
-    ("v100", dict(actor="fp32", critic="fp32", ref="fp16", rollout="fp16")),
-    ("4090", dict(actor="bf16", critic="bf16", ref="bf16", rollout="bf16")),
-    ("h200", dict(actor="bf16", critic="bf16", ref="bf16", rollout="bf16")),
-])
+
+@pytest.mark.parametrize(
+    "profile, want",
+    [
+        ("p40", dict(actor="fp32", critic="fp32", ref="fp32", rollout="fp32")),
+        ("t4", dict(actor="fp32", critic="fp32", ref="fp16", rollout="fp16")),
+        ("v100", dict(actor="fp32", critic="fp32", ref="fp16", rollout="fp16")),
+        ("4090", dict(actor="bf16", critic="bf16", ref="bf16", rollout="bf16")),
+        ("h200", dict(actor="bf16", critic="bf16", ref="bf16", rollout="bf16")),
+    ],
+)
 def test_each_part_computes_in_what_the_gpu_and_verl_support(profile, want):
     assert resolved(profile).to_dict()["precision"] == want
 
@@ -323,7 +346,8 @@ def test_the_audit_checks_what_the_gpu_lacks_with_the_releases_reviewed_lines():
     assert h200 == {"checks": [], "reviewed": []}
     holds = {r["name"]: r["holds"] for r in t4["reviewed"]}
     assert holds["verl-actor-attention-default"] == {
-        "actor_rollout_ref.model.override_config.attn_implementation": "sdpa"}
+        "actor_rollout_ref.model.override_config.attn_implementation": "sdpa"
+    }
     assert holds["verl-reward-model-autocast"] == {"reward_model.enable": False}
     # a bf16 card without flash-attn checks the attention only
     assert resolved("4090").to_dict()["audit"]["checks"] == ["flash_attention_2"]
@@ -346,13 +370,15 @@ def test_a_patch_naming_an_unknown_value_is_refused_when_the_matrix_loads(overla
 
 
 def test_a_release_naming_an_unknown_reviewed_exception_is_refused(overlay):
-    folder = overlay({"verl": {"0.6.1": record("verl", "0.6.1", reviewed=["nope"],
-                                                       source="https://example.org")}})
+    folder = overlay(
+        {"verl": {"0.6.1": record("verl", "0.6.1", reviewed=["nope"], source="https://example.org")}}
+    )
     with pytest.raises(UserError, match="verl.0.6.1.reviewed names 'nope'"):
         frozen_with(folder)
 
 
 # -- the whole ---------------------------------------------------------------------------------
+
 
 def test_resolving_is_pure():
     assert resolved("p40").to_json() == resolved("p40").to_json()
@@ -370,6 +396,7 @@ def test_flash_attn_brings_what_it_imports_at_run_time():
 
 # -- verl's torch floor (its own imports, not in its METADATA) -----------------------------------
 
+
 def test_verl_041_with_torch_231_is_refused_because_fsdp_workers_need_devicemesh():
     v = violations("4090", torch="2.3.1")["verl-torch"]
     assert v.hard
@@ -386,6 +413,7 @@ def test_the_verl_torch_fix_resolves():
 
 # -- shared dependencies: what two installed packages require of a third ------------------------
 
+
 def test_t4_gets_the_ray_that_vllm_085_can_live_with():
     pins = resolved("t4").to_dict()["verl"]["pins"]
     assert pins["ray[default]"] == "2.47.1"  # vllm.yaml's pairing over verl 0.6.1's 2.49.2
@@ -400,8 +428,7 @@ def test_ray_249_with_vllm_085_is_refused_naming_opentelemetry(overlay):
 
 
 def test_a_pin_outside_a_packages_requirement_is_refused(overlay):
-    prof = record("profiles", "t4", pins={"opentelemetry-sdk": "1.30.0"},
-                  source="https://example.org")
+    prof = record("profiles", "t4", pins={"opentelemetry-sdk": "1.30.0"}, source="https://example.org")
     v = violations("t4", frozen_with(overlay({"profiles": {"t4": prof}})))["shared-dependency"]
     assert "opentelemetry-sdk==1.30.0 is pinned but vllm==0.8.5.post1 needs" in v.what
 
@@ -416,6 +443,7 @@ def test_overlapping_requirements_pass():
 
 
 # -- what render --from checks a file against is what the resolver writes -----------------------
+
 
 def resolved_variants(matrix=None):
     """Every profile (of the frozen matrix, or `matrix`) as render writes it: plain, pinned by
@@ -447,15 +475,18 @@ def test_every_resolved_environment_is_of_the_kinds_render_from_checks():
         S.check(data, RESOLVED, f"{label}: ")
 
 
-@pytest.mark.parametrize("path, value, named", [
-    (("profile",), "../../escaped", "profile"),
-    (("train", "model"), "Qwen/$(touch x)", "train.model"),
-    (("gpu", "name"), 'P40"""', "gpu.name"),
-    (("memory", "batch", "val_batch_size"), "8\nrm -rf ~", "memory.batch.val_batch_size"),
-    (("verl", "pins"), {"numpy; touch x": "1.0"}, "verl.pins"),
-    (("huggingface",), "https://hf.example/{x}", "huggingface"),
-    (("surprise",), {"a": ["x\nRUN y"]}, "surprise.a[0]"),
-])
+@pytest.mark.parametrize(
+    "path, value, named",
+    [
+        (("profile",), "../../escaped", "profile"),
+        (("train", "model"), "Qwen/$(touch x)", "train.model"),
+        (("gpu", "name"), 'P40"""', "gpu.name"),
+        (("memory", "batch", "val_batch_size"), "8\nrm -rf ~", "memory.batch.val_batch_size"),
+        (("verl", "pins"), {"numpy; touch x": "1.0"}, "verl.pins"),
+        (("huggingface",), "https://hf.example/{x}", "huggingface"),
+        (("surprise",), {"a": ["x\nRUN y"]}, "surprise.a[0]"),
+    ],
+)
 def test_a_spec_file_value_of_the_wrong_kind_is_refused_naming_its_key(path, value, named):
     from envbuilder.model.resolve import ResolvedEnv
 
@@ -486,8 +517,9 @@ def test_a_spec_file_that_lacks_keys_is_refused_naming_them_all():
     with pytest.raises(UserError) as e:
         ResolvedEnv.from_json('{"schema_version": 1, "profile": "p40", "gpu": {"sm": "61"}}')
     msg = str(e.value)
-    assert "envbuild_version is missing; description is missing; overrides is missing; " \
-           "gpu.key is missing" in msg
+    assert (
+        "envbuild_version is missing; description is missing; overrides is missing; gpu.key is missing" in msg
+    )
     assert "more)" in msg and "envbuild render p40" in msg
 
 
@@ -500,6 +532,7 @@ def test_vllm_0_7_3_is_refused_beside_verls_ray_pins():
 
 
 # -- flash-attn: a prebuilt wheel, or a source build said before it starts ---------------------
+
 
 def test_flash_attn_with_a_published_wheel_makes_no_note():
     env = resolved("4090", with_=["flash-attn"])

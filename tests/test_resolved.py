@@ -67,8 +67,14 @@ def test_every_record_has_the_fields_the_schema_checks(path):
 # objects of fixed keys that the environment keeps as read-only mappings: role -> image,
 # part -> its autocast key, a patch's {find, with} ("with" is no field name), split -> file,
 # split -> rows, and the memory plan (memory.py's data, read by key)
-FIXED_KEY_MAPS = {"cuda.images", "verl.autocast_keys", "patches[].replace[]", "dataset.files",
-                  "dataset.rows", "memory"}
+FIXED_KEY_MAPS = {
+    "cuda.images",
+    "verl.autocast_keys",
+    "patches[].replace[]",
+    "dataset.files",
+    "dataset.rows",
+    "memory",
+}
 
 
 def test_every_object_of_the_schema_is_a_record_or_a_declared_mapping():
@@ -85,8 +91,11 @@ def test_every_object_of_the_schema_is_a_record_or_a_declared_mapping():
             if isinstance(inner, dict) and f"{path}{name}" not in FIXED_KEY_MAPS:
                 found.add(f"{path}{name}.")
                 walk(inner, f"{path}{name}.")
-            elif (isinstance(inner, S.ListOf) and isinstance(inner.item, dict)
-                  and f"{path}{name}[]" not in FIXED_KEY_MAPS):
+            elif (
+                isinstance(inner, S.ListOf)
+                and isinstance(inner.item, dict)
+                and f"{path}{name}[]" not in FIXED_KEY_MAPS
+            ):
                 found.add(f"{path}{name}[].")
                 walk(inner.item, f"{path}{name}[].")
 
@@ -127,6 +136,7 @@ def test_nothing_reached_through_an_environment_can_be_changed_in_place():
         env.memory["batch"]["val_batch_size"] = 10**6
     assert isinstance(env.training_path, tuple) and isinstance(env.patches, tuple)
     assert isinstance(env.flash_attn.cuda_tags, MappingProxyType)
+
     # all the way down: no list or dict is left anywhere in it
     def walk(value):
         assert not isinstance(value, (list, dict)), value
@@ -134,8 +144,9 @@ def test_nothing_reached_through_an_environment_can_be_changed_in_place():
             for v in value._asdict().values():
                 walk(v)
         elif isinstance(value, (tuple, MappingProxyType)):
-            for v in (value.values() if isinstance(value, MappingProxyType) else value):
+            for v in value.values() if isinstance(value, MappingProxyType) else value:
                 walk(v)
+
     walk(env)
 
 
@@ -144,8 +155,9 @@ def test_a_mirror_and_a_lock_make_new_environments_and_leave_the_old_one_as_it_w
 
     env = resolved("p40")
     before = env.to_json()
-    choice = M.MirrorChoice("cn", {"docker.io": "mirror.example"}, pypi="https://pypi.example/simple",
-                            github="https://gh.example")
+    choice = M.MirrorChoice(
+        "cn", {"docker.io": "mirror.example"}, pypi="https://pypi.example/simple", github="https://gh.example"
+    )
     mirrored = M.apply_to_env(with_constraints(env), choice)
     assert env.to_json() == before
     assert mirrored.indexes.pypi == "https://pypi.example/simple"

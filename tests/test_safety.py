@@ -22,6 +22,7 @@ RECORD = outdir.RECORD
 
 # -- deletes only what it wrote -----------------------------------------------------------------
 
+
 def test_a_render_into_a_project_folder_holding_an_envbuild_json_deletes_nothing(run_envbuild, tmp_path):
     """A copy of an image's /etc/envbuild.json in a project folder used to mark the folder as
     envbuild's: the render replaced the folder and every other file in it was gone."""
@@ -86,15 +87,16 @@ def test_a_re_render_leaves_files_that_already_hold_their_bytes_alone(tmp_path):
     render(resolved("p40"), out)
     after = {p.name: p.stat() for p in out.iterdir() if p.is_file()}
     for name in ("Dockerfile", "run_ppo_gsm8k.sh", "requirements.txt"):
-        assert (after[name].st_ino, after[name].st_mtime_ns) == \
-            (before[name].st_ino, before[name].st_mtime_ns), name
+        assert (after[name].st_ino, after[name].st_mtime_ns) == (
+            before[name].st_ino,
+            before[name].st_mtime_ns,
+        ), name
     assert after["preflight.py"].st_ino != before["preflight.py"].st_ino
     assert after["preflight.py"].st_mode & 0o777 == 0o755
     render(resolved("p40", driver="560.35.03"), out)  # envbuild.json now says the driver
     assert (out / MARKER).stat().st_ino != after[MARKER].st_ino
     assert '"driver": "560.35.03"' in (out / MARKER).read_text()
-    assert outdir._read_record(out / outdir.RECORD)[MARKER] == \
-        outdir._sha256(out / MARKER)
+    assert outdir._read_record(out / outdir.RECORD)[MARKER] == outdir._sha256(out / MARKER)
 
 
 def test_a_re_render_that_changes_nothing_writes_nothing_not_even_the_record(tmp_path):
@@ -206,6 +208,7 @@ def test_a_tampered_record_cannot_make_envbuild_delete_outside(tmp_path):
 
 # -- bounded input -------------------------------------------------------------------------------
 
+
 def alias_bomb() -> str:
     text, prev = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n', "a"
     for n in "bcdefghi":
@@ -215,8 +218,12 @@ def alias_bomb() -> str:
 
 
 def test_an_alias_bomb_in_an_overlay_is_refused_at_once(run_envbuild, overlay):
-    folder = overlay(text="profiles:\n  bomb:\n    description: x\n" + "  " +
-                     alias_bomb().replace("\n", "\n  ").rstrip() + "\n")
+    folder = overlay(
+        text="profiles:\n  bomb:\n    description: x\n"
+        + "  "
+        + alias_bomb().replace("\n", "\n  ").rstrip()
+        + "\n"
+    )
     assert len(alias_bomb()) < 1500
     t0 = time.monotonic()
     r = run_envbuild("list", "--matrix-dir", folder)
@@ -259,7 +266,7 @@ def outdir_limit() -> int:
 @pytest.mark.parametrize("where", ["overlay", "config", "from"])
 def test_a_file_that_is_not_utf8_is_an_exit_2_paragraph(run_envbuild, tmp_path, where):
     bad = tmp_path / ("spec.json" if where == "from" else "f.yaml")
-    bad.write_bytes(b"profiles:\n  x:\n    description: \"caf\xe9\"\n")
+    bad.write_bytes(b'profiles:\n  x:\n    description: "caf\xe9"\n')
     if where == "overlay":
         folder = tmp_path / "ov"
         folder.mkdir()
@@ -281,6 +288,7 @@ def test_a_key_written_twice_is_refused_not_last_wins(run_envbuild, overlay):
 
 
 # -- the CLI's own bad input ---------------------------------------------------------------------
+
 
 def test_with_and_without_the_same_component_is_refused(cli):
     code, _, err = cli("render", "p40", "--with", "apex", "--without", "apex")
@@ -313,6 +321,7 @@ def test_an_unknown_push_name_is_bad_input(cli, tmp_path, monkeypatch):
 
 
 # -- one handler for what is left -------------------------------------------------------------
+
 
 def test_an_unexpected_exception_is_one_paragraph_naming_the_command(capsys, monkeypatch):
     from envbuilder import cli as C

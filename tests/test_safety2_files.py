@@ -39,6 +39,7 @@ def _unavailable(why: str):
 
 # ---- 1: a wheelhouse's files enter a build context only as the bytes its manifest names ------
 
+
 def wheelhouse(where: Path, files: dict[str, bytes]) -> Path:
     """A wheelhouse for PROFILE as `envbuild wheelhouse` lays it out: the shipped lock under
     locks/, `files` under pypi/, and manifest.json naming each with its size and sha256."""
@@ -48,17 +49,26 @@ def wheelhouse(where: Path, files: dict[str, bytes]) -> Path:
     listed = {}
     for name, data in files.items():
         (wh / "pypi" / name).write_bytes(data)
-        listed[f"pypi/{name}"] = {"kind": "pip", "name": name.split("-")[0], "version": "1.0",
-                                  "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    manifest = {"format": 1, "files": listed,
-                "profiles": {PROFILE: {"input_sha256": "0" * 64, "files": sorted(listed),
-                                       "built": {}}}}
+        listed[f"pypi/{name}"] = {
+            "kind": "pip",
+            "name": name.split("-")[0],
+            "version": "1.0",
+            "size": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(),
+        }
+    manifest = {
+        "format": 1,
+        "files": listed,
+        "profiles": {PROFILE: {"input_sha256": "0" * 64, "files": sorted(listed), "built": {}}},
+    }
     (wh / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return wh
 
 
-WHEELS = {"alpha-1.0-py3-none-any.whl": b"alpha wheel bytes\n" * 50,
-          "beta-1.0-py3-none-any.whl": b"beta wheel bytes\n" * 40}
+WHEELS = {
+    "alpha-1.0-py3-none-any.whl": b"alpha wheel bytes\n" * 50,
+    "beta-1.0-py3-none-any.whl": b"beta wheel bytes\n" * 40,
+}
 SECRET = b"the user's private key\n"
 
 
@@ -93,7 +103,8 @@ def secret_anywhere(folder: Path) -> list[str]:
 
 @pytest.mark.parametrize("same_fs", [True, False], ids=["same-fs", "other-fs"])
 def test_a_wheelhouse_file_that_is_a_link_to_a_secret_never_enters_the_build_context(
-        run_envbuild, tmp_path, other_fs, same_fs):
+    run_envbuild, tmp_path, other_fs, same_fs
+):
     """Before: the link itself was hard-linked into the context (same file system) or the
     secret copied (another one); render exited 0. Failed before the fix: yes."""
     wh = wheelhouse(tmp_path, WHEELS)
@@ -123,15 +134,15 @@ def test_a_wheelhouse_folder_that_is_a_link_is_not_followed(run_envbuild, tmp_pa
 
 
 @pytest.mark.parametrize("change", ["same-size", "longer", "shorter"])
-def test_a_wheelhouse_file_whose_bytes_are_not_the_manifests_is_refused(run_envbuild, tmp_path,
-                                                                        change):
+def test_a_wheelhouse_file_whose_bytes_are_not_the_manifests_is_refused(run_envbuild, tmp_path, change):
     """A file swapped after the export (a wheel with other code in it). Before: placed as it
     was, exit 0. Failed before the fix: yes."""
     wh = wheelhouse(tmp_path, WHEELS)
     alpha = wh / "pypi" / "alpha-1.0-py3-none-any.whl"
     data = WHEELS[alpha.name]
-    alpha.write_bytes({"same-size": b"X" + data[1:], "longer": data + b"import os\n",
-                       "shorter": data[:-5]}[change])
+    alpha.write_bytes(
+        {"same-size": b"X" + data[1:], "longer": data + b"import os\n", "shorter": data[:-5]}[change]
+    )
     r = run_envbuild("render", PROFILE, "--wheelhouse", wh, "-o", tmp_path / "out")
     assert r.returncode == 2, r.stderr
     assert alpha.name in r.stderr and "manifest" in r.stderr
@@ -151,8 +162,9 @@ def test_a_fifo_in_place_of_a_wheelhouse_file_is_refused_without_blocking(run_en
 
 
 @pytest.mark.parametrize("same_fs", [True, False], ids=["same-fs", "other-fs"])
-def test_checked_wheelhouse_files_are_placed_as_exactly_their_bytes(run_envbuild, tmp_path,
-                                                                    other_fs, same_fs):
+def test_checked_wheelhouse_files_are_placed_as_exactly_their_bytes(
+    run_envbuild, tmp_path, other_fs, same_fs
+):
     """The good path stays: a hard link to the checked file on one file system, a copy of the
     checked bytes across file systems; the record names the manifest's sha256. (A guard for
     the fix, not an attack: it passed before.)"""
@@ -166,8 +178,10 @@ def test_checked_wheelhouse_files_are_placed_as_exactly_their_bytes(run_envbuild
         assert not placed.is_symlink() and placed.read_bytes() == data
         assert (placed.stat().st_ino == (wh / "pypi" / name).stat().st_ino) == same_fs
     record = json.loads((out / ".envbuild-files.json").read_text())["files"]
-    assert record[f"wheelhouse/{'alpha-1.0-py3-none-any.whl'}"] == \
-        hashlib.sha256(WHEELS["alpha-1.0-py3-none-any.whl"]).hexdigest()
+    assert (
+        record[f"wheelhouse/{'alpha-1.0-py3-none-any.whl'}"]
+        == hashlib.sha256(WHEELS["alpha-1.0-py3-none-any.whl"]).hexdigest()
+    )
 
 
 def test_a_wheelhouse_file_writable_by_others_is_copied_not_linked(run_envbuild, tmp_path):
@@ -183,6 +197,7 @@ def test_a_wheelhouse_file_writable_by_others_is_copied_not_linked(run_envbuild,
 
 
 # ---- 2: an output folder that is a link is not written through ---------------------------------
+
 
 @pytest.mark.parametrize("how", ["out-is-a-link", "parent-is-anothers-link"])
 def test_an_output_folder_reached_through_a_link_is_refused(run_envbuild, tmp_path, how):
@@ -230,21 +245,37 @@ def test_a_record_that_is_a_link_is_no_record(run_envbuild, tmp_path):
     notes = out / "notes.txt"
     notes.write_text("my notes\n")
     elsewhere = tmp_path / "elsewhere.json"
-    elsewhere.write_text(json.dumps({"format": 1, "written_by": "envbuild", "files": {
-        "notes.txt": hashlib.sha256(notes.read_bytes()).hexdigest()}}))
+    elsewhere.write_text(
+        json.dumps(
+            {
+                "format": 1,
+                "written_by": "envbuild",
+                "files": {"notes.txt": hashlib.sha256(notes.read_bytes()).hexdigest()},
+            }
+        )
+    )
     (out / ".envbuild-files.json").symlink_to(elsewhere)
     r = run_envbuild("render", PROFILE, "-o", tmp_path / "out")
     assert r.returncode == 2, r.stderr
     assert "was not written by envbuild" in r.stderr
-    assert notes.read_text() == "my notes\n" and sorted(p.name for p in out.iterdir()) == \
-        [".envbuild-files.json", "notes.txt"]
+    assert notes.read_text() == "my notes\n" and sorted(p.name for p in out.iterdir()) == [
+        ".envbuild-files.json",
+        "notes.txt",
+    ]
 
 
 # ---- 3: a registry is a registry, not bake settings ----------------------------------------------
 
-EVIL_REGISTRIES = ["reg.example:5000,type=local,dest=/tmp/stolen", "reg.example:5000 x",
-                   "reg.example/Upper", "reg.example:99999", "http://reg.example:5000",
-                   "reg.example:5000/a//b", "reg.example:5000\n", "reg.example:５０００"]
+EVIL_REGISTRIES = [
+    "reg.example:5000,type=local,dest=/tmp/stolen",
+    "reg.example:5000 x",
+    "reg.example/Upper",
+    "reg.example:99999",
+    "http://reg.example:5000",
+    "reg.example:5000/a//b",
+    "reg.example:5000\n",
+    "reg.example:５０００",
+]
 
 
 @pytest.mark.parametrize("value", EVIL_REGISTRIES)
@@ -258,19 +289,32 @@ def test_a_registry_that_is_not_host_port_path_is_refused(run_envbuild, tmp_path
     else:
         env["ENVBUILD_REGISTRY_LOCAL"] = value
     r = run_envbuild(*args, env=env)
-    assert r.returncode == 2, (r.stderr, (tmp_path / "bake" / "docker-bake.hcl").read_text()
-                               if (tmp_path / "bake" / "docker-bake.hcl").exists() else "")
+    assert r.returncode == 2, (
+        r.stderr,
+        (tmp_path / "bake" / "docker-bake.hcl").read_text()
+        if (tmp_path / "bake" / "docker-bake.hcl").exists()
+        else "",
+    )
     assert where in r.stderr and "HOST[:PORT]" in r.stderr
     assert not (tmp_path / "bake").exists()
 
 
-@pytest.mark.parametrize("value", ["localhost:5000", "127.0.0.1:5000", "reg.example.com",
-                                   "reg.example.com:443/team/sub-path", "[::1]:5000",
-                                   "ghcr.io/my-org"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "localhost:5000",
+        "127.0.0.1:5000",
+        "reg.example.com",
+        "reg.example.com:443/team/sub-path",
+        "[::1]:5000",
+        "ghcr.io/my-org",
+    ],
+)
 def test_a_registry_of_host_port_path_is_baked_as_given(run_envbuild, tmp_path, value):
     """(A guard for the fix: these passed before and still do.)"""
-    r = run_envbuild("bake", PROFILE, "-o", tmp_path / "bake", "--registry", value,
-                     env={"XDG_CONFIG_HOME": str(tmp_path)})
+    r = run_envbuild(
+        "bake", PROFILE, "-o", tmp_path / "bake", "--registry", value, env={"XDG_CONFIG_HOME": str(tmp_path)}
+    )
     assert r.returncode == 0, r.stderr
     hcl = (tmp_path / "bake" / "docker-bake.hcl").read_text()
     assert f'variable "REGISTRY" {{\n  default = {json.dumps(value)}\n}}' in hcl
@@ -278,20 +322,31 @@ def test_a_registry_of_host_port_path_is_baked_as_given(run_envbuild, tmp_path, 
 
 # ---- 4: ENVBUILD_DOCKER_TIMEOUT is a number of seconds ----------------------------------------
 
+
 @pytest.mark.parametrize("value", ["abc", "", "-5", "0", "1e3", "٣٠٠", "99999999999999999999"])
 def test_a_docker_timeout_that_is_no_number_is_named(run_envbuild, tmp_path, value):
     """Before: 'Cannot reach the Docker engine ... invalid literal for int()', exit 1 (and ''
     or '٣٠٠' were taken). Failed before the fix: yes."""
     # (DOCKER_HOST names no daemon: a value taken as a number never reaches a real engine)
-    r = run_envbuild("build", PROFILE, "--engine", "docker", "--no-probe",
-                     env={"ENVBUILD_DOCKER_TIMEOUT": value, "XDG_CONFIG_HOME": str(tmp_path),
-                          "DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock"})
+    r = run_envbuild(
+        "build",
+        PROFILE,
+        "--engine",
+        "docker",
+        "--no-probe",
+        env={
+            "ENVBUILD_DOCKER_TIMEOUT": value,
+            "XDG_CONFIG_HOME": str(tmp_path),
+            "DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock",
+        },
+    )
     assert r.returncode == 2, r.stderr
     assert "ENVBUILD_DOCKER_TIMEOUT" in r.stderr and "seconds" in r.stderr
     assert "Cannot reach the Docker engine" not in r.stderr
 
 
 # ---- 5 and 6: export-image keeps its temporary work in one folder of its own ------------------
+
 
 def tiny_image(repo: str = "test/tiny", tag: str = "1") -> dict:
     """An OCI image of one small layer: its manifest and blobs, by digest."""
@@ -307,16 +362,40 @@ def tiny_image(repo: str = "test/tiny", tag: str = "1") -> dict:
     def digest(b: bytes) -> str:
         return "sha256:" + hashlib.sha256(b).hexdigest()
 
-    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {},
-                         "rootfs": {"type": "layers", "diff_ids": [digest(raw)]}}).encode()
-    manifest = json.dumps({
-        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
-                   "digest": digest(config), "size": len(config)},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
-                    "digest": digest(layer), "size": len(layer)}]}).encode()
-    return {"repo": repo, "tag": tag, "manifest": manifest, "digest": digest(manifest),
-            "blobs": {digest(config): config, digest(layer): layer}, "layer": digest(layer)}
+    config = json.dumps(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {},
+            "rootfs": {"type": "layers", "diff_ids": [digest(raw)]},
+        }
+    ).encode()
+    manifest = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json",
+                "digest": digest(config),
+                "size": len(config),
+            },
+            "layers": [
+                {
+                    "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                    "digest": digest(layer),
+                    "size": len(layer),
+                }
+            ],
+        }
+    ).encode()
+    return {
+        "repo": repo,
+        "tag": tag,
+        "manifest": manifest,
+        "digest": digest(manifest),
+        "blobs": {digest(config): config, digest(layer): layer},
+        "layer": digest(layer),
+    }
 
 
 class OciRegistry:
@@ -348,10 +427,14 @@ class OciRegistry:
                 if path == "/v2/":
                     return self.send(200, b"{}", "application/json", body)
                 if path in (manifests + im["tag"], manifests + im["digest"]):
-                    return self.send(200, im["manifest"],
-                                     "application/vnd.oci.image.manifest.v1+json", body,
-                                     {"Docker-Content-Digest": im["digest"]})
-                blob = im["blobs"].get(path[len(blobs):]) if path.startswith(blobs) else None
+                    return self.send(
+                        200,
+                        im["manifest"],
+                        "application/vnd.oci.image.manifest.v1+json",
+                        body,
+                        {"Docker-Content-Digest": im["digest"]},
+                    )
+                blob = im["blobs"].get(path[len(blobs) :]) if path.startswith(blobs) else None
                 if blob is None:
                     return self.send(404, b"", "text/plain", body)
                 if body and path.endswith(im["layer"]) and registry.stall_layer > 0:
@@ -406,19 +489,30 @@ def skopeo():
 
 def export_env(tmp_path: Path) -> dict:
     # no Docker engine: the loopback reference is read from its registry
-    return clean_env(ENVBUILD_DEBUG="1", XDG_CONFIG_HOME=str(tmp_path),
-                     DOCKER_HOST=f"unix://{tmp_path}/no-docker.sock")
+    return clean_env(
+        ENVBUILD_DEBUG="1", XDG_CONFIG_HOME=str(tmp_path), DOCKER_HOST=f"unix://{tmp_path}/no-docker.sock"
+    )
 
 
 def spawn_export(tmp_path: Path, ref: str, out: Path) -> subprocess.Popen:
-    return subprocess.Popen([envbuild_exe(), "export-image", ref, "-o", str(out)],
-                            env=export_env(tmp_path), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [envbuild_exe(), "export-image", ref, "-o", str(out)],
+        env=export_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def run_export(tmp_path: Path, ref: str, out: Path | str, timeout: float = 120):
-    r = subprocess.run([envbuild_exe(), "export-image", ref, "-o", str(out)],
-                       env=export_env(tmp_path), capture_output=True, text=True, timeout=timeout)
+    r = subprocess.run(
+        [envbuild_exe(), "export-image", ref, "-o", str(out)],
+        env=export_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert "Traceback (most recent call last)" not in r.stderr, r.stderr
     return r
 
@@ -437,8 +531,7 @@ def skopeo_temps() -> set[Path]:
     return found
 
 
-def test_a_killed_export_leaves_nothing_outside_its_folder_and_the_next_run_cleans_it(
-        tmp_path, skopeo):
+def test_a_killed_export_leaves_nothing_outside_its_folder_and_the_next_run_cleans_it(tmp_path, skopeo):
     """SIGKILL to export-image and its skopeo mid-copy. Before: skopeo's /var/tmp/oci* folder
     stayed (skopeo 1.9 ignores TMPDIR) and so did .base.tar.envbuild-*; the next run removed
     neither. Failed before the fix: yes."""
@@ -497,8 +590,10 @@ def test_debris_that_is_not_provably_ours_is_left_alone(tmp_path, skopeo):
     (victim / "keep").write_text("keep me\n")
     live = subprocess.Popen(["sleep", "60"])
     try:
-        kept = [out / f".x.tar.envbuild-{live.pid}-abcdefgh",  # its process runs
-                out / ".y.tar.envbuild-1-abcdefgh"]  # pid 1: init, always running
+        kept = [
+            out / f".x.tar.envbuild-{live.pid}-abcdefgh",  # its process runs
+            out / ".y.tar.envbuild-1-abcdefgh",
+        ]  # pid 1: init, always running
         for folder in kept:
             folder.mkdir()
         link = out / ".z.tar.envbuild-999999999-abcdefgh"
@@ -529,8 +624,9 @@ def mounted(tmp_path):
     def mount(options: str) -> Path:
         mnt = tmp_path / f"mnt{len(mounts)}"
         mnt.mkdir()
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", mnt],
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", options, "tmpfs", mnt], capture_output=True, text=True
+        )
         if r.returncode != 0:
             _unavailable(f"mount -t tmpfs failed: {r.stderr.strip()}")
         mounts.append(mnt)
@@ -556,8 +652,7 @@ def full_folder(mount) -> Path:
 
 
 @pytest.mark.parametrize("kind", ["read-only", "full"])
-def test_export_into_a_read_only_or_full_folder_is_exit_1_and_writes_nothing(
-        tmp_path, skopeo, mounted, kind):
+def test_export_into_a_read_only_or_full_folder_is_exit_1_and_writes_nothing(tmp_path, skopeo, mounted, kind):
     """Before: an internal error (OSError from mkdtemp) for a read-only folder. Failed before
     the fix: yes (read-only); full: skopeo's own error, exit 1, before and after."""
     folder = mounted("ro,size=64k") if kind == "read-only" else full_folder(mounted)
@@ -569,15 +664,25 @@ def test_export_into_a_read_only_or_full_folder_is_exit_1_and_writes_nothing(
     assert sorted(p.name for p in folder.iterdir()) == before
 
 
-@pytest.mark.parametrize("argv", [["export-image", "foo:1", "-o", ""],
-                                  ["export-image", "foo:1", "-o", "/"],
-                                  ["import-image", ""],
-                                  ["import-image", "/"],
-                                  ["apptainer", PROFILE, "--image",
-                                   "127.0.0.1:5000/envbuild/t4@sha256:" + "a" * 64, "-o", ""],
-                                  ["apptainer", PROFILE, "--oci-archive", ""]],
-                         ids=["export-o-empty", "export-o-root", "import-empty", "import-root",
-                              "apptainer-o-empty", "apptainer-archive-empty"])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["export-image", "foo:1", "-o", ""],
+        ["export-image", "foo:1", "-o", "/"],
+        ["import-image", ""],
+        ["import-image", "/"],
+        ["apptainer", PROFILE, "--image", "127.0.0.1:5000/envbuild/t4@sha256:" + "a" * 64, "-o", ""],
+        ["apptainer", PROFILE, "--oci-archive", ""],
+    ],
+    ids=[
+        "export-o-empty",
+        "export-o-root",
+        "import-empty",
+        "import-root",
+        "apptainer-o-empty",
+        "apptainer-archive-empty",
+    ],
+)
 def test_an_empty_or_nameless_path_is_exit_2(run_envbuild, tmp_path, argv):
     """Before: 'internal error ... PosixPath('.') has an empty name' (export-image -o '',
     import-image '' and '/'); apptainer -o '' said '. is a folder', --oci-archive '' called the
@@ -586,20 +691,26 @@ def test_an_empty_or_nameless_path_is_exit_2(run_envbuild, tmp_path, argv):
     r = run_envbuild(*argv, env={"XDG_CONFIG_HOME": str(tmp_path)})
     assert r.returncode == 2, r.stderr
     assert "internal error" not in r.stderr
-    assert any(w in r.stderr for w in ("is empty", "file name", "is a directory", "not a file")), \
-        r.stderr
+    assert any(w in r.stderr for w in ("is empty", "file name", "is a directory", "not a file")), r.stderr
 
 
 @pytest.mark.parametrize("kind", ["read-only", "full"])
 def test_apptainer_into_a_read_only_or_full_folder_is_exit_1_and_leaves_no_file(
-        run_envbuild, tmp_path, mounted, kind):
+    run_envbuild, tmp_path, mounted, kind
+):
     """Before: an internal error (OSError: Read-only file system / No space left). Failed
     before the fix: yes."""
     folder = mounted("ro,size=64k") if kind == "read-only" else full_folder(mounted)
     before = sorted(p.name for p in folder.iterdir())
-    r = run_envbuild("apptainer", PROFILE, "--image",
-                     "127.0.0.1:5000/envbuild/t4@sha256:" + "a" * 64, "-o", folder / "t4.def",
-                     env={"XDG_CONFIG_HOME": str(tmp_path)})
+    r = run_envbuild(
+        "apptainer",
+        PROFILE,
+        "--image",
+        "127.0.0.1:5000/envbuild/t4@sha256:" + "a" * 64,
+        "-o",
+        folder / "t4.def",
+        env={"XDG_CONFIG_HOME": str(tmp_path)},
+    )
     assert r.returncode == 1, r.stderr
     assert str(folder / "t4.def") in r.stderr
     assert sorted(p.name for p in folder.iterdir()) == before
@@ -607,13 +718,18 @@ def test_apptainer_into_a_read_only_or_full_folder_is_exit_1_and_leaves_no_file(
 
 # ---- 7: detect reads only ASCII digits from nvidia-smi ------------------------------------------
 
-@pytest.mark.parametrize("row", ["0, Tesla T4, 7.5, ²4000, 535.54.03",
-                                 "0, Tesla T4, 7.5, １５３６０, 535.54.03",
-                                 "٠, Tesla T4, 7.5, 15360, 535.54.03",
-                                 "0, Tesla T4, ７.５, 15360, 535.54.03",
-                                 "0, Tesla T4, 7.5, 15360, ٥٣٥.٥٤.٠٣"],
-                         ids=["superscript", "fullwidth-memory", "arabic-index", "fullwidth-cc",
-                              "arabic-driver"])
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        "0, Tesla T4, 7.5, ²4000, 535.54.03",
+        "0, Tesla T4, 7.5, １５３６０, 535.54.03",
+        "٠, Tesla T4, 7.5, 15360, 535.54.03",
+        "0, Tesla T4, ７.５, 15360, 535.54.03",
+        "0, Tesla T4, 7.5, 15360, ٥٣٥.٥٤.٠٣",
+    ],
+    ids=["superscript", "fullwidth-memory", "arabic-index", "fullwidth-cc", "arabic-driver"],
+)
 def test_nvidia_smi_printing_other_digits_is_named_not_an_internal_error(tmp_path, row):
     """A real nvidia-smi stand-in (a script on PATH) run by detect. Before: ValueError (an
     internal error) for '²', or the other digits taken as numbers. Failed before the fix: yes."""
@@ -626,12 +742,15 @@ def test_nvidia_smi_printing_other_digits_is_named_not_an_internal_error(tmp_pat
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     smi = bin_dir / "nvidia-smi"
-    smi.write_text("#!/bin/sh\n"
-                   'case "$1" in\n'
-                   f"  --query-gpu=*) printf '%s\\n' '{row}' ;;\n"
-                   "  *) echo '| NVIDIA-SMI 535.54.03  Driver Version: 535.54.03  "
-                   "CUDA Version: 12.2 |' ;;\n"
-                   "esac\n", encoding="utf-8")
+    smi.write_text(
+        "#!/bin/sh\n"
+        'case "$1" in\n'
+        f"  --query-gpu=*) printf '%s\\n' '{row}' ;;\n"
+        "  *) echo '| NVIDIA-SMI 535.54.03  Driver Version: 535.54.03  "
+        "CUDA Version: 12.2 |' ;;\n"
+        "esac\n",
+        encoding="utf-8",
+    )
     smi.chmod(0o755)
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
     r = CliRunner().invoke(cli, ["detect"], obj=Probes(nvml=NO_NVML), env=env)

@@ -42,6 +42,7 @@ USER = "alice"
 
 # -- a loopback index whose answers we make hostile ---------------------------------------------
 
+
 @pytest.fixture
 def hostile_index(tmp_path):
     """hostile_index(edit) -> base URL of a loopback index serving a copy of the recorded PyPI
@@ -75,37 +76,45 @@ def yank(package: str, version: str, reason: str):
     def change(doc):
         for f in doc["releases"][version]:
             f["yanked"], f["yanked_reason"] = True, reason
+
     return lambda root: edit_json(root, package, change)
 
 
 # what a hostile index writes into requires_python: live YAML (a mirror set, and a patch whose
 # code would run inside verl in the image) once a newline ends the comment it is copied into
-INJECTED = (">=3.10\nmirrors:\n  pwned:\n    description: from the index\n"
-            "    pypi: [https://evil.example/simple]\n"
-            "patches:\n  verl-hardcoded-fa2:\n    why: x\n    when: always\n"
-            "    files: [verl/__init__.py]\n"
-            "    replace: [{find: import, with: 'import os; os.system(\"touch /tmp/pwned\")'}]\n"
-            "    source: https://evil.example\n#")
+INJECTED = (
+    ">=3.10\nmirrors:\n  pwned:\n    description: from the index\n"
+    "    pypi: [https://evil.example/simple]\n"
+    "patches:\n  verl-hardcoded-fa2:\n    why: x\n    when: always\n"
+    "    files: [verl/__init__.py]\n"
+    "    replace: [{find: import, with: 'import os; os.system(\"touch /tmp/pwned\")'}]\n"
+    "    source: https://evil.example\n#"
+)
 # terminal escapes (an OSC 8 hyperlink, a CSI clear-screen and cursor-up, a C1 CSI), a bidi
 # override, a line separator, a NEL, then a fence that would close the pull request's code
 # block and Markdown that would render (a link, an image, HTML, a mention)
-ESCAPES = ("\x1b]8;;https://evil.example/\x07click here\x1b]8;;\x07 \x1b[2J\x1b[1A\x9b31m "
-           "\u202egnp.exe\u202c \u2028\x85\r\n```\n\n[link](https://evil.example) "
-           "![x](https://evil.example/x.png) <img src=x onerror=alert(1)> @octocat\n~~~\n")
+ESCAPES = (
+    "\x1b]8;;https://evil.example/\x07click here\x1b]8;;\x07 \x1b[2J\x1b[1A\x9b31m "
+    "\u202egnp.exe\u202c \u2028\x85\r\n```\n\n[link](https://evil.example) "
+    "![x](https://evil.example/x.png) <img src=x onerror=alert(1)> @octocat\n~~~\n"
+)
 
 
 def unsafe_chars(text: str) -> list[str]:
     """The characters of `text` that a terminal or a Markdown reader acts on: control
     characters other than the newline (C0, DEL, C1, so ESC and every CSI/OSC sequence), format
     characters (the bidi overrides) and line or paragraph separators."""
-    return sorted({repr(c) for c in text if c != "\n" and unicodedata.category(c) in
-                   ("Cc", "Cf", "Zl", "Zp")})
+    return sorted(
+        {repr(c) for c in text if c != "\n" and unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")}
+    )
 
 
 # -- an index writes our YAML -----------------------------------------------------------------------
 
-def test_a_newline_in_requires_python_never_becomes_overlay_structure(cli, frozen_matrix,
-                                                                     hostile_index, tmp_path):
+
+def test_a_newline_in_requires_python_never_becomes_overlay_structure(
+    cli, frozen_matrix, hostile_index, tmp_path
+):
     from envbuilder.model import matrix as M
 
     def edit(root):
@@ -130,13 +139,12 @@ def test_a_newline_in_requires_python_never_becomes_overlay_structure(cli, froze
 
 
 def test_terminal_escapes_from_the_index_reach_neither_the_terminal_nor_the_overlay(
-        cli, frozen_matrix, hostile_index, overlay, tmp_path):
-    folder = overlay({"profiles": {"v100": rec("profiles", "v100",
-                                               pins={"transformers": "4.57.0"})}})
+    cli, frozen_matrix, hostile_index, overlay, tmp_path
+):
+    folder = overlay({"profiles": {"v100": rec("profiles", "v100", pins={"transformers": "4.57.0"})}})
     base = hostile_index(yank("transformers", "4.57.0", ESCAPES))
     out = tmp_path / "proposed"
-    code, stdout, err = cli("refresh", "--index-url", base, "--matrix-dir", folder,
-                            "--write-overlay", out)
+    code, stdout, err = cli("refresh", "--index-url", base, "--matrix-dir", folder, "--write-overlay", out)
     assert code in (0, None), err
     assert unsafe_chars(stdout) == [] and unsafe_chars(err) == []
     [line] = [ln for ln in stdout.splitlines() if "transformers 4.57.0 is yanked" in ln]
@@ -170,8 +178,11 @@ def _fence_blocks(body: str) -> list[tuple[int, int]]:
             continue
         fence, start = m.group(1), i
         i += 1
-        while i < len(lines) and not re.fullmatch(rf" {{0,3}}{re.escape(fence[0])}{{{len(fence)},}}"
-                                                  r"[ \t]*", lines[i]):
+        while i < len(lines) and not re.fullmatch(
+            rf" {{0,3}}{re.escape(fence[0])}{{{len(fence)},}}"
+            r"[ \t]*",
+            lines[i],
+        ):
             i += 1
         blocks.append((start, i))
         i += 1
@@ -183,8 +194,9 @@ MARKDOWN = "ok\n```\n\n[link](https://evil.example) <img src=x> @octocat\n````\n
 
 
 @pytest.mark.parametrize("reason", [ESCAPES, MARKDOWN], ids=["escapes", "markdown"])
-def test_the_pull_request_body_keeps_every_index_string_inside_its_code_block(hostile_index,
-                                                                                 tmp_path, reason):
+def test_the_pull_request_body_keeps_every_index_string_inside_its_code_block(
+    hostile_index, tmp_path, reason
+):
     """The refresh workflow's own step, run by bash as the runner runs it, against an index
     whose yanked_reason for a transformers release the shipped matrix pins holds terminal
     escapes and Markdown: the body the pull request gets is the preamble and one code block,
@@ -192,8 +204,7 @@ def test_the_pull_request_body_keeps_every_index_string_inside_its_code_block(ho
     from envbuilder.upstream import refresh as R
 
     recorded = json.loads((PYPI_JSON / "transformers.json").read_text())["releases"]
-    pinned = sorted(v for v in R.named_versions(shipped().sections)["transformers"]
-                    if recorded.get(v))
+    pinned = sorted(v for v in R.named_versions(shipped().sections)["transformers"] if recorded.get(v))
     assert pinned
     base = hostile_index(yank("transformers", pinned[0], reason))
     step = _workflow_step("envbuild refresh --write-overlay refresh")
@@ -203,34 +214,48 @@ def test_the_pull_request_body_keeps_every_index_string_inside_its_code_block(ho
     work, runner_temp = tmp_path / "checkout", tmp_path / "runner-temp"
     work.mkdir()
     runner_temp.mkdir()
-    env = clean_env(INDEX=base, RUN_URL="https://github.com/o/r/actions/runs/1",
-                    RUNNER_TEMP=str(runner_temp), PATH=f"{bin_dir}:{os.environ['PATH']}",
-                    PYTHONPATH=str(Path(__file__).resolve().parent.parent))
-    p = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", step["run"]], cwd=work, env=env,
-                       capture_output=True, text=True, timeout=300)
+    env = clean_env(
+        INDEX=base,
+        RUN_URL="https://github.com/o/r/actions/runs/1",
+        RUNNER_TEMP=str(runner_temp),
+        PATH=f"{bin_dir}:{os.environ['PATH']}",
+        PYTHONPATH=str(Path(__file__).resolve().parent.parent),
+    )
+    p = subprocess.run(
+        ["bash", "-e", "-o", "pipefail", "-c", step["run"]],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr
     body = (runner_temp / "refresh-report.md").read_text()
     blocks = _fence_blocks(body)
     assert len(blocks) == 1, body
     first, last = blocks[0]
     lines = body.split("\n")
-    assert last < len(lines) and all(not ln.strip() for ln in lines[last + 1:]), body
-    inside = "\n".join(lines[first + 1:last])
+    assert last < len(lines) and all(not ln.strip() for ln in lines[last + 1 :]), body
+    inside = "\n".join(lines[first + 1 : last])
     assert f"transformers {pinned[0]} is yanked" in inside
     assert "[link](https://evil.example)" in inside  # (inert: inside the code block)
     assert unsafe_chars(body) == []
     assert (work / "refresh" / "refresh.yaml").is_file()
 
 
-def test_a_pin_the_matrix_schema_would_refuse_is_no_mechanical_fix(cli, frozen_matrix,
-                                                                   hostile_index, tmp_path):
+def test_a_pin_the_matrix_schema_would_refuse_is_no_mechanical_fix(
+    cli, frozen_matrix, hostile_index, tmp_path
+):
     """An exact pin PyPI's grammar takes (`===`, any characters) but the matrix's does not
     stays a TODO: it never reaches the overlay's live records (where the schema would refuse
     the whole file and the weekly job would fail)."""
+
     def edit(root):
         def change(d):
-            d["info"]["requires_dist"] = ["torch===2.6.0\u01c5" if r.startswith("torch==") else r
-                                          for r in d["info"]["requires_dist"]]
+            d["info"]["requires_dist"] = [
+                "torch===2.6.0\u01c5" if r.startswith("torch==") else r for r in d["info"]["requires_dist"]
+            ]
+
         edit_json(root, "vllm-0.8.5.post1", change)
 
     out = tmp_path / "proposed"
@@ -242,6 +267,7 @@ def test_a_pin_the_matrix_schema_would_refuse_is_no_mechanical_fix(cli, frozen_m
 
 
 # -- refresh --write-overlay into a folder that cannot take it ---------------------------------
+
 
 def _unavailable(why: str):
     if os.environ.get("CI") == "true":
@@ -260,8 +286,9 @@ def tmpfs(tmp_path):
             _unavailable("mounting a tmpfs needs root")
         mnt = tmp_path / f"disk{len(mounted)}"
         mnt.mkdir()
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", mnt],
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", options, "tmpfs", mnt], capture_output=True, text=True
+        )
         if r.returncode != 0:
             _unavailable(f"mount -t tmpfs failed: {r.stderr.strip()}")
         mounted.append(mnt)
@@ -272,11 +299,9 @@ def tmpfs(tmp_path):
         subprocess.run(["umount", "-l", mnt], check=False)
 
 
-def test_write_overlay_into_a_read_only_folder_is_one_paragraph(cli, frozen_matrix,
-                                                                hostile_index, tmpfs):
+def test_write_overlay_into_a_read_only_folder_is_one_paragraph(cli, frozen_matrix, hostile_index, tmpfs):
     ro = tmpfs("size=1m,ro")
-    code, out, err = cli("refresh", "--index-url", hostile_index(), "--write-overlay",
-                         ro / "proposed")
+    code, out, err = cli("refresh", "--index-url", hostile_index(), "--write-overlay", ro / "proposed")
     assert code == 2, err
     assert "--write-overlay" in err and "read-only" in err.lower() and "Traceback" not in err
     assert not any(ro.iterdir())
@@ -297,9 +322,9 @@ def _fill(disk: Path) -> Path:
     return filler
 
 
-def test_write_overlay_into_a_full_folder_is_one_paragraph_and_leaves_nothing(cli, frozen_matrix,
-                                                                               hostile_index,
-                                                                               tmpfs):
+def test_write_overlay_into_a_full_folder_is_one_paragraph_and_leaves_nothing(
+    cli, frozen_matrix, hostile_index, tmpfs
+):
     disk = tmpfs("size=1m")
     target = disk / "proposed"
     target.mkdir()
@@ -323,9 +348,21 @@ def test_write_overlay_into_a_full_folder_is_one_paragraph_and_leaves_nothing(cl
 # -- format specs in overlay patches ------------------------------------------------------------
 
 URL = "https://example.org/lab"
-BAD_TEMPLATES = ["{attention:>3000000}", "{attention:d}", "{attention!z}", "{attention!r}",
-                 "{attention.upper}", "{attention[0]}", "{}", "{0}", "{attention:{attention}}",
-                 "{attention", "attention}", "{ attention}", "{nope}"]
+BAD_TEMPLATES = [
+    "{attention:>3000000}",
+    "{attention:d}",
+    "{attention!z}",
+    "{attention!r}",
+    "{attention.upper}",
+    "{attention[0]}",
+    "{}",
+    "{0}",
+    "{attention:{attention}}",
+    "{attention",
+    "attention}",
+    "{ attention}",
+    "{nope}",
+]
 
 
 def _render(cli, folder, tmp_path, profile="p40"):
@@ -335,8 +372,9 @@ def _render(cli, folder, tmp_path, profile="p40"):
 @pytest.mark.parametrize("template", BAD_TEMPLATES)
 def test_a_patch_template_takes_name_placeholders_only(cli, overlay, tmp_path, template):
     patch = record("patches", "verl-hardcoded-fa2", source=URL)
-    patch["replace"] = [{"find": 'attn_implementation="flash_attention_2"',
-                         "with": f'attn_implementation="{template}"'}]
+    patch["replace"] = [
+        {"find": 'attn_implementation="flash_attention_2"', "with": f'attn_implementation="{template}"'}
+    ]
     folder = overlay({"patches": {"verl-hardcoded-fa2": patch}})
     code, out, err = _render(cli, folder, tmp_path)
     assert code == 2, err
@@ -347,8 +385,11 @@ def test_a_patch_template_takes_name_placeholders_only(cli, overlay, tmp_path, t
 
 @pytest.mark.parametrize("template", ["{attention:>3000000}", "{attention!s}", "{attention:d}"])
 def test_a_reviewed_holds_value_takes_name_placeholders_only(cli, overlay, tmp_path, template):
-    name = next(k for k, r in shipped().reviewed.items()
-                if any(isinstance(v, str) and "{attention}" in v for v in r["holds"].values()))
+    name = next(
+        k
+        for k, r in shipped().reviewed.items()
+        if any(isinstance(v, str) and "{attention}" in v for v in r["holds"].values())
+    )
     rv = record("reviewed", name, source=URL)
     rv["holds"] = {k: template for k in rv["holds"]}
     folder = overlay({"reviewed": {name: rv}})
@@ -359,8 +400,12 @@ def test_a_reviewed_holds_value_takes_name_placeholders_only(cli, overlay, tmp_p
 
 def test_placeholders_and_doubled_braces_still_fill_as_before(cli, overlay, tmp_path):
     patch = record("patches", "verl-hardcoded-fa2", source=URL)
-    patch["replace"] = [{"find": 'attn_implementation="flash_attention_2"',
-                         "with": 'attn_implementation="{attention}"  # {{literal}} {actor_dtype}'}]
+    patch["replace"] = [
+        {
+            "find": 'attn_implementation="flash_attention_2"',
+            "with": 'attn_implementation="{attention}"  # {{literal}} {actor_dtype}',
+        }
+    ]
     folder = overlay({"patches": {"verl-hardcoded-fa2": patch}})
     code, out, err = _render(cli, folder, tmp_path)
     assert code == 0, err
@@ -371,22 +416,33 @@ def test_placeholders_and_doubled_braces_still_fill_as_before(cli, overlay, tmp_
 
 # -- credentials never leave the secret path ---------------------------------------------------
 
+
 def creds(url: str) -> str:
     return url.replace("://", f"://{USER}:{SECRET}@", 1)
 
 
 def assert_no_secret(folder: Path) -> None:
     assert folder.is_dir(), f"{folder} was not written"
-    leaks = [str(p.relative_to(folder)) for p in sorted(folder.rglob("*"))
-             if p.is_file() and SECRET.encode() in p.read_bytes()]
+    leaks = [
+        str(p.relative_to(folder))
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and SECRET.encode() in p.read_bytes()
+    ]
     assert leaks == [], f"the password is written into {leaks}"
 
 
 def assert_secret_mounted(dockerfile: str) -> None:
     """Every RUN step that reads an endpoint mounts the `endpoints` secret and sources it."""
     steps = re.findall(r"^RUN .*?(?<!\\)$", dockerfile, flags=re.M | re.S)
-    readers = [s for s in steps if re.search(r"\$\{?(PIP_INDEX_URL|TORCH_INDEX_URL|APT_MIRROR|"
-                                             r"APEX_URL|FLASH_ATTN_RELEASE)", s)]
+    readers = [
+        s
+        for s in steps
+        if re.search(
+            r"\$\{?(PIP_INDEX_URL|TORCH_INDEX_URL|APT_MIRROR|"
+            r"APEX_URL|FLASH_ATTN_RELEASE)",
+            s,
+        )
+    ]
     assert readers
     for s in readers:
         assert "--mount=type=secret,id=endpoints" in s and ". /usr/local/bin/envbuild-secrets" in s
@@ -396,8 +452,13 @@ def secret_sourced(text: str, tmp_path: Path) -> dict:
     """The variables a RUN step has after sourcing the `endpoints` secret with this text."""
     f = tmp_path / "endpoints"
     f.write_text(text)
-    p = subprocess.run(["bash", "-c", f". {f} && env -0"], capture_output=True, text=True,
-                       env={"PATH": "/usr/bin:/bin"}, timeout=10)
+    p = subprocess.run(
+        ["bash", "-c", f". {f} && env -0"],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin"},
+        timeout=10,
+    )
     assert p.returncode == 0, p.stderr
     return dict(kv.split("=", 1) for kv in p.stdout.split("\0") if "=" in kv)
 
@@ -413,15 +474,15 @@ def no_config(monkeypatch, tmp_path):
     config._load.cache_clear()
 
 
-def test_credentials_in_overlay_defaults_reach_the_build_only_as_the_secret(cli, overlay, tmp_path,
-                                                                            no_config):
+def test_credentials_in_overlay_defaults_reach_the_build_only_as_the_secret(
+    cli, overlay, tmp_path, no_config
+):
     from envbuilder.model import matrix as M
     from envbuilder.model import mirrors
     from envbuilder.model.resolve import resolve
 
     pypi, hf = "https://pypi.corp.example/simple/", "https://hf.corp.example"
-    folder = overlay({"defaults": dict(shipped().defaults, pypi_index=creds(pypi),
-                                       huggingface=creds(hf))})
+    folder = overlay({"defaults": dict(shipped().defaults, pypi_index=creds(pypi), huggingface=creds(hf))})
     code, out, err = _render(cli, folder, tmp_path)
     assert code == 0, err
     out = tmp_path / "out" / "p40"
@@ -469,11 +530,21 @@ def test_credentials_in_a_from_file_are_written_into_no_rendered_file(cli, tmp_p
 def test_credentials_of_a_configured_mirror_set_stay_out_of_the_files(cli, tmp_path, no_config):
     """(Round one's case, kept: a mirror set in the user's config.)"""
     cfg = tmp_path / "config.yaml"
-    cfg.write_text(yaml.safe_dump({"mirrors": {"corp": {
-        "description": "corp", "pypi": [creds("https://pypi.corp.example/simple")],
-        "huggingface": [creds("https://hf.corp.example")],
-        "apt": [creds("http://apt.corp.example/ubuntu")],
-        "github": [creds("https://gh.corp.example")]}}}))
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "mirrors": {
+                    "corp": {
+                        "description": "corp",
+                        "pypi": [creds("https://pypi.corp.example/simple")],
+                        "huggingface": [creds("https://hf.corp.example")],
+                        "apt": [creds("http://apt.corp.example/ubuntu")],
+                        "github": [creds("https://gh.corp.example")],
+                    }
+                }
+            }
+        )
+    )
     no_config.setenv("ENVBUILD_CONFIG", str(cfg))
     from envbuilder import config
 
@@ -483,23 +554,35 @@ def test_credentials_of_a_configured_mirror_set_stay_out_of_the_files(cli, tmp_p
     assert_no_secret(tmp_path / "out" / "a100")
 
 
-def test_credentials_reach_no_bake_file_and_no_apptainer_definition(cli, overlay, tmp_path,
-                                                                   no_config):
-    folder = overlay({"defaults": dict(shipped().defaults,
-                                       pypi_index=creds("https://pypi.corp.example/simple"),
-                                       huggingface=creds("https://hf.corp.example"))})
+def test_credentials_reach_no_bake_file_and_no_apptainer_definition(cli, overlay, tmp_path, no_config):
+    folder = overlay(
+        {
+            "defaults": dict(
+                shipped().defaults,
+                pypi_index=creds("https://pypi.corp.example/simple"),
+                huggingface=creds("https://hf.corp.example"),
+            )
+        }
+    )
     code, out, err = cli("bake", "p40", "--matrix-dir", folder, "-o", tmp_path / "bake")
     assert code == 0, err
     assert_no_secret(tmp_path / "bake")
     digest = "sha256:" + "a" * 64
-    code, out, err = cli("apptainer", "p40", "--matrix-dir", folder, "--image",
-                         f"registry.example/envbuild/p40@{digest}", "-o", tmp_path / "p40.def")
+    code, out, err = cli(
+        "apptainer",
+        "p40",
+        "--matrix-dir",
+        folder,
+        "--image",
+        f"registry.example/envbuild/p40@{digest}",
+        "-o",
+        tmp_path / "p40.def",
+    )
     assert code == 0, err
     assert SECRET not in (tmp_path / "p40.def").read_text()
 
 
-def test_an_index_url_with_credentials_is_printed_as_stars(cli, frozen_matrix, hostile_index,
-                                                            tmp_path):
+def test_an_index_url_with_credentials_is_printed_as_stars(cli, frozen_matrix, hostile_index, tmp_path):
     base = hostile_index().replace("://", f"://{USER}:{SECRET}@")
     out_dir = tmp_path / "proposed"
     code, out, err = cli("refresh", "--index-url", base, "--write-overlay", out_dir)
@@ -514,6 +597,7 @@ def test_an_index_url_with_credentials_is_printed_as_stars(cli, frozen_matrix, h
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    code, out, err = cli("refresh", "--index-url", f"http://{USER}:{SECRET}@127.0.0.1:{port}",
-                         "--timeout", "2")
+    code, out, err = cli(
+        "refresh", "--index-url", f"http://{USER}:{SECRET}@127.0.0.1:{port}", "--timeout", "2"
+    )
     assert code == 1 and SECRET not in out + err and "***@127.0.0.1" in err, err

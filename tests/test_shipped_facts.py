@@ -47,7 +47,11 @@ def test_the_frozen_matrix_is_a_real_matrix_of_its_own():
 PUBLISHED = {
     "2.5.8": (["2.1.2", "2.2.2", "2.3.0"], ["3.8", "3.9", "3.10", "3.11"], ["11", "12"]),
     "2.6.3": (["2.2.2", "2.3.1", "2.4.0"], ["3.8", "3.9", "3.10", "3.11", "3.12"], ["11", "12"]),
-    "2.7.4.post1": (["2.2.2", "2.3.1", "2.4.0", "2.5.1", "2.6.0"], ["3.9", "3.10", "3.11", "3.12", "3.13"], ["12"]),
+    "2.7.4.post1": (
+        ["2.2.2", "2.3.1", "2.4.0", "2.5.1", "2.6.0"],
+        ["3.9", "3.10", "3.11", "3.12", "3.13"],
+        ["12"],
+    ),
     "2.8.3": (["2.4.0", "2.5.1", "2.6.0", "2.7.1", "2.8.0"], ["3.9", "3.10", "3.11", "3.12", "3.13"], ["12"]),
 }
 NOT_PUBLISHED = {"2.5.8": "2.4.0", "2.6.3": "2.5.1", "2.7.4.post1": "2.7.1", "2.8.3": "2.9.1"}
@@ -80,8 +84,13 @@ NEW_STACK = ("t4", "3090", "a100", "h100", "h200", "b200", "b300", "5090", "rtx-
 @pytest.mark.parametrize("profile", NEW_STACK)
 def test_current_gpus_default_to_the_newest_co_resolving_stack(profile):
     d = resolved(profile).to_dict()
-    assert (d["verl"]["version"], d["vllm"]["version"], d["torch"]["version"], d["cuda"]["version"],
-            d["python"]) == ("0.9.1", "0.24.0", "2.11.0", "13.0", "3.12")
+    assert (
+        d["verl"]["version"],
+        d["vllm"]["version"],
+        d["torch"]["version"],
+        d["cuda"]["version"],
+        d["python"],
+    ) == ("0.9.1", "0.24.0", "2.11.0", "13.0", "3.12")
     assert d["torch"]["index_url"] is None  # PyPI's own CUDA 13.0 build: no PyTorch index
     assert d["verl"]["rollout_mode"] == "async" and d["verl"]["critic_fsdp"] == "critic.fsdp"
     assert "vllm._C_stable_libtorch" in d["training_path"] and "vllm._C" not in d["training_path"]
@@ -92,31 +101,52 @@ def test_the_torch_2_11_arch_list_is_what_the_device_reported():
     """tests/fixtures/gpu/h200/device-run.log: torch.cuda.get_arch_list() of 2.11.0+cu130."""
     log = (FIXTURES / "gpu" / "h200" / "device-run.log").read_text()
     assert "arch_list 2.11.0+cu130 13.0 ['sm_75', 'sm_80', 'sm_86', 'sm_90', 'sm_100', 'sm_120']" in log
-    assert shipped().torch["2.11.0"]["builds"]["cu130"]["archs"] == \
-        ["7.5", "8.0", "8.6", "9.0", "10.0", "12.0"]
+    assert shipped().torch["2.11.0"]["builds"]["cu130"]["archs"] == [
+        "7.5",
+        "8.0",
+        "8.6",
+        "9.0",
+        "10.0",
+        "12.0",
+    ]
 
 
-@pytest.mark.parametrize("profile, previous", [("h100", ("0.6.1", "0.11.0", "2.8.0", "12.8")),
-                                                ("3090", ("0.6.1", "0.11.0", "2.8.0", "12.8")),
-                                                ("h100", ("0.4.1", "0.8.5", "2.6.0", "12.4"))])
+@pytest.mark.parametrize(
+    "profile, previous",
+    [
+        ("h100", ("0.6.1", "0.11.0", "2.8.0", "12.8")),
+        ("3090", ("0.6.1", "0.11.0", "2.8.0", "12.8")),
+        ("h100", ("0.4.1", "0.8.5", "2.6.0", "12.4")),
+    ],
+)
 def test_the_previous_stacks_stay_reachable_with_verl(profile, previous):
     d = resolved(profile, verl=previous[0]).to_dict()
-    assert (d["verl"]["version"], d["vllm"]["version"], d["torch"]["version"],
-            d["cuda"]["version"]) == previous
+    assert (
+        d["verl"]["version"],
+        d["vllm"]["version"],
+        d["torch"]["version"],
+        d["cuda"]["version"],
+    ) == previous
     assert d["verl"]["rollout_mode"] == "sync"
     assert d["verl"]["critic_fsdp"] == "critic.model.fsdp_config"
     if previous[0] == "0.6.1":  # its flash-attn 2.8.3 publishes wheels for torch 2.8
         assert d["flash_attn"]["version"] == "2.8.3" and d["attention"] == "flash_attention_2"
 
 
-@pytest.mark.parametrize("args, rule, words", [
-    ({"profile": "v100", "verl": "0.9.1"}, "arch", "no kernels for sm_70"),
-    ({"profile": "v100", "verl": "0.9.1"}, "vllm-cc", ">= 7.5"),
-    ({"profile": "h100", "vllm": "0.34.0", "torch": "2.14.0", "python": "3.10"}, "vllm-python",
-     "no wheels for Python 3.10"),
-    ({"profile": "4090", "verl": "0.9.1", "rollout": "hf"}, "rollout", "async"),
-    ({"profile": "p40", "verl": "0.9.1"}, "arch", "no kernels for sm_61"),
-])
+@pytest.mark.parametrize(
+    "args, rule, words",
+    [
+        ({"profile": "v100", "verl": "0.9.1"}, "arch", "no kernels for sm_70"),
+        ({"profile": "v100", "verl": "0.9.1"}, "vllm-cc", ">= 7.5"),
+        (
+            {"profile": "h100", "vllm": "0.34.0", "torch": "2.14.0", "python": "3.10"},
+            "vllm-python",
+            "no wheels for Python 3.10",
+        ),
+        ({"profile": "4090", "verl": "0.9.1", "rollout": "hf"}, "rollout", "async"),
+        ({"profile": "p40", "verl": "0.9.1"}, "arch", "no kernels for sm_61"),
+    ],
+)
 def test_what_cannot_work_on_todays_stack_is_refused_with_why(args, rule, words):
     from conftest import violations
 
@@ -125,8 +155,10 @@ def test_what_cannot_work_on_todays_stack_is_refused_with_why(args, rule, words)
     assert found[rule].hard and words in found[rule].text()
 
 
-@pytest.mark.parametrize("profile, says", [
-    ("v100", "no kernels for sm_70"), ("p40", "no kernels for sm_61"), ("4090", "also resolves")])
+@pytest.mark.parametrize(
+    "profile, says",
+    [("v100", "no kernels for sm_70"), ("p40", "no kernels for sm_61"), ("4090", "also resolves")],
+)
 def test_show_says_what_holds_an_older_profile_back(profile, says):
     from envbuilder.model.resolve import held_back
 
@@ -135,8 +167,9 @@ def test_show_says_what_holds_an_older_profile_back(profile, says):
     assert held_back(shipped(), "h100") == []
 
 
-@pytest.mark.parametrize("profile, mib", [("b200", 183359), ("b300", 275040), ("5090", 32607),
-                                          ("rtx-pro-6000", 97887)])
+@pytest.mark.parametrize(
+    "profile, mib", [("b200", 183359), ("b300", 275040), ("5090", 32607), ("rtx-pro-6000", 97887)]
+)
 def test_blackwell_memory_is_the_size_nvidia_smi_reports(profile, mib):
     d = resolved(profile).to_dict()
     assert shipped().memory["total_mib"][profile]["mib"] == mib

@@ -12,27 +12,52 @@ from envbuilder.render.files import smoke_command
 from envbuilder.errors import UserError
 from envbuilder.render.files import preflight_expectations, render_files
 
-VERL_041_HF = ["verl", "verl.trainer.main_ppo", "verl.workers.fsdp_workers",
-               "verl.workers.actor.dp_actor", "verl.workers.critic.dp_critic",
-               "verl.utils.dataset.rl_dataset", "verl.workers.reward_manager.naive",
-               "verl.utils.reward_score.gsm8k", "verl.workers.rollout.hf_rollout",
-               "verl.workers.sharding_manager.base"]
-VERL_061_VLLM = ["verl", "verl.trainer.main_ppo", "verl.workers.fsdp_workers",
-                 "verl.workers.actor.dp_actor", "verl.workers.critic.dp_critic",
-                 "verl.utils.dataset.rl_dataset", "verl.workers.reward_manager.naive",
-                 "verl.utils.reward_score.gsm8k",
-                 "verl.workers.rollout.vllm_rollout.vllm_rollout_spmd"]
+VERL_041_HF = [
+    "verl",
+    "verl.trainer.main_ppo",
+    "verl.workers.fsdp_workers",
+    "verl.workers.actor.dp_actor",
+    "verl.workers.critic.dp_critic",
+    "verl.utils.dataset.rl_dataset",
+    "verl.workers.reward_manager.naive",
+    "verl.utils.reward_score.gsm8k",
+    "verl.workers.rollout.hf_rollout",
+    "verl.workers.sharding_manager.base",
+]
+VERL_061_VLLM = [
+    "verl",
+    "verl.trainer.main_ppo",
+    "verl.workers.fsdp_workers",
+    "verl.workers.actor.dp_actor",
+    "verl.workers.critic.dp_critic",
+    "verl.utils.dataset.rl_dataset",
+    "verl.workers.reward_manager.naive",
+    "verl.utils.reward_score.gsm8k",
+    "verl.workers.rollout.vllm_rollout.vllm_rollout_spmd",
+]
 VLLM = ["vllm", "vllm._C"]
-VERL_091_VLLM = ["verl", "verl.trainer.main_ppo", "verl.trainer.ppo.ray_trainer",
-                 "verl.trainer.ppo.v1.trainer_sync", "verl.trainer.ppo.v1.agent_loop_tq",
-                 "transfer_queue", "verl.workers.engine_workers",
-                 "verl.workers.engine.fsdp.transformer_impl", "verl.workers.config.model",
-                 "verl.workers.utils.losses", "verl.utils.dataset.rl_dataset",
-                 "verl.experimental.reward_loop", "verl.experimental.reward_loop.reward_manager.naive",
-                 "verl.utils.reward_score.gsm8k", "verl.experimental.agent_loop",
-                 "verl.experimental.agent_loop.single_turn_agent_loop", "verl.checkpoint_engine",
-                 "verl.workers.rollout.replica", "verl.workers.rollout.llm_server",
-                 "verl.workers.rollout.vllm_rollout.vllm_async_server"]
+VERL_091_VLLM = [
+    "verl",
+    "verl.trainer.main_ppo",
+    "verl.trainer.ppo.ray_trainer",
+    "verl.trainer.ppo.v1.trainer_sync",
+    "verl.trainer.ppo.v1.agent_loop_tq",
+    "transfer_queue",
+    "verl.workers.engine_workers",
+    "verl.workers.engine.fsdp.transformer_impl",
+    "verl.workers.config.model",
+    "verl.workers.utils.losses",
+    "verl.utils.dataset.rl_dataset",
+    "verl.experimental.reward_loop",
+    "verl.experimental.reward_loop.reward_manager.naive",
+    "verl.utils.reward_score.gsm8k",
+    "verl.experimental.agent_loop",
+    "verl.experimental.agent_loop.single_turn_agent_loop",
+    "verl.checkpoint_engine",
+    "verl.workers.rollout.replica",
+    "verl.workers.rollout.llm_server",
+    "verl.workers.rollout.vllm_rollout.vllm_async_server",
+]
 VLLM_024 = ["vllm", "vllm._C_stable_libtorch"]  # (its compiled ops moved: vllm.yaml)
 FLASH_ATTN = ["flash_attn_2_cuda", "flash_attn.bert_padding"]
 APEX = ["apex", "apex_C", "amp_C", "fused_layer_norm_cuda"]
@@ -78,11 +103,20 @@ def test_the_rollout_decides_the_rollout_modules():
 
 
 def test_verl_050_with_the_vllm_rollout_takes_its_fsdp_vllm_sharding_manager():
-    p = path("p40", verl="0.5.0", rollout="vllm", allow_unsupported=True, torch="2.6.0",
-             cuda="12.4", without=["apex"])
+    p = path(
+        "p40",
+        verl="0.5.0",
+        rollout="vllm",
+        allow_unsupported=True,
+        torch="2.6.0",
+        cuda="12.4",
+        without=["apex"],
+    )
     assert p[:2] == VLLM
-    assert p[-2:] == ["verl.workers.rollout.vllm_rollout.vllm_rollout_spmd",
-                      "verl.workers.sharding_manager.fsdp_vllm"]
+    assert p[-2:] == [
+        "verl.workers.rollout.vllm_rollout.vllm_rollout_spmd",
+        "verl.workers.sharding_manager.fsdp_vllm",
+    ]
 
 
 def test_components_added_or_removed_change_the_compiled_modules():
@@ -105,26 +139,32 @@ def test_the_compiled_modules_come_before_verl_and_no_module_twice():
 
 def test_the_names_come_from_the_matrix_not_from_code(overlay):
     rec = verl_record("0.4.1")
-    rec["training_path"] = dict(rec["training_path"], modules=["verl", "verl.lab.trainer"],
-                                rollouts={"hf": ["verl.lab.rollout"]})
+    rec["training_path"] = dict(
+        rec["training_path"], modules=["verl", "verl.lab.trainer"], rollouts={"hf": ["verl.lab.rollout"]}
+    )
     m = M.load((overlay({"verl": {"0.4.1": rec}}),))
     assert resolved("4090", m).to_dict()["training_path"] == ["verl", "verl.lab.trainer", "verl.lab.rollout"]
 
 
 def test_a_rollout_without_a_recorded_training_path_is_a_hard_error(overlay):
     rec = verl_record("0.4.1")
-    rec["training_path"] = dict(rec["training_path"], rollouts={"vllm": rec["training_path"]["rollouts"]["vllm"]})
+    rec["training_path"] = dict(
+        rec["training_path"], rollouts={"vllm": rec["training_path"]["rollouts"]["vllm"]}
+    )
     m = M.load((overlay({"verl": {"0.4.1": rec}}),))
     v = violations("4090", m, allow_unsupported=True)
     assert v["training-path"].hard
     assert "verl.0.4.1.training_path.rollouts.hf" in v["training-path"].fix
 
 
-@pytest.mark.parametrize("bad, key", [
-    ({"modules": ["verl/trainer/main_ppo"]}, "training_path.modules[0]"),
-    ({"modules": ["verl.trainer.main_ppo; import os"]}, "training_path.modules[0]"),
-    ({"rollouts": {"hf": ["1verl"]}}, "training_path.rollouts.hf[0]"),
-])
+@pytest.mark.parametrize(
+    "bad, key",
+    [
+        ({"modules": ["verl/trainer/main_ppo"]}, "training_path.modules[0]"),
+        ({"modules": ["verl.trainer.main_ppo; import os"]}, "training_path.modules[0]"),
+        ({"rollouts": {"hf": ["1verl"]}}, "training_path.rollouts.hf[0]"),
+    ],
+)
 def test_a_module_name_that_is_not_a_dotted_python_name_is_refused(overlay, bad, key):
     rec = verl_record("0.4.1")
     rec["training_path"] = dict(rec["training_path"], **bad)
@@ -144,8 +184,9 @@ def test_a_release_must_record_its_training_path(overlay):
 
 def test_a_training_path_for_a_rollout_the_release_lacks_is_refused(overlay):
     rec = verl_record("0.6.1")
-    rec["training_path"] = dict(rec["training_path"],
-                                rollouts=dict(rec["training_path"]["rollouts"], hf=["verl.x"]))
+    rec["training_path"] = dict(
+        rec["training_path"], rollouts=dict(rec["training_path"]["rollouts"], hf=["verl.x"])
+    )
     with pytest.raises(UserError) as e:
         M.load((overlay({"verl": {"0.6.1": rec}}),))
     assert "verl.0.6.1.training_path.rollouts.hf" in str(e.value) and "no 'hf' rollout" in str(e.value)
@@ -155,8 +196,12 @@ def test_every_training_path_fact_names_its_source():
     m = shipped()
     for key, rec in m.verl.items():
         assert rec["training_path"]["source"].startswith(f"https://pypi.org/project/verl/{key}/")
-    for section in (m.flash_attn["training_path"], m.apex["training_path"], m.vllm_training_path,
-                    m.cuda_compat):
+    for section in (
+        m.flash_attn["training_path"],
+        m.apex["training_path"],
+        m.vllm_training_path,
+        m.cuda_compat,
+    ):
         assert section["source"]
 
 

@@ -24,8 +24,14 @@ import yaml
 from conftest import clean_env, envbuild_exe, frozen, resolved
 from envbuilder.model import matrix as M
 from envbuilder.cli.verify import table
-from envbuilder.machine.verify import (check_overrides, hydra_error, import_plan, local_pins,
-                               parse_printed_config, swap_line)
+from envbuilder.machine.verify import (
+    check_overrides,
+    hydra_error,
+    import_plan,
+    local_pins,
+    parse_printed_config,
+    swap_line,
+)
 from httpfixtures import closed_port_url
 
 for module in ("pypiserver", "hydra", "uv"):
@@ -74,17 +80,34 @@ class World:
         self.pypi.__exit__(*exc)
 
 
-def verify(world: World, *args, tmp: Path, env: dict | None = None, cuda: str | None = None,
-           popen: bool = False, cwd: Path | None = None):
+def verify(
+    world: World,
+    *args,
+    tmp: Path,
+    env: dict | None = None,
+    cuda: str | None = None,
+    popen: bool = False,
+    cwd: Path | None = None,
+):
     """Run the installed `envbuild verify tiny` in a fresh process, its temporary directories
     under `tmp`, uv's cache beside them (the developer's cache stays untouched)."""
     (tmp / "tmp").mkdir(parents=True, exist_ok=True)
-    cmd = [envbuild_exe(), "verify", "tiny", "--matrix-dir", str(world.overlay), "--index-url",
-           world.pypi.url, *(["--cuda", cuda] if cuda else []), *map(str, args)]
+    cmd = [
+        envbuild_exe(),
+        "verify",
+        "tiny",
+        "--matrix-dir",
+        str(world.overlay),
+        "--index-url",
+        world.pypi.url,
+        *(["--cuda", cuda] if cuda else []),
+        *map(str, args),
+    ]
     e = clean_env(TMPDIR=str(tmp / "tmp"), UV_CACHE_DIR=str(tmp / "uv-cache"), **(env or {}))
     if popen:
-        return subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, cwd=cwd)
+        return subprocess.Popen(
+            cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd
+        )
     return subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=TIMEOUT, cwd=cwd)
 
 
@@ -93,12 +116,16 @@ def venv_python(venv: Path) -> str:
 
 
 def installed_version(venv: Path, dist: str) -> str:
-    return subprocess.run([venv_python(venv), "-c", "import importlib.metadata as m, sys; "
-                           "print(m.version(sys.argv[1]))", dist], capture_output=True,
-                          text=True, check=True).stdout.strip()
+    return subprocess.run(
+        [venv_python(venv), "-c", "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))", dist],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
 
 
 # ---- the happy path, once, shared by the tests that read it ------------------------------------
+
 
 @pytest.fixture(scope="module")
 def happy(tmp_path_factory):
@@ -106,20 +133,34 @@ def happy(tmp_path_factory):
     host's pip and uv settings pointed at things that would break an install that read them."""
     root = tmp_path_factory.mktemp("verify-happy")
     bad_conf = root / "pip.conf"
-    bad_conf.write_text("[global]\nindex-url = http://127.0.0.1:9/simple\nconstraint = "
-                        f"{root / 'no-such-constraints.txt'}\n")
-    hostile = {"PIP_CONFIG_FILE": str(bad_conf), "PIP_INDEX_URL": "http://127.0.0.1:9/simple",
-               "PIP_CONSTRAINT": str(root / "no-such.txt"), "PIP_FIND_LINKS": str(root),
-               "UV_INDEX_URL": "http://127.0.0.1:9/simple", "UV_CONSTRAINT": str(root / "nope.txt")}
+    bad_conf.write_text(
+        f"[global]\nindex-url = http://127.0.0.1:9/simple\nconstraint = {root / 'no-such-constraints.txt'}\n"
+    )
+    hostile = {
+        "PIP_CONFIG_FILE": str(bad_conf),
+        "PIP_INDEX_URL": "http://127.0.0.1:9/simple",
+        "PIP_CONSTRAINT": str(root / "no-such.txt"),
+        "PIP_FIND_LINKS": str(root),
+        "UV_INDEX_URL": "http://127.0.0.1:9/simple",
+        "UV_CONSTRAINT": str(root / "nope.txt"),
+    }
     with World(root, cuda="11.8") as w:
         keep = root / "venv"
         t0 = time.monotonic()
-        proc = verify(w, "--json", "--keep", keep, "--torch-index-url",
-                      closed_port_url("whl/cu118"), tmp=root, env=hostile, cuda="11.8")
+        proc = verify(
+            w,
+            "--json",
+            "--keep",
+            keep,
+            "--torch-index-url",
+            closed_port_url("whl/cu118"),
+            tmp=root,
+            env=hostile,
+            cuda="11.8",
+        )
         seconds = time.monotonic() - t0
     report = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else None
-    return {"proc": proc, "report": report, "keep": keep, "world": w, "root": root,
-            "seconds": seconds}
+    return {"proc": proc, "report": report, "keep": keep, "world": w, "root": root, "seconds": seconds}
 
 
 def test_happy_path_passes_every_step(happy):
@@ -140,11 +181,11 @@ def test_torch_index_unreachable_swaps_the_cu_pins_and_says_so(happy):
     (r,) = happy["report"]["profiles"]
     assert r["torch_swapped"] == "2.6.0+cu118 -> 2.6.0 (PyPI; the PyTorch index is unreachable)"
     assert r["torch_index_url"] is None
-    assert r["layers"][0]["requirements"] == ["torch==2.6.0", "torchvision==0.21.0",
-                                              "torchaudio==2.6.0"]
+    assert r["layers"][0]["requirements"] == ["torch==2.6.0", "torchvision==0.21.0", "torchaudio==2.6.0"]
     assert installed_version(happy["keep"], "torch") == "2.6.0"
-    assert "torch 2.6.0+cu118 -> 2.6.0 (PyPI; the PyTorch index is unreachable)" in \
-        table(happy["report"]["profiles"])
+    assert "torch 2.6.0+cu118 -> 2.6.0 (PyPI; the PyTorch index is unreachable)" in table(
+        happy["report"]["profiles"]
+    )
 
 
 def test_the_hosts_pip_and_uv_settings_do_not_reach_the_installs(happy):
@@ -160,8 +201,12 @@ def test_layers_install_in_the_dockerfile_order_with_progress(happy):
     order = [err.index(f"[tiny] layer {name}: uv pip install") for name in ("torch", "verl-deps", "verl")]
     assert order == sorted(order)
     assert "[tiny]   layer torch: Installed " in err  # uv's own summary, forwarded
-    assert err.index("layer verl: installed") < err.index("[tiny] patches:") < \
-        err.index("[tiny] import ") < err.index("[tiny] compose:")
+    assert (
+        err.index("layer verl: installed")
+        < err.index("[tiny] patches:")
+        < err.index("[tiny] import ")
+        < err.index("[tiny] compose:")
+    )
 
 
 def test_patches_are_applied_before_the_imports(happy):
@@ -194,10 +239,13 @@ def test_the_run_scripts_overrides_compose_with_verls_hydra_config(happy):
     block = script.split("\nargs=(\n", 1)[1].split("\n)\n", 1)[0]
     n_args = sum(1 for ln in block.splitlines() if "=" in ln and not ln.strip().startswith("#"))
     assert c["overrides"] == n_args and c["checked"] == n_args and c["mismatches"] == []
-    assert c["values"] == {"actor_rollout_ref.rollout.name": "hf",
-                           "actor_rollout_ref.rollout.dtype": "bfloat16",
-                           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu":
-                               d["memory"]["batch"]["actor_ppo_micro_batch_size_per_gpu"]}
+    assert c["values"] == {
+        "actor_rollout_ref.rollout.name": "hf",
+        "actor_rollout_ref.rollout.dtype": "bfloat16",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": d["memory"]["batch"][
+            "actor_ppo_micro_batch_size_per_gpu"
+        ],
+    }
 
 
 def test_keep_leaves_the_venv_and_nothing_else(happy):
@@ -217,6 +265,7 @@ def test_table_has_one_row_per_profile(happy):
 
 # ---- the branches that fail ---------------------------------------------------------------------
 
+
 def test_conflict_import_error_and_rejected_override_are_each_reported(tmp_path):
     """accelerate (verl-deps layer) moves a package torchvision (torch layer) pinned: pip check
     fails after verl-deps; verl's FSDP workers raise on import; verl's config lacks a key the script
@@ -235,9 +284,9 @@ def test_conflict_import_error_and_rejected_override_are_each_reported(tmp_path)
     assert not check["ok"]
     assert any("torchvision" in p and "envbuild-shared" in p for p in check["problems"]), check
     imports = {i["module"]: i for i in r["imports"]}
-    assert imports["verl.workers.fsdp_workers"]["error"] == ("RuntimeError: libcuda.so.1: cannot open shared "
-                                                             "object file: No such file or "
-                                                             "directory")
+    assert imports["verl.workers.fsdp_workers"]["error"] == (
+        "RuntimeError: libcuda.so.1: cannot open shared object file: No such file or directory"
+    )
     assert imports["verl"]["ok"] and imports["verl.trainer.main_ppo"]["ok"]
     c = r["compose"]
     assert not c["ok"]
@@ -249,8 +298,7 @@ def test_conflict_import_error_and_rejected_override_are_each_reported(tmp_path)
 
 
 def test_a_layer_that_cannot_install_stops_the_later_ones(tmp_path):
-    pins = {"hydra-core": V.md.version("hydra-core"), "transformers": "4.51.3",
-            "accelerate": "1.7.0"}
+    pins = {"hydra-core": V.md.version("hydra-core"), "transformers": "4.51.3", "accelerate": "1.7.0"}
     with World(tmp_path, pins=pins) as w:
         # the index has no transformers 9.9.9: the verl-deps layer cannot resolve
         write_overlay(w.overlay, V.overlay_doc({**pins, "transformers": "9.9.9"}))
@@ -277,12 +325,16 @@ def test_the_lock_of_the_profiles_plan_constrains_the_installs(tmp_path):
         lock = tmp_path / "cwd" / "lockfiles" / "tiny"
         lock.mkdir(parents=True)
         hydra = V.md.version("hydra-core")  # what the stand-in world pins; omegaconf under it
-        text = (f"hydra-core=={hydra}\n    # via -r requirements.in\n"
-                "omegaconf==0.0.1\n    # via hydra-core\n")
+        text = f"hydra-core=={hydra}\n    # via -r requirements.in\nomegaconf==0.0.1\n    # via hydra-core\n"
         (lock / "requirements.lock").write_text(text, encoding="utf-8")
-        (lock / "lock.json").write_text(json.dumps({
-            "plan_sha256": plan_sha256(w.env),
-            "files": {"requirements.lock": hashlib.sha256(text.encode()).hexdigest()}}))
+        (lock / "lock.json").write_text(
+            json.dumps(
+                {
+                    "plan_sha256": plan_sha256(w.env),
+                    "files": {"requirements.lock": hashlib.sha256(text.encode()).hexdigest()},
+                }
+            )
+        )
         proc = verify(w, "--json", "--skip-compose", tmp=tmp_path, cwd=tmp_path / "cwd")
     assert proc.returncode == 1, proc.stderr[-3000:]
     (r,) = json.loads(proc.stdout)["profiles"]
@@ -294,8 +346,17 @@ def test_the_lock_of_the_profiles_plan_constrains_the_installs(tmp_path):
 
 def test_a_reachable_torch_index_keeps_the_cu_builds(tmp_path):
     with World(tmp_path, cuda="11.8") as w:
-        proc = verify(w, "--json", "--skip-compose", "--keep", tmp_path / "venv",
-                      "--torch-index-url", w.torch.url, tmp=tmp_path, cuda="11.8")
+        proc = verify(
+            w,
+            "--json",
+            "--skip-compose",
+            "--keep",
+            tmp_path / "venv",
+            "--torch-index-url",
+            w.torch.url,
+            tmp=tmp_path,
+            cuda="11.8",
+        )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (r,) = json.loads(proc.stdout)["profiles"]
     assert r["torch_swapped"] is None and r["torch_index_url"] == w.torch.url
@@ -327,29 +388,37 @@ def test_ctrl_c_stops_the_install_and_removes_the_venv(tmp_path):
 
 # ---- bad input: exit 2, one paragraph, nothing installed -----------------------------------------
 
+
 def test_no_interpreter_for_the_profiles_python_is_exit_2(tmp_path):
     doc = V.overlay_doc()
     for rec in doc["cuda"].values():
         rec["python"] = "3.99"
     doc["torch"]["2.6.0"]["python"] = doc["torch"]["2.6.0"]["python"] + ["3.99"]
     overlay = write_overlay(tmp_path / "overlay", doc)
-    proc = subprocess.run([envbuild_exe(), "verify", "tiny", "--matrix-dir", str(overlay)],
-                          env=clean_env(TMPDIR=str(tmp_path)), capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [envbuild_exe(), "verify", "tiny", "--matrix-dir", str(overlay)],
+        env=clean_env(TMPDIR=str(tmp_path)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "No Python 3.99 interpreter" in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr and list(tmp_path.glob("envbuild-verify-*")) == []
 
 
-@pytest.mark.parametrize("args, text", [
-    (["nope"], "Unknown profile 'nope'"),
-    ([], "Name one or more profiles, or --all"),
-    (["p40", "--all"], "Name one or more profiles, or --all"),
-    (["p40", "--index-url", "not a url"], "is not an index URL"),
-    (["p40", "--torch-index-url", "ftp://x"], "is not an index URL"),
-    (["p40", "--rollout", "vllm"], "vLLM"),
-])
+@pytest.mark.parametrize(
+    "args, text",
+    [
+        (["nope"], "Unknown profile 'nope'"),
+        ([], "Name one or more profiles, or --all"),
+        (["p40", "--all"], "Name one or more profiles, or --all"),
+        (["p40", "--index-url", "not a url"], "is not an index URL"),
+        (["p40", "--torch-index-url", "ftp://x"], "is not an index URL"),
+        (["p40", "--rollout", "vllm"], "vLLM"),
+    ],
+)
 def test_bad_input_is_exit_2_without_a_traceback(run_envbuild, args, text):
     proc = run_envbuild("verify", *args)
     assert proc.returncode == 2, proc.stderr
@@ -366,12 +435,15 @@ def test_keep_into_a_non_empty_directory_is_refused(run_envbuild, tmp_path):
 
 # ---- the pure parts -------------------------------------------------------------------------------
 
+
 def test_local_pins_and_swap_keep_everything_but_the_label():
     pins = local_pins(["torch==2.6.0+cu118", "torchvision==0.21.0+cu118", "numpy==1.26.4"])
     assert pins == {"torch": ("2.6.0+cu118", "2.6.0"), "torchvision": ("0.21.0+cu118", "0.21.0")}
     assert swap_line("torch==2.6.0+cu118", pins) == "torch==2.6.0"
-    assert swap_line("Torch==2.6.0+cu118 ; python_version >= '3.9'", pins) == \
-        "Torch==2.6.0 ; python_version >= '3.9'"
+    assert (
+        swap_line("Torch==2.6.0+cu118 ; python_version >= '3.9'", pins)
+        == "Torch==2.6.0 ; python_version >= '3.9'"
+    )
     assert swap_line("torch==2.6.0+cu124", pins) == "torch==2.6.0+cu124"  # not the swapped pin
     assert swap_line("numpy==1.26.4", pins) == "numpy==1.26.4"
     assert local_pins(resolved("4090").to_dict()["torch"]["packages"]) == {}
@@ -400,37 +472,51 @@ def test_a_stub_libcuda_lets_a_module_linked_against_the_driver_load(tmp_path):
     pkg = tmp_path / "site" / "ext"
     pkg.mkdir(parents=True)
     (tmp_path / "user.c").write_text(
-        "int cuInit(unsigned); int cudaFree(void*);\n"
-        "int probe(void) { return cuInit(0); }\n")
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(pkg / "_C.so"), str(tmp_path / "user.c"),
-                    f"-L{link}", "-l:libcuda.so.1", "-Wl,--allow-shlib-undefined"], check=True)
+        "int cuInit(unsigned); int cudaFree(void*);\nint probe(void) { return cuInit(0); }\n"
+    )
+    subprocess.run(
+        [
+            "cc",
+            "-shared",
+            "-fPIC",
+            "-o",
+            str(pkg / "_C.so"),
+            str(tmp_path / "user.c"),
+            f"-L{link}",
+            "-l:libcuda.so.1",
+            "-Wl,--allow-shlib-undefined",
+        ],
+        check=True,
+    )
     (pkg / "plain.so").write_bytes((pkg / "_C.so").read_bytes().replace(b"libcuda.so.1", b"libcudx.so.1"))
     users = libcuda_users(tmp_path / "site", {"ext", "absent"})
     assert users == {pkg / "_C.so": {"cuInit"}}  # not cudaFree (the runtime's), not plain.so
 
-    load = ("import ctypes, os, sys; lib = ctypes.CDLL(sys.argv[1], mode=os.RTLD_NOW); "
-            "print(lib.probe())")
+    load = "import ctypes, os, sys; lib = ctypes.CDLL(sys.argv[1], mode=os.RTLD_NOW); print(lib.probe())"
     env = clean_env()
     env.pop("LD_LIBRARY_PATH", None)
-    bare = subprocess.run([sys.executable, "-c", load, str(pkg / "_C.so")], env=env,
-                          capture_output=True, text=True)
+    bare = subprocess.run(
+        [sys.executable, "-c", load, str(pkg / "_C.so")], env=env, capture_output=True, text=True
+    )
     assert bare.returncode != 0 and "libcuda.so.1" in bare.stderr
     stub = tmp_path / "stub"
     assert build_libcuda_stub(sorted(users[pkg / "_C.so"]), stub) is True
-    loaded = subprocess.run([sys.executable, "-c", load, str(pkg / "_C.so")],
-                            env={**env, "LD_LIBRARY_PATH": str(stub)}, capture_output=True, text=True)
+    loaded = subprocess.run(
+        [sys.executable, "-c", load, str(pkg / "_C.so")],
+        env={**env, "LD_LIBRARY_PATH": str(stub)},
+        capture_output=True,
+        text=True,
+    )
     assert loaded.returncode == 0, loaded.stderr
     assert loaded.stdout.strip() == "34"  # CUDA_ERROR_STUB_LIBRARY: the driver is never reached
 
 
 def test_check_overrides_compares_values_as_hydra_parses_them():
-    cfg = {"a": {"b": 1e-06, "c": False, "d": [ "console"], "e": "fp32", "n": None, "i": 2}}
-    args = ["a.b=1e-6", "a.c=False", "a.d=[console]", "++a.e=fp32", "a.n=null", "a.i=2",
-            "~a.x", "a.f=${a.e}"]
+    cfg = {"a": {"b": 1e-06, "c": False, "d": ["console"], "e": "fp32", "n": None, "i": 2}}
+    args = ["a.b=1e-6", "a.c=False", "a.d=[console]", "++a.e=fp32", "a.n=null", "a.i=2", "~a.x", "a.f=${a.e}"]
     assert check_overrides(cfg, args) == (6, [])
     n, wrong = check_overrides(cfg, ["a.i=3", "+a.missing=1", "a.d=[console,wandb]"])
-    assert n == 3 and [w["override"] for w in wrong] == ["a.i=3", "+a.missing=1",
-                                                           "a.d=[console,wandb]"]
+    assert n == 3 and [w["override"] for w in wrong] == ["a.i=3", "+a.missing=1", "a.d=[console,wandb]"]
     assert wrong[1]["composed"] is None and wrong[0]["composed"] == "2"
 
 
@@ -441,24 +527,34 @@ def test_printed_config_is_found_after_import_noise():
 
 
 def test_hydra_error_keeps_hydras_message_or_a_tracebacks_last_line():
-    err = ("Could not override 'x.y'.\nTo append to your config use +x.y=1\nKey 'y' is not in "
-           "struct\n    full_key: x.y\n\nSet the environment variable HYDRA_FULL_ERROR=1 for a "
-           "complete stack trace.\n")
-    assert hydra_error(err) == ("Could not override 'x.y'. / To append to your config use "
-                                "+x.y=1 / Key 'y' is not in struct")
-    tb = "Traceback (most recent call last):\n  File \"x\", line 1\nImportError: no ray\n"
+    err = (
+        "Could not override 'x.y'.\nTo append to your config use +x.y=1\nKey 'y' is not in "
+        "struct\n    full_key: x.y\n\nSet the environment variable HYDRA_FULL_ERROR=1 for a "
+        "complete stack trace.\n"
+    )
+    assert hydra_error(err) == (
+        "Could not override 'x.y'. / To append to your config use +x.y=1 / Key 'y' is not in struct"
+    )
+    tb = 'Traceback (most recent call last):\n  File "x", line 1\nImportError: no ray\n'
     assert hydra_error(tb) == "ImportError: no ray"
 
 
 def test_render_does_not_load_verify():
-    code = ("import sys; from envbuilder.cli import main\n"
-            "try:\n    main(['render', 'p40', '-o', sys.argv[1]])\nexcept SystemExit:\n    pass\n"
-            "print(sorted(m for m in sys.modules if m.startswith('envbuilder')))")
+    code = (
+        "import sys; from envbuilder.cli import main\n"
+        "try:\n    main(['render', 'p40', '-o', sys.argv[1]])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in sys.modules if m.startswith('envbuilder')))"
+    )
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        out = subprocess.run([sys.executable, "-c", code, str(Path(tmp) / "o")],
-                             capture_output=True, text=True, env=clean_env(), check=True).stdout
+        out = subprocess.run(
+            [sys.executable, "-c", code, str(Path(tmp) / "o")],
+            capture_output=True,
+            text=True,
+            env=clean_env(),
+            check=True,
+        ).stdout
     assert "envbuilder.machine.verify" not in out and "envbuilder.cli.verify" not in out
 
 
@@ -472,8 +568,13 @@ REAL_PROFILES = os.environ.get("ENVBUILD_VERIFY_PROFILES", "4090").split(",")
 def test_real_install_of_a_shipped_profile(profile, tmp_path):
     """The profile's real pins from PyPI (GBs): every layer installs with a clean pip check,
     every module of the training path imports, and verl's own config accepts the script."""
-    proc = subprocess.run([envbuild_exe(), "verify", profile, "--json"], capture_output=True,
-                          text=True, timeout=3600, env=clean_env(TMPDIR=str(tmp_path)))
+    proc = subprocess.run(
+        [envbuild_exe(), "verify", profile, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        env=clean_env(TMPDIR=str(tmp_path)),
+    )
     assert proc.stdout.strip(), f"no report (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
     (r,) = json.loads(proc.stdout)["profiles"]
     assert r["failures"] == [] and proc.returncode == 0, "\n".join(r["failures"])

@@ -79,13 +79,19 @@ def test_export_holds_every_pinned_file_verified(exported, p40_lock):
 def test_install_sh_installs_the_pip_part_with_no_index(exported, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
     env.update(PYTHON=_python310(), PIP_CONFIG_FILE=os.devnull, PATH="/usr/bin:/bin")
-    r = subprocess.run([str(exported / "install.sh"), "--prefix", str(tmp_path / "env")], env=env,
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [str(exported / "install.sh"), "--prefix", str(tmp_path / "env")],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "skipping the conda part" in r.stderr  # no micromamba here: said, not hidden
-    check = subprocess.run([tmp_path / "env" / "bin" / "python", "-c",
-                            "import torch, verl; print(torch.__version__)"], capture_output=True,
-                           text=True)
+    check = subprocess.run(
+        [tmp_path / "env" / "bin" / "python", "-c", "import torch, verl; print(torch.__version__)"],
+        capture_output=True,
+        text=True,
+    )
     assert check.stdout.strip() == "2.6.0+cu118"
 
 
@@ -103,22 +109,37 @@ def test_install_sh_finds_the_locks_python_or_refuses_before_installing_anything
     (bins / "python3").symlink_to(sys.executable)  # a Python 3.11, as on the field report
     other = f"{sys.version_info[0]}.{sys.version_info[1]}"
     assert other != "3.10"
-    r = subprocess.run([str(exported / "install.sh"), "--prefix", str(tmp_path / "a")],
-                       env=dict(base, PATH=f"{bins}:/usr/bin:/bin"), capture_output=True, text=True)
+    r = subprocess.run(
+        [str(exported / "install.sh"), "--prefix", str(tmp_path / "a")],
+        env=dict(base, PATH=f"{bins}:/usr/bin:/bin"),
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2, r.stderr
     assert f"the p40 lock is for Python 3.10, and python3 is Python {other}" in r.stderr
     assert "PYTHON=/path/to/python3.10" in r.stderr and not (tmp_path / "a").exists()
-    r = subprocess.run([str(exported / "install.sh"), "--prefix", str(tmp_path / "b")],
-                       env=dict(base, PATH="/usr/bin:/bin", PYTHON=sys.executable),
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [str(exported / "install.sh"), "--prefix", str(tmp_path / "b")],
+        env=dict(base, PATH="/usr/bin:/bin", PYTHON=sys.executable),
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and f"is Python {other}" in r.stderr and not (tmp_path / "b").exists()
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "c")], check=True)
-    r = subprocess.run([str(exported / "install.sh"), "--prefix", str(tmp_path / "c")],
-                       env=dict(base, PATH="/usr/bin:/bin"), capture_output=True, text=True)
+    r = subprocess.run(
+        [str(exported / "install.sh"), "--prefix", str(tmp_path / "c")],
+        env=dict(base, PATH="/usr/bin:/bin"),
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and str(tmp_path / "c" / "bin" / "python") in r.stderr
     (bins / "python3.10").symlink_to(_python310())  # found by name, with no PYTHON
-    r = subprocess.run([str(exported / "install.sh"), "--prefix", str(tmp_path / "d")],
-                       env=dict(base, PATH=f"{bins}:/usr/bin:/bin"), capture_output=True, text=True)
+    r = subprocess.run(
+        [str(exported / "install.sh"), "--prefix", str(tmp_path / "d")],
+        env=dict(base, PATH=f"{bins}:/usr/bin:/bin"),
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "from python3.10 (Python 3.10)" in r.stderr
 
@@ -127,9 +148,14 @@ def test_the_conda_part_is_a_channel_rattler_solves_offline(exported, p40_lock):
     from envbuilder.lock.rattler_worker import call
 
     meta = json.loads((p40_lock / "lock.json").read_text())
-    result = call({"channels": [(exported / "conda").as_uri()], "specs": ["cuda-nvcc 11.8.*", "python 3.10.*"],
-                   "platforms": ["linux-64", "noarch"],
-                   "virtual_packages": meta["target"]["virtual_packages"]})
+    result = call(
+        {
+            "channels": [(exported / "conda").as_uri()],
+            "specs": ["cuda-nvcc 11.8.*", "python 3.10.*"],
+            "platforms": ["linux-64", "noarch"],
+            "virtual_packages": meta["target"]["virtual_packages"],
+        }
+    )
     assert "ok" in result, result
     urls = {r["url"] for r in result["ok"]}
     assert all(u.startswith((exported / "conda").as_uri()) for u in urls)
@@ -139,8 +165,9 @@ def test_the_conda_part_is_a_channel_rattler_solves_offline(exported, p40_lock):
 
 def test_a_second_export_downloads_nothing(world, exported, p40_lock, capsys):
     before = json.loads((exported / "manifest.json").read_text())
-    code, out, _ = envbuild(capsys, "wheelhouse", "p40", "--lock-dir", p40_lock, "-o", exported,
-                            *github(world))
+    code, out, _ = envbuild(
+        capsys, "wheelhouse", "p40", "--lock-dir", p40_lock, "-o", exported, *github(world)
+    )
     assert code == 0
     assert " 0 downloaded (0.0 MB)" in out
     assert json.loads((exported / "manifest.json").read_text()) == before
@@ -155,15 +182,18 @@ def test_a_dropped_connection_resumes_with_a_range_request(world, p40_lock, tmp_
     blobs = {name: requests.get(url, timeout=10).content for name, url in urls.items()}
     with FileServer(blobs, script={torch: ["drop"]}) as srv:
         lock = relocated_lock(p40_lock, tmp_path / "lock", srv.url("").rstrip("/"))
-        code, out, err = envbuild(capsys, "wheelhouse", "p40", "--lock-dir", lock, "-o",
-                                  tmp_path / "wh", *github(world))
+        code, out, err = envbuild(
+            capsys, "wheelhouse", "p40", "--lock-dir", lock, "-o", tmp_path / "wh", *github(world)
+        )
         ranges = [r.range for r in srv.requests_for(torch)]
     assert code == 0, err
     assert ranges[0] is None and ranges[1] and ranges[1].startswith("bytes=") and ranges[1] != "bytes=0-"
     assert (tmp_path / "wh" / "pypi" / files[torch]).read_bytes() == blobs[torch]
 
 
-def test_a_file_whose_hash_never_matches_fails_and_stays_out_of_the_manifest(world, p40_lock, tmp_path, capsys):
+def test_a_file_whose_hash_never_matches_fails_and_stays_out_of_the_manifest(
+    world, p40_lock, tmp_path, capsys
+):
     import requests
 
     urls = pip_urls(p40_lock)
@@ -171,8 +201,9 @@ def test_a_file_whose_hash_never_matches_fails_and_stays_out_of_the_manifest(wor
     bad = next(n for n in urls if n.startswith("transformers-"))
     with FileServer(blobs, script={bad: ["corrupt"] * 50}) as srv:
         lock = relocated_lock(p40_lock, tmp_path / "lock", srv.url("").rstrip("/"))
-        code, out, err = envbuild(capsys, "wheelhouse", "p40", "--lock-dir", lock, "-o",
-                                  tmp_path / "wh", *github(world))
+        code, out, err = envbuild(
+            capsys, "wheelhouse", "p40", "--lock-dir", lock, "-o", tmp_path / "wh", *github(world)
+        )
     assert code == 1
     bad_file = unquote(bad)
     assert bad_file in err and "sha256" in err and "Traceback" not in err
@@ -184,13 +215,13 @@ def test_a_file_whose_hash_never_matches_fails_and_stays_out_of_the_manifest(wor
 
 
 def test_tar_packs_the_wheelhouse_reproducibly(world, exported, p40_lock, tmp_path, capsys):
-    code, out, _ = envbuild(capsys, "wheelhouse", "p40", "--lock-dir", p40_lock, "-o", exported,
-                            "--tar", *github(world))
+    code, out, _ = envbuild(
+        capsys, "wheelhouse", "p40", "--lock-dir", p40_lock, "-o", exported, "--tar", *github(world)
+    )
     assert code == 0
     tar = exported.with_name("p40.tar")
     first = tar.read_bytes()
-    envbuild(capsys, "wheelhouse", "p40", "--lock-dir", p40_lock, "-o", exported, "--tar",
-             *github(world))
+    envbuild(capsys, "wheelhouse", "p40", "--lock-dir", p40_lock, "-o", exported, "--tar", *github(world))
     assert tar.read_bytes() == first
     import tarfile
 
@@ -221,16 +252,18 @@ def test_render_with_the_wheelhouse_needs_no_index(world, tmp_path, capsys):
     assert envbuild(capsys, *lock_args(world, variant, "--without", "apex"))[0] == 0
     wh = tmp_path / "wh"
     assert envbuild(capsys, "wheelhouse", "p40", "--lock-dir", variant, "-o", wh, *github(world))[0] == 0
-    code, _, err = envbuild(capsys, "render", "p40", "--without", "apex", "--wheelhouse", wh,
-                            "-o", tmp_path / "out")
+    code, _, err = envbuild(
+        capsys, "render", "p40", "--without", "apex", "--wheelhouse", wh, "-o", tmp_path / "out"
+    )
     assert code == 0, err
     out = tmp_path / "out" / "p40"
     dockerfile = (out / "Dockerfile").read_text()
     pip_lines = [l for l in dockerfile.splitlines() if "pip install" in l and not l.startswith("#")]
     assert pip_lines and all("--no-index --find-links /wheelhouse" in l for l in pip_lines)
     assert "PIP_INDEX_URL}" not in "".join(pip_lines)
-    assert sorted(p.name for p in (out / "wheelhouse").iterdir()) == \
-        sorted(p.name for p in (wh / "pypi").iterdir())
+    assert sorted(p.name for p in (out / "wheelhouse").iterdir()) == sorted(
+        p.name for p in (wh / "pypi").iterdir()
+    )
 
 
 def test_render_with_a_wheelhouse_builds_apex_from_its_pinned_source(exported, tmp_path, capsys):
@@ -239,7 +272,10 @@ def test_render_with_a_wheelhouse_builds_apex_from_its_pinned_source(exported, t
     dockerfile = (tmp_path / "o" / "p40" / "Dockerfile").read_text()
     builder = dockerfile.split("FROM ${BASE_RUNTIME}")[0]
     assert "ARG APEX_URL=file:///wheelhouse/sources/apex-25.08.tar.gz" in builder
-    assert "--no-index --find-links /wheelhouse --no-deps --require-hashes -r /tmp/envbuild/locked-build.txt" in builder
+    assert (
+        "--no-index --find-links /wheelhouse --no-deps --require-hashes -r /tmp/envbuild/locked-build.txt"
+        in builder
+    )
     src = tmp_path / "o" / "p40" / "wheelhouse" / "sources" / "apex-25.08.tar.gz"
     assert src.read_bytes() == (exported / "sources" / "apex-25.08.tar.gz").read_bytes()
 
@@ -253,8 +289,17 @@ def test_render_with_a_wheelhouse_takes_flash_attn_profiles_from_their_export(ex
 
 
 def test_a_build_index_that_is_no_url_is_bad_input(p40_lock, tmp_path, capsys):
-    code, _, err = envbuild(capsys, "wheelhouse", "p40", "--lock-dir", p40_lock, "-o",
-                            tmp_path / "wh", "--build-index-url", "pypi.org/simple")
+    code, _, err = envbuild(
+        capsys,
+        "wheelhouse",
+        "p40",
+        "--lock-dir",
+        p40_lock,
+        "-o",
+        tmp_path / "wh",
+        "--build-index-url",
+        "pypi.org/simple",
+    )
     assert code == 2 and "is not an index URL" in err and "Traceback" not in err
     assert not (tmp_path / "wh").exists()
 
@@ -278,6 +323,7 @@ def test_render_with_a_wheelhouse_whose_manifest_leads_outside_is_refused(export
 
 # ---- a lock that would export something other than what the profile installs -------------------
 
+
 def _edited_lock(p40_lock: Path, dest: Path, **changes) -> Path:
     shutil.copytree(p40_lock, dest)
     meta = json.loads((dest / "lock.json").read_text())
@@ -287,46 +333,67 @@ def _edited_lock(p40_lock: Path, dest: Path, **changes) -> Path:
 
 
 def test_a_lock_with_pypis_torch_in_place_of_the_profiles_is_refused_naming_what_it_means(
-        world, p40_lock, tmp_path, capsys):
+    world, p40_lock, tmp_path, capsys
+):
     """The shipped p40 lock was solved with PyPI's torch (the PyTorch index was out of reach):
     exported as it is, the wheelhouse would install CUDA 12.4's torch on a CUDA 11.8 profile and
     say nothing. It is refused (exit 2, nothing written) with what the swap means and both ways
     out; --accept-pypi-torch exports it."""
     lock = _edited_lock(p40_lock, tmp_path / "lock", torch_swapped="2.6.0+cu118 -> 2.6.0 (PyPI's build)")
-    code, _, err = envbuild(capsys, "wheelhouse", "p40", "--lock-dir", lock, "-o", tmp_path / "wh",
-                            *github(world))
+    code, _, err = envbuild(
+        capsys, "wheelhouse", "p40", "--lock-dir", lock, "-o", tmp_path / "wh", *github(world)
+    )
     assert code == 2, err
     assert "torch is a swap" in err and "CUDA 12.4 build" in err and "driver >= 525.60.13" in err
     assert "not the cu118 build for CUDA 11.8" in err
     assert "--torch-index-url" in err and "--accept-pypi-torch" in err
     assert not (tmp_path / "wh").exists()
-    code, out, err = envbuild(capsys, "wheelhouse", "p40", "--lock-dir", lock, "-o", tmp_path / "wh",
-                              "--accept-pypi-torch", *github(world))
+    code, out, err = envbuild(
+        capsys,
+        "wheelhouse",
+        "p40",
+        "--lock-dir",
+        lock,
+        "-o",
+        tmp_path / "wh",
+        "--accept-pypi-torch",
+        *github(world),
+    )
     assert code == 0, err
     assert (tmp_path / "wh" / "manifest.json").is_file()
 
 
 def test_a_lock_without_the_conda_part_or_apex_source_is_refused_unless_accepted(
-        world, p40_lock, tmp_path, capsys):
+    world, p40_lock, tmp_path, capsys
+):
     lock = _edited_lock(p40_lock, tmp_path / "lock", parts=["pip", "images"])
     meta = json.loads((lock / "lock.json").read_text())
     for name in ("conda-lock.yml", "sources.lock"):
         meta["files"].pop(name, None)
         (lock / name).unlink()
     (lock / "lock.json").write_text(json.dumps(meta, indent=1))
-    code, _, err = envbuild(capsys, "wheelhouse", "p40", "--lock-dir", lock, "-o", tmp_path / "wh",
-                            *github(world))
+    code, _, err = envbuild(
+        capsys, "wheelhouse", "p40", "--lock-dir", lock, "-o", tmp_path / "wh", *github(world)
+    )
     assert code == 2, err
     assert "no conda part (conda-lock.yml) and no source archive of apex" in err
     assert "--accept-partial" in err and not (tmp_path / "wh").exists()
-    code, _, err = envbuild(capsys, "wheelhouse", "p40", "--lock-dir", lock, "-o", tmp_path / "wh",
-                            "--accept-partial", *github(world))
+    code, _, err = envbuild(
+        capsys,
+        "wheelhouse",
+        "p40",
+        "--lock-dir",
+        lock,
+        "-o",
+        tmp_path / "wh",
+        "--accept-partial",
+        *github(world),
+    )
     assert code == 0, err
     assert not (tmp_path / "wh" / "conda").exists()
 
 
-def test_outside_a_checkout_the_shipped_lock_is_found_as_render_finds_it(capsys, tmp_path,
-                                                                          monkeypatch):
+def test_outside_a_checkout_the_shipped_lock_is_found_as_render_finds_it(capsys, tmp_path, monkeypatch):
     """No ./lockfiles here: the wheelhouse reads envbuild's own shipped lock (the p40 one is a
     PyPI-torch swap made with --only pip, so it is refused for what it is, not for being
     missing)."""

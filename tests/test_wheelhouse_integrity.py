@@ -23,15 +23,13 @@ import pytest
 
 from faultserver import FaultServer, resign, wheel_lock, wheels
 
-ALPHA, BETA, GAMMA = ("alpha-1.0-py3-none-any.whl", "beta-1.0-py3-none-any.whl",
-                      "gamma-1.0-py3-none-any.whl")
+ALPHA, BETA, GAMMA = ("alpha-1.0-py3-none-any.whl", "beta-1.0-py3-none-any.whl", "gamma-1.0-py3-none-any.whl")
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict[str, bytes]:
     """Three stand-in wheels, big enough that a download is many chunks."""
-    return wheels(tmp_path_factory.mktemp("wheels"),
-                  {"alpha": 600_000, "beta": 300_000, "gamma": 200_000})
+    return wheels(tmp_path_factory.mktemp("wheels"), {"alpha": 600_000, "beta": 300_000, "gamma": 200_000})
 
 
 def base(srv) -> str:
@@ -50,8 +48,7 @@ def assert_true_manifest(wh: Path) -> dict:
         assert set(profile["files"]) <= set(manifest["files"]), name
     linked = {}
     for page in (wh / "simple").glob("*/index.html"):
-        for href, sha in re.findall(r'href="\.\./\.\./([^"#]+)#sha256=([0-9a-f]{64})"',
-                                    page.read_text()):
+        for href, sha in re.findall(r'href="\.\./\.\./([^"#]+)#sha256=([0-9a-f]{64})"', page.read_text()):
             linked[href] = sha
     assert linked == {p: f["sha256"] for p, f in manifest["files"].items() if f["kind"] == "pip"}
     return manifest
@@ -61,8 +58,14 @@ def spawn(*args, **kw) -> subprocess.Popen:
     """`envbuild ARGS` in a child process of this interpreter (ENVBUILD_DEBUG=1: a bug shows
     its traceback, which the tests look for)."""
     env = dict(os.environ, ENVBUILD_DEBUG="1")
-    return subprocess.Popen([sys.executable, "-m", "envbuilder", *map(str, args)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "envbuilder", *map(str, args)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
 class Child:
@@ -73,8 +76,7 @@ class Child:
 
         self.proc = spawn(*args)
         self._err: list[str] = []
-        self._reader = threading.Thread(target=lambda: self._err.extend(self.proc.stderr),
-                                        daemon=True)
+        self._reader = threading.Thread(target=lambda: self._err.extend(self.proc.stderr), daemon=True)
         self._reader.start()
 
     @property
@@ -105,15 +107,18 @@ def partial_size(wh: Path, name: str) -> int:
 
 # ---- every fault a mirror can throw ends in a manifest that tells the truth -------------------
 
-@pytest.mark.parametrize("script, code", [
-    pytest.param(["corrupt"] * 8, 1, id="corrupt-body"),
-    pytest.param(["drop"], 0, id="dropped-mid-body"),
-    pytest.param([500, 500], 0, id="500-then-ok"),
-    pytest.param(["drop", "ignore-range"], 0, id="no-range-support"),
-    pytest.param(["endless"] * 8, 1, id="endless-body"),
-])
-def test_every_mirror_fault_ends_in_a_manifest_that_hashes_right(files, tmp_path, cli, script,
-                                                                   code):
+
+@pytest.mark.parametrize(
+    "script, code",
+    [
+        pytest.param(["corrupt"] * 8, 1, id="corrupt-body"),
+        pytest.param(["drop"], 0, id="dropped-mid-body"),
+        pytest.param([500, 500], 0, id="500-then-ok"),
+        pytest.param(["drop", "ignore-range"], 0, id="no-range-support"),
+        pytest.param(["endless"] * 8, 1, id="endless-body"),
+    ],
+)
+def test_every_mirror_fault_ends_in_a_manifest_that_hashes_right(files, tmp_path, cli, script, code):
     with FaultServer(files, script={ALPHA: script}) as srv:
         lock = wheel_lock(tmp_path / "lock", files, base(srv))
         rc, _, err = cli("wheelhouse", "demo", "--lock-dir", lock, "-o", tmp_path / "wh")
@@ -139,6 +144,7 @@ def test_an_endless_body_stops_at_the_size_the_lock_records(files, tmp_path, cli
 
 
 # ---- 1: two exports into one wheelhouse take turns --------------------------------------------
+
 
 def test_two_exports_into_one_wheelhouse_at_once_take_turns(files, tmp_path, cli):
     wh = tmp_path / "wh"
@@ -173,14 +179,14 @@ def test_an_export_waiting_for_another_gives_up_after_its_wait(files, tmp_path):
             fcntl.flock(held, fcntl.LOCK_EX)  # another export at work
             said = []
             with pytest.raises(ActionError) as caught:
-                export({"demo": lock}, tmp_path / "wh", wait=0.5, say=said.append,
-                       progress=lambda e: None)
+                export({"demo": lock}, tmp_path / "wh", wait=0.5, say=said.append, progress=lambda e: None)
         assert srv.log == []
     assert "waiting for it to finish" in said[0]
     assert "for more than 0.5 s" in str(caught.value) and caught.value.exit_code == 1
 
 
 # ---- 2: a file whose bytes rot leaves the manifest and the index ------------------------------
+
 
 def rot(path: Path) -> None:
     data = bytearray(path.read_bytes())
@@ -201,14 +207,13 @@ def test_a_rotted_file_leaves_the_manifest_and_index_when_its_re_export_fails(fi
     assert f"pypi/{ALPHA}" not in manifest["files"] and "demo" not in manifest["profiles"]
     assert not (wh / "simple" / "alpha").exists()
     assert "alpha" not in (wh / "simple" / "index.html").read_text()
-    assert 'PROFILES=()' in (wh / "install.sh").read_text()
+    assert "PROFILES=()" in (wh / "install.sh").read_text()
 
 
 def test_exporting_another_profile_re_checks_every_listed_file(files, tmp_path, cli):
     wh = tmp_path / "wh"
     with FaultServer(files) as srv:
-        one = wheel_lock(tmp_path / "one", {ALPHA: files[ALPHA], BETA: files[BETA]}, base(srv),
-                         "one")
+        one = wheel_lock(tmp_path / "one", {ALPHA: files[ALPHA], BETA: files[BETA]}, base(srv), "one")
         two = wheel_lock(tmp_path / "two", {GAMMA: files[GAMMA]}, base(srv), "two")
         assert cli("wheelhouse", "one", "--lock-dir", one, "-o", wh)[0] == 0
         rot(wh / "pypi" / BETA)
@@ -222,11 +227,12 @@ def test_exporting_another_profile_re_checks_every_listed_file(files, tmp_path, 
 
 # ---- 3: a lock is exported only whole and unedited, checked before anything is fetched --------
 
+
 def edit_a_hash(lock: Path) -> None:
     req = lock / "requirements.lock"
     text = req.read_text()
     i = text.index("--hash=sha256:") + len("--hash=sha256:")
-    req.write_text(text[:i] + ("1" if text[i] == "0" else "0") + text[i + 1:])
+    req.write_text(text[:i] + ("1" if text[i] == "0" else "0") + text[i + 1 :])
 
 
 def truncate_pylock_and_resign(lock: Path) -> None:
@@ -235,11 +241,14 @@ def truncate_pylock_and_resign(lock: Path) -> None:
     resign(lock)
 
 
-@pytest.mark.parametrize("damage, words", [
-    (edit_a_hash, "modified: requirements.lock"),
-    (lambda lock: (lock / "requirements.lock").unlink(), "missing:"),
-    (truncate_pylock_and_resign, "pylock.toml does not parse"),
-])
+@pytest.mark.parametrize(
+    "damage, words",
+    [
+        (edit_a_hash, "modified: requirements.lock"),
+        (lambda lock: (lock / "requirements.lock").unlink(), "missing:"),
+        (truncate_pylock_and_resign, "pylock.toml does not parse"),
+    ],
+)
 def test_a_damaged_lock_is_refused_before_any_download(files, tmp_path, cli, damage, words):
     with FaultServer(files) as srv:
         lock = wheel_lock(tmp_path / "lock", files, base(srv))
@@ -251,6 +260,7 @@ def test_a_damaged_lock_is_refused_before_any_download(files, tmp_path, cli, dam
 
 
 # ---- 5: paths read from a manifest never lead outside -----------------------------------------
+
 
 def test_a_manifest_entry_that_leads_outside_is_refused(files, tmp_path, cli):
     wh = tmp_path / "wh"
@@ -266,17 +276,21 @@ def test_a_manifest_entry_that_leads_outside_is_refused(files, tmp_path, cli):
     assert not (tmp_path / "outside").exists()
 
 
-@pytest.mark.parametrize("path", ["pypi/../../../victim.txt", "/etc/passwd", "pypi/a/../../x",
-                                  "locks/demo/lock.json", "pypi/.partial"])
+@pytest.mark.parametrize(
+    "path",
+    ["pypi/../../../victim.txt", "/etc/passwd", "pypi/a/../../x", "locks/demo/lock.json", "pypi/.partial"],
+)
 def test_render_with_a_wheelhouse_refuses_a_crafted_path(tmp_path, path):
     from conftest import resolved
     from envbuilder.errors import UserError
     from envbuilder.lock.lockfile import wheelhouse_files
 
     sha = "0" * 64
-    manifest = {"format": 1, "files": {path: {"kind": "pip", "name": "x", "version": "1",
-                                              "size": 1, "sha256": sha}},
-                "profiles": {"p40": {"input_sha256": sha, "files": [path], "built": {}}}}
+    manifest = {
+        "format": 1,
+        "files": {path: {"kind": "pip", "name": "x", "version": "1", "size": 1, "sha256": sha}},
+        "profiles": {"p40": {"input_sha256": sha, "files": [path], "built": {}}},
+    }
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(UserError) as caught:
         wheelhouse_files(resolved("p40"), tmp_path)
@@ -284,6 +298,7 @@ def test_render_with_a_wheelhouse_refuses_a_crafted_path(tmp_path, path):
 
 
 # ---- 6: envbuild deletes only what it wrote, never through a name or a link -------------------
+
 
 def victim(tmp_path: Path) -> Path:
     folder = tmp_path / "victim"
@@ -321,6 +336,7 @@ def test_a_link_planted_in_the_wheelhouse_is_not_followed(files, tmp_path, cli, 
 
 # ---- 7: an export killed or interrupted resumes ------------------------------------------------
 
+
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "Ctrl-C"])
 def test_an_interrupted_first_export_resumes(files, tmp_path, how):
     wh = tmp_path / "wh"
@@ -354,6 +370,7 @@ def test_an_interrupted_first_export_resumes(files, tmp_path, how):
 
 # ---- 8: a full disk is one paragraph, and the run after freeing space resumes -----------------
 
+
 def _unavailable(why: str):
     if os.environ.get("CI") == "true":
         pytest.fail(f"CI=true: the full-disk test must run (as root), but {why}")
@@ -367,8 +384,9 @@ def small_disk(tmp_path):
         _unavailable("mounting a tmpfs needs root")
     mnt = tmp_path / "disk"
     mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", mnt],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", mnt], capture_output=True, text=True
+    )
     if r.returncode != 0:
         _unavailable(f"mount -t tmpfs failed: {r.stderr.strip()}")
     try:
@@ -401,6 +419,7 @@ def test_a_full_disk_says_what_to_free_and_the_rerun_resumes(files, tmp_path, cl
 
 # ---- 9: a stalled download is reported, also when stderr is no terminal -----------------------
 
+
 def test_a_stall_is_reported_every_ten_seconds_off_a_tty(files, tmp_path):
     with FaultServer(files, script={ALPHA: ["stall"]}) as srv:
         lock = wheel_lock(tmp_path / "lock", files, base(srv))
@@ -415,5 +434,8 @@ def test_a_stall_is_reported_every_ten_seconds_off_a_tty(files, tmp_path):
     # not before ten seconds without a byte (its clock started with the last chunk, just before
     # the stall); the upper bound is the wait's own, wide for a loaded machine
     assert said > 9
-    assert re.search(rf"waiting for {re.escape(ALPHA)} from 127\.0\.0\.1:{srv.port}: no bytes "
-                     r"for 10 s", err), err
+    assert re.search(
+        rf"waiting for {re.escape(ALPHA)} from 127\.0\.0\.1:{srv.port}: no bytes "
+        r"for 10 s",
+        err,
+    ), err

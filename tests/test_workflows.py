@@ -26,8 +26,12 @@ def check_jsonschema() -> str:
 
 
 def validate(path: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([check_jsonschema(), "--builtin-schema", "vendor.github-workflows",
-                           str(path)], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [check_jsonschema(), "--builtin-schema", "vendor.github-workflows", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_the_workflows_are_there():
@@ -72,13 +76,21 @@ def test_the_workflows_work_on_github_as_written():
     root = WORKFLOWS[0].parent
     for name in ("lock.yml", "refresh.yml"):
         doc = yaml.safe_load((root / name).read_text())
-        pr = [s for j in doc["jobs"].values() for s in j["steps"]
-              if str(s.get("uses", "")).startswith("peter-evans/create-pull-request@")]
-        assert pr and all(s["with"]["token"].startswith("${{ secrets.ENVBUILD_PR_TOKEN")
-                          for s in pr), name
+        pr = [
+            s
+            for j in doc["jobs"].values()
+            for s in j["steps"]
+            if str(s.get("uses", "")).startswith("peter-evans/create-pull-request@")
+        ]
+        assert pr and all(s["with"]["token"].startswith("${{ secrets.ENVBUILD_PR_TOKEN") for s in pr), name
     paths = yaml.safe_load((root / "lock.yml").read_text())[True]["pull_request"]["paths"]
-    for feeds in ("envbuilder/render/plan.py", "envbuilder/model/mirrors.py", "pyproject.toml",
-                  "matrices/**", "envbuilder/lock/**"):
+    for feeds in (
+        "envbuilder/render/plan.py",
+        "envbuilder/model/mirrors.py",
+        "pyproject.toml",
+        "matrices/**",
+        "envbuilder/lock/**",
+    ):
         assert feeds in paths, feeds
     ci = (root / "ci.yml").read_text()
     assert "github.repository_owner" not in ci and "${GITHUB_REPOSITORY_OWNER,,}" in ci
@@ -91,6 +103,9 @@ def test_the_lowercase_owner_step_lowercases(tmp_path):
     doc = yaml.safe_load((WORKFLOWS[0].parent / "ci.yml").read_text())
     step = next(s for s in doc["jobs"]["images"]["steps"] if "GITHUB_ENV" in s.get("run", ""))
     env_file = tmp_path / "env"
-    subprocess.run(["bash", "-c", step["run"]], check=True, env={
-        "GITHUB_REPOSITORY_OWNER": "My-Org", "GITHUB_ENV": str(env_file), "PATH": "/usr/bin:/bin"})
+    subprocess.run(
+        ["bash", "-c", step["run"]],
+        check=True,
+        env={"GITHUB_REPOSITORY_OWNER": "My-Org", "GITHUB_ENV": str(env_file), "PATH": "/usr/bin:/bin"},
+    )
     assert env_file.read_text() == "REGISTRY=ghcr.io/my-org\n"

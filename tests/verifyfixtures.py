@@ -65,8 +65,11 @@ def repack_installed(name: str, dest: Path) -> Path:
                 continue
         files[rel] = Path(dist.locate_file(f)).read_bytes()
     assert info, f"{name}: no .dist-info in its RECORD"
-    tags = [ln.split(":", 1)[1].strip() for ln in files[f"{info}/WHEEL"].decode().splitlines()
-            if ln.startswith("Tag:")]
+    tags = [
+        ln.split(":", 1)[1].strip()
+        for ln in files[f"{info}/WHEEL"].decode().splitlines()
+        if ln.startswith("Tag:")
+    ]
     record = "".join(f"{p},{_record_hash(d)},{len(d)}\n" for p, d in files.items())
     files[f"{info}/RECORD"] = (record + f"{info}/RECORD,,\n").encode()
     dest.mkdir(parents=True, exist_ok=True)
@@ -87,12 +90,21 @@ def overlay_doc(pins: dict[str, str] | None = None) -> dict:
     m = shipped()
     cuda = {k: dict(copy.deepcopy(m.sections["cuda"][k]), python=PY) for k in ("11.8", "12.4")}
     verl = copy.deepcopy(m.sections["verl"]["0.4.1"])
-    verl["pins"] = pins or {"hydra-core": md.version("hydra-core"), "transformers": "4.51.3",
-                            "accelerate": "1.7.0"}
+    verl["pins"] = pins or {
+        "hydra-core": md.version("hydra-core"),
+        "transformers": "4.51.3",
+        "accelerate": "1.7.0",
+    }
     verl["patches"] = ["envbuild-test-guard"]
     profile = copy.deepcopy(m.sections["profiles"]["4090"])
-    profile.update(description="envbuild verify test profile", cuda="12.4", torch="2.6.0",
-                   components={}, optional_components={}, pins={})
+    profile.update(
+        description="envbuild verify test profile",
+        cuda="12.4",
+        torch="2.6.0",
+        components={},
+        optional_components={},
+        pins={},
+    )
     torch = copy.deepcopy(m.sections["torch"]["2.6.0"])
     if PY not in torch["python"]:
         torch["python"] = torch["python"] + [PY]
@@ -101,11 +113,15 @@ def overlay_doc(pins: dict[str, str] | None = None) -> dict:
         "cuda": cuda,
         "torch": {"2.6.0": torch},
         "verl": {"0.4.1": verl},
-        "patches": {"envbuild-test-guard": {
-            "why": "envbuild's tests: a stand-in module that imports only once patched",
-            "when": "always", "files": [GUARD],
-            "replace": [{"find": GUARD_FIND, "with": "GUARDED = False\n"}],
-            "source": "verify_tests"}},
+        "patches": {
+            "envbuild-test-guard": {
+                "why": "envbuild's tests: a stand-in module that imports only once patched",
+                "when": "always",
+                "files": [GUARD],
+                "replace": [{"find": GUARD_FIND, "with": "GUARDED = False\n"}],
+                "source": "verify_tests",
+            }
+        },
         "profiles": {"tiny": profile},
     }
     _cite(doc)
@@ -137,8 +153,16 @@ def module_files(modules: list[str], top: str) -> dict[str, str]:
     return out
 
 
-def build(pypi: Path, torch_index: Path, d: dict, modules: list[str], *, conflict: bool = False,
-          raising: str | None = None, config: str | None = None) -> None:
+def build(
+    pypi: Path,
+    torch_index: Path,
+    d: dict,
+    modules: list[str],
+    *,
+    conflict: bool = False,
+    raising: str | None = None,
+    config: str | None = None,
+) -> None:
     """Wheels for resolved env `d` (the overlay's `tiny`): PyPI-like `pypi`, PyTorch-like
     `torch_index` (+cu118 builds only). `conflict`: torchvision and accelerate pin different
     versions of one shared package, so the later layer moves it and pip check must fail.
@@ -156,14 +180,20 @@ def build(pypi: Path, torch_index: Path, d: dict, modules: list[str], *, conflic
         files.update(extra or {})
         if raising and raising.split(".")[0] == top:
             path = raising.replace(".", "/") + "/__init__.py"
-            files[path] = ('raise RuntimeError("libcuda.so.1: cannot open shared object file: No '
-                           'such file or directory\\nsecond line of the message")\n')
+            files[path] = (
+                'raise RuntimeError("libcuda.so.1: cannot open shared object file: No '
+                'such file or directory\\nsecond line of the message")\n'
+            )
         return files
 
     for local, dest in (("", pypi), ("+cu118", torch_index)):
         make_wheel(dest, "torch", f"2.6.0{local}", files=files_for("torch"))
-        make_wheel(dest, "torchvision", f"0.21.0{local}",
-                   requires=(f"torch==2.6.0{local}",) + ((shared["torchvision"],) if conflict else ()))
+        make_wheel(
+            dest,
+            "torchvision",
+            f"0.21.0{local}",
+            requires=(f"torch==2.6.0{local}",) + ((shared["torchvision"],) if conflict else ()),
+        )
         make_wheel(dest, "torchaudio", f"2.6.0{local}", requires=(f"torch==2.6.0{local}",))
     real = {dist_name(n) for n in REAL}
     for name, version in d["verl"]["pins"].items():
@@ -175,14 +205,21 @@ def build(pypi: Path, torch_index: Path, d: dict, modules: list[str], *, conflic
         make_wheel(pypi, base, version, requires=reqs, files=files_for(dist_name(base)))
     for name in REAL:
         repack_installed(name, pypi)
-    provided = {dist_name(n.split("[")[0]) for n in d["verl"]["pins"]} | real | {
-        "torch", "torchvision", "torchaudio"}
-    verl_files = {"verl/__init__.py": "from . import envbuild_guard  # imports once patched\n",
-                  "verl/trainer/__init__.py": "", "verl/trainer/main_ppo.py": MAIN_PPO,
-                  "verl/trainer/config/ppo_trainer.yaml": config or CONFIG.read_text("utf-8"),
-                  GUARD: GUARD_FIND}
+    provided = (
+        {dist_name(n.split("[")[0]) for n in d["verl"]["pins"]}
+        | real
+        | {"torch", "torchvision", "torchaudio"}
+    )
+    verl_files = {
+        "verl/__init__.py": "from . import envbuild_guard  # imports once patched\n",
+        "verl/trainer/__init__.py": "",
+        "verl/trainer/main_ppo.py": MAIN_PPO,
+        "verl/trainer/config/ppo_trainer.yaml": config or CONFIG.read_text("utf-8"),
+        GUARD: GUARD_FIND,
+    }
     for top in dict.fromkeys(m.split(".")[0] for m in modules):
         if top not in provided and top != "verl":  # verl's own files: the make_wheel below
             verl_files = {**files_for(top), **verl_files}
-    make_wheel(pypi, "verl", d["verl"]["version"], requires=("hydra-core",),
-               files=files_for("verl", verl_files))
+    make_wheel(
+        pypi, "verl", d["verl"]["version"], requires=("hydra-core",), files=files_for("verl", verl_files)
+    )

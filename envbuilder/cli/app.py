@@ -14,19 +14,26 @@ from envbuilder.errors import EnvbuildError, UserError
 # The actions' commands live in modules of their own, imported only when one of their commands
 # runs (or help lists them), so `render` pays nothing for build, lock, wheelhouse or detect:
 # click's documented lazy subcommands, name -> "module:command" (no registration by import).
-LAZY_COMMANDS = {"list": "envbuilder.cli.show:list_", "show": "envbuilder.cli.show:show",
-                 "check": "envbuilder.cli.check:check", "render": "envbuilder.cli.render:render",
-                 "build": "envbuilder.cli.build:build", "bake": "envbuilder.cli.bake:bake", "mirrors": "envbuilder.cli.mirrors:mirrors",
-                 "lock": "envbuilder.cli.lock:lock",
-                 "wheelhouse": "envbuilder.cli.wheelhouse:wheelhouse",
-                 "detect": "envbuilder.cli.machine:detect", "doctor": "envbuilder.cli.machine:doctor",
-                 "verify": "envbuilder.cli.verify:verify",
-                 "refresh": "envbuilder.cli.refresh:refresh",
-                 "affected": "envbuilder.cli.refresh:affected",
-                 "export-image": "envbuilder.cli.image:export_image",
-                 "import-image": "envbuilder.cli.image:import_image",
-                 "apptainer": "envbuilder.cli.apptainer:apptainer",
-                 "launch": "envbuilder.cli.launch:launch"}
+LAZY_COMMANDS = {
+    "list": "envbuilder.cli.show:list_",
+    "show": "envbuilder.cli.show:show",
+    "check": "envbuilder.cli.check:check",
+    "render": "envbuilder.cli.render:render",
+    "build": "envbuilder.cli.build:build",
+    "bake": "envbuilder.cli.bake:bake",
+    "mirrors": "envbuilder.cli.mirrors:mirrors",
+    "lock": "envbuilder.cli.lock:lock",
+    "wheelhouse": "envbuilder.cli.wheelhouse:wheelhouse",
+    "detect": "envbuilder.cli.machine:detect",
+    "doctor": "envbuilder.cli.machine:doctor",
+    "verify": "envbuilder.cli.verify:verify",
+    "refresh": "envbuilder.cli.refresh:refresh",
+    "affected": "envbuilder.cli.refresh:affected",
+    "export-image": "envbuilder.cli.image:export_image",
+    "import-image": "envbuilder.cli.image:import_image",
+    "apptainer": "envbuilder.cli.apptainer:apptainer",
+    "launch": "envbuilder.cli.launch:launch",
+}
 
 
 class LazyGroup(click.Group):
@@ -42,16 +49,25 @@ class LazyGroup(click.Group):
         return super().get_command(ctx, name)
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"],
-                               "auto_envvar_prefix": "ENVBUILD"})
+@click.group(
+    cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "ENVBUILD"}
+)
 @click.version_option(package_name="envbuild")
 def cli():
     """Reproducible GPU environments for LLM RL training, right for the GPU you have."""
 
 
 # Optional dependencies -> the extra that installs them (pyproject.toml's optional-dependencies).
-EXTRAS = {"docker": "actions", "requests": "actions", "pynvml": "actions", "rattler": "lock",
-          "conda_lock": "lock", "uv": "lock", "tomli": "lock", "packaging": "actions"}
+EXTRAS = {
+    "docker": "actions",
+    "requests": "actions",
+    "pynvml": "actions",
+    "rattler": "lock",
+    "conda_lock": "lock",
+    "uv": "lock",
+    "tomli": "lock",
+    "packaging": "actions",
+}
 
 
 def main(argv=None):
@@ -62,10 +78,12 @@ def main(argv=None):
             extra = EXTRAS.get((e.name or "").split(".")[0])
             if not extra:
                 raise
-            raise UserError(f"This command needs the {e.name!r} package, which is not installed: "
-                            f"it comes with envbuild's [{extra}] extra. Install it with "
-                            f"`pip install 'envbuild[{extra}]'` (from a checkout: "
-                            f"`.venv/bin/pip install -e '.[actions,lock]'`).") from None
+            raise UserError(
+                f"This command needs the {e.name!r} package, which is not installed: "
+                f"it comes with envbuild's [{extra}] extra. Install it with "
+                f"`pip install 'envbuild[{extra}]'` (from a checkout: "
+                f"`.venv/bin/pip install -e '.[actions,lock]'`)."
+            ) from None
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(130)
@@ -105,10 +123,13 @@ def internal_error_text(argv, exc: BaseException) -> str:
 
     command = next((a for a in argv if not str(a).startswith("-")), "")
     detail = shorten(str(exc).splitlines()[0] if str(exc) else "", 200)
-    return (f"envbuild: internal error in `envbuild {command}`: {type(exc).__name__}"
-            + (f": {detail}" if detail else "") + ". This is a bug in envbuild, not in your input. "
-            f"Please report it at {issue_tracker()} with this message, the command line and "
-            "`envbuild --version`; run again with ENVBUILD_DEBUG=1 to get the full traceback.")
+    return (
+        f"envbuild: internal error in `envbuild {command}`: {type(exc).__name__}"
+        + (f": {detail}" if detail else "")
+        + ". This is a bug in envbuild, not in your input. "
+        f"Please report it at {issue_tracker()} with this message, the command line and "
+        "`envbuild --version`; run again with ENVBUILD_DEBUG=1 to get the full traceback."
+    )
 
 
 def issue_tracker() -> str:

@@ -12,15 +12,32 @@ from envbuilder.cli.options import load_matrix, override_options
 @click.command()
 @click.argument("profiles", nargs=-1)
 @click.option("--all", "all_", is_flag=True, help="Every profile.")
-@click.option("-o", "--out", type=click.Path(path_type=Path), required=True,
-              help="Folder for docker-bake.hcl and a build context per profile.")
-@click.option("--mirror", metavar="NAME", help="Point images and indexes at this mirror set's "
-              "first endpoints (no probing: bake stays offline, like render --mirror).")
-@click.option("--registry", default="local", show_default=True, help="Where the targets push and "
-              "keep their registry cache: `local`, a configured name, or HOST[:PORT] (the file's "
-              "REGISTRY variable; override it when baking).")
-@click.option("--force", is_flag=True, help="Write into a folder envbuild did not write (it still "
-              "deletes nothing it did not write).")
+@click.option(
+    "-o",
+    "--out",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="Folder for docker-bake.hcl and a build context per profile.",
+)
+@click.option(
+    "--mirror",
+    metavar="NAME",
+    help="Point images and indexes at this mirror set's "
+    "first endpoints (no probing: bake stays offline, like render --mirror).",
+)
+@click.option(
+    "--registry",
+    default="local",
+    show_default=True,
+    help="Where the targets push and "
+    "keep their registry cache: `local`, a configured name, or HOST[:PORT] (the file's "
+    "REGISTRY variable; override it when baking).",
+)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Write into a folder envbuild did not write (it still deletes nothing it did not write).",
+)
 @override_options
 def bake(profiles, all_, out, mirror, registry, force, overrides, matrix_dirs):
     """Write a docker-bake.hcl with a target per profile (and each one's build context), so
@@ -38,8 +55,7 @@ def bake(profiles, all_, out, mirror, registry, force, overrides, matrix_dirs):
     m = load_matrix(matrix_dirs)
     names = list(m.profiles) if all_ else list(dict.fromkeys(profiles))
     if bool(all_) == bool(profiles):
-        raise UserError("Name the profiles to bake, or --all (not both). `envbuild list` shows "
-                        "them.")
+        raise UserError("Name the profiles to bake, or --all (not both). `envbuild list` shows them.")
     host = registry_for(registry, local_registry(m))
     choice = M.choice(mirror, M.get_set(m, mirror)) if mirror else None
     # every profile resolves (each failure printed, as render --all does), or nothing is written
@@ -57,12 +73,16 @@ def bake(profiles, all_, out, mirror, registry, force, overrides, matrix_dirs):
         shared = shared or K.variables(env, host)
     files = {f"{name}/{path}": text for name, ctx in contexts.items() for path, text in ctx.items()}
     files[K.BAKE_FILE] = K.bake_file(targets, shared)
-    write_dir(out, files, executable={f"{n}/{e}" for n in contexts for e in EXECUTABLE},
-              force=force)
-    click.echo(f"wrote {out / K.BAKE_FILE}: {len(targets)} target(s) ({', '.join(contexts)}); "
-               f"build them with: docker buildx bake -f {out / K.BAKE_FILE}")
+    write_dir(out, files, executable={f"{n}/{e}" for n in contexts for e in EXECUTABLE}, force=force)
+    click.echo(
+        f"wrote {out / K.BAKE_FILE}: {len(targets)} target(s) ({', '.join(contexts)}); "
+        f"build them with: docker buildx bake -f {out / K.BAKE_FILE}"
+    )
     if stripped:
-        click.echo(f"note: {', '.join(sorted(stripped))} carry user:password@, which "
-                   f"{K.BAKE_FILE} and the contexts name without; pass them as the endpoints "
-                   "secret (--set '*.secrets=id=endpoints,src=FILE', FILE of `export VAR='URL'` "
-                   "lines).", err=True)
+        click.echo(
+            f"note: {', '.join(sorted(stripped))} carry user:password@, which "
+            f"{K.BAKE_FILE} and the contexts name without; pass them as the endpoints "
+            "secret (--set '*.secrets=id=endpoints,src=FILE', FILE of `export VAR='URL'` "
+            "lines).",
+            err=True,
+        )

@@ -19,25 +19,62 @@ from envbuilder.render.files import PREFLIGHT, smoke_command  # noqa: F401  (re-
 @click.option("--mirror", help="Mirror set (or `auto`: the configured/first set whose registry answers).")
 @click.option("--push", "push_to", metavar="REGISTRY", help="`local`, a configured name, or HOST[:PORT].")
 @click.option("--tag", help="Image name:tag (default envbuild/<profile>:<spec hash>).")
-@click.option("--ca-cert", type=click.Path(path_type=Path), help="CA bundle for TLS-intercepting networks (BuildKit secret).")
-@click.option("--pip-conf", type=click.Path(path_type=Path), help="pip.conf for the build's pip "
-              "steps (BuildKit secret): the builder stage and uv's own install; the runtime "
-              "stage's uv steps take their indexes from --mirror.")
+@click.option(
+    "--ca-cert",
+    type=click.Path(path_type=Path),
+    help="CA bundle for TLS-intercepting networks (BuildKit secret).",
+)
+@click.option(
+    "--pip-conf",
+    type=click.Path(path_type=Path),
+    help="pip.conf for the build's pip "
+    "steps (BuildKit secret): the builder stage and uv's own install; the runtime "
+    "stage's uv steps take their indexes from --mirror.",
+)
 @click.option("--smoke/--no-smoke", default=True, show_default=True, help="Run imports in the built image.")
-@click.option("--context", "keep_context", type=click.Path(path_type=Path), help="Keep the build context here.")
+@click.option(
+    "--context", "keep_context", type=click.Path(path_type=Path), help="Keep the build context here."
+)
 @click.option("-v", "--verbose", is_flag=True, help="Show the whole build log.")
-@click.option("--wheelhouse", type=click.Path(path_type=Path), metavar="DIR",
-              help="pip installs only from this wheelhouse (envbuild wheelhouse): no index at all.")
-@click.option("--no-probe", is_flag=True, help="Do not probe the registries, indexes and GitHub "
-              "before building (base images only the engine has, a network only the engine's "
-              "proxy reaches).")
-@click.option("--engine", type=click.Choice(["auto", "docker", "podman", "buildah"]), default="auto",
-              envvar="ENVBUILD_ENGINE", show_default=True,
-              help="What builds: docker (BuildKit), or daemonless podman or buildah. auto: docker "
-              "when its client has BuildKit and the daemon answers, else podman, else buildah.")
+@click.option(
+    "--wheelhouse",
+    type=click.Path(path_type=Path),
+    metavar="DIR",
+    help="pip installs only from this wheelhouse (envbuild wheelhouse): no index at all.",
+)
+@click.option(
+    "--no-probe",
+    is_flag=True,
+    help="Do not probe the registries, indexes and GitHub "
+    "before building (base images only the engine has, a network only the engine's "
+    "proxy reaches).",
+)
+@click.option(
+    "--engine",
+    type=click.Choice(["auto", "docker", "podman", "buildah"]),
+    default="auto",
+    envvar="ENVBUILD_ENGINE",
+    show_default=True,
+    help="What builds: docker (BuildKit), or daemonless podman or buildah. auto: docker "
+    "when its client has BuildKit and the daemon answers, else podman, else buildah.",
+)
 @override_options
-def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context, verbose,
-          wheelhouse, no_probe, engine, overrides, matrix_dirs):
+def build(
+    profile,
+    mirror,
+    push_to,
+    tag,
+    ca_cert,
+    pip_conf,
+    smoke,
+    keep_context,
+    verbose,
+    wheelhouse,
+    no_probe,
+    engine,
+    overrides,
+    matrix_dirs,
+):
     """Render PROFILE, build it with BuildKit or podman/buildah (through a mirror), smoke-test
     and push it.
 
@@ -61,18 +98,25 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
         from envbuilder.model.resolved import ResolvedEnv
 
         if overrides.to_dict():
-            raise UserError("This folder's envbuild.json already fixes every choice; overrides "
-                            "apply to a profile. Run `envbuild build PROFILE --OVERRIDE ...`, or "
-                            "re-render this folder with them first.")
+            raise UserError(
+                "This folder's envbuild.json already fixes every choice; overrides "
+                "apply to a profile. Run `envbuild build PROFILE --OVERRIDE ...`, or "
+                "re-render this folder with them first."
+            )
         if wheelhouse is None and (Path("wheelhouse").is_dir() or any(Path(".").glob("locked-*.txt"))):
-            raise UserError("This folder was rendered --locked or --wheelhouse: its pins and files "
-                            "come from the lock, which envbuild.json does not hold, so building it "
-                            "from envbuild.json would be another, unpinned image. Build the folder "
-                            "as it is (`docker buildx build --network=host -t TAG .`), or name the "
-                            "profile and the same flags: `envbuild build PROFILE --wheelhouse DIR`.")
+            raise UserError(
+                "This folder was rendered --locked or --wheelhouse: its pins and files "
+                "come from the lock, which envbuild.json does not hold, so building it "
+                "from envbuild.json would be another, unpinned image. Build the folder "
+                "as it is (`docker buildx build --network=host -t TAG .`), or name the "
+                "profile and the same flags: `envbuild build PROFILE --wheelhouse DIR`."
+            )
         env = ResolvedEnv.from_json(read_text_bounded(here, "envbuild.json"), "./envbuild.json")
-        click.echo(f"build: no PROFILE given: building {env.name} as ./envbuild.json holds it "
-                   "(the folder `envbuild render` wrote)", err=True)
+        click.echo(
+            f"build: no PROFILE given: building {env.name} as ./envbuild.json holds it "
+            "(the folder `envbuild render` wrote)",
+            err=True,
+        )
     else:
         if profile is None:
             from envbuilder.cli.options import implied_profile
@@ -108,8 +152,7 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
     env, locked = prepared.env, prepared.locked
     files = render_files(env, locked)
     links = (locked or {}).get("links")
-    registry = registry_for(push_to, local_registry(m),
-                            "--push") if push_to else None
+    registry = registry_for(push_to, local_registry(m), "--push") if push_to else None
     eng = E.make(engine)  # docker: the daemon must answer before anything is built
     from envbuilder.machine import reach
 
@@ -117,8 +160,13 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
     # endpoints were probed above and its registries picked: the push target remains)
     # (upstream, the profile's own endpoints are probed with their credentials, and named
     # without them)
-    missing = [] if no_probe else reach.check(env if name else probe_env, wheelhouse is not None,
-                                              registry, upstream=not name, ca_cert=ca_cert)
+    missing = (
+        []
+        if no_probe
+        else reach.check(
+            env if name else probe_env, wheelhouse is not None, registry, upstream=not name, ca_cert=ca_cert
+        )
+    )
     if missing:
         raise B.ActionError(M.redacted(reach.message(missing)))
     context = B.stage_context(files, links) if keep_context is None else None
@@ -137,8 +185,7 @@ def build(profile, mirror, push_to, tag, ca_cert, pip_conf, smoke, keep_context,
         secrets = dict(secrets, endpoints=secret_dir / "endpoints")
     try:
         # no build args: the rendered files already name every endpoint (credentials: a secret)
-        result = eng.build(context, tag, {}, secrets,
-                           B.default_echo(verbose, eng.step_header), say)
+        result = eng.build(context, tag, {}, secrets, B.default_echo(verbose, eng.step_header), say)
     finally:
         if keep_context is None:
             shutil.rmtree(context.parent, ignore_errors=True)

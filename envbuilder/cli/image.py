@@ -17,9 +17,14 @@ def _say(msg: str) -> None:
 
 @click.command("export-image")
 @click.argument("image")
-@click.option("-o", "--out", type=click.Path(dir_okay=False), required=True,
-              metavar="FILE.tar",
-              help="The OCI archive to write; its sidecar goes to FILE.tar.json.")
+@click.option(
+    "-o",
+    "--out",
+    type=click.Path(dir_okay=False),
+    required=True,
+    metavar="FILE.tar",
+    help="The OCI archive to write; its sidecar goes to FILE.tar.json.",
+)
 @click.option("--force", is_flag=True, help="Replace FILE.tar (and its sidecar) if they exist.")
 @click.option("--json", "as_json", is_flag=True, help="Print the sidecar's data as JSON.")
 def export_image(image, out, force, as_json):
@@ -30,8 +35,10 @@ def export_image(image, out, force, as_json):
 
     data = export(image, out, force, _say)  # (`out` as typed: an empty one is refused there)
     out = Path(out)
-    _say(f"wrote {out} ({data['archive_size'] / 2**20:.1f} MiB, sha256 {data['archive_sha256']}) "
-         f"and {sidecar_path(out)}; load it with: envbuild import-image {out}")
+    _say(
+        f"wrote {out} ({data['archive_size'] / 2**20:.1f} MiB, sha256 {data['archive_sha256']}) "
+        f"and {sidecar_path(out)}; load it with: envbuild import-image {out}"
+    )
     if as_json:
         click.echo(json.dumps(data, indent=2, sort_keys=True))
     else:
@@ -40,10 +47,16 @@ def export_image(image, out, force, as_json):
 
 @click.command("import-image")
 @click.argument("archive", type=click.Path())
-@click.option("--registry", default="local", show_default=True, metavar="REGISTRY",
-              help="`local`, a name from your config's `registries:`, or HOST[:PORT].")
-@click.option("--name", metavar="NAME:TAG", help="Repository and tag there (default: the name "
-              "the archive recorded).")
+@click.option(
+    "--registry",
+    default="local",
+    show_default=True,
+    metavar="REGISTRY",
+    help="`local`, a name from your config's `registries:`, or HOST[:PORT].",
+)
+@click.option(
+    "--name", metavar="NAME:TAG", help="Repository and tag there (default: the name the archive recorded)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def import_image(archive, registry, name, as_json):
     """Check ARCHIVE (from export-image) against its sidecar's sha256 and load it into a

@@ -25,15 +25,22 @@ def _probes(ctx: click.Context):
 @click.pass_context
 def detect(ctx, as_json, matrix_dirs):
     """GPUs, driver, the newest CUDA it supports, and the profile that fits them best, with why."""
-    from envbuilder.machine.detect import NO_GPU_FIX, detect as detect_machine, machine_json, recommend, recommendation_json
+    from envbuilder.machine.detect import (
+        NO_GPU_FIX,
+        detect as detect_machine,
+        machine_json,
+        recommend,
+        recommendation_json,
+    )
 
     m = load_matrix(matrix_dirs)
     probes = _probes(ctx)
     machine = detect_machine(m, probes.nvml, probes.run)
     rec = recommend(m, machine)
     if as_json:
-        click.echo(json.dumps({**machine_json(machine), "recommendation": recommendation_json(rec)},
-                              indent=2))
+        click.echo(
+            json.dumps({**machine_json(machine), "recommendation": recommendation_json(rec)}, indent=2)
+        )
         return
     if not machine.gpus:
         click.echo(f"no NVIDIA GPU found: {machine.problem}")
@@ -41,10 +48,12 @@ def detect(ctx, as_json, matrix_dirs):
         return
     for g in machine.gpus:
         model = f"matrix model {g.model}" if g.model else "not in the matrix"
-        click.echo(f"GPU {g.index}  {g.name}  CC {g.compute_capability or '?'}  {g.vram_gb:.0f} GB  "
-                   f"({model})")
-    click.echo(f"driver {machine.driver}, supports CUDA up to {machine.cuda or '?'} "
-               f"(read through {machine.via})")
+        click.echo(
+            f"GPU {g.index}  {g.name}  CC {g.compute_capability or '?'}  {g.vram_gb:.0f} GB  ({model})"
+        )
+    click.echo(
+        f"driver {machine.driver}, supports CUDA up to {machine.cuda or '?'} (read through {machine.via})"
+    )
     for note in rec.notes:
         click.echo(f"note: {note}")
     if rec.profile:
@@ -71,8 +80,12 @@ def detect(ctx, as_json, matrix_dirs):
 @click.argument("profile", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--mirror", metavar="NAME", help="Also check this mirror set's endpoints.")
-@click.option("--conda", "conda_required", is_flag=True,
-              help="Fail (not only warn) when no conda/mamba/micromamba is on PATH.")
+@click.option(
+    "--conda",
+    "conda_required",
+    is_flag=True,
+    help="Fail (not only warn) when no conda/mamba/micromamba is on PATH.",
+)
 @override_options
 @click.pass_context
 def doctor(ctx, profile, as_json, mirror, conda_required, overrides, matrix_dirs):
@@ -95,5 +108,7 @@ def doctor(ctx, profile, as_json, mirror, conda_required, overrides, matrix_dirs
             click.echo("\n".join(c.lines()))
         click.echo(("READY" if report.ready else "NOT READY") + f": profile {profile} on this machine")
     if failed:
-        raise ActionError(f"{len(failed)} of {len(report.checks)} checks failed for {profile}: "
-                          f"{', '.join(c.name for c in failed)}.")
+        raise ActionError(
+            f"{len(failed)} of {len(report.checks)} checks failed for {profile}: "
+            f"{', '.join(c.name for c in failed)}."
+        )

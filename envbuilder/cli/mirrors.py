@@ -58,8 +58,16 @@ def mirrors_probe(name, timeout, as_json, matrix_dirs):
         click.echo(M.redacted(json.dumps([p._asdict() for p in probes], indent=2)))
     else:
         rows = [("KIND", "FOR", "ENDPOINT", "STATUS", "MS")]
-        rows += [(p.kind, p.target, M.redacted(p.endpoint), ("ok " if p.ok else "DOWN ") + p.status,
-                  f"{p.latency_ms:.0f}") for p in probes]
+        rows += [
+            (
+                p.kind,
+                p.target,
+                M.redacted(p.endpoint),
+                ("ok " if p.ok else "DOWN ") + p.status,
+                f"{p.latency_ms:.0f}",
+            )
+            for p in probes
+        ]
         widths = [max(len(r[i]) for r in rows) for i in range(5)]
         for r in rows:
             click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())

@@ -24,31 +24,59 @@ from envbuilder.upstream.pypi import DEFAULT_INDEX, PyPIJson  # noqa: F401  (cli
 
 def _index_url(ctx, param, value):
     if value is not None and not value.strip():  # (a careless "$MIRROR" is no default)
-        raise click.BadParameter("is empty. Pass the root of an index that serves PyPI's JSON "
-                                 f"API, or leave --index-url out for {DEFAULT_INDEX}.")
+        raise click.BadParameter(
+            "is empty. Pass the root of an index that serves PyPI's JSON "
+            f"API, or leave --index-url out for {DEFAULT_INDEX}."
+        )
     value = (value or DEFAULT_INDEX).strip()
     if not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", value):
-        raise click.BadParameter(f"{value!r} is not an http(s) URL. Pass the root of an index "
-                                 f"that serves PyPI's JSON API, e.g. {DEFAULT_INDEX}.")
+        raise click.BadParameter(
+            f"{value!r} is not an http(s) URL. Pass the root of an index "
+            f"that serves PyPI's JSON API, e.g. {DEFAULT_INDEX}."
+        )
     value = value.rstrip("/")
     return value[: -len("/simple")] if value.endswith("/simple") else value
 
 
 @click.command()
-@click.option("--index-url", default=DEFAULT_INDEX, show_default=True, callback=_index_url,
-              metavar="URL", help="Root of PyPI's JSON API (<URL>/pypi/<name>/json); a trailing "
-              "/simple is dropped.")
+@click.option(
+    "--index-url",
+    default=DEFAULT_INDEX,
+    show_default=True,
+    callback=_index_url,
+    metavar="URL",
+    help="Root of PyPI's JSON API (<URL>/pypi/<name>/json); a trailing /simple is dropped.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
-@click.option("--markdown", is_flag=True, help="The report as one Markdown code block (the "
-              "refresh workflow's pull request body): nothing the index wrote renders there.")
-@click.option("--write-overlay", "overlay_dir", type=click.Path(path_type=Path), metavar="DIR",
-              help="Write DIR/refresh.yaml: a --matrix-dir overlay of the mechanical fixes, the "
-                   "rest as a commented TODO report, for review. matrices/ is never edited.")
-@click.option("--newest", default=3, show_default=True, type=click.IntRange(0, 50),
-              help="Read the metadata of this many of the newest releases past the matrix's "
-                   "(torch, vllm, verl, flash-attn); older new ones are listed by version only.")
-@click.option("--timeout", default=30.0, show_default=True, type=click.FloatRange(1, 600),
-              help="Seconds to wait for each answer of the index.")
+@click.option(
+    "--markdown",
+    is_flag=True,
+    help="The report as one Markdown code block (the "
+    "refresh workflow's pull request body): nothing the index wrote renders there.",
+)
+@click.option(
+    "--write-overlay",
+    "overlay_dir",
+    type=click.Path(path_type=Path),
+    metavar="DIR",
+    help="Write DIR/refresh.yaml: a --matrix-dir overlay of the mechanical fixes, the "
+    "rest as a commented TODO report, for review. matrices/ is never edited.",
+)
+@click.option(
+    "--newest",
+    default=3,
+    show_default=True,
+    type=click.IntRange(0, 50),
+    help="Read the metadata of this many of the newest releases past the matrix's "
+    "(torch, vllm, verl, flash-attn); older new ones are listed by version only.",
+)
+@click.option(
+    "--timeout",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(1, 600),
+    help="Seconds to wait for each answer of the index.",
+)
 @matrix_dir_option
 def refresh(index_url, as_json, markdown, overlay_dir, newest, timeout, matrix_dirs):
     """What PyPI says now about torch, vllm, verl, flash-attn, transformers and ray, against the
@@ -58,9 +86,11 @@ def refresh(index_url, as_json, markdown, overlay_dir, newest, timeout, matrix_d
     import importlib.util
 
     if importlib.util.find_spec("packaging") is None:  # (PyPI's requirement strings)
-        raise UserError("envbuild refresh reads PyPI's requirement strings (PEP 508) with the "
-                        "'packaging' package, which is not installed here. Install it: "
-                        "`pip install packaging`.")
+        raise UserError(
+            "envbuild refresh reads PyPI's requirement strings (PEP 508) with the "
+            "'packaging' package, which is not installed here. Install it: "
+            "`pip install packaging`."
+        )
     if as_json and markdown:
         raise UserError("--json and --markdown are two forms of the one report; pass one.")
     if overlay_dir is not None:
@@ -76,8 +106,7 @@ def refresh(index_url, as_json, markdown, overlay_dir, newest, timeout, matrix_d
     metadata = index.metadata_of(wanted, projects)
     report = {"index": shown, **R.compare(m, projects, metadata, where=m.where)}
     if overlay_dir is not None:
-        path = write_overlay(Path(overlay_dir), R.overlay_text(report, m, sources_of(m)),
-                              matrix_dirs)
+        path = write_overlay(Path(overlay_dir), R.overlay_text(report, m, sources_of(m)), matrix_dirs)
         report["overlay"] = str(path)
     if as_json:
         click.echo(json.dumps(report, indent=2))
@@ -109,10 +138,14 @@ def affected(overlay, as_json, matrix_dirs):
                 except EnvbuildError as e:
                     got.append(f"refused: {str(e).splitlines()[0]}")
             if got[0] != got[1]:
-                what = (sorted(k for k in got[1] if got[0].get(k) != got[1].get(k))
-                        if all(isinstance(g, dict) for g in got) else [str(got[1])])
-                found.setdefault(name, []).append(f"{'--verl ' + verl if verl else 'as shipped'}: "
-                                                  f"{', '.join(what)}")
+                what = (
+                    sorted(k for k in got[1] if got[0].get(k) != got[1].get(k))
+                    if all(isinstance(g, dict) for g in got)
+                    else [str(got[1])]
+                )
+                found.setdefault(name, []).append(
+                    f"{'--verl ' + verl if verl else 'as shipped'}: {', '.join(what)}"
+                )
     if as_json:
         click.echo(json.dumps({"overlay": str(overlay), "affected": found}, indent=2, sort_keys=True))
         return
@@ -124,5 +157,3 @@ def affected(overlay, as_json, matrix_dirs):
 
 
 # -- PyPI's JSON API -----------------------------------------------------------------------------
-
-

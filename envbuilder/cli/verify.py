@@ -19,9 +19,11 @@ _URL = re.compile(r"^(https?://[^\s/]+(/\S*)?|file:///\S*)$")
 
 def _url(ctx, param, value):
     if value is not None and not _URL.match(value):
-        raise click.BadParameter(f"{value!r} is not an index URL (http://, https:// or file:///). "
-                                 "Pass the URL of a PEP 503 simple index, e.g. "
-                                 "https://pypi.org/simple.")
+        raise click.BadParameter(
+            f"{value!r} is not an index URL (http://, https:// or file:///). "
+            "Pass the URL of a PEP 503 simple index, e.g. "
+            "https://pypi.org/simple."
+        )
     return value
 
 
@@ -34,8 +36,9 @@ def row(r: dict) -> tuple[str, ...]:
         install = "-"
     else:
         install = f"{len(done)}/{len(layers)} layers"
-        failed = [x["layer"] for x in layers
-                  if not x["ok"] and not (x.get("error") or "").startswith("not run")]
+        failed = [
+            x["layer"] for x in layers if not x["ok"] and not (x.get("error") or "").startswith("not run")
+        ]
         if failed:
             install += f" ({failed[0]} failed)"
     checks = [x for x in layers if x.get("pip_check")]
@@ -60,13 +63,35 @@ def row(r: dict) -> tuple[str, ...]:
         compose = f"{c['checked'] - len(c['mismatches'])}/{c['checked']} hold"
     else:
         compose = "rejected"
-    return (r["profile"], r["python"], install, pip_check, patches, audit, imports, compose,
-            r.get("gpu_step") or "not run", fmt_seconds(r["seconds"]), "ok" if r["ok"] else "FAILED")
+    return (
+        r["profile"],
+        r["python"],
+        install,
+        pip_check,
+        patches,
+        audit,
+        imports,
+        compose,
+        r.get("gpu_step") or "not run",
+        fmt_seconds(r["seconds"]),
+        "ok" if r["ok"] else "FAILED",
+    )
 
 
 def table(reports: list[dict]) -> str:
-    header = ("PROFILE", "PYTHON", "INSTALL", "PIP CHECK", "PATCHES", "AUDIT", "IMPORTS",
-              "OVERRIDES", "GPU STEP", "TIME", "RESULT")
+    header = (
+        "PROFILE",
+        "PYTHON",
+        "INSTALL",
+        "PIP CHECK",
+        "PATCHES",
+        "AUDIT",
+        "IMPORTS",
+        "OVERRIDES",
+        "GPU STEP",
+        "TIME",
+        "RESULT",
+    )
     rows = [header] + [row(r) for r in reports]
     widths = [max(len(x[i]) for x in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(x, widths)).rstrip() for x in rows]
@@ -78,15 +103,16 @@ def table(reports: list[dict]) -> str:
             lines.append(f"{name}: libcuda: {r['libcuda']}")
         for n in r["not_installed"]:
             mods = f" (imports {', '.join(n['modules'])} not checked)" if n["modules"] else ""
-            lines.append(f"{name}: not installed here: {n['component']} {n['version']}{mods}: "
-                         f"{n['why']}")
+            lines.append(f"{name}: not installed here: {n['component']} {n['version']}{mods}: {n['why']}")
         for f in r["failures"]:
             lines.append(f"{name}: FAILED {f}")
         if r["venv"]:
             lines.append(f"{name}: venv kept at {r['venv']}")
-    lines.append("GPU STEP: verl's workers ran a PPO step on a GPU with this very configuration "
-                 "(bench/gpu_step.py; its records ship with envbuild). Only that tier proves a "
-                 "training step; the columns before it prove installs, pins, patches and configs.")
+    lines.append(
+        "GPU STEP: verl's workers ran a PPO step on a GPU with this very configuration "
+        "(bench/gpu_step.py; its records ship with envbuild). Only that tier proves a "
+        "training step; the columns before it prove installs, pins, patches and configs."
+    )
     return "\n".join(lines)
 
 
@@ -94,19 +120,28 @@ def table(reports: list[dict]) -> str:
 @click.argument("profiles", nargs=-1)
 @click.option("--all", "all_", is_flag=True, help="Verify every profile, one after another.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report on stdout.")
-@click.option("--keep", type=click.Path(path_type=Path), metavar="DIR",
-              help="Keep the venv in DIR (a new or empty directory; with several profiles, "
-                   "DIR/<profile>) instead of removing it.")
-@click.option("--index-url", metavar="URL", callback=_url,
-              help="Python package index (default: the profile's, PyPI).")
-@click.option("--torch-index-url", metavar="URL", callback=_url,
-              help="PyTorch index for +cuXXX builds (default: the profile's). When it does not "
-                   "answer, the same versions come from the Python index, and the report says so.")
-@click.option("--skip-compose", is_flag=True,
-              help="Do not compose the run script's overrides with verl's Hydra config.")
+@click.option(
+    "--keep",
+    type=click.Path(path_type=Path),
+    metavar="DIR",
+    help="Keep the venv in DIR (a new or empty directory; with several profiles, "
+    "DIR/<profile>) instead of removing it.",
+)
+@click.option(
+    "--index-url", metavar="URL", callback=_url, help="Python package index (default: the profile's, PyPI)."
+)
+@click.option(
+    "--torch-index-url",
+    metavar="URL",
+    callback=_url,
+    help="PyTorch index for +cuXXX builds (default: the profile's). When it does not "
+    "answer, the same versions come from the Python index, and the report says so.",
+)
+@click.option(
+    "--skip-compose", is_flag=True, help="Do not compose the run script's overrides with verl's Hydra config."
+)
 @override_options
-def verify(profiles, all_, as_json, keep, index_url, torch_index_url, skip_compose, overrides,
-           matrix_dirs):
+def verify(profiles, all_, as_json, keep, index_url, torch_index_url, skip_compose, overrides, matrix_dirs):
     """Install PROFILE's real pinned set in a throwaway venv and check it: each Dockerfile layer
     with pip check after it, the source patches, an import of every module of the training path
     (no GPU, no network), and the run script's overrides composed with verl's own Hydra config.
@@ -116,8 +151,7 @@ def verify(profiles, all_, as_json, keep, index_url, torch_index_url, skip_compo
     from envbuilder.machine.verify import Options, check_keep, find_python, verify as run_verify
 
     if bool(profiles) == bool(all_):
-        raise UserError("Name one or more profiles, or --all (not both). `envbuild list` shows "
-                        "them.")
+        raise UserError("Name one or more profiles, or --all (not both). `envbuild list` shows them.")
     m = load_matrix(matrix_dirs)
     names = list(m.profiles) if all_ else list(dict.fromkeys(profiles))
     # all bad input is found before anything is downloaded
@@ -133,19 +167,26 @@ def verify(profiles, all_, as_json, keep, index_url, torch_index_url, skip_compo
         if py not in interps:
             interps[py] = find_python(py)
         if interps[py] is None:
-            raise UserError(f"No Python {py} interpreter on this machine for profile {env.name} "
-                            f"(looked in pyenv's versions, on PATH for python{py}, and with uv, "
-                            "which is not allowed to download one); install Python "
-                            f"{py} with venv and ensurepip (e.g. `pyenv install {py}`) and run "
-                            "again.")
+            raise UserError(
+                f"No Python {py} interpreter on this machine for profile {env.name} "
+                f"(looked in pyenv's versions, on PATH for python{py}, and with uv, "
+                "which is not allowed to download one); install Python "
+                f"{py} with venv and ensurepip (e.g. `pyenv install {py}`) and run "
+                "again."
+            )
 
     def say(line: str) -> None:
         click.echo(line, err=True)
 
     reports = []
     for env in envs:
-        opts = Options(index_url=index_url, torch_index_url=torch_index_url,
-                       keep=keeps.get(env.name), skip_compose=skip_compose, say=say)
+        opts = Options(
+            index_url=index_url,
+            torch_index_url=torch_index_url,
+            keep=keeps.get(env.name),
+            skip_compose=skip_compose,
+            say=say,
+        )
         report = run_verify(env, interps[env.python], opts).as_dict()
         # the GPU tier is not run here (no GPU): what its records say of this very render
         report["gpu_step"] = gpu_tier.status(env, render_files(env), m.models)
@@ -157,5 +198,7 @@ def verify(profiles, all_, as_json, keep, index_url, torch_index_url, skip_compo
         click.echo(table(reports))
     if not ok:
         bad = [r["profile"] for r in reports if not r["ok"]]
-        raise ActionError(f"{len(bad)} of {len(reports)} profile(s) failed verification "
-                          f"({', '.join(bad)}); the report above says which step and why.")
+        raise ActionError(
+            f"{len(bad)} of {len(reports)} profile(s) failed verification "
+            f"({', '.join(bad)}); the report above says which step and why."
+        )

@@ -10,36 +10,70 @@ from envbuilder.cli.options import load_matrix, matrix_dir_option
 from envbuilder.paths import LOCK_ROOT
 from envbuilder.errors import UserError
 from envbuilder.oci.http import no_empty_url
-from envbuilder.offline.checks import (lock_shortfalls, shipped_or_local_lock, url_map_for_mirror,
-                                      url_maps)
+from envbuilder.offline.checks import lock_shortfalls, shipped_or_local_lock, url_map_for_mirror, url_maps
 
 
 @click.command()
 @click.argument("profiles", nargs=-1, required=True)
-@click.option("-o", "--out", type=click.Path(path_type=Path), required=True,
-              help="Wheelhouse directory; several profiles exported into one share their files.")
-@click.option("--lock-dir", type=click.Path(path_type=Path),
-              help="The lock to export: DIR/<profile>/ as `envbuild lock -o DIR` writes it, or DIR "
-                   "itself when it is the lock (default lockfiles/<profile>); one profile only.")
+@click.option(
+    "-o",
+    "--out",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="Wheelhouse directory; several profiles exported into one share their files.",
+)
+@click.option(
+    "--lock-dir",
+    type=click.Path(path_type=Path),
+    help="The lock to export: DIR/<profile>/ as `envbuild lock -o DIR` writes it, or DIR "
+    "itself when it is the lock (default lockfiles/<profile>); one profile only.",
+)
 @click.option("--mirror", help="Try this mirror set's endpoints before the lock's own URLs.")
-@click.option("--url-map", multiple=True, metavar="FROM=TO",
-              help="Try URL prefix TO before FROM (repeatable), e.g. an internal artifact proxy.")
-@click.option("--build-index-url", metavar="URL", envvar="ENVBUILD_BUILD_INDEX_URL",
-              callback=no_empty_url,
-              help="Index to fetch build backends (setuptools, ...) from when a lock's sdist is "
-                   "built into a wheel (default: --mirror's PyPI endpoint, else the index the "
-                   "lock was made from).")
+@click.option(
+    "--url-map",
+    multiple=True,
+    metavar="FROM=TO",
+    help="Try URL prefix TO before FROM (repeatable), e.g. an internal artifact proxy.",
+)
+@click.option(
+    "--build-index-url",
+    metavar="URL",
+    envvar="ENVBUILD_BUILD_INDEX_URL",
+    callback=no_empty_url,
+    help="Index to fetch build backends (setuptools, ...) from when a lock's sdist is "
+    "built into a wheel (default: --mirror's PyPI endpoint, else the index the "
+    "lock was made from).",
+)
 @click.option("-j", "--jobs", default=8, show_default=True, help="Parallel downloads.")
 @click.option("--tar", "make_tar", is_flag=True, help="Also pack OUT into OUT.tar to carry across.")
-@click.option("--accept-pypi-torch", is_flag=True, help="Export a lock solved with PyPI's torch "
-              "in place of the profile's +cuXXX build (the PyTorch index was out of reach when it "
-              "was made), knowing the wheelhouse then carries PyPI's torch and its CUDA.")
-@click.option("--accept-partial", is_flag=True, help="Export a lock that lacks a part the "
-              "profile needs (the conda part, apex's or flash-attn's source), knowing the far "
-              "side must fetch it.")
+@click.option(
+    "--accept-pypi-torch",
+    is_flag=True,
+    help="Export a lock solved with PyPI's torch "
+    "in place of the profile's +cuXXX build (the PyTorch index was out of reach when it "
+    "was made), knowing the wheelhouse then carries PyPI's torch and its CUDA.",
+)
+@click.option(
+    "--accept-partial",
+    is_flag=True,
+    help="Export a lock that lacks a part the "
+    "profile needs (the conda part, apex's or flash-attn's source), knowing the far "
+    "side must fetch it.",
+)
 @matrix_dir_option
-def wheelhouse(profiles, out, lock_dir, mirror, url_map, build_index_url, jobs, make_tar,
-               accept_pypi_torch, accept_partial, matrix_dirs):
+def wheelhouse(
+    profiles,
+    out,
+    lock_dir,
+    mirror,
+    url_map,
+    build_index_url,
+    jobs,
+    make_tar,
+    accept_pypi_torch,
+    accept_partial,
+    matrix_dirs,
+):
     """Fetch every file PROFILE's lock pins (wheels, conda packages), verified, for offline installs.
 
     Every sdist the lock pins is built into a wheel for the lock's target here, so the far side
@@ -53,9 +87,11 @@ def wheelhouse(profiles, out, lock_dir, mirror, url_map, build_index_url, jobs, 
     if jobs < 1:
         raise UserError("--jobs must be at least 1.")
     if build_index_url and not build_index_url.startswith(("http://", "https://", "file://")):
-        raise UserError(f"--build-index-url {build_index_url!r} is not an index URL; pass the "
-                        "http(s):// or file:// URL of a PEP 503 index that serves the build "
-                        "backends (e.g. https://pypi.org/simple or your mirror's).")
+        raise UserError(
+            f"--build-index-url {build_index_url!r} is not an index URL; pass the "
+            "http(s):// or file:// URL of a PEP 503 index that serves the build "
+            "backends (e.g. https://pypi.org/simple or your mirror's)."
+        )
     maps = url_maps(url_map)
     if mirror:
         from envbuilder.model import mirrors as M
@@ -69,27 +105,42 @@ def wheelhouse(profiles, out, lock_dir, mirror, url_map, build_index_url, jobs, 
             if p not in m.profiles and not (LOCK_ROOT / p).is_dir():
                 from envbuilder.model.resolve import suggest
 
-                raise UserError(f"Unknown profile {p!r}; {suggest(p, list(m.profiles))}known: "
-                                f"{', '.join(m.profiles)}. Or pass --lock-dir for a lock elsewhere.")
+                raise UserError(
+                    f"Unknown profile {p!r}; {suggest(p, list(m.profiles))}known: "
+                    f"{', '.join(m.profiles)}. Or pass --lock-dir for a lock elsewhere."
+                )
     from envbuilder.lock.lockfile import lock_dir_in
 
     # --lock-dir DIR: DIR/<profile>/ as `lock -o DIR` wrote it, or DIR itself when it is the lock
-    locks = {p: (lock_dir_in(lock_dir, p) if lock_dir else shipped_or_local_lock(p))
-             for p in profiles}
-    refusals = [why for p, d in locks.items()
-                for why in lock_shortfalls(load_matrix(matrix_dirs), p, d, accept_pypi_torch,
-                                           accept_partial)]
+    locks = {p: (lock_dir_in(lock_dir, p) if lock_dir else shipped_or_local_lock(p)) for p in profiles}
+    refusals = [
+        why
+        for p, d in locks.items()
+        for why in lock_shortfalls(load_matrix(matrix_dirs), p, d, accept_pypi_torch, accept_partial)
+    ]
     if refusals:
-        raise UserError("Not exported: the wheelhouse would not hold what the profile installs.\n"
-                        + "\n".join(f"  - {r}" for r in refusals))
+        raise UserError(
+            "Not exported: the wheelhouse would not hold what the profile installs.\n"
+            + "\n".join(f"  - {r}" for r in refusals)
+        )
     from envbuilder.model.resolve import uv_pin
 
     # the uv wheel the Dockerfiles' runtime stage installs with (the matrix's pin), carried too
     uv = uv_pin(load_matrix(matrix_dirs).defaults or {})
-    report = export(locks, out, url_map=maps, jobs=jobs, build_index=build_index_url,
-                    say=lambda s: click.echo(s, err=True), tar=make_tar, uv=uv)
-    click.echo(f"wheelhouse {out}/: {report.files} file(s), {len(report.downloaded)} downloaded "
-               f"({report.bytes_transferred / 1e6:.1f} MB), {len(report.skipped)} already there, "
-               f"{len(report.built)} wheel(s) built from sdists")
+    report = export(
+        locks,
+        out,
+        url_map=maps,
+        jobs=jobs,
+        build_index=build_index_url,
+        say=lambda s: click.echo(s, err=True),
+        tar=make_tar,
+        uv=uv,
+    )
+    click.echo(
+        f"wheelhouse {out}/: {report.files} file(s), {len(report.downloaded)} downloaded "
+        f"({report.bytes_transferred / 1e6:.1f} MB), {len(report.skipped)} already there, "
+        f"{len(report.built)} wheel(s) built from sdists"
+    )
     if report.tar:
         click.echo(f"packed {report.tar}")

@@ -26,6 +26,7 @@ VENV = "/opt/venv"
 # name[:port]/path[:tag]@sha256:<64 hex>, as `envbuild build --push` prints it (the grammar of
 # distribution's reference, lower-case path components; the host may be any DNS name or IP)
 from envbuilder.oci.reference import REFERENCE as _REF  # noqa: E402  (the one grammar)
+
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # an OCI archive's index.json is a few hundred bytes; anything near this is not one
@@ -36,18 +37,22 @@ def image_reference(ref: str) -> tuple[str, str]:
     """(reference, digest) of an --image value, which must name its digest."""
     text = ref.strip()
     if text.startswith("docker://"):
-        text = text[len("docker://"):]
+        text = text[len("docker://") :]
     m = _REF.fullmatch(text)
     if not m:
-        raise UserError(f"--image {ref!r} is not an image reference (REGISTRY/NAME@sha256:DIGEST, "
-                        "64 lower-case hex digits). Pass the reference `envbuild build PROFILE "
-                        "--push REGISTRY` printed.")
+        raise UserError(
+            f"--image {ref!r} is not an image reference (REGISTRY/NAME@sha256:DIGEST, "
+            "64 lower-case hex digits). Pass the reference `envbuild build PROFILE "
+            "--push REGISTRY` printed."
+        )
     if not m["digest"]:
-        raise UserError(f"--image {ref!r} names no digest: a tag can move, so the SIF could be "
-                        "built from an image other than the one envbuild built and tested. Pass "
-                        "the REGISTRY/NAME@sha256:... reference `envbuild build PROFILE --push "
-                        "REGISTRY` printed (or `docker inspect --format '{{index .RepoDigests 0}}' "
-                        "IMAGE`).")
+        raise UserError(
+            f"--image {ref!r} names no digest: a tag can move, so the SIF could be "
+            "built from an image other than the one envbuild built and tested. Pass "
+            "the REGISTRY/NAME@sha256:... reference `envbuild build PROFILE --push "
+            "REGISTRY` printed (or `docker inspect --format '{{index .RepoDigests 0}}' "
+            "IMAGE`)."
+        )
     return text, m["digest"]
 
 
@@ -61,9 +66,11 @@ def archive_digest(path: Path) -> str | None:
 
     if not path.exists():
         return None
-    bad = (f"--oci-archive {path} is not an OCI image archive (a tar with an index.json naming "
-           "one image). Write one with `envbuild export-image`, `skopeo copy "
-           "docker-daemon:IMAGE oci-archive:FILE` or `podman save --format oci-archive`.")
+    bad = (
+        f"--oci-archive {path} is not an OCI image archive (a tar with an index.json naming "
+        "one image). Write one with `envbuild export-image`, `skopeo copy "
+        "docker-daemon:IMAGE oci-archive:FILE` or `podman save --format oci-archive`."
+    )
     try:
         with tarfile.open(path, "r:*") as tar:
             manifests = index_manifests(tar, path, bad)
@@ -84,25 +91,29 @@ def archive_path(path: Path) -> Path:
 
     full = Path(os.path.abspath(path))
     if not BARE.fullmatch(str(full)[1:]):  # (after its leading `/`: the template's `word`)
-        raise UserError(f"--oci-archive {str(full)!r} holds characters an Apptainer definition's "
-                        "header cannot carry (a space, quote, `#`, `$` or the like). Move or "
-                        "rename the archive to a plain path (letters, digits, '/', '.', '_', '-').")
+        raise UserError(
+            f"--oci-archive {str(full)!r} holds characters an Apptainer definition's "
+            "header cannot carry (a space, quote, `#`, `$` or the like). Move or "
+            "rename the archive to a plain path (letters, digits, '/', '.', '_', '-')."
+        )
     return full
 
 
 def labels(env, source: str, digest: str | None) -> list[tuple[str, str]]:
     """%labels, key and value: the image's own io.envbuild.* labels (Dockerfile.j2) and where
     the SIF came from. Apptainer reads one label a line: key, a space, the rest of the line."""
-    out = [("io.envbuild.version", env.envbuild_version),
-           ("io.envbuild.profile", env.profile),
-           ("io.envbuild.gpu", env.gpu.key),
-           ("io.envbuild.gpu-name", env.gpu.name),
-           ("io.envbuild.compute-capability", env.gpu.compute_capability),
-           ("io.envbuild.cuda", env.cuda.version),
-           ("io.envbuild.torch", f"{env.torch.version}+{env.torch.variant}"),
-           ("io.envbuild.verl", env.verl.version),
-           ("io.envbuild.rollout", env.rollout),
-           ("io.envbuild.image", source)]
+    out = [
+        ("io.envbuild.version", env.envbuild_version),
+        ("io.envbuild.profile", env.profile),
+        ("io.envbuild.gpu", env.gpu.key),
+        ("io.envbuild.gpu-name", env.gpu.name),
+        ("io.envbuild.compute-capability", env.gpu.compute_capability),
+        ("io.envbuild.cuda", env.cuda.version),
+        ("io.envbuild.torch", f"{env.torch.version}+{env.torch.variant}"),
+        ("io.envbuild.verl", env.verl.version),
+        ("io.envbuild.rollout", env.rollout),
+        ("io.envbuild.image", source),
+    ]
     if digest:
         out.append(("io.envbuild.image-digest", digest))
     return [(k, str(v)) for k, v in out]
@@ -111,9 +122,11 @@ def labels(env, source: str, digest: str | None) -> list[tuple[str, str]]:
 def environment(env) -> list[tuple[str, str]]:
     """%environment: what the image's ENV sets that matters when it runs (Dockerfile.j2 and
     _macros.j2), from the resolved environment. PATH is written after these, with $PATH."""
-    out = [("VIRTUAL_ENV", VENV),
-           ("PYTHONDONTWRITEBYTECODE", "1"),  # (the SIF is read-only)
-           ("HF_ENDPOINT", env.huggingface)]
+    out = [
+        ("VIRTUAL_ENV", VENV),
+        ("PYTHONDONTWRITEBYTECODE", "1"),  # (the SIF is read-only)
+        ("HF_ENDPOINT", env.huggingface),
+    ]
     alloc = env.cuda_alloc_conf
     if alloc and alloc.value:  # (the run script's default; none where the profile has none)
         out.append(("PYTORCH_CUDA_ALLOC_CONF", alloc.value))
@@ -121,9 +134,11 @@ def environment(env) -> list[tuple[str, str]]:
         out.append(("TORCHDYNAMO_DISABLE", "1"))
     for name, value in out:  # (the schema refused these where they entered: a second wall)
         if not all(c == " " or c.isprintable() for c in str(value)):
-            raise UserError(f"The value of {name} for profile {env.profile!r} holds a control "
-                            "character, which a POSIX shell's %environment cannot carry. Fix "
-                            "the matrix value it comes from.")
+            raise UserError(
+                f"The value of {name} for profile {env.profile!r} holds a control "
+                "character, which a POSIX shell's %environment cannot carry. Fix "
+                "the matrix value it comes from."
+            )
     return out
 
 

@@ -35,8 +35,11 @@ def hcl_string(value: str) -> str:
 def target_args(env) -> dict[str, str]:
     """Build args of a profile's target: where its steps fetch from (what the rendered
     Dockerfile's ARGs default to, mirror applied), and the compile parallelism."""
-    args = {"PIP_INDEX_URL": "${PIP_INDEX_URL}", "HF_ENDPOINT": "${HF_ENDPOINT}",
-            "APT_MIRROR": "${APT_MIRROR}"}
+    args = {
+        "PIP_INDEX_URL": "${PIP_INDEX_URL}",
+        "HF_ENDPOINT": "${HF_ENDPOINT}",
+        "APT_MIRROR": "${APT_MIRROR}",
+    }
     if env.needs_builder:  # (a builder stage compiles them)
         args["MAX_JOBS"] = "${MAX_JOBS}"
     if env.indexes.torch:
@@ -46,29 +49,40 @@ def target_args(env) -> dict[str, str]:
 
 def bake_file(targets: list[dict], variables: dict[str, str]) -> str:
     """docker-bake.hcl for `targets` ({name, context, args, tags, cache_ref, labels})."""
-    lines = ["# envbuild bake: one target per profile. Build them all on any BuildKit builder:",
-             "#   docker buildx bake -f docker-bake.hcl [--push] [TARGET...]",
-             "# Override a variable from the environment, e.g. REGISTRY=registry.corp:5000.",
-             ""]
+    lines = [
+        "# envbuild bake: one target per profile. Build them all on any BuildKit builder:",
+        "#   docker buildx bake -f docker-bake.hcl [--push] [TARGET...]",
+        "# Override a variable from the environment, e.g. REGISTRY=registry.corp:5000.",
+        "",
+    ]
     for name, default in variables.items():
         lines += [f"variable {hcl_string(name)} {{", f"  default = {hcl_string(default)}", "}", ""]
-    lines += ['group "default" {',
-              "  targets = [" + ", ".join(hcl_string(t["name"]) for t in targets) + "]", "}", ""]
+    lines += [
+        'group "default" {',
+        "  targets = [" + ", ".join(hcl_string(t["name"]) for t in targets) + "]",
+        "}",
+        "",
+    ]
     for t in targets:
+
         def value(v: str) -> str:  # a ${VARIABLE} reference stays an HCL template
             return json.dumps(v) if v.startswith("${") and v.endswith("}") else hcl_string(v)
 
-        lines += [f"target {hcl_string(t['name'])} {{",
-                  f"  context = {hcl_string(t['context'])}",
-                  '  dockerfile = "Dockerfile"',
-                  '  platforms = ["linux/amd64"]',
-                  "  args = {"]
+        lines += [
+            f"target {hcl_string(t['name'])} {{",
+            f"  context = {hcl_string(t['context'])}",
+            '  dockerfile = "Dockerfile"',
+            '  platforms = ["linux/amd64"]',
+            "  args = {",
+        ]
         lines += [f"    {k} = {value(v)}" for k, v in sorted(t["args"].items())]
-        lines += ["  }",
-                  "  tags = [" + ", ".join(json.dumps(tag) for tag in t["tags"]) + "]",
-                  f'  cache-from = ["type=registry,ref={t["cache_ref"]}"]',
-                  f'  cache-to = ["type=registry,ref={t["cache_ref"]},mode=max"]',
-                  "  labels = {"]
+        lines += [
+            "  }",
+            "  tags = [" + ", ".join(json.dumps(tag) for tag in t["tags"]) + "]",
+            f'  cache-from = ["type=registry,ref={t["cache_ref"]}"]',
+            f'  cache-to = ["type=registry,ref={t["cache_ref"]},mode=max"]',
+            "  labels = {",
+        ]
         lines += [f"    {hcl_string(k)} = {hcl_string(v)}" for k, v in sorted(t["labels"].items())]
         lines += ["  }", "}", ""]
     return "\n".join(lines)
@@ -78,10 +92,14 @@ def bake_target(env, tag: str) -> dict:
     """The target of one (mirrored, constrained) resolved environment; `tag` is its upstream
     name envbuild/<profile>:<hash>, pushed under ${REGISTRY}/."""
     repo, version = tag.rsplit(":", 1)
-    return {"name": env.name, "context": env.name, "args": target_args(env),
-            "tags": [f"${{REGISTRY}}/{repo}:{version}", f"${{REGISTRY}}/{repo}:latest"],
-            "cache_ref": f"${{REGISTRY}}/{repo}:buildcache",
-            "labels": {"io.envbuild.profile": env.name, "io.envbuild.tag": tag}}
+    return {
+        "name": env.name,
+        "context": env.name,
+        "args": target_args(env),
+        "tags": [f"${{REGISTRY}}/{repo}:{version}", f"${{REGISTRY}}/{repo}:latest"],
+        "cache_ref": f"${{REGISTRY}}/{repo}:buildcache",
+        "labels": {"io.envbuild.profile": env.name, "io.envbuild.tag": tag},
+    }
 
 
 def variables(env, registry: str) -> dict[str, str]:
@@ -92,6 +110,10 @@ def variables(env, registry: str) -> dict[str, str]:
     apt = env.mirror.apt if env.mirror else None
     # (config.registry_for checked it where it came from; it lands in cache-to, where a ',' adds
     # settings: a second wall)
-    return {"REGISTRY": check_registry(registry, "The bake file's registry"), "PIP_INDEX_URL": env.indexes.pypi,
-            "HF_ENDPOINT": env.huggingface, "APT_MIRROR": apt or "",
-            "MAX_JOBS": "4"}
+    return {
+        "REGISTRY": check_registry(registry, "The bake file's registry"),
+        "PIP_INDEX_URL": env.indexes.pypi,
+        "HF_ENDPOINT": env.huggingface,
+        "APT_MIRROR": apt or "",
+        "MAX_JOBS": "4",
+    }

@@ -24,16 +24,21 @@ from envbuilder.errors import ActionError, UserError
 from envbuilder.oci.registry import is_loopback
 
 NAMES = ("docker", "podman", "buildah")
-INSTALL = {"docker": "Debian/Ubuntu: apt-get install docker.io, which brings BuildKit",
-           "podman": "Debian/Ubuntu: apt-get install podman buildah; envbuild smoke-tests podman's "
-                     "images in a buildah container",
-           "buildah": "Debian/Ubuntu: apt-get install buildah"}
+INSTALL = {
+    "docker": "Debian/Ubuntu: apt-get install docker.io, which brings BuildKit",
+    "podman": "Debian/Ubuntu: apt-get install podman buildah; envbuild smoke-tests podman's "
+    "images in a buildah container",
+    "buildah": "Debian/Ubuntu: apt-get install buildah",
+}
 # a build step's header: "STEP 3/12: RUN ..." (multi-stage builds prefix "[1/2] ")
 STEP = re.compile(r"^(?:\[\d+/\d+\] )?STEP (\d+/\d+): (.+)$", re.M)
 # what podman/buildah print when the FROM image cannot be pulled
-PULL_FAILED = re.compile(r"creating build container|initializing source|pinging container "
-                         r"registry|server gave HTTP response to HTTPS client|reading manifest|"
-                         r"short-name .* did not resolve", re.I)
+PULL_FAILED = re.compile(
+    r"creating build container|initializing source|pinging container "
+    r"registry|server gave HTTP response to HTTPS client|reading manifest|"
+    r"short-name .* did not resolve",
+    re.I,
+)
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,7 @@ class Engine:
 
 
 # -- which engine -------------------------------------------------------------------------------
+
 
 def docker_usable() -> tuple[bool, str]:
     """(True, what builds) when a BuildKit-capable docker client exists and the daemon answers."""
@@ -94,13 +100,17 @@ def choose(requested: str | None, smoke: bool, say: Callable[[str], None]) -> st
     need = [name] + (["buildah"] if smoke and name == "podman" else [])
     missing = [n for n in need if not shutil.which(n)]
     if name in missing:
-        raise UserError(f"--engine {name}: `{name}` is not on PATH. Install it ({INSTALL[name]}), "
-                        f"or choose another --engine ({', '.join(n for n in NAMES if n != name)}).")
+        raise UserError(
+            f"--engine {name}: `{name}` is not on PATH. Install it ({INSTALL[name]}), "
+            f"or choose another --engine ({', '.join(n for n in NAMES if n != name)})."
+        )
     if missing:
-        raise UserError("--engine podman smoke-tests the image in a buildah container (`podman "
-                        "run` cannot start containers where setting rlimits is not allowed), but "
-                        "`buildah` is not on PATH. Install it (apt-get install buildah), or pass "
-                        "--no-smoke.")
+        raise UserError(
+            "--engine podman smoke-tests the image in a buildah container (`podman "
+            "run` cannot start containers where setting rlimits is not allowed), but "
+            "`buildah` is not on PATH. Install it (apt-get install buildah), or pass "
+            "--no-smoke."
+        )
     return name
 
 
@@ -112,10 +122,10 @@ def make(name: str) -> Engine:
 
     if name == "docker":
         client = B.engine()
-        return Engine("docker", B.build, partial(B.smoke, client), partial(B.push, client),
-                      B.BUILDKIT_STEP)
-    return Engine(name, partial(daemonless_build, name), buildah_smoke,
-                  partial(daemonless_push, name), STEP.pattern)
+        return Engine("docker", B.build, partial(B.smoke, client), partial(B.push, client), B.BUILDKIT_STEP)
+    return Engine(
+        name, partial(daemonless_build, name), buildah_smoke, partial(daemonless_push, name), STEP.pattern
+    )
 
 
 def statuses(which: Callable[[str], str | None], run: Callable) -> list[tuple[str, bool, str]]:
@@ -134,8 +144,11 @@ def statuses(which: Callable[[str], str | None], run: Callable) -> list[tuple[st
         except (OSError, subprocess.TimeoutExpired) as e:
             ok, detail = False, f"{path} --version failed ({e})"
         if ok and name == "podman":
-            detail += (", smoke test through buildah" if which("buildah") else ", but its smoke "
-                       "test needs buildah (apt-get install buildah; or --no-smoke)")
+            detail += (
+                ", smoke test through buildah"
+                if which("buildah")
+                else ", but its smoke test needs buildah (apt-get install buildah; or --no-smoke)"
+            )
         out.append((name, ok, detail))
     return out
 
@@ -180,8 +193,9 @@ def qualified(image: str) -> str:
     return image
 
 
-def build_argv(name: str, context: Path, tag: str, build_args: dict[str, str],
-               secrets: dict[str, Path]) -> list[str]:
+def build_argv(
+    name: str, context: Path, tag: str, build_args: dict[str, str], secrets: dict[str, Path]
+) -> list[str]:
     """`podman build` / `buildah bud` with what `docker build` gets: host network, the build
     args, secrets; docker's image format (OCI images drop SHELL), layers cached; base images
     qualified as docker would; --tls-verify=false when every base image is on loopback."""
@@ -191,8 +205,17 @@ def build_argv(name: str, context: Path, tag: str, build_args: dict[str, str],
     for var, image in bases:
         if var and qualified(image) != image:
             args[var] = qualified(image)
-    argv = [name, "build" if name == "podman" else "bud", "--format", "docker", "--layers",
-            "--force-rm", "--network=host", "-t", tag]
+    argv = [
+        name,
+        "build" if name == "podman" else "bud",
+        "--format",
+        "docker",
+        "--layers",
+        "--force-rm",
+        "--network=host",
+        "-t",
+        tag,
+    ]
     if bases and all(is_loopback(qualified(image)) for _, image in bases):
         argv.append("--tls-verify=false")
     for k, v in sorted(args.items()):
@@ -202,32 +225,41 @@ def build_argv(name: str, context: Path, tag: str, build_args: dict[str, str],
     return argv + [str(context)]
 
 
-def daemonless_build(name: str, context: Path, tag: str, build_args: dict[str, str],
-                     secrets: dict[str, Path], echo: Callable[[str], None],
-                     say: Callable[[str], None]):
+def daemonless_build(
+    name: str,
+    context: Path,
+    tag: str,
+    build_args: dict[str, str],
+    secrets: dict[str, Path],
+    echo: Callable[[str], None],
+    say: Callable[[str], None],
+):
     from envbuilder.engines import docker as B
 
     argv = build_argv(name, context, tag, build_args, secrets)
     version = _version(name)
     say(f"builder: {name}{' ' + version if version else ''} ({' '.join(argv[1:2])}, daemonless)")
-    mixed = [img for _, img in base_images((context / "Dockerfile").read_text(), build_args)
-             if is_loopback(img)]
+    mixed = [
+        img for _, img in base_images((context / "Dockerfile").read_text(), build_args) if is_loopback(img)
+    ]
     if mixed and "--tls-verify=false" not in argv:
-        say(f"note: {', '.join(mixed)} is on a loopback registry but other base images are not: "
-            "mark it `insecure = true` in registries.conf if it serves plain HTTP")
+        say(
+            f"note: {', '.join(mixed)} is on a loopback registry but other base images are not: "
+            "mark it `insecure = true` in registries.conf if it serves plain HTTP"
+        )
     rc, log = _stream(argv, echo)
     if rc == 0:
         return B.BuildResult(tag, log[-2000:])
     steps = STEP.findall(log)
-    pulled = (PULL_FAILED.search(log) or B.PULL_FAILURE.search(log)) and \
-        (not steps or steps[-1][1].upper().startswith("FROM "))
+    pulled = (PULL_FAILED.search(log) or B.PULL_FAILURE.search(log)) and (
+        not steps or steps[-1][1].upper().startswith("FROM ")
+    )
     raise B.build_failure(name, tag, log, steps, bool(pulled))
 
 
 def _version(name: str) -> str:
     try:
-        words = subprocess.run([name, "--version"], capture_output=True, text=True,
-                               timeout=20).stdout.split()
+        words = subprocess.run([name, "--version"], capture_output=True, text=True, timeout=20).stdout.split()
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return words[2] if len(words) >= 3 else ""
@@ -238,8 +270,9 @@ def _stream(argv: list[str], echo: Callable[[str], None]) -> tuple[int, str]:
 
     lines = []
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                errors="replace")
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+        )
     except OSError as e:
         raise ActionError(f"Cannot run {argv[0]} ({e}). Install it ({INSTALL[argv[0]]}).") from None
     assert proc.stdout is not None
@@ -253,17 +286,18 @@ def _stream(argv: list[str], echo: Callable[[str], None]) -> tuple[int, str]:
 def buildah_smoke(image: str, command: list[str]) -> str:
     """Run `command` in a buildah working container of `image` (host network, as docker's smoke
     test), then remove the container; its output, or ActionError with what failed."""
+
     def run(argv, timeout=1800):
-        return subprocess.run(argv, capture_output=True, text=True, errors="replace",
-                              timeout=timeout)
+        return subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=timeout)
 
     made = run(["buildah", "from", "--pull=never", image], 300)
-    ctr = made.stdout.strip().splitlines()[-1] if made.returncode == 0 and made.stdout.strip() \
-        else ""
+    ctr = made.stdout.strip().splitlines()[-1] if made.returncode == 0 and made.stdout.strip() else ""
     if not ctr:
-        raise ActionError(f"The smoke test could not start a buildah container of {image}: "
-                          f"{(made.stderr or made.stdout).strip()[-300:]}. The image built; check "
-                          "`buildah images` (podman and buildah share containers-storage).")
+        raise ActionError(
+            f"The smoke test could not start a buildah container of {image}: "
+            f"{(made.stderr or made.stdout).strip()[-300:]}. The image built; check "
+            "`buildah images` (podman and buildah share containers-storage)."
+        )
     try:
         out = run(["buildah", "run", "--network=host", ctr, "--", *command])
     finally:
@@ -273,12 +307,13 @@ def buildah_smoke(image: str, command: list[str]) -> str:
         return text
     lines = text.strip().splitlines()
     failed = [ln for ln in lines if ln.startswith(("\u2717", "    fix:"))] or lines[-5:]
-    raise ActionError(f"The smoke test failed in {image}:\n" + "\n".join(failed) + "\nThe image "
-                      "built but a training run would fail there; fix the above and rebuild.")
+    raise ActionError(
+        f"The smoke test failed in {image}:\n" + "\n".join(failed) + "\nThe image "
+        "built but a training run would fail there; fix the above and rebuild."
+    )
 
 
-def daemonless_push(name: str, image: str, registry: str, repo_tag: str,
-                    say: Callable[[str], None]) -> str:
+def daemonless_push(name: str, image: str, registry: str, repo_tag: str, say: Callable[[str], None]) -> str:
     """`podman push` / `buildah push` to registry/repo_tag (--tls-verify=false on loopback only),
     return the pushed digest once the registry serves it."""
     from envbuilder.oci.registry import check_registry, check_served
@@ -295,10 +330,14 @@ def daemonless_push(name: str, image: str, registry: str, repo_tag: str,
         digest = digestfile.read_text().strip() if digestfile.exists() else ""
     if rc != 0:
         last = log.strip().splitlines()[-1] if log.strip() else f"exit status {rc}"
-        raise ActionError(f"Push of {target}:{tag} failed: {last}. Check the registry's logs and "
-                          f"your credentials ({name} login); the tag is not there.")
+        raise ActionError(
+            f"Push of {target}:{tag} failed: {last}. Check the registry's logs and "
+            f"your credentials ({name} login); the tag is not there."
+        )
     if not digest:
-        raise ActionError(f"Push of {target}:{tag} reported no digest; the registry may have "
-                          "rejected it silently. Check the registry's logs.")
+        raise ActionError(
+            f"Push of {target}:{tag} reported no digest; the registry may have "
+            "rejected it silently. Check the registry's logs."
+        )
     check_served(f"{target}:{tag}", digest, "pushing", "push")
     return digest

@@ -25,7 +25,9 @@ from envbuilder.errors import ActionError, UserError
 PULL_FAILURE = re.compile(
     r"toomanyrequests|unauthorized|authentication required|pull access denied|"
     r"failed to resolve source metadata|failed to copy|failed to fetch|"
-    r"manifest unknown|not found: manifest", re.I | re.M)
+    r"manifest unknown|not found: manifest",
+    re.I | re.M,
+)
 _FAILED_STEP = re.compile(r"^\s*> \[([^\]]+)\] (.+)$", re.M)
 
 
@@ -53,14 +55,19 @@ def which_all(name: str) -> list[str]:
     found: list[str] = []
     for d in os.environ.get("PATH", "").split(os.pathsep):
         p = os.path.join(d, name)
-        if d and os.path.isfile(p) and os.access(p, os.X_OK) \
-                and os.path.realpath(p) not in map(os.path.realpath, found):
+        if (
+            d
+            and os.path.isfile(p)
+            and os.access(p, os.X_OK)
+            and os.path.realpath(p) not in map(os.path.realpath, found)
+        ):
             found.append(p)
     return found
 
 
-def docker_clients(which: Callable[[str], list[str]] = which_all,
-                   exists: Callable[[str], bool] = os.path.exists) -> list[str]:
+def docker_clients(
+    which: Callable[[str], list[str]] = which_all, exists: Callable[[str], bool] = os.path.exists
+) -> list[str]:
     """The docker clients to try, in order: $ENVBUILD_DOCKER, every `docker` on PATH, then the
     usual places."""
     chosen = os.environ.get("ENVBUILD_DOCKER")
@@ -86,8 +93,11 @@ def find_buildkit(run: Callable = _run, clients: list[str] | None = None) -> Bui
 
     clients = docker_clients() if clients is None else clients
     if not clients:
-        raise NoBuildKit("No docker client found on PATH", "install Docker (Debian/Ubuntu: "
-                         "apt-get install docker.io, which also brings BuildKit) and run again")
+        raise NoBuildKit(
+            "No docker client found on PATH",
+            "install Docker (Debian/Ubuntu: "
+            "apt-get install docker.io, which also brings BuildKit) and run again",
+        )
     tried = []
     for docker in clients:
         try:
@@ -96,24 +106,31 @@ def find_buildkit(run: Callable = _run, clients: list[str] | None = None) -> Bui
             bx = None
         if bx is not None and bx.returncode == 0:
             words = bx.stdout.split()
-            return BuildKitClient((docker, "buildx", "build", "--load"), {},
-                                  f"{docker} buildx ({words[1] if len(words) > 1 else 'buildx'})")
+            return BuildKitClient(
+                (docker, "buildx", "build", "--load"),
+                {},
+                f"{docker} buildx ({words[1] if len(words) > 1 else 'buildx'})",
+            )
         version = client_version(run, docker)
         try:
             old = version is not None and version_key(version) < version_key("23")
         except ValueError:
             old = False
         if old:
-            return BuildKitClient((docker, "build"), {"DOCKER_BUILDKIT": "1"},
-                                  f"DOCKER_BUILDKIT=1 with {docker} (client {version}, BuildKit "
-                                  "built in)")
+            return BuildKitClient(
+                (docker, "build"),
+                {"DOCKER_BUILDKIT": "1"},
+                f"DOCKER_BUILDKIT=1 with {docker} (client {version}, BuildKit built in)",
+            )
         tried.append(f"{docker} {version or '(version unknown)'}")
-    raise NoBuildKit(f"no buildx plugin, and {', '.join(tried)} refuse"
-                     f"{'s' if len(tried) == 1 else ''} DOCKER_BUILDKIT=1 builds without it "
-                     "('buildx component is missing')",
-                     "install the buildx plugin (docker-buildx-plugin or docker-buildx), or point "
-                     "ENVBUILD_DOCKER at a docker client older than 23 (e.g. Debian's docker.io "
-                     "20.10)")
+    raise NoBuildKit(
+        f"no buildx plugin, and {', '.join(tried)} refuse"
+        f"{'s' if len(tried) == 1 else ''} DOCKER_BUILDKIT=1 builds without it "
+        "('buildx component is missing')",
+        "install the buildx plugin (docker-buildx-plugin or docker-buildx), or point "
+        "ENVBUILD_DOCKER at a docker client older than 23 (e.g. Debian's docker.io "
+        "20.10)",
+    )
 
 
 DOCKER_TIMEOUT = 600  # seconds the docker SDK waits for one answer of the engine
@@ -130,9 +147,11 @@ def docker_timeout() -> int:
     if not (re.fullmatch(r"[0-9]{1,7}", value) and 0 < int(value) <= MAX_DOCKER_TIMEOUT):
         from envbuilder.text import shorten
 
-        raise UserError(f"ENVBUILD_DOCKER_TIMEOUT is {shorten(ascii(value), 60)}: it takes a whole "
-                        f"number of seconds from 1 to {MAX_DOCKER_TIMEOUT} (a week), written with "
-                        f"the digits 0-9, e.g. {DOCKER_TIMEOUT} (the default). Fix it or unset it.")
+        raise UserError(
+            f"ENVBUILD_DOCKER_TIMEOUT is {shorten(ascii(value), 60)}: it takes a whole "
+            f"number of seconds from 1 to {MAX_DOCKER_TIMEOUT} (a week), written with "
+            f"the digits 0-9, e.g. {DOCKER_TIMEOUT} (the default). Fix it or unset it."
+        )
     return int(value)
 
 
@@ -149,9 +168,11 @@ def engine():
         client.ping()
         return client
     except Exception as e:  # the SDK raises DockerException, requests' and socket errors alike
-        raise ActionError(f"Cannot reach the Docker engine at {host} ({first_line(e)}). Start it "
-                          "(systemctl start docker, or dockerd as root), check DOCKER_HOST, and "
-                          "make sure your user may use the socket (the docker group).") from None
+        raise ActionError(
+            f"Cannot reach the Docker engine at {host} ({first_line(e)}). Start it "
+            "(systemctl start docker, or dockerd as root), check DOCKER_HOST, and "
+            "make sure your user may use the socket (the docker group)."
+        ) from None
 
 
 def first_line(e: Exception) -> str:
@@ -176,8 +197,14 @@ def redacted(text: str) -> str:
     return redact(text)
 
 
-def run_build(client: BuildKitClient, context: Path, tag: str, build_args: dict[str, str],
-              secrets: dict[str, Path], echo: Callable[[str], None]) -> tuple[int, str]:
+def run_build(
+    client: BuildKitClient,
+    context: Path,
+    tag: str,
+    build_args: dict[str, str],
+    secrets: dict[str, Path],
+    echo: Callable[[str], None],
+) -> tuple[int, str]:
     """One `docker build`; streams progress lines through `echo`, returns (rc, full log)."""
     argv = list(client.argv) + ["--network=host", "--progress=plain", "-t", tag]
     for k, v in sorted(build_args.items()):
@@ -187,14 +214,17 @@ def run_build(client: BuildKitClient, context: Path, tag: str, build_args: dict[
     argv.append(str(context))
     env = dict(os.environ, **client.env)
     lines = []
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, errors="replace")
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, errors="replace"
+    )
     assert proc.stdout is not None
     done = threading.Event()
     if hasattr(echo, "tick"):  # the step log's heartbeat while a step runs quietly
+
         def beat():
             while not done.wait(1.0):
                 echo.tick()
+
         threading.Thread(target=beat, daemon=True).start()
     try:
         for line in proc.stdout:  # BuildKit titles RUN steps with the build args they use
@@ -214,8 +244,9 @@ def run_build(client: BuildKitClient, context: Path, tag: str, build_args: dict[
 NETWORK_ARGS = ("PIP_INDEX_URL", "TORCH_INDEX_URL", "APEX_URL", "FLASH_ATTN_RELEASE")
 
 
-def pick_registries(set_name: str, body: dict, refs: list[str], healthy: dict | None,
-                    say: Callable[[str], None]) -> dict[str, str | None]:
+def pick_registries(
+    set_name: str, body: dict, refs: list[str], healthy: dict | None, say: Callable[[str], None]
+) -> dict[str, str | None]:
     """For each registry the base images come from, the first endpoint of the mirror set
     (answering ones first) that serves every one of its images: a manifest HEAD through the v2
     API, before anything is built. A registry the set does not cover stays upstream (None).
@@ -246,15 +277,23 @@ def pick_registries(set_name: str, body: dict, refs: list[str], healthy: dict | 
                 say(f"registry {reg}: {M.redacted(ep)} serves {', '.join(images)}")
                 break
             else:
-                raise ActionError(f"No endpoint of mirror set {set_name!r} serves "
-                                  f"{', '.join(images)}:\n  " + "\n  ".join(tried) + "\nTry "
-                                  "another --mirror (`envbuild mirrors probe --mirror NAME` shows "
-                                  "which answer), or add an endpoint that carries the image.")
+                raise ActionError(
+                    f"No endpoint of mirror set {set_name!r} serves "
+                    f"{', '.join(images)}:\n  " + "\n  ".join(tried) + "\nTry "
+                    "another --mirror (`envbuild mirrors probe --mirror NAME` shows "
+                    "which answer), or add an endpoint that carries the image."
+                )
     return picks
 
 
-def build(context: Path, tag: str, build_args: dict[str, str], secrets: dict[str, Path],
-          echo: Callable[[str], None], say: Callable[[str], None]) -> BuildResult:
+def build(
+    context: Path,
+    tag: str,
+    build_args: dict[str, str],
+    secrets: dict[str, Path],
+    echo: Callable[[str], None],
+    say: Callable[[str], None],
+) -> BuildResult:
     """Build the rendered `context` once (its base images already name the registry endpoint
     that serves them); a failure is reported as the step that failed."""
     client = find_buildkit()
@@ -266,54 +305,78 @@ def build(context: Path, tag: str, build_args: dict[str, str], secrets: dict[str
     raise build_failure("docker", tag, log, steps, PULL_FAILURE.search(log) is not None and not steps)
 
 
-def build_failure(engine: str, tag: str, log: str, steps: list[tuple[str, str]],
-                  pull_failed: bool) -> ActionError:
+def build_failure(
+    engine: str, tag: str, log: str, steps: list[tuple[str, str]], pull_failed: bool
+) -> ActionError:
     """A failed build, reported as what it is: the base image's pull, or the step (the last of
     `steps`, (number, instruction) as the engine titles them) whose own output says why."""
     tail = "\n".join(log.strip().splitlines()[-15:])
     if pull_failed:
-        return ActionError(f"{engine} build of {tag} could not pull its base image, although the "
-                           f"registry endpoint served its manifest:\n{tail}\nRun again, or try "
-                           "another --mirror.")
+        return ActionError(
+            f"{engine} build of {tag} could not pull its base image, although the "
+            f"registry endpoint served its manifest:\n{tail}\nRun again, or try "
+            "another --mirror."
+        )
     where = f" at [{steps[-1][0]}] {step_title(steps[-1][1])}" if steps else ""
     kind, fix = classify(log)
-    return ActionError(f"{engine} build of {tag} failed{where}.\n{tail}\n"
-                       + (f"{kind}. Fix: {fix}." if kind else
-                          "The step's own output above says why; fix that, then run again."))
+    return ActionError(
+        f"{engine} build of {tag} failed{where}.\n{tail}\n"
+        + (
+            f"{kind}. Fix: {fix}."
+            if kind
+            else "The step's own output above says why; fix that, then run again."
+        )
+    )
 
 
 # A failed build, classified by what fixes it: (kind, the patterns of its log, the fix). The
 # first kind whose pattern the log's last lines hold is the one reported.
 FAILURES = (
-    ("TLS verification failed (a TLS-intercepting proxy?)",
-     r"CERTIFICATE_VERIFY_FAILED|certificate verify failed|x509: certificate signed by unknown",
-     "pass the network's CA bundle with --ca-cert FILE (a BuildKit secret, never in a layer)"),
-    ("A host name does not resolve from the build's network (DNS)",
-     r"Temporary failure in name resolution|Name or service not known|Could not resolve host|"
-     r"NameResolutionError|no such host|Failed to resolve '",
-     "build through a mirror you can reach (--mirror NAME; `envbuild mirrors list`), or from a "
-     "wheelhouse (--wheelhouse DIR)"),
-    ("The registry or index asked for credentials, or refused them",
-     r"401 Unauthorized|403 Forbidden|authentication required|unauthorized: |"
-     r"requested access to the resource is denied",
-     "give the endpoint its credentials (in the mirror set's URL, or `docker login HOST`)"),
-    ("A pull or download was rate limited",
-     r"429 Too Many Requests|toomanyrequests|rate limit",
-     "pull through a mirror (--mirror NAME or --mirror auto), or `docker login` to raise Docker "
-     "Hub's limit"),
-    ("The disk is full", r"No space left on device|no space left on device",
-     "free space (`docker builder prune`, `docker system prune`) or move Docker's data-root to a "
-     "bigger disk"),
-    ("pip cannot install these pins from this index (resolution impossible)",
-     r"ResolutionImpossible|No matching distribution found|No solution found when resolving|"
-     r"we can conclude that",
-     "the index lacks a pinned version or file: check it answers and is not behind (a stale "
-     "mirror), that the PyTorch index (or its mirror) answers for a +cuXXX torch, or build from "
-     "a wheelhouse"),
-    ("A compile step failed", r"nvcc fatal|fatal error: |error: command '[^']*' failed|"
-     r"subprocess-exited-with-error|Failed to build ",
-     "check that nvcc's CUDA is torch's (envbuild check PROFILE), the arch list of the GPU; or "
-     "leave the compiled part out (--without apex / --without flash-attn)"),
+    (
+        "TLS verification failed (a TLS-intercepting proxy?)",
+        r"CERTIFICATE_VERIFY_FAILED|certificate verify failed|x509: certificate signed by unknown",
+        "pass the network's CA bundle with --ca-cert FILE (a BuildKit secret, never in a layer)",
+    ),
+    (
+        "A host name does not resolve from the build's network (DNS)",
+        r"Temporary failure in name resolution|Name or service not known|Could not resolve host|"
+        r"NameResolutionError|no such host|Failed to resolve '",
+        "build through a mirror you can reach (--mirror NAME; `envbuild mirrors list`), or from a "
+        "wheelhouse (--wheelhouse DIR)",
+    ),
+    (
+        "The registry or index asked for credentials, or refused them",
+        r"401 Unauthorized|403 Forbidden|authentication required|unauthorized: |"
+        r"requested access to the resource is denied",
+        "give the endpoint its credentials (in the mirror set's URL, or `docker login HOST`)",
+    ),
+    (
+        "A pull or download was rate limited",
+        r"429 Too Many Requests|toomanyrequests|rate limit",
+        "pull through a mirror (--mirror NAME or --mirror auto), or `docker login` to raise Docker "
+        "Hub's limit",
+    ),
+    (
+        "The disk is full",
+        r"No space left on device|no space left on device",
+        "free space (`docker builder prune`, `docker system prune`) or move Docker's data-root to a "
+        "bigger disk",
+    ),
+    (
+        "pip cannot install these pins from this index (resolution impossible)",
+        r"ResolutionImpossible|No matching distribution found|No solution found when resolving|"
+        r"we can conclude that",
+        "the index lacks a pinned version or file: check it answers and is not behind (a stale "
+        "mirror), that the PyTorch index (or its mirror) answers for a +cuXXX torch, or build from "
+        "a wheelhouse",
+    ),
+    (
+        "A compile step failed",
+        r"nvcc fatal|fatal error: |error: command '[^']*' failed|"
+        r"subprocess-exited-with-error|Failed to build ",
+        "check that nvcc's CUDA is torch's (envbuild check PROFILE), the arch list of the GPU; or "
+        "leave the compiled part out (--without apex / --without flash-attn)",
+    ),
 )
 
 
@@ -341,18 +404,23 @@ def step_title(instruction: str, limit: int = 120) -> str:
 def smoke(client, image: str, command: list[str]) -> str:
     """Run `command` in the image (no GPU needed); returns its output or raises ActionError."""
     try:
-        out = client.containers.run(image, command, remove=True, network_mode="host",
-                                    stdout=True, stderr=True)
+        out = client.containers.run(
+            image, command, remove=True, network_mode="host", stdout=True, stderr=True
+        )
     except Exception as e:
         report = getattr(e, "stderr", None)  # docker's ContainerError: the command's stderr
         lines = report.decode(errors="replace").strip().splitlines() if isinstance(report, bytes) else []
         failed = [ln for ln in lines if ln.startswith(("\u2717", "    fix:"))] or lines[-5:]
         if failed:
-            raise ActionError(f"The smoke test failed in {image}:\n" + "\n".join(failed) + "\nThe "
-                              "image built but a training run would fail there; fix the above and "
-                              "rebuild.") from None
-        raise ActionError(f"The smoke test failed in {image}: {first_line(e)}. The image built "
-                          "but does not work; see the build log above.") from None
+            raise ActionError(
+                f"The smoke test failed in {image}:\n" + "\n".join(failed) + "\nThe "
+                "image built but a training run would fail there; fix the above and "
+                "rebuild."
+            ) from None
+        raise ActionError(
+            f"The smoke test failed in {image}: {first_line(e)}. The image built "
+            "but does not work; see the build log above."
+        ) from None
     return out.decode(errors="replace")
 
 
@@ -370,8 +438,10 @@ def push(client, image: str, registry: str, repo_tag: str, say: Callable[[str], 
     for event in client.images.push(target, tag, stream=True, decode=True):
         if "error" in event or "errorDetail" in event:
             detail = event.get("error") or event["errorDetail"].get("message")
-            raise ActionError(f"Push of {target}:{tag} failed: {detail}. Check the registry's "
-                              "logs and your credentials (docker login); the tag is not there.")
+            raise ActionError(
+                f"Push of {target}:{tag} failed: {detail}. Check the registry's "
+                "logs and your credentials (docker login); the tag is not there."
+            )
         status, layer = event.get("status", ""), event.get("id", "")
         if status and (layer, status) not in shown and status != "Pushing":
             shown.add((layer, status))
@@ -379,8 +449,10 @@ def push(client, image: str, registry: str, repo_tag: str, say: Callable[[str], 
         aux = event.get("aux") or {}
         digest = aux.get("Digest", digest)
     if not digest:
-        raise ActionError(f"Push of {target}:{tag} reported no digest; the registry may have "
-                          "rejected it silently. Check the registry's logs.")
+        raise ActionError(
+            f"Push of {target}:{tag} reported no digest; the registry may have "
+            "rejected it silently. Check the registry's logs."
+        )
     check_served(f"{target}:{tag}", digest, "pushing", "push")
     return digest
 
@@ -393,8 +465,10 @@ def secret_files(ca_cert: Path | None, pip_conf: Path | None) -> dict[str, Path]
         p = Path(path)
         if not p.is_file():
             what = "is a directory" if p.is_dir() else "does not exist"
-            raise UserError(f"--{sid.replace('_', '-')} {p} {what}. Pass a readable file (it "
-                            "reaches RUN steps as a BuildKit secret only).")
+            raise UserError(
+                f"--{sid.replace('_', '-')} {p} {what}. Pass a readable file (it "
+                "reaches RUN steps as a BuildKit secret only)."
+            )
         out[sid] = p.resolve()
     return out
 
@@ -421,8 +495,13 @@ class StepLog:
     STATE = re.compile(r"^#(\d+) (CACHED|DONE ([\d.]+)s|ERROR\b.*|CANCELED)\s*$")
     OUTPUT = re.compile(r"^#(\d+) \d+\.\d+ (.*)$")
 
-    def __init__(self, out=None, tty: bool | None = None, beat: float = 12.0,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        out=None,
+        tty: bool | None = None,
+        beat: float = 12.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.out = out or sys.stderr
         self.tty = self.out.isatty() if tty is None else tty
         self.beat, self.clock = beat, clock
@@ -454,8 +533,7 @@ class StepLog:
     def _order(self, step: dict) -> tuple:
         stage, _, pos = step["label"].partition(" ")
         k = pos.split("/")[0]
-        return (self.stages.index(stage) if stage in self.stages else 99,
-                int(k) if k.isdigit() else 0)
+        return (self.stages.index(stage) if stage in self.stages else 99, int(k) if k.isdigit() else 0)
 
     def _flush_cached(self) -> None:
         for step in sorted(self.cached, key=self._order):
@@ -476,8 +554,12 @@ class StepLog:
             if stage not in self.stages:
                 self.stages.append(stage)
             if sid not in self.steps:  # (BuildKit prints a step's header again when outputs interleave)
-                self.steps[sid] = {"label": label, "title": step_title(instr, 90),
-                                   "started": self.clock(), "last": ""}
+                self.steps[sid] = {
+                    "label": label,
+                    "title": step_title(instr, 90),
+                    "started": self.clock(),
+                    "last": "",
+                }
             return
         m = self.OUTPUT.match(line)
         if m and m.group(1) in self.steps:
@@ -497,8 +579,7 @@ class StepLog:
         self._flush_cached()
         if m.group(3):
             self.counts["run"] += 1
-            self._print(f"  [{step['label']}] {step['title']}  done in "
-                        f"{self._clock_text(float(m.group(3)))}")
+            self._print(f"  [{step['label']}] {step['title']}  done in {self._clock_text(float(m.group(3)))}")
         else:
             self._print(f"  [{step['label']}] {step['title']}  {m.group(2).split(':')[0]}")
         if self.running == m.group(1):
@@ -515,9 +596,10 @@ class StepLog:
                 step = max(running, key=lambda s: s["started"])
             else:
                 step = self.steps[self.running]
-            text = (f"  ... [{step['label']}] {step['title']}  running "
-                    f"{self._clock_text(now - step['started'])}"
-                    + (f" ({step['last']})" if step["last"] else ""))
+            text = (
+                f"  ... [{step['label']}] {step['title']}  running "
+                f"{self._clock_text(now - step['started'])}" + (f" ({step['last']})" if step["last"] else "")
+            )
             if self.tty:
                 self.out.write("\r\x1b[K" + text[:200])
                 self.out.flush()
@@ -530,10 +612,12 @@ class StepLog:
         with self.lock:
             self._flush_cached()
             total = self.counts["cached"] + self.counts["run"]
-            self._print(f"build {'done' if rc == 0 else 'failed'} in "
-                        f"{self._clock_text(self.clock() - self.start)}: {total} step"
-                        f"{'s' if total != 1 else ''}, {self.counts['cached']} cached, "
-                        f"{self.counts['run']} run")
+            self._print(
+                f"build {'done' if rc == 0 else 'failed'} in "
+                f"{self._clock_text(self.clock() - self.start)}: {total} step"
+                f"{'s' if total != 1 else ''}, {self.counts['cached']} cached, "
+                f"{self.counts['run']} run"
+            )
 
 
 def default_echo(verbose: bool, header: str = BUILDKIT_STEP) -> Callable[[str], None]:
@@ -546,6 +630,7 @@ def default_echo(verbose: bool, header: str = BUILDKIT_STEP) -> Callable[[str], 
     def echo(line: str) -> None:  # the build's step headers (BuildKit's by default): one a step
         if step.match(line):
             print(line, file=sys.stderr, flush=True)
+
     return echo
 
 
@@ -560,14 +645,15 @@ def auto_mirror(m, say: Callable[[str], None]) -> str:
         if any(p.ok for p in M.probe(M.get_set(m, cand), kinds=("registry",))):
             say(f"--mirror auto chose {cand!r}")
             return cand
-    raise ActionError("--mirror auto: no mirror set has a registry endpoint that answers "
-                      f"(tried {', '.join(candidates)}). Check your network, or add a "
-                      f"mirror set under `mirrors:` in {config_path()} (envbuild's "
-                      "config; ENVBUILD_CONFIG names another) with a registry you reach.")
+    raise ActionError(
+        "--mirror auto: no mirror set has a registry endpoint that answers "
+        f"(tried {', '.join(candidates)}). Check your network, or add a "
+        f"mirror set under `mirrors:` in {config_path()} (envbuild's "
+        "config; ENVBUILD_CONFIG names another) with a registry you reach."
+    )
 
 
-def mirror_choice(m, name: str | None, env, own_credentials: dict,
-                  say: Callable[[str], None]):
+def mirror_choice(m, name: str | None, env, own_credentials: dict, say: Callable[[str], None]):
     """(the mirror choice, the endpoints the build's RUN steps read) for mirror set `name`:
     its endpoints probed, the base images' registries picked before building (the
     environment's own image references name them), its endpoints replacing the profile's own,

@@ -34,9 +34,22 @@ RAY_QUIET = "--disable-usage-stats"
 # Environment variables a docker container gets from the batch job (`--env NAME` passes the
 # value only where it is set): NCCL and Gloo's, Ray's address and per-node `ray start` words,
 # and the run script's own (templates/run_ppo_gsm8k.sh.j2). Apptainer passes the environment.
-DOCKER_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_DEBUG", "NCCL_IB_HCA",
-              "NCCL_IB_GID_INDEX", "RAY_ADDRESS", "ENVBUILD_RAY_NODE_ARGS", "MODEL", "DATA_DIR",
-              "GSM8K_FROM", "HF_ENDPOINT", "HF_TOKEN", "HF_HOME", "PYTORCH_CUDA_ALLOC_CONF")
+DOCKER_ENV = (
+    "NCCL_SOCKET_IFNAME",
+    "GLOO_SOCKET_IFNAME",
+    "NCCL_DEBUG",
+    "NCCL_IB_HCA",
+    "NCCL_IB_GID_INDEX",
+    "RAY_ADDRESS",
+    "ENVBUILD_RAY_NODE_ARGS",
+    "MODEL",
+    "DATA_DIR",
+    "GSM8K_FROM",
+    "HF_ENDPOINT",
+    "HF_TOKEN",
+    "HF_HOME",
+    "PYTORCH_CUDA_ALLOC_CONF",
+)
 
 # Run inside the image before Ray starts: its /etc/envbuild.json must describe the run this
 # launcher forms (profile, nodes, GPUs per node, estimator, model), since the run script's batch
@@ -102,6 +115,7 @@ while True:
     time.sleep(2)
 """
 
+
 def shell_text(text: str) -> str:
     """A multi-line constant (IMAGE_CHECK, RAY_WAITER) as one bash word that reads as the code
     it holds: single quotes around the raw lines where it has no `'` and no control character
@@ -136,16 +150,24 @@ def job_name(value: str | None, profile: str, kubernetes: bool = False) -> str:
     pattern = _K8S_NAME if kubernetes else _JOB_NAME
     if pattern.fullmatch(name):
         return name
-    what = ("a Kubernetes name: lower-case letters, digits and '-', at most 40, starting and "
-            "ending with a letter or digit" if kubernetes else
-            "one plain token: letters, digits, '.', '_', '-', at most 64, starting with a "
-            "letter or digit")
+    what = (
+        "a Kubernetes name: lower-case letters, digits and '-', at most 40, starting and "
+        "ending with a letter or digit"
+        if kubernetes
+        else "one plain token: letters, digits, '.', '_', '-', at most 64, starting with a letter or digit"
+    )
     if value is None:
-        raise UserError(f"Profile {profile!r} gives the job name {_shown(name)}, which is not "
-                        f"{what}. Pass --job-name NAME.")
-    raise UserError(f"--job-name {_shown(name)} is not {what}: it lands in the "
-                    + ("manifest's metadata.name" if kubernetes else "#SBATCH line unquoted")
-                    + ". Pass a plain name such as envbuild-" + profile + ".")
+        raise UserError(
+            f"Profile {profile!r} gives the job name {_shown(name)}, which is not "
+            f"{what}. Pass --job-name NAME."
+        )
+    raise UserError(
+        f"--job-name {_shown(name)} is not {what}: it lands in the "
+        + ("manifest's metadata.name" if kubernetes else "#SBATCH line unquoted")
+        + ". Pass a plain name such as envbuild-"
+        + profile
+        + "."
+    )
 
 
 def image_reference(ref: str, digest: bool) -> str:
@@ -155,15 +177,19 @@ def image_reference(ref: str, digest: bool) -> str:
 
     text = ref.removeprefix("docker://")
     if len(text) > 512 or not (REFERENCE.fullmatch(text) or (not digest and IMAGE_ID.fullmatch(text))):
-        raise UserError(f"--image {_shown(ref)} is not an image reference: give "
-                        "REGISTRY/NAME[:TAG]@sha256:DIGEST (lower-case path, 64 hex digits), as "
-                        "`envbuild build PROFILE --push REGISTRY` prints it.")
+        raise UserError(
+            f"--image {_shown(ref)} is not an image reference: give "
+            "REGISTRY/NAME[:TAG]@sha256:DIGEST (lower-case path, 64 hex digits), as "
+            "`envbuild build PROFILE --push REGISTRY` prints it."
+        )
     if digest and "@sha256:" not in text:
-        raise UserError(f"--image {_shown(ref)} names no digest: a tag can move, so the pods "
-                        "could run an image other than the one envbuild built and tested. Pass "
-                        "REGISTRY/NAME@sha256:DIGEST as `envbuild build PROFILE --push REGISTRY` "
-                        "prints it (or `docker inspect --format '{{index .RepoDigests 0}}' "
-                        "IMAGE`).")
+        raise UserError(
+            f"--image {_shown(ref)} names no digest: a tag can move, so the pods "
+            "could run an image other than the one envbuild built and tested. Pass "
+            "REGISTRY/NAME@sha256:DIGEST as `envbuild build PROFILE --push REGISTRY` "
+            "prints it (or `docker inspect --format '{{index .RepoDigests 0}}' "
+            "IMAGE`)."
+        )
     return text
 
 
@@ -174,8 +200,10 @@ def sif_path(path: str) -> str:
     if not path:
         raise UserError("--sif is empty: give the .sif file `apptainer build` made.")
     if _CONTROL.search(path):
-        raise UserError(f"--sif {_shown(path)} holds a control character (a line break, an "
-                        "escape): rename the file to a plain path.")
+        raise UserError(
+            f"--sif {_shown(path)} holds a control character (a line break, an "
+            "escape): rename the file to a plain path."
+        )
     return os.path.abspath(path)
 
 
@@ -191,19 +219,25 @@ def head_address(value: str) -> str:
 
 def claim_name(value: str) -> str:
     if not _CLAIM.fullmatch(value):
-        raise UserError(f"--data-pvc {_shown(value)} is not a PersistentVolumeClaim name "
-                        "(lower-case letters, digits, '-' and '.').")
+        raise UserError(
+            f"--data-pvc {_shown(value)} is not a PersistentVolumeClaim name "
+            "(lower-case letters, digits, '-' and '.')."
+        )
     return value
 
 
 # -- what every launcher shares ------------------------------------------------------------------
 
+
 def build_command(env) -> str:
     """The `envbuild build` line that makes the image this launcher's run needs: the overrides
     the launcher was given, with the world size spelled out."""
     words = ["envbuild", "build", env.profile]
-    given = {**env.overrides.to_dict(), "nodes": env.cluster.nodes,
-             "gpus_per_node": env.cluster.gpus_per_node}
+    given = {
+        **env.overrides.to_dict(),
+        "nodes": env.cluster.nodes,
+        "gpus_per_node": env.cluster.gpus_per_node,
+    }
     for key, value in sorted(given.items()):
         flag = "--" + key.replace("_", "-")
         if value is True:
@@ -217,15 +251,22 @@ def build_command(env) -> str:
 
 def check_args(env) -> list[str]:
     """IMAGE_CHECK's arguments after the record's path."""
-    return [env.profile, str(env.cluster.nodes), str(env.cluster.gpus_per_node),
-            env.algorithm.name, env.train.model, build_command(env)]
+    return [
+        env.profile,
+        str(env.cluster.nodes),
+        str(env.cluster.gpus_per_node),
+        env.algorithm.name,
+        env.train.model,
+        build_command(env),
+    ]
 
 
 def describe(env) -> str:
     cl = env.cluster
-    return (f"{env.profile} on {cl.nodes} node(s) x {cl.gpus_per_node} GPU(s) ({env.gpu.name}), "
-            f"verl {env.verl.version}, {env.algorithm.name}"
-            + (f", {cl.interconnect}" if cl.interconnect else ""))
+    return (
+        f"{env.profile} on {cl.nodes} node(s) x {cl.gpus_per_node} GPU(s) ({env.gpu.name}), "
+        f"verl {env.verl.version}, {env.algorithm.name}" + (f", {cl.interconnect}" if cl.interconnect else "")
+    )
 
 
 def ray_head_args(ip: str, port: str, gpus: str) -> list[str]:
@@ -238,15 +279,17 @@ def ray_worker_args(ip: str, port: str, gpus: str) -> list[str]:
 
 # -- Slurm ---------------------------------------------------------------------------------------
 
-def slurm_script(env, *, sif: str | None = None, image: str | None = None,
-                 job: str | None = None) -> str:
+
+def slurm_script(env, *, sif: str | None = None, image: str | None = None, job: str | None = None) -> str:
     """The sbatch script for `env` (sif: an Apptainer image's path, or image: a docker
     reference; each checked here too, for a caller that is not the CLI)."""
     from envbuilder.render.files import jinja_env
 
     if (sif is None) == (image is None):
-        raise UserError("Pass the image the nodes run: --sif PATH (an Apptainer image, from "
-                        "`envbuild apptainer`) or --image REF (docker), not both.")
+        raise UserError(
+            "Pass the image the nodes run: --sif PATH (an Apptainer image, from "
+            "`envbuild apptainer`) or --image REF (docker), not both."
+        )
     sif = sif_path(sif) if sif is not None else None
     image = image_reference(image, digest=False) if image is not None else None
     cl = env.cluster
@@ -278,8 +321,8 @@ def slurm_script(env, *, sif: str | None = None, image: str | None = None,
 
 # -- KubeRay --------------------------------------------------------------------------------------
 
-def pod_sizes(env, cpus: int | None, memory_gib: int | None,
-              shm_gib: int | None) -> tuple[int, int, int]:
+
+def pod_sizes(env, cpus: int | None, memory_gib: int | None, shm_gib: int | None) -> tuple[int, int, int]:
     """CPUs, memory and /dev/shm (GiB) of each pod: by default 8 CPUs and 32 GiB per GPU, and
     /dev/shm 30% of the memory, which is what Ray's object store takes by default (capped by
     /dev/shm's size); a memory-backed emptyDir counts against the pod's memory limit."""
@@ -288,15 +331,24 @@ def pod_sizes(env, cpus: int | None, memory_gib: int | None,
     memory_gib = memory_gib or 32 * g
     shm_gib = shm_gib or max(1, math.ceil(memory_gib * 0.3))
     if shm_gib >= memory_gib:
-        raise UserError(f"--shm-gib {shm_gib} is not below --memory-gib {memory_gib}: /dev/shm "
-                        "is memory the pod's limit counts, and the processes need the rest. "
-                        "Give it about 30% of the memory.")
+        raise UserError(
+            f"--shm-gib {shm_gib} is not below --memory-gib {memory_gib}: /dev/shm "
+            "is memory the pod's limit counts, and the processes need the rest. "
+            "Give it about 30% of the memory."
+        )
     return cpus, memory_gib, shm_gib
 
 
-def rayjob(env, image: str, *, job: str | None = None, cpus: int | None = None,
-           memory_gib: int | None = None, shm_gib: int | None = None,
-           data_pvc: str | None = None) -> dict:
+def rayjob(
+    env,
+    image: str,
+    *,
+    job: str | None = None,
+    cpus: int | None = None,
+    memory_gib: int | None = None,
+    shm_gib: int | None = None,
+    data_pvc: str | None = None,
+) -> dict:
     """The RayJob (KubeRay ray.io/v1) for `env`, as plain data: a head pod and N-1 worker pods,
     each one whole GPU node (G GPUs), so the N nodes the run script was rendered for are the N
     pods Ray sees; the job runs the image's run script on the head once Ray sees every GPU."""
@@ -315,27 +367,44 @@ def rayjob(env, image: str, *, job: str | None = None, cpus: int | None = None,
         volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": claim_name(data_pvc)}})
 
     def template(container: str) -> dict:
-        return {"spec": {"containers": [{
-            "name": container,
-            "image": image,
-            "env": [{"name": k, "value": str(v)} for k, v in sorted(variables.items())],
-            "resources": {"limits": dict(resources), "requests": dict(resources)},
-            "volumeMounts": [dict(m) for m in mounts],
-        }], "volumes": [dict(v) for v in volumes]}}
+        return {
+            "spec": {
+                "containers": [
+                    {
+                        "name": container,
+                        "image": image,
+                        "env": [{"name": k, "value": str(v)} for k, v in sorted(variables.items())],
+                        "resources": {"limits": dict(resources), "requests": dict(resources)},
+                        "volumeMounts": [dict(m) for m in mounts],
+                    }
+                ],
+                "volumes": [dict(v) for v in volumes],
+            }
+        }
 
     start = {"num-gpus": str(cl.gpus_per_node)}
-    cluster: dict[str, object] = {"headGroupSpec": {"rayStartParams": dict(start),
-                                                    "template": template("ray-head")}}
+    cluster: dict[str, object] = {
+        "headGroupSpec": {"rayStartParams": dict(start), "template": template("ray-head")}
+    }
     if cl.nodes > 1:
         workers = cl.nodes - 1
-        cluster["workerGroupSpecs"] = [{
-            "groupName": "gpu-workers", "replicas": workers, "minReplicas": workers,
-            "maxReplicas": workers, "rayStartParams": dict(start), "template": template("ray-worker")}]
+        cluster["workerGroupSpecs"] = [
+            {
+                "groupName": "gpu-workers",
+                "replicas": workers,
+                "minReplicas": workers,
+                "maxReplicas": workers,
+                "rayStartParams": dict(start),
+                "template": template("ray-worker"),
+            }
+        ]
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayJob",
-        "metadata": {"name": name, "labels": {"app.kubernetes.io/created-by": "envbuild",
-                                              "envbuild.io/profile": env.profile}},
+        "metadata": {
+            "name": name,
+            "labels": {"app.kubernetes.io/created-by": "envbuild", "envbuild.io/profile": env.profile},
+        },
         "spec": {
             "entrypoint": entrypoint(env),
             "shutdownAfterJobFinishes": True,
@@ -352,9 +421,11 @@ def entrypoint(env) -> str:
     cl = env.cluster
     check = shlex.join(["python3", "-c", IMAGE_CHECK, RECORD, *check_args(env)])
     # (RAY_ADDRESS: the GCS address Ray's job supervisor gives an entrypoint)
-    wait = (shlex.join(["python3", "-c", RAY_WAITER])
-            + f' "${{RAY_ADDRESS:-127.0.0.1:{RAY_PORT}}}" {cl.nodes * cl.gpus_per_node}'
-            + f' "${{ENVBUILD_RAY_WAIT:-{RAY_WAIT}}}"')
+    wait = (
+        shlex.join(["python3", "-c", RAY_WAITER])
+        + f' "${{RAY_ADDRESS:-127.0.0.1:{RAY_PORT}}}" {cl.nodes * cl.gpus_per_node}'
+        + f' "${{ENVBUILD_RAY_WAIT:-{RAY_WAIT}}}"'
+    )
     return f"{check} && {wait} && exec {shlex.quote(RUN_SCRIPT)}"
 
 
@@ -373,46 +444,65 @@ def rayjob_yaml(env, image: str, **kw) -> str:
 
     Dumper.add_representer(str, text)
     doc = rayjob(env, image, **kw)
-    body = yaml.dump(doc, Dumper=Dumper, sort_keys=False, default_flow_style=False, width=100,
-                     allow_unicode=False)
-    head = [f"{KUBERAY_HEADER}: {comment(describe(env))}",
-            f"# Rendered by envbuild {comment(env.envbuild_version)}. Apply: kubectl apply -f FILE;"
-            " follow: kubectl logs -f job/" + doc["metadata"]["name"],
-            f"# The image must be built for this run: {comment(build_command(env))} --push REGISTRY"]
+    body = yaml.dump(
+        doc, Dumper=Dumper, sort_keys=False, default_flow_style=False, width=100, allow_unicode=False
+    )
+    head = [
+        f"{KUBERAY_HEADER}: {comment(describe(env))}",
+        f"# Rendered by envbuild {comment(env.envbuild_version)}. Apply: kubectl apply -f FILE;"
+        " follow: kubectl logs -f job/" + doc["metadata"]["name"],
+        f"# The image must be built for this run: {comment(build_command(env))} --push REGISTRY",
+    ]
     return "\n".join(head) + "\n" + body
 
 
 # -- by hand ----------------------------------------------------------------------------------------
 
+
 def ray_commands(env, *, head_ip: str | None = None, port: int = RAY_PORT) -> str:
     """Plain shell lines for a Ray cluster made by hand: what every node exports, `ray start` on
     the head and on each other node, and the run on the head."""
     cl = env.cluster
-    lines = [f"# envbuild launch ray: {comment(describe(env))}",
-             "# Run these in the image on each node (apptainer exec --nv IMAGE.sif bash, or docker",
-             ("# run --gpus all --network host --ipc host -it IMAGE bash), or beside a rendered "
-              "run script."),
-             f"HEAD_IP={sh(head_ip)}" if head_ip else
-             'HEAD_IP=${HEAD_IP:?set HEAD_IP to the address the other nodes reach the head at}']
+    lines = [
+        f"# envbuild launch ray: {comment(describe(env))}",
+        "# Run these in the image on each node (apptainer exec --nv IMAGE.sif bash, or docker",
+        ("# run --gpus all --network host --ipc host -it IMAGE bash), or beside a rendered run script."),
+        f"HEAD_IP={sh(head_ip)}"
+        if head_ip
+        else "HEAD_IP=${HEAD_IP:?set HEAD_IP to the address the other nodes reach the head at}",
+    ]
     if cl.env or cl.interface:
-        lines.append("# 1. on every node, before `ray start` (Ray's workers inherit it; a value "
-                     + "you export wins):")
+        lines.append(
+            "# 1. on every node, before `ray start` (Ray's workers inherit it; a value " + "you export wins):"
+        )
         lines += [f"export {k}=${{{k}:-{sh(v)}}}" for k, v in cl.env.items()]
         if cl.interface:
-            lines += [("iface=$(awk '$2 == \"00000000\" {print $1; exit}' /proc/net/route)  "
-                       "# the default route's interface"),
-                      ('export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-$iface} '
-                       'GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-$iface}')]
+            lines += [
+                (
+                    "iface=$(awk '$2 == \"00000000\" {print $1; exit}' /proc/net/route)  "
+                    "# the default route's interface"
+                ),
+                (
+                    "export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-$iface} "
+                    "GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-$iface}"
+                ),
+            ]
     ip, p, g = '"$HEAD_IP"', str(port), str(cl.gpus_per_node)
-    lines += ["# 2. on the head node:", shlex.join(["ray", "start"]) + " "
-              + " ".join(ray_head_args(ip, p, g))]
+    lines += [
+        "# 2. on the head node:",
+        shlex.join(["ray", "start"]) + " " + " ".join(ray_head_args(ip, p, g)),
+    ]
     if cl.nodes > 1:
-        lines += [f"# 3. on each of the other {cl.nodes - 1} node(s):",
-                  "ray start " + " ".join(ray_worker_args(ip, p, g))]
-    lines += [f"# 4. on the head, in the container of its `ray start` (Ray's sockets are in its "
-              f"/tmp), once `ray status` shows {cl.nodes * cl.gpus_per_node} GPUs; the image must "
-              "be built for this run: " + comment(build_command(env)),
-              f'RAY_ADDRESS="$HEAD_IP:{p}" {sh(RUN_SCRIPT)}']
+        lines += [
+            f"# 3. on each of the other {cl.nodes - 1} node(s):",
+            "ray start " + " ".join(ray_worker_args(ip, p, g)),
+        ]
+    lines += [
+        f"# 4. on the head, in the container of its `ray start` (Ray's sockets are in its "
+        f"/tmp), once `ray status` shows {cl.nodes * cl.gpus_per_node} GPUs; the image must "
+        "be built for this run: " + comment(build_command(env)),
+        f'RAY_ADDRESS="$HEAD_IP:{p}" {sh(RUN_SCRIPT)}',
+    ]
     return "\n".join(lines) + "\n"
 
 

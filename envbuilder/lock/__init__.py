@@ -40,8 +40,15 @@ class Sources(NamedTuple):
     github: str | None = None  # a prefix that replaces https://github.com (apex, flash-attn)
 
 
-def sources_for(env: ResolvedEnv, index_url=None, torch_index_url=None, channels=(),
-                registry_mirror=None, mirror=None, github_url=None) -> Sources:
+def sources_for(
+    env: ResolvedEnv,
+    index_url=None,
+    torch_index_url=None,
+    channels=(),
+    registry_mirror=None,
+    mirror=None,
+    github_url=None,
+) -> Sources:
     """Flags first, then the mirror set (`mirrors.MirrorChoice`), then the profile's own."""
     from envbuilder.lock.conda import default_channels
 
@@ -49,14 +56,19 @@ def sources_for(env: ResolvedEnv, index_url=None, torch_index_url=None, channels
     torch = None
     if env.indexes.torch:
         torch = torch_index_url or (
-            mirror.pytorch.format(variant=env.torch.variant) if mirror and mirror.pytorch
-            else env.indexes.torch)
+            mirror.pytorch.format(variant=env.torch.variant)
+            if mirror and mirror.pytorch
+            else env.indexes.torch
+        )
     if not channels:
         channels = default_channels(env)
         if mirror and mirror.conda:  # nvidia/label/cuda-X goes through the nvidia mirror
             channels = list(dict.fromkeys(_mirrored_channel(c, mirror.conda) for c in channels))
-    registry = registry_mirror or (
-        {k: v for k, v in sorted(mirror.registries.items()) if v} if mirror else None) or None
+    registry = (
+        registry_mirror
+        or ({k: v for k, v in sorted(mirror.registries.items()) if v} if mirror else None)
+        or None
+    )
     github = github_url or (mirror.github if mirror and mirror.github else None)
     return Sources(pypi, torch, tuple(channels), registry, github)
 
@@ -73,9 +85,11 @@ def target_glibc(matrix, env: ResolvedEnv) -> str:
     cuda_v = env.cuda.version
     glibc = (matrix.cuda.get(cuda_v) or {}).get("glibc")
     if not glibc:
-        raise UserError(f"{matrix.where('cuda', cuda_v)}: cuda.{cuda_v} has no `glibc` fact (the C "
-                        f"library of its Ubuntu {env.cuda.ubuntu} image); a lock is "
-                        "solved for it. Add it with its source.")
+        raise UserError(
+            f"{matrix.where('cuda', cuda_v)}: cuda.{cuda_v} has no `glibc` fact (the C "
+            f"library of its Ubuntu {env.cuda.ubuntu} image); a lock is "
+            "solved for it. Add it with its source."
+        )
     return glibc
 
 
@@ -99,10 +113,18 @@ def _version(dist: str) -> str:
         return "unknown"
 
 
-def lock_profile(env: ResolvedEnv, glibc: str, sources: Sources, out_dir: Path, *,
-                 parts=tuple(L.PARTS), solver: str = "rattler",
-                 swap_torch: bool = False,
-                 say: Callable[[str], None] = lambda msg: None, beat: float = 12.0) -> dict:
+def lock_profile(
+    env: ResolvedEnv,
+    glibc: str,
+    sources: Sources,
+    out_dir: Path,
+    *,
+    parts=tuple(L.PARTS),
+    solver: str = "rattler",
+    swap_torch: bool = False,
+    say: Callable[[str], None] = lambda msg: None,
+    beat: float = 12.0,
+) -> dict:
     """Solve, pin and write lockfiles for `env` into `out_dir`; returns lock.json's content.
     `swap_torch` solves the pip part with PyPI's build of the profile's torch version: such a
     lock pins everything else (render's constraints) but cannot install the +cuXXX torch.
@@ -128,13 +150,16 @@ def lock_profile(env: ResolvedEnv, glibc: str, sources: Sources, out_dir: Path, 
     if "pip" in parts:
         from envbuilder.lock.pip import compile_lock, uv_version
 
-        say(f"{env.name}: pip part: uv pip compile for Python {env.python} on "
+        say(
+            f"{env.name}: pip part: uv pip compile for Python {env.python} on "
             f"{python_platform(glibc)} via {sources.pypi}"
             + (f" + {sources.torch}" if sources.torch and not swapped else "")
-            + (f" (torch {swapped})" if swapped else ""))
+            + (f" (torch {swapped})" if swapped else "")
+        )
         with Heartbeat(f"{env.name}: pip part", say, every=beat):
             files[L.REQUIREMENTS], files[L.PYLOCK], pylock = compile_lock(
-                env, glibc, sources.pypi, sources.torch, swap_torch=bool(swapped))
+                env, glibc, sources.pypi, sources.torch, swap_torch=bool(swapped)
+            )
         parents = {n: e.parents for n, e in parse(files[L.REQUIREMENTS]).items()}
         tools["uv"] = uv_version()
     if "sources" in parts and L.has_sources(env):
@@ -147,15 +172,24 @@ def lock_profile(env: ResolvedEnv, glibc: str, sources: Sources, out_dir: Path, 
 
         from envbuilder.lock.conda import solve_conda_lock, solve_rattler, write_conda_lock
 
-        say(f"{env.name}: conda part: {solver} for {', '.join(f'{k}={v}' for k, v in vpkgs.items())} "
-            f"from {', '.join(sources.channels)}")
+        say(
+            f"{env.name}: conda part: {solver} for {', '.join(f'{k}={v}' for k, v in vpkgs.items())} "
+            f"from {', '.join(sources.channels)}"
+        )
         solve = solve_rattler if solver == "rattler" else solve_conda_lock
         with Heartbeat(f"{env.name}: conda part", say, every=beat):
             records = solve(env, list(sources.channels), vpkgs)
         with tempfile.TemporaryDirectory(prefix="envbuild-lock-") as tmp:
             files[L.CONDA_LOCK] = write_conda_lock(
-                Path(tmp) / L.CONDA_LOCK, records, pylock, parents, channels=list(sources.channels),
-                input_sha256=input_sha, profile=env.name, vpkgs=vpkgs)
+                Path(tmp) / L.CONDA_LOCK,
+                records,
+                pylock,
+                parents,
+                channels=list(sources.channels),
+                input_sha256=input_sha,
+                profile=env.name,
+                vpkgs=vpkgs,
+            )
         tools["conda-lock"] = _version("conda-lock")
         if solver == "rattler":
             tools["py-rattler"] = _version("py-rattler")
@@ -179,15 +213,22 @@ def lock_profile(env: ResolvedEnv, glibc: str, sources: Sources, out_dir: Path, 
         "inputs": digests,
         "parts": sorted(parts),
         "solver": solver if "conda" in parts else None,
-        "target": {"platform": "linux-64", "python": env.python,
-                   "python_platform": python_platform(glibc), "virtual_packages": vpkgs},
+        "target": {
+            "platform": "linux-64",
+            "python": env.python,
+            "python_platform": python_platform(glibc),
+            "virtual_packages": vpkgs,
+        },
         # where it was solved from, never with a URL's user:password@ (lock.json is committed)
-        "sources": _bare({
-            **({"pypi": sources.pypi, "torch": sources.torch} if "pip" in parts else {}),
-            **({"github": sources.github} if "pip" in parts and L.has_sources(env) else {}),
-            **({"channels": list(sources.channels)} if "conda" in parts else {}),
-            **({"registry_mirror": sources.registry_mirror} if "images" in parts else {})},
-            without_credentials),
+        "sources": _bare(
+            {
+                **({"pypi": sources.pypi, "torch": sources.torch} if "pip" in parts else {}),
+                **({"github": sources.github} if "pip" in parts and L.has_sources(env) else {}),
+                **({"channels": list(sources.channels)} if "conda" in parts else {}),
+                **({"registry_mirror": sources.registry_mirror} if "images" in parts else {}),
+            },
+            without_credentials,
+        ),
         "tools": tools,
         "files": {name: L.sha256_text(text) for name, text in sorted(files.items())},
     }

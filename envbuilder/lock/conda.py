@@ -44,20 +44,29 @@ def default_channels(env: ResolvedEnv) -> list[str]:
 
 def virtual_packages(env: ResolvedEnv, glibc: str) -> dict[str, str]:
     """The target's virtual packages, name -> "version" or "version build"."""
-    return {"__archspec": "1 x86_64", "__cuda": env.cuda.version, "__glibc": glibc,
-            "__linux": LINUX, "__unix": "0"}
+    return {
+        "__archspec": "1 x86_64",
+        "__cuda": env.cuda.version,
+        "__glibc": glibc,
+        "__linux": LINUX,
+        "__unix": "0",
+    }
 
 
 def _hint(message: str, vpkgs: dict[str, str]) -> str:
     need = re.findall(r"__cuda\s*>=\s*([\d.]+)", message)
     if need:
-        return (f"A package needs a CUDA driver for __cuda >= {max(need, key=_vkey)}, but the "
-                f"profile's target is __cuda={vpkgs['__cuda']}: pick a conda_nvcc (matrices, "
-                "cuda.yaml) of the profile's CUDA, or another --cuda.")
+        return (
+            f"A package needs a CUDA driver for __cuda >= {max(need, key=_vkey)}, but the "
+            f"profile's target is __cuda={vpkgs['__cuda']}: pick a conda_nvcc (matrices, "
+            "cuda.yaml) of the profile's CUDA, or another --cuda."
+        )
     need = re.findall(r"__glibc\s*>=\s*([\d.]+)", message)
     if need:
-        return (f"A package needs __glibc >= {max(need, key=_vkey)}, but the base image has "
-                f"glibc {vpkgs['__glibc']}.")
+        return (
+            f"A package needs __glibc >= {max(need, key=_vkey)}, but the base image has "
+            f"glibc {vpkgs['__glibc']}."
+        )
     return "A spec names a version the channels do not have for linux-64."
 
 
@@ -70,28 +79,40 @@ def solve_rattler(env: ResolvedEnv, channels: list[str], vpkgs: dict[str, str]) 
 
     wanted = conda_specs(env)
     try:
-        result = call({"channels": channels, "specs": wanted, "platforms": [PLATFORM, "noarch"],
-                       "virtual_packages": vpkgs})
+        result = call(
+            {
+                "channels": channels,
+                "specs": wanted,
+                "platforms": [PLATFORM, "noarch"],
+                "virtual_packages": vpkgs,
+            }
+        )
     except RuntimeError as e:
         raise ActionError(f"Solving the conda part of {env.name} failed: {e}") from None
     if "unsat" in result:
         text = result["unsat"].strip()
         target = ", ".join(f"{k}={v}" for k, v in sorted(vpkgs.items()) if k in ("__cuda", "__glibc"))
-        raise UserError(f"The conda part of {env.name} ({', '.join(wanted)}) cannot be solved for "
-                        f"its target ({target}):\n{text}\n{_hint(text, vpkgs)}")
+        raise UserError(
+            f"The conda part of {env.name} ({', '.join(wanted)}) cannot be solved for "
+            f"its target ({target}):\n{text}\n{_hint(text, vpkgs)}"
+        )
     if "fetch" in result:
-        raise ActionError(f"Cannot fetch the conda channels ({', '.join(_urls(channels))}): "
-                          f"{result['fetch'].strip()}\nCheck the URLs, or pass --channel a mirror "
-                          "that answers.")
+        raise ActionError(
+            f"Cannot fetch the conda channels ({', '.join(_urls(channels))}): "
+            f"{result['fetch'].strip()}\nCheck the URLs, or pass --channel a mirror "
+            "that answers."
+        )
     if "invalid" in result:
         raise UserError(f"A conda channel or spec of {env.name} is malformed: {result['invalid']}")
     out = []
     for r in result["ok"]:
         if not r["md5"]:
-            raise ActionError(f"{r['url']} has no md5 in its channel's repodata; conda-lock.yml "
-                              "needs one.")
-        out.append(CondaRecord(r["name"], r["version"], r["build"], r["url"], r["md5"],
-                               r["sha256"], tuple(r["depends"])))
+            raise ActionError(f"{r['url']} has no md5 in its channel's repodata; conda-lock.yml needs one.")
+        out.append(
+            CondaRecord(
+                r["name"], r["version"], r["build"], r["url"], r["md5"], r["sha256"], tuple(r["depends"])
+            )
+        )
     return sorted(out)
 
 
@@ -118,32 +139,64 @@ def solve_conda_lock(env: ResolvedEnv, channels: list[str], vpkgs: dict[str, str
 
     exe = conda_exe()
     if exe is None:
-        raise UserError("--solver conda-lock runs conda-lock, which needs conda, mamba or "
-                        "micromamba on PATH to solve; none is. Install one, or use --solver rattler "
-                        "(the default: py-rattler solves without any conda).")
+        raise UserError(
+            "--solver conda-lock runs conda-lock, which needs conda, mamba or "
+            "micromamba on PATH to solve; none is. Install one, or use --solver rattler "
+            "(the default: py-rattler solves without any conda)."
+        )
     from conda_lock.lockfile import parse_conda_lock_file
 
     with tempfile.TemporaryDirectory(prefix="envbuild-conda-lock-") as tmp:
         tmp = Path(tmp)
-        (tmp / "environment.yml").write_text(yaml.safe_dump(
-            {"name": f"envbuild-{env.name}", "channels": channels, "dependencies": conda_specs(env)}))
-        (tmp / "virtual-packages.yml").write_text(yaml.safe_dump(
-            {"subdirs": {PLATFORM: {"packages": vpkgs}}}))
+        (tmp / "environment.yml").write_text(
+            yaml.safe_dump(
+                {"name": f"envbuild-{env.name}", "channels": channels, "dependencies": conda_specs(env)}
+            )
+        )
+        (tmp / "virtual-packages.yml").write_text(
+            yaml.safe_dump({"subdirs": {PLATFORM: {"packages": vpkgs}}})
+        )
         proc = subprocess.run(
-            [sys.executable, "-m", "conda_lock", "lock", "--conda", exe, "-p", PLATFORM,
-             "-f", "environment.yml", "--virtual-package-spec", "virtual-packages.yml",
-             "--lockfile", "conda-lock.yml"], cwd=tmp, capture_output=True, text=True)
+            [
+                sys.executable,
+                "-m",
+                "conda_lock",
+                "lock",
+                "--conda",
+                exe,
+                "-p",
+                PLATFORM,
+                "-f",
+                "environment.yml",
+                "--virtual-package-spec",
+                "virtual-packages.yml",
+                "--lockfile",
+                "conda-lock.yml",
+            ],
+            cwd=tmp,
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode != 0:
             msg = (proc.stderr or proc.stdout).strip()[-3000:]
-            cls = ActionError if re.search(r"(?i)connect|http error|timed out|resolve host", msg) \
-                else UserError
+            cls = (
+                ActionError if re.search(r"(?i)connect|http error|timed out|resolve host", msg) else UserError
+            )
             raise cls(f"conda-lock could not lock the conda part of {env.name}:\n{msg}")
         lock = parse_conda_lock_file(tmp / "conda-lock.yml")
-    return sorted(CondaRecord(p.name, p.version, p.build or "", p.url, p.hash.md5 or "",
-                              p.hash.sha256 or "",
-                              tuple(f"{k} {v}".strip() if v != "*" else k
-                                    for k, v in p.dependencies.items()))
-                  for p in lock.package if p.manager == "conda")
+    return sorted(
+        CondaRecord(
+            p.name,
+            p.version,
+            p.build or "",
+            p.url,
+            p.hash.md5 or "",
+            p.hash.sha256 or "",
+            tuple(f"{k} {v}".strip() if v != "*" else k for k, v in p.dependencies.items()),
+        )
+        for p in lock.package
+        if p.manager == "conda"
+    )
 
 
 def _dependencies(depends: tuple[str, ...]) -> dict[str, str]:
@@ -154,9 +207,17 @@ def _dependencies(depends: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
-def write_conda_lock(path: Path, conda: list[CondaRecord], pylock: dict | None,
-                     pip_parents: dict[str, frozenset[str]], *, channels: list[str],
-                     input_sha256: str, profile: str, vpkgs: dict[str, str]) -> str:
+def write_conda_lock(
+    path: Path,
+    conda: list[CondaRecord],
+    pylock: dict | None,
+    pip_parents: dict[str, frozenset[str]],
+    *,
+    channels: list[str],
+    input_sha256: str,
+    profile: str,
+    vpkgs: dict[str, str],
+) -> str:
     """conda-lock.yml through conda-lock's writer; returns its text."""
     from conda_lock.lockfile import write_conda_lock_file
     from conda_lock.lockfile.v1.models import HashModel, LockMeta
@@ -164,25 +225,47 @@ def write_conda_lock(path: Path, conda: list[CondaRecord], pylock: dict | None,
 
     from envbuilder.lock.pip import normalize, pip_artifact
 
-    packages = [LockedDependency(
-        name=r.name, version=r.version, manager="conda", platform=PLATFORM,
-        dependencies=_dependencies(r.depends), url=r.url,
-        hash=HashModel(md5=r.md5, sha256=r.sha256 or None), build=r.build, categories={"main"})
-        for r in conda]
+    packages = [
+        LockedDependency(
+            name=r.name,
+            version=r.version,
+            manager="conda",
+            platform=PLATFORM,
+            dependencies=_dependencies(r.depends),
+            url=r.url,
+            hash=HashModel(md5=r.md5, sha256=r.sha256 or None),
+            build=r.build,
+            categories={"main"},
+        )
+        for r in conda
+    ]
     for p in (pylock or {}).get("packages", []):
         name = normalize(p["name"])
         url, sha256 = pip_artifact(p)
         deps = {child: "*" for child, parents in pip_parents.items() if name in parents}
-        packages.append(LockedDependency(
-            name=name, version=p["version"], manager="pip", platform=PLATFORM,
-            dependencies=dict(sorted(deps.items())), url=url, hash=HashModel(sha256=sha256),
-            categories={"main"}))
+        packages.append(
+            LockedDependency(
+                name=name,
+                version=p["version"],
+                manager="pip",
+                platform=PLATFORM,
+                dependencies=dict(sorted(deps.items())),
+                url=url,
+                hash=HashModel(sha256=sha256),
+                categories={"main"},
+            )
+        )
     meta = LockMeta(
-        content_hash={PLATFORM: input_sha256}, channels=list(channels), platforms=[PLATFORM],
+        content_hash={PLATFORM: input_sha256},
+        channels=list(channels),
+        platforms=[PLATFORM],
         sources=["environment.yml"],
-        custom_metadata={"envbuild_profile": profile,
-                         "virtual_packages": ", ".join(f"{k}={v}" for k, v in sorted(vpkgs.items()))})
-    write_conda_lock_file(Lockfile(package=packages, metadata=meta), path,
-                          metadata_choices=None, include_help_text=False)
+        custom_metadata={
+            "envbuild_profile": profile,
+            "virtual_packages": ", ".join(f"{k}={v}" for k, v in sorted(vpkgs.items())),
+        },
+    )
+    write_conda_lock_file(
+        Lockfile(package=packages, metadata=meta), path, metadata_choices=None, include_help_text=False
+    )
     return path.read_text(encoding="utf-8")
-

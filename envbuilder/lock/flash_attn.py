@@ -61,17 +61,29 @@ def python_tag(python: str) -> str:
     return f"cp{m.group(1)}{m.group(2)}"
 
 
-def wheel_filename(template: str, version: str, torch_version: str, torch_cuda: str,
-                   python: str, cxx11_abi: bool, cuda_tags: dict[str, str],
-                   machine: str = "x86_64") -> str | None:
+def wheel_filename(
+    template: str,
+    version: str,
+    torch_version: str,
+    torch_cuda: str,
+    python: str,
+    cxx11_abi: bool,
+    cuda_tags: dict[str, str],
+    machine: str = "x86_64",
+) -> str | None:
     """The release wheel's file name, or None when the release builds none for this CUDA."""
     tag = cuda_tag(torch_cuda, cuda_tags)
     m = _TORCH.match(torch_version or "")
     if tag is None or not m:
         return None
-    return template.format(version=version, cuda_tag=tag, torch=f"{m.group(1)}.{m.group(2)}",
-                           cxx11_abi=str(bool(cxx11_abi)).upper(), python=python_tag(python),
-                           machine=machine)
+    return template.format(
+        version=version,
+        cuda_tag=tag,
+        torch=f"{m.group(1)}.{m.group(2)}",
+        cxx11_abi=str(bool(cxx11_abi)).upper(),
+        python=python_tag(python),
+        machine=machine,
+    )
 
 
 # ---- in the builder ------------------------------------------------------------------------
@@ -167,8 +179,9 @@ def _opener(cut: _Cut):
                 new.remove_header("Authorization")
             return new
 
-    return urllib.request.build_opener(watched(urllib.request.HTTPHandler),
-                                       watched(urllib.request.HTTPSHandler), SameOriginAuth)
+    return urllib.request.build_opener(
+        watched(urllib.request.HTTPHandler), watched(urllib.request.HTTPSHandler), SameOriginAuth
+    )
 
 
 def download(url: str, dest_tmp: str, timeout: float = 60.0, attempts: int = 3) -> str:
@@ -215,8 +228,10 @@ def download(url: str, dest_tmp: str, timeout: float = 60.0, attempts: int = 3) 
         finally:
             timer.cancel()
         if cut.expired:
-            raise Unavailable(f"{shown} sent no complete wheel within {DEADLINE_S:g} s (a mirror "
-                              "that stalls or sends too slowly)")
+            raise Unavailable(
+                f"{shown} sent no complete wheel within {DEADLINE_S:g} s (a mirror "
+                "that stalls or sends too slowly)"
+            )
         if i + 1 < attempts:
             time.sleep(2 * (i + 1))
     raise Unavailable(f"{shown} did not answer ({last}) after {attempts} tries")
@@ -231,7 +246,7 @@ def check_wheel(path: str, filename: str, version: str) -> str:
     METADATA naming flash-attn at `version` (a local +... allowed), WHEEL's tag the file name's.
     Returns METADATA's version. The RECORD travels inside the file: this proves integrity,
     not origin."""
-    tag = "-".join(filename[:-len(".whl")].split("-")[-3:])
+    tag = "-".join(filename[: -len(".whl")].split("-")[-3:])
     try:
         with zipfile.ZipFile(path) as z:
             names = z.namelist()
@@ -249,8 +264,13 @@ def check_wheel(path: str, filename: str, version: str) -> str:
                 listed.add(row[0])
                 if row[0] not in names or _record_hash(z.read(row[0])) != row[1]:
                     raise BadFile(f"{filename}: {row[0]} does not match its RECORD hash")
-            unlisted = [n for n in names if not n.endswith("/") and n not in listed
-                        and not n.endswith(("/RECORD", "/RECORD.jws", "/RECORD.p7s"))]
+            unlisted = [
+                n
+                for n in names
+                if not n.endswith("/")
+                and n not in listed
+                and not n.endswith(("/RECORD", "/RECORD.jws", "/RECORD.p7s"))
+            ]
             if unlisted:
                 raise BadFile(f"{filename}: {unlisted[0]} is not in its RECORD")
     except (zipfile.BadZipFile, KeyError, UnicodeDecodeError, csv.Error) as e:
@@ -276,24 +296,38 @@ def installed_torch() -> tuple[str, str, bool]:
     return str(torch.__version__), str(torch.version.cuda or ""), bool(_GLIBCXX_USE_CXX11_ABI)
 
 
-def fetch(version: str, release: str, template: str, cuda_tags: dict[str, str],
-          pins: dict[str, str] | None, dest: str, say=print) -> str:
+def fetch(
+    version: str,
+    release: str,
+    template: str,
+    cuda_tags: dict[str, str],
+    pins: dict[str, str] | None,
+    dest: str,
+    say=print,
+) -> str:
     """Fetch, verify and place the wheel for the installed torch into `dest`; returns its path."""
     import platform
 
     torch_version, torch_cuda, abi = installed_torch()
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
-    filename = wheel_filename(template, version, torch_version, torch_cuda, python, abi,
-                              cuda_tags, platform.machine())
-    say(f"envbuild: flash-attn {version} for torch {torch_version} (CUDA {torch_cuda or 'none'}, "
-        f"cxx11abi {str(abi).upper()}), Python {python}, {platform.machine()}")
+    filename = wheel_filename(
+        template, version, torch_version, torch_cuda, python, abi, cuda_tags, platform.machine()
+    )
+    say(
+        f"envbuild: flash-attn {version} for torch {torch_version} (CUDA {torch_cuda or 'none'}, "
+        f"cxx11abi {str(abi).upper()}), Python {python}, {platform.machine()}"
+    )
     if filename is None:
-        raise Unavailable(f"flash-attn {version}'s release builds no wheel for torch "
-                          f"{torch_version} with CUDA {torch_cuda or 'none'} (tags by CUDA major: "
-                          f"{json.dumps(cuda_tags, sort_keys=True)})")
+        raise Unavailable(
+            f"flash-attn {version}'s release builds no wheel for torch "
+            f"{torch_version} with CUDA {torch_cuda or 'none'} (tags by CUDA major: "
+            f"{json.dumps(cuda_tags, sort_keys=True)})"
+        )
     if pins is not None and filename not in pins:
-        raise BadFile(f"the lock pins {', '.join(sorted(pins)) or 'no flash-attn wheel'}, but the "
-                      f"torch installed here needs {filename}: re-lock (envbuild lock) for this torch")
+        raise BadFile(
+            f"the lock pins {', '.join(sorted(pins)) or 'no flash-attn wheel'}, but the "
+            f"torch installed here needs {filename}: re-lock (envbuild lock) for this torch"
+        )
     url = release.rstrip("/") + "/" + filename
     say(f"envbuild: flash-attn: fetching the prebuilt wheel {_redacted(url)}")
     os.makedirs(dest, exist_ok=True)
@@ -305,12 +339,14 @@ def fetch(version: str, release: str, template: str, cuda_tags: dict[str, str],
                 raise BadFile(f"{filename} has sha256 {sha}, the lock pins {pins[filename]}")
             how = f"sha256 {sha} as the lock pins it"
         else:
-            how = (f"sha256 {sha}; checked against its own RECORD (integrity, not a pin: "
-                   "`envbuild lock` pins it)")
+            how = (
+                f"sha256 {sha}; checked against its own RECORD (integrity, not a pin: "
+                "`envbuild lock` pins it)"
+            )
         meta_version = check_wheel(tmp, filename, version)
         # named with the version its METADATA declares, as flash-attn's setup.py names the
         # release wheel it downloads, so that pip sees one version in the name and the metadata
-        tag = "-".join(filename[:-len(".whl")].split("-")[-3:])
+        tag = "-".join(filename[: -len(".whl")].split("-")[-3:])
         final = os.path.join(dest, f"flash_attn-{meta_version}-{tag}.whl")
         os.replace(tmp, final)
     finally:
@@ -323,13 +359,14 @@ def fetch(version: str, release: str, template: str, cuda_tags: dict[str, str],
 def main(argv=None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(description="Fetch flash-attn's prebuilt release wheel for the "
-                                             "installed torch.")
+    ap = argparse.ArgumentParser(
+        description="Fetch flash-attn's prebuilt release wheel for the installed torch."
+    )
     ap.add_argument("--version", required=True)
     ap.add_argument("--release", required=True, help="the release's download folder URL")
     ap.add_argument("--filename", required=True, help="the wheel file name template")
     ap.add_argument("--cuda-tags", required=True, help='JSON: {"12": "12"} (CUDA major -> tag)')
-    ap.add_argument("--pins", help='JSON: {file name: sha256} (a locked build)')
+    ap.add_argument("--pins", help="JSON: {file name: sha256} (a locked build)")
     ap.add_argument("--dest", required=True)
     a = ap.parse_args(argv)
     try:
@@ -342,10 +379,13 @@ def main(argv=None) -> int:
         fetch(a.version, a.release, a.filename, cuda_tags, pins, a.dest)
     except Unavailable as e:
         if pins is not None:
-            print(f"envbuild: flash-attn: ERROR: {e}. The lock pins this wheel, so a locked build "
-                  "does not compile instead: point the mirror's `github` endpoint (or "
-                  "--build-arg FLASH_ATTN_RELEASE) at a copy of the release, or build from a "
-                  "wheelhouse.", file=sys.stderr)
+            print(
+                f"envbuild: flash-attn: ERROR: {e}. The lock pins this wheel, so a locked build "
+                "does not compile instead: point the mirror's `github` endpoint (or "
+                "--build-arg FLASH_ATTN_RELEASE) at a copy of the release, or build from a "
+                "wheelhouse.",
+                file=sys.stderr,
+            )
             return BAD_FILE
         print(f"envbuild: flash-attn: no prebuilt wheel: {e}.", file=sys.stderr)
         return NOT_AVAILABLE
@@ -353,8 +393,9 @@ def main(argv=None) -> int:
         print(f"envbuild: flash-attn: ERROR: {e}. Not installed; the build stops.", file=sys.stderr)
         return BAD_FILE
     except ImportError as e:
-        print(f"envbuild: flash-attn: torch is not importable here ({e}); it names the wheel.",
-              file=sys.stderr)
+        print(
+            f"envbuild: flash-attn: torch is not importable here ({e}); it names the wheel.", file=sys.stderr
+        )
         return BAD_FILE
     return 0
 

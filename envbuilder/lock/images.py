@@ -22,5 +22,4 @@ def lock_images(refs: list[str], mirror: str | dict | None = None) -> dict[str, 
     if isinstance(mirror, str) and not mirror.strip():
         raise UserError("--registry-mirror needs HOST[:PORT][/PREFIX].")
     with session() as s:
-        return {ref: digest(ref, mirror_for(ref, mirror), s)._asdict()
-                for ref in sorted(set(refs))}
+        return {ref: digest(ref, mirror_for(ref, mirror), s)._asdict() for ref in sorted(set(refs))}

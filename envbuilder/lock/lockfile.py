@@ -63,28 +63,37 @@ def solver_inputs(env: ResolvedEnv) -> dict[str, dict]:
     from envbuilder.render.plan import conda_specs, requirements_in
     from envbuilder.lock.conda import default_channels, virtual_packages
 
-    target = {"platform": "linux-64", "python": env.python, "glibc": env.cuda.glibc,
-              "cuda": env.cuda.version}
+    target = {"platform": "linux-64", "python": env.python, "glibc": env.cuda.glibc, "cuda": env.cuda.version}
     out = {
-        "pip": {"requirements": requirements_in(env), "target": target,
-                "indexes": env.indexes.to_dict()},
-        "conda": {"specs": conda_specs(env), "channels": default_channels(env), "target": target,
-                  "virtual_packages": virtual_packages(env, env.cuda.glibc or "")},
+        "pip": {"requirements": requirements_in(env), "target": target, "indexes": env.indexes.to_dict()},
+        "conda": {
+            "specs": conda_specs(env),
+            "channels": default_channels(env),
+            "target": target,
+            "virtual_packages": virtual_packages(env, env.cuda.glibc or ""),
+        },
         "images": {"refs": sorted(set(env.cuda.images.values())), "platform": "linux/amd64"},
     }
     if has_sources(env):
-        out["sources"] = {"apex": plain(env.apex), "flash_attn": plain(env.flash_attn),
-                          "target": target, "torch": env.torch.version}
+        out["sources"] = {
+            "apex": plain(env.apex),
+            "flash_attn": plain(env.flash_attn),
+            "target": target,
+            "torch": env.torch.version,
+        }
     return out
 
 
 def input_digests(env: ResolvedEnv, parts) -> dict[str, str]:
-    """"part.key" -> sha256 of that input, for the given parts (so a stale lock says which
+    """ "part.key" -> sha256 of that input, for the given parts (so a stale lock says which
     input of which part moved)."""
     inputs = solver_inputs(env)
-    return {f"{part}.{key}": sha256_text(json.dumps(value, sort_keys=True))
-            for part in sorted(parts) if part in inputs
-            for key, value in sorted(inputs[part].items())}
+    return {
+        f"{part}.{key}": sha256_text(json.dumps(value, sort_keys=True))
+        for part in sorted(parts)
+        if part in inputs
+        for key, value in sorted(inputs[part].items())
+    }
 
 
 def input_sha256(digests: dict[str, str]) -> str:
@@ -123,12 +132,13 @@ def _read_meta(lock_dir: Path) -> tuple[dict | None, str]:
     if text is None and why.startswith("missing:"):
         return None, ""
     if text is None:
-        raise UserError(f"{lock_dir / META} is unreadable ({why}). Re-create it with "
-                        "`envbuild lock`.")
+        raise UserError(f"{lock_dir / META} is unreadable ({why}). Re-create it with `envbuild lock`.")
     meta = parse(META, text, str(lock_dir / META), shape=False)  # (readers.BadData: exit 2)
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise UserError(f"{lock_dir / META} is not an envbuild lock of format {FORMAT}. "
-                        "Re-create it with `envbuild lock`.")
+        raise UserError(
+            f"{lock_dir / META} is not an envbuild lock of format {FORMAT}. "
+            "Re-create it with `envbuild lock`."
+        )
     check_shape(meta, META_SHAPE, str(lock_dir / META), RELOCK)
     return meta, text
 
@@ -143,8 +153,9 @@ def _stale(env: ResolvedEnv, meta: dict, parts) -> list[str]:
     now, then = input_digests(env, locked), meta.get("inputs", {})
     changed = sorted(k for k in now if now[k] != then.get(k))
     if changed:
-        out.append("stale: changed since locking: " + ", ".join(changed)
-                   + " (re-lock: what the solver sees moved)")
+        out.append(
+            "stale: changed since locking: " + ", ".join(changed) + " (re-lock: what the solver sees moved)"
+        )
     return out
 
 
@@ -161,8 +172,10 @@ def problems(env: ResolvedEnv, lock_dir: Path, parts=tuple(PARTS)) -> list[str]:
     out = _stale(env, meta, parts)
     for part in parts:
         if part not in meta.get("parts", []):
-            out.append(f"incomplete: {PARTS[part]} was not locked (made with --only "
-                       f"{','.join(meta.get('parts', []))})")
+            out.append(
+                f"incomplete: {PARTS[part]} was not locked (made with --only "
+                f"{','.join(meta.get('parts', []))})"
+            )
     out += damaged
     if "pip" in meta.get("parts", []) and "pip" in parts:
         for name in [PYLOCK]:
@@ -211,15 +224,21 @@ def integrity(lock_dir: Path) -> tuple[dict | None, dict[str, str], list[str]]:
         from envbuilder.lock.pip import normalize
         from envbuilder.lock.pip import parse as parse_requirements
 
-        files = {(normalize(p["name"]), p["version"])
-                 for p in parse(PYLOCK, texts[PYLOCK], str(lock_dir / PYLOCK))["packages"]}
-        copies = {REQUIREMENTS: lambda t: {(n, e.version) for n, e in parse_requirements(t).items()},
-                  CONDA_LOCK: lambda t: _conda_lock_pip_pins(t, str(lock_dir / CONDA_LOCK))}
+        files = {
+            (normalize(p["name"]), p["version"])
+            for p in parse(PYLOCK, texts[PYLOCK], str(lock_dir / PYLOCK))["packages"]
+        }
+        copies = {
+            REQUIREMENTS: lambda t: {(n, e.version) for n, e in parse_requirements(t).items()},
+            CONDA_LOCK: lambda t: _conda_lock_pip_pins(t, str(lock_dir / CONDA_LOCK)),
+        }
         for name, pins_of in copies.items():
             pins = pins_of(texts[name]) if name in texts else files
             if pins != files:
-                out.append(f"modified: {name} and {PYLOCK} pin different pip packages "
-                           f"({', '.join(f'{n} {v}' for n, v in sorted(pins ^ files)[:5])})")
+                out.append(
+                    f"modified: {name} and {PYLOCK} pin different pip packages "
+                    f"({', '.join(f'{n} {v}' for n, v in sorted(pins ^ files)[:5])})"
+                )
     return meta, texts, out
 
 
@@ -234,14 +253,18 @@ def verified(lock_dir: Path, profile: str | None = None) -> tuple[dict, dict[str
     lock_dir = Path(lock_dir)
     meta, texts, damaged = integrity(lock_dir)
     if meta is None:
-        raise UserError(f"No lock in {lock_dir} (no {META}). Make one with `envbuild lock "
-                        f"{profile or 'PROFILE'}`, or pass the directory where it is.")
+        raise UserError(
+            f"No lock in {lock_dir} (no {META}). Make one with `envbuild lock "
+            f"{profile or 'PROFILE'}`, or pass the directory where it is."
+        )
     if damaged:
-        raise UserError(f"The lock in {lock_dir} is not as `envbuild lock` wrote it: "
-                        f"{'; '.join(damaged[:5])}"
-                        + (f"; and {len(damaged) - 5} more" if len(damaged) > 5 else "")
-                        + ". envbuild uses a lock only whole and unedited (an edit is a different "
-                        f"lock). Re-lock with `envbuild lock {profile or 'PROFILE'}`.")
+        raise UserError(
+            f"The lock in {lock_dir} is not as `envbuild lock` wrote it: "
+            f"{'; '.join(damaged[:5])}"
+            + (f"; and {len(damaged) - 5} more" if len(damaged) > 5 else "")
+            + ". envbuild uses a lock only whole and unedited (an edit is a different "
+            f"lock). Re-lock with `envbuild lock {profile or 'PROFILE'}`."
+        )
     return meta, texts
 
 
@@ -293,44 +316,88 @@ def _unparsable(name: str, text: str, origin: str = "") -> str | None:
 
 # ---- the shapes of a lock's files: each is read only through parse(), with its shape ----------
 
-RELOCK = ("It is not as `envbuild lock` wrote it: re-create the lock with `envbuild lock` (a "
-          "lock is used only whole and unedited).")
+RELOCK = (
+    "It is not as `envbuild lock` wrote it: re-create the lock with `envbuild lock` (a "
+    "lock is used only whole and unedited)."
+)
 # what a tool (uv, conda-lock) or a newer envbuild adds that nothing here reads: any data, bounded
 # by the reader (depth, lengths, finite numbers)
 _MORE = {"*": Any}
 _TEXT = S.Text(4000)
-_URL_TEXT = S.Pattern(r"https?://(?:(?![\"'`$\\])[!-~])+", "https://files.pythonhosted.org/...",
-                      "a plain http(s) URL (no space, quote or shell character)", 4000)
+_URL_TEXT = S.Pattern(
+    r"https?://(?:(?![\"'`$\\])[!-~])+",
+    "https://files.pythonhosted.org/...",
+    "a plain http(s) URL (no space, quote or shell character)",
+    4000,
+)
 _SIZE = S.Int(0, 1 << 44)
 META_SHAPE = {
-    "format": int, "profile": S.NAME, "input_sha256": S.SHA256, "plan_sha256?": S.SHA256,
+    "format": int,
+    "profile": S.NAME,
+    "input_sha256": S.SHA256,
+    "plan_sha256?": S.SHA256,
     "torch_swapped?": (_TEXT, None),
     "inputs": S.MapOf(S.SHA256, key=S.Pattern(r"[a-z_]+\.[a-z_]+", "pip.requirements")),
-    "parts": S.ListOf(S.Text(200)), "solver?": (S.NAME, None),
-    "target?": {"platform?": _TEXT, "python?": _TEXT, "python_platform?": _TEXT,
-                "virtual_packages?": S.MapOf(_TEXT), **_MORE},
-    "sources?": {"pypi?": (_TEXT, None), "torch?": (_TEXT, None), "github?": (_TEXT, None),
-                 "channels?": S.ListOf(_TEXT), "registry_mirror?": S.Tree(_TEXT), **_MORE},
+    "parts": S.ListOf(S.Text(200)),
+    "solver?": (S.NAME, None),
+    "target?": {
+        "platform?": _TEXT,
+        "python?": _TEXT,
+        "python_platform?": _TEXT,
+        "virtual_packages?": S.MapOf(_TEXT),
+        **_MORE,
+    },
+    "sources?": {
+        "pypi?": (_TEXT, None),
+        "torch?": (_TEXT, None),
+        "github?": (_TEXT, None),
+        "channels?": S.ListOf(_TEXT),
+        "registry_mirror?": S.Tree(_TEXT),
+        **_MORE,
+    },
     "tools?": S.Tree(_TEXT),
-    "files": S.MapOf(S.SHA256), **_MORE}
-_FILE = {"url": _URL_TEXT, "hashes": {"sha256": S.SHA256, **_MORE}, "size?": (_SIZE, None),
-         **_MORE}
-PYLOCK_SHAPE = {"packages": S.ListOf({"name": S.PACKAGE, "version": S.Text(200),
-                                      "wheels?": S.ListOf(_FILE), "sdist?": _FILE, **_MORE}),
-                **_MORE}
-CONDA_LOCK_SHAPE = {"package": S.ListOf({
-    "name": S.Text(300), "version": S.Scalar(), "manager": S.OneOf(("conda", "pip")),
-    "url": _URL_TEXT, "hash": {"sha256?": (S.SHA256, None), "md5?": (S.Text(64), None), **_MORE},
-    **_MORE}), **_MORE}
-SOURCES_SHAPE = S.MapOf({"url": _URL_TEXT, "sha256": S.SHA256,
-                         "filename?": S.Pattern(_FILE_NAME.pattern, "apex-25.08.tar.gz",
-                                                "a plain file name", 255),
-                         "size?": (_SIZE, None), "ref?": S.Text(200), **_MORE}, key=S.NAME)
-IMAGES_SHAPE = S.MapOf({"digest": S.Pattern(r"sha256:[0-9a-f]{64}", "sha256:..."), **_MORE},
-                       key=S.Text(500))
-_SHAPES = {META: ("json", META_SHAPE), SOURCES: ("json", SOURCES_SHAPE),
-           IMAGES: ("json", IMAGES_SHAPE), PYLOCK: ("toml", PYLOCK_SHAPE),
-           CONDA_LOCK: ("yaml", CONDA_LOCK_SHAPE)}
+    "files": S.MapOf(S.SHA256),
+    **_MORE,
+}
+_FILE = {"url": _URL_TEXT, "hashes": {"sha256": S.SHA256, **_MORE}, "size?": (_SIZE, None), **_MORE}
+PYLOCK_SHAPE = {
+    "packages": S.ListOf(
+        {"name": S.PACKAGE, "version": S.Text(200), "wheels?": S.ListOf(_FILE), "sdist?": _FILE, **_MORE}
+    ),
+    **_MORE,
+}
+CONDA_LOCK_SHAPE = {
+    "package": S.ListOf(
+        {
+            "name": S.Text(300),
+            "version": S.Scalar(),
+            "manager": S.OneOf(("conda", "pip")),
+            "url": _URL_TEXT,
+            "hash": {"sha256?": (S.SHA256, None), "md5?": (S.Text(64), None), **_MORE},
+            **_MORE,
+        }
+    ),
+    **_MORE,
+}
+SOURCES_SHAPE = S.MapOf(
+    {
+        "url": _URL_TEXT,
+        "sha256": S.SHA256,
+        "filename?": S.Pattern(_FILE_NAME.pattern, "apex-25.08.tar.gz", "a plain file name", 255),
+        "size?": (_SIZE, None),
+        "ref?": S.Text(200),
+        **_MORE,
+    },
+    key=S.NAME,
+)
+IMAGES_SHAPE = S.MapOf({"digest": S.Pattern(r"sha256:[0-9a-f]{64}", "sha256:..."), **_MORE}, key=S.Text(500))
+_SHAPES = {
+    META: ("json", META_SHAPE),
+    SOURCES: ("json", SOURCES_SHAPE),
+    IMAGES: ("json", IMAGES_SHAPE),
+    PYLOCK: ("toml", PYLOCK_SHAPE),
+    CONDA_LOCK: ("yaml", CONDA_LOCK_SHAPE),
+}
 
 
 def parse(name: str, text: str, origin: str, shape: bool = True) -> Any:
@@ -346,8 +413,9 @@ def _parse(name: str, text: str, origin: str, shape: bool) -> Any:
     from envbuilder import readers
 
     kind, spec = _SHAPES[name]
-    return readers.PARSERS[kind](text, origin, shape=spec if shape else None, fix=RELOCK,
-                                 bounds=readers.Bounds(max_bytes=MAX_FILE))
+    return readers.PARSERS[kind](
+        text, origin, shape=spec if shape else None, fix=RELOCK, bounds=readers.Bounds(max_bytes=MAX_FILE)
+    )
 
 
 def write_dir(lock_dir: Path, files: dict[str, str]) -> None:
@@ -358,8 +426,7 @@ def write_dir(lock_dir: Path, files: dict[str, str]) -> None:
     write(lock_dir, files)
 
 
-def for_render(env: ResolvedEnv, lock_dir: Path, wheelhouse: Path | None = None,
-               mirror=None) -> dict:
+def for_render(env: ResolvedEnv, lock_dir: Path, wheelhouse: Path | None = None, mirror=None) -> dict:
     """The `locked` context of the Dockerfile template: base images by digest and the hashed
     requirement file of each install layer (copied into the build context). With a wheelhouse
     (whose locks/<profile>/ is `lock_dir`), pip installs from its files with no index, and the
@@ -370,26 +437,31 @@ def for_render(env: ResolvedEnv, lock_dir: Path, wheelhouse: Path | None = None,
 
     lock_dir = Path(lock_dir)
     meta, lock_texts = verified(lock_dir, env.name)
-    stale = _stale(env, meta, parts_for(env, ("pip", "sources") if wheelhouse is not None
-                                        else tuple(PARTS)))
+    stale = _stale(env, meta, parts_for(env, ("pip", "sources") if wheelhouse is not None else tuple(PARTS)))
     if stale:
-        raise UserError(f"The lock in {lock_dir} was made for other inputs than {env.name!r} has "
-                        f"now ({'; '.join(stale)}). Re-lock with `envbuild lock {env.name}` "
-                        "(with the same overrides).")
+        raise UserError(
+            f"The lock in {lock_dir} was made for other inputs than {env.name!r} has "
+            f"now ({'; '.join(stale)}). Re-lock with `envbuild lock {env.name}` "
+            "(with the same overrides)."
+        )
     if meta.get("torch_swapped"):
-        raise UserError(f"The lock in {lock_dir} was solved with PyPI's torch in place of the "
-                        f"profile's ({meta['torch_swapped']}), because the PyTorch index was out "
-                        "of reach: it pins everything else (a plain render uses it as constraints) "
-                        "but cannot install this torch with --require-hashes. Re-lock with "
-                        f"`envbuild lock {env.name}` where the PyTorch index (or its mirror: "
-                        "--torch-index-url) answers.")
+        raise UserError(
+            f"The lock in {lock_dir} was solved with PyPI's torch in place of the "
+            f"profile's ({meta['torch_swapped']}), because the PyTorch index was out "
+            "of reach: it pins everything else (a plain render uses it as constraints) "
+            "but cannot install this torch with --require-hashes. Re-lock with "
+            f"`envbuild lock {env.name}` where the PyTorch index (or its mirror: "
+            "--torch-index-url) answers."
+        )
     needed = ("pip",) if wheelhouse is not None else ("pip", "images")
     missing = [PARTS[p] for p in needed if p not in meta.get("parts", [])]
     if missing:
-        raise UserError(f"The lock in {lock_dir} has no {' and no '.join(missing)} (made with "
-                        f"--only {','.join(meta.get('parts', []))}); a locked Dockerfile needs "
-                        f"{'it' if len(needed) == 1 else 'both'}. Complete it with `envbuild lock "
-                        f"{env.name}` on a machine that reaches the registry and the indexes.")
+        raise UserError(
+            f"The lock in {lock_dir} has no {' and no '.join(missing)} (made with "
+            f"--only {','.join(meta.get('parts', []))}); a locked Dockerfile needs "
+            f"{'it' if len(needed) == 1 else 'both'}. Complete it with `envbuild lock "
+            f"{env.name}` on a machine that reaches the registry and the indexes."
+        )
     texts = {}
     for name in (REQUIREMENTS, IMAGES, SOURCES):
         if name == IMAGES and "images" not in meta.get("parts", []):
@@ -397,9 +469,11 @@ def for_render(env: ResolvedEnv, lock_dir: Path, wheelhouse: Path | None = None,
         if name == SOURCES and not has_sources(env):
             continue
         if name == SOURCES and name not in meta.get("files", {}):
-            raise UserError(f"The lock in {lock_dir} pins no {' or '.join(_sourced(env))} (no "
-                            f"{SOURCES}; made by an older envbuild, or with --only without "
-                            f"sources). Re-lock with `envbuild lock {env.name}`.")
+            raise UserError(
+                f"The lock in {lock_dir} pins no {' or '.join(_sourced(env))} (no "
+                f"{SOURCES}; made by an older envbuild, or with --only without "
+                f"sources). Re-lock with `envbuild lock {env.name}`."
+            )
         texts[name] = lock_texts[name]  # (verified: each locked part has its file)
     images = parse(IMAGES, texts[IMAGES], str(lock_dir / IMAGES)) if IMAGES in texts else {}
     pinned = {}
@@ -427,15 +501,26 @@ def for_render(env: ResolvedEnv, lock_dir: Path, wheelhouse: Path | None = None,
 
         fa_wheels = flash_attn_pins(sources)
         if not fa_wheels:
-            raise UserError(f"{lock_dir / SOURCES} pins no flash-attn wheel (made by an older "
-                            f"envbuild). Re-lock with `envbuild lock {env.name}`.")
+            raise UserError(
+                f"{lock_dir / SOURCES} pins no flash-attn wheel (made by an older "
+                f"envbuild). Re-lock with `envbuild lock {env.name}`."
+            )
     if env.apex and not apex_source:
-        raise UserError(f"{lock_dir / SOURCES} pins no apex source archive. Re-lock with "
-                        f"`envbuild lock {env.name}`.")
-    return {"images": pinned, "images_pinned": IMAGES in texts, "layers": layers, "files": files,
-            "input_sha256": meta["input_sha256"], "wheelhouse": wheelhouse is not None,
-            "links": links, "apex_source": apex_source, "flash_attn_wheels": fa_wheels,
-            "uv_wheel": uv_wheel}
+        raise UserError(
+            f"{lock_dir / SOURCES} pins no apex source archive. Re-lock with `envbuild lock {env.name}`."
+        )
+    return {
+        "images": pinned,
+        "images_pinned": IMAGES in texts,
+        "layers": layers,
+        "files": files,
+        "input_sha256": meta["input_sha256"],
+        "wheelhouse": wheelhouse is not None,
+        "links": links,
+        "apex_source": apex_source,
+        "flash_attn_wheels": fa_wheels,
+        "uv_wheel": uv_wheel,
+    }
 
 
 def _wheelhouse_uv(env: ResolvedEnv, wheelhouse: Path, links: dict[str, Path]) -> str | None:
@@ -449,50 +534,63 @@ def _wheelhouse_uv(env: ResolvedEnv, wheelhouse: Path, links: dict[str, Path]) -
 
 
 def _sourced(env: ResolvedEnv) -> list[str]:
-    return ((["apex source archive"] if env.apex else [])
-            + (["flash-attn wheel"] if env.flash_attn else []))
+    return (["apex source archive"] if env.apex else []) + (["flash-attn wheel"] if env.flash_attn else [])
 
 
-def wheelhouse_files(env: ResolvedEnv,
-                     wheelhouse: Path) -> tuple[dict[str, Checked], dict[str, tuple[str, ...]]]:
+def wheelhouse_files(
+    env: ResolvedEnv, wheelhouse: Path
+) -> tuple[dict[str, Checked], dict[str, tuple[str, ...]]]:
     """({build-context path: wheelhouse file, with the size and sha256 the manifest records}
     for the pip files the profile needs, {package: ("sha256:..." of the wheel built from its
     sdist,)}). outdir.write_dir places each file only as those bytes, never through a link."""
     manifest = read_wheelhouse_manifest(wheelhouse)
     if manifest is None:
-        raise UserError(f"{wheelhouse} is not an envbuild wheelhouse (no {WHEELHOUSE_MANIFEST}). "
-                        f"Make one with `envbuild wheelhouse {env.name} -o {wheelhouse}`.")
+        raise UserError(
+            f"{wheelhouse} is not an envbuild wheelhouse (no {WHEELHOUSE_MANIFEST}). "
+            f"Make one with `envbuild wheelhouse {env.name} -o {wheelhouse}`."
+        )
     profile = manifest["profiles"].get(env.name)
     if profile is None:
-        raise UserError(f"The wheelhouse {wheelhouse} holds no complete export of {env.name} "
-                        f"(it has: {', '.join(manifest['profiles']) or 'none'}). Run "
-                        f"`envbuild wheelhouse {env.name} -o {wheelhouse}`.")
+        raise UserError(
+            f"The wheelhouse {wheelhouse} holds no complete export of {env.name} "
+            f"(it has: {', '.join(manifest['profiles']) or 'none'}). Run "
+            f"`envbuild wheelhouse {env.name} -o {wheelhouse}`."
+        )
     from envbuilder.offline.wheelbuild import is_sdist
 
     built, files = profile.get("built") or {}, manifest["files"]
-    unbuilt = sorted(f["name"] for p, f in files.items()
-                     if p in profile["files"] and f.get("kind") == "pip" and is_sdist(p)
-                     and f.get("name") not in built)
+    unbuilt = sorted(
+        f["name"]
+        for p, f in files.items()
+        if p in profile["files"] and f.get("kind") == "pip" and is_sdist(p) and f.get("name") not in built
+    )
     if unbuilt:
-        raise UserError(f"The wheelhouse {wheelhouse} holds {', '.join(unbuilt)} of {env.name} as "
-                        "sdists only (exported by an older envbuild), which an offline build "
-                        "cannot build. Export it again with `envbuild wheelhouse "
-                        f"{env.name} -o {wheelhouse}`: that builds them into wheels.")
-    if any(p not in files for p in profile["files"]) or \
-            any(p not in profile["files"] for p in built.values()):
-        raise UserError(f"{wheelhouse / WHEELHOUSE_MANIFEST} names files of {env.name} it does "
-                        f"not list; export it again with `envbuild wheelhouse {env.name} -o "
-                        f"{wheelhouse}`.")
+        raise UserError(
+            f"The wheelhouse {wheelhouse} holds {', '.join(unbuilt)} of {env.name} as "
+            "sdists only (exported by an older envbuild), which an offline build "
+            "cannot build. Export it again with `envbuild wheelhouse "
+            f"{env.name} -o {wheelhouse}`: that builds them into wheels."
+        )
+    if any(p not in files for p in profile["files"]) or any(
+        p not in profile["files"] for p in built.values()
+    ):
+        raise UserError(
+            f"{wheelhouse / WHEELHOUSE_MANIFEST} names files of {env.name} it does "
+            f"not list; export it again with `envbuild wheelhouse {env.name} -o "
+            f"{wheelhouse}`."
+        )
     hashes = {name: (f"sha256:{files[p]['sha256']}",) for name, p in built.items()}
     # pip files flat (pip's --find-links), source archives under sources/ (every path was
     # checked to be pypi/NAME or sources/NAME: none leads out of the build context)
-    fix = (f"The wheelhouse was changed after its export: export it again with `envbuild "
-           f"wheelhouse {env.name} -o {wheelhouse}` (or copy it again from its source).")
+    fix = (
+        f"The wheelhouse was changed after its export: export it again with `envbuild "
+        f"wheelhouse {env.name} -o {wheelhouse}` (or copy it again from its source)."
+    )
     links = {}
     for p in profile["files"]:
         checked = Checked(Path(wheelhouse), p, files[p]["size"], files[p]["sha256"], fix)
         if p.startswith("pypi/"):
-            links["wheelhouse/" + p[len("pypi/"):]] = checked
+            links["wheelhouse/" + p[len("pypi/") :]] = checked
         elif p.startswith("sources/"):
             links["wheelhouse/" + p] = checked
     return links, hashes
@@ -509,8 +607,14 @@ PIP_NAME = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")  # PEP 503's normalized form
 
 def plain_name(name) -> bool:
     """A name that stays in its directory: no separator, not '.' or '..', not hidden."""
-    return (isinstance(name, str) and name != "" and not name.startswith(".")
-            and "/" not in name and "\\" not in name and name.isprintable())
+    return (
+        isinstance(name, str)
+        and name != ""
+        and not name.startswith(".")
+        and "/" not in name
+        and "\\" not in name
+        and name.isprintable()
+    )
 
 
 def wheelhouse_path(path) -> bool:
@@ -519,8 +623,7 @@ def wheelhouse_path(path) -> bool:
     if not isinstance(path, str):
         return False
     parts = path.split("/")
-    shape = (len(parts) == 2 and parts[0] in ("pypi", "sources")) or \
-        (len(parts) == 3 and parts[0] == "conda")
+    shape = (len(parts) == 2 and parts[0] in ("pypi", "sources")) or (len(parts) == 3 and parts[0] == "conda")
     return shape and all(plain_name(p) for p in parts[1:])
 
 
@@ -535,9 +638,11 @@ def read_wheelhouse_manifest(wheelhouse: Path) -> dict | None:
     text, why = _read_bounded(path)
     if text is None and why.startswith("missing:"):
         return None
-    fix = ("envbuild writes only files inside the wheelhouse there, so it was edited or made by "
-           "something else; nothing was done with it. Export into a new directory with "
-           "`envbuild wheelhouse PROFILE -o NEWDIR`.")
+    fix = (
+        "envbuild writes only files inside the wheelhouse there, so it was edited or made by "
+        "something else; nothing was done with it. Export into a new directory with "
+        "`envbuild wheelhouse PROFILE -o NEWDIR`."
+    )
     doc = None
     if text is not None:
         try:
@@ -545,9 +650,11 @@ def read_wheelhouse_manifest(wheelhouse: Path) -> dict | None:
         except BadData as e:
             why = e.detail
     if not isinstance(doc, dict):
-        raise UserError(f"{path} is not an envbuild wheelhouse manifest "
-                        f"({why or 'not a JSON object'}). Export into a new directory with "
-                        "`envbuild wheelhouse PROFILE -o NEWDIR`.")
+        raise UserError(
+            f"{path} is not an envbuild wheelhouse manifest "
+            f"({why or 'not a JSON object'}). Export into a new directory with "
+            "`envbuild wheelhouse PROFILE -o NEWDIR`."
+        )
     bad = None
     if doc.get("format") != WHEELHOUSE_FORMAT:
         bad = f"its format is {str(doc.get('format'))[:20]!r}, not {WHEELHOUSE_FORMAT}"
@@ -567,15 +674,31 @@ def read_wheelhouse_manifest(wheelhouse: Path) -> dict | None:
 _WH_PATH = S.Text(1000)  # (wheelhouse_path checks each: pypi/NAME, sources/NAME, conda/SUB/NAME)
 MANIFEST_SHAPE = {
     "format": int,
-    "files": S.MapOf({"kind": S.OneOf(KINDS), "name": S.Text(300), "version": S.Text(200),
-                      "size": _SIZE, "sha256": S.SHA256,
-                      "built_from?": {"path": _WH_PATH, "sha256": S.SHA256, **_MORE},
-                      "build?": {"python?": S.Text(100), "machine?": S.Text(100),
-                                 "glibc?": S.Text(100), **_MORE}, **_MORE}, key=_WH_PATH),
-    "profiles": S.MapOf({"input_sha256?": S.SHA256, "python?": S.Text(100),
-                         "files": S.ListOf(_WH_PATH), "built?": (S.MapOf(_WH_PATH), None),
-                         **_MORE}, key=S.Text(200)),
-    **_MORE}
+    "files": S.MapOf(
+        {
+            "kind": S.OneOf(KINDS),
+            "name": S.Text(300),
+            "version": S.Text(200),
+            "size": _SIZE,
+            "sha256": S.SHA256,
+            "built_from?": {"path": _WH_PATH, "sha256": S.SHA256, **_MORE},
+            "build?": {"python?": S.Text(100), "machine?": S.Text(100), "glibc?": S.Text(100), **_MORE},
+            **_MORE,
+        },
+        key=_WH_PATH,
+    ),
+    "profiles": S.MapOf(
+        {
+            "input_sha256?": S.SHA256,
+            "python?": S.Text(100),
+            "files": S.ListOf(_WH_PATH),
+            "built?": (S.MapOf(_WH_PATH), None),
+            **_MORE,
+        },
+        key=S.Text(200),
+    ),
+    **_MORE,
+}
 
 
 def _manifest_problem(doc: dict) -> str | None:
@@ -587,10 +710,16 @@ def _manifest_problem(doc: dict) -> str | None:
     for path, f in files.items():
         if not wheelhouse_path(path):
             return f"it lists a file at {path[:80]!r}, which is not a wheelhouse path"
-        if not (isinstance(f, dict) and f.get("kind") in KINDS and plain_name(f.get("name"))
-                and (f["kind"] != "pip" or PIP_NAME.fullmatch(f["name"]))
-                and isinstance(f.get("version"), str) and isinstance(f.get("size"), int)
-                and isinstance(f.get("sha256"), str) and _SHA256.fullmatch(f["sha256"])):
+        if not (
+            isinstance(f, dict)
+            and f.get("kind") in KINDS
+            and plain_name(f.get("name"))
+            and (f["kind"] != "pip" or PIP_NAME.fullmatch(f["name"]))
+            and isinstance(f.get("version"), str)
+            and isinstance(f.get("size"), int)
+            and isinstance(f.get("sha256"), str)
+            and _SHA256.fullmatch(f["sha256"])
+        ):
             return f"its entry for {path[:80]!r} is malformed"
         src = f.get("built_from")
         if src is not None and not (isinstance(src, dict) and wheelhouse_path(src.get("path"))):
@@ -599,8 +728,12 @@ def _manifest_problem(doc: dict) -> str | None:
         if not PROFILE_NAME.fullmatch(name):
             return f"it names a profile {name[:80]!r}, which is not a plain profile name"
         built = (p.get("built") or {}) if isinstance(p, dict) else None
-        if not (isinstance(p, dict) and isinstance(p.get("files"), list)
-                and all(wheelhouse_path(x) for x in p["files"]) and isinstance(built, dict)
-                and all(isinstance(k, str) and wheelhouse_path(v) for k, v in built.items())):
+        if not (
+            isinstance(p, dict)
+            and isinstance(p.get("files"), list)
+            and all(wheelhouse_path(x) for x in p["files"])
+            and isinstance(built, dict)
+            and all(isinstance(k, str) and wheelhouse_path(v) for k, v in built.items())
+        ):
             return f"its profile {name!r} lists paths that are not wheelhouse paths"
     return None

@@ -8,13 +8,31 @@ import tempfile
 from pathlib import Path
 
 from envbuilder.errors import ActionError, UserError
-from envbuilder.render.plan import (BUILD_TOOLS, HASH, LAYERS, REQ, Locked, layer_roots, layers,  # noqa: F401
-                    normalize, parse, requirements_in)
+from envbuilder.render.plan import (
+    BUILD_TOOLS,  # noqa: F401  (re-exported or a fixture)
+    HASH,
+    LAYERS,  # noqa: F401  (re-exported or a fixture)
+    REQ,
+    Locked,
+    layer_roots,  # noqa: F401  (re-exported or a fixture)
+    layers,  # noqa: F401
+    normalize,
+    parse,
+    requirements_in,
+)
 from envbuilder.model.resolve import ResolvedEnv
 from envbuilder.tools.uv import uv_bin, uv_env, uv_version  # noqa: F401  (lock.pip.uv_bin for callers)
 
-_NETWORK = ("Failed to fetch", "error sending request", "Connection refused", "dns error",
-            "timed out", "Could not connect", "tcp connect error", "operation timed out")
+_NETWORK = (
+    "Failed to fetch",
+    "error sending request",
+    "Connection refused",
+    "dns error",
+    "timed out",
+    "Could not connect",
+    "tcp connect error",
+    "operation timed out",
+)
 
 
 def python_platform(glibc: str) -> str:
@@ -22,9 +40,18 @@ def python_platform(glibc: str) -> str:
 
 
 def compile_args(profile: str, python: str, glibc: str, pypi: str, torch: str | None) -> list[str]:
-    args = ["--no-config", "--python-version", python, "--python-platform", python_platform(glibc),
-            "--no-python-downloads", "--custom-compile-command", f"envbuild lock {profile}",
-            "--index-url", pypi]
+    args = [
+        "--no-config",
+        "--python-version",
+        python,
+        "--python-platform",
+        python_platform(glibc),
+        "--no-python-downloads",
+        "--custom-compile-command",
+        f"envbuild lock {profile}",
+        "--index-url",
+        pypi,
+    ]
     if torch:
         # uv searches --extra-index-url before --index-url; first-match takes a name from the
         # first index that has the version asked for (the torch index for `+cuXXX`) and falls
@@ -41,45 +68,66 @@ def _run_uv(args: list[str], cwd: Path, indexes: list[str]) -> None:
         # (bounded: uv reads an index page whole, and one that never ends filled the memory)
         proc = run([uv_bin(), "pip", "compile", *args], cwd=cwd, env=uv_env(), timeout=3600)
     except subprocess.TimeoutExpired:
-        raise ActionError(f"uv pip compile did not finish within an hour against "
-                          f"{redact(', '.join(indexes))}.") from None
+        raise ActionError(
+            f"uv pip compile did not finish within an hour against {redact(', '.join(indexes))}."
+        ) from None
     except TooMuchMemory as e:
-        raise ActionError(f"uv pip compile was stopped: it {e} reading "
-                          f"{redact(', '.join(indexes))}. An index that sends a page without end "
-                          "does that; check the index (or its mirror) in a browser, or pass "
-                          "another with --index-url.") from None
+        raise ActionError(
+            f"uv pip compile was stopped: it {e} reading "
+            f"{redact(', '.join(indexes))}. An index that sends a page without end "
+            "does that; check the index (or its mirror) in a browser, or pass "
+            "another with --index-url."
+        ) from None
     if proc.returncode == 0:
         return
     msg = proc.stderr.strip()[-3000:]
     down = [i for i in indexes if i.startswith(("http://", "https://")) and not index_answers(i)]
     if down or any(s in msg for s in _NETWORK):
-        raise ActionError(redact(unreachable(down or indexes,
-                                             torch=indexes[1] if len(indexes) > 1 else None)
-                                 + f"\nuv said:\n{msg}"))
-    raise UserError(redact(f"The pip part cannot be resolved against {', '.join(indexes)}:\n{msg}\n"
-                    "A pin in the matrix has no release (or no wheel for this Python and "
-                    "platform) on these indexes."))
+        raise ActionError(
+            redact(
+                unreachable(down or indexes, torch=indexes[1] if len(indexes) > 1 else None)
+                + f"\nuv said:\n{msg}"
+            )
+        )
+    raise UserError(
+        redact(
+            f"The pip part cannot be resolved against {', '.join(indexes)}:\n{msg}\n"
+            "A pin in the matrix has no release (or no wheel for this Python and "
+            "platform) on these indexes."
+        )
+    )
 
 
 def unreachable(down: list[str], torch: str | None) -> str:
     """What does not answer, by name (not every index the lock uses), and each way on: a mirror
     for it, and for the PyTorch index PyPI's build of the same torch, with what that costs."""
-    lines = [f"Cannot lock the pip part: {', '.join(down)} "
-             f"{'does' if len(down) == 1 else 'do'} not answer from here."]
+    lines = [
+        f"Cannot lock the pip part: {', '.join(down)} "
+        f"{'does' if len(down) == 1 else 'do'} not answer from here."
+    ]
     if any(d != torch for d in down):
-        lines.append("Fix: pass --index-url a PyPI mirror that answers (or --mirror NAME; "
-                     "`envbuild mirrors list`).")
+        lines.append(
+            "Fix: pass --index-url a PyPI mirror that answers (or --mirror NAME; `envbuild mirrors list`)."
+        )
     if torch in down:
-        lines.append("For the PyTorch index: pass --torch-index-url a mirror of it, or "
-                     "--torch-from-pypi to solve with PyPI's build of the same torch version. Its "
-                     "CUDA is PyPI's (e.g. 12.4 for torch 2.6.0, not the profile's +cu118), so "
-                     "that lock pins everything else as constraints and cannot be used --locked "
-                     "or exported to a wheelhouse without --accept-pypi-torch.")
+        lines.append(
+            "For the PyTorch index: pass --torch-index-url a mirror of it, or "
+            "--torch-from-pypi to solve with PyPI's build of the same torch version. Its "
+            "CUDA is PyPI's (e.g. 12.4 for torch 2.6.0, not the profile's +cu118), so "
+            "that lock pins everything else as constraints and cannot be used --locked "
+            "or exported to a wheelhouse without --accept-pypi-torch."
+        )
     return "\n".join(lines)
 
 
-def _compile(env: ResolvedEnv, glibc: str, pypi: str, torch: str | None, swap_torch: bool,
-             outputs: dict[str, list[str]]) -> dict[str, str]:
+def _compile(
+    env: ResolvedEnv,
+    glibc: str,
+    pypi: str,
+    torch: str | None,
+    swap_torch: bool,
+    outputs: dict[str, list[str]],
+) -> dict[str, str]:
     """Run `uv pip compile` of the plan once per output file ({name: extra args}) for the
     target's Python and platform; {name: text}. `swap_torch`: PyPI's build of the profile's
     torch version, no PyTorch index."""
@@ -95,8 +143,9 @@ def _compile(env: ResolvedEnv, glibc: str, pypi: str, torch: str | None, swap_to
         return {name: (tmp / name).read_text(encoding="utf-8") for name in outputs}
 
 
-def co_resolve(env: ResolvedEnv, glibc: str, pypi: str, torch: str | None,
-               swap_torch: bool = False) -> dict[str, Locked]:
+def co_resolve(
+    env: ResolvedEnv, glibc: str, pypi: str, torch: str | None, swap_torch: bool = False
+) -> dict[str, Locked]:
     """Resolve the whole pinned set with uv for the target's Python and platform, as one
     solution; UserError naming the conflict when there is none."""
     return parse(_compile(env, glibc, pypi, torch, swap_torch, {"resolved.txt": []})["resolved.txt"])
@@ -117,23 +166,27 @@ def load_toml(text: str) -> dict:
     return tomllib.loads(text)
 
 
-def compile_lock(env: ResolvedEnv, glibc: str, pypi: str, torch: str | None,
-                 swap_torch: bool = False) -> tuple[str, str, dict]:
+def compile_lock(
+    env: ResolvedEnv, glibc: str, pypi: str, torch: str | None, swap_torch: bool = False
+) -> tuple[str, str, dict]:
     """(requirements.lock text, pylock.toml text, pylock.toml as a dict): the hashed pins, and
     one artifact URL + sha256 per package (PEP 751). `swap_torch`: solve with PyPI's build of
     the profile's torch version (no PyTorch index)."""
 
     # pylock.toml (PEP 751): the one file per package that fits the target, with its URL
-    out = _compile(env, glibc, pypi, torch, swap_torch,
-                   {"requirements.lock": ["--generate-hashes"], "pylock.toml": []})
+    out = _compile(
+        env, glibc, pypi, torch, swap_torch, {"requirements.lock": ["--generate-hashes"], "pylock.toml": []}
+    )
     text, pylock_text = out["requirements.lock"], out["pylock.toml"]
     pylock = load_toml(pylock_text)
     locked = {(n, p.version) for n, p in parse(text).items()}
     other = {(normalize(p["name"]), p["version"]) for p in pylock.get("packages", [])}
     if locked != other:
-        raise ActionError("uv gave two different resolutions for the same input "
-                          f"(requirements.lock vs pylock.toml: {sorted(locked ^ other)}); the "
-                          "index changed while locking. Run envbuild lock again.")
+        raise ActionError(
+            "uv gave two different resolutions for the same input "
+            f"(requirements.lock vs pylock.toml: {sorted(locked ^ other)}); the "
+            "index changed while locking. Run envbuild lock again."
+        )
     return text, pylock_text, pylock
 
 
@@ -162,8 +215,10 @@ def replace_hashes(text: str, hashes: dict[str, tuple[str, ...]]) -> str:
         seen.add(name)
     missing = sorted(set(hashes) - seen)
     if missing:
-        raise UserError(f"requirements.lock pins no {', '.join(missing)}, which pylock.toml "
-                        "pins; the lock is inconsistent. Re-lock with `envbuild lock`.")
+        raise UserError(
+            f"requirements.lock pins no {', '.join(missing)}, which pylock.toml "
+            "pins; the lock is inconsistent. Re-lock with `envbuild lock`."
+        )
     return "\n".join(out) + ("\n" if text.endswith("\n") else "")
 
 
@@ -176,12 +231,13 @@ def layer_files(env: ResolvedEnv, text: str) -> tuple[dict[str, str | None], dic
             names[layer] = None
             continue
         fname = f"locked-{layer}.txt"
-        body = [f"# envbuild lock of {env.name}: the {layer} layer, from requirements.lock. "
-                "Install with: pip install --no-deps --require-hashes -r " + fname]
+        body = [
+            f"# envbuild lock of {env.name}: the {layer} layer, from requirements.lock. "
+            "Install with: pip install --no-deps --require-hashes -r " + fname
+        ]
         for n in packages:
             entry = locked[n]
-            body.append(" \\\n".join([f"{n}=={entry.version}"] +
-                                     [f"    --hash={h}" for h in entry.hashes]))
+            body.append(" \\\n".join([f"{n}=={entry.version}"] + [f"    --hash={h}" for h in entry.hashes]))
         names[layer] = fname
         files[fname] = "\n".join(body) + "\n"
     return names, files
@@ -190,8 +246,9 @@ def layer_files(env: ResolvedEnv, text: str) -> tuple[dict[str, str | None], dic
 def pip_artifact(package: dict) -> tuple[str, str]:
     """(url, sha256) of the artifact conda-lock.yml records for a pylock.toml package: a
     platform wheel before a pure one, a wheel before the sdist."""
-    wheels = sorted(package.get("wheels", []),
-                    key=lambda w: (w["url"].rsplit("-", 1)[-1] == "any.whl", w["url"]))
+    wheels = sorted(
+        package.get("wheels", []), key=lambda w: (w["url"].rsplit("-", 1)[-1] == "any.whl", w["url"])
+    )
     art = wheels[0] if wheels else package.get("sdist")
     if not art:
         raise ActionError(f"pylock.toml has no file for {package['name']}; cannot lock it.")

@@ -19,13 +19,16 @@ MARK = "envbuild-rattler-result: "
 def call(request: dict) -> dict:
     """Run the solve described by `request` in a fresh interpreter; its result as a dict with
     one key: ok (records), unsat, fetch or invalid (rattler's message)."""
-    proc = subprocess.run([sys.executable, "-m", __name__], input=json.dumps(request),
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", __name__], input=json.dumps(request), capture_output=True, text=True
+    )
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(MARK):
-            return json.loads(line[len(MARK):])
-    raise RuntimeError(f"the py-rattler worker ended with exit code {proc.returncode} and no "
-                       f"result:\n{proc.stderr.strip()[-2000:]}")
+            return json.loads(line[len(MARK) :])
+    raise RuntimeError(
+        f"the py-rattler worker ended with exit code {proc.returncode} and no "
+        f"result:\n{proc.stderr.strip()[-2000:]}"
+    )
 
 
 def _solve(req: dict) -> list[dict]:
@@ -38,14 +41,26 @@ def _solve(req: dict) -> list[dict]:
         version, _, build = spec.partition(" ")
         return GenericVirtualPackage(PackageName(name), Version(version), BuildString(build or "0"))
 
-    records = asyncio.run(solve(
-        sources=[Channel(c) for c in req["channels"]], specs=req["specs"],
-        platforms=req["platforms"],
-        virtual_packages=[vp(n, s) for n, s in sorted(req["virtual_packages"].items())]))
-    return [{"name": r.name.normalized, "version": str(r.version), "build": str(r.build),
-             "url": r.url, "md5": r.md5.hex() if r.md5 else "",
-             "sha256": r.sha256.hex() if r.sha256 else "",
-             "depends": [str(d) for d in r.depends]} for r in records]
+    records = asyncio.run(
+        solve(
+            sources=[Channel(c) for c in req["channels"]],
+            specs=req["specs"],
+            platforms=req["platforms"],
+            virtual_packages=[vp(n, s) for n, s in sorted(req["virtual_packages"].items())],
+        )
+    )
+    return [
+        {
+            "name": r.name.normalized,
+            "version": str(r.version),
+            "build": str(r.build),
+            "url": r.url,
+            "md5": r.md5.hex() if r.md5 else "",
+            "sha256": r.sha256.hex() if r.sha256 else "",
+            "depends": [str(d) for d in r.depends],
+        }
+        for r in records
+    ]
 
 
 def _index(req: dict) -> bool:
@@ -69,8 +84,13 @@ def main() -> None:
         result = {"unsat": str(e)}
     except (rx.GatewayError, rx.FetchRepoDataError, rx.IoError, OSError) as e:
         result = {"fetch": str(e)}
-    except (rx.InvalidChannelError, rx.InvalidMatchSpecError, rx.InvalidUrlError,
-            rx.InvalidPackageNameError, rx.InvalidVersionError) as e:
+    except (
+        rx.InvalidChannelError,
+        rx.InvalidMatchSpecError,
+        rx.InvalidUrlError,
+        rx.InvalidPackageNameError,
+        rx.InvalidVersionError,
+    ) as e:
         result = {"invalid": str(e)}
     sys.stdout.write(MARK + json.dumps(result) + "\n")
     sys.stdout.flush()

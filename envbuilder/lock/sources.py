@@ -44,20 +44,25 @@ def _sha256(url: str, github: str | None, what: str, missing_ok: bool = False) -
         size[0] += len(chunk)
 
     expect = net.Expect(what, MAX_SOURCE_BYTES, SOURCE_DEADLINE)
-    fix = ("Pass --github-url (a GitHub mirror prefix) or --mirror with a `github` endpoint, or "
-           "lock on a machine that reaches GitHub.")
+    fix = (
+        "Pass --github-url (a GitHub mirror prefix) or --mirror with a `github` endpoint, or "
+        "lock on a machine that reaches GitHub."
+    )
     with net.session() as s:
         try:
-            r = net.request(s, "GET", fetch, expect, timeout=60, sink=take,
-                            body_if=lambda status: status == 200)
+            r = net.request(
+                s, "GET", fetch, expect, timeout=60, sink=take, body_if=lambda status: status == 200
+            )
         except net.NetError as e:
-            raise ActionError(f"Cannot download {what} {shown} to pin its sha256 ({e.reason}). "
-                              f"{fix}") from None
+            raise ActionError(
+                f"Cannot download {what} {shown} to pin its sha256 ({e.reason}). {fix}"
+            ) from None
     if missing_ok and r.status == 404:
         raise _Missing(shown)
     if r.status != 200:
-        raise ActionError(f"Cannot download {what} {shown} to pin its sha256 (it answered HTTP "
-                          f"{r.status}). {fix}")
+        raise ActionError(
+            f"Cannot download {what} {shown} to pin its sha256 (it answered HTTP {r.status}). {fix}"
+        )
     return h.hexdigest(), size[0]
 
 
@@ -65,8 +70,7 @@ def apex_source(env: ResolvedEnv, github: str | None) -> dict:
     apex = env.apex
     sha, size = _sha256(apex.url, github, "the apex source")
     ref = apex.ref
-    return {"url": apex.url, "filename": f"apex-{ref}.tar.gz", "sha256": sha, "size": size,
-            "ref": ref}
+    return {"url": apex.url, "filename": f"apex-{ref}.tar.gz", "sha256": sha, "size": size, "ref": ref}
 
 
 def flash_attn_wheels(env: ResolvedEnv, github: str | None) -> dict:
@@ -75,15 +79,27 @@ def flash_attn_wheels(env: ResolvedEnv, github: str | None) -> dict:
     from envbuilder.lock.flash_attn import wheel_filename
 
     fa = env.flash_attn
-    names = {abi: wheel_filename(fa.wheel, fa.version, env.torch.version,
-                                 env.torch.cuda, env.python, abi, fa.cuda_tags,
-                                 TARGET_MACHINE) for abi in (False, True)}
+    names = {
+        abi: wheel_filename(
+            fa.wheel,
+            fa.version,
+            env.torch.version,
+            env.torch.cuda,
+            env.python,
+            abi,
+            fa.cuda_tags,
+            TARGET_MACHINE,
+        )
+        for abi in (False, True)
+    }
     if names[False] is None:
-        raise UserError(f"flash-attn {fa.version}'s release builds no wheel for CUDA "
-                        f"{env.torch.cuda} (matrices/extensions.yaml, flash_attn.versions."
-                        f"{fa.version}.wheel_cuda), so a lock cannot pin it and the builder "
-                        "would compile it from the unpinned sdist. Lock with --without flash-attn, "
-                        "or pick a flash-attn release that builds for this CUDA.")
+        raise UserError(
+            f"flash-attn {fa.version}'s release builds no wheel for CUDA "
+            f"{env.torch.cuda} (matrices/extensions.yaml, flash_attn.versions."
+            f"{fa.version}.wheel_cuda), so a lock cannot pin it and the builder "
+            "would compile it from the unpinned sdist. Lock with --without flash-attn, "
+            "or pick a flash-attn release that builds for this CUDA."
+        )
     out, missing = {}, []
     for abi, filename in names.items():
         url = f"{fa.release.rstrip('/')}/{filename}"
@@ -93,19 +109,25 @@ def flash_attn_wheels(env: ResolvedEnv, github: str | None) -> dict:
             missing.append(str(e))
             continue
         out[f"{FLASH_ATTN_KEY}{str(abi).upper()}"] = {
-            "url": url, "filename": filename, "sha256": sha, "size": size, "ref": fa.version,
-            "cxx11_abi": abi}
+            "url": url,
+            "filename": filename,
+            "sha256": sha,
+            "size": size,
+            "ref": fa.version,
+            "cxx11_abi": abi,
+        }
     if not out:
-        raise ActionError(f"flash-attn {fa.version}'s release has no wheel for torch "
-                          f"{env.torch.version} (CUDA {env.torch.cuda}), Python "
-                          f"{env.python}: {' and '.join(missing)} answered 404. A lock cannot pin "
-                          "the sdist build; lock with --without flash-attn, or another torch/Python "
-                          "that the release builds for.")
+        raise ActionError(
+            f"flash-attn {fa.version}'s release has no wheel for torch "
+            f"{env.torch.version} (CUDA {env.torch.cuda}), Python "
+            f"{env.python}: {' and '.join(missing)} answered 404. A lock cannot pin "
+            "the sdist build; lock with --without flash-attn, or another torch/Python "
+            "that the release builds for."
+        )
     return out
 
 
-def lock_sources(env: ResolvedEnv, github: str | None = None,
-                 say=lambda msg: None) -> dict:
+def lock_sources(env: ResolvedEnv, github: str | None = None, say=lambda msg: None) -> dict:
     """sources.lock's content: apex's archive and flash-attn's wheels, downloaded and hashed.
     The URLs are the upstream ones (a mirror serves the same bytes)."""
     out = {}
@@ -114,13 +136,14 @@ def lock_sources(env: ResolvedEnv, github: str | None = None,
         out["apex"] = apex_source(env, github)
     if env.flash_attn:
         fa = env.flash_attn
-        say(f"{env.name}: flash-attn {fa.version} release wheels (both C++ ABIs) from "
-            f"{fa.release}" + (f" via {github}" if github else ""))
+        say(
+            f"{env.name}: flash-attn {fa.version} release wheels (both C++ ABIs) from "
+            f"{fa.release}" + (f" via {github}" if github else "")
+        )
         out.update(flash_attn_wheels(env, github))
     return out
 
 
 def flash_attn_pins(sources: dict) -> dict[str, str]:
     """{file name: sha256} of the flash-attn wheels a sources.lock pins (what the builder checks)."""
-    return {e["filename"]: e["sha256"] for k, e in sorted(sources.items())
-            if k.startswith(FLASH_ATTN_KEY)}
+    return {e["filename"]: e["sha256"] for k, e in sorted(sources.items()) if k.startswith(FLASH_ATTN_KEY)}

@@ -17,13 +17,20 @@ from envbuilder.model.matrix import Matrix, cc_tuple
 from envbuilder.model.resolve import Overrides, ResolveError, cc_runs, resolve
 from envbuilder.model.versions import is_driver_version
 
-QUERY = ("nvidia-smi", "--query-gpu=index,name,compute_cap,memory.total,driver_version",
-         "--format=csv,noheader,nounits")
+QUERY = (
+    "nvidia-smi",
+    "--query-gpu=index,name,compute_cap,memory.total,driver_version",
+    "--format=csv,noheader,nounits",
+)
 # Older drivers' nvidia-smi has no compute_cap field; the matrix then gives the CC by name.
-QUERY_NO_CC = ("nvidia-smi", "--query-gpu=index,name,memory.total,driver_version",
-               "--format=csv,noheader,nounits")
-NO_GPU_FIX = ("install the NVIDIA driver (nvidia-smi must list the GPU); inside a container, "
-              "start it with --gpus all")
+QUERY_NO_CC = (
+    "nvidia-smi",
+    "--query-gpu=index,name,memory.total,driver_version",
+    "--format=csv,noheader,nounits",
+)
+NO_GPU_FIX = (
+    "install the NVIDIA driver (nvidia-smi must list the GPU); inside a container, start it with --gpus all"
+)
 
 
 class Gpu(NamedTuple):
@@ -56,6 +63,7 @@ class NoGpu(Exception):
 
 # -- reading the machine ---------------------------------------------------------------------
 
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -85,8 +93,14 @@ def probe_nvml(nvml: Any) -> Machine:
         for i in range(nvml.nvmlDeviceGetCount()):
             handle = nvml.nvmlDeviceGetHandleByIndex(i)
             major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
-            gpus.append(Gpu(i, _text(nvml.nvmlDeviceGetName(handle)), f"{major}.{minor}",
-                            nvml.nvmlDeviceGetMemoryInfo(handle).total // 2**20))
+            gpus.append(
+                Gpu(
+                    i,
+                    _text(nvml.nvmlDeviceGetName(handle)),
+                    f"{major}.{minor}",
+                    nvml.nvmlDeviceGetMemoryInfo(handle).total // 2**20,
+                )
+            )
     except nvml.NVMLError as e:
         raise NoGpu(f"NVML: {e}") from None
     finally:
@@ -108,10 +122,12 @@ def _first_line(out: subprocess.CompletedProcess) -> str:
 
 def _unreadable(line: str) -> NoGpu:
     shown = ascii(line[:200]) + (f" ({len(line)} characters)" if len(line) > 200 else "")
-    return NoGpu(f"nvidia-smi printed a line envbuild cannot read: {shown} (its numbers must "
-                 "be written with the digits 0-9; a driver or a wrapper that prints others is "
-                 "not one envbuild trusts). Check `nvidia-smi --query-gpu=index,name,memory.total "
-                 "--format=csv` and the nvidia-smi first on PATH")
+    return NoGpu(
+        f"nvidia-smi printed a line envbuild cannot read: {shown} (its numbers must "
+        "be written with the digits 0-9; a driver or a wrapper that prints others is "
+        "not one envbuild trusts). Check `nvidia-smi --query-gpu=index,name,memory.total "
+        "--format=csv` and the nvidia-smi first on PATH"
+    )
 
 
 def parse_query(text: str, with_cc: bool = True) -> tuple[list[Gpu], str | None]:
@@ -132,8 +148,9 @@ def parse_query(text: str, with_cc: bool = True) -> tuple[list[Gpu], str | None]
         if not re.fullmatch(r"[0-9]{1,4}", index):
             raise _unreadable(line)
         cc = cc if cc and re.fullmatch(r"[0-9]{1,2}\.[0-9]{1,2}", cc) else None
-        gpus.append(Gpu(int(index), name, cc,
-                        int(mem) if re.fullmatch(r"[0-9]{1,9}", mem) else 0))  # ([N/A]: 0)
+        gpus.append(
+            Gpu(int(index), name, cc, int(mem) if re.fullmatch(r"[0-9]{1,9}", mem) else 0)
+        )  # ([N/A]: 0)
     return gpus, driver
 
 
@@ -192,6 +209,7 @@ def detect(m: Matrix, nvml: Any = None, run: Callable | None = None) -> Machine:
 
 
 # -- naming and choosing (pure) --------------------------------------------------------------
+
 
 def match_model(m: Matrix, name: str) -> str | None:
     """The first matrix GPU model whose `match` pattern finds the reported name."""
@@ -253,9 +271,14 @@ def fit_profile(m: Matrix, name: str, gpu: Gpu, driver: str | None, cuda: str | 
         reasons.append(Reason(True, f"{gpu.name} is the matrix's {p['gpu']}, the GPU of profile {name}"))
     else:
         known = f"the matrix's {gpu.model}" if gpu.model else "not in the matrix"
-        reasons.append(Reason(True, f"{gpu.name} (CC {gpu.compute_capability}) is {known}; profile "
-                              f"{name} is built for the {pgpu['name']} (CC {pgpu['compute_capability']}), "
-                              f"whose code runs on CC {gpu.compute_capability}"))
+        reasons.append(
+            Reason(
+                True,
+                f"{gpu.name} (CC {gpu.compute_capability}) is {known}; profile "
+                f"{name} is built for the {pgpu['name']} (CC {pgpu['compute_capability']}), "
+                f"whose code runs on CC {gpu.compute_capability}",
+            )
+        )
     try:
         env = resolve(m, name, Overrides(driver=driver))
     except ResolveError as e:
@@ -270,27 +293,40 @@ def fit_profile(m: Matrix, name: str, gpu: Gpu, driver: str | None, cuda: str | 
     elif drv.mode == "native":
         reasons.append(Reason(True, f"driver {driver} supports CUDA {cuda or '?'}; {need}"))
     else:
-        reasons.append(Reason(True, f"driver {driver} supports CUDA {cuda or '?'}; {need}, and runs it "
-                              f"under minor-version compatibility (>= {drv.compat_driver}, "
-                              "no PTX JIT)"))
+        reasons.append(
+            Reason(
+                True,
+                f"driver {driver} supports CUDA {cuda or '?'}; {need}, and runs it "
+                f"under minor-version compatibility (>= {drv.compat_driver}, "
+                "no PTX JIT)",
+            )
+        )
     t = env.torch
     runs = runnable_archs(gpu.compute_capability, t.archs)
     build = f"torch {t.version}+{t.variant}"
     if runs:
         best = max(runs, key=cc_tuple)
-        reasons.append(Reason(True, f"{build} has sm_{best.replace('.', '')} which runs on CC "
-                              f"{gpu.compute_capability}"))
+        reasons.append(
+            Reason(True, f"{build} has sm_{best.replace('.', '')} which runs on CC {gpu.compute_capability}")
+        )
     else:
-        reasons.append(Reason(False, f"{build} has no kernels for CC {gpu.compute_capability} "
-                              f"(its arch list is {';'.join(t.archs)})"))
+        reasons.append(
+            Reason(
+                False,
+                f"{build} has no kernels for CC {gpu.compute_capability} "
+                f"(its arch list is {';'.join(t.archs)})",
+            )
+        )
         fixes.append("render with a --torch/--cuda whose build lists this CC (envbuild show)")
     need_gb = env.train.model_vram_gb
     enough = gpu.vram_gb >= need_gb
-    reasons.append(Reason(enough, f"{gpu.vram_gb:.0f} GB {'>=' if enough else '<'} {need_gb:g} GB "
-                          f"for {env.train.model}"))
+    reasons.append(
+        Reason(enough, f"{gpu.vram_gb:.0f} GB {'>=' if enough else '<'} {need_gb:g} GB for {env.train.model}")
+    )
     if not enough:
-        fixes.append("use a GPU with more memory, or a profile (--matrix-dir) with a smaller "
-                     "model and more offload")
+        fixes.append(
+            "use a GPU with more memory, or a profile (--matrix-dir) with a smaller model and more offload"
+        )
     ok = all(r.ok is not False for r in reasons)
     return Fit(name, ok, tuple(reasons), tuple(fixes))
 
@@ -300,10 +336,14 @@ def candidates(m: Matrix, gpu: Gpu) -> list[str]:
     exact = [n for n, p in m.profiles.items() if gpu.model and p["gpu"] == gpu.model]
     if exact or not gpu.compute_capability:
         return exact
-    family = [n for n, p in m.profiles.items()
-              if cc_runs(gpu.compute_capability, [m.gpus[p["gpu"]]["compute_capability"]])]
-    return sorted(family, key=lambda n: cc_tuple(m.gpus[m.profiles[n]["gpu"]]["compute_capability"]),
-                  reverse=True)
+    family = [
+        n
+        for n, p in m.profiles.items()
+        if cc_runs(gpu.compute_capability, [m.gpus[p["gpu"]]["compute_capability"]])
+    ]
+    return sorted(
+        family, key=lambda n: cc_tuple(m.gpus[m.profiles[n]["gpu"]]["compute_capability"]), reverse=True
+    )
 
 
 def recommend(m: Matrix, machine: Machine) -> Recommendation:
@@ -315,33 +355,52 @@ def recommend(m: Matrix, machine: Machine) -> Recommendation:
     if len(kinds) > 1:
         notes.append(f"{len(kinds)} kinds of GPU: the profile must fit the weakest, {gpu.label()}")
     if not gpu.compute_capability:
-        notes.append(f"the compute capability of {gpu.name} is unknown (the driver does not report "
-                     "it and the matrix has no such GPU): add it to gpus in a --matrix-dir overlay")
+        notes.append(
+            f"the compute capability of {gpu.name} is unknown (the driver does not report "
+            "it and the matrix has no such GPU): add it to gpus in a --matrix-dir overlay"
+        )
         return Recommendation(gpu, None, (), tuple(notes))
     fits = [fit_profile(m, n, gpu, machine.driver, machine.cuda) for n in candidates(m, gpu)]
     fits.sort(key=lambda f: not f.ok)  # stable: the closest fitting profile first
     best = fits[0].profile if fits and fits[0].ok else None
     if not fits:
-        notes.append(f"no profile in the matrix runs on {gpu.name} (CC {gpu.compute_capability}); "
-                     "add one in a --matrix-dir overlay, starting from `envbuild show <profile>` "
-                     "of the nearest GPU")
+        notes.append(
+            f"no profile in the matrix runs on {gpu.name} (CC {gpu.compute_capability}); "
+            "add one in a --matrix-dir overlay, starting from `envbuild show <profile>` "
+            "of the nearest GPU"
+        )
     if best:
         n_gpus = m.profiles[best]["train"]["n_gpus"]
         if len(machine.gpus) < n_gpus:
-            notes.append(f"profile {best} trains on {n_gpus} GPUs and this machine has "
-                         f"{len(machine.gpus)}: run the script with N_GPUS={len(machine.gpus)}")
+            notes.append(
+                f"profile {best} trains on {n_gpus} GPUs and this machine has "
+                f"{len(machine.gpus)}: run the script with N_GPUS={len(machine.gpus)}"
+            )
     return Recommendation(gpu, best, tuple(fits), tuple(notes))
 
 
 def machine_json(machine: Machine) -> dict:
-    return {"gpus": [dict(g._asdict(), vram_gb=round(g.vram_gb, 1)) for g in machine.gpus],
-            "driver": machine.driver, "cuda": machine.cuda, "via": machine.via or None,
-            "problem": machine.problem}
+    return {
+        "gpus": [dict(g._asdict(), vram_gb=round(g.vram_gb, 1)) for g in machine.gpus],
+        "driver": machine.driver,
+        "cuda": machine.cuda,
+        "via": machine.via or None,
+        "problem": machine.problem,
+    }
 
 
 def recommendation_json(rec: Recommendation) -> dict:
-    return {"for_gpu": rec.gpu.index if rec.gpu else None, "profile": rec.profile,
-            "candidates": [{"profile": f.profile, "fits": f.ok,
-                            "reasons": [{"ok": r.ok, "text": r.text} for r in f.reasons],
-                            "fixes": list(f.fixes)} for f in rec.fits],
-            "notes": list(rec.notes)}
+    return {
+        "for_gpu": rec.gpu.index if rec.gpu else None,
+        "profile": rec.profile,
+        "candidates": [
+            {
+                "profile": f.profile,
+                "fits": f.ok,
+                "reasons": [{"ok": r.ok, "text": r.text} for r in f.reasons],
+                "fixes": list(f.fixes),
+            }
+            for f in rec.fits
+        ],
+        "notes": list(rec.notes),
+    }

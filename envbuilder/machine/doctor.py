@@ -55,8 +55,12 @@ def probe_engine(timeout: int = 5) -> Engine:
         info = client.info()
     except Exception as e:  # the SDK raises DockerException, requests' and OS errors alike
         return Engine(False, str(e).splitlines()[0] if str(e) else type(e).__name__)
-    return Engine(True, f"Docker {info.get('ServerVersion', '?')}", tuple(sorted(info.get("Runtimes") or {})),
-                  info.get("DockerRootDir"))
+    return Engine(
+        True,
+        f"Docker {info.get('ServerVersion', '?')}",
+        tuple(sorted(info.get("Runtimes") or {})),
+        info.get("DockerRootDir"),
+    )
 
 
 def free_bytes(path: str) -> int:
@@ -71,6 +75,7 @@ def probe_mirror(body: dict) -> list:
 
 class Probes(NamedTuple):
     """How the doctor reads the machine; tests pass recorded answers instead."""
+
     nvml: Any = None  # a pynvml-like module; None imports pynvml
     run: Callable = run_command  # argv tuple -> CompletedProcess-like; FileNotFoundError if missing
     engine: Callable[[], Engine] = probe_engine
@@ -83,8 +88,10 @@ class Probes(NamedTuple):
 
 # -- GPU checks (pure) -----------------------------------------------------------------------
 
-def gpu_checks(m: Matrix, profile: str, overrides: Overrides, base: ResolvedEnv,
-               machine: Machine) -> list[Check]:
+
+def gpu_checks(
+    m: Matrix, profile: str, overrides: Overrides, base: ResolvedEnv, machine: Machine
+) -> list[Check]:
     if not machine.gpus and not overrides.driver:
         return [Check("GPU", "fail", f"no NVIDIA GPU found: {machine.problem}", NO_GPU_FIX)]
     checks = [driver_check(m, profile, overrides, base, machine)]
@@ -94,75 +101,118 @@ def gpu_checks(m: Matrix, profile: str, overrides: Overrides, base: ResolvedEnv,
     build = f"torch {t.version}+{t.variant}"
     for g in sorted({(g.name, g.compute_capability): g for g in machine.gpus}.values()):
         if not g.compute_capability:
-            checks.append(Check(f"GPU {g.index}", "fail", f"{g.name}: compute capability unknown",
-                                "add this GPU to gpus in a --matrix-dir overlay"))
+            checks.append(
+                Check(
+                    f"GPU {g.index}",
+                    "fail",
+                    f"{g.name}: compute capability unknown",
+                    "add this GPU to gpus in a --matrix-dir overlay",
+                )
+            )
             continue
         runs = runnable_archs(g.compute_capability, t.archs)
-        checks.append(Check(
-            f"GPU {g.index} arch", "ok" if runs else "fail",
-            f"{build} has {'sm_' + max(runs, key=cc_tuple).replace('.', '') if runs else 'no kernels'}"
-            f" for the {g.name} (CC {g.compute_capability}); its arch list is {';'.join(t.archs)}",
-            "render a profile for this GPU (envbuild detect names one), or a --torch/--cuda whose "
-            "build lists it"))
+        checks.append(
+            Check(
+                f"GPU {g.index} arch",
+                "ok" if runs else "fail",
+                f"{build} has {'sm_' + max(runs, key=cc_tuple).replace('.', '') if runs else 'no kernels'}"
+                f" for the {g.name} (CC {g.compute_capability}); its arch list is {';'.join(t.archs)}",
+                "render a profile for this GPU (envbuild detect names one), or a --torch/--cuda whose "
+                "build lists it",
+            )
+        )
         same = g.model == base.gpu.key
         compatible = cc_runs(g.compute_capability, [pgpu.compute_capability])
-        checks.append(Check(
-            f"GPU {g.index} profile", "ok" if same or compatible else "fail",
-            f"{g.name} (CC {g.compute_capability}) "
-            + ("is the profile's GPU" if same else
-               f"vs the profile's {pgpu.name} (CC {pgpu.compute_capability}): code built for "
-               f"it {'runs' if compatible else 'does not run'} here"),
-            "render the profile for this GPU (envbuild detect names it)"))
+        checks.append(
+            Check(
+                f"GPU {g.index} profile",
+                "ok" if same or compatible else "fail",
+                f"{g.name} (CC {g.compute_capability}) "
+                + (
+                    "is the profile's GPU"
+                    if same
+                    else f"vs the profile's {pgpu.name} (CC {pgpu.compute_capability}): code built for "
+                    f"it {'runs' if compatible else 'does not run'} here"
+                ),
+                "render the profile for this GPU (envbuild detect names it)",
+            )
+        )
         need = base.train.model_vram_gb
-        checks.append(Check(
-            f"GPU {g.index} memory", "ok" if g.vram_gb >= need else "fail",
-            f"{g.vram_gb:.0f} GB for {base.train.model} (about {need:g} GB)",
-            "use a smaller model, more offload, or a GPU with more memory"))
+        checks.append(
+            Check(
+                f"GPU {g.index} memory",
+                "ok" if g.vram_gb >= need else "fail",
+                f"{g.vram_gb:.0f} GB for {base.train.model} (about {need:g} GB)",
+                "use a smaller model, more offload, or a GPU with more memory",
+            )
+        )
     return checks
 
 
-def driver_check(m: Matrix, profile: str, overrides: Overrides, base: ResolvedEnv,
-                 machine: Machine) -> Check:
+def driver_check(m: Matrix, profile: str, overrides: Overrides, base: ResolvedEnv, machine: Machine) -> Check:
     """The resolver's driver rule with the detected (or --driver) version."""
     driver = overrides.driver or machine.driver
     info = base.driver
     need = f"CUDA {info.for_cuda} needs >= {info.min_driver}"
     source = "" if overrides.driver else f" (supports CUDA {machine.cuda or '?'})"
     if driver is None:  # (a listed GPU whose driver version nvidia-smi reports as N/A)
-        return Check("driver", "skip", f"driver version unknown; {need}",
-                     "check that `nvidia-smi` reports the driver version, or pass --driver VERSION")
+        return Check(
+            "driver",
+            "skip",
+            f"driver version unknown; {need}",
+            "check that `nvidia-smi` reports the driver version, or pass --driver VERSION",
+        )
     try:
         env = resolve(m, profile, overrides._replace(driver=driver))
     except ResolveError as e:
         bad = [v for v in e.violations if v.rule == "driver"]
-        detail = (f"{driver}{source}; {bad[0].why}" if bad else
-                  "; ".join(f"{v.what}: {v.why}" for v in e.violations))
+        detail = (
+            f"{driver}{source}; {bad[0].why}"
+            if bad
+            else "; ".join(f"{v.what}: {v.why}" for v in e.violations)
+        )
         return Check("driver", "fail", detail, "; ".join(v.fix for v in bad or e.violations))
     if env.driver.mode == "native":
         return Check("driver", "ok", f"{driver}{source}; {need}")
-    return Check("driver", "ok", f"{driver}{source}; {need}, runs under minor-version compatibility "
-                 f"(>= {info.compat_driver}; no PTX JIT)")
+    return Check(
+        "driver",
+        "ok",
+        f"{driver}{source}; {need}, runs under minor-version compatibility "
+        f"(>= {info.compat_driver}; no PTX JIT)",
+    )
 
 
 # -- host checks -----------------------------------------------------------------------------
 
+
 def docker_checks(engine: Engine) -> list[Check]:
     if not engine.reachable:
-        fix = ("pip install docker (or envbuild[actions])" if "SDK" in engine.detail else
-               "start the Docker engine (e.g. sudo systemctl start docker) or set DOCKER_HOST; "
-               "your user needs access to its socket (the docker group)")
-        return [Check("docker engine", "fail", f"not reachable: {engine.detail}", fix),
-                Check("nvidia runtime", "skip", "not checked: the Docker engine is not reachable")]
+        fix = (
+            "pip install docker (or envbuild[actions])"
+            if "SDK" in engine.detail
+            else "start the Docker engine (e.g. sudo systemctl start docker) or set DOCKER_HOST; "
+            "your user needs access to its socket (the docker group)"
+        )
+        return [
+            Check("docker engine", "fail", f"not reachable: {engine.detail}", fix),
+            Check("nvidia runtime", "skip", "not checked: the Docker engine is not reachable"),
+        ]
     has = "nvidia" in engine.runtimes
-    return [Check("docker engine", "ok", engine.detail),
-            Check("nvidia runtime", "ok" if has else "fail",
-                  f"docker info lists runtimes {', '.join(engine.runtimes) or 'none'}",
-                  "install the NVIDIA Container Toolkit, then `sudo nvidia-ctk runtime configure "
-                  "--runtime=docker && sudo systemctl restart docker`")]
+    return [
+        Check("docker engine", "ok", engine.detail),
+        Check(
+            "nvidia runtime",
+            "ok" if has else "fail",
+            f"docker info lists runtimes {', '.join(engine.runtimes) or 'none'}",
+            "install the NVIDIA Container Toolkit, then `sudo nvidia-ctk runtime configure "
+            "--runtime=docker && sudo systemctl restart docker`",
+        ),
+    ]
 
 
-def buildkit_check(run: Callable, which_all_: Callable[[str], list[str]],
-                   exists: Callable[[str], bool]) -> Check:
+def buildkit_check(
+    run: Callable, which_all_: Callable[[str], list[str]], exists: Callable[[str], bool]
+) -> Check:
     """What `envbuild build` would build with (build.find_buildkit, ENVBUILD_DOCKER included)."""
     try:
         client = find_buildkit(run, docker_clients(which_all_, exists))
@@ -171,31 +221,47 @@ def buildkit_check(run: Callable, which_all_: Callable[[str], list[str]],
     return Check("buildkit", "ok", client.description)
 
 
-def engines_check(engine: Engine, buildkit: Check, which: Callable[[str], str | None],
-                  run: Callable) -> Check:
+def engines_check(
+    engine: Engine, buildkit: Check, which: Callable[[str], str | None], run: Callable
+) -> Check:
     """Which engines `envbuild build --engine` can use: docker (its daemon and BuildKit, as the
     checks above found), podman and buildah (installed, and their version answers)."""
     from envbuilder.engines.daemonless import statuses
 
     docker_ok = engine.reachable and buildkit.status == "ok"
-    docker_why = (f"{engine.detail}, BuildKit" if docker_ok else
-                  f"daemon {engine.detail}" if not engine.reachable else buildkit.detail)
+    docker_why = (
+        f"{engine.detail}, BuildKit"
+        if docker_ok
+        else f"daemon {engine.detail}"
+        if not engine.reachable
+        else buildkit.detail
+    )
     rows = [("docker", docker_ok, docker_why)] + statuses(which, run)
     usable = [name for name, ok, _ in rows if ok]
     detail = "; ".join(f"{name}: {'yes' if ok else 'no'} ({why})" for name, ok, why in rows)
     if not usable:
-        return Check("engines", "fail", detail, "start Docker (with BuildKit), or install podman "
-                     "and buildah (apt-get install podman buildah) and build with --engine podman")
+        return Check(
+            "engines",
+            "fail",
+            detail,
+            "start Docker (with BuildKit), or install podman "
+            "and buildah (apt-get install podman buildah) and build with --engine podman",
+        )
     pick = "docker" if docker_ok else usable[0]
     return Check("engines", "ok", f"{detail}; --engine auto builds with {pick}")
 
 
 def image_gb(env: ResolvedEnv) -> int:
-    return (IMAGE_GB["base"] + (IMAGE_GB["vllm"] if env.vllm else 0)
-            + (IMAGE_GB["builder"] if env.needs_builder else 0))
+    return (
+        IMAGE_GB["base"]
+        + (IMAGE_GB["vllm"] if env.vllm else 0)
+        + (IMAGE_GB["builder"] if env.needs_builder else 0)
+    )
 
 
-def disk_check(env: ResolvedEnv, engine: Engine, free: Callable[[str], int], exists: Callable[[str], bool]) -> Check:
+def disk_check(
+    env: ResolvedEnv, engine: Engine, free: Callable[[str], int], exists: Callable[[str], bool]
+) -> Check:
     root = engine.root_dir or "/var/lib/docker"
     path = root
     while not exists(path) and path != os.path.dirname(path):  # nearest existing parent
@@ -203,20 +269,26 @@ def disk_check(env: ResolvedEnv, engine: Engine, free: Callable[[str], int], exi
     need = image_gb(env)
     have = free(path) / 1e9
     where = root if path == root else f"{root} (on {path})"
-    return Check("disk", "ok" if have >= need else "fail",
-                 f"{have:.0f} GB free at {where}; the image needs about {need} GB",
-                 f"free {need - have:.0f} GB there (docker system prune, docker builder prune), or "
-                 "move Docker's data-root to a larger disk")
+    return Check(
+        "disk",
+        "ok" if have >= need else "fail",
+        f"{have:.0f} GB free at {where}; the image needs about {need} GB",
+        f"free {need - have:.0f} GB there (docker system prune, docker builder prune), or "
+        "move Docker's data-root to a larger disk",
+    )
 
 
 def conda_check(which: Callable[[str], str | None], required: bool) -> Check:
     found = [f"{t} ({p})" for t in CONDA_TOOLS if (p := which(t))]
     if found:
         return Check("conda", "ok", ", ".join(found))
-    return Check("conda", "fail" if required else "warn",
-                 "no micromamba, mamba or conda on PATH (needed only to install from environment.yml)",
-                 "install micromamba (https://mamba.readthedocs.io/en/latest/installation/"
-                 "micromamba-installation.html), or use the image, which needs none")
+    return Check(
+        "conda",
+        "fail" if required else "warn",
+        "no micromamba, mamba or conda on PATH (needed only to install from environment.yml)",
+        "install micromamba (https://mamba.readthedocs.io/en/latest/installation/"
+        "micromamba-installation.html), or use the image, which needs none",
+    )
 
 
 def mirror_check(m: Matrix, mirror: str | None, probe: Callable) -> Check:
@@ -226,20 +298,28 @@ def mirror_check(m: Matrix, mirror: str | None, probe: Callable) -> Check:
 
     name = mirror or user_config().get("mirror")
     if not name:
-        return Check("mirrors", "skip", "no mirror set chosen (pass --mirror NAME, or set `mirror:` "
-                     "in your config)")
+        return Check(
+            "mirrors", "skip", "no mirror set chosen (pass --mirror NAME, or set `mirror:` in your config)"
+        )
     results = probe(M.get_set(m, name))
     targets: dict[tuple[str, str], list] = {}
     for p in results:
         targets.setdefault((p.kind, p.target), []).append(p)
-    down = [f"{kind} {target}" if kind != target else kind
-            for (kind, target), ps in sorted(targets.items()) if not any(p.ok for p in ps)]
+    down = [
+        f"{kind} {target}" if kind != target else kind
+        for (kind, target), ps in sorted(targets.items())
+        if not any(p.ok for p in ps)
+    ]
     up = sum(1 for p in results if p.ok)
     detail = f"set {name}: {up} of {len(results)} endpoints answer"
     if down:
-        return Check("mirrors", "fail", f"{detail}; nothing answers for {', '.join(down)}",
-                     f"run `envbuild mirrors probe --mirror {name}` for details, or choose another "
-                     "set / add an endpoint in your config")
+        return Check(
+            "mirrors",
+            "fail",
+            f"{detail}; nothing answers for {', '.join(down)}",
+            f"run `envbuild mirrors probe --mirror {name}` for details, or choose another "
+            "set / add an endpoint in your config",
+        )
     return Check("mirrors", "ok", detail)
 
 
@@ -253,8 +333,14 @@ class Report(NamedTuple):
         return not any(c.status == "fail" for c in self.checks)
 
 
-def doctor(m: Matrix, profile: str, overrides: Overrides = Overrides(), probes: Probes = Probes(),
-           mirror: str | None = None, conda_required: bool = False) -> Report:
+def doctor(
+    m: Matrix,
+    profile: str,
+    overrides: Overrides = Overrides(),
+    probes: Probes = Probes(),
+    mirror: str | None = None,
+    conda_required: bool = False,
+) -> Report:
     """Every check for `profile` on this machine. A profile that cannot resolve at all is bad input
     (UserError/ResolveError, exit 2), not a failed check."""
     base = resolve(m, profile, overrides._replace(driver=None))
@@ -282,21 +368,38 @@ def network_check(base: ResolvedEnv, mirror: str | None, probe: Callable) -> Che
     try:
         found = reach.check(base, False, None, probe=probe)
     except ImportError:  # the probes need requests (the actions extra)
-        return Check("network", "skip", "not probed: requests is not installed (pip install "
-                     "'envbuild[actions]')")
+        return Check(
+            "network", "skip", "not probed: requests is not installed (pip install 'envbuild[actions]')"
+        )
     if found:
-        return Check("network", "fail", "; ".join(f"{f.what}: {f.why}" for f in found),
-                     " ".join(dict.fromkeys(f.fix for f in found)))
+        return Check(
+            "network",
+            "fail",
+            "; ".join(f"{f.what}: {f.why}" for f in found),
+            " ".join(dict.fromkeys(f.fix for f in found)),
+        )
     body = reach.needs(base)
     n = sum(len(v) for v in body["registries"].values()) + sum(
-        len(body.get(k) or []) for k in ("pypi", "pytorch", "github"))
+        len(body.get(k) or []) for k in ("pypi", "pytorch", "github")
+    )
     return Check("network", "ok", f"all {n} endpoints the build fetches from answer")
 
 
 def report_json(r: Report) -> dict:
     from envbuilder.machine.detect import machine_json
 
-    return {"profile": r.profile, "ready": r.ready, "machine": machine_json(r.machine),
-            "checks": [{"check": c.name, "status": c.status, "ok": c.status != "fail",
-                        "detail": c.detail, "fix": c.fix if c.status != "ok" else ""}
-                       for c in r.checks]}
+    return {
+        "profile": r.profile,
+        "ready": r.ready,
+        "machine": machine_json(r.machine),
+        "checks": [
+            {
+                "check": c.name,
+                "status": c.status,
+                "ok": c.status != "fail",
+                "detail": c.detail,
+                "fix": c.fix if c.status != "ok" else "",
+            }
+            for c in r.checks
+        ],
+    }

@@ -41,24 +41,33 @@ def needs(env, wheelhouse: bool = False, push: str | None = None, upstream: bool
 
 def _fix(kind: str, target: str, status: str, env) -> str:
     if status.startswith("TLS"):
-        return ("this network intercepts TLS: pass its CA bundle with --ca-cert FILE (a BuildKit "
-                "secret: it reaches the build's steps, never a layer), or --no-probe if only the "
-                "engine trusts it")
+        return (
+            "this network intercepts TLS: pass its CA bundle with --ca-cert FILE (a BuildKit "
+            "secret: it reaches the build's steps, never a layer), or --no-probe if only the "
+            "engine trusts it"
+        )
     if kind == "registry" and target.startswith("push "):
         return "check the --push registry (a name from your config's `registries:`, or HOST:PORT)"
     if kind == "registry":
-        return (f"pull the base images through a mirror: --mirror NAME (`envbuild mirrors list`) "
-                f"or --mirror auto, whose registries stand in for {target}")
+        return (
+            f"pull the base images through a mirror: --mirror NAME (`envbuild mirrors list`) "
+            f"or --mirror auto, whose registries stand in for {target}"
+        )
     if kind == "pypi":
-        return ("--mirror NAME with a PyPI endpoint, or build from a wheelhouse (--wheelhouse DIR, "
-                "exported by `envbuild wheelhouse` where PyPI answers)")
+        return (
+            "--mirror NAME with a PyPI endpoint, or build from a wheelhouse (--wheelhouse DIR, "
+            "exported by `envbuild wheelhouse` where PyPI answers)"
+        )
     if kind == "pytorch":
-        return (f"--mirror NAME with a PyTorch endpoint, or a wheelhouse; a lock made with "
-                f"--torch-from-pypi takes PyPI's build of torch {env.torch.version} instead (PyPI's "
-                "CUDA, not the profile's)")
+        return (
+            f"--mirror NAME with a PyTorch endpoint, or a wheelhouse; a lock made with "
+            f"--torch-from-pypi takes PyPI's build of torch {env.torch.version} instead (PyPI's "
+            "CUDA, not the profile's)"
+        )
     parts = " or ".join(n for n, on in (("apex", env.apex), ("flash-attn", env.flash_attn)) if on)
-    return (f"--mirror NAME with a GitHub endpoint, or a wheelhouse (it carries {parts}'s files)"
-            + (", or --without apex" if env.apex else ""))
+    return f"--mirror NAME with a GitHub endpoint, or a wheelhouse (it carries {parts}'s files)" + (
+        ", or --without apex" if env.apex else ""
+    )
 
 
 def findings(env, probes: list) -> list[Finding]:
@@ -71,15 +80,24 @@ def findings(env, probes: list) -> list[Finding]:
         if any(p.ok for p in ps):
             continue
         p = ps[0]
-        need = {"registry": "the base images" if not target.startswith("push ") else "the push",
-                "pypi": "the Python packages", "pytorch": f"torch {env.torch.version}+{env.torch.variant}",
-                "github": "the builder's source files"}.get(kind, kind)
+        need = {
+            "registry": "the base images" if not target.startswith("push ") else "the push",
+            "pypi": "the Python packages",
+            "pytorch": f"torch {env.torch.version}+{env.torch.variant}",
+            "github": "the builder's source files",
+        }.get(kind, kind)
         out.append(Finding(f"{p.endpoint} ({need})", p.status, _fix(kind, target, p.status, env)))
     return out
 
 
-def check(env, wheelhouse: bool, push: str | None, upstream: bool = True,
-          probe: Callable[[dict], list] | None = None, ca_cert=None) -> list[Finding]:
+def check(
+    env,
+    wheelhouse: bool,
+    push: str | None,
+    upstream: bool = True,
+    probe: Callable[[dict], list] | None = None,
+    ca_cert=None,
+) -> list[Finding]:
     """Probe what the build of `env` needs (mirrors.probe: in parallel, 5 s each), trusting
     `ca_cert` (the build's --ca-cert) beside the system's CAs."""
     if probe is None:
@@ -87,12 +105,14 @@ def check(env, wheelhouse: bool, push: str | None, upstream: bool = True,
 
         def probe(body):
             return probe_set(body, ca_cert=ca_cert)
+
     return findings(env, probe(needs(env, wheelhouse, push, upstream)))
 
 
 def message(findings_: list[Finding]) -> str:
-    lines = ["The build would fail: what it fetches does not answer from here (probed before any "
-             "build step):"]
+    lines = [
+        "The build would fail: what it fetches does not answer from here (probed before any build step):"
+    ]
     for f in findings_:
         lines.append(f"  - {f.what}: {f.why}. Fix: {f.fix}.")
     return "\n".join(lines)

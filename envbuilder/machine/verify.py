@@ -29,8 +29,7 @@ from envbuilder.errors import UserError
 from envbuilder.model.resolve import ResolvedEnv
 
 # uv's own summary lines, forwarded as progress while a layer installs
-_UV_PROGRESS = ("Resolved ", "Prepared ", "Installed ", "Uninstalled ", "Downloading ",
-                "Building ", "Built ")
+_UV_PROGRESS = ("Resolved ", "Prepared ", "Installed ", "Uninstalled ", "Downloading ", "Building ", "Built ")
 HEARTBEAT_S = 30.0
 PROBE_TIMEOUT_S = 5.0
 INSTALL_TIMEOUT_S = 3600.0
@@ -75,18 +74,18 @@ exit 97
 
 EXTENSION_WHY = {
     "apex": "apex {version} compiles its C++/CUDA extensions from NVIDIA's GitHub source archive "
-            "with nvcc {cuda} (the image's builder stage); there is no PyPI wheel, and nothing is "
-            "compiled here",
+    "with nvcc {cuda} (the image's builder stage); there is no PyPI wheel, and nothing is "
+    "compiled here",
     "flash_attn": "flash-attn {version} has only an sdist on PyPI, which compiles with nvcc {cuda} "
-                  "for hours (the image's builder stage); nothing is compiled here",
+    "for hours (the image's builder stage); nothing is compiled here",
 }
 
 
 @dataclass
 class Options:
-    index_url: str | None = None        # default: the profile's PyPI index
+    index_url: str | None = None  # default: the profile's PyPI index
     torch_index_url: str | None = None  # default: the profile's PyTorch index (+cuXXX builds)
-    keep: Path | None = None            # keep the venv here instead of a temporary one
+    keep: Path | None = None  # keep the venv here instead of a temporary one
     skip_compose: bool = False
     say: Callable[[str], None] = lambda line: None
 
@@ -122,6 +121,7 @@ class Report:
 
 # ---- the profile's Python ---------------------------------------------------------------------
 
+
 def find_python(version: str) -> Interpreter | None:
     """A Python `version` (X.Y) with venv and ensurepip (tools/python.py's search order)."""
     from envbuilder.tools.python import find_python as find
@@ -135,11 +135,24 @@ def _clean_env(**extra: str) -> dict[str, str]:
     line are used, never the host's pip.conf, find-links or global constraints."""
     from envbuilder.tools.uv import uv_env
 
-    drop = ("PIP_", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "VIRTUAL_ENV",
-            "CONDA_PREFIX")
+    drop = (
+        "PIP_",
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "PYTHONSTARTUP",
+        "PYTHONUSERBASE",
+        "VIRTUAL_ENV",
+        "CONDA_PREFIX",
+    )
     env = {k: v for k, v in uv_env().items() if not k.startswith(drop)}
-    env.update({"PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-                "PIP_NO_INPUT": "1", "PYTHONNOUSERSITE": "1"})
+    env.update(
+        {
+            "PIP_CONFIG_FILE": os.devnull,
+            "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+            "PIP_NO_INPUT": "1",
+            "PYTHONNOUSERSITE": "1",
+        }
+    )
     env.update(extra)
     return env
 
@@ -158,8 +171,10 @@ def isolation() -> tuple[list[str], str]:
             if not exe:
                 break
             try:
-                ok = subprocess.run([exe, *flags, "--", "true"], capture_output=True,
-                                    timeout=10).returncode == 0
+                ok = (
+                    subprocess.run([exe, *flags, "--", "true"], capture_output=True, timeout=10).returncode
+                    == 0
+                )
             except (OSError, subprocess.TimeoutExpired):
                 ok = False
             if ok:
@@ -170,16 +185,31 @@ def isolation() -> tuple[list[str], str]:
 
 def _offline_env(home: Path, **extra: str) -> dict[str, str]:
     dead = "http://127.0.0.1:9"  # discard port: nothing answers
-    env = _clean_env(CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-                     HF_DATASETS_OFFLINE="1", HOME=str(home), XDG_CACHE_HOME=str(home / ".cache"),
-                     HTTP_PROXY=dead, HTTPS_PROXY=dead, http_proxy=dead, https_proxy=dead,
-                     ALL_PROXY=dead, all_proxy=dead, NO_PROXY="", no_proxy="",
-                     RAY_USAGE_STATS_ENABLED="0", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+    env = _clean_env(
+        CUDA_VISIBLE_DEVICES="",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        HOME=str(home),
+        XDG_CACHE_HOME=str(home / ".cache"),
+        HTTP_PROXY=dead,
+        HTTPS_PROXY=dead,
+        http_proxy=dead,
+        https_proxy=dead,
+        ALL_PROXY=dead,
+        all_proxy=dead,
+        NO_PROXY="",
+        no_proxy="",
+        RAY_USAGE_STATS_ENABLED="0",
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+    )
     env.update(extra)
     return env
 
 
 # ---- running children with progress, timeouts and Ctrl-C -------------------------------------------
+
 
 @dataclass
 class Ran:
@@ -203,9 +233,16 @@ def _stop(proc: subprocess.Popen) -> None:
             continue
 
 
-def run(cmd: list[str], *, env: dict, cwd: Path | None = None, timeout: float,
-        say: Callable[[str], None] = lambda s: None, label: str = "",
-        forward: Callable[[str], bool] | None = None) -> Ran:
+def run(
+    cmd: list[str],
+    *,
+    env: dict,
+    cwd: Path | None = None,
+    timeout: float,
+    say: Callable[[str], None] = lambda s: None,
+    label: str = "",
+    forward: Callable[[str], bool] | None = None,
+) -> Ran:
     """Run `cmd`, collect its output, forward chosen stderr lines as progress, say that it is
     still working every HEARTBEAT_S, and stop it (its whole group) on timeout or Ctrl-C."""
     start = time.monotonic()
@@ -218,13 +255,23 @@ def run(cmd: list[str], *, env: dict, cwd: Path | None = None, timeout: float,
             if fwd and fwd(line.rstrip("\n")):
                 say(f"  {label}: {line.strip()}")
 
-    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                            start_new_session=True, text=True, errors="replace")
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        text=True,
+        errors="replace",
+    )
     rc: int | None = None
     try:  # from here on, Ctrl-C (or anything else) never leaves the child running
-        threads = [threading.Thread(target=pump, args=(proc.stdout, out, None), daemon=True),
-                   threading.Thread(target=pump, args=(proc.stderr, err, forward), daemon=True)]
+        threads = [
+            threading.Thread(target=pump, args=(proc.stdout, out, None), daemon=True),
+            threading.Thread(target=pump, args=(proc.stderr, err, forward), daemon=True),
+        ]
         for t in threads:
             t.start()
         while True:
@@ -296,7 +343,7 @@ def import_plan(env: ResolvedEnv) -> tuple[list[str], dict[str, str]]:
     modules = list(env.training_path)
     ext: dict[str, str] = {}
     for comp in ("apex", "flash_attn"):
-        for mod in (getattr(env, comp).modules if getattr(env, comp) else ()):
+        for mod in getattr(env, comp).modules if getattr(env, comp) else ():
             ext[mod.split(".")[0]] = comp
     return modules, ext
 
@@ -319,16 +366,21 @@ def libcuda_users(site: Path, packages: set[str]) -> dict[Path, set[str]]:
             continue
         for so in sorted(root.rglob("*.so")):
             try:
-                dyn = subprocess.run([readelf, "-d", "-W", str(so)], capture_output=True,
-                                     text=True, timeout=60).stdout
+                dyn = subprocess.run(
+                    [readelf, "-d", "-W", str(so)], capture_output=True, text=True, timeout=60
+                ).stdout
                 if "[libcuda.so.1]" not in dyn:
                     continue
-                und = subprocess.run([nm, "-D", "--undefined-only", str(so)], capture_output=True,
-                                     text=True, timeout=60).stdout
+                und = subprocess.run(
+                    [nm, "-D", "--undefined-only", str(so)], capture_output=True, text=True, timeout=60
+                ).stdout
             except (OSError, subprocess.TimeoutExpired):
                 continue
-            syms = {m[1] for m in (_DRIVER_SYMBOL.match(ln.split()[-1]) for ln in und.splitlines()
-                                   if ln.strip()) if m}
+            syms = {
+                m[1]
+                for m in (_DRIVER_SYMBOL.match(ln.split()[-1]) for ln in und.splitlines() if ln.strip())
+                if m
+            }
             out[so] = syms
     return out
 
@@ -341,18 +393,25 @@ def build_libcuda_stub(symbols: list[str], out: Path) -> bool | str:
         return "no C compiler (cc)"
     out.mkdir(parents=True, exist_ok=True)
     src = out / "libcuda_stub.c"
-    src.write_text("".join(f"int {name}(void) {{ return 34; }}\n" for name in symbols)
-                   or "int cuInit(void) { return 34; }\n", encoding="utf-8")
+    src.write_text(
+        "".join(f"int {name}(void) {{ return 34; }}\n" for name in symbols)
+        or "int cuInit(void) { return 34; }\n",
+        encoding="utf-8",
+    )
     try:
-        got = subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o",
-                              str(out / "libcuda.so.1"), str(src)], capture_output=True,
-                             text=True, timeout=120)
+        got = subprocess.run(
+            [cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(out / "libcuda.so.1"), str(src)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         return str(e)
     return True if got.returncode == 0 else (got.stderr.strip().splitlines() or ["cc failed"])[-1]
 
 
 # ---- the composed config ----------------------------------------------------------------------------
+
 
 def parse_printed_config(text: str) -> dict | None:
     """The YAML that `--cfg job` prints, skipping anything imports printed before it."""
@@ -417,8 +476,9 @@ def check_overrides(cfg: dict, args: list[str]) -> tuple[int, list[dict]]:
         got = _lookup(cfg, key)
         checked += 1
         if got is _MISSING or not _same(got, value):
-            wrong.append({"override": arg,
-                          "composed": None if got is _MISSING else json.dumps(got, default=str)})
+            wrong.append(
+                {"override": arg, "composed": None if got is _MISSING else json.dumps(got, default=str)}
+            )
     return checked, wrong
 
 
@@ -434,14 +494,14 @@ def hydra_error(stderr: str) -> str:
 
 # ---- one profile ------------------------------------------------------------------------------------
 
+
 class _Verifier:
     def __init__(self, env: ResolvedEnv, interp: Interpreter, opts: Options):
         self.env = env
         self.interp = interp
         self.opts = opts
         self.say = lambda s: opts.say(f"[{env.name}] {s}")
-        self.r = Report(profile=env.name, python=env.python,
-                        interpreter=f"{interp.path} ({interp.version})")
+        self.r = Report(profile=env.name, python=env.python, interpreter=f"{interp.path} ({interp.version})")
 
     def fail(self, text: str) -> None:
         self.r.failures.append(text)
@@ -468,8 +528,10 @@ class _Verifier:
             self.say(f"PyTorch index {torch_index}: probing ({PROBE_TIMEOUT_S:.0f} s at most)")
             if not index_answers(torch_index):
                 swap = local_pins(env.torch.packages)
-                self.say(f"PyTorch index {torch_index} does not answer"
-                         + ("; its +cu builds are swapped for PyPI's" if swap else ""))
+                self.say(
+                    f"PyTorch index {torch_index} does not answer"
+                    + ("; its +cu builds are swapped for PyPI's" if swap else "")
+                )
                 torch_index = None
         r.index_url, r.torch_index_url = pypi, torch_index
         if swap:
@@ -482,20 +544,32 @@ class _Verifier:
         layer_files = [name for name in sorted(files) if name.startswith("constraints/")]
         if layer_files:
             constraints = work / "constraints.txt"
-            constraints.write_text("".join(
-                swap_line(ln, swap) + "\n" for name in layer_files
-                for ln in files[name].splitlines() if ln.strip() and not ln.startswith("#")),
-                "utf-8")
+            constraints.write_text(
+                "".join(
+                    swap_line(ln, swap) + "\n"
+                    for name in layer_files
+                    for ln in files[name].splitlines()
+                    if ln.strip() and not ln.startswith("#")
+                ),
+                "utf-8",
+            )
             r.constraints = True
 
         # the venv, pip seeded by ensurepip (no index needed)
         self.say(f"venv {venv} from Python {self.interp.version} ({self.interp.path})")
-        made = run([self.interp.path, "-m", "venv", str(venv)], env=_clean_env(), timeout=600,
-                   say=self.say, label="venv")
+        made = run(
+            [self.interp.path, "-m", "venv", str(venv)],
+            env=_clean_env(),
+            timeout=600,
+            say=self.say,
+            label="venv",
+        )
         py = venv / "bin" / "python"
         if made.rc != 0 or not py.exists():
-            self.fail(f"venv: {self.interp.path} -m venv failed: "
-                      f"{(made.err.strip().splitlines() or ['timed out'])[-1]}")
+            self.fail(
+                f"venv: {self.interp.path} -m venv failed: "
+                f"{(made.err.strip().splitlines() or ['timed out'])[-1]}"
+            )
             return r
 
         index_args = ["--index-url", pypi]
@@ -505,11 +579,25 @@ class _Verifier:
         for layer, roots in layer_roots(self.env).items():
             roots = [swap_line(x, swap) for x in roots]
             if not roots:
-                r.layers.append({"layer": layer, "requirements": [], "ok": True, "seconds": 0.0,
-                                 "empty": True, "pip_check": None})
+                r.layers.append(
+                    {
+                        "layer": layer,
+                        "requirements": [],
+                        "ok": True,
+                        "seconds": 0.0,
+                        "empty": True,
+                        "pip_check": None,
+                    }
+                )
                 continue
-            entry = {"layer": layer, "requirements": roots, "ok": False, "seconds": 0.0,
-                     "error": None, "pip_check": None}
+            entry = {
+                "layer": layer,
+                "requirements": roots,
+                "ok": False,
+                "seconds": 0.0,
+                "error": None,
+                "pip_check": None,
+            }
             r.layers.append(entry)
             if not installed_all:
                 entry["error"] = "not run: an earlier layer did not install"
@@ -518,37 +606,62 @@ class _Verifier:
             cmd = [uv, "pip", "install", "--no-config", "--python", str(py), *index_args]
             if constraints:
                 cmd += ["-c", str(constraints)]
-            got = run(cmd + roots, env=_clean_env(), cwd=work,
-                      timeout=INSTALL_TIMEOUT_S, say=self.say, label=f"layer {layer}",
-                      forward=lambda ln: ln.startswith(_UV_PROGRESS))
+            got = run(
+                cmd + roots,
+                env=_clean_env(),
+                cwd=work,
+                timeout=INSTALL_TIMEOUT_S,
+                say=self.say,
+                label=f"layer {layer}",
+                forward=lambda ln: ln.startswith(_UV_PROGRESS),
+            )
             entry["seconds"] = round(got.seconds, 1)
             if got.rc != 0:
                 installed_all = False
-                text = [ln for ln in got.err.strip().splitlines()
-                        if ln.strip() and not ln.startswith("Using Python")]
-                entry["error"] = ("timed out after " + fmt_seconds(got.seconds)) if got.rc is None \
+                text = [
+                    ln
+                    for ln in got.err.strip().splitlines()
+                    if ln.strip() and not ln.startswith("Using Python")
+                ]
+                entry["error"] = (
+                    ("timed out after " + fmt_seconds(got.seconds))
+                    if got.rc is None
                     else "\n".join(text[-25:])
+                )
                 why = _first_error(text) if got.rc else entry["error"]
                 self.fail(f"layer {layer} did not install: {why}")
                 continue
             entry["ok"] = True
             self.say(f"layer {layer}: installed in {fmt_seconds(got.seconds)}; pip check")
-            chk = run([str(py), "-m", "pip", "check"], env=_clean_env(), cwd=work, timeout=600,
-                      say=self.say, label="pip check")
+            chk = run(
+                [str(py), "-m", "pip", "check"],
+                env=_clean_env(),
+                cwd=work,
+                timeout=600,
+                say=self.say,
+                label="pip check",
+            )
             problems = [ln.strip() for ln in (chk.out + chk.err).splitlines() if ln.strip()]
             entry["pip_check"] = {"ok": chk.rc == 0, "problems": [] if chk.rc == 0 else problems}
             if chk.rc != 0:
-                self.fail(f"pip check after layer {layer}: " + "; ".join(problems[:3])
-                          + (f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""))
+                self.fail(
+                    f"pip check after layer {layer}: "
+                    + "; ".join(problems[:3])
+                    + (f" (+{len(problems) - 3} more)" if len(problems) > 3 else "")
+                )
 
         for comp, why in EXTENSION_WHY.items():
             if getattr(env, comp):
                 _, ext = import_plan(env)
                 version = getattr(env, comp).version
-                r.not_installed.append({
-                    "component": comp, "version": version,
-                    "modules": sorted(m for m, c in ext.items() if c == comp),
-                    "why": why.format(version=version, cuda=env.cuda.version)})
+                r.not_installed.append(
+                    {
+                        "component": comp,
+                        "version": version,
+                        "modules": sorted(m for m, c in ext.items() if c == comp),
+                        "why": why.format(version=version, cuda=env.cuda.version),
+                    }
+                )
         if not installed_all:
             return r
 
@@ -556,10 +669,19 @@ class _Verifier:
             names = [p.name for p in env.patches]
             self.say(f"patches: {', '.join(names)}")
             _unshare_files(venv, [f for p in env.patches for f in p.files])
-            got = run([str(py), str(rendered / "apply_patches.py")], env=_clean_env(), cwd=work,
-                      timeout=600, say=self.say, label="patches")
-            r.patches = {"ok": got.rc == 0, "names": names,
-                         "output": (got.out + got.err).strip().splitlines()}
+            got = run(
+                [str(py), str(rendered / "apply_patches.py")],
+                env=_clean_env(),
+                cwd=work,
+                timeout=600,
+                say=self.say,
+                label="patches",
+            )
+            r.patches = {
+                "ok": got.rc == 0,
+                "names": names,
+                "output": (got.out + got.err).strip().splitlines(),
+            }
             if got.rc != 0:
                 msg = (got.err.strip().splitlines() or ["timed out" if got.rc is None else "failed"])[-1]
                 r.patches["error"] = msg
@@ -568,8 +690,14 @@ class _Verifier:
         # the precision audit, as the image build runs it right after the patches
         if "audit_precision.py" in files:
             self.say("precision audit")
-            got = run([str(py), str(rendered / "audit_precision.py")], env=_clean_env(), cwd=work,
-                      timeout=600, say=self.say, label="audit")
+            got = run(
+                [str(py), str(rendered / "audit_precision.py")],
+                env=_clean_env(),
+                cwd=work,
+                timeout=600,
+                say=self.say,
+                label="audit",
+            )
             r.audit = {"ok": got.rc == 0, "output": (got.out + got.err).strip().splitlines()}
             if got.rc != 0:
                 lines = r.audit["output"] or ["timed out" if got.rc is None else "failed"]
@@ -593,25 +721,38 @@ class _Verifier:
         stub = self.libcuda(py, work, {m.split(".")[0] for m in modules} - set(ext))
         if stub:
             extra["LD_LIBRARY_PATH"] = os.pathsep.join(
-                [str(stub)] + [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p])
+                [str(stub)] + [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]
+            )
         for mod in modules:
             if mod.split(".")[0] in ext:
                 continue  # reported under not_installed
             self.say(f"import {mod}")
-            got = run([*prefix, str(py), "-c", IMPORT_SNIPPET, mod], env=_offline_env(home, **extra),
-                      cwd=cwd, timeout=IMPORT_TIMEOUT_S, say=self.say, label=f"import {mod}")
+            got = run(
+                [*prefix, str(py), "-c", IMPORT_SNIPPET, mod],
+                env=_offline_env(home, **extra),
+                cwd=cwd,
+                timeout=IMPORT_TIMEOUT_S,
+                say=self.say,
+                label=f"import {mod}",
+            )
             res = None
             for line in reversed(got.out.splitlines()):
                 if line.startswith(RESULT):
-                    res = json.loads(line[len(RESULT):])
+                    res = json.loads(line[len(RESULT) :])
                     break
-            entry = {"module": mod, "ok": bool(res and res["ok"]), "seconds": round(got.seconds, 1),
-                     "error": None}
+            entry = {
+                "module": mod,
+                "ok": bool(res and res["ok"]),
+                "seconds": round(got.seconds, 1),
+                "error": None,
+            }
             if res is None:
                 tail = [ln for ln in got.err.strip().splitlines() if ln.strip()]
-                entry["error"] = (f"timed out after {fmt_seconds(got.seconds)}" if got.rc is None
-                                  else f"the interpreter died (exit {got.rc})"
-                                  + (f": {tail[-1]}" if tail else ""))
+                entry["error"] = (
+                    f"timed out after {fmt_seconds(got.seconds)}"
+                    if got.rc is None
+                    else f"the interpreter died (exit {got.rc})" + (f": {tail[-1]}" if tail else "")
+                )
             elif not res["ok"]:
                 entry["error"] = res["error"]
                 missing = (res.get("missing") or "").split(".")[0]
@@ -629,13 +770,21 @@ class _Verifier:
         builds a stub that exports the driver-API symbols those modules name (each returns
         CUDA_ERROR_STUB_LIBRARY): the modules load, nothing calls the driver. The directory to
         put on LD_LIBRARY_PATH, or None where the host has a libcuda or nothing links one."""
-        probe = run([str(py), "-c", "import ctypes; ctypes.CDLL('libcuda.so.1')"],
-                    env=_clean_env(), timeout=60, label="libcuda")
+        probe = run(
+            [str(py), "-c", "import ctypes; ctypes.CDLL('libcuda.so.1')"],
+            env=_clean_env(),
+            timeout=60,
+            label="libcuda",
+        )
         if probe.rc == 0:
             self.r.libcuda = "the host's NVIDIA driver"
             return None
-        site = run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['platlib'])"],
-                   env=_clean_env(), timeout=60, label="site-packages").out.strip()
+        site = run(
+            [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['platlib'])"],
+            env=_clean_env(),
+            timeout=60,
+            label="site-packages",
+        ).out.strip()
         linked = libcuda_users(Path(site), packages) if site else {}
         if not linked:
             return None
@@ -644,13 +793,16 @@ class _Verifier:
         out = work / "libcuda-stub"
         made = build_libcuda_stub(names, out)
         if made is not True:
-            self.r.libcuda = (f"none on this machine, and no stub could be built ({made}): "
-                              f"{where} will not load")
+            self.r.libcuda = (
+                f"none on this machine, and no stub could be built ({made}): {where} will not load"
+            )
             self.say(f"libcuda: {self.r.libcuda}")
             return None
-        self.r.libcuda = (f"no NVIDIA driver here: a stub libcuda.so.1 exporting the {len(names)} "
-                          f"driver-API symbols that {where} link stands in, for loading only "
-                          "(every call returns CUDA_ERROR_STUB_LIBRARY)")
+        self.r.libcuda = (
+            f"no NVIDIA driver here: a stub libcuda.so.1 exporting the {len(names)} "
+            f"driver-API symbols that {where} link stands in, for loading only "
+            "(every call returns CUDA_ERROR_STUB_LIBRARY)"
+        )
         self.say(f"libcuda: {self.r.libcuda}")
         return out
 
@@ -666,25 +818,32 @@ class _Verifier:
             (data / name).write_bytes(b"")
         args_file = base / "args"
         stub = stub_dir / "python3"
-        stub.write_text(STUB.format(args=shlex.quote(str(args_file)),
-                                    python=shlex.quote(str(py))), encoding="utf-8")
+        stub.write_text(
+            STUB.format(args=shlex.quote(str(args_file)), python=shlex.quote(str(py))), encoding="utf-8"
+        )
         stub.chmod(0o755)
-        env = _offline_env(base / "home", PATH=f"{stub_dir}{os.pathsep}{os.environ.get('PATH', '')}",
-                           DATA_DIR=str(data))
+        env = _offline_env(
+            base / "home", PATH=f"{stub_dir}{os.pathsep}{os.environ.get('PATH', '')}", DATA_DIR=str(data)
+        )
         for k in ("MODEL", "N_GPUS"):  # the script's own defaults, not the caller's
             env.pop(k, None)
         self.say(f"compose: {RUN_SCRIPT} with verl's Hydra config (--cfg job)")
-        got = run([*isolation()[0], "bash", str(rendered / RUN_SCRIPT)], env=env, cwd=base,
-                  timeout=COMPOSE_TIMEOUT_S, say=self.say, label="compose")
-        c = {"ok": False, "checked": 0, "mismatches": [], "error": None,
-             "seconds": round(got.seconds, 1)}
+        got = run(
+            [*isolation()[0], "bash", str(rendered / RUN_SCRIPT)],
+            env=env,
+            cwd=base,
+            timeout=COMPOSE_TIMEOUT_S,
+            say=self.say,
+            label="compose",
+        )
+        c = {"ok": False, "checked": 0, "mismatches": [], "error": None, "seconds": round(got.seconds, 1)}
         self.r.compose = c
-        args = [a for a in args_file.read_bytes().decode().split("\0") if a] \
-            if args_file.exists() else []
+        args = [a for a in args_file.read_bytes().decode().split("\0") if a] if args_file.exists() else []
         c["overrides"] = len([a for a in args if "=" in a])
         if got.rc != 0:
-            c["error"] = (f"timed out after {fmt_seconds(got.seconds)}" if got.rc is None
-                          else hydra_error(got.err))
+            c["error"] = (
+                f"timed out after {fmt_seconds(got.seconds)}" if got.rc is None else hydra_error(got.err)
+            )
             self.fail(f"compose: rejected: {c['error']}")
             return
         cfg = parse_printed_config(got.out)
@@ -694,8 +853,11 @@ class _Verifier:
             return
         c["checked"], c["mismatches"] = check_overrides(cfg, args)
         spot = {}
-        for key in ("actor_rollout_ref.rollout.name", "actor_rollout_ref.rollout.dtype",
-                    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"):
+        for key in (
+            "actor_rollout_ref.rollout.name",
+            "actor_rollout_ref.rollout.dtype",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+        ):
             got_v = _lookup(cfg, key)
             spot[key] = None if got_v is _MISSING else got_v
         c["values"] = spot
@@ -704,7 +866,8 @@ class _Verifier:
             self.fail(f"compose: {c['error']}")
         elif c["mismatches"]:
             c["error"] = "composed config differs: " + "; ".join(
-                f"{m['override']} (composed: {m['composed']})" for m in c["mismatches"][:3])
+                f"{m['override']} (composed: {m['composed']})" for m in c["mismatches"][:3]
+            )
             self.fail(f"compose: {c['error']}")
         else:
             c["ok"] = True
@@ -759,5 +922,7 @@ def verify(env: ResolvedEnv, interp: Interpreter, opts: Options) -> Report:
 
 def check_keep(path: Path) -> None:
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise UserError(f"--keep {path} exists and is not an empty directory; verify makes a "
-                        "fresh venv there. Pass a new path.")
+        raise UserError(
+            f"--keep {path} exists and is not an empty directory; verify makes a "
+            "fresh venv there. Pass a new path."
+        )

@@ -23,8 +23,12 @@ from envbuilder.text import redact
 # model_type -> (family, q/k/v bias, q/k RMSNorm per head): transformers' Qwen2Attention has a
 # bias on q, k and v; LlamaAttention and MistralAttention take `attention_bias` (default off);
 # Qwen3Attention adds q_norm and k_norm (one RMSNorm of head_dim each) and no bias.
-FAMILIES = {"qwen2": ("qwen2", True, False), "llama": ("llama", False, False),
-            "mistral": ("llama", False, False), "qwen3": ("qwen3", False, True)}
+FAMILIES = {
+    "qwen2": ("qwen2", True, False),
+    "llama": ("llama", False, False),
+    "mistral": ("llama", False, False),
+    "qwen3": ("qwen3", False, True),
+}
 MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KB; an endpoint that sends more is refused
 DEFAULT_HF = "https://huggingface.co"
@@ -39,9 +43,11 @@ def is_local(name: str) -> bool:
 def _positive(cfg: dict, key: str, origin: str, default: Any = None) -> int:
     value = cfg.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 10**7:
-        raise UserError(f"{origin}: `{key}` is {value!r}, not a positive whole number below 10^7, "
-                        "so the model's shape is unknown. Check that this is the model's own "
-                        "config.json (transformers writes it next to the weights).")
+        raise UserError(
+            f"{origin}: `{key}` is {value!r}, not a positive whole number below 10^7, "
+            "so the model's shape is unknown. Check that this is the model's own "
+            "config.json (transformers writes it next to the weights)."
+        )
     return value
 
 
@@ -50,19 +56,25 @@ def arch_from_config(cfg: Any, origin: str, name: str) -> dict:
     from envbuilder.model.memory import Arch
 
     if not isinstance(cfg, dict):
-        raise UserError(f"{origin} is not a config.json: it holds {type(cfg).__name__}, where "
-                        "transformers writes an object of the model's settings.")
+        raise UserError(
+            f"{origin} is not a config.json: it holds {type(cfg).__name__}, where "
+            "transformers writes an object of the model's settings."
+        )
     kind = cfg.get("model_type")
     moe = [k for k in MOE_KEYS if cfg.get(k)]
     if moe:
-        raise UserError(f"{name} is a mixture-of-experts model ({origin} sets {', '.join(moe)}): "
-                        "the memory plan models dense decoders only, and an expert layout needs "
-                        "other sums. Pick a dense model, or plan this one by hand and render a "
-                        "profile whose train block you size yourself.")
+        raise UserError(
+            f"{name} is a mixture-of-experts model ({origin} sets {', '.join(moe)}): "
+            "the memory plan models dense decoders only, and an expert layout needs "
+            "other sums. Pick a dense model, or plan this one by hand and render a "
+            "profile whose train block you size yourself."
+        )
     if kind not in FAMILIES:
-        raise UserError(f"{name} is a {kind!r} model ({origin}); the memory plan knows the "
-                        f"layouts {', '.join(sorted(FAMILIES))} (dense decoders with a gated MLP "
-                        "and RMSNorm). Pick a model of one of them.")
+        raise UserError(
+            f"{name} is a {kind!r} model ({origin}); the memory plan knows the "
+            f"layouts {', '.join(sorted(FAMILIES))} (dense decoders with a gated MLP "
+            "and RMSNorm). Pick a model of one of them."
+        )
     family, bias, qk_norm = FAMILIES[kind]
     layers = _positive(cfg, "num_hidden_layers", origin)
     hidden = _positive(cfg, "hidden_size", origin)
@@ -71,24 +83,34 @@ def arch_from_config(cfg: Any, origin: str, name: str) -> dict:
     head_dim = cfg.get("head_dim")
     if head_dim is None:
         if hidden % heads:
-            raise UserError(f"{origin}: hidden_size {hidden} is not a multiple of "
-                            f"num_attention_heads {heads} and no head_dim is given.")
+            raise UserError(
+                f"{origin}: hidden_size {hidden} is not a multiple of "
+                f"num_attention_heads {heads} and no head_dim is given."
+            )
         head_dim = hidden // heads
     head_dim = _positive({"head_dim": head_dim}, "head_dim", origin)
     if heads % kv:
-        raise UserError(f"{origin}: num_attention_heads {heads} is not a multiple of "
-                        f"num_key_value_heads {kv}.")
+        raise UserError(
+            f"{origin}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}."
+        )
     tied = cfg.get("tie_word_embeddings", False)
     attention_bias = cfg.get("attention_bias", False)
     if not isinstance(tied, bool) or not isinstance(attention_bias, bool):
         raise UserError(f"{origin}: tie_word_embeddings and attention_bias must be true or false.")
-    rec = {"family": family, "layers": layers, "hidden_size": hidden, "attention_heads": heads,
-           "kv_heads": kv, "head_dim": head_dim,
-           "intermediate_size": _positive(cfg, "intermediate_size", origin),
-           "vocab_size": _positive(cfg, "vocab_size", origin), "tied_embeddings": tied,
-           "qkv_bias": bias or attention_bias,
-           "max_position_embeddings": _positive(cfg, "max_position_embeddings", origin),
-           **({"qk_norm": True} if qk_norm else {})}
+    rec = {
+        "family": family,
+        "layers": layers,
+        "hidden_size": hidden,
+        "attention_heads": heads,
+        "kv_heads": kv,
+        "head_dim": head_dim,
+        "intermediate_size": _positive(cfg, "intermediate_size", origin),
+        "vocab_size": _positive(cfg, "vocab_size", origin),
+        "tied_embeddings": tied,
+        "qkv_bias": bias or attention_bias,
+        "max_position_embeddings": _positive(cfg, "max_position_embeddings", origin),
+        **({"qk_norm": True} if qk_norm else {}),
+    }
     rec["parameters"] = Arch(name, rec).params()
     rec["source"] = origin
     return rec
@@ -98,8 +120,10 @@ def _parse(data: bytes, origin: str) -> Any:
     try:
         return json.loads(data.decode("utf-8"))
     except (ValueError, RecursionError) as e:  # (UnicodeDecodeError is a ValueError)
-        raise UserError(f"{origin} is not a readable config.json ({str(e)[:120]}). Check that "
-                        "it is the model's own config.json.") from None
+        raise UserError(
+            f"{origin} is not a readable config.json ({str(e)[:120]}). Check that "
+            "it is the model's own config.json."
+        ) from None
 
 
 def local_config(folder: str) -> tuple[str, dict]:
@@ -109,16 +133,22 @@ def local_config(folder: str) -> tuple[str, dict]:
     path = Path(os.path.expanduser(folder)).resolve()
     key = str(path)
     if not path.is_dir():
-        raise UserError(f"--model {folder}: no such folder. Pass a hub repo id "
-                        "(Qwen/Qwen2.5-7B-Instruct) or a folder that holds the model's "
-                        "config.json.")
+        raise UserError(
+            f"--model {folder}: no such folder. Pass a hub repo id "
+            "(Qwen/Qwen2.5-7B-Instruct) or a folder that holds the model's "
+            "config.json."
+        )
     if not _LOCAL.fullmatch(key):
-        raise UserError(f"--model {folder}: the folder's path {key!r} has characters the run "
-                        "script cannot name safely (letters, digits, '.', '_', '+', '-', '/').")
+        raise UserError(
+            f"--model {folder}: the folder's path {key!r} has characters the run "
+            "script cannot name safely (letters, digits, '.', '_', '+', '-', '/')."
+        )
     config = path / "config.json"
     if not config.is_file():
-        raise UserError(f"--model {folder}: the folder has no config.json, so the model's shape "
-                        "is unknown. Point at the folder transformers saved the model in.")
+        raise UserError(
+            f"--model {folder}: the folder has no config.json, so the model's shape "
+            "is unknown. Point at the folder transformers saved the model in."
+        )
     text = read_text_bounded(config, "the model's config.json", MAX_CONFIG_BYTES)
     return key, arch_from_config(_parse(text.encode(), str(config)), str(config), key)
 
@@ -147,33 +177,42 @@ def hub_config(repo: str, endpoint: str | None = None, timeout: float = 10.0) ->
         except UserError:
             pass  # a cache entry that no longer reads is fetched afresh
     if os.environ.get("ENVBUILD_OFFLINE") or os.environ.get("HF_HUB_OFFLINE") == "1":
-        raise UserError(f"{repo} is not in the model table and its config.json is not cached, "
-                        "and this run is offline (ENVBUILD_OFFLINE / HF_HUB_OFFLINE). Pass the "
-                        "folder that holds the model (--model /path/to/model), or run once "
-                        "online.")
+        raise UserError(
+            f"{repo} is not in the model table and its config.json is not cached, "
+            "and this run is offline (ENVBUILD_OFFLINE / HF_HUB_OFFLINE). Pass the "
+            "folder that holds the model (--model /path/to/model), or run once "
+            "online."
+        )
     headers = {"User-Agent": "envbuild"}
     token = os.environ.get("HF_TOKEN")
     if token:
         headers["Authorization"] = f"Bearer {token}"
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
-                                    timeout=timeout) as resp:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout) as resp:
             data = resp.read(MAX_CONFIG_BYTES + 1)
     except urllib.error.HTTPError as e:
-        why = {401: "it asks for credentials (a gated model: set HF_TOKEN)",
-               403: "access is refused (a gated model: accept its licence, set HF_TOKEN)",
-               404: "there is no such repo or no config.json in it"}.get(e.code, f"HTTP {e.code}")
-        raise UserError(f"Cannot read {repo}'s config.json from {shown}: {why}. Check the repo "
-                        "id, or pass the folder that holds the model.") from None
+        why = {
+            401: "it asks for credentials (a gated model: set HF_TOKEN)",
+            403: "access is refused (a gated model: accept its licence, set HF_TOKEN)",
+            404: "there is no such repo or no config.json in it",
+        }.get(e.code, f"HTTP {e.code}")
+        raise UserError(
+            f"Cannot read {repo}'s config.json from {shown}: {why}. Check the repo "
+            "id, or pass the folder that holds the model."
+        ) from None
     except (urllib.error.URLError, OSError, ValueError) as e:
         reason = getattr(e, "reason", e)
-        raise ActionError(f"Cannot read {repo}'s config.json from {shown}: {redact(str(reason))}. "
-                          "Where the hub is out of reach, point HF_ENDPOINT at a mirror "
-                          "(HF_ENDPOINT=https://hf-mirror.com) or pass the folder that holds "
-                          "the model (--model /path/to/model).") from None
+        raise ActionError(
+            f"Cannot read {repo}'s config.json from {shown}: {redact(str(reason))}. "
+            "Where the hub is out of reach, point HF_ENDPOINT at a mirror "
+            "(HF_ENDPOINT=https://hf-mirror.com) or pass the folder that holds "
+            "the model (--model /path/to/model)."
+        ) from None
     if len(data) > MAX_CONFIG_BYTES:
-        raise ActionError(f"{shown} sent more than {MAX_CONFIG_BYTES >> 10} KiB for a "
-                          "config.json; that is not one. Check HF_ENDPOINT.")
+        raise ActionError(
+            f"{shown} sent more than {MAX_CONFIG_BYTES >> 10} KiB for a "
+            "config.json; that is not one. Check HF_ENDPOINT."
+        )
     rec = arch_from_config(_parse(data, shown), shown, repo)
     write_cache(cache_file(f"hf-config-{key}.json"), data.decode("utf-8", errors="replace"))
     return rec
@@ -195,8 +234,10 @@ def with_model(m, name: str | None):
         try:
             S.check(name, S.MODEL_ID, "--model")
         except S.SchemaError as e:
-            raise UserError(f"--model {name!r}: {e}. Pass a hub repo id like "
-                            "Qwen/Qwen2.5-7B-Instruct or a folder (./my-model).") from None
+            raise UserError(
+                f"--model {name!r}: {e}. Pass a hub repo id like "
+                "Qwen/Qwen2.5-7B-Instruct or a folder (./my-model)."
+            ) from None
         key, rec = name, hub_config(name)
     sections = dict(m.sections, models={**m.models, key: rec})
     return type(m)(sections, {**m.origin, ("models", key): rec["source"]}), key
@@ -205,4 +246,3 @@ def with_model(m, name: str | None):
 def scaled_vram_gb(profile_gb: float, profile_params: int, params: int) -> float:
     """The profile's "about N GiB" for its model, scaled to another model by parameters."""
     return float(max(1, math.ceil(profile_gb * params / profile_params)))
-

@@ -20,8 +20,10 @@ from envbuilder.model.resolved import Overrides
 from envbuilder.model.versions import is_driver_version, version_key
 
 # a flag with the value a user would type after it (values may be comma lists: apex,flash-attn)
-FIX_FLAG = re.compile(r"--(cuda|torch|python|verl|rollout|vllm|with|without|driver|ecc|model|algo|interconnect)\b"
-                      r"(?:[ =]([^\s,;()]+(?:,[^\s,;()]+)*))?")
+FIX_FLAG = re.compile(
+    r"--(cuda|torch|python|verl|rollout|vllm|with|without|driver|ecc|model|algo|interconnect)\b"
+    r"(?:[ =]([^\s,;()]+(?:,[^\s,;()]+)*))?"
+)
 ROLLOUTS = ("hf", "vllm", "sglang")
 COMPONENTS = ("apex", "flash-attn")
 _KEY = {"with": "with_"}
@@ -31,16 +33,21 @@ def _valid(m, flag: str, value: str | None) -> bool:
     if value is None:
         return False
     value = value.rstrip(".")
-    return {"cuda": lambda: value in m.cuda, "torch": lambda: value in m.torch,
-            "verl": lambda: value in m.verl, "vllm": lambda: value in m.vllm,
-            "rollout": lambda: value in ROLLOUTS,
-            "python": lambda: re.fullmatch(r"3\.\d+", value) is not None,
-            "with": lambda: all(c in COMPONENTS for c in value.split(",")),
-            "without": lambda: all(c in COMPONENTS for c in value.split(",")),
-            "driver": lambda: is_driver_version(value),
-            "ecc": lambda: value in ("on", "off"), "model": lambda: value in m.models,
-            "algo": lambda: value in m.algorithms,
-            "interconnect": lambda: value in (m.sections.get("interconnects") or {})}[flag]()
+    return {
+        "cuda": lambda: value in m.cuda,
+        "torch": lambda: value in m.torch,
+        "verl": lambda: value in m.verl,
+        "vllm": lambda: value in m.vllm,
+        "rollout": lambda: value in ROLLOUTS,
+        "python": lambda: re.fullmatch(r"3\.\d+", value) is not None,
+        "with": lambda: all(c in COMPONENTS for c in value.split(",")),
+        "without": lambda: all(c in COMPONENTS for c in value.split(",")),
+        "driver": lambda: is_driver_version(value),
+        "ecc": lambda: value in ("on", "off"),
+        "model": lambda: value in m.models,
+        "algo": lambda: value in m.algorithms,
+        "interconnect": lambda: value in (m.sections.get("interconnects") or {}),
+    }[flag]()
 
 
 DROP = re.compile(r"\bdrop --([a-z]+)")
@@ -63,15 +70,15 @@ def applied(ov: Overrides, flags: dict) -> Overrides:
     changes = {}
     for flag, value in flags.items():
         key = _KEY.get(flag, flag)
-        changes[key] = (tuple(value.split(",")) if key in ("with_", "without") and value
-                        else value)
+        changes[key] = tuple(value.split(",")) if key in ("with_", "without") and value else value
     return ov._replace(**changes)
 
 
 def alternatives(fix: str) -> list[str]:
     """A fix's alternatives, as its text offers them: "use --torch 2.9.0 or --vllm 0.8.5"."""
-    return [a.strip() for a in re.split(r"\s+or\s+(?=(?:use\s+|add\s+|pass\s+|drop\s+)?--)", fix)
-            if a.strip()]
+    return [
+        a.strip() for a in re.split(r"\s+or\s+(?=(?:use\s+|add\s+|pass\s+|drop\s+)?--)", fix) if a.strip()
+    ]
 
 
 def render_flags(flags: dict) -> str:
@@ -101,9 +108,14 @@ class _Attempts:
 
 # what a flag's value is in a resolved environment (to name the value a dropped flag falls
 # back to: `--cuda 13.0` refused on a P40 -> "use --cuda 11.8")
-VALUE_OF = {"cuda": lambda e: e.cuda.version, "torch": lambda e: e.torch.version,
-            "verl": lambda e: e.verl.version, "rollout": lambda e: e.rollout,
-            "vllm": lambda e: e.vllm.version if e.vllm else None, "python": lambda e: e.python}
+VALUE_OF = {
+    "cuda": lambda e: e.cuda.version,
+    "torch": lambda e: e.torch.version,
+    "verl": lambda e: e.verl.version,
+    "rollout": lambda e: e.rollout,
+    "vllm": lambda e: e.vllm.version if e.vllm else None,
+    "python": lambda e: e.python,
+}
 
 
 def _candidates(m, profile: str, ov: Overrides):
@@ -167,19 +179,25 @@ def checked(m, profile: str, ov: Overrides, violations: list, run) -> list:
             out.append(v)  # (the machine's: its own fix, an upgrade, stands)
             continue
         alts = [a.rstrip(" ,;") for a in alternatives(v.fix)]
-        kept = [a for a in alts if (flags := concrete(m, a)) is not None
-                and _resolves(attempt(applied(ov, flags)), before)]
+        kept = [
+            a
+            for a in alts
+            if (flags := concrete(m, a)) is not None and _resolves(attempt(applied(ov, flags)), before)
+        ]
         prose = [a for a in alts if concrete(m, a) is None and not FIX_FLAG.search(a)]
         if not kept:
             if not whole:
                 whole.append(whole_fix(m, profile, ov, attempt, before))
             if whole[0]:
-                kept = [f"{render_flags(whole[0])} (with it {profile} resolves"
-                        + (", but for the driver)" if before & FIXED_BY_MACHINE else ")")]
+                kept = [
+                    f"{render_flags(whole[0])} (with it {profile} resolves"
+                    + (", but for the driver)" if before & FIXED_BY_MACHINE else ")")
+                ]
         if kept and not re.match(r"(use|add|pass|drop)\b", kept[0]):
             kept[0] = f"use {kept[0]}"
         fix = " or ".join(kept + prose) or (
             "no one change of --verl, --rollout, --cuda, --torch, --vllm, nor a torch with a CUDA "
-            f"it is built for, makes {profile} resolve: `envbuild list` shows the profiles")
+            f"it is built for, makes {profile} resolve: `envbuild list` shows the profiles"
+        )
         out.append(v._replace(fix=fix) if fix != v.fix else v)
     return out

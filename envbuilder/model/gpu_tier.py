@@ -17,17 +17,43 @@ from pathlib import Path
 
 from envbuilder.model.resolved import ResolvedEnv
 
-GIB = 1024 ** 3
+GIB = 1024**3
 # the shell variables of the rendered run script, as the GPU tier expands them
 SCRIPT_ENV = {"MODEL": "/tmp/envbuild-gpu/model", "DATA_DIR": "/tmp/envbuild-gpu/data", "N_GPUS": "1"}
 # what verl imports on the worker path beyond what a GPU machine's torch image has: the pins of
 # these are part of a run's identity
-CARRIED = ("transformers", "tokenizers", "huggingface-hub", "peft", "accelerate", "tensordict",
-           "ray", "hydra-core", "omegaconf", "antlr4-python3-runtime", "codetiming", "setuptools",
-           "jsonschema", "jsonschema-specifications", "referencing", "rpds-py", "orjson")
+CARRIED = (
+    "transformers",
+    "tokenizers",
+    "huggingface-hub",
+    "peft",
+    "accelerate",
+    "tensordict",
+    "ray",
+    "hydra-core",
+    "omegaconf",
+    "antlr4-python3-runtime",
+    "codetiming",
+    "setuptools",
+    "jsonschema",
+    "jsonschema-specifications",
+    "referencing",
+    "rpds-py",
+    "orjson",
+)
 _ARGS = re.compile(r"^args=\(\n.*?^\)\n", re.S | re.M)
-_KEYS = ("profile", "verl", "overrides", "exports", "patches", "cap_bytes", "arch", "pins",
-         "precision", "attention")
+_KEYS = (
+    "profile",
+    "verl",
+    "overrides",
+    "exports",
+    "patches",
+    "cap_bytes",
+    "arch",
+    "pins",
+    "precision",
+    "attention",
+)
 
 
 def run_script_overrides(script: str, env: dict[str, str] | None = None) -> list[str]:
@@ -36,10 +62,18 @@ def run_script_overrides(script: str, env: dict[str, str] | None = None) -> list
     found = _ARGS.search(script)
     if found is None:
         raise ValueError("no `args=(` ... `)` array in the run script")
-    program = ("set -eu\n" + "".join(f"{k}={shlex.quote(v)}\n" for k, v in (env or {}).items())
-               + found.group(0) + 'printf "%s\\0" "${args[@]}"\n')
-    r = subprocess.run(["bash", "--noprofile", "--norc", "-c", program], capture_output=True,
-                       env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, timeout=60)
+    program = (
+        "set -eu\n"
+        + "".join(f"{k}={shlex.quote(v)}\n" for k, v in (env or {}).items())
+        + found.group(0)
+        + 'printf "%s\\0" "${args[@]}"\n'
+    )
+    r = subprocess.run(
+        ["bash", "--noprofile", "--norc", "-c", program],
+        capture_output=True,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+        timeout=60,
+    )
     if r.returncode != 0:
         raise ValueError(f"bash could not expand the args array: {r.stderr.decode()[-1000:]}")
     return r.stdout.decode().split("\0")[:-1]
@@ -88,23 +122,34 @@ def case(env: ResolvedEnv, files: dict[str, str], models: dict) -> dict:
         exports["TORCHDYNAMO_DISABLE"] = "1"
     mem = env.memory
     out = {
-        "profile": env.profile, "gpu": env.gpu.name, "verl": env.verl.version,
+        "profile": env.profile,
+        "gpu": env.gpu.name,
+        "verl": env.verl.version,
         "overrides": run_script_overrides(files["run_ppo_gsm8k.sh"], SCRIPT_ENV),
         "exports": exports,
-        "patches": [{"name": p.name, "files": list(p.files), "replace": [dict(r) for r in p.replace]}
-                    for p in env.patches],
+        "patches": [
+            {"name": p.name, "files": list(p.files), "replace": [dict(r) for r in p.replace]}
+            for p in env.patches
+        ],
         "apply_patches": files["apply_patches.py"],
         # the card: what the plan calls usable (its memory less the CUDA context), the cap of
         # torch's caching allocator (the context lives outside it)
-        "cap_bytes": int(mem["usable_gib"] * GIB), "card_gib": mem["gpu_total_gib"],
-        "arch": {k: v for k, v in models[env.train.model].items()
-                 if k not in ("source", "parameters", "family")},
+        "cap_bytes": int(mem["usable_gib"] * GIB),
+        "card_gib": mem["gpu_total_gib"],
+        "arch": {
+            k: v for k, v in models[env.train.model].items() if k not in ("source", "parameters", "family")
+        },
         "model": env.train.model,
         "pins": {k: v for k, v in env.verl.pins.items() if k.split("[")[0] in CARRIED},
-        "precision": env.precision.to_dict(), "attention": env.attention, "dtype": env.dtype,
+        "precision": env.precision.to_dict(),
+        "attention": env.attention,
+        "dtype": env.dtype,
         "lora_rank": env.train.lora_rank,
-        "plan": {"batch": dict(mem["batch"]), "peak": dict(mem["peak"]),
-                 "phases": {p["key"]: p["total_gib"] for p in mem["phases"]}},
+        "plan": {
+            "batch": dict(mem["batch"]),
+            "peak": dict(mem["peak"]),
+            "phases": {p["key"]: p["total_gib"] for p in mem["phases"]},
+        },
     }
     out["fingerprint"] = fingerprint(out)
     return out
@@ -155,8 +200,12 @@ def status(env: ResolvedEnv, files: dict[str, str], models: dict) -> str:
             if not r.get("ok"):
                 return f"FAILED in {(r.get('error') or {}).get('phase')}"
             steps = len([p for p in r.get("phases", []) if p["phase"].endswith("update_actor")])
-            ray = [p for p in trainer_records() if p.get("profile") == env.profile
-                   and p.get("fingerprint") == fp and p.get("rc") == 0]
-            return (f"ran: {steps} steps ({(r.get('meta') or {}).get('device', 'GPU')})"
-                    + (f", main_ppo+Ray {max(ray[0]['steps'])} steps" if ray else ""))
+            ray = [
+                p
+                for p in trainer_records()
+                if p.get("profile") == env.profile and p.get("fingerprint") == fp and p.get("rc") == 0
+            ]
+            return f"ran: {steps} steps ({(r.get('meta') or {}).get('device', 'GPU')})" + (
+                f", main_ppo+Ray {max(ray[0]['steps'])} steps" if ray else ""
+            )
     return "stale (another configuration ran)"

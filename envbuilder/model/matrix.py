@@ -15,6 +15,7 @@ from envbuilder.errors import UserError
 from envbuilder.paths import SEAL, cache_file, data_dir, read_cache, read_sealed, write_sealed
 from envbuilder.model.versions import in_range, version_key  # noqa: F401  (re-exported)
 
+
 class Matrix:
     """The merged, validated matrix. Sections are plain dicts of validated records."""
 
@@ -42,8 +43,10 @@ def _read(path: Path) -> dict:
     if doc is None:
         return {}
     if not isinstance(doc, dict):
-        raise UserError(f"{path}: a matrix file must be a mapping of sections "
-                        f"(gpus, cuda, torch, profiles, ...), not {type(doc).__name__}.")
+        raise UserError(
+            f"{path}: a matrix file must be a mapping of sections "
+            f"(gpus, cuda, torch, profiles, ...), not {type(doc).__name__}."
+        )
     return doc
 
 
@@ -61,8 +64,10 @@ def _check_sources(doc: dict, name: str) -> None:
                 if k in SOURCE_KEYS and isinstance(v, str):
                     for token in (t.strip() for t in v.split(",")):
                         if token not in known and "://" not in token:
-                            raise S.SchemaError(f"{where}.{k}", f"source {token!r} is neither a URL "
-                                                f"nor a key of this file's `sources:`")
+                            raise S.SchemaError(
+                                f"{where}.{k}",
+                                f"source {token!r} is neither a URL nor a key of this file's `sources:`",
+                            )
                 else:
                     walk(v, f"{where}.{k}")
 
@@ -82,8 +87,9 @@ def _validate_file(path: Path, doc: dict) -> None:
 
             close = difflib.get_close_matches(str(section), list(SECTIONS), n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise UserError(f"{name}: unknown section {section!r}.{hint} "
-                            f"Known sections: {', '.join(SECTIONS)}.")
+            raise UserError(
+                f"{name}: unknown section {section!r}.{hint} Known sections: {', '.join(SECTIONS)}."
+            )
         try:
             S.check(body, SECTIONS[section][0], f"{name}: {section}")
         except S.SchemaError as e:
@@ -108,8 +114,10 @@ def matrix_files(overlays: tuple[Path, ...] = (), base: Path | None = None) -> l
     for d in overlays:
         d = Path(d)
         if not d.is_dir():
-            raise UserError(f"Matrix overlay {d} is not a directory. Pass --matrix-dir a folder "
-                            "of *.yaml files (same sections as the shipped matrices).")
+            raise UserError(
+                f"Matrix overlay {d} is not a directory. Pass --matrix-dir a folder "
+                "of *.yaml files (same sections as the shipped matrices)."
+            )
         files += sorted(d.glob("*.yaml"))
     return files
 
@@ -163,8 +171,12 @@ def load(overlays: tuple[Path, ...] = (), base: Path | None = None) -> Matrix:
             write_sealed(cache, text)
             return m  # else: not what this code writes; validate afresh (and replace it)
     m = _load(files)
-    write_sealed(cache, json.dumps({"sections": m.sections, "origin": [
-        [sec, key, where] for (sec, key), where in m.origin.items()]}))
+    write_sealed(
+        cache,
+        json.dumps(
+            {"sections": m.sections, "origin": [[sec, key, where] for (sec, key), where in m.origin.items()]}
+        ),
+    )
     return m
 
 
@@ -238,23 +250,31 @@ def _cross_check(m: Matrix) -> None:
     bf16_floor = (m.features.get("bf16") or {}).get("min_compute_capability")
     for key, gpu in m.gpus.items():
         if bf16_floor and gpu["bf16"] != (cc_tuple(gpu["compute_capability"]) >= cc_tuple(bf16_floor)):
-            raise UserError(f"{m.where('gpus', key)}: gpus.{key}.bf16 is {gpu['bf16']} but CC "
-                            f"{gpu['compute_capability']} vs the bf16 floor {bf16_floor} says "
-                            "otherwise. Correct one of the two facts.")
+            raise UserError(
+                f"{m.where('gpus', key)}: gpus.{key}.bf16 is {gpu['bf16']} but CC "
+                f"{gpu['compute_capability']} vs the bf16 floor {bf16_floor} says "
+                "otherwise. Correct one of the two facts."
+            )
     for key, ver in m.verl.items():
         for p in ver["patches"]:
             if p not in m.patches:
-                raise UserError(f"{m.where('verl', key)}: verl.{key}.patches names {p!r}, which "
-                                "patches.yaml does not define.")
+                raise UserError(
+                    f"{m.where('verl', key)}: verl.{key}.patches names {p!r}, which "
+                    "patches.yaml does not define."
+                )
         for r in ver.get("reviewed") or []:
             if r not in m.reviewed:
-                raise UserError(f"{m.where('verl', key)}: verl.{key}.reviewed names {r!r}, which "
-                                "no `reviewed:` section defines.")
+                raise UserError(
+                    f"{m.where('verl', key)}: verl.{key}.reviewed names {r!r}, which "
+                    "no `reviewed:` section defines."
+                )
         for rollout in ver["training_path"]["rollouts"]:
             if rollout not in ver["rollouts"]:
-                raise UserError(f"{m.where('verl', key)}: verl.{key}.training_path.rollouts.{rollout}: "
-                                f"verl {key} has no {rollout!r} rollout (its rollouts are "
-                                f"{', '.join(ver['rollouts'])}). Remove the entry or fix `rollouts`.")
+                raise UserError(
+                    f"{m.where('verl', key)}: verl.{key}.training_path.rollouts.{rollout}: "
+                    f"verl {key} has no {rollout!r} rollout (its rollouts are "
+                    f"{', '.join(ver['rollouts'])}). Remove the entry or fix `rollouts`."
+                )
     for key, patch in m.patches.items():
         for i, r in enumerate(patch["replace"]):
             _check_fields(r["with"], f"{m.where('patches', key)}: patches.{key}.replace[{i}].with")
@@ -263,14 +283,15 @@ def _cross_check(m: Matrix) -> None:
             if isinstance(value, str):
                 _check_fields(value, f"{m.where('reviewed', key)}: reviewed.{key}.holds.{hkey}")
     _check_models(m)
-    refs = (("gpu", "gpus"), ("cuda", "cuda"), ("torch", "torch"), ("verl", "verl"),
-            ("vllm", "vllm"))
+    refs = (("gpu", "gpus"), ("cuda", "cuda"), ("torch", "torch"), ("verl", "verl"), ("vllm", "vllm"))
     for key, prof in m.profiles.items():
         for field_ in ("components", "optional_components"):
             for comp in prof.get(field_) or {}:
                 if comp not in COMPONENTS:
-                    raise UserError(f"{m.where('profiles', key)}: profiles.{key}.{field_}.{comp}: "
-                                    f"unknown component; components are {', '.join(COMPONENTS)}.")
+                    raise UserError(
+                        f"{m.where('profiles', key)}: profiles.{key}.{field_}.{comp}: "
+                        f"unknown component; components are {', '.join(COMPONENTS)}."
+                    )
         for field_, section in refs:
             value = prof.get(field_)
             if value is not None and value not in m.sections[section]:
@@ -278,8 +299,10 @@ def _cross_check(m: Matrix) -> None:
 
                 close = difflib.get_close_matches(str(value), list(m.sections[section]), n=1)
                 hint = f" Did you mean {close[0]!r}?" if close else ""
-                raise UserError(f"{m.where('profiles', key)}: profiles.{key}.{field_} is "
-                                f"{value!r}, which {section} does not define.{hint}")
+                raise UserError(
+                    f"{m.where('profiles', key)}: profiles.{key}.{field_} is "
+                    f"{value!r}, which {section} does not define.{hint}"
+                )
 
 
 def _check_fields(text: str, where: str) -> None:
@@ -291,12 +314,15 @@ def _check_fields(text: str, where: str) -> None:
     try:
         names = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
     except ValueError as e:
-        raise UserError(f"{where}: {text!r} is not a valid format string ({e}); write a literal "
-                        "brace as {{ or }}.") from None
+        raise UserError(
+            f"{where}: {text!r} is not a valid format string ({e}); write a literal brace as {{{{ or }}}}."
+        ) from None
     unknown = [n for n in names if n not in FORMAT_FIELDS]
     if unknown:
-        raise UserError(f"{where}: {{{unknown[0]}}} is not a value envbuild fills in; known: "
-                        f"{', '.join('{' + f + '}' for f in FORMAT_FIELDS)}.")
+        raise UserError(
+            f"{where}: {{{unknown[0]}}} is not a value envbuild fills in; known: "
+            f"{', '.join('{' + f + '}' for f in FORMAT_FIELDS)}."
+        )
 
 
 def _check_models(m: Matrix) -> None:
@@ -306,30 +332,45 @@ def _check_models(m: Matrix) -> None:
     for name, rec in m.models.items():
         where = f"{m.where('models', name)}: models.{name}"
         if rec["attention_heads"] % rec["kv_heads"]:
-            raise UserError(f"{where}: attention_heads {rec['attention_heads']} is not a multiple "
-                            f"of kv_heads {rec['kv_heads']}. Copy both from the model's config.json.")
+            raise UserError(
+                f"{where}: attention_heads {rec['attention_heads']} is not a multiple "
+                f"of kv_heads {rec['kv_heads']}. Copy both from the model's config.json."
+            )
         counted = Arch(name, rec).params()
         if counted != rec["parameters"]:
-            raise UserError(f"{where}.parameters is {rec['parameters']:,} but the architecture gives "
-                            f"{counted:,} (embeddings, q/k/v/o, MLP, norms"
-                            f"{'' if rec['tied_embeddings'] else ', lm_head'}). One of the fields is "
-                            "wrong: compare each with the model's config.json and its model card.")
+            raise UserError(
+                f"{where}.parameters is {rec['parameters']:,} but the architecture gives "
+                f"{counted:,} (embeddings, q/k/v/o, MLP, norms"
+                f"{'' if rec['tied_embeddings'] else ', lm_head'}). One of the fields is "
+                "wrong: compare each with the model's config.json and its model card."
+            )
     mem = m.memory
     if mem is None:
-        raise UserError("No `memory:` section in the matrix (matrices/memory.yaml): the memory "
-                        "estimate needs it. Reinstall envbuild or restore the file.")
-    for key, lo, hi in (("margin", 0, 0.9), ("allocator_overhead", 0, 1),
-                        ("hf_generate_overhead", 0, 1), ("validation_share", 0.01, 1),
-                        ("cuda_context_gib", 0, 64), ("nccl_gib", 0, 64)):
+        raise UserError(
+            "No `memory:` section in the matrix (matrices/memory.yaml): the memory "
+            "estimate needs it. Reinstall envbuild or restore the file."
+        )
+    for key, lo, hi in (
+        ("margin", 0, 0.9),
+        ("allocator_overhead", 0, 1),
+        ("hf_generate_overhead", 0, 1),
+        ("validation_share", 0.01, 1),
+        ("cuda_context_gib", 0, 64),
+        ("nccl_gib", 0, 64),
+    ):
         if not lo <= mem[key] <= hi:
-            raise UserError(f"{m.where('memory', key)}: memory.{key} is {mem[key]}, outside "
-                            f"{lo}..{hi}. Set it inside that range.")
+            raise UserError(
+                f"{m.where('memory', key)}: memory.{key} is {mem[key]}, outside "
+                f"{lo}..{hi}. Set it inside that range."
+            )
     for gpu in mem["total_mib"]:
         if gpu not in m.gpus:
             raise UserError(f"matrices: memory.total_mib.{gpu} names a GPU that gpus does not define.")
     if "gsm8k" not in m.datasets:
-        raise UserError("No `datasets.gsm8k` in the matrix (matrices/datasets.yaml): the validation "
-                        "batch is sized from its test split. Restore it.")
+        raise UserError(
+            "No `datasets.gsm8k` in the matrix (matrices/datasets.yaml): the validation "
+            "batch is sized from its test split. Restore it."
+        )
     for key, prof in m.profiles.items():
         t, where = prof["train"], f"{m.where('profiles', key)}: profiles.{key}.train"
         if t["model"] not in m.models:
@@ -337,33 +378,46 @@ def _check_models(m: Matrix) -> None:
 
             close = difflib.get_close_matches(t["model"], list(m.models), n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise UserError(f"{where}.model {t['model']!r} is not in the model table, so its memory "
-                            f"cannot be estimated.{hint} Known: {', '.join(m.models)}. Add its "
-                            "architecture under `models:` (from its config.json) in a --matrix-dir "
-                            "overlay.")
+            raise UserError(
+                f"{where}.model {t['model']!r} is not in the model table, so its memory "
+                f"cannot be estimated.{hint} Known: {', '.join(m.models)}. Add its "
+                "architecture under `models:` (from its config.json) in a --matrix-dir "
+                "overlay."
+            )
         problems = []
-        for field_ in ("n_gpus", "train_batch_size", "ppo_mini_batch_size", "max_prompt_length",
-                       "max_response_length", "micro_batch_size_per_gpu"):
+        for field_ in (
+            "n_gpus",
+            "train_batch_size",
+            "ppo_mini_batch_size",
+            "max_prompt_length",
+            "max_response_length",
+            "micro_batch_size_per_gpu",
+        ):
             if field_ in t and t[field_] < 1:
                 problems.append(f"{field_} must be at least 1 (it is {t[field_]})")
         if t["lora_rank"] < 0:
             problems.append(f"lora_rank must be 0 or more (it is {t['lora_rank']})")
         if not 0 < t["gpu_memory_utilization"] <= 1:
-            problems.append(f"gpu_memory_utilization must be in (0, 1] (it is "
-                            f"{t['gpu_memory_utilization']})")
+            problems.append(f"gpu_memory_utilization must be in (0, 1] (it is {t['gpu_memory_utilization']})")
         if not problems:
             if t["train_batch_size"] % t["n_gpus"] or t["ppo_mini_batch_size"] % t["n_gpus"]:
-                problems.append(f"train_batch_size {t['train_batch_size']} and ppo_mini_batch_size "
-                                f"{t['ppo_mini_batch_size']} must be multiples of n_gpus "
-                                f"{t['n_gpus']} (verl splits both evenly over the GPUs)")
+                problems.append(
+                    f"train_batch_size {t['train_batch_size']} and ppo_mini_batch_size "
+                    f"{t['ppo_mini_batch_size']} must be multiples of n_gpus "
+                    f"{t['n_gpus']} (verl splits both evenly over the GPUs)"
+                )
             longest = m.models[t["model"]]["max_position_embeddings"]
             if t["max_prompt_length"] + t["max_response_length"] > longest:
-                problems.append(f"max_prompt_length + max_response_length "
-                                f"({t['max_prompt_length'] + t['max_response_length']}) exceeds "
-                                f"{t['model']}'s max_position_embeddings {longest}")
+                problems.append(
+                    f"max_prompt_length + max_response_length "
+                    f"({t['max_prompt_length'] + t['max_response_length']}) exceeds "
+                    f"{t['model']}'s max_position_embeddings {longest}"
+                )
             if t["ppo_mini_batch_size"] > t["train_batch_size"]:
-                problems.append(f"ppo_mini_batch_size {t['ppo_mini_batch_size']} is larger than "
-                                f"train_batch_size {t['train_batch_size']}")
+                problems.append(
+                    f"ppo_mini_batch_size {t['ppo_mini_batch_size']} is larger than "
+                    f"train_batch_size {t['train_batch_size']}"
+                )
         if problems:
             raise UserError(f"{where}: {'; '.join(problems)}. Fix the profile's train block.")
 

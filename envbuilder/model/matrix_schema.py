@@ -21,50 +21,106 @@ ROLLOUTS = ("hf", "vllm", "sglang")
 # and the smoke test as data, and the real-package tests look each one up in the real wheel)
 MODULES = S.ListOf(S.MODULE)
 TRAINING_PATH = {"modules": MODULES, "source": SOURCE}
-GPU = {"name": S.GPU_NAME, "match": S.ListOf(S.Regex()), "arch": S.NAME,
-       "compute_capability": S.CC, "vram_gb": float, "max_smem_per_block_kb": int, "bf16": bool,
-       "fp16_fast": bool, "machine?": S.OneOf(("x86_64", "aarch64")), "p2p?": bool,
-       "p2p_source?": SOURCE, "source": SOURCE}
+GPU = {
+    "name": S.GPU_NAME,
+    "match": S.ListOf(S.Regex()),
+    "arch": S.NAME,
+    "compute_capability": S.CC,
+    "vram_gb": float,
+    "max_smem_per_block_kb": int,
+    "bf16": bool,
+    "fp16_fast": bool,
+    "machine?": S.OneOf(("x86_64", "aarch64")),
+    "p2p?": bool,
+    "p2p_source?": SOURCE,
+    "source": SOURCE,
+}
 # an environment variable NCCL or Gloo reads, set to a plain value
 ENV_NAME = S.Pattern(r"[A-Z][A-Z0-9_]{0,63}", "NCCL_IB_DISABLE")
 ENV_VALUE = S.Pattern(r"[A-Za-z0-9_.,^:-]{0,64}", "1")
-INTERCONNECT = {"description": DESCRIPTION, "scope": S.OneOf(("node", "cluster")),
-                "env": S.MapOf(ENV_VALUE, key=ENV_NAME), "interface": bool, "note?": WHY,
-                "source": SOURCE}
+INTERCONNECT = {
+    "description": DESCRIPTION,
+    "scope": S.OneOf(("node", "cluster")),
+    "env": S.MapOf(ENV_VALUE, key=ENV_NAME),
+    "interface": bool,
+    "note?": WHY,
+    "source": SOURCE,
+}
 UBUNTU = S.Pattern(r"\d+\.\d+", "22.04", max_len=16)
-CUDA = {"version": S.VERSION, "min_driver": S.DRIVER, "compat_driver": S.DRIVER,
-        "nvcc_archs": S.ListOf(S.CC), "ubuntu": UBUNTU, "glibc?": S.GLIBC, "python": S.CUDA,
-        "images": {"devel": S.IMAGE, "runtime": S.IMAGE}, "conda_nvcc": S.CONDA_SPEC,
-        "source": SOURCE}
-TORCH = {"python": S.ListOf(S.CUDA), "torchvision": S.VERSION, "torchaudio": S.VERSION,
-         "pypi_default": S.NAME,
-         "builds": S.MapOf({"cuda": S.CUDA, "archs": S.ListOf(S.CC)}, key=S.NAME),
-         "source": SOURCE}
-VLLM = {"torch": S.VERSION, "wheel_cuda": S.CUDA, "python": S.ListOf(S.CUDA),
-        "min_compute_capability?": S.CC, "modules?": MODULES, "pins?": PINS, "source": SOURCE}
+CUDA = {
+    "version": S.VERSION,
+    "min_driver": S.DRIVER,
+    "compat_driver": S.DRIVER,
+    "nvcc_archs": S.ListOf(S.CC),
+    "ubuntu": UBUNTU,
+    "glibc?": S.GLIBC,
+    "python": S.CUDA,
+    "images": {"devel": S.IMAGE, "runtime": S.IMAGE},
+    "conda_nvcc": S.CONDA_SPEC,
+    "source": SOURCE,
+}
+TORCH = {
+    "python": S.ListOf(S.CUDA),
+    "torchvision": S.VERSION,
+    "torchaudio": S.VERSION,
+    "pypi_default": S.NAME,
+    "builds": S.MapOf({"cuda": S.CUDA, "archs": S.ListOf(S.CC)}, key=S.NAME),
+    "source": SOURCE,
+}
+VLLM = {
+    "torch": S.VERSION,
+    "wheel_cuda": S.CUDA,
+    "python": S.ListOf(S.CUDA),
+    "min_compute_capability?": S.CC,
+    "modules?": MODULES,
+    "pins?": PINS,
+    "source": SOURCE,
+}
 # requires: PACKAGE -> VERSION -> what that release's METADATA needs of a shared dependency
-REQUIRES = S.MapOf(S.MapOf({"needs": S.MapOf(S.Range(), key=S.PACKAGE), "source": SOURCE},
-                           key=S.VERSION), key=S.PACKAGE)
+REQUIRES = S.MapOf(
+    S.MapOf({"needs": S.MapOf(S.Range(), key=S.PACKAGE), "source": SOURCE}, key=S.VERSION), key=S.PACKAGE
+)
 FEATURE = {"min_compute_capability": S.CC, "note?": WHY, "source": SOURCE}
 # release_wheels.filename: a template of {version} {cuda_tag} {torch} {cxx11_abi} {python}
 # {machine} (envbuilder/lock/flash_attn.py formats it); wheel_cuda: CUDA major -> wheel tag
 # (a release without it, or a major it does not list, has no prebuilt wheel: the builder compiles)
-WHEEL_TEMPLATE = S.Pattern(r"[A-Za-z0-9_.+-]*(\{(version|cuda_tag|torch|cxx11_abi|python|machine)\}"
-                           r"[A-Za-z0-9_.+-]*)+\.whl", "flash_attn-{version}+cu{cuda_tag}...-linux_{machine}.whl")
+WHEEL_TEMPLATE = S.Pattern(
+    r"[A-Za-z0-9_.+-]*(\{(version|cuda_tag|torch|cxx11_abi|python|machine)\}"
+    r"[A-Za-z0-9_.+-]*)+\.whl",
+    "flash_attn-{version}+cu{cuda_tag}...-linux_{machine}.whl",
+)
 CUDA_TAGS = S.MapOf(S.Pattern(r"\d{2,3}", "12"), key=S.Pattern(r"\d+", "12"))
-FLASH_ATTN = {"min_compute_capability": S.CC, "source": SOURCE,
-              "versions": S.MapOf({"torch": S.Range(), "wheel_cuda?": CUDA_TAGS,
-                                   "wheel_torch?": S.Range(), "wheel_python?": S.ListOf(S.CUDA),
-                                   "source": SOURCE}, key=S.VERSION),
-              "sdist_build?": {"estimate": WHY, "source": SOURCE},
-              "release_wheels": {"url": S.Url(("version",), "https://github.com/OWNER/REPO/"
-                                              "releases/download/v{version}"),
-                                 "filename": WHEEL_TEMPLATE, "source": SOURCE},
-              "runtime_pins?": PINS, "training_path": TRAINING_PATH}
-APEX = {"versions": S.MapOf({"ref": S.GIT_REF, "install": S.OneOf(("env", "config_settings")),
-                             "source": SOURCE}, key=S.VERSION),
-        "source_url": S.Url(("ref",), "https://github.com/NVIDIA/apex/archive/refs/tags/{ref}.tar.gz"),
-        "nvcc_must_match_torch_cuda": bool, "training_path": TRAINING_PATH, "source": SOURCE}
+FLASH_ATTN = {
+    "min_compute_capability": S.CC,
+    "source": SOURCE,
+    "versions": S.MapOf(
+        {
+            "torch": S.Range(),
+            "wheel_cuda?": CUDA_TAGS,
+            "wheel_torch?": S.Range(),
+            "wheel_python?": S.ListOf(S.CUDA),
+            "source": SOURCE,
+        },
+        key=S.VERSION,
+    ),
+    "sdist_build?": {"estimate": WHY, "source": SOURCE},
+    "release_wheels": {
+        "url": S.Url(("version",), "https://github.com/OWNER/REPO/releases/download/v{version}"),
+        "filename": WHEEL_TEMPLATE,
+        "source": SOURCE,
+    },
+    "runtime_pins?": PINS,
+    "training_path": TRAINING_PATH,
+}
+APEX = {
+    "versions": S.MapOf(
+        {"ref": S.GIT_REF, "install": S.OneOf(("env", "config_settings")), "source": SOURCE}, key=S.VERSION
+    ),
+    "source_url": S.Url(("ref",), "https://github.com/NVIDIA/apex/archive/refs/tags/{ref}.tar.gz"),
+    "nvcc_must_match_torch_cuda": bool,
+    "training_path": TRAINING_PATH,
+    "source": SOURCE,
+}
 # the parts of a PPO run that compute in a dtype of their own (verl's roles), and the dtypes
 DTYPES = S.OneOf(("bf16", "fp16", "fp32"))
 PARTS = ("actor", "critic", "ref", "rollout")
@@ -83,18 +139,24 @@ def placeholder_error(text: str) -> str | None:
     for m in PLACEHOLDER.finditer(text):
         if m[0] in ("{{", "}}") or m[1] in FORMAT_FIELDS:
             continue
-        what = (f"{{{m[1]}}} is not a value envbuild fills in" if m[1] else
-                f"{m[0]!r} is not a placeholder (a format spec, conversion, attribute or index, or "
-                "a lone brace)")
-        return (f"{what}. A `with` or `holds` value takes only "
-                f"{', '.join('{' + f + '}' for f in FORMAT_FIELDS)}, and {{{{ or }}}} for a "
-                "literal brace")
+        what = (
+            f"{{{m[1]}}} is not a value envbuild fills in"
+            if m[1]
+            else f"{m[0]!r} is not a placeholder (a format spec, conversion, attribute or index, or "
+            "a lone brace)"
+        )
+        return (
+            f"{what}. A `with` or `holds` value takes only "
+            f"{', '.join('{' + f + '}' for f in FORMAT_FIELDS)}, and {{{{ or }}}} for a "
+            "literal brace"
+        )
     return None
 
 
 def fill_placeholders(text: str, values: dict[str, str]) -> str:
     """`text` (placeholder_error found nothing in it) with each `{name}` as values[name] and each
     `{{` / `}}` as one brace: one pass, no formatting (anything else stays as it is)."""
+
     def one(m: re.Match) -> str:
         if m[0] in ("{{", "}}"):
             return m[0][0]
@@ -124,93 +186,205 @@ class TemplateScalar(S.Scalar):
 
 
 AUTOCAST_KEYS = {f"{part}?": S.HYDRA_KEY for part in PARTS}
-VERL = {"torch": S.Range(), "torch_why?": WHY, "torch_source": SOURCE,
-        "python?": S.Range(), "rollouts": S.ListOf(S.OneOf(ROLLOUTS)),
-        "rollout_mode?": S.OneOf(("sync", "async")), "rollouts_why?": WHY, "vllm": S.Range(),
-        "attention_override": (S.HYDRA_OVERRIDE, None), "patches": S.ListOf(S.NAME),
-        "precision": PRECISION, "precision_source": SOURCE,
-        "autocast_keys?": AUTOCAST_KEYS,
-        "reviewed?": S.ListOf(S.NAME),
-        "pins": PINS,
-        "training_path": {"modules": MODULES, "rollouts": S.MapOf(MODULES, key=S.OneOf(ROLLOUTS)),
-                          "source": SOURCE},
-        # what the release's HF rollout cannot do (the offloaded actor, LoRA's flat parameter)
-        "hf_rollout?": {"offload?": {"works": bool, "why": WHY, "source": SOURCE},
-                        "lora?": {"key": S.HYDRA_KEY, "why": WHY, "source": SOURCE}},
-        "config_reads?": S.ListOf(S.HYDRA_KEY),
-        # where the critic's FSDP settings live (critic.model.fsdp_config up to 0.7.x)
-        "critic_fsdp?": S.HYDRA_KEY,
-        "source": SOURCE}
+VERL = {
+    "torch": S.Range(),
+    "torch_why?": WHY,
+    "torch_source": SOURCE,
+    "python?": S.Range(),
+    "rollouts": S.ListOf(S.OneOf(ROLLOUTS)),
+    "rollout_mode?": S.OneOf(("sync", "async")),
+    "rollouts_why?": WHY,
+    "vllm": S.Range(),
+    "attention_override": (S.HYDRA_OVERRIDE, None),
+    "patches": S.ListOf(S.NAME),
+    "precision": PRECISION,
+    "precision_source": SOURCE,
+    "autocast_keys?": AUTOCAST_KEYS,
+    "reviewed?": S.ListOf(S.NAME),
+    "pins": PINS,
+    "training_path": {
+        "modules": MODULES,
+        "rollouts": S.MapOf(MODULES, key=S.OneOf(ROLLOUTS)),
+        "source": SOURCE,
+    },
+    # what the release's HF rollout cannot do (the offloaded actor, LoRA's flat parameter)
+    "hf_rollout?": {
+        "offload?": {"works": bool, "why": WHY, "source": SOURCE},
+        "lora?": {"key": S.HYDRA_KEY, "why": WHY, "source": SOURCE},
+    },
+    "config_reads?": S.ListOf(S.HYDRA_KEY),
+    # where the critic's FSDP settings live (critic.model.fsdp_config up to 0.7.x)
+    "critic_fsdp?": S.HYDRA_KEY,
+    "source": SOURCE,
+}
 # find / with: source text, written into apply_patches.py as Python literals
 # (`with` as the matrix holds it, a template; filled, as a resolved environment holds it, code)
 REPLACE = {"find": S.Code(10_000), "with": S.Code(10_000)}
 # a run key set to a plain value (an estimator's extra settings)
-RUN_SETTING = S.Pattern(S.HYDRA_KEY.regex + r"=[A-Za-z0-9_.]+",
-                        "actor_rollout_ref.actor.calculate_sum_pi_squared=True")
+RUN_SETTING = S.Pattern(
+    S.HYDRA_KEY.regex + r"=[A-Za-z0-9_.]+", "actor_rollout_ref.actor.calculate_sum_pi_squared=True"
+)
 # an advantage estimator of verl (algorithms.yaml): what it needs of the run
-ALGORITHM = {"description": DESCRIPTION, "since": S.VERSION, "critic": bool, "group": bool,
-             "n": int, "kl": S.OneOf(("loss", "reward", "none")),
-             "kl_loss_type?": S.OneOf(("low_var_kl", "kl", "mse", "abs")), "kl_loss_coef?": float,
-             "extra?": S.ListOf(RUN_SETTING), "extra_generation?": bool,
-             "refused?": WHY, "source": SOURCE}
+ALGORITHM = {
+    "description": DESCRIPTION,
+    "since": S.VERSION,
+    "critic": bool,
+    "group": bool,
+    "n": int,
+    "kl": S.OneOf(("loss", "reward", "none")),
+    "kl_loss_type?": S.OneOf(("low_var_kl", "kl", "mse", "abs")),
+    "kl_loss_coef?": float,
+    "extra?": S.ListOf(RUN_SETTING),
+    "extra_generation?": bool,
+    "refused?": WHY,
+    "source": SOURCE,
+}
 # what the resolved run takes of it (envbuild.json `algorithm`)
-RESOLVED_ALGORITHM = {"name": S.NAME, "critic": bool, "group": bool, "n": S.Int(1, 64),
-                      "kl": S.OneOf(("loss", "reward", "none")),
-                      "kl_loss_type": (S.OneOf(("low_var_kl", "kl", "mse", "abs")), None),
-                      "kl_loss_coef": (float, None), "extra": S.ListOf(RUN_SETTING),
-                      "extra_generation": bool}
-PATCH = {"why": WHY, "when": S.OneOf(("no_flash_attention", "no_bf16", "lora_hf_rollout", "hf_rollout", "always")),
-         "files": S.ListOf(S.RELPATH),
-         "replace": S.ListOf(dict(REPLACE, **{"with": TemplateCode(10_000)})), "source": SOURCE}
+RESOLVED_ALGORITHM = {
+    "name": S.NAME,
+    "critic": bool,
+    "group": bool,
+    "n": S.Int(1, 64),
+    "kl": S.OneOf(("loss", "reward", "none")),
+    "kl_loss_type": (S.OneOf(("low_var_kl", "kl", "mse", "abs")), None),
+    "kl_loss_coef": (float, None),
+    "extra": S.ListOf(RUN_SETTING),
+    "extra_generation": bool,
+}
+PATCH = {
+    "why": WHY,
+    "when": S.OneOf(("no_flash_attention", "no_bf16", "lora_hf_rollout", "hf_rollout", "always")),
+    "files": S.ListOf(S.RELPATH),
+    "replace": S.ListOf(dict(REPLACE, **{"with": TemplateCode(10_000)})),
+    "source": SOURCE,
+}
 HOLDS = S.MapOf(S.Scalar(), key=S.HYDRA_KEY)
-REVIEWED = {"check": S.OneOf(tuple(AUDIT_CHECKS)), "file": S.RELPATH, "line": S.Text(1000),
-            "why": WHY, "holds": S.MapOf(TemplateScalar(), key=S.HYDRA_KEY), "source": SOURCE}
-ALLOC_CONF = {"max_vram_gb": float, "value": S.ALLOC_CONF, "why": WHY,
-              "not_with_rollouts": S.MapOf(WHY, key=S.Pattern(r"hf|vllm|sglang", "vllm")),
-              "source": SOURCE}
+REVIEWED = {
+    "check": S.OneOf(tuple(AUDIT_CHECKS)),
+    "file": S.RELPATH,
+    "line": S.Text(1000),
+    "why": WHY,
+    "holds": S.MapOf(TemplateScalar(), key=S.HYDRA_KEY),
+    "source": SOURCE,
+}
+ALLOC_CONF = {
+    "max_vram_gb": float,
+    "value": S.ALLOC_CONF,
+    "why": WHY,
+    "not_with_rollouts": S.MapOf(WHY, key=S.Pattern(r"hf|vllm|sglang", "vllm")),
+    "source": SOURCE,
+}
 # micro_batch_size_per_gpu: optional; an upper bound on every planned micro-batch (the plan picks
 # the largest that fits the GPU: envbuilder/model/memory.py)
-TRAIN = {"model": S.MODEL_REF, "model_vram_gb": float, "n_gpus": int, "train_batch_size": int,
-         "ppo_mini_batch_size": int, "micro_batch_size_per_gpu?": int, "max_prompt_length": int,
-         "max_response_length": int, "param_offload": bool, "optimizer_offload": bool,
-         "gradient_checkpointing": bool, "gpu_memory_utilization": float, "lora_rank": int}
+TRAIN = {
+    "model": S.MODEL_REF,
+    "model_vram_gb": float,
+    "n_gpus": int,
+    "train_batch_size": int,
+    "ppo_mini_batch_size": int,
+    "micro_batch_size_per_gpu?": int,
+    "max_prompt_length": int,
+    "max_response_length": int,
+    "param_offload": bool,
+    "optimizer_offload": bool,
+    "gradient_checkpointing": bool,
+    "gpu_memory_utilization": float,
+    "lora_rank": int,
+}
 COMPONENT_VERSIONS = S.MapOf(S.VERSION, key=S.NAME)  # (matrix._cross_check: apex, flash-attn)
 # a whole pinned set by verl release (stacks.yaml): what `--verl X` selects on a profile that
 # runs another verl; components apply where the GPU meets their hardware floor
-STACK = {"cuda": S.CUDA, "torch": S.VERSION, "rollout": S.OneOf(ROLLOUTS), "vllm?": S.VERSION,
-         "python?": S.CUDA, "components?": COMPONENT_VERSIONS, "pins?": PINS, "why": WHY,
-         "source": SOURCE}
-PROFILE = {"description": DESCRIPTION, "gpu": S.NAME, "cuda": S.CUDA, "torch": S.VERSION,
-           "verl": S.VERSION, "rollout": S.OneOf(ROLLOUTS), "vllm?": S.VERSION,
-           "python?": S.CUDA, "dtype": S.OneOf(("auto", "bf16", "fp16", "fp32")),
-           "attention": S.OneOf(("auto", "flash_attention_2", "sdpa", "eager")),
-           "components": COMPONENT_VERSIONS, "optional_components?": COMPONENT_VERSIONS,
-           "pins?": PINS, "train": TRAIN, "algorithm?": S.NAME, "source": SOURCE}
+STACK = {
+    "cuda": S.CUDA,
+    "torch": S.VERSION,
+    "rollout": S.OneOf(ROLLOUTS),
+    "vllm?": S.VERSION,
+    "python?": S.CUDA,
+    "components?": COMPONENT_VERSIONS,
+    "pins?": PINS,
+    "why": WHY,
+    "source": SOURCE,
+}
+PROFILE = {
+    "description": DESCRIPTION,
+    "gpu": S.NAME,
+    "cuda": S.CUDA,
+    "torch": S.VERSION,
+    "verl": S.VERSION,
+    "rollout": S.OneOf(ROLLOUTS),
+    "vllm?": S.VERSION,
+    "python?": S.CUDA,
+    "dtype": S.OneOf(("auto", "bf16", "fp16", "fp32")),
+    "attention": S.OneOf(("auto", "flash_attention_2", "sdpa", "eager")),
+    "components": COMPONENT_VERSIONS,
+    "optional_components?": COMPONENT_VERSIONS,
+    "pins?": PINS,
+    "train": TRAIN,
+    "algorithm?": S.NAME,
+    "source": SOURCE,
+}
 # a decoder's architecture (its config.json) for the memory estimate; `parameters` is checked
 # against the count the architecture gives (matrix._cross_check)
-MODEL = {"family": S.OneOf(("qwen2", "llama", "qwen3")), "layers": int, "hidden_size": int,
-         "attention_heads": int,
-         "kv_heads": int, "head_dim": int, "intermediate_size": int, "vocab_size": int,
-         "tied_embeddings": bool, "qkv_bias": bool, "qk_norm?": bool, "max_position_embeddings": int,
-         "parameters": int, "source": SOURCE}
-MEMORY = {"total_mib": S.MapOf({"mib": int, "ecc_off_mib?": int, "source": SOURCE}, key=S.NAME),
-          "cuda_context_gib": float, "nccl_gib": float, "allocator_overhead": float,
-          "hf_generate_overhead": float, "margin": float,
-          "validation_share": float, "source": SOURCE}
+MODEL = {
+    "family": S.OneOf(("qwen2", "llama", "qwen3")),
+    "layers": int,
+    "hidden_size": int,
+    "attention_heads": int,
+    "kv_heads": int,
+    "head_dim": int,
+    "intermediate_size": int,
+    "vocab_size": int,
+    "tied_embeddings": bool,
+    "qkv_bias": bool,
+    "qk_norm?": bool,
+    "max_position_embeddings": int,
+    "parameters": int,
+    "source": SOURCE,
+}
+MEMORY = {
+    "total_mib": S.MapOf({"mib": int, "ecc_off_mib?": int, "source": SOURCE}, key=S.NAME),
+    "cuda_context_gib": float,
+    "nccl_gib": float,
+    "allocator_overhead": float,
+    "hf_generate_overhead": float,
+    "margin": float,
+    "validation_share": float,
+    "source": SOURCE,
+}
 # endpoints, tried in order: registries (HOST[:PORT][/PREFIX]) by the registry they stand in
 # for; index, Hugging Face, apt and GitHub prefixes as URLs (the PyTorch index's take {variant})
-MIRROR = {"description": DESCRIPTION, "registries?": S.MapOf(S.ListOf(S.REGISTRY), key=S.REGISTRY_HOST),
-          "pypi?": S.ListOf(S.URL), "pytorch?": S.ListOf(S.Url(("variant",))),
-          "conda?": S.MapOf(S.ListOf(S.URL), key=S.NAME), "huggingface?": S.ListOf(S.URL),
-          "apt?": S.ListOf(S.URL), "github?": S.ListOf(S.URL), "source?": SOURCE}
-DATASET = {"repo": S.MODEL_ID, "revision": S.GIT_REF, "files": {"train": S.REPO_FILE, "test": S.REPO_FILE},
-           "data_source": S.Text(200), "ability": S.Text(200), "instruction": S.Text(1000),
-           "answer_pattern": S.Regex(), "rows": {"train": int, "test": int}, "source": SOURCE}
+MIRROR = {
+    "description": DESCRIPTION,
+    "registries?": S.MapOf(S.ListOf(S.REGISTRY), key=S.REGISTRY_HOST),
+    "pypi?": S.ListOf(S.URL),
+    "pytorch?": S.ListOf(S.Url(("variant",))),
+    "conda?": S.MapOf(S.ListOf(S.URL), key=S.NAME),
+    "huggingface?": S.ListOf(S.URL),
+    "apt?": S.ListOf(S.URL),
+    "github?": S.ListOf(S.URL),
+    "source?": SOURCE,
+}
+DATASET = {
+    "repo": S.MODEL_ID,
+    "revision": S.GIT_REF,
+    "files": {"train": S.REPO_FILE, "test": S.REPO_FILE},
+    "data_source": S.Text(200),
+    "ability": S.Text(200),
+    "instruction": S.Text(1000),
+    "answer_pattern": S.Regex(),
+    "rows": {"train": int, "test": int},
+    "source": SOURCE,
+}
 # uv: the installer of the runtime stage's pip steps, its one linux x86_64 wheel pinned by sha256
 # (an overlay that replaces `defaults` must carry it: resolve.uv_pin says so)
 UV = {"version": S.VERSION, "url": S.URL, "sha256": S.SHA256, "size": int, "source": SOURCE}
-DEFAULTS = {"pypi_index": S.URL, "huggingface": S.URL, "conda_channels": S.ListOf(S.CHANNEL),
-            "registry_local": S.REGISTRY, "uv?": UV}
+DEFAULTS = {
+    "pypi_index": S.URL,
+    "huggingface": S.URL,
+    "conda_channels": S.ListOf(S.CHANNEL),
+    "registry_local": S.REGISTRY,
+    "uv?": UV,
+}
 
 # section -> (schema of the section, whether records merge by key)
 SECTIONS: dict[str, tuple[Any, bool]] = {
@@ -255,57 +429,132 @@ DRIVER_MODES = ("native", "minor-version-compatibility", "too-old")
 # negative, a share of memory is in (0, 1]): a file can hold any number, the matrix only these.
 COUNT = S.Int(1, 10**9)
 GIB = S.Num(0, 1 << 20)
-TRAIN_RANGES = {"model_vram_gb": S.Num(0, 1 << 20, above=True), "n_gpus": S.Int(1, 1 << 16),
-                "train_batch_size": COUNT, "ppo_mini_batch_size": COUNT,
-                "micro_batch_size_per_gpu?": (COUNT, None), "max_prompt_length": COUNT,
-                "max_response_length": COUNT, "gpu_memory_utilization": S.Num(0, 1, above=True),
-                "lora_rank": S.Int(0, 1 << 16)}
+TRAIN_RANGES = {
+    "model_vram_gb": S.Num(0, 1 << 20, above=True),
+    "n_gpus": S.Int(1, 1 << 16),
+    "train_batch_size": COUNT,
+    "ppo_mini_batch_size": COUNT,
+    "micro_batch_size_per_gpu?": (COUNT, None),
+    "max_prompt_length": COUNT,
+    "max_response_length": COUNT,
+    "gpu_memory_utilization": S.Num(0, 1, above=True),
+    "lora_rank": S.Int(0, 1 << 16),
+}
 # the run script's batch sizes (memory.plan's `sizes`): every one it writes, by name
-MEMORY_BATCH = {key: COUNT for key in ("val_batch_size", "log_prob_micro_batch_size_per_gpu",
-                                       "actor_ppo_micro_batch_size_per_gpu",
-                                       "critic_ppo_micro_batch_size_per_gpu", "test_freq")}
+MEMORY_BATCH = {
+    key: COUNT
+    for key in (
+        "val_batch_size",
+        "log_prob_micro_batch_size_per_gpu",
+        "actor_ppo_micro_batch_size_per_gpu",
+        "critic_ppo_micro_batch_size_per_gpu",
+        "test_freq",
+    )
+}
 MEMORY_BATCH.update({key: (COUNT, None) for key in ("rollout_micro_batch_size", "max_num_seqs")})
 RESOLVED = {
-    "schema_version": int, "envbuild_version": S.VERSION, "profile": S.NAME,
+    "schema_version": int,
+    "envbuild_version": S.VERSION,
+    "profile": S.NAME,
     "description": DESCRIPTION,
-    "overrides": {"cuda?": S.CUDA, "torch?": S.VERSION, "python?": S.CUDA, "verl?": S.VERSION,
-                  "rollout?": S.OneOf(ROLLOUTS), "vllm?": S.VERSION, "with?": S.ListOf(S.NAME),
-                  "without?": S.ListOf(S.NAME), "driver?": S.DRIVER, "allow_unsupported?": bool,
-                  "ecc?": S.OneOf(("on", "off")), "model?": S.MODEL_REF, "algo?": S.NAME,
-                  "nodes?": int, "gpus_per_node?": int, "interconnect?": S.NAME},
-    "gpu": {"key": S.NAME, "name": S.GPU_NAME, "arch": S.NAME, "compute_capability": S.CC,
-            "sm": S.Pattern(r"\d+", "61", max_len=8), "vram_gb": S.Num(0, 1 << 20, above=True),
-            "bf16": bool, "max_smem_per_block_kb": S.Int(1, 1 << 20)},
-    "cuda": {"version": S.CUDA, "full_version": S.VERSION, "ubuntu": UBUNTU, "glibc": (S.GLIBC, None),
-             "images": {"devel": S.IMAGE, "runtime": S.IMAGE}, "conda_nvcc": S.CONDA_SPEC,
-             "compat_libcuda": S.ABSPATH},
-    "driver": {"min_driver": S.DRIVER, "compat_driver": S.DRIVER, "for_cuda": S.CUDA,
-               "mode?": S.OneOf(DRIVER_MODES), "driver?": S.DRIVER},
+    "overrides": {
+        "cuda?": S.CUDA,
+        "torch?": S.VERSION,
+        "python?": S.CUDA,
+        "verl?": S.VERSION,
+        "rollout?": S.OneOf(ROLLOUTS),
+        "vllm?": S.VERSION,
+        "with?": S.ListOf(S.NAME),
+        "without?": S.ListOf(S.NAME),
+        "driver?": S.DRIVER,
+        "allow_unsupported?": bool,
+        "ecc?": S.OneOf(("on", "off")),
+        "model?": S.MODEL_REF,
+        "algo?": S.NAME,
+        "nodes?": int,
+        "gpus_per_node?": int,
+        "interconnect?": S.NAME,
+    },
+    "gpu": {
+        "key": S.NAME,
+        "name": S.GPU_NAME,
+        "arch": S.NAME,
+        "compute_capability": S.CC,
+        "sm": S.Pattern(r"\d+", "61", max_len=8),
+        "vram_gb": S.Num(0, 1 << 20, above=True),
+        "bf16": bool,
+        "max_smem_per_block_kb": S.Int(1, 1 << 20),
+    },
+    "cuda": {
+        "version": S.CUDA,
+        "full_version": S.VERSION,
+        "ubuntu": UBUNTU,
+        "glibc": (S.GLIBC, None),
+        "images": {"devel": S.IMAGE, "runtime": S.IMAGE},
+        "conda_nvcc": S.CONDA_SPEC,
+        "compat_libcuda": S.ABSPATH,
+    },
+    "driver": {
+        "min_driver": S.DRIVER,
+        "compat_driver": S.DRIVER,
+        "for_cuda": S.CUDA,
+        "mode?": S.OneOf(DRIVER_MODES),
+        "driver?": S.DRIVER,
+    },
     "python": S.CUDA,
-    "torch": {"version": S.VERSION, "variant": S.NAME, "cuda": S.CUDA, "archs": S.ListOf(S.CC),
-              "index_url": (S.URL, None), "packages": S.ListOf(S.REQUIREMENT, min_len=1)},
+    "torch": {
+        "version": S.VERSION,
+        "variant": S.NAME,
+        "cuda": S.CUDA,
+        "archs": S.ListOf(S.CC),
+        "index_url": (S.URL, None),
+        "packages": S.ListOf(S.REQUIREMENT, min_len=1),
+    },
     "rollout": S.OneOf(ROLLOUTS),
     "vllm": ({"version": S.VERSION, "torch": S.VERSION, "wheel_cuda": S.CUDA}, None),
-    "verl": {"version": S.VERSION, "attention_override": (S.HYDRA_OVERRIDE, None),
-             "autocast_keys": AUTOCAST_KEYS, "pins": PINS, "config_reads": S.ListOf(S.HYDRA_KEY),
-             "rollout_mode": S.OneOf(("sync", "async")), "critic_fsdp": S.HYDRA_KEY,
-             "lora_orig_params_key": (S.HYDRA_KEY, None),
-             "refused_overrides": S.ListOf({"key": S.HYDRA_KEY, "value": S.Text(200), "why": WHY,
-                                            "fix": WHY})},
+    "verl": {
+        "version": S.VERSION,
+        "attention_override": (S.HYDRA_OVERRIDE, None),
+        "autocast_keys": AUTOCAST_KEYS,
+        "pins": PINS,
+        "config_reads": S.ListOf(S.HYDRA_KEY),
+        "rollout_mode": S.OneOf(("sync", "async")),
+        "critic_fsdp": S.HYDRA_KEY,
+        "lora_orig_params_key": (S.HYDRA_KEY, None),
+        "refused_overrides": S.ListOf({"key": S.HYDRA_KEY, "value": S.Text(200), "why": WHY, "fix": WHY}),
+    },
     "dtype": DTYPES,
     "precision": {part: DTYPES for part in PARTS},
     "attention": S.OneOf(("flash_attention_2", "sdpa", "eager")),
-    "features": {"bf16": bool, "flash_attention": bool, "remove_padding": bool,
-                 "torch_compile": bool},
-    "flash_attn": ({"version": S.VERSION, "modules": MODULES, "release": S.URL,
-                    "wheel": WHEEL_TEMPLATE, "cuda_tags": CUDA_TAGS}, None),
-    "apex": ({"version": S.VERSION, "ref": S.GIT_REF, "install": APEX["versions"].value["install"],
-              "url": S.URL, "arch_list": S.CC, "modules": MODULES}, None),
-    "patches": S.ListOf({"name": S.NAME, "why": WHY, "files": PATCH["files"],
-                         "replace": S.ListOf(REPLACE)}),
-    "audit": {"checks": S.ListOf(S.OneOf(tuple(AUDIT_CHECKS))),
-              "reviewed": S.ListOf(dict({k: REVIEWED[k] for k in ("check", "file", "line", "why")},
-                                        holds=HOLDS, name=S.NAME))},
+    "features": {"bf16": bool, "flash_attention": bool, "remove_padding": bool, "torch_compile": bool},
+    "flash_attn": (
+        {
+            "version": S.VERSION,
+            "modules": MODULES,
+            "release": S.URL,
+            "wheel": WHEEL_TEMPLATE,
+            "cuda_tags": CUDA_TAGS,
+        },
+        None,
+    ),
+    "apex": (
+        {
+            "version": S.VERSION,
+            "ref": S.GIT_REF,
+            "install": APEX["versions"].value["install"],
+            "url": S.URL,
+            "arch_list": S.CC,
+            "modules": MODULES,
+        },
+        None,
+    ),
+    "patches": S.ListOf({"name": S.NAME, "why": WHY, "files": PATCH["files"], "replace": S.ListOf(REPLACE)}),
+    "audit": {
+        "checks": S.ListOf(S.OneOf(tuple(AUDIT_CHECKS))),
+        "reviewed": S.ListOf(
+            dict({k: REVIEWED[k] for k in ("check", "file", "line", "why")}, holds=HOLDS, name=S.NAME)
+        ),
+    },
     "cuda_alloc_conf": ({"value": (S.ALLOC_CONF, None), "why": WHY}, None),
     "indexes": {"pypi": S.URL, "torch": (S.URL, None)},
     "uv": dict({k: UV[k] for k in ("version", "url", "sha256")}, size=S.Int(1, 1 << 40)),
@@ -313,18 +562,32 @@ RESOLVED = {
     "conda_channels": S.ListOf(S.CHANNEL),
     "train": dict(TRAIN, **TRAIN_RANGES, actor_param_offload=bool),
     "algorithm": RESOLVED_ALGORITHM,
-    "cluster": {"nodes": S.Int(1, 1024), "gpus_per_node": S.Int(1, 64),
-                "interconnect": (S.NAME, None), "env": S.MapOf(ENV_VALUE, key=ENV_NAME),
-                "interface": bool},
+    "cluster": {
+        "nodes": S.Int(1, 1024),
+        "gpus_per_node": S.Int(1, 64),
+        "interconnect": (S.NAME, None),
+        "env": S.MapOf(ENV_VALUE, key=ENV_NAME),
+        "interface": bool,
+    },
     "notes": S.ListOf(S.Text(4000)),
     "dataset": (dict(DATASET, name=S.NAME, rows={"train": COUNT, "test": COUNT}), None),
     "training_path": MODULES,
-    "memory": {"peak": {"phase": S.Text(200), "gib": GIB}, "usable_gib": GIB,
-               "batch": MEMORY_BATCH, "*": S.Tree(S.Text(1000))},
+    "memory": {
+        "peak": {"phase": S.Text(200), "gib": GIB},
+        "usable_gib": GIB,
+        "batch": MEMORY_BATCH,
+        "*": S.Tree(S.Text(1000)),
+    },
     "warnings": S.ListOf(S.Text(4000)),
     # added by render: the pins of the lock that fits (plan.with_constraints), the mirror set
-    "constraints?": ({"from": S.Text(300), "torch_swapped": (S.Text(300), None),
-                      "plan_sha256": S.SHA256,
-                      "layers": S.MapOf(S.ListOf(S.REQUIREMENT), key=S.NAME)}, None),
+    "constraints?": (
+        {
+            "from": S.Text(300),
+            "torch_swapped": (S.Text(300), None),
+            "plan_sha256": S.SHA256,
+            "layers": S.MapOf(S.ListOf(S.REQUIREMENT), key=S.NAME),
+        },
+        None,
+    ),
     "mirror?": {"name": S.NAME, "apt": (S.URL, None), "conda_nvidia": (S.URL, None)},
 }

@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import math
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 # How many tensors of a shape are alive at a phase's peak. Counted in the code that runs
 # (transformers' Qwen2 and generate, verl's dp_actor / torch_functional), then set from the H200
@@ -93,8 +93,14 @@ class Arch:
 
     def layer_params(self) -> int:
         qkv = (self.a + 2 * self.k) * self.d
-        return (self.H * qkv + (qkv if self.bias else 0) + self.a * self.d * self.H
-                + 3 * self.H * self.I + 2 * self.H + (2 * self.d if self.qk_norm else 0))
+        return (
+            self.H * qkv
+            + (qkv if self.bias else 0)
+            + self.a * self.d * self.H
+            + 3 * self.H * self.I
+            + 2 * self.H
+            + (2 * self.d if self.qk_norm else 0)
+        )
 
     def root_params(self) -> int:
         """Outside the decoder layers: embeddings, the final norm, an untied lm_head."""
@@ -160,8 +166,9 @@ class Setup:
         self.mini_per_gpu = max(t["ppo_mini_batch_size"] * self.rollout_n // self.n, 1)
         self.val_per_gpu = math.ceil(val_rows / self.n)
         self.total_gib = consts["total_gib"]
-        self.usable_gib = (self.total_gib - consts["cuda_context_gib"]
-                           - (consts["nccl_gib"] if self.n > 1 else 0))
+        self.usable_gib = (
+            self.total_gib - consts["cuda_context_gib"] - (consts["nccl_gib"] if self.n > 1 else 0)
+        )
 
 
 class Term:
@@ -174,11 +181,17 @@ class Term:
         self.name, self.formula, self.nbytes, self.kind = name, formula, nbytes, kind
 
     def as_dict(self) -> dict:
-        return {"term": self.name, "formula": self.formula, "gib": round(_gib(self.nbytes), 3),
-                "kind": self.kind, "bytes": int(self.nbytes)}
+        return {
+            "term": self.name,
+            "formula": self.formula,
+            "gib": round(_gib(self.nbytes), 3),
+            "kind": self.kind,
+            "bytes": int(self.nbytes),
+        }
 
 
 # -- state -------------------------------------------------------------------------------------
+
 
 def _role_state(s: Setup, role: str) -> dict[str, Term]:
     """A role's own state (weights, compute copy, grads, Adam, step temporary) on one GPU."""
@@ -188,35 +201,55 @@ def _role_state(s: Setup, role: str) -> dict[str, Term]:
     trainable = lora or params
     graded = params + lora if (lora and s.lora_flat) else trainable
     per = f" / {n} GPUs" if n > 1 else ""
-    out = {"weights": Term(f"{role} weights", f"4 B × {_m(params + lora)} params{per} (fp32 master)",
-                           4 * (params + lora) / n)}
+    out = {
+        "weights": Term(
+            f"{role} weights", f"4 B × {_m(params + lora)} params{per} (fp32 master)", 4 * (params + lora) / n
+        )
+    }
     if n == 1:
         if s.c < 4:
-            out["copy"] = Term(f"{role} bf16 copy", f"2 B × {_m(params + lora)} params (FSDP mixed "
-                               "precision, NO_SHARD)", 2 * (params + lora))
+            out["copy"] = Term(
+                f"{role} bf16 copy",
+                f"2 B × {_m(params + lora)} params (FSDP mixed precision, NO_SHARD)",
+                2 * (params + lora),
+            )
     else:
         units = a.root_params() + 2 * a.layer_params()
-        out["copy"] = Term(f"{role} FSDP gathered units", f"2 × {s.c} B × {_m(units)} params "
-                           "(root unit + 2 layers, weights and their grads)", 2 * s.c * units)
+        out["copy"] = Term(
+            f"{role} FSDP gathered units",
+            f"2 × {s.c} B × {_m(units)} params (root unit + 2 layers, weights and their grads)",
+            2 * s.c * units,
+        )
     kind = "LoRA " if lora else ""
     if graded != trainable:
-        out["grads"] = Term(f"{role} gradients", f"4 B × {_m(graded)} params{per} (LoRA in one "
-                            "FSDP flat parameter: its gradient spans the frozen base)", 4 * graded / n)
+        out["grads"] = Term(
+            f"{role} gradients",
+            f"4 B × {_m(graded)} params{per} (LoRA in one "
+            "FSDP flat parameter: its gradient spans the frozen base)",
+            4 * graded / n,
+        )
     else:
-        out["grads"] = Term(f"{role} gradients", f"4 B × {_m(trainable)} {kind}params{per}",
-                            4 * trainable / n)
-    out["adam"] = Term(f"{role} Adam state", f"8 B × {_m(trainable)} {kind}params{per}",
-                       8 * trainable / n)
-    out["step"] = Term(f"{role} Adam step temporary", f"4 B × {_m(trainable)} {kind}params{per} "
-                       "(foreach sqrt)", 4 * trainable / n)
+        out["grads"] = Term(
+            f"{role} gradients", f"4 B × {_m(trainable)} {kind}params{per}", 4 * trainable / n
+        )
+    out["adam"] = Term(f"{role} Adam state", f"8 B × {_m(trainable)} {kind}params{per}", 8 * trainable / n)
+    out["step"] = Term(
+        f"{role} Adam step temporary",
+        f"4 B × {_m(trainable)} {kind}params{per} (foreach sqrt)",
+        4 * trainable / n,
+    )
     return out
 
 
 def _reference(s: Setup) -> Term | None:
     if s.lora or s.param_offload:
         return None
-    return Term("reference weights (resident)", f"{s.inf} B × {_m(s.arch.params())} params"
-                + (f" / {s.n} GPUs" if s.n > 1 else ""), s.inf * s.arch.params() / s.n, "resident")
+    return Term(
+        "reference weights (resident)",
+        f"{s.inf} B × {_m(s.arch.params())} params" + (f" / {s.n} GPUs" if s.n > 1 else ""),
+        s.inf * s.arch.params() / s.n,
+        "resident",
+    )
 
 
 def _resident(s: Setup, busy: str) -> list[Term]:
@@ -227,11 +260,18 @@ def _resident(s: Setup, busy: str) -> list[Term]:
             continue
         st = _role_state(s, role)
         if not (s.actor_param_offload if role == "actor" else s.param_offload):
-            out.append(Term(f"{st['weights'].name} (resident)", st["weights"].formula,
-                            st["weights"].nbytes, "resident"))
+            out.append(
+                Term(
+                    f"{st['weights'].name} (resident)",
+                    st["weights"].formula,
+                    st["weights"].nbytes,
+                    "resident",
+                )
+            )
         if not s.optimizer_offload:
-            out.append(Term(f"{st['adam'].name} (resident)", st["adam"].formula, st["adam"].nbytes,
-                            "resident"))
+            out.append(
+                Term(f"{st['adam'].name} (resident)", st["adam"].formula, st["adam"].nbytes, "resident")
+            )
     ref = _reference(s)
     if ref:
         out.append(ref)
@@ -239,6 +279,7 @@ def _resident(s: Setup, busy: str) -> list[Term]:
 
 
 # -- working sets ------------------------------------------------------------------------------
+
 
 def _work(terms: list[Term]) -> list[Term]:
     for term in terms:
@@ -258,35 +299,60 @@ def _train_work(s: Setup, b: int, logits: bool) -> list[Term]:
     width = _layer_width(a)
     out = []
     if s.ckpt:
-        out.append(Term("checkpoints", f"{a.L} layers × {b}×{s.seq} tokens × {a.H} × {c} B",
-                        a.L * T * a.H * c))
-        out.append(Term("recomputed layer", f"{LAYER_FACTOR:g} × {b}×{s.seq} tokens × {width} "
-                        f"values × {c} B", LAYER_FACTOR * T * width * c))
+        out.append(
+            Term("checkpoints", f"{a.L} layers × {b}×{s.seq} tokens × {a.H} × {c} B", a.L * T * a.H * c)
+        )
+        out.append(
+            Term(
+                "recomputed layer",
+                f"{LAYER_FACTOR:g} × {b}×{s.seq} tokens × {width} values × {c} B",
+                LAYER_FACTOR * T * width * c,
+            )
+        )
     else:
-        out.append(Term("activations", f"{a.L} layers × {b}×{s.seq} tokens × {width} values × "
-                        f"{c} B (no checkpointing)", a.L * T * width * c))
+        out.append(
+            Term(
+                "activations",
+                f"{a.L} layers × {b}×{s.seq} tokens × {width} values × {c} B (no checkpointing)",
+                a.L * T * width * c,
+            )
+        )
     if s.eager:
         n_layers = 1 if s.ckpt else a.L
-        out.append(Term("eager attention scores", f"{n_layers} × {b} × {a.a} heads × {s.seq}² × "
-                        f"(4+{c}) B × {EAGER_TRAIN_COPIES:g}",
-                        n_layers * b * a.a * s.seq ** 2 * (4 + c) * EAGER_TRAIN_COPIES))
+        out.append(
+            Term(
+                "eager attention scores",
+                f"{n_layers} × {b} × {a.a} heads × {s.seq}² × (4+{c}) B × {EAGER_TRAIN_COPIES:g}",
+                n_layers * b * a.a * s.seq**2 * (4 + c) * EAGER_TRAIN_COPIES,
+            )
+        )
     if logits:
         k = LOGIT_COPIES_TRAIN
-        out.append(Term("logits", f"{b}×{s.seq} tokens × {a.V} vocab × {c} B × {k:g} copies",
-                        T * a.V * c * k))
+        out.append(
+            Term("logits", f"{b}×{s.seq} tokens × {a.V} vocab × {c} B × {k:g} copies", T * a.V * c * k)
+        )
     return _work(out)
 
 
 def _nograd_work(s: Setup, b: int) -> list[Term]:
     a, c, T = s.arch, s.c, b * s.seq
-    out = [Term("forward transient", f"{b}×{s.seq} tokens × (2H + 3I) × {c} B",
-                T * (2 * a.H + 3 * a.I) * c)]
+    out = [Term("forward transient", f"{b}×{s.seq} tokens × (2H + 3I) × {c} B", T * (2 * a.H + 3 * a.I) * c)]
     if s.eager:
-        out.append(Term("eager attention scores", f"{b} × {a.a} heads × {s.seq}² × (4+{c}) B",
-                        b * a.a * s.seq ** 2 * (4 + c)))
+        out.append(
+            Term(
+                "eager attention scores",
+                f"{b} × {a.a} heads × {s.seq}² × (4+{c}) B",
+                b * a.a * s.seq**2 * (4 + c),
+            )
+        )
     k = ENTROPY_COPIES[c]
-    out.append(Term("logits + entropy", f"{b} × ({s.seq} + {k:g}×{s.response}) tokens × {a.V} vocab "
-                    f"× {c} B", b * (s.seq + k * s.response) * a.V * c))
+    out.append(
+        Term(
+            "logits + entropy",
+            f"{b} × ({s.seq} + {k:g}×{s.response}) tokens × {a.V} vocab × {c} B",
+            b * (s.seq + k * s.response) * a.V * c,
+        )
+    )
     return _work(out)
 
 
@@ -295,25 +361,37 @@ def generate_work(s: Setup, b: int) -> tuple[str, list[Term]]:
     step (the full cache); whichever is larger."""
     a, g, p = s.arch, s.g, s.prompt
     kvt = a.kv_bytes_per_token(g)
-    last_logits = Term("next-token logits", f"{b} × {a.V} vocab × (4+4+{g}) B",
-                       b * a.V * (8 + g))
+    last_logits = Term("next-token logits", f"{b} × {a.V} vocab × (4+4+{g}) B", b * a.V * (8 + g))
     n_mlp = 3 + (1 if (s.lora and s.rollout == "hf") else 0)
     mlp = PREFILL_FACTOR * b * p * n_mlp * a.I * g
-    scores = b * a.a * p ** 2 * (4 + g) if s.eager else 0
-    prefill = [Term("KV cache (prompt)", f"{b} × {p} tokens × {a.L} layers × 2 × {a.k}×{a.d} × "
-                    f"{g} B", b * p * kvt),
-               Term("prefill transient", f"max(MLP {PREFILL_FACTOR:g} × {b}×{p} tokens × "
-                    f"{n_mlp}×{a.I} × {g} B"
-                    + (f", eager scores {b} × {a.a} heads × {p}² × (4+{g}) B)" if s.eager else ")"),
-                    max(mlp, scores)),
-               last_logits]
-    decode = [Term("KV cache", f"{b} × {s.seq} tokens × {a.L} layers × 2 × {a.k}×{a.d} × {g} B",
-                   b * s.seq * kvt),
-              Term("cache growth copy", f"{b} × {s.seq} tokens × {a.k}×{a.d} × {g} B "
-                   "(torch.cat re-allocates one layer's K)", b * s.seq * a.k * a.d * g)]
+    scores = b * a.a * p**2 * (4 + g) if s.eager else 0
+    prefill = [
+        Term("KV cache (prompt)", f"{b} × {p} tokens × {a.L} layers × 2 × {a.k}×{a.d} × {g} B", b * p * kvt),
+        Term(
+            "prefill transient",
+            f"max(MLP {PREFILL_FACTOR:g} × {b}×{p} tokens × "
+            f"{n_mlp}×{a.I} × {g} B"
+            + (f", eager scores {b} × {a.a} heads × {p}² × (4+{g}) B)" if s.eager else ")"),
+            max(mlp, scores),
+        ),
+        last_logits,
+    ]
+    decode = [
+        Term("KV cache", f"{b} × {s.seq} tokens × {a.L} layers × 2 × {a.k}×{a.d} × {g} B", b * s.seq * kvt),
+        Term(
+            "cache growth copy",
+            f"{b} × {s.seq} tokens × {a.k}×{a.d} × {g} B (torch.cat re-allocates one layer's K)",
+            b * s.seq * a.k * a.d * g,
+        ),
+    ]
     if a.a > a.k:
-        decode.append(Term("K/V repeated to every head", f"2 × {b} × {s.seq} tokens × "
-                           f"{a.a}×{a.d} × {g} B (repeat_kv, one layer)", 2 * b * s.seq * a.a * a.d * g))
+        decode.append(
+            Term(
+                "K/V repeated to every head",
+                f"2 × {b} × {s.seq} tokens × {a.a}×{a.d} × {g} B (repeat_kv, one layer)",
+                2 * b * s.seq * a.a * a.d * g,
+            )
+        )
     decode.append(last_logits)
     if sum(t.nbytes for t in prefill) > sum(t.nbytes for t in decode):
         return "prefill", _work(prefill)
@@ -321,6 +399,7 @@ def generate_work(s: Setup, b: int) -> tuple[str, list[Term]]:
 
 
 # -- phases ------------------------------------------------------------------------------------
+
 
 def _gen_weights(s: Setup) -> list[Term]:
     if s.rollout == "hf":  # the actor's own module, loaded on the GPU to generate
@@ -353,9 +432,13 @@ def phase(s: Setup, name: str, b: int) -> dict:
     else:
         raise ValueError(name)
     total = sum(t.nbytes for t in terms)
-    return {"phase": name + (f" ({note})" if note else ""), "batch": b,
-            "terms": [t.as_dict() for t in terms], "total_gib": round(_gib(total), 3),
-            "_bytes": total}
+    return {
+        "phase": name + (f" ({note})" if note else ""),
+        "batch": b,
+        "terms": [t.as_dict() for t in terms],
+        "total_gib": round(_gib(total), 3),
+        "_bytes": total,
+    }
 
 
 def _actor_resident_optimizer(s: Setup) -> list[Term]:
@@ -363,8 +446,7 @@ def _actor_resident_optimizer(s: Setup) -> list[Term]:
     if s.optimizer_offload:
         return []
     st = _role_state(s, "actor")
-    return [Term(f"{st['adam'].name} (resident)", st["adam"].formula, st["adam"].nbytes,
-                 "resident")]
+    return [Term(f"{st['adam'].name} (resident)", st["adam"].formula, st["adam"].nbytes, "resident")]
 
 
 def vllm_phase(s: Setup, b: int) -> dict:
@@ -373,22 +455,33 @@ def vllm_phase(s: Setup, b: int) -> dict:
     note, work = generate_work(s, b)
     terms = _gen_weights(s) + work
     total = sum(t.nbytes for t in terms)
-    return {"phase": f"vLLM engine ({note})", "batch": b, "terms": [t.as_dict() for t in terms],
-            "total_gib": round(_gib(total), 3), "_bytes": total}
+    return {
+        "phase": f"vLLM engine ({note})",
+        "batch": b,
+        "terms": [t.as_dict() for t in terms],
+        "total_gib": round(_gib(total), 3),
+        "_bytes": total,
+    }
 
 
 def vllm_outside(s: Setup) -> dict:
     """While vLLM generates, the rest of the process: the engine's share and the resident roles."""
     share = s.util * s.total_gib * GIB
-    terms = [Term("vLLM share", f"gpu_memory_utilization {s.util:g} × {s.total_gib:.1f} GiB", share,
-                  "work")]
+    terms = [Term("vLLM share", f"gpu_memory_utilization {s.util:g} × {s.total_gib:.1f} GiB", share, "work")]
     terms += _resident(s, "rollout")  # (not a role: the actor's and critic's state both count)
     total = sum(t.nbytes for t in terms)
-    return {"phase": "generate (vLLM)", "batch": None, "terms": [t.as_dict() for t in terms],
-            "total_gib": round(_gib(total), 3), "_bytes": total, "exempt_bytes": int(share)}
+    return {
+        "phase": "generate (vLLM)",
+        "batch": None,
+        "terms": [t.as_dict() for t in terms],
+        "total_gib": round(_gib(total), 3),
+        "_bytes": total,
+        "exempt_bytes": int(share),
+    }
 
 
 # -- the plan ---------------------------------------------------------------------------------
+
 
 def overhead(s: Setup, key: str) -> float:
     """The allocator's overhead for a phase: HF generate's own where it generates (its KV cache
@@ -398,8 +491,9 @@ def overhead(s: Setup, key: str) -> float:
     return s.consts["allocator_overhead"]
 
 
-def fits(s: Setup, nbytes: float, budget_gib: float, margin: bool = True, exempt: float = 0,
-         key: str = "") -> bool:
+def fits(
+    s: Setup, nbytes: float, budget_gib: float, margin: bool = True, exempt: float = 0, key: str = ""
+) -> bool:
     """Whether `nbytes` of tensors fit `budget_gib` once the allocator's overhead for phase `key`
     is added (and, with `margin`, leaving the margin free). `exempt`: bytes of a budget already
     whole (vLLM's share), which takes no overhead."""
@@ -461,8 +555,17 @@ def estimate(s: Setup, key: str, batch: int) -> dict:
     elif key == "generate_outside":
         out = vllm_outside(s)
     else:
-        out = phase(s, {"log_prob": "log_prob", "actor": "actor_update", "critic": "critic_update",
-                        "actor_step": "actor_step", "critic_step": "critic_step"}[key], batch)
+        out = phase(
+            s,
+            {
+                "log_prob": "log_prob",
+                "actor": "actor_update",
+                "critic": "critic_update",
+                "actor_step": "actor_step",
+                "critic_step": "critic_step",
+            }[key],
+            batch,
+        )
     out["bytes"] = int(out.pop("_bytes"))
     out["budget_gib"] = round(budget, 3)
     return out
@@ -500,8 +603,9 @@ def plan(env: dict, arch_rec: dict, consts: dict, val_rows: int) -> dict:
         phases[key] = estimate(s, key, 0)
     for key, p in phases.items():
         p["key"] = key
-        p["fits"] = fits(s, p["bytes"], p["budget_gib"], margin=False,
-                         exempt=p.get("exempt_bytes", 0), key=key)
+        p["fits"] = fits(
+            s, p["bytes"], p["budget_gib"], margin=False, exempt=p.get("exempt_bytes", 0), key=key
+        )
         if not p["fits"]:
             problems.append({"phase": p["phase"], "gib": p["total_gib"], "budget_gib": p["budget_gib"]})
 
@@ -524,11 +628,19 @@ def plan(env: dict, arch_rec: dict, consts: dict, val_rows: int) -> dict:
     a = s.arch
     return {
         "model": a.name,
-        "arch": {"layers": a.L, "hidden_size": a.H, "attention_heads": a.a, "kv_heads": a.k,
-                 "head_dim": a.d, "intermediate_size": a.I, "vocab_size": a.V,
-                 "tied_embeddings": a.tied, "parameters": a.params(),
-                 "critic_parameters": a.critic_params() if s.critic else 0,
-                 "lora_parameters": a.lora_params(s.lora) if s.lora else 0},
+        "arch": {
+            "layers": a.L,
+            "hidden_size": a.H,
+            "attention_heads": a.a,
+            "kv_heads": a.k,
+            "head_dim": a.d,
+            "intermediate_size": a.I,
+            "vocab_size": a.V,
+            "tied_embeddings": a.tied,
+            "parameters": a.params(),
+            "critic_parameters": a.critic_params() if s.critic else 0,
+            "lora_parameters": a.lora_params(s.lora) if s.lora else 0,
+        },
         "gpu_total_gib": round(s.total_gib, 2),
         "cuda_context_gib": consts["cuda_context_gib"],
         "nccl_gib": consts["nccl_gib"] if s.n > 1 else 0,

@@ -81,6 +81,7 @@ def redacted(endpoint: str) -> str:
 # renders, through split_credentials); `envbuild build` hands the ones a RUN step reads to the
 # build as the `endpoints` BuildKit secret (endpoints_secret), which envbuild-secrets.sh sources.
 
+
 def env_endpoints(env) -> dict[str, str]:
     """The URLs of a resolved environment that the rendered files read into a variable, by that
     variable (what the `endpoints` secret may replace for one RUN step)."""
@@ -104,8 +105,7 @@ def split_credentials(env, d: dict | None = None):
     bare = _without_userinfo(d)
     if bare == d:
         return env, d, {}
-    secret = {var: url for var, url in env_endpoints(env).items()
-              if url and url != without_credentials(url)}
+    secret = {var: url for var, url in env_endpoints(env).items() if url and url != without_credentials(url)}
     return type(env).from_plain(bare), bare, secret
 
 
@@ -124,8 +124,11 @@ def endpoints_secret(endpoints: dict[str, str], skip: tuple[str, ...] = ()) -> s
     user:password@ (the others are the rendered files' own defaults), `skip` left out."""
     import shlex
 
-    return "".join(f"export {var}={shlex.quote(url)}\n" for var, url in sorted(endpoints.items())
-                   if var not in skip and url and url != without_credentials(url))
+    return "".join(
+        f"export {var}={shlex.quote(url)}\n"
+        for var, url in sorted(endpoints.items())
+        if var not in skip and url and url != without_credentials(url)
+    )
 
 
 def github_url(url: str, prefix: str | None) -> str:
@@ -158,12 +161,19 @@ def apply_to_env(env, mirror: MirrorChoice):
     if fa and mirror.github:
         fa = fa._replace(release=bare(github_url(fa.release, mirror.github)))
     return env._replace(
-        cuda=env.cuda._replace(images=images), indexes=indexes, torch=torch,
+        cuda=env.cuda._replace(images=images),
+        indexes=indexes,
+        torch=torch,
         huggingface=bare(mirror.huggingface) if mirror.huggingface else env.huggingface,
         conda_channels=tuple(conda.get(ch) or ch for ch in env.conda_channels),
-        apex=apex, flash_attn=fa,
-        mirror=Mirror(name=mirror.name, apt=bare(mirror.apt) if mirror.apt else mirror.apt,
-                      conda_nvidia=conda.get("nvidia")))
+        apex=apex,
+        flash_attn=fa,
+        mirror=Mirror(
+            name=mirror.name,
+            apt=bare(mirror.apt) if mirror.apt else mirror.apt,
+            conda_nvidia=conda.get("nvidia"),
+        ),
+    )
 
 
 def mirror_sets(m) -> dict[str, dict]:
@@ -180,9 +190,11 @@ def get_set(m, name: str) -> dict:
     if name not in sets:
         from envbuilder.model.resolve import suggest
 
-        raise UserError(f"Unknown mirror set {name!r}; {suggest(name, list(sets))}known: "
-                        f"{', '.join(sets)}. `envbuild mirrors list` shows them; add your own in "
-                        "your config file.")
+        raise UserError(
+            f"Unknown mirror set {name!r}; {suggest(name, list(sets))}known: "
+            f"{', '.join(sets)}. `envbuild mirrors list` shows them; add your own in "
+            "your config file."
+        )
     return sets[name]
 
 
@@ -196,9 +208,16 @@ def choice(name: str, body: dict, healthy: dict | None = None) -> MirrorChoice:
 
     registries = {reg: pick(eps) for reg, eps in (body.get("registries") or {}).items()}
     conda = {ch: pick(eps) for ch, eps in (body.get("conda") or {}).items()}
-    return MirrorChoice(name, registries, pick(body.get("pypi")), pick(body.get("pytorch")),
-                        conda or None, pick(body.get("huggingface")), pick(body.get("apt")),
-                        pick(body.get("github")))
+    return MirrorChoice(
+        name,
+        registries,
+        pick(body.get("pypi")),
+        pick(body.get("pytorch")),
+        conda or None,
+        pick(body.get("huggingface")),
+        pick(body.get("apt")),
+        pick(body.get("github")),
+    )
 
 
 def order_by_health(endpoints: list[str], healthy: dict) -> list[str]:
@@ -208,6 +227,7 @@ def order_by_health(endpoints: list[str], healthy: dict) -> list[str]:
 
 
 # -- probing ------------------------------------------------------------------------------------
+
 
 class Probe(NamedTuple):
     kind: str
@@ -237,8 +257,11 @@ def _probe_one(kind: str, target: str, endpoint: str, timeout: float, s) -> Prob
         why = f"timeout ({e.reason})" if e.kind == "deadline" else e.reason
         return Probe(kind, target, endpoint, False, why, ms)
     ms = (time.perf_counter() - start) * 1000
-    status = {401: "HTTP 401 (credentials needed)", 403: "HTTP 403 (refused: credentials?)",
-              429: "HTTP 429 (rate limited)"}.get(r.status, f"HTTP {r.status}")
+    status = {
+        401: "HTTP 401 (credentials needed)",
+        403: "HTTP 403 (refused: credentials?)",
+        429: "HTTP 429 (rate limited)",
+    }.get(r.status, f"HTTP {r.status}")
     return Probe(kind, target, endpoint, r.status in alive, status, ms)
 
 
@@ -250,8 +273,9 @@ def failure_reason(e: Exception, timeout: float) -> str:
     return reason(e, timeout)
 
 
-def probe(body: dict, timeout: float = 5.0, kinds: tuple[str, ...] | None = None,
-          ca_cert=None) -> list[Probe]:
+def probe(
+    body: dict, timeout: float = 5.0, kinds: tuple[str, ...] | None = None, ca_cert=None
+) -> list[Probe]:
     """Every endpoint of a mirror set, in parallel (`ca_cert`: a CA bundle to trust too), each
     through one net.session: no retries, no body read, at most 3 x `timeout` s each."""
     from envbuilder.oci import http as net

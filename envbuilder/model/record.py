@@ -76,8 +76,11 @@ class Record:
 
     def to_dict(self) -> dict:
         """The record as plain data: dicts, lists, strings, numbers, true/false, null."""
-        return {self._keys.get(f, f): plain(v) for f, v in self._asdict().items()
-                if not (v is None and f in self._omit_none)}
+        return {
+            self._keys.get(f, f): plain(v)
+            for f, v in self._asdict().items()
+            if not (v is None and f in self._omit_none)
+        }
 
     @classmethod
     def from_plain(cls, data: Mapping):

@@ -21,6 +21,7 @@ TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 # the precision audit's checks (templates/audit_precision.py.j2 implements them) and the
 # condition under which each applies (one of the conditions a patch's `when` names)
 from envbuilder.model.matrix_schema import AUDIT_CHECKS  # noqa: E402,F401  (re-exported)
+
 # Rollouts whose packages the matrix knows how to pin (hf needs none, vllm: matrices/vllm.yaml).
 INSTALLABLE_ROLLOUTS = ("hf", "vllm")
 
@@ -42,8 +43,7 @@ class ResolveError(UserError):
         lines = [f"Profile {profile!r} cannot be resolved as asked:"]
         lines += [f"  - [{v.rule}] {v.text()}" for v in violations]
         if not any(v.hard for v in violations):
-            lines.append("  (--allow-unsupported renders anyway and writes these warnings into "
-                         "the files.)")
+            lines.append("  (--allow-unsupported renders anyway and writes these warnings into the files.)")
         super().__init__("\n".join(lines))
 
 
@@ -66,9 +66,13 @@ def flash_attn_release(fa_data: dict, version: str) -> R.FlashAttn:
     tags; the builder names the file from the installed torch, envbuilder/lock/flash_attn.py)."""
     rel = fa_data["release_wheels"]
     tags = dict(sorted((fa_data["versions"][version].get("wheel_cuda") or {}).items()))
-    return R.FlashAttn(version=version, modules=tuple(fa_data["training_path"]["modules"]),
-                       release=rel["url"].format(version=version), wheel=rel["filename"],
-                       cuda_tags=frozen(tags))
+    return R.FlashAttn(
+        version=version,
+        modules=tuple(fa_data["training_path"]["modules"]),
+        release=rel["url"].format(version=version),
+        wheel=rel["filename"],
+        cuda_tags=frozen(tags),
+    )
 
 
 def flash_attn_wheel_gap(rec: dict, torch_v: str, torch_cuda: str, python: str) -> str | None:
@@ -90,8 +94,9 @@ def _at_least(cc: str, floor: str) -> bool:
     return cc_tuple(cc) >= cc_tuple(floor)
 
 
-def training_path(m: Matrix, verl_v: str, rollout: str, components: tuple[str, ...] = (),
-                  vllm_v: str | None = None) -> list[str]:
+def training_path(
+    m: Matrix, verl_v: str, rollout: str, components: tuple[str, ...] = (), vllm_v: str | None = None
+) -> list[str]:
     """The modules a PPO run (verl.trainer.main_ppo, FSDP) imports, in the order preflight and the
     smoke test import them: the compiled parts first (each names the package that is broken:
     vllm's ops for the vllm rollout, then `components`, "flash-attn"/"apex"), then verl's trainer,
@@ -112,9 +117,11 @@ class _Resolver:
         self.m, self.ov = m, ov
         self.v: list[Violation] = []
         if profile_name not in m.profiles:
-            raise UserError(f"Unknown profile {profile_name!r}; {suggest(profile_name, list(m.profiles))}"
-                            f"Known profiles: {', '.join(m.profiles)}. `envbuild list` shows them; "
-                            "add your own with --matrix-dir.")
+            raise UserError(
+                f"Unknown profile {profile_name!r}; {suggest(profile_name, list(m.profiles))}"
+                f"Known profiles: {', '.join(m.profiles)}. `envbuild list` shows them; "
+                "add your own with --matrix-dir."
+            )
         self.name = profile_name
         self.p = m.profiles[profile_name]
         self.algo_rec: dict | None = None  # the selection's estimator (select() sets it)
@@ -122,9 +129,11 @@ class _Resolver:
         self.models = m.models
         if ov.model and ov.model not in m.models:
             if not ov.model_arch:
-                raise UserError(f"--model {ov.model!r} is not in the model table "
-                                f"({', '.join(m.models)}) and its shape was not read. Pass a hub "
-                                "repo id or a folder holding its config.json.")
+                raise UserError(
+                    f"--model {ov.model!r} is not in the model table "
+                    f"({', '.join(m.models)}) and its shape was not read. Pass a hub "
+                    "repo id or a folder holding its config.json."
+                )
             self.models = {**m.models, ov.model: dict(ov.model_arch)}
 
     def add(self, rule: str, what: str, why: str, fix: str, hard: bool = False) -> None:
@@ -133,17 +142,24 @@ class _Resolver:
     def release(self, kind: str, version: str, releases: dict) -> dict:
         """A component's release record (apex, flash-attn), or a clear error naming the known ones."""
         if version not in releases:
-            raise UserError(f"{kind} {version!r} is not in the matrix; known: {', '.join(releases)}. "
-                            "Add it in a --matrix-dir overlay if you need it.")
+            raise UserError(
+                f"{kind} {version!r} is not in the matrix; known: {', '.join(releases)}. "
+                "Add it in a --matrix-dir overlay if you need it."
+            )
         return releases[version]
 
     def pick(self, kind: str, section: str, value: str) -> dict:
         table = self.m.sections[section]
         if value not in table:
-            known = (list(table) if section in ("gpus", "algorithms", "interconnects")
-                     else sorted(table, key=version_key))
-            raise UserError(f"{kind} {value!r} is not in the matrix; {suggest(value, known)}known: "
-                            f"{', '.join(known)}. Add it in a --matrix-dir overlay if you need it.")
+            known = (
+                list(table)
+                if section in ("gpus", "algorithms", "interconnects")
+                else sorted(table, key=version_key)
+            )
+            raise UserError(
+                f"{kind} {value!r} is not in the matrix; {suggest(value, known)}known: "
+                f"{', '.join(known)}. Add it in a --matrix-dir overlay if you need it."
+            )
         return table[value]
 
     # -- the rules ---------------------------------------------------------------------------
@@ -155,17 +171,23 @@ class _Resolver:
         exact = [(k, b) for k, b in builds.items() if b["cuda"] == cuda_v]
         if exact:
             return exact[0]
-        older = sorted(((k, b) for k, b in builds.items()
-                        if b["cuda"].split(".")[0] == cuda_v.split(".")[0]
-                        and version_key(b["cuda"]) < version_key(cuda_v)),
-                       key=lambda kb: version_key(kb[1]["cuda"]))
+        older = sorted(
+            (
+                (k, b)
+                for k, b in builds.items()
+                if b["cuda"].split(".")[0] == cuda_v.split(".")[0]
+                and version_key(b["cuda"]) < version_key(cuda_v)
+            ),
+            key=lambda kb: version_key(kb[1]["cuda"]),
+        )
         return older[-1] if older else None  # (apex then asks for an exact match: apex-nvcc)
 
     def torch_cuda_rule(self, torch_v: str, torch: dict, cuda_v: str) -> None:
         builds = torch["builds"]
         have = ", ".join(f"{k} (CUDA {b['cuda']})" for k, b in builds.items())
-        others = [t for t, rec in self.m.torch.items()
-                  if any(b["cuda"] == cuda_v for b in rec["builds"].values())]
+        others = [
+            t for t, rec in self.m.torch.items() if any(b["cuda"] == cuda_v for b in rec["builds"].values())
+        ]
         fix = f"use --cuda {' or --cuda '.join(sorted({b['cuda'] for b in builds.values()}))}"
         if others:
             fix += f", or --torch {others[-1]} (it has a CUDA {cuda_v} build)"
@@ -180,23 +202,29 @@ class _Resolver:
         releases = sorted(self.m.torch, key=version_key, reverse=True)
         releases.sort(key=lambda tv: tv != torch_v)
         for tv in releases:
-            for b in sorted(self.m.torch[tv]["builds"].values(), key=lambda b: version_key(b["cuda"]),
-                            reverse=True):
+            for b in sorted(
+                self.m.torch[tv]["builds"].values(), key=lambda b: version_key(b["cuda"]), reverse=True
+            ):
                 if cc_runs(cc, b["archs"]):
                     fixes.append(f"--torch {tv} --cuda {b['cuda']}")
         fix = "use " + (" or ".join(fixes[:2]) if fixes else "a GPU this build supports")
-        self.add("arch", f"torch {torch_v}+{variant} has no kernels for sm_{cc.replace('.', '')} "
-                 f"({gpu['name']})",
-                 f"its arch list is {';'.join(build['archs'])}; it would fail at run time with "
-                 "'no kernel image is available for execution on the device'", fix, hard=True)
+        self.add(
+            "arch",
+            f"torch {torch_v}+{variant} has no kernels for sm_{cc.replace('.', '')} ({gpu['name']})",
+            f"its arch list is {';'.join(build['archs'])}; it would fail at run time with "
+            "'no kernel image is available for execution on the device'",
+            fix,
+            hard=True,
+        )
 
     def driver_info(self, s: "Selection") -> R.Driver:
         """The driver the image needs (its CUDA's, or the vLLM wheel's if newer) and, with
         --driver, how the given one runs it: native, minor-version compatibility, too old."""
         need = max([s.cuda_v, *s.extra_cudas], key=version_key)
         need_rec = self.m.cuda.get(need, s.cuda)
-        info = R.Driver(min_driver=need_rec["min_driver"], compat_driver=need_rec["compat_driver"],
-                        for_cuda=need)
+        info = R.Driver(
+            min_driver=need_rec["min_driver"], compat_driver=need_rec["compat_driver"], for_cuda=need
+        )
         drv = self.ov.driver
         if drv is None:
             return info
@@ -214,25 +242,42 @@ class _Resolver:
             return
         need = info.for_cuda
         usable = set(s.usable_cudas)
-        native = [c for c, r in self.m.cuda.items()
-                  if c in usable and version_key(drv) >= version_key(r["min_driver"])]
-        compat = [c for c, r in self.m.cuda.items() if c in usable and c not in native
-                  and version_key(drv) >= version_key(r["compat_driver"])]
+        native = [
+            c
+            for c, r in self.m.cuda.items()
+            if c in usable and version_key(drv) >= version_key(r["min_driver"])
+        ]
+        compat = [
+            c
+            for c, r in self.m.cuda.items()
+            if c in usable and c not in native and version_key(drv) >= version_key(r["compat_driver"])
+        ]
         fix = f"upgrade the driver to >= {info.min_driver}"
         if native:
             fix += f", or use --cuda {max(native, key=version_key)}"
         elif compat:
-            fix += (f", or use --cuda {max(compat, key=version_key)} (runs on this driver under "
-                    "minor-version compatibility)")
-        self.add("driver", f"driver {drv} is too old for CUDA {need}",
-                 f"CUDA {need} needs >= {info.min_driver} (or >= "
-                 f"{info.compat_driver} under minor-version compatibility)", fix)
+            fix += (
+                f", or use --cuda {max(compat, key=version_key)} (runs on this driver under "
+                "minor-version compatibility)"
+            )
+        self.add(
+            "driver",
+            f"driver {drv} is too old for CUDA {need}",
+            f"CUDA {need} needs >= {info.min_driver} (or >= "
+            f"{info.compat_driver} under minor-version compatibility)",
+            fix,
+        )
 
     def rollout_rule(self, verl_v: str, verl: dict, rollout: str) -> None:
         if rollout not in INSTALLABLE_ROLLOUTS:
-            self.add("rollout", f"the {rollout!r} rollout is not one envbuild can install yet",
-                     "the matrix holds no release facts (torch pin, hardware floor) for it, so an "
-                     "image would lack it", "use --rollout vllm or --rollout hf", hard=True)
+            self.add(
+                "rollout",
+                f"the {rollout!r} rollout is not one envbuild can install yet",
+                "the matrix holds no release facts (torch pin, hardware floor) for it, so an "
+                "image would lack it",
+                "use --rollout vllm or --rollout hf",
+                hard=True,
+            )
             return
         if rollout in verl["rollouts"]:
             return
@@ -248,51 +293,89 @@ class _Resolver:
 
     def training_path_rule(self, verl_v: str, verl: dict, rollout: str) -> None:
         if rollout in verl["rollouts"] and rollout not in verl["training_path"]["rollouts"]:
-            self.add("training-path", f"the matrix records no training path for verl {verl_v}'s "
-                     f"{rollout!r} rollout", "preflight and the smoke test would not import the "
-                     "rollout's modules, so a broken rollout would show only once training starts",
-                     f"add verl.{verl_v}.training_path.rollouts.{rollout} (the modules verl's FSDP "
-                     "workers import for it, read from the release's wheel)", hard=True)
+            self.add(
+                "training-path",
+                f"the matrix records no training path for verl {verl_v}'s {rollout!r} rollout",
+                "preflight and the smoke test would not import the "
+                "rollout's modules, so a broken rollout would show only once training starts",
+                f"add verl.{verl_v}.training_path.rollouts.{rollout} (the modules verl's FSDP "
+                "workers import for it, read from the release's wheel)",
+                hard=True,
+            )
 
     def choose_vllm(self, torch_v: str, verl: dict) -> str | None:
         """The newest vLLM release that pins this torch within verl's range, or None."""
-        fitting = [v for v, r in self.m.vllm.items()
-                   if r["torch"] == torch_v and in_range(v, verl["vllm"])]
+        fitting = [v for v, r in self.m.vllm.items() if r["torch"] == torch_v and in_range(v, verl["vllm"])]
         return max(fitting, key=version_key) if fitting else None
 
     def vllm_choice_rule(self, torch_v: str, verl_v: str, verl: dict) -> None:
         pins = ", ".join(f"{v}->torch {r['torch']}" for v, r in self.m.vllm.items())
-        self.add("vllm-torch", f"no vLLM release in the matrix pins torch {torch_v} within verl "
-                 f"{verl_v}'s range {verl['vllm']}", f"vLLM pins torch exactly ({pins})",
-                 "pick a --torch that a vLLM release pins, or --rollout hf", hard=True)
+        self.add(
+            "vllm-torch",
+            f"no vLLM release in the matrix pins torch {torch_v} within verl {verl_v}'s range {verl['vllm']}",
+            f"vLLM pins torch exactly ({pins})",
+            "pick a --torch that a vLLM release pins, or --rollout hf",
+            hard=True,
+        )
 
-    def vllm_rules(self, vllm_v: str, vr: dict, torch_v: str, build: dict, verl_v: str,
-                   verl: dict, gpu: dict, python: str) -> None:
+    def vllm_rules(
+        self,
+        vllm_v: str,
+        vr: dict,
+        torch_v: str,
+        build: dict,
+        verl_v: str,
+        verl: dict,
+        gpu: dict,
+        python: str,
+    ) -> None:
         if vr["torch"] != torch_v:
-            same = [v for v, r in self.m.vllm.items()
-                    if r["torch"] == torch_v and in_range(v, verl["vllm"])]
+            same = [v for v, r in self.m.vllm.items() if r["torch"] == torch_v and in_range(v, verl["vllm"])]
             fix = f"use --torch {vr['torch']}" + (f" or --vllm {same[-1]}" if same else "")
-            self.add("vllm-torch", f"vllm {vllm_v} with torch {torch_v} is an ABI mismatch",
-                     f"vllm {vllm_v} pins torch=={vr['torch']} and its compiled ops are built against "
-                     f"it; installing torch {torch_v} beside it (e.g. with --no-deps) breaks them",
-                     fix, hard=True)
+            self.add(
+                "vllm-torch",
+                f"vllm {vllm_v} with torch {torch_v} is an ABI mismatch",
+                f"vllm {vllm_v} pins torch=={vr['torch']} and its compiled ops are built against "
+                f"it; installing torch {torch_v} beside it (e.g. with --no-deps) breaks them",
+                fix,
+                hard=True,
+            )
         if not in_range(vllm_v, verl["vllm"]):
             fit = [v for v in self.m.vllm if in_range(v, verl["vllm"])]
-            self.add("verl-vllm", f"verl {verl_v} does not accept vllm {vllm_v}",
-                     f"its setup.py allows vllm{verl['vllm']}",
-                     f"use --vllm {fit[-1]}" if fit else "use another --verl", hard=True)
+            self.add(
+                "verl-vllm",
+                f"verl {verl_v} does not accept vllm {vllm_v}",
+                f"its setup.py allows vllm{verl['vllm']}",
+                f"use --vllm {fit[-1]}" if fit else "use another --verl",
+                hard=True,
+            )
         major = vr["wheel_cuda"].split(".")[0]
         if major != build["cuda"].split(".")[0]:
-            fits = sorted({b["cuda"] for b in self.m.torch[torch_v]["builds"].values()
-                           if b["cuda"].split(".")[0] == major}, key=version_key)
-            self.add("vllm-cuda", f"vllm {vllm_v} is built for CUDA {vr['wheel_cuda']} but torch is "
-                     f"built for CUDA {build['cuda']}", "the CUDA major versions must agree",
-                     f"use --cuda {fits[-1]}" if fits else f"use a --torch with a CUDA {major} build",
-                     hard=True)
+            fits = sorted(
+                {
+                    b["cuda"]
+                    for b in self.m.torch[torch_v]["builds"].values()
+                    if b["cuda"].split(".")[0] == major
+                },
+                key=version_key,
+            )
+            self.add(
+                "vllm-cuda",
+                f"vllm {vllm_v} is built for CUDA {vr['wheel_cuda']} but torch is "
+                f"built for CUDA {build['cuda']}",
+                "the CUDA major versions must agree",
+                f"use --cuda {fits[-1]}" if fits else f"use a --torch with a CUDA {major} build",
+                hard=True,
+            )
         if python not in vr["python"]:
-            self.add("vllm-python", f"vllm {vllm_v} has no wheels for Python {python}",
-                     f"it supports {', '.join(vr['python'])}", f"use --python {vr['python'][-1]}",
-                     hard=True)
+            self.add(
+                "vllm-python",
+                f"vllm {vllm_v} has no wheels for Python {python}",
+                f"it supports {', '.join(vr['python'])}",
+                f"use --python {vr['python'][-1]}",
+                hard=True,
+            )
+
     def verl_torch_rule(self, verl_v: str, verl: dict, torch_v: str, cuda_v: str, cc: str) -> None:
         """verl's own code imports torch APIs that its METADATA does not pin (torch comes from
         the image), so no resolver catches this: the matrix records the floor."""
@@ -300,17 +383,31 @@ class _Resolver:
         if in_range(torch_v, spec):
             return
         fits = [t for t in sorted(self.m.torch, key=version_key) if in_range(t, spec)]
-        same_cuda = [t for t in fits if any(b["cuda"] == cuda_v and cc_runs(cc, b["archs"])
-                                            for b in self.m.torch[t]["builds"].values())]
+        same_cuda = [
+            t
+            for t in fits
+            if any(
+                b["cuda"] == cuda_v and cc_runs(cc, b["archs"]) for b in self.m.torch[t]["builds"].values()
+            )
+        ]
         older = [v for v, r in self.m.verl.items() if in_range(torch_v, r["torch"])]
-        fix = (f"use --torch {same_cuda[0]} (it has a CUDA {cuda_v} build)" if same_cuda
-               else f"use --torch {fits[0]} with a --cuda it is built for" if fits
-               else "use another torch")
+        fix = (
+            f"use --torch {same_cuda[0]} (it has a CUDA {cuda_v} build)"
+            if same_cuda
+            else f"use --torch {fits[0]} with a --cuda it is built for"
+            if fits
+            else "use another torch"
+        )
         if older:
             fix += f", or --verl {older[-1]}"
-        self.add("verl-torch", f"verl {verl_v} needs torch{spec}, not {torch_v}",
-                 verl.get("torch_why") or f"its own code imports torch APIs newer than {torch_v} "
-                 f"(see {verl['torch_source']})", fix, hard=True)
+        self.add(
+            "verl-torch",
+            f"verl {verl_v} needs torch{spec}, not {torch_v}",
+            verl.get("torch_why")
+            or f"its own code imports torch APIs newer than {torch_v} (see {verl['torch_source']})",
+            fix,
+            hard=True,
+        )
 
     def shared_dependency_rule(self, packages: dict[str, str]) -> None:
         """Two installed packages whose requirements on one dependency cannot both hold (pip
@@ -325,47 +422,80 @@ class _Resolver:
             if pinned is not None:
                 for who, spec in wants:
                     if not in_range(pinned, spec):
-                        self.add("shared-dependency", f"{dep}=={pinned} is pinned but {who} needs "
-                                 f"{dep}{spec}", "pip would install one and break the other "
-                                 "(`pip check` fails; uv refuses to resolve it)",
-                                 f"pin {dep} inside {spec}, or choose another {who.split('==')[0]}",
-                                 hard=True)
+                        self.add(
+                            "shared-dependency",
+                            f"{dep}=={pinned} is pinned but {who} needs {dep}{spec}",
+                            "pip would install one and break the other "
+                            "(`pip check` fails; uv refuses to resolve it)",
+                            f"pin {dep} inside {spec}, or choose another {who.split('==')[0]}",
+                            hard=True,
+                        )
                 continue
             for i, (who_a, spec_a) in enumerate(wants):
-                for who_b, spec_b in wants[i + 1:]:
+                for who_b, spec_b in wants[i + 1 :]:
                     if not ranges_overlap(spec_a, spec_b):
-                        self.add("shared-dependency", f"{who_a} and {who_b} cannot be installed "
-                                 "together", f"{who_a} needs {dep}{spec_a}, {who_b} needs "
-                                 f"{dep}{spec_b}; installed in separate layers every step exits 0 "
-                                 "and the result is broken", f"pin {who_b.split('==')[0]} (or "
-                                 f"{who_a.split('==')[0]}) to a release whose {dep} requirement "
-                                 "meets the other's, in the profile's `pins`", hard=True)
+                        self.add(
+                            "shared-dependency",
+                            f"{who_a} and {who_b} cannot be installed together",
+                            f"{who_a} needs {dep}{spec_a}, {who_b} needs "
+                            f"{dep}{spec_b}; installed in separate layers every step exits 0 "
+                            "and the result is broken",
+                            f"pin {who_b.split('==')[0]} (or "
+                            f"{who_a.split('==')[0]}) to a release whose {dep} requirement "
+                            "meets the other's, in the profile's `pins`",
+                            hard=True,
+                        )
 
     def vllm_cc_rule(self, gpu: dict, vr: dict | None = None) -> None:
         floor = self.m.min_compute_capability
         own = (vr or {}).get("min_compute_capability")
-        if own and _at_least(gpu["compute_capability"], floor or "0.0") and not _at_least(
-                gpu["compute_capability"], own):
+        if (
+            own
+            and _at_least(gpu["compute_capability"], floor or "0.0")
+            and not _at_least(gpu["compute_capability"], own)
+        ):
             cc = gpu["compute_capability"]
-            runs = [(v, st) for v, st in (self.m.sections.get("stacks") or {}).items()
-                    if st.get("vllm") in self.m.vllm and _at_least(
-                        cc, self.m.vllm[st["vllm"]].get("min_compute_capability") or floor or "0.0")]
+            runs = [
+                (v, st)
+                for v, st in (self.m.sections.get("stacks") or {}).items()
+                if st.get("vllm") in self.m.vllm
+                and _at_least(cc, self.m.vllm[st["vllm"]].get("min_compute_capability") or floor or "0.0")
+            ]
             best = max(runs, key=lambda vs: version_key(vs[0])) if runs else None
-            self.add("vllm-cc", f"this vLLM release cannot run on the {gpu['name']} (CC {cc})",
-                     f"it supports compute capability >= {own} only",
-                     f"use --verl {best[0]} (its stack's vLLM {best[1]['vllm']} runs on CC {cc})"
-                     if best else "use a vLLM release older than this one", hard=True)
+            self.add(
+                "vllm-cc",
+                f"this vLLM release cannot run on the {gpu['name']} (CC {cc})",
+                f"it supports compute capability >= {own} only",
+                f"use --verl {best[0]} (its stack's vLLM {best[1]['vllm']} runs on CC {cc})"
+                if best
+                else "use a vLLM release older than this one",
+                hard=True,
+            )
             return
         if floor and not _at_least(gpu["compute_capability"], floor):
             hf = [v for v, r in self.m.verl.items() if "hf" in r["rollouts"]]
-            fix = "use --rollout hf" + (f" with --verl {hf[-1]} (the last verl with the HF rollout)"
-                                        if hf else "")
-            self.add("vllm-cc", f"vLLM cannot run on the {gpu['name']} (CC {gpu['compute_capability']})",
-                     f"vLLM supports compute capability >= {floor} only (Volta or later); its kernels "
-                     "are not built for this GPU", fix)
+            fix = "use --rollout hf" + (
+                f" with --verl {hf[-1]} (the last verl with the HF rollout)" if hf else ""
+            )
+            self.add(
+                "vllm-cc",
+                f"vLLM cannot run on the {gpu['name']} (CC {gpu['compute_capability']})",
+                f"vLLM supports compute capability >= {floor} only (Volta or later); its kernels "
+                "are not built for this GPU",
+                fix,
+            )
 
-    def memory_plan(self, gpu_key: str, gpu: dict, dtype: str, attention: str, rollout: str,
-                    train: dict, lora_flat: bool = False, algo: dict | None = None) -> dict:
+    def memory_plan(
+        self,
+        gpu_key: str,
+        gpu: dict,
+        dtype: str,
+        attention: str,
+        rollout: str,
+        train: dict,
+        lora_flat: bool = False,
+        algo: dict | None = None,
+    ) -> dict:
         from envbuilder.model.memory import plan
 
         mem = self.m.memory
@@ -373,10 +503,17 @@ class _Resolver:
         card = card_size(total, gpu, self.ov.ecc)
         consts = dict(mem, total_gib=card["mib"] / 1024)
         algo = algo or self.algo_rec or {"critic": True, "n": 1}
-        env = {"dtype": dtype, "attention": attention, "rollout": rollout, "train": train,
-               "lora_flat_grads": lora_flat, "critic": algo["critic"], "rollout_n": algo["n"],
-               "extra_generation": algo.get("extra_generation", False),
-               "nodes": getattr(self, "nodes", 1)}
+        env = {
+            "dtype": dtype,
+            "attention": attention,
+            "rollout": rollout,
+            "train": train,
+            "lora_flat_grads": lora_flat,
+            "critic": algo["critic"],
+            "rollout_n": algo["n"],
+            "extra_generation": algo.get("extra_generation", False),
+            "nodes": getattr(self, "nodes", 1),
+        }
         out = plan(env, self.models[train["model"]], consts, self.m.datasets["gsm8k"]["rows"]["test"])
         out["card"] = card
         return out
@@ -394,34 +531,48 @@ class _Resolver:
             changed = dict(train, **changes)
             if "param_offload" in changes:  # the actor's only where its rollout allows it
                 changed["actor_param_offload"] = changes["param_offload"] and s.actor_offload_ok
-            return not self.memory_plan(gpu_key, gpu, dtype, attention, rollout, changed,
-                                        lora_flat=bool(s.lora_key), algo=algo)["problems"]
+            return not self.memory_plan(
+                gpu_key, gpu, dtype, attention, rollout, changed, lora_flat=bool(s.lora_key), algo=algo
+            )["problems"]
 
         fixes = []
         # without a critic (GRPO: no critic weights, gradients or Adam state) a run fits where
         # the critic's state does not: the seed 4090 report's 7B LoRA run is that case
         grpo = self.m.algorithms.get("grpo")
-        critic_free = (s.algo_rec["critic"] and grpo is not None
-                       and version_key(s.verl_v) >= version_key(grpo["since"]) and fits(algo=grpo))
+        critic_free = (
+            s.algo_rec["critic"]
+            and grpo is not None
+            and version_key(s.verl_v) >= version_key(grpo["since"])
+            and fits(algo=grpo)
+        )
         size = self.models[train["model"]]["parameters"]
-        smaller = sorted((r["parameters"], name) for name, r in self.m.models.items()
-                         if r["parameters"] < size and fits(model=name))
+        smaller = sorted(
+            (r["parameters"], name)
+            for name, r in self.m.models.items()
+            if r["parameters"] < size and fits(model=name)
+        )
         if not (train["param_offload"] and train["optimizer_offload"]) and fits(
-                param_offload=True, optimizer_offload=True):
-            fixes.append("offload what is idle: train.param_offload and train.optimizer_offload "
-                         "true")
+            param_offload=True, optimizer_offload=True
+        ):
+            fixes.append("offload what is idle: train.param_offload and train.optimizer_offload true")
         prompt, response = train["max_prompt_length"], train["max_response_length"]
         while prompt + response > 128:
             prompt, response = max(prompt // 2, 32), max(response // 2, 32)
             if fits(max_prompt_length=prompt, max_response_length=response):
-                fixes.append(f"shorter sequences: train.max_prompt_length {prompt} and "
-                             f"max_response_length {response}")
+                fixes.append(
+                    f"shorter sequences: train.max_prompt_length {prompt} and max_response_length {response}"
+                )
                 break
         if rollout == "vllm" and fits(gpu_memory_utilization=round(train["gpu_memory_utilization"] / 2, 2)):
-            fixes.append(f"a smaller vLLM share: train.gpu_memory_utilization "
-                         f"{round(train['gpu_memory_utilization'] / 2, 2)}")
-        fix = ("in a --matrix-dir overlay of the profile, " + "; or ".join(fixes)) if fixes else (
-            "a GPU with more memory, or more GPUs (train.n_gpus) to shard the state over")
+            fixes.append(
+                f"a smaller vLLM share: train.gpu_memory_utilization "
+                f"{round(train['gpu_memory_utilization'] / 2, 2)}"
+            )
+        fix = (
+            ("in a --matrix-dir overlay of the profile, " + "; or ".join(fixes))
+            if fixes
+            else ("a GPU with more memory, or more GPUs (train.n_gpus) to shard the state over")
+        )
         if smaller:  # (a model of the table: --model takes it, and the fix walk checks it)
             fix = f"use --model {smaller[-1][1]} (a smaller model from the table); or {fix}"
         if critic_free:
@@ -429,12 +580,20 @@ class _Resolver:
         worst = max(mem["problems"], key=lambda p: p["gib"] - p["budget_gib"])
         phase = next(p for p in mem["phases"] if p["phase"] == worst["phase"])
         top = sorted(phase["terms"], key=lambda t: -t["gib"])[:3]
-        why = (f"its {worst['phase']} phase needs {worst['gib']:.1f} GiB per GPU at batch 1 "
-               f"against {worst['budget_gib']:.1f} GiB usable ("
-               + ", ".join(f"{t['term']} {t['gib']:.1f}" for t in top) + "; `envbuild show "
-               f"{self.name} --memory --allow-unsupported` prints the whole budget)")
-        self.add("memory", f"{train['model']} does not fit the {gpu['name']} "
-                 f"({mem['gpu_total_gib']:.0f} GiB) even at batch 1", why, fix)
+        why = (
+            f"its {worst['phase']} phase needs {worst['gib']:.1f} GiB per GPU at batch 1 "
+            f"against {worst['budget_gib']:.1f} GiB usable ("
+            + ", ".join(f"{t['term']} {t['gib']:.1f}" for t in top)
+            + "; `envbuild show "
+            f"{self.name} --memory --allow-unsupported` prints the whole budget)"
+        )
+        self.add(
+            "memory",
+            f"{train['model']} does not fit the {gpu['name']} "
+            f"({mem['gpu_total_gib']:.0f} GiB) even at batch 1",
+            why,
+            fix,
+        )
 
     # -- the whole: select, then every rule over the selection, then assemble ---------------
 
@@ -458,8 +617,7 @@ class _Resolver:
         s.components = self.select_components(s.torch_v)
         s.python = ov.python or p.get("python") or s.cuda["python"]
         s.picked = self.torch_build(s.torch_v, s.torch, s.cuda_v)
-        s.variant, s.build = s.picked or (f"cu{s.cuda_v.replace('.', '')}",
-                                          {"cuda": s.cuda_v, "archs": []})
+        s.variant, s.build = s.picked or (f"cu{s.cuda_v.replace('.', '')}", {"cuda": s.cuda_v, "archs": []})
         s.vllm_v = s.vr = None
         s.extra_cudas = []
         if s.rollout == "vllm":
@@ -470,9 +628,12 @@ class _Resolver:
                     s.extra_cudas.append(s.vr["wheel_cuda"])
         # CUDAs a --cuda suggestion may name: the torch release has a build for them, and the
         # vLLM wheel (if any) shares their major
-        s.usable_cudas = [c for c in m.cuda
-                          if any(b["cuda"] == c for b in s.torch["builds"].values())
-                          and all(c.split(".")[0] == x.split(".")[0] for x in s.extra_cudas)]
+        s.usable_cudas = [
+            c
+            for c in m.cuda
+            if any(b["cuda"] == c for b in s.torch["builds"].values())
+            and all(c.split(".")[0] == x.split(".")[0] for x in s.extra_cudas)
+        ]
         s.driver = self.driver_info(s)
         s.feats = {k: _at_least(s.cc, f["min_compute_capability"]) for k, f in m.features.items()}
         s.dtype = p["dtype"]
@@ -496,8 +657,9 @@ class _Resolver:
         s.pins.update(p.get("pins", {}))
         self.hf_rollout_plan(s)
         self.cluster_plan(s)
-        s.memory = self.memory_plan(s.gpu_key, s.gpu, s.dtype, s.attention, s.rollout, s.train,
-                                    lora_flat=bool(s.lora_key))
+        s.memory = self.memory_plan(
+            s.gpu_key, s.gpu, s.dtype, s.attention, s.rollout, s.train, lora_flat=bool(s.lora_key)
+        )
         return s
 
     def stacked(self, p: dict) -> dict:
@@ -509,8 +671,14 @@ class _Resolver:
         stack = (self.m.sections.get("stacks") or {}).get(want) if want else None
         if stack is None or want == p["verl"]:
             return p
-        q = dict(p, verl=want, cuda=stack["cuda"], torch=stack["torch"], rollout=stack["rollout"],
-                 pins=dict(stack.get("pins") or {}))
+        q = dict(
+            p,
+            verl=want,
+            cuda=stack["cuda"],
+            torch=stack["torch"],
+            rollout=stack["rollout"],
+            pins=dict(stack.get("pins") or {}),
+        )
         for key in ("vllm", "python"):
             q.pop(key, None)
             if key in stack:
@@ -520,11 +688,17 @@ class _Resolver:
             comps.pop("flash-attn", None)  # another torch: the profile's flash-attn may not fit
         floor = (self.m.flash_attn or {}).get("min_compute_capability", "0.0")
         cc = self.m.gpus[p["gpu"]]["compute_capability"]
-        comps.update({name: version for name, version in theirs.items()
-                      if not (name == "flash-attn" and not _at_least(cc, floor))})
+        comps.update(
+            {
+                name: version
+                for name, version in theirs.items()
+                if not (name == "flash-attn" and not _at_least(cc, floor))
+            }
+        )
         q["components"] = comps
-        q["optional_components"] = {k: v for k, v in (p.get("optional_components") or {}).items()
-                                    if k != "flash-attn"}
+        q["optional_components"] = {
+            k: v for k, v in (p.get("optional_components") or {}).items() if k != "flash-attn"
+        }
         return q
 
     def cluster_plan(self, s: "Selection") -> None:
@@ -536,17 +710,24 @@ class _Resolver:
         nodes = ov.nodes or 1
         per_node = ov.gpus_per_node or t["n_gpus"]
         if nodes < 1 or per_node < 1 or nodes > 1024 or per_node > 64:
-            raise UserError(f"--nodes {nodes} --gpus-per-node {per_node}: a run takes 1 to 1024 "
-                            "nodes of 1 to 64 GPUs each.")
+            raise UserError(
+                f"--nodes {nodes} --gpus-per-node {per_node}: a run takes 1 to 1024 "
+                "nodes of 1 to 64 GPUs each."
+            )
         t["n_gpus"] = per_node
         world = nodes * per_node
         for key in ("train_batch_size", "ppo_mini_batch_size"):
             if t[key] % world:
                 was, t[key] = t[key], -(-t[key] // world) * world
-                label = ("actor_rollout_ref.actor.ppo_mini_batch_size"
-                         if key == "ppo_mini_batch_size" else "data.train_batch_size")
-                s.notes.append(f"{label} {t[key]}: the profile's {was} rounded up to a multiple "
-                               f"of the {world} GPUs (verl splits it evenly over them)")
+                label = (
+                    "actor_rollout_ref.actor.ppo_mini_batch_size"
+                    if key == "ppo_mini_batch_size"
+                    else "data.train_batch_size"
+                )
+                s.notes.append(
+                    f"{label} {t[key]}: the profile's {was} rounded up to a multiple "
+                    f"of the {world} GPUs (verl splits it evenly over them)"
+                )
         if t["ppo_mini_batch_size"] > t["train_batch_size"]:
             t["ppo_mini_batch_size"] = t["train_batch_size"]
         s.nodes, s.world = nodes, world
@@ -556,13 +737,17 @@ class _Resolver:
         s.interconnect = self.pick("interconnect (--interconnect)", "interconnects", name) if name else None
         s.ic_name = name
         if nodes > 1 and not ov.interconnect:
-            s.notes.append(f"the {nodes} nodes talk over plain TCP (NCCL_IB_DISABLE=1): pass "
-                           "--interconnect ib or roce where they have an RDMA network")
+            s.notes.append(
+                f"the {nodes} nodes talk over plain TCP (NCCL_IB_DISABLE=1): pass "
+                "--interconnect ib or roce where they have an RDMA network"
+            )
         env = dict((s.interconnect or {}).get("env") or {})
         if per_node > 1 and s.gpu.get("p2p") is False:
             env["NCCL_P2P_DISABLE"] = "1"
-            s.notes.append(f"NCCL_P2P_DISABLE=1: {per_node} {s.gpu['name']}s in a node have no "
-                           "peer-to-peer (NCCL's P2P transport hangs on them)")
+            s.notes.append(
+                f"NCCL_P2P_DISABLE=1: {per_node} {s.gpu['name']}s in a node have no "
+                "peer-to-peer (NCCL's P2P transport hangs on them)"
+            )
         s.cluster_env = dict(sorted(env.items()))
         if table and s.interconnect and s.interconnect.get("note"):
             s.notes.append(f"{name}: {s.interconnect['note']}")
@@ -578,13 +763,16 @@ class _Resolver:
 
             was = self.models[s.train["model"]]["parameters"]
             s.train["model"] = self.ov.model
-            s.train["model_vram_gb"] = scaled_vram_gb(s.train["model_vram_gb"], was,
-                                                      self.models[self.ov.model]["parameters"])
+            s.train["model_vram_gb"] = scaled_vram_gb(
+                s.train["model_vram_gb"], was, self.models[self.ov.model]["parameters"]
+            )
         s.notes, s.refused, s.lora_key = [], [], None
         if self.ov.model and self.ov.model.startswith("/"):
-            s.notes.append(f"the model is the folder {self.ov.model}, which the image does not "
-                           f"hold: mount it at the same path (docker run -v "
-                           f"{self.ov.model}:{self.ov.model}:ro ...)")
+            s.notes.append(
+                f"the model is the folder {self.ov.model}, which the image does not "
+                f"hold: mount it at the same path (docker run -v "
+                f"{self.ov.model}:{self.ov.model}:ro ...)"
+            )
         hf = (s.verl.get("hf_rollout") or {}) if s.rollout == "hf" else {}
         off, lora = hf.get("offload"), hf.get("lora")
         s.actor_offload_ok = not (off and not off["works"])
@@ -593,20 +781,32 @@ class _Resolver:
         if not s.actor_offload_ok:
             key = "actor_rollout_ref.actor.fsdp_config.param_offload"
             if s.train["param_offload"]:
-                s.notes.append(f"{key}=False although the profile offloads parameters (the critic's "
-                               f"and the reference's still are): {off['why']}. The memory plan "
-                               "keeps the actor's weights on the GPU in every phase")
-            s.refused.append(R.RefusedOverride(
-                key=key, value="true", why=f"{where} cannot generate from an offloaded actor: "
-                f"{off['why']}", fix="leave it False (the memory plan keeps the actor's weights on "
-                f"the GPU: envbuild show {self.name} --memory), offload the optimizer instead, or use "
-                f"the vLLM rollout on a GPU of CC >= {self.m.min_compute_capability}"))
+                s.notes.append(
+                    f"{key}=False although the profile offloads parameters (the critic's "
+                    f"and the reference's still are): {off['why']}. The memory plan "
+                    "keeps the actor's weights on the GPU in every phase"
+                )
+            s.refused.append(
+                R.RefusedOverride(
+                    key=key,
+                    value="true",
+                    why=f"{where} cannot generate from an offloaded actor: {off['why']}",
+                    fix="leave it False (the memory plan keeps the actor's weights on "
+                    f"the GPU: envbuild show {self.name} --memory), offload the optimizer instead, or use "
+                    f"the vLLM rollout on a GPU of CC >= {self.m.min_compute_capability}",
+                )
+            )
         if lora and s.train["lora_rank"]:
             s.lora_key = lora["key"]
             s.notes.append(f"{lora['key']}=True for LoRA on the HF rollout: {lora['why']}")
-            s.refused.append(R.RefusedOverride(
-                key=lora["key"], value="false", why=f"{where} cannot wrap LoRA then: {lora['why']}",
-                fix=f"leave {lora['key']}=True as the run script sets it"))
+            s.refused.append(
+                R.RefusedOverride(
+                    key=lora["key"],
+                    value="false",
+                    why=f"{where} cannot wrap LoRA then: {lora['why']}",
+                    fix=f"leave {lora['key']}=True as the run script sets it",
+                )
+            )
 
     def select_components(self, torch_v: str) -> dict[str, str]:
         """The profile's compiled components with --with / --without applied."""
@@ -619,21 +819,23 @@ class _Resolver:
             if name in optional:
                 components[name] = optional[name]
             elif name == "flash-attn" and m.flash_attn:
-                fitting = [v for v, r in m.flash_attn["versions"].items()
-                           if in_range(torch_v, r["torch"])]
+                fitting = [v for v, r in m.flash_attn["versions"].items() if in_range(torch_v, r["torch"])]
                 if not fitting:
-                    raise UserError(f"No flash-attn release in the matrix supports torch {torch_v}; "
-                                    "pick another --torch or leave flash-attn out.")
+                    raise UserError(
+                        f"No flash-attn release in the matrix supports torch {torch_v}; "
+                        "pick another --torch or leave flash-attn out."
+                    )
                 components[name] = max(fitting, key=version_key)
             elif name == "apex" and m.apex:
                 components[name] = max(m.apex["versions"], key=version_key)
             else:
-                raise UserError(f"Unknown component {name!r} for --with; components are apex, "
-                                "flash-attn.")
+                raise UserError(f"Unknown component {name!r} for --with; components are apex, flash-attn.")
         for name in ov.without:
             if name not in ("apex", "flash-attn"):
-                raise UserError(f"Unknown component {name!r} for --without; "
-                                f"{suggest(name, ['apex', 'flash-attn'])}components are apex, flash-attn.")
+                raise UserError(
+                    f"Unknown component {name!r} for --without; "
+                    f"{suggest(name, ['apex', 'flash-attn'])}components are apex, flash-attn."
+                )
             components.pop(name, None)
         return components
 
@@ -653,13 +855,19 @@ class _Resolver:
         remove_padding = attention == "flash_attention_2" and s.feats.get("remove_padding", True)
         apex = None
         if s.apex_v:
-            apex = R.Apex(version=s.apex_v, ref=s.apex_rec["ref"], install=s.apex_rec["install"],
-                          url=m.apex["source_url"].format(ref=s.apex_rec["ref"]), arch_list=cc,
-                          modules=tuple(m.apex["training_path"]["modules"]))
+            apex = R.Apex(
+                version=s.apex_v,
+                ref=s.apex_rec["ref"],
+                install=s.apex_rec["install"],
+                url=m.apex["source_url"].format(ref=s.apex_rec["ref"]),
+                arch_list=cc,
+                modules=tuple(m.apex["training_path"]["modules"]),
+            )
         # what each part of the run computes in: the profile's dtype where this verl can run the
         # part in it, fp32 otherwise (verl.yaml precision: no fp16 training without a loss scaler)
-        precision = {part: dtype if dtype in allowed else "fp32"
-                     for part, allowed in sorted(verl["precision"].items())}
+        precision = {
+            part: dtype if dtype in allowed else "fp32" for part, allowed in sorted(verl["precision"].items())
+        }
         from envbuilder.model.matrix_schema import fill_placeholders  # (the matrix checked every template)
 
         values = {"attention": attention}
@@ -667,27 +875,49 @@ class _Resolver:
             values[f"{part}_dtype"] = TORCH_DTYPE[pd]
             values[f"{part}_autocast"] = str(pd != "fp32")
         # the conditions a patch's `when` and an audit check name
-        conditions = {"always": True, "no_flash_attention": attention != "flash_attention_2",
-                      "no_bf16": dtype != "bf16",
-                      "lora_hf_rollout": bool(s.train["lora_rank"]) and s.rollout == "hf",
-                      "hf_rollout": s.rollout == "hf"}
+        conditions = {
+            "always": True,
+            "no_flash_attention": attention != "flash_attention_2",
+            "no_bf16": dtype != "bf16",
+            "lora_hf_rollout": bool(s.train["lora_rank"]) and s.rollout == "hf",
+            "hf_rollout": s.rollout == "hf",
+        }
         patches = []
         for pname in verl["patches"]:
             pr = m.patches[pname]
             if conditions[pr["when"]]:
-                patches.append(R.Patch(name=pname, why=pr["why"], files=tuple(pr["files"]),
-                                       replace=frozen([{"find": r["find"],
-                                                        "with": fill_placeholders(r["with"], values)}
-                                                       for r in pr["replace"]])))
+                patches.append(
+                    R.Patch(
+                        name=pname,
+                        why=pr["why"],
+                        files=tuple(pr["files"]),
+                        replace=frozen(
+                            [
+                                {"find": r["find"], "with": fill_placeholders(r["with"], values)}
+                                for r in pr["replace"]
+                            ]
+                        ),
+                    )
+                )
         checks = tuple(c for c, when in AUDIT_CHECKS.items() if conditions[when])
         reviewed = []
         for rname in verl.get("reviewed") or []:
             rec = m.reviewed[rname]
             if rec["check"] in checks:
-                holds = {k: fill_placeholders(v, values) if isinstance(v, str) else v
-                         for k, v in sorted(rec["holds"].items())}
-                reviewed.append(R.Reviewed(name=rname, check=rec["check"], file=rec["file"],
-                                           line=rec["line"], why=rec["why"], holds=frozen(holds)))
+                holds = {
+                    k: fill_placeholders(v, values) if isinstance(v, str) else v
+                    for k, v in sorted(rec["holds"].items())
+                }
+                reviewed.append(
+                    R.Reviewed(
+                        name=rname,
+                        check=rec["check"],
+                        file=rec["file"],
+                        line=rec["line"],
+                        why=rec["why"],
+                        holds=frozen(holds),
+                    )
+                )
         alloc = None
         ac = m.cuda_alloc_conf
         if ac and s.gpu["vram_gb"] <= ac["max_vram_gb"]:
@@ -707,59 +937,96 @@ class _Resolver:
             profile=self.name,
             description=p["description"],
             overrides=ov,
-            gpu=R.Gpu(key=s.gpu_key, name=gpu["name"], arch=gpu["arch"], compute_capability=cc,
-                      sm=cc.replace(".", ""), vram_gb=gpu["vram_gb"], bf16=gpu["bf16"],
-                      max_smem_per_block_kb=gpu["max_smem_per_block_kb"]),
-            cuda=R.Cuda(version=s.cuda_v, full_version=cuda["version"], ubuntu=cuda["ubuntu"],
-                        glibc=cuda.get("glibc"), images=frozen(cuda["images"]),
-                        conda_nvcc=cuda["conda_nvcc"], compat_libcuda=m.cuda_compat["libcuda"]),
+            gpu=R.Gpu(
+                key=s.gpu_key,
+                name=gpu["name"],
+                arch=gpu["arch"],
+                compute_capability=cc,
+                sm=cc.replace(".", ""),
+                vram_gb=gpu["vram_gb"],
+                bf16=gpu["bf16"],
+                max_smem_per_block_kb=gpu["max_smem_per_block_kb"],
+            ),
+            cuda=R.Cuda(
+                version=s.cuda_v,
+                full_version=cuda["version"],
+                ubuntu=cuda["ubuntu"],
+                glibc=cuda.get("glibc"),
+                images=frozen(cuda["images"]),
+                conda_nvcc=cuda["conda_nvcc"],
+                compat_libcuda=m.cuda_compat["libcuda"],
+            ),
             driver=s.driver,
             python=s.python,
-            torch=R.Torch(version=torch_v, variant=s.variant, cuda=s.build["cuda"],
-                          archs=tuple(s.build["archs"]), index_url=torch_index,
-                          packages=(f"torch=={torch_v}{local}",
-                                    f"torchvision=={s.torch['torchvision']}{local}",
-                                    f"torchaudio=={s.torch['torchaudio']}{local}")),
+            torch=R.Torch(
+                version=torch_v,
+                variant=s.variant,
+                cuda=s.build["cuda"],
+                archs=tuple(s.build["archs"]),
+                index_url=torch_index,
+                packages=(
+                    f"torch=={torch_v}{local}",
+                    f"torchvision=={s.torch['torchvision']}{local}",
+                    f"torchaudio=={s.torch['torchaudio']}{local}",
+                ),
+            ),
             rollout=s.rollout,
-            vllm=R.Vllm(version=vllm_v, torch=m.vllm[vllm_v]["torch"],
-                        wheel_cuda=m.vllm[vllm_v]["wheel_cuda"]) if vllm_v else None,
-            verl=R.Verl(version=s.verl_v, attention_override=verl["attention_override"],
-                        autocast_keys=frozen(dict(sorted((verl.get("autocast_keys") or {}).items()))),
-                        pins=frozen(dict(sorted(s.pins.items()))),
-                        config_reads=tuple(verl.get("config_reads") or ()),
-                        lora_orig_params_key=s.lora_key, refused_overrides=tuple(s.refused),
-                        rollout_mode=verl.get("rollout_mode", "sync"),
-                        critic_fsdp=verl.get("critic_fsdp", "critic.model.fsdp_config")),
+            vllm=R.Vllm(
+                version=vllm_v, torch=m.vllm[vllm_v]["torch"], wheel_cuda=m.vllm[vllm_v]["wheel_cuda"]
+            )
+            if vllm_v
+            else None,
+            verl=R.Verl(
+                version=s.verl_v,
+                attention_override=verl["attention_override"],
+                autocast_keys=frozen(dict(sorted((verl.get("autocast_keys") or {}).items()))),
+                pins=frozen(dict(sorted(s.pins.items()))),
+                config_reads=tuple(verl.get("config_reads") or ()),
+                lora_orig_params_key=s.lora_key,
+                refused_overrides=tuple(s.refused),
+                rollout_mode=verl.get("rollout_mode", "sync"),
+                critic_fsdp=verl.get("critic_fsdp", "critic.model.fsdp_config"),
+            ),
             dtype=dtype,
             precision=R.Precision(**precision),
             attention=attention,
-            features=R.Features(bf16=dtype == "bf16", flash_attention=attention == "flash_attention_2",
-                                remove_padding=remove_padding,
-                                torch_compile=s.feats.get("torch_compile", True)),
+            features=R.Features(
+                bf16=dtype == "bf16",
+                flash_attention=attention == "flash_attention_2",
+                remove_padding=remove_padding,
+                torch_compile=s.feats.get("torch_compile", True),
+            ),
             flash_attn=flash_attn_release(m.flash_attn, s.fa) if s.fa else None,
             apex=apex,
             patches=tuple(patches),
             audit=R.Audit(checks=checks, reviewed=tuple(reviewed)),
             cuda_alloc_conf=alloc,
-            indexes=R.Indexes(pypi=defaults.get("pypi_index", "https://pypi.org/simple"),
-                              torch=torch_index),
+            indexes=R.Indexes(pypi=defaults.get("pypi_index", "https://pypi.org/simple"), torch=torch_index),
             uv=uv_pin(defaults),
             huggingface=defaults.get("huggingface", "https://huggingface.co"),
             conda_channels=tuple(defaults.get("conda_channels", ["conda-forge", "nvidia"])),
             train=R.Train.from_plain(s.train),
-            algorithm=R.Algorithm(name=s.algo, critic=s.algo_rec["critic"], group=s.algo_rec["group"],
-                                  n=s.algo_rec["n"], kl=s.algo_rec["kl"],
-                                  kl_loss_type=s.algo_rec.get("kl_loss_type"),
-                                  kl_loss_coef=s.algo_rec.get("kl_loss_coef"),
-                                  extra=tuple(s.algo_rec.get("extra") or ()),
-                                  extra_generation=s.algo_rec.get("extra_generation", False)),
-            cluster=R.Cluster(nodes=s.nodes, gpus_per_node=s.train["n_gpus"],
-                              interconnect=s.ic_name, env=frozen(s.cluster_env),
-                              interface=bool(s.interconnect and s.interconnect["interface"])),
+            algorithm=R.Algorithm(
+                name=s.algo,
+                critic=s.algo_rec["critic"],
+                group=s.algo_rec["group"],
+                n=s.algo_rec["n"],
+                kl=s.algo_rec["kl"],
+                kl_loss_type=s.algo_rec.get("kl_loss_type"),
+                kl_loss_coef=s.algo_rec.get("kl_loss_coef"),
+                extra=tuple(s.algo_rec.get("extra") or ()),
+                extra_generation=s.algo_rec.get("extra_generation", False),
+            ),
+            cluster=R.Cluster(
+                nodes=s.nodes,
+                gpus_per_node=s.train["n_gpus"],
+                interconnect=s.ic_name,
+                env=frozen(s.cluster_env),
+                interface=bool(s.interconnect and s.interconnect["interface"]),
+            ),
             notes=tuple(s.notes),
             dataset=R.Dataset.from_plain(dict(dataset, name="gsm8k")) if dataset else None,
-            training_path=tuple(training_path(m, s.verl_v, s.rollout, tuple(s.components),
-                                               s.vllm_v)),
+            training_path=tuple(training_path(m, s.verl_v, s.rollout, tuple(s.components), s.vllm_v)),
             memory=frozen(s.memory),
             warnings=tuple(v.text() for v in self.v),
         )
@@ -769,19 +1036,31 @@ def card_size(total: dict | None, gpu: dict, ecc: str | None) -> dict:
     """The memory the plan counts on (memory.yaml total_mib, else the nominal vram_gb) and what
     the board's ECC does to it: `ecc` is the --ecc override (None: the board's default)."""
     if total is None:
-        return {"mib": int(gpu["vram_gb"] * 1024), "ecc": "as shipped",
-                "why": "no nvidia-smi size recorded: the nominal size"
-                + (f"; --ecc {ecc} changes nothing here" if ecc else "")}
+        return {
+            "mib": int(gpu["vram_gb"] * 1024),
+            "ecc": "as shipped",
+            "why": "no nvidia-smi size recorded: the nominal size"
+            + (f"; --ecc {ecc} changes nothing here" if ecc else ""),
+        }
     if "ecc_off_mib" not in total:
-        why = ("the board's default" if ecc is None else
-               f"--ecc {ecc}: no other size is recorded for this board (its ECC takes no memory, "
-               "or the size with ECC off is unknown)")
+        why = (
+            "the board's default"
+            if ecc is None
+            else f"--ecc {ecc}: no other size is recorded for this board (its ECC takes no memory, "
+            "or the size with ECC off is unknown)"
+        )
         return {"mib": total["mib"], "ecc": "as shipped", "why": why}
     if ecc == "off":
-        return {"mib": total["ecc_off_mib"], "ecc": "off",
-                "why": f"--ecc off (with ECC on, its default, the board shows {total['mib']} MiB)"}
-    return {"mib": total["mib"], "ecc": "on",
-            "why": f"ECC on, the board's default (--ecc off plans with {total['ecc_off_mib']} MiB)"}
+        return {
+            "mib": total["ecc_off_mib"],
+            "ecc": "off",
+            "why": f"--ecc off (with ECC on, its default, the board shows {total['mib']} MiB)",
+        }
+    return {
+        "mib": total["mib"],
+        "ecc": "on",
+        "why": f"ECC on, the board's default (--ecc off plans with {total['ecc_off_mib']} MiB)",
+    }
 
 
 class Selection:
@@ -791,6 +1070,7 @@ class Selection:
 
 # -- the rules: each takes the selection and adds what it finds wrong ----------------------------
 
+
 def _rule_torch_cuda(r: _Resolver, s: Selection) -> None:
     if s.picked is None:
         r.torch_cuda_rule(s.torch_v, s.torch, s.cuda_v)
@@ -799,18 +1079,30 @@ def _rule_torch_cuda(r: _Resolver, s: Selection) -> None:
 def _rule_python(r: _Resolver, s: Selection) -> None:
     torch, cuda, python, m = s.torch, s.cuda, s.python, r.m
     if python not in torch["python"]:
-        r.add("torch-python", f"torch {s.torch_v} has no wheels for Python {python}",
-              f"it supports {', '.join(torch['python'])}",
-              f"use --python {cuda['python']}" if cuda["python"] in torch["python"]
-              else f"use a --torch that supports Python {python}", hard=True)
+        r.add(
+            "torch-python",
+            f"torch {s.torch_v} has no wheels for Python {python}",
+            f"it supports {', '.join(torch['python'])}",
+            f"use --python {cuda['python']}"
+            if cuda["python"] in torch["python"]
+            else f"use a --torch that supports Python {python}",
+            hard=True,
+        )
     if python != cuda["python"]:
-        same = [c for c, rec in m.cuda.items() if rec["python"] == python
-                and any(b["cuda"] == c and cc_runs(s.cc, b["archs"]) for b in torch["builds"].values())]
-        r.add("image-python", f"the CUDA {s.cuda_v} image ({cuda['images']['runtime']}) ships "
-              f"Python {cuda['python']}, not {python}",
-              "the image's system Python is the one the venv is made from",
-              f"use --python {cuda['python']}" + (f" or --cuda {same[-1]}" if same else ""),
-              hard=True)
+        same = [
+            c
+            for c, rec in m.cuda.items()
+            if rec["python"] == python
+            and any(b["cuda"] == c and cc_runs(s.cc, b["archs"]) for b in torch["builds"].values())
+        ]
+        r.add(
+            "image-python",
+            f"the CUDA {s.cuda_v} image ({cuda['images']['runtime']}) ships "
+            f"Python {cuda['python']}, not {python}",
+            "the image's system Python is the one the venv is made from",
+            f"use --python {cuda['python']}" + (f" or --cuda {same[-1]}" if same else ""),
+            hard=True,
+        )
 
 
 def _rule_arch(r: _Resolver, s: Selection) -> None:
@@ -821,24 +1113,39 @@ def _rule_arch(r: _Resolver, s: Selection) -> None:
 def _rule_machine(r: _Resolver, s: Selection) -> None:
     machine = s.gpu.get("machine", "x86_64")
     if machine != "x86_64":
-        r.add("machine", f"the {s.gpu['name']} is an {machine} system",
-              f"PyPI serves {machine} wheels of torch, vLLM and Ray for this pinned set, but "
-              "envbuild renders x86_64 images only: its uv pin, locks and wheelhouse name "
-              "x86_64 wheels, and apex and flash-attn would build for the wrong machine",
-              "use NVIDIA's aarch64 NGC PyTorch image (nvcr.io/nvidia/pytorch) with verl's own "
-              "install steps, or an x86_64 host with the same GPU generation (envbuild render "
-              + ("b200" if "b200" in r.m.profiles else "h100") + ")", hard=True)
+        r.add(
+            "machine",
+            f"the {s.gpu['name']} is an {machine} system",
+            f"PyPI serves {machine} wheels of torch, vLLM and Ray for this pinned set, but "
+            "envbuild renders x86_64 images only: its uv pin, locks and wheelhouse name "
+            "x86_64 wheels, and apex and flash-attn would build for the wrong machine",
+            "use NVIDIA's aarch64 NGC PyTorch image (nvcr.io/nvidia/pytorch) with verl's own "
+            "install steps, or an x86_64 host with the same GPU generation (envbuild render "
+            + ("b200" if "b200" in r.m.profiles else "h100")
+            + ")",
+            hard=True,
+        )
 
 
 def _rule_verl(r: _Resolver, s: Selection) -> None:
     spec = s.verl.get("python")
     if spec and not in_range(s.python, spec):
-        fit = [c for c, rec in r.m.cuda.items() if in_range(rec["python"], spec)
-               and any(b["cuda"] == c for b in s.torch["builds"].values())]
-        r.add("verl-python", f"verl {s.verl_v} does not install on Python {s.python}",
-              f"its wheel says Requires-Python {spec}",
-              (f"use --cuda {fit[-1]} (its image ships Python {r.m.cuda[fit[-1]]['python']})"
-               if fit else "use another --verl"), hard=True)
+        fit = [
+            c
+            for c, rec in r.m.cuda.items()
+            if in_range(rec["python"], spec) and any(b["cuda"] == c for b in s.torch["builds"].values())
+        ]
+        r.add(
+            "verl-python",
+            f"verl {s.verl_v} does not install on Python {s.python}",
+            f"its wheel says Requires-Python {spec}",
+            (
+                f"use --cuda {fit[-1]} (its image ships Python {r.m.cuda[fit[-1]]['python']})"
+                if fit
+                else "use another --verl"
+            ),
+            hard=True,
+        )
     r.rollout_rule(s.verl_v, s.verl, s.rollout)
     r.verl_torch_rule(s.verl_v, s.verl, s.torch_v, s.cuda_v, s.cc)
     r.training_path_rule(s.verl_v, s.verl, s.rollout)
@@ -852,8 +1159,13 @@ def _rule_vllm(r: _Resolver, s: Selection) -> None:
         else:
             r.vllm_rules(s.vllm_v, s.vr, s.torch_v, s.build, s.verl_v, s.verl, s.gpu, s.python)
     elif r.ov.vllm:
-        r.add("rollout", f"--vllm {r.ov.vllm} was given but the rollout is {s.rollout!r}",
-              "vLLM is only installed for the vllm rollout", "add --rollout vllm", hard=True)
+        r.add(
+            "rollout",
+            f"--vllm {r.ov.vllm} was given but the rollout is {s.rollout!r}",
+            "vLLM is only installed for the vllm rollout",
+            "add --rollout vllm",
+            hard=True,
+        )
 
 
 def _rule_driver(r: _Resolver, s: Selection) -> None:
@@ -862,69 +1174,105 @@ def _rule_driver(r: _Resolver, s: Selection) -> None:
 
 def _rule_bf16(r: _Resolver, s: Selection) -> None:
     if r.p["dtype"] == "bf16" and not s.gpu["bf16"]:
-        r.add("bf16", f"bf16 on the {s.gpu['name']} (CC {s.cc})",
-              f"native bfloat16 needs CC >= {r.m.features['bf16']['min_compute_capability']}",
-              "set dtype to fp16 or fp32 in the profile")
+        r.add(
+            "bf16",
+            f"bf16 on the {s.gpu['name']} (CC {s.cc})",
+            f"native bfloat16 needs CC >= {r.m.features['bf16']['min_compute_capability']}",
+            "set dtype to fp16 or fp32 in the profile",
+        )
 
 
 def _rule_extensions(r: _Resolver, s: Selection) -> None:
     m, cc = r.m, s.cc
     if s.fa:
         if not in_range(s.torch_v, s.fa_rec["torch"]):
-            r.add("flash-attn-torch", f"flash-attn {s.fa} does not support torch {s.torch_v}",
-                  f"it supports torch{s.fa_rec['torch']}", "pick another flash-attn version "
-                  "in the profile, or --without flash-attn", hard=True)
+            r.add(
+                "flash-attn-torch",
+                f"flash-attn {s.fa} does not support torch {s.torch_v}",
+                f"it supports torch{s.fa_rec['torch']}",
+                "pick another flash-attn version in the profile, or --without flash-attn",
+                hard=True,
+            )
         if not _at_least(cc, m.flash_attn["min_compute_capability"]):
-            r.add("flash-attn-cc", f"flash-attn on the {s.gpu['name']} (CC {cc})",
-                  "FlashAttention-2 only supports Ampere GPUs or newer (CC >= "
-                  f"{m.flash_attn['min_compute_capability']})", "use --without flash-attn "
-                  "(attention falls back to sdpa)")
+            r.add(
+                "flash-attn-cc",
+                f"flash-attn on the {s.gpu['name']} (CC {cc})",
+                "FlashAttention-2 only supports Ampere GPUs or newer (CC >= "
+                f"{m.flash_attn['min_compute_capability']})",
+                "use --without flash-attn (attention falls back to sdpa)",
+            )
     if s.fa:
         missing = flash_attn_wheel_gap(s.fa_rec, s.torch_v, s.build["cuda"], s.python)
         if missing:
             est = (m.flash_attn.get("sdist_build") or {}).get("estimate", "")
-            s.notes.append(f"no prebuilt flash-attn {s.fa} wheel for {missing}: the builder stage "
-                           f"compiles it from the sdist" + (f" ({est})" if est else "")
-                           + "; a torch, Python or CUDA its release builds avoids that")
+            s.notes.append(
+                f"no prebuilt flash-attn {s.fa} wheel for {missing}: the builder stage "
+                f"compiles it from the sdist"
+                + (f" ({est})" if est else "")
+                + "; a torch, Python or CUDA its release builds avoids that"
+            )
     if s.attention == "flash_attention_2" and s.fa is None:
-        r.add("attention", "attention flash_attention_2 without the flash-attn package",
-              "the profile asks for it but flash-attn is not installed",
-              "use --with flash-attn, or set attention to sdpa", hard=True)
+        r.add(
+            "attention",
+            "attention flash_attention_2 without the flash-attn package",
+            "the profile asks for it but flash-attn is not installed",
+            "use --with flash-attn, or set attention to sdpa",
+            hard=True,
+        )
     if s.apex_v and m.apex["nvcc_must_match_torch_cuda"] and s.build["cuda"] != s.cuda_v:
-        r.add("apex-nvcc", f"apex needs nvcc == torch.version.cuda, but the image's nvcc "
-              f"is {s.cuda_v} and torch is built for {s.build['cuda']}",
-              "apex's setup.py refuses a CUDA version mismatch",
-              f"use --cuda {s.build['cuda']} or --without apex", hard=True)
+        r.add(
+            "apex-nvcc",
+            f"apex needs nvcc == torch.version.cuda, but the image's nvcc "
+            f"is {s.cuda_v} and torch is built for {s.build['cuda']}",
+            "apex's setup.py refuses a CUDA version mismatch",
+            f"use --cuda {s.build['cuda']} or --without apex",
+            hard=True,
+        )
     if (s.apex_v or s.fa) and cc not in s.cuda["nvcc_archs"]:
-        r.add("nvcc-arch", f"nvcc {s.cuda_v} cannot build for sm_{cc.replace('.', '')}",
-              f"it targets {', '.join(s.cuda['nvcc_archs'])}",
-              "use another --cuda, or --without apex,flash-attn", hard=True)
+        r.add(
+            "nvcc-arch",
+            f"nvcc {s.cuda_v} cannot build for sm_{cc.replace('.', '')}",
+            f"it targets {', '.join(s.cuda['nvcc_archs'])}",
+            "use another --cuda, or --without apex,flash-attn",
+            hard=True,
+        )
 
 
 def _rule_shared_dependencies(r: _Resolver, s: Selection) -> None:
-    r.shared_dependency_rule({"torch": s.torch_v, **({"vllm": s.vllm_v} if s.vllm_v else {}),
-                              **s.pins})
+    r.shared_dependency_rule({"torch": s.torch_v, **({"vllm": s.vllm_v} if s.vllm_v else {}), **s.pins})
 
 
 def _rule_algorithm(r: _Resolver, s: Selection) -> None:
     a = s.algo_rec
     if version_key(s.verl_v) < version_key(a["since"]):
         newer = [v for v in r.m.verl if version_key(v) >= version_key(a["since"])]
-        r.add("algorithm-release", f"verl {s.verl_v} has no {s.algo} estimator",
-              f"{s.algo} came with verl {a['since']} (its AdvantageEstimator)",
-              (f"use --verl {newer[-1]}" if newer else "use another --algo")
-              + " or --algo grpo", hard=True)
+        r.add(
+            "algorithm-release",
+            f"verl {s.verl_v} has no {s.algo} estimator",
+            f"{s.algo} came with verl {a['since']} (its AdvantageEstimator)",
+            (f"use --verl {newer[-1]}" if newer else "use another --algo") + " or --algo grpo",
+            hard=True,
+        )
     if a.get("refused"):
-        r.add("algorithm-reward", f"{s.algo} cannot train on this recipe",
-              a["refused"], "use --algo grpo", hard=True)
+        r.add(
+            "algorithm-reward",
+            f"{s.algo} cannot train on this recipe",
+            a["refused"],
+            "use --algo grpo",
+            hard=True,
+        )
 
 
 def _rule_cluster(r: _Resolver, s: Selection) -> None:
     ic = s.interconnect
     if s.nodes > 1 and ic and ic["scope"] != "cluster":
-        r.add("interconnect", f"--interconnect {s.ic_name} joins the GPUs of one node, but the run "
-              f"spans {s.nodes} nodes", "the nodes talk over a network: InfiniBand, RoCE or TCP",
-              "use --interconnect tcp or --interconnect ib or --interconnect roce", hard=True)
+        r.add(
+            "interconnect",
+            f"--interconnect {s.ic_name} joins the GPUs of one node, but the run spans {s.nodes} nodes",
+            "the nodes talk over a network: InfiniBand, RoCE or TCP",
+            "use --interconnect tcp or --interconnect ib or --interconnect roce",
+            hard=True,
+        )
 
 
 def _rule_model(r: _Resolver, s: Selection) -> None:
@@ -932,11 +1280,15 @@ def _rule_model(r: _Resolver, s: Selection) -> None:
     longest = r.models[t["model"]]["max_position_embeddings"]
     need = t["max_prompt_length"] + t["max_response_length"]
     if need > longest:
-        r.add("model-context", f"{t['model']} reads at most {longest} tokens, but the profile's "
-              f"prompts and responses take {need}",
-              "max_position_embeddings in its config.json bounds prompt + response",
-              "pick a model with a longer context, or shorten train.max_prompt_length and "
-              "max_response_length in a --matrix-dir overlay", hard=True)
+        r.add(
+            "model-context",
+            f"{t['model']} reads at most {longest} tokens, but the profile's "
+            f"prompts and responses take {need}",
+            "max_position_embeddings in its config.json bounds prompt + response",
+            "pick a model with a longer context, or shorten train.max_prompt_length and "
+            "max_response_length in a --matrix-dir overlay",
+            hard=True,
+        )
 
 
 def _rule_memory(r: _Resolver, s: Selection) -> None:
@@ -946,9 +1298,22 @@ def _rule_memory(r: _Resolver, s: Selection) -> None:
 
 
 # In the order their findings are reported.
-RULES = (_rule_machine, _rule_torch_cuda, _rule_python, _rule_arch, _rule_verl, _rule_vllm, _rule_driver,
-         _rule_bf16, _rule_extensions, _rule_shared_dependencies, _rule_algorithm, _rule_cluster, _rule_model,
-         _rule_memory)
+RULES = (
+    _rule_machine,
+    _rule_torch_cuda,
+    _rule_python,
+    _rule_arch,
+    _rule_verl,
+    _rule_vllm,
+    _rule_driver,
+    _rule_bf16,
+    _rule_extensions,
+    _rule_shared_dependencies,
+    _rule_algorithm,
+    _rule_cluster,
+    _rule_model,
+    _rule_memory,
+)
 
 
 def resolve(m: Matrix, profile: str, overrides: Overrides | None = None) -> ResolvedEnv:
@@ -981,18 +1346,24 @@ def held_back(m: Matrix, profile: str, overrides: Overrides | None = None) -> li
     if version_key(current) >= version_key(newest):
         return []
     st = stacks[newest]
-    what = (f"verl {newest} (torch {st['torch']}, CUDA {st['cuda']}"
-            + (f", vLLM {st['vllm']}" if st.get("vllm") else "") + ")")
+    what = (
+        f"verl {newest} (torch {st['torch']}, CUDA {st['cuda']}"
+        + (f", vLLM {st['vllm']}" if st.get("vllm") else "")
+        + ")"
+    )
     try:
         resolve(m, profile, Overrides(verl=newest, driver=ov.driver, ecc=ov.ecc))
     except ResolveError as e:
         found = sorted(e.violations, key=lambda v: not v.hard)
         return [f"{what} is not for this GPU: {v.what} ({v.why})" for v in found[:1]]
     if ov.verl:
-        return [f"{what} also resolves here: envbuild render {profile} (the profile's default) or "
-                f"--verl {newest}"]
-    return [f"{what} also resolves here: envbuild render {profile} --verl {newest}; the "
-            f"profile stays on verl {current}, the stack its GPU tier and field reports cover"]
+        return [
+            f"{what} also resolves here: envbuild render {profile} (the profile's default) or --verl {newest}"
+        ]
+    return [
+        f"{what} also resolves here: envbuild render {profile} --verl {newest}; the "
+        f"profile stays on verl {current}, the stack its GPU tier and field reports cover"
+    ]
 
 
 def uv_pin(defaults: dict) -> R.Uv:
@@ -1000,8 +1371,10 @@ def uv_pin(defaults: dict) -> R.Uv:
     sha256, size)."""
     uv = defaults.get("uv")
     if not uv:
-        raise UserError("The matrix's `defaults:` section has no `uv:` pin (version, url, sha256, "
-                        "size of uv's manylinux x86_64 wheel), which the Dockerfile installs its "
-                        "pip steps with. An overlay that replaces `defaults:` must carry it; copy "
-                        "it from envbuild's matrices/defaults.yaml.")
+        raise UserError(
+            "The matrix's `defaults:` section has no `uv:` pin (version, url, sha256, "
+            "size of uv's manylinux x86_64 wheel), which the Dockerfile installs its "
+            "pip steps with. An overlay that replaces `defaults:` must carry it; copy "
+            "it from envbuild's matrices/defaults.yaml."
+        )
     return R.Uv(**{k: uv[k] for k in R.Uv._fields})

@@ -21,20 +21,53 @@ from envbuilder.errors import UserError
 from envbuilder.model.record import Record
 
 SCHEMA_VERSION = 1
-FROM_FIX = ("Pass the envbuild.json that `envbuild render` wrote, unedited, or re-resolve the "
-            "profile (envbuild render PROFILE).")
+FROM_FIX = (
+    "Pass the envbuild.json that `envbuild render` wrote, unedited, or re-resolve the "
+    "profile (envbuild render PROFILE)."
+)
 
 
 class Overrides(Record):
     """What the user asked to change about a profile (CLI flags)."""
 
-    __slots__ = _fields = ("cuda", "torch", "python", "verl", "rollout", "vllm", "with_",
-                           "without", "driver", "allow_unsupported", "ecc", "model", "model_arch",
-                           "algo", "nodes", "gpus_per_node", "interconnect")
-    _defaults = {"cuda": None, "torch": None, "python": None, "verl": None, "rollout": None,
-                 "vllm": None, "with_": (), "without": (), "driver": None,
-                 "allow_unsupported": False, "ecc": None, "model": None, "model_arch": None,
-                 "algo": None, "nodes": None, "gpus_per_node": None, "interconnect": None}
+    __slots__ = _fields = (
+        "cuda",
+        "torch",
+        "python",
+        "verl",
+        "rollout",
+        "vllm",
+        "with_",
+        "without",
+        "driver",
+        "allow_unsupported",
+        "ecc",
+        "model",
+        "model_arch",
+        "algo",
+        "nodes",
+        "gpus_per_node",
+        "interconnect",
+    )
+    _defaults = {
+        "cuda": None,
+        "torch": None,
+        "python": None,
+        "verl": None,
+        "rollout": None,
+        "vllm": None,
+        "with_": (),
+        "without": (),
+        "driver": None,
+        "allow_unsupported": False,
+        "ecc": None,
+        "model": None,
+        "model_arch": None,
+        "algo": None,
+        "nodes": None,
+        "gpus_per_node": None,
+        "interconnect": None,
+    }
     _keys = {"with_": "with"}
     # model_arch: the shape --model's config.json gave (architectures.with_model), for a model
     # the table lacks; derived from `model`, so never a flag of its own
@@ -43,23 +76,41 @@ class Overrides(Record):
     def to_dict(self) -> dict:
         """The flags given, by their names (`with`), sorted; what was left at its default is
         left out."""
-        d = {self._keys.get(k, k): v for k, v in self._asdict().items()
-             if v not in (None, (), False) and k not in self._derived}
+        d = {
+            self._keys.get(k, k): v
+            for k, v in self._asdict().items()
+            if v not in (None, (), False) and k not in self._derived
+        }
         return {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(d.items())}
 
 
 class Gpu(Record):
     """key: the matrix's name of the GPU; sm: the compute capability without the dot."""
 
-    __slots__ = _fields = ("key", "name", "arch", "compute_capability", "sm", "vram_gb", "bf16",
-                           "max_smem_per_block_kb")
+    __slots__ = _fields = (
+        "key",
+        "name",
+        "arch",
+        "compute_capability",
+        "sm",
+        "vram_gb",
+        "bf16",
+        "max_smem_per_block_kb",
+    )
 
 
 class Cuda(Record):
     """version: major.minor (the image's); images: role (devel, runtime) -> image reference."""
 
-    __slots__ = _fields = ("version", "full_version", "ubuntu", "glibc", "images", "conda_nvcc",
-                           "compat_libcuda")
+    __slots__ = _fields = (
+        "version",
+        "full_version",
+        "ubuntu",
+        "glibc",
+        "images",
+        "conda_nvcc",
+        "compat_libcuda",
+    )
 
 
 class Driver(Record):
@@ -95,11 +146,24 @@ class Verl(Record):
     lora_orig_params_key: the key the run script sets True for LoRA on the HF rollout (None
     where not needed); refused_overrides: what preflight refuses on the run's command line."""
 
-    __slots__ = _fields = ("version", "attention_override", "autocast_keys", "pins",
-                           "config_reads", "lora_orig_params_key", "refused_overrides",
-                           "rollout_mode", "critic_fsdp")
-    _defaults = {"config_reads": (), "lora_orig_params_key": None, "refused_overrides": (),
-                 "rollout_mode": "sync", "critic_fsdp": "critic.model.fsdp_config"}
+    __slots__ = _fields = (
+        "version",
+        "attention_override",
+        "autocast_keys",
+        "pins",
+        "config_reads",
+        "lora_orig_params_key",
+        "refused_overrides",
+        "rollout_mode",
+        "critic_fsdp",
+    )
+    _defaults = {
+        "config_reads": (),
+        "lora_orig_params_key": None,
+        "refused_overrides": (),
+        "rollout_mode": "sync",
+        "critic_fsdp": "critic.model.fsdp_config",
+    }
     _nested = {"refused_overrides": (RefusedOverride,)}
 
 
@@ -171,11 +235,22 @@ class Train(Record):
     """The PPO run's settings (the profile's `train`); micro_batch_size_per_gpu: an upper bound
     on every planned micro-batch, None for none."""
 
-    __slots__ = _fields = ("model", "model_vram_gb", "n_gpus", "train_batch_size",
-                           "ppo_mini_batch_size", "micro_batch_size_per_gpu", "max_prompt_length",
-                           "max_response_length", "param_offload", "optimizer_offload",
-                           "gradient_checkpointing", "gpu_memory_utilization", "lora_rank",
-                           "actor_param_offload")
+    __slots__ = _fields = (
+        "model",
+        "model_vram_gb",
+        "n_gpus",
+        "train_batch_size",
+        "ppo_mini_batch_size",
+        "micro_batch_size_per_gpu",
+        "max_prompt_length",
+        "max_response_length",
+        "param_offload",
+        "optimizer_offload",
+        "gradient_checkpointing",
+        "gpu_memory_utilization",
+        "lora_rank",
+        "actor_param_offload",
+    )
     _defaults = {"micro_batch_size_per_gpu": None}
     _omit_none = ("micro_batch_size_per_gpu",)
 
@@ -186,8 +261,17 @@ class Algorithm(Record):
     the KL to the reference goes (`loss`, `reward` or `none`), extra run keys, and one more
     greedy rollout per prompt (ReMax)."""
 
-    __slots__ = _fields = ("name", "critic", "group", "n", "kl", "kl_loss_type", "kl_loss_coef",
-                           "extra", "extra_generation")
+    __slots__ = _fields = (
+        "name",
+        "critic",
+        "group",
+        "n",
+        "kl",
+        "kl_loss_type",
+        "kl_loss_coef",
+        "extra",
+        "extra_generation",
+    )
 
 
 class Cluster(Record):
@@ -202,8 +286,18 @@ class Cluster(Record):
 class Dataset(Record):
     """files: split -> file in the repo; rows: split -> row count."""
 
-    __slots__ = _fields = ("name", "repo", "revision", "files", "data_source", "ability",
-                           "instruction", "answer_pattern", "rows", "source")
+    __slots__ = _fields = (
+        "name",
+        "repo",
+        "revision",
+        "files",
+        "data_source",
+        "ability",
+        "instruction",
+        "answer_pattern",
+        "rows",
+        "source",
+    )
 
 
 class Constraints(Record):
@@ -230,18 +324,69 @@ class ResolvedEnv(Record):
     mirror: None unless a mirror set was applied."""
 
     __slots__ = _fields = (
-        "schema_version", "envbuild_version", "profile", "description", "overrides", "gpu",
-        "cuda", "driver", "python", "torch", "rollout", "vllm", "verl", "dtype", "precision",
-        "attention", "features", "flash_attn", "apex", "patches", "audit", "cuda_alloc_conf",
-        "indexes", "uv", "huggingface", "conda_channels", "train", "algorithm", "cluster", "notes", "dataset",
-        "training_path", "memory", "warnings", "constraints", "mirror")
+        "schema_version",
+        "envbuild_version",
+        "profile",
+        "description",
+        "overrides",
+        "gpu",
+        "cuda",
+        "driver",
+        "python",
+        "torch",
+        "rollout",
+        "vllm",
+        "verl",
+        "dtype",
+        "precision",
+        "attention",
+        "features",
+        "flash_attn",
+        "apex",
+        "patches",
+        "audit",
+        "cuda_alloc_conf",
+        "indexes",
+        "uv",
+        "huggingface",
+        "conda_channels",
+        "train",
+        "algorithm",
+        "cluster",
+        "notes",
+        "dataset",
+        "training_path",
+        "memory",
+        "warnings",
+        "constraints",
+        "mirror",
+    )
     _defaults = {"constraints": None, "mirror": None, "notes": ()}
     _omit_none = ("mirror",)
-    _nested = {"overrides": Overrides, "gpu": Gpu, "cuda": Cuda, "driver": Driver,
-               "torch": Torch, "vllm": Vllm, "verl": Verl, "precision": Precision,
-               "features": Features, "flash_attn": FlashAttn, "apex": Apex, "patches": (Patch,),
-               "audit": Audit, "cuda_alloc_conf": AllocConf, "indexes": Indexes, "uv": Uv,
-               "train": Train, "algorithm": Algorithm, "cluster": Cluster, "dataset": Dataset, "constraints": Constraints, "mirror": Mirror}
+    _nested = {
+        "overrides": Overrides,
+        "gpu": Gpu,
+        "cuda": Cuda,
+        "driver": Driver,
+        "torch": Torch,
+        "vllm": Vllm,
+        "verl": Verl,
+        "precision": Precision,
+        "features": Features,
+        "flash_attn": FlashAttn,
+        "apex": Apex,
+        "patches": (Patch,),
+        "audit": Audit,
+        "cuda_alloc_conf": AllocConf,
+        "indexes": Indexes,
+        "uv": Uv,
+        "train": Train,
+        "algorithm": Algorithm,
+        "cluster": Cluster,
+        "dataset": Dataset,
+        "constraints": Constraints,
+        "mirror": Mirror,
+    }
 
     @property
     def name(self) -> str:
@@ -292,24 +437,30 @@ class ResolvedEnv(Record):
 
         check_tree(data, origin, FROM_FIX)  # (depth, lengths, finite numbers: data from outside)
         if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
-            raise UserError(f"{origin} is not an envbuild resolved environment of schema version "
-                            f"{SCHEMA_VERSION}. Pass the envbuild.json that `envbuild render` wrote "
-                            "(or re-resolve it from its profile).")
+            raise UserError(
+                f"{origin} is not an envbuild resolved environment of schema version "
+                f"{SCHEMA_VERSION}. Pass the envbuild.json that `envbuild render` wrote "
+                "(or re-resolve it from its profile)."
+            )
         try:
             S.check(data, RESOLVED, f"{origin}: ", partial=True)
         except S.SchemaError as e:
-            raise UserError(f"{e}. It is not a value envbuild writes there; pass the envbuild.json "
-                            "that `envbuild render` wrote, unedited, or re-resolve the profile "
-                            "(envbuild render PROFILE).") from None
+            raise UserError(
+                f"{e}. It is not a value envbuild writes there; pass the envbuild.json "
+                "that `envbuild render` wrote, unedited, or re-resolve the profile "
+                "(envbuild render PROFILE)."
+            ) from None
         problems = shape_problems(data)
         if problems:
             profile = data["profile"] if isinstance(data.get("profile"), str) else "PROFILE"
-            raise UserError(f"{origin} is not an envbuild resolved environment as this envbuild "
-                            f"writes it: {'; '.join(problems[:5])}"
-                            + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else "")
-                            + ". Pass the envbuild.json that `envbuild render` wrote, unedited, or "
-                            f"re-resolve it: envbuild render {profile} with the same overrides "
-                            "(they are under `overrides` in the file).")
+            raise UserError(
+                f"{origin} is not an envbuild resolved environment as this envbuild "
+                f"writes it: {'; '.join(problems[:5])}"
+                + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else "")
+                + ". Pass the envbuild.json that `envbuild render` wrote, unedited, or "
+                f"re-resolve it: envbuild render {profile} with the same overrides "
+                "(they are under `overrides` in the file)."
+            )
         return cls.from_plain(data)
 
 
@@ -320,8 +471,14 @@ def shape_problems(data: dict) -> list[str]:
     from envbuilder.model import schema as S
     from envbuilder.model.matrix_schema import RESOLVED
 
-    kinds = {dict: "an object", list: "a list", str: "a string", bool: "true/false",
-             int: "a number", float: "a number"}
+    kinds = {
+        dict: "an object",
+        list: "a list",
+        str: "a string",
+        bool: "true/false",
+        int: "a number",
+        float: "a number",
+    }
 
     def want(spec) -> set[str]:
         if isinstance(spec, tuple):

@@ -77,14 +77,16 @@ def unprintable(text: str, allow: str = "") -> int | None:
 
 def _check_text(value: str, where: str, max_len: int, what: str, allow: str = "") -> None:
     if len(value) > max_len:
-        raise SchemaError(where, f"{shown(value)} is too long for {what} (at most {max_len:,} "
-                          "characters)")
+        raise SchemaError(where, f"{shown(value)} is too long for {what} (at most {max_len:,} characters)")
     i = unprintable(value, allow)
     if i is not None:
-        raise SchemaError(where, f"{shown(value)} holds the character U+{ord(value[i]):04X} at "
-                          f"position {i}: {what} is printable characters only"
-                          + (", and tabs and newlines" if "\n" in allow else ", on one line")
-                          + " (it lands in comments, labels and scripts of the rendered files)")
+        raise SchemaError(
+            where,
+            f"{shown(value)} holds the character U+{ord(value[i]):04X} at "
+            f"position {i}: {what} is printable characters only"
+            + (", and tabs and newlines" if "\n" in allow else ", on one line")
+            + " (it lands in comments, labels and scripts of the rendered files)",
+        )
 
 
 class Pattern:
@@ -173,14 +175,19 @@ def _number_problem(value: Any, whole: bool) -> str | None:
     infinity and a whole number beyond MAX_INT are none."""
     import math
 
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-            whole and not isinstance(value, int)):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (whole and not isinstance(value, int))
+    ):
         return f"expected {'a whole number' if whole else 'a number'}, got {shown(value)}"
     if isinstance(value, float) and not math.isfinite(value):
         return f"{value!r} is not a number envbuild reads (a finite number expected)"
     if isinstance(value, int) and abs(value) > MAX_INT:
-        return (f"a whole number of about {int(value.bit_length() * 0.30103) + 1:,} digits is far "
-                f"beyond any value here (at most {MAX_INT:,})")
+        return (
+            f"a whole number of about {int(value.bit_length() * 0.30103) + 1:,} digits is far "
+            f"beyond any value here (at most {MAX_INT:,})"
+        )
     return None
 
 
@@ -259,9 +266,13 @@ class Url(Pattern):
     def __init__(self, fields: tuple[str, ...] = (), example: str = "https://pypi.org/simple"):
         self.fields = fields
         chars = "|".join([_URL_CHAR, *(r"\{%s\}" % f for f in fields)])
-        super().__init__(rf"https?://(?:{_USERINFO}@)?{_HOST}(?::\d{{1,5}})?(?:[/?](?:{chars})*)?",
-                         example, f"an http(s) URL like {example!r}, of letters, digits and "
-                         "-._~:/?@!%+=,[] only (no spaces, quotes, $, backslash, #, &, ;)", 500)
+        super().__init__(
+            rf"https?://(?:{_USERINFO}@)?{_HOST}(?::\d{{1,5}})?(?:[/?](?:{chars})*)?",
+            example,
+            f"an http(s) URL like {example!r}, of letters, digits and "
+            "-._~:/?@!%+=,[] only (no spaces, quotes, $, backslash, #, &, ;)",
+            500,
+        )
 
     def check(self, value: Any, where: str) -> None:
         if isinstance(value, str) and "{" in value and len(value) <= self.max_len:
@@ -275,10 +286,16 @@ class Url(Pattern):
                 names = []
             unknown = [n for n in names if n not in self.fields]
             if unknown:
-                fills = (f"it fills in {', '.join('{' + f + '}' for f in self.fields)}"
-                         if self.fields else "this URL takes none")
-                raise SchemaError(where, f"{{{shorten(unknown[0], 40)}}} in {shown(value)} is not a "
-                                  f"field envbuild fills in ({fills}): write the value itself")
+                fills = (
+                    f"it fills in {', '.join('{' + f + '}' for f in self.fields)}"
+                    if self.fields
+                    else "this URL takes none"
+                )
+                raise SchemaError(
+                    where,
+                    f"{{{shorten(unknown[0], 40)}}} in {shown(value)} is not a "
+                    f"field envbuild fills in ({fills}): write the value itself",
+                )
         super().check(value, where)
 
 
@@ -288,11 +305,13 @@ CUDA = Pattern(r"\d+\.\d+", "11.8", max_len=16)
 GLIBC = Pattern(r"\d+\.\d+", "2.35", max_len=16)
 DRIVER = Pattern(DRIVER_PATTERN, "550.54.14", max_len=32)
 MODULE = Pattern(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", "verl.trainer.main_ppo")
-HYDRA_KEY = Pattern(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*",
-                    "actor_rollout_ref.actor.fsdp_config.dtype")
+HYDRA_KEY = Pattern(
+    r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", "actor_rollout_ref.actor.fsdp_config.dtype"
+)
 # a Hydra override of a key the config may lack (+) or have (++): one word of the run script
-HYDRA_OVERRIDE = Pattern(r"\+{0,2}" + HYDRA_KEY.regex,
-                         "+actor_rollout_ref.model.override_config.attn_implementation")
+HYDRA_OVERRIDE = Pattern(
+    r"\+{0,2}" + HYDRA_KEY.regex, "+actor_rollout_ref.model.override_config.attn_implementation"
+)
 # a relative path inside a package, no way out of it (lands in a rendered script as data)
 RELPATH = Pattern(r"[A-Za-z0-9_]+(/[A-Za-z0-9_]+)*\.py", "verl/workers/fsdp_workers.py")
 # PYTORCH_CUDA_ALLOC_CONF: option:value pairs, nothing a shell would read
@@ -300,48 +319,81 @@ ALLOC_CONF = Pattern(r"[a-z_]+:[A-Za-z0-9_.]+(,[a-z_]+:[A-Za-z0-9_.]+)*", "expan
 ABSPATH = Pattern(r"/[A-Za-z0-9_.+/-]*", "/usr/local/cuda/compat/libcuda.so.1")
 # A name (a profile, a GPU, a patch, a mirror set ...): also a folder or file name somewhere
 # (out/<profile>, lockfiles/<profile>), so never a path: no '/', no '..', no leading '.' or '-'.
-NAME = Pattern(_NAME, "p40", "a name of letters, digits, '.', '_' and '-' (at most 64, starting "
-               "with a letter or digit, no '..')", 64)
+NAME = Pattern(
+    _NAME,
+    "p40",
+    "a name of letters, digits, '.', '_' and '-' (at most 64, starting with a letter or digit, no '..')",
+    64,
+)
 # a Hugging Face repo id, `org/name` (a model, a dataset): the hub's own rules
 _HF_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"
-MODEL_ID = Pattern(rf"(?!.*(?:\.\.|--))(?:{_HF_PART}/)?{_HF_PART}", "Qwen/Qwen2.5-0.5B-Instruct",
-                   "a Hugging Face repo id like 'Qwen/Qwen2.5-0.5B-Instruct' (letters, digits, "
-                   "'.', '_', '-'; at most 96 each side of the '/'; no '..' or '--')", 193)
+MODEL_ID = Pattern(
+    rf"(?!.*(?:\.\.|--))(?:{_HF_PART}/)?{_HF_PART}",
+    "Qwen/Qwen2.5-0.5B-Instruct",
+    "a Hugging Face repo id like 'Qwen/Qwen2.5-0.5B-Instruct' (letters, digits, "
+    "'.', '_', '-'; at most 96 each side of the '/'; no '..' or '--')",
+    193,
+)
 # what a run trains: a hub repo id, or (--model FOLDER) the folder's absolute path
-MODEL_REF = Pattern(rf"{MODEL_ID.regex}|/(?!.*(?:\.\.|//))[A-Za-z0-9_.+/-]{{1,200}}",
-                    "Qwen/Qwen2.5-0.5B-Instruct", "a Hugging Face repo id like "
-                    "'Qwen/Qwen2.5-0.5B-Instruct' or a model folder's absolute path", 201)
+MODEL_REF = Pattern(
+    rf"{MODEL_ID.regex}|/(?!.*(?:\.\.|//))[A-Za-z0-9_.+/-]{{1,200}}",
+    "Qwen/Qwen2.5-0.5B-Instruct",
+    "a Hugging Face repo id like 'Qwen/Qwen2.5-0.5B-Instruct' or a model folder's absolute path",
+    201,
+)
 # a pip package as a pin names it: a PEP 508 name with optional extras (ray[default])
-PACKAGE = Pattern(rf"{_PACKAGE}(?:\[{_PACKAGE}(?:,{_PACKAGE})*\])?", "ray[default]",
-                  "a package name (PEP 508: letters, digits, '.', '_', '-'; extras in [])")
+PACKAGE = Pattern(
+    rf"{_PACKAGE}(?:\[{_PACKAGE}(?:,{_PACKAGE})*\])?",
+    "ray[default]",
+    "a package name (PEP 508: letters, digits, '.', '_', '-'; extras in [])",
+)
 # name==version, as the resolver writes a requirement and a lock a pin (+local, as pip's are)
-REQUIREMENT = Pattern(rf"{PACKAGE.regex}==[A-Za-z0-9][A-Za-z0-9.+!_-]{{0,63}}",
-                      "torch==2.6.0+cu118", "a pin of the form 'torch==2.6.0+cu118'")
+REQUIREMENT = Pattern(
+    rf"{PACKAGE.regex}==[A-Za-z0-9][A-Za-z0-9.+!_-]{{0,63}}",
+    "torch==2.6.0+cu118",
+    "a pin of the form 'torch==2.6.0+cu118'",
+)
 URL = Url()
 # a container image reference: [registry[:port]/]repository[:tag][@sha256:digest]
 IMAGE = Pattern(_REFERENCE, "nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04", max_len=300)
 # a registry endpoint, [SCHEME://]HOST[:PORT][/PREFIX], and a registry as images name it
-REGISTRY = Pattern(rf"(?:https?://)?{_HOST}(?::\d{{1,5}})?(?:/[A-Za-z0-9._-]+)*/?",
-                   "docker.m.daocloud.io", "a registry endpoint like 'registry.example:5000/prefix'")
+REGISTRY = Pattern(
+    rf"(?:https?://)?{_HOST}(?::\d{{1,5}})?(?:/[A-Za-z0-9._-]+)*/?",
+    "docker.m.daocloud.io",
+    "a registry endpoint like 'registry.example:5000/prefix'",
+)
 REGISTRY_HOST = Pattern(rf"{_HOST}(?::\d{{1,5}})?", "docker.io", "a registry host like 'docker.io'")
 # a conda channel: a name (conda-forge) or a URL (a mirror's)
-CHANNEL = Pattern(rf"{_NAME}|{URL.regex}", "conda-forge", "a conda channel name or http(s) URL",
-                  URL.max_len)
-CONDA_SPEC = Pattern(r"[A-Za-z0-9][A-Za-z0-9._-]*(?:(?:==|>=|<=|!=|=|<|>)[A-Za-z0-9.*+_-]+)?",
-                     "cuda-nvcc=12.4", "a conda package spec like 'cuda-nvcc=12.4'")
+CHANNEL = Pattern(rf"{_NAME}|{URL.regex}", "conda-forge", "a conda channel name or http(s) URL", URL.max_len)
+CONDA_SPEC = Pattern(
+    r"[A-Za-z0-9][A-Za-z0-9._-]*(?:(?:==|>=|<=|!=|=|<|>)[A-Za-z0-9.*+_-]+)?",
+    "cuda-nvcc=12.4",
+    "a conda package spec like 'cuda-nvcc=12.4'",
+)
 # a git tag or branch (apex's ref, a dataset's revision), formatted into a URL
 GIT_REF = Pattern(r"(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9._/-]{0,99}", "25.08")
 # a file inside a repository (a dataset's split), relative, no way out of it
-REPO_FILE = Pattern(r"(?!.*\.\.)[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*",
-                    "main/train-00000-of-00001.parquet")
+REPO_FILE = Pattern(
+    r"(?!.*\.\.)[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*",
+    "main/train-00000-of-00001.parquet",
+)
 # a GPU model as NVML names it
-GPU_NAME = Pattern(r"[A-Za-z0-9][A-Za-z0-9 ._()+/-]{0,63}", "NVIDIA GeForce RTX 4090",
-                   "a GPU name like 'NVIDIA GeForce RTX 4090' (letters, digits, spaces, "
-                   "'._()+/-'; at most 64)", 64)
+GPU_NAME = Pattern(
+    r"[A-Za-z0-9][A-Za-z0-9 ._()+/-]{0,63}",
+    "NVIDIA GeForce RTX 4090",
+    "a GPU name like 'NVIDIA GeForce RTX 4090' (letters, digits, spaces, '._()+/-'; at most 64)",
+    64,
+)
 SHA256 = Pattern(r"[0-9a-f]{64}", "e3b0c442...")
 
-_TYPE_NAMES = {str: "a string", int: "a whole number", float: "a number", bool: "true or false",
-               dict: "a mapping", list: "a list"}
+_TYPE_NAMES = {
+    str: "a string",
+    int: "a whole number",
+    float: "a number",
+    bool: "true or false",
+    dict: "a mapping",
+    list: "a list",
+}
 
 
 def check(value: Any, spec: Any, where: str, partial: bool = False) -> None:
@@ -361,8 +413,11 @@ def check(value: Any, spec: Any, where: str, partial: bool = False) -> None:
         if not isinstance(value, list):
             raise SchemaError(where, f"expected a list, got {shown(value)}")
         if len(value) < spec.min_len:
-            raise SchemaError(where, f"expected a list of at least {spec.min_len} "
-                              f"item{'s' if spec.min_len > 1 else ''}, got {shown(value)}")
+            raise SchemaError(
+                where,
+                f"expected a list of at least {spec.min_len} "
+                f"item{'s' if spec.min_len > 1 else ''}, got {shown(value)}",
+            )
         for i, item in enumerate(value):
             check(item, spec.item, f"{where}[{i}]", partial)
     elif isinstance(spec, MapOf):
@@ -390,15 +445,18 @@ def check(value: Any, spec: Any, where: str, partial: bool = False) -> None:
             check(value, spec[0], where, partial)
     else:
         if not isinstance(value, spec) or (spec is int and isinstance(value, bool)):
-            raise SchemaError(where, f"expected {_TYPE_NAMES.get(spec, spec.__name__)}, got "
-                              f"{shown(value)}")
+            raise SchemaError(where, f"expected {_TYPE_NAMES.get(spec, spec.__name__)}, got {shown(value)}")
 
 
 def _is_text_kind(spec: Any) -> bool:
     if isinstance(spec, tuple):
         return _is_text_kind(spec[0])
-    return (spec is str or isinstance(spec, (Pattern, Text))
-            or isinstance(spec, OneOf) and all(isinstance(c, str) for c in spec.choices))
+    return (
+        spec is str
+        or isinstance(spec, (Pattern, Text))
+        or isinstance(spec, OneOf)
+        and all(isinstance(c, str) for c in spec.choices)
+    )
 
 
 def _check_tree(value: Any, leaf: Any, where: str) -> None:

@@ -38,8 +38,9 @@ def version_key(text: str) -> tuple:
         pre_key = (-1, 0)  # X.devN comes before X's pre-releases
     else:
         pre_key = (3, 0)
-    return release + pre_key + (int(post) if post is not None else -1,
-                                int(dev) if dev is not None else 1 << 62)
+    return (
+        release + pre_key + (int(post) if post is not None else -1, int(dev) if dev is not None else 1 << 62)
+    )
 
 
 def _is_post_of(version: tuple, base: tuple) -> bool:
@@ -62,8 +63,14 @@ def in_range(version: str, spec: str) -> bool:
                 return False
             continue
         bound = version_key(m.group(2))
-        ok = {"==": v == bound, "!=": v != bound, ">=": v >= bound, "<=": v <= bound,
-              "<": v < bound, ">": v > bound and not _is_post_of(v, bound)}[op]
+        ok = {
+            "==": v == bound,
+            "!=": v != bound,
+            ">=": v >= bound,
+            "<=": v <= bound,
+            "<": v < bound,
+            ">": v > bound and not _is_post_of(v, bound),
+        }[op]
         if not ok:
             return False
     return True
@@ -72,7 +79,7 @@ def in_range(version: str, spec: str) -> bool:
 def _has_prefix(version: str, prefix: str) -> bool:
     """`version`'s release segments begin with `prefix`'s (5.0.2 with 5.0; 5.10 not with 5.1)."""
     head = tuple(int(p) for p in prefix.split("."))
-    return version_key(version)[:len(head)] == head
+    return version_key(version)[: len(head)] == head
 
 
 def _clauses(clause: str, spec: str):

@@ -51,6 +51,7 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 # Docker's reference grammar: [HOST[:PORT]/]PATH[:TAG][@sha256:HEX], and a repository in the
 # target registry without its host, PATH[:TAG] (oci/reference.py: the one grammar)
 from envbuilder.oci.reference import NAME, REFERENCE  # noqa: E402
+
 IMAGE_ID = re.compile(r"(?:sha256:)?[0-9a-f]{12,64}")
 
 Say = Callable[[str], None]
@@ -63,9 +64,11 @@ def sidecar_path(archive: Path) -> Path:
 def find_skopeo(which: Callable[[str], str | None] = shutil.which) -> str:
     found = which("skopeo")
     if not found:
-        raise UserError("skopeo is not installed: export-image and import-image copy images with "
-                        "it (docker-daemon/registry <-> OCI archive). Install it (Debian/Ubuntu: "
-                        "apt install skopeo; Fedora/RHEL: dnf install skopeo) and run again.")
+        raise UserError(
+            "skopeo is not installed: export-image and import-image copy images with "
+            "it (docker-daemon/registry <-> OCI archive). Install it (Debian/Ubuntu: "
+            "apt install skopeo; Fedora/RHEL: dnf install skopeo) and run again."
+        )
     return found
 
 
@@ -78,9 +81,11 @@ def _short(text: str, limit: int = 120) -> str:
 def check_reference(ref: str, what: str = "IMAGE") -> str:
     """An image reference (Docker's grammar) or a local image ID, else UserError."""
     if len(ref) > 512 or not (REFERENCE.fullmatch(ref) or IMAGE_ID.fullmatch(ref)):
-        raise UserError(f"{what} {_short(ref)!r} is not an image reference: give NAME[:TAG] of an "
-                        "image in the Docker engine (docker images lists them), an image ID, or "
-                        "a registry reference HOST[:PORT]/NAME[:TAG] (lowercase names).")
+        raise UserError(
+            f"{what} {_short(ref)!r} is not an image reference: give NAME[:TAG] of an "
+            "image in the Docker engine (docker images lists them), an image ID, or "
+            "a registry reference HOST[:PORT]/NAME[:TAG] (lowercase names)."
+        )
     return ref
 
 
@@ -88,12 +93,16 @@ def check_name(name: str) -> str:
     """A repository[:tag] for the target registry, without a registry host; adds :latest."""
     first = name.split("/", 1)[0]
     if "/" in name and is_registry_host(first):
-        raise UserError(f"--name {_short(name)!r} names a registry host ({first}): give NAME[:TAG] "
-                        "only, and the registry with --registry.")
+        raise UserError(
+            f"--name {_short(name)!r} names a registry host ({first}): give NAME[:TAG] "
+            "only, and the registry with --registry."
+        )
     if len(name) > 255 or not NAME.fullmatch(name):
-        raise UserError(f"--name {_short(name)!r} is not a repository name: give NAME[:TAG], "
-                        "lowercase path components (letters, digits, '.', '_', '-') separated by "
-                        "'/', and a tag of letters, digits, '_', '.', '-'.")
+        raise UserError(
+            f"--name {_short(name)!r} is not a repository name: give NAME[:TAG], "
+            "lowercase path components (letters, digits, '.', '_', '-') separated by "
+            "'/', and a tag of letters, digits, '_', '.', '-'."
+        )
     return name if ":" in name.rsplit("/", 1)[-1] else name + ":latest"
 
 
@@ -112,7 +121,7 @@ def archive_name(ref: str) -> str | None:
     parsed = parse_image(ref)
     name = parsed.repository
     if not _has_registry(ref) and name.startswith("library/") and not ref.startswith("library/"):
-        name = name[len("library/"):]  # `ubuntu:22.04` as the user wrote it
+        name = name[len("library/") :]  # `ubuntu:22.04` as the user wrote it
     return name + (parsed.reference if parsed.reference.startswith(":") else "")
 
 
@@ -123,17 +132,34 @@ from envbuilder.tools.digest import sha256_file  # noqa: E402,F401  ((hex, size)
 # layout's index.json and the image manifest it names (what else they hold nothing here reads:
 # any data, bounded), and the sidecar export-image writes.
 _MORE = {"*": Any}
-_DESCRIPTOR = {"mediaType?": S.Text(300), "digest": S.Text(200), "size?": S.Int(0, 1 << 50),
-               "annotations?": S.MapOf(S.Text(4000)), **_MORE}
-INDEX_SHAPE = {"schemaVersion?": S.Int(0, 1000), "mediaType?": S.Text(300),
-               "manifests": S.ListOf(_DESCRIPTOR), **_MORE}
+_DESCRIPTOR = {
+    "mediaType?": S.Text(300),
+    "digest": S.Text(200),
+    "size?": S.Int(0, 1 << 50),
+    "annotations?": S.MapOf(S.Text(4000)),
+    **_MORE,
+}
+INDEX_SHAPE = {
+    "schemaVersion?": S.Int(0, 1000),
+    "mediaType?": S.Text(300),
+    "manifests": S.ListOf(_DESCRIPTOR),
+    **_MORE,
+}
 MANIFEST_SHAPE = {"config?": {"digest?": S.Text(200), **_MORE}, **_MORE}
 _DIGEST_TEXT = S.Pattern(_DIGEST.pattern, "sha256:" + "0" * 64, "a sha256 digest")
-SIDECAR_SHAPE = {"format": S.Text(100), "image?": (S.Text(1000), None), "name?": (S.Text(300), None),
-                 "source?": (S.Text(2000), None), "manifest_digest": _DIGEST_TEXT,
-                 "media_type?": (S.Text(300), None), "config_digest?": (_DIGEST_TEXT, None),
-                 "archive?": (S.Text(1000), None), "archive_sha256": S.SHA256,
-                 "archive_size": S.Int(0, 1 << 50), **_MORE}
+SIDECAR_SHAPE = {
+    "format": S.Text(100),
+    "image?": (S.Text(1000), None),
+    "name?": (S.Text(300), None),
+    "source?": (S.Text(2000), None),
+    "manifest_digest": _DIGEST_TEXT,
+    "media_type?": (S.Text(300), None),
+    "config_digest?": (_DIGEST_TEXT, None),
+    "archive?": (S.Text(1000), None),
+    "archive_sha256": S.SHA256,
+    "archive_size": S.Int(0, 1 << 50),
+    **_MORE,
+}
 _ARCHIVE_FIX = "It is not an OCI archive envbuild export-image wrote: copy it again, or export it again."
 
 
@@ -146,8 +172,13 @@ def index_manifests(tar: tarfile.TarFile, archive: Path, fix: str = _ARCHIVE_FIX
     member = next((m for m in tar.getmembers() if m.name in ("index.json", "./index.json")), None)
     if member is None:
         raise UserError(f"{archive} is not an OCI archive (index.json missing in it). {fix}")
-    index = parse_json(_member_bytes(tar, member, archive, fix), f"{archive}: index.json",
-                       shape=INDEX_SHAPE, fix=fix, bounds=Bounds(max_bytes=MAX_INDEX_BYTES))
+    index = parse_json(
+        _member_bytes(tar, member, archive, fix),
+        f"{archive}: index.json",
+        shape=INDEX_SHAPE,
+        fix=fix,
+        bounds=Bounds(max_bytes=MAX_INDEX_BYTES),
+    )
     return index["manifests"]
 
 
@@ -167,30 +198,45 @@ def read_index(archive: Path) -> dict:
         with tarfile.open(archive, "r:") as tar:
             manifests = index_manifests(tar, archive)
             if len(manifests) != 1 or not _DIGEST.fullmatch(manifests[0]["digest"]):
-                raise UserError(f"{archive} holds {len(manifests)} manifests (one with a sha256 "
-                                "digest expected): export one image per archive.")
+                raise UserError(
+                    f"{archive} holds {len(manifests)} manifests (one with a sha256 "
+                    "digest expected): export one image per archive."
+                )
             entry = manifests[0]
             digest = entry["digest"]
             try:
                 member = tar.getmember(f"blobs/sha256/{digest.split(':', 1)[1]}")
             except KeyError:
-                raise UserError(f"{archive} is not an OCI archive (the blob of manifest "
-                                f"{digest} is missing in it). Give a file envbuild export-image "
-                                "wrote.") from None
+                raise UserError(
+                    f"{archive} is not an OCI archive (the blob of manifest "
+                    f"{digest} is missing in it). Give a file envbuild export-image "
+                    "wrote."
+                ) from None
             blob = _member_bytes(tar, member, archive, _ARCHIVE_FIX)
             if "sha256:" + hashlib.sha256(blob).hexdigest() != digest:
-                raise UserError(f"{archive}: the manifest blob does not hash to {digest}: the "
-                                "archive is corrupt. Copy it again, or export it again.")
-            manifest = parse_json(blob, f"{archive}: manifest {digest[:19]}", shape=MANIFEST_SHAPE,
-                                  fix=_ARCHIVE_FIX, bounds=Bounds(max_bytes=MAX_INDEX_BYTES))
+                raise UserError(
+                    f"{archive}: the manifest blob does not hash to {digest}: the "
+                    "archive is corrupt. Copy it again, or export it again."
+                )
+            manifest = parse_json(
+                blob,
+                f"{archive}: manifest {digest[:19]}",
+                shape=MANIFEST_SHAPE,
+                fix=_ARCHIVE_FIX,
+                bounds=Bounds(max_bytes=MAX_INDEX_BYTES),
+            )
     except (tarfile.TarError, OSError) as e:
-        raise UserError(f"{archive} is not a readable OCI archive ({type(e).__name__}: "
-                        f"{_short(str(e), 160)}). Copy it again, or export it again.") from None
+        raise UserError(
+            f"{archive} is not a readable OCI archive ({type(e).__name__}: "
+            f"{_short(str(e), 160)}). Copy it again, or export it again."
+        ) from None
     config = (manifest.get("config") or {}).get("digest")
-    return {"digest": digest, "media_type": entry.get("mediaType", ""),
-            "ref_name": (entry.get("annotations") or {}).get("org.opencontainers.image.ref.name"),
-            "config_digest": config if isinstance(config, str) and _DIGEST.fullmatch(config)
-            else None}
+    return {
+        "digest": digest,
+        "media_type": entry.get("mediaType", ""),
+        "ref_name": (entry.get("annotations") or {}).get("org.opencontainers.image.ref.name"),
+        "config_digest": config if isinstance(config, str) and _DIGEST.fullmatch(config) else None,
+    }
 
 
 # a work folder of an export (next to its archive) and of an import (in the temporary folder):
@@ -208,8 +254,11 @@ class Work:
     def __init__(self, parent: Path, prefix: str):
         self.path = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=parent))
         try:
-            self.lock = os.open(self.path / WORK_LOCK, os.O_WRONLY | os.O_CREAT | os.O_EXCL
-                                | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            self.lock = os.open(
+                self.path / WORK_LOCK,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+            )
             fcntl.flock(self.lock, fcntl.LOCK_EX)
         except BaseException:
             shutil.rmtree(self.path, ignore_errors=True)
@@ -251,12 +300,13 @@ def clean_debris(parent: Path, pattern: re.Pattern) -> list[Path]:
         except OSError:
             continue
         pid = int(m["pid"])
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or pid == os.getpid() \
-                or _running(pid):
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or pid == os.getpid() or _running(pid):
             continue
         try:
-            fd = os.open(os.path.join(entry.path, WORK_LOCK),
-                         os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+            fd = os.open(
+                os.path.join(entry.path, WORK_LOCK),
+                os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+            )
         except FileNotFoundError:
             fd = None  # killed before it made its lock
         except OSError:
@@ -286,14 +336,22 @@ def skopeo_argv(skopeo: str, work: Work) -> list[str]:
     return [skopeo, "--tmpdir", str(work.path)]
 
 
-def run_skopeo(argv: list[str], say: Say, cwd: Path | None = None,
-               env: dict | None = None, work: Work | None = None) -> tuple[int, str]:
+def run_skopeo(
+    argv: list[str], say: Say, cwd: Path | None = None, env: dict | None = None, work: Work | None = None
+) -> tuple[int, str]:
     """Run skopeo, its progress lines through `say`; (rc, last lines). Ctrl-C stops it. With
     `work`, skopeo holds its lock too, so that the folder is not taken for debris while it runs
     (also when envbuild itself was killed)."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            errors="replace", cwd=cwd, env=dict(os.environ, **(env or {})),
-                            pass_fds=(work.lock,) if work else ())
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        cwd=cwd,
+        env=dict(os.environ, **(env or {})),
+        pass_fds=(work.lock,) if work else (),
+    )
     lines: list[str] = []
     try:
         assert proc.stdout is not None
@@ -333,12 +391,15 @@ def _publish(src: Path, dest: Path, force: bool) -> None:
     try:
         os.link(src, dest)
     except FileExistsError:
-        raise UserError(f"{dest} exists (written meanwhile?); nothing was overwritten. Remove "
-                        "it, pick another -o, or pass --force.") from None
+        raise UserError(
+            f"{dest} exists (written meanwhile?); nothing was overwritten. Remove "
+            "it, pick another -o, or pass --force."
+        ) from None
     except OSError:  # no hard links here (vfat, some network file systems)
         if os.path.lexists(dest):
-            raise UserError(f"{dest} exists; nothing was overwritten. Remove it, pick another "
-                            "-o, or pass --force.") from None
+            raise UserError(
+                f"{dest} exists; nothing was overwritten. Remove it, pick another -o, or pass --force."
+            ) from None
         os.rename(src, dest)
         return
     os.unlink(src)
@@ -363,15 +424,16 @@ def resolve_source(image: str, say: Say) -> tuple[str, list[str], str]:
         except docker.errors.ImageNotFound:
             found = None
         except Exception as e:  # noqa: BLE001 - an engine that errors is reported as such
-            raise ActionError(f"The Docker engine could not look up {_short(image)} "
-                              f"({B.first_line(e)}). Check the engine and run again.") from None
+            raise ActionError(
+                f"The Docker engine could not look up {_short(image)} "
+                f"({B.first_line(e)}). Check the engine and run again."
+            ) from None
         if found is not None:
             args = []
             host = os.environ.get("DOCKER_HOST")
             if host:
                 args += ["--src-daemon-host", host]
-            return (f"docker-daemon:{found.id}", args,
-                    f"{image} ({found.id[:19]}) from the Docker engine")
+            return (f"docker-daemon:{found.id}", args, f"{image} ({found.id[:19]}) from the Docker engine")
     if _has_registry(image):
         from envbuilder.oci.registry import digest
 
@@ -380,16 +442,23 @@ def resolve_source(image: str, say: Say) -> tuple[str, list[str], str]:
         pinned = image.split("@", 1)[0]
         if ":" in pinned.rsplit("/", 1)[-1]:
             pinned = pinned.rsplit(":", 1)[0]
-        return (f"docker://{pinned}@{served.digest}", args,
-                f"{image} ({served.digest[:19]}) from its registry")
+        return (
+            f"docker://{pinned}@{served.digest}",
+            args,
+            f"{image} ({served.digest[:19]}) from its registry",
+        )
     if daemon_problem:
-        raise ActionError(f"Cannot look up {_short(image)}: {daemon_problem} (A reference with a "
-                          "registry host, HOST[:PORT]/NAME:TAG, is exported from that registry "
-                          "without the engine.)")
-    raise ActionError(f"No image {_short(image)} in the Docker engine (`docker images` lists "
-                      "them), and the name has no registry host to fetch it from. Build it "
-                      "(envbuild build), check the name and tag, or give HOST[:PORT]/NAME:TAG "
-                      "(docker.io/NAME:TAG for Docker Hub).")
+        raise ActionError(
+            f"Cannot look up {_short(image)}: {daemon_problem} (A reference with a "
+            "registry host, HOST[:PORT]/NAME:TAG, is exported from that registry "
+            "without the engine.)"
+        )
+    raise ActionError(
+        f"No image {_short(image)} in the Docker engine (`docker images` lists "
+        "them), and the name has no registry host to fetch it from. Build it "
+        "(envbuild build), check the name and tag, or give HOST[:PORT]/NAME:TAG "
+        "(docker.io/NAME:TAG for Docker Hub)."
+    )
 
 
 def export_image(image: str, out: Path | str, force: bool, say: Say) -> dict:
@@ -400,60 +469,80 @@ def export_image(image: str, out: Path | str, force: bool, say: Say) -> dict:
         raise UserError("-o is empty: give the archive's file name, e.g. image.tar.")
     out = Path(out)
     if out.is_dir() or out.name in ("", ".", ".."):
-        raise UserError(f"-o {out} is a directory: give the archive's file name, e.g. "
-                        f"{out / 'image.tar'}.")
+        raise UserError(f"-o {out} is a directory: give the archive's file name, e.g. {out / 'image.tar'}.")
     side = sidecar_path(out)
     if not out.parent.is_dir():
         raise UserError(f"-o {out}: the folder {out.parent} does not exist. Create it first.")
     if not force:
         for p in (out, side):
             if os.path.lexists(p):
-                raise UserError(f"{p} exists; export-image does not overwrite it. Remove it, pick "
-                                "another -o, or pass --force.")
+                raise UserError(
+                    f"{p} exists; export-image does not overwrite it. Remove it, pick "
+                    "another -o, or pass --force."
+                )
     skopeo = find_skopeo()
     clean_debris(out.parent, EXPORT_WORK)
     try:
         work = Work(out.parent, f".{out.name[:40]}.envbuild-")
     except OSError as e:
-        raise ActionError(f"Cannot write into {out.parent}: {e.strerror}. Check that folder's "
-                          "permissions and free space, or pick another -o; nothing was "
-                          "written.") from None
+        raise ActionError(
+            f"Cannot write into {out.parent}: {e.strerror}. Check that folder's "
+            "permissions and free space, or pick another -o; nothing was "
+            "written."
+        ) from None
     try:
         return _export_into(image, out, side, force, skopeo, work, say)
     except OSError as e:
-        raise ActionError(f"Cannot write {out}: {e.strerror}. Check the free space and "
-                          f"permissions in {out.parent}, then run again; nothing was "
-                          "written.") from None
+        raise ActionError(
+            f"Cannot write {out}: {e.strerror}. Check the free space and "
+            f"permissions in {out.parent}, then run again; nothing was "
+            "written."
+        ) from None
     finally:
         work.close()
 
 
-def _export_into(image: str, out: Path, side: Path, force: bool, skopeo: str, work: Work,
-                 say: Say) -> dict:
+def _export_into(image: str, out: Path, side: Path, force: bool, skopeo: str, work: Work, say: Say) -> dict:
     source, src_args, described = resolve_source(image, say)
     say(f"exporting {described} to {out}")
     name = archive_name(image)
     dest = f"oci-archive:{INNER}" + (f":{name}" if name else "")
-    rc, tail = run_skopeo([*skopeo_argv(skopeo, work), "copy", *src_args, "--digestfile",
-                           "digest", source, dest], say, cwd=work.path,
-                          env={"TMPDIR": str(work.path)}, work=work)
+    rc, tail = run_skopeo(
+        [*skopeo_argv(skopeo, work), "copy", *src_args, "--digestfile", "digest", source, dest],
+        say,
+        cwd=work.path,
+        env={"TMPDIR": str(work.path)},
+        work=work,
+    )
     if rc != 0:
-        raise ActionError(f"skopeo could not export {_short(image)} (exit {rc}): "
-                          f"{_skopeo_error(tail.splitlines()[-1] if tail else '')}. Check that "
-                          f"the engine or registry serves it, and the free space in "
-                          f"{out.parent}; nothing was written.")
+        raise ActionError(
+            f"skopeo could not export {_short(image)} (exit {rc}): "
+            f"{_skopeo_error(tail.splitlines()[-1] if tail else '')}. Check that "
+            f"the engine or registry serves it, and the free space in "
+            f"{out.parent}; nothing was written."
+        )
     archive = work.path / INNER
     copied = (work.path / "digest").read_text().strip()
     info = read_index(archive)
     if info["digest"] != copied:
-        raise ActionError(f"skopeo reported manifest {copied} but the archive holds "
-                          f"{info['digest']}; nothing was written. Run again.")
+        raise ActionError(
+            f"skopeo reported manifest {copied} but the archive holds "
+            f"{info['digest']}; nothing was written. Run again."
+        )
     _fsync(archive)
     sha, size = sha256_file(archive)
-    data = {"format": FORMAT, "image": image, "name": name, "source": source,
-            "manifest_digest": info["digest"], "media_type": info["media_type"],
-            "config_digest": info["config_digest"], "archive": out.name,
-            "archive_sha256": sha, "archive_size": size}
+    data = {
+        "format": FORMAT,
+        "image": image,
+        "name": name,
+        "source": source,
+        "manifest_digest": info["digest"],
+        "media_type": info["media_type"],
+        "config_digest": info["config_digest"],
+        "archive": out.name,
+        "archive_sha256": sha,
+        "archive_size": size,
+    }
     (work.path / "sidecar").write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     _fsync(work.path / "sidecar")
     _publish(archive, out, force)
@@ -473,9 +562,11 @@ def read_sidecar(archive: Path) -> dict:
 
     side = sidecar_path(archive)
     if not side.is_file():
-        raise UserError(f"{archive} has no sidecar {side.name} next to it, so its integrity "
-                        "cannot be checked. Copy the sidecar with the archive (export-image "
-                        "writes both), or export the image again.")
+        raise UserError(
+            f"{archive} has no sidecar {side.name} next to it, so its integrity "
+            "cannot be checked. Copy the sidecar with the archive (export-image "
+            "writes both), or export the image again."
+        )
     fix = "It is not a sidecar export-image wrote, or it was edited: copy it again from the source."
     data = read(side, "The sidecar", fix=fix, bounds=Bounds(max_bytes=MAX_SIDECAR_BYTES))
     bad = []
@@ -492,13 +583,17 @@ def read_sidecar(archive: Path) -> dict:
     if name is not None and (not isinstance(name, str) or not NAME.fullmatch(name)):
         bad.append("name")
     if bad:
-        raise UserError(f"{side} has no valid {', '.join(bad)}: not a sidecar export-image "
-                        "wrote, or it was edited. Copy it again from the source.")
+        raise UserError(
+            f"{side} has no valid {', '.join(bad)}: not a sidecar export-image "
+            "wrote, or it was edited. Copy it again from the source."
+        )
     try:
         check_shape(data, SIDECAR_SHAPE, str(side), fix)
     except BadData as e:
-        raise UserError(f"{side}: {e.detail}: not a sidecar export-image wrote, or it was "
-                        "edited. Copy it again from the source.") from None
+        raise UserError(
+            f"{side}: {e.detail}: not a sidecar export-image wrote, or it was "
+            "edited. Copy it again from the source."
+        ) from None
     return data
 
 
@@ -507,20 +602,26 @@ def verify_archive(archive: Path, data: dict, say: Say) -> dict:
     UserError (exit 2: corrupt input) on any mismatch."""
     size = archive.stat().st_size
     if size != data["archive_size"]:
-        raise UserError(f"{archive} is {size} bytes but its sidecar says {data['archive_size']}: "
-                        "the archive is incomplete or corrupt (a copy cut short?). Copy it again "
-                        "from the source; nothing was loaded.")
+        raise UserError(
+            f"{archive} is {size} bytes but its sidecar says {data['archive_size']}: "
+            "the archive is incomplete or corrupt (a copy cut short?). Copy it again "
+            "from the source; nothing was loaded."
+        )
     say(f"checking the sha256 of {archive} ({size / 2**20:.1f} MiB)")
     sha, _ = sha256_file(archive)
     if sha != data["archive_sha256"]:
-        raise UserError(f"{archive} has sha256 {sha}, but its sidecar says "
-                        f"{data['archive_sha256']}: the archive is corrupt or was changed. Copy "
-                        "it again from the source (or export it again); nothing was loaded.")
+        raise UserError(
+            f"{archive} has sha256 {sha}, but its sidecar says "
+            f"{data['archive_sha256']}: the archive is corrupt or was changed. Copy "
+            "it again from the source (or export it again); nothing was loaded."
+        )
     info = read_index(archive)
     if info["digest"] != data["manifest_digest"]:
-        raise UserError(f"{archive} holds manifest {info['digest']} but its sidecar names "
-                        f"{data['manifest_digest']}: the two do not belong together. Copy both "
-                        "again from the source; nothing was loaded.")
+        raise UserError(
+            f"{archive} holds manifest {info['digest']} but its sidecar names "
+            f"{data['manifest_digest']}: the two do not belong together. Copy both "
+            "again from the source; nothing was loaded."
+        )
     return info
 
 
@@ -528,20 +629,27 @@ def import_image(archive: Path, registry: str, name: str | None, say: Say) -> di
     """Check `archive` against its sidecar and copy it into `registry` as `name` (default: the
     name the archive recorded). Returns {reference, digest, target}."""
     if not str(archive):
-        raise UserError("ARCHIVE is empty: give the .tar export-image wrote (its sidecar "
-                        "FILE.tar.json next to it).")
+        raise UserError(
+            "ARCHIVE is empty: give the .tar export-image wrote (its sidecar FILE.tar.json next to it)."
+        )
     archive = Path(archive)
     if archive.name in ("", ".", "..") or not archive.is_file():
         if archive.name in ("", ".", ".."):
-            raise UserError(f"ARCHIVE {str(archive)!r} names a folder, not a file: give the .tar "
-                            "export-image wrote (its sidecar FILE.tar.json next to it).")
-        raise UserError(f"{archive} is not a file. Give the .tar export-image wrote (its sidecar "
-                        f"{sidecar_path(archive).name} next to it).")
+            raise UserError(
+                f"ARCHIVE {str(archive)!r} names a folder, not a file: give the .tar "
+                "export-image wrote (its sidecar FILE.tar.json next to it)."
+            )
+        raise UserError(
+            f"{archive} is not a file. Give the .tar export-image wrote (its sidecar "
+            f"{sidecar_path(archive).name} next to it)."
+        )
     data = read_sidecar(archive)
     if name is None:
         if not data.get("name"):
-            raise UserError(f"{archive} records no image name (it was exported by image ID): "
-                            "give one with --name NAME:TAG.")
+            raise UserError(
+                f"{archive} records no image name (it was exported by image ID): "
+                "give one with --name NAME:TAG."
+            )
         name = data["name"]
     target_name = check_name(name)
     skopeo = find_skopeo()
@@ -557,31 +665,55 @@ def import_image(archive: Path, registry: str, name: str | None, say: Say) -> di
     try:
         work = Work(tmp, "envbuild-import-")
     except OSError as e:
-        raise ActionError(f"Cannot make a temporary folder in {tmp}: {e.strerror}. Free space "
-                          "there, or point TMPDIR at a folder with room for the unpacked image; "
-                          "nothing was loaded.") from None
+        raise ActionError(
+            f"Cannot make a temporary folder in {tmp}: {e.strerror}. Free space "
+            "there, or point TMPDIR at a folder with room for the unpacked image; "
+            "nothing was loaded."
+        ) from None
     try:
         (work.path / INNER).symlink_to(archive.resolve())
         tls = ["--dest-tls-verify=false"] if is_loopback(registry) else []
-        rc, tail = run_skopeo([*skopeo_argv(skopeo, work), "copy", "--preserve-digests", *tls,
-                               "--digestfile", "digest", f"oci-archive:{INNER}",
-                               f"docker://{target}"], say, cwd=work.path,
-                              env={"TMPDIR": str(work.path)}, work=work)
+        rc, tail = run_skopeo(
+            [
+                *skopeo_argv(skopeo, work),
+                "copy",
+                "--preserve-digests",
+                *tls,
+                "--digestfile",
+                "digest",
+                f"oci-archive:{INNER}",
+                f"docker://{target}",
+            ],
+            say,
+            cwd=work.path,
+            env={"TMPDIR": str(work.path)},
+            work=work,
+        )
         if rc != 0:
-            raise ActionError(f"skopeo could not load {archive} into {target} (exit {rc}): "
-                              f"{_skopeo_error(tail.splitlines()[-1] if tail else '')}. Check the "
-                              f"registry (its logs, free space, credentials) and the free space "
-                              f"in {tmp}, and run again.")
+            raise ActionError(
+                f"skopeo could not load {archive} into {target} (exit {rc}): "
+                f"{_skopeo_error(tail.splitlines()[-1] if tail else '')}. Check the "
+                f"registry (its logs, free space, credentials) and the free space "
+                f"in {tmp}, and run again."
+            )
         pushed = (work.path / "digest").read_text().strip()
     except OSError as e:
-        raise ActionError(f"Cannot use the temporary folder {work.path}: {e.strerror}. Free "
-                          f"space in {tmp} (or point TMPDIR elsewhere) and run again.") from None
+        raise ActionError(
+            f"Cannot use the temporary folder {work.path}: {e.strerror}. Free "
+            f"space in {tmp} (or point TMPDIR elsewhere) and run again."
+        ) from None
     finally:
         work.close()
     if pushed != digest:
-        raise ActionError(f"skopeo pushed {target} as {pushed}, not {digest} as exported. The "
-                          "registry may rewrite manifests; check it and run again.")
+        raise ActionError(
+            f"skopeo pushed {target} as {pushed}, not {digest} as exported. The "
+            "registry may rewrite manifests; check it and run again."
+        )
     check_served(target, digest, "loading", "import")
     repo = target.rsplit(":", 1)[0]
-    return {"reference": f"{repo}@{digest}", "digest": digest, "target": target,
-            "config_digest": data.get("config_digest")}
+    return {
+        "reference": f"{repo}@{digest}",
+        "digest": digest,
+        "target": target,
+        "config_digest": data.get("config_digest"),
+    }

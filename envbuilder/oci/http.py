@@ -109,8 +109,9 @@ def no_empty_url(ctx, param, value):
     if any(v is not None and not str(v).strip() for v in values):
         import click
 
-        raise click.BadParameter(f"is empty. Give the {param.metavar or 'URL'}, or leave the "
-                                 "option out to use the default.")
+        raise click.BadParameter(
+            f"is empty. Give the {param.metavar or 'URL'}, or leave the option out to use the default."
+        )
     return value
 
 
@@ -216,8 +217,7 @@ def _classes():
             if seconds is None:
                 return None
             flight = _current()
-            return max(0.0, min(seconds, MAX_RETRY_AFTER,
-                                flight.left() if flight else MAX_RETRY_AFTER))
+            return max(0.0, min(seconds, MAX_RETRY_AFTER, flight.left() if flight else MAX_RETRY_AFTER))
 
     class Adapter(HTTPAdapter):
         def init_poolmanager(self, *args, **kwargs):
@@ -266,10 +266,16 @@ def session(*, retries: int = 3, ca_cert=None, pool: int = 10, user_agent: str |
     connections kept per host (one per thread that uses the session at once)."""
     adapter_cls, retry_cls, session_cls = _classes()
     if retries:
-        retry = retry_cls(total=retries, connect=retries, read=2, backoff_factor=0.5,
-                          status_forcelist=(429, 500, 502, 503, 504),
-                          allowed_methods=("HEAD", "GET"), respect_retry_after_header=True,
-                          raise_on_status=False)
+        retry = retry_cls(
+            total=retries,
+            connect=retries,
+            read=2,
+            backoff_factor=0.5,
+            status_forcelist=(429, 500, 502, 503, 504),
+            allowed_methods=("HEAD", "GET"),
+            respect_retry_after_header=True,
+            raise_on_status=False,
+        )
     else:
         retry = retry_cls(total=0, read=False, redirect=False)
     s = session_cls()
@@ -310,8 +316,9 @@ def ca_bundle(ca_cert) -> bool | str:
     try:
         parts = [Path(ca_cert).read_bytes()]
     except OSError as e:
-        raise UserError(f"Cannot read the CA file {ca_cert}: {e.strerror}. Pass a readable PEM "
-                        "file to --ca-cert.") from None
+        raise UserError(
+            f"Cannot read the CA file {ca_cert}: {e.strerror}. Pass a readable PEM file to --ca-cert."
+        ) from None
     for system in SYSTEM_CAS:
         if Path(system).is_file():
             parts.append(Path(system).read_bytes())
@@ -324,13 +331,25 @@ def ca_bundle(ca_cert) -> bool | str:
 
 # ---- a request, and its body ----------------------------------------------------------------
 
+
 def _size(n: int) -> str:
     return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
 
 
-def request(s, method: str, url: str, expect: Expect, *, headers: dict | None = None,
-            params: dict | None = None, timeout: float = 30.0, deadline: float | None = None,
-            allow_redirects: bool = True, sink=None, body_if=None) -> Answer:
+def request(
+    s,
+    method: str,
+    url: str,
+    expect: Expect,
+    *,
+    headers: dict | None = None,
+    params: dict | None = None,
+    timeout: float = 30.0,
+    deadline: float | None = None,
+    allow_redirects: bool = True,
+    sink=None,
+    body_if=None,
+) -> Answer:
     """One exchange through session `s`: the answer, with at most `expect.max_bytes` of body
     (none for HEAD or a status-only Expect), all within `deadline` s (default the Expect's).
     `timeout`: the most to wait to connect and for each read. `sink`: a function that takes
@@ -349,18 +368,25 @@ def request(s, method: str, url: str, expect: Expect, *, headers: dict | None = 
     watchdog.start()
     try:
         try:
-            with s.request(method, url, headers=headers, params=params, timeout=timeout,
-                           stream=True, allow_redirects=allow_redirects) as r:
+            with s.request(
+                method,
+                url,
+                headers=headers,
+                params=params,
+                timeout=timeout,
+                stream=True,
+                allow_redirects=allow_redirects,
+            ) as r:
                 body = b""
-                if method != "HEAD" and expect.max_bytes and (body_if is None
-                                                             or body_if(r.status_code)):
+                if method != "HEAD" and expect.max_bytes and (body_if is None or body_if(r.status_code)):
                     body = _read(r, expect, flight, url, sink)
                 answer = Answer(r.status_code, r.headers, body, r.url)
         except _Expired:
             raise _late(url, flight) from None
         except requests.TooManyRedirects:
-            raise NetError(url, f"more than {MAX_REDIRECTS} redirects (a redirect loop?)",
-                           "redirects") from None
+            raise NetError(
+                url, f"more than {MAX_REDIRECTS} redirects (a redirect loop?)", "redirects"
+            ) from None
         except NetError:
             raise
         except (requests.RequestException, OSError, ValueError) as e:
@@ -379,19 +405,25 @@ def request(s, method: str, url: str, expect: Expect, *, headers: dict | None = 
 
 
 def _late(url: str, flight: _Flight) -> NetError:
-    return NetError(url, f"no complete answer within {flight.seconds:g} s (a server that stalls "
-                         "or sends too slowly)", "deadline")
+    return NetError(
+        url,
+        f"no complete answer within {flight.seconds:g} s (a server that stalls or sends too slowly)",
+        "deadline",
+    )
 
 
 def _too_large(url: str, expect: Expect) -> NetError:
-    return NetError(url, f"answered more than {_size(expect.max_bytes)} for {expect.what} (a "
-                         "body that does not end?); stopped reading there", "too-large")
+    return NetError(
+        url,
+        f"answered more than {_size(expect.max_bytes)} for {expect.what} (a "
+        "body that does not end?); stopped reading there",
+        "too-large",
+    )
 
 
 def _read(r, expect: Expect, flight: _Flight, url: str, sink=None) -> bytes:
     length = r.headers.get("Content-Length", "")
-    if length.isdigit() and int(length) > expect.max_bytes and \
-            "Content-Encoding" not in r.headers:
+    if length.isdigit() and int(length) > expect.max_bytes and "Content-Encoding" not in r.headers:
         raise _too_large(url, expect)
     body, size = bytearray(), 0
     for chunk in r.iter_content(CHUNK):
@@ -409,9 +441,17 @@ def _read(r, expect: Expect, flight: _Flight, url: str, sink=None) -> bytes:
 
 def _kind(e: Exception) -> str:
     word = reason(e, 0)
-    return ("tls" if word.startswith("TLS") else "dns" if word.startswith("DNS")
-            else "timeout" if word.startswith("timeout") else "refused" if word.startswith("conn")
-            else "other")
+    return (
+        "tls"
+        if word.startswith("TLS")
+        else "dns"
+        if word.startswith("DNS")
+        else "timeout"
+        if word.startswith("timeout")
+        else "refused"
+        if word.startswith("conn")
+        else "other"
+    )
 
 
 def reason(e: Exception, timeout: float) -> str:
@@ -425,9 +465,15 @@ def reason(e: Exception, timeout: float) -> str:
     if isinstance(e, requests.Timeout):
         return f"timeout after {timeout:g}s"
     if isinstance(e, requests.ConnectionError):
-        if any(s in text for s in ("NameResolutionError", "Name or service not known",
-                                   "Temporary failure in name resolution",
-                                   "nodename nor servname")):
+        if any(
+            s in text
+            for s in (
+                "NameResolutionError",
+                "Name or service not known",
+                "Temporary failure in name resolution",
+                "nodename nor servname",
+            )
+        ):
             return "DNS: the host name does not resolve here"
         return "connection refused/unreachable"
     first = (text.splitlines() or [""])[0][:200]
@@ -436,10 +482,18 @@ def reason(e: Exception, timeout: float) -> str:
 
 # ---- JSON of the kind expected ----------------------------------------------------------------
 
+
 def kind_of(value: Any) -> str:
     """A JSON value's kind, as messages name it."""
-    return {dict: "an object", list: "a list", str: "a string", bool: "true/false",
-            type(None): "null", int: "a number", float: "a number"}.get(type(value), "a value")
+    return {
+        dict: "an object",
+        list: "a list",
+        str: "a string",
+        bool: "true/false",
+        type(None): "null",
+        int: "a number",
+        float: "a number",
+    }.get(type(value), "a value")
 
 
 _ADVICE = "Check the URL, or whether a proxy answers in the server's place."
@@ -450,9 +504,12 @@ def json_value(body: bytes, url: str, what: str, max_depth: int = MAX_JSON_DEPTH
     page (a captive portal, a proxy's sign-in or error page), text that is not JSON, NaN or
     Infinity, nesting deeper than `max_depth`."""
     if body.lstrip()[:1] == b"<":
-        raise BadAnswer(url, f"answered an HTML page where {what} (JSON) belongs (a captive "
-                             "portal, or a proxy's sign-in or error page?)",
-                        "Check the network (sign in, or set HTTPS_PROXY), or the URL.")
+        raise BadAnswer(
+            url,
+            f"answered an HTML page where {what} (JSON) belongs (a captive "
+            "portal, or a proxy's sign-in or error page?)",
+            "Check the network (sign in, or set HTTPS_PROXY), or the URL.",
+        )
 
     def refuse(constant):
         raise ValueError(f"{constant} is not a JSON number")
@@ -463,13 +520,15 @@ def json_value(body: bytes, url: str, what: str, max_depth: int = MAX_JSON_DEPTH
         doc, depth = None, max_depth + 1
     except (ValueError, UnicodeDecodeError) as e:
         first = (str(e).splitlines() or [type(e).__name__])[0][:120]
-        raise BadAnswer(url, f"answered something that is not JSON where {what} belongs "
-                             f"({first})", _ADVICE) from None
+        raise BadAnswer(
+            url, f"answered something that is not JSON where {what} belongs ({first})", _ADVICE
+        ) from None
     else:
         depth = _depth(doc, max_depth)
     if depth > max_depth:
-        raise BadAnswer(url, f"answered JSON nested more than {max_depth} levels deep where "
-                             f"{what} belongs", _ADVICE)
+        raise BadAnswer(
+            url, f"answered JSON nested more than {max_depth} levels deep where {what} belongs", _ADVICE
+        )
     return doc
 
 
@@ -477,8 +536,7 @@ def json_object(body: bytes, url: str, what: str) -> dict:
     """`body` as a JSON object (json_value's checks, and then the kind)."""
     doc = json_value(body, url, what)
     if not isinstance(doc, dict):
-        raise BadAnswer(url, f"answered {kind_of(doc)} where {what} (a JSON object) belongs",
-                        _ADVICE)
+        raise BadAnswer(url, f"answered {kind_of(doc)} where {what} (a JSON object) belongs", _ADVICE)
     return doc
 
 
@@ -497,6 +555,7 @@ def _depth(doc: Any, limit: int) -> int:
 
 
 # ---- does this index answer? ---------------------------------------------------------------------
+
 
 def index_answers(url: str, timeout: float = 5.0, s=None) -> bool:
     """Whether the PEP 503 index at `url` answers, by one rule for every caller (lock's

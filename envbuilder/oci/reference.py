@@ -15,8 +15,10 @@ HOST = rf"(?:localhost|\[[0-9a-fA-F:]+\]|{LABEL}(?:\.{LABEL})*)(?::[0-9]{{1,5}})
 COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
 DIGEST = r"sha256:[0-9a-f]{64}"
-PATTERN = (rf"(?P<name>(?:{HOST}/)?{COMPONENT}(?:/{COMPONENT})*)"
-           rf"(?::(?P<tag>{TAG}))?(?:@(?P<digest>{DIGEST}))?")
+PATTERN = (
+    rf"(?P<name>(?:{HOST}/)?{COMPONENT}(?:/{COMPONENT})*)"
+    rf"(?::(?P<tag>{TAG}))?(?:@(?P<digest>{DIGEST}))?"
+)
 REFERENCE = re.compile(PATTERN, re.ASCII)
 # a repository in a registry, without its host: PATH[:TAG]
 NAME = re.compile(rf"{COMPONENT}(?:/{COMPONENT})*(?::{TAG})?", re.ASCII)

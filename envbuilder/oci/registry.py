@@ -24,12 +24,14 @@ from envbuilder.errors import ActionError
 
 DOCKER_HUB = "docker.io"  # Docker Hub as image references (and mirror sets) name it
 DOCKER_HUB_API = "registry-1.docker.io"  # ... and where its v2 API answers
-ACCEPT = ", ".join([
-    "application/vnd.oci.image.index.v1+json",
-    "application/vnd.docker.distribution.manifest.list.v2+json",
-    "application/vnd.oci.image.manifest.v1+json",
-    "application/vnd.docker.distribution.manifest.v2+json",
-])
+ACCEPT = ", ".join(
+    [
+        "application/vnd.oci.image.index.v1+json",
+        "application/vnd.docker.distribution.manifest.list.v2+json",
+        "application/vnd.oci.image.manifest.v1+json",
+        "application/vnd.docker.distribution.manifest.v2+json",
+    ]
+)
 TIMEOUT = 30
 _LOOPBACK = re.compile(r"^(localhost|127\.\d+\.\d+\.\d+|\[::1\])(:\d+)?$")
 
@@ -138,23 +140,31 @@ def _token(s, challenge: dict[str, str], repository: str, where: str) -> str:
     try:
         r = net.request(s, "GET", realm, net.TOKEN, params=params, timeout=TIMEOUT)
     except net.NetError as e:
-        raise ActionError(f"Cannot get a token from the token service {net.redact(realm)} of "
-                          f"{where}: {e.reason}. Use a mirror that answers.") from None
+        raise ActionError(
+            f"Cannot get a token from the token service {net.redact(realm)} of "
+            f"{where}: {e.reason}. Use a mirror that answers."
+        ) from None
     if r.status != 200:
-        raise ActionError(f"The token service {net.redact(realm)} refused an anonymous token for "
-                          f"{repository} (HTTP {r.status}); the image may be private.")
+        raise ActionError(
+            f"The token service {net.redact(realm)} refused an anonymous token for "
+            f"{repository} (HTTP {r.status}); the image may be private."
+        )
     try:
         body = net.json_object(r.body, realm, "a token")
     except net.BadAnswer as e:
-        raise ActionError(f"The token service {e.url} of {where} {e.detail}. Check the network "
-                          "(sign in to a captive portal, or set HTTPS_PROXY), the registry or "
-                          "the mirror.") from None
+        raise ActionError(
+            f"The token service {e.url} of {where} {e.detail}. Check the network "
+            "(sign in to a captive portal, or set HTTPS_PROXY), the registry or "
+            "the mirror."
+        ) from None
     token = body.get("token") or body.get("access_token")
     if not isinstance(token, str) or not _TOKEN.fullmatch(token):
         got = "no token" if not token else f"{net.kind_of(token)} that is no token"
-        raise ActionError(f"The token service {net.redact(realm)} of {where} answered {got} (a "
-                          "JSON object with a `token` string is what registries send). Check the "
-                          "registry or mirror, or use another.")
+        raise ActionError(
+            f"The token service {net.redact(realm)} of {where} answered {got} (a "
+            "JSON object with a `token` string is what registries send). Check the "
+            "registry or mirror, or use another."
+        )
     return token
 
 
@@ -185,28 +195,38 @@ def _digest(ref: str, mirror: str | None, s) -> ImageDigest:
             return net.request(s, method, url, net.MANIFEST, headers=headers, timeout=TIMEOUT)
         except net.NetError as e:
             if e.kind == "too-large":
-                raise ActionError(f"Reading the manifest of {ref} from the registry {shown}: it "
-                                  f"{e.reason}. A manifest is a few KB; check the registry or "
-                                  "mirror.") from None
-            raise ActionError(f"Cannot reach the registry {shown} for {ref}: {e.reason}. "
-                              "Check the network, or use a mirror that answers.") from None
+                raise ActionError(
+                    f"Reading the manifest of {ref} from the registry {shown}: it "
+                    f"{e.reason}. A manifest is a few KB; check the registry or "
+                    "mirror."
+                ) from None
+            raise ActionError(
+                f"Cannot reach the registry {shown} for {ref}: {e.reason}. "
+                "Check the network, or use a mirror that answers."
+            ) from None
 
     r = request("HEAD")
     if r.status == 401:
         ch = _challenge(r.headers.get("WWW-Authenticate", ""))
         if ch["scheme"] != "bearer" or "realm" not in ch:
             asked = net.redact(r.headers.get("WWW-Authenticate", "no challenge"))[:200]
-            raise ActionError(f"The registry {shown} wants credentials for {repository} "
-                              f"({asked}); envbuild reads public images anonymously only. Use a "
-                              "mirror that serves it.")
+            raise ActionError(
+                f"The registry {shown} wants credentials for {repository} "
+                f"({asked}); envbuild reads public images anonymously only. Use a "
+                "mirror that serves it."
+            )
         headers["Authorization"] = f"Bearer {_token(s, ch, repository, shown)}"
         r = request("HEAD")
     if r.status == 404:
-        raise ActionError(f"The registry {shown} has no manifest for {what} ({ref}). Check the "
-                          "tag, or that the mirror carries the image.")
+        raise ActionError(
+            f"The registry {shown} has no manifest for {what} ({ref}). Check the "
+            "tag, or that the mirror carries the image."
+        )
     if r.status == 429:
-        raise ActionError(f"The registry {shown} rate-limits this address (HTTP 429 "
-                          "toomanyrequests). Wait, or use a mirror.")
+        raise ActionError(
+            f"The registry {shown} rate-limits this address (HTTP 429 "
+            "toomanyrequests). Wait, or use a mirror."
+        )
     if r.status != 200:
         raise ActionError(f"The registry {shown} answered HTTP {r.status} for {what}.")
     found = r.headers.get("Docker-Content-Digest")
@@ -229,15 +249,18 @@ def check_registry(registry: str, option: str, undone: str) -> None:
 
     with net.session(retries=0) as s:
         try:
-            r = net.request(s, "GET", endpoint_url(registry) + "/v2/", net.REGISTRY_ROOT,
-                            timeout=10)
+            r = net.request(s, "GET", endpoint_url(registry) + "/v2/", net.REGISTRY_ROOT, timeout=10)
         except net.NetError as e:
-            raise ActionError(f"Registry {net.redact(registry)} is unreachable ({e.reason}). "
-                              f"Start it or fix {option} (`local`, a name from your config's "
-                              f"`registries:`, or HOST[:PORT]); {undone}.") from None
+            raise ActionError(
+                f"Registry {net.redact(registry)} is unreachable ({e.reason}). "
+                f"Start it or fix {option} (`local`, a name from your config's "
+                f"`registries:`, or HOST[:PORT]); {undone}."
+            ) from None
     if r.status not in (200, 401):
-        raise ActionError(f"{net.redact(registry)} answered HTTP {r.status} to /v2/: not a "
-                          f"container registry. Check {option}; {undone}.")
+        raise ActionError(
+            f"{net.redact(registry)} answered HTTP {r.status} to /v2/: not a "
+            f"container registry. Check {option}; {undone}."
+        )
 
 
 def check_served(reference: str, want: str, after: str, what: str) -> None:
@@ -248,5 +271,7 @@ def check_served(reference: str, want: str, after: str, what: str) -> None:
     except ActionError as e:
         served = f"nothing: {e}"
     if served != want:
-        raise ActionError(f"After {after}, {reference} is not served with digest {want} (the "
-                          f"registry serves {served}). The {what} is not complete; run again.")
+        raise ActionError(
+            f"After {after}, {reference} is not served with digest {want} (the "
+            f"registry serves {served}). The {what} is not complete; run again."
+        )

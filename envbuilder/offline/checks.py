@@ -17,8 +17,12 @@ def url_map_for_mirror(body: dict) -> list[tuple[str, str]]:
             out.append(("https://download.pytorch.org/whl/", endpoint.split("{variant}")[0]))
     for endpoint in body.get("pypi") or []:
         if endpoint.rstrip("/").endswith("/simple"):  # PEP 503 mirrors keep PyPI's /packages/ paths
-            out.append(("https://files.pythonhosted.org/packages/",
-                        endpoint.rstrip("/")[: -len("simple")] + "packages/"))
+            out.append(
+                (
+                    "https://files.pythonhosted.org/packages/",
+                    endpoint.rstrip("/")[: -len("simple")] + "packages/",
+                )
+            )
     for endpoint in body.get("github") or []:  # GitHub files (apex archive, flash-attn wheels)
         out.append(("https://github.com/", endpoint.rstrip("/") + "/"))
     for channel, endpoints in (body.get("conda") or {}).items():
@@ -46,8 +50,9 @@ def shipped_or_local_lock(profile: str) -> Path:
     return next((d for _, d in candidates if (d / "lock.json").is_file()), candidates[0][1])
 
 
-def lock_shortfalls(m, profile: str, lock_dir: Path, accept_pypi_torch: bool,
-                    accept_partial: bool) -> list[str]:
+def lock_shortfalls(
+    m, profile: str, lock_dir: Path, accept_pypi_torch: bool, accept_partial: bool
+) -> list[str]:
     """Why exporting this lock would carry something other than what the profile installs: a
     torch swapped for PyPI's build (what that means: its CUDA and driver floor), a part the
     profile needs and the lock lacks. Empty when nothing is short, or the user accepted it."""
@@ -74,14 +79,18 @@ def lock_shortfalls(m, profile: str, lock_dir: Path, accept_pypi_torch: bool,
         what = ""
         if mine and pypi and pypi["cuda"] in m.cuda:
             c = m.cuda[pypi["cuda"]]
-            what = (f" PyPI's torch {asked.group(1)} is its CUDA {pypi['cuda']} build (the "
-                    f"nvidia-*-cu{pypi['cuda'].split('.')[0]} runtime; driver >= "
-                    f"{c.get('compat_driver') or c['min_driver']}), not the {asked.group(2)} build "
-                    f"for CUDA {mine['cuda']} that {profile} is made for.")
-        out.append(f"{lock_dir}: torch is a swap ({swapped}): the PyTorch index was out of reach "
-                   f"when it was locked.{what} Fix: re-lock where the PyTorch index or its mirror "
-                   f"answers (`envbuild lock {profile} --torch-index-url URL`, or --mirror NAME), "
-                   "or pass --accept-pypi-torch to export it as it is.")
+            what = (
+                f" PyPI's torch {asked.group(1)} is its CUDA {pypi['cuda']} build (the "
+                f"nvidia-*-cu{pypi['cuda'].split('.')[0]} runtime; driver >= "
+                f"{c.get('compat_driver') or c['min_driver']}), not the {asked.group(2)} build "
+                f"for CUDA {mine['cuda']} that {profile} is made for."
+            )
+        out.append(
+            f"{lock_dir}: torch is a swap ({swapped}): the PyTorch index was out of reach "
+            f"when it was locked.{what} Fix: re-lock where the PyTorch index or its mirror "
+            f"answers (`envbuild lock {profile} --torch-index-url URL`, or --mirror NAME), "
+            "or pass --accept-pypi-torch to export it as it is."
+        )
     if profile not in m.profiles:
         return out
     env = resolve(m, profile)
@@ -89,14 +98,20 @@ def lock_shortfalls(m, profile: str, lock_dir: Path, accept_pypi_torch: bool,
         return out  # a lock of a variant (lock --without apex ...): its parts are its own
     missing = [p for p in parts_for(env, ("conda", "sources")) if p not in meta.get("parts", [])]
     if missing and not accept_partial:
-        names = {"conda": "conda part (conda-lock.yml)",
-                 "sources": "source archive of " + " or ".join(
-                     n for n in ("apex", "flash-attn") if getattr(env, n.replace("-", "_")))}
-        reach = {"conda": "the conda channels (or --channel a mirror)",
-                 "sources": "GitHub (or --github-url a mirror)"}
-        out.append(f"{lock_dir}: no {' and no '.join(names[p] for p in missing)}: it was made with "
-                   f"--only {','.join(meta.get('parts', []))}, so the far side would have to "
-                   f"fetch {'them' if len(missing) > 1 else 'it'}. Fix: `envbuild lock {profile}` "
-                   f"where {' and '.join(reach[p] for p in missing)} can be reached, or pass "
-                   "--accept-partial.")
+        names = {
+            "conda": "conda part (conda-lock.yml)",
+            "sources": "source archive of "
+            + " or ".join(n for n in ("apex", "flash-attn") if getattr(env, n.replace("-", "_"))),
+        }
+        reach = {
+            "conda": "the conda channels (or --channel a mirror)",
+            "sources": "GitHub (or --github-url a mirror)",
+        }
+        out.append(
+            f"{lock_dir}: no {' and no '.join(names[p] for p in missing)}: it was made with "
+            f"--only {','.join(meta.get('parts', []))}, so the far side would have to "
+            f"fetch {'them' if len(missing) > 1 else 'it'}. Fix: `envbuild lock {profile}` "
+            f"where {' and '.join(reach[p] for p in missing)} can be reached, or pass "
+            "--accept-partial."
+        )
     return out

@@ -138,19 +138,22 @@ def fetch_all(
     """
     items = _validated(items)
     if jobs < 1:
-        raise UserError(f"jobs must be at least 1, got {jobs}. "
-                        "Pass a positive number of parallel downloads.")
+        raise UserError(f"jobs must be at least 1, got {jobs}. Pass a positive number of parallel downloads.")
     dest = Path(dest)
     if (dest / PARTIAL_DIR).is_symlink():
-        raise UserError(f"{dest / PARTIAL_DIR} is a symbolic link; envbuild does not write "
-                        "through links. Remove it, then run again.")
+        raise UserError(
+            f"{dest / PARTIAL_DIR} is a symbolic link; envbuild does not write "
+            "through links. Remove it, then run again."
+        )
     try:
         (dest / PARTIAL_DIR).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         if exc.errno in _NO_SPACE:
             raise _no_space_error(FetchReport(), dest, items) from None
-        raise ActionError(f"Cannot make {dest / PARTIAL_DIR}: {exc.strerror}. Check the "
-                          "directory's permissions and free space.") from None
+        raise ActionError(
+            f"Cannot make {dest / PARTIAL_DIR}: {exc.strerror}. Check the "
+            "directory's permissions and free space."
+        ) from None
     emit = progress or TerminalProgress()
     own_session = session is None
     session = session or _pooled_session(jobs)
@@ -169,16 +172,16 @@ def fetch_all(
             except queue.Empty:
                 return
             try:
-                outcome = _fetch_one(item, dest, session, retries, backoff, timeout, activity,
-                                     emit, stop)
+                outcome = _fetch_one(item, dest, session, retries, backoff, timeout, activity, emit, stop)
             except BaseException as exc:  # sorted by the main thread (a bug re-raises there)
                 outcome = exc
             results.put((index, outcome))
 
     # daemon threads: a worker stuck in a connect cannot hold up the exit after Ctrl-C (its
     # partial stays as it is, to resume from)
-    workers = [threading.Thread(target=work, name=f"fetch-{n}", daemon=True)
-               for n in range(min(jobs, len(items)))]
+    workers = [
+        threading.Thread(target=work, name=f"fetch-{n}", daemon=True) for n in range(min(jobs, len(items)))
+    ]
     outcomes: dict[int, object] = {}
     emit(FetchEvent("begin", total=len(items), nbytes=sum(i.size or 0 for i in items)))
     try:
@@ -240,18 +243,23 @@ def _validated(items: Iterable[FetchItem]) -> list[FetchItem]:
     for item in items:
         name = item.filename
         if not name or name in (".", "..", PARTIAL_DIR) or "/" in name or "\\" in name:
-            raise UserError(f"Cannot fetch {name!r}: a file name must be a plain name inside the "
-                            "destination directory. Fix the entry in the lockfile or wheel list.")
+            raise UserError(
+                f"Cannot fetch {name!r}: a file name must be a plain name inside the "
+                "destination directory. Fix the entry in the lockfile or wheel list."
+            )
         if not _SHA256.fullmatch(item.sha256.lower()):
-            raise UserError(f"Cannot fetch {name}: {item.sha256!r} is not a sha256 hex digest. "
-                            "Regenerate the lockfile so every file carries its sha256.")
+            raise UserError(
+                f"Cannot fetch {name}: {item.sha256!r} is not a sha256 hex digest. "
+                "Regenerate the lockfile so every file carries its sha256."
+            )
         if not item.urls:
-            raise UserError(f"Cannot fetch {name}: it has no URL. "
-                            "Add a mirror or index URL for it.")
+            raise UserError(f"Cannot fetch {name}: it has no URL. Add a mirror or index URL for it.")
         seen = by_name.get(name)
         if seen is not None and seen.sha256.lower() != item.sha256.lower():
-            raise UserError(f"Cannot fetch {name}: it is listed twice with different hashes "
-                            f"({seen.sha256} and {item.sha256}). Keep one entry in the lockfile.")
+            raise UserError(
+                f"Cannot fetch {name}: it is listed twice with different hashes "
+                f"({seen.sha256} and {item.sha256}). Keep one entry in the lockfile."
+            )
         by_name.setdefault(name, item)
     return list(by_name.values())
 
@@ -310,8 +318,13 @@ class _Activity:
                 host, last, told = entry
                 if now - last >= self._every * (told + 1):
                     entry[2] += 1
-                    due.append(FetchEvent("stalled", name, message=(
-                        f"waiting for {name} from {host}: no bytes for {now - last:.0f} s")))
+                    due.append(
+                        FetchEvent(
+                            "stalled",
+                            name,
+                            message=(f"waiting for {name} from {host}: no bytes for {now - last:.0f} s"),
+                        )
+                    )
         for event in due:
             self._emit(event)
 
@@ -383,8 +396,7 @@ def _fetch_one(item, dest, session, retries, backoff, timeout, activity, emit, s
     raise _ItemFailed("; ".join(dict.fromkeys(errors)))  # each distinct reason once
 
 
-def _download(session, url, partial: Path, item: FetchItem, timeout, activity,
-              stop) -> tuple[str, bool]:
+def _download(session, url, partial: Path, item: FetchItem, timeout, activity, stop) -> tuple[str, bool]:
     """Complete `partial` from `url`; return its sha256 and whether earlier bytes were kept.
     Reads stop at the size the lock records (MAX_UNSIZED without one), and when `stop` is set."""
     offset = partial.stat().st_size if partial.is_file() and not partial.is_symlink() else 0
@@ -420,10 +432,15 @@ def _download(session, url, partial: Path, item: FetchItem, timeout, activity,
     except _TooLong:
         partial.unlink(missing_ok=True)
         whose = "the lock records" if item.size is not None else "any file here may have"
-        raise _NextMirror(f"more than the {limit} bytes {whose} (a body that does not end): "
-                          "stopped reading there and removed the partial download") from None
-    except (requests.ConnectionError, requests.Timeout,
-            requests.exceptions.ChunkedEncodingError) as exc:  # incl. a body cut short
+        raise _NextMirror(
+            f"more than the {limit} bytes {whose} (a body that does not end): "
+            "stopped reading there and removed the partial download"
+        ) from None
+    except (
+        requests.ConnectionError,
+        requests.Timeout,
+        requests.exceptions.ChunkedEncodingError,
+    ) as exc:  # incl. a body cut short
         if stop.is_set():
             raise _Stopped() from None  # our own abort() cut it
         raise _Retry(f"{type(exc).__name__}: {_first_line(exc)}") from exc
@@ -435,8 +452,9 @@ def _download(session, url, partial: Path, item: FetchItem, timeout, activity,
         if exc.errno in _NO_SPACE:
             raise _NoSpace() from None
         if exc.errno == errno.ELOOP:
-            raise _ItemFailed(f"{partial} is a symbolic link; envbuild does not write through "
-                              "links") from None
+            raise _ItemFailed(
+                f"{partial} is a symbolic link; envbuild does not write through links"
+            ) from None
         raise _ItemFailed(f"cannot write {partial}: {exc.strerror}") from None
     finally:
         activity.end(item.filename)
@@ -454,7 +472,7 @@ def _open_partial(partial: Path, append: bool):
 def _write_all(out, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[out.write(view):]
+        view = view[out.write(view) :]
 
 
 def _check_status(resp: requests.Response, offset: int) -> None:
@@ -514,7 +532,8 @@ def _no_space_error(report: FetchReport, dest: Path, items: list[FetchItem]) -> 
         f"No space left on the disk that holds {dest}"
         + (f": the files still to fetch need about {human_size(need)} more" if need else "")
         + ". Free space there (or download elsewhere), then run again: the files that arrived "
-        f"are kept, and the partial downloads in {dest / PARTIAL_DIR} resume.")
+        f"are kept, and the partial downloads in {dest / PARTIAL_DIR} resume."
+    )
     err.report, err.no_space = report, True
     return err
 
@@ -537,9 +556,14 @@ class TerminalProgress:
     seconds, never a carriage return, so a long download shows life. A download that waits for
     bytes is said on a line of its own either way (a log shows why nothing moves)."""
 
-    def __init__(self, stream: TextIO | None = None, min_interval: float = 0.1,
-                 interval: float = 12.0, clock: Callable[[], float] = time.monotonic,
-                 label: str = "fetch"):
+    def __init__(
+        self,
+        stream: TextIO | None = None,
+        min_interval: float = 0.1,
+        interval: float = 12.0,
+        clock: Callable[[], float] = time.monotonic,
+        label: str = "fetch",
+    ):
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
         self.min_interval = min_interval  # redraws per second are bounded, not per chunk
@@ -598,10 +622,11 @@ class TerminalProgress:
     def _finish(self) -> None:
         elapsed = self.clock() - self._start
         c = self.counts
-        self.stream.write(("\r\x1b[K" if self.tty else "")
-                          + f"fetched {c['done']}, already present {c['skipped']}, "
-                          f"failed {c['failed']} of {self.total} files: {human_size(self.bytes)} "
-                          f"in {elapsed:.1f} s ({human_size(self._rate())}/s)\n")
+        self.stream.write(
+            ("\r\x1b[K" if self.tty else "") + f"fetched {c['done']}, already present {c['skipped']}, "
+            f"failed {c['failed']} of {self.total} files: {human_size(self.bytes)} "
+            f"in {elapsed:.1f} s ({human_size(self._rate())}/s)\n"
+        )
         self.stream.flush()
 
 

@@ -32,8 +32,10 @@ SOURCE_DATE_EPOCH = "315532800"  # 1980-01-01, zip's epoch: the same sdist gives
 # PEP 517's default for an sdist without [build-system] (what pip and uv use)
 LEGACY_BACKEND = "setuptools.build_meta:__legacy__"
 LEGACY_REQUIRES = ["setuptools>=40.8.0"]
-_WHEEL = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)(?:-\d[^-]*)?-(?P<py>[^-]+)-(?P<abi>[^-]+)"
-                    r"-(?P<plat>[^-]+)\.whl$")
+_WHEEL = re.compile(
+    r"^(?P<name>[^-]+)-(?P<version>[^-]+)(?:-\d[^-]*)?-(?P<py>[^-]+)-(?P<abi>[^-]+)"
+    r"-(?P<plat>[^-]+)\.whl$"
+)
 _MANYLINUX_LEGACY = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
 
 
@@ -57,12 +59,12 @@ def dist_name(name: str) -> str:
 
 # ---- does a wheel fit the target --------------------------------------------------------------
 
+
 def wheel_tags(filename: str) -> tuple[set[str], set[str], set[str]]:
     """(python tags, ABI tags, platform tags) of a wheel file name (compressed tag sets split)."""
     m = _WHEEL.match(filename)
     if not m:
-        raise UserError(f"{filename} is not a wheel file name "
-                        "(name-version-python-abi-platform.whl).")
+        raise UserError(f"{filename} is not a wheel file name (name-version-python-abi-platform.whl).")
     return set(m["py"].split(".")), set(m["abi"].split(".")), set(m["plat"].split("."))
 
 
@@ -76,9 +78,11 @@ def _target(target: dict) -> tuple[int, int, str, tuple[int, int]]:
     m = re.fullmatch(r"(\d+)\.(\d+)", str(target.get("python", "")))
     p = re.fullmatch(r"([a-z0-9_]+)-manylinux_(\d+)_(\d+)", str(target.get("python_platform", "")))
     if not m or not p:
-        raise UserError(f"The lock's target {target!r} names no Python X.Y and "
-                        "MACHINE-manylinux_A_B platform (lock.json `target`); re-lock with "
-                        "`envbuild lock`.")
+        raise UserError(
+            f"The lock's target {target!r} names no Python X.Y and "
+            "MACHINE-manylinux_A_B platform (lock.json `target`); re-lock with "
+            "`envbuild lock`."
+        )
     return int(m[1]), int(m[2]), p[1], (int(p[2]), int(p[3]))
 
 
@@ -90,19 +94,18 @@ def misfit(filename: str, target: dict) -> str | None:
     ok_abi = {"none", "abi3", f"cp{major}{minor}"}
     stable = any(re.fullmatch(rf"cp{major}(\d+)", t) and int(t[3:]) <= minor for t in pys)
     if not (pys & ok_py or ("abi3" in abis and stable)) or not abis & ok_abi:
-        return (f"its tags {'.'.join(sorted(pys))}-{'.'.join(sorted(abis))} are not for "
-                f"CPython {major}.{minor}")
+        return (
+            f"its tags {'.'.join(sorted(pys))}-{'.'.join(sorted(abis))} are not for CPython {major}.{minor}"
+        )
     for plat in plats:
         if plat in ("any", f"linux_{machine}"):
             return None
         legacy = re.fullmatch(rf"(manylinux\d+)_{machine}", plat)
         m = re.fullmatch(rf"manylinux_(\d+)_(\d+)_{machine}", plat)
-        needs = _MANYLINUX_LEGACY.get(legacy[1]) if legacy else \
-            (int(m[1]), int(m[2])) if m else None
+        needs = _MANYLINUX_LEGACY.get(legacy[1]) if legacy else (int(m[1]), int(m[2])) if m else None
         if needs and needs <= glibc:
             return None
-    return (f"its platform {'.'.join(sorted(plats))} is not {machine} Linux with glibc "
-            f"{glibc[0]}.{glibc[1]}")
+    return f"its platform {'.'.join(sorted(plats))} is not {machine} Linux with glibc {glibc[0]}.{glibc[1]}"
 
 
 def unfit(filename: str, build: dict, target: dict) -> str | None:
@@ -120,8 +123,7 @@ def unfit(filename: str, build: dict, target: dict) -> str | None:
     if not built_on:
         return "it was built on a machine whose C library is not glibc"
     if (int(built_on[1]), int(built_on[2])) > glibc:
-        return (f"it was linked against glibc {build['glibc']}, newer than the target's "
-                f"{glibc[0]}.{glibc[1]}")
+        return f"it was linked against glibc {build['glibc']}, newer than the target's {glibc[0]}.{glibc[1]}"
     return None
 
 
@@ -135,6 +137,7 @@ def host_glibc() -> tuple[int, int] | None:
 
 # ---- an interpreter of the target's Python version -------------------------------------------
 
+
 def find_python(version: str) -> tuple[str, str] | None:
     """(path, full version) of a CPython `version` (X.Y) on this machine (tools/python.py's
     search order; never downloads)."""
@@ -146,6 +149,7 @@ def find_python(version: str) -> tuple[str, str] | None:
 
 # ---- building -------------------------------------------------------------------------------
 
+
 def build_system(sdist: Path) -> tuple[str, list[str]]:
     """(build backend, its requirements) from the sdist's pyproject.toml, or PEP 517's default."""
     from envbuilder.lock.pip import load_toml
@@ -154,17 +158,22 @@ def build_system(sdist: Path) -> tuple[str, list[str]]:
         with tarfile.open(sdist) as tar:
             for member in tar:
                 parts = member.name.split("/")
-                if len(parts) == 2 and parts[1] == "pyproject.toml" and member.isfile() \
-                        and member.size <= 1 << 20:
+                if (
+                    len(parts) == 2
+                    and parts[1] == "pyproject.toml"
+                    and member.isfile()
+                    and member.size <= 1 << 20
+                ):
                     doc = load_toml(tar.extractfile(member).read().decode("utf-8"))
                     bs = doc.get("build-system") or {}
                     if bs.get("requires") is None:
                         break
-                    return str(bs.get("build-backend") or LEGACY_BACKEND), \
-                        [str(r) for r in bs["requires"]]
+                    return str(bs.get("build-backend") or LEGACY_BACKEND), [str(r) for r in bs["requires"]]
     except (tarfile.TarError, OSError, UnicodeDecodeError, ValueError) as e:
-        raise UserError(f"{sdist.name} is not a readable source archive ({e}); the lock pins "
-                        "something that is not an sdist. Re-lock, or report the package.") from None
+        raise UserError(
+            f"{sdist.name} is not a readable source archive ({e}); the lock pins "
+            "something that is not an sdist. Re-lock, or report the package."
+        ) from None
     return LEGACY_BACKEND, list(LEGACY_REQUIRES)
 
 
@@ -178,9 +187,18 @@ def _generator(wheel: Path) -> str:
     return "unknown"
 
 
-def build_wheel(sdist: Path, sha256: str, name: str, version: str, target: dict, index: str,
-                dest: Path, *, reserved: frozenset[str] = frozenset(),
-                say=lambda m: None) -> BuiltWheel:
+def build_wheel(
+    sdist: Path,
+    sha256: str,
+    name: str,
+    version: str,
+    target: dict,
+    index: str,
+    dest: Path,
+    *,
+    reserved: frozenset[str] = frozenset(),
+    say=lambda m: None,
+) -> BuiltWheel:
     """Build `sdist` (whose bytes must hash to `sha256`) into a wheel in `dest` that fits
     `target`; its build backend comes from `index`. UserError (exit 2) when this machine cannot
     make a wheel that fits the target; ActionError (exit 1) when the build itself fails. Nothing
@@ -192,8 +210,10 @@ def build_wheel(sdist: Path, sha256: str, name: str, version: str, target: dict,
     found = find_python(want)
     python = found or (sys.executable, platform.python_version())
     what = f"{name} {version} (from {sdist.name})"
-    say(f"building a wheel of {what} with Python {python[1]} from {index}"
-        + ("" if found else f"; no Python {want} here, so only a pure wheel will do"))
+    say(
+        f"building a wheel of {what} with Python {python[1]} from {index}"
+        + ("" if found else f"; no Python {want} here, so only a pure wheel will do")
+    )
     scratch = dest / PARTIAL_DIR  # where fetch keeps its partial downloads; skipped by --tar
     scratch.mkdir(parents=True, exist_ok=True)
     for stale in scratch.glob("build-*"):  # a killed export's build folder (ours, by its name;
@@ -204,9 +224,11 @@ def build_wheel(sdist: Path, sha256: str, name: str, version: str, target: dict,
             wheel, build = _uv_build(sdist, sha256, Path(tmp), python, index, what)
             tags = _WHEEL.match(wheel.name)
             if not tags or dist_name(tags["name"]) != dist_name(name) or tags["version"] != version:
-                raise ActionError(f"{sdist.name} built {wheel.name}, not a wheel of {name} "
-                                  f"{version}: the sdist does not hold what the lock says. "
-                                  "Re-lock.")
+                raise ActionError(
+                    f"{sdist.name} built {wheel.name}, not a wheel of {name} "
+                    f"{version}: the sdist does not hold what the lock says. "
+                    "Re-lock."
+                )
             why = unfit(wheel.name, build, target)
             if why:
                 raise UserError(
@@ -214,11 +236,14 @@ def build_wheel(sdist: Path, sha256: str, name: str, version: str, target: dict,
                     f"(Python {want}, {target.get('python_platform')}): {why}. Export on a machine "
                     f"that has Python {want} (on PATH as python{want}, in pyenv, or `uv python "
                     f"install {want}`) and a glibc no newer than the target's (e.g. inside the "
-                    "profile's base image).")
+                    "profile's base image)."
+                )
             if wheel.name in reserved:
-                raise UserError(f"{wheel.name}, built from {sdist.name}, has the name of a file a "
-                                "lock in this export pins; export these profiles into separate "
-                                "wheelhouses.")
+                raise UserError(
+                    f"{wheel.name}, built from {sdist.name}, has the name of a file a "
+                    "lock in this export pins; export these profiles into separate "
+                    "wheelhouses."
+                )
             built = BuiltWheel(wheel.name, sha256_file(wheel), wheel.stat().st_size, build)
             os.replace(wheel, dest / wheel.name)
     finally:
@@ -229,8 +254,9 @@ def build_wheel(sdist: Path, sha256: str, name: str, version: str, target: dict,
     return built
 
 
-def _uv_build(sdist: Path, sha256: str, tmp: Path, python: tuple[str, str], index: str,
-              what: str) -> tuple[Path, dict]:
+def _uv_build(
+    sdist: Path, sha256: str, tmp: Path, python: tuple[str, str], index: str, what: str
+) -> tuple[Path, dict]:
     """(the wheel `uv build` made in `tmp` from a verified copy of `sdist`, its provenance)."""
     from envbuilder.offline.fetch import sha256_file
     from envbuilder.tools.uv import uv_env, uv_bin, uv_version
@@ -239,27 +265,45 @@ def _uv_build(sdist: Path, sha256: str, tmp: Path, python: tuple[str, str], inde
     shutil.copyfile(sdist, src)  # build from bytes that were hashed, not from a path
     got = sha256_file(src)
     if got != sha256:
-        raise ActionError(f"{sdist} changed on disk (sha256 {got}, the lock pins {sha256}); "
-                          "nothing was built from it. Run the export again.")
+        raise ActionError(
+            f"{sdist} changed on disk (sha256 {got}, the lock pins {sha256}); "
+            "nothing was built from it. Run the export again."
+        )
     backend, requires = build_system(src)
     env = uv_env()
     env.setdefault("SOURCE_DATE_EPOCH", SOURCE_DATE_EPOCH)
     exe, full = python
-    cmd = [uv_bin(), "build", "--no-config", "--wheel", "--python", exe, "--no-python-downloads",
-           "--default-index", index, "--out-dir", str(tmp / "out"), str(src)]
+    cmd = [
+        uv_bin(),
+        "build",
+        "--no-config",
+        "--wheel",
+        "--python",
+        exe,
+        "--no-python-downloads",
+        "--default-index",
+        index,
+        "--out-dir",
+        str(tmp / "out"),
+        str(src),
+    ]
     from envbuilder.tools.run import TooMuchMemory, run
 
     try:  # (bounded: uv reads the build index's pages whole; one that never ends filled memory)
         proc = run(cmd, cwd=tmp, env=env, timeout=BUILD_TIMEOUT)
     except subprocess.TimeoutExpired:
-        raise ActionError(f"Building a wheel of {what} took longer than {BUILD_TIMEOUT} s; nothing "
-                          "was built. Build on a faster machine, or report the package.") from None
+        raise ActionError(
+            f"Building a wheel of {what} took longer than {BUILD_TIMEOUT} s; nothing "
+            "was built. Build on a faster machine, or report the package."
+        ) from None
     except TooMuchMemory as e:
         from envbuilder.oci.http import redact
 
-        raise ActionError(f"Building a wheel of {what} was stopped: uv {e} reading "
-                          f"{redact(index)}. An index that sends a page without end does that; "
-                          "pass --build-index-url another.") from None
+        raise ActionError(
+            f"Building a wheel of {what} was stopped: uv {e} reading "
+            f"{redact(index)}. An index that sends a page without end does that; "
+            "pass --build-index-url another."
+        ) from None
     if proc.returncode != 0:
         log = (proc.stderr + proc.stdout).strip()[-2500:]
         raise ActionError(
@@ -268,13 +312,22 @@ def _uv_build(sdist: Path, sha256: str, tmp: Path, python: tuple[str, str], inde
             "The far side installs with no index and builds nothing, so the wheelhouse needs this "
             "wheel. If the index could not be reached or lacks the backend, pass "
             "--build-index-url an index that serves it; if a compiler or headers are missing, "
-            "install them here; then export again (what is already there is kept).")
+            "install them here; then export again (what is already there is kept)."
+        )
     wheels = sorted((tmp / "out").glob("*.whl"))
     if len(wheels) != 1:
-        raise ActionError(f"uv build made {len(wheels)} wheels from {sdist.name}, not one; nothing "
-                          "was kept. Report the package.")
+        raise ActionError(
+            f"uv build made {len(wheels)} wheels from {sdist.name}, not one; nothing "
+            "was kept. Report the package."
+        )
     g = host_glibc()
-    return wheels[0], {"backend": backend, "requires": requires, "generator": _generator(wheels[0]),
-                       "python": full, "machine": platform.machine(),
-                       "glibc": f"{g[0]}.{g[1]}" if g else None, "tool": f"uv {uv_version()}",
-                       "index": index}
+    return wheels[0], {
+        "backend": backend,
+        "requires": requires,
+        "generator": _generator(wheels[0]),
+        "python": full,
+        "machine": platform.machine(),
+        "glibc": f"{g[0]}.{g[1]}" if g else None,
+        "tool": f"uv {uv_version()}",
+        "index": index,
+    }

@@ -92,48 +92,79 @@ def artifacts(lock_dir: Path, profile: str | None = None) -> LockPlan:
     out: list[Artifact] = []
     if "pip" in meta["parts"]:
         if L.PYLOCK not in texts:
-            raise UserError(f"The lock in {lock_dir} has no {L.PYLOCK} (made by an older envbuild), "
-                            "so it names no file URLs. Re-lock with `envbuild lock`.")
+            raise UserError(
+                f"The lock in {lock_dir} has no {L.PYLOCK} (made by an older envbuild), "
+                "so it names no file URLs. Re-lock with `envbuild lock`."
+            )
         for p in L.parse(L.PYLOCK, texts[L.PYLOCK], str(lock_dir / L.PYLOCK))["packages"]:
             files = p.get("wheels") or ([p["sdist"]] if p.get("sdist") else [])
             if not files:
                 raise UserError(f"{lock_dir / L.PYLOCK}: {p['name']} has no file to download.")
             for f in files:
-                out.append(Artifact("pip", normalize(p["name"]), p["version"], f["url"],
-                                    f["hashes"]["sha256"], f.get("size"), "pypi"))
+                out.append(
+                    Artifact(
+                        "pip",
+                        normalize(p["name"]),
+                        p["version"],
+                        f["url"],
+                        f["hashes"]["sha256"],
+                        f.get("size"),
+                        "pypi",
+                    )
+                )
     if L.SOURCES in texts:  # GitHub files the builder uses (apex, flash-attn)
-        for name, src in sorted(L.parse(L.SOURCES, texts[L.SOURCES],
-                                        str(lock_dir / L.SOURCES)).items()):
-            out.append(Artifact("source", name, src.get("ref", ""), src["url"], src["sha256"],
-                                src.get("size"), "sources"))
+        for name, src in sorted(L.parse(L.SOURCES, texts[L.SOURCES], str(lock_dir / L.SOURCES)).items()):
+            out.append(
+                Artifact(
+                    "source", name, src.get("ref", ""), src["url"], src["sha256"], src.get("size"), "sources"
+                )
+            )
     if "conda" in meta["parts"]:
         doc = L.parse(L.CONDA_LOCK, texts[L.CONDA_LOCK], str(lock_dir / L.CONDA_LOCK))
         for p in doc["package"]:
             if p["manager"] != "conda":
                 continue
             if not p["hash"].get("sha256"):
-                raise UserError(f"{lock_dir / L.CONDA_LOCK}: {p['name']} has no sha256, so its "
-                                "download cannot be checked. Re-lock with `envbuild lock`.")
+                raise UserError(
+                    f"{lock_dir / L.CONDA_LOCK}: {p['name']} has no sha256, so its "
+                    "download cannot be checked. Re-lock with `envbuild lock`."
+                )
             platform = ([""] + urlsplit(p["url"]).path.rstrip("/").split("/"))[-2]
-            out.append(Artifact("conda", p["name"], str(p["version"]), p["url"],
-                                p["hash"]["sha256"], None, f"conda/{platform}"))
+            out.append(
+                Artifact(
+                    "conda",
+                    p["name"],
+                    str(p["version"]),
+                    p["url"],
+                    p["hash"]["sha256"],
+                    None,
+                    f"conda/{platform}",
+                )
+            )
     if not out:
-        raise UserError(f"The lock in {lock_dir} pins no packages (parts: "
-                        f"{', '.join(meta.get('parts', [])) or 'none'}).")
+        raise UserError(
+            f"The lock in {lock_dir} pins no packages (parts: {', '.join(meta.get('parts', [])) or 'none'})."
+        )
     for a in out:  # a name from a lock becomes a path here: it must stay where it belongs
         size_ok = a.size is None or (isinstance(a.size, int) and a.size >= 0)
-        if not (L.wheelhouse_path(a.path) and L.plain_name(a.name) and size_ok
-                and (a.kind != "pip" or L.PIP_NAME.fullmatch(a.name))):
-            raise UserError(f"The lock in {lock_dir} pins {a.name[:60]!r} from {a.url[:120]}, "
-                            f"which would be stored as {a.path[:120]!r}: not a plain file name "
-                            "inside the wheelhouse (or a malformed size). envbuild never writes "
-                            "outside it; re-lock with `envbuild lock`.")
+        if not (
+            L.wheelhouse_path(a.path)
+            and L.plain_name(a.name)
+            and size_ok
+            and (a.kind != "pip" or L.PIP_NAME.fullmatch(a.name))
+        ):
+            raise UserError(
+                f"The lock in {lock_dir} pins {a.name[:60]!r} from {a.url[:120]}, "
+                f"which would be stored as {a.path[:120]!r}: not a plain file name "
+                "inside the wheelhouse (or a malformed size). envbuild never writes "
+                "outside it; re-lock with `envbuild lock`."
+            )
     return LockPlan(meta, out, texts)
 
 
 def mirrored_urls(url: str, url_map: list[tuple[str, str]]) -> tuple[str, ...]:
     """The URL through each mirror prefix that matches it, in order, then the URL itself."""
-    urls = [to + url[len(frm):] for frm, to in url_map if url.startswith(frm)]
+    urls = [to + url[len(frm) :] for frm, to in url_map if url.startswith(frm)]
     return tuple(dict.fromkeys(urls + [url]))
 
 
@@ -151,9 +182,11 @@ def _real_dir(out: Path, rel: str) -> Path:
         if not cur.is_symlink() and not cur.exists():
             cur.mkdir(exist_ok=True)
         if cur.is_symlink() or not cur.is_dir():
-            raise UserError(f"{cur} is a symbolic link or a file where the wheelhouse keeps a "
-                            "directory; envbuild does not write through links. Move it away, or "
-                            "export into a new directory.")
+            raise UserError(
+                f"{cur} is a symbolic link or a file where the wheelhouse keeps a "
+                "directory; envbuild does not write through links. Move it away, or "
+                "export into a new directory."
+            )
     return cur
 
 
@@ -176,18 +209,27 @@ def _simple_index(out: Path, files: dict) -> None:
     simple = _real_dir(out, "simple")
     for folder in sorted(simple.iterdir()):
         page = folder / "index.html"
-        if folder.name not in projects and folder.is_dir() and not folder.is_symlink() \
-                and page.is_file() and not page.is_symlink():
+        if (
+            folder.name not in projects
+            and folder.is_dir()
+            and not folder.is_symlink()
+            and page.is_file()
+            and not page.is_symlink()
+        ):
             page.unlink()
             with contextlib.suppress(OSError):
                 folder.rmdir()  # only when nothing else is in it
     links = "".join(f'    <a href="{html.escape(n)}/">{html.escape(n)}</a><br>\n' for n in projects)
     _write_text(out, "simple/index.html", f"<!DOCTYPE html>\n<html><body>\n{links}</body></html>\n")
     for name, paths in projects.items():
-        body = "".join(f'    <a href="../../{html.escape(p)}#sha256={files[p]["sha256"]}">'
-                       f'{html.escape(p.rsplit("/", 1)[-1])}</a><br>\n' for p in paths)
-        _write_text(out, f"simple/{name}/index.html",
-                    f"<!DOCTYPE html>\n<html><body>\n{body}</body></html>\n")
+        body = "".join(
+            f'    <a href="../../{html.escape(p)}#sha256={files[p]["sha256"]}">'
+            f"{html.escape(p.rsplit('/', 1)[-1])}</a><br>\n"
+            for p in paths
+        )
+        _write_text(
+            out, f"simple/{name}/index.html", f"<!DOCTYPE html>\n<html><body>\n{body}</body></html>\n"
+        )
 
 
 def _conda_index(out: Path) -> None:
@@ -198,7 +240,7 @@ def _conda_index(out: Path) -> None:
         raise ActionError(f"rattler could not index {out / 'conda'}: {next(iter(result.values()))}")
 
 
-INSTALL_SH = r'''#!/usr/bin/env bash
+INSTALL_SH = r"""#!/usr/bin/env bash
 # Offline install from this envbuild wheelhouse: no index, no network; every file hash-checked.
 #   ./install.sh [PROFILE] [--prefix DIR]        (PYTHON=python3.10 picks the venv's Python)
 # An existing environment at DIR (DIR/bin/python) is installed into. Else, with a conda part and
@@ -282,11 +324,12 @@ if [ -f "$REQ" ]; then
     --only-binary=:all: -r "$REQ"
 fi
 echo "installed $PROFILE into $PREFIX"
-'''
+"""
 
 
-def uv_artifacts(pin, plans: dict[str, LockPlan], build_index: str | None, session,
-                 say: Callable[[str], None]) -> list[Artifact]:
+def uv_artifacts(
+    pin, plans: dict[str, LockPlan], build_index: str | None, session, say: Callable[[str], None]
+) -> list[Artifact]:
     """The uv wheel `pin` names (file name and sha256; the matrix's defaults.uv), found on the
     index the locks were made from (or `build_index`, a mirror's) as every pip file of a lock
     is, and then fetched and verified like them. None there: [] and a warning; a build from
@@ -299,8 +342,7 @@ def uv_artifacts(pin, plans: dict[str, LockPlan], build_index: str | None, sessi
     own = session is None
     s = session or net.session()
     try:
-        for index in dict.fromkeys(i for i in indexes
-                                   if i and i.startswith(("http://", "https://"))):
+        for index in dict.fromkeys(i for i in indexes if i and i.startswith(("http://", "https://"))):
             page = index.rstrip("/") + "/uv/"
             try:
                 r = net.request(s, "GET", page, net.INDEX_PAGE, timeout=30)
@@ -313,14 +355,15 @@ def uv_artifacts(pin, plans: dict[str, LockPlan], build_index: str | None, sessi
             for href in re.findall(r'href="([^"]+)"', r.body.decode("utf-8", "replace")):
                 url = urljoin(page, html.unescape(href)).split("#", 1)[0]
                 if unquote(urlsplit(url).path.rsplit("/", 1)[-1]) == filename:
-                    return [Artifact("pip", "uv", pin.version, url, pin.sha256, pin.size,
-                                     "pypi")]
+                    return [Artifact("pip", "uv", pin.version, url, pin.sha256, pin.size, "pypi")]
     finally:
         if own:
             s.close()
-    say(f"warning: no index of these locks serves {filename} (uv {pin.version}, which the "
+    say(
+        f"warning: no index of these locks serves {filename} (uv {pin.version}, which the "
         "Dockerfile's runtime stage installs with): this wheelhouse holds no uv, and a build "
-        "from it installs with pip. Pass --build-index-url an index that serves it.")
+        "from it installs with pip. Pass --build-index-url an index that serves it."
+    )
     return []
 
 
@@ -333,10 +376,20 @@ class ExportReport(NamedTuple):
     tar: Path | None = None  # OUT.tar, when asked for
 
 
-def export(profiles: dict[str, Path], out: Path, *, url_map: list[tuple[str, str]] = (),
-           jobs: int = 8, progress=None, session=None, build_index: str | None = None,
-           say: Callable[[str], None] = lambda m: None, tar: bool = False,
-           wait: float = WAIT_FOR_OTHER, uv=None) -> ExportReport:
+def export(
+    profiles: dict[str, Path],
+    out: Path,
+    *,
+    url_map: list[tuple[str, str]] = (),
+    jobs: int = 8,
+    progress=None,
+    session=None,
+    build_index: str | None = None,
+    say: Callable[[str], None] = lambda m: None,
+    tar: bool = False,
+    wait: float = WAIT_FOR_OTHER,
+    uv=None,
+) -> ExportReport:
     """Fetch every file the locks of `profiles` ({name: lock dir}) pin into `out`, and build a
     wheel from every sdist among them (its backend from `build_index`, else the lock's index).
     One export at a time writes into `out` (another one waits up to `wait` seconds); one that
@@ -350,22 +403,24 @@ def export(profiles: dict[str, Path], out: Path, *, url_map: list[tuple[str, str
         told(redact(message))
 
     try:
-        return _export(profiles, Path(out), url_map, jobs, progress, session, build_index, shown,
-                       tar, wait, uv)
+        return _export(
+            profiles, Path(out), url_map, jobs, progress, session, build_index, shown, tar, wait, uv
+        )
     except EnvbuildError as e:  # a build index's or mirror's user:password@ named in a failure
         e.args = (redact(str(e)),)
         raise
 
 
-def _export(profiles, out, url_map, jobs, progress, session, build_index, say, tar, wait,
-            uv) -> ExportReport:
+def _export(profiles, out, url_map, jobs, progress, session, build_index, say, tar, wait, uv) -> ExportReport:
     """export()'s work, its messages redacted."""
     for name in profiles:
         if not L.PROFILE_NAME.fullmatch(name):
-            raise UserError(f"{name[:80]!r} cannot be a profile of a wheelhouse: it names files "
-                            "there (requirements/NAME.lock, locks/NAME/) and a word of install.sh, "
-                            "so it is letters, digits, '.', '_', '+' and '-', starting with a "
-                            "letter or digit. Export it under a plain name.")
+            raise UserError(
+                f"{name[:80]!r} cannot be a profile of a wheelhouse: it names files "
+                "there (requirements/NAME.lock, locks/NAME/) and a word of install.sh, "
+                "so it is letters, digits, '.', '_', '+' and '-', starting with a "
+                "letter or digit. Export it under a plain name."
+            )
     plans = {name: artifacts(lock_dir, name) for name, lock_dir in profiles.items()}
     if uv:
         tools = uv_artifacts(uv, plans, build_index, session, say)
@@ -376,17 +431,20 @@ def _export(profiles, out, url_map, jobs, progress, session, build_index, say, t
         for a in plan.artifacts:
             other = wanted.setdefault(a.path, a)
             if other.sha256 != a.sha256:
-                raise UserError(f"Two locks pin {a.path} with different sha256 ({other.sha256} vs "
-                                f"{a.sha256}); export them into separate wheelhouses.")
+                raise UserError(
+                    f"Two locks pin {a.path} with different sha256 ({other.sha256} vs "
+                    f"{a.sha256}); export them into separate wheelhouses."
+                )
     with _exclusive(out, say, wait):
         try:
-            report = _export_into(out, plans, wanted, url_map, jobs, progress, session,
-                                  build_index, say)
+            report = _export_into(out, plans, wanted, url_map, jobs, progress, session, build_index, say)
             return report._replace(tar=write_tar(out)) if tar else report
         except KeyboardInterrupt:
-            say(f"Interrupted: the export into {out} stopped. What arrived whole is kept, and "
+            say(
+                f"Interrupted: the export into {out} stopped. What arrived whole is kept, and "
                 "partial downloads stay in its .partial/ folders: run the same command again "
-                "to resume.")
+                "to resume."
+            )
             raise
         except OSError as e:  # writing the wheelhouse itself (a full disk, permissions)
             raise _write_error(out, e, wanted) from None
@@ -400,10 +458,11 @@ def _exclusive(out: Path, say, wait: float):
     killed before it wrote manifest.json is resumed, not refused."""
     if out.exists() and not out.is_dir():
         raise UserError(f"{out} exists and is not a directory; pass -o a wheelhouse directory.")
-    if out.is_dir() and not (out / LOCK).exists() and not (out / MANIFEST).exists() \
-            and any(out.iterdir()):
-        raise UserError(f"{out} is not empty and is not a wheelhouse (no {MANIFEST}); pass -o a "
-                        "new or empty directory, or an existing wheelhouse.")
+    if out.is_dir() and not (out / LOCK).exists() and not (out / MANIFEST).exists() and any(out.iterdir()):
+        raise UserError(
+            f"{out} is not empty and is not a wheelhouse (no {MANIFEST}); pass -o a "
+            "new or empty directory, or an existing wheelhouse."
+        )
     try:
         out.mkdir(parents=True, exist_ok=True)
         fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
@@ -413,15 +472,19 @@ def _exclusive(out: Path, say, wait: float):
         if not _try_lock(fd):
             holder = _holder(fd)
             limit = f"{wait / 60:.0f} min" if wait >= 60 else f"{wait:g} s"
-            say(f"Another envbuild export{holder} is writing into {out}: waiting for it to "
-                f"finish (at most {limit}; Ctrl-C stops waiting).")
+            say(
+                f"Another envbuild export{holder} is writing into {out}: waiting for it to "
+                f"finish (at most {limit}; Ctrl-C stops waiting)."
+            )
             deadline = time.monotonic() + wait
             while not _try_lock(fd):
                 if time.monotonic() >= deadline:
-                    raise ActionError(f"Another envbuild export{holder} has been writing into "
-                                      f"{out} for more than {wait:g} s, so this one did not "
-                                      "start. Let it finish (or stop it), then run this command "
-                                      "again; it resumes from what is there.")
+                    raise ActionError(
+                        f"Another envbuild export{holder} has been writing into "
+                        f"{out} for more than {wait:g} s, so this one did not "
+                        "start. Let it finish (or stop it), then run this command "
+                        "again; it resumes from what is there."
+                    )
                 time.sleep(0.2)
         with contextlib.suppress(OSError):  # who holds it, for a waiting export's message
             os.ftruncate(fd, 0)
@@ -445,31 +508,47 @@ def _holder(fd: int) -> str:
     return ""
 
 
-def _export_into(out: Path, plans: dict[str, LockPlan], wanted: dict[str, Artifact], url_map,
-                 jobs: int, progress, session, build_index, say) -> ExportReport:
+def _export_into(
+    out: Path,
+    plans: dict[str, LockPlan],
+    wanted: dict[str, Artifact],
+    url_map,
+    jobs: int,
+    progress,
+    session,
+    build_index,
+    say,
+) -> ExportReport:
     """export()'s work, while it holds `out`'s lock."""
     from envbuilder.offline.fetch import FetchItem, fetch_all
 
     manifest = _read_manifest(out)
-    for folder in ("simple", "requirements", "locks", *(f"locks/{n}" for n in plans),
-                   *{a.subdir for a in wanted.values()}):
+    for folder in (
+        "simple",
+        "requirements",
+        "locks",
+        *(f"locks/{n}" for n in plans),
+        *{a.subdir for a in wanted.values()},
+    ):
         _real_dir(out, folder)  # a link planted in the wheelhouse is refused before any download
     for path, a in wanted.items():
         old = manifest["files"].get(path)
         if old and old["sha256"] != a.sha256:
-            raise UserError(f"{out / path} is in this wheelhouse with another sha256 than the lock "
-                            "pins; export into a new directory.")
+            raise UserError(
+                f"{out / path} is in this wheelhouse with another sha256 than the lock "
+                "pins; export into a new directory."
+            )
     groups: dict[str, list[FetchItem]] = {}
     for path, a in sorted(wanted.items()):
         groups.setdefault(a.subdir, []).append(
-            FetchItem(a.filename, a.sha256, mirrored_urls(a.url, list(url_map)), a.size))
+            FetchItem(a.filename, a.sha256, mirrored_urls(a.url, list(url_map)), a.size)
+        )
     downloaded, skipped, nbytes, failures = [], [], 0, []
     no_space = False
     for subdir, items in groups.items():
         say(f"{subdir}: {len(items)} file(s)")
         try:
-            report = fetch_all(items, _real_dir(out, subdir), jobs=jobs, progress=progress,
-                               session=session)
+            report = fetch_all(items, _real_dir(out, subdir), jobs=jobs, progress=progress, session=session)
         except ActionError as e:  # record what did arrive, then report the failure
             report = e.report
             failures.append(e)
@@ -482,36 +561,49 @@ def _export_into(out: Path, plans: dict[str, LockPlan], wanted: dict[str, Artifa
     present = set(downloaded) | set(skipped)  # fetch checked their bytes on disk just now
     for path in sorted(present):
         a = wanted[path]
-        manifest["files"][path] = {"kind": a.kind, "name": a.name, "version": a.version,
-                                   "size": (out / path).stat().st_size, "sha256": a.sha256}
-    wheels, built = ({}, []) if no_space else \
-        _wheels_from_sdists(out, plans, present, manifest, build_index, failures, say)
-    _keep_only_valid(out, manifest, present | {p for w in wheels.values() for p in w.values()},
-                     say)
+        manifest["files"][path] = {
+            "kind": a.kind,
+            "name": a.name,
+            "version": a.version,
+            "size": (out / path).stat().st_size,
+            "sha256": a.sha256,
+        }
+    wheels, built = (
+        ({}, [])
+        if no_space
+        else _wheels_from_sdists(out, plans, present, manifest, build_index, failures, say)
+    )
+    _keep_only_valid(out, manifest, present | {p for w in wheels.values() for p in w.values()}, say)
     for name, plan in plans.items():
         if name in wheels and all(a.path in present for a in plan.artifacts):
-            manifest["profiles"][name] = {"input_sha256": plan.meta["input_sha256"],
-                                          "python": str((plan.meta.get("target") or {})
-                                                        .get("python") or ""),
-                                          "files": sorted([a.path for a in plan.artifacts]
-                                                          + list(wheels[name].values())),
-                                          "built": wheels[name]}
-            _profile_files(out, name, plan,
-                           {n: manifest["files"][p]["sha256"] for n, p in wheels[name].items()})
+            manifest["profiles"][name] = {
+                "input_sha256": plan.meta["input_sha256"],
+                "python": str((plan.meta.get("target") or {}).get("python") or ""),
+                "files": sorted([a.path for a in plan.artifacts] + list(wheels[name].values())),
+                "built": wheels[name],
+            }
+            _profile_files(
+                out, name, plan, {n: manifest["files"][p]["sha256"] for n, p in wheels[name].items()}
+            )
     for name, entry in sorted(manifest["profiles"].items()):  # complete, or not listed
         if any(p not in manifest["files"] for p in entry["files"]):
             del manifest["profiles"][name]
-            say(f"{name} is no longer complete here (a file it uses is missing or damaged): "
-                f"export {name} again")
+            say(
+                f"{name} is no longer complete here (a file it uses is missing or damaged): "
+                f"export {name} again"
+            )
     _simple_index(out, manifest["files"])
     if any(p.startswith("conda/") for p in present):
         _conda_index(out)
     names = " ".join(map(sh, sorted(manifest["profiles"])))  # one bash word each, whatever the name
-    pythons = " ".join(f"[{sh(n)}]={sh(e.get('python') or '')}"
-                       for n, e in sorted(manifest["profiles"].items())
-                       if re.fullmatch(r"3\.\d+", str(e.get("python") or "")))
-    _write_text(out, "install.sh", INSTALL_SH.replace("__PROFILES__", names)
-                .replace("__PYTHONS__", pythons), 0o755)
+    pythons = " ".join(
+        f"[{sh(n)}]={sh(e.get('python') or '')}"
+        for n, e in sorted(manifest["profiles"].items())
+        if re.fullmatch(r"3\.\d+", str(e.get("python") or ""))
+    )
+    _write_text(
+        out, "install.sh", INSTALL_SH.replace("__PROFILES__", names).replace("__PYTHONS__", pythons), 0o755
+    )
     _write_text(out, MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     if no_space:
         raise _no_space(out, wanted)
@@ -519,10 +611,17 @@ def _export_into(out: Path, plans: dict[str, LockPlan], wanted: dict[str, Artifa
         raise failures[0]
     if failures:
         cls = UserError if any(isinstance(f, UserError) for f in failures) else ActionError
-        raise cls(f"The export of {', '.join(plans)} failed in {len(failures)} ways:\n"
-                  + "\n".join(f"- {f}" for f in failures))
-    return ExportReport(downloaded, skipped, nbytes, len(wanted) + len(
-        {p for w in wheels.values() for p in w.values()}), built)
+        raise cls(
+            f"The export of {', '.join(plans)} failed in {len(failures)} ways:\n"
+            + "\n".join(f"- {f}" for f in failures)
+        )
+    return ExportReport(
+        downloaded,
+        skipped,
+        nbytes,
+        len(wanted) + len({p for w in wheels.values() for p in w.values()}),
+        built,
+    )
 
 
 def _keep_only_valid(out: Path, manifest: dict, checked: set[str], say) -> None:
@@ -541,8 +640,7 @@ def _keep_only_valid(out: Path, manifest: dict, checked: set[str], say) -> None:
             ok = False
         if not ok:
             del manifest["files"][path]
-            say(f"{path} is missing or no longer hashes right: it leaves the manifest and the "
-                "index")
+            say(f"{path} is missing or no longer hashes right: it leaves the manifest and the index")
             if file.is_file() and not file.is_symlink():
                 file.unlink()
 
@@ -571,35 +669,42 @@ def _no_space(out: Path, wanted: dict[str, Artifact]) -> ActionError:
     except OSError:
         free = 0
     if need:
-        ask = (f"the files still missing need about {human_size(need)}"
-               + (f" (and {unknown} of a size the lock does not record)" if unknown else "")
-               + f". Free {human_size(max(need - free, 1 << 20))} or more there")
+        ask = (
+            f"the files still missing need about {human_size(need)}"
+            + (f" (and {unknown} of a size the lock does not record)" if unknown else "")
+            + f". Free {human_size(max(need - free, 1 << 20))} or more there"
+        )
     else:
         ask = "Free space there"
-    return ActionError(f"No space left on {out} ({human_size(free)} free): {ask}, or choose "
-                       "another -o. Then run the same command again: the export resumes from "
-                       "what arrived (nothing that arrived is lost).")
+    return ActionError(
+        f"No space left on {out} ({human_size(free)} free): {ask}, or choose "
+        "another -o. Then run the same command again: the export resumes from "
+        "what arrived (nothing that arrived is lost)."
+    )
 
 
 def _write_error(out: Path, e: OSError, wanted: dict[str, Artifact]) -> ActionError:
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         return _no_space(out, wanted)
-    return ActionError(f"Cannot write the wheelhouse {out}: {e.strerror}"
-                       + (f" ({e.filename})" if e.filename else "") + ". Check "
-                       "the directory's permissions, then run the same command again: it resumes "
-                       "from what arrived.")
+    return ActionError(
+        f"Cannot write the wheelhouse {out}: {e.strerror}"
+        + (f" ({e.filename})" if e.filename else "")
+        + ". Check "
+        "the directory's permissions, then run the same command again: it resumes "
+        "from what arrived."
+    )
 
 
-def _wheels_from_sdists(out: Path, plans: dict, present: set[str], manifest: dict,
-                        build_index: str | None, failures: list, say) -> tuple[dict, list[str]]:
+def _wheels_from_sdists(
+    out: Path, plans: dict, present: set[str], manifest: dict, build_index: str | None, failures: list, say
+) -> tuple[dict, list[str]]:
     """A wheel for every sdist of every profile, fit for that profile's target: one already in
     the wheelhouse (built from the same sdist sha256, its bytes hashing right), else built now.
     Returns ({profile: {package: wheel path}} for the profiles that have all of theirs, [wheels
     built now]); a build's failure goes to `failures`, its profile stays incomplete."""
     from envbuilder.offline.wheelbuild import build_wheel, is_sdist
 
-    reserved = frozenset(a.filename for plan in plans.values() for a in plan.artifacts
-                         if a.subdir == "pypi")
+    reserved = frozenset(a.filename for plan in plans.values() for a in plan.artifacts if a.subdir == "pypi")
     wheels: dict[str, dict[str, str]] = {}
     built: list[str] = []
     failed: set[tuple] = set()  # (sdist, target) whose build failed in this run: not tried twice
@@ -617,15 +722,28 @@ def _wheels_from_sdists(out: Path, plans: dict, present: set[str], manifest: dic
             if path is None:
                 index = build_index or (meta.get("sources") or {}).get("pypi")
                 if not index:
-                    failures.append(UserError(f"The lock of {name} names no index (lock.json "
-                                              "sources.pypi) to fetch the build backend of "
-                                              f"{a.filename} from; pass --build-index-url."))
+                    failures.append(
+                        UserError(
+                            f"The lock of {name} names no index (lock.json "
+                            "sources.pypi) to fetch the build backend of "
+                            f"{a.filename} from; pass --build-index-url."
+                        )
+                    )
                     failed.add(key)
                     complete = False
                     continue
                 try:
-                    w = build_wheel(out / a.path, a.sha256, a.name, a.version, target, index,
-                                    out / a.subdir, reserved=reserved, say=say)
+                    w = build_wheel(
+                        out / a.path,
+                        a.sha256,
+                        a.name,
+                        a.version,
+                        target,
+                        index,
+                        out / a.subdir,
+                        reserved=reserved,
+                        say=say,
+                    )
                 except (UserError, ActionError) as e:
                     failures.append(e)
                     failed.add(key)
@@ -634,9 +752,14 @@ def _wheels_from_sdists(out: Path, plans: dict, present: set[str], manifest: dic
                 path = f"{a.subdir}/{w.filename}"
                 _forget_profiles_using(manifest, path, w.sha256, keep=set(plans), say=say)
                 manifest["files"][path] = {
-                    "kind": "pip", "name": a.name, "version": a.version, "size": w.size,
-                    "sha256": w.sha256, "built_from": {"path": a.path, "sha256": a.sha256},
-                    "build": w.build}
+                    "kind": "pip",
+                    "name": a.name,
+                    "version": a.version,
+                    "size": w.size,
+                    "sha256": w.sha256,
+                    "built_from": {"path": a.path, "sha256": a.sha256},
+                    "build": w.build,
+                }
                 built.append(path)
             mine[a.name] = path
         if complete:
@@ -650,9 +773,12 @@ def _built_wheel(out: Path, manifest: dict, sdist: Artifact, target: dict) -> st
     from envbuilder.offline.wheelbuild import unfit
 
     for path, f in sorted(manifest["files"].items()):
-        if (f.get("built_from") or {}).get("sha256") == sdist.sha256 \
-                and unfit(path.rsplit("/", 1)[-1], f.get("build") or {}, target) is None \
-                and (out / path).is_file() and sha256_file(out / path) == f["sha256"]:
+        if (
+            (f.get("built_from") or {}).get("sha256") == sdist.sha256
+            and unfit(path.rsplit("/", 1)[-1], f.get("build") or {}, target) is None
+            and (out / path).is_file()
+            and sha256_file(out / path) == f["sha256"]
+        ):
             return path
     return None
 
@@ -679,15 +805,19 @@ def _profile_files(out: Path, name: str, plan: LockPlan, built: dict[str, str]) 
 
         text = texts[L.REQUIREMENTS]
         if built:
-            note = (f"# envbuild wheelhouse: {L.REQUIREMENTS} of {name}, with the sha256 of the "
-                    f"wheel built here from each sdist ({', '.join(sorted(built))}) in place of "
-                    "the sdist's\n")
+            note = (
+                f"# envbuild wheelhouse: {L.REQUIREMENTS} of {name}, with the sha256 of the "
+                f"wheel built here from each sdist ({', '.join(sorted(built))}) in place of "
+                "the sdist's\n"
+            )
             text = note + replace_hashes(text, {n: (f"sha256:{h}",) for n, h in built.items()})
         _write_text(out, f"requirements/{name}.lock", text)
     conda = [a for a in arts if a.kind == "conda"]
     if conda:
-        lines = ["# envbuild wheelhouse: the conda part of " + name + " (install.sh makes the "
-                 "paths absolute)", "@EXPLICIT"]
+        lines = [
+            "# envbuild wheelhouse: the conda part of " + name + " (install.sh makes the paths absolute)",
+            "@EXPLICIT",
+        ]
         lines += [f"./{a.path}#{_md5(out / a.path)}" for a in conda]
         _write_text(out, f"conda/{name}.txt", "\n".join(lines) + "\n")
     # locks/<profile>/: the lock's files, and no file of an earlier lock it no longer has (only

@@ -32,8 +32,7 @@ FILES = {
     "prepare_gsm8k.py": "prepare_gsm8k.py.j2",
     "README.md": "README.md.j2",  # what each file is and the commands that come next
 }
-EXECUTABLE = {RUN_SCRIPT, "preflight.py", "apply_patches.py", "audit_precision.py",
-              "prepare_gsm8k.py"}
+EXECUTABLE = {RUN_SCRIPT, "preflight.py", "apply_patches.py", "audit_precision.py", "prepare_gsm8k.py"}
 # copied, not rendered: the builder stage runs envbuild's own module (one place for the name)
 FLASH_ATTN_SCRIPT = "flash_attn_wheel.py"
 MARKER = "envbuild.json"
@@ -47,9 +46,13 @@ def smoke_command(preflight: str = PREFLIGHT) -> list[str]:
     """The image's own preflight.py in --smoke mode: the torch build and every module of the
     training path (its EXPECTED["training_path"], rendered from the same resolved environment),
     with no GPU needed. Its report goes to stderr, where docker's error carries it on failure."""
-    return ["python", "-c", "import runpy, sys; sys.stdout = sys.stderr; path = sys.argv[1]; "
-            "sys.argv = [path, '--smoke']; runpy.run_path(path, run_name='__main__')", preflight]
-
+    return [
+        "python",
+        "-c",
+        "import runpy, sys; sys.stdout = sys.stderr; path = sys.argv[1]; "
+        "sys.argv = [path, '--smoke']; runpy.run_path(path, run_name='__main__')",
+        preflight,
+    ]
 
 
 def jinja_env():
@@ -91,8 +94,10 @@ def apex_command(env: ResolvedEnv) -> str:
         return ""
     if apex.install == "env":
         return f'APEX_CPP_EXT=1 APEX_CUDA_EXT=1 pip install -v --no-build-isolation "apex @ {apex.url}"'
-    return ('pip install -v --no-build-isolation --config-settings "--build-option=--cpp_ext" '
-            f'--config-settings "--build-option=--cuda_ext" "apex @ {apex.url}"')
+    return (
+        'pip install -v --no-build-isolation --config-settings "--build-option=--cpp_ext" '
+        f'--config-settings "--build-option=--cuda_ext" "apex @ {apex.url}"'
+    )
 
 
 def preflight_expectations(env: ResolvedEnv) -> dict:
@@ -126,19 +131,23 @@ def audit_plan(env: ResolvedEnv) -> dict:
     """What audit_precision.py checks, as data (its PLAN blob): the checks that apply, in the
     verl files the run loads (the training path's verl modules and the files the patches touch),
     with the matrix's reviewed exceptions."""
-    no_bf16 = (f"the profile computes in {env.dtype}"
-               + ("" if env.gpu.bf16 else f"; the {env.gpu.name} has no native bfloat16"))
+    no_bf16 = f"the profile computes in {env.dtype}" + (
+        "" if env.gpu.bf16 else f"; the {env.gpu.name} has no native bfloat16"
+    )
     return {
         "profile": env.profile,
         "gpu": env.gpu.name,
         "verl": env.verl.version,
         "checks": list(env.audit.checks),
-        "reasons": {"autocast_bf16": no_bf16,
-                    "flash_attention_2": f"the attention is {env.attention}, not flash-attn"},
+        "reasons": {
+            "autocast_bf16": no_bf16,
+            "flash_attention_2": f"the attention is {env.attention}, not flash-attn",
+        },
         "modules": [m for m in env.training_path if m.split(".")[0] == "verl"],
         "files": sorted({f for p in env.patches for f in p.files}),
-        "reviewed": [{k: getattr(r, k) for k in ("name", "check", "file", "line", "why")}
-                     for r in env.audit.reviewed],
+        "reviewed": [
+            {k: getattr(r, k) for k in ("name", "check", "file", "line", "why")} for r in env.audit.reviewed
+        ],
     }
 
 
@@ -190,20 +199,26 @@ def render_files(env: ResolvedEnv, locked: dict | None = None) -> dict[str, str]
     # each pip step's pins, one file per step (its cache key moves with it alone); a locked
     # Dockerfile installs the hashed files instead, requirements.txt and environment.yml these
     for layer in [*plan.layers, *([plan.builder] if plan.builder else [])]:
-        head = (f"# envbuild: what the {layer.name} step of {env.profile} fixes for itself and "
-                "every later step: " + (f"from {plan.pinned_from}" if plan.pinned_from else
-                                       "its top-level pins only (no lock fits)")
-                + (f"; solved with torch {plan.torch_swapped}, so torch's own packages are "
-                   "pinned by the requirements" if plan.torch_swapped else ""))
+        head = (
+            f"# envbuild: what the {layer.name} step of {env.profile} fixes for itself and "
+            "every later step: "
+            + (f"from {plan.pinned_from}" if plan.pinned_from else "its top-level pins only (no lock fits)")
+            + (
+                f"; solved with torch {plan.torch_swapped}, so torch's own packages are "
+                "pinned by the requirements"
+                if plan.torch_swapped
+                else ""
+            )
+        )
         # (a pip constraints file: one comment line, then one bare pin a line; quoting.py)
-        out[layer.constraints_file] = (comment(head) + ".\n"
-                                       + "".join(f"{word(pin)}\n" for pin in layer.pins))
+        out[layer.constraints_file] = comment(head) + ".\n" + "".join(f"{word(pin)}\n" for pin in layer.pins)
     out.update(locked["files"] if locked else {})
     return out
 
 
-def write_dir(out_dir: Path, files: dict[str, str], links: dict[str, Path] | None = None,
-              force: bool = False) -> list[Path]:
+def write_dir(
+    out_dir: Path, files: dict[str, str], links: dict[str, Path] | None = None, force: bool = False
+) -> list[Path]:
     """Write `files` (and hard-link `links`) into `out_dir`, replacing and deleting only what an
     earlier envbuild write put there (outdir.write_dir); the scripts get mode 0755."""
     from envbuilder.render.outdir import write_dir as write
@@ -211,6 +226,5 @@ def write_dir(out_dir: Path, files: dict[str, str], links: dict[str, Path] | Non
     return write(out_dir, files, links, EXECUTABLE, force)
 
 
-def render(env: ResolvedEnv, out_dir: Path, locked: dict | None = None,
-           force: bool = False) -> list[Path]:
+def render(env: ResolvedEnv, out_dir: Path, locked: dict | None = None, force: bool = False) -> list[Path]:
     return write_dir(out_dir, render_files(env, locked), (locked or {}).get("links"), force=force)

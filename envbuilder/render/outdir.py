@@ -52,10 +52,17 @@ MAX_RECORD_BYTES = 16 << 20  # a record names every file of one folder: a few KB
 def safe_relpath(name: str, where: str = "a generated file") -> PurePosixPath:
     """`name` as a path that stays inside its directory (relative, no `..`, no empty parts)."""
     p = PurePosixPath(name)
-    if (not name or "\\" in name or "\x00" in name or p.is_absolute()
-            or any(part in ("", ".", "..") for part in name.split("/"))):
-        raise UserError(f"{where} is named {shorten(name)!r}, which would leave its directory. "
-                        "Names are plain relative paths without '..'; check the file that gave it.")
+    if (
+        not name
+        or "\\" in name
+        or "\x00" in name
+        or p.is_absolute()
+        or any(part in ("", ".", "..") for part in name.split("/"))
+    ):
+        raise UserError(
+            f"{where} is named {shorten(name)!r}, which would leave its directory. "
+            "Names are plain relative paths without '..'; check the file that gave it."
+        )
     return p
 
 
@@ -83,6 +90,7 @@ class Checked(NamedTuple):
     """A file to place as exactly the bytes a manifest names: `rel` inside `root` (the folder the
     user named, e.g. a wheelhouse; no link below it is followed), its size and sha256. `fix`
     ends a refusal's message (what to do)."""
+
     root: Path
     rel: str
     size: int
@@ -91,8 +99,10 @@ class Checked(NamedTuple):
 
 
 def _refuse(src: Checked, why: str) -> UserError:
-    return UserError(f"{Path(src.root) / src.rel} {why}; envbuild places only regular files "
-                     f"whose bytes hash to what their manifest records. {src.fix}")
+    return UserError(
+        f"{Path(src.root) / src.rel} {why}; envbuild places only regular files "
+        f"whose bytes hash to what their manifest records. {src.fix}"
+    )
 
 
 def _open_checked(src: Checked) -> tuple[int, int, str]:
@@ -106,18 +116,17 @@ def _open_checked(src: Checked) -> tuple[int, int, str]:
     try:
         for part in parts[:-1]:
             try:
-                nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                              dir_fd=dfd)
+                nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
             except OSError as e:
                 if e.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise _refuse(src, f"is reached through {part}/, which is a symbolic link or "
-                                       "not a folder") from None
+                    raise _refuse(
+                        src, f"is reached through {part}/, which is a symbolic link or not a folder"
+                    ) from None
                 raise _refuse(src, f"cannot be opened ({e.strerror})") from None
             os.close(dfd)
             dfd = nfd
         try:
-            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                         dir_fd=dfd)
+            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
         except OSError as e:
             if e.errno == errno.ELOOP:
                 raise _refuse(src, "is a symbolic link") from None
@@ -138,7 +147,7 @@ def _hash_fd(fd: int, sink: int | None = None) -> tuple[str, int]:
         if sink is not None:
             view = memoryview(chunk)
             while view:
-                view = view[os.write(sink, view):]
+                view = view[os.write(sink, view) :]
     return h.hexdigest(), size
 
 
@@ -166,8 +175,7 @@ def place_checked(src: Checked, dest: Path) -> None:
                 if (linked.st_dev, linked.st_ino) == (st.st_dev, st.st_ino):
                     return
                 os.unlink(dest)  # the name was swapped since it was opened: copy what was checked
-        out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                      0o644)
+        out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         try:
             digest, size = _hash_fd(fd, out)
         finally:
@@ -186,9 +194,11 @@ def _refuse_links_on_the_way(out_dir: Path) -> None:
     be created in may be a link of the user's own or root's, as the kernel's protected_symlinks
     allows: a home or scratch folder linked to where the space is.)"""
     if out_dir.is_symlink():
-        raise UserError(f"{out_dir} is a symbolic link (to {shorten(os.readlink(out_dir))}); "
-                        "envbuild does not write through links it did not make. Pass the folder "
-                        "itself, or a new path.")
+        raise UserError(
+            f"{out_dir} is a symbolic link (to {shorten(os.readlink(out_dir))}); "
+            "envbuild does not write through links it did not make. Pass the folder "
+            "itself, or a new path."
+        )
     if os.path.lexists(out_dir):
         return
     above = out_dir.parent
@@ -199,10 +209,12 @@ def _refuse_links_on_the_way(out_dir: Path) -> None:
     except OSError:
         return  # (gone meanwhile: the mkdir says so)
     if stat.S_ISLNK(st.st_mode) and st.st_uid not in (0, os.geteuid()):
-        raise UserError(f"{above} is a symbolic link of another user's (uid {st.st_uid}, to "
-                        f"{shorten(os.readlink(above))}), and envbuild would create {out_dir} "
-                        "through it; it does not write through links it did not make. Pass a "
-                        "path without the link (the folder it points at, if that is yours).")
+        raise UserError(
+            f"{above} is a symbolic link of another user's (uid {st.st_uid}, to "
+            f"{shorten(os.readlink(above))}), and envbuild would create {out_dir} "
+            "through it; it does not write through links it did not make. Pass a "
+            "path without the link (the folder it points at, if that is yours)."
+        )
 
 
 def _missing_folders(out_dir: Path) -> list[Path]:
@@ -242,8 +254,12 @@ def _read_record(path: Path) -> dict[str, str]:
 
 
 def _record_text(files: dict[str, str]) -> str:
-    return json.dumps({"format": FORMAT, "written_by": "envbuild", "files": dict(sorted(files.items()))},
-                      indent=1) + "\n"
+    return (
+        json.dumps(
+            {"format": FORMAT, "written_by": "envbuild", "files": dict(sorted(files.items()))}, indent=1
+        )
+        + "\n"
+    )
 
 
 def _inside(root: Path, rel: PurePosixPath) -> Path | None:
@@ -269,8 +285,13 @@ def clean_debris(out_dir: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
-def write_dir(out_dir: Path, files: dict[str, str], links: dict[str, Checked] | None = None,
-              executable: frozenset[str] | set[str] = frozenset(), force: bool = False) -> list[Path]:
+def write_dir(
+    out_dir: Path,
+    files: dict[str, str],
+    links: dict[str, Checked] | None = None,
+    executable: frozenset[str] | set[str] = frozenset(),
+    force: bool = False,
+) -> list[Path]:
     """Write `files` (text by relative path) and `links` ({relative path: Checked file}, placed
     as their checked bytes: place_checked) into `out_dir`, deleting only files an earlier write
     recorded and nobody changed since. Refuses (exit 2) before writing anything when a file it
@@ -283,8 +304,9 @@ def write_dir(out_dir: Path, files: dict[str, str], links: dict[str, Checked] | 
     names = {str(safe_relpath(n)): n for n in [*files, *links]}
     _refuse_links_on_the_way(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
-        raise UserError(f"{out_dir} exists and is not a directory. Pass -o a new directory or one "
-                        "envbuild wrote.")
+        raise UserError(
+            f"{out_dir} exists and is not a directory. Pass -o a new directory or one envbuild wrote."
+        )
     record, journal = out_dir / RECORD, out_dir / JOURNAL
     if out_dir.is_dir():
         clean_debris(out_dir)
@@ -297,16 +319,17 @@ def write_dir(out_dir: Path, files: dict[str, str], links: dict[str, Checked] | 
 
     new_digests = {n: hashlib.sha256(t.encode("utf-8")).hexdigest() for n, t in files.items()}
     has_record = bool(old or pending) or (record.is_file() and not record.is_symlink())
-    foreign = [p for p in out_dir.iterdir() if p.name not in (RECORD, JOURNAL)] \
-        if out_dir.is_dir() else []
+    foreign = [p for p in out_dir.iterdir() if p.name not in (RECORD, JOURNAL)] if out_dir.is_dir() else []
     conflicts = []
     unchanged = set()  # already there with these bytes and this mode: nothing to write
     for name in sorted(names):
         target = _inside(out_dir, PurePosixPath(name))
         if target is None:
-            raise UserError(f"{out_dir}: a directory on the way to {name} is a symbolic link or a "
-                            "file; envbuild does not write through links. Remove it or pass -o "
-                            "another directory.")
+            raise UserError(
+                f"{out_dir}: a directory on the way to {name} is a symbolic link or a "
+                "file; envbuild does not write through links. Remove it or pass -o "
+                "another directory."
+            )
         if target.is_symlink() or target.is_dir():
             conflicts.append(name)
         elif target.exists():
@@ -316,29 +339,52 @@ def write_dir(out_dir: Path, files: dict[str, str], links: dict[str, Checked] | 
             elif digest == new_digests.get(name) and _mode(target) == _mode_of(name, executable):
                 unchanged.add(name)
     if foreign and not has_record and not force:
-        clash = (f" and has {', '.join(conflicts[:5])}"
-                 + (f" and {len(conflicts) - 5} more" if len(conflicts) > 5 else "")) if conflicts else ""
-        raise UserError(f"{out_dir} is not empty and was not written by envbuild (no {RECORD})"
-                        f"{clash}. envbuild writes only into new directories or ones it wrote. "
-                        "Pass -o a new or empty directory, or --force to write into this one "
-                        "(envbuild then overwrites only the files it renders and deletes nothing).")
+        clash = (
+            (
+                f" and has {', '.join(conflicts[:5])}"
+                + (f" and {len(conflicts) - 5} more" if len(conflicts) > 5 else "")
+            )
+            if conflicts
+            else ""
+        )
+        raise UserError(
+            f"{out_dir} is not empty and was not written by envbuild (no {RECORD})"
+            f"{clash}. envbuild writes only into new directories or ones it wrote. "
+            "Pass -o a new or empty directory, or --force to write into this one "
+            "(envbuild then overwrites only the files it renders and deletes nothing)."
+        )
     if conflicts and not force:
-        raise UserError(f"{out_dir}: {', '.join(conflicts[:5])}"
-                        + (f" and {len(conflicts) - 5} more" if len(conflicts) > 5 else "")
-                        + " changed since envbuild wrote them (or envbuild did not write them). "
-                        "envbuild does not overwrite edits: move them away, or pass --force to "
-                        "overwrite them.")
-    if conflicts and any(Path(out_dir, n).is_dir() and not Path(out_dir, n).is_symlink()
-                         for n in conflicts):
-        raise UserError(f"{out_dir}: a directory stands where envbuild writes a file "
-                        f"({', '.join(n for n in conflicts if Path(out_dir, n).is_dir())}). Move it "
-                        "away; envbuild deletes no directories it did not make.")
+        raise UserError(
+            f"{out_dir}: {', '.join(conflicts[:5])}"
+            + (f" and {len(conflicts) - 5} more" if len(conflicts) > 5 else "")
+            + " changed since envbuild wrote them (or envbuild did not write them). "
+            "envbuild does not overwrite edits: move them away, or pass --force to "
+            "overwrite them."
+        )
+    if conflicts and any(Path(out_dir, n).is_dir() and not Path(out_dir, n).is_symlink() for n in conflicts):
+        raise UserError(
+            f"{out_dir}: a directory stands where envbuild writes a file "
+            f"({', '.join(n for n in conflicts if Path(out_dir, n).is_dir())}). Move it "
+            "away; envbuild deletes no directories it did not make."
+        )
     # files of the last write that this one no longer has, unchanged since: removed at the end
-    stale = [n for n in sorted(set(old) | set(pending)) if n not in names
-             and (p := _inside(out_dir, PurePosixPath(n))) is not None
-             and p.is_file() and not p.is_symlink() and ours(n, _sha256(p))]
-    if (not links and not pending and not stale and unchanged == set(files) and old == new_digests
-            and not journal.exists()):
+    stale = [
+        n
+        for n in sorted(set(old) | set(pending))
+        if n not in names
+        and (p := _inside(out_dir, PurePosixPath(n))) is not None
+        and p.is_file()
+        and not p.is_symlink()
+        and ours(n, _sha256(p))
+    ]
+    if (
+        not links
+        and not pending
+        and not stale
+        and unchanged == set(files)
+        and old == new_digests
+        and not journal.exists()
+    ):
         return [out_dir / n for n in sorted(files)]  # a re-render that changes nothing writes nothing
 
     made = _missing_folders(out_dir)  # removed again when this write fails
@@ -355,8 +401,9 @@ def write_dir(out_dir: Path, files: dict[str, str], links: dict[str, Checked] | 
         stage = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out_dir))
     except OSError as e:
         undo_folders()
-        raise ActionError(f"Cannot write into {out_dir}: {e.strerror}. Check the path, its "
-                          "permissions and free space.") from None
+        raise ActionError(
+            f"Cannot write into {out_dir}: {e.strerror}. Check the path, its permissions and free space."
+        ) from None
     written: dict[str, str] = {}
     try:
         for name, text in sorted(files.items()):
@@ -381,9 +428,11 @@ def write_dir(out_dir: Path, files: dict[str, str], links: dict[str, Checked] | 
     except OSError as e:
         shutil.rmtree(stage, ignore_errors=True)
         undo_folders()
-        raise ActionError(f"Cannot write {out_dir}: {e.strerror}. Check free space and permissions, "
-                          "then run the command again: it finishes or undoes this write (files "
-                          "that were not envbuild's are untouched).") from None
+        raise ActionError(
+            f"Cannot write {out_dir}: {e.strerror}. Check free space and permissions, "
+            "then run the command again: it finishes or undoes this write (files "
+            "that were not envbuild's are untouched)."
+        ) from None
     except EnvbuildError:  # a placed file that is not what its manifest names: nothing moved yet
         shutil.rmtree(stage, ignore_errors=True)
         undo_folders()
@@ -417,8 +466,9 @@ def _mode(path: Path) -> int | None:
         return None
 
 
-def write_text_atomic(path: Path, text: str, mode: int = 0o644, tmp_dir: Path | None = None,
-                      fsync: bool = False) -> None:
+def write_text_atomic(
+    path: Path, text: str, mode: int = 0o644, tmp_dir: Path | None = None, fsync: bool = False
+) -> None:
     """`text` (UTF-8) into `path` whole or not at all: a temporary file in `tmp_dir` (default:
     beside `path`) renamed over it, so a link at `path` is replaced, not followed. `fsync`: on
     disk before the rename."""
@@ -440,8 +490,7 @@ def _remove_empty_dirs(root: Path, removed: list[str]) -> None:
     """The folders of removed files, deepest first, while they are empty (an rmdir never removes
     anything a user put there)."""
     dirs = {PurePosixPath(n).parent for n in removed}
-    for d in sorted({p for d in dirs for p in [d, *d.parents] if str(p) != "."},
-                    key=lambda p: -len(p.parts)):
+    for d in sorted({p for d in dirs for p in [d, *d.parents] if str(p) != "."}, key=lambda p: -len(p.parts)):
         try:
             (root / d).rmdir()
         except OSError:

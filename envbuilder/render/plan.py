@@ -82,14 +82,21 @@ class InstallPlan(Record):
     whose pins the layers carry (None: top-level pins only). torch_swapped: that lock was solved
     with PyPI's torch, so torch's own pins are the profile's."""
 
-    __slots__ = _fields = ("pypi", "torch_index", "layers", "builder", "conda_specs",
-                           "pinned_from", "torch_swapped")
+    __slots__ = _fields = (
+        "pypi",
+        "torch_index",
+        "layers",
+        "builder",
+        "conda_specs",
+        "pinned_from",
+        "torch_swapped",
+    )
     _defaults: dict = {}
 
     def upto(self, name: str) -> tuple[Layer, ...]:
         """The runtime layers up to and including `name`: a step installs within all of them."""
         names = [layer.name for layer in self.layers]
-        return self.layers[:names.index(name) + 1]
+        return self.layers[: names.index(name) + 1]
 
     @property
     def requirements(self) -> tuple[str, ...]:
@@ -121,15 +128,24 @@ def install_plan(env: ResolvedEnv) -> InstallPlan:
             mine.setdefault(normalize(pin.split("==")[0]), pin)
         return tuple(sorted(mine.values()))
 
-    layers = [Layer(name, tuple(own), pins(name, own), "VERL_VERSION" if name == "verl" else None)
-              for name, own in layer_roots(env).items() if own]
+    layers = [
+        Layer(name, tuple(own), pins(name, own), "VERL_VERSION" if name == "verl" else None)
+        for name, own in layer_roots(env).items()
+        if own
+    ]
     builder = None
     if env.needs_builder:
         own = [env.torch.packages[0], *BUILD_TOOLS]
         builder = Layer("build", tuple(own), pins("build", [env.torch.packages[0]]))
-    return InstallPlan(env.indexes.pypi, env.indexes.torch, tuple(layers), builder,
-                       tuple(conda_specs(env)), c.from_ if c else None,
-                       c.torch_swapped if c else None)
+    return InstallPlan(
+        env.indexes.pypi,
+        env.indexes.torch,
+        tuple(layers),
+        builder,
+        tuple(conda_specs(env)),
+        c.from_ if c else None,
+        c.torch_swapped if c else None,
+    )
 
 
 def requirements_in(env: ResolvedEnv, swap_torch: bool = False) -> str:
@@ -185,7 +201,7 @@ def parse(text: str, with_hashes: bool = True) -> dict[str, Locked]:
         if with_hashes:
             hashes += HASH.findall(stripped)
         if stripped.startswith("# via"):
-            rest = stripped[len("# via"):].strip()
+            rest = stripped[len("# via") :].strip()
             in_via = not rest
             if rest:
                 parents.add("" if rest.startswith("-r ") else normalize(rest))
@@ -231,16 +247,22 @@ def layers(env: ResolvedEnv, locked: dict[str, Locked]) -> dict[str, list[str]]:
     return out
 
 
-def constraint_layers(env: ResolvedEnv, requirements_lock: str, torch_swapped: bool,
-                      lock_sha256: str | None = None) -> dict[str, list[str]]:
+def constraint_layers(
+    env: ResolvedEnv, requirements_lock: str, torch_swapped: bool, lock_sha256: str | None = None
+) -> dict[str, list[str]]:
     """{layer: `name==version` of the packages that layer installs} (pip constraints take no
     extras and no hashes). One set per layer, so that a changed verl pin leaves the torch
     layer's set, and with it Docker's cache of that layer, as it was. From a lock solved with
     PyPI's torch: none of the packages that differ between torch builds."""
     locked = _parsed(requirements_lock, lock_sha256)
-    return {layer: [f"{n}=={locked[n].version}" for n in names
-                    if not (torch_swapped and TORCH_BUILD_PACKAGES.match(n))]
-            for layer, names in layers(env, locked).items()}
+    return {
+        layer: [
+            f"{n}=={locked[n].version}"
+            for n in names
+            if not (torch_swapped and TORCH_BUILD_PACKAGES.match(n))
+        ]
+        for layer, names in layers(env, locked).items()
+    }
 
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+!_-]{0,99}", re.ASCII)  # a cached pin's name, version
@@ -274,8 +296,13 @@ def _parsed(text: str, text_sha256: str | None = None) -> dict[str, Locked]:
 
         try:  # validated as what parse() makes: names and versions of pins, one word each
             doc = parse_json(cached, str(path))
-            if all(isinstance(ps, list) and _NAME.fullmatch(n) and _NAME.fullmatch(v)
-                   and all(map(_WORD.fullmatch, ps)) for n, (v, ps) in doc.items()):
+            if all(
+                isinstance(ps, list)
+                and _NAME.fullmatch(n)
+                and _NAME.fullmatch(v)
+                and all(map(_WORD.fullmatch, ps))
+                for n, (v, ps) in doc.items()
+            ):
                 return {n: Locked(v, (), frozenset(ps)) for n, (v, ps) in doc.items()}
         except (ValueError, TypeError, AttributeError, UserError):
             pass
@@ -306,8 +333,12 @@ def find_constraints(env: ResolvedEnv) -> Constraints | None:
     from envbuilder.readers import read
 
     # what is read of lock.json here (the one bounded reader; lock --check reads the rest)
-    shape = {"plan_sha256": S.SHA256, "files": {"requirements.lock": S.SHA256, "*": Any},
-             "torch_swapped?": (S.Text(300), None), "*": Any}
+    shape = {
+        "plan_sha256": S.SHA256,
+        "files": {"requirements.lock": S.SHA256, "*": Any},
+        "torch_swapped?": (S.Text(300), None),
+        "*": Any,
+    }
     want = plan_sha256(env)
     for label, lock_dir in lock_candidates(env.name):
         if "/" in env.name or env.name in ("", ".", ".."):
@@ -324,8 +355,7 @@ def find_constraints(env: ResolvedEnv) -> Constraints | None:
             continue
         swapped = meta.get("torch_swapped")
         layers_ = constraint_layers(env, text, bool(swapped), digest)
-        return Constraints(from_=label, torch_swapped=swapped, plan_sha256=want,
-                           layers=frozen(layers_))
+        return Constraints(from_=label, torch_swapped=swapped, plan_sha256=want, layers=frozen(layers_))
     return None
 
 
@@ -358,9 +388,15 @@ def lock_hint(profile: str, overrides, out=None) -> str:
     flags = override_flags(overrides)
     if not flags:
         return f"`envbuild lock {sh(profile)}` makes one"
-    lock_dir = sh(f"lockfiles/{profile}-" + "-".join(
-        f"{k}{','.join(v) if isinstance(v, list) else v}"
-        for k, v in overrides.to_dict().items() if v is not True))
-    return (f"`envbuild lock {sh(profile)}{flags} -o {lock_dir}` makes one, and `envbuild render "
-            f"{sh(profile)}{flags} --locked {lock_dir}" + (f" -o {sh(str(out))}" if out else "")
-            + "` uses it")
+    lock_dir = sh(
+        f"lockfiles/{profile}-"
+        + "-".join(
+            f"{k}{','.join(v) if isinstance(v, list) else v}"
+            for k, v in overrides.to_dict().items()
+            if v is not True
+        )
+    )
+    return (
+        f"`envbuild lock {sh(profile)}{flags} -o {lock_dir}` makes one, and `envbuild render "
+        f"{sh(profile)}{flags} --locked {lock_dir}" + (f" -o {sh(str(out))}" if out else "") + "` uses it"
+    )

@@ -39,13 +39,16 @@ def plain_name(name: str, what: str) -> str:
     from envbuilder.text import shorten
 
     if not name or "/" in name or "\\" in name or name in (".", "..") or "\x00" in name:
-        raise UserError(f"{what} is {shorten(name)!r}, which is not a plain folder name: it would "
-                        "render outside out/. Rename the profile (letters, digits, '.', '_', '-').")
+        raise UserError(
+            f"{what} is {shorten(name)!r}, which is not a plain folder name: it would "
+            "render outside out/. Rename the profile (letters, digits, '.', '_', '-')."
+        )
     return name
 
 
-def locked_context(env: ResolvedEnv, lock_dir: str | Path | None = None,
-                   wheelhouse: str | Path | None = None, mirror=None) -> dict | None:
+def locked_context(
+    env: ResolvedEnv, lock_dir: str | Path | None = None, wheelhouse: str | Path | None = None, mirror=None
+) -> dict | None:
     """The `locked` context of `env` (the upstream environment, as the lock recorded it) from
     the lock in `lock_dir` (ROOT/<profile>/, or the lock itself: lock.lockfile.lock_dir_in;
     "-" for lockfiles/) or from a wheelhouse's copy; None when neither is asked for."""
@@ -56,15 +59,18 @@ def locked_context(env: ResolvedEnv, lock_dir: str | Path | None = None,
     name = plain_name(env.name, "a profile")
     if wheelhouse is not None:
         if not (Path(wheelhouse) / "manifest.json").is_file():
-            raise UserError(f"{wheelhouse} is not an envbuild wheelhouse (no manifest.json). Make "
-                            f"one with `envbuild wheelhouse {env.name} -o {wheelhouse}`.")
+            raise UserError(
+                f"{wheelhouse} is not an envbuild wheelhouse (no manifest.json). Make "
+                f"one with `envbuild wheelhouse {env.name} -o {wheelhouse}`."
+            )
         return for_render(env, Path(wheelhouse) / "locks" / name, Path(wheelhouse), mirror)
     root = LOCK_ROOT if lock_dir == "-" else Path(lock_dir)
     return for_render(env, lock_dir_in(root, name), mirror=mirror)
 
 
-def prepare(env: ResolvedEnv, *, lock_dir: str | Path | None = None,
-            wheelhouse: str | Path | None = None, mirror=None) -> Prepared:
+def prepare(
+    env: ResolvedEnv, *, lock_dir: str | Path | None = None, wheelhouse: str | Path | None = None, mirror=None
+) -> Prepared:
     """`env` ready to render: the lock (against the upstream environment), its constraints,
     then the mirror set (`mirrors.MirrorChoice`), in that order."""
     from envbuilder.render.plan import with_constraints

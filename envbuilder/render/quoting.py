@@ -46,8 +46,11 @@ def sh(value) -> str:
         import shlex
 
         return shlex.quote(text)
-    return "$'" + "".join(_escape(c) if _ASCII_CONTROL.match(c) else "\\" + c if c in "\\'" else c
-                          for c in text) + "'"
+    return (
+        "$'"
+        + "".join(_escape(c) if _ASCII_CONTROL.match(c) else "\\" + c if c in "\\'" else c for c in text)
+        + "'"
+    )
 
 
 def comment(value) -> str:
@@ -65,7 +68,7 @@ def pystr(value) -> str:
     text = str(value)
     if text.isprintable() and "\\" not in text and '"' not in text:
         return text
-    return "".join("\\" + c if c in "\\\"" else c if printable(c) else _escape(c) for c in text)
+    return "".join("\\" + c if c in '\\"' else c if printable(c) else _escape(c) for c in text)
 
 
 def py(value) -> str:
@@ -89,8 +92,7 @@ def dq(value) -> str:
     text = _bounded(value)
     if text.isprintable() and not any(c in text for c in '\\"$'):
         return text
-    return "".join("\\" + c if c in '\\"$' else c if printable(c) else _escape(c)
-                   for c in text)
+    return "".join("\\" + c if c in '\\"$' else c if printable(c) else _escape(c) for c in text)
 
 
 def arg(value) -> str:
@@ -106,16 +108,20 @@ def word(value) -> str:
     `-`, `[` or `!`). Anything else is refused: the schema never lets such a value in."""
     text = _bounded(value)
     if not BARE.fullmatch(text):
-        raise ValueError(f"{_shorten(text)!r} is not one plain token: it cannot be written into "
-                         "requirements.txt or environment.yml")
+        raise ValueError(
+            f"{_shorten(text)!r} is not one plain token: it cannot be written into "
+            "requirements.txt or environment.yml"
+        )
     return text
 
 
 def _bounded(value) -> str:
     text = str(value)
     if len(text) > MAX_LINE_VALUE:
-        raise ValueError(f"a value of {len(text):,} characters is longer than any envbuild writes "
-                         f"into a line (at most {MAX_LINE_VALUE:,}): {_shorten(text)!r}")
+        raise ValueError(
+            f"a value of {len(text):,} characters is longer than any envbuild writes "
+            f"into a line (at most {MAX_LINE_VALUE:,}): {_shorten(text)!r}"
+        )
     return text
 
 
@@ -157,5 +163,13 @@ def md_code_block(text: str) -> str:
     return f"{fence}\n{text.rstrip(chr(10))}\n{fence}\n"
 
 
-FILTERS = {"sh": sh, "comment": comment, "pystr": pystr, "py": py, "dq": dq, "arg": arg,
-           "word": word, "md": md}
+FILTERS = {
+    "sh": sh,
+    "comment": comment,
+    "pystr": pystr,
+    "py": py,
+    "dq": dq,
+    "arg": arg,
+    "word": word,
+    "md": md,
+}

@@ -22,8 +22,15 @@ class Interpreter(NamedTuple):
     version: str  # the full version, 3.10.13
 
 
-_CLEAN = ("PIP_", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "VIRTUAL_ENV",
-          "CONDA_PREFIX")
+_CLEAN = (
+    "PIP_",
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "PYTHONSTARTUP",
+    "PYTHONUSERBASE",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+)
 
 
 def _env() -> dict[str, str]:
@@ -35,16 +42,22 @@ def _env() -> dict[str, str]:
 def probe(path: str, version: str, need_venv: bool = False) -> Interpreter | None:
     """`path` as an Interpreter when it is a CPython of `version` (X.Y) that runs (with venv
     and ensurepip, `need_venv`); None otherwise."""
-    code = ("import sys, platform" + (", venv, ensurepip" if need_venv else "")
-            + "; print(sys.implementation.name, platform.python_version())")
+    code = (
+        "import sys, platform"
+        + (", venv, ensurepip" if need_venv else "")
+        + "; print(sys.implementation.name, platform.python_version())"
+    )
     try:
-        out = subprocess.run([path, "-c", code], capture_output=True, text=True, timeout=30,
-                             env=_env())
+        out = subprocess.run([path, "-c", code], capture_output=True, text=True, timeout=30, env=_env())
     except (OSError, subprocess.TimeoutExpired):
         return None
     parts = out.stdout.split()
-    if out.returncode == 0 and len(parts) == 2 and parts[0] == "cpython" \
-            and parts[1].rsplit(".", 1)[0] == version:
+    if (
+        out.returncode == 0
+        and len(parts) == 2
+        and parts[0] == "cpython"
+        and parts[1].rsplit(".", 1)[0] == version
+    ):
         return Interpreter(path, parts[1])
     return None
 
@@ -60,8 +73,11 @@ def find_python(version: str, need_venv: bool = False) -> Interpreter | None:
     cands = [shutil.which(f"python{version}")]
     root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
     if root.is_dir():
-        found = [str(d / "bin" / f"python{version}") for d in root.iterdir()
-                 if re.fullmatch(rf"{re.escape(version)}\.\d+", d.name)]
+        found = [
+            str(d / "bin" / f"python{version}")
+            for d in root.iterdir()
+            if re.fullmatch(rf"{re.escape(version)}\.\d+", d.name)
+        ]
         cands += sorted(found, key=lambda p: _patch(p, version), reverse=True)
     cands += [shutil.which("python3"), getattr(sys, "_base_executable", None) or sys.executable]
     for c in dict.fromkeys(c for c in cands if c):
@@ -71,8 +87,13 @@ def find_python(version: str, need_venv: bool = False) -> Interpreter | None:
     try:
         from envbuilder.tools.uv import uv_bin
 
-        out = subprocess.run([uv_bin(), "python", "find", "--no-config", "--no-python-downloads",
-                              version], capture_output=True, text=True, timeout=60, env=_env())
+        out = subprocess.run(
+            [uv_bin(), "python", "find", "--no-config", "--no-python-downloads", version],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=_env(),
+        )
     except (UserError, OSError, subprocess.TimeoutExpired):
         return None
     exe = out.stdout.strip().splitlines()[-1] if out.returncode == 0 and out.stdout.strip() else ""

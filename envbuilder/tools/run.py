@@ -42,21 +42,31 @@ def _group_rss(pgid: int) -> int:
     return total
 
 
-def run(cmd: list[str], *, cwd=None, env=None, timeout: float | None = None,
-        max_rss: int | None = None, text: bool = True) -> subprocess.CompletedProcess:
+def run(
+    cmd: list[str],
+    *,
+    cwd=None,
+    env=None,
+    timeout: float | None = None,
+    max_rss: int | None = None,
+    text: bool = True,
+) -> subprocess.CompletedProcess:
     """`subprocess.run(cmd, capture_output=True)` in a process group of its own, stopped (the
     whole group) when it runs past `timeout` (subprocess.TimeoutExpired) or its resident
     memory passes `max_rss` (TooMuchMemory; default MAX_RSS)."""
     max_rss = MAX_RSS if max_rss is None else max_rss
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+    )
     out: dict[str, bytes] = {}
 
     def drain(name: str, stream) -> None:
         out[name] = stream.read()
 
-    readers = [threading.Thread(target=drain, args=(n, s), daemon=True)
-               for n, s in (("stdout", proc.stdout), ("stderr", proc.stderr))]
+    readers = [
+        threading.Thread(target=drain, args=(n, s), daemon=True)
+        for n, s in (("stdout", proc.stdout), ("stderr", proc.stderr))
+    ]
     for t in readers:
         t.start()
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -85,7 +95,7 @@ def run(cmd: list[str], *, cwd=None, env=None, timeout: float | None = None,
         raise problem
     stdout, stderr = out.get("stdout", b""), out.get("stderr", b"")
     if text:
-        return subprocess.CompletedProcess(cmd, proc.returncode,
-                                           stdout.decode("utf-8", "replace"),
-                                           stderr.decode("utf-8", "replace"))
+        return subprocess.CompletedProcess(
+            cmd, proc.returncode, stdout.decode("utf-8", "replace"), stderr.decode("utf-8", "replace")
+        )
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)

@@ -20,8 +20,10 @@ def uv_bin() -> str:
 
         found = shutil.which("uv")
         if not found:
-            raise UserError("uv is not installed; `envbuild lock` resolves the pip part with it. "
-                            "Install the lock extras: pip install 'envbuild[lock]'.") from None
+            raise UserError(
+                "uv is not installed; `envbuild lock` resolves the pip part with it. "
+                "Install the lock extras: pip install 'envbuild[lock]'."
+            ) from None
         return found
 
 
@@ -32,8 +34,13 @@ def uv_version() -> str:
 
 def uv_env() -> dict[str, str]:
     """The caller's environment minus uv's index settings: envbuild names its indexes itself."""
-    env = {k: v for k, v in os.environ.items()
-           if not (k.startswith("UV_") and k not in ("UV_CACHE_DIR", "UV_NATIVE_TLS",
-                                                     "UV_HTTP_TIMEOUT", "UV_CONCURRENT_DOWNLOADS"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not (
+            k.startswith("UV_")
+            and k not in ("UV_CACHE_DIR", "UV_NATIVE_TLS", "UV_HTTP_TIMEOUT", "UV_CONCURRENT_DOWNLOADS")
+        )
+    }
     env["UV_PYTHON_DOWNLOADS"] = "never"  # wheels resolve from tags; never fetch a CPython
     return env

@@ -16,23 +16,31 @@ def check_overlay_dir(folder: Path, matrix_dirs) -> None:
     shipped = data_dir("matrices").resolve()
     target = folder.resolve()
     if target == shipped or shipped in target.parents:
-        raise UserError(f"--write-overlay {folder} is envbuild's own matrices folder: refresh "
-                        "never edits the shipped matrix. Pass another folder (e.g. "
-                        "--write-overlay refresh) and fold reviewed facts into matrices/ by hand.")
+        raise UserError(
+            f"--write-overlay {folder} is envbuild's own matrices folder: refresh "
+            "never edits the shipped matrix. Pass another folder (e.g. "
+            "--write-overlay refresh) and fold reviewed facts into matrices/ by hand."
+        )
     if folder.exists() and not folder.is_dir():
-        raise UserError(f"--write-overlay {folder} exists and is not a folder. Pass a folder: "
-                        "refresh writes refresh.yaml into it.")
+        raise UserError(
+            f"--write-overlay {folder} exists and is not a folder. Pass a folder: "
+            "refresh writes refresh.yaml into it."
+        )
     existing = folder / "refresh.yaml"
     if existing.is_symlink() or (existing.exists() and not existing.is_file()):
-        raise UserError(f"{existing} is not a regular file; refresh writes only a file of its "
-                        "own there. Remove it or pass another folder.")
+        raise UserError(
+            f"{existing} is not a regular file; refresh writes only a file of its "
+            "own there. Remove it or pass another folder."
+        )
     if existing.is_file():
         with open(existing, encoding="utf-8", errors="replace") as f:
             head = f.read(len(R.OVERLAY_HEADER))
         if head != R.OVERLAY_HEADER:
-            raise UserError(f"{existing} exists and was not written by envbuild refresh (it "
-                            f"does not start with {R.OVERLAY_HEADER!r}); refresh overwrites only "
-                            "its own file. Move it away or pass another folder.")
+            raise UserError(
+                f"{existing} exists and was not written by envbuild refresh (it "
+                f"does not start with {R.OVERLAY_HEADER!r}); refresh overwrites only "
+                "its own file. Move it away or pass another folder."
+            )
 
 
 def sources_of(m):
@@ -84,8 +92,12 @@ def write_error(folder: Path, e: OSError) -> EnvbuildError:
 
     why = e.strerror or type(e).__name__
     if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST):
-        return UserError(f"--write-overlay {folder}: cannot write refresh.yaml there ({why}). "
-                         "Nothing was written. Pass --write-overlay a folder you can write.")
-    return ActionError(f"--write-overlay {folder}: writing refresh.yaml failed ({why}); any "
-                       "refresh.yaml there is as it was. Free space there (or pass another "
-                       "folder) and run refresh again.")
+        return UserError(
+            f"--write-overlay {folder}: cannot write refresh.yaml there ({why}). "
+            "Nothing was written. Pass --write-overlay a folder you can write."
+        )
+    return ActionError(
+        f"--write-overlay {folder}: writing refresh.yaml failed ({why}); any "
+        "refresh.yaml there is as it was. Free space there (or pass another "
+        "folder) and run refresh again."
+    )

@@ -56,8 +56,7 @@ class PyPIJson:
         from envbuilder.oci import http as net
 
         expect = net.Expect("PyPI's JSON API answer", limit, self.deadline)
-        r = net.request(self.session(), "GET", url, expect, headers=headers,
-                        timeout=self.timeout)
+        r = net.request(self.session(), "GET", url, expect, headers=headers, timeout=self.timeout)
         return r.status, (r.body if r.status < 400 else b"")
 
     def projects(self, names) -> dict[str, dict]:
@@ -71,30 +70,39 @@ class PyPIJson:
                 status, body = self._get(url, MAX_PROJECT_BYTES)
             except net.NetError as e:
                 if e.kind == "too-large":
-                    raise ActionError(f"{e}: not PyPI's project JSON for {name}. Pass "
-                                      "--index-url the root of PyPI's JSON API.") from None
-                raise ActionError(f"{shown} does not answer for {name} ({e.reason}): envbuild "
-                                  f"refresh reads PyPI's JSON API there ({e.url}). Check the "
-                                  "network and proxy settings (HTTPS_PROXY), or pass --index-url "
-                                  "an index that serves that API (PyPI itself, or a mirror that "
-                                  "does, such as devpi).") from None
+                    raise ActionError(
+                        f"{e}: not PyPI's project JSON for {name}. Pass "
+                        "--index-url the root of PyPI's JSON API."
+                    ) from None
+                raise ActionError(
+                    f"{shown} does not answer for {name} ({e.reason}): envbuild "
+                    f"refresh reads PyPI's JSON API there ({e.url}). Check the "
+                    "network and proxy settings (HTTPS_PROXY), or pass --index-url "
+                    "an index that serves that API (PyPI itself, or a mirror that "
+                    "does, such as devpi)."
+                ) from None
             if status == 404:
-                raise ActionError(f"{net.redact(url)} answered 404: {shown} serves no JSON API "
-                                  f"page for {name}. --index-url takes the root of PyPI's JSON "
-                                  f"API ({DEFAULT_INDEX}), not a simple index; pass one that "
-                                  "serves /pypi/<name>/json.")
+                raise ActionError(
+                    f"{net.redact(url)} answered 404: {shown} serves no JSON API "
+                    f"page for {name}. --index-url takes the root of PyPI's JSON "
+                    f"API ({DEFAULT_INDEX}), not a simple index; pass one that "
+                    "serves /pypi/<name>/json."
+                )
             if status >= 400:
-                raise ActionError(f"{net.redact(url)} answered HTTP {status}: the index refused "
-                                  "the JSON API request. Try again later, or pass another "
-                                  "--index-url.")
+                raise ActionError(
+                    f"{net.redact(url)} answered HTTP {status}: the index refused "
+                    "the JSON API request. Try again later, or pass another "
+                    "--index-url."
+                )
             try:
                 doc = net.json_object(body, url, "PyPI's project JSON")
                 _check_project(doc, url)
             except net.BadAnswer as e:
-                raise ActionError(f"{e.url} is not PyPI's project JSON: it {e.detail}. The "
-                                  "index answered something else (a login page, a proxy's "
-                                  "error?); pass --index-url the root of PyPI's JSON API."
-                                  ) from None
+                raise ActionError(
+                    f"{e.url} is not PyPI's project JSON: it {e.detail}. The "
+                    "index answered something else (a login page, a proxy's "
+                    "error?); pass --index-url the root of PyPI's JSON API."
+                ) from None
             out[name] = doc
         return out
 
@@ -120,9 +128,11 @@ class PyPIJson:
         except net.NetError as e:
             if e.kind == "too-large":
                 return {"error": str(e)}
-            raise ActionError(f"{shown} did not answer ({e.reason}) after the project pages "
-                              "did: the index or the network failed midway. Run refresh again; "
-                              "pass --timeout more seconds on a slow link.") from None
+            raise ActionError(
+                f"{shown} did not answer ({e.reason}) after the project pages "
+                "did: the index or the network failed midway. Run refresh again; "
+                "pass --timeout more seconds on a slow link."
+            ) from None
         if status < 400:
             try:
                 info = net.json_object(body, url, "PyPI's release JSON").get("info")
@@ -131,8 +141,7 @@ class PyPIJson:
                 rp, rd = info.get("requires_python"), info.get("requires_dist")
                 if rp is not None and not isinstance(rp, str):
                     raise net.BadAnswer(url, f"has {net.kind_of(rp)} for `info.requires_python`")
-                if rd is not None and not (isinstance(rd, list)
-                                           and all(isinstance(r, str) for r in rd)):
+                if rd is not None and not (isinstance(rd, list) and all(isinstance(r, str) for r in rd)):
                     raise net.BadAnswer(url, "has `info.requires_dist` that is no list of text")
                 return {"requires_python": rp or None, "requires_dist": rd or [], "from": url}
             except net.BadAnswer as e:
@@ -150,31 +159,53 @@ class PyPIJson:
         files = (project.get("releases") or {}).get(version) or []
         wheels = [f for f in files if str(f.get("filename", "")).endswith(".whl") and f.get("url")]
         if not wheels:
-            return {"error": "no per-release JSON at this index (404) and no wheel to read "
-                    "METADATA from (PyPI has only its sdist)"}
-        wheel = min(wheels, key=lambda f: (not re.search(r"linux.*x86_64|none-any", f["filename"]),
-                                           f["filename"]))
+            return {
+                "error": "no per-release JSON at this index (404) and no wheel to read "
+                "METADATA from (PyPI has only its sdist)"
+            }
+        wheel = min(
+            wheels, key=lambda f: (not re.search(r"linux.*x86_64|none-any", f["filename"]), f["filename"])
+        )
         from urllib.parse import urljoin
 
         url = urljoin(f"{self.base}/pypi/{name}/json", wheel["url"])
         try:
             text = _wheel_metadata(self, url, wheel.get("size"))
-        except (net.NetError, ValueError, OSError, KeyError, EOFError, zipfile.BadZipFile,
-                zlib.error, NotImplementedError, RuntimeError) as e:
+        except (
+            net.NetError,
+            ValueError,
+            OSError,
+            KeyError,
+            EOFError,
+            zipfile.BadZipFile,
+            zlib.error,
+            NotImplementedError,
+            RuntimeError,
+        ) as e:
             # (a file that is no zip, a truncated or corrupt one, a compression or encryption
             # zipfile does not read: the wheel cannot give its METADATA)
-            return {"error": f"no per-release JSON at this index (404), and the METADATA of "
-                    f"{wheel['filename']} could not be read ({_why(e)})"}
+            return {
+                "error": f"no per-release JSON at this index (404), and the METADATA of "
+                f"{wheel['filename']} could not be read ({_why(e)})"
+            }
         import email.parser
 
         msg = email.parser.Parser().parsestr(text, headersonly=True)
-        return {"requires_python": msg.get("Requires-Python") or None,
-                "requires_dist": msg.get_all("Requires-Dist") or [],
-                "from": f"{wheel['filename']} METADATA (no per-release JSON at this index)"}
+        return {
+            "requires_python": msg.get("Requires-Python") or None,
+            "requires_dist": msg.get_all("Requires-Dist") or [],
+            "from": f"{wheel['filename']} METADATA (no per-release JSON at this index)",
+        }
 
 
-_FILE_FIELDS = {"filename": (str,), "url": (str,), "yanked": (bool, str), "yanked_reason": (str,),
-                "requires_python": (str,), "size": (int,)}
+_FILE_FIELDS = {
+    "filename": (str,),
+    "url": (str,),
+    "yanked": (bool, str),
+    "yanked_reason": (str,),
+    "requires_python": (str,),
+    "size": (int,),
+}
 
 
 def _check_project(doc: dict, url: str) -> None:
@@ -190,25 +221,31 @@ def _check_project(doc: dict, url: str) -> None:
         raise BadAnswer(url, f"has {kind_of(info['version'])} for `info.version`, not text")
     releases = doc.get("releases")
     if not isinstance(releases, dict):
-        raise BadAnswer(url, "has no `releases` object" if releases is None else
-                        f"has {kind_of(releases)} for `releases`, not an object")
+        raise BadAnswer(
+            url,
+            "has no `releases` object"
+            if releases is None
+            else f"has {kind_of(releases)} for `releases`, not an object",
+        )
     for version, files in releases.items():
         if files is None:
             continue
         if not isinstance(files, list):
-            raise BadAnswer(url, f"has {kind_of(files)} for release {version[:60]!r}, not a "
-                                 "list of files")
+            raise BadAnswer(url, f"has {kind_of(files)} for release {version[:60]!r}, not a list of files")
         for i, f in enumerate(files):
             if not isinstance(f, dict):
-                raise BadAnswer(url, f"has {kind_of(f)} as file {i} of release "
-                                     f"{version[:60]!r}, not an object")
+                raise BadAnswer(
+                    url, f"has {kind_of(f)} as file {i} of release {version[:60]!r}, not an object"
+                )
             for key, kinds in _FILE_FIELDS.items():
                 value = f.get(key)
-                bad_size = key == "size" and (isinstance(value, bool) or
-                                              (isinstance(value, int) and value < 0))
+                bad_size = key == "size" and (
+                    isinstance(value, bool) or (isinstance(value, int) and value < 0)
+                )
                 if value is not None and (not isinstance(value, kinds) or bad_size):
-                    raise BadAnswer(url, f"has {kind_of(value)} for `{key}` of file {i} of "
-                                         f"release {version[:60]!r}")
+                    raise BadAnswer(
+                        url, f"has {kind_of(value)} for `{key}` of file {i} of release {version[:60]!r}"
+                    )
 
 
 class _RangeFile:
@@ -241,17 +278,25 @@ class _RangeFile:
             raise ValueError(f"reading its METADATA took more than {MAX_WHEEL_READ_BYTES >> 20} MB")
         expect = net.Expect("a range of a wheel", end - self.pos, self.index.deadline)
         try:
-            r = net.request(self.index.session(), "GET", self.url, expect,
-                            headers={"Range": f"bytes={self.pos}-{end - 1}"},
-                            timeout=self.index.timeout)
+            r = net.request(
+                self.index.session(),
+                "GET",
+                self.url,
+                expect,
+                headers={"Range": f"bytes={self.pos}-{end - 1}"},
+                timeout=self.index.timeout,
+            )
         except net.NetError as e:
             if e.kind == "too-large":
-                raise ValueError(f"a range request returned more than the {end - self.pos} "
-                                 "bytes asked for") from None
+                raise ValueError(
+                    f"a range request returned more than the {end - self.pos} bytes asked for"
+                ) from None
             raise
         if r.status != 206:
-            raise ValueError(f"the file server answered HTTP {r.status} to a range "
-                             "request (no partial reads: not downloading the whole wheel)")
+            raise ValueError(
+                f"the file server answered HTTP {r.status} to a range "
+                "request (no partial reads: not downloading the whole wheel)"
+            )
         if len(r.body) != end - self.pos:
             raise ValueError(f"a range request returned {len(r.body)} bytes, not {end - self.pos}")
         self.pos = end
@@ -264,8 +309,9 @@ def _wheel_metadata(index: PyPIJson, url: str, size: int | None) -> str:
     from envbuilder.oci import http as net
 
     if not size:
-        r = net.request(index.session(), "HEAD", url, net.STATUS, timeout=index.timeout,
-                        deadline=index.deadline)
+        r = net.request(
+            index.session(), "HEAD", url, net.STATUS, timeout=index.timeout, deadline=index.deadline
+        )
         length = r.headers.get("Content-Length") or ""
         size = int(length) if length.isdigit() else 0
         if r.status >= 400 or not size:

@@ -32,12 +32,21 @@ from envbuilder.model.versions import VERSION_PATTERN, ranges_overlap, version_k
 
 PACKAGES = ("torch", "vllm", "verl", "flash-attn", "transformers", "ray")
 # the packages whose releases the matrix records one by one (section path); the others it pins
-CATALOG = {"torch": ("torch",), "vllm": ("vllm",), "verl": ("verl",),
-           "flash-attn": ("flash_attn", "versions")}
+CATALOG = {
+    "torch": ("torch",),
+    "vllm": ("vllm",),
+    "verl": ("verl",),
+    "flash-attn": ("flash_attn", "versions"),
+}
 # the platform the rendered images run on: what requirement markers are evaluated against
-TARGET = {"sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
-          "os_name": "posix", "implementation_name": "cpython",
-          "platform_python_implementation": "CPython"}
+TARGET = {
+    "sys_platform": "linux",
+    "platform_system": "Linux",
+    "platform_machine": "x86_64",
+    "os_name": "posix",
+    "implementation_name": "cpython",
+    "platform_python_implementation": "CPython",
+}
 KINDS = ("new", "prerelease", "changed", "contradicted", "unrecorded")
 
 
@@ -47,6 +56,7 @@ def project_url(package: str, version: str | None = None) -> str:
 
 
 # -- versions and requirements ----------------------------------------------------------------
+
 
 def _key(version: str) -> tuple | None:
     try:
@@ -88,13 +98,20 @@ def requirements(requires_dist: list[str], python: str, extras: tuple[str, ...] 
     for text in requires_dist or []:
         try:
             req = Requirement(text)
-            applies = req.marker is None or any(req.marker.evaluate(dict(env, extra=e))
-                                                for e in ("", *extras))
+            applies = req.marker is None or any(
+                req.marker.evaluate(dict(env, extra=e)) for e in ("", *extras)
+            )
         except (InvalidRequirement, InvalidMarker, UndefinedComparison, UndefinedEnvironmentName):
             continue
         if applies:
-            out.append({"name": canon(req.name), "extras": tuple(sorted(req.extras)),
-                        "spec": str(req.specifier), "text": text.split(";")[0].strip()})
+            out.append(
+                {
+                    "name": canon(req.name),
+                    "extras": tuple(sorted(req.extras)),
+                    "spec": str(req.specifier),
+                    "text": text.split(";")[0].strip(),
+                }
+            )
     return out
 
 
@@ -109,7 +126,7 @@ def satisfies(version: str, spec: str) -> bool:
 
 
 def same_range(a: str, b: str) -> bool:
-    """">=0.8.5,<=0.11.0" and "<=0.11.0,>=0.8.5" are one range."""
+    """ ">=0.8.5,<=0.11.0" and "<=0.11.0,>=0.8.5" are one range."""
     from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
     try:
@@ -166,6 +183,7 @@ def default_cuda(reqs: list[dict]) -> str | None:
 
 # -- the project JSON --------------------------------------------------------------------------
 
+
 def release_state(files: list[dict]) -> dict:
     """One release's files: yanked (all files), reason, requires_python, and the CPython
     versions of its Linux x86_64 wheels (none for abi3/pure wheels: Python is requires_python's)."""
@@ -179,11 +197,14 @@ def release_state(files: list[dict]) -> dict:
             m = re.fullmatch(r"cp(\d)(\d+)", parts[-3])
             if m and parts[-2] != "abi3":
                 tags.add(f"{m.group(1)}.{m.group(2)}")
-    return {"files": len(files), "yanked": bool(files) and len(yanked) == len(files),
-            "some_yanked": bool(yanked) and len(yanked) < len(files),
-            "reason": next((f.get("yanked_reason") for f in yanked if f.get("yanked_reason")), None),
-            "requires_python": rp,
-            "pythons": sorted(tags, key=lambda p: tuple(map(int, p.split("."))))}
+    return {
+        "files": len(files),
+        "yanked": bool(files) and len(yanked) == len(files),
+        "some_yanked": bool(yanked) and len(yanked) < len(files),
+        "reason": next((f.get("yanked_reason") for f in yanked if f.get("yanked_reason")), None),
+        "requires_python": rp,
+        "pythons": sorted(tags, key=lambda p: tuple(map(int, p.split(".")))),
+    }
 
 
 def releases(project: dict) -> dict[str, dict]:
@@ -191,6 +212,7 @@ def releases(project: dict) -> dict[str, dict]:
 
 
 # -- what the matrix names -----------------------------------------------------------------------
+
 
 def named_versions(sections: dict) -> dict[str, dict[str, list[str]]]:
     """package -> version -> the matrix keys that name it (torch.2.6.0, profiles.t4.torch,
@@ -215,7 +237,7 @@ def named_versions(sections: dict) -> dict[str, dict[str, list[str]]]:
     for v, r in (sections.get("verl") or {}).items():
         add("verl", v, f"verl.{v}")
         pins(r.get("pins"), f"verl.{v}")
-    for v in ((sections.get("flash_attn") or {}).get("versions") or {}):
+    for v in (sections.get("flash_attn") or {}).get("versions") or {}:
         add("flash-attn", v, f"flash_attn.versions.{v}")
     for name, p in (sections.get("profiles") or {}).items():
         for field in ("torch", "verl", "vllm"):
@@ -253,8 +275,9 @@ def new_versions(newest: str | None, rels: dict[str, dict]) -> tuple[list[str], 
         if k is None or st["yanked"] or not st["files"] or (floor is not None and k <= floor):
             continue
         (pres if _is_pre(v) else finals).append(v)
-    out_finals = {_release_part(v) for v in finals} | {_release_part(v) for v, st in rels.items()
-                                                      if not _is_pre(v) and _key(v)}
+    out_finals = {_release_part(v) for v in finals} | {
+        _release_part(v) for v, st in rels.items() if not _is_pre(v) and _key(v)
+    }
     pres = [v for v in pres if _release_part(v) not in out_finals]
     return sorted(finals, key=_key), sorted(pres, key=_key)
 
@@ -276,6 +299,7 @@ def wanted_metadata(m, projects: dict[str, dict], newest: int = 3) -> dict[str, 
 
 # -- the comparison ------------------------------------------------------------------------------
 
+
 class _Drift:
     def __init__(self, m, where: Callable[[str, str], str] | None):
         self.m, self.records, self.notes = m, [], []
@@ -287,16 +311,32 @@ class _Drift:
         if section in ("torch", "vllm", "verl", "profiles"):
             key = _record_key(section, rest, self.m.sections)
         elif section == "requires":
-            key = next((p for p in (self.m.sections.get("requires") or {}) if rest.startswith(p + ".")),
-                       rest)
+            key = next((p for p in (self.m.sections.get("requires") or {}) if rest.startswith(p + ".")), rest)
         return f"{self._where(section, key)}: {path}"
 
-    def add(self, kind: str, package: str, version: str | None, fact: str, message: str,
-            where: list[str], matrix: Any = None, pypi: Any = None, fix: dict | None = None,
-            **extra) -> None:
-        rec = {"kind": kind, "package": package, "version": version, "fact": fact,
-               "matrix": matrix, "pypi": pypi, "where": [self.where(w) for w in where],
-               "message": message}
+    def add(
+        self,
+        kind: str,
+        package: str,
+        version: str | None,
+        fact: str,
+        message: str,
+        where: list[str],
+        matrix: Any = None,
+        pypi: Any = None,
+        fix: dict | None = None,
+        **extra,
+    ) -> None:
+        rec = {
+            "kind": kind,
+            "package": package,
+            "version": version,
+            "fact": fact,
+            "matrix": matrix,
+            "pypi": pypi,
+            "where": [self.where(w) for w in where],
+            "message": message,
+        }
         if fix:
             rec["fix"] = fix
         rec.update(extra)
@@ -309,8 +349,12 @@ def _record_key(section: str, rest: str, sections: dict) -> str:
     return next((k for k in keys if rest == k or rest.startswith(k + ".")), rest)
 
 
-def compare(m, projects: dict[str, dict], metadata: dict[str, dict[str, dict]],
-            where: Callable[[str, str], str] | None = None) -> dict:
+def compare(
+    m,
+    projects: dict[str, dict],
+    metadata: dict[str, dict[str, dict]],
+    where: Callable[[str, str], str] | None = None,
+) -> dict:
     """The drift between the matrix `m` and PyPI: {"packages": {...}, "drift": [...],
     "notes": [...]}. `metadata[pkg][version]` is {"requires_python", "requires_dist"}, or
     {"error": why} where it could not be read."""
@@ -318,10 +362,16 @@ def compare(m, projects: dict[str, dict], metadata: dict[str, dict[str, dict]],
     sections = m.sections
     named = named_versions(sections)
     rels = {pkg: releases(projects.get(pkg) or {}) for pkg in PACKAGES}
-    universe = sorted({p for sec in ("torch", "vllm") for r in (sections.get(sec) or {}).values()
-                       for p in r.get("python", [])}
-                      | {r["python"] for r in (sections.get("cuda") or {}).values()},
-                      key=lambda p: tuple(map(int, p.split("."))))
+    universe = sorted(
+        {
+            p
+            for sec in ("torch", "vllm")
+            for r in (sections.get(sec) or {}).values()
+            for p in r.get("python", [])
+        }
+        | {r["python"] for r in (sections.get("cuda") or {}).values()},
+        key=lambda p: tuple(map(int, p.split("."))),
+    )
 
     def meta(pkg: str, version: str) -> dict | None:
         got = (metadata.get(pkg) or {}).get(version)
@@ -331,33 +381,49 @@ def compare(m, projects: dict[str, dict], metadata: dict[str, dict[str, dict]],
     for pkg in PACKAGES:
         project = projects.get(pkg) or {}
         newest = newest_named(pkg, sections, named[pkg])
-        summary[pkg] = {"latest": (project.get("info") or {}).get("version"),
-                        "newest_in_matrix": newest, "releases": len(rels[pkg]),
-                        "metadata_read": sum(1 for v in (metadata.get(pkg) or {}) if meta(pkg, v))}
+        summary[pkg] = {
+            "latest": (project.get("info") or {}).get("version"),
+            "newest_in_matrix": newest,
+            "releases": len(rels[pkg]),
+            "metadata_read": sum(1 for v in (metadata.get(pkg) or {}) if meta(pkg, v)),
+        }
         failed: dict[str, list[str]] = {}
         for version, got in (metadata.get(pkg) or {}).items():
             if got and "error" in got:
                 failed.setdefault(got["error"], []).append(version)
         for why, versions in failed.items():
-            d.notes.append(f"{pkg} {', '.join(sorted(versions, key=lambda v: _key(v) or ()))}: "
-                           f"requires_dist not read, its checks skipped: {why}")
+            d.notes.append(
+                f"{pkg} {', '.join(sorted(versions, key=lambda v: _key(v) or ()))}: "
+                f"requires_dist not read, its checks skipped: {why}"
+            )
         _existence(d, pkg, named[pkg], rels[pkg])
         _new(d, pkg, newest, rels[pkg], meta, universe)
-    via_wheel = sum(1 for by_v in metadata.values() for got in by_v.values()
-                    if got and "METADATA" in str(got.get("from", "")))
+    via_wheel = sum(
+        1
+        for by_v in metadata.values()
+        for got in by_v.values()
+        if got and "METADATA" in str(got.get("from", ""))
+    )
     if via_wheel:
-        d.notes.append(f"this index serves no per-release JSON (/pypi/<name>/<version>/json "
-                       f"answered 404): the metadata of {via_wheel} releases was read from their "
-                       "wheels' METADATA instead")
+        d.notes.append(
+            f"this index serves no per-release JSON (/pypi/<name>/<version>/json "
+            f"answered 404): the metadata of {via_wheel} releases was read from their "
+            "wheels' METADATA instead"
+        )
     _torch_records(d, sections, rels["torch"], meta)
     _vllm_records(d, sections, rels["vllm"], meta)
     _verl_records(d, sections, meta, universe)
     _requires_records(d, sections, meta, universe)
     _combinations(d, m, rels, meta)
     order = {k: i for i, k in enumerate(KINDS)}
-    d.records.sort(key=lambda r: (order[r["kind"]], PACKAGES.index(r["package"])
-                                  if r["package"] in PACKAGES else 99,
-                                  _key(r["version"] or "0") or (), r["fact"]))
+    d.records.sort(
+        key=lambda r: (
+            order[r["kind"]],
+            PACKAGES.index(r["package"]) if r["package"] in PACKAGES else 99,
+            _key(r["version"] or "0") or (),
+            r["fact"],
+        )
+    )
     return {"packages": summary, "drift": d.records, "notes": d.notes}
 
 
@@ -365,20 +431,46 @@ def _existence(d: _Drift, pkg: str, named: dict[str, list[str]], rels: dict[str,
     for version, where in sorted(named.items(), key=lambda kv: _key(kv[0]) or ()):
         st = rels.get(version)
         if st is None:
-            d.add("contradicted", pkg, version, "release", f"{pkg} {version} is not on PyPI: "
-                  "no such release (a typo, or a build only another index has).", where,
-                  matrix=version, pypi=None)
+            d.add(
+                "contradicted",
+                pkg,
+                version,
+                "release",
+                f"{pkg} {version} is not on PyPI: "
+                "no such release (a typo, or a build only another index has).",
+                where,
+                matrix=version,
+                pypi=None,
+            )
         elif not st["files"]:
-            d.add("contradicted", pkg, version, "release", f"{pkg} {version} has no files on PyPI: "
-                  "nothing to install.", where, matrix=version, pypi="no files")
+            d.add(
+                "contradicted",
+                pkg,
+                version,
+                "release",
+                f"{pkg} {version} has no files on PyPI: nothing to install.",
+                where,
+                matrix=version,
+                pypi="no files",
+            )
         elif st["yanked"]:
-            d.add("contradicted", pkg, version, "yanked", f"{pkg} {version} is yanked on PyPI"
-                  + (f" ({st['reason']})" if st["reason"] else "") + ": pip installs it only when "
-                  "pinned exactly, and its maintainers say not to.", where, matrix=version,
-                  pypi=f"yanked: {st['reason'] or 'no reason given'}")
+            d.add(
+                "contradicted",
+                pkg,
+                version,
+                "yanked",
+                f"{pkg} {version} is yanked on PyPI"
+                + (f" ({st['reason']})" if st["reason"] else "")
+                + ": pip installs it only when "
+                "pinned exactly, and its maintainers say not to.",
+                where,
+                matrix=version,
+                pypi=f"yanked: {st['reason'] or 'no reason given'}",
+            )
         elif st["some_yanked"]:
-            d.notes.append(f"{pkg} {version}: some of its files are yanked on PyPI (named by "
-                           f"{', '.join(where)})")
+            d.notes.append(
+                f"{pkg} {version}: some of its files are yanked on PyPI (named by {', '.join(where)})"
+            )
 
 
 def _new(d: _Drift, pkg: str, newest: str | None, rels: dict, meta, universe: list[str]) -> None:
@@ -389,14 +481,32 @@ def _new(d: _Drift, pkg: str, newest: str | None, rels: dict, meta, universe: li
             info = _release_facts(pkg, v, rels[v], meta(pkg, v), universe)
             if info:
                 details[v] = info
-        d.add("new", pkg, finals[-1], "releases", f"{pkg}: {len(finals)} release"
-              f"{'s' if len(finals) > 1 else ''} newer than {newest or 'none'} (the newest the "
-              f"matrix {'records' if pkg in CATALOG else 'pins'}).", [], matrix=newest,
-              pypi=finals[-1], versions=finals, details=details)
+        d.add(
+            "new",
+            pkg,
+            finals[-1],
+            "releases",
+            f"{pkg}: {len(finals)} release"
+            f"{'s' if len(finals) > 1 else ''} newer than {newest or 'none'} (the newest the "
+            f"matrix {'records' if pkg in CATALOG else 'pins'}).",
+            [],
+            matrix=newest,
+            pypi=finals[-1],
+            versions=finals,
+            details=details,
+        )
     if pres:
-        d.add("prerelease", pkg, pres[-1], "pre-releases", f"{pkg}: pre-release"
-              f"{'s' if len(pres) > 1 else ''} {', '.join(pres)} (no final release yet).", [],
-              matrix=newest, pypi=pres[-1], versions=pres)
+        d.add(
+            "prerelease",
+            pkg,
+            pres[-1],
+            "pre-releases",
+            f"{pkg}: pre-release{'s' if len(pres) > 1 else ''} {', '.join(pres)} (no final release yet).",
+            [],
+            matrix=newest,
+            pypi=pres[-1],
+            versions=pres,
+        )
 
 
 def _release_facts(pkg: str, version: str, st: dict, md: dict | None, universe: list[str]) -> dict:
@@ -447,17 +557,34 @@ def _torch_records(d: _Drift, sections: dict, rels: dict, meta) -> None:
         if not st or not st["files"]:
             continue
         if st["pythons"] and st["pythons"] != list(rec["python"]):
-            d.add("changed", "torch", v, "python", f"torch {v}: the matrix says wheels for Python "
-                  f"{', '.join(rec['python'])}; PyPI's Linux x86_64 wheels are for "
-                  f"{', '.join(st['pythons'])}.", [f"torch.{v}.python"], matrix=list(rec["python"]),
-                  pypi=st["pythons"], fix={"path": ["torch", v, "python"], "value": st["pythons"]})
+            d.add(
+                "changed",
+                "torch",
+                v,
+                "python",
+                f"torch {v}: the matrix says wheels for Python "
+                f"{', '.join(rec['python'])}; PyPI's Linux x86_64 wheels are for "
+                f"{', '.join(st['pythons'])}.",
+                [f"torch.{v}.python"],
+                matrix=list(rec["python"]),
+                pypi=st["pythons"],
+                fix={"path": ["torch", v, "python"], "value": st["pythons"]},
+            )
         cuda = default_cuda(requirements(md["requires_dist"] or [], rec["python"][-1])) if md else None
         if cuda and cuda != rec["pypi_default"]:
-            d.add("changed", "torch", v, "pypi_default", f"torch {v}: the matrix says PyPI's build "
-                  f"is {rec['pypi_default']}; its Linux wheel pins the CUDA {cuda[2:-1]}."
-                  f"{cuda[-1]} runtime ({cuda}).", [f"torch.{v}.pypi_default"],
-                  matrix=rec["pypi_default"], pypi=cuda,
-                  fix={"path": ["torch", v, "pypi_default"], "value": cuda})
+            d.add(
+                "changed",
+                "torch",
+                v,
+                "pypi_default",
+                f"torch {v}: the matrix says PyPI's build "
+                f"is {rec['pypi_default']}; its Linux wheel pins the CUDA {cuda[2:-1]}."
+                f"{cuda[-1]} runtime ({cuda}).",
+                [f"torch.{v}.pypi_default"],
+                matrix=rec["pypi_default"],
+                pypi=cuda,
+                fix={"path": ["torch", v, "pypi_default"], "value": cuda},
+            )
 
 
 def _vllm_records(d: _Drift, sections: dict, rels: dict, meta) -> None:
@@ -467,19 +594,35 @@ def _vllm_records(d: _Drift, sections: dict, rels: dict, meta) -> None:
             continue
         pin = _pin(md, "torch", list(rec["python"]))
         if pin != rec["torch"]:
-            d.add("changed", "vllm", v, "torch pin", f"vllm {v}: the matrix says it pins "
-                  f"torch=={rec['torch']}; its requires_dist says "
-                  + (f"torch=={pin}." if pin else "no exact torch pin."), [f"vllm.{v}.torch"],
-                  matrix=rec["torch"], pypi=pin,
-                  fix={"path": ["vllm", v, "torch"], "value": pin} if pin else None)
+            d.add(
+                "changed",
+                "vllm",
+                v,
+                "torch pin",
+                f"vllm {v}: the matrix says it pins "
+                f"torch=={rec['torch']}; its requires_dist says "
+                + (f"torch=={pin}." if pin else "no exact torch pin."),
+                [f"vllm.{v}.torch"],
+                matrix=rec["torch"],
+                pypi=pin,
+                fix={"path": ["vllm", v, "torch"], "value": pin} if pin else None,
+            )
         rp = md.get("requires_python") or rels.get(v, {}).get("requires_python")
         bad = [p for p in rec["python"] if rp and not satisfies(p, rp)]
         if bad:
             keep = [p for p in rec["python"] if p not in bad]
-            d.add("contradicted", "vllm", v, "python", f"vllm {v}: the matrix lists Python "
-                  f"{', '.join(bad)}, which its requires_python {rp!r} refuses.",
-                  [f"vllm.{v}.python"], matrix=list(rec["python"]), pypi=rp,
-                  fix={"path": ["vllm", v, "python"], "value": keep} if keep else None)
+            d.add(
+                "contradicted",
+                "vllm",
+                v,
+                "python",
+                f"vllm {v}: the matrix lists Python "
+                f"{', '.join(bad)}, which its requires_python {rp!r} refuses.",
+                [f"vllm.{v}.python"],
+                matrix=list(rec["python"]),
+                pypi=rp,
+                fix={"path": ["vllm", v, "python"], "value": keep} if keep else None,
+            )
 
 
 def _verl_records(d: _Drift, sections: dict, meta, universe: list[str]) -> None:
@@ -489,15 +632,31 @@ def _verl_records(d: _Drift, sections: dict, meta, universe: list[str]) -> None:
             continue
         rng = _verl_vllm_range(md, universe)
         if rng is None:
-            d.add("changed", "verl", v, "vllm range", f"verl {v}: the matrix says it accepts vllm "
-                  f"{rec['vllm']}; its requires_dist (extra 'vllm') names no vllm.",
-                  [f"verl.{v}.vllm"], matrix=rec["vllm"], pypi=None)
+            d.add(
+                "changed",
+                "verl",
+                v,
+                "vllm range",
+                f"verl {v}: the matrix says it accepts vllm "
+                f"{rec['vllm']}; its requires_dist (extra 'vllm') names no vllm.",
+                [f"verl.{v}.vllm"],
+                matrix=rec["vllm"],
+                pypi=None,
+            )
         elif not same_range(rng, rec["vllm"]):
             fix = plain_range(rng)
-            d.add("changed", "verl", v, "vllm range", f"verl {v}: the matrix says vllm "
-                  f"{rec['vllm']}; its requires_dist (extra 'vllm') says vllm{rng}.",
-                  [f"verl.{v}.vllm"], matrix=rec["vllm"], pypi=rng,
-                  fix={"path": ["verl", v, "vllm"], "value": fix} if fix and "!=" not in rng else None)
+            d.add(
+                "changed",
+                "verl",
+                v,
+                "vllm range",
+                f"verl {v}: the matrix says vllm "
+                f"{rec['vllm']}; its requires_dist (extra 'vllm') says vllm{rng}.",
+                [f"verl.{v}.vllm"],
+                matrix=rec["vllm"],
+                pypi=rng,
+                fix={"path": ["verl", v, "vllm"], "value": fix} if fix and "!=" not in rng else None,
+            )
 
 
 def _requires_records(d: _Drift, sections: dict, meta, universe: list[str]) -> None:
@@ -520,14 +679,23 @@ def _requires_records(d: _Drift, sections: dict, meta, universe: list[str]) -> N
                     continue
                 pypi = ",".join(now) or None
                 fix = plain_range(pypi) if pypi and len(now) == 1 else None
-                d.add("changed", pkg, v, f"requires {dep}", f"{spec} {v}: the matrix says it "
-                      f"needs {dep}{rng}; its requires_dist says "
-                      + (f"{dep}{pypi}." if pypi else f"nothing of {dep}."),
-                      [f"requires.{spec}.{v}.needs.{dep}"], matrix=rng, pypi=pypi,
-                      fix={"path": ["requires", spec, v, "needs", dep], "value": fix} if fix else None)
+                d.add(
+                    "changed",
+                    pkg,
+                    v,
+                    f"requires {dep}",
+                    f"{spec} {v}: the matrix says it "
+                    f"needs {dep}{rng}; its requires_dist says "
+                    + (f"{dep}{pypi}." if pypi else f"nothing of {dep}."),
+                    [f"requires.{spec}.{v}.needs.{dep}"],
+                    matrix=rng,
+                    pypi=pypi,
+                    fix={"path": ["requires", spec, v, "needs", dep], "value": fix} if fix else None,
+                )
 
 
 # -- what is installed together ------------------------------------------------------------------
+
 
 def _combinations(d: _Drift, m, rels: dict, meta) -> None:
     """Each profile as the resolver resolves it, and each verl release with each vLLM release
@@ -542,16 +710,21 @@ def _combinations(d: _Drift, m, rels: dict, meta) -> None:
         try:
             env = resolve(m, name)
         except EnvbuildError as e:
-            d.notes.append(f"profile {name}: not checked: it does not resolve "
-                           f"({str(e).splitlines()[0]})")
+            d.notes.append(f"profile {name}: not checked: it does not resolve ({str(e).splitlines()[0]})")
             continue
-        installs = {"torch": (env.torch.version, (), f"profiles.{name}.torch", "torch"),
-                    "verl": (env.verl.version, (), f"profiles.{name}.verl", "verl")}
+        installs = {
+            "torch": (env.torch.version, (), f"profiles.{name}.torch", "torch"),
+            "verl": (env.verl.version, (), f"profiles.{name}.verl", "verl"),
+        }
         if env.vllm:
             installs["vllm"] = (env.vllm.version, (), f"profiles.{name}.vllm", "vllm")
         if env.flash_attn:
-            installs["flash-attn"] = (env.flash_attn.version, (),
-                                      f"profiles.{name}.components.flash-attn", "flash-attn")
+            installs["flash-attn"] = (
+                env.flash_attn.version,
+                (),
+                f"profiles.{name}.components.flash-attn",
+                "flash-attn",
+            )
         for pkg, v in env.verl.pins.items():
             installs[canon(pkg)] = (v, extras_of(pkg), _pin_origin(sections, name, env, pkg), pkg)
         combos.append({"label": f"profile {name}", "python": env.python, "installs": installs})
@@ -569,8 +742,9 @@ def _combinations(d: _Drift, m, rels: dict, meta) -> None:
                 for pkg, v in (pins or {}).items():
                     installs[canon(pkg)] = (v, extras_of(pkg), f"{src}.pins.{pkg}", pkg)
             for python in pythons:
-                combos.append({"label": f"verl {vv} + vllm {lv}", "python": python,
-                               "installs": installs, "pair": True})
+                combos.append(
+                    {"label": f"verl {vv} + vllm {lv}", "python": python, "installs": installs, "pair": True}
+                )
     found: dict[tuple, dict] = {}
     for c in combos:
         _check_combo(c, rels, meta, found, sections)
@@ -604,11 +778,20 @@ def _check_combo(c: dict, rels: dict, meta, found: dict, sections: dict) -> None
         rp = (md or {}).get("requires_python") or (rels[pkg].get(v) or {}).get("requires_python")
         if not c.get("pair") and rp and not satisfies(python, rp):
             key = ("python", c["label"], pkg, v)
-            found.setdefault(key, {"kind": "contradicted", "package": pkg, "version": v,
-                                   "fact": "requires_python", "matrix": python, "pypi": rp,
-                                   "where": [origin], "labels": [],
-                                   "message": f"{pkg} {v} requires Python {rp}; the profile's "
-                                   f"Python is {python}."})["labels"].append(c["label"])
+            found.setdefault(
+                key,
+                {
+                    "kind": "contradicted",
+                    "package": pkg,
+                    "version": v,
+                    "fact": "requires_python",
+                    "matrix": python,
+                    "pypi": rp,
+                    "where": [origin],
+                    "labels": [],
+                    "message": f"{pkg} {v} requires Python {rp}; the profile's Python is {python}.",
+                },
+            )["labels"].append(c["label"])
         if md is not None:
             reqs[pkg] = requirements(md.get("requires_dist") or [], python, extras)
     for pkg, rs in reqs.items():
@@ -617,17 +800,27 @@ def _check_combo(c: dict, rels: dict, meta, found: dict, sections: dict) -> None
             target = installs.get(r["name"])
             if target and r["spec"] and not satisfies(target[0], r["spec"]):
                 key = ("pin", pkg, v, r["text"], r["name"], target[0])
-                rec = found.setdefault(key, {
-                    "kind": "contradicted", "package": pkg, "version": v, "fact": "requirement",
-                    "matrix": f"{target[3]} {target[0]}", "pypi": r["text"], "where": [target[2]],
-                    "labels": [], "message": f"{pkg} {v} requires {r['text']}, but the matrix "
-                    f"installs {target[3]} {target[0]} beside it ({target[2]})."})
+                rec = found.setdefault(
+                    key,
+                    {
+                        "kind": "contradicted",
+                        "package": pkg,
+                        "version": v,
+                        "fact": "requirement",
+                        "matrix": f"{target[3]} {target[0]}",
+                        "pypi": r["text"],
+                        "where": [target[2]],
+                        "labels": [],
+                        "message": f"{pkg} {v} requires {r['text']}, but the matrix "
+                        f"installs {target[3]} {target[0]} beside it ({target[2]}).",
+                    },
+                )
                 if target[2] not in rec["where"]:
                     rec["where"].append(target[2])
                 rec["labels"].append(c["label"])
     names = sorted(reqs)
     for i, a in enumerate(names):
-        for b in names[i + 1:]:
+        for b in names[i + 1 :]:
             for ra in reqs[a]:
                 if ra["name"] in installs or not ra["spec"]:
                     continue
@@ -638,32 +831,42 @@ def _check_combo(c: dict, rels: dict, meta, found: dict, sections: dict) -> None
                     if _recorded(sections, a, va, ra["name"]) and _recorded(sections, b, vb, rb["name"]):
                         continue
                     key = ("shared", a, va, b, vb, ra["name"])
-                    found.setdefault(key, {
-                        "kind": "unrecorded", "package": a, "version": va,
-                        "fact": f"shared {ra['name']}", "matrix": None,
-                        "pypi": f"{a} {va}: {ra['text']}; {b} {vb}: {rb['text']}",
-                        "where": [installs[a][2], installs[b][2]], "labels": [],
-                        "message": f"{a} {va} requires {ra['text']} and {b} {vb} requires "
-                        f"{rb['text']}: no version satisfies both, and dependencies.yaml "
-                        "(`requires`) does not record it, so the resolver lets the pair through."
-                    })["labels"].append(c["label"])
+                    found.setdefault(
+                        key,
+                        {
+                            "kind": "unrecorded",
+                            "package": a,
+                            "version": va,
+                            "fact": f"shared {ra['name']}",
+                            "matrix": None,
+                            "pypi": f"{a} {va}: {ra['text']}; {b} {vb}: {rb['text']}",
+                            "where": [installs[a][2], installs[b][2]],
+                            "labels": [],
+                            "message": f"{a} {va} requires {ra['text']} and {b} {vb} requires "
+                            f"{rb['text']}: no version satisfies both, and dependencies.yaml "
+                            "(`requires`) does not record it, so the resolver lets the pair through.",
+                        },
+                    )["labels"].append(c["label"])
 
 
 def _recorded(sections: dict, pkg: str, version: str, dep: str) -> bool:
     for spec, by_version in (sections.get("requires") or {}).items():
-        if canon(spec) == pkg and any(canon(x) == dep for x in
-                                      ((by_version.get(version) or {}).get("needs") or {})):
+        if canon(spec) == pkg and any(
+            canon(x) == dep for x in ((by_version.get(version) or {}).get("needs") or {})
+        ):
             return True
     return False
 
 
 # -- the report ----------------------------------------------------------------------------------
 
-HEADINGS = {"new": "new releases (newer than the newest the matrix records or pins)",
-            "prerelease": "pre-releases (no final release yet)",
-            "changed": "changed (the matrix says one thing, PyPI's metadata another)",
-            "contradicted": "contradicted (PyPI refutes what the matrix names)",
-            "unrecorded": "unrecorded conflicts (the resolver can't refuse them)"}
+HEADINGS = {
+    "new": "new releases (newer than the newest the matrix records or pins)",
+    "prerelease": "pre-releases (no final release yet)",
+    "changed": "changed (the matrix says one thing, PyPI's metadata another)",
+    "contradicted": "contradicted (PyPI refutes what the matrix names)",
+    "unrecorded": "unrecorded conflicts (the resolver can't refuse them)",
+}
 
 
 def _short(versions: list[str], keep: int = 12) -> str:
@@ -678,9 +881,11 @@ def text(report: dict) -> str:
     lines = [f"envbuild refresh: {report['index']} against the matrix"]
     width = max(len(p) for p in report["packages"])
     for pkg, s in report["packages"].items():
-        lines.append(f"  {pkg:<{width}}  PyPI latest {s['latest']}, matrix newest "
-                     f"{s['newest_in_matrix'] or '-'}, {s['releases']} releases, metadata of "
-                     f"{s['metadata_read']} read")
+        lines.append(
+            f"  {pkg:<{width}}  PyPI latest {s['latest']}, matrix newest "
+            f"{s['newest_in_matrix'] or '-'}, {s['releases']} releases, metadata of "
+            f"{s['metadata_read']} read"
+        )
     for kind in KINDS:
         recs = [r for r in drift if r["kind"] == kind]
         if not recs:
@@ -688,9 +893,10 @@ def text(report: dict) -> str:
         lines += ["", f"{HEADINGS[kind]}: {len(recs)}"]
         for r in recs:
             if kind in ("new", "prerelease"):
-                lines.append(f"  {r['package']}: {_short(r['versions'])}"
-                             + ("" if kind == "prerelease" else
-                                f"  (matrix newest {r['matrix'] or '-'})"))
+                lines.append(
+                    f"  {r['package']}: {_short(r['versions'])}"
+                    + ("" if kind == "prerelease" else f"  (matrix newest {r['matrix'] or '-'})")
+                )
                 for v, facts in (r.get("details") or {}).items():
                     lines.append(f"    {v}: " + "; ".join(f"{k} {_fmt(x)}" for k, x in facts.items()))
                 continue
@@ -703,11 +909,17 @@ def text(report: dict) -> str:
         lines += ["", f"not checked / notes: {len(report['notes'])}"]
         lines += [f"  {n}" for n in report["notes"]]
     counts = {k: sum(1 for r in drift if r["kind"] == k) for k in KINDS}
-    lines += ["", "summary: " + ", ".join(f"{n} {k}" for k, n in counts.items())
-              + (". Nothing drifted." if not drift else ".")]
+    lines += [
+        "",
+        "summary: "
+        + ", ".join(f"{n} {k}" for k, n in counts.items())
+        + (". Nothing drifted." if not drift else "."),
+    ]
     if report.get("overlay"):
-        lines.append(f"overlay: {report['overlay']} (review it; use it with --matrix-dir "
-                     f"{os.path.dirname(report['overlay']) or '.'})")
+        lines.append(
+            f"overlay: {report['overlay']} (review it; use it with --matrix-dir "
+            f"{os.path.dirname(report['overlay']) or '.'})"
+        )
     # the index's strings (a yanked_reason, a requires_python) are in these lines: each stays
     # one line, its control characters and escape sequences written as escapes
     return "\n".join(map(quoting.line, lines)) + "\n"
@@ -769,31 +981,38 @@ def overlay_text(report: dict, m, sources_of: Callable[[str, str], dict]) -> str
             continue
         units[(section, key)] = unit
         fixed.append(f"{'.'.join(fix['path'])}: {_fmt(r['matrix'])} -> {_fmt(fix['value'])}")
-    lines = _comment_lines([
-        f"{OVERLAY_HEADER[2:]} (envbuild refresh --write-overlay, against {report['index']}).",
-        "For review: use it with `--matrix-dir DIR`, then fold what holds into matrices/ by",
-        "hand. Live records below are copies of the matrix's with only mechanical fixes from",
-        "PyPI's metadata applied; everything else is a TODO in comments."]) + [""]
+    lines = _comment_lines(
+        [
+            f"{OVERLAY_HEADER[2:]} (envbuild refresh --write-overlay, against {report['index']}).",
+            "For review: use it with `--matrix-dir DIR`, then fold what holds into matrices/ by",
+            "hand. Live records below are copies of the matrix's with only mechanical fixes from",
+            "PyPI's metadata applied; everything else is a TODO in comments.",
+        ]
+    ) + [""]
     if fixed:
         lines += _comment_lines(["mechanical fixes:", *(f"  {f}" for f in fixed)])
         by_section: dict[str, dict] = {}
-        for (section, key), unit in sorted(units.items(), key=lambda kv: (kv[0][0], _key(kv[0][1])
-                                                                          or (), kv[0][1])):
+        for (section, key), unit in sorted(
+            units.items(), key=lambda kv: (kv[0][0], _key(kv[0][1]) or (), kv[0][1])
+        ):
             by_section.setdefault(section, {})[key] = unit
-        lines.append(yaml.safe_dump(by_section, sort_keys=False, default_flow_style=None,
-                                    width=100, allow_unicode=True).rstrip())
+        lines.append(
+            yaml.safe_dump(
+                by_section, sort_keys=False, default_flow_style=None, width=100, allow_unicode=True
+            ).rstrip()
+        )
     else:
         lines += _comment_lines(["mechanical fixes: none"])
     todo = [r for r in report["drift"] if not r.get("fix") or r in refused]
     if todo:
-        lines += ["", *_comment_lines(["TODO (needs a person: PyPI's metadata alone does not "
-                                       "settle these)"])]
+        lines += ["", *_comment_lines(["TODO (needs a person: PyPI's metadata alone does not settle these)"])]
         for r in todo:
             notes = [f"- [{r['kind']}] {r['message']}"]
             notes += [f"    at {w}" for w in r["where"]]
             if r in refused:
-                notes.append(f"    PyPI's value {_scalar(r['fix']['value'])} is not one the matrix "
-                             "takes: not applied")
+                notes.append(
+                    f"    PyPI's value {_scalar(r['fix']['value'])} is not one the matrix takes: not applied"
+                )
             if r.get("versions"):
                 notes.append(f"    versions: {_short(r['versions'], 40)}")
             details = r.get("details") or {}
@@ -837,19 +1056,27 @@ def _template(pkg: str, version: str, facts: dict) -> list[str]:
     src = project_url(pkg, version)
     v = _scalar(version)
     if pkg == "vllm":
-        return [f"  {v}: {{torch: {_scalar(facts.get('torch', 'TODO'))}, wheel_cuda: TODO, "
-                f"python: {json.dumps(facts.get('python', 'TODO'))}, source: {src}}}  "
-                "# wheel_cuda: release notes"]
+        return [
+            f"  {v}: {{torch: {_scalar(facts.get('torch', 'TODO'))}, wheel_cuda: TODO, "
+            f"python: {json.dumps(facts.get('python', 'TODO'))}, source: {src}}}  "
+            "# wheel_cuda: release notes"
+        ]
     if pkg == "torch":
-        return [f"{v}: python {json.dumps(facts.get('python', 'TODO'))}, pypi_default "
-                f"{_scalar(facts.get('pypi_default', 'TODO'))}; TODO torchvision, torchaudio, "
-                f"builds and their arch lists (pytorch RELEASE.md, build_cuda.sh); source {src}"]
+        return [
+            f"{v}: python {json.dumps(facts.get('python', 'TODO'))}, pypi_default "
+            f"{_scalar(facts.get('pypi_default', 'TODO'))}; TODO torchvision, torchaudio, "
+            f"builds and their arch lists (pytorch RELEASE.md, build_cuda.sh); source {src}"
+        ]
     if pkg == "verl":
-        return [f"{v}: vllm {_scalar(facts.get('vllm', 'TODO'))}, requires_python "
-                f"{_scalar(facts.get('requires_python'))}; TODO rollouts, attention_override, "
-                f"patches, precision, pins, training_path (read the release); source {src}"]
-    return [f"{v}: requires_python {_scalar(facts.get('requires_python'))}; TODO torch range, "
-            f"wheel_cuda (the GitHub release's wheels); source {src}"]
+        return [
+            f"{v}: vllm {_scalar(facts.get('vllm', 'TODO'))}, requires_python "
+            f"{_scalar(facts.get('requires_python'))}; TODO rollouts, attention_override, "
+            f"patches, precision, pins, training_path (read the release); source {src}"
+        ]
+    return [
+        f"{v}: requires_python {_scalar(facts.get('requires_python'))}; TODO torch range, "
+        f"wheel_cuda (the GitHub release's wheels); source {src}"
+    ]
 
 
 def _urls(node: Any, sources: dict) -> Any:
