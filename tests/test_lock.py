@@ -838,3 +838,10 @@ def test_index_credentials_reach_no_lock_file_and_no_message(world, tmp_path, ca
         assert "s3cret" not in f.read_text(), f.name
     meta = json.loads((tmp_path / "lock" / "p40" / "lock.json").read_text())
     assert meta["sources"]["pypi"] == world["pypi"]
+
+
+def test_a_missing_lock_names_the_command_that_makes_it_there(tmp_path, capsys):
+    """`render --locked DIR` reads DIR/<profile>/: where there is none, the message names the
+    `lock -o DIR` that writes it there (not a bare `envbuild lock`, which writes lockfiles/)."""
+    rc, _, err = envbuild(capsys, "render", "p40", "--locked", tmp_path / "mylocks", "-o", tmp_path / "out")
+    assert rc == 2 and f"envbuild lock p40 -o {tmp_path / 'mylocks'}" in err, err

@@ -253,9 +253,16 @@ def verified(lock_dir: Path, profile: str | None = None) -> tuple[dict, dict[str
     lock_dir = Path(lock_dir)
     meta, texts, damaged = integrity(lock_dir)
     if meta is None:
+        from envbuilder.paths import LOCK_ROOT
+
+        # `lock -o ROOT` writes ROOT/<profile>/: the command that makes the lock looked for here
+        root = lock_dir.parent if profile and lock_dir.name == profile else None
+        make = f"envbuild lock {profile or 'PROFILE'}" + (
+            f" -o {root}" if root is not None and root != LOCK_ROOT else ""
+        )
         raise UserError(
-            f"No lock in {lock_dir} (no {META}). Make one with `envbuild lock "
-            f"{profile or 'PROFILE'}`, or pass the directory where it is."
+            f"No lock in {lock_dir} (no {META}). Make one with `{make}` (with the same "
+            "overrides), or pass the folder where it is."
         )
     if damaged:
         raise UserError(
