@@ -72,11 +72,19 @@ SUBSTITUTES = {
 # -- cases (here) -------------------------------------------------------------------------------
 
 
-def case_of(profile: str, render_files, resolve, m) -> dict:
-    """The GPU run of one profile as envbuild renders it today (envbuilder.model.gpu_tier.case)."""
+def case_of(
+    profile: str, render_files, resolve, m, algo: str | None = None, model: str | None = None
+) -> dict:
+    """The GPU run of one profile as envbuild renders it today (envbuilder.model.gpu_tier.case),
+    with `envbuild render PROFILE --algo ALGO --model MODEL` where they are given."""
     from envbuilder.model import gpu_tier
+    from envbuilder.model.resolve import Overrides
 
-    env = resolve(m, profile)
+    if model is not None:
+        from envbuilder.model.architectures import with_model
+
+        m, model = with_model(m, model)
+    env = resolve(m, profile, Overrides(algo=algo, model=model))
     case = gpu_tier.case(env, render_files(env), m.models)
     # where the profile's pin cannot import on the GPU machine's torch, the nearest release that
     # can, said in the record (the profile's torch itself cannot be carried)
@@ -94,10 +102,17 @@ def write_cases(out: Path, profiles: list[str]) -> None:
     from envbuilder.model.resolve import resolve
 
     m = matrix.load()
-    cases = [case_of(p, render_files, resolve, m) for p in profiles]
+    cases = []
+    for spec in profiles:  # PROFILE[:ALGO[:MODEL]]
+        profile, algo, model = (spec.split(":", 2) + [None, None])[:3]
+        case = case_of(profile, render_files, resolve, m, algo or None, model or None)
+        case["variant"] = spec if (algo or model) else None
+        cases.append(case)
     controls = []
     for case in cases:
-        if case["profile"] == "p40":  # the plan's fix undone: the actor offloaded on the HF rollout
+        if case["profile"] == "p40" and not case.get(
+            "variant"
+        ):  # the plan's fix undone: the actor offloaded on the HF rollout
             controls.append(
                 dict(
                     case,
@@ -107,22 +122,48 @@ def write_cases(out: Path, profiles: list[str]) -> None:
                     overrides=case["overrides"] + ["actor_rollout_ref.actor.fsdp_config.param_offload=True"],
                 )
             )
-        if case["lora_rank"]:  # LoRA on the HF rollout without use_orig_params
+        if case["lora_rank"] and not case.get("variant"):  # LoRA in one flat parameter, as verl
+            # 0.4.1 wraps it for the HF rollout: neither the wrap patch nor use_orig_params
             key = next(o for o in case["overrides"] if "use_orig_params" in o)
             controls.append(
                 dict(
                     case,
                     name=f"{case['profile']}-control-flat-lora",
                     control=True,
-                    expect="uniform requires_grad",
+                    expect="Must flatten tensors with uniform",
                     overrides=[o for o in case["overrides"] if o != key],
+                    apply_patches=_without_patch(case["apply_patches"], WRAP_PATCH),
+                )
+            )
+        if case.get("variant") and any(
+            "fsdp_config.model_dtype" in o and "actor." in o for o in case["overrides"]
+        ):
+            # the bf16 base without the wrap patch: base and fp32 adapters in one flat parameter
+            controls.append(
+                dict(
+                    case,
+                    name=f"{case['variant'].replace(':', '-').replace('/', '_')}-control-no-wrap",
+                    control=True,
+                    expect="uniform dtype",
+                    apply_patches=_without_patch(case["apply_patches"], WRAP_PATCH),
                 )
             )
     for case in cases:
-        case.update(name=case["profile"], control=False, expect=None)
+        name = case.pop("variant") or case["profile"]
+        case.update(name=name.replace(":", "-").replace("/", "_"), control=False, expect=None)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"cases": cases + controls}, indent=1) + "\n")
     print(f"wrote {len(cases)} cases and {len(controls)} controls to {out}")
+
+
+WRAP_PATCH = "verl-hf-rollout-lora-wrap"
+
+
+def _without_patch(script: str, name: str) -> str:
+    """The rendered apply_patches.py less one recorded patch (its comment line and its entry)."""
+    lines = script.splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith(f"# {name}:"))
+    return "".join(lines[:at] + lines[at + 2 :])
 
 
 # -- device: unpack, patch, run each case in its own process --------------------------------------
@@ -455,7 +496,8 @@ def _model_dir(case: dict, torch) -> str:
     shutil.rmtree(path, ignore_errors=True)
     torch.manual_seed(0)
     with torch.device(os.environ.get("ENVBUILD_GPU_STEP_DEVICE", "cuda")):  # (cpu: a harness smoke test)
-        model = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32)
+        # bf16 on disk, as the hub ships Qwen2 (verl loads it in the dtype its config asks for)
+        model = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16)
     model.save_pretrained(path, safe_serialization=True)
     del model
     if torch.cuda.is_available():
@@ -596,6 +638,8 @@ def _run(case: dict, result: dict, save) -> None:
         save()
         return out
 
+    if case.get("control"):  # a control says which parameters its failing FSDP unit held
+        _diagnose_fsdp(result)
     # verl's trainer: critic, then the reference, then the actor with its rollout (last)
     critic = CriticWorker(cfg.critic) if use_critic else None
     ref = ActorRolloutRefWorker(cfg.actor_rollout_ref, role="ref") if (use_ref and not lora) else None
@@ -630,13 +674,19 @@ def _run(case: dict, result: dict, save) -> None:
     del out, val
 
     n_train = cfg.data.train_batch_size
-    for step in (1, 2):
+    # ENVBUILD_GPU_STEP_STEPS=1: one step (a 7B's HF generate takes minutes per chunk)
+    for step in range(1, 1 + int(os.environ.get("ENVBUILD_GPU_STEP_STEPS", "2"))):
         batch = _prompts(n_train, P, torch, dict(gen_meta, do_sample=True))
         batch.non_tensor_batch["uid"] = np.array([f"u{i}" for i in range(n_train)], dtype=object)
         gen_batch = batch.pop(batch_keys=["input_ids", "attention_mask", "position_ids"])
         gen_batch.meta_info = dict(gen_meta, do_sample=True)
         gen_out = phase(f"step{step} generate", lambda: actor.generate_sequences(gen_batch), batch=n_train)
         gen_out.meta_info.pop("timing", None)
+        # rollout.n responses per prompt (the HF rollout returns them together): the prompts
+        # are repeated alongside, as verl's trainer does
+        n = int(cfg.actor_rollout_ref.rollout.get("n", 1))
+        if n > 1:
+            batch = batch.repeat(repeat_times=n, interleave=True)
         batch = batch.union(gen_out)
         batch.batch["response_mask"] = batch.batch["attention_mask"][:, -R:]
         batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
@@ -656,18 +706,29 @@ def _run(case: dict, result: dict, save) -> None:
         mask = batch.batch["response_mask"]  # (where the workers left the batch: verl moves it)
         scores = torch.zeros_like(mask, dtype=torch.float32)
         last = mask.sum(-1).clamp(min=1) - 1
-        scores[torch.arange(n_train, device=mask.device), last] = torch.randint(
-            0, 2, (n_train,), device=mask.device
+        rows = mask.shape[0]
+        scores[torch.arange(rows, device=mask.device), last] = torch.randint(
+            0, 2, (rows,), device=mask.device
         ).float()
         batch.batch["token_level_scores"] = scores
         batch.batch["token_level_rewards"] = scores
-        adv, ret = core_algos.compute_gae_advantage_return(
-            token_level_rewards=scores,
-            values=batch.batch["values"],
-            response_mask=batch.batch["response_mask"],
-            gamma=cfg.algorithm.gamma,
-            lam=cfg.algorithm.lam,
-        )
+        estimator = cfg.algorithm.adv_estimator
+        if estimator == "gae":
+            adv, ret = core_algos.compute_gae_advantage_return(
+                token_level_rewards=scores,
+                values=batch.batch["values"],
+                response_mask=batch.batch["response_mask"],
+                gamma=cfg.algorithm.gamma,
+                lam=cfg.algorithm.lam,
+            )
+        elif estimator == "grpo":  # each prompt's n responses are one group (uid)
+            adv, ret = core_algos.compute_grpo_outcome_advantage(
+                token_level_rewards=scores,
+                response_mask=batch.batch["response_mask"],
+                index=batch.non_tensor_batch["uid"],
+            )
+        else:
+            raise SystemExit(f"the harness computes gae and grpo advantages, not {estimator}")
         batch.batch["advantages"], batch.batch["returns"] = adv, ret
         if critic:
             c = phase(f"step{step} update_critic", lambda: critic.update_critic(batch))
@@ -678,6 +739,39 @@ def _run(case: dict, result: dict, save) -> None:
     result["phase"] = None
     result["dtypes"] = dt.seen
     result["ok"] = True
+
+
+def _diagnose_fsdp(result: dict) -> None:
+    """Where FSDP refuses to flatten a unit (mixed requires_grad or dtype), record the
+    parameters that unit held: those no nested unit took (names without _fsdp_wrapped_module
+    below the unit itself)."""
+    import verl.workers.fsdp_workers as fw
+
+    real = fw.FSDP
+
+    class DiagnosedFSDP(real):
+        def __init__(self, module, *args, **kwargs):
+            try:
+                super().__init__(module, *args, **kwargs)
+            except ValueError as e:
+                left = [
+                    (name, p.requires_grad, str(p.dtype).replace("torch.", ""))
+                    for name, p in module.named_parameters()
+                    if "_fsdp_wrapped_module" not in name
+                ]
+                result["unwrapped_params"] = {
+                    "error": str(e)[:300],
+                    "count": len(left),
+                    "trainable": [n for n, grad, _ in left if grad][:40],
+                    "frozen": [n for n, grad, _ in left if not grad][:40],
+                    "dtypes": sorted({d for *_, d in left}),
+                    "wrapped_units": sum(
+                        1 for n, _ in module.named_modules() if n.endswith("_fsdp_wrapped_module")
+                    ),
+                }
+                raise
+
+    fw.FSDP = DiagnosedFSDP
 
 
 def _metrics(out) -> dict:

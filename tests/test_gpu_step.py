@@ -197,3 +197,102 @@ def test_verify_reports_the_gpu_tier_for_this_very_render():
 
     env = resolve(m, "p40", Overrides(verl="0.5.0"))
     assert gpu_tier.status(env, render_files(env), m.models).startswith("stale")
+
+
+# -- the seed 4090 report's own run: Qwen2-7B with LoRA, GRPO, one RTX 4090 ---------------------
+
+GRPO7B = {
+    r["name"]: r
+    for r in json.loads((FIXTURES / "gpu" / "grpo7b" / "h200-run.json").read_text(encoding="utf-8"))["runs"]
+}
+MODEL7B = "Qwen/Qwen2-7B-Instruct"
+# what the device run changed from the render to fit its time: the number of prompts (so the
+# number of generate chunks) and the steps; every per-GPU micro-batch is the render's
+REDUCED = {"data.train_batch_size", "data.val_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_size"}
+
+
+@pytest.fixture(scope="module")
+def grpo7b_case():
+    from envbuilder.render.files import render_files
+    from envbuilder.model.resolve import resolve
+
+    return _bench().case_of("4090", render_files, resolve, shipped(), "grpo", MODEL7B)
+
+
+def test_the_4090_trains_qwen2_7b_with_lora_and_grpo_as_rendered(grpo7b_case):
+    """`envbuild render 4090 --algo grpo --model Qwen/Qwen2-7B-Instruct`: verl 0.4.1's workers
+    ran generate, old and reference log-probs and a LoRA update on random weights of the 7B's
+    shape under the 4090's cap, with the rendered overrides and patches."""
+    run = GRPO7B["4090-grpo-Qwen_Qwen2-7B-Instruct"]
+    assert run["ok"] is True and run["error"] is None
+    assert run["meta"]["cap_bytes"] == grpo7b_case["cap_bytes"]
+    assert run["patches"] == [p["name"] for p in grpo7b_case["patches"]]
+    assert "verl-hf-rollout-lora-wrap" in run["patches"]
+    key = lambda o: o.split("=", 1)[0]  # noqa: E731
+    same = [o for o in run["overrides"] if key(o) not in REDUCED]
+    assert same == [o for o in grpo7b_case["overrides"] if key(o) not in REDUCED]
+    assert "++actor_rollout_ref.actor.fsdp_config.model_dtype=bf16" in same
+    assert (
+        run["config"]["algorithm.adv_estimator"] == "grpo"
+        and run["config"]["actor_rollout_ref.actor.use_kl_loss"]
+    )
+    # one copy of the weights: the reference is the actor with its adapters off
+    assert run["roles"] == {"critic": False, "reference": "in the actor (LoRA off)"}
+    names = [p["phase"] for p in run["phases"]]
+    assert names == [
+        "init_model actor",
+        "validation generate",
+        "step1 generate",
+        "step1 compute_log_prob",
+        "step1 compute_ref_log_prob",
+        "step1 update_actor",
+    ]
+    assert run["actor_metrics"][0]["actor/grad_norm"] > 0  # the adapters learned something
+    # the frozen base's parameters are bf16; peft casts each adapter's input to the adapter's
+    # own dtype, so an fp32 input there says the adapters kept fp32 parameters
+    update = {
+        k.split("|")[2]: v for k, v in run["dtypes"].items() if k.startswith("step1 update_actor|actor|")
+    }
+    assert update["model.layers.0.self_attn.q_proj.base_layer"][0]["params"] == ["bfloat16"]
+    assert update["model.layers.0.self_attn.q_proj.lora_A.default"][0]["input"] == "float32"
+
+
+def test_the_7b_plan_holds_each_measured_phase_under_the_cap(grpo7b_case):
+    """Each phase's measured peak stays under the card's usable memory and under what the plan
+    says of that phase (the plan adds its own margins), at the rendered micro-batches."""
+    run = GRPO7B["4090-grpo-Qwen_Qwen2-7B-Instruct"]
+    plan = grpo7b_case["plan"]["phases"]
+    cap = grpo7b_case["cap_bytes"] / GIB
+    phase_of = {"generate": "generation", "compute_log_prob": "log_prob", "compute_ref_log_prob": "log_prob"}
+    phase_of["update_actor"] = "actor"
+    for p in run["phases"]:
+        got = p["peak_allocated"] / GIB
+        assert got < cap, p
+        part = p["phase"].split()[-1]
+        if part in phase_of:
+            assert got <= plan[phase_of[part]] + 0.05, (p["phase"], got, plan)
+
+
+def test_without_the_wrap_patch_the_bf16_base_cannot_be_wrapped():
+    """The control: the same render less verl-hf-rollout-lora-wrap fails where verl 0.4.1 puts
+    the bf16 base and the fp32 adapters into one flat parameter."""
+    run = GRPO7B["4090-grpo-Qwen_Qwen2-7B-Instruct-control-no-wrap"]
+    assert run["control"] and run["error"]["phase"] == "init_model actor"
+    assert "Must flatten tensors with uniform dtype" in run["error"]["message"]
+    assert run["unwrapped_params"]["wrapped_units"] == 0
+    assert run["unwrapped_params"]["dtypes"] == ["bfloat16", "float32"]
+
+
+def test_a_critic_that_does_not_fit_points_at_grpo_and_grpo_renders():
+    from envbuilder.model.resolve import Overrides, ResolveError, resolve
+
+    with pytest.raises(ResolveError) as e:
+        resolve(shipped(), "4090", Overrides(model=MODEL7B))
+    assert "--algo grpo" in str(e.value)
+    env = resolve(shipped(), "4090", Overrides(model=MODEL7B, algo="grpo"))
+    assert env.train.actor_model_dtype == "bf16"
+    assert "verl-hf-rollout-lora-wrap" in [p.name for p in env.patches]
+    # the profile's own 0.5B keeps the configuration the whole PPO step ran with
+    small = resolve(shipped(), "4090")
+    assert small.train.actor_model_dtype is None
+    assert "verl-hf-rollout-lora-wrap" not in [p.name for p in small.patches]

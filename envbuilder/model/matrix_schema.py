@@ -253,7 +253,9 @@ RESOLVED_ALGORITHM = {
 }
 PATCH = {
     "why": WHY,
-    "when": S.OneOf(("no_flash_attention", "no_bf16", "lora_hf_rollout", "hf_rollout", "always")),
+    "when": S.OneOf(
+        ("no_flash_attention", "no_bf16", "lora_hf_rollout", "lora_bf16_base", "hf_rollout", "always")
+    ),
     "files": S.ListOf(S.RELPATH),
     "replace": S.ListOf(dict(REPLACE, **{"with": TemplateCode(10_000)})),
     "source": SOURCE,
@@ -560,7 +562,9 @@ RESOLVED = {
     "uv": dict({k: UV[k] for k in ("version", "url", "sha256")}, size=S.Int(1, 1 << 40)),
     "huggingface": S.URL,
     "conda_channels": S.ListOf(S.CHANNEL),
-    "train": dict(TRAIN, **TRAIN_RANGES, actor_param_offload=bool),
+    "train": dict(
+        TRAIN, **TRAIN_RANGES, actor_param_offload=bool, **{"actor_model_dtype?": (S.OneOf(("bf16",)), None)}
+    ),
     "algorithm": RESOLVED_ALGORITHM,
     "cluster": {
         "nodes": S.Int(1, 1024),

@@ -149,6 +149,9 @@ class Setup:
         # LoRA on the HF rollout: one FSDP unit holds base and adapters (use_orig_params=True),
         # and FSDP keeps a gradient for the whole flat parameter, frozen base included
         self.lora_flat = bool(self.lora) and env.get("lora_flat_grads", False)
+        # the actor's frozen base in bf16 (fsdp_config.model_dtype; LoRA on one GPU, see
+        # resolve.lora_plan): 2 B a parameter and no separate compute copy of it
+        self.base_bytes = 2 if (self.lora and t.get("actor_model_dtype") == "bf16") else 4
         self.ckpt = t["gradient_checkpointing"]
         self.util = t["gpu_memory_utilization"]
         self.cap = t.get("micro_batch_size_per_gpu")  # an optional upper bound from the profile
@@ -201,13 +204,30 @@ def _role_state(s: Setup, role: str) -> dict[str, Term]:
     trainable = lora or params
     graded = params + lora if (lora and s.lora_flat) else trainable
     per = f" / {n} GPUs" if n > 1 else ""
-    out = {
-        "weights": Term(
-            f"{role} weights", f"4 B × {_m(params + lora)} params{per} (fp32 master)", 4 * (params + lora) / n
-        )
-    }
+    if lora and s.base_bytes == 2:  # the frozen base loaded in bf16, the adapters fp32
+        out = {
+            "weights": Term(
+                f"{role} weights",
+                f"2 B × {_m(params)} params (bf16 base) + 4 B × {_m(lora)} LoRA params (fp32)",
+                2 * params + 4 * lora,
+            )
+        }
+    else:
+        out = {
+            "weights": Term(
+                f"{role} weights",
+                f"4 B × {_m(params + lora)} params{per} (fp32 master)",
+                4 * (params + lora) / n,
+            )
+        }
     if n == 1:
-        if s.c < 4:
+        if s.c < 4 and lora and s.base_bytes == 2:
+            out["copy"] = Term(
+                f"{role} bf16 copy",
+                f"2 B × {_m(lora)} LoRA params (FSDP mixed precision: the base is bf16 already)",
+                2 * lora,
+            )
+        elif s.c < 4:
             out["copy"] = Term(
                 f"{role} bf16 copy",
                 f"2 B × {_m(params + lora)} params (FSDP mixed precision, NO_SHARD)",

@@ -521,7 +521,7 @@ class _Resolver:
     def memory_rule(self, s: "Selection") -> None:
         """When no batch fits the GPU (the selection's memory plan, envbuilder/model/memory.py): why,
         and which change to the profile would fit."""
-        gpu_key, gpu, dtype, attention, rollout = s.gpu_key, s.gpu, s.dtype, s.attention, s.rollout
+        gpu, rollout = s.gpu, s.rollout
         train = s.train
         mem = s.memory
         if not mem["problems"]:
@@ -531,9 +531,7 @@ class _Resolver:
             changed = dict(train, **changes)
             if "param_offload" in changes:  # the actor's only where its rollout allows it
                 changed["actor_param_offload"] = changes["param_offload"] and s.actor_offload_ok
-            return not self.memory_plan(
-                gpu_key, gpu, dtype, attention, rollout, changed, lora_flat=bool(s.lora_key), algo=algo
-            )["problems"]
+            return not self.lora_memory(s, changed, algo)[0]["problems"]
 
         fixes = []
         # without a critic (GRPO: no critic weights, gradients or Adam state) a run fits where
@@ -657,10 +655,39 @@ class _Resolver:
         s.pins.update(p.get("pins", {}))
         self.hf_rollout_plan(s)
         self.cluster_plan(s)
-        s.memory = self.memory_plan(
-            s.gpu_key, s.gpu, s.dtype, s.attention, s.rollout, s.train, lora_flat=bool(s.lora_key)
-        )
+        s.memory, bf16_base = self.lora_memory(s, s.train)
+        s.lora_flat = bool(s.lora_key) and not bf16_base
+        if bf16_base:
+            s.train["actor_model_dtype"] = "bf16"
+            s.notes.append(
+                "++actor_rollout_ref.actor.fsdp_config.model_dtype=bf16 and the patch "
+                "verl-hf-rollout-lora-wrap: with an fp32 base in one flat parameter the model does "
+                "not fit, so the frozen base loads in bf16 and each LoRA adapter (fp32) is an FSDP "
+                "unit of its own; the reference is the same weights with the adapters off"
+            )
         return s
+
+    def lora_memory(self, s: "Selection", train: dict, algo: dict | None = None) -> tuple[dict, bool]:
+        """The memory plan of `train`, and whether LoRA's frozen base loads in bf16 for it.
+
+        verl 0.4.x-0.5.x put the HF rollout's actor in one flat parameter (use_orig_params): an
+        fp32 base, and a gradient the size of the whole model. Where that does not fit one GPU,
+        the patch verl-hf-rollout-lora-wrap keeps verl's LoRA wrap policy, so each adapter is an
+        FSDP unit of its own: no gradient spans the base, and the base loads in bf16
+        (fsdp_config.model_dtype; the adapters stay fp32, peft's default). The GPU tier ran both
+        (tests/fixtures/gpu/step). The flat configuration stays where it fits: it is the one the
+        GPU tier ran a whole PPO step with."""
+        flat = {k: v for k, v in train.items() if k != "actor_model_dtype"}
+        plan = self.memory_plan(
+            s.gpu_key, s.gpu, s.dtype, s.attention, s.rollout, flat, lora_flat=bool(s.lora_key), algo=algo
+        )
+        if plan["problems"] and s.lora_key and s.world == 1 and s.dtype == "bf16":
+            slim = dict(flat, actor_model_dtype="bf16")
+            return (
+                self.memory_plan(s.gpu_key, s.gpu, s.dtype, s.attention, s.rollout, slim, algo=algo),
+                True,
+            )
+        return plan, False
 
     def stacked(self, p: dict) -> dict:
         """The profile as `--verl X` asks: where X is not the profile's own verl and stacks.yaml
@@ -880,6 +907,7 @@ class _Resolver:
             "no_flash_attention": attention != "flash_attention_2",
             "no_bf16": dtype != "bf16",
             "lora_hf_rollout": bool(s.train["lora_rank"]) and s.rollout == "hf",
+            "lora_bf16_base": s.train.get("actor_model_dtype") == "bf16",
             "hf_rollout": s.rollout == "hf",
         }
         patches = []

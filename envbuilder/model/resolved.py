@@ -250,9 +250,10 @@ class Train(Record):
         "gpu_memory_utilization",
         "lora_rank",
         "actor_param_offload",
+        "actor_model_dtype",
     )
-    _defaults = {"micro_batch_size_per_gpu": None}
-    _omit_none = ("micro_batch_size_per_gpu",)
+    _defaults = {"micro_batch_size_per_gpu": None, "actor_model_dtype": None}
+    _omit_none = ("micro_batch_size_per_gpu", "actor_model_dtype")
 
 
 class Algorithm(Record):
