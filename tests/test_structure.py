@@ -1,5 +1,6 @@
 """The package's layout keeps its shape (bench/structure.py reads it from the source): the
-layers import each other in one direction only, and no module takes another's private names."""
+layers import each other in one direction only, no module takes another's private names, and
+no module of the command line is over 150 lines."""
 
 from __future__ import annotations
 
@@ -35,3 +36,21 @@ def test_the_facts_can_fail(tmp_path, monkeypatch):
     f = structure.facts()
     assert f["cycles"] == [["envbuilder.a", "envbuilder.b"]]
     assert f["private_imports"] == ["envbuilder.a:1 takes envbuilder.b._secret"]
+
+
+def test_no_command_line_module_is_over_150_lines():
+    """Each command only parses, calls one library function and formats (issue 22)."""
+    assert structure.CLI_MAX_LINES == 150
+    assert structure.facts()["long_cli_modules"] == []
+
+
+def test_a_long_command_line_module_is_found(tmp_path, monkeypatch):
+    pkg = tmp_path / "envbuilder"
+    (pkg / "cli").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "cli" / "__init__.py").write_text("")
+    (pkg / "cli" / "long.py").write_text("x = 1\n" * 151)
+    (pkg / "cli" / "short.py").write_text("x = 1\n" * 150)
+    monkeypatch.setattr(structure, "ROOT", tmp_path)
+    monkeypatch.setattr(structure, "PKG", pkg)
+    assert structure.facts()["long_cli_modules"] == ["envbuilder.cli.long: 151 lines"]

@@ -23,7 +23,7 @@ import yaml
 
 from conftest import clean_env, envbuild_exe, frozen, resolved
 from envbuilder.model import matrix as M
-from envbuilder.cli.verify import table
+from envbuilder.machine.verify_all import table
 from envbuilder.machine.verify import (
     check_overrides,
     hydra_error,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from envbuilder.cli.options import load_matrix, override_options
+from envbuilder.cli.options import load_matrix, override_options, say
 
 
 @click.command()
@@ -44,11 +44,11 @@ def bake(profiles, all_, out, mirror, registry, force, overrides, matrix_dirs):
     `docker buildx bake` builds the matrix on any BuildKit builder."""
     from envbuilder.engines import bake as K
     from envbuilder.model import mirrors as M
-    from envbuilder.cli.options import plain_name
+    from envbuilder.render.prepare import plain_name
     from envbuilder.config import local_registry, registry_for
     from envbuilder.errors import UserError
     from envbuilder.render.outdir import write_dir
-    from envbuilder.cli.options import resolve_all
+    from envbuilder.model.profiles import resolve_all
     from envbuilder.render.files import EXECUTABLE, render_files
     from envbuilder.render.prepare import prepare
 
@@ -59,7 +59,7 @@ def bake(profiles, all_, out, mirror, registry, force, overrides, matrix_dirs):
     host = registry_for(registry, local_registry(m))
     choice = M.choice(mirror, M.get_set(m, mirror)) if mirror else None
     # every profile resolves (each failure printed, as render --all does), or nothing is written
-    envs = resolve_all(m, names, overrides, "nothing was baked")
+    envs = resolve_all(m, names, overrides, "nothing was baked", say=say)
     contexts, targets, shared = {}, [], None
     stripped: set[str] = set()
     for env in envs:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import click
 
+from envbuilder.cli.callbacks import no_empty_url
 from envbuilder.cli.options import load_matrix, override_options
-from envbuilder.oci.http import no_empty_url
 
 
 @click.command()

@@ -6,20 +6,9 @@ from pathlib import Path
 
 import click
 
-from envbuilder.cli.options import load_matrix, override_options, split_names
-from envbuilder.errors import ActionError, EnvbuildError, UserError
-from envbuilder.oci.http import no_empty_url
-
-from envbuilder.paths import LOCK_ROOT
-
-
-def lock_dir_for(name: str, out: Path | None, check: bool = False) -> Path:
-    """-o DIR holds one folder per profile, DIR/<profile>/, with one profile as with --all
-    (default lockfiles/). `--check -o DIR` also takes DIR as one lock (it holds lock.json);
-    locking replaces DIR's own lock only when it is this profile's."""
-    from envbuilder.lock.lockfile import lock_dir_in
-
-    return lock_dir_in(LOCK_ROOT if out is None else Path(out), name, writing=not check)
+from envbuilder.cli.callbacks import no_empty_url
+from envbuilder.cli.options import load_matrix, override_options, say
+from envbuilder.errors import UserError
 
 
 @click.command()
@@ -120,74 +109,15 @@ def lock(
 
     The override options lock a variant of the profile (give it its own -o); `render --locked`
     and `wheelhouse` then take the same overrides."""
-    from envbuilder.lock import lockfile as L
-    from envbuilder.model.resolve import resolve
+    from envbuilder.lock.profiles import LockFlags, lock_parts, lock_profiles
 
     if bool(profile) == bool(all_):
         raise UserError("Name one profile, or --all (exactly one). `envbuild list` shows them.")
-    parts = split_names(only) or tuple(L.PARTS)
-    unknown = [p for p in parts if p not in L.PARTS]
-    if unknown:
-        raise UserError(f"Unknown part {', '.join(unknown)} for --only; parts are {', '.join(L.PARTS)}.")
-    if solver == "conda-lock" and "conda" in parts and not check:
-        from envbuilder.lock.conda import conda_exe
-
-        if conda_exe() is None:
-            raise UserError(
-                "--solver conda-lock runs conda-lock, which needs conda, mamba or "
-                "micromamba on PATH to solve the conda part; none is. Install one, or "
-                "use --solver rattler (the default: py-rattler needs no conda)."
-            )
+    parts = lock_parts(only, solver, check)
     m = load_matrix(tuple(matrix_dirs))
     names = list(m.profiles) if all_ else [profile]
-    mirror = None
-    if mirror_set:
-        from envbuilder.model import mirrors as M
-
-        mirror = M.choice(mirror_set, M.get_set(m, mirror_set))
-    bad: list[str] = []
-    codes: list[int] = []
-    for name in names:
-        target = lock_dir_for(name, out, check)
-        try:
-            env = resolve(m, name, overrides)
-            if check:
-                found = L.problems(env, target, parts)
-                for p in found:
-                    click.echo(f"{name}: {p}")
-                if found:
-                    bad.append(name)
-                else:
-                    meta = L.read_meta(target) or {}
-                    note = (
-                        f"; torch {meta['torch_swapped']}: constraints only, not --locked"
-                        if meta.get("torch_swapped")
-                        else ""
-                    )
-                    click.echo(f"{name}: ok ({target}/){note}")
-                continue
-            from envbuilder.lock import lock_profile, sources_for, target_glibc
-
-            src = sources_for(env, index_url, torch_index_url, channels, registry_mirror, mirror, github_url)
-            lock_profile(
-                env,
-                target_glibc(m, env),
-                src,
-                target,
-                parts=parts,
-                solver=solver,
-                swap_torch=torch_from_pypi,
-                say=lambda s: click.echo(s, err=True),
-            )
-            click.echo(f"locked {name} -> {target}/")
-        except EnvbuildError as e:
-            if not all_:
-                raise
-            bad.append(name)
-            codes.append(e.exit_code)
-            click.echo(f"envbuild: {name}: {e}", err=True)
-    if check and bad:
-        raise ActionError(f"{len(bad)} of {len(names)} lock(s) need `envbuild lock`: {', '.join(bad)}.")
-    if bad:
-        cls = UserError if 2 in codes else ActionError
-        raise cls(f"{len(bad)} of {len(names)} profiles were not locked: {', '.join(bad)}.")
+    flags = LockFlags(
+        index_url, torch_index_url, channels, registry_mirror, github_url, mirror_set, solver, torch_from_pypi
+    )
+    kw = dict(check=check, keep_going=all_, say=say, echo=click.echo)
+    lock_profiles(m, names, overrides, out, flags, parts, **kw)

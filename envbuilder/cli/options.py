@@ -1,5 +1,5 @@
-"""What every command shares: the override options, --matrix-dir, the matrix, resolving
-several profiles, the profile a command takes when none is named, and profile names as folders."""
+"""What every command shares: the override options (declared here; the Overrides they make
+come from envbuilder/model/profiles.py), --matrix-dir, the matrix, and `say` (stderr)."""
 
 from __future__ import annotations
 
@@ -8,23 +8,8 @@ from pathlib import Path
 
 import click
 
-from envbuilder.errors import EnvbuildError, UserError
-
-
-def split_names(values: tuple[str, ...]) -> tuple[str, ...]:
-    """--without apex,flash-attn and --without apex --without flash-attn both work."""
-    return tuple(v.strip() for value in values for v in value.split(",") if v.strip())
-
-
-def driver_version(ctx, param, value):
-    from envbuilder.model.versions import is_driver_version
-
-    if value is not None and not is_driver_version(value):
-        raise click.BadParameter(
-            f"{value!r} is not an NVIDIA driver version like 550.54.14 "
-            "(nvidia-smi shows it as 'Driver Version')."
-        )
-    return value
+from envbuilder.cli.callbacks import driver_version
+from envbuilder.model.profiles import FLAG_FIELDS, split_names  # noqa: F401  (re-exported)
 
 
 def override_options(f):
@@ -102,59 +87,12 @@ def override_options(f):
         f = opt(f)
 
     @wraps(f)
-    def wrapper(
-        *args,
-        cuda,
-        torch_,
-        python,
-        verl,
-        rollout,
-        vllm,
-        with_,
-        without,
-        driver,
-        allow_unsupported,
-        model,
-        algo,
-        nodes,
-        gpus_per_node,
-        interconnect,
-        ecc,
-        **kwargs,
-    ):
-        from envbuilder.model.resolve import Overrides
+    def wrapper(*args, **kwargs):
+        from envbuilder.model.profiles import overrides_from_flags
 
-        both = sorted(set(split_names(with_)) & set(split_names(without)))
-        if both:
-            raise UserError(
-                f"--with and --without both name {', '.join(both)}: say once whether the profile gets it."
-            )
-        model_key, arch = None, None
-        if model is not None:
-            from envbuilder.model.architectures import with_model
-
-            table = load_matrix(kwargs.get("matrix_dirs") or ())
-            m, model_key = with_model(table, model)
-            arch = None if model_key in table.models else m.models[model_key]
-        kwargs["overrides"] = Overrides(
-            cuda=cuda,
-            torch=torch_,
-            python=python,
-            verl=verl,
-            rollout=rollout,
-            vllm=vllm,
-            with_=split_names(with_),
-            without=split_names(without),
-            driver=driver,
-            allow_unsupported=allow_unsupported,
-            ecc=ecc,
-            model=model_key,
-            model_arch=arch,
-            algo=algo,
-            nodes=nodes,
-            gpus_per_node=gpus_per_node,
-            interconnect=interconnect,
-        )
+        flags = {name: kwargs.pop(name) for name in FLAG_FIELDS}
+        dirs = kwargs.get("matrix_dirs") or ()
+        kwargs["overrides"] = overrides_from_flags(flags, lambda: load_matrix(dirs))
         return f(*args, **kwargs)
 
     return wrapper
@@ -173,70 +111,19 @@ def matrix_dir_option(f):
     )(f)
 
 
-def implied_profile(m, command: str, probes=None) -> str:
-    """The profile a command without PROFILE takes: the one `envbuild detect` picks for this
-    machine's GPUs, said on stderr with why; with no GPU a profile fits, a refusal that lists
-    the profiles (exit 2)."""
-    from envbuilder.machine.detect import detect, recommend
-    from envbuilder.machine.doctor import Probes
-
-    probes = probes if probes is not None else Probes()
-    machine = detect(m, probes.nvml, probes.run)
-    rec = recommend(m, machine)
-    if rec.profile and rec.gpu is not None:
-        click.echo(
-            f"{command}: no PROFILE given: this machine's {rec.gpu.name} (CC "
-            f"{rec.gpu.compute_capability}) fits profile {rec.profile} best (`envbuild "
-            f"detect` says why); name another to override",
-            err=True,
-        )
-        return rec.profile
-    why = machine.problem if not machine.gpus else "; ".join(rec.notes) or "no profile fits its GPU"
-    raise UserError(
-        f"Name a profile: `envbuild {command} PROFILE`"
-        + (" (or --all, or --from envbuild.json)" if command == "render" else "")
-        + ". None was given, "
-        + ("there is no rendered folder here (no envbuild.json), " if command.startswith("build") else "")
-        + f"and detect picks none for this machine ({why}). Profiles: "
-        f"{', '.join(m.profiles)} (`envbuild list` shows each one's GPU)."
-    )
-
-
 def load_matrix(matrix_dirs):
     from envbuilder.model import matrix
 
     return matrix.load(tuple(matrix_dirs))
 
 
-def resolve_all(m, names: list[str], overrides, nothing: str) -> list:
-    """Every named profile resolved before anything is done: each failure is printed, then one
-    error says how many failed and that `nothing` happened. One name alone raises its own."""
-    from envbuilder.model.resolve import resolve
-
-    envs, failed = [], []
-    for name in names:
-        try:
-            envs.append(resolve(m, name, overrides))
-        except EnvbuildError as e:
-            if len(names) == 1:
-                raise
-            failed.append(name)
-            click.echo(f"envbuild: {name}: {e}", err=True)
-    if failed:
-        raise UserError(
-            f"{len(failed)} of {len(names)} profiles did not resolve ({', '.join(failed)}); {nothing}."
-        )
-    return envs
+def say(text: str) -> None:
+    """A line of progress or a note, on stderr (stdout holds the command's result)."""
+    click.echo(text, err=True)
 
 
-def plain_name(name: str, what: str) -> str:
-    """`name` as one folder name under out/ (a name from an overlay or a --from file that holds
-    a '/' or is '..' would render outside it)."""
-    from envbuilder.text import shorten
+def implied_profile(m, command: str, probes=None) -> str:
+    """The profile `envbuild detect` picks when PROFILE is not named (machine.doctor)."""
+    from envbuilder.machine.doctor import implied_profile as pick
 
-    if not name or "/" in name or "\\" in name or name in (".", "..") or "\x00" in name:
-        raise UserError(
-            f"{what} is {shorten(name)!r}, which is not a plain folder name: it would "
-            "render outside out/. Rename the profile (letters, digits, '.', '_', '-')."
-        )
-    return name
+    return pick(m, command, probes, say)

@@ -10,32 +10,14 @@ wheel: its `*.dist-info/METADATA`, read with HTTP range requests (a few hundred 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import click
 
-from envbuilder.cli.options import load_matrix, matrix_dir_option
-from envbuilder.errors import EnvbuildError, UserError
-from envbuilder.text import redact as redacted
-from envbuilder.upstream.overlay import check_overlay_dir, sources_of, write_overlay
+from envbuilder.cli.callbacks import json_api_root
+from envbuilder.cli.options import load_matrix, matrix_dir_option, say
+from envbuilder.errors import UserError
 from envbuilder.upstream.pypi import DEFAULT_INDEX, PyPIJson  # noqa: F401  (cli.refresh.PyPIJson)
-
-
-def _index_url(ctx, param, value):
-    if value is not None and not value.strip():  # (a careless "$MIRROR" is no default)
-        raise click.BadParameter(
-            "is empty. Pass the root of an index that serves PyPI's JSON "
-            f"API, or leave --index-url out for {DEFAULT_INDEX}."
-        )
-    value = (value or DEFAULT_INDEX).strip()
-    if not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", value):
-        raise click.BadParameter(
-            f"{value!r} is not an http(s) URL. Pass the root of an index "
-            f"that serves PyPI's JSON API, e.g. {DEFAULT_INDEX}."
-        )
-    value = value.rstrip("/")
-    return value[: -len("/simple")] if value.endswith("/simple") else value
 
 
 @click.command()
@@ -43,7 +25,7 @@ def _index_url(ctx, param, value):
     "--index-url",
     default=DEFAULT_INDEX,
     show_default=True,
-    callback=_index_url,
+    callback=json_api_root,
     metavar="URL",
     help="Root of PyPI's JSON API (<URL>/pypi/<name>/json); a trailing /simple is dropped.",
 )
@@ -82,32 +64,14 @@ def refresh(index_url, as_json, markdown, overlay_dir, newest, timeout, matrix_d
     """What PyPI says now about torch, vllm, verl, flash-attn, transformers and ray, against the
     matrix: new releases, changed pins, contradicted facts. Prints the drift; edits nothing."""
     from envbuilder.upstream import refresh as R
+    from envbuilder.upstream.commands import refresh_report
 
-    import importlib.util
-
-    if importlib.util.find_spec("packaging") is None:  # (PyPI's requirement strings)
-        raise UserError(
-            "envbuild refresh reads PyPI's requirement strings (PEP 508) with the "
-            "'packaging' package, which is not installed here. Install it: "
-            "`pip install packaging`."
-        )
     if as_json and markdown:
         raise UserError("--json and --markdown are two forms of the one report; pass one.")
-    if overlay_dir is not None:
-        check_overlay_dir(Path(overlay_dir), matrix_dirs)
-    m = load_matrix(matrix_dirs)
-    index = PyPIJson(index_url, timeout)
-    shown = redacted(index_url)  # (an index URL's user:password@ is printed as ***@)
-    say = (lambda text: None) if as_json else (lambda text: click.echo(text, err=True))
-    say(f"reading {shown}/pypi/<name>/json for {', '.join(R.PACKAGES)} ...")
-    projects = index.projects(R.PACKAGES)
-    wanted = R.wanted_metadata(m, projects, newest)
-    say(f"reading the metadata of {sum(map(len, wanted.values()))} releases ...")
-    metadata = index.metadata_of(wanted, projects)
-    report = {"index": shown, **R.compare(m, projects, metadata, where=m.where)}
-    if overlay_dir is not None:
-        path = write_overlay(Path(overlay_dir), R.overlay_text(report, m, sources_of(m)), matrix_dirs)
-        report["overlay"] = str(path)
+    kw = dict(newest=newest, timeout=timeout, overlay_dir=overlay_dir, matrix_dirs=matrix_dirs)
+    report = refresh_report(
+        load_matrix(matrix_dirs), index_url, say=(lambda t: None) if as_json else say, **kw
+    )
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
@@ -123,37 +87,11 @@ def affected(overlay, as_json, matrix_dirs):
     runs `check --resolve` and `verify` on these): each profile resolved with and without it, and
     again with `--verl X` for every stack (stacks.yaml), compared field by field. A profile the
     overlay breaks is affected too. One name a line; nothing when the overlay changes nothing."""
-    from envbuilder.model.resolve import Overrides, resolve
+    from envbuilder.upstream.commands import affected as changed
 
-    base, over = load_matrix(matrix_dirs), load_matrix((*matrix_dirs, overlay))
-    stacks = sorted({*(base.sections.get("stacks") or {}), *(over.sections.get("stacks") or {})})
-    found: dict[str, list[str]] = {}
-    for name in over.profiles:
-        for verl in (None, *stacks):
-            ov = Overrides(verl=verl) if verl else Overrides()
-            got = []
-            for m in (base, over):
-                try:
-                    got.append(resolve(m, name, ov).to_dict() if name in m.profiles else None)
-                except EnvbuildError as e:
-                    got.append(f"refused: {str(e).splitlines()[0]}")
-            if got[0] != got[1]:
-                what = (
-                    sorted(k for k in got[1] if got[0].get(k) != got[1].get(k))
-                    if all(isinstance(g, dict) for g in got)
-                    else [str(got[1])]
-                )
-                found.setdefault(name, []).append(
-                    f"{'--verl ' + verl if verl else 'as shipped'}: {', '.join(what)}"
-                )
+    found = changed(load_matrix(matrix_dirs), load_matrix((*matrix_dirs, overlay)))
     if as_json:
         click.echo(json.dumps({"overlay": str(overlay), "affected": found}, indent=2, sort_keys=True))
         return
     for name in found:
         click.echo(name)
-
-
-# -- the overlay file ------------------------------------------------------------------------
-
-
-# -- PyPI's JSON API -----------------------------------------------------------------------------

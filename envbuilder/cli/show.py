@@ -15,33 +15,10 @@ from envbuilder.cli.options import load_matrix, matrix_dir_option, override_opti
 @matrix_dir_option
 def list_(as_json, matrix_dirs):
     """Profiles with GPU, compute capability, CUDA, torch and rollout, one line each."""
-    m = load_matrix(matrix_dirs)
-    rows = []
-    for name, p in m.profiles.items():
-        gpu = m.gpus[p["gpu"]]
-        rows.append(
-            {
-                "profile": name,
-                "gpu": gpu["name"],
-                "cc": gpu["compute_capability"],
-                "vram_gb": gpu["vram_gb"],
-                "cuda": p["cuda"],
-                "torch": p["torch"],
-                "verl": p["verl"],
-                "rollout": p["rollout"],
-                "description": p["description"],
-            }
-        )
-    if as_json:
-        click.echo(json.dumps(rows, indent=2))
-        return
-    header = ("PROFILE", "GPU", "CC", "CUDA", "TORCH", "VERL", "ROLLOUT")
-    table = [header] + [
-        (r["profile"], r["gpu"], r["cc"], r["cuda"], r["torch"], r["verl"], r["rollout"]) for r in rows
-    ]
-    widths = [max(len(str(row[i])) for row in table) for i in range(len(header))]
-    for row in table:
-        click.echo("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+    from envbuilder.render.summary import list_rows, list_table
+
+    rows = list_rows(load_matrix(matrix_dirs))
+    click.echo(json.dumps(rows, indent=2) if as_json else list_table(rows))
 
 
 @click.command()
@@ -56,137 +33,8 @@ def list_(as_json, matrix_dirs):
 @override_options
 def show(profile, as_json, memory, overrides, matrix_dirs):
     """The resolved environment of PROFILE."""
-    from envbuilder.model.resolve import held_back, resolve
+    from envbuilder.render.summary import show_text
 
-    m = load_matrix(matrix_dirs)
-    env = resolve(m, profile, overrides)
-    if memory:
-        if as_json:
-            from envbuilder.model.record import plain
-
-            click.echo(
-                json.dumps({"profile": env.name, "memory": plain(env.memory)}, indent=2, sort_keys=True)
-            )
-        else:
-            click.echo("\n".join(memory_lines(env)))
-        return
-    if as_json:
-        click.echo(env.to_json(), nl=False)
-        return
-    lines = [
-        f"profile    {env.profile}: {env.description}",
-        f"gpu        {env.gpu.name} (CC {env.gpu.compute_capability}, {env.gpu.vram_gb} GB)",
-        f"cuda       {env.cuda.version} ({env.cuda.images['runtime']}), driver >= {env.driver.min_driver}",
-        f"python     {env.python}",
-        f"torch      {' '.join(env.torch.packages)}"
-        + (f" from {env.torch.index_url}" if env.torch.index_url else " from PyPI"),
-        f"rollout    {env.rollout}" + (f" (vllm {env.vllm.version})" if env.vllm else ""),
-        f"verl       {env.verl.version}",
-        f"algorithm  {env.algorithm.name}"
-        + ("" if env.algorithm.critic else " (no critic)")
-        + (f", {env.algorithm.n} responses per prompt" if env.algorithm.n > 1 else "")
-        + f"; --algo also takes {', '.join(available_algorithms(m, env))}",
-        f"cluster    {env.cluster.nodes} node(s) x {env.cluster.gpus_per_node} GPU(s)"
-        + (f", {env.cluster.interconnect}" if env.cluster.interconnect else "")
-        + (f" ({', '.join(f'{k}={v}' for k, v in env.cluster.env.items())})" if env.cluster.env else ""),
-        f"precision  {env.dtype}, attention {env.attention}, remove_padding "
-        f"{env.features.remove_padding}, torch.compile {env.features.torch_compile}",
-        f"extensions {', '.join(x for x in ('apex', 'flash_attn') if getattr(env, x)) or 'none'}",
-        f"patches    {', '.join(p.name for p in env.patches) or 'none'}",
-    ]
-    mem = env.memory
-    lines.append(
-        f"memory     peak {mem['peak']['gib']:.1f} GiB of {mem['usable_gib']:.1f} usable "
-        f"({mem['peak']['phase']}); `--memory` for the budget"
+    click.echo(
+        show_text(load_matrix(matrix_dirs), profile, overrides, memory=memory, as_json=as_json), nl=False
     )
-    lines += [f"plan       {n}" for n in env.notes]
-    lines += [f"held back  {h}" for h in held_back(m, profile, overrides)]
-    lines += [f"WARNING    {w}" for w in env.warnings]
-    click.echo("\n".join(lines))
-
-
-def available_algorithms(m, env) -> list[str]:
-    """The estimators env's verl release has that the recipe can run, besides env's own."""
-    from envbuilder.model.versions import version_key
-
-    return [
-        name
-        for name, rec in (m.sections.get("algorithms") or {}).items()
-        if name != env.algorithm.name
-        and not rec.get("refused")
-        and version_key(env.verl.version) >= version_key(rec["since"])
-    ]
-
-
-# The run script's names for the planned sizes (templates/run_ppo_gsm8k.sh.j2 writes them).
-BATCH_KEYS = (
-    ("val_batch_size", "data.val_batch_size"),
-    ("rollout_micro_batch_size", "+actor_rollout_ref.rollout.micro_batch_size"),
-    ("max_num_seqs", "actor_rollout_ref.rollout.max_num_seqs"),
-    (
-        "log_prob_micro_batch_size_per_gpu",
-        "actor_rollout_ref.{rollout,ref}.log_prob_micro_batch_size_per_gpu",
-    ),
-    ("actor_ppo_micro_batch_size_per_gpu", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"),
-    ("critic_ppo_micro_batch_size_per_gpu", "critic.ppo_micro_batch_size_per_gpu"),
-    ("test_freq", "trainer.test_freq"),
-)
-
-
-PHASE_BATCH = {"generation": "generation", "log_prob": "log_prob", "actor": "actor", "critic": "critic"}
-
-
-def memory_lines(env) -> list[str]:
-    """`show --memory`: the budget line by line (term, formula, GiB) and the chosen sizes."""
-    mem, a = env.memory, env.memory["arch"]
-    card = mem.get("card") or {}
-    out = [
-        f"memory per GPU: {env.gpu.name}, {mem['gpu_total_gib']:.1f} GiB"
-        + (f" ({card['mib']} MiB: {card['why']})" if card else "")
-        + " - "
-        f"{mem['cuda_context_gib']:g} CUDA context"
-        + (f" - {mem['nccl_gib']:g} NCCL" if mem["nccl_gib"] else "")
-        + f" = {mem['usable_gib']:.1f} GiB usable; a planned batch adds "
-        f"{mem['allocator_overhead']:.0%} for the allocator"
-        + (f" ({mem['hf_generate_overhead']:.0%} in HF generate)" if env.rollout == "hf" else "")
-        + f" and leaves {mem['margin']:.0%} free",
-        f"model {mem['model']}: {a['layers']} layers, hidden {a['hidden_size']}, "
-        f"{a['attention_heads']} heads ({a['kv_heads']} KV) x {a['head_dim']}, MLP "
-        f"{a['intermediate_size']}, vocab {a['vocab_size']}, "
-        f"{'tied' if a['tied_embeddings'] else 'untied'} embeddings, {a['parameters']:,} params"
-        + (f" (+{a['lora_parameters']:,} LoRA)" if a["lora_parameters"] else ""),
-        (
-            f"{env.cluster.nodes} nodes x {env.train.n_gpus} GPUs = "
-            f"{env.cluster.nodes * env.train.n_gpus} GPUs"
-            if env.cluster.nodes > 1
-            else f"{env.train.n_gpus} GPU(s)"
-        )
-        + f", {env.dtype}, {env.attention} attention, "
-        f"{env.rollout} rollout, sequences {mem['sequence']['prompt']} + "
-        f"{mem['sequence']['response']}, rollout batch {mem['rollout_batch_per_gpu']} and "
-        f"mini-batch {mem['mini_batch_per_gpu']} per GPU, {mem['validation_rows']} validation "
-        "prompts",
-    ]
-    width = max(len(t["term"]) for p in mem["phases"] for t in p["terms"])
-    for p in mem["phases"]:
-        key = p["key"]
-        head = f"{p['phase']}" + (f" at batch {p['batch']}" if key in PHASE_BATCH else "")
-        bound = mem["bound_by"].get(key)
-        out += [
-            "",
-            f"{head}: {p['total_gib']:.2f} GiB of {p['budget_gib']:.1f}"
-            + (f" (batch bounded by {bound})" if bound else "")
-            + ("" if p["fits"] else "  DOES NOT FIT"),
-        ]
-        out += [f"  {t['term']:<{width}}  {t['gib']:7.2f}  {t['formula']}" for t in p["terms"]]
-    out += [
-        "",
-        f"peak: {mem['peak']['phase']}, {mem['peak']['gib']:.2f} GiB of {mem['usable_gib']:.1f} usable",
-        "",
-        "batch sizes (run_ppo_gsm8k.sh):",
-    ]
-    kw = max(len(k) for _, k in BATCH_KEYS)
-    out += [
-        f"  {key:<{kw}}  {mem['batch'][name]}" for name, key in BATCH_KEYS if mem["batch"][name] is not None
-    ]
-    return out

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import click
 
+from envbuilder.cli.callbacks import no_empty_url
 from envbuilder.cli.options import load_matrix, matrix_dir_option
 from envbuilder.paths import LOCK_ROOT
 from envbuilder.errors import UserError
-from envbuilder.oci.http import no_empty_url
 from envbuilder.offline.checks import lock_shortfalls, shipped_or_local_lock, url_map_for_mirror, url_maps
 
 

@@ -174,3 +174,59 @@ def ours(path: Path) -> bool:
     except OSError:
         return False
     return first.startswith(HEADER.encode() + b" ")
+
+
+def write_definition(
+    m, profile: str, overrides, *, image=None, oci_archive=None, out=None, mirror=None, force=False, say=print
+) -> Path:
+    """`envbuild apptainer`: the definition of `profile`'s image written to `out` (default
+    ./PROFILE.def), starting from `image` (REF@sha256:DIGEST) or `oci_archive` (exactly one),
+    with `mirror`'s endpoints in %environment; notes go to `say`. Returns the file written."""
+    from envbuilder.model import mirrors as M
+    from envbuilder.model.resolve import resolve
+    from envbuilder.render.outdir import write_owned_file
+    from envbuilder.render.prepare import plain_name
+
+    # (as typed: Path('') would be '.', the current folder)
+    for option, value in (("-o", out), ("--oci-archive", oci_archive)):
+        if value is not None and not str(value):
+            raise UserError(
+                f"{option} is empty: give a file name"
+                + (" (e.g. PROFILE.def)." if option == "-o" else " (the .tar `envbuild export-image` wrote).")
+            )
+    out = Path(out) if out is not None else None
+    oci_archive = Path(oci_archive) if oci_archive is not None else None
+    if bool(image) == bool(oci_archive):
+        raise UserError(
+            "Pass the image to start from: --image REF@sha256:DIGEST (what `envbuild "
+            "build PROFILE --push REGISTRY` printed) or --oci-archive PATH (not both)."
+        )
+    if image:
+        source, digest = image_reference(image)
+        bootstrap = "docker"
+    else:
+        bootstrap = "oci-archive"
+        full = archive_path(oci_archive)
+        digest = archive_digest(full)
+        source = str(full)
+        if not full.exists():
+            say(f"note: {full} does not exist yet; `apptainer build` needs it there.")
+    env = M.split_credentials(resolve(m, profile, overrides))[0]  # (no user:password@ in it)
+    if mirror:
+        env = M.apply_to_env(env, M.choice(mirror, M.get_set(m, mirror)))
+    path = out if out is not None else Path(f"{plain_name(env.name, 'The profile name')}.def")
+    if path.is_dir():  # (checked again by write_owned_file; here to name the file it wants)
+        raise UserError(
+            f"{path} is a folder; -o names the definition file to write (e.g. {path / (env.name + '.def')})."
+        )
+    if image and not re.search(rf"(^|/){re.escape(env.name)}(:[^/@]*)?@", source):
+        say(
+            f"note: {source} is not named after profile {env.name}; the labels and "
+            f"%environment describe {env.name} as resolved here. Check it is that image."
+        )
+    text = definition(env, source, bootstrap, digest, path.name)
+    mark = f"its first line is not {HEADER!r}..."
+    write_owned_file(path, text, ours, force=force, what="definition file", mark=mark)
+    sif = f"{path.stem}.sif"
+    say(f"wrote {path}: build it with `apptainer build {sif} {path}`, run it with `apptainer run --nv {sif}`")
+    return path

@@ -508,3 +508,104 @@ def ray_commands(env, *, head_ip: str | None = None, port: int = RAY_PORT) -> st
 
 def default_out(kind: str, profile: str) -> Path:
     return Path(f"{profile}.sbatch" if kind == "slurm" else f"{profile}.rayjob.yaml")
+
+
+# -- the commands' whole work (envbuild launch slurm|kuberay|ray), callable without click ---------
+
+
+def resolved(m, profile: str, overrides):
+    """`profile` resolved for a launcher, without the endpoints' user:password@ (nothing this
+    writes or prints carries a credential)."""
+    from envbuilder.model import mirrors as M
+    from envbuilder.model.resolve import resolve
+
+    return M.split_credentials(resolve(m, profile, overrides))[0]
+
+
+def ours(path: Path, header: str, line: int) -> bool:
+    """Whether `path` is a file this module wrote: its line `line` (0-based) starts with `header`."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096).split(b"\n")
+    except OSError:
+        return False
+    return len(head) > line and head[line].startswith(header.encode())
+
+
+def out_path(out: str | None, kind: str, profile: str) -> Path:
+    """Where -o says (refused when empty: Path('') is the current folder), else default_out."""
+    from envbuilder.render.prepare import plain_name
+
+    if out is not None and not out:
+        raise UserError("-o is empty: give a file name.")
+    return Path(out) if out else default_out(kind, plain_name(profile, "The profile name"))
+
+
+def write_launcher(path: Path, text: str, header: str, line: int, force: bool, what: str) -> None:
+    from envbuilder.render.outdir import write_owned_file
+
+    ours_ = lambda p: ours(p, header, line)  # noqa: E731
+    write_owned_file(path, text, ours_, force=force, what=what, mark=f"no {header!r} line")
+
+
+def write_slurm(
+    m, profile: str, overrides, *, sif=None, image=None, job=None, out=None, force=False, say=print
+) -> Path:
+    """`envbuild launch slurm`: the sbatch script of `profile` written to `out` (default
+    ./PROFILE.sbatch); exactly one of `sif` (Apptainer) and `image` (docker) names what runs."""
+    if (sif is None) == (image is None):
+        raise UserError(
+            "Pass the image the nodes run: --sif PATH (Apptainer) or --image REF (docker), one of them."
+        )
+    sif = sif_path(sif) if sif is not None else None
+    image = image_reference(image, digest=False) if image is not None else None
+    env = resolved(m, profile, overrides)
+    job = job_name(job, env.profile)
+    path = out_path(out, "slurm", env.profile)
+    write_launcher(
+        path, slurm_script(env, sif=sif, image=image, job=job), SLURM_HEADER, 1, force, "sbatch script"
+    )
+    if sif and not Path(sif).exists():
+        say(f"note: {sif} does not exist here; every node must read it there.")
+    say(f"wrote {path}: submit it with `sbatch {path}` (the image must be built with `{build_command(env)}`)")
+    return path
+
+
+def write_kuberay(
+    m,
+    profile: str,
+    overrides,
+    *,
+    image: str,
+    job=None,
+    cpus=None,
+    memory_gib=None,
+    shm_gib=None,
+    data_pvc=None,
+    out=None,
+    force=False,
+    say=print,
+) -> Path:
+    """`envbuild launch kuberay`: the RayJob manifest of `profile` written to `out` (default
+    ./PROFILE.rayjob.yaml), the pushed `image` by digest."""
+    image = image_reference(image, digest=True)
+    env = resolved(m, profile, overrides)
+    job_name(job, env.profile, kubernetes=True)
+    path = out_path(out, "kuberay", env.profile)
+    text = rayjob_yaml(
+        env, image, job=job, cpus=cpus, memory_gib=memory_gib, shm_gib=shm_gib, data_pvc=data_pvc
+    )
+    write_launcher(path, text, KUBERAY_HEADER, 0, force, "manifest")
+    if env.cluster.nodes > 1 and not data_pvc:
+        say(
+            "note: verl reads the data set on the node its driver task lands on; give "
+            "every pod the same data (--data-pvc CLAIM, or DATA_DIR on shared storage)."
+        )
+    say(f"wrote {path}: start it with `kubectl apply -f {path}`")
+    return path
+
+
+def ray_text(m, profile: str, overrides, *, head_ip: str | None = None, port: int = RAY_PORT) -> str:
+    """`envbuild launch ray`: the `ray start` commands of `profile` (ray_commands)."""
+    head_ip = head_address(head_ip) if head_ip is not None else None
+    return ray_commands(resolved(m, profile, overrides), head_ip=head_ip, port=port)

@@ -11,6 +11,7 @@ import os
 import shutil
 from typing import Any, Callable, NamedTuple
 
+from envbuilder.errors import UserError
 from envbuilder.machine.detect import Machine, NO_GPU_FIX, detect, run_command, runnable_archs
 from envbuilder.model.matrix import Matrix, cc_tuple
 from envbuilder.model.resolve import Overrides, ResolveError, ResolvedEnv, cc_runs, resolve
@@ -403,3 +404,32 @@ def report_json(r: Report) -> dict:
             for c in r.checks
         ],
     }
+
+
+def implied_profile(
+    m: Matrix, command: str, probes: Probes | None = None, say: Callable[[str], None] = print
+) -> str:
+    """The profile a command without PROFILE takes: the one `envbuild detect` picks for this
+    machine's GPUs, said (with why) through `say`; with no GPU a profile fits, a refusal that
+    lists the profiles (UserError, exit 2)."""
+    from envbuilder.machine.detect import recommend
+
+    probes = probes if probes is not None else Probes()
+    machine = detect(m, probes.nvml, probes.run)
+    rec = recommend(m, machine)
+    if rec.profile and rec.gpu is not None:
+        say(
+            f"{command}: no PROFILE given: this machine's {rec.gpu.name} (CC "
+            f"{rec.gpu.compute_capability}) fits profile {rec.profile} best (`envbuild "
+            f"detect` says why); name another to override"
+        )
+        return rec.profile
+    why = machine.problem if not machine.gpus else "; ".join(rec.notes) or "no profile fits its GPU"
+    raise UserError(
+        f"Name a profile: `envbuild {command} PROFILE`"
+        + (" (or --all, or --from envbuild.json)" if command == "render" else "")
+        + ". None was given, "
+        + ("there is no rendered folder here (no envbuild.json), " if command.startswith("build") else "")
+        + f"and detect picks none for this machine ({why}). Profiles: "
+        f"{', '.join(m.profiles)} (`envbuild list` shows each one's GPU)."
+    )

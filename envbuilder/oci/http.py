@@ -102,19 +102,6 @@ class BadAnswer(ActionError):
 # an Authorization value (not a challenge's `Basic realm="..."`)
 
 
-def no_empty_url(ctx, param, value):
-    """A click callback for URL options: an empty value (a careless `--index-url "$MIRROR"`)
-    is refused, exit 2, never taken as "the default"."""
-    values = value if isinstance(value, (tuple, list)) else (value,)
-    if any(v is not None and not str(v).strip() for v in values):
-        import click
-
-        raise click.BadParameter(
-            f"is empty. Give the {param.metavar or 'URL'}, or leave the option out to use the default."
-        )
-    return value
-
-
 # ---- the session ------------------------------------------------------------------------------
 
 _FLIGHTS: dict[int, "_Flight"] = {}  # thread -> the request it has in flight

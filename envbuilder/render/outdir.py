@@ -37,7 +37,7 @@ import shutil
 import stat
 import tempfile
 from pathlib import Path, PurePosixPath
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from envbuilder.errors import ActionError, EnvbuildError, UserError
 from envbuilder.text import shorten  # noqa: F401  (re-exported: outdir.shorten)
@@ -484,6 +484,36 @@ def write_text_atomic(
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_owned_file(
+    path: Path, text: str, ours: Callable[[Path], bool], *, force: bool, what: str, mark: str
+) -> None:
+    """`text` into the one file `path` a command's -o names (a launch script, a definition; not
+    a render's folder), whole or not at all, with the mode `open` would give. Refused (exit 2):
+    `path` is a folder; it exists and `ours(path)` says envbuild did not write it (`mark` says
+    how that shows), unless `force`; its folder does not exist. A failed write is exit 1 and
+    leaves nothing half-written."""
+    if path.is_dir():
+        raise UserError(f"{path} is a folder; -o names the {what} to write.")
+    if (path.exists() or path.is_symlink()) and not force and not ours(path):
+        raise UserError(
+            f"{path} exists and envbuild did not write it ({mark}), so it is left as it is. "
+            "Pass --force to replace it, or -o another file."
+        )
+    if not path.parent.is_dir():
+        raise UserError(
+            f"The folder of {path} does not exist. Create it, or -o a file in an existing folder."
+        )
+    umask = os.umask(0)
+    os.umask(umask)
+    try:
+        write_text_atomic(path, text, 0o666 & ~umask, fsync=True)
+    except OSError as e:  # (its temporary file is gone again: nothing half-written stays)
+        raise ActionError(
+            f"Cannot write {path}: {e.strerror}. Check the free space and permissions of "
+            f"{path.parent}, or -o a file elsewhere; nothing was written."
+        ) from None
 
 
 def _remove_empty_dirs(root: Path, removed: list[str]) -> None:

@@ -1,0 +1,62 @@
+"""The options' click callbacks: each value checked as it is parsed, refused with exit 2 and
+what a right one looks like (click.BadParameter)."""
+
+from __future__ import annotations
+
+import re
+
+import click
+
+
+def no_empty_url(ctx, param, value):
+    """URL options: an empty value (a careless `--index-url "$MIRROR"`) is refused, exit 2,
+    never taken as "the default"."""
+    values = value if isinstance(value, (tuple, list)) else (value,)
+    if any(v is not None and not str(v).strip() for v in values):
+        raise click.BadParameter(
+            f"is empty. Give the {param.metavar or 'URL'}, or leave the option out to use the default."
+        )
+    return value
+
+
+def driver_version(ctx, param, value):
+    from envbuilder.model.versions import is_driver_version
+
+    if value is not None and not is_driver_version(value):
+        raise click.BadParameter(
+            f"{value!r} is not an NVIDIA driver version like 550.54.14 "
+            "(nvidia-smi shows it as 'Driver Version')."
+        )
+    return value
+
+
+INDEX_URL = re.compile(r"^(https?://[^\s/]+(/\S*)?|file:///\S*)$")
+
+
+def index_url(ctx, param, value):
+    if value is not None and not INDEX_URL.match(value):
+        raise click.BadParameter(
+            f"{value!r} is not an index URL (http://, https:// or file:///). "
+            "Pass the URL of a PEP 503 simple index, e.g. "
+            "https://pypi.org/simple."
+        )
+    return value
+
+
+def json_api_root(ctx, param, value):
+    """refresh's --index-url: the root of PyPI's JSON API (a trailing /simple dropped)."""
+    from envbuilder.upstream.pypi import DEFAULT_INDEX
+
+    if value is not None and not value.strip():  # (a careless "$MIRROR" is no default)
+        raise click.BadParameter(
+            "is empty. Pass the root of an index that serves PyPI's JSON "
+            f"API, or leave --index-url out for {DEFAULT_INDEX}."
+        )
+    value = (value or DEFAULT_INDEX).strip()
+    if not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", value):
+        raise click.BadParameter(
+            f"{value!r} is not an http(s) URL. Pass the root of an index "
+            f"that serves PyPI's JSON API, e.g. {DEFAULT_INDEX}."
+        )
+    value = value.rstrip("/")
+    return value[: -len("/simple")] if value.endswith("/simple") else value

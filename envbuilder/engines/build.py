@@ -1,0 +1,158 @@
+"""`envbuild build` as a library: which environment to build (a profile, or the envbuild.json of
+the rendered folder it runs in), then the one order of a build: the mirror set picked and
+probed, the lock and the mirror applied (render.prepare), what the build fetches probed, the
+context staged, the credentials handed over as a BuildKit secret only, the build, the smoke
+test and the push. Callable without click:
+
+    env = target_env(m, "p40", Overrides(), say=print)
+    ref = build_image(m, env, BuildOptions(push_to="local"), say=print)
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+from envbuilder.errors import ActionError, UserError
+
+
+class BuildOptions(NamedTuple):
+    """What `envbuild build`'s flags say, each as its option's help describes it."""
+
+    mirror: str | None = None  # a mirror set's name, or "auto"
+    push_to: str | None = None  # "local", a configured registry's name, or HOST[:PORT]
+    tag: str | None = None  # name:tag (default envbuild/<profile>:<spec hash>)
+    ca_cert: Path | None = None
+    pip_conf: Path | None = None
+    smoke: bool = True
+    keep_context: Path | None = None
+    verbose: bool = False
+    wheelhouse: Path | None = None
+    probe: bool = True
+    engine: str = "auto"  # auto, docker, podman, buildah
+
+
+def target_env(m, profile: str | None, overrides, wheelhouse=None, probes=None, say: Callable = print):
+    """The environment `build` builds: PROFILE resolved; without PROFILE, the envbuild.json of
+    the rendered folder it runs in (refused with overrides, or when that folder was rendered
+    from a lock), else the profile `envbuild detect` picks (machine.doctor.implied_profile)."""
+    from envbuilder.model.resolve import resolve
+
+    here = Path("envbuild.json")
+    if profile is not None or not here.is_file():
+        if profile is None:
+            from envbuilder.machine.doctor import implied_profile
+
+            profile = implied_profile(m, "build", probes, say)
+        return resolve(m, profile, overrides)
+    from envbuilder.limits import read_text_bounded
+    from envbuilder.model.resolved import ResolvedEnv
+
+    if overrides.to_dict():
+        raise UserError(
+            "This folder's envbuild.json already fixes every choice; overrides "
+            "apply to a profile. Run `envbuild build PROFILE --OVERRIDE ...`, or "
+            "re-render this folder with them first."
+        )
+    if wheelhouse is None and (Path("wheelhouse").is_dir() or any(Path(".").glob("locked-*.txt"))):
+        raise UserError(
+            "This folder was rendered --locked or --wheelhouse: its pins and files "
+            "come from the lock, which envbuild.json does not hold, so building it "
+            "from envbuild.json would be another, unpinned image. Build the folder "
+            "as it is (`docker buildx build --network=host -t TAG .`), or name the "
+            "profile and the same flags: `envbuild build PROFILE --wheelhouse DIR`."
+        )
+    env = ResolvedEnv.from_json(read_text_bounded(here, "envbuild.json"), "./envbuild.json")
+    say(
+        f"build: no PROFILE given: building {env.name} as ./envbuild.json holds it "
+        "(the folder `envbuild render` wrote)"
+    )
+    return env
+
+
+def full_tag(env, tag: str | None) -> str:
+    """--tag as the image is named: default envbuild/<profile>:<hash of the upstream spec> (the
+    same image whichever mirror built it); a tag without one gets :latest."""
+    if not tag:
+        from envbuilder.engines.bake import default_tag
+
+        tag = default_tag(env)
+    return tag if ":" in tag.rsplit("/", 1)[-1] else tag + ":latest"
+
+
+def build_image(m, env, opts: BuildOptions, say: Callable[[str], None] = print) -> str:
+    """Build `env` as `opts` say; returns what `build` prints: the pushed REGISTRY/NAME@DIGEST,
+    or the local image."""
+    from envbuilder.config import local_registry, registry_for
+    from envbuilder.engines import daemonless as E
+    from envbuilder.engines import docker as B
+    from envbuilder.machine import reach
+    from envbuilder.model import mirrors as M
+    from envbuilder.render.files import render_files, smoke_command, write_dir
+    from envbuilder.render.prepare import prepare
+
+    # the endpoints' user:password@ (an overlay's index, say) reach the RUN steps only as the
+    # `endpoints` secret; the image's name, its files and its labels name them without
+    probe_env = env
+    env, _, own_credentials = M.split_credentials(env)
+    secrets = B.secret_files(opts.ca_cert, opts.pip_conf)
+    tag = full_tag(env, opts.tag)
+    for note in env.notes:  # before anything starts: a source build of flash-attn takes long
+        say(f"plan: {note}")
+    engine = E.choose(opts.engine, opts.smoke, say)
+    name = B.auto_mirror(m, say) if opts.mirror == "auto" else opts.mirror
+    choice, endpoints = B.mirror_choice(m, name, env, own_credentials, say)
+    # credentials reach the RUN steps as a secret only (a wheelhouse build uses its own files,
+    # never an index)
+    credentials = M.endpoints_secret(endpoints, B.NETWORK_ARGS if opts.wheelhouse else ())
+    prepared = prepare(env, wheelhouse=opts.wheelhouse, mirror=choice)
+    env, locked = prepared.env, prepared.locked
+    files = render_files(env, locked)
+    links = (locked or {}).get("links")
+    registry = registry_for(opts.push_to, local_registry(m), "--push") if opts.push_to else None
+    eng = E.make(engine)  # docker: the daemon must answer before anything is built
+    # what the build fetches and where it pushes, probed before any step (with a mirror set, its
+    # endpoints were probed above and its registries picked: the push target remains; upstream,
+    # the profile's own endpoints are probed with their credentials, and named without them)
+    missing = (
+        reach.check(
+            env if name else probe_env,
+            opts.wheelhouse is not None,
+            registry,
+            upstream=not name,
+            ca_cert=opts.ca_cert,
+        )
+        if opts.probe
+        else []
+    )
+    if missing:
+        raise ActionError(M.redacted(reach.message(missing)))
+    if opts.keep_context is None:
+        context = B.stage_context(files, links)
+    else:
+        write_dir(opts.keep_context, files, links)
+        context = opts.keep_context
+    secret_dir = None
+    if credentials:  # a private file for the one build (BuildKit mounts it on tmpfs per step)
+        import tempfile
+
+        secret_dir = Path(tempfile.mkdtemp(prefix="envbuild-secret-"))
+        (secret_dir / "endpoints").write_text(credentials)
+        (secret_dir / "endpoints").chmod(0o600)
+        secrets = dict(secrets, endpoints=secret_dir / "endpoints")
+    try:
+        # no build args: the rendered files already name every endpoint (credentials: a secret)
+        result = eng.build(context, tag, {}, secrets, B.default_echo(opts.verbose, eng.step_header), say)
+    finally:
+        if opts.keep_context is None:
+            shutil.rmtree(context.parent, ignore_errors=True)
+        if secret_dir is not None:
+            shutil.rmtree(secret_dir, ignore_errors=True)
+    say(f"built {result.image}")
+    if opts.smoke:
+        say(eng.smoke(result.image, smoke_command()).strip())
+    if registry:
+        digest = eng.push(result.image, registry, tag, say)
+        return f"{registry}/{tag.rsplit(':', 1)[0]}@{digest}"
+    return result.image

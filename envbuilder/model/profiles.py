@@ -1,0 +1,86 @@
+"""What every command does between its flags and `resolve`: the overrides built from the
+override flags (--with/--without, --model, ...), and several profiles resolved at once, every
+failure named before anything is done. Callable without click: the command line only passes
+its flags through.
+
+    ov = overrides_from_flags({"torch_": "2.6.0", "with_": ("apex",)}, lambda: matrix.load(()))
+    envs = resolve_all(m, ["p40", "4090"], ov, "nothing was written", say=print)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from envbuilder.errors import EnvbuildError, UserError
+
+# the override flags' parameter names -> Overrides' fields (`--torch` is `torch_` in Python)
+FLAG_FIELDS = {
+    "cuda": "cuda",
+    "torch_": "torch",
+    "python": "python",
+    "verl": "verl",
+    "rollout": "rollout",
+    "vllm": "vllm",
+    "with_": "with_",
+    "without": "without",
+    "driver": "driver",
+    "allow_unsupported": "allow_unsupported",
+    "model": "model",
+    "algo": "algo",
+    "nodes": "nodes",
+    "gpus_per_node": "gpus_per_node",
+    "interconnect": "interconnect",
+    "ecc": "ecc",
+}
+
+
+def split_names(values) -> tuple[str, ...]:
+    """--without apex,flash-attn and --without apex --without flash-attn both work."""
+    return tuple(v.strip() for value in values for v in value.split(",") if v.strip())
+
+
+def overrides_from_flags(flags: Mapping[str, Any], load_matrix: Callable[[], Any]):
+    """The Overrides the override flags ask for (keys: FLAG_FIELDS'; a missing one is unset).
+    --with and --without naming one component is refused; --model (a hub id or a folder) is
+    looked up in the matrix that `load_matrix()` returns, called only then."""
+    from envbuilder.model.resolved import Overrides
+
+    given = {FLAG_FIELDS[k]: v for k, v in flags.items() if v is not None}
+    for key in ("with_", "without"):
+        given[key] = split_names(given.get(key) or ())
+    both = sorted(set(given["with_"]) & set(given["without"]))
+    if both:
+        raise UserError(
+            f"--with and --without both name {', '.join(both)}: say once whether the profile gets it."
+        )
+    given["allow_unsupported"] = bool(given.get("allow_unsupported"))
+    if given.get("model") is not None:
+        from envbuilder.model.architectures import with_model
+
+        table = load_matrix()
+        m, key = with_model(table, given["model"])
+        given["model"] = key
+        given["model_arch"] = None if key in table.models else m.models[key]
+    return Overrides(**given)
+
+
+def resolve_all(m, names: list[str], overrides, nothing: str, say: Callable[[str], None] = print) -> list:
+    """Every named profile resolved before anything is done: each failure is said
+    ("envbuild: NAME: why"), then one error says how many failed and that `nothing` happened.
+    One name alone raises its own error."""
+    from envbuilder.model.resolve import resolve
+
+    envs, failed = [], []
+    for name in names:
+        try:
+            envs.append(resolve(m, name, overrides))
+        except EnvbuildError as e:
+            if len(names) == 1:
+                raise
+            failed.append(name)
+            say(f"envbuild: {name}: {e}")
+    if failed:
+        raise UserError(
+            f"{len(failed)} of {len(names)} profiles did not resolve ({', '.join(failed)}); {nothing}."
+        )
+    return envs

@@ -1,0 +1,84 @@
+"""`envbuild render` as a library: profiles resolved (all of them first: one that does not
+resolve writes nothing), each prepared (render.prepare: its lock, then a mirror set) and written
+into OUT/<profile>/; or a saved envbuild.json replayed. Callable without click:
+
+    render_profiles(m, ["p40"], Overrides(), Path("out"), say=print, echo=print)
+    render_replay(Path("out/p40/envbuild.json"), Path("again"))
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from envbuilder.errors import UserError
+from envbuilder.render.prepare import locked_context, plain_name, prepare
+
+
+def render_replay(from_: Path, out: Path | None = None, locked_dir=None, wheelhouse=None, force=False):
+    """The files of the environment an envbuild.json (`from_`) holds, written into
+    OUT/<its profile>/; returns (the environment, the folder)."""
+    from envbuilder.limits import read_text_bounded
+    from envbuilder.model.resolve import ResolvedEnv
+    from envbuilder.render import files as R
+
+    text = read_text_bounded(Path(from_), "--from file")
+    # every value's kind and the whole shape checked, all problems named at once, before any
+    # template reads it
+    env = ResolvedEnv.from_json(text, str(from_))
+    target = Path(out or "out") / plain_name(env.name, "the profile named in " + str(from_))
+    locked = locked_context(env, locked_dir, wheelhouse)
+    files = R.render_files(env, locked)  # (a failure past the check is a bug: a traceback)
+    R.write_dir(target, files, (locked or {}).get("links"), force=force)
+    return env, target
+
+
+def render_profiles(
+    m,
+    names: list[str],
+    overrides,
+    out: Path | None = None,
+    *,
+    locked_dir=None,
+    wheelhouse=None,
+    mirror: str | None = None,
+    force: bool = False,
+    say: Callable[[str], None] = print,
+    echo: Callable[[str], None] = print,
+) -> list[Path]:
+    """Each named profile rendered into OUT/<profile>/ (default out/): `locked_dir` ("-" for
+    lockfiles/) or `wheelhouse` pins it, `mirror` (a mirror set's name) points it at that set's
+    first endpoints. What was written and its warnings go to `echo`, notes to `say`."""
+    from envbuilder.model.profiles import resolve_all
+    from envbuilder.render import files as R
+
+    base = out or Path("out")
+    if base.exists() and not base.is_dir():
+        raise UserError(
+            f"{base} exists and is not a folder; -o names the folder that gets one "
+            "folder per profile. Pass a folder."
+        )
+    # resolve every profile first: an --all that cannot resolve one of them writes nothing
+    envs = resolve_all(m, names, overrides, "nothing was written", say=say)
+    choice = None
+    if mirror:
+        from envbuilder.model import mirrors as M
+
+        choice = M.choice(mirror, M.get_set(m, mirror))
+    written = []
+    for env in envs:
+        target = base / plain_name(env.name, "a profile")
+        # its lock against the upstream spec (what the lock recorded), then the mirror
+        p = prepare(env, lock_dir=locked_dir, wheelhouse=wheelhouse, mirror=choice)
+        if not p.locked and not p.env.constraints:
+            from envbuilder.render.plan import lock_hint
+
+            how = lock_hint(env.name, overrides, out)
+            say(f"  note: {env.name} is not pinned beyond its top-level pins (no lock matches it): {how}.")
+        env = p.env
+        R.render(env, target, p.locked, force=force)
+        written.append(target)
+        echo(f"rendered {env.name} -> {target}/")
+        for w in env.warnings:
+            echo(f"  WARNING: {w}")
+    return written

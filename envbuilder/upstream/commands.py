@@ -1,0 +1,87 @@
+"""`envbuild refresh` and `envbuild affected` whole, callable without click: the matrix read
+against an index's JSON API (upstream/pypi.py fetches, upstream/refresh.py compares), and the
+profiles a matrix overlay changes.
+
+    report = refresh_report(m, "https://pypi.org", say=print)
+    found = affected(matrix.load(()), matrix.load(("refresh-overlay",)))
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from envbuilder.errors import EnvbuildError, UserError
+
+
+def refresh_report(
+    m,
+    index_url: str,
+    *,
+    newest: int = 3,
+    timeout: float = 30.0,
+    overlay_dir: Path | None = None,
+    matrix_dirs=(),
+    say: Callable[[str], None] = print,
+) -> dict:
+    """What the index at `index_url` (the root of PyPI's JSON API) says now against matrix `m`:
+    the drift report (upstream.refresh.compare) under "index" (without user:password@); with
+    `overlay_dir`, DIR/refresh.yaml written (an overlay over `matrix_dirs`) and named under
+    "overlay". Refused before any request when `packaging` is missing or DIR is unfit."""
+    import importlib.util
+
+    from envbuilder.text import redact
+    from envbuilder.upstream import refresh as R
+    from envbuilder.upstream.overlay import check_overlay_dir, sources_of, write_overlay
+    from envbuilder.upstream.pypi import PyPIJson
+
+    if importlib.util.find_spec("packaging") is None:  # (PyPI's requirement strings)
+        raise UserError(
+            "envbuild refresh reads PyPI's requirement strings (PEP 508) with the "
+            "'packaging' package, which is not installed here. Install it: "
+            "`pip install packaging`."
+        )
+    if overlay_dir is not None:
+        check_overlay_dir(Path(overlay_dir), matrix_dirs)
+    index = PyPIJson(index_url, timeout)
+    shown = redact(index_url)  # (an index URL's user:password@ is printed as ***@)
+    say(f"reading {shown}/pypi/<name>/json for {', '.join(R.PACKAGES)} ...")
+    projects = index.projects(R.PACKAGES)
+    wanted = R.wanted_metadata(m, projects, newest)
+    say(f"reading the metadata of {sum(map(len, wanted.values()))} releases ...")
+    metadata = index.metadata_of(wanted, projects)
+    report = {"index": shown, **R.compare(m, projects, metadata, where=m.where)}
+    if overlay_dir is not None:
+        path = write_overlay(Path(overlay_dir), R.overlay_text(report, m, sources_of(m)), matrix_dirs)
+        report["overlay"] = str(path)
+    return report
+
+
+def affected(base, over) -> dict[str, list[str]]:
+    """The profiles whose environment matrix `over` (the matrix with an overlay) resolves
+    otherwise than `base`: each profile of `over` resolved in both, as shipped and with
+    `--verl X` for every stack either knows, compared field by field (a refusal counts as a
+    value). Profile -> one line per variant that differs, naming the fields."""
+    from envbuilder.model.resolve import Overrides, resolve
+
+    stacks = sorted({*(base.sections.get("stacks") or {}), *(over.sections.get("stacks") or {})})
+    found: dict[str, list[str]] = {}
+    for name in over.profiles:
+        for verl in (None, *stacks):
+            ov = Overrides(verl=verl) if verl else Overrides()
+            got = []
+            for m in (base, over):
+                try:
+                    got.append(resolve(m, name, ov).to_dict() if name in m.profiles else None)
+                except EnvbuildError as e:
+                    got.append(f"refused: {str(e).splitlines()[0]}")
+            if got[0] != got[1]:
+                what = (
+                    sorted(k for k in got[1] if got[0].get(k) != got[1].get(k))
+                    if all(isinstance(g, dict) for g in got)
+                    else [str(got[1])]
+                )
+                found.setdefault(name, []).append(
+                    f"{'--verl ' + verl if verl else 'as shipped'}: {', '.join(what)}"
+                )
+    return found
