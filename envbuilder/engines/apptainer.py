@@ -16,13 +16,12 @@ import re
 from pathlib import Path, PurePosixPath
 
 from envbuilder.errors import UserError
+from envbuilder.render.image import VENV  # (the venv the image installs into)
 
 TEMPLATE = "apptainer.def.j2"
 # the first line of every file this command writes: a file that does not start with it is not
 # envbuild's, and is replaced only with --force
 HEADER = "# envbuild apptainer definition"
-# The run-time ENV lines of templates/_macros.j2 (common_setup): the venv the image installs into
-VENV = "/opt/venv"
 # name[:port]/path[:tag]@sha256:<64 hex>, as `envbuild build --push` prints it (the grammar of
 # distribution's reference, lower-case path components; the host may be any DNS name or IP)
 from envbuilder.oci.reference import REFERENCE as _REF  # noqa: E402  (the one grammar)
@@ -100,38 +99,26 @@ def archive_path(path: Path) -> Path:
 
 
 def labels(env, source: str, digest: str | None) -> list[tuple[str, str]]:
-    """%labels, key and value: the image's own io.envbuild.* labels (Dockerfile.j2) and where
+    """%labels, key and value: the image's own io.envbuild.* labels (render/image.py) and where
     the SIF came from. Apptainer reads one label a line: key, a space, the rest of the line."""
-    out = [
-        ("io.envbuild.version", env.envbuild_version),
-        ("io.envbuild.profile", env.profile),
-        ("io.envbuild.gpu", env.gpu.key),
-        ("io.envbuild.gpu-name", env.gpu.name),
-        ("io.envbuild.compute-capability", env.gpu.compute_capability),
-        ("io.envbuild.cuda", env.cuda.version),
-        ("io.envbuild.torch", f"{env.torch.version}+{env.torch.variant}"),
-        ("io.envbuild.verl", env.verl.version),
-        ("io.envbuild.rollout", env.rollout),
-        ("io.envbuild.image", source),
-    ]
+    from envbuilder.render.image import LABEL, labels as image_labels
+
+    out = [*image_labels(env, sif=True), (LABEL + "image", source)]
     if digest:
-        out.append(("io.envbuild.image-digest", digest))
+        out.append((LABEL + "image-digest", digest))
     return [(k, str(v)) for k, v in out]
 
 
 def environment(env) -> list[tuple[str, str]]:
-    """%environment: what the image's ENV sets that matters when it runs (Dockerfile.j2 and
-    _macros.j2), from the resolved environment. PATH is written after these, with $PATH."""
-    out = [
-        ("VIRTUAL_ENV", VENV),
-        ("PYTHONDONTWRITEBYTECODE", "1"),  # (the SIF is read-only)
-        ("HF_ENDPOINT", env.huggingface),
-    ]
+    """%environment: what the image's ENV sets that matters when it runs (render/image.py),
+    from the resolved environment, and the run script's allocator default. PATH is written
+    after these, with $PATH."""
+    from envbuilder.render.image import runtime_env
+
     alloc = env.cuda_alloc_conf
-    if alloc and alloc.value:  # (the run script's default; none where the profile has none)
-        out.append(("PYTORCH_CUDA_ALLOC_CONF", alloc.value))
-    if not env.features.torch_compile:
-        out.append(("TORCHDYNAMO_DISABLE", "1"))
+    # (the run script's default; none where the profile has none)
+    defaults = [("PYTORCH_CUDA_ALLOC_CONF", alloc.value)] if alloc and alloc.value else []
+    out = runtime_env(env, defaults)
     for name, value in out:  # (the schema refused these where they entered: a second wall)
         if not all(c == " " or c.isprintable() for c in str(value)):
             raise UserError(
@@ -142,10 +129,18 @@ def environment(env) -> list[tuple[str, str]]:
     return out
 
 
+def from_word(source: str) -> str:
+    """The header's `From:` value as one bare token (quoting.word); an archive's absolute path
+    keeps its leading `/` (archive_path checked the rest)."""
+    from envbuilder.render.quoting import word
+
+    return "/" + word(source[1:]) if source.startswith("/") else word(source)
+
+
 def definition(env, source: str, bootstrap: str, digest: str | None, def_name: str) -> str:
     """The definition file's text for `env` (a ResolvedEnv) built from `source`."""
-    from envbuilder.render.files import PREFLIGHT, smoke_command
-    from envbuilder.render.files import RUN_SCRIPT, jinja_env
+    from envbuilder.render.files import jinja_env, smoke_command
+    from envbuilder.render.image import PREFLIGHT, RUN_SCRIPT_PATH
 
     sif = f"{PurePosixPath(def_name).stem or env.profile}.sif"
     context = {
@@ -153,12 +148,13 @@ def definition(env, source: str, bootstrap: str, digest: str | None, def_name: s
         "header": HEADER,
         "bootstrap": bootstrap,
         "source": source,
+        "from_word": from_word(source),
         "labels": labels(env, source, digest),
         "environment": environment(env),
         "venv_bin": f"{VENV}/bin",
         "test_command": smoke_command(),
         # where the Dockerfile copies the launch script: beside preflight.py
-        "run_command": str(PurePosixPath(PREFLIGHT).parent / RUN_SCRIPT),
+        "run_command": RUN_SCRIPT_PATH,
         "preflight": PREFLIGHT,
         "sif": sif,
         "def_name": def_name,

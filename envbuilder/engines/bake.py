@@ -12,6 +12,8 @@ from __future__ import annotations
 import hashlib
 import json
 
+from envbuilder.render.image import LABEL
+
 BAKE_FILE = "docker-bake.hcl"
 
 
@@ -98,7 +100,7 @@ def bake_target(env, tag: str) -> dict:
         "args": target_args(env),
         "tags": [f"${{REGISTRY}}/{repo}:{version}", f"${{REGISTRY}}/{repo}:latest"],
         "cache_ref": f"${{REGISTRY}}/{repo}:buildcache",
-        "labels": {"io.envbuild.profile": env.name, "io.envbuild.tag": tag},
+        "labels": {LABEL + "profile": env.name, LABEL + "tag": tag},
     }
 
 

@@ -19,10 +19,10 @@ import shlex
 from pathlib import Path
 
 from envbuilder.errors import UserError
+from envbuilder.render.image import RECORD  # (the image's own resolved environment)
+from envbuilder.render.image import RUN_SCRIPT_PATH as RUN_SCRIPT  # (where the Dockerfile copies it)
 from envbuilder.render.quoting import comment, sh
 
-RUN_SCRIPT = "/opt/envbuild/run_ppo_gsm8k.sh"  # where the Dockerfile copies it
-RECORD = "/etc/envbuild.json"  # the image's own resolved environment (Dockerfile.j2)
 RAY_PORT = 6379  # Ray's default GCS port
 RAY_WAIT = 300  # seconds the launchers wait for every GPU to join, unless ENVBUILD_RAY_WAIT
 SLURM_HEADER = "# envbuild launch slurm"  # line 2 of every sbatch script this writes (1 is #!)

@@ -13,12 +13,14 @@ import os
 from pathlib import Path
 
 from envbuilder.paths import data_dir
+from envbuilder.render.dockerfile import FLASH_ATTN_SCRIPT, apex_command, dockerfile_plan
+from envbuilder.render.image import HOME as IMAGE_HOME
+from envbuilder.render.image import PREFLIGHT, RUN_SCRIPT  # (where the image puts them)
 from envbuilder.render.quoting import FILTERS, comment, word
 from envbuilder.text import USERINFO
 from envbuilder.model.record import plain
 from envbuilder.model.resolve import TORCH_DTYPE, ResolvedEnv
 
-RUN_SCRIPT = "run_ppo_gsm8k.sh"
 # output file -> template; executables get mode 0755
 FILES = {
     "Dockerfile": "Dockerfile.j2",
@@ -33,13 +35,9 @@ FILES = {
     "README.md": "README.md.j2",  # what each file is and the commands that come next
 }
 EXECUTABLE = {RUN_SCRIPT, "preflight.py", "apply_patches.py", "audit_precision.py", "prepare_gsm8k.py"}
-# copied, not rendered: the builder stage runs envbuild's own module (one place for the name)
-FLASH_ATTN_SCRIPT = "flash_attn_wheel.py"
 MARKER = "envbuild.json"
 
 _jinja = None
-
-PREFLIGHT = "/opt/envbuild/preflight.py"  # where the Dockerfile puts it
 
 
 def smoke_command(preflight: str = PREFLIGHT) -> list[str]:
@@ -86,18 +84,6 @@ def jinja_env():
         # tojson writes the resolved environment's records and read-only maps as plain JSON
         _jinja.policies["json.dumps_kwargs"] = {"sort_keys": True, "default": plain}
     return _jinja
-
-
-def apex_command(env: ResolvedEnv) -> str:
-    apex = env.apex
-    if not apex:
-        return ""
-    if apex.install == "env":
-        return f'APEX_CPP_EXT=1 APEX_CUDA_EXT=1 pip install -v --no-build-isolation "apex @ {apex.url}"'
-    return (
-        'pip install -v --no-build-isolation --config-settings "--build-option=--cpp_ext" '
-        f'--config-settings "--build-option=--cuda_ext" "apex @ {apex.url}"'
-    )
 
 
 def preflight_expectations(env: ResolvedEnv) -> dict:
@@ -168,12 +154,15 @@ def render_files(env: ResolvedEnv, locked: dict | None = None) -> dict[str, str]
         env, d, secret = split_credentials(env, d)
         credentials = sorted(secret)
     spec = env.to_json(d)
+    spec_sha256 = hashlib.sha256(spec.encode()).hexdigest()
     plan = install_plan(env)
     context = {
         "env": env,
         "plan": plan,
+        "docker": dockerfile_plan(env, plan, locked, credentials, spec_sha256),
         "run_script": RUN_SCRIPT,
-        "spec_sha256": hashlib.sha256(spec.encode()).hexdigest(),
+        "image_home": IMAGE_HOME,
+        "spec_sha256": spec_sha256,
         "apex_command": apex_command(env),
         "expected": preflight_expectations(env),
         "audit": audit_plan(env),
