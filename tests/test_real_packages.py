@@ -252,3 +252,30 @@ def types_version(python: str):
 
     major, minor = map(int, python.split(".")[:2])
     return types.SimpleNamespace(major=major, minor=minor)
+
+
+@pytest.mark.parametrize("version", list(shipped().sglang))
+def test_sglangs_training_path_modules_are_in_its_wheel_and_its_kernel_wheel(pypi, version):
+    """sglang's modules in its own wheel, sgl_kernel in the kernel wheel it pins (sgl-kernel, or
+    sglang-kernel from 0.5.12): each zip's central directory, read with Range requests."""
+    m = shipped()
+    sr = m.sglang[version]
+    want = sr.get("modules") or m.sglang_training_path["modules"]
+    kernel = sr["kernel"]
+    have = set()
+    for project, ver in (("sglang", version), (kernel["package"], kernel["version"])):
+        prefix = f"{project.replace('-', '_')}-{ver}-"
+        wheels = [
+            f
+            for f in files_of(project)
+            if f["filename"].startswith(prefix)
+            and f["filename"].endswith(".whl")
+            and ("none-any" in f["filename"] or "x86_64" in f["filename"])
+        ]
+        assert wheels, f"PyPI has no x86_64 or pure wheel of {project} {ver}"
+        with zipfile.ZipFile(io.BufferedReader(RangeFile(wheels[0]["url"]), buffer_size=1 << 16)) as z:
+            have |= modules_in(z.namelist())
+    missing = [x for x in want if x not in have]
+    assert not missing, (
+        f"sglang {version} with {kernel['package']} {kernel['version']} has no {', '.join(missing)}"
+    )

@@ -384,7 +384,10 @@ def test_resolving_is_pure():
     assert resolved("p40").to_json() == resolved("p40").to_json()
 
 
-def test_a_rollout_envbuild_cannot_install_is_refused():
+def test_a_rollout_envbuild_cannot_install_is_refused(monkeypatch):
+    from envbuilder.model import resolve as R
+
+    monkeypatch.setattr(R, "INSTALLABLE_ROLLOUTS", ("hf", "vllm"))
     v = violations("t4", rollout="sglang")["rollout"]
     assert v.hard and "--rollout vllm" in v.fix
 

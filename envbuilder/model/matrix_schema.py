@@ -76,6 +76,22 @@ VLLM = {
     "pins?": PINS,
     "source": SOURCE,
 }
+# an SGLang release (sglang.yaml): its torch pin, Python, kernel wheel and the SASS arches of its
+# compiled ops ("9.0a": that exact compute capability only), hardware floor, flashinfer pin
+SGLANG_ARCH = S.Pattern(r"\d{1,2}\.\d{1,2}a?", "9.0a", max_len=8)
+SGLANG = {
+    "torch": S.VERSION,
+    "python": S.Range(),
+    "extras?": S.ListOf(S.NAME),
+    "kernel": {"package": S.PACKAGE, "version": S.VERSION, "archs": S.ListOf(SGLANG_ARCH)},
+    "min_compute_capability": S.CC,
+    "flashinfer": S.VERSION,
+    "pins?": PINS,
+    "glibc?": S.GLIBC,
+    "wheel_cuda?": S.CUDA,
+    "modules?": MODULES,
+    "source": SOURCE,
+}
 # requires: PACKAGE -> VERSION -> what that release's METADATA needs of a shared dependency
 REQUIRES = S.MapOf(
     S.MapOf({"needs": S.MapOf(S.Range(), key=S.PACKAGE), "source": SOURCE}, key=S.VERSION), key=S.PACKAGE
@@ -195,6 +211,8 @@ VERL = {
     "rollout_mode?": S.OneOf(("sync", "async")),
     "rollouts_why?": WHY,
     "vllm": S.Range(),
+    # the SGLang release its `sglang` extra pins, what the extra adds, and why it cannot install
+    "sglang?": {"version": S.VERSION, "pins?": PINS, "refused?": WHY, "source": SOURCE},
     "attention_override": (S.HYDRA_OVERRIDE, None),
     "patches": S.ListOf(S.NAME),
     "precision": PRECISION,
@@ -399,6 +417,8 @@ SECTIONS: dict[str, tuple[Any, bool]] = {
     "min_compute_capability": (S.CC, False),
     "min_compute_capability_source": (SOURCE, False),
     "vllm_training_path": (TRAINING_PATH, False),
+    "sglang": (S.MapOf(SGLANG, key=S.VERSION), True),
+    "sglang_training_path": (TRAINING_PATH, False),
     "cuda_compat": ({"libcuda": S.ABSPATH, "source": SOURCE}, False),
     "features": (S.MapOf(FEATURE, key=S.NAME), True),
     "flash_attn": (FLASH_ATTN, False),
@@ -514,6 +534,10 @@ RESOLVED = {
     },
     "rollout": S.OneOf(ROLLOUTS),
     "vllm": ({"version": S.VERSION, "torch": S.VERSION, "wheel_cuda": S.CUDA}, None),
+    "sglang?": (
+        {"version": S.VERSION, "torch": S.VERSION, "requirement": S.REQUIREMENT, "kernel": S.REQUIREMENT},
+        None,
+    ),
     "verl": {
         "version": S.VERSION,
         "attention_override": (S.HYDRA_OVERRIDE, None),

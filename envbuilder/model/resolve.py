@@ -22,8 +22,9 @@ TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 # condition under which each applies (one of the conditions a patch's `when` names)
 from envbuilder.model.matrix_schema import AUDIT_CHECKS  # noqa: E402,F401  (re-exported)
 
-# Rollouts whose packages the matrix knows how to pin (hf needs none, vllm: matrices/vllm.yaml).
-INSTALLABLE_ROLLOUTS = ("hf", "vllm")
+# Rollouts whose packages the matrix knows how to pin (hf needs none, vllm: matrices/vllm.yaml,
+# sglang: matrices/sglang.yaml, the release verl's `sglang` extra pins).
+INSTALLABLE_ROLLOUTS = ("hf", "vllm", "sglang")
 
 
 class Violation(Record):
@@ -94,6 +95,18 @@ def _at_least(cc: str, floor: str) -> bool:
     return cc_tuple(cc) >= cc_tuple(floor)
 
 
+def kernel_runs(gpu_cc: str, archs: list[str]) -> bool:
+    """True when one of a kernel wheel's SASS arches runs on `gpu_cc`: "9.0a" (arch-specific
+    features) on CC 9.0 only, "8.0" on 8.0 and later minors of major 8 (no PTX: nothing else)."""
+    exact = [a[:-1] for a in archs if a.endswith("a")]
+    return gpu_cc in exact or cc_runs(gpu_cc, [a for a in archs if not a.endswith("a")])
+
+
+def sglang_of(m: Matrix, verl_v: str) -> str | None:
+    """The SGLang release verl's `sglang` extra pins (verl.yaml), None where none is recorded."""
+    return ((m.verl.get(verl_v) or {}).get("sglang") or {}).get("version")
+
+
 def training_path(
     m: Matrix, verl_v: str, rollout: str, components: tuple[str, ...] = (), vllm_v: str | None = None
 ) -> list[str]:
@@ -105,6 +118,9 @@ def training_path(
     if rollout == "vllm":  # a release whose compiled ops moved records its own (vllm.yaml)
         own = (m.vllm.get(vllm_v) or {}).get("modules") if vllm_v else None
         parts.append(own or m.vllm_training_path["modules"])
+    if rollout == "sglang" and m.sglang_training_path:  # its compiled ops first, as vLLM's
+        own = (m.sglang.get(sglang_of(m, verl_v)) or {}).get("modules")
+        parts.append(own or m.sglang_training_path["modules"])
     sections = {"flash-attn": m.flash_attn, "apex": m.apex}
     parts += [sections[c]["training_path"]["modules"] for c in ("flash-attn", "apex") if c in components]
     path = m.verl[verl_v]["training_path"]
@@ -624,6 +640,10 @@ class _Resolver:
                 s.vr = self.pick("vllm", "vllm", s.vllm_v)
                 if s.vr["wheel_cuda"] in m.cuda:
                     s.extra_cudas.append(s.vr["wheel_cuda"])
+        s.sglang_v = sglang_of(m, s.verl_v) if s.rollout == "sglang" else None
+        s.sr = m.sglang.get(s.sglang_v) if s.sglang_v else None
+        if s.sr and s.sr.get("wheel_cuda") in m.cuda:
+            s.extra_cudas.append(s.sr["wheel_cuda"])
         # CUDAs a --cuda suggestion may name: the torch release has a build for them, and the
         # vLLM wheel (if any) shares their major
         s.usable_cudas = [
@@ -650,6 +670,9 @@ class _Resolver:
         s.pins = dict(s.verl["pins"])
         if s.vllm_v:
             s.pins.update(m.vllm[s.vllm_v].get("pins") or {})
+        if s.sr:  # SGLang pins what it shares exactly (transformers), then what verl's extra adds
+            s.pins.update(s.sr.get("pins") or {})
+            s.pins.update(s.verl["sglang"].get("pins") or {})
         if s.fa:  # its wheel installs with --no-deps: what it imports at run time is pinned here
             s.pins.update(m.flash_attn.get("runtime_pins") or {})
         s.pins.update(p.get("pins", {}))
@@ -1004,6 +1027,7 @@ class _Resolver:
             )
             if vllm_v
             else None,
+            sglang=sglang_record(s.sglang_v, s.sr) if s.sr else None,
             verl=R.Verl(
                 version=s.verl_v,
                 attention_override=verl["attention_override"],
@@ -1058,6 +1082,17 @@ class _Resolver:
             memory=frozen(s.memory),
             warnings=tuple(v.text() for v in self.v),
         )
+
+
+def sglang_record(version: str, sr: dict) -> R.Sglang:
+    extras = f"[{','.join(sr['extras'])}]" if sr.get("extras") else ""
+    k = sr["kernel"]
+    return R.Sglang(
+        version=version,
+        torch=sr["torch"],
+        requirement=f"sglang{extras}=={version}",
+        kernel=f"{k['package']}=={k['version']}",
+    )
 
 
 def card_size(total: dict | None, gpu: dict, ecc: str | None) -> dict:
@@ -1196,6 +1231,114 @@ def _rule_vllm(r: _Resolver, s: Selection) -> None:
         )
 
 
+def _rule_sglang(r: _Resolver, s: Selection) -> None:
+    """The SGLang rollout (sglang.yaml, verl.yaml `sglang`): a release verl's extra pins that
+    can be installed beside it, kernels for this GPU, the torch, Python, glibc and CUDA its
+    wheels are built for. Each refusal names the change that works (fixes.checked keeps it)."""
+    if s.rollout != "sglang" or "sglang" not in s.verl["rollouts"]:
+        return  # (no such rollout in the release: rollout_rule said so)
+    m, rec = r.m, s.verl.get("sglang")
+    if rec is None or s.sr is None:
+        r.add(
+            "sglang",
+            f"the matrix records no SGLang release for verl {s.verl_v}",
+            "without the release verl's sglang extra pins there is nothing to install",
+            f"add verl.{s.verl_v}.sglang (the version, from the wheel's METADATA) and its "
+            "facts in sglang.yaml, or use --rollout vllm",
+            hard=True,
+        )
+        return
+    sr, cc = s.sr, s.cc
+
+    def working(ok) -> list[str]:
+        """`--verl V --torch T` for the verl releases, newest first, whose SGLang installs
+        beside them and passes `ok(sglang release)`."""
+        out = []
+        for v in sorted(m.verl, key=version_key, reverse=True):
+            other = m.verl[v].get("sglang") or {}
+            srv = m.sglang.get(other.get("version"))
+            if "sglang" in m.verl[v]["rollouts"] and srv and not other.get("refused") and ok(srv):
+                out.append(f"--verl {v} --torch {srv['torch']}{_cuda_for(m, srv['torch'], s.cuda_v)}")
+        return out
+
+    if rec.get("refused"):
+        fixes = working(lambda srv: kernel_runs(cc, srv["kernel"]["archs"]))[:1]
+        fixes += [f"--rollout {x}" for x in ("vllm", "hf") if x in s.verl["rollouts"]]
+        r.add(
+            "sglang-verl",
+            f"verl {s.verl_v}'s SGLang rollout cannot be installed",
+            f"{rec['refused']} (" + ", ".join(u for u in rec["source"].split(", ") if "://" in u) + ")",
+            "use " + " or ".join(fixes) if fixes else "use another --verl",
+            hard=True,
+        )
+        return
+    kernel = sr["kernel"]
+    if not (_at_least(cc, sr["min_compute_capability"]) and kernel_runs(cc, kernel["archs"])):
+        fixes = [f"--rollout {x}" for x in ("vllm", "hf") if x in s.verl["rollouts"] or x == "hf"]
+        fixes += working(lambda srv: kernel_runs(cc, srv["kernel"]["archs"]))[:1]
+        r.add(
+            "sglang-cc",
+            f"SGLang {s.sglang_v} cannot run on the {s.gpu['name']} (CC {cc})",
+            f"its compiled ops ({kernel['package']} {kernel['version']}) are built for sm_"
+            + ", sm_".join(a.replace(".", "") for a in kernel["archs"])
+            + f" only, with no PTX (the floor is CC {sr['min_compute_capability']}; SGLang "
+            "itself refuses GPUs below sm75)",
+            "use " + " or ".join(fixes),
+            hard=True,
+        )
+        return  # (a card it cannot run on: nothing else about the install matters)
+    if sr["torch"] != s.torch_v:
+        r.add(
+            "sglang-torch",
+            f"sglang {s.sglang_v} with torch {s.torch_v} is an ABI mismatch",
+            f"verl {s.verl_v}'s sglang extra pins sglang=={s.sglang_v}, which pins "
+            f"torch=={sr['torch']}; its {kernel['package']} ops are built against that torch",
+            f"use --torch {sr['torch']}{_cuda_for(m, sr['torch'], s.cuda_v)}",
+            hard=True,
+        )
+    if not in_range(s.python, sr["python"]):
+        r.add(
+            "sglang-python",
+            f"sglang {s.sglang_v} does not install on Python {s.python}",
+            f"its wheel says Requires-Python {sr['python']}",
+            "use another --verl"
+            if not working(lambda srv: in_range(s.python, srv["python"]))
+            else "use " + working(lambda srv: in_range(s.python, srv["python"]))[0],
+            hard=True,
+        )
+    glibc = s.cuda.get("glibc")
+    if sr.get("glibc") and glibc and version_key(glibc) < version_key(sr["glibc"]):
+        newer = [
+            c
+            for c, rec_ in m.cuda.items()
+            if version_key(rec_.get("glibc") or "0") >= version_key(sr["glibc"])
+        ]
+        r.add(
+            "sglang-glibc",
+            f"sglang {s.sglang_v} has no wheel for the CUDA {s.cuda_v} image's glibc {glibc}",
+            f"its wheels are manylinux_{sr['glibc'].replace('.', '_')} (glibc >= {sr['glibc']})",
+            f"use --cuda {newer[-1]}" if newer else "use another --verl",
+            hard=True,
+        )
+    wheel_cuda = sr.get("wheel_cuda")
+    if wheel_cuda and wheel_cuda.split(".")[0] != s.build["cuda"].split(".")[0]:
+        r.add(
+            "sglang-cuda",
+            f"sglang {s.sglang_v}'s kernels are built for CUDA {wheel_cuda} but torch is built "
+            f"for CUDA {s.build['cuda']}",
+            "the CUDA major versions must agree",
+            f"use --cuda {wheel_cuda}",
+            hard=True,
+        )
+
+
+def _cuda_for(m: Matrix, torch_v: str, cuda_v: str) -> str:
+    """ "" when torch `torch_v` has a build for CUDA `cuda_v`, else " --cuda C" (its newest)."""
+    builds = (m.torch.get(torch_v) or {}).get("builds") or {}
+    cudas = sorted({b["cuda"] for b in builds.values()} & set(m.cuda), key=version_key)
+    return "" if cuda_v in cudas or not cudas else f" --cuda {cudas[-1]}"
+
+
 def _rule_driver(r: _Resolver, s: Selection) -> None:
     r.driver_rule(s)
 
@@ -1267,7 +1410,9 @@ def _rule_extensions(r: _Resolver, s: Selection) -> None:
 
 
 def _rule_shared_dependencies(r: _Resolver, s: Selection) -> None:
-    r.shared_dependency_rule({"torch": s.torch_v, **({"vllm": s.vllm_v} if s.vllm_v else {}), **s.pins})
+    named = {"torch": s.torch_v, **({"vllm": s.vllm_v} if s.vllm_v else {})}
+    named.update({"sglang": s.sglang_v} if s.sglang_v else {})
+    r.shared_dependency_rule({**named, **s.pins})
 
 
 def _rule_algorithm(r: _Resolver, s: Selection) -> None:
@@ -1333,6 +1478,7 @@ RULES = (
     _rule_arch,
     _rule_verl,
     _rule_vllm,
+    _rule_sglang,
     _rule_driver,
     _rule_bf16,
     _rule_extensions,

@@ -134,6 +134,13 @@ class Vllm(Record):
     __slots__ = _fields = ("version", "torch", "wheel_cuda")
 
 
+class Sglang(Record):
+    """The SGLang release of the sglang rollout: its torch pin, the requirement its install
+    layer asks for (with verl's extras) and the kernel wheel it pins."""
+
+    __slots__ = _fields = ("version", "torch", "requirement", "kernel")
+
+
 class RefusedOverride(Record):
     """A run override (KEY=VALUE on the run script's command line) preflight refuses: why, fix."""
 
@@ -337,6 +344,7 @@ class ResolvedEnv(Record):
         "torch",
         "rollout",
         "vllm",
+        "sglang",
         "verl",
         "dtype",
         "precision",
@@ -362,8 +370,8 @@ class ResolvedEnv(Record):
         "constraints",
         "mirror",
     )
-    _defaults = {"constraints": None, "mirror": None, "notes": ()}
-    _omit_none = ("mirror",)
+    _defaults = {"constraints": None, "mirror": None, "notes": (), "sglang": None}
+    _omit_none = ("mirror", "sglang")
     _nested = {
         "overrides": Overrides,
         "gpu": Gpu,
@@ -371,6 +379,7 @@ class ResolvedEnv(Record):
         "driver": Driver,
         "torch": Torch,
         "vllm": Vllm,
+        "sglang": Sglang,
         "verl": Verl,
         "precision": Precision,
         "features": Features,

@@ -479,6 +479,9 @@ class _Steps:
         if layer.name == "vllm":
             v = self.env.vllm
             return f"vLLM {v.version}: pins torch=={v.torch}, which is the torch above."
+        if layer.name == "sglang":
+            g = self.env.sglang
+            return f"SGLang {g.version} and its kernels: pins torch=={g.torch}, which is the torch above."
         return STEP_COMMENT[layer.name]
 
     def copy_and_run(self, script: str, comments) -> list[Instruction]:

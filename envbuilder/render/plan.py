@@ -17,7 +17,7 @@ from envbuilder.model.resolved import Constraints, ResolvedEnv
 
 # Dockerfile install layers, most expensive first; each installs what its roots pull in that no
 # earlier layer installed.
-LAYERS = ("torch", "vllm", "verl-deps", "verl")
+LAYERS = ("torch", "vllm", "sglang", "verl-deps", "verl")
 # What the builder stage installs beside torch to compile apex / flash-attn; locked with the rest
 # so a locked or offline build pins them too. Installed in the builder only, never at run time.
 BUILD_TOOLS = ("packaging", "ninja", "wheel", "setuptools", "psutil")
@@ -50,18 +50,24 @@ def normalize(name: str) -> str:
 
 
 def layer_roots(env: ResolvedEnv) -> dict[str, list[str]]:
-    """The requirements each install layer asks for (its own top-level pins), in order."""
-    return {
+    """The requirements each install layer asks for (its own top-level pins), in order. The
+    sglang step only where the rollout is SGLang (a lock of any other plan names no such step)."""
+    roots = {
         "torch": list(env.torch.packages),
         "vllm": [f"vllm=={env.vllm.version}"] if env.vllm else [],
+        # SGLang and its kernel wheel, both pinned (the kernel's ops are built against the torch)
+        "sglang": [env.sglang.requirement, env.sglang.kernel] if env.sglang else [],
         "verl-deps": [f"{name}=={version}" for name, version in env.verl.pins.items()],
         "verl": [f"verl=={env.verl.version}"],
     }
+    if not env.sglang:
+        del roots["sglang"]
+    return roots
 
 
 class Layer(Record):
     """One pip step: what it asks for and what it fixes for itself and every later step.
-    name: torch, vllm, verl-deps, verl; `build` for the builder stage's tools. requirements: its
+    name: torch, vllm, sglang, verl-deps, verl; `build` for the builder stage's tools. requirements: its
     own top-level pins. pins: name==version, its own pins and the lock's pins of what it
     installs. arg: a build ARG that can override its package's version (VERL_VERSION)."""
 
