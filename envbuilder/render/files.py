@@ -24,6 +24,7 @@ FILES = {
     "Dockerfile": "Dockerfile.j2",
     "environment.yml": "environment.yml.j2",
     "requirements.txt": "requirements.txt.j2",
+    "pixi.toml": "pixi.toml.j2",  # the same plan for pixi (render/pixi.py)
     RUN_SCRIPT: "run_ppo_gsm8k.sh.j2",
     "preflight.py": "preflight.py.j2",
     "envbuild-secrets.sh": "envbuild-secrets.sh.j2",
@@ -155,6 +156,7 @@ def render_files(env: ResolvedEnv, locked: dict | None = None) -> dict[str, str]
     """All rendered files by name, in memory. `locked` (lock.lockfile.for_render) pins the base
     images by digest and installs each layer from its hashed requirement file."""
     from envbuilder.engines.bake import default_tag
+    from envbuilder.render import pixi
     from envbuilder.render.plan import install_plan, lock_hint, override_flags
 
     d = env.to_dict()
@@ -183,6 +185,7 @@ def render_files(env: ResolvedEnv, locked: dict | None = None) -> dict[str, str]
         "lock_hint": lock_hint(env.profile, env.overrides),
         "override_flags": override_flags(env.overrides),
         "credentials": credentials,
+        "pixi": pixi.context(env, plan, RUN_SCRIPT),
     }
     j = jinja_env()
     out = {MARKER: spec}
