@@ -37,6 +37,7 @@ EXECUTABLE = {RUN_SCRIPT, "preflight.py", "apply_patches.py", "audit_precision.p
 # copied, not rendered: the builder stage runs envbuild's own module (one place for the name)
 FLASH_ATTN_SCRIPT = "flash_attn_wheel.py"
 MARKER = "envbuild.json"
+SBOM = "sbom.cdx.json"  # a locked render's CycloneDX SBOM (lock/sbom.py builds it)
 
 _jinja = None
 
@@ -216,6 +217,8 @@ def render_files(env: ResolvedEnv, locked: dict | None = None) -> dict[str, str]
         # (a pip constraints file: one comment line, then one bare pin a line; quoting.py)
         out[layer.constraints_file] = comment(head) + ".\n" + "".join(f"{word(pin)}\n" for pin in layer.pins)
     out.update(locked["files"] if locked else {})
+    if locked and locked.get("sbom"):  # (the Dockerfile copies it to /opt/envbuild/)
+        out[SBOM] = locked["sbom"]
     return out
 
 
