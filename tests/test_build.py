@@ -6,6 +6,7 @@ when the infrastructure is missing."""
 from __future__ import annotations
 
 import functools
+import hashlib
 import io
 import json
 import os
@@ -592,6 +593,25 @@ def test_build_from_a_wheelhouse_with_no_index_at_all(docker_client, config, ind
     assert "--no-index --find-links /wheelhouse" in r.stderr
     assert "apex @ file:///wheelhouse/sources/apex-25.08.tar.gz#sha256=" in r.stderr
     assert "smoke ok: p40" in r.stderr and "amp_C" in r.stderr
+    # the image carries the SBOM of the lock it was built from, its sha256 in a label: the same
+    # bytes `render --wheelhouse` writes (the wheelhouse's copy of the lock)
+    image = "envbuild-test/p40:wheelhouse"
+    inside = docker_client.containers.run(image, ["cat", "/opt/envbuild/sbom.cdx.json"], remove=True)
+    r = envbuild(["render", "p40", "--wheelhouse", str(tmp_path / "wh"), "-o", str(tmp_path / "r")], config)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert inside == (tmp_path / "r" / "p40" / "sbom.cdx.json").read_bytes()
+    assert (
+        docker_client.images.get(image).labels["io.envbuild.sbom-sha256"]
+        == hashlib.sha256(inside).hexdigest()
+    )
+    from cyclonedx.schema import SchemaVersion
+    from cyclonedx.validation.json import JsonStrictValidator
+
+    assert JsonStrictValidator(SchemaVersion.V1_6).validate_str(inside.decode()) is None
+    components = json.loads(inside)["components"]
+    apex = json.loads((lock / "p40" / "sources.lock").read_text())["apex"]
+    assert [c["hashes"][0]["content"] for c in components if c["name"] == "apex"] == [apex["sha256"]]
+    assert {"torch", "verl"} <= {c["name"] for c in components if c["purl"].startswith("pkg:pypi/")}
 
 
 # ---- flash-attn: the release wheel first, the sdist build as the fallback ---------------------

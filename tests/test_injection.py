@@ -35,6 +35,11 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
 from conftest import FIXTURES, frozen, record, resolved, shipped
 from envbuilder.render import quoting
 from envbuilder.model.mirrors import without_credentials as bare
@@ -195,6 +200,7 @@ FIELDS = [
         lambda r, v: (
             r.label("io.envbuild.profile") == v
             and yaml.safe_load(r.files["environment.yml"])["name"] == f"envbuild-{v}"
+            and pixi(r)["workspace"]["name"] == f"envbuild-{v}"
         ),
         runs=("preflight",),
     ),
@@ -233,7 +239,11 @@ FIELDS = [
         (f"x; touch {C} #",),
         lambda v: (profile_with(pins={v: "1.0"}), "p40", []),
         lambda d, v: d["verl"]["pins"].__setitem__(v, "1.0"),
-        lambda r, v: f"{v}==1.0" in r.files["requirements.txt"].splitlines() and f"{v}==1.0" in pip_words(r),
+        lambda r, v: (
+            f"{v}==1.0" in r.files["requirements.txt"].splitlines()
+            and f"{v}==1.0" in pip_words(r)
+            and pixi_pin(r, v.split("[")[0]) == "==1.0"
+        ),
     ),
     Field(
         "pin version",
@@ -241,7 +251,9 @@ FIELDS = [
         (f"1.0 && touch {C}",),
         lambda v: (profile_with(pins={"numpy": v}), "p40", []),
         lambda d, v: d["verl"]["pins"].__setitem__("numpy", v),
-        lambda r, v: f"numpy=={v}" in r.files["requirements.txt"].splitlines(),
+        lambda r, v: (
+            f"numpy=={v}" in r.files["requirements.txt"].splitlines() and pixi_pin(r, "numpy") == f"=={v}"
+        ),
     ),
     Field(
         "torch index URL",
@@ -249,7 +261,10 @@ FIELDS = [
         ("https://download.pytorch.org/whl/{cuda}", f"https://x.example/$(touch {C})"),
         lambda v: ({"index_url": v}, "p40", []),
         lambda d, v: (set_path("indexes", "torch")(d, v), set_path("torch", "index_url")(d, v)),
-        lambda r, v: r.arg("TORCH_INDEX_URL") == bare(v.replace("{variant}", "cu118")),
+        lambda r, v: (
+            r.arg("TORCH_INDEX_URL") == bare(v.replace("{variant}", "cu118"))
+            and pixi(r)["pypi-dependencies"]["torch"]["index"] == bare(v.replace("{variant}", "cu118"))
+        ),
         runs=("preflight",),
     ),
     Field(
@@ -262,6 +277,7 @@ FIELDS = [
         lambda r, v: (
             r.arg("PIP_INDEX_URL") == bare(v)
             and f"--extra-index-url {bare(v)}" in r.files["requirements.txt"].splitlines()
+            and pixi(r)["pypi-options"]["index-url"] == bare(v)
         ),
     ),
     Field(
@@ -369,6 +385,19 @@ OVERLAY_FIELDS = [f for f in FIELDS if f.overlay]
 FROM_FIELDS = [f for f in FIELDS if f.edit]
 
 
+def pixi(r: Rendered) -> dict:
+    """pixi.toml as TOML reads it."""
+    return tomllib.loads(r.files["pixi.toml"])
+
+
+def pixi_pin(r: Rendered, name: str) -> str:
+    """The version pixi.toml pins `name` (PEP 503's form of it) at."""
+    from envbuilder.render.plan import normalize
+
+    dep = pixi(r)["pypi-dependencies"][normalize(name)]
+    return dep if isinstance(dep, str) else dep["version"]
+
+
 def pip_words(r: Rendered) -> list[str]:
     """The words of the Dockerfile's verl-deps pip step, as bash splits them."""
     run = next(
@@ -386,7 +415,7 @@ def structure(files: dict[str, str]) -> dict:
     """What a value must not change: the file names; the Dockerfile's instructions (their
     arguments' count, flags, heredocs) and each RUN line's count of bash words; each Python
     file's syntax tree with its string constants blanked; the non-comment lines of the shell
-    script and the pip files; environment.yml's shape."""
+    script and the pip files; environment.yml's and pixi.toml's shape (pixi.toml must parse)."""
     out: dict = {"names": sorted(files)}
     out["Dockerfile"] = [
         (c.cmd, len(c.value), c.flags, len(c.heredocs), bash_words(c.value[0]) if c.cmd == "RUN" else 0)
@@ -408,6 +437,15 @@ def structure(files: dict[str, str]) -> dict:
         len(env["channels"]),
         len(env["dependencies"]),
         len(env["dependencies"][-1]["pip"]),
+    )
+    doc = tomllib.loads(files["pixi.toml"])
+    out["pixi.toml"] = (
+        [
+            (table, sorted(v) if table not in ("dependencies", "pypi-dependencies") else len(v))
+            for table, v in doc.items()
+        ],
+        [sorted(task) for task in doc["tasks"].values()],
+        len(doc["workspace"]["channels"]),
     )
     return out
 
@@ -746,6 +784,20 @@ def test_python_and_comment_filters_keep_any_text_on_its_line_and_exact(value):
     assert dockerfile_word(f'"{quoting.dq(value)}"') == value or not all(map(quoting.printable, value))
 
 
+@settings(max_examples=200, deadline=None, database=None)
+@given(st.text(), st.text())
+def test_toml_filters_keep_any_text_one_value_on_its_line_and_exact(key, value):
+    """pixi.toml: any text is one TOML string (or key) that reads back as exactly itself and
+    stays on its line; a NUL, which no value envbuild writes may hold, is refused."""
+    if "\x00" in key + value:
+        with pytest.raises(ValueError):
+            quoting.toml(key + value)
+        return
+    line = f"{quoting.tomlkey(key)} = {quoting.toml(value)}"
+    assert len(line.splitlines()) == 1
+    assert tomllib.loads(line + "\n# after\n") == {key: value}
+
+
 def test_a_benign_value_leaves_every_filter_unchanged():
     for value in ("Tesla P40", "https://pypi.org/simple", "torch==2.6.0+cu118", "p40"):
         assert {
@@ -755,6 +807,8 @@ def test_a_benign_value_leaves_every_filter_unchanged():
             quoting.arg(value) if " " not in value else value,
         } == {value}
     assert quoting.word("ray[default]==2.46.0") == "ray[default]==2.46.0"
+    assert quoting.toml("https://pypi.org/simple") == '"https://pypi.org/simple"'
+    assert quoting.tomlkey("torch") == "torch" and quoting.tomlkey("zope.interface") == '"zope.interface"'
     with pytest.raises(ValueError):
         quoting.word("numpy==1.0 --index-url https://evil")
 

@@ -845,3 +845,40 @@ def test_a_missing_lock_names_the_command_that_makes_it_there(tmp_path, capsys):
     `lock -o DIR` that writes it there (not a bare `envbuild lock`, which writes lockfiles/)."""
     rc, _, err = envbuild(capsys, "render", "p40", "--locked", tmp_path / "mylocks", "-o", tmp_path / "out")
     assert rc == 2 and f"envbuild lock p40 -o {tmp_path / 'mylocks'}" in err, err
+
+
+# ---- the SBOM of a whole lock (conda, pip, images, sources) ----------------------------------
+
+
+def test_the_sbom_of_a_whole_lock_lists_conda_packages_images_and_apex_source(p40_lock, capsys):
+    """`envbuild sbom` of the lock made here: every conda package of conda-lock.yml (pkg:conda,
+    its sha256 and URL), the base images at the digests pushed to the loopback registry, apex's
+    source archive (URL and sha256), every pip package; valid CycloneDX 1.6."""
+    import yaml
+    from cyclonedx.schema import SchemaVersion
+    from cyclonedx.validation.json import JsonStrictValidator
+
+    code, text, err = envbuild(capsys, "sbom", "p40", "--lock-dir", p40_lock.parent)
+    assert code == 0, err
+    assert JsonStrictValidator(SchemaVersion.V1_6).validate_str(text) is None
+    components = json.loads(text)["components"]
+    conda = {c["name"]: c for c in components if c["purl"].startswith("pkg:conda/")}
+    locked = [p for p in yaml.safe_load((p40_lock / "conda-lock.yml").read_text())["package"]]
+    assert set(conda) == {p["name"] for p in locked if p["manager"] == "conda"} >= {"python", "cuda-nvcc"}
+    for p in locked:
+        if p["manager"] == "conda":
+            c = conda[p["name"]]
+            assert {"alg": "SHA-256", "content": p["hash"]["sha256"]} in c["hashes"]
+            assert c["externalReferences"][0]["url"] == p["url"]
+            assert c["purl"].startswith(f"pkg:conda/{p['name']}@{p['version']}?build=")
+    images = json.loads((p40_lock / "images.lock").read_text())
+    digests = {c["version"] for c in components if c["type"] == "container"}
+    assert digests == {v["digest"] for v in images.values()}
+    apex = json.loads((p40_lock / "sources.lock").read_text())["apex"]
+    [source] = [c for c in components if c["name"] == "apex"]
+    assert source["externalReferences"][0]["url"] == apex["url"]
+    assert source["hashes"] == [{"alg": "SHA-256", "content": apex["sha256"]}]
+    pip = {c["name"] for c in components if c["purl"].startswith("pkg:pypi/")}
+    assert {"torch", "verl", "packaging"} <= pip
+    [torch] = [c for c in components if c["name"] == "torch"]
+    assert "repository_url=" in torch["purl"]  # (the +cu118 build, from the PyTorch index)

@@ -26,6 +26,7 @@ ALWAYS = {
     "Dockerfile",
     "environment.yml",
     "requirements.txt",
+    "pixi.toml",
     RUN_SCRIPT,
     "preflight.py",
     "audit_precision.py",

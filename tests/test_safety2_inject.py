@@ -520,6 +520,14 @@ def test_credentials_in_a_from_file_are_written_into_no_rendered_file(cli, tmp_p
     assert SECRET not in out + err
     assert_no_secret(tmp_path / "out" / "p40")
     assert_secret_mounted((tmp_path / "out" / "p40" / "Dockerfile").read_text())
+    # pixi.toml names the indexes, bare (pixi reads its credentials from its own config)
+    import tomllib
+
+    pixi = tomllib.loads((tmp_path / "out" / "p40" / "pixi.toml").read_text())
+    assert pixi["pypi-options"]["index-url"] == mirrors.without_credentials(spec["indexes"]["pypi"])
+    assert pixi["pypi-dependencies"]["torch"]["index"] == mirrors.without_credentials(
+        spec["indexes"]["torch"]
+    )
     env, _, own = mirrors.split_credentials(ResolvedEnv.from_json(json.dumps(spec), "spec.json"))
     assert own["PIP_INDEX_URL"] == spec["indexes"]["pypi"]
     assert own["HF_ENDPOINT"] == spec["huggingface"]

@@ -24,6 +24,7 @@ LAZY_COMMANDS = {
     "mirrors": "envbuilder.cli.mirrors:mirrors",
     "lock": "envbuilder.cli.lock:lock",
     "wheelhouse": "envbuilder.cli.wheelhouse:wheelhouse",
+    "sbom": "envbuilder.cli.sbom:sbom",
     "detect": "envbuilder.cli.machine:detect",
     "doctor": "envbuilder.cli.machine:doctor",
     "verify": "envbuilder.cli.verify:verify",

@@ -516,7 +516,13 @@ def for_render(env: ResolvedEnv, lock_dir: Path, wheelhouse: Path | None = None,
         raise UserError(
             f"{lock_dir / SOURCES} pins no apex source archive. Re-lock with `envbuild lock {env.name}`."
         )
+    from envbuilder.lock.sbom import sha256
+
+    # what the image holds, from this lock (the wheelhouse's built wheels where they install)
+    sbom_text = sbom_text_of(env, meta, lock_texts, lock_dir, requirements)
     return {
+        "sbom": sbom_text,
+        "sbom_sha256": sha256(sbom_text),
         "images": pinned,
         "images_pinned": IMAGES in texts,
         "layers": layers,
@@ -528,6 +534,27 @@ def for_render(env: ResolvedEnv, lock_dir: Path, wheelhouse: Path | None = None,
         "flash_attn_wheels": fa_wheels,
         "uv_wheel": uv_wheel,
     }
+
+
+def sbom_text_of(
+    env: ResolvedEnv, meta: dict, texts: dict[str, str], lock_dir: Path, requirements: str | None = None
+) -> str:
+    """The CycloneDX SBOM (lock/sbom.py) of the verified lock whose lock.json is `meta` and whose
+    files' texts are `texts`; `requirements`: the pip pins where they differ from
+    requirements.lock (a wheelhouse's built wheels in place of their sdists)."""
+    from envbuilder.lock import sbom
+
+    def doc(name: str):
+        return parse(name, texts[name], str(Path(lock_dir) / name)) if name in texts else None
+
+    return sbom.build(
+        env,
+        meta,
+        texts[REQUIREMENTS] if requirements is None else requirements,
+        doc(CONDA_LOCK),
+        doc(IMAGES),
+        doc(SOURCES) if has_sources(env) else None,
+    )
 
 
 def _wheelhouse_uv(env: ResolvedEnv, wheelhouse: Path, links: dict[str, Path]) -> str | None:

@@ -461,6 +461,8 @@ class _Steps:
         )
         out += self.copy_and_run("audit_precision.py", pending)
         out.append(_i("COPY", "envbuild.json", I.RECORD))
+        if self.locked and self.locked.get("sbom"):
+            out.append(_i("COPY", "sbom.cdx.json", I.SBOM))
         scripts = ["preflight.py", I.RUN_SCRIPT, *(["prepare_gsm8k.py"] if env.dataset else [])]
         out.append(_i("COPY", *scripts, f"{I.HOME}/"))
         for name, value in I.runtime_env(env):
@@ -498,6 +500,8 @@ class _Steps:
         ]
         if self.locked:
             pairs.append((I.LABEL + "lock-input-sha256", self.locked["input_sha256"]))
+            if self.locked.get("sbom"):
+                pairs.append((I.LABEL + "sbom-sha256", self.locked["sbom_sha256"]))
         first, *rest = [f'{k}="{dq(v)}"' for k, v in pairs]
         return _i("LABEL", first, lines=[f"      {p}" for p in rest])
 

@@ -26,6 +26,7 @@ FILES = {
     "Dockerfile": "Dockerfile.j2",
     "environment.yml": "environment.yml.j2",
     "requirements.txt": "requirements.txt.j2",
+    "pixi.toml": "pixi.toml.j2",  # the same plan for pixi (render/pixi.py)
     RUN_SCRIPT: "run_ppo_gsm8k.sh.j2",
     "preflight.py": "preflight.py.j2",
     "envbuild-secrets.sh": "envbuild-secrets.sh.j2",
@@ -36,6 +37,7 @@ FILES = {
 }
 EXECUTABLE = {RUN_SCRIPT, "preflight.py", "apply_patches.py", "audit_precision.py", "prepare_gsm8k.py"}
 MARKER = "envbuild.json"
+SBOM = "sbom.cdx.json"  # a locked render's CycloneDX SBOM (lock/sbom.py builds it)
 
 _jinja = None
 
@@ -141,6 +143,7 @@ def render_files(env: ResolvedEnv, locked: dict | None = None) -> dict[str, str]
     """All rendered files by name, in memory. `locked` (lock.lockfile.for_render) pins the base
     images by digest and installs each layer from its hashed requirement file."""
     from envbuilder.engines.bake import default_tag
+    from envbuilder.render import pixi
     from envbuilder.render.plan import install_plan, lock_hint, override_flags
 
     d = env.to_dict()
@@ -172,6 +175,7 @@ def render_files(env: ResolvedEnv, locked: dict | None = None) -> dict[str, str]
         "lock_hint": lock_hint(env.profile, env.overrides),
         "override_flags": override_flags(env.overrides),
         "credentials": credentials,
+        "pixi": pixi.context(env, plan, RUN_SCRIPT),
     }
     j = jinja_env()
     out = {MARKER: spec}
@@ -202,6 +206,8 @@ def render_files(env: ResolvedEnv, locked: dict | None = None) -> dict[str, str]
         # (a pip constraints file: one comment line, then one bare pin a line; quoting.py)
         out[layer.constraints_file] = comment(head) + ".\n" + "".join(f"{word(pin)}\n" for pin in layer.pins)
     out.update(locked["files"] if locked else {})
+    if locked and locked.get("sbom"):  # (the Dockerfile copies it to /opt/envbuild/)
+        out[SBOM] = locked["sbom"]
     return out
 
 

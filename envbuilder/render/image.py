@@ -12,6 +12,7 @@ RUN_SCRIPT = "run_ppo_gsm8k.sh"  # the launch script's file name (rendered, then
 PREFLIGHT = f"{HOME}/preflight.py"
 RUN_SCRIPT_PATH = f"{HOME}/{RUN_SCRIPT}"
 RECORD = "/etc/envbuild.json"  # the image's own resolved environment (its envbuild.json)
+SBOM = f"{HOME}/sbom.cdx.json"  # the lock's CycloneDX SBOM (a --locked render's sbom.cdx.json)
 SECRETS_SCRIPT = "/usr/local/bin/envbuild-secrets"  # sourced by every RUN that reaches an index
 CONTEXT = "/tmp/envbuild"  # where a RUN step finds a file of the build context (bind-mounted)
 WHEELS = "/wheels"  # the builder stage's compiled wheels

@@ -4,10 +4,11 @@ Every value a template writes goes through the filter of the place it lands, so 
 it holds it stays one inert value there: a bash word (`sh`), text to the end of a `#` comment
 (`comment`), text inside a Python string (`pystr`) or a Python literal (`py`), a Dockerfile
 double-quoted value (`dq`) or ARG default (`arg`), one bare token of a file with no quoting to
-rely on (`word`: requirements.txt, environment.yml). A benign value comes out as it went in, so
-the files read as before. The schema (envbuilder/model/schema.py) already refuses, where values enter,
-what could not be written safely; these filters are the second wall, for a value that reached a
-template some other way.
+rely on (`word`: requirements.txt, environment.yml), or a TOML string or key (`toml`,
+`tomlkey`: pixi.toml). A benign value comes out as it went in, so the files read as before.
+The schema (envbuilder/model/schema.py) already refuses, where values enter, what could not be
+written safely; these filters are the second wall, for a value that reached a template some
+other way.
 """
 
 from __future__ import annotations
@@ -163,6 +164,39 @@ def md_code_block(text: str) -> str:
     return f"{fence}\n{text.rstrip(chr(10))}\n{fence}\n"
 
 
+_TOML_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def toml(value) -> str:
+    """A TOML basic string, quotes included, that reads back as exactly `value` (pixi.toml): `"`
+    and `\\` escaped, and every character that is not printable (controls, line and paragraph
+    separators, bidi overrides) written as its \\uXXXX or \\UXXXXXXXX escape, so it stays on
+    its line and shows as what it is. A NUL cannot be in a value envbuild writes."""
+    text = _bounded(value)
+    if "\x00" in text:
+        raise ValueError(f"a NUL character cannot be written into pixi.toml: {_shorten(text)!r}")
+    if text.isprintable() and '"' not in text and "\\" not in text:
+        return f'"{text}"'
+    if any("\ud800" <= c <= "\udfff" for c in text):  # (TOML escapes only Unicode scalars)
+        raise ValueError(f"a lone surrogate cannot be written into pixi.toml: {_shorten(text)!r}")
+
+    def one(c: str) -> str:
+        if c in '"\\':
+            return "\\" + c
+        if printable(c):
+            return c
+        return f"\\u{ord(c):04X}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08X}"
+
+    return '"' + "".join(map(one, text)) + '"'
+
+
+def tomlkey(value) -> str:
+    """A TOML key: bare when it is one (letters, digits, `_`, `-`), else a quoted string
+    (`ruamel.yaml` is one key, not a dotted path)."""
+    text = _bounded(value)
+    return text if _TOML_BARE_KEY.fullmatch(text) else toml(text)
+
+
 FILTERS = {
     "sh": sh,
     "comment": comment,
@@ -172,4 +206,6 @@ FILTERS = {
     "arg": arg,
     "word": word,
     "md": md,
+    "toml": toml,
+    "tomlkey": tomlkey,
 }

@@ -1,0 +1,92 @@
+"""`envbuild sbom`: a profile's CycloneDX 1.6 SBOM, from its lock (the file a locked image
+carries at /opt/envbuild/sbom.cdx.json)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from envbuilder.cli.options import load_matrix, override_options
+from envbuilder.errors import ActionError, UserError
+
+
+@click.command()
+@click.argument("profile")
+@click.option(
+    "-o",
+    "--out",
+    type=click.Path(path_type=Path),
+    metavar="FILE",
+    help="Write the SBOM here (default: standard output).",
+)
+@click.option(
+    "--lock-dir",
+    type=click.Path(path_type=Path),
+    metavar="DIR",
+    help="The lock: DIR/<profile>/ as `envbuild lock -o DIR` writes it, or DIR itself when "
+    "it is the lock (default lockfiles/<profile>), as `render --locked DIR` reads it.",
+)
+@click.option("--force", is_flag=True, help="Replace -o FILE even when it is not an SBOM envbuild wrote.")
+@override_options
+def sbom(profile, out, lock_dir, force, overrides, matrix_dirs):
+    """Write PROFILE's CycloneDX 1.6 SBOM (JSON) from its lock: every pip package (version,
+    purl, sha256), the conda packages, the base images by digest, apex's and flash-attn's
+    sources, and the patches applied to verl with their reasons. A missing, stale or partial
+    lock is refused as `render --locked` refuses it."""
+    from envbuilder.model.resolve import resolve
+    from envbuilder.render.prepare import locked_context
+
+    env = resolve(load_matrix(matrix_dirs), profile, overrides)
+    # the lock found, verified and refused exactly as `render --locked DIR` does
+    locked = locked_context(env, lock_dir if lock_dir is not None else "-")
+    text = locked["sbom"]
+    if out is None:
+        click.echo(text, nl=False)
+        return
+    _write(out, text, force)
+    click.echo(f"wrote the SBOM of {env.name} ({len(text.encode()):,} bytes, sha256 {_sha(text)}) -> {out}")
+
+
+def _sha(text: str) -> str:
+    from envbuilder.lock.sbom import sha256
+
+    return sha256(text)
+
+
+def _ours(path: Path) -> bool:
+    """Whether `path` is a CycloneDX SBOM envbuild wrote (its tools name envbuild)."""
+    from envbuilder.readers import read
+
+    try:
+        doc = read(path, "SBOM")
+        tools = doc["metadata"]["tools"]["components"]
+        return doc.get("bomFormat") == "CycloneDX" and any(t.get("name") == "envbuild" for t in tools)
+    except Exception:  # anything else is not ours
+        return False
+
+
+def _write(path: Path, text: str, force: bool) -> None:
+    from envbuilder.render.outdir import write_text_atomic
+
+    if path.is_dir():
+        raise UserError(f"{path} is a folder; -o names the SBOM file to write.")
+    if (path.exists() or path.is_symlink()) and not force and not _ours(path):
+        raise UserError(
+            f"{path} exists and is not an SBOM envbuild wrote, so it is left as it is. Pass "
+            "--force to replace it, or -o another file."
+        )
+    if not path.parent.is_dir():
+        raise UserError(
+            f"The folder of {path} does not exist. Create it, or -o a file in an existing folder."
+        )
+    umask = os.umask(0)
+    os.umask(umask)
+    try:
+        write_text_atomic(path, text, 0o666 & ~umask, fsync=True)
+    except OSError as e:
+        raise ActionError(
+            f"Cannot write {path}: {e.strerror}. Check the free space and permissions of "
+            f"{path.parent}, or -o a file elsewhere; nothing was written."
+        ) from None

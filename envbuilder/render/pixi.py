@@ -1,0 +1,120 @@
+"""What pixi.toml says, as data, from the same install plan as environment.yml and
+requirements.txt: the conda part (plan.conda_specs) as pixi's [dependencies], the pinned pip set
+(every layer's pins: the lock's whole set where one fits) as [pypi-dependencies], torch's own
+packages from the PyTorch index where the profile needs it, the CUDA the driver must offer, and
+the rendered scripts as tasks. Pure: templates/pixi.toml.j2 writes it, every value through the
+`toml` filter (quoting.py).
+"""
+
+from __future__ import annotations
+
+import re
+
+from envbuilder.model.resolved import ResolvedEnv
+
+# envbuild renders x86_64 environments only: the resolver refuses an aarch64 GPU (GH200, GB200:
+# resolve._rule_machine), and the uv pin, the locks and the wheelhouse name x86_64 wheels
+PLATFORMS = ("linux-64",)
+# one conda spec of plan.conda_specs: `name` or `name=version` (conda's `=` means version.*)
+_CONDA_SPEC = re.compile(r"([a-z0-9][a-z0-9._-]*)(?:=([0-9][0-9A-Za-z._+]*))?")
+# a requirement of a layer: name[extras]==version
+_REQUIREMENT = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[([^\]]*)\])?==(\S+)")
+
+
+def conda_dependencies(specs) -> list[tuple[str, str]]:
+    """[(name, pixi version spec)] of conda specs: `python=3.10` -> ("python", "3.10.*"), `pip`
+    -> ("pip", "*"). A spec of another shape is a ValueError (the matrix schema lets none in)."""
+    out = []
+    for spec in specs:
+        m = _CONDA_SPEC.fullmatch(spec)
+        if not m:
+            raise ValueError(
+                f"{spec!r} is not a conda spec envbuild writes into pixi.toml (name or name=version)"
+            )
+        out.append((m[1], f"{m[2]}.*" if m[2] else "*"))
+    return out
+
+
+def pypi_dependencies(env: ResolvedEnv, plan) -> list[dict]:
+    """[{name, version, extras, index}], sorted by name: every pin of every runtime layer (the
+    top-level pins and, with a lock, everything they pull in), the extras the top-level
+    requirement asks for, and `index` (the PyTorch index) for torch's own packages where the
+    profile installs a +cuXXX build from it."""
+    from envbuilder.render.plan import normalize
+
+    extras: dict[str, tuple[str, ...]] = {}
+    for req in plan.requirements:
+        m = _REQUIREMENT.fullmatch(req)
+        if m and m[2]:
+            extras[normalize(m[1])] = tuple(e.strip() for e in m[2].split(",") if e.strip())
+    torch_own = set()
+    if plan.torch_index:
+        torch_own = {normalize(m[1]) for m in map(_REQUIREMENT.fullmatch, env.torch.packages) if m}
+    pins: dict[str, str] = {}
+    for layer in plan.layers:
+        for pin in layer.pins:
+            name, _, version = pin.partition("==")
+            pins.setdefault(normalize(name), version)
+    return [
+        {
+            "name": name,
+            "version": f"=={version}",
+            "extras": list(extras.get(name, ())),
+            "index": plan.torch_index if name in torch_own else None,
+        }
+        for name, version in sorted(pins.items())
+    ]
+
+
+def channels(env: ResolvedEnv) -> list[str]:
+    """environment.yml's channels: nvidia's label of the profile's CUDA (through the mirror's
+    conda_nvidia) where nvcc is installed, then the profile's channels."""
+    out = []
+    if env.needs_builder:
+        nvidia = (env.mirror.conda_nvidia if env.mirror else None) or "nvidia"
+        out.append(f"{nvidia}/label/cuda-{env.cuda.full_version}")
+    return out + list(env.conda_channels)
+
+
+def tasks(env: ResolvedEnv, run_script: str) -> list[dict]:
+    """pixi's tasks, in the rendered folder (the workspace's root): preflight, prepare-data
+    (where the profile trains on a dataset) and train. `pixi run train ARGS` passes ARGS on as
+    the run script's extra Hydra overrides, which preflight checks."""
+    out = [
+        {
+            "name": "preflight",
+            "cmd": "python preflight.py",
+            "description": "check the GPU, driver and the training path's imports",
+        }
+    ]
+    if env.dataset:
+        out.append(
+            {
+                "name": "prepare-data",
+                "cmd": "python prepare_gsm8k.py --out $HOME/data/gsm8k",
+                "description": "GSM8K in verl's layout, where the run script reads it",
+            }
+        )
+    out.append(
+        {
+            "name": "train",
+            "cmd": f"bash {run_script}",
+            "description": "verl PPO with the memory plan's batch sizes; extra Hydra overrides follow",
+            "env": {"ENVBUILD_HOME": "$PIXI_PROJECT_ROOT"},
+        }
+    )
+    return out
+
+
+def context(env: ResolvedEnv, plan, run_script: str) -> dict:
+    """What templates/pixi.toml.j2 writes."""
+    return {
+        "name": f"envbuild-{env.profile}",
+        "channels": channels(env),
+        "platforms": list(PLATFORMS),
+        "cuda": env.cuda.version,
+        "conda": conda_dependencies(plan.conda_specs),
+        "pypi": pypi_dependencies(env, plan),
+        "index_url": plan.pypi,
+        "tasks": tasks(env, run_script),
+    }
