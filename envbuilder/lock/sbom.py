@@ -11,6 +11,7 @@ and `render --locked` puts the same file into the build context (the image's
 
 from __future__ import annotations
 
+
 import hashlib
 import json
 import uuid
@@ -18,10 +19,11 @@ from pathlib import PurePosixPath
 from urllib.parse import quote, urlsplit
 
 from envbuilder.model.resolved import ResolvedEnv
+from envbuilder.render.image import HOME, SBOM as SBOM_PATH
 
 SPEC_VERSION = "1.6"
 FILE = "sbom.cdx.json"  # in the rendered folder, and in the image under /opt/envbuild/
-IN_IMAGE = f"/opt/envbuild/{FILE}"
+IN_IMAGE = SBOM_PATH
 ROOT_REF = "envbuild-image"
 _CONDA_EXTS = (".conda", ".tar.bz2")
 
@@ -188,7 +190,7 @@ def patch_pedigree(env: ResolvedEnv) -> dict | None:
                 "resolves": [{"type": "defect", "id": p.name, "name": p.name, "description": p.why}],
             }
         )
-    return {"patches": patches, "notes": "applied to the installed verl by /opt/envbuild/apply_patches.py"}
+    return {"patches": patches, "notes": f"applied to the installed verl by {HOME}/apply_patches.py"}
 
 
 def build(
