@@ -17,6 +17,8 @@ from pathlib import Path
 
 import click
 
+from envbuilder.cli import complete
+
 from envbuilder.cli.options import load_matrix, override_options
 from envbuilder.engines.apptainer import (
     HEADER,
@@ -31,7 +33,7 @@ from envbuilder.render.outdir import write_text_atomic
 
 
 @click.command()
-@click.argument("profile")
+@click.argument("profile", shell_complete=complete.profiles)
 @click.option(
     "--image",
     metavar="REF@sha256:DIGEST",
@@ -52,6 +54,7 @@ from envbuilder.render.outdir import write_text_atomic
 )
 @click.option(
     "--mirror",
+    shell_complete=complete.mirror_sets,
     metavar="NAME",
     help="The mirror set the image was built through: "
     "its Hugging Face endpoint goes into %environment (as in the image).",

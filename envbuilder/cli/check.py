@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import click
 
+from envbuilder.cli import complete
+
 from envbuilder.cli.options import load_matrix, override_options
 from envbuilder.oci.http import no_empty_url
 
 
 @click.command()
-@click.argument("profile")
+@click.argument("profile", shell_complete=complete.profiles)
 @click.option(
     "--resolve",
     "online",

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import click
 
+from envbuilder.cli import complete
+
 from envbuilder.cli.options import load_matrix, override_options
 from envbuilder.errors import ActionError, UserError
 
@@ -75,7 +77,7 @@ def launch():
 
 
 @launch.command()
-@click.argument("profile")
+@click.argument("profile", shell_complete=complete.profiles)
 @click.option(
     "--sif",
     metavar="PATH",
@@ -125,7 +127,7 @@ def slurm(profile, sif, image, job_name, out, force, overrides, matrix_dirs):
 
 
 @launch.command()
-@click.argument("profile")
+@click.argument("profile", shell_complete=complete.profiles)
 @click.option(
     "--image",
     required=True,
@@ -191,7 +193,7 @@ def kuberay(
 
 
 @launch.command()
-@click.argument("profile")
+@click.argument("profile", shell_complete=complete.profiles)
 @click.option(
     "--head-ip",
     metavar="ADDRESS",

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from envbuilder.cli import complete
+
 from envbuilder.cli.options import load_matrix, override_options, split_names
 from envbuilder.errors import ActionError, EnvbuildError, UserError
 from envbuilder.oci.http import no_empty_url
@@ -23,7 +25,7 @@ def lock_dir_for(name: str, out: Path | None, check: bool = False) -> Path:
 
 
 @click.command()
-@click.argument("profile", required=False)
+@click.argument("profile", required=False, shell_complete=complete.profiles)
 @click.option("--all", "all_", is_flag=True, help="Lock every profile into lockfiles/<profile>/.")
 @click.option(
     "--check",
@@ -73,6 +75,7 @@ def lock_dir_for(name: str, out: Path | None, check: bool = False) -> Path:
 @click.option(
     "--mirror",
     "mirror_set",
+    shell_complete=complete.mirror_sets,
     metavar="NAME",
     help="Take the indexes, channels and registries from this mirror set "
     "(`envbuild mirrors list`); the flags above override it.",

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import click
 
+from envbuilder.cli import complete
+
 from envbuilder.model import gpu_tier
 from envbuilder.cli.options import load_matrix, override_options, resolve_all
 from envbuilder.errors import ActionError, UserError
@@ -117,7 +119,7 @@ def table(reports: list[dict]) -> str:
 
 
 @click.command()
-@click.argument("profiles", nargs=-1)
+@click.argument("profiles", nargs=-1, shell_complete=complete.profiles)
 @click.option("--all", "all_", is_flag=True, help="Verify every profile, one after another.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report on stdout.")
 @click.option(

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from envbuilder.cli import complete
+
 from envbuilder.cli.options import load_matrix, matrix_dir_option
 from envbuilder.paths import LOCK_ROOT
 from envbuilder.errors import UserError
@@ -14,7 +16,7 @@ from envbuilder.offline.checks import lock_shortfalls, shipped_or_local_lock, ur
 
 
 @click.command()
-@click.argument("profiles", nargs=-1, required=True)
+@click.argument("profiles", nargs=-1, required=True, shell_complete=complete.profiles)
 @click.option(
     "-o",
     "--out",
@@ -28,7 +30,11 @@ from envbuilder.offline.checks import lock_shortfalls, shipped_or_local_lock, ur
     help="The lock to export: DIR/<profile>/ as `envbuild lock -o DIR` writes it, or DIR "
     "itself when it is the lock (default lockfiles/<profile>); one profile only.",
 )
-@click.option("--mirror", help="Try this mirror set's endpoints before the lock's own URLs.")
+@click.option(
+    "--mirror",
+    shell_complete=complete.mirror_sets,
+    help="Try this mirror set's endpoints before the lock's own URLs.",
+)
 @click.option(
     "--url-map",
     multiple=True,
