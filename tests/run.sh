@@ -17,6 +17,13 @@ if [ "$(id -u)" = 0 ]; then
   ENVBUILD_TEST_BASE_IMAGE=envbuild-test/devel:bookworm \
   ENVBUILD_TEST_DERIVE_FROM=envbuild-test/base:bookworm ENVBUILD_TEST_APT="python3-dev build-essential" \
     bash tests/infra/provision.sh --no-smoke --images-file tests/infra/devel-images.txt
+  # Debian's Chromium, in which tests/test_grid.py opens `envbuild grid --html` (headless)
+  if ! command -v chromium >/dev/null; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q --no-install-recommends -o DPkg::Lock::Timeout=300 chromium >/dev/null ||
+      { apt-get update -q -o DPkg::Lock::Timeout=300 >/dev/null &&
+        apt-get install -y -q --no-install-recommends -o DPkg::Lock::Timeout=300 chromium >/dev/null; }
+  fi
 elif [ "${CI:-}" = true ]; then
   echo "tests/run.sh: the Docker/registry tests need root to provision (CI=true)" >&2
   exit 1

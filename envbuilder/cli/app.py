@@ -18,6 +18,7 @@ LAZY_COMMANDS = {
     "list": "envbuilder.cli.show:list_",
     "show": "envbuilder.cli.show:show",
     "check": "envbuilder.cli.check:check",
+    "grid": "envbuilder.cli.grid:grid",
     "render": "envbuilder.cli.render:render",
     "build": "envbuilder.cli.build:build",
     "bake": "envbuilder.cli.bake:bake",

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import click
 
+from envbuilder.cli import complete
 from envbuilder.cli.options import load_matrix, override_options, say
 
 
 @click.command()
-@click.argument("profile")
+@click.argument("profile", shell_complete=complete.profiles)
 @click.option(
     "--image",
     metavar="REF@sha256:DIGEST",
@@ -38,6 +39,7 @@ from envbuilder.cli.options import load_matrix, override_options, say
 )
 @click.option(
     "--mirror",
+    shell_complete=complete.mirror_sets,
     metavar="NAME",
     help="The mirror set the image was built through: "
     "its Hugging Face endpoint goes into %environment (as in the image).",

@@ -6,11 +6,12 @@ from pathlib import Path
 
 import click
 
+from envbuilder.cli import complete
 from envbuilder.cli.options import load_matrix, override_options, say
 
 
 @click.command()
-@click.argument("profiles", nargs=-1)
+@click.argument("profiles", nargs=-1, shell_complete=complete.profiles)
 @click.option("--all", "all_", is_flag=True, help="Every profile.")
 @click.option(
     "-o",
@@ -21,6 +22,7 @@ from envbuilder.cli.options import load_matrix, override_options, say
 )
 @click.option(
     "--mirror",
+    shell_complete=complete.mirror_sets,
     metavar="NAME",
     help="Point images and indexes at this mirror set's "
     "first endpoints (no probing: bake stays offline, like render --mirror).",

@@ -7,12 +7,17 @@ from pathlib import Path
 
 import click
 
+from envbuilder.cli import complete
 from envbuilder.cli.options import load_matrix, override_options, say
 
 
 @click.command()
-@click.argument("profile", required=False)
-@click.option("--mirror", help="Mirror set (or `auto`: the configured/first set whose registry answers).")
+@click.argument("profile", required=False, shell_complete=complete.profiles)
+@click.option(
+    "--mirror",
+    shell_complete=complete.mirror_sets_or_auto,
+    help="Mirror set (or `auto`: the configured/first set whose registry answers).",
+)
 @click.option("--push", "push_to", metavar="REGISTRY", help="`local`, a configured name, or HOST[:PORT].")
 @click.option("--tag", help="Image name:tag (default envbuild/<profile>:<spec hash>).")
 @click.option(

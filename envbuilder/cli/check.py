@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import click
 
+from envbuilder.cli import complete
 from envbuilder.cli.callbacks import no_empty_url
 from envbuilder.cli.options import load_matrix, override_options
 
 
 @click.command()
-@click.argument("profile")
+@click.argument("profile", shell_complete=complete.profiles)
 @click.option(
     "--resolve",
     "online",

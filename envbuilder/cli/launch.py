@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import click
 
+from envbuilder.cli import complete
 from envbuilder.cli.options import load_matrix, override_options, say
 
 
@@ -17,7 +18,7 @@ def launch():
 
 
 @launch.command()
-@click.argument("profile")
+@click.argument("profile", shell_complete=complete.profiles)
 @click.option(
     "--sif",
     metavar="PATH",
@@ -53,7 +54,7 @@ def slurm(profile, sif, image, job_name, out, force, overrides, matrix_dirs):
 
 
 @launch.command()
-@click.argument("profile")
+@click.argument("profile", shell_complete=complete.profiles)
 @click.option(
     "--image",
     required=True,
@@ -107,7 +108,7 @@ def kuberay(
 
 
 @launch.command()
-@click.argument("profile")
+@click.argument("profile", shell_complete=complete.profiles)
 @click.option(
     "--head-ip",
     metavar="ADDRESS",

@@ -6,13 +6,14 @@ from pathlib import Path
 
 import click
 
+from envbuilder.cli import complete
 from envbuilder.cli.callbacks import no_empty_url
 from envbuilder.cli.options import load_matrix, override_options, say
 from envbuilder.errors import UserError
 
 
 @click.command()
-@click.argument("profile", required=False)
+@click.argument("profile", required=False, shell_complete=complete.profiles)
 @click.option("--all", "all_", is_flag=True, help="Lock every profile into lockfiles/<profile>/.")
 @click.option(
     "--check",
@@ -62,6 +63,7 @@ from envbuilder.errors import UserError
 @click.option(
     "--mirror",
     "mirror_set",
+    shell_complete=complete.mirror_sets,
     metavar="NAME",
     help="Take the indexes, channels and registries from this mirror set "
     "(`envbuild mirrors list`); the flags above override it.",

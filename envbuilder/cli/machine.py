@@ -10,6 +10,8 @@ import json
 
 import click
 
+from envbuilder.cli import complete
+
 from envbuilder.cli.options import load_matrix, matrix_dir_option, override_options
 
 
@@ -77,9 +79,14 @@ def detect(ctx, as_json, matrix_dirs):
 
 
 @click.command()
-@click.argument("profile", required=False)
+@click.argument("profile", required=False, shell_complete=complete.profiles)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--mirror", metavar="NAME", help="Also check this mirror set's endpoints.")
+@click.option(
+    "--mirror",
+    shell_complete=complete.mirror_sets,
+    metavar="NAME",
+    help="Also check this mirror set's endpoints.",
+)
 @click.option(
     "--conda",
     "conda_required",

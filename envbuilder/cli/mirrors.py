@@ -7,6 +7,8 @@ import json
 
 import click
 
+from envbuilder.cli import complete
+
 from envbuilder.cli.options import load_matrix, matrix_dir_option
 
 
@@ -42,7 +44,9 @@ def mirrors_list(as_json, matrix_dirs):
 
 
 @mirrors.command("probe")
-@click.option("--mirror", "name", required=True, help="Mirror set to probe.")
+@click.option(
+    "--mirror", "name", shell_complete=complete.mirror_sets, required=True, help="Mirror set to probe."
+)
 @click.option("--timeout", default=5.0, show_default=True, help="Seconds per endpoint.")
 @click.option("--json", "as_json", is_flag=True)
 @matrix_dir_option

@@ -8,27 +8,44 @@ from pathlib import Path
 
 import click
 
+from envbuilder.cli import complete
 from envbuilder.cli.callbacks import driver_version
 from envbuilder.model.profiles import FLAG_FIELDS, split_names  # noqa: F401  (re-exported)
 
 
 def override_options(f):
     opts = [
-        click.option("--cuda", help="CUDA toolkit of the image, e.g. 12.4."),
-        click.option("--torch", "torch_", metavar="VERSION", help="torch release, e.g. 2.6.0."),
-        click.option("--python", help="Python version, e.g. 3.10."),
-        click.option("--verl", help="verl release, e.g. 0.4.1."),
+        click.option(
+            "--cuda",
+            shell_complete=complete.from_matrix("cuda"),
+            help="CUDA toolkit of the image, e.g. 12.4.",
+        ),
+        click.option(
+            "--torch",
+            "torch_",
+            metavar="VERSION",
+            shell_complete=complete.from_matrix("torch"),
+            help="torch release, e.g. 2.6.0.",
+        ),
+        click.option(
+            "--python", shell_complete=complete.from_matrix("python"), help="Python version, e.g. 3.10."
+        ),
+        click.option("--verl", shell_complete=complete.from_matrix("verl"), help="verl release, e.g. 0.4.1."),
         click.option("--rollout", type=click.Choice(["hf", "vllm", "sglang"]), help="Rollout backend."),
-        click.option("--vllm", help="vLLM release (vllm rollout)."),
+        click.option(
+            "--vllm", shell_complete=complete.from_matrix("vllm"), help="vLLM release (vllm rollout)."
+        ),
         click.option(
             "--with",
             "with_",
+            shell_complete=complete.from_matrix("components"),
             multiple=True,
             metavar="NAMES",
             help="Add optional components: apex, flash-attn (comma-separated).",
         ),
         click.option(
             "--without",
+            shell_complete=complete.from_matrix("components"),
             multiple=True,
             metavar="NAMES",
             help="Leave components out: apex, flash-attn (comma-separated).",
@@ -53,6 +70,7 @@ def override_options(f):
         ),
         click.option(
             "--algo",
+            shell_complete=complete.from_matrix("algorithms"),
             metavar="ESTIMATOR",
             help="verl's advantage estimator: gae (PPO with a critic, the default), grpo, "
             "rloo, reinforce_plus_plus, remax, ... (`envbuild show PROFILE` lists the "
@@ -71,6 +89,7 @@ def override_options(f):
         ),
         click.option(
             "--interconnect",
+            shell_complete=complete.from_matrix("interconnects"),
             metavar="nvlink|pcie|ib|roce|tcp",
             help="How the GPUs talk: nvlink or pcie inside a node; ib, roce or tcp "
             "between nodes (default tcp with --nodes above 1). Sets NCCL's variables.",

@@ -6,12 +6,13 @@ from pathlib import Path
 
 import click
 
+from envbuilder.cli import complete
 from envbuilder.cli.options import implied_profile, load_matrix, override_options, say
 from envbuilder.errors import UserError
 
 
 @click.command()
-@click.argument("profile", required=False)
+@click.argument("profile", required=False, shell_complete=complete.profiles)
 @click.option("--all", "all_", is_flag=True, help="Render every profile, each into OUT/<profile>/.")
 @click.option(
     "--from",
@@ -44,6 +45,7 @@ from envbuilder.errors import UserError
 )
 @click.option(
     "--mirror",
+    shell_complete=complete.mirror_sets,
     metavar="NAME",
     help="Point images, indexes, channels and endpoints at "
     "this mirror set's first endpoints (no probing: render stays offline).",

@@ -8,12 +8,14 @@ from pathlib import Path
 
 import click
 
+from envbuilder.cli import complete
+
 from envbuilder.cli.options import load_matrix, override_options
 from envbuilder.errors import ActionError, UserError
 
 
 @click.command()
-@click.argument("profile")
+@click.argument("profile", shell_complete=complete.profiles)
 @click.option(
     "-o",
     "--out",

@@ -7,6 +7,8 @@ import json
 
 import click
 
+from envbuilder.cli import complete
+
 from envbuilder.cli.options import load_matrix, matrix_dir_option, override_options
 
 
@@ -22,7 +24,7 @@ def list_(as_json, matrix_dirs):
 
 
 @click.command()
-@click.argument("profile")
+@click.argument("profile", shell_complete=complete.profiles)
 @click.option("--json", "as_json", is_flag=True, help="The resolved environment as JSON.")
 @click.option(
     "--memory",

@@ -8,13 +8,14 @@ from pathlib import Path
 
 import click
 
+from envbuilder.cli import complete
 from envbuilder.cli.callbacks import index_url
 from envbuilder.cli.options import load_matrix, override_options, say
 from envbuilder.errors import ActionError, UserError
 
 
 @click.command()
-@click.argument("profiles", nargs=-1)
+@click.argument("profiles", nargs=-1, shell_complete=complete.profiles)
 @click.option("--all", "all_", is_flag=True, help="Verify every profile, one after another.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report on stdout.")
 @click.option(

@@ -6,15 +6,21 @@ from pathlib import Path
 
 import click
 
+from envbuilder.cli import complete
 from envbuilder.cli.callbacks import no_empty_url
 from envbuilder.cli.options import load_matrix, matrix_dir_option
-from envbuilder.paths import LOCK_ROOT
 from envbuilder.errors import UserError
-from envbuilder.offline.checks import lock_shortfalls, shipped_or_local_lock, url_map_for_mirror, url_maps
+from envbuilder.offline.checks import (
+    known_profiles_or_locks,
+    lock_shortfalls,
+    shipped_or_local_lock,
+    url_map_for_mirror,
+    url_maps,
+)
 
 
 @click.command()
-@click.argument("profiles", nargs=-1, required=True)
+@click.argument("profiles", nargs=-1, required=True, shell_complete=complete.profiles)
 @click.option(
     "-o",
     "--out",
@@ -28,7 +34,11 @@ from envbuilder.offline.checks import lock_shortfalls, shipped_or_local_lock, ur
     help="The lock to export: DIR/<profile>/ as `envbuild lock -o DIR` writes it, or DIR "
     "itself when it is the lock (default lockfiles/<profile>); one profile only.",
 )
-@click.option("--mirror", help="Try this mirror set's endpoints before the lock's own URLs.")
+@click.option(
+    "--mirror",
+    shell_complete=complete.mirror_sets,
+    help="Try this mirror set's endpoints before the lock's own URLs.",
+)
 @click.option(
     "--url-map",
     multiple=True,
@@ -100,15 +110,7 @@ def wheelhouse(
         maps += url_map_for_mirror(body)
         build_index_url = build_index_url or next(iter(body.get("pypi") or []), None)
     if not lock_dir:  # a name without a lock is most often a typo of a profile
-        m = load_matrix(matrix_dirs)
-        for p in profiles:
-            if p not in m.profiles and not (LOCK_ROOT / p).is_dir():
-                from envbuilder.model.resolve import suggest
-
-                raise UserError(
-                    f"Unknown profile {p!r}; {suggest(p, list(m.profiles))}known: "
-                    f"{', '.join(m.profiles)}. Or pass --lock-dir for a lock elsewhere."
-                )
+        known_profiles_or_locks(load_matrix(matrix_dirs), profiles)
     from envbuilder.lock.lockfile import lock_dir_in
 
     # --lock-dir DIR: DIR/<profile>/ as `lock -o DIR` wrote it, or DIR itself when it is the lock

@@ -425,9 +425,17 @@ def _check_models(m: Matrix) -> None:
 COMPONENTS = ("apex", "flash-attn")  # the compiled extensions a profile may build
 
 
+_CC: dict[str, tuple[int, int]] = {}
+
+
 def cc_tuple(cc: str) -> tuple[int, int]:
-    major, _, minor = cc.partition(".")
-    return int(major), int(minor or 0)
+    found = _CC.get(cc)
+    if found is None:
+        major, _, minor = cc.partition(".")
+        found = int(major), int(minor or 0)
+        if len(_CC) < 1024:  # (a few dozen in any matrix: the cache stays small)
+            _CC[cc] = found
+    return found
 
 
 def overlays_from_env() -> tuple[Path, ...]:

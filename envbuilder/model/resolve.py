@@ -8,6 +8,8 @@ warnings that are written into the rendered files.
 
 from __future__ import annotations
 
+import weakref
+
 from envbuilder import __version__
 from envbuilder.model import resolved as R
 from envbuilder.errors import UserError
@@ -21,6 +23,9 @@ TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 # the precision audit's checks (templates/audit_precision.py.j2 implements them) and the
 # condition under which each applies (one of the conditions a patch's `when` names)
 from envbuilder.model.matrix_schema import AUDIT_CHECKS  # noqa: E402,F401  (re-exported)
+
+# each matrix's memory plans by their inputs (_Resolver.memory_plan)
+_PLANS: "weakref.WeakKeyDictionary[Matrix, dict]" = weakref.WeakKeyDictionary()
 
 # Rollouts whose packages the matrix knows how to pin (hf needs none, vllm: matrices/vllm.yaml,
 # sglang: matrices/sglang.yaml, the release verl's `sglang` extra pins).
@@ -519,6 +524,19 @@ class _Resolver:
         card = card_size(total, gpu, self.ov.ecc)
         consts = dict(mem, total_gib=card["mib"] / 1024)
         algo = algo or self.algo_rec or {"critic": True, "n": 1}
+        # the same inputs give the same plan: computed once per matrix (a grid or a fix walk
+        # resolves one profile under many overrides; the plan is most of a resolution's time)
+        import json
+
+        arch = self.models[train["model"]]
+        key = json.dumps(
+            [gpu_key, gpu, dtype, attention, rollout, train, lora_flat, algo, arch, card],
+            sort_keys=True,
+            default=str,
+        ) + str(getattr(self, "nodes", 1))
+        known = _PLANS.setdefault(self.m, {})
+        if key in known:
+            return known[key]
         env = {
             "dtype": dtype,
             "attention": attention,
@@ -530,8 +548,9 @@ class _Resolver:
             "extra_generation": algo.get("extra_generation", False),
             "nodes": getattr(self, "nodes", 1),
         }
-        out = plan(env, self.models[train["model"]], consts, self.m.datasets["gsm8k"]["rows"]["test"])
+        out = plan(env, arch, consts, self.m.datasets["gsm8k"]["rows"]["test"])
         out["card"] = card
+        known[key] = out  # (read, never changed: the resolved environment freezes a copy)
         return out
 
     def memory_rule(self, s: "Selection") -> None:
@@ -1490,13 +1509,19 @@ RULES = (
 )
 
 
-def resolve(m: Matrix, profile: str, overrides: Overrides | None = None) -> ResolvedEnv:
+def resolve(
+    m: Matrix, profile: str, overrides: Overrides | None = None, check_fixes: bool = True
+) -> ResolvedEnv:
     """The environment of `profile` under `overrides`; a refusal's fixes are all checked to work
-    (fixes.checked), so none leads to a new refusal."""
+    (fixes.checked), so none leads to a new refusal. `check_fixes=False` skips that walk (the
+    verdict is the same; only the fixes' text is as each rule wrote it): for callers that ask
+    many combinations and show no fixes (the grid)."""
     ov = overrides or Overrides()
     try:
         return _Resolver(m, profile, ov).run()
     except ResolveError as e:
+        if not check_fixes:
+            raise
         from envbuilder.model import fixes
 
         def broken(o: Overrides):

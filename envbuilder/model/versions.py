@@ -23,10 +23,27 @@ def is_driver_version(text) -> bool:
     return isinstance(text, str) and re.fullmatch(DRIVER_PATTERN, text) is not None
 
 
+# version_key and in_range of the matrix's few hundred versions, each computed once (a grid or a
+# fix walk asks them tens of thousands of times); bounded, so odd input cannot grow them
+_KEYS: dict[str, tuple] = {}
+_RANGES: dict[tuple[str, str], bool] = {}
+_MAX_CACHED = 4096
+
+
 def version_key(text: str) -> tuple:
     """A sort key, PEP 440's order: X.devN < XaN < XbN < XrcN < X < X.postN; the release
     numbers zero-padded. Raises ValueError (naming the text) for anything else."""
-    m = _VERSION.fullmatch(str(text).strip())
+    plain = str(text).strip()
+    key = _KEYS.get(plain)
+    if key is None:
+        key = _version_key(text, plain)
+        if len(_KEYS) < _MAX_CACHED:
+            _KEYS[plain] = key
+    return key
+
+
+def _version_key(text, plain: str) -> tuple:
+    m = _VERSION.fullmatch(plain)
     if not m:
         raise ValueError(f"not a release version: {text!r}")
     release = tuple(int(p) for p in m.group(1).split("."))
@@ -50,6 +67,16 @@ def _is_post_of(version: tuple, base: tuple) -> bool:
 
 def in_range(version: str, spec: str) -> bool:
     """True when `version` satisfies every clause of `spec` (">=0.7.3,<=0.8.5")."""
+    key = (str(version), str(spec))
+    found = _RANGES.get(key)
+    if found is None:
+        found = _in_range(version, spec)
+        if len(_RANGES) < _MAX_CACHED:
+            _RANGES[key] = found
+    return found
+
+
+def _in_range(version: str, spec: str) -> bool:
     v = version_key(version)
     for clause in filter(None, (c.strip() for c in spec.split(","))):
         m = _CLAUSE.fullmatch(clause)

@@ -115,3 +115,20 @@ def lock_shortfalls(
             "--accept-partial."
         )
     return out
+
+
+def known_profiles_or_locks(m, profiles) -> None:
+    """Each name is a profile of the matrix or has a lock under lockfiles/; otherwise the
+    refusal suggests the profile it most likely means (a name without a lock is most often a
+    typo of a profile)."""
+    from envbuilder.errors import UserError
+    from envbuilder.paths import LOCK_ROOT
+
+    for p in profiles:
+        if p not in m.profiles and not (LOCK_ROOT / p).is_dir():
+            from envbuilder.model.resolve import suggest
+
+            raise UserError(
+                f"Unknown profile {p!r}; {suggest(p, list(m.profiles))}known: "
+                f"{', '.join(m.profiles)}. Or pass --lock-dir for a lock elsewhere."
+            )

@@ -1,0 +1,93 @@
+"""`envbuild grid`: which choices resolve on which GPU, every cell the resolver's own verdict
+(as `envbuild check` gives it), in the terminal or as one self-contained HTML page."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from envbuilder.cli import complete
+from envbuilder.cli.options import driver_version, load_matrix, matrix_dir_option
+
+
+@click.command()
+@click.option(
+    "--gpu",
+    "gpus",
+    multiple=True,
+    metavar="GPU",
+    shell_complete=complete.gpus,
+    help="Only this GPU (a key of the matrix's gpus, e.g. 4090, or a profile); repeat for more.",
+)
+@click.option(
+    "--driver",
+    metavar="VERSION",
+    callback=driver_version,
+    help="Check every cell against this NVIDIA driver version, e.g. 550.54.14.",
+)
+@click.option(
+    "--html",
+    "html_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    metavar="FILE",
+    help="Write the grid as one self-contained HTML page (no network: it can live on an "
+    "air-gapped wiki), with a GPU and driver picker and each cell's rule, reason, sources "
+    "and render command.",
+)
+@click.option(
+    "--details",
+    is_flag=True,
+    help="Below the tables, each ~ cell's render command and each \u2717 cell's reason.",
+)
+@matrix_dir_option
+def grid(gpus, driver, html_file, details, matrix_dirs):
+    """GPUs (rows) x the choices render's flags make (torch/CUDA, rollout and vLLM, verl,
+    flash-attn, apex): \u2713 resolves, ~ resolves with a named override, \u2717 refused."""
+    from envbuilder.render import grid as G
+
+    m = load_matrix(matrix_dirs)
+    if html_file is not None:
+        # the page holds the verdicts without a driver; its picker applies one (--driver fills it in)
+        found = G.build(m, tuple(gpus))
+        write_page(html_file, G.html(m, tuple(gpus), found, driver))
+        n = sum(c.state in ("ok", "fix") for c in found.cells[None].values())
+        click.echo(
+            f"wrote {html_file}: {len(found.rows)} GPU rows x {len(found.columns)} choices, "
+            f"{n} cells that resolve (as asked or with a named override)"
+        )
+        return
+    found = G.build(m, tuple(gpus), (driver,))
+    click.echo(G.text(found, driver))
+    if details:
+        click.echo("")
+        for line in G.details(found, driver):
+            click.echo(line)
+
+
+def write_page(path: Path, text: str) -> None:
+    """The page whole or not at all: written beside its place, then moved over it."""
+    import os
+    import tempfile
+
+    from envbuilder.errors import ActionError
+
+    from envbuilder.errors import UserError
+
+    folder = path.parent
+    if not folder.is_dir():
+        raise UserError(
+            f"--html {path}: the folder {folder} does not exist. Create it, or pass another FILE."
+        )
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError as e:
+        raise ActionError(f"Could not write {path}: {e.strerror or e}. Pass another --html FILE.") from None
