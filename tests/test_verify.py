@@ -579,3 +579,28 @@ def test_real_install_of_a_shipped_profile(profile, tmp_path):
     (r,) = json.loads(proc.stdout)["profiles"]
     assert r["failures"] == [] and proc.returncode == 0, "\n".join(r["failures"])
     assert all(x["ok"] for x in r["layers"]) and r["imports"] and r["compose"]["ok"]
+
+
+def test_the_multi_node_overrides_compose_with_verls_hydra_config(tmp_path):
+    """`verify --nodes 2 --gpus-per-node 2 --algo grpo`: the run script's multi-node overrides
+    (trainer.nnodes, trainer.n_gpus_per_node, the batches rounded to the world) and GRPO's
+    compose with the release's own Hydra config, and each composed value is the one asked."""
+    flags = ("--nodes", "2", "--gpus-per-node", "2", "--algo", "grpo")
+    with World(tmp_path, cuda="11.8") as w:
+        proc = verify(
+            w, "--json", *flags, "--torch-index-url", closed_port_url("whl/cu118"), tmp=tmp_path, cuda="11.8"
+        )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (r,) = json.loads(proc.stdout)["profiles"]
+    c = r["compose"]
+    from envbuilder.render.files import RUN_SCRIPT, render_files
+
+    env = tiny_env(w.overlay, cuda="11.8", nodes=2, gpus_per_node=2, algo="grpo")
+    script = render_files(env)[RUN_SCRIPT]
+    block = script.split("\nargs=(\n", 1)[1].split("\n)\n", 1)[0]
+    args = [ln.strip() for ln in block.splitlines() if "=" in ln and not ln.strip().startswith("#")]
+    assert 'trainer.nnodes="$NNODES"' in args and 'trainer.n_gpus_per_node="$N_GPUS"' in args
+    assert "NNODES=${NNODES:-2}" in script and "N_GPUS=${N_GPUS:-2}" in script
+    assert "algorithm.adv_estimator=grpo" in args
+    assert c["ok"], c
+    assert c["overrides"] == len(args) and c["checked"] == len(args) and c["mismatches"] == []
