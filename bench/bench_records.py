@@ -30,7 +30,7 @@ def classes() -> list[tuple[str, tuple[str, ...], dict]]:
     out, seen = [], set()
 
     def walk(cls) -> None:
-        for kind in cls._nested.values():
+        for kind in cls.nested().values():
             walk(kind[0] if isinstance(kind, tuple) else kind)
         if cls.__name__ not in seen:
             seen.add(cls.__name__)

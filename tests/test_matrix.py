@@ -290,7 +290,8 @@ def test_a_value_is_echoed_in_an_error_cut_to_its_start(overlay):
 def test_every_string_of_the_schema_has_a_kind():
     """No field is a bare `str`: each says what it is (schema.py), so nothing enters unchecked."""
     from envbuilder.model import schema as S
-    from envbuilder.model.matrix_schema import RESOLVED, SECTIONS
+    from envbuilder.model.matrix_schema import SECTIONS
+    from envbuilder.model.resolved import field_spec
 
     def walk(spec, where):
         assert spec is not str, f"{where} is a bare str: give it a kind (schema.py)"
@@ -307,4 +308,4 @@ def test_every_string_of_the_schema_has_a_kind():
 
     for section, (spec, _) in SECTIONS.items():
         walk(spec, section)
-    walk(RESOLVED, "envbuild.json")
+    walk(field_spec(), "envbuild.json")

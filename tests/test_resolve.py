@@ -468,14 +468,14 @@ def resolved_variants(matrix=None):
 
 
 def test_every_resolved_environment_is_of_the_kinds_render_from_checks():
-    """matrix_schema.RESOLVED, checked whole (no key missing, none unknown): a key the resolver
+    """resolved.field_spec(), checked whole (no key missing, none unknown): a key the resolver
     starts to write must get its kind there, or every `render --from` of it is refused."""
     from envbuilder.model import schema as S
-    from envbuilder.model.matrix_schema import RESOLVED
+    from envbuilder.model.resolved import field_spec
 
     for label, env in resolved_variants():
         data = json.loads(env.to_json())
-        S.check(data, RESOLVED, f"{label}: ")
+        S.check(data, field_spec(), f"{label}: ")
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,11 @@
-"""The typed resolved environment (envbuilder/model/resolved.py): frozen records whose fields are
-matrix_schema.RESOLVED's, round-tripping through JSON, changed only by making a new one."""
+"""The typed resolved environment (envbuilder/model/resolved.py): frozen records, each field
+declared once with its type and kind (the spec a file is checked against is derived from them),
+round-tripping through JSON, changed only by making a new one."""
 
 from __future__ import annotations
 
 import json
+import typing
 from types import MappingProxyType
 
 import pytest
@@ -11,10 +13,9 @@ import pytest
 from conftest import PROFILES, frozen, resolved
 from envbuilder.model import schema as S
 from envbuilder.errors import UserError
-from envbuilder.model.matrix_schema import RESOLVED
 from envbuilder.render.plan import with_constraints
 from envbuilder.model.record import Record, plain
-from envbuilder.model.resolved import ResolvedEnv
+from envbuilder.model.resolved import ResolvedEnv, field_spec, record_spec
 
 
 def record_classes() -> dict[str, type]:
@@ -24,7 +25,7 @@ def record_classes() -> dict[str, type]:
 
     def walk(cls, path: str) -> None:
         out[path] = cls
-        for field, kind in cls._nested.items():
+        for field, kind in cls.nested().items():
             key = cls._keys.get(field, field)
             if isinstance(kind, tuple):
                 walk(kind[0], f"{path}{key}[].")
@@ -36,8 +37,8 @@ def record_classes() -> dict[str, type]:
 
 
 def spec_at(path: str):
-    """RESOLVED's spec of the record at `path` ("gpu.", "patches[]."): a dict of fields."""
-    spec = RESOLVED
+    """The spec of the record at `path` ("gpu.", "patches[]."): a dict of fields."""
+    spec = field_spec()
     for part in filter(None, path.split(".")):
         name = part.removesuffix("[]")
         key = name if name in spec else f"{name}?"
@@ -47,12 +48,14 @@ def spec_at(path: str):
         if part.endswith("[]"):
             assert isinstance(spec, S.ListOf), path
             spec = spec.item
-    assert isinstance(spec, dict), f"RESOLVED holds no object at {path!r}"
+    assert isinstance(spec, dict), f"the spec holds no object at {path!r}"
     return spec
 
 
 @pytest.mark.parametrize("path", sorted(record_classes()))
-def test_every_record_has_the_fields_the_schema_checks(path):
+def test_every_record_has_the_fields_the_spec_checks(path):
+    """The spec is derived from the records: each written field is a key, by its JSON name; a
+    key a file may leave out has a default; a value that may be null is typed `| None`."""
     cls = record_classes()[path]
     spec = spec_at(path)
     keys = {k.rstrip("?") for k in spec if k != "*"}
@@ -60,8 +63,29 @@ def test_every_record_has_the_fields_the_schema_checks(path):
     written = [f for f in cls._fields if f not in getattr(cls, "_derived", ())]
     assert {cls._keys.get(f, f) for f in written} == keys
     optional = {k.rstrip("?") for k in spec if k.endswith("?")}
-    # a key the spec lets a file leave out has a default in the record
     assert optional <= {cls._keys.get(f, f) for f in cls._defaults}
+    from envbuilder.model import matrix_schema as K
+
+    hints = typing.get_type_hints(cls, localns={"S": S, "K": K})
+    for f in written:
+        sub = spec.get(cls._keys.get(f, f), spec.get(cls._keys.get(f, f) + "?"))
+        if isinstance(sub, tuple):
+            assert type(None) in typing.get_args(hints[f]), f"{path}{f} is null in a file but not typed so"
+
+
+def test_every_field_has_a_kind_and_a_record_is_declared_once():
+    """A field typed `str` alone says nothing of its values: field_spec refuses it by name."""
+    from envbuilder.model.record import Record
+
+    class Loose(Record):
+        name: str
+
+    with pytest.raises(TypeError, match="Loose.name"):
+        record_spec(Loose)
+    # a record is an annotated class: its fields are its slots, its defaults out of the class
+    assert ResolvedEnv.__slots__ == ResolvedEnv._fields
+    assert type(vars(ResolvedEnv)["notes"]).__name__ == "member_descriptor"  # (a slot, no default)
+    assert ResolvedEnv._defaults == {"notes": (), "constraints": None, "mirror": None}
 
 
 # objects of fixed keys that the environment keeps as read-only mappings: role -> image,
@@ -78,8 +102,8 @@ FIXED_KEY_MAPS = {
 
 
 def test_every_object_of_the_schema_is_a_record_or_a_declared_mapping():
-    """An object nested in RESOLVED is a record (typed fields) or a read-only mapping, and every
-    record stands for an object of RESOLVED: none is forgotten on either side."""
+    """An object nested in the spec is a record (typed fields) or a read-only mapping, and every
+    record stands for an object of the spec: none is forgotten on either side."""
     found = {""}
 
     def walk(spec: dict, path: str) -> None:
@@ -99,7 +123,7 @@ def test_every_object_of_the_schema_is_a_record_or_a_declared_mapping():
                 found.add(f"{path}{name}[].")
                 walk(inner.item, f"{path}{name}[].")
 
-    walk(RESOLVED, "")
+    walk(field_spec(), "")
     assert found == set(record_classes())
     env = resolved("p40")
     for path in FIXED_KEY_MAPS - {"patches[].replace[]"}:

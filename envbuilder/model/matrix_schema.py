@@ -46,6 +46,7 @@ INTERCONNECT = {
     "note?": WHY,
     "source": SOURCE,
 }
+IMAGES = {"devel": S.IMAGE, "runtime": S.IMAGE}  # role -> image reference
 UBUNTU = S.Pattern(r"\d+\.\d+", "22.04", max_len=16)
 CUDA = {
     "version": S.VERSION,
@@ -55,7 +56,7 @@ CUDA = {
     "ubuntu": UBUNTU,
     "glibc?": S.GLIBC,
     "python": S.CUDA,
-    "images": {"devel": S.IMAGE, "runtime": S.IMAGE},
+    "images": IMAGES,
     "conda_nvcc": S.CONDA_SPEC,
     "source": SOURCE,
 }
@@ -128,10 +129,9 @@ FLASH_ATTN = {
     "runtime_pins?": PINS,
     "training_path": TRAINING_PATH,
 }
+APEX_INSTALL = S.OneOf(("env", "config_settings"))
 APEX = {
-    "versions": S.MapOf(
-        {"ref": S.GIT_REF, "install": S.OneOf(("env", "config_settings")), "source": SOURCE}, key=S.VERSION
-    ),
+    "versions": S.MapOf({"ref": S.GIT_REF, "install": APEX_INSTALL, "source": SOURCE}, key=S.VERSION),
     "source_url": S.Url(("ref",), "https://github.com/NVIDIA/apex/archive/refs/tags/{ref}.tar.gz"),
     "nvcc_must_match_torch_cuda": bool,
     "training_path": TRAINING_PATH,
@@ -242,6 +242,8 @@ REPLACE = {"find": S.Code(10_000), "with": S.Code(10_000)}
 RUN_SETTING = S.Pattern(
     S.HYDRA_KEY.regex + r"=[A-Za-z0-9_.]+", "actor_rollout_ref.actor.calculate_sum_pi_squared=True"
 )
+KL = S.OneOf(("loss", "reward", "none"))
+KL_LOSS_TYPE = S.OneOf(("low_var_kl", "kl", "mse", "abs"))
 # an advantage estimator of verl (algorithms.yaml): what it needs of the run
 ALGORITHM = {
     "description": DESCRIPTION,
@@ -249,38 +251,28 @@ ALGORITHM = {
     "critic": bool,
     "group": bool,
     "n": int,
-    "kl": S.OneOf(("loss", "reward", "none")),
-    "kl_loss_type?": S.OneOf(("low_var_kl", "kl", "mse", "abs")),
+    "kl": KL,
+    "kl_loss_type?": KL_LOSS_TYPE,
     "kl_loss_coef?": float,
     "extra?": S.ListOf(RUN_SETTING),
     "extra_generation?": bool,
     "refused?": WHY,
     "source": SOURCE,
 }
-# what the resolved run takes of it (envbuild.json `algorithm`)
-RESOLVED_ALGORITHM = {
-    "name": S.NAME,
-    "critic": bool,
-    "group": bool,
-    "n": S.Int(1, 64),
-    "kl": S.OneOf(("loss", "reward", "none")),
-    "kl_loss_type": (S.OneOf(("low_var_kl", "kl", "mse", "abs")), None),
-    "kl_loss_coef": (float, None),
-    "extra": S.ListOf(RUN_SETTING),
-    "extra_generation": bool,
-}
+PATCH_FILES = S.ListOf(S.RELPATH)
 PATCH = {
     "why": WHY,
     "when": S.OneOf(
         ("no_flash_attention", "no_bf16", "lora_hf_rollout", "lora_bf16_base", "hf_rollout", "always")
     ),
-    "files": S.ListOf(S.RELPATH),
+    "files": PATCH_FILES,
     "replace": S.ListOf(dict(REPLACE, **{"with": TemplateCode(10_000)})),
     "source": SOURCE,
 }
 HOLDS = S.MapOf(S.Scalar(), key=S.HYDRA_KEY)
+AUDIT_CHECK = S.OneOf(tuple(AUDIT_CHECKS))
 REVIEWED = {
-    "check": S.OneOf(tuple(AUDIT_CHECKS)),
+    "check": AUDIT_CHECK,
     "file": S.RELPATH,
     "line": S.Text(1000),
     "why": WHY,
@@ -384,10 +376,11 @@ MIRROR = {
     "github?": S.ListOf(S.URL),
     "source?": SOURCE,
 }
+DATASET_FILES = {"train": S.REPO_FILE, "test": S.REPO_FILE}  # split -> file in the repo
 DATASET = {
     "repo": S.MODEL_ID,
     "revision": S.GIT_REF,
-    "files": {"train": S.REPO_FILE, "test": S.REPO_FILE},
+    "files": DATASET_FILES,
     "data_source": S.Text(200),
     "ability": S.Text(200),
     "instruction": S.Text(1000),
@@ -441,27 +434,17 @@ SECTIONS: dict[str, tuple[Any, bool]] = {
 }
 
 
-# The kinds of the resolved environment's values (its typed records: envbuilder/model/resolved.py,
-# held to these fields by tests/test_resolved.py), read back by `render --from`: every value a
-# file carries is checked with the kind of the matrix field it came from (ResolvedEnv.from_dict),
-# so an edited or foreign file reaches no template with a value the matrix itself would refuse.
-# The memory plan's parts no template reads one by one are any data of one-line text ("*").
+# The kinds of the resolved environment's values that its records (envbuilder/model/resolved.py)
+# name in their annotations, where the spec `render --from` checks a file against is derived
+# from (resolved.field_spec). Every value a file carries is checked with the kind of the matrix
+# field it came from, so an edited or foreign file reaches no template with a value the matrix
+# itself would refuse. The memory plan's parts no template reads one by one are any data of
+# one-line text ("*").
 DRIVER_MODES = ("native", "minor-version-compatibility", "too-old")
 # The numbers of a resolved environment, each in the range it means (a count is never 0 or
 # negative, a share of memory is in (0, 1]): a file can hold any number, the matrix only these.
 COUNT = S.Int(1, 10**9)
 GIB = S.Num(0, 1 << 20)
-TRAIN_RANGES = {
-    "model_vram_gb": S.Num(0, 1 << 20, above=True),
-    "n_gpus": S.Int(1, 1 << 16),
-    "train_batch_size": COUNT,
-    "ppo_mini_batch_size": COUNT,
-    "micro_batch_size_per_gpu?": (COUNT, None),
-    "max_prompt_length": COUNT,
-    "max_response_length": COUNT,
-    "gpu_memory_utilization": S.Num(0, 1, above=True),
-    "lora_rank": S.Int(0, 1 << 16),
-}
 # the run script's batch sizes (memory.plan's `sizes`): every one it writes, by name
 MEMORY_BATCH = {
     key: COUNT
@@ -474,148 +457,11 @@ MEMORY_BATCH = {
     )
 }
 MEMORY_BATCH.update({key: (COUNT, None) for key in ("rollout_micro_batch_size", "max_num_seqs")})
-RESOLVED = {
-    "schema_version": int,
-    "envbuild_version": S.VERSION,
-    "profile": S.NAME,
-    "description": DESCRIPTION,
-    "overrides": {
-        "cuda?": S.CUDA,
-        "torch?": S.VERSION,
-        "python?": S.CUDA,
-        "verl?": S.VERSION,
-        "rollout?": S.OneOf(ROLLOUTS),
-        "vllm?": S.VERSION,
-        "with?": S.ListOf(S.NAME),
-        "without?": S.ListOf(S.NAME),
-        "driver?": S.DRIVER,
-        "allow_unsupported?": bool,
-        "ecc?": S.OneOf(("on", "off")),
-        "model?": S.MODEL_REF,
-        "algo?": S.NAME,
-        "nodes?": int,
-        "gpus_per_node?": int,
-        "interconnect?": S.NAME,
-    },
-    "gpu": {
-        "key": S.NAME,
-        "name": S.GPU_NAME,
-        "arch": S.NAME,
-        "compute_capability": S.CC,
-        "sm": S.Pattern(r"\d+", "61", max_len=8),
-        "vram_gb": S.Num(0, 1 << 20, above=True),
-        "bf16": bool,
-        "max_smem_per_block_kb": S.Int(1, 1 << 20),
-    },
-    "cuda": {
-        "version": S.CUDA,
-        "full_version": S.VERSION,
-        "ubuntu": UBUNTU,
-        "glibc": (S.GLIBC, None),
-        "images": {"devel": S.IMAGE, "runtime": S.IMAGE},
-        "conda_nvcc": S.CONDA_SPEC,
-        "compat_libcuda": S.ABSPATH,
-    },
-    "driver": {
-        "min_driver": S.DRIVER,
-        "compat_driver": S.DRIVER,
-        "for_cuda": S.CUDA,
-        "mode?": S.OneOf(DRIVER_MODES),
-        "driver?": S.DRIVER,
-    },
-    "python": S.CUDA,
-    "torch": {
-        "version": S.VERSION,
-        "variant": S.NAME,
-        "cuda": S.CUDA,
-        "archs": S.ListOf(S.CC),
-        "index_url": (S.URL, None),
-        "packages": S.ListOf(S.REQUIREMENT, min_len=1),
-    },
-    "rollout": S.OneOf(ROLLOUTS),
-    "vllm": ({"version": S.VERSION, "torch": S.VERSION, "wheel_cuda": S.CUDA}, None),
-    "sglang?": (
-        {"version": S.VERSION, "torch": S.VERSION, "requirement": S.REQUIREMENT, "kernel": S.REQUIREMENT},
-        None,
-    ),
-    "verl": {
-        "version": S.VERSION,
-        "attention_override": (S.HYDRA_OVERRIDE, None),
-        "autocast_keys": AUTOCAST_KEYS,
-        "pins": PINS,
-        "config_reads": S.ListOf(S.HYDRA_KEY),
-        "rollout_mode": S.OneOf(("sync", "async")),
-        "critic_fsdp": S.HYDRA_KEY,
-        "lora_orig_params_key": (S.HYDRA_KEY, None),
-        "refused_overrides": S.ListOf({"key": S.HYDRA_KEY, "value": S.Text(200), "why": WHY, "fix": WHY}),
-    },
-    "dtype": DTYPES,
-    "precision": {part: DTYPES for part in PARTS},
-    "attention": S.OneOf(("flash_attention_2", "sdpa", "eager")),
-    "features": {"bf16": bool, "flash_attention": bool, "remove_padding": bool, "torch_compile": bool},
-    "flash_attn": (
-        {
-            "version": S.VERSION,
-            "modules": MODULES,
-            "release": S.URL,
-            "wheel": WHEEL_TEMPLATE,
-            "cuda_tags": CUDA_TAGS,
-        },
-        None,
-    ),
-    "apex": (
-        {
-            "version": S.VERSION,
-            "ref": S.GIT_REF,
-            "install": APEX["versions"].value["install"],
-            "url": S.URL,
-            "arch_list": S.CC,
-            "modules": MODULES,
-        },
-        None,
-    ),
-    "patches": S.ListOf({"name": S.NAME, "why": WHY, "files": PATCH["files"], "replace": S.ListOf(REPLACE)}),
-    "audit": {
-        "checks": S.ListOf(S.OneOf(tuple(AUDIT_CHECKS))),
-        "reviewed": S.ListOf(
-            dict({k: REVIEWED[k] for k in ("check", "file", "line", "why")}, holds=HOLDS, name=S.NAME)
-        ),
-    },
-    "cuda_alloc_conf": ({"value": (S.ALLOC_CONF, None), "why": WHY}, None),
-    "indexes": {"pypi": S.URL, "torch": (S.URL, None)},
-    "uv": dict({k: UV[k] for k in ("version", "url", "sha256")}, size=S.Int(1, 1 << 40)),
-    "huggingface": S.URL,
-    "conda_channels": S.ListOf(S.CHANNEL),
-    "train": dict(
-        TRAIN, **TRAIN_RANGES, actor_param_offload=bool, **{"actor_model_dtype?": (S.OneOf(("bf16",)), None)}
-    ),
-    "algorithm": RESOLVED_ALGORITHM,
-    "cluster": {
-        "nodes": S.Int(1, 1024),
-        "gpus_per_node": S.Int(1, 64),
-        "interconnect": (S.NAME, None),
-        "env": S.MapOf(ENV_VALUE, key=ENV_NAME),
-        "interface": bool,
-    },
-    "notes": S.ListOf(S.Text(4000)),
-    "dataset": (dict(DATASET, name=S.NAME, rows={"train": COUNT, "test": COUNT}), None),
-    "training_path": MODULES,
-    "memory": {
-        "peak": {"phase": S.Text(200), "gib": GIB},
-        "usable_gib": GIB,
-        "batch": MEMORY_BATCH,
-        "*": S.Tree(S.Text(1000)),
-    },
-    "warnings": S.ListOf(S.Text(4000)),
-    # added by render: the pins of the lock that fits (plan.with_constraints), the mirror set
-    "constraints?": (
-        {
-            "from": S.Text(300),
-            "torch_swapped": (S.Text(300), None),
-            "plan_sha256": S.SHA256,
-            "layers": S.MapOf(S.ListOf(S.REQUIREMENT), key=S.NAME),
-        },
-        None,
-    ),
-    "mirror?": {"name": S.NAME, "apt": (S.URL, None), "conda_nvidia": (S.URL, None)},
+MEMORY_PLAN = {
+    "peak": {"phase": S.Text(200), "gib": GIB},
+    "usable_gib": GIB,
+    "batch": MEMORY_BATCH,
+    "*": S.Tree(S.Text(1000)),
 }
+ATTENTION = S.OneOf(("flash_attention_2", "sdpa", "eager"))
+NOTE = S.Text(4000)  # a note or warning of the resolver, one paragraph

@@ -35,8 +35,11 @@ INSTALLABLE_ROLLOUTS = ("hf", "vllm", "sglang")
 class Violation(Record):
     """A broken rule: what, why and a concrete fix; `hard` ones survive --allow-unsupported."""
 
-    __slots__ = _fields = ("rule", "what", "why", "fix", "hard")
-    _defaults = {"hard": False}
+    rule: str
+    what: str
+    why: str
+    fix: str
+    hard: bool = False
 
     def text(self) -> str:
         return f"{self.what}: {self.why}. Fix: {self.fix}."

@@ -5,20 +5,27 @@ Frozen records (record.py): fields by name, nested records, tuples for lists, re
 for the maps (pins, images, the memory plan). Nothing changes an environment in place: a mirror
 (mirrors.apply_to_env) or a lock's constraints (plan.with_constraints) give a new one.
 
-The shape lives here, the kind of every value (name, version, URL, one line of text) in
-matrix_schema.RESOLVED, the spec `from_dict` checks a file against; a test holds the two to the
-same fields, and every object of the spec to a record or a read-only map
-(tests/test_resolved.py).
+Each field is declared once, here: its Python type, and (`Annotated`) the kind of its value as
+the matrix field it came from checks it (a name, a version, a URL, one line of text: schema.py
+`S`, matrix_schema.py `K`). `field_spec()` derives from them the spec `from_dict` checks a file
+against: a field that may be None is null in the file, a field in a record's `absent()` may be
+left out of it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 from envbuilder.errors import UserError
 from envbuilder.model.record import Record
+
+if TYPE_CHECKING:  # (the kinds in the annotations: read by field_spec, which imports them)
+    from envbuilder.model import matrix_schema as K
+    from envbuilder.model import schema as S
 
 SCHEMA_VERSION = 1
 FROM_FIX = (
@@ -28,52 +35,36 @@ FROM_FIX = (
 
 
 class Overrides(Record):
-    """What the user asked to change about a profile (CLI flags)."""
+    """What the user asked to change about a profile (CLI flags); every one may be left out."""
 
-    __slots__ = _fields = (
-        "cuda",
-        "torch",
-        "python",
-        "verl",
-        "rollout",
-        "vllm",
-        "with_",
-        "without",
-        "driver",
-        "allow_unsupported",
-        "ecc",
-        "model",
-        "model_arch",
-        "algo",
-        "nodes",
-        "gpus_per_node",
-        "interconnect",
-    )
-    _defaults = {
-        "cuda": None,
-        "torch": None,
-        "python": None,
-        "verl": None,
-        "rollout": None,
-        "vllm": None,
-        "with_": (),
-        "without": (),
-        "driver": None,
-        "allow_unsupported": False,
-        "ecc": None,
-        "model": None,
-        "model_arch": None,
-        "algo": None,
-        "nodes": None,
-        "gpus_per_node": None,
-        "interconnect": None,
-    }
+    cuda: Annotated[str | None, S.CUDA] = None
+    torch: Annotated[str | None, S.VERSION] = None
+    python: Annotated[str | None, S.CUDA] = None
+    verl: Annotated[str | None, S.VERSION] = None
+    rollout: Annotated[str | None, S.OneOf(K.ROLLOUTS)] = None
+    vllm: Annotated[str | None, S.VERSION] = None
+    with_: Annotated[tuple[str, ...], S.ListOf(S.NAME)] = ()
+    without: Annotated[tuple[str, ...], S.ListOf(S.NAME)] = ()
+    driver: Annotated[str | None, S.DRIVER] = None
+    allow_unsupported: bool = False
+    ecc: Annotated[str | None, S.OneOf(("on", "off"))] = None
+    model: Annotated[str | None, S.MODEL_REF] = None
+    # the shape --model's config.json gave (architectures.with_model), for a model the table
+    # lacks; derived from `model`, so never a flag of its own (nor in the file)
+    model_arch: Mapping[str, Any] | None = None
+    algo: Annotated[str | None, S.NAME] = None
+    nodes: int | None = None
+    gpus_per_node: int | None = None
+    interconnect: Annotated[str | None, S.NAME] = None
+
     _keys = {"with_": "with"}
-    # model_arch: the shape --model's config.json gave (architectures.with_model), for a model
-    # the table lacks; derived from `model`, so never a flag of its own
-    _derived = ("model_arch",)
+    _derived: ClassVar[tuple[str, ...]] = ("model_arch",)
 
-    def to_dict(self) -> dict:
+    @classmethod
+    def omitted(cls) -> tuple[str, ...]:
+        return cls._fields  # (to_dict below leaves out every flag not given)
+
+    def to_dict(self) -> dict[str, Any]:
         """The flags given, by their names (`with`), sorted; what was left at its default is
         left out."""
         d = {
@@ -87,30 +78,26 @@ class Overrides(Record):
 class Gpu(Record):
     """key: the matrix's name of the GPU; sm: the compute capability without the dot."""
 
-    __slots__ = _fields = (
-        "key",
-        "name",
-        "arch",
-        "compute_capability",
-        "sm",
-        "vram_gb",
-        "bf16",
-        "max_smem_per_block_kb",
-    )
+    key: Annotated[str, S.NAME]
+    name: Annotated[str, S.GPU_NAME]
+    arch: Annotated[str, S.NAME]
+    compute_capability: Annotated[str, S.CC]
+    sm: Annotated[str, S.Pattern(r"\d+", "61", max_len=8)]
+    vram_gb: Annotated[float, S.Num(0, 1 << 20, above=True)]
+    bf16: bool
+    max_smem_per_block_kb: Annotated[int, S.Int(1, 1 << 20)]
 
 
 class Cuda(Record):
     """version: major.minor (the image's); images: role (devel, runtime) -> image reference."""
 
-    __slots__ = _fields = (
-        "version",
-        "full_version",
-        "ubuntu",
-        "glibc",
-        "images",
-        "conda_nvcc",
-        "compat_libcuda",
-    )
+    version: Annotated[str, S.CUDA]
+    full_version: Annotated[str, S.VERSION]
+    ubuntu: Annotated[str, K.UBUNTU]
+    glibc: Annotated[str | None, S.GLIBC]
+    images: Annotated[Mapping[str, str], K.IMAGES]
+    conda_nvcc: Annotated[str, S.CONDA_SPEC]
+    compat_libcuda: Annotated[str, S.ABSPATH]
 
 
 class Driver(Record):
@@ -118,8 +105,12 @@ class Driver(Record):
     --driver, that driver and how it runs the image (mode: native, minor-version-compatibility,
     too-old)."""
 
-    __slots__ = _fields = ("min_driver", "compat_driver", "for_cuda", "mode", "driver")
-    _defaults = {"mode": None, "driver": None}
+    min_driver: Annotated[str, S.DRIVER]
+    compat_driver: Annotated[str, S.DRIVER]
+    for_cuda: Annotated[str, S.CUDA]
+    mode: Annotated[str | None, S.OneOf(K.DRIVER_MODES)] = None
+    driver: Annotated[str | None, S.DRIVER] = None
+
     _omit_none = ("mode", "driver")
 
 
@@ -127,24 +118,37 @@ class Torch(Record):
     """variant: the build (cu118, cu124, ...); index_url: the PyTorch index of a +cuXXX build,
     None for PyPI's; packages: the torch, torchvision, torchaudio requirements."""
 
-    __slots__ = _fields = ("version", "variant", "cuda", "archs", "index_url", "packages")
+    version: Annotated[str, S.VERSION]
+    variant: Annotated[str, S.NAME]
+    cuda: Annotated[str, S.CUDA]
+    archs: Annotated[tuple[str, ...], S.ListOf(S.CC)]
+    index_url: Annotated[str | None, S.URL]
+    packages: Annotated[tuple[str, ...], S.ListOf(S.REQUIREMENT, min_len=1)]
 
 
 class Vllm(Record):
-    __slots__ = _fields = ("version", "torch", "wheel_cuda")
+    version: Annotated[str, S.VERSION]
+    torch: Annotated[str, S.VERSION]
+    wheel_cuda: Annotated[str, S.CUDA]
 
 
 class Sglang(Record):
     """The SGLang release of the sglang rollout: its torch pin, the requirement its install
     layer asks for (with verl's extras) and the kernel wheel it pins."""
 
-    __slots__ = _fields = ("version", "torch", "requirement", "kernel")
+    version: Annotated[str, S.VERSION]
+    torch: Annotated[str, S.VERSION]
+    requirement: Annotated[str, S.REQUIREMENT]
+    kernel: Annotated[str, S.REQUIREMENT]
 
 
 class RefusedOverride(Record):
     """A run override (KEY=VALUE on the run script's command line) preflight refuses: why, fix."""
 
-    __slots__ = _fields = ("key", "value", "why", "fix")
+    key: Annotated[str, S.HYDRA_KEY]
+    value: Annotated[str, S.Text(200)]
+    why: Annotated[str, K.WHY]
+    fix: Annotated[str, K.WHY]
 
 
 class Verl(Record):
@@ -153,84 +157,102 @@ class Verl(Record):
     lora_orig_params_key: the key the run script sets True for LoRA on the HF rollout (None
     where not needed); refused_overrides: what preflight refuses on the run's command line."""
 
-    __slots__ = _fields = (
-        "version",
-        "attention_override",
-        "autocast_keys",
-        "pins",
-        "config_reads",
-        "lora_orig_params_key",
-        "refused_overrides",
-        "rollout_mode",
-        "critic_fsdp",
-    )
-    _defaults = {
-        "config_reads": (),
-        "lora_orig_params_key": None,
-        "refused_overrides": (),
-        "rollout_mode": "sync",
-        "critic_fsdp": "critic.model.fsdp_config",
-    }
-    _nested = {"refused_overrides": (RefusedOverride,)}
+    version: Annotated[str, S.VERSION]
+    attention_override: Annotated[str | None, S.HYDRA_OVERRIDE]
+    autocast_keys: Annotated[Mapping[str, str], K.AUTOCAST_KEYS]
+    pins: Annotated[Mapping[str, str], K.PINS]
+    config_reads: Annotated[tuple[str, ...], S.ListOf(S.HYDRA_KEY)] = ()
+    lora_orig_params_key: Annotated[str | None, S.HYDRA_KEY] = None
+    refused_overrides: tuple[RefusedOverride, ...] = ()
+    rollout_mode: Annotated[str, S.OneOf(("sync", "async"))] = "sync"
+    critic_fsdp: Annotated[str, S.HYDRA_KEY] = "critic.model.fsdp_config"
 
 
 class Precision(Record):
     """The dtype each part of a PPO run computes in (bf16, fp16, fp32)."""
 
-    __slots__ = _fields = ("actor", "critic", "ref", "rollout")
+    actor: Annotated[str, K.DTYPES]
+    critic: Annotated[str, K.DTYPES]
+    ref: Annotated[str, K.DTYPES]
+    rollout: Annotated[str, K.DTYPES]
 
 
 class Features(Record):
-    __slots__ = _fields = ("bf16", "flash_attention", "remove_padding", "torch_compile")
+    bf16: bool
+    flash_attention: bool
+    remove_padding: bool
+    torch_compile: bool
 
 
 class FlashAttn(Record):
     """release: the download folder of its prebuilt wheels; wheel: their file name template;
     cuda_tags: CUDA major -> the wheel's tag (flash_attn_wheel.py names the file)."""
 
-    __slots__ = _fields = ("version", "modules", "release", "wheel", "cuda_tags")
+    version: Annotated[str, S.VERSION]
+    modules: Annotated[tuple[str, ...], K.MODULES]
+    release: Annotated[str, S.URL]
+    wheel: Annotated[str, K.WHEEL_TEMPLATE]
+    cuda_tags: Annotated[Mapping[str, str], K.CUDA_TAGS]
 
 
 class Apex(Record):
     """install: how its CUDA extensions are asked for (env or config_settings)."""
 
-    __slots__ = _fields = ("version", "ref", "install", "url", "arch_list", "modules")
+    version: Annotated[str, S.VERSION]
+    ref: Annotated[str, S.GIT_REF]
+    install: Annotated[str, K.APEX_INSTALL]
+    url: Annotated[str, S.URL]
+    arch_list: Annotated[str, S.CC]
+    modules: Annotated[tuple[str, ...], K.MODULES]
 
 
 class Patch(Record):
     """A patch of verl's source: replace is a tuple of {"find", "with"} (source text)."""
 
-    __slots__ = _fields = ("name", "why", "files", "replace")
+    name: Annotated[str, S.NAME]
+    why: Annotated[str, K.WHY]
+    files: Annotated[tuple[str, ...], K.PATCH_FILES]
+    replace: Annotated[tuple[Mapping[str, str], ...], S.ListOf(K.REPLACE)]
 
 
 class Reviewed(Record):
     """A reviewed exception of the precision audit: `line` in `file` is fine because `why`,
     as long as the run script's values `holds`."""
 
-    __slots__ = _fields = ("name", "check", "file", "line", "why", "holds")
+    name: Annotated[str, S.NAME]
+    check: Annotated[str, K.AUDIT_CHECK]
+    file: Annotated[str, S.RELPATH]
+    line: Annotated[str, S.Text(1000)]
+    why: Annotated[str, K.WHY]
+    holds: Annotated[Mapping[str, str | int | float | bool], K.HOLDS]
 
 
 class Audit(Record):
-    __slots__ = _fields = ("checks", "reviewed")
-    _nested = {"reviewed": (Reviewed,)}
+    checks: Annotated[tuple[str, ...], S.ListOf(K.AUDIT_CHECK)]
+    reviewed: tuple[Reviewed, ...]
 
 
 class AllocConf(Record):
     """PYTORCH_CUDA_ALLOC_CONF for a small GPU: value (None where the rollout refuses it), why."""
 
-    __slots__ = _fields = ("value", "why")
+    value: Annotated[str | None, S.ALLOC_CONF]
+    why: Annotated[str, K.WHY]
 
 
 class Indexes(Record):
     """pypi: the package index; torch: the PyTorch index of a +cuXXX build (None: PyPI's)."""
 
-    __slots__ = _fields = ("pypi", "torch")
+    pypi: Annotated[str, S.URL]
+    torch: Annotated[str | None, S.URL]
 
 
 class Uv(Record):
     """The uv wheel the runtime stage's pip steps install with, pinned by sha256."""
 
-    __slots__ = _fields = ("version", "url", "sha256", "size")
+    version: Annotated[str, S.VERSION]
+    url: Annotated[str, S.URL]
+    sha256: Annotated[str, S.SHA256]
+    size: Annotated[int, S.Int(1, 1 << 40)]
 
     @property
     def filename(self) -> str:
@@ -242,24 +264,22 @@ class Train(Record):
     """The PPO run's settings (the profile's `train`); micro_batch_size_per_gpu: an upper bound
     on every planned micro-batch, None for none."""
 
-    __slots__ = _fields = (
-        "model",
-        "model_vram_gb",
-        "n_gpus",
-        "train_batch_size",
-        "ppo_mini_batch_size",
-        "micro_batch_size_per_gpu",
-        "max_prompt_length",
-        "max_response_length",
-        "param_offload",
-        "optimizer_offload",
-        "gradient_checkpointing",
-        "gpu_memory_utilization",
-        "lora_rank",
-        "actor_param_offload",
-        "actor_model_dtype",
-    )
-    _defaults = {"micro_batch_size_per_gpu": None, "actor_model_dtype": None}
+    model: Annotated[str, S.MODEL_REF]
+    model_vram_gb: Annotated[float, S.Num(0, 1 << 20, above=True)]
+    n_gpus: Annotated[int, S.Int(1, 1 << 16)]
+    train_batch_size: Annotated[int, K.COUNT]
+    ppo_mini_batch_size: Annotated[int, K.COUNT]
+    max_prompt_length: Annotated[int, K.COUNT]
+    max_response_length: Annotated[int, K.COUNT]
+    param_offload: bool
+    optimizer_offload: bool
+    gradient_checkpointing: bool
+    gpu_memory_utilization: Annotated[float, S.Num(0, 1, above=True)]
+    lora_rank: Annotated[int, S.Int(0, 1 << 16)]
+    actor_param_offload: bool
+    micro_batch_size_per_gpu: Annotated[int | None, K.COUNT] = None
+    actor_model_dtype: Annotated[str | None, S.OneOf(("bf16",))] = None
+
     _omit_none = ("micro_batch_size_per_gpu", "actor_model_dtype")
 
 
@@ -269,17 +289,15 @@ class Algorithm(Record):
     the KL to the reference goes (`loss`, `reward` or `none`), extra run keys, and one more
     greedy rollout per prompt (ReMax)."""
 
-    __slots__ = _fields = (
-        "name",
-        "critic",
-        "group",
-        "n",
-        "kl",
-        "kl_loss_type",
-        "kl_loss_coef",
-        "extra",
-        "extra_generation",
-    )
+    name: Annotated[str, S.NAME]
+    critic: bool
+    group: bool
+    n: Annotated[int, S.Int(1, 64)]
+    kl: Annotated[str, K.KL]
+    kl_loss_type: Annotated[str | None, K.KL_LOSS_TYPE]
+    kl_loss_coef: float | None
+    extra: Annotated[tuple[str, ...], S.ListOf(K.RUN_SETTING)]
+    extra_generation: bool
 
 
 class Cluster(Record):
@@ -288,24 +306,26 @@ class Cluster(Record):
     unless set, and whether it names the bootstrap interface (NCCL_SOCKET_IFNAME,
     GLOO_SOCKET_IFNAME) from the default route."""
 
-    __slots__ = _fields = ("nodes", "gpus_per_node", "interconnect", "env", "interface")
+    nodes: Annotated[int, S.Int(1, 1024)]
+    gpus_per_node: Annotated[int, S.Int(1, 64)]
+    interconnect: Annotated[str | None, S.NAME]
+    env: Annotated[Mapping[str, str], S.MapOf(K.ENV_VALUE, key=K.ENV_NAME)]
+    interface: bool
 
 
 class Dataset(Record):
     """files: split -> file in the repo; rows: split -> row count."""
 
-    __slots__ = _fields = (
-        "name",
-        "repo",
-        "revision",
-        "files",
-        "data_source",
-        "ability",
-        "instruction",
-        "answer_pattern",
-        "rows",
-        "source",
-    )
+    name: Annotated[str, S.NAME]
+    repo: Annotated[str, S.MODEL_ID]
+    revision: Annotated[str, S.GIT_REF]
+    files: Annotated[Mapping[str, str], K.DATASET_FILES]
+    data_source: Annotated[str, S.Text(200)]
+    ability: Annotated[str, S.Text(200)]
+    instruction: Annotated[str, S.Text(1000)]
+    answer_pattern: Annotated[str, S.Regex()]
+    rows: Annotated[Mapping[str, int], {"train": K.COUNT, "test": K.COUNT}]
+    source: Annotated[str, K.SOURCE]
 
 
 class Constraints(Record):
@@ -313,14 +333,20 @@ class Constraints(Record):
     from_: which lock; torch_swapped: solved with PyPI's torch ('2.6.0+cu118 -> 2.6.0 ...');
     layers: install layer -> name==version pins."""
 
-    __slots__ = _fields = ("from_", "torch_swapped", "plan_sha256", "layers")
+    from_: Annotated[str, S.Text(300)]
+    torch_swapped: Annotated[str | None, S.Text(300)]
+    plan_sha256: Annotated[str, S.SHA256]
+    layers: Annotated[Mapping[str, tuple[str, ...]], S.MapOf(S.ListOf(S.REQUIREMENT), key=S.NAME)]
+
     _keys = {"from_": "from"}
 
 
 class Mirror(Record):
     """The mirror set the endpoints were rewritten to (mirrors.apply_to_env)."""
 
-    __slots__ = _fields = ("name", "apt", "conda_nvidia")
+    name: Annotated[str, S.NAME]
+    apt: Annotated[str | None, S.URL]
+    conda_nvidia: Annotated[str | None, S.URL]
 
 
 class ResolvedEnv(Record):
@@ -328,75 +354,50 @@ class ResolvedEnv(Record):
 
     memory: the memory plan (envbuilder/model/memory.py: peak, usable_gib, batch sizes, the budget
     term by term) as read-only data; warnings: what --allow-unsupported let through;
-    constraints: None until plan.with_constraints looked for a lock (and when none fits);
-    mirror: None unless a mirror set was applied."""
+    constraints: None until plan.with_constraints looked for a lock (and when none fits; render
+    adds it, so a file may lack it); mirror: None unless a mirror set was applied (then left out
+    of the file)."""
 
-    __slots__ = _fields = (
-        "schema_version",
-        "envbuild_version",
-        "profile",
-        "description",
-        "overrides",
-        "gpu",
-        "cuda",
-        "driver",
-        "python",
-        "torch",
-        "rollout",
-        "vllm",
-        "sglang",
-        "verl",
-        "dtype",
-        "precision",
-        "attention",
-        "features",
-        "flash_attn",
-        "apex",
-        "patches",
-        "audit",
-        "cuda_alloc_conf",
-        "indexes",
-        "uv",
-        "huggingface",
-        "conda_channels",
-        "train",
-        "algorithm",
-        "cluster",
-        "notes",
-        "dataset",
-        "training_path",
-        "memory",
-        "warnings",
-        "constraints",
-        "mirror",
-    )
-    _defaults = {"constraints": None, "mirror": None, "notes": (), "sglang": None}
+    schema_version: int
+    envbuild_version: Annotated[str, S.VERSION]
+    profile: Annotated[str, S.NAME]
+    description: Annotated[str, K.DESCRIPTION]
+    overrides: Overrides
+    gpu: Gpu
+    cuda: Cuda
+    driver: Driver
+    python: Annotated[str, S.CUDA]
+    torch: Torch
+    rollout: Annotated[str, S.OneOf(K.ROLLOUTS)]
+    vllm: Vllm | None
+    verl: Verl
+    dtype: Annotated[str, K.DTYPES]
+    precision: Precision
+    attention: Annotated[str, K.ATTENTION]
+    features: Features
+    flash_attn: FlashAttn | None
+    apex: Apex | None
+    patches: tuple[Patch, ...]
+    audit: Audit
+    cuda_alloc_conf: AllocConf | None
+    indexes: Indexes
+    uv: Uv
+    huggingface: Annotated[str, S.URL]
+    conda_channels: Annotated[tuple[str, ...], S.ListOf(S.CHANNEL)]
+    train: Train
+    algorithm: Algorithm
+    cluster: Cluster
+    dataset: Dataset | None
+    training_path: Annotated[tuple[str, ...], K.MODULES]
+    memory: Annotated[Mapping[str, Any], K.MEMORY_PLAN]
+    warnings: Annotated[tuple[str, ...], S.ListOf(K.NOTE)]
+    notes: Annotated[tuple[str, ...], S.ListOf(K.NOTE)] = ()
+    sglang: Sglang | None = None
+    constraints: Constraints | None = None
+    mirror: Mirror | None = None
+
     _omit_none = ("mirror", "sglang")
-    _nested = {
-        "overrides": Overrides,
-        "gpu": Gpu,
-        "cuda": Cuda,
-        "driver": Driver,
-        "torch": Torch,
-        "vllm": Vllm,
-        "sglang": Sglang,
-        "verl": Verl,
-        "precision": Precision,
-        "features": Features,
-        "flash_attn": FlashAttn,
-        "apex": Apex,
-        "patches": (Patch,),
-        "audit": Audit,
-        "cuda_alloc_conf": AllocConf,
-        "indexes": Indexes,
-        "uv": Uv,
-        "train": Train,
-        "algorithm": Algorithm,
-        "cluster": Cluster,
-        "dataset": Dataset,
-        "constraints": Constraints,
-        "mirror": Mirror,
-    }
+    _absent = ("constraints", "mirror", "sglang")
 
     @property
     def name(self) -> str:
@@ -438,11 +439,10 @@ class ResolvedEnv(Record):
     def from_dict(cls, data: Any, origin: str = "envbuild.json") -> "ResolvedEnv":
         """The environment of plain data from outside (a file, an image's /etc/envbuild.json).
         Every value is checked against the kind of the matrix field it came from
-        (matrix_schema.RESOLVED: names, versions, URLs, model ids, pins, one-line text) and the
-        shape against the fields here, all problems named at once: an edited or foreign file
+        (field_spec: names, versions, URLs, model ids, pins, one-line text) and the shape
+        against the fields here, all problems named at once: an edited or foreign file
         reaches no template with a value the matrix would refuse (UserError, exit 2)."""
         from envbuilder.model import schema as S
-        from envbuilder.model.matrix_schema import RESOLVED
         from envbuilder.readers import check_tree
 
         check_tree(data, origin, FROM_FIX)  # (depth, lengths, finite numbers: data from outside)
@@ -453,7 +453,7 @@ class ResolvedEnv(Record):
                 "(or re-resolve it from its profile)."
             )
         try:
-            S.check(data, RESOLVED, f"{origin}: ", partial=True)
+            S.check(data, field_spec(), f"{origin}: ", partial=True)
         except S.SchemaError as e:
             raise UserError(
                 f"{e}. It is not a value envbuild writes there; pass the envbuild.json "
@@ -476,10 +476,9 @@ class ResolvedEnv(Record):
 
 def shape_problems(data: dict) -> list[str]:
     """Where plain data (read from a file) differs in shape from the resolved environment's
-    field spec (matrix_schema.RESOLVED): every required key that is missing, every value of
+    field spec (field_spec): every required key that is missing, every value of
     another kind (a number in a list of names too), all at once."""
     from envbuilder.model import schema as S
-    from envbuilder.model.matrix_schema import RESOLVED
 
     kinds = {
         dict: "an object",
@@ -536,4 +535,57 @@ def shape_problems(data: dict) -> list[str]:
             out += value(data[name], sub, f"{where}{name}")
         return out
 
-    return walk(data, RESOLVED, "")
+    return walk(data, field_spec(), "")
+
+
+_SPEC: dict[str, Any] = {}
+
+
+def field_spec() -> dict[str, Any]:
+    """The spec of envbuild.json (schema.py's form: key -> kind, `key?` for a key a file may
+    leave out, `(kind, None)` for a value that may be null, a dict for an object), derived once
+    from the records' annotations (record_spec)."""
+    if not _SPEC:
+        _SPEC.update(record_spec(ResolvedEnv))
+    return _SPEC
+
+
+def record_spec(cls: type[Record]) -> dict[str, Any]:
+    """The spec of a record's plain data: a record is an object of its fields, a tuple of
+    records a list of objects, `Annotated[T, kind]` that kind, a bare bool, int or float
+    itself; `X | None` may be null unless the record leaves the key out instead."""
+    import typing
+
+    from envbuilder.model import matrix_schema as K
+    from envbuilder.model import schema as S
+
+    names = dict(vars(sys.modules[cls.__module__]), K=K, S=S)
+
+    def kind(tp: Any, where: str, nullable: bool = True) -> Any:
+        args = typing.get_args(tp)
+        if typing.get_origin(tp) is typing.Annotated:
+            base, spec = args[0], tp.__metadata__[0]
+            may_be_none = type(None) in typing.get_args(base)
+            return (spec, None) if may_be_none and nullable else spec
+        if type(None) in args:  # X | None
+            (inner,) = (a for a in args if a is not type(None))
+            spec = kind(inner, where)
+            return (spec, None) if nullable else spec
+        if isinstance(tp, type) and issubclass(tp, Record):
+            return record_spec(tp)
+        if typing.get_origin(tp) is tuple and isinstance(args[0], type) and issubclass(args[0], Record):
+            return S.ListOf(record_spec(args[0]))
+        if tp in (bool, int, float):
+            return tp
+        raise TypeError(f"{where}: {tp} says nothing of its values: give it a kind, Annotated[T, kind]")
+
+    # (each field's annotation, a string, evaluated where its record was declared)
+    texts = {f: t for c in reversed(cls.__mro__) for f, t in vars(c).get("__annotations__", {}).items()}
+    out: dict[str, Any] = {}
+    for f in cls._fields:
+        if f in getattr(cls, "_derived", ()):
+            continue
+        key = cls._keys.get(f, f) + ("?" if f in cls.absent() else "")
+        tp = eval(texts[f], names)  # (annotations of envbuild's own records, nothing from outside)
+        out[key] = kind(tp, f"{cls.__name__}.{f}", nullable=f not in cls.omitted())
+    return out

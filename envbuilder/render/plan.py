@@ -36,8 +36,9 @@ class Locked(Record):
     """A package's pin in a lock: version, hashes, and parents (the packages that pull it in;
     "" = asked for directly)."""
 
-    __slots__ = _fields = ("version", "hashes", "parents")
-    _defaults: dict = {}
+    version: str
+    hashes: tuple[str, ...]
+    parents: frozenset[str]
 
 
 @functools.lru_cache(maxsize=None)
@@ -71,8 +72,10 @@ class Layer(Record):
     own top-level pins. pins: name==version, its own pins and the lock's pins of what it
     installs. arg: a build ARG that can override its package's version (VERL_VERSION)."""
 
-    __slots__ = _fields = ("name", "requirements", "pins", "arg")
-    _defaults = {"arg": None}
+    name: str
+    requirements: tuple[str, ...]
+    pins: tuple[str, ...]
+    arg: str | None = None
 
     @property
     def constraints_file(self) -> str:
@@ -88,16 +91,13 @@ class InstallPlan(Record):
     whose pins the layers carry (None: top-level pins only). torch_swapped: that lock was solved
     with PyPI's torch, so torch's own pins are the profile's."""
 
-    __slots__ = _fields = (
-        "pypi",
-        "torch_index",
-        "layers",
-        "builder",
-        "conda_specs",
-        "pinned_from",
-        "torch_swapped",
-    )
-    _defaults: dict = {}
+    pypi: str
+    torch_index: str | None
+    layers: tuple[Layer, ...]
+    builder: Layer | None
+    conda_specs: tuple[str, ...]
+    pinned_from: str | None
+    torch_swapped: str | None
 
     def upto(self, name: str) -> tuple[Layer, ...]:
         """The runtime layers up to and including `name`: a step installs within all of them."""
