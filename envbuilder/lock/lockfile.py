@@ -14,13 +14,17 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from envbuilder.model import schema as S
 from envbuilder.errors import UserError
+from envbuilder.render.locked import LockedContext
 from envbuilder.render.outdir import Checked
 from envbuilder.model.record import plain
 from envbuilder.model.resolve import ResolvedEnv
+
+if TYPE_CHECKING:
+    from envbuilder.model.mirrors import MirrorChoice
 
 FORMAT = 2  # 2: inputs are what each part's solver sees, not every template and matrix file
 META = "lock.json"
@@ -433,7 +437,9 @@ def write_dir(lock_dir: Path, files: dict[str, str]) -> None:
     write(lock_dir, files)
 
 
-def for_render(env: ResolvedEnv, lock_dir: Path, wheelhouse: Path | None = None, mirror=None) -> dict:
+def for_render(
+    env: ResolvedEnv, lock_dir: Path, wheelhouse: Path | None = None, mirror: MirrorChoice | None = None
+) -> LockedContext:
     """The `locked` context of the Dockerfile template: base images by digest and the hashed
     requirement file of each install layer (copied into the build context). With a wheelhouse
     (whose locks/<profile>/ is `lock_dir`), pip installs from its files with no index, and the
@@ -520,20 +526,20 @@ def for_render(env: ResolvedEnv, lock_dir: Path, wheelhouse: Path | None = None,
 
     # what the image holds, from this lock (the wheelhouse's built wheels where they install)
     sbom_text = sbom_text_of(env, meta, lock_texts, lock_dir, requirements)
-    return {
-        "sbom": sbom_text,
-        "sbom_sha256": sha256(sbom_text),
-        "images": pinned,
-        "images_pinned": IMAGES in texts,
-        "layers": layers,
-        "files": files,
-        "input_sha256": meta["input_sha256"],
-        "wheelhouse": wheelhouse is not None,
-        "links": links,
-        "apex_source": apex_source,
-        "flash_attn_wheels": fa_wheels,
-        "uv_wheel": uv_wheel,
-    }
+    return LockedContext(
+        sbom=sbom_text,
+        sbom_sha256=sha256(sbom_text),
+        images=pinned,
+        images_pinned=IMAGES in texts,
+        layers=layers,
+        files=files,
+        input_sha256=meta["input_sha256"],
+        wheelhouse=wheelhouse is not None,
+        links=links,
+        apex_source=apex_source,
+        flash_attn_wheels=fa_wheels,
+        uv_wheel=uv_wheel,
+    )
 
 
 def sbom_text_of(

@@ -12,11 +12,16 @@ goes through the filter of the place it lands (quoting.py) before it reaches the
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from envbuilder.model.record import Record, plain
 from envbuilder.render import image as I
 from envbuilder.render.plan import InstallPlan, Layer
 from envbuilder.render.quoting import arg, comment, dq, sh
+
+if TYPE_CHECKING:
+    from envbuilder.model.resolved import ResolvedEnv
+    from envbuilder.render.locked import LockedContext
 
 SECRETS = tuple(f"--mount=type=secret,id={s}" for s in ("ca_cert", "pip_conf", "endpoints"))
 PROLOGUE = f". {I.SECRETS_SCRIPT} &&"  # (reads the secrets into the RUN step's environment)
@@ -91,11 +96,11 @@ def apex_command(env) -> str:
 class _Steps:
     """The steps of one render: the environment, its plan and its `locked` context."""
 
-    def __init__(self, env, plan: InstallPlan, locked: dict | None):
+    def __init__(self, env: ResolvedEnv, plan: InstallPlan, locked: LockedContext | None):
         self.env, self.plan, self.locked = env, plan, locked
-        self.wheelhouse = bool(locked and locked["wheelhouse"])
+        self.wheelhouse = bool(locked and locked.wheelhouse)
         # uv installs the runtime stage, except from a wheelhouse exported without its wheel
-        self.uv = not (self.wheelhouse and not locked.get("uv_wheel"))
+        self.uv = not (self.wheelhouse and not locked.uv_wheel)
 
     # -- pieces of a RUN line
 
@@ -110,7 +115,7 @@ class _Steps:
         """What a pip step reads from the build context: its hashed file when locked, else the
         constraints files of the steps up to it that pin anything."""
         if self.locked:
-            return [self.locked["layers"].get(layer.name)]
+            return [self.locked.layers.get(layer.name)]
         return [ly.constraints_file for ly in upto if ly.pins]
 
     def index(self, uv: bool) -> str:
@@ -127,7 +132,7 @@ class _Steps:
         wheelhouse: no index at all), or within the constraints of the steps up to it."""
         installer = "uv pip install" if uv else "pip install"
         if self.locked:
-            target = f"-r {I.CONTEXT}/{self.locked['layers'][layer.name]}"
+            target = f"-r {I.CONTEXT}/{self.locked.layers[layer.name]}"
             if self.wheelhouse:
                 return (
                     f"{installer} --no-index --find-links {I.WHEELHOUSE} --no-deps --require-hashes {target}"
@@ -161,8 +166,8 @@ class _Steps:
         if locked:
             out.append(
                 "Locked: "
-                + ("base images by digest, " if locked["images_pinned"] else "")
-                + f"every pip layer with --require-hashes (lock input sha256 {locked['input_sha256']})."
+                + ("base images by digest, " if locked.images_pinned else "")
+                + f"every pip layer with --require-hashes (lock input sha256 {locked.input_sha256})."
             )
             if self.wheelhouse:
                 out.append(
@@ -205,7 +210,7 @@ class _Steps:
         return out
 
     def base_args(self) -> list[Instruction]:
-        images = self.locked["images"] if self.locked else self.env.cuda.images
+        images = self.locked.images if self.locked else self.env.cuda.images
         out = [_i("ARG", f"BASE_RUNTIME={arg(images['runtime'])}")]
         if self.plan.builder:
             out.append(_i("ARG", f"BASE_DEVEL={arg(images['devel'])}"))
@@ -295,11 +300,11 @@ class _Steps:
         ]
         torch = plan.layers[0]
         if locked:
-            build = locked["layers"].get("build")
+            build = locked.layers.get("build")
             shell = [self.install(torch, ())] + (
                 [f"    && {self.install(plan.builder, ())}"] if build else []
             )
-            files = [locked["layers"]["torch"], build]
+            files = [locked.layers["torch"], build]
         else:  # the builder's torch within the torch step's pins too: the extensions build against it
             upto = (torch, plan.builder)
             shell, files = [self.install(plan.builder, upto)], self.step_files(plan.builder, upto)
@@ -316,7 +321,7 @@ class _Steps:
 
     def apex(self) -> list[Instruction]:
         env = self.env
-        source = self.locked["apex_source"] if self.locked else None
+        source = self.locked.apex_source if self.locked else None
         comments = [
             f"apex: nvcc {env.cuda.version} == torch.version.cuda {env.torch.cuda}; no GPU is visible "
             "during the build, so the arch list is explicit."
@@ -340,7 +345,7 @@ class _Steps:
 
     def flash_attn(self) -> list[Instruction]:
         env, fa = self.env, self.env.flash_attn
-        pins = self.locked["flash_attn_wheels"] if self.locked else None
+        pins = self.locked.flash_attn_wheels if self.locked else None
         comments = [
             f"flash-attn {fa.version}: the release's prebuilt wheel for the torch installed above, named "
             "as flash-attn's",
@@ -431,7 +436,7 @@ class _Steps:
                     )
                 )
                 pending = []
-            if locked and not locked["layers"].get(layer.name):
+            if locked and not locked.layers.get(layer.name):
                 continue  # (the lock installs nothing in this step)
             pending.append(self.step_comment(layer))
             upto = plan.upto(layer.name)
@@ -461,7 +466,7 @@ class _Steps:
         )
         out += self.copy_and_run("audit_precision.py", pending)
         out.append(_i("COPY", "envbuild.json", I.RECORD))
-        if self.locked and self.locked.get("sbom"):
+        if self.locked and self.locked.sbom:
             out.append(_i("COPY", "sbom.cdx.json", I.SBOM))
         scripts = ["preflight.py", I.RUN_SCRIPT, *(["prepare_gsm8k.py"] if env.dataset else [])]
         out.append(_i("COPY", *scripts, f"{I.HOME}/"))
@@ -499,9 +504,9 @@ class _Steps:
             (I.LABEL + "spec-sha256", spec_sha256),
         ]
         if self.locked:
-            pairs.append((I.LABEL + "lock-input-sha256", self.locked["input_sha256"]))
-            if self.locked.get("sbom"):
-                pairs.append((I.LABEL + "sbom-sha256", self.locked["sbom_sha256"]))
+            pairs.append((I.LABEL + "lock-input-sha256", self.locked.input_sha256))
+            if self.locked.sbom:
+                pairs.append((I.LABEL + "sbom-sha256", self.locked.sbom_sha256))
         first, *rest = [f'{k}="{dq(v)}"' for k, v in pairs]
         return _i("LABEL", first, lines=[f"      {p}" for p in rest])
 

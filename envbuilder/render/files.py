@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from envbuilder.paths import data_dir
 from envbuilder.render.dockerfile import FLASH_ATTN_SCRIPT, apex_command, dockerfile_plan
@@ -21,6 +22,8 @@ from envbuilder.text import USERINFO
 from envbuilder.model.record import plain
 from envbuilder.model.resolve import TORCH_DTYPE, ResolvedEnv
 
+if TYPE_CHECKING:
+    from envbuilder.render.locked import LockedContext
 # output file -> template; executables get mode 0755
 FILES = {
     "Dockerfile": "Dockerfile.j2",
@@ -139,7 +142,7 @@ def audit_plan(env: ResolvedEnv) -> dict:
     }
 
 
-def render_files(env: ResolvedEnv, locked: dict | None = None) -> dict[str, str]:
+def render_files(env: ResolvedEnv, locked: LockedContext | None = None) -> dict[str, str]:
     """All rendered files by name, in memory. `locked` (lock.lockfile.for_render) pins the base
     images by digest and installs each layer from its hashed requirement file."""
     from envbuilder.engines.bake import default_tag
@@ -205,9 +208,9 @@ def render_files(env: ResolvedEnv, locked: dict | None = None) -> dict[str, str]
         )
         # (a pip constraints file: one comment line, then one bare pin a line; quoting.py)
         out[layer.constraints_file] = comment(head) + ".\n" + "".join(f"{word(pin)}\n" for pin in layer.pins)
-    out.update(locked["files"] if locked else {})
-    if locked and locked.get("sbom"):  # (the Dockerfile copies it to /opt/envbuild/)
-        out[SBOM] = locked["sbom"]
+    out.update(locked.files if locked else {})
+    if locked and locked.sbom:  # (the Dockerfile copies it to /opt/envbuild/)
+        out[SBOM] = locked.sbom
     return out
 
 
@@ -221,5 +224,7 @@ def write_dir(
     return write(out_dir, files, links, EXECUTABLE, force)
 
 
-def render(env: ResolvedEnv, out_dir: Path, locked: dict | None = None, force: bool = False) -> list[Path]:
-    return write_dir(out_dir, render_files(env, locked), (locked or {}).get("links"), force=force)
+def render(
+    env: ResolvedEnv, out_dir: Path, locked: LockedContext | None = None, force: bool = False
+) -> list[Path]:
+    return write_dir(out_dir, render_files(env, locked), locked.links if locked else None, force=force)

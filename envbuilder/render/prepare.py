@@ -10,27 +10,35 @@ another order.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING
 
 from envbuilder.errors import UserError
+from envbuilder.model.record import Record
 from envbuilder.model.resolved import ResolvedEnv
-
 from envbuilder.paths import LOCK_ROOT
+from envbuilder.render.locked import LockedContext
+
+if TYPE_CHECKING:
+    from envbuilder.model.mirrors import MirrorChoice
+    from envbuilder.render.outdir import Checked
+
+__all__ = ["LockedContext", "Prepared", "locked_context", "plain_name", "prepare"]
 
 
-class Prepared(NamedTuple):
+class Prepared(Record):
     """What rendering needs: the environment with its constraints (and mirror), and the
-    `locked` context of the Dockerfile template (lock.lockfile.for_render: base images by
-    digest, the hashed requirement files, a wheelhouse's files), None when not --locked."""
+    `locked` context of the templates (lock.lockfile.for_render: base images by digest, the
+    hashed requirement files, a wheelhouse's files), None when not --locked."""
 
     env: ResolvedEnv
-    locked: dict[str, Any] | None
+    locked: LockedContext | None
 
     @property
-    def links(self):
+    def links(self) -> Mapping[str, Checked] | None:
         """The files a wheelhouse render places into the folder (outdir.Checked)."""
-        return (self.locked or {}).get("links")
+        return self.locked.links if self.locked else None
 
 
 def plain_name(name: str, what: str) -> str:
@@ -47,8 +55,11 @@ def plain_name(name: str, what: str) -> str:
 
 
 def locked_context(
-    env: ResolvedEnv, lock_dir: str | Path | None = None, wheelhouse: str | Path | None = None, mirror=None
-) -> dict | None:
+    env: ResolvedEnv,
+    lock_dir: str | Path | None = None,
+    wheelhouse: str | Path | None = None,
+    mirror: MirrorChoice | None = None,
+) -> LockedContext | None:
     """The `locked` context of `env` (the upstream environment, as the lock recorded it) from
     the lock in `lock_dir` (ROOT/<profile>/, or the lock itself: lock.lockfile.lock_dir_in;
     "-" for lockfiles/) or from a wheelhouse's copy; None when neither is asked for."""
@@ -69,7 +80,11 @@ def locked_context(
 
 
 def prepare(
-    env: ResolvedEnv, *, lock_dir: str | Path | None = None, wheelhouse: str | Path | None = None, mirror=None
+    env: ResolvedEnv,
+    *,
+    lock_dir: str | Path | None = None,
+    wheelhouse: str | Path | None = None,
+    mirror: MirrorChoice | None = None,
 ) -> Prepared:
     """`env` ready to render: the lock (against the upstream environment), its constraints,
     then the mirror set (`mirrors.MirrorChoice`), in that order."""

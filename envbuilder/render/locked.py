@@ -1,0 +1,43 @@
+"""The `locked` context of the templates (`render --locked`, `--wheelhouse`): what a lock pins of
+one profile, as lock.lockfile.for_render reads it from the lock folder or a wheelhouse's copy.
+
+Its own module, below both render.prepare and the lock package, so each names the type without
+importing the other (render never imports the lock at load time)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from envbuilder.model.record import Record
+
+if TYPE_CHECKING:
+    from envbuilder.render.outdir import Checked
+
+
+class LockedContext(Record):
+    """sbom: the CycloneDX SBOM of what the image holds (lock/sbom.py), and its sha256 (a label);
+    images: role (devel, runtime) -> the base image, by digest where the lock has it
+    (images_pinned); layers: install layer -> its hashed requirement file (None: the layer is
+    empty); files: those files' names -> text; input_sha256: the lock's input hash (a label);
+    wheelhouse: installs come from a wheelhouse with no index; links: build-context path -> the
+    wheelhouse file placed there; apex_source: the apex archive the lock pins (filename,
+    sha256); flash_attn_wheels: {file name: sha256} of the flash-attn wheels it pins; uv_wheel:
+    the uv wheel's file name where the wheelhouse carries it (None: pip installs)."""
+
+    sbom: str
+    sbom_sha256: str
+    images: Mapping[str, str]
+    images_pinned: bool
+    layers: Mapping[str, str | None]
+    files: Mapping[str, str]
+    input_sha256: str
+    wheelhouse: bool
+    links: Mapping[str, Checked]
+    apex_source: Mapping[str, Any] | None
+    flash_attn_wheels: Mapping[str, str] | None
+    uv_wheel: str | None
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """A field by name, as the templates read the context (`locked.get("uv_wheel")`)."""
+        return getattr(self, name, default) if name in self._fields else default
