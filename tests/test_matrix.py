@@ -309,3 +309,17 @@ def test_every_string_of_the_schema_has_a_kind():
     for section, (spec, _) in SECTIONS.items():
         walk(spec, section)
     walk(field_spec(), "envbuild.json")
+
+
+def test_every_section_of_the_schema_is_a_typed_attribute_of_the_matrix():
+    """matrix_schema.SECTIONS and the typed attributes of Matrix name the same sections (a new
+    section gets its type there, or callers and mypy cannot follow it)."""
+    from envbuilder.model.matrix import Matrix, _Section
+    from envbuilder.model.matrix_schema import SECTIONS
+
+    typed = {name for name, v in vars(Matrix).items() if isinstance(v, _Section)}
+    assert typed == set(SECTIONS)
+    m = shipped()
+    assert m.gpus is m.sections["gpus"] and m.index_url == m.sections["index_url"]
+    with pytest.raises(AttributeError, match="stacks"):
+        _ = type(m)({}).stacks

@@ -9,27 +9,73 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from envbuilder.errors import UserError
 from envbuilder.paths import SEAL, cache_file, data_dir, read_cache, read_sealed, write_sealed
 from envbuilder.model.versions import in_range, version_key  # noqa: F401  (re-exported)
 
 
+# A record of the matrix as its YAML holds it, validated (matrix_schema.SECTIONS says what each
+# holds): plain dicts, lists and scalars.
+Entry = dict[str, Any]
+T = TypeVar("T")
+
+
+class _Section(Generic[T]):
+    """A section of the matrix as a typed attribute (`m.gpus`), read from `Matrix.sections`;
+    an absent section is an AttributeError, as a missing attribute is."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, m: Matrix, owner: type | None = None) -> T:
+        try:
+            return m.sections[self.name]  # type: ignore[no-any-return]
+        except KeyError:
+            raise AttributeError(self.name) from None
+
+
 class Matrix:
-    """The merged, validated matrix. Sections are plain dicts of validated records."""
+    """The merged, validated matrix: `sections` (section -> its body, as matrix_schema.SECTIONS
+    checked it), each also a typed attribute; `origin`, (section, key) -> the file it came
+    from. A section with no attribute here fails tests/test_matrix.py."""
+
+    # records by key (a GPU, a CUDA major.minor, a torch or vLLM version, a profile, ...)
+    gpus: _Section[dict[str, Entry]] = _Section()
+    cuda: _Section[dict[str, Entry]] = _Section()
+    torch: _Section[dict[str, Entry]] = _Section()
+    vllm: _Section[dict[str, Entry]] = _Section()
+    features: _Section[dict[str, Entry]] = _Section()
+    verl: _Section[dict[str, Entry]] = _Section()
+    algorithms: _Section[dict[str, Entry]] = _Section()
+    interconnects: _Section[dict[str, Entry]] = _Section()
+    patches: _Section[dict[str, Entry]] = _Section()
+    reviewed: _Section[dict[str, Entry]] = _Section()
+    profiles: _Section[dict[str, Entry]] = _Section()
+    stacks: _Section[dict[str, Entry]] = _Section()
+    mirrors: _Section[dict[str, Entry]] = _Section()
+    datasets: _Section[dict[str, Entry]] = _Section()
+    models: _Section[dict[str, Entry]] = _Section()
+    arch_lists: _Section[dict[str, list[str]]] = _Section()  # name -> compute capabilities
+    requires: _Section[dict[str, dict[str, Entry]]] = _Section()  # package -> version -> needs
+    sources: _Section[dict[str, str]] = _Section()  # key -> URL
+    # one record each
+    vllm_training_path: _Section[Entry] = _Section()
+    cuda_compat: _Section[Entry] = _Section()
+    flash_attn: _Section[Entry] = _Section()
+    apex: _Section[Entry] = _Section()
+    cuda_alloc_conf: _Section[Entry] = _Section()
+    memory: _Section[Entry] = _Section()
+    defaults: _Section[Entry] = _Section()
+    # one value each
+    index_url: _Section[str] = _Section()
+    min_compute_capability: _Section[str] = _Section()
+    min_compute_capability_source: _Section[str] = _Section()
 
     def __init__(self, sections: dict[str, Any], origin: dict[tuple[str, str], str] | None = None):
         self.sections = sections
         self.origin = origin or {}  # (section, key) -> the file it came from
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name == "sections":
-            raise AttributeError(name)
-        try:
-            return self.sections[name]
-        except KeyError:
-            raise AttributeError(name) from None
 
     def where(self, section: str, key: str) -> str:
         where = self.origin.get((section, key))

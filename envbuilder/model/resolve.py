@@ -9,11 +9,12 @@ warnings that are written into the rendered files.
 from __future__ import annotations
 
 import weakref
+from typing import Any
 
 from envbuilder import __version__
 from envbuilder.model import resolved as R
 from envbuilder.errors import UserError
-from envbuilder.model.matrix import Matrix, cc_tuple, in_range, version_key
+from envbuilder.model.matrix import Entry, Matrix, cc_tuple, in_range, version_key
 from envbuilder.model.record import Record, frozen
 from envbuilder.model.resolved import SCHEMA_VERSION, Overrides, ResolvedEnv  # noqa: F401  (re-exported)
 from envbuilder.model.versions import ranges_overlap
@@ -1150,7 +1151,53 @@ def card_size(total: dict | None, gpu: dict, ecc: str | None) -> dict:
 
 class Selection:
     """What a profile and its overrides name (versions, the matrix's records, the torch build,
-    the vLLM release, dtype and attention as the profile asks): the input of every rule."""
+    the vLLM release, dtype and attention as the profile asks): the input of every rule.
+    Filled in order by _Resolver.select (and its cluster and HF-rollout plans); a record of
+    the matrix (`Entry`) is its YAML's, validated. `_v`: a version, `_rec`: its record."""
+
+    gpu_key: str
+    gpu: Entry
+    cc: str
+    cuda_v: str
+    cuda: Entry
+    torch_v: str
+    torch: Entry
+    verl_v: str
+    verl: Entry
+    rollout: str
+    algo: str
+    algo_rec: Entry
+    components: dict[str, str]  # flash-attn, apex -> version
+    python: str
+    picked: tuple[str, Entry] | None  # (variant, build) of the torch release, None: no build
+    variant: str
+    build: Entry
+    vllm_v: str | None
+    vr: Entry | None  # the vLLM release's record
+    extra_cudas: list[str]
+    usable_cudas: list[str]
+    driver: R.Driver
+    feats: dict[str, bool]
+    dtype: str
+    fa: str | None
+    fa_rec: Entry | None
+    attention: str
+    apex_v: str | None
+    apex_rec: Entry | None
+    pins: dict[str, str]
+    memory: dict[str, Any]
+    # the cluster plan
+    nodes: int
+    world: int
+    interconnect: Entry | None
+    ic_name: str | None
+    cluster_env: dict[str, str]
+    # the HF-rollout plan
+    train: dict[str, Any]
+    notes: list[str]
+    refused: list[R.RefusedOverride]
+    lora_key: str | None
+    actor_offload_ok: bool
 
 
 # -- the rules: each takes the selection and adds what it finds wrong ----------------------------
