@@ -15,10 +15,13 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from envbuilder.errors import ActionError, UserError
 from envbuilder.text import redact
+
+if TYPE_CHECKING:
+    from envbuilder.model.matrix import Matrix
 
 # model_type -> (family, q/k/v bias, q/k RMSNorm per head): transformers' Qwen2Attention has a
 # bias on q, k and v; LlamaAttention and MistralAttention take `attention_bias` (default off);
@@ -40,7 +43,7 @@ def is_local(name: str) -> bool:
     return name.startswith(("/", "./", "../", "~")) or name in (".", "..")
 
 
-def _positive(cfg: dict, key: str, origin: str, default: Any = None) -> int:
+def _positive(cfg: dict[str, Any], key: str, origin: str, default: Any = None) -> int:
     value = cfg.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 10**7:
         raise UserError(
@@ -51,7 +54,7 @@ def _positive(cfg: dict, key: str, origin: str, default: Any = None) -> int:
     return value
 
 
-def arch_from_config(cfg: Any, origin: str, name: str) -> dict:
+def arch_from_config(cfg: Any, origin: str, name: str) -> dict[str, Any]:
     """A models.yaml record from a transformers config.json (its parameter count computed)."""
     from envbuilder.model.memory import Arch
 
@@ -126,7 +129,7 @@ def _parse(data: bytes, origin: str) -> Any:
         ) from None
 
 
-def local_config(folder: str) -> tuple[str, dict]:
+def local_config(folder: str) -> tuple[str, dict[str, Any]]:
     """(the folder as an absolute path, its shape) for a --model that is a folder."""
     from envbuilder.limits import read_text_bounded
 
@@ -158,7 +161,7 @@ def hf_endpoint() -> str:
     return (os.environ.get("HF_ENDPOINT") or DEFAULT_HF).rstrip("/")
 
 
-def hub_config(repo: str, endpoint: str | None = None, timeout: float = 10.0) -> dict:
+def hub_config(repo: str, endpoint: str | None = None, timeout: float = 10.0) -> dict[str, Any]:
     """The shape of hub model `repo` from its config.json at ENDPOINT/REPO/resolve/main/, kept
     in envbuild's cache (validated again on every read) so a render after the first is offline."""
     import urllib.error
@@ -218,7 +221,7 @@ def hub_config(repo: str, endpoint: str | None = None, timeout: float = 10.0) ->
     return rec
 
 
-def with_model(m, name: str | None):
+def with_model(m: Matrix, name: str | None) -> tuple[Matrix, str | None]:
     """`m` with --model NAME's shape in its model table: (matrix, the table's key of the model).
     A name the table has is taken from it; a folder from its config.json; any other repo id
     from the hub. None: (m, None)."""

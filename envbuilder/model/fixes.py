@@ -13,11 +13,15 @@ Only the error path pays for this: a few resolutions per refusal, a search of ab
 from __future__ import annotations
 
 import re
-from typing import Callable
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable
 
 from envbuilder.errors import UserError
 from envbuilder.model.resolved import Overrides
 from envbuilder.model.versions import is_driver_version, version_key
+
+if TYPE_CHECKING:
+    from envbuilder.model.matrix import Matrix
 
 # a flag with the value a user would type after it (values may be comma lists: apex,flash-attn)
 FIX_FLAG = re.compile(
@@ -29,7 +33,7 @@ COMPONENTS = ("apex", "flash-attn")
 _KEY = {"with": "with_"}
 
 
-def _valid(m, flag: str, value: str | None) -> bool:
+def _valid(m: Matrix, flag: str, value: str | None) -> bool:
     if value is None:
         return False
     value = value.rstrip(".")
@@ -53,7 +57,7 @@ def _valid(m, flag: str, value: str | None) -> bool:
 DROP = re.compile(r"\bdrop --([a-z]+)")
 
 
-def concrete(m, alternative: str) -> dict | None:
+def concrete(m: Matrix, alternative: str) -> dict[str, Any] | None:
     """The overrides an alternative names ({"torch": "2.9.0", "cuda": "12.6"}; "drop --vllm":
     {"vllm": None}); None when it names a flag without a value the matrix knows ("a --torch
     that supports Python 3.10") or names none."""
@@ -64,7 +68,7 @@ def concrete(m, alternative: str) -> dict | None:
     return {**dropped, **{f: v.rstrip(".") for f, v in found}}
 
 
-def applied(ov: Overrides, flags: dict) -> Overrides:
+def applied(ov: Overrides, flags: dict[str, Any]) -> Overrides:
     """The user's overrides with these flags set (a flag replaces the user's value of it; None
     drops it)."""
     changes = {}
@@ -81,7 +85,7 @@ def alternatives(fix: str) -> list[str]:
     ]
 
 
-def render_flags(flags: dict) -> str:
+def render_flags(flags: dict[str, Any]) -> str:
     return " ".join(f"--{f} {v}" if v is not None else f"drop --{f}" for f, v in flags.items())
 
 
@@ -91,9 +95,11 @@ class _Attempts:
     returns the resolved environment or the broken rules."""
 
     def __init__(self, run: Callable[[Overrides], object]):
-        self.run, self.seen, self.envs = run, {}, {}
+        self.run = run
+        self.seen: dict[Overrides, set[str] | None] = {}
+        self.envs: dict[Overrides, Any] = {}
 
-    def __call__(self, ov: Overrides):
+    def __call__(self, ov: Overrides) -> set[str] | None:
         if ov not in self.seen:
             try:
                 got = self.run(ov)
@@ -108,7 +114,7 @@ class _Attempts:
 
 # what a flag's value is in a resolved environment (to name the value a dropped flag falls
 # back to: `--cuda 13.0` refused on a P40 -> "use --cuda 11.8")
-VALUE_OF = {
+VALUE_OF: dict[str, Callable[[Any], str | None]] = {
     "cuda": lambda e: e.cuda.version,
     "torch": lambda e: e.torch.version,
     "verl": lambda e: e.verl.version,
@@ -118,11 +124,14 @@ VALUE_OF = {
 }
 
 
-def _candidates(m, profile: str, ov: Overrides):
+def _candidates(m: Matrix, profile: str, ov: Overrides) -> Iterator[dict[str, str | None]]:
     """Changes to try, smallest and most coherent first: one of the user's own flags dropped
     (None: the profile's value), a whole stack (stacks.yaml), one flag (rollout, cuda, torch,
     verl, vllm; newest first), then a torch with a CUDA it is built for."""
-    newest = lambda xs: sorted(xs, key=version_key, reverse=True)  # noqa: E731
+
+    def newest(xs: Iterable[str]) -> list[str]:
+        return sorted(xs, key=version_key, reverse=True)
+
     mine = [flag for flag in VALUE_OF if getattr(ov, flag) is not None]
     for flag in mine:
         yield {flag: None}
@@ -147,11 +156,17 @@ def _candidates(m, profile: str, ov: Overrides):
 FIXED_BY_MACHINE = frozenset({"driver"})
 
 
-def _resolves(after, before: set) -> bool:
+def _resolves(after: set[str] | None, before: set[str] | frozenset[str]) -> bool:
     return after is None or (after <= FIXED_BY_MACHINE and after <= before)
 
 
-def whole_fix(m, profile: str, ov: Overrides, attempt, before: set = frozenset()) -> dict | None:
+def whole_fix(
+    m: Matrix,
+    profile: str,
+    ov: Overrides,
+    attempt: _Attempts,
+    before: set[str] | frozenset[str] = frozenset(),
+) -> dict[str, Any] | None:
     """The first candidate change under which the profile resolves (but for the machine's own
     refusals), each flag with the value it then has; None when none does."""
     for flags in _candidates(m, profile, ov):
@@ -166,13 +181,15 @@ def whole_fix(m, profile: str, ov: Overrides, attempt, before: set = frozenset()
     return None
 
 
-def checked(m, profile: str, ov: Overrides, violations: list, run) -> list:
+def checked(
+    m: Matrix, profile: str, ov: Overrides, violations: list[Any], run: Callable[[Overrides], object]
+) -> list[Any]:
     """`violations` with every fix checked (module docstring): each keeps the alternatives under
     which the profile resolves; one with none gets the change that resolves it, when there is
     one. Prose without flags (an overlay to write, another image) stays as it is."""
     attempt = _Attempts(run)
     before = {v.rule for v in violations}
-    whole: list = []  # computed once, when first needed
+    whole: list[Any] = []  # computed once, when first needed
     out = []
     for v in violations:
         if v.rule in FIXED_BY_MACHINE:

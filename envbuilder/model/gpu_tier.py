@@ -6,6 +6,8 @@ shape, the pins of what verl imports, the precision and the attention."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import hashlib
 import json
 import os
@@ -92,7 +94,7 @@ def main_ppo_config(verl_root: Path) -> tuple[Path, str]:
     return (main.parent / found.group(1)).resolve(), found.group(2)
 
 
-def compose_run_config(verl_root: Path, overrides: list[str]):
+def compose_run_config(verl_root: Path, overrides: list[str]) -> Any:
     """verl's PPO trainer config at the release under `verl_root`, with `overrides` applied as
     `python -m verl.trainer.main_ppo OVERRIDES` applies them (an override of a key the release
     does not have fails here as it fails there). Needs hydra-core, imported here only."""
@@ -108,12 +110,12 @@ def compose_run_config(verl_root: Path, overrides: list[str]):
         GlobalHydra.instance().clear()
 
 
-def fingerprint(case: dict) -> str:
+def fingerprint(case: dict[str, Any]) -> str:
     blob = json.dumps({k: case[k] for k in _KEYS}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def case(env: ResolvedEnv, files: dict[str, str], models: dict) -> dict:
+def case(env: ResolvedEnv, files: dict[str, str], models: dict[str, Any]) -> dict[str, Any]:
     """The GPU run of a resolved, rendered profile (`files`: render_files(env))."""
     exports = {}
     if env.cuda_alloc_conf and env.cuda_alloc_conf.value:
@@ -164,7 +166,7 @@ def records_dir() -> Path | None:
 
 
 @lru_cache(maxsize=None)
-def _runs() -> tuple[dict, ...]:
+def _runs() -> tuple[dict[str, Any], ...]:
     where = records_dir()
     out = []
     for path in sorted(where.glob("*.json")) if where else ():
@@ -178,17 +180,17 @@ def _runs() -> tuple[dict, ...]:
     return tuple(out)
 
 
-def records() -> tuple[dict, ...]:
+def records() -> tuple[dict[str, Any], ...]:
     """Every recorded in-process worker run (the profiles' own, not the controls)."""
     return tuple(r for r in _runs() if r.get("mode") != "main_ppo")
 
 
-def trainer_records() -> tuple[dict, ...]:
+def trainer_records() -> tuple[dict[str, Any], ...]:
     """Every recorded `python -m verl.trainer.main_ppo` run through Ray (bench/gpu_step.py --ppo)."""
     return tuple(r for r in _runs() if r.get("mode") == "main_ppo")
 
 
-def status(env: ResolvedEnv, files: dict[str, str], models: dict) -> str:
+def status(env: ResolvedEnv, files: dict[str, str], models: dict[str, Any]) -> str:
     """What the GPU tier says of this render: `ran (...)`, `stale` (a run of another
     configuration), or `not run`."""
     mine = [r for r in records() if r.get("profile") == env.profile]

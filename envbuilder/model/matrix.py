@@ -82,7 +82,7 @@ class Matrix:
         return _display(Path(where)) if where else f"matrices ({section})"
 
 
-def _read(path: Path) -> dict:
+def _read(path: Path) -> dict[str, Any]:
     from envbuilder.limits import load_yaml, read_text_bounded  # (only when validating afresh)
 
     doc = load_yaml(read_text_bounded(path, "matrix file"), str(path))
@@ -99,7 +99,7 @@ def _read(path: Path) -> dict:
 SOURCE_KEYS = ("source", "min_compute_capability_source", "torch_source", "p2p_source")
 
 
-def _check_sources(doc: dict, name: str) -> None:
+def _check_sources(doc: dict[str, Any], name: str) -> None:
     from envbuilder.model import schema as S
 
     known = doc.get("sources", {})
@@ -122,7 +122,7 @@ def _check_sources(doc: dict, name: str) -> None:
             walk(body, f"{name}: {section}")
 
 
-def _validate_file(path: Path, doc: dict) -> None:
+def _validate_file(path: Path, doc: dict[str, Any]) -> None:
     from envbuilder.model import schema as S
     from envbuilder.model.matrix_schema import SECTIONS
 

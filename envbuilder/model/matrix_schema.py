@@ -173,10 +173,10 @@ def fill_placeholders(text: str, values: dict[str, str]) -> str:
     """`text` (placeholder_error found nothing in it) with each `{name}` as values[name] and each
     `{{` / `}}` as one brace: one pass, no formatting (anything else stays as it is)."""
 
-    def one(m: re.Match) -> str:
+    def one(m: re.Match[str]) -> str:
         if m[0] in ("{{", "}}"):
-            return m[0][0]
-        return values.get(m[1], m[0]) if m[1] else m[0]
+            return str(m[0][0])
+        return values.get(m[1], m[0]) if m[1] else str(m[0])
 
     return PLACEHOLDER.sub(one, text)
 
@@ -446,7 +446,7 @@ DRIVER_MODES = ("native", "minor-version-compatibility", "too-old")
 COUNT = S.Int(1, 10**9)
 GIB = S.Num(0, 1 << 20)
 # the run script's batch sizes (memory.plan's `sizes`): every one it writes, by name
-MEMORY_BATCH = {
+MEMORY_BATCH: dict[str, Any] = {
     key: COUNT
     for key in (
         "val_batch_size",

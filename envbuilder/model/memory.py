@@ -54,6 +54,9 @@ Qwen2 and generate, verl's dp_actor / dp_critic / torch_functional); the H200 de
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import Any
+
 import math
 
 GIB = 1024**3
@@ -81,9 +84,23 @@ ROLLOUT_N = 1  # actor_rollout_ref.rollout.n where the plan is not told (GAE: on
 
 
 class Arch:
-    """A decoder's shape (a models.yaml record) and the parameter counts that follow from it."""
+    """A decoder's shape (a models.yaml record) and the parameter counts that follow from it:
+    L layers, H hidden size, a attention heads, k KV heads, d head dim, I intermediate size,
+    V vocabulary."""
 
-    def __init__(self, name: str, rec: dict):
+    name: str
+    L: int
+    H: int
+    a: int
+    k: int
+    d: int
+    I: int
+    V: int
+    tied: bool
+    bias: bool
+    qk_norm: bool
+
+    def __init__(self, name: str, rec: dict[str, Any]):
         self.name = name
         self.L, self.H = rec["layers"], rec["hidden_size"]
         self.a, self.k, self.d = rec["attention_heads"], rec["kv_heads"], rec["head_dim"]
@@ -133,7 +150,7 @@ def _m(count: int) -> str:
 class Setup:
     """What of a resolved environment the estimate reads."""
 
-    def __init__(self, env: dict, arch: Arch, consts: dict, val_rows: int):
+    def __init__(self, env: dict[str, Any], arch: Arch, consts: dict[str, Any], val_rows: int):
         t = env["train"]
         self.arch, self.consts, self.val_rows = arch, consts, val_rows
         self.dtype, self.rollout = env["dtype"], env["rollout"]
@@ -183,7 +200,7 @@ class Term:
     def __init__(self, name: str, formula: str, nbytes: float, kind: str = "state"):
         self.name, self.formula, self.nbytes, self.kind = name, formula, nbytes, kind
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "term": self.name,
             "formula": self.formula,
@@ -428,7 +445,7 @@ def _gen_weights(s: Setup) -> list[Term]:
     return [Term("vLLM weights", f"{s.inf} B × {_m(s.arch.params())} params", s.inf * s.arch.params())]
 
 
-def phase(s: Setup, name: str, b: int) -> dict:
+def phase(s: Setup, name: str, b: int) -> dict[str, Any]:
     """One phase at batch b: {phase, batch, terms, total_gib}."""
     note = ""
     if name == "generate":
@@ -469,7 +486,7 @@ def _actor_resident_optimizer(s: Setup) -> list[Term]:
     return [Term(f"{st['adam'].name} (resident)", st["adam"].formula, st["adam"].nbytes, "resident")]
 
 
-def vllm_phase(s: Setup, b: int) -> dict:
+def vllm_phase(s: Setup, b: int) -> dict[str, Any]:
     """Inside vLLM's share (gpu_memory_utilization × the card): its weights and, sized the HF way
     (whole-batch prefill: more than vLLM's chunked prefill needs), max_num_seqs sequences."""
     note, work = generate_work(s, b)
@@ -484,7 +501,7 @@ def vllm_phase(s: Setup, b: int) -> dict:
     }
 
 
-def vllm_outside(s: Setup) -> dict:
+def vllm_outside(s: Setup) -> dict[str, Any]:
     """While vLLM generates, the rest of the process: the engine's share and the resident roles."""
     share = s.util * s.total_gib * GIB
     terms = [Term("vLLM share", f"gpu_memory_utilization {s.util:g} × {s.total_gib:.1f} GiB", share, "work")]
@@ -507,8 +524,8 @@ def overhead(s: Setup, key: str) -> float:
     """The allocator's overhead for a phase: HF generate's own where it generates (its KV cache
     grows a token at a time and eager attention's score blocks come and go), else the common one."""
     if key == "generation" and s.rollout == "hf":
-        return s.consts["hf_generate_overhead"]
-    return s.consts["allocator_overhead"]
+        return float(s.consts["hf_generate_overhead"])
+    return float(s.consts["allocator_overhead"])
 
 
 def fits(
@@ -522,7 +539,7 @@ def fits(
     return (nbytes - exempt) * (1 + overhead(s, key)) + exempt <= budget_gib * GIB
 
 
-def _largest(candidates: list[int], ok) -> int | None:
+def _largest(candidates: Sequence[int], ok: Callable[[int], bool]) -> int | None:
     """The largest candidate for which ok() holds; memory grows with the batch (bisection)."""
     lo, hi, best = 0, len(candidates) - 1, None
     while lo <= hi:
@@ -539,7 +556,7 @@ def divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]))
 
 
-def candidates(s: Setup, key: str):
+def candidates(s: Setup, key: str) -> Sequence[int]:
     """The batch sizes a phase may take.
     generation, HF rollout: verl's HFRollout splits a batch into batch // micro_batch_size chunks
       that DataProto.chunk requires to be equal, so below the rollout batch only its divisors
@@ -564,7 +581,7 @@ def candidates(s: Setup, key: str):
     return [b for b in out if b <= cap] or [1] if cap else out
 
 
-def estimate(s: Setup, key: str, batch: int) -> dict:
+def estimate(s: Setup, key: str, batch: int) -> dict[str, Any]:
     """One phase at `batch`: {phase, batch, terms, total_gib, bytes, budget_gib}."""
     budget = s.usable_gib
     if key == "generation":
@@ -594,15 +611,17 @@ def estimate(s: Setup, key: str, batch: int) -> dict:
 BATCHED = ("generation", "log_prob", "actor", "critic")
 
 
-def plan(env: dict, arch_rec: dict, consts: dict, val_rows: int) -> dict:
+def plan(
+    env: dict[str, Any], arch_rec: dict[str, Any], consts: dict[str, Any], val_rows: int
+) -> dict[str, Any]:
     """The memory budget and the batch sizes of a resolved profile (`env`: at least dtype,
     attention, rollout and train of a resolved environment, as plain data; `consts`: matrices/memory.yaml's `memory`
     with the card's total_gib)."""
     s = Setup(env, Arch(env["train"]["model"], arch_rec), consts, val_rows)
-    phases: dict[str, dict] = {}
+    phases: dict[str, dict[str, Any]] = {}
     batch: dict[str, int] = {}
     bound: dict[str, str] = {}
-    problems: list[dict] = []
+    problems: list[dict[str, Any]] = []
     for key in BATCHED:
         if key == "critic" and not s.critic:
             continue  # (no critic: nothing to size)
@@ -682,6 +701,6 @@ def plan(env: dict, arch_rec: dict, consts: dict, val_rows: int) -> dict:
     }
 
 
-def setup(env: dict, arch_rec: dict, consts: dict, val_rows: int) -> Setup:
+def setup(env: dict[str, Any], arch_rec: dict[str, Any], consts: dict[str, Any], val_rows: int) -> Setup:
     """The estimate's view of a resolved environment (for `estimate` at chosen batches)."""
     return Setup(env, Arch(env["train"]["model"], arch_rec), consts, val_rows)

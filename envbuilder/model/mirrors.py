@@ -13,23 +13,28 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from envbuilder.errors import UserError
+from envbuilder.model.record import Record
 from envbuilder.text import USERINFO, redact, without_credentials  # noqa: F401 (re-exported)
 from envbuilder.oci.registry import DOCKER_HUB, endpoint_url, parse_image, registry_host
+
+if TYPE_CHECKING:
+    from envbuilder.model.matrix import Matrix
+    from envbuilder.model.resolved import ResolvedEnv
 
 GITHUB = "https://github.com"  # what a mirror set's `github` prefix replaces (apex, flash-attn)
 
 
-class MirrorChoice(NamedTuple):
+class MirrorChoice(Record):
     """One endpoint per kind (None: leave that kind as upstream)."""
 
     name: str
-    registries: dict  # upstream registry -> endpoint host[/prefix]
+    registries: dict[str, Any]  # upstream registry -> endpoint host[/prefix]
     pypi: str | None = None
     pytorch: str | None = None
-    conda: dict | None = None
+    conda: dict[str, Any] | None = None
     huggingface: str | None = None
     apt: str | None = None
     github: str | None = None
@@ -45,10 +50,10 @@ class MirrorChoice(NamedTuple):
             return ref
         return f"{host}/{repository}{parsed.reference}"
 
-    def endpoints(self, env) -> dict[str, str]:
+    def endpoints(self, env: ResolvedEnv) -> dict[str, str]:
         """The endpoints a build's RUN steps use, by the variable the Dockerfile reads them
         from, as the set names them (credentials included)."""
-        out = {}
+        out: dict[str, str] = {}
         if self.pypi:
             out["PIP_INDEX_URL"] = self.pypi
         if self.pytorch and env.indexes.torch:
@@ -61,7 +66,7 @@ class MirrorChoice(NamedTuple):
             out["FLASH_ATTN_RELEASE"] = github_url(env.flash_attn.release, self.github)
         return out
 
-    def credentials_env(self, env, skip: tuple[str, ...] = ()) -> str:
+    def credentials_env(self, env: ResolvedEnv, skip: tuple[str, ...] = ()) -> str:
         """The endpoints that carry user:password@, as a shell file the image's RUN steps
         source from a BuildKit secret (id=endpoints): the rendered files and the image name
         them without the credentials, and no build arg (which `docker history` shows) holds them."""
@@ -82,7 +87,7 @@ def redacted(endpoint: str) -> str:
 # build as the `endpoints` BuildKit secret (endpoints_secret), which envbuild-secrets.sh sources.
 
 
-def env_endpoints(env) -> dict[str, str]:
+def env_endpoints(env: ResolvedEnv) -> dict[str, str]:
     """The URLs of a resolved environment that the rendered files read into a variable, by that
     variable (what the `endpoints` secret may replace for one RUN step)."""
     out = {"PIP_INDEX_URL": env.indexes.pypi, "HF_ENDPOINT": env.huggingface}
@@ -97,7 +102,9 @@ def env_endpoints(env) -> dict[str, str]:
     return out
 
 
-def split_credentials(env, d: dict | None = None):
+def split_credentials(
+    env: ResolvedEnv, d: dict[str, Any] | None = None
+) -> tuple[ResolvedEnv, dict[str, Any], dict[str, str]]:
     """(the environment with no URL's user:password@ anywhere in it, its to_dict(), and
     {variable: URL with its credentials} of env_endpoints): what the files may name, and what
     only the `endpoints` secret may carry. `d`: env.to_dict(), if at hand."""
@@ -109,7 +116,7 @@ def split_credentials(env, d: dict | None = None):
     return type(env).from_plain(bare), bare, secret
 
 
-def _without_userinfo(node):
+def _without_userinfo(node: Any) -> Any:
     if isinstance(node, str):
         return without_credentials(node) if "@" in node else node
     if isinstance(node, dict):
@@ -136,7 +143,7 @@ def github_url(url: str, prefix: str | None) -> str:
     return url.replace(GITHUB, prefix.rstrip("/"), 1) if prefix else url
 
 
-def apply_to_env(env, mirror: MirrorChoice):
+def apply_to_env(env: ResolvedEnv, mirror: MirrorChoice) -> ResolvedEnv:
     """The resolved environment with every upstream endpoint replaced by the mirror's: base
     images, the PyPI and PyTorch indexes, the Hugging Face endpoint, the conda channels, the apex
     source URL, flash-attn's release folder and an apt mirror. Rendering it gives files whose
@@ -176,7 +183,7 @@ def apply_to_env(env, mirror: MirrorChoice):
     )
 
 
-def mirror_sets(m) -> dict[str, dict]:
+def mirror_sets(m: Matrix) -> dict[str, dict[str, Any]]:
     from envbuilder.config import user_config
 
     sets = dict(user_config().get("mirrors") or {})
@@ -185,7 +192,7 @@ def mirror_sets(m) -> dict[str, dict]:
     return sets
 
 
-def get_set(m, name: str) -> dict:
+def get_set(m: Matrix, name: str) -> dict[str, Any]:
     sets = mirror_sets(m)
     if name not in sets:
         from envbuilder.model.resolve import suggest
@@ -198,10 +205,10 @@ def get_set(m, name: str) -> dict:
     return sets[name]
 
 
-def choice(name: str, body: dict, healthy: dict | None = None) -> MirrorChoice:
+def choice(name: str, body: dict[str, Any], healthy: dict[str, Any] | None = None) -> MirrorChoice:
     """The first endpoint of every kind (answering ones first when `healthy` is given)."""
 
-    def pick(endpoints):
+    def pick(endpoints: list[str] | None) -> str | None:
         if not endpoints:
             return None
         return (order_by_health(endpoints, healthy) if healthy is not None else list(endpoints))[0]
@@ -220,7 +227,7 @@ def choice(name: str, body: dict, healthy: dict | None = None) -> MirrorChoice:
     )
 
 
-def order_by_health(endpoints: list[str], healthy: dict) -> list[str]:
+def order_by_health(endpoints: list[str], healthy: dict[str, Any]) -> list[str]:
     """Healthy endpoints first, then the rest; each group in its listed order."""
     up = [e for e in endpoints if healthy.get(e, (False, 0))[0]]
     return up + [e for e in endpoints if e not in up]
@@ -229,7 +236,7 @@ def order_by_health(endpoints: list[str], healthy: dict) -> list[str]:
 # -- probing ------------------------------------------------------------------------------------
 
 
-class Probe(NamedTuple):
+class Probe(Record):
     kind: str
     target: str  # what it stands in for (docker.io, pypi, ...)
     endpoint: str
@@ -238,13 +245,13 @@ class Probe(NamedTuple):
     latency_ms: float
 
 
-def _probe_one(kind: str, target: str, endpoint: str, timeout: float, s) -> Probe:
+def _probe_one(kind: str, target: str, endpoint: str, timeout: float, s: Any) -> Probe:
     from envbuilder.oci import http as net
 
     if kind == "registry":
-        url = endpoint_url(endpoint).split("/", 3)
-        url = "/".join(url[:3]) + "/v2/"
-        alive = (200, 401)
+        parts = endpoint_url(endpoint).split("/", 3)
+        url = "/".join(parts[:3]) + "/v2/"
+        alive: tuple[int, ...] = (200, 401)
     else:
         url = endpoint.format(variant="cu118") if "{variant}" in endpoint else endpoint
         url = url.rstrip("/") + "/"
@@ -274,7 +281,10 @@ def failure_reason(e: Exception, timeout: float) -> str:
 
 
 def probe(
-    body: dict, timeout: float = 5.0, kinds: tuple[str, ...] | None = None, ca_cert=None
+    body: dict[str, Any],
+    timeout: float = 5.0,
+    kinds: tuple[str, ...] | None = None,
+    ca_cert: str | None = None,
 ) -> list[Probe]:
     """Every endpoint of a mirror set, in parallel (`ca_cert`: a CA bundle to trust too), each
     through one net.session: no retries, no body read, at most 3 x `timeout` s each."""
@@ -294,10 +304,10 @@ def probe(
     workers = min(16, len(jobs))
     with net.session(retries=0, ca_cert=ca_cert, pool=workers) as s:
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            return list(pool.map(lambda j: _probe_one(*j, timeout, s), jobs))
+            return list(pool.map(lambda j: _probe_one(j[0], j[1], j[2], timeout, s), jobs))
 
 
-def _trust(ca_cert) -> bool | str:
+def _trust(ca_cert: str | None) -> bool | str:
     """requests' `verify`: True (its own CAs), or one bundle of the system's CAs and `ca_cert`
     (net.ca_bundle; the caller removes the file)."""
     from envbuilder.oci.http import ca_bundle
@@ -305,5 +315,5 @@ def _trust(ca_cert) -> bool | str:
     return ca_bundle(ca_cert)
 
 
-def health(probes: list[Probe]) -> dict:
+def health(probes: list[Probe]) -> dict[str, Any]:
     return {p.endpoint: (p.ok, p.latency_ms) for p in probes}

@@ -14,7 +14,8 @@ from typing import Any
 from envbuilder import __version__
 from envbuilder.model import resolved as R
 from envbuilder.errors import UserError
-from envbuilder.model.matrix import Entry, Matrix, cc_tuple, in_range, version_key
+from envbuilder.model.matrix import Entry, Matrix, cc_tuple
+from envbuilder.model.versions import in_range, version_key
 from envbuilder.model.record import Record, frozen
 from envbuilder.model.resolved import SCHEMA_VERSION, Overrides, ResolvedEnv  # noqa: F401  (re-exported)
 from envbuilder.model.versions import ranges_overlap
@@ -70,7 +71,7 @@ def cc_runs(gpu_cc: str, archs: list[str]) -> bool:
     return any(a[0] == major and a[1] <= minor for a in map(cc_tuple, archs))
 
 
-def flash_attn_release(fa_data: dict, version: str) -> R.FlashAttn:
+def flash_attn_release(fa_data: dict[str, Any], version: str) -> R.FlashAttn:
     """The flash-attn part of a ResolvedEnv: the version, the modules the run imports of it, and
     where its prebuilt release wheel is (the download folder, the file name template, the CUDA
     tags; the builder names the file from the installed torch, envbuilder/lock/flash_attn.py)."""
@@ -85,7 +86,7 @@ def flash_attn_release(fa_data: dict, version: str) -> R.FlashAttn:
     )
 
 
-def flash_attn_wheel_gap(rec: dict, torch_v: str, torch_cuda: str, python: str) -> str | None:
+def flash_attn_wheel_gap(rec: dict[str, Any], torch_v: str, torch_cuda: str, python: str) -> str | None:
     """What the flash-attn release's published wheels lack for this torch, its CUDA and the
     Python (extensions.yaml, from the tag's publish.yml), or None when a wheel exists."""
     gaps = []
@@ -149,7 +150,7 @@ class _Resolver:
             )
         self.name = profile_name
         self.p = m.profiles[profile_name]
-        self.algo_rec: dict | None = None  # the selection's estimator (select() sets it)
+        self.algo_rec: dict[str, Any] | None = None  # the selection's estimator (select() sets it)
         # the model table, with --model's shape where the table lacks it (its config.json)
         self.models = m.models
         if ov.model and ov.model not in m.models:
@@ -164,7 +165,7 @@ class _Resolver:
     def add(self, rule: str, what: str, why: str, fix: str, hard: bool = False) -> None:
         self.v.append(Violation(rule, what, why, fix, hard))
 
-    def release(self, kind: str, version: str, releases: dict) -> dict:
+    def release(self, kind: str, version: str, releases: dict[str, Entry]) -> Entry:
         """A component's release record (apex, flash-attn), or a clear error naming the known ones."""
         if version not in releases:
             raise UserError(
@@ -173,8 +174,8 @@ class _Resolver:
             )
         return releases[version]
 
-    def pick(self, kind: str, section: str, value: str) -> dict:
-        table = self.m.sections[section]
+    def pick(self, kind: str, section: str, value: str) -> dict[str, Any]:
+        table: dict[str, Entry] = self.m.sections[section]
         if value not in table:
             known = (
                 list(table)
@@ -189,7 +190,9 @@ class _Resolver:
 
     # -- the rules ---------------------------------------------------------------------------
 
-    def torch_build(self, torch_v: str, torch: dict, cuda_v: str) -> tuple[str, dict] | None:
+    def torch_build(
+        self, torch_v: str, torch: dict[str, Any], cuda_v: str
+    ) -> tuple[str, dict[str, Any]] | None:
         """The torch build for the image's CUDA: the exact one, else the newest older minor of
         its major (torch wheels carry their own CUDA runtime); None when there is none."""
         builds = torch["builds"]
@@ -207,7 +210,7 @@ class _Resolver:
         )
         return older[-1] if older else None  # (apex then asks for an exact match: apex-nvcc)
 
-    def torch_cuda_rule(self, torch_v: str, torch: dict, cuda_v: str) -> None:
+    def torch_cuda_rule(self, torch_v: str, torch: dict[str, Any], cuda_v: str) -> None:
         builds = torch["builds"]
         have = ", ".join(f"{k} (CUDA {b['cuda']})" for k, b in builds.items())
         others = [
@@ -219,7 +222,9 @@ class _Resolver:
         why = f"its builds are {have}"
         self.add("torch-cuda", f"torch {torch_v} has no build for CUDA {cuda_v}", why, fix, hard=True)
 
-    def arch_rule(self, gpu_key: str, gpu: dict, torch_v: str, variant: str, build: dict) -> None:
+    def arch_rule(
+        self, gpu_key: str, gpu: dict[str, Any], torch_v: str, variant: str, build: dict[str, Any]
+    ) -> None:
         cc = gpu["compute_capability"]
         if cc_runs(cc, build["archs"]):
             return
@@ -263,7 +268,7 @@ class _Resolver:
 
     def driver_rule(self, s: "Selection") -> None:
         info, drv = s.driver, self.ov.driver
-        if info.mode != "too-old":
+        if info.mode != "too-old" or drv is None:  # (too-old: --driver given)
             return
         need = info.for_cuda
         usable = set(s.usable_cudas)
@@ -293,7 +298,7 @@ class _Resolver:
             fix,
         )
 
-    def rollout_rule(self, verl_v: str, verl: dict, rollout: str) -> None:
+    def rollout_rule(self, verl_v: str, verl: dict[str, Any], rollout: str) -> None:
         if rollout not in INSTALLABLE_ROLLOUTS:
             self.add(
                 "rollout",
@@ -316,7 +321,7 @@ class _Resolver:
             why += f" ({verl['rollouts_why']})"
         self.add("rollout", f"verl {verl_v} has no {rollout!r} rollout", why, fix, hard=True)
 
-    def training_path_rule(self, verl_v: str, verl: dict, rollout: str) -> None:
+    def training_path_rule(self, verl_v: str, verl: dict[str, Any], rollout: str) -> None:
         if rollout in verl["rollouts"] and rollout not in verl["training_path"]["rollouts"]:
             self.add(
                 "training-path",
@@ -328,12 +333,12 @@ class _Resolver:
                 hard=True,
             )
 
-    def choose_vllm(self, torch_v: str, verl: dict) -> str | None:
+    def choose_vllm(self, torch_v: str, verl: dict[str, Any]) -> str | None:
         """The newest vLLM release that pins this torch within verl's range, or None."""
         fitting = [v for v, r in self.m.vllm.items() if r["torch"] == torch_v and in_range(v, verl["vllm"])]
         return max(fitting, key=version_key) if fitting else None
 
-    def vllm_choice_rule(self, torch_v: str, verl_v: str, verl: dict) -> None:
+    def vllm_choice_rule(self, torch_v: str, verl_v: str, verl: dict[str, Any]) -> None:
         pins = ", ".join(f"{v}->torch {r['torch']}" for v, r in self.m.vllm.items())
         self.add(
             "vllm-torch",
@@ -346,12 +351,12 @@ class _Resolver:
     def vllm_rules(
         self,
         vllm_v: str,
-        vr: dict,
+        vr: dict[str, Any],
         torch_v: str,
-        build: dict,
+        build: dict[str, Any],
         verl_v: str,
-        verl: dict,
-        gpu: dict,
+        verl: dict[str, Any],
+        gpu: dict[str, Any],
         python: str,
     ) -> None:
         if vr["torch"] != torch_v:
@@ -401,7 +406,7 @@ class _Resolver:
                 hard=True,
             )
 
-    def verl_torch_rule(self, verl_v: str, verl: dict, torch_v: str, cuda_v: str, cc: str) -> None:
+    def verl_torch_rule(self, verl_v: str, verl: dict[str, Any], torch_v: str, cuda_v: str, cc: str) -> None:
         """verl's own code imports torch APIs that its METADATA does not pin (torch comes from
         the image), so no resolver catches this: the matrix records the floor."""
         spec = verl["torch"]
@@ -471,7 +476,7 @@ class _Resolver:
                             hard=True,
                         )
 
-    def vllm_cc_rule(self, gpu: dict, vr: dict | None = None) -> None:
+    def vllm_cc_rule(self, gpu: dict[str, Any], vr: dict[str, Any] | None = None) -> None:
         floor = self.m.min_compute_capability
         own = (vr or {}).get("min_compute_capability")
         if (
@@ -513,14 +518,14 @@ class _Resolver:
     def memory_plan(
         self,
         gpu_key: str,
-        gpu: dict,
+        gpu: dict[str, Any],
         dtype: str,
         attention: str,
         rollout: str,
-        train: dict,
+        train: dict[str, Any],
         lora_flat: bool = False,
-        algo: dict | None = None,
-    ) -> dict:
+        algo: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         from envbuilder.model.memory import plan
 
         mem = self.m.memory
@@ -566,7 +571,7 @@ class _Resolver:
         if not mem["problems"]:
             return
 
-        def fits(algo=None, **changes) -> bool:
+        def fits(algo: Entry | None = None, **changes: Any) -> bool:
             changed = dict(train, **changes)
             if "param_offload" in changes:  # the actor's only where its rollout allows it
                 changed["actor_param_offload"] = changes["param_offload"] and s.actor_offload_ok
@@ -847,7 +852,8 @@ class _Resolver:
                 f"{self.ov.model}:{self.ov.model}:ro ...)"
             )
         hf = (s.verl.get("hf_rollout") or {}) if s.rollout == "hf" else {}
-        off, lora = hf.get("offload"), hf.get("lora")
+        off: Entry = hf.get("offload") or {}
+        lora: Entry = hf.get("lora") or {}
         s.actor_offload_ok = not (off and not off["works"])
         s.train["actor_param_offload"] = s.train["param_offload"] and s.actor_offload_ok
         where = f"verl {s.verl_v}'s HF rollout"
@@ -927,7 +933,7 @@ class _Resolver:
         cc, verl, dtype, attention = s.cc, s.verl, s.dtype, s.attention
         remove_padding = attention == "flash_attention_2" and s.feats.get("remove_padding", True)
         apex = None
-        if s.apex_v:
+        if s.apex_v and s.apex_rec:
             apex = R.Apex(
                 version=s.apex_v,
                 ref=s.apex_rec["ref"],
@@ -1288,7 +1294,7 @@ def _rule_vllm(r: _Resolver, s: Selection) -> None:
         r.vllm_cc_rule(s.gpu, s.vr)
         if s.vllm_v is None:
             r.vllm_choice_rule(s.torch_v, s.verl_v, s.verl)
-        else:
+        elif s.vr is not None:
             r.vllm_rules(s.vllm_v, s.vr, s.torch_v, s.build, s.verl_v, s.verl, s.gpu, s.python)
     elif r.ov.vllm:
         r.add(
@@ -1424,7 +1430,7 @@ def _rule_bf16(r: _Resolver, s: Selection) -> None:
 
 def _rule_extensions(r: _Resolver, s: Selection) -> None:
     m, cc = r.m, s.cc
-    if s.fa:
+    if s.fa and s.fa_rec:
         if not in_range(s.torch_v, s.fa_rec["torch"]):
             r.add(
                 "flash-attn-torch",
@@ -1441,7 +1447,7 @@ def _rule_extensions(r: _Resolver, s: Selection) -> None:
                 f"{m.flash_attn['min_compute_capability']})",
                 "use --without flash-attn (attention falls back to sdpa)",
             )
-    if s.fa:
+    if s.fa and s.fa_rec:
         missing = flash_attn_wheel_gap(s.fa_rec, s.torch_v, s.build["cuda"], s.python)
         if missing:
             est = (m.flash_attn.get("sdist_build") or {}).get("estimate", "")
@@ -1574,7 +1580,7 @@ def resolve(
             raise
         from envbuilder.model import fixes
 
-        def broken(o: Overrides):
+        def broken(o: Overrides) -> object:
             try:
                 return _Resolver(m, profile, o).run()
             except ResolveError as again:
@@ -1615,7 +1621,7 @@ def held_back(m: Matrix, profile: str, overrides: Overrides | None = None) -> li
     ]
 
 
-def uv_pin(defaults: dict) -> R.Uv:
+def uv_pin(defaults: dict[str, Any]) -> R.Uv:
     """The uv wheel the runtime stage's pip steps install with (defaults.uv: version, url,
     sha256, size)."""
     uv = defaults.get("uv")

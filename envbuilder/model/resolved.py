@@ -408,7 +408,7 @@ class ResolvedEnv(Record):
         """A builder stage compiles or fetches extensions (apex, flash-attn) against the torch."""
         return bool(self.apex or self.flash_attn)
 
-    def to_json(self, d: dict | None = None) -> str:
+    def to_json(self, d: dict[str, Any] | None = None) -> str:
         """envbuild.json's text: indented, sorted. json's indenting encoder is pure Python (a
         third of `render --all`), so the text is kept in the cache folder by the sha256 of the
         compact form (C-encoded) and used only when it reads back as this environment: its own
@@ -474,7 +474,7 @@ class ResolvedEnv(Record):
         return cls.from_plain(data)
 
 
-def shape_problems(data: dict) -> list[str]:
+def shape_problems(data: dict[str, Any]) -> list[str]:
     """Where plain data (read from a file) differs in shape from the resolved environment's
     field spec (field_spec): every required key that is missing, every value of
     another kind (a number in a list of names too), all at once."""
@@ -489,7 +489,7 @@ def shape_problems(data: dict) -> list[str]:
         float: "a number",
     }
 
-    def want(spec) -> set[str]:
+    def want(spec: Any) -> set[str]:
         if isinstance(spec, tuple):
             return want(spec[0])
         if isinstance(spec, (dict, S.MapOf, S.Tree)):
@@ -506,7 +506,7 @@ def shape_problems(data: dict) -> list[str]:
             return {kinds.get(type(c), "a string") for c in spec.choices}
         return {"a string"}  # (the text kinds)
 
-    def value(v, spec, where: str) -> list[str]:
+    def value(v: Any, spec: Any, where: str) -> list[str]:
         if v is None:
             return []
         got = kinds.get(type(v), type(v).__name__)
@@ -522,7 +522,7 @@ def shape_problems(data: dict) -> list[str]:
             return [p for k, item in v.items() for p in value(item, inner.value, f"{where}.{k}")]
         return []
 
-    def walk(data: dict, spec: dict, where: str) -> list[str]:
+    def walk(data: dict[str, Any], spec: dict[str, Any], where: str) -> list[str]:
         out = []
         for key, sub in spec.items():
             if key == "*":

@@ -147,12 +147,12 @@ class ListOf:
 
 
 class MapOf:
-    def __init__(self, value: Any, key: Pattern | None = None):
+    def __init__(self, value: Any, key: Pattern | OneOf | None = None):
         self.value, self.key = value, key  # key: a Pattern for keys, or None for any string
 
 
 class OneOf:
-    def __init__(self, choices: tuple):
+    def __init__(self, choices: tuple[Any, ...]):
         self.choices = choices
 
 
@@ -224,7 +224,7 @@ class Num:
 class Range(Pattern):
     """A version range (">=0.7.3,<=0.8.5") that envbuild's own comparison understands."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__(r"[ -~]*", ">=0.7.3,<=0.8.5", "a version range like '>=0.7.3,<=0.8.5'")
 
     def check(self, value: Any, where: str) -> None:
@@ -240,7 +240,7 @@ class Range(Pattern):
 class Regex(Pattern):
     """A regular expression (GPU name patterns)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__(r"[^\x00-\x1f\x7f]*", r"\bP40\b", "a regular expression on one line")
 
     def check(self, value: Any, where: str) -> None:
@@ -480,7 +480,7 @@ def _check_tree(value: Any, leaf: Any, where: str) -> None:
 _OLD_KEY = Text(4000)
 
 
-def _check_record(value: Any, spec: dict, where: str, partial: bool = False) -> None:
+def _check_record(value: Any, spec: dict[str, Any], where: str, partial: bool = False) -> None:
     if not isinstance(value, dict):
         raise SchemaError(where, f"expected a mapping, got {shown(value)}")
     fields = {k.rstrip("?"): k.endswith("?") for k in spec if k != "*"}

@@ -7,6 +7,8 @@ Own code rather than `packaging`: importing packaging.specifiers costs more than
 
 from __future__ import annotations
 
+from typing import Any
+
 import re
 
 # what the matrix schema accepts as a version, and exactly what version_key orders (which also
@@ -19,7 +21,7 @@ _CLAUSE = re.compile(r"\s*(==|!=|>=|<=|>|<)\s*([\w.+]+?)(\.\*)?\s*")
 _PRE = {"a": 0, "b": 1, "rc": 2}
 
 
-def is_driver_version(text) -> bool:
+def is_driver_version(text: object) -> bool:
     return isinstance(text, str) and re.fullmatch(DRIVER_PATTERN, text) is not None
 
 
@@ -60,7 +62,7 @@ def _version_key(text, plain: str) -> tuple:
     )
 
 
-def _is_post_of(version: tuple, base: tuple) -> bool:
+def _is_post_of(version: tuple[Any, ...], base: tuple[Any, ...]) -> bool:
     """`version` is a post-release of `base` (which is none): `>base` excludes it (PEP 440)."""
     return version[:-2] == base[:-2] and base[-2] == -1 and version[-2] >= 0
 
@@ -109,7 +111,7 @@ def _has_prefix(version: str, prefix: str) -> bool:
     return version_key(version)[: len(head)] == head
 
 
-def _clauses(clause: str, spec: str):
+def _clauses(clause: str, spec: str) -> tuple[tuple[str, tuple[Any, ...]], ...]:
     """One clause as (op, key) pairs: `==5.0.*` is >=5.0 and <5.1; `!=5.0.*` gives none (it
     excludes one series, never a whole interval)."""
     m = _CLAUSE.fullmatch(clause)
@@ -130,8 +132,8 @@ def _clauses(clause: str, spec: str):
 def ranges_overlap(a: str, b: str) -> bool:
     """True when some version can satisfy both ranges (">=1.26.0,<1.27.0" and ">=1.30.0": no).
     `!=` clauses are ignored: they exclude single versions or series, never a whole interval."""
-    low: tuple | None = None  # (key, inclusive)
-    high: tuple | None = None
+    low: tuple[Any, ...] | None = None  # (key, inclusive)
+    high: tuple[Any, ...] | None = None
     for clause in filter(None, (c.strip() for c in f"{a},{b}".split(","))):
         for op, bound in _clauses(clause, f"{a} / {b}"):
             if op in (">=", ">", "=="):
@@ -144,4 +146,4 @@ def ranges_overlap(a: str, b: str) -> bool:
                     high = cand
     if low is None or high is None:
         return True
-    return low[0] < high[0] or (low[0] == high[0] and low[1] and high[1])
+    return bool(low[0] < high[0] or (low[0] == high[0] and low[1] and high[1]))

@@ -11,7 +11,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, TYPE_CHECKING
 
 from envbuilder.paths import data_dir
 from envbuilder.render.dockerfile import FLASH_ATTN_SCRIPT, apex_command, dockerfile_plan
@@ -20,9 +20,15 @@ from envbuilder.render.image import PREFLIGHT, RUN_SCRIPT  # (where the image pu
 from envbuilder.render.quoting import FILTERS, comment, word
 from envbuilder.text import USERINFO
 from envbuilder.model.record import plain
-from envbuilder.model.resolve import TORCH_DTYPE, ResolvedEnv
+from envbuilder.model.resolve import TORCH_DTYPE
+from envbuilder.model.resolved import ResolvedEnv
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    import jinja2
+
+    from envbuilder.render.outdir import Checked
     from envbuilder.render.locked import LockedContext
 # output file -> template; executables get mode 0755
 FILES = {
@@ -42,7 +48,7 @@ EXECUTABLE = {RUN_SCRIPT, "preflight.py", "apply_patches.py", "audit_precision.p
 MARKER = "envbuild.json"
 SBOM = "sbom.cdx.json"  # a locked render's CycloneDX SBOM (lock/sbom.py builds it)
 
-_jinja = None
+_jinja: jinja2.Environment | None = None
 
 
 def smoke_command(preflight: str = PREFLIGHT) -> list[str]:
@@ -58,7 +64,7 @@ def smoke_command(preflight: str = PREFLIGHT) -> list[str]:
     ]
 
 
-def jinja_env():
+def jinja_env() -> jinja2.Environment:
     global _jinja
     if _jinja is None:
         import jinja2
@@ -118,7 +124,7 @@ def preflight_expectations(env: ResolvedEnv) -> dict:
     }
 
 
-def audit_plan(env: ResolvedEnv) -> dict:
+def audit_plan(env: ResolvedEnv) -> dict[str, Any]:
     """What audit_precision.py checks, as data (its PLAN blob): the checks that apply, in the
     verl files the run loads (the training path's verl modules and the files the patches touch),
     with the matrix's reviewed exceptions."""
@@ -215,7 +221,7 @@ def render_files(env: ResolvedEnv, locked: LockedContext | None = None) -> dict[
 
 
 def write_dir(
-    out_dir: Path, files: dict[str, str], links: dict[str, Path] | None = None, force: bool = False
+    out_dir: Path, files: dict[str, str], links: Mapping[str, Checked] | None = None, force: bool = False
 ) -> list[Path]:
     """Write `files` (and hard-link `links`) into `out_dir`, replacing and deleting only what an
     earlier envbuild write put there (outdir.write_dir); the scripts get mode 0755."""

@@ -36,6 +36,7 @@ import os
 import shutil
 import stat
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Callable, NamedTuple
 
@@ -66,7 +67,7 @@ def safe_relpath(name: str, where: str = "a generated file") -> PurePosixPath:
     return p
 
 
-def _open_nofollow(path: Path):
+def _open_nofollow(path: Path) -> BinaryIO:
     """`path` opened for reading when it is a regular file and not a link (OSError otherwise):
     a record or a file in the directory is never read through a link envbuild did not make."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -288,7 +289,7 @@ def clean_debris(out_dir: Path) -> None:
 def write_dir(
     out_dir: Path,
     files: dict[str, str],
-    links: dict[str, Checked] | None = None,
+    links: Mapping[str, Checked] | None = None,
     executable: frozenset[str] | set[str] = frozenset(),
     force: bool = False,
 ) -> list[Path]:
@@ -455,7 +456,7 @@ def write_dir(
     return [out_dir / n for n in sorted(files)] + [out_dir / n for n in sorted(links)]
 
 
-def _mode_of(name: str, executable) -> int:
+def _mode_of(name: str, executable: frozenset[str] | set[str]) -> int:
     return 0o755 if name in executable else 0o644
 
 

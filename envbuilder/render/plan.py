@@ -10,10 +10,13 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from envbuilder.model.record import Record, frozen
-from envbuilder.model.resolved import Constraints, ResolvedEnv
+from envbuilder.model.resolved import Constraints, Overrides, ResolvedEnv
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 # Dockerfile install layers, most expensive first; each installs what its roots pull in that no
 # earlier layer installed.
@@ -184,12 +187,13 @@ def parse(text: str, with_hashes: bool = True) -> dict[str, Locked]:
     """requirements.lock (uv's format, annotated) -> {normalized name: Locked}. Without
     `with_hashes` (what constraints need), the hash lines, most of a lock, are skipped unread."""
     out: dict[str, Locked] = {}
-    name = version = None
+    name: str | None = None
+    version = ""  # (read only once a name is)
     hashes: list[str] = []
     parents: set[str] = set()
     in_via = False
 
-    def flush():
+    def flush() -> None:
         if name:
             out[name] = Locked(version, tuple(hashes), frozenset(parents))
 
@@ -229,8 +233,8 @@ def layers(env: ResolvedEnv, locked: dict[str, Locked]) -> dict[str, list[str]]:
         for parent in entry.parents:
             children.setdefault(parent, set()).add(name)
 
-    def closure(roots, skip=frozenset()) -> set[str]:
-        todo = [normalize(REQ.match(r)[1]) if REQ.match(r) else normalize(r) for r in roots]
+    def closure(roots: Iterable[str], skip: frozenset[str] | set[str] = frozenset()) -> set[str]:
+        todo = [normalize(m[1]) if (m := REQ.match(r)) else normalize(r) for r in roots]
         mine: set[str] = set()
         while todo:
             n = todo.pop()
@@ -370,7 +374,7 @@ def with_constraints(env: ResolvedEnv) -> ResolvedEnv:
     return env._replace(constraints=find_constraints(env))
 
 
-def override_flags(overrides) -> str:
+def override_flags(overrides: Overrides) -> str:
     """The override flags as the user would type them again (" --verl 0.5.0 --with apex")."""
     from envbuilder.render.quoting import sh
 
@@ -383,7 +387,7 @@ def override_flags(overrides) -> str:
     return "".join(f" {o}" for o in out)
 
 
-def lock_hint(profile: str, overrides, out=None) -> str:
+def lock_hint(profile: str, overrides: Overrides, out: str | Path | None = None) -> str:
     """How to pin a render that no lock fits: for the profile as shipped `envbuild lock
     PROFILE` (render finds lockfiles/PROFILE); for a variant, `lock -o DIR` into a folder of
     locks of its own (it writes DIR/PROFILE/; -o lockfiles would replace the profile's

@@ -75,7 +75,7 @@ def locked_context(
                 f"one with `envbuild wheelhouse {env.name} -o {wheelhouse}`."
             )
         return for_render(env, Path(wheelhouse) / "locks" / name, Path(wheelhouse), mirror)
-    root = LOCK_ROOT if lock_dir == "-" else Path(lock_dir)
+    root = LOCK_ROOT if lock_dir == "-" or lock_dir is None else Path(lock_dir)
     return for_render(env, lock_dir_in(root, name), mirror=mirror)
 
 

@@ -36,7 +36,7 @@ def _escape(ch: str) -> str:
     return repr(ch)[1:-1]
 
 
-def sh(value) -> str:
+def sh(value: object) -> str:
     """One bash word that is exactly `value` (the run script, Dockerfile RUN lines, whose shell
     is bash): shlex's single quotes, or bash's $'...' when it holds an ASCII control character,
     which no line of a script or a Dockerfile may carry raw. A NUL cannot be in a bash string."""
@@ -54,7 +54,7 @@ def sh(value) -> str:
     )
 
 
-def comment(value) -> str:
+def comment(value: object) -> str:
     """Text for the rest of a `#` line (Dockerfile, bash, Python, YAML, requirements.txt): a
     character that could end the line early is written as its escape (\\n, \\u2028)."""
     text = _bounded(value)
@@ -63,7 +63,7 @@ def comment(value) -> str:
     return "".join(c if printable(c) else _escape(c) for c in text)
 
 
-def pystr(value) -> str:
+def pystr(value: object) -> str:
     """Text between the double quotes of a Python string (a docstring): it can neither end the
     string nor start an escape, and reads back as exactly `value`."""
     text = str(value)
@@ -72,7 +72,7 @@ def pystr(value) -> str:
     return "".join("\\" + c if c in '\\"' else c if printable(c) else _escape(c) for c in text)
 
 
-def py(value) -> str:
+def py(value: object) -> str:
     """A Python literal that reads back as exactly `value` (strings, numbers, true/false, None,
     lists and dicts of them); a string is double-quoted, as JSON writes it."""
     if isinstance(value, str):
@@ -86,7 +86,7 @@ def py(value) -> str:
     raise ValueError(f"no Python literal for a {type(value).__name__}")
 
 
-def dq(value) -> str:
+def dq(value: object) -> str:
     """Text between the double quotes of a Dockerfile value (LABEL, ENV): `\\`, `"` and `$` (the
     Dockerfile's variables) escaped; a character that would end the instruction shown as its
     escape (the Dockerfile has no way to carry it)."""
@@ -96,14 +96,14 @@ def dq(value) -> str:
     return "".join("\\" + c if c in '\\"$' else c if printable(c) else _escape(c) for c in text)
 
 
-def arg(value) -> str:
+def arg(value: object) -> str:
     """A Dockerfile ARG default: bare when it is one plain token (as the files always read),
     else double-quoted (dq), so no `$` or space in it is read by the Dockerfile."""
     text = _bounded(value)
     return text if BARE.fullmatch(text) else f'"{dq(text)}"'
 
 
-def word(value) -> str:
+def word(value: object) -> str:
     """One bare token of a line of requirements.txt or environment.yml, which have no quoting to
     rely on (pip expands ${VAR} and splits options on spaces; YAML reads `: `, ` #`, a leading
     `-`, `[` or `!`). Anything else is refused: the schema never lets such a value in."""
@@ -116,7 +116,7 @@ def word(value) -> str:
     return text
 
 
-def _bounded(value) -> str:
+def _bounded(value: object) -> str:
     text = str(value)
     if len(text) > MAX_LINE_VALUE:
         raise ValueError(
@@ -132,7 +132,7 @@ def _shorten(text: str) -> str:
     return shorten(text, 60)
 
 
-def md(value) -> str:
+def md(value: object) -> str:
     """Text inside a line of Markdown (a rendered folder's README.md): one line, and the
     characters that would start markup (code spans, table cells, emphasis, HTML, links, entity
     references such as `&#x202e;`, which would render as the character itself) as Markdown's
@@ -140,7 +140,7 @@ def md(value) -> str:
     return re.sub(r"([\\`*_{}\[\]<>|#!&])", r"\\\1", comment(value))
 
 
-def line(value, limit: int = MAX_LINE_VALUE) -> str:
+def line(value: object, limit: int = MAX_LINE_VALUE) -> str:
     """Text from outside envbuild (an index's strings, in a report) for one line of a terminal,
     a `#` comment or a Markdown code block: every character that is not printable written as its
     escape (C0 and C1 controls, so ESC and with it every CSI and OSC sequence; DEL; the bidi
