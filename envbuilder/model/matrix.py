@@ -46,6 +46,7 @@ class Matrix:
     cuda: _Section[dict[str, Entry]] = _Section()
     torch: _Section[dict[str, Entry]] = _Section()
     vllm: _Section[dict[str, Entry]] = _Section()
+    sglang: _Section[dict[str, Entry]] = _Section()
     features: _Section[dict[str, Entry]] = _Section()
     verl: _Section[dict[str, Entry]] = _Section()
     algorithms: _Section[dict[str, Entry]] = _Section()
@@ -62,6 +63,7 @@ class Matrix:
     sources: _Section[dict[str, str]] = _Section()  # key -> URL
     # one record each
     vllm_training_path: _Section[Entry] = _Section()
+    sglang_training_path: _Section[Entry] = _Section()
     cuda_compat: _Section[Entry] = _Section()
     flash_attn: _Section[Entry] = _Section()
     apex: _Section[Entry] = _Section()

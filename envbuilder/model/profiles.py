@@ -9,9 +9,13 @@ its flags through.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from envbuilder.errors import EnvbuildError, UserError
+
+if TYPE_CHECKING:
+    from envbuilder.model.matrix import Matrix
+    from envbuilder.model.resolved import Overrides, ResolvedEnv
 
 # the override flags' parameter names -> Overrides' fields (`--torch` is `torch_` in Python)
 FLAG_FIELDS = {
@@ -34,18 +38,18 @@ FLAG_FIELDS = {
 }
 
 
-def split_names(values) -> tuple[str, ...]:
+def split_names(values: Any) -> tuple[str, ...]:
     """--without apex,flash-attn and --without apex --without flash-attn both work."""
     return tuple(v.strip() for value in values for v in value.split(",") if v.strip())
 
 
-def overrides_from_flags(flags: Mapping[str, Any], load_matrix: Callable[[], Any]):
+def overrides_from_flags(flags: Mapping[str, Any], load_matrix: Callable[[], Any]) -> Overrides:
     """The Overrides the override flags ask for (keys: FLAG_FIELDS'; a missing one is unset).
     --with and --without naming one component is refused; --model (a hub id or a folder) is
     looked up in the matrix that `load_matrix()` returns, called only then."""
     from envbuilder.model.resolved import Overrides
 
-    given = {FLAG_FIELDS[k]: v for k, v in flags.items() if v is not None}
+    given: dict[str, Any] = {FLAG_FIELDS[k]: v for k, v in flags.items() if v is not None}
     for key in ("with_", "without"):
         given[key] = split_names(given.get(key) or ())
     both = sorted(set(given["with_"]) & set(given["without"]))
@@ -58,13 +62,15 @@ def overrides_from_flags(flags: Mapping[str, Any], load_matrix: Callable[[], Any
         from envbuilder.model.architectures import with_model
 
         table = load_matrix()
-        m, key = with_model(table, given["model"])
-        given["model"] = key
-        given["model_arch"] = None if key in table.models else m.models[key]
+        m, model_key = with_model(table, given["model"])
+        given["model"] = model_key
+        given["model_arch"] = None if model_key is None or model_key in table.models else m.models[model_key]
     return Overrides(**given)
 
 
-def resolve_all(m, names: list[str], overrides, nothing: str, say: Callable[[str], None] = print) -> list:
+def resolve_all(
+    m: Matrix, names: list[str], overrides: Overrides | None, nothing: str, say: Callable[[str], None] = print
+) -> list[ResolvedEnv]:
     """Every named profile resolved before anything is done: each failure is said
     ("envbuild: NAME: why"), then one error says how many failed and that `nothing` happened.
     One name alone raises its own error."""

@@ -46,6 +46,8 @@ class RecordMeta(type):
 
     def __new__(mcs, name: str, bases: tuple[type, ...], ns: dict[str, Any], **kw: Any) -> RecordMeta:
         if bases:
+            if "_fields" in ns or "__slots__" in ns:
+                raise TypeError(f"{name}: declare a record's fields as annotations, not _fields/__slots__")
             annotations: dict[str, Any] = ns.get("__annotations__", {})
             if any(not isinstance(a, str) for a in annotations.values()):
                 raise TypeError(f"{name}: declare records under `from __future__ import annotations`")

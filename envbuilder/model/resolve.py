@@ -9,7 +9,7 @@ warnings that are written into the rendered files.
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 from envbuilder import __version__
 from envbuilder.model import resolved as R
@@ -129,7 +129,7 @@ def training_path(
         own = (m.vllm.get(vllm_v) or {}).get("modules") if vllm_v else None
         parts.append(own or m.vllm_training_path["modules"])
     if rollout == "sglang" and m.sglang_training_path:  # its compiled ops first, as vLLM's
-        own = (m.sglang.get(sglang_of(m, verl_v)) or {}).get("modules")
+        own = (m.sglang.get(sglang_of(m, verl_v) or "") or {}).get("modules")
         parts.append(own or m.sglang_training_path["modules"])
     sections = {"flash-attn": m.flash_attn, "apex": m.apex}
     parts += [sections[c]["training_path"]["modules"] for c in ("flash-attn", "apex") if c in components]
@@ -718,7 +718,9 @@ class _Resolver:
             )
         return s
 
-    def lora_memory(self, s: "Selection", train: dict, algo: dict | None = None) -> tuple[dict, bool]:
+    def lora_memory(
+        self, s: "Selection", train: dict[str, Any], algo: dict[str, Any] | None = None
+    ) -> tuple[dict[str, Any], bool]:
         """The memory plan of `train`, and whether LoRA's frozen base loads in bf16 for it.
 
         verl 0.4.x-0.5.x put the HF rollout's actor in one flat parameter (use_orig_params): an
@@ -740,7 +742,7 @@ class _Resolver:
             )
         return plan, False
 
-    def stacked(self, p: dict) -> dict:
+    def stacked(self, p: dict[str, Any]) -> dict[str, Any]:
         """The profile as `--verl X` asks: where X is not the profile's own verl and stacks.yaml
         has X's whole pinned set (CUDA, torch, rollout, vLLM, Python, components, pins), those
         replace the profile's, so `--verl 0.6.1` on a verl 0.9 profile is the 0.6.1 stack and not
@@ -1056,7 +1058,7 @@ class _Resolver:
             )
             if vllm_v
             else None,
-            sglang=sglang_record(s.sglang_v, s.sr) if s.sr else None,
+            sglang=sglang_record(s.sglang_v, s.sr) if s.sr and s.sglang_v else None,
             verl=R.Verl(
                 version=s.verl_v,
                 attention_override=verl["attention_override"],
@@ -1113,7 +1115,7 @@ class _Resolver:
         )
 
 
-def sglang_record(version: str, sr: dict) -> R.Sglang:
+def sglang_record(version: str, sr: dict[str, Any]) -> R.Sglang:
     extras = f"[{','.join(sr['extras'])}]" if sr.get("extras") else ""
     k = sr["kernel"]
     return R.Sglang(
@@ -1124,7 +1126,7 @@ def sglang_record(version: str, sr: dict) -> R.Sglang:
     )
 
 
-def card_size(total: dict | None, gpu: dict, ecc: str | None) -> dict:
+def card_size(total: dict[str, Any] | None, gpu: dict[str, Any], ecc: str | None) -> dict[str, Any]:
     """The memory the plan counts on (memory.yaml total_mib, else the nominal vram_gb) and what
     the board's ECC does to it: `ecc` is the --ecc override (None: the board's default)."""
     if total is None:
@@ -1180,6 +1182,9 @@ class Selection:
     build: Entry
     vllm_v: str | None
     vr: Entry | None  # the vLLM release's record
+    sglang_v: str | None
+    sr: Entry | None  # the SGLang release's record
+    lora_flat: bool  # LoRA's base and adapters in one flat parameter (else the base in bf16)
     extra_cudas: list[str]
     usable_cudas: list[str]
     driver: R.Driver
@@ -1325,13 +1330,13 @@ def _rule_sglang(r: _Resolver, s: Selection) -> None:
         return
     sr, cc = s.sr, s.cc
 
-    def working(ok) -> list[str]:
+    def working(ok: Callable[[Entry], bool]) -> list[str]:
         """`--verl V --torch T` for the verl releases, newest first, whose SGLang installs
         beside them and passes `ok(sglang release)`."""
         out = []
         for v in sorted(m.verl, key=version_key, reverse=True):
             other = m.verl[v].get("sglang") or {}
-            srv = m.sglang.get(other.get("version"))
+            srv = m.sglang.get(other.get("version") or "")
             if "sglang" in m.verl[v]["rollouts"] and srv and not other.get("refused") and ok(srv):
                 out.append(f"--verl {v} --torch {srv['torch']}{_cuda_for(m, srv['torch'], s.cuda_v)}")
         return out

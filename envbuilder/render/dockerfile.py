@@ -12,7 +12,7 @@ goes through the filter of the place it lands (quoting.py) before it reaches the
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import Any, TYPE_CHECKING
 
 from envbuilder.model.record import Record, plain
 from envbuilder.render import image as I
@@ -20,7 +20,9 @@ from envbuilder.render.plan import InstallPlan, Layer
 from envbuilder.render.quoting import arg, comment, dq, sh
 
 if TYPE_CHECKING:
-    from envbuilder.model.resolved import ResolvedEnv
+    from collections.abc import Iterable
+
+    from envbuilder.model.resolved import Apex, ResolvedEnv
     from envbuilder.render.locked import LockedContext
 
 SECRETS = tuple(f"--mount=type=secret,id={s}" for s in ("ca_cert", "pip_conf", "endpoints"))
@@ -43,8 +45,10 @@ class Instruction(Record):
     continuation lines (a RUN's shell, a LABEL's pairs), each printed after ` \\` and a line
     break, its own indentation included."""
 
-    __slots__ = _fields = ("keyword", "words", "lines", "comments")
-    _defaults = {"lines": (), "comments": ()}
+    keyword: str
+    words: tuple[str, ...]
+    lines: tuple[str, ...] = ()
+    comments: tuple[str, ...] = ()
 
 
 class DockerfilePlan(Record):
@@ -52,11 +56,11 @@ class DockerfilePlan(Record):
     the profile, then `blocks` (the base-image ARGs, then each stage), a blank line before
     each."""
 
-    __slots__ = _fields = ("notes", "blocks")
-    _defaults: dict = {}
+    notes: tuple[str, ...]
+    blocks: tuple[tuple[Instruction, ...], ...]
 
 
-def _i(keyword: str, *words: str, lines=(), comments=()) -> Instruction:
+def _i(keyword: str, *words: str, lines: Iterable[str] = (), comments: Iterable[str] = ()) -> Instruction:
     return Instruction(keyword, tuple(words), tuple(lines), tuple(comments))
 
 
@@ -64,7 +68,7 @@ def _cache(target: str) -> str:
     return f"--mount=type=cache,target={target}"
 
 
-def _tojson(value) -> str:
+def _tojson(value: Any) -> str:
     """JSON as the template's `tojson` wrote it: sorted keys, records as plain data, and <, >,
     & and ' as \\u escapes (jinja's htmlsafe_json_dumps)."""
     text = json.dumps(value, sort_keys=True, default=plain)
@@ -73,7 +77,7 @@ def _tojson(value) -> str:
     return text
 
 
-def apex_options(apex) -> tuple[list[str], list[str]]:
+def apex_options(apex: Apex) -> tuple[list[str], list[str]]:
     """(environment assignments, pip options) that build apex's C++ and CUDA extensions: the
     variables a release that reads them takes (install: env), else setup.py's build options."""
     if apex.install == "env":
@@ -84,7 +88,7 @@ def apex_options(apex) -> tuple[list[str], list[str]]:
     ]
 
 
-def apex_command(env) -> str:
+def apex_command(env: ResolvedEnv) -> str:
     """How to build apex by hand into an environment (requirements.txt's and environment.yml's
     note, preflight's record of what was built); "" when the profile has no apex."""
     if not env.apex:
@@ -100,18 +104,18 @@ class _Steps:
         self.env, self.plan, self.locked = env, plan, locked
         self.wheelhouse = bool(locked and locked.wheelhouse)
         # uv installs the runtime stage, except from a wheelhouse exported without its wheel
-        self.uv = not (self.wheelhouse and not locked.uv_wheel)
+        self.uv = not (self.wheelhouse and locked is not None and not locked.uv_wheel)
 
     # -- pieces of a RUN line
 
-    def mounts(self, files) -> list[str]:
+    def mounts(self, files: Iterable[str | None]) -> list[str]:
         """Bind mounts of build-context files (and the wheelhouse, when installing from one)."""
         out = [f"--mount=type=bind,source={f},target={I.CONTEXT}/{f}" for f in files if f]
         if self.wheelhouse:
             out.append(f"--mount=type=bind,source=wheelhouse,target={I.WHEELHOUSE}")
         return out
 
-    def step_files(self, layer: Layer, upto) -> list[str]:
+    def step_files(self, layer: Layer, upto: Iterable[Layer]) -> list[str | None]:
         """What a pip step reads from the build context: its hashed file when locked, else the
         constraints files of the steps up to it that pin anything."""
         if self.locked:
@@ -127,7 +131,7 @@ class _Steps:
             )
         return '--index-url "${PIP_INDEX_URL}" ' if uv else ""
 
-    def install(self, layer: Layer, upto, uv: bool = False) -> str:
+    def install(self, layer: Layer, upto: Iterable[Layer], uv: bool = False) -> str:
         """The pip (or uv) command of one step: from the lock's hashed file (from the
         wheelhouse: no index at all), or within the constraints of the steps up to it."""
         installer = "uv pip install" if uv else "pip install"
@@ -146,7 +150,14 @@ class _Steps:
             wanted = " ".join(sh(r) for r in layer.requirements)
         return f"{installer} {self.index(uv)}{constraints}{wanted}"
 
-    def run(self, cache: str, mounts, shell, secrets: bool = True, comments=()) -> Instruction:
+    def run(
+        self,
+        cache: str,
+        mounts: list[str],
+        shell: list[str],
+        secrets: bool = True,
+        comments: Iterable[str] = (),
+    ) -> Instruction:
         """A RUN with a cache mount at `cache`, `mounts` and (`secrets`) the secrets the
         prologue reads; `shell`: its lines, the first after the prologue."""
         first, *rest = shell
@@ -160,9 +171,9 @@ class _Steps:
 
     # -- the parts of the file
 
-    def notes(self, credentials) -> list[str]:
+    def notes(self, credentials: list[str]) -> list[str]:
         env, plan, locked = self.env, self.plan, self.locked
-        out = []
+        out: list[str] = []
         if locked:
             out.append(
                 "Locked: "
@@ -283,6 +294,8 @@ class _Steps:
         """The builder stage: torch and the build tools with pip, then apex and flash-attn's
         wheels into /wheels."""
         env, plan, locked = self.env, self.plan, self.locked
+        assert plan.builder is not None  # (called only for a plan with a builder stage)
+        builder = plan.builder
         out = [
             _i(
                 "FROM",
@@ -301,13 +314,11 @@ class _Steps:
         torch = plan.layers[0]
         if locked:
             build = locked.layers.get("build")
-            shell = [self.install(torch, ())] + (
-                [f"    && {self.install(plan.builder, ())}"] if build else []
-            )
-            files = [locked.layers["torch"], build]
+            shell = [self.install(torch, ())] + ([f"    && {self.install(builder, ())}"] if build else [])
+            files: list[str | None] = [locked.layers["torch"], build]
         else:  # the builder's torch within the torch step's pins too: the extensions build against it
-            upto = (torch, plan.builder)
-            shell, files = [self.install(plan.builder, upto)], self.step_files(plan.builder, upto)
+            upto = (torch, builder)
+            shell, files = [self.install(builder, upto)], self.step_files(builder, upto)
         out.append(self.run(PIP_CACHE, self.mounts(files), shell, comments=why))
         out.append(_i("ARG", "MAX_JOBS=4"))
         out.append(
@@ -321,6 +332,7 @@ class _Steps:
 
     def apex(self) -> list[Instruction]:
         env = self.env
+        assert env.apex is not None  # (called only for a profile with apex)
         source = self.locked.apex_source if self.locked else None
         comments = [
             f"apex: nvcc {env.cuda.version} == torch.version.cuda {env.torch.cuda}; no GPU is visible "
@@ -345,6 +357,7 @@ class _Steps:
 
     def flash_attn(self) -> list[Instruction]:
         env, fa = self.env, self.env.flash_attn
+        assert fa is not None  # (called only for a profile with flash-attn)
         pins = self.locked.flash_attn_wheels if self.locked else None
         comments = [
             f"flash-attn {fa.version}: the release's prebuilt wheel for the torch installed above, named "
@@ -485,13 +498,15 @@ class _Steps:
     def step_comment(self, layer: Layer) -> str:
         if layer.name == "vllm":
             v = self.env.vllm
+            assert v is not None
             return f"vLLM {v.version}: pins torch=={v.torch}, which is the torch above."
         if layer.name == "sglang":
             g = self.env.sglang
+            assert g is not None
             return f"SGLang {g.version} and its kernels: pins torch=={g.torch}, which is the torch above."
         return STEP_COMMENT[layer.name]
 
-    def copy_and_run(self, script: str, comments) -> list[Instruction]:
+    def copy_and_run(self, script: str, comments: Iterable[str]) -> list[Instruction]:
         path = f"{I.HOME}/{script}"
         return [_i("COPY", script, path, comments=comments), _i("RUN", "python", path)]
 
@@ -512,7 +527,11 @@ class _Steps:
 
 
 def dockerfile_plan(
-    env, plan: InstallPlan, locked: dict | None, credentials=(), spec_sha256: str = ""
+    env: ResolvedEnv,
+    plan: InstallPlan,
+    locked: LockedContext | None,
+    credentials: Iterable[str] = (),
+    spec_sha256: str = "",
 ) -> DockerfilePlan:
     """Every step of `env`'s Dockerfile (its install `plan`, `locked`: lock.lockfile.for_render
     or None; `credentials`: the endpoints written without their user:password@)."""

@@ -97,7 +97,7 @@ def jinja_env() -> jinja2.Environment:
     return _jinja
 
 
-def preflight_expectations(env: ResolvedEnv) -> dict:
+def preflight_expectations(env: ResolvedEnv) -> dict[str, Any]:
     """What preflight.py checks, as data (its EXPECTED blob). training_path: every module a
     training run imports, which the build's smoke test (preflight.py --smoke) imports too."""
     return {

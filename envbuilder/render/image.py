@@ -6,6 +6,11 @@ Plain constants and two small functions: the render path imports it.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from envbuilder.model.resolved import ResolvedEnv
+
 VENV = "/opt/venv"  # the virtual environment every stage installs into
 HOME = "/opt/envbuild"  # envbuild's scripts in the image (preflight.py, the run script)
 RUN_SCRIPT = "run_ppo_gsm8k.sh"  # the launch script's file name (rendered, then copied to HOME)
@@ -32,7 +37,7 @@ STAGE_ENV = (
 _RUN_READS = ("VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE")
 
 
-def runtime_env(env, defaults: list[tuple[str, str]] | None = None) -> list[tuple[str, str]]:
+def runtime_env(env: ResolvedEnv, defaults: list[tuple[str, str]] | None = None) -> list[tuple[str, str]]:
     """What the runtime image's ENV sets that a run reads, as (name, value), in order: the
     stage's venv, HF_ENDPOINT (a build ARG's default), `defaults` (what a runner without the
     run script needs of its defaults), then TORCHDYNAMO_DISABLE where the GPU is below
@@ -46,7 +51,7 @@ def runtime_env(env, defaults: list[tuple[str, str]] | None = None) -> list[tupl
     return out
 
 
-def labels(env, sif: bool = False) -> list[tuple[str, str]]:
+def labels(env: ResolvedEnv, sif: bool = False) -> list[tuple[str, str]]:
     """envbuild's labels of `env`'s image (`sif`: of an Apptainer SIF made from it), key and
     value, in order. Each consumer adds what only it knows (the spec's sha256, the source)."""
     rows = (  # (key, value, on the Docker image, in the SIF)

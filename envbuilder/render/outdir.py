@@ -38,7 +38,7 @@ import stat
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
-from typing import Callable, NamedTuple
+from typing import BinaryIO, Callable, NamedTuple
 
 from envbuilder.errors import ActionError, EnvbuildError, UserError
 from envbuilder.text import shorten  # noqa: F401  (re-exported: outdir.shorten)

@@ -8,9 +8,16 @@ the rendered scripts as tasks. Pure: templates/pixi.toml.j2 writes it, every val
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import re
 
 from envbuilder.model.resolved import ResolvedEnv
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from envbuilder.render.plan import InstallPlan
 
 # envbuild renders x86_64 environments only: the resolver refuses an aarch64 GPU (GH200, GB200:
 # resolve._rule_machine), and the uv pin, the locks and the wheelhouse name x86_64 wheels
@@ -21,7 +28,7 @@ _CONDA_SPEC = re.compile(r"([a-z0-9][a-z0-9._-]*)(?:=([0-9][0-9A-Za-z._+]*))?")
 _REQUIREMENT = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[([^\]]*)\])?==(\S+)")
 
 
-def conda_dependencies(specs) -> list[tuple[str, str]]:
+def conda_dependencies(specs: Iterable[str]) -> list[tuple[str, str]]:
     """[(name, pixi version spec)] of conda specs: `python=3.10` -> ("python", "3.10.*"), `pip`
     -> ("pip", "*"). A spec of another shape is a ValueError (the matrix schema lets none in)."""
     out = []
@@ -35,7 +42,7 @@ def conda_dependencies(specs) -> list[tuple[str, str]]:
     return out
 
 
-def pypi_dependencies(env: ResolvedEnv, plan) -> list[dict]:
+def pypi_dependencies(env: ResolvedEnv, plan: InstallPlan) -> list[dict[str, Any]]:
     """[{name, version, extras, index}], sorted by name: every pin of every runtime layer (the
     top-level pins and, with a lock, everything they pull in), the extras the top-level
     requirement asks for, and `index` (the PyTorch index) for torch's own packages where the
@@ -76,11 +83,11 @@ def channels(env: ResolvedEnv) -> list[str]:
     return out + list(env.conda_channels)
 
 
-def tasks(env: ResolvedEnv, run_script: str) -> list[dict]:
+def tasks(env: ResolvedEnv, run_script: str) -> list[dict[str, Any]]:
     """pixi's tasks, in the rendered folder (the workspace's root): preflight, prepare-data
     (where the profile trains on a dataset) and train. `pixi run train ARGS` passes ARGS on as
     the run script's extra Hydra overrides, which preflight checks."""
-    out = [
+    out: list[dict[str, Any]] = [
         {
             "name": "preflight",
             "cmd": "python preflight.py",
@@ -106,7 +113,7 @@ def tasks(env: ResolvedEnv, run_script: str) -> list[dict]:
     return out
 
 
-def context(env: ResolvedEnv, plan, run_script: str) -> dict:
+def context(env: ResolvedEnv, plan: InstallPlan, run_script: str) -> dict[str, Any]:
     """What templates/pixi.toml.j2 writes."""
     return {
         "name": f"envbuild-{env.profile}",

@@ -9,17 +9,27 @@ into OUT/<profile>/; or a saved envbuild.json replayed. Callable without click:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from envbuilder.errors import UserError
 from envbuilder.render.prepare import locked_context, plain_name, prepare
 
+if TYPE_CHECKING:
+    from envbuilder.model.matrix import Matrix
+    from envbuilder.model.resolved import Overrides, ResolvedEnv
 
-def render_replay(from_: Path, out: Path | None = None, locked_dir=None, wheelhouse=None, force=False):
+
+def render_replay(
+    from_: Path,
+    out: Path | None = None,
+    locked_dir: str | Path | None = None,
+    wheelhouse: str | Path | None = None,
+    force: bool = False,
+) -> tuple[ResolvedEnv, Path]:
     """The files of the environment an envbuild.json (`from_`) holds, written into
     OUT/<its profile>/; returns (the environment, the folder)."""
     from envbuilder.limits import read_text_bounded
-    from envbuilder.model.resolve import ResolvedEnv
+    from envbuilder.model.resolved import ResolvedEnv
     from envbuilder.render import files as R
 
     text = read_text_bounded(Path(from_), "--from file")
@@ -29,18 +39,18 @@ def render_replay(from_: Path, out: Path | None = None, locked_dir=None, wheelho
     target = Path(out or "out") / plain_name(env.name, "the profile named in " + str(from_))
     locked = locked_context(env, locked_dir, wheelhouse)
     files = R.render_files(env, locked)  # (a failure past the check is a bug: a traceback)
-    R.write_dir(target, files, (locked or {}).get("links"), force=force)
+    R.write_dir(target, files, locked.links if locked else None, force=force)
     return env, target
 
 
 def render_profiles(
-    m,
+    m: Matrix,
     names: list[str],
-    overrides,
+    overrides: Overrides,
     out: Path | None = None,
     *,
-    locked_dir=None,
-    wheelhouse=None,
+    locked_dir: str | Path | None = None,
+    wheelhouse: str | Path | None = None,
     mirror: str | None = None,
     force: bool = False,
     say: Callable[[str], None] = print,

@@ -167,7 +167,7 @@ def md_code_block(text: str) -> str:
 _TOML_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
-def toml(value) -> str:
+def toml(value: object) -> str:
     """A TOML basic string, quotes included, that reads back as exactly `value` (pixi.toml): `"`
     and `\\` escaped, and every character that is not printable (controls, line and paragraph
     separators, bidi overrides) written as its \\uXXXX or \\UXXXXXXXX escape, so it stays on
@@ -190,7 +190,7 @@ def toml(value) -> str:
     return '"' + "".join(map(one, text)) + '"'
 
 
-def tomlkey(value) -> str:
+def tomlkey(value: object) -> str:
     """A TOML key: bare when it is one (letters, digits, `_`, `-`), else a quoted string
     (`ruamel.yaml` is one key, not a dotted path)."""
     text = _bounded(value)

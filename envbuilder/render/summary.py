@@ -8,10 +8,16 @@ resolved environment (no click, no I/O):
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import json
 
+if TYPE_CHECKING:
+    from envbuilder.model.matrix import Matrix
+    from envbuilder.model.resolved import Overrides, ResolvedEnv
 
-def list_rows(m) -> list[dict]:
+
+def list_rows(m: Matrix) -> list[dict[str, Any]]:
     """Each profile's line of `envbuild list` (its --json form)."""
     rows = []
     for name, p in m.profiles.items():
@@ -32,7 +38,7 @@ def list_rows(m) -> list[dict]:
     return rows
 
 
-def list_table(rows: list[dict]) -> str:
+def list_table(rows: list[dict[str, Any]]) -> str:
     """`envbuild list`: the rows as aligned columns under a header."""
     header = ("PROFILE", "GPU", "CC", "CUDA", "TORCH", "VERL", "ROLLOUT")
     table = [header] + [
@@ -42,7 +48,14 @@ def list_table(rows: list[dict]) -> str:
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in table)
 
 
-def show_text(m, profile: str, overrides=None, *, memory: bool = False, as_json: bool = False) -> str:
+def show_text(
+    m: Matrix,
+    profile: str,
+    overrides: Overrides | None = None,
+    *,
+    memory: bool = False,
+    as_json: bool = False,
+) -> str:
     """What `envbuild show PROFILE` prints (with a final newline): the summary, the resolved
     environment as JSON, or (`memory`) the memory plan as text or JSON."""
     from envbuilder.model.resolve import held_back, resolve
@@ -88,7 +101,7 @@ def show_text(m, profile: str, overrides=None, *, memory: bool = False, as_json:
     return "\n".join(lines) + "\n"
 
 
-def available_algorithms(m, env) -> list[str]:
+def available_algorithms(m: Matrix, env: ResolvedEnv) -> list[str]:
     """The estimators env's verl release has that the recipe can run, besides env's own."""
     from envbuilder.model.versions import version_key
 
@@ -119,7 +132,7 @@ BATCH_KEYS = (
 PHASE_BATCH = {"generation": "generation", "log_prob": "log_prob", "actor": "actor", "critic": "critic"}
 
 
-def memory_lines(env) -> list[str]:
+def memory_lines(env: ResolvedEnv) -> list[str]:
     """`show --memory`: the budget line by line (term, formula, GiB) and the chosen sizes."""
     mem, a = env.memory, env.memory["arch"]
     card = mem.get("card") or {}
