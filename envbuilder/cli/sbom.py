@@ -43,7 +43,7 @@ def sbom(profile, out, lock_dir, force, overrides, matrix_dirs):
     env = resolve(load_matrix(matrix_dirs), profile, overrides)
     # the lock found, verified and refused exactly as `render --locked DIR` does
     locked = locked_context(env, lock_dir if lock_dir is not None else "-")
-    text = locked["sbom"]
+    text = locked.sbom
     if out is None:
         click.echo(text, nl=False)
         return
