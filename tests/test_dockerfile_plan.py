@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = ROOT / "templates"
 
 
-def steps_of(profile: str, locked: dict | None = None, **kw):
+def steps_of(profile: str, locked=None, **kw):
     env = with_constraints(resolved(profile, **kw))
     return env, dockerfile_plan(env, install_plan(env), locked, (), "f" * 64)
 
@@ -39,18 +39,22 @@ def fake_locked(env, *, wheelhouse=False, uv_wheel=None, build=True, empty=()):
     }
     if env.needs_builder:
         layers["build"] = "locked-build.txt" if build else None
-    return {
-        "images": {k: f"{v}@sha256:{'a' * 64}" for k, v in env.cuda.images.items()},
-        "images_pinned": True,
-        "layers": layers,
-        "files": {},
-        "input_sha256": "b" * 64,
-        "wheelhouse": wheelhouse,
-        "links": {},
-        "uv_wheel": uv_wheel,
-        "apex_source": {"sha256": "c" * 64, "filename": "apex.tar.gz"} if env.apex else None,
-        "flash_attn_wheels": {"flash_attn-2.whl": "d" * 64} if env.flash_attn else None,
-    }
+    from envbuilder.render.locked import LockedContext
+
+    return LockedContext(
+        sbom="",
+        sbom_sha256="e" * 64,
+        images={k: f"{v}@sha256:{'a' * 64}" for k, v in env.cuda.images.items()},
+        images_pinned=True,
+        layers=layers,
+        files={},
+        input_sha256="b" * 64,
+        wheelhouse=wheelhouse,
+        links={},
+        uv_wheel=uv_wheel,
+        apex_source={"sha256": "c" * 64, "filename": "apex.tar.gz"} if env.apex else None,
+        flash_attn_wheels={"flash_attn-2.whl": "d" * 64} if env.flash_attn else None,
+    )
 
 
 def runs(block) -> list[Instruction]:

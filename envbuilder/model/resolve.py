@@ -27,7 +27,7 @@ TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 from envbuilder.model.matrix_schema import AUDIT_CHECKS  # noqa: E402,F401  (re-exported)
 
 # each matrix's memory plans by their inputs (_Resolver.memory_plan)
-_PLANS: "weakref.WeakKeyDictionary[Matrix, dict]" = weakref.WeakKeyDictionary()
+_PLANS: "weakref.WeakKeyDictionary[Matrix, dict[str, dict[str, Any]]]" = weakref.WeakKeyDictionary()
 
 # Rollouts whose packages the matrix knows how to pin (hf needs none, vllm: matrices/vllm.yaml,
 # sglang: matrices/sglang.yaml, the release verl's `sglang` extra pins).

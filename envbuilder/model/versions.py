@@ -27,12 +27,12 @@ def is_driver_version(text: object) -> bool:
 
 # version_key and in_range of the matrix's few hundred versions, each computed once (a grid or a
 # fix walk asks them tens of thousands of times); bounded, so odd input cannot grow them
-_KEYS: dict[str, tuple] = {}
+_KEYS: dict[str, tuple[Any, ...]] = {}
 _RANGES: dict[tuple[str, str], bool] = {}
 _MAX_CACHED = 4096
 
 
-def version_key(text: str) -> tuple:
+def version_key(text: str) -> tuple[Any, ...]:
     """A sort key, PEP 440's order: X.devN < XaN < XbN < XrcN < X < X.postN; the release
     numbers zero-padded. Raises ValueError (naming the text) for anything else."""
     plain = str(text).strip()
@@ -44,7 +44,7 @@ def version_key(text: str) -> tuple:
     return key
 
 
-def _version_key(text, plain: str) -> tuple:
+def _version_key(text: object, plain: str) -> tuple[Any, ...]:
     m = _VERSION.fullmatch(plain)
     if not m:
         raise ValueError(f"not a release version: {text!r}")

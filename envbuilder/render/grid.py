@@ -12,15 +12,21 @@ driver rule compares a driver with those only, so every driver falls in one leve
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
+from collections.abc import Iterable, Iterator
+from typing import Any, NamedTuple
 
 from envbuilder.errors import UserError
 from envbuilder.model import fixes
-from envbuilder.model.matrix import Matrix, cc_tuple, version_key
-from envbuilder.model.resolve import Overrides, ResolveError, cc_runs, resolve
+from envbuilder.model.matrix import Matrix, cc_tuple
+from envbuilder.model.resolve import ResolveError, cc_runs, resolve
+from envbuilder.model.resolved import Overrides, ResolvedEnv
+from envbuilder.model.versions import version_key
 
 MARK = {"ok": "\u2713", "fix": "~", "no": "\u2717", "none": "\u00b7"}
-NEWEST = lambda xs: sorted(xs, key=version_key, reverse=True)  # noqa: E731
+
+
+def NEWEST(xs: Iterable[str]) -> list[str]:
+    return sorted(xs, key=version_key, reverse=True)
 
 
 class Column(NamedTuple):
@@ -39,7 +45,7 @@ class Row(NamedTuple):
 class Cell(NamedTuple):
     state: str  # ok, fix, no, none
     fix: tuple[tuple[str, str], ...]  # (state fix) the override that makes it resolve
-    rules: tuple[dict, ...]  # the refusal: rule, what, why, fix, hard
+    rules: tuple[dict[str, Any], ...]  # the refusal: rule, what, why, fix, hard
     summary: str  # what resolves (ok, fix), or the refusal in one line
     command: str  # the `envbuild render` line for the combination (with the fix, if any)
     sources: tuple[tuple[str, str], ...]  # (what, URL or text) of the records involved
@@ -49,7 +55,9 @@ class Cell(NamedTuple):
 class Grid(NamedTuple):
     rows: tuple[Row, ...]
     columns: tuple[Column, ...]
-    cells: dict  # driver (None: not given) -> {(row index, column index): Cell}
+    cells: dict[
+        str | None, dict[tuple[int, int], Cell]
+    ]  # driver (None: not given) -> {(row index, column index): Cell}
     resolves: int  # distinct resolver calls made
 
 
@@ -76,12 +84,13 @@ def columns(m: Matrix) -> list[Column]:
 def rows(m: Matrix, gpus: tuple[str, ...] = ()) -> list[Row]:
     """One row per profile, in gpus.yaml's order; a GPU no profile targets gets one row of ·.
     `gpus` narrows to those GPU keys (or profile names)."""
-    out = []
+    out: list[Row] = []
     for key, g in m.gpus.items():
         names = [n for n, p in m.profiles.items() if p["gpu"] == key]
         if gpus and key not in gpus and not set(names) & set(gpus):
             continue
-        for name in names or [None]:
+        profiles: list[str | None] = [*names] or [None]  # (None: a row of no profile)
+        for name in profiles:
             if gpus and names and key not in gpus and name not in gpus:
                 continue
             out.append(Row(key, g["name"], g["compute_capability"], name))
@@ -114,9 +123,10 @@ class Verdicts:
     make at all)."""
 
     def __init__(self, m: Matrix):
-        self.m, self.seen = m, {}
+        self.m = m
+        self.seen: dict[tuple[str, Overrides], ResolvedEnv | UserError] = {}
 
-    def __call__(self, profile: str, ov: Overrides):
+    def __call__(self, profile: str, ov: Overrides) -> ResolvedEnv | UserError:
         key = (profile, ov)
         if key not in self.seen:
             try:
@@ -126,11 +136,11 @@ class Verdicts:
         return self.seen[key]
 
 
-def overrides(flags, driver: str | None) -> Overrides:
+def overrides(flags: Iterable[tuple[str, str]], driver: str | None) -> Overrides:
     return fixes.applied(Overrides(driver=driver), dict(flags))
 
 
-def _keeps(col: Column, flags: dict) -> bool:
+def _keeps(col: Column, flags: dict[str, Any]) -> bool:
     """A fix that leaves the column's own choice as it is (and the machine's driver alone)."""
     mine = dict(col.flags)
     if "driver" in flags or mine.get("with") in (flags.get("without") or "").split(","):
@@ -138,7 +148,7 @@ def _keeps(col: Column, flags: dict) -> bool:
     return all(f not in mine or flags[f] == mine[f] for f in flags)
 
 
-def _candidates(m: Matrix, col: Column, refusal):
+def _candidates(m: Matrix, col: Column, refusal: UserError) -> Iterator[dict[str, Any]]:
     """The overrides that may lift a refusal: each concrete alternative the resolver's fixes
     name, then each stack (stacks.yaml, newest first), then, for a vLLM release, the torch it
     pins with each CUDA of the same major."""
@@ -161,7 +171,7 @@ def _candidates(m: Matrix, col: Column, refusal):
             yield {"torch": rec["torch"], "cuda": c}
 
 
-def cell(m: Matrix, verdicts: Verdicts, row: Row, col: Column, driver: str | None, links) -> Cell:
+def cell(m: Matrix, verdicts: Verdicts, row: Row, col: Column, driver: str | None, links: Links) -> Cell:
     if row.profile is None:
         near = [n for n, p in m.profiles.items() if cc_runs(row.cc, [m.gpus[p["gpu"]]["compute_capability"]])]
         near.sort(key=lambda n: cc_tuple(m.gpus[m.profiles[n]["gpu"]]["compute_capability"]), reverse=True)
@@ -169,7 +179,7 @@ def cell(m: Matrix, verdicts: Verdicts, row: Row, col: Column, driver: str | Non
         if near:
             why += f"; the code of profile {near[0]} runs on CC {row.cc} (`envbuild detect` weighs it)"
         rule = {"rule": "profile", "what": why, "why": "", "fix": "add a profile in a --matrix-dir overlay"}
-        return Cell("none", (), (rule,), why, "", links(m.gpus[row.gpu], "gpus", row.gpu, row.name))
+        return Cell("none", (), (rule,), why, "", tuple(links(m.gpus[row.gpu], "gpus", row.gpu, row.name)))
     base = overrides(col.flags, driver)
     got = verdicts(row.profile, base)
     if not isinstance(got, UserError):
@@ -191,7 +201,7 @@ def cell(m: Matrix, verdicts: Verdicts, row: Row, col: Column, driver: str | Non
     )
 
 
-def _rules(refusal: UserError) -> tuple[dict, ...]:
+def _rules(refusal: UserError) -> tuple[dict[str, Any], ...]:
     if isinstance(refusal, ResolveError):
         return tuple(
             {"rule": v.rule, "what": v.what, "why": v.why, "fix": v.fix, "hard": v.hard}
@@ -200,7 +210,16 @@ def _rules(refusal: UserError) -> tuple[dict, ...]:
     return ({"rule": "input", "what": str(refusal), "why": "", "fix": "", "hard": True},)
 
 
-def _done(state, fix, rules, env, row: Row, col: Column, driver, links) -> Cell:
+def _done(
+    state: str,
+    fix: tuple[tuple[str, str], ...],
+    rules: tuple[dict[str, Any], ...],
+    env: ResolvedEnv,
+    row: Row,
+    col: Column,
+    driver: str | None,
+    links: Links,
+) -> Cell:
     summary = (
         f"CUDA {env.cuda.version}, torch {env.torch.version}+{env.torch.variant}, verl "
         f"{env.verl.version} with the {env.rollout} rollout"
@@ -210,12 +229,14 @@ def _done(state, fix, rules, env, row: Row, col: Column, driver, links) -> Cell:
     )
     if driver:
         summary += f"; driver {driver}: {env.driver.mode}"
-    cmd = command(row.profile, col.flags, fix, driver)
+    cmd = command(row.profile or "", col.flags, fix, driver)
     need = (env.driver.for_cuda, env.driver.min_driver, env.driver.compat_driver)
     return Cell(state, fix, rules, summary, cmd, _env_sources(env, row, links), need)
 
 
-def command(profile: str, flags, fix, driver: str | None) -> str:
+def command(
+    profile: str, flags: Iterable[tuple[str, str]], fix: Iterable[tuple[str, str]], driver: str | None
+) -> str:
     from envbuilder.render.quoting import sh
 
     parts = ["envbuild", "render", sh(profile)]
@@ -226,7 +247,7 @@ def command(profile: str, flags, fix, driver: str | None) -> str:
     return " ".join(parts)
 
 
-def _env_sources(env, row: Row, links) -> tuple:
+def _env_sources(env: ResolvedEnv, row: Row, links: Links) -> tuple[Any, ...]:
     m = links.m
     out = [*links(m.gpus[row.gpu], "gpus", row.gpu, env.gpu.name)]
     out += links(m.cuda[env.cuda.version], "cuda", env.cuda.version, f"CUDA {env.cuda.version}")
@@ -241,8 +262,8 @@ def _env_sources(env, row: Row, links) -> tuple:
     return tuple(dict.fromkeys(out))
 
 
-def _sources(m: Matrix, row: Row, col: Column, links) -> tuple:
-    p, flags = m.profiles[row.profile], dict(col.flags)
+def _sources(m: Matrix, row: Row, col: Column, links: Links) -> tuple[Any, ...]:
+    p, flags = m.profiles[row.profile or ""], dict(col.flags)
     out = [*links(m.gpus[row.gpu], "gpus", row.gpu, row.name)]
     for sec, what in (("cuda", "CUDA"), ("torch", "torch"), ("verl", "verl"), ("vllm", "vLLM")):
         v = flags.get(sec) or p.get(sec)
@@ -265,14 +286,15 @@ class Links:
     FILES = {"flash_attn": "extensions.yaml", "apex": "extensions.yaml"}
 
     def __init__(self, m: Matrix):
-        self.m, self.maps = m, {}
+        self.m = m
+        self.maps: dict[Any, dict[str, Any]] = {}
 
-    def _map(self, section: str, key: str | None) -> dict:
+    def _map(self, section: str, key: str | None) -> dict[str, Any]:
         if (section, key) not in self.maps:
             self.maps[(section, key)] = self._read(section, key)
         return self.maps[(section, key)]
 
-    def _read(self, section: str, key: str | None) -> dict:
+    def _read(self, section: str, key: str | None) -> dict[str, Any]:
         from pathlib import Path
 
         from envbuilder.limits import load_yaml, read_text_bounded
@@ -292,7 +314,7 @@ class Links:
             self.maps[path] = doc.get("sources") or {} if isinstance(doc, dict) else {}
         return self.maps[path]
 
-    def __call__(self, record: dict, section: str, key: str | None, what: str) -> list:
+    def __call__(self, record: dict[str, Any], section: str, key: str | None, what: str) -> list[Any]:
         tokens = [t.strip() for t in str(record.get("source") or "").split(",") if t.strip()]
         out = []
         for t in tokens:
@@ -352,12 +374,12 @@ def details(grid: Grid, driver: str | None) -> list[str]:
     return out
 
 
-def page_data(grid: Grid, driver: str | None = None) -> dict:
+def page_data(grid: Grid, driver: str | None = None) -> dict[str, Any]:
     """What the page's script reads: rows, columns and cells (each with the driver facts of the
     environment it resolved to, for the picker)."""
     sources: dict[tuple[str, str], int] = {}  # each (what, URL) once; a cell lists their numbers
 
-    def numbered(pairs) -> list[int]:
+    def numbered(pairs: Iterable[Any]) -> list[int]:
         return [sources.setdefault(p, len(sources)) for p in pairs]
 
     cells = [
