@@ -74,6 +74,8 @@ def columns(m: Matrix) -> list[Column]:
     cols.append(Column("rollout", "HF", (("rollout", "hf"),)))
     for v in sorted(vllms, key=version_key):
         cols.append(Column("rollout", f"vLLM {v}", (("rollout", "vllm"), ("vllm", v))))
+    if m.sections.get("sglang"):  # (the release's own SGLang pin: verl.yaml)
+        cols.append(Column("rollout", "SGLang", (("rollout", "sglang"),)))
     for v in sorted(m.verl, key=version_key):
         cols.append(Column("verl", v, (("verl", v),)))
     cols.append(Column("flash-attn", "flash-attn", (("with", "flash-attn"),)))
