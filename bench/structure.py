@@ -1,6 +1,8 @@
 """The package's structural facts, read from its source (no import): the layers import each other
 in one direction only (no circles, module-level or lazy), no module imports another module's
-private names, and no module of the command-line layer is longer than about 150 lines.
+private names, no module of the command-line layer is longer than about 150 lines, and records
+are of one style (model/record.Record: no NamedTuple, and a dataclass only for a mutable working
+object, which says so in a `# not a record: why` comment on its decorator or class line).
 
     python bench/structure.py          # prints the facts; exit 1 when one does not hold
 
@@ -102,6 +104,42 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+NOT_A_RECORD = "# not a record:"
+
+
+def _named(node: ast.expr) -> str:
+    """The name a base class or decorator is spelled with: `NamedTuple`, `typing.NamedTuple`,
+    `dataclass(frozen=True)` -> NamedTuple, NamedTuple, dataclass."""
+    if isinstance(node, ast.Call):
+        node = node.func
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def other_records(mods: dict[str, Path]) -> list[str]:
+    """Records declared other than as a Record: a NamedTuple (a class, or namedtuple()), and a
+    dataclass that does not say why it is no record."""
+    found = []
+    for mod, path in mods.items():
+        text = path.read_text(encoding="utf-8")
+        lines = text.splitlines()
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef):
+                if any(_named(b) == "NamedTuple" for b in node.bases):
+                    found.append(f"{mod}:{node.lineno} {node.name} is a NamedTuple")
+                for d in node.decorator_list:
+                    if _named(d) == "dataclass" and not any(
+                        NOT_A_RECORD in lines[n - 1] for n in (d.lineno, node.lineno)
+                    ):
+                        found.append(
+                            f"{mod}:{node.lineno} {node.name} is a dataclass without {NOT_A_RECORD!r}"
+                        )
+            elif isinstance(node, ast.Call) and _named(node.func) == "namedtuple":
+                found.append(f"{mod}:{node.lineno} namedtuple()")
+    return sorted(found)
+
+
 def facts() -> dict:
     mods = modules()
     imp = imports(mods)
@@ -138,6 +176,7 @@ def facts() -> dict:
         "private_imports": private,
         "long_cli_modules": cli_long,
         "cli_imported_below": upward,
+        "other_records": other_records(mods),
     }
 
 
@@ -156,9 +195,11 @@ def main() -> int:
     print(f"command-line modules over {CLI_MAX_LINES} lines: {len(f['long_cli_modules'])}")
     for c in f["long_cli_modules"]:
         print("  " + c)
-    return (
-        1 if (f["cycles"] or f["private_imports"] or f["long_cli_modules"] or f["cli_imported_below"]) else 0
-    )
+    print(f"records not declared as a Record: {len(f['other_records'])}")
+    for r in f["other_records"]:
+        print("  " + r)
+    failed = ("cycles", "private_imports", "long_cli_modules", "cli_imported_below", "other_records")
+    return 1 if any(f[k] for k in failed) else 0
 
 
 if __name__ == "__main__":

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from envbuilder.errors import UserError
 from envbuilder.limits import MAX_INPUT_BYTES
+from envbuilder.model.record import Record
 
 
-class Bounds(NamedTuple):
+class Bounds(Record):
     """How large a document may be. The defaults are far above any file envbuild writes (the
     deepest, envbuild.json's memory plan, is 6 levels; the longest string a patch's source)."""
 

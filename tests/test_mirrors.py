@@ -47,7 +47,8 @@ def run(capsys, *args, **env):
 def test_image_references_follow_dockers_rules(ref, expected):
     from envbuilder.oci.registry import parse_image
 
-    assert tuple(parse_image(ref)) == expected
+    got = parse_image(ref)
+    assert (got.registry, got.repository, got.reference) == expected
 
 
 def test_a_mirror_rewrites_images_of_the_registries_it_covers():

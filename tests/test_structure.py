@@ -1,6 +1,6 @@
 """The package's layout keeps its shape (bench/structure.py reads it from the source): the
-layers import each other in one direction only, no module takes another's private names, and
-no module of the command line is over 150 lines."""
+layers import each other in one direction only, no module takes another's private names, no
+module of the command line is over 150 lines, and records are of one style (issue 22)."""
 
 from __future__ import annotations
 
@@ -54,3 +54,36 @@ def test_a_long_command_line_module_is_found(tmp_path, monkeypatch):
     monkeypatch.setattr(structure, "ROOT", tmp_path)
     monkeypatch.setattr(structure, "PKG", pkg)
     assert structure.facts()["long_cli_modules"] == ["envbuilder.cli.long: 151 lines"]
+
+
+def test_every_record_is_a_record():
+    """No NamedTuple, and a dataclass only for a mutable working object that says why (issue 22:
+    one record style, model/record.Record)."""
+    assert structure.facts()["other_records"] == []
+
+
+def test_a_record_of_another_style_is_found(tmp_path, monkeypatch):
+    pkg = tmp_path / "envbuilder"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text(
+        "import collections, dataclasses, typing\n"
+        "from typing import NamedTuple\n"
+        "class A(NamedTuple):\n    x: int\n"
+        "class B(typing.NamedTuple):\n    x: int\n"
+        "C = collections.namedtuple('C', 'x')\n"
+        "@dataclasses.dataclass(frozen=True)\nclass D:\n    x: int\n"
+        "@dataclasses.dataclass  # not a record: appended to as it runs\nclass E:\n    x: list\n"
+        "class F:  # not a record: filled in as it runs\n    x: list\n"
+    )
+    (pkg / "b.py").write_text(
+        "from dataclasses import dataclass\n@dataclass\nclass G:  # not a record: counts as it goes\n    n: int\n"
+    )
+    monkeypatch.setattr(structure, "ROOT", tmp_path)
+    monkeypatch.setattr(structure, "PKG", pkg)
+    assert structure.facts()["other_records"] == [
+        "envbuilder.a:3 A is a NamedTuple",
+        "envbuilder.a:5 B is a NamedTuple",
+        "envbuilder.a:7 namedtuple()",
+        "envbuilder.a:9 D is a dataclass without '# not a record:'",
+    ]

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Callable
 
 from envbuilder.errors import ActionError, UserError
+from envbuilder.model.record import Record
 
 
-class BuildOptions(NamedTuple):
+class BuildOptions(Record):
     """What `envbuild build`'s flags say, each as its option's help describes it."""
 
     mirror: str | None = None  # a mirror set's name, or "auto"

@@ -16,11 +16,11 @@ import re
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from envbuilder.errors import ActionError, UserError
+from envbuilder.model.record import Record
 from envbuilder.oci.registry import is_loopback
 
 NAMES = ("docker", "podman", "buildah")
@@ -41,8 +41,7 @@ PULL_FAILED = re.compile(
 )
 
 
-@dataclass(frozen=True)
-class Engine:
+class Engine(Record):
     name: str
     build: Callable  # (context, tag, build_args, secrets, echo, say) -> build.BuildResult
     smoke: Callable  # (image, command) -> its output; ActionError when it fails

@@ -16,9 +16,10 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Callable
 
 from envbuilder.errors import ActionError, UserError
+from envbuilder.model.record import Record
 
 # Build output that means the base image could not be pulled (the endpoint served its manifest
 # a moment ago, so this is rare: a blob the mirror lacks, a dropped connection).
@@ -39,7 +40,7 @@ class NoBuildKit(ActionError):
         self.detail, self.fix = detail, fix
 
 
-class BuildKitClient(NamedTuple):
+class BuildKitClient(Record):
     argv: tuple[str, ...]  # ("docker", "buildx", "build") or ("docker", "build")
     env: dict
     description: str
@@ -184,7 +185,7 @@ def first_line(e: Exception) -> str:
 BUILDKIT_STEP = r"^#\d+ \["
 
 
-class BuildResult(NamedTuple):
+class BuildResult(Record):
     image: str
     log_tail: str
 

@@ -20,16 +20,17 @@ conda_lock, requests and uv load inside the steps that use them.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Callable
 
 from envbuilder.errors import UserError
 from envbuilder.model.resolve import ResolvedEnv
 from envbuilder.lock import lockfile as L
+from envbuilder.model.record import Record
 
 SOLVERS = ("rattler", "conda-lock")
 
 
-class Sources(NamedTuple):
+class Sources(Record):
     """Where a lock reads from: the profile's own endpoints, a mirror set's, or the flags'."""
 
     pypi: str

@@ -13,11 +13,11 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import NamedTuple
 
 from envbuilder.errors import ActionError, UserError
 from envbuilder.render.plan import conda_specs
 from envbuilder.model.resolve import ResolvedEnv
+from envbuilder.model.record import Record
 
 PLATFORM = "linux-64"
 # The target kernel is not known when locking; conda-lock's default. Packages rarely ask.
@@ -25,7 +25,7 @@ LINUX = "5.10"
 CONDA_EXES = ("micromamba", "mamba", "conda")
 
 
-class CondaRecord(NamedTuple):
+class CondaRecord(Record):
     """One solved conda package: what conda-lock.yml records and rattler needs to install it."""
 
     name: str
@@ -35,6 +35,11 @@ class CondaRecord(NamedTuple):
     md5: str
     sha256: str
     depends: tuple[str, ...]
+
+
+def _order(r: CondaRecord) -> tuple:
+    """conda-lock.yml's order of packages: by name, then version, build, url, ..."""
+    return (r.name, r.version, r.build, r.url, r.md5, r.sha256, r.depends)
 
 
 def default_channels(env: ResolvedEnv) -> list[str]:
@@ -113,7 +118,7 @@ def solve_rattler(env: ResolvedEnv, channels: list[str], vpkgs: dict[str, str]) 
                 r["name"], r["version"], r["build"], r["url"], r["md5"], r["sha256"], tuple(r["depends"])
             )
         )
-    return sorted(out)
+    return sorted(out, key=_order)
 
 
 def _urls(channels: list[str]) -> list[str]:
@@ -185,17 +190,20 @@ def solve_conda_lock(env: ResolvedEnv, channels: list[str], vpkgs: dict[str, str
             raise cls(f"conda-lock could not lock the conda part of {env.name}:\n{msg}")
         lock = parse_conda_lock_file(tmp / "conda-lock.yml")
     return sorted(
-        CondaRecord(
-            p.name,
-            p.version,
-            p.build or "",
-            p.url,
-            p.hash.md5 or "",
-            p.hash.sha256 or "",
-            tuple(f"{k} {v}".strip() if v != "*" else k for k, v in p.dependencies.items()),
-        )
-        for p in lock.package
-        if p.manager == "conda"
+        (
+            CondaRecord(
+                p.name,
+                p.version,
+                p.build or "",
+                p.url,
+                p.hash.md5 or "",
+                p.hash.sha256 or "",
+                tuple(f"{k} {v}".strip() if v != "*" else k for k, v in p.dependencies.items()),
+            )
+            for p in lock.package
+            if p.manager == "conda"
+        ),
+        key=_order,
     )
 
 

@@ -10,13 +10,14 @@ callbacks hand it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Callable
 
 from envbuilder.errors import ActionError, EnvbuildError, UserError
 from envbuilder.paths import LOCK_ROOT
+from envbuilder.model.record import Record
 
 
-class LockFlags(NamedTuple):
+class LockFlags(Record):
     """Where the lock is solved from (each replaces the profile's own; the mirror set's
     endpoints come first, the URLs given override them), with which solver, and whether the pip
     part takes PyPI's torch (`--torch-from-pypi`)."""

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import re
 import subprocess
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 from envbuilder.model.matrix import Matrix, cc_tuple
 from envbuilder.model.resolve import Overrides, ResolveError, cc_runs, resolve
 from envbuilder.model.versions import is_driver_version
+from envbuilder.model.record import Record
 
 QUERY = (
     "nvidia-smi",
@@ -33,7 +34,7 @@ NO_GPU_FIX = (
 )
 
 
-class Gpu(NamedTuple):
+class Gpu(Record):
     index: int
     name: str
     compute_capability: str | None
@@ -49,7 +50,7 @@ class Gpu(NamedTuple):
         return f"GPU {self.index} {self.name} (CC {cc}, {self.vram_gb:.0f} GB)"
 
 
-class Machine(NamedTuple):
+class Machine(Record):
     gpus: tuple[Gpu, ...]
     driver: str | None
     cuda: str | None  # the newest CUDA the driver supports
@@ -234,7 +235,7 @@ def weakest(gpus: tuple[Gpu, ...]) -> Gpu:
     return min(gpus, key=lambda g: (cc_tuple(g.compute_capability or "0.0"), g.vram_mib, g.index))
 
 
-class Reason(NamedTuple):
+class Reason(Record):
     ok: bool | None  # None: information, not a check
     text: str
 
@@ -242,14 +243,14 @@ class Reason(NamedTuple):
         return self.text + {True: " \u2713", False: " \u2717", None: ""}[self.ok]
 
 
-class Fit(NamedTuple):
+class Fit(Record):
     profile: str
     ok: bool
     reasons: tuple[Reason, ...]
     fixes: tuple[str, ...]
 
 
-class Recommendation(NamedTuple):
+class Recommendation(Record):
     gpu: Gpu | None  # the GPU the profile was chosen for
     profile: str | None
     fits: tuple[Fit, ...]  # every candidate checked, best first

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 from envbuilder.errors import UserError
 from envbuilder.machine.detect import Machine, NO_GPU_FIX, detect, run_command, runnable_archs
 from envbuilder.model.matrix import Matrix, cc_tuple
 from envbuilder.model.resolve import Overrides, ResolveError, ResolvedEnv, cc_runs, resolve
 from envbuilder.engines.docker import NoBuildKit, docker_clients, find_buildkit, which_all
+from envbuilder.model.record import Record
 
 # Rough size of a built image and its build cache, in GB: CUDA runtime + torch + verl, then what
 # vLLM and a build stage (devel image, nvcc, apex/flash-attn compiles) add. An estimate, not a fact.
@@ -23,7 +24,7 @@ IMAGE_GB = {"base": 15, "vllm": 5, "builder": 5}
 CONDA_TOOLS = ("micromamba", "mamba", "conda")
 
 
-class Check(NamedTuple):
+class Check(Record):
     name: str
     status: str  # ok, fail, warn (does not fail the doctor), skip (could not be checked)
     detail: str
@@ -37,7 +38,7 @@ class Check(NamedTuple):
         return out
 
 
-class Engine(NamedTuple):
+class Engine(Record):
     reachable: bool
     detail: str  # the server version, or why it could not be reached
     runtimes: tuple[str, ...] = ()
@@ -74,7 +75,7 @@ def probe_mirror(body: dict) -> list:
     return probe(body)
 
 
-class Probes(NamedTuple):
+class Probes(Record):
     """How the doctor reads the machine; tests pass recorded answers instead."""
 
     nvml: Any = None  # a pynvml-like module; None imports pynvml
@@ -100,7 +101,9 @@ def gpu_checks(
         return checks + [Check("GPU", "fail", f"no NVIDIA GPU found: {machine.problem}", NO_GPU_FIX)]
     t, pgpu = base.torch, base.gpu
     build = f"torch {t.version}+{t.variant}"
-    for g in sorted({(g.name, g.compute_capability): g for g in machine.gpus}.values()):
+    for g in sorted(
+        {(g.name, g.compute_capability): g for g in machine.gpus}.values(), key=lambda g: g.index
+    ):
         if not g.compute_capability:
             checks.append(
                 Check(
@@ -324,7 +327,7 @@ def mirror_check(m: Matrix, mirror: str | None, probe: Callable) -> Check:
     return Check("mirrors", "ok", detail)
 
 
-class Report(NamedTuple):
+class Report(Record):
     profile: str
     machine: Machine
     checks: tuple[Check, ...]

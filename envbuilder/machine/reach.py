@@ -9,12 +9,13 @@ and no GitHub."""
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Callable
 
 from envbuilder.oci.registry import DOCKER_HUB, DOCKER_HUB_API, parse_image
+from envbuilder.model.record import Record
 
 
-class Finding(NamedTuple):
+class Finding(Record):
     what: str  # the endpoint, and what the build needs it for
     why: str  # what the probe met
     fix: str

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from envbuilder.errors import UserError
+from envbuilder.model.record import Record
 from envbuilder.model.resolve import ResolvedEnv
 
 # uv's own summary lines, forwarded as progress while a layer installs
@@ -81,8 +82,7 @@ EXTENSION_WHY = {
 }
 
 
-@dataclass
-class Options:
+class Options(Record):
     index_url: str | None = None  # default: the profile's PyPI index
     torch_index_url: str | None = None  # default: the profile's PyTorch index (+cuXXX builds)
     keep: Path | None = None  # keep the venv here instead of a temporary one
@@ -93,7 +93,7 @@ class Options:
 from envbuilder.tools.python import Interpreter  # noqa: E402  (path, full version)
 
 
-@dataclass
+@dataclass  # not a record: the run fills it in as it goes (failures, imports, audit, ok)
 class Report:
     profile: str
     python: str
@@ -211,8 +211,7 @@ def _offline_env(home: Path, **extra: str) -> dict[str, str]:
 # ---- running children with progress, timeouts and Ctrl-C -------------------------------------------
 
 
-@dataclass
-class Ran:
+class Ran(Record):
     rc: int | None  # None: it ran past its time limit and was stopped
     out: str
     err: str

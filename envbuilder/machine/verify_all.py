@@ -8,12 +8,13 @@ runs, callable without click (the command line parses, calls `verify_profiles`, 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Callable
 
 from envbuilder.errors import UserError
+from envbuilder.model.record import Record
 
 
-class VerifyFlags(NamedTuple):
+class VerifyFlags(Record):
     """What the command line says about every profile's run (machine.verify.Options, less
     `keep`, which is one folder per profile here)."""
 

@@ -37,10 +37,11 @@ from __future__ import annotations
 import json
 import threading
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 from envbuilder.errors import ActionError, UserError
 from envbuilder.text import redact
+from envbuilder.model.record import Record
 
 MAX_REDIRECTS = 10
 MAX_RETRY_AFTER = 10.0  # seconds: the most a server's Retry-After makes a client wait per retry
@@ -49,7 +50,7 @@ CHUNK = 64 << 10
 DEADLINE_SCALE = 1.0  # every deadline is multiplied by this (tests shrink them all at once)
 
 
-class Expect(NamedTuple):
+class Expect(Record):
     """What a request expects back: `what` names it in messages, `max_bytes` caps its body (0:
     the status and headers are all that is read), `deadline` bounds the whole exchange in s."""
 
@@ -72,7 +73,7 @@ JSON_API = Expect("a JSON API answer", 64 << 20, 300.0)
 STATUS = Expect("a status", 0, 60.0)
 
 
-class Answer(NamedTuple):
+class Answer(Record):
     status: int
     headers: Any  # requests' case-insensitive headers
     body: bytes

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import NamedTuple
 
 from envbuilder.errors import ActionError
+from envbuilder.model.record import Record
 
 DOCKER_HUB = "docker.io"  # Docker Hub as image references (and mirror sets) name it
 DOCKER_HUB_API = "registry-1.docker.io"  # ... and where its v2 API answers
@@ -36,7 +36,7 @@ TIMEOUT = 30
 _LOOPBACK = re.compile(r"^(localhost|127\.\d+\.\d+\.\d+|\[::1\])(:\d+)?$")
 
 
-class ImageRef(NamedTuple):
+class ImageRef(Record):
     registry: str  # docker.io, nvcr.io, 127.0.0.1:5000 ...
     repository: str  # library/ubuntu, nvidia/cuda
     reference: str  # ":tag" or "@sha256:..."
@@ -45,7 +45,7 @@ class ImageRef(NamedTuple):
         return f"{self.registry}/{self.repository}{self.reference}"
 
 
-class ImageDigest(NamedTuple):
+class ImageDigest(Record):
     digest: str
     media_type: str
 

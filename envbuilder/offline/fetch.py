@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 import requests
 
 from envbuilder.errors import ActionError, UserError
+from envbuilder.model.record import Record
 from envbuilder.oci.http import redact
 from envbuilder.progress import clock_text
 
@@ -45,8 +46,7 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
-@dataclass(frozen=True)
-class FetchItem:
+class FetchItem(Record):
     """One file to fetch: the same bytes at one or more mirror URLs, tried in order."""
 
     filename: str
@@ -55,13 +55,12 @@ class FetchItem:
     size: int | None = None
 
 
-@dataclass(frozen=True)
-class FetchFailure:
+class FetchFailure(Record):
     filename: str
     reason: str
 
 
-@dataclass
+@dataclass  # not a record: fetch_all appends each file's outcome as it lands
 class FetchReport:
     downloaded: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
@@ -69,8 +68,7 @@ class FetchReport:
     bytes_transferred: int = 0
 
 
-@dataclass(frozen=True)
-class FetchEvent:
+class FetchEvent(Record):
     """What a progress callback receives, from any thread (workers, and the main one).
 
     kind: "begin" (total = number of files), "progress" (nbytes received), "retry" (message),

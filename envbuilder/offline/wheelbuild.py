@@ -23,9 +23,9 @@ import tarfile
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import NamedTuple
 
 from envbuilder.errors import ActionError, UserError
+from envbuilder.model.record import Record
 
 BUILD_TIMEOUT = 3600  # seconds: a pure sdist takes seconds; a compiled one may take long
 SOURCE_DATE_EPOCH = "315532800"  # 1980-01-01, zip's epoch: the same sdist gives the same wheel
@@ -39,7 +39,7 @@ _WHEEL = re.compile(
 _MANYLINUX_LEGACY = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
 
 
-class BuiltWheel(NamedTuple):
+class BuiltWheel(Record):
     filename: str
     sha256: str
     size: int

@@ -40,11 +40,12 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Callable
 from urllib.parse import unquote, urljoin, urlsplit
 
 from envbuilder.errors import ActionError, UserError
 from envbuilder.lock import lockfile as L
+from envbuilder.model.record import Record
 from envbuilder.render.quoting import sh
 
 MANIFEST = L.WHEELHOUSE_MANIFEST
@@ -53,7 +54,7 @@ LOCK = ".envbuild-wheelhouse.lock"
 WAIT_FOR_OTHER = 3600.0  # seconds an export waits for another one writing into the same place
 
 
-class Artifact(NamedTuple):
+class Artifact(Record):
     kind: str  # pip | conda | source
     name: str
     version: str
@@ -78,7 +79,7 @@ class Artifact(NamedTuple):
 from envbuilder.text import canonical_name as normalize  # noqa: E402  (PEP 503, one place)
 
 
-class LockPlan(NamedTuple):
+class LockPlan(Record):
     meta: dict  # lock.json
     artifacts: list[Artifact]
     texts: dict[str, str]  # every file of the lock as it was verified, lock.json too
@@ -367,7 +368,7 @@ def uv_artifacts(
     return []
 
 
-class ExportReport(NamedTuple):
+class ExportReport(Record):
     downloaded: list[str]
     skipped: list[str]
     bytes_transferred: int
@@ -708,10 +709,11 @@ def _wheels_from_sdists(
     wheels: dict[str, dict[str, str]] = {}
     built: list[str] = []
     failed: set[tuple] = set()  # (sdist, target) whose build failed in this run: not tried twice
-    for name, (meta, arts, _) in plans.items():
+    for name, plan in plans.items():
+        meta = plan.meta
         target = meta.get("target") or {}
         mine, complete = {}, True
-        for a in arts:
+        for a in plan.artifacts:
             if a.kind != "pip" or not is_sdist(a.filename):
                 continue
             key = (a.path, target.get("python"), target.get("python_platform"))
@@ -799,7 +801,7 @@ def _profile_files(out: Path, name: str, plan: LockPlan, built: dict[str, str]) 
     """requirements/<profile>.lock, conda/<profile>.txt and locks/<profile>/ for one profile;
     `built` ({package: sha256}) are the wheels that stand in for the lock's sdists. Written from
     the lock's texts as they were verified, not read again."""
-    meta, arts, texts = plan
+    meta, arts, texts = plan.meta, plan.artifacts, plan.texts
     if "pip" in meta["parts"]:
         from envbuilder.lock.pip import replace_hashes
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 from envbuilder.errors import UserError
 from envbuilder.model import fixes
@@ -21,6 +21,7 @@ from envbuilder.model.matrix import Matrix, cc_tuple
 from envbuilder.model.resolve import ResolveError, cc_runs, resolve
 from envbuilder.model.resolved import Overrides, ResolvedEnv
 from envbuilder.model.versions import version_key
+from envbuilder.model.record import Record
 
 MARK = {"ok": "\u2713", "fix": "~", "no": "\u2717", "none": "\u00b7"}
 
@@ -29,20 +30,20 @@ def NEWEST(xs: Iterable[str]) -> list[str]:
     return sorted(xs, key=version_key, reverse=True)
 
 
-class Column(NamedTuple):
+class Column(Record):
     group: str
     label: str
     flags: tuple[tuple[str, str], ...]  # render's flags, ("torch", "2.6.0"), in order
 
 
-class Row(NamedTuple):
+class Row(Record):
     gpu: str  # the matrix's key
     name: str
     cc: str
     profile: str | None  # None: no profile targets this GPU
 
 
-class Cell(NamedTuple):
+class Cell(Record):
     state: str  # ok, fix, no, none
     fix: tuple[tuple[str, str], ...]  # (state fix) the override that makes it resolve
     rules: tuple[dict[str, Any], ...]  # the refusal: rule, what, why, fix, hard
@@ -52,7 +53,7 @@ class Cell(NamedTuple):
     driver: tuple[str, str, str] | None = None  # (ok, fix) the CUDA it needs, min and compat driver
 
 
-class Grid(NamedTuple):
+class Grid(Record):
     rows: tuple[Row, ...]
     columns: tuple[Column, ...]
     cells: dict[

@@ -38,10 +38,11 @@ import stat
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO, Callable, NamedTuple
+from typing import BinaryIO, Callable
 
 from envbuilder.errors import ActionError, EnvbuildError, UserError
 from envbuilder.text import shorten  # noqa: F401  (re-exported: outdir.shorten)
+from envbuilder.model.record import Record
 
 RECORD = ".envbuild-files.json"
 JOURNAL = ".envbuild-files.next.json"
@@ -87,7 +88,7 @@ def _sha256(path: Path) -> str | None:
         return None
 
 
-class Checked(NamedTuple):
+class Checked(Record):
     """A file to place as exactly the bytes a manifest names: `rel` inside `root` (the folder the
     user named, e.g. a wheelhouse; no link below it is followed), its size and sha256. `fix`
     ends a refusal's message (what to do)."""

@@ -12,12 +12,12 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import NamedTuple
 
 from envbuilder.errors import UserError
+from envbuilder.model.record import Record
 
 
-class Interpreter(NamedTuple):
+class Interpreter(Record):
     path: str
     version: str  # the full version, 3.10.13
 
