@@ -3,7 +3,6 @@ carries at /opt/envbuild/sbom.cdx.json)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import click
@@ -11,7 +10,6 @@ import click
 from envbuilder.cli import complete
 
 from envbuilder.cli.options import load_matrix, override_options
-from envbuilder.errors import ActionError, UserError
 
 
 @click.command()
@@ -47,7 +45,10 @@ def sbom(profile, out, lock_dir, force, overrides, matrix_dirs):
     if out is None:
         click.echo(text, nl=False)
         return
-    _write(out, text, force)
+    from envbuilder.render.outdir import write_owned_file
+
+    mark = "an SBOM envbuild wrote names envbuild among its tools"
+    write_owned_file(out, text, _ours, force=force, what="SBOM file", mark=mark)
     click.echo(f"wrote the SBOM of {env.name} ({len(text.encode()):,} bytes, sha256 {_sha(text)}) -> {out}")
 
 
@@ -67,28 +68,3 @@ def _ours(path: Path) -> bool:
         return doc.get("bomFormat") == "CycloneDX" and any(t.get("name") == "envbuild" for t in tools)
     except Exception:  # anything else is not ours
         return False
-
-
-def _write(path: Path, text: str, force: bool) -> None:
-    from envbuilder.render.outdir import write_text_atomic
-
-    if path.is_dir():
-        raise UserError(f"{path} is a folder; -o names the SBOM file to write.")
-    if (path.exists() or path.is_symlink()) and not force and not _ours(path):
-        raise UserError(
-            f"{path} exists and is not an SBOM envbuild wrote, so it is left as it is. Pass "
-            "--force to replace it, or -o another file."
-        )
-    if not path.parent.is_dir():
-        raise UserError(
-            f"The folder of {path} does not exist. Create it, or -o a file in an existing folder."
-        )
-    umask = os.umask(0)
-    os.umask(umask)
-    try:
-        write_text_atomic(path, text, 0o666 & ~umask, fsync=True)
-    except OSError as e:
-        raise ActionError(
-            f"Cannot write {path}: {e.strerror}. Check the free space and permissions of "
-            f"{path.parent}, or -o a file elsewhere; nothing was written."
-        ) from None
