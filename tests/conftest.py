@@ -193,6 +193,12 @@ def _caches_out_of_home(cache_home):
     yield
 
 
+def pytest_unconfigure(config):
+    """The cache folder goes at the end in every process: a parallel run's controller imports
+    this file (and makes one) but runs no test, so no fixture removes it there."""
+    shutil.rmtree(_CACHE_HOME, ignore_errors=True)
+
+
 PYPI = "https://pypi.org/simple"
 
 
@@ -273,3 +279,31 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.pypi)
         if not any(item.get_closest_marker(t) for t in TIERS):
             item.add_marker(pytest.mark.unit)
+
+
+# -- parallel runs (pytest-xdist: tests/run.sh) ----------------------------------------------------
+# Each worker collects the whole suite and deselects (`-m 'not heavy'`) on its own, and the
+# controller, which collects nothing, would not say "N deselected": the heavy tier would vanish
+# from the summary. The workers send the ids they deselected; the controller counts each once.
+_DESELECTED: set[str] = set()
+
+
+class _Deselected:
+    """What the controller counts in place of a worker's deselected item (only its id)."""
+
+    def __init__(self, nodeid: str):
+        self.nodeid = nodeid
+
+
+def pytest_deselected(items):
+    config = items[0].config if items and isinstance(items[0], pytest.Item) else None
+    if config is not None and hasattr(config, "workeroutput"):  # (a worker of a parallel run)
+        config.workeroutput.setdefault("envbuild_deselected", []).extend(i.nodeid for i in items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    new = sorted(set(getattr(node, "workeroutput", {}).get("envbuild_deselected", ())) - _DESELECTED)
+    if new:
+        _DESELECTED.update(new)
+        node.config.hook.pytest_deselected(items=[_Deselected(i) for i in new])
