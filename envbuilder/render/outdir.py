@@ -407,25 +407,32 @@ def write_dir(
             f"Cannot write into {out_dir}: {e.strerror}. Check the path, its permissions and free space."
         ) from None
     written: dict[str, str] = {}
+    ready: set[Path] = set()
+
+    def folder(d: Path) -> None:  # each folder once (a render has a few, and many files)
+        if d not in ready:
+            d.mkdir(parents=True, exist_ok=True)
+            ready.add(d)
+
     try:
         for name, text in sorted(files.items()):
             written[name] = new_digests[name]
             if name in unchanged:
                 continue
             path = stage / name
-            path.parent.mkdir(parents=True, exist_ok=True)
+            folder(path.parent)
             path.write_text(text, encoding="utf-8")
             path.chmod(_mode_of(name, executable))
         for name, src in sorted(links.items()):
             path = stage / name
-            path.parent.mkdir(parents=True, exist_ok=True)
+            folder(path.parent)
             place_checked(src, path)
             written[name] = src.sha256
         # the journal first: from here on a killed run leaves files that hash to old or new
         write_text_atomic(journal, _record_text(written), tmp_dir=stage)
         for name in sorted(set(written) - unchanged):
             target = out_dir / name
-            target.parent.mkdir(parents=True, exist_ok=True)
+            folder(target.parent)
             os.replace(stage / name, target)
     except OSError as e:
         shutil.rmtree(stage, ignore_errors=True)

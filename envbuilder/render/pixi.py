@@ -62,7 +62,7 @@ def pypi_dependencies(env: ResolvedEnv, plan: InstallPlan) -> list[dict[str, Any
         for pin in layer.pins:
             name, _, version = pin.partition("==")
             pins.setdefault(normalize(name), version)
-    return [
+    out = [
         {
             "name": name,
             "version": f"=={version}",
@@ -71,6 +71,24 @@ def pypi_dependencies(env: ResolvedEnv, plan: InstallPlan) -> list[dict[str, Any
         }
         for name, version in sorted(pins.items())
     ]
+    for dep in out:  # its line, each value quoted for TOML here (hundreds a locked profile)
+        dep["line"] = _pypi_line(dep)
+    return out
+
+
+def _pypi_line(dep: dict[str, Any]) -> str:
+    """`name = "==1.0"`, or `name = { version = "==1.0", extras = [...], index = "..." }`."""
+    from envbuilder.render.quoting import toml, tomlkey
+
+    version = toml(dep["version"])
+    if not (dep["extras"] or dep["index"]):
+        return f"{tomlkey(dep['name'])} = {version}"
+    parts = [f"version = {version}"]
+    if dep["extras"]:
+        parts.append(f"extras = [{', '.join(toml(e) for e in dep['extras'])}]")
+    if dep["index"]:
+        parts.append(f"index = {toml(dep['index'])}")
+    return f"{tomlkey(dep['name'])} = {{ {', '.join(parts)} }}"
 
 
 def channels(env: ResolvedEnv) -> list[str]:
