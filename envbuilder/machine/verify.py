@@ -133,18 +133,9 @@ def _clean_env(**extra: str) -> dict[str, str]:
     """The caller's environment minus uv's index settings (lock.pip's rule), pip's settings and
     anything that would put other code on the venv's path: only the indexes named on the command
     line are used, never the host's pip.conf, find-links or global constraints."""
-    from envbuilder.tools.uv import uv_env
+    from envbuilder.tools.python import clean_env
 
-    drop = (
-        "PIP_",
-        "PYTHONPATH",
-        "PYTHONHOME",
-        "PYTHONSTARTUP",
-        "PYTHONUSERBASE",
-        "VIRTUAL_ENV",
-        "CONDA_PREFIX",
-    )
-    env = {k: v for k, v in uv_env().items() if not k.startswith(drop)}
+    env = clean_env()
     env.update(
         {
             "PIP_CONFIG_FILE": os.devnull,

@@ -22,7 +22,9 @@ class Interpreter(Record):
     version: str  # the full version, 3.10.13
 
 
-_CLEAN = (
+# what of the caller's environment a child interpreter must not see: pip's settings and anything
+# that puts other code on its path (uv_env drops uv's index settings too)
+HOST_SETTINGS = (
     "PIP_",
     "PYTHONPATH",
     "PYTHONHOME",
@@ -33,10 +35,11 @@ _CLEAN = (
 )
 
 
-def _env() -> dict[str, str]:
+def clean_env() -> dict[str, str]:
+    """The caller's environment without HOST_SETTINGS (nor uv's index settings)."""
     from envbuilder.tools.uv import uv_env
 
-    return {k: v for k, v in uv_env().items() if not k.startswith(_CLEAN)}
+    return {k: v for k, v in uv_env().items() if not k.startswith(HOST_SETTINGS)}
 
 
 def probe(path: str, version: str, need_venv: bool = False) -> Interpreter | None:
@@ -48,7 +51,7 @@ def probe(path: str, version: str, need_venv: bool = False) -> Interpreter | Non
         + "; print(sys.implementation.name, platform.python_version())"
     )
     try:
-        out = subprocess.run([path, "-c", code], capture_output=True, text=True, timeout=30, env=_env())
+        out = subprocess.run([path, "-c", code], capture_output=True, text=True, timeout=30, env=clean_env())
     except (OSError, subprocess.TimeoutExpired):
         return None
     parts = out.stdout.split()
@@ -92,7 +95,7 @@ def find_python(version: str, need_venv: bool = False) -> Interpreter | None:
             capture_output=True,
             text=True,
             timeout=60,
-            env=_env(),
+            env=clean_env(),
         )
     except (UserError, OSError, subprocess.TimeoutExpired):
         return None
