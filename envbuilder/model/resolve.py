@@ -707,7 +707,6 @@ class _Resolver:
         self.hf_rollout_plan(s)
         self.cluster_plan(s)
         s.memory, bf16_base = self.lora_memory(s, s.train)
-        s.lora_flat = bool(s.lora_key) and not bf16_base
         if bf16_base:
             s.train["actor_model_dtype"] = "bf16"
             s.notes.append(
@@ -1184,7 +1183,6 @@ class Selection:
     vr: Entry | None  # the vLLM release's record
     sglang_v: str | None
     sr: Entry | None  # the SGLang release's record
-    lora_flat: bool  # LoRA's base and adapters in one flat parameter (else the base in bf16)
     extra_cudas: list[str]
     usable_cudas: list[str]
     driver: R.Driver
