@@ -135,9 +135,7 @@ def write_cases(out: Path, profiles: list[str]) -> None:
                     apply_patches=_without_patch(case["apply_patches"], WRAP_PATCH),
                 )
             )
-        if case.get("variant") and any(
-            "fsdp_config.model_dtype" in o and "actor." in o for o in case["overrides"]
-        ):
+        if case.get("variant") and WRAP_PATCH in [p["name"] for p in case["patches"]]:
             # the bf16 base without the wrap patch: base and fp32 adapters in one flat parameter
             controls.append(
                 dict(
@@ -160,10 +158,11 @@ WRAP_PATCH = "verl-hf-rollout-lora-wrap"
 
 
 def _without_patch(script: str, name: str) -> str:
-    """The rendered apply_patches.py less one recorded patch (its comment line and its entry)."""
+    """The rendered apply_patches.py less one recorded patch (its comment line and its entry);
+    as it is where the render has no such patch."""
     lines = script.splitlines(keepends=True)
-    at = next(i for i, line in enumerate(lines) if line.strip().startswith(f"# {name}:"))
-    return "".join(lines[:at] + lines[at + 2 :])
+    at = next((i for i, line in enumerate(lines) if line.strip().startswith(f"# {name}:")), None)
+    return script if at is None else "".join(lines[:at] + lines[at + 2 :])
 
 
 # -- device: unpack, patch, run each case in its own process --------------------------------------

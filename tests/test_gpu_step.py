@@ -296,3 +296,26 @@ def test_a_critic_that_does_not_fit_points_at_grpo_and_grpo_renders():
     small = resolve(shipped(), "4090")
     assert small.train.actor_model_dtype is None
     assert "verl-hf-rollout-lora-wrap" not in [p.name for p in small.patches]
+
+
+def test_the_harness_writes_each_case_and_its_controls(tmp_path):
+    """`bench/gpu_step.py cases` for the 4090 and its 7B GRPO variant: the cases, and controls
+    that each undo one fix (the flat-LoRA control has neither use_orig_params nor the wrap
+    patch; the 7B control lacks the wrap patch)."""
+    out = tmp_path / "cases.json"
+    _bench().write_cases(out, ["4090", f"4090:grpo:{MODEL7B}"])
+    cases = {c["name"]: c for c in json.loads(out.read_text())["cases"]}
+    assert set(cases) == {
+        "4090",
+        "4090-grpo-Qwen_Qwen2-7B-Instruct",
+        "4090-control-flat-lora",
+        "4090-grpo-Qwen_Qwen2-7B-Instruct-control-no-wrap",
+    }
+    assert "verl-hf-rollout-lora-wrap" in cases["4090-grpo-Qwen_Qwen2-7B-Instruct"]["apply_patches"]
+    for name in ("4090-control-flat-lora", "4090-grpo-Qwen_Qwen2-7B-Instruct-control-no-wrap"):
+        assert cases[name]["control"] and "verl-hf-rollout-lora-wrap" not in cases[name]["apply_patches"]
+    assert not any("use_orig_params" in o for o in cases["4090-control-flat-lora"]["overrides"])
+    assert (
+        cases["4090-grpo-Qwen_Qwen2-7B-Instruct-control-no-wrap"]["overrides"]
+        == (cases["4090-grpo-Qwen_Qwen2-7B-Instruct"]["overrides"])
+    )
