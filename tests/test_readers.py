@@ -412,14 +412,14 @@ def test_a_deeply_nested_record_in_the_output_folder_is_ignored_not_a_crash(cli,
 
 
 def test_a_planted_lock_cache_is_validated_before_its_pins_reach_the_constraints(cli, tmp_path, monkeypatch):
-    """plan.py keeps each lock's parsed pins in the cache folder: a version planted there with a
+    """plan.py keeps each lock's layered pins in the cache folder: a pin planted there with a
     newline added a line of its own to constraints/*.txt."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cachehome"))
     monkeypatch.delenv("ENVBUILD_NO_CACHE", raising=False)
     assert cli("render", "h100", "-o", tmp_path / "clean")[0] == 0
     [cached] = (tmp_path / "cachehome" / "envbuild").glob("lock-*.json")
     doc = _cache_doc(cached)
-    doc = {n: [v + "\n--index-url http://127.0.0.1:9/evil", ps] for n, (v, ps) in doc.items()}
+    doc = {layer: [p + "\n--index-url http://127.0.0.1:9/evil" for p in pins] for layer, pins in doc.items()}
     cached.write_text(json.dumps(doc))
     assert cli("render", "h100", "-o", tmp_path / "planted")[0] == 0
     for f in (tmp_path / "clean" / "h100" / "constraints").iterdir():

@@ -42,11 +42,11 @@ def conda_dependencies(specs: Iterable[str]) -> list[tuple[str, str]]:
     return out
 
 
-def pypi_dependencies(env: ResolvedEnv, plan: InstallPlan) -> list[dict[str, Any]]:
-    """[{name, version, extras, index}], sorted by name: every pin of every runtime layer (the
-    top-level pins and, with a lock, everything they pull in), the extras the top-level
-    requirement asks for, and `index` (the PyTorch index) for torch's own packages where the
-    profile installs a +cuXXX build from it."""
+def pypi_dependencies(env: ResolvedEnv, plan: InstallPlan) -> list[str]:
+    """pixi.toml's [pypi-dependencies] lines, sorted by name: every pin of every runtime layer
+    (the top-level pins and, with a lock, everything they pull in), with the extras the
+    top-level requirement asks for, and `index` (the PyTorch index) for torch's own packages
+    where the profile installs a +cuXXX build from it. Each value quoted for TOML here."""
     from envbuilder.render.plan import normalize
 
     extras: dict[str, tuple[str, ...]] = {}
@@ -62,33 +62,34 @@ def pypi_dependencies(env: ResolvedEnv, plan: InstallPlan) -> list[dict[str, Any
         for pin in layer.pins:
             name, _, version = pin.partition("==")
             pins.setdefault(normalize(name), version)
-    out = [
-        {
-            "name": name,
-            "version": f"=={version}",
-            "extras": list(extras.get(name, ())),
-            "index": plan.torch_index if name in torch_own else None,
-        }
-        for name, version in sorted(pins.items())
-    ]
-    for dep in out:  # its line, each value quoted for TOML here (hundreds a locked profile)
-        dep["line"] = _pypi_line(dep)
-    return out
+    lines = []
+    for name, version in sorted(pins.items()):  # (hundreds a locked profile)
+        own = extras.get(name, ())
+        index = plan.torch_index if name in torch_own else None
+        if not own and not index and _BARE_NAME.fullmatch(name) and _PLAIN_VERSION.fullmatch(version):
+            lines.append(f'{name} = "=={version}"')  # (what toml() and tomlkey() would write)
+        else:
+            lines.append(_pypi_line(name, f"=={version}", own, index))
+    return lines
 
 
-def _pypi_line(dep: dict[str, Any]) -> str:
+# a normalised name that is a bare TOML key, a version that is a TOML string as it stands
+_BARE_NAME = re.compile(r"[a-z0-9-]{1,100}", re.ASCII)
+_PLAIN_VERSION = re.compile(r"[A-Za-z0-9.+!_-]{1,100}", re.ASCII)
+
+
+def _pypi_line(name: str, version: str, extras: tuple[str, ...], index: str | None) -> str:
     """`name = "==1.0"`, or `name = { version = "==1.0", extras = [...], index = "..." }`."""
     from envbuilder.render.quoting import toml, tomlkey
 
-    version = toml(dep["version"])
-    if not (dep["extras"] or dep["index"]):
-        return f"{tomlkey(dep['name'])} = {version}"
-    parts = [f"version = {version}"]
-    if dep["extras"]:
-        parts.append(f"extras = [{', '.join(toml(e) for e in dep['extras'])}]")
-    if dep["index"]:
-        parts.append(f"index = {toml(dep['index'])}")
-    return f"{tomlkey(dep['name'])} = {{ {', '.join(parts)} }}"
+    if not (extras or index):
+        return f"{tomlkey(name)} = {toml(version)}"
+    parts = [f"version = {toml(version)}"]
+    if extras:
+        parts.append(f"extras = [{', '.join(toml(e) for e in extras)}]")
+    if index:
+        parts.append(f"index = {toml(index)}")
+    return f"{tomlkey(name)} = {{ {', '.join(parts)} }}"
 
 
 def channels(env: ResolvedEnv) -> list[str]:
@@ -139,7 +140,7 @@ def context(env: ResolvedEnv, plan: InstallPlan, run_script: str) -> dict[str, A
         "platforms": list(PLATFORMS),
         "cuda": env.cuda.version,
         "conda": conda_dependencies(plan.conda_specs),
-        "pypi": pypi_dependencies(env, plan),
+        "pypi": "".join(f"\n{line}" for line in pypi_dependencies(env, plan)),
         "index_url": plan.pypi,
         "tasks": tasks(env, run_script),
     }

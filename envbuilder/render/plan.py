@@ -263,62 +263,59 @@ def constraint_layers(
     """{layer: `name==version` of the packages that layer installs} (pip constraints take no
     extras and no hashes). One set per layer, so that a changed verl pin leaves the torch
     layer's set, and with it Docker's cache of that layer, as it was. From a lock solved with
-    PyPI's torch: none of the packages that differ between torch builds."""
-    locked = _parsed(requirements_lock, lock_sha256)
-    return {
-        layer: [
-            f"{n}=={locked[n].version}"
-            for n in names
-            if not (torch_swapped and TORCH_BUILD_PACKAGES.match(n))
-        ]
-        for layer, names in layers(env, locked).items()
-    }
+    PyPI's torch: none of the packages that differ between torch builds.
 
-
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+!_-]{0,99}", re.ASCII)  # a cached pin's name, version
-_WORD = re.compile(r"(?:[A-Za-z0-9][A-Za-z0-9.+!_-]{0,99})?", re.ASCII)  # a parent ("": -r)
-
-
-def _parsed(text: str, text_sha256: str | None = None) -> dict[str, Locked]:
-    """parse(text, with_hashes=False), kept in the cache folder (paths.cache_file) by the sha256
-    of the lock (`text_sha256` where the caller has it) and of this file's code: a render of
-    every profile reads a few MB of locks, and parsing them was a third of `render --all`. Plain
-    data only; a cache that can't be read or written is parsed afresh."""
+    Kept in the cache folder (paths.cache_file) by the sha256 of the lock (`lock_sha256` where
+    the caller has it), of what decides the layers (their roots, the builder, the swap) and of
+    this file's code: a render of every profile reads a few MB of locks, and parsing and
+    layering them was a third of `render --all`. A cache that can't be read or written is
+    worked out afresh."""
     from envbuilder.paths import cache_file, read_cache, read_sealed, write_sealed
+
+    def fresh() -> dict[str, list[str]]:
+        locked = parse(requirements_lock, with_hashes=False)
+        return {
+            layer: [
+                f"{n}=={locked[n].version}"
+                for n in names
+                if not (torch_swapped and TORCH_BUILD_PACKAGES.match(n))
+            ]
+            for layer, names in layers(env, locked).items()
+        }
 
     try:
         code = Path(__file__).read_bytes()
     except OSError:
-        return parse(text, with_hashes=False)
-    h = hashlib.sha256((text_sha256 or hashlib.sha256(text.encode()).hexdigest()).encode())
-    h.update(code)
+        return fresh()
+    h = hashlib.sha256(code)
+    h.update((lock_sha256 or hashlib.sha256(requirements_lock.encode()).hexdigest()).encode())
+    h.update(json.dumps([layer_roots(env), env.needs_builder, torch_swapped]).encode())
     path = cache_file(f"lock-{h.hexdigest()[:32]}.json")
-    sealed = read_sealed(path)  # (what this envbuild parsed and sealed: no check again)
-    if sealed is not None:
-        try:
-            return {n: Locked(v, (), frozenset(ps)) for n, (v, ps) in json.loads(sealed).items()}
-        except (ValueError, TypeError):
-            pass
-    cached = None if sealed is not None else read_cache(path)
-    if cached is not None:
+    sealed = read_sealed(path)  # (what this envbuild worked out and sealed: no check again)
+    text = sealed if sealed is not None else read_cache(path)
+    if text is not None:
         from envbuilder.errors import UserError
         from envbuilder.readers import parse_json
 
-        try:  # validated as what parse() makes: names and versions of pins, one word each
-            doc = parse_json(cached, str(path))
-            if all(
-                isinstance(ps, list)
-                and _NAME.fullmatch(n)
-                and _NAME.fullmatch(v)
-                and all(map(_WORD.fullmatch, ps))
-                for n, (v, ps) in doc.items()
+        try:  # a file this envbuild did not seal is checked as what fresh() makes: one pin a line
+            doc = json.loads(text) if sealed is not None else parse_json(text, str(path))
+            if sealed is not None or all(
+                isinstance(layer, str)
+                and isinstance(pins, list)
+                and all(isinstance(p, str) and _PIN.fullmatch(p) for p in pins)
+                for layer, pins in doc.items()
             ):
-                return {n: Locked(v, (), frozenset(ps)) for n, (v, ps) in doc.items()}
+                return {layer: list(pins) for layer, pins in doc.items()}
         except (ValueError, TypeError, AttributeError, UserError):
             pass
-    locked = parse(text, with_hashes=False)
-    write_sealed(path, json.dumps({n: [e.version, sorted(e.parents)] for n, e in locked.items()}))
-    return locked
+    out = fresh()
+    write_sealed(path, json.dumps(out))
+    return out
+
+
+_PIN = re.compile(
+    r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}==[A-Za-z0-9][A-Za-z0-9.+!_-]{0,99}", re.ASCII
+)  # a cached pin
 
 
 def lock_candidates(profile: str) -> list[tuple[str, Path]]:
