@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from envbuilder.errors import UserError
 
@@ -32,6 +32,28 @@ class TooLarge(ValueError):
     """A file over the limit its reader set."""
 
 
+def read_upto(f: BinaryIO, limit: int) -> bytes:
+    """At most `limit` + 1 bytes of the open file `f` (one more, so the caller sees that it was
+    longer), asked for in the size the file has: `f.read(n)` sets n bytes aside before it reads,
+    and setting aside a 16 MiB limit took three times as long as reading a 30 KB file."""
+    try:
+        size = os.fstat(f.fileno()).st_size
+    except (OSError, AttributeError, ValueError):
+        size = 0
+    want = min(size, limit) + 1
+    data = f.read(want)
+    if len(data) < want or len(data) > limit:  # (the end, or already past the limit)
+        return data
+    parts, total = [data], len(data)  # (it grew since, or it is a pipe: on in chunks)
+    while total <= limit:
+        chunk = f.read(min(1 << 20, limit + 1 - total))
+        if not chunk:
+            break
+        parts.append(chunk)
+        total += len(chunk)
+    return b"".join(parts)
+
+
 def read_limited(path: Path, limit: int) -> bytes:
     """The bytes of `path`, read only when it is a regular file and at most `limit` bytes long.
     OSError (FileNotFoundError when missing), NotRegularFile or TooLarge otherwise: each reader
@@ -39,7 +61,7 @@ def read_limited(path: Path, limit: int) -> bytes:
     with open(path, "rb") as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             raise NotRegularFile(str(path))
-        data = f.read(limit + 1)
+        data = read_upto(f, limit)
     if len(data) > limit:
         raise TooLarge(str(path))
     return data

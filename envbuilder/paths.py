@@ -6,7 +6,6 @@ exclusively in it. What a cache file holds is validated by its reader like any o
 from __future__ import annotations
 
 import os
-import secrets
 import stat
 from functools import lru_cache
 from pathlib import Path
@@ -82,18 +81,26 @@ def read_cache(path: Path | None) -> str | None:
     if folder is None:
         return None
     try:
-        fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder)
-    except OSError:
-        return None
+        return _read_in(folder, path.name)
     finally:
         os.close(folder)
+
+
+def _read_in(folder: int, name: str) -> str | None:
+    """read_cache's file `name` in the private folder `folder` (a descriptor)."""
+    from envbuilder.limits import read_upto
+
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder)
+    except OSError:
+        return None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_size > MAX_CACHE_BYTES:
             return None
         with os.fdopen(fd, "rb") as f:
             fd = -1
-            data = f.read(MAX_CACHE_BYTES + 1)
+            data = read_upto(f, MAX_CACHE_BYTES)
         return data.decode("utf-8") if len(data) <= MAX_CACHE_BYTES else None
     except (OSError, ValueError):
         return None
@@ -111,7 +118,7 @@ def write_cache(path: Path | None, text: str) -> None:
     folder = private_dir(path.parent, create=True)
     if folder is None:
         return
-    tmp = f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    tmp = f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
     try:
         fd = os.open(
             tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=folder
@@ -150,7 +157,7 @@ def _cache_key(folder: int) -> bytes | None:
                 0o600,
                 dir_fd=folder,
             )
-            key = secrets.token_bytes(32)
+            key = os.urandom(32)  # (what secrets.token_bytes reads)
             with os.fdopen(fd, "wb") as f:
                 f.write(key)
             return key
@@ -179,17 +186,19 @@ def read_sealed(path: Path | None) -> str | None:
     otherwise (absent, another's, planted, edited)."""
     import hmac
 
-    text = read_cache(path)
-    if text is None or not text.startswith(SEAL):
+    if path is None or os.environ.get("ENVBUILD_NO_CACHE"):
         return None
-    head, _, body = text.partition("\n")
     folder = private_dir(path.parent)
     if folder is None:
         return None
-    try:
+    try:  # (the file and the key through one descriptor of the folder)
+        text = _read_in(folder, path.name)
+        if text is None or not text.startswith(SEAL):
+            return None
         key = _cache_key(folder)
     finally:
         os.close(folder)
+    head, _, body = text.partition("\n")
     if key is None or not hmac.compare_digest(head[len(SEAL) :], _seal(key, body)):
         return None
     return body

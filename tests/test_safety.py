@@ -265,6 +265,39 @@ def outdir_limit() -> int:
     return MAX_INPUT_BYTES
 
 
+def test_a_bounded_read_stops_one_byte_past_its_limit_whatever_the_file_says(tmp_path):
+    """limits.read_upto asks for the size the file has (a 16 MiB request set 16 MiB aside for a
+    30 KB cache file), yet a pipe, which has no size, is still read to its end or to one byte
+    past the limit."""
+    import os
+
+    from envbuilder.limits import read_upto
+
+    f = tmp_path / "f"
+    f.write_bytes(b"x" * 1000)
+    for limit, want in ((10, 11), (999, 1000), (1000, 1000), (1 << 24, 1000)):
+        with open(f, "rb") as fh:
+            assert len(read_upto(fh, limit)) == want
+    import threading
+
+    for limit, want in ((100, 101), (100_000, 70_000)):  # a pipe has no size: read on in chunks
+        r, w = os.pipe()
+
+        def feed(w=w):
+            try:
+                os.write(w, b"z" * 70_000)
+            except BrokenPipeError:
+                pass  # (the reader stopped at its limit)
+            finally:
+                os.close(w)
+
+        t = threading.Thread(target=feed)
+        t.start()
+        with os.fdopen(r, "rb") as fh:
+            assert len(read_upto(fh, limit)) == want
+        t.join()
+
+
 @pytest.mark.parametrize("where", ["overlay", "config", "from"])
 def test_a_file_that_is_not_utf8_is_an_exit_2_paragraph(run_envbuild, tmp_path, where):
     bad = tmp_path / ("spec.json" if where == "from" else "f.yaml")

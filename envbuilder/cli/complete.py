@@ -5,7 +5,10 @@ matrix or config that does not load completes nothing."""
 
 from __future__ import annotations
 
-from click.shell_completion import CompletionItem
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # (imported when <Tab> asks: every command names these callbacks)
+    from click.shell_completion import CompletionItem
 
 
 def _matrix(ctx):
@@ -16,6 +19,8 @@ def _matrix(ctx):
 
 
 def _items(names, incomplete: str, helps: dict | None = None) -> list[CompletionItem]:
+    from click.shell_completion import CompletionItem
+
     helps = helps or {}
     return [CompletionItem(n, help=helps.get(n)) for n in names if n.startswith(incomplete)]
 

@@ -154,11 +154,13 @@ class Record(metaclass=RecordMeta):
 
     def to_dict(self) -> dict[str, Any]:
         """The record as plain data: dicts, lists, strings, numbers, true/false, null."""
-        return {
-            self._keys.get(f, f): plain(v)
-            for f, v in self._asdict().items()
-            if not (v is None and f in self._omit_none)
-        }
+        keys, omit, out = self._keys, self._omit_none, {}
+        for f in self._fields:
+            v = getattr(self, f)
+            if v is None and f in omit:
+                continue
+            out[keys.get(f, f)] = v if type(v) in _SCALARS else plain(v)
+        return out
 
     @classmethod
     def from_plain(cls, data: Mapping[str, Any]) -> Self:
@@ -199,8 +201,13 @@ def frozen(value: Any) -> Any:
 
 def plain(value: Any) -> Any:
     """Plain data of a record, a read-only mapping or a tuple, all the way down (JSON's)."""
-    if type(value) in _SCALARS:
+    kind = type(value)
+    if kind in _SCALARS:
         return value
+    if kind is tuple or kind is list:  # (the common shapes first: exact types, no ABC checks)
+        return [plain(v) for v in value]
+    if kind is MappingProxyType or kind is dict:
+        return {k: plain(v) for k, v in value.items()}
     if isinstance(value, Record):
         return value.to_dict()
     if isinstance(value, Mapping):

@@ -138,6 +138,47 @@ def training_path(
     return list(dict.fromkeys(name for part in parts for name in part))
 
 
+def _stored_plan(inputs: list[Any], compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """compute(), the memory plan of `inputs` (plain data), kept in the cache folder by the
+    sha256 of the inputs and of memory.py's code (it imports nothing of envbuilder's), sealed
+    (paths.read_sealed: only what this user's envbuild wrote is read back). The plan's search
+    over batch sizes is most of a profile's resolution, and every `envbuild render` resolves
+    in a fresh process. Plain JSON both ways: the plan is ints, floats, strings, lists, dicts."""
+    import hashlib
+    import json
+
+    from envbuilder.model import memory
+    from envbuilder.paths import cache_file, read_sealed, write_sealed
+
+    try:
+        h = hashlib.sha256(_code(memory.__file__))
+        h.update(json.dumps(inputs, sort_keys=True).encode())
+    except (OSError, TypeError, ValueError):  # (no source to key on, or not plain data)
+        return compute()
+    path = cache_file(f"plan-{h.hexdigest()[:32]}.json")
+    text = read_sealed(path)
+    if text is not None:
+        try:
+            doc = json.loads(text)
+            if isinstance(doc, dict):
+                return doc
+        except ValueError:
+            pass
+    out = compute()
+    write_sealed(path, json.dumps(out))
+    return out
+
+
+_CODE: dict[str, bytes] = {}
+
+
+def _code(path: str) -> bytes:
+    if path not in _CODE:
+        with open(path, "rb") as f:
+            _CODE[path] = f.read()
+    return _CODE[path]
+
+
 class _Resolver:
     def __init__(self, m: Matrix, profile_name: str, ov: Overrides):
         self.m, self.ov = m, ov
@@ -557,7 +598,8 @@ class _Resolver:
             "extra_generation": algo.get("extra_generation", False),
             "nodes": getattr(self, "nodes", 1),
         }
-        out = plan(env, arch, consts, self.m.datasets["gsm8k"]["rows"]["test"])
+        rows = self.m.datasets["gsm8k"]["rows"]["test"]
+        out = _stored_plan([key, consts, rows], lambda: plan(env, arch, consts, rows))
         out["card"] = card
         known[key] = out  # (read, never changed: the resolved environment freezes a copy)
         return out

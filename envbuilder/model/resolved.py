@@ -408,15 +408,17 @@ class ResolvedEnv(Record):
         """A builder stage compiles or fetches extensions (apex, flash-attn) against the torch."""
         return bool(self.apex or self.flash_attn)
 
-    def to_json(self, d: dict[str, Any] | None = None) -> str:
+    def to_json(self, d: dict[str, Any] | None = None, compact: str | None = None) -> str:
         """envbuild.json's text: indented, sorted. json's indenting encoder is pure Python (a
         third of `render --all`), so the text is kept in the cache folder by the sha256 of the
         compact form (C-encoded) and used only when it reads back as this environment: its own
-        compact form is this one's, byte for byte."""
+        compact form is this one's, byte for byte. (`d`: this environment's to_dict(), and
+        `compact`: its sorted compact JSON, where the caller has them.)"""
         from envbuilder.paths import cache_file, read_sealed, write_sealed
 
-        d = self.to_dict() if d is None else d  # (d: this environment's to_dict(), if at hand)
-        compact = json.dumps(d, sort_keys=True, separators=(",", ":"))
+        d = self.to_dict() if d is None else d
+        if compact is None:
+            compact = json.dumps(d, sort_keys=True, separators=(",", ":"))
         path = cache_file(f"env-{hashlib.sha256(compact.encode()).hexdigest()[:32]}.json")
         # sealed (paths.read_sealed): this envbuild wrote it from this very compact form
         text = read_sealed(path)

@@ -160,12 +160,16 @@ def render_files(env: ResolvedEnv, locked: LockedContext | None = None) -> dict[
     # written here names it, envbuild.json included; `envbuild build` hands the ones the RUN
     # steps read to the build as the `endpoints` BuildKit secret (mirrors.split_credentials).
     credentials: list[str] = []
-    if USERINFO.search(json.dumps(d)):
+    compact: str | None = json.dumps(d, sort_keys=True, separators=(",", ":"))
+    # (the compact form matches wherever the spaced one does, inside one string; a match
+    # across two strings of the compact form is not one: the spaced form says)
+    if USERINFO.search(compact) and USERINFO.search(json.dumps(d)):
         from envbuilder.model.mirrors import split_credentials
 
         env, d, secret = split_credentials(env, d)
         credentials = sorted(secret)
-    spec = env.to_json(d)
+        compact = None
+    spec = env.to_json(d, compact)
     spec_sha256 = hashlib.sha256(spec.encode()).hexdigest()
     plan = install_plan(env)
     context = {

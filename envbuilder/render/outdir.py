@@ -41,6 +41,7 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Callable
 
 from envbuilder.errors import ActionError, EnvbuildError, UserError
+from envbuilder.limits import read_upto
 from envbuilder.text import shorten  # noqa: F401  (re-exported: outdir.shorten)
 from envbuilder.model.record import Record
 
@@ -235,7 +236,7 @@ def _read_record(path: Path) -> dict[str, str]:
 
     try:
         with _open_nofollow(path) as f:  # (a record that is a link is no record)
-            data = f.read(MAX_RECORD_BYTES + 1)
+            data = read_upto(f, MAX_RECORD_BYTES)
         if len(data) > MAX_RECORD_BYTES:
             return {}
         doc = parse_json(data, str(path))  # (bounded: one nested 5000 deep was an internal error)
@@ -332,14 +333,18 @@ def write_dir(
                 "file; envbuild does not write through links. Remove it or pass -o "
                 "another directory."
             )
-        if target.is_symlink() or target.is_dir():
+        try:
+            st = os.lstat(target)  # (one call: a link, a folder, a file and its mode)
+        except OSError:
+            continue  # not there
+        if stat.S_ISLNK(st.st_mode) or stat.S_ISDIR(st.st_mode):
             conflicts.append(name)
-        elif target.exists():
-            digest = _sha256(target)
-            if not (ours(name, digest) or digest == new_digests.get(name)):
-                conflicts.append(name)
-            elif digest == new_digests.get(name) and _mode(target) == _mode_of(name, executable):
-                unchanged.add(name)
+            continue
+        digest = _sha256(target)
+        if not (ours(name, digest) or digest == new_digests.get(name)):
+            conflicts.append(name)
+        elif digest == new_digests.get(name) and stat.S_IMODE(st.st_mode) == _mode_of(name, executable):
+            unchanged.add(name)
     if foreign and not has_record and not force:
         clash = (
             (
@@ -466,13 +471,6 @@ def write_dir(
 
 def _mode_of(name: str, executable: frozenset[str] | set[str]) -> int:
     return 0o755 if name in executable else 0o644
-
-
-def _mode(path: Path) -> int | None:
-    try:
-        return stat.S_IMODE(path.stat().st_mode)
-    except OSError:
-        return None
 
 
 def write_text_atomic(

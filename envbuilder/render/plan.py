@@ -258,7 +258,7 @@ def layers(env: ResolvedEnv, locked: dict[str, Locked]) -> dict[str, list[str]]:
 
 
 def constraint_layers(
-    env: ResolvedEnv, requirements_lock: str, torch_swapped: bool, lock_sha256: str | None = None
+    env: ResolvedEnv, requirements_lock: str | bytes, torch_swapped: bool, lock_sha256: str | None = None
 ) -> dict[str, list[str]]:
     """{layer: `name==version` of the packages that layer installs} (pip constraints take no
     extras and no hashes). One set per layer, so that a changed verl pin leaves the torch
@@ -273,7 +273,8 @@ def constraint_layers(
     from envbuilder.paths import cache_file, read_cache, read_sealed, write_sealed
 
     def fresh() -> dict[str, list[str]]:
-        locked = parse(requirements_lock, with_hashes=False)
+        text = requirements_lock
+        locked = parse(text.decode("utf-8") if isinstance(text, bytes) else text, with_hashes=False)
         return {
             layer: [
                 f"{n}=={locked[n].version}"
@@ -284,11 +285,12 @@ def constraint_layers(
         }
 
     try:
-        code = Path(__file__).read_bytes()
+        code = _own_code()
     except OSError:
         return fresh()
     h = hashlib.sha256(code)
-    h.update((lock_sha256 or hashlib.sha256(requirements_lock.encode()).hexdigest()).encode())
+    data = requirements_lock.encode() if isinstance(requirements_lock, str) else requirements_lock
+    h.update((lock_sha256 or hashlib.sha256(data).hexdigest()).encode())
     h.update(json.dumps([layer_roots(env), env.needs_builder, torch_swapped]).encode())
     path = cache_file(f"lock-{h.hexdigest()[:32]}.json")
     sealed = read_sealed(path)  # (what this envbuild worked out and sealed: no check again)
@@ -311,6 +313,11 @@ def constraint_layers(
     out = fresh()
     write_sealed(path, json.dumps(out))
     return out
+
+
+@functools.cache
+def _own_code() -> bytes:
+    return Path(__file__).read_bytes()
 
 
 _PIN = re.compile(
@@ -354,14 +361,17 @@ def find_constraints(env: ResolvedEnv) -> Constraints | None:
             meta = read(lock_dir / "lock.json", "lock.json", shape=shape, missing_ok=True)
             if meta is None or meta["plan_sha256"] != want:  # (no lock, or not this plan's)
                 continue
-            text = (lock_dir / "requirements.lock").read_text(encoding="utf-8")
+            data = (lock_dir / "requirements.lock").read_bytes()  # (decoded only to be parsed)
         except (OSError, ValueError, UserError):
             continue
-        digest = hashlib.sha256(text.encode()).hexdigest()
+        digest = hashlib.sha256(data).hexdigest()
         if digest != meta["files"]["requirements.lock"]:
             continue
         swapped = meta.get("torch_swapped")
-        layers_ = constraint_layers(env, text, bool(swapped), digest)
+        try:
+            layers_ = constraint_layers(env, data, bool(swapped), digest)
+        except UnicodeDecodeError:
+            continue
         return Constraints(from_=label, torch_swapped=swapped, plan_sha256=want, layers=frozen(layers_))
     return None
 
