@@ -11,7 +11,8 @@ import re
 
 # a URL's `user:password@` (any scheme), as a message or a file may carry it
 USERINFO = re.compile(r"(://)[^/@\s]*@")
-_AUTH_VALUE = re.compile(r"\b(Bearer|Basic)(\s+)(?![A-Za-z]+=\")[A-Za-z0-9._~+/-]{6,}=*", re.I)
+# an Authorization value (compiled by `re` when a message is first redacted, not at import)
+_AUTH_VALUE = r"\b(Bearer|Basic)(\s+)(?![A-Za-z]+=\")[A-Za-z0-9._~+/-]{6,}=*"
 
 
 def shorten(text: str, limit: int = 80) -> str:
@@ -24,7 +25,7 @@ def redact(text: str) -> str:
     """`text` (a URL, or a message naming URLs) with every URL's user:password@ shown as ***@
     and every Authorization value (Bearer/Basic ...) as ***: what any message may print."""
     text = USERINFO.sub(r"\1***@", str(text))
-    return _AUTH_VALUE.sub(lambda m: f"{m[1]}{m[2]}***", text)
+    return re.sub(_AUTH_VALUE, lambda m: f"{m[1]}{m[2]}***", text, flags=re.I)
 
 
 def without_credentials(url: str) -> str:

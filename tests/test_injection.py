@@ -774,6 +774,22 @@ def test_sh_quotes_any_text_into_one_bash_word_that_is_exactly_it(value):
     assert "\n" not in quoting.sh(value) and "\r" not in quoting.sh(value)
 
 
+@settings(max_examples=300, deadline=None, database=None)
+@given(
+    st.text(alphabet=st.characters() | st.sampled_from("'\" $`@%+=:,./-_é\x85")).filter(
+        lambda s: not quoting._ASCII_CONTROL.search(s)
+    )
+)
+@example("")
+@example("it's")
+@example("a-b_c.d/e:f,g=h+i%j@k")
+def test_sh_writes_what_shlex_quote_writes_for_text_without_controls(value):
+    """sh() spells shlex.quote itself (the render path no longer imports shlex): the same word."""
+    import shlex
+
+    assert quoting.sh(value) == shlex.quote(value)
+
+
 @settings(max_examples=100, deadline=None, database=None)
 @given(st.text())
 def test_python_and_comment_filters_keep_any_text_on_its_line_and_exact(value):

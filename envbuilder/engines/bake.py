@@ -9,23 +9,12 @@ variables a team overrides on the command line (`REGISTRY=... docker buildx bake
 
 from __future__ import annotations
 
-import hashlib
 import json
 
 from envbuilder.render.image import LABEL
+from envbuilder.render.image import default_tag  # noqa: F401  (re-exported: bake names images so)
 
 BAKE_FILE = "docker-bake.hcl"
-
-
-def default_tag(env, d: dict | None = None) -> str:
-    """envbuild/<profile>:<12 hex of the upstream spec>: the same image whichever mirror,
-    machine or builder made it (`envbuild build` names images the same way). The lock's pins and
-    a mirror are left out of the spec hashed: a rendered folder's envbuild.json (which has them)
-    names the image `envbuild build PROFILE` names."""
-    d = dict(d if d is not None else env.to_dict(), constraints=None)  # (d: env.to_dict(), if at hand)
-    d.pop("mirror", None)
-    spec = json.dumps(d, sort_keys=True, separators=(",", ":"))
-    return f"envbuild/{env.name}:{hashlib.sha256(spec.encode()).hexdigest()[:12]}"
 
 
 def hcl_string(value: str) -> str:

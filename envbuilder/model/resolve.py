@@ -146,12 +146,12 @@ def _stored_plan(inputs: list[Any], compute: Callable[[], dict[str, Any]]) -> di
     in a fresh process. Plain JSON both ways: the plan is ints, floats, strings, lists, dicts."""
     import hashlib
     import json
+    import os
 
-    from envbuilder.model import memory
     from envbuilder.paths import cache_file, read_sealed, write_sealed
 
-    try:
-        h = hashlib.sha256(_code(memory.__file__))
+    try:  # (memory.py by its path: a plan read back needs none of its code)
+        h = hashlib.sha256(_code(os.path.join(os.path.dirname(__file__), "memory.py")))
         h.update(json.dumps(inputs, sort_keys=True).encode())
     except (OSError, TypeError, ValueError):  # (no source to key on, or not plain data)
         return compute()

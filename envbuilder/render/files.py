@@ -17,6 +17,7 @@ from envbuilder.paths import data_dir
 from envbuilder.render.dockerfile import FLASH_ATTN_SCRIPT, apex_command, dockerfile_plan
 from envbuilder.render.image import HOME as IMAGE_HOME
 from envbuilder.render.image import PREFLIGHT, RUN_SCRIPT  # (where the image puts them)
+from envbuilder.render.image import default_tag
 from envbuilder.render.quoting import FILTERS, comment, word
 from envbuilder.text import USERINFO
 from envbuilder.model.record import plain
@@ -151,7 +152,6 @@ def audit_plan(env: ResolvedEnv) -> dict[str, Any]:
 def render_files(env: ResolvedEnv, locked: LockedContext | None = None) -> dict[str, str]:
     """All rendered files by name, in memory. `locked` (lock.lockfile.for_render) pins the base
     images by digest and installs each layer from its hashed requirement file."""
-    from envbuilder.engines.bake import default_tag
     from envbuilder.render import pixi
     from envbuilder.render.plan import install_plan, lock_hint, override_flags
 
@@ -160,7 +160,7 @@ def render_files(env: ResolvedEnv, locked: LockedContext | None = None) -> dict[
     # written here names it, envbuild.json included; `envbuild build` hands the ones the RUN
     # steps read to the build as the `endpoints` BuildKit secret (mirrors.split_credentials).
     credentials: list[str] = []
-    compact: str | None = json.dumps(d, sort_keys=True, separators=(",", ":"))
+    compact = json.dumps(d, sort_keys=True, separators=(",", ":"))
     # (the compact form matches wherever the spaced one does, inside one string; a match
     # across two strings of the compact form is not one: the spaced form says)
     if USERINFO.search(compact) and USERINFO.search(json.dumps(d)):
@@ -168,7 +168,7 @@ def render_files(env: ResolvedEnv, locked: LockedContext | None = None) -> dict[
 
         env, d, secret = split_credentials(env, d)
         credentials = sorted(secret)
-        compact = None
+        compact = json.dumps(d, sort_keys=True, separators=(",", ":"))
     spec = env.to_json(d, compact)
     spec_sha256 = hashlib.sha256(spec.encode()).hexdigest()
     plan = install_plan(env)

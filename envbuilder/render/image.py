@@ -1,12 +1,13 @@
 """What an envbuild image holds and declares, spelled once: where things are in it, the ENV it
 sets and the labels it carries. The Dockerfile's steps (dockerfile.py), the Apptainer
 definition, the launch files, the run script and the build's smoke test all read these.
-Plain constants and two small functions: the render path imports it.
+Plain constants and three small functions (the image's tag among them): the render path
+imports it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from envbuilder.model.resolved import ResolvedEnv
@@ -66,3 +67,17 @@ def labels(env: ResolvedEnv, sif: bool = False) -> list[tuple[str, str]]:
         ("rollout", env.rollout, True, True),
     )
     return [(LABEL + key, str(value)) for key, value, image, in_sif in rows if (in_sif if sif else image)]
+
+
+def default_tag(env: ResolvedEnv, d: dict[str, Any] | None = None) -> str:
+    """envbuild/<profile>:<12 hex of the upstream spec>: the same image whichever mirror,
+    machine or builder made it (`envbuild build` names images the same way). The lock's pins and
+    a mirror are left out of the spec hashed: a rendered folder's envbuild.json (which has them)
+    names the image `envbuild build PROFILE` names."""
+    import hashlib
+    import json
+
+    d = dict(d if d is not None else env.to_dict(), constraints=None)  # (d: env.to_dict(), if at hand)
+    d.pop("mirror", None)
+    spec = json.dumps(d, sort_keys=True, separators=(",", ":"))
+    return f"envbuild/{env.name}:{hashlib.sha256(spec.encode()).hexdigest()[:12]}"

@@ -22,6 +22,7 @@ from envbuilder.model.schema import printable  # (what a one-line text may hold:
 # `&`, `*`, `;`, `<>`, `|` or backtick (a URL, a requirement `ray[default]==2.46.0`, an image)
 BARE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._~:/?@!%+=,\[\]-]*")
 _ASCII_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_SHELL_SAFE = re.compile(r"[\w@%+=:,./-]+", re.ASCII)  # what shlex.quote leaves bare
 # longer than any one value envbuild writes into a line (the schema's longest text is 4,000);
 # BuildKit's parser refuses a Dockerfile with a line over 64 KiB outright
 MAX_LINE_VALUE = 8192
@@ -43,10 +44,10 @@ def sh(value: object) -> str:
     text = str(value)
     if "\x00" in text:
         raise ValueError(f"a NUL character cannot be passed to bash: {_shorten(text)!r}")
-    if not _ASCII_CONTROL.search(text):
-        import shlex
-
-        return shlex.quote(text)
+    if not _ASCII_CONTROL.search(text):  # shlex.quote's, without importing shlex on every render
+        if not text:
+            return "''"
+        return text if _SHELL_SAFE.fullmatch(text) else "'" + text.replace("'", "'\"'\"'") + "'"
     return (
         "$'"
         + "".join(_escape(c) if _ASCII_CONTROL.match(c) else "\\" + c if c in "\\'" else c for c in text)
