@@ -567,8 +567,6 @@ class _Resolver:
         lora_flat: bool = False,
         algo: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        from envbuilder.model.memory import plan
-
         mem = self.m.memory
         total = mem["total_mib"].get(gpu_key)
         card = card_size(total, gpu, self.ov.ecc)
@@ -599,7 +597,12 @@ class _Resolver:
             "nodes": getattr(self, "nodes", 1),
         }
         rows = self.m.datasets["gsm8k"]["rows"]["test"]
-        out = _stored_plan([key, consts, rows], lambda: plan(env, arch, consts, rows))
+        def compute() -> dict[str, Any]:
+            from envbuilder.model.memory import plan
+
+            return plan(env, arch, consts, rows)
+
+        out = _stored_plan([key, consts, rows], compute)
         out["card"] = card
         known[key] = out  # (read, never changed: the resolved environment freezes a copy)
         return out
