@@ -151,6 +151,45 @@ def test_write_definition_writes_an_apptainer_file_from_a_digest(tmp_path):
         write_definition(frozen(), "p40", Overrides(), say=said.append)
 
 
+def test_bake_writes_a_target_and_a_context_per_profile_or_nothing(tmp_path):
+    from envbuilder.engines.bake import BAKE_FILE, bake
+    from envbuilder.render.image import default_tag
+
+    said = []
+    m = frozen()
+    baked = bake(
+        m, ["p40", "4090"], Overrides(), tmp_path / "out", registry="127.0.0.1:5000", say=said.append
+    )
+    assert baked.bake_file == tmp_path / "out" / BAKE_FILE and baked.targets == ("p40", "4090")
+    assert baked.stripped == ()
+    text = baked.bake_file.read_text()
+    assert 'target "p40"' in text and 'target "4090"' in text and "127.0.0.1:5000" in text
+    from envbuilder.model.resolve import resolve
+
+    assert default_tag(resolve(m, "p40", Overrides())).split(":")[1] in text  # build's own tag
+    assert (tmp_path / "out" / "p40" / "Dockerfile").is_file()
+    # a profile that does not resolve: said, and nothing written
+    with pytest.raises(UserError, match="nothing was baked"):
+        bake(m, ["p40", "p40"], Overrides(torch="0.0.1"), tmp_path / "none", say=said.append)
+    assert not (tmp_path / "none").exists() and any("p40" in s for s in said)
+
+
+def test_export_profiles_refuses_bad_input_before_fetching_anything(tmp_path):
+    from envbuilder.offline.wheelhouse import export_profiles
+
+    m, out = frozen(), tmp_path / "wh"
+    cases = [
+        (dict(profiles=["p40", "4090"], lock_dir=tmp_path), "--lock-dir names one lock"),
+        (dict(jobs=0), "--jobs must be at least 1"),
+        (dict(build_index="pypi.org/simple"), "is not an index URL"),
+        (dict(profiles=["p4O"]), "Unknown profile 'p4O'"),
+    ]
+    for kw, message in cases:
+        with pytest.raises(UserError, match=message):
+            export_profiles(m, kw.pop("profiles", ["p40"]), out, **kw)
+    assert not out.exists()
+
+
 # -- engines/build.py: what `build` builds ------------------------------------------------------
 
 

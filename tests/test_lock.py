@@ -882,3 +882,27 @@ def test_the_sbom_of_a_whole_lock_lists_conda_packages_images_and_apex_source(p4
     assert {"torch", "verl", "packaging"} <= pip
     [torch] = [c for c in components if c["name"] == "torch"]
     assert "repository_url=" in torch["purl"]  # (the +cu118 build, from the PyTorch index)
+
+
+def test_check_co_resolves_is_check_resolve_without_click(world):
+    """lock.pip.check_co_resolves, what `check --resolve` runs: the whole pinned set of p40 as
+    one uv solution from the loopback indexes; with the PyTorch index out of reach it says so
+    and resolves PyPI's torch in its place (which this PyPI stand-in does not serve: the
+    conflict is a UserError, not a traceback)."""
+    from envbuilder.errors import UserError
+    from envbuilder.lock.pip import check_co_resolves
+    from envbuilder.model import matrix
+    from envbuilder.model.resolve import resolve
+    from envbuilder.model.resolved import Overrides
+
+    m = matrix.load(())
+    env = resolve(m, "p40", Overrides())
+    said = []
+    found = check_co_resolves(m, env, world["pypi"], world["torch"], say=said.append)
+    assert found.packages > 3 and found.swapped is None and said == []
+    assert (found.pypi, found.torch_index, found.python) == (world["pypi"], world["torch"], env.python)
+    assert found.platform.startswith("x86_64-manylinux_")
+    dead = f"http://127.0.0.1:{closed_port()}/simple/"
+    with pytest.raises(UserError):
+        check_co_resolves(m, env, world["pypi"], dead, say=said.append)
+    assert len(said) == 1 and dead in said[0] and "does not answer" in said[0]

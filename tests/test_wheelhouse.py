@@ -404,3 +404,27 @@ def test_outside_a_checkout_the_shipped_lock_is_found_as_render_finds_it(capsys,
     assert code == 2, err
     assert "No lock" not in err and str(data_dir("lockfiles") / "p40") in err
     assert "torch is a swap" in err and "no conda part" in err
+
+
+def test_export_profiles_is_the_command_without_click(world, exported, p40_lock, tmp_path):
+    """offline.wheelhouse.export_profiles: the checks and the export `envbuild wheelhouse` runs,
+    called as another program would; into a folder that already holds the export, nothing is
+    fetched again, and the uv wheel of the matrix's pin is looked for."""
+    from envbuilder.model.matrix import load
+    from envbuilder.offline.wheelhouse import export_profiles
+
+    said = []
+    out = tmp_path / "again"
+    shutil.copytree(exported, out)
+    report = export_profiles(
+        load(()),
+        ["p40"],
+        out,
+        lock_dir=p40_lock,
+        url_map=[("https://github.com", world["github"])],
+        say=said.append,
+    )
+    assert report.downloaded == [] and report.files == len(report.skipped) > 0
+    assert "p40" in json.loads((out / "manifest.json").read_text())["profiles"]
+    # the matrix's uv pin was looked for (this loopback index serves no uv: said, not fatal)
+    assert any("uv" in s and "Dockerfile's runtime stage installs with" in s for s in said)

@@ -48,22 +48,11 @@ def check(profile, online, index_url, torch_index_url, overrides, matrix_dirs):
     for w in env.warnings:
         click.echo(f"WARNING: {w}")
     if online:
-        from envbuilder.lock import target_glibc
-        from envbuilder.lock.pip import co_resolve, index_answers, python_platform
-        from envbuilder.render.plan import torch_swap
+        from envbuilder.lock.pip import check_co_resolves
 
-        glibc = target_glibc(m, env)
-        pypi = index_url or env.indexes.pypi
-        torch_index = torch_index_url or env.indexes.torch
-        swap = bool(torch_index) and not index_answers(torch_index)
-        if swap:
-            click.echo(
-                f"note: the PyTorch index {torch_index} does not answer; resolving torch "
-                f"{torch_swap(env)} in its place: the rest of the set is the profile's."
-            )
-        found = co_resolve(env, glibc, pypi, torch_index, swap)
+        found = check_co_resolves(m, env, index_url, torch_index_url, say=click.echo)
         click.echo(
-            f"OK: the whole pinned set co-resolves: {len(found)} packages from {pypi}"
-            + (f" and {torch_index}" if torch_index and not swap else "")
-            + f" for Python {env.python} on {python_platform(glibc)}."
+            f"OK: the whole pinned set co-resolves: {found.packages} packages from {found.pypi}"
+            + (f" and {found.torch_index}" if found.torch_index and not found.swapped else "")
+            + f" for Python {found.python} on {found.platform}."
         )

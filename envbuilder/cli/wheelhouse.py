@@ -9,14 +9,6 @@ import click
 from envbuilder.cli import complete
 from envbuilder.cli.callbacks import no_empty_url
 from envbuilder.cli.options import load_matrix, matrix_dir_option
-from envbuilder.errors import UserError
-from envbuilder.offline.checks import (
-    known_profiles_or_locks,
-    lock_shortfalls,
-    shipped_or_local_lock,
-    url_map_for_mirror,
-    url_maps,
-)
 
 
 @click.command()
@@ -89,56 +81,14 @@ def wheelhouse(
     Every sdist the lock pins is built into a wheel for the lock's target here, so the far side
     builds nothing."""
     from envbuilder.errors import need_extra
-    from envbuilder.offline.wheelhouse import export
+    from envbuilder.offline.checks import url_maps
+    from envbuilder.offline.wheelhouse import export_profiles
 
     need_extra("wheelhouse", "actions", ("requests",))
-    if lock_dir and len(profiles) > 1:
-        raise UserError("--lock-dir names one lock; export several profiles from lockfiles/<profile>.")
-    if jobs < 1:
-        raise UserError("--jobs must be at least 1.")
-    if build_index_url and not build_index_url.startswith(("http://", "https://", "file://")):
-        raise UserError(
-            f"--build-index-url {build_index_url!r} is not an index URL; pass the "
-            "http(s):// or file:// URL of a PEP 503 index that serves the build "
-            "backends (e.g. https://pypi.org/simple or your mirror's)."
-        )
-    maps = url_maps(url_map)
-    if mirror:
-        from envbuilder.model import mirrors as M
-
-        body = M.get_set(load_matrix(matrix_dirs), mirror)
-        maps += url_map_for_mirror(body)
-        build_index_url = build_index_url or next(iter(body.get("pypi") or []), None)
-    if not lock_dir:  # a name without a lock is most often a typo of a profile
-        known_profiles_or_locks(load_matrix(matrix_dirs), profiles)
-    from envbuilder.lock.lockfile import lock_dir_in
-
-    # --lock-dir DIR: DIR/<profile>/ as `lock -o DIR` wrote it, or DIR itself when it is the lock
-    locks = {p: (lock_dir_in(lock_dir, p) if lock_dir else shipped_or_local_lock(p)) for p in profiles}
-    refusals = [
-        why
-        for p, d in locks.items()
-        for why in lock_shortfalls(load_matrix(matrix_dirs), p, d, accept_pypi_torch, accept_partial)
-    ]
-    if refusals:
-        raise UserError(
-            "Not exported: the wheelhouse would not hold what the profile installs.\n"
-            + "\n".join(f"  - {r}" for r in refusals)
-        )
-    from envbuilder.model.resolve import uv_pin
-
-    # the uv wheel the Dockerfiles' runtime stage installs with (the matrix's pin), carried too
-    uv = uv_pin(load_matrix(matrix_dirs).defaults or {})
-    report = export(
-        locks,
-        out,
-        url_map=maps,
-        jobs=jobs,
-        build_index=build_index_url,
-        say=lambda s: click.echo(s, err=True),
-        tar=make_tar,
-        uv=uv,
-    )
+    kw = dict(lock_dir=lock_dir, mirror=mirror, url_map=url_maps(url_map), build_index=build_index_url)
+    kw.update(jobs=jobs, tar=make_tar, accept_pypi_torch=accept_pypi_torch, accept_partial=accept_partial)
+    m = load_matrix(matrix_dirs)
+    report = export_profiles(m, list(profiles), out, say=lambda s: click.echo(s, err=True), **kw)
     click.echo(
         f"wheelhouse {out}/: {report.files} file(s), {len(report.downloaded)} downloaded "
         f"({report.bytes_transferred / 1e6:.1f} MB), {len(report.skipped)} already there, "

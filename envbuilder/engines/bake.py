@@ -10,9 +10,16 @@ variables a team overrides on the command line (`REGISTRY=... docker buildx bake
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
+from envbuilder.model.record import Record
 from envbuilder.render.image import LABEL
-from envbuilder.render.image import default_tag  # noqa: F401  (re-exported: bake names images so)
+from envbuilder.render.image import default_tag  # (a target is tagged as `envbuild build` tags)
+
+if TYPE_CHECKING:
+    from envbuilder.model.matrix import Matrix
+    from envbuilder.model.resolved import Overrides
 
 BAKE_FILE = "docker-bake.hcl"
 
@@ -108,3 +115,55 @@ def variables(env, registry: str) -> dict[str, str]:
         "APT_MIRROR": apt or "",
         "MAX_JOBS": "4",
     }
+
+
+class Baked(Record):
+    """What `bake` wrote: the bake file, its targets (one per profile, a build context each in
+    the folder of its name) and the endpoint variables whose user:password@ the contexts name
+    without (they go to the build as the `endpoints` secret)."""
+
+    bake_file: Path
+    targets: tuple[str, ...]
+    stripped: tuple[str, ...]
+
+
+def bake(
+    m: Matrix,
+    names: list[str],
+    overrides: Overrides,
+    out: Path,
+    *,
+    mirror: str | None = None,
+    registry: str = "local",
+    force: bool = False,
+    say: Callable[[str], None] = print,
+) -> Baked:
+    """`envbuild bake` as a library: every named profile resolved first (each failure said, as
+    render --all does; one that fails writes nothing), each one's build context rendered
+    (mirror applied, no credentials), and OUT/docker-bake.hcl with a target per profile whose
+    registry is `registry` (`local`, a configured name, or HOST[:PORT])."""
+    from envbuilder.config import local_registry, registry_for
+    from envbuilder.model import mirrors as M
+    from envbuilder.model.profiles import resolve_all
+    from envbuilder.render.files import EXECUTABLE, render_files
+    from envbuilder.render.outdir import write_dir
+    from envbuilder.render.prepare import plain_name, prepare
+
+    host = registry_for(registry, local_registry(m))
+    choice = M.choice(mirror, M.get_set(m, mirror)) if mirror else None
+    envs = resolve_all(m, names, overrides, "nothing was baked", say=say)
+    contexts, targets, shared = {}, [], None
+    stripped: set[str] = set()
+    for env in envs:
+        # no user:password@ in the bake file or the contexts: bake has no secret to carry it
+        env, _, secret = M.split_credentials(env)
+        stripped |= set(secret)
+        tag = default_tag(env)  # (the upstream spec: the same tag `envbuild build` gives it)
+        env = prepare(env, mirror=choice).env
+        contexts[plain_name(env.name, "a profile")] = render_files(env)
+        targets.append(bake_target(env, tag))
+        shared = shared or variables(env, host)
+    files = {f"{name}/{path}": text for name, ctx in contexts.items() for path, text in ctx.items()}
+    files[BAKE_FILE] = bake_file(targets, shared or {})
+    write_dir(Path(out), files, executable={f"{n}/{e}" for n in contexts for e in EXECUTABLE}, force=force)
+    return Baked(Path(out) / BAKE_FILE, tuple(contexts), tuple(sorted(stripped)))

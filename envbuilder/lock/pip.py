@@ -6,8 +6,10 @@ from __future__ import annotations
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 from envbuilder.errors import ActionError, UserError
+from envbuilder.model.record import Record
 from envbuilder.render.plan import (
     BUILD_TOOLS,  # noqa: F401  (re-exported or a fixture)
     HASH,
@@ -22,6 +24,9 @@ from envbuilder.render.plan import (
 )
 from envbuilder.model.resolve import ResolvedEnv
 from envbuilder.tools.uv import uv_bin, uv_env, uv_version  # noqa: F401  (lock.pip.uv_bin for callers)
+
+if TYPE_CHECKING:
+    from envbuilder.model.matrix import Matrix
 
 _NETWORK = (
     "Failed to fetch",
@@ -149,6 +154,49 @@ def co_resolve(
     """Resolve the whole pinned set with uv for the target's Python and platform, as one
     solution; UserError naming the conflict when there is none."""
     return parse(_compile(env, glibc, pypi, torch, swap_torch, {"resolved.txt": []})["resolved.txt"])
+
+
+class CoResolved(Record):
+    """What `check --resolve` found: how many packages the one solution holds, the indexes it
+    came from (`swapped`: PyPI's torch resolved in place of the profile's +cuXXX build, the
+    PyTorch index being out of reach), for which Python and platform."""
+
+    packages: int
+    pypi: str
+    torch_index: str | None
+    swapped: str | None
+    python: str
+    platform: str
+
+
+def check_co_resolves(
+    m: Matrix,
+    env: ResolvedEnv,
+    index_url: str | None = None,
+    torch_index_url: str | None = None,
+    say: Callable[[str], None] = print,
+) -> CoResolved:
+    """`check --resolve` as a library: the whole pinned set of `env` resolved with uv as one
+    solution for its target's Python and platform (glibc of its CUDA image), from `index_url`
+    and `torch_index_url` (default the profile's). A PyTorch index that does not answer is
+    said (`say`) and PyPI's build of the same torch resolved in its place. UserError naming the
+    conflict when there is no solution."""
+    from envbuilder.lock import target_glibc
+    from envbuilder.render.plan import torch_swap
+
+    glibc = target_glibc(m, env)
+    pypi = index_url or env.indexes.pypi
+    torch_index = torch_index_url or env.indexes.torch
+    swap = bool(torch_index) and not index_answers(torch_index)
+    if swap:
+        say(
+            f"note: the PyTorch index {torch_index} does not answer; resolving torch "
+            f"{torch_swap(env)} in its place: the rest of the set is the profile's."
+        )
+    found = co_resolve(env, glibc, pypi, torch_index, swap)
+    return CoResolved(
+        len(found), pypi, torch_index, torch_swap(env) if swap else None, env.python, python_platform(glibc)
+    )
 
 
 def index_answers(url: str, timeout: float = 5.0) -> bool:

@@ -597,6 +597,7 @@ class _Resolver:
             "nodes": getattr(self, "nodes", 1),
         }
         rows = self.m.datasets["gsm8k"]["rows"]["test"]
+
         def compute() -> dict[str, Any]:
             from envbuilder.model.memory import plan
 

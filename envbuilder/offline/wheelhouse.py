@@ -40,13 +40,18 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 from urllib.parse import unquote, urljoin, urlsplit
 
 from envbuilder.errors import ActionError, UserError
 from envbuilder.lock import lockfile as L
 from envbuilder.model.record import Record
 from envbuilder.render.quoting import sh
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from envbuilder.model.matrix import Matrix
 
 MANIFEST = L.WHEELHOUSE_MANIFEST
 FORMAT = L.WHEELHOUSE_FORMAT
@@ -863,3 +868,67 @@ def write_tar(out: Path) -> Path:
             tar.add(path, arcname=f"{out.name}/{path.relative_to(out)}", recursive=False, filter=clean)
     tmp.replace(tar_path)
     return tar_path
+
+
+def export_profiles(
+    m: Matrix,
+    profiles: list[str],
+    out: Path,
+    *,
+    lock_dir: Path | None = None,
+    mirror: str | None = None,
+    url_map: Sequence[tuple[str, str]] = (),
+    build_index: str | None = None,
+    jobs: int = 8,
+    tar: bool = False,
+    accept_pypi_torch: bool = False,
+    accept_partial: bool = False,
+    say: Callable[[str], None] = lambda m: None,
+) -> ExportReport:
+    """`envbuild wheelhouse` as a library: the lock of each profile (`lock_dir`, for one
+    profile: DIR/<profile>/ as `lock -o DIR` wrote it, or DIR itself; else the project's
+    lockfiles/<profile>, then the shipped one) checked to carry what the profile installs
+    (offline.checks.lock_shortfalls: every refusal named at once, before anything is fetched),
+    then exported into `out` (export) with the matrix's uv pin. `mirror`: its endpoints are
+    tried before the lock's own URLs (after `url_map`), and its PyPI endpoint serves the build
+    backends unless `build_index` says otherwise."""
+    from envbuilder.lock.lockfile import lock_dir_in
+    from envbuilder.model.resolve import uv_pin
+    from envbuilder.offline.checks import (
+        known_profiles_or_locks,
+        lock_shortfalls,
+        shipped_or_local_lock,
+        url_map_for_mirror,
+    )
+
+    if lock_dir and len(profiles) > 1:
+        raise UserError("--lock-dir names one lock; export several profiles from lockfiles/<profile>.")
+    if jobs < 1:
+        raise UserError("--jobs must be at least 1.")
+    if build_index and not build_index.startswith(("http://", "https://", "file://")):
+        raise UserError(
+            f"--build-index-url {build_index!r} is not an index URL; pass the "
+            "http(s):// or file:// URL of a PEP 503 index that serves the build "
+            "backends (e.g. https://pypi.org/simple or your mirror's)."
+        )
+    maps = list(url_map)
+    if mirror:
+        from envbuilder.model import mirrors as M
+
+        body = M.get_set(m, mirror)
+        maps += url_map_for_mirror(body)
+        build_index = build_index or next(iter(body.get("pypi") or []), None)
+    if not lock_dir:  # a name without a lock is most often a typo of a profile
+        known_profiles_or_locks(m, profiles)
+    locks = {p: (lock_dir_in(lock_dir, p) if lock_dir else shipped_or_local_lock(p)) for p in profiles}
+    refusals = [
+        why for p, d in locks.items() for why in lock_shortfalls(m, p, d, accept_pypi_torch, accept_partial)
+    ]
+    if refusals:
+        raise UserError(
+            "Not exported: the wheelhouse would not hold what the profile installs.\n"
+            + "\n".join(f"  - {r}" for r in refusals)
+        )
+    # the uv wheel the Dockerfiles' runtime stage installs with (the matrix's pin), carried too
+    uv = uv_pin(m.defaults or {})
+    return export(locks, out, url_map=maps, jobs=jobs, build_index=build_index, say=say, tar=tar, uv=uv)
