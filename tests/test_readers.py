@@ -411,9 +411,10 @@ def test_a_deeply_nested_record_in_the_output_folder_is_ignored_not_a_crash(cli,
     assert "x" not in json.loads(record.read_text())  # (written afresh)
 
 
-def test_a_planted_lock_cache_is_validated_before_its_pins_reach_the_constraints(cli, tmp_path, monkeypatch):
+def test_a_planted_lock_cache_never_reaches_the_constraints(cli, tmp_path, monkeypatch):
     """plan.py keeps each lock's layered pins in the cache folder: a pin planted there with a
-    newline added a line of its own to constraints/*.txt."""
+    newline once added a line of its own to constraints/*.txt. Only what this user's envbuild
+    sealed is read back; a planted file is worked out afresh and sealed anew."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cachehome"))
     monkeypatch.delenv("ENVBUILD_NO_CACHE", raising=False)
     assert cli("render", "h100", "-o", tmp_path / "clean")[0] == 0

@@ -270,7 +270,7 @@ def constraint_layers(
     this file's code: a render of every profile reads a few MB of locks, and parsing and
     layering them was a third of `render --all`. A cache that can't be read or written is
     worked out afresh."""
-    from envbuilder.paths import cache_file, read_cache, read_sealed, write_sealed
+    from envbuilder.paths import cache_file, read_sealed, write_sealed
 
     def fresh() -> dict[str, list[str]]:
         text = requirements_lock
@@ -293,22 +293,12 @@ def constraint_layers(
     h.update((lock_sha256 or hashlib.sha256(data).hexdigest()).encode())
     h.update(json.dumps([layer_roots(env), env.needs_builder, torch_swapped]).encode())
     path = cache_file(f"lock-{h.hexdigest()[:32]}.json")
-    sealed = read_sealed(path)  # (what this envbuild worked out and sealed: no check again)
-    text = sealed if sealed is not None else read_cache(path)
-    if text is not None:
-        from envbuilder.errors import UserError
-        from envbuilder.readers import parse_json
-
-        try:  # a file this envbuild did not seal is checked as what fresh() makes: one pin a line
-            doc = json.loads(text) if sealed is not None else parse_json(text, str(path))
-            if sealed is not None or all(
-                isinstance(layer, str)
-                and isinstance(pins, list)
-                and all(isinstance(p, str) and _PIN.fullmatch(p) for p in pins)
-                for layer, pins in doc.items()
-            ):
-                return {layer: list(pins) for layer, pins in doc.items()}
-        except (ValueError, TypeError, AttributeError, UserError):
+    sealed = read_sealed(path)  # (only what this user's envbuild worked out and sealed)
+    if sealed is not None:
+        try:
+            doc = json.loads(sealed)
+            return {layer: list(pins) for layer, pins in doc.items()}
+        except (ValueError, TypeError, AttributeError):
             pass
     out = fresh()
     write_sealed(path, json.dumps(out))
@@ -318,11 +308,6 @@ def constraint_layers(
 @functools.cache
 def _own_code() -> bytes:
     return Path(__file__).read_bytes()
-
-
-_PIN = re.compile(
-    r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}==[A-Za-z0-9][A-Za-z0-9.+!_-]{0,99}", re.ASCII
-)  # a cached pin
 
 
 def lock_candidates(profile: str) -> list[tuple[str, Path]]:
