@@ -193,6 +193,17 @@ def test_export_profiles_refuses_bad_input_before_fetching_anything(tmp_path):
 # -- engines/build.py: what `build` builds ------------------------------------------------------
 
 
+def test_every_build_option_is_a_buildoptions_field_by_name():
+    """`envbuild build` hands its options to BuildOptions by name (listed once, in click): an
+    option added without its field, or a field without its option, fails here, not at a build."""
+    from envbuilder.cli.build import build
+    from envbuilder.engines.build import BuildOptions
+    from envbuilder.model.profiles import FLAG_FIELDS
+
+    given = {p.name for p in build.params} - {"profile", "no_probe", "matrix_dirs", *FLAG_FIELDS}
+    assert given == set(BuildOptions._fields) - {"probe"}
+
+
 def test_target_env_takes_the_profile_or_the_rendered_folder(tmp_path, monkeypatch):
     from envbuilder.engines.build import full_tag, target_env
     from envbuilder.model.resolve import resolve
@@ -291,6 +302,27 @@ def test_verify_profiles_refuses_bad_input_before_installing(tmp_path):
     (keep / "x").write_text("")
     with pytest.raises(UserError):
         verify_profiles(frozen(), ["p40"], Overrides(), VerifyFlags(keep=keep), say=said.append)
+
+
+def test_mirror_and_detect_reports_are_library_functions():
+    """What `mirrors list`, `mirrors probe` and `detect` print, as lines another program can
+    print too: credentials as ***@, the probe table aligned, and no GPU said with its fix."""
+    from envbuilder.machine.detect import NO_GPU_FIX, Machine, report_lines
+    from envbuilder.model.mirrors import Probe, probe_table, sets_lines
+
+    lines = sets_lines({"corp": {"description": "ours", "pypi": ["https://u:secret@pypi.corp/simple"]}})
+    assert lines == ["corp: ours", "  pypi                   -> https://***@pypi.corp/simple"]
+    table = probe_table(
+        [
+            Probe("pypi", "pypi", "https://u:secret@pypi.corp/simple", True, "200", 12.4),
+            Probe("registry", "docker.io", "https://hub.corp", False, "timeout", 5000.0),
+        ]
+    )
+    assert table[0].split() == ["KIND", "FOR", "ENDPOINT", "STATUS", "MS"]
+    assert "secret" not in "".join(table) and "DOWN timeout" in table[2]
+    assert table[1].index("ok 200") == table[0].index("STATUS") == table[2].index("DOWN")
+    none = Machine(gpus=(), driver=None, cuda=None, via="", problem="NVML found no device")
+    assert report_lines(none, None) == ["no NVIDIA GPU found: NVML found no device", f"  fix: {NO_GPU_FIX}"]
 
 
 def test_the_table_is_a_library_function():

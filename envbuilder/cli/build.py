@@ -60,22 +60,7 @@ from envbuilder.cli.options import load_matrix, override_options, say
     "when its client has BuildKit and the daemon answers, else podman, else buildah.",
 )
 @override_options
-def build(
-    profile,
-    mirror,
-    push_to,
-    tag,
-    ca_cert,
-    pip_conf,
-    smoke,
-    keep_context,
-    verbose,
-    wheelhouse,
-    no_probe,
-    engine,
-    overrides,
-    matrix_dirs,
-):
+def build(profile, no_probe, overrides, matrix_dirs, **options):
     """Render PROFILE, build it with BuildKit or podman/buildah (through a mirror), smoke-test
     and push it.
 
@@ -86,19 +71,8 @@ def build(
     from envbuilder.errors import need_extra
 
     need_extra("build", "actions")
+    # (each option's parameter is named as its BuildOptions field: the options, listed once)
+    opts = BuildOptions(**options, probe=not no_probe)
     m = load_matrix(matrix_dirs)
-    env = target_env(m, profile, overrides, wheelhouse, click.get_current_context().obj, say)
-    opts = BuildOptions(
-        mirror,
-        push_to,
-        tag,
-        ca_cert,
-        pip_conf,
-        smoke,
-        keep_context,
-        verbose,
-        wheelhouse,
-        not no_probe,
-        engine,
-    )
+    env = target_env(m, profile, overrides, opts.wheelhouse, click.get_current_context().obj, say)
     click.echo(build_image(m, env, opts, say))

@@ -27,13 +27,8 @@ def _probes(ctx: click.Context):
 @click.pass_context
 def detect(ctx, as_json, matrix_dirs):
     """GPUs, driver, the newest CUDA it supports, and the profile that fits them best, with why."""
-    from envbuilder.machine.detect import (
-        NO_GPU_FIX,
-        detect as detect_machine,
-        machine_json,
-        recommend,
-        recommendation_json,
-    )
+    from envbuilder.machine.detect import detect as detect_machine
+    from envbuilder.machine.detect import machine_json, recommend, recommendation_json, report_lines
 
     m = load_matrix(matrix_dirs)
     probes = _probes(ctx)
@@ -44,38 +39,8 @@ def detect(ctx, as_json, matrix_dirs):
             json.dumps({**machine_json(machine), "recommendation": recommendation_json(rec)}, indent=2)
         )
         return
-    if not machine.gpus:
-        click.echo(f"no NVIDIA GPU found: {machine.problem}")
-        click.echo(f"  fix: {NO_GPU_FIX}")
-        return
-    for g in machine.gpus:
-        model = f"matrix model {g.model}" if g.model else "not in the matrix"
-        click.echo(
-            f"GPU {g.index}  {g.name}  CC {g.compute_capability or '?'}  {g.vram_gb:.0f} GB  ({model})"
-        )
-    click.echo(
-        f"driver {machine.driver}, supports CUDA up to {machine.cuda or '?'} (read through {machine.via})"
-    )
-    for note in rec.notes:
-        click.echo(f"note: {note}")
-    if rec.profile:
-        best = next(f for f in rec.fits if f.profile == rec.profile)
-        click.echo(f"profile: {rec.profile}")
-        for r in best.reasons:
-            click.echo(f"  {r.line()}")
-        others = [f.profile for f in rec.fits if f.ok and f.profile != rec.profile]
-        if others:
-            click.echo(f"  also fits: {', '.join(others)}")
-        click.echo(f"next: envbuild doctor {rec.profile}; envbuild render {rec.profile}")
-        return
-    if rec.fits:
-        click.echo(f"no profile fits {rec.gpu.label()}:")
-        for f in rec.fits:
-            click.echo(f"  {f.profile}:")
-            for r in f.reasons:
-                click.echo(f"    {r.line()}")
-            for fix in f.fixes:
-                click.echo(f"    fix: {fix}")
+    for line in report_lines(machine, rec):
+        click.echo(line)
 
 
 @click.command()

@@ -26,20 +26,11 @@ def mirrors_list(as_json, matrix_dirs):
     from envbuilder.config import config_path
 
     sets = M.mirror_sets(load_matrix(matrix_dirs))
-    # a set's endpoints may carry user:password@: shown as ***@, as every log line shows them
-    sets = json.loads(M.redacted(json.dumps(sets)))
-    if as_json:
-        click.echo(json.dumps(sets, indent=2, sort_keys=True))
+    if as_json:  # (a set's endpoints may carry user:password@: shown as ***@, as logs show them)
+        click.echo(json.dumps(json.loads(M.redacted(json.dumps(sets))), indent=2, sort_keys=True))
         return
-    for name, body in sets.items():
-        click.echo(f"{name}: {body.get('description', '')}")
-        for reg, eps in sorted((body.get("registries") or {}).items()):
-            click.echo(f"  {reg:<22} -> {', '.join(eps)}")
-        for kind in ("pypi", "pytorch", "huggingface", "apt", "github"):
-            if body.get(kind):
-                click.echo(f"  {kind:<22} -> {', '.join(body[kind])}")
-        for ch, eps in sorted((body.get("conda") or {}).items()):
-            click.echo(f"  conda:{ch:<16} -> {', '.join(eps)}")
+    for line in M.sets_lines(sets):
+        click.echo(line)
     click.echo(f"(your own sets go in {config_path()} under `mirrors:`)")
 
 
@@ -61,19 +52,7 @@ def mirrors_probe(name, timeout, as_json, matrix_dirs):
     if as_json:
         click.echo(M.redacted(json.dumps([p._asdict() for p in probes], indent=2)))
     else:
-        rows = [("KIND", "FOR", "ENDPOINT", "STATUS", "MS")]
-        rows += [
-            (
-                p.kind,
-                p.target,
-                M.redacted(p.endpoint),
-                ("ok " if p.ok else "DOWN ") + p.status,
-                f"{p.latency_ms:.0f}",
-            )
-            for p in probes
-        ]
-        widths = [max(len(r[i]) for r in rows) for i in range(5)]
-        for r in rows:
-            click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        for line in M.probe_table(probes):
+            click.echo(line)
     if probes and not any(p.ok for p in probes):
         raise SystemExit(1)

@@ -405,3 +405,35 @@ def recommendation_json(rec: Recommendation) -> dict:
         ],
         "notes": list(rec.notes),
     }
+
+
+def report_lines(machine: Machine, rec: Recommendation) -> list[str]:
+    """`envbuild detect`'s report, a line each: the GPUs, the driver and its CUDA, the profile
+    that fits best with why (and the others that fit), or why none fits and each one's fix."""
+    if not machine.gpus:
+        return [f"no NVIDIA GPU found: {machine.problem}", f"  fix: {NO_GPU_FIX}"]
+    out = []
+    for g in machine.gpus:
+        model = f"matrix model {g.model}" if g.model else "not in the matrix"
+        out.append(
+            f"GPU {g.index}  {g.name}  CC {g.compute_capability or '?'}  {g.vram_gb:.0f} GB  ({model})"
+        )
+    out.append(
+        f"driver {machine.driver}, supports CUDA up to {machine.cuda or '?'} (read through {machine.via})"
+    )
+    out += [f"note: {note}" for note in rec.notes]
+    if rec.profile:
+        best = next(f for f in rec.fits if f.profile == rec.profile)
+        out.append(f"profile: {rec.profile}")
+        out += [f"  {r.line()}" for r in best.reasons]
+        others = [f.profile for f in rec.fits if f.ok and f.profile != rec.profile]
+        if others:
+            out.append(f"  also fits: {', '.join(others)}")
+        out.append(f"next: envbuild doctor {rec.profile}; envbuild render {rec.profile}")
+    elif rec.fits:
+        out.append(f"no profile fits {rec.gpu.label()}:")
+        for f in rec.fits:
+            out.append(f"  {f.profile}:")
+            out += [f"    {r.line()}" for r in f.reasons]
+            out += [f"    fix: {fix}" for fix in f.fixes]
+    return out

@@ -317,3 +317,40 @@ def _trust(ca_cert: str | None) -> bool | str:
 
 def health(probes: list[Probe]) -> dict[str, Any]:
     return {p.endpoint: (p.ok, p.latency_ms) for p in probes}
+
+
+def sets_lines(sets: dict[str, dict[str, Any]]) -> list[str]:
+    """`envbuild mirrors list`'s text: each set, what it rewrites and to which endpoints
+    (`sets` as mirror_sets gives them; a credential is shown as ***@, as every log shows it)."""
+    import json
+
+    sets = json.loads(redacted(json.dumps(sets)))
+    out = []
+    for name, body in sets.items():
+        out.append(f"{name}: {body.get('description', '')}")
+        for reg, eps in sorted((body.get("registries") or {}).items()):
+            out.append(f"  {reg:<22} -> {', '.join(eps)}")
+        for kind in ("pypi", "pytorch", "huggingface", "apt", "github"):
+            if body.get(kind):
+                out.append(f"  {kind:<22} -> {', '.join(body[kind])}")
+        for ch, eps in sorted((body.get("conda") or {}).items()):
+            out.append(f"  conda:{ch:<16} -> {', '.join(eps)}")
+    return out
+
+
+def probe_table(probes: list[Probe]) -> list[str]:
+    """`envbuild mirrors probe`'s table: kind, what for, the endpoint (credentials as ***@),
+    ok or DOWN with why, and the latency, in aligned columns."""
+    rows = [("KIND", "FOR", "ENDPOINT", "STATUS", "MS")]
+    rows += [
+        (
+            p.kind,
+            p.target,
+            redacted(p.endpoint),
+            ("ok " if p.ok else "DOWN ") + p.status,
+            f"{p.latency_ms:.0f}",
+        )
+        for p in probes
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]

@@ -37,7 +37,3 @@ class LockedContext(Record):
     apex_source: Mapping[str, Any] | None
     flash_attn_wheels: Mapping[str, str] | None
     uv_wheel: str | None
-
-    def get(self, name: str, default: Any = None) -> Any:
-        """A field by name, as the templates read the context (`locked.get("uv_wheel")`)."""
-        return getattr(self, name, default) if name in self._fields else default
