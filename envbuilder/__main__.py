@@ -1,5 +1,5 @@
 """`python -m envbuilder` runs the envbuild CLI."""
 
-from envbuilder.cli import main
+from envbuilder.cli.app import main
 
 main()

@@ -18,7 +18,12 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
+from typing import TYPE_CHECKING, Any
+
 from envbuilder.errors import UserError
+
+if TYPE_CHECKING:
+    from envbuilder.model.matrix import Matrix
 
 
 def config_path() -> Path:
@@ -30,7 +35,7 @@ def config_path() -> Path:
 
 
 @lru_cache(maxsize=None)
-def _load(path: str) -> dict:
+def _load(path: str) -> dict[str, Any]:
     from envbuilder.model import schema as S
     from envbuilder.limits import load_yaml, read_text_bounded
     from envbuilder.model.matrix_schema import MIRROR
@@ -57,7 +62,7 @@ def _load(path: str) -> dict:
     return doc
 
 
-def user_config() -> dict:
+def user_config() -> dict[str, Any]:
     return _load(str(config_path()))
 
 
@@ -94,9 +99,9 @@ def check_registry(value: str, where: str) -> str:
 DEFAULT_LOCAL_REGISTRY = "localhost:5000"
 
 
-def local_registry(m) -> str:
+def local_registry(m: Matrix) -> str:
     """The registry `local` names when nothing else does: the matrix's `registry_local`."""
-    return (m.defaults or {}).get("registry_local", DEFAULT_LOCAL_REGISTRY)
+    return str((m.defaults or {}).get("registry_local", DEFAULT_LOCAL_REGISTRY))
 
 
 def registry_for(name: str, default_local: str, option: str = "--registry") -> str:

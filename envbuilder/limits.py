@@ -129,7 +129,7 @@ def load_yaml(text: str, origin: str) -> Any:
         ) from None
 
 
-def _check_nodes(root, origin: str) -> None:
+def _check_nodes(root: Any, origin: str) -> None:
     """Count the nodes the document expands to (an alias counts its whole target again) without
     expanding it, and refuse duplicate keys in any mapping."""
     import yaml
@@ -188,7 +188,7 @@ def _check_nodes(root, origin: str) -> None:
         sizes[key] = total
 
 
-def _duplicates(node, origin: str) -> None:
+def _duplicates(node: Any, origin: str) -> None:
     import yaml
 
     seen: dict[str, int] = {}

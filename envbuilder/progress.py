@@ -85,7 +85,7 @@ class Heartbeat:
         self._thread.start()
         return self
 
-    def __exit__(self, kind, exc, tb) -> None:
+    def __exit__(self, kind: object, exc: object, tb: object) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2)

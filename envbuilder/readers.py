@@ -23,6 +23,7 @@ lets a parser's own exception through: an edited or hostile file is bad input, n
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +123,7 @@ class _Refused:
         self.why = why
 
 
-class _Duplicate(dict):
+class _Duplicate(dict[str, Any]):
     """An object that named a key twice (json keeps the last silently); the tree check names
     it with its path."""
 
@@ -160,12 +161,12 @@ def parse_json(
     def constant(s: str) -> Any:
         return _Refused(f"{s} is not a number envbuild reads (JSON has no {s})")
 
-    def pairs(items: list) -> dict:
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
         out = dict(items)
         if len(out) != len(items):
-            seen: set = set()
+            seen: set[str] = set()
             dup = _Duplicate(out)
-            dup.key = next(k for k, _ in items if k in seen or seen.add(k))
+            dup.key = next(k for k, _ in items if k in seen or seen.add(k))  # type: ignore[func-returns-value]
             return dup
         return out
 
@@ -211,9 +212,9 @@ def parse_toml(
     data: bytes | str, origin: str, *, shape: Any = None, fix: str = DEFAULT_FIX, bounds: Bounds = BOUNDS
 ) -> Any:
     """The TOML document `data` holds, checked like parse_json."""
-    try:
+    if sys.version_info >= (3, 11):
         import tomllib
-    except ModuleNotFoundError:  # Python 3.10
+    else:  # Python 3.10
         import tomli as tomllib
 
     text = _text(data, origin, fix, bounds)
@@ -269,7 +270,7 @@ def _first_line(e: BaseException) -> str:
 # ---- the tree and the shape ------------------------------------------------------------------
 
 
-def _path(parts: tuple) -> str:
+def _path(parts: tuple[Any, ...]) -> str:
     """`packages[3].version` for ("packages", 3, "version"); a key that is not a plain word is
     quoted, and cut to its start."""
     from envbuilder.text import shorten
@@ -296,7 +297,7 @@ _KINDS = (dict, list, str, int, float, bool, type(None))
 
 
 def check_tree(
-    doc: Any, origin: str, fix: str = DEFAULT_FIX, bounds: Bounds = BOUNDS, allow: tuple = ()
+    doc: Any, origin: str, fix: str = DEFAULT_FIX, bounds: Bounds = BOUNDS, allow: tuple[type, ...] = ()
 ) -> None:
     """Depth, lengths, kinds and numbers of the whole document (iterative: a deep one cannot
     exhaust Python's stack here); BadData at the first value out of bounds. `allow`: kinds
@@ -308,7 +309,7 @@ def check_tree(
     # (container, depth, index of its parent here, its key there)
     seen: list[tuple[Any, int, int, Any]] = []
 
-    def path(index: int, key: Any = None, has_key: bool = False) -> tuple:
+    def path(index: int, key: Any = None, has_key: bool = False) -> tuple[Any, ...]:
         out = [key] if has_key else []
         while index >= 0:
             _, _, parent, k = seen[index]
@@ -317,11 +318,11 @@ def check_tree(
             index = parent
         return tuple(reversed(out))
 
-    def bad(at: tuple, problem: str) -> BadData:
+    def bad(at: tuple[Any, ...], problem: str) -> BadData:
         where = _path(at)
         return BadData(origin, where, problem, fix, head=None if where else f"{origin}: {problem}")
 
-    def odd(value: Any, at: tuple) -> None:  # a value that is no str, dict, list, int, float
+    def odd(value: Any, at: tuple[Any, ...]) -> None:  # a value that is no str, dict, list, int, float
         if value is None or value is True or value is False:
             return
         if isinstance(value, _Refused):
@@ -330,6 +331,7 @@ def check_tree(
             return
         if allow and isinstance(value, allow):
             return
+        kind: type
         if isinstance(value, float):
             kind = float
         elif isinstance(value, int) and not isinstance(value, bool):
@@ -344,7 +346,7 @@ def check_tree(
             )
         scalar(kind(value), at)
 
-    def scalar(value: Any, at: tuple) -> None:  # a str, int or float out of bounds, or fine
+    def scalar(value: Any, at: tuple[Any, ...]) -> None:  # a str, int or float out of bounds, or fine
         if type(value) is str:
             if len(value) > max_string:
                 raise bad(

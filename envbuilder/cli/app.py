@@ -72,7 +72,7 @@ EXTRAS = {
 }
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> None:
     try:
         try:
             cli.main(args=argv, prog_name="envbuild", standalone_mode=False)

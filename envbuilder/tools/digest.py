@@ -10,7 +10,7 @@ from pathlib import Path
 BLOCK = 1 << 20
 
 
-def sha256_hasher(path: Path, follow: bool = True):
+def sha256_hasher(path: Path, follow: bool = True) -> tuple[hashlib._Hash, int]:
     """A running sha256 seeded with the file's bytes (to go on hashing a resumed download),
     and the size it read: (hasher, size). `follow=False`: a link is an OSError, not its target."""
     h, size = hashlib.sha256(), 0

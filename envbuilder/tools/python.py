@@ -76,12 +76,13 @@ def find_python(version: str, need_venv: bool = False) -> Interpreter | None:
     cands = [shutil.which(f"python{version}")]
     root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
     if root.is_dir():
-        found = [
+        pyenv = [
             str(d / "bin" / f"python{version}")
             for d in root.iterdir()
             if re.fullmatch(rf"{re.escape(version)}\.\d+", d.name)
         ]
-        cands += sorted(found, key=lambda p: _patch(p, version), reverse=True)
+        pyenv.sort(key=lambda p: _patch(p, version), reverse=True)
+        cands += pyenv
     cands += [shutil.which("python3"), getattr(sys, "_base_executable", None) or sys.executable]
     for c in dict.fromkeys(c for c in cands if c):
         found = probe(c, version, need_venv)

@@ -10,7 +10,9 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import IO, Any
 
 # what a resolver or a wheel build needs is far less; an endless read is more
 # (ENVBUILD_TOOL_MAX_RSS_MB sets another cap: a small machine, or a test)
@@ -45,12 +47,12 @@ def _group_rss(pgid: int) -> int:
 def run(
     cmd: list[str],
     *,
-    cwd=None,
-    env=None,
+    cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
     timeout: float | None = None,
     max_rss: int | None = None,
     text: bool = True,
-) -> subprocess.CompletedProcess:
+) -> subprocess.CompletedProcess[Any]:
     """`subprocess.run(cmd, capture_output=True)` in a process group of its own, stopped (the
     whole group) when it runs past `timeout` (subprocess.TimeoutExpired) or its resident
     memory passes `max_rss` (TooMuchMemory; default MAX_RSS)."""
@@ -60,7 +62,7 @@ def run(
     )
     out: dict[str, bytes] = {}
 
-    def drain(name: str, stream) -> None:
+    def drain(name: str, stream: IO[bytes]) -> None:
         out[name] = stream.read()
 
     readers = [
@@ -73,7 +75,7 @@ def run(
     problem: Exception | None = None
     while proc.poll() is None:
         if deadline is not None and time.monotonic() > deadline:
-            problem = subprocess.TimeoutExpired(cmd, timeout)
+            problem = subprocess.TimeoutExpired(cmd, timeout or 0.0)
         else:
             rss = _group_rss(proc.pid)
             if rss > max_rss:
