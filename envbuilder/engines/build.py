@@ -110,7 +110,7 @@ def build_image(m, env, opts: BuildOptions, say: Callable[[str], None] = print) 
     prepared = prepare(env, wheelhouse=opts.wheelhouse, mirror=choice)
     env, locked = prepared.env, prepared.locked
     files = render_files(env, locked)
-    links = (locked or {}).get("links")
+    links = locked.links if locked else None
     registry = registry_for(opts.push_to, local_registry(m), "--push") if opts.push_to else None
     eng = E.make(engine)  # docker: the daemon must answer before anything is built
     # what the build fetches and where it pushes, probed before any step (with a mirror set, its
