@@ -9,6 +9,7 @@ import os
 import stat
 from functools import lru_cache
 from pathlib import Path
+from typing import Callable
 
 _PKG = Path(__file__).resolve().parent
 
@@ -218,3 +219,25 @@ def write_sealed(path: Path | None, body: str) -> None:
         os.close(folder)
     if key is not None:
         write_cache(path, f"{SEAL}{_seal(key, body)}\n{body}")
+
+
+def sealed_text(kind: str, key: str, make: Callable[[], str]) -> str:
+    """The text make() returns, kept as the sealed cache entry `KIND-<key>.json` (`key`: a
+    sha256 of everything the text is worked out from, the code included where it is not the
+    standard library's): read back only when this user's envbuild sealed it (read_sealed),
+    else made and sealed. envbuild.json's text, each lock's layered pins and each memory plan
+    are kept so."""
+    path = cache_file(f"{kind}-{key[:32]}.json")
+    text = read_sealed(path)
+    if text is None:
+        text = make()
+        write_sealed(path, text)
+    return text
+
+
+@lru_cache(maxsize=None)
+def source(path: str) -> bytes:
+    """The bytes of one of envbuild's own modules (`path`, its __file__ or a sibling), read once
+    a process: a cache key that names the code which worked an entry out (sealed_text)."""
+    with open(path, "rb") as f:
+        return f.read()

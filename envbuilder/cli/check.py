@@ -53,6 +53,6 @@ def check(profile, online, index_url, torch_index_url, overrides, matrix_dirs):
         found = check_co_resolves(m, env, index_url, torch_index_url, say=click.echo)
         click.echo(
             f"OK: the whole pinned set co-resolves: {found.packages} packages from {found.pypi}"
-            + (f" and {found.torch_index}" if found.torch_index and not found.swapped else "")
+            + (f" and {found.torch_index}" if found.torch_index and not found.torch_swapped else "")
             + f" for Python {found.python} on {found.platform}."
         )

@@ -27,7 +27,7 @@ def mirrors_list(as_json, matrix_dirs):
 
     sets = M.mirror_sets(load_matrix(matrix_dirs))
     if as_json:  # (a set's endpoints may carry user:password@: shown as ***@, as logs show them)
-        click.echo(json.dumps(json.loads(M.redacted(json.dumps(sets))), indent=2, sort_keys=True))
+        click.echo(json.dumps(M.redacted_sets(sets), indent=2, sort_keys=True))
         return
     for line in M.sets_lines(sets):
         click.echo(line)

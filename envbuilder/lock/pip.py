@@ -158,13 +158,13 @@ def co_resolve(
 
 class CoResolved(Record):
     """What `check --resolve` found: how many packages the one solution holds, the indexes it
-    came from (`swapped`: PyPI's torch resolved in place of the profile's +cuXXX build, the
-    PyTorch index being out of reach), for which Python and platform."""
+    came from (`torch_swapped`: PyPI's torch resolved in place of the profile's +cuXXX build,
+    the PyTorch index being out of reach), for which Python and platform."""
 
     packages: int
     pypi: str
     torch_index: str | None
-    swapped: str | None
+    torch_swapped: bool
     python: str
     platform: str
 
@@ -194,9 +194,7 @@ def check_co_resolves(
             f"{torch_swap(env)} in its place: the rest of the set is the profile's."
         )
     found = co_resolve(env, glibc, pypi, torch_index, swap)
-    return CoResolved(
-        len(found), pypi, torch_index, torch_swap(env) if swap else None, env.python, python_platform(glibc)
-    )
+    return CoResolved(len(found), pypi, torch_index, swap, env.python, python_platform(glibc))
 
 
 def index_answers(url: str, timeout: float = 5.0) -> bool:

@@ -319,13 +319,19 @@ def health(probes: list[Probe]) -> dict[str, Any]:
     return {p.endpoint: (p.ok, p.latency_ms) for p in probes}
 
 
+def redacted_sets(sets: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Mirror sets (as mirror_sets gives them) with every endpoint's user:password@ as ***@,
+    as `mirrors list` shows them, in text and in JSON."""
+    import json
+
+    return json.loads(redacted(json.dumps(sets)))  # type: ignore[no-any-return]
+
+
 def sets_lines(sets: dict[str, dict[str, Any]]) -> list[str]:
     """`envbuild mirrors list`'s text: each set, what it rewrites and to which endpoints
     (`sets` as mirror_sets gives them; a credential is shown as ***@, as every log shows it)."""
-    import json
-
-    sets = json.loads(redacted(json.dumps(sets)))
     out = []
+    sets = redacted_sets(sets)
     for name, body in sets.items():
         out.append(f"{name}: {body.get('description', '')}")
         for reg, eps in sorted((body.get("registries") or {}).items()):

@@ -139,44 +139,23 @@ def training_path(
 
 
 def _stored_plan(inputs: list[Any], compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """compute(), the memory plan of `inputs` (plain data), kept in the cache folder by the
-    sha256 of the inputs and of memory.py's code (it imports nothing of envbuilder's), sealed
-    (paths.read_sealed: only what this user's envbuild wrote is read back). The plan's search
-    over batch sizes is most of a profile's resolution, and every `envbuild render` resolves
-    in a fresh process. Plain JSON both ways: the plan is ints, floats, strings, lists, dicts."""
+    """compute(), the memory plan of `inputs` (plain data), kept as a sealed cache entry
+    (paths.sealed_text) by the sha256 of the inputs and of memory.py's code (it imports nothing
+    of envbuilder's). The plan's search over batch sizes is most of a profile's resolution,
+    and every `envbuild render` resolves in a fresh process. Plain JSON both ways: the plan is
+    ints, floats, strings, lists, dicts."""
     import hashlib
     import json
     import os
 
-    from envbuilder.paths import cache_file, read_sealed, write_sealed
+    from envbuilder.paths import sealed_text, source
 
     try:  # (memory.py by its path: a plan read back needs none of its code)
-        h = hashlib.sha256(_code(os.path.join(os.path.dirname(__file__), "memory.py")))
+        h = hashlib.sha256(source(os.path.join(os.path.dirname(__file__), "memory.py")))
         h.update(json.dumps(inputs, sort_keys=True).encode())
     except (OSError, TypeError, ValueError):  # (no source to key on, or not plain data)
         return compute()
-    path = cache_file(f"plan-{h.hexdigest()[:32]}.json")
-    text = read_sealed(path)
-    if text is not None:
-        try:
-            doc = json.loads(text)
-            if isinstance(doc, dict):
-                return doc
-        except ValueError:
-            pass
-    out = compute()
-    write_sealed(path, json.dumps(out))
-    return out
-
-
-_CODE: dict[str, bytes] = {}
-
-
-def _code(path: str) -> bytes:
-    if path not in _CODE:
-        with open(path, "rb") as f:
-            _CODE[path] = f.read()
-    return _CODE[path]
+    return json.loads(sealed_text("plan", h.hexdigest(), lambda: json.dumps(compute())))  # type: ignore[no-any-return]
 
 
 class _Resolver:

@@ -414,19 +414,13 @@ class ResolvedEnv(Record):
         compact form (C-encoded) and used only when it reads back as this environment: its own
         compact form is this one's, byte for byte. (`d`: this environment's to_dict(), and
         `compact`: its sorted compact JSON, where the caller has them.)"""
-        from envbuilder.paths import cache_file, read_sealed, write_sealed
+        from envbuilder.paths import sealed_text
 
         d = self.to_dict() if d is None else d
         if compact is None:
             compact = json.dumps(d, sort_keys=True, separators=(",", ":"))
-        path = cache_file(f"env-{hashlib.sha256(compact.encode()).hexdigest()[:32]}.json")
-        # sealed (paths.read_sealed): this envbuild wrote it from this very compact form
-        text = read_sealed(path)
-        if text is not None:
-            return text
-        text = json.dumps(d, indent=2, sort_keys=True) + "\n"
-        write_sealed(path, text)
-        return text
+        key = hashlib.sha256(compact.encode()).hexdigest()  # (the indented form is json's own)
+        return sealed_text("env", key, lambda: json.dumps(d, indent=2, sort_keys=True) + "\n")
 
     @classmethod
     def from_json(cls, text: str, origin: str = "envbuild.json") -> "ResolvedEnv":

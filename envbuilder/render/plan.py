@@ -265,49 +265,37 @@ def constraint_layers(
     layer's set, and with it Docker's cache of that layer, as it was. From a lock solved with
     PyPI's torch: none of the packages that differ between torch builds.
 
-    Kept in the cache folder (paths.cache_file) by the sha256 of the lock (`lock_sha256` where
+    Kept as a sealed cache entry (paths.sealed_text) by the sha256 of the lock (`lock_sha256` where
     the caller has it), of what decides the layers (their roots, the builder, the swap) and of
     this file's code: a render of every profile reads a few MB of locks, and parsing and
     layering them was a third of `render --all`. A cache that can't be read or written is
     worked out afresh."""
-    from envbuilder.paths import cache_file, read_sealed, write_sealed
+    from envbuilder.paths import sealed_text, source
 
-    def fresh() -> dict[str, list[str]]:
+    def fresh() -> str:
         text = requirements_lock
         locked = parse(text.decode("utf-8") if isinstance(text, bytes) else text, with_hashes=False)
-        return {
-            layer: [
-                f"{n}=={locked[n].version}"
-                for n in names
-                if not (torch_swapped and TORCH_BUILD_PACKAGES.match(n))
-            ]
-            for layer, names in layers(env, locked).items()
-        }
+        return json.dumps(
+            {
+                layer: [
+                    f"{n}=={locked[n].version}"
+                    for n in names
+                    if not (torch_swapped and TORCH_BUILD_PACKAGES.match(n))
+                ]
+                for layer, names in layers(env, locked).items()
+            }
+        )
 
     try:
-        code = _own_code()
+        h = hashlib.sha256(source(__file__))
     except OSError:
-        return fresh()
-    h = hashlib.sha256(code)
-    data = requirements_lock.encode() if isinstance(requirements_lock, str) else requirements_lock
-    h.update((lock_sha256 or hashlib.sha256(data).hexdigest()).encode())
+        return json.loads(fresh())  # type: ignore[no-any-return]
+    if lock_sha256 is None:
+        data = requirements_lock.encode() if isinstance(requirements_lock, str) else requirements_lock
+        lock_sha256 = hashlib.sha256(data).hexdigest()
+    h.update(lock_sha256.encode())
     h.update(json.dumps([layer_roots(env), env.needs_builder, torch_swapped]).encode())
-    path = cache_file(f"lock-{h.hexdigest()[:32]}.json")
-    sealed = read_sealed(path)  # (only what this user's envbuild worked out and sealed)
-    if sealed is not None:
-        try:
-            doc = json.loads(sealed)
-            return {layer: list(pins) for layer, pins in doc.items()}
-        except (ValueError, TypeError, AttributeError):
-            pass
-    out = fresh()
-    write_sealed(path, json.dumps(out))
-    return out
-
-
-@functools.cache
-def _own_code() -> bytes:
-    return Path(__file__).read_bytes()
+    return json.loads(sealed_text("lock", h.hexdigest(), fresh))  # type: ignore[no-any-return]
 
 
 def lock_candidates(profile: str) -> list[tuple[str, Path]]:
