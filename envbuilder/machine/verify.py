@@ -56,6 +56,66 @@ sys.stdout.flush()
 os._exit(0)
 """
 
+# verl's own checks of a composed config, in the verify venv (verl imported as the trainer
+# imports it): the overrides the run script passed, composed with the release's Hydra config as
+# main_ppo composes them, then main_ppo's validate_config (verl >= 0.6: verl/utils/config.py, with
+# need_reference_policy / need_critic), which builds the actor's, critic's and rollout's config
+# dataclasses and calls their validate(). The resolved config comes back for envbuild's own
+# arithmetic (envbuilder/model/batches.py: what the engine workers assert later, at run time).
+VALIDATE_SNIPPET = f"""
+import json, os, sys
+args_file, config_dir, config_name = sys.argv[1:4]
+args = [a for a in open(args_file, "rb").read().decode().split("\\0") if a]
+res = {{"ok": False, "validated": None, "why": None, "config": None, "error": None}}
+try:
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        cfg = compose(config_name=config_name, overrides=args)
+    res["config"] = OmegaConf.to_container(cfg, resolve=True)
+    try:
+        from verl.utils.config import validate_config
+        from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    except ImportError as e:
+        res["why"] = f"this release has no verl.utils.config.validate_config ({{e}})"
+    else:
+        try:
+            validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+        except BaseException as e:
+            text = f"{{type(e).__name__}}: {{e}}".strip().splitlines()
+            res["validated"], res["error"] = False, text[0] if text else type(e).__name__
+        else:
+            res["validated"] = True
+    res["ok"] = True
+except BaseException as e:
+    text = f"{{type(e).__name__}}: {{e}}".strip().splitlines()
+    res["error"] = text[0] if text else type(e).__name__
+sys.stdout.write("\\n{RESULT}" + json.dumps(res, default=str) + "\\n")
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def judge_validation(res: dict | None, engine: bool, critic_engine: str) -> tuple[dict, str | None]:
+    """What verify reports of verl's own validation and envbuild's batch arithmetic: (the report's
+    `validation` entry, the failure to report or None)."""
+    from envbuilder.model.batches import violations
+
+    if res is None:
+        return {"validated": None, "violations": []}, "validate: the interpreter printed no result"
+    out = {"validated": res.get("validated"), "why": res.get("why"), "violations": []}
+    if not res.get("ok"):
+        return out, f"validate: {res.get('error')}"
+    if res.get("validated") is False:
+        return out, f"validate: verl's validate_config refused the run: {res.get('error')}"
+    config = res.get("config")
+    if isinstance(config, dict):
+        out["violations"] = violations(config, engine, critic_engine)
+    if out["violations"]:
+        return out, "validate: verl's workers would refuse the batches: " + "; ".join(out["violations"][:2])
+    return out, None
+
+
 # Stands in for `python3` on the rendered run script's PATH: the preflight (it needs a GPU)
 # passes, and verl's trainer gets `--cfg job`: Hydra composes and prints the config, then stops.
 STUB = """#!/bin/sh
@@ -861,6 +921,39 @@ class _Verifier:
             self.fail(f"compose: {c['error']}")
         else:
             c["ok"] = True
+            self.validate(py, base, args_file)
+
+    def validate(self, py: Path, base: Path, args_file: Path) -> None:
+        """verl's own validate_config on the composed run, then the batch arithmetic its workers
+        assert at run time (envbuilder/model/batches.py): a render verl would reject fails here."""
+        from envbuilder.model.gpu_tier import main_ppo_config
+
+        sites = sorted(py.parent.parent.glob("lib/python*/site-packages"))
+        site = next((p for p in sites if (p / "verl" / "trainer" / "main_ppo.py").exists()), None)
+        if site is None:
+            self.r.compose["validation"] = {"validated": None, "why": "verl's main_ppo.py not found"}
+            return
+        config_dir, name = main_ppo_config(site)
+        self.say("validate: verl's validate_config and the batch arithmetic")
+        got = run(
+            [*isolation()[0], str(py), "-c", VALIDATE_SNIPPET, str(args_file), str(config_dir), name],
+            env=_offline_env(base / "home"),
+            cwd=base,
+            timeout=COMPOSE_TIMEOUT_S,
+            say=self.say,
+            label="validate",
+        )
+        res = None
+        for line in reversed(got.out.splitlines()):
+            if line.startswith(RESULT):
+                res = json.loads(line[len(RESULT) :])
+                break
+        entry, failure = judge_validation(res, self.env.verl.engine_batches, self.env.verl.critic_fsdp)
+        self.r.compose["validation"] = entry
+        if failure:
+            self.r.compose["ok"] = False
+            self.r.compose["error"] = failure
+            self.fail(failure)
 
 
 def _unshare_files(venv: Path, rels: list[str]) -> None:
