@@ -233,6 +233,11 @@ VERL = {
     "config_reads?": S.ListOf(S.HYDRA_KEY),
     # where the critic's FSDP settings live (critic.model.fsdp_config up to 0.7.x)
     "critic_fsdp?": S.HYDRA_KEY,
+    # the batch arithmetic its workers assert (engine: every GPU's data is a whole number of
+    # each micro-batch; the legacy workers split with a remainder)
+    "batches?": {"engine": bool, "why": WHY, "source": SOURCE},
+    # its default trainer, where an estimator needs the other one (algorithms.yaml `v1: false`)
+    "trainer_v1?": {"key": S.HYDRA_KEY, "why": WHY, "source": SOURCE},
     "source": SOURCE,
 }
 # find / with: source text, written into apply_patches.py as Python literals
@@ -256,6 +261,8 @@ ALGORITHM = {
     "kl_loss_coef?": float,
     "extra?": S.ListOf(RUN_SETTING),
     "extra_generation?": bool,
+    # false: verl's v1 trainer (0.9's default) never computes what it needs (verl.yaml trainer_v1)
+    "v1?": bool,
     "refused?": WHY,
     "source": SOURCE,
 }

@@ -185,6 +185,13 @@ class Setup:
         self.gen_per_gpu = t["train_batch_size"] * self.rollout_n // self.n
         self.mini_per_gpu = max(t["ppo_mini_batch_size"] * self.rollout_n // self.n, 1)
         self.val_per_gpu = math.ceil(val_rows / self.n)
+        # verl's engine workers (0.8+) assert that each GPU's share of the rollout is a whole
+        # number of log-prob micro-batches; the legacy workers split it with a remainder
+        # (the resolver passes it; a resolved environment holds it in its verl record)
+        verl = env.get("verl")
+        self.engine_batches = bool(
+            env.get("engine_batches", verl.get("engine_batches", False) if isinstance(verl, dict) else False)
+        )
         self.total_gib = consts["total_gib"]
         self.usable_gib = (
             self.total_gib - consts["cuda_context_gib"] - (consts["nccl_gib"] if self.n > 1 else 0)
@@ -562,7 +569,9 @@ def candidates(s: Setup, key: str) -> Sequence[int]:
       that DataProto.chunk requires to be equal, so below the rollout batch only its divisors
       work; above it any size up to the validation set (a validation batch of up to
       micro_batch_size is one chunk). vLLM: any count up to the larger of the two.
-    log_prob: up to the rollout batch (verl splits it into micro-batches, the last may be short).
+    log_prob: up to the rollout batch (the legacy workers split it into micro-batches, the last
+      may be short); only its divisors where the release's engine workers assert that they
+      divide it (verl 0.8+, workers/engine/utils.py prepare_micro_batches).
     actor, critic: divisors of the mini-batch (verl asserts mini % micro == 0)."""
     cap = s.cap if (s.cap and key != "generation") else None
     if key == "generation":
@@ -575,6 +584,8 @@ def candidates(s: Setup, key: str) -> Sequence[int]:
         if s.rollout == "hf":
             return divisors(s.gen_per_gpu) + list(range(s.gen_per_gpu + 1, top + 1))
         return range(1, top + 1)
+    if key == "log_prob" and s.engine_batches:
+        return [b for b in divisors(s.gen_per_gpu) if not cap or b <= cap] or [1]
     if key == "log_prob":  # (a range: a huge batch costs no memory here)
         return range(1, min(s.gen_per_gpu, cap or s.gen_per_gpu) + 1)
     out = divisors(s.mini_per_gpu)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import weakref
 from typing import Any, Callable
+from collections.abc import Mapping
 
 from envbuilder import __version__
 from envbuilder.model import resolved as R
@@ -112,6 +113,15 @@ def kernel_runs(gpu_cc: str, archs: list[str]) -> bool:
     return gpu_cc in exact or cc_runs(gpu_cc, [a for a in archs if not a.endswith("a")])
 
 
+def legacy_trainer(verl: Mapping[str, Any], algo: Mapping[str, Any]) -> tuple[str, ...]:
+    """`trainer.use_v1=False` where the release's default trainer (v1) never computes what the
+    estimator needs (algorithms.yaml `v1: false`, verl.yaml `trainer_v1`), else nothing."""
+    v1 = verl.get("trainer_v1")
+    if v1 and algo.get("v1", True) is False:
+        return (f"{v1['key']}=False",)
+    return ()
+
+
 def sglang_of(m: Matrix, verl_v: str) -> str | None:
     """The SGLang release verl's `sglang` extra pins (verl.yaml), None where none is recorded."""
     return ((m.verl.get(verl_v) or {}).get("sglang") or {}).get("version")
@@ -171,6 +181,8 @@ class _Resolver:
         self.name = profile_name
         self.p = m.profiles[profile_name]
         self.algo_rec: dict[str, Any] | None = None  # the selection's estimator (select() sets it)
+        # whether the release's workers assert that each GPU's data divides every micro-batch
+        self.engine_batches = False
         # the model table, with --model's shape where the table lacks it (its config.json)
         self.models = m.models
         if ov.model and ov.model not in m.models:
@@ -556,11 +568,15 @@ class _Resolver:
         import json
 
         arch = self.models[train["model"]]
-        key = json.dumps(
-            [gpu_key, gpu, dtype, attention, rollout, train, lora_flat, algo, arch, card],
-            sort_keys=True,
-            default=str,
-        ) + str(getattr(self, "nodes", 1))
+        key = (
+            json.dumps(
+                [gpu_key, gpu, dtype, attention, rollout, train, lora_flat, algo, arch, card],
+                sort_keys=True,
+                default=str,
+            )
+            + str(getattr(self, "nodes", 1))
+            + str(self.engine_batches)
+        )
         known = _PLANS.setdefault(self.m, {})
         if key in known:
             return known[key]
@@ -574,6 +590,7 @@ class _Resolver:
             "rollout_n": algo["n"],
             "extra_generation": algo.get("extra_generation", False),
             "nodes": getattr(self, "nodes", 1),
+            "engine_batches": self.engine_batches,
         }
         rows = self.m.datasets["gsm8k"]["rows"]["test"]
 
@@ -681,6 +698,7 @@ class _Resolver:
         s.algo = ov.algo or p.get("algorithm", "gae")
         s.algo_rec = self.pick("algorithm (--algo)", "algorithms", s.algo)
         self.algo_rec = s.algo_rec
+        self.engine_batches = bool((s.verl.get("batches") or {}).get("engine"))
         s.components = self.select_components(s.torch_v)
         s.python = ov.python or p.get("python") or s.cuda["python"]
         s.picked = self.torch_build(s.torch_v, s.torch, s.cuda_v)
@@ -730,6 +748,11 @@ class _Resolver:
             s.pins.update(m.flash_attn.get("runtime_pins") or {})
         s.pins.update(p.get("pins", {}))
         self.hf_rollout_plan(s)
+        if legacy_trainer(s.verl, s.algo_rec):
+            s.notes.append(
+                f"trainer.use_v1=False: {s.algo} on verl {s.verl_v} needs the legacy trainer, "
+                f"since {s.verl['trainer_v1']['why']}"
+            )
         self.cluster_plan(s)
         s.memory, bf16_base = self.lora_memory(s, s.train)
         if bf16_base:
@@ -1093,6 +1116,7 @@ class _Resolver:
                 refused_overrides=tuple(s.refused),
                 rollout_mode=verl.get("rollout_mode", "sync"),
                 critic_fsdp=verl.get("critic_fsdp", "critic.model.fsdp_config"),
+                engine_batches=bool((verl.get("batches") or {}).get("engine")),
             ),
             dtype=dtype,
             precision=R.Precision(**precision),
@@ -1121,7 +1145,7 @@ class _Resolver:
                 kl=s.algo_rec["kl"],
                 kl_loss_type=s.algo_rec.get("kl_loss_type"),
                 kl_loss_coef=s.algo_rec.get("kl_loss_coef"),
-                extra=tuple(s.algo_rec.get("extra") or ()),
+                extra=tuple(s.algo_rec.get("extra") or ()) + legacy_trainer(s.verl, s.algo_rec),
                 extra_generation=s.algo_rec.get("extra_generation", False),
             ),
             cluster=R.Cluster(

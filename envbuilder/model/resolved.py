@@ -166,6 +166,9 @@ class Verl(Record):
     refused_overrides: tuple[RefusedOverride, ...] = ()
     rollout_mode: Annotated[str, S.OneOf(("sync", "async"))] = "sync"
     critic_fsdp: Annotated[str, S.HYDRA_KEY] = "critic.model.fsdp_config"
+    # the engine workers (0.8+): each GPU's data must be a whole number of every micro-batch, and
+    # the critic's engine takes its micro-batches from critic_fsdp (verl.yaml batches)
+    engine_batches: bool = False
 
 
 class Precision(Record):

@@ -28,9 +28,9 @@ args=(
   data.train_files="$DATA_DIR/train.parquet"
   data.val_files="$DATA_DIR/test.parquet"
   # batch sizes per GPU from the memory plan (envbuild show h100 --memory): peak 70.078 GiB
-  # (generate (vLLM)) of 78.65 usable; validation in batches, never the whole set at once
+  # (generate (vLLM)) of 78.65 usable; validation goes to the rollout server as one
+  # batch (verl 0.9.1 deprecates data.val_batch_size), which runs at most max_num_seqs at a time
   data.train_batch_size=1024
-  data.val_batch_size=928
   data.max_prompt_length=1024
   data.max_response_length=1024
   actor_rollout_ref.model.path="$MODEL"
@@ -44,14 +44,14 @@ args=(
   ++actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16
   ++actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype=fp32
   ++actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype=fp32
-  actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=14
+  actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8
   actor_rollout_ref.ref.fsdp_config.param_offload=False
   ++actor_rollout_ref.ref.fsdp_config.model_dtype=bf16
   ++actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype=bf16
   actor_rollout_ref.rollout.name=vllm
   actor_rollout_ref.rollout.mode=async
   actor_rollout_ref.rollout.dtype=bfloat16
-  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=14
+  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8
   actor_rollout_ref.rollout.max_num_seqs=116
   actor_rollout_ref.rollout.tensor_model_parallel_size=1
   actor_rollout_ref.rollout.gpu_memory_utilization=0.6
@@ -65,6 +65,10 @@ args=(
   critic.model.use_remove_padding=False
   critic.model.enable_gradient_checkpointing=True
   critic.ppo_micro_batch_size_per_gpu=16
+  # the critic's engine takes its own micro-batches (left alone it packs 32768-token dynamic ones)
+  ++critic.fsdp.use_dynamic_bsz=False
+  ++critic.fsdp.micro_batch_size_per_gpu=16
+  ++critic.fsdp.infer_micro_batch_size_per_gpu=16
   critic.fsdp.param_offload=False
   critic.fsdp.optimizer_offload=False
   ++critic.fsdp.mixed_precision.param_dtype=bf16

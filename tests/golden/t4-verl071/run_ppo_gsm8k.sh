@@ -29,9 +29,9 @@ args=(
   data.train_files="$DATA_DIR/train.parquet"
   data.val_files="$DATA_DIR/test.parquet"
   # batch sizes per GPU from the memory plan (envbuild show t4 --memory): peak 11.614 GiB
-  # (log_prob) of 14.5 usable; validation in batches, never the whole set at once
+  # (log_prob) of 14.5 usable; validation goes to the rollout server as one
+  # batch (verl 0.7.1 deprecates data.val_batch_size), which runs at most max_num_seqs at a time
   data.train_batch_size=16
-  data.val_batch_size=276
   data.max_prompt_length=256
   data.max_response_length=256
   actor_rollout_ref.model.path="$MODEL"

@@ -29,9 +29,9 @@ args=(
   data.train_files="$DATA_DIR/train.parquet"
   data.val_files="$DATA_DIR/test.parquet"
   # batch sizes per GPU from the memory plan (envbuild show t4 --memory): peak 11.614 GiB
-  # (log_prob) of 14.5 usable; validation in batches, never the whole set at once
+  # (log_prob) of 14.5 usable; validation goes to the rollout server as one
+  # batch (verl 0.9.1 deprecates data.val_batch_size), which runs at most max_num_seqs at a time
   data.train_batch_size=16
-  data.val_batch_size=276
   data.max_prompt_length=256
   data.max_response_length=256
   actor_rollout_ref.model.path="$MODEL"
@@ -66,6 +66,10 @@ args=(
   critic.model.use_remove_padding=False
   critic.model.enable_gradient_checkpointing=True
   critic.ppo_micro_batch_size_per_gpu=8
+  # the critic's engine takes its own micro-batches (left alone it packs 32768-token dynamic ones)
+  ++critic.fsdp.use_dynamic_bsz=False
+  ++critic.fsdp.micro_batch_size_per_gpu=8
+  ++critic.fsdp.infer_micro_batch_size_per_gpu=8
   critic.fsdp.param_offload=True
   critic.fsdp.optimizer_offload=True
   ++critic.fsdp.mixed_precision.param_dtype=fp32

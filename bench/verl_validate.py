@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""verl's own validate_config on every default render of the engine releases (the real-stack tier).
+
+verl's config checks import verl, and verl imports torch, so CI (no torch) checks the batch
+arithmetic with envbuilder/model/batches.py on configs composed with the real wheels' Hydra
+config, and this runs the release's own checks where torch is: the GPU machine, or any machine
+with the profile's stack installed.
+
+  python bench/verl_validate.py cases -o .gpu/validate-cases.json      (here: needs envbuilder)
+  python bench/verl_validate.py device --cases FILE --out FILE          (where verl imports)
+
+`cases` renders each default profile on verl >= 0.8 (and the 0.8/0.9 stacks on the h100) with
+GAE and GRPO, on one node and on two of eight GPUs, and writes each run script's overrides as
+bash expands them. `device` composes each with the installed verl's own Hydra config, as
+`python -m verl.trainer.main_ppo` does, and calls main_ppo's validate_config(config,
+need_reference_policy(config), need_critic(config)). tests/fixtures/gpu/validate/ holds what it
+wrote; tests/test_batches.py replays it against today's renders.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def fingerprint(verl: str, overrides: list[str]) -> str:
+    return hashlib.sha256(json.dumps([verl, overrides]).encode()).hexdigest()
+
+
+def grid() -> list[dict]:
+    """The runs the grid test checks (tests/test_batches.py _runs), with their overrides."""
+    sys.path.insert(0, str(HERE.parent))
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    from conftest import resolved, shipped
+
+    from envbuilder.model.gpu_tier import run_script_overrides
+    from envbuilder.model.versions import version_key
+    from envbuilder.render.files import render_files
+
+    runs = [
+        (n, None)
+        for n, p in sorted(shipped().profiles.items())
+        if version_key(p["verl"]) >= version_key("0.8.0")
+    ]
+    runs += [("h100", v) for v in shipped().stacks if version_key(v) >= version_key("0.8.0")]
+    out = []
+    for profile, verl in runs:
+        for algo in ("gae", "grpo"):
+            for topo in ({}, {"nodes": 2, "gpus_per_node": 8}):
+                env = resolved(profile, verl=verl, algo=algo, **topo)
+                world = {
+                    "MODEL": "/models/m",
+                    "DATA_DIR": "/data/gsm8k",
+                    "N_GPUS": str(env.train.n_gpus),
+                    "NNODES": str(env.cluster.nodes),
+                }
+                ov = run_script_overrides(render_files(env)["run_ppo_gsm8k.sh"], world)
+                out.append(
+                    {
+                        "case": f"{profile}{'@' + verl if verl else ''}/{algo}/{env.cluster.nodes}x{env.train.n_gpus}",
+                        "verl": env.verl.version,
+                        "overrides": ov,
+                        "fingerprint": fingerprint(env.verl.version, ov),
+                    }
+                )
+    return out
+
+
+def device(cases: Path, out: Path) -> int:
+    import importlib.metadata as md
+    import os
+
+    from hydra import compose, initialize_config_dir
+
+    import verl.trainer.main_ppo as main_ppo
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    config_dir = os.path.join(os.path.dirname(main_ppo.__file__), "config")
+    have = md.version("verl")
+    results = []
+    for case in json.loads(cases.read_text()):
+        if case["verl"] != have:
+            continue
+        t = time.time()
+        entry = {k: case[k] for k in ("case", "verl", "fingerprint")}
+        try:
+            with initialize_config_dir(config_dir=config_dir, version_base=None):
+                cfg = compose(config_name="ppo_trainer", overrides=case["overrides"])
+            validate_config(
+                config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg)
+            )
+            entry["validated"] = True
+        except BaseException as e:  # noqa: BLE001  (the record says what verl raised)
+            entry["validated"] = False
+            entry["error"] = f"{type(e).__name__}: {e}"[:2000]
+        entry["seconds"] = round(time.time() - t, 2)
+        results.append(entry)
+    doc = {
+        "verl": have,
+        "torch": md.version("torch"),
+        "python": sys.version.split()[0],
+        "runs": results,
+    }
+    out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    bad = [r for r in results if not r["validated"]]
+    print(f"{len(results)} validated with verl {have}: {len(bad)} refused")
+    for r in bad:
+        print(f"  {r['case']}: {r['error'][:300]}")
+    return 1 if bad else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("cases")
+    c.add_argument("-o", "--out", type=Path, required=True)
+    d = sub.add_parser("device")
+    d.add_argument("--cases", type=Path, required=True)
+    d.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args(argv)
+    if a.cmd == "cases":
+        runs = grid()
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(runs, indent=1) + "\n")
+        print(f"{len(runs)} cases -> {a.out}")
+        return 0
+    return device(a.cases, a.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""The batch arithmetic verl's workers assert at run time, checked on a composed run config.
+
+verl's Hydra config accepts batch sizes its workers then refuse mid-run: the h200 render composed
+cleanly and died at its first `compute_log_prob` on an H200 (a log-prob micro-batch of 22 against
+256 samples per GPU). These are the checks, each with where the release asserts it; `violations`
+takes the composed config as plain data (`OmegaConf.to_container(cfg, resolve=True)`), so the
+pypi tier (verl's real config, composed with Hydra), `envbuild verify` and the resolver's plan all
+judge a run the same way. `engine`: the release's engine workers (verl 0.8+, matrices/verl.yaml
+`batches`), which split each GPU's data with `tu.chunk_tensordict` and assert it divides; the
+legacy workers (0.4-0.7) split with a remainder, so there only the update's split is asserted.
+
+  world        W = trainer.n_gpus_per_node × trainer.nnodes
+  rollout      B = data.train_batch_size prompts × n = rollout.n responses; B·n % W == 0
+               (validate_config, `real_train_batch_size must be divisible by minimal possible
+               batch size`); each GPU holds D = B·n / W
+  mini-batch   mini ≤ B (ActorConfig/CriticConfig.validate); mini·n % W == 0 (engine_workers
+               train_mini_batch); B % mini == 0, or the last mini-batch is short and its
+               micro-batches do not divide it; each GPU's mini-batch M = mini·n / W
+  micro        M % ppo_micro_batch_size_per_gpu == 0 (actor and critic updates);
+               engine: D % log_prob_micro_batch_size_per_gpu == 0 (rollout and ref), and the
+               critic's values at its engine's infer micro-batch; the critic's engine must not
+               be left on its dynamic default, or the plan's critic micro-batch is not what runs
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+_MISSING = object()
+
+
+def _get(cfg: Mapping[str, Any], dotted: str, default: Any = _MISSING) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def _int(cfg: Mapping[str, Any], dotted: str) -> int | None:
+    value = _get(cfg, dotted, None)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def uses_critic(cfg: Mapping[str, Any]) -> bool:
+    """verl's need_critic: critic.enable where it is set, else the GAE estimator only."""
+    enable = _get(cfg, "critic.enable", None)
+    if isinstance(enable, bool):
+        return enable
+    return bool(_get(cfg, "algorithm.adv_estimator", "gae") == "gae")
+
+
+def uses_reference(cfg: Mapping[str, Any]) -> bool:
+    """verl's need_reference_policy: a KL to the reference, in the reward or in the loss."""
+    return (
+        _get(cfg, "algorithm.use_kl_in_reward", False) is True
+        or _get(cfg, "actor_rollout_ref.actor.use_kl_loss", False) is True
+    )
+
+
+def violations(cfg: Mapping[str, Any], engine: bool, critic_engine: str = "critic.fsdp") -> list[str]:
+    """What verl's workers would refuse in this composed config, one sentence each (empty: none).
+    `critic_engine`: where the release keeps the critic's engine settings."""
+    out: list[str] = []
+    if _get(cfg, "actor_rollout_ref.actor.use_dynamic_bsz", False) is True:
+        return out  # token-based micro-batches: nothing here divides by a count
+    world = (_int(cfg, "trainer.n_gpus_per_node") or 1) * (_int(cfg, "trainer.nnodes") or 1)
+    n = _int(cfg, "actor_rollout_ref.rollout.n") or 1
+    batch = _int(cfg, "data.train_batch_size")
+    if batch is None:
+        return ["data.train_batch_size is not a positive whole number"]
+    if batch * n % world:
+        out.append(
+            f"data.train_batch_size × rollout.n = {batch} × {n} = {batch * n} does not divide over "
+            f"{world} GPUs (verl's validate_config asserts it)"
+        )
+        return out
+    per_gpu = batch * n // world
+    roles = [("actor", "actor_rollout_ref.actor")]
+    if uses_critic(cfg):
+        roles.append(("critic", "critic"))
+    for role, root in roles:
+        mini = _int(cfg, f"{root}.ppo_mini_batch_size")
+        if mini is None:
+            out.append(f"{root}.ppo_mini_batch_size is not set")
+            continue
+        if mini > batch:
+            out.append(f"{root}.ppo_mini_batch_size {mini} is larger than data.train_batch_size {batch}")
+            continue
+        if mini * n % world:
+            out.append(
+                f"the {role}'s mini-batch of {mini} × {n} responses does not divide over {world} GPUs "
+                "(engine_workers.train_mini_batch asserts it)"
+            )
+            continue
+        if batch % mini:
+            out.append(
+                f"data.train_batch_size {batch} is not a whole number of {root}.ppo_mini_batch_size "
+                f"{mini}: the last mini-batch is short and its micro-batches do not divide it"
+            )
+            continue
+        mini_gpu = mini * n // world
+        micro_key = f"{root}.ppo_micro_batch_size_per_gpu"
+        if role == "critic" and engine:
+            if _get(cfg, f"{critic_engine}.use_dynamic_bsz", True) is not False:
+                out.append(
+                    f"the critic's engine ({critic_engine}) is left on dynamic batches "
+                    "(EngineConfig.use_dynamic_bsz defaults to True): critic.ppo_micro_batch_size_per_gpu "
+                    "is not what runs"
+                )
+                continue
+            micro_key = f"{critic_engine}.micro_batch_size_per_gpu"
+        micro = _int(cfg, micro_key)
+        if micro is None:
+            out.append(f"{micro_key} is not set")
+        elif mini_gpu % micro:
+            out.append(
+                f"{micro_key}={micro} does not divide the {role}'s mini-batch of {mini_gpu} per GPU "
+                f"({root}.ppo_mini_batch_size {mini} × {n} responses / {world} GPUs)"
+            )
+    if not engine:
+        return out
+    infer = ["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"]
+    if uses_reference(cfg):
+        infer.append("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu")
+    if uses_critic(cfg):
+        infer.append(f"{critic_engine}.infer_micro_batch_size_per_gpu")
+    for key in infer:
+        micro = _int(cfg, key)
+        if micro is None:
+            if key.endswith("infer_micro_batch_size_per_gpu"):
+                continue  # (reported above with the critic's dynamic default)
+            out.append(f"{key} is not set")
+        elif per_gpu % micro:
+            out.append(
+                f"{key}={micro} does not divide the {per_gpu} samples each GPU holds "
+                f"(train_batch_size {batch} × rollout.n {n} / {world} GPUs): verl's engine asserts "
+                "'data size must be divisible by force_group_size * micro_batch_size_per_gpu'"
+            )
+    return out
