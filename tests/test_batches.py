@@ -188,3 +188,22 @@ def test_the_recorded_arithmetic_is_what_each_wheel_asserts(verl_trees):
         v1 = rec.get("trainer_v1")
         yaml_text = (tree / "verl" / "trainer" / "config" / "ppo_trainer.yaml").read_text(encoding="utf-8")
         assert bool(v1) == ("use_v1: true" in yaml_text), version
+
+
+def test_odd_worlds_round_the_mini_batch_then_the_train_batch():
+    """24 GPUs: the mini-batch 256 rounds up to 264 (a multiple of the world) and the train batch
+    1024 up to 1056 (a whole number of mini-batches); each is said in the script's PLAN."""
+    for nodes, per_node in ((3, 8), (1, 3), (5, 7)):
+        env = resolved("h200", algo="grpo", nodes=nodes, gpus_per_node=per_node)
+        world, t = nodes * per_node, env.train
+        assert t.ppo_mini_batch_size % world == 0 and t.train_batch_size % t.ppo_mini_batch_size == 0
+    env = resolved("h200", algo="grpo", nodes=3, gpus_per_node=8)
+    assert (env.train.ppo_mini_batch_size, env.train.train_batch_size) == (264, 1056)
+    assert any(n.startswith("data.train_batch_size 1056") for n in env.notes)
+
+
+def test_a_train_batch_larger_than_the_data_set_is_refused_with_the_numbers(cli):
+    code, out, err = cli("render", "h100", "--nodes", "1024", "--gpus-per-node", "8", "-o", "out-never")
+    assert code == 2 and out == ""
+    assert "8192" in err and "7473 training rows" in err and "at most" in err
+    assert "Traceback" not in err

@@ -113,6 +113,14 @@ def kernel_runs(gpu_cc: str, archs: list[str]) -> bool:
     return gpu_cc in exact or cc_runs(gpu_cc, [a for a in archs if not a.endswith("a")])
 
 
+def rounded_batch(train: Mapping[str, Any], world: int) -> int:
+    """The train batch a profile's `train` block takes on `world` GPUs: the mini-batch rounded up
+    to a multiple of the world, the batch to a multiple of that (cluster_plan)."""
+    mini = min(train["ppo_mini_batch_size"], train["train_batch_size"])
+    mini = -(-mini // world) * world
+    return int(-(-train["train_batch_size"] // mini) * mini)
+
+
 def legacy_trainer(verl: Mapping[str, Any], algo: Mapping[str, Any]) -> tuple[str, ...]:
     """`trainer.use_v1=False` where the release's default trainer (v1) never computes what the
     estimator needs (algorithms.yaml `v1: false`, verl.yaml `trainer_v1`), else nothing."""
@@ -843,20 +851,38 @@ class _Resolver:
             )
         t["n_gpus"] = per_node
         world = nodes * per_node
-        for key in ("train_batch_size", "ppo_mini_batch_size"):
-            if t[key] % world:
-                was, t[key] = t[key], -(-t[key] // world) * world
+        # the mini-batch a multiple of the world (verl splits it evenly over the GPUs), then the
+        # train batch a multiple of the mini-batch (else the last mini-batch is short and its
+        # micro-batches do not divide it: envbuilder/model/batches.py)
+        t["ppo_mini_batch_size"] = min(t["ppo_mini_batch_size"], t["train_batch_size"])
+        for key, unit, why in (
+            ("ppo_mini_batch_size", world, f"of the {world} GPUs (verl splits it evenly over them)"),
+            ("train_batch_size", 0, "of the mini-batch (each step is a whole number of mini-batches)"),
+        ):
+            unit = unit or t["ppo_mini_batch_size"]
+            if t[key] % unit:
+                was, t[key] = t[key], -(-t[key] // unit) * unit
                 label = (
                     "actor_rollout_ref.actor.ppo_mini_batch_size"
                     if key == "ppo_mini_batch_size"
                     else "data.train_batch_size"
                 )
-                s.notes.append(
-                    f"{label} {t[key]}: the profile's {was} rounded up to a multiple "
-                    f"of the {world} GPUs (verl splits it evenly over them)"
-                )
-        if t["ppo_mini_batch_size"] > t["train_batch_size"]:
-            t["ppo_mini_batch_size"] = t["train_batch_size"]
+                s.notes.append(f"{label} {t[key]}: the profile's {was} rounded up to a multiple {why}")
+        rows = ((self.m.datasets or {}).get("gsm8k") or {}).get("rows", {}).get("train")
+        if rows and t["train_batch_size"] > rows:
+            p_train = self.p["train"]
+            fits = next(
+                (w for w in range(world - 1, 0, -1) if rounded_batch(p_train, w) <= rows),
+                0,
+            )
+            raise UserError(
+                f"--nodes {nodes} --gpus-per-node {per_node}: on {world} GPUs a step takes "
+                f"data.train_batch_size {t['train_batch_size']} prompts (each GPU needs a share of "
+                f"every mini-batch), more than GSM8K's {rows} training rows. verl's dataloader "
+                "drops the last partial batch, so not one step would run. "
+                + (f"Use at most {fits} GPUs in all" if fits else "Use fewer GPUs")
+                + " (--nodes × --gpus-per-node), or train on a larger data set."
+            )
         s.nodes, s.world = nodes, world
         self.nodes = nodes
         name = ov.interconnect or ("tcp" if nodes > 1 else None)
