@@ -11,6 +11,22 @@ set -euo pipefail
 MODEL=${MODEL:-Qwen/Qwen2.5-0.5B-Instruct}
 DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k}
 N_GPUS=${N_GPUS:-1}
+# MODEL and DATA_DIR reach Hydra as override values, where `,` makes a sweep, quotes, brackets,
+# `=` and `#` do not parse and `${...}` is an interpolation: refuse those before any work
+for var in MODEL DATA_DIR; do
+  val=${!var}
+  bad=${val//[A-Za-z0-9._\/+@:-]/}
+  if [ -n "$bad" ]; then
+    why="the character '${bad:0:1}' cannot reach verl's Hydra overrides"
+  elif [ -z "$val" ]; then
+    why="it is empty"
+  else
+    continue
+  fi
+  echo "$var='$val': $why; use a path of letters, digits and . _ / + @ : - (a symlink to it works)" >&2
+  exit 2
+done
+case "$N_GPUS" in ''|*[!0-9]*) echo "N_GPUS='$N_GPUS': a number of GPUs, digits only" >&2; exit 2 ;; esac
 export HF_ENDPOINT=${HF_ENDPOINT:-https://huggingface.co}
 # PYTORCH_CUDA_ALLOC_CONF expandable_segments:True: against allocator fragmentation on a card of at most 24 GB (the P40 field report needed an allocator setting). An exported value wins (empty: off).
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF-expandable_segments:True}
