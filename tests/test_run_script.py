@@ -39,7 +39,9 @@ def run(script, **env):
     ],
 )
 def test_a_value_hydra_would_misread_is_refused_before_any_work(script, var, value, char):
-    r = run(script, **{var: value, "DATA_DIR": "/nonexistent-data", var: value})
+    env = {"DATA_DIR": "/nonexistent-data"}
+    env[var] = value
+    r = run(script, **env)
     assert r.returncode == 2
     assert f"the character '{char}'" in r.stderr and var in r.stderr
     assert "GSM8K" not in r.stderr  # nothing prepared, nothing run
