@@ -22,7 +22,9 @@ def script(tmp_path_factory):
 
 def run(script, **env):
     base = {"PATH": os.environ["PATH"], "HOME": str(script.parent), "ENVBUILD_HOME": "/nonexistent"}
-    return subprocess.run(["bash", str(script)], env=dict(base, **env), capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        ["bash", str(script)], env=dict(base, **env), capture_output=True, text=True, timeout=60
+    )
 
 
 @pytest.mark.parametrize(
