@@ -39,9 +39,8 @@ def grid() -> list[dict]:
     sys.path.insert(0, str(HERE.parent / "tests"))
     from conftest import resolved, shipped
 
-    from envbuilder.model.gpu_tier import run_script_overrides
+    from envbuilder.model import runplan
     from envbuilder.model.versions import version_key
-    from envbuilder.render.files import render_files
 
     runs = [
         (n, None)
@@ -60,7 +59,7 @@ def grid() -> list[dict]:
                     "N_GPUS": str(env.train.n_gpus),
                     "NNODES": str(env.cluster.nodes),
                 }
-                ov = run_script_overrides(render_files(env)["run_ppo_gsm8k.sh"], world)
+                ov = runplan.overrides(env.run, world)
                 out.append(
                     {
                         "case": f"{profile}{'@' + verl if verl else ''}/{algo}/{env.cluster.nodes}x{env.train.n_gpus}",

@@ -113,7 +113,7 @@ def test_only_041s_sharding_manager_lacks_timing(verl_trees):
 
 
 @pytest.mark.pypi
-@pytest.mark.parametrize("version", ["0.4.1", "0.5.0", "0.6.1"])
+@pytest.mark.parametrize("version", ["0.4.1", "0.5.0", "0.6.1", "0.8.0", "0.9.0", "0.9.1"])
 def test_every_config_read_is_read_by_the_release_and_absent_from_its_config(verl_trees, version):
     from omegaconf import OmegaConf
 

@@ -179,7 +179,20 @@ def test_the_p40_validates_in_batches_because_the_whole_set_does_not_fit():
 def test_a_huge_batch_is_planned_without_enumerating_it(overlay):
     prof = rec("profiles", "3090")
     prof["train"].update(train_batch_size=2**40, ppo_mini_batch_size=2**39)
-    mem = plan_of("mine", M.load((overlay({"profiles": {"mine": prof}}),)))
+    m = M.load((overlay({"profiles": {"mine": prof}}),))
+    # (GSM8K's 7,473 rows refuse such a batch at resolve time: the plan alone is sized here)
+    mem = memory.plan(
+        {
+            "dtype": "bf16",
+            "attention": "sdpa",
+            "rollout": "vllm",
+            "train": prof["train"],
+            "engine_batches": True,
+        },
+        m.models[prof["train"]["model"]],
+        dict(m.memory, total_gib=24.0),
+        m.datasets["gsm8k"]["rows"]["test"],
+    )
     assert 1 <= mem["batch"]["log_prob_micro_batch_size_per_gpu"] < 64
     assert mem["bound_by"]["actor"] == "memory"
 

@@ -85,7 +85,13 @@ def test_every_field_has_a_kind_and_a_record_is_declared_once():
     # a record is an annotated class: its fields are its slots, its defaults out of the class
     assert ResolvedEnv.__slots__ == ResolvedEnv._fields
     assert type(vars(ResolvedEnv)["notes"]).__name__ == "member_descriptor"  # (a slot, no default)
-    assert ResolvedEnv._defaults == {"notes": (), "sglang": None, "constraints": None, "mirror": None}
+    assert ResolvedEnv._defaults == {
+        "notes": (),
+        "sglang": None,
+        "constraints": None,
+        "mirror": None,
+        "run": (),
+    }
 
 
 # objects of fixed keys that the environment keeps as read-only mappings: role -> image,

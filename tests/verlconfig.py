@@ -11,18 +11,44 @@ before it starts Ray. What the composed config says is what verl's workers read.
 
 from __future__ import annotations
 
+import os
+import re
+import shlex
+import subprocess
+
 from envbuilder.model.gpu_tier import compose_run_config, main_ppo_config  # noqa: F401  (re-exported)
 
 # the shell variables a rendered run script reads, with values for composing
 SCRIPT_ENV = {"MODEL": "Qwen/Qwen2.5-0.5B-Instruct", "DATA_DIR": "/data/gsm8k", "N_GPUS": "1"}
 
 
+_ARGS = re.compile(r"^args=\(\n.*?^\)\n", re.S | re.M)
+
+
 def run_script_overrides(script: str, env: dict[str, str] | None = None) -> list[str]:
     """The overrides in a rendered run script's `args=( ... )` array, as its bash expands them
-    (quotes, "$MODEL" and the like) with SCRIPT_ENV and `env` for the variables."""
-    from envbuilder.model.gpu_tier import run_script_overrides as expand
-
-    return expand(script, dict(SCRIPT_ENV, **(env or {})))
+    (quotes, "$MODEL" and the like) with SCRIPT_ENV and `env` for the variables. The tests read
+    the script itself this way; envbuilder reads the run plan (envbuilder/model/runplan.py), and
+    tests/test_runplan.py holds the two equal."""
+    found = _ARGS.search(script)
+    if found is None:
+        raise ValueError("no `args=(` ... `)` array in the run script")
+    variables = dict(SCRIPT_ENV, **(env or {}))
+    program = (
+        "set -eu\n"
+        + "".join(f"{k}={shlex.quote(v)}\n" for k, v in variables.items())
+        + found.group(0)
+        + 'printf "%s\\0" "${args[@]}"\n'
+    )
+    r = subprocess.run(
+        ["bash", "--noprofile", "--norc", "-c", program],
+        capture_output=True,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+        timeout=60,
+    )
+    if r.returncode != 0:
+        raise ValueError(f"bash could not expand the args array: {r.stderr.decode()[-1000:]}")
+    return r.stdout.decode().split("\0")[:-1]
 
 
 def keys_ending(cfg, roots: tuple[str, ...], suffix: str) -> dict[str, object]:

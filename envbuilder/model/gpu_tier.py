@@ -10,13 +10,11 @@ from typing import Any
 
 import hashlib
 import json
-import os
 import re
-import shlex
-import subprocess
 from functools import lru_cache
 from pathlib import Path
 
+from envbuilder.model import runplan
 from envbuilder.model.resolved import ResolvedEnv
 
 GIB = 1024**3
@@ -43,7 +41,6 @@ CARRIED = (
     "rpds-py",
     "orjson",
 )
-_ARGS = re.compile(r"^args=\(\n.*?^\)\n", re.S | re.M)
 _KEYS = (
     "profile",
     "verl",
@@ -56,29 +53,6 @@ _KEYS = (
     "precision",
     "attention",
 )
-
-
-def run_script_overrides(script: str, env: dict[str, str] | None = None) -> list[str]:
-    """The overrides in a rendered run script's `args=( ... )` array, as its bash expands them
-    (quotes, "$MODEL" and the like), with `env` for the variables."""
-    found = _ARGS.search(script)
-    if found is None:
-        raise ValueError("no `args=(` ... `)` array in the run script")
-    program = (
-        "set -eu\n"
-        + "".join(f"{k}={shlex.quote(v)}\n" for k, v in (env or {}).items())
-        + found.group(0)
-        + 'printf "%s\\0" "${args[@]}"\n'
-    )
-    r = subprocess.run(
-        ["bash", "--noprofile", "--norc", "-c", program],
-        capture_output=True,
-        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-        timeout=60,
-    )
-    if r.returncode != 0:
-        raise ValueError(f"bash could not expand the args array: {r.stderr.decode()[-1000:]}")
-    return r.stdout.decode().split("\0")[:-1]
 
 
 _HYDRA_MAIN = re.compile(r"@hydra\.main\(\s*config_path=\"([^\"]+)\",\s*config_name=\"([^\"]+)\"")
@@ -127,7 +101,8 @@ def case(env: ResolvedEnv, files: dict[str, str], models: dict[str, Any]) -> dic
         "profile": env.profile,
         "gpu": env.gpu.name,
         "verl": env.verl.version,
-        "overrides": run_script_overrides(files["run_ppo_gsm8k.sh"], SCRIPT_ENV),
+        # the run plan's overrides, expanded as the script expands them (no bash: the plan is data)
+        "overrides": runplan.overrides(env.run, dict(SCRIPT_ENV, NNODES=str(env.cluster.nodes))),
         "exports": exports,
         "patches": [
             {"name": p.name, "files": list(p.files), "replace": [dict(r) for r in p.replace]}

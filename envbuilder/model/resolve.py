@@ -121,6 +121,21 @@ def rounded_batch(train: Mapping[str, Any], world: int) -> int:
     return int(-(-train["train_batch_size"] // mini) * mini)
 
 
+def with_run_plan(env: ResolvedEnv) -> ResolvedEnv:
+    """The environment with its run plan (envbuilder/model/runplan.py), checked against the batch
+    arithmetic the release's workers assert: a plan verl would refuse mid-run is a bug here, not
+    a user's first failed step."""
+    from envbuilder.model import runplan
+    from envbuilder.model.batches import violations
+
+    run = runplan.build(env)
+    cfg = runplan.as_config(run, runplan.world(env))
+    problems = violations(cfg, env.verl.engine_batches, env.verl.critic_fsdp)
+    if problems:
+        raise AssertionError(f"the run plan of {env.profile} breaks verl's batch arithmetic: {problems}")
+    return env._replace(run=run)
+
+
 def legacy_trainer(verl: Mapping[str, Any], algo: Mapping[str, Any]) -> tuple[str, ...]:
     """`trainer.use_v1=False` where the release's default trainer (v1) never computes what the
     estimator needs (algorithms.yaml `v1: false`, verl.yaml `trainer_v1`), else nothing."""
@@ -1000,7 +1015,7 @@ class _Resolver:
         hard = [v for v in self.v if v.hard]
         if hard or (self.v and not self.ov.allow_unsupported):
             raise ResolveError(self.name, self.v)
-        return self.assemble(s)
+        return with_run_plan(self.assemble(s))
 
     def assemble(self, s: "Selection") -> ResolvedEnv:
         """The resolved environment of a selection every rule accepted."""

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 from envbuilder.errors import UserError
 from envbuilder.model.record import Record
+from envbuilder.model.runplan import RunArg
 
 if TYPE_CHECKING:  # (the kinds in the annotations: read by field_spec, which imports them)
     from envbuilder.model import matrix_schema as K
@@ -398,9 +399,12 @@ class ResolvedEnv(Record):
     sglang: Sglang | None = None
     constraints: Constraints | None = None
     mirror: Mirror | None = None
+    # the run script's overrides as data (envbuilder/model/runplan.py), derived from the rest:
+    # a file's copy is checked against the derivation, never trusted (from_dict)
+    run: tuple[RunArg, ...] = ()
 
     _omit_none = ("mirror", "sglang")
-    _absent = ("constraints", "mirror", "sglang")
+    _absent = ("constraints", "mirror", "sglang", "run")
 
     @property
     def name(self) -> str:
@@ -470,7 +474,17 @@ class ResolvedEnv(Record):
                 f"re-resolve it: envbuild render {profile} with the same overrides "
                 "(they are under `overrides` in the file)."
             )
-        return cls.from_plain(data)
+        env = cls.from_plain({k: v for k, v in data.items() if k != "run"})
+        from envbuilder.model import runplan
+
+        run = runplan.build(env)
+        if "run" in data and data["run"] != [a.to_dict() for a in run]:
+            raise UserError(
+                f"{origin}: its `run` (the run script's overrides) is not what its own settings "
+                "give: the file was edited. Pass the envbuild.json that `envbuild render` wrote, "
+                "unedited, or re-resolve it from its profile."
+            )
+        return env._replace(run=run)
 
 
 def shape_problems(data: dict[str, Any]) -> list[str]:

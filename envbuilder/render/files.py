@@ -155,6 +155,10 @@ def render_files(env: ResolvedEnv, locked: LockedContext | None = None) -> dict[
     from envbuilder.render import pixi
     from envbuilder.render.plan import install_plan, lock_hint, override_flags
 
+    if not env.run:  # (an environment a caller built without its run plan: derived, as resolve does)
+        from envbuilder.model import runplan
+
+        env = env._replace(run=runplan.build(env))
     d = env.to_dict()
     # A URL's user:password@ (an overlay's index, a --from file's endpoint) is a secret: no file
     # written here names it, envbuild.json included; `envbuild build` hands the ones the RUN

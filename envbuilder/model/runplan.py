@@ -1,0 +1,240 @@
+"""The run plan: every Hydra override the rendered run script passes to verl's trainer, as data.
+
+Built in Python from a resolved environment (the release's keys, the dtypes and attention, the
+critic or none, where the KL goes, LoRA, the world, the memory plan's batch sizes), checked here
+against the batch arithmetic verl's workers assert (envbuilder/model/batches.py), and carried in
+envbuild.json and `envbuild show --json` as `run`. The run script's template only prints it;
+verify, the GPU tier and the tests read it instead of parsing bash.
+
+An argument is `key=value` with the key as Hydra takes it (`+`/`++` prefixed where the release's
+config lacks the key), `value` a plain value, or, with `shell`, text that names the run script's
+own variables (`$MODEL`, `$DATA_DIR/train.parquet`, `$N_GPUS`, `$NNODES`), which the script
+expands in double quotes; `notes` are the comment lines printed above it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Annotated, Any
+
+from envbuilder.model.record import Record
+
+if TYPE_CHECKING:  # (the kinds in the annotations: read by resolved.field_spec)
+    from envbuilder.model import schema as S
+
+# (a ResolvedEnv: resolved.py holds the plan's records, so this module does not import it)
+ResolvedEnv = Any
+
+TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+# the learning rates, KL coefficient and tensor parallelism of verl's own GSM8K PPO example
+# (examples/ppo_trainer/run_qwen2-7b_seq_balance.sh and the quickstart: actor 1e-6, critic 1e-5,
+# kl_ctrl.kl_coef 0.001, one GPU per vLLM engine)
+ACTOR_LR = "1e-6"
+CRITIC_LR = "1e-5"
+KL_COEF = "0.001"
+ROLLOUT_TP = 1
+# the run script's variables a `shell` value may name, and what each stands for
+SHELL_VARS = ("MODEL", "DATA_DIR", "N_GPUS", "NNODES")
+_SHELL_VALUE = re.compile(r"\$(" + "|".join(SHELL_VARS) + r")(/[A-Za-z0-9._-]+)?")
+
+
+class RunArg(Record):
+    """One override of the run: `key=value`; `shell`: the value names the script's variables."""
+
+    key: Annotated[
+        str, S.Pattern(r"\+{0,2}[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", "trainer.nnodes")
+    ]
+    value: Annotated[str, S.Text(200)]
+    shell: bool = False
+    notes: Annotated[tuple[str, ...], S.ListOf(S.Text(400))] = ()
+
+    def text(self, env: Mapping[str, str] | None = None) -> str:
+        """`key=value`, with the script's variables taken from `env` where `shell`."""
+        if not self.shell:
+            return f"{self.key}={self.value}"
+        if env is None:
+            raise ValueError(f"{self.key}: its value names the run script's variables; pass them")
+        return f"{self.key}={_SHELL_VALUE.sub(lambda m: env[m.group(1)] + (m.group(2) or ''), self.value)}"
+
+
+def _b(flag: bool) -> str:
+    return "True" if flag else "False"
+
+
+def build(env: ResolvedEnv) -> tuple[RunArg, ...]:
+    """The run's overrides, in the order the script passes them."""
+    d, t, pr, al = env, env.train, env.precision, env.algorithm
+    mb = env.memory["batch"]
+    out: list[RunArg] = []
+
+    def add(key: str, value: object, *notes: str, shell: bool = False) -> None:
+        out.append(RunArg(key=key, value=str(value), shell=shell, notes=tuple(notes)))
+
+    add("algorithm.adv_estimator", al.name)
+    if al.kl == "reward":
+        add("algorithm.use_kl_in_reward", "True")
+    elif al.kl == "loss":
+        add("algorithm.use_kl_in_reward", "False")
+        add("actor_rollout_ref.actor.use_kl_loss", "True")
+        add("actor_rollout_ref.actor.kl_loss_coef", al.kl_loss_coef)
+        add("actor_rollout_ref.actor.kl_loss_type", al.kl_loss_type)
+    add("algorithm.kl_ctrl.kl_coef", KL_COEF)
+    add("data.train_files", "$DATA_DIR/train.parquet", shell=True)
+    add("data.val_files", "$DATA_DIR/test.parquet", shell=True)
+    mem = d.memory
+    head = (
+        f"batch sizes per GPU from the memory plan (envbuild show {d.profile} --memory): peak "
+        f"{mem['peak']['gib']} GiB"
+    )
+    if d.verl.rollout_mode == "async":
+        add(
+            "data.train_batch_size",
+            t.train_batch_size,
+            head,
+            f"({mem['peak']['phase']}) of {mem['usable_gib']} usable; validation goes to the rollout server as one",
+            f"batch (verl {d.verl.version} deprecates data.val_batch_size), which runs at most max_num_seqs at a time",
+        )
+    else:
+        add(
+            "data.train_batch_size",
+            t.train_batch_size,
+            head,
+            f"({mem['peak']['phase']}) of {mem['usable_gib']} usable; validation in batches, never the whole set at once",
+        )
+        add("data.val_batch_size", mb["val_batch_size"])
+    add("data.max_prompt_length", t.max_prompt_length)
+    add("data.max_response_length", t.max_response_length)
+    add("actor_rollout_ref.model.path", "$MODEL", shell=True)
+    add("actor_rollout_ref.model.use_remove_padding", _b(d.features.remove_padding))
+    add("actor_rollout_ref.model.enable_gradient_checkpointing", _b(t.gradient_checkpointing))
+    add("actor_rollout_ref.actor.optim.lr", ACTOR_LR)
+    add("actor_rollout_ref.actor.ppo_mini_batch_size", t.ppo_mini_batch_size)
+    add("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", mb["actor_ppo_micro_batch_size_per_gpu"])
+    add("actor_rollout_ref.actor.fsdp_config.param_offload", _b(t.actor_param_offload))
+    add("actor_rollout_ref.actor.fsdp_config.optimizer_offload", _b(t.optimizer_offload))
+    add("++actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype", pr.actor)
+    add("++actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype", "fp32")
+    add("++actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype", "fp32")
+    if t.actor_model_dtype:
+        add(
+            "++actor_rollout_ref.actor.fsdp_config.model_dtype",
+            t.actor_model_dtype,
+            f"LoRA: the frozen base loads in {t.actor_model_dtype} (the adapters stay fp32)",
+        )
+    add("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", mb["log_prob_micro_batch_size_per_gpu"])
+    add("actor_rollout_ref.ref.fsdp_config.param_offload", _b(t.param_offload))
+    add("++actor_rollout_ref.ref.fsdp_config.model_dtype", pr.ref)
+    add("++actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype", pr.ref)
+    add("actor_rollout_ref.rollout.name", d.rollout)
+    if al.n > 1:
+        group = ", its advantage normalised within each prompt's group" if al.group else ""
+        add("actor_rollout_ref.rollout.n", al.n, f"{al.name}: {al.n} responses per prompt{group}")
+    if d.verl.rollout_mode == "async":
+        add("actor_rollout_ref.rollout.mode", "async")
+    add("actor_rollout_ref.rollout.dtype", TORCH_DTYPE[pr.rollout])
+    add(
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", mb["log_prob_micro_batch_size_per_gpu"]
+    )
+    if mb.get("rollout_micro_batch_size"):
+        add("+actor_rollout_ref.rollout.micro_batch_size", mb["rollout_micro_batch_size"])
+    if mb.get("max_num_seqs"):
+        add("actor_rollout_ref.rollout.max_num_seqs", mb["max_num_seqs"])
+    add("actor_rollout_ref.rollout.tensor_model_parallel_size", ROLLOUT_TP)
+    add("actor_rollout_ref.rollout.gpu_memory_utilization", t.gpu_memory_utilization)
+    if t.lora_rank:
+        add("++actor_rollout_ref.model.lora_rank", t.lora_rank)
+        add("++actor_rollout_ref.model.lora_alpha", t.lora_rank)
+        add("++actor_rollout_ref.model.target_modules", "all-linear")
+    if d.verl.lora_orig_params_key:
+        add("++" + d.verl.lora_orig_params_key, "True")
+    if d.verl.attention_override:
+        add(d.verl.attention_override, d.attention)
+        if al.critic:  # the critic's model section has the same key
+            add(d.verl.attention_override.replace("actor_rollout_ref.model", "critic.model"), d.attention)
+    if not d.features.torch_compile:
+        add("actor_rollout_ref.actor.use_torch_compile", "False")
+    for part, key in d.verl.autocast_keys.items():
+        if al.critic or part != "critic":
+            add(key, TORCH_DTYPE[getattr(pr, part)])
+    for setting in al.extra:
+        key, _, value = setting.partition("=")
+        add(key, value)
+    if al.critic:
+        fsdp = d.verl.critic_fsdp
+        critic_micro = mb["critic_ppo_micro_batch_size_per_gpu"]
+        add("critic.optim.lr", CRITIC_LR)
+        add("critic.model.path", "$MODEL", shell=True)
+        add("critic.model.use_remove_padding", _b(d.features.remove_padding))
+        add("critic.model.enable_gradient_checkpointing", _b(t.gradient_checkpointing))
+        add("critic.ppo_micro_batch_size_per_gpu", critic_micro)
+        if d.verl.engine_batches:
+            add(
+                f"++{fsdp}.use_dynamic_bsz",
+                "False",
+                "the critic's engine takes its own micro-batches (left alone it packs 32768-token dynamic ones)",
+            )
+            add(f"++{fsdp}.micro_batch_size_per_gpu", critic_micro)
+            add(f"++{fsdp}.infer_micro_batch_size_per_gpu", critic_micro)
+        add(f"{fsdp}.param_offload", _b(t.param_offload))
+        add(f"{fsdp}.optimizer_offload", _b(t.optimizer_offload))
+        add(f"++{fsdp}.mixed_precision.param_dtype", pr.critic)
+        critic_note: tuple[str, ...] = ()
+    else:
+        critic_note = (f"no critic: {al.name} needs none (verl trains one for gae only)",)
+    add("trainer.logger", "[console]", *critic_note)
+    add("trainer.val_before_train", "False")
+    add("trainer.n_gpus_per_node", "$N_GPUS", shell=True)
+    if d.cluster.nodes > 1:
+        add("trainer.nnodes", "$NNODES", shell=True)
+    else:
+        add("trainer.nnodes", 1)
+    add("trainer.save_freq", -1)
+    add("trainer.test_freq", mb["test_freq"])
+    add("trainer.total_epochs", 1)
+    return tuple(out)
+
+
+def overrides(args: tuple[RunArg, ...], env: Mapping[str, str]) -> list[str]:
+    """The overrides as the run script passes them, its variables taken from `env`
+    (MODEL, DATA_DIR, N_GPUS and, on several nodes, NNODES)."""
+    return [a.text(env) for a in args]
+
+
+def _value(text: str) -> Any:
+    """A plain override value as Hydra reads it, for the arithmetic (ints, booleans, text)."""
+    if re.fullmatch(r"-?\d+", text):
+        return int(text)
+    if text in ("True", "true", "False", "false"):
+        return text.lower() == "true"
+    return text
+
+
+def as_config(args: tuple[RunArg, ...], env: Mapping[str, str]) -> dict[str, Any]:
+    """The overrides as a nested mapping (what they set of the composed config), for
+    envbuilder/model/batches.py; the release's defaults (rollout.n 1, one node) stay implied."""
+    out: dict[str, Any] = {}
+    for a in args:
+        key, _, value = a.text(env).partition("=")
+        node = out
+        *parents, last = key.lstrip("+").split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = _value(value)
+    # what verl's config interpolates (critic.yaml: ppo_mini_batch_size follows the actor's)
+    critic = out.get("critic")
+    if isinstance(critic, dict) and "ppo_mini_batch_size" not in critic:
+        actor = out.get("actor_rollout_ref", {}).get("actor", {})
+        if "ppo_mini_batch_size" in actor:
+            critic["ppo_mini_batch_size"] = actor["ppo_mini_batch_size"]
+    return out
+
+
+def world(env: ResolvedEnv) -> dict[str, str]:
+    """The script's variables as the plan's own defaults expand them (its GPUs and nodes)."""
+    return {
+        "MODEL": env.train.model,
+        "DATA_DIR": "/data",
+        "N_GPUS": str(env.train.n_gpus),
+        "NNODES": str(env.cluster.nodes),
+    }
