@@ -1,0 +1,1029 @@
+#!/usr/bin/env python3
+"""The rendered `run_ppo_gsm8k.sh` itself, on a GPU machine without network (the GPU tier).
+
+verl's trainer (`python -m verl.trainer.main_ppo` through Ray, the vLLM async rollout server,
+the FSDP actor/critic/reference workers) runs exactly as the rendered script starts it, on a
+randomly initialised model of the profile's shape and GSM8K-shaped data, for a first
+validation and two PPO steps. The record is the log, a timeline and nvidia-smi's memory.
+
+  setup  --parts DIR --site DIR
+         cat DIR/part-* | tar x, then pip install --no-deps --no-index --target SITE every wheel
+         (sha256-checked against the bundle's SHA256SUMS first)
+  run    --render DIR --site DIR --out OUTDIR --case NAME [--card-gib G] [--extra 'k=v ...']
+         [--timeout S] [--train-rows N] [--val-rows N] [--work DIR]
+         writes OUTDIR/NAME.log (every line prefixed with seconds since launch) and
+         OUTDIR/NAME.json (always, also on failure or timeout)
+  selftest
+         checks the log parser, the override diff and the card scaling (no GPU, stdlib only)
+
+Standard library only at the top level: the heavy imports (torch, transformers, tokenizers,
+pyarrow) happen in child processes under PYTHONPATH=SITE (`make-model`, `make-data`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import hashlib
+import json
+import os
+import random
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import zipfile
+from collections import deque
+
+HERE = os.path.abspath(__file__)
+GIB = 1024**3
+
+# ---------------------------------------------------------------------------------------------
+# log parsing (pure)
+# ---------------------------------------------------------------------------------------------
+
+# first occurrence of each marker, in the order a healthy run prints them. verl 0.9.1:
+# main_ppo.py prints "ray init kwargs"; v1/trainer_base.py logs (INFO, its default level) the
+# engine/worker-group lines and "all initialize finished, ready to fit"; vllm_async_server.py
+# logs "Initializing a V1 LLM engine with config" once the OpenAI server's state is built
+# (engine loaded, compiled, CUDA graphs captured); vLLM itself prints "init engine (profile,
+# create kv cache, warmup model) took"; the console logger prints "step:N - k:v - ...".
+MARKERS = [
+    ("ray_init", re.compile(r"ray init kwargs|Started a local Ray instance")),
+    ("workers_ready", re.compile(r"actor and ref model engine initialized")),
+    ("critic_ready", re.compile(r"critic model engine initialized")),
+    ("rollout_start", re.compile(r"\(vLLMHttpServer pid=")),
+    ("vllm_engine_ready", re.compile(r"init engine \(profile, create kv cache, warmup model\) took")),
+    ("rollout_ready", re.compile(r"Initializing a V1 LLM engine with config")),
+    ("fit_ready", re.compile(r"all initialize finished, ready to fit")),
+    ("validation_done", re.compile(r"Initial validation metrics|(?:^|[\s)])step:0 - ")),
+    ("step1", re.compile(r"(?:^|[\s)])step:1 - ")),
+    ("step2", re.compile(r"(?:^|[\s)])step:2 - ")),
+    ("final_validation", re.compile(r"Final validation metrics")),
+]
+STEP_RE = re.compile(r"(?:^|[\s)])step:(\d+) - (.*)$")
+# numpy 2 prints np.float64(0.5); pprint gives 0.5, nan, inf, True
+NUM_WRAP = re.compile(r"^(?:np|numpy)\.\w+\((.*)\)$")
+MISSING_RE = re.compile(r"No module named '([\w.]+)'")
+ERROR_RE = re.compile(
+    r"(Traceback \(most recent call last\)|Error: |OutOfMemoryError|CUDA out of memory|"
+    r"AssertionError|RayTaskError|ActorDiedError|Killed|Segmentation fault|core dumped)"
+)
+
+
+def parse_value(text):
+    text = text.strip()
+    m = NUM_WRAP.match(text)
+    if m:
+        text = m.group(1).strip()
+    if text in ("True", "False"):
+        return text == "True"
+    try:
+        if re.fullmatch(r"[-+]?\d+", text):
+            return int(text)
+        return float(text)  # also nan, inf
+    except ValueError:
+        return text
+
+
+def parse_step_line(line):
+    """(step, {key: value}) of verl's console metrics line, or None."""
+    m = STEP_RE.search(line.rstrip("\n"))
+    if not m:
+        return None
+    metrics = {}
+    for seg in m.group(2).split(" - "):
+        key, sep, value = seg.partition(":")
+        if sep and key.strip():
+            metrics[key.strip()] = parse_value(value)
+    return int(m.group(1)), metrics
+
+
+class LogWatch:
+    """Feeds on log lines as they arrive: first time of each marker, per-step metrics, missing
+    modules, the first error line and the tail."""
+
+    def __init__(self, tail_lines=400):
+        self.times = {}
+        self.steps = {}
+        self.missing = []
+        self.first_error = None
+        self.tail = deque(maxlen=tail_lines)
+        self.lines = 0
+
+    def feed(self, t, line):
+        self.lines += 1
+        self.tail.append(line.rstrip("\n"))
+        for name, rx in MARKERS:
+            if name not in self.times and rx.search(line):
+                self.times[name] = round(t, 1)
+        step = parse_step_line(line)
+        if step is not None:
+            self.steps.setdefault(str(step[0]), {}).update(step[1])
+        for mod in MISSING_RE.findall(line):
+            if mod not in self.missing:
+                self.missing.append(mod)
+        if self.first_error is None and ERROR_RE.search(line) and "DataLoader worker" not in line:
+            self.first_error = {"t": round(t, 1), "line": line.strip()[:2000]}
+
+
+# ---------------------------------------------------------------------------------------------
+# the render's overrides (pure)
+# ---------------------------------------------------------------------------------------------
+
+
+def render_overrides(script_text):
+    """{key: value} of the `args=( ... )` block of run_ppo_gsm8k.sh (keys without +/++)."""
+    m = re.search(r"^args=\($(.*?)^\)$", script_text, re.S | re.M)
+    out = {}
+    if not m:
+        return out
+    for raw in m.group(1).splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError:
+            continue
+        for word in words:
+            key, sep, value = word.partition("=")
+            if sep:
+                out[key.lstrip("+")] = value
+    return out
+
+
+def override_changes(render, extras):
+    """{key: {"render": old or None, "run": new}} for each extra whose value differs."""
+    changes = {}
+    for item in extras:
+        key, sep, value = item.partition("=")
+        if not sep:
+            continue
+        bare = key.lstrip("+~")
+        old = render.get(bare)
+        if old != value:
+            changes[bare] = {"render": old, "run": value}
+    return changes
+
+
+def scaled_util(render_util, card_gib, device_total_gib):
+    """vLLM's gpu_memory_utilization that takes on this device the bytes it would take on a
+    card of card_gib (vLLM budgets util x total memory)."""
+    return round(float(render_util) * float(card_gib) / float(device_total_gib), 4)
+
+
+def phase_peaks(samples, times, end):
+    """Peak MiB per window between markers: [(t, mib), ...] samples."""
+    order = [
+        "launch",
+        "workers_ready",
+        "rollout_start",
+        "rollout_ready",
+        "validation_done",
+        "step1",
+        "step2",
+        "exit",
+    ]
+    marks = dict(times, launch=0.0, exit=end)
+    pts = [(name, marks[name]) for name in order if marks.get(name) is not None]
+    peaks = {}
+    for (a, ta), (b, tb) in zip(pts, pts[1:]):
+        vals = [m for t, m in samples if ta <= t <= tb]
+        peaks[f"{a}->{b}"] = max(vals) if vals else None
+    return peaks
+
+
+# ---------------------------------------------------------------------------------------------
+# setup
+# ---------------------------------------------------------------------------------------------
+
+
+class _Parts:
+    """The parts, read one after the other as one stream."""
+
+    def __init__(self, paths):
+        self.paths, self.fh = list(paths), None
+
+    def read(self, n=-1):
+        while True:
+            if self.fh is None:
+                if not self.paths:
+                    return b""
+                self.fh = open(self.paths.pop(0), "rb")
+            data = self.fh.read(n)
+            if data:
+                return data
+            self.fh.close()
+            self.fh = None
+
+
+def setup(parts_dir, site, work=None, force=False):
+    t0 = time.time()
+    parts = sorted(glob.glob(os.path.join(parts_dir, "part-*")))
+    if not parts:
+        print(f"setup: no part-* in {parts_dir}", file=sys.stderr)
+        return 2
+    work = work or os.path.join(os.path.dirname(os.path.abspath(site)), "bundle")
+    marker = os.path.join(site, ".envbuild-setup.json")
+    sizes = [os.path.getsize(p) for p in parts]
+    if not force and os.path.exists(marker):
+        try:
+            if json.load(open(marker)).get("parts") == sizes:
+                print(f"setup: {site} already holds this bundle ({len(parts)} parts); --force redoes it")
+                return 0
+        except (OSError, ValueError):
+            pass
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    with tarfile.open(fileobj=_Parts(parts), mode="r|") as tar:
+        for member in tar:  # streaming: check each member as it comes
+            path = os.path.realpath(os.path.join(work, member.name))
+            if not path.startswith(os.path.realpath(work) + os.sep) or not (
+                member.isfile() or member.isdir()
+            ):
+                print(f"setup: refusing archive member {member.name!r}", file=sys.stderr)
+                return 2
+            if hasattr(tarfile, "data_filter"):
+                tar.extract(member, work, filter="data")
+            else:
+                tar.extract(member, work)
+    t1 = time.time()
+    wheels = sorted(glob.glob(os.path.join(work, "wheels", "*.whl")))
+    sums = os.path.join(work, "SHA256SUMS")
+    if os.path.exists(sums):
+        want = {}
+        for line in open(sums):
+            digest, _, name = line.strip().partition("  ")
+            want[name] = digest
+        bad = []
+        for whl in wheels:
+            h = hashlib.sha256()
+            with open(whl, "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(chunk)
+            if want.get(os.path.basename(whl)) != h.hexdigest():
+                bad.append(os.path.basename(whl))
+        missing = sorted(set(want) - {os.path.basename(w) for w in wheels})
+        if bad or missing:
+            print(f"setup: bad wheels {bad}, missing {missing}: resend the parts", file=sys.stderr)
+            return 1
+    t2 = time.time()
+    shutil.rmtree(site, ignore_errors=True)
+    env = dict(os.environ, PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1")
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--no-deps",
+        "--no-index",
+        "--no-compile",
+        "--target",
+        site,
+        *wheels,
+    ]
+    has_pip = (
+        subprocess.run([sys.executable, "-m", "pip", "--version"], env=env, capture_output=True).returncode
+        == 0
+    )
+    if has_pip:
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+        if r.returncode != 0:
+            print(r.stdout[-3000:], r.stderr[-5000:], file=sys.stderr)
+            print(f"setup: pip install failed (rc={r.returncode})", file=sys.stderr)
+            return 1
+    else:  # no pip: a wheel is a zip of its import tree (no scripts, which the run does not need)
+        print("setup: no pip for this python; unzipping the wheels into the site", file=sys.stderr)
+        for whl in wheels:
+            with zipfile.ZipFile(whl) as z:
+                for info in z.infolist():
+                    path = os.path.realpath(os.path.join(site, info.filename))
+                    if not path.startswith(os.path.realpath(site) + os.sep):
+                        print(f"setup: refusing {info.filename!r} in {whl}", file=sys.stderr)
+                        return 2
+                    z.extract(info, site)
+                    mode = info.external_attr >> 16
+                    if mode & 0o111:
+                        os.chmod(path, mode & 0o777)
+    with open(marker, "w") as fh:
+        json.dump({"parts": sizes, "wheels": [os.path.basename(w) for w in wheels]}, fh)
+    print(
+        f"setup: {len(parts)} parts, {len(wheels)} wheels -> {site}: untar {t1 - t0:.1f}s, "
+        f"sha256 {t2 - t1:.1f}s, pip {time.time() - t2:.1f}s, total {time.time() - t0:.1f}s"
+    )
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# model, tokenizer and data (run in a child under PYTHONPATH=SITE)
+# ---------------------------------------------------------------------------------------------
+
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+SPECIALS = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645}
+NEWLINE_ID = 198  # Qwen2's own id for "\n" (byte 10 in GPT-2's byte-level order)
+# Qwen2's pre-tokenizer (transformers 5 rebuilds it from the vocabulary whatever tokenizer.json says)
+PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+
+
+def byte_chars():
+    """GPT-2's byte-level alphabet in its vocabulary order (ids 0-255, as Qwen2 has them)."""
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("\xa1"), ord("\xac") + 1))
+        + list(range(ord("\xae"), ord("\xff") + 1))
+    )
+    mapping, n = {}, 0
+    for b in range(256):
+        if b in bs:
+            mapping[b] = chr(b)
+    for b in range(256):
+        if b not in bs:
+            mapping[b] = chr(256 + n)
+            n += 1
+    return [mapping[b] for b in bs] + [mapping[b] for b in range(256) if b not in bs]
+
+
+def vocab_for(size):
+    """Every id a token, as Qwen2's byte-level BPE: ids 0-255 the bytes ("\n" is 198), the
+    specials at Qwen2's ids, and " abcd"-like words (decodable, never produced by encoding: no
+    merges, so text encodes one token per byte) for every other id up to the model's vocabulary."""
+    vocab = {c: i for i, c in enumerate(byte_chars())}
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    n = 0
+    for i in range(256, size):
+        if i in SPECIALS.values():
+            continue
+        k, word = n, ""
+        for _ in range(4):
+            k, r = divmod(k, 26)
+            word += letters[r]
+        vocab["\u0120" + word] = i
+        n += 1
+    vocab.update(SPECIALS)
+    return vocab
+
+
+def make_model(arch, out, device=None):
+    """A random bf16 Qwen2 of `arch`'s shape with a full-vocabulary byte-level BPE tokenizer
+    (Qwen2's own pipeline, no merges: every id decodes, "\\n" is one token, id 198)."""
+    import torch
+    import transformers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    marker = os.path.join(out, "envbuild-arch.json")
+    if os.path.exists(marker) and json.load(open(marker)) == arch:
+        print(f"make-model: {out} already holds this shape")
+        return 0
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    eos, pad = SPECIALS["<|im_end|>"], SPECIALS["<|endoftext|>"]
+    cfg = transformers.Qwen2Config(
+        vocab_size=arch["vocab_size"],
+        hidden_size=arch["hidden_size"],
+        intermediate_size=arch["intermediate_size"],
+        num_hidden_layers=arch["layers"],
+        num_attention_heads=arch["attention_heads"],
+        num_key_value_heads=arch["kv_heads"],
+        max_position_embeddings=arch.get("max_position_embeddings", 32768),
+        tie_word_embeddings=arch["tied_embeddings"],
+        rms_norm_eps=1e-6,
+        use_sliding_window=False,
+        bos_token_id=pad,
+        eos_token_id=eos,
+        pad_token_id=pad,
+    )
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(0)
+    t0 = time.time()
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.save_pretrained(out, safe_serialization=True)
+    n_params = sum(p.numel() for p in model.parameters())
+    del model
+    vocab = vocab_for(arch["vocab_size"])
+    tok = Tokenizer(
+        models.BPE(
+            vocab=vocab,
+            merges=[],
+            continuing_subword_prefix="",
+            end_of_word_suffix="",
+            fuse_unk=False,
+            byte_fallback=False,
+        )
+    )
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in SPECIALS])
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        model_max_length=arch.get("max_position_embeddings", 32768),
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out)
+    transformers.GenerationConfig(
+        eos_token_id=[eos, pad], pad_token_id=pad, bos_token_id=pad, do_sample=True
+    ).save_pretrained(out)
+    # the checks verl 0.9's agent loop and vLLM's detokenizer rely on
+    back = transformers.AutoTokenizer.from_pretrained(out)
+    nl = back.encode("\n", add_special_tokens=False)
+    assert len(nl) == 1, f'"\\n" is {nl}, not one token'
+    assert back.convert_tokens_to_ids("<|im_end|>") == eos
+    assert back.eos_token_id == eos and back.pad_token_id == pad
+    assert len(back) == arch["vocab_size"], (len(back), arch["vocab_size"])
+    text = back.apply_chat_template(
+        [{"role": "user", "content": "w5000 12 ####"}], add_generation_prompt=True, tokenize=False
+    )
+    ids = back.encode(text, add_special_tokens=False)
+    assert back.decode(ids) == text, (back.decode(ids), text)
+    for probe in (0, 1, NEWLINE_ID, 5000, arch["vocab_size"] - 1):
+        assert back.decode([probe]) != "", probe
+    with open(marker, "w") as fh:
+        json.dump(arch, fh)
+    print(
+        f"make-model: {n_params / 1e6:.1f}M params on {device} in {time.time() - t0:.1f}s, "
+        f"tokenizer {len(back)} ids -> {out}"
+    )
+    return 0
+
+
+WORDS = (
+    "apples bakes bought cost day dollars each eggs farm friends gives hour hours john "
+    "makes many market more much pays per sells she spends store the they total week"
+).split()
+
+
+def make_data(out, train, test, seed=0, words=18):
+    """GSM8K-shaped raw train.jsonl/test.jsonl (question, answer '... #### N'). The byte-level
+    tokenizer makes a token of each byte: ~110 bytes of question, with the instruction and
+    the chat template ~200 prompt tokens (GSM8K's own run ~100-250 in Qwen2's tokenizer)."""
+    rng = random.Random(seed)
+    os.makedirs(out, exist_ok=True)
+    for split, n in (("train", train), ("test", test)):
+        with open(os.path.join(out, f"{split}.jsonl"), "w") as fh:
+            for i in range(n):
+                a, b = rng.randint(2, 99), rng.randint(2, 99)
+                q = " ".join(rng.choice(WORDS) for _ in range(words)).capitalize()
+                q += f" with {a} and {b}. How many in total?"
+                steps = " ".join(rng.choice(WORDS) for _ in range(12))
+                ans = f"{steps} {a} + {b} = <<{a}+{b}={a + b}>>{a + b}\n#### {a + b}"
+                fh.write(json.dumps({"question": q, "answer": ans}) + "\n")
+    print(f"make-data: {train} train, {test} test rows -> {out}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# run
+# ---------------------------------------------------------------------------------------------
+
+
+def gpu_info():
+    try:
+        r = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        rows = [[c.strip() for c in line.split(",")] for line in r.stdout.strip().splitlines()]
+        return [{"name": n, "memory_total_mib": int(float(m)), "driver": d} for n, m, d in rows]
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return []
+
+
+class SmiSampler(threading.Thread):
+    """nvidia-smi memory.used of every GPU every 0.5 s (one long-running nvidia-smi)."""
+
+    def __init__(self, t0):
+        super().__init__(daemon=True)
+        self.t0, self.samples, self.proc, self.error = t0, [], None, None
+
+    def run(self):
+        try:
+            self.proc = subprocess.Popen(
+                [
+                    "nvidia-smi",
+                    "--query-gpu=index,memory.used",
+                    "--format=csv,noheader,nounits",
+                    "-lms",
+                    "500",
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+            cur, total = None, 0
+            for line in self.proc.stdout:
+                parts = [p.strip() for p in line.split(",")]
+                if len(parts) != 2:
+                    continue
+                idx, used = int(parts[0]), int(float(parts[1]))
+                if idx == 0 and cur is not None:
+                    self.samples.append((cur, total))
+                    total = 0
+                if idx == 0:
+                    cur = round(time.time() - self.t0, 1)
+                total += used
+        except (OSError, ValueError) as e:
+            self.error = str(e)
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def versions(env):
+    code = (
+        "import importlib.metadata as m, json\n"
+        "out = {}\n"
+        "for n in ('torch','vllm','verl','transformers','tokenizers','ray','numpy','triton','pyarrow',"
+        "'datasets','tensordict','accelerate','peft','hydra-core','transferqueue'):\n"
+        "    try: out[n] = m.version(n)\n"
+        "    except Exception as e: out[n] = None\n"
+        "print(json.dumps(out))\n"
+    )
+    try:
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        return json.loads(r.stdout.strip().splitlines()[-1])
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError) as e:
+        return {"error": str(e)}
+
+
+def _step(result, name, cmd, env, cwd, timeout):
+    t = time.time()
+    try:
+        r = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+        rc, out = r.returncode, (r.stdout + r.stderr)
+    except subprocess.TimeoutExpired as e:
+        rc, out = 124, f"timed out after {timeout}s: {e}"
+    except OSError as e:
+        rc, out = 127, str(e)
+    result["prepare"][name] = {"rc": rc, "seconds": round(time.time() - t, 1), "output": out[-3000:]}
+    print(f"[{name}] rc={rc} in {time.time() - t:.1f}s {out.strip()[-300:]}", flush=True)
+    return rc
+
+
+def _group_alive(pgid):
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except OSError:
+        return False
+
+
+def _kill_tree(proc, pgid, grace=15):
+    """SIGINT, SIGTERM, SIGKILL to the run's process group (start_new_session: pgid is the
+    launcher's pid), each after `grace` seconds, until no process of the group is left: also
+    after the launcher itself has exited (Ray workers and DataLoader workers stay behind)."""
+    for sig, wait in ((signal.SIGINT, grace), (signal.SIGTERM, grace), (signal.SIGKILL, 5)):
+        if not _group_alive(pgid):
+            return
+        try:
+            os.killpg(pgid, sig)
+        except OSError:
+            return
+        end = time.time() + wait
+        while time.time() < end:
+            if proc.poll() is not None and not _group_alive(pgid):
+                return
+            time.sleep(0.2)
+
+
+def run(args):
+    t_start = time.time()
+    deadline = t_start + args.timeout
+    render = os.path.abspath(args.render)
+    if os.path.isdir(os.path.join(render, "h200")) and not os.path.exists(
+        os.path.join(render, "envbuild.json")
+    ):
+        render = os.path.join(render, "h200")
+    site = os.path.abspath(args.site)
+    out_dir = os.path.abspath(args.out)
+    os.makedirs(out_dir, exist_ok=True)
+    work = os.path.abspath(args.work or os.path.join("/tmp/envbuild-ppo", args.case))
+    json_path = os.path.join(out_dir, args.case + ".json")
+    log_path = os.path.join(out_dir, args.case + ".log")
+    result = {"case": args.case, "rc": None, "status": "starting", "render": render, "prepare": {}}
+
+    def save():
+        tmp = json_path + ".tmp"
+        with open(tmp, "w") as fh:
+            json.dump(result, fh, indent=1, default=str)
+        os.replace(tmp, json_path)
+
+    try:
+        spec = json.load(open(os.path.join(render, "envbuild.json")))
+        script = open(os.path.join(render, "run_ppo_gsm8k.sh")).read()
+    except (OSError, ValueError) as e:
+        result.update(status="bad-render", rc=2, error=str(e))
+        save()
+        return 2
+    arch = dict(spec["memory"]["arch"])
+    result["profile"] = spec.get("profile")
+    result["model"] = spec["memory"].get("model")
+    result["arch"] = arch
+    render_ov = render_overrides(script)
+
+    env = dict(os.environ)
+    env.update(
+        PYTHONPATH=site + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""),
+        PATH=os.path.join(site, "bin") + os.pathsep + env.get("PATH", "/usr/bin:/bin"),
+        PYTHONUNBUFFERED="1",
+        RAY_DEDUP_LOGS="0",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        RAY_USAGE_STATS_ENABLED="0",
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+        WANDB_MODE="disabled",
+    )
+    result["versions"] = versions(env)
+    gpus = gpu_info()
+    result["gpus"] = gpus
+    result["gpu"] = gpus[0]["name"] if gpus else None
+    result["gpu_total_mib"] = gpus[0]["memory_total_mib"] if gpus else None
+    result["driver"] = gpus[0]["driver"] if gpus else None
+
+    # the run's overrides: two steps with a first validation, then --extra, then the card
+    extras = ["trainer.total_training_steps=2", "trainer.val_before_train=True"]
+    extras += shlex.split(args.extra or "")
+    result["card_gib"] = args.card_gib
+    if args.card_gib:
+        total_mib = args.assume_total_mib or (gpus[0]["memory_total_mib"] if gpus else None)
+        if not total_mib:
+            result.update(status="no-gpu", rc=1, error="--card-gib needs nvidia-smi's total memory")
+            save()
+            return 1
+        total_gib = total_mib / 1024
+        render_util = float(render_ov.get("actor_rollout_ref.rollout.gpu_memory_utilization", 0.9))
+        util = scaled_util(render_util, args.card_gib, total_gib)
+        result["scaled_util"] = {"render": render_util, "run": util, "device_total_gib": round(total_gib, 2)}
+        extras.append(f"actor_rollout_ref.rollout.gpu_memory_utilization={util}")
+    result["extra_overrides"] = extras
+    result["overrides_changed"] = override_changes(render_ov, extras)
+
+    # batch sizes after the overrides: data rows enough for two steps
+    eff = dict(render_ov)
+    for item in extras:
+        k, _, v = item.partition("=")
+        eff[k.lstrip("+~")] = v
+    try:
+        train_bs = int(eff.get("data.train_batch_size", "64"))
+    except ValueError:
+        train_bs = 64
+    train_rows = args.train_rows or 2 * train_bs + 8
+    val_rows = args.val_rows
+    result["data_rows"] = {"train": train_rows, "test": val_rows}
+
+    # model, data, patches
+    model_dir = os.path.join(work, "model")
+    raw_dir = os.path.join(work, "gsm8k-raw")
+    data_dir = os.path.join(work, "data")
+    os.makedirs(work, exist_ok=True)
+    shutil.rmtree(data_dir, ignore_errors=True)
+    shutil.rmtree(raw_dir, ignore_errors=True)
+    save()
+    steps = [
+        (
+            "make_model",
+            [sys.executable, HERE, "make-model", "--arch", json.dumps(arch), "--out", model_dir],
+            600,
+        ),
+        (
+            "make_data",
+            [
+                sys.executable,
+                HERE,
+                "make-data",
+                "--out",
+                raw_dir,
+                "--train",
+                str(train_rows),
+                "--test",
+                str(val_rows),
+            ],
+            120,
+        ),
+        ("apply_patches", [sys.executable, os.path.join(render, "apply_patches.py")], 120),
+        ("audit_precision", [sys.executable, os.path.join(render, "audit_precision.py")], 120),
+    ]
+    for name, cmd, limit in steps:
+        rc = _step(result, name, cmd, env, work, max(10, min(limit, deadline - time.time())))
+        if rc != 0:
+            result.update(status=f"{name}-failed", rc=rc, seconds=round(time.time() - t_start, 1))
+            save()
+            return 1
+    if args.dry_run:
+        result.update(status="dry-run", rc=0)
+        save()
+        return 0
+
+    run_env = dict(
+        env,
+        MODEL=model_dir,
+        DATA_DIR=data_dir,
+        GSM8K_FROM=raw_dir,
+        ENVBUILD_HOME=render,
+        N_GPUS=str(args.n_gpus),
+    )
+    cmd = ["bash", os.path.join(render, "run_ppo_gsm8k.sh"), *extras]
+    result["command"] = " ".join(shlex.quote(c) for c in cmd)
+    result["status"] = "running"
+    save()
+    watch = LogWatch()
+    t0 = time.time()
+    sampler = SmiSampler(t0)
+    sampler.start()
+    timed_out = False
+    with open(log_path, "w", buffering=1) as log:
+        log.write(f"# {result['command']}\n")
+        proc = subprocess.Popen(
+            cmd,
+            env=run_env,
+            cwd=work,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        pgid = proc.pid  # a session of its own: its process group is its pid
+
+        def reader():
+            try:
+                for raw in iter(proc.stdout.readline, b""):
+                    t = time.time() - t0
+                    line = raw.decode("utf-8", "replace")
+                    log.write(f"+{t:7.1f} {line}" if line.endswith("\n") else f"+{t:7.1f} {line}\n")
+                    watch.feed(t, line)
+            except (OSError, ValueError):  # the log closed under a straggler
+                pass
+
+        th = threading.Thread(target=reader, daemon=True)
+        th.start()
+        last_save = time.time()
+        while True:
+            try:
+                proc.wait(timeout=5)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if time.time() >= deadline:
+                timed_out = True
+                log.write(f"+{time.time() - t0:7.1f} # gpu_ppo: --timeout {args.timeout}s reached, killing\n")
+                _kill_tree(proc, pgid)
+                break
+            if time.time() - last_save > 20:
+                result.update(
+                    timeline=dict(watch.times), steps=watch.steps, seconds=round(time.time() - t0, 1)
+                )
+                save()
+                last_save = time.time()
+        end = time.time() - t0
+        _kill_tree(proc, pgid, grace=5)  # leftovers in the process group (Ray workers)
+        th.join(timeout=10)
+    sampler.stop()
+    sampler.join(timeout=5)
+    # Ray's own daemons can outlive the group: stop the cluster this run started
+    try:
+        subprocess.run(
+            [sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"],
+            env=env,
+            capture_output=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        pass
+    rc = proc.returncode
+    samples = sampler.samples
+    times = dict(watch.times, exit=round(end, 1))
+    result.update(
+        rc=124 if timed_out else rc,
+        status="timeout" if timed_out else ("ok" if rc == 0 else "failed"),
+        seconds=round(end, 1),
+        total_seconds=round(time.time() - t_start, 1),
+        timeline=times,
+        durations=_durations(times),
+        steps=watch.steps,
+        validation_metrics=watch.steps.get("0"),
+        step_metrics={k: v for k, v in watch.steps.items() if k != "0"},
+        missing_modules=watch.missing,
+        first_error=watch.first_error,
+        log_lines=watch.lines,
+        smi={
+            "peak_mib": max((m for _, m in samples), default=None),
+            "baseline_mib": samples[0][1] if samples else None,
+            "phase_peak_mib": phase_peaks(samples, watch.times, end),
+            "samples": len(samples),
+            "series": [[t, m] for t, m in samples[:: max(1, len(samples) // 600)]],
+            "error": sampler.error,
+        },
+    )
+    if result["status"] != "ok" or not {"1", "2"} <= set(watch.steps):
+        result["log_tail"] = "\n".join(watch.tail)
+    save()
+    print(
+        f"[run] {args.case}: {result['status']} rc={result['rc']} in {end:.0f}s; timeline {times}; "
+        f"peak {result['smi']['peak_mib']} MiB -> {json_path}",
+        flush=True,
+    )
+    return 0 if result["status"] == "ok" else 1
+
+
+def _durations(times):
+    order = [
+        "ray_init",
+        "workers_ready",
+        "rollout_ready",
+        "fit_ready",
+        "validation_done",
+        "step1",
+        "step2",
+        "final_validation",
+        "exit",
+    ]
+    out, prev, prev_t = {}, "launch", 0.0
+    for name in order:
+        if times.get(name) is not None:
+            out[f"{prev}->{name}"] = round(times[name] - prev_t, 1)
+            prev, prev_t = name, times[name]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# selftest
+# ---------------------------------------------------------------------------------------------
+
+SAMPLE_LOG = """\
+ray init kwargs: {'num_cpus': None, 'runtime_env': {'env_vars': {'TOKENIZERS_PARALLELISM': 'true'}}}
+(TaskRunner pid=4242) INFO:2026-12-04 10:00:00,000:actor and ref model engine initialized
+(vLLMHttpServer pid=5151) INFO 12-04 10:01:00 [core.py:275] init engine (profile, create kv cache, warmup model) took 95.31 seconds
+(vLLMHttpServer pid=5151) INFO:/x/vllm_async_server.py:Initializing a V1 LLM engine with config: model='/tmp/m'
+(TaskRunner pid=4242) INFO:all initialize finished, ready to fit
+(TaskRunner pid=4242) step:0 - val-aux/openai/gsm8k/reward/mean@1:np.float64(0.0) - val-core/openai/gsm8k/acc/mean@1:0.0
+(TaskRunner pid=4242) step:1 - actor/pg_loss:np.float64(-0.0123) - critic/vf_loss:1.5e-05 - timing_s/gen:12.5 - perf/max_memory_allocated_gb:22.7 - response_length/mean:256.0 - training/global_step:1 - actor/entropy:nan - flag:True
+(TaskRunner pid=4242) step:2 - timing_s/gen:9.1 - timing_s/step:10.25 - perf/max_memory_allocated_gb:22.71 - val-core/openai/gsm8k/acc/mean@1:0.0
+(TaskRunner pid=4242) ("Final validation metrics: {'val-core/openai/gsm8k/acc/mean@1': "
+ModuleNotFoundError: No module named 'flash_attn'
+"""
+
+SAMPLE_SCRIPT = """\
+args=(
+  algorithm.adv_estimator=gae
+  data.train_files="$DATA_DIR/train.parquet"
+  # a comment
+  data.train_batch_size=1024
+  ++actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16
+  actor_rollout_ref.rollout.gpu_memory_utilization=0.6
+  'trainer.logger=[console]'
+  trainer.val_before_train=False
+)
+exec python3 -m verl.trainer.main_ppo "${args[@]}" "$@"
+"""
+
+
+def selftest():
+    w = LogWatch()
+    for i, line in enumerate(SAMPLE_LOG.splitlines(True)):
+        w.feed(float(i), line)
+    expect = {
+        "ray_init": 0.0,
+        "workers_ready": 1.0,
+        "rollout_start": 2.0,
+        "vllm_engine_ready": 2.0,
+        "rollout_ready": 3.0,
+        "fit_ready": 4.0,
+        "validation_done": 5.0,
+        "step1": 6.0,
+        "step2": 7.0,
+        "final_validation": 8.0,
+    }
+    assert w.times == expect, w.times
+    s1 = w.steps["1"]
+    assert s1["actor/pg_loss"] == -0.0123 and s1["critic/vf_loss"] == 1.5e-05, s1
+    assert s1["timing_s/gen"] == 12.5 and s1["perf/max_memory_allocated_gb"] == 22.7, s1
+    assert (
+        s1["training/global_step"] == 1 and s1["flag"] is True and s1["actor/entropy"] != s1["actor/entropy"]
+    )
+    assert w.steps["0"]["val-aux/openai/gsm8k/reward/mean@1"] == 0.0, w.steps["0"]
+    assert w.steps["2"]["timing_s/step"] == 10.25
+    assert w.missing == ["flash_attn"], w.missing
+    assert w.first_error and "flash_attn" in w.first_error["line"], w.first_error
+    assert parse_step_line("no metrics here") is None
+    assert parse_step_line("mystep:3 - a:1") is None
+    ov = render_overrides(SAMPLE_SCRIPT)
+    assert ov["data.train_batch_size"] == "1024" and ov["trainer.logger"] == "[console]", ov
+    assert ov["actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype"] == "bf16", ov
+    assert ov["data.train_files"] == "$DATA_DIR/train.parquet", ov
+    ch = override_changes(
+        ov,
+        [
+            "data.train_batch_size=64",
+            "trainer.val_before_train=True",
+            "trainer.total_training_steps=2",
+            "algorithm.adv_estimator=gae",
+        ],
+    )
+    assert ch == {
+        "data.train_batch_size": {"render": "1024", "run": "64"},
+        "trainer.val_before_train": {"render": "False", "run": "True"},
+        "trainer.total_training_steps": {"render": None, "run": "2"},
+    }, ch
+    assert scaled_util(0.6, 24, 139.8) == round(0.6 * 24 / 139.8, 4)
+    peaks = phase_peaks(
+        [(0.5, 500), (1.5, 9000), (5.5, 20000), (6.5, 30000), (7.5, 100)],
+        {"workers_ready": 1.0, "rollout_ready": 3.0, "validation_done": 5.0, "step1": 6.0, "step2": 7.0},
+        9.0,
+    )
+    assert peaks["launch->workers_ready"] == 500 and peaks["validation_done->step1"] == 20000, peaks
+    assert peaks["step1->step2"] == 30000 and peaks["step2->exit"] == 100, peaks
+    d = _durations({"ray_init": 1.0, "workers_ready": 70.0, "step1": 200.0, "exit": 300.0})
+    assert d == {
+        "launch->ray_init": 1.0,
+        "ray_init->workers_ready": 69.0,
+        "workers_ready->step1": 130.0,
+        "step1->exit": 100.0,
+    }, d
+    v = vocab_for(151936)
+    assert len(v) == 151936 and sorted(v.values()) == list(range(151936)), len(v)
+    assert v["\u010a"] == NEWLINE_ID and v["<|im_end|>"] == 151645 and v["!"] == 0
+    print("selftest: ok")
+    return 0
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("setup")
+    s.add_argument("--parts", required=True)
+    s.add_argument("--site", required=True)
+    s.add_argument("--work", help="where the wheels are unpacked (default: beside SITE, bundle/)")
+    s.add_argument("--force", action="store_true")
+    r = sub.add_parser("run")
+    r.add_argument("--render", required=True, help="the rendered profile folder (holding envbuild.json)")
+    r.add_argument("--site", required=True)
+    r.add_argument("--out", required=True)
+    r.add_argument("--case", required=True)
+    r.add_argument("--card-gib", type=float, default=None)
+    r.add_argument("--extra", default="", help="extra Hydra overrides, one string, shell words")
+    r.add_argument(
+        "--timeout",
+        type=float,
+        default=500,
+        help="wall-clock seconds for everything (model, data, run); then the run is killed",
+    )
+    r.add_argument("--train-rows", type=int, default=0, help="default: 2 x train batch + 8")
+    r.add_argument("--val-rows", type=int, default=300)
+    r.add_argument("--n-gpus", type=int, default=1)
+    r.add_argument("--work", default=None, help="model and data (default /tmp/envbuild-ppo/CASE)")
+    r.add_argument("--dry-run", action="store_true", help="everything but the launch")
+    r.add_argument("--assume-total-mib", type=int, default=0, help=argparse.SUPPRESS)  # (tests without a GPU)
+    m = sub.add_parser("make-model")
+    m.add_argument("--arch", required=True)
+    m.add_argument("--out", required=True)
+    m.add_argument("--device", default=None)
+    d = sub.add_parser("make-data")
+    d.add_argument("--out", required=True)
+    d.add_argument("--train", type=int, required=True)
+    d.add_argument("--test", type=int, required=True)
+    sub.add_parser("selftest")
+    args = ap.parse_args(argv)
+    if args.cmd == "setup":
+        return setup(args.parts, args.site, args.work, args.force)
+    if args.cmd == "run":
+        return run(args)
+    if args.cmd == "make-model":
+        return make_model(json.loads(args.arch), args.out, args.device)
+    if args.cmd == "make-data":
+        return make_data(args.out, args.train, args.test)
+    return selftest()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
