@@ -196,7 +196,7 @@ def test_p40_box_gets_p40_and_why(m):
         "Tesla P40 is the matrix's p40, the GPU of profile p40 \u2713",
         "driver 535.183.01 supports CUDA 12.2; profile p40 needs CUDA 11.8 (>= 520.61.05) \u2713",
         "torch 2.6.0+cu118 has sm_60 which runs on CC 6.1 \u2713",
-        "24 GB >= 8 GB for Qwen/Qwen2.5-0.5B-Instruct \u2713",
+        "22 GB >= 8 GB for Qwen/Qwen2.5-0.5B-Instruct \u2713",
     ]
 
 

@@ -11,6 +11,7 @@ import click
 from envbuilder.cli import complete
 from envbuilder.cli.callbacks import driver_version
 from envbuilder.model.profiles import FLAG_FIELDS, split_names  # noqa: F401  (re-exported)
+from envbuilder.model.resolved import GPU_MEMORY_MIB
 
 
 def override_options(f):
@@ -99,6 +100,14 @@ def override_options(f):
             type=click.Choice(["on", "off"]),
             help="Plan memory for the board with ECC on (GDDR datacenter boards' default, "
             "which costs memory) or off (nvidia-smi -e 0 and a reboot).",
+        ),
+        click.option(
+            "--gpu-memory",
+            type=click.IntRange(GPU_MEMORY_MIB[0], GPU_MEMORY_MIB[1]),
+            metavar="MiB",
+            help="Plan memory for a card of this size, as nvidia-smi prints it "
+            "(memory.total, MiB), e.g. 40960 for an A100 40GB: a card whose SKU the "
+            "matrix lacks, or the size `envbuild detect` read.",
         ),
     ]
     f = matrix_dir_option(f)

@@ -248,6 +248,7 @@ class Fit(Record):
     ok: bool
     reasons: tuple[Reason, ...]
     fixes: tuple[str, ...]
+    flags: str = ""  # what `render PROFILE` needs on this machine (" --gpu-memory 40960")
 
 
 class Recommendation(Record):
@@ -280,13 +281,17 @@ def fit_profile(m: Matrix, name: str, gpu: Gpu, driver: str | None, cuda: str | 
                 f"whose code runs on CC {gpu.compute_capability}",
             )
         )
+    # the plan counts on the memory this card reports, not on the profile's card's record
+    measured = gpu.vram_mib or None
+    planned = planned_mib(m, p["gpu"])
+    flags = f" --gpu-memory {measured}" if measured and measured != planned else ""
     try:
-        env = resolve(m, name, Overrides(driver=driver))
+        env = resolve(m, name, Overrides(driver=driver, gpu_memory=measured if flags else None))
     except ResolveError as e:
         for v in e.violations:
             reasons.append(Reason(False, f"{v.what}: {v.why}"))
             fixes.append(v.fix)
-        return Fit(name, False, tuple(reasons), tuple(fixes))
+        return Fit(name, False, tuple(reasons), tuple(fixes), flags)
     drv = env.driver
     need = f"profile {name} needs CUDA {drv.for_cuda} (>= {drv.min_driver})"
     if driver is None:
@@ -328,8 +333,23 @@ def fit_profile(m: Matrix, name: str, gpu: Gpu, driver: str | None, cuda: str | 
         fixes.append(
             "use a GPU with more memory, or a profile (--matrix-dir) with a smaller model and more offload"
         )
+    if flags:
+        reasons.append(
+            Reason(
+                None,
+                f"memory planned for the {measured} MiB this card reports (profile {name}'s "
+                f"{pgpu['name']} is recorded at {planned} MiB)",
+            )
+        )
     ok = all(r.ok is not False for r in reasons)
-    return Fit(name, ok, tuple(reasons), tuple(fixes))
+    return Fit(name, ok, tuple(reasons), tuple(fixes), flags)
+
+
+def planned_mib(m: Matrix, gpu_key: str) -> int:
+    """The memory a profile's plan counts on for its GPU without --gpu-memory: memory.yaml's
+    nvidia-smi size, else the nominal size."""
+    total = m.memory["total_mib"].get(gpu_key)
+    return int(total["mib"]) if total else int(m.gpus[gpu_key]["vram_gb"] * 1024)
 
 
 def candidates(m: Matrix, gpu: Gpu) -> list[str]:
@@ -400,6 +420,7 @@ def recommendation_json(rec: Recommendation) -> dict:
                 "fits": f.ok,
                 "reasons": [{"ok": r.ok, "text": r.text} for r in f.reasons],
                 "fixes": list(f.fixes),
+                **({"flags": f.flags.split()} if f.flags else {}),
             }
             for f in rec.fits
         ],
@@ -429,7 +450,8 @@ def report_lines(machine: Machine, rec: Recommendation) -> list[str]:
         others = [f.profile for f in rec.fits if f.ok and f.profile != rec.profile]
         if others:
             out.append(f"  also fits: {', '.join(others)}")
-        out.append(f"next: envbuild doctor {rec.profile}; envbuild render {rec.profile}")
+        flags = best.flags
+        out.append(f"next: envbuild doctor {rec.profile}{flags}; envbuild render {rec.profile}{flags}")
     elif rec.fits:
         out.append(f"no profile fits {rec.gpu.label()}:")
         for f in rec.fits:

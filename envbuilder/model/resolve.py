@@ -548,7 +548,7 @@ class _Resolver:
     ) -> dict[str, Any]:
         mem = self.m.memory
         total = mem["total_mib"].get(gpu_key)
-        card = card_size(total, gpu, self.ov.ecc)
+        card = card_size(total, gpu, self.ov.ecc, self.ov.gpu_memory)
         consts = dict(mem, total_gib=card["mib"] / 1024)
         algo = algo or self.algo_rec or {"critic": True, "n": 1}
         # the same inputs give the same plan: computed once per matrix (a grid or a fix walk
@@ -1150,9 +1150,26 @@ def sglang_record(version: str, sr: dict[str, Any]) -> R.Sglang:
     )
 
 
-def card_size(total: dict[str, Any] | None, gpu: dict[str, Any], ecc: str | None) -> dict[str, Any]:
-    """The memory the plan counts on (memory.yaml total_mib, else the nominal vram_gb) and what
-    the board's ECC does to it: `ecc` is the --ecc override (None: the board's default)."""
+def card_size(
+    total: dict[str, Any] | None, gpu: dict[str, Any], ecc: str | None, given: int | None = None
+) -> dict[str, Any]:
+    """The memory the plan counts on (--gpu-memory, else memory.yaml total_mib, else the nominal
+    vram_gb) and what the board's ECC does to it: `ecc` is the --ecc override (None: the board's
+    default), `given` the --gpu-memory override (MiB, as nvidia-smi reports the card)."""
+    if given is not None:
+        low, high = R.GPU_MEMORY_MIB
+        if not low <= given <= high:
+            raise UserError(
+                f"--gpu-memory {given}: a card's memory is {low} to {high} MiB, as nvidia-smi's "
+                "memory.total prints it (an A100 40GB: 40960)."
+            )
+        recorded = total["mib"] if total else int(gpu["vram_gb"] * 1024)
+        return {
+            "mib": given,
+            "ecc": "as measured",
+            "why": f"--gpu-memory {given} (the {gpu['name']} is recorded at {recorded} MiB)"
+            + (f"; --ecc {ecc} changes nothing: the size given is the card's as it runs" if ecc else ""),
+        }
     if total is None:
         return {
             "mib": int(gpu["vram_gb"] * 1024),
