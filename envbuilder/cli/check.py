@@ -41,7 +41,7 @@ def check(profile, online, index_url, torch_index_url, overrides, matrix_dirs):
     m = load_matrix(matrix_dirs)
     env = resolve(m, profile, overrides)
     click.echo(
-        f"OK: {profile} resolves: {env.gpu.name} (CC {env.gpu.compute_capability}), "
+        f"OK: {env.profile} resolves: {env.gpu.name} (CC {env.gpu.compute_capability}), "
         f"CUDA {env.cuda.version}, torch {env.torch.version}+{env.torch.variant}, "
         f"verl {env.verl.version} with the {env.rollout} rollout, {env.dtype}."
     )

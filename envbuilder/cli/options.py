@@ -28,14 +28,10 @@ def override_options(f):
             shell_complete=complete.from_matrix("torch"),
             help="torch release, e.g. 2.6.0.",
         ),
-        click.option(
-            "--python", shell_complete=complete.from_matrix("python"), help="Python version, e.g. 3.10."
-        ),
-        click.option("--verl", shell_complete=complete.from_matrix("verl"), help="verl release, e.g. 0.4.1."),
+        click.option("--python", shell_complete=complete.from_matrix("python"), help="Python, e.g. 3.10."),
+        click.option("--verl", shell_complete=complete.from_matrix("verl"), help="verl, e.g. 0.4.1."),
         click.option("--rollout", type=click.Choice(["hf", "vllm", "sglang"]), help="Rollout backend."),
-        click.option(
-            "--vllm", shell_complete=complete.from_matrix("vllm"), help="vLLM release (vllm rollout)."
-        ),
+        click.option("--vllm", shell_complete=complete.from_matrix("vllm"), help="vLLM release."),
         click.option(
             "--with",
             "with_",
@@ -58,9 +54,7 @@ def override_options(f):
             help="Check against this NVIDIA driver version, e.g. 550.54.14.",
         ),
         click.option(
-            "--allow-unsupported",
-            is_flag=True,
-            help="Render even when the hardware is below a floor; the warnings go into the files.",
+            "--allow-unsupported", is_flag=True, help="Render below a hardware floor, warnings in the files."
         ),
         click.option(
             "--model",
@@ -103,11 +97,9 @@ def override_options(f):
         ),
         click.option(
             "--gpu-memory",
-            type=click.IntRange(GPU_MEMORY_MIB[0], GPU_MEMORY_MIB[1]),
+            type=click.IntRange(*GPU_MEMORY_MIB),
             metavar="MiB",
-            help="Plan memory for a card of this size, as nvidia-smi prints it "
-            "(memory.total, MiB), e.g. 40960 for an A100 40GB: a card whose SKU the "
-            "matrix lacks, or the size `envbuild detect` read.",
+            help="Plan for a card of this size as nvidia-smi prints it (e.g. 40960: an A100 40GB).",
         ),
     ]
     f = matrix_dir_option(f)

@@ -14,6 +14,7 @@ import subprocess
 from typing import Any, Callable
 
 from envbuilder.model.matrix import Matrix, cc_tuple
+from envbuilder.model.names import match_gpu
 from envbuilder.model.resolve import Overrides, ResolveError, cc_runs, resolve
 from envbuilder.model.versions import is_driver_version
 from envbuilder.model.record import Record
@@ -214,10 +215,7 @@ def detect(m: Matrix, nvml: Any = None, run: Callable | None = None) -> Machine:
 
 def match_model(m: Matrix, name: str) -> str | None:
     """The first matrix GPU model whose `match` pattern finds the reported name."""
-    for key, gpu in m.gpus.items():
-        if any(re.search(p, name, re.IGNORECASE) for p in gpu["match"]):
-            return key
-    return None
+    return match_gpu(m, name)
 
 
 def identify(m: Matrix, machine: Machine) -> Machine:

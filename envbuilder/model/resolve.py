@@ -19,6 +19,7 @@ from envbuilder.model.versions import in_range, version_key
 from envbuilder.model.record import Record, frozen
 from envbuilder.model.resolved import SCHEMA_VERSION, Overrides, ResolvedEnv  # noqa: F401  (re-exported)
 from envbuilder.model.versions import ranges_overlap
+from envbuilder.model.names import profile_named
 
 # the torch dtype of each of envbuild's dtype names
 TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -59,10 +60,13 @@ class ResolveError(UserError):
 
 
 def suggest(name: str, known: list[str]) -> str:
+    """'did you mean ...? ' for the known name closest to `name`, compared without case (`H10`
+    is close to h100, not to v100)."""
     import difflib
 
-    close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
-    return f"did you mean {close[0]!r}? " if close else ""
+    folded = {k.casefold(): k for k in known}
+    close = difflib.get_close_matches(name.casefold(), list(folded), n=1, cutoff=0.5)
+    return f"did you mean {folded[close[0]]!r}? " if close else ""
 
 
 def cc_runs(gpu_cc: str, archs: list[str]) -> bool:
@@ -162,12 +166,18 @@ class _Resolver:
     def __init__(self, m: Matrix, profile_name: str, ov: Overrides):
         self.m, self.ov = m, ov
         self.v: list[Violation] = []
-        if profile_name not in m.profiles:
+        named = profile_named(m, profile_name)
+        if named is None:
             raise UserError(
                 f"Unknown profile {profile_name!r}; {suggest(profile_name, list(m.profiles))}"
-                f"Known profiles: {', '.join(m.profiles)}. `envbuild list` shows them; "
-                "add your own with --matrix-dir."
+                f"Known profiles: {', '.join(m.profiles)}, or a GPU's name (H100, RTX 4090, "
+                "A100-SXM4-40GB). `envbuild list` shows them; add your own with --matrix-dir."
             )
+        self.named = named
+        profile_name = named.profile
+        if named.gpu and ov.gpu_memory is None:  # (the card named, at its own size)
+            total = m.memory["total_mib"].get(named.gpu)
+            self.ov = ov = ov._replace(gpu_memory=card_size(total, m.gpus[named.gpu], ov.ecc)["mib"])
         self.name = profile_name
         self.p = m.profiles[profile_name]
         self.algo_rec: dict[str, Any] | None = None  # the selection's estimator (select() sets it)
@@ -871,6 +881,8 @@ class _Resolver:
                 s.train["model_vram_gb"], was, self.models[self.ov.model]["parameters"]
             )
         s.notes, s.refused, s.lora_key = [], [], None
+        if self.named.gpu:
+            s.notes.append(self.named.why)
         if self.ov.model and self.ov.model.startswith("/"):
             s.notes.append(
                 f"the model is the folder {self.ov.model}, which the image does not "
