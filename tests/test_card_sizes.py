@@ -81,7 +81,7 @@ def test_detect_plans_with_the_size_the_card_reports(line, profile):
     machine = identify(m, Machine(tuple(gpus), driver, "13.0", "nvidia-smi"))
     rec = recommend(m, machine)
     fit = next(f for f in rec.fits if f.profile == profile)
-    assert fit.flags == f" --gpu-memory {gpus[0].vram_mib}"
+    assert fit.flags.startswith(f" --gpu-memory {gpus[0].vram_mib}")
     assert any(f"{gpus[0].vram_mib} MiB this card reports" in r.text for r in fit.reasons) or not fit.ok
 
 

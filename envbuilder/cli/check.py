@@ -36,7 +36,7 @@ from envbuilder.cli.options import load_matrix, override_options
 @override_options
 def check(profile, online, index_url, torch_index_url, overrides, matrix_dirs):
     """Exit 0 when PROFILE (with overrides) is a working combination; else explain, exit 2."""
-    from envbuilder.model.resolve import resolve
+    from envbuilder.model.resolve import picked_for_driver, resolve
 
     m = load_matrix(matrix_dirs)
     env = resolve(m, profile, overrides)
@@ -45,6 +45,9 @@ def check(profile, online, index_url, torch_index_url, overrides, matrix_dirs):
         f"CUDA {env.cuda.version}, torch {env.torch.version}+{env.torch.variant}, "
         f"verl {env.verl.version} with the {env.rollout} rollout, {env.dtype}."
     )
+    picked = picked_for_driver(env, overrides)
+    if picked:
+        click.echo(f"NOTE: {picked} (as --verl {env.overrides.verl})")
     for w in env.warnings:
         click.echo(f"WARNING: {w}")
     if online:

@@ -320,6 +320,9 @@ class _Resolver:
                 f", or use --cuda {max(compat, key=version_key)} (runs on this driver under "
                 "minor-version compatibility)"
             )
+        # the stacks this driver runs, newest first (the fix walk keeps those that resolve)
+        for v, how in stacks_for_driver(self.m, drv)[:2]:
+            fix += f" or use --verl {v} (its stack's CUDA {how})"
         self.add(
             "driver",
             f"driver {drv} is too old for CUDA {need}",
@@ -645,11 +648,24 @@ class _Resolver:
                 f"a smaller vLLM share: train.gpu_memory_utilization "
                 f"{round(train['gpu_memory_utilization'] / 2, 2)}"
             )
+        # more GPUs shard the state: --gpus-per-node, the flag (train.n_gpus is no flag)
+        more = next(
+            (
+                n
+                for n in (2, 4, 8, 16)
+                if n > train["n_gpus"]
+                and not (train["train_batch_size"] % n or train["ppo_mini_batch_size"] % n)
+                and fits(n_gpus=n)
+            ),
+            None,
+        )
         fix = (
             ("in a --matrix-dir overlay of the profile, " + "; or ".join(fixes))
             if fixes
-            else ("a GPU with more memory, or more GPUs (train.n_gpus) to shard the state over")
+            else "a GPU with more memory"
         )
+        if more:
+            fix = f"use --gpus-per-node {more} (the state sharded over {more} GPUs fits); or {fix}"
         if smaller:  # (a model of the table: --model takes it, and the fix walk checks it)
             fix = f"use --model {smaller[-1][1]} (a smaller model from the table); or {fix}"
         if critic_free:
@@ -1622,17 +1638,90 @@ RULES = (
 )
 
 
+# the flags that choose a stack: given any, the user chose it and the driver rule only refuses
+STACK_FLAGS = ("cuda", "torch", "python", "verl", "rollout", "vllm")
+PTX_LIMIT = "no PTX JIT: only kernels built for the card run, none compiled from PTX at load"
+
+
+def stacks_for_driver(m: Matrix, driver: str) -> list[tuple[str, str]]:
+    """The stacks (stacks.yaml, by verl release) whose CUDA this driver runs, newest first, each
+    with how: natively or under minor-version compatibility (12.x on >= 525.60.13)."""
+    out = []
+    for v, st in sorted(
+        (m.sections.get("stacks") or {}).items(), key=lambda vs: version_key(vs[0]), reverse=True
+    ):
+        rec = m.cuda.get(st["cuda"])
+        if rec is None:
+            continue
+        if version_key(driver) >= version_key(rec["min_driver"]):
+            out.append((v, f"{st['cuda']} runs on this driver"))
+        elif version_key(driver) >= version_key(rec["compat_driver"]):
+            out.append((v, f"{st['cuda']} runs on this driver under minor-version compatibility"))
+    return out
+
+
+def stack_for_driver(m: Matrix, profile: str, ov: Overrides, refused: ResolveError) -> ResolvedEnv | None:
+    """Pick the newest stack the machine runs, not the newest there is: where the profile's own
+    stack is refused for --driver alone and no stack flag was given, the newest stack whose CUDA
+    the driver runs (natively or under minor-version compatibility) and whose kernels cover the
+    card, if one resolves; its notes say what it is and what a driver upgrade would add."""
+    if ov.driver is None or any(getattr(ov, f) is not None for f in STACK_FLAGS):
+        return None
+    if "driver" not in {v.rule for v in refused.violations}:
+        return None
+    for v, how in stacks_for_driver(m, ov.driver):
+        try:
+            env = _Resolver(m, profile, ov._replace(verl=v)).run()
+        except ResolveError:
+            continue
+        mode = env.driver.mode
+        note = (
+            f"driver {ov.driver} runs CUDA {env.driver.for_cuda} "
+            + ("natively" if mode == "native" else f"under minor-version compatibility ({PTX_LIMIT})")
+            + f": verl {v}'s stack (torch {env.torch.version}+{env.torch.variant}"
+            + (f", vLLM {env.vllm.version}" if env.vllm else "")
+            + "), the newest this driver runs"
+        )
+        try:
+            newest = _Resolver(m, profile, ov._replace(driver=None)).run()
+            note += (
+                f"; with driver >= {newest.driver.min_driver}: verl {newest.verl.version}"
+                + (f", vLLM {newest.vllm.version}" if newest.vllm else "")
+                + f" (CUDA {newest.driver.for_cuda})"
+            )
+        except ResolveError:
+            pass
+        return env._replace(notes=(note, *env.notes))
+    return None
+
+
+def picked_for_driver(env: ResolvedEnv, asked: Overrides | None) -> str | None:
+    """The note of a stack stack_for_driver picked (env took a --verl the user did not give)."""
+    if env.overrides.driver and env.overrides.verl and not (asked and asked.verl) and env.notes:
+        return env.notes[0]
+    return None
+
+
 def resolve(
-    m: Matrix, profile: str, overrides: Overrides | None = None, check_fixes: bool = True
+    m: Matrix,
+    profile: str,
+    overrides: Overrides | None = None,
+    check_fixes: bool = True,
+    pick_stack: bool = True,
 ) -> ResolvedEnv:
     """The environment of `profile` under `overrides`; a refusal's fixes are all checked to work
     (fixes.checked), so none leads to a new refusal. `check_fixes=False` skips that walk (the
     verdict is the same; only the fixes' text is as each rule wrote it): for callers that ask
-    many combinations and show no fixes (the grid)."""
+    many combinations and show no fixes (the grid). With --driver and no stack flag, a profile
+    whose stack the driver cannot run takes the newest stack it can (stack_for_driver), unless
+    `pick_stack` is False (the grid: each column is one stack, as it is)."""
     ov = overrides or Overrides()
     try:
         return _Resolver(m, profile, ov).run()
     except ResolveError as e:
+        picked = stack_for_driver(m, profile, ov, e) if pick_stack else None
+        if picked is not None:
+            return picked
         if not check_fixes:
             raise
         from envbuilder.model import fixes
