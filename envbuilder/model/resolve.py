@@ -1349,7 +1349,7 @@ def _rule_verl(r: _Resolver, s: Selection) -> None:
         r.add(
             "verl-python",
             f"verl {s.verl_v} does not install on Python {s.python}",
-            f"its wheel says Requires-Python {spec}",
+            s.verl.get("python_why") or f"its wheel says Requires-Python {spec}",
             (
                 f"use --cuda {fit[-1]} (its image ships Python {r.m.cuda[fit[-1]]['python']})"
                 if fit
