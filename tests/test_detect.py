@@ -599,3 +599,18 @@ def test_doctor_probes_what_the_build_fetches_and_names_each_fix(m):
     code, out = invoke(["doctor", "p40", "--json"], host("p40"))
     net = {c["check"]: c for c in json.loads(out)["checks"]}["network"]
     assert net["status"] == "ok" and "all 4 endpoints" in net["detail"]  # hub, PyPI, torch, GitHub
+
+
+def test_doctors_network_fix_names_only_flags_doctor_takes():
+    """doctor's registry fix said `--mirror auto`, which doctor (and render) refuse; only build
+    takes it (issue 34, item 6)."""
+    m = frozen()
+    report = doctor(m, "p40", Overrides(), host("p40", network=recorded_network({"registry": "timed out"})))
+    [net] = [c for c in report.checks if c.name == "network"]
+    assert net.status == "fail" and "--mirror NAME" in net.fix and "--mirror auto" not in net.fix
+    from envbuilder.machine import reach
+    from envbuilder.model.mirrors import Probe
+
+    down = [Probe("registry", "docker.io", "https://registry-1.docker.io", False, "timed out", 5.0)]
+    env = resolve(m, "p40")
+    assert "--mirror auto" in reach.findings(env, down)[0].fix  # (build's own hint keeps it)

@@ -379,7 +379,7 @@ def network_check(base: ResolvedEnv, mirror: str | None, probe: Callable) -> Che
     if mirror or user_config().get("mirror"):
         return Check("network", "skip", "the build goes through the mirror set (see `mirrors`)")
     try:
-        found = reach.check(base, False, None, probe=probe)
+        found = reach.check(base, False, None, probe=probe, auto=False)  # (doctor has no --mirror auto)
     except ImportError:  # the probes need requests (the actions extra)
         return Check(
             "network", "skip", "not probed: requests is not installed (pip install 'envbuild[actions]')"
