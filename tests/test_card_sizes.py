@@ -108,3 +108,16 @@ def test_a_40gb_a100_is_no_longer_planned_as_80gb():
     with pytest.raises(ResolveError) as e:
         resolve(shipped(), "a100", Overrides(gpu_memory=40960))
     assert "(40 GiB)" in str(e.value) and "--algo grpo" in str(e.value)
+
+
+def test_show_memory_prints_the_headroom_that_decides_fit():
+    """`show --memory` printed "19.69 GiB of 21.4 DOES NOT FIT": the allocator's headroom that
+    decides it was not in the line (issue 34, item 6)."""
+    from envbuilder.render.summary import memory_lines
+
+    env = resolve(shipped(), "4090", Overrides(model="Qwen/Qwen2.5-1.5B-Instruct", allow_unsupported=True))
+    bad = [line for line in memory_lines(env) if line.endswith("DOES NOT FIT")]
+    assert bad and all("+ 10% allocator headroom = " in line for line in bad)
+    for line in bad:
+        need, budget = line.split(" = ")[1].split(" GiB of ")
+        assert float(need) > float(budget.split()[0])
