@@ -4,6 +4,7 @@ combination, each error one paragraph saying what, why and what to do."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -289,6 +290,39 @@ def test_a_missing_extra_is_named_before_the_command_starts(argv, extra, tmp_pat
     assert r.returncode == 2, r.stdout + r.stderr
     assert f"envbuild[{extra}]" in r.stderr and f"`{extra}` extra" in r.stderr
     assert "does not answer" not in r.stderr and "Traceback" not in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "argv, blocked, extra",
+    [
+        (["check", "p40", "--resolve"], ["uv"], "lock"),
+        (["verify", "p40"], ["uv"], "lock"),
+        (["lock", "p40", "-o", "lk"], ["rattler"], "lock"),
+        (["lock", "p40", "--only", "pip", "-o", "lk"], ["uv"], "lock"),
+        (["export-image", "foo:1", "-o", "x.tar"], ["docker"], "actions"),
+        (["import-image", "x.tar"], ["requests"], "actions"),
+        (["refresh"], ["packaging"], "actions"),
+    ],
+)
+def test_the_extra_named_is_the_one_missing_before_any_probe(argv, blocked, extra, tmp_path):
+    """Issue 34: verify, check --resolve and lock named `[actions]` after 5 s of probing, and
+    without uv sent you to `[lock]` naming `lock`; export-image exited 1; refresh said `pip
+    install packaging`. Each now stops at once (exit 2), naming itself and the extra that holds
+    what is missing."""
+    code = (
+        "import sys\n"
+        + "".join(f"sys.modules[{m!r}] = None\n" for m in blocked)
+        + f"from envbuilder.cli import main\nmain({argv!r})\n"
+    )
+    env = dict(os.environ, PATH=str(tmp_path / "no-bin"))  # (no uv on PATH either)
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env
+    )
+    assert r.returncode == 2, r.stdout + r.stderr
+    command = argv[0] + (" --resolve" if "--resolve" in argv else "")
+    assert f"`envbuild {command}`" in r.stderr and f"envbuild[{extra}]" in r.stderr, r.stderr
+    assert f"`{extra}` extra" in r.stderr and "Traceback" not in r.stderr
     assert list(tmp_path.iterdir()) == []
 
 

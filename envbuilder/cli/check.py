@@ -38,6 +38,10 @@ def check(profile, online, index_url, torch_index_url, overrides, matrix_dirs):
     """Exit 0 when PROFILE (with overrides) is a working combination; else explain, exit 2."""
     from envbuilder.model.resolve import picked_for_driver, resolve
 
+    if online:  # (refused before anything is resolved or probed)
+        from envbuilder.tools.uv import uv_bin
+
+        uv_bin("check --resolve")
     m = load_matrix(matrix_dirs)
     env = resolve(m, profile, overrides)
     click.echo(
