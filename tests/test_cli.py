@@ -4,6 +4,7 @@ combination, each error one paragraph saying what, why and what to do."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import os
 import subprocess
 import sys
@@ -352,3 +353,18 @@ def test_build_with_no_profile_refuses_a_folder_rendered_from_a_wheelhouse(cli, 
     code, _, err = cli("build", "--push", "local", "--engine", "docker")
     assert code == 2 and "rendered --locked or --wheelhouse" in err
     assert "--wheelhouse DIR" in err
+
+
+def test_a_stale_lock_for_a_variant_names_the_lock_of_that_variant(cli, tmp_path):
+    """`render 4090 --verl 0.9.1 --locked lockfiles` said to re-lock with `envbuild lock 4090`,
+    which locks the default verl (issue 34): the hint carries the overrides, into a folder of
+    the variant's own (-o lockfiles would replace the profile's lock)."""
+    import envbuilder
+
+    shipped_locks = Path(envbuilder.__file__).resolve().parent.parent / "lockfiles"
+    if not (shipped_locks / "4090").is_dir():
+        shipped_locks = Path(envbuilder.__file__).resolve().parent / "_data" / "lockfiles"
+    code, _, err = cli("render", "4090", "--verl", "0.9.1", "--locked", shipped_locks, "-o", tmp_path / "o")
+    assert code == 2, err
+    assert "`envbuild lock 4090 --verl 0.9.1 -o lockfiles/4090-verl0.9.1` makes one" in err
+    assert "`envbuild lock 4090`" not in err
