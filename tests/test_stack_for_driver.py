@@ -68,3 +68,14 @@ def test_render_with_the_driver_writes_the_stack_it_picked(tmp_path):
 def test_no_driver_given_keeps_the_newest_stack():
     r = CliRunner().invoke(cli, ["check", "h100"])
     assert r.exit_code == 0 and "verl 0.9.1" in r.output and "NOTE" not in r.output
+
+
+def test_doctor_checks_the_stack_the_machines_driver_runs():
+    from envbuilder.machine.doctor import doctor
+    from envbuilder.model.resolve import Overrides
+    from test_detect import host
+
+    report = doctor(shipped(), "h100", Overrides(), host("h100-535"))
+    checks = {c.name: c for c in report.checks}
+    assert checks["driver"].status == "ok" and "verl 0.9.0's stack" in checks["driver"].detail
+    assert "torch 2.10.0+cu128 has sm_90" in checks["GPU 0 arch"].detail
