@@ -65,3 +65,12 @@ def test_check_H100_is_h100_not_v100():
     r = CliRunner().invoke(cli, ["check", "H100"])
     assert r.exit_code == 0, r.output
     assert r.output.startswith("OK: h100 resolves") and "v100" not in r.output
+
+
+def test_check_says_which_card_a_name_was_taken_for():
+    r = CliRunner().invoke(cli, ["check", "A100-SXM4-40GB", "--algo", "grpo"])
+    assert r.exit_code == 0, r.output
+    assert (
+        r.output.startswith("OK: a100 resolves")
+        and "planned for the NVIDIA A100-SXM4-40GB's memory" in r.output
+    )

@@ -49,6 +49,12 @@ def check(profile, online, index_url, torch_index_url, overrides, matrix_dirs):
         f"CUDA {env.cuda.version}, torch {env.torch.version}+{env.torch.variant}, "
         f"verl {env.verl.version} with the {env.rollout} rollout, {env.dtype}."
     )
+    if profile != env.profile:  # (a card's name, or the key in another case)
+        from envbuilder.model.names import profile_named
+
+        named = profile_named(m, profile)
+        if named and named.why:
+            click.echo(f"NOTE: {named.why}")
     picked = picked_for_driver(env, overrides)
     if picked:
         click.echo(f"NOTE: {picked} (as --verl {env.overrides.verl})")
