@@ -4,6 +4,8 @@ combination, each error one paragraph saying what, why and what to do."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
+import os
 import subprocess
 import sys
 
@@ -292,6 +294,39 @@ def test_a_missing_extra_is_named_before_the_command_starts(argv, extra, tmp_pat
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    "argv, blocked, extra",
+    [
+        (["check", "p40", "--resolve"], ["uv"], "lock"),
+        (["verify", "p40"], ["uv"], "lock"),
+        (["lock", "p40", "-o", "lk"], ["rattler"], "lock"),
+        (["lock", "p40", "--only", "pip", "-o", "lk"], ["uv"], "lock"),
+        (["export-image", "foo:1", "-o", "x.tar"], ["docker"], "actions"),
+        (["import-image", "x.tar"], ["requests"], "actions"),
+        (["refresh"], ["packaging"], "actions"),
+    ],
+)
+def test_the_extra_named_is_the_one_missing_before_any_probe(argv, blocked, extra, tmp_path):
+    """Issue 34: verify, check --resolve and lock named `[actions]` after 5 s of probing, and
+    without uv sent you to `[lock]` naming `lock`; export-image exited 1; refresh said `pip
+    install packaging`. Each now stops at once (exit 2), naming itself and the extra that holds
+    what is missing."""
+    code = (
+        "import sys\n"
+        + "".join(f"sys.modules[{m!r}] = None\n" for m in blocked)
+        + f"from envbuilder.cli import main\nmain({argv!r})\n"
+    )
+    env = dict(os.environ, PATH=str(tmp_path / "no-bin"))  # (no uv on PATH either)
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env
+    )
+    assert r.returncode == 2, r.stdout + r.stderr
+    command = argv[0] + (" --resolve" if "--resolve" in argv else "")
+    assert f"`envbuild {command}`" in r.stderr and f"envbuild[{extra}]" in r.stderr, r.stderr
+    assert f"`{extra}` extra" in r.stderr and "Traceback" not in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_build_with_no_profile_in_a_rendered_folder_builds_what_its_envbuild_json_holds(
     cli, tmp_path, monkeypatch
 ):
@@ -318,3 +353,18 @@ def test_build_with_no_profile_refuses_a_folder_rendered_from_a_wheelhouse(cli, 
     code, _, err = cli("build", "--push", "local", "--engine", "docker")
     assert code == 2 and "rendered --locked or --wheelhouse" in err
     assert "--wheelhouse DIR" in err
+
+
+def test_a_stale_lock_for_a_variant_names_the_lock_of_that_variant(cli, tmp_path):
+    """`render 4090 --verl 0.9.1 --locked lockfiles` said to re-lock with `envbuild lock 4090`,
+    which locks the default verl (issue 34): the hint carries the overrides, into a folder of
+    the variant's own (-o lockfiles would replace the profile's lock)."""
+    import envbuilder
+
+    shipped_locks = Path(envbuilder.__file__).resolve().parent.parent / "lockfiles"
+    if not (shipped_locks / "4090").is_dir():
+        shipped_locks = Path(envbuilder.__file__).resolve().parent / "_data" / "lockfiles"
+    code, _, err = cli("render", "4090", "--verl", "0.9.1", "--locked", shipped_locks, "-o", tmp_path / "o")
+    assert code == 2, err
+    assert "`envbuild lock 4090 --verl 0.9.1 -o lockfiles/4090-verl0.9.1` makes one" in err
+    assert "`envbuild lock 4090`" not in err

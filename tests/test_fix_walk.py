@@ -54,6 +54,9 @@ def _grid() -> list[tuple[str, dict]]:
         grid += [(p, {"rollout": r, "verl": v}) for r, v in itertools.product(dims["rollout"], dims["verl"])]
     for p in ("p40", "t4", "b200"):
         grid += [(p, {"cuda": c, "torch": t}) for c, t in itertools.product(dims["cuda"], dims["torch"])]
+    # the drivers of most clusters (issue 34): a refusal offers a stack they run, not only an upgrade
+    for p, d in itertools.product(("v100", "4090", "h100", "b200"), ("535.183.01", "550.54.15", "575.57.08")):
+        grid += [(p, {"driver": d})] + [(p, {"driver": d, "verl": v}) for v in dims["verl"]]
     return grid
 
 
@@ -129,3 +132,54 @@ def test_a_fix_that_names_no_working_change_says_so_rather_than_guessing(overlay
     alternatives = [a for v in e.value.violations for a in re.split(r"\s+or\s+", v.fix)]
     assert any(a.startswith(NO_FIX) for a in alternatives), alternatives
     assert all(a.startswith(NO_FIX) or typed(a, {}) is None for a in alternatives), alternatives
+
+
+STACK = ("cuda", "torch", "verl", "vllm")
+
+
+@pytest.mark.parametrize("chunk", range(4))
+def test_fixes_keep_the_users_stack_flags_when_some_completion_of_them_resolves(chunk):
+    """Issue 34: a fix changes the fewest flags the user did not give, and keeps those the user
+    gave whenever some completion of them resolves (`--verl 0.5.0` on an H100: `--vllm 0.8.5
+    --torch 2.6.0 --cuda 12.x`, not `--verl 0.9.1`)."""
+    from envbuilder.model import fixes
+    from envbuilder.model.resolve import Overrides
+
+    m = shipped()
+    checked = 0
+    for profile, given in [g for g in GRID if set(g[1]) & set(STACK)][chunk::4]:
+        try:
+            e = _refusal(profile, given)
+        except UserError:
+            continue
+        if e is None or any(v.hard and v.rule == "arch" for v in e.violations):
+            continue
+        ov = fixes.applied(Overrides(), dict(given))
+        completion = next(
+            (c for c in fixes.completions(m, ov) if _refusal(profile, {**given, **c}) is None), None
+        )
+        if completion is None:
+            continue
+        checked += 1
+        for v in e.violations:
+            for alternative in re.split(r"\s+or\s+", v.fix):
+                after = typed(alternative, given)
+                if after is None:
+                    continue
+                assert all(after.get(f) == given[f] for f in given if f in STACK), (
+                    f"envbuild check {profile} {given}: [{v.rule}] {alternative!r} drops a flag "
+                    f"the user gave, though {completion} keeps them and resolves"
+                )
+    assert checked
+
+
+def test_h100_verl_050_keeps_verl_050():
+    e = violations("h100", verl="0.5.0")
+    assert all("--verl 0.9.1" not in v.fix for v in e.values())
+    assert "--vllm 0.8.5 --torch 2.6.0" in e["verl-vllm"].fix
+    resolved("h100", verl="0.5.0", vllm="0.8.5", torch="2.6.0", cuda="12.4")
+
+
+def test_a_memory_refusal_names_the_flag_for_more_gpus():
+    e = violations("a100", model="Qwen/Qwen2-7B-Instruct", algo="grpo", gpu_memory=40960, gpus_per_node=2)
+    assert "train.n_gpus" not in e["memory"].fix and "--gpus-per-node 8" in e["memory"].fix

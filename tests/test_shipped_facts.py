@@ -184,3 +184,16 @@ def test_torch_2_15_is_pypis_cuda_13_2_build_for_python_3_11_up():
     assert rec["pypi_default"] == "cu132" and "3.10" not in rec["python"]
     assert rec["builds"]["cu132"]["cuda"] == "13.2"
     assert rec["builds"]["cu130"]["archs"] == shipped().torch["2.14.1"]["builds"]["cu130"]["archs"]
+
+
+def test_verl_0_9_1_floors_at_python_3_11_and_says_why():
+    """verl 0.9.1's wheel says >=3.10, but its vllm extra's pins (accelerate 1.16.0, numpy 2.3.5,
+    pyarrow 26.0.1) each need 3.11: the resolver refuses 3.10 with that reason (issue 34)."""
+    from conftest import violations
+
+    assert shipped().verl["0.9.1"]["python"] == ">=3.11,<3.13"
+    found = violations("h100", python="3.10")
+    v = found["verl-python"]
+    assert v.hard and "accelerate 1.16.0, numpy 2.3.5 and pyarrow 26.0.1" in v.why
+    assert "--python 3.12" in v.fix
+    resolved("h100", python="3.12")

@@ -634,3 +634,26 @@ def test_a_run_verl_would_refuse_fails_validation():
         "validate_config refused the run: AssertionError" in judge_validation(refused, True, "critic.fsdp")[1]
     )
     assert "no result" in judge_validation(None, True, "critic.fsdp")[1]
+
+
+def test_the_gpu_step_footnote_speaks_only_of_rows_that_ran():
+    """The footnote said "verl's workers ran a PPO step ... with this very configuration" under
+    rows whose GPU STEP said `not run` (issue 34, item 6)."""
+    base = {
+        "profile": "p40",
+        "python": "3.10",
+        "layers": [],
+        "patches": None,
+        "imports": [],
+        "compose": None,
+        "seconds": 1.0,
+        "ok": True,
+        "torch_swapped": None,
+        "not_installed": [],
+        "failures": [],
+        "venv": None,
+    }
+    none_ran = table([base])
+    assert "not run" in none_ran and "ran a PPO step" not in none_ran
+    one_ran = table([dict(base, gpu_step="ok (H200, 2 steps)"), dict(base, profile="t4")])
+    assert "GPU STEP: for p40, verl's workers ran a PPO step" in one_ran and "t4, verl" not in one_ran

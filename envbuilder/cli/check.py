@@ -36,15 +36,28 @@ from envbuilder.cli.options import load_matrix, override_options
 @override_options
 def check(profile, online, index_url, torch_index_url, overrides, matrix_dirs):
     """Exit 0 when PROFILE (with overrides) is a working combination; else explain, exit 2."""
-    from envbuilder.model.resolve import resolve
+    from envbuilder.model.resolve import picked_for_driver, resolve
 
+    if online:  # (refused before anything is resolved or probed)
+        from envbuilder.tools.uv import uv_bin
+
+        uv_bin("check --resolve")
     m = load_matrix(matrix_dirs)
     env = resolve(m, profile, overrides)
     click.echo(
-        f"OK: {profile} resolves: {env.gpu.name} (CC {env.gpu.compute_capability}), "
+        f"OK: {env.profile} resolves: {env.gpu.name} (CC {env.gpu.compute_capability}), "
         f"CUDA {env.cuda.version}, torch {env.torch.version}+{env.torch.variant}, "
         f"verl {env.verl.version} with the {env.rollout} rollout, {env.dtype}."
     )
+    if profile != env.profile:  # (a card's name, or the key in another case)
+        from envbuilder.model.names import profile_named
+
+        named = profile_named(m, profile)
+        if named and named.why:
+            click.echo(f"NOTE: {named.why}")
+    picked = picked_for_driver(env, overrides)
+    if picked:
+        click.echo(f"NOTE: {picked} (as --verl {env.overrides.verl})")
     for w in env.warnings:
         click.echo(f"WARNING: {w}")
     if online:

@@ -31,8 +31,10 @@ def export_image(image, out, force, as_json):
     """Write IMAGE (an image in the Docker engine, e.g. envbuild/p40:abc, or HOST[:PORT]/NAME:TAG
     in a registry) as an OCI archive with its digest, to carry across an air gap with a
     wheelhouse; prints the manifest digest."""
+    from envbuilder.errors import need_extra
     from envbuilder.oci.archive import export_image as export, sidecar_path
 
+    need_extra("export-image", "actions")  # (the engine's SDK, the registry client: exit 2, first)
     data = export(image, out, force, _say)  # (`out` as typed: an empty one is refused there)
     out = Path(out)
     _say(
@@ -62,7 +64,10 @@ def import_image(archive, registry, name, as_json):
     """Check ARCHIVE (from export-image) against its sidecar's sha256 and load it into a
     registry; prints REGISTRY/NAME@sha256:DIGEST."""
     from envbuilder.config import local_registry, registry_for
+    from envbuilder.errors import need_extra
     from envbuilder.oci.archive import import_image as load
+
+    need_extra("import-image", "actions", ("requests",))
 
     m = load_matrix(())
     host = registry_for(registry, local_registry(m))

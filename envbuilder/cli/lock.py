@@ -116,6 +116,18 @@ def lock(
     if bool(profile) == bool(all_):
         raise UserError("Name one profile, or --all (exactly one). `envbuild list` shows them.")
     parts = lock_parts(only, solver, check)
+    if not check:  # what each part runs, named before anything is resolved or fetched
+        from envbuilder.errors import need_extra
+
+        mods = (("rattler", "conda_lock") if "conda" in parts else ()) + (
+            ("requests",) if "images" in parts else ()
+        )
+        if mods:
+            need_extra("lock", "lock", mods)
+        if "pip" in parts:
+            from envbuilder.tools.uv import uv_bin
+
+            uv_bin("lock")
     m = load_matrix(tuple(matrix_dirs))
     names = list(m.profiles) if all_ else [profile]
     flags = LockFlags(

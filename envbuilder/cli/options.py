@@ -11,6 +11,7 @@ import click
 from envbuilder.cli import complete
 from envbuilder.cli.callbacks import driver_version
 from envbuilder.model.profiles import FLAG_FIELDS, split_names  # noqa: F401  (re-exported)
+from envbuilder.model.resolved import GPU_MEMORY_MIB
 
 
 def override_options(f):
@@ -27,14 +28,10 @@ def override_options(f):
             shell_complete=complete.from_matrix("torch"),
             help="torch release, e.g. 2.6.0.",
         ),
-        click.option(
-            "--python", shell_complete=complete.from_matrix("python"), help="Python version, e.g. 3.10."
-        ),
-        click.option("--verl", shell_complete=complete.from_matrix("verl"), help="verl release, e.g. 0.4.1."),
+        click.option("--python", shell_complete=complete.from_matrix("python"), help="Python, e.g. 3.10."),
+        click.option("--verl", shell_complete=complete.from_matrix("verl"), help="verl, e.g. 0.4.1."),
         click.option("--rollout", type=click.Choice(["hf", "vllm", "sglang"]), help="Rollout backend."),
-        click.option(
-            "--vllm", shell_complete=complete.from_matrix("vllm"), help="vLLM release (vllm rollout)."
-        ),
+        click.option("--vllm", shell_complete=complete.from_matrix("vllm"), help="vLLM release."),
         click.option(
             "--with",
             "with_",
@@ -57,9 +54,7 @@ def override_options(f):
             help="Check against this NVIDIA driver version, e.g. 550.54.14.",
         ),
         click.option(
-            "--allow-unsupported",
-            is_flag=True,
-            help="Render even when the hardware is below a floor; the warnings go into the files.",
+            "--allow-unsupported", is_flag=True, help="Render below a hardware floor, warnings in the files."
         ),
         click.option(
             "--model",
@@ -99,6 +94,12 @@ def override_options(f):
             type=click.Choice(["on", "off"]),
             help="Plan memory for the board with ECC on (GDDR datacenter boards' default, "
             "which costs memory) or off (nvidia-smi -e 0 and a reboot).",
+        ),
+        click.option(
+            "--gpu-memory",
+            type=click.IntRange(*GPU_MEMORY_MIB),
+            metavar="MiB",
+            help="Plan for a card of this size as nvidia-smi prints it (e.g. 40960: an A100 40GB).",
         ),
     ]
     f = matrix_dir_option(f)

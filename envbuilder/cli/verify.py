@@ -53,6 +53,9 @@ def verify(profiles, all_, as_json, keep, index_url, torch_index_url, skip_compo
 
     if bool(profiles) == bool(all_):
         raise UserError("Name one or more profiles, or --all (not both). `envbuild list` shows them.")
+    from envbuilder.tools.uv import uv_bin
+
+    uv_bin("verify")  # (before any venv is made or index probed)
     m = load_matrix(matrix_dirs)
     names = list(m.profiles) if all_ else list(dict.fromkeys(profiles))
     flags = VerifyFlags(index_url, torch_index_url, keep, skip_compose)

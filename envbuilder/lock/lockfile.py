@@ -448,23 +448,31 @@ def for_render(
     the content, wherever it is pulled from)."""
     from envbuilder.lock.pip import layer_files
 
+    from envbuilder.render.plan import lock_hint
+    from envbuilder.render.quoting import sh
+
     lock_dir = Path(lock_dir)
+    # the lock that fits this render: the profile's own into this folder; a variant (overrides)
+    # into a folder of its own, which would otherwise replace the profile's lock
+    relock = (
+        lock_hint(env.name, env.overrides)
+        if env.overrides.to_dict()
+        else f"`envbuild lock {sh(env.name)} -o {sh(str(lock_dir.parent))}` remakes it"
+    )
     meta, lock_texts = verified(lock_dir, env.name)
     stale = _stale(env, meta, parts_for(env, ("pip", "sources") if wheelhouse is not None else tuple(PARTS)))
     if stale:
         raise UserError(
             f"The lock in {lock_dir} was made for other inputs than {env.name!r} has "
-            f"now ({'; '.join(stale)}). Re-lock with `envbuild lock {env.name}` "
-            "(with the same overrides)."
+            f"now ({'; '.join(stale)}). Re-lock: {relock}."
         )
     if meta.get("torch_swapped"):
         raise UserError(
             f"The lock in {lock_dir} was solved with PyPI's torch in place of the "
             f"profile's ({meta['torch_swapped']}), because the PyTorch index was out "
             "of reach: it pins everything else (a plain render uses it as constraints) "
-            "but cannot install this torch with --require-hashes. Re-lock with "
-            f"`envbuild lock {env.name}` where the PyTorch index (or its mirror: "
-            "--torch-index-url) answers."
+            f"but cannot install this torch with --require-hashes. Re-lock where the PyTorch "
+            f"index (or its mirror: --torch-index-url) answers: {relock}."
         )
     needed = ("pip",) if wheelhouse is not None else ("pip", "images")
     missing = [PARTS[p] for p in needed if p not in meta.get("parts", [])]
@@ -472,8 +480,8 @@ def for_render(
         raise UserError(
             f"The lock in {lock_dir} has no {' and no '.join(missing)} (made with "
             f"--only {','.join(meta.get('parts', []))}); a locked Dockerfile needs "
-            f"{'it' if len(needed) == 1 else 'both'}. Complete it with `envbuild lock "
-            f"{env.name}` on a machine that reaches the registry and the indexes."
+            f"{'it' if len(needed) == 1 else 'both'}. On a machine that reaches the registry "
+            f"and the indexes: {relock}."
         )
     texts = {}
     for name in (REQUIREMENTS, IMAGES, SOURCES):

@@ -14,7 +14,9 @@ import subprocess
 from typing import Any, Callable
 
 from envbuilder.model.matrix import Matrix, cc_tuple
-from envbuilder.model.resolve import Overrides, ResolveError, cc_runs, resolve
+from envbuilder.model.names import match_gpu
+from envbuilder.model.resolve import Overrides, ResolveError, cc_runs, picked_for_driver, resolve
+from envbuilder.model.resolved import ResolvedEnv
 from envbuilder.model.versions import is_driver_version
 from envbuilder.model.record import Record
 
@@ -214,10 +216,7 @@ def detect(m: Matrix, nvml: Any = None, run: Callable | None = None) -> Machine:
 
 def match_model(m: Matrix, name: str) -> str | None:
     """The first matrix GPU model whose `match` pattern finds the reported name."""
-    for key, gpu in m.gpus.items():
-        if any(re.search(p, name, re.IGNORECASE) for p in gpu["match"]):
-            return key
-    return None
+    return match_gpu(m, name)
 
 
 def identify(m: Matrix, machine: Machine) -> Machine:
@@ -248,6 +247,7 @@ class Fit(Record):
     ok: bool
     reasons: tuple[Reason, ...]
     fixes: tuple[str, ...]
+    flags: str = ""  # what `render PROFILE` needs on this machine (" --gpu-memory 40960")
 
 
 class Recommendation(Record):
@@ -280,13 +280,28 @@ def fit_profile(m: Matrix, name: str, gpu: Gpu, driver: str | None, cuda: str | 
                 f"whose code runs on CC {gpu.compute_capability}",
             )
         )
+    # the plan counts on the memory this card reports, not on the profile's card's record
+    measured = gpu.vram_mib or None
+    planned = planned_mib(m, p["gpu"])
+    resized = bool(measured and measured != planned)
+    flags = f" --gpu-memory {measured}" if resized else ""
+    ov = Overrides(driver=driver, gpu_memory=measured if resized else None)
     try:
-        env = resolve(m, name, Overrides(driver=driver))
+        env, changed = resolve_or_fix(m, name, ov)
     except ResolveError as e:
         for v in e.violations:
             reasons.append(Reason(False, f"{v.what}: {v.why}"))
             fixes.append(v.fix)
-        return Fit(name, False, tuple(reasons), tuple(fixes))
+        return Fit(name, False, tuple(reasons), tuple(fixes), flags)
+    picked = picked_for_driver(env, ov)
+    if picked:  # (render takes the same stack from the driver, and says why)
+        flags += f" --driver {driver}"
+        reasons.append(Reason(True, picked))
+    if changed:
+        flags += f" {changed}"
+        reasons.append(
+            Reason(True, f"profile {name} as shipped does not fit this machine; with {changed} it does")
+        )
     drv = env.driver
     need = f"profile {name} needs CUDA {drv.for_cuda} (>= {drv.min_driver})"
     if driver is None:
@@ -302,6 +317,8 @@ def fit_profile(m: Matrix, name: str, gpu: Gpu, driver: str | None, cuda: str | 
                 "no PTX JIT)",
             )
         )
+    if driver is not None and not picked:
+        reasons.append(Reason(None, upgrade_path(m, name, env, driver)))
     t = env.torch
     runs = runnable_archs(gpu.compute_capability, t.archs)
     build = f"torch {t.version}+{t.variant}"
@@ -319,17 +336,81 @@ def fit_profile(m: Matrix, name: str, gpu: Gpu, driver: str | None, cuda: str | 
             )
         )
         fixes.append("render with a --torch/--cuda whose build lists this CC (envbuild show)")
-    need_gb = env.train.model_vram_gb
-    enough = gpu.vram_gb >= need_gb
+    # (the resolver's memory plan refused what does not fit; this says what it planned)
+    mem = env.memory
     reasons.append(
-        Reason(enough, f"{gpu.vram_gb:.0f} GB {'>=' if enough else '<'} {need_gb:g} GB for {env.train.model}")
+        Reason(
+            True,
+            f"{env.train.model} peaks at {mem['peak']['gib']:.1f} GiB ({mem['peak']['phase']}) of "
+            f"{mem['usable_gib']:.1f} GiB usable",
+        )
     )
-    if not enough:
-        fixes.append(
-            "use a GPU with more memory, or a profile (--matrix-dir) with a smaller model and more offload"
+    if resized:
+        reasons.append(
+            Reason(
+                None,
+                f"memory planned for the {measured} MiB this card reports (profile {name}'s "
+                f"{pgpu['name']} is recorded at {planned} MiB)",
+            )
         )
     ok = all(r.ok is not False for r in reasons)
-    return Fit(name, ok, tuple(reasons), tuple(fixes))
+    return Fit(name, ok, tuple(reasons), tuple(fixes), flags)
+
+
+def upgrade_path(m: Matrix, name: str, env: ResolvedEnv, driver: str) -> str:
+    """What a newer driver would add to a profile whose stack this driver already runs: its
+    CUDA natively where it now runs under minor-version compatibility, and the newest stack
+    newer than its own that resolves on this card."""
+    from envbuilder.model.resolve import stacks_for_driver
+    from envbuilder.model.versions import version_key
+
+    drv, parts = env.driver, []
+    if drv.mode == "minor-version-compatibility":
+        parts.append(f"with driver >= {drv.min_driver}: CUDA {drv.for_cuda} natively (the same stack)")
+    runs_here = {v for v, _ in stacks_for_driver(m, driver)}
+    stacks = sorted(m.sections.get("stacks") or {}, key=version_key, reverse=True)
+    for v in (v for v in stacks if version_key(v) > version_key(env.verl.version)):
+        try:
+            newer = resolve(m, name, env.overrides._replace(verl=v, driver=None), check_fixes=False)
+        except ResolveError:
+            continue
+        what = f"verl {v}" + (f", vLLM {newer.vllm.version}" if newer.vllm else "")
+        parts.append(
+            f"{what} runs on this driver too (--verl {v})"
+            if v in runs_here
+            else f"with driver >= {newer.driver.min_driver}: {what} (--verl {v})"
+        )
+        break
+    return "; ".join(parts) or "a newer driver adds nothing: no newer stack resolves on this card"
+
+
+def resolve_or_fix(m: Matrix, name: str, ov: Overrides) -> tuple[ResolvedEnv, str]:
+    """The profile on this machine, and the flags it needs beyond the machine's own: where it
+    is refused, the first of the refusal's fixes (each checked to resolve) that changes neither
+    the driver nor the card: "--algo grpo" for a model with a critic that does not fit."""
+    try:
+        return resolve(m, name, ov), ""
+    except ResolveError as e:
+        refused = e
+    from envbuilder.model.fixes import alternatives, applied, concrete, render_flags
+
+    for v in refused.violations:
+        for alt in alternatives(v.fix):
+            flags = concrete(m, alt)
+            if not flags or set(flags) & {"driver", "ecc", "gpu_memory"}:
+                continue
+            try:
+                return resolve(m, name, applied(ov, flags)), render_flags(flags)
+            except ResolveError:
+                continue
+    raise refused
+
+
+def planned_mib(m: Matrix, gpu_key: str) -> int:
+    """The memory a profile's plan counts on for its GPU without --gpu-memory: memory.yaml's
+    nvidia-smi size, else the nominal size."""
+    total = m.memory["total_mib"].get(gpu_key)
+    return int(total["mib"]) if total else int(m.gpus[gpu_key]["vram_gb"] * 1024)
 
 
 def candidates(m: Matrix, gpu: Gpu) -> list[str]:
@@ -400,6 +481,7 @@ def recommendation_json(rec: Recommendation) -> dict:
                 "fits": f.ok,
                 "reasons": [{"ok": r.ok, "text": r.text} for r in f.reasons],
                 "fixes": list(f.fixes),
+                **({"flags": f.flags.split()} if f.flags else {}),
             }
             for f in rec.fits
         ],
@@ -429,7 +511,8 @@ def report_lines(machine: Machine, rec: Recommendation) -> list[str]:
         others = [f.profile for f in rec.fits if f.ok and f.profile != rec.profile]
         if others:
             out.append(f"  also fits: {', '.join(others)}")
-        out.append(f"next: envbuild doctor {rec.profile}; envbuild render {rec.profile}")
+        flags = best.flags
+        out.append(f"next: envbuild doctor {rec.profile}{flags}; envbuild render {rec.profile}{flags}")
     elif rec.fits:
         out.append(f"no profile fits {rec.gpu.label()}:")
         for f in rec.fits:

@@ -14,7 +14,7 @@ from typing import Any, Callable
 from envbuilder.errors import UserError
 from envbuilder.machine.detect import Machine, NO_GPU_FIX, detect, run_command, runnable_archs
 from envbuilder.model.matrix import Matrix, cc_tuple
-from envbuilder.model.resolve import Overrides, ResolveError, ResolvedEnv, cc_runs, resolve
+from envbuilder.model.resolve import Overrides, ResolveError, ResolvedEnv, cc_runs, picked_for_driver, resolve
 from envbuilder.engines.docker import NoBuildKit, docker_clients, find_buildkit, which_all
 from envbuilder.model.record import Record
 
@@ -176,6 +176,9 @@ def driver_check(m: Matrix, profile: str, overrides: Overrides, base: ResolvedEn
             else "; ".join(f"{v.what}: {v.why}" for v in e.violations)
         )
         return Check("driver", "fail", detail, "; ".join(v.fix for v in bad or e.violations))
+    picked = picked_for_driver(env, overrides)
+    if picked:
+        return Check("driver", "ok", f"{driver}{source}; {picked}")
     if env.driver.mode == "native":
         return Check("driver", "ok", f"{driver}{source}; {need}")
     return Check(
@@ -347,8 +350,14 @@ def doctor(
 ) -> Report:
     """Every check for `profile` on this machine. A profile that cannot resolve at all is bad input
     (UserError/ResolveError, exit 2), not a failed check."""
-    base = resolve(m, profile, overrides._replace(driver=None))
     machine = detect(m, probes.nvml, probes.run)
+    # the stack this machine's driver runs (resolve picks it where the profile's own needs a
+    # newer driver and no stack flag was given); the driver check says why when none does
+    driver = overrides.driver or machine.driver
+    try:
+        base = resolve(m, profile, overrides._replace(driver=driver), check_fixes=False)
+    except ResolveError:
+        base = resolve(m, profile, overrides._replace(driver=None))
     engine = probes.engine()
     checks = gpu_checks(m, profile, overrides, base, machine)
     checks += docker_checks(engine)
@@ -370,7 +379,7 @@ def network_check(base: ResolvedEnv, mirror: str | None, probe: Callable) -> Che
     if mirror or user_config().get("mirror"):
         return Check("network", "skip", "the build goes through the mirror set (see `mirrors`)")
     try:
-        found = reach.check(base, False, None, probe=probe)
+        found = reach.check(base, False, None, probe=probe, auto=False)  # (doctor has no --mirror auto)
     except ImportError:  # the probes need requests (the actions extra)
         return Check(
             "network", "skip", "not probed: requests is not installed (pip install 'envbuild[actions]')"

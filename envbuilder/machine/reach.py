@@ -40,7 +40,9 @@ def needs(env, wheelhouse: bool = False, push: str | None = None, upstream: bool
     return body
 
 
-def _fix(kind: str, target: str, status: str, env) -> str:
+def _fix(kind: str, target: str, status: str, env, auto: bool = True) -> str:
+    """What to do about a target that does not answer; `auto`: the command takes --mirror
+    auto (build does; doctor and render take a set's name only)."""
     if status.startswith("TLS"):
         return (
             "this network intercepts TLS: pass its CA bundle with --ca-cert FILE (a BuildKit "
@@ -51,8 +53,9 @@ def _fix(kind: str, target: str, status: str, env) -> str:
         return "check the --push registry (a name from your config's `registries:`, or HOST:PORT)"
     if kind == "registry":
         return (
-            f"pull the base images through a mirror: --mirror NAME (`envbuild mirrors list`) "
-            f"or --mirror auto, whose registries stand in for {target}"
+            "pull the base images through a mirror: --mirror NAME (`envbuild mirrors list`)"
+            + (" or --mirror auto" if auto else "")
+            + f", whose registries stand in for {target}"
         )
     if kind == "pypi":
         return (
@@ -71,7 +74,7 @@ def _fix(kind: str, target: str, status: str, env) -> str:
     )
 
 
-def findings(env, probes: list) -> list[Finding]:
+def findings(env, probes: list, auto: bool = True) -> list[Finding]:
     """Each needed target with no endpoint that answers, with its fix."""
     by_target: dict[tuple[str, str], list] = {}
     for p in probes:
@@ -87,7 +90,7 @@ def findings(env, probes: list) -> list[Finding]:
             "pytorch": f"torch {env.torch.version}+{env.torch.variant}",
             "github": "the builder's source files",
         }.get(kind, kind)
-        out.append(Finding(f"{p.endpoint} ({need})", p.status, _fix(kind, target, p.status, env)))
+        out.append(Finding(f"{p.endpoint} ({need})", p.status, _fix(kind, target, p.status, env, auto)))
     return out
 
 
@@ -98,16 +101,18 @@ def check(
     upstream: bool = True,
     probe: Callable[[dict], list] | None = None,
     ca_cert=None,
+    auto: bool = True,
 ) -> list[Finding]:
     """Probe what the build of `env` needs (mirrors.probe: in parallel, 5 s each), trusting
-    `ca_cert` (the build's --ca-cert) beside the system's CAs."""
+    `ca_cert` (the build's --ca-cert) beside the system's CAs; `auto`: whether the fixes may
+    name --mirror auto (only build takes it)."""
     if probe is None:
         from envbuilder.model.mirrors import probe as probe_set
 
         def probe(body):
             return probe_set(body, ca_cert=ca_cert)
 
-    return findings(env, probe(needs(env, wheelhouse, push, upstream)))
+    return findings(env, probe(needs(env, wheelhouse, push, upstream)), auto)
 
 
 def message(findings_: list[Finding]) -> str:

@@ -151,9 +151,16 @@ def table(reports: list[dict]) -> str:
             lines.append(f"{name}: FAILED {f}")
         if r["venv"]:
             lines.append(f"{name}: venv kept at {r['venv']}")
+    ran = [r["profile"] for r in reports if r.get("gpu_step")]
+    # (the claim only under the rows it is true of: a row that says `not run` ran nothing)
     lines.append(
-        "GPU STEP: verl's workers ran a PPO step on a GPU with this very configuration "
-        "(bench/gpu_step.py; its records ship with envbuild). Only that tier proves a "
-        "training step; the columns before it prove installs, pins, patches and configs."
+        (
+            f"GPU STEP: for {', '.join(ran)}, verl's workers ran a PPO step on a GPU with this very "
+            "configuration (bench/gpu_step.py; its records ship with envbuild)."
+            if ran
+            else "GPU STEP: not run for these profiles (no record of bench/gpu_step.py matches them)."
+        )
+        + " Only that tier proves a training step; the columns before it prove installs, pins, "
+        "patches and configs."
     )
     return "\n".join(lines)

@@ -25,12 +25,12 @@ if TYPE_CHECKING:
 
 # a flag with the value a user would type after it (values may be comma lists: apex,flash-attn)
 FIX_FLAG = re.compile(
-    r"--(cuda|torch|python|verl|rollout|vllm|with|without|driver|ecc|model|algo|interconnect)\b"
+    r"--(cuda|torch|python|verl|rollout|vllm|with|without|driver|ecc|model|algo|interconnect|gpus-per-node)\b"
     r"(?:[ =]([^\s,;()]+(?:,[^\s,;()]+)*))?"
 )
 ROLLOUTS = ("hf", "vllm", "sglang")
 COMPONENTS = ("apex", "flash-attn")
-_KEY = {"with": "with_"}
+_KEY = {"with": "with_", "gpus-per-node": "gpus_per_node"}
 
 
 def _valid(m: Matrix, flag: str, value: str | None) -> bool:
@@ -51,6 +51,7 @@ def _valid(m: Matrix, flag: str, value: str | None) -> bool:
         "model": lambda: value in m.models,
         "algo": lambda: value in m.algorithms,
         "interconnect": lambda: value in (m.sections.get("interconnects") or {}),
+        "gpus-per-node": lambda: value.isdigit() and 1 <= int(value) <= 64,
     }[flag]()
 
 
@@ -75,6 +76,8 @@ def applied(ov: Overrides, flags: dict[str, Any]) -> Overrides:
     for flag, value in flags.items():
         key = _KEY.get(flag, flag)
         changes[key] = tuple(value.split(",")) if key in ("with_", "without") and value else value
+        if key == "gpus_per_node" and value is not None:
+            changes[key] = int(value)
     return ov._replace(**changes)
 
 
@@ -124,6 +127,27 @@ VALUE_OF: dict[str, Callable[[Any], str | None]] = {
 }
 
 
+def completions(m: Matrix, ov: Overrides) -> Iterator[dict[str, str | None]]:
+    """Changes that keep every stack flag the user gave and fill in the others: a vLLM release
+    (newest first), the torch it pins and a CUDA that torch is built for (`--verl 0.5.0` ->
+    `--vllm 0.8.5 --torch 2.6.0 --cuda 12.4`). Nothing when the user gave no stack flag."""
+    given = {f: getattr(ov, f) for f in ("verl", "vllm", "torch", "cuda") if getattr(ov, f) is not None}
+    if not given or ov.rollout not in (None, "vllm"):
+        return
+
+    def newest(xs: Iterable[str]) -> list[str]:
+        return sorted(xs, key=version_key, reverse=True)
+
+    for vllm in newest(m.vllm):
+        torch = m.vllm[vllm]["torch"]
+        builds = (m.torch.get(torch) or {}).get("builds") or {}
+        for cuda in newest({b["cuda"] for b in builds.values() if b["cuda"] in m.cuda}):
+            full = {"vllm": vllm, "torch": torch, "cuda": cuda}
+            if any(given.get(f, v) != v for f, v in full.items()):
+                continue
+            yield {f: v for f, v in full.items() if f not in given}
+
+
 def _candidates(m: Matrix, profile: str, ov: Overrides) -> Iterator[dict[str, str | None]]:
     """Changes to try, smallest and most coherent first: one of the user's own flags dropped
     (None: the profile's value), a whole stack (stacks.yaml), one flag (rollout, cuda, torch,
@@ -133,6 +157,7 @@ def _candidates(m: Matrix, profile: str, ov: Overrides) -> Iterator[dict[str, st
         return sorted(xs, key=version_key, reverse=True)
 
     mine = [flag for flag in VALUE_OF if getattr(ov, flag) is not None]
+    yield from completions(m, ov)
     for flag in mine:
         yield {flag: None}
     if len(mine) > 1:
@@ -167,17 +192,20 @@ def whole_fix(
     attempt: _Attempts,
     before: set[str] | frozenset[str] = frozenset(),
 ) -> dict[str, Any] | None:
-    """The first candidate change under which the profile resolves (but for the machine's own
-    refusals), each flag with the value it then has; None when none does."""
-    for flags in _candidates(m, profile, ov):
-        if any(getattr(ov, _KEY.get(f, f)) == v for f, v in flags.items()):
-            continue  # the user already has it
-        changed = applied(ov, flags)
-        if _resolves(attempt(changed), before):
-            env = attempt.envs.get(changed)
-            if env is None and any(v is None for v in flags.values()):
-                continue  # (a dropped flag's value is read from the resolved environment)
-            return {f: v if v is not None else VALUE_OF[f](env) for f, v in flags.items()}
+    """The first candidate change under which the profile resolves, each flag with the value
+    it then has; else the first under which it resolves but for the machine's own refusals (a
+    stack the driver runs beats an upgrade); None when none does."""
+    for whole in (True, False):
+        for flags in _candidates(m, profile, ov):
+            if any(getattr(ov, _KEY.get(f, f)) == v for f, v in flags.items()):
+                continue  # the user already has it
+            changed = applied(ov, flags)
+            after = attempt(changed)
+            if after is None if whole else _resolves(after, before):
+                env = attempt.envs.get(changed)
+                if env is None and any(v is None for v in flags.values()):
+                    continue  # (a dropped flag's value is read from the resolved environment)
+                return {f: v if v is not None else VALUE_OF[f](env) for f, v in flags.items()}
     return None
 
 
@@ -190,25 +218,41 @@ def checked(
     attempt = _Attempts(run)
     before = {v.rule for v in violations}
     whole: list[Any] = []  # computed once, when first needed
+    # the user's own stack flags, and a change that keeps them all (when one resolves): a fix
+    # that changes one of them gives way to it
+    mine = {f: getattr(ov, f) for f in VALUE_OF if getattr(ov, f) is not None}
+    keeping = next((c for c in completions(m, ov) if attempt(applied(ov, c)) is None), None)
+
+    def drops_mine(a: str) -> bool:
+        flags = concrete(m, a) or {}
+        return any(f in mine and mine[f] != value for f, value in flags.items())
+
     out = []
     for v in violations:
-        if v.rule in FIXED_BY_MACHINE:
-            out.append(v)  # (the machine's: its own fix, an upgrade, stands)
-            continue
         alts = [a.rstrip(" ,;") for a in alternatives(v.fix)]
-        kept = [
-            a
-            for a in alts
-            if (flags := concrete(m, a)) is not None and _resolves(attempt(applied(ov, flags)), before)
-        ]
+        results = {a: attempt(applied(ov, flags)) for a in alts if (flags := concrete(m, a)) is not None}
         prose = [a for a in alts if concrete(m, a) is None and not FIX_FLAG.search(a)]
+        if v.rule in FIXED_BY_MACHINE:  # the machine's: its upgrade stands, each stack offered resolves
+            stacks = [a for a, after in results.items() if after is None]
+            if keeping and any(drops_mine(a) for a in stacks):
+                stacks = [f"use {render_flags(keeping)}"] + [a for a in stacks if not drops_mine(a)]
+            fix = " or ".join(prose + stacks)
+            out.append(v._replace(fix=fix) if fix and fix != v.fix else v)
+            continue
+        # alternatives that resolve whole first; those that leave only the driver after them
+        kept = [a for a, after in results.items() if after is None]
+        kept += [a for a, after in results.items() if after is not None and _resolves(after, before)]
+        if keeping and any(drops_mine(a) for a in kept):
+            kept = [
+                f"use {render_flags(keeping)} (keeps your {', '.join(f'{f} {v}' for f, v in mine.items())})"
+            ] + [a for a in kept if not drops_mine(a)]
         if not kept:
             if not whole:
                 whole.append(whole_fix(m, profile, ov, attempt, before))
             if whole[0]:
                 kept = [
                     f"{render_flags(whole[0])} (with it {profile} resolves"
-                    + (", but for the driver)" if before & FIXED_BY_MACHINE else ")")
+                    + (", but for the driver)" if attempt(applied(ov, whole[0])) else ")")
                 ]
         if kept and not re.match(r"(use|add|pass|drop)\b", kept[0]):
             kept[0] = f"use {kept[0]}"

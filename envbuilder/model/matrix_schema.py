@@ -207,6 +207,9 @@ VERL = {
     "torch_why?": WHY,
     "torch_source": SOURCE,
     "python?": S.Range(),
+    # where the release's true floor is not its wheel's Requires-Python (its pins' floors)
+    "python_why?": WHY,
+    "python_source?": SOURCE,
     "rollouts": S.ListOf(S.OneOf(ROLLOUTS)),
     "rollout_mode?": S.OneOf(("sync", "async")),
     "rollouts_why?": WHY,

@@ -35,6 +35,7 @@ FLAG_FIELDS = {
     "gpus_per_node": "gpus_per_node",
     "interconnect": "interconnect",
     "ecc": "ecc",
+    "gpu_memory": "gpu_memory",
 }
 
 

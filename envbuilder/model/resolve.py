@@ -20,6 +20,7 @@ from envbuilder.model.versions import in_range, version_key
 from envbuilder.model.record import Record, frozen
 from envbuilder.model.resolved import SCHEMA_VERSION, Overrides, ResolvedEnv  # noqa: F401  (re-exported)
 from envbuilder.model.versions import ranges_overlap
+from envbuilder.model.names import profile_named
 
 # the torch dtype of each of envbuild's dtype names
 TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -60,10 +61,13 @@ class ResolveError(UserError):
 
 
 def suggest(name: str, known: list[str]) -> str:
+    """'did you mean ...? ' for the known name closest to `name`, compared without case (`H10`
+    is close to h100, not to v100)."""
     import difflib
 
-    close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
-    return f"did you mean {close[0]!r}? " if close else ""
+    folded = {k.casefold(): k for k in known}
+    close = difflib.get_close_matches(name.casefold(), list(folded), n=1, cutoff=0.5)
+    return f"did you mean {folded[close[0]]!r}? " if close else ""
 
 
 def cc_runs(gpu_cc: str, archs: list[str]) -> bool:
@@ -195,12 +199,18 @@ class _Resolver:
     def __init__(self, m: Matrix, profile_name: str, ov: Overrides):
         self.m, self.ov = m, ov
         self.v: list[Violation] = []
-        if profile_name not in m.profiles:
+        named = profile_named(m, profile_name)
+        if named is None:
             raise UserError(
                 f"Unknown profile {profile_name!r}; {suggest(profile_name, list(m.profiles))}"
-                f"Known profiles: {', '.join(m.profiles)}. `envbuild list` shows them; "
-                "add your own with --matrix-dir."
+                f"Known profiles: {', '.join(m.profiles)}, or a GPU's name (H100, RTX 4090, "
+                "A100-SXM4-40GB). `envbuild list` shows them; add your own with --matrix-dir."
             )
+        self.named = named
+        profile_name = named.profile
+        if named.gpu and ov.gpu_memory is None:  # (the card named, at its own size)
+            total = m.memory["total_mib"].get(named.gpu)
+            self.ov = ov = ov._replace(gpu_memory=card_size(total, m.gpus[named.gpu], ov.ecc)["mib"])
         self.name = profile_name
         self.p = m.profiles[profile_name]
         self.algo_rec: dict[str, Any] | None = None  # the selection's estimator (select() sets it)
@@ -345,6 +355,9 @@ class _Resolver:
                 f", or use --cuda {max(compat, key=version_key)} (runs on this driver under "
                 "minor-version compatibility)"
             )
+        # the stacks this driver runs, newest first (the fix walk keeps those that resolve)
+        for v, how in stacks_for_driver(self.m, drv)[:2]:
+            fix += f" or use --verl {v} (its stack's CUDA {how})"
         self.add(
             "driver",
             f"driver {drv} is too old for CUDA {need}",
@@ -583,7 +596,7 @@ class _Resolver:
     ) -> dict[str, Any]:
         mem = self.m.memory
         total = mem["total_mib"].get(gpu_key)
-        card = card_size(total, gpu, self.ov.ecc)
+        card = card_size(total, gpu, self.ov.ecc, self.ov.gpu_memory)
         consts = dict(mem, total_gib=card["mib"] / 1024)
         algo = algo or self.algo_rec or {"critic": True, "n": 1}
         # the same inputs give the same plan: computed once per matrix (a grid or a fix walk
@@ -675,11 +688,24 @@ class _Resolver:
                 f"a smaller vLLM share: train.gpu_memory_utilization "
                 f"{round(train['gpu_memory_utilization'] / 2, 2)}"
             )
+        # more GPUs shard the state: --gpus-per-node, the flag (train.n_gpus is no flag)
+        more = next(
+            (
+                n
+                for n in (2, 4, 8, 16)
+                if n > train["n_gpus"]
+                and not (train["train_batch_size"] % n or train["ppo_mini_batch_size"] % n)
+                and fits(n_gpus=n)
+            ),
+            None,
+        )
         fix = (
             ("in a --matrix-dir overlay of the profile, " + "; or ".join(fixes))
             if fixes
-            else ("a GPU with more memory, or more GPUs (train.n_gpus) to shard the state over")
+            else "a GPU with more memory"
         )
+        if more:
+            fix = f"use --gpus-per-node {more} (the state sharded over {more} GPUs fits); or {fix}"
         if smaller:  # (a model of the table: --model takes it, and the fix walk checks it)
             fix = f"use --model {smaller[-1][1]} (a smaller model from the table); or {fix}"
         if critic_free:
@@ -935,6 +961,8 @@ class _Resolver:
                 s.train["model_vram_gb"], was, self.models[self.ov.model]["parameters"]
             )
         s.notes, s.refused, s.lora_key = [], [], None
+        if self.named.gpu:
+            s.notes.append(self.named.why)
         if self.ov.model and self.ov.model.startswith("/"):
             s.notes.append(
                 f"the model is the folder {self.ov.model}, which the image does not "
@@ -1215,9 +1243,26 @@ def sglang_record(version: str, sr: dict[str, Any]) -> R.Sglang:
     )
 
 
-def card_size(total: dict[str, Any] | None, gpu: dict[str, Any], ecc: str | None) -> dict[str, Any]:
-    """The memory the plan counts on (memory.yaml total_mib, else the nominal vram_gb) and what
-    the board's ECC does to it: `ecc` is the --ecc override (None: the board's default)."""
+def card_size(
+    total: dict[str, Any] | None, gpu: dict[str, Any], ecc: str | None, given: int | None = None
+) -> dict[str, Any]:
+    """The memory the plan counts on (--gpu-memory, else memory.yaml total_mib, else the nominal
+    vram_gb) and what the board's ECC does to it: `ecc` is the --ecc override (None: the board's
+    default), `given` the --gpu-memory override (MiB, as nvidia-smi reports the card)."""
+    if given is not None:
+        low, high = R.GPU_MEMORY_MIB
+        if not low <= given <= high:
+            raise UserError(
+                f"--gpu-memory {given}: a card's memory is {low} to {high} MiB, as nvidia-smi's "
+                "memory.total prints it (an A100 40GB: 40960)."
+            )
+        recorded = total["mib"] if total else int(gpu["vram_gb"] * 1024)
+        return {
+            "mib": given,
+            "ecc": "as measured",
+            "why": f"--gpu-memory {given} (the {gpu['name']} is recorded at {recorded} MiB)"
+            + (f"; --ecc {ecc} changes nothing: the size given is the card's as it runs" if ecc else ""),
+        }
     if total is None:
         return {
             "mib": int(gpu["vram_gb"] * 1024),
@@ -1369,7 +1414,7 @@ def _rule_verl(r: _Resolver, s: Selection) -> None:
         r.add(
             "verl-python",
             f"verl {s.verl_v} does not install on Python {s.python}",
-            f"its wheel says Requires-Python {spec}",
+            s.verl.get("python_why") or f"its wheel says Requires-Python {spec}",
             (
                 f"use --cuda {fit[-1]} (its image ships Python {r.m.cuda[fit[-1]]['python']})"
                 if fit
@@ -1658,17 +1703,90 @@ RULES = (
 )
 
 
+# the flags that choose a stack: given any, the user chose it and the driver rule only refuses
+STACK_FLAGS = ("cuda", "torch", "python", "verl", "rollout", "vllm")
+PTX_LIMIT = "no PTX JIT: only kernels built for the card run, none compiled from PTX at load"
+
+
+def stacks_for_driver(m: Matrix, driver: str) -> list[tuple[str, str]]:
+    """The stacks (stacks.yaml, by verl release) whose CUDA this driver runs, newest first, each
+    with how: natively or under minor-version compatibility (12.x on >= 525.60.13)."""
+    out = []
+    for v, st in sorted(
+        (m.sections.get("stacks") or {}).items(), key=lambda vs: version_key(vs[0]), reverse=True
+    ):
+        rec = m.cuda.get(st["cuda"])
+        if rec is None:
+            continue
+        if version_key(driver) >= version_key(rec["min_driver"]):
+            out.append((v, f"{st['cuda']} runs on this driver"))
+        elif version_key(driver) >= version_key(rec["compat_driver"]):
+            out.append((v, f"{st['cuda']} runs on this driver under minor-version compatibility"))
+    return out
+
+
+def stack_for_driver(m: Matrix, profile: str, ov: Overrides, refused: ResolveError) -> ResolvedEnv | None:
+    """Pick the newest stack the machine runs, not the newest there is: where the profile's own
+    stack is refused for --driver alone and no stack flag was given, the newest stack whose CUDA
+    the driver runs (natively or under minor-version compatibility) and whose kernels cover the
+    card, if one resolves; its notes say what it is and what a driver upgrade would add."""
+    if ov.driver is None or any(getattr(ov, f) is not None for f in STACK_FLAGS):
+        return None
+    if "driver" not in {v.rule for v in refused.violations}:
+        return None
+    for v, how in stacks_for_driver(m, ov.driver):
+        try:
+            env = _Resolver(m, profile, ov._replace(verl=v)).run()
+        except ResolveError:
+            continue
+        mode = env.driver.mode
+        note = (
+            f"driver {ov.driver} runs CUDA {env.driver.for_cuda} "
+            + ("natively" if mode == "native" else f"under minor-version compatibility ({PTX_LIMIT})")
+            + f": verl {v}'s stack (torch {env.torch.version}+{env.torch.variant}"
+            + (f", vLLM {env.vllm.version}" if env.vllm else "")
+            + "), the newest this driver runs"
+        )
+        try:
+            newest = _Resolver(m, profile, ov._replace(driver=None)).run()
+            note += (
+                f"; with driver >= {newest.driver.min_driver}: verl {newest.verl.version}"
+                + (f", vLLM {newest.vllm.version}" if newest.vllm else "")
+                + f" (CUDA {newest.driver.for_cuda})"
+            )
+        except ResolveError:
+            pass
+        return env._replace(notes=(note, *env.notes))
+    return None
+
+
+def picked_for_driver(env: ResolvedEnv, asked: Overrides | None) -> str | None:
+    """The note of a stack stack_for_driver picked (env took a --verl the user did not give)."""
+    if env.overrides.driver and env.overrides.verl and not (asked and asked.verl) and env.notes:
+        return env.notes[0]
+    return None
+
+
 def resolve(
-    m: Matrix, profile: str, overrides: Overrides | None = None, check_fixes: bool = True
+    m: Matrix,
+    profile: str,
+    overrides: Overrides | None = None,
+    check_fixes: bool = True,
+    pick_stack: bool = True,
 ) -> ResolvedEnv:
     """The environment of `profile` under `overrides`; a refusal's fixes are all checked to work
     (fixes.checked), so none leads to a new refusal. `check_fixes=False` skips that walk (the
     verdict is the same; only the fixes' text is as each rule wrote it): for callers that ask
-    many combinations and show no fixes (the grid)."""
+    many combinations and show no fixes (the grid). With --driver and no stack flag, a profile
+    whose stack the driver cannot run takes the newest stack it can (stack_for_driver), unless
+    `pick_stack` is False (the grid: each column is one stack, as it is)."""
     ov = overrides or Overrides()
     try:
         return _Resolver(m, profile, ov).run()
     except ResolveError as e:
+        picked = stack_for_driver(m, profile, ov, e) if pick_stack else None
+        if picked is not None:
+            return picked
         if not check_fixes:
             raise
         from envbuilder.model import fixes

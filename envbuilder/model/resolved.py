@@ -29,6 +29,8 @@ if TYPE_CHECKING:  # (the kinds in the annotations: read by field_spec, which im
     from envbuilder.model import schema as S
 
 SCHEMA_VERSION = 1
+# what --gpu-memory takes, MiB: from a 1 GiB card to 2 TiB
+GPU_MEMORY_MIB = (1024, 1 << 21)
 FROM_FIX = (
     "Pass the envbuild.json that `envbuild render` wrote, unedited, or re-resolve the "
     "profile (envbuild render PROFILE)."
@@ -49,6 +51,9 @@ class Overrides(Record):
     driver: Annotated[str | None, S.DRIVER] = None
     allow_unsupported: bool = False
     ecc: Annotated[str | None, S.OneOf(("on", "off"))] = None
+    # the card's memory as nvidia-smi reports it (MiB): plans for a card whose SKU the matrix
+    # lacks, or with the size `detect` read, in place of memory.yaml's record
+    gpu_memory: int | None = None
     model: Annotated[str | None, S.MODEL_REF] = None
     # the shape --model's config.json gave (architectures.with_model), for a model the table
     # lacks; derived from `model`, so never a flag of its own (nor in the file)

@@ -133,7 +133,7 @@ class Verdicts:
         key = (profile, ov)
         if key not in self.seen:
             try:
-                self.seen[key] = resolve(self.m, profile, ov, check_fixes=False)
+                self.seen[key] = resolve(self.m, profile, ov, check_fixes=False, pick_stack=False)
             except UserError as e:  # (ResolveError is one)
                 self.seen[key] = e
         return self.seen[key]

@@ -360,10 +360,11 @@ def override_flags(overrides: Overrides) -> str:
 
     out = []
     for key, value in overrides.to_dict().items():
+        flag = f"--{key.replace('_', '-')}"
         if value is True:
-            out.append(f"--{key.replace('_', '-')}")
+            out.append(flag)
         else:
-            out.append(f"--{key} {sh(','.join(value) if isinstance(value, list) else str(value))}")
+            out.append(f"{flag} {sh(','.join(value) if isinstance(value, list) else str(value))}")
     return "".join(f" {o}" for o in out)
 
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Callable
 
 from envbuilder.errors import UserError
 from envbuilder.render.prepare import locked_context, plain_name, prepare
+from envbuilder.model.resolve import picked_for_driver
 
 if TYPE_CHECKING:
     from envbuilder.model.matrix import Matrix
@@ -78,12 +79,15 @@ def render_profiles(
     written = []
     for env in envs:
         target = base / plain_name(env.name, "a profile")
+        picked = picked_for_driver(env, overrides)
+        if picked:
+            say(f"  note: {env.name}: {picked} (as --verl {env.overrides.verl})")
         # its lock against the upstream spec (what the lock recorded), then the mirror
         p = prepare(env, lock_dir=locked_dir, wheelhouse=wheelhouse, mirror=choice)
         if not p.locked and not p.env.constraints:
             from envbuilder.render.plan import lock_hint
 
-            how = lock_hint(env.name, overrides, out)
+            how = lock_hint(env.name, env.overrides, out)
             say(f"  note: {env.name} is not pinned beyond its top-level pins (no lock matches it): {how}.")
         env = p.env
         R.render(env, target, p.locked, force=force)

@@ -8,7 +8,8 @@ resolved environment (no click, no I/O):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, cast
 
 import json
 
@@ -134,6 +135,8 @@ PHASE_BATCH = {"generation": "generation", "log_prob": "log_prob", "actor": "act
 
 def memory_lines(env: ResolvedEnv) -> list[str]:
     """`show --memory`: the budget line by line (term, formula, GiB) and the chosen sizes."""
+    from envbuilder.model.memory import overhead  # (the one rule of the allocator's headroom)
+
     mem, a = env.memory, env.memory["arch"]
     card = mem.get("card") or {}
     out = [
@@ -168,9 +171,14 @@ def memory_lines(env: ResolvedEnv) -> list[str]:
         key = p["key"]
         head = f"{p['phase']}" + (f" at batch {p['batch']}" if key in PHASE_BATCH else "")
         bound = mem["bound_by"].get(key)
+        # the comparison that decides "fits": the tensors plus the allocator's headroom
+        oh = overhead(cast(Any, SimpleNamespace(rollout=env.rollout, consts=mem)), key)
+        exempt = p.get("exempt_bytes", 0) / 2**30
+        need = (p["total_gib"] - exempt) * (1 + oh) + exempt
         out += [
             "",
-            f"{head}: {p['total_gib']:.2f} GiB of {p['budget_gib']:.1f}"
+            f"{head}: {p['total_gib']:.2f} GiB + {oh:.0%} allocator headroom = {need:.2f} GiB of "
+            f"{p['budget_gib']:.1f}"
             + (f" (batch bounded by {bound})" if bound else "")
             + ("" if p["fits"] else "  DOES NOT FIT"),
         ]

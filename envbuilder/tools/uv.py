@@ -9,8 +9,9 @@ import subprocess
 from envbuilder.errors import UserError
 
 
-def uv_bin() -> str:
-    """The uv binary: the `uv` package's (envbuild's lock extra), else one on PATH."""
+def uv_bin(command: str | None = None) -> str:
+    """The uv binary: the `uv` package's (envbuild's lock extra), else one on PATH; `command`
+    names the envbuild command that needs it in the refusal."""
     try:
         from uv import find_uv_bin
 
@@ -20,9 +21,11 @@ def uv_bin() -> str:
 
         found = shutil.which("uv")
         if not found:
+            who = f"`envbuild {command}`" if command else "envbuild (lock, check --resolve, verify)"
             raise UserError(
-                "uv is not installed; `envbuild lock` resolves the pip part with it. "
-                "Install the lock extras: pip install 'envbuild[lock]'."
+                f"uv is not installed: {who} resolves and installs Python packages with it. "
+                "It comes with envbuild's `lock` extra: pip install 'envbuild[lock]' (from a "
+                "checkout: pip install -e '.[lock]'); a uv on PATH serves too."
             ) from None
         return found
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from envbuilder.errors import EnvbuildError, UserError
+from envbuilder.errors import EnvbuildError
 
 
 def refresh_report(
@@ -28,19 +28,15 @@ def refresh_report(
     the drift report (upstream.refresh.compare) under "index" (without user:password@); with
     `overlay_dir`, DIR/refresh.yaml written (an overlay over `matrix_dirs`) and named under
     "overlay". Refused before any request when `packaging` is missing or DIR is unfit."""
-    import importlib.util
 
     from envbuilder.text import redact
     from envbuilder.upstream import refresh as R
     from envbuilder.upstream.overlay import check_overlay_dir, sources_of, write_overlay
     from envbuilder.upstream.pypi import PyPIJson
 
-    if importlib.util.find_spec("packaging") is None:  # (PyPI's requirement strings)
-        raise UserError(
-            "envbuild refresh reads PyPI's requirement strings (PEP 508) with the "
-            "'packaging' package, which is not installed here. Install it: "
-            "`pip install packaging`."
-        )
+    from envbuilder.errors import need_extra
+
+    need_extra("refresh", "actions", ("packaging",))  # (PyPI's requirement strings, PEP 508)
     if overlay_dir is not None:
         check_overlay_dir(Path(overlay_dir), matrix_dirs)
     index = PyPIJson(index_url, timeout)

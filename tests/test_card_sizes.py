@@ -1,0 +1,123 @@
+"""Card sizes as nvidia-smi prints them: every SKU a name can match has its own record and its
+own size, detect plans with the size it reads, and --gpu-memory plans for a card the matrix
+lacks. Read against the shipped matrix: these are its facts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import shipped
+from envbuilder.machine.detect import Machine, identify, parse_query, planned_mib, recommend
+from envbuilder.model.resolve import Overrides, resolve
+
+SKUS = Path(__file__).parent / "fixtures" / "gpu" / "skus.csv"
+
+EXPECTED = {
+    "Tesla P40": "p40",
+    "Tesla T4": "t4",
+    "Tesla V100-SXM2-16GB": "v100-16gb",
+    "Tesla V100-PCIE-16GB": "v100-16gb",
+    "Tesla V100-SXM2-32GB": "v100",
+    "NVIDIA A10": "a10",
+    "NVIDIA A100-SXM4-40GB": "a100-40gb",
+    "NVIDIA A100-PCIE-40GB": "a100-40gb-pcie",
+    "NVIDIA A100-SXM4-80GB": "a100",
+    "NVIDIA A100 80GB PCIe": "a100-80gb-pcie",
+    "NVIDIA L4": "l4",
+    "NVIDIA L40S": "l40s",
+    "NVIDIA GeForce RTX 4090": "4090",
+    "NVIDIA H100 80GB HBM3": "h100",
+    "NVIDIA H100 PCIe": "h100",
+    "NVIDIA H100 NVL": "h100-nvl",
+    "NVIDIA H800": "h800",
+    "NVIDIA H200": "h200",
+    "NVIDIA GH200 480GB": "gh200",
+    "NVIDIA B200": "b200",
+    "NVIDIA GeForce RTX 5090": "5090",
+}
+
+
+def recorded():
+    gpus, _ = parse_query(SKUS.read_text())
+    return gpus
+
+
+def test_every_recorded_card_is_read():
+    assert [g.name for g in recorded()] == list(EXPECTED)
+
+
+@pytest.mark.parametrize("gpu", recorded(), ids=lambda g: g.name)
+def test_each_card_has_its_own_record_at_the_size_nvidia_smi_prints(gpu):
+    m = shipped()
+    [named] = identify(m, Machine((gpu,), None, None, "nvidia-smi")).gpus
+    assert named.model == EXPECTED[gpu.name]
+    assert planned_mib(m, named.model) == gpu.vram_mib
+    assert m.memory["total_mib"][named.model]["source"]
+
+
+@pytest.mark.parametrize("name, mib", [("NVIDIA GH200 144G HBM3e", 144 * 1024), ("NVIDIA H20", 96 * 1024)])
+def test_a_card_without_a_sourced_size_is_planned_at_its_nominal_size(name, mib):
+    m = shipped()
+    gpu, _ = parse_query(f"0, {name}, 9.0, {mib}, 580.95.05")
+    [named] = identify(m, Machine(tuple(gpu), None, None, "nvidia-smi")).gpus
+    assert named.model not in m.memory["total_mib"] and planned_mib(m, named.model) == mib
+
+
+@pytest.mark.parametrize(
+    "line, profile",
+    [
+        ("0, NVIDIA A100-SXM4-40GB, 8.0, 40960, 580.95.05", "a100"),
+        ("0, Tesla V100-SXM2-16GB, 7.0, 16384, 580.95.05", "v100"),
+        ("0, NVIDIA L4, 8.9, 23034, 580.95.05", "4090"),
+    ],
+)
+def test_detect_plans_with_the_size_the_card_reports(line, profile):
+    """A card whose profile is another SKU's (the A100 40GB: profile a100, an 80 GB card) is
+    planned at what it reports, and the commands it prints carry that size."""
+    m = shipped()
+    gpus, driver = parse_query(line)
+    machine = identify(m, Machine(tuple(gpus), driver, "13.0", "nvidia-smi"))
+    rec = recommend(m, machine)
+    fit = next(f for f in rec.fits if f.profile == profile)
+    assert fit.flags.startswith(f" --gpu-memory {gpus[0].vram_mib}")
+    assert any(f"{gpus[0].vram_mib} MiB this card reports" in r.text for r in fit.reasons) or not fit.ok
+
+
+def test_gpu_memory_plans_for_a_card_the_matrix_lacks():
+    m = shipped()
+    env = resolve(m, "h100", Overrides(gpu_memory=95830))
+    card = env.memory["card"]
+    assert card["mib"] == 95830 and "--gpu-memory 95830" in card["why"]
+    assert env.memory["usable_gib"] > resolve(m, "h100").memory["usable_gib"]
+
+
+def test_gpu_memory_out_of_range_is_refused_with_why():
+    from envbuilder.errors import UserError
+
+    with pytest.raises(UserError, match="--gpu-memory 12: a card's memory is 1024"):
+        resolve(shipped(), "h100", Overrides(gpu_memory=12))
+
+
+def test_a_40gb_a100_is_no_longer_planned_as_80gb():
+    """The A100 40GB's plan runs out where the 80 GB card's fits: the default 7B with a critic
+    does not fit 40 GiB, and the refusal names what does."""
+    from envbuilder.model.resolve import ResolveError
+
+    with pytest.raises(ResolveError) as e:
+        resolve(shipped(), "a100", Overrides(gpu_memory=40960))
+    assert "(40 GiB)" in str(e.value) and "--algo grpo" in str(e.value)
+
+
+def test_show_memory_prints_the_headroom_that_decides_fit():
+    """`show --memory` printed "19.69 GiB of 21.4 DOES NOT FIT": the allocator's headroom that
+    decides it was not in the line (issue 34, item 6)."""
+    from envbuilder.render.summary import memory_lines
+
+    env = resolve(shipped(), "4090", Overrides(model="Qwen/Qwen2.5-1.5B-Instruct", allow_unsupported=True))
+    bad = [line for line in memory_lines(env) if line.endswith("DOES NOT FIT")]
+    assert bad and all("+ 10% allocator headroom = " in line for line in bad)
+    for line in bad:
+        need, budget = line.split(" = ")[1].split(" GiB of ")
+        assert float(need) > float(budget.split()[0])
