@@ -105,7 +105,8 @@ def p40_wheels(torch_dir: Path, pypi_dir: Path, torch_payload: int = 0) -> dict[
             "py3-none-any",
         ),
     ]:
-        w.setdefault(name, make_wheel(pypi_dir, name, version, tag=tag, requires=requires))
+        files = verl_files() if name == "verl" else None
+        w.setdefault(name, make_wheel(pypi_dir, name, version, tag=tag, requires=requires, files=files))
     w["ray"] = make_wheel(
         pypi_dir, "ray", "2.46.0", tag=CP310, requires=("filelock",), extras={"default": ("aiohttp>=3.7",)}
     )
@@ -539,3 +540,25 @@ if __name__ == "__main__":
     sys.stdout.write(RESULT + json.dumps(result) + "\n")
     sys.stdout.flush()
     os._exit(0)
+
+
+def verl_files() -> dict[str, str]:
+    """The stand-in verl 0.4.1 wheel's files: the real 0.4.1 sources that the p40 patches and the
+    precision audit read (tests/fixtures/verl-0.4.1), and an empty module for each other module
+    of p40's training path, so that install.sh's patch and audit steps run on it as on the real
+    wheel (the real wheel's own patch test is test_hf_rollout_rules's, in the pypi tier)."""
+    from conftest import FIXTURES, resolved
+
+    root = FIXTURES / "verl-0.4.1"
+    files = {str(p.relative_to(root)): p.read_text(encoding="utf-8") for p in root.rglob("*.py")}
+    files.pop("verl/__init__.py")  # (make_wheel's, with the version)
+    for module in resolved("p40").training_path:
+        if module.split(".")[0] != "verl":
+            continue
+        parts = module.split(".")
+        if len(parts) == 1 or f"{'/'.join(parts)}.py" in files or f"{'/'.join(parts)}/__init__.py" in files:
+            continue
+        files[f"{'/'.join(parts)}.py"] = f'"""Stand-in for {module} (envbuild tests)."""\n'
+        for i in range(1, len(parts)):  # its packages
+            files.setdefault(f"{'/'.join(parts[:i])}/__init__.py", "")
+    return files

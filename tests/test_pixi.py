@@ -119,11 +119,15 @@ def test_pixi_toml_holds_the_same_install_plan(rendered, profile):
     assert doc["pypi-options"] == {"index-url": spec["indexes"]["pypi"]}
     # the tasks run the rendered scripts, which are there
     tasks = doc["tasks"]
-    assert list(tasks) == ["preflight", "prepare-data", "train"]
+    assert list(tasks) == ["patch", "preflight", "prepare-data", "train"]
     for task in tasks.values():
-        script = re.search(r"\S+\.(?:py|sh)\b", task["cmd"])[0]
-        assert (folder / script).is_file(), task
+        for script in re.findall(r"\S+\.(?:py|sh)\b", task["cmd"]):
+            assert (folder / script).is_file(), task
     assert tasks["train"]["env"] == {"ENVBUILD_HOME": "$PIXI_PROJECT_ROOT"}
+    # pixi's train and preflight patch verl and audit it first, as the image's build does
+    assert tasks["train"]["depends-on"] == ["patch"] and tasks["preflight"]["depends-on"] == ["patch"]
+    assert tasks["patch"]["cmd"].endswith("python audit_precision.py")
+    assert ("python apply_patches.py" in tasks["patch"]["cmd"]) == (folder / "apply_patches.py").is_file()
 
 
 def test_a_mirror_reaches_pixi_toml_as_it_reaches_requirements_txt(tmp_path, capsys):

@@ -87,6 +87,12 @@ def test_install_sh_installs_the_pip_part_with_no_index(exported, tmp_path):
     )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "skipping the conda part" in r.stderr  # no micromamba here: said, not hidden
+    # then verl's recorded patches for the P40 and the precision audit, as the image's build does
+    assert "apply_patches: verl/workers/fsdp_workers.py" in r.stderr + r.stdout
+    assert "audit_precision: FAILED" not in r.stderr + r.stdout
+    site = next((tmp_path / "env").glob("lib/python*/site-packages"))
+    assert 'attn_implementation="eager"' in (site / "verl/workers/fsdp_workers.py").read_text()
+    assert (exported / "scripts" / "p40" / "apply_patches.py").is_file()
     check = subprocess.run(
         [tmp_path / "env" / "bin" / "python", "-c", "import torch, verl; print(torch.__version__)"],
         capture_output=True,

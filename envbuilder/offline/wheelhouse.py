@@ -40,6 +40,7 @@ import re
 import shutil
 import time
 from pathlib import Path
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Callable
 from urllib.parse import unquote, urljoin, urlsplit
 
@@ -329,6 +330,16 @@ if [ -f "$REQ" ]; then
   "$PY" -m pip install --isolated --no-index --find-links "$HERE/pypi" --require-hashes --no-deps \
     --only-binary=:all: -r "$REQ"
 fi
+# verl's recorded patches for this GPU, then the precision audit, as the image's build does
+S="$HERE/scripts/$PROFILE"
+if [ -f "$S/audit_precision.py" ]; then
+  if [ -f "$S/apply_patches.py" ]; then "$PY" "$S/apply_patches.py"; fi
+  "$PY" "$S/audit_precision.py"
+else
+  echo "install.sh: this wheelhouse has no patch scripts for $PROFILE (its lock pins another verl" \
+       "than the profile): render the same variant (envbuild render $PROFILE ...) and run its" \
+       "apply_patches.py and audit_precision.py with $PY" >&2
+fi
 echo "installed $PROFILE into $PREFIX"
 """
 
@@ -395,13 +406,17 @@ def export(
     tar: bool = False,
     wait: float = WAIT_FOR_OTHER,
     uv=None,
+    scripts: Mapping[str, Mapping[str, str]] | None = None,
 ) -> ExportReport:
     """Fetch every file the locks of `profiles` ({name: lock dir}) pin into `out`, and build a
     wheel from every sdist among them (its backend from `build_index`, else the lock's index).
     One export at a time writes into `out` (another one waits up to `wait` seconds); one that
     was stopped (Ctrl-C, killed, a full disk) is resumed by the next. `tar`: also OUT.tar.
     `uv` (resolved.Uv, the matrix's defaults.uv pin): also the uv wheel a Dockerfile's runtime stage installs
-    with, for every profile (uv_artifacts)."""
+    with, for every profile (uv_artifacts).
+    `scripts` ({profile: {file name: text}}): the rendered apply_patches.py and
+    audit_precision.py of each profile, written to scripts/<profile>/ for install.sh to run after
+    the installs (export_profiles renders them where the lock pins the profile's verl)."""
     from envbuilder.errors import EnvbuildError
     from envbuilder.oci.http import redact
 
@@ -410,14 +425,27 @@ def export(
 
     try:
         return _export(
-            profiles, Path(out), url_map, jobs, progress, session, build_index, shown, tar, wait, uv
+            profiles,
+            Path(out),
+            url_map,
+            jobs,
+            progress,
+            session,
+            build_index,
+            shown,
+            tar,
+            wait,
+            uv,
+            scripts or {},
         )
     except EnvbuildError as e:  # a build index's or mirror's user:password@ named in a failure
         e.args = (redact(str(e)),)
         raise
 
 
-def _export(profiles, out, url_map, jobs, progress, session, build_index, say, tar, wait, uv) -> ExportReport:
+def _export(
+    profiles, out, url_map, jobs, progress, session, build_index, say, tar, wait, uv, scripts
+) -> ExportReport:
     """export()'s work, its messages redacted."""
     for name in profiles:
         if not L.PROFILE_NAME.fullmatch(name):
@@ -443,7 +471,9 @@ def _export(profiles, out, url_map, jobs, progress, session, build_index, say, t
                 )
     with _exclusive(out, say, wait):
         try:
-            report = _export_into(out, plans, wanted, url_map, jobs, progress, session, build_index, say)
+            report = _export_into(
+                out, plans, wanted, url_map, jobs, progress, session, build_index, say, scripts
+            )
             return report._replace(tar=write_tar(out)) if tar else report
         except KeyboardInterrupt:
             say(
@@ -524,6 +554,7 @@ def _export_into(
     session,
     build_index,
     say,
+    scripts: Mapping[str, Mapping[str, str]],
 ) -> ExportReport:
     """export()'s work, while it holds `out`'s lock."""
     from envbuilder.offline.fetch import FetchItem, fetch_all
@@ -591,6 +622,7 @@ def _export_into(
             _profile_files(
                 out, name, plan, {n: manifest["files"][p]["sha256"] for n, p in wheels[name].items()}
             )
+            _profile_scripts(out, name, scripts.get(name) or {})
     for name, entry in sorted(manifest["profiles"].items()):  # complete, or not listed
         if any(p not in manifest["files"] for p in entry["files"]):
             del manifest["profiles"][name]
@@ -802,6 +834,21 @@ def _forget_profiles_using(manifest: dict, path: str, sha256: str, keep: set[str
             say(f"{path} was rebuilt with other bytes: export {name} again to use it")
 
 
+SCRIPTS = ("apply_patches.py", "audit_precision.py")
+
+
+def _profile_scripts(out: Path, name: str, texts: Mapping[str, str]) -> None:
+    """scripts/<profile>/: the profile's rendered patch and audit scripts, which install.sh runs
+    after the installs; a script the profile no longer has (or none, for a lock of another verl)
+    is removed, so install.sh never runs a stale one."""
+    dest = _real_dir(out, f"scripts/{name}")
+    for file in SCRIPTS:
+        if file in texts:
+            _write_text(out, f"scripts/{name}/{file}", texts[file])
+        elif (dest / file).is_file() and not (dest / file).is_symlink():
+            (dest / file).unlink()
+
+
 def _profile_files(out: Path, name: str, plan: LockPlan, built: dict[str, str]) -> None:
     """requirements/<profile>.lock, conda/<profile>.txt and locks/<profile>/ for one profile;
     `built` ({package: sha256}) are the wheels that stand in for the lock's sdists. Written from
@@ -931,4 +978,34 @@ def export_profiles(
         )
     # the uv wheel the Dockerfiles' runtime stage installs with (the matrix's pin), carried too
     uv = uv_pin(m.defaults or {})
-    return export(locks, out, url_map=maps, jobs=jobs, build_index=build_index, say=say, tar=tar, uv=uv)
+    scripts = {p: profile_scripts(m, p, d, say) for p, d in locks.items()}
+    return export(
+        locks, out, url_map=maps, jobs=jobs, build_index=build_index, say=say, tar=tar, uv=uv, scripts=scripts
+    )
+
+
+def profile_scripts(m: Matrix, profile: str, lock_dir: Path, say: Callable[[str], None]) -> dict[str, str]:
+    """The profile's rendered apply_patches.py and audit_precision.py, for install.sh: only where
+    the lock pins the verl the profile resolves to (a lock of a variant, another verl, gets none,
+    and install.sh says how to patch it)."""
+    from envbuilder.errors import EnvbuildError
+    from envbuilder.model.resolve import resolve
+    from envbuilder.render.files import render_files
+
+    try:
+        env = resolve(m, profile)
+    except EnvbuildError:  # a lock of a profile this matrix lacks (or cannot resolve as shipped)
+        say(f"{profile}: not a profile this matrix resolves: install.sh will not patch its verl")
+        return {}
+    _, texts = L.verified(lock_dir, profile)  # (the lock read whole and checked, as export reads it)
+    text = texts.get(L.REQUIREMENTS, "")
+    pinned = re.search(r"^verl==([^\s;\\]+)", text, re.M)
+    if not pinned or pinned.group(1) != env.verl.version:
+        say(
+            f"{profile}: the lock pins verl {pinned.group(1) if pinned else '(none)'}, the profile "
+            f"verl {env.verl.version}: install.sh will not patch it (render that variant and run "
+            "its apply_patches.py and audit_precision.py)"
+        )
+        return {}
+    files = render_files(env)
+    return {name: files[name] for name in SCRIPTS if name in files}

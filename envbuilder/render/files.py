@@ -193,6 +193,7 @@ def render_files(env: ResolvedEnv, locked: LockedContext | None = None) -> dict[
         "override_flags": override_flags(env.overrides),
         "credentials": credentials,
         "pixi": pixi.context(env, plan, RUN_SCRIPT),
+        "finish_command": pixi.finish_command(env),
     }
     j = jinja_env()
     out = {MARKER: spec}

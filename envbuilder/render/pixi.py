@@ -108,10 +108,16 @@ def tasks(env: ResolvedEnv, run_script: str) -> list[dict[str, Any]]:
     the run script's extra Hydra overrides, which preflight checks."""
     out: list[dict[str, Any]] = [
         {
+            "name": "patch",
+            "cmd": finish_command(env),
+            "description": "verl's recorded patches for this GPU, then the precision audit (as the image's build does)",
+        },
+        {
             "name": "preflight",
             "cmd": "python preflight.py",
             "description": "check the GPU, driver and the training path's imports",
-        }
+            "depends_on": ["patch"],
+        },
     ]
     if env.dataset:
         out.append(
@@ -127,9 +133,17 @@ def tasks(env: ResolvedEnv, run_script: str) -> list[dict[str, Any]]:
             "cmd": f"bash {run_script}",
             "description": "verl PPO with the memory plan's batch sizes; extra Hydra overrides follow",
             "env": {"ENVBUILD_HOME": "$PIXI_PROJECT_ROOT"},
+            "depends_on": ["patch"],
         }
     )
     return out
+
+
+def finish_command(env: ResolvedEnv) -> str:
+    """What finishes an environment installed without Docker, run in the rendered folder with its
+    Python: the recorded patches of verl for this GPU (where there are any), then the precision
+    audit, as the Dockerfile's build does after the installs."""
+    return ("python apply_patches.py && " if env.patches else "") + "python audit_precision.py"
 
 
 def context(env: ResolvedEnv, plan: InstallPlan, run_script: str) -> dict[str, Any]:
