@@ -81,6 +81,24 @@ def site_with(tmp_path: Path, files: dict[str, str]) -> Path:
     return site
 
 
+# verl patched for the GPU and audited (preflight's last two checks): stand-in verl packages are
+# not the real release, so these tests judge everything else and leave those two to
+# tests/test_preflight_patches.py, which runs them on the real wheels
+PATCH_CHECKS = ("verl patched", "precision audit")
+
+
+def ready_but_patches(r: subprocess.CompletedProcess, patched: bool = False) -> None:
+    """Every check passed but the patch checks on a stand-in verl, which say how to finish it."""
+    report = [ln for ln in (r.stdout + r.stderr).splitlines() if ln[:2] in (f"{CHECK} ", f"{CROSS} ")]
+    others = [ln for ln in report if ln[2:].split(": ", 1)[0] not in PATCH_CHECKS]
+    assert others and all(ln.startswith(CHECK) for ln in others), r.stdout + r.stderr
+    assert any(ln[2:].startswith("precision audit") for ln in report), r.stdout + r.stderr
+    if patched:
+        assert any(ln.startswith(f"{CHECK} verl patched") for ln in report), r.stdout + r.stderr
+    elif r.returncode == 1:
+        assert "apply_patches.py" in r.stdout + r.stderr
+
+
 def no_traceback(r: subprocess.CompletedProcess) -> None:
     assert "Traceback" not in r.stdout + r.stderr, r.stdout + r.stderr
 
@@ -196,9 +214,8 @@ def test_without_a_gpu_the_training_path_is_still_imported_one_by_one(tmp_path):
     assert "vllm._C" in d["training_path"]  # vllm's ops imported without a GPU are not a failure
 
     smoke = run(script, "--smoke", site=site)
-    assert smoke.returncode == 0, smoke.stdout
+    ready_but_patches(smoke)
     assert "GPU visible" not in smoke.stdout
-    assert smoke.stdout.strip().splitlines()[-1].startswith("smoke ok: t4")
 
 
 def test_each_failing_import_is_its_own_cross_with_the_errors_first_line(tmp_path):
@@ -345,7 +362,7 @@ def test_without_a_driver_the_cuda_images_compat_libcuda_lets_compiled_modules_l
     r = run(script, "--smoke", site=site)
     no_traceback(r)
     got = lines(r)
-    assert r.returncode == 0, r.stdout
+    ready_but_patches(r)
     assert got["libcuda for imports"].startswith(
         f"{CHECK} libcuda for imports: no NVIDIA driver here: {compat / 'libcuda.so.1'}"
     )
@@ -392,9 +409,8 @@ def test_the_smoke_test_imports_the_training_path_of_the_installed_image(tmp_pat
         )
     cmd = smoke_command(str(script))
     r = subprocess.run([sys.executable, "-S", *cmd[1:]], capture_output=True, text=True, env=env, timeout=120)
-    assert r.returncode == 0, r.stderr
     assert r.stdout == ""  # the whole report is on stderr, where docker's error carries it
-    assert f"smoke ok: {profile}" in r.stderr
+    ready_but_patches(r, patched=True)
     for module in d["training_path"]:
         assert f"{CHECK} import {module}:" in r.stderr, module
 

@@ -98,6 +98,12 @@ def jinja_env() -> jinja2.Environment:
     return _jinja
 
 
+def plan_finish_command(env: ResolvedEnv) -> str:
+    from envbuilder.render.plan import finish_command
+
+    return finish_command(env)
+
+
 def preflight_expectations(env: ResolvedEnv) -> dict[str, Any]:
     """What preflight.py checks, as data (its EXPECTED blob). training_path: every module a
     training run imports, which the build's smoke test (preflight.py --smoke) imports too."""
@@ -122,6 +128,13 @@ def preflight_expectations(env: ResolvedEnv) -> dict[str, Any]:
         "verl_version": env.verl.version,
         "config_reads": list(env.verl.config_reads),
         "refused_overrides": [r.to_dict() for r in env.verl.refused_overrides],
+        # apply_patches.py's replacements, to tell a patched verl from an unpatched one without
+        # importing it, and the one command that patches and audits it
+        "patches": [
+            {"name": p.name, "files": list(p.files), "replace": [[r["find"], r["with"]] for r in p.replace]}
+            for p in env.patches
+        ],
+        "finish": plan_finish_command(env),
     }
 
 
@@ -193,7 +206,7 @@ def render_files(env: ResolvedEnv, locked: LockedContext | None = None) -> dict[
         "override_flags": override_flags(env.overrides),
         "credentials": credentials,
         "pixi": pixi.context(env, plan, RUN_SCRIPT),
-        "finish_command": pixi.finish_command(env),
+        "finish_command": plan_finish_command(env),
     }
     j = jinja_env()
     out = {MARKER: spec}

@@ -106,6 +106,8 @@ def tasks(env: ResolvedEnv, run_script: str) -> list[dict[str, Any]]:
     """pixi's tasks, in the rendered folder (the workspace's root): preflight, prepare-data
     (where the profile trains on a dataset) and train. `pixi run train ARGS` passes ARGS on as
     the run script's extra Hydra overrides, which preflight checks."""
+    from envbuilder.render.plan import finish_command
+
     out: list[dict[str, Any]] = [
         {
             "name": "patch",
@@ -137,13 +139,6 @@ def tasks(env: ResolvedEnv, run_script: str) -> list[dict[str, Any]]:
         }
     )
     return out
-
-
-def finish_command(env: ResolvedEnv) -> str:
-    """What finishes an environment installed without Docker, run in the rendered folder with its
-    Python: the recorded patches of verl for this GPU (where there are any), then the precision
-    audit, as the Dockerfile's build does after the installs."""
-    return ("python apply_patches.py && " if env.patches else "") + "python audit_precision.py"
 
 
 def context(env: ResolvedEnv, plan: InstallPlan, run_script: str) -> dict[str, Any]:

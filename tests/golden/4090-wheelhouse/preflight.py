@@ -22,9 +22,11 @@ import importlib
 import importlib.util
 import json
 import os
+import pathlib
+import subprocess
 import sys
 
-EXPECTED = json.loads("{\"compat_driver\": \"525.60.13\", \"compat_libcuda\": \"/usr/local/cuda/compat/libcuda.so.1\", \"compute_capability\": \"8.9\", \"config_reads\": [\"actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype\", \"actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype\", \"actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype\", \"actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype\", \"actor_rollout_ref.ref.fsdp_config.model_dtype\", \"critic.model.fsdp_config.mixed_precision.param_dtype\", \"actor_rollout_ref.rollout.micro_batch_size\", \"actor_rollout_ref.actor.fsdp_config.use_orig_params\", \"actor_rollout_ref.actor.fsdp_config.model_dtype\"], \"driver_cuda\": \"12.1\", \"dtype\": \"bf16\", \"gpu\": \"NVIDIA GeForce RTX 4090\", \"min_driver\": \"530.30.02\", \"model_vram_gb\": 8, \"profile\": \"4090\", \"refused_overrides\": [{\"fix\": \"leave it False (the memory plan keeps the actor\\u0027s weights on the GPU: envbuild show 4090 --memory), offload the optimizer instead, or use the vLLM rollout on a GPU of CC \\u003e= 7.0\", \"key\": \"actor_rollout_ref.actor.fsdp_config.param_offload\", \"value\": \"true\", \"why\": \"verl 0.4.1\\u0027s HF rollout cannot generate from an offloaded actor: verl 0.4.1 offloads the actor\\u0027s parameters at the end of init_model (fsdp_workers.py lines 542-543) and loads them back in every method but generate_sequences, whose HF rollout runs under BaseShardingManager, which loads nothing (lines 409-414): generate runs with the weights on the CPU and fails with \\u0027Expects tensor to be on the compute device\\u0027\"}, {\"fix\": \"leave actor_rollout_ref.actor.fsdp_config.use_orig_params=True as the run script sets it\", \"key\": \"actor_rollout_ref.actor.fsdp_config.use_orig_params\", \"value\": \"false\", \"why\": \"verl 0.4.1\\u0027s HF rollout cannot wrap LoRA then: the HF rollout wraps the actor with auto_wrap_policy=None (fsdp_workers.py lines 306-308), so the frozen base and the LoRA adapters share one flat parameter, which FSDP refuses with use_orig_params=False (line 326): \\u0027Must flatten tensors with uniform requires_grad when use_orig_params=False\\u0027\"}], \"torch_compile\": true, \"torch_cuda\": \"12.1\", \"torch_dtype\": \"bfloat16\", \"torch_index\": \"https://pypi.org/simple\", \"torch_requirement\": \"torch==2.4.0\", \"torch_version\": \"2.4.0\", \"training_path\": [\"verl\", \"verl.trainer.main_ppo\", \"verl.workers.fsdp_workers\", \"verl.workers.actor.dp_actor\", \"verl.workers.critic.dp_critic\", \"verl.utils.dataset.rl_dataset\", \"verl.workers.reward_manager.naive\", \"verl.utils.reward_score.gsm8k\", \"verl.workers.rollout.hf_rollout\", \"verl.workers.sharding_manager.base\"], \"verl_version\": \"0.4.1\"}")
+EXPECTED = json.loads("{\"compat_driver\": \"525.60.13\", \"compat_libcuda\": \"/usr/local/cuda/compat/libcuda.so.1\", \"compute_capability\": \"8.9\", \"config_reads\": [\"actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype\", \"actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype\", \"actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype\", \"actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype\", \"actor_rollout_ref.ref.fsdp_config.model_dtype\", \"critic.model.fsdp_config.mixed_precision.param_dtype\", \"actor_rollout_ref.rollout.micro_batch_size\", \"actor_rollout_ref.actor.fsdp_config.use_orig_params\", \"actor_rollout_ref.actor.fsdp_config.model_dtype\"], \"driver_cuda\": \"12.1\", \"dtype\": \"bf16\", \"finish\": \"python apply_patches.py \\u0026\\u0026 python audit_precision.py\", \"gpu\": \"NVIDIA GeForce RTX 4090\", \"min_driver\": \"530.30.02\", \"model_vram_gb\": 8, \"patches\": [{\"files\": [\"verl/workers/fsdp_workers.py\", \"verl/utils/model.py\"], \"name\": \"verl-hardcoded-fa2\", \"replace\": [[\"attn_implementation=\\\"flash_attention_2\\\"\", \"attn_implementation=\\\"sdpa\\\"\"]]}, {\"files\": [\"verl/workers/actor/dp_actor.py\", \"verl/workers/critic/dp_critic.py\"], \"name\": \"verl-optional-flash-attn-import\", \"replace\": [[\"if is_cuda_available:\\n    from flash_attn.bert_padding import index_first_axis, pad_input, rearrange, unpad_input\\n\", \"if is_cuda_available:\\n    try:  # envbuild: no flash-attn below CC 8.0; unpadding stays off\\n        from flash_attn.bert_padding import index_first_axis, pad_input, rearrange, unpad_input\\n    except ImportError:\\n        pass\\n\"]]}, {\"files\": [\"verl/workers/fsdp_workers.py\"], \"name\": \"verl-actor-use-orig-params\", \"replace\": [[\"use_orig_params=False,\\n                auto_wrap_policy=auto_wrap_policy,\\n                device_id=get_device_id(),\\n                sharding_strategy=sharding_strategy,  # zero3\\n                mixed_precision=mixed_precision,\\n                sync_module_states=True,\\n                device_mesh=self.device_mesh,\\n                forward_prefetch=self.config.actor.fsdp_config.forward_prefetch,\", \"use_orig_params=self.config.actor.fsdp_config.get(\\\"use_orig_params\\\", False),\\n                auto_wrap_policy=auto_wrap_policy,\\n                device_id=get_device_id(),\\n                sharding_strategy=sharding_strategy,  # zero3\\n                mixed_precision=mixed_precision,\\n                sync_module_states=True,\\n                device_mesh=self.device_mesh,\\n                forward_prefetch=self.config.actor.fsdp_config.forward_prefetch,\"]]}, {\"files\": [\"verl/workers/sharding_manager/base.py\"], \"name\": \"verl-hf-sharding-manager-timing\", \"replace\": [[\"class BaseShardingManager:\\n    def __enter__(self):\", \"class BaseShardingManager:\\n    timing = {}  # envbuild: verl 0.5.0 sets self.timing = {}; 0.4.1\\u0027s generate_sequences reads it\\n\\n    def __enter__(self):\"]]}], \"profile\": \"4090\", \"refused_overrides\": [{\"fix\": \"leave it False (the memory plan keeps the actor\\u0027s weights on the GPU: envbuild show 4090 --memory), offload the optimizer instead, or use the vLLM rollout on a GPU of CC \\u003e= 7.0\", \"key\": \"actor_rollout_ref.actor.fsdp_config.param_offload\", \"value\": \"true\", \"why\": \"verl 0.4.1\\u0027s HF rollout cannot generate from an offloaded actor: verl 0.4.1 offloads the actor\\u0027s parameters at the end of init_model (fsdp_workers.py lines 542-543) and loads them back in every method but generate_sequences, whose HF rollout runs under BaseShardingManager, which loads nothing (lines 409-414): generate runs with the weights on the CPU and fails with \\u0027Expects tensor to be on the compute device\\u0027\"}, {\"fix\": \"leave actor_rollout_ref.actor.fsdp_config.use_orig_params=True as the run script sets it\", \"key\": \"actor_rollout_ref.actor.fsdp_config.use_orig_params\", \"value\": \"false\", \"why\": \"verl 0.4.1\\u0027s HF rollout cannot wrap LoRA then: the HF rollout wraps the actor with auto_wrap_policy=None (fsdp_workers.py lines 306-308), so the frozen base and the LoRA adapters share one flat parameter, which FSDP refuses with use_orig_params=False (line 326): \\u0027Must flatten tensors with uniform requires_grad when use_orig_params=False\\u0027\"}], \"torch_compile\": true, \"torch_cuda\": \"12.1\", \"torch_dtype\": \"bfloat16\", \"torch_index\": \"https://pypi.org/simple\", \"torch_requirement\": \"torch==2.4.0\", \"torch_version\": \"2.4.0\", \"training_path\": [\"verl\", \"verl.trainer.main_ppo\", \"verl.workers.fsdp_workers\", \"verl.workers.actor.dp_actor\", \"verl.workers.critic.dp_critic\", \"verl.utils.dataset.rl_dataset\", \"verl.workers.reward_manager.naive\", \"verl.utils.reward_score.gsm8k\", \"verl.workers.rollout.hf_rollout\", \"verl.workers.sharding_manager.base\"], \"verl_version\": \"0.4.1\"}")
 FLAGS = ("--json", "--quiet", "--smoke")
 TORCH_FIX = ("reinstall {req} from {index} (pip install --force-reinstall --no-deps '{req}' "
              "--index-url {index}), or rebuild the image").format(req=EXPECTED["torch_requirement"],
@@ -253,6 +255,42 @@ def import_check(r, module):
     r.add(f"import {module}", True, str(version) if isinstance(version, str) else "ok")
 
 
+def patch_check(r):
+    """verl patched for this GPU and audited, without importing verl: each recorded replacement of
+    apply_patches.py in place in the installed release's files, then audit_precision.py (beside
+    this file) run on them. A route without Docker that skipped them leaves a verl that computes
+    in bf16 or imports flash-attn where this GPU cannot."""
+    here = pathlib.Path(__file__).resolve().parent
+    fix = f"run `{EXPECTED['finish']}` in {here} with this Python"
+    spec = importlib.util.find_spec("verl")  # (finds verl; imports nothing)
+    if spec is None or not spec.submodule_search_locations:
+        r.add("verl patched", False, "verl is not installed", "install the profile's requirements first")
+        return
+    root = pathlib.Path(list(spec.submodule_search_locations)[0]).parent
+    missing = []
+    for patch in EXPECTED["patches"]:
+        for rel in patch["files"]:
+            path = root / rel
+            text = path.read_text(errors="replace") if path.is_file() else None
+            if text is None or any(new not in text or (find in text and find not in new)
+                                   for find, new in patch["replace"]):
+                missing.append(f"{patch['name']} ({rel})")
+    if missing:
+        r.add("verl patched", False, f"not applied in {root}: {', '.join(missing)}", fix)
+    else:
+        r.add("verl patched", True, f"{len(EXPECTED['patches'])} recorded patch(es) in place"
+              if EXPECTED["patches"] else "no patch recorded for this GPU")
+    audit = here / "audit_precision.py"
+    if not audit.is_file():
+        r.add("precision audit", False, f"{audit.name} is not beside {pathlib.Path(__file__).name}",
+              "run preflight.py from the rendered folder (or the image's /opt/envbuild)")
+        return
+    p = subprocess.run([sys.executable, str(audit)], capture_output=True, text=True, timeout=300)
+    lines = [ln for ln in (p.stdout + p.stderr).splitlines() if ln.strip()]
+    last = lines[-1] if lines else f"exit {p.returncode}"
+    r.add("precision audit", p.returncode == 0, last, None if p.returncode == 0 else fix)
+
+
 def checks(smoke):
     r = Report()
     torch = load_torch(r)
@@ -265,6 +303,7 @@ def checks(smoke):
     r.guard("libcuda for imports", DRIVER_FIX, libcuda_for_imports, r)
     for module in EXPECTED["training_path"]:
         import_check(r, module)
+    patch_check(r)
     return r.results
 
 

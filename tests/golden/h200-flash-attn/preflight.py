@@ -22,9 +22,11 @@ import importlib
 import importlib.util
 import json
 import os
+import pathlib
+import subprocess
 import sys
 
-EXPECTED = json.loads("{\"compat_driver\": \"525.60.13\", \"compat_libcuda\": \"/usr/local/cuda/compat/libcuda.so.1\", \"compute_capability\": \"9.0\", \"config_reads\": [\"actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype\", \"actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype\", \"actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype\", \"actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype\", \"critic.model.fsdp_config.mixed_precision.param_dtype\"], \"driver_cuda\": \"12.8\", \"dtype\": \"bf16\", \"gpu\": \"NVIDIA H200\", \"min_driver\": \"570.124.06\", \"model_vram_gb\": 60, \"profile\": \"h200\", \"refused_overrides\": [], \"torch_compile\": true, \"torch_cuda\": \"12.8\", \"torch_dtype\": \"bfloat16\", \"torch_index\": \"https://pypi.org/simple\", \"torch_requirement\": \"torch==2.8.0\", \"torch_version\": \"2.8.0\", \"training_path\": [\"vllm\", \"vllm._C\", \"flash_attn_2_cuda\", \"flash_attn.bert_padding\", \"verl\", \"verl.trainer.main_ppo\", \"verl.workers.fsdp_workers\", \"verl.workers.actor.dp_actor\", \"verl.workers.critic.dp_critic\", \"verl.utils.dataset.rl_dataset\", \"verl.workers.reward_manager.naive\", \"verl.utils.reward_score.gsm8k\", \"verl.workers.rollout.vllm_rollout.vllm_rollout_spmd\"], \"verl_version\": \"0.6.1\"}")
+EXPECTED = json.loads("{\"compat_driver\": \"525.60.13\", \"compat_libcuda\": \"/usr/local/cuda/compat/libcuda.so.1\", \"compute_capability\": \"9.0\", \"config_reads\": [\"actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype\", \"actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype\", \"actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype\", \"actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype\", \"critic.model.fsdp_config.mixed_precision.param_dtype\"], \"driver_cuda\": \"12.8\", \"dtype\": \"bf16\", \"finish\": \"python audit_precision.py\", \"gpu\": \"NVIDIA H200\", \"min_driver\": \"570.124.06\", \"model_vram_gb\": 60, \"patches\": [], \"profile\": \"h200\", \"refused_overrides\": [], \"torch_compile\": true, \"torch_cuda\": \"12.8\", \"torch_dtype\": \"bfloat16\", \"torch_index\": \"https://pypi.org/simple\", \"torch_requirement\": \"torch==2.8.0\", \"torch_version\": \"2.8.0\", \"training_path\": [\"vllm\", \"vllm._C\", \"flash_attn_2_cuda\", \"flash_attn.bert_padding\", \"verl\", \"verl.trainer.main_ppo\", \"verl.workers.fsdp_workers\", \"verl.workers.actor.dp_actor\", \"verl.workers.critic.dp_critic\", \"verl.utils.dataset.rl_dataset\", \"verl.workers.reward_manager.naive\", \"verl.utils.reward_score.gsm8k\", \"verl.workers.rollout.vllm_rollout.vllm_rollout_spmd\"], \"verl_version\": \"0.6.1\"}")
 FLAGS = ("--json", "--quiet", "--smoke")
 TORCH_FIX = ("reinstall {req} from {index} (pip install --force-reinstall --no-deps '{req}' "
              "--index-url {index}), or rebuild the image").format(req=EXPECTED["torch_requirement"],
@@ -253,6 +255,42 @@ def import_check(r, module):
     r.add(f"import {module}", True, str(version) if isinstance(version, str) else "ok")
 
 
+def patch_check(r):
+    """verl patched for this GPU and audited, without importing verl: each recorded replacement of
+    apply_patches.py in place in the installed release's files, then audit_precision.py (beside
+    this file) run on them. A route without Docker that skipped them leaves a verl that computes
+    in bf16 or imports flash-attn where this GPU cannot."""
+    here = pathlib.Path(__file__).resolve().parent
+    fix = f"run `{EXPECTED['finish']}` in {here} with this Python"
+    spec = importlib.util.find_spec("verl")  # (finds verl; imports nothing)
+    if spec is None or not spec.submodule_search_locations:
+        r.add("verl patched", False, "verl is not installed", "install the profile's requirements first")
+        return
+    root = pathlib.Path(list(spec.submodule_search_locations)[0]).parent
+    missing = []
+    for patch in EXPECTED["patches"]:
+        for rel in patch["files"]:
+            path = root / rel
+            text = path.read_text(errors="replace") if path.is_file() else None
+            if text is None or any(new not in text or (find in text and find not in new)
+                                   for find, new in patch["replace"]):
+                missing.append(f"{patch['name']} ({rel})")
+    if missing:
+        r.add("verl patched", False, f"not applied in {root}: {', '.join(missing)}", fix)
+    else:
+        r.add("verl patched", True, f"{len(EXPECTED['patches'])} recorded patch(es) in place"
+              if EXPECTED["patches"] else "no patch recorded for this GPU")
+    audit = here / "audit_precision.py"
+    if not audit.is_file():
+        r.add("precision audit", False, f"{audit.name} is not beside {pathlib.Path(__file__).name}",
+              "run preflight.py from the rendered folder (or the image's /opt/envbuild)")
+        return
+    p = subprocess.run([sys.executable, str(audit)], capture_output=True, text=True, timeout=300)
+    lines = [ln for ln in (p.stdout + p.stderr).splitlines() if ln.strip()]
+    last = lines[-1] if lines else f"exit {p.returncode}"
+    r.add("precision audit", p.returncode == 0, last, None if p.returncode == 0 else fix)
+
+
 def checks(smoke):
     r = Report()
     torch = load_torch(r)
@@ -265,6 +303,7 @@ def checks(smoke):
     r.guard("libcuda for imports", DRIVER_FIX, libcuda_for_imports, r)
     for module in EXPECTED["training_path"]:
         import_check(r, module)
+    patch_check(r)
     return r.results
 
 
