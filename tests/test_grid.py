@@ -333,11 +333,14 @@ def test_the_page_in_headless_chromium(tmp_path, m, grid):
             assert state == want, (grid.rows[i], grid.columns[j], state, want)
             changed += want != data["cells"][i][j]["state"]
         assert changed  # the old driver turned cells away (CUDA 13.0 needs 580.65.06 or newer)
-        # what the old driver turned away is what the resolver turns away
+        # what the old driver turned away is what the resolver turns away for that stack (the
+        # profile's own, as the grid's first column is; with no stack flag the resolver picks the
+        # newest stack the driver runs instead, which the cell's details offer)
         t4 = next(i for i, r in enumerate(grid.rows) if r.profile == "t4")
         with pytest.raises(ResolveError):
-            resolve(m, "t4", Overrides(driver=driver))
+            resolve(m, "t4", Overrides(driver=driver), pick_stack=False)
         assert shown[t4 * len(grid.columns)][2] == "no"
+        assert resolve(m, "t4", Overrides(driver=driver)).cuda.version != "13.0"
 
         # hovering a cell shows its rule, its sources and its render command
         j = next(j for j, c in enumerate(grid.columns) if c.label == "flash-attn")
