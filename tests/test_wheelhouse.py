@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -434,3 +435,80 @@ def test_export_profiles_is_the_command_without_click(world, exported, p40_lock,
     assert "p40" in json.loads((out / "manifest.json").read_text())["profiles"]
     # the matrix's uv pin was looked for (this loopback index serves no uv: said, not fatal)
     assert any("uv" in s and "Dockerfile's runtime stage installs with" in s for s in said)
+
+
+def _install(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    """`envbuild install` in a process of its own, with no network (unshare -n) where the
+    sandbox allows a namespace, as on an air-gapped cluster."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "ENVBUILD_"))}
+    env.update(PIP_CONFIG_FILE=os.devnull, PATH=f"{Path(sys.executable).parent}:/usr/bin:/bin")
+    cmd = [sys.executable, "-m", "envbuilder", "install", *args]
+    if subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode == 0:
+        cmd = ["unshare", "-n", *cmd]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+
+
+def test_envbuild_install_from_the_wheelhouse_patches_and_audits_offline(exported, tmp_path):
+    """The offline route: install.sh's hash-checked installs, verl's patches for the P40 and the
+    audit, then preflight's smoke test with the environment's Python. The stand-in torch here is
+    no real build, so the smoke test's torch and import checks fail: what it must say is that
+    verl is patched and audited."""
+    r = _install(
+        [
+            "p40",
+            "--prefix",
+            str(tmp_path / "env"),
+            "--from-wheelhouse",
+            str(exported),
+            "--interpreter",
+            _python310(),
+            "--json",
+        ],
+        tmp_path,
+    )
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    report = json.loads(r.stdout)
+    assert report["route"] == "wheelhouse"
+    assert report["steps"][0]["step"] == "install.sh" and report["steps"][0]["ok"], r.stderr[-3000:]
+    smoke = {c["check"]: c for c in report["smoke"]}
+    assert smoke["verl patched"]["ok"] and smoke["precision audit"]["ok"], smoke
+    assert (tmp_path / "env" / "envbuild" / "run_ppo_gsm8k.sh").is_file()
+    assert r.returncode == 1  # (the stand-in torch: not READY, and the report says why)
+
+
+def test_envbuild_install_of_an_unpatched_wheelhouse_says_so(exported, tmp_path):
+    wh = tmp_path / "wh"
+    shutil.copytree(exported, wh, symlinks=True)
+    shutil.rmtree(wh / "scripts" / "p40")  # (a wheelhouse of a lock that pins another verl)
+    r = _install(
+        [
+            "p40",
+            "--prefix",
+            str(tmp_path / "env"),
+            "--from-wheelhouse",
+            str(wh),
+            "--interpreter",
+            _python310(),
+            "--json",
+        ],
+        tmp_path,
+    )
+    report = json.loads(r.stdout)
+    smoke = {c["check"]: c for c in report["smoke"]}
+    assert smoke["verl patched"]["ok"] is False and "python apply_patches.py" in smoke["verl patched"]["fix"]
+    assert r.returncode == 1 and "no patch scripts for p40" in r.stderr
+
+
+def test_envbuild_install_refuses_a_prefix_that_does_not_fit_before_touching_anything(exported, tmp_path):
+    other = tmp_path / "other"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(other)], check=True)
+    ours = "%d.%d" % sys.version_info[:2]  # (the test runner's Python: not the lock's 3.10)
+    assert ours != "3.10"
+    r = _install(["p40", "--prefix", str(other), "--from-wheelhouse", str(exported)], tmp_path)
+    assert r.returncode == 2 and f"is a Python {ours} environment" in r.stderr and "3.10" in r.stderr
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "notes.txt").write_text("mine")
+    r = _install(["p40", "--prefix", str(junk), "--from-wheelhouse", str(exported)], tmp_path)
+    assert r.returncode == 2 and "holds no Python environment" in r.stderr
+    assert sorted(p.name for p in junk.iterdir()) == ["notes.txt"]

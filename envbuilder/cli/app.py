@@ -29,6 +29,7 @@ LAZY_COMMANDS = {
     "detect": "envbuilder.cli.machine:detect",
     "doctor": "envbuilder.cli.machine:doctor",
     "verify": "envbuilder.cli.verify:verify",
+    "install": "envbuilder.cli.install:install",
     "refresh": "envbuilder.cli.refresh:refresh",
     "affected": "envbuilder.cli.refresh:affected",
     "export-image": "envbuilder.cli.image:export_image",

@@ -1,0 +1,87 @@
+"""`envbuild install`: the profile's environment without Docker, patched, audited and smoke-tested
+(loads only when used)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from envbuilder.cli import complete
+from envbuilder.cli.callbacks import index_url
+from envbuilder.cli.options import load_matrix, override_options, say
+from envbuilder.errors import ActionError, UserError
+
+
+@click.command()
+@click.argument("profile", shell_complete=complete.profiles)
+@click.option(
+    "--prefix",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="Where the environment goes: a new or empty directory (from a wheelhouse also an "
+    "environment of the lock's Python, installed into).",
+)
+@click.option(
+    "--from-wheelhouse",
+    "wheelhouse",
+    type=click.Path(path_type=Path),
+    metavar="WH",
+    help="Install offline from this wheelhouse (`envbuild wheelhouse PROFILE -o WH`): no index, "
+    "every file hash-checked.",
+)
+@click.option(
+    "--interpreter",
+    metavar="PATH",
+    help="The Python interpreter to make the environment from (of the profile's --python version).",
+)
+@click.option("--index-url", metavar="URL", callback=index_url, help="Python package index (online route).")
+@click.option(
+    "--torch-index-url",
+    metavar="URL",
+    callback=index_url,
+    help="PyTorch index for +cuXXX builds (online route).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable report on stdout.")
+@override_options
+def install(
+    profile, prefix, wheelhouse, interpreter, index_url, torch_index_url, as_json, overrides, matrix_dirs
+):
+    """Install PROFILE without Docker into a venv (or a conda environment, from a wheelhouse
+    with micromamba/mamba/conda on PATH), the way `build` makes the image: the install layers
+    with the lock's pins, verl's recorded patches for the GPU, the precision audit, then
+    preflight's smoke test. The rendered folder goes to PREFIX/envbuild/.
+
+    Exit 0 when every step passes, 1 when one fails, 2 for bad input."""
+    from envbuilder.machine.install import install as run_install
+    from envbuilder.machine.install import summary
+    from envbuilder.model.resolve import resolve
+
+    if wheelhouse is None:
+        from envbuilder.tools.uv import uv_bin
+
+        uv_bin("install")  # (the online route installs with uv: said before anything is made)
+    if wheelhouse is not None and (index_url or torch_index_url):
+        raise UserError("--from-wheelhouse installs offline: drop --index-url/--torch-index-url.")
+    m = load_matrix(matrix_dirs)
+    env = resolve(m, profile, overrides)
+    report = run_install(
+        env,
+        prefix,
+        wheelhouse=wheelhouse,
+        python=interpreter,
+        index_url=index_url,
+        torch_index_url=torch_index_url,
+        say=say,
+    )
+    if as_json:
+        click.echo(json.dumps(report.as_dict(), indent=2))
+    else:
+        click.echo(summary(report))
+    if not report.ok:
+        failed = next((s["step"] for s in report.steps if not s.get("ok")), "preflight --smoke")
+        raise ActionError(
+            f"envbuild install {profile} did not finish: {failed} failed (the report above says "
+            "why and what fixes it)."
+        )

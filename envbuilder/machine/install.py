@@ -1,0 +1,276 @@
+"""`envbuild install`: the profile's environment without Docker, finished as the image's build
+finishes it (patched for the GPU, audited, smoke-tested).
+
+Two routes, the same steps in the same order as `build`:
+  --from-wheelhouse WH   offline: WH/install.sh (the lock's Python checked first; pip
+                         --no-index --require-hashes from WH; the conda part with micromamba/
+                         mamba/conda where one is on PATH; then apply_patches.py and
+                         audit_precision.py); resumable: it installs into an existing
+                         environment at the prefix.
+  (online)               the install layers in the Dockerfile's order with the lock's
+                         constraints, pip check after each, the patches and the audit, through
+                         the same code as `envbuild verify` (uv), into a new prefix.
+Then the rendered folder is written to PREFIX/envbuild/ (run script, preflight.py, the patch and
+audit scripts, envbuild.json) and `preflight.py --smoke` runs with the prefix's Python: the torch
+build, every module of the training path, verl patched and audited.
+
+apex and flash-attn are compiled in the image's builder stage with nvcc; here they are named with
+the command that builds them, not compiled (the report's `not_installed`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from envbuilder.errors import UserError
+from envbuilder.model.resolved import ResolvedEnv
+
+SMOKE_TIMEOUT_S = 1800
+HOME = "envbuild"  # PREFIX/envbuild/: the rendered folder
+
+
+@dataclass  # not a record: the install fills it in as it goes
+class InstallReport:
+    profile: str
+    prefix: str
+    route: str
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    not_installed: list[dict[str, Any]] = field(default_factory=list)
+    smoke: list[dict[str, Any]] = field(default_factory=list)
+    ok: bool = False
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _python_version(python: Path) -> str | None:
+    try:
+        p = subprocess.run(
+            [str(python), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return p.stdout.strip() if p.returncode == 0 else None
+
+
+def check_prefix(prefix: Path, python: str, resumable: bool) -> None:
+    """Refuse, before touching anything, a prefix that is not a new or empty directory, or (where
+    the route installs into an existing environment) an environment of another Python."""
+    if prefix.is_symlink() or (prefix.exists() and not prefix.is_dir()):
+        raise UserError(f"--prefix {prefix} exists and is not a directory; pass a new path.")
+    if not prefix.is_dir() or not any(prefix.iterdir()):
+        return
+    env_python = prefix / "bin" / "python"
+    if not env_python.exists():
+        raise UserError(
+            f"--prefix {prefix} is not empty and holds no Python environment (no bin/python); "
+            "pass a new or empty directory, or an environment made for this profile."
+        )
+    if not resumable:
+        raise UserError(
+            f"--prefix {prefix} holds an environment already; the online install makes a fresh "
+            "one. Pass a new path (or install from a wheelhouse, which installs into it)."
+        )
+    got = _python_version(env_python)
+    if got != python:
+        raise UserError(
+            f"--prefix {prefix} is a Python {got or '(not runnable)'} environment, and the "
+            f"profile's lock is for Python {python}: its wheels would not install there. Pass "
+            "a new path, or an environment of that Python."
+        )
+
+
+def _wheelhouse_profile(wh: Path, profile: str) -> dict[str, Any]:
+    from envbuilder.lock import lockfile as L
+
+    if not (wh / "install.sh").is_file() or not (wh / "manifest.json").is_file():
+        raise UserError(
+            f"--from-wheelhouse {wh} is not an envbuild wheelhouse (no install.sh and "
+            f"manifest.json); make one with `envbuild wheelhouse {profile} -o DIR`."
+        )
+    doc = L.read_wheelhouse_manifest(wh)
+    entry = (doc.get("profiles") or {}).get(profile)
+    if not isinstance(entry, dict):
+        have = ", ".join(sorted(doc.get("profiles") or {})) or "none"
+        raise UserError(
+            f"--from-wheelhouse {wh} holds no complete {profile} (it has: {have}); export it "
+            f"with `envbuild wheelhouse {profile} -o {wh}`."
+        )
+    return entry
+
+
+def _run(
+    report: InstallReport, name: str, cmd: list[str], env: dict[str, str], say: Callable[[str], None]
+) -> bool:
+    """One step, its output passed on line by line; recorded with its time."""
+    say(f"{name}: {' '.join(cmd)}")
+    start = time.monotonic()
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    except OSError as e:
+        report.steps.append({"step": name, "ok": False, "seconds": 0.0, "error": str(e)})
+        return False
+    tail: list[str] = []
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            say(f"  {line.rstrip()}")
+            tail = (tail + [line.rstrip()])[-20:]
+        rc = proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        proc.wait()
+        raise
+    entry = {"step": name, "ok": rc == 0, "seconds": round(time.monotonic() - start, 1)}
+    if rc:
+        entry["error"] = next((t for t in reversed(tail) if t.strip()), f"exit {rc}")
+    report.steps.append(entry)
+    return rc == 0
+
+
+def install(
+    env: ResolvedEnv,
+    prefix: Path,
+    *,
+    wheelhouse: Path | None = None,
+    python: str | None = None,
+    index_url: str | None = None,
+    torch_index_url: str | None = None,
+    say: Callable[[str], None] = lambda line: None,
+) -> InstallReport:
+    """Install `env` into `prefix` by one of the two routes, then write the rendered folder to
+    PREFIX/envbuild/ and run its preflight smoke test with the prefix's Python."""
+    from envbuilder.render.files import render_files, write_dir
+    from envbuilder.render.plan import with_constraints
+
+    prefix = prefix.absolute()
+    start = time.monotonic()
+    route = "wheelhouse" if wheelhouse else "online"
+    report = InstallReport(env.profile, str(prefix), route)
+    if wheelhouse:
+        entry = _wheelhouse_profile(wheelhouse, env.profile)
+        want = str(entry.get("python") or env.python)
+        check_prefix(prefix, want, resumable=True)
+        run_env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+        run_env["PIP_CONFIG_FILE"] = os.devnull
+        if python:
+            run_env["PYTHON"] = python
+        ok = _run(
+            report,
+            "install.sh",
+            ["bash", str(wheelhouse / "install.sh"), env.profile, "--prefix", str(prefix)],
+            run_env,
+            say,
+        )
+    else:
+        from envbuilder.machine.verify import Options, find_python, verify
+
+        check_prefix(prefix, env.python, resumable=False)
+        interp = find_python(env.python)
+        if python:
+            from envbuilder.tools.python import Interpreter
+
+            got = _python_version(Path(python))
+            if got is None or got != env.python:
+                raise UserError(
+                    f"--interpreter {python} is Python {got or '(not runnable)'}; {env.profile} needs "
+                    f"Python {env.python}."
+                )
+            interp = Interpreter(path=python, version=got)
+        if interp is None:
+            raise UserError(
+                f"No Python {env.python} here for {env.profile}'s pins. Install it (e.g. "
+                f"apt-get install python{env.python} python{env.python}-venv, or uv python install "
+                f"{env.python}) or pass --interpreter PATH."
+            )
+        r = verify(
+            env,
+            interp,
+            Options(
+                index_url=index_url,
+                torch_index_url=torch_index_url,
+                keep=prefix,
+                skip_compose=True,
+                say=say,
+            ),
+        )
+        for layer in r.layers:
+            report.steps.append(
+                {
+                    "step": f"layer {layer['layer']}",
+                    "ok": layer["ok"],
+                    "seconds": layer["seconds"],
+                    **({"error": layer["error"]} if layer.get("error") else {}),
+                }
+            )
+        for name, part in (("patches", r.patches), ("audit", r.audit)):
+            if part is not None:
+                report.steps.append({"step": name, "ok": bool(part.get("ok"))})
+        report.not_installed = list(r.not_installed)
+        ok = not r.failures
+        if r.failures:
+            report.steps.append({"step": "install", "ok": False, "error": "; ".join(r.failures[:3])})
+    if not ok:
+        report.seconds = round(time.monotonic() - start, 1)
+        return report
+    # the rendered folder beside the environment, and the smoke test of the image's build
+    home = prefix / HOME
+    write_dir(home, render_files(with_constraints(env)), force=True)
+    say(f"rendered {env.profile} into {home}")
+    smoke_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    proc = subprocess.run(
+        [str(prefix / "bin" / "python"), str(home / "preflight.py"), "--smoke", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=SMOKE_TIMEOUT_S,
+        env=smoke_env,
+        cwd=home,
+    )
+    try:
+        report.smoke = json.loads(proc.stdout)["checks"]
+    except (ValueError, KeyError):
+        report.smoke = [{"check": "preflight", "ok": False, "detail": proc.stderr.strip()[-500:], "fix": ""}]
+    report.steps.append({"step": "preflight --smoke", "ok": proc.returncode == 0})
+    report.ok = all(s.get("ok") for s in report.steps)
+    report.seconds = round(time.monotonic() - start, 1)
+    return report
+
+
+def summary(report: InstallReport) -> str:
+    """The report as lines: each step with its time, the smoke test's failures with their fixes."""
+    out = [f"envbuild install {report.profile} into {report.prefix} ({report.route})"]
+    for s in report.steps:
+        mark = "\u2713" if s.get("ok") else "\u2717"
+        secs = f" ({s['seconds']:.0f} s)" if isinstance(s.get("seconds"), (int, float)) else ""
+        out.append(f"{mark} {s['step']}{secs}" + (f": {s['error']}" if s.get("error") else ""))
+    for c in report.smoke:
+        if not c.get("ok"):
+            out.append(
+                f"  \u2717 {c['check']}: {c['detail']}" + (f"\n      fix: {c['fix']}" if c.get("fix") else "")
+            )
+    for n in report.not_installed:
+        out.append(f"  not installed: {n['component']} {n['version']}: {n['why']}")
+    out.append(
+        ("READY" if report.ok else "NOT READY")
+        + f": {report.profile} in {report.prefix} ({report.seconds:.0f} s); train with "
+        + f"{report.prefix}/{HOME}/run_ppo_gsm8k.sh after `. {report.prefix}/bin/activate`"
+    )
+    return "\n".join(out)
+
+
+def remove_unfinished(prefix: Path) -> None:
+    """After Ctrl-C of an online install into a prefix it made: verify has removed its venv."""
+    if prefix.is_dir() and not any(prefix.iterdir()):
+        shutil.rmtree(prefix, ignore_errors=True)
