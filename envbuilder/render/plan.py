@@ -317,6 +317,7 @@ def find_constraints(env: ResolvedEnv) -> Constraints | None:
     requirements.lock hashes to what lock.json records; None when no lock fits."""
     from envbuilder.model import schema as S
     from envbuilder.errors import UserError
+    from envbuilder.limits import MAX_INPUT_BYTES, read_limited
     from envbuilder.readers import read
 
     # what is read of lock.json here (the one bounded reader; lock --check reads the rest)
@@ -334,7 +335,8 @@ def find_constraints(env: ResolvedEnv) -> Constraints | None:
             meta = read(lock_dir / "lock.json", "lock.json", shape=shape, missing_ok=True)
             if meta is None or meta["plan_sha256"] != want:  # (no lock, or not this plan's)
                 continue
-            data = (lock_dir / "requirements.lock").read_bytes()  # (decoded only to be parsed)
+            # (decoded only to be parsed; never waited on: a FIFO is NotRegularFile, a ValueError)
+            data = read_limited(lock_dir / "requirements.lock", MAX_INPUT_BYTES)
         except (OSError, ValueError, UserError):
             continue
         digest = hashlib.sha256(data).hexdigest()
