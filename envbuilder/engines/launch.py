@@ -524,10 +524,12 @@ def resolved(m, profile: str, overrides):
 
 def ours(path: Path, header: str, line: int) -> bool:
     """Whether `path` is a file this module wrote: its line `line` (0-based) starts with `header`."""
+    from envbuilder.limits import open_regular
+
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, follow=False) as f:
             head = f.read(4096).split(b"\n")
-    except OSError:
+    except (OSError, ValueError):
         return False
     return len(head) > line and head[line].startswith(header.encode())
 
