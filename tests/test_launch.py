@@ -824,3 +824,20 @@ def test_the_library_entry_points_check_their_values_too():
         L.slurm_script(env, sif="/x.sif", job="a;b")
     with pytest.raises(UserError, match="names no digest"):
         L.rayjob(env, "registry.example/envbuild/h100:1")
+
+
+@pytest.mark.parametrize("setting", ["ENVBUILD_RAY_WAIT", "ENVBUILD_RAY_PORT"])
+@pytest.mark.parametrize("value", ["nnodes[$(touch pwned)]", "abc", "0x10", "10 "])
+def test_the_sbatch_script_takes_digits_only_for_its_wait_and_port(loopback, setting, value):
+    """Issue 33 #12: ray_wait reached bash arithmetic ($((SECONDS + ray_wait))), where
+    `nnodes[$(cmd)]` runs cmd and `abc` says "unbound variable". Both settings are refused,
+    before any step, naming the setting. (On the code before, the first case made `pwned`.)"""
+    cluster, script = loopback()
+    if setting == "ENVBUILD_RAY_PORT":
+        cluster.env["ENVBUILD_RAY_PORT"] = value
+        code, _, err, _ = cluster.run(script, timeout=60)
+    else:
+        code, _, err, _ = cluster.run(script, wait=value, timeout=60)  # type: ignore[arg-type]
+    assert not (cluster.tmp / "pwned").exists()
+    assert code == 2, err[-2000:]
+    assert f"envbuild: {setting} is '{value}', not a whole number" in err
