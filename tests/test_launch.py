@@ -841,3 +841,28 @@ def test_the_sbatch_script_takes_digits_only_for_its_wait_and_port(loopback, set
     assert not (cluster.tmp / "pwned").exists()
     assert code == 2, err[-2000:]
     assert f"envbuild: {setting} is '{value}', not a whole number" in err
+
+
+@pytest.mark.parametrize("name", ["h" * 64, "h100-", "h100_x."])
+def test_kuberay_refuses_a_profile_that_is_no_kubernetes_label_value(cli, overlay, tmp_path, name):
+    """Issue 33 #15: a profile name envbuild takes (64 characters, a trailing '-') went into the
+    manifest's envbuild.io/profile label, which Kubernetes refuses with the whole RayJob. It is
+    refused here, naming the label, before anything is written (the code before wrote it)."""
+    import yaml
+
+    profiles = yaml.safe_load((TESTS.parent / "matrices" / "profiles.yaml").read_text())["profiles"]
+    profiles["h100"]["source"] = "https://verl.readthedocs.io/"
+    folder = overlay({"profiles": {name: profiles["h100"]}})
+    out = tmp_path / "job.yaml"
+    args = ("launch", "kuberay", name, "--nodes", "2", "--image", IMAGE, "--job-name", "ok", "-o", out)
+    code, _, err = cli(*args, "--matrix-dir", folder)
+    assert code == 2, err
+    assert "cannot be a Kubernetes label value" in err and "envbuild.io/profile" in err
+    assert not out.exists()
+    # a profile name that is a label value is written as it is
+    folder = overlay({"profiles": {"h100-b": profiles["h100"]}})
+    code, _, err = cli(
+        "launch", "kuberay", "h100-b", "--nodes", "2", "--image", IMAGE, "-o", out, "--matrix-dir", folder
+    )
+    assert code == 0, err
+    assert yaml.safe_load(out.read_text())["metadata"]["labels"]["envbuild.io/profile"] == "h100-b"

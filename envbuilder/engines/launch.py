@@ -134,6 +134,8 @@ _JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _K8S_NAME = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?")
 # a PersistentVolumeClaim's name (DNS-1123 subdomain)
 _CLAIM = re.compile(r"[a-z0-9](?:[a-z0-9.-]{0,251}[a-z0-9])?")
+# a Kubernetes label value: at most 63 characters, alphanumerics at both ends, '-', '_', '.' inside
+_LABEL_VALUE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\x80-\x9f\u2028\u2029]")
 
 
@@ -167,6 +169,20 @@ def job_name(value: str | None, profile: str, kubernetes: bool = False) -> str:
         + ". Pass a plain name such as envbuild-"
         + profile
         + "."
+    )
+
+
+def label_value(profile: str) -> str:
+    """The profile as the manifest's `envbuild.io/profile` label value, which Kubernetes
+    refuses (the whole RayJob with it) unless it is at most 63 characters of letters, digits,
+    '-', '_' and '.', starting and ending with a letter or digit."""
+    if _LABEL_VALUE.fullmatch(profile):
+        return profile
+    raise UserError(
+        f"Profile {_shown(profile)} cannot be a Kubernetes label value (the RayJob's "
+        "envbuild.io/profile label): at most 63 letters, digits, '-', '_' or '.', starting "
+        "and ending with a letter or digit, or Kubernetes refuses the manifest. Rename the "
+        "profile in your overlay."
     )
 
 
@@ -355,6 +371,7 @@ def rayjob(
     cl = env.cluster
     image = image_reference(image, digest=True)
     cpus, memory_gib, shm_gib = pod_sizes(env, cpus, memory_gib, shm_gib)
+    label = label_value(env.profile)  # (before the job's name, which --job-name can fix)
     name = job_name(job, env.profile, kubernetes=True)
     variables = {**dict(cl.env), "RAY_USAGE_STATS_ENABLED": "0"}
     if data_pvc:
@@ -403,7 +420,7 @@ def rayjob(
         "kind": "RayJob",
         "metadata": {
             "name": name,
-            "labels": {"app.kubernetes.io/created-by": "envbuild", "envbuild.io/profile": env.profile},
+            "labels": {"app.kubernetes.io/created-by": "envbuild", "envbuild.io/profile": label},
         },
         "spec": {
             "entrypoint": entrypoint(env),
