@@ -113,9 +113,11 @@ def bounded_message(text: str) -> str:
     or a hostile file carried, echoed back) cut to its start and its length."""
     import re
 
-    from envbuilder.text import redact  # (a URL's user:password@ is printed as ***@)
+    from envbuilder.text import printable, redact  # (a URL's user:password@ is printed as ***@)
 
-    return re.sub(r"\S{200,}", lambda m: f"{m[0][:80]}...({len(m[0])} characters)", redact(text))
+    # (a control character, from an overlay's file name say, is shown, never acted on)
+    text = printable(redact(text))
+    return re.sub(r"\S{200,}", lambda m: f"{m[0][:80]}...({len(m[0])} characters)", text)
 
 
 def internal_error_text(argv, exc: BaseException) -> str:
@@ -125,6 +127,9 @@ def internal_error_text(argv, exc: BaseException) -> str:
 
     command = next((a for a in argv if not str(a).startswith("-")), "")
     detail = shorten(str(exc).splitlines()[0] if str(exc) else "", 200)
+    from envbuilder.text import printable
+
+    command, detail = printable(command), printable(detail)
     return (
         f"envbuild: internal error in `envbuild {command}`: {type(exc).__name__}"
         + (f": {detail}" if detail else "")
