@@ -152,3 +152,23 @@ def test_a_model_too_big_for_the_card_names_a_smaller_one_that_resolves(run):
     assert code == 2 and "[memory]" in out, out
     fix = out.split("use --model ", 1)[1].split(" ", 1)[0]
     assert run("show", "4090", "--model", fix)[0] == 0
+
+
+@pytest.mark.parametrize("kind", [["qwen2"], {"qwen2": 1}, 7, None])
+@pytest.mark.parametrize("where", ["folder", "hub"])
+def test_a_model_type_that_is_no_name_is_refused_clearly(hub, tmp_path, run, kind, where):
+    """Issue 33 #10: a config.json whose model_type is a list or an object (from a folder or the
+    hub) ended in `TypeError: unhashable type`, an internal error. It is refused (exit 2)
+    naming the value. (On the code before, the list and the object raised.)"""
+    cfg = dict(config("Qwen/Qwen3-8B"), model_type=kind)
+    if where == "folder":
+        folder = tmp_path / "odd"
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(cfg))
+        code, out = run("show", "h100", "--model", folder)
+    else:
+        repo = f"odd/{type(kind).__name__}"  # (one repo a case: the hub's answers are cached)
+        hub.files[f"{repo}/resolve/main/config.json"] = json.dumps(cfg).encode()
+        code, out = run("show", "h100", "--model", repo, env={"HF_ENDPOINT": hub.url("")})
+    assert code == 2, out
+    assert "the memory plan knows the layouts" in out and repr(kind)[:20] in out

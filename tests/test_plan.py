@@ -122,3 +122,35 @@ def test_the_runtime_steps_install_with_uv_pinned_by_sha256_and_the_builder_keep
             assert '--index-url "${PIP_INDEX_URL}"' in step and "TORCH_INDEX_URL" not in step
     assert bool(builder) == bool(plan_of(profile).builder)
     assert all(" uv " not in s and "target=/root/.cache/pip" in s for s in builder)
+
+
+@pytest.mark.parametrize("version", ["3.20;touch", "$(id)", '3.20"', "3.20\\x"])
+def test_a_lock_pin_that_is_no_version_is_refused(cli, tmp_path, version):
+    """Issue 33 #10: a self-consistent lock (its files' sha256 in lock.json, pylock.toml and
+    requirements.lock agreeing) whose pin version is not a plain token reached the hashed
+    locked-*.txt files of `render --locked` unchecked (`idna==$(id)`). The version is checked
+    where the lock is parsed: exit 2 naming it, nothing written. (On the code before, each
+    rendered.)"""
+    import hashlib
+    import json
+    import shutil
+    from pathlib import Path
+
+    lock = tmp_path / "lock" / "4090"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "locks" / "4090", lock)
+    for name, old, new in (
+        ("requirements.lock", "idna==3.20", f"idna=={version}"),
+        ("pylock.toml", 'name = "idna"\nversion = "3.20"', f'name = "idna"\nversion = {json.dumps(version)}'),
+    ):
+        text = (lock / name).read_text()
+        assert old in text
+        (lock / name).write_text(text.replace(old, new, 1))
+    meta = json.loads((lock / "lock.json").read_text())
+    meta["files"] = {f: hashlib.sha256((lock / f).read_bytes()).hexdigest() for f in meta["files"]}
+    (lock / "lock.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    code, out, err = cli("render", "4090", "--locked", lock.parent, "-o", tmp_path / "out")
+    assert code == 2, err
+    assert "pins idna at" in err and "not a version" in err
+    assert not (tmp_path / "out" / "4090").exists()
+    code, out, err = cli("sbom", "4090", "--lock-dir", lock.parent)
+    assert code == 2 and "not a version" in err

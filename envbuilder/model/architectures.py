@@ -72,9 +72,11 @@ def arch_from_config(cfg: Any, origin: str, name: str) -> dict[str, Any]:
             "other sums. Pick a dense model, or plan this one by hand and render a "
             "profile whose train block you size yourself."
         )
-    if kind not in FAMILIES:
+    if not isinstance(kind, str) or kind not in FAMILIES:  # (a list or an object is no model type)
+        from envbuilder.text import shorten
+
         raise UserError(
-            f"{name} is a {kind!r} model ({origin}); the memory plan knows the "
+            f"{name} is a {shorten(repr(kind), 60)} model ({origin}); the memory plan knows the "
             f"layouts {', '.join(sorted(FAMILIES))} (dense decoders with a gated MLP "
             "and RMSNorm). Pick a model of one of them."
         )

@@ -30,6 +30,8 @@ BUILD_TOOLS = ("packaging", "ninja", "wheel", "setuptools", "psutil")
 TORCH_BUILD_PACKAGES = re.compile(r"^(torch|torchvision|torchaudio|triton|nvidia-.*)$")
 REQ = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==(\S+)")
 HASH = re.compile(r"--hash=(sha256:[0-9a-f]{64})")
+# a pinned version as a lock may hold it: PEP 440 (epoch!, local +label) in one plain token
+PIN_VERSION = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.+!_-]{0,62}[A-Za-z0-9])?")
 _HASH_LINE = re.compile(r"^[ \t]+--hash=[^\n]*\n?", re.M)
 _LOCAL = re.compile(r"\+cu\d+$")
 CONSTRAINTS = "constraints/{layer}.txt"  # one file per install layer (render writes them)
@@ -204,6 +206,15 @@ def parse(text: str, with_hashes: bool = True) -> dict[str, Locked]:
         if m:
             flush()
             name, version, hashes, parents, in_via = normalize(m[1]), m[2], [], set(), False
+            if not PIN_VERSION.fullmatch(version.removesuffix("\\")):
+                from envbuilder.errors import UserError
+                from envbuilder.text import shorten
+
+                raise UserError(
+                    f"requirements.lock pins {name} at {shorten(version, 60)!r}, which is not a "
+                    "version (one token of letters, digits, '.', '+', '!', '_', '-'): it would "
+                    "reach the pip files as it is. Re-lock with `envbuild lock`."
+                )
             if with_hashes:
                 hashes += HASH.findall(line)
             continue
