@@ -172,3 +172,36 @@ def test_a_model_type_that_is_no_name_is_refused_clearly(hub, tmp_path, run, kin
         code, out = run("show", "h100", "--model", repo, env={"HF_ENDPOINT": hub.url("")})
     assert code == 2, out
     assert "the memory plan knows the layouts" in out and repr(kind)[:20] in out
+
+
+def test_the_hub_cache_is_sealed(hub, tmp_path, run, monkeypatch):
+    """Issue 33 #16: hf-config-*.json entries were plain cache files, though every entry is
+    sealed (docs/reference.md): one planted in the cache folder (another model's shape) was
+    read as the hub's answer. Now an entry is read only under this user's seal. (On the code
+    before, the planted entry sized the plan offline.)"""
+    import hashlib
+    import os
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    folder = cache / "envbuild"
+    folder.mkdir(parents=True, mode=0o700)
+    os.chmod(folder, 0o700)
+    endpoint = hub.url("").rstrip("/")
+    url = f"{endpoint}/Qwen/Qwen3-8B/resolve/main/config.json"
+    entry = folder / f"hf-config-{hashlib.sha256(url.encode()).hexdigest()[:32]}.json"
+    entry.write_text(json.dumps(config("meta-llama/Llama-3.1-8B-Instruct")))  # not Qwen3-8B's
+    code, out = run(
+        "show", "h100", "--model", "Qwen/Qwen3-8B", env={"HF_ENDPOINT": endpoint, "ENVBUILD_OFFLINE": "1"}
+    )
+    assert code == 2 and "not cached" in out, out
+    entry.unlink()
+    code, out = run(
+        "show", "h100", "--model", "Qwen/Qwen3-8B", env={"HF_ENDPOINT": endpoint, "ENVBUILD_OFFLINE": ""}
+    )
+    assert code == 0, out
+    assert entry.read_text().startswith("envbuild-sealed 1 ")
+    code, out = run(
+        "show", "h100", "--model", "Qwen/Qwen3-8B", env={"HF_ENDPOINT": endpoint, "ENVBUILD_OFFLINE": "1"}
+    )
+    assert code == 0, out  # (its own sealed entry answers offline)

@@ -165,17 +165,18 @@ def hf_endpoint() -> str:
 
 def hub_config(repo: str, endpoint: str | None = None, timeout: float = 10.0) -> dict[str, Any]:
     """The shape of hub model `repo` from its config.json at ENDPOINT/REPO/resolve/main/, kept
-    in envbuild's cache (validated again on every read) so a render after the first is offline."""
+    in envbuild's cache (sealed, paths.read_sealed: read back only when this user's envbuild
+    wrote it; validated again on every read) so a render after the first is offline."""
     import urllib.error
     import urllib.request
 
-    from envbuilder.paths import cache_file, read_cache, write_cache
+    from envbuilder.paths import cache_file, read_sealed, write_sealed
 
     endpoint = (endpoint or hf_endpoint()).rstrip("/")
     url = f"{endpoint}/{repo}/resolve/main/config.json"
     shown = redact(url)
     key = hashlib.sha256(url.encode()).hexdigest()[:32]
-    cached = read_cache(cache_file(f"hf-config-{key}.json"))
+    cached = read_sealed(cache_file(f"hf-config-{key}.json"))
     if cached is not None:
         try:
             return arch_from_config(_parse(cached.encode(), shown), shown, repo)
@@ -219,7 +220,7 @@ def hub_config(repo: str, endpoint: str | None = None, timeout: float = 10.0) ->
             "config.json; that is not one. Check HF_ENDPOINT."
         )
     rec = arch_from_config(_parse(data, shown), shown, repo)
-    write_cache(cache_file(f"hf-config-{key}.json"), data.decode("utf-8", errors="replace"))
+    write_sealed(cache_file(f"hf-config-{key}.json"), data.decode("utf-8", errors="replace"))
     return rec
 
 
