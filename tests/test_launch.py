@@ -866,3 +866,67 @@ def test_kuberay_refuses_a_profile_that_is_no_kubernetes_label_value(cli, overla
     )
     assert code == 0, err
     assert yaml.safe_load(out.read_text())["metadata"]["labels"]["envbuild.io/profile"] == "h100-b"
+
+
+# -- issue 33 #17: small input gaps --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, why",
+    [
+        (("launch", "kuberay", "h100", "--nodes", "2", "--image", IMAGE, "--data-pvc", ""), "--data-pvc"),
+        (("launch", "slurm", "h100", "--sif", "/x.sif", "--model", ""), "--model"),
+        (("show", "h100", "--model", ""), "--model"),
+        (("sbom", "4090", "--lock-dir", ""), "--lock-dir"),
+        (("launch", "ray", "h100", "--nodes", "2", "--head-ip", "::::::::"), "--head-ip"),
+        (("launch", "ray", "h100", "--nodes", "2", "--head-ip", "a..b"), "--head-ip"),
+        (("launch", "ray", "h100", "--nodes", "2", "--head-ip", "node-.x"), "--head-ip"),
+        (("launch", "ray", "h100", "--nodes", "2", "--head-ip", "10.0.0.999"), "--head-ip"),
+    ],
+    ids=[
+        "data-pvc",
+        "slurm-model",
+        "show-model",
+        "lock-dir",
+        "colons",
+        "empty-label",
+        "label-dash",
+        "bad-v4",
+    ],
+)
+def test_an_empty_or_malformed_value_is_refused_not_ignored(cli, tmp_path, args, why):
+    """Issue 33 #17: `--data-pvc ''` and `--model ''` were ignored silently, `sbom --lock-dir ''`
+    meant the current folder, and `--head-ip '::::::::'` or `a..b` were taken. Each is refused
+    (exit 2), naming the option. (On the code before, each ran.)"""
+    code, out, err = (
+        cli(*args, "-o", tmp_path / "x") if args[0] != "show" and args[1] != "ray" else cli(*args)
+    )
+    assert code == 2, (out, err)
+    assert why in err or "is not an address" in err, err
+
+
+def test_an_ipv6_head_joins_its_port_in_brackets(cli):
+    """Issue 33 #17: an IPv6 head was written as ::1:6379 (a port Ray cannot tell apart)."""
+    code, out, err = cli("launch", "ray", "h100", "--nodes", "2", "--head-ip", "fd00::1")
+    assert code in (0, None), err
+    assert "HEAD_IP=fd00::1" in out
+    assert '--address="[$HEAD_IP]":6379' in out and 'RAY_ADDRESS="[$HEAD_IP]:6379"' in out
+    code, out, err = cli("launch", "ray", "h100", "--nodes", "2", "--head-ip", "node-1.cluster")
+    assert code in (0, None), err
+    assert '--address="$HEAD_IP":6379' in out
+
+
+@pytest.mark.parametrize("kind", ["slurm", "kuberay", "apptainer", "sbom", "grid"])
+def test_o_naming_a_folder_is_refused(cli, tmp_path, kind):
+    """Issue 33 #17: `-o newdir/` wrote a file named newdir."""
+    target = f"{tmp_path / 'newdir'}/"
+    args = {
+        "slurm": ("launch", "slurm", "h100", "--nodes", "2", "--sif", "/x.sif", "-o", target),
+        "kuberay": ("launch", "kuberay", "h100", "--nodes", "2", "--image", IMAGE, "-o", target),
+        "apptainer": ("apptainer", "h100", "--image", IMAGE, "-o", target),
+        "sbom": ("sbom", "4090", "--lock-dir", TESTS / "fixtures" / "locks", "-o", target),
+        "grid": ("grid", "--gpu", "p40", "--html", target),
+    }[kind]
+    code, out, err = cli(*args)
+    assert code == 2 and "names a folder" in err, (out, err)
+    assert not (tmp_path / "newdir").exists()

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from envbuilder.cli import complete
+from envbuilder.cli.callbacks import file_out
 from envbuilder.cli.options import driver_version, load_matrix, matrix_dir_option
 
 
@@ -29,7 +30,8 @@ from envbuilder.cli.options import driver_version, load_matrix, matrix_dir_optio
 @click.option(
     "--html",
     "html_file",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=click.Path(dir_okay=False),
+    callback=file_out,
     metavar="FILE",
     help="Write the grid as one self-contained HTML page (no network: it can live on an "
     "air-gapped wiki), with a GPU and driver picker and each cell's rule, reason, sources "
@@ -55,7 +57,7 @@ def grid(gpus, driver, html_file, details, force, matrix_dirs):
     if html_file is not None:
         # the page holds the verdicts without a driver; its picker applies one (--driver fills it in)
         found = G.build(m, tuple(gpus))
-        write_page(html_file, G.html(m, tuple(gpus), found, driver), force)
+        write_page(Path(html_file), G.html(m, tuple(gpus), found, driver), force)
         n = sum(c.state in ("ok", "fix") for c in found.cells[None].values())
         click.echo(
             f"wrote {html_file}: {len(found.rows)} GPU rows x {len(found.columns)} choices, "

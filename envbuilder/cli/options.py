@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from envbuilder.cli import complete
-from envbuilder.cli.callbacks import driver_version
+from envbuilder.cli.callbacks import driver_version, not_empty
 from envbuilder.model.profiles import FLAG_FIELDS, split_names  # noqa: F401  (re-exported)
 
 
@@ -64,6 +64,7 @@ def override_options(f):
         click.option(
             "--model",
             metavar="HF_ID|FOLDER",
+            callback=not_empty,
             help="Train this model: a hub repo id (its config.json is read through "
             "HF_ENDPOINT, then cached) or a folder holding its config.json. The memory "
             "plan, batch sizes and run script follow its shape.",

@@ -223,13 +223,26 @@ def sif_path(path: str) -> str:
     return os.path.abspath(path)
 
 
-_HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,252}|[0-9A-Fa-f:]{2,39}")
+# a host name: dot-separated labels of letters, digits and '-' (none empty, none ending in '-')
+_HOST = re.compile(
+    r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
+)
 
 
 def head_address(value: str) -> str:
-    """--head-ip: an IPv4/IPv6 address or a host name, nothing a shell would read."""
-    if not _HOST.fullmatch(value):
-        raise UserError(f"--head-ip {_shown(value)} is not an address or host name.")
+    """--head-ip: an IPv4 or IPv6 address (as `ipaddress` reads it) or a host name, nothing a
+    shell would read."""
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        pass
+    if ":" in value or re.fullmatch(r"[0-9.]+", value) or not _HOST.fullmatch(value):
+        raise UserError(
+            f"--head-ip {_shown(value)} is not an address or host name (an IPv4 or IPv6 "
+            "address, or labels of letters, digits and '-' joined by single dots)."
+        )
     return value
 
 
@@ -374,12 +387,12 @@ def rayjob(
     label = label_value(env.profile)  # (before the job's name, which --job-name can fix)
     name = job_name(job, env.profile, kubernetes=True)
     variables = {**dict(cl.env), "RAY_USAGE_STATS_ENABLED": "0"}
-    if data_pvc:
+    if data_pvc is not None:
         variables.update(DATA_DIR="/data/gsm8k", HF_HOME="/data/huggingface")
     resources = {"cpu": str(cpus), "memory": f"{memory_gib}Gi", "nvidia.com/gpu": str(cl.gpus_per_node)}
     mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
     volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{shm_gib}Gi"}}]
-    if data_pvc:
+    if data_pvc is not None:
         mounts.append({"name": "data", "mountPath": "/data"})
         volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": claim_name(data_pvc)}})
 
@@ -505,6 +518,9 @@ def ray_commands(env, *, head_ip: str | None = None, port: int = RAY_PORT) -> st
                 ),
             ]
     ip, p, g = '"$HEAD_IP"', str(port), str(cl.gpus_per_node)
+    # (an IPv6 address joins its port in brackets: [::1]:6379)
+    v6 = bool(head_ip and ":" in head_ip)
+    joined = '"[$HEAD_IP]"' if v6 else ip
     lines += [
         "# 2. on the head node:",
         shlex.join(["ray", "start"]) + " " + " ".join(ray_head_args(ip, p, g)),
@@ -512,13 +528,13 @@ def ray_commands(env, *, head_ip: str | None = None, port: int = RAY_PORT) -> st
     if cl.nodes > 1:
         lines += [
             f"# 3. on each of the other {cl.nodes - 1} node(s):",
-            "ray start " + " ".join(ray_worker_args(ip, p, g)),
+            "ray start " + " ".join(ray_worker_args(joined, p, g)),
         ]
     lines += [
         f"# 4. on the head, in the container of its `ray start` (Ray's sockets are in its "
         f"/tmp), once `ray status` shows {cl.nodes * cl.gpus_per_node} GPUs; the image must "
         "be built for this run: " + comment(build_command(env)),
-        f'RAY_ADDRESS="$HEAD_IP:{p}" {sh(RUN_SCRIPT)}',
+        f'RAY_ADDRESS="{"[$HEAD_IP]" if v6 else "$HEAD_IP"}:{p}" {sh(RUN_SCRIPT)}',
     ]
     return "\n".join(lines) + "\n"
 
@@ -615,7 +631,7 @@ def write_kuberay(
         env, image, job=job, cpus=cpus, memory_gib=memory_gib, shm_gib=shm_gib, data_pvc=data_pvc
     )
     write_launcher(path, text, KUBERAY_HEADER, 0, force, "manifest")
-    if env.cluster.nodes > 1 and not data_pvc:
+    if env.cluster.nodes > 1 and data_pvc is None:
         say(
             "note: verl reads the data set on the node its driver task lands on; give "
             "every pod the same data (--data-pvc CLAIM, or DATA_DIR on shared storage)."

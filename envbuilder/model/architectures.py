@@ -227,9 +227,11 @@ def hub_config(repo: str, endpoint: str | None = None, timeout: float = 10.0) ->
 def with_model(m: Matrix, name: str | None) -> tuple[Matrix, str | None]:
     """`m` with --model NAME's shape in its model table: (matrix, the table's key of the model).
     A name the table has is taken from it; a folder from its config.json; any other repo id
-    from the hub. None: (m, None)."""
-    if not name:
+    from the hub. None: (m, None); an empty name is refused (it would mean no model silently)."""
+    if name is None:
         return m, None
+    if not name.strip():
+        raise UserError("--model is empty. Give a hub repo id or a folder, or leave --model out.")
     if name in m.models:
         return m, name
     if is_local(name):
