@@ -112,7 +112,7 @@ def override_options(f):
 
         flags = {name: kwargs.pop(name) for name in FLAG_FIELDS}
         dirs = kwargs.get("matrix_dirs") or ()
-        kwargs["overrides"] = overrides_from_flags(flags, lambda: load_matrix(dirs))
+        kwargs["overrides"] = overrides_from_flags(flags, lambda: load_matrix(dirs), kwargs.get("mirror"))
         return f(*args, **kwargs)
 
     return wrapper
