@@ -154,3 +154,43 @@ def test_a_lock_pin_that_is_no_version_is_refused(cli, tmp_path, version):
     assert not (tmp_path / "out" / "4090").exists()
     code, out, err = cli("sbom", "4090", "--lock-dir", lock.parent)
     assert code == 2 and "not a version" in err
+
+
+def test_render_locked_takes_every_pin_from_the_lock_it_names(cli, tmp_path):
+    """Issue 33 #5: `render --locked DIR` took its Dockerfile layers and SBOM from DIR's lock but
+    requirements.txt, environment.yml, pixi.toml and constraints/ from ./lockfiles/<profile>
+    (or the shipped lock) whenever that one's plan matched: two locks' pins in one folder
+    (accelerate 1.8.1 in the layers, 1.7.0 in the rest). Every file pins the named lock's now.
+    (On the code before, constraints/ and requirements.txt pinned the other lock's version.)"""
+    import hashlib
+    import json
+    import shutil
+    from pathlib import Path
+
+    named = Path(__file__).parent / "fixtures" / "locks"
+    other = tmp_path / "lockfiles" / "4090"  # (the project's own lock: the render's cwd)
+    shutil.copytree(named / "4090", other)
+    for name, old, new in (
+        ("requirements.lock", "anyio==4.16.0", "anyio==4.99.0"),
+        ("pylock.toml", 'name = "anyio"\nversion = "4.16.0"', 'name = "anyio"\nversion = "4.99.0"'),
+    ):
+        text = (other / name).read_text()
+        assert old in text
+        (other / name).write_text(text.replace(old, new, 1))
+    meta = json.loads((other / "lock.json").read_text())
+    meta["files"] = {f: hashlib.sha256((other / f).read_bytes()).hexdigest() for f in meta["files"]}
+    (other / "lock.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    code, out, err = cli("render", "4090", "-o", tmp_path / "plain")
+    assert code in (0, None), err  # (a plain render takes the project's lock: 4.99.0)
+    plain = "".join(p.read_text() for p in (tmp_path / "plain" / "4090" / "constraints").iterdir())
+    assert "anyio==4.99.0" in plain
+    code, out, err = cli("render", "4090", "--locked", named, "-o", tmp_path / "out")
+    assert code in (0, None), err
+    folder = tmp_path / "out" / "4090"
+    texts = {p.relative_to(folder).as_posix(): p.read_text() for p in folder.rglob("*") if p.is_file()}
+    assert any("anyio==4.16.0" in t for n, t in texts.items() if n.startswith("locked-"))
+    assert any("anyio==4.16.0" in t for n, t in texts.items() if n.startswith("constraints/"))
+    assert not [n for n, t in texts.items() if "anyio==4.99.0" in t], [
+        n for n, t in texts.items() if "anyio==4.99.0" in t
+    ]
+    assert "the lock --locked names (input_sha256 " in texts["envbuild.json"]

@@ -323,9 +323,13 @@ def lock_candidates(profile: str) -> list[tuple[str, Path]]:
     return out
 
 
-def find_constraints(env: ResolvedEnv) -> Constraints | None:
+def find_constraints(env: ResolvedEnv, only: tuple[str, Path] | None = None) -> Constraints | None:
     """The constraints of the first lock whose plan is this environment's, read only when its
-    requirements.lock hashes to what lock.json records; None when no lock fits."""
+    requirements.lock hashes to what lock.json records; None when no lock fits. `only`: (what to
+    call it, where it is) of the lock a `--locked DIR` or `--wheelhouse` render named, the one
+    lock it may take pins from, named in the files by that and its input_sha256 (its
+    Dockerfile's layers and SBOM pin that lock's versions: requirements.txt, environment.yml,
+    pixi.toml and constraints/ must pin the same)."""
     from envbuilder.model import schema as S
     from envbuilder.errors import UserError
     from envbuilder.limits import MAX_INPUT_BYTES, read_limited
@@ -339,7 +343,8 @@ def find_constraints(env: ResolvedEnv) -> Constraints | None:
         "*": Any,
     }
     want = plan_sha256(env)
-    for label, lock_dir in lock_candidates(env.name):
+    candidates = [only] if only is not None else lock_candidates(env.name)
+    for label, lock_dir in candidates:
         if "/" in env.name or env.name in ("", ".", ".."):
             return None  # a profile name never leaves lockfiles/
         try:
@@ -354,6 +359,8 @@ def find_constraints(env: ResolvedEnv) -> Constraints | None:
         if digest != meta["files"]["requirements.lock"]:
             continue
         swapped = meta.get("torch_swapped")
+        if only is not None and isinstance(meta.get("input_sha256"), str):  # (no path: it moves)
+            label = f"{label} (input_sha256 {meta['input_sha256'][:16]})"
         try:
             layers_ = constraint_layers(env, data, bool(swapped), digest)
         except UnicodeDecodeError:
@@ -362,9 +369,10 @@ def find_constraints(env: ResolvedEnv) -> Constraints | None:
     return None
 
 
-def with_constraints(env: ResolvedEnv) -> ResolvedEnv:
-    """`env` with `constraints`: the pins of the lock whose plan it is, or None (it floats)."""
-    return env._replace(constraints=find_constraints(env))
+def with_constraints(env: ResolvedEnv, only: tuple[str, Path] | None = None) -> ResolvedEnv:
+    """`env` with `constraints`: the pins of the lock whose plan it is (`only`: of that lock
+    alone), or None (it floats)."""
+    return env._replace(constraints=find_constraints(env, only))
 
 
 def override_flags(overrides: Overrides) -> str:
