@@ -206,7 +206,7 @@ def parse(text: str, with_hashes: bool = True) -> dict[str, Locked]:
         if m:
             flush()
             name, version, hashes, parents, in_via = normalize(m[1]), m[2], [], set(), False
-            if not PIN_VERSION.fullmatch(version.removesuffix("\\")):
+            if not PIN_VERSION.fullmatch(version):
                 from envbuilder.errors import UserError
                 from envbuilder.text import shorten
 
