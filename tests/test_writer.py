@@ -135,3 +135,19 @@ def test_the_umask_and_a_files_own_mode_are_kept(tmp_path, kind):
     path.chmod(0o600)
     assert run(kind, path, "--force", umask=0o022).returncode == 0
     assert mode(path) == 0o600
+
+
+def test_a_record_another_user_planted_does_not_make_a_file_envbuilds(tmp_path):
+    """In a shared folder (/tmp, scratch) another user could plant `.NAME.envbuild-sha256`
+    with the hash of someone's own file there, so that envbuild replaced it without --force.
+    A record counts only when it is this user's."""
+    page = tmp_path / "notes.html"
+    page.write_text("<p>the user's page</p>\n")
+    record = tmp_path / ".notes.html.envbuild-sha256"
+    record.write_text(f"{hashlib.sha256(page.read_bytes()).hexdigest()}  notes.html\n")
+    os.chown(record, 4242, 4242)  # (the tests run as root)
+    r = run("grid", page)
+    assert r.returncode == 2 and "envbuild did not write it" in r.stderr, r.stderr
+    assert page.read_text() == "<p>the user's page</p>\n"
+    os.chown(record, os.getuid(), os.getgid())  # the same record, this user's: the file is envbuild's
+    assert run("grid", page).returncode == 0

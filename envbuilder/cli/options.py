@@ -66,7 +66,7 @@ def override_options(f):
             metavar="HF_ID|FOLDER",
             callback=not_empty,
             help="Train this model: a hub repo id (its config.json is read through "
-            "HF_ENDPOINT, then cached) or a folder holding its config.json. The memory "
+            "--mirror's hub or HF_ENDPOINT, then cached) or a folder with its config.json. The memory "
             "plan, batch sizes and run script follow its shape.",
         ),
         click.option(

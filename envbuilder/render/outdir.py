@@ -516,11 +516,16 @@ def _kind(mode: int) -> str:
 
 
 def _recorded_sha256(path: Path) -> str | None:
-    """The sha256 that `path`'s record says envbuild wrote (never read through a link)."""
-    from envbuilder.limits import read_limited
+    """The sha256 that `path`'s record says envbuild wrote: read never through a link, and
+    only from a record of this user's (one another user planted beside a file in a shared
+    folder does not make that file envbuild's to replace)."""
+    from envbuilder.limits import open_regular
 
     try:
-        line = read_limited(owned_record(path), 4096, follow=False).decode("ascii").split("\n")[0]
+        with open_regular(owned_record(path), follow=False) as f:
+            if os.fstat(f.fileno()).st_uid != os.getuid():
+                return None
+            line = f.read(4096).decode("ascii").split("\n")[0]
     except (OSError, ValueError):
         return None
     digest, _, name = line.partition("  ")
