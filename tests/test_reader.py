@@ -128,3 +128,42 @@ def test_the_reader_refuses_a_link_only_where_asked(tmp_path):
     with pytest.raises(NotRegularFile):
         read_limited(Path("/dev/zero"), 10)
     assert read_limited(tmp_path / "f", 10) == b"x"
+
+
+DIGEST = "sha256:" + "a" * 64
+EVERY_COMMAND = {  # every command that reads the matrix and needs no network or Docker
+    "list": ["list"],
+    "show": ["show", "p40", "--json"],
+    "check": ["check", "p40"],
+    "grid": ["grid", "--gpu", "p40"],
+    "render": ["render", "t4", "-o", "out"],
+    "bake": ["bake", "t4", "-o", "bake"],
+    "apptainer": ["apptainer", "p40", "--image", f"registry.example/envbuild/p40@{DIGEST}", "-o", "p.def"],
+    "launch slurm": ["launch", "slurm", "h100", "--nodes", "2", "--sif", "/x.sif", "-o", "j.sbatch"],
+    "launch kuberay": [
+        "launch",
+        "kuberay",
+        "h100",
+        "--nodes",
+        "2",
+        "--image",
+        f"r.example/x@{DIGEST}",
+        "-o",
+        "j.yaml",
+    ],
+    "launch ray": ["launch", "ray", "h100", "--nodes", "2"],
+    "sbom": ["sbom", "4090"],
+    "mirrors list": ["mirrors", "list"],
+}
+
+
+@pytest.mark.parametrize("command", EVERY_COMMAND)
+def test_a_fifo_overlay_stops_no_command(tmp_path, command):
+    """The FIFO overlay against every command that reads the matrix: each refuses it at once."""
+    f = fifo(tmp_path / "overlay" / "lab.yaml")
+    refused(run([*EVERY_COMMAND[command], "--matrix-dir", f.parent], tmp_path), "lab.yaml")
+
+
+def test_a_fifo_in_the_overlay_affected_compares(tmp_path):
+    f = fifo(tmp_path / "overlay" / "lab.yaml")
+    refused(run(["affected", f.parent], tmp_path), "lab.yaml")
