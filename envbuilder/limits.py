@@ -10,6 +10,7 @@ readers.py builds the typed reader of every other file on these.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -54,13 +55,35 @@ def read_upto(f: BinaryIO, limit: int) -> bytes:
     return b"".join(parts)
 
 
-def read_limited(path: Path, limit: int) -> bytes:
-    """The bytes of `path`, read only when it is a regular file and at most `limit` bytes long.
+def open_regular(path: Path, follow: bool = True) -> BinaryIO:
+    """`path` open for reading when it is a regular file (OSError, FileNotFoundError when
+    missing; NotRegularFile otherwise). It never blocks: opened with O_NONBLOCK (a FIFO with no
+    writer would wait for one for good), checked with fstat before a byte is read, and read in
+    blocking mode only once it is known to be a file. `follow=False`: a link is refused too
+    (O_NOFOLLOW: what envbuild wrote, or a cache, is never read through one)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP and not follow:
+            raise NotRegularFile(str(path)) from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFile(str(path))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_limited(path: Path, limit: int, follow: bool = True) -> bytes:
+    """The bytes of `path`, read only when it is a regular file and at most `limit` bytes long
+    (open_regular: a FIFO or a device is refused before a byte is read, never waited on).
     OSError (FileNotFoundError when missing), NotRegularFile or TooLarge otherwise: each reader
     says what that means for its file."""
-    with open(path, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise NotRegularFile(str(path))
+    with open_regular(path, follow) as f:
         data = read_upto(f, limit)
     if len(data) > limit:
         raise TooLarge(str(path))

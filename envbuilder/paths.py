@@ -149,7 +149,7 @@ _KEY = ".key"
 def _cache_key(folder: int) -> bytes | None:
     """The cache key in the private folder `folder` (a descriptor), made when missing."""
     try:
-        fd = os.open(_KEY, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
+        fd = os.open(_KEY, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder)
     except FileNotFoundError:
         try:
             fd = os.open(

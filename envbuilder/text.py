@@ -28,6 +28,17 @@ def redact(text: str) -> str:
     return re.sub(_AUTH_VALUE, lambda m: f"{m[1]}{m[2]}***", text, flags=re.I)
 
 
+# what a terminal acts on rather than shows: C0 controls but newline and tab, DEL, C1 controls
+# (ESC starts a title change, a screen clear, a hyperlink), and the Unicode line separators
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def printable(text: str) -> str:
+    """`text` with every control character a terminal would act on shown as its escape
+    (ESC as \\x1b): a file name or value from outside reaches the terminal as text."""
+    return _CONTROL.sub(lambda m: ascii(m[0])[1:-1], str(text))
+
+
 def without_credentials(url: str) -> str:
     """`url` without its user:password@ (what files, labels and the image may name)."""
     return USERINFO.sub(r"\1", url)

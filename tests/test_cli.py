@@ -368,3 +368,24 @@ def test_a_stale_lock_for_a_variant_names_the_lock_of_that_variant(cli, tmp_path
     assert code == 2, err
     assert "`envbuild lock 4090 --verl 0.9.1 -o lockfiles/4090-verl0.9.1` makes one" in err
     assert "`envbuild lock 4090`" not in err
+
+
+ESCAPES = "\x1b]0;owned\x07\x1b[2J\x9b31m\r"  # a window title, a screen clear, C1 CSI, a carriage return
+
+
+@pytest.mark.parametrize("case", ["overlay file name", "profile argument"])
+def test_terminal_escapes_in_a_message_are_shown_not_acted_on(run_envbuild, tmp_path, case):
+    """Issue 33 #14: an overlay's file name (or any value echoed back) reached the terminal raw
+    in an error: ESC ] 0; set the window title, ESC [2J cleared the screen. Every control
+    character of a message is printed as its escape. (On the code before, the raw ESC.)"""
+    if case == "overlay file name":
+        folder = tmp_path / "overlay"
+        folder.mkdir()
+        (folder / f"lab{ESCAPES}.yaml").write_text("profiles: [\n")
+        r = run_envbuild("list", "--matrix-dir", folder)
+    else:
+        r = run_envbuild("show", f"p40{ESCAPES}")
+    assert r.returncode == 2, r.stderr
+    for raw in ("\x1b", "\x07", "\x9b", "\r"):
+        assert raw not in r.stderr
+    assert "\\x1b]0;owned\\x07\\x1b[2J\\x9b31m\\r" in r.stderr

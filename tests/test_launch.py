@@ -824,3 +824,109 @@ def test_the_library_entry_points_check_their_values_too():
         L.slurm_script(env, sif="/x.sif", job="a;b")
     with pytest.raises(UserError, match="names no digest"):
         L.rayjob(env, "registry.example/envbuild/h100:1")
+
+
+@pytest.mark.parametrize("setting", ["ENVBUILD_RAY_WAIT", "ENVBUILD_RAY_PORT"])
+@pytest.mark.parametrize("value", ["nnodes[$(touch pwned)]", "abc", "0x10", "10 "])
+def test_the_sbatch_script_takes_digits_only_for_its_wait_and_port(loopback, setting, value):
+    """Issue 33 #12: ray_wait reached bash arithmetic ($((SECONDS + ray_wait))), where
+    `nnodes[$(cmd)]` runs cmd and `abc` says "unbound variable". Both settings are refused,
+    before any step, naming the setting. (On the code before, the first case made `pwned`.)"""
+    cluster, script = loopback()
+    if setting == "ENVBUILD_RAY_PORT":
+        cluster.env["ENVBUILD_RAY_PORT"] = value
+        code, _, err, _ = cluster.run(script, timeout=60)
+    else:
+        code, _, err, _ = cluster.run(script, wait=value, timeout=60)  # type: ignore[arg-type]
+    assert not (cluster.tmp / "pwned").exists()
+    assert code == 2, err[-2000:]
+    assert f"envbuild: {setting} is '{value}', not a whole number" in err
+
+
+@pytest.mark.parametrize("name", ["h" * 64, "h100-", "h100_x."])
+def test_kuberay_refuses_a_profile_that_is_no_kubernetes_label_value(cli, overlay, tmp_path, name):
+    """Issue 33 #15: a profile name envbuild takes (64 characters, a trailing '-') went into the
+    manifest's envbuild.io/profile label, which Kubernetes refuses with the whole RayJob. It is
+    refused here, naming the label, before anything is written (the code before wrote it)."""
+    import yaml
+
+    profiles = yaml.safe_load((TESTS.parent / "matrices" / "profiles.yaml").read_text())["profiles"]
+    profiles["h100"]["source"] = "https://verl.readthedocs.io/"
+    folder = overlay({"profiles": {name: profiles["h100"]}})
+    out = tmp_path / "job.yaml"
+    args = ("launch", "kuberay", name, "--nodes", "2", "--image", IMAGE, "--job-name", "ok", "-o", out)
+    code, _, err = cli(*args, "--matrix-dir", folder)
+    assert code == 2, err
+    assert "cannot be a Kubernetes label value" in err and "envbuild.io/profile" in err
+    assert not out.exists()
+    # a profile name that is a label value is written as it is
+    folder = overlay({"profiles": {"h100-b": profiles["h100"]}})
+    code, _, err = cli(
+        "launch", "kuberay", "h100-b", "--nodes", "2", "--image", IMAGE, "-o", out, "--matrix-dir", folder
+    )
+    assert code == 0, err
+    assert yaml.safe_load(out.read_text())["metadata"]["labels"]["envbuild.io/profile"] == "h100-b"
+
+
+# -- issue 33 #17: small input gaps --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, why",
+    [
+        (("launch", "kuberay", "h100", "--nodes", "2", "--image", IMAGE, "--data-pvc", ""), "--data-pvc"),
+        (("launch", "slurm", "h100", "--sif", "/x.sif", "--model", ""), "--model"),
+        (("show", "h100", "--model", ""), "--model"),
+        (("sbom", "4090", "--lock-dir", ""), "--lock-dir"),
+        (("launch", "ray", "h100", "--nodes", "2", "--head-ip", "::::::::"), "--head-ip"),
+        (("launch", "ray", "h100", "--nodes", "2", "--head-ip", "a..b"), "--head-ip"),
+        (("launch", "ray", "h100", "--nodes", "2", "--head-ip", "node-.x"), "--head-ip"),
+        (("launch", "ray", "h100", "--nodes", "2", "--head-ip", "10.0.0.999"), "--head-ip"),
+    ],
+    ids=[
+        "data-pvc",
+        "slurm-model",
+        "show-model",
+        "lock-dir",
+        "colons",
+        "empty-label",
+        "label-dash",
+        "bad-v4",
+    ],
+)
+def test_an_empty_or_malformed_value_is_refused_not_ignored(cli, tmp_path, args, why):
+    """Issue 33 #17: `--data-pvc ''` and `--model ''` were ignored silently, `sbom --lock-dir ''`
+    meant the current folder, and `--head-ip '::::::::'` or `a..b` were taken. Each is refused
+    (exit 2), naming the option. (On the code before, each ran.)"""
+    code, out, err = (
+        cli(*args, "-o", tmp_path / "x") if args[0] != "show" and args[1] != "ray" else cli(*args)
+    )
+    assert code == 2, (out, err)
+    assert why in err or "is not an address" in err, err
+
+
+def test_an_ipv6_head_joins_its_port_in_brackets(cli):
+    """Issue 33 #17: an IPv6 head was written as ::1:6379 (a port Ray cannot tell apart)."""
+    code, out, err = cli("launch", "ray", "h100", "--nodes", "2", "--head-ip", "fd00::1")
+    assert code in (0, None), err
+    assert "HEAD_IP=fd00::1" in out
+    assert '--address="[$HEAD_IP]":6379' in out and 'RAY_ADDRESS="[$HEAD_IP]:6379"' in out
+    code, out, err = cli("launch", "ray", "h100", "--nodes", "2", "--head-ip", "node-1.cluster")
+    assert code in (0, None), err
+    assert '--address="$HEAD_IP":6379' in out
+
+
+@pytest.mark.parametrize("kind", ["slurm", "kuberay", "apptainer", "sbom", "grid"])
+def test_o_naming_a_folder_is_refused(cli, tmp_path, kind):
+    """Issue 33 #17: `-o newdir/` wrote a file named newdir."""
+    target = f"{tmp_path / 'newdir'}/"
+    args = {
+        "slurm": ("launch", "slurm", "h100", "--nodes", "2", "--sif", "/x.sif", "-o", target),
+        "kuberay": ("launch", "kuberay", "h100", "--nodes", "2", "--image", IMAGE, "-o", target),
+        "apptainer": ("apptainer", "h100", "--image", IMAGE, "-o", target),
+        "sbom": ("sbom", "4090", "--lock-dir", TESTS / "fixtures" / "locks", "-o", target),
+        "grid": ("grid", "--gpu", "p40", "--html", target),
+    }[kind]
+    code, out, err = cli(*args)
+    assert code == 2 and "names a folder" in err, (out, err)
+    assert not (tmp_path / "newdir").exists()

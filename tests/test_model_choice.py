@@ -152,3 +152,136 @@ def test_a_model_too_big_for_the_card_names_a_smaller_one_that_resolves(run):
     assert code == 2 and "[memory]" in out, out
     fix = out.split("use --model ", 1)[1].split(" ", 1)[0]
     assert run("show", "4090", "--model", fix)[0] == 0
+
+
+@pytest.mark.parametrize("kind", [["qwen2"], {"qwen2": 1}, 7, None])
+@pytest.mark.parametrize("where", ["folder", "hub"])
+def test_a_model_type_that_is_no_name_is_refused_clearly(hub, tmp_path, run, kind, where):
+    """Issue 33 #10: a config.json whose model_type is a list or an object (from a folder or the
+    hub) ended in `TypeError: unhashable type`, an internal error. It is refused (exit 2)
+    naming the value. (On the code before, the list and the object raised.)"""
+    cfg = dict(config("Qwen/Qwen3-8B"), model_type=kind)
+    if where == "folder":
+        folder = tmp_path / "odd"
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(cfg))
+        code, out = run("show", "h100", "--model", folder)
+    else:
+        repo = f"odd/{type(kind).__name__}"  # (one repo a case: the hub's answers are cached)
+        hub.files[f"{repo}/resolve/main/config.json"] = json.dumps(cfg).encode()
+        code, out = run("show", "h100", "--model", repo, env={"HF_ENDPOINT": hub.url("")})
+    assert code == 2, out
+    assert "the memory plan knows the layouts" in out and repr(kind)[:20] in out
+
+
+def test_the_hub_cache_is_sealed(hub, tmp_path, run, monkeypatch):
+    """Issue 33 #16: hf-config-*.json entries were plain cache files, though every entry is
+    sealed (docs/reference.md): one planted in the cache folder (another model's shape) was
+    read as the hub's answer. Now an entry is read only under this user's seal. (On the code
+    before, the planted entry sized the plan offline.)"""
+    import hashlib
+    import os
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    folder = cache / "envbuild"
+    folder.mkdir(parents=True, mode=0o700)
+    os.chmod(folder, 0o700)
+    endpoint = hub.url("").rstrip("/")
+    url = f"{endpoint}/Qwen/Qwen3-8B/resolve/main/config.json"
+    entry = folder / f"hf-config-{hashlib.sha256(url.encode()).hexdigest()[:32]}.json"
+    entry.write_text(json.dumps(config("meta-llama/Llama-3.1-8B-Instruct")))  # not Qwen3-8B's
+    code, out = run(
+        "show", "h100", "--model", "Qwen/Qwen3-8B", env={"HF_ENDPOINT": endpoint, "ENVBUILD_OFFLINE": "1"}
+    )
+    assert code == 2 and "not cached" in out, out
+    entry.unlink()
+    code, out = run(
+        "show", "h100", "--model", "Qwen/Qwen3-8B", env={"HF_ENDPOINT": endpoint, "ENVBUILD_OFFLINE": ""}
+    )
+    assert code == 0, out
+    assert entry.read_text().startswith("envbuild-sealed 1 ")
+    code, out = run(
+        "show", "h100", "--model", "Qwen/Qwen3-8B", env={"HF_ENDPOINT": endpoint, "ENVBUILD_OFFLINE": "1"}
+    )
+    assert code == 0, out  # (its own sealed entry answers offline)
+
+
+# -- issue 33 #3: the hub through the one HTTP session -------------------------------------------
+
+
+def test_hf_token_never_follows_a_redirect_to_another_origin(hub, run):
+    """urllib copied Authorization to every hop, so a hub (or a mirror) that redirected
+    config.json elsewhere handed HF_TOKEN to that host. The token goes to the endpoint's own
+    scheme, host and port only. (On the code before, the other server saw the Bearer token.)"""
+    with FaultServer({"cdn/config.json": json.dumps(config("Qwen/Qwen3-8B")).encode()}) as other:
+        hub.script["Qwen/Qwen3-8B/resolve/main/config.json"] = [("redirect", other.url("cdn/config.json"))]
+        env = {"HF_ENDPOINT": hub.url("").rstrip("/"), "HF_TOKEN": "hf_s3cretTOKEN"}
+        code, out = run("show", "h100", "--model", "Qwen/Qwen3-8B", env=env)
+        assert code == 0, out
+        (first,) = hub.requests_for("Qwen/Qwen3-8B/resolve/main/config.json")
+        assert first.authorization == "Bearer hf_s3cretTOKEN"
+        (second,) = other.requests_for("cdn/config.json")
+        assert second.authorization is None
+        assert "s3cret" not in out
+
+
+def test_credentials_in_hf_endpoint_are_basic_auth_to_that_host(hub, run):
+    """HF_ENDPOINT=http://user:pass@host sent `user:pass@host` to the resolver as a host name
+    (urllib); it is Basic auth to that host now, and never printed."""
+    url = hub.url("").rstrip("/").replace("http://", "http://user:s3cret@")
+    code, out = run("show", "h100", "--model", "Qwen/Qwen3-8B", env={"HF_ENDPOINT": url})
+    assert code == 0, out
+    (got,) = hub.requests_for("Qwen/Qwen3-8B/resolve/main/config.json")
+    assert got.authorization and got.authorization.startswith("Basic ")
+    assert "s3cret" not in out
+
+
+def test_a_hub_that_drips_is_cut_at_the_deadline(hub, tmp_path):
+    """A server sending a byte every so often never times out a read: `show --model` was held
+    for as long as it dripped (80 s at a byte every 2 s in the report; the cap allowed days).
+    The whole exchange has a deadline now (HUB_DEADLINE; shrunk here through DEADLINE_SCALE).
+    (On the code before, this run was killed at the test's limit.)"""
+    import subprocess
+    import sys
+    import time
+
+    from conftest import clean_env
+
+    hub.script["Qwen/Qwen3-8B/resolve/main/config.json"] = ["drip"]
+    code = (
+        "import sys; import envbuilder.oci.http as H; H.DEADLINE_SCALE = 0.05\n"
+        "from envbuilder.cli import main; main(sys.argv[1:])"
+    )
+    start = time.monotonic()
+    try:
+        r = subprocess.run(
+            [sys.executable, "-c", code, "show", "h100", "--model", "Qwen/Qwen3-8B"],
+            env=clean_env(HF_ENDPOINT=hub.url("").rstrip("/"), XDG_CACHE_HOME=str(tmp_path / "c")),
+            capture_output=True,
+            text=True,
+            timeout=40,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("show --model was held by a dripping hub past 40 s")
+    assert r.returncode == 1 and "no complete answer within" in r.stderr, r.stderr
+    assert time.monotonic() - start < 30
+
+
+def test_mirror_points_the_model_lookup_at_the_mirrors_hub(hub, run_envbuild, tmp_path):
+    """`render 4090 --mirror cn --model X` read huggingface.co: the mirror set's Hugging Face
+    endpoint is where a hub model's config.json is read now (a flag before HF_ENDPOINT).
+    (On the code before, the request went to HF_ENDPOINT, here a closed port.)"""
+    import yaml
+    from httpfixtures import closed_port_url
+
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(
+        yaml.safe_dump({"mirrors": {"lab": {"description": "lab", "huggingface": [hub.url("").rstrip("/")]}}})
+    )
+    env = {"ENVBUILD_CONFIG": str(cfg), "HF_ENDPOINT": closed_port_url("").rstrip("/")}
+    r = run_envbuild(
+        "render", "h100", "--mirror", "lab", "--model", "Qwen/Qwen3-8B", "-o", tmp_path / "out", env=env
+    )
+    assert r.returncode == 0, r.stderr
+    assert len(hub.requests_for("Qwen/Qwen3-8B/resolve/main/config.json")) == 1

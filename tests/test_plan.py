@@ -122,3 +122,75 @@ def test_the_runtime_steps_install_with_uv_pinned_by_sha256_and_the_builder_keep
             assert '--index-url "${PIP_INDEX_URL}"' in step and "TORCH_INDEX_URL" not in step
     assert bool(builder) == bool(plan_of(profile).builder)
     assert all(" uv " not in s and "target=/root/.cache/pip" in s for s in builder)
+
+
+@pytest.mark.parametrize("version", ["3.20;touch", "$(id)", '3.20"', "3.20\\x"])
+def test_a_lock_pin_that_is_no_version_is_refused(cli, tmp_path, version):
+    """Issue 33 #10: a self-consistent lock (its files' sha256 in lock.json, pylock.toml and
+    requirements.lock agreeing) whose pin version is not a plain token reached the hashed
+    locked-*.txt files of `render --locked` unchecked (`idna==$(id)`). The version is checked
+    where the lock is parsed: exit 2 naming it, nothing written. (On the code before, each
+    rendered.)"""
+    import hashlib
+    import json
+    import shutil
+    from pathlib import Path
+
+    lock = tmp_path / "lock" / "4090"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "locks" / "4090", lock)
+    for name, old, new in (
+        ("requirements.lock", "idna==3.20", f"idna=={version}"),
+        ("pylock.toml", 'name = "idna"\nversion = "3.20"', f'name = "idna"\nversion = {json.dumps(version)}'),
+    ):
+        text = (lock / name).read_text()
+        assert old in text
+        (lock / name).write_text(text.replace(old, new, 1))
+    meta = json.loads((lock / "lock.json").read_text())
+    meta["files"] = {f: hashlib.sha256((lock / f).read_bytes()).hexdigest() for f in meta["files"]}
+    (lock / "lock.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    code, out, err = cli("render", "4090", "--locked", lock.parent, "-o", tmp_path / "out")
+    assert code == 2, err
+    assert "pins idna at" in err and "not a version" in err
+    assert not (tmp_path / "out" / "4090").exists()
+    code, out, err = cli("sbom", "4090", "--lock-dir", lock.parent)
+    assert code == 2 and "not a version" in err
+
+
+def test_render_locked_takes_every_pin_from_the_lock_it_names(cli, tmp_path):
+    """Issue 33 #5: `render --locked DIR` took its Dockerfile layers and SBOM from DIR's lock but
+    requirements.txt, environment.yml, pixi.toml and constraints/ from ./lockfiles/<profile>
+    (or the shipped lock) whenever that one's plan matched: two locks' pins in one folder
+    (accelerate 1.8.1 in the layers, 1.7.0 in the rest). Every file pins the named lock's now.
+    (On the code before, constraints/ and requirements.txt pinned the other lock's version.)"""
+    import hashlib
+    import json
+    import shutil
+    from pathlib import Path
+
+    named = Path(__file__).parent / "fixtures" / "locks"
+    other = tmp_path / "lockfiles" / "4090"  # (the project's own lock: the render's cwd)
+    shutil.copytree(named / "4090", other)
+    for name, old, new in (
+        ("requirements.lock", "anyio==4.16.0", "anyio==4.99.0"),
+        ("pylock.toml", 'name = "anyio"\nversion = "4.16.0"', 'name = "anyio"\nversion = "4.99.0"'),
+    ):
+        text = (other / name).read_text()
+        assert old in text
+        (other / name).write_text(text.replace(old, new, 1))
+    meta = json.loads((other / "lock.json").read_text())
+    meta["files"] = {f: hashlib.sha256((other / f).read_bytes()).hexdigest() for f in meta["files"]}
+    (other / "lock.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    code, out, err = cli("render", "4090", "-o", tmp_path / "plain")
+    assert code in (0, None), err  # (a plain render takes the project's lock: 4.99.0)
+    plain = "".join(p.read_text() for p in (tmp_path / "plain" / "4090" / "constraints").iterdir())
+    assert "anyio==4.99.0" in plain
+    code, out, err = cli("render", "4090", "--locked", named, "-o", tmp_path / "out")
+    assert code in (0, None), err
+    folder = tmp_path / "out" / "4090"
+    texts = {p.relative_to(folder).as_posix(): p.read_text() for p in folder.rglob("*") if p.is_file()}
+    assert any("anyio==4.16.0" in t for n, t in texts.items() if n.startswith("locked-"))
+    assert any("anyio==4.16.0" in t for n, t in texts.items() if n.startswith("constraints/"))
+    assert not [n for n, t in texts.items() if "anyio==4.99.0" in t], [
+        n for n, t in texts.items() if "anyio==4.99.0" in t
+    ]
+    assert "the lock --locked names (input_sha256 " in texts["envbuild.json"]

@@ -450,3 +450,62 @@ def test_a_failed_smoke_test_names_the_import_that_failed(tmp_path):
         f"{CROSS} import verl.workers.fsdp_workers: ModuleNotFoundError: No module named 'torch.distributed'"
     ) in message
     assert "training run would fail" in message
+
+
+# -- issue 33 #6: refused overrides judged as Hydra parses them ----------------------------------
+
+OFFLOAD = "actor_rollout_ref.actor.fsdp_config.param_offload"
+
+
+def overrides_run(tmp_path: Path, profile: str, *overrides: str) -> subprocess.CompletedProcess:
+    """preflight.py --overrides with this interpreter (hydra-core and omegaconf, as verl's
+    image has them); the refused overrides are judged before anything else runs."""
+    script = tmp_path / "preflight.py"
+    script.write_text(render_files(resolved(profile))["preflight.py"])
+    return subprocess.run(
+        [sys.executable, str(script), "--quiet", "--overrides", *overrides],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        f"{OFFLOAD}=True",
+        f"{OFFLOAD}='true'",
+        f'{OFFLOAD}="True"',
+        f"{OFFLOAD}=1",
+        f"{OFFLOAD}=yes",
+        f"{OFFLOAD}=tRuE",
+        f"{OFFLOAD}=False,True",
+        f"{OFFLOAD}=${{oc.env:OFFLOAD}}",
+        "actor_rollout_ref.actor.fsdp_config={param_offload:true}",
+        "actor_rollout_ref.actor={fsdp_config:{param_offload:1}}",
+        f"++{OFFLOAD}=on",
+    ],
+)
+def test_a_refused_override_is_refused_however_hydra_would_spell_it(tmp_path, override):
+    """Only `=True` was refused: quoted, numeric, other spellings of true, and a dict set on a
+    parent key all reach verl's bool field as True. The value is judged as Hydra's own override
+    parser reads it and OmegaConf's bool node converts it. (On the code before, every case but
+    =True and =tRuE passed.)"""
+    r = overrides_run(tmp_path, "p40", override)
+    assert r.returncode == 2, r.stderr
+    assert "cannot generate from an offloaded actor" in r.stderr and "NOT STARTED" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        f"{OFFLOAD}=False",
+        f"{OFFLOAD}='false'",
+        f"{OFFLOAD}=0",
+        "actor_rollout_ref.actor.fsdp_config={param_offload:false}",
+    ],
+)
+def test_the_allowed_value_passes_however_it_is_spelt(tmp_path, override):
+    r = overrides_run(tmp_path, "p40", override)
+    assert "cannot generate from an offloaded actor" not in r.stderr, r.stderr

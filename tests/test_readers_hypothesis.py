@@ -714,3 +714,85 @@ def test_a_record_in_the_output_folder_is_used_or_ignored(work, text):
     assert json.loads(record.read_text())["format"] == RECORD["format"]
     record.write_text(text, errors="surrogatepass")
     envbuild("render", "p40", "-o", out)
+
+
+# ---- issue 33: the new inputs (a model's config.json, lock pins, launcher flags) ----------------
+
+QWEN3 = json.loads(
+    (Path(__file__).resolve().parent / "fixtures" / "hf" / "Qwen" / "Qwen3-8B" / "config.json").read_text()
+)
+
+
+@settings(max_examples=150, **SETTINGS)
+@given(text=json_texts(QWEN3))
+@example(text=json.dumps(dict(QWEN3, model_type=["qwen3"])))
+@example(text=json.dumps(dict(QWEN3, model_type={"a": 1})))
+@example(text=json.dumps(dict(QWEN3, num_hidden_layers="36")))
+def test_a_models_config_json_sizes_the_plan_or_is_refused(work, text):
+    """A hub's or a folder's config.json (--model): every malformed one is refused (exit 2),
+    never an internal error (a list as model_type was one)."""
+    from envbuilder.model.architectures import _parse, arch_from_config
+
+    only_bad_data(
+        lambda: arch_from_config(
+            _parse(text.encode("utf-8", "surrogatepass"), "config.json"), "config.json", "m"
+        )
+    )
+    folder = fresh(work) / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(text, encoding="utf-8", errors="surrogatepass")
+    code, err = envbuild("show", "h100", "--memory", "--model", folder)
+    assert code in (0, 2), err
+
+
+pin_versions = st.one_of(
+    st.text(min_size=1, max_size=30),
+    st.text(alphabet="0123456789.+!-_abcrcpostdev;$()`'\"\\ \t", min_size=1, max_size=20),
+)
+
+
+@settings(max_examples=200, **SETTINGS)
+@given(version=pin_versions, name=st.sampled_from(["idna", "Flash_Attn", "a.b-c"]))
+def test_a_lock_pin_is_a_plain_version_or_refused(version, name):
+    """requirements.lock's pins: a version is one token of PEP 440's characters or the lock is
+    refused (UserError); what is parsed never holds a character a pip file or shell would read."""
+    import re
+
+    from envbuilder.render.plan import PIN_VERSION, parse
+
+    text = f"{name}=={version} \\\n    --hash=sha256:{'a' * 64}\n    # via -r requirements.in\n"
+    try:
+        got = parse(text)
+    except Exception as e:  # noqa: BLE001 - (only the user's one paragraph is allowed)
+        from envbuilder.errors import UserError
+
+        assert isinstance(e, UserError), repr(e)
+        return
+    for entry in got.values():
+        assert PIN_VERSION.fullmatch(entry.version), entry.version
+        assert not re.search(r"[\s;$`'\"\\()]", entry.version)
+
+
+@settings(max_examples=300, **SETTINGS)
+@given(value=st.one_of(st.text(max_size=70), st.from_regex(r"[a-z0-9:.\-\[\]]{1,40}", fullmatch=True)))
+def test_launcher_flags_are_safe_words_or_refused(value):
+    """--head-ip, --job-name (Slurm and Kubernetes), --data-pvc and a profile as a label value:
+    each returns a value with no character a shell, an #SBATCH line or YAML would read, or
+    refuses it (UserError)."""
+    import re
+
+    from envbuilder.engines import launch as L
+    from envbuilder.errors import UserError
+
+    for check in (
+        L.head_address,
+        lambda v: L.job_name(v, "p"),
+        lambda v: L.job_name(v, "p", kubernetes=True),
+        L.claim_name,
+        L.label_value,
+    ):
+        try:
+            got = check(value)
+        except UserError:
+            continue
+        assert got and not re.search(r"[\s;$`'\"\\()<>|&*?{}#!~]", got), (value, got)

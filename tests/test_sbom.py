@@ -189,3 +189,63 @@ def test_o_never_replaces_a_file_envbuild_did_not_write(sbom_4090, tmp_path, cap
     # its own SBOM it replaces without --force
     code, _, err = envbuild(capsys, "sbom", "4090", "--lock-dir", LOCKS, "-o", other)
     assert code == 0, err
+
+
+INDEX = "application/vnd.oci.image.index.v1+json"
+
+
+def _lock_for(env, tmp_path: Path) -> Path:
+    """The shipped lock of env's profile, its lock.json re-stamped for `env`'s inputs (as
+    `envbuild lock` would have stamped it, solving against the same index with a password)."""
+    from envbuilder.lock import lockfile
+
+    lock = tmp_path / "lock" / env.name
+    shutil.copytree(REPO / "lockfiles" / env.name, lock)
+    meta = json.loads((lock / "lock.json").read_text())
+    meta.pop("torch_swapped", None)  # (as if the PyTorch index had answered)
+    images = {
+        ref: {"digest": "sha256:" + hashlib.sha256(ref.encode()).hexdigest(), "media_type": INDEX}
+        for ref in sorted(set(env.cuda.images.values()))
+    }
+    (lock / "images.lock").write_text(lockfile.dumps(images))
+    meta["files"]["images.lock"] = lockfile.sha256_text((lock / "images.lock").read_text())
+    sources = {"apex": {"url": env.apex.url, "sha256": "0" * 64}}  # (p40 compiles apex)
+    (lock / "sources.lock").write_text(lockfile.dumps(sources))
+    meta["files"]["sources.lock"] = lockfile.sha256_text((lock / "sources.lock").read_text())
+    meta["parts"] = sorted({*meta["parts"], "images", "sources"})
+    meta["inputs"] = lockfile.input_digests(env, meta["parts"])
+    meta["input_sha256"] = lockfile.input_sha256(meta["inputs"])
+    (lock / "lock.json").write_text(lockfile.dumps(meta))
+    return lock
+
+
+def test_a_mirror_password_never_reaches_the_sbom(tmp_path, capsys):
+    """Issue 33 #2: sbom and render --locked built the SBOM from the environment before its
+    credentials were split off, so an overlay's torch index_url with user:pass@ landed in a
+    purl's repository_url, and the Dockerfile copies sbom.cdx.json into the image. (On the code
+    before, the password was in both.)"""
+    from envbuilder.model import matrix as M
+    from envbuilder.model.resolve import resolve
+
+    secret = "s3cret-sbom-pw"
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "torch.yaml").write_text(
+        f"index_url: https://user:{secret}@download.pytorch.org/whl/{{variant}}\n"
+    )
+    env = resolve(M.load((overlay,)), "p40")
+    assert secret in env.torch.index_url  # (p40: a +cu118 torch from the PyTorch index)
+    lock = _lock_for(env, tmp_path)
+    code, out, err = envbuild(capsys, "sbom", "p40", "--matrix-dir", overlay, "--lock-dir", lock)
+    assert code == 0, err
+    assert secret not in out + err
+    assert "repository_url=https://download.pytorch.org/whl/cu118" in out
+    validate(out)
+    code, out, err = envbuild(
+        capsys, "render", "p40", "--matrix-dir", overlay, "--locked", lock, "-o", tmp_path / "r"
+    )
+    assert code == 0, err
+    assert secret not in out + err
+    for f in (tmp_path / "r" / "p40").rglob("*"):
+        if f.is_file():
+            assert secret.encode() not in f.read_bytes(), f

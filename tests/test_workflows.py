@@ -109,3 +109,31 @@ def test_the_lowercase_owner_step_lowercases(tmp_path):
         env={"GITHUB_REPOSITORY_OWNER": "My-Org", "GITHUB_ENV": str(env_file), "PATH": "/usr/bin:/bin"},
     )
     assert env_file.read_text() == "REGISTRY=ghcr.io/my-org\n"
+
+
+def test_every_workflow_holds_its_token_to_what_it_needs():
+    """Issue 33 #18: lock.yml had no permissions block (a job got the repository's default token
+    scope); third-party actions were pinned by tag (a tag moves: peter-evans/create-pull-request@v6
+    ran with contents: write); and checkout left its token in .git/config in jobs that
+    pip-install packages they do not pin. Every workflow now sets `permissions:` at the top,
+    every action is pinned by a full commit SHA (its tag in a comment), and every checkout keeps
+    no credentials (create-pull-request pushes with its own token input). (On the code before,
+    all three failed.)"""
+    import re
+
+    for path in WORKFLOWS:
+        text = path.read_text()
+        doc = yaml.safe_load(text)
+        assert "permissions" in doc, f"{path.name}: no top-level permissions"
+        for name, job in doc["jobs"].items():
+            for step in job["steps"]:
+                uses = step.get("uses")
+                if uses is None or uses.startswith("./"):
+                    continue
+                assert re.fullmatch(r"[\w.-]+/[\w./-]+@[0-9a-f]{40}", uses), f"{path.name} {name}: {uses}"
+                if uses.startswith("actions/checkout@"):
+                    assert (step.get("with") or {}).get("persist-credentials") is False, f"{path.name} {name}"
+        # the tag each SHA stands for is named beside it, for review and for bumping
+        for line in text.splitlines():
+            if re.search(r"uses: [\w.-]+/[\w./-]+@[0-9a-f]{40}", line):
+                assert re.search(r"@[0-9a-f]{40}\s+# v\d+\.\d+\.\d+$", line), line

@@ -111,21 +111,23 @@ def main(argv: list[str] | None = None) -> None:
 
 def bounded_message(text: str) -> str:
     """A message as printed: any run of 200+ characters without a space (a value someone pasted
-    or a hostile file carried, echoed back) cut to its start and its length."""
+    or a hostile file carried, echoed back) cut to its start and its length; a URL's
+    user:password@ as ***@; a control character (an overlay's file name's ESC) as its escape."""
     import re
 
-    from envbuilder.text import redact  # (a URL's user:password@ is printed as ***@)
+    from envbuilder.text import printable, redact
 
-    return re.sub(r"\S{200,}", lambda m: f"{m[0][:80]}...({len(m[0])} characters)", redact(text))
+    text = printable(redact(text))
+    return re.sub(r"\S{200,}", lambda m: f"{m[0][:80]}...({len(m[0])} characters)", text)
 
 
 def internal_error_text(argv, exc: BaseException) -> str:
     """The paragraph for an exception envbuild did not expect: which command, what broke, that
     it is envbuild's fault, and where to report it."""
-    from envbuilder.text import shorten
+    from envbuilder.text import printable, shorten
 
-    command = next((a for a in argv if not str(a).startswith("-")), "")
-    detail = shorten(str(exc).splitlines()[0] if str(exc) else "", 200)
+    command = printable(next((a for a in argv if not str(a).startswith("-")), ""))
+    detail = printable(shorten(str(exc).splitlines()[0] if str(exc) else "", 200))
     return (
         f"envbuild: internal error in `envbuild {command}`: {type(exc).__name__}"
         + (f": {detail}" if detail else "")

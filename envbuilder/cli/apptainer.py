@@ -14,6 +14,7 @@ from __future__ import annotations
 import click
 
 from envbuilder.cli import complete
+from envbuilder.cli.callbacks import file_out
 from envbuilder.cli.options import load_matrix, override_options, say
 
 
@@ -34,6 +35,7 @@ from envbuilder.cli.options import load_matrix, override_options, say
     "-o",
     "--out",
     type=click.Path(dir_okay=False),
+    callback=file_out,
     metavar="FILE",
     help="Where to write the definition (default ./PROFILE.def).",
 )

@@ -19,6 +19,25 @@ def no_empty_url(ctx, param, value):
     return value
 
 
+def not_empty(ctx, param, value):
+    """An option whose empty value would silently mean something else (`--model ''` no model,
+    `--lock-dir ''` the current folder, `--data-pvc ''` no volume) is refused, exit 2."""
+    if value is not None and not str(value).strip():
+        raise click.BadParameter("is empty. Give a value, or leave the option out.")
+    return value
+
+
+def file_out(ctx, param, value):
+    """-o FILE (and --html FILE): not empty, and not a name ending in '/' (`-o newdir/` wrote
+    a file named newdir)."""
+    not_empty(ctx, param, value)
+    if value is not None and str(value).endswith(("/", "/.", "/..")):
+        raise click.BadParameter(
+            f"{value!r} names a folder (it ends in '/'); give the file to write, e.g. {str(value).rstrip('/.')}/FILE."
+        )
+    return value
+
+
 def driver_version(ctx, param, value):
     from envbuilder.model.versions import is_driver_version
 

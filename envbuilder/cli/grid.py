@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from envbuilder.cli import complete
+from envbuilder.cli.callbacks import file_out
 from envbuilder.cli.options import driver_version, load_matrix, matrix_dir_option
 
 
@@ -29,7 +30,8 @@ from envbuilder.cli.options import driver_version, load_matrix, matrix_dir_optio
 @click.option(
     "--html",
     "html_file",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=click.Path(dir_okay=False),
+    callback=file_out,
     metavar="FILE",
     help="Write the grid as one self-contained HTML page (no network: it can live on an "
     "air-gapped wiki), with a GPU and driver picker and each cell's rule, reason, sources "
@@ -40,8 +42,13 @@ from envbuilder.cli.options import driver_version, load_matrix, matrix_dir_optio
     is_flag=True,
     help="Below the tables, each ~ cell's render command and each \u2717 cell's reason.",
 )
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace the --html FILE even when envbuild did not write it or it was edited since.",
+)
 @matrix_dir_option
-def grid(gpus, driver, html_file, details, matrix_dirs):
+def grid(gpus, driver, html_file, details, force, matrix_dirs):
     """GPUs (rows) x the choices render's flags make (torch/CUDA, rollout and vLLM, verl,
     flash-attn, apex): \u2713 resolves, ~ resolves with a named override, \u2717 refused."""
     from envbuilder.render import grid as G
@@ -50,7 +57,7 @@ def grid(gpus, driver, html_file, details, matrix_dirs):
     if html_file is not None:
         # the page holds the verdicts without a driver; its picker applies one (--driver fills it in)
         found = G.build(m, tuple(gpus))
-        write_page(html_file, G.html(m, tuple(gpus), found, driver))
+        write_page(Path(html_file), G.html(m, tuple(gpus), found, driver), force)
         n = sum(c.state in ("ok", "fix") for c in found.cells[None].values())
         click.echo(
             f"wrote {html_file}: {len(found.rows)} GPU rows x {len(found.columns)} choices, "
@@ -65,29 +72,9 @@ def grid(gpus, driver, html_file, details, matrix_dirs):
             click.echo(line)
 
 
-def write_page(path: Path, text: str) -> None:
-    """The page whole or not at all: written beside its place, then moved over it."""
-    import os
-    import tempfile
+def write_page(path: Path, text: str, force: bool = False) -> None:
+    """The page whole or not at all, through the one owned-file writer (outdir.py): never
+    through a link or over a device, a user's file or an edited page (unless --force)."""
+    from envbuilder.render.outdir import write_owned_file
 
-    from envbuilder.errors import ActionError
-
-    from envbuilder.errors import UserError
-
-    folder = path.parent
-    if not folder.is_dir():
-        raise UserError(
-            f"--html {path}: the folder {folder} does not exist. Create it, or pass another FILE."
-        )
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    except OSError as e:
-        raise ActionError(f"Could not write {path}: {e.strerror or e}. Pass another --html FILE.") from None
+    write_owned_file(path, text, force=force, what="--html page", mark="no record of its bytes")

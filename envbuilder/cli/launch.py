@@ -7,6 +7,7 @@ from __future__ import annotations
 import click
 
 from envbuilder.cli import complete
+from envbuilder.cli.callbacks import file_out, not_empty
 from envbuilder.cli.options import load_matrix, override_options, say
 
 
@@ -36,6 +37,7 @@ def launch():
     "-o",
     "--out",
     type=click.Path(dir_okay=False),
+    callback=file_out,
     metavar="FILE",
     help="Where to write the script (default ./PROFILE.sbatch).",
 )
@@ -81,6 +83,7 @@ def slurm(profile, sif, image, job_name, out, force, overrides, matrix_dirs):
 @click.option(
     "--data-pvc",
     metavar="CLAIM",
+    callback=not_empty,
     help="A ReadWriteMany PersistentVolumeClaim mounted "
     "at /data on every pod for the data set and the model cache (verl reads the data "
     "on whichever node its driver task lands).",
@@ -89,6 +92,7 @@ def slurm(profile, sif, image, job_name, out, force, overrides, matrix_dirs):
     "-o",
     "--out",
     type=click.Path(dir_okay=False),
+    callback=file_out,
     metavar="FILE",
     help="Where to write the manifest (default ./PROFILE.rayjob.yaml).",
 )

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from envbuilder.cli import complete
-from envbuilder.cli.callbacks import driver_version
+from envbuilder.cli.callbacks import driver_version, not_empty
 from envbuilder.model.profiles import FLAG_FIELDS, split_names  # noqa: F401  (re-exported)
 from envbuilder.model.resolved import GPU_MEMORY_MIB
 
@@ -59,8 +59,9 @@ def override_options(f):
         click.option(
             "--model",
             metavar="HF_ID|FOLDER",
+            callback=not_empty,
             help="Train this model: a hub repo id (its config.json is read through "
-            "HF_ENDPOINT, then cached) or a folder holding its config.json. The memory "
+            "--mirror's hub or HF_ENDPOINT, then cached) or a folder with its config.json. The memory "
             "plan, batch sizes and run script follow its shape.",
         ),
         click.option(
@@ -112,7 +113,7 @@ def override_options(f):
 
         flags = {name: kwargs.pop(name) for name in FLAG_FIELDS}
         dirs = kwargs.get("matrix_dirs") or ()
-        kwargs["overrides"] = overrides_from_flags(flags, lambda: load_matrix(dirs))
+        kwargs["overrides"] = overrides_from_flags(flags, lambda: load_matrix(dirs), kwargs.get("mirror"))
         return f(*args, **kwargs)
 
     return wrapper

@@ -9,6 +9,7 @@ import click
 
 from envbuilder.cli import complete
 
+from envbuilder.cli.callbacks import file_out, not_empty
 from envbuilder.cli.options import load_matrix, override_options
 
 
@@ -17,13 +18,15 @@ from envbuilder.cli.options import load_matrix, override_options
 @click.option(
     "-o",
     "--out",
-    type=click.Path(path_type=Path),
+    type=click.Path(dir_okay=False),
+    callback=file_out,
     metavar="FILE",
     help="Write the SBOM here (default: standard output).",
 )
 @click.option(
     "--lock-dir",
-    type=click.Path(path_type=Path),
+    type=click.Path(),
+    callback=not_empty,
     metavar="DIR",
     help="The lock: DIR/<profile>/ as `envbuild lock -o DIR` writes it, or DIR itself when "
     "it is the lock (default lockfiles/<profile>), as `render --locked DIR` reads it.",
@@ -42,6 +45,7 @@ def sbom(profile, out, lock_dir, force, overrides, matrix_dirs):
     # the lock found, verified and refused exactly as `render --locked DIR` does
     locked = locked_context(env, lock_dir if lock_dir is not None else "-")
     text = locked.sbom
+    out = Path(out) if out is not None else None
     if out is None:
         click.echo(text, nl=False)
         return

@@ -164,10 +164,12 @@ def definition(env, source: str, bootstrap: str, digest: str | None, def_name: s
 
 def ours(path: Path) -> bool:
     """Whether `path` is a file this command wrote (its first line is HEADER)."""
+    from envbuilder.limits import open_regular
+
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, follow=False) as f:
             first = f.read(len(HEADER.encode()) + 1)
-    except OSError:
+    except (OSError, ValueError):
         return False
     return first.startswith(HEADER.encode() + b" ")
 

@@ -134,6 +134,8 @@ _JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _K8S_NAME = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?")
 # a PersistentVolumeClaim's name (DNS-1123 subdomain)
 _CLAIM = re.compile(r"[a-z0-9](?:[a-z0-9.-]{0,251}[a-z0-9])?")
+# a Kubernetes label value: at most 63 characters, alphanumerics at both ends, '-', '_', '.' inside
+_LABEL_VALUE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\x80-\x9f\u2028\u2029]")
 
 
@@ -167,6 +169,20 @@ def job_name(value: str | None, profile: str, kubernetes: bool = False) -> str:
         + ". Pass a plain name such as envbuild-"
         + profile
         + "."
+    )
+
+
+def label_value(profile: str) -> str:
+    """The profile as the manifest's `envbuild.io/profile` label value, which Kubernetes
+    refuses (the whole RayJob with it) unless it is at most 63 characters of letters, digits,
+    '-', '_' and '.', starting and ending with a letter or digit."""
+    if _LABEL_VALUE.fullmatch(profile):
+        return profile
+    raise UserError(
+        f"Profile {_shown(profile)} cannot be a Kubernetes label value (the RayJob's "
+        "envbuild.io/profile label): at most 63 letters, digits, '-', '_' or '.', starting "
+        "and ending with a letter or digit, or Kubernetes refuses the manifest. Rename the "
+        "profile in your overlay."
     )
 
 
@@ -207,13 +223,26 @@ def sif_path(path: str) -> str:
     return os.path.abspath(path)
 
 
-_HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,252}|[0-9A-Fa-f:]{2,39}")
+# a host name: dot-separated labels of letters, digits and '-' (none empty, none ending in '-')
+_HOST = re.compile(
+    r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
+)
 
 
 def head_address(value: str) -> str:
-    """--head-ip: an IPv4/IPv6 address or a host name, nothing a shell would read."""
-    if not _HOST.fullmatch(value):
-        raise UserError(f"--head-ip {_shown(value)} is not an address or host name.")
+    """--head-ip: an IPv4 or IPv6 address (as `ipaddress` reads it) or a host name, nothing a
+    shell would read."""
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        pass
+    if ":" in value or re.fullmatch(r"[0-9.]+", value) or not _HOST.fullmatch(value):
+        raise UserError(
+            f"--head-ip {_shown(value)} is not an address or host name (an IPv4 or IPv6 "
+            "address, or labels of letters, digits and '-' joined by single dots)."
+        )
     return value
 
 
@@ -355,14 +384,15 @@ def rayjob(
     cl = env.cluster
     image = image_reference(image, digest=True)
     cpus, memory_gib, shm_gib = pod_sizes(env, cpus, memory_gib, shm_gib)
+    label = label_value(env.profile)  # (before the job's name, which --job-name can fix)
     name = job_name(job, env.profile, kubernetes=True)
     variables = {**dict(cl.env), "RAY_USAGE_STATS_ENABLED": "0"}
-    if data_pvc:
+    if data_pvc is not None:
         variables.update(DATA_DIR="/data/gsm8k", HF_HOME="/data/huggingface")
     resources = {"cpu": str(cpus), "memory": f"{memory_gib}Gi", "nvidia.com/gpu": str(cl.gpus_per_node)}
     mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
     volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{shm_gib}Gi"}}]
-    if data_pvc:
+    if data_pvc is not None:
         mounts.append({"name": "data", "mountPath": "/data"})
         volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": claim_name(data_pvc)}})
 
@@ -403,7 +433,7 @@ def rayjob(
         "kind": "RayJob",
         "metadata": {
             "name": name,
-            "labels": {"app.kubernetes.io/created-by": "envbuild", "envbuild.io/profile": env.profile},
+            "labels": {"app.kubernetes.io/created-by": "envbuild", "envbuild.io/profile": label},
         },
         "spec": {
             "entrypoint": entrypoint(env),
@@ -488,6 +518,9 @@ def ray_commands(env, *, head_ip: str | None = None, port: int = RAY_PORT) -> st
                 ),
             ]
     ip, p, g = '"$HEAD_IP"', str(port), str(cl.gpus_per_node)
+    # (an IPv6 address joins its port in brackets: [::1]:6379)
+    v6 = bool(head_ip and ":" in head_ip)
+    joined = '"[$HEAD_IP]"' if v6 else ip
     lines += [
         "# 2. on the head node:",
         shlex.join(["ray", "start"]) + " " + " ".join(ray_head_args(ip, p, g)),
@@ -495,13 +528,13 @@ def ray_commands(env, *, head_ip: str | None = None, port: int = RAY_PORT) -> st
     if cl.nodes > 1:
         lines += [
             f"# 3. on each of the other {cl.nodes - 1} node(s):",
-            "ray start " + " ".join(ray_worker_args(ip, p, g)),
+            "ray start " + " ".join(ray_worker_args(joined, p, g)),
         ]
     lines += [
         f"# 4. on the head, in the container of its `ray start` (Ray's sockets are in its "
         f"/tmp), once `ray status` shows {cl.nodes * cl.gpus_per_node} GPUs; the image must "
         "be built for this run: " + comment(build_command(env)),
-        f'RAY_ADDRESS="$HEAD_IP:{p}" {sh(RUN_SCRIPT)}',
+        f'RAY_ADDRESS="{"[$HEAD_IP]" if v6 else "$HEAD_IP"}:{p}" {sh(RUN_SCRIPT)}',
     ]
     return "\n".join(lines) + "\n"
 
@@ -524,10 +557,12 @@ def resolved(m, profile: str, overrides):
 
 def ours(path: Path, header: str, line: int) -> bool:
     """Whether `path` is a file this module wrote: its line `line` (0-based) starts with `header`."""
+    from envbuilder.limits import open_regular
+
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, follow=False) as f:
             head = f.read(4096).split(b"\n")
-    except OSError:
+    except (OSError, ValueError):
         return False
     return len(head) > line and head[line].startswith(header.encode())
 
@@ -596,7 +631,7 @@ def write_kuberay(
         env, image, job=job, cpus=cpus, memory_gib=memory_gib, shm_gib=shm_gib, data_pvc=data_pvc
     )
     write_launcher(path, text, KUBERAY_HEADER, 0, force, "manifest")
-    if env.cluster.nodes > 1 and not data_pvc:
+    if env.cluster.nodes > 1 and data_pvc is None:
         say(
             "note: verl reads the data set on the node its driver task lands on; give "
             "every pod the same data (--data-pvc CLAIM, or DATA_DIR on shared storage)."

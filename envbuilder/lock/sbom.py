@@ -204,7 +204,11 @@ def build(
     """The SBOM's JSON text (sorted keys, two-space indent, a final newline) of a lock: its
     lock.json `meta`, the pip pins (requirements.lock's text, or a wheelhouse's with its built
     wheels' hashes) and its other parts as lockfile.parse read them (None: not locked).
-    lockfile.sbom_text_of is the one caller that reads a lock folder."""
+    lockfile.sbom_text_of is the one caller that reads a lock folder. No URL's user:password@
+    reaches it (an overlay's index may carry one): the SBOM is a file, copied into the image."""
+    from envbuilder.model.mirrors import split_credentials
+
+    env = split_credentials(env)[0]
     pip, children = pip_components(env, requirements)
     verl_ref = next((c["bom-ref"] for c in pip if c["name"] == "verl"), None)
     pedigree = patch_pedigree(env)

@@ -72,9 +72,11 @@ def arch_from_config(cfg: Any, origin: str, name: str) -> dict[str, Any]:
             "other sums. Pick a dense model, or plan this one by hand and render a "
             "profile whose train block you size yourself."
         )
-    if kind not in FAMILIES:
+    if not isinstance(kind, str) or kind not in FAMILIES:  # (a list or an object is no model type)
+        from envbuilder.text import shorten
+
         raise UserError(
-            f"{name} is a {kind!r} model ({origin}); the memory plan knows the "
+            f"{name} is a {shorten(repr(kind), 60)} model ({origin}); the memory plan knows the "
             f"layouts {', '.join(sorted(FAMILIES))} (dense decoders with a gated MLP "
             "and RMSNorm). Pick a model of one of them."
         )
@@ -163,17 +165,15 @@ def hf_endpoint() -> str:
 
 def hub_config(repo: str, endpoint: str | None = None, timeout: float = 10.0) -> dict[str, Any]:
     """The shape of hub model `repo` from its config.json at ENDPOINT/REPO/resolve/main/, kept
-    in envbuild's cache (validated again on every read) so a render after the first is offline."""
-    import urllib.error
-    import urllib.request
-
-    from envbuilder.paths import cache_file, read_cache, write_cache
+    in envbuild's cache (sealed, paths.read_sealed: read back only when this user's envbuild
+    wrote it; validated again on every read) so a render after the first is offline."""
+    from envbuilder.paths import cache_file, read_sealed, write_sealed
 
     endpoint = (endpoint or hf_endpoint()).rstrip("/")
     url = f"{endpoint}/{repo}/resolve/main/config.json"
     shown = redact(url)
     key = hashlib.sha256(url.encode()).hexdigest()[:32]
-    cached = read_cache(cache_file(f"hf-config-{key}.json"))
+    cached = read_sealed(cache_file(f"hf-config-{key}.json"))
     if cached is not None:
         try:
             return arch_from_config(_parse(cached.encode(), shown), shown, repo)
@@ -186,47 +186,99 @@ def hub_config(repo: str, endpoint: str | None = None, timeout: float = 10.0) ->
             "folder that holds the model (--model /path/to/model), or run once "
             "online."
         )
-    headers = {"User-Agent": "envbuild"}
+    data = _fetch_config(url, shown, repo, timeout)
+    rec = arch_from_config(_parse(data, shown), shown, repo)
+    write_sealed(cache_file(f"hf-config-{key}.json"), data.decode("utf-8", errors="replace"))
+    return rec
+
+
+HUB_DEADLINE = 60.0  # seconds for the whole exchange: a config.json is a few KB
+_REDIRECTS = (301, 302, 303, 307, 308)
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) of `url`, the port spelled out where it is the scheme's default."""
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    return u.scheme, (u.hostname or ""), u.port or {"http": 80, "https": 443}.get(u.scheme)
+
+
+def _fetch_config(url: str, shown: str, repo: str, timeout: float) -> bytes:
+    """config.json's bytes from `url` through the one HTTP session (oci/http.py: proxies, CAs,
+    a body cap, a deadline on the whole exchange, HUB_DEADLINE, redirects included). HF_TOKEN
+    goes only to the endpoint's own scheme, host and port: a redirect elsewhere (a CDN, or a
+    host that should not see it) is followed without it. A user:password@ in HF_ENDPOINT is
+    Basic auth to that host alone."""
+    import time
+    from urllib.parse import urljoin
+
+    from envbuilder.oci import http as H
+
     token = os.environ.get("HF_TOKEN")
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
+    home = _origin(url)
+    expect = H.Expect("a model's config.json", MAX_CONFIG_BYTES, HUB_DEADLINE)
+    end = time.monotonic() + HUB_DEADLINE * H.DEADLINE_SCALE
+    s = H.session(retries=2, user_agent="envbuild")
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout) as resp:
-            data = resp.read(MAX_CONFIG_BYTES + 1)
-    except urllib.error.HTTPError as e:
+        for _ in range(H.MAX_REDIRECTS + 1):
+            headers = {"Authorization": f"Bearer {token}"} if token and _origin(url) == home else {}
+            left = (end - time.monotonic()) / H.DEADLINE_SCALE
+            if left <= 0:
+                raise H.NetError(url, f"no complete answer within {HUB_DEADLINE:g} s", "deadline")
+            answer = H.request(
+                s,
+                "GET",
+                url,
+                expect,
+                headers=headers,
+                timeout=timeout,
+                deadline=left,
+                allow_redirects=False,
+                body_if=lambda status: status == 200,
+            )
+            location = answer.headers.get("Location")
+            if answer.status in _REDIRECTS and location:
+                url = urljoin(url, location)
+                continue
+            break
+        else:
+            raise H.NetError(url, f"more than {H.MAX_REDIRECTS} redirects (a redirect loop?)", "redirects")
+    except H.NetError as e:
+        if e.kind == "too-large":
+            raise ActionError(
+                f"{shown} sent more than {MAX_CONFIG_BYTES >> 10} KiB for a "
+                "config.json; that is not one. Check HF_ENDPOINT."
+            ) from None
+        raise ActionError(
+            f"Cannot read {repo}'s config.json from {shown}: {redact(e.reason)}. "
+            "Where the hub is out of reach, point HF_ENDPOINT at a mirror "
+            "(HF_ENDPOINT=https://hf-mirror.com, or --mirror NAME) or pass the folder that "
+            "holds the model (--model /path/to/model)."
+        ) from None
+    finally:
+        s.close()
+    if answer.status != 200:
         why = {
             401: "it asks for credentials (a gated model: set HF_TOKEN)",
             403: "access is refused (a gated model: accept its licence, set HF_TOKEN)",
             404: "there is no such repo or no config.json in it",
-        }.get(e.code, f"HTTP {e.code}")
+        }.get(answer.status, f"HTTP {answer.status}")
         raise UserError(
             f"Cannot read {repo}'s config.json from {shown}: {why}. Check the repo "
             "id, or pass the folder that holds the model."
-        ) from None
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        reason = getattr(e, "reason", e)
-        raise ActionError(
-            f"Cannot read {repo}'s config.json from {shown}: {redact(str(reason))}. "
-            "Where the hub is out of reach, point HF_ENDPOINT at a mirror "
-            "(HF_ENDPOINT=https://hf-mirror.com) or pass the folder that holds "
-            "the model (--model /path/to/model)."
-        ) from None
-    if len(data) > MAX_CONFIG_BYTES:
-        raise ActionError(
-            f"{shown} sent more than {MAX_CONFIG_BYTES >> 10} KiB for a "
-            "config.json; that is not one. Check HF_ENDPOINT."
         )
-    rec = arch_from_config(_parse(data, shown), shown, repo)
-    write_cache(cache_file(f"hf-config-{key}.json"), data.decode("utf-8", errors="replace"))
-    return rec
+    return answer.body
 
 
-def with_model(m: Matrix, name: str | None) -> tuple[Matrix, str | None]:
+def with_model(m: Matrix, name: str | None, hub: str | None = None) -> tuple[Matrix, str | None]:
     """`m` with --model NAME's shape in its model table: (matrix, the table's key of the model).
     A name the table has is taken from it; a folder from its config.json; any other repo id
-    from the hub. None: (m, None)."""
-    if not name:
+    from the hub (`hub`: a mirror set's Hugging Face endpoint, else HF_ENDPOINT). None: (m, None); an empty name is refused (it would mean no model silently)."""
+    if name is None:
         return m, None
+    if not name.strip():
+        raise UserError("--model is empty. Give a hub repo id or a folder, or leave --model out.")
     if name in m.models:
         return m, name
     if is_local(name):
@@ -241,7 +293,7 @@ def with_model(m: Matrix, name: str | None) -> tuple[Matrix, str | None]:
                 f"--model {name!r}: {e}. Pass a hub repo id like "
                 "Qwen/Qwen2.5-7B-Instruct or a folder (./my-model)."
             ) from None
-        key, rec = name, hub_config(name)
+        key, rec = name, hub_config(name, hub)
     sections = dict(m.sections, models={**m.models, key: rec})
     return type(m)(sections, {**m.origin, ("models", key): rec["source"]}), key
 

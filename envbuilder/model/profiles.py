@@ -44,10 +44,13 @@ def split_names(values: Any) -> tuple[str, ...]:
     return tuple(v.strip() for value in values for v in value.split(",") if v.strip())
 
 
-def overrides_from_flags(flags: Mapping[str, Any], load_matrix: Callable[[], Any]) -> Overrides:
+def overrides_from_flags(
+    flags: Mapping[str, Any], load_matrix: Callable[[], Any], mirror: str | None = None
+) -> Overrides:
     """The Overrides the override flags ask for (keys: FLAG_FIELDS'; a missing one is unset).
     --with and --without naming one component is refused; --model (a hub id or a folder) is
-    looked up in the matrix that `load_matrix()` returns, called only then."""
+    looked up in the matrix that `load_matrix()` returns, called only then; a hub id is read
+    through `mirror`'s Hugging Face endpoint where that mirror set (--mirror) has one."""
     from envbuilder.model.resolved import Overrides
 
     given: dict[str, Any] = {FLAG_FIELDS[k]: v for k, v in flags.items() if v is not None}
@@ -63,7 +66,12 @@ def overrides_from_flags(flags: Mapping[str, Any], load_matrix: Callable[[], Any
         from envbuilder.model.architectures import with_model
 
         table = load_matrix()
-        m, model_key = with_model(table, given["model"])
+        hub = None
+        if mirror:
+            from envbuilder.model import mirrors as Mi
+
+            hub = Mi.choice(mirror, Mi.get_set(table, mirror)).huggingface
+        m, model_key = with_model(table, given["model"], hub)
         given["model"] = model_key
         given["model_arch"] = None if model_key is None or model_key in table.models else m.models[model_key]
     return Overrides(**given)

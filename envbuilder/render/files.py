@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any, TYPE_CHECKING
 
@@ -65,25 +64,41 @@ def smoke_command(preflight: str = PREFLIGHT) -> list[str]:
     ]
 
 
+def _sealed_bytecode_cache() -> type[jinja2.BytecodeCache]:
+    import base64
+
+    import jinja2
+
+    from envbuilder.paths import cache_file, read_sealed, write_sealed
+
+    class SealedBytecodeCache(jinja2.BytecodeCache):
+        """Jinja's compiled templates as sealed cache entries: opened through the private cache
+        folder's descriptor, used only when their HMAC is this user's key's, none at all under
+        ENVBUILD_NO_CACHE (read_sealed, write_sealed)."""
+
+        def load_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+            text = read_sealed(cache_file(f"jinja-{bucket.key}.json"))
+            if text is not None:
+                try:
+                    bucket.bytecode_from_string(base64.b64decode(text, validate=True))
+                except (ValueError, EOFError, TypeError):
+                    bucket.reset()
+
+        def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+            body = base64.b64encode(bucket.bytecode_to_string()).decode("ascii")
+            write_sealed(cache_file(f"jinja-{bucket.key}.json"), body)
+
+    return SealedBytecodeCache
+
+
 def jinja_env() -> jinja2.Environment:
     global _jinja
     if _jinja is None:
         import jinja2
 
-        from envbuilder.paths import cache_file
-
-        cache_dir = cache_file("jinja")
-        # compiled templates are code (marshal): used only from a folder that is this user's
-        # alone, as jinja's own default cache folder demands (it halves a render's time)
-        cache = None
-        try:
-            if cache_dir is not None:
-                cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-                st = cache_dir.stat()
-                if st.st_uid == os.getuid() and not st.st_mode & 0o022:
-                    cache = jinja2.FileSystemBytecodeCache(str(cache_dir))
-        except OSError:  # a read-only home only costs speed
-            pass
+        # compiled templates are code (marshal): kept only as sealed cache entries (paths.py), read
+        # back only when this user's envbuild sealed them, never by a path someone could swap
+        cache = _sealed_bytecode_cache()()
         _jinja = jinja2.Environment(
             loader=jinja2.FileSystemLoader(str(data_dir("templates"))),
             undefined=jinja2.StrictUndefined,

@@ -22,6 +22,7 @@ from envbuilder.model.resolve import ResolveError, cc_runs, resolve
 from envbuilder.model.resolved import Overrides, ResolvedEnv
 from envbuilder.model.versions import version_key
 from envbuilder.model.record import Record
+from envbuilder.text import without_credentials
 
 MARK = {"ok": "\u2713", "fix": "~", "no": "\u2717", "none": "\u00b7"}
 
@@ -323,7 +324,9 @@ class Links:
         for t in tokens:
             text = t if URL.match(t) else self._map(section, key).get(t, t)
             found = URL.search(text)
-            out.append((f"{what}: {t}", found[0] if found else text))
+            # (a URL's user:password@ is a secret wherever it comes from: the page names none)
+            link = without_credentials(found[0] if found else str(text))
+            out.append((f"{what}: {without_credentials(t)}", link))
         return out
 
 

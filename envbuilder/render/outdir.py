@@ -493,33 +493,123 @@ def write_text_atomic(
         raise
 
 
+OWNED_SUFFIX = ".envbuild-sha256"  # beside each file write_owned_file wrote: `<sha256>  <name>`
+MAX_OWNED_BYTES = 64 << 20  # far above any launcher, definition, SBOM or grid page
+
+
+def owned_record(path: Path) -> Path:
+    """Where write_owned_file records the sha256 of the bytes it wrote to `path` (a hidden file
+    beside it, in `sha256sum` format: `sha256sum -c` checks it)."""
+    return path.with_name(f".{path.name}{OWNED_SUFFIX}")
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "a link"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def _recorded_sha256(path: Path) -> str | None:
+    """The sha256 that `path`'s record says envbuild wrote: read never through a link, and
+    only from a record of this user's (one another user planted beside a file in a shared
+    folder does not make that file envbuild's to replace)."""
+    from envbuilder.limits import open_regular
+
+    try:
+        with open_regular(owned_record(path), follow=False) as f:
+            if os.fstat(f.fileno()).st_uid != os.getuid():
+                return None
+            line = f.read(4096).decode("ascii").split("\n")[0]
+    except (OSError, ValueError):
+        return None
+    digest, _, name = line.partition("  ")
+    return digest if name == path.name and len(digest) == 64 else None
+
+
+def _current_sha256(path: Path) -> str | None:
+    from envbuilder.limits import read_limited
+
+    try:
+        return hashlib.sha256(read_limited(path, MAX_OWNED_BYTES, follow=False)).hexdigest()
+    except (OSError, ValueError):
+        return None
+
+
 def write_owned_file(
-    path: Path, text: str, ours: Callable[[Path], bool], *, force: bool, what: str, mark: str
+    path: Path,
+    text: str,
+    ours: Callable[[Path], bool] | None = None,
+    *,
+    force: bool,
+    what: str,
+    mark: str = "",
 ) -> None:
-    """`text` into the one file `path` a command's -o names (a launch script, a definition; not
-    a render's folder), whole or not at all, with the mode `open` would give. Refused (exit 2):
-    `path` is a folder; it exists and `ours(path)` says envbuild did not write it (`mark` says
-    how that shows), unless `force`; its folder does not exist. A failed write is exit 1 and
-    leaves nothing half-written."""
-    if path.is_dir():
+    """`text` into the one file `path` a command's -o names (a launch script, a definition, an
+    SBOM, a grid page; not a render's folder), whole or not at all. The one writer of every
+    file envbuild writes outside a rendered folder:
+      - it writes only a regular file: a link, a FIFO, a device or a folder at `path` is
+        refused (exit 2), --force included (it is never followed, opened or replaced);
+      - it records the sha256 of the bytes it wrote beside the file (owned_record), and
+        replaces an existing file without `force` only when its bytes still hash to that record
+        (or are the new bytes already): a file the user edited (an `#SBATCH --account` added),
+        or one envbuild did not write, is left as it is (`ours(path)`, `mark`: how a file of
+        this kind names envbuild, only to word the refusal);
+      - the new file's mode is what `open` gives under the umask; a replaced file keeps its own.
+    Its folder must exist. A failed write is exit 1 and leaves nothing half-written."""
+    try:
+        st: os.stat_result | None = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise UserError(f"Cannot look at {path}: {e.strerror}. Check the path, or -o another file.") from None
+    if st is not None and stat.S_ISDIR(st.st_mode):
         raise UserError(f"{path} is a folder; -o names the {what} to write.")
-    if (path.exists() or path.is_symlink()) and not force and not ours(path):
+    if st is not None and not stat.S_ISREG(st.st_mode):
         raise UserError(
-            f"{path} exists and envbuild did not write it ({mark}), so it is left as it is. "
-            "Pass --force to replace it, or -o another file."
+            f"{path} is {_kind(st.st_mode)}, not a regular file: envbuild writes the {what} only "
+            "as a regular file and never replaces anything else there, --force included. "
+            "Remove it, or -o another file."
         )
     if not path.parent.is_dir():
         raise UserError(
             f"The folder of {path} does not exist. Create it, or -o a file in an existing folder."
         )
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
     umask = os.umask(0)
     os.umask(umask)
+    mode = 0o666 & ~umask
+    if st is not None:
+        mode = stat.S_IMODE(st.st_mode)  # (a mode the user chose, 0600 say, stays)
+        now = _current_sha256(path)
+        if not force and now != digest and (now is None or now != _recorded_sha256(path)):
+            record = owned_record(path).name
+            looks_ours = ours is None or ours(path)
+            if _recorded_sha256(path) is not None and looks_ours:
+                why = (
+                    "and was edited since envbuild wrote it (its bytes no longer hash to what "
+                    f"{record} records), so the edits are kept"
+                )
+            elif ours is not None and looks_ours:
+                why = (
+                    f"and there is no record of the bytes envbuild wrote ({record}: an older "
+                    "envbuild wrote it, or it was copied here), so any edits are kept"
+                )
+            else:
+                why = f"and envbuild did not write it ({mark or 'no record of its bytes'}), so it is left as it is"
+            raise UserError(f"{path} exists {why}. Pass --force to replace it, or -o another file.")
     try:
-        write_text_atomic(path, text, 0o666 & ~umask, fsync=True)
+        write_text_atomic(path, text, mode, fsync=True)
+        write_text_atomic(owned_record(path), f"{digest}  {path.name}\n", 0o666 & ~umask, fsync=True)
     except OSError as e:  # (its temporary file is gone again: nothing half-written stays)
         raise ActionError(
             f"Cannot write {path}: {e.strerror}. Check the free space and permissions of "
-            f"{path.parent}, or -o a file elsewhere; nothing was written."
+            f"{path.parent}, or -o a file elsewhere."
         ) from None
 
 

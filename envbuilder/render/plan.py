@@ -30,6 +30,8 @@ BUILD_TOOLS = ("packaging", "ninja", "wheel", "setuptools", "psutil")
 TORCH_BUILD_PACKAGES = re.compile(r"^(torch|torchvision|torchaudio|triton|nvidia-.*)$")
 REQ = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==(\S+)")
 HASH = re.compile(r"--hash=(sha256:[0-9a-f]{64})")
+# a pinned version as a lock may hold it: PEP 440 (epoch!, local +label) in one plain token
+PIN_VERSION = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.+!_-]{0,62}[A-Za-z0-9])?")
 _HASH_LINE = re.compile(r"^[ \t]+--hash=[^\n]*\n?", re.M)
 _LOCAL = re.compile(r"\+cu\d+$")
 CONSTRAINTS = "constraints/{layer}.txt"  # one file per install layer (render writes them)
@@ -204,6 +206,15 @@ def parse(text: str, with_hashes: bool = True) -> dict[str, Locked]:
         if m:
             flush()
             name, version, hashes, parents, in_via = normalize(m[1]), m[2], [], set(), False
+            if not PIN_VERSION.fullmatch(version):
+                from envbuilder.errors import UserError
+                from envbuilder.text import shorten
+
+                raise UserError(
+                    f"requirements.lock pins {name} at {shorten(version, 60)!r}, which is not a "
+                    "version (one token of letters, digits, '.', '+', '!', '_', '-'): it would "
+                    "reach the pip files as it is. Re-lock with `envbuild lock`."
+                )
             if with_hashes:
                 hashes += HASH.findall(line)
             continue
@@ -312,11 +323,16 @@ def lock_candidates(profile: str) -> list[tuple[str, Path]]:
     return out
 
 
-def find_constraints(env: ResolvedEnv) -> Constraints | None:
+def find_constraints(env: ResolvedEnv, only: tuple[str, Path] | None = None) -> Constraints | None:
     """The constraints of the first lock whose plan is this environment's, read only when its
-    requirements.lock hashes to what lock.json records; None when no lock fits."""
+    requirements.lock hashes to what lock.json records; None when no lock fits. `only`: (what to
+    call it, where it is) of the lock a `--locked DIR` or `--wheelhouse` render named, the one
+    lock it may take pins from, named in the files by that and its input_sha256 (its
+    Dockerfile's layers and SBOM pin that lock's versions: requirements.txt, environment.yml,
+    pixi.toml and constraints/ must pin the same)."""
     from envbuilder.model import schema as S
     from envbuilder.errors import UserError
+    from envbuilder.limits import MAX_INPUT_BYTES, read_limited
     from envbuilder.readers import read
 
     # what is read of lock.json here (the one bounded reader; lock --check reads the rest)
@@ -327,20 +343,24 @@ def find_constraints(env: ResolvedEnv) -> Constraints | None:
         "*": Any,
     }
     want = plan_sha256(env)
-    for label, lock_dir in lock_candidates(env.name):
+    candidates = [only] if only is not None else lock_candidates(env.name)
+    for label, lock_dir in candidates:
         if "/" in env.name or env.name in ("", ".", ".."):
             return None  # a profile name never leaves lockfiles/
         try:
             meta = read(lock_dir / "lock.json", "lock.json", shape=shape, missing_ok=True)
             if meta is None or meta["plan_sha256"] != want:  # (no lock, or not this plan's)
                 continue
-            data = (lock_dir / "requirements.lock").read_bytes()  # (decoded only to be parsed)
+            # (decoded only to be parsed; never waited on: a FIFO is NotRegularFile, a ValueError)
+            data = read_limited(lock_dir / "requirements.lock", MAX_INPUT_BYTES)
         except (OSError, ValueError, UserError):
             continue
         digest = hashlib.sha256(data).hexdigest()
         if digest != meta["files"]["requirements.lock"]:
             continue
         swapped = meta.get("torch_swapped")
+        if only is not None and isinstance(meta.get("input_sha256"), str):  # (no path: it moves)
+            label = f"{label} (input_sha256 {meta['input_sha256'][:16]})"
         try:
             layers_ = constraint_layers(env, data, bool(swapped), digest)
         except UnicodeDecodeError:
@@ -349,9 +369,10 @@ def find_constraints(env: ResolvedEnv) -> Constraints | None:
     return None
 
 
-def with_constraints(env: ResolvedEnv) -> ResolvedEnv:
-    """`env` with `constraints`: the pins of the lock whose plan it is, or None (it floats)."""
-    return env._replace(constraints=find_constraints(env))
+def with_constraints(env: ResolvedEnv, only: tuple[str, Path] | None = None) -> ResolvedEnv:
+    """`env` with `constraints`: the pins of the lock whose plan it is (`only`: of that lock
+    alone), or None (it floats)."""
+    return env._replace(constraints=find_constraints(env, only))
 
 
 def override_flags(overrides: Overrides) -> str:

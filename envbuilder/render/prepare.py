@@ -63,20 +63,35 @@ def locked_context(
     """The `locked` context of `env` (the upstream environment, as the lock recorded it) from
     the lock in `lock_dir` (ROOT/<profile>/, or the lock itself: lock.lockfile.lock_dir_in;
     "-" for lockfiles/) or from a wheelhouse's copy; None when neither is asked for."""
-    if wheelhouse is None and lock_dir is None:
+    where = named_lock(env, lock_dir, wheelhouse)
+    if where is None:
         return None  # (and the lock module stays unimported on the plain render path)
-    from envbuilder.lock.lockfile import for_render, lock_dir_in
+    from envbuilder.lock.lockfile import for_render
 
-    name = plain_name(env.name, "a profile")
     if wheelhouse is not None:
         if not (Path(wheelhouse) / "manifest.json").is_file():
             raise UserError(
                 f"{wheelhouse} is not an envbuild wheelhouse (no manifest.json). Make "
                 f"one with `envbuild wheelhouse {env.name} -o {wheelhouse}`."
             )
-        return for_render(env, Path(wheelhouse) / "locks" / name, Path(wheelhouse), mirror)
+        return for_render(env, where, Path(wheelhouse), mirror)
+    return for_render(env, where, mirror=mirror)
+
+
+def named_lock(
+    env: ResolvedEnv, lock_dir: str | Path | None = None, wheelhouse: str | Path | None = None
+) -> Path | None:
+    """The lock folder a `--locked [DIR]` or `--wheelhouse DIR` render names for `env`; None
+    for a plain render (which takes the constraints of whichever lock fits its plan)."""
+    if wheelhouse is None and lock_dir is None:
+        return None
+    name = plain_name(env.name, "a profile")
+    if wheelhouse is not None:
+        return Path(wheelhouse) / "locks" / name
+    from envbuilder.lock.lockfile import lock_dir_in
+
     root = LOCK_ROOT if lock_dir == "-" or lock_dir is None else Path(lock_dir)
-    return for_render(env, lock_dir_in(root, name), mirror=mirror)
+    return lock_dir_in(root, name)
 
 
 def prepare(
@@ -91,7 +106,10 @@ def prepare(
     from envbuilder.render.plan import with_constraints
 
     locked = locked_context(env, lock_dir, wheelhouse, mirror)
-    env = with_constraints(env)  # (requirements.txt and environment.yml, also when locked)
+    # (requirements.txt and environment.yml, also when locked: then from that lock alone)
+    where = named_lock(env, lock_dir, wheelhouse)
+    what = "the wheelhouse's lock" if wheelhouse is not None else "the lock --locked names"
+    env = with_constraints(env, (what, where) if where is not None else None)
     if mirror is not None:
         from envbuilder.model.mirrors import apply_to_env
 

@@ -58,7 +58,21 @@ def show_text(
     as_json: bool = False,
 ) -> str:
     """What `envbuild show PROFILE` prints (with a final newline): the summary, the resolved
-    environment as JSON, or (`memory`) the memory plan as text or JSON."""
+    environment as JSON, or (`memory`) the memory plan as text or JSON. Every URL's
+    user:password@ (an overlay's index, say) is shown as ***@."""
+    from envbuilder.text import redact
+
+    return redact(_show_text(m, profile, overrides, memory=memory, as_json=as_json))
+
+
+def _show_text(
+    m: Matrix,
+    profile: str,
+    overrides: Overrides | None = None,
+    *,
+    memory: bool = False,
+    as_json: bool = False,
+) -> str:
     from envbuilder.model.resolve import held_back, resolve
 
     env = resolve(m, profile, overrides)

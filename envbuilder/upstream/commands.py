@@ -59,6 +59,7 @@ def affected(base, over) -> dict[str, list[str]]:
     `--verl X` for every stack either knows, compared field by field (a refusal counts as a
     value). Profile -> one line per variant that differs, naming the fields."""
     from envbuilder.model.resolve import Overrides, resolve
+    from envbuilder.text import redact
 
     stacks = sorted({*(base.sections.get("stacks") or {}), *(over.sections.get("stacks") or {})})
     found: dict[str, list[str]] = {}
@@ -77,7 +78,7 @@ def affected(base, over) -> dict[str, list[str]]:
                     if all(isinstance(g, dict) for g in got)
                     else [str(got[1])]
                 )
-                found.setdefault(name, []).append(
-                    f"{'--verl ' + verl if verl else 'as shipped'}: {', '.join(what)}"
+                found.setdefault(name, []).append(  # (a refusal may name a URL: ***@, never its password)
+                    redact(f"{'--verl ' + verl if verl else 'as shipped'}: {', '.join(what)}")
                 )
     return found

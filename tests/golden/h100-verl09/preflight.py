@@ -344,21 +344,76 @@ def config_keys():
     return keys, open_maps
 
 
+def parsed_overrides(args):
+    """[(prefix, key, value, arg)] of the run's overrides as Hydra itself parses them (its own
+    override grammar: quotes, numbers, dicts, lists, sweeps), a dict set on a parent key spread
+    into its leaves ({param_offload: true} on fsdp_config is fsdp_config.param_offload=True).
+    A deletion (~key) is left out; an argument Hydra reads no override in is taken in its
+    plain KEY=VALUE form, as text, if it has one (Hydra itself refuses the rest)."""
+    import re
+
+    try:
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+        parser = OverridesParser.create()
+    except Exception:
+        parser = None
+    out = []
+    for arg in args:
+        o = None
+        if parser is not None:
+            try:
+                (o,) = parser.parse_overrides([arg])
+                value = o.value()
+            except Exception:
+                o = None
+        if o is None:  # (no hydra here, or Hydra reads no override in it: the plain form, as text)
+            found = re.match(r"^(\+{0,2})([A-Za-z_][A-Za-z0-9_.]*)=(.*)$", arg, re.S)
+            if found:
+                out.append((found.group(1), found.group(2), found.group(3), arg))
+            continue
+        if o.is_delete():
+            continue
+        prefix = "++" if o.is_force_add() else "+" if o.is_add() else ""
+        values = list(value.list) if o.is_sweep_override() and hasattr(value, "list") else [value]
+        for v in values:
+            todo = [(o.key_or_group, v)]
+            while todo:
+                key, leaf = todo.pop()
+                if isinstance(leaf, dict):
+                    todo += [(f"{key}.{k}", x) for k, x in leaf.items()]
+                out.append((prefix, key, leaf, arg))
+    return out
+
+
+def same_value(value, ref):
+    """Whether `value` (as Hydra parsed it) is what the refused `ref` value ("true", "false",
+    or a word) becomes in verl's config: a bool field takes 1, 'yes', "True" as True, as
+    OmegaConf's BooleanNode converts them. An interpolation (${...}) is known only at run
+    time, so it counts as the refused value."""
+    if isinstance(value, str) and "${" in value:
+        return True
+    if isinstance(value, (dict, list)):
+        return False
+    if ref in ("true", "false"):
+        try:
+            from omegaconf import BooleanNode
+            return BooleanNode(value=value)._value() is (ref == "true")
+        except Exception:
+            return str(value).strip().lower() in ({"true", "1", "yes", "on", "y"} if ref == "true"
+                                                  else {"false", "0", "no", "off", "n"})
+    return str(value).strip().lower() == ref
+
+
 def override_problems(args):
     """[(what, fix)] for the run's extra Hydra overrides."""
     import difflib
-    import re
 
     problems, added = [], []
-    for arg in args:
-        found = re.match(r"^(\+{0,2})([A-Za-z_][A-Za-z0-9_.]*)=(.*)$", arg, re.S)
-        if found is None:
-            continue  # not KEY=VALUE (a Hydra flag, a ~deletion): Hydra itself judges it
-        prefix, key, value = found.groups()
+    for prefix, key, value, arg in parsed_overrides(args):
         for ref in EXPECTED["refused_overrides"]:
-            if key == ref["key"] and value.strip().lower() == ref["value"]:
+            if key == ref["key"] and same_value(value, ref["value"]):
                 problems.append((f"{arg}: {ref['why']}", ref["fix"]))
-        if prefix:
+        if prefix and (prefix, key, arg) not in added and not isinstance(value, dict):
             added.append((prefix, key, arg))
     if added:
         try:
