@@ -10,7 +10,6 @@ import click
 
 from envbuilder.errors import EnvbuildError, UserError
 
-
 # The actions' commands live in modules of their own, imported only when one of their commands
 # runs (or help lists them), so `render` pays nothing for build, lock, wheelhouse or detect:
 # click's documented lazy subcommands, name -> "module:command" (no registration by import).

@@ -50,7 +50,9 @@ def profile_named(m: Matrix, typed: str) -> Named | None:
     folded = {k.casefold(): k for k in m.profiles}
     if typed.casefold() in folded:
         return Named(folded[typed.casefold()])
-    gpu = match_gpu(m, typed)
+    # a card's name is words of letters, digits and . _ + / ( ) - ; anything else (a control
+    # character, a quote) names no card, however a pattern would find a card's name inside it
+    gpu = match_gpu(m, typed) if re.fullmatch(r"[A-Za-z0-9 ._+/()-]{1,100}", typed) else None
     profile = nearest_profile(m, gpu) if gpu else None
     if gpu is None or profile is None:
         return None
