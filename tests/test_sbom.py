@@ -144,7 +144,11 @@ def _refusals(capsys, tmp_path, *flags) -> tuple[tuple, tuple]:
     """(sbom's (exit code, stderr), render --locked's) for the same lock folder and flags."""
     sbom = envbuild(capsys, "sbom", "4090", "-o", tmp_path / "s.json", *flags)
     lock_dir = flags[flags.index("--lock-dir") + 1] if "--lock-dir" in flags else None
-    rest = [f for i, f in enumerate(flags) if f != "--lock-dir" and (i == 0 or flags[i - 1] != "--lock-dir")]
+    rest = [
+        f
+        for i, f in enumerate(flags)
+        if f not in ("--lock-dir", "--require-complete") and (i == 0 or flags[i - 1] != "--lock-dir")
+    ]
     render = envbuild(
         capsys,
         "render",
@@ -171,7 +175,9 @@ def test_a_missing_stale_or_partial_lock_is_refused_as_render_locked_refuses_it(
         (lock / "images.lock").unlink()
         flags = ["--lock-dir", str(tmp_path / "partial")]
     else:
-        flags = []  # lockfiles/4090: the shipped lock has no images part
+        # lockfiles/4090: the shipped lock has no images part (--require-complete refuses it as
+        # render --locked does; without it, test_the_shipped_pip_only_lock...)
+        flags = ["--require-complete"]
     sbom, render = _refusals(capsys, tmp_path, *flags)
     assert sbom == render, (sbom, render)
     assert sbom[0] == 2 and "envbuild: error:" in sbom[1] and "Traceback" not in sbom[1]
@@ -249,3 +255,36 @@ def test_a_mirror_password_never_reaches_the_sbom(tmp_path, capsys):
     for f in (tmp_path / "r" / "p40").rglob("*"):
         if f.is_file():
             assert secret.encode() not in f.read_bytes(), f
+
+
+def test_the_shipped_pip_only_lock_gives_an_sbom_that_declares_what_it_lacks(tmp_path, capsys):
+    """Issue 36: `sbom 4090` refused the shipped lock, which pins only the pip part (no conda
+    channel or registry was in reach where it was made). It now writes the pip part and declares
+    the rest missing: CycloneDX compositions, the image's assembly `incomplete`, the pip
+    packages `complete`, and a property naming each part that is not locked and why."""
+    out = tmp_path / "4090.cdx.json"
+    code, _, err = envbuild(capsys, "sbom", "4090", "-o", out)
+    assert code == 0, err
+    assert "does not pin conda, images" in err
+    text = out.read_text()
+    validate(text)
+    doc = json.loads(text)
+    incomplete, complete = doc["compositions"]
+    assert incomplete == {"aggregate": "incomplete", "assemblies": ["envbuild-image"]}
+    pip = {c["bom-ref"] for c in doc["components"] if c["purl"].startswith("pkg:pypi/")}
+    assert complete["aggregate"] == "complete" and set(complete["assemblies"]) == pip and pip
+    props = {p["name"]: p["value"] for p in doc["metadata"]["properties"]}
+    assert "conda packages" in props["envbuild:not-locked:conda"]
+    assert "base images" in props["envbuild:not-locked:images"]
+    assert not any(c["purl"].startswith(("pkg:conda/", "pkg:oci/")) for c in doc["components"])
+    # the fixture lock pins pip and the images: only conda is declared missing, as in the SBOM
+    # a render --locked image carries
+    other = json.loads(_whole(tmp_path, capsys))
+    names = {p["name"] for p in other["metadata"]["properties"]}
+    assert "envbuild:not-locked:conda" in names and "envbuild:not-locked:images" not in names
+
+
+def _whole(tmp_path, capsys) -> str:
+    out = tmp_path / "whole.cdx.json"
+    assert envbuild(capsys, "sbom", "4090", "--lock-dir", str(LOCKS), "-o", out)[0] == 0
+    return out.read_text()

@@ -32,19 +32,34 @@ from envbuilder.cli.options import load_matrix, override_options
     "it is the lock (default lockfiles/<profile>), as `render --locked DIR` reads it.",
 )
 @click.option("--force", is_flag=True, help="Replace -o FILE even when it is not an SBOM envbuild wrote.")
+@click.option(
+    "--require-complete",
+    is_flag=True,
+    help="Refuse a lock that does not pin every part (conda, images, sources) instead of "
+    "writing an SBOM that declares them missing.",
+)
 @override_options
-def sbom(profile, out, lock_dir, force, overrides, matrix_dirs):
+def sbom(profile, out, lock_dir, force, require_complete, overrides, matrix_dirs):
     """Write PROFILE's CycloneDX 1.6 SBOM (JSON) from its lock: every pip package (version,
     purl, sha256), the conda packages, the base images by digest, apex's and flash-attn's
-    sources, and the patches applied to verl with their reasons. A missing, stale or partial
-    lock is refused as `render --locked` refuses it."""
+    sources, and the patches applied to verl with their reasons. A lock that pins only some
+    parts (the shipped pip-only locks) gives an SBOM of those, marked incomplete and naming the
+    rest (--require-complete refuses it); a missing, stale or damaged lock is refused."""
+    from envbuilder.lock.lockfile import sbom_of
     from envbuilder.model.resolve import resolve
-    from envbuilder.render.prepare import locked_context
+    from envbuilder.render.prepare import named_lock
 
     env = resolve(load_matrix(matrix_dirs), profile, overrides)
-    # the lock found, verified and refused exactly as `render --locked DIR` does
-    locked = locked_context(env, lock_dir if lock_dir is not None else "-")
-    text = locked.sbom
+    # the lock found as `render --locked DIR` finds it
+    where = named_lock(env, lock_dir if lock_dir is not None else "-")
+    assert where is not None
+    text, missing = sbom_of(env, where, require_complete)
+    if missing:
+        click.echo(
+            f"envbuild sbom: the lock in {where} does not pin {', '.join(missing)}: the SBOM "
+            "declares them not locked (CycloneDX compositions: incomplete)",
+            err=True,
+        )
     out = Path(out) if out is not None else None
     if out is None:
         click.echo(text, nl=False)

@@ -550,6 +550,38 @@ def for_render(
     )
 
 
+# what each part pins, for an SBOM that declares the parts its lock lacks
+PART_HOLDS = {
+    "conda": "the conda packages (Python, CUDA's nvcc and libraries)",
+    "images": "the base images by digest",
+    "sources": "the source archives the builder stage fetches (apex, flash-attn)",
+}
+
+
+def sbom_of(env: ResolvedEnv, lock_dir: Path, require_complete: bool = False) -> tuple[str, list[str]]:
+    """`envbuild sbom`: (the CycloneDX SBOM of the lock in `lock_dir`, the parts it does not
+    pin). A lock whose pip part is current gives an SBOM of what it pins; the parts it lacks (a
+    pip-only lock: the shipped ones, made where no conda channel or registry answered) are
+    declared in it as not locked, the SBOM marked incomplete. `require_complete` refuses what
+    `render --locked` refuses (a lock without its images). A damaged or stale lock is refused
+    either way, in render --locked's words."""
+    lock_dir = Path(lock_dir)
+    meta, texts = verified(lock_dir, env.name)
+    missing = missing_parts(env, meta)
+    present = [p for p in parts_for(env) if p not in missing]
+    if require_complete or "pip" in missing or meta.get("torch_swapped") or _stale(env, meta, present):
+        return for_render(env, lock_dir).sbom, missing  # (its refusal, word for word)
+    return sbom_text_of(env, meta, texts, lock_dir), missing
+
+
+def missing_parts(env: ResolvedEnv, meta: dict) -> list[str]:
+    """The parts of `env` a lock (its lock.json `meta`) does not pin."""
+    missing = [p for p in parts_for(env) if p not in meta.get("parts", [])]
+    if has_sources(env) and "sources" not in missing and SOURCES not in meta.get("files", {}):
+        missing.append("sources")
+    return missing
+
+
 def sbom_text_of(
     env: ResolvedEnv, meta: dict, texts: dict[str, str], lock_dir: Path, requirements: str | None = None
 ) -> str:
@@ -561,6 +593,10 @@ def sbom_text_of(
     def doc(name: str):
         return parse(name, texts[name], str(Path(lock_dir) / name)) if name in texts else None
 
+    why = {
+        p: f"{PART_HOLDS[p]}: not in this lock (made with --only {','.join(meta.get('parts', []))})"
+        for p in missing_parts(env, meta)
+    }
     return sbom.build(
         env,
         meta,
@@ -568,6 +604,7 @@ def sbom_text_of(
         doc(CONDA_LOCK),
         doc(IMAGES),
         doc(SOURCES) if has_sources(env) else None,
+        missing=why,
     )
 
 

@@ -200,12 +200,16 @@ def build(
     conda_lock: dict | None = None,
     images: dict | None = None,
     sources: dict | None = None,
+    missing: dict[str, str] | None = None,
 ) -> str:
     """The SBOM's JSON text (sorted keys, two-space indent, a final newline) of a lock: its
     lock.json `meta`, the pip pins (requirements.lock's text, or a wheelhouse's with its built
     wheels' hashes) and its other parts as lockfile.parse read them (None: not locked).
     lockfile.sbom_text_of is the one caller that reads a lock folder. No URL's user:password@
-    reaches it (an overlay's index may carry one): the SBOM is a file, copied into the image."""
+    reaches it (an overlay's index may carry one): the SBOM is a file, copied into the image.
+    `missing` ({part: why}): the parts of the environment the lock does not pin (a pip-only
+    lock); the SBOM then declares itself incomplete (CycloneDX `compositions`: the image's
+    assembly `incomplete`, the pip part's `complete`) and names each missing part and why."""
     from envbuilder.model.mirrors import split_credentials
 
     env = split_credentials(env)[0]
@@ -253,6 +257,14 @@ def build(
         + [{"ref": ref, "dependsOn": deps} for ref, deps in sorted(children.items())]
         + [{"ref": c["bom-ref"], "dependsOn": []} for c in images + conda + sources],
     }
+    if missing:
+        bom["compositions"] = [
+            {"aggregate": "incomplete", "assemblies": [ROOT_REF]},
+            {"aggregate": "complete", "assemblies": sorted(c["bom-ref"] for c in pip)},
+        ]
+        bom["metadata"]["properties"] += [
+            _prop(f"not-locked:{part}", why) for part, why in sorted(missing.items())
+        ]
     body = json.dumps(bom, sort_keys=True).encode()
     bom["serialNumber"] = f"urn:uuid:{uuid.UUID(bytes=hashlib.sha256(body).digest()[:16], version=5)}"
     return json.dumps(bom, indent=2, sort_keys=True) + "\n"
