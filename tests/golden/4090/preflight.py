@@ -283,7 +283,7 @@ def patch_check(r):
     audit = here / "audit_precision.py"
     if not audit.is_file():
         r.add("precision audit", False, f"{audit.name} is not beside {pathlib.Path(__file__).name}",
-              "run preflight.py from the rendered folder (or the image's /opt/envbuild)")
+              "run preflight.py from the rendered folder (or the image's envbuild folder)")
         return
     p = subprocess.run([sys.executable, str(audit)], capture_output=True, text=True, timeout=300)
     lines = [ln for ln in (p.stdout + p.stderr).splitlines() if ln.strip()]
