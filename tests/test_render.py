@@ -24,6 +24,7 @@ from envbuilder.model.resolve import ResolvedEnv
 
 ALWAYS = {
     "Dockerfile",
+    "apptainer.def",
     "environment.yml",
     "requirements.txt",
     "pixi.toml",

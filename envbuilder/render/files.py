@@ -43,6 +43,8 @@ FILES = {
     "audit_precision.py": "audit_precision.py.j2",
     "prepare_gsm8k.py": "prepare_gsm8k.py.j2",
     "README.md": "README.md.j2",  # what each file is and the commands that come next
+    # the image built by Apptainer alone, from the CUDA base image (render/sif.py)
+    "apptainer.def": "apptainer-base.def.j2",
 }
 EXECUTABLE = {RUN_SCRIPT, "preflight.py", "apply_patches.py", "audit_precision.py", "prepare_gsm8k.py"}
 MARKER = "envbuild.json"
@@ -180,7 +182,7 @@ def audit_plan(env: ResolvedEnv) -> dict[str, Any]:
 def render_files(env: ResolvedEnv, locked: LockedContext | None = None) -> dict[str, str]:
     """All rendered files by name, in memory. `locked` (lock.lockfile.for_render) pins the base
     images by digest and installs each layer from its hashed requirement file."""
-    from envbuilder.render import pixi
+    from envbuilder.render import pixi, sif
     from envbuilder.render.plan import install_plan, lock_hint, override_flags
 
     if not env.run:  # (an environment a caller built without its run plan: derived, as resolve does)
@@ -222,6 +224,7 @@ def render_files(env: ResolvedEnv, locked: LockedContext | None = None) -> dict[
         "credentials": credentials,
         "pixi": pixi.context(env, plan, RUN_SCRIPT),
         "finish_command": plan_finish_command(env),
+        "sif": sif.context(env, plan, apex_command(env), RUN_SCRIPT),
     }
     j = jinja_env()
     out = {MARKER: spec}
