@@ -512,3 +512,18 @@ def test_envbuild_install_refuses_a_prefix_that_does_not_fit_before_touching_any
     r = _install(["p40", "--prefix", str(junk), "--from-wheelhouse", str(exported)], tmp_path)
     assert r.returncode == 2 and "holds no Python environment" in r.stderr
     assert sorted(p.name for p in junk.iterdir()) == ["notes.txt"]
+
+
+def test_envbuild_install_refuses_bad_options_before_anything(tmp_path):
+    """An unknown mirror set, a --locked folder with no lock, or wheelhouse and online options
+    mixed: exit 2, and no prefix made."""
+    prefix = tmp_path / "env"
+    r = _install(["p40", "--prefix", str(prefix), "--mirror", "nosuch"], tmp_path)
+    assert r.returncode == 2 and "Unknown mirror set 'nosuch'" in r.stderr
+    r = _install(["p40", "--prefix", str(prefix), "--locked", str(tmp_path / "nolock")], tmp_path)
+    assert r.returncode == 2 and "No lock in" in r.stderr
+    r = _install(
+        ["p40", "--prefix", str(prefix), "--from-wheelhouse", str(tmp_path), "--mirror", "cn"], tmp_path
+    )
+    assert r.returncode == 2 and "installs offline" in r.stderr
+    assert not prefix.exists()

@@ -43,10 +43,33 @@ from envbuilder.errors import ActionError, UserError
     callback=index_url,
     help="PyTorch index for +cuXXX builds (online route).",
 )
+@click.option(
+    "--mirror",
+    shell_complete=complete.mirror_sets,
+    metavar="NAME",
+    help="Install through this mirror set's PyPI and PyTorch endpoints (online route).",
+)
+@click.option(
+    "--locked",
+    type=click.Path(path_type=Path),
+    metavar="DIR",
+    help="Pin every step to this lock (DIR/<profile>/ or the lock itself), as `render --locked` "
+    "does (online route; default: the lock whose plan fits, as a plain render).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report on stdout.")
 @override_options
 def install(
-    profile, prefix, wheelhouse, interpreter, index_url, torch_index_url, as_json, overrides, matrix_dirs
+    profile,
+    prefix,
+    wheelhouse,
+    interpreter,
+    index_url,
+    torch_index_url,
+    mirror,
+    locked,
+    as_json,
+    overrides,
+    matrix_dirs,
 ):
     """Install PROFILE without Docker into a venv (or a conda environment, from a wheelhouse
     with micromamba/mamba/conda on PATH), the way `build` makes the image: the install layers
@@ -62,10 +85,26 @@ def install(
         from envbuilder.tools.uv import uv_bin
 
         uv_bin("install")  # (the online route installs with uv: said before anything is made)
-    if wheelhouse is not None and (index_url or torch_index_url):
-        raise UserError("--from-wheelhouse installs offline: drop --index-url/--torch-index-url.")
+    if wheelhouse is not None and (index_url or torch_index_url or mirror or locked):
+        raise UserError(
+            "--from-wheelhouse installs offline from the wheelhouse's own lock: drop "
+            "--index-url, --torch-index-url, --mirror and --locked."
+        )
     m = load_matrix(matrix_dirs)
     env = resolve(m, profile, overrides)
+    if locked is not None:  # every step within that lock's pins alone, as render --locked
+        from envbuilder.lock.lockfile import for_render, lock_dir_in
+        from envbuilder.render.plan import with_constraints
+
+        where = lock_dir_in(locked, env.name)
+        for_render(env, where)  # (a missing, damaged or stale lock refused as render --locked does)
+        env = with_constraints(env, ("the lock --locked names", where))
+    if mirror:
+        from envbuilder.model import mirrors as M
+
+        choice = M.choice(mirror, M.get_set(m, mirror))
+        index_url = index_url or choice.pypi
+        torch_index_url = torch_index_url or (choice.pytorch if env.indexes.torch else None)
     report = run_install(
         env,
         prefix,

@@ -565,7 +565,8 @@ class _Verifier:
         env, r = self.env, self.r
         r.isolation = isolation()[1]
         # as `envbuild render` does: the pins of the lock whose plan this is, per layer
-        files = R.render_files(with_constraints(self.env))
+        # (an environment already held to a lock, `install --locked`, keeps it)
+        files = R.render_files(self.env if self.env.constraints else with_constraints(self.env))
         rendered = work / "render"
         R.write_dir(rendered, files)
         uv = uv_bin()
