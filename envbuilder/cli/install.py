@@ -93,11 +93,11 @@ def install(
     m = load_matrix(matrix_dirs)
     env = resolve(m, profile, overrides)
     if locked is not None:  # every step within that lock's pins alone, as render --locked
-        from envbuilder.lock.lockfile import for_render, lock_dir_in
+        from envbuilder.lock.lockfile import lock_dir_in, pip_part
         from envbuilder.render.plan import with_constraints
 
         where = lock_dir_in(locked, env.name)
-        for_render(env, where)  # (a missing, damaged or stale lock refused as render --locked does)
+        pip_part(env, where)  # (a missing, damaged or stale lock refused before anything is made)
         env = with_constraints(env, ("the lock --locked names", where))
     if mirror:
         from envbuilder.model import mirrors as M

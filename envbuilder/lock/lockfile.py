@@ -574,6 +574,20 @@ def sbom_of(env: ResolvedEnv, lock_dir: Path, require_complete: bool = False) ->
     return sbom_text_of(env, meta, texts, lock_dir), missing
 
 
+def pip_part(env: ResolvedEnv, lock_dir: Path) -> None:
+    """Refuse (exit 2) a lock that cannot pin `env`'s pip installs: missing, damaged, without a
+    pip part or stale for it (what `envbuild install --locked` needs; no images part)."""
+    meta, _ = verified(lock_dir, env.name)
+    if "pip" not in meta.get("parts", []):
+        raise UserError(f"The lock in {lock_dir} has no pip part; re-lock with `envbuild lock {env.name}`.")
+    stale = _stale(env, meta, ["pip"])
+    if stale:
+        raise UserError(
+            f"The lock in {lock_dir} was made for other inputs than {env.name!r} has now "
+            f"({'; '.join(stale)}). Re-lock with `envbuild lock {env.name}` (the same overrides)."
+        )
+
+
 def missing_parts(env: ResolvedEnv, meta: dict) -> list[str]:
     """The parts of `env` a lock (its lock.json `meta`) does not pin."""
     missing = [p for p in parts_for(env) if p not in meta.get("parts", [])]
