@@ -10,7 +10,7 @@ import click
 from envbuilder.cli import complete
 
 from envbuilder.cli.callbacks import file_out, not_empty
-from envbuilder.cli.options import load_matrix, override_options
+from envbuilder.cli.options import load_matrix, override_options, say
 
 
 @click.command()
@@ -29,7 +29,8 @@ from envbuilder.cli.options import load_matrix, override_options
     callback=not_empty,
     metavar="DIR",
     help="The lock: DIR/<profile>/ as `envbuild lock -o DIR` writes it, or DIR itself when "
-    "it is the lock (default lockfiles/<profile>), as `render --locked DIR` reads it.",
+    "it is the lock (default lockfiles/<profile>, else the one shipped with envbuild), as "
+    "`render --locked DIR` reads it.",
 )
 @click.option("--force", is_flag=True, help="Replace -o FILE even when it is not an SBOM envbuild wrote.")
 @override_options
@@ -39,11 +40,12 @@ def sbom(profile, out, lock_dir, force, overrides, matrix_dirs):
     sources, and the patches applied to verl with their reasons. A missing, stale or partial
     lock is refused as `render --locked` refuses it."""
     from envbuilder.model.resolve import resolve
-    from envbuilder.render.prepare import locked_context
+    from envbuilder.render.prepare import lock_used, locked_context, named_lock
 
     env = resolve(load_matrix(matrix_dirs), profile, overrides)
-    # the lock found, verified and refused exactly as `render --locked DIR` does
-    locked = locked_context(env, lock_dir if lock_dir is not None else "-")
+    # the lock found (./lockfiles, else the shipped one), verified and refused as `render --locked`
+    locked = locked_context(env, lock_dir if lock_dir is not None else "-")  # (a refusal names it)
+    say(f"{env.name}: the lock {lock_used(named_lock(env, lock_dir or '-'))}")
     text = locked.sbom
     out = Path(out) if out is not None else None
     if out is None:

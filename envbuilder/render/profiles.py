@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from envbuilder.errors import UserError
-from envbuilder.render.prepare import locked_context, plain_name, prepare
+from envbuilder.render.prepare import lock_used, locked_context, plain_name, prepare
 from envbuilder.model.resolve import picked_for_driver
 
 if TYPE_CHECKING:
@@ -89,6 +89,8 @@ def render_profiles(
 
             how = lock_hint(env.name, env.overrides, out)
             say(f"  note: {env.name} is not pinned beyond its top-level pins (no lock matches it): {how}.")
+        if p.lock_path is not None:
+            say(f"  {env.name}: pins from the lock {lock_used(p.lock_path)}")
         env = p.env
         R.render(env, target, p.locked, force=force)
         written.append(target)
