@@ -386,3 +386,46 @@ def test_reference_overlays_replace_whole_records(tmp_path):
     doc = {"sources": {rec["source"]: "https://example.org/mine"}, "profiles": {"p40": rec}}
     (whole / "p.yaml").write_text(yaml.safe_dump(doc))
     assert matrix.load((whole,)).profiles["p40"]["description"] == "mine"
+
+
+def test_concepts_stack_table_is_the_matrix_stacks():
+    """docs/concepts.md's table of the pinned sets: one row per stack of matrices/stacks.yaml,
+    with its CUDA, torch and vLLM; its heading names no release without one."""
+    from envbuilder.model import matrix
+
+    m = matrix.load(())
+    text = (ROOT / "docs" / "concepts.md").read_text()
+    section = text.split("holds the whole pinned set of each release:", 1)[1].split("\n\n", 2)[1]
+    rows = {}
+    for line in section.splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0].split()[0]] = (cells[1].split(" / ")[0], cells[2], cells[3])
+    want = {v: (s["cuda"], s["torch"], s["vllm"]) for v, s in m.stacks.items()}
+    assert rows == want, want
+    assert "Every verl release from" not in text  # (0.5.0 has no pinned set)
+
+
+def test_readme_driver_example_says_what_check_prints():
+    """README's `envbuild check h100 --driver 550.54.15     # verl X on CUDA Y` is what check
+    picks today."""
+    from click.testing import CliRunner
+
+    from envbuilder.cli import cli
+
+    line = next(x for x in README.read_text().splitlines() if x.startswith("envbuild check h100 --driver"))
+    command, _, comment = line.partition("#")
+    verl, cuda = re.match(r"\s*verl (\S+) on CUDA (\S+),", comment).groups()  # type: ignore[union-attr]
+    out = CliRunner().invoke(cli, shlex.split(command)[1:]).output
+    assert out.startswith("OK:") and f"CUDA {cuda}," in out and f"verl {verl} " in out, out
+
+
+def test_concepts_names_the_fix_check_gives_for_verl_050():
+    from click.testing import CliRunner
+
+    from envbuilder.cli import cli
+
+    text = " ".join((ROOT / "docs" / "concepts.md").read_text().split())
+    fix, profile = re.search(r"to add \(`([^`]+)` on an (\w+)\)", text).groups()  # type: ignore[union-attr]
+    r = CliRunner().invoke(cli, ["check", profile, "--verl", "0.5.0"])
+    out = r.output + str(r.exception)  # (the refusal is an error, raised to main)
+    assert f"use {fix} (with it {profile} resolves)" in out, out
