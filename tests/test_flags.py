@@ -163,3 +163,17 @@ def test_hints_spell_only_declared_flags():
     spelled = {f for p in files for f in re.findall(r"--[a-z][a-z_-]*[a-z]", p.read_text())}
     assert spelled - OTHER_OPTIONS <= set(F.BY_FLAG), sorted(spelled - OTHER_OPTIONS - set(F.BY_FLAG))
     assert set(F.BY_FLAG) <= spelled | {"--nodes"}
+
+
+def test_a_model_folder_parses_back(parse, tmp_path):
+    """--model FOLDER: the README names the folder as an absolute path, which parses back to
+    the same model (read again from its config.json)."""
+    from envbuilder.render.plan import override_flags
+
+    folder = tmp_path / "my-model.v2"
+    folder.mkdir()
+    src = Path(__file__).parent / "fixtures" / "hf" / "Qwen" / "Qwen3-8B" / "config.json"
+    (folder / "config.json").write_bytes(src.read_bytes())
+    first = parse(["render", "p40", "--model", str(folder)])
+    assert first.model == str(folder.resolve())
+    assert parse(shlex.split(f"render p40{override_flags(first)}")) == first
