@@ -79,3 +79,14 @@ def test_sbom_and_wheelhouse_say_which_lock_they_used(elsewhere, capsys):
     assert out.startswith("{")  # (stdout holds the SBOM alone)
     code, out, err = run(["wheelhouse", "4090", "-o", str(elsewhere / "wh")], capsys)
     assert said in err, err
+
+
+def test_render_locked_and_from_say_which_lock(elsewhere, capsys):
+    whole = Path(__file__).parent / "fixtures" / "locks"
+    said = f"4090: pins from the lock {whole / '4090'} (verl 0.4.1, Python 3.10)"
+    code, out, err = run(["render", "4090", "--locked", str(whole), "-o", "a"], capsys)
+    assert code == 0 and said in err, err
+    code, out, err = run(
+        ["render", "--from", "a/4090/envbuild.json", "--locked", str(whole), "-o", "b"], capsys
+    )
+    assert code == 0 and said in err, err
