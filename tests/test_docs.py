@@ -1,7 +1,10 @@
 """The docs hold to the code: README.md stays a short page that starts with its two commands
 (what CI runs), every relative link in README.md and docs/*.md leads to a file (and an #anchor
 to a heading there), and every `envbuild ...` line in their bash/sh/console blocks parses with
-envbuild's own click options, as the rendered folder's README is checked in test_render.py."""
+envbuild's own click options, as the rendered folder's README is checked in test_render.py.
+And the docs' example outputs and claims are made or checked from today's matrix and locks
+(build.md's detect, lockfiles/README.md's table, README's profiles and verl releases,
+reference.md's overlays), so a matrix update that changes one fails until the page follows."""
 
 from __future__ import annotations
 
@@ -255,3 +258,174 @@ def test_the_checks_can_fail(tmp_path):
     parse(["mirrors", "probe", "--mirror", "cn"])
     console = "```console\n$ envbuild detect\nenvbuild output --not-an-option\n```\n"
     assert [envbuild_commands(line) for line in command_lines(console)] == [[["detect"]]]
+
+
+# -- example outputs and claims, against today's matrix and locks (issue 34 #7) ----------------
+# Each doc example below is made or checked from today's matrix: a matrix or lock update that
+# changes it fails here until the page is updated (the failure prints what it should say).
+
+
+def console_output(page: Path, command: str) -> list[str]:
+    """The output lines a page's console block shows under `$ COMMAND`."""
+    _, blocks = split_blocks(page.read_text())
+    for lang, body in blocks:
+        if lang == "console" and body and body[0] == f"$ {command}":
+            return [line for line in body[1:] if not line.startswith("$ ")]
+    raise AssertionError(f"{page.name} has no console block of `$ {command}`")
+
+
+def test_build_md_detect_example_is_what_detect_prints_today():
+    """docs/build.md's `envbuild detect` on an H200 is the recorded H200 machine
+    (tests/fixtures/gpu/h200) read by today's detect and matrix."""
+    from test_detect import host, invoke
+
+    code, out = invoke(["detect"], host("h200"))
+    assert code == 0
+    want = [line for line in out.splitlines() if line.strip()]
+    assert console_output(ROOT / "docs" / "build.md", "envbuild detect") == want, "\n".join(want)
+
+
+def locks_table() -> list[str]:
+    """lockfiles/README.md's table of the locks present, from the locks themselves: which parts,
+    verl, torch and Python each pins, and how it was made (a torch swapped for PyPI's build)."""
+    from envbuilder.model import matrix
+
+    rows: dict[tuple[str, ...], list[str]] = {}
+    order = list(matrix.load(()).profiles)
+    for lock in sorted((ROOT / "lockfiles").glob("*/lock.json"), key=lambda p: order.index(p.parent.name)):
+        import json
+
+        meta = json.loads(lock.read_text())
+        pins = (lock.parent / "requirements.lock").read_text()
+        torch = re.search(r"^torch==(\S+)", pins, re.M).group(1)  # type: ignore[union-attr]
+        verl = re.search(r"^verl==(\S+)", pins, re.M).group(1)  # type: ignore[union-attr]
+        parts = ", ".join(meta["parts"]) + " (" + ", ".join(f"`{f}`" for f in sorted(meta["files"])) + ")"
+        swapped = meta.get("torch_swapped")
+        how = (
+            f"`envbuild lock PROFILE --only pip --torch-from-pypi`, torch swapped: {swapped}"
+            if swapped
+            else "`envbuild lock PROFILE --only pip`, a real solve by uv against PyPI"
+        )
+        key = (verl, torch, meta["target"]["python"], parts, how)
+        rows.setdefault(key, []).append(lock.parent.name)
+    out = ["| profile | verl | torch | Python | parts | how |", "|---|---|---|---|---|---|"]
+    for (verl, torch, python, parts, how), names in rows.items():
+        out.append(
+            f"| {', '.join(f'`{n}`' for n in names)} | {verl} | {torch} | {python} | {parts} | {how} |"
+        )
+    return out
+
+
+def test_lockfiles_readme_lists_the_locks_present():
+    text = (ROOT / "lockfiles" / "README.md").read_text()
+    section = text.split("## Which locks are present", 1)[1]
+    table = [line for line in section.splitlines() if line.startswith("|")]
+    assert table == locks_table(), "\n".join(locks_table())
+
+
+def test_readme_profiles_table_is_what_each_profile_resolves_to():
+    """README's Profiles table: each row's CUDA, torch, verl and rollout are what its profiles
+    resolve to today."""
+    from envbuilder.model import matrix
+    from envbuilder.model.resolve import resolve
+
+    m = matrix.load(())
+    section = README.read_text().split("## Profiles", 1)[1]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    seen = []
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        names = re.findall(r"`([^`]+)`", cells[0])
+        for name in names:
+            env = resolve(m, name)
+            seen.append(name)
+            assert cells[2] == env.cuda.version, (name, cells[2])
+            assert cells[3].split()[0].split("+")[0] == env.torch.version, (name, cells[3])
+            verl, rollout = (c.strip() for c in cells[4].split("/", 1))
+            assert verl == env.verl.version, (name, verl)
+            want = f"vLLM {env.vllm.version}" if env.rollout == "vllm" else "HF"
+            assert rollout.startswith(want), (name, rollout, want)
+    assert sorted(seen) == sorted(m.profiles)
+
+
+def test_readme_names_the_verl_releases_that_take_a_pinned_set():
+    """ "Every verl release ... is one flag away" names exactly the releases with a stack
+    (matrices' `stacks`), and those without one (0.5.0) as such."""
+    from envbuilder.model import matrix
+
+    m = matrix.load(())
+    text = " ".join(README.read_text().split())
+    claim = re.search(r"\*\*verl ([\d., and]+) are each one flag away\*\*", text)
+    assert claim, "README's claim about --verl moved"
+    named = re.findall(r"\d+\.\d+\.\d+", claim.group(1))
+    assert sorted(named) == sorted(m.stacks), (named, sorted(m.stacks))
+    without = sorted(set(m.verl) - set(m.stacks))
+    for v in without:
+        assert f"verl {v} has no pinned set" in text, v
+
+
+def test_reference_overlays_replace_whole_records(tmp_path):
+    """reference.md says an overlay's record replaces the shipped one whole (so it must be
+    complete); a one-field overlay is refused, a whole record with one field changed is taken."""
+    import yaml
+
+    from envbuilder.errors import UserError
+    from envbuilder.model import matrix
+
+    text = " ".join((ROOT / "docs" / "reference.md").read_text().split())
+    assert "replace the shipped record of the same key whole" in text
+    assert "key by key" not in text
+    one = tmp_path / "one"
+    one.mkdir()
+    (one / "p.yaml").write_text(yaml.safe_dump({"profiles": {"p40": {"description": "mine"}}}))
+    with pytest.raises(UserError, match="required key is missing"):
+        matrix.load((one,))
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    rec = dict(matrix.load(()).profiles["p40"], description="mine")
+    doc = {"sources": {rec["source"]: "https://example.org/mine"}, "profiles": {"p40": rec}}
+    (whole / "p.yaml").write_text(yaml.safe_dump(doc))
+    assert matrix.load((whole,)).profiles["p40"]["description"] == "mine"
+
+
+def test_concepts_stack_table_is_the_matrix_stacks():
+    """docs/concepts.md's table of the pinned sets: one row per stack of matrices/stacks.yaml,
+    with its CUDA, torch and vLLM; its heading names no release without one."""
+    from envbuilder.model import matrix
+
+    m = matrix.load(())
+    text = (ROOT / "docs" / "concepts.md").read_text()
+    section = text.split("holds the whole pinned set of each release:", 1)[1].split("\n\n", 2)[1]
+    rows = {}
+    for line in section.splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0].split()[0]] = (cells[1].split(" / ")[0], cells[2], cells[3])
+    want = {v: (s["cuda"], s["torch"], s["vllm"]) for v, s in m.stacks.items()}
+    assert rows == want, want
+    assert "Every verl release from" not in text  # (0.5.0 has no pinned set)
+
+
+def test_readme_driver_example_says_what_check_prints():
+    """README's `envbuild check h100 --driver 550.54.15     # verl X on CUDA Y` is what check
+    picks today."""
+    from click.testing import CliRunner
+
+    from envbuilder.cli import cli
+
+    line = next(x for x in README.read_text().splitlines() if x.startswith("envbuild check h100 --driver"))
+    command, _, comment = line.partition("#")
+    verl, cuda = re.match(r"\s*verl (\S+) on CUDA (\S+),", comment).groups()  # type: ignore[union-attr]
+    out = CliRunner().invoke(cli, shlex.split(command)[1:]).output
+    assert out.startswith("OK:") and f"CUDA {cuda}," in out and f"verl {verl} " in out, out
+
+
+def test_concepts_names_the_fix_check_gives_for_verl_050():
+    from click.testing import CliRunner
+
+    from envbuilder.cli import cli
+
+    text = " ".join((ROOT / "docs" / "concepts.md").read_text().split())
+    fix, profile = re.search(r"to add \(`([^`]+)` on an (\w+)\)", text).groups()  # type: ignore[union-attr]
+    r = CliRunner().invoke(cli, ["check", profile, "--verl", "0.5.0"])
+    out = r.output + str(r.exception)  # (the refusal is an error, raised to main)
+    assert f"use {fix} (with it {profile} resolves)" in out, out

@@ -73,7 +73,7 @@ def render(profile, all_, from_, out, locked_dir, wheelhouse, mirror, force, ove
             "wheelhouse carries its own copy of the lock. Pass one of them."
         )
     if from_:
-        env, target = render_replay(from_, out, locked_dir, wheelhouse, force)
+        env, target = render_replay(from_, out, locked_dir, wheelhouse, force, say=say)
         click.echo(f"rendered {env.name} from {from_} -> {target}/")
         return
     m = load_matrix(matrix_dirs)

@@ -10,7 +10,7 @@ import click
 from envbuilder.cli import complete
 
 from envbuilder.cli.callbacks import file_out, not_empty
-from envbuilder.cli.options import load_matrix, override_options
+from envbuilder.cli.options import load_matrix, override_options, say
 
 
 @click.command()
@@ -29,7 +29,8 @@ from envbuilder.cli.options import load_matrix, override_options
     callback=not_empty,
     metavar="DIR",
     help="The lock: DIR/<profile>/ as `envbuild lock -o DIR` writes it, or DIR itself when "
-    "it is the lock (default lockfiles/<profile>), as `render --locked DIR` reads it.",
+    "it is the lock (default lockfiles/<profile>, else the one shipped with envbuild), as "
+    "`render --locked DIR` reads it.",
 )
 @click.option("--force", is_flag=True, help="Replace -o FILE even when it is not an SBOM envbuild wrote.")
 @click.option(
@@ -47,18 +48,18 @@ def sbom(profile, out, lock_dir, force, require_complete, overrides, matrix_dirs
     rest (--require-complete refuses it); a missing, stale or damaged lock is refused."""
     from envbuilder.lock.lockfile import sbom_of
     from envbuilder.model.resolve import resolve
-    from envbuilder.render.prepare import named_lock
+    from envbuilder.render.prepare import lock_used, named_lock
 
     env = resolve(load_matrix(matrix_dirs), profile, overrides)
-    # the lock found as `render --locked DIR` finds it
+    # the lock found as `render --locked DIR` finds it (./lockfiles, else the shipped one)
     where = named_lock(env, lock_dir if lock_dir is not None else "-")
     assert where is not None
     text, missing = sbom_of(env, where, require_complete)
+    say(f"{env.name}: the lock {lock_used(where)}")
     if missing:
-        click.echo(
+        say(
             f"envbuild sbom: the lock in {where} does not pin {', '.join(missing)}: the SBOM "
-            "declares them not locked (CycloneDX compositions: incomplete)",
-            err=True,
+            "declares them not locked (CycloneDX compositions: incomplete)"
         )
     out = Path(out) if out is not None else None
     if out is None:

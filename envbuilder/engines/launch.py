@@ -261,21 +261,10 @@ def claim_name(value: str) -> str:
 def build_command(env) -> str:
     """The `envbuild build` line that makes the image this launcher's run needs: the overrides
     the launcher was given, with the world size spelled out."""
-    words = ["envbuild", "build", env.profile]
-    given = {
-        **env.overrides.to_dict(),
-        "nodes": env.cluster.nodes,
-        "gpus_per_node": env.cluster.gpus_per_node,
-    }
-    for key, value in sorted(given.items()):
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            words.append(flag)
-        elif isinstance(value, list):
-            words += [w for v in value for w in (flag, str(v))]
-        else:
-            words += [flag, str(value)]
-    return shlex.join(words)
+    from envbuilder.model.flags import words
+
+    given = words(env.overrides, nodes=env.cluster.nodes, gpus_per_node=env.cluster.gpus_per_node)
+    return shlex.join(["envbuild", "build", env.profile, *given])
 
 
 def check_args(env) -> list[str]:

@@ -123,6 +123,17 @@ def lock_dir_in(root: Path, profile: str, writing: bool = False) -> Path:
     return root
 
 
+def _shipped(lock_dir: Path) -> bool:
+    """Whether `lock_dir` is one of the locks shipped with envbuild."""
+    from envbuilder.paths import LOCK_ROOT, data_dir
+
+    try:
+        shipped = data_dir("lockfiles").resolve()
+        return lock_dir.resolve().parent == shipped and shipped != LOCK_ROOT.resolve()
+    except (FileNotFoundError, OSError):
+        return False
+
+
 def read_meta(lock_dir: Path) -> dict | None:
     return _read_meta(Path(lock_dir))[0]
 
@@ -457,6 +468,9 @@ def for_render(
     relock = (
         lock_hint(env.name, env.overrides)
         if env.overrides.to_dict()
+        # (a shipped lock is not remade in place: ./lockfiles/<profile>, found first, replaces it)
+        else f"`envbuild lock {sh(env.name)}` remakes it in ./lockfiles"
+        if _shipped(lock_dir)
         else f"`envbuild lock {sh(env.name)} -o {sh(str(lock_dir.parent))}` remakes it"
     )
     meta, lock_texts = verified(lock_dir, env.name)

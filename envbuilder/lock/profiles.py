@@ -34,11 +34,16 @@ class LockFlags(Record):
 
 def lock_dir_for(name: str, out: Path | None, check: bool = False) -> Path:
     """-o DIR holds one folder per profile, DIR/<profile>/, with one profile as with --all
-    (default lockfiles/). `--check -o DIR` also takes DIR as one lock (it holds lock.json);
-    locking replaces DIR's own lock only when it is this profile's."""
+    (default lockfiles/). `--check -o DIR` also takes DIR as one lock (it holds lock.json), and
+    `--check` alone checks the lock every command finds (prepare.find_lock: ./lockfiles, else the
+    shipped one); locking replaces DIR's own lock only when it is this profile's."""
     from envbuilder.lock.lockfile import lock_dir_in
 
-    return lock_dir_in(LOCK_ROOT if out is None else Path(out), name, writing=not check)
+    if check:  # (the lock render, sbom and wheelhouse find: ./lockfiles, else the shipped one)
+        from envbuilder.render.prepare import find_lock
+
+        return find_lock(name, out)
+    return lock_dir_in(LOCK_ROOT if out is None else Path(out), name, writing=True)
 
 
 def lock_parts(only, solver: str, check: bool) -> tuple[str, ...]:
@@ -105,6 +110,10 @@ def lock_profiles(
         try:
             env = resolve(m, name, overrides)
             if check:
+                if (target / L.META).is_file():
+                    from envbuilder.render.prepare import lock_used
+
+                    say(f"{name}: the lock {lock_used(target)}")
                 found = L.problems(env, target, parts)
                 for p in found:
                     echo(f"{name}: {p}")

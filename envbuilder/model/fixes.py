@@ -17,20 +17,22 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Callable
 
 from envbuilder.errors import UserError
+from envbuilder.model import flags as F
 from envbuilder.model.resolved import Overrides
 from envbuilder.model.versions import is_driver_version, version_key
 
 if TYPE_CHECKING:
     from envbuilder.model.matrix import Matrix
 
-# a flag with the value a user would type after it (values may be comma lists: apex,flash-attn)
+# a flag a fix may offer (model/flags.py), with the value a user would type after it (values
+# may be comma lists: apex,flash-attn)
 FIX_FLAG = re.compile(
-    r"--(cuda|torch|python|verl|rollout|vllm|with|without|driver|ecc|model|algo|interconnect|gpus-per-node)\b"
+    r"--(" + "|".join(sorted((f.flag[2:] for f in F.FLAGS if f.fix), key=len, reverse=True)) + r")\b"
     r"(?:[ =]([^\s,;()]+(?:,[^\s,;()]+)*))?"
 )
-ROLLOUTS = ("hf", "vllm", "sglang")
+ROLLOUTS = F.BY_FIELD["rollout"].choices
 COMPONENTS = ("apex", "flash-attn")
-_KEY = {"with": "with_", "gpus-per-node": "gpus_per_node"}
+_FLAG = {f.flag[2:]: f for f in F.FLAGS}  # "gpus-per-node" -> its declaration
 
 
 def _valid(m: Matrix, flag: str, value: str | None) -> bool:
@@ -74,10 +76,12 @@ def applied(ov: Overrides, flags: dict[str, Any]) -> Overrides:
     drops it)."""
     changes = {}
     for flag, value in flags.items():
-        key = _KEY.get(flag, flag)
-        changes[key] = tuple(value.split(",")) if key in ("with_", "without") and value else value
-        if key == "gpus_per_node" and value is not None:
-            changes[key] = int(value)
+        decl = _FLAG[flag]
+        if value is not None and decl.kind == F.NAMES:
+            value = tuple(value.split(","))
+        elif value is not None and decl.kind == F.INT:
+            value = int(value)
+        changes[decl.field] = value
     return ov._replace(**changes)
 
 
@@ -89,7 +93,10 @@ def alternatives(fix: str) -> list[str]:
 
 
 def render_flags(flags: dict[str, Any]) -> str:
-    return " ".join(f"--{f} {v}" if v is not None else f"drop --{f}" for f, v in flags.items())
+    """A change as a fix offers it ("--torch 2.6.0 drop --vllm"), each flag as declared."""
+    return " ".join(
+        F.spell(_FLAG[f].field, v) if v is not None else f"drop {_FLAG[f].flag}" for f, v in flags.items()
+    )
 
 
 class _Attempts:
@@ -197,7 +204,7 @@ def whole_fix(
     stack the driver runs beats an upgrade); None when none does."""
     for whole in (True, False):
         for flags in _candidates(m, profile, ov):
-            if any(getattr(ov, _KEY.get(f, f)) == v for f, v in flags.items()):
+            if any(getattr(ov, _FLAG[f].field) == v for f, v in flags.items()):
                 continue  # the user already has it
             changed = applied(ov, flags)
             after = attempt(changed)

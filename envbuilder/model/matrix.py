@@ -1,7 +1,9 @@
 """Load the compatibility matrix (matrices/*.yaml plus user overlays) and validate it.
 
 Every file may hold any of the sections below; an overlay directory's files are read after the
-shipped ones and replace records key by key, so users add or override profiles without forking.
+shipped ones: a record under a key the matrix has is replaced whole (each file is validated on its
+own, so it must be complete), a section not keyed by name is replaced whole, so users add or
+override profiles without forking.
 """
 
 from __future__ import annotations

@@ -12,31 +12,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from envbuilder.errors import EnvbuildError, UserError
+from envbuilder.model.flags import FLAG_FIELDS  # the flags' parameter names -> Overrides' fields
 
 if TYPE_CHECKING:
     from envbuilder.model.matrix import Matrix
     from envbuilder.model.resolved import Overrides, ResolvedEnv
-
-# the override flags' parameter names -> Overrides' fields (`--torch` is `torch_` in Python)
-FLAG_FIELDS = {
-    "cuda": "cuda",
-    "torch_": "torch",
-    "python": "python",
-    "verl": "verl",
-    "rollout": "rollout",
-    "vllm": "vllm",
-    "with_": "with_",
-    "without": "without",
-    "driver": "driver",
-    "allow_unsupported": "allow_unsupported",
-    "model": "model",
-    "algo": "algo",
-    "nodes": "nodes",
-    "gpus_per_node": "gpus_per_node",
-    "interconnect": "interconnect",
-    "ecc": "ecc",
-    "gpu_memory": "gpu_memory",
-}
 
 
 def split_names(values: Any) -> tuple[str, ...]:

@@ -41,15 +41,6 @@ def url_maps(values: tuple[str, ...]) -> list[tuple[str, str]]:
     return out
 
 
-def shipped_or_local_lock(profile: str) -> Path:
-    """Where `render` finds a profile's lock: ./lockfiles/<profile>, else the one shipped with
-    envbuild (plan.lock_candidates); the local path when neither exists (its error names it)."""
-    from envbuilder.render.plan import lock_candidates
-
-    candidates = lock_candidates(profile)
-    return next((d for _, d in candidates if (d / "lock.json").is_file()), candidates[0][1])
-
-
 def lock_shortfalls(
     m, profile: str, lock_dir: Path, accept_pypi_torch: bool, accept_partial: bool
 ) -> list[str]:
@@ -124,8 +115,10 @@ def known_profiles_or_locks(m, profiles) -> None:
     from envbuilder.errors import UserError
     from envbuilder.paths import LOCK_ROOT
 
+    from envbuilder.render.prepare import find_lock
+
     for p in profiles:
-        if p not in m.profiles and not (LOCK_ROOT / p).is_dir():
+        if p not in m.profiles and not (LOCK_ROOT / p).is_dir() and not find_lock(p).is_dir():
             from envbuilder.model.resolve import suggest
 
             raise UserError(

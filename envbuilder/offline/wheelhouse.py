@@ -939,14 +939,9 @@ def export_profiles(
     then exported into `out` (export) with the matrix's uv pin. `mirror`: its endpoints are
     tried before the lock's own URLs (after `url_map`), and its PyPI endpoint serves the build
     backends unless `build_index` says otherwise."""
-    from envbuilder.lock.lockfile import lock_dir_in
     from envbuilder.model.resolve import uv_pin
-    from envbuilder.offline.checks import (
-        known_profiles_or_locks,
-        lock_shortfalls,
-        shipped_or_local_lock,
-        url_map_for_mirror,
-    )
+    from envbuilder.offline.checks import known_profiles_or_locks, lock_shortfalls, url_map_for_mirror
+    from envbuilder.render.prepare import find_lock, lock_used
 
     if lock_dir and len(profiles) > 1:
         raise UserError("--lock-dir names one lock; export several profiles from lockfiles/<profile>.")
@@ -967,7 +962,10 @@ def export_profiles(
         build_index = build_index or next(iter(body.get("pypi") or []), None)
     if not lock_dir:  # a name without a lock is most often a typo of a profile
         known_profiles_or_locks(m, profiles)
-    locks = {p: (lock_dir_in(lock_dir, p) if lock_dir else shipped_or_local_lock(p)) for p in profiles}
+    locks = {p: find_lock(p, lock_dir or None) for p in profiles}
+    for p, d in locks.items():
+        if (d / L.META).is_file():
+            say(f"{p}: the lock {lock_used(d)}")
     refusals = [
         why for p, d in locks.items() for why in lock_shortfalls(m, p, d, accept_pypi_torch, accept_partial)
     ]

@@ -376,17 +376,12 @@ def with_constraints(env: ResolvedEnv, only: tuple[str, Path] | None = None) -> 
 
 
 def override_flags(overrides: Overrides) -> str:
-    """The override flags as the user would type them again (" --verl 0.5.0 --with apex")."""
+    """The override flags as the user would type them again (" --verl 0.5.0 --with apex"): the
+    words of model/flags.py, each quoted for the shell."""
+    from envbuilder.model.flags import words
     from envbuilder.render.quoting import sh
 
-    out = []
-    for key, value in overrides.to_dict().items():
-        flag = f"--{key.replace('_', '-')}"
-        if value is True:
-            out.append(flag)
-        else:
-            out.append(f"{flag} {sh(','.join(value) if isinstance(value, list) else str(value))}")
-    return "".join(f" {o}" for o in out)
+    return "".join(f" {sh(w)}" for w in words(overrides))
 
 
 def lock_hint(profile: str, overrides: Overrides, out: str | Path | None = None) -> str:

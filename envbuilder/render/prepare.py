@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from envbuilder.model.mirrors import MirrorChoice
     from envbuilder.render.outdir import Checked
 
-__all__ = ["LockedContext", "Prepared", "locked_context", "plain_name", "prepare"]
+__all__ = ["LockedContext", "Prepared", "find_lock", "lock_used", "locked_context", "plain_name", "prepare"]
 
 
 class Prepared(Record):
@@ -34,6 +34,8 @@ class Prepared(Record):
 
     env: ResolvedEnv
     locked: LockedContext | None
+    # the lock folder whose pins it took (named, or the one whose plan fits), None when none
+    lock_path: Path | None = None
 
     @property
     def links(self) -> Mapping[str, Checked] | None:
@@ -78,6 +80,45 @@ def locked_context(
     return for_render(env, where, mirror=mirror)
 
 
+def find_lock(profile: str, lock_dir: str | Path | None = None) -> Path:
+    """The one way every command finds a profile's lock: in `lock_dir` (ROOT/<profile>/, or ROOT
+    when it is the lock: lock.lockfile.lock_dir_in); without one ("-" or None), ./lockfiles/<profile>,
+    else the one shipped with envbuild (plan.lock_candidates), else ./lockfiles/<profile> (which
+    the caller's error names). `lock --check`, `sbom`, `render --locked` and `wheelhouse` all ask
+    here, so outside a checkout they all find the shipped locks."""
+    from envbuilder.lock.lockfile import META, lock_dir_in
+    from envbuilder.render.plan import lock_candidates
+
+    if lock_dir is not None and lock_dir != "-":
+        return lock_dir_in(Path(lock_dir), profile)
+    candidates = lock_candidates(profile)
+    return next((d for _, d in candidates if (d / META).is_file()), LOCK_ROOT / profile)
+
+
+def lock_used(lock_path: Path) -> str:
+    """What a command says of the lock it used: its folder, verl and Python ("lockfiles/4090
+    (verl 0.4.1, Python 3.10)"), read through the one reader of lock.json; '?' where a lock does
+    not say."""
+    import re
+
+    from envbuilder.lock.lockfile import read_meta
+    from envbuilder.text import printable
+
+    verl, python = "?", "?"
+    try:
+        meta = read_meta(lock_path) or {}
+        target = meta.get("target")
+        python = str(target.get("python") or "?") if isinstance(target, dict) else "?"
+        from envbuilder.limits import read_text_bounded
+
+        pins = read_text_bounded(lock_path / "requirements.lock", "requirements.lock")
+        found = re.search(r"^verl==([^\s;\\]+)", pins, re.M)
+        verl = found.group(1) if found else "?"
+    except (OSError, ValueError, UserError):
+        pass
+    return printable(f"{lock_path} (verl {verl}, Python {python})")
+
+
 def named_lock(
     env: ResolvedEnv, lock_dir: str | Path | None = None, wheelhouse: str | Path | None = None
 ) -> Path | None:
@@ -88,10 +129,7 @@ def named_lock(
     name = plain_name(env.name, "a profile")
     if wheelhouse is not None:
         return Path(wheelhouse) / "locks" / name
-    from envbuilder.lock.lockfile import lock_dir_in
-
-    root = LOCK_ROOT if lock_dir == "-" or lock_dir is None else Path(lock_dir)
-    return lock_dir_in(root, name)
+    return find_lock(name, lock_dir)
 
 
 def prepare(
@@ -110,8 +148,12 @@ def prepare(
     where = named_lock(env, lock_dir, wheelhouse)
     what = "the wheelhouse's lock" if wheelhouse is not None else "the lock --locked names"
     env = with_constraints(env, (what, where) if where is not None else None)
+    if where is None and env.constraints is not None:
+        from envbuilder.render.plan import lock_candidates
+
+        where = next((d for label, d in lock_candidates(env.name) if label == env.constraints.from_), None)
     if mirror is not None:
         from envbuilder.model.mirrors import apply_to_env
 
         env = apply_to_env(env, mirror)
-    return Prepared(env, locked)
+    return Prepared(env, locked, where if env.constraints is not None or locked else None)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from envbuilder.errors import UserError
-from envbuilder.render.prepare import locked_context, plain_name, prepare
+from envbuilder.render.prepare import lock_used, locked_context, named_lock, plain_name, prepare
 from envbuilder.model.resolve import picked_for_driver
 
 if TYPE_CHECKING:
@@ -26,6 +26,7 @@ def render_replay(
     locked_dir: str | Path | None = None,
     wheelhouse: str | Path | None = None,
     force: bool = False,
+    say: Callable[[str], None] = print,
 ) -> tuple[ResolvedEnv, Path]:
     """The files of the environment an envbuild.json (`from_`) holds, written into
     OUT/<its profile>/; returns (the environment, the folder)."""
@@ -39,6 +40,9 @@ def render_replay(
     env = ResolvedEnv.from_json(text, str(from_))
     target = Path(out or "out") / plain_name(env.name, "the profile named in " + str(from_))
     locked = locked_context(env, locked_dir, wheelhouse)
+    where = named_lock(env, locked_dir, wheelhouse)
+    if locked is not None and where is not None:
+        say(f"  {env.name}: pins from the lock {lock_used(where)}")
     files = R.render_files(env, locked)  # (a failure past the check is a bug: a traceback)
     R.write_dir(target, files, locked.links if locked else None, force=force)
     return env, target
@@ -89,6 +93,8 @@ def render_profiles(
 
             how = lock_hint(env.name, env.overrides, out)
             say(f"  note: {env.name} is not pinned beyond its top-level pins (no lock matches it): {how}.")
+        if p.lock_path is not None:
+            say(f"  {env.name}: pins from the lock {lock_used(p.lock_path)}")
         env = p.env
         R.render(env, target, p.locked, force=force)
         written.append(target)

@@ -1,0 +1,164 @@
+"""The override flags, declared once: each field of `Overrides` with the flag a user types for
+it, the kind of value it takes and its help. The click options (cli/options.py), the Overrides
+the flags make (profiles.py), the command a rendered README says wrote it, `launch`'s `envbuild
+build` lines and the fixes a refusal offers (fixes.py) are all read from here, so a flag spelled
+once is spelled the same everywhere, and a README's command parses back to the same Overrides.
+
+    words(Overrides(verl="0.5.0", with_=("apex",)))   # ['--verl', '0.5.0', '--with', 'apex']
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from envbuilder.model.matrix_schema import ROLLOUTS
+from envbuilder.model.record import Record
+from envbuilder.model.resolved import GPU_MEMORY_MIB, Overrides
+
+# the kinds of value: a string, a whole number, a comma list (repeatable), a switch, a choice
+TEXT, INT, NAMES, SWITCH, CHOICE = "text", "int", "names", "switch", "choice"
+
+
+class Flag(Record):
+    field: str  # Overrides' field
+    flag: str  # as typed: --gpus-per-node
+    kind: str
+    help: str
+    metavar: str | None = None
+    choices: tuple[str, ...] = ()  # CHOICE
+    bounds: tuple[int, int] | None = None  # INT
+    fix: bool = False  # a refusal's fix may offer it (fixes.FIX_FLAG)
+
+    @property
+    def param(self) -> str:
+        """click's parameter name: the field (`torch_` keeps `--torch` off the module's name)."""
+        return "torch_" if self.field == "torch" else self.field
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag("cuda", "--cuda", TEXT, "CUDA toolkit of the image, e.g. 12.4.", fix=True),
+    Flag("torch", "--torch", TEXT, "torch release, e.g. 2.6.0.", "VERSION", fix=True),
+    Flag("python", "--python", TEXT, "Python, e.g. 3.10.", fix=True),
+    Flag("verl", "--verl", TEXT, "verl, e.g. 0.4.1.", fix=True),
+    Flag("rollout", "--rollout", CHOICE, "Rollout backend.", choices=ROLLOUTS, fix=True),
+    Flag("vllm", "--vllm", TEXT, "vLLM release.", fix=True),
+    Flag(
+        "with_",
+        "--with",
+        NAMES,
+        "Add optional components: apex, flash-attn (comma-separated).",
+        "NAMES",
+        fix=True,
+    ),
+    Flag(
+        "without",
+        "--without",
+        NAMES,
+        "Leave components out: apex, flash-attn (comma-separated).",
+        "NAMES",
+        fix=True,
+    ),
+    Flag(
+        "driver",
+        "--driver",
+        TEXT,
+        "Check against this NVIDIA driver version, e.g. 550.54.14.",
+        "VERSION",
+        fix=True,
+    ),
+    Flag(
+        "allow_unsupported",
+        "--allow-unsupported",
+        SWITCH,
+        "Render below a hardware floor, warnings in the files.",
+    ),
+    Flag(
+        "model",
+        "--model",
+        TEXT,
+        "Train this model: a hub repo id (its config.json is read through "
+        "--mirror's hub or HF_ENDPOINT, then cached) or a folder with its config.json. The memory "
+        "plan, batch sizes and run script follow its shape.",
+        "HF_ID|FOLDER",
+        fix=True,
+    ),
+    Flag(
+        "algo",
+        "--algo",
+        TEXT,
+        "verl's advantage estimator: gae (PPO with a critic, the default), grpo, "
+        "rloo, reinforce_plus_plus, remax, ... (`envbuild show PROFILE` lists the "
+        "release's); the run script, critic and memory plan follow it.",
+        "ESTIMATOR",
+        fix=True,
+    ),
+    Flag(
+        "nodes", "--nodes", INT, "Train across this many nodes (a Ray cluster); default 1.", bounds=(1, 1024)
+    ),
+    Flag(
+        "gpus_per_node",
+        "--gpus-per-node",
+        INT,
+        "GPUs on each node (default: the profile's count). The memory plan shards over nodes x GPUs.",
+        bounds=(1, 64),
+        fix=True,
+    ),
+    Flag(
+        "interconnect",
+        "--interconnect",
+        TEXT,
+        "How the GPUs talk: nvlink or pcie inside a node; ib, roce or tcp "
+        "between nodes (default tcp with --nodes above 1). Sets NCCL's variables.",
+        "nvlink|pcie|ib|roce|tcp",
+        fix=True,
+    ),
+    Flag(
+        "ecc",
+        "--ecc",
+        CHOICE,
+        "Plan memory for the board with ECC on (GDDR datacenter boards' default, "
+        "which costs memory) or off (nvidia-smi -e 0 and a reboot).",
+        choices=("on", "off"),
+        fix=True,
+    ),
+    Flag(
+        "gpu_memory",
+        "--gpu-memory",
+        INT,
+        "Plan for a card of this size as nvidia-smi prints it (e.g. 40960: an A100 40GB).",
+        "MiB",
+        bounds=GPU_MEMORY_MIB,
+    ),
+)
+
+BY_FIELD = {f.field: f for f in FLAGS}
+BY_FLAG = {f.flag: f for f in FLAGS}
+# click's parameter names -> Overrides' fields
+FLAG_FIELDS = {f.param: f.field for f in FLAGS}
+
+
+def words(ov: Overrides, **changes: Any) -> list[str]:
+    """The flags that give `ov` (with `changes` to its fields), as a user types them again, in the
+    order of their spelling: a switch alone, a list comma-joined, each value one word (quote them
+    for where they land)."""
+    given = ov._replace(**changes) if changes else ov
+    out: list[str] = []
+    for f in sorted(FLAGS, key=lambda f: f.flag):
+        value = getattr(given, f.field)
+        if value is None or value == () or value is False:
+            continue
+        if f.kind == SWITCH:
+            out.append(f.flag)
+        elif f.kind == NAMES:
+            out += [f.flag, ",".join(value)]
+        else:
+            out += [f.flag, str(value)]
+    return out
+
+
+def spell(field: str, value: Any = None) -> str:
+    """One flag as a hint writes it: `--gpus-per-node 8`, `--allow-unsupported`."""
+    f = BY_FIELD[field]
+    if value is None or f.kind == SWITCH:
+        return f.flag
+    return f"{f.flag} {','.join(value) if isinstance(value, (tuple, list)) else value}"
