@@ -203,6 +203,7 @@ def install(
                 torch_index_url=torch_index_url,
                 keep=prefix,
                 skip_compose=True,
+                imports=False,  # (preflight --smoke imports the training path below)
                 say=say,
             ),
         )
