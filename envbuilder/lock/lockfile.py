@@ -604,8 +604,6 @@ def wheelhouse_files(
             f"(it has: {', '.join(manifest['profiles']) or 'none'}). Run "
             f"`envbuild wheelhouse {env.name} -o {wheelhouse}`."
         )
-    from envbuilder.offline.wheelbuild import is_sdist
-
     built, files = profile.get("built") or {}, manifest["files"]
     unbuilt = sorted(
         f["name"]
@@ -663,6 +661,11 @@ def plain_name(name) -> bool:
         and "\\" not in name
         and name.isprintable()
     )
+
+
+def is_sdist(filename: str) -> bool:
+    """A wheelhouse's pip file that is a source distribution (built into a wheel for the target)."""
+    return not filename.endswith(".whl")
 
 
 def wheelhouse_path(path) -> bool:

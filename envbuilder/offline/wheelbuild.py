@@ -46,10 +46,6 @@ class BuiltWheel(Record):
     build: dict  # provenance: backend, its requirements, generator, interpreter, tool, index
 
 
-def is_sdist(filename: str) -> bool:
-    return not filename.endswith(".whl")
-
-
 def dist_name(name: str) -> str:
     """A project name as wheel file names spell it (PEP 491: runs of -_. become _)."""
     from envbuilder.lock.pip import normalize

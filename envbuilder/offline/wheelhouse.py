@@ -740,7 +740,7 @@ def _wheels_from_sdists(
     the wheelhouse (built from the same sdist sha256, its bytes hashing right), else built now.
     Returns ({profile: {package: wheel path}} for the profiles that have all of theirs, [wheels
     built now]); a build's failure goes to `failures`, its profile stays incomplete."""
-    from envbuilder.offline.wheelbuild import build_wheel, is_sdist
+    from envbuilder.offline.wheelbuild import build_wheel
 
     reserved = frozenset(a.filename for plan in plans.values() for a in plan.artifacts if a.subdir == "pypi")
     wheels: dict[str, dict[str, str]] = {}
@@ -751,7 +751,7 @@ def _wheels_from_sdists(
         target = meta.get("target") or {}
         mine, complete = {}, True
         for a in plan.artifacts:
-            if a.kind != "pip" or not is_sdist(a.filename):
+            if a.kind != "pip" or not L.is_sdist(a.filename):
                 continue
             key = (a.path, target.get("python"), target.get("python_platform"))
             if a.path not in present or key in failed:
