@@ -218,7 +218,7 @@ def load(overlays: tuple[Path, ...] = (), base: Path | None = None) -> Matrix:
         if m is not None:
             write_sealed(cache, text)
             return m  # else: not what this code writes; validate afresh (and replace it)
-    m = _load(files)
+    m = load_files(files)
     write_sealed(
         cache,
         json.dumps(
@@ -268,7 +268,8 @@ def _from_cache(text: str, origin: str) -> Matrix | None:
         return None
 
 
-def _load(files: list[Path]) -> Matrix:
+def load_files(files: list[Path]) -> Matrix:
+    """The matrix these files make, read and validated afresh (no cache read or written)."""
     from envbuilder.model.matrix_schema import SECTIONS
 
     sections: dict[str, Any] = {}
