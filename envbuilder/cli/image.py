@@ -32,7 +32,8 @@ def export_image(image, out, force, as_json):
     in a registry) as an OCI archive with its digest, to carry across an air gap with a
     wheelhouse; prints the manifest digest."""
     from envbuilder.errors import need_extra
-    from envbuilder.oci.archive import export_image as export, sidecar_path
+    from envbuilder.engines.export import export_image as export
+    from envbuilder.oci.archive import sidecar_path
 
     need_extra("export-image", "actions")  # (the engine's SDK, the registry client: exit 2, first)
     data = export(image, out, force, _say)  # (`out` as typed: an empty one is refused there)
