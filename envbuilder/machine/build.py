@@ -6,6 +6,9 @@ test and the push. Callable without click:
 
     env = target_env(m, "p40", Overrides(), say=print)
     ref = build_image(m, env, BuildOptions(push_to="local"), say=print)
+
+It lives in machine/, above the engines it drives (engines/docker.py, daemonless.py), beside
+the probes it runs first (reach.py) and doctor's profile for this machine (implied_profile).
 """
 
 from __future__ import annotations
