@@ -342,11 +342,11 @@ def test_no_library_module_imports_click():
     assert users == []
 
 
-# -- render/profiles.py ---------------------------------------------------------------------------
+# -- lock/render.py -------------------------------------------------------------------------------
 
 
 def test_render_profiles_and_replay_without_click(tmp_path):
-    from envbuilder.render.profiles import render_profiles, render_replay
+    from envbuilder.lock.render import render_profiles, render_replay
 
     said, echoed = [], []
     written = render_profiles(

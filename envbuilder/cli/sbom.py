@@ -39,7 +39,7 @@ def sbom(profile, out, lock_dir, force, overrides, matrix_dirs):
     sources, and the patches applied to verl with their reasons. A missing, stale or partial
     lock is refused as `render --locked` refuses it."""
     from envbuilder.model.resolve import resolve
-    from envbuilder.render.prepare import locked_context
+    from envbuilder.lock.prepare import locked_context
 
     env = resolve(load_matrix(matrix_dirs), profile, overrides)
     # the lock found, verified and refused exactly as `render --locked DIR` does

@@ -183,7 +183,7 @@ def write_definition(
     from envbuilder.model import mirrors as M
     from envbuilder.model.resolve import resolve
     from envbuilder.render.outdir import write_owned_file
-    from envbuilder.render.prepare import plain_name
+    from envbuilder.render.outdir import plain_name
 
     # (as typed: Path('') would be '.', the current folder)
     for option, value in (("-o", out), ("--oci-archive", oci_archive)):

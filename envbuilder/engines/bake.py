@@ -147,7 +147,8 @@ def bake(
     from envbuilder.model.profiles import resolve_all
     from envbuilder.render.files import EXECUTABLE, render_files
     from envbuilder.render.outdir import write_dir
-    from envbuilder.render.prepare import plain_name, prepare
+    from envbuilder.lock.prepare import prepare
+    from envbuilder.render.outdir import plain_name
 
     host = registry_for(registry, local_registry(m))
     choice = M.choice(mirror, M.get_set(m, mirror)) if mirror else None

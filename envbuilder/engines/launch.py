@@ -569,7 +569,7 @@ def ours(path: Path, header: str, line: int) -> bool:
 
 def out_path(out: str | None, kind: str, profile: str) -> Path:
     """Where -o says (refused when empty: Path('') is the current folder), else default_out."""
-    from envbuilder.render.prepare import plain_name
+    from envbuilder.render.outdir import plain_name
 
     if out is not None and not out:
         raise UserError("-o is empty: give a file name.")

@@ -1,6 +1,6 @@
 """`envbuild build` as a library: which environment to build (a profile, or the envbuild.json of
 the rendered folder it runs in), then the one order of a build: the mirror set picked and
-probed, the lock and the mirror applied (render.prepare), what the build fetches probed, the
+probed, the lock and the mirror applied (lock.prepare), what the build fetches probed, the
 context staged, the credentials handed over as a BuildKit secret only, the build, the smoke
 test and the push. Callable without click:
 
@@ -94,7 +94,7 @@ def build_image(m, env, opts: BuildOptions, say: Callable[[str], None] = print) 
     from envbuilder.machine import reach
     from envbuilder.model import mirrors as M
     from envbuilder.render.files import render_files, smoke_command, write_dir
-    from envbuilder.render.prepare import prepare
+    from envbuilder.lock.prepare import prepare
 
     # the endpoints' user:password@ (an overlay's index, say) reach the RUN steps only as the
     # `endpoints` secret; the image's name, its files and its labels name them without

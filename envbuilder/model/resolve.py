@@ -79,7 +79,7 @@ def cc_runs(gpu_cc: str, archs: list[str]) -> bool:
 def flash_attn_release(fa_data: dict[str, Any], version: str) -> R.FlashAttn:
     """The flash-attn part of a ResolvedEnv: the version, the modules the run imports of it, and
     where its prebuilt release wheel is (the download folder, the file name template, the CUDA
-    tags; the builder names the file from the installed torch, envbuilder/lock/flash_attn.py)."""
+    tags; the builder names the file from the installed torch, envbuilder/render/flash_attn.py)."""
     rel = fa_data["release_wheels"]
     tags = dict(sorted((fa_data["versions"][version].get("wheel_cuda") or {}).items()))
     return R.FlashAttn(

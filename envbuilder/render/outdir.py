@@ -622,3 +622,14 @@ def _remove_empty_dirs(root: Path, removed: list[str]) -> None:
             (root / d).rmdir()
         except OSError:
             pass
+
+
+def plain_name(name: str, what: str) -> str:
+    """`name` as one folder name (a name from an overlay or a --from file that holds a '/' or
+    is '..' would land outside the folder it is meant for)."""
+    if not name or "/" in name or "\\" in name or name in (".", "..") or "\x00" in name:
+        raise UserError(
+            f"{what} is {shorten(name)!r}, which is not a plain folder name: it would "
+            "render outside out/. Rename the profile (letters, digits, '.', '_', '-')."
+        )
+    return name
