@@ -82,7 +82,7 @@ def test_rendered_files_match_the_golden_files(case, cli, tmp_path, monkeypatch,
 
     (tmp_path / "config.yaml").write_text("{}\n")  # no user mirror sets: the shipped ones only
     monkeypatch.setenv("ENVBUILD_CONFIG", str(tmp_path / "config.yaml"))
-    from envbuilder import config
+    from envbuilder.model import config
 
     config._load.cache_clear()
     request.addfinalizer(config._load.cache_clear)

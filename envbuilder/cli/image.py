@@ -64,7 +64,7 @@ def export_image(image, out, force, as_json):
 def import_image(archive, registry, name, as_json):
     """Check ARCHIVE (from export-image) against its sidecar's sha256 and load it into a
     registry; prints REGISTRY/NAME@sha256:DIGEST."""
-    from envbuilder.config import local_registry, registry_for
+    from envbuilder.model.config import local_registry, registry_for
     from envbuilder.errors import need_extra
     from envbuilder.oci.archive import import_image as load
 

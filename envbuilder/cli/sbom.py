@@ -64,7 +64,7 @@ def _sha(text: str) -> str:
 
 def _ours(path: Path) -> bool:
     """Whether `path` is a CycloneDX SBOM envbuild wrote (its tools name envbuild)."""
-    from envbuilder.readers import read
+    from envbuilder.model.readers import read
 
     try:
         doc = read(path, "SBOM")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from envbuilder.errors import UserError
-from envbuilder.model.record import Record
+from envbuilder.record import Record
 from envbuilder.model.resolved import ResolvedEnv
 from envbuilder.paths import LOCK_ROOT
 from envbuilder.render.locked import LockedContext

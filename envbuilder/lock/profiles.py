@@ -14,7 +14,7 @@ from typing import Callable
 
 from envbuilder.errors import ActionError, EnvbuildError, UserError
 from envbuilder.paths import LOCK_ROOT
-from envbuilder.model.record import Record
+from envbuilder.record import Record
 
 
 class LockFlags(Record):

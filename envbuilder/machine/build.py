@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from envbuilder.errors import ActionError, UserError
-from envbuilder.model.record import Record
+from envbuilder.record import Record
 
 
 class BuildOptions(Record):
@@ -88,7 +88,7 @@ def full_tag(env, tag: str | None) -> str:
 def build_image(m, env, opts: BuildOptions, say: Callable[[str], None] = print) -> str:
     """Build `env` as `opts` say; returns what `build` prints: the pushed REGISTRY/NAME@DIGEST,
     or the local image."""
-    from envbuilder.config import local_registry, registry_for
+    from envbuilder.model.config import local_registry, registry_for
     from envbuilder.engines import daemonless as E
     from envbuilder.engines import docker as B
     from envbuilder.machine import reach

@@ -171,9 +171,9 @@ def matrix_files(overlays: tuple[Path, ...] = (), base: Path | None = None) -> l
 
 
 # What the validated matrix depends on besides the files: the code that validates it.
-# the code that validates a matrix (its cache is keyed by this code too): this package's, and
-# the bounded reader's
-_VALIDATORS = ("matrix.py", "matrix_schema.py", "schema.py", "versions.py", "../readers.py")
+# the code that validates a matrix (its cache is keyed by this code too): this package's,
+# the bounded reader among it
+_VALIDATORS = ("matrix.py", "matrix_schema.py", "schema.py", "versions.py", "readers.py")
 
 
 def _cache_path(files: list[Path]) -> Path | None:
@@ -247,7 +247,7 @@ def _from_cache(text: str, origin: str) -> Matrix | None:
     the fresh load that wrote the cache checked them)."""
     from envbuilder.model import schema as S
     from envbuilder.model.matrix_schema import SECTIONS
-    from envbuilder.readers import parse_json
+    from envbuilder.model.readers import parse_json
 
     where = S.Text(4096)
     shape = {"sections": S.MapOf(Any), "origin": S.ListOf(S.ListOf(where, min_len=3))}

@@ -17,7 +17,7 @@ from envbuilder.model import resolved as R
 from envbuilder.errors import UserError
 from envbuilder.model.matrix import Entry, Matrix, cc_tuple
 from envbuilder.model.versions import in_range, version_key
-from envbuilder.model.record import Record, frozen
+from envbuilder.record import Record, frozen
 from envbuilder.model.resolved import SCHEMA_VERSION, Overrides, ResolvedEnv  # noqa: F401  (re-exported)
 from envbuilder.model.versions import ranges_overlap
 from envbuilder.model.names import profile_named

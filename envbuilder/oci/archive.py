@@ -166,7 +166,7 @@ def index_manifests(tar: tarfile.TarFile, archive: Path, fix: str = _ARCHIVE_FIX
     """The manifests listed by the index.json of the OCI layout in `tar` (export-image's archive,
     or any OCI archive apptainer is given), read by the one bounded reader (readers.py) against
     the shape of an OCI index; UserError (exit 2) naming the key otherwise."""
-    from envbuilder.readers import Bounds, parse_json
+    from envbuilder.model.readers import Bounds, parse_json
 
     member = next((m for m in tar.getmembers() if m.name in ("index.json", "./index.json")), None)
     if member is None:
@@ -191,7 +191,7 @@ def _member_bytes(tar: tarfile.TarFile, member: tarfile.TarInfo, archive: Path, 
 def read_index(archive: Path) -> dict:
     """The archive's one manifest: {digest, media_type, ref_name, config_digest}. UserError
     when the file is not an OCI archive of one image."""
-    from envbuilder.readers import Bounds, parse_json
+    from envbuilder.model.readers import Bounds, parse_json
 
     try:
         with tarfile.open(archive, "r:") as tar:
@@ -407,7 +407,7 @@ def publish(src: Path, dest: Path, force: bool) -> None:
 def read_sidecar(archive: Path) -> dict:
     """The sidecar of `archive`, read by the one bounded reader (readers.py) against the shape
     export-image writes; UserError (exit 2) naming what is wrong otherwise."""
-    from envbuilder.readers import BadData, Bounds, check_shape, read
+    from envbuilder.model.readers import BadData, Bounds, check_shape, read
 
     side = sidecar_path(archive)
     if not side.is_file():

@@ -46,7 +46,7 @@ from urllib.parse import unquote, urljoin, urlsplit
 
 from envbuilder.errors import ActionError, UserError
 from envbuilder.lock import lockfile as L
-from envbuilder.model.record import Record
+from envbuilder.record import Record
 from envbuilder.render.quoting import sh
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from envbuilder.render.image import PREFLIGHT, RUN_SCRIPT  # (where the image pu
 from envbuilder.render.image import default_tag
 from envbuilder.render.quoting import FILTERS, comment, word
 from envbuilder.text import USERINFO
-from envbuilder.model.record import plain
+from envbuilder.record import plain
 from envbuilder.model.resolve import TORCH_DTYPE
 from envbuilder.model.resolved import ResolvedEnv
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from envbuilder.model.record import Record
+from envbuilder.record import Record
 
 if TYPE_CHECKING:
     from envbuilder.render.outdir import Checked
