@@ -28,9 +28,9 @@ CLI_MAX_LINES = 150  # a command's options, one library call and its formatting
 # package table follows this order.
 RANKS: dict[str, int] = {
     "top": 0,
-    "model": 1,
-    "tools": 2,
-    "oci": 3,
+    "tools": 1,
+    "oci": 2,
+    "model": 3,
     "render": 4,
     "lock": 5,
     "offline": 6,

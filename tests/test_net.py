@@ -248,7 +248,7 @@ def test_export_image_stays_small_when_the_manifest_never_ends(tmp_path, child_e
 
 
 def test_import_image_stays_small_when_v2_never_ends(tmp_path, child_env):
-    from envbuilder.oci.archive import FORMAT
+    from envbuilder.engines.archive import FORMAT
 
     archive = tmp_path / "app.tar"
     archive.write_bytes(b"not read: the registry is checked first")

@@ -61,20 +61,20 @@ def test_a_planted_import_against_the_rank_fails(tmp_path, monkeypatch, planted)
 
 def test_two_packages_importing_each_other_fail(tmp_path, monkeypatch):
     pkg = tmp_path / "envbuilder"
-    for sub in ("model", "oci"):
+    for sub in ("model", "render"):
         (pkg / sub).mkdir(parents=True)
         (pkg / sub / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("")
-    (pkg / "model" / "a.py").write_text("from envbuilder.oci import b\n")
-    (pkg / "oci" / "b.py").write_text("x = 1\n")
-    (pkg / "oci" / "c.py").write_text("from envbuilder.model import a\n")
+    (pkg / "model" / "a.py").write_text("from envbuilder.render import b\n")
+    (pkg / "render" / "b.py").write_text("x = 1\n")
+    (pkg / "render" / "c.py").write_text("from envbuilder.model import a\n")
     monkeypatch.setattr(structure, "ROOT", tmp_path)
     monkeypatch.setattr(structure, "PKG", pkg)
     f = structure.facts()
     assert f["cycles"] == []  # no circle between modules: only the packages go round
-    assert f["package_cycles"] == [["model", "oci"]]
+    assert f["package_cycles"] == [["model", "render"]]
     assert f["against_rank"] == [
-        "envbuilder.model.a:1 -> envbuilder.oci.b (model imports oci, ranked 3 against its 1)"
+        "envbuilder.model.a:1 -> envbuilder.render.b (model imports render, ranked 4 against its 3)"
     ]
 
 

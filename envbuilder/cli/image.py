@@ -33,7 +33,7 @@ def export_image(image, out, force, as_json):
     wheelhouse; prints the manifest digest."""
     from envbuilder.errors import need_extra
     from envbuilder.engines.export import export_image as export
-    from envbuilder.oci.archive import sidecar_path
+    from envbuilder.engines.archive import sidecar_path
 
     need_extra("export-image", "actions")  # (the engine's SDK, the registry client: exit 2, first)
     data = export(image, out, force, _say)  # (`out` as typed: an empty one is refused there)
@@ -66,7 +66,7 @@ def import_image(archive, registry, name, as_json):
     registry; prints REGISTRY/NAME@sha256:DIGEST."""
     from envbuilder.model.config import local_registry, registry_for
     from envbuilder.errors import need_extra
-    from envbuilder.oci.archive import import_image as load
+    from envbuilder.engines.archive import import_image as load
 
     need_extra("import-image", "actions", ("requests",))
 

@@ -61,7 +61,7 @@ def archive_digest(path: Path) -> str | None:
     read as import-image reads it (image_archive.index_manifests: the one bounded reader)."""
     import tarfile
 
-    from envbuilder.oci.archive import index_manifests
+    from envbuilder.engines.archive import index_manifests
 
     if not path.exists():
         return None

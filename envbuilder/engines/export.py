@@ -1,5 +1,5 @@
 """`export-image`: a built image, read from the Docker engine (or, for a reference with a registry
-host, from that registry), written as an OCI archive with its sidecar (oci/archive.py: the
+host, from that registry), written as an OCI archive with its sidecar (engines/archive.py: the
 archive's format, skopeo, the private work folder, publishing, the sidecar). It sits with the
 engines because finding the image is the engine's question; oci/ knows nothing of engines.
 """
@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from envbuilder.errors import ActionError, UserError
-from envbuilder.oci.archive import (
+from envbuilder.engines.archive import (
     EXPORT_WORK,
     FORMAT,
     INNER,

@@ -189,7 +189,7 @@ def label_value(profile: str) -> str:
 def image_reference(ref: str, digest: bool) -> str:
     """--image: a reference in Docker's grammar (image_archive.REFERENCE, envbuild's one
     grammar); with `digest`, one that names its manifest digest (a tag can move)."""
-    from envbuilder.oci.archive import IMAGE_ID, REFERENCE
+    from envbuilder.engines.archive import IMAGE_ID, REFERENCE
 
     text = ref.removeprefix("docker://")
     if len(text) > 512 or not (REFERENCE.fullmatch(text) or (not digest and IMAGE_ID.fullmatch(text))):
