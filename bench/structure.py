@@ -3,7 +3,7 @@
 (an import inside a function or under TYPE_CHECKING counts the same), no circles between modules,
 no module imports or reaches through an attribute (`matrix._load`) for another module's private
 names, no module of the command-line layer is longer than about 150 lines, and records
-are of one style (model/record.Record: no NamedTuple, and a dataclass only for a mutable working
+are of one style (envbuilder/record.Record: no NamedTuple, and a dataclass only for a mutable working
 object, which says so in a `# not a record: why` comment on its decorator or class line).
 
     python bench/structure.py          # prints the facts; exit 1 when one does not hold

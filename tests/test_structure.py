@@ -154,7 +154,7 @@ def test_a_long_command_line_module_is_found(tmp_path, monkeypatch):
 
 def test_every_record_is_a_record():
     """No NamedTuple, and a dataclass only for a mutable working object that says why (issue 22:
-    one record style, model/record.Record)."""
+    one record style, envbuilder/record.Record)."""
     assert structure.facts()["other_records"] == []
 
 
