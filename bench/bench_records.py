@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The resolved environment's classes: envbuild's Record (envbuilder/model/record.py) against
+"""The resolved environment's classes: envbuild's Record (envbuilder/record.py) against
 `dataclasses.dataclass(frozen=True, slots=True)` for the same classes and fields, each defined
 in a fresh process after the imports a render makes anyway (jinja2, yaml, click), interleaved.
 

@@ -1,7 +1,9 @@
-"""The package's structural facts, read from its source (no import): the layers import each other
-in one direction only (no circles, module-level or lazy), no module imports another module's
-private names, no module of the command-line layer is longer than about 150 lines, and records
-are of one style (model/record.Record: no NamedTuple, and a dataclass only for a mutable working
+"""The package's structural facts, read from its source (no import): the packages are ranked
+(RANKS, the one place the layering is declared) and each imports only packages ranked below it
+(an import inside a function or under TYPE_CHECKING counts the same), no circles between modules,
+no module imports or reaches through an attribute (`matrix._load`) for another module's private
+names, no module of the command-line layer is longer than about 150 lines, and records
+are of one style (envbuilder/record.Record: no NamedTuple, and a dataclass only for a mutable working
 object, which says so in a `# not a record: why` comment on its decorator or class line).
 
     python bench/structure.py          # prints the facts; exit 1 when one does not hold
@@ -19,6 +21,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "envbuilder"
 CLI_MAX_LINES = 150  # a command's options, one library call and its formatting
+
+# The layers, lowest first: a package imports only packages ranked below it (its own modules
+# aside). "top" is envbuilder's top-level modules (errors, paths, text, readers, limits, progress,
+# config); envbuilder/__main__.py belongs to the command line it starts. docs/ARCHITECTURE.md's
+# package table follows this order.
+RANKS: dict[str, int] = {
+    "top": 0,
+    "tools": 1,
+    "oci": 2,
+    "model": 3,
+    "render": 4,
+    "lock": 5,
+    "offline": 6,
+    "engines": 7,
+    "machine": 8,
+    "upstream": 9,
+    "cli": 10,
+}
+PACKAGE_OF = {"envbuilder.__main__": "cli"}  # modules that belong to another package than their folder's
 
 
 def module_name(path: Path) -> str:
@@ -64,6 +85,83 @@ def imports(mods: dict[str, Path]) -> dict[str, list[tuple[str, list[str], int]]
                 if names or not subs:
                     out[mod].append((target, names, node.lineno))
     return out
+
+
+def package_of(mod: str) -> str:
+    """The ranked package a module belongs to: its first folder under envbuilder/, or "top"."""
+    if mod in PACKAGE_OF:
+        return PACKAGE_OF[mod]
+    parts = mod.split(".")
+    if len(parts) > 1 and (PKG / parts[1]).is_dir():
+        return parts[1]
+    return "top"
+
+
+def package_edges(
+    imp: dict[str, list[tuple[str, list[str], int]]],
+) -> dict[tuple[str, str], list[str]]:
+    """(package, package it imports) -> the imports that make the edge, as `module:line -> target`."""
+    edges: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for m, lst in imp.items():
+        for t, _, line in lst:
+            a, b = package_of(m), package_of(t)
+            if a != b:
+                edges[(a, b)].append(f"{m}:{line} -> {t}")
+    return edges
+
+
+def against_rank(edges: dict[tuple[str, str], list[str]]) -> list[str]:
+    """Every import of a package ranked at or above the importer's own (or of one not ranked)."""
+    found = []
+    for (a, b), where in sorted(edges.items()):
+        ra, rb = RANKS.get(a), RANKS.get(b)
+        if ra is None or rb is None or rb >= ra:
+            found.extend(f"{w} ({a} imports {b}, ranked {rb} against its {ra})" for w in where)
+    return found
+
+
+def private_attributes(mods: dict[str, Path]) -> list[str]:
+    """`matrix._load`: a private name reached through a name bound to another envbuilder module
+    (`from envbuilder.model import matrix`, `import envbuilder.model.matrix as m`, `from . import x`)."""
+    found = []
+    for mod, path in mods.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        is_pkg = path.name == "__init__.py"
+        bound: dict[str, str] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.startswith("envbuilder"):
+                        # `import envbuilder.x.y` binds envbuilder; `as n` binds the module
+                        if a.asname:
+                            bound[a.asname] = a.name
+                        else:
+                            bound["envbuilder"] = "envbuilder"
+            elif isinstance(node, ast.ImportFrom):
+                target = _resolve(mod, is_pkg, node.level, node.module)
+                if not target.startswith("envbuilder"):
+                    continue
+                for a in node.names:
+                    if f"{target}.{a.name}" in mods:
+                        bound[a.asname or a.name] = f"{target}.{a.name}"
+
+        def dotted(node: ast.expr) -> str | None:
+            if isinstance(node, ast.Name):
+                return bound.get(node.id)
+            if isinstance(node, ast.Attribute):
+                base = dotted(node.value)
+                return f"{base}.{node.attr}" if base else None
+            return None
+
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute):
+                continue
+            owner = dotted(node.value)
+            name = node.attr
+            if owner and owner in mods and owner != mod:
+                if name.startswith("_") and not name.startswith("__"):
+                    found.append(f"{mod}:{node.lineno} reaches {owner}.{name}")
+    return sorted(found)
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -170,8 +268,16 @@ def facts() -> dict:
         and not (m == "envbuilder.cli" or m.startswith("envbuilder.cli."))
         and m != "envbuilder.__main__"
     )
+    edges = package_edges(imp)
+    packages = {package_of(m) for m in mods}
+    package_graph = {p: {b for a, b in edges if a == p} for p in packages}
     return {
         "modules": len(mods),
+        "package_graph": package_graph,
+        "package_cycles": cycles(package_graph),
+        "against_rank": against_rank(edges),
+        "unranked": sorted(packages - set(RANKS)),
+        "private_attributes": private_attributes(mods),
         "cycles": cycles(graph),
         "private_imports": private,
         "long_cli_modules": cli_long,
@@ -183,11 +289,32 @@ def facts() -> dict:
 def main() -> int:
     f = facts()
     print(f"{f['modules']} modules")
+    print("packages, lowest first (rank: imports):")
+    order = sorted(f["package_graph"], key=lambda p: (RANKS.get(p, 99), p))
+    for p in order:
+        deps = sorted(f["package_graph"][p], key=lambda d: (RANKS.get(d, 99), d))
+        print(f"  {RANKS.get(p, '?')!s:>2} {p}: {', '.join(deps) or '-'}")
+    print(f"package circles: {len(f['package_cycles'])}")
+    for c in f["package_cycles"]:
+        print("  " + " <-> ".join(c))
+    upward = sorted({a.split("(")[1].rstrip(")").split(",")[0] for a in f["against_rank"]})
+    print(f"package edges against the rank (each closes a circle): {len(upward)}")
+    for u in upward:
+        print("  " + u)
+    print(f"packages not ranked: {len(f['unranked'])}")
+    for u in f["unranked"]:
+        print("  " + u)
+    print(f"imports against the rank: {len(f['against_rank'])}")
+    for a in f["against_rank"]:
+        print("  " + a)
     print(f"circles: {len(f['cycles'])}")
     for c in f["cycles"]:
         print("  " + " <-> ".join(c))
     print(f"private cross-imports: {len(f['private_imports'])}")
     for p in f["private_imports"]:
+        print("  " + p)
+    print(f"private names reached through a module: {len(f['private_attributes'])}")
+    for p in f["private_attributes"]:
         print("  " + p)
     print(f"modules below the command line that import it: {len(f['cli_imported_below'])}")
     for u in f["cli_imported_below"]:
@@ -198,7 +325,17 @@ def main() -> int:
     print(f"records not declared as a Record: {len(f['other_records'])}")
     for r in f["other_records"]:
         print("  " + r)
-    failed = ("cycles", "private_imports", "long_cli_modules", "cli_imported_below", "other_records")
+    failed = (
+        "package_cycles",
+        "against_rank",
+        "unranked",
+        "private_attributes",
+        "cycles",
+        "private_imports",
+        "long_cli_modules",
+        "cli_imported_below",
+        "other_records",
+    )
     return 1 if any(f[k] for k in failed) else 0
 
 

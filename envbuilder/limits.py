@@ -5,7 +5,7 @@ a FIFO would never end); YAML is composed first and its expanded size counted be
 built from it (a few hundred bytes of nested aliases expand to billions of nodes), its nesting
 bounded (MAX_YAML_DEPTH), a whole number of hundreds of digits refused before Python converts
 it, and a mapping that names a key twice is refused instead of keeping the last value silently.
-readers.py builds the typed reader of every other file on these.
+model/readers.py builds the typed reader of every other file on these.
 """
 
 from __future__ import annotations

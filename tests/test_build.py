@@ -157,7 +157,7 @@ def fa_release_name(python: str = IMAGE_PYTHON, abi: bool = False) -> tuple[str,
     """(path on github.com, file name) of the flash-attn release wheel the builder looks for:
     the stand-in torch in the image is 2.4.0 built with CUDA 12.1 and the old C++ ABI."""
     from envbuilder.model import matrix
-    from envbuilder.lock.flash_attn import wheel_filename
+    from envbuilder.render.flash_attn import wheel_filename
     from envbuilder.model.resolve import Overrides, resolve
 
     d = resolve(matrix.load(), "4090", Overrides(with_=("flash-attn",))).to_dict()

@@ -424,7 +424,7 @@ def test_doctor_probes_the_mirror_set_on_loopback(m, tmp_path, monkeypatch):
         )
     )
     monkeypatch.setenv("ENVBUILD_CONFIG", str(cfg))
-    from envbuilder import config
+    from envbuilder.model import config
 
     config._load.cache_clear()
     try:

@@ -616,7 +616,7 @@ RUN_SETTINGS = settings(
 @pytest.fixture
 def render_cli(cli, monkeypatch, tmp_path):
     """cli() with no matrix cache (every example is another overlay) and an empty user config."""
-    from envbuilder import config
+    from envbuilder.model import config
 
     monkeypatch.setenv("ENVBUILD_NO_CACHE", "1")
     (tmp_path / "empty-config.yaml").write_text("{}\n")
@@ -628,7 +628,7 @@ def render_cli(cli, monkeypatch, tmp_path):
 
 def render_overlay(render_cli, field: Field, value: str, work: Path):
     """`envbuild render` with `value` in an overlay (or the user's config): (code, out, err)."""
-    from envbuilder import config
+    from envbuilder.model import config
 
     cli, monkeypatch, empty = render_cli
     doc, profile, args = field.overlay(value)

@@ -190,14 +190,14 @@ def test_export_profiles_refuses_bad_input_before_fetching_anything(tmp_path):
     assert not out.exists()
 
 
-# -- engines/build.py: what `build` builds ------------------------------------------------------
+# -- machine/build.py: what `build` builds ------------------------------------------------------
 
 
 def test_every_build_option_is_a_buildoptions_field_by_name():
     """`envbuild build` hands its options to BuildOptions by name (listed once, in click): an
     option added without its field, or a field without its option, fails here, not at a build."""
     from envbuilder.cli.build import build
-    from envbuilder.engines.build import BuildOptions
+    from envbuilder.machine.build import BuildOptions
     from envbuilder.model.profiles import FLAG_FIELDS
 
     given = {p.name for p in build.params} - {"profile", "no_probe", "matrix_dirs", *FLAG_FIELDS}
@@ -205,7 +205,7 @@ def test_every_build_option_is_a_buildoptions_field_by_name():
 
 
 def test_target_env_takes_the_profile_or_the_rendered_folder(tmp_path, monkeypatch):
-    from envbuilder.engines.build import full_tag, target_env
+    from envbuilder.machine.build import full_tag, target_env
     from envbuilder.model.resolve import resolve
 
     said = []
@@ -342,11 +342,11 @@ def test_no_library_module_imports_click():
     assert users == []
 
 
-# -- render/profiles.py ---------------------------------------------------------------------------
+# -- lock/render.py -------------------------------------------------------------------------------
 
 
 def test_render_profiles_and_replay_without_click(tmp_path):
-    from envbuilder.render.profiles import render_profiles, render_replay
+    from envbuilder.lock.render import render_profiles, render_replay
 
     said, echoed = [], []
     written = render_profiles(

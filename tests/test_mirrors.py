@@ -14,7 +14,7 @@ def run(capsys, *args, **env):
     with pytest.MonkeyPatch.context() as mp:
         for k, v in env.items():
             mp.setenv(k, v)
-        from envbuilder import config
+        from envbuilder.model import config
 
         config._load.cache_clear()
         with pytest.raises(SystemExit) as exit_:

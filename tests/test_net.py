@@ -248,7 +248,7 @@ def test_export_image_stays_small_when_the_manifest_never_ends(tmp_path, child_e
 
 
 def test_import_image_stays_small_when_v2_never_ends(tmp_path, child_env):
-    from envbuilder.oci.archive import FORMAT
+    from envbuilder.engines.archive import FORMAT
 
     archive = tmp_path / "app.tar"
     archive.write_bytes(b"not read: the registry is checked first")
@@ -561,7 +561,7 @@ def test_refresh_messages_never_print_the_credentials_of_the_index():
 
 
 def test_flash_attn_credentials_do_not_follow_a_redirect_to_another_host(tmp_path):
-    from envbuilder.lock import flash_attn as F
+    from envbuilder.render import flash_attn as F
 
     data = b"wheel bytes"
     with (
@@ -582,7 +582,7 @@ def test_flash_attn_credentials_do_not_follow_a_redirect_to_another_host(tmp_pat
 
 
 def test_flash_attn_download_gives_up_on_a_body_that_drips(tmp_path, monkeypatch):
-    from envbuilder.lock import flash_attn as F
+    from envbuilder.render import flash_attn as F
 
     monkeypatch.setattr(F, "DEADLINE_S", 1.5, raising=False)
     with FaultServer({}, default="drip-body") as srv:
@@ -594,7 +594,7 @@ def test_flash_attn_download_gives_up_on_a_body_that_drips(tmp_path, monkeypatch
 
 
 def test_flash_attn_download_retries_a_body_cut_short(tmp_path):
-    from envbuilder.lock import flash_attn as F
+    from envbuilder.render import flash_attn as F
 
     data = os.urandom(1 << 20)
     with FaultServer({"w.whl": data}, script={"w.whl": ["drop"]}) as srv:

@@ -1,4 +1,4 @@
-"""Issue 21, items 1 and 3: one typed, bounded reader (envbuilder/readers.py) for every JSON,
+"""Issue 21, items 1 and 3: one typed, bounded reader (envbuilder/model/readers.py) for every JSON,
 YAML or TOML file envbuild did not just write: a `render --from` file, a lock directory, a
 wheelhouse's manifest.json, an image archive's index.json and sidecar, and envbuild's own caches
 (used only from a private folder of the user's, validated like a fresh load). Each test here is

@@ -369,7 +369,7 @@ def only_bad_data(call):
 @given(st.one_of(json_texts({"a": [1, {"b": "c"}], "d": 1.5}), st.text(max_size=80)))
 def test_parse_json_returns_or_says_what_is_wrong(text):
     from envbuilder.model import schema as S
-    from envbuilder.readers import parse_json
+    from envbuilder.model.readers import parse_json
 
     shape = {"a": S.ListOf(S.Scalar()), "d?": S.Num(0, 10), "*": S.Tree(S.Text(100))}
     only_bad_data(lambda: parse_json(text, "doc.json"))
@@ -379,7 +379,7 @@ def test_parse_json_returns_or_says_what_is_wrong(text):
 @settings(max_examples=80, **SETTINGS)
 @given(yaml_texts({"profiles": {"p": {"train": {"n_gpus": 1}, "pins": {"a": "1"}}}}))
 def test_parse_yaml_returns_or_says_what_is_wrong(text):
-    from envbuilder.readers import parse_yaml
+    from envbuilder.model.readers import parse_yaml
 
     only_bad_data(lambda: parse_yaml(text, "doc.yaml"))
 

@@ -210,7 +210,7 @@ def test_the_wheel_name_is_the_one_flash_attns_setup_py_guesses(pypi, version):
     """envbuild names the release wheel as the sdist's own setup.py does, for the torch/CUDA/
     Python of every profile that installs this version, both C++ ABIs and both CUDA majors
     (where the release published no wheel for a major, envbuild names none)."""
-    from envbuilder.lock.flash_attn import wheel_filename
+    from envbuilder.render.flash_attn import wheel_filename
     from envbuilder.model.resolve import Overrides, resolve
 
     sdists = [f for f in files_of("flash-attn") if f["filename"] == f"flash_attn-{version}.tar.gz"]

@@ -9,7 +9,7 @@ import pytest
 from envbuilder.engines.apptainer import image_reference
 from envbuilder.errors import UserError
 from envbuilder.model import schema as S
-from envbuilder.oci.archive import check_reference
+from envbuilder.engines.archive import check_reference
 from envbuilder.oci.reference import match
 
 DIGEST = "sha256:" + "ab" * 32

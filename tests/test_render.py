@@ -83,7 +83,7 @@ def test_rendered_files_match_the_golden_files(case, cli, tmp_path, monkeypatch,
 
     (tmp_path / "config.yaml").write_text("{}\n")  # no user mirror sets: the shipped ones only
     monkeypatch.setenv("ENVBUILD_CONFIG", str(tmp_path / "config.yaml"))
-    from envbuilder import config
+    from envbuilder.model import config
 
     config._load.cache_clear()
     request.addfinalizer(config._load.cache_clear)
@@ -580,7 +580,7 @@ def test_flash_attn_tries_the_release_wheel_then_the_sdist_in_the_builder_only(r
         "--no-build-isolation --no-deps -w /wheels flash-attn==2.8.3"
     ) in builder
     # the script in the context is envbuild's own module, byte for byte
-    from envbuilder.lock import flash_attn as flash_attn_wheel
+    from envbuilder.render import flash_attn as flash_attn_wheel
 
     assert (rendered_fa / "flash_attn_wheel.py").read_bytes() == Path(flash_attn_wheel.__file__).read_bytes()
     assert instructions(text)  # BuildKit's parser takes it

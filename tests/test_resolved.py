@@ -14,7 +14,7 @@ from conftest import PROFILES, frozen, resolved
 from envbuilder.model import schema as S
 from envbuilder.errors import UserError
 from envbuilder.render.plan import with_constraints
-from envbuilder.model.record import Record, plain
+from envbuilder.record import Record, plain
 from envbuilder.model.resolved import ResolvedEnv, field_spec, record_spec
 
 
@@ -75,7 +75,7 @@ def test_every_record_has_the_fields_the_spec_checks(path):
 
 def test_every_field_has_a_kind_and_a_record_is_declared_once():
     """A field typed `str` alone says nothing of its values: field_spec refuses it by name."""
-    from envbuilder.model.record import Record
+    from envbuilder.record import Record
 
     class Loose(Record):
         name: str

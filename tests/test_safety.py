@@ -344,7 +344,7 @@ def test_a_huge_name_is_not_echoed_back_whole(cli):
 def test_an_unknown_push_name_is_bad_input(cli, tmp_path, monkeypatch):
     (tmp_path / "config.yaml").write_text("registries:\n  lab: 127.0.0.1:5999\n")
     monkeypatch.setenv("ENVBUILD_CONFIG", str(tmp_path / "config.yaml"))
-    from envbuilder import config
+    from envbuilder.model import config
 
     config._load.cache_clear()
     try:

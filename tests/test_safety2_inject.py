@@ -465,7 +465,7 @@ def secret_sourced(text: str, tmp_path: Path) -> dict:
 
 @pytest.fixture
 def no_config(monkeypatch, tmp_path):
-    from envbuilder import config
+    from envbuilder.model import config
 
     (tmp_path / "empty-config.yaml").write_text("{}\n")
     monkeypatch.setenv("ENVBUILD_CONFIG", str(tmp_path / "empty-config.yaml"))
@@ -554,7 +554,7 @@ def test_credentials_of_a_configured_mirror_set_stay_out_of_the_files(cli, tmp_p
         )
     )
     no_config.setenv("ENVBUILD_CONFIG", str(cfg))
-    from envbuilder import config
+    from envbuilder.model import config
 
     config._load.cache_clear()
     code, out, err = cli("render", "a100", "--mirror", "corp", "-o", tmp_path / "out")

@@ -4,12 +4,108 @@ module of the command line is over 150 lines, and records are of one style (issu
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
 import structure  # noqa: E402
+
+
+def test_every_package_is_ranked_and_imports_only_below_it():
+    """Issue 35: the packages' ranks are declared once (structure.RANKS) and no import (at module
+    level, inside a function or under TYPE_CHECKING) reaches a package ranked at or above its own."""
+    f = structure.facts()
+    assert f["unranked"] == []
+    assert f["against_rank"] == []
+    assert f["package_cycles"] == []
+
+
+def test_no_module_reaches_through_an_attribute_for_another_modules_private_names():
+    assert structure.facts()["private_attributes"] == []
+
+
+def _copy_of_the_package(tmp_path, monkeypatch):
+    shutil.copytree(structure.PKG, tmp_path / "envbuilder", ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(structure, "ROOT", tmp_path)
+    monkeypatch.setattr(structure, "PKG", tmp_path / "envbuilder")
+    return tmp_path / "envbuilder"
+
+
+@pytest.mark.parametrize(
+    "planted",
+    [
+        "from envbuilder.machine import reach\n",
+        "def later():\n    from envbuilder.machine import reach  # noqa\n",
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import envbuilder.machine.reach\n",
+    ],
+    ids=["module-level", "in-a-function", "under-TYPE_CHECKING"],
+)
+def test_a_planted_import_against_the_rank_fails(tmp_path, monkeypatch, planted):
+    """render/quoting.py importing machine/ (ranked above render) is found, however it is spelled."""
+    before = structure.facts()["against_rank"]
+    pkg = _copy_of_the_package(tmp_path, monkeypatch)
+    quoting = pkg / "render" / "quoting.py"
+    quoting.write_text(quoting.read_text() + "\n" + planted)
+    f = structure.facts()
+    found = [a for a in f["against_rank"] if a not in before]
+    assert len(found) == 1
+    assert found[0].startswith("envbuilder.render.quoting:")
+    assert "-> envbuilder.machine.reach (render imports machine, ranked 8 against its 4)" in found[0]
+    assert any({"machine", "render"} <= set(c) for c in f["package_cycles"])
+    assert structure.main() == 1
+
+
+def test_two_packages_importing_each_other_fail(tmp_path, monkeypatch):
+    pkg = tmp_path / "envbuilder"
+    for sub in ("model", "render"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "model" / "a.py").write_text("from envbuilder.render import b\n")
+    (pkg / "render" / "b.py").write_text("x = 1\n")
+    (pkg / "render" / "c.py").write_text("from envbuilder.model import a\n")
+    monkeypatch.setattr(structure, "ROOT", tmp_path)
+    monkeypatch.setattr(structure, "PKG", pkg)
+    f = structure.facts()
+    assert f["cycles"] == []  # no circle between modules: only the packages go round
+    assert f["package_cycles"] == [["model", "render"]]
+    assert f["against_rank"] == [
+        "envbuilder.model.a:1 -> envbuilder.render.b (model imports render, ranked 4 against its 3)"
+    ]
+
+
+def test_an_unranked_package_fails(tmp_path, monkeypatch):
+    pkg = tmp_path / "envbuilder"
+    (pkg / "extra").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "extra" / "__init__.py").write_text("")
+    monkeypatch.setattr(structure, "ROOT", tmp_path)
+    monkeypatch.setattr(structure, "PKG", pkg)
+    assert structure.facts()["unranked"] == ["extra"]
+
+
+def test_a_private_name_reached_through_a_module_is_found(tmp_path, monkeypatch):
+    pkg = tmp_path / "envbuilder"
+    (pkg / "model").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "model" / "__init__.py").write_text("")
+    (pkg / "model" / "matrix.py").write_text("def _load():\n    pass\n")
+    (pkg / "a.py").write_text(
+        "from envbuilder.model import matrix\nimport envbuilder.model.matrix as m\n"
+        "import envbuilder.model.matrix\n"
+        "matrix._load()\nm._load\nenvbuilder.model.matrix._load\nmatrix.__name__\n"
+    )
+    monkeypatch.setattr(structure, "ROOT", tmp_path)
+    monkeypatch.setattr(structure, "PKG", pkg)
+    assert structure.facts()["private_attributes"] == [
+        "envbuilder.a:4 reaches envbuilder.model.matrix._load",
+        "envbuilder.a:5 reaches envbuilder.model.matrix._load",
+        "envbuilder.a:6 reaches envbuilder.model.matrix._load",
+    ]
 
 
 def test_no_circles_between_modules():
@@ -58,7 +154,7 @@ def test_a_long_command_line_module_is_found(tmp_path, monkeypatch):
 
 def test_every_record_is_a_record():
     """No NamedTuple, and a dataclass only for a mutable working object that says why (issue 22:
-    one record style, model/record.Record)."""
+    one record style, envbuilder/record.Record)."""
     assert structure.facts()["other_records"] == []
 
 

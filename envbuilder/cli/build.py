@@ -67,7 +67,7 @@ def build(profile, no_probe, overrides, matrix_dirs, **options):
     Without PROFILE: inside a rendered folder, the environment its envbuild.json holds (as
     `docker build .` takes the folder); elsewhere the profile `envbuild detect` picks for this
     machine."""
-    from envbuilder.engines.build import BuildOptions, build_image, target_env
+    from envbuilder.machine.build import BuildOptions, build_image, target_env
     from envbuilder.errors import need_extra
 
     need_extra("build", "actions")

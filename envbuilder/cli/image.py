@@ -32,7 +32,8 @@ def export_image(image, out, force, as_json):
     in a registry) as an OCI archive with its digest, to carry across an air gap with a
     wheelhouse; prints the manifest digest."""
     from envbuilder.errors import need_extra
-    from envbuilder.oci.archive import export_image as export, sidecar_path
+    from envbuilder.engines.export import export_image as export
+    from envbuilder.engines.archive import sidecar_path
 
     need_extra("export-image", "actions")  # (the engine's SDK, the registry client: exit 2, first)
     data = export(image, out, force, _say)  # (`out` as typed: an empty one is refused there)
@@ -63,9 +64,9 @@ def export_image(image, out, force, as_json):
 def import_image(archive, registry, name, as_json):
     """Check ARCHIVE (from export-image) against its sidecar's sha256 and load it into a
     registry; prints REGISTRY/NAME@sha256:DIGEST."""
-    from envbuilder.config import local_registry, registry_for
+    from envbuilder.model.config import local_registry, registry_for
     from envbuilder.errors import need_extra
-    from envbuilder.oci.archive import import_image as load
+    from envbuilder.engines.archive import import_image as load
 
     need_extra("import-image", "actions", ("requests",))
 

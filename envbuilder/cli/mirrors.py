@@ -23,7 +23,7 @@ def mirrors():
 def mirrors_list(as_json, matrix_dirs):
     """Shipped and configured mirror sets and what each rewrites."""
     from envbuilder.model import mirrors as M
-    from envbuilder.config import config_path
+    from envbuilder.model.config import config_path
 
     sets = M.mirror_sets(load_matrix(matrix_dirs))
     if as_json:  # (a set's endpoints may carry user:password@: shown as ***@, as logs show them)

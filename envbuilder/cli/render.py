@@ -60,7 +60,7 @@ from envbuilder.errors import UserError
 @override_options
 def render(profile, all_, from_, out, locked_dir, wheelhouse, mirror, force, overrides, matrix_dirs):
     """Write Dockerfile, environment.yml, requirements.txt, run script, preflight.py, envbuild.json."""
-    from envbuilder.render.profiles import render_profiles, render_replay
+    from envbuilder.lock.render import render_profiles, render_replay
 
     if sum(bool(x) for x in (profile, all_, from_)) > 1:
         raise UserError(

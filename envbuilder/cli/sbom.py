@@ -48,7 +48,7 @@ def sbom(profile, out, lock_dir, force, require_complete, overrides, matrix_dirs
     rest (--require-complete refuses it); a missing, stale or damaged lock is refused."""
     from envbuilder.lock.lockfile import sbom_of
     from envbuilder.model.resolve import resolve
-    from envbuilder.render.prepare import lock_used, named_lock
+    from envbuilder.lock.prepare import lock_used, named_lock
 
     env = resolve(load_matrix(matrix_dirs), profile, overrides)
     # the lock found as `render --locked DIR` finds it (./lockfiles, else the shipped one)
@@ -80,7 +80,7 @@ def _sha(text: str) -> str:
 
 def _ours(path: Path) -> bool:
     """Whether `path` is a CycloneDX SBOM envbuild wrote (its tools name envbuild)."""
-    from envbuilder.readers import read
+    from envbuilder.model.readers import read
 
     try:
         doc = read(path, "SBOM")

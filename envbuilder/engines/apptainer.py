@@ -61,7 +61,7 @@ def archive_digest(path: Path) -> str | None:
     read as import-image reads it (image_archive.index_manifests: the one bounded reader)."""
     import tarfile
 
-    from envbuilder.oci.archive import index_manifests
+    from envbuilder.engines.archive import index_manifests
 
     if not path.exists():
         return None
@@ -183,7 +183,7 @@ def write_definition(
     from envbuilder.model import mirrors as M
     from envbuilder.model.resolve import resolve
     from envbuilder.render.outdir import write_owned_file
-    from envbuilder.render.prepare import plain_name
+    from envbuilder.render.outdir import plain_name
 
     # (as typed: Path('') would be '.', the current folder)
     for option, value in (("-o", out), ("--oci-archive", oci_archive)):

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from envbuilder.model.record import Record
+from envbuilder.record import Record
 from envbuilder.render.image import LABEL
 from envbuilder.render.image import default_tag  # (a target is tagged as `envbuild build` tags)
 
@@ -103,7 +103,7 @@ def bake_target(env, tag: str) -> dict:
 def variables(env, registry: str) -> dict[str, str]:
     """The variables every target shares: the registry it pushes to and caches in, and the
     endpoints (the first profile's, mirror applied; they are the same for every profile)."""
-    from envbuilder.config import check_registry
+    from envbuilder.model.config import check_registry
 
     apt = env.mirror.apt if env.mirror else None
     # (config.registry_for checked it where it came from; it lands in cache-to, where a ',' adds
@@ -142,12 +142,13 @@ def bake(
     render --all does; one that fails writes nothing), each one's build context rendered
     (mirror applied, no credentials), and OUT/docker-bake.hcl with a target per profile whose
     registry is `registry` (`local`, a configured name, or HOST[:PORT])."""
-    from envbuilder.config import local_registry, registry_for
+    from envbuilder.model.config import local_registry, registry_for
     from envbuilder.model import mirrors as M
     from envbuilder.model.profiles import resolve_all
     from envbuilder.render.files import EXECUTABLE, render_files
     from envbuilder.render.outdir import write_dir
-    from envbuilder.render.prepare import plain_name, prepare
+    from envbuilder.lock.prepare import prepare
+    from envbuilder.render.outdir import plain_name
 
     host = registry_for(registry, local_registry(m))
     choice = M.choice(mirror, M.get_set(m, mirror)) if mirror else None

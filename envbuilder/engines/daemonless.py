@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from envbuilder.errors import ActionError, UserError
-from envbuilder.model.record import Record
+from envbuilder.record import Record
 from envbuilder.oci.registry import is_loopback
 
 NAMES = ("docker", "podman", "buildah")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from envbuilder.errors import ActionError, UserError
-from envbuilder.model.record import Record
+from envbuilder.record import Record
 
 # Build output that means the base image could not be pulled (the endpoint served its manifest
 # a moment ago, so this is rare: a blob the mirror lacks, a dropped connection).
@@ -637,7 +637,7 @@ def default_echo(verbose: bool, header: str = BUILDKIT_STEP) -> Callable[[str], 
 
 def auto_mirror(m, say: Callable[[str], None]) -> str:
     """`--mirror auto`: the configured mirror set, else the first whose registry answers."""
-    from envbuilder.config import config_path, user_config
+    from envbuilder.model.config import config_path, user_config
     from envbuilder.model import mirrors as M
 
     name = user_config().get("mirror")

@@ -189,7 +189,7 @@ def label_value(profile: str) -> str:
 def image_reference(ref: str, digest: bool) -> str:
     """--image: a reference in Docker's grammar (image_archive.REFERENCE, envbuild's one
     grammar); with `digest`, one that names its manifest digest (a tag can move)."""
-    from envbuilder.oci.archive import IMAGE_ID, REFERENCE
+    from envbuilder.engines.archive import IMAGE_ID, REFERENCE
 
     text = ref.removeprefix("docker://")
     if len(text) > 512 or not (REFERENCE.fullmatch(text) or (not digest and IMAGE_ID.fullmatch(text))):
@@ -558,7 +558,7 @@ def ours(path: Path, header: str, line: int) -> bool:
 
 def out_path(out: str | None, kind: str, profile: str) -> Path:
     """Where -o says (refused when empty: Path('') is the current folder), else default_out."""
-    from envbuilder.render.prepare import plain_name
+    from envbuilder.render.outdir import plain_name
 
     if out is not None and not out:
         raise UserError("-o is empty: give a file name.")

@@ -25,7 +25,7 @@ from typing import Callable
 from envbuilder.errors import UserError
 from envbuilder.model.resolve import ResolvedEnv
 from envbuilder.lock import lockfile as L
-from envbuilder.model.record import Record
+from envbuilder.record import Record
 
 SOLVERS = ("rattler", "conda-lock")
 

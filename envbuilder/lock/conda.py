@@ -17,7 +17,7 @@ from pathlib import Path
 from envbuilder.errors import ActionError, UserError
 from envbuilder.render.plan import conda_specs
 from envbuilder.model.resolve import ResolvedEnv
-from envbuilder.model.record import Record
+from envbuilder.record import Record
 
 PLATFORM = "linux-64"
 # The target kernel is not known when locking; conda-lock's default. Packages rarely ask.

@@ -20,7 +20,7 @@ from envbuilder.model import schema as S
 from envbuilder.errors import UserError
 from envbuilder.render.locked import LockedContext
 from envbuilder.render.outdir import Checked
-from envbuilder.model.record import plain
+from envbuilder.record import plain
 from envbuilder.model.resolve import ResolvedEnv
 
 if TYPE_CHECKING:
@@ -141,7 +141,7 @@ def read_meta(lock_dir: Path) -> dict | None:
 def _read_meta(lock_dir: Path) -> tuple[dict | None, str]:
     """(lock.json, its text), (None, "") when there is none; UserError (exit 2, naming the key)
     when it is no lock.json of this format, or not in the shape `envbuild lock` writes."""
-    from envbuilder.readers import check_shape
+    from envbuilder.model.readers import check_shape
 
     text, why = _read_bounded(lock_dir / META)
     if text is None and why.startswith("missing:"):
@@ -313,7 +313,7 @@ def _read_bounded(path: Path) -> tuple[str | None, str]:
 def _unparsable(name: str, text: str, origin: str = "") -> str | None:
     """Why a lock file's text is not what its name says, or None: the shape its readers rely
     on (every pin hashed, every file a URL and a sha256), so none of them meets a KeyError."""
-    from envbuilder.readers import BadData
+    from envbuilder.model.readers import BadData
 
     if name == REQUIREMENTS:
         from envbuilder.lock.pip import parse as parse_requirements
@@ -432,7 +432,7 @@ def parse(name: str, text: str, origin: str, shape: bool = True) -> Any:
 
 @functools.lru_cache(maxsize=16)
 def _parse(name: str, text: str, origin: str, shape: bool) -> Any:
-    from envbuilder import readers
+    from envbuilder.model import readers
 
     kind, spec = _SHAPES[name]
     return readers.PARSERS[kind](
@@ -669,8 +669,6 @@ def wheelhouse_files(
             f"(it has: {', '.join(manifest['profiles']) or 'none'}). Run "
             f"`envbuild wheelhouse {env.name} -o {wheelhouse}`."
         )
-    from envbuilder.offline.wheelbuild import is_sdist
-
     built, files = profile.get("built") or {}, manifest["files"]
     unbuilt = sorted(
         f["name"]
@@ -730,6 +728,11 @@ def plain_name(name) -> bool:
     )
 
 
+def is_sdist(filename: str) -> bool:
+    """A wheelhouse's pip file that is a source distribution (built into a wheel for the target)."""
+    return not filename.endswith(".whl")
+
+
 def wheelhouse_path(path) -> bool:
     """Whether `path` is where a wheelhouse keeps a file: pypi/NAME, sources/NAME or
     conda/SUBDIR/NAME, each part plain, so that joined to the wheelhouse it stays inside."""
@@ -745,7 +748,7 @@ def read_wheelhouse_manifest(wheelhouse: Path) -> dict | None:
     (readers.py) against the shape envbuild writes, every path in it checked to stay inside the
     wheelhouse and every entry to have the shape envbuild writes; UserError (exit 2) otherwise,
     since everything that reads it joins its paths to directories and writes."""
-    from envbuilder.readers import BadData, Bounds, parse_json
+    from envbuilder.model.readers import BadData, Bounds, parse_json
 
     path = Path(wheelhouse) / WHEELHOUSE_MANIFEST
     text, why = _read_bounded(path)
@@ -773,7 +776,7 @@ def read_wheelhouse_manifest(wheelhouse: Path) -> dict | None:
         bad = f"its format is {str(doc.get('format'))[:20]!r}, not {WHEELHOUSE_FORMAT}"
     else:
         try:
-            from envbuilder.readers import check_shape
+            from envbuilder.model.readers import check_shape
 
             check_shape(doc, MANIFEST_SHAPE, str(path), fix)
         except BadData as e:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from envbuilder.errors import ActionError, UserError
-from envbuilder.model.record import Record
+from envbuilder.record import Record
 from envbuilder.render.plan import (
     BUILD_TOOLS,  # noqa: F401  (re-exported or a fixture)
     HASH,

@@ -18,7 +18,7 @@ from envbuilder.model.names import match_gpu
 from envbuilder.model.resolve import Overrides, ResolveError, cc_runs, picked_for_driver, resolve
 from envbuilder.model.resolved import ResolvedEnv
 from envbuilder.model.versions import is_driver_version
-from envbuilder.model.record import Record
+from envbuilder.record import Record
 
 QUERY = (
     "nvidia-smi",

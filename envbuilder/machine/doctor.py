@@ -16,7 +16,7 @@ from envbuilder.machine.detect import Machine, NO_GPU_FIX, detect, run_command, 
 from envbuilder.model.matrix import Matrix, cc_tuple
 from envbuilder.model.resolve import Overrides, ResolveError, ResolvedEnv, cc_runs, picked_for_driver, resolve
 from envbuilder.engines.docker import NoBuildKit, docker_clients, find_buildkit, which_all
-from envbuilder.model.record import Record
+from envbuilder.record import Record
 
 # Rough size of a built image and its build cache, in GB: CUDA runtime + torch + verl, then what
 # vLLM and a build stage (devel image, nvcc, apex/flash-attn compiles) add. An estimate, not a fact.
@@ -301,7 +301,7 @@ def conda_check(which: Callable[[str], str | None], required: bool) -> Check:
 def mirror_check(m: Matrix, mirror: str | None, probe: Callable) -> Check:
     """Every target of the set (each registry, the indexes, ...) needs one endpoint that answers."""
     from envbuilder.model import mirrors as M
-    from envbuilder.config import user_config
+    from envbuilder.model.config import user_config
 
     name = mirror or user_config().get("mirror")
     if not name:
@@ -374,7 +374,7 @@ def network_check(base: ResolvedEnv, mirror: str | None, probe: Callable) -> Che
     """What the profile's build fetches (base images' registry, the indexes, GitHub), probed as
     `envbuild build` probes it before its first step; through a mirror set, mirror_check."""
     from envbuilder.machine import reach
-    from envbuilder.config import user_config
+    from envbuilder.model.config import user_config
 
     if mirror or user_config().get("mirror"):
         return Check("network", "skip", "the build goes through the mirror set (see `mirrors`)")

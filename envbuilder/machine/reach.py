@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Callable
 
 from envbuilder.oci.registry import DOCKER_HUB, DOCKER_HUB_API, parse_image
-from envbuilder.model.record import Record
+from envbuilder.record import Record
 
 
 class Finding(Record):

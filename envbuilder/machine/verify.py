@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from envbuilder.errors import UserError
-from envbuilder.model.record import Record
+from envbuilder.record import Record
 from envbuilder.model.resolve import ResolvedEnv
 
 # uv's own summary lines, forwarded as progress while a layer installs

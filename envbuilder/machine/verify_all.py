@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from envbuilder.errors import UserError
-from envbuilder.model.record import Record
+from envbuilder.record import Record
 
 
 class VerifyFlags(Record):

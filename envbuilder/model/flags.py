@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from envbuilder.model.matrix_schema import ROLLOUTS
-from envbuilder.model.record import Record
+from envbuilder.record import Record
 from envbuilder.model.resolved import GPU_MEMORY_MIB, Overrides
 
 # the kinds of value: a string, a whole number, a comma list (repeatable), a switch, a choice

@@ -173,9 +173,9 @@ def matrix_files(overlays: tuple[Path, ...] = (), base: Path | None = None) -> l
 
 
 # What the validated matrix depends on besides the files: the code that validates it.
-# the code that validates a matrix (its cache is keyed by this code too): this package's, and
-# the bounded reader's
-_VALIDATORS = ("matrix.py", "matrix_schema.py", "schema.py", "versions.py", "../readers.py")
+# the code that validates a matrix (its cache is keyed by this code too): this package's,
+# the bounded reader among it
+_VALIDATORS = ("matrix.py", "matrix_schema.py", "schema.py", "versions.py", "readers.py")
 
 
 def _cache_path(files: list[Path]) -> Path | None:
@@ -220,7 +220,7 @@ def load(overlays: tuple[Path, ...] = (), base: Path | None = None) -> Matrix:
         if m is not None:
             write_sealed(cache, text)
             return m  # else: not what this code writes; validate afresh (and replace it)
-    m = _load(files)
+    m = load_files(files)
     write_sealed(
         cache,
         json.dumps(
@@ -249,7 +249,7 @@ def _from_cache(text: str, origin: str) -> Matrix | None:
     the fresh load that wrote the cache checked them)."""
     from envbuilder.model import schema as S
     from envbuilder.model.matrix_schema import SECTIONS
-    from envbuilder.readers import parse_json
+    from envbuilder.model.readers import parse_json
 
     where = S.Text(4096)
     shape = {"sections": S.MapOf(Any), "origin": S.ListOf(S.ListOf(where, min_len=3))}
@@ -270,7 +270,8 @@ def _from_cache(text: str, origin: str) -> Matrix | None:
         return None
 
 
-def _load(files: list[Path]) -> Matrix:
+def load_files(files: list[Path]) -> Matrix:
+    """The matrix these files make, read and validated afresh (no cache read or written)."""
     from envbuilder.model.matrix_schema import SECTIONS
 
     sections: dict[str, Any] = {}

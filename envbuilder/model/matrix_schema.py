@@ -99,7 +99,7 @@ REQUIRES = S.MapOf(
 )
 FEATURE = {"min_compute_capability": S.CC, "note?": WHY, "source": SOURCE}
 # release_wheels.filename: a template of {version} {cuda_tag} {torch} {cxx11_abi} {python}
-# {machine} (envbuilder/lock/flash_attn.py formats it); wheel_cuda: CUDA major -> wheel tag
+# {machine} (envbuilder/render/flash_attn.py formats it); wheel_cuda: CUDA major -> wheel tag
 # (a release without it, or a major it does not list, has no prebuilt wheel: the builder compiles)
 WHEEL_TEMPLATE = S.Pattern(
     r"[A-Za-z0-9_.+-]*(\{(version|cuda_tag|torch|cxx11_abi|python|machine)\}"

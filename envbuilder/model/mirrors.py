@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from envbuilder.errors import UserError
-from envbuilder.model.record import Record
+from envbuilder.record import Record
 from envbuilder.text import USERINFO, redact, without_credentials  # noqa: F401 (re-exported)
 from envbuilder.oci.registry import DOCKER_HUB, endpoint_url, parse_image, registry_host
 
@@ -148,7 +148,7 @@ def apply_to_env(env: ResolvedEnv, mirror: MirrorChoice) -> ResolvedEnv:
     images, the PyPI and PyTorch indexes, the Hugging Face endpoint, the conda channels, the apex
     source URL, flash-attn's release folder and an apt mirror. Rendering it gives files whose
     defaults already point at the mirror (build args can still override them)."""
-    from envbuilder.model.record import frozen
+    from envbuilder.record import frozen
     from envbuilder.model.resolved import Mirror
 
     # every endpoint without its credentials: what the files (and the image's envbuild.json)
@@ -184,7 +184,7 @@ def apply_to_env(env: ResolvedEnv, mirror: MirrorChoice) -> ResolvedEnv:
 
 
 def mirror_sets(m: Matrix) -> dict[str, dict[str, Any]]:
-    from envbuilder.config import user_config
+    from envbuilder.model.config import user_config
 
     sets = dict(user_config().get("mirrors") or {})
     for name, body in (m.mirrors or {}).items():

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from envbuilder.model.matrix import Matrix, cc_tuple
-from envbuilder.model.record import Record
+from envbuilder.record import Record
 
 
 class Named(Record):

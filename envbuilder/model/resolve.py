@@ -17,7 +17,7 @@ from envbuilder.model import resolved as R
 from envbuilder.errors import UserError
 from envbuilder.model.matrix import Entry, Matrix, cc_tuple
 from envbuilder.model.versions import in_range, version_key
-from envbuilder.model.record import Record, frozen
+from envbuilder.record import Record, frozen
 from envbuilder.model.resolved import SCHEMA_VERSION, Overrides, ResolvedEnv  # noqa: F401  (re-exported)
 from envbuilder.model.versions import ranges_overlap
 from envbuilder.model.names import profile_named
@@ -79,7 +79,7 @@ def cc_runs(gpu_cc: str, archs: list[str]) -> bool:
 def flash_attn_release(fa_data: dict[str, Any], version: str) -> R.FlashAttn:
     """The flash-attn part of a ResolvedEnv: the version, the modules the run imports of it, and
     where its prebuilt release wheel is (the download folder, the file name template, the CUDA
-    tags; the builder names the file from the installed torch, envbuilder/lock/flash_attn.py)."""
+    tags; the builder names the file from the installed torch, envbuilder/render/flash_attn.py)."""
     rel = fa_data["release_wheels"]
     tags = dict(sorted((fa_data["versions"][version].get("wheel_cuda") or {}).items()))
     return R.FlashAttn(

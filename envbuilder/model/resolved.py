@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 from envbuilder.errors import UserError
-from envbuilder.model.record import Record
+from envbuilder.record import Record
 from envbuilder.model.runplan import RunArg
 
 if TYPE_CHECKING:  # (the kinds in the annotations: read by field_spec, which imports them)
@@ -439,7 +439,7 @@ class ResolvedEnv(Record):
         """The environment a file holds (JSON), read by the one bounded reader (readers.py: no
         NaN, no number of hundreds of digits, no key twice, nested at most a few levels) and
         checked as from_dict checks it."""
-        from envbuilder.readers import parse_json
+        from envbuilder.model.readers import parse_json
 
         return cls.from_dict(parse_json(text, origin, fix=FROM_FIX), origin)
 
@@ -451,7 +451,7 @@ class ResolvedEnv(Record):
         against the fields here, all problems named at once: an edited or foreign file
         reaches no template with a value the matrix would refuse (UserError, exit 2)."""
         from envbuilder.model import schema as S
-        from envbuilder.readers import check_tree
+        from envbuilder.model.readers import check_tree
 
         check_tree(data, origin, FROM_FIX)  # (depth, lengths, finite numbers: data from outside)
         if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:

@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any
 
-from envbuilder.model.record import Record
+from envbuilder.record import Record
 
 if TYPE_CHECKING:  # (the kinds in the annotations: read by resolved.field_spec)
     from envbuilder.model import schema as S

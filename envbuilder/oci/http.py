@@ -41,7 +41,7 @@ from typing import Any
 
 from envbuilder.errors import ActionError, UserError
 from envbuilder.text import redact
-from envbuilder.model.record import Record
+from envbuilder.record import Record
 
 MAX_REDIRECTS = 10
 MAX_RETRY_AFTER = 10.0  # seconds: the most a server's Retry-After makes a client wait per retry

@@ -3,7 +3,7 @@
 HOST is a DNS name, `localhost` or a bracketed IPv6 address; PATH is lowercase components
 separated by '/'; TAG at most 128 characters. Every place that takes an image reference checks
 it with this one pattern: the matrix's images (model/schema.IMAGE), export-image and
-import-image (oci/archive.py), apptainer --image (engines/apptainer.py), the launchers. It
+import-image (engines/archive.py), apptainer --image (engines/apptainer.py), the launchers. It
 imports nothing, so any layer may use it."""
 
 from __future__ import annotations

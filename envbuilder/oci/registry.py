@@ -20,7 +20,7 @@ import hashlib
 import re
 
 from envbuilder.errors import ActionError
-from envbuilder.model.record import Record
+from envbuilder.record import Record
 
 DOCKER_HUB = "docker.io"  # Docker Hub as image references (and mirror sets) name it
 DOCKER_HUB_API = "registry-1.docker.io"  # ... and where its v2 API answers

@@ -115,7 +115,7 @@ def known_profiles_or_locks(m, profiles) -> None:
     from envbuilder.errors import UserError
     from envbuilder.paths import LOCK_ROOT
 
-    from envbuilder.render.prepare import find_lock
+    from envbuilder.lock.prepare import find_lock
 
     for p in profiles:
         if p not in m.profiles and not (LOCK_ROOT / p).is_dir() and not find_lock(p).is_dir():

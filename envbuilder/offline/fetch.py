@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 import requests
 
 from envbuilder.errors import ActionError, UserError
-from envbuilder.model.record import Record
+from envbuilder.record import Record
 from envbuilder.oci.http import redact
 from envbuilder.progress import clock_text
 

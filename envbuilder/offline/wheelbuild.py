@@ -25,7 +25,7 @@ import zipfile
 from pathlib import Path
 
 from envbuilder.errors import ActionError, UserError
-from envbuilder.model.record import Record
+from envbuilder.record import Record
 
 BUILD_TIMEOUT = 3600  # seconds: a pure sdist takes seconds; a compiled one may take long
 SOURCE_DATE_EPOCH = "315532800"  # 1980-01-01, zip's epoch: the same sdist gives the same wheel
@@ -44,10 +44,6 @@ class BuiltWheel(Record):
     sha256: str
     size: int
     build: dict  # provenance: backend, its requirements, generator, interpreter, tool, index
-
-
-def is_sdist(filename: str) -> bool:
-    return not filename.endswith(".whl")
 
 
 def dist_name(name: str) -> str:

@@ -46,7 +46,7 @@ from urllib.parse import unquote, urljoin, urlsplit
 
 from envbuilder.errors import ActionError, UserError
 from envbuilder.lock import lockfile as L
-from envbuilder.model.record import Record
+from envbuilder.record import Record
 from envbuilder.render.quoting import sh
 
 if TYPE_CHECKING:
@@ -740,7 +740,7 @@ def _wheels_from_sdists(
     the wheelhouse (built from the same sdist sha256, its bytes hashing right), else built now.
     Returns ({profile: {package: wheel path}} for the profiles that have all of theirs, [wheels
     built now]); a build's failure goes to `failures`, its profile stays incomplete."""
-    from envbuilder.offline.wheelbuild import build_wheel, is_sdist
+    from envbuilder.offline.wheelbuild import build_wheel
 
     reserved = frozenset(a.filename for plan in plans.values() for a in plan.artifacts if a.subdir == "pypi")
     wheels: dict[str, dict[str, str]] = {}
@@ -751,7 +751,7 @@ def _wheels_from_sdists(
         target = meta.get("target") or {}
         mine, complete = {}, True
         for a in plan.artifacts:
-            if a.kind != "pip" or not is_sdist(a.filename):
+            if a.kind != "pip" or not L.is_sdist(a.filename):
                 continue
             key = (a.path, target.get("python"), target.get("python_platform"))
             if a.path not in present or key in failed:
@@ -941,7 +941,7 @@ def export_profiles(
     backends unless `build_index` says otherwise."""
     from envbuilder.model.resolve import uv_pin
     from envbuilder.offline.checks import known_profiles_or_locks, lock_shortfalls, url_map_for_mirror
-    from envbuilder.render.prepare import find_lock, lock_used
+    from envbuilder.lock.prepare import find_lock, lock_used
 
     if lock_dir and len(profiles) > 1:
         raise UserError("--lock-dir names one lock; export several profiles from lockfiles/<profile>.")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any, TYPE_CHECKING
 
-from envbuilder.model.record import Record, plain
+from envbuilder.record import Record, plain
 from envbuilder.render import image as I
 from envbuilder.render.plan import InstallPlan, Layer
 from envbuilder.render.quoting import arg, comment, dq, sh

@@ -19,7 +19,7 @@ from envbuilder.render.image import PREFLIGHT, RUN_SCRIPT  # (where the image pu
 from envbuilder.render.image import default_tag
 from envbuilder.render.quoting import FILTERS, comment, word
 from envbuilder.text import USERINFO
-from envbuilder.model.record import plain
+from envbuilder.record import plain
 from envbuilder.model.resolve import TORCH_DTYPE
 from envbuilder.model.resolved import ResolvedEnv
 
@@ -235,7 +235,7 @@ def render_files(env: ResolvedEnv, locked: LockedContext | None = None) -> dict[
             continue
         out[name] = j.get_template(template).render(context)
     if env.flash_attn:
-        from envbuilder.lock import flash_attn  # (the builder runs this module as the script)
+        from envbuilder.render import flash_attn  # (the builder runs this module as the script)
 
         out[FLASH_ATTN_SCRIPT] = Path(flash_attn.__file__).read_text(encoding="utf-8")
     # each pip step's pins, one file per step (its cache key moves with it alone); a locked

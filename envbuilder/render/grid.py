@@ -21,7 +21,7 @@ from envbuilder.model.matrix import Matrix, cc_tuple
 from envbuilder.model.resolve import ResolveError, cc_runs, resolve
 from envbuilder.model.resolved import Overrides, ResolvedEnv
 from envbuilder.model.versions import version_key
-from envbuilder.model.record import Record
+from envbuilder.record import Record
 from envbuilder.text import without_credentials
 
 MARK = {"ok": "\u2713", "fix": "~", "no": "\u2717", "none": "\u00b7"}

@@ -1,15 +1,15 @@
 """The `locked` context of the templates (`render --locked`, `--wheelhouse`): what a lock pins of
 one profile, as lock.lockfile.for_render reads it from the lock folder or a wheelhouse's copy.
 
-Its own module, below both render.prepare and the lock package, so each names the type without
-importing the other (render never imports the lock at load time)."""
+Its own module in render/, below the lock package (lock.prepare and lock.lockfile make it; the
+templates read it), so render names the type without importing the lock."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from envbuilder.model.record import Record
+from envbuilder.record import Record
 
 if TYPE_CHECKING:
     from envbuilder.render.outdir import Checked

@@ -43,7 +43,7 @@ from typing import BinaryIO, Callable
 from envbuilder.errors import ActionError, EnvbuildError, UserError
 from envbuilder.limits import read_upto
 from envbuilder.text import shorten  # noqa: F401  (re-exported: outdir.shorten)
-from envbuilder.model.record import Record
+from envbuilder.record import Record
 
 RECORD = ".envbuild-files.json"
 JOURNAL = ".envbuild-files.next.json"
@@ -232,7 +232,7 @@ def _missing_folders(out_dir: Path) -> list[Path]:
 def _read_record(path: Path) -> dict[str, str]:
     """{relative path: sha256} from a record or journal; {} when there is none or it is not one
     (then nothing counts as envbuild's, which only makes the write more careful)."""
-    from envbuilder.readers import parse_json
+    from envbuilder.model.readers import parse_json
 
     try:
         with _open_nofollow(path) as f:  # (a record that is a link is no record)
@@ -622,3 +622,14 @@ def _remove_empty_dirs(root: Path, removed: list[str]) -> None:
             (root / d).rmdir()
         except OSError:
             pass
+
+
+def plain_name(name: str, what: str) -> str:
+    """`name` as one folder name (a name from an overlay or a --from file that holds a '/' or
+    is '..' would land outside the folder it is meant for)."""
+    if not name or "/" in name or "\\" in name or name in (".", "..") or "\x00" in name:
+        raise UserError(
+            f"{what} is {shorten(name)!r}, which is not a plain folder name: it would "
+            "render outside out/. Rename the profile (letters, digits, '.', '_', '-')."
+        )
+    return name

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from envbuilder.model.record import Record, frozen
+from envbuilder.record import Record, frozen
 from envbuilder.model.resolved import Constraints, Overrides, ResolvedEnv
 
 if TYPE_CHECKING:
@@ -333,7 +333,7 @@ def find_constraints(env: ResolvedEnv, only: tuple[str, Path] | None = None) -> 
     from envbuilder.model import schema as S
     from envbuilder.errors import UserError
     from envbuilder.limits import MAX_INPUT_BYTES, read_limited
-    from envbuilder.readers import read
+    from envbuilder.model.readers import read
 
     # what is read of lock.json here (the one bounded reader; lock --check reads the rest)
     shape = {

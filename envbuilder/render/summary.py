@@ -77,7 +77,7 @@ def _show_text(
 
     env = resolve(m, profile, overrides)
     if memory and as_json:
-        from envbuilder.model.record import plain
+        from envbuilder.record import plain
 
         return json.dumps({"profile": env.name, "memory": plain(env.memory)}, indent=2, sort_keys=True) + "\n"
     if memory:

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from envbuilder.errors import UserError
-from envbuilder.model.record import Record
+from envbuilder.record import Record
 
 
 class Interpreter(Record):

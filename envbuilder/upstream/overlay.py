@@ -75,7 +75,7 @@ def write_overlay(folder: Path, text: str, matrix_dirs) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
         stage = Path(tempfile.mkdtemp(prefix=".refresh-", dir=folder))
         write_text_atomic(stage / "refresh.yaml", text, fsync=True)
-        matrix._load(matrix.matrix_files((*map(Path, matrix_dirs), stage)))
+        matrix.load_files(matrix.matrix_files((*map(Path, matrix_dirs), stage)))
         os.replace(stage / "refresh.yaml", folder / "refresh.yaml")  # (whole, or the old one)
     except OSError as e:
         raise write_error(folder, e) from None

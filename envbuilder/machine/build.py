@@ -1,11 +1,14 @@
 """`envbuild build` as a library: which environment to build (a profile, or the envbuild.json of
 the rendered folder it runs in), then the one order of a build: the mirror set picked and
-probed, the lock and the mirror applied (render.prepare), what the build fetches probed, the
+probed, the lock and the mirror applied (lock.prepare), what the build fetches probed, the
 context staged, the credentials handed over as a BuildKit secret only, the build, the smoke
 test and the push. Callable without click:
 
     env = target_env(m, "p40", Overrides(), say=print)
     ref = build_image(m, env, BuildOptions(push_to="local"), say=print)
+
+It lives in machine/, above the engines it drives (engines/docker.py, daemonless.py), beside
+the probes it runs first (reach.py) and doctor's profile for this machine (implied_profile).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from envbuilder.errors import ActionError, UserError
-from envbuilder.model.record import Record
+from envbuilder.record import Record
 
 
 class BuildOptions(Record):
@@ -85,13 +88,13 @@ def full_tag(env, tag: str | None) -> str:
 def build_image(m, env, opts: BuildOptions, say: Callable[[str], None] = print) -> str:
     """Build `env` as `opts` say; returns what `build` prints: the pushed REGISTRY/NAME@DIGEST,
     or the local image."""
-    from envbuilder.config import local_registry, registry_for
+    from envbuilder.model.config import local_registry, registry_for
     from envbuilder.engines import daemonless as E
     from envbuilder.engines import docker as B
     from envbuilder.machine import reach
     from envbuilder.model import mirrors as M
     from envbuilder.render.files import render_files, smoke_command, write_dir
-    from envbuilder.render.prepare import prepare
+    from envbuilder.lock.prepare import prepare
 
     # the endpoints' user:password@ (an overlay's index, say) reach the RUN steps only as the
     # `endpoints` secret; the image's name, its files and its labels name them without

@@ -2,7 +2,8 @@
 verified: its lock is found against the upstream environment (what `envbuild lock` recorded),
 then the lock's pins become its constraints, then a mirror set's endpoints replace the
 upstream ones. Every command that renders files calls `prepare`, so none can do it in
-another order.
+another order. It sits in lock/, above render/: it reads the lock (lockfile.for_render) that
+render/ knows only as the LockedContext it is handed.
 
     prepared = prepare(env, lock_dir="lockfiles", mirror=choice)
     render(prepared.env, out, prepared.locked)
@@ -15,10 +16,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from envbuilder.errors import UserError
-from envbuilder.model.record import Record
+from envbuilder.record import Record
 from envbuilder.model.resolved import ResolvedEnv
 from envbuilder.paths import LOCK_ROOT
 from envbuilder.render.locked import LockedContext
+from envbuilder.render.outdir import plain_name
 
 if TYPE_CHECKING:
     from envbuilder.model.mirrors import MirrorChoice
@@ -41,19 +43,6 @@ class Prepared(Record):
     def links(self) -> Mapping[str, Checked] | None:
         """The files a wheelhouse render places into the folder (outdir.Checked)."""
         return self.locked.links if self.locked else None
-
-
-def plain_name(name: str, what: str) -> str:
-    """`name` as one folder name (a name from an overlay or a --from file that holds a '/' or
-    is '..' would land outside the folder it is meant for)."""
-    from envbuilder.text import shorten
-
-    if not name or "/" in name or "\\" in name or name in (".", "..") or "\x00" in name:
-        raise UserError(
-            f"{what} is {shorten(name)!r}, which is not a plain folder name: it would "
-            "render outside out/. Rename the profile (letters, digits, '.', '_', '-')."
-        )
-    return name
 
 
 def locked_context(

@@ -1,5 +1,5 @@
-"""Images across an air gap: `export-image` writes a built image as an OCI archive with a
-sidecar (`FILE.json`: image name, manifest digest, sha256 and size of the archive file);
+"""Images across an air gap: `export-image` (engines/export.py: the engine's or a registry's
+image) writes a built image as an OCI archive with a sidecar (`FILE.json`: image name, manifest digest, sha256 and size of the archive file);
 `import-image` checks the archive against its sidecar and loads it into a registry.
 
 The copying is skopeo's (Debian/Ubuntu `skopeo`, found on PATH): `docker-daemon:` or `docker://`
@@ -26,7 +26,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -72,7 +71,7 @@ def find_skopeo(which: Callable[[str], str | None] = shutil.which) -> str:
     return found
 
 
-def _short(text: str, limit: int = 120) -> str:
+def short(text: str, limit: int = 120) -> str:
     from envbuilder.text import shorten
 
     return shorten(text, limit)
@@ -82,7 +81,7 @@ def check_reference(ref: str, what: str = "IMAGE") -> str:
     """An image reference (Docker's grammar) or a local image ID, else UserError."""
     if len(ref) > 512 or not (REFERENCE.fullmatch(ref) or IMAGE_ID.fullmatch(ref)):
         raise UserError(
-            f"{what} {_short(ref)!r} is not an image reference: give NAME[:TAG] of an "
+            f"{what} {short(ref)!r} is not an image reference: give NAME[:TAG] of an "
             "image in the Docker engine (docker images lists them), an image ID, or "
             "a registry reference HOST[:PORT]/NAME[:TAG] (lowercase names)."
         )
@@ -94,19 +93,19 @@ def check_name(name: str) -> str:
     first = name.split("/", 1)[0]
     if "/" in name and is_registry_host(first):
         raise UserError(
-            f"--name {_short(name)!r} names a registry host ({first}): give NAME[:TAG] "
+            f"--name {short(name)!r} names a registry host ({first}): give NAME[:TAG] "
             "only, and the registry with --registry."
         )
     if len(name) > 255 or not NAME.fullmatch(name):
         raise UserError(
-            f"--name {_short(name)!r} is not a repository name: give NAME[:TAG], "
+            f"--name {short(name)!r} is not a repository name: give NAME[:TAG], "
             "lowercase path components (letters, digits, '.', '_', '-') separated by "
             "'/', and a tag of letters, digits, '_', '.', '-'."
         )
     return name if ":" in name.rsplit("/", 1)[-1] else name + ":latest"
 
 
-def _has_registry(ref: str) -> bool:
+def has_registry(ref: str) -> bool:
     first, _, rest = ref.partition("/")
     return bool(rest) and is_registry_host(first)
 
@@ -120,7 +119,7 @@ def archive_name(ref: str) -> str | None:
         return None
     parsed = parse_image(ref)
     name = parsed.repository
-    if not _has_registry(ref) and name.startswith("library/") and not ref.startswith("library/"):
+    if not has_registry(ref) and name.startswith("library/") and not ref.startswith("library/"):
         name = name[len("library/") :]  # `ubuntu:22.04` as the user wrote it
     return name + (parsed.reference if parsed.reference.startswith(":") else "")
 
@@ -167,7 +166,7 @@ def index_manifests(tar: tarfile.TarFile, archive: Path, fix: str = _ARCHIVE_FIX
     """The manifests listed by the index.json of the OCI layout in `tar` (export-image's archive,
     or any OCI archive apptainer is given), read by the one bounded reader (readers.py) against
     the shape of an OCI index; UserError (exit 2) naming the key otherwise."""
-    from envbuilder.readers import Bounds, parse_json
+    from envbuilder.model.readers import Bounds, parse_json
 
     member = next((m for m in tar.getmembers() if m.name in ("index.json", "./index.json")), None)
     if member is None:
@@ -192,7 +191,7 @@ def _member_bytes(tar: tarfile.TarFile, member: tarfile.TarInfo, archive: Path, 
 def read_index(archive: Path) -> dict:
     """The archive's one manifest: {digest, media_type, ref_name, config_digest}. UserError
     when the file is not an OCI archive of one image."""
-    from envbuilder.readers import Bounds, parse_json
+    from envbuilder.model.readers import Bounds, parse_json
 
     try:
         with tarfile.open(archive, "r:") as tar:
@@ -228,7 +227,7 @@ def read_index(archive: Path) -> dict:
     except (tarfile.TarError, OSError) as e:
         raise UserError(
             f"{archive} is not a readable OCI archive ({type(e).__name__}: "
-            f"{_short(str(e), 160)}). Copy it again, or export it again."
+            f"{short(str(e), 160)}). Copy it again, or export it again."
         ) from None
     config = (manifest.get("config") or {}).get("digest")
     return {
@@ -369,12 +368,12 @@ def run_skopeo(
         raise
 
 
-def _skopeo_error(line: str) -> str:
+def skopeo_error(line: str) -> str:
     m = re.search(r'msg="(.*)"', line)
     return m.group(1) if m else line
 
 
-def _fsync(path: Path) -> None:
+def fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -382,7 +381,7 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def _publish(src: Path, dest: Path, force: bool) -> None:
+def publish(src: Path, dest: Path, force: bool) -> None:
     """Move `src` to `dest`: over an existing file only with `force`; otherwise by a hard link,
     which fails rather than overwrite (a rename where the file system has no hard links)."""
     if force:
@@ -405,160 +404,10 @@ def _publish(src: Path, dest: Path, force: bool) -> None:
     os.unlink(src)
 
 
-def resolve_source(image: str, say: Say) -> tuple[str, list[str], str]:
-    """(skopeo source, its flags, description) for `image`: the Docker engine's image when it
-    has one by that name or ID, else the registry a reference with a host names. ActionError
-    (exit 1) when neither has it."""
-    from envbuilder.engines import docker as B
-
-    daemon_problem = None
-    try:
-        client = B.engine()
-    except ActionError as e:
-        client, daemon_problem = None, str(e)
-    if client is not None:
-        import docker.errors
-
-        try:
-            found = client.images.get(image)
-        except docker.errors.ImageNotFound:
-            found = None
-        except Exception as e:  # noqa: BLE001 - an engine that errors is reported as such
-            raise ActionError(
-                f"The Docker engine could not look up {_short(image)} "
-                f"({B.first_line(e)}). Check the engine and run again."
-            ) from None
-        if found is not None:
-            args = []
-            host = os.environ.get("DOCKER_HOST")
-            if host:
-                args += ["--src-daemon-host", host]
-            return (f"docker-daemon:{found.id}", args, f"{image} ({found.id[:19]}) from the Docker engine")
-    if _has_registry(image):
-        from envbuilder.oci.registry import digest
-
-        served = digest(image)  # ActionError (exit 1) with what the registry answered
-        args = ["--src-tls-verify=false"] if is_loopback(image) else []
-        pinned = image.split("@", 1)[0]
-        if ":" in pinned.rsplit("/", 1)[-1]:
-            pinned = pinned.rsplit(":", 1)[0]
-        return (
-            f"docker://{pinned}@{served.digest}",
-            args,
-            f"{image} ({served.digest[:19]}) from its registry",
-        )
-    if daemon_problem:
-        raise ActionError(
-            f"Cannot look up {_short(image)}: {daemon_problem} (A reference with a "
-            "registry host, HOST[:PORT]/NAME:TAG, is exported from that registry "
-            "without the engine.)"
-        )
-    raise ActionError(
-        f"No image {_short(image)} in the Docker engine (`docker images` lists "
-        "them), and the name has no registry host to fetch it from. Build it "
-        "(envbuild build), check the name and tag, or give HOST[:PORT]/NAME:TAG "
-        "(docker.io/NAME:TAG for Docker Hub)."
-    )
-
-
-def export_image(image: str, out: Path | str, force: bool, say: Say) -> dict:
-    """Write `image` as an OCI archive at `out` and its sidecar next to it; returns the
-    sidecar's data."""
-    check_reference(image)
-    if not str(out):
-        raise UserError("-o is empty: give the archive's file name, e.g. image.tar.")
-    out = Path(out)
-    if out.is_dir() or out.name in ("", ".", ".."):
-        raise UserError(f"-o {out} is a directory: give the archive's file name, e.g. {out / 'image.tar'}.")
-    side = sidecar_path(out)
-    if not out.parent.is_dir():
-        raise UserError(f"-o {out}: the folder {out.parent} does not exist. Create it first.")
-    if not force:
-        for p in (out, side):
-            if os.path.lexists(p):
-                raise UserError(
-                    f"{p} exists; export-image does not overwrite it. Remove it, pick "
-                    "another -o, or pass --force."
-                )
-    skopeo = find_skopeo()
-    clean_debris(out.parent, EXPORT_WORK)
-    try:
-        work = Work(out.parent, f".{out.name[:40]}.envbuild-")
-    except OSError as e:
-        raise ActionError(
-            f"Cannot write into {out.parent}: {e.strerror}. Check that folder's "
-            "permissions and free space, or pick another -o; nothing was "
-            "written."
-        ) from None
-    try:
-        return _export_into(image, out, side, force, skopeo, work, say)
-    except OSError as e:
-        raise ActionError(
-            f"Cannot write {out}: {e.strerror}. Check the free space and "
-            f"permissions in {out.parent}, then run again; nothing was "
-            "written."
-        ) from None
-    finally:
-        work.close()
-
-
-def _export_into(image: str, out: Path, side: Path, force: bool, skopeo: str, work: Work, say: Say) -> dict:
-    source, src_args, described = resolve_source(image, say)
-    say(f"exporting {described} to {out}")
-    name = archive_name(image)
-    dest = f"oci-archive:{INNER}" + (f":{name}" if name else "")
-    rc, tail = run_skopeo(
-        [*skopeo_argv(skopeo, work), "copy", *src_args, "--digestfile", "digest", source, dest],
-        say,
-        cwd=work.path,
-        env={"TMPDIR": str(work.path)},
-        work=work,
-    )
-    if rc != 0:
-        raise ActionError(
-            f"skopeo could not export {_short(image)} (exit {rc}): "
-            f"{_skopeo_error(tail.splitlines()[-1] if tail else '')}. Check that "
-            f"the engine or registry serves it, and the free space in "
-            f"{out.parent}; nothing was written."
-        )
-    archive = work.path / INNER
-    copied = (work.path / "digest").read_text().strip()
-    info = read_index(archive)
-    if info["digest"] != copied:
-        raise ActionError(
-            f"skopeo reported manifest {copied} but the archive holds "
-            f"{info['digest']}; nothing was written. Run again."
-        )
-    _fsync(archive)
-    sha, size = sha256_file(archive)
-    data = {
-        "format": FORMAT,
-        "image": image,
-        "name": name,
-        "source": source,
-        "manifest_digest": info["digest"],
-        "media_type": info["media_type"],
-        "config_digest": info["config_digest"],
-        "archive": out.name,
-        "archive_sha256": sha,
-        "archive_size": size,
-    }
-    (work.path / "sidecar").write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    _fsync(work.path / "sidecar")
-    _publish(archive, out, force)
-    try:
-        _publish(work.path / "sidecar", side, force)
-    except BaseException:
-        out.unlink(missing_ok=True)  # ours, just linked: no archive without its sidecar
-        raise
-    _fsync(out.parent)
-    return data
-
-
 def read_sidecar(archive: Path) -> dict:
     """The sidecar of `archive`, read by the one bounded reader (readers.py) against the shape
     export-image writes; UserError (exit 2) naming what is wrong otherwise."""
-    from envbuilder.readers import BadData, Bounds, check_shape, read
+    from envbuilder.model.readers import BadData, Bounds, check_shape, read
 
     side = sidecar_path(archive)
     if not side.is_file():
@@ -692,7 +541,7 @@ def import_image(archive: Path, registry: str, name: str | None, say: Say) -> di
         if rc != 0:
             raise ActionError(
                 f"skopeo could not load {archive} into {target} (exit {rc}): "
-                f"{_skopeo_error(tail.splitlines()[-1] if tail else '')}. Check the "
+                f"{skopeo_error(tail.splitlines()[-1] if tail else '')}. Check the "
                 f"registry (its logs, free space, credentials) and the free space "
                 f"in {tmp}, and run again."
             )

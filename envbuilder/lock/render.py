@@ -1,9 +1,11 @@
 """`envbuild render` as a library: profiles resolved (all of them first: one that does not
-resolve writes nothing), each prepared (render.prepare: its lock, then a mirror set) and written
+resolve writes nothing), each prepared (lock.prepare: its lock, then a mirror set) and written
 into OUT/<profile>/; or a saved envbuild.json replayed. Callable without click:
 
     render_profiles(m, ["p40"], Overrides(), Path("out"), say=print, echo=print)
     render_replay(Path("out/p40/envbuild.json"), Path("again"))
+
+It sits in lock/, above render/, because every render is prepared against its lock first.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from envbuilder.errors import UserError
-from envbuilder.render.prepare import lock_used, locked_context, named_lock, plain_name, prepare
+from envbuilder.lock.prepare import lock_used, locked_context, named_lock, prepare
+from envbuilder.render.outdir import plain_name
 from envbuilder.model.resolve import picked_for_driver
 
 if TYPE_CHECKING:

@@ -29,7 +29,7 @@ from typing import Any
 
 from envbuilder.errors import UserError
 from envbuilder.limits import MAX_INPUT_BYTES
-from envbuilder.model.record import Record
+from envbuilder.record import Record
 
 
 class Bounds(Record):
