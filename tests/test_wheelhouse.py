@@ -16,6 +16,7 @@ import pytest
 
 from test_lock import _python310, isolated, lock_args, p40_lock, world  # noqa: F401  (fixtures)
 
+from conftest import resolved
 from envbuilder.cli import main
 from envbuilder.lock.pip import load_toml
 from httpfixtures import FileServer
@@ -527,3 +528,33 @@ def test_envbuild_install_refuses_bad_options_before_anything(tmp_path):
     )
     assert r.returncode == 2 and "installs offline" in r.stderr
     assert not prefix.exists()
+
+
+def test_install_compiles_apex_only_with_torchs_nvcc_and_else_names_what_is_missing(tmp_path, monkeypatch):
+    """p40's apex: with no nvcc of CUDA 11.8 on PATH it is named, with the command that builds
+    it; with one (a stand-in nvcc that prints CUDA 11.8's version line: the toolkit cannot be
+    installed here), the environment's pip runs that command."""
+    from envbuilder.machine.install import InstallReport, build_extensions
+
+    env = resolved("p40")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    report = InstallReport("p40", str(tmp_path), "online")
+    assert build_extensions(env, tmp_path / "env", report, lambda s: None)
+    (apex,) = report.not_installed
+    assert apex["component"] == "apex" and "there is no nvcc here" in apex["why"]
+    assert "'apex @ https://github.com/NVIDIA/apex/archive/" in apex["why"]
+
+    (bin_dir / "nvcc").write_text("#!/bin/sh\necho 'Cuda compilation tools, release 11.8, V11.8.89'\n")
+    (bin_dir / "nvcc").chmod(0o755)
+    python = tmp_path / "env" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    log = tmp_path / "pip.args"
+    python.write_text(f'#!/bin/sh\necho "$TORCH_CUDA_ARCH_LIST $*" > {log}\n')
+    python.chmod(0o755)
+    report = InstallReport("p40", str(tmp_path), "online")
+    assert build_extensions(env, tmp_path / "env", report, lambda s: None)
+    assert report.not_installed == [] and report.steps[0]["step"] == "build apex" and report.steps[0]["ok"]
+    args = log.read_text()
+    assert args.startswith("6.1 -m pip install -v --no-build-isolation") and "apex @ https://" in args

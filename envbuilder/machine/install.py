@@ -14,14 +14,16 @@ Then the rendered folder is written to PREFIX/envbuild/ (run script, preflight.p
 audit scripts, envbuild.json) and `preflight.py --smoke` runs with the prefix's Python: the torch
 build, every module of the training path, verl patched and audited.
 
-apex and flash-attn are compiled in the image's builder stage with nvcc; here they are named with
-the command that builds them, not compiled (the report's `not_installed`).
+apex and flash-attn (where the profile has them) are compiled into the environment when the
+nvcc on PATH is torch's CUDA, as the image's builder stage compiles them; else each is named in
+the report's `not_installed` with what is missing and the command that builds it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import time
@@ -140,6 +142,90 @@ def _run(
     return rc == 0
 
 
+def nvcc_version() -> str | None:
+    """The CUDA version of the nvcc on PATH (`release 12.1`), None where there is none."""
+    import re
+
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        return None
+    try:
+        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = re.search(r"release (\d+\.\d+)", out)
+    return found.group(1) if found else None
+
+
+def extension_commands(env: ResolvedEnv, python: Path) -> list[tuple[str, list[str]]]:
+    """(component, the command that compiles it into the environment of `python`) for apex and
+    flash-attn, as the image's builder stage does (for this GPU's arch only)."""
+    from envbuilder.render.dockerfile import apex_options
+
+    out: list[tuple[str, list[str]]] = []
+    if env.apex:
+        envs, opts = apex_options(env.apex)
+        cmd = [*envs, str(python), "-m", "pip", "install", "-v", "--no-build-isolation"]
+        for opt in opts:  # ('--config-settings "--build-option=--cpp_ext"', ...)
+            flag, _, value = opt.partition(" ")
+            cmd += [flag, value.strip('"')]
+        out.append(
+            (
+                "apex",
+                ["env", f"TORCH_CUDA_ARCH_LIST={env.gpu.compute_capability}", *cmd, f"apex @ {env.apex.url}"],
+            )
+        )
+    if env.flash_attn:
+        out.append(
+            (
+                "flash-attn",
+                [
+                    "env",
+                    f"TORCH_CUDA_ARCH_LIST={env.gpu.compute_capability}",
+                    "FLASH_ATTENTION_FORCE_BUILD=TRUE",
+                    f"FLASH_ATTN_CUDA_ARCHS={env.gpu.sm}",
+                    str(python),
+                    "-m",
+                    "pip",
+                    "install",
+                    "--no-build-isolation",
+                    f"flash-attn=={env.flash_attn.version}",
+                ],
+            )
+        )
+    return out
+
+
+def build_extensions(
+    env: ResolvedEnv, prefix: Path, report: InstallReport, say: Callable[[str], None]
+) -> bool:
+    """apex and flash-attn compiled into the environment where the nvcc on PATH is torch's CUDA
+    (apex's setup.py requires it equal); else each is named with what is missing, and the
+    install goes on without it (the run's training path does not import them unless the
+    profile uses them: preflight's smoke test then says so)."""
+    commands = extension_commands(env, prefix / "bin" / "python")
+    if not commands:
+        return True
+    got = nvcc_version()
+    if got != env.cuda.version:
+        for component, cmd in commands:
+            report.not_installed.append(
+                {
+                    "component": component,
+                    "version": (env.apex if component == "apex" else env.flash_attn).version,  # type: ignore[union-attr]
+                    "why": f"needs nvcc {env.cuda.version} on PATH (torch's CUDA) to compile; "
+                    + (f"nvcc here is {got}" if got else "there is no nvcc here")
+                    + f". With it: {shlex.join(cmd)}",
+                }
+            )
+        return True
+    ok = True
+    for component, cmd in commands:
+        say(f"{component}: compiling for sm_{env.gpu.sm} with nvcc {got} (flash-attn's sdist takes hours)")
+        ok = _run(report, f"build {component}", cmd, dict(os.environ), say) and ok
+    return ok
+
+
 def install(
     env: ResolvedEnv,
     prefix: Path,
@@ -219,8 +305,7 @@ def install(
         for name, part in (("patches", r.patches), ("audit", r.audit)):
             if part is not None:
                 report.steps.append({"step": name, "ok": bool(part.get("ok"))})
-        report.not_installed = list(r.not_installed)
-        ok = not r.failures
+        ok = not r.failures and build_extensions(env, prefix, report, say)
         if r.failures:
             report.steps.append({"step": "install", "ok": False, "error": "; ".join(r.failures[:3])})
     if not ok:
