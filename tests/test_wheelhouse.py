@@ -558,3 +558,21 @@ def test_install_compiles_apex_only_with_torchs_nvcc_and_else_names_what_is_miss
     assert report.not_installed == [] and report.steps[0]["step"] == "build apex" and report.steps[0]["ok"]
     args = log.read_text()
     assert args.startswith("6.1 -m pip install -v --no-build-isolation") and "apex @ https://" in args
+
+
+def test_an_interrupted_online_install_goes_on_where_it_stopped(tmp_path, monkeypatch):
+    """Ctrl-C during an online install keeps what arrived (the prefix says which profile it is
+    making); the same command then goes on in that environment, and a prefix another tool made
+    is still refused."""
+    from envbuilder.machine.install import MARKER, check_prefix
+
+    prefix = tmp_path / "env"
+    prefix.mkdir()
+    (prefix / MARKER).write_text("p40\n")
+    check_prefix(prefix, "3.10", resumable=True)  # (only the marker: as new)
+    subprocess.run([_python310(), "-m", "venv", "--without-pip", str(prefix)], check=True)
+    check_prefix(prefix, "3.10", resumable=True)  # an environment of the lock's Python: goes on
+    from envbuilder.errors import UserError
+
+    with pytest.raises(UserError, match="did not start"):
+        check_prefix(prefix, "3.10", resumable=False)

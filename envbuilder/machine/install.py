@@ -36,6 +36,9 @@ from envbuilder.errors import UserError
 from envbuilder.model.resolved import ResolvedEnv
 
 SMOKE_TIMEOUT_S = 1800
+# PREFIX/.envbuild-install: the profile an online install is making there; a run that finds it
+# (an earlier one stopped) goes on in that environment instead of refusing the prefix
+MARKER = ".envbuild-install"
 HOME = "envbuild"  # PREFIX/envbuild/: the rendered folder
 
 
@@ -72,7 +75,7 @@ def check_prefix(prefix: Path, python: str, resumable: bool) -> None:
     the route installs into an existing environment) an environment of another Python."""
     if prefix.is_symlink() or (prefix.exists() and not prefix.is_dir()):
         raise UserError(f"--prefix {prefix} exists and is not a directory; pass a new path.")
-    if not prefix.is_dir() or not any(prefix.iterdir()):
+    if not prefix.is_dir() or not any(p.name != MARKER for p in prefix.iterdir()):
         return
     env_python = prefix / "bin" / "python"
     if not env_python.exists():
@@ -82,8 +85,9 @@ def check_prefix(prefix: Path, python: str, resumable: bool) -> None:
         )
     if not resumable:
         raise UserError(
-            f"--prefix {prefix} holds an environment already; the online install makes a fresh "
-            "one. Pass a new path (or install from a wheelhouse, which installs into it)."
+            f"--prefix {prefix} holds an environment envbuild install did not start; the online "
+            "install makes its own. Pass a new path (or install from a wheelhouse, which "
+            "installs into it)."
         )
     got = _python_version(env_python)
     if got != python:
@@ -263,7 +267,11 @@ def install(
     else:
         from envbuilder.machine.verify import Options, find_python, verify
 
-        check_prefix(prefix, env.python, resumable=False)
+        marker = prefix / MARKER
+        resuming = (
+            marker.is_file() and marker.read_text(encoding="utf-8", errors="replace").strip() == env.profile
+        )
+        check_prefix(prefix, env.python, resumable=resuming)
         interp = find_python(env.python)
         if python:
             from envbuilder.tools.python import Interpreter
@@ -281,10 +289,13 @@ def install(
                 f"apt-get install python{env.python} python{env.python}-venv, or uv python install "
                 f"{env.python}) or pass --interpreter PATH."
             )
+        prefix.mkdir(parents=True, exist_ok=True)
+        marker.write_text(env.profile + "\n", encoding="utf-8")  # (an interrupted run goes on from here)
         r = verify(
             env,
             interp,
             Options(
+                resume=True,
                 index_url=index_url,
                 torch_index_url=torch_index_url,
                 keep=prefix,

@@ -150,6 +150,9 @@ class Options(Record):
     # each module of the training path imported in an interpreter of its own (envbuild install
     # leaves it to preflight's smoke test, which imports the same modules in one)
     imports: bool = True
+    # install into the venv at `keep` where an interrupted run left one (envbuild install), and
+    # keep it when stopped: the next run goes on from what arrived
+    resume: bool = False
     say: Callable[[str], None] = lambda line: None
 
 
@@ -610,16 +613,20 @@ class _Verifier:
             r.constraints = True
 
         # the venv, pip seeded by ensurepip (no index needed)
-        self.say(f"venv {venv} from Python {self.interp.version} ({self.interp.path})")
-        made = run(
-            [self.interp.path, "-m", "venv", str(venv)],
-            env=_clean_env(),
-            timeout=600,
-            say=self.say,
-            label="venv",
-        )
         py = venv / "bin" / "python"
-        if made.rc != 0 or not py.exists():
+        if self.opts.resume and py.exists():
+            self.say(f"venv {venv}: going on with the environment an earlier run made")
+            made = None
+        else:
+            self.say(f"venv {venv} from Python {self.interp.version} ({self.interp.path})")
+            made = run(
+                [self.interp.path, "-m", "venv", str(venv)],
+                env=_clean_env(),
+                timeout=600,
+                say=self.say,
+                label="venv",
+            )
+        if made is not None and (made.rc != 0 or not py.exists()):
             self.fail(
                 f"venv: {self.interp.path} -m venv failed: "
                 f"{(made.err.strip().splitlines() or ['timed out'])[-1]}"
@@ -995,6 +1002,9 @@ def verify(env: ResolvedEnv, interp: Interpreter, opts: Options) -> Report:
         report = v.run(work, venv)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
+        if opts.resume:
+            opts.say(f"[{env.name}] stopped: {venv} keeps what arrived; run the same command to go on")
+            raise
         if opts.keep and venv.exists() and (venv / "pyvenv.cfg").exists():
             shutil.rmtree(venv, ignore_errors=True)  # an unfinished venv is of no use
         opts.say(f"[{env.name}] stopped: removed the unfinished venv and {work}")
