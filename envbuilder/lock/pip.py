@@ -289,11 +289,30 @@ def layer_files(env: ResolvedEnv, text: str) -> tuple[dict[str, str | None], dic
     return names, files
 
 
+def _neg(build: tuple) -> tuple:
+    """A sort key that puts the highest build tag first (no tag last)."""
+    return (-build[0], build[1]) if build else (1, "")
+
+
+def _build_tag(url: str) -> tuple:
+    """A wheel file's build tag ((3, "") for torch-2.10.0-3-cp312-...whl), () when it has none
+    or its name does not parse."""
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
+    try:
+        return tuple(parse_wheel_filename(url.rsplit("/", 1)[-1].split("#", 1)[0])[2])
+    except InvalidWheelFilename:
+        return ()
+
+
 def pip_artifact(package: dict) -> tuple[str, str]:
     """(url, sha256) of the artifact conda-lock.yml records for a pylock.toml package: a
-    platform wheel before a pure one, a wheel before the sdist."""
+    platform wheel before a pure one, of the same tags the one with the highest build tag (pip
+    and uv install that one: torch 2.10.0's x86_64 `-3` rebuilds beside the untagged files,
+    torch.yaml build_tag210), a wheel before the sdist."""
     wheels = sorted(
-        package.get("wheels", []), key=lambda w: (w["url"].rsplit("-", 1)[-1] == "any.whl", w["url"])
+        package.get("wheels", []),
+        key=lambda w: (w["url"].rsplit("-", 1)[-1] == "any.whl", _neg(_build_tag(w["url"])), w["url"]),
     )
     art = wheels[0] if wheels else package.get("sdist")
     if not art:

@@ -32,6 +32,8 @@ GPU = {
     "fp16_fast": bool,
     "machine?": S.OneOf(("x86_64", "aarch64")),
     "p2p?": bool,
+    # peer-to-peer works from this driver on (older ones hang in NCCL's P2P transport)
+    "p2p_driver?": S.DRIVER,
     "p2p_source?": SOURCE,
     "source": SOURCE,
 }
@@ -214,6 +216,9 @@ VERL = {
     "rollout_mode?": S.OneOf(("sync", "async")),
     "rollouts_why?": WHY,
     "vllm": S.Range(),
+    # the newest vLLM that co-resolves with the release's own pins where its setup.py range is
+    # open above (verl 0.9.x: vLLM 0.32+ needs a transformers its cap excludes)
+    "vllm_max?": {"version": S.VERSION, "why": WHY, "source": SOURCE},
     # the SGLang release its `sglang` extra pins, what the extra adds, and why it cannot install
     "sglang?": {"version": S.VERSION, "pins?": PINS, "refused?": WHY, "source": SOURCE},
     "attention_override": (S.HYDRA_OVERRIDE, None),
@@ -430,6 +435,8 @@ SECTIONS: dict[str, tuple[Any, bool]] = {
     "algorithms": (S.MapOf(ALGORITHM, key=S.NAME), True),
     "interconnects": (S.MapOf(INTERCONNECT, key=S.NAME), True),
     "requires": (REQUIRES, True),
+    # PyPI names that are another project than the one meant (PyPI's `apex`): a pin is refused
+    "pypi_names": (S.MapOf({"is": WHY, "fix": WHY, "source": SOURCE}, key=S.PACKAGE), False),
     "patches": (S.MapOf(PATCH, key=S.NAME), True),
     "reviewed": (S.MapOf(REVIEWED, key=S.NAME), True),
     "cuda_alloc_conf": (ALLOC_CONF, False),

@@ -447,6 +447,20 @@ class _Resolver:
                 f"use --vllm {fit[-1]}" if fit else "use another --verl",
                 hard=True,
             )
+        cap = verl.get("vllm_max")
+        if cap and version_key(vllm_v) > version_key(cap["version"]):
+            fit = [
+                v
+                for v in self.m.vllm
+                if in_range(v, verl["vllm"]) and version_key(v) <= version_key(cap["version"])
+            ]
+            self.add(
+                "verl-vllm",
+                f"verl {verl_v} cannot go past vllm {cap['version']} (asked: {vllm_v})",
+                cap["why"],
+                f"use --vllm {fit[-1]}" if fit else "use another --verl",
+                hard=True,
+            )
         major = vr["wheel_cuda"].split(".")[0]
         if major != build["cuda"].split(".")[0]:
             fits = sorted(
@@ -506,6 +520,20 @@ class _Resolver:
             fix,
             hard=True,
         )
+
+    def pypi_name_rule(self, pins: dict[str, str]) -> None:
+        """A pin of a name that PyPI gives to another project (dependencies.yaml pypi_names)."""
+        names = self.m.sections.get("pypi_names") or {}
+        for pkg in sorted(pins):
+            rec = names.get(pkg.split("[", 1)[0].lower())
+            if rec:
+                self.add(
+                    "pypi-name",
+                    f"{pkg}=={pins[pkg]} from PyPI is not the {pkg} a training environment means",
+                    rec["is"],
+                    rec["fix"],
+                    hard=True,
+                )
 
     def shared_dependency_rule(self, packages: dict[str, str]) -> None:
         """Two installed packages whose requirements on one dependency cannot both hold (pip
@@ -936,11 +964,19 @@ class _Resolver:
                 "--interconnect ib or roce where they have an RDMA network"
             )
         env = dict((s.interconnect or {}).get("env") or {})
+        p2p_driver, drv = s.gpu.get("p2p_driver"), self.ov.driver
         if per_node > 1 and s.gpu.get("p2p") is False:
             env["NCCL_P2P_DISABLE"] = "1"
             s.notes.append(
                 f"NCCL_P2P_DISABLE=1: {per_node} {s.gpu['name']}s in a node have no "
                 "peer-to-peer (NCCL's P2P transport hangs on them)"
+            )
+        elif per_node > 1 and p2p_driver and (drv is None or version_key(drv) < version_key(p2p_driver)):
+            env["NCCL_P2P_DISABLE"] = "1"
+            s.notes.append(
+                f"NCCL_P2P_DISABLE=1: {per_node} {s.gpu['name']}s in a node, and NCCL's P2P "
+                f"transport hangs on them with drivers older than {p2p_driver} "
+                + (f"(--driver {drv})" if drv else f"(pass --driver; from {p2p_driver} it stays on)")
             )
         s.cluster_env = dict(sorted(env.items()))
         if table and s.interconnect and s.interconnect.get("note"):
@@ -1625,6 +1661,7 @@ def _rule_extensions(r: _Resolver, s: Selection) -> None:
 def _rule_shared_dependencies(r: _Resolver, s: Selection) -> None:
     named = {"torch": s.torch_v, **({"vllm": s.vllm_v} if s.vllm_v else {})}
     named.update({"sglang": s.sglang_v} if s.sglang_v else {})
+    r.pypi_name_rule(s.pins)
     r.shared_dependency_rule({**named, **s.pins})
 
 
