@@ -318,3 +318,52 @@ def test_a_pin_of_pypis_apex_is_refused_with_what_it_is():
     m2 = M.Matrix(dict(m.sections, profiles={"h100-apex": prof}), m.origin)
     v = violations("h100-apex", m2)["pypi-name"]
     assert v.hard and "Pyramid" in v.why and "remove apex from the profile's pins" in v.fix
+
+
+# -- issue 37 item 1: GH200 and GB200 on the verl 0.9.1 stack (aarch64) -------------------------
+
+
+@pytest.mark.parametrize("profile, mib", [("gh200", 97871), ("gb200", 189471)])
+def test_grace_profiles_run_the_verl_0_9_1_stack_on_aarch64(profile, mib):
+    """torch 2.11.0's aarch64 wheel on PyPI is cu130 (uv pulls cuda-toolkit 13.0.2 for it); vLLM
+    0.24.0 has an aarch64 wheel; nvidia-smi prints 97871 MiB (GH200 96 GB) and 189471 MiB (GB200)."""
+    d = resolved(profile).to_dict()
+    assert (d["verl"]["version"], d["vllm"]["version"], d["torch"]["version"], d["cuda"]["version"]) == (
+        "0.9.1",
+        "0.24.0",
+        "2.11.0",
+        "13.0",
+    )
+    assert d["gpu"]["machine"] == "aarch64" and d["torch"]["index_url"] is None
+    assert shipped().memory["total_mib"][profile]["mib"] == mib
+    assert any(n.startswith("aarch64: PyPI serves this stack's aarch64 CUDA wheels") for n in d["notes"])
+
+
+@pytest.mark.parametrize(
+    "verl, words",
+    [
+        ("0.9.0", "PyPI's aarch64 torch 2.10.0 is a CPU build (no CUDA)"),
+        ("0.6.1", "no aarch64 CUDA build of torch 2.8.0 on PyPI is recorded"),
+        ("0.4.1", "vLLM 0.8.5 publishes no aarch64 wheel on PyPI"),
+    ],
+)
+def test_older_stacks_are_refused_on_grace_with_the_true_reason(verl, words):
+    """PyPI's aarch64 torch is a CPU build up to 2.10.0 (torch.yaml aarch64); vLLM's first aarch64
+    wheel is 0.10.2 (vllm.yaml aarch64: none up to 0.10.1.1)."""
+    from conftest import violations
+
+    v = violations("gh200", verl=verl)["machine"]
+    assert v.hard and words in v.why
+    assert (
+        shipped().torch["2.10.0"]["pypi_aarch64"] == "cpu"
+        and shipped().torch["2.11.0"]["pypi_aarch64"] == "cu130"
+    )
+    assert not shipped().vllm["0.10.1.1"].get("aarch64") and shipped().vllm["0.10.2"]["aarch64"]
+
+
+def test_a_grace_profile_is_not_locked_for_x86_64():
+    from envbuilder.errors import UserError
+    from envbuilder.lock import lock_profile
+
+    with pytest.raises(UserError, match="x86_64 .* only"):
+        lock_profile(resolved("gh200"), "2.39", None, FIXTURES)  # type: ignore[arg-type]

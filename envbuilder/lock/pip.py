@@ -40,17 +40,19 @@ _NETWORK = (
 )
 
 
-def python_platform(glibc: str) -> str:
-    return f"x86_64-manylinux_{glibc.replace('.', '_')}"
+def python_platform(glibc: str, machine: str = "x86_64") -> str:
+    return f"{machine}-manylinux_{glibc.replace('.', '_')}"
 
 
-def compile_args(profile: str, python: str, glibc: str, pypi: str, torch: str | None) -> list[str]:
+def compile_args(
+    profile: str, python: str, glibc: str, pypi: str, torch: str | None, machine: str = "x86_64"
+) -> list[str]:
     args = [
         "--no-config",
         "--python-version",
         python,
         "--python-platform",
-        python_platform(glibc),
+        python_platform(glibc, machine),
         "--no-python-downloads",
         "--custom-compile-command",
         f"envbuild lock {profile}",
@@ -139,7 +141,7 @@ def _compile(
     if swap_torch:
         torch = None
     indexes = [pypi] + ([torch] if torch else [])
-    args = compile_args(env.name, env.python, glibc, pypi, torch)
+    args = compile_args(env.name, env.python, glibc, pypi, torch, env.gpu.machine)
     with tempfile.TemporaryDirectory(prefix="envbuild-lock-") as tmp:
         tmp = Path(tmp)
         (tmp / "requirements.in").write_text(requirements_in(env, swap_torch), encoding="utf-8")
@@ -194,7 +196,9 @@ def check_co_resolves(
             f"{torch_swap(env)} in its place: the rest of the set is the profile's."
         )
     found = co_resolve(env, glibc, pypi, torch_index, swap)
-    return CoResolved(len(found), pypi, torch_index, swap, env.python, python_platform(glibc))
+    return CoResolved(
+        len(found), pypi, torch_index, swap, env.python, python_platform(glibc, env.gpu.machine)
+    )
 
 
 def index_answers(url: str, timeout: float = 5.0) -> bool:

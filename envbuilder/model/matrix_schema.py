@@ -67,6 +67,8 @@ TORCH = {
     "torchvision": S.VERSION,
     "torchaudio": S.VERSION,
     "pypi_default": S.NAME,
+    # PyPI's Linux aarch64 wheel: cpu, or the CUDA variant it is built as
+    "pypi_aarch64?": S.NAME,
     "builds": S.MapOf({"cuda": S.CUDA, "archs": S.ListOf(S.CC)}, key=S.NAME),
     "source": SOURCE,
 }
@@ -77,6 +79,8 @@ VLLM = {
     "min_compute_capability?": S.CC,
     "modules?": MODULES,
     "pins?": PINS,
+    # a Linux aarch64 wheel on PyPI
+    "aarch64?": bool,
     "source": SOURCE,
 }
 # an SGLang release (sglang.yaml): its torch pin, Python, kernel wheel and the SASS arches of its

@@ -1180,6 +1180,7 @@ class _Resolver:
                 vram_gb=gpu["vram_gb"],
                 bf16=gpu["bf16"],
                 max_smem_per_block_kb=gpu["max_smem_per_block_kb"],
+                machine=gpu.get("machine", "x86_64"),
             ),
             cuda=R.Cuda(
                 version=s.cuda_v,
@@ -1423,20 +1424,53 @@ def _rule_arch(r: _Resolver, s: Selection) -> None:
 
 
 def _rule_machine(r: _Resolver, s: Selection) -> None:
+    """An aarch64 host (GH200, GB200) runs a stack only where PyPI serves aarch64 CUDA wheels of
+    its torch (torch.yaml pypi_aarch64: a CPU build up to 2.10.0, cu130 from 2.11.0) and of its
+    vLLM (vllm.yaml aarch64: from 0.10.2); the extensions are planned for x86_64 only."""
     machine = s.gpu.get("machine", "x86_64")
-    if machine != "x86_64":
-        r.add(
-            "machine",
-            f"the {s.gpu['name']} is an {machine} system",
-            f"PyPI serves {machine} wheels of torch, vLLM and Ray for this pinned set, but "
-            "envbuild renders x86_64 images only: its uv pin, locks and wheelhouse name "
-            "x86_64 wheels, and apex and flash-attn would build for the wrong machine",
-            "use NVIDIA's aarch64 NGC PyTorch image (nvcr.io/nvidia/pytorch) with verl's own "
-            "install steps, or an x86_64 host with the same GPU generation (envbuild render "
-            + ("b200" if "b200" in r.m.profiles else "h100")
-            + ")",
-            hard=True,
+    if machine == "x86_64":
+        return
+    why = []
+    built = s.torch.get("pypi_aarch64")
+    if built == "cpu":
+        why.append(f"PyPI's {machine} torch {s.torch_v} is a CPU build (no CUDA)")
+    elif not built:
+        why.append(f"no {machine} CUDA build of torch {s.torch_v} on PyPI is recorded")
+    elif s.picked and s.variant != built:
+        why.append(f"PyPI's {machine} torch {s.torch_v} is its {built} build, not {s.variant}")
+    if s.rollout == "vllm" and s.vllm_v and not r.m.vllm[s.vllm_v].get("aarch64"):
+        why.append(f"vLLM {s.vllm_v} publishes no {machine} wheel on PyPI")
+    if s.rollout == "sglang":
+        why.append(f"SGLang's {machine} wheels are not checked here")
+    comps = sorted(s.components)
+    if comps:
+        why.append(
+            f"{' and '.join(comps)} {'is' if len(comps) == 1 else 'are'} planned for x86_64 only (wheel names, builds)"
         )
+    if not why:
+        s.notes.append(
+            f"{machine}: PyPI serves this stack's {machine} CUDA wheels (torch {s.torch_v} {built}"
+            + (f", vLLM {s.vllm_v}" if s.vllm_v else "")
+            + f"), and `envbuild check {r.name} --resolve` co-resolves the pins for {machine}; "
+            "envbuild's locks, wheelhouse and the Dockerfile's pinned uv wheel are still x86_64 ones "
+            "(build on the host itself, with an overlay's defaults.uv naming uv's aarch64 wheel)"
+        )
+        return
+    fits = [
+        v
+        for v, st in sorted(r.m.stacks.items(), key=lambda kv: version_key(kv[0]))
+        if str(r.m.torch.get(str(st["torch"]), {}).get("pypi_aarch64", "")).startswith("cu")
+    ]
+    r.add(
+        "machine",
+        f"the {s.gpu['name']} is an {machine} system, which verl {s.verl_v}'s stack "
+        f"(torch {s.torch_v}" + (f", vLLM {s.vllm_v}" if s.vllm_v else "") + ") cannot serve from PyPI",
+        "; ".join(why),
+        f"use --verl {fits[-1]}"
+        if fits
+        else "use NVIDIA's aarch64 NGC PyTorch image (nvcr.io/nvidia/pytorch)",
+        hard=True,
+    )
 
 
 def _rule_verl(r: _Resolver, s: Selection) -> None:
