@@ -72,10 +72,13 @@ def concrete(m: Matrix, alternative: str) -> dict[str, Any] | None:
 def applied(ov: Overrides, flags: dict[str, Any]) -> Overrides:
     """The user's overrides with these flags set (a flag replaces the user's value of it; None
     drops it)."""
-    changes = {}
+    changes: dict[str, Any] = {}
     for flag, value in flags.items():
         key = _KEY.get(flag, flag)
-        changes[key] = tuple(value.split(",")) if key in ("with_", "without") and value else value
+        if key in ("with_", "without"):  # (tuples: "drop --with" is the empty one, never None)
+            changes[key] = tuple(value.split(",")) if value else ()
+        else:
+            changes[key] = value
         if key == "gpus_per_node" and value is not None:
             changes[key] = int(value)
     return ov._replace(**changes)
