@@ -563,8 +563,8 @@ def test_a_grace_machine_runs_the_stack_pypi_serves_for_aarch64_and_refuses_olde
     with pytest.raises(ResolveError) as e:
         resolve(m2, "gb200-test", Overrides(verl="0.8.0"))
     [v] = [v for v in e.value.violations if v.rule == "machine"]
-    assert v.hard and "aarch64" in v.what and "PyPI's aarch64 torch 2.9.0 is" not in v.why
-    assert "no aarch64 CUDA build of torch 2.9.0 on PyPI is recorded" in v.why
+    assert v.hard and "aarch64" in v.what and "PyPI's aarch64 torch 2.9.0 is a CPU build" in v.why
+    assert v.fix == "use --verl 0.9.1"
 
 
 def test_render_doctor_and_build_without_a_profile_take_the_one_detect_picks(m, tmp_path, monkeypatch):

@@ -343,7 +343,7 @@ def test_grace_profiles_run_the_verl_0_9_1_stack_on_aarch64(profile, mib):
     "verl, words",
     [
         ("0.9.0", "PyPI's aarch64 torch 2.10.0 is a CPU build (no CUDA)"),
-        ("0.6.1", "no aarch64 CUDA build of torch 2.8.0 on PyPI is recorded"),
+        ("0.6.1", "PyPI's aarch64 torch 2.8.0 is a CPU build (no CUDA)"),
         ("0.4.1", "vLLM 0.8.5 publishes no aarch64 wheel on PyPI"),
     ],
 )
@@ -359,6 +359,19 @@ def test_older_stacks_are_refused_on_grace_with_the_true_reason(verl, words):
         and shipped().torch["2.11.0"]["pypi_aarch64"] == "cu130"
     )
     assert not shipped().vllm["0.10.1.1"].get("aarch64") and shipped().vllm["0.10.2"]["aarch64"]
+
+
+def test_pypis_aarch64_torch_is_cpu_up_to_2_10_and_cuda_from_2_11():
+    """uv pip compile torch==X for aarch64-manylinux_2_39 (2026-12-04): no CUDA library up to
+    2.10.0 (wheels of 91-139 MiB), cuda-toolkit 13.0.x from 2.11.0, 13.2.2 for 2.15.0."""
+    t = shipped().torch
+    assert {v: t[v]["pypi_aarch64"] for v in ("2.6.0", "2.8.0", "2.9.1", "2.10.0")} == dict.fromkeys(
+        ("2.6.0", "2.8.0", "2.9.1", "2.10.0"), "cpu"
+    )
+    assert [t[v]["pypi_aarch64"] for v in ("2.11.0", "2.12.1", "2.14.1", "2.15.0")] == ["cu130"] * 3 + [
+        "cu132"
+    ]
+    assert "pypi_aarch64" not in t["2.3.1"]  # not read: the record says so (torch.yaml aarch64)
 
 
 def test_a_grace_profile_is_not_locked_for_x86_64():
