@@ -380,3 +380,12 @@ def test_a_grace_profile_is_not_locked_for_x86_64():
 
     with pytest.raises(UserError, match="x86_64 .* only"):
         lock_profile(resolved("gh200"), "2.39", None, FIXTURES)  # type: ignore[arg-type]
+
+
+def test_a_grace_image_installs_uvs_aarch64_wheel():
+    """uv 0.13.9's manylinux_2_28 aarch64 wheel on PyPI (sha256 ecb6028d..., 16864124 bytes): the one
+    pip picks on Ubuntu 24.04's glibc 2.39 over the manylinux_2_17 file; x86_64 keeps its own."""
+    gh, h100 = resolved("gh200"), resolved("h100")
+    assert gh.uv.filename == "uv-0.13.9-py3-none-manylinux_2_28_aarch64.whl"
+    assert gh.uv.sha256.startswith("ecb6028d") and gh.uv.size == 16864124
+    assert h100.uv.filename.endswith("manylinux2014_x86_64.whl") and h100.uv.version == gh.uv.version

@@ -407,9 +407,17 @@ DATASET = {
     "rows": {"train": int, "test": int},
     "source": SOURCE,
 }
-# uv: the installer of the runtime stage's pip steps, its one linux x86_64 wheel pinned by sha256
+# uv: the installer of the runtime stage's pip steps, its linux x86_64 wheel (and aarch64 one) pinned by sha256
 # (an overlay that replaces `defaults` must carry it: resolve.uv_pin says so)
-UV = {"version": S.VERSION, "url": S.URL, "sha256": S.SHA256, "size": int, "source": SOURCE}
+UV = {
+    "version": S.VERSION,
+    "url": S.URL,
+    "sha256": S.SHA256,
+    "size": int,
+    # the same release's manylinux aarch64 wheel, for the Grace profiles' images
+    "aarch64?": {"url": S.URL, "sha256": S.SHA256, "size": int},
+    "source": SOURCE,
+}
 DEFAULTS = {
     "pypi_index": S.URL,
     "huggingface": S.URL,

@@ -1239,7 +1239,7 @@ class _Resolver:
             audit=R.Audit(checks=checks, reviewed=tuple(reviewed)),
             cuda_alloc_conf=alloc,
             indexes=R.Indexes(pypi=defaults.get("pypi_index", "https://pypi.org/simple"), torch=torch_index),
-            uv=uv_pin(defaults),
+            uv=uv_pin(defaults, gpu.get("machine", "x86_64")),
             huggingface=defaults.get("huggingface", "https://huggingface.co"),
             conda_channels=tuple(defaults.get("conda_channels", ["conda-forge", "nvidia"])),
             train=R.Train.from_plain(s.train),
@@ -1452,8 +1452,8 @@ def _rule_machine(r: _Resolver, s: Selection) -> None:
             f"{machine}: PyPI serves this stack's {machine} CUDA wheels (torch {s.torch_v} {built}"
             + (f", vLLM {s.vllm_v}" if s.vllm_v else "")
             + f"), and `envbuild check {r.name} --resolve` co-resolves the pins for {machine}; "
-            "envbuild's locks, wheelhouse and the Dockerfile's pinned uv wheel are still x86_64 ones "
-            "(build on the host itself, with an overlay's defaults.uv naming uv's aarch64 wheel)"
+            "the image installs uv's aarch64 wheel; envbuild's locks and wheelhouse are still x86_64 "
+            "ones, so build it on the aarch64 host itself, unlocked"
         )
         return
     fits = [
@@ -1903,9 +1903,9 @@ def held_back(m: Matrix, profile: str, overrides: Overrides | None = None) -> li
     ]
 
 
-def uv_pin(defaults: dict[str, Any]) -> R.Uv:
+def uv_pin(defaults: dict[str, Any], machine: str = "x86_64") -> R.Uv:
     """The uv wheel the runtime stage's pip steps install with (defaults.uv: version, url,
-    sha256, size)."""
+    sha256, size; its `aarch64` file for an aarch64 host)."""
     uv = defaults.get("uv")
     if not uv:
         raise UserError(
@@ -1914,4 +1914,12 @@ def uv_pin(defaults: dict[str, Any]) -> R.Uv:
             "pip steps with. An overlay that replaces `defaults:` must carry it; copy "
             "it from envbuild's matrices/defaults.yaml."
         )
+    if machine != "x86_64":
+        if not uv.get(machine):
+            raise UserError(
+                f"The matrix's `defaults.uv` pins no {machine} wheel of uv {uv['version']} "
+                f"(`{machine}:` with url, sha256 and size), which an {machine} image installs its "
+                "pip steps with. Add it (matrices/defaults.yaml carries one)."
+            )
+        uv = {**uv, **uv[machine]}
     return R.Uv(**{k: uv[k] for k in R.Uv._fields})
