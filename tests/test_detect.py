@@ -549,18 +549,22 @@ def test_todays_names_map_to_the_shipped_models(name, model):
     assert match_model(matrix.load(), name) == model
 
 
-def test_a_grace_machine_is_refused_with_the_reason_and_a_fix():
-    """GB200/GH200 hosts are aarch64: the resolver says what envbuild can't render for them."""
-    from envbuilder.model.resolve import ResolveError
+def test_a_grace_machine_runs_the_stack_pypi_serves_for_aarch64_and_refuses_older_ones():
+    """GB200/GH200 hosts are aarch64: the verl 0.9.1 stack (torch 2.11.0 cu130, vLLM 0.24.0 with
+    an aarch64 wheel) resolves there; an older stack is refused with the true reason (PyPI's
+    aarch64 torch up to 2.10.0 is a CPU build) and a fix that resolves."""
+    from envbuilder.model.resolve import Overrides, ResolveError
 
     m = matrix.load()
     prof = dict(m.profiles["b200"], gpu="gb200")
     m2 = matrix.Matrix(dict(m.sections, profiles={"gb200-test": prof}), m.origin)
+    env = resolve(m2, "gb200-test")
+    assert env.gpu.machine == "aarch64" and env.torch.version == "2.11.0"
     with pytest.raises(ResolveError) as e:
-        resolve(m2, "gb200-test")
+        resolve(m2, "gb200-test", Overrides(verl="0.8.0"))
     [v] = [v for v in e.value.violations if v.rule == "machine"]
-    assert v.hard and "aarch64" in v.what and "x86_64 images only" in v.why
-    assert "nvcr.io/nvidia/pytorch" in v.fix
+    assert v.hard and "aarch64" in v.what and "PyPI's aarch64 torch 2.9.0 is a CPU build" in v.why
+    assert v.fix == "use --verl 0.9.1"
 
 
 def test_render_doctor_and_build_without_a_profile_take_the_one_detect_picks(m, tmp_path, monkeypatch):

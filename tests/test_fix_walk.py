@@ -183,3 +183,18 @@ def test_h100_verl_050_keeps_verl_050():
 def test_a_memory_refusal_names_the_flag_for_more_gpus():
     e = violations("a100", model="Qwen/Qwen2-7B-Instruct", algo="grpo", gpu_memory=40960, gpus_per_node=2)
     assert "train.n_gpus" not in e["memory"].fix and "--gpus-per-node 8" in e["memory"].fix
+
+
+def test_a_fix_that_drops_with_or_without_is_tried_with_an_empty_tuple():
+    """`drop --with` in a fix's text: the walk applies it as no components asked for (()), never
+    None, which the resolver iterates (it crashed the walk with a TypeError before)."""
+    from envbuilder.model.fixes import applied, concrete
+    from envbuilder.model.resolved import Overrides
+
+    flags = concrete(shipped(), "use --verl 0.9.1 and drop --with")
+    assert flags == {"with": None, "verl": "0.9.1"}
+    ov = applied(Overrides(with_=("flash-attn",), without=("apex",)), {**flags, "without": None})
+    assert ov.with_ == () and ov.without == () and ov.verl == "0.9.1"
+    from envbuilder.model.resolve import resolve
+
+    assert resolve(shipped(), "h100", ov).verl.version == "0.9.1"

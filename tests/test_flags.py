@@ -150,7 +150,7 @@ def test_fix_flags_are_declared_flags():
 # the options of other commands (and other tools) that the resolver's and detect's messages name
 OTHER_OPTIONS = {
     "--matrix-dir", "--mirror", "--query-gpu", "--memory", "--from", "--format", "--engine",
-    "--no-deps", "--all", "--runtime", "--ppo", "--json", "--gpus", "--flag", "--registry",
+    "--no-deps", "--all", "--runtime", "--ppo", "--json", "--gpus", "--flag", "--registry", "--resolve",
 }  # fmt: skip
 
 

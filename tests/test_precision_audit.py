@@ -410,7 +410,8 @@ def test_the_run_scripts_overrides_compose_with_the_releases_own_config(verl_tre
     pr = d["precision"]
     assert cfg.actor_rollout_ref.rollout.dtype == TORCH_DTYPE[pr["rollout"]]
     for part, key in d["verl"]["autocast_keys"].items():
-        assert OmegaConf.select(cfg, key) == TORCH_DTYPE[pr[part]], key
+        # (0.8+: mixed_precision.param_dtype, which verl's PrecisionType reads as bf16 or bfloat16)
+        assert OmegaConf.select(cfg, key) in (TORCH_DTYPE[pr[part]], pr[part]), key
     assert cfg.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype == pr["actor"]
     if d["algorithm"]["critic"]:  # (GRPO trains no critic: the run script sets nothing of it)
         assert (

@@ -60,3 +60,22 @@ def test_the_seed_4090_stack_resolves_but_the_resolver_refuses_it(real_pypi, cac
     r = check_resolve("4090", "--torch", "2.3.1", cache_home=cache_home)
     assert r.returncode == 2
     assert "verl-torch" in r.stderr and "DeviceMesh" in r.stderr
+
+
+@pytest.mark.parametrize("profile", ["gh200", "gb200"])
+def test_the_grace_profiles_pins_co_resolve_for_aarch64_with_pypis_cuda_torch(profile, real_pypi):
+    """The GH200/GB200 profiles' whole pinned set (verl 0.9.1, vLLM 0.24.0, torch 2.11.0) resolves
+    as one solution for aarch64-manylinux_2_39 / Python 3.12 on PyPI, and the torch it takes is
+    the CUDA build: cuda-toolkit 13.0.x comes with it (PyPI's aarch64 torch up to 2.10.0 pulls
+    none). Run 2026-12-04: 245 packages."""
+    from conftest import resolved
+    from envbuilder.lock import target_glibc
+    from envbuilder.lock.pip import co_resolve, python_platform
+
+    env = resolved(profile)
+    glibc = target_glibc(shipped(), env)
+    assert python_platform(glibc, env.gpu.machine) == "aarch64-manylinux_2_39"
+    found = co_resolve(env, glibc, real_pypi, None)
+    assert found["torch"].version == "2.11.0" and found["vllm"].version == "0.24.0"
+    assert found["verl"].version == "0.9.1"
+    assert found["cuda-toolkit"].version.startswith("13.0.")

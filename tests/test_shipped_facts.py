@@ -13,6 +13,8 @@ from conftest import FIXTURES, PROFILES, resolved, shipped
 from envbuilder.model import matrix as M
 from test_resolve import resolved_variants
 
+MATRICES = FIXTURES.parent.parent / "matrices"
+
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_every_shipped_profile_resolves_without_warnings(profile):
@@ -197,3 +199,193 @@ def test_verl_0_9_1_floors_at_python_3_11_and_says_why():
     assert v.hard and "accelerate 1.16.0, numpy 2.3.5 and pyarrow 26.0.1" in v.why
     assert "--python 3.12" in v.fix
     resolved("h100", python="3.12")
+
+
+# -- issue 37: the facts a second review found wrong or missing, each with its source -----------
+
+
+def test_torch_release_md_prs_are_labelled_by_the_release_they_add():
+    """pytorch#187075 adds 2.13's row to RELEASE.md, #194367 2.14's; 2.15's build set rests on the
+    open RFC #190385 (and PyPI's wheels); 2.12's PR is not identified, its records cite the wheels."""
+    m = shipped()
+    text = (MATRICES / "torch.yaml").read_text()
+    assert "rel213: https://github.com/pytorch/pytorch/pull/187075 (RELEASE.md, the 2.13 row)" in text
+    assert "rel214: https://github.com/pytorch/pytorch/pull/194367 (RELEASE.md, the 2.14 row)" in text
+    assert "rfc215: https://github.com/pytorch/pytorch/issues/190385" in text
+    assert "rel212:" not in text and "rel215:" not in text
+    assert "rel213" in m.torch["2.13.0"]["source"] and "rel214" in m.torch["2.14.1"]["source"]
+    assert m.torch["2.15.0"]["source"].startswith("rfc215") and "rel2" not in m.torch["2.15.0"]["source"]
+    assert "rel2" not in m.torch["2.12.1"]["source"]
+
+
+@pytest.mark.parametrize(
+    "cuda, version, driver",
+    [("13.0", "13.0.1", "580.82.07"), ("13.1", "13.1.1", "590.48.01"), ("13.2", "13.2.1", "595.58.03")],
+)
+def test_cuda_13_minors_carry_the_drivers_of_table_3(cuda, version, driver):
+    """CUDA toolkit release notes, Table 3 (Linux x86_64): 13.0 Update 1 580.82.07, 13.1 Update 1
+    590.48.01, 13.2 Update 1 595.58.03 (13.2 GA, PyPI's torch 2.15 cu132: 595.45.04; 13.0
+    Update 2: 580.95.05). nvcc_archs of 13.1/13.2 are 13.0's, carried over unsourced (the record
+    cites nvcc13x_unsourced)."""
+    rec = shipped().cuda[cuda]
+    assert (rec["version"], rec["min_driver"], rec["compat_driver"]) == (version, driver, "580.65.06")
+    text = (MATRICES / "cuda.yaml").read_text()
+    for fact in ("13.2 GA >= 595.45.04", "13.0 Update 2 >= 580.95.05", "13.1 GA >= 590.44.01"):
+        assert fact in text
+    if cuda != "13.0":
+        assert "nvcc13x_unsourced" in rec["source"]
+        assert rec["nvcc_archs"] == shipped().cuda["13.0"]["nvcc_archs"]
+
+
+def test_torch_2_15_cu132_runs_on_cuda_13_2s_record():
+    rec = shipped().torch["2.15.0"]
+    assert rec["builds"]["cu132"]["cuda"] in shipped().cuda
+
+
+def test_a_lock_names_the_build_tagged_torch_2_10_wheel_pip_and_uv_install():
+    """PyPI holds torch-2.10.0-cp312-...x86_64.whl and torch-2.10.0-3-cp312-...x86_64.whl (build tag
+    3, 2026-03-11); pip (`pip install --dry-run --no-deps torch==2.10.0` for cp312 x86_64) takes the
+    `-3` file, so conda-lock.yml's one artifact is that one, whatever order pylock.toml lists them."""
+    from envbuilder.lock.pip import pip_artifact
+
+    base = "https://files.pythonhosted.org/packages/aa/bb/"
+    plain = {
+        "url": base + "torch-2.10.0-cp312-cp312-manylinux_2_28_x86_64.whl",
+        "hashes": {"sha256": "a" * 64},
+    }
+    tagged = {
+        "url": base + "torch-2.10.0-3-cp312-cp312-manylinux_2_28_x86_64.whl",
+        "hashes": {"sha256": "b" * 64},
+    }
+    for wheels in ([plain, tagged], [tagged, plain]):
+        assert pip_artifact({"name": "torch", "wheels": wheels}) == (tagged["url"], "b" * 64)
+    assert "build_tag210" in shipped().torch["2.10.0"]["source"]
+
+
+def test_verl_0_9_goes_no_further_than_vllm_0_31():
+    """vLLM 0.32.0's METADATA: transformers>=5.16.1,<5.20.0; verl 0.9.x: transformers<5.11 (uv finds
+    no solution for vllm==0.32.0 with transformers<5.11; 0.31.0 resolves, 2026-12-04)."""
+    from conftest import violations
+
+    for v in ("0.9.0", "0.9.1"):
+        cap = shipped().verl[v]["vllm_max"]
+        assert cap["version"] == "0.31.0" and "transformers>=5.16.1" in cap["why"]
+    found = violations("h100", verl="0.9.0", vllm="0.32.0", torch="2.13.0")
+    v = found["verl-vllm"]
+    assert v.hard and "cannot go past vllm 0.31.0" in v.text() and "transformers>=5.16.1" in v.why
+
+
+def test_the_newest_sglang_is_pinned_by_no_verl_release():
+    """PyPI's sglang is at 0.5.23 (2026-12-04); verl 0.9.1's sglang extra pins 0.5.12."""
+    text = (MATRICES / "sglang.yaml").read_text()
+    assert "info.version 0.5.23" in text
+    pinned = {rec["sglang"]["version"] for rec in shipped().verl.values() if rec.get("sglang")}
+    assert "0.5.23" not in pinned and "0.5.23" not in shipped().sglang
+
+
+def test_the_4090s_p2p_rule_follows_accelerates_driver_check():
+    """Accelerate v1.14.0 environment.py:197-219 turns P2P off for "RTX 40" only below driver
+    550.40.07; NCCL#1127 (the 3090) is no longer cited; the 5090 cites NCCL#1637 and sets no rule."""
+    gpus = shipped().gpus
+    assert gpus["4090"]["p2p_driver"] == "550.40.07" and "p2p" not in gpus["4090"]
+    assert gpus["4090"]["p2p_source"] == "accelerate_p2p" and gpus["5090"]["p2p_source"] == "nccl1637"
+    assert "NCCL_P2P_DISABLE" in resolved("4090", gpus_per_node=2).cluster.env
+    assert resolved("4090", gpus_per_node=2, driver="545.29.06").cluster.env["NCCL_P2P_DISABLE"] == "1"
+    assert "NCCL_P2P_DISABLE" not in resolved("4090", gpus_per_node=2, driver="550.54.15").cluster.env
+
+
+@pytest.mark.parametrize("verl", ["0.8.0", "0.9.0", "0.9.1"])
+def test_the_engines_autocast_follows_mixed_precision_param_dtype(verl):
+    """verl/workers/engine/fsdp/transformer_impl.py sets _autocast_dtype from
+    mixed_precision.param_dtype (0.8.0:358, 0.9.0:384, 0.9.1:403, read in the wheels)."""
+    keys = shipped().verl[verl]["autocast_keys"]
+    assert all(k.endswith(".mixed_precision.param_dtype") for k in keys.values())
+
+
+def test_nccl_settings_not_covered_before_are_noted_with_sources():
+    ics = shipped().sections["interconnects"]
+    assert "NCCL_IB_TC" in ics["roce"]["note"] and "nccl_ib_sl" in ics["roce"]["source"]
+    assert "NCCL_NET_GDR_LEVEL" in ics["ib"]["note"] and "nccl_gdr" in ics["ib"]["source"]
+    assert "NCCL_NVLS_ENABLE" in ics["nvlink"]["note"] and "vllm_cumem" in ics["nvlink"]["source"]
+
+
+def test_a_pin_of_pypis_apex_is_refused_with_what_it_is():
+    """PyPI's apex 0.9.10dev is a Pyramid toolkit; verl 0.9.1's megatron extra names plain apex."""
+    from conftest import violations
+
+    m = shipped()
+    prof = dict(m.profiles["h100"], pins={"apex": "0.9.10dev"})
+    m2 = M.Matrix(dict(m.sections, profiles={"h100-apex": prof}), m.origin)
+    v = violations("h100-apex", m2)["pypi-name"]
+    assert v.hard and "Pyramid" in v.why and "remove apex from the profile's pins" in v.fix
+
+
+# -- issue 37 item 1: GH200 and GB200 on the verl 0.9.1 stack (aarch64) -------------------------
+
+
+@pytest.mark.parametrize("profile, mib", [("gh200", 97871), ("gb200", 189471)])
+def test_grace_profiles_run_the_verl_0_9_1_stack_on_aarch64(profile, mib):
+    """torch 2.11.0's aarch64 wheel on PyPI is cu130 (uv pulls cuda-toolkit 13.0.2 for it); vLLM
+    0.24.0 has an aarch64 wheel; nvidia-smi prints 97871 MiB (GH200 96 GB) and 189471 MiB (GB200)."""
+    d = resolved(profile).to_dict()
+    assert (d["verl"]["version"], d["vllm"]["version"], d["torch"]["version"], d["cuda"]["version"]) == (
+        "0.9.1",
+        "0.24.0",
+        "2.11.0",
+        "13.0",
+    )
+    assert d["gpu"]["machine"] == "aarch64" and d["torch"]["index_url"] is None
+    assert shipped().memory["total_mib"][profile]["mib"] == mib
+    assert any(n.startswith("aarch64: PyPI serves this stack's aarch64 CUDA wheels") for n in d["notes"])
+
+
+@pytest.mark.parametrize(
+    "verl, words",
+    [
+        ("0.9.0", "PyPI's aarch64 torch 2.10.0 is a CPU build (no CUDA)"),
+        ("0.6.1", "PyPI's aarch64 torch 2.8.0 is a CPU build (no CUDA)"),
+        ("0.4.1", "vLLM 0.8.5 publishes no aarch64 wheel on PyPI"),
+    ],
+)
+def test_older_stacks_are_refused_on_grace_with_the_true_reason(verl, words):
+    """PyPI's aarch64 torch is a CPU build up to 2.10.0 (torch.yaml aarch64); vLLM's first aarch64
+    wheel is 0.10.2 (vllm.yaml aarch64: none up to 0.10.1.1)."""
+    from conftest import violations
+
+    v = violations("gh200", verl=verl)["machine"]
+    assert v.hard and words in v.why
+    assert (
+        shipped().torch["2.10.0"]["pypi_aarch64"] == "cpu"
+        and shipped().torch["2.11.0"]["pypi_aarch64"] == "cu130"
+    )
+    assert not shipped().vllm["0.10.1.1"].get("aarch64") and shipped().vllm["0.10.2"]["aarch64"]
+
+
+def test_pypis_aarch64_torch_is_cpu_up_to_2_10_and_cuda_from_2_11():
+    """uv pip compile torch==X for aarch64-manylinux_2_39 (2026-12-04): no CUDA library up to
+    2.10.0 (wheels of 91-139 MiB), cuda-toolkit 13.0.x from 2.11.0, 13.2.2 for 2.15.0."""
+    t = shipped().torch
+    assert {v: t[v]["pypi_aarch64"] for v in ("2.6.0", "2.8.0", "2.9.1", "2.10.0")} == dict.fromkeys(
+        ("2.6.0", "2.8.0", "2.9.1", "2.10.0"), "cpu"
+    )
+    assert [t[v]["pypi_aarch64"] for v in ("2.11.0", "2.12.1", "2.14.1", "2.15.0")] == ["cu130"] * 3 + [
+        "cu132"
+    ]
+    assert "pypi_aarch64" not in t["2.3.1"]  # not read: the record says so (torch.yaml aarch64)
+
+
+def test_a_grace_profile_is_not_locked_for_x86_64():
+    from envbuilder.errors import UserError
+    from envbuilder.lock import lock_profile
+
+    with pytest.raises(UserError, match="x86_64 .* only"):
+        lock_profile(resolved("gh200"), "2.39", None, FIXTURES)  # type: ignore[arg-type]
+
+
+def test_a_grace_image_installs_uvs_aarch64_wheel():
+    """uv 0.13.9's manylinux_2_28 aarch64 wheel on PyPI (sha256 ecb6028d..., 16864124 bytes): the one
+    pip picks on Ubuntu 24.04's glibc 2.39 over the manylinux_2_17 file; x86_64 keeps its own."""
+    gh, h100 = resolved("gh200"), resolved("h100")
+    assert gh.uv.filename == "uv-0.13.9-py3-none-manylinux_2_28_aarch64.whl"
+    assert gh.uv.sha256.startswith("ecb6028d") and gh.uv.size == 16864124
+    assert h100.uv.filename.endswith("manylinux2014_x86_64.whl") and h100.uv.version == gh.uv.version

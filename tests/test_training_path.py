@@ -80,7 +80,10 @@ SHIPPED = {  # the shipped matrix's facts (a matrix update changes these, not th
     "v100": VLLM + APEX + VERL_061_VLLM,
     "3090": VLLM_024 + VERL_091_VLLM,
     "a100": VLLM_024 + APEX + VERL_091_VLLM,
-    **{p: VLLM_024 + VERL_091_VLLM for p in ("h100", "h200", "b200", "b300", "5090", "rtx-pro-6000")},
+    **{
+        p: VLLM_024 + VERL_091_VLLM
+        for p in ("h100", "h200", "b200", "b300", "5090", "rtx-pro-6000", "gh200", "gb200")
+    },
 }
 
 

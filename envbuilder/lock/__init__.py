@@ -134,6 +134,14 @@ def lock_profile(
     from envbuilder.model.mirrors import redacted, without_credentials
     from envbuilder.progress import Heartbeat
 
+    if env.gpu.machine != "x86_64":
+        raise UserError(
+            f"{env.name} runs on {env.gpu.machine} ({env.gpu.name}): envbuild's locks are solved for "
+            "x86_64 (linux-64, x86_64 manylinux wheels) only, so a lock of it would pin the wrong "
+            f"files. `envbuild check {env.name} --resolve` co-resolves its pins for "
+            f"{env.gpu.machine} on the real index; locks per platform are not built yet."
+        )
+
     say_plain = say
     say = lambda msg: say_plain(redacted(msg))  # noqa: E731  (a URL's user:password@ as ***@)
     from envbuilder.lock.conda import virtual_packages

@@ -40,17 +40,19 @@ _NETWORK = (
 )
 
 
-def python_platform(glibc: str) -> str:
-    return f"x86_64-manylinux_{glibc.replace('.', '_')}"
+def python_platform(glibc: str, machine: str = "x86_64") -> str:
+    return f"{machine}-manylinux_{glibc.replace('.', '_')}"
 
 
-def compile_args(profile: str, python: str, glibc: str, pypi: str, torch: str | None) -> list[str]:
+def compile_args(
+    profile: str, python: str, glibc: str, pypi: str, torch: str | None, machine: str = "x86_64"
+) -> list[str]:
     args = [
         "--no-config",
         "--python-version",
         python,
         "--python-platform",
-        python_platform(glibc),
+        python_platform(glibc, machine),
         "--no-python-downloads",
         "--custom-compile-command",
         f"envbuild lock {profile}",
@@ -139,7 +141,7 @@ def _compile(
     if swap_torch:
         torch = None
     indexes = [pypi] + ([torch] if torch else [])
-    args = compile_args(env.name, env.python, glibc, pypi, torch)
+    args = compile_args(env.name, env.python, glibc, pypi, torch, env.gpu.machine)
     with tempfile.TemporaryDirectory(prefix="envbuild-lock-") as tmp:
         tmp = Path(tmp)
         (tmp / "requirements.in").write_text(requirements_in(env, swap_torch), encoding="utf-8")
@@ -194,7 +196,9 @@ def check_co_resolves(
             f"{torch_swap(env)} in its place: the rest of the set is the profile's."
         )
     found = co_resolve(env, glibc, pypi, torch_index, swap)
-    return CoResolved(len(found), pypi, torch_index, swap, env.python, python_platform(glibc))
+    return CoResolved(
+        len(found), pypi, torch_index, swap, env.python, python_platform(glibc, env.gpu.machine)
+    )
 
 
 def index_answers(url: str, timeout: float = 5.0) -> bool:
@@ -289,11 +293,30 @@ def layer_files(env: ResolvedEnv, text: str) -> tuple[dict[str, str | None], dic
     return names, files
 
 
+def _neg(build: tuple) -> tuple:
+    """A sort key that puts the highest build tag first (no tag last)."""
+    return (-build[0], build[1]) if build else (1, "")
+
+
+def _build_tag(url: str) -> tuple:
+    """A wheel file's build tag ((3, "") for torch-2.10.0-3-cp312-...whl), () when it has none
+    or its name does not parse."""
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
+    try:
+        return tuple(parse_wheel_filename(url.rsplit("/", 1)[-1].split("#", 1)[0])[2])
+    except InvalidWheelFilename:
+        return ()
+
+
 def pip_artifact(package: dict) -> tuple[str, str]:
     """(url, sha256) of the artifact conda-lock.yml records for a pylock.toml package: a
-    platform wheel before a pure one, a wheel before the sdist."""
+    platform wheel before a pure one, of the same tags the one with the highest build tag (pip
+    and uv install that one: torch 2.10.0's x86_64 `-3` rebuilds beside the untagged files,
+    torch.yaml build_tag210), a wheel before the sdist."""
     wheels = sorted(
-        package.get("wheels", []), key=lambda w: (w["url"].rsplit("-", 1)[-1] == "any.whl", w["url"])
+        package.get("wheels", []),
+        key=lambda w: (w["url"].rsplit("-", 1)[-1] == "any.whl", _neg(_build_tag(w["url"])), w["url"]),
     )
     art = wheels[0] if wheels else package.get("sdist")
     if not art:

@@ -74,11 +74,11 @@ def concrete(m: Matrix, alternative: str) -> dict[str, Any] | None:
 def applied(ov: Overrides, flags: dict[str, Any]) -> Overrides:
     """The user's overrides with these flags set (a flag replaces the user's value of it; None
     drops it)."""
-    changes = {}
+    changes: dict[str, Any] = {}
     for flag, value in flags.items():
         decl = _FLAG[flag]
-        if value is not None and decl.kind == F.NAMES:
-            value = tuple(value.split(","))
+        if decl.kind == F.NAMES:  # (tuples: "drop --with" is the empty one, never None)
+            value = tuple(value.split(",")) if value else ()
         elif value is not None and decl.kind == F.INT:
             value = int(value)
         changes[decl.field] = value

@@ -62,6 +62,7 @@ class Matrix:
     models: _Section[dict[str, Entry]] = _Section()
     arch_lists: _Section[dict[str, list[str]]] = _Section()  # name -> compute capabilities
     requires: _Section[dict[str, dict[str, Entry]]] = _Section()  # package -> version -> needs
+    pypi_names: _Section[dict[str, Entry]] = _Section()  # a PyPI name of another project -> what it is
     sources: _Section[dict[str, str]] = _Section()  # key -> URL
     # one record each
     vllm_training_path: _Section[Entry] = _Section()

@@ -32,6 +32,8 @@ GPU = {
     "fp16_fast": bool,
     "machine?": S.OneOf(("x86_64", "aarch64")),
     "p2p?": bool,
+    # peer-to-peer works from this driver on (older ones hang in NCCL's P2P transport)
+    "p2p_driver?": S.DRIVER,
     "p2p_source?": SOURCE,
     "source": SOURCE,
 }
@@ -65,6 +67,8 @@ TORCH = {
     "torchvision": S.VERSION,
     "torchaudio": S.VERSION,
     "pypi_default": S.NAME,
+    # PyPI's Linux aarch64 wheel: cpu, or the CUDA variant it is built as
+    "pypi_aarch64?": S.NAME,
     "builds": S.MapOf({"cuda": S.CUDA, "archs": S.ListOf(S.CC)}, key=S.NAME),
     "source": SOURCE,
 }
@@ -75,6 +79,8 @@ VLLM = {
     "min_compute_capability?": S.CC,
     "modules?": MODULES,
     "pins?": PINS,
+    # a Linux aarch64 wheel on PyPI
+    "aarch64?": bool,
     "source": SOURCE,
 }
 # an SGLang release (sglang.yaml): its torch pin, Python, kernel wheel and the SASS arches of its
@@ -214,6 +220,9 @@ VERL = {
     "rollout_mode?": S.OneOf(("sync", "async")),
     "rollouts_why?": WHY,
     "vllm": S.Range(),
+    # the newest vLLM that co-resolves with the release's own pins where its setup.py range is
+    # open above (verl 0.9.x: vLLM 0.32+ needs a transformers its cap excludes)
+    "vllm_max?": {"version": S.VERSION, "why": WHY, "source": SOURCE},
     # the SGLang release its `sglang` extra pins, what the extra adds, and why it cannot install
     "sglang?": {"version": S.VERSION, "pins?": PINS, "refused?": WHY, "source": SOURCE},
     "attention_override": (S.HYDRA_OVERRIDE, None),
@@ -398,9 +407,17 @@ DATASET = {
     "rows": {"train": int, "test": int},
     "source": SOURCE,
 }
-# uv: the installer of the runtime stage's pip steps, its one linux x86_64 wheel pinned by sha256
+# uv: the installer of the runtime stage's pip steps, its linux x86_64 wheel (and aarch64 one) pinned by sha256
 # (an overlay that replaces `defaults` must carry it: resolve.uv_pin says so)
-UV = {"version": S.VERSION, "url": S.URL, "sha256": S.SHA256, "size": int, "source": SOURCE}
+UV = {
+    "version": S.VERSION,
+    "url": S.URL,
+    "sha256": S.SHA256,
+    "size": int,
+    # the same release's manylinux aarch64 wheel, for the Grace profiles' images
+    "aarch64?": {"url": S.URL, "sha256": S.SHA256, "size": int},
+    "source": SOURCE,
+}
 DEFAULTS = {
     "pypi_index": S.URL,
     "huggingface": S.URL,
@@ -430,6 +447,8 @@ SECTIONS: dict[str, tuple[Any, bool]] = {
     "algorithms": (S.MapOf(ALGORITHM, key=S.NAME), True),
     "interconnects": (S.MapOf(INTERCONNECT, key=S.NAME), True),
     "requires": (REQUIRES, True),
+    # PyPI names that are another project than the one meant (PyPI's `apex`): a pin is refused
+    "pypi_names": (S.MapOf({"is": WHY, "fix": WHY, "source": SOURCE}, key=S.PACKAGE), False),
     "patches": (S.MapOf(PATCH, key=S.NAME), True),
     "reviewed": (S.MapOf(REVIEWED, key=S.NAME), True),
     "cuda_alloc_conf": (ALLOC_CONF, False),

@@ -33,10 +33,12 @@ def nearest_profile(m: Matrix, gpu_key: str) -> str | None:
     if own:
         return own[0]
     card = m.gpus[gpu_key]
+    machine = card.get("machine", "x86_64")  # (a PCIe H100 NVL is no Grace host)
     same = [
         n
         for n, p in m.profiles.items()
         if cc_tuple(m.gpus[p["gpu"]]["compute_capability"]) == cc_tuple(card["compute_capability"])
+        and m.gpus[p["gpu"]].get("machine", "x86_64") == machine
     ]
     return min(
         same, key=lambda n: abs(m.gpus[m.profiles[n]["gpu"]]["vram_gb"] - card["vram_gb"]), default=None

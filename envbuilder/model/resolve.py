@@ -447,6 +447,20 @@ class _Resolver:
                 f"use --vllm {fit[-1]}" if fit else "use another --verl",
                 hard=True,
             )
+        cap = verl.get("vllm_max")
+        if cap and version_key(vllm_v) > version_key(cap["version"]):
+            fit = [
+                v
+                for v in self.m.vllm
+                if in_range(v, verl["vllm"]) and version_key(v) <= version_key(cap["version"])
+            ]
+            self.add(
+                "verl-vllm",
+                f"verl {verl_v} cannot go past vllm {cap['version']} (asked: {vllm_v})",
+                cap["why"],
+                f"use --vllm {fit[-1]}" if fit else "use another --verl",
+                hard=True,
+            )
         major = vr["wheel_cuda"].split(".")[0]
         if major != build["cuda"].split(".")[0]:
             fits = sorted(
@@ -506,6 +520,20 @@ class _Resolver:
             fix,
             hard=True,
         )
+
+    def pypi_name_rule(self, pins: dict[str, str]) -> None:
+        """A pin of a name that PyPI gives to another project (dependencies.yaml pypi_names)."""
+        names = self.m.sections.get("pypi_names") or {}
+        for pkg in sorted(pins):
+            rec = names.get(pkg.split("[", 1)[0].lower())
+            if rec:
+                self.add(
+                    "pypi-name",
+                    f"{pkg}=={pins[pkg]} from PyPI is not the {pkg} a training environment means",
+                    rec["is"],
+                    rec["fix"],
+                    hard=True,
+                )
 
     def shared_dependency_rule(self, packages: dict[str, str]) -> None:
         """Two installed packages whose requirements on one dependency cannot both hold (pip
@@ -936,11 +964,19 @@ class _Resolver:
                 "--interconnect ib or roce where they have an RDMA network"
             )
         env = dict((s.interconnect or {}).get("env") or {})
+        p2p_driver, drv = s.gpu.get("p2p_driver"), self.ov.driver
         if per_node > 1 and s.gpu.get("p2p") is False:
             env["NCCL_P2P_DISABLE"] = "1"
             s.notes.append(
                 f"NCCL_P2P_DISABLE=1: {per_node} {s.gpu['name']}s in a node have no "
                 "peer-to-peer (NCCL's P2P transport hangs on them)"
+            )
+        elif per_node > 1 and p2p_driver and (drv is None or version_key(drv) < version_key(p2p_driver)):
+            env["NCCL_P2P_DISABLE"] = "1"
+            s.notes.append(
+                f"NCCL_P2P_DISABLE=1: {per_node} {s.gpu['name']}s in a node, and NCCL's P2P "
+                f"transport hangs on them with drivers older than {p2p_driver} "
+                + (f"(--driver {drv})" if drv else f"(pass --driver; from {p2p_driver} it stays on)")
             )
         s.cluster_env = dict(sorted(env.items()))
         if table and s.interconnect and s.interconnect.get("note"):
@@ -1144,6 +1180,7 @@ class _Resolver:
                 vram_gb=gpu["vram_gb"],
                 bf16=gpu["bf16"],
                 max_smem_per_block_kb=gpu["max_smem_per_block_kb"],
+                machine=gpu.get("machine", "x86_64"),
             ),
             cuda=R.Cuda(
                 version=s.cuda_v,
@@ -1202,7 +1239,7 @@ class _Resolver:
             audit=R.Audit(checks=checks, reviewed=tuple(reviewed)),
             cuda_alloc_conf=alloc,
             indexes=R.Indexes(pypi=defaults.get("pypi_index", "https://pypi.org/simple"), torch=torch_index),
-            uv=uv_pin(defaults),
+            uv=uv_pin(defaults, gpu.get("machine", "x86_64")),
             huggingface=defaults.get("huggingface", "https://huggingface.co"),
             conda_channels=tuple(defaults.get("conda_channels", ["conda-forge", "nvidia"])),
             train=R.Train.from_plain(s.train),
@@ -1387,20 +1424,53 @@ def _rule_arch(r: _Resolver, s: Selection) -> None:
 
 
 def _rule_machine(r: _Resolver, s: Selection) -> None:
+    """An aarch64 host (GH200, GB200) runs a stack only where PyPI serves aarch64 CUDA wheels of
+    its torch (torch.yaml pypi_aarch64: a CPU build up to 2.10.0, cu130 from 2.11.0) and of its
+    vLLM (vllm.yaml aarch64: from 0.10.2); the extensions are planned for x86_64 only."""
     machine = s.gpu.get("machine", "x86_64")
-    if machine != "x86_64":
-        r.add(
-            "machine",
-            f"the {s.gpu['name']} is an {machine} system",
-            f"PyPI serves {machine} wheels of torch, vLLM and Ray for this pinned set, but "
-            "envbuild renders x86_64 images only: its uv pin, locks and wheelhouse name "
-            "x86_64 wheels, and apex and flash-attn would build for the wrong machine",
-            "use NVIDIA's aarch64 NGC PyTorch image (nvcr.io/nvidia/pytorch) with verl's own "
-            "install steps, or an x86_64 host with the same GPU generation (envbuild render "
-            + ("b200" if "b200" in r.m.profiles else "h100")
-            + ")",
-            hard=True,
+    if machine == "x86_64":
+        return
+    why = []
+    built = s.torch.get("pypi_aarch64")
+    if built == "cpu":
+        why.append(f"PyPI's {machine} torch {s.torch_v} is a CPU build (no CUDA)")
+    elif not built:
+        why.append(f"no {machine} CUDA build of torch {s.torch_v} on PyPI is recorded")
+    elif s.picked and s.variant != built:
+        why.append(f"PyPI's {machine} torch {s.torch_v} is its {built} build, not {s.variant}")
+    if s.rollout == "vllm" and s.vllm_v and not r.m.vllm[s.vllm_v].get("aarch64"):
+        why.append(f"vLLM {s.vllm_v} publishes no {machine} wheel on PyPI")
+    if s.rollout == "sglang":
+        why.append(f"SGLang's {machine} wheels are not checked here")
+    comps = sorted(s.components)
+    if comps:
+        why.append(
+            f"{' and '.join(comps)} {'is' if len(comps) == 1 else 'are'} planned for x86_64 only (wheel names, builds)"
         )
+    if not why:
+        s.notes.append(
+            f"{machine}: PyPI serves this stack's {machine} CUDA wheels (torch {s.torch_v} {built}"
+            + (f", vLLM {s.vllm_v}" if s.vllm_v else "")
+            + f"), and `envbuild check {r.name} --resolve` co-resolves the pins for {machine}; "
+            "the image installs uv's aarch64 wheel; envbuild's locks and wheelhouse are still x86_64 "
+            "ones, so build it on the aarch64 host itself, unlocked"
+        )
+        return
+    fits = [
+        v
+        for v, st in sorted(r.m.stacks.items(), key=lambda kv: version_key(kv[0]))
+        if str(r.m.torch.get(str(st["torch"]), {}).get("pypi_aarch64", "")).startswith("cu")
+    ]
+    r.add(
+        "machine",
+        f"the {s.gpu['name']} is an {machine} system, which verl {s.verl_v}'s stack "
+        f"(torch {s.torch_v}" + (f", vLLM {s.vllm_v}" if s.vllm_v else "") + ") cannot serve from PyPI",
+        "; ".join(why),
+        f"use --verl {fits[-1]}"
+        if fits
+        else "use NVIDIA's aarch64 NGC PyTorch image (nvcr.io/nvidia/pytorch)",
+        hard=True,
+    )
 
 
 def _rule_verl(r: _Resolver, s: Selection) -> None:
@@ -1625,6 +1695,7 @@ def _rule_extensions(r: _Resolver, s: Selection) -> None:
 def _rule_shared_dependencies(r: _Resolver, s: Selection) -> None:
     named = {"torch": s.torch_v, **({"vllm": s.vllm_v} if s.vllm_v else {})}
     named.update({"sglang": s.sglang_v} if s.sglang_v else {})
+    r.pypi_name_rule(s.pins)
     r.shared_dependency_rule({**named, **s.pins})
 
 
@@ -1832,9 +1903,9 @@ def held_back(m: Matrix, profile: str, overrides: Overrides | None = None) -> li
     ]
 
 
-def uv_pin(defaults: dict[str, Any]) -> R.Uv:
+def uv_pin(defaults: dict[str, Any], machine: str = "x86_64") -> R.Uv:
     """The uv wheel the runtime stage's pip steps install with (defaults.uv: version, url,
-    sha256, size)."""
+    sha256, size; its `aarch64` file for an aarch64 host)."""
     uv = defaults.get("uv")
     if not uv:
         raise UserError(
@@ -1843,4 +1914,12 @@ def uv_pin(defaults: dict[str, Any]) -> R.Uv:
             "pip steps with. An overlay that replaces `defaults:` must carry it; copy "
             "it from envbuild's matrices/defaults.yaml."
         )
+    if machine != "x86_64":
+        if not uv.get(machine):
+            raise UserError(
+                f"The matrix's `defaults.uv` pins no {machine} wheel of uv {uv['version']} "
+                f"(`{machine}:` with url, sha256 and size), which an {machine} image installs its "
+                "pip steps with. Add it (matrices/defaults.yaml carries one)."
+            )
+        uv = {**uv, **uv[machine]}
     return R.Uv(**{k: uv[k] for k in R.Uv._fields})

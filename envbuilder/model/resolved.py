@@ -92,6 +92,8 @@ class Gpu(Record):
     vram_gb: Annotated[float, S.Num(0, 1 << 20, above=True)]
     bf16: bool
     max_smem_per_block_kb: Annotated[int, S.Int(1, 1 << 20)]
+    # the host's CPU architecture (GH200/GB200: aarch64): the platform its wheels are for
+    machine: Annotated[str, S.OneOf(("x86_64", "aarch64"))] = "x86_64"
 
 
 class Cuda(Record):

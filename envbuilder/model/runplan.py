@@ -154,8 +154,14 @@ def build(env: ResolvedEnv) -> tuple[RunArg, ...]:
             add(d.verl.attention_override.replace("actor_rollout_ref.model", "critic.model"), d.attention)
     if not d.features.torch_compile:
         add("actor_rollout_ref.actor.use_torch_compile", "False")
+    # a key the plan sets with `++` anyway (the mixed-precision param dtype verl 0.8+'s FSDP
+    # engine takes its autocast from) is not set twice; its section's `dtype` (read by the
+    # Megatron engine only) is set to the same dtype, so the composed config holds no other
+    plain = {a.key.lstrip("+") for a in out} | {f"{d.verl.critic_fsdp}.mixed_precision.param_dtype"}
     for part, key in d.verl.autocast_keys.items():
         if al.critic or part != "critic":
+            if key in plain:
+                key = key.rsplit(".mixed_precision.", 1)[0] + ".dtype"
             add(key, TORCH_DTYPE[getattr(pr, part)])
     for setting in al.extra:
         key, _, value = setting.partition("=")

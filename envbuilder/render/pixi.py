@@ -19,9 +19,9 @@ if TYPE_CHECKING:
 
     from envbuilder.render.plan import InstallPlan
 
-# envbuild renders x86_64 environments only: the resolver refuses an aarch64 GPU (GH200, GB200:
-# resolve._rule_machine), and the uv pin, the locks and the wheelhouse name x86_64 wheels
-PLATFORMS = ("linux-64",)
+# the pixi platform of the profile's host: x86_64, or aarch64 for the Grace systems (GH200, GB200:
+# only the stacks PyPI serves for aarch64 resolve there, resolve._rule_machine)
+PLATFORMS = {"x86_64": "linux-64", "aarch64": "linux-aarch64"}
 # one conda spec of plan.conda_specs: `name` or `name=version` (conda's `=` means version.*)
 _CONDA_SPEC = re.compile(r"([a-z0-9][a-z0-9._-]*)(?:=([0-9][0-9A-Za-z._+]*))?")
 # a requirement of a layer: name[extras]==version
@@ -146,7 +146,7 @@ def context(env: ResolvedEnv, plan: InstallPlan, run_script: str) -> dict[str, A
     return {
         "name": f"envbuild-{env.profile}",
         "channels": channels(env),
-        "platforms": list(PLATFORMS),
+        "platforms": [PLATFORMS[env.gpu.machine]],
         "cuda": env.cuda.version,
         "conda": conda_dependencies(plan.conda_specs),
         "pypi": "".join(f"\n{line}" for line in pypi_dependencies(env, plan)),
