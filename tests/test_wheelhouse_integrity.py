@@ -360,7 +360,7 @@ def test_an_interrupted_first_export_resumes(files, tmp_path, how):
         # (wide for a loaded machine: a Ctrl-C that waited for the stalled download would wait
         # for the 30 s communicate timeout)
         assert took < 10, f"Ctrl-C took {took:.1f} s"
-        assert proc.returncode == 130 and "Traceback" not in err
+        assert proc.returncode == 130 and "Traceback" not in err, err
         assert "run the same command again to resume" in err
     assert again.returncode == 0, err2
     assert ranges[-1] == f"bytes={kept}-"  # it went on from what the first run had

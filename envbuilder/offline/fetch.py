@@ -201,13 +201,21 @@ def fetch_all(
             elif isinstance(outcome, BaseException) and not isinstance(outcome, _Stopped):
                 raise outcome  # a bug in a worker: its own traceback
     except BaseException:  # Ctrl-C (or a bug): no new file, the reads in flight cut short
-        _stop(stop, activity, workers)
-        raise
-    finally:
+        # (nothing raised while stopping may take the interrupt's place: a Ctrl-C ends as one,
+        # exit 130, whatever closing a session with reads cut short says)
+        try:
+            _stop(stop, activity, workers)
+            emit(FetchEvent("end"))
+            if own_session:
+                session.close()
+        except Exception:
+            pass
         report.bytes_transferred = activity.total
-        emit(FetchEvent("end"))
-        if own_session:
-            session.close()
+        raise
+    report.bytes_transferred = activity.total
+    emit(FetchEvent("end"))
+    if own_session:
+        session.close()
     for index, item in enumerate(items):  # in input order, so reports are stable
         outcome = outcomes.get(index)  # (None, _Stopped, _NoSpace: left undone by a full disk)
         if outcome == "skipped":
