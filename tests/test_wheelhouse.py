@@ -576,3 +576,12 @@ def test_an_interrupted_online_install_goes_on_where_it_stopped(tmp_path, monkey
 
     with pytest.raises(UserError, match="did not start"):
         check_prefix(prefix, "3.10", resumable=False)
+
+
+def test_an_online_install_probes_its_index_before_making_anything(tmp_path):
+    """The online route's probe, as build's: an index that does not answer (a closed loopback
+    port) stops it before the prefix is made, naming the ways on (exit 1)."""
+    prefix = tmp_path / "env"
+    r = _install(["p40", "--prefix", str(prefix), "--index-url", "http://127.0.0.1:9/simple"], tmp_path)
+    assert r.returncode == 1 and "does not answer from here" in r.stderr and "--mirror" in r.stderr
+    assert not prefix.exists()

@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from envbuilder.errors import UserError
+from envbuilder.errors import ActionError, UserError
+from envbuilder.text import redact
 from envbuilder.model.resolved import ResolvedEnv
 
 SMOKE_TIMEOUT_S = 1800
@@ -288,6 +289,18 @@ def install(
                 f"No Python {env.python} here for {env.profile}'s pins. Install it (e.g. "
                 f"apt-get install python{env.python} python{env.python}-venv, or uv python install "
                 f"{env.python}) or pass --interpreter PATH."
+            )
+        # the probe `build` makes before its first step: the index every step installs from
+        # answers, or nothing is made (the PyTorch index is verify's: PyPI's builds where it is down)
+        from envbuilder.machine.verify import PROBE_TIMEOUT_S, index_answers
+
+        pypi = index_url or env.indexes.pypi
+        say(f"probe {redact(pypi)} ({PROBE_TIMEOUT_S:.0f} s at most)")
+        if not index_answers(pypi):
+            raise ActionError(
+                f"The package index {redact(pypi)} does not answer from here, so nothing was "
+                "installed. Use a mirror (--mirror NAME, `envbuild mirrors list`), --index-url "
+                f"URL, or a wheelhouse made where it answers (--from-wheelhouse)."
             )
         prefix.mkdir(parents=True, exist_ok=True)
         marker.write_text(env.profile + "\n", encoding="utf-8")  # (an interrupted run goes on from here)
