@@ -84,15 +84,18 @@ def find_lock(profile: str, lock_dir: str | Path | None = None) -> Path:
     return next((d for _, d in candidates if (d / META).is_file()), LOCK_ROOT / profile)
 
 
-def lock_used(lock_path: Path) -> str:
+def lock_used(lock_path: Path, env: ResolvedEnv | None = None) -> str:
     """What a command says of the lock it used: its folder, verl and Python ("lockfiles/4090
     (verl 0.4.1, Python 3.10)"), read through the one reader of lock.json; '?' where a lock does
-    not say."""
+    not say. `env`: the environment the lock was checked to fit (its plan, verl pin and Python
+    included), whose verl and Python it names without reading the lock again (render --all)."""
     import re
 
     from envbuilder.lock.lockfile import read_meta
     from envbuilder.text import printable
 
+    if env is not None:
+        return printable(f"{lock_path} (verl {env.verl.version}, Python {env.python})")
     verl, python = "?", "?"
     try:
         meta = read_meta(lock_path) or {}

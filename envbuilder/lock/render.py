@@ -45,7 +45,7 @@ def render_replay(
     locked = locked_context(env, locked_dir, wheelhouse)
     where = named_lock(env, locked_dir, wheelhouse)
     if locked is not None and where is not None:
-        say(f"  {env.name}: pins from the lock {lock_used(where)}")
+        say(f"  {env.name}: pins from the lock {lock_used(where, env)}")
     files = R.render_files(env, locked)  # (a failure past the check is a bug: a traceback)
     R.write_dir(target, files, locked.links if locked else None, force=force)
     return env, target
@@ -102,7 +102,7 @@ def render_profiles(
             how = lock_hint(env.name, env.overrides, out)
             say(f"  note: {env.name} is not pinned beyond its top-level pins (no lock matches it): {how}.")
         if p.lock_path is not None:
-            say(f"  {env.name}: pins from the lock {lock_used(p.lock_path)}")
+            say(f"  {env.name}: pins from the lock {lock_used(p.lock_path, p.env)}")
         env = p.env
         R.render(env, target, p.locked, force=force)
         written.append(target)
