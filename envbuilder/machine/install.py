@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from envbuilder.errors import ActionError, UserError
+from envbuilder.limits import read_text_bounded
 from envbuilder.text import redact
 from envbuilder.model.resolved import ResolvedEnv
 
@@ -269,8 +270,9 @@ def install(
         from envbuilder.machine.verify import Options, find_python, verify
 
         marker = prefix / MARKER
+        # (read as every input is: no follow, never blocking on a pipe, bounded)
         resuming = (
-            marker.is_file() and marker.read_text(encoding="utf-8", errors="replace").strip() == env.profile
+            marker.is_file() and read_text_bounded(marker, "The install marker", 4096).strip() == env.profile
         )
         check_prefix(prefix, env.python, resumable=resuming)
         interp = find_python(env.python)
