@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -585,3 +586,14 @@ def test_an_online_install_probes_its_index_before_making_anything(tmp_path):
     r = _install(["p40", "--prefix", str(prefix), "--index-url", "http://127.0.0.1:9/simple"], tmp_path)
     assert r.returncode == 1 and "does not answer from here" in r.stderr and "--mirror" in r.stderr
     assert not prefix.exists()
+
+
+def test_a_fifo_in_place_of_the_install_marker_does_not_hang(tmp_path):
+    from envbuilder.machine.install import MARKER
+
+    prefix = tmp_path / "env"
+    prefix.mkdir()
+    os.mkfifo(prefix / MARKER)
+    r = _install(["p40", "--prefix", str(prefix)], tmp_path)  # (_install: a 900 s limit; this takes ~1 s)
+    assert r.returncode == 2 and "not a regular file" in r.stderr and "Traceback" not in r.stderr
+    assert stat.S_ISFIFO((prefix / MARKER).lstat().st_mode)  # (left as it was)

@@ -270,6 +270,11 @@ def install(
         from envbuilder.machine.verify import Options, find_python, verify
 
         marker = prefix / MARKER
+        if marker.is_symlink() or (os.path.lexists(marker) and not marker.is_file()):
+            raise UserError(
+                f"{marker} is not a regular file (a link, pipe or folder); envbuild install writes "
+                "that file itself. Pass a new --prefix."
+            )
         # (read as every input is: no follow, never blocking on a pipe, bounded)
         resuming = (
             marker.is_file() and read_text_bounded(marker, "The install marker", 4096).strip() == env.profile
@@ -305,7 +310,9 @@ def install(
                 f"URL, or a wheelhouse made where it answers (--from-wheelhouse)."
             )
         prefix.mkdir(parents=True, exist_ok=True)
-        marker.write_text(env.profile + "\n", encoding="utf-8")  # (an interrupted run goes on from here)
+        tmp = prefix / f".{MARKER}.{os.getpid()}"  # (a new file renamed over it: no link followed)
+        tmp.write_text(env.profile + "\n", encoding="utf-8")
+        os.replace(tmp, marker)  # (an interrupted run goes on from here)
         r = verify(
             env,
             interp,
