@@ -522,6 +522,8 @@ def test_envbuild_install_refuses_bad_options_before_anything(tmp_path):
     prefix = tmp_path / "env"
     r = _install(["p40", "--prefix", str(prefix), "--mirror", "nosuch"], tmp_path)
     assert r.returncode == 2 and "Unknown mirror set 'nosuch'" in r.stderr
+    r = _install(["p40", "--prefix", str(prefix), "--interpreter", sys.executable], tmp_path)
+    assert r.returncode == 2 and "is not a CPython 3.10 with venv" in r.stderr
     r = _install(["p40", "--prefix", str(prefix), "--locked", str(tmp_path / "nolock")], tmp_path)
     assert r.returncode == 2 and "No lock in" in r.stderr
     r = _install(

@@ -280,17 +280,18 @@ def install(
             marker.is_file() and read_text_bounded(marker, "The install marker", 4096).strip() == env.profile
         )
         check_prefix(prefix, env.python, resumable=resuming)
-        interp = find_python(env.python)
-        if python:
-            from envbuilder.tools.python import Interpreter
+        if python:  # (the one Python discovery's check: CPython of that version, with venv)
+            from envbuilder.tools.python import probe
 
-            got = _python_version(Path(python))
-            if got is None or got != env.python:
+            interp = probe(python, env.python, need_venv=True)
+            if interp is None:
+                got = _python_version(Path(python))
                 raise UserError(
-                    f"--interpreter {python} is Python {got or '(not runnable)'}; {env.profile} needs "
-                    f"Python {env.python}."
+                    f"--interpreter {python} is not a CPython {env.python} with venv (it is Python "
+                    f"{got or '(not runnable)'}); {env.profile} needs Python {env.python}."
                 )
-            interp = Interpreter(path=python, version=got)
+        else:
+            interp = find_python(env.python)
         if interp is None:
             raise UserError(
                 f"No Python {env.python} here for {env.profile}'s pins. Install it (e.g. "
@@ -387,9 +388,3 @@ def summary(report: InstallReport) -> str:
         + f"{report.prefix}/{HOME}/run_ppo_gsm8k.sh after `. {report.prefix}/bin/activate`"
     )
     return "\n".join(out)
-
-
-def remove_unfinished(prefix: Path) -> None:
-    """After Ctrl-C of an online install into a prefix it made: verify has removed its venv."""
-    if prefix.is_dir() and not any(prefix.iterdir()):
-        shutil.rmtree(prefix, ignore_errors=True)
