@@ -485,17 +485,8 @@ def parse_printed_config(text: str) -> dict | None:
     return None
 
 
-_MISSING = object()
-
-
-def _lookup(cfg, dotted: str):
-    node = cfg
-    for part in dotted.split("."):
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        else:
-            return _MISSING
-    return node
+from envbuilder.model.batches import MISSING as _MISSING  # noqa: E402
+from envbuilder.model.batches import lookup as _lookup  # noqa: E402  (one dotted-key walk)
 
 
 def _same(composed, text: str) -> bool:

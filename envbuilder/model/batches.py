@@ -27,10 +27,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-_MISSING = object()
+MISSING = object()
 
 
-def _get(cfg: Mapping[str, Any], dotted: str, default: Any = _MISSING) -> Any:
+def lookup(cfg: Mapping[str, Any], dotted: str, default: Any = MISSING) -> Any:
+    """The value at a dotted key of a composed config as plain data, `default` where the
+    config lacks it (verify reads its composed config through this too)."""
     node: Any = cfg
     for part in dotted.split("."):
         if not isinstance(node, Mapping) or part not in node:
@@ -40,23 +42,23 @@ def _get(cfg: Mapping[str, Any], dotted: str, default: Any = _MISSING) -> Any:
 
 
 def _int(cfg: Mapping[str, Any], dotted: str) -> int | None:
-    value = _get(cfg, dotted, None)
+    value = lookup(cfg, dotted, None)
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def uses_critic(cfg: Mapping[str, Any]) -> bool:
     """verl's need_critic: critic.enable where it is set, else the GAE estimator only."""
-    enable = _get(cfg, "critic.enable", None)
+    enable = lookup(cfg, "critic.enable", None)
     if isinstance(enable, bool):
         return enable
-    return bool(_get(cfg, "algorithm.adv_estimator", "gae") == "gae")
+    return bool(lookup(cfg, "algorithm.adv_estimator", "gae") == "gae")
 
 
 def uses_reference(cfg: Mapping[str, Any]) -> bool:
     """verl's need_reference_policy: a KL to the reference, in the reward or in the loss."""
     return (
-        _get(cfg, "algorithm.use_kl_in_reward", False) is True
-        or _get(cfg, "actor_rollout_ref.actor.use_kl_loss", False) is True
+        lookup(cfg, "algorithm.use_kl_in_reward", False) is True
+        or lookup(cfg, "actor_rollout_ref.actor.use_kl_loss", False) is True
     )
 
 
@@ -64,7 +66,7 @@ def violations(cfg: Mapping[str, Any], engine: bool, critic_engine: str = "criti
     """What verl's workers would refuse in this composed config, one sentence each (empty: none).
     `critic_engine`: where the release keeps the critic's engine settings."""
     out: list[str] = []
-    if _get(cfg, "actor_rollout_ref.actor.use_dynamic_bsz", False) is True:
+    if lookup(cfg, "actor_rollout_ref.actor.use_dynamic_bsz", False) is True:
         return out  # token-based micro-batches: nothing here divides by a count
     world = (_int(cfg, "trainer.n_gpus_per_node") or 1) * (_int(cfg, "trainer.nnodes") or 1)
     n = _int(cfg, "actor_rollout_ref.rollout.n") or 1
@@ -104,7 +106,7 @@ def violations(cfg: Mapping[str, Any], engine: bool, critic_engine: str = "criti
         mini_gpu = mini * n // world
         micro_key = f"{root}.ppo_micro_batch_size_per_gpu"
         if role == "critic" and engine:
-            if _get(cfg, f"{critic_engine}.use_dynamic_bsz", True) is not False:
+            if lookup(cfg, f"{critic_engine}.use_dynamic_bsz", True) is not False:
                 out.append(
                     f"the critic's engine ({critic_engine}) is left on dynamic batches "
                     "(EngineConfig.use_dynamic_bsz defaults to True): critic.ppo_micro_batch_size_per_gpu "
