@@ -166,7 +166,7 @@ def nvcc_version() -> str | None:
 def extension_commands(env: ResolvedEnv, python: Path) -> list[tuple[str, list[str]]]:
     """(component, the command that compiles it into the environment of `python`) for apex and
     flash-attn, as the image's builder stage does (for this GPU's arch only)."""
-    from envbuilder.render.dockerfile import apex_options
+    from envbuilder.render.dockerfile import apex_options, flash_attn_build_env
 
     out: list[tuple[str, list[str]]] = []
     if env.apex:
@@ -187,9 +187,7 @@ def extension_commands(env: ResolvedEnv, python: Path) -> list[tuple[str, list[s
                 "flash-attn",
                 [
                     "env",
-                    f"TORCH_CUDA_ARCH_LIST={env.gpu.compute_capability}",
-                    "FLASH_ATTENTION_FORCE_BUILD=TRUE",
-                    f"FLASH_ATTN_CUDA_ARCHS={env.gpu.sm}",
+                    *flash_attn_build_env(env),
                     str(python),
                     "-m",
                     "pip",

@@ -88,6 +88,16 @@ def apex_options(apex: Apex) -> tuple[list[str], list[str]]:
     ]
 
 
+def flash_attn_build_env(env: ResolvedEnv) -> list[str]:
+    """The variables of flash-attn's source build for this GPU: its arch only, and a build
+    even where a prebuilt wheel would be fetched (`envbuild install`, apptainer.def)."""
+    return [
+        f"TORCH_CUDA_ARCH_LIST={env.gpu.compute_capability}",
+        "FLASH_ATTENTION_FORCE_BUILD=TRUE",
+        f"FLASH_ATTN_CUDA_ARCHS={env.gpu.sm}",
+    ]
+
+
 def apex_command(env: ResolvedEnv) -> str:
     """How to build apex by hand into an environment (requirements.txt's and environment.yml's
     note, preflight's record of what was built); "" when the profile has no apex."""

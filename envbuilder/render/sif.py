@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from envbuilder.model.resolved import ResolvedEnv
+from envbuilder.render.dockerfile import flash_attn_build_env
 from envbuilder.render.image import HOME, VENV, runtime_env
 from envbuilder.render.plan import InstallPlan
 from envbuilder.render.quoting import sh
@@ -70,8 +71,7 @@ def post_steps(env: ResolvedEnv, plan: InstallPlan, apex_command: str) -> list[t
         steps.append(
             (
                 f"flash-attn {env.flash_attn.version}: compiled for sm_{env.gpu.sm} (hours without a prebuilt wheel)",
-                f"TORCH_CUDA_ARCH_LIST={sh(env.gpu.compute_capability)} FLASH_ATTENTION_FORCE_BUILD=TRUE "
-                f"FLASH_ATTN_CUDA_ARCHS={sh(env.gpu.sm)} {py} -m pip install --no-build-isolation "
+                f"{' '.join(sh(v) for v in flash_attn_build_env(env))} {py} -m pip install --no-build-isolation "
                 f"{_pip(env, plan, True)} {' '.join(constraints)} flash-attn=={sh(env.flash_attn.version)}",
             )
         )
