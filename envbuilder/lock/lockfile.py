@@ -104,6 +104,25 @@ def input_sha256(digests: dict[str, str]) -> str:
     return sha256_text("".join(f"{label}\0{digest}\n" for label, digest in sorted(digests.items())))
 
 
+def pip_sha256(env: ResolvedEnv) -> str:
+    """The digest of what `env`'s pip solution depends on (solver_inputs' pip part, nothing
+    else): a lock whose recorded pip inputs digest to it pins this environment's pip plan (the
+    constraints a render takes, the plan a wheelhouse exports)."""
+    return input_sha256(input_digests(env, ["pip"]))
+
+
+def recorded_pip_sha256(meta: dict) -> str | None:
+    """pip_sha256 of the environment a lock (its lock.json `meta`) was solved for, from the
+    input digests it recorded; None for a lock without a pip part."""
+    inputs = meta.get("inputs")
+    if not isinstance(inputs, dict) or "pip" not in (meta.get("parts") or []):
+        return None
+    pip = {
+        k: v for k, v in inputs.items() if isinstance(k, str) and k.startswith("pip.") and isinstance(v, str)
+    }
+    return input_sha256(pip) if pip else None
+
+
 def dumps(obj) -> str:
     return json.dumps(obj, indent=2, sort_keys=True) + "\n"
 
@@ -357,7 +376,7 @@ META_SHAPE = {
     "format": int,
     "profile": S.NAME,
     "input_sha256": S.SHA256,
-    "plan_sha256?": S.SHA256,
+    "plan_sha256?": S.SHA256,  # (written up to 0.1: what pip_sha256 now derives from `inputs`)
     "torch_swapped?": (_TEXT, None),
     "inputs": S.MapOf(S.SHA256, key=S.Pattern(r"[a-z_]+\.[a-z_]+", "pip.requirements")),
     "parts": S.ListOf(S.Text(200)),

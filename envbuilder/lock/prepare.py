@@ -76,7 +76,7 @@ def find_lock(profile: str, lock_dir: str | Path | None = None) -> Path:
     the caller's error names). `lock --check`, `sbom`, `render --locked` and `wheelhouse` all ask
     here, so outside a checkout they all find the shipped locks."""
     from envbuilder.lock.lockfile import META, lock_dir_in
-    from envbuilder.render.plan import lock_candidates
+    from envbuilder.lock.constraints import lock_candidates
 
     if lock_dir is not None and lock_dir != "-":
         return lock_dir_in(Path(lock_dir), profile)
@@ -133,7 +133,7 @@ def prepare(
 ) -> Prepared:
     """`env` ready to render: the lock (against the upstream environment), its constraints,
     then the mirror set (`mirrors.MirrorChoice`), in that order."""
-    from envbuilder.render.plan import with_constraints
+    from envbuilder.lock.constraints import with_constraints
 
     locked = locked_context(env, lock_dir, wheelhouse, mirror)
     # (requirements.txt and environment.yml, also when locked: then from that lock alone)
@@ -141,7 +141,7 @@ def prepare(
     what = "the wheelhouse's lock" if wheelhouse is not None else "the lock --locked names"
     env = with_constraints(env, (what, where) if where is not None else None)
     if where is None and env.constraints is not None:
-        from envbuilder.render.plan import lock_candidates
+        from envbuilder.lock.constraints import lock_candidates
 
         where = next((d for label, d in lock_candidates(env.name) if label == env.constraints.from_), None)
     if mirror is not None:

@@ -557,7 +557,7 @@ class _Verifier:
     def run(self, work: Path, venv: Path) -> Report:
         from envbuilder.render import files as R
         from envbuilder.lock.pip import layer_roots, uv_bin
-        from envbuilder.render.plan import with_constraints
+        from envbuilder.lock.constraints import with_constraints
 
         env, r = self.env, self.r
         r.isolation = isolation()[1]
