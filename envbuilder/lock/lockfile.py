@@ -21,6 +21,7 @@ from envbuilder.errors import UserError
 from envbuilder.render.locked import LockedContext
 from envbuilder.render.outdir import Checked
 from envbuilder.record import plain
+from envbuilder.text import is_plain_name
 from envbuilder.model.resolve import ResolvedEnv
 
 if TYPE_CHECKING:
@@ -735,18 +736,6 @@ PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")  # a file name an
 PIP_NAME = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")  # PEP 503's normalized form
 
 
-def plain_name(name) -> bool:
-    """A name that stays in its directory: no separator, not '.' or '..', not hidden."""
-    return (
-        isinstance(name, str)
-        and name != ""
-        and not name.startswith(".")
-        and "/" not in name
-        and "\\" not in name
-        and name.isprintable()
-    )
-
-
 def is_sdist(filename: str) -> bool:
     """A wheelhouse's pip file that is a source distribution (built into a wheel for the target)."""
     return not filename.endswith(".whl")
@@ -759,7 +748,7 @@ def wheelhouse_path(path) -> bool:
         return False
     parts = path.split("/")
     shape = (len(parts) == 2 and parts[0] in ("pypi", "sources")) or (len(parts) == 3 and parts[0] == "conda")
-    return shape and all(plain_name(p) for p in parts[1:])
+    return shape and all(is_plain_name(p) for p in parts[1:])
 
 
 def read_wheelhouse_manifest(wheelhouse: Path) -> dict | None:
@@ -848,7 +837,7 @@ def _manifest_problem(doc: dict) -> str | None:
         if not (
             isinstance(f, dict)
             and f.get("kind") in KINDS
-            and plain_name(f.get("name"))
+            and is_plain_name(f.get("name"))
             and (f["kind"] != "pip" or PIP_NAME.fullmatch(f["name"]))
             and isinstance(f.get("version"), str)
             and isinstance(f.get("size"), int)

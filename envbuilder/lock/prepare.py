@@ -20,13 +20,13 @@ from envbuilder.record import Record
 from envbuilder.model.resolved import ResolvedEnv
 from envbuilder.paths import LOCK_ROOT
 from envbuilder.render.locked import LockedContext
-from envbuilder.render.outdir import plain_name
+from envbuilder.render.outdir import folder_name
 
 if TYPE_CHECKING:
     from envbuilder.model.mirrors import MirrorChoice
     from envbuilder.render.outdir import Checked
 
-__all__ = ["LockedContext", "Prepared", "find_lock", "lock_used", "locked_context", "plain_name", "prepare"]
+__all__ = ["LockedContext", "Prepared", "find_lock", "lock_used", "locked_context", "folder_name", "prepare"]
 
 
 class Prepared(Record):
@@ -118,7 +118,7 @@ def named_lock(
     for a plain render (which takes the constraints of whichever lock fits its plan)."""
     if wheelhouse is None and lock_dir is None:
         return None
-    name = plain_name(env.name, "a profile")
+    name = folder_name(env.name, "a profile")
     if wheelhouse is not None:
         return Path(wheelhouse) / "locks" / name
     return find_lock(name, lock_dir)

@@ -929,7 +929,7 @@ class _Verifier:
     def validate(self, py: Path, base: Path, args_file: Path) -> None:
         """verl's own validate_config on the composed run, then the batch arithmetic its workers
         assert at run time (envbuilder/model/batches.py): a render verl would reject fails here."""
-        from envbuilder.model.gpu_tier import main_ppo_config
+        from envbuilder.machine.compose import main_ppo_config
 
         sites = sorted(py.parent.parent.glob("lib/python*/site-packages"))
         site = next((p for p in sites if (p / "verl" / "trainer" / "main_ppo.py").exists()), None)
