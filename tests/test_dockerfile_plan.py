@@ -14,8 +14,6 @@ from envbuilder.render.dockerfile import (
     SECRETS,
     Instruction,
     _tojson,
-    apex_command,
-    apex_options,
     dockerfile_plan,
 )
 from envbuilder.render.files import render_files
@@ -175,23 +173,44 @@ def test_a_wheelhouse_without_a_uv_wheel_installs_the_runtime_with_pip_and_no_in
 
 
 def test_apex_flags_are_spelled_once_for_the_dockerfile_and_the_by_hand_command():
-    for install in ("env", "config-settings"):
-        apex = type("Apex", (), {"install": install, "url": "https://example/apex.zip"})()
-        envs, opts = apex_options(apex)
-        assert bool(envs) == (install == "env") and bool(opts) != (install == "env")
-        env = type("Env", (), {"apex": apex})()
-        assert apex_command(env).split('"apex @')[0].split() == [
-            *envs,
-            "pip",
-            "install",
-            "-v",
-            "--no-build-isolation",
-            *" ".join(opts).split(),
+    """The apex block (model/components/apex.py) makes apex's build argv once: the by-hand
+    command, the builder stage's step, apptainer.def's %post and `envbuild install` run it."""
+    import shlex
+
+    from envbuilder.model.components import apex as A
+    from envbuilder.render.sif import post_steps
+
+    for install in ("env", "config_settings"):
+        env = resolved("p40")
+        apex = env.apex._replace(install=install)
+        argv = A.build_argv(apex, ["pip", "install", "-v"], f"apex @ {apex.url}")
+        assert shlex.split(A.shell_command(apex)) == argv[1:]  # (`env` runs the assignments)
+        assert ("APEX_CPP_EXT=1" in argv) == (install == "env") == ("--build-option=--cpp_ext" not in argv)
+        assert f"TORCH_CUDA_ARCH_LIST={env.gpu.compute_capability}" in argv
+        env = env._replace(apex=apex)
+        df = dockerfile_plan(env, install_plan(env), None)
+        [step] = [r for r in runs(df.blocks[1]) if "apex @" in shell(r)]
+        for w in A.build_env(apex) + A.build_options(apex):
+            assert w in shell(step), w
+        [(_, post)] = [
+            (what, cmd) for what, cmd in post_steps(env, install_plan(env)) if what.startswith("apex")
         ]
-    env, df = steps_of("p40")
-    envs, opts = apex_options(env.apex)
-    [apex] = [r for r in runs(df.blocks[1]) if "apex @" in shell(r)]
-    assert all(o in shell(apex) for o in [*envs, *opts])
+        assert all(w in post for w in A.build_env(apex) + A.build_options(apex)), post
+
+
+def test_no_file_but_the_apex_block_spells_apexs_build_flags():
+    """A second spelling of apex's extension flags would drift from the block's: none may exist."""
+    spelled = []
+    for path in [*(ROOT / "envbuilder").rglob("*.py"), *(ROOT / "templates").rglob("*.j2")]:
+        if path.name == "apex.py" and path.parent.name == "components":
+            continue
+        text = path.read_text(encoding="utf-8")
+        spelled += [
+            f"{path.relative_to(ROOT)}: {w}"
+            for w in ("cpp_ext", "cuda_ext", "APEX_CPP_EXT", "APEX_CUDA_EXT")
+            if w in text
+        ]
+    assert spelled == []
 
 
 @pytest.mark.parametrize("pinned", [False, True])

@@ -12,7 +12,8 @@ import subprocess
 import pytest
 
 from conftest import frozen, resolved, shipped, violations
-from envbuilder.model.resolve import kernel_runs, training_path
+from envbuilder.model.components.sglang import kernel_runs
+from envbuilder.model.resolve import training_path
 from envbuilder.render.files import render_files
 from envbuilder.render.plan import install_plan, requirements_in
 

@@ -15,7 +15,8 @@ from typing import Any, Callable
 
 from envbuilder.model.matrix import Matrix, cc_tuple
 from envbuilder.model.names import match_gpu
-from envbuilder.model.resolve import Overrides, ResolveError, cc_runs, picked_for_driver, resolve
+from envbuilder.model.resolve import Overrides, ResolveError, picked_for_driver, resolve
+from envbuilder.model.matrix import cc_runs
 from envbuilder.model.resolved import ResolvedEnv
 from envbuilder.model.versions import is_driver_version
 from envbuilder.record import Record

@@ -14,7 +14,8 @@ from typing import Any, Callable
 from envbuilder.errors import UserError
 from envbuilder.machine.detect import Machine, NO_GPU_FIX, detect, run_command, runnable_archs
 from envbuilder.model.matrix import Matrix, cc_tuple
-from envbuilder.model.resolve import Overrides, ResolveError, ResolvedEnv, cc_runs, picked_for_driver, resolve
+from envbuilder.model.resolve import Overrides, ResolveError, ResolvedEnv, picked_for_driver, resolve
+from envbuilder.model.matrix import cc_runs
 from envbuilder.engines.docker import NoBuildKit, docker_clients, find_buildkit, which_all
 from envbuilder.record import Record
 

@@ -166,21 +166,13 @@ def nvcc_version() -> str | None:
 def extension_commands(env: ResolvedEnv, python: Path) -> list[tuple[str, list[str]]]:
     """(component, the command that compiles it into the environment of `python`) for apex and
     flash-attn, as the image's builder stage does (for this GPU's arch only)."""
-    from envbuilder.render.dockerfile import apex_options, flash_attn_build_env
+    from envbuilder.model.components import apex
+    from envbuilder.render.dockerfile import flash_attn_build_env
 
     out: list[tuple[str, list[str]]] = []
     if env.apex:
-        envs, opts = apex_options(env.apex)
-        cmd = [*envs, str(python), "-m", "pip", "install", "-v", "--no-build-isolation"]
-        for opt in opts:  # ('--config-settings "--build-option=--cpp_ext"', ...)
-            flag, _, value = opt.partition(" ")
-            cmd += [flag, value.strip('"')]
-        out.append(
-            (
-                "apex",
-                ["env", f"TORCH_CUDA_ARCH_LIST={env.gpu.compute_capability}", *cmd, f"apex @ {env.apex.url}"],
-            )
-        )
+        pip = [str(python), "-m", "pip", "install", "-v"]
+        out.append(("apex", apex.build_argv(env.apex, pip, f"apex @ {env.apex.url}")))
     if env.flash_attn:
         out.append(
             (

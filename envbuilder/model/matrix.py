@@ -490,6 +490,12 @@ def cc_tuple(cc: str) -> tuple[int, int]:
     return found
 
 
+def cc_runs(gpu_cc: str, archs: list[str]) -> bool:
+    """True when a cubin in `archs` runs on `gpu_cc`: same major, minor <= the GPU's."""
+    major, minor = cc_tuple(gpu_cc)
+    return any(a[0] == major and a[1] <= minor for a in map(cc_tuple, archs))
+
+
 def overlays_from_env() -> tuple[Path, ...]:
     env = os.environ.get("ENVBUILD_MATRIX_DIR")
     return tuple(Path(p) for p in env.split(os.pathsep) if p) if env else ()

@@ -15,10 +15,13 @@ from collections.abc import Mapping
 from envbuilder import __version__
 from envbuilder.model import resolved as R
 from envbuilder.errors import UserError
-from envbuilder.model.matrix import Entry, Matrix, cc_tuple
+from envbuilder.model.matrix import Entry, Matrix, cc_runs, cc_tuple
 from envbuilder.model.versions import in_range, version_key
 from envbuilder.record import Record, frozen
 from envbuilder.model.resolved import SCHEMA_VERSION, Overrides, ResolvedEnv  # noqa: F401  (re-exported)
+from envbuilder.model.components import apex as APEX
+from envbuilder.model.components import sglang as SGLANG
+from envbuilder.model.components import vllm as VLLM
 from envbuilder.model.versions import ranges_overlap
 from envbuilder.model.names import profile_named
 
@@ -70,12 +73,6 @@ def suggest(name: str, known: list[str]) -> str:
     return f"did you mean {folded[close[0]]!r}? " if close else ""
 
 
-def cc_runs(gpu_cc: str, archs: list[str]) -> bool:
-    """True when a cubin in `archs` runs on `gpu_cc`: same major, minor <= the GPU's."""
-    major, minor = cc_tuple(gpu_cc)
-    return any(a[0] == major and a[1] <= minor for a in map(cc_tuple, archs))
-
-
 def flash_attn_release(fa_data: dict[str, Any], version: str) -> R.FlashAttn:
     """The flash-attn part of a ResolvedEnv: the version, the modules the run imports of it, and
     where its prebuilt release wheel is (the download folder, the file name template, the CUDA
@@ -110,13 +107,6 @@ def _at_least(cc: str, floor: str) -> bool:
     return cc_tuple(cc) >= cc_tuple(floor)
 
 
-def kernel_runs(gpu_cc: str, archs: list[str]) -> bool:
-    """True when one of a kernel wheel's SASS arches runs on `gpu_cc`: "9.0a" (arch-specific
-    features) on CC 9.0 only, "8.0" on 8.0 and later minors of major 8 (no PTX: nothing else)."""
-    exact = [a[:-1] for a in archs if a.endswith("a")]
-    return gpu_cc in exact or cc_runs(gpu_cc, [a for a in archs if not a.endswith("a")])
-
-
 def rounded_batch(train: Mapping[str, Any], world: int) -> int:
     """The train batch a profile's `train` block takes on `world` GPUs: the mini-batch rounded up
     to a multiple of the world, the batch to a multiple of that (cluster_plan)."""
@@ -149,11 +139,6 @@ def legacy_trainer(verl: Mapping[str, Any], algo: Mapping[str, Any]) -> tuple[st
     return ()
 
 
-def sglang_of(m: Matrix, verl_v: str) -> str | None:
-    """The SGLang release verl's `sglang` extra pins (verl.yaml), None where none is recorded."""
-    return ((m.verl.get(verl_v) or {}).get("sglang") or {}).get("version")
-
-
 def training_path(
     m: Matrix, verl_v: str, rollout: str, components: tuple[str, ...] = (), vllm_v: str | None = None
 ) -> list[str]:
@@ -166,7 +151,7 @@ def training_path(
         own = (m.vllm.get(vllm_v) or {}).get("modules") if vllm_v else None
         parts.append(own or m.vllm_training_path["modules"])
     if rollout == "sglang" and m.sglang_training_path:  # its compiled ops first, as vLLM's
-        own = (m.sglang.get(sglang_of(m, verl_v) or "") or {}).get("modules")
+        own = (m.sglang.get(SGLANG.of(m, verl_v) or "") or {}).get("modules")
         parts.append(own or m.sglang_training_path["modules"])
     sections = {"flash-attn": m.flash_attn, "apex": m.apex}
     parts += [sections[c]["training_path"]["modules"] for c in ("flash-attn", "apex") if c in components]
@@ -401,93 +386,6 @@ class _Resolver:
                 hard=True,
             )
 
-    def choose_vllm(self, torch_v: str, verl: dict[str, Any]) -> str | None:
-        """The newest vLLM release that pins this torch within verl's range, or None."""
-        fitting = [v for v, r in self.m.vllm.items() if r["torch"] == torch_v and in_range(v, verl["vllm"])]
-        return max(fitting, key=version_key) if fitting else None
-
-    def vllm_choice_rule(self, torch_v: str, verl_v: str, verl: dict[str, Any]) -> None:
-        pins = ", ".join(f"{v}->torch {r['torch']}" for v, r in self.m.vllm.items())
-        self.add(
-            "vllm-torch",
-            f"no vLLM release in the matrix pins torch {torch_v} within verl {verl_v}'s range {verl['vllm']}",
-            f"vLLM pins torch exactly ({pins})",
-            "pick a --torch that a vLLM release pins, or --rollout hf",
-            hard=True,
-        )
-
-    def vllm_rules(
-        self,
-        vllm_v: str,
-        vr: dict[str, Any],
-        torch_v: str,
-        build: dict[str, Any],
-        verl_v: str,
-        verl: dict[str, Any],
-        gpu: dict[str, Any],
-        python: str,
-    ) -> None:
-        if vr["torch"] != torch_v:
-            same = [v for v, r in self.m.vllm.items() if r["torch"] == torch_v and in_range(v, verl["vllm"])]
-            fix = f"use --torch {vr['torch']}" + (f" or --vllm {same[-1]}" if same else "")
-            self.add(
-                "vllm-torch",
-                f"vllm {vllm_v} with torch {torch_v} is an ABI mismatch",
-                f"vllm {vllm_v} pins torch=={vr['torch']} and its compiled ops are built against "
-                f"it; installing torch {torch_v} beside it (e.g. with --no-deps) breaks them",
-                fix,
-                hard=True,
-            )
-        if not in_range(vllm_v, verl["vllm"]):
-            fit = [v for v in self.m.vllm if in_range(v, verl["vllm"])]
-            self.add(
-                "verl-vllm",
-                f"verl {verl_v} does not accept vllm {vllm_v}",
-                f"its setup.py allows vllm{verl['vllm']}",
-                f"use --vllm {fit[-1]}" if fit else "use another --verl",
-                hard=True,
-            )
-        cap = verl.get("vllm_max")
-        if cap and version_key(vllm_v) > version_key(cap["version"]):
-            fit = [
-                v
-                for v in self.m.vllm
-                if in_range(v, verl["vllm"]) and version_key(v) <= version_key(cap["version"])
-            ]
-            self.add(
-                "verl-vllm",
-                f"verl {verl_v} cannot go past vllm {cap['version']} (asked: {vllm_v})",
-                cap["why"],
-                f"use --vllm {fit[-1]}" if fit else "use another --verl",
-                hard=True,
-            )
-        major = vr["wheel_cuda"].split(".")[0]
-        if major != build["cuda"].split(".")[0]:
-            fits = sorted(
-                {
-                    b["cuda"]
-                    for b in self.m.torch[torch_v]["builds"].values()
-                    if b["cuda"].split(".")[0] == major
-                },
-                key=version_key,
-            )
-            self.add(
-                "vllm-cuda",
-                f"vllm {vllm_v} is built for CUDA {vr['wheel_cuda']} but torch is "
-                f"built for CUDA {build['cuda']}",
-                "the CUDA major versions must agree",
-                f"use --cuda {fits[-1]}" if fits else f"use a --torch with a CUDA {major} build",
-                hard=True,
-            )
-        if python not in vr["python"]:
-            self.add(
-                "vllm-python",
-                f"vllm {vllm_v} has no wheels for Python {python}",
-                f"it supports {', '.join(vr['python'])}",
-                f"use --python {vr['python'][-1]}",
-                hard=True,
-            )
-
     def verl_torch_rule(self, verl_v: str, verl: dict[str, Any], torch_v: str, cuda_v: str, cc: str) -> None:
         """verl's own code imports torch APIs that its METADATA does not pin (torch comes from
         the image), so no resolver catches this: the matrix records the floor."""
@@ -571,45 +469,6 @@ class _Resolver:
                             "meets the other's, in the profile's `pins`",
                             hard=True,
                         )
-
-    def vllm_cc_rule(self, gpu: dict[str, Any], vr: dict[str, Any] | None = None) -> None:
-        floor = self.m.min_compute_capability
-        own = (vr or {}).get("min_compute_capability")
-        if (
-            own
-            and _at_least(gpu["compute_capability"], floor or "0.0")
-            and not _at_least(gpu["compute_capability"], own)
-        ):
-            cc = gpu["compute_capability"]
-            runs = [
-                (v, st)
-                for v, st in (self.m.sections.get("stacks") or {}).items()
-                if st.get("vllm") in self.m.vllm
-                and _at_least(cc, self.m.vllm[st["vllm"]].get("min_compute_capability") or floor or "0.0")
-            ]
-            best = max(runs, key=lambda vs: version_key(vs[0])) if runs else None
-            self.add(
-                "vllm-cc",
-                f"this vLLM release cannot run on the {gpu['name']} (CC {cc})",
-                f"it supports compute capability >= {own} only",
-                f"use --verl {best[0]} (its stack's vLLM {best[1]['vllm']} runs on CC {cc})"
-                if best
-                else "use a vLLM release older than this one",
-                hard=True,
-            )
-            return
-        if floor and not _at_least(gpu["compute_capability"], floor):
-            hf = [v for v, r in self.m.verl.items() if "hf" in r["rollouts"]]
-            fix = "use --rollout hf" + (
-                f" with --verl {hf[-1]} (the last verl with the HF rollout)" if hf else ""
-            )
-            self.add(
-                "vllm-cc",
-                f"vLLM cannot run on the {gpu['name']} (CC {gpu['compute_capability']})",
-                f"vLLM supports compute capability >= {floor} only (Volta or later); its kernels "
-                "are not built for this GPU",
-                fix,
-            )
 
     def memory_plan(
         self,
@@ -783,12 +642,12 @@ class _Resolver:
         s.vllm_v = s.vr = None
         s.extra_cudas = []
         if s.rollout == "vllm":
-            s.vllm_v = ov.vllm or p.get("vllm") or self.choose_vllm(s.torch_v, s.verl)
+            s.vllm_v = ov.vllm or p.get("vllm") or VLLM.choose(m, s.torch_v, s.verl)
             if s.vllm_v:
                 s.vr = self.pick("vllm", "vllm", s.vllm_v)
                 if s.vr["wheel_cuda"] in m.cuda:
                     s.extra_cudas.append(s.vr["wheel_cuda"])
-        s.sglang_v = sglang_of(m, s.verl_v) if s.rollout == "sglang" else None
+        s.sglang_v = SGLANG.of(m, s.verl_v) if s.rollout == "sglang" else None
         s.sr = m.sglang.get(s.sglang_v) if s.sglang_v else None
         if s.sr and s.sr.get("wheel_cuda") in m.cuda:
             s.extra_cudas.append(s.sr["wheel_cuda"])
@@ -1086,16 +945,7 @@ class _Resolver:
         p, ov, m = self.p, self.ov, self.m
         cc, verl, dtype, attention = s.cc, s.verl, s.dtype, s.attention
         remove_padding = attention == "flash_attention_2" and s.feats.get("remove_padding", True)
-        apex = None
-        if s.apex_v and s.apex_rec:
-            apex = R.Apex(
-                version=s.apex_v,
-                ref=s.apex_rec["ref"],
-                install=s.apex_rec["install"],
-                url=m.apex["source_url"].format(ref=s.apex_rec["ref"]),
-                arch_list=cc,
-                modules=tuple(m.apex["training_path"]["modules"]),
-            )
+        apex = APEX.record(m.apex, s.apex_v, s.apex_rec, cc) if s.apex_v and s.apex_rec else None
         # what each part of the run computes in: the profile's dtype where this verl can run the
         # part in it, fp32 otherwise (verl.yaml precision: no fp16 training without a loss scaler)
         precision = {
@@ -1211,7 +1061,7 @@ class _Resolver:
             )
             if vllm_v
             else None,
-            sglang=sglang_record(s.sglang_v, s.sr) if s.sr and s.sglang_v else None,
+            sglang=SGLANG.record(s.sglang_v, s.sr) if s.sr and s.sglang_v else None,
             verl=R.Verl(
                 version=s.verl_v,
                 attention_override=verl["attention_override"],
@@ -1267,17 +1117,6 @@ class _Resolver:
             memory=frozen(s.memory),
             warnings=tuple(v.text() for v in self.v),
         )
-
-
-def sglang_record(version: str, sr: dict[str, Any]) -> R.Sglang:
-    extras = f"[{','.join(sr['extras'])}]" if sr.get("extras") else ""
-    k = sr["kernel"]
-    return R.Sglang(
-        version=version,
-        torch=sr["torch"],
-        requirement=f"sglang{extras}=={version}",
-        kernel=f"{k['package']}=={k['version']}",
-    )
 
 
 def card_size(
@@ -1499,11 +1338,8 @@ def _rule_verl(r: _Resolver, s: Selection) -> None:
 
 def _rule_vllm(r: _Resolver, s: Selection) -> None:
     if s.rollout == "vllm":
-        r.vllm_cc_rule(s.gpu, s.vr)
-        if s.vllm_v is None:
-            r.vllm_choice_rule(s.torch_v, s.verl_v, s.verl)
-        elif s.vr is not None:
-            r.vllm_rules(s.vllm_v, s.vr, s.torch_v, s.build, s.verl_v, s.verl, s.gpu, s.python)
+        for x in VLLM.problems(r.m, s):
+            r.add(x.code, x.what, x.why, x.fix, hard=x.hard)
     elif r.ov.vllm:
         r.add(
             "rollout",
@@ -1515,111 +1351,9 @@ def _rule_vllm(r: _Resolver, s: Selection) -> None:
 
 
 def _rule_sglang(r: _Resolver, s: Selection) -> None:
-    """The SGLang rollout (sglang.yaml, verl.yaml `sglang`): a release verl's extra pins that
-    can be installed beside it, kernels for this GPU, the torch, Python, glibc and CUDA its
-    wheels are built for. Each refusal names the change that works (fixes.checked keeps it)."""
-    if s.rollout != "sglang" or "sglang" not in s.verl["rollouts"]:
-        return  # (no such rollout in the release: rollout_rule said so)
-    m, rec = r.m, s.verl.get("sglang")
-    if rec is None or s.sr is None:
-        r.add(
-            "sglang",
-            f"the matrix records no SGLang release for verl {s.verl_v}",
-            "without the release verl's sglang extra pins there is nothing to install",
-            f"add verl.{s.verl_v}.sglang (the version, from the wheel's METADATA) and its "
-            "facts in sglang.yaml, or use --rollout vllm",
-            hard=True,
-        )
-        return
-    sr, cc = s.sr, s.cc
-
-    def working(ok: Callable[[Entry], bool]) -> list[str]:
-        """`--verl V --torch T` for the verl releases, newest first, whose SGLang installs
-        beside them and passes `ok(sglang release)`."""
-        out = []
-        for v in sorted(m.verl, key=version_key, reverse=True):
-            other = m.verl[v].get("sglang") or {}
-            srv = m.sglang.get(other.get("version") or "")
-            if "sglang" in m.verl[v]["rollouts"] and srv and not other.get("refused") and ok(srv):
-                out.append(f"--verl {v} --torch {srv['torch']}{_cuda_for(m, srv['torch'], s.cuda_v)}")
-        return out
-
-    if rec.get("refused"):
-        fixes = working(lambda srv: kernel_runs(cc, srv["kernel"]["archs"]))[:1]
-        fixes += [f"--rollout {x}" for x in ("vllm", "hf") if x in s.verl["rollouts"]]
-        r.add(
-            "sglang-verl",
-            f"verl {s.verl_v}'s SGLang rollout cannot be installed",
-            f"{rec['refused']} (" + ", ".join(u for u in rec["source"].split(", ") if "://" in u) + ")",
-            "use " + " or ".join(fixes) if fixes else "use another --verl",
-            hard=True,
-        )
-        return
-    kernel = sr["kernel"]
-    if not (_at_least(cc, sr["min_compute_capability"]) and kernel_runs(cc, kernel["archs"])):
-        fixes = [f"--rollout {x}" for x in ("vllm", "hf") if x in s.verl["rollouts"] or x == "hf"]
-        fixes += working(lambda srv: kernel_runs(cc, srv["kernel"]["archs"]))[:1]
-        r.add(
-            "sglang-cc",
-            f"SGLang {s.sglang_v} cannot run on the {s.gpu['name']} (CC {cc})",
-            f"its compiled ops ({kernel['package']} {kernel['version']}) are built for sm_"
-            + ", sm_".join(a.replace(".", "") for a in kernel["archs"])
-            + f" only, with no PTX (the floor is CC {sr['min_compute_capability']}; SGLang "
-            "itself refuses GPUs below sm75)",
-            "use " + " or ".join(fixes),
-            hard=True,
-        )
-        return  # (a card it cannot run on: nothing else about the install matters)
-    if sr["torch"] != s.torch_v:
-        r.add(
-            "sglang-torch",
-            f"sglang {s.sglang_v} with torch {s.torch_v} is an ABI mismatch",
-            f"verl {s.verl_v}'s sglang extra pins sglang=={s.sglang_v}, which pins "
-            f"torch=={sr['torch']}; its {kernel['package']} ops are built against that torch",
-            f"use --torch {sr['torch']}{_cuda_for(m, sr['torch'], s.cuda_v)}",
-            hard=True,
-        )
-    if not in_range(s.python, sr["python"]):
-        r.add(
-            "sglang-python",
-            f"sglang {s.sglang_v} does not install on Python {s.python}",
-            f"its wheel says Requires-Python {sr['python']}",
-            "use another --verl"
-            if not working(lambda srv: in_range(s.python, srv["python"]))
-            else "use " + working(lambda srv: in_range(s.python, srv["python"]))[0],
-            hard=True,
-        )
-    glibc = s.cuda.get("glibc")
-    if sr.get("glibc") and glibc and version_key(glibc) < version_key(sr["glibc"]):
-        newer = [
-            c
-            for c, rec_ in m.cuda.items()
-            if version_key(rec_.get("glibc") or "0") >= version_key(sr["glibc"])
-        ]
-        r.add(
-            "sglang-glibc",
-            f"sglang {s.sglang_v} has no wheel for the CUDA {s.cuda_v} image's glibc {glibc}",
-            f"its wheels are manylinux_{sr['glibc'].replace('.', '_')} (glibc >= {sr['glibc']})",
-            f"use --cuda {newer[-1]}" if newer else "use another --verl",
-            hard=True,
-        )
-    wheel_cuda = sr.get("wheel_cuda")
-    if wheel_cuda and wheel_cuda.split(".")[0] != s.build["cuda"].split(".")[0]:
-        r.add(
-            "sglang-cuda",
-            f"sglang {s.sglang_v}'s kernels are built for CUDA {wheel_cuda} but torch is built "
-            f"for CUDA {s.build['cuda']}",
-            "the CUDA major versions must agree",
-            f"use --cuda {wheel_cuda}",
-            hard=True,
-        )
-
-
-def _cuda_for(m: Matrix, torch_v: str, cuda_v: str) -> str:
-    """ "" when torch `torch_v` has a build for CUDA `cuda_v`, else " --cuda C" (its newest)."""
-    builds = (m.torch.get(torch_v) or {}).get("builds") or {}
-    cudas = sorted({b["cuda"] for b in builds.values()} & set(m.cuda), key=version_key)
-    return "" if cuda_v in cudas or not cudas else f" --cuda {cudas[-1]}"
+    """The SGLang rollout's refusals: the SGLang block's (model/components/sglang.py)."""
+    for x in SGLANG.problems(r.m, s):
+        r.add(x.code, x.what, x.why, x.fix, hard=x.hard)
 
 
 def _rule_driver(r: _Resolver, s: Selection) -> None:
@@ -1673,15 +1407,9 @@ def _rule_extensions(r: _Resolver, s: Selection) -> None:
             "use --with flash-attn, or set attention to sdpa",
             hard=True,
         )
-    if s.apex_v and m.apex["nvcc_must_match_torch_cuda"] and s.build["cuda"] != s.cuda_v:
-        r.add(
-            "apex-nvcc",
-            f"apex needs nvcc == torch.version.cuda, but the image's nvcc "
-            f"is {s.cuda_v} and torch is built for {s.build['cuda']}",
-            "apex's setup.py refuses a CUDA version mismatch",
-            f"use --cuda {s.build['cuda']} or --without apex",
-            hard=True,
-        )
+    nvcc = APEX.nvcc_problem(m.apex, s.build["cuda"], s.cuda_v) if s.apex_v else None
+    if nvcc:
+        r.add("apex-nvcc", *nvcc, hard=True)
     if (s.apex_v or s.fa) and cc not in s.cuda["nvcc_archs"]:
         r.add(
             "nvcc-arch",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any, TYPE_CHECKING
 
+from envbuilder.model.components import apex as APEX
 from envbuilder.record import Record, plain
 from envbuilder.render import image as I
 from envbuilder.render.plan import InstallPlan, Layer
@@ -22,7 +23,7 @@ from envbuilder.render.quoting import arg, comment, dq, sh
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from envbuilder.model.resolved import Apex, ResolvedEnv
+    from envbuilder.model.resolved import ResolvedEnv
     from envbuilder.render.locked import LockedContext
 
 SECRETS = tuple(f"--mount=type=secret,id={s}" for s in ("ca_cert", "pip_conf", "endpoints"))
@@ -77,17 +78,6 @@ def _tojson(value: Any) -> str:
     return text
 
 
-def apex_options(apex: Apex) -> tuple[list[str], list[str]]:
-    """(environment assignments, pip options) that build apex's C++ and CUDA extensions: the
-    variables a release that reads them takes (install: env), else setup.py's build options."""
-    if apex.install == "env":
-        return ["APEX_CPP_EXT=1", "APEX_CUDA_EXT=1"], []
-    return [], [
-        '--config-settings "--build-option=--cpp_ext"',
-        '--config-settings "--build-option=--cuda_ext"',
-    ]
-
-
 def flash_attn_build_env(env: ResolvedEnv) -> list[str]:
     """The variables of flash-attn's source build for this GPU: its arch only, and a build
     even where a prebuilt wheel would be fetched (`envbuild install`, apptainer.def)."""
@@ -99,12 +89,10 @@ def flash_attn_build_env(env: ResolvedEnv) -> list[str]:
 
 
 def apex_command(env: ResolvedEnv) -> str:
-    """How to build apex by hand into an environment (requirements.txt's and environment.yml's
-    note, preflight's record of what was built); "" when the profile has no apex."""
-    if not env.apex:
-        return ""
-    envs, opts = apex_options(env.apex)
-    return " ".join([*envs, "pip install -v --no-build-isolation", *opts, f'"apex @ {env.apex.url}"'])
+    """How to build apex by hand into an environment (requirements.txt's, environment.yml's and
+    pixi.toml's note, preflight's record of what was built): the apex block's one command; ""
+    when the profile has no apex."""
+    return APEX.shell_command(env.apex) if env.apex else ""
 
 
 class _Steps:
@@ -354,10 +342,7 @@ class _Steps:
         else:
             url = env.apex.url
         requirement = '"apex @ ${APEX_URL}' + (f"#sha256={source['sha256']}" if source else "") + '"'
-        envs, opts = apex_options(env.apex)
-        command = " ".join(
-            [*envs, f"pip wheel -v --no-build-isolation --no-deps -w {I.WHEELS}", *opts, requirement]
-        )
+        command = APEX.shell_command(env.apex, f"pip wheel -v --no-deps -w {I.WHEELS}", requirement)
         mounts = (
             [f"--mount=type=bind,source=wheelhouse,target={I.WHEELHOUSE}"]
             if source and self.wheelhouse

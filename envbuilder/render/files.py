@@ -224,7 +224,7 @@ def render_files(env: ResolvedEnv, locked: LockedContext | None = None) -> dict[
         "credentials": credentials,
         "pixi": pixi.context(env, plan, RUN_SCRIPT),
         "finish_command": plan_finish_command(env),
-        "sif": sif.context(env, plan, apex_command(env), RUN_SCRIPT),
+        "sif": sif.context(env, plan, RUN_SCRIPT),
     }
     j = jinja_env()
     out = {MARKER: spec}

@@ -18,7 +18,8 @@ from typing import Any
 from envbuilder.errors import UserError
 from envbuilder.model import fixes
 from envbuilder.model.matrix import Matrix, cc_tuple
-from envbuilder.model.resolve import ResolveError, cc_runs, resolve
+from envbuilder.model.resolve import ResolveError, resolve
+from envbuilder.model.matrix import cc_runs
 from envbuilder.model.resolved import Overrides, ResolvedEnv
 from envbuilder.model.versions import version_key
 from envbuilder.record import Record

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from envbuilder.model.components import apex as APEX
 from envbuilder.model.resolved import ResolvedEnv
 from envbuilder.render.dockerfile import flash_attn_build_env
 from envbuilder.render.image import HOME, VENV, runtime_env
@@ -30,7 +31,7 @@ def _pip(env: ResolvedEnv, plan: InstallPlan, torch: bool) -> str:
     return f"--index-url {sh(plan.pypi)}"
 
 
-def post_steps(env: ResolvedEnv, plan: InstallPlan, apex_command: str) -> list[tuple[str, str]]:
+def post_steps(env: ResolvedEnv, plan: InstallPlan) -> list[tuple[str, str]]:
     """(comment, command) for %post, in the Dockerfile's order."""
     py = f"{VENV}/bin/python"
     want = env.python
@@ -64,7 +65,7 @@ def post_steps(env: ResolvedEnv, plan: InstallPlan, apex_command: str) -> list[t
         steps.append(
             (
                 f"apex {env.apex.version}: compiled against this torch (nvcc {env.cuda.version}, the devel base)",
-                f"TORCH_CUDA_ARCH_LIST={sh(env.gpu.compute_capability)} {VENV}/bin/{apex_command}",
+                APEX.shell_command(env.apex, f"{VENV}/bin/pip install -v"),
             )
         )
     if env.flash_attn:
@@ -82,7 +83,7 @@ def post_steps(env: ResolvedEnv, plan: InstallPlan, apex_command: str) -> list[t
     return steps
 
 
-def context(env: ResolvedEnv, plan: InstallPlan, apex_command: str, run_script: str) -> dict[str, Any]:
+def context(env: ResolvedEnv, plan: InstallPlan, run_script: str) -> dict[str, Any]:
     """What templates/apptainer-base.def.j2 prints."""
     images = env.cuda.images
     base = images["devel"] if env.needs_builder else images["runtime"]
@@ -97,7 +98,7 @@ def context(env: ResolvedEnv, plan: InstallPlan, apex_command: str, run_script: 
     return {
         "base": base,
         "files": files,
-        "post": post_steps(env, plan, apex_command),
+        "post": post_steps(env, plan),
         # what the Docker image's ENV sets that a run reads, and the run script's allocator default
         "environment": runtime_env(
             env,

@@ -33,7 +33,7 @@ TORCH_FIX = ("reinstall {req} from {index} (pip install --force-reinstall --no-d
                                                                    index=EXPECTED["torch_index"])
 DRIVER_FIX = "run the container with --gpus all (NVIDIA Container Toolkit) and check nvidia-smi"
 # compiled from source in the image's builder stage, never in requirements.txt: how to build each
-BUILT = json.loads("{\"apex\": \"pip install -v --no-build-isolation --config-settings \\\"--build-option=--cpp_ext\\\" --config-settings \\\"--build-option=--cuda_ext\\\" \\\"apex @ https://github.com/NVIDIA/apex/archive/refs/tags/25.08.tar.gz\\\"\", \"flash_attn\": null}")
+BUILT = json.loads("{\"apex\": \"TORCH_CUDA_ARCH_LIST=6.1 pip install -v --no-build-isolation --config-settings --build-option=--cpp_ext --config-settings --build-option=--cuda_ext \\u0027apex @ https://github.com/NVIDIA/apex/archive/refs/tags/25.08.tar.gz\\u0027\", \"flash_attn\": null}")
 
 
 def first_line(exc):
