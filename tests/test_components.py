@@ -19,7 +19,10 @@ def codes(text: str) -> set[str]:
     return set(re.findall(r'(?:Refusal|add)\(\s*"([a-z0-9-]+)"', text))
 
 
-@pytest.mark.parametrize("block, prefix", [("vllm", "vllm-"), ("sglang", "sglang"), ("apex", "apex-")])
+@pytest.mark.parametrize(
+    "block, prefix",
+    [("vllm", "vllm-"), ("sglang", "sglang"), ("apex", "apex-"), ("torch", "torch-"), ("torch", "arch")],
+)
 def test_a_components_refusals_are_spelled_in_its_block_alone(block, prefix):
     mine = {c for c in codes((BLOCKS / f"{block}.py").read_text()) if c.startswith(prefix)}
     if block == "apex":  # (its one refusal is added by the resolver under the block's code)

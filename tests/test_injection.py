@@ -257,7 +257,9 @@ FIELDS = [
     ),
     Field(
         "torch index URL",
-        ("https://download.pytorch.org/whl/cu118", "https://mirror.example:8443/torch/{variant}?x=1"),
+        # (first a URL no shipped lock was solved through: the index is a pip input, so the shipped
+        # URL would take p40's lock's pins and another would not; the baseline is the second kind)
+        ("https://mirror.example:8443/torch/cu118", "https://mirror.example:8443/torch/{variant}?x=1"),
         ("https://download.pytorch.org/whl/{cuda}", f"https://x.example/$(touch {C})"),
         lambda v: ({"index_url": v}, "p40", []),
         lambda d, v: (set_path("indexes", "torch")(d, v), set_path("torch", "index_url")(d, v)),
@@ -269,7 +271,7 @@ FIELDS = [
     ),
     Field(
         "PyPI index URL",
-        ("https://pypi.org/simple", "http://user:pw@10.0.0.1:3141/root/pypi/+simple/"),
+        ("https://pypi.example/simple", "http://user:pw@10.0.0.1:3141/root/pypi/+simple/"),
         ("https://pypi.org/simple --trusted-host evil.example",),
         lambda v: (defaults_with(pypi_index=v), "p40", []),
         set_path("indexes", "pypi"),

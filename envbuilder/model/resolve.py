@@ -19,8 +19,10 @@ from envbuilder.model.matrix import Entry, Matrix, cc_runs, cc_tuple
 from envbuilder.model.versions import in_range, version_key
 from envbuilder.record import Record, frozen
 from envbuilder.model.resolved import SCHEMA_VERSION, Overrides, ResolvedEnv  # noqa: F401  (re-exported)
+from envbuilder.model.components import Refusal
 from envbuilder.model.components import apex as APEX
 from envbuilder.model.components import sglang as SGLANG
+from envbuilder.model.components import torch as TORCH
 from envbuilder.model.components import vllm as VLLM
 from envbuilder.model.versions import ranges_overlap
 from envbuilder.model.names import profile_named
@@ -212,6 +214,11 @@ class _Resolver:
                 )
             self.models = {**m.models, ov.model: dict(ov.model_arch)}
 
+    def refuse(self, x: Refusal | None) -> None:
+        """A building block's refusal (model/components/), as the block made it."""
+        if x is not None:
+            self.add(x.code, x.what, x.why, x.fix, hard=x.hard)
+
     def add(self, rule: str, what: str, why: str, fix: str, hard: bool = False) -> None:
         self.v.append(Violation(rule, what, why, fix, hard))
 
@@ -239,63 +246,6 @@ class _Resolver:
         return table[value]
 
     # -- the rules ---------------------------------------------------------------------------
-
-    def torch_build(
-        self, torch_v: str, torch: dict[str, Any], cuda_v: str
-    ) -> tuple[str, dict[str, Any]] | None:
-        """The torch build for the image's CUDA: the exact one, else the newest older minor of
-        its major (torch wheels carry their own CUDA runtime); None when there is none."""
-        builds = torch["builds"]
-        exact = [(k, b) for k, b in builds.items() if b["cuda"] == cuda_v]
-        if exact:
-            return exact[0]
-        older = sorted(
-            (
-                (k, b)
-                for k, b in builds.items()
-                if b["cuda"].split(".")[0] == cuda_v.split(".")[0]
-                and version_key(b["cuda"]) < version_key(cuda_v)
-            ),
-            key=lambda kb: version_key(kb[1]["cuda"]),
-        )
-        return older[-1] if older else None  # (apex then asks for an exact match: apex-nvcc)
-
-    def torch_cuda_rule(self, torch_v: str, torch: dict[str, Any], cuda_v: str) -> None:
-        builds = torch["builds"]
-        have = ", ".join(f"{k} (CUDA {b['cuda']})" for k, b in builds.items())
-        others = [
-            t for t, rec in self.m.torch.items() if any(b["cuda"] == cuda_v for b in rec["builds"].values())
-        ]
-        fix = f"use --cuda {' or --cuda '.join(sorted({b['cuda'] for b in builds.values()}))}"
-        if others:
-            fix += f", or --torch {others[-1]} (it has a CUDA {cuda_v} build)"
-        why = f"its builds are {have}"
-        self.add("torch-cuda", f"torch {torch_v} has no build for CUDA {cuda_v}", why, fix, hard=True)
-
-    def arch_rule(
-        self, gpu_key: str, gpu: dict[str, Any], torch_v: str, variant: str, build: dict[str, Any]
-    ) -> None:
-        cc = gpu["compute_capability"]
-        if cc_runs(cc, build["archs"]):
-            return
-        fixes = []  # the same torch release first, then the newest releases
-        releases = sorted(self.m.torch, key=version_key, reverse=True)
-        releases.sort(key=lambda tv: tv != torch_v)
-        for tv in releases:
-            for b in sorted(
-                self.m.torch[tv]["builds"].values(), key=lambda b: version_key(b["cuda"]), reverse=True
-            ):
-                if cc_runs(cc, b["archs"]):
-                    fixes.append(f"--torch {tv} --cuda {b['cuda']}")
-        fix = "use " + (" or ".join(fixes[:2]) if fixes else "a GPU this build supports")
-        self.add(
-            "arch",
-            f"torch {torch_v}+{variant} has no kernels for sm_{cc.replace('.', '')} ({gpu['name']})",
-            f"its arch list is {';'.join(build['archs'])}; it would fail at run time with "
-            "'no kernel image is available for execution on the device'",
-            fix,
-            hard=True,
-        )
 
     def driver_info(self, s: "Selection") -> R.Driver:
         """The driver the image needs (its CUDA's, or the vLLM wheel's if newer) and, with
@@ -637,7 +587,7 @@ class _Resolver:
         self.engine_batches = bool((s.verl.get("batches") or {}).get("engine"))
         s.components = self.select_components(s.torch_v)
         s.python = ov.python or p.get("python") or s.cuda["python"]
-        s.picked = self.torch_build(s.torch_v, s.torch, s.cuda_v)
+        s.picked = TORCH.build_for(s.torch, s.cuda_v)
         s.variant, s.build = s.picked or (f"cu{s.cuda_v.replace('.', '')}", {"cuda": s.cuda_v, "archs": []})
         s.vllm_v = s.vr = None
         s.extra_cudas = []
@@ -1225,21 +1175,12 @@ class Selection:
 
 def _rule_torch_cuda(r: _Resolver, s: Selection) -> None:
     if s.picked is None:
-        r.torch_cuda_rule(s.torch_v, s.torch, s.cuda_v)
+        r.refuse(TORCH.cuda_refusal(r.m, s.torch_v, s.torch, s.cuda_v))
 
 
 def _rule_python(r: _Resolver, s: Selection) -> None:
     torch, cuda, python, m = s.torch, s.cuda, s.python, r.m
-    if python not in torch["python"]:
-        r.add(
-            "torch-python",
-            f"torch {s.torch_v} has no wheels for Python {python}",
-            f"it supports {', '.join(torch['python'])}",
-            f"use --python {cuda['python']}"
-            if cuda["python"] in torch["python"]
-            else f"use a --torch that supports Python {python}",
-            hard=True,
-        )
+    r.refuse(TORCH.python_refusal(s.torch_v, torch, python, cuda["python"]))
     if python != cuda["python"]:
         same = [
             c
@@ -1259,7 +1200,7 @@ def _rule_python(r: _Resolver, s: Selection) -> None:
 
 def _rule_arch(r: _Resolver, s: Selection) -> None:
     if s.picked:
-        r.arch_rule(s.gpu_key, s.gpu, s.torch_v, s.variant, s.build)
+        r.refuse(TORCH.arch_refusal(r.m, s.gpu, s.torch_v, s.variant, s.build))
 
 
 def _rule_machine(r: _Resolver, s: Selection) -> None:
@@ -1339,7 +1280,7 @@ def _rule_verl(r: _Resolver, s: Selection) -> None:
 def _rule_vllm(r: _Resolver, s: Selection) -> None:
     if s.rollout == "vllm":
         for x in VLLM.problems(r.m, s):
-            r.add(x.code, x.what, x.why, x.fix, hard=x.hard)
+            r.refuse(x)
     elif r.ov.vllm:
         r.add(
             "rollout",
@@ -1353,7 +1294,7 @@ def _rule_vllm(r: _Resolver, s: Selection) -> None:
 def _rule_sglang(r: _Resolver, s: Selection) -> None:
     """The SGLang rollout's refusals: the SGLang block's (model/components/sglang.py)."""
     for x in SGLANG.problems(r.m, s):
-        r.add(x.code, x.what, x.why, x.fix, hard=x.hard)
+        r.refuse(x)
 
 
 def _rule_driver(r: _Resolver, s: Selection) -> None:
