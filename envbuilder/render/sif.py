@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from envbuilder.images import SIDECAR
 from envbuilder.model.resolved import ResolvedEnv
 from envbuilder.render.dockerfile import flash_attn_build_env
 from envbuilder.render.image import HOME, VENV, runtime_env
@@ -92,6 +93,7 @@ def context(env: ResolvedEnv, plan: InstallPlan, apex_command: str, run_script: 
         scripts.append("apply_patches.py")
     if env.dataset:
         scripts.append("prepare_gsm8k.py")
+    scripts.append(SIDECAR)  # (the data the scripts read, beside them)
     files += [f"{name} {HOME}/{name}" for name in scripts]
     files.append("envbuild.json /etc/envbuild.json")
     return {
