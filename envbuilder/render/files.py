@@ -57,7 +57,7 @@ _jinja: jinja2.Environment | None = None
 
 def smoke_command(preflight: str = PREFLIGHT) -> list[str]:
     """The image's own preflight.py in --smoke mode: the torch build and every module of the
-    training path (its EXPECTED["training_path"], rendered from the same resolved environment),
+    training path (its sidecar data's training_path, rendered from the same resolved environment),
     with no GPU needed. Its report goes to stderr, where docker's error carries it on failure."""
     return [
         "python",
@@ -124,7 +124,7 @@ def plan_finish_command(env: ResolvedEnv) -> str:
 
 
 def preflight_expectations(env: ResolvedEnv) -> dict[str, Any]:
-    """What preflight.py checks, as data (its EXPECTED blob). training_path: every module a
+    """What preflight.py checks, as data (its part of the sidecar). training_path: every module a
     training run imports, which the build's smoke test (preflight.py --smoke) imports too."""
     return {
         "profile": env.profile,
@@ -169,7 +169,7 @@ def preflight_expectations(env: ResolvedEnv) -> dict[str, Any]:
 
 
 def audit_plan(env: ResolvedEnv) -> dict[str, Any]:
-    """What audit_precision.py checks, as data (its PLAN blob): the checks that apply, in the
+    """What audit_precision.py checks, as data (its part of the sidecar): the checks that apply, in the
     verl files the run loads (the training path's verl modules and the files the patches touch),
     with the matrix's reviewed exceptions."""
     no_bf16 = f"the profile computes in {env.dtype}" + (
