@@ -33,7 +33,7 @@ def steps(profile: str, work: Path) -> float:
     from envbuilder.model import matrix
     from envbuilder.model.resolve import resolve
     from envbuilder.render.files import render_files, write_dir
-    from envbuilder.render.plan import with_constraints
+    from envbuilder.lock.constraints import with_constraints
     from envbuilder.tools.uv import uv_bin
 
     env = with_constraints(resolve(matrix.load(), profile))

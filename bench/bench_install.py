@@ -40,7 +40,8 @@ def main() -> int:
 
     from envbuilder.model import matrix
     from envbuilder.lock.pip import uv_bin
-    from envbuilder.render.plan import install_plan, with_constraints
+    from envbuilder.render.plan import install_plan
+    from envbuilder.lock.constraints import with_constraints
     from envbuilder.render.files import render_files
     from envbuilder.model.resolve import resolve
     from envbuilder.machine.verify import find_python

@@ -522,7 +522,7 @@ def _compose(case: dict):
     from omegaconf import OmegaConf
 
     import verl
-    from envbuilder.model.gpu_tier import compose_run_config
+    from envbuilder.machine.compose import compose_run_config
 
     cfg = compose_run_config(Path(verl.__file__).parent.parent, case["overrides"])
     OmegaConf.resolve(cfg)

@@ -91,6 +91,47 @@ def imports(mods: dict[str, Path]) -> dict[str, list[tuple[str, list[str], int]]
     return out
 
 
+# The packages that do no I/O beyond reading envbuild's own data (the matrices, a config, the
+# cache): the facts and the rules, and the renderers. A network client, a process, a thread
+# pool or Hydra imported there is work that belongs in oci/, tools/ or machine/.
+PURE = ("model", "render")
+IO_MODULES = (
+    "socket",
+    "subprocess",
+    "urllib.request",
+    "http.client",
+    "requests",
+    "concurrent.futures",
+    "threading",
+    "hydra",
+    "docker",
+    "multiprocessing",
+)
+
+
+# scripts that run in the image, not in envbuild's process (copied into the build context byte
+# for byte): their fetching is the image build's
+SHIPPED_SCRIPTS = ("envbuilder.render.flash_attn",)
+
+
+def io_imports(mods: dict[str, Path]) -> list[str]:
+    """`module:line imports X` for each I/O module (IO_MODULES) a PURE package's module imports."""
+    found = []
+    for mod, path in mods.items():
+        if package_of(mod) not in PURE or mod in SHIPPED_SCRIPTS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            for n in names:
+                if any(n == io or n.startswith(io + ".") for io in IO_MODULES):
+                    found.append(f"{mod}:{node.lineno} imports {n}")
+    return sorted(found)
+
+
 def package_of(mod: str) -> str:
     """The ranked package a module belongs to: its first folder under envbuilder/, or "top"."""
     if mod in PACKAGE_OF:
@@ -295,6 +336,7 @@ def facts() -> dict:
         "cli_imported_below": upward,
         "other_records": other_records(mods),
         "standalone_imports": standalone,
+        "io_in_pure": io_imports(mods),
     }
 
 
@@ -342,8 +384,14 @@ def main() -> int:
     )
     for s in f["standalone_imports"]:
         print("  " + s)
+    print(
+        f"I/O imported by {' and '.join(PURE)} (network, processes, threads, Hydra): {len(f['io_in_pure'])}"
+    )
+    for r in f["io_in_pure"]:
+        print("  " + r)
     failed = (
         "standalone_imports",
+        "io_in_pure",
         "package_cycles",
         "against_rank",
         "unranked",

@@ -51,3 +51,17 @@ def canonical_name(name: str) -> str:
 
 
 _SEPARATORS = re.compile(r"[-_.]+")
+
+
+def is_plain_name(name: object) -> bool:
+    """One file or folder name that stays in its folder: a non-empty printable string with no
+    separator, not '.' or '..', not hidden. The one test of such a name: a profile's folder under
+    out/ or lockfiles/, a wheelhouse's file names, a lock's part names."""
+    return (
+        isinstance(name, str)
+        and name != ""
+        and not name.startswith(".")
+        and "/" not in name
+        and "\\" not in name
+        and name.isprintable()
+    )

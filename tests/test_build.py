@@ -88,7 +88,7 @@ def index(tmp_path_factory, docker_client):
     wheels_for_env(pkgs, d, VERL_FIXTURE if VERL_FIXTURE.is_dir() else None)
     # the builder's tools at the versions the shipped p40 lock pins (a full p40 render constrains
     # them, as a real mirror of PyPI would serve), or any version where no lock pins them
-    from envbuilder.render.plan import find_constraints
+    from envbuilder.lock.constraints import find_constraints
 
     full = find_constraints(resolve(matrix.load(), "p40", Overrides()))
     pinned = dict(pin.split("==", 1) for pins in (full.layers if full else {}).values() for pin in pins)

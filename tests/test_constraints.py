@@ -67,7 +67,7 @@ def all_constraints(out: Path) -> str:
 def test_a_verl_pin_change_leaves_the_torch_layers_constraints_as_they_were(tmp_path):
     # Docker keys a RUN's cache on its bind mounts' content: the torch layer mounts only its own
     from conftest import resolved
-    from envbuilder.render.plan import constraint_layers
+    from envbuilder.lock.pins import constraint_layers
     from envbuilder.lock.pip import parse
 
     env = resolved("4090")
@@ -150,3 +150,36 @@ def test_render_from_replays_the_same_constraints(cli, tmp_path):
 def test_the_shipped_pip_locks_are_fresh(cli):
     code, out, err = cli("lock", "--all", "--check", "--only", "pip", "-o", ROOT / "lockfiles")
     assert code == 0, out + err
+
+
+def _moved(env, what: str):
+    """`env` with one input of its pip solve moved (what the solver sees), or one it does not see."""
+    if what == "python":
+        return env._replace(python="3.11" if env.python != "3.11" else "3.10")
+    if what == "glibc":
+        return env._replace(cuda=env.cuda._replace(glibc="2.28"))
+    if what == "index":
+        return env._replace(indexes=env.indexes._replace(pypi="https://pypi.example.org/simple"))
+    if what == "requirement":
+        return env._replace(verl=env.verl._replace(pins={**env.verl.pins, "codetiming": "1.4.1"}))
+    if what == "train":  # the run's settings: no pip solve depends on them
+        return env._replace(train=env.train._replace(max_response_length=env.train.max_response_length * 2))
+    return env
+
+
+@pytest.mark.parametrize("what", ["nothing", "train", "python", "glibc", "index", "requirement"])
+def test_a_render_takes_a_locks_pins_exactly_when_the_lock_says_its_pip_part_is_current(what, tmp_path):
+    """One definition of what a pip solve depends on (lockfile.solver_inputs): the lock a
+    render takes constraints from and `lock --check`'s staleness verdict cannot drift apart,
+    since both read it. Each input moved in turn: both change their answer, or neither does."""
+    from conftest import resolved
+    from envbuilder.lock import lockfile as L
+    from envbuilder.lock.constraints import find_constraints
+
+    lock = tmp_path / "4090"
+    shutil.copytree(ROOT / "lockfiles" / "4090", lock)
+    env = _moved(resolved("4090"), what)
+    stale = [p for p in L.problems(env, lock, parts=("pip",)) if p.startswith("stale")]
+    taken = find_constraints(env, ("the lock", lock))
+    assert (taken is not None) == (not stale), (what, stale)
+    assert (taken is None) == (what in ("python", "glibc", "index", "requirement")), what

@@ -252,7 +252,7 @@ def invoke(args, probes):
 def recorded_network(down: dict | None = None):
     """A stand-in for the network probes (mirrors.probe's answers, no traffic): every endpoint
     answers, except the kinds in `down` ({kind: what the probe met})."""
-    from envbuilder.model.mirrors import Probe
+    from envbuilder.oci.probe import Probe
 
     def probe(body):
         jobs = [("registry", reg, e) for reg, eps in body.get("registries", {}).items() for e in eps]
@@ -613,7 +613,7 @@ def test_doctors_network_fix_names_only_flags_doctor_takes():
     [net] = [c for c in report.checks if c.name == "network"]
     assert net.status == "fail" and "--mirror NAME" in net.fix and "--mirror auto" not in net.fix
     from envbuilder.machine import reach
-    from envbuilder.model.mirrors import Probe
+    from envbuilder.oci.probe import Probe
 
     down = [Probe("registry", "docker.io", "https://registry-1.docker.io", False, "timed out", 5.0)]
     env = resolve(m, "p40")

@@ -19,7 +19,8 @@ from envbuilder.render.dockerfile import (
     dockerfile_plan,
 )
 from envbuilder.render.files import render_files
-from envbuilder.render.plan import install_plan, with_constraints
+from envbuilder.render.plan import install_plan
+from envbuilder.lock.constraints import with_constraints
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = ROOT / "templates"

@@ -308,7 +308,8 @@ def test_mirror_and_detect_reports_are_library_functions():
     """What `mirrors list`, `mirrors probe` and `detect` print, as lines another program can
     print too: credentials as ***@, the probe table aligned, and no GPU said with its fix."""
     from envbuilder.machine.detect import NO_GPU_FIX, Machine, report_lines
-    from envbuilder.model.mirrors import Probe, probe_table, sets_lines
+    from envbuilder.model.mirrors import probe_table, sets_lines
+    from envbuilder.oci.probe import Probe
 
     lines = sets_lines({"corp": {"description": "ours", "pypi": ["https://u:secret@pypi.corp/simple"]}})
     assert lines == ["corp: ours", "  pypi                   -> https://***@pypi.corp/simple"]

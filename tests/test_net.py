@@ -358,12 +358,13 @@ def test_index_probes_give_up_on_dripping_headers(monkeypatch):
 
 
 def test_the_mirror_probe_gives_up_on_dripping_headers(monkeypatch):
-    from envbuilder.model.mirrors import probe
+    from envbuilder.model.mirrors import probe_jobs
+    from envbuilder.oci.probe import run
 
     short_deadlines(monkeypatch)
     with FaultServer({}, default="drip") as srv:
         body = {"pypi": [srv.url("simple/")], "registries": {"docker.io": [f"127.0.0.1:{srv.port}"]}}
-        done, got = within(lambda: probe(body, timeout=1.0), 15)
+        done, got = within(lambda: run(probe_jobs(body), timeout=1.0), 15)
     assert done, "the mirror probe waits on headers that drip forever"
     assert [p.ok for p in got] == [False, False]
     assert all("timeout" in p.status for p in got)
@@ -371,11 +372,12 @@ def test_the_mirror_probe_gives_up_on_dripping_headers(monkeypatch):
 
 def test_a_redirect_whose_body_never_ends_is_not_read():
     """requests reads a redirect's whole body before it follows the Location."""
-    from envbuilder.model.mirrors import probe
+    from envbuilder.model.mirrors import probe_jobs
+    from envbuilder.oci.probe import run
 
     with FaultServer({"simple/": b"<html></html>"}) as srv:
         srv.script = {"moved/": [("redirect", srv.url("simple/"), "endless")]}
-        got = probe({"pypi": [srv.url("moved/")]}, timeout=5)
+        got = run(probe_jobs({"pypi": [srv.url("moved/")]}), timeout=5)
         sent = srv.sent_endless
     assert [p.ok for p in got] == [True]
     assert sent < SLACK

@@ -8,7 +8,8 @@ import re
 import pytest
 
 from conftest import resolved
-from envbuilder.render.plan import BUILD_TOOLS, install_plan, normalize, with_constraints
+from envbuilder.render.plan import BUILD_TOOLS, install_plan, normalize
+from envbuilder.lock.constraints import with_constraints
 from envbuilder.render.files import render_files
 
 

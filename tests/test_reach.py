@@ -8,7 +8,8 @@ import requests
 
 from conftest import resolved
 from envbuilder.machine import reach
-from envbuilder.model.mirrors import Probe, failure_reason
+from envbuilder.oci.http import reason as failure_reason
+from envbuilder.oci.probe import Probe
 
 
 def test_what_each_build_fetches_follows_the_rendered_files():
@@ -98,7 +99,7 @@ def test_review_mends_classification_ca_cert_and_a_reprinted_step_header(tmp_pat
     import io
 
     from envbuilder.engines.docker import StepLog, classify
-    from envbuilder.model.mirrors import _trust
+    from envbuilder.oci.http import ca_bundle as _trust
 
     assert classify("OSError: [Errno 13] Permission denied: '/opt/venv/x'") == (None, None)
     assert "DNS" not in (classify("error: Failed to resolve dependencies for `verl`")[0] or "")

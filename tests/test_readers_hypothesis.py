@@ -758,7 +758,7 @@ def test_a_lock_pin_is_a_plain_version_or_refused(version, name):
     refused (UserError); what is parsed never holds a character a pip file or shell would read."""
     import re
 
-    from envbuilder.render.plan import PIN_VERSION, parse
+    from envbuilder.lock.pins import PIN_VERSION, parse
 
     text = f"{name}=={version} \\\n    --hash=sha256:{'a' * 64}\n    # via -r requirements.in\n"
     try:

@@ -453,7 +453,7 @@ def resolved_variants(matrix=None):
     its lock, through a mirror set; and one with each optional part (--driver, overrides,
     warnings, no dataset)."""
     from envbuilder.model import mirrors
-    from envbuilder.render.plan import with_constraints
+    from envbuilder.lock.constraints import with_constraints
 
     m = matrix or frozen()
     cn = mirrors.choice("cn", mirrors.get_set(m, "cn"))
@@ -504,7 +504,7 @@ def test_a_spec_file_value_of_the_wrong_kind_is_refused_naming_its_key(path, val
 
 
 def test_a_spec_file_from_an_older_envbuild_may_hold_keys_this_one_no_longer_writes():
-    from envbuilder.render.plan import with_constraints
+    from envbuilder.lock.constraints import with_constraints
     from envbuilder.model.resolve import ResolvedEnv
 
     data = json.loads(with_constraints(resolved("4090")).to_json())

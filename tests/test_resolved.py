@@ -13,7 +13,7 @@ import pytest
 from conftest import PROFILES, frozen, resolved
 from envbuilder.model import schema as S
 from envbuilder.errors import UserError
-from envbuilder.render.plan import with_constraints
+from envbuilder.lock.constraints import with_constraints
 from envbuilder.record import Record, plain
 from envbuilder.model.resolved import ResolvedEnv, field_spec, record_spec
 

@@ -243,7 +243,7 @@ def test_a_lock_of_an_sglang_plan_splits_into_the_sglang_step_by_its_dependency_
     """The lock's pip part pins whatever the plan lists: uv's annotated requirements.lock (the
     `# via` edges) split into the install steps, the sglang step holding what sglang and its
     kernel pull in that torch did not."""
-    from envbuilder.render.plan import constraint_layers
+    from envbuilder.lock.pins import constraint_layers
 
     env = resolved("h100", rollout="sglang", verl="0.8.0", torch="2.9.1")
     lock = "".join(

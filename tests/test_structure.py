@@ -200,3 +200,22 @@ def test_an_image_script_importing_envbuilder_fails(tmp_path, monkeypatch, plant
     found = structure.facts()["standalone_imports"]
     assert len(found) == 1 and found[0].startswith("envbuilder.images.audit_precision:"), found
     assert structure.main() == 1
+
+
+def test_the_model_and_the_renderers_do_no_io():
+    """No network client, process, thread pool or Hydra in model/ or render/ (mirror probes are
+    oci/probe.py's, the hub's config.json oci/hub.py's, verl's composed config machine/compose.py's)."""
+    assert structure.facts()["io_in_pure"] == []
+
+
+@pytest.mark.parametrize(
+    "planted",
+    ["import subprocess\n", "def f():\n    from concurrent.futures import ThreadPoolExecutor  # noqa\n"],
+)
+def test_io_planted_in_the_model_is_found(tmp_path, monkeypatch, planted):
+    pkg = _copy_of_the_package(tmp_path, monkeypatch)
+    target = pkg / "model" / "versions.py"
+    target.write_text(target.read_text() + "\n" + planted)
+    found = structure.facts()["io_in_pure"]
+    assert len(found) == 1 and found[0].startswith("envbuilder.model.versions:"), found
+    assert structure.main() == 1

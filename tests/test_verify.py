@@ -323,7 +323,7 @@ def test_the_lock_of_the_profiles_plan_constrains_the_installs(tmp_path):
     dependency of hydra-core) the index does not have stops the layer that installs it."""
     import hashlib
 
-    from envbuilder.render.plan import plan_sha256
+    from envbuilder.lock import lockfile as L
 
     with World(tmp_path) as w:
         lock = tmp_path / "cwd" / "lockfiles" / "tiny"
@@ -334,7 +334,12 @@ def test_the_lock_of_the_profiles_plan_constrains_the_installs(tmp_path):
         (lock / "lock.json").write_text(
             json.dumps(
                 {
-                    "plan_sha256": plan_sha256(w.env),
+                    "format": L.FORMAT,
+                    "profile": "tiny",
+                    "input_sha256": "0" * 64,
+                    # the pip inputs of the world's environment: the one thing a render matches on
+                    "inputs": L.input_digests(w.env, ["pip"]),
+                    "parts": ["pip"],
                     "files": {"requirements.lock": hashlib.sha256(text.encode()).hexdigest()},
                 }
             )

@@ -151,3 +151,22 @@ def test_a_record_another_user_planted_does_not_make_a_file_envbuilds(tmp_path):
     assert page.read_text() == "<p>the user's page</p>\n"
     os.chown(record, os.getuid(), os.getgid())  # the same record, this user's: the file is envbuild's
     assert run("grid", page).returncode == 0
+
+
+@pytest.mark.parametrize(
+    "name", ["p40", "h100-verl09", "a.b_c+1", "", ".", "..", ".hidden", "a/b", "a\\b", "a\x00b", "a\nb", None]
+)
+def test_one_test_of_a_name_that_stays_in_its_folder(name):
+    """The folder a render writes and the file names a lock or wheelhouse lists are held to one
+    rule (text.is_plain_name): the render's guard refuses exactly what the lock's reader refuses."""
+    from envbuilder.errors import UserError
+    from envbuilder.render.outdir import folder_name
+    from envbuilder.text import is_plain_name
+
+    plain = is_plain_name(name)
+    assert plain == (name in ("p40", "h100-verl09", "a.b_c+1"))
+    if plain:
+        assert folder_name(name, "a profile") == name
+    elif isinstance(name, str):
+        with pytest.raises(UserError, match="not a plain folder name"):
+            folder_name(name, "a profile")

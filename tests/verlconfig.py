@@ -16,7 +16,7 @@ import re
 import shlex
 import subprocess
 
-from envbuilder.model.gpu_tier import compose_run_config, main_ppo_config  # noqa: F401  (re-exported)
+from envbuilder.machine.compose import compose_run_config, main_ppo_config  # noqa: F401  (re-exported)
 
 # the shell variables a rendered run script reads, with values for composing
 SCRIPT_ENV = {"MODEL": "Qwen/Qwen2.5-0.5B-Instruct", "DATA_DIR": "/data/gsm8k", "N_GPUS": "1"}

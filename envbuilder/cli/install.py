@@ -94,7 +94,7 @@ def install(
     env = resolve(m, profile, overrides)
     if locked is not None:  # every step within that lock's pins alone, as render --locked
         from envbuilder.lock.lockfile import lock_dir_in, pip_part
-        from envbuilder.render.plan import with_constraints
+        from envbuilder.lock.constraints import with_constraints
 
         where = lock_dir_in(locked, env.name)
         pip_part(env, where)  # (a missing, damaged or stale lock refused before anything is made)

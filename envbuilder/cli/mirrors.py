@@ -48,7 +48,9 @@ def mirrors_probe(name, timeout, as_json, matrix_dirs):
 
     need_extra("mirrors probe", "actions", ("requests",))
 
-    probes = M.probe(M.get_set(load_matrix(matrix_dirs), name), timeout=timeout)
+    from envbuilder.oci.probe import run
+
+    probes = run(M.probe_jobs(M.get_set(load_matrix(matrix_dirs), name)), timeout=timeout)
     if as_json:
         click.echo(M.redacted(json.dumps([p._asdict() for p in probes], indent=2)))
     else:

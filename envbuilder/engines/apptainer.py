@@ -183,7 +183,7 @@ def write_definition(
     from envbuilder.model import mirrors as M
     from envbuilder.model.resolve import resolve
     from envbuilder.render.outdir import write_owned_file
-    from envbuilder.render.outdir import plain_name
+    from envbuilder.render.outdir import folder_name
 
     # (as typed: Path('') would be '.', the current folder)
     for option, value in (("-o", out), ("--oci-archive", oci_archive)):
@@ -212,7 +212,7 @@ def write_definition(
     env = M.split_credentials(resolve(m, profile, overrides))[0]  # (no user:password@ in it)
     if mirror:
         env = M.apply_to_env(env, M.choice(mirror, M.get_set(m, mirror)))
-    path = out if out is not None else Path(f"{plain_name(env.name, 'The profile name')}.def")
+    path = out if out is not None else Path(f"{folder_name(env.name, 'The profile name')}.def")
     if path.is_dir():  # (checked again by write_owned_file; here to name the file it wants)
         raise UserError(
             f"{path} is a folder; -o names the definition file to write (e.g. {path / (env.name + '.def')})."

@@ -148,7 +148,7 @@ def bake(
     from envbuilder.render.files import EXECUTABLE, render_files
     from envbuilder.render.outdir import write_dir
     from envbuilder.lock.prepare import prepare
-    from envbuilder.render.outdir import plain_name
+    from envbuilder.render.outdir import folder_name
 
     host = registry_for(registry, local_registry(m))
     choice = M.choice(mirror, M.get_set(m, mirror)) if mirror else None
@@ -161,7 +161,7 @@ def bake(
         stripped |= set(secret)
         tag = default_tag(env)  # (the upstream spec: the same tag `envbuild build` gives it)
         env = prepare(env, mirror=choice).env
-        contexts[plain_name(env.name, "a profile")] = render_files(env)
+        contexts[folder_name(env.name, "a profile")] = render_files(env)
         targets.append(bake_target(env, tag))
         shared = shared or variables(env, host)
     files = {f"{name}/{path}": text for name, ctx in contexts.items() for path, text in ctx.items()}

@@ -639,11 +639,12 @@ def auto_mirror(m, say: Callable[[str], None]) -> str:
     """`--mirror auto`: the configured mirror set, else the first whose registry answers."""
     from envbuilder.model.config import config_path, user_config
     from envbuilder.model import mirrors as M
+    from envbuilder.oci.probe import run
 
     name = user_config().get("mirror")
     candidates = [name] if name else list(M.mirror_sets(m))
     for cand in candidates:
-        if any(p.ok for p in M.probe(M.get_set(m, cand), kinds=("registry",))):
+        if any(p.ok for p in run(M.probe_jobs(M.get_set(m, cand), kinds=("registry",)))):
             say(f"--mirror auto chose {cand!r}")
             return cand
     raise ActionError(
@@ -665,7 +666,9 @@ def mirror_choice(m, name: str | None, env, own_credentials: dict, say: Callable
     if not name:
         return None, endpoints
     body = M.get_set(m, name)
-    healthy = M.health(M.probe(body))
+    from envbuilder.oci.probe import run
+
+    healthy = M.health(run(M.probe_jobs(body)))
     for e, (ok, ms) in sorted(healthy.items()):
         say(f"  probe {M.redacted(e)}: {'ok' if ok else 'DOWN'} ({ms:.0f} ms)")
     picks = pick_registries(name, body, list(env.cuda.images.values()), healthy, say)

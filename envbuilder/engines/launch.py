@@ -558,11 +558,11 @@ def ours(path: Path, header: str, line: int) -> bool:
 
 def out_path(out: str | None, kind: str, profile: str) -> Path:
     """Where -o says (refused when empty: Path('') is the current folder), else default_out."""
-    from envbuilder.render.outdir import plain_name
+    from envbuilder.render.outdir import folder_name
 
     if out is not None and not out:
         raise UserError("-o is empty: give a file name.")
-    return Path(out) if out else default_out(kind, plain_name(profile, "The profile name"))
+    return Path(out) if out else default_out(kind, folder_name(profile, "The profile name"))
 
 
 def write_launcher(path: Path, text: str, header: str, line: int, force: bool, what: str) -> None:

@@ -130,7 +130,7 @@ def lock_profile(
     `swap_torch` solves the pip part with PyPI's build of the profile's torch version: such a
     lock pins everything else (render's constraints) but cannot install the +cuXXX torch.
     Each part says when it starts, a line every `beat` seconds while it runs, and its time."""
-    from envbuilder.render.plan import plan_sha256, torch_swap
+    from envbuilder.render.plan import torch_swap
     from envbuilder.model.mirrors import redacted, without_credentials
     from envbuilder.progress import Heartbeat
 
@@ -217,7 +217,6 @@ def lock_profile(
         "format": L.FORMAT,
         "profile": env.name,
         "input_sha256": input_sha,
-        "plan_sha256": plan_sha256(env),
         **({"torch_swapped": swapped} if swapped else {}),
         "inputs": digests,
         "parts": sorted(parts),

@@ -21,6 +21,7 @@ from envbuilder.errors import UserError
 from envbuilder.render.locked import LockedContext
 from envbuilder.render.outdir import Checked
 from envbuilder.record import plain
+from envbuilder.text import is_plain_name
 from envbuilder.model.resolve import ResolvedEnv
 
 if TYPE_CHECKING:
@@ -102,6 +103,25 @@ def input_digests(env: ResolvedEnv, parts) -> dict[str, str]:
 
 def input_sha256(digests: dict[str, str]) -> str:
     return sha256_text("".join(f"{label}\0{digest}\n" for label, digest in sorted(digests.items())))
+
+
+def pip_sha256(env: ResolvedEnv) -> str:
+    """The digest of what `env`'s pip solution depends on (solver_inputs' pip part, nothing
+    else): a lock whose recorded pip inputs digest to it pins this environment's pip plan (the
+    constraints a render takes, the plan a wheelhouse exports)."""
+    return input_sha256(input_digests(env, ["pip"]))
+
+
+def recorded_pip_sha256(meta: dict) -> str | None:
+    """pip_sha256 of the environment a lock (its lock.json `meta`) was solved for, from the
+    input digests it recorded; None for a lock without a pip part."""
+    inputs = meta.get("inputs")
+    if not isinstance(inputs, dict) or "pip" not in (meta.get("parts") or []):
+        return None
+    pip = {
+        k: v for k, v in inputs.items() if isinstance(k, str) and k.startswith("pip.") and isinstance(v, str)
+    }
+    return input_sha256(pip) if pip else None
 
 
 def dumps(obj) -> str:
@@ -357,7 +377,7 @@ META_SHAPE = {
     "format": int,
     "profile": S.NAME,
     "input_sha256": S.SHA256,
-    "plan_sha256?": S.SHA256,
+    "plan_sha256?": S.SHA256,  # (written up to 0.1: what pip_sha256 now derives from `inputs`)
     "torch_swapped?": (_TEXT, None),
     "inputs": S.MapOf(S.SHA256, key=S.Pattern(r"[a-z_]+\.[a-z_]+", "pip.requirements")),
     "parts": S.ListOf(S.Text(200)),
@@ -716,18 +736,6 @@ PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")  # a file name an
 PIP_NAME = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")  # PEP 503's normalized form
 
 
-def plain_name(name) -> bool:
-    """A name that stays in its directory: no separator, not '.' or '..', not hidden."""
-    return (
-        isinstance(name, str)
-        and name != ""
-        and not name.startswith(".")
-        and "/" not in name
-        and "\\" not in name
-        and name.isprintable()
-    )
-
-
 def is_sdist(filename: str) -> bool:
     """A wheelhouse's pip file that is a source distribution (built into a wheel for the target)."""
     return not filename.endswith(".whl")
@@ -740,7 +748,7 @@ def wheelhouse_path(path) -> bool:
         return False
     parts = path.split("/")
     shape = (len(parts) == 2 and parts[0] in ("pypi", "sources")) or (len(parts) == 3 and parts[0] == "conda")
-    return shape and all(plain_name(p) for p in parts[1:])
+    return shape and all(is_plain_name(p) for p in parts[1:])
 
 
 def read_wheelhouse_manifest(wheelhouse: Path) -> dict | None:
@@ -829,7 +837,7 @@ def _manifest_problem(doc: dict) -> str | None:
         if not (
             isinstance(f, dict)
             and f.get("kind") in KINDS
-            and plain_name(f.get("name"))
+            and is_plain_name(f.get("name"))
             and (f["kind"] != "pip" or PIP_NAME.fullmatch(f["name"]))
             and isinstance(f.get("version"), str)
             and isinstance(f.get("size"), int)

@@ -12,16 +12,13 @@ from envbuilder.errors import ActionError, UserError
 from envbuilder.record import Record
 from envbuilder.render.plan import (
     BUILD_TOOLS,  # noqa: F401  (re-exported or a fixture)
-    HASH,
     LAYERS,  # noqa: F401  (re-exported or a fixture)
     REQ,
-    Locked,
     layer_roots,  # noqa: F401  (re-exported or a fixture)
-    layers,  # noqa: F401
     normalize,
-    parse,
     requirements_in,
 )
+from envbuilder.lock.pins import HASH, Locked, layers, parse
 from envbuilder.model.resolve import ResolvedEnv
 from envbuilder.tools.uv import uv_bin, uv_env, uv_version  # noqa: F401  (lock.pip.uv_bin for callers)
 

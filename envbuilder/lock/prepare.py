@@ -20,13 +20,13 @@ from envbuilder.record import Record
 from envbuilder.model.resolved import ResolvedEnv
 from envbuilder.paths import LOCK_ROOT
 from envbuilder.render.locked import LockedContext
-from envbuilder.render.outdir import plain_name
+from envbuilder.render.outdir import folder_name
 
 if TYPE_CHECKING:
     from envbuilder.model.mirrors import MirrorChoice
     from envbuilder.render.outdir import Checked
 
-__all__ = ["LockedContext", "Prepared", "find_lock", "lock_used", "locked_context", "plain_name", "prepare"]
+__all__ = ["LockedContext", "Prepared", "find_lock", "lock_used", "locked_context", "folder_name", "prepare"]
 
 
 class Prepared(Record):
@@ -76,7 +76,7 @@ def find_lock(profile: str, lock_dir: str | Path | None = None) -> Path:
     the caller's error names). `lock --check`, `sbom`, `render --locked` and `wheelhouse` all ask
     here, so outside a checkout they all find the shipped locks."""
     from envbuilder.lock.lockfile import META, lock_dir_in
-    from envbuilder.render.plan import lock_candidates
+    from envbuilder.lock.constraints import lock_candidates
 
     if lock_dir is not None and lock_dir != "-":
         return lock_dir_in(Path(lock_dir), profile)
@@ -118,7 +118,7 @@ def named_lock(
     for a plain render (which takes the constraints of whichever lock fits its plan)."""
     if wheelhouse is None and lock_dir is None:
         return None
-    name = plain_name(env.name, "a profile")
+    name = folder_name(env.name, "a profile")
     if wheelhouse is not None:
         return Path(wheelhouse) / "locks" / name
     return find_lock(name, lock_dir)
@@ -133,7 +133,7 @@ def prepare(
 ) -> Prepared:
     """`env` ready to render: the lock (against the upstream environment), its constraints,
     then the mirror set (`mirrors.MirrorChoice`), in that order."""
-    from envbuilder.render.plan import with_constraints
+    from envbuilder.lock.constraints import with_constraints
 
     locked = locked_context(env, lock_dir, wheelhouse, mirror)
     # (requirements.txt and environment.yml, also when locked: then from that lock alone)
@@ -141,7 +141,7 @@ def prepare(
     what = "the wheelhouse's lock" if wheelhouse is not None else "the lock --locked names"
     env = with_constraints(env, (what, where) if where is not None else None)
     if where is None and env.constraints is not None:
-        from envbuilder.render.plan import lock_candidates
+        from envbuilder.lock.constraints import lock_candidates
 
         where = next((d for label, d in lock_candidates(env.name) if label == env.constraints.from_), None)
     if mirror is not None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable
 
 from envbuilder.errors import UserError
 from envbuilder.lock.prepare import lock_used, locked_context, named_lock, prepare
-from envbuilder.render.outdir import plain_name
+from envbuilder.render.outdir import folder_name
 from envbuilder.model.resolve import picked_for_driver
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ def render_replay(
     # every value's kind and the whole shape checked, all problems named at once, before any
     # template reads it
     env = ResolvedEnv.from_json(text, str(from_))
-    target = Path(out or "out") / plain_name(env.name, "the profile named in " + str(from_))
+    target = Path(out or "out") / folder_name(env.name, "the profile named in " + str(from_))
     locked = locked_context(env, locked_dir, wheelhouse)
     where = named_lock(env, locked_dir, wheelhouse)
     if locked is not None and where is not None:
@@ -85,7 +85,7 @@ def render_profiles(
         choice = M.choice(mirror, M.get_set(m, mirror))
     written = []
     for env in envs:
-        target = base / plain_name(env.name, "a profile")
+        target = base / folder_name(env.name, "a profile")
         picked = picked_for_driver(env, overrides)
         if picked:
             say(f"  note: {env.name}: {picked} (as --verl {env.overrides.verl})")

@@ -70,9 +70,10 @@ def free_bytes(path: str) -> int:
 
 
 def probe_mirror(body: dict) -> list:
-    from envbuilder.model.mirrors import probe
+    from envbuilder.model.mirrors import probe_jobs
+    from envbuilder.oci.probe import run
 
-    return probe(body)
+    return run(probe_jobs(body))
 
 
 class Probes(Record):

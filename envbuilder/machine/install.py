@@ -243,7 +243,7 @@ def install(
     """Install `env` into `prefix` by one of the two routes, then write the rendered folder to
     PREFIX/envbuild/ and run its preflight smoke test with the prefix's Python."""
     from envbuilder.render.files import render_files, write_dir
-    from envbuilder.render.plan import with_constraints
+    from envbuilder.lock.constraints import with_constraints
 
     prefix = prefix.absolute()
     start = time.monotonic()

@@ -23,7 +23,7 @@ class Finding(Record):
 
 def needs(env, wheelhouse: bool = False, push: str | None = None, upstream: bool = True) -> dict:
     """The endpoints the build of `env` fetches from (and pushes to), in the shape of a mirror set
-    (mirrors.probe). Not `upstream`: the push target alone (a mirror set stands in for the rest)."""
+    (oci/probe.run of mirrors.probe_jobs). Not `upstream`: the push target alone (a mirror set stands in for the rest)."""
     registries: dict[str, list[str]] = {}
     for ref in sorted(set(env.cuda.images.values())) if upstream else ():
         host = parse_image(ref).registry
@@ -103,14 +103,15 @@ def check(
     ca_cert=None,
     auto: bool = True,
 ) -> list[Finding]:
-    """Probe what the build of `env` needs (mirrors.probe: in parallel, 5 s each), trusting
+    """Probe what the build of `env` needs (oci/probe.run: in parallel, 5 s each), trusting
     `ca_cert` (the build's --ca-cert) beside the system's CAs; `auto`: whether the fixes may
     name --mirror auto (only build takes it)."""
     if probe is None:
-        from envbuilder.model.mirrors import probe as probe_set
+        from envbuilder.model.mirrors import probe_jobs
+        from envbuilder.oci.probe import run
 
         def probe(body):
-            return probe_set(body, ca_cert=ca_cert)
+            return run(probe_jobs(body), ca_cert=ca_cert)
 
     return findings(env, probe(needs(env, wheelhouse, push, upstream)), auto)
 

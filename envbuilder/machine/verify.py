@@ -557,7 +557,7 @@ class _Verifier:
     def run(self, work: Path, venv: Path) -> Report:
         from envbuilder.render import files as R
         from envbuilder.lock.pip import layer_roots, uv_bin
-        from envbuilder.render.plan import with_constraints
+        from envbuilder.lock.constraints import with_constraints
 
         env, r = self.env, self.r
         r.isolation = isolation()[1]
@@ -929,7 +929,7 @@ class _Verifier:
     def validate(self, py: Path, base: Path, args_file: Path) -> None:
         """verl's own validate_config on the composed run, then the batch arithmetic its workers
         assert at run time (envbuilder/model/batches.py): a render verl would reject fails here."""
-        from envbuilder.model.gpu_tier import main_ppo_config
+        from envbuilder.machine.compose import main_ppo_config
 
         sites = sorted(py.parent.parent.glob("lib/python*/site-packages"))
         site = next((p for p in sites if (p / "verl" / "trainer" / "main_ppo.py").exists()), None)

@@ -1,4 +1,4 @@
-"""Mirror sets: which endpoint stands in for which upstream; probe endpoint health.
+"""Mirror sets: which endpoint stands in for which upstream; what to probe of them (oci/probe.py probes).
 
 A mirror set is data (matrices/mirrors.yaml plus the user's config). Choosing endpoints makes a
 `MirrorChoice` (one endpoint per kind); applying a choice to a resolved environment
@@ -11,8 +11,6 @@ endpoints that carry credentials to the RUN steps as a BuildKit secret (never a 
 
 from __future__ import annotations
 
-import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from envbuilder.errors import UserError
@@ -21,6 +19,7 @@ from envbuilder.text import USERINFO, redact, without_credentials  # noqa: F401 
 from envbuilder.oci.registry import DOCKER_HUB, endpoint_url, parse_image, registry_host
 
 if TYPE_CHECKING:
+    from envbuilder.oci.probe import Probe, ProbeJob
     from envbuilder.model.matrix import Matrix
     from envbuilder.model.resolved import ResolvedEnv
 
@@ -233,86 +232,33 @@ def order_by_health(endpoints: list[str], healthy: dict[str, Any]) -> list[str]:
     return up + [e for e in endpoints if e not in up]
 
 
-# -- probing ------------------------------------------------------------------------------------
+# -- probing: which endpoints to probe and how an answer counts (data); oci/probe.py sends them --
 
 
-class Probe(Record):
-    kind: str
-    target: str  # what it stands in for (docker.io, pypi, ...)
-    endpoint: str
-    ok: bool
-    status: str
-    latency_ms: float
+def probe_jobs(body: dict[str, Any], kinds: tuple[str, ...] | None = None) -> list[ProbeJob]:
+    """Every endpoint of a mirror set as a probe (oci/probe.run sends them): a registry's /v2/
+    (200, or 401 asking for credentials, is alive), an index, channel or download prefix's own
+    URL (any 2xx or 3xx); `kinds`: only these kinds."""
+    from envbuilder.oci.probe import ProbeJob
 
-
-def _probe_one(kind: str, target: str, endpoint: str, timeout: float, s: Any) -> Probe:
-    from envbuilder.oci import http as net
-
-    if kind == "registry":
-        parts = endpoint_url(endpoint).split("/", 3)
-        url = "/".join(parts[:3]) + "/v2/"
-        alive: tuple[int, ...] = (200, 401)
-    else:
-        url = endpoint.format(variant="cu118") if "{variant}" in endpoint else endpoint
-        url = url.rstrip("/") + "/"
-        alive = tuple(range(200, 400))
-    start = time.perf_counter()
-    try:  # the status is the answer: no body is read, and all of it within 3 x timeout
-        r = net.request(s, "GET", url, net.STATUS, timeout=timeout, deadline=3 * timeout)
-    except net.NetError as e:
-        ms = (time.perf_counter() - start) * 1000
-        why = f"timeout ({e.reason})" if e.kind == "deadline" else e.reason
-        return Probe(kind, target, endpoint, False, why, ms)
-    ms = (time.perf_counter() - start) * 1000
-    status = {
-        401: "HTTP 401 (credentials needed)",
-        403: "HTTP 403 (refused: credentials?)",
-        429: "HTTP 429 (rate limited)",
-    }.get(r.status, f"HTTP {r.status}")
-    return Probe(kind, target, endpoint, r.status in alive, status, ms)
-
-
-def failure_reason(e: Exception, timeout: float) -> str:
-    """What a failed request met, in the words of its fix (net.reason): TLS interception, DNS,
-    refused, timeout."""
-    from envbuilder.oci.http import reason
-
-    return reason(e, timeout)
-
-
-def probe(
-    body: dict[str, Any],
-    timeout: float = 5.0,
-    kinds: tuple[str, ...] | None = None,
-    ca_cert: str | None = None,
-) -> list[Probe]:
-    """Every endpoint of a mirror set, in parallel (`ca_cert`: a CA bundle to trust too), each
-    through one net.session: no retries, no body read, at most 3 x `timeout` s each."""
-    from envbuilder.oci import http as net
-
-    jobs = []
+    listed = []
     for reg, eps in (body.get("registries") or {}).items():
-        jobs += [("registry", reg, e) for e in eps]
+        listed += [("registry", reg, e) for e in eps]
     for kind in ("pypi", "pytorch", "huggingface", "apt", "github"):
-        jobs += [(kind, kind, e) for e in body.get(kind) or []]
+        listed += [(kind, kind, e) for e in body.get(kind) or []]
     for ch, eps in (body.get("conda") or {}).items():
-        jobs += [("conda", ch, e) for e in eps]
-    if kinds:
-        jobs = [j for j in jobs if j[0] in kinds]
-    if not jobs:
-        return []
-    workers = min(16, len(jobs))
-    with net.session(retries=0, ca_cert=ca_cert, pool=workers) as s:
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            return list(pool.map(lambda j: _probe_one(j[0], j[1], j[2], timeout, s), jobs))
-
-
-def _trust(ca_cert: str | None) -> bool | str:
-    """requests' `verify`: True (its own CAs), or one bundle of the system's CAs and `ca_cert`
-    (net.ca_bundle; the caller removes the file)."""
-    from envbuilder.oci.http import ca_bundle
-
-    return ca_bundle(ca_cert)
+        listed += [("conda", ch, e) for e in eps]
+    jobs = []
+    for kind, target, endpoint in listed:
+        if kinds and kind not in kinds:
+            continue
+        if kind == "registry":
+            parts = endpoint_url(endpoint).split("/", 3)
+            jobs.append(ProbeJob(kind, target, endpoint, "/".join(parts[:3]) + "/v2/", (200, 401)))
+        else:
+            url = endpoint.format(variant="cu118") if "{variant}" in endpoint else endpoint
+            jobs.append(ProbeJob(kind, target, endpoint, url.rstrip("/") + "/", tuple(range(200, 400))))
+    return jobs
 
 
 def health(probes: list[Probe]) -> dict[str, Any]:

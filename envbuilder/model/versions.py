@@ -17,7 +17,8 @@ VERSION_PATTERN = r"(\d+(?:\.\d+)*)(?:(a|b|rc)(\d+))?(?:\.?post(\d+))?(?:\.?dev(
 DRIVER_PATTERN = r"\d+\.\d+(?:\.\d+)?"  # 550.54.14, 570.26
 
 _VERSION = re.compile(VERSION_PATTERN + r"(?:\+[\w.]+)?")
-_CLAUSE = re.compile(r"\s*(==|!=|>=|<=|>|<)\s*([\w.+]+?)(\.\*)?\s*")
+_CLAUSE = re.compile(r"\s*(~=|==|!=|>=|<=|>|<)\s*([\w.+]+?)(\.\*)?\s*")
+_ARBITRARY = re.compile(r"\s*===\s*(\S+)\s*")
 _PRE = {"a": 0, "b": 1, "rc": 2}
 
 
@@ -79,30 +80,100 @@ def in_range(version: str, spec: str) -> bool:
 
 
 def _in_range(version: str, spec: str) -> bool:
+    """PEP 440's rules as pip applies them with pre-releases allowed (packaging's
+    SpecifierSet(spec).contains(version, prereleases=True); tests/test_versions.py holds the two
+    to agree): `<V` takes no pre-release of V itself, `>V` no post-release or local build of V,
+    `==V`/`!=V` ignore a local label V lacks, `~=V` is `>=V` within V's series, `===` compares
+    text. Raises ValueError for anything it does not read (an epoch, a malformed clause)."""
     v = version_key(version)
+    result = True  # (every clause read, so an unreadable one raises wherever it stands)
     for clause in filter(None, (c.strip() for c in spec.split(","))):
+        arbitrary = _ARBITRARY.fullmatch(clause)
+        if arbitrary:
+            result = result and version.strip().lower() == arbitrary.group(1).lower()
+            continue
         m = _CLAUSE.fullmatch(clause)
         if not m:
             raise ValueError(f"not a version range: {spec!r}")
-        op = m.group(1)
+        op, text = m.group(1), m.group(2)
         if m.group(3):  # a prefix match, PEP 440's `==5.0.*` / `!=5.0.*`
-            if op not in ("==", "!="):
+            if op not in ("==", "!=") or "+" in text:
                 raise ValueError(f"not a version range: {spec!r}")
-            if _has_prefix(version, m.group(2)) != (op == "=="):
-                return False
+            result = result and _has_prefix(version, text) == (op == "==")
             continue
-        bound = version_key(m.group(2))
+        bound = version_key(text)
+        if "+" in text and op not in ("==", "!="):
+            raise ValueError(f"not a version range: {spec!r}")  # (a local label only with ==/!=)
+        if op == "~=":
+            head = text.split("+")[0]
+            series = re.match(r"\d+(?:\.\d+)*", head)
+            parts = series.group(0).split(".") if series else []
+            if len(parts) < 2:
+                raise ValueError(f"not a version range: {spec!r}")
+            result = result and v >= bound and _has_prefix(version, ".".join(parts[:-1]))
+            continue
+        same = v == bound and (_local(text) is None or _local(text) == _local(version))
         ok = {
-            "==": v == bound,
-            "!=": v != bound,
+            "==": same,
+            "!=": not same,
             ">=": v >= bound,
             "<=": v <= bound,
-            "<": v < bound,
+            "<": v < bound and not _is_pre_of(v, bound),
             ">": v > bound and not _is_post_of(v, bound),
         }[op]
-        if not ok:
-            return False
-    return True
+        result = result and ok
+    return result
+
+
+def _local(text: str) -> str | None:
+    """A version's local label, lower-cased with its separators as dots (1.0+CU_118 -> cu.118)."""
+    _, plus, local = text.strip().partition("+")
+    return re.sub(r"[-_]", ".", local.lower()) if plus else None
+
+
+def _is_pre_of(version: tuple[Any, ...], bound: tuple[Any, ...]) -> bool:
+    """`<bound` is `<bound.dev0` unless bound is a pre- or dev release: it excludes the pre- and
+    dev releases of a final bound's release, and the dev releases of a post-release bound."""
+    if bound[8:10] != (3, 0) or bound[11] != 1 << 62:
+        return False
+    dev = version[11] != 1 << 62
+    if bound[10] >= 0:  # a post-release: only its own dev releases
+        return dev and version[:11] == bound[:11]
+    return (version[8:10] != (3, 0) or dev) and version[:8] == bound[:8]
+
+
+def same_range(a: str, b: str) -> bool:
+    """The same specifier set whatever its order and spelling (">=0.8.5,<=0.11.0" and
+    "<=0.11.0, >=0.8.5"; 1.0 and 1.0.0); text compared where a clause is not read."""
+    try:
+        return _clause_set(a) == _clause_set(b)
+    except ValueError:
+        return a.replace(" ", "") == b.replace(" ", "")
+
+
+def _clause_set(spec: str) -> frozenset[tuple[Any, ...]]:
+    out: set[tuple[Any, ...]] = set()
+    for clause in filter(None, (c.strip() for c in spec.split(","))):
+        arbitrary = _ARBITRARY.fullmatch(clause)
+        m = _CLAUSE.fullmatch(clause)
+        if arbitrary:
+            out.add(("===", arbitrary.group(1).lower()))
+        elif not m:
+            raise ValueError(f"not a version range: {spec!r}")
+        elif m.group(3):
+            out.add((m.group(1), "*", tuple(int(p) for p in m.group(2).split("."))))
+        else:
+            out.add((m.group(1), version_key(m.group(2)), _local(m.group(2))))
+    return frozenset(out)
+
+
+def satisfies(version: str, spec: str) -> bool:
+    """in_range for requirement strings read from elsewhere (PyPI's metadata): a version or
+    range this module does not read is no evidence of a conflict (True)."""
+    try:
+        return in_range(version, spec)
+    except ValueError:
+        return True
 
 
 def _has_prefix(version: str, prefix: str) -> bool:
@@ -114,10 +185,20 @@ def _has_prefix(version: str, prefix: str) -> bool:
 def _clauses(clause: str, spec: str) -> tuple[tuple[str, tuple[Any, ...]], ...]:
     """One clause as (op, key) pairs: `==5.0.*` is >=5.0 and <5.1; `!=5.0.*` gives none (it
     excludes one series, never a whole interval)."""
+    arbitrary = _ARBITRARY.fullmatch(clause)
+    if arbitrary:
+        return (("==", version_key(arbitrary.group(1))),)
     m = _CLAUSE.fullmatch(clause)
     if not m:
         raise ValueError(f"not a version range: {spec!r}")
     op, text = m.group(1), m.group(2)
+    if op == "~=" and not m.group(3):
+        series = re.match(r"\d+(?:\.\d+)*", text)
+        parts = series.group(0).split(".") if series else []
+        if len(parts) < 2:
+            raise ValueError(f"not a version range: {spec!r}")
+        upper = ".".join(parts[:-2] + [str(int(parts[-2]) + 1)])
+        return ((">=", version_key(text)), ("<", version_key(upper)))
     if not m.group(3):
         return ((op, version_key(text)),)
     if op == "!=":

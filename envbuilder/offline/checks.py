@@ -47,7 +47,7 @@ def lock_shortfalls(
     """Why exporting this lock would carry something other than what the profile installs: a
     torch swapped for PyPI's build (what that means: its CUDA and driver floor), a part the
     profile needs and the lock lacks. Empty when nothing is short, or the user accepted it."""
-    from envbuilder.lock.lockfile import parts_for, read_meta
+    from envbuilder.lock.lockfile import parts_for, pip_sha256, read_meta, recorded_pip_sha256
     from envbuilder.model.resolve import resolve
 
     try:
@@ -57,8 +57,6 @@ def lock_shortfalls(
     if not isinstance(meta, dict):
         return []
     import re
-
-    from envbuilder.render.plan import plan_sha256
 
     out = []
     swapped = meta.get("torch_swapped")
@@ -85,7 +83,7 @@ def lock_shortfalls(
     if profile not in m.profiles:
         return out
     env = resolve(m, profile)
-    if meta.get("plan_sha256") != plan_sha256(env):
+    if recorded_pip_sha256(meta) != pip_sha256(env):
         return out  # a lock of a variant (lock --without apex ...): its parts are its own
     missing = [p for p in parts_for(env, ("conda", "sources")) if p not in meta.get("parts", [])]
     if missing and not accept_partial:

@@ -44,6 +44,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Callable
 from urllib.parse import unquote, urljoin, urlsplit
 
+from envbuilder.text import is_plain_name
 from envbuilder.errors import ActionError, UserError
 from envbuilder.images import SIDECAR
 from envbuilder.lock import lockfile as L
@@ -157,7 +158,7 @@ def artifacts(lock_dir: Path, profile: str | None = None) -> LockPlan:
         size_ok = a.size is None or (isinstance(a.size, int) and a.size >= 0)
         if not (
             L.wheelhouse_path(a.path)
-            and L.plain_name(a.name)
+            and is_plain_name(a.name)
             and size_ok
             and (a.kind != "pip" or L.PIP_NAME.fullmatch(a.name))
         ):

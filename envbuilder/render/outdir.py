@@ -624,10 +624,12 @@ def _remove_empty_dirs(root: Path, removed: list[str]) -> None:
             pass
 
 
-def plain_name(name: str, what: str) -> str:
-    """`name` as one folder name (a name from an overlay or a --from file that holds a '/' or
-    is '..' would land outside the folder it is meant for)."""
-    if not name or "/" in name or "\\" in name or name in (".", "..") or "\x00" in name:
+def folder_name(name: str, what: str) -> str:
+    """`name` as one folder name (text.is_plain_name), else exit 2: a name from an overlay or a
+    --from file that holds a '/' or is '..' would land outside the folder it is meant for."""
+    from envbuilder.text import is_plain_name
+
+    if not is_plain_name(name):
         raise UserError(
             f"{what} is {shorten(name)!r}, which is not a plain folder name: it would "
             "render outside out/. Rename the profile (letters, digits, '.', '_', '-')."

@@ -15,7 +15,9 @@ matrix key it is about:
   unrecorded    two co-installed releases need disjoint ranges of one dependency and
                 dependencies.yaml (`requires`) doesn't record it, so the resolver can't refuse it
 
-Requirement strings are PyPI's (PEP 508), read with `packaging`; the matrix's own versions and
+Requirement strings are PyPI's (PEP 508), read with `packaging`; their version ranges are judged
+by model/versions.py, the engine that judges the matrix's (one engine, held to pip's rules by
+tests/test_versions.py); the matrix's own versions and
 ranges keep envbuild's grammar (versions.py), as the resolver reads them.
 """
 
@@ -28,7 +30,7 @@ import re
 from typing import Any, Callable
 
 from envbuilder.render import quoting
-from envbuilder.model.versions import VERSION_PATTERN, ranges_overlap, version_key
+from envbuilder.model.versions import VERSION_PATTERN, ranges_overlap, same_range, satisfies, version_key
 
 PACKAGES = ("torch", "vllm", "verl", "flash-attn", "transformers", "ray")
 # the packages whose releases the matrix records one by one (section path); the others it pins
@@ -113,26 +115,6 @@ def requirements(requires_dist: list[str], python: str, extras: tuple[str, ...] 
                 }
             )
     return out
-
-
-def satisfies(version: str, spec: str) -> bool:
-    from packaging.specifiers import InvalidSpecifier, SpecifierSet
-    from packaging.version import InvalidVersion
-
-    try:
-        return SpecifierSet(spec).contains(version, prereleases=True)
-    except (InvalidSpecifier, InvalidVersion):
-        return True  # unreadable: not evidence of a conflict
-
-
-def same_range(a: str, b: str) -> bool:
-    """ ">=0.8.5,<=0.11.0" and "<=0.11.0,>=0.8.5" are one range."""
-    from packaging.specifiers import InvalidSpecifier, SpecifierSet
-
-    try:
-        return SpecifierSet(a) == SpecifierSet(b)
-    except InvalidSpecifier:
-        return a.replace(" ", "") == b.replace(" ", "")
 
 
 def plain_range(spec: str) -> str | None:
