@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -210,3 +211,41 @@ def test_a_hostile_profile_in_the_sidecar_is_printed_back_never_run(p40, tmp_pat
     assert not list(tmp_path.rglob(CANARY_NAME))
     for name in images.SCRIPTS:  # the code is the package's, whatever the data
         assert (folder / name).read_bytes() == (images.HERE / name).read_bytes()
+
+
+# -- shipped in the wheel ------------------------------------------------------------------------
+
+
+@pytest.mark.pypi
+def test_the_wheel_ships_the_scripts_and_an_installed_envbuild_renders_them(real_pypi, tmp_path):
+    """`pip install envbuild` (not editable): the wheel holds envbuilder/images/, and the
+    installed envbuild renders the same bytes (the build backend, hatchling, comes from PyPI)."""
+    import zipfile
+
+    from envbuilder.tools.uv import uv_bin
+
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UV_", "PIP_"))}
+    built = subprocess.run(
+        [uv_bin(), "build", "--wheel", "-o", str(tmp_path / "dist"), str(root)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = (tmp_path / "dist").glob("envbuild-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        for name in images.SCRIPTS:
+            assert z.read(f"envbuilder/images/{name}") == (images.HERE / name).read_bytes()
+    venv = tmp_path / "venv"
+    for cmd in (
+        [uv_bin(), "venv", "-q", str(venv), "-p", sys.executable],
+        [uv_bin(), "pip", "install", "-q", "--python", str(venv / "bin" / "python"), str(wheel)],
+        [str(venv / "bin" / "envbuild"), "render", "p40", "-o", str(tmp_path / "out")],
+    ):
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-2000:]
+    for name in images.SCRIPTS:
+        assert (tmp_path / "out" / "p40" / name).read_bytes() == (images.HERE / name).read_bytes()
+    assert json.loads((tmp_path / "out" / "p40" / SIDECAR).read_text())["preflight"]["profile"] == "p40"
