@@ -49,6 +49,7 @@ from pathlib import Path
 GIB = 1024**3
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+from envbuilder.images import SIDECAR  # noqa: E402  (the standard library only)
 from envbuilder.model.gpu_tier import CARRIED, SCRIPT_ENV  # noqa: E402  (needs only the standard library here)
 
 # a wheel's content left out to fit a call (64 MiB): ray's Java jar and its dashboard's web
@@ -157,12 +158,13 @@ def write_cases(out: Path, profiles: list[str]) -> None:
 WRAP_PATCH = "verl-hf-rollout-lora-wrap"
 
 
-def _without_patch(script: str, name: str) -> str:
-    """The rendered apply_patches.py less one recorded patch (its comment line and its entry);
-    as it is where the render has no such patch."""
-    lines = script.splitlines(keepends=True)
-    at = next((i for i, line in enumerate(lines) if line.strip().startswith(f"# {name}:")), None)
-    return script if at is None else "".join(lines[:at] + lines[at + 2 :])
+def _without_patch(sidecar: str, name: str) -> str:
+    """apply_patches.py's rendered data (the case's sidecar) less one recorded patch; as it is
+    where the render has no such patch."""
+    data = json.loads(sidecar)
+    part = data["apply_patches"]
+    part["patches"] = [p for p in part["patches"] if p["name"] != name]
+    return json.dumps(data, indent=1)
 
 
 # -- device: unpack, patch, run each case in its own process --------------------------------------
@@ -216,7 +218,9 @@ def device(cases_path: Path, wheels: Path, out: Path, only: list[str], ppo: bool
         site.mkdir(parents=True)
         t0 = time.time()
         used = unpack(case, wheels, site)
-        (root / "apply_patches.py").write_text(case["apply_patches"])
+        # envbuild's own apply_patches.py, and the case's data beside it, where the script reads it
+        shutil.copyfile(HERE.parent / "envbuilder" / "images" / "apply_patches.py", root / "apply_patches.py")
+        (root / SIDECAR).write_text(case["apply_patches"])
         env = dict(os.environ, PYTHONPATH=str(site), PYTHONUNBUFFERED="1")
         patched = subprocess.run(
             [sys.executable, str(root / "apply_patches.py")],

@@ -28,6 +28,9 @@ CLI_MAX_LINES = 150  # a command's options, one library call and its formatting
 # package table follows this order.
 RANKS: dict[str, int] = {
     "top": 0,
+    # the scripts that run inside an image with its Python: they import nothing of envbuilder,
+    # not even each other (STANDALONE)
+    "images": 0,
     "tools": 1,
     "oci": 2,
     "model": 3,
@@ -39,6 +42,7 @@ RANKS: dict[str, int] = {
     "upstream": 9,
     "cli": 10,
 }
+STANDALONE = ("images",)  # packages whose modules are copied out alone: no envbuilder import at all
 PACKAGE_OF = {"envbuilder.__main__": "cli"}  # modules that belong to another package than their folder's
 
 
@@ -309,6 +313,13 @@ def facts() -> dict:
         and not (m == "envbuilder.cli" or m.startswith("envbuilder.cli."))
         and m != "envbuilder.__main__"
     )
+    # a module copied out alone (into an image) finds no envbuilder there, its own package neither
+    standalone = sorted(
+        f"{m}:{line} imports {t}"
+        for m, lst in imp.items()
+        if package_of(m) in STANDALONE
+        for t, _, line in lst
+    )
     edges = package_edges(imp)
     packages = {package_of(m) for m in mods}
     package_graph = {p: {b for a, b in edges if a == p} for p in packages}
@@ -324,6 +335,7 @@ def facts() -> dict:
         "long_cli_modules": cli_long,
         "cli_imported_below": upward,
         "other_records": other_records(mods),
+        "standalone_imports": standalone,
         "io_in_pure": io_imports(mods),
     }
 
@@ -368,11 +380,17 @@ def main() -> int:
     for r in f["other_records"]:
         print("  " + r)
     print(
+        f"imports of envbuilder in the modules copied out alone ({', '.join(STANDALONE)}): {len(f['standalone_imports'])}"
+    )
+    for s in f["standalone_imports"]:
+        print("  " + s)
+    print(
         f"I/O imported by {' and '.join(PURE)} (network, processes, threads, Hydra): {len(f['io_in_pure'])}"
     )
     for r in f["io_in_pure"]:
         print("  " + r)
     failed = (
+        "standalone_imports",
         "io_in_pure",
         "package_cycles",
         "against_rank",

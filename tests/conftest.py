@@ -109,6 +109,27 @@ def overlay(tmp_path):
     return write
 
 
+def place_script(files: dict, name: str, folder: Path, as_name: str | None = None) -> Path:
+    """The rendered image script `name` (of render_files' `files`) written into `folder` with the
+    sidecar it reads beside it, as every rendered folder and image holds them; its path."""
+    from envbuilder.images import SIDECAR
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / SIDECAR).write_text(files[SIDECAR])
+    path = folder / (as_name or name)
+    path.write_text(files[name])
+    return path
+
+
+def script_data(files: dict, name: str) -> dict:
+    """What the rendered script `name` (preflight.py, ...) reads: its part of the sidecar."""
+    import json
+
+    from envbuilder.images import SCRIPTS, SIDECAR
+
+    return json.loads(files[SIDECAR])[SCRIPTS[name]]
+
+
 def snapshot(folder: Path) -> dict:
     """Every file under `folder` with its bytes and mode, to show that nothing changed."""
     return {

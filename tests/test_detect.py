@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 import envbuilder.cli.machine  # noqa: F401  (registers detect and doctor)
-from conftest import frozen
+from conftest import frozen, place_script
 from envbuilder.model import matrix
 from envbuilder.cli import cli, main
 from envbuilder.machine.detect import (
@@ -480,13 +480,13 @@ def test_doctor_asks_the_client_build_would_use_envbuild_docker_first(monkeypatc
 
 @pytest.mark.parametrize("profile", ["p40", "4090", "h200"])
 def test_rendered_preflight_is_valid_python(m, profile, tmp_path):
-    path = tmp_path / "preflight.py"
-    path.write_text(render_files(resolve(m, profile))["preflight.py"])
+    path = place_script(render_files(resolve(m, profile)), "preflight.py", tmp_path)
     out = subprocess.run(
         [
             "python3",
             "-c",
-            f"import runpy; g = runpy.run_path({str(path)!r}, run_name='x'); print(g['EXPECTED']['profile'])",
+            f"import runpy, sys; g = runpy.run_path({str(path)!r}, run_name='x'); "
+            "print(g['load_data'](g['KEY'], g['REQUIRED'])['profile'])",
         ],
         capture_output=True,
         text=True,

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from conftest import resolved, shipped
+from conftest import place_script, resolved, shipped
 from envbuilder.render.files import render_files
 
 OFFLOAD = "actor_rollout_ref.actor.fsdp_config.param_offload"
@@ -140,8 +140,7 @@ def test_the_patches_apply_to_the_real_wheel(verl_trees, tmp_path, profile, kw):
     env = resolved(profile, **kw)
     site = tmp_path / "site"
     shutil.copytree(verl_trees[env.verl.version], site)
-    script = tmp_path / "apply_patches.py"
-    script.write_text(render_files(env)["apply_patches.py"])
+    script = place_script(render_files(env), "apply_patches.py", tmp_path)
     r = subprocess.run(
         [sys.executable, "-S", str(script)],
         capture_output=True,
@@ -158,8 +157,7 @@ def test_the_patches_apply_to_the_real_wheel(verl_trees, tmp_path, profile, kw):
 
 
 def preflight(env, verl_tree, tmp_path, *overrides) -> subprocess.CompletedProcess:
-    script = tmp_path / "preflight.py"
-    script.write_text(render_files(env)["preflight.py"])
+    script = place_script(render_files(env), "preflight.py", tmp_path)
     return subprocess.run(
         [sys.executable, str(script), "--quiet", "--overrides", *overrides],
         capture_output=True,

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, PROFILES, frozen, record, resolved, shipped
+from conftest import FIXTURES, PROFILES, frozen, place_script, record, resolved, script_data, shipped
+from envbuilder import images
 from envbuilder.model import matrix as M
 from envbuilder.render.files import RUN_SCRIPT, render_files
 from envbuilder.model.resolve import TORCH_DTYPE
@@ -47,12 +48,12 @@ def run_script(path: Path, site: Path, tmp_path: Path) -> subprocess.CompletedPr
 
 
 def write_scripts(files: dict, tmp_path: Path) -> dict[str, Path]:
-    out = {}
-    for name in ("apply_patches.py", "audit_precision.py"):
-        if name in files:
-            out[name] = tmp_path / name
-            out[name].write_text(files[name])
-    return out
+    """The rendered patch and audit scripts, with the sidecar they read beside them."""
+    return {
+        name: place_script(files, name, tmp_path)
+        for name in ("apply_patches.py", "audit_precision.py")
+        if name in files
+    }
 
 
 def patched_lines(d: dict, site: Path) -> set[str]:
@@ -195,9 +196,9 @@ def test_a_bf16_card_with_flash_attn_has_nothing_to_audit(tmp_path):
 
 
 def test_the_audit_holds_its_plan_as_data_not_as_code():
-    text = render_files(resolved("t4", frozen()))["audit_precision.py"]
-    blob = re.search(r"^PLAN = json\.loads\((.*)\)$", text, re.M).group(1)
-    plan = json.loads(json.loads(blob))
+    files = render_files(resolved("t4", frozen()))
+    assert files["audit_precision.py"] == images.script_text("audit_precision.py")  # (no profile in it)
+    plan = script_data(files, "audit_precision.py")
     assert plan["checks"] == ["autocast_bf16", "flash_attention_2"]
     assert "verl.workers.critic.dp_critic" in plan["modules"]
     assert plan["files"] == [
@@ -216,7 +217,7 @@ def test_the_dockerfile_runs_the_audit_right_after_the_patches():
     lines = render_files(resolved("p40"))["Dockerfile"].splitlines()
     patches = lines.index("RUN python /opt/envbuild/apply_patches.py")
     assert lines[patches + 2 : patches + 4] == [
-        "COPY audit_precision.py /opt/envbuild/audit_precision.py",
+        "COPY audit_precision.py envbuild-scripts.json /opt/envbuild/",  # (with the data it reads)
         "RUN python /opt/envbuild/audit_precision.py",
     ]
 

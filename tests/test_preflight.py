@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, frozen, frozen_with, resolved
+from conftest import FIXTURES, frozen, frozen_with, place_script, resolved
 from fixture_wheels import module_files, wheels_for_env
 from envbuilder.model import matrix as M
 from envbuilder.render.files import smoke_command
@@ -460,8 +460,7 @@ OFFLOAD = "actor_rollout_ref.actor.fsdp_config.param_offload"
 def overrides_run(tmp_path: Path, profile: str, *overrides: str) -> subprocess.CompletedProcess:
     """preflight.py --overrides with this interpreter (hydra-core and omegaconf, as verl's
     image has them); the refused overrides are judged before anything else runs."""
-    script = tmp_path / "preflight.py"
-    script.write_text(render_files(resolved(profile))["preflight.py"])
+    script = place_script(render_files(resolved(profile)), "preflight.py", tmp_path)
     return subprocess.run(
         [sys.executable, str(script), "--quiet", "--overrides", *overrides],
         capture_output=True,

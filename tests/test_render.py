@@ -16,8 +16,20 @@ import dockerfile
 import pytest
 import yaml
 
-from conftest import FIXTURES, GOLDEN, PROFILES, clean_env, envbuild_exe, record, resolved, shipped, snapshot
+from conftest import (
+    FIXTURES,
+    GOLDEN,
+    PROFILES,
+    clean_env,
+    envbuild_exe,
+    place_script,
+    record,
+    resolved,
+    shipped,
+    snapshot,
+)
 from fixture_wheels import module_files
+from envbuilder import images
 from envbuilder.model import matrix as M
 from envbuilder.render.files import MARKER, RUN_SCRIPT, render, render_files
 from envbuilder.model.resolve import ResolvedEnv
@@ -33,6 +45,7 @@ ALWAYS = {
     "audit_precision.py",
     "prepare_gsm8k.py",
     "envbuild-secrets.sh",
+    images.SIDECAR,  # the data the scripts read
     MARKER,
     "README.md",
     "constraints",  # each pip step's pins (the top-level ones at least)
@@ -91,15 +104,20 @@ def test_rendered_files_match_the_golden_files(case, cli, tmp_path, monkeypatch,
     assert code == 0, err
     out = tmp_path / case / GOLDEN_CASES[case][0]  # -o DIR: DIR/<profile>/
     golden = GOLDEN / case
+    # the image scripts are envbuilder/images/'s files, byte for byte: checked there, once, and
+    # not kept in the goldens; the profile's data they read is (envbuild-scripts.json)
+    for name in images.SCRIPTS:
+        if (out / name).exists():
+            assert (out / name).read_bytes() == (images.HERE / name).read_bytes(), name
     if os.environ.get("UPDATE_GOLDEN") == "1":
         shutil.rmtree(golden, ignore_errors=True)
-        shutil.copytree(out, golden, ignore=shutil.ignore_patterns(".envbuild-files.json"))
+        shutil.copytree(out, golden, ignore=shutil.ignore_patterns(".envbuild-files.json", *images.SCRIPTS))
     assert golden.is_dir(), f"no {golden}; create it with UPDATE_GOLDEN=1 and review it"
     # (the write record holds the hashes of these same files: nothing to review in it)
     got = {
         str(p.relative_to(out)): p.read_text()
         for p in out.rglob("*")
-        if p.is_file() and p.name != ".envbuild-files.json"
+        if p.is_file() and p.name != ".envbuild-files.json" and p.name not in images.SCRIPTS
     }
     want = {str(p.relative_to(golden)): p.read_text() for p in golden.rglob("*") if p.is_file()}
     assert sorted(got) == sorted(want), "files added or missing; rerun with UPDATE_GOLDEN=1 and review"
@@ -403,8 +421,9 @@ def patched_tree(version: str, tmp_path: Path) -> Path:
 
 
 def apply_patches(profile: str, site: Path, tmp_path: Path, **kw) -> subprocess.CompletedProcess:
-    script = tmp_path / f"apply_patches_{profile}.py"
-    script.write_text(render_files(resolved(profile, **kw))["apply_patches.py"])
+    script = place_script(
+        render_files(resolved(profile, **kw)), "apply_patches.py", tmp_path / f"scripts-{profile}"
+    )
     return subprocess.run(
         [sys.executable, str(script)],
         capture_output=True,
@@ -513,8 +532,7 @@ def preflight(profile: str, tmp_path: Path, **gpu) -> subprocess.CompletedProces
     for path, text in module_files(env.to_dict()["training_path"]).items():
         (site / path).parent.mkdir(parents=True, exist_ok=True)
         (site / path).write_text(text)
-    script = tmp_path / "preflight.py"
-    script.write_text(render_files(env)["preflight.py"])
+    script = place_script(render_files(env), "preflight.py", tmp_path)
     empty_path = tmp_path / "no-nvidia-smi"
     empty_path.mkdir(exist_ok=True)
     return subprocess.run(

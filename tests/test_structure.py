@@ -185,6 +185,23 @@ def test_a_record_of_another_style_is_found(tmp_path, monkeypatch):
     ]
 
 
+@pytest.mark.parametrize(
+    "planted",
+    ["from envbuilder.text import shorten\n", "from . import preflight\n", "import envbuilder.images\n"],
+    ids=["top-level-module", "a-sibling-script", "its-own-package"],
+)
+def test_an_image_script_importing_envbuilder_fails(tmp_path, monkeypatch, planted):
+    """envbuilder/images/ is copied into an image alone: an import of anything of envbuilder
+    there, a sibling script or its own package included, would fail in the image."""
+    assert structure.facts()["standalone_imports"] == []
+    pkg = _copy_of_the_package(tmp_path, monkeypatch)
+    script = pkg / "images" / "audit_precision.py"
+    script.write_text(script.read_text() + "\n" + planted)
+    found = structure.facts()["standalone_imports"]
+    assert len(found) == 1 and found[0].startswith("envbuilder.images.audit_precision:"), found
+    assert structure.main() == 1
+
+
 def test_the_model_and_the_renderers_do_no_io():
     """No network client, process, thread pool or Hydra in model/ or render/ (mirror probes are
     oci/probe.py's, the hub's config.json oci/hub.py's, verl's composed config machine/compose.py's)."""

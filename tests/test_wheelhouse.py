@@ -96,6 +96,7 @@ def test_install_sh_installs_the_pip_part_with_no_index(exported, tmp_path):
     site = next((tmp_path / "env").glob("lib/python*/site-packages"))
     assert 'attn_implementation="eager"' in (site / "verl/workers/fsdp_workers.py").read_text()
     assert (exported / "scripts" / "p40" / "apply_patches.py").is_file()
+    assert (exported / "scripts" / "p40" / "envbuild-scripts.json").is_file()  # (the data they read)
     check = subprocess.run(
         [tmp_path / "env" / "bin" / "python", "-c", "import torch, verl; print(torch.__version__)"],
         capture_output=True,

@@ -13,6 +13,7 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
+from envbuilder.images import SIDECAR
 from envbuilder.model import runplan
 from envbuilder.model.resolved import ResolvedEnv
 
@@ -78,7 +79,8 @@ def case(env: ResolvedEnv, files: dict[str, str], models: dict[str, Any]) -> dic
             {"name": p.name, "files": list(p.files), "replace": [dict(r) for r in p.replace]}
             for p in env.patches
         ],
-        "apply_patches": files["apply_patches.py"],
+        # the sidecar apply_patches.py (envbuilder/images/) reads: its part of the rendered one
+        "apply_patches": json.dumps({"apply_patches": json.loads(files[SIDECAR])["apply_patches"]}, indent=1),
         # the card: what the plan calls usable (its memory less the CUDA context), the cap of
         # torch's caching allocator (the context lives outside it)
         "cap_bytes": int(mem["usable_gib"] * GIB),

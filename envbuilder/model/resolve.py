@@ -29,7 +29,7 @@ from envbuilder.model.names import profile_named
 
 # the torch dtype of each of envbuild's dtype names
 TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-# the precision audit's checks (templates/audit_precision.py.j2 implements them) and the
+# the precision audit's checks (envbuilder/images/audit_precision.py implements them) and the
 # condition under which each applies (one of the conditions a patch's `when` names)
 from envbuilder.model.matrix_schema import AUDIT_CHECKS  # noqa: E402,F401  (re-exported)
 

@@ -46,6 +46,7 @@ from urllib.parse import unquote, urljoin, urlsplit
 
 from envbuilder.text import is_plain_name
 from envbuilder.errors import ActionError, UserError
+from envbuilder.images import SIDECAR
 from envbuilder.lock import lockfile as L
 from envbuilder.record import Record
 from envbuilder.render.quoting import sh
@@ -835,7 +836,7 @@ def _forget_profiles_using(manifest: dict, path: str, sha256: str, keep: set[str
             say(f"{path} was rebuilt with other bytes: export {name} again to use it")
 
 
-SCRIPTS = ("apply_patches.py", "audit_precision.py")
+SCRIPTS = ("apply_patches.py", "audit_precision.py", SIDECAR)  # (the two scripts and the data they read)
 
 
 def _profile_scripts(out: Path, name: str, texts: Mapping[str, str]) -> None:

@@ -15,6 +15,7 @@ import json
 from typing import Any, TYPE_CHECKING
 
 from envbuilder.model.components import apex as APEX
+from envbuilder import images
 from envbuilder.record import Record, plain
 from envbuilder.render import image as I
 from envbuilder.render.plan import InstallPlan, Layer
@@ -502,8 +503,9 @@ class _Steps:
         return STEP_COMMENT[layer.name]
 
     def copy_and_run(self, script: str, comments: Iterable[str]) -> list[Instruction]:
-        path = f"{I.HOME}/{script}"
-        return [_i("COPY", script, path, comments=comments), _i("RUN", "python", path)]
+        """COPY the script with the data it reads (the sidecar beside it), then RUN it."""
+        copy = _i("COPY", script, images.SIDECAR, f"{I.HOME}/", comments=comments)
+        return [copy, _i("RUN", "python", f"{I.HOME}/{script}")]
 
     def label(self, spec_sha256: str) -> Instruction:
         env = self.env

@@ -13,11 +13,13 @@ from pathlib import Path
 from typing import Any, TYPE_CHECKING
 
 from envbuilder.paths import data_dir
+from envbuilder import images
 from envbuilder.render.dockerfile import FLASH_ATTN_SCRIPT, apex_command, dockerfile_plan
+from envbuilder.render.dockerfile import flash_attn_build_env
 from envbuilder.render.image import HOME as IMAGE_HOME
 from envbuilder.render.image import PREFLIGHT, RUN_SCRIPT  # (where the image puts them)
 from envbuilder.render.image import default_tag
-from envbuilder.render.quoting import FILTERS, comment, word
+from envbuilder.render.quoting import FILTERS, comment, sh, word
 from envbuilder.text import USERINFO
 from envbuilder.record import plain
 from envbuilder.model.resolve import TORCH_DTYPE
@@ -37,16 +39,16 @@ FILES = {
     "requirements.txt": "requirements.txt.j2",
     "pixi.toml": "pixi.toml.j2",  # the same plan for pixi (render/pixi.py)
     RUN_SCRIPT: "run_ppo_gsm8k.sh.j2",
-    "preflight.py": "preflight.py.j2",
     "envbuild-secrets.sh": "envbuild-secrets.sh.j2",
-    "apply_patches.py": "apply_patches.py.j2",
-    "audit_precision.py": "audit_precision.py.j2",
-    "prepare_gsm8k.py": "prepare_gsm8k.py.j2",
     "README.md": "README.md.j2",  # what each file is and the commands that come next
     # the image built by Apptainer alone, from the CUDA base image (render/sif.py)
     "apptainer.def": "apptainer-base.def.j2",
 }
-EXECUTABLE = {RUN_SCRIPT, "preflight.py", "apply_patches.py", "audit_precision.py", "prepare_gsm8k.py"}
+# the scripts that run in the image, copied byte for byte from envbuilder/images/, and the one
+# file of the profile's data they read (SIDECAR, beside them)
+SCRIPTS = tuple(images.SCRIPTS)
+SIDECAR = images.SIDECAR
+EXECUTABLE = {RUN_SCRIPT, *SCRIPTS}
 MARKER = "envbuild.json"
 SBOM = "sbom.cdx.json"  # a locked render's CycloneDX SBOM (lock/sbom.py builds it)
 
@@ -55,7 +57,7 @@ _jinja: jinja2.Environment | None = None
 
 def smoke_command(preflight: str = PREFLIGHT) -> list[str]:
     """The image's own preflight.py in --smoke mode: the torch build and every module of the
-    training path (its EXPECTED["training_path"], rendered from the same resolved environment),
+    training path (its sidecar data's training_path, rendered from the same resolved environment),
     with no GPU needed. Its report goes to stderr, where docker's error carries it on failure."""
     return [
         "python",
@@ -122,7 +124,7 @@ def plan_finish_command(env: ResolvedEnv) -> str:
 
 
 def preflight_expectations(env: ResolvedEnv) -> dict[str, Any]:
-    """What preflight.py checks, as data (its EXPECTED blob). training_path: every module a
+    """What preflight.py checks, as data (its part of the sidecar). training_path: every module a
     training run imports, which the build's smoke test (preflight.py --smoke) imports too."""
     return {
         "profile": env.profile,
@@ -152,11 +154,22 @@ def preflight_expectations(env: ResolvedEnv) -> dict[str, Any]:
             for p in env.patches
         ],
         "finish": plan_finish_command(env),
+        # compiled from source in the image's builder stage, never in requirements.txt: how to
+        # build each by hand (the Dockerfile's and apptainer.def's own spelling of the build)
+        "built": {
+            "apex": apex_command(env) or None,
+            "flash_attn": (
+                " ".join([*(sh(v) for v in flash_attn_build_env(env)), "pip install --no-build-isolation"])
+                + f" {sh('flash-attn==' + env.flash_attn.version)}"
+                if env.flash_attn
+                else None
+            ),
+        },
     }
 
 
 def audit_plan(env: ResolvedEnv) -> dict[str, Any]:
-    """What audit_precision.py checks, as data (its PLAN blob): the checks that apply, in the
+    """What audit_precision.py checks, as data (its part of the sidecar): the checks that apply, in the
     verl files the run loads (the training path's verl modules and the files the patches touch),
     with the matrix's reviewed exceptions."""
     no_bf16 = f"the profile computes in {env.dtype}" + (
@@ -177,6 +190,41 @@ def audit_plan(env: ResolvedEnv) -> dict[str, Any]:
             {k: getattr(r, k) for k in ("name", "check", "file", "line", "why")} for r in env.audit.reviewed
         ],
     }
+
+
+def patches_data(env: ResolvedEnv) -> dict[str, Any]:
+    """What apply_patches.py applies, as data: each recorded patch (matrices/patches.yaml) with
+    why, its files and its (find, with) replacements."""
+    return {
+        "profile": env.profile,
+        "gpu": env.gpu.name,
+        "verl": env.verl.version,
+        "patches": [
+            {
+                "name": p.name,
+                "why": p.why,
+                "files": list(p.files),
+                "replace": [[r["find"], r["with"]] for r in p.replace],
+            }
+            for p in env.patches
+        ],
+    }
+
+
+def script_data(env: ResolvedEnv) -> dict[str, Any]:
+    """The sidecar's content (SIDECAR): each rendered script's data under its key (images.SCRIPTS),
+    for the scripts this profile has (no patches: no apply_patches; no dataset: no prepare_gsm8k)."""
+    out: dict[str, Any] = {"preflight": preflight_expectations(env), "audit_precision": audit_plan(env)}
+    if env.patches:
+        out["apply_patches"] = patches_data(env)
+    if env.dataset:
+        out["prepare_gsm8k"] = {"profile": env.profile, **plain(env.dataset)}
+    return out
+
+
+def sidecar_text(data: dict[str, Any]) -> str:
+    """The sidecar as written: sorted, indented, one trailing newline (the same bytes every time)."""
+    return json.dumps(data, indent=1, sort_keys=True) + "\n"
 
 
 def render_files(env: ResolvedEnv, locked: LockedContext | None = None) -> dict[str, str]:
@@ -214,9 +262,6 @@ def render_files(env: ResolvedEnv, locked: LockedContext | None = None) -> dict[
         "image_home": IMAGE_HOME,
         "spec_sha256": spec_sha256,
         "apex_command": apex_command(env),
-        "expected": preflight_expectations(env),
-        "audit": audit_plan(env),
-        "torch_dtype": TORCH_DTYPE,
         "locked": locked,
         "image_tag": default_tag(env, d),
         "lock_hint": lock_hint(env.profile, env.overrides),
@@ -229,11 +274,10 @@ def render_files(env: ResolvedEnv, locked: LockedContext | None = None) -> dict[
     j = jinja_env()
     out = {MARKER: spec}
     for name, template in FILES.items():
-        if name == "apply_patches.py" and not env.patches:
-            continue
-        if name == "prepare_gsm8k.py" and not env.dataset:
-            continue
         out[name] = j.get_template(template).render(context)
+    data = script_data(env)
+    out.update({name: images.script_text(name) for name, key in images.SCRIPTS.items() if key in data})
+    out[SIDECAR] = sidecar_text(data)
     if env.flash_attn:
         from envbuilder.render import flash_attn  # (the builder runs this module as the script)
 

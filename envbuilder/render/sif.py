@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from envbuilder.model.components import apex as APEX
+from envbuilder.images import SIDECAR
 from envbuilder.model.resolved import ResolvedEnv
 from envbuilder.render.dockerfile import flash_attn_build_env
 from envbuilder.render.image import HOME, VENV, runtime_env
@@ -93,6 +94,7 @@ def context(env: ResolvedEnv, plan: InstallPlan, run_script: str) -> dict[str, A
         scripts.append("apply_patches.py")
     if env.dataset:
         scripts.append("prepare_gsm8k.py")
+    scripts.append(SIDECAR)  # (the data the scripts read, beside them)
     files += [f"{name} {HOME}/{name}" for name in scripts]
     files.append("envbuild.json /etc/envbuild.json")
     return {

@@ -1,6 +1,5 @@
 #!/usr/bin/env python3
-"""GSM8K in the parquet layout verl's RL dataset and its GSM8K reward read; rendered by envbuild
-for profile 4090.
+"""GSM8K in the parquet layout verl's RL dataset and its GSM8K reward read; for an envbuild profile.
 
   prepare_gsm8k.py --out DIR                 from the Hugging Face hub, through $HF_ENDPOINT
                                              (a mirror works; $HF_TOKEN is sent when set)
@@ -10,52 +9,86 @@ for profile 4090.
                                              per split: --from train.jsonl --from test.jsonl
   --limit N                                  keep the first N rows of each split
 
+The dataset (its repo, revision and files, the prompt's instruction, the answer's pattern) is
+read from envbuild-scripts.json beside this file, as `envbuild render` wrote it for the profile.
 Writes DIR/train.parquet and DIR/test.parquet, both or neither. Exit 0 done, 1 the download
-failed, 2 bad input.
+failed, 2 bad input (a missing sidecar too).
 """
+
+from __future__ import annotations
 
 import argparse
 import json
 import os
+import pathlib
 import re
 import sys
 import tempfile
 import urllib.error
 import urllib.request
+from typing import Any
 
-SPEC = json.loads("{\"ability\": \"math\", \"answer_pattern\": \"#### (\\\\-?[0-9\\\\.\\\\,]+)\", \"data_source\": \"openai/gsm8k\", \"files\": {\"test\": \"main/test-00000-of-00001.parquet\", \"train\": \"main/train-00000-of-00001.parquet\"}, \"instruction\": \"Let\\u0027s think step by step and output the final answer after \\\"####\\\".\", \"name\": \"gsm8k\", \"repo\": \"openai/gsm8k\", \"revision\": \"main\", \"rows\": {\"test\": 1319, \"train\": 7473}, \"source\": \"hf_card, hf_files, verl_preprocess, verl_reward\"}")
+Data = dict[str, Any]
+
+SIDECAR = "envbuild-scripts.json"  # written beside this file by `envbuild render`
+KEY = "prepare_gsm8k"  # this script's part of it
+REQUIRED = ("profile", "repo", "revision", "files", "data_source", "instruction", "ability", "answer_pattern")
 SPLITS = ("train", "test")
 MAX_BYTES = 256 * 1024 * 1024  # a GSM8K split is ~3 MB: anything this large is not it
 
 
 class Failure(Exception):
-    def __init__(self, message, code):
+    def __init__(self, message: str, code: int) -> None:
         super().__init__(message)
         self.code = code
 
 
-def answer_of(text):
+def load_data(key: str, required: tuple[str, ...]) -> Data | None:
+    """This script's part (`key`) of the sidecar beside it, or None, said on stderr, when the
+    file is missing, is no JSON object or lacks a `required` field."""
+    path = pathlib.Path(__file__).resolve().with_name(SIDECAR)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        why = f"cannot be read ({type(e).__name__}: {e})"
+    else:
+        part = data.get(key) if isinstance(data, dict) else None
+        missing = [k for k in required if k not in part] if isinstance(part, dict) else []
+        if isinstance(part, dict) and not missing:
+            return part
+        why = f"has no {missing[0]!r} in its {key!r} part" if missing else f"holds no {key!r} object"
+    print(
+        f"{key}: {path} {why}. This script reads the profile's data from the {SIDECAR} that "
+        f"`envbuild render` writes beside it: render the profile again and keep the two together.",
+        file=sys.stderr,
+    )
+    return None
+
+
+def answer_of(spec: Data, text: str | None) -> str | None:
     """The final number of a GSM8K answer (or a model's response): the last `#### N`."""
-    found = re.findall(SPEC["answer_pattern"], text or "")
-    return found[-1].replace(",", "").replace("$", "") if found else None
+    found = re.findall(spec["answer_pattern"], text or "")
+    return str(found[-1]).replace(",", "").replace("$", "") if found else None
 
 
-def row(split, index, question, answer):
-    truth = answer_of(answer)
+def row(spec: Data, split: str, index: int, question: Any, answer: Any) -> Data:
+    truth = answer_of(spec, answer)
     if not isinstance(question, str) or not question.strip() or truth is None:
-        raise Failure(f"{split} row {index} has no question or no final '#### N' in its answer; "
-                      "GSM8K rows have `question` and `answer` fields (pass the dataset's own "
-                      "files).", 2)
+        raise Failure(
+            f"{split} row {index} has no question or no final '#### N' in its answer; GSM8K rows "
+            "have `question` and `answer` fields (pass the dataset's own files).",
+            2,
+        )
     return {
-        "data_source": SPEC["data_source"],
-        "prompt": [{"role": "user", "content": question + " " + SPEC["instruction"]}],
-        "ability": SPEC["ability"],
+        "data_source": spec["data_source"],
+        "prompt": [{"role": "user", "content": question + " " + spec["instruction"]}],
+        "ability": spec["ability"],
         "reward_model": {"style": "rule", "ground_truth": truth},
         "extra_info": {"split": split, "index": index, "answer": answer, "question": question},
     }
 
 
-def read_rows(path):
+def read_rows(path: str) -> list[Data]:
     """[{question, answer}, ...] from a .parquet or .jsonl file."""
     try:
         if os.path.getsize(path) > MAX_BYTES:
@@ -63,21 +96,22 @@ def read_rows(path):
         if path.endswith(".parquet"):
             import pyarrow.parquet as pq
 
-            return pq.read_table(path, columns=["question", "answer"]).to_pylist()
+            return list(pq.read_table(path, columns=["question", "answer"]).to_pylist())
         with open(path, encoding="utf-8") as fh:
             return [json.loads(line) for line in fh if line.strip()]
     except Failure:
         raise
     except (OSError, ValueError, KeyError, UnicodeDecodeError) as e:
-        raise Failure(f"cannot read {path}: {e}. Pass GSM8K's own parquet or jsonl files.", 2)
+        raise Failure(f"cannot read {path}: {e}. Pass GSM8K's own parquet or jsonl files.", 2) from e
     except Exception as e:  # pyarrow's own errors (ArrowInvalid, ...)
-        raise Failure(f"cannot read {path}: {type(e).__name__}: {e}. Pass GSM8K's own parquet "
-                      "or jsonl files.", 2)
+        raise Failure(
+            f"cannot read {path}: {type(e).__name__}: {e}. Pass GSM8K's own parquet or jsonl files.", 2
+        ) from e
 
 
-def local_files(sources):
+def local_files(sources: list[str]) -> dict[str, str]:
     """{split: path} from --from arguments (a folder, or one file per split)."""
-    found = {}
+    found: dict[str, str] = {}
     for src in sources:
         if os.path.isdir(src):
             names = sorted(os.listdir(src))
@@ -86,20 +120,23 @@ def local_files(sources):
                 if hits and split not in found:
                     found[split] = os.path.join(src, hits[0])
         elif os.path.isfile(src):
-            split = next((s for s in SPLITS if os.path.basename(src).startswith(s)), None)
-            if split is None:
+            named = next((s for s in SPLITS if os.path.basename(src).startswith(s)), None)
+            if named is None:
                 raise Failure(f"{src}: a file's name must start with train or test.", 2)
-            found[split] = src
+            found[named] = src
         else:
             raise Failure(f"{src} does not exist.", 2)
     missing = [s for s in SPLITS if s not in found]
     if missing:
-        raise Failure(f"no {' or '.join(missing)} file in {', '.join(sources)} (names starting "
-                      "with train/test, ending .parquet or .jsonl).", 2)
+        raise Failure(
+            f"no {' or '.join(missing)} file in {', '.join(sources)} (names starting with "
+            "train/test, ending .parquet or .jsonl).",
+            2,
+        )
     return found
 
 
-def download(tmp):
+def download(spec: Data, tmp: str) -> dict[str, str]:
     """{split: path} of the dataset's parquet files, fetched through HF_ENDPOINT."""
     endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
     headers = {"User-Agent": "envbuild-prepare-gsm8k"}
@@ -107,12 +144,20 @@ def download(tmp):
         headers["Authorization"] = "Bearer " + os.environ["HF_TOKEN"]
     out = {}
     for split in SPLITS:
-        url = "/".join([endpoint.rstrip("/"), "datasets", SPEC["repo"], "resolve",
-                        SPEC["revision"], SPEC["files"][split]])
+        url = "/".join(
+            [
+                endpoint.rstrip("/"),
+                "datasets",
+                spec["repo"],
+                "resolve",
+                spec["revision"],
+                spec["files"][split],
+            ]
+        )
         path = os.path.join(tmp, split + ".parquet")
         try:
-            with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
-                                        timeout=60) as r, open(path, "wb") as fh:
+            request = urllib.request.Request(url, headers=headers)
+            with urllib.request.urlopen(request, timeout=60) as r, open(path, "wb") as fh:
                 total = 0
                 while True:
                     chunk = r.read(1 << 16)
@@ -123,46 +168,59 @@ def download(tmp):
                         raise Failure(f"{url} sends more than {MAX_BYTES >> 20} MiB: not GSM8K.", 1)
                     fh.write(chunk)
         except (urllib.error.URLError, OSError, ValueError) as e:
-            raise Failure(f"cannot download {url}: {getattr(e, 'reason', e)}. Set HF_ENDPOINT to "
-                          "a Hugging Face mirror that answers, or pass --from with local files.", 1)
+            raise Failure(
+                f"cannot download {url}: {getattr(e, 'reason', e)}. Set HF_ENDPOINT to a Hugging Face "
+                "mirror that answers, or pass --from with local files.",
+                1,
+            ) from e
         out[split] = path
     return out
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--out", required=True, help="folder for train.parquet and test.parquet")
-    ap.add_argument("--from", dest="sources", action="append", default=[],
-                    help="local GSM8K files (a folder, or one file per split)")
+    ap.add_argument(
+        "--from",
+        dest="sources",
+        action="append",
+        default=[],
+        help="local GSM8K files (a folder, or one file per split)",
+    )
     ap.add_argument("--limit", type=int, default=0, help="keep the first N rows of each split")
     args = ap.parse_args(argv)
+    spec = load_data(KEY, REQUIRED)
+    if spec is None:
+        return 2
     try:
         try:
             import pyarrow as pa
             import pyarrow.parquet as pq
         except ImportError:
-            raise Failure("pyarrow is not installed (it comes with verl's dependencies); run this "
-                          "inside the image or its environment.", 2)
+            raise Failure(
+                "pyarrow is not installed (it comes with verl's dependencies); run this inside the "
+                "image or its environment.",
+                2,
+            ) from None
         if args.limit < 0:
             raise Failure("--limit must be >= 0.", 2)
         os.makedirs(args.out, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=".gsm8k-", dir=args.out) as tmp:
-            files = local_files(args.sources) if args.sources else download(tmp)
+            files = local_files(args.sources) if args.sources else download(spec, tmp)
             staged = []
             for split in SPLITS:
                 raw = read_rows(files[split])
                 if args.limit:
-                    raw = raw[:args.limit]
+                    raw = raw[: args.limit]
                 if not raw:
                     raise Failure(f"{files[split]} holds no rows.", 2)
-                rows = [row(split, i, r.get("question"), r.get("answer")) for i, r in enumerate(raw)]
+                rows = [row(spec, split, i, r.get("question"), r.get("answer")) for i, r in enumerate(raw)]
                 path = os.path.join(tmp, split + ".out.parquet")
                 pq.write_table(pa.Table.from_pylist(rows), path)
                 staged.append((path, os.path.join(args.out, split + ".parquet"), len(rows)))
             for src, dst, _ in staged:  # both files are complete before either is moved in
                 os.replace(src, dst)
-        print(", ".join(f"{os.path.basename(dst)}: {n} rows" for _, dst, n in staged)
-              + f" -> {args.out}")
+        print(", ".join(f"{os.path.basename(dst)}: {n} rows" for _, dst, n in staged) + f" -> {args.out}")
         return 0
     except Failure as e:
         print(f"prepare_gsm8k: {e}", file=sys.stderr)

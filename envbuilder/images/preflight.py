@@ -1,22 +1,27 @@
 #!/usr/bin/env python3
-"""Preflight for envbuild profile t4 (Tesla T4, CC 7.5): run inside the image.
+"""Preflight for an envbuild profile: run inside the image (or beside the environment `envbuild
+install` made), with its Python.
 
 The same rules envbuild's resolver applied when it rendered this image, checked against the real
 GPU: its arch against torch.cuda.get_arch_list(), the dtype it supports, the driver; and every
 module of the training path, what `python -m verl.trainer.main_ppo` imports down to the FSDP
 workers, the rollout and the compiled extensions. No check raises: a failure is a line with its
-fix. Without a GPU the GPU checks fail and the imports are checked all the same.
+fix. Without a GPU the GPU checks fail and the imports are checked all the same. What the
+profile expects (its GPU, torch build, driver, training path, patches) is read from
+envbuild-scripts.json beside this file, as `envbuild render` wrote it.
 
   --json    the report as JSON
   --quiet   print nothing when every check passes
   --smoke   only the checks that need no GPU (torch build, imports): what `envbuild build` runs
   --overrides ARGS...   (last) the run's extra Hydra overrides, checked before anything starts:
-            one this verl release cannot run (EXPECTED's refused_overrides) and a `+`/`++` key
+            one this verl release cannot run (the profile's refused_overrides) and a `+`/`++` key
             that verl's own config does not have and its code does not read (Hydra's `++`
             adds any key silently, and a misspelt one is never read) are refused, exit 2
 
-Exit 0 when every check passes, 1 when one fails, 2 on a bad argument.
+Exit 0 when every check passes, 1 when one fails, 2 on a bad argument or a missing sidecar.
 """
+
+from __future__ import annotations
 
 import importlib
 import importlib.util
@@ -25,18 +30,72 @@ import os
 import pathlib
 import subprocess
 import sys
+from typing import Any, Callable, TypeVar
 
-EXPECTED = json.loads("{\"compat_driver\": \"525.60.13\", \"compat_libcuda\": \"/usr/local/cuda/compat/libcuda.so.1\", \"compute_capability\": \"7.5\", \"config_reads\": [\"actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype\", \"actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype\", \"actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype\", \"actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype\", \"critic.model.fsdp_config.mixed_precision.param_dtype\"], \"driver_cuda\": \"12.9\", \"dtype\": \"fp16\", \"finish\": \"python apply_patches.py \\u0026\\u0026 python audit_precision.py\", \"gpu\": \"Tesla T4\", \"min_driver\": \"575.57.08\", \"model_vram_gb\": 8, \"patches\": [{\"files\": [\"verl/utils/model.py\"], \"name\": \"verl-valuehead-fa2\", \"replace\": [[\"attn_implementation=\\\"flash_attention_2\\\"\", \"attn_implementation=\\\"sdpa\\\"\"]]}, {\"files\": [\"verl/workers/critic/dp_critic.py\"], \"name\": \"verl-critic-autocast\", \"replace\": [[\"torch.autocast(device_type=self.device_name, dtype=torch.bfloat16)\", \"torch.autocast(device_type=self.device_name, dtype=torch.float32, enabled=False)\"]]}], \"profile\": \"t4\", \"refused_overrides\": [], \"torch_compile\": true, \"torch_cuda\": \"12.8\", \"torch_dtype\": \"float16\", \"torch_index\": \"https://pypi.org/simple\", \"torch_requirement\": \"torch==2.9.0\", \"torch_version\": \"2.9.0\", \"training_path\": [\"vllm\", \"vllm._C\", \"verl\", \"verl.trainer.main_ppo\", \"verl.trainer.ppo.ray_trainer\", \"verl.trainer.ppo.reward\", \"verl.workers.fsdp_workers\", \"verl.workers.actor.dp_actor\", \"verl.workers.critic.dp_critic\", \"verl.workers.sharding_manager.fsdp_ulysses\", \"verl.workers.config.model\", \"verl.utils.dataset.rl_dataset\", \"verl.experimental.reward_loop\", \"verl.experimental.reward_loop.reward_manager.naive\", \"verl.utils.reward_score.gsm8k\", \"verl.experimental.agent_loop\", \"verl.experimental.agent_loop.single_turn_agent_loop\", \"verl.checkpoint_engine\", \"verl.workers.rollout.replica\", \"verl.workers.rollout.vllm_rollout.vllm_rollout\", \"verl.workers.rollout.vllm_rollout.vllm_async_server\", \"verl.workers.rollout.vllm_rollout.bucketed_weight_transfer\"], \"verl_version\": \"0.7.1\"}")
+T = TypeVar("T")
+Data = dict[str, Any]
+
+SIDECAR = "envbuild-scripts.json"  # written beside this file by `envbuild render`
+KEY = "preflight"  # this script's part of it
+REQUIRED = (
+    "profile",
+    "gpu",
+    "compute_capability",
+    "torch_version",
+    "torch_cuda",
+    "torch_requirement",
+    "torch_index",
+    "dtype",
+    "torch_dtype",
+    "torch_compile",
+    "model_vram_gb",
+    "min_driver",
+    "compat_driver",
+    "driver_cuda",
+    "compat_libcuda",
+    "training_path",
+    "verl_version",
+    "config_reads",
+    "refused_overrides",
+    "patches",
+    "finish",
+    "built",
+)
 FLAGS = ("--json", "--quiet", "--smoke")
-TORCH_FIX = ("reinstall {req} from {index} (pip install --force-reinstall --no-deps '{req}' "
-             "--index-url {index}), or rebuild the image").format(req=EXPECTED["torch_requirement"],
-                                                                   index=EXPECTED["torch_index"])
 DRIVER_FIX = "run the container with --gpus all (NVIDIA Container Toolkit) and check nvidia-smi"
-# compiled from source in the image's builder stage, never in requirements.txt: how to build each
-BUILT = json.loads("{\"apex\": null, \"flash_attn\": null}")
 
 
-def first_line(exc):
+def load_data(key: str, required: tuple[str, ...]) -> Data | None:
+    """This script's part (`key`) of the sidecar beside it, or None, said on stderr, when the
+    file is missing, is no JSON object or lacks a `required` field."""
+    path = pathlib.Path(__file__).resolve().with_name(SIDECAR)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        why = f"cannot be read ({type(e).__name__}: {e})"
+    else:
+        part = data.get(key) if isinstance(data, dict) else None
+        missing = [k for k in required if k not in part] if isinstance(part, dict) else []
+        if isinstance(part, dict) and not missing:
+            return part
+        why = f"has no {missing[0]!r} in its {key!r} part" if missing else f"holds no {key!r} object"
+    print(
+        f"{key}: {path} {why}. This script reads the profile's data from the {SIDECAR} that "
+        f"`envbuild render` writes beside it: render the profile again and keep the two together.",
+        file=sys.stderr,
+    )
+    return None
+
+
+def torch_fix(e: Data) -> str:
+    req, index = e["torch_requirement"], e["torch_index"]
+    return (
+        f"reinstall {req} from {index} (pip install --force-reinstall --no-deps '{req}' "
+        f"--index-url {index}), or rebuild the image"
+    )
+
+
+def first_line(exc: BaseException) -> str:
     """`Type: message`, first non-empty line only (an ImportError's chain can run for pages)."""
     for line in f"{type(exc).__name__}: {exc}".splitlines():
         if line.strip():
@@ -44,18 +103,18 @@ def first_line(exc):
     return type(exc).__name__
 
 
-def cc_tuple(text):
+def cc_tuple(text: object) -> tuple[int, int]:
     major, _, minor = str(text).partition(".")
     return int(major), int(minor or 0)
 
 
-def version_tuple(text):
+def version_tuple(text: object) -> tuple[int, ...]:
     return tuple(int(p) for p in str(text).split(".") if p.isdigit())
 
 
-def arch_runs(cc, arch_list):
+def arch_runs(cc: tuple[int, ...], arch_list: list[Any]) -> bool:
     """A cubin sm_XY runs on CC X.Z when Z >= Y; compute_XY (PTX) JIT-compiles for later GPUs."""
-    major, minor = cc
+    major, minor = cc[0], cc[1]
     for arch in arch_list:
         kind, _, num = str(arch).partition("_")
         if not num.isdigit():
@@ -69,14 +128,13 @@ def arch_runs(cc, arch_list):
 
 
 class Report:
-    def __init__(self):
-        self.results = []
+    def __init__(self) -> None:
+        self.results: list[dict[str, Any]] = []
 
-    def add(self, name, ok, detail, fix=""):
-        self.results.append({"check": name, "ok": bool(ok), "detail": str(detail),
-                             "fix": "" if ok else fix})
+    def add(self, name: str, ok: object, detail: object, fix: str | None = "") -> None:
+        self.results.append({"check": name, "ok": bool(ok), "detail": str(detail), "fix": "" if ok else fix})
 
-    def guard(self, name, fix, fn, *args):
+    def guard(self, name: str, fix: str, fn: Callable[..., T], *args: Any) -> T | None:
         """fn(*args), or None with a failed check `name` when it raises anything."""
         try:
             return fn(*args)
@@ -87,14 +145,14 @@ class Report:
             return None
 
 
-def load_torch(r):
+def load_torch(r: Report, e: Data) -> Any:
     """torch, or None with the reason reported: missing, raising, or not PyTorch at all."""
     try:
         import torch
     except KeyboardInterrupt:
         raise
-    except BaseException as e:
-        r.add("import torch", False, first_line(e), "torch is missing or broken: " + TORCH_FIX)
+    except BaseException as exc:
+        r.add("import torch", False, first_line(exc), "torch is missing or broken: " + torch_fix(e))
         return None
     where = getattr(torch, "__file__", None) or "(no file)"
     version = getattr(torch, "__version__", None)
@@ -107,19 +165,25 @@ def load_torch(r):
         except BaseException:
             info = None
     if version is None or info is None or not hasattr(info, "cuda"):
-        r.add("torch build", False, f"the torch at {where} is not a PyTorch build (no "
-              "torch.__version__ or torch.version.cuda)",
-              "a foreign or broken 'torch' shadows PyTorch: remove it and " + TORCH_FIX)
+        r.add(
+            "torch build",
+            False,
+            f"the torch at {where} is not a PyTorch build (no torch.__version__ or torch.version.cuda)",
+            "a foreign or broken 'torch' shadows PyTorch: remove it and " + torch_fix(e),
+        )
         return None
     base = str(version).split("+")[0]
-    ok = str(info.cuda) == EXPECTED["torch_cuda"] and base == EXPECTED["torch_version"]
-    r.add("torch build", ok, f"torch {version}, CUDA {info.cuda} (expected {EXPECTED['torch_version']} "
-          f"for CUDA {EXPECTED['torch_cuda']})",
-          "the image holds another torch than the one rendered: " + TORCH_FIX)
+    ok = str(info.cuda) == e["torch_cuda"] and base == e["torch_version"]
+    r.add(
+        "torch build",
+        ok,
+        f"torch {version}, CUDA {info.cuda} (expected {e['torch_version']} for CUDA {e['torch_cuda']})",
+        "the image holds another torch than the one rendered: " + torch_fix(e),
+    )
     return torch
 
 
-def gpu_checks(r, torch):
+def gpu_checks(r: Report, e: Data, torch: Any) -> None:
     available = r.guard("GPU visible", DRIVER_FIX, torch.cuda.is_available)
     if available is None:
         return
@@ -130,80 +194,120 @@ def gpu_checks(r, torch):
     if count is None:
         return
     r.add("GPU visible", True, f"{count} device(s)")
-    arch_list = r.guard("torch arch list", "torch's CUDA runtime is broken: " + TORCH_FIX,
-                        torch.cuda.get_arch_list)
+    arch_list = r.guard(
+        "torch arch list", "torch's CUDA runtime is broken: " + torch_fix(e), torch.cuda.get_arch_list
+    )
     for i in range(count):
-        r.guard(f"GPU {i}", DRIVER_FIX, device_checks, r, torch, i, arch_list or [])
-    r.guard("CUDA kernel runs", "the driver or torch build does not fit this GPU; see the checks "
-            "above", kernel_check, r, torch)
+        r.guard(f"GPU {i}", DRIVER_FIX, device_checks, r, e, torch, i, arch_list or [])
+    r.guard(
+        "CUDA kernel runs",
+        "the driver or torch build does not fit this GPU; see the checks above",
+        kernel_check,
+        r,
+        e,
+        torch,
+    )
 
 
-def device_checks(r, torch, i, arch_list):
+def device_checks(r: Report, e: Data, torch: Any, i: int, arch_list: list[Any]) -> None:
     name = torch.cuda.get_device_name(i)
-    cc = tuple(torch.cuda.get_device_capability(i))
+    cc = tuple(int(x) for x in torch.cuda.get_device_capability(i))
     cc_text = f"{cc[0]}.{cc[1]}"
-    r.add(f"GPU {i} arch", arch_runs(cc, arch_list),
-          f"{name}: CC {cc_text}; torch kernels: {' '.join(map(str, arch_list))}",
-          f"this torch build has no kernels for sm_{cc[0]}{cc[1]} ('no kernel image is available'); "
-          f"render a profile for this GPU (envbuild detect)")
-    if cc_tuple(cc_text) != cc_tuple(EXPECTED["compute_capability"]):
-        r.add(f"GPU {i} profile", cc_tuple(cc_text) >= cc_tuple(EXPECTED["compute_capability"])
-              and arch_runs(cc, arch_list),
-              f"image rendered for CC {EXPECTED['compute_capability']} ({EXPECTED['gpu']}), running on CC {cc_text}",
-              "render the profile that matches this GPU (envbuild detect)")
-    vram = r.guard(f"GPU {i} memory", DRIVER_FIX,
-                   lambda: torch.cuda.get_device_properties(i).total_memory / 2**30)
+    r.add(
+        f"GPU {i} arch",
+        arch_runs(cc, arch_list),
+        f"{name}: CC {cc_text}; torch kernels: {' '.join(map(str, arch_list))}",
+        f"this torch build has no kernels for sm_{cc[0]}{cc[1]} ('no kernel image is available'); "
+        f"render a profile for this GPU (envbuild detect)",
+    )
+    if cc_tuple(cc_text) != cc_tuple(e["compute_capability"]):
+        r.add(
+            f"GPU {i} profile",
+            cc_tuple(cc_text) >= cc_tuple(e["compute_capability"]) and arch_runs(cc, arch_list),
+            f"image rendered for CC {e['compute_capability']} ({e['gpu']}), running on CC {cc_text}",
+            "render the profile that matches this GPU (envbuild detect)",
+        )
+
+    def vram_gib() -> float:
+        return float(torch.cuda.get_device_properties(i).total_memory) / 2**30
+
+    vram = r.guard(f"GPU {i} memory", DRIVER_FIX, vram_gib)
     if vram is not None:
-        r.add(f"GPU {i} memory", vram + 1 >= EXPECTED["model_vram_gb"],
-              f"{vram:.0f} GiB for a model needing about {EXPECTED['model_vram_gb']} GiB",
-              "use a smaller MODEL, more offload, or more GPUs")
-    if EXPECTED["dtype"] == "bf16":
+        r.add(
+            f"GPU {i} memory",
+            vram + 1 >= e["model_vram_gb"],
+            f"{vram:.0f} GiB for a model needing about {e['model_vram_gb']} GiB",
+            "use a smaller MODEL, more offload, or more GPUs",
+        )
+    if e["dtype"] == "bf16":
         bf16 = r.guard(f"GPU {i} bf16", "this GPU needs an fp16/fp32 profile", torch.cuda.is_bf16_supported)
         if bf16 is not None:
-            r.add(f"GPU {i} bf16", bf16, "bf16 supported" if bf16 else "no native bf16",
-                  "this GPU needs an fp16/fp32 profile")
-    if EXPECTED["torch_compile"]:
-        r.add(f"GPU {i} triton", cc_tuple(cc_text) >= (7, 0), f"CC {cc_text} (Triton needs 7.0)",
-              "set TORCHDYNAMO_DISABLE=1")
+            r.add(
+                f"GPU {i} bf16",
+                bf16,
+                "bf16 supported" if bf16 else "no native bf16",
+                "this GPU needs an fp16/fp32 profile",
+            )
+    if e["torch_compile"]:
+        r.add(
+            f"GPU {i} triton",
+            cc_tuple(cc_text) >= (7, 0),
+            f"CC {cc_text} (Triton needs 7.0)",
+            "set TORCHDYNAMO_DISABLE=1",
+        )
 
 
-def kernel_check(r, torch):
-    t = torch.ones(4, device="cuda", dtype=getattr(torch, EXPECTED["torch_dtype"]))
+def kernel_check(r: Report, e: Data, torch: Any) -> None:
+    t = torch.ones(4, device="cuda", dtype=getattr(torch, e["torch_dtype"]))
     ok = float((t * 2).sum().item()) == 8.0
-    r.add("CUDA kernel runs", ok, f"elementwise {EXPECTED['torch_dtype']} on device 0",
-          "the driver or torch build does not fit this GPU; see the checks above")
+    r.add(
+        "CUDA kernel runs",
+        ok,
+        f"elementwise {e['torch_dtype']} on device 0",
+        "the driver or torch build does not fit this GPU; see the checks above",
+    )
 
 
-def driver_version():
+def driver_version() -> str | None:
     try:
         import pynvml  # optional: nvidia-ml-py
+
         pynvml.nvmlInit()
         driver = pynvml.nvmlSystemGetDriverVersion()
         return driver.decode() if isinstance(driver, bytes) else str(driver)
     except Exception:
         pass
     import shutil
-    import subprocess
+
     if not shutil.which("nvidia-smi"):
         return None
-    out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     lines = out.stdout.strip().splitlines() if out.returncode == 0 else []
     return lines[0].strip() if lines else None
 
 
-def driver_check(r):
+def driver_check(r: Report, e: Data) -> None:
     driver = r.guard("driver", DRIVER_FIX, driver_version)
     if not driver:
         return
-    native = version_tuple(driver) >= version_tuple(EXPECTED["min_driver"])
-    compat = version_tuple(driver) >= version_tuple(EXPECTED["compat_driver"])
-    r.add("driver", compat, f"{driver} (CUDA {EXPECTED['driver_cuda']} needs >= {EXPECTED['min_driver']}"
-          + ("" if native else f"; running under minor-version compatibility, >= {EXPECTED['compat_driver']}") + ")",
-          f"upgrade the NVIDIA driver to >= {EXPECTED['min_driver']}")
+    native = version_tuple(driver) >= version_tuple(e["min_driver"])
+    compat = version_tuple(driver) >= version_tuple(e["compat_driver"])
+    r.add(
+        "driver",
+        compat,
+        f"{driver} (CUDA {e['driver_cuda']} needs >= {e['min_driver']}"
+        + ("" if native else f"; running under minor-version compatibility, >= {e['compat_driver']}")
+        + ")",
+        f"upgrade the NVIDIA driver to >= {e['min_driver']}",
+    )
 
 
-def libcuda_for_imports(r):
+def libcuda_for_imports(r: Report, e: Data) -> None:
     """Compiled modules may link libcuda.so.1 (vllm._C does), which only the driver provides.
     Without one, the CUDA image's forward-compat libcuda stands in, for loading modules only."""
     try:
@@ -215,75 +319,95 @@ def libcuda_for_imports(r):
         return
     except OSError:
         pass
-    compat = EXPECTED["compat_libcuda"]
+    compat = str(e["compat_libcuda"])
     if not os.path.exists(compat):
         return
     try:
         ctypes.CDLL(compat, mode=getattr(ctypes, "RTLD_GLOBAL", 0))
-    except OSError as e:
-        r.add("libcuda for imports", False, first_line(e), f"{compat} is broken; " + DRIVER_FIX)
+    except OSError as exc:
+        r.add("libcuda for imports", False, first_line(exc), f"{compat} is broken; " + DRIVER_FIX)
         return
-    r.add("libcuda for imports", True, f"no NVIDIA driver here: {compat} (the image's CUDA "
-          "forward-compat library) stands in so that modules linked against libcuda load; GPU "
-          "work still needs the driver")
+    r.add(
+        "libcuda for imports",
+        True,
+        f"no NVIDIA driver here: {compat} (the image's CUDA forward-compat library) stands in so "
+        "that modules linked against libcuda load; GPU work still needs the driver",
+    )
 
 
-def import_check(r, module):
+def import_check(r: Report, e: Data, module: str) -> None:
     try:
         mod = importlib.import_module(module)
     except KeyboardInterrupt:
         raise
-    except BaseException as e:
-        text = first_line(e)
-        missing = getattr(e, "name", None) if isinstance(e, ModuleNotFoundError) else None
-        if missing and BUILT.get(missing) and (module == missing or module.startswith(missing + ".")):
-            fix = (f"{missing} is compiled from source for this GPU, not in requirements.txt: run "
-                   f"this inside the envbuild image, or build it (needs nvcc): {BUILT[missing]}")
+    except BaseException as exc:
+        text = first_line(exc)
+        missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+        built = e["built"]
+        if missing and built.get(missing) and (module == missing or module.startswith(missing + ".")):
+            fix = (
+                f"{missing} is compiled from source for this GPU, not in requirements.txt: run "
+                f"this inside the envbuild image, or build it (needs nvcc): {built[missing]}"
+            )
         elif missing and (module == missing or module.startswith(missing + ".")):
-            fix = (f"{missing} is not installed here: run this inside the envbuild image, or install "
-                   "the profile's requirements.txt")
+            fix = (
+                f"{missing} is not installed here: run this inside the envbuild image, or install "
+                "the profile's requirements.txt"
+            )
         elif missing:
             fix = f"{module} needs {missing}, which is not installed: rebuild the image"
         elif "libcuda.so" in text:
             fix = f"{module} needs the NVIDIA driver's libcuda.so.1: " + DRIVER_FIX
         else:
-            fix = (f"{module} is broken or was built against another torch/CUDA; rebuild the image "
-                   "(training would stop at this import)")
+            fix = (
+                f"{module} is broken or was built against another torch/CUDA; rebuild the image "
+                "(training would stop at this import)"
+            )
         r.add(f"import {module}", False, text, fix)
         return
     version = getattr(mod, "__version__", None)
     r.add(f"import {module}", True, str(version) if isinstance(version, str) else "ok")
 
 
-def patch_check(r):
+def patch_check(r: Report, e: Data) -> None:
     """verl patched for this GPU and audited, without importing verl: each recorded replacement of
     apply_patches.py in place in the installed release's files, then audit_precision.py (beside
     this file) run on them. A route without Docker that skipped them leaves a verl that computes
     in bf16 or imports flash-attn where this GPU cannot."""
     here = pathlib.Path(__file__).resolve().parent
-    fix = f"run `{EXPECTED['finish']}` in {here} with this Python"
+    fix = f"run `{e['finish']}` in {here} with this Python"
     spec = importlib.util.find_spec("verl")  # (finds verl; imports nothing)
     if spec is None or not spec.submodule_search_locations:
         r.add("verl patched", False, "verl is not installed", "install the profile's requirements first")
         return
     root = pathlib.Path(list(spec.submodule_search_locations)[0]).parent
     missing = []
-    for patch in EXPECTED["patches"]:
+    for patch in e["patches"]:
         for rel in patch["files"]:
             path = root / rel
             text = path.read_text(errors="replace") if path.is_file() else None
-            if text is None or any(new not in text or (find in text and find not in new)
-                                   for find, new in patch["replace"]):
+            if text is None or any(
+                new not in text or (find in text and find not in new) for find, new in patch["replace"]
+            ):
                 missing.append(f"{patch['name']} ({rel})")
     if missing:
         r.add("verl patched", False, f"not applied in {root}: {', '.join(missing)}", fix)
     else:
-        r.add("verl patched", True, f"{len(EXPECTED['patches'])} recorded patch(es) in place"
-              if EXPECTED["patches"] else "no patch recorded for this GPU")
+        r.add(
+            "verl patched",
+            True,
+            f"{len(e['patches'])} recorded patch(es) in place"
+            if e["patches"]
+            else "no patch recorded for this GPU",
+        )
     audit = here / "audit_precision.py"
     if not audit.is_file():
-        r.add("precision audit", False, f"{audit.name} is not beside {pathlib.Path(__file__).name}",
-              "run preflight.py from the rendered folder (or the image's envbuild folder)")
+        r.add(
+            "precision audit",
+            False,
+            f"{audit.name} is not beside {pathlib.Path(__file__).name}",
+            "run preflight.py from the rendered folder (or the image's envbuild folder)",
+        )
         return
     p = subprocess.run([sys.executable, str(audit)], capture_output=True, text=True, timeout=300)
     lines = [ln for ln in (p.stdout + p.stderr).splitlines() if ln.strip()]
@@ -291,23 +415,23 @@ def patch_check(r):
     r.add("precision audit", p.returncode == 0, last, None if p.returncode == 0 else fix)
 
 
-def checks(smoke):
+def checks(e: Data, smoke: bool) -> list[dict[str, Any]]:
     r = Report()
-    torch = load_torch(r)
+    torch = load_torch(r, e)
     if not smoke:
         if torch is None:
             r.add("GPU visible", False, "not checked: torch did not load", "fix torch first (above)")
         else:
-            gpu_checks(r, torch)
-        driver_check(r)
-    r.guard("libcuda for imports", DRIVER_FIX, libcuda_for_imports, r)
-    for module in EXPECTED["training_path"]:
-        import_check(r, module)
-    patch_check(r)
+            gpu_checks(r, e, torch)
+        driver_check(r, e)
+    r.guard("libcuda for imports", DRIVER_FIX, libcuda_for_imports, r, e)
+    for module in e["training_path"]:
+        import_check(r, e, module)
+    patch_check(r, e)
     return r.results
 
 
-def config_keys():
+def config_keys() -> tuple[set[str], set[str]]:
     """(every key of verl's composed PPO config, the keys of its empty maps), composed as
     `python -m verl.trainer.main_ppo` composes it (hydra's compose API, the config its
     @hydra.main names)."""
@@ -329,9 +453,10 @@ def config_keys():
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=config_dir, version_base=None):
         cfg = compose(config_name=found.group(2))
-    keys, open_maps = set(), set()
+    keys: set[str] = set()
+    open_maps: set[str] = set()
 
-    def walk(node, prefix):
+    def walk(node: dict[Any, Any], prefix: str) -> None:
         for k, v in node.items():
             key = f"{prefix}{k}"
             keys.add(key)
@@ -340,11 +465,12 @@ def config_keys():
                     open_maps.add(key)
                 walk(v, key + ".")
 
-    walk(OmegaConf.to_container(cfg, resolve=False), "")
+    tree = OmegaConf.to_container(cfg, resolve=False)
+    walk(tree if isinstance(tree, dict) else {}, "")
     return keys, open_maps
 
 
-def parsed_overrides(args):
+def parsed_overrides(args: list[str]) -> list[tuple[str, str, Any, str]]:
     """[(prefix, key, value, arg)] of the run's overrides as Hydra itself parses them (its own
     override grammar: quotes, numbers, dicts, lists, sweeps), a dict set on a parent key spread
     into its leaves ({param_offload: true} on fsdp_config is fsdp_config.param_offload=True).
@@ -352,14 +478,17 @@ def parsed_overrides(args):
     plain KEY=VALUE form, as text, if it has one (Hydra itself refuses the rest)."""
     import re
 
+    parser: Any
     try:
         from hydra.core.override_parser.overrides_parser import OverridesParser
+
         parser = OverridesParser.create()
     except Exception:
         parser = None
-    out = []
+    out: list[tuple[str, str, Any, str]] = []
     for arg in args:
-        o = None
+        o: Any = None
+        value: Any = None
         if parser is not None:
             try:
                 (o,) = parser.parse_overrides([arg])
@@ -376,7 +505,7 @@ def parsed_overrides(args):
         prefix = "++" if o.is_force_add() else "+" if o.is_add() else ""
         values = list(value.list) if o.is_sweep_override() and hasattr(value, "list") else [value]
         for v in values:
-            todo = [(o.key_or_group, v)]
+            todo: list[tuple[str, Any]] = [(str(o.key_or_group), v)]
             while todo:
                 key, leaf = todo.pop()
                 if isinstance(leaf, dict):
@@ -385,7 +514,7 @@ def parsed_overrides(args):
     return out
 
 
-def same_value(value, ref):
+def same_value(value: Any, ref: str) -> bool:
     """Whether `value` (as Hydra parsed it) is what the refused `ref` value ("true", "false",
     or a word) becomes in verl's config: a bool field takes 1, 'yes', "True" as True, as
     OmegaConf's BooleanNode converts them. An interpolation (${...}) is known only at run
@@ -397,20 +526,22 @@ def same_value(value, ref):
     if ref in ("true", "false"):
         try:
             from omegaconf import BooleanNode
-            return BooleanNode(value=value)._value() is (ref == "true")
+
+            return bool(BooleanNode(value=value)._value() is (ref == "true"))
         except Exception:
-            return str(value).strip().lower() in ({"true", "1", "yes", "on", "y"} if ref == "true"
-                                                  else {"false", "0", "no", "off", "n"})
+            words = {"true", "1", "yes", "on", "y"} if ref == "true" else {"false", "0", "no", "off", "n"}
+            return str(value).strip().lower() in words
     return str(value).strip().lower() == ref
 
 
-def override_problems(args):
+def override_problems(e: Data, args: list[str]) -> list[tuple[str, str]]:
     """[(what, fix)] for the run's extra Hydra overrides."""
     import difflib
 
-    problems, added = [], []
+    problems: list[tuple[str, str]] = []
+    added: list[tuple[str, str, str]] = []
     for prefix, key, value, arg in parsed_overrides(args):
-        for ref in EXPECTED["refused_overrides"]:
+        for ref in e["refused_overrides"]:
             if key == ref["key"] and same_value(value, ref["value"]):
                 problems.append((f"{arg}: {ref['why']}", ref["fix"]))
         if prefix and (prefix, key, arg) not in added and not isinstance(value, dict):
@@ -418,24 +549,30 @@ def override_problems(args):
     if added:
         try:
             keys, open_maps = config_keys()
-        except Exception as e:
-            return problems + [(f"verl's config could not be read to check {added[0][2]}: "
-                                f"{first_line(e)}", "check that verl and hydra-core import in "
-                                "this environment (preflight.py lists the imports)")]
-        reads = set(EXPECTED["config_reads"])
+        except Exception as exc:
+            return problems + [
+                (
+                    f"verl's config could not be read to check {added[0][2]}: {first_line(exc)}",
+                    "check that verl and hydra-core import in this environment (preflight.py lists the imports)",
+                )
+            ]
+        reads = set(e["config_reads"])
         for prefix, key, arg in added:
             if key in keys or key in reads or any(key.startswith(m + ".") for m in open_maps):
                 continue
             near = difflib.get_close_matches(key, sorted(keys | reads), n=1, cutoff=0.6)
-            problems.append((f"{arg}: verl {EXPECTED['verl_version']}'s config has no key {key} and "
-                             f"its code does not read one; Hydra's {prefix} would add it silently "
-                             "and the run would go on without it",
-                             (f"did you mean {near[0]}? " if near else "") + "set a key the config "
-                             "has, without + (`python -m verl.trainer.main_ppo --cfg job` prints them)"))
+            problems.append(
+                (
+                    f"{arg}: verl {e['verl_version']}'s config has no key {key} and its code does not "
+                    f"read one; Hydra's {prefix} would add it silently and the run would go on without it",
+                    (f"did you mean {near[0]}? " if near else "")
+                    + "set a key the config has, without + (`python -m verl.trainer.main_ppo --cfg job` prints them)",
+                )
+            )
     return problems
 
 
-def stdout_to_stderr(fn):
+def stdout_to_stderr(fn: Callable[[], T]) -> T:
     """fn() with file descriptor 1 pointed at stderr: packages that log to stdout on import
     (vLLM does) must not get into the report or break --json."""
     saved = None
@@ -457,46 +594,58 @@ def stdout_to_stderr(fn):
             os.close(saved)
 
 
-def main(argv):
+def main(argv: list[str]) -> int:
     if "-h" in argv or "--help" in argv:
         print(__doc__)
         return 0
     overrides = None
     if "--overrides" in argv:
         at = argv.index("--overrides")
-        argv, overrides = argv[:at], argv[at + 1:]
+        argv, overrides = argv[:at], argv[at + 1 :]
     unknown = [a for a in argv if a not in FLAGS]
     if unknown:
-        print(f"preflight.py: unknown argument {unknown[0]!r}; use {', '.join(FLAGS)} "
-              "(--help says what each does)", file=sys.stderr)
+        print(
+            f"preflight.py: unknown argument {unknown[0]!r}; use {', '.join(FLAGS)} (--help says what each does)",
+            file=sys.stderr,
+        )
+        return 2
+    e = load_data(KEY, REQUIRED)
+    if e is None:
         return 2
     smoke = "--smoke" in argv
     if overrides:
-        refused = stdout_to_stderr(lambda: override_problems(overrides))
+        refused = stdout_to_stderr(lambda: override_problems(e, overrides))
         if refused:
             for what, fix in refused:
                 print(f"\u2717 run override {what}\n    fix: {fix}", file=sys.stderr)
             print(f"NOT STARTED: {len(refused)} run override(s) refused", file=sys.stderr)
             return 2
-    results = stdout_to_stderr(lambda: checks(smoke))
+    results = stdout_to_stderr(lambda: checks(e, smoke))
     ready = all(r["ok"] for r in results)
     try:
-        sys.stdout.reconfigure(errors="replace")  # a non-UTF-8 terminal gets '?' for the marks
+        sys.stdout.reconfigure(errors="replace")  # type: ignore[union-attr]  # (a non-UTF-8 terminal gets '?')
     except Exception:
         pass
     if "--json" in argv:
-        print(json.dumps({"profile": EXPECTED["profile"], "ready": ready,
-                          "mode": "smoke" if smoke else "full", "checks": results}, indent=2))
+        report = {
+            "profile": e["profile"],
+            "ready": ready,
+            "mode": "smoke" if smoke else "full",
+            "checks": results,
+        }
+        print(json.dumps(report, indent=2))
     elif not ("--quiet" in argv and ready):
         for r in results:
             mark = "\u2713" if r["ok"] else "\u2717"
             print(f"{mark} {r['check']}: {r['detail']}" + (f"\n    fix: {r['fix']}" if r["fix"] else ""))
         if smoke:
-            n = len(EXPECTED["training_path"])
-            print(("smoke ok" if ready else "smoke FAILED") + f": {EXPECTED['profile']} (torch build and "
-                  f"{n} modules of the training path; no GPU checks)")
+            n = len(e["training_path"])
+            print(
+                ("smoke ok" if ready else "smoke FAILED")
+                + f": {e['profile']} (torch build and {n} modules of the training path; no GPU checks)"
+            )
         else:
-            print(("READY" if ready else "NOT READY") + f": profile {EXPECTED['profile']} on this machine")
+            print(("READY" if ready else "NOT READY") + f": profile {e['profile']} on this machine")
     return 0 if ready else 1
 
 
@@ -505,9 +654,9 @@ if __name__ == "__main__":
         code = main(sys.argv[1:])
     except KeyboardInterrupt:
         code = 130
-    except BaseException as e:  # the last guard: a report that cannot be printed is still an answer
+    except BaseException as exc:  # the last guard: a report that cannot be printed is still an answer
         try:
-            print(f"\u2717 preflight itself failed: {first_line(e)}", file=sys.stderr)
+            print(f"\u2717 preflight itself failed: {first_line(exc)}", file=sys.stderr)
         except BaseException:
             pass
         code = 1
