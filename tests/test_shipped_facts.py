@@ -389,3 +389,35 @@ def test_a_grace_image_installs_uvs_aarch64_wheel():
     assert gh.uv.filename == "uv-0.13.9-py3-none-manylinux_2_28_aarch64.whl"
     assert gh.uv.sha256.startswith("ecb6028d") and gh.uv.size == 16864124
     assert h100.uv.filename.endswith("manylinux2014_x86_64.whl") and h100.uv.version == gh.uv.version
+
+
+def test_gb200_carries_verl_0_9_1s_nccl_settings_and_gh200_does_not():
+    """verl 0.9.1's _gb200_nccl_env applies from compute capability 10 (Blackwell) and is for
+    GB200 nodes without IMEX: the GB200's cluster holds it for the launchers; the GH200 (9.0)
+    and an HGX B200 (no multi-node NVLink, NVLS through its own NVSwitches) do not."""
+    nccl = shipped().verl["0.9.1"]["nccl_env"]
+    assert dict(nccl["env"]) == {"NCCL_NVLS_ENABLE": "0", "NCCL_MNNVL_ENABLE": "0"}
+    assert dict(resolved("gb200", nodes=2).cluster.without_imex) == dict(nccl["env"])
+    assert resolved("gh200", nodes=2).cluster.without_imex is None
+    assert resolved("b200", nodes=2).cluster.without_imex is None
+    assert "without_imex" not in resolved("b200").to_dict()["cluster"]
+
+
+@pytest.mark.pypi
+def test_verl_0_9_1s_gb200_nccl_settings_are_what_its_wheel_sets(verl_trees):
+    """The recorded settings, floor and opt-in variable, read from the real wheel's
+    verl/trainer/constants_ppo.py (not imported: it imports torch and ray)."""
+    import ast
+
+    nccl = shipped().verl["0.9.1"]["nccl_env"]
+    source = (verl_trees["0.9.1"] / "verl" / "trainer" / "constants_ppo.py").read_text()
+    tree = ast.parse(source)
+    guard = next(
+        n for n in ast.walk(tree) if isinstance(n, ast.If) and "_gb200_nccl_env" in ast.unparse(n.body[0])
+    )
+    assert ast.literal_eval(guard.body[0].value) == dict(nccl["env"])
+    condition = ast.unparse(guard.test)
+    major = nccl["min_compute_capability"].split(".")[0]
+    assert f">= {major}" in condition and repr(nccl["opt_in"]) in condition and "== '1'" in condition
+    # spread into the Ray runtime environment every PPO worker gets
+    assert "**_gb200_nccl_env" in source.split("PPO_RAY_RUNTIME_ENV = {", 1)[1].split("\n}\n", 1)[0]

@@ -979,6 +979,12 @@ class _Resolver:
                 + (f"(--driver {drv})" if drv else f"(pass --driver; from {p2p_driver} it stays on)")
             )
         s.cluster_env = dict(sorted(env.items()))
+        # verl's own NCCL settings for a multi-node NVLink GPU, which the launchers set where
+        # `when` holds (an HGX B200 has no IMEX channels and keeps NVLS)
+        nccl = s.verl.get("nccl_env")
+        s.imex_env = None
+        if nccl and s.gpu.get("mnnvl") and _at_least(s.cc, nccl["min_compute_capability"]):
+            s.imex_env = dict(sorted(nccl["env"].items()))
         if table and s.interconnect and s.interconnect.get("note"):
             s.notes.append(f"{name}: {s.interconnect['note']}")
 
@@ -1260,6 +1266,7 @@ class _Resolver:
                 interconnect=s.ic_name,
                 env=frozen(s.cluster_env),
                 interface=bool(s.interconnect and s.interconnect["interface"]),
+                without_imex=frozen(s.imex_env),
             ),
             notes=tuple(s.notes),
             dataset=R.Dataset.from_plain(dict(dataset, name="gsm8k")) if dataset else None,
@@ -1373,6 +1380,7 @@ class Selection:
     interconnect: Entry | None
     ic_name: str | None
     cluster_env: dict[str, str]
+    imex_env: dict[str, str] | None
     # the HF-rollout plan
     train: dict[str, Any]
     notes: list[str]
