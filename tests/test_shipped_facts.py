@@ -374,12 +374,22 @@ def test_pypis_aarch64_torch_is_cpu_up_to_2_10_and_cuda_from_2_11():
     assert "pypi_aarch64" not in t["2.3.1"]  # not read: the record says so (torch.yaml aarch64)
 
 
-def test_a_grace_profile_is_not_locked_for_x86_64():
-    from envbuilder.errors import UserError
-    from envbuilder.lock import lock_profile
+@pytest.mark.parametrize("profile", ["gh200", "gb200"])
+def test_a_grace_profiles_shipped_lock_pins_aarch64_files(profile):
+    """lockfiles/gh200 and gb200 (uv for aarch64-manylinux_2_39 against PyPI): every platform
+    wheel pylock.toml pins is an aarch64 one, torch's and vLLM's included."""
+    import tomllib
 
-    with pytest.raises(UserError, match="x86_64 .* only"):
-        lock_profile(resolved("gh200"), "2.39", None, FIXTURES)  # type: ignore[arg-type]
+    lock = MATRICES.parent / "lockfiles" / profile
+    meta = json.loads((lock / "lock.json").read_text())
+    assert meta["target"]["platform"] == "linux-aarch64"
+    assert meta["target"]["python_platform"] == "aarch64-manylinux_2_39"
+    packages = {p["name"]: p for p in tomllib.loads((lock / "pylock.toml").read_text())["packages"]}
+    names = [w["url"].rsplit("/", 1)[1] for p in packages.values() for w in p.get("wheels", ())]
+    platform = [n for n in names if not n.endswith("-none-any.whl")]
+    assert platform and all("aarch64" in n for n in platform), [n for n in platform if "aarch64" not in n]
+    assert any(n.startswith("torch-2.11.0-cp312-") for n in platform)
+    assert any(n.startswith("vllm-0.24.0-") for n in platform)
 
 
 def test_a_grace_image_installs_uvs_aarch64_wheel():

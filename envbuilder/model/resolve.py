@@ -1460,8 +1460,8 @@ def _rule_machine(r: _Resolver, s: Selection) -> None:
             f"{machine}: PyPI serves this stack's {machine} CUDA wheels (torch {s.torch_v} {built}"
             + (f", vLLM {s.vllm_v}" if s.vllm_v else "")
             + f"), and `envbuild check {r.name} --resolve` co-resolves the pins for {machine}; "
-            "the image installs uv's aarch64 wheel; envbuild's locks and wheelhouse are still x86_64 "
-            "ones, so build it on the aarch64 host itself, unlocked"
+            "the image installs uv's aarch64 wheel, and `envbuild lock` solves for "
+            f"{machine} (lockfiles/{r.name} where shipped)"
         )
         return
     fits = [

@@ -180,8 +180,12 @@ def torch_swap(env: ResolvedEnv) -> str | None:
 
 def plan_sha256(env: ResolvedEnv) -> str:
     """What a pip solution depends on: the requirements, the target Python and the CUDA image
-    (its glibc). Not the index URLs (a mirror serves the same files) nor the templates."""
+    (its glibc), and a host other than x86_64 (an aarch64 solution pins other files; x86_64's
+    text stays what its locks recorded). Not the index URLs (a mirror serves the same files)
+    nor the templates."""
     text = f"{requirements_in(env)}\0python={env.python}\0cuda={env.cuda.version}\n"
+    if env.gpu.machine != "x86_64":
+        text += f"machine={env.gpu.machine}\n"
     return hashlib.sha256(text.encode()).hexdigest()
 
 
