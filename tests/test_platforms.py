@@ -102,6 +102,23 @@ def test_a_profiles_platforms_are_its_hosts_and_need_a_push():
         check_platforms(gh, ("linux/arm64",), None)
 
 
+def test_a_foreign_platform_without_its_qemu_handler_is_refused(tmp_path):
+    """A binfmt_misc folder of the test's own: the handler missing, then disabled, then enabled
+    (as the kernel writes it: `enabled`, then the interpreter line)."""
+    import platform
+
+    foreign = "linux/arm64" if platform.machine() == "x86_64" else "linux/amd64"
+    handler = tmp_path / E.QEMU_HANDLERS[foreign]
+    with pytest.raises(UserError, match="qemu-user-static"):
+        E.foreign_needs_qemu((foreign,), tmp_path)
+    handler.write_text("disabled\ninterpreter /usr/libexec/qemu-binfmt/x\n")
+    with pytest.raises(UserError, match=f"no {handler.name} binfmt handler is enabled"):
+        E.foreign_needs_qemu((foreign,), tmp_path)
+    handler.write_text("enabled\ninterpreter /usr/libexec/qemu-binfmt/x\n")
+    E.foreign_needs_qemu((foreign,), tmp_path)
+    E.foreign_needs_qemu(("linux/amd64" if foreign == "linux/arm64" else "linux/arm64",), tmp_path / "none")
+
+
 def test_buildx_builds_and_pushes_every_platform_at_once(tmp_path):
     client = B.BuildKitClient(("/usr/bin/docker", "buildx", "build", "--load"), {}, "docker buildx (v0.12)")
     got = B.platforms_client(client, ("linux/arm64",), tmp_path / "m.json")

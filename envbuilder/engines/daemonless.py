@@ -372,6 +372,34 @@ def daemonless_push(
     return digest
 
 
+# QEMU's user-mode handler of each foreign platform, as Debian's qemu-user-static registers it
+QEMU_HANDLERS = {"linux/arm64": "qemu-aarch64", "linux/amd64": "qemu-x86_64"}
+BINFMT_DIR = Path("/proc/sys/fs/binfmt_misc")
+
+
+def foreign_needs_qemu(platforms: tuple[str, ...], binfmt: Path = BINFMT_DIR) -> None:
+    """UserError naming the fix when a platform of another CPU than this machine's has no
+    enabled binfmt handler here: its RUN steps would fail with `exec format error`."""
+    import platform as host
+
+    own = {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}.get(host.machine())
+    for p in platforms:
+        handler = binfmt / QEMU_HANDLERS.get(p, "")
+        if p == own or p not in QEMU_HANDLERS:
+            continue
+        try:
+            enabled = handler.read_text().splitlines()[0] == "enabled"
+        except (OSError, IndexError):
+            enabled = False
+        if not enabled:
+            raise UserError(
+                f"--platform {p}: this machine is {own or host.machine()}, and no {handler.name} "
+                f"binfmt handler is enabled ({handler}), so the {p} RUN steps cannot run here. "
+                "Install Debian's qemu-user-static and binfmt-support (apt-get install), with "
+                "binfmt_misc mounted (mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc)."
+            )
+
+
 def daemonless_platforms(
     name: str,
     context: Path,
@@ -387,6 +415,7 @@ def daemonless_platforms(
     then the list and its images pushed to registry/repo_tag; the list's digest."""
     from envbuilder.oci.registry import check_registry
 
+    foreign_needs_qemu(platforms)
     check_registry(registry, "--push", "nothing was built or pushed")
     daemonless_build(name, context, repo_tag, build_args, secrets, echo, say, platforms)
     return daemonless_push(name, repo_tag, registry, repo_tag, say, manifest_list=True)
