@@ -187,6 +187,8 @@ CHANNEL_PACKAGES = [
     ),
     ("cuda-cudart-dev", "11.8.89", "linux-64", "h0_0", ["cuda-version 11.8.*"], []),
     ("cuda-libraries-dev", "11.8.0", "linux-64", "h0_0", ["cuda-version 11.8.*"], []),
+    # a Grace host's (GH200, GB200): its own python; pip is the noarch one above
+    ("python", "3.12.0", "linux-aarch64", "h0_0", ["__glibc >=2.17"], []),
 ]
 
 
@@ -267,8 +269,9 @@ def _install(lock_yml: Path, prefix: Path, tamper: str) -> None:
     from rattler.package import BuildString
     from rattler.platform import Platform
 
-    records = []
+    records, platform = [], "linux-64"
     for p in parse_conda_lock_file(lock_yml).package:
+        platform = p.platform  # (one platform a lock: its conda-lock.yml says which)
         if p.manager != "conda":
             continue
         channel, subdir, fname = channel_of(p.url)
@@ -290,7 +293,7 @@ def _install(lock_yml: Path, prefix: Path, tamper: str) -> None:
             records,
             target_prefix=prefix,
             cache_dir=prefix.parent / f"{prefix.name}-pkgs",
-            platform=Platform("linux-64"),
+            platform=Platform(platform),
             execute_link_scripts=False,
             show_progress=False,
         )

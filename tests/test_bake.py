@@ -17,6 +17,9 @@ def test_bake_all_writes_a_target_and_a_context_per_profile(cli, tmp_path):
     bake = load(tmp_path / "bake" / "docker-bake.hcl")
     assert bake["groups"]["default"] == PROFILES
     assert sorted(bake["targets"]) == sorted(PROFILES)
+    assert {t["platforms"][0] for n, t in bake["targets"].items() if n in ("gh200", "gb200")} == {
+        "linux/arm64"
+    }
     for name, t in bake["targets"].items():
         env = resolved(name)
         assert (tmp_path / "bake" / t["context"] / "Dockerfile").is_file()
@@ -26,6 +29,8 @@ def test_bake_all_writes_a_target_and_a_context_per_profile(cli, tmp_path):
         assert t["cache-from"] == [f"type=registry,ref=127.0.0.1:5999/envbuild/{name}:buildcache"]
         assert t["cache-to"][0].endswith(":buildcache,mode=max")
         assert t["labels"]["io.envbuild.profile"] == name
+        # its host's platform: the Grace systems' images are arm64 (buildx cross-builds them)
+        assert t["platforms"] == ["linux/arm64" if env.gpu.machine == "aarch64" else "linux/amd64"]
         assert t["args"]["PIP_INDEX_URL"] == env.indexes.pypi
         assert t["args"].get("TORCH_INDEX_URL") == env.indexes.torch
         # every build arg the file passes is one the Dockerfile declares

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PROFILES, shipped
+from conftest import PROFILES
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,10 +27,8 @@ def pip_steps(dockerfile: str) -> list[str]:
     ]
 
 
-# the aarch64 profiles (GH200, GB200) have no lock: envbuild's locks are x86_64 only (issue 37)
-LOCKED = [
-    p for p in PROFILES if shipped().gpus[shipped().profiles[p]["gpu"]].get("machine", "x86_64") == "x86_64"
-]
+# every shipped profile has a lock, the aarch64 ones (GH200, GB200) solved for aarch64
+LOCKED = PROFILES
 
 
 @pytest.mark.parametrize("profile", LOCKED)

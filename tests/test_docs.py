@@ -306,12 +306,12 @@ def locks_table() -> list[str]:
             if swapped
             else "`envbuild lock PROFILE --only pip`, a real solve by uv against PyPI"
         )
-        key = (verl, torch, meta["target"]["python"], parts, how)
+        key = (meta["target"]["platform"], verl, torch, meta["target"]["python"], parts, how)
         rows.setdefault(key, []).append(lock.parent.name)
-    out = ["| profile | verl | torch | Python | parts | how |", "|---|---|---|---|---|---|"]
-    for (verl, torch, python, parts, how), names in rows.items():
+    out = ["| profile | platform | verl | torch | Python | parts | how |", "|---|---|---|---|---|---|---|"]
+    for (platform, verl, torch, python, parts, how), names in rows.items():
         out.append(
-            f"| {', '.join(f'`{n}`' for n in names)} | {verl} | {torch} | {python} | {parts} | {how} |"
+            f"| {', '.join(f'`{n}`' for n in names)} | {platform} | {verl} | {torch} | {python} | {parts} | {how} |"
         )
     return out
 

@@ -499,6 +499,7 @@ def test_a_tag_only_image_is_refused_naming_build_push(cli, tmp_path):
         ("4090", dict(nodes=2)),
         ("4090", dict(nodes=3, gpus_per_node=2, interconnect="roce")),
         ("p40", dict(nodes=2, interconnect="ib")),
+        ("gb200", dict(nodes=2, interconnect="ib")),
     ],
 )
 def test_sbatch_scripts_pass_shellcheck_and_bash_n(profile, args, runtime, tmp_path):
@@ -930,3 +931,45 @@ def test_o_naming_a_folder_is_refused(cli, tmp_path, kind):
     code, out, err = cli(*args)
     assert code == 2 and "names a folder" in err, (out, err)
     assert not (tmp_path / "newdir").exists()
+
+
+@pytest.mark.parametrize("imex", [False, True])
+def test_gb200s_launchers_turn_nvls_and_mnnvl_off_on_a_node_without_imex(tmp_path, imex):
+    """verl 0.9.1's GB200 NCCL settings (verl.yaml nccl_env), exported by the `ray start` lines
+    before Ray starts where the node has no IMEX channels, unless set; the H100's have none. The
+    lines run in bash here, with IMEX_CHANNELS pointed at a path of the test's."""
+    env = resolved("gb200", nodes=2)
+    channels = tmp_path / "imex-channels"
+    if imex:
+        channels.mkdir()
+    text = L.ray_commands(env, head_ip="10.0.0.1").replace(L.IMEX_CHANNELS, str(channels))
+    exports = "".join(line + "\n" for line in text.splitlines() if not line.startswith(("ray ", "RAY_")))
+    r = subprocess.run(
+        ["bash", "-c", exports + "env"], capture_output=True, text=True, env={"PATH": os.environ["PATH"]}
+    )
+    assert r.returncode == 0, r.stderr
+    got = dict(line.split("=", 1) for line in r.stdout.splitlines() if line.startswith("NCCL_"))
+    if imex:
+        assert "NCCL_NVLS_ENABLE" not in got and "NCCL_MNNVL_ENABLE" not in got
+    else:
+        assert got["NCCL_NVLS_ENABLE"] == "0" and got["NCCL_MNNVL_ENABLE"] == "0"
+    # a value the user exports wins
+    r = subprocess.run(
+        ["bash", "-c", exports + "env"],
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ["PATH"], "NCCL_MNNVL_ENABLE": "1"},
+    )
+    assert "NCCL_MNNVL_ENABLE=1" in r.stdout.splitlines()
+    assert "MNNVL" not in L.ray_commands(resolved("h100", nodes=2), head_ip="10.0.0.1")
+
+
+def test_gb200s_sbatch_script_sets_them_and_passes_them_into_docker(tmp_path):
+    script = L.slurm_script(resolved("gb200", nodes=2), image=IMAGE)
+    assert f"if [ ! -e {L.IMEX_CHANNELS} ]; then" in script
+    assert (
+        "export NCCL_MNNVL_ENABLE=${NCCL_MNNVL_ENABLE:-0} NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}" in script
+    )
+    names = next(line for line in script.splitlines() if line.startswith("for name in ")).split()
+    assert {"NCCL_MNNVL_ENABLE", "NCCL_NVLS_ENABLE"} <= set(names)
+    assert "MNNVL" not in L.slurm_script(resolved("h100", nodes=2), image=IMAGE)

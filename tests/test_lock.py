@@ -226,6 +226,30 @@ def test_rattler_installs_the_locked_env_without_solving(world, p40_lock, tmp_pa
     ]
 
 
+def test_a_grace_profiles_conda_part_is_solved_for_linux_aarch64(world, tmp_path, capsys):
+    """gh200's conda part comes from the channel's linux-aarch64 subdir (never linux-64's python
+    of the same version), for __archspec aarch64, and installs as an aarch64 prefix."""
+    code, _, err = envbuild(
+        capsys, "lock", "gh200", "-o", tmp_path, "--only", "conda", "--channel", world["channel"].url
+    )
+    assert code == 0, err
+    lock = tmp_path / "gh200"
+    meta = json.loads((lock / "lock.json").read_text())
+    assert meta["target"]["platform"] == "linux-aarch64"
+    assert meta["target"]["virtual_packages"]["__archspec"] == "1 aarch64"
+    from conda_lock.lockfile import parse_conda_lock_file
+
+    parsed = parse_conda_lock_file(lock / "conda-lock.yml")
+    assert parsed.metadata.platforms == ["linux-aarch64"]
+    urls = {p.name: p.url for p in parsed.package}
+    assert {p.platform for p in parsed.package} == {"linux-aarch64"}
+    assert urls["python"].endswith("/linux-aarch64/python-3.12.0-h0_0.conda") and "/noarch/" in urls["pip"]
+    assert F.install_locked(lock / "conda-lock.yml", tmp_path / "env") == {"ok": True}
+    assert (tmp_path / "env" / "bin" / "python-3.12.0.txt").is_file()
+    code, out, err = envbuild(capsys, "lock", "gh200", "--check", "--only", "conda", "-o", tmp_path)
+    assert code == 0, out + err
+
+
 def test_a_tampered_conda_sha256_fails_the_install(p40_lock, tmp_path):
     result = F.install_locked(p40_lock / "conda-lock.yml", tmp_path / "env", tamper="cuda-nvcc")
     assert "hash mismatch" in result.get("error", ""), result

@@ -374,12 +374,22 @@ def test_pypis_aarch64_torch_is_cpu_up_to_2_10_and_cuda_from_2_11():
     assert "pypi_aarch64" not in t["2.3.1"]  # not read: the record says so (torch.yaml aarch64)
 
 
-def test_a_grace_profile_is_not_locked_for_x86_64():
-    from envbuilder.errors import UserError
-    from envbuilder.lock import lock_profile
+@pytest.mark.parametrize("profile", ["gh200", "gb200"])
+def test_a_grace_profiles_shipped_lock_pins_aarch64_files(profile):
+    """lockfiles/gh200 and gb200 (uv for aarch64-manylinux_2_39 against PyPI): every platform
+    wheel pylock.toml pins is an aarch64 one, torch's and vLLM's included."""
+    import tomllib
 
-    with pytest.raises(UserError, match="x86_64 .* only"):
-        lock_profile(resolved("gh200"), "2.39", None, FIXTURES)  # type: ignore[arg-type]
+    lock = MATRICES.parent / "lockfiles" / profile
+    meta = json.loads((lock / "lock.json").read_text())
+    assert meta["target"]["platform"] == "linux-aarch64"
+    assert meta["target"]["python_platform"] == "aarch64-manylinux_2_39"
+    packages = {p["name"]: p for p in tomllib.loads((lock / "pylock.toml").read_text())["packages"]}
+    names = [w["url"].rsplit("/", 1)[1] for p in packages.values() for w in p.get("wheels", ())]
+    platform = [n for n in names if not n.endswith("-none-any.whl")]
+    assert platform and all("aarch64" in n for n in platform), [n for n in platform if "aarch64" not in n]
+    assert any(n.startswith("torch-2.11.0-cp312-") for n in platform)
+    assert any(n.startswith("vllm-0.24.0-") for n in platform)
 
 
 def test_a_grace_image_installs_uvs_aarch64_wheel():
@@ -389,3 +399,35 @@ def test_a_grace_image_installs_uvs_aarch64_wheel():
     assert gh.uv.filename == "uv-0.13.9-py3-none-manylinux_2_28_aarch64.whl"
     assert gh.uv.sha256.startswith("ecb6028d") and gh.uv.size == 16864124
     assert h100.uv.filename.endswith("manylinux2014_x86_64.whl") and h100.uv.version == gh.uv.version
+
+
+def test_gb200_carries_verl_0_9_1s_nccl_settings_and_gh200_does_not():
+    """verl 0.9.1's _gb200_nccl_env applies from compute capability 10 (Blackwell) and is for
+    GB200 nodes without IMEX: the GB200's cluster holds it for the launchers; the GH200 (9.0)
+    and an HGX B200 (no multi-node NVLink, NVLS through its own NVSwitches) do not."""
+    nccl = shipped().verl["0.9.1"]["nccl_env"]
+    assert dict(nccl["env"]) == {"NCCL_NVLS_ENABLE": "0", "NCCL_MNNVL_ENABLE": "0"}
+    assert dict(resolved("gb200", nodes=2).cluster.without_imex) == dict(nccl["env"])
+    assert resolved("gh200", nodes=2).cluster.without_imex is None
+    assert resolved("b200", nodes=2).cluster.without_imex is None
+    assert "without_imex" not in resolved("b200").to_dict()["cluster"]
+
+
+@pytest.mark.pypi
+def test_verl_0_9_1s_gb200_nccl_settings_are_what_its_wheel_sets(verl_trees):
+    """The recorded settings, floor and opt-in variable, read from the real wheel's
+    verl/trainer/constants_ppo.py (not imported: it imports torch and ray)."""
+    import ast
+
+    nccl = shipped().verl["0.9.1"]["nccl_env"]
+    source = (verl_trees["0.9.1"] / "verl" / "trainer" / "constants_ppo.py").read_text()
+    tree = ast.parse(source)
+    guard = next(
+        n for n in ast.walk(tree) if isinstance(n, ast.If) and "_gb200_nccl_env" in ast.unparse(n.body[0])
+    )
+    assert ast.literal_eval(guard.body[0].value) == dict(nccl["env"])
+    condition = ast.unparse(guard.test)
+    major = nccl["min_compute_capability"].split(".")[0]
+    assert f">= {major}" in condition and repr(nccl["opt_in"]) in condition and "== '1'" in condition
+    # spread into the Ray runtime environment every PPO worker gets
+    assert "**_gb200_nccl_env" in source.split("PPO_RAY_RUNTIME_ENV = {", 1)[1].split("\n}\n", 1)[0]

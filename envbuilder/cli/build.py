@@ -59,6 +59,14 @@ from envbuilder.cli.options import load_matrix, override_options, say
     help="What builds: docker (BuildKit), or daemonless podman or buildah. auto: docker "
     "when its client has BuildKit and the daemon answers, else podman, else buildah.",
 )
+@click.option(
+    "--platform",
+    "platforms",
+    metavar="OS/ARCH[,...]",
+    callback=lambda _ctx, _param, value: tuple((value or "").split(",")) if value else (),
+    help="Build for these OCI platforms (the profile's host's: linux/amd64, or linux/arm64 for "
+    "GH200/GB200; another CPU's under QEMU) and push one manifest list by digest (needs --push).",
+)
 @override_options
 def build(profile, no_probe, overrides, matrix_dirs, **options):
     """Render PROFILE, build it with BuildKit or podman/buildah (through a mirror), smoke-test

@@ -41,8 +41,32 @@ from envbuilder.errors import ActionError, UserError
 @click.option(
     "--skip-compose", is_flag=True, help="Do not compose the run script's overrides with verl's Hydra config."
 )
+@click.option(
+    "--platform",
+    metavar="OS/ARCH",
+    help="linux/arm64 (GH200, GB200): install the aarch64 wheels of the compiled core within the "
+    "lock and import them under QEMU, from an x86_64 machine (needs --rootfs).",
+)
+@click.option(
+    "--rootfs",
+    type=click.Path(path_type=Path, file_okay=False),
+    metavar="DIR",
+    help="With --platform: a Debian arm64 root with python3 (debootstrap --arch=arm64).",
+)
 @override_options
-def verify(profiles, all_, as_json, keep, index_url, torch_index_url, skip_compose, overrides, matrix_dirs):
+def verify(
+    profiles,
+    all_,
+    as_json,
+    keep,
+    index_url,
+    torch_index_url,
+    skip_compose,
+    platform,
+    rootfs,
+    overrides,
+    matrix_dirs,
+):
     """Install PROFILE's real pinned set in a throwaway venv and check it: each Dockerfile layer
     with pip check after it, the source patches, an import of every module of the training path
     (no GPU, no network), and the run script's overrides composed with verl's own Hydra config.
@@ -53,6 +77,8 @@ def verify(profiles, all_, as_json, keep, index_url, torch_index_url, skip_compo
 
     if bool(profiles) == bool(all_):
         raise UserError("Name one or more profiles, or --all (not both). `envbuild list` shows them.")
+    if platform or rootfs:
+        return emulated(profiles, platform, rootfs, as_json, index_url, overrides, matrix_dirs)
     from envbuilder.tools.uv import uv_bin
 
     uv_bin("verify")  # (before any venv is made or index probed)
@@ -70,4 +96,27 @@ def verify(profiles, all_, as_json, keep, index_url, torch_index_url, skip_compo
         raise ActionError(
             f"{len(bad)} of {len(reports)} profile(s) failed verification "
             f"({', '.join(bad)}); the report above says which step and why."
+        )
+
+
+def emulated(profiles, platform, rootfs, as_json, index_url, overrides, matrix_dirs) -> None:
+    """--platform linux/arm64 --rootfs DIR: machine.emulated's check of one Grace profile."""
+    from envbuilder.machine.emulated import check_inputs, verify_emulated
+    from envbuilder.model.resolve import resolve
+
+    if not (platform and rootfs) or len(profiles) != 1:
+        raise UserError(
+            "--platform and --rootfs go together, with one profile: verify gh200 --platform linux/arm64 --rootfs DIR."
+        )
+    env = resolve(load_matrix(matrix_dirs), profiles[0], overrides)
+    check_inputs(env, platform, rootfs)
+    report = verify_emulated(env, rootfs, say=say, index_url=index_url)
+    click.echo(
+        json.dumps(report, indent=2)
+        if as_json
+        else f"{env.name}: aarch64 under QEMU: {'ok' if report['ok'] else 'FAILED'}"
+    )
+    if not report["ok"]:
+        raise ActionError(
+            f"{env.name}: the aarch64 check under QEMU failed (the report above says which part)."
         )

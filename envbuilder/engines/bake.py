@@ -46,7 +46,7 @@ def target_args(env) -> dict[str, str]:
 
 
 def bake_file(targets: list[dict], variables: dict[str, str]) -> str:
-    """docker-bake.hcl for `targets` ({name, context, args, tags, cache_ref, labels})."""
+    """docker-bake.hcl for `targets` ({name, context, platforms, args, tags, cache_ref, labels})."""
     lines = [
         "# envbuild bake: one target per profile. Build them all on any BuildKit builder:",
         "#   docker buildx bake -f docker-bake.hcl [--push] [TARGET...]",
@@ -70,7 +70,7 @@ def bake_file(targets: list[dict], variables: dict[str, str]) -> str:
             f"target {hcl_string(t['name'])} {{",
             f"  context = {hcl_string(t['context'])}",
             '  dockerfile = "Dockerfile"',
-            '  platforms = ["linux/amd64"]',
+            "  platforms = [" + ", ".join(json.dumps(p) for p in t["platforms"]) + "]",
             "  args = {",
         ]
         lines += [f"    {k} = {value(v)}" for k, v in sorted(t["args"].items())]
@@ -88,11 +88,15 @@ def bake_file(targets: list[dict], variables: dict[str, str]) -> str:
 
 def bake_target(env, tag: str) -> dict:
     """The target of one (mirrored, constrained) resolved environment; `tag` is its upstream
-    name envbuild/<profile>:<hash>, pushed under ${REGISTRY}/."""
+    name envbuild/<profile>:<hash>, pushed under ${REGISTRY}/; built for its host's platform
+    (linux/arm64 for a Grace system: buildx cross-builds it under QEMU elsewhere)."""
+    from envbuilder.render.pixi import OCI_PLATFORMS
+
     repo, version = tag.rsplit(":", 1)
     return {
         "name": env.name,
         "context": env.name,
+        "platforms": [OCI_PLATFORMS[env.gpu.machine]],
         "args": target_args(env),
         "tags": [f"${{REGISTRY}}/{repo}:{version}", f"${{REGISTRY}}/{repo}:latest"],
         "cache_ref": f"${{REGISTRY}}/{repo}:buildcache",

@@ -46,6 +46,9 @@ class Engine(Record):
     build: Callable  # (context, tag, build_args, secrets, echo, say) -> build.BuildResult
     smoke: Callable  # (image, command) -> its output; ActionError when it fails
     push: Callable  # (image, registry, repo_tag, say) -> the pushed digest
+    # (context, registry, repo_tag, platforms, build_args, secrets, echo, say) -> the digest of
+    # the manifest list it pushed: one image a platform (--platform)
+    platforms: Callable
     step_header: str  # the regex of a build step's first line (progress without -v)
 
 
@@ -121,9 +124,16 @@ def make(name: str) -> Engine:
 
     if name == "docker":
         client = B.engine()
-        return Engine("docker", B.build, partial(B.smoke, client), partial(B.push, client), B.BUILDKIT_STEP)
+        return Engine(
+            "docker", B.build, partial(B.smoke, client), partial(B.push, client), B.platforms, B.BUILDKIT_STEP
+        )
     return Engine(
-        name, partial(daemonless_build, name), buildah_smoke, partial(daemonless_push, name), STEP.pattern
+        name,
+        partial(daemonless_build, name),
+        buildah_smoke,
+        partial(daemonless_push, name),
+        partial(daemonless_platforms, name),
+        STEP.pattern,
     )
 
 
@@ -193,11 +203,18 @@ def qualified(image: str) -> str:
 
 
 def build_argv(
-    name: str, context: Path, tag: str, build_args: dict[str, str], secrets: dict[str, Path]
+    name: str,
+    context: Path,
+    tag: str,
+    build_args: dict[str, str],
+    secrets: dict[str, Path],
+    platforms: tuple[str, ...] = (),
 ) -> list[str]:
     """`podman build` / `buildah bud` with what `docker build` gets: host network, the build
     args, secrets; docker's image format (OCI images drop SHELL), layers cached; base images
-    qualified as docker would; --tls-verify=false when every base image is on loopback."""
+    qualified as docker would; --tls-verify=false when every base image is on loopback. With
+    `platforms`, an image for each (a foreign one's RUN steps run under QEMU's binfmt handler)
+    gathered in the manifest list `tag` (--manifest), not one tagged image."""
     dockerfile = (context / "Dockerfile").read_text()
     args = dict(build_args)
     bases = base_images(dockerfile, args)
@@ -212,8 +229,7 @@ def build_argv(
         "--layers",
         "--force-rm",
         "--network=host",
-        "-t",
-        tag,
+        *(["--platform", ",".join(platforms), "--manifest", tag] if platforms else ["-t", tag]),
     ]
     if bases and all(is_loopback(qualified(image)) for _, image in bases):
         argv.append("--tls-verify=false")
@@ -232,10 +248,15 @@ def daemonless_build(
     secrets: dict[str, Path],
     echo: Callable[[str], None],
     say: Callable[[str], None],
+    platforms: tuple[str, ...] = (),
 ):
     from envbuilder.engines import docker as B
 
-    argv = build_argv(name, context, tag, build_args, secrets)
+    if platforms:
+        # (--manifest adds to the list of that name: one an earlier build left would keep its
+        # images beside this build's)
+        subprocess.run([name, "manifest", "rm", tag], capture_output=True, timeout=120)
+    argv = build_argv(name, context, tag, build_args, secrets, platforms)
     version = _version(name)
     say(f"builder: {name}{' ' + version if version else ''} ({' '.join(argv[1:2])}, daemonless)")
     mixed = [
@@ -312,9 +333,17 @@ def buildah_smoke(image: str, command: list[str]) -> str:
     )
 
 
-def daemonless_push(name: str, image: str, registry: str, repo_tag: str, say: Callable[[str], None]) -> str:
+def daemonless_push(
+    name: str,
+    image: str,
+    registry: str,
+    repo_tag: str,
+    say: Callable[[str], None],
+    manifest_list: bool = False,
+) -> str:
     """`podman push` / `buildah push` to registry/repo_tag (--tls-verify=false on loopback only),
-    return the pushed digest once the registry serves it."""
+    or with `manifest_list` `manifest push --all` (the list and every image in it); return the
+    pushed digest (the list's) once the registry serves it."""
     from envbuilder.oci.registry import check_registry, check_served
 
     check_registry(registry, "--push", "nothing was pushed")
@@ -323,7 +352,8 @@ def daemonless_push(name: str, image: str, registry: str, repo_tag: str, say: Ca
     say(f"pushing {target}:{tag}")
     with tempfile.TemporaryDirectory(prefix="envbuild-push-") as tmp:
         digestfile = Path(tmp) / "digest"
-        argv = [name, "push"] + (["--tls-verify=false"] if is_loopback(registry) else [])
+        argv = [name, "manifest", "push", "--all"] if manifest_list else [name, "push"]
+        argv += ["--tls-verify=false"] if is_loopback(registry) else []
         argv += ["--digestfile", str(digestfile), image, f"docker://{target}:{tag}"]
         rc, log = _stream(argv, lambda line: say(f"  {line}") if line.strip() else None)
         digest = digestfile.read_text().strip() if digestfile.exists() else ""
@@ -340,3 +370,52 @@ def daemonless_push(name: str, image: str, registry: str, repo_tag: str, say: Ca
         )
     check_served(f"{target}:{tag}", digest, "pushing", "push")
     return digest
+
+
+# QEMU's user-mode handler of each foreign platform, as Debian's qemu-user-static registers it
+QEMU_HANDLERS = {"linux/arm64": "qemu-aarch64", "linux/amd64": "qemu-x86_64"}
+BINFMT_DIR = Path("/proc/sys/fs/binfmt_misc")
+
+
+def foreign_needs_qemu(platforms: tuple[str, ...], binfmt: Path = BINFMT_DIR) -> None:
+    """UserError naming the fix when a platform of another CPU than this machine's has no
+    enabled binfmt handler here: its RUN steps would fail with `exec format error`."""
+    import platform as host
+
+    own = {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}.get(host.machine())
+    for p in platforms:
+        handler = binfmt / QEMU_HANDLERS.get(p, "")
+        if p == own or p not in QEMU_HANDLERS:
+            continue
+        try:
+            enabled = handler.read_text().splitlines()[0] == "enabled"
+        except (OSError, IndexError):
+            enabled = False
+        if not enabled:
+            raise UserError(
+                f"--platform {p}: this machine is {own or host.machine()}, and no {handler.name} "
+                f"binfmt handler is enabled ({handler}), so the {p} RUN steps cannot run here. "
+                "Install Debian's qemu-user-static and binfmt-support (apt-get install), with "
+                "binfmt_misc mounted (mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc)."
+            )
+
+
+def daemonless_platforms(
+    name: str,
+    context: Path,
+    registry: str,
+    repo_tag: str,
+    platforms: tuple[str, ...],
+    build_args: dict[str, str],
+    secrets: dict[str, Path],
+    echo: Callable[[str], None],
+    say: Callable[[str], None],
+) -> str:
+    """A --platform build: an image for each platform in the local manifest list `repo_tag`,
+    then the list and its images pushed to registry/repo_tag; the list's digest."""
+    from envbuilder.oci.registry import check_registry
+
+    foreign_needs_qemu(platforms)
+    check_registry(registry, "--push", "nothing was built or pushed")
+    daemonless_build(name, context, repo_tag, build_args, secrets, echo, say, platforms)
+    return daemonless_push(name, repo_tag, registry, repo_tag, say, manifest_list=True)

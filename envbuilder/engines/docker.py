@@ -8,6 +8,7 @@ with a client old enough (< 23) to have BuildKit built in.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -304,6 +305,67 @@ def build(
         return BuildResult(tag, log[-2000:])
     steps = _FAILED_STEP.findall(log)
     raise build_failure("docker", tag, log, steps, PULL_FAILURE.search(log) is not None and not steps)
+
+
+def platforms_client(client: BuildKitClient, platforms: tuple[str, ...], metadata: Path) -> BuildKitClient:
+    """The buildx command of a --platform build: every platform at once, pushed as one manifest
+    list (BuildKit writes its digest, `containerimage.digest`, to `metadata`); UserError where the
+    client has no buildx: the daemon's built-in BuildKit builds one platform into the engine's
+    image store, which holds no manifest list and so cannot push one."""
+    if client.argv[1:2] != ("buildx",):
+        raise UserError(
+            f"--platform {','.join(platforms)}: the docker client here builds with the daemon's "
+            f"built-in BuildKit ({client.description}), which builds into the engine's own image "
+            "store: one platform a tag, no manifest list to push. Install the buildx plugin "
+            "(docker-buildx-plugin or docker-buildx) and create a builder that can "
+            "(`docker buildx create --use`, with QEMU's binfmt handlers for a foreign platform), "
+            "or build with --engine buildah or podman (with Debian's qemu-user-static for a "
+            "foreign platform)."
+        )
+    argv = (client.argv[0], "buildx", "build", "--platform", ",".join(platforms), "--push")
+    return BuildKitClient(argv + ("--metadata-file", str(metadata)), dict(client.env), client.description)
+
+
+def platforms(
+    context: Path,
+    registry: str,
+    repo_tag: str,
+    platforms: tuple[str, ...],
+    build_args: dict[str, str],
+    secrets: dict[str, Path],
+    echo: Callable[[str], None],
+    say: Callable[[str], None],
+) -> str:
+    """A --platform build with buildx: an image for each platform, pushed to registry/repo_tag
+    as one manifest list; its digest, once the registry serves it."""
+    from envbuilder.oci.registry import check_registry, check_served
+
+    with tempfile.TemporaryDirectory(prefix="envbuild-platforms-") as tmp:
+        client = platforms_client(find_buildkit(), platforms, Path(tmp) / "metadata.json")
+        check_registry(registry, "--push", "nothing was built or pushed")
+        target = f"{registry}/{repo_tag}"
+        say(f"builder: {client.description}, {', '.join(platforms)} pushed to {target}")
+        rc, log = run_build(client, context, target, build_args, secrets, echo)
+        if rc != 0:
+            steps = _FAILED_STEP.findall(log)
+            raise build_failure(
+                "docker", target, log, steps, PULL_FAILURE.search(log) is not None and not steps
+            )
+        from envbuilder.limits import read_text_bounded
+
+        try:
+            digest = json.loads(read_text_bounded(Path(tmp) / "metadata.json", "buildx's metadata file")).get(
+                "containerimage.digest", ""
+            )
+        except (OSError, ValueError, AttributeError, UserError):
+            digest = ""
+    if not re.fullmatch(r"sha256:[0-9a-f]{64}", str(digest)):
+        raise ActionError(
+            f"buildx pushed {target} but wrote no manifest-list digest in its metadata file; "
+            "check the builder (`docker buildx ls`) and the registry's logs."
+        )
+    check_served(target, digest, "pushing", "push")
+    return digest
 
 
 def build_failure(

@@ -51,6 +51,10 @@ DOCKER_ENV = (
     "PYTORCH_CUDA_ALLOC_CONF",
 )
 
+# Where a node shows its IMEX channels (the NVIDIA IMEX service that multi-node NVLink, a GB200
+# NVL72 domain, needs; vLLM's env_override.py looks for the same path)
+IMEX_CHANNELS = "/dev/nvidia-caps-imex-channels"
+
 # Run inside the image before Ray starts: its /etc/envbuild.json must describe the run this
 # launcher forms (profile, nodes, GPUs per node, estimator, model), since the run script's batch
 # sizes and trainer.nnodes were rendered for it. argv: record path, profile, nodes,
@@ -287,6 +291,23 @@ def describe(env) -> str:
     )
 
 
+def imex_lines(env) -> list[str]:
+    """Shell lines that export the release's NCCL settings for these GPUs (the cluster's
+    `without_imex`, verl.yaml `nccl_env`) on a node without IMEX channels, unless set; none
+    where the release gives these GPUs none."""
+    settings = env.cluster.without_imex
+    if not settings:
+        return []
+    exports = " ".join(f"{k}=${{{k}:-{sh(v)}}}" for k, v in settings.items())
+    return [
+        f"# verl {comment(env.verl.version)}'s NCCL settings for {comment(env.gpu.name)} (its _gb200_nccl_env): NVLink",
+        "# SHARP and multi-node NVLink need IMEX channels; without them NCCL fails (error 801)",
+        f"if [ ! -e {sh(IMEX_CHANNELS)} ]; then",
+        f"  export {exports}",
+        "fi",
+    ]
+
+
 def ray_head_args(ip: str, port: str, gpus: str) -> list[str]:
     return ["--head", f"--node-ip-address={ip}", f"--port={port}", f"--num-gpus={gpus}", RAY_QUIET]
 
@@ -323,7 +344,8 @@ def slurm_script(env, *, sif: str | None = None, image: str | None = None, job: 
         "gpus_per_node": cl.gpus_per_node,
         "env": dict(cl.env),
         "interface": cl.interface,
-        "docker_env": sorted(set(DOCKER_ENV) | set(cl.env)),
+        "docker_env": sorted(set(DOCKER_ENV) | set(cl.env) | set(cl.without_imex or {})),
+        "imex_lines": imex_lines(env),
         "run_script": RUN_SCRIPT,
         "record": RECORD,
         "ray_port": RAY_PORT,
@@ -490,7 +512,7 @@ def ray_commands(env, *, head_ip: str | None = None, port: int = RAY_PORT) -> st
         if head_ip
         else "HEAD_IP=${HEAD_IP:?set HEAD_IP to the address the other nodes reach the head at}",
     ]
-    if cl.env or cl.interface:
+    if cl.env or cl.interface or cl.without_imex:
         lines.append(
             "# 1. on every node, before `ray start` (Ray's workers inherit it; a value " + "you export wins):"
         )
@@ -506,6 +528,7 @@ def ray_commands(env, *, head_ip: str | None = None, port: int = RAY_PORT) -> st
                     "GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-$iface}"
                 ),
             ]
+    lines += imex_lines(env)
     ip, p, g = '"$HEAD_IP"', str(port), str(cl.gpus_per_node)
     # (an IPv6 address joins its port in brackets: [::1]:6379)
     v6 = bool(head_ip and ":" in head_ip)

@@ -134,17 +134,9 @@ def lock_profile(
     from envbuilder.model.mirrors import redacted, without_credentials
     from envbuilder.progress import Heartbeat
 
-    if env.gpu.machine != "x86_64":
-        raise UserError(
-            f"{env.name} runs on {env.gpu.machine} ({env.gpu.name}): envbuild's locks are solved for "
-            "x86_64 (linux-64, x86_64 manylinux wheels) only, so a lock of it would pin the wrong "
-            f"files. `envbuild check {env.name} --resolve` co-resolves its pins for "
-            f"{env.gpu.machine} on the real index; locks per platform are not built yet."
-        )
-
     say_plain = say
     say = lambda msg: say_plain(redacted(msg))  # noqa: E731  (a URL's user:password@ as ***@)
-    from envbuilder.lock.conda import virtual_packages
+    from envbuilder.lock.conda import platform, virtual_packages
     from envbuilder.lock.pip import parse, python_platform
 
     parts = L.parts_for(env, parts)
@@ -161,7 +153,7 @@ def lock_profile(
 
         say(
             f"{env.name}: pip part: uv pip compile for Python {env.python} on "
-            f"{python_platform(glibc)} via {sources.pypi}"
+            f"{python_platform(glibc, env.gpu.machine)} via {sources.pypi}"
             + (f" + {sources.torch}" if sources.torch and not swapped else "")
             + (f" (torch {swapped})" if swapped else "")
         )
@@ -198,6 +190,7 @@ def lock_profile(
                 input_sha256=input_sha,
                 profile=env.name,
                 vpkgs=vpkgs,
+                subdir=platform(env),
             )
         tools["conda-lock"] = _version("conda-lock")
         if solver == "rattler":
@@ -222,9 +215,9 @@ def lock_profile(
         "parts": sorted(parts),
         "solver": solver if "conda" in parts else None,
         "target": {
-            "platform": "linux-64",
+            "platform": platform(env),
             "python": env.python,
-            "python_platform": python_platform(glibc),
+            "python_platform": python_platform(glibc, env.gpu.machine),
             "virtual_packages": vpkgs,
         },
         # where it was solved from, never with a URL's user:password@ (lock.json is committed)

@@ -19,7 +19,7 @@ from envbuilder.render.plan import conda_specs
 from envbuilder.model.resolve import ResolvedEnv
 from envbuilder.record import Record
 
-PLATFORM = "linux-64"
+PLATFORM = "linux-64"  # an x86_64 host's conda subdir; platform(env) gives each host's
 # The target kernel is not known when locking; conda-lock's default. Packages rarely ask.
 LINUX = "5.10"
 CONDA_EXES = ("micromamba", "mamba", "conda")
@@ -47,10 +47,18 @@ def default_channels(env: ResolvedEnv) -> list[str]:
     return label + list(env.conda_channels)
 
 
+def platform(env: ResolvedEnv) -> str:
+    """The conda subdir of the profile's host: linux-64, or linux-aarch64 for a Grace system."""
+    from envbuilder.render.pixi import PLATFORMS
+
+    return PLATFORMS[env.gpu.machine]
+
+
 def virtual_packages(env: ResolvedEnv, glibc: str) -> dict[str, str]:
-    """The target's virtual packages, name -> "version" or "version build"."""
+    """The target's virtual packages, name -> "version" or "version build" (__archspec: the
+    generic one of the host's machine, which every CPU of it runs)."""
     return {
-        "__archspec": "1 x86_64",
+        "__archspec": f"1 {env.gpu.machine}",
         "__cuda": env.cuda.version,
         "__glibc": glibc,
         "__linux": LINUX,
@@ -58,7 +66,7 @@ def virtual_packages(env: ResolvedEnv, glibc: str) -> dict[str, str]:
     }
 
 
-def _hint(message: str, vpkgs: dict[str, str]) -> str:
+def _hint(message: str, vpkgs: dict[str, str], subdir: str = PLATFORM) -> str:
     need = re.findall(r"__cuda\s*>=\s*([\d.]+)", message)
     if need:
         return (
@@ -72,7 +80,7 @@ def _hint(message: str, vpkgs: dict[str, str]) -> str:
             f"A package needs __glibc >= {max(need, key=_vkey)}, but the base image has "
             f"glibc {vpkgs['__glibc']}."
         )
-    return "A spec names a version the channels do not have for linux-64."
+    return f"A spec names a version the channels do not have for {subdir}."
 
 
 def _vkey(v: str) -> tuple:
@@ -88,7 +96,7 @@ def solve_rattler(env: ResolvedEnv, channels: list[str], vpkgs: dict[str, str]) 
             {
                 "channels": channels,
                 "specs": wanted,
-                "platforms": [PLATFORM, "noarch"],
+                "platforms": [platform(env), "noarch"],
                 "virtual_packages": vpkgs,
             }
         )
@@ -99,7 +107,7 @@ def solve_rattler(env: ResolvedEnv, channels: list[str], vpkgs: dict[str, str]) 
         target = ", ".join(f"{k}={v}" for k, v in sorted(vpkgs.items()) if k in ("__cuda", "__glibc"))
         raise UserError(
             f"The conda part of {env.name} ({', '.join(wanted)}) cannot be solved for "
-            f"its target ({target}):\n{text}\n{_hint(text, vpkgs)}"
+            f"its target ({target}):\n{text}\n{_hint(text, vpkgs, platform(env))}"
         )
     if "fetch" in result:
         raise ActionError(
@@ -142,7 +150,7 @@ def solve_conda_lock(env: ResolvedEnv, channels: list[str], vpkgs: dict[str, str
     """conda-lock itself for the conda part (it needs a conda executable to solve)."""
     import yaml
 
-    exe = conda_exe()
+    exe, subdir = conda_exe(), platform(env)
     if exe is None:
         raise UserError(
             "--solver conda-lock runs conda-lock, which needs conda, mamba or "
@@ -158,9 +166,7 @@ def solve_conda_lock(env: ResolvedEnv, channels: list[str], vpkgs: dict[str, str
                 {"name": f"envbuild-{env.name}", "channels": channels, "dependencies": conda_specs(env)}
             )
         )
-        (tmp / "virtual-packages.yml").write_text(
-            yaml.safe_dump({"subdirs": {PLATFORM: {"packages": vpkgs}}})
-        )
+        (tmp / "virtual-packages.yml").write_text(yaml.safe_dump({"subdirs": {subdir: {"packages": vpkgs}}}))
         proc = subprocess.run(
             [
                 sys.executable,
@@ -170,7 +176,7 @@ def solve_conda_lock(env: ResolvedEnv, channels: list[str], vpkgs: dict[str, str
                 "--conda",
                 exe,
                 "-p",
-                PLATFORM,
+                subdir,
                 "-f",
                 "environment.yml",
                 "--virtual-package-spec",
@@ -225,6 +231,7 @@ def write_conda_lock(
     input_sha256: str,
     profile: str,
     vpkgs: dict[str, str],
+    subdir: str = PLATFORM,
 ) -> str:
     """conda-lock.yml through conda-lock's writer; returns its text."""
     from conda_lock.lockfile import write_conda_lock_file
@@ -238,7 +245,7 @@ def write_conda_lock(
             name=r.name,
             version=r.version,
             manager="conda",
-            platform=PLATFORM,
+            platform=subdir,
             dependencies=_dependencies(r.depends),
             url=r.url,
             hash=HashModel(md5=r.md5, sha256=r.sha256 or None),
@@ -256,7 +263,7 @@ def write_conda_lock(
                 name=name,
                 version=p["version"],
                 manager="pip",
-                platform=PLATFORM,
+                platform=subdir,
                 dependencies=dict(sorted(deps.items())),
                 url=url,
                 hash=HashModel(sha256=sha256),
@@ -264,9 +271,9 @@ def write_conda_lock(
             )
         )
     meta = LockMeta(
-        content_hash={PLATFORM: input_sha256},
+        content_hash={subdir: input_sha256},
         channels=list(channels),
-        platforms=[PLATFORM],
+        platforms=[subdir],
         sources=["environment.yml"],
         custom_metadata={
             "envbuild_profile": profile,

@@ -66,9 +66,15 @@ def solver_inputs(env: ResolvedEnv) -> dict[str, dict]:
     solvers' versions are recorded in lock.json (`tools`), not hashed: a uv release would
     otherwise stale every lock without changing what it pins."""
     from envbuilder.render.plan import conda_specs, requirements_in
-    from envbuilder.lock.conda import default_channels, virtual_packages
+    from envbuilder.lock.conda import default_channels, platform, virtual_packages
+    from envbuilder.render.pixi import OCI_PLATFORMS
 
-    target = {"platform": "linux-64", "python": env.python, "glibc": env.cuda.glibc, "cuda": env.cuda.version}
+    target = {
+        "platform": platform(env),
+        "python": env.python,
+        "glibc": env.cuda.glibc,
+        "cuda": env.cuda.version,
+    }
     out = {
         "pip": {"requirements": requirements_in(env), "target": target, "indexes": env.indexes.to_dict()},
         "conda": {
@@ -77,7 +83,7 @@ def solver_inputs(env: ResolvedEnv) -> dict[str, dict]:
             "target": target,
             "virtual_packages": virtual_packages(env, env.cuda.glibc or ""),
         },
-        "images": {"refs": sorted(set(env.cuda.images.values())), "platform": "linux/amd64"},
+        "images": {"refs": sorted(set(env.cuda.images.values())), "platform": OCI_PLATFORMS[env.gpu.machine]},
     }
     if has_sources(env):
         out["sources"] = {

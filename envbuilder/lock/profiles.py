@@ -109,9 +109,6 @@ def lock_profiles(
         target = lock_dir_for(name, out, check)
         try:
             env = resolve(m, name, overrides)
-            if keep_going and env.gpu.machine != "x86_64":  # (--all: a profile no lock is made for)
-                echo(f"{name}: skipped: an {env.gpu.machine} profile, and locks are x86_64 only")
-                continue
             if check:
                 if (target / L.META).is_file():
                     from envbuilder.lock.prepare import lock_used

@@ -91,12 +91,7 @@ def render_profiles(
             say(f"  note: {env.name}: {picked} (as --verl {env.overrides.verl})")
         # its lock against the upstream spec (what the lock recorded), then the mirror
         p = prepare(env, lock_dir=locked_dir, wheelhouse=wheelhouse, mirror=choice)
-        if not p.locked and not p.env.constraints and env.gpu.machine != "x86_64":
-            say(
-                f"  note: {env.name} is not pinned beyond its top-level pins: envbuild's locks are "
-                f"x86_64 only; `envbuild check {env.name} --resolve` co-resolves them for {env.gpu.machine}."
-            )
-        elif not p.locked and not p.env.constraints:
+        if not p.locked and not p.env.constraints:
             from envbuilder.render.plan import lock_hint
 
             how = lock_hint(env.name, env.overrides, out)

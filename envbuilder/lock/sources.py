@@ -17,7 +17,6 @@ from envbuilder.model.resolve import ResolvedEnv
 
 # sources.lock keys of flash-attn's wheels: flash-attn-cxx11abiFALSE, flash-attn-cxx11abiTRUE
 FLASH_ATTN_KEY = "flash-attn-cxx11abi"
-TARGET_MACHINE = "x86_64"  # the lock's target platform is linux-64
 
 
 class _Missing(Exception):
@@ -88,7 +87,7 @@ def flash_attn_wheels(env: ResolvedEnv, github: str | None) -> dict:
             env.python,
             abi,
             fa.cuda_tags,
-            TARGET_MACHINE,
+            env.gpu.machine,  # (the host's: the builder names its own by platform.machine())
         )
         for abi in (False, True)
     }

@@ -35,6 +35,8 @@ class BuildOptions(Record):
     wheelhouse: Path | None = None
     probe: bool = True
     engine: str = "auto"  # auto, docker, podman, buildah
+    # OCI platforms to build, pushed as one manifest list (--platform); () builds for the engine's own
+    platforms: tuple[str, ...] = ()
 
 
 def target_env(m, profile: str | None, overrides, wheelhouse=None, probes=None, say: Callable = print):
@@ -75,6 +77,42 @@ def target_env(m, profile: str | None, overrides, wheelhouse=None, probes=None, 
     return env
 
 
+def check_platforms(env, platforms, push_to: str | None) -> tuple[str, ...]:
+    """--platform's OCI platforms, each the profile's host's (render.pixi.OCI_PLATFORMS): a
+    render pins the files of one host (uv's wheel by sha256, the lock's files, the wheels its
+    constraints were solved for) and a run script for one GPU, whose systems are of one CPU
+    (GH200 and GB200 aarch64, the others x86_64). A list is pushed, so --push is needed."""
+    from envbuilder.render.pixi import OCI_PLATFORMS
+
+    wanted = tuple(dict.fromkeys(p.strip() for p in platforms if p.strip()))
+    if not wanted:
+        return ()
+    known = {v: k for k, v in OCI_PLATFORMS.items()}
+    bad = [p for p in wanted if p not in known]
+    if bad:
+        raise UserError(
+            f"--platform {', '.join(map(repr, bad))}: envbuild builds for "
+            f"{' and '.join(sorted(known))} (OCI platform names, comma-separated)."
+        )
+    own = OCI_PLATFORMS[env.gpu.machine]
+    other = [p for p in wanted if p != own]
+    if other:
+        raise UserError(
+            f"--platform {','.join(wanted)}: {env.name} is for the {env.gpu.name}, an "
+            f"{env.gpu.machine} system, so its image is {own} only: the render pins the "
+            f"{env.gpu.machine} files (uv's wheel by sha256, the lock's wheels) and a run "
+            f"script sized for that GPU, which would be wrong in an {', '.join(other)} image. "
+            f"Build {own} here (`--platform {own}`, cross-built under QEMU on another CPU), and "
+            "build a profile of the other host for the other platform."
+        )
+    if not push_to:
+        raise UserError(
+            f"--platform {','.join(wanted)} builds a manifest list, which is pushed (the "
+            "engine's image store holds no list to load): add --push REGISTRY."
+        )
+    return wanted
+
+
 def full_tag(env, tag: str | None) -> str:
     """--tag as the image is named: default envbuild/<profile>:<hash of the upstream spec> (the
     same image whichever mirror built it); a tag without one gets :latest."""
@@ -102,6 +140,7 @@ def build_image(m, env, opts: BuildOptions, say: Callable[[str], None] = print) 
     env, _, own_credentials = M.split_credentials(env)
     secrets = B.secret_files(opts.ca_cert, opts.pip_conf)
     tag = full_tag(env, opts.tag)
+    platforms = check_platforms(env, opts.platforms, opts.push_to)
     for note in env.notes:  # before anything starts: a source build of flash-attn takes long
         say(f"plan: {note}")
     engine = E.choose(opts.engine, opts.smoke, say)
@@ -145,9 +184,18 @@ def build_image(m, env, opts: BuildOptions, say: Callable[[str], None] = print) 
         (secret_dir / "endpoints").write_text(credentials)
         (secret_dir / "endpoints").chmod(0o600)
         secrets = dict(secrets, endpoints=secret_dir / "endpoints")
+    echo = B.default_echo(opts.verbose, eng.step_header)
     try:
         # no build args: the rendered files already name every endpoint (credentials: a secret)
-        result = eng.build(context, tag, {}, secrets, B.default_echo(opts.verbose, eng.step_header), say)
+        if platforms:
+            assert registry is not None  # (check_platforms asked for --push)
+            digest = eng.platforms(context, registry, tag, platforms, {}, secrets, echo, say)
+            say(
+                f"pushed {', '.join(platforms)} as one manifest list; not smoke-tested here "
+                f"(`envbuild verify {env.name}` checks the installs, the smoke test runs on the host)"
+            )
+            return f"{registry}/{tag.rsplit(':', 1)[0]}@{digest}"
+        result = eng.build(context, tag, {}, secrets, echo, say)
     finally:
         if opts.keep_context is None:
             shutil.rmtree(context.parent, ignore_errors=True)

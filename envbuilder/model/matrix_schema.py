@@ -35,6 +35,9 @@ GPU = {
     # peer-to-peer works from this driver on (older ones hang in NCCL's P2P transport)
     "p2p_driver?": S.DRIVER,
     "p2p_source?": SOURCE,
+    # its nodes join a multi-node NVLink domain (GB200 NVL72: 18 trays, one NVLink fabric),
+    # which NCCL reaches through the IMEX service
+    "mnnvl?": bool,
     "source": SOURCE,
 }
 # an environment variable NCCL or Gloo reads, set to a plain value
@@ -250,6 +253,17 @@ VERL = {
     "batches?": {"engine": bool, "why": WHY, "source": SOURCE},
     # its default trainer, where an estimator needs the other one (algorithms.yaml `v1: false`)
     "trainer_v1?": {"key": S.HYDRA_KEY, "why": WHY, "source": SOURCE},
+    # NCCL settings the release gives its Ray workers on GPUs from a compute capability up, when
+    # its opt-in variable is 1 (0.9.1's _gb200_nccl_env); `when` says where a launcher sets them
+    # (for a GPU of a multi-node NVLink domain, gpus.yaml `mnnvl`)
+    "nccl_env?": {
+        "min_compute_capability": S.CC,
+        "opt_in": ENV_NAME,
+        "env": S.MapOf(ENV_VALUE, key=ENV_NAME),
+        "when": WHY,
+        "why": WHY,
+        "source": SOURCE,
+    },
     "source": SOURCE,
 }
 # find / with: source text, written into apply_patches.py as Python literals

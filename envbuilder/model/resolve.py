@@ -788,6 +788,12 @@ class _Resolver:
                 + (f"(--driver {drv})" if drv else f"(pass --driver; from {p2p_driver} it stays on)")
             )
         s.cluster_env = dict(sorted(env.items()))
+        # verl's own NCCL settings for a multi-node NVLink GPU, which the launchers set where
+        # `when` holds (an HGX B200 has no IMEX channels and keeps NVLS)
+        nccl = s.verl.get("nccl_env")
+        s.imex_env = None
+        if nccl and s.gpu.get("mnnvl") and _at_least(s.cc, nccl["min_compute_capability"]):
+            s.imex_env = dict(sorted(nccl["env"].items()))
         if table and s.interconnect and s.interconnect.get("note"):
             s.notes.append(f"{name}: {s.interconnect['note']}")
 
@@ -1060,6 +1066,7 @@ class _Resolver:
                 interconnect=s.ic_name,
                 env=frozen(s.cluster_env),
                 interface=bool(s.interconnect and s.interconnect["interface"]),
+                without_imex=frozen(s.imex_env),
             ),
             notes=tuple(s.notes),
             dataset=R.Dataset.from_plain(dict(dataset, name="gsm8k")) if dataset else None,
@@ -1162,6 +1169,7 @@ class Selection:
     interconnect: Entry | None
     ic_name: str | None
     cluster_env: dict[str, str]
+    imex_env: dict[str, str] | None
     # the HF-rollout plan
     train: dict[str, Any]
     notes: list[str]
@@ -1232,8 +1240,8 @@ def _rule_machine(r: _Resolver, s: Selection) -> None:
             f"{machine}: PyPI serves this stack's {machine} CUDA wheels (torch {s.torch_v} {built}"
             + (f", vLLM {s.vllm_v}" if s.vllm_v else "")
             + f"), and `envbuild check {r.name} --resolve` co-resolves the pins for {machine}; "
-            "the image installs uv's aarch64 wheel; envbuild's locks and wheelhouse are still x86_64 "
-            "ones, so build it on the aarch64 host itself, unlocked"
+            "the image installs uv's aarch64 wheel, and `envbuild lock` solves for "
+            f"{machine} (lockfiles/{r.name} where shipped)"
         )
         return
     fits = [

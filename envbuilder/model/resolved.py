@@ -315,13 +315,18 @@ class Cluster(Record):
     """Where the run's GPUs are: `nodes` machines of `gpus_per_node` each, how they talk
     (interconnects.yaml: None for one GPU), the NCCL/Gloo variables the run script exports
     unless set, and whether it names the bootstrap interface (NCCL_SOCKET_IFNAME,
-    GLOO_SOCKET_IFNAME) from the default route."""
+    GLOO_SOCKET_IFNAME) from the default route. without_imex: the NCCL variables the
+    launchers export unless set on a node without IMEX channels (verl.yaml `nccl_env`: verl
+    0.9.1's GB200 settings); None where the release gives these GPUs none."""
+
+    _omit_none = ("without_imex",)
 
     nodes: Annotated[int, S.Int(1, 1024)]
     gpus_per_node: Annotated[int, S.Int(1, 64)]
     interconnect: Annotated[str | None, S.NAME]
     env: Annotated[Mapping[str, str], S.MapOf(K.ENV_VALUE, key=K.ENV_NAME)]
     interface: bool
+    without_imex: Annotated[Mapping[str, str] | None, S.MapOf(K.ENV_VALUE, key=K.ENV_NAME)] = None
 
 
 class Dataset(Record):

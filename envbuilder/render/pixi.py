@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 # the pixi platform of the profile's host: x86_64, or aarch64 for the Grace systems (GH200, GB200:
 # only the stacks PyPI serves for aarch64 resolve there, resolve._rule_machine)
 PLATFORMS = {"x86_64": "linux-64", "aarch64": "linux-aarch64"}
+# and its OCI platform (an image's, BuildKit's --platform)
+OCI_PLATFORMS = {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}
 # one conda spec of plan.conda_specs: `name` or `name=version` (conda's `=` means version.*)
 _CONDA_SPEC = re.compile(r"([a-z0-9][a-z0-9._-]*)(?:=([0-9][0-9A-Za-z._+]*))?")
 # a requirement of a layer: name[extras]==version

@@ -3,7 +3,8 @@
 #   Debian docker.io (dockerd 20.10, BuildKit built in), Debian docker-registry on
 #   127.0.0.1:5000 (no auth), and a Debian base image made with debootstrap and pushed into
 #   that registry under every image reference the tests' mirror maps to.
-#   Also installs skopeo (export-image/import-image tests), podman and buildah.
+#   Also installs skopeo (export-image/import-image tests), podman and buildah, and pushes a
+#   two-platform base (amd64 + arm64, the arm64 RUN steps under qemu-user-static) for --platform.
 # Idempotent: every step checks first and skips what is already there. Run as root.
 #
 # Usage: tests/infra/provision.sh [--images-file FILE]... [--no-smoke] [IMAGE_REF]...
@@ -43,7 +44,7 @@ WAIT_S="${ENVBUILD_TEST_WAIT_S:-60}"
 REGISTRY_CONFIG="${HERE}/registry.yml"
 SUITE=bookworm
 INCLUDE="${ENVBUILD_TEST_INCLUDE:-python3,python3-venv,python3-pip,ca-certificates}"
-PACKAGES=(docker.io docker-registry debootstrap curl skopeo podman buildah)
+PACKAGES=(docker.io docker-registry debootstrap curl skopeo podman buildah qemu-user-static binfmt-support)
 
 IMAGES=()
 SMOKE=1
@@ -322,6 +323,64 @@ push_images() {
   echo "${#IMAGES[@]} reference(s): pushed $pushed, already there $skipped"
 }
 step push push_images
+
+# ---------------------------------------------------------------- a two-platform base
+# linux/amd64 (the base above) and linux/arm64 under one reference, for the --platform build
+# test (tests/test_platforms.py). arm64 is debootstrap's first stage alone (--foreign: every
+# package unpacked, none configured, which /bin/sh and coreutils do not need; about 35 s, cached);
+# its RUN steps run under Debian's qemu-user-static through binfmt_misc (flag F: in containers too).
+MULTIARCH="envbuild-test/base:${SUITE}-amd64-arm64"
+ARM64_TARBALL="$CACHE_DIR/rootfs-${SUITE}-minbase-arm64-foreign.tar.gz"
+LISTS='application/vnd.docker.distribution.manifest.list.v2+json,application/vnd.oci.image.index.v1+json'
+enable_binfmt() {
+  [[ -d /proc/sys/fs/binfmt_misc ]] || return 1
+  if [[ ! -e /proc/sys/fs/binfmt_misc/register ]]; then
+    mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc || return 1
+  fi
+  [[ -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ]] || update-binfmts --enable qemu-aarch64 >/dev/null 2>&1 || true
+  [[ -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ]]
+}
+make_multiarch_base() {
+  local code
+  code=$(curl -s -o /dev/null -m 10 -w '%{http_code}' -I -H "Accept: $LISTS" \
+    "http://$REGISTRY/v2/${MULTIARCH%:*}/manifests/${MULTIARCH##*:}" || true)
+  if [[ "$code" == 200 ]]; then echo "$REGISTRY/$MULTIARCH already there"; return 0; fi
+  enable_binfmt || { echo "no qemu-aarch64 binfmt handler (qemu-user-static, binfmt-support, binfmt_misc)" >&2; return 1; }
+  if [[ ! -s "$ARM64_TARBALL" ]]; then
+    local work; work=$(mktemp -d "$CACHE_DIR/rootfs-arm64.XXXXXX")
+    if ! debootstrap --arch=arm64 --foreign --variant=minbase "$SUITE" "$work/rootfs" "$MIRROR" \
+        >"$LOG_DIR/debootstrap-arm64.log" 2>&1; then
+      echo "debootstrap --arch=arm64 --foreign failed; see $LOG_DIR/debootstrap-arm64.log" >&2; rm -rf "$work"; return 1
+    fi
+    # (the first stage links /proc to the host's /proc; a container's runtime mounts a directory)
+    rm -rf "$work/rootfs/var/cache/apt/archives/"*.deb "$work/rootfs/debootstrap" "$work/rootfs/proc"
+    mkdir -m 555 "$work/rootfs/proc"
+    tar --numeric-owner -C "$work/rootfs" -c . | gzip -1 >"$work/rootfs.tar.gz"
+    mv "$work/rootfs.tar.gz" "$ARM64_TARBALL"
+    rm -rf "$work"
+  fi
+  local name="${MULTIARCH%:*}" tag="${SUITE}" ctr list="envbuild-test-multiarch-base"
+  "$DOCKER" tag "$BASE_IMAGE" "$REGISTRY/$name:$tag-amd64"
+  "$DOCKER" push "$REGISTRY/$name:$tag-amd64" >>"$LOG_DIR/push.log" 2>&1 || { echo "docker push $tag-amd64 failed" >&2; return 1; }
+  "$DOCKER" rmi "$REGISTRY/$name:$tag-amd64" >/dev/null
+  ctr=$(buildah from scratch)
+  buildah add "$ctr" "$ARM64_TARBALL" / >/dev/null
+  buildah config --arch arm64 --os linux --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    --cmd /bin/sh "$ctr"
+  buildah commit --format docker --rm "$ctr" "envbuild-test/base-arm64:$tag" >/dev/null
+  buildah push --tls-verify=false "envbuild-test/base-arm64:$tag" "docker://$REGISTRY/$name:$tag-arm64" \
+    >>"$LOG_DIR/push.log" 2>&1 || { echo "buildah push $tag-arm64 failed" >&2; return 1; }
+  buildah rmi "envbuild-test/base-arm64:$tag" >/dev/null
+  buildah manifest rm "$list" >/dev/null 2>&1 || true
+  buildah manifest create "$list" >/dev/null
+  buildah manifest add --tls-verify=false "$list" "docker://$REGISTRY/$name:$tag-amd64" >/dev/null
+  buildah manifest add --tls-verify=false "$list" "docker://$REGISTRY/$name:$tag-arm64" >/dev/null
+  buildah manifest push --all --tls-verify=false "$list" "docker://$REGISTRY/$MULTIARCH" \
+    >>"$LOG_DIR/push.log" 2>&1 || { echo "buildah manifest push $MULTIARCH failed" >&2; return 1; }
+  buildah manifest rm "$list" >/dev/null
+  echo "pushed $REGISTRY/$MULTIARCH (linux/amd64, linux/arm64 from $ARM64_TARBALL)"
+}
+if [[ -z "$DERIVE_FROM" ]]; then step multiarch make_multiarch_base; fi
 
 # ---------------------------------------------------------------- smoke checks
 smoke() {
