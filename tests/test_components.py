@@ -21,7 +21,15 @@ def codes(text: str) -> set[str]:
 
 @pytest.mark.parametrize(
     "block, prefix",
-    [("vllm", "vllm-"), ("sglang", "sglang"), ("apex", "apex-"), ("torch", "torch-"), ("torch", "arch")],
+    [
+        ("vllm", "vllm-"),
+        ("sglang", "sglang"),
+        ("apex", "apex-"),
+        ("torch", "torch-"),
+        ("torch", "arch"),
+        ("cuda", "driver"),
+        ("cuda", "image-python"),
+    ],
 )
 def test_a_components_refusals_are_spelled_in_its_block_alone(block, prefix):
     mine = {c for c in codes((BLOCKS / f"{block}.py").read_text()) if c.startswith(prefix)}

@@ -362,7 +362,7 @@ def upgrade_path(m: Matrix, name: str, env: ResolvedEnv, driver: str) -> str:
     """What a newer driver would add to a profile whose stack this driver already runs: its
     CUDA natively where it now runs under minor-version compatibility, and the newest stack
     newer than its own that resolves on this card."""
-    from envbuilder.model.resolve import stacks_for_driver
+    from envbuilder.model.components.cuda import stacks_for_driver
     from envbuilder.model.versions import version_key
 
     drv, parts = env.driver, []

@@ -21,6 +21,8 @@ from envbuilder.record import Record, frozen
 from envbuilder.model.resolved import SCHEMA_VERSION, Overrides, ResolvedEnv  # noqa: F401  (re-exported)
 from envbuilder.model.components import Refusal
 from envbuilder.model.components import apex as APEX
+from envbuilder.model.components import cuda as CUDA
+from envbuilder.model.components.cuda import stacks_for_driver
 from envbuilder.model.components import sglang as SGLANG
 from envbuilder.model.components import torch as TORCH
 from envbuilder.model.components import vllm as VLLM
@@ -246,60 +248,6 @@ class _Resolver:
         return table[value]
 
     # -- the rules ---------------------------------------------------------------------------
-
-    def driver_info(self, s: "Selection") -> R.Driver:
-        """The driver the image needs (its CUDA's, or the vLLM wheel's if newer) and, with
-        --driver, how the given one runs it: native, minor-version compatibility, too old."""
-        need = max([s.cuda_v, *s.extra_cudas], key=version_key)
-        need_rec = self.m.cuda.get(need, s.cuda)
-        info = R.Driver(
-            min_driver=need_rec["min_driver"], compat_driver=need_rec["compat_driver"], for_cuda=need
-        )
-        drv = self.ov.driver
-        if drv is None:
-            return info
-        if version_key(drv) >= version_key(need_rec["min_driver"]):
-            mode = "native"
-        elif version_key(drv) >= version_key(need_rec["compat_driver"]):
-            mode = "minor-version-compatibility"
-        else:
-            mode = "too-old"
-        return info._replace(mode=mode, driver=drv)
-
-    def driver_rule(self, s: "Selection") -> None:
-        info, drv = s.driver, self.ov.driver
-        if info.mode != "too-old" or drv is None:  # (too-old: --driver given)
-            return
-        need = info.for_cuda
-        usable = set(s.usable_cudas)
-        native = [
-            c
-            for c, r in self.m.cuda.items()
-            if c in usable and version_key(drv) >= version_key(r["min_driver"])
-        ]
-        compat = [
-            c
-            for c, r in self.m.cuda.items()
-            if c in usable and c not in native and version_key(drv) >= version_key(r["compat_driver"])
-        ]
-        fix = f"upgrade the driver to >= {info.min_driver}"
-        if native:
-            fix += f", or use --cuda {max(native, key=version_key)}"
-        elif compat:
-            fix += (
-                f", or use --cuda {max(compat, key=version_key)} (runs on this driver under "
-                "minor-version compatibility)"
-            )
-        # the stacks this driver runs, newest first (the fix walk keeps those that resolve)
-        for v, how in stacks_for_driver(self.m, drv)[:2]:
-            fix += f" or use --verl {v} (its stack's CUDA {how})"
-        self.add(
-            "driver",
-            f"driver {drv} is too old for CUDA {need}",
-            f"CUDA {need} needs >= {info.min_driver} (or >= "
-            f"{info.compat_driver} under minor-version compatibility)",
-            fix,
-        )
 
     def rollout_rule(self, verl_v: str, verl: dict[str, Any], rollout: str) -> None:
         if rollout not in INSTALLABLE_ROLLOUTS:
@@ -609,7 +557,7 @@ class _Resolver:
             if any(b["cuda"] == c for b in s.torch["builds"].values())
             and all(c.split(".")[0] == x.split(".")[0] for x in s.extra_cudas)
         ]
-        s.driver = self.driver_info(s)
+        s.driver = CUDA.driver_info(m, s.cuda_v, s.cuda, s.extra_cudas, ov.driver)
         s.feats = {k: _at_least(s.cc, f["min_compute_capability"]) for k, f in m.features.items()}
         s.dtype = p["dtype"]
         if s.dtype == "auto":
@@ -1189,21 +1137,7 @@ def _rule_torch_cuda(r: _Resolver, s: Selection) -> None:
 def _rule_python(r: _Resolver, s: Selection) -> None:
     torch, cuda, python, m = s.torch, s.cuda, s.python, r.m
     r.refuse(TORCH.python_refusal(s.torch_v, torch, python, cuda["python"]))
-    if python != cuda["python"]:
-        same = [
-            c
-            for c, rec in m.cuda.items()
-            if rec["python"] == python
-            and any(b["cuda"] == c and cc_runs(s.cc, b["archs"]) for b in torch["builds"].values())
-        ]
-        r.add(
-            "image-python",
-            f"the CUDA {s.cuda_v} image ({cuda['images']['runtime']}) ships "
-            f"Python {cuda['python']}, not {python}",
-            "the image's system Python is the one the venv is made from",
-            f"use --python {cuda['python']}" + (f" or --cuda {same[-1]}" if same else ""),
-            hard=True,
-        )
+    r.refuse(CUDA.python_refusal(m, s.cuda_v, cuda, python, torch, s.cc))
 
 
 def _rule_arch(r: _Resolver, s: Selection) -> None:
@@ -1306,7 +1240,7 @@ def _rule_sglang(r: _Resolver, s: Selection) -> None:
 
 
 def _rule_driver(r: _Resolver, s: Selection) -> None:
-    r.driver_rule(s)
+    r.refuse(CUDA.driver_refusal(r.m, s.driver, r.ov.driver, s.usable_cudas))
 
 
 def _rule_bf16(r: _Resolver, s: Selection) -> None:
@@ -1454,23 +1388,6 @@ RULES = (
 # the flags that choose a stack: given any, the user chose it and the driver rule only refuses
 STACK_FLAGS = ("cuda", "torch", "python", "verl", "rollout", "vllm")
 PTX_LIMIT = "no PTX JIT: only kernels built for the card run, none compiled from PTX at load"
-
-
-def stacks_for_driver(m: Matrix, driver: str) -> list[tuple[str, str]]:
-    """The stacks (stacks.yaml, by verl release) whose CUDA this driver runs, newest first, each
-    with how: natively or under minor-version compatibility (12.x on >= 525.60.13)."""
-    out = []
-    for v, st in sorted(
-        (m.sections.get("stacks") or {}).items(), key=lambda vs: version_key(vs[0]), reverse=True
-    ):
-        rec = m.cuda.get(st["cuda"])
-        if rec is None:
-            continue
-        if version_key(driver) >= version_key(rec["min_driver"]):
-            out.append((v, f"{st['cuda']} runs on this driver"))
-        elif version_key(driver) >= version_key(rec["compat_driver"]):
-            out.append((v, f"{st['cuda']} runs on this driver under minor-version compatibility"))
-    return out
 
 
 def stack_for_driver(m: Matrix, profile: str, ov: Overrides, refused: ResolveError) -> ResolvedEnv | None:
