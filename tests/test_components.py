@@ -29,6 +29,9 @@ def codes(text: str) -> set[str]:
         ("torch", "arch"),
         ("cuda", "driver"),
         ("cuda", "image-python"),
+        ("verl", "verl-"),
+        ("verl", "rollout"),
+        ("verl", "training-path"),
     ],
 )
 def test_a_components_refusals_are_spelled_in_its_block_alone(block, prefix):

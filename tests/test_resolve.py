@@ -385,9 +385,9 @@ def test_resolving_is_pure():
 
 
 def test_a_rollout_envbuild_cannot_install_is_refused(monkeypatch):
-    from envbuilder.model import resolve as R
+    from envbuilder.model.components import verl as V
 
-    monkeypatch.setattr(R, "INSTALLABLE_ROLLOUTS", ("hf", "vllm"))
+    monkeypatch.setattr(V, "INSTALLABLE_ROLLOUTS", ("hf", "vllm"))
     v = violations("t4", rollout="sglang")["rollout"]
     assert v.hard and "--rollout vllm" in v.fix
 

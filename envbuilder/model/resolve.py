@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from envbuilder import __version__
 from envbuilder.model import resolved as R
 from envbuilder.errors import UserError
-from envbuilder.model.matrix import Entry, Matrix, cc_runs, cc_tuple
+from envbuilder.model.matrix import Entry, Matrix, cc_tuple
 from envbuilder.model.versions import in_range, version_key
 from envbuilder.record import Record, frozen
 from envbuilder.model.resolved import SCHEMA_VERSION, Overrides, ResolvedEnv  # noqa: F401  (re-exported)
@@ -25,6 +25,8 @@ from envbuilder.model.components import cuda as CUDA
 from envbuilder.model.components.cuda import stacks_for_driver
 from envbuilder.model.components import sglang as SGLANG
 from envbuilder.model.components import torch as TORCH
+from envbuilder.model.components import verl as VERL
+from envbuilder.model.components.verl import INSTALLABLE_ROLLOUTS  # noqa: F401  (the rollouts a profile may name)
 from envbuilder.model.components import vllm as VLLM
 from envbuilder.model.versions import ranges_overlap
 from envbuilder.model.names import profile_named
@@ -37,10 +39,6 @@ from envbuilder.model.matrix_schema import AUDIT_CHECKS  # noqa: E402,F401  (re-
 
 # each matrix's memory plans by their inputs (_Resolver.memory_plan)
 _PLANS: "weakref.WeakKeyDictionary[Matrix, dict[str, dict[str, Any]]]" = weakref.WeakKeyDictionary()
-
-# Rollouts whose packages the matrix knows how to pin (hf needs none, vllm: matrices/vllm.yaml,
-# sglang: matrices/sglang.yaml, the release verl's `sglang` extra pins).
-INSTALLABLE_ROLLOUTS = ("hf", "vllm", "sglang")
 
 
 class Violation(Record):
@@ -248,74 +246,6 @@ class _Resolver:
         return table[value]
 
     # -- the rules ---------------------------------------------------------------------------
-
-    def rollout_rule(self, verl_v: str, verl: dict[str, Any], rollout: str) -> None:
-        if rollout not in INSTALLABLE_ROLLOUTS:
-            self.add(
-                "rollout",
-                f"the {rollout!r} rollout is not one envbuild can install yet",
-                "the matrix holds no release facts (torch pin, hardware floor) for it, so an "
-                "image would lack it",
-                "use --rollout vllm or --rollout hf",
-                hard=True,
-            )
-            return
-        if rollout in verl["rollouts"]:
-            return
-        having = [v for v, r in self.m.verl.items() if rollout in r["rollouts"]]
-        fix = f"use --verl {having[-1]}" if having else "choose another rollout"
-        others = [r for r in verl["rollouts"] if r != rollout and r in INSTALLABLE_ROLLOUTS]
-        if others:
-            fix += f", or --rollout {others[0]}"
-        why = f"its rollouts are {', '.join(verl['rollouts'])}"
-        if verl.get("rollouts_why"):
-            why += f" ({verl['rollouts_why']})"
-        self.add("rollout", f"verl {verl_v} has no {rollout!r} rollout", why, fix, hard=True)
-
-    def training_path_rule(self, verl_v: str, verl: dict[str, Any], rollout: str) -> None:
-        if rollout in verl["rollouts"] and rollout not in verl["training_path"]["rollouts"]:
-            self.add(
-                "training-path",
-                f"the matrix records no training path for verl {verl_v}'s {rollout!r} rollout",
-                "preflight and the smoke test would not import the "
-                "rollout's modules, so a broken rollout would show only once training starts",
-                f"add verl.{verl_v}.training_path.rollouts.{rollout} (the modules verl's FSDP "
-                "workers import for it, read from the release's wheel)",
-                hard=True,
-            )
-
-    def verl_torch_rule(self, verl_v: str, verl: dict[str, Any], torch_v: str, cuda_v: str, cc: str) -> None:
-        """verl's own code imports torch APIs that its METADATA does not pin (torch comes from
-        the image), so no resolver catches this: the matrix records the floor."""
-        spec = verl["torch"]
-        if in_range(torch_v, spec):
-            return
-        fits = [t for t in sorted(self.m.torch, key=version_key) if in_range(t, spec)]
-        same_cuda = [
-            t
-            for t in fits
-            if any(
-                b["cuda"] == cuda_v and cc_runs(cc, b["archs"]) for b in self.m.torch[t]["builds"].values()
-            )
-        ]
-        older = [v for v, r in self.m.verl.items() if in_range(torch_v, r["torch"])]
-        fix = (
-            f"use --torch {same_cuda[0]} (it has a CUDA {cuda_v} build)"
-            if same_cuda
-            else f"use --torch {fits[0]} with a --cuda it is built for"
-            if fits
-            else "use another torch"
-        )
-        if older:
-            fix += f", or --verl {older[-1]}"
-        self.add(
-            "verl-torch",
-            f"verl {verl_v} needs torch{spec}, not {torch_v}",
-            verl.get("torch_why")
-            or f"its own code imports torch APIs newer than {torch_v} (see {verl['torch_source']})",
-            fix,
-            hard=True,
-        )
 
     def pypi_name_rule(self, pins: dict[str, str]) -> None:
         """A pin of a name that PyPI gives to another project (dependencies.yaml pypi_names)."""
@@ -1196,41 +1126,15 @@ def _rule_machine(r: _Resolver, s: Selection) -> None:
 
 
 def _rule_verl(r: _Resolver, s: Selection) -> None:
-    spec = s.verl.get("python")
-    if spec and not in_range(s.python, spec):
-        fit = [
-            c
-            for c, rec in r.m.cuda.items()
-            if in_range(rec["python"], spec) and any(b["cuda"] == c for b in s.torch["builds"].values())
-        ]
-        r.add(
-            "verl-python",
-            f"verl {s.verl_v} does not install on Python {s.python}",
-            s.verl.get("python_why") or f"its wheel says Requires-Python {spec}",
-            (
-                f"use --cuda {fit[-1]} (its image ships Python {r.m.cuda[fit[-1]]['python']})"
-                if fit
-                else "use another --verl"
-            ),
-            hard=True,
-        )
-    r.rollout_rule(s.verl_v, s.verl, s.rollout)
-    r.verl_torch_rule(s.verl_v, s.verl, s.torch_v, s.cuda_v, s.cc)
-    r.training_path_rule(s.verl_v, s.verl, s.rollout)
+    """verl's refusals: the verl block's (model/components/verl.py)."""
+    for x in VERL.problems(r.m, s):
+        r.refuse(x)
 
 
 def _rule_vllm(r: _Resolver, s: Selection) -> None:
-    if s.rollout == "vllm":
-        for x in VLLM.problems(r.m, s):
-            r.refuse(x)
-    elif r.ov.vllm:
-        r.add(
-            "rollout",
-            f"--vllm {r.ov.vllm} was given but the rollout is {s.rollout!r}",
-            "vLLM is only installed for the vllm rollout",
-            "add --rollout vllm",
-            hard=True,
-        )
+    """The vLLM rollout's refusals: the vLLM block's (model/components/vllm.py)."""
+    for x in VLLM.problems(r.m, s, r.ov.vllm):
+        r.refuse(x)
 
 
 def _rule_sglang(r: _Resolver, s: Selection) -> None:

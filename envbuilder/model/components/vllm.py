@@ -21,10 +21,23 @@ def _at_least(cc: str, floor: str) -> bool:
     return cc_tuple(cc) >= cc_tuple(floor)
 
 
-def problems(m: Matrix, s: Any) -> list[Refusal]:
-    """The refusals of the vLLM rollout of selection `s` (the resolver's Selection: gpu, vr,
-    vllm_v, torch_v, build, verl_v, verl, python)."""
+def problems(m: Matrix, s: Any, asked: str | None = None) -> list[Refusal]:
+    """The refusals of the vLLM rollout of selection `s` (the resolver's Selection: rollout, gpu,
+    vr, vllm_v, torch_v, build, verl_v, verl, python); `asked`: the --vllm given, which another
+    rollout refuses."""
     out: list[Refusal] = []
+    if s.rollout != "vllm":
+        if asked:
+            out.append(
+                Refusal(
+                    "rollout",
+                    f"--vllm {asked} was given but the rollout is {s.rollout!r}",
+                    "vLLM is only installed for the vllm rollout",
+                    "add --rollout vllm",
+                    hard=True,
+                )
+            )
+        return out
     _cc(m, s.gpu, s.vr, out)
     if s.vllm_v is None:
         _choice(m, s.torch_v, s.verl_v, s.verl, out)
