@@ -61,7 +61,7 @@ NOT_PUBLISHED = {"2.5.8": "2.4.0", "2.6.3": "2.5.1", "2.7.4.post1": "2.7.1", "2.
 
 @pytest.mark.parametrize("version", list(PUBLISHED))
 def test_flash_attn_wheel_facts_match_what_each_release_published(version):
-    from envbuilder.model.resolve import flash_attn_wheel_gap
+    from envbuilder.model.components.flash_attn import wheel_gap as flash_attn_wheel_gap
 
     rec = shipped().flash_attn["versions"][version]
     torches, pythons, cudas = PUBLISHED[version]

@@ -166,7 +166,8 @@ def nvcc_version() -> str | None:
 def extension_commands(env: ResolvedEnv, python: Path) -> list[tuple[str, list[str]]]:
     """(component, the command that compiles it into the environment of `python`) for apex and
     flash-attn, as the image's builder stage does (for this GPU's arch only)."""
-    from envbuilder.render.dockerfile import apex_options, flash_attn_build_env
+    from envbuilder.model.components.flash_attn import source_build_env
+    from envbuilder.render.dockerfile import apex_options
 
     out: list[tuple[str, list[str]]] = []
     if env.apex:
@@ -187,7 +188,7 @@ def extension_commands(env: ResolvedEnv, python: Path) -> list[tuple[str, list[s
                 "flash-attn",
                 [
                     "env",
-                    *flash_attn_build_env(env),
+                    *source_build_env(env),
                     str(python),
                     "-m",
                     "pip",

@@ -112,6 +112,8 @@ WHEEL_TEMPLATE = S.Pattern(
     r"[A-Za-z0-9_.+-]*)+\.whl",
     "flash_attn-{version}+cu{cuda_tag}...-linux_{machine}.whl",
 )
+FLASH_ATTN_HOW = S.OneOf(("index", "release", "source"))  # (resolved.FlashAttn.how)
+FLASH_ATTN_ARCH = S.Pattern(r"\d{2,3}", "90")  # a FLASH_ATTN_CUDA_ARCHS value
 CUDA_TAGS = S.MapOf(S.Pattern(r"\d{2,3}", "12"), key=S.Pattern(r"\d+", "12"))
 FLASH_ATTN = {
     "min_compute_capability": S.CC,
@@ -126,7 +128,30 @@ FLASH_ATTN = {
         },
         key=S.VERSION,
     ),
-    "sdist_build?": {"estimate": WHY, "source": SOURCE},
+    "sdist_build?": {
+        "estimate": WHY,
+        "core_minutes_per_arch?": S.Int(1, 10_000),
+        "archs?": S.ListOf(FLASH_ATTN_ARCH),
+        "source": SOURCE,
+    },
+    "pypi_sdist_only?": S.ListOf(S.VERSION),
+    "pypi_sdist_only_source?": SOURCE,
+    "wheel_indexes?": S.MapOf(
+        {
+            "url": S.Url(("cuda", "torch"), "https://example.org/cu{cuda}/torch{torch}/simple/"),
+            "worlds": S.ListOf(
+                {
+                    "torch": S.Pattern(r"\d+\.\d+", "2.11"),
+                    "cuda": S.Pattern(r"\d{2,3}", "130"),
+                    "python": S.ListOf(S.CUDA),
+                    "versions": S.ListOf(S.VERSION),
+                }
+            ),
+            "archs": S.MapOf(S.ListOf(S.CC), key=S.OneOf(("x86_64", "aarch64"))),
+            "source": SOURCE,
+        },
+        key=S.NAME,
+    ),
     "release_wheels": {
         "url": S.Url(("version",), "https://github.com/OWNER/REPO/releases/download/v{version}"),
         "filename": WHEEL_TEMPLATE,

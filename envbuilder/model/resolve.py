@@ -14,6 +14,7 @@ from collections.abc import Mapping
 
 from envbuilder import __version__
 from envbuilder.model import resolved as R
+from envbuilder.model.components import flash_attn as FA
 from envbuilder.errors import UserError
 from envbuilder.model.matrix import Entry, Matrix, cc_tuple
 from envbuilder.model.versions import in_range, version_key
@@ -74,36 +75,6 @@ def cc_runs(gpu_cc: str, archs: list[str]) -> bool:
     """True when a cubin in `archs` runs on `gpu_cc`: same major, minor <= the GPU's."""
     major, minor = cc_tuple(gpu_cc)
     return any(a[0] == major and a[1] <= minor for a in map(cc_tuple, archs))
-
-
-def flash_attn_release(fa_data: dict[str, Any], version: str) -> R.FlashAttn:
-    """The flash-attn part of a ResolvedEnv: the version, the modules the run imports of it, and
-    where its prebuilt release wheel is (the download folder, the file name template, the CUDA
-    tags; the builder names the file from the installed torch, envbuilder/render/flash_attn.py)."""
-    rel = fa_data["release_wheels"]
-    tags = dict(sorted((fa_data["versions"][version].get("wheel_cuda") or {}).items()))
-    return R.FlashAttn(
-        version=version,
-        modules=tuple(fa_data["training_path"]["modules"]),
-        release=rel["url"].format(version=version),
-        wheel=rel["filename"],
-        cuda_tags=frozen(tags),
-    )
-
-
-def flash_attn_wheel_gap(rec: dict[str, Any], torch_v: str, torch_cuda: str, python: str) -> str | None:
-    """What the flash-attn release's published wheels lack for this torch, its CUDA and the
-    Python (extensions.yaml, from the tag's publish.yml), or None when a wheel exists."""
-    gaps = []
-    if rec.get("wheel_torch") and not in_range(torch_v, rec["wheel_torch"]):
-        gaps.append(f"torch {torch_v} (its wheels: torch{rec['wheel_torch']})")
-    major = str(torch_cuda).split(".")[0]
-    if major not in (rec.get("wheel_cuda") or {}):
-        built = ", ".join(f"CUDA {k}" for k in sorted(rec.get("wheel_cuda") or {})) or "none"
-        gaps.append(f"CUDA {torch_cuda} (its wheels: {built})")
-    if rec.get("wheel_python") and python not in rec["wheel_python"]:
-        gaps.append(f"Python {python} (its wheels: {', '.join(rec['wheel_python'])})")
-    return "; ".join(gaps) or None
 
 
 def _at_least(cc: str, floor: str) -> bool:
@@ -807,6 +778,20 @@ class _Resolver:
             s.dtype = "bf16" if s.gpu["bf16"] else ("fp16" if s.gpu["fp16_fast"] else "fp32")
         s.fa = s.components.get("flash-attn")
         s.fa_rec = self.release("flash-attn", s.fa, m.flash_attn["versions"]) if s.fa else None
+        s.fa_choice = (
+            FA.choose(
+                m.flash_attn,
+                s.fa,
+                cc=s.cc,
+                torch_v=s.torch_v,
+                torch_cuda=s.build["cuda"],
+                python=s.python,
+                machine=s.gpu.get("machine") or "x86_64",
+                index=self.ov.flash_attn_index,
+            )
+            if s.fa
+            else None
+        )
         fa_usable = s.fa is not None and _at_least(s.cc, m.flash_attn["min_compute_capability"])
         s.attention = p["attention"]
         if s.attention == "auto":
@@ -1233,7 +1218,7 @@ class _Resolver:
                 remove_padding=remove_padding,
                 torch_compile=s.feats.get("torch_compile", True),
             ),
-            flash_attn=flash_attn_release(m.flash_attn, s.fa) if s.fa else None,
+            flash_attn=FA.record(m.flash_attn, s.fa, s.fa_choice) if s.fa and s.fa_choice else None,
             apex=apex,
             patches=tuple(patches),
             audit=R.Audit(checks=checks, reviewed=tuple(reviewed)),
@@ -1362,6 +1347,7 @@ class Selection:
     dtype: str
     fa: str | None
     fa_rec: Entry | None
+    fa_choice: FA.Choice | None  # where the builder takes flash-attn from first
     attention: str
     apex_v: str | None
     apex_rec: Entry | None
@@ -1655,15 +1641,18 @@ def _rule_extensions(r: _Resolver, s: Selection) -> None:
                 f"{m.flash_attn['min_compute_capability']})",
                 "use --without flash-attn (attention falls back to sdpa)",
             )
-    if s.fa and s.fa_rec:
-        missing = flash_attn_wheel_gap(s.fa_rec, s.torch_v, s.build["cuda"], s.python)
-        if missing:
-            est = (m.flash_attn.get("sdist_build") or {}).get("estimate", "")
-            s.notes.append(
-                f"no prebuilt flash-attn {s.fa} wheel for {missing}: the builder stage "
-                f"compiles it from the sdist"
-                + (f" ({est})" if est else "")
-                + "; a torch, Python or CUDA its release builds avoids that"
+    if s.fa and s.fa_rec and s.fa_choice:
+        if s.fa_choice.arch is None and _at_least(cc, m.flash_attn["min_compute_capability"]):
+            r.add(
+                "flash-attn-arch",
+                f"flash-attn's setup.py builds no kernel the {s.gpu['name']} (CC {cc}) runs",
+                f"FLASH_ATTN_CUDA_ARCHS takes {', '.join((m.flash_attn.get('sdist_build') or {}).get('archs') or ())}",
+                "use --without flash-attn (attention falls back to sdpa)",
+                hard=True,
+            )
+        else:
+            s.notes.extend(
+                FA.notes(FA.record(m.flash_attn, s.fa, s.fa_choice), s.fa_choice.reason, m.flash_attn)
             )
     if s.attention == "flash_attention_2" and s.fa is None:
         r.add(

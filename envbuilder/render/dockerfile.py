@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any, TYPE_CHECKING
 
+from envbuilder.model.components import flash_attn as FA
 from envbuilder.record import Record, plain
 from envbuilder.render import image as I
 from envbuilder.render.plan import InstallPlan, Layer
@@ -85,16 +86,6 @@ def apex_options(apex: Apex) -> tuple[list[str], list[str]]:
     return [], [
         '--config-settings "--build-option=--cpp_ext"',
         '--config-settings "--build-option=--cuda_ext"',
-    ]
-
-
-def flash_attn_build_env(env: ResolvedEnv) -> list[str]:
-    """The variables of flash-attn's source build for this GPU: its arch only, and a build
-    even where a prebuilt wheel would be fetched (`envbuild install`, apptainer.def)."""
-    return [
-        f"TORCH_CUDA_ARCH_LIST={env.gpu.compute_capability}",
-        "FLASH_ATTENTION_FORCE_BUILD=TRUE",
-        f"FLASH_ATTN_CUDA_ARCHS={env.gpu.sm}",
     ]
 
 
@@ -366,9 +357,23 @@ class _Steps:
         return [_i("ARG", f"APEX_URL={arg(url)}", comments=comments), self.run(PIP_CACHE, mounts, [command])]
 
     def flash_attn(self) -> list[Instruction]:
+        """flash-attn's step: its building block (model/components/flash_attn.py) says the
+        lines of an index wheel and a source build; the release wheel's fetch is here."""
         env, fa = self.env, self.env.flash_attn
         assert fa is not None  # (called only for a profile with flash-attn)
         pins = self.locked.flash_attn_wheels if self.locked else None
+        ccache = _cache(FA.CCACHE_DIR)
+        script = f"--mount=type=bind,source={FLASH_ATTN_SCRIPT},target={I.CONTEXT}/{FLASH_ATTN_SCRIPT}"
+        if fa.how == FA.INDEX and not pins:
+            check = f"python {I.CONTEXT}/{FLASH_ATTN_SCRIPT}"
+            return [
+                _i("ARG", f"FLASH_ATTN_INDEX={arg(fa.index or '')}", comments=FA.comments(env)),
+                self.run(PIP_CACHE, [ccache, script, *self.mounts([])], FA.index_shell(env, I.WHEELS, check)),
+            ]
+        if fa.how == FA.SOURCE and not pins:
+            shell = FA.source_build_shell(env, I.WHEELS, "")
+            shell = [shell[0], *("    " + line for line in shell[1:])]
+            return [self.run(PIP_CACHE, [ccache, *self.mounts([])], shell, comments=FA.comments(env))]
         comments = [
             f"flash-attn {fa.version}: the release's prebuilt wheel for the torch installed above, named "
             "as flash-attn's",
@@ -400,13 +405,12 @@ class _Steps:
             shell += [
                 '    || { rc=$?; [ "$rc" -eq 3 ] || exit "$rc";',
                 f'         echo "envbuild: flash-attn: building {fa.version} from its PyPI sdist instead (slow)";',
-                f'         FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTN_CUDA_ARCHS="{env.gpu.sm}" pip wheel -v '
-                f"--no-build-isolation --no-deps -w {I.WHEELS} {sh('flash-attn==' + fa.version)}; }}; }}",
+                *FA.source_build_shell(env, I.WHEELS, "         "),
             ]
-        script = f"--mount=type=bind,source={FLASH_ATTN_SCRIPT},target={I.CONTEXT}/{FLASH_ATTN_SCRIPT}"
+            shell[-1] += "; }; }"
         return [
             _i("ARG", f"FLASH_ATTN_RELEASE={release}", comments=comments),
-            self.run(PIP_CACHE, [script, *self.mounts([])], shell),
+            self.run(PIP_CACHE, [script, *([] if pins else [ccache]), *self.mounts([])], shell),
         ]
 
     def runtime(self, spec_sha256: str) -> list[Instruction]:

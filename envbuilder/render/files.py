@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TYPE_CHECKING
 
 from envbuilder.paths import data_dir
+from envbuilder.model.components import flash_attn as FA
 from envbuilder.render.dockerfile import FLASH_ATTN_SCRIPT, apex_command, dockerfile_plan
 from envbuilder.render.image import HOME as IMAGE_HOME
 from envbuilder.render.image import PREFLIGHT, RUN_SCRIPT  # (where the image puts them)
@@ -214,6 +215,7 @@ def render_files(env: ResolvedEnv, locked: LockedContext | None = None) -> dict[
         "image_home": IMAGE_HOME,
         "spec_sha256": spec_sha256,
         "apex_command": apex_command(env),
+        "flash_attn_command": FA.source_build_command(env),
         "expected": preflight_expectations(env),
         "audit": audit_plan(env),
         "torch_dtype": TORCH_DTYPE,
