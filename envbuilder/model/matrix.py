@@ -101,7 +101,13 @@ def _read(path: Path) -> dict[str, Any]:
     return doc
 
 
-SOURCE_KEYS = ("source", "min_compute_capability_source", "torch_source", "p2p_source", "pypi_sdist_only_source")
+SOURCE_KEYS = (
+    "source",
+    "min_compute_capability_source",
+    "torch_source",
+    "p2p_source",
+    "pypi_sdist_only_source",
+)
 
 
 def _check_sources(doc: dict[str, Any], name: str) -> None:
