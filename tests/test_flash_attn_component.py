@@ -347,3 +347,54 @@ def test_the_check_runs_as_the_builder_runs_it(tmp_path):
         [sys.executable, W.__file__, "check-archs", "--cc", "nine"], capture_output=True, text=True
     )
     assert bad.returncode == W.BAD_ARGS and "not a compute capability" in bad.stderr
+
+
+# ---- a known index found through a mirror set ------------------------------------------------
+
+
+def test_a_mirror_set_serves_the_known_index_under_its_prefix():
+    from envbuilder.model import mirrors as M
+
+    env = resolved("h100", with_=["flash-attn"])
+    assert (env.flash_attn.index_name, env.flash_attn.index_path) == (
+        "verl-wheelhouse",
+        "cu130/torch2.11/simple/",
+    )
+    choice = M.choice(
+        "corp", {"description": "d", "wheel_indexes": {"verl-wheelhouse": ["https://u:s3cret@pypi.corp/wh/"]}}
+    )
+    mirrored = M.apply_to_env(env, choice)
+    assert mirrored.flash_attn.index == "https://pypi.corp/wh/cu130/torch2.11/simple/"  # no credentials
+    # the credentials reach the build only through the `endpoints` secret
+    secret = choice.credentials_env(mirrored)
+    assert "export FLASH_ATTN_INDEX=https://u:s3cret@pypi.corp/wh/cu130/torch2.11/simple/" in secret
+    # an index the user named is not a known one: no mirror rewrites it
+    own = resolved("h100", with_=["flash-attn"], flash_attn_index="http://127.0.0.1:9/simple/")
+    assert M.apply_to_env(own, choice).flash_attn.index == "http://127.0.0.1:9/simple/"
+
+
+def test_a_mirror_sets_wheel_index_reaches_the_rendered_dockerfile(cli, tmp_path, monkeypatch):
+    import yaml
+
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "mirrors": {
+                    "corp": {
+                        "description": "our proxy of verl's wheelhouse",
+                        "wheel_indexes": {"verl-wheelhouse": ["http://127.0.0.1:9/wh"]},
+                    }
+                }
+            }
+        )
+    )
+    monkeypatch.setenv("ENVBUILD_CONFIG", str(config))
+    code, out, err = cli(
+        "render", "h100", "--with", "flash-attn", "--mirror", "corp", "-o", str(tmp_path / "o")
+    )
+    assert code == 0, err
+    text = (tmp_path / "o" / "h100" / "Dockerfile").read_text()
+    assert "ARG FLASH_ATTN_INDEX=http://127.0.0.1:9/wh/cu130/torch2.11/simple/" in text
+    code, out, err = cli("mirrors", "list")
+    assert "index:verl-wheelhouse" in out and "http://127.0.0.1:9/wh" in out

@@ -114,6 +114,7 @@ WHEEL_TEMPLATE = S.Pattern(
 )
 FLASH_ATTN_HOW = S.OneOf(("index", "release", "source"))  # (resolved.FlashAttn.how)
 FLASH_ATTN_ARCH = S.Pattern(r"\d{2,3}", "90")  # a FLASH_ATTN_CUDA_ARCHS value
+INDEX_PATH = S.Pattern(r"[A-Za-z0-9._~/-]+", "cu130/torch2.11/simple/")  # a world under an index root
 CUDA_TAGS = S.MapOf(S.Pattern(r"\d{2,3}", "12"), key=S.Pattern(r"\d+", "12"))
 FLASH_ATTN = {
     "min_compute_capability": S.CC,
@@ -418,6 +419,9 @@ MIRROR = {
     "huggingface?": S.ListOf(S.URL),
     "apt?": S.ListOf(S.URL),
     "github?": S.ListOf(S.URL),
+    # a known flash-attn wheel index (extensions.yaml wheel_indexes) by name -> prefixes that
+    # serve its world trees (cu130/torch2.11/simple/)
+    "wheel_indexes?": S.MapOf(S.ListOf(S.URL), key=S.NAME),
     "source?": SOURCE,
 }
 DATASET_FILES = {"train": S.REPO_FILE, "test": S.REPO_FILE}  # split -> file in the repo

@@ -211,6 +211,8 @@ class FlashAttn(Record):
     cuda_tags: Annotated[Mapping[str, str], K.CUDA_TAGS]
     how: Annotated[str, K.FLASH_ATTN_HOW] = "release"
     index: Annotated[str | None, S.URL] = None
+    index_name: Annotated[str | None, S.NAME] = None
+    index_path: Annotated[str | None, K.INDEX_PATH] = None
     arch: Annotated[str | None, K.FLASH_ATTN_ARCH] = None
     core_minutes: int = 0
 

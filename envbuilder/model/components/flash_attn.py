@@ -49,6 +49,8 @@ class Choice(Record):
     index: str | None
     arch: str | None
     reason: str
+    index_name: str | None = None  # a known index's name (extensions.yaml wheel_indexes)
+    index_path: str | None = None  # its world tree under the index's root (cu130/torch2.11/simple/)
 
 
 # ---- facts and selection --------------------------------------------------------------------
@@ -97,9 +99,10 @@ def known_index(
     python: str,
     machine: str,
     cc: str,
-) -> tuple[str, str] | None:
-    """(name, URL) of the first known wheel index (by name) that serves flash-attn `version`
-    for this torch, CUDA, Python and machine with SASS the card runs; None when none does."""
+) -> tuple[str, str, str] | None:
+    """(name, URL, the world's path under the index's root) of the first known wheel index (by
+    name) that serves flash-attn `version` for this torch, CUDA, Python and machine with SASS
+    the card runs; None when none does. A mirror set serves that path under its own prefix."""
     torch, cuda = _world(torch_v, torch_cuda)
     for name, idx in sorted((fa_data.get("wheel_indexes") or {}).items()):
         if not runs_on(cc, idx["archs"].get(machine) or ()):
@@ -110,7 +113,9 @@ def known_index(
                 and python in w["python"]
                 and version in w["versions"]
             ):
-                return name, idx["url"].format(cuda=cuda, torch=torch)
+                url = idx["url"].format(cuda=cuda, torch=torch)
+                root = idx["url"].split("{", 1)[0].rsplit("/", 1)[0] + "/"
+                return name, url, url[len(root) :]
     return None
 
 
@@ -134,13 +139,15 @@ def choose(
     known = known_index(fa_data, version, torch_v, torch_cuda, python, machine, cc)
     torch, cuda = _world(torch_v, torch_cuda)
     if known:
-        name, url = known
+        name, url, path = known
         return Choice(
             INDEX,
             url,
             arch,
             f"its wheel from {name} ({url}), which builds it for torch {torch} / cu{cuda} / Python "
             f"{python} / {machine}",
+            name,
+            path,
         )
     gap = wheel_gap(rec, torch_v, torch_cuda, python)
     if gap is None:
@@ -161,9 +168,21 @@ def record(fa_data: Mapping[str, Any], version: str, choice: Choice) -> R.FlashA
         cuda_tags=frozen(tags),
         how=choice.how,
         index=choice.index,
+        index_name=choice.index_name,
+        index_path=choice.index_path,
         arch=choice.arch,
         core_minutes=int((fa_data.get("sdist_build") or {}).get("core_minutes_per_arch") or 0),
     )
+
+
+def mirrored_index(fa: R.FlashAttn, prefixes: Mapping[str, str] | None) -> str | None:
+    """The index's URL through a mirror set's prefix for that known index (mirrors.yaml
+    `wheel_indexes`): its world tree under the prefix; the index itself where the set has none
+    (or the user named the index)."""
+    prefix = (prefixes or {}).get(fa.index_name or "")
+    if fa.index and prefix and fa.index_path:
+        return prefix.rstrip("/") + "/" + fa.index_path
+    return fa.index
 
 
 def estimate(fa: R.FlashAttn) -> str:
