@@ -170,7 +170,8 @@ def record(fa_data: Mapping[str, Any], version: str, choice: Choice) -> R.FlashA
         index=choice.index,
         index_name=choice.index_name,
         index_path=choice.index_path,
-        arch=choice.arch,
+        # (below every arch, a card that --allow-unsupported lets through: the lowest, which it cannot run)
+        arch=choice.arch or next(iter((fa_data.get("sdist_build") or {}).get("archs") or ()), None),
         core_minutes=int((fa_data.get("sdist_build") or {}).get("core_minutes_per_arch") or 0),
     )
 
@@ -251,7 +252,7 @@ def source_build_env(env: ResolvedEnv) -> list[str]:
     return [
         f"TORCH_CUDA_ARCH_LIST={env.gpu.compute_capability}",
         "FLASH_ATTENTION_FORCE_BUILD=TRUE",
-        f"FLASH_ATTN_CUDA_ARCHS={fa.arch or build_arch(env.gpu.compute_capability, ['80', '90', '100', '120'])}",
+        f"FLASH_ATTN_CUDA_ARCHS={fa.arch or env.gpu.sm}",
     ]
 
 
