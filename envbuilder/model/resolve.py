@@ -1627,36 +1627,12 @@ def _rule_bf16(r: _Resolver, s: Selection) -> None:
 
 def _rule_extensions(r: _Resolver, s: Selection) -> None:
     m, cc = r.m, s.cc
-    if s.fa and s.fa_rec:
-        if not in_range(s.torch_v, s.fa_rec["torch"]):
-            r.add(
-                "flash-attn-torch",
-                f"flash-attn {s.fa} does not support torch {s.torch_v}",
-                f"it supports torch{s.fa_rec['torch']}",
-                "pick another flash-attn version in the profile, or --without flash-attn",
-                hard=True,
-            )
-        if not _at_least(cc, m.flash_attn["min_compute_capability"]):
-            r.add(
-                "flash-attn-cc",
-                f"flash-attn on the {s.gpu['name']} (CC {cc})",
-                "FlashAttention-2 only supports Ampere GPUs or newer (CC >= "
-                f"{m.flash_attn['min_compute_capability']})",
-                "use --without flash-attn (attention falls back to sdpa)",
-            )
-    if s.fa and s.fa_rec and s.fa_choice:
-        if s.fa_choice.arch is None and _at_least(cc, m.flash_attn["min_compute_capability"]):
-            r.add(
-                "flash-attn-arch",
-                f"flash-attn's setup.py builds no kernel the {s.gpu['name']} (CC {cc}) runs",
-                f"FLASH_ATTN_CUDA_ARCHS takes {', '.join((m.flash_attn.get('sdist_build') or {}).get('archs') or ())}",
-                "use --without flash-attn (attention falls back to sdpa)",
-                hard=True,
-            )
-        else:
-            s.notes.extend(
-                FA.notes(FA.record(m.flash_attn, s.fa, s.fa_choice), s.fa_choice.reason, m.flash_attn)
-            )
+    if s.fa and s.fa_choice:
+        for p in FA.problems(
+            m.flash_attn, s.fa, torch_v=s.torch_v, cc=cc, gpu=s.gpu["name"], choice=s.fa_choice
+        ):
+            r.add(p.rule, p.what, p.why, p.fix, p.hard)
+        s.notes.extend(FA.notes(FA.record(m.flash_attn, s.fa, s.fa_choice), s.fa_choice.reason, m.flash_attn))
     if s.attention == "flash_attention_2" and s.fa is None:
         r.add(
             "attention",

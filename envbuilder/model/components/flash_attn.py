@@ -155,6 +155,60 @@ def choose(
     return Choice(SOURCE, None, arch, f"no prebuilt flash-attn {version} wheel for {gap}")
 
 
+class Problem(Record):
+    """A rule the profile breaks with flash-attn (the resolver's Violation: what, why, fix)."""
+
+    rule: str
+    what: str
+    why: str
+    fix: str
+    hard: bool = False
+
+
+def at_least(cc: str, floor: str) -> bool:
+    return cc_tuple(cc) >= cc_tuple(floor)
+
+
+def problems(
+    fa_data: Mapping[str, Any], version: str, *, torch_v: str, cc: str, gpu: str, choice: Choice
+) -> list[Problem]:
+    """flash-attn's rules: its torch range, its compute-capability floor (below it the attention
+    is sdpa: a warning that --allow-unsupported keeps), and a card no arch of setup.py runs."""
+    rec, floor = fa_data["versions"][version], fa_data["min_compute_capability"]
+    out = []
+    if not in_range(torch_v, rec["torch"]):
+        out.append(
+            Problem(
+                "flash-attn-torch",
+                f"flash-attn {version} does not support torch {torch_v}",
+                f"it supports torch{rec['torch']}",
+                "pick another flash-attn version in the profile, or --without flash-attn",
+                hard=True,
+            )
+        )
+    if not at_least(cc, floor):
+        out.append(
+            Problem(
+                "flash-attn-cc",
+                f"flash-attn on the {gpu} (CC {cc})",
+                f"FlashAttention-2 only supports Ampere GPUs or newer (CC >= {floor})",
+                "use --without flash-attn (attention falls back to sdpa)",
+            )
+        )
+    elif choice.arch is None:
+        archs = ", ".join((fa_data.get("sdist_build") or {}).get("archs") or ())
+        out.append(
+            Problem(
+                "flash-attn-arch",
+                f"flash-attn's setup.py builds no kernel the {gpu} (CC {cc}) runs",
+                f"FLASH_ATTN_CUDA_ARCHS takes {archs}",
+                "use --without flash-attn (attention falls back to sdpa)",
+                hard=True,
+            )
+        )
+    return out
+
+
 def record(fa_data: Mapping[str, Any], version: str, choice: Choice) -> R.FlashAttn:
     """The flash-attn part of a ResolvedEnv: the version, the modules the run imports of it,
     where its release wheel is, and what `choice` decided."""
