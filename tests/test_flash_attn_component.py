@@ -398,3 +398,12 @@ def test_a_mirror_sets_wheel_index_reaches_the_rendered_dockerfile(cli, tmp_path
     assert "ARG FLASH_ATTN_INDEX=http://127.0.0.1:9/wh/cu130/torch2.11/simple/" in text
     code, out, err = cli("mirrors", "list")
     assert "index:verl-wheelhouse" in out and "http://127.0.0.1:9/wh" in out
+
+
+def test_a_lock_refuses_an_index_wheel_it_cannot_pin_yet_and_says_what_to_do():
+    from envbuilder.errors import UserError
+    from envbuilder.lock.sources import flash_attn_wheels
+
+    with pytest.raises(UserError) as e:
+        flash_attn_wheels(resolved("h100", with_=["flash-attn"]), None)
+    assert "comes from a wheel index" in str(e.value) and "--without flash-attn" in str(e.value)

@@ -92,6 +92,13 @@ def flash_attn_wheels(env: ResolvedEnv, github: str | None) -> dict:
         )
         for abi in (False, True)
     }
+    if fa.how == "index":
+        raise UserError(
+            f"flash-attn {fa.version} comes from a wheel index for this profile ({fa.index}), "
+            "which a lock does not pin yet (only the release's wheels are pinned by sha256). "
+            "Lock with --without flash-attn, or build unlocked: the builder takes the index's "
+            "wheel and checks its fatbin."
+        )
     if names[False] is None:
         raise UserError(
             f"flash-attn {fa.version}'s release builds no wheel for CUDA "
