@@ -407,3 +407,28 @@ def test_a_lock_refuses_an_index_wheel_it_cannot_pin_yet_and_says_what_to_do():
     with pytest.raises(UserError) as e:
         flash_attn_wheels(resolved("h100", with_=["flash-attn"]), None)
     assert "comes from a wheel index" in str(e.value) and "--without flash-attn" in str(e.value)
+
+
+def test_with_no_wheel_anywhere_render_writes_the_source_build_and_announces_its_time(cli, tmp_path):
+    code, out, err = cli("render", "h100", "--verl", "0.8.0", "--with", "flash-attn", "-o", str(tmp_path))
+    assert code == 0, err
+    said = out + err
+    assert "note: flash-attn 2.8.3: no prebuilt flash-attn 2.8.3 wheel for torch 2.9.0" in said
+    assert "about 64 core-minutes for sm_90 alone" in said
+    builder = (tmp_path / "h100" / "Dockerfile").read_text().split("FROM ${BASE_RUNTIME} AS runtime")[0]
+    assert "FLASH_ATTN_INDEX" not in builder and "FLASH_ATTN_RELEASE" not in builder
+    assert "--mount=type=cache,target=/root/.ccache" in builder
+    assert "export CCACHE_DIR=/root/.ccache" in builder
+    assert (
+        "TORCH_CUDA_ARCH_LIST=9.0 FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTN_CUDA_ARCHS=90 pip wheel -v "
+        "--no-deps -w /wheels --no-build-isolation flash-attn==2.8.3"
+    ) in builder
+    assert "expect about $(( (64 + jobs - 1) / jobs )) min" in builder
+
+
+def test_the_memory_plan_follows_the_attention(cli):
+    code, with_fa, err = cli("show", "h100", "--with", "flash-attn", "--memory")
+    assert code == 0, err
+    assert "flash_attention_2 attention" in with_fa
+    code, plain, err = cli("show", "h100", "--memory")
+    assert "sdpa attention" in plain

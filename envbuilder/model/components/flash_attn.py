@@ -268,6 +268,13 @@ def notes(fa: R.FlashAttn, reason: str, fa_data: Mapping[str, Any]) -> list[str]
     return []
 
 
+def announcements(env: ResolvedEnv) -> list[str]:
+    """The notes `render` says on the terminal before a build: where flash-attn comes from and,
+    for a source build, how long it takes."""
+    fa = env.flash_attn
+    return [n for n in env.notes if fa and n.startswith(f"flash-attn {fa.version}: ")]
+
+
 _CREDENTIALS = re.compile(r"^[a-z]+://[^/@]*@", re.I)
 
 
