@@ -15,9 +15,12 @@ rule says why. In the builder an index or a release that has no wheel falls back
 build; an index wheel whose fatbin lacks the card's arch (cuobjdump, as verl's wheelhouse checks
 its wheels before upload) stops the build.
 
-Also here, once: the source-build command (`source_build_command`: the Dockerfile, the
-Apptainer definition, environment.yml, pixi.toml and requirements.txt print it), the builder
-stage's shell for each way, and what the resolver records (`record`).
+Also here, once: flash-attn's rules (`problems`: its torch range, its CC floor, a card no
+setup.py arch runs), what the resolver records (`record`) and says (`notes`), the source-build
+command (`source_build_command`: the Dockerfile, the Apptainer definition, environment.yml,
+pixi.toml, requirements.txt and `envbuild install` print it), the builder stage's shell for an
+index wheel and a source build, and a known index through a mirror set (`mirrored_index`). The
+release wheel's fetch step stays in render/dockerfile.py beside the lock's pins it reads.
 """
 
 from __future__ import annotations
@@ -39,7 +42,6 @@ if TYPE_CHECKING:
 INDEX, RELEASE, SOURCE = "index", "release", "source"
 CCACHE_DIR = "/root/.ccache"  # the builder's BuildKit cache mount for compiled objects
 DOWNLOAD_DIR = "/tmp/flash-attn"  # where the builder puts an index's wheel before its check
-CHECK_FAILED = 1  # flash_attn_wheel.py check-archs: the wheel lacks the card's arch
 
 
 class Choice(Record):
