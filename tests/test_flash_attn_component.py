@@ -432,3 +432,17 @@ def test_the_memory_plan_follows_the_attention(cli):
     assert "flash_attention_2 attention" in with_fa
     code, plain, err = cli("show", "h100", "--memory")
     assert "sdpa attention" in plain
+
+
+def test_envbuild_install_compiles_with_the_same_variables(tmp_path):
+    from envbuilder.machine.install import extension_commands
+
+    env = resolved("3090", verl="0.6.1")  # an 8.6 card: sm_80, which setup.py builds
+    ((name, cmd),) = extension_commands(env, tmp_path / "bin" / "python")
+    assert name == "flash-attn"
+    assert cmd[:4] == ["env", *FA.source_build_env(env)]
+    assert FA.source_build_env(env) == [
+        "TORCH_CUDA_ARCH_LIST=8.6",
+        "FLASH_ATTENTION_FORCE_BUILD=TRUE",
+        "FLASH_ATTN_CUDA_ARCHS=80",
+    ]

@@ -332,7 +332,8 @@ def source_build_command(env: ResolvedEnv, pip: str = "pip install") -> str:
 def source_build_shell(env: ResolvedEnv, wheels: str, indent: str = "    ") -> list[str]:
     """The builder's lines that compile flash-attn into `wheels`: the time it expects for this
     machine's cores (min(nproc, MAX_JOBS) jobs), ccache for nvcc and c++ where the image has it
-    or apt installs it (its objects stay in the CCACHE_DIR cache mount between builds)."""
+    or apt installs it (Debian's and Ubuntu's package, with its /usr/lib/ccache folder; its
+    objects stay in the CCACHE_DIR cache mount between builds)."""
     fa = env.flash_attn
     assert fa is not None  # (called only for a profile with flash-attn)
     m = fa.core_minutes or 64
@@ -344,8 +345,11 @@ def source_build_shell(env: ResolvedEnv, wheels: str, indent: str = "    ") -> l
         f'min ({m} core-minutes)";',
         f'{indent}command -v ccache >/dev/null || timeout 300 sh -c "apt-get $APT_CA_OPT update -qq && '
         'apt-get $APT_CA_OPT install -y -qq --no-install-recommends ccache" >/dev/null 2>&1 || true;',
+        # c++ through ccache's masquerade folder (torch's compiler check resolves CXX on PATH,
+        # so "ccache c++" there would fail it); nvcc through PYTORCH_NVCC, which torch writes
+        # into build.ninja as is
         f"{indent}if command -v ccache >/dev/null; then export CCACHE_DIR={CCACHE_DIR} "
-        'PYTORCH_NVCC="ccache ${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" CXX="ccache c++";',
+        'PATH="/usr/lib/ccache:$PATH" PYTORCH_NVCC="ccache ${CUDA_HOME:-/usr/local/cuda}/bin/nvcc";',
         f'{indent}else echo "envbuild: flash-attn: no ccache here: compiled without an object cache"; fi;',
         f"{indent}{command}",
     ]
