@@ -358,7 +358,8 @@ class _Steps:
 
     def flash_attn(self) -> list[Instruction]:
         """flash-attn's step: its building block (model/components/flash_attn.py) says the
-        lines of an index wheel and a source build; the release wheel's fetch is here."""
+        lines of each way (an index wheel, the release wheel, a source build); here they become
+        instructions, with the mounts and the lock's pins of this render."""
         env, fa = self.env, self.env.flash_attn
         assert fa is not None  # (called only for a profile with flash-attn)
         pins = self.locked.flash_attn_wheels if self.locked else None
@@ -374,40 +375,16 @@ class _Steps:
             shell = FA.source_build_shell(env, I.WHEELS, "")
             shell = [shell[0], *("    " + line for line in shell[1:])]
             return [self.run(PIP_CACHE, [ccache, *self.mounts([])], shell, comments=FA.comments(env))]
-        comments = [
-            f"flash-attn {fa.version}: the release's prebuilt wheel for the torch installed above, named "
-            "as flash-attn's",
-            "setup.py names it (torch major.minor, its CUDA, its C++ ABI, this Python), fetched through "
-            "the GitHub mirror.",
-        ]
-        if pins:
-            comments.append(
-                "Locked: only a wheel the lock pins by sha256 installs; nothing is compiled, nothing else is fetched."
-            )
-        else:
-            comments += [
-                "Checked against its own RECORD (integrity, not a pin); no such wheel or no answer: "
-                "compiled from the PyPI",
-                f"sdist instead (hours without many cores), sm_{env.gpu.sm} only.",
-            ]
         release = f"file://{I.WHEELHOUSE}/sources" if pins and self.wheelhouse else f'"{dq(fa.release)}"'
-        shell = [
-            f"{{ python {I.CONTEXT}/{FLASH_ATTN_SCRIPT} --version {sh(fa.version)} "
-            '--release "${FLASH_ATTN_RELEASE}"',
-            f"      --filename {sh(fa.wheel)} --cuda-tags {sh(_tojson(fa.cuda_tags))}",
-        ]
-        if pins:
-            shell.append(f"      --pins {sh(_tojson(pins))}")
-        shell[-1] += f" --dest {I.WHEELS}"
-        if pins:
-            shell[-1] += "; }"
-        else:
-            shell += [
-                '    || { rc=$?; [ "$rc" -eq 3 ] || exit "$rc";',
-                f'         echo "envbuild: flash-attn: building {fa.version} from its PyPI sdist instead (slow)";',
-                *FA.source_build_shell(env, I.WHEELS, "         "),
-            ]
-            shell[-1] += "; }; }"
+        shell = FA.release_shell(
+            env,
+            script=f"python {I.CONTEXT}/{FLASH_ATTN_SCRIPT}",
+            wheels=I.WHEELS,
+            cuda_tags=_tojson(fa.cuda_tags),
+            pins=_tojson(pins) if pins else None,
+            quote=sh,
+        )
+        comments = FA.release_comments(env, locked=bool(pins))
         return [
             _i("ARG", f"FLASH_ATTN_RELEASE={release}", comments=comments),
             self.run(PIP_CACHE, [script, *([] if pins else [ccache]), *self.mounts([])], shell),

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from envbuilder.errors import UserError
@@ -373,6 +373,63 @@ def index_shell(env: ResolvedEnv, wheels: str, check: str) -> list[str]:
         "    fi",
     ]
     return [*lines[:-2], lines[-2] + ";", lines[-1]]
+
+
+def release_shell(
+    env: ResolvedEnv,
+    *,
+    script: str,
+    wheels: str,
+    cuda_tags: str,
+    pins: str | None,
+    quote: Callable[[str], str],
+) -> list[str]:
+    """The builder's lines for `how: release`: envbuilder/render/flash_attn.py (`script`, the
+    command that runs it) fetches the release's wheel for the installed torch; unlocked, no such
+    wheel (exit 3) falls back to the source build, locked (`pins`: {file: sha256} as JSON) only
+    a pinned file installs. `cuda_tags`: the CUDA tags as JSON; `quote`: the shell's quoting."""
+    fa = env.flash_attn
+    assert fa is not None
+    shell = [
+        f'{{ {script} --version {quote(fa.version)} --release "${{FLASH_ATTN_RELEASE}}"',
+        f"      --filename {quote(fa.wheel)} --cuda-tags {quote(cuda_tags)}",
+    ]
+    if pins:
+        shell.append(f"      --pins {quote(pins)}")
+    shell[-1] += f" --dest {wheels}"
+    if pins:
+        shell[-1] += "; }"
+        return shell
+    shell += [
+        '    || { rc=$?; [ "$rc" -eq 3 ] || exit "$rc";',
+        f'         echo "envbuild: flash-attn: building {fa.version} from its PyPI sdist instead (slow)";',
+        *source_build_shell(env, wheels, "         "),
+    ]
+    shell[-1] += "; }; }"
+    return shell
+
+
+def release_comments(env: ResolvedEnv, locked: bool) -> list[str]:
+    """The comment lines above the release wheel's step."""
+    fa = env.flash_attn
+    assert fa is not None
+    out = [
+        f"flash-attn {fa.version}: the release's prebuilt wheel for the torch installed above, named "
+        "as flash-attn's",
+        "setup.py names it (torch major.minor, its CUDA, its C++ ABI, this Python), fetched through "
+        "the GitHub mirror.",
+    ]
+    if locked:
+        return [
+            *out,
+            "Locked: only a wheel the lock pins by sha256 installs; nothing is compiled, nothing else is fetched.",
+        ]
+    return [
+        *out,
+        "Checked against its own RECORD (integrity, not a pin); no such wheel or no answer: "
+        "compiled from the PyPI",
+        f"sdist instead (hours without many cores), sm_{fa.arch or env.gpu.sm} only.",
+    ]
 
 
 def comments(env: ResolvedEnv) -> list[str]:
