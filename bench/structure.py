@@ -111,14 +111,13 @@ IO_MODULES = (
 
 # scripts that run in the image, not in envbuild's process (copied into the build context byte
 # for byte): their fetching is the image build's
-SHIPPED_SCRIPTS = ("envbuilder.render.flash_attn",)
 
 
 def io_imports(mods: dict[str, Path]) -> list[str]:
     """`module:line imports X` for each I/O module (IO_MODULES) a PURE package's module imports."""
     found = []
     for mod, path in mods.items():
-        if package_of(mod) not in PURE or mod in SHIPPED_SCRIPTS:
+        if package_of(mod) not in PURE:
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             names = []

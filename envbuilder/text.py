@@ -2,7 +2,7 @@
 credentials, which no message, file or label ever shows. The one place for both; everything
 that prints or writes a URL goes through `redact` or `without_credentials`.
 
-(render/flash_attn.py keeps a copy of the redaction: it runs alone in the image's builder stage,
+(images/flash_attn_wheel.py keeps a copy of the redaction: it runs alone in the image's builder stage,
 with the standard library only.)"""
 
 from __future__ import annotations

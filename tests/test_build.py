@@ -157,7 +157,7 @@ def fa_release_name(python: str = IMAGE_PYTHON, abi: bool = False) -> tuple[str,
     """(path on github.com, file name) of the flash-attn release wheel the builder looks for:
     the stand-in torch in the image is 2.4.0 built with CUDA 12.1 and the old C++ ABI."""
     from envbuilder.model import matrix
-    from envbuilder.render.flash_attn import wheel_filename
+    from envbuilder.images.flash_attn_wheel import wheel_filename
     from envbuilder.model.resolve import Overrides, resolve
 
     d = resolve(matrix.load(), "4090", Overrides(with_=("flash-attn",))).to_dict()
@@ -674,7 +674,7 @@ def test_flash_attn_without_a_release_wheel_falls_back_to_the_sdist_build(docker
     assert FALLBACK_SAID.search(r.stderr)
     assert (
         "flash-attn stand-in: source build of 2.6.3 (FLASH_ATTENTION_FORCE_BUILD=TRUE, "
-        "FLASH_ATTN_CUDA_ARCHS=89)"
+        "FLASH_ATTN_CUDA_ARCHS=80)"
     ) in r.stderr
     assert "smoke ok: 4090" in r.stderr
     out = (
@@ -688,6 +688,46 @@ def test_flash_attn_without_a_release_wheel_falls_back_to_the_sdist_build(docker
         .strip()
     )
     assert out == "sdist"
+
+
+def test_flash_attn_from_the_wheel_index_flash_attn_index_names(docker_client, config, tmp_path):
+    """--flash-attn-index: the builder stage downloads flash-attn's wheel from that index (a
+    loopback pypiserver serving a fixture wheel, named as verl's wheelhouse names its own),
+    checks it (no cuobjdump in the stand-in base image: said so), and compiles nothing."""
+    from lockfixtures import PypiServer
+
+    tag = "envbuild-test/4090:fa-index"
+    files = {
+        "flash_attn_2_cuda.py": "FROM_INDEX = True  # envbuild test stand-in\n",
+        "flash_attn/bert_padding.py": "# envbuild test stand-in\n",
+    }
+    py = "cp" + IMAGE_PYTHON.replace(".", "")
+    make_wheel(tmp_path / "fa-index", "flash_attn", "2.6.3", tag=f"{py}-{py}-linux_x86_64", files=files)
+    with PypiServer(tmp_path / "fa-index") as fa_index:
+        args = [
+            "build",
+            *FA_PROFILE,
+            "--flash-attn-index",
+            fa_index.url,
+            "--mirror",
+            "test",
+            "--tag",
+            tag,
+            "-v",
+        ]
+        r = envbuild(args, config)
+    assert r.returncode == 0, r.stderr[-3000:]
+    # (said only after the download: the step's check of the wheel it took)
+    assert "no cuobjdump here (not a CUDA devel image?)" in r.stderr
+    assert "flash-attn stand-in: source build" not in r.stderr
+    assert "smoke ok: 4090" in r.stderr
+    out = docker_client.containers.run(
+        tag,
+        ["python", "-c", "import flash_attn_2_cuda; print(flash_attn_2_cuda.FROM_INDEX)"],
+        remove=True,
+        network_mode="host",
+    )
+    assert out.decode().strip() == "True"  # the index's wheel, not a build
 
 
 def test_flash_attn_from_a_wheelhouse_with_no_index_and_no_github(

@@ -32,6 +32,7 @@ VALUES = {
     "interconnect": "ib",
     "ecc": "off",
     "gpu_memory": 40960,
+    "flash_attn_index": "https://verl-project.github.io/verl-wheelhouse/cu130/torch2.11/simple/",
 }
 
 

@@ -1,5 +1,5 @@
 """flash-attn's prebuilt release wheel: its name (as flash-attn's own setup.py names it) and the
-builder's fetch script (envbuilder/render/flash_attn.py), run as the Dockerfile runs it: a real
+builder's fetch script (envbuilder/images/flash_attn_wheel.py), run as the Dockerfile runs it: a real
 subprocess with a stand-in torch on its path, against loopback HTTP servers. No Docker, no
 network beyond 127.0.0.1. (tests/test_real_packages.py checks the names against get_wheel_url
 executed from the real sdists on PyPI.)"""
@@ -20,7 +20,7 @@ from conftest import resolved
 from fixture_wheels import flash_attn_release_wheel, torch_standin
 from httpfixtures import FileServer, free_port
 
-from envbuilder.render import flash_attn as W
+from envbuilder.images import flash_attn_wheel as W
 
 SCRIPT = Path(W.__file__)
 TEMPLATE = (

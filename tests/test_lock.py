@@ -744,7 +744,7 @@ def test_render_locked_pins_the_builders_tools_and_the_apex_archive(p40_lock, tm
 
 def _fa_names(profile="3090"):
     from envbuilder.model import matrix
-    from envbuilder.render.flash_attn import wheel_filename
+    from envbuilder.images.flash_attn_wheel import wheel_filename
     from envbuilder.model.resolve import Overrides, resolve
 
     d = resolve(matrix.load(), profile, Overrides(verl="0.6.1")).to_dict()  # flash-attn 2.8.3

@@ -563,7 +563,7 @@ def test_refresh_messages_never_print_the_credentials_of_the_index():
 
 
 def test_flash_attn_credentials_do_not_follow_a_redirect_to_another_host(tmp_path):
-    from envbuilder.render import flash_attn as F
+    from envbuilder.images import flash_attn_wheel as F
 
     data = b"wheel bytes"
     with (
@@ -584,7 +584,7 @@ def test_flash_attn_credentials_do_not_follow_a_redirect_to_another_host(tmp_pat
 
 
 def test_flash_attn_download_gives_up_on_a_body_that_drips(tmp_path, monkeypatch):
-    from envbuilder.render import flash_attn as F
+    from envbuilder.images import flash_attn_wheel as F
 
     monkeypatch.setattr(F, "DEADLINE_S", 1.5, raising=False)
     with FaultServer({}, default="drip-body") as srv:
@@ -596,7 +596,7 @@ def test_flash_attn_download_gives_up_on_a_body_that_drips(tmp_path, monkeypatch
 
 
 def test_flash_attn_download_retries_a_body_cut_short(tmp_path):
-    from envbuilder.render import flash_attn as F
+    from envbuilder.images import flash_attn_wheel as F
 
     data = os.urandom(1 << 20)
     with FaultServer({"w.whl": data}, script={"w.whl": ["drop"]}) as srv:

@@ -210,7 +210,7 @@ def test_the_wheel_name_is_the_one_flash_attns_setup_py_guesses(pypi, version):
     """envbuild names the release wheel as the sdist's own setup.py does, for the torch/CUDA/
     Python of every profile that installs this version, both C++ ABIs and both CUDA majors
     (where the release published no wheel for a major, envbuild names none)."""
-    from envbuilder.render.flash_attn import wheel_filename
+    from envbuilder.images.flash_attn_wheel import wheel_filename
     from envbuilder.model.resolve import Overrides, resolve
 
     sdists = [f for f in files_of("flash-attn") if f["filename"] == f"flash_attn-{version}.tar.gz"]
@@ -279,3 +279,48 @@ def test_sglangs_training_path_modules_are_in_its_wheel_and_its_kernel_wheel(pyp
     assert not missing, (
         f"sglang {version} with {kernel['package']} {kernel['version']} has no {', '.join(missing)}"
     )
+
+
+# ---- flash-attn on today's stack (issue 37, item 2): the facts extensions.yaml records ---------
+
+
+def _sdist_member(project: str, filename: str, member: str) -> str:
+    (f,) = [f for f in files_of(project) if f["filename"] == filename]
+    with tarfile.open(fileobj=io.BytesIO(_get(f["url"])), mode="r:gz") as tar:
+        return tar.extractfile(member).read().decode()
+
+
+def test_verl_091_takes_flash_attn_283_from_its_wheelhouse_index(pypi):
+    """verl 0.9.1's sdist pyproject: flash-attn==2.8.3 (torch 2.11 / cu130) from the index
+    named verl-wheelhouse, whose URL is the one extensions.yaml records."""
+    import tomllib
+
+    doc = tomllib.loads(_sdist_member("verl", "verl-0.9.1.tar.gz", "verl-0.9.1/pyproject.toml"))
+    extras = doc["project"]["optional-dependencies"]
+    assert extras["flash-attn-cu130torch211"] == ["flash-attn==2.8.3"]
+    assert doc["tool"]["uv"]["sources"]["flash-attn"] == {"index": "verl-wheelhouse"}
+    (index,) = [i for i in doc["tool"]["uv"]["index"] if i["name"] == "verl-wheelhouse"]
+    assert index["url"] == "https://verl-project.github.io/verl-wheelhouse/simple/"
+    assert "torch==2.11.0" in extras["fsdp"]
+    from envbuilder.model.versions import in_range
+
+    fa = shipped().flash_attn
+    assert in_range("2.11.0", fa["versions"]["2.8.3"]["torch"])
+    assert "verl-project.github.io/verl-wheelhouse/" in fa["wheel_indexes"]["verl-wheelhouse"]["url"]
+
+
+def test_flash_attn_283_and_its_post_releases_are_sdists_only_on_pypi(pypi):
+    names = {f["filename"] for f in files_of("flash-attn")}
+    for version in shipped().flash_attn["pypi_sdist_only"]:
+        assert f"flash_attn-{version}.tar.gz" in names, version
+        assert not [n for n in names if n.startswith(f"flash_attn-{version}-") and n.endswith(".whl")], (
+            version
+        )
+
+
+def test_flash_attn_cuda_archs_are_the_ones_283s_setup_py_builds(pypi):
+    setup = _sdist_member("flash-attn", "flash_attn-2.8.3.tar.gz", "flash_attn-2.8.3/setup.py")
+    default = re.search(r'os\.getenv\("FLASH_ATTN_CUDA_ARCHS", "([0-9;]+)"\)', setup)
+    assert default and default.group(1).split(";") == shipped().flash_attn["sdist_build"]["archs"]
+    gencodes = re.findall(r'"(\d+)" in cuda_archs\(\)', setup)
+    assert gencodes == shipped().flash_attn["sdist_build"]["archs"]

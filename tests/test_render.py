@@ -30,6 +30,7 @@ from conftest import (
 )
 from fixture_wheels import module_files
 from envbuilder import images
+from envbuilder.render.dockerfile import FLASH_ATTN_SCRIPT
 from envbuilder.model import matrix as M
 from envbuilder.render.files import MARKER, RUN_SCRIPT, render, render_files
 from envbuilder.model.resolve import ResolvedEnv
@@ -76,6 +77,9 @@ GOLDEN_CASES = {  # tests/golden/<case>: what `envbuild render ARGS` writes
     "h200-flash-attn": ["h200", "--verl", "0.6.1"],
     # verl 0.9.1's async rollout, engine workers' keys (critic.fsdp), CUDA 13 on Ubuntu 24.04
     "h100-verl09": ["h100"],
+    # verl 0.9.1 with flash-attn 2.8.3 for torch 2.11 / cu130: verl's wheelhouse index first,
+    # its fatbin checked with cuobjdump, else a source build for sm_90 (ccache mount)
+    "h100-flash-attn": ["h100", "--with", "flash-attn"],
     # verl 0.7.1: the async rollout over the legacy fsdp_workers (critic.model.fsdp_config), on a
     # T4: fp16 inference, the critic's hard-coded bf16 autocast and attention both patched
     "t4-verl071": ["t4", "--verl", "0.7.1"],
@@ -106,18 +110,20 @@ def test_rendered_files_match_the_golden_files(case, cli, tmp_path, monkeypatch,
     golden = GOLDEN / case
     # the image scripts are envbuilder/images/'s files, byte for byte: checked there, once, and
     # not kept in the goldens; the profile's data they read is (envbuild-scripts.json)
-    for name in images.SCRIPTS:
+    copied = {*images.SCRIPTS, FLASH_ATTN_SCRIPT}  # (the builder's flash-attn script too)
+    for name in copied:
         if (out / name).exists():
-            assert (out / name).read_bytes() == (images.HERE / name).read_bytes(), name
+            shipped_as = name if name in images.SCRIPTS else "flash_attn_wheel.py"
+            assert (out / name).read_bytes() == (images.HERE / shipped_as).read_bytes(), name
     if os.environ.get("UPDATE_GOLDEN") == "1":
         shutil.rmtree(golden, ignore_errors=True)
-        shutil.copytree(out, golden, ignore=shutil.ignore_patterns(".envbuild-files.json", *images.SCRIPTS))
+        shutil.copytree(out, golden, ignore=shutil.ignore_patterns(".envbuild-files.json", *copied))
     assert golden.is_dir(), f"no {golden}; create it with UPDATE_GOLDEN=1 and review it"
     # (the write record holds the hashes of these same files: nothing to review in it)
     got = {
         str(p.relative_to(out)): p.read_text()
         for p in out.rglob("*")
-        if p.is_file() and p.name != ".envbuild-files.json" and p.name not in images.SCRIPTS
+        if p.is_file() and p.name != ".envbuild-files.json" and p.name not in copied
     }
     want = {str(p.relative_to(golden)): p.read_text() for p in golden.rglob("*") if p.is_file()}
     assert sorted(got) == sorted(want), "files added or missing; rerun with UPDATE_GOLDEN=1 and review"
@@ -593,12 +599,15 @@ def test_flash_attn_tries_the_release_wheel_then_the_sdist_in_the_builder_only(r
     assert "--mount=type=bind,source=flash_attn_wheel.py,target=/tmp/envbuild/flash_attn_wheel.py" in builder
     assert '--cuda-tags \'{"12": "12"}\'' in builder  # (2.8.3 publishes CUDA 12 wheels only)
     assert '[ "$rc" -eq 3 ] || exit "$rc"' in builder  # only "no such wheel" falls back
+    # the sdist fallback builds sm_80, which the 3090 (8.6) runs: 2.8.3's setup.py has a
+    # -gencode for 80, 90, 100 and 120 only, so FLASH_ATTN_CUDA_ARCHS=86 would build no kernel
     assert (
-        'FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTN_CUDA_ARCHS="86" pip wheel -v '
-        "--no-build-isolation --no-deps -w /wheels flash-attn==2.8.3"
+        "TORCH_CUDA_ARCH_LIST=8.6 FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTN_CUDA_ARCHS=80 pip wheel -v "
+        "--no-deps -w /wheels --no-build-isolation flash-attn==2.8.3"
     ) in builder
+    assert "--mount=type=cache,target=/root/.ccache" in builder
     # the script in the context is envbuild's own module, byte for byte
-    from envbuilder.render import flash_attn as flash_attn_wheel
+    from envbuilder.images import flash_attn_wheel as flash_attn_wheel
 
     assert (rendered_fa / "flash_attn_wheel.py").read_bytes() == Path(flash_attn_wheel.__file__).read_bytes()
     assert instructions(text)  # BuildKit's parser takes it

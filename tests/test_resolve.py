@@ -551,7 +551,7 @@ def test_flash_attn_without_a_published_wheel_says_it_compiles_and_how_long():
 
 
 def test_the_wheel_gap_names_torch_cuda_and_python():
-    from envbuilder.model.resolve import flash_attn_wheel_gap
+    from envbuilder.model.components.flash_attn import wheel_gap as flash_attn_wheel_gap
 
     rec = frozen().flash_attn["versions"]["2.8.3"]
     assert flash_attn_wheel_gap(rec, "2.8.0", "12.8", "3.10") is None

@@ -61,7 +61,7 @@ NOT_PUBLISHED = {"2.5.8": "2.4.0", "2.6.3": "2.5.1", "2.7.4.post1": "2.7.1", "2.
 
 @pytest.mark.parametrize("version", list(PUBLISHED))
 def test_flash_attn_wheel_facts_match_what_each_release_published(version):
-    from envbuilder.model.resolve import flash_attn_wheel_gap
+    from envbuilder.model.components.flash_attn import wheel_gap as flash_attn_wheel_gap
 
     rec = shipped().flash_attn["versions"][version]
     torches, pythons, cudas = PUBLISHED[version]
@@ -431,3 +431,51 @@ def test_verl_0_9_1s_gb200_nccl_settings_are_what_its_wheel_sets(verl_trees):
     assert f">= {major}" in condition and repr(nccl["opt_in"]) in condition and "== '1'" in condition
     # spread into the Ray runtime environment every PPO worker gets
     assert "**_gb200_nccl_env" in source.split("PPO_RAY_RUNTIME_ENV = {", 1)[1].split("\n}\n", 1)[0]
+
+
+# ---- flash-attn on today's stack (issue 37, item 2): the corrected facts and their sources --------
+
+
+def _extension_sources() -> dict:
+    import yaml
+
+    return yaml.safe_load((MATRICES / "extensions.yaml").read_text())["sources"]
+
+
+def test_flash_attn_283_builds_for_torch_211_as_verl_091_installs_it():
+    """extensions.yaml said 2.8.3 "builds from source for torch < 2.10"; verl 0.9.1 installs
+    2.8.3 built for torch 2.11 / cu130 (its pyproject's flash-attn-cu130torch211 extra), and
+    verl's wheelhouse builds it for torch 2.13 (tests/test_real_packages.py reads the sdist)."""
+    fa = shipped().flash_attn
+    rec = fa["versions"]["2.8.3"]
+    assert M.in_range("2.11.0", rec["torch"]) and M.in_range("2.13.0", rec["torch"])
+    assert {"verl091_pyproject", "wheelhouse_versions"} <= set(rec["source"].replace(" ", "").split(","))
+    assert "flash-attn-cu130torch211 = flash-attn==2.8.3" in _extension_sources()["verl091_pyproject"]
+
+
+def test_verls_wheel_index_is_recorded_with_its_worlds_and_source():
+    fa = shipped().flash_attn
+    idx = fa["wheel_indexes"]["verl-wheelhouse"]
+    sources = _extension_sources()
+    # verl 0.9.1's [[tool.uv.index]] names the /simple/ root; the wheelhouse serves one tree per
+    # world (cu130/torch2.11/simple/), since one wheel file name serves several torch builds
+    assert "https://verl-project.github.io/verl-wheelhouse/simple/" in sources["verl091_pyproject"]
+    assert idx["url"].format(cuda="130", torch="2.11") == (
+        "https://verl-project.github.io/verl-wheelhouse/cu130/torch2.11/simple/"
+    )
+    assert {"torch": "2.11", "cuda": "130", "python": ["3.12"], "versions": ["2.8.3"]} in idx["worlds"]
+    assert idx["archs"] == {"x86_64": ["8.0", "9.0", "10.0", "12.0"], "aarch64": ["9.0", "10.0"]}
+    for key in ("verl091_pyproject", "wheelhouse_versions", "wheelhouse_index", "wheelhouse_build"):
+        assert key in idx["source"] and sources[key]
+
+
+def test_flash_attn_283_and_its_post_releases_are_sdists_on_pypi():
+    fa = shipped().flash_attn
+    assert fa["pypi_sdist_only"] == ["2.8.3", "2.8.3.post1", "2.8.3.post2"]
+    assert "sdists only" in _extension_sources()[fa["pypi_sdist_only_source"]]
+
+
+def test_flash_attn_cuda_archs_are_setup_pys_gencodes():
+    build = shipped().flash_attn["sdist_build"]
+    assert build["archs"] == ["80", "90", "100", "120"]
+    assert "fa_setup_283_archs" in build["source"]

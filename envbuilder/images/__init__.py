@@ -1,7 +1,9 @@
 """The scripts that run inside an image (or a prefix `envbuild install` made), with its Python.
 
 Static files, copied byte for byte into every rendered folder (render/files.py): `preflight.py`,
-`apply_patches.py`, `audit_precision.py`, `prepare_gsm8k.py`. Each reads what is the profile's,
+`apply_patches.py`, `audit_precision.py`, `prepare_gsm8k.py`; and `flash_attn_wheel.py`, which
+the builder stage runs (with arguments, no sidecar) to fetch flash-attn's release wheel and to
+check a wheel's fatbin with cuobjdump, and whose wheel-name rule `envbuild lock` imports. Each reads what is the profile's,
 as data, from one JSON file the render writes beside them (SIDECAR: one key per script, each
 script's own part). They import nothing of envbuild and only the standard library at their top
 (torch, hydra, pyarrow only inside the functions that check them), and run on the profile's

@@ -67,6 +67,7 @@ def render_profiles(
     """Each named profile rendered into OUT/<profile>/ (default out/): `locked_dir` ("-" for
     lockfiles/) or `wheelhouse` pins it, `mirror` (a mirror set's name) points it at that set's
     first endpoints. What was written and its warnings go to `echo`, notes to `say`."""
+    from envbuilder.model.components import flash_attn as FA
     from envbuilder.model.profiles import resolve_all
     from envbuilder.render import files as R
 
@@ -102,6 +103,8 @@ def render_profiles(
         R.render(env, target, p.locked, force=force)
         written.append(target)
         echo(f"rendered {env.name} -> {target}/")
+        for note in FA.announcements(env):
+            say(f"  note: {note}")
         for w in env.warnings:
             echo(f"  WARNING: {w}")
     return written

@@ -5,7 +5,7 @@ fetched through a mirror prefix where GitHub is slow or blocked.
 flash-attn's wheel is named by the C++ ABI of the installed torch (torch._C._GLIBCXX_USE_CXX11_ABI),
 which a lock cannot read without the torch wheel's binary, so the lock pins both ABI variants
 that the release has (one may be missing) and the builder picks the one the installed torch
-needs (envbuilder/render/flash_attn.py).
+needs (envbuilder/images/flash_attn_wheel.py).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def apex_source(env: ResolvedEnv, github: str | None) -> dict:
 def flash_attn_wheels(env: ResolvedEnv, github: str | None) -> dict:
     """{sources.lock key: {url, filename, sha256, size, ref, cxx11_abi}} for each ABI variant of
     the target's release wheel that the release has."""
-    from envbuilder.render.flash_attn import wheel_filename
+    from envbuilder.images.flash_attn_wheel import wheel_filename
 
     fa = env.flash_attn
     names = {
@@ -91,6 +91,13 @@ def flash_attn_wheels(env: ResolvedEnv, github: str | None) -> dict:
         )
         for abi in (False, True)
     }
+    if fa.how == "index":
+        raise UserError(
+            f"flash-attn {fa.version} comes from a wheel index for this profile ({fa.index}), "
+            "which a lock does not pin yet (only the release's wheels are pinned by sha256). "
+            "Lock with --without flash-attn, or build unlocked: the builder takes the index's "
+            "wheel and checks its fatbin."
+        )
     if names[False] is None:
         raise UserError(
             f"flash-attn {fa.version}'s release builds no wheel for CUDA "

@@ -167,7 +167,7 @@ def extension_commands(env: ResolvedEnv, python: Path) -> list[tuple[str, list[s
     """(component, the command that compiles it into the environment of `python`) for apex and
     flash-attn, as the image's builder stage does (for this GPU's arch only)."""
     from envbuilder.model.components import apex
-    from envbuilder.render.dockerfile import flash_attn_build_env
+    from envbuilder.model.components.flash_attn import source_build_env
 
     out: list[tuple[str, list[str]]] = []
     if env.apex:
@@ -179,7 +179,7 @@ def extension_commands(env: ResolvedEnv, python: Path) -> list[tuple[str, list[s
                 "flash-attn",
                 [
                     "env",
-                    *flash_attn_build_env(env),
+                    *source_build_env(env),
                     str(python),
                     "-m",
                     "pip",

@@ -129,6 +129,14 @@ FLAGS: tuple[Flag, ...] = (
         "MiB",
         bounds=GPU_MEMORY_MIB,
     ),
+    Flag(
+        "flash_attn_index",
+        "--flash-attn-index",
+        TEXT,
+        "Take flash-attn's wheel from this PEP 503 index first (its /simple/ URL); "
+        "without a wheel there the builder compiles it.",
+        "URL",
+    ),
 )
 
 BY_FIELD = {f.field: f for f in FLAGS}

@@ -101,7 +101,13 @@ def _read(path: Path) -> dict[str, Any]:
     return doc
 
 
-SOURCE_KEYS = ("source", "min_compute_capability_source", "torch_source", "p2p_source")
+SOURCE_KEYS = (
+    "source",
+    "min_compute_capability_source",
+    "torch_source",
+    "p2p_source",
+    "pypi_sdist_only_source",
+)
 
 
 def _check_sources(doc: dict[str, Any], name: str) -> None:
@@ -488,6 +494,11 @@ def cc_tuple(cc: str) -> tuple[int, int]:
         if len(_CC) < 1024:  # (a few dozen in any matrix: the cache stays small)
             _CC[cc] = found
     return found
+
+
+def at_least(cc: str, floor: str) -> bool:
+    """A card of compute capability `cc` is at or above `floor` ("8.6" >= "8.0")."""
+    return cc_tuple(cc) >= cc_tuple(floor)
 
 
 def cc_runs(gpu_cc: str, archs: list[str]) -> bool:

@@ -108,13 +108,16 @@ REQUIRES = S.MapOf(
 )
 FEATURE = {"min_compute_capability": S.CC, "note?": WHY, "source": SOURCE}
 # release_wheels.filename: a template of {version} {cuda_tag} {torch} {cxx11_abi} {python}
-# {machine} (envbuilder/render/flash_attn.py formats it); wheel_cuda: CUDA major -> wheel tag
+# {machine} (envbuilder/images/flash_attn_wheel.py formats it); wheel_cuda: CUDA major -> wheel tag
 # (a release without it, or a major it does not list, has no prebuilt wheel: the builder compiles)
 WHEEL_TEMPLATE = S.Pattern(
     r"[A-Za-z0-9_.+-]*(\{(version|cuda_tag|torch|cxx11_abi|python|machine)\}"
     r"[A-Za-z0-9_.+-]*)+\.whl",
     "flash_attn-{version}+cu{cuda_tag}...-linux_{machine}.whl",
 )
+FLASH_ATTN_HOW = S.OneOf(("index", "release", "source"))  # (resolved.FlashAttn.how)
+FLASH_ATTN_ARCH = S.Pattern(r"\d{2,3}", "90")  # a FLASH_ATTN_CUDA_ARCHS value
+INDEX_PATH = S.Pattern(r"[A-Za-z0-9._~/-]+", "cu130/torch2.11/simple/")  # a world under an index root
 CUDA_TAGS = S.MapOf(S.Pattern(r"\d{2,3}", "12"), key=S.Pattern(r"\d+", "12"))
 FLASH_ATTN = {
     "min_compute_capability": S.CC,
@@ -129,7 +132,30 @@ FLASH_ATTN = {
         },
         key=S.VERSION,
     ),
-    "sdist_build?": {"estimate": WHY, "source": SOURCE},
+    "sdist_build?": {
+        "estimate": WHY,
+        "core_minutes_per_arch?": S.Int(1, 10_000),
+        "archs?": S.ListOf(FLASH_ATTN_ARCH),
+        "source": SOURCE,
+    },
+    "pypi_sdist_only?": S.ListOf(S.VERSION),
+    "pypi_sdist_only_source?": SOURCE,
+    "wheel_indexes?": S.MapOf(
+        {
+            "url": S.Url(("cuda", "torch"), "https://example.org/cu{cuda}/torch{torch}/simple/"),
+            "worlds": S.ListOf(
+                {
+                    "torch": S.Pattern(r"\d+\.\d+", "2.11"),
+                    "cuda": S.Pattern(r"\d{2,3}", "130"),
+                    "python": S.ListOf(S.CUDA),
+                    "versions": S.ListOf(S.VERSION),
+                }
+            ),
+            "archs": S.MapOf(S.ListOf(S.CC), key=S.OneOf(("x86_64", "aarch64"))),
+            "source": SOURCE,
+        },
+        key=S.NAME,
+    ),
     "release_wheels": {
         "url": S.Url(("version",), "https://github.com/OWNER/REPO/releases/download/v{version}"),
         "filename": WHEEL_TEMPLATE,
@@ -407,6 +433,9 @@ MIRROR = {
     "huggingface?": S.ListOf(S.URL),
     "apt?": S.ListOf(S.URL),
     "github?": S.ListOf(S.URL),
+    # a known flash-attn wheel index (extensions.yaml wheel_indexes) by name -> prefixes that
+    # serve its world trees (cu130/torch2.11/simple/)
+    "wheel_indexes?": S.MapOf(S.ListOf(S.URL), key=S.NAME),
     "source?": SOURCE,
 }
 DATASET_FILES = {"train": S.REPO_FILE, "test": S.REPO_FILE}  # split -> file in the repo

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from envbuilder.errors import UserError
+from envbuilder.model.components.flash_attn import mirrored_index
 from envbuilder.record import Record
 from envbuilder.text import USERINFO, redact, without_credentials  # noqa: F401 (re-exported)
 from envbuilder.oci.registry import DOCKER_HUB, endpoint_url, parse_image, registry_host
@@ -37,6 +38,9 @@ class MirrorChoice(Record):
     huggingface: str | None = None
     apt: str | None = None
     github: str | None = None
+    # a known flash-attn wheel index (extensions.yaml wheel_indexes) by name -> the prefix its
+    # mirror serves the same world tree under (cu130/torch2.11/simple/)
+    wheel_indexes: dict[str, str] | None = None
 
     def image(self, ref: str) -> str:
         parsed = parse_image(ref)
@@ -63,6 +67,10 @@ class MirrorChoice(Record):
             out["APEX_URL"] = github_url(env.apex.url, self.github)
         if self.github and env.flash_attn:
             out["FLASH_ATTN_RELEASE"] = github_url(env.flash_attn.release, self.github)
+        if env.flash_attn and env.flash_attn.index:
+            mirrored = mirrored_index(env.flash_attn, self.wheel_indexes)
+            if mirrored and mirrored != env.flash_attn.index:
+                out["FLASH_ATTN_INDEX"] = mirrored
         return out
 
     def credentials_env(self, env: ResolvedEnv, skip: tuple[str, ...] = ()) -> str:
@@ -98,6 +106,8 @@ def env_endpoints(env: ResolvedEnv) -> dict[str, str]:
         out["APEX_URL"] = env.apex.url
     if env.flash_attn:
         out["FLASH_ATTN_RELEASE"] = env.flash_attn.release
+    if env.flash_attn and env.flash_attn.index:
+        out["FLASH_ATTN_INDEX"] = env.flash_attn.index
     return out
 
 
@@ -166,6 +176,8 @@ def apply_to_env(env: ResolvedEnv, mirror: MirrorChoice) -> ResolvedEnv:
         apex = apex._replace(url=bare(github_url(apex.url, mirror.github)))
     if fa and mirror.github:
         fa = fa._replace(release=bare(github_url(fa.release, mirror.github)))
+    if fa and fa.index and mirror.wheel_indexes:
+        fa = fa._replace(index=bare(mirrored_index(fa, mirror.wheel_indexes) or fa.index))
     return env._replace(
         cuda=env.cuda._replace(images=images),
         indexes=indexes,
@@ -223,6 +235,7 @@ def choice(name: str, body: dict[str, Any], healthy: dict[str, Any] | None = Non
         pick(body.get("huggingface")),
         pick(body.get("apt")),
         pick(body.get("github")),
+        {name: p for name, eps in (body.get("wheel_indexes") or {}).items() if (p := pick(eps))} or None,
     )
 
 
@@ -287,6 +300,8 @@ def sets_lines(sets: dict[str, dict[str, Any]]) -> list[str]:
                 out.append(f"  {kind:<22} -> {', '.join(body[kind])}")
         for ch, eps in sorted((body.get("conda") or {}).items()):
             out.append(f"  conda:{ch:<16} -> {', '.join(eps)}")
+        for idx, eps in sorted((body.get("wheel_indexes") or {}).items()):
+            out.append(f"  index:{idx:<16} -> {', '.join(eps)}")
     return out
 
 

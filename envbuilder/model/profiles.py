@@ -42,6 +42,10 @@ def overrides_from_flags(
             f"--with and --without both name {', '.join(both)}: say once whether the profile gets it."
         )
     given["allow_unsupported"] = bool(given.get("allow_unsupported"))
+    if given.get("flash_attn_index") is not None:
+        from envbuilder.model.components.flash_attn import check_index_url
+
+        given["flash_attn_index"] = check_index_url(given["flash_attn_index"])
     if given.get("model") is not None:
         from envbuilder.model.architectures import with_model
 

@@ -14,8 +14,9 @@ from collections.abc import Mapping
 
 from envbuilder import __version__
 from envbuilder.model import resolved as R
+from envbuilder.model.components import flash_attn as FA
 from envbuilder.errors import UserError
-from envbuilder.model.matrix import Entry, Matrix, cc_tuple
+from envbuilder.model.matrix import Entry, Matrix, at_least
 from envbuilder.model.versions import in_range, version_key
 from envbuilder.record import Record, frozen
 from envbuilder.model.resolved import SCHEMA_VERSION, Overrides, ResolvedEnv  # noqa: F401  (re-exported)
@@ -73,40 +74,6 @@ def suggest(name: str, known: list[str]) -> str:
     folded = {k.casefold(): k for k in known}
     close = difflib.get_close_matches(name.casefold(), list(folded), n=1, cutoff=0.5)
     return f"did you mean {folded[close[0]]!r}? " if close else ""
-
-
-def flash_attn_release(fa_data: dict[str, Any], version: str) -> R.FlashAttn:
-    """The flash-attn part of a ResolvedEnv: the version, the modules the run imports of it, and
-    where its prebuilt release wheel is (the download folder, the file name template, the CUDA
-    tags; the builder names the file from the installed torch, envbuilder/render/flash_attn.py)."""
-    rel = fa_data["release_wheels"]
-    tags = dict(sorted((fa_data["versions"][version].get("wheel_cuda") or {}).items()))
-    return R.FlashAttn(
-        version=version,
-        modules=tuple(fa_data["training_path"]["modules"]),
-        release=rel["url"].format(version=version),
-        wheel=rel["filename"],
-        cuda_tags=frozen(tags),
-    )
-
-
-def flash_attn_wheel_gap(rec: dict[str, Any], torch_v: str, torch_cuda: str, python: str) -> str | None:
-    """What the flash-attn release's published wheels lack for this torch, its CUDA and the
-    Python (extensions.yaml, from the tag's publish.yml), or None when a wheel exists."""
-    gaps = []
-    if rec.get("wheel_torch") and not in_range(torch_v, rec["wheel_torch"]):
-        gaps.append(f"torch {torch_v} (its wheels: torch{rec['wheel_torch']})")
-    major = str(torch_cuda).split(".")[0]
-    if major not in (rec.get("wheel_cuda") or {}):
-        built = ", ".join(f"CUDA {k}" for k in sorted(rec.get("wheel_cuda") or {})) or "none"
-        gaps.append(f"CUDA {torch_cuda} (its wheels: {built})")
-    if rec.get("wheel_python") and python not in rec["wheel_python"]:
-        gaps.append(f"Python {python} (its wheels: {', '.join(rec['wheel_python'])})")
-    return "; ".join(gaps) or None
-
-
-def _at_least(cc: str, floor: str) -> bool:
-    return cc_tuple(cc) >= cc_tuple(floor)
 
 
 def rounded_batch(train: Mapping[str, Any], world: int) -> int:
@@ -488,13 +455,27 @@ class _Resolver:
             and all(c.split(".")[0] == x.split(".")[0] for x in s.extra_cudas)
         ]
         s.driver = CUDA.driver_info(m, s.cuda_v, s.cuda, s.extra_cudas, ov.driver)
-        s.feats = {k: _at_least(s.cc, f["min_compute_capability"]) for k, f in m.features.items()}
+        s.feats = {k: at_least(s.cc, f["min_compute_capability"]) for k, f in m.features.items()}
         s.dtype = p["dtype"]
         if s.dtype == "auto":
             s.dtype = "bf16" if s.gpu["bf16"] else ("fp16" if s.gpu["fp16_fast"] else "fp32")
         s.fa = s.components.get("flash-attn")
         s.fa_rec = self.release("flash-attn", s.fa, m.flash_attn["versions"]) if s.fa else None
-        fa_usable = s.fa is not None and _at_least(s.cc, m.flash_attn["min_compute_capability"])
+        s.fa_choice = (
+            FA.choose(
+                m.flash_attn,
+                s.fa,
+                cc=s.cc,
+                torch_v=s.torch_v,
+                torch_cuda=s.build["cuda"],
+                python=s.python,
+                machine=s.gpu.get("machine") or "x86_64",
+                index=self.ov.flash_attn_index,
+            )
+            if s.fa
+            else None
+        )
+        fa_usable = s.fa is not None and at_least(s.cc, m.flash_attn["min_compute_capability"])
         s.attention = p["attention"]
         if s.attention == "auto":
             s.attention = "flash_attention_2" if fa_usable else "sdpa"
@@ -583,7 +564,7 @@ class _Resolver:
             {
                 name: version
                 for name, version in theirs.items()
-                if not (name == "flash-attn" and not _at_least(cc, floor))
+                if not (name == "flash-attn" and not at_least(cc, floor))
             }
         )
         q["components"] = comps
@@ -670,7 +651,7 @@ class _Resolver:
         # `when` holds (an HGX B200 has no IMEX channels and keeps NVLS)
         nccl = s.verl.get("nccl_env")
         s.imex_env = None
-        if nccl and s.gpu.get("mnnvl") and _at_least(s.cc, nccl["min_compute_capability"]):
+        if nccl and s.gpu.get("mnnvl") and at_least(s.cc, nccl["min_compute_capability"]):
             s.imex_env = dict(sorted(nccl["env"].items()))
         if table and s.interconnect and s.interconnect.get("note"):
             s.notes.append(f"{name}: {s.interconnect['note']}")
@@ -917,7 +898,7 @@ class _Resolver:
                 remove_padding=remove_padding,
                 torch_compile=s.feats.get("torch_compile", True),
             ),
-            flash_attn=flash_attn_release(m.flash_attn, s.fa) if s.fa else None,
+            flash_attn=FA.record(m.flash_attn, s.fa, s.fa_choice) if s.fa and s.fa_choice else None,
             apex=apex,
             patches=tuple(patches),
             audit=R.Audit(checks=checks, reviewed=tuple(reviewed)),
@@ -1036,6 +1017,7 @@ class Selection:
     dtype: str
     fa: str | None
     fa_rec: Entry | None
+    fa_choice: FA.Choice | None  # where the builder takes flash-attn from first
     attention: str
     apex_v: str | None
     apex_rec: Entry | None
@@ -1094,7 +1076,10 @@ def _rule_machine(r: _Resolver, s: Selection) -> None:
         why.append(f"vLLM {s.vllm_v} publishes no {machine} wheel on PyPI")
     if s.rollout == "sglang":
         why.append(f"SGLang's {machine} wheels are not checked here")
-    comps = sorted(s.components)
+    # (flash-attn from a wheel index that builds for this machine, verl's wheelhouse: no gap)
+    comps = sorted(
+        c for c in s.components if not (c == "flash-attn" and s.fa_choice and s.fa_choice.how == FA.INDEX)
+    )
     if comps:
         why.append(
             f"{' and '.join(comps)} {'is' if len(comps) == 1 else 'are'} planned for x86_64 only (wheel names, builds)"
@@ -1159,33 +1144,12 @@ def _rule_bf16(r: _Resolver, s: Selection) -> None:
 
 def _rule_extensions(r: _Resolver, s: Selection) -> None:
     m, cc = r.m, s.cc
-    if s.fa and s.fa_rec:
-        if not in_range(s.torch_v, s.fa_rec["torch"]):
-            r.add(
-                "flash-attn-torch",
-                f"flash-attn {s.fa} does not support torch {s.torch_v}",
-                f"it supports torch{s.fa_rec['torch']}",
-                "pick another flash-attn version in the profile, or --without flash-attn",
-                hard=True,
-            )
-        if not _at_least(cc, m.flash_attn["min_compute_capability"]):
-            r.add(
-                "flash-attn-cc",
-                f"flash-attn on the {s.gpu['name']} (CC {cc})",
-                "FlashAttention-2 only supports Ampere GPUs or newer (CC >= "
-                f"{m.flash_attn['min_compute_capability']})",
-                "use --without flash-attn (attention falls back to sdpa)",
-            )
-    if s.fa and s.fa_rec:
-        missing = flash_attn_wheel_gap(s.fa_rec, s.torch_v, s.build["cuda"], s.python)
-        if missing:
-            est = (m.flash_attn.get("sdist_build") or {}).get("estimate", "")
-            s.notes.append(
-                f"no prebuilt flash-attn {s.fa} wheel for {missing}: the builder stage "
-                f"compiles it from the sdist"
-                + (f" ({est})" if est else "")
-                + "; a torch, Python or CUDA its release builds avoids that"
-            )
+    if s.fa and s.fa_choice:
+        for p in FA.problems(
+            m.flash_attn, s.fa, torch_v=s.torch_v, cc=cc, gpu=s.gpu["name"], choice=s.fa_choice
+        ):
+            r.add(p.rule, p.what, p.why, p.fix, p.hard)
+        s.notes.extend(FA.notes(FA.record(m.flash_attn, s.fa, s.fa_choice), s.fa_choice.reason, m.flash_attn))
     if s.attention == "flash_attention_2" and s.fa is None:
         r.add(
             "attention",

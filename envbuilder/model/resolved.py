@@ -62,6 +62,8 @@ class Overrides(Record):
     nodes: int | None = None
     gpus_per_node: int | None = None
     interconnect: Annotated[str | None, S.NAME] = None
+    # the PEP 503 index flash-attn's wheel comes from first (model/components/flash_attn.py)
+    flash_attn_index: Annotated[str | None, S.URL] = None
 
     _keys = {"with_": "with"}
     _derived: ClassVar[tuple[str, ...]] = ("model_arch",)
@@ -197,13 +199,22 @@ class Features(Record):
 
 class FlashAttn(Record):
     """release: the download folder of its prebuilt wheels; wheel: their file name template;
-    cuda_tags: CUDA major -> the wheel's tag (flash_attn_wheel.py names the file)."""
+    cuda_tags: CUDA major -> the wheel's tag (flash_attn_wheel.py names the file). how: where
+    the builder takes it from first (index, release, source: model/components/flash_attn.py);
+    index: the wheel index of `how: index`; arch: FLASH_ATTN_CUDA_ARCHS of a source build (the
+    card's flash-attn arch); core_minutes: what a source build of that one arch costs."""
 
     version: Annotated[str, S.VERSION]
     modules: Annotated[tuple[str, ...], K.MODULES]
     release: Annotated[str, S.URL]
     wheel: Annotated[str, K.WHEEL_TEMPLATE]
     cuda_tags: Annotated[Mapping[str, str], K.CUDA_TAGS]
+    how: Annotated[str, K.FLASH_ATTN_HOW] = "release"
+    index: Annotated[str | None, S.URL] = None
+    index_name: Annotated[str | None, S.NAME] = None
+    index_path: Annotated[str | None, K.INDEX_PATH] = None
+    arch: Annotated[str | None, K.FLASH_ATTN_ARCH] = None
+    core_minutes: int = 0
 
 
 class Apex(Record):

@@ -15,6 +15,7 @@ import json
 from typing import Any, TYPE_CHECKING
 
 from envbuilder.model.components import apex as APEX
+from envbuilder.model.components import flash_attn as FA
 from envbuilder import images
 from envbuilder.record import Record, plain
 from envbuilder.render import image as I
@@ -77,16 +78,6 @@ def _tojson(value: Any) -> str:
     for ch in "<>&'":
         text = text.replace(ch, f"\\u{ord(ch):04x}")
     return text
-
-
-def flash_attn_build_env(env: ResolvedEnv) -> list[str]:
-    """The variables of flash-attn's source build for this GPU: its arch only, and a build
-    even where a prebuilt wheel would be fetched (`envbuild install`, apptainer.def)."""
-    return [
-        f"TORCH_CUDA_ARCH_LIST={env.gpu.compute_capability}",
-        "FLASH_ATTENTION_FORCE_BUILD=TRUE",
-        f"FLASH_ATTN_CUDA_ARCHS={env.gpu.sm}",
-    ]
 
 
 def apex_command(env: ResolvedEnv) -> str:
@@ -352,47 +343,37 @@ class _Steps:
         return [_i("ARG", f"APEX_URL={arg(url)}", comments=comments), self.run(PIP_CACHE, mounts, [command])]
 
     def flash_attn(self) -> list[Instruction]:
+        """flash-attn's step: its building block (model/components/flash_attn.py) says the
+        lines of each way (an index wheel, the release wheel, a source build); here they become
+        instructions, with the mounts and the lock's pins of this render."""
         env, fa = self.env, self.env.flash_attn
         assert fa is not None  # (called only for a profile with flash-attn)
         pins = self.locked.flash_attn_wheels if self.locked else None
-        comments = [
-            f"flash-attn {fa.version}: the release's prebuilt wheel for the torch installed above, named "
-            "as flash-attn's",
-            "setup.py names it (torch major.minor, its CUDA, its C++ ABI, this Python), fetched through "
-            "the GitHub mirror.",
-        ]
-        if pins:
-            comments.append(
-                "Locked: only a wheel the lock pins by sha256 installs; nothing is compiled, nothing else is fetched."
-            )
-        else:
-            comments += [
-                "Checked against its own RECORD (integrity, not a pin); no such wheel or no answer: "
-                "compiled from the PyPI",
-                f"sdist instead (hours without many cores), sm_{env.gpu.sm} only.",
-            ]
-        release = f"file://{I.WHEELHOUSE}/sources" if pins and self.wheelhouse else f'"{dq(fa.release)}"'
-        shell = [
-            f"{{ python {I.CONTEXT}/{FLASH_ATTN_SCRIPT} --version {sh(fa.version)} "
-            '--release "${FLASH_ATTN_RELEASE}"',
-            f"      --filename {sh(fa.wheel)} --cuda-tags {sh(_tojson(fa.cuda_tags))}",
-        ]
-        if pins:
-            shell.append(f"      --pins {sh(_tojson(pins))}")
-        shell[-1] += f" --dest {I.WHEELS}"
-        if pins:
-            shell[-1] += "; }"
-        else:
-            shell += [
-                '    || { rc=$?; [ "$rc" -eq 3 ] || exit "$rc";',
-                f'         echo "envbuild: flash-attn: building {fa.version} from its PyPI sdist instead (slow)";',
-                f'         FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTN_CUDA_ARCHS="{env.gpu.sm}" pip wheel -v '
-                f"--no-build-isolation --no-deps -w {I.WHEELS} {sh('flash-attn==' + fa.version)}; }}; }}",
-            ]
+        ccache = _cache(FA.CCACHE_DIR)
         script = f"--mount=type=bind,source={FLASH_ATTN_SCRIPT},target={I.CONTEXT}/{FLASH_ATTN_SCRIPT}"
+        if fa.how == FA.INDEX and not pins:
+            check = f"python {I.CONTEXT}/{FLASH_ATTN_SCRIPT}"
+            return [
+                _i("ARG", f"FLASH_ATTN_INDEX={arg(fa.index or '')}", comments=FA.comments(env)),
+                self.run(PIP_CACHE, [ccache, script, *self.mounts([])], FA.index_shell(env, I.WHEELS, check)),
+            ]
+        if fa.how == FA.SOURCE and not pins:
+            shell = FA.source_build_shell(env, I.WHEELS, "")
+            shell = [shell[0], *("    " + line for line in shell[1:])]
+            return [self.run(PIP_CACHE, [ccache, *self.mounts([])], shell, comments=FA.comments(env))]
+        release = f"file://{I.WHEELHOUSE}/sources" if pins and self.wheelhouse else f'"{dq(fa.release)}"'
+        shell = FA.release_shell(
+            env,
+            script=f"python {I.CONTEXT}/{FLASH_ATTN_SCRIPT}",
+            wheels=I.WHEELS,
+            cuda_tags=_tojson(fa.cuda_tags),
+            pins=_tojson(pins) if pins else None,
+            quote=sh,
+        )
+        comments = FA.release_comments(env, locked=bool(pins))
         return [
             _i("ARG", f"FLASH_ATTN_RELEASE={release}", comments=comments),
-            self.run(PIP_CACHE, [script, *self.mounts([])], shell),
+            self.run(PIP_CACHE, [script, *([] if pins else [ccache]), *self.mounts([])], shell),
         ]
 
     def runtime(self, spec_sha256: str) -> list[Instruction]:

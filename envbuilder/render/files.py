@@ -14,12 +14,12 @@ from typing import Any, TYPE_CHECKING
 
 from envbuilder.paths import data_dir
 from envbuilder import images
+from envbuilder.model.components import flash_attn as FA
 from envbuilder.render.dockerfile import FLASH_ATTN_SCRIPT, apex_command, dockerfile_plan
-from envbuilder.render.dockerfile import flash_attn_build_env
 from envbuilder.render.image import HOME as IMAGE_HOME
 from envbuilder.render.image import PREFLIGHT, RUN_SCRIPT  # (where the image puts them)
 from envbuilder.render.image import default_tag
-from envbuilder.render.quoting import FILTERS, comment, sh, word
+from envbuilder.render.quoting import FILTERS, comment, word
 from envbuilder.text import USERINFO
 from envbuilder.record import plain
 from envbuilder.model.resolve import TORCH_DTYPE
@@ -158,12 +158,7 @@ def preflight_expectations(env: ResolvedEnv) -> dict[str, Any]:
         # build each by hand (the Dockerfile's and apptainer.def's own spelling of the build)
         "built": {
             "apex": apex_command(env) or None,
-            "flash_attn": (
-                " ".join([*(sh(v) for v in flash_attn_build_env(env)), "pip install --no-build-isolation"])
-                + f" {sh('flash-attn==' + env.flash_attn.version)}"
-                if env.flash_attn
-                else None
-            ),
+            "flash_attn": FA.source_build_command(env) if env.flash_attn else None,
         },
     }
 
@@ -262,6 +257,7 @@ def render_files(env: ResolvedEnv, locked: LockedContext | None = None) -> dict[
         "image_home": IMAGE_HOME,
         "spec_sha256": spec_sha256,
         "apex_command": apex_command(env),
+        "flash_attn_command": FA.source_build_command(env),
         "locked": locked,
         "image_tag": default_tag(env, d),
         "lock_hint": lock_hint(env.profile, env.overrides),
@@ -279,7 +275,9 @@ def render_files(env: ResolvedEnv, locked: LockedContext | None = None) -> dict[
     out.update({name: images.script_text(name) for name, key in images.SCRIPTS.items() if key in data})
     out[SIDECAR] = sidecar_text(data)
     if env.flash_attn:
-        from envbuilder.render import flash_attn  # (the builder runs this module as the script)
+        from envbuilder.images import (
+            flash_attn_wheel as flash_attn,
+        )  # (the builder runs this module as the script)
 
         out[FLASH_ATTN_SCRIPT] = Path(flash_attn.__file__).read_text(encoding="utf-8")
     # each pip step's pins, one file per step (its cache key moves with it alone); a locked

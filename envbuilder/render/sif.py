@@ -18,7 +18,7 @@ from typing import Any
 from envbuilder.model.components import apex as APEX
 from envbuilder.images import SIDECAR
 from envbuilder.model.resolved import ResolvedEnv
-from envbuilder.render.dockerfile import flash_attn_build_env
+from envbuilder.model.components import flash_attn as FA
 from envbuilder.render.image import HOME, VENV, runtime_env
 from envbuilder.render.plan import InstallPlan
 from envbuilder.render.quoting import sh
@@ -72,9 +72,11 @@ def post_steps(env: ResolvedEnv, plan: InstallPlan) -> list[tuple[str, str]]:
     if env.flash_attn:
         steps.append(
             (
-                f"flash-attn {env.flash_attn.version}: compiled for sm_{env.gpu.sm} (hours without a prebuilt wheel)",
-                f"{' '.join(sh(v) for v in flash_attn_build_env(env))} {py} -m pip install --no-build-isolation "
-                f"{_pip(env, plan, True)} {' '.join(constraints)} flash-attn=={sh(env.flash_attn.version)}",
+                f"flash-attn {env.flash_attn.version}: compiled for sm_{env.flash_attn.arch or env.gpu.sm} "
+                "(hours without a prebuilt wheel)",
+                FA.source_build_command(
+                    env, f"{py} -m pip install {_pip(env, plan, True)} {' '.join(constraints)}"
+                ),
             )
         )
     if env.patches:

@@ -14,15 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from envbuilder.model import resolved as R
 from envbuilder.model.components import Refusal
-from envbuilder.model.matrix import cc_runs, cc_tuple
+from envbuilder.model.matrix import at_least, cc_runs
 from envbuilder.model.versions import in_range, version_key
 
 if TYPE_CHECKING:
     from envbuilder.model.matrix import Entry, Matrix
-
-
-def _at_least(cc: str, floor: str) -> bool:
-    return cc_tuple(cc) >= cc_tuple(floor)
 
 
 def record(version: str, sr: dict[str, Any]) -> R.Sglang:
@@ -104,7 +100,7 @@ def problems(m: Matrix, s: Any) -> list[Refusal]:
         )
         return out
     kernel = sr["kernel"]
-    if not (_at_least(cc, sr["min_compute_capability"]) and kernel_runs(cc, kernel["archs"])):
+    if not (at_least(cc, sr["min_compute_capability"]) and kernel_runs(cc, kernel["archs"])):
         fixes = [f"--rollout {x}" for x in ("vllm", "hf") if x in s.verl["rollouts"] or x == "hf"]
         fixes += working(lambda srv: kernel_runs(cc, srv["kernel"]["archs"]))[:1]
         out.append(

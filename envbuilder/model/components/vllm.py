@@ -10,15 +10,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from envbuilder.model.components import Refusal
-from envbuilder.model.matrix import cc_tuple
+from envbuilder.model.matrix import at_least
 from envbuilder.model.versions import in_range, version_key
 
 if TYPE_CHECKING:
     from envbuilder.model.matrix import Matrix
-
-
-def _at_least(cc: str, floor: str) -> bool:
-    return cc_tuple(cc) >= cc_tuple(floor)
 
 
 def problems(m: Matrix, s: Any, asked: str | None = None) -> list[Refusal]:
@@ -148,15 +144,15 @@ def _cc(m: Matrix, gpu: dict[str, Any], vr: dict[str, Any] | None, out: list[Ref
     own = (vr or {}).get("min_compute_capability")
     if (
         own
-        and _at_least(gpu["compute_capability"], floor or "0.0")
-        and not _at_least(gpu["compute_capability"], own)
+        and at_least(gpu["compute_capability"], floor or "0.0")
+        and not at_least(gpu["compute_capability"], own)
     ):
         cc = gpu["compute_capability"]
         runs = [
             (v, st)
             for v, st in (m.sections.get("stacks") or {}).items()
             if st.get("vllm") in m.vllm
-            and _at_least(cc, m.vllm[st["vllm"]].get("min_compute_capability") or floor or "0.0")
+            and at_least(cc, m.vllm[st["vllm"]].get("min_compute_capability") or floor or "0.0")
         ]
         best = max(runs, key=lambda vs: version_key(vs[0])) if runs else None
         out.append(
@@ -171,7 +167,7 @@ def _cc(m: Matrix, gpu: dict[str, Any], vr: dict[str, Any] | None, out: list[Ref
             )
         )
         return
-    if floor and not _at_least(gpu["compute_capability"], floor):
+    if floor and not at_least(gpu["compute_capability"], floor):
         hf = [v for v, r in m.verl.items() if "hf" in r["rollouts"]]
         fix = "use --rollout hf" + (
             f" with --verl {hf[-1]} (the last verl with the HF rollout)" if hf else ""

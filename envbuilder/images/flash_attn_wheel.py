@@ -31,6 +31,7 @@ import os
 import re
 import sys
 import zipfile
+from typing import Any, Callable
 
 NOT_AVAILABLE, BAD_FILE, BAD_ARGS = 3, 1, 2
 MAX_BYTES = 4 << 30  # the largest release wheels are under 1 GiB
@@ -95,7 +96,7 @@ def _redacted(url: str) -> str:
     return re.sub(r"//[^/@]*@", "//***@", url, count=1)
 
 
-def _request(url: str):
+def _request(url: str) -> tuple[Any, str]:
     """(urllib Request, printable URL): user:password@ in the URL becomes Basic auth."""
     import urllib.request
     from urllib.parse import unquote, urlsplit, urlunsplit
@@ -105,12 +106,12 @@ def _request(url: str):
     if parts.username is not None:
         token = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
         headers["Authorization"] = "Basic " + base64.b64encode(token).decode()
-        host = parts.hostname + (f":{parts.port}" if parts.port else "")
+        host = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
         url = urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
     return urllib.request.Request(url, headers=headers), _redacted(url)
 
 
-def _origin(url: str) -> tuple:
+def _origin(url: str) -> tuple[str, str | None, int | None]:
     from urllib.parse import urlsplit
 
     parts = urlsplit(url)
@@ -121,14 +122,14 @@ class _Cut:
     """The sockets one download opens, shut down when its deadline passes: a read blocked on
     one returns at once (urllib's timeout bounds each read, not the whole)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         import threading
 
         self.lock = threading.Lock()
-        self.socks: list = []
+        self.socks: list[Any] = []
         self.expired = False
 
-    def add(self, sock) -> None:
+    def add(self, sock: Any) -> None:
         with self.lock:
             self.socks.append(sock)
             if not self.expired:
@@ -143,7 +144,7 @@ class _Cut:
             self._shut(sock)
 
     @staticmethod
-    def _shut(sock) -> None:
+    def _shut(sock: Any) -> None:
         import socket
 
         try:
@@ -152,17 +153,17 @@ class _Cut:
             pass
 
 
-def _opener(cut: _Cut):
+def _opener(cut: _Cut) -> Any:
     """A urllib opener whose connections `cut` can shut down, and whose redirects keep the
     Authorization header only on the same scheme, host and port (urllib's own handler sends it
     wherever a mirror redirects: the mirror's credentials to another host)."""
     import urllib.request
 
-    def watched(base):
-        class Handler(base):
-            def do_open(self, http_class, req, **kwargs):
-                class Connection(http_class):
-                    def connect(self):
+    def watched(base: Any) -> Any:
+        class Handler(base):  # type: ignore[misc]
+            def do_open(self, http_class: Any, req: Any, **kwargs: Any) -> Any:
+                class Connection(http_class):  # type: ignore[misc]
+                    def connect(self) -> None:
                         super().connect()
                         cut.add(self.sock)
 
@@ -173,7 +174,7 @@ def _opener(cut: _Cut):
     class SameOriginAuth(urllib.request.HTTPRedirectHandler):
         max_redirections = 10
 
-        def redirect_request(self, req, fp, code, msg, headers, newurl):
+        def redirect_request(self, req: Any, fp: Any, code: Any, msg: Any, headers: Any, newurl: Any) -> Any:
             new = super().redirect_request(req, fp, code, msg, headers, newurl)
             if new is not None and _origin(new.full_url) != _origin(req.full_url):
                 new.remove_header("Authorization")
@@ -303,7 +304,7 @@ def fetch(
     cuda_tags: dict[str, str],
     pins: dict[str, str] | None,
     dest: str,
-    say=print,
+    say: Callable[[str], Any] = print,
 ) -> str:
     """Fetch, verify and place the wheel for the installed torch into `dest`; returns its path."""
     import platform
@@ -356,8 +357,121 @@ def fetch(
     return final
 
 
-def main(argv=None) -> int:
+# ---- the fatbin check: does the wheel carry SASS the card runs? ------------------------------
+# `cuobjdump --list-elf FILE` prints one line per embedded cubin, as NVIDIA's CUDA Binary
+# Utilities document it (section "Listing and Extracting Embedded Binaries"):
+#   ELF file    1: flash_attn_2_cuda.1.sm_90.cubin
+# verl's wheelhouse checks its wheels' fatbins against their arch list before upload (its
+# _build.yml, "Verify wheel CUDA arch coverage"); the builder does the same for the card before
+# a wheel from an index is used.
+_ELF_LINE = re.compile(r"^ELF file\s+\d+:\s+\S*?\bsm_(\d+)([a-z]?)\.cubin\s*$", re.M)
+NO_DEVICE_CODE = "does not contain device code"
+
+
+def listed_archs(listing: str) -> set[str]:
+    """The SASS archs ("9.0", "9.0a", "10.0") of a `cuobjdump --list-elf` output."""
+    out = set()
+    for digits, suffix in _ELF_LINE.findall(listing):
+        out.add(f"{int(digits) // 10}.{int(digits) % 10}{suffix}")
+    return out
+
+
+def sass_runs(cc: str, archs: set[str]) -> bool:
+    """True when one of `archs` runs on a card of `cc` ("8.9"): same major, minor at or below
+    the card's; an arch-specific one ("9.0a") on that exact card only."""
+    major, minor = (int(x) for x in cc.split("."))
+    for a in archs:
+        exact = a.endswith(("a", "f"))
+        am, an = (int(x) for x in a.rstrip("af").split("."))
+        if am == major and (an == minor if exact else an <= minor):
+            return True
+    return False
+
+
+def _cuobjdump() -> str | None:
+    import shutil
+
+    found = shutil.which("cuobjdump")
+    cuda = os.path.join(os.environ.get("CUDA_HOME") or "/usr/local/cuda", "bin", "cuobjdump")
+    return found or (cuda if os.access(cuda, os.X_OK) else None)
+
+
+def wheel_archs(path: str, cuobjdump: str) -> set[str]:
+    """The SASS archs of every shared library in the wheel at `path`, as cuobjdump lists them."""
+    import subprocess
+    import tempfile
+
+    archs: set[str] = set()
+    libs = 0
+    with zipfile.ZipFile(path) as z, tempfile.TemporaryDirectory() as tmp:
+        for n, name in enumerate(z.namelist()):
+            if not re.search(r"\.so(\.[\d.]+)?$", name):
+                continue
+            libs += 1
+            target = os.path.join(tmp, f"{n}.so")
+            with z.open(name) as src, open(target, "xb") as dst:
+                while chunk := src.read(1 << 20):
+                    dst.write(chunk)
+            r = subprocess.run([cuobjdump, "--list-elf", target], capture_output=True, text=True, timeout=600)
+            if r.returncode != 0 and NO_DEVICE_CODE not in r.stdout + r.stderr:
+                raise BadFile(f"cuobjdump could not read {name}: {(r.stderr or r.stdout).strip()[-300:]}")
+            archs |= listed_archs(r.stdout)
+            os.remove(target)
+    if not libs:
+        raise BadFile(f"{os.path.basename(path)} has no shared library: not a built flash-attn")
+    return archs
+
+
+def check_archs(
+    paths: list[str], cc: str, cuobjdump: str | None = None, say: Callable[[str], Any] = print
+) -> int:
+    """0 when every wheel in `paths` carries SASS the card of `cc` runs (or, said so, where no
+    cuobjdump is at hand); 1 when one does not."""
+    tool = cuobjdump or _cuobjdump()
+    if not paths:
+        print("envbuild: flash-attn: ERROR: no wheel to check", file=sys.stderr)
+        return BAD_FILE
+    if tool is None:
+        say(
+            "envbuild: flash-attn: WARNING: no cuobjdump here (not a CUDA devel image?): the wheel's fatbin is not checked"
+        )
+        return 0
+    for path in paths:
+        name = os.path.basename(path)
+        try:
+            archs = wheel_archs(path, tool)
+        except (BadFile, zipfile.BadZipFile, OSError) as e:
+            print(f"envbuild: flash-attn: ERROR: {e}", file=sys.stderr)
+            return BAD_FILE
+        shown = ", ".join(f"sm_{a.replace('.', '')}" for a in sorted(archs)) or "no SASS"
+        if not sass_runs(cc, archs):
+            print(
+                f"envbuild: flash-attn: ERROR: {name} carries {shown}, nothing a CC {cc} card runs "
+                '("no kernel image is available" at the first attention): not installed. Point '
+                "--flash-attn-index at an index built for this card, or leave it out to compile.",
+                file=sys.stderr,
+            )
+            return BAD_FILE
+        say(f"envbuild: flash-attn: {name} carries {shown}: runs on CC {cc}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
     import argparse
+
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["check-archs"]:
+        cp = argparse.ArgumentParser(description="Check wheels' fatbins for a card (cuobjdump --list-elf).")
+        cp.add_argument("--cc", required=True, help="the card's compute capability, e.g. 9.0")
+        cp.add_argument("--cuobjdump", help="the cuobjdump to run (default: PATH, then CUDA_HOME/bin)")
+        cp.add_argument("wheels", nargs="*")
+        c = cp.parse_args(argv[1:])
+        if not re.fullmatch(r"\d+\.\d", c.cc):
+            print(
+                f"envbuild: flash-attn: --cc {c.cc!r} is not a compute capability like 9.0", file=sys.stderr
+            )
+            return BAD_ARGS
+        return check_archs(c.wheels, c.cc, c.cuobjdump)
 
     ap = argparse.ArgumentParser(
         description="Fetch flash-attn's prebuilt release wheel for the installed torch."
