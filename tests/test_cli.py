@@ -389,3 +389,17 @@ def test_terminal_escapes_in_a_message_are_shown_not_acted_on(run_envbuild, tmp_
     for raw in ("\x1b", "\x07", "\x9b", "\r"):
         assert raw not in r.stderr
     assert "\\x1b]0;owned\\x07\\x1b[2J\\x9b31m\\r" in r.stderr
+
+
+def test_an_option_is_read_from_the_environment_only_where_the_reference_names_it(cli, monkeypatch, tmp_path):
+    """click's auto_envvar_prefix made every option a variable no page named: ENVBUILD_RENDER_OUT
+    moved a render's output, ENVBUILD_LIST_JSON turned list into JSON. Neither is read now."""
+    monkeypatch.setenv("ENVBUILD_RENDER_OUT", str(tmp_path / "elsewhere"))
+    monkeypatch.setenv("ENVBUILD_LIST_JSON", "1")
+    code, _, err = cli("render", "p40")
+    assert code == 0, err
+    assert (tmp_path / "out" / "p40" / "Dockerfile").is_file()
+    assert not (tmp_path / "elsewhere").exists()
+    code, out, _ = cli("list")
+    assert code == 0
+    assert out.splitlines()[0].split()[0] == "PROFILE"  # the table, not JSON
