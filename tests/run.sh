@@ -5,9 +5,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# the test toolchain as lockfiles/dev/requirements.txt pins it, every file checked by its sha256
+# (tests/infra/dev-lock.sh makes it; the weekly lockfiles job refreshes it), then envbuild itself,
+# built by the locked hatchling
 python3 -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[actions,lock,test]'
+.venv/bin/python -m pip install -q --require-hashes -r lockfiles/dev/requirements.txt
+.venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
 
 # Docker engine, loopback registry and base images for the build tests (root only; under
 # CI=true a machine that can't provision fails here rather than skipping those tests).
