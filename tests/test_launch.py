@@ -241,6 +241,9 @@ class Loopback:
         for i, node in enumerate(nodes):
             p = base + 1 + 16 * i
             args = [
+                # (no log monitor, and on the head no dashboard: fewer Python processes to start)
+                "--include-log-monitor=false",
+                *(["--include-dashboard=false"] if i == 0 else []),
                 f"--temp-dir={self.ray_tmp}/{i}",
                 "--num-cpus=1",
                 "--object-store-memory=80000000",
@@ -276,6 +279,7 @@ class Loopback:
             "RAY_health_check_timeout_ms": "30000",
             "RAY_health_check_failure_threshold": "24",
             "RAY_worker_register_timeout_seconds": "180",
+            "RAY_enable_metrics_collection": "0",  # (no metrics agent to wait for)
         }
 
     def node(self, name: str, state: str) -> None:
@@ -336,6 +340,10 @@ class Loopback:
 
 
 RUN = dict(algo="grpo", nodes=2, gpus_per_node=8)  # the h100 golden's run: 2 nodes x 8 GPUs
+# The tests that start Ray need the machine to themselves (tests/run.sh runs them after the
+# parallel run): Ray's raylet gives its agents 15 s to start, which a host busy with other test
+# workers misses; they then failed at random, or hung (issue 35).
+exclusive = pytest.mark.exclusive
 
 
 @pytest.fixture
@@ -362,6 +370,7 @@ def loopback(tmp_path):
         cluster.close()
 
 
+@exclusive
 @pytest.mark.parametrize("runtime", ["apptainer", "docker"])
 def test_the_sbatch_script_forms_a_two_node_ray_cluster_and_runs_the_trainer_on_it(loopback, runtime):
     cluster, script = loopback(runtime)
@@ -381,6 +390,7 @@ def test_the_sbatch_script_forms_a_two_node_ray_cluster_and_runs_the_trainer_on_
     assert not list(cluster.tmp.glob("pwned*"))  # the image path with $( ) and ` ` stayed a path
 
 
+@exclusive
 def test_a_worker_that_never_joins_ends_in_a_timeout_that_names_it(loopback):
     cluster, script = loopback()
     cluster.node("node2", "hang")  # its srun step never starts Ray, and never returns
@@ -394,6 +404,7 @@ def test_a_worker_that_never_joins_ends_in_a_timeout_that_names_it(loopback):
     assert not (cluster.shim / "result.json").exists()  # the trainer never started
 
 
+@exclusive
 def test_a_worker_whose_ray_start_fails_stops_the_job_at_once_naming_it(loopback):
     cluster, script = loopback()
     cluster.node("node2", "fail")
@@ -418,6 +429,21 @@ def test_an_image_built_for_another_run_is_refused_before_ray_starts(loopback):
     # the image check was the only step: no node started Ray
     assert (cluster.shim / "steps.log").read_text().splitlines() == ["node1 apptainer"]
     assert not _marked(cluster.marker)
+
+
+def test_run_sh_runs_the_ray_tests_after_the_parallel_run_one_at_a_time():
+    """The tests that start Ray carry `exclusive`, and tests/run.sh leaves them out of its
+    parallel run and runs them after it without workers (-n 0)."""
+    run = (TESTS / "run.sh").read_text()
+    parallel = run.index('-n "$workers" --dist loadfile -m "($tier) and not exclusive"')
+    assert run.index('-n 0 -m "($tier) and exclusive"') > parallel
+    starts_ray = [
+        test_the_sbatch_script_forms_a_two_node_ray_cluster_and_runs_the_trainer_on_it,
+        test_a_worker_that_never_joins_ends_in_a_timeout_that_names_it,
+        test_a_worker_whose_ray_start_fails_stops_the_job_at_once_naming_it,
+    ]
+    for test in starts_ray:
+        assert "exclusive" in {m.name for m in test.pytestmark}, test.__name__
 
 
 # -- KubeRay ---------------------------------------------------------------------------------------
