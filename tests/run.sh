@@ -5,9 +5,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# the test toolchain as lockfiles/dev/requirements.txt pins it, every file checked by its sha256
+# (tests/infra/dev-lock.sh makes it; the weekly lockfiles job refreshes it), then envbuild itself,
+# built by the locked hatchling
 python3 -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[actions,lock,test]'
+.venv/bin/python -m pip install -q --require-hashes -r lockfiles/dev/requirements.txt
+.venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
 
 # Docker engine, loopback registry and base images for the build tests (root only; under
 # CI=true a machine that can't provision fails here rather than skipping those tests).
@@ -34,12 +37,12 @@ fi
 # the code's lint (pyflakes and pycodestyle's errors) and format (pyproject.toml [tool.ruff])
 .venv/bin/ruff check envbuilder tests bench
 .venv/bin/ruff format --check envbuilder tests bench
-# the type check: strict on the model, render and tools layers and the top-level modules (pyproject.toml [tool.mypy])
+# the type check: strict on the model, render, tools, oci and offline layers and the top-level modules (pyproject.toml [tool.mypy])
 .venv/bin/mypy
 
 # ENVBUILD_HEAVY=1 adds the heavy tier (real multi-GB images and installs; see the README).
-heavy=()
-[ "${ENVBUILD_HEAVY:-}" = 1 ] && heavy=(-m "heavy or not heavy")
+tier="not heavy"
+[ "${ENVBUILD_HEAVY:-}" = 1 ] && tier="heavy or not heavy"
 # In parallel (pytest-xdist): each test file runs whole on one worker, so its module fixtures
 # are made once and its tests keep their order. The suite mostly waits (Docker builds, pip, uv,
 # Ray, loopback servers), so one worker more than the cores keeps the CPUs busy: on the 2-core
@@ -47,8 +50,17 @@ heavy=()
 # serially, in one process (for debugging).
 workers=${ENVBUILD_TEST_WORKERS:-$(($(nproc) + 1))}
 set +e
-.venv/bin/python -m pytest -q -rs --durations=25 -n "$workers" --dist loadfile "${heavy[@]}" "$@"
+.venv/bin/python -m pytest -q -rs --durations=25 -n "$workers" --dist loadfile -m "($tier) and not exclusive" "$@"
 rc=$?
+# Then the `exclusive` tests, one at a time with the machine to themselves: the launch tests that
+# form a real two-node Ray cluster, whose raylet gives its agents 15 s to start (under 3 busy
+# workers on 2 cores they missed it, and hung or failed at random; issue 35).
+.venv/bin/python -m pytest -q -rs --durations=10 -n 0 -m "($tier) and exclusive" "$@"
+rc2=$?
 set -e
-[ "$rc" = 5 ] && { echo "tests/run.sh: pytest collected no tests" >&2; exit 1; }
-exit "$rc"
+# (5: a phase collected nothing, which is fine for one of the two when tests are named)
+if [ "$rc" = 5 ] && [ "$rc2" = 5 ]; then echo "tests/run.sh: pytest collected no tests" >&2; exit 1; fi
+[ "$rc" = 5 ] && rc=0
+[ "$rc2" = 5 ] && rc2=0
+[ "$rc" != 0 ] && exit "$rc"
+exit "$rc2"

@@ -21,6 +21,7 @@ import pytest
 from spython.main.parse.parsers import SingularityParser
 
 from conftest import PROFILES, resolved
+from mounts import full_folder, mounted  # noqa: F401  (a fixture)
 from envbuilder.engines.apptainer import HEADER, definition
 from envbuilder.render.files import PREFLIGHT, smoke_command
 from envbuilder.errors import UserError
@@ -436,3 +437,25 @@ def test_help_lists_the_command(cli):
     assert code == 0 and "apptainer" in out
     code, out, err = cli("apptainer", "--help")
     assert code == 0 and "--oci-archive" in out and "--image" in out
+
+
+@pytest.mark.parametrize("kind", ["read-only", "full"])
+def test_apptainer_into_a_read_only_or_full_folder_is_exit_1_and_leaves_no_file(
+    run_envbuild, tmp_path, mounted, kind
+):
+    """Before: an internal error (OSError: Read-only file system / No space left). Failed
+    before the fix: yes."""
+    folder = mounted("ro,size=64k") if kind == "read-only" else full_folder(mounted)
+    before = sorted(p.name for p in folder.iterdir())
+    r = run_envbuild(
+        "apptainer",
+        "t4",
+        "--image",
+        "127.0.0.1:5000/envbuild/t4@sha256:" + "a" * 64,
+        "-o",
+        folder / "t4.def",
+        env={"XDG_CONFIG_HOME": str(tmp_path)},
+    )
+    assert r.returncode == 1, r.stderr
+    assert str(folder / "t4.def") in r.stderr
+    assert sorted(p.name for p in folder.iterdir()) == before

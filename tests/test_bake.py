@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from bakefile import load
 from conftest import PROFILES, resolved
 from envbuilder.engines.bake import default_tag, hcl_string
@@ -78,3 +80,59 @@ def test_bake_needs_profiles_or_all(cli, tmp_path):
     assert cli("bake", "p40", "--all", "-o", tmp_path / "b")[0] == 2
     code, _, err = cli("bake", "nosuch", "-o", tmp_path / "b")
     assert code == 2 and not (tmp_path / "b").exists()
+
+
+# ---- 3: a registry is a registry, not bake settings ----------------------------------------------
+
+EVIL_REGISTRIES = [
+    "reg.example:5000,type=local,dest=/tmp/stolen",
+    "reg.example:5000 x",
+    "reg.example/Upper",
+    "reg.example:99999",
+    "http://reg.example:5000",
+    "reg.example:5000/a//b",
+    "reg.example:5000\n",
+    "reg.example:５０００",
+]
+
+
+@pytest.mark.parametrize("value", EVIL_REGISTRIES)
+@pytest.mark.parametrize("where", ["--registry", "ENVBUILD_REGISTRY_LOCAL"])
+def test_a_registry_that_is_not_host_port_path_is_refused(run_envbuild, tmp_path, value, where):
+    """Before: bake wrote the value into REGISTRY, whose comma adds cache-to settings (here: a
+    local cache exported to /tmp/stolen), exit 0. Failed before the fix: yes."""
+    args, env = ["bake", "t4", "-o", tmp_path / "bake"], {"XDG_CONFIG_HOME": str(tmp_path)}
+    if where == "--registry":
+        args += ["--registry", value]
+    else:
+        env["ENVBUILD_REGISTRY_LOCAL"] = value
+    r = run_envbuild(*args, env=env)
+    assert r.returncode == 2, (
+        r.stderr,
+        (tmp_path / "bake" / "docker-bake.hcl").read_text()
+        if (tmp_path / "bake" / "docker-bake.hcl").exists()
+        else "",
+    )
+    assert where in r.stderr and "HOST[:PORT]" in r.stderr
+    assert not (tmp_path / "bake").exists()
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "localhost:5000",
+        "127.0.0.1:5000",
+        "reg.example.com",
+        "reg.example.com:443/team/sub-path",
+        "[::1]:5000",
+        "ghcr.io/my-org",
+    ],
+)
+def test_a_registry_of_host_port_path_is_baked_as_given(run_envbuild, tmp_path, value):
+    """(A guard for the fix: these passed before and still do.)"""
+    r = run_envbuild(
+        "bake", "t4", "-o", tmp_path / "bake", "--registry", value, env={"XDG_CONFIG_HOME": str(tmp_path)}
+    )
+    assert r.returncode == 0, r.stderr
+    hcl = (tmp_path / "bake" / "docker-bake.hcl").read_text()
+    assert f'variable "REGISTRY" {{\n  default = {json.dumps(value)}\n}}' in hcl

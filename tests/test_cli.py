@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import PROFILES, clean_env, record, shipped
+from conftest import PROFILES, clean_env, record, resolved, shipped
 from envbuilder.render.files import MARKER
 
 
@@ -389,3 +389,83 @@ def test_terminal_escapes_in_a_message_are_shown_not_acted_on(run_envbuild, tmp_
     for raw in ("\x1b", "\x07", "\x9b", "\r"):
         assert raw not in r.stderr
     assert "\\x1b]0;owned\\x07\\x1b[2J\\x9b31m\\r" in r.stderr
+
+
+def test_an_option_is_read_from_the_environment_only_where_the_reference_names_it(cli, monkeypatch, tmp_path):
+    """click's auto_envvar_prefix made every option a variable no page named: ENVBUILD_RENDER_OUT
+    moved a render's output, ENVBUILD_LIST_JSON turned list into JSON. Neither is read now."""
+    monkeypatch.setenv("ENVBUILD_RENDER_OUT", str(tmp_path / "elsewhere"))
+    monkeypatch.setenv("ENVBUILD_LIST_JSON", "1")
+    code, _, err = cli("render", "p40")
+    assert code == 0, err
+    assert (tmp_path / "out" / "p40" / "Dockerfile").is_file()
+    assert not (tmp_path / "elsewhere").exists()
+    code, out, _ = cli("list")
+    assert code == 0
+    assert out.splitlines()[0].split()[0] == "PROFILE"  # the table, not JSON
+
+
+# -- the CLI's own bad input ---------------------------------------------------------------------
+
+
+def test_with_and_without_the_same_component_is_refused(cli):
+    code, _, err = cli("render", "p40", "--with", "apex", "--without", "apex")
+    assert code == 2 and "both name apex" in err
+
+
+def test_locked_and_wheelhouse_together_are_refused(cli, tmp_path):
+    code, _, err = cli("render", "4090", "--locked", tmp_path, "--wheelhouse", tmp_path)
+    assert code == 2 and "--locked and --wheelhouse" in err
+
+
+def test_a_huge_name_is_not_echoed_back_whole(cli):
+    code, _, err = cli("render", "x" * 100_000)
+    assert code == 2
+    assert len(err) < 2000, len(err)
+
+
+def test_an_unknown_push_name_is_bad_input(cli, tmp_path, monkeypatch):
+    (tmp_path / "config.yaml").write_text("registries:\n  lab: 127.0.0.1:5999\n")
+    monkeypatch.setenv("ENVBUILD_CONFIG", str(tmp_path / "config.yaml"))
+    from envbuilder.model import config
+
+    config._load.cache_clear()
+    try:
+        code, _, err = cli("build", "p40", "--push", "nosuchregistry")
+    finally:
+        config._load.cache_clear()
+    assert code == 2, err
+    assert "No registry named 'nosuchregistry'" in err
+
+
+# -- one handler for what is left -------------------------------------------------------------
+
+
+def test_an_unexpected_exception_is_one_paragraph_naming_the_command(capsys, monkeypatch):
+    from envbuilder import cli as C
+    from envbuilder.render import files as R
+
+    def broken(*a, **k):
+        raise RuntimeError("template exploded\nsecond line")
+
+    monkeypatch.delenv("ENVBUILD_DEBUG", raising=False)
+    monkeypatch.setattr(R, "render_files", broken)
+    with pytest.raises(SystemExit) as e:
+        C.main(["render", "--from", str(write_spec(monkeypatch))])
+    err = capsys.readouterr().err
+    assert e.value.code == 1
+    assert "internal error in `envbuild render`" in err and "RuntimeError: template exploded" in err
+    assert "Traceback" not in err and "second line" not in err and "ENVBUILD_DEBUG=1" in err
+    # and with ENVBUILD_DEBUG=1 (as the tests' fixtures set it) the bug raises, so a test fails
+    monkeypatch.setenv("ENVBUILD_DEBUG", "1")
+    with pytest.raises(RuntimeError):
+        C.main(["render", "--from", str(write_spec(monkeypatch))])
+
+
+def write_spec(monkeypatch) -> Path:
+    import tempfile
+
+    d = Path(tempfile.mkdtemp())
+    monkeypatch.chdir(d)
+    (d / "spec.json").write_text(resolved("p40").to_json())
+    return d / "spec.json"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -618,3 +619,46 @@ def test_doctors_network_fix_names_only_flags_doctor_takes():
     down = [Probe("registry", "docker.io", "https://registry-1.docker.io", False, "timed out", 5.0)]
     env = resolve(m, "p40")
     assert "--mirror auto" in reach.findings(env, down)[0].fix  # (build's own hint keeps it)
+
+
+# ---- 7: detect reads only ASCII digits from nvidia-smi ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        "0, Tesla T4, 7.5, ²4000, 535.54.03",
+        "0, Tesla T4, 7.5, １５３６０, 535.54.03",
+        "٠, Tesla T4, 7.5, 15360, 535.54.03",
+        "0, Tesla T4, ７.５, 15360, 535.54.03",
+        "0, Tesla T4, 7.5, 15360, ٥٣٥.٥٤.٠٣",
+    ],
+    ids=["superscript", "fullwidth-memory", "arabic-index", "fullwidth-cc", "arabic-driver"],
+)
+def test_nvidia_smi_printing_other_digits_is_named_not_an_internal_error(tmp_path, row):
+    """A real nvidia-smi stand-in (a script on PATH) run by detect. Before: ValueError (an
+    internal error) for '²', or the other digits taken as numbers. Failed before the fix: yes."""
+    from click.testing import CliRunner
+
+    from envbuilder.cli import cli
+    from envbuilder.machine.doctor import Probes
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(
+        "#!/bin/sh\n"
+        'case "$1" in\n'
+        f"  --query-gpu=*) printf '%s\\n' '{row}' ;;\n"
+        "  *) echo '| NVIDIA-SMI 535.54.03  Driver Version: 535.54.03  "
+        "CUDA Version: 12.2 |' ;;\n"
+        "esac\n",
+        encoding="utf-8",
+    )
+    smi.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    r = CliRunner().invoke(cli, ["detect"], obj=Probes(nvml=NO_NVML), env=env)
+    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
+    assert r.exit_code == 0, r.output
+    assert "nvidia-smi printed a line envbuild cannot read" in r.output
+    assert ascii(row) in r.output and "0-9" in r.output

@@ -429,3 +429,80 @@ def test_concepts_names_the_fix_check_gives_for_verl_050():
     r = CliRunner().invoke(cli, ["check", profile, "--verl", "0.5.0"])
     out = r.output + str(r.exception)  # (the refusal is an error, raised to main)
     assert f"use {fix} (with it {profile} resolves)" in out, out
+
+
+# Every way envbuilder/ reads a variable by its name: os.environ.get("X") / os.environ["X"] /
+# "X" in os.environ / os.getenv("X") / click's envvar="X"
+READS = re.compile(
+    r"""environ(?:\.get)?\s*[\[(]\s*["']([A-Za-z_][A-Za-z0-9_]*)["']"""
+    r"""|getenv\(\s*["']([A-Za-z_][A-Za-z0-9_]*)["']"""
+    r"""|["']([A-Za-z_][A-Za-z0-9_]*)["']\s+(?:not\s+)?in\s+os\.environ\b"""
+    r"""|envvar\s*=\s*["']([A-Za-z_][A-Za-z0-9_]*)["']"""
+)
+
+
+def variables_read(text: str) -> set[str]:
+    return {next(g for g in m.groups() if g) for m in READS.finditer(text)}
+
+
+def test_every_environment_variable_the_code_reads_is_named_in_the_reference():
+    """docs/reference.md's promise: a variable it does not name changes nothing. Every variable
+    envbuilder/ reads by name is named there (in backticks), and no code reads the environment
+    through a name held elsewhere (environ.get(name)), which this check could not see."""
+    reference = (ROOT / "docs" / "reference.md").read_text()
+    read: dict[str, list[str]] = {}
+    hidden = []
+    for path in sorted((ROOT / "envbuilder").rglob("*.py")):
+        text = path.read_text()
+        where = path.relative_to(ROOT).as_posix()
+        for name in variables_read(text):
+            read.setdefault(name, []).append(where)
+        hidden += [
+            f"{where}: {m.group(0)}"
+            for m in re.finditer(r"(?:environ\.get|getenv)\(\s*[A-Za-z_][\w.]*\s*[,)]", text)
+        ]
+    assert len(read) >= 15, sorted(read)  # the scan finds what is there (ENVBUILD_CONFIG, ...)
+    assert hidden == []
+    missing = {name: where for name, where in sorted(read.items()) if f"`{name}" not in reference}
+    assert missing == {}, "read by envbuilder/ but not named in docs/reference.md"
+
+
+def test_the_variable_scan_sees_every_way_of_reading_one():
+    text = """
+    a = os.environ.get("ONE") or os.environ['TWO']
+    if "THREE" in os.environ and 'FOUR' not in os.environ: os.getenv("FIVE")
+    @click.option("--x", envvar="SIX")
+    """
+    assert variables_read(text) == {"ONE", "TWO", "THREE", "FOUR", "FIVE", "SIX"}
+
+
+def mypy_layers(pyproject: str) -> tuple[set[str], set[str]]:
+    """(the packages [tool.mypy] checks strictly, the ones an override relaxes)."""
+    try:
+        import tomllib
+    except ImportError:  # (Python 3.10: the lock extra's tomli)
+        import tomli as tomllib
+
+    mypy = tomllib.loads(pyproject)["tool"]["mypy"]
+    checked = {f.split("/")[1] for f in mypy["files"] if re.fullmatch(r"envbuilder/[a-z_]+", f)}
+    relaxed = {
+        m.split(".")[1]
+        for o in mypy["overrides"]
+        if o.get("disallow_untyped_defs") is False
+        for m in o["module"]
+        if m.startswith("envbuilder.")
+    }
+    return checked - relaxed, relaxed
+
+
+def test_architecture_names_exactly_the_layers_mypy_holds_to_strict():
+    """ARCHITECTURE.md's claim is [tool.mypy]'s: every package it calls strict is checked with
+    no relaxation, and the ones it says are not yet strict are the relaxed ones."""
+    strict, relaxed = mypy_layers((ROOT / "pyproject.toml").read_text())
+    text = " ".join((ROOT / "docs" / "ARCHITECTURE.md").read_text().split())
+    claim = text[text.index("`mypy` runs from `tests/run.sh`") :]
+    claim = claim[: claim.index("not yet held to strict")]
+    said_strict = set(re.findall(r"`envbuilder/([a-z_]+)/`", claim))
+    said_relaxed = set(re.search(r"the other action layers \(([^)]*)\)", claim)[1].replace(",", " ").split())
+    assert {"model", "render", "tools", "oci"} <= strict
+    assert (said_strict, said_relaxed) == (strict, relaxed)

@@ -285,3 +285,28 @@ def test_no_rendered_step_holds_two_locked_cache_mounts():
             caches = re.findall(r"--mount=type=cache,\S+", line)
             locked = [c for c in caches if "sharing=locked" in c]
             assert len(locked) <= 1 and (not locked or caches[-1] == locked[0]), (profile, line)
+
+
+# ---- 4: ENVBUILD_DOCKER_TIMEOUT is a number of seconds ----------------------------------------
+
+
+@pytest.mark.parametrize("value", ["abc", "", "-5", "0", "1e3", "٣٠٠", "99999999999999999999"])
+def test_a_docker_timeout_that_is_no_number_is_named(run_envbuild, tmp_path, value):
+    """Before: 'Cannot reach the Docker engine ... invalid literal for int()', exit 1 (and ''
+    or '٣٠٠' were taken). Failed before the fix: yes."""
+    # (DOCKER_HOST names no daemon: a value taken as a number never reaches a real engine)
+    r = run_envbuild(
+        "build",
+        "t4",
+        "--engine",
+        "docker",
+        "--no-probe",
+        env={
+            "ENVBUILD_DOCKER_TIMEOUT": value,
+            "XDG_CONFIG_HOME": str(tmp_path),
+            "DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock",
+        },
+    )
+    assert r.returncode == 2, r.stderr
+    assert "ENVBUILD_DOCKER_TIMEOUT" in r.stderr and "seconds" in r.stderr
+    assert "Cannot reach the Docker engine" not in r.stderr

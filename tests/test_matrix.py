@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -325,3 +326,72 @@ def test_every_section_of_the_schema_is_a_typed_attribute_of_the_matrix():
     assert m.gpus is m.sections["gpus"] and m.index_url == m.sections["index_url"]
     with pytest.raises(AttributeError, match="stacks"):
         _ = type(m)({}).stacks
+
+
+# -- format specs in overlay patches ------------------------------------------------------------
+
+URL = "https://example.org/lab"
+BAD_TEMPLATES = [
+    "{attention:>3000000}",
+    "{attention:d}",
+    "{attention!z}",
+    "{attention!r}",
+    "{attention.upper}",
+    "{attention[0]}",
+    "{}",
+    "{0}",
+    "{attention:{attention}}",
+    "{attention",
+    "attention}",
+    "{ attention}",
+    "{nope}",
+]
+
+
+def _render(cli, folder, tmp_path, profile="p40"):
+    return cli("render", profile, "--matrix-dir", folder, "-o", tmp_path / "out")
+
+
+@pytest.mark.parametrize("template", BAD_TEMPLATES)
+def test_a_patch_template_takes_name_placeholders_only(cli, overlay, tmp_path, template):
+    patch = record("patches", "verl-hardcoded-fa2", source=URL)
+    patch["replace"] = [
+        {"find": 'attn_implementation="flash_attention_2"', "with": f'attn_implementation="{template}"'}
+    ]
+    folder = overlay({"patches": {"verl-hardcoded-fa2": patch}})
+    code, out, err = _render(cli, folder, tmp_path)
+    assert code == 2, err
+    assert "lab.yaml" in err and "patches.verl-hardcoded-fa2.replace[0].with" in err
+    assert "{attention}" in err and "Traceback" not in err and len(err) < 2000
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("template", ["{attention:>3000000}", "{attention!s}", "{attention:d}"])
+def test_a_reviewed_holds_value_takes_name_placeholders_only(cli, overlay, tmp_path, template):
+    name = next(
+        k
+        for k, r in shipped().reviewed.items()
+        if any(isinstance(v, str) and "{attention}" in v for v in r["holds"].values())
+    )
+    rv = record("reviewed", name, source=URL)
+    rv["holds"] = {k: template for k in rv["holds"]}
+    folder = overlay({"reviewed": {name: rv}})
+    code, out, err = _render(cli, folder, tmp_path, "t4")
+    assert code == 2, err
+    assert "lab.yaml" in err and f"reviewed.{name}.holds." in err and "Traceback" not in err
+
+
+def test_placeholders_and_doubled_braces_still_fill_as_before(cli, overlay, tmp_path):
+    patch = record("patches", "verl-hardcoded-fa2", source=URL)
+    patch["replace"] = [
+        {
+            "find": 'attn_implementation="flash_attention_2"',
+            "with": 'attn_implementation="{attention}"  # {{literal}} {actor_dtype}',
+        }
+    ]
+    folder = overlay({"patches": {"verl-hardcoded-fa2": patch}})
+    code, out, err = _render(cli, folder, tmp_path)
+    assert code == 0, err
+    spec = json.loads((tmp_path / "out" / "p40" / "envbuild.json").read_text())
+    [p] = [p for p in spec["patches"] if p["name"] == "verl-hardcoded-fa2"]
+    assert p["replace"][0]["with"] == 'attn_implementation="eager"  # {literal} float32'

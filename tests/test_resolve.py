@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -380,8 +383,78 @@ def test_a_release_naming_an_unknown_reviewed_exception_is_refused(overlay):
 # -- the whole ---------------------------------------------------------------------------------
 
 
-def test_resolving_is_pure():
-    assert resolved("p40").to_json() == resolved("p40").to_json()
+PROBE = Path(__file__).resolve().parent / "purity_probe.py"
+
+
+def probe(tmp_path: Path, run: str, profiles: list[str], cache: Path | None, plant: str = "") -> dict:
+    """tests/purity_probe.py in a fresh process, in a folder of its own, HOME and the cache
+    where the test says (`cache` None: ENVBUILD_NO_CACHE=1, every cache bypassed), no bytecode
+    written: each environment, and what the resolution did outside its memory."""
+    cwd = tmp_path / run
+    cwd.mkdir()
+    env = conftest.clean_env(
+        HOME=str(cwd), XDG_CACHE_HOME=str(cache or cwd / "no-cache"), PYTHONDONTWRITEBYTECODE="1"
+    )
+    env.pop("PURITY_PLANT", None)
+    if cache is None:
+        env["ENVBUILD_NO_CACHE"] = "1"
+    if plant:
+        env["PURITY_PLANT"] = plant
+    r = subprocess.run(
+        [sys.executable, str(PROBE), *profiles], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    out["left"] = sorted(str(p.relative_to(cwd)) for p in cwd.rglob("*"))
+    return out
+
+
+def impurity(tmp_path: Path, profiles: list[str], plant: str = "") -> list[str]:
+    """What makes resolving `profiles` impure, behind the caches as in front of them: two
+    resolutions with every cache bypassed (each in a fresh process, so no memo of a first run
+    serves the second) differ, or either touches a file, a socket or a subprocess; or one
+    through a cold sealed cache, then through the warm one, differs from them; or the warm one
+    writes."""
+    found = []
+    bare = [probe(tmp_path, f"bare{i}", profiles, None, plant) for i in (1, 2)]
+    cache = tmp_path / "cache"
+    cold = probe(tmp_path, "cold", profiles, cache, plant)
+    warm = probe(tmp_path, "warm", profiles, cache, plant)
+    for name, run in (("bypassed", bare[0]), ("bypassed again", bare[1]), ("warm", warm)):
+        found += [f"{name}: {e}" for e in run["events"]]
+        found += [f"{name}: left {f} in its folder" for f in run["left"]]
+    for p in profiles:
+        runs = {"bypassed": bare[0], "bypassed again": bare[1], "cold": cold, "warm": warm}
+        if len({run["envs"][p] for run in runs.values()}) > 1:
+            found.append(f"{p}: the environment differs between runs ({', '.join(runs)})")
+    return found
+
+
+def test_resolving_is_pure(tmp_path):
+    """Every profile resolves to the same environment with every cache bypassed (twice, in
+    fresh processes), through a cold sealed cache and through the warm one, and the same as in
+    this process (memo and all); and with the caches bypassed, or warm, resolving writes no
+    file, opens no socket and starts no process. (Before: one resolution compared with its own
+    memo, which a plan that read the clock or wrote a file would have passed.)"""
+    profiles = conftest.PROFILES
+    assert impurity(tmp_path, profiles) == []
+    bare = probe(tmp_path, "here", profiles, None)
+    assert {p: conftest.resolved(p).to_json() for p in profiles} == bare["envs"]
+
+
+@pytest.mark.parametrize("plant", ["state", "write", "net"])
+def test_an_impurity_behind_the_caches_is_seen(tmp_path, plant):
+    """tests/purity_probe.py's planted impurities, each in the memory plan, which the sealed
+    cache and the memo serve a second resolution from: one that depends on the process, one
+    that writes a file, one that opens a connection. The old check (one resolution against its
+    memo) passed all three."""
+    found = impurity(tmp_path, ["p40"], plant)
+    want = {
+        "state": "p40: the environment differs between runs",
+        "write": "bypassed: open for writing: ",
+        "net": "bypassed: socket.connect: ",
+    }[plant]
+    assert any(f.startswith(want) for f in found), found
 
 
 def test_a_rollout_envbuild_cannot_install_is_refused(monkeypatch):

@@ -439,3 +439,18 @@ def test_a_stall_is_reported_every_ten_seconds_off_a_tty(files, tmp_path):
         r"for 10 s",
         err,
     ), err
+
+
+def test_a_partial_folder_that_cannot_be_made_is_a_paragraph_not_an_internal_error(files, tmp_path, cli):
+    """fetch_all's ActionError for a pypi/.partial it cannot make carried no `.report`, which the
+    export read at once (AttributeError: an internal error, exit 1 without the reason). Found by
+    holding offline/ to mypy's strict check: its failures are now FetchFailed, and any other
+    ActionError is the export's own paragraph."""
+    with FaultServer(files) as srv:
+        lock = wheel_lock(tmp_path / "lock", files, base(srv))
+        rc, _, err = cli("wheelhouse", "demo", "--lock-dir", lock, "-o", tmp_path / "wh")
+        assert rc == 0, err
+        (tmp_path / "wh" / "pypi" / ".partial").write_text("a file where the folder goes\n")
+        rc, _, err = cli("wheelhouse", "demo", "--lock-dir", lock, "-o", tmp_path / "wh")
+    assert rc == 1, err
+    assert f"Cannot make {tmp_path / 'wh' / 'pypi' / '.partial'}" in err and "internal error" not in err

@@ -51,9 +51,9 @@ class LazyGroup(click.Group):
         return super().get_command(ctx, name)
 
 
-@click.group(
-    cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "ENVBUILD"}
-)
+# No auto_envvar_prefix: an option is read from the environment only where it says so
+# (envvar=...), and docs/reference.md names every variable envbuild reads (tests/test_docs.py)
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="envbuild")
 def cli():
     """Reproducible GPU environments for LLM RL training, right for the GPU you have."""

@@ -35,13 +35,27 @@ requests loads only when a session is made: importing this module costs nothing.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
 
 from envbuilder.errors import ActionError, UserError
-from envbuilder.text import redact
+from envbuilder.text import redact as redact  # (callers read it as net.redact)
 from envbuilder.record import Record
+
+if TYPE_CHECKING:
+    import requests
+    from requests.adapters import HTTPAdapter
+    from urllib3.util.retry import Retry
+
+    class BundleSession(requests.Session):
+        """(What _classes' Session is, for the type checker: a requests session that may own
+        a CA bundle file.)"""
+
+        bundle: str | None
+
 
 MAX_REDIRECTS = 10
 MAX_RETRY_AFTER = 10.0  # seconds: the most a server's Retry-After makes a client wait per retry
@@ -119,11 +133,11 @@ class _Flight:
     def __init__(self, seconds: float):
         self.seconds = seconds
         self.deadline = time.monotonic() + seconds
-        self.conn = None
+        self.conn: object = None
         self.expired = self.done = False
         self.lock = threading.Lock()
 
-    def on(self, conn) -> None:
+    def on(self, conn: object) -> None:
         with self.lock:
             if self.expired:
                 raise _Expired()
@@ -152,7 +166,7 @@ def _current() -> _Flight | None:
     return _FLIGHTS.get(threading.get_ident())
 
 
-def _classes():
+def _classes() -> tuple[type[HTTPAdapter], type[Retry], type[BundleSession]]:
     """urllib3 subclasses that tell the request in flight which connection it is on, a Retry
     that caps Retry-After, and a Session that owns its CA bundle; made on first use (requests
     and urllib3 load then)."""
@@ -166,26 +180,28 @@ def _classes():
     from urllib3.poolmanager import ProxyManager
     from urllib3.util.retry import Retry
 
-    class Watched:
-        def connect(self, *args, **kwargs):
+    # (an HTTPConnection itself, so that WatchedHTTPS's order is Watched, HTTPSConnection,
+    # HTTPConnection: super() in Watched is the TLS connection's method there)
+    class Watched(HTTPConnection):
+        def connect(self, *args: Any, **kwargs: Any) -> None:
             flight = _current()
             if flight is not None:
                 flight.on(self)
             return super().connect(*args, **kwargs)
 
-        def request(self, *args, **kwargs):
+        def request(self, *args: Any, **kwargs: Any) -> None:
             flight = _current()
             if flight is not None:
                 flight.on(self)
             return super().request(*args, **kwargs)
 
-        def getresponse(self, *args, **kwargs):
+        def getresponse(self, *args: Any, **kwargs: Any) -> Any:
             flight = _current()
             if flight is not None:
                 flight.on(self)
             return super().getresponse(*args, **kwargs)
 
-    class WatchedHTTP(Watched, HTTPConnection):
+    class WatchedHTTP(Watched):
         pass
 
     class WatchedHTTPS(Watched, HTTPSConnection):
@@ -197,10 +213,10 @@ def _classes():
     class TLSPool(HTTPSConnectionPool):
         ConnectionCls = WatchedHTTPS
 
-    pools = {"http": Pool, "https": TLSPool}
+    pools: dict[str, type[HTTPConnectionPool]] = {"http": Pool, "https": TLSPool}
 
     class CappedRetry(Retry):
-        def get_retry_after(self, response):
+        def get_retry_after(self, response: Any) -> float | None:
             seconds = super().get_retry_after(response)
             if seconds is None:
                 return None
@@ -208,11 +224,11 @@ def _classes():
             return max(0.0, min(seconds, MAX_RETRY_AFTER, flight.left() if flight else MAX_RETRY_AFTER))
 
     class Adapter(HTTPAdapter):
-        def init_poolmanager(self, *args, **kwargs):
+        def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
             super().init_poolmanager(*args, **kwargs)
             self.poolmanager.pool_classes_by_scheme = pools
 
-        def proxy_manager_for(self, proxy, **kwargs):
+        def proxy_manager_for(self, proxy: Any, **kwargs: Any) -> Any:
             manager = super().proxy_manager_for(proxy, **kwargs)
             if type(manager) is ProxyManager:  # (a SOCKS proxy keeps its own pools)
                 manager.pool_classes_by_scheme = pools
@@ -223,31 +239,37 @@ def _classes():
 
         bundle: str | None = None
 
-        def close(self):
+        def close(self) -> None:
             super().close()
             if self.bundle:
-                import os
-
                 try:
                     os.unlink(self.bundle)
                 except OSError:
                     pass
                 self.bundle = None
 
-        def __del__(self):
+        def __del__(self) -> None:
             try:
                 self.close()
             except Exception:  # noqa: BLE001 - (at interpreter exit, modules may be gone)
                 pass
 
-    _CLASSES = (Adapter, CappedRetry, Session)
-    return _CLASSES
+    # (Session is what BundleSession declares for the type checker; one is made only here)
+    made = (Adapter, CappedRetry, cast("type[BundleSession]", Session))
+    _CLASSES = made
+    return made
 
 
-_CLASSES = None
+_CLASSES: tuple[type[HTTPAdapter], type[Retry], type[BundleSession]] | None = None
 
 
-def session(*, retries: int = 3, ca_cert=None, pool: int = 10, user_agent: str | None = None):
+def session(
+    *,
+    retries: int = 3,
+    ca_cert: str | os.PathLike[str] | None = None,
+    pool: int = 10,
+    user_agent: str | None = None,
+) -> BundleSession:
     """A requests session as described above. `retries`: tries after the first for connection
     failures, 429 and 5xx on HEAD/GET (0: none, the caller retries itself). `ca_cert`: a CA file
     to trust beside the system's (the bundle file goes when the session closes). `pool`:
@@ -275,16 +297,18 @@ def session(*, retries: int = 3, ca_cert=None, pool: int = 10, user_agent: str |
     if user_agent:
         s.headers["User-Agent"] = user_agent
     if ca_cert:
-        s.verify = s.bundle = ca_bundle(ca_cert)
+        s.verify = s.bundle = _bundle_file(ca_cert)
     return s
 
 
-def _drop_redirect_body(r, **kwargs):
+def _drop_redirect_body(r: requests.Response, **kwargs: Any) -> requests.Response:
     """A redirect's body is never read: requests reads it whole (resp.content) before it
     follows the Location, so a 302 with a body that does not end would fill the memory. The
     connection is closed instead, with whatever it still had to send."""
     if r.is_redirect:
-        r._content, r._content_consumed = b"", True
+        # (requests' own state of a read body: the body is now the empty one, already read)
+        r._content = b""
+        setattr(r, "_content_consumed", True)
         r.raw.close()
     return r
 
@@ -292,12 +316,13 @@ def _drop_redirect_body(r, **kwargs):
 SYSTEM_CAS = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt")
 
 
-def ca_bundle(ca_cert) -> bool | str:
+def ca_bundle(ca_cert: str | os.PathLike[str] | None) -> bool | str:
     """requests' `verify`: True (its own CAs) without `ca_cert`; else the path of a new file
     (0600, the caller removes it) holding `ca_cert` and the system's CAs."""
-    if not ca_cert:
-        return True
-    import os
+    return _bundle_file(ca_cert) if ca_cert else True
+
+
+def _bundle_file(ca_cert: str | os.PathLike[str]) -> str:
     import tempfile
     from pathlib import Path
 
@@ -325,18 +350,18 @@ def _size(n: int) -> str:
 
 
 def request(
-    s,
+    s: requests.Session,
     method: str,
     url: str,
     expect: Expect,
     *,
-    headers: dict | None = None,
-    params: dict | None = None,
+    headers: dict[str, str] | None = None,
+    params: dict[str, str] | None = None,
     timeout: float = 30.0,
     deadline: float | None = None,
     allow_redirects: bool = True,
-    sink=None,
-    body_if=None,
+    sink: Callable[[bytes], object] | None = None,
+    body_if: Callable[[int], bool] | None = None,
 ) -> Answer:
     """One exchange through session `s`: the answer, with at most `expect.max_bytes` of body
     (none for HEAD or a status-only Expect), all within `deadline` s (default the Expect's).
@@ -409,7 +434,13 @@ def _too_large(url: str, expect: Expect) -> NetError:
     )
 
 
-def _read(r, expect: Expect, flight: _Flight, url: str, sink=None) -> bytes:
+def _read(
+    r: requests.Response,
+    expect: Expect,
+    flight: _Flight,
+    url: str,
+    sink: Callable[[bytes], object] | None = None,
+) -> bytes:
     length = r.headers.get("Content-Length", "")
     if length.isdigit() and int(length) > expect.max_bytes and "Content-Encoding" not in r.headers:
         raise _too_large(url, expect)
@@ -499,7 +530,7 @@ def json_value(body: bytes, url: str, what: str, max_depth: int = MAX_JSON_DEPTH
             "Check the network (sign in, or set HTTPS_PROXY), or the URL.",
         )
 
-    def refuse(constant):
+    def refuse(constant: str) -> float:
         raise ValueError(f"{constant} is not a JSON number")
 
     try:
@@ -520,7 +551,7 @@ def json_value(body: bytes, url: str, what: str, max_depth: int = MAX_JSON_DEPTH
     return doc
 
 
-def json_object(body: bytes, url: str, what: str) -> dict:
+def json_object(body: bytes, url: str, what: str) -> dict[str, Any]:
     """`body` as a JSON object (json_value's checks, and then the kind)."""
     doc = json_value(body, url, what)
     if not isinstance(doc, dict):
@@ -545,7 +576,7 @@ def _depth(doc: Any, limit: int) -> int:
 # ---- does this index answer? ---------------------------------------------------------------------
 
 
-def index_answers(url: str, timeout: float = 5.0, s=None) -> bool:
+def index_answers(url: str, timeout: float = 5.0, s: requests.Session | None = None) -> bool:
     """Whether the PEP 503 index at `url` answers, by one rule for every caller (lock's
     classification of a failed resolution, check --resolve's and verify's choice to take PyPI's
     torch when the PyTorch index is out of reach):

@@ -30,7 +30,7 @@ def _compiled(name: str) -> re.Pattern[str]:
     found = globals().get(name)
     if found is None:
         found = globals()[name] = re.compile(_COMPILED[name], re.ASCII)
-    return found  # type: ignore[no-any-return]
+    return found
 
 
 def __getattr__(name: str) -> re.Pattern[str]:
@@ -39,6 +39,6 @@ def __getattr__(name: str) -> re.Pattern[str]:
     return _compiled(name)
 
 
-def match(ref: str) -> re.Match | None:
+def match(ref: str) -> re.Match[str] | None:
     """The reference's parts (name, tag, digest) when `ref` is one, else None."""
     return _compiled("REFERENCE").fullmatch(ref) if isinstance(ref, str) else None

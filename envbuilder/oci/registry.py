@@ -19,8 +19,13 @@ from __future__ import annotations
 import hashlib
 import re
 
+from typing import TYPE_CHECKING
+
 from envbuilder.errors import ActionError
 from envbuilder.record import Record
+
+if TYPE_CHECKING:
+    import requests
 
 DOCKER_HUB = "docker.io"  # Docker Hub as image references (and mirror sets) name it
 DOCKER_HUB_API = "registry-1.docker.io"  # ... and where its v2 API answers
@@ -112,7 +117,7 @@ def api_location(ref: ImageRef, mirror: str | None = None) -> tuple[str, str]:
     return base, f"{prefix}/{ref.repository}" if prefix else ref.repository
 
 
-def session():
+def session() -> requests.Session:
     """The registry client's session (net.session): retries what a registry or a network hiccup
     answers for a while (connection errors, 429 with Retry-After, 5xx) on HEAD and GET."""
     from envbuilder.oci import http as net
@@ -130,7 +135,7 @@ def _challenge(header: str) -> dict[str, str]:
 _TOKEN = re.compile(r"[\x21-\x7e]{1,16384}")  # what an Authorization header can carry
 
 
-def _token(s, challenge: dict[str, str], repository: str, where: str) -> str:
+def _token(s: requests.Session, challenge: dict[str, str], repository: str, where: str) -> str:
     from envbuilder.oci import http as net
 
     realm = challenge["realm"]
@@ -168,7 +173,7 @@ def _token(s, challenge: dict[str, str], repository: str, where: str) -> str:
     return token
 
 
-def digest(ref: str, mirror: str | None = None, s=None) -> ImageDigest:
+def digest(ref: str, mirror: str | None = None, s: requests.Session | None = None) -> ImageDigest:
     """The digest `ref`'s tag points at now, read from its registry (or `mirror`). ActionError
     says what the registry answered and what to do."""
     own = s is None
@@ -180,7 +185,7 @@ def digest(ref: str, mirror: str | None = None, s=None) -> ImageDigest:
             s.close()
 
 
-def _digest(ref: str, mirror: str | None, s) -> ImageDigest:
+def _digest(ref: str, mirror: str | None, s: requests.Session) -> ImageDigest:
     from envbuilder.oci import http as net
 
     parsed = parse_image(ref)
@@ -190,7 +195,7 @@ def _digest(ref: str, mirror: str | None, s) -> ImageDigest:
     shown = net.redact(base)
     headers = {"Accept": ACCEPT}
 
-    def request(method: str):
+    def request(method: str) -> net.Answer:
         try:
             return net.request(s, method, url, net.MANIFEST, headers=headers, timeout=TIMEOUT)
         except net.NetError as e:

@@ -4,12 +4,17 @@ torch swapped for PyPI's, a part it lacks), and the URL maps a mirror set gives.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from envbuilder.errors import UserError
 
+if TYPE_CHECKING:
+    from envbuilder.model.matrix import Matrix
 
-def url_map_for_mirror(body: dict) -> list[tuple[str, str]]:
+
+def url_map_for_mirror(body: dict[str, Any]) -> list[tuple[str, str]]:
     """Prefix rewrites that send a lock's upstream URLs through a mirror set's endpoints."""
     out = []
     for endpoint in body.get("pytorch") or []:
@@ -42,7 +47,7 @@ def url_maps(values: tuple[str, ...]) -> list[tuple[str, str]]:
 
 
 def lock_shortfalls(
-    m, profile: str, lock_dir: Path, accept_pypi_torch: bool, accept_partial: bool
+    m: Matrix, profile: str, lock_dir: Path, accept_pypi_torch: bool, accept_partial: bool
 ) -> list[str]:
     """Why exporting this lock would carry something other than what the profile installs: a
     torch swapped for PyPI's build (what that means: its CUDA and driver floor), a part the
@@ -66,7 +71,7 @@ def lock_shortfalls(
         mine = (t or {}).get("builds", {}).get(asked.group(2)) if asked else None
         pypi = (t or {}).get("builds", {}).get((t or {}).get("pypi_default") or "")
         what = ""
-        if mine and pypi and pypi["cuda"] in m.cuda:
+        if asked is not None and mine and pypi and pypi["cuda"] in m.cuda:
             c = m.cuda[pypi["cuda"]]
             what = (
                 f" PyPI's torch {asked.group(1)} is its CUDA {pypi['cuda']} build (the "
@@ -106,7 +111,7 @@ def lock_shortfalls(
     return out
 
 
-def known_profiles_or_locks(m, profiles) -> None:
+def known_profiles_or_locks(m: Matrix, profiles: Iterable[str]) -> None:
     """Each name is a profile of the matrix or has a lock under lockfiles/; otherwise the
     refusal suggests the profile it most likely means (a name without a lock is most often a
     typo of a profile)."""

@@ -24,7 +24,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, TextIO
+from typing import BinaryIO, Callable, Iterable, TextIO, cast
 from urllib.parse import urlsplit
 
 import requests
@@ -126,8 +126,9 @@ def fetch_all(
     session: requests.Session | None = None,
     stall_notice: float = STALL_NOTICE,
 ) -> FetchReport:
-    """Fetch every item into `dest`, `jobs` at a time; raise ActionError if any failed (with
-    `.report`, and `.no_space` True when the disk filled up).
+    """Fetch every item into `dest`, `jobs` at a time; raise FetchFailed if any failed (with
+    `.report`, and `.no_space` True when the disk filled up); ActionError when `dest` cannot
+    take the partial downloads' folder.
 
     `retries` is per URL for transient failures, waiting `backoff * 2**n` seconds between tries;
     `timeout` bounds a connect and each wait for bytes. A download that gets no byte for
@@ -158,10 +159,10 @@ def fetch_all(
     report = FetchReport()
     activity = _Activity(emit, stall_notice)
     stop = threading.Event()
-    todo: queue.SimpleQueue = queue.SimpleQueue()
+    todo: queue.SimpleQueue[tuple[int, FetchItem]] = queue.SimpleQueue()
     for index, item in enumerate(items):
         todo.put((index, item))
-    results: queue.SimpleQueue = queue.SimpleQueue()
+    results: queue.SimpleQueue[tuple[int, object]] = queue.SimpleQueue()
 
     def work() -> None:
         while not stop.is_set():  # a stopped fetch starts no new file
@@ -169,6 +170,7 @@ def fetch_all(
                 index, item = todo.get_nowait()
             except queue.Empty:
                 return
+            outcome: object
             try:
                 outcome = _fetch_one(item, dest, session, retries, backoff, timeout, activity, emit, stop)
             except BaseException as exc:  # sorted by the main thread (a bug re-raises there)
@@ -277,6 +279,15 @@ def _pooled_session(jobs: int) -> requests.Session:
     return session(retries=0, pool=jobs)
 
 
+@dataclass  # not a record: the stall watch updates it as bytes come
+class _InFlight:
+    """A download in flight: its host, when its last byte came, the stall notices so far."""
+
+    host: str
+    last: float
+    told: int = 0
+
+
 class _Activity:
     """What the workers are doing, for the main thread: the bytes received (progress), when
     each file in flight last received any (stall notices), and the sockets of the responses
@@ -286,7 +297,7 @@ class _Activity:
         self._emit = emit
         self._every = notice_every
         self._lock = threading.Lock()
-        self._flight: dict[str, list] = {}  # file -> [host, last byte time, notices so far]
+        self._flight: dict[str, _InFlight] = {}
         self._sockets: dict[str, socket.socket] = {}
         self._aborted = False
         self.total = 0
@@ -294,7 +305,7 @@ class _Activity:
     def begin(self, filename: str, url: str) -> None:
         with self._lock:
             host = urlsplit(url).netloc.rsplit("@", 1)[-1]  # (never its user:password@)
-            self._flight[filename] = [host, time.monotonic(), 0]
+            self._flight[filename] = _InFlight(host, time.monotonic())
 
     def reading(self, filename: str, resp: requests.Response) -> bool:
         """Note the socket under `resp` (so abort() can cut it); False once aborted."""
@@ -308,7 +319,8 @@ class _Activity:
         with self._lock:
             self.total += nbytes
             if filename in self._flight:
-                self._flight[filename][1:] = [time.monotonic(), 0]
+                entry = self._flight[filename]
+                entry.last, entry.told = time.monotonic(), 0
         self._emit(FetchEvent("progress", filename, nbytes=nbytes))
 
     def end(self, filename: str) -> None:
@@ -321,9 +333,9 @@ class _Activity:
         now, due = time.monotonic(), []
         with self._lock:
             for name, entry in self._flight.items():
-                host, last, told = entry
+                host, last, told = entry.host, entry.last, entry.told
                 if now - last >= self._every * (told + 1):
-                    entry[2] += 1
+                    entry.told += 1
                     due.append(
                         FetchEvent(
                             "stalled",
@@ -353,7 +365,17 @@ def _socket_of(resp: requests.Response) -> socket.socket | None:
     return sock if isinstance(sock, socket.socket) else None
 
 
-def _fetch_one(item, dest, session, retries, backoff, timeout, activity, emit, stop) -> str:
+def _fetch_one(
+    item: FetchItem,
+    dest: Path,
+    session: requests.Session,
+    retries: int,
+    backoff: float,
+    timeout: float,
+    activity: _Activity,
+    emit: ProgressCallback,
+    stop: threading.Event,
+) -> str:
     """Fetch one item through its mirrors: "skipped" or "downloaded", or raise _ItemFailed
     (_Stopped when stopped, _NoSpace when the disk is full)."""
     target = dest / item.filename
@@ -402,7 +424,15 @@ def _fetch_one(item, dest, session, retries, backoff, timeout, activity, emit, s
     raise _ItemFailed("; ".join(dict.fromkeys(errors)))  # each distinct reason once
 
 
-def _download(session, url, partial: Path, item: FetchItem, timeout, activity, stop) -> tuple[str, bool]:
+def _download(
+    session: requests.Session,
+    url: str,
+    partial: Path,
+    item: FetchItem,
+    timeout: float,
+    activity: _Activity,
+    stop: threading.Event,
+) -> tuple[str, bool]:
     """Complete `partial` from `url`; return its sha256 and whether earlier bytes were kept.
     Reads stop at the size the lock records (MAX_UNSIZED without one), and when `stop` is set."""
     offset = partial.stat().st_size if partial.is_file() and not partial.is_symlink() else 0
@@ -467,15 +497,15 @@ def _download(session, url, partial: Path, item: FetchItem, timeout, activity, s
     return hasher.hexdigest(), resume
 
 
-def _open_partial(partial: Path, append: bool):
+def _open_partial(partial: Path, append: bool) -> BinaryIO:
     """The partial file for writing, unbuffered (what write() returns is on its way to disk),
     never through a link."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(partial, flags | (os.O_APPEND if append else os.O_TRUNC), 0o644)
-    return open(fd, "ab" if append else "wb", buffering=0)
+    return cast(BinaryIO, open(fd, "ab" if append else "wb", buffering=0))
 
 
-def _write_all(out, data: bytes) -> None:
+def _write_all(out: BinaryIO, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[out.write(view) :]
@@ -503,7 +533,7 @@ def _range_start(resp: requests.Response) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _sha256_of(path: Path):
+def _sha256_of(path: Path) -> "hashlib._Hash":
     """A running sha256 seeded with the file's bytes, to continue hashing a resumed download."""
     from envbuilder.tools.digest import sha256_hasher
 
@@ -527,33 +557,40 @@ def _remove_if_empty(directory: Path) -> None:
         pass  # partial downloads remain, kept for resuming
 
 
-def _no_space_error(report: FetchReport, dest: Path, items: list[FetchItem]) -> ActionError:
+class FetchFailed(ActionError):
+    """fetch_all's failure: `report` of what did arrive, `no_space` when the disk filled up."""
+
+    def __init__(self, message: str, report: FetchReport, no_space: bool = False):
+        super().__init__(message)
+        self.report, self.no_space = report, no_space
+
+
+def _no_space_error(report: FetchReport, dest: Path, items: list[FetchItem]) -> FetchFailed:
     done = set(report.downloaded) | set(report.skipped) | {f.filename for f in report.failed}
     need = 0
     for item in items:
         if item.filename not in done and item.size is not None:
             partial = dest / PARTIAL_DIR / item.filename
             need += max(item.size - (partial.stat().st_size if partial.is_file() else 0), 0)
-    err = ActionError(
+    return FetchFailed(
         f"No space left on the disk that holds {dest}"
         + (f": the files still to fetch need about {human_size(need)} more" if need else "")
         + ". Free space there (or download elsewhere), then run again: the files that arrived "
-        f"are kept, and the partial downloads in {dest / PARTIAL_DIR} resume."
+        f"are kept, and the partial downloads in {dest / PARTIAL_DIR} resume.",
+        report,
+        no_space=True,
     )
-    err.report, err.no_space = report, True
-    return err
 
 
-def _failure_error(report: FetchReport, dest: Path, total: int) -> ActionError:
+def _failure_error(report: FetchReport, dest: Path, total: int) -> FetchFailed:
     details = "; ".join(f"{f.filename} ({f.reason})" for f in report.failed)
-    err = ActionError(
+    return FetchFailed(
         f"Could not download {len(report.failed)} of {total} file(s) into {dest}: {details}. "
         f"The other files are in place, and partial downloads stay in {dest / PARTIAL_DIR} to "
         "resume from. Check that the mirrors are reachable and serve these files (a hash "
-        "mismatch means the mirror or the lockfile is wrong), then run the export again."
+        "mismatch means the mirror or the lockfile is wrong), then run the export again.",
+        report,
     )
-    err.report = report
-    return err
 
 
 class TerminalProgress:

@@ -23,6 +23,7 @@ import tarfile
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import Any, Callable
 
 from envbuilder.errors import ActionError, UserError
 from envbuilder.record import Record
@@ -43,12 +44,12 @@ class BuiltWheel(Record):
     filename: str
     sha256: str
     size: int
-    build: dict  # provenance: backend, its requirements, generator, interpreter, tool, index
+    build: dict[str, Any]  # provenance: backend, its requirements, generator, interpreter, tool, index
 
 
 def dist_name(name: str) -> str:
     """A project name as wheel file names spell it (PEP 491: runs of -_. become _)."""
-    from envbuilder.lock.pip import normalize
+    from envbuilder.render.plan import normalize
 
     return normalize(name).replace("-", "_")
 
@@ -69,7 +70,7 @@ def is_pure(filename: str) -> bool:
     return abis == {"none"} and plats == {"any"}
 
 
-def _target(target: dict) -> tuple[int, int, str, tuple[int, int]]:
+def _target(target: dict[str, Any]) -> tuple[int, int, str, tuple[int, int]]:
     """(major, minor, machine, glibc) of lock.json's target, e.g. 3.10 on x86_64-manylinux_2_35."""
     m = re.fullmatch(r"(\d+)\.(\d+)", str(target.get("python", "")))
     p = re.fullmatch(r"([a-z0-9_]+)-manylinux_(\d+)_(\d+)", str(target.get("python_platform", "")))
@@ -82,7 +83,7 @@ def _target(target: dict) -> tuple[int, int, str, tuple[int, int]]:
     return int(m[1]), int(m[2]), p[1], (int(p[2]), int(p[3]))
 
 
-def misfit(filename: str, target: dict) -> str | None:
+def misfit(filename: str, target: dict[str, Any]) -> str | None:
     """Why the wheel `filename` cannot install on the lock's target, or None when it can."""
     major, minor, machine, glibc = _target(target)
     pys, abis, plats = wheel_tags(filename)
@@ -104,7 +105,7 @@ def misfit(filename: str, target: dict) -> str | None:
     return f"its platform {'.'.join(sorted(plats))} is not {machine} Linux with glibc {glibc[0]}.{glibc[1]}"
 
 
-def unfit(filename: str, build: dict, target: dict) -> str | None:
+def unfit(filename: str, build: dict[str, Any], target: dict[str, Any]) -> str | None:
     """Why a wheel built here (`build`: its provenance, with the interpreter's full version, the
     machine and the glibc it was built on) cannot serve `target`, or None when it can."""
     why = misfit(filename, target)
@@ -160,7 +161,10 @@ def build_system(sdist: Path) -> tuple[str, list[str]]:
                     and member.isfile()
                     and member.size <= 1 << 20
                 ):
-                    doc = load_toml(tar.extractfile(member).read().decode("utf-8"))
+                    f = tar.extractfile(member)  # (a regular file, checked above: never None)
+                    if f is None:
+                        break
+                    doc = load_toml(f.read().decode("utf-8"))
                     bs = doc.get("build-system") or {}
                     if bs.get("requires") is None:
                         break
@@ -188,12 +192,12 @@ def build_wheel(
     sha256: str,
     name: str,
     version: str,
-    target: dict,
+    target: dict[str, Any],
     index: str,
     dest: Path,
     *,
     reserved: frozenset[str] = frozenset(),
-    say=lambda m: None,
+    say: Callable[[str], None] = lambda m: None,
 ) -> BuiltWheel:
     """Build `sdist` (whose bytes must hash to `sha256`) into a wheel in `dest` that fits
     `target`; its build backend comes from `index`. UserError (exit 2) when this machine cannot
@@ -252,7 +256,7 @@ def build_wheel(
 
 def _uv_build(
     sdist: Path, sha256: str, tmp: Path, python: tuple[str, str], index: str, what: str
-) -> tuple[Path, dict]:
+) -> tuple[Path, dict[str, Any]]:
     """(the wheel `uv build` made in `tmp` from a verified copy of `sdist`, its provenance)."""
     from envbuilder.offline.fetch import sha256_file
     from envbuilder.tools.uv import uv_env, uv_bin, uv_version

@@ -41,11 +41,11 @@ import shutil
 import time
 from pathlib import Path
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 from urllib.parse import unquote, urljoin, urlsplit
 
 from envbuilder.text import is_plain_name
-from envbuilder.errors import ActionError, UserError
+from envbuilder.errors import ActionError, EnvbuildError, UserError
 from envbuilder.images import SIDECAR
 from envbuilder.lock import lockfile as L
 from envbuilder.record import Record
@@ -54,7 +54,15 @@ from envbuilder.render.quoting import sh
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    import requests
+
     from envbuilder.model.matrix import Matrix
+    from envbuilder.model.resolved import Uv
+    from envbuilder.offline.fetch import ProgressCallback
+
+Say = Callable[[str], None]
+# manifest.json (lockfile.read_wheelhouse_manifest), a wheel's build provenance, a target
+Doc = dict[str, Any]
 
 MANIFEST = L.WHEELHOUSE_MANIFEST
 FORMAT = L.WHEELHOUSE_FORMAT
@@ -88,7 +96,7 @@ from envbuilder.text import canonical_name as normalize  # noqa: E402  (PEP 503,
 
 
 class LockPlan(Record):
-    meta: dict  # lock.json
+    meta: Doc  # lock.json
     artifacts: list[Artifact]
     texts: dict[str, str]  # every file of the lock as it was verified, lock.json too
 
@@ -177,7 +185,7 @@ def mirrored_urls(url: str, url_map: list[tuple[str, str]]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(urls + [url]))
 
 
-def _read_manifest(out: Path) -> dict:
+def _read_manifest(out: Path) -> Doc:
     doc = L.read_wheelhouse_manifest(out)  # every path checked to stay inside `out`
     return doc if doc is not None else {"format": FORMAT, "files": {}, "profiles": {}}
 
@@ -208,7 +216,7 @@ def _write_text(out: Path, rel: str, text: str, mode: int = 0o644) -> None:
     write_text_atomic(parent / name, text, mode)  # (over a link, the link is replaced)
 
 
-def _simple_index(out: Path, files: dict) -> None:
+def _simple_index(out: Path, files: Doc) -> None:
     """PEP 503 pages for every pip file in the manifest: each project's page rewritten, the
     pages of projects no longer listed removed (only the index.html envbuild writes)."""
     projects: dict[str, list[str]] = {}
@@ -347,7 +355,7 @@ echo "installed $PROFILE into $PREFIX"
 
 
 def uv_artifacts(
-    pin, plans: dict[str, LockPlan], build_index: str | None, session, say: Callable[[str], None]
+    pin: Uv, plans: dict[str, LockPlan], build_index: str | None, session: requests.Session | None, say: Say
 ) -> list[Artifact]:
     """The uv wheel `pin` names (file name and sha256; the matrix's defaults.uv), found on the
     index the locks were made from (or `build_index`, a mirror's) as every pip file of a lock
@@ -399,15 +407,15 @@ def export(
     profiles: dict[str, Path],
     out: Path,
     *,
-    url_map: list[tuple[str, str]] = (),
+    url_map: Sequence[tuple[str, str]] = (),
     jobs: int = 8,
-    progress=None,
-    session=None,
+    progress: ProgressCallback | None = None,
+    session: requests.Session | None = None,
     build_index: str | None = None,
-    say: Callable[[str], None] = lambda m: None,
+    say: Say = lambda m: None,
     tar: bool = False,
     wait: float = WAIT_FOR_OTHER,
-    uv=None,
+    uv: Uv | None = None,
     scripts: Mapping[str, Mapping[str, str]] | None = None,
 ) -> ExportReport:
     """Fetch every file the locks of `profiles` ({name: lock dir}) pin into `out`, and build a
@@ -422,7 +430,7 @@ def export(
     from envbuilder.errors import EnvbuildError
     from envbuilder.oci.http import redact
 
-    def shown(message: str, told=say) -> None:  # no index's or mirror's password printed
+    def shown(message: str, told: Say = say) -> None:  # no index's or mirror's password printed
         told(redact(message))
 
     try:
@@ -446,7 +454,18 @@ def export(
 
 
 def _export(
-    profiles, out, url_map, jobs, progress, session, build_index, say, tar, wait, uv, scripts
+    profiles: dict[str, Path],
+    out: Path,
+    url_map: Sequence[tuple[str, str]],
+    jobs: int,
+    progress: ProgressCallback | None,
+    session: requests.Session | None,
+    build_index: str | None,
+    say: Say,
+    tar: bool,
+    wait: float,
+    uv: Uv | None,
+    scripts: Mapping[str, Mapping[str, str]],
 ) -> ExportReport:
     """export()'s work, its messages redacted."""
     for name in profiles:
@@ -489,7 +508,7 @@ def _export(
 
 
 @contextlib.contextmanager
-def _exclusive(out: Path, say, wait: float):
+def _exclusive(out: Path, say: Say, wait: float) -> Iterator[None]:
     """Hold `out`'s lock file (flock) while an export writes there: a second export into the
     same directory waits, and gives up after `wait` seconds. The lock file is made before
     anything else, so it also marks the directory as a wheelhouse (complete or not): an export
@@ -550,16 +569,16 @@ def _export_into(
     out: Path,
     plans: dict[str, LockPlan],
     wanted: dict[str, Artifact],
-    url_map,
+    url_map: Sequence[tuple[str, str]],
     jobs: int,
-    progress,
-    session,
-    build_index,
-    say,
+    progress: ProgressCallback | None,
+    session: requests.Session | None,
+    build_index: str | None,
+    say: Say,
     scripts: Mapping[str, Mapping[str, str]],
 ) -> ExportReport:
     """export()'s work, while it holds `out`'s lock."""
-    from envbuilder.offline.fetch import FetchItem, fetch_all
+    from envbuilder.offline.fetch import FetchFailed, FetchItem, fetch_all
 
     manifest = _read_manifest(out)
     for folder in (
@@ -582,16 +601,19 @@ def _export_into(
         groups.setdefault(a.subdir, []).append(
             FetchItem(a.filename, a.sha256, mirrored_urls(a.url, list(url_map)), a.size)
         )
-    downloaded, skipped, nbytes, failures = [], [], 0, []
+    downloaded: list[str] = []
+    skipped: list[str] = []
+    nbytes = 0
+    failures: list[EnvbuildError] = []
     no_space = False
     for subdir, items in groups.items():
         say(f"{subdir}: {len(items)} file(s)")
         try:
             report = fetch_all(items, _real_dir(out, subdir), jobs=jobs, progress=progress, session=session)
-        except ActionError as e:  # record what did arrive, then report the failure
+        except FetchFailed as e:  # record what did arrive, then report the failure
             report = e.report
             failures.append(e)
-            no_space = bool(getattr(e, "no_space", False))
+            no_space = e.no_space
         downloaded += [f"{subdir}/{n}" for n in report.downloaded]
         skipped += [f"{subdir}/{n}" for n in report.skipped]
         nbytes += report.bytes_transferred
@@ -664,7 +686,7 @@ def _export_into(
     )
 
 
-def _keep_only_valid(out: Path, manifest: dict, checked: set[str], say) -> None:
+def _keep_only_valid(out: Path, manifest: Doc, checked: set[str], say: Say) -> None:
     """Drop from the manifest every file whose bytes on disk no longer hash right (and remove
     the file: the manifest says envbuild wrote it, and its bytes are wrong). `checked`: the
     paths this export verified already."""
@@ -736,8 +758,14 @@ def _write_error(out: Path, e: OSError, wanted: dict[str, Artifact]) -> ActionEr
 
 
 def _wheels_from_sdists(
-    out: Path, plans: dict, present: set[str], manifest: dict, build_index: str | None, failures: list, say
-) -> tuple[dict, list[str]]:
+    out: Path,
+    plans: dict[str, LockPlan],
+    present: set[str],
+    manifest: Doc,
+    build_index: str | None,
+    failures: list[EnvbuildError],
+    say: Say,
+) -> tuple[dict[str, dict[str, str]], list[str]]:
     """A wheel for every sdist of every profile, fit for that profile's target: one already in
     the wheelhouse (built from the same sdist sha256, its bytes hashing right), else built now.
     Returns ({profile: {package: wheel path}} for the profiles that have all of theirs, [wheels
@@ -747,7 +775,9 @@ def _wheels_from_sdists(
     reserved = frozenset(a.filename for plan in plans.values() for a in plan.artifacts if a.subdir == "pypi")
     wheels: dict[str, dict[str, str]] = {}
     built: list[str] = []
-    failed: set[tuple] = set()  # (sdist, target) whose build failed in this run: not tried twice
+    failed: set[tuple[str, object, object]] = (
+        set()
+    )  # (sdist, target) whose build failed in this run: not tried twice
     for name, plan in plans.items():
         meta = plan.meta
         target = meta.get("target") or {}
@@ -808,12 +838,13 @@ def _wheels_from_sdists(
     return wheels, built
 
 
-def _built_wheel(out: Path, manifest: dict, sdist: Artifact, target: dict) -> str | None:
+def _built_wheel(out: Path, manifest: Doc, sdist: Artifact, target: Doc) -> str | None:
     """The wheelhouse's wheel built from this sdist that fits `target` and hashes right, if any."""
     from envbuilder.offline.fetch import sha256_file
     from envbuilder.offline.wheelbuild import unfit
 
-    for path, f in sorted(manifest["files"].items()):
+    files: dict[str, Doc] = manifest["files"]
+    for path, f in sorted(files.items()):
         if (
             (f.get("built_from") or {}).get("sha256") == sdist.sha256
             and unfit(path.rsplit("/", 1)[-1], f.get("build") or {}, target) is None
@@ -824,7 +855,7 @@ def _built_wheel(out: Path, manifest: dict, sdist: Artifact, target: dict) -> st
     return None
 
 
-def _forget_profiles_using(manifest: dict, path: str, sha256: str, keep: set[str], say) -> None:
+def _forget_profiles_using(manifest: Doc, path: str, sha256: str, keep: set[str], say: Say) -> None:
     """A wheel rebuilt with other bytes than the manifest had: the profiles of earlier exports
     whose requirements name the old hash are no longer complete here."""
     old = manifest["files"].get(path)

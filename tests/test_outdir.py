@@ -1,18 +1,21 @@
-"""Issue 12: envbuild deletes only what it wrote, names never leave their directory, user input
-is bounded, and what is left of a bug is one paragraph (exit 1), not a traceback. Each test
-here failed on the code before: a render replaced whole directories, loaders read any size
-and expanded any alias, and unexpected exceptions printed tracebacks."""
+"""A rendered folder (envbuilder/render/outdir.py): envbuild deletes only what it wrote, names
+never leave their directory, a folder or record reached through a link is not written through,
+an interrupted swap is finished by the next run, and a failed write changes nothing. Each test
+here failed on the code before (issues 12 and 21): a render replaced whole directories and
+wrote through links.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-import time
 from pathlib import Path
 
 import pytest
 
 from conftest import resolved, snapshot
+from mounts import unavailable as _unavailable
 from envbuilder.render import outdir
 from envbuilder.errors import UserError
 from envbuilder.render.files import MARKER, render, render_files
@@ -209,181 +212,72 @@ def test_a_tampered_record_cannot_make_envbuild_delete_outside(tmp_path):
     assert victim.read_text() == "precious\n"
 
 
-# -- bounded input -------------------------------------------------------------------------------
+PROFILE = "t4"
 
 
-def alias_bomb() -> str:
-    text, prev = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n', "a"
-    for n in "bcdefghi":
-        text += f"{n}: &{n} [" + ",".join([f"*{prev}"] * 9) + "]\n"
-        prev = n
-    return text
+# ---- 2: an output folder that is a link is not written through ---------------------------------
 
 
-def test_an_alias_bomb_in_an_overlay_is_refused_at_once(run_envbuild, overlay):
-    folder = overlay(
-        text="profiles:\n  bomb:\n    description: x\n"
-        + "  "
-        + alias_bomb().replace("\n", "\n  ").rstrip()
-        + "\n"
-    )
-    assert len(alias_bomb()) < 1500
-    t0 = time.monotonic()
-    r = run_envbuild("list", "--matrix-dir", folder)
-    assert r.returncode == 2, r.stderr
-    assert "alias" in r.stderr and time.monotonic() - t0 < 20
-    assert len(r.stderr) < 600
-
-
-def test_an_alias_bomb_in_the_config_is_refused_at_once(run_envbuild, tmp_path):
-    cfg = tmp_path / "config.yaml"
-    cfg.write_text("mirrors:\n  x:\n    " + alias_bomb().replace("\n", "\n    ").rstrip() + "\n")
-    t0 = time.monotonic()
-    r = run_envbuild("mirrors", "list", env={"ENVBUILD_CONFIG": str(cfg)})
-    assert r.returncode == 2, r.stderr
-    assert "alias" in r.stderr and time.monotonic() - t0 < 20
-
-
-def test_an_overlay_linked_to_dev_zero_is_refused(run_envbuild, tmp_path):
-    folder = tmp_path / "ov"
-    folder.mkdir()
-    (folder / "zero.yaml").symlink_to("/dev/zero")
-    r = run_envbuild("render", "p40", "--matrix-dir", folder, "-o", tmp_path / "o")
-    assert r.returncode == 2, r.stderr
-    assert "not a regular file" in r.stderr
-    assert not (tmp_path / "o").exists()
-
-
-def test_an_oversized_overlay_is_refused(run_envbuild, overlay, tmp_path):
-    folder = overlay(text="# " + "x" * (outdir_limit() + 10) + "\n")
-    r = run_envbuild("list", "--matrix-dir", folder)
-    assert r.returncode == 2 and "larger than" in r.stderr
-
-
-def outdir_limit() -> int:
-    from envbuilder.limits import MAX_INPUT_BYTES
-
-    return MAX_INPUT_BYTES
-
-
-def test_a_bounded_read_stops_one_byte_past_its_limit_whatever_the_file_says(tmp_path):
-    """limits.read_upto asks for the size the file has (a 16 MiB request set 16 MiB aside for a
-    30 KB cache file), yet a pipe, which has no size, is still read to its end or to one byte
-    past the limit."""
-    import os
-
-    from envbuilder.limits import read_upto
-
-    f = tmp_path / "f"
-    f.write_bytes(b"x" * 1000)
-    for limit, want in ((10, 11), (999, 1000), (1000, 1000), (1 << 24, 1000)):
-        with open(f, "rb") as fh:
-            assert len(read_upto(fh, limit)) == want
-    import threading
-
-    for limit, want in ((100, 101), (100_000, 70_000)):  # a pipe has no size: read on in chunks
-        r, w = os.pipe()
-
-        def feed(w=w):
-            try:
-                os.write(w, b"z" * 70_000)
-            except BrokenPipeError:
-                pass  # (the reader stopped at its limit)
-            finally:
-                os.close(w)
-
-        t = threading.Thread(target=feed)
-        t.start()
-        with os.fdopen(r, "rb") as fh:
-            assert len(read_upto(fh, limit)) == want
-        t.join()
-
-
-@pytest.mark.parametrize("where", ["overlay", "config", "from"])
-def test_a_file_that_is_not_utf8_is_an_exit_2_paragraph(run_envbuild, tmp_path, where):
-    bad = tmp_path / ("spec.json" if where == "from" else "f.yaml")
-    bad.write_bytes(b'profiles:\n  x:\n    description: "caf\xe9"\n')
-    if where == "overlay":
-        folder = tmp_path / "ov"
-        folder.mkdir()
-        bad.rename(folder / "f.yaml")
-        r = run_envbuild("list", "--matrix-dir", folder)
-    elif where == "config":
-        r = run_envbuild("mirrors", "list", env={"ENVBUILD_CONFIG": str(bad)})
+@pytest.mark.parametrize("how", ["out-is-a-link", "parent-is-anothers-link"])
+def test_an_output_folder_reached_through_a_link_is_refused(run_envbuild, tmp_path, how):
+    """The profile's folder under -o (OUT/<profile>/) a planted link to an empty folder, or a
+    new folder under a link another user planted (out/ in a shared folder). Before: the render
+    went into the link's target, exit 0. Failed before the fix: yes."""
+    target = tmp_path / "victim"
+    target.mkdir()
+    if how == "out-is-a-link":
+        out = tmp_path / "out"
+        out.mkdir()
+        link = out / PROFILE  # the very folder `render PROFILE -o out` writes into
     else:
-        r = run_envbuild("render", "--from", bad)
+        link = tmp_path / "out"
+        out = link / "p"
+    link.symlink_to(target, target_is_directory=True)
+    if how == "parent-is-anothers-link":
+        if os.geteuid() != 0:
+            _unavailable("a link owned by another user can only be made by root")
+        os.lchown(link, 65534, 65534)
+    r = run_envbuild("render", PROFILE, "-o", out)
     assert r.returncode == 2, r.stderr
-    assert "not UTF-8" in r.stderr
+    assert "symbolic link" in r.stderr and str(link) in r.stderr
+    assert list(target.iterdir()) == []
 
 
-def test_a_key_written_twice_is_refused_not_last_wins(run_envbuild, overlay):
-    folder = overlay(text="gpus:\n  p40:\n    vram_gb: 24\n    vram_gb: 48\n")
-    r = run_envbuild("list", "--matrix-dir", folder)
-    assert r.returncode == 2
-    assert "appears twice" in r.stderr and "vram_gb" in r.stderr
+def test_a_new_folder_under_a_link_of_ones_own_is_written(run_envbuild, tmp_path):
+    """A home or scratch folder that is the user's own link (or root's) stays usable: only the
+    folder written into must not be a link. (A guard for the fix: it passed before.)"""
+    target = tmp_path / "scratch"
+    target.mkdir()
+    link = tmp_path / "home"
+    link.symlink_to(target, target_is_directory=True)
+    r = run_envbuild("render", PROFILE, "-o", link / "envs")
+    assert r.returncode == 0, r.stderr
+    assert (target / "envs" / PROFILE / "Dockerfile").is_file()
 
 
-# -- the CLI's own bad input ---------------------------------------------------------------------
-
-
-def test_with_and_without_the_same_component_is_refused(cli):
-    code, _, err = cli("render", "p40", "--with", "apex", "--without", "apex")
-    assert code == 2 and "both name apex" in err
-
-
-def test_locked_and_wheelhouse_together_are_refused(cli, tmp_path):
-    code, _, err = cli("render", "4090", "--locked", tmp_path, "--wheelhouse", tmp_path)
-    assert code == 2 and "--locked and --wheelhouse" in err
-
-
-def test_a_huge_name_is_not_echoed_back_whole(cli):
-    code, _, err = cli("render", "x" * 100_000)
-    assert code == 2
-    assert len(err) < 2000, len(err)
-
-
-def test_an_unknown_push_name_is_bad_input(cli, tmp_path, monkeypatch):
-    (tmp_path / "config.yaml").write_text("registries:\n  lab: 127.0.0.1:5999\n")
-    monkeypatch.setenv("ENVBUILD_CONFIG", str(tmp_path / "config.yaml"))
-    from envbuilder.model import config
-
-    config._load.cache_clear()
-    try:
-        code, _, err = cli("build", "p40", "--push", "nosuchregistry")
-    finally:
-        config._load.cache_clear()
-    assert code == 2, err
-    assert "No registry named 'nosuchregistry'" in err
-
-
-# -- one handler for what is left -------------------------------------------------------------
-
-
-def test_an_unexpected_exception_is_one_paragraph_naming_the_command(capsys, monkeypatch):
-    from envbuilder import cli as C
-    from envbuilder.render import files as R
-
-    def broken(*a, **k):
-        raise RuntimeError("template exploded\nsecond line")
-
-    monkeypatch.delenv("ENVBUILD_DEBUG", raising=False)
-    monkeypatch.setattr(R, "render_files", broken)
-    with pytest.raises(SystemExit) as e:
-        C.main(["render", "--from", str(write_spec(monkeypatch))])
-    err = capsys.readouterr().err
-    assert e.value.code == 1
-    assert "internal error in `envbuild render`" in err and "RuntimeError: template exploded" in err
-    assert "Traceback" not in err and "second line" not in err and "ENVBUILD_DEBUG=1" in err
-    # and with ENVBUILD_DEBUG=1 (as the tests' fixtures set it) the bug raises, so a test fails
-    monkeypatch.setenv("ENVBUILD_DEBUG", "1")
-    with pytest.raises(RuntimeError):
-        C.main(["render", "--from", str(write_spec(monkeypatch))])
-
-
-def write_spec(monkeypatch) -> Path:
-    import tempfile
-
-    d = Path(tempfile.mkdtemp())
-    monkeypatch.chdir(d)
-    (d / "spec.json").write_text(resolved("p40").to_json())
-    return d / "spec.json"
+def test_a_record_that_is_a_link_is_no_record(run_envbuild, tmp_path):
+    """A planted .envbuild-files.json that links to a record elsewhere, claiming the user's
+    notes as envbuild's files. Before: read through the link, and the notes deleted as a stale
+    file of an earlier render (exit 0). Failed before the fix: yes."""
+    out = tmp_path / "out" / PROFILE  # where `render PROFILE -o out` writes
+    out.mkdir(parents=True)
+    notes = out / "notes.txt"
+    notes.write_text("my notes\n")
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text(
+        json.dumps(
+            {
+                "format": 1,
+                "written_by": "envbuild",
+                "files": {"notes.txt": hashlib.sha256(notes.read_bytes()).hexdigest()},
+            }
+        )
+    )
+    (out / ".envbuild-files.json").symlink_to(elsewhere)
+    r = run_envbuild("render", PROFILE, "-o", tmp_path / "out")
+    assert r.returncode == 2, r.stderr
+    assert "was not written by envbuild" in r.stderr
+    assert notes.read_text() == "my notes\n" and sorted(p.name for p in out.iterdir()) == [
+        ".envbuild-files.json",
+        "notes.txt",
+    ]
