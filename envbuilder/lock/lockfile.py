@@ -57,35 +57,46 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def solver_inputs(env: ResolvedEnv) -> dict[str, dict]:
+def solver_inputs(env: ResolvedEnv, parts=tuple(PARTS)) -> dict[str, dict]:
     """part -> what that part's solution depends on, and nothing else: the requirements, the
     target (Python, platform, the image's glibc and CUDA) and the upstream indexes or channels.
     Not the templates, envbuild's version or matrix facts the solver never sees, so a comment
     in the Dockerfile template or a new envbuild release leaves every lock current. A mirror
     serves the same files, so the mirror a lock was made through is not an input either. The
     solvers' versions are recorded in lock.json (`tools`), not hashed: a uv release would
-    otherwise stale every lock without changing what it pins."""
+    otherwise stale every lock without changing what it pins. `parts`: only these (a render
+    asks the pip part's alone, and need not load the conda solver's module for it)."""
     from envbuilder.render.plan import conda_specs, requirements_in
-    from envbuilder.lock.conda import default_channels, platform, virtual_packages
-    from envbuilder.render.pixi import OCI_PLATFORMS
+    from envbuilder.render.pixi import OCI_PLATFORMS, PLATFORMS
 
     target = {
-        "platform": platform(env),
+        "platform": PLATFORMS[env.gpu.machine],  # (lock.conda.platform: the conda subdir)
         "python": env.python,
         "glibc": env.cuda.glibc,
         "cuda": env.cuda.version,
     }
-    out = {
-        "pip": {"requirements": requirements_in(env), "target": target, "indexes": env.indexes.to_dict()},
-        "conda": {
+    out: dict[str, dict] = {}
+    if "pip" in parts:
+        out["pip"] = {
+            "requirements": requirements_in(env),
+            "target": target,
+            "indexes": env.indexes.to_dict(),
+        }
+    if "conda" in parts:
+        from envbuilder.lock.conda import default_channels, virtual_packages
+
+        out["conda"] = {
             "specs": conda_specs(env),
             "channels": default_channels(env),
             "target": target,
             "virtual_packages": virtual_packages(env, env.cuda.glibc or ""),
-        },
-        "images": {"refs": sorted(set(env.cuda.images.values())), "platform": OCI_PLATFORMS[env.gpu.machine]},
-    }
-    if has_sources(env):
+        }
+    if "images" in parts:
+        out["images"] = {
+            "refs": sorted(set(env.cuda.images.values())),
+            "platform": OCI_PLATFORMS[env.gpu.machine],
+        }
+    if "sources" in parts and has_sources(env):
         out["sources"] = {
             "apex": plain(env.apex),
             "flash_attn": plain(env.flash_attn),
@@ -98,7 +109,7 @@ def solver_inputs(env: ResolvedEnv) -> dict[str, dict]:
 def input_digests(env: ResolvedEnv, parts) -> dict[str, str]:
     """ "part.key" -> sha256 of that input, for the given parts (so a stale lock says which
     input of which part moved)."""
-    inputs = solver_inputs(env)
+    inputs = solver_inputs(env, tuple(parts))
     return {
         f"{part}.{key}": sha256_text(json.dumps(value, sort_keys=True))
         for part in sorted(parts)
