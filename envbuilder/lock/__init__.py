@@ -20,12 +20,16 @@ conda_lock, requests and uv load inside the steps that use them.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from envbuilder.errors import UserError
-from envbuilder.model.resolve import ResolvedEnv
+from envbuilder.model.resolved import ResolvedEnv
 from envbuilder.lock import lockfile as L
 from envbuilder.record import Record
+
+if TYPE_CHECKING:
+    from envbuilder.model.matrix import Matrix
+    from envbuilder.model.mirrors import MirrorChoice
 
 SOLVERS = ("rattler", "conda-lock")
 
@@ -37,18 +41,18 @@ class Sources(Record):
     torch: str | None
     channels: tuple[str, ...]
     # one HOST[/PREFIX] for every image, or {upstream registry: HOST[/PREFIX]} from a mirror set
-    registry_mirror: str | dict | None
+    registry_mirror: str | dict[str, Any] | None
     github: str | None = None  # a prefix that replaces https://github.com (apex, flash-attn)
 
 
 def sources_for(
     env: ResolvedEnv,
-    index_url=None,
-    torch_index_url=None,
-    channels=(),
-    registry_mirror=None,
-    mirror=None,
-    github_url=None,
+    index_url: str | None = None,
+    torch_index_url: str | None = None,
+    channels: Iterable[str] = (),
+    registry_mirror: str | dict[str, Any] | None = None,
+    mirror: MirrorChoice | None = None,
+    github_url: str | None = None,
 ) -> Sources:
     """Flags first, then the mirror set (`mirrors.MirrorChoice`), then the profile's own."""
     from envbuilder.lock.conda import default_channels
@@ -74,17 +78,17 @@ def sources_for(
     return Sources(pypi, torch, tuple(channels), registry, github)
 
 
-def _mirrored_channel(channel: str, conda: dict) -> str:
+def _mirrored_channel(channel: str, conda: dict[str, Any]) -> str:
     name, _, label = channel.partition("/")
-    base = conda.get(channel) or conda.get(name)
+    base: str | None = conda.get(channel) or conda.get(name)
     if not base:
         return channel
     return base.rstrip("/") + (f"/{label}" if label and channel not in conda else "")
 
 
-def target_glibc(matrix, env: ResolvedEnv) -> str:
+def target_glibc(matrix: Matrix, env: ResolvedEnv) -> str:
     cuda_v = env.cuda.version
-    glibc = (matrix.cuda.get(cuda_v) or {}).get("glibc")
+    glibc: str | None = (matrix.cuda.get(cuda_v) or {}).get("glibc")
     if not glibc:
         raise UserError(
             f"{matrix.where('cuda', cuda_v)}: cuda.{cuda_v} has no `glibc` fact (the C "
@@ -94,7 +98,7 @@ def target_glibc(matrix, env: ResolvedEnv) -> str:
     return glibc
 
 
-def _bare(value, strip):
+def _bare(value: Any, strip: Callable[[str], str]) -> Any:
     """`value` (a str, or lists and dicts of them) with `strip` applied to every string."""
     if isinstance(value, str):
         return strip(value)
@@ -120,24 +124,26 @@ def lock_profile(
     sources: Sources,
     out_dir: Path,
     *,
-    parts=tuple(L.PARTS),
+    parts: Iterable[str] = tuple(L.PARTS),
     solver: str = "rattler",
     swap_torch: bool = False,
     say: Callable[[str], None] = lambda msg: None,
     beat: float = 12.0,
-) -> dict:
+) -> dict[str, Any]:
     """Solve, pin and write lockfiles for `env` into `out_dir`; returns lock.json's content.
     `swap_torch` solves the pip part with PyPI's build of the profile's torch version: such a
     lock pins everything else (render's constraints) but cannot install the +cuXXX torch.
     Each part says when it starts, a line every `beat` seconds while it runs, and its time."""
     from envbuilder.render.plan import torch_swap
-    from envbuilder.model.mirrors import redacted, without_credentials
+    from envbuilder.model.mirrors import redacted
+    from envbuilder.text import without_credentials
     from envbuilder.progress import Heartbeat
 
     say_plain = say
     say = lambda msg: say_plain(redacted(msg))  # noqa: E731  (a URL's user:password@ as ***@)
     from envbuilder.lock.conda import platform, virtual_packages
-    from envbuilder.lock.pip import parse, python_platform
+    from envbuilder.lock.pins import parse
+    from envbuilder.lock.pip import python_platform
 
     parts = L.parts_for(env, parts)
     digests = L.input_digests(env, parts)
@@ -149,7 +155,8 @@ def lock_profile(
     parents: dict[str, frozenset[str]] = {}
     swapped = torch_swap(env) if swap_torch else None
     if "pip" in parts:
-        from envbuilder.lock.pip import compile_lock, uv_version
+        from envbuilder.lock.pip import compile_lock
+        from envbuilder.tools.uv import uv_version
 
         say(
             f"{env.name}: pip part: uv pip compile for Python {env.python} on "

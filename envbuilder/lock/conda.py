@@ -13,10 +13,11 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from envbuilder.errors import ActionError, UserError
 from envbuilder.render.plan import conda_specs
-from envbuilder.model.resolve import ResolvedEnv
+from envbuilder.model.resolved import ResolvedEnv
 from envbuilder.record import Record
 
 PLATFORM = "linux-64"  # an x86_64 host's conda subdir; platform(env) gives each host's
@@ -37,7 +38,7 @@ class CondaRecord(Record):
     depends: tuple[str, ...]
 
 
-def _order(r: CondaRecord) -> tuple:
+def _order(r: CondaRecord) -> tuple[str, str, str, str, str, str, tuple[str, ...]]:
     """conda-lock.yml's order of packages: by name, then version, build, url, ..."""
     return (r.name, r.version, r.build, r.url, r.md5, r.sha256, r.depends)
 
@@ -83,7 +84,7 @@ def _hint(message: str, vpkgs: dict[str, str], subdir: str = PLATFORM) -> str:
     return f"A spec names a version the channels do not have for {subdir}."
 
 
-def _vkey(v: str) -> tuple:
+def _vkey(v: str) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", v))
 
 
@@ -159,8 +160,8 @@ def solve_conda_lock(env: ResolvedEnv, channels: list[str], vpkgs: dict[str, str
         )
     from conda_lock.lockfile import parse_conda_lock_file
 
-    with tempfile.TemporaryDirectory(prefix="envbuild-conda-lock-") as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory(prefix="envbuild-conda-lock-") as tmp_name:
+        tmp = Path(tmp_name)
         (tmp / "environment.yml").write_text(
             yaml.safe_dump(
                 {"name": f"envbuild-{env.name}", "channels": channels, "dependencies": conda_specs(env)}
@@ -224,7 +225,7 @@ def _dependencies(depends: tuple[str, ...]) -> dict[str, str]:
 def write_conda_lock(
     path: Path,
     conda: list[CondaRecord],
-    pylock: dict | None,
+    pylock: dict[str, Any] | None,
     pip_parents: dict[str, frozenset[str]],
     *,
     channels: list[str],
@@ -238,7 +239,8 @@ def write_conda_lock(
     from conda_lock.lockfile.v1.models import HashModel, LockMeta
     from conda_lock.lockfile.v2prelim.models import LockedDependency, Lockfile
 
-    from envbuilder.lock.pip import normalize, pip_artifact
+    from envbuilder.lock.pip import pip_artifact
+    from envbuilder.render.plan import normalize
 
     packages = [
         LockedDependency(

@@ -6,11 +6,13 @@ endpoint per registry.
 
 from __future__ import annotations
 
+from typing import Any
+
 from envbuilder.errors import UserError
 from envbuilder.oci.registry import digest, parse_image, session
 
 
-def mirror_for(ref: str, mirror: str | dict | None) -> str | None:
+def mirror_for(ref: str, mirror: str | dict[str, Any] | None) -> str | None:
     """The registry to read `ref` from: one mirror for all, or a mirror set's entry for the
     image's registry (keyed docker.io for Docker Hub, as in matrices/mirrors.yaml)."""
     if not isinstance(mirror, dict):
@@ -18,7 +20,7 @@ def mirror_for(ref: str, mirror: str | dict | None) -> str | None:
     return mirror.get(parse_image(ref).registry)
 
 
-def lock_images(refs: list[str], mirror: str | dict | None = None) -> dict[str, dict[str, str]]:
+def lock_images(refs: list[str], mirror: str | dict[str, Any] | None = None) -> dict[str, dict[str, str]]:
     if isinstance(mirror, str) and not mirror.strip():
         raise UserError("--registry-mirror needs HOST[:PORT][/PREFIX].")
     with session() as s:

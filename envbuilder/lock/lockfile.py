@@ -14,7 +14,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from envbuilder.model import schema as S
 from envbuilder.errors import UserError
@@ -22,7 +22,7 @@ from envbuilder.render.locked import LockedContext
 from envbuilder.render.outdir import Checked
 from envbuilder.record import plain
 from envbuilder.text import is_plain_name
-from envbuilder.model.resolve import ResolvedEnv
+from envbuilder.model.resolved import ResolvedEnv
 
 if TYPE_CHECKING:
     from envbuilder.model.mirrors import MirrorChoice
@@ -48,7 +48,7 @@ def has_sources(env: ResolvedEnv) -> bool:
     return env.needs_builder  # (the builder's extensions are what it fetches)
 
 
-def parts_for(env: ResolvedEnv, parts=tuple(PARTS)) -> list[str]:
+def parts_for(env: ResolvedEnv, parts: Iterable[str] = tuple(PARTS)) -> list[str]:
     """The parts of `parts` that `env` has (no sources part without apex or flash-attn)."""
     return [p for p in parts if p != "sources" or has_sources(env)]
 
@@ -57,7 +57,7 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def solver_inputs(env: ResolvedEnv, parts=tuple(PARTS)) -> dict[str, dict]:
+def solver_inputs(env: ResolvedEnv, parts: Iterable[str] = tuple(PARTS)) -> dict[str, dict[str, Any]]:
     """part -> what that part's solution depends on, and nothing else: the requirements, the
     target (Python, platform, the image's glibc and CUDA) and the upstream indexes or channels.
     Not the templates, envbuild's version or matrix facts the solver never sees, so a comment
@@ -75,7 +75,7 @@ def solver_inputs(env: ResolvedEnv, parts=tuple(PARTS)) -> dict[str, dict]:
         "glibc": env.cuda.glibc,
         "cuda": env.cuda.version,
     }
-    out: dict[str, dict] = {}
+    out: dict[str, dict[str, Any]] = {}
     if "pip" in parts:
         out["pip"] = {
             "requirements": requirements_in(env),
@@ -106,7 +106,7 @@ def solver_inputs(env: ResolvedEnv, parts=tuple(PARTS)) -> dict[str, dict]:
     return out
 
 
-def input_digests(env: ResolvedEnv, parts) -> dict[str, str]:
+def input_digests(env: ResolvedEnv, parts: Iterable[str]) -> dict[str, str]:
     """ "part.key" -> sha256 of that input, for the given parts (so a stale lock says which
     input of which part moved)."""
     inputs = solver_inputs(env, tuple(parts))
@@ -129,7 +129,7 @@ def pip_sha256(env: ResolvedEnv) -> str:
     return input_sha256(input_digests(env, ["pip"]))
 
 
-def recorded_pip_sha256(meta: dict) -> str | None:
+def recorded_pip_sha256(meta: dict[str, Any]) -> str | None:
     """pip_sha256 of the environment a lock (its lock.json `meta`) was solved for, from the
     input digests it recorded; None for a lock without a pip part."""
     inputs = meta.get("inputs")
@@ -141,7 +141,7 @@ def recorded_pip_sha256(meta: dict) -> str | None:
     return input_sha256(pip) if pip else None
 
 
-def dumps(obj) -> str:
+def dumps(obj: Any) -> str:
     return json.dumps(obj, indent=2, sort_keys=True) + "\n"
 
 
@@ -171,11 +171,11 @@ def _shipped(lock_dir: Path) -> bool:
         return False
 
 
-def read_meta(lock_dir: Path) -> dict | None:
+def read_meta(lock_dir: Path) -> dict[str, Any] | None:
     return _read_meta(Path(lock_dir))[0]
 
 
-def _read_meta(lock_dir: Path) -> tuple[dict | None, str]:
+def _read_meta(lock_dir: Path) -> tuple[dict[str, Any] | None, str]:
     """(lock.json, its text), (None, "") when there is none; UserError (exit 2, naming the key)
     when it is no lock.json of this format, or not in the shape `envbuild lock` writes."""
     from envbuilder.model.readers import check_shape
@@ -195,7 +195,7 @@ def _read_meta(lock_dir: Path) -> tuple[dict | None, str]:
     return meta, text
 
 
-def _stale(env: ResolvedEnv, meta: dict, parts) -> list[str]:
+def _stale(env: ResolvedEnv, meta: dict[str, Any], parts: Iterable[str]) -> list[str]:
     """Why a lock (its lock.json `meta`) was made for other inputs than `env` has now, for the
     `parts` it holds: another profile, or what a part's solver sees has moved."""
     out = []
@@ -211,7 +211,7 @@ def _stale(env: ResolvedEnv, meta: dict, parts) -> list[str]:
     return out
 
 
-def problems(env: ResolvedEnv, lock_dir: Path, parts=tuple(PARTS)) -> list[str]:
+def problems(env: ResolvedEnv, lock_dir: Path, parts: Iterable[str] = tuple(PARTS)) -> list[str]:
     """Why the lock in `lock_dir` is not current for `env` (empty when it is). No network.
     A part is stale when what its solver sees changed (solver_inputs), never for a template
     or a matrix fact the solution does not depend on; a lock is damaged when a file it lists
@@ -236,7 +236,7 @@ def problems(env: ResolvedEnv, lock_dir: Path, parts=tuple(PARTS)) -> list[str]:
     return out
 
 
-def integrity(lock_dir: Path) -> tuple[dict | None, dict[str, str], list[str]]:
+def integrity(lock_dir: Path) -> tuple[dict[str, Any] | None, dict[str, str], list[str]]:
     """(lock.json, {name: text} of it and of the files it lists, why the directory is not as
     `envbuild lock` wrote it); lock.json None: there is no lock. The one check of a lock
     directory, which `lock --check`, `render --locked` and `wheelhouse` all use: every file
@@ -269,18 +269,18 @@ def integrity(lock_dir: Path) -> tuple[dict | None, dict[str, str], list[str]]:
         else:
             texts[name] = text
     for name, text in texts.items():
-        why = _unparsable(name, text, str(lock_dir / name))
-        if why:
-            out.append(f"unreadable: {name} {why}")
+        bad = _unparsable(name, text, str(lock_dir / name))
+        if bad:
+            out.append(f"unreadable: {name} {bad}")
     if not out and PYLOCK in texts:  # the pip pins, written thrice in one run, agree
-        from envbuilder.lock.pip import normalize
-        from envbuilder.lock.pip import parse as parse_requirements
+        from envbuilder.lock.pins import parse as parse_requirements
+        from envbuilder.render.plan import normalize
 
         files = {
             (normalize(p["name"]), p["version"])
             for p in parse(PYLOCK, texts[PYLOCK], str(lock_dir / PYLOCK))["packages"]
         }
-        copies = {
+        copies: dict[str, Callable[[str], set[tuple[str, str]]]] = {
             REQUIREMENTS: lambda t: {(n, e.version) for n, e in parse_requirements(t).items()},
             CONDA_LOCK: lambda t: _conda_lock_pip_pins(t, str(lock_dir / CONDA_LOCK)),
         }
@@ -299,7 +299,7 @@ def _conda_lock_pip_pins(text: str, origin: str) -> set[tuple[str, str]]:
     return {(p["name"], str(p["version"])) for p in doc["package"] if p["manager"] == "pip"}
 
 
-def verified(lock_dir: Path, profile: str | None = None) -> tuple[dict, dict[str, str]]:
+def verified(lock_dir: Path, profile: str | None = None) -> tuple[dict[str, Any], dict[str, str]]:
     """(lock.json, {name: text} of its files) of an intact lock (integrity), or an exit-2
     paragraph saying what is wrong with it."""
     lock_dir = Path(lock_dir)
@@ -353,7 +353,7 @@ def _unparsable(name: str, text: str, origin: str = "") -> str | None:
     from envbuilder.model.readers import BadData
 
     if name == REQUIREMENTS:
-        from envbuilder.lock.pip import parse as parse_requirements
+        from envbuilder.lock.pins import parse as parse_requirements
 
         try:
             pins = parse_requirements(text)
@@ -449,7 +449,11 @@ SOURCES_SHAPE = S.MapOf(
     },
     key=S.NAME,
 )
-IMAGES_SHAPE = S.MapOf({"digest": S.Pattern(r"sha256:[0-9a-f]{64}", "sha256:..."), **_MORE}, key=S.Text(500))
+IMAGES_SHAPE = S.MapOf(
+    {"digest": S.Pattern(r"sha256:[0-9a-f]{64}", "sha256:..."), **_MORE},
+    # (schema.check takes any spec as a key; MapOf's annotation names only Pattern | OneOf)
+    key=S.Text(500),  # type: ignore[arg-type]
+)
 _SHAPES = {
     META: ("json", META_SHAPE),
     SOURCES: ("json", SOURCES_SHAPE),
@@ -557,7 +561,8 @@ def for_render(
             raise UserError(f"{lock_dir / IMAGES} has no digest for {ref}; re-lock.")
         else:
             pinned[role] = where
-    requirements, links, uv_wheel = texts[REQUIREMENTS], {}, None
+    requirements, uv_wheel = texts[REQUIREMENTS], None
+    links: dict[str, Checked] = {}
     if wheelhouse is not None:  # the wheels built from the lock's sdists install in their place
         from envbuilder.lock.pip import replace_hashes
 
@@ -639,7 +644,7 @@ def pip_part(env: ResolvedEnv, lock_dir: Path) -> None:
         )
 
 
-def missing_parts(env: ResolvedEnv, meta: dict) -> list[str]:
+def missing_parts(env: ResolvedEnv, meta: dict[str, Any]) -> list[str]:
     """The parts of `env` a lock (its lock.json `meta`) does not pin."""
     missing = [p for p in parts_for(env) if p not in meta.get("parts", [])]
     if has_sources(env) and "sources" not in missing and SOURCES not in meta.get("files", {}):
@@ -648,14 +653,18 @@ def missing_parts(env: ResolvedEnv, meta: dict) -> list[str]:
 
 
 def sbom_text_of(
-    env: ResolvedEnv, meta: dict, texts: dict[str, str], lock_dir: Path, requirements: str | None = None
+    env: ResolvedEnv,
+    meta: dict[str, Any],
+    texts: dict[str, str],
+    lock_dir: Path,
+    requirements: str | None = None,
 ) -> str:
     """The CycloneDX SBOM (lock/sbom.py) of the verified lock whose lock.json is `meta` and whose
     files' texts are `texts`; `requirements`: the pip pins where they differ from
     requirements.lock (a wheelhouse's built wheels in place of their sdists)."""
     from envbuilder.lock import sbom
 
-    def doc(name: str):
+    def doc(name: str) -> Any:
         return parse(name, texts[name], str(Path(lock_dir) / name)) if name in texts else None
 
     why = {
@@ -673,7 +682,7 @@ def sbom_text_of(
     )
 
 
-def _wheelhouse_uv(env: ResolvedEnv, wheelhouse: Path, links: dict[str, Path]) -> str | None:
+def _wheelhouse_uv(env: ResolvedEnv, wheelhouse: Path, links: dict[str, Checked]) -> str | None:
     """The file name of the uv wheel the matrix pins when the wheelhouse carries it for this
     profile with that sha256 (its runtime stage then installs with uv), else None (pip)."""
     pin = env.uv
@@ -727,14 +736,16 @@ def wheelhouse_files(
             f"not list; export it again with `envbuild wheelhouse {env.name} -o "
             f"{wheelhouse}`."
         )
-    hashes = {name: (f"sha256:{files[p]['sha256']}",) for name, p in built.items()}
+    hashes: dict[str, tuple[str, ...]] = {
+        name: (f"sha256:{files[p]['sha256']}",) for name, p in built.items()
+    }
     # pip files flat (pip's --find-links), source archives under sources/ (every path was
     # checked to be pypi/NAME or sources/NAME: none leads out of the build context)
     fix = (
         f"The wheelhouse was changed after its export: export it again with `envbuild "
         f"wheelhouse {env.name} -o {wheelhouse}` (or copy it again from its source)."
     )
-    links = {}
+    links: dict[str, Checked] = {}
     for p in profile["files"]:
         checked = Checked(Path(wheelhouse), p, files[p]["size"], files[p]["sha256"], fix)
         if p.startswith("pypi/"):
@@ -758,7 +769,7 @@ def is_sdist(filename: str) -> bool:
     return not filename.endswith(".whl")
 
 
-def wheelhouse_path(path) -> bool:
+def wheelhouse_path(path: object) -> bool:
     """Whether `path` is where a wheelhouse keeps a file: pypi/NAME, sources/NAME or
     conda/SUBDIR/NAME, each part plain, so that joined to the wheelhouse it stays inside."""
     if not isinstance(path, str):
@@ -768,7 +779,7 @@ def wheelhouse_path(path) -> bool:
     return shape and all(is_plain_name(p) for p in parts[1:])
 
 
-def read_wheelhouse_manifest(wheelhouse: Path) -> dict | None:
+def read_wheelhouse_manifest(wheelhouse: Path) -> dict[str, Any] | None:
     """manifest.json of `wheelhouse` (None when there is none), read by the one bounded reader
     (readers.py) against the shape envbuild writes, every path in it checked to stay inside the
     wheelhouse and every entry to have the shape envbuild writes; UserError (exit 2) otherwise,
@@ -826,7 +837,7 @@ MANIFEST_SHAPE = {
             "build?": {"python?": S.Text(100), "machine?": S.Text(100), "glibc?": S.Text(100), **_MORE},
             **_MORE,
         },
-        key=_WH_PATH,
+        key=_WH_PATH,  # type: ignore[arg-type]  # (a Text key: see IMAGES_SHAPE)
     ),
     "profiles": S.MapOf(
         {
@@ -836,13 +847,13 @@ MANIFEST_SHAPE = {
             "built?": (S.MapOf(_WH_PATH), None),
             **_MORE,
         },
-        key=S.Text(200),
+        key=S.Text(200),  # type: ignore[arg-type]  # (a Text key: see IMAGES_SHAPE)
     ),
     **_MORE,
 }
 
 
-def _manifest_problem(doc: dict) -> str | None:
+def _manifest_problem(doc: dict[str, Any]) -> str | None:
     if doc.get("format") != WHEELHOUSE_FORMAT:
         return f"its format is {str(doc.get('format'))[:20]!r}, not {WHEELHOUSE_FORMAT}"
     files, profiles = doc.get("files"), doc.get("profiles")

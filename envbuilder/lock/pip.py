@@ -4,9 +4,10 @@ and the split of requirements.lock into the Dockerfile's install layers."""
 from __future__ import annotations
 
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from envbuilder.errors import ActionError, UserError
 from envbuilder.record import Record
@@ -19,7 +20,7 @@ from envbuilder.render.plan import (
     requirements_in,
 )
 from envbuilder.lock.pins import HASH, Locked, layers, parse
-from envbuilder.model.resolve import ResolvedEnv
+from envbuilder.model.resolved import ResolvedEnv
 from envbuilder.tools.uv import uv_bin, uv_env, uv_version  # noqa: F401  (lock.pip.uv_bin for callers)
 
 if TYPE_CHECKING:
@@ -139,8 +140,8 @@ def _compile(
         torch = None
     indexes = [pypi] + ([torch] if torch else [])
     args = compile_args(env.name, env.python, glibc, pypi, torch, env.gpu.machine)
-    with tempfile.TemporaryDirectory(prefix="envbuild-lock-") as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory(prefix="envbuild-lock-") as tmp_name:
+        tmp = Path(tmp_name)
         (tmp / "requirements.in").write_text(requirements_in(env, swap_torch), encoding="utf-8")
         for name, extra in outputs.items():
             _run_uv(["requirements.in", *args, *extra, "--quiet", "-o", name], tmp, indexes)
@@ -186,7 +187,7 @@ def check_co_resolves(
     glibc = target_glibc(m, env)
     pypi = index_url or env.indexes.pypi
     torch_index = torch_index_url or env.indexes.torch
-    swap = bool(torch_index) and not index_answers(torch_index)
+    swap = bool(torch_index and not index_answers(torch_index))
     if swap:
         say(
             f"note: the PyTorch index {torch_index} does not answer; resolving torch "
@@ -205,17 +206,18 @@ def index_answers(url: str, timeout: float = 5.0) -> bool:
     return answers(url, timeout)
 
 
-def load_toml(text: str) -> dict:
-    try:
+def load_toml(text: str) -> dict[str, Any]:
+    if sys.version_info >= (3, 11):
         import tomllib
-    except ModuleNotFoundError:  # Python 3.10
+    else:  # Python 3.10
         import tomli as tomllib
-    return tomllib.loads(text)
+    doc: dict[str, Any] = tomllib.loads(text)
+    return doc
 
 
 def compile_lock(
     env: ResolvedEnv, glibc: str, pypi: str, torch: str | None, swap_torch: bool = False
-) -> tuple[str, str, dict]:
+) -> tuple[str, str, dict[str, Any]]:
     """(requirements.lock text, pylock.toml text, pylock.toml as a dict): the hashed pins, and
     one artifact URL + sha256 per package (PEP 751). `swap_torch`: solve with PyPI's build of
     the profile's torch version (no PyTorch index)."""
@@ -272,7 +274,8 @@ def replace_hashes(text: str, hashes: dict[str, tuple[str, ...]]) -> str:
 def layer_files(env: ResolvedEnv, text: str) -> tuple[dict[str, str | None], dict[str, str]]:
     """({layer: file name or None when the layer is empty}, {file name: hashed requirements})."""
     locked = parse(text)
-    names, files = {}, {}
+    names: dict[str, str | None] = {}
+    files: dict[str, str] = {}
     for layer, packages in layers(env, locked).items():
         if not packages:
             names[layer] = None
@@ -290,23 +293,23 @@ def layer_files(env: ResolvedEnv, text: str) -> tuple[dict[str, str | None], dic
     return names, files
 
 
-def _neg(build: tuple) -> tuple:
+def _neg(build: tuple[int, str] | tuple[()]) -> tuple[int, str]:
     """A sort key that puts the highest build tag first (no tag last)."""
     return (-build[0], build[1]) if build else (1, "")
 
 
-def _build_tag(url: str) -> tuple:
+def _build_tag(url: str) -> tuple[int, str] | tuple[()]:
     """A wheel file's build tag ((3, "") for torch-2.10.0-3-cp312-...whl), () when it has none
     or its name does not parse."""
     from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
     try:
-        return tuple(parse_wheel_filename(url.rsplit("/", 1)[-1].split("#", 1)[0])[2])
+        return parse_wheel_filename(url.rsplit("/", 1)[-1].split("#", 1)[0])[2]
     except InvalidWheelFilename:
         return ()
 
 
-def pip_artifact(package: dict) -> tuple[str, str]:
+def pip_artifact(package: dict[str, Any]) -> tuple[str, str]:
     """(url, sha256) of the artifact conda-lock.yml records for a pylock.toml package: a
     platform wheel before a pure one, of the same tags the one with the highest build tag (pip
     and uv install that one: torch 2.10.0's x86_64 `-3` rebuilds beside the untagged files,

@@ -10,11 +10,15 @@ callbacks hand it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from envbuilder.errors import ActionError, EnvbuildError, UserError
 from envbuilder.paths import LOCK_ROOT
 from envbuilder.record import Record
+
+if TYPE_CHECKING:
+    from envbuilder.model.matrix import Matrix
+    from envbuilder.model.resolved import Overrides
 
 
 class LockFlags(Record):
@@ -46,7 +50,7 @@ def lock_dir_for(name: str, out: Path | None, check: bool = False) -> Path:
     return lock_dir_in(LOCK_ROOT if out is None else Path(out), name, writing=True)
 
 
-def lock_parts(only, solver: str, check: bool) -> tuple[str, ...]:
+def lock_parts(only: Iterable[str], solver: str, check: bool) -> tuple[str, ...]:
     """The parts --only names (comma-separated or repeated; all when none), refused when one is
     unknown, or when conda-lock is to solve the conda part and no conda is on PATH."""
     from envbuilder.lock import lockfile as L
@@ -79,9 +83,9 @@ def check_line(name: str, target: Path) -> str:
 
 
 def lock_profiles(
-    m,
+    m: Matrix,
     names: list[str],
-    overrides,
+    overrides: Overrides | None,
     out: Path | None,
     flags: LockFlags,
     parts: tuple[str, ...],
@@ -134,8 +138,16 @@ def lock_profiles(
                 flags.github_url,
             )
             glibc = target_glibc(m, env)
-            kw = dict(parts=parts, solver=flags.solver, swap_torch=flags.swap_torch, say=say)
-            lock_profile(env, glibc, src, target, **kw)
+            lock_profile(
+                env,
+                glibc,
+                src,
+                target,
+                parts=parts,
+                solver=flags.solver,
+                swap_torch=flags.swap_torch,
+                say=say,
+            )
             echo(f"locked {name} -> {target}/")
         except EnvbuildError as e:
             if not keep_going:

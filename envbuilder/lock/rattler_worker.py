@@ -12,11 +12,12 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 MARK = "envbuild-rattler-result: "
 
 
-def call(request: dict) -> dict:
+def call(request: dict[str, Any]) -> dict[str, Any]:
     """Run the solve described by `request` in a fresh interpreter; its result as a dict with
     one key: ok (records), unsat, fetch or invalid (rattler's message)."""
     proc = subprocess.run(
@@ -24,14 +25,15 @@ def call(request: dict) -> dict:
     )
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(MARK):
-            return json.loads(line[len(MARK) :])
+            result: dict[str, Any] = json.loads(line[len(MARK) :])
+            return result
     raise RuntimeError(
         f"the py-rattler worker ended with exit code {proc.returncode} and no "
         f"result:\n{proc.stderr.strip()[-2000:]}"
     )
 
 
-def _solve(req: dict) -> list[dict]:
+def _solve(req: dict[str, Any]) -> list[dict[str, Any]]:
     import asyncio
 
     from rattler import Channel, GenericVirtualPackage, PackageName, Version, solve
@@ -63,7 +65,7 @@ def _solve(req: dict) -> list[dict]:
     ]
 
 
-def _index(req: dict) -> bool:
+def _index(req: dict[str, Any]) -> bool:
     """Write repodata.json for every subdir of a local channel folder."""
     import asyncio
     from pathlib import Path
@@ -78,6 +80,7 @@ def main() -> None:
     from rattler import exceptions as rx
 
     req = json.loads(sys.stdin.read())
+    result: dict[str, bool | list[dict[str, Any]] | str]
     try:
         result = {"ok": (_index if req.get("op") == "index" else _solve)(req)}
     except rx.SolverError as e:

@@ -16,6 +16,7 @@ import hashlib
 import json
 import uuid
 from pathlib import PurePosixPath
+from typing import Any
 from urllib.parse import quote, urlsplit
 
 from envbuilder.model.resolved import ResolvedEnv
@@ -33,7 +34,7 @@ def _q(text: str) -> str:
     return quote(text, safe="")
 
 
-def _purl(kind: str, name: str, version: str, namespace: str = "", **qualifiers) -> str:
+def _purl(kind: str, name: str, version: str, namespace: str = "", **qualifiers: str | None) -> str:
     ns = f"{'/'.join(_q(p) for p in namespace.split('/'))}/" if namespace else ""
     out = f"pkg:{kind}/{ns}{_q(name)}@{_q(version)}"
     given = sorted((k, v) for k, v in qualifiers.items() if v)
@@ -42,20 +43,20 @@ def _purl(kind: str, name: str, version: str, namespace: str = "", **qualifiers)
     return out
 
 
-def _prop(name: str, value) -> dict:
+def _prop(name: str, value: object) -> dict[str, str]:
     return {"name": f"envbuild:{name}", "value": str(value)}
 
 
-def pip_components(env: ResolvedEnv, requirements: str) -> tuple[list[dict], dict[str, list[str]]]:
+def pip_components(env: ResolvedEnv, requirements: str) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
     """(components, {bom-ref: refs of what it pulls in}) of requirements.lock: one component per
     package, every sha256 the lock allows for it (the files of its release that pip may take)."""
-    from envbuilder.lock.pip import parse
+    from envbuilder.lock.pins import parse
 
     locked = parse(requirements)
     torch_index = env.torch.index_url
     torch_own = {p.split("==")[0].split("[")[0].lower() for p in env.torch.packages}
-    refs = {}
-    out = []
+    refs: dict[str, str] = {}
+    out: list[dict[str, Any]] = []
     for name, entry in sorted(locked.items()):
         repo = torch_index if torch_index and name in torch_own else None
         ref = _purl("pypi", name, entry.version, repository_url=repo)
@@ -80,7 +81,7 @@ def pip_components(env: ResolvedEnv, requirements: str) -> tuple[list[dict], dic
     return out, {k: sorted(set(v)) for k, v in children.items()}
 
 
-def conda_components(conda_lock: dict) -> list[dict]:
+def conda_components(conda_lock: dict[str, Any]) -> list[dict[str, Any]]:
     """The conda packages of conda-lock.yml (its pip entries are requirements.lock's)."""
     out = []
     for p in sorted(conda_lock["package"], key=lambda p: (p["name"], str(p["version"]), p["url"])):
@@ -113,7 +114,7 @@ def conda_components(conda_lock: dict) -> list[dict]:
     return out
 
 
-def image_components(env: ResolvedEnv, images: dict) -> list[dict]:
+def image_components(env: ResolvedEnv, images: dict[str, Any]) -> list[dict[str, Any]]:
     """The base images (runtime, devel) at the digests the lock recorded."""
     out = []
     for role, ref in sorted(env.cuda.images.items()):
@@ -140,7 +141,7 @@ def image_components(env: ResolvedEnv, images: dict) -> list[dict]:
     return out
 
 
-def source_components(env: ResolvedEnv, sources: dict) -> list[dict]:
+def source_components(env: ResolvedEnv, sources: dict[str, Any]) -> list[dict[str, Any]]:
     """apex's source archive and flash-attn's release wheels (each ABI the lock pins)."""
     out = []
     for key, s in sorted(sources.items()):
@@ -174,7 +175,7 @@ def source_components(env: ResolvedEnv, sources: dict) -> list[dict]:
     return out
 
 
-def patch_pedigree(env: ResolvedEnv) -> dict | None:
+def patch_pedigree(env: ResolvedEnv) -> dict[str, Any] | None:
     """The recorded patches that apply_patches.py applies to the installed verl: each as an
     unofficial patch whose `resolves` names it and says why (matrices/patches.yaml), and whose
     diff is its replacement rules (the find and with texts, per file)."""
@@ -195,11 +196,11 @@ def patch_pedigree(env: ResolvedEnv) -> dict | None:
 
 def build(
     env: ResolvedEnv,
-    meta: dict,
+    meta: dict[str, Any],
     requirements: str,
-    conda_lock: dict | None = None,
-    images: dict | None = None,
-    sources: dict | None = None,
+    conda_lock: dict[str, Any] | None = None,
+    images: dict[str, Any] | None = None,
+    sources: dict[str, Any] | None = None,
     missing: dict[str, str] | None = None,
 ) -> str:
     """The SBOM's JSON text (sorted keys, two-space indent, a final newline) of a lock: its
@@ -221,12 +222,12 @@ def build(
             if c["bom-ref"] == verl_ref:
                 c["pedigree"] = pedigree
     conda = conda_components(conda_lock) if conda_lock else []
-    images = image_components(env, images) if images else []
-    sources = source_components(env, sources) if sources else []
-    components = images + conda + pip + sources
+    image_list = image_components(env, images) if images else []
+    source_list = source_components(env, sources) if sources else []
+    components = image_list + conda + pip + source_list
     direct = [c["bom-ref"] for c in pip if _prop("direct", "true") in c["properties"]]
-    root_depends = sorted({c["bom-ref"] for c in images + conda + sources} | set(direct))
-    bom = {
+    root_depends = sorted({c["bom-ref"] for c in image_list + conda + source_list} | set(direct))
+    bom: dict[str, Any] = {
         "bomFormat": "CycloneDX",
         "specVersion": SPEC_VERSION,
         "version": 1,
@@ -255,7 +256,7 @@ def build(
         "components": components,
         "dependencies": [{"ref": ROOT_REF, "dependsOn": root_depends}]
         + [{"ref": ref, "dependsOn": deps} for ref, deps in sorted(children.items())]
-        + [{"ref": c["bom-ref"], "dependsOn": []} for c in images + conda + sources],
+        + [{"ref": c["bom-ref"], "dependsOn": []} for c in image_list + conda + source_list],
     }
     if missing:
         bom["compositions"] = [

@@ -11,9 +11,10 @@ needs (envbuilder/images/flash_attn_wheel.py).
 from __future__ import annotations
 
 import hashlib
+from typing import Any, Callable
 
 from envbuilder.errors import ActionError, UserError
-from envbuilder.model.resolve import ResolvedEnv
+from envbuilder.model.resolved import ResolvedEnv
 
 # sources.lock keys of flash-attn's wheels: flash-attn-cxx11abiFALSE, flash-attn-cxx11abiTRUE
 FLASH_ATTN_KEY = "flash-attn-cxx11abi"
@@ -65,19 +66,21 @@ def _sha256(url: str, github: str | None, what: str, missing_ok: bool = False) -
     return h.hexdigest(), size[0]
 
 
-def apex_source(env: ResolvedEnv, github: str | None) -> dict:
+def apex_source(env: ResolvedEnv, github: str | None) -> dict[str, Any]:
     apex = env.apex
+    assert apex is not None  # (called only for a profile with apex)
     sha, size = _sha256(apex.url, github, "the apex source")
     ref = apex.ref
     return {"url": apex.url, "filename": f"apex-{ref}.tar.gz", "sha256": sha, "size": size, "ref": ref}
 
 
-def flash_attn_wheels(env: ResolvedEnv, github: str | None) -> dict:
+def flash_attn_wheels(env: ResolvedEnv, github: str | None) -> dict[str, dict[str, Any]]:
     """{sources.lock key: {url, filename, sha256, size, ref, cxx11_abi}} for each ABI variant of
     the target's release wheel that the release has."""
     from envbuilder.images.flash_attn_wheel import wheel_filename
 
     fa = env.flash_attn
+    assert fa is not None  # (called only for a profile with flash-attn)
     names = {
         abi: wheel_filename(
             fa.wheel,
@@ -86,7 +89,7 @@ def flash_attn_wheels(env: ResolvedEnv, github: str | None) -> dict:
             env.torch.cuda,
             env.python,
             abi,
-            fa.cuda_tags,
+            dict(fa.cuda_tags),
             env.gpu.machine,  # (the host's: the builder names its own by platform.machine())
         )
         for abi in (False, True)
@@ -106,7 +109,8 @@ def flash_attn_wheels(env: ResolvedEnv, github: str | None) -> dict:
             "would compile it from the unpinned sdist. Lock with --without flash-attn, "
             "or pick a flash-attn release that builds for this CUDA."
         )
-    out, missing = {}, []
+    out: dict[str, dict[str, Any]] = {}
+    missing: list[str] = []
     for abi, filename in names.items():
         url = f"{fa.release.rstrip('/')}/{filename}"
         try:
@@ -133,10 +137,12 @@ def flash_attn_wheels(env: ResolvedEnv, github: str | None) -> dict:
     return out
 
 
-def lock_sources(env: ResolvedEnv, github: str | None = None, say=lambda msg: None) -> dict:
+def lock_sources(
+    env: ResolvedEnv, github: str | None = None, say: Callable[[str], None] = lambda msg: None
+) -> dict[str, dict[str, Any]]:
     """sources.lock's content: apex's archive and flash-attn's wheels, downloaded and hashed.
     The URLs are the upstream ones (a mirror serves the same bytes)."""
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     if env.apex:
         say(f"{env.name}: apex source {env.apex.url}" + (f" via {github}" if github else ""))
         out["apex"] = apex_source(env, github)
@@ -150,6 +156,6 @@ def lock_sources(env: ResolvedEnv, github: str | None = None, say=lambda msg: No
     return out
 
 
-def flash_attn_pins(sources: dict) -> dict[str, str]:
+def flash_attn_pins(sources: dict[str, Any]) -> dict[str, str]:
     """{file name: sha256} of the flash-attn wheels a sources.lock pins (what the builder checks)."""
     return {e["filename"]: e["sha256"] for k, e in sorted(sources.items()) if k.startswith(FLASH_ATTN_KEY)}
