@@ -452,7 +452,7 @@ SOURCES_SHAPE = S.MapOf(
 IMAGES_SHAPE = S.MapOf(
     {"digest": S.Pattern(r"sha256:[0-9a-f]{64}", "sha256:..."), **_MORE},
     # (schema.check takes any spec as a key; MapOf's annotation names only Pattern | OneOf)
-    key=S.Text(500),  # type: ignore[arg-type]
+    key=S.Text(500),
 )
 _SHAPES = {
     META: ("json", META_SHAPE),
@@ -837,7 +837,7 @@ MANIFEST_SHAPE = {
             "build?": {"python?": S.Text(100), "machine?": S.Text(100), "glibc?": S.Text(100), **_MORE},
             **_MORE,
         },
-        key=_WH_PATH,  # type: ignore[arg-type]  # (a Text key: see IMAGES_SHAPE)
+        key=_WH_PATH,
     ),
     "profiles": S.MapOf(
         {
@@ -847,7 +847,7 @@ MANIFEST_SHAPE = {
             "built?": (S.MapOf(_WH_PATH), None),
             **_MORE,
         },
-        key=S.Text(200),  # type: ignore[arg-type]  # (a Text key: see IMAGES_SHAPE)
+        key=S.Text(200),
     ),
     **_MORE,
 }

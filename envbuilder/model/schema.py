@@ -147,8 +147,11 @@ class ListOf:
 
 
 class MapOf:
-    def __init__(self, value: Any, key: Pattern | OneOf | None = None):
-        self.value, self.key = value, key  # key: a Pattern for keys, or None for any string
+    def __init__(self, value: Any, key: Pattern | OneOf | Text | None = None):
+        self.value, self.key = (
+            value,
+            key,
+        )  # key: a Pattern, OneOf or Text for the keys, or None for any string
 
 
 class OneOf:
