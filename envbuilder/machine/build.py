@@ -15,10 +15,15 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from envbuilder.errors import ActionError, UserError
 from envbuilder.record import Record
+
+if TYPE_CHECKING:
+    from envbuilder.model.matrix import Matrix
+    from envbuilder.model.resolved import Overrides, ResolvedEnv
+    from envbuilder.machine.doctor import Probes
 
 
 class BuildOptions(Record):
@@ -39,7 +44,14 @@ class BuildOptions(Record):
     platforms: tuple[str, ...] = ()
 
 
-def target_env(m, profile: str | None, overrides, wheelhouse=None, probes=None, say: Callable = print):
+def target_env(
+    m: Matrix,
+    profile: str | None,
+    overrides: Overrides,
+    wheelhouse: Path | None = None,
+    probes: Probes | None = None,
+    say: Callable[..., Any] = print,
+) -> ResolvedEnv:
     """The environment `build` builds: PROFILE resolved; without PROFILE, the envbuild.json of
     the rendered folder it runs in (refused with overrides, or when that folder was rendered
     from a lock), else the profile `envbuild detect` picks (machine.doctor.implied_profile)."""
@@ -77,7 +89,7 @@ def target_env(m, profile: str | None, overrides, wheelhouse=None, probes=None, 
     return env
 
 
-def check_platforms(env, platforms, push_to: str | None) -> tuple[str, ...]:
+def check_platforms(env: ResolvedEnv, platforms: tuple[str, ...], push_to: str | None) -> tuple[str, ...]:
     """--platform's OCI platforms, each the profile's host's (render.pixi.OCI_PLATFORMS): a
     render pins the files of one host (uv's wheel by sha256, the lock's files, the wheels its
     constraints were solved for) and a run script for one GPU, whose systems are of one CPU
@@ -113,17 +125,17 @@ def check_platforms(env, platforms, push_to: str | None) -> tuple[str, ...]:
     return wanted
 
 
-def full_tag(env, tag: str | None) -> str:
+def full_tag(env: ResolvedEnv, tag: str | None) -> str:
     """--tag as the image is named: default envbuild/<profile>:<hash of the upstream spec> (the
     same image whichever mirror built it); a tag without one gets :latest."""
     if not tag:
-        from envbuilder.engines.bake import default_tag
+        from envbuilder.render.image import default_tag
 
         tag = default_tag(env)
     return tag if ":" in tag.rsplit("/", 1)[-1] else tag + ":latest"
 
 
-def build_image(m, env, opts: BuildOptions, say: Callable[[str], None] = print) -> str:
+def build_image(m: Matrix, env: ResolvedEnv, opts: BuildOptions, say: Callable[[str], None] = print) -> str:
     """Build `env` as `opts` say; returns what `build` prints: the pushed REGISTRY/NAME@DIGEST,
     or the local image."""
     from envbuilder.model.config import local_registry, registry_for
@@ -172,7 +184,7 @@ def build_image(m, env, opts: BuildOptions, say: Callable[[str], None] = print) 
     if missing:
         raise ActionError(M.redacted(reach.message(missing)))
     if opts.keep_context is None:
-        context = B.stage_context(files, links)
+        context = B.stage_context(files, dict(links) if links is not None else None)
     else:
         write_dir(opts.keep_context, files, links)
         context = opts.keep_context
@@ -207,4 +219,5 @@ def build_image(m, env, opts: BuildOptions, say: Callable[[str], None] = print) 
     if registry:
         digest = eng.push(result.image, registry, tag, say)
         return f"{registry}/{tag.rsplit(':', 1)[0]}@{digest}"
-    return result.image
+    image: str = result.image
+    return image

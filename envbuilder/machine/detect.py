@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import re
 import subprocess
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from envbuilder.model.matrix import Matrix, cc_tuple
 from envbuilder.model.names import match_gpu
-from envbuilder.model.resolve import Overrides, ResolveError, picked_for_driver, resolve
+from envbuilder.model.resolve import ResolveError, picked_for_driver, resolve
 from envbuilder.model.matrix import cc_runs
-from envbuilder.model.resolved import ResolvedEnv
+from envbuilder.model.resolved import Overrides, ResolvedEnv
 from envbuilder.model.versions import is_driver_version
 from envbuilder.record import Record
 
@@ -115,11 +115,11 @@ def probe_nvml(nvml: Any) -> Machine:
     return Machine(tuple(gpus), driver, cuda, "nvml")
 
 
-def run_command(argv: tuple[str, ...]) -> subprocess.CompletedProcess:
+def run_command(argv: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(list(argv), capture_output=True, text=True, timeout=30)
 
 
-def _first_line(out: subprocess.CompletedProcess) -> str:
+def _first_line(out: subprocess.CompletedProcess[str]) -> str:
     lines = [l.strip() for l in (out.stdout + "\n" + out.stderr).splitlines() if l.strip()]
     return lines[0] if lines else f"exit status {out.returncode}"
 
@@ -183,14 +183,16 @@ def probe_smi(run: Callable[[tuple[str, ...]], Any]) -> Machine:
     return Machine(tuple(gpus), driver, cuda, "nvidia-smi")
 
 
-def detect(m: Matrix, nvml: Any = None, run: Callable | None = None) -> Machine:
+def detect(m: Matrix, nvml: Any = None, run: Callable[..., Any] | None = None) -> Machine:
     """The machine's GPUs, named by the matrix; NVML first, then nvidia-smi. Never raises for a
     missing GPU or driver: the Machine's `problem` says why none was found."""
     reasons = []
     machine = None
     if nvml is None:
         try:
-            import pynvml as nvml
+            import pynvml
+
+            nvml = pynvml
         except ImportError:
             reasons.append("NVML: nvidia-ml-py is not installed")
     if nvml is not None:
@@ -258,7 +260,7 @@ class Recommendation(Record):
     notes: tuple[str, ...]
 
 
-def runnable_archs(cc: str, archs: list[str]) -> list[str]:
+def runnable_archs(cc: str, archs: Sequence[str]) -> list[str]:
     """The archs of a build whose code runs on `cc`, by the resolver's rule."""
     return [a for a in archs if cc_runs(cc, [a])]
 
@@ -321,6 +323,7 @@ def fit_profile(m: Matrix, name: str, gpu: Gpu, driver: str | None, cuda: str | 
     if driver is not None and not picked:
         reasons.append(Reason(None, upgrade_path(m, name, env, driver)))
     t = env.torch
+    assert gpu.compute_capability is not None  # (recommend fits only a GPU whose CC it knows)
     runs = runnable_archs(gpu.compute_capability, t.archs)
     build = f"torch {t.version}+{t.variant}"
     if runs:
@@ -462,7 +465,7 @@ def recommend(m: Matrix, machine: Machine) -> Recommendation:
     return Recommendation(gpu, best, tuple(fits), tuple(notes))
 
 
-def machine_json(machine: Machine) -> dict:
+def machine_json(machine: Machine) -> dict[str, Any]:
     return {
         "gpus": [dict(g._asdict(), vram_gb=round(g.vram_gb, 1)) for g in machine.gpus],
         "driver": machine.driver,
@@ -472,7 +475,7 @@ def machine_json(machine: Machine) -> dict:
     }
 
 
-def recommendation_json(rec: Recommendation) -> dict:
+def recommendation_json(rec: Recommendation) -> dict[str, Any]:
     return {
         "for_gpu": rec.gpu.index if rec.gpu else None,
         "profile": rec.profile,
@@ -514,7 +517,7 @@ def report_lines(machine: Machine, rec: Recommendation) -> list[str]:
             out.append(f"  also fits: {', '.join(others)}")
         flags = best.flags
         out.append(f"next: envbuild doctor {rec.profile}{flags}; envbuild render {rec.profile}{flags}")
-    elif rec.fits:
+    elif rec.fits and rec.gpu is not None:  # (a GPU was found whenever a profile was tried)
         out.append(f"no profile fits {rec.gpu.label()}:")
         for f in rec.fits:
             out.append(f"  {f.profile}:")

@@ -14,7 +14,8 @@ from typing import Any, Callable
 from envbuilder.errors import UserError
 from envbuilder.machine.detect import Machine, NO_GPU_FIX, detect, run_command, runnable_archs
 from envbuilder.model.matrix import Matrix, cc_tuple
-from envbuilder.model.resolve import Overrides, ResolveError, ResolvedEnv, picked_for_driver, resolve
+from envbuilder.model.resolve import ResolveError, picked_for_driver, resolve
+from envbuilder.model.resolved import Overrides, ResolvedEnv
 from envbuilder.model.matrix import cc_runs
 from envbuilder.engines.docker import NoBuildKit, docker_clients, find_buildkit, which_all
 from envbuilder.record import Record
@@ -70,7 +71,7 @@ def free_bytes(path: str) -> int:
     return shutil.disk_usage(path).free
 
 
-def probe_mirror(body: dict) -> list:
+def probe_mirror(body: dict[str, Any]) -> list[Any]:
     from envbuilder.model.mirrors import probe_jobs
     from envbuilder.oci.probe import run
 
@@ -81,13 +82,13 @@ class Probes(Record):
     """How the doctor reads the machine; tests pass recorded answers instead."""
 
     nvml: Any = None  # a pynvml-like module; None imports pynvml
-    run: Callable = run_command  # argv tuple -> CompletedProcess-like; FileNotFoundError if missing
+    run: Callable[..., Any] = run_command  # argv tuple -> CompletedProcess-like; FileNotFoundError if missing
     engine: Callable[[], Engine] = probe_engine
     which: Callable[[str], str | None] = shutil.which
     which_all: Callable[[str], list[str]] = which_all
     free_bytes: Callable[[str], int] = free_bytes
     exists: Callable[[str], bool] = os.path.exists
-    mirror_probe: Callable[[dict], list] = probe_mirror
+    mirror_probe: Callable[[dict[str, Any]], list[Any]] = probe_mirror
 
 
 # -- GPU checks (pure) -----------------------------------------------------------------------
@@ -220,7 +221,7 @@ def docker_checks(engine: Engine) -> list[Check]:
 
 
 def buildkit_check(
-    run: Callable, which_all_: Callable[[str], list[str]], exists: Callable[[str], bool]
+    run: Callable[..., Any], which_all_: Callable[[str], list[str]], exists: Callable[[str], bool]
 ) -> Check:
     """What `envbuild build` would build with (build.find_buildkit, ENVBUILD_DOCKER included)."""
     try:
@@ -231,7 +232,7 @@ def buildkit_check(
 
 
 def engines_check(
-    engine: Engine, buildkit: Check, which: Callable[[str], str | None], run: Callable
+    engine: Engine, buildkit: Check, which: Callable[[str], str | None], run: Callable[..., Any]
 ) -> Check:
     """Which engines `envbuild build --engine` can use: docker (its daemon and BuildKit, as the
     checks above found), podman and buildah (installed, and their version answers)."""
@@ -300,7 +301,7 @@ def conda_check(which: Callable[[str], str | None], required: bool) -> Check:
     )
 
 
-def mirror_check(m: Matrix, mirror: str | None, probe: Callable) -> Check:
+def mirror_check(m: Matrix, mirror: str | None, probe: Callable[..., Any]) -> Check:
     """Every target of the set (each registry, the indexes, ...) needs one endpoint that answers."""
     from envbuilder.model import mirrors as M
     from envbuilder.model.config import user_config
@@ -311,7 +312,7 @@ def mirror_check(m: Matrix, mirror: str | None, probe: Callable) -> Check:
             "mirrors", "skip", "no mirror set chosen (pass --mirror NAME, or set `mirror:` in your config)"
         )
     results = probe(M.get_set(m, name))
-    targets: dict[tuple[str, str], list] = {}
+    targets: dict[tuple[str, str], list[Any]] = {}
     for p in results:
         targets.setdefault((p.kind, p.target), []).append(p)
     down = [
@@ -372,7 +373,7 @@ def doctor(
     return Report(profile, machine, tuple(checks))
 
 
-def network_check(base: ResolvedEnv, mirror: str | None, probe: Callable) -> Check:
+def network_check(base: ResolvedEnv, mirror: str | None, probe: Callable[..., Any]) -> Check:
     """What the profile's build fetches (base images' registry, the indexes, GitHub), probed as
     `envbuild build` probes it before its first step; through a mirror set, mirror_check."""
     from envbuilder.machine import reach
@@ -400,7 +401,7 @@ def network_check(base: ResolvedEnv, mirror: str | None, probe: Callable) -> Che
     return Check("network", "ok", f"all {n} endpoints the build fetches from answer")
 
 
-def report_json(r: Report) -> dict:
+def report_json(r: Report) -> dict[str, Any]:
     from envbuilder.machine.detect import machine_json
 
     return {

@@ -13,12 +13,17 @@ CUDA wheels are gigabytes and need a driver: the co-resolution tier and the host
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from envbuilder.model.resolved import ResolvedEnv
+
 import os
 import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from envbuilder.errors import ActionError, UserError
 
@@ -74,7 +79,7 @@ def elf_machine(path: Path) -> int | None:
     return int.from_bytes(head[18:20], "little" if head[5] == 1 else "big")
 
 
-def check_inputs(env, platform: str, rootfs: Path) -> None:
+def check_inputs(env: ResolvedEnv, platform: str, rootfs: Path) -> None:
     """Exit 2 unless `env` is an aarch64 profile asked for linux/arm64, and `rootfs` holds an
     aarch64 python3; exit 1 when this machine cannot emulate it (no binfmt handler, not root)."""
     from envbuilder.render.pixi import OCI_PLATFORMS
@@ -108,8 +113,8 @@ def check_inputs(env, platform: str, rootfs: Path) -> None:
 
 
 def verify_emulated(
-    env, rootfs: Path, say: Callable[[str], None] = print, index_url: str | None = None
-) -> dict:
+    env: ResolvedEnv, rootfs: Path, say: Callable[[str], None] = print, index_url: str | None = None
+) -> dict[str, Any]:
     """Install SUBSET within the profile's lock for `rootfs`'s Python and glibc and import it
     there under QEMU; the report ({ok, machine, python, packages, modules, seconds, ...}), or
     ActionError naming the step that failed."""
@@ -141,7 +146,12 @@ def verify_emulated(
         )
     python, glibc = ".".join(words[0].split(".")[:2]), words[1]
     say(f"{env.name}: Python {words[0]} on aarch64 (glibc {glibc}) in {rootfs}, under QEMU")
-    report: dict = {"profile": env.name, "machine": "aarch64", "python": words[0], "lock": str(lock)}
+    report: dict[str, Any] = {
+        "profile": env.name,
+        "machine": "aarch64",
+        "python": words[0],
+        "lock": str(lock),
+    }
     site = Path(tempfile.mkdtemp(prefix="envbuild-verify-", dir=rootfs / "tmp"))
     try:
         with tempfile.TemporaryDirectory(prefix="envbuild-verify-") as tmp:

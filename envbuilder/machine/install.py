@@ -108,7 +108,7 @@ def _wheelhouse_profile(wh: Path, profile: str) -> dict[str, Any]:
             f"--from-wheelhouse {wh} is not an envbuild wheelhouse (no install.sh and "
             f"manifest.json); make one with `envbuild wheelhouse {profile} -o DIR`."
         )
-    doc = L.read_wheelhouse_manifest(wh)
+    doc = L.read_wheelhouse_manifest(wh) or {}  # (None: gone since the check above)
     entry = (doc.get("profiles") or {}).get(profile)
     if not isinstance(entry, dict):
         have = ", ".join(sorted(doc.get("profiles") or {})) or "none"

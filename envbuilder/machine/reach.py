@@ -9,7 +9,14 @@ and no GitHub."""
 
 from __future__ import annotations
 
-from typing import Callable
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from envbuilder.model.resolved import ResolvedEnv
+    from envbuilder.oci.probe import Probe
+
+from typing import Any, Callable
 
 from envbuilder.oci.registry import DOCKER_HUB, DOCKER_HUB_API, parse_image
 from envbuilder.record import Record
@@ -21,7 +28,9 @@ class Finding(Record):
     fix: str
 
 
-def needs(env, wheelhouse: bool = False, push: str | None = None, upstream: bool = True) -> dict:
+def needs(
+    env: ResolvedEnv, wheelhouse: bool = False, push: str | None = None, upstream: bool = True
+) -> dict[str, Any]:
     """The endpoints the build of `env` fetches from (and pushes to), in the shape of a mirror set
     (oci/probe.run of mirrors.probe_jobs). Not `upstream`: the push target alone (a mirror set stands in for the rest)."""
     registries: dict[str, list[str]] = {}
@@ -30,7 +39,7 @@ def needs(env, wheelhouse: bool = False, push: str | None = None, upstream: bool
         registries.setdefault(host, [DOCKER_HUB_API if host == DOCKER_HUB else host])
     if push:
         registries.setdefault(f"push {push}", [push])
-    body: dict = {"registries": registries}
+    body: dict[str, Any] = {"registries": registries}
     if upstream and not wheelhouse:
         body["pypi"] = [env.indexes.pypi]
         if env.indexes.torch:
@@ -40,7 +49,7 @@ def needs(env, wheelhouse: bool = False, push: str | None = None, upstream: bool
     return body
 
 
-def _fix(kind: str, target: str, status: str, env, auto: bool = True) -> str:
+def _fix(kind: str, target: str, status: str, env: ResolvedEnv, auto: bool = True) -> str:
     """What to do about a target that does not answer; `auto`: the command takes --mirror
     auto (build does; doctor and render take a set's name only)."""
     if status.startswith("TLS"):
@@ -74,9 +83,9 @@ def _fix(kind: str, target: str, status: str, env, auto: bool = True) -> str:
     )
 
 
-def findings(env, probes: list, auto: bool = True) -> list[Finding]:
+def findings(env: ResolvedEnv, probes: list[Probe], auto: bool = True) -> list[Finding]:
     """Each needed target with no endpoint that answers, with its fix."""
-    by_target: dict[tuple[str, str], list] = {}
+    by_target: dict[tuple[str, str], list[Probe]] = {}
     for p in probes:
         by_target.setdefault((p.kind, p.target), []).append(p)
     out = []
@@ -95,12 +104,12 @@ def findings(env, probes: list, auto: bool = True) -> list[Finding]:
 
 
 def check(
-    env,
+    env: ResolvedEnv,
     wheelhouse: bool,
     push: str | None,
     upstream: bool = True,
-    probe: Callable[[dict], list] | None = None,
-    ca_cert=None,
+    probe: Callable[[dict[str, Any]], list[Probe]] | None = None,
+    ca_cert: str | os.PathLike[str] | None = None,
     auto: bool = True,
 ) -> list[Finding]:
     """Probe what the build of `env` needs (oci/probe.run: in parallel, 5 s each), trusting
@@ -110,8 +119,8 @@ def check(
         from envbuilder.model.mirrors import probe_jobs
         from envbuilder.oci.probe import run
 
-        def probe(body):
-            return run(probe_jobs(body), ca_cert=ca_cert)
+        def probe(body: dict[str, Any]) -> list[Probe]:
+            return run(probe_jobs(body), ca_cert=None if ca_cert is None else os.fspath(ca_cert))
 
     return findings(env, probe(needs(env, wheelhouse, push, upstream)), auto)
 

@@ -23,11 +23,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import IO, Any, Callable, Sequence
 
 from envbuilder.errors import UserError
 from envbuilder.record import Record
-from envbuilder.model.resolve import ResolvedEnv
+from envbuilder.model.resolved import ResolvedEnv
 
 # uv's own summary lines, forwarded as progress while a layer installs
 _UV_PROGRESS = ("Resolved ", "Prepared ", "Installed ", "Uninstalled ", "Downloading ", "Building ", "Built ")
@@ -96,14 +96,16 @@ os._exit(0)
 """
 
 
-def judge_validation(res: dict | None, engine: bool, critic_engine: str) -> tuple[dict, str | None]:
+def judge_validation(
+    res: dict[str, Any] | None, engine: bool, critic_engine: str
+) -> tuple[dict[str, Any], str | None]:
     """What verify reports of verl's own validation and envbuild's batch arithmetic: (the report's
     `validation` entry, the failure to report or None)."""
     from envbuilder.model.batches import violations
 
     if res is None:
         return {"validated": None, "violations": []}, "validate: the interpreter printed no result"
-    out = {"validated": res.get("validated"), "why": res.get("why"), "violations": []}
+    out: dict[str, Any] = {"validated": res.get("validated"), "why": res.get("why"), "violations": []}
     if not res.get("ok"):
         return out, f"validate: {res.get('error')}"
     if res.get("validated") is False:
@@ -171,17 +173,17 @@ class Report:
     constraints: bool = False
     libcuda: str | None = None
     isolation: str | None = None
-    layers: list = field(default_factory=list)
-    patches: dict | None = None
-    audit: dict | None = None
-    not_installed: list = field(default_factory=list)
-    imports: list = field(default_factory=list)
-    compose: dict | None = None
-    failures: list = field(default_factory=list)
+    layers: list[Any] = field(default_factory=list)
+    patches: dict[str, Any] | None = None
+    audit: dict[str, Any] | None = None
+    not_installed: list[Any] = field(default_factory=list)
+    imports: list[Any] = field(default_factory=list)
+    compose: dict[str, Any] | None = None
+    failures: list[Any] = field(default_factory=list)
     venv: str | None = None
     seconds: float = 0.0
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 
@@ -275,7 +277,7 @@ class Ran(Record):
     seconds: float
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def _stop(proc: subprocess.Popen[str]) -> None:
     """End the child's whole process group (it runs in a session of its own)."""
     for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 10)):
         try:
@@ -292,7 +294,7 @@ def _stop(proc: subprocess.Popen) -> None:
 def run(
     cmd: list[str],
     *,
-    env: dict,
+    env: dict[str, Any],
     cwd: Path | None = None,
     timeout: float,
     say: Callable[[str], None] = lambda s: None,
@@ -305,7 +307,7 @@ def run(
     out: list[str] = []
     err: list[str] = []
 
-    def pump(stream, sink, fwd):
+    def pump(stream: IO[str], sink: list[str], fwd: Callable[[str], bool] | None) -> None:
         for line in stream:
             sink.append(line)
             if fwd and fwd(line.rstrip("\n")):
@@ -366,7 +368,7 @@ _PIN = re.compile(r"^(\s*)([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==([^\s;+#]+)
 from envbuilder.text import canonical_name as _norm  # noqa: E402  (PEP 503, one place)
 
 
-def local_pins(packages: list[str]) -> dict[str, tuple[str, str]]:
+def local_pins(packages: Sequence[str]) -> dict[str, tuple[str, str]]:
     """{normalized name: (pinned version with its +local label, the same without)} for the pins
     that name a local build (`torch==2.6.0+cu118`): the ones only the PyTorch index has."""
     out = {}
@@ -469,7 +471,7 @@ def build_libcuda_stub(symbols: list[str], out: Path) -> bool | str:
 # ---- the composed config ----------------------------------------------------------------------------
 
 
-def parse_printed_config(text: str) -> dict | None:
+def parse_printed_config(text: str) -> dict[str, Any] | None:
     """The YAML that `--cfg job` prints, skipping anything imports printed before it."""
     import yaml
 
@@ -489,7 +491,7 @@ from envbuilder.model.batches import MISSING as _MISSING  # noqa: E402
 from envbuilder.model.batches import lookup as _lookup  # noqa: E402  (one dotted-key walk)
 
 
-def _same(composed, text: str) -> bool:
+def _same(composed: Any, text: str) -> bool:
     """Whether a Hydra override value (as the script passed it) is what the config holds."""
     text = text.strip()
     if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
@@ -511,7 +513,7 @@ def _same(composed, text: str) -> bool:
     return str(composed) == text
 
 
-def check_overrides(cfg: dict, args: list[str]) -> tuple[int, list[dict]]:
+def check_overrides(cfg: dict[str, Any], args: list[str]) -> tuple[int, list[dict[str, Any]]]:
     """(how many overrides were compared, the ones whose value the composed config does not
     hold). Deletions (~key) and interpolated values are not compared."""
     checked, wrong = 0, []
@@ -547,7 +549,7 @@ class _Verifier:
         self.env = env
         self.interp = interp
         self.opts = opts
-        self.say = lambda s: opts.say(f"[{env.name}] {s}")
+        self.say: Callable[[str], None] = lambda s: opts.say(f"[{env.name}] {s}")
         self.r = Report(profile=env.name, python=env.python, interpreter=f"{interp.path} ({interp.version})")
 
     def fail(self, text: str) -> None:
@@ -556,7 +558,8 @@ class _Verifier:
 
     def run(self, work: Path, venv: Path) -> Report:
         from envbuilder.render import files as R
-        from envbuilder.lock.pip import layer_roots, uv_bin
+        from envbuilder.render.plan import layer_roots
+        from envbuilder.tools.uv import uv_bin
         from envbuilder.lock.constraints import with_constraints
 
         env, r = self.env, self.r
@@ -793,7 +796,7 @@ class _Verifier:
                 if line.startswith(RESULT):
                     res = json.loads(line[len(RESULT) :])
                     break
-            entry = {
+            entry: dict[str, Any] = {
                 "module": mod,
                 "ok": bool(res and res["ok"]),
                 "seconds": round(got.seconds, 1),
@@ -860,7 +863,7 @@ class _Verifier:
         return out
 
     def compose(self, py: Path, work: Path, rendered: Path) -> None:
-        from envbuilder.render.files import RUN_SCRIPT
+        from envbuilder.render.image import RUN_SCRIPT
 
         base = work / "compose"
         stub_dir, data = base / "bin", base / "data"
@@ -889,7 +892,13 @@ class _Verifier:
             say=self.say,
             label="compose",
         )
-        c = {"ok": False, "checked": 0, "mismatches": [], "error": None, "seconds": round(got.seconds, 1)}
+        c: dict[str, Any] = {
+            "ok": False,
+            "checked": 0,
+            "mismatches": [],
+            "error": None,
+            "seconds": round(got.seconds, 1),
+        }
         self.r.compose = c
         args = [a for a in args_file.read_bytes().decode().split("\0") if a] if args_file.exists() else []
         c["overrides"] = len([a for a in args if "=" in a])
@@ -905,7 +914,7 @@ class _Verifier:
             self.fail(f"compose: {c['error']}")
             return
         c["checked"], c["mismatches"] = check_overrides(cfg, args)
-        spot = {}
+        spot: dict[str, Any] = {}
         for key in (
             "actor_rollout_ref.rollout.name",
             "actor_rollout_ref.rollout.dtype",
@@ -924,17 +933,18 @@ class _Verifier:
             self.fail(f"compose: {c['error']}")
         else:
             c["ok"] = True
-            self.validate(py, base, args_file)
+            self.validate(py, base, args_file, c)
 
-    def validate(self, py: Path, base: Path, args_file: Path) -> None:
+    def validate(self, py: Path, base: Path, args_file: Path, c: dict[str, Any]) -> None:
         """verl's own validate_config on the composed run, then the batch arithmetic its workers
-        assert at run time (envbuilder/model/batches.py): a render verl would reject fails here."""
+        assert at run time (envbuilder/model/batches.py): a render verl would reject fails here. `c`:
+        the report's compose entry, which takes the result."""
         from envbuilder.machine.compose import main_ppo_config
 
         sites = sorted(py.parent.parent.glob("lib/python*/site-packages"))
         site = next((p for p in sites if (p / "verl" / "trainer" / "main_ppo.py").exists()), None)
         if site is None:
-            self.r.compose["validation"] = {"validated": None, "why": "verl's main_ppo.py not found"}
+            c["validation"] = {"validated": None, "why": "verl's main_ppo.py not found"}
             return
         config_dir, name = main_ppo_config(site)
         self.say("validate: verl's validate_config and the batch arithmetic")
@@ -952,10 +962,10 @@ class _Verifier:
                 res = json.loads(line[len(RESULT) :])
                 break
         entry, failure = judge_validation(res, self.env.verl.engine_batches, self.env.verl.critic_fsdp)
-        self.r.compose["validation"] = entry
+        c["validation"] = entry
         if failure:
-            self.r.compose["ok"] = False
-            self.r.compose["error"] = failure
+            c["ok"] = False
+            c["error"] = failure
             self.fail(failure)
 
 

@@ -8,10 +8,15 @@ runs, callable without click (the command line parses, calls `verify_profiles`, 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from envbuilder.errors import UserError
 from envbuilder.record import Record
+
+if TYPE_CHECKING:
+    from envbuilder.model.matrix import Matrix
+    from envbuilder.model.resolved import Overrides
+    from envbuilder.tools.python import Interpreter
 
 
 class VerifyFlags(Record):
@@ -25,8 +30,12 @@ class VerifyFlags(Record):
 
 
 def verify_profiles(
-    m, names: list[str], overrides, flags: VerifyFlags, say: Callable[[str], None] = print
-) -> list[dict]:
+    m: Matrix,
+    names: list[str],
+    overrides: Overrides | None,
+    flags: VerifyFlags,
+    say: Callable[[str], None] = print,
+) -> list[dict[str, Any]]:
     """Each named profile resolved, its keep folder and its Python found (all bad input before
     anything is downloaded), then installed and checked (machine.verify.verify); one report
     dict each, with the GPU tier's record of this very render under "gpu_step"."""
@@ -36,17 +45,18 @@ def verify_profiles(
     from envbuilder.render.files import render_files
 
     envs = resolve_all(m, names, overrides, "nothing was installed", say=say)
-    keeps = {}
+    keeps: dict[str, Path] = {}
     for env in envs:
         if flags.keep:
             keeps[env.name] = Path(flags.keep) / env.name if len(envs) > 1 else Path(flags.keep)
             check_keep(keeps[env.name])
-    interps = {}
+    interps: dict[str, Interpreter] = {}
     for env in envs:
         py = env.python
-        if py not in interps:
-            interps[py] = find_python(py)
-        if interps[py] is None:
+        found = interps.get(py) or find_python(py)
+        if found is not None:
+            interps[py] = found
+        else:
             raise UserError(
                 f"No Python {py} interpreter on this machine for profile {env.name} "
                 f"(looked in pyenv's versions, on PATH for python{py}, and with uv, "
@@ -70,7 +80,7 @@ def verify_profiles(
     return reports
 
 
-def row(r: dict) -> tuple[str, ...]:
+def row(r: dict[str, Any]) -> tuple[str, ...]:
     from envbuilder.machine.verify import fmt_seconds
 
     layers = [x for x in r["layers"] if not x.get("empty")]
@@ -121,7 +131,7 @@ def row(r: dict) -> tuple[str, ...]:
     )
 
 
-def table(reports: list[dict]) -> str:
+def table(reports: list[dict[str, Any]]) -> str:
     header = (
         "PROFILE",
         "PYTHON",

@@ -9,21 +9,24 @@ profiles a matrix overlay changes.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from envbuilder.errors import EnvbuildError
 
+if TYPE_CHECKING:
+    from envbuilder.model.matrix import Matrix
+
 
 def refresh_report(
-    m,
+    m: Matrix,
     index_url: str,
     *,
     newest: int = 3,
     timeout: float = 30.0,
     overlay_dir: Path | None = None,
-    matrix_dirs=(),
+    matrix_dirs: Iterable[str | Path] = (),
     say: Callable[[str], None] = print,
-) -> dict:
+) -> dict[str, Any]:
     """What the index at `index_url` (the root of PyPI's JSON API) says now against matrix `m`:
     the drift report (upstream.refresh.compare) under "index" (without user:password@); with
     `overlay_dir`, DIR/refresh.yaml written (an overlay over `matrix_dirs`) and named under
@@ -53,12 +56,13 @@ def refresh_report(
     return report
 
 
-def affected(base, over) -> dict[str, list[str]]:
+def affected(base: Matrix, over: Matrix) -> dict[str, list[str]]:
     """The profiles whose environment matrix `over` (the matrix with an overlay) resolves
     otherwise than `base`: each profile of `over` resolved in both, as shipped and with
     `--verl X` for every stack either knows, compared field by field (a refusal counts as a
     value). Profile -> one line per variant that differs, naming the fields."""
-    from envbuilder.model.resolve import Overrides, resolve
+    from envbuilder.model.resolve import resolve
+    from envbuilder.model.resolved import Overrides
     from envbuilder.text import redact
 
     stacks = sorted({*(base.sections.get("stacks") or {}), *(over.sections.get("stacks") or {})})
@@ -66,17 +70,18 @@ def affected(base, over) -> dict[str, list[str]]:
     for name in over.profiles:
         for verl in (None, *stacks):
             ov = Overrides(verl=verl) if verl else Overrides()
-            got = []
+            got: list[dict[str, Any] | str | None] = []
             for m in (base, over):
                 try:
                     got.append(resolve(m, name, ov).to_dict() if name in m.profiles else None)
                 except EnvbuildError as e:
                     got.append(f"refused: {str(e).splitlines()[0]}")
             if got[0] != got[1]:
+                a, b = got
                 what = (
-                    sorted(k for k in got[1] if got[0].get(k) != got[1].get(k))
-                    if all(isinstance(g, dict) for g in got)
-                    else [str(got[1])]
+                    sorted(k for k in b if a.get(k) != b.get(k))
+                    if isinstance(a, dict) and isinstance(b, dict)
+                    else [str(b)]
                 )
                 found.setdefault(name, []).append(  # (a refusal may name a URL: ***@, never its password)
                     redact(f"{'--verl ' + verl if verl else 'as shipped'}: {', '.join(what)}")

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from envbuilder.errors import ActionError, EnvbuildError, UserError
 
+if TYPE_CHECKING:
+    from envbuilder.model.matrix import Matrix
 
-def check_overlay_dir(folder: Path, matrix_dirs) -> None:
+
+def check_overlay_dir(folder: Path, matrix_dirs: Iterable[str | Path]) -> None:
     from envbuilder.upstream import refresh as R
     from envbuilder.paths import data_dir
 
@@ -43,13 +47,13 @@ def check_overlay_dir(folder: Path, matrix_dirs) -> None:
             )
 
 
-def sources_of(m):
+def sources_of(m: Matrix) -> Callable[[str, str], dict[str, Any]]:
     """(section, key) -> its file's `sources:` map, to write a copied record's sources as URLs."""
     from envbuilder.limits import load_yaml, read_text_bounded
 
-    cache: dict[str, dict] = {}
+    cache: dict[str, dict[str, Any]] = {}
 
-    def sources(section: str, key: str) -> dict:
+    def sources(section: str, key: str) -> dict[str, Any]:
         path = m.origin.get((section, key))
         if not path:
             return {}
@@ -61,7 +65,7 @@ def sources_of(m):
     return sources
 
 
-def write_overlay(folder: Path, text: str, matrix_dirs) -> Path:
+def write_overlay(folder: Path, text: str, matrix_dirs: Iterable[str | Path]) -> Path:
     """Write folder/refresh.yaml after checking that the matrix loads with it (a copy that the
     schema refuses would be a bug of refresh's, not a fact to review)."""
     import shutil

@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import re
 import threading
+from typing import TYPE_CHECKING, Any, Iterable
 
 from envbuilder.errors import ActionError
+
+if TYPE_CHECKING:
+    from envbuilder.oci.http import BundleSession
 
 
 DEFAULT_INDEX = "https://pypi.org"
@@ -42,7 +46,7 @@ class PyPIJson:
         self.deadline = max(60.0, 4 * timeout)  # a whole answer, however slowly it drips
         self._local = threading.local()
 
-    def session(self):
+    def session(self) -> BundleSession:
         s = getattr(self._local, "session", None)
         if s is None:
             from envbuilder.oci.http import session
@@ -50,7 +54,7 @@ class PyPIJson:
             s = self._local.session = session(user_agent="envbuild-refresh")
         return s
 
-    def _get(self, url: str, limit: int, headers: dict | None = None):
+    def _get(self, url: str, limit: int, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
         """(status, body bytes; empty for a status >= 400); net.NetError when the index does
         not answer, answers more than `limit` bytes, or not within the deadline."""
         from envbuilder.oci import http as net
@@ -59,7 +63,7 @@ class PyPIJson:
         r = net.request(self.session(), "GET", url, expect, headers=headers, timeout=self.timeout)
         return r.status, (r.body if r.status < 400 else b"")
 
-    def projects(self, names) -> dict[str, dict]:
+    def projects(self, names: Iterable[str]) -> dict[str, dict[str, Any]]:
         from envbuilder.oci import http as net
 
         out = {}
@@ -106,18 +110,18 @@ class PyPIJson:
             out[name] = doc
         return out
 
-    def metadata_of(self, wanted: dict[str, list[str]], projects: dict) -> dict:
+    def metadata_of(self, wanted: dict[str, list[str]], projects: dict[str, Any]) -> dict[str, Any]:
         from concurrent.futures import ThreadPoolExecutor
 
         jobs = [(pkg, v) for pkg, versions in wanted.items() for v in versions]
         with ThreadPoolExecutor(WORKERS) as pool:
-            got = list(pool.map(lambda job: self.metadata(*job, projects[job[0]]), jobs))
-        out: dict[str, dict] = {}
+            got = list(pool.map(lambda job: self.metadata(job[0], job[1], projects[job[0]]), jobs))
+        out: dict[str, dict[str, Any]] = {}
         for (pkg, v), md in zip(jobs, got):
             out.setdefault(pkg, {})[v] = md
         return out
 
-    def metadata(self, name: str, version: str, project: dict) -> dict:
+    def metadata(self, name: str, version: str, project: dict[str, Any]) -> dict[str, Any]:
         """{"requires_python", "requires_dist", "from"}, or {"error": why}."""
         from envbuilder.oci import http as net
 
@@ -150,7 +154,7 @@ class PyPIJson:
             return {"error": f"{shown} answered HTTP {status}"}
         return self.from_wheel(name, version, project)
 
-    def from_wheel(self, name: str, version: str, project: dict) -> dict:
+    def from_wheel(self, name: str, version: str, project: dict[str, Any]) -> dict[str, Any]:
         import zipfile
         import zlib
 
@@ -208,7 +212,7 @@ _FILE_FIELDS = {
 }
 
 
-def _check_project(doc: dict, url: str) -> None:
+def _check_project(doc: dict[str, Any], url: str) -> None:
     """net.BadAnswer unless `doc` has the shape of PyPI's project JSON in what refresh reads:
     `info` an object (its `version` text), `releases` an object of lists of file objects whose
     filename, url, yanked, yanked_reason, requires_python and size are of their kinds."""
@@ -255,19 +259,19 @@ class _RangeFile:
     def __init__(self, index: PyPIJson, url: str, size: int):
         self.index, self.url, self.size, self.pos, self.fetched = index, url, size, 0, 0
 
-    def seekable(self):
+    def seekable(self) -> bool:
         return True
 
-    def tell(self):
+    def tell(self) -> int:
         return self.pos
 
-    def seek(self, offset, whence=0):
+    def seek(self, offset: int, whence: int = 0) -> int:
         self.pos = {0: offset, 1: self.pos + offset, 2: self.size + offset}[whence]
         if self.pos < 0:
             raise ValueError(f"a seek before the start of the file ({self.pos})")
         return self.pos
 
-    def read(self, n=-1):
+    def read(self, n: int | None = -1) -> bytes:
         from envbuilder.oci import http as net
 
         end = self.size if n is None or n < 0 else min(self.size, self.pos + n)
@@ -316,7 +320,7 @@ def _wheel_metadata(index: PyPIJson, url: str, size: int | None) -> str:
         size = int(length) if length.isdigit() else 0
         if r.status >= 400 or not size:
             raise ValueError(f"HEAD answered HTTP {r.status} without a length")
-    with zipfile.ZipFile(_RangeFile(index, url, int(size))) as z:  # type: ignore[arg-type]
+    with zipfile.ZipFile(_RangeFile(index, url, int(size))) as z:
         names = [n for n in z.namelist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)]
         if len(names) != 1:
             raise ValueError(f"{len(names)} *.dist-info/METADATA members")

@@ -27,10 +27,20 @@ import copy
 import json
 import os
 import re
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from envbuilder.render import quoting
 from envbuilder.model.versions import VERSION_PATTERN, ranges_overlap, same_range, satisfies, version_key
+
+if TYPE_CHECKING:
+    from envbuilder.model.matrix import Matrix
+    from envbuilder.model.resolved import ResolvedEnv
+
+# what a combination installs, by canonical name: (version, extras, where the matrix pins it, the
+# name as pinned)
+_Install = tuple[str, tuple[str, ...], str, str]
+# (package, version) -> its release's metadata (pypi.PyPIJson.metadata), None where not read
+_Meta = Callable[[str, str], "dict[str, Any] | None"]
 
 PACKAGES = ("torch", "vllm", "verl", "flash-attn", "transformers", "ray")
 # the packages whose releases the matrix records one by one (section path); the others it pins
@@ -60,7 +70,7 @@ def project_url(package: str, version: str | None = None) -> str:
 # -- versions and requirements ----------------------------------------------------------------
 
 
-def _key(version: str) -> tuple | None:
+def _key(version: str) -> tuple[Any, ...] | None:
     try:
         return version_key(version)
     except ValueError:
@@ -89,7 +99,7 @@ def extras_of(spec: str) -> tuple[str, ...]:
     return tuple(sorted(e.strip() for e in m.group(1).split(",") if e.strip())) if m else ()
 
 
-def requirements(requires_dist: list[str], python: str, extras: tuple[str, ...] = ()) -> list[dict]:
+def requirements(requires_dist: list[str], python: str, extras: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """The requirements that apply on the target platform with this Python and these extras:
     [{"name", "extras", "spec", "text"}]. Lines `packaging` can't read are skipped."""
     from packaging.markers import InvalidMarker, UndefinedComparison, UndefinedEnvironmentName
@@ -152,7 +162,7 @@ def pythons_allowed(requires_python: str | None, universe: list[str]) -> list[st
     return [p for p in universe if not requires_python or satisfies(p, requires_python)]
 
 
-def default_cuda(reqs: list[dict]) -> str | None:
+def default_cuda(reqs: list[dict[str, Any]]) -> str | None:
     """torch's PyPI build: the CUDA runtime its Linux wheel pins (nvidia-cuda-runtime-cu12==12.4.127
     -> cu124; cuda-toolkit[...]==13.0.2 -> cu130)."""
     for r in reqs:
@@ -166,7 +176,7 @@ def default_cuda(reqs: list[dict]) -> str | None:
 # -- the project JSON --------------------------------------------------------------------------
 
 
-def release_state(files: list[dict]) -> dict:
+def release_state(files: list[dict[str, Any]]) -> dict[str, Any]:
     """One release's files: yanked (all files), reason, requires_python, and the CPython
     versions of its Linux x86_64 wheels (none for abi3/pure wheels: Python is requires_python's)."""
     yanked = [f for f in files if f.get("yanked")]
@@ -189,14 +199,14 @@ def release_state(files: list[dict]) -> dict:
     }
 
 
-def releases(project: dict) -> dict[str, dict]:
+def releases(project: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {v: release_state(files or []) for v, files in (project.get("releases") or {}).items()}
 
 
 # -- what the matrix names -----------------------------------------------------------------------
 
 
-def named_versions(sections: dict) -> dict[str, dict[str, list[str]]]:
+def named_versions(sections: dict[str, Any]) -> dict[str, dict[str, list[str]]]:
     """package -> version -> the matrix keys that name it (torch.2.6.0, profiles.t4.torch,
     verl.0.4.1.pins.transformers, requires.ray[default].2.49.2)."""
     out: dict[str, dict[str, list[str]]] = {p: {} for p in PACKAGES}
@@ -206,7 +216,7 @@ def named_versions(sections: dict) -> dict[str, dict[str, list[str]]]:
         if name in out and version is not None:
             out[name].setdefault(str(version), []).append(where)
 
-    def pins(mapping: dict | None, where: str) -> None:
+    def pins(mapping: dict[str, Any] | None, where: str) -> None:
         for pkg, v in (mapping or {}).items():
             add(pkg, v, f"{where}.pins.{pkg}")
 
@@ -234,7 +244,7 @@ def named_versions(sections: dict) -> dict[str, dict[str, list[str]]]:
     return out
 
 
-def newest_named(package: str, sections: dict, named: dict[str, list[str]]) -> str | None:
+def newest_named(package: str, sections: dict[str, Any], named: dict[str, list[str]]) -> str | None:
     """The newest release the matrix records (catalog packages) or pins (the others)."""
     if package in CATALOG:
         node: Any = sections
@@ -247,11 +257,12 @@ def newest_named(package: str, sections: dict, named: dict[str, list[str]]) -> s
     return max(keyed)[1] if keyed else None
 
 
-def new_versions(newest: str | None, rels: dict[str, dict]) -> tuple[list[str], list[str]]:
+def new_versions(newest: str | None, rels: dict[str, dict[str, Any]]) -> tuple[list[str], list[str]]:
     """(final releases newer than `newest`, pre-releases newer than it whose final is not out),
     oldest first; yanked ones left out."""
     floor = _key(newest) if newest else None
-    finals, pres = [], []
+    finals: list[str] = []
+    pres: list[str] = []
     for v, st in rels.items():
         k = _key(v)
         if k is None or st["yanked"] or not st["files"] or (floor is not None and k <= floor):
@@ -261,10 +272,10 @@ def new_versions(newest: str | None, rels: dict[str, dict]) -> tuple[list[str], 
         _release_part(v) for v, st in rels.items() if not _is_pre(v) and _key(v)
     }
     pres = [v for v in pres if _release_part(v) not in out_finals]
-    return sorted(finals, key=_key), sorted(pres, key=_key)
+    return sorted(finals, key=lambda v: _key(v) or ()), sorted(pres, key=lambda v: _key(v) or ())
 
 
-def wanted_metadata(m, projects: dict[str, dict], newest: int = 3) -> dict[str, list[str]]:
+def wanted_metadata(m: Matrix, projects: dict[str, dict[str, Any]], newest: int = 3) -> dict[str, list[str]]:
     """The releases whose metadata the comparison reads: every release the matrix names that
     PyPI has, and the `newest` newest final releases past the matrix's (catalog packages)."""
     named = named_versions(m.sections)
@@ -283,8 +294,10 @@ def wanted_metadata(m, projects: dict[str, dict], newest: int = 3) -> dict[str, 
 
 
 class _Drift:
-    def __init__(self, m, where: Callable[[str, str], str] | None):
-        self.m, self.records, self.notes = m, [], []
+    def __init__(self, m: Matrix, where: Callable[[str, str], str] | None):
+        self.m = m
+        self.records: list[dict[str, Any]] = []
+        self.notes: list[str] = []
         self._where = where or (lambda section, key: "matrices")
 
     def where(self, path: str) -> str:
@@ -306,8 +319,8 @@ class _Drift:
         where: list[str],
         matrix: Any = None,
         pypi: Any = None,
-        fix: dict | None = None,
-        **extra,
+        fix: dict[str, Any] | None = None,
+        **extra: Any,
     ) -> None:
         rec = {
             "kind": kind,
@@ -325,18 +338,18 @@ class _Drift:
         self.records.append(rec)
 
 
-def _record_key(section: str, rest: str, sections: dict) -> str:
+def _record_key(section: str, rest: str, sections: dict[str, Any]) -> str:
     """The record key a dotted path starts with (versions hold dots: vllm.0.8.5.post1.torch)."""
     keys = sorted(sections.get(section) or {}, key=len, reverse=True)
     return next((k for k in keys if rest == k or rest.startswith(k + ".")), rest)
 
 
 def compare(
-    m,
-    projects: dict[str, dict],
-    metadata: dict[str, dict[str, dict]],
+    m: Matrix,
+    projects: dict[str, dict[str, Any]],
+    metadata: dict[str, dict[str, dict[str, Any]]],
     where: Callable[[str, str], str] | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """The drift between the matrix `m` and PyPI: {"packages": {...}, "drift": [...],
     "notes": [...]}. `metadata[pkg][version]` is {"requires_python", "requires_dist"}, or
     {"error": why} where it could not be read."""
@@ -355,7 +368,7 @@ def compare(
         key=lambda p: tuple(map(int, p.split("."))),
     )
 
-    def meta(pkg: str, version: str) -> dict | None:
+    def meta(pkg: str, version: str) -> dict[str, Any] | None:
         got = (metadata.get(pkg) or {}).get(version)
         return got if got and "error" not in got else None
 
@@ -409,7 +422,7 @@ def compare(
     return {"packages": summary, "drift": d.records, "notes": d.notes}
 
 
-def _existence(d: _Drift, pkg: str, named: dict[str, list[str]], rels: dict[str, dict]) -> None:
+def _existence(d: _Drift, pkg: str, named: dict[str, list[str]], rels: dict[str, dict[str, Any]]) -> None:
     for version, where in sorted(named.items(), key=lambda kv: _key(kv[0]) or ()):
         st = rels.get(version)
         if st is None:
@@ -455,7 +468,9 @@ def _existence(d: _Drift, pkg: str, named: dict[str, list[str]], rels: dict[str,
             )
 
 
-def _new(d: _Drift, pkg: str, newest: str | None, rels: dict, meta, universe: list[str]) -> None:
+def _new(
+    d: _Drift, pkg: str, newest: str | None, rels: dict[str, Any], meta: _Meta, universe: list[str]
+) -> None:
     finals, pres = new_versions(newest, rels)
     if finals:
         details = {}
@@ -491,7 +506,9 @@ def _new(d: _Drift, pkg: str, newest: str | None, rels: dict, meta, universe: li
         )
 
 
-def _release_facts(pkg: str, version: str, st: dict, md: dict | None, universe: list[str]) -> dict:
+def _release_facts(
+    pkg: str, version: str, st: dict[str, Any], md: dict[str, Any] | None, universe: list[str]
+) -> dict[str, Any]:
     """What PyPI says of a release the matrix lacks: the facts a record of it would derive."""
     rp = (md or {}).get("requires_python") or st["requires_python"]
     out: dict[str, Any] = {}
@@ -515,7 +532,7 @@ def _release_facts(pkg: str, version: str, st: dict, md: dict | None, universe: 
     return out if pkg in CATALOG else {}
 
 
-def _pin(md: dict, name: str, universe: list[str]) -> str | None:
+def _pin(md: dict[str, Any], name: str, universe: list[str]) -> str | None:
     """The exact version `md` pins `name` to (vllm's torch==2.8.0), on the target platform."""
     for python in reversed(universe):
         for r in requirements(md.get("requires_dist") or [], python):
@@ -525,15 +542,16 @@ def _pin(md: dict, name: str, universe: list[str]) -> str | None:
     return None
 
 
-def _verl_vllm_range(md: dict, universe: list[str]) -> str | None:
+def _verl_vllm_range(md: dict[str, Any], universe: list[str]) -> str | None:
     for python in reversed(universe):
         for r in requirements(md.get("requires_dist") or [], python, ("vllm",)):
             if r["name"] == "vllm":
-                return r["spec"]
+                spec: str | None = r["spec"]
+                return spec
     return None
 
 
-def _torch_records(d: _Drift, sections: dict, rels: dict, meta) -> None:
+def _torch_records(d: _Drift, sections: dict[str, Any], rels: dict[str, Any], meta: _Meta) -> None:
     for v, rec in (sections.get("torch") or {}).items():
         st, md = rels.get(v), meta("torch", v)
         if not st or not st["files"]:
@@ -569,7 +587,7 @@ def _torch_records(d: _Drift, sections: dict, rels: dict, meta) -> None:
             )
 
 
-def _vllm_records(d: _Drift, sections: dict, rels: dict, meta) -> None:
+def _vllm_records(d: _Drift, sections: dict[str, Any], rels: dict[str, Any], meta: _Meta) -> None:
     for v, rec in (sections.get("vllm") or {}).items():
         md = meta("vllm", v)
         if md is None:
@@ -607,7 +625,7 @@ def _vllm_records(d: _Drift, sections: dict, rels: dict, meta) -> None:
             )
 
 
-def _verl_records(d: _Drift, sections: dict, meta, universe: list[str]) -> None:
+def _verl_records(d: _Drift, sections: dict[str, Any], meta: _Meta, universe: list[str]) -> None:
     for v, rec in (sections.get("verl") or {}).items():
         md = meta("verl", v)
         if md is None:
@@ -641,7 +659,7 @@ def _verl_records(d: _Drift, sections: dict, meta, universe: list[str]) -> None:
             )
 
 
-def _requires_records(d: _Drift, sections: dict, meta, universe: list[str]) -> None:
+def _requires_records(d: _Drift, sections: dict[str, Any], meta: _Meta, universe: list[str]) -> None:
     for spec, by_version in (sections.get("requires") or {}).items():
         pkg, extras = canon(spec), extras_of(spec)
         if pkg not in PACKAGES:
@@ -679,7 +697,7 @@ def _requires_records(d: _Drift, sections: dict, meta, universe: list[str]) -> N
 # -- what is installed together ------------------------------------------------------------------
 
 
-def _combinations(d: _Drift, m, rels: dict, meta) -> None:
+def _combinations(d: _Drift, m: Matrix, rels: dict[str, Any], meta: _Meta) -> None:
     """Each profile as the resolver resolves it, and each verl release with each vLLM release
     its range admits: every pin against the requires_dist of the releases installed with it,
     the profile's Python against their requires_python, and shared dependencies."""
@@ -687,14 +705,14 @@ def _combinations(d: _Drift, m, rels: dict, meta) -> None:
     from envbuilder.model.resolve import resolve
 
     sections = m.sections
-    combos = []
+    combos: list[dict[str, Any]] = []
     for name in sections.get("profiles") or {}:
         try:
             env = resolve(m, name)
         except EnvbuildError as e:
             d.notes.append(f"profile {name}: not checked: it does not resolve ({str(e).splitlines()[0]})")
             continue
-        installs = {
+        installs: dict[str, _Install] = {
             "torch": (env.torch.version, (), f"profiles.{name}.torch", "torch"),
             "verl": (env.verl.version, (), f"profiles.{name}.verl", "verl"),
         }
@@ -727,7 +745,7 @@ def _combinations(d: _Drift, m, rels: dict, meta) -> None:
                 combos.append(
                     {"label": f"verl {vv} + vllm {lv}", "python": python, "installs": installs, "pair": True}
                 )
-    found: dict[tuple, dict] = {}
+    found: dict[tuple[Any, ...], dict[str, Any]] = {}
     for c in combos:
         _check_combo(c, rels, meta, found, sections)
     for rec in found.values():
@@ -738,7 +756,7 @@ def _combinations(d: _Drift, m, rels: dict, meta) -> None:
         d.add(**rec)
 
 
-def _pin_origin(sections: dict, profile: str, env, pkg: str) -> str:
+def _pin_origin(sections: dict[str, Any], profile: str, env: ResolvedEnv, pkg: str) -> str:
     p = sections["profiles"][profile]
     if pkg in (p.get("pins") or {}):
         return f"profiles.{profile}.pins.{pkg}"
@@ -750,9 +768,17 @@ def _pin_origin(sections: dict, profile: str, env, pkg: str) -> str:
     return "flash_attn.runtime_pins"
 
 
-def _check_combo(c: dict, rels: dict, meta, found: dict, sections: dict) -> None:
-    installs, python = c["installs"], c["python"]
-    reqs = {}
+def _check_combo(
+    c: dict[str, Any],
+    rels: dict[str, Any],
+    meta: _Meta,
+    found: dict[tuple[Any, ...], dict[str, Any]],
+    sections: dict[str, Any],
+) -> None:
+    installs: dict[str, _Install] = c["installs"]
+    python: str = c["python"]
+    reqs: dict[str, list[dict[str, Any]]] = {}
+    key: tuple[str, ...]
     for pkg, (v, extras, origin, _) in installs.items():
         if pkg not in PACKAGES:
             continue
@@ -831,7 +857,7 @@ def _check_combo(c: dict, rels: dict, meta, found: dict, sections: dict) -> None
                     )["labels"].append(c["label"])
 
 
-def _recorded(sections: dict, pkg: str, version: str, dep: str) -> bool:
+def _recorded(sections: dict[str, Any], pkg: str, version: str, dep: str) -> bool:
     for spec, by_version in (sections.get("requires") or {}).items():
         if canon(spec) == pkg and any(
             canon(x) == dep for x in ((by_version.get(version) or {}).get("needs") or {})
@@ -857,7 +883,7 @@ def _short(versions: list[str], keep: int = 12) -> str:
     return f"{', '.join(versions[:3])}, ... ({len(versions) - 6} more), {', '.join(versions[-3:])}"
 
 
-def text(report: dict) -> str:
+def text(report: dict[str, Any]) -> str:
     """The human report: one section per kind, one entry per drift, each with its matrix key."""
     drift = report["drift"]
     lines = [f"envbuild refresh: {report['index']} against the matrix"]
@@ -907,7 +933,7 @@ def text(report: dict) -> str:
     return "\n".join(map(quoting.line, lines)) + "\n"
 
 
-def markdown(report: dict) -> str:
+def markdown(report: dict[str, Any]) -> str:
     """The human report as one Markdown code block (the refresh workflow's pull request body):
     nothing an index wrote renders, and no line of it can end the block."""
     return quoting.md_code_block(text(report))
@@ -924,7 +950,7 @@ def _fmt(value: Any) -> str:
 OVERLAY_HEADER = "# envbuild refresh overlay"
 
 
-def overlay_text(report: dict, m, sources_of: Callable[[str, str], dict]) -> str:
+def overlay_text(report: dict[str, Any], m: Matrix, sources_of: Callable[[str, str], dict[str, Any]]) -> str:
     """A --matrix-dir file for review: the records a mechanical fix changes, each copied whole
     from the matrix with the fix applied and its sources written out as URLs (an overlay file
     checks `source:` against its own `sources:`); everything else as a commented TODO report,
@@ -973,7 +999,7 @@ def overlay_text(report: dict, m, sources_of: Callable[[str, str], dict]) -> str
     ) + [""]
     if fixed:
         lines += _comment_lines(["mechanical fixes:", *(f"  {f}" for f in fixed)])
-        by_section: dict[str, dict] = {}
+        by_section: dict[str, dict[str, Any]] = {}
         for (section, key), unit in sorted(
             units.items(), key=lambda kv: (kv[0][0], _key(kv[0][1]) or (), kv[0][1])
         ):
@@ -1033,7 +1059,7 @@ def _scalar(value: Any) -> str:
     return json.dumps(value)
 
 
-def _template(pkg: str, version: str, facts: dict) -> list[str]:
+def _template(pkg: str, version: str, facts: dict[str, Any]) -> list[str]:
     """A commented record for a new release: what PyPI gives, TODO for the rest."""
     src = project_url(pkg, version)
     v = _scalar(version)
@@ -1061,7 +1087,7 @@ def _template(pkg: str, version: str, facts: dict) -> list[str]:
     ]
 
 
-def _urls(node: Any, sources: dict) -> Any:
+def _urls(node: Any, sources: dict[str, Any]) -> Any:
     """`source:` tokens that are keys of the origin file's `sources:`, as their URLs."""
     if isinstance(node, dict):
         for k, v in node.items():
