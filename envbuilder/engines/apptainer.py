@@ -14,9 +14,14 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Callable
 
 from envbuilder.errors import UserError
 from envbuilder.render.image import VENV  # (the venv the image installs into)
+
+if TYPE_CHECKING:
+    from envbuilder.model.matrix import Matrix
+    from envbuilder.model.resolved import Overrides, ResolvedEnv
 
 TEMPLATE = "apptainer.def.j2"
 # the first line of every file this command writes: a file that does not start with it is not
@@ -98,7 +103,7 @@ def archive_path(path: Path) -> Path:
     return full
 
 
-def labels(env, source: str, digest: str | None) -> list[tuple[str, str]]:
+def labels(env: ResolvedEnv, source: str, digest: str | None) -> list[tuple[str, str]]:
     """%labels, key and value: the image's own io.envbuild.* labels (render/image.py) and where
     the SIF came from. Apptainer reads one label a line: key, a space, the rest of the line."""
     from envbuilder.render.image import LABEL, labels as image_labels
@@ -109,7 +114,7 @@ def labels(env, source: str, digest: str | None) -> list[tuple[str, str]]:
     return [(k, str(v)) for k, v in out]
 
 
-def environment(env) -> list[tuple[str, str]]:
+def environment(env: ResolvedEnv) -> list[tuple[str, str]]:
     """%environment: what the image's ENV sets that matters when it runs (render/image.py),
     from the resolved environment, and the run script's allocator default. PATH is written
     after these, with $PATH."""
@@ -137,7 +142,7 @@ def from_word(source: str) -> str:
     return "/" + word(source[1:]) if source.startswith("/") else word(source)
 
 
-def definition(env, source: str, bootstrap: str, digest: str | None, def_name: str) -> str:
+def definition(env: ResolvedEnv, source: str, bootstrap: str, digest: str | None, def_name: str) -> str:
     """The definition file's text for `env` (a ResolvedEnv) built from `source`."""
     from envbuilder.render.files import jinja_env, smoke_command
     from envbuilder.render.image import PREFLIGHT, RUN_SCRIPT_PATH
@@ -175,7 +180,16 @@ def ours(path: Path) -> bool:
 
 
 def write_definition(
-    m, profile: str, overrides, *, image=None, oci_archive=None, out=None, mirror=None, force=False, say=print
+    m: Matrix,
+    profile: str,
+    overrides: Overrides | None,
+    *,
+    image: str | None = None,
+    oci_archive: str | Path | None = None,
+    out: str | Path | None = None,
+    mirror: str | None = None,
+    force: bool = False,
+    say: Callable[[str], object] = print,
 ) -> Path:
     """`envbuild apptainer`: the definition of `profile`'s image written to `out` (default
     ./PROFILE.def), starting from `image` (REF@sha256:DIGEST) or `oci_archive` (exactly one),
@@ -192,19 +206,21 @@ def write_definition(
                 f"{option} is empty: give a file name"
                 + (" (e.g. PROFILE.def)." if option == "-o" else " (the .tar `envbuild export-image` wrote).")
             )
-    out = Path(out) if out is not None else None
-    oci_archive = Path(oci_archive) if oci_archive is not None else None
-    if bool(image) == bool(oci_archive):
+    out_path = Path(out) if out is not None else None
+    archive = Path(oci_archive) if oci_archive is not None else None
+    if bool(image) == bool(archive):
         raise UserError(
             "Pass the image to start from: --image REF@sha256:DIGEST (what `envbuild "
             "build PROFILE --push REGISTRY` printed) or --oci-archive PATH (not both)."
         )
+    digest: str | None
     if image:
         source, digest = image_reference(image)
         bootstrap = "docker"
     else:
+        assert archive is not None  # (exactly one of the two, checked above)
         bootstrap = "oci-archive"
-        full = archive_path(oci_archive)
+        full = archive_path(archive)
         digest = archive_digest(full)
         source = str(full)
         if not full.exists():
@@ -212,7 +228,7 @@ def write_definition(
     env = M.split_credentials(resolve(m, profile, overrides))[0]  # (no user:password@ in it)
     if mirror:
         env = M.apply_to_env(env, M.choice(mirror, M.get_set(m, mirror)))
-    path = out if out is not None else Path(f"{folder_name(env.name, 'The profile name')}.def")
+    path = out_path if out_path is not None else Path(f"{folder_name(env.name, 'The profile name')}.def")
     if path.is_dir():  # (checked again by write_owned_file; here to name the file it wants)
         raise UserError(
             f"{path} is a folder; -o names the definition file to write (e.g. {path / (env.name + '.def')})."

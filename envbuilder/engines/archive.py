@@ -162,7 +162,7 @@ SIDECAR_SHAPE = {
 _ARCHIVE_FIX = "It is not an OCI archive envbuild export-image wrote: copy it again, or export it again."
 
 
-def index_manifests(tar: tarfile.TarFile, archive: Path, fix: str = _ARCHIVE_FIX) -> list[dict]:
+def index_manifests(tar: tarfile.TarFile, archive: Path, fix: str = _ARCHIVE_FIX) -> list[dict[str, Any]]:
     """The manifests listed by the index.json of the OCI layout in `tar` (export-image's archive,
     or any OCI archive apptainer is given), read by the one bounded reader (readers.py) against
     the shape of an OCI index; UserError (exit 2) naming the key otherwise."""
@@ -178,7 +178,8 @@ def index_manifests(tar: tarfile.TarFile, archive: Path, fix: str = _ARCHIVE_FIX
         fix=fix,
         bounds=Bounds(max_bytes=MAX_INDEX_BYTES),
     )
-    return index["manifests"]
+    manifests: list[dict[str, Any]] = index["manifests"]  # (INDEX_SHAPE: a list of objects)
+    return manifests
 
 
 def _member_bytes(tar: tarfile.TarFile, member: tarfile.TarInfo, archive: Path, fix: str) -> bytes:
@@ -188,7 +189,7 @@ def _member_bytes(tar: tarfile.TarFile, member: tarfile.TarInfo, archive: Path, 
     return f.read(MAX_INDEX_BYTES + 1)
 
 
-def read_index(archive: Path) -> dict:
+def read_index(archive: Path) -> dict[str, Any]:
     """The archive's one manifest: {digest, media_type, ref_name, config_digest}. UserError
     when the file is not an OCI archive of one image."""
     from envbuilder.model.readers import Bounds, parse_json
@@ -280,12 +281,12 @@ def _running(pid: int) -> bool:
     return True
 
 
-def clean_debris(parent: Path, pattern: re.Pattern) -> list[Path]:
+def clean_debris(parent: Path, pattern: re.Pattern[str]) -> list[Path]:
     """Remove the work folders in `parent` that runs killed on the spot left (their skopeo
     temporary files inside); returns them. Only what is provably an earlier run's goes: a name
     `pattern` matches, a real folder (no link) owned by this user, whose process no longer runs
     and whose lock nobody holds. Anything else is left as it is."""
-    removed = []
+    removed: list[Path] = []
     try:
         entries = list(os.scandir(parent))
     except OSError:
@@ -336,7 +337,11 @@ def skopeo_argv(skopeo: str, work: Work) -> list[str]:
 
 
 def run_skopeo(
-    argv: list[str], say: Say, cwd: Path | None = None, env: dict | None = None, work: Work | None = None
+    argv: list[str],
+    say: Say,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    work: Work | None = None,
 ) -> tuple[int, str]:
     """Run skopeo, its progress lines through `say`; (rc, last lines). Ctrl-C stops it. With
     `work`, skopeo holds its lock too, so that the folder is not taken for debris while it runs
@@ -404,7 +409,7 @@ def publish(src: Path, dest: Path, force: bool) -> None:
     os.unlink(src)
 
 
-def read_sidecar(archive: Path) -> dict:
+def read_sidecar(archive: Path) -> dict[str, Any]:
     """The sidecar of `archive`, read by the one bounded reader (readers.py) against the shape
     export-image writes; UserError (exit 2) naming what is wrong otherwise."""
     from envbuilder.model.readers import BadData, Bounds, check_shape, read
@@ -446,7 +451,7 @@ def read_sidecar(archive: Path) -> dict:
     return data
 
 
-def verify_archive(archive: Path, data: dict, say: Say) -> dict:
+def verify_archive(archive: Path, data: dict[str, Any], say: Say) -> dict[str, Any]:
     """The archive's bytes against its sidecar: size, sha256, then the manifest inside.
     UserError (exit 2: corrupt input) on any mismatch."""
     size = archive.stat().st_size
@@ -474,7 +479,7 @@ def verify_archive(archive: Path, data: dict, say: Say) -> dict:
     return info
 
 
-def import_image(archive: Path, registry: str, name: str | None, say: Say) -> dict:
+def import_image(archive: Path, registry: str, name: str | None, say: Say) -> dict[str, Any]:
     """Check `archive` against its sidecar and copy it into `registry` as `name` (default: the
     name the archive recorded). Returns {reference, digest, target}."""
     if not str(archive):

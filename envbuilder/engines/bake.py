@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, TypedDict
 
 from envbuilder.record import Record
 from envbuilder.render.image import LABEL
@@ -19,9 +19,21 @@ from envbuilder.render.image import default_tag  # (a target is tagged as `envbu
 
 if TYPE_CHECKING:
     from envbuilder.model.matrix import Matrix
-    from envbuilder.model.resolved import Overrides
+    from envbuilder.model.resolved import Overrides, ResolvedEnv
 
 BAKE_FILE = "docker-bake.hcl"
+
+
+class Target(TypedDict):
+    """One profile's target in the bake file (bake_target)."""
+
+    name: str
+    context: str
+    platforms: list[str]
+    args: dict[str, str]
+    tags: list[str]
+    cache_ref: str
+    labels: dict[str, str]
 
 
 def hcl_string(value: str) -> str:
@@ -30,7 +42,7 @@ def hcl_string(value: str) -> str:
     return json.dumps(str(value)).replace("${", "$${").replace("%{", "%%{")
 
 
-def target_args(env) -> dict[str, str]:
+def target_args(env: ResolvedEnv) -> dict[str, str]:
     """Build args of a profile's target: where its steps fetch from (what the rendered
     Dockerfile's ARGs default to, mirror applied), and the compile parallelism."""
     args = {
@@ -45,7 +57,7 @@ def target_args(env) -> dict[str, str]:
     return args
 
 
-def bake_file(targets: list[dict], variables: dict[str, str]) -> str:
+def bake_file(targets: list[Target], variables: dict[str, str]) -> str:
     """docker-bake.hcl for `targets` ({name, context, platforms, args, tags, cache_ref, labels})."""
     lines = [
         "# envbuild bake: one target per profile. Build them all on any BuildKit builder:",
@@ -86,7 +98,7 @@ def bake_file(targets: list[dict], variables: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
-def bake_target(env, tag: str) -> dict:
+def bake_target(env: ResolvedEnv, tag: str) -> Target:
     """The target of one (mirrored, constrained) resolved environment; `tag` is its upstream
     name envbuild/<profile>:<hash>, pushed under ${REGISTRY}/; built for its host's platform
     (linux/arm64 for a Grace system: buildx cross-builds it under QEMU elsewhere)."""
@@ -104,7 +116,7 @@ def bake_target(env, tag: str) -> dict:
     }
 
 
-def variables(env, registry: str) -> dict[str, str]:
+def variables(env: ResolvedEnv, registry: str) -> dict[str, str]:
     """The variables every target shares: the registry it pushes to and caches in, and the
     endpoints (the first profile's, mirror applied; they are the same for every profile)."""
     from envbuilder.model.config import check_registry
@@ -157,7 +169,9 @@ def bake(
     host = registry_for(registry, local_registry(m))
     choice = M.choice(mirror, M.get_set(m, mirror)) if mirror else None
     envs = resolve_all(m, names, overrides, "nothing was baked", say=say)
-    contexts, targets, shared = {}, [], None
+    contexts: dict[str, dict[str, str]] = {}
+    targets: list[Target] = []
+    shared: dict[str, str] | None = None
     stripped: set[str] = set()
     for env in envs:
         # no user:password@ in the bake file or the contexts: bake has no secret to carry it

@@ -17,11 +17,15 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Callable
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Callable
 
 from envbuilder.errors import ActionError, UserError
 from envbuilder.record import Record
 from envbuilder.oci.registry import is_loopback
+
+if TYPE_CHECKING:
+    from envbuilder.engines.docker import BuildResult
 
 NAMES = ("docker", "podman", "buildah")
 INSTALL = {
@@ -43,12 +47,12 @@ PULL_FAILED = re.compile(
 
 class Engine(Record):
     name: str
-    build: Callable  # (context, tag, build_args, secrets, echo, say) -> build.BuildResult
-    smoke: Callable  # (image, command) -> its output; ActionError when it fails
-    push: Callable  # (image, registry, repo_tag, say) -> the pushed digest
+    build: Callable[..., BuildResult]  # (context, tag, build_args, secrets, echo, say) -> build.BuildResult
+    smoke: Callable[..., str]  # (image, command) -> its output; ActionError when it fails
+    push: Callable[..., str]  # (image, registry, repo_tag, say) -> the pushed digest
     # (context, registry, repo_tag, platforms, build_args, secrets, echo, say) -> the digest of
     # the manifest list it pushed: one image a platform (--platform)
-    platforms: Callable
+    platforms: Callable[..., str]
     step_header: str  # the regex of a build step's first line (progress without -v)
 
 
@@ -137,7 +141,9 @@ def make(name: str) -> Engine:
     )
 
 
-def statuses(which: Callable[[str], str | None], run: Callable) -> list[tuple[str, bool, str]]:
+def statuses(
+    which: Callable[[str], str | None], run: Callable[[Sequence[str]], subprocess.CompletedProcess[str]]
+) -> list[tuple[str, bool, str]]:
     """(engine, usable, detail) for podman and buildah: installed, and their version answers."""
     out = []
     for name in ("podman", "buildah"):
@@ -249,7 +255,7 @@ def daemonless_build(
     echo: Callable[[str], None],
     say: Callable[[str], None],
     platforms: tuple[str, ...] = (),
-):
+) -> BuildResult:
     from envbuilder.engines import docker as B
 
     if platforms:
@@ -307,7 +313,7 @@ def buildah_smoke(image: str, command: list[str]) -> str:
     """Run `command` in a buildah working container of `image` (host network, as docker's smoke
     test), then remove the container; its output, or ActionError with what failed."""
 
-    def run(argv, timeout=1800):
+    def run(argv: list[str], timeout: float = 1800) -> subprocess.CompletedProcess[str]:
         return subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=timeout)
 
     made = run(["buildah", "from", "--pull=never", image], 300)

@@ -17,10 +17,17 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 from envbuilder.errors import ActionError, UserError
 from envbuilder.record import Record
+
+if TYPE_CHECKING:
+    from envbuilder.model.matrix import Matrix
+    from envbuilder.model.mirrors import MirrorChoice
+    from envbuilder.model.resolved import ResolvedEnv
+    from envbuilder.render.outdir import Checked
 
 # Build output that means the base image could not be pulled (the endpoint served its manifest
 # a moment ago, so this is rare: a blob the mirror lacks, a dropped connection).
@@ -43,11 +50,11 @@ class NoBuildKit(ActionError):
 
 class BuildKitClient(Record):
     argv: tuple[str, ...]  # ("docker", "buildx", "build") or ("docker", "build")
-    env: dict
+    env: dict[str, str]
     description: str
 
 
-def _run(argv) -> subprocess.CompletedProcess:
+def _run(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(list(argv), capture_output=True, text=True, timeout=20)
 
 
@@ -78,7 +85,9 @@ def docker_clients(
     return list(dict.fromkeys(out))
 
 
-def client_version(run: Callable, docker: str) -> str | None:
+def client_version(
+    run: Callable[[Sequence[str]], subprocess.CompletedProcess[str]], docker: str
+) -> str | None:
     """A docker client's own version (it prints it even when the daemon is unreachable)."""
     try:
         out = run((docker, "version", "--format", "{{.Client.Version}}"))
@@ -88,7 +97,9 @@ def client_version(run: Callable, docker: str) -> str | None:
     return first if first[:1].isdigit() else None
 
 
-def find_buildkit(run: Callable = _run, clients: list[str] | None = None) -> BuildKitClient:
+def find_buildkit(
+    run: Callable[[Sequence[str]], subprocess.CompletedProcess[str]] = _run, clients: list[str] | None = None
+) -> BuildKitClient:
     """The first docker client that can run BuildKit builds: one with the buildx plugin, or one
     older than 23 (BuildKit built in, DOCKER_BUILDKIT=1). `build` and `doctor` both ask here."""
     from envbuilder.model.versions import version_key
@@ -157,7 +168,7 @@ def docker_timeout() -> int:
     return int(value)
 
 
-def engine():
+def engine() -> Any:
     """A docker SDK client that answers, or ActionError naming the fix."""
     try:
         import docker
@@ -223,7 +234,7 @@ def run_build(
     done = threading.Event()
     if hasattr(echo, "tick"):  # the step log's heartbeat while a step runs quietly
 
-        def beat():
+        def beat() -> None:
             while not done.wait(1.0):
                 echo.tick()
 
@@ -247,7 +258,11 @@ NETWORK_ARGS = ("PIP_INDEX_URL", "TORCH_INDEX_URL", "APEX_URL", "FLASH_ATTN_RELE
 
 
 def pick_registries(
-    set_name: str, body: dict, refs: list[str], healthy: dict | None, say: Callable[[str], None]
+    set_name: str,
+    body: dict[str, Any],
+    refs: list[str],
+    healthy: dict[str, Any] | None,
+    say: Callable[[str], None],
 ) -> dict[str, str | None]:
     """For each registry the base images come from, the first endpoint of the mirror set
     (answering ones first) that serves every one of its images: a manifest HEAD through the v2
@@ -354,9 +369,9 @@ def platforms(
         from envbuilder.limits import read_text_bounded
 
         try:
-            digest = json.loads(read_text_bounded(Path(tmp) / "metadata.json", "buildx's metadata file")).get(
-                "containerimage.digest", ""
-            )
+            digest: str = json.loads(
+                read_text_bounded(Path(tmp) / "metadata.json", "buildx's metadata file")
+            ).get("containerimage.digest", "")
         except (OSError, ValueError, AttributeError, UserError):
             digest = ""
     if not re.fullmatch(r"sha256:[0-9a-f]{64}", str(digest)):
@@ -464,10 +479,10 @@ def step_title(instruction: str, limit: int = 120) -> str:
     return cut + " ..."
 
 
-def smoke(client, image: str, command: list[str]) -> str:
+def smoke(client: Any, image: str, command: list[str]) -> str:
     """Run `command` in the image (no GPU needed); returns its output or raises ActionError."""
     try:
-        out = client.containers.run(
+        out: bytes = client.containers.run(
             image, command, remove=True, network_mode="host", stdout=True, stderr=True
         )
     except Exception as e:
@@ -487,7 +502,7 @@ def smoke(client, image: str, command: list[str]) -> str:
     return out.decode(errors="replace")
 
 
-def push(client, image: str, registry: str, repo_tag: str, say: Callable[[str], None]) -> str:
+def push(client: Any, image: str, registry: str, repo_tag: str, say: Callable[[str], None]) -> str:
     """Tag `image` as registry/repo_tag, push it with progress, return the pushed digest."""
     from envbuilder.oci.registry import check_registry, check_served
 
@@ -496,8 +511,8 @@ def push(client, image: str, registry: str, repo_tag: str, say: Callable[[str], 
     target = f"{registry}/{repo}"
     client.images.get(image).tag(target, tag)
     say(f"pushing {target}:{tag}")
-    digest = None
-    shown = set()
+    digest: str | None = None
+    shown: set[tuple[str, str]] = set()
     for event in client.images.push(target, tag, stream=True, decode=True):
         if "error" in event or "errorDetail" in event:
             detail = event.get("error") or event["errorDetail"].get("message")
@@ -536,7 +551,7 @@ def secret_files(ca_cert: Path | None, pip_conf: Path | None) -> dict[str, Path]
     return out
 
 
-def stage_context(files: dict[str, str], links: dict | None = None) -> Path:
+def stage_context(files: dict[str, str], links: Mapping[str, Checked] | None = None) -> Path:
     """A private build context made from rendered files (removed by the caller); `links`
     (a wheelhouse's files, outdir.Checked) are placed as the bytes their manifest names."""
     from envbuilder.render.files import write_dir
@@ -560,7 +575,7 @@ class StepLog:
 
     def __init__(
         self,
-        out=None,
+        out: TextIO | None = None,
         tty: bool | None = None,
         beat: float = 12.0,
         clock: Callable[[], float] = time.monotonic,
@@ -569,9 +584,9 @@ class StepLog:
         self.tty = self.out.isatty() if tty is None else tty
         self.beat, self.clock = beat, clock
         self.start = clock()
-        self.steps: dict[str, dict] = {}  # id -> {label, title, started, last}
+        self.steps: dict[str, dict[str, Any]] = {}  # id -> {label, title, started, last}
         self.stages: list[str] = []
-        self.cached: list[dict] = []  # waiting to be printed in the Dockerfile's order
+        self.cached: list[dict[str, Any]] = []  # waiting to be printed in the Dockerfile's order
         self.counts = {"cached": 0, "run": 0}
         self.running: str | None = None
         self.last_beat = self.start
@@ -593,7 +608,7 @@ class StepLog:
 
         return clock_text(seconds)
 
-    def _order(self, step: dict) -> tuple:
+    def _order(self, step: dict[str, Any]) -> tuple[int, int]:
         stage, _, pos = step["label"].partition(" ")
         k = pos.split("/")[0]
         return (self.stages.index(stage) if stage in self.stages else 99, int(k) if k.isdigit() else 0)
@@ -697,7 +712,7 @@ def default_echo(verbose: bool, header: str = BUILDKIT_STEP) -> Callable[[str], 
     return echo
 
 
-def auto_mirror(m, say: Callable[[str], None]) -> str:
+def auto_mirror(m: Matrix, say: Callable[[str], None]) -> str:
     """`--mirror auto`: the configured mirror set, else the first whose registry answers."""
     from envbuilder.model.config import config_path, user_config
     from envbuilder.model import mirrors as M
@@ -717,7 +732,9 @@ def auto_mirror(m, say: Callable[[str], None]) -> str:
     )
 
 
-def mirror_choice(m, name: str | None, env, own_credentials: dict, say: Callable[[str], None]):
+def mirror_choice(
+    m: Matrix, name: str | None, env: ResolvedEnv, own_credentials: dict[str, str], say: Callable[[str], None]
+) -> tuple[MirrorChoice | None, dict[str, str]]:
     """(the mirror choice, the endpoints the build's RUN steps read) for mirror set `name`:
     its endpoints probed, the base images' registries picked before building (the
     environment's own image references name them), its endpoints replacing the profile's own,

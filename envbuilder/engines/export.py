@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from envbuilder.errors import ActionError, UserError
 from envbuilder.engines.archive import (
@@ -91,7 +92,7 @@ def resolve_source(image: str, say: Say) -> tuple[str, list[str], str]:
     )
 
 
-def export_image(image: str, out: Path | str, force: bool, say: Say) -> dict:
+def export_image(image: str, out: Path | str, force: bool, say: Say) -> dict[str, Any]:
     """Write `image` as an OCI archive at `out` and its sidecar next to it; returns the
     sidecar's data."""
     check_reference(image)
@@ -132,7 +133,9 @@ def export_image(image: str, out: Path | str, force: bool, say: Say) -> dict:
         work.close()
 
 
-def _export_into(image: str, out: Path, side: Path, force: bool, skopeo: str, work: Work, say: Say) -> dict:
+def _export_into(
+    image: str, out: Path, side: Path, force: bool, skopeo: str, work: Work, say: Say
+) -> dict[str, Any]:
     source, src_args, described = resolve_source(image, say)
     say(f"exporting {described} to {out}")
     name = archive_name(image)

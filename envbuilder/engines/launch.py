@@ -17,11 +17,18 @@ import os
 import re
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
 
 from envbuilder.errors import UserError
 from envbuilder.render.image import RECORD  # (the image's own resolved environment)
 from envbuilder.render.image import RUN_SCRIPT_PATH as RUN_SCRIPT  # (where the Dockerfile copies it)
 from envbuilder.render.quoting import comment, sh
+
+if TYPE_CHECKING:
+    import yaml
+
+    from envbuilder.model.matrix import Matrix
+    from envbuilder.model.resolved import Overrides, ResolvedEnv
 
 RAY_PORT = 6379  # Ray's default GCS port
 RAY_WAIT = 300  # seconds the launchers wait for every GPU to join, unless ENVBUILD_RAY_WAIT
@@ -193,7 +200,8 @@ def label_value(profile: str) -> str:
 def image_reference(ref: str, digest: bool) -> str:
     """--image: a reference in Docker's grammar (image_archive.REFERENCE, envbuild's one
     grammar); with `digest`, one that names its manifest digest (a tag can move)."""
-    from envbuilder.engines.archive import IMAGE_ID, REFERENCE
+    from envbuilder.engines.archive import IMAGE_ID
+    from envbuilder.oci.reference import REFERENCE
 
     text = ref.removeprefix("docker://")
     if len(text) > 512 or not (REFERENCE.fullmatch(text) or (not digest and IMAGE_ID.fullmatch(text))):
@@ -262,7 +270,7 @@ def claim_name(value: str) -> str:
 # -- what every launcher shares ------------------------------------------------------------------
 
 
-def build_command(env) -> str:
+def build_command(env: ResolvedEnv) -> str:
     """The `envbuild build` line that makes the image this launcher's run needs: the overrides
     the launcher was given, with the world size spelled out."""
     from envbuilder.model.flags import words
@@ -271,7 +279,7 @@ def build_command(env) -> str:
     return shlex.join(["envbuild", "build", env.profile, *given])
 
 
-def check_args(env) -> list[str]:
+def check_args(env: ResolvedEnv) -> list[str]:
     """IMAGE_CHECK's arguments after the record's path."""
     return [
         env.profile,
@@ -283,7 +291,7 @@ def check_args(env) -> list[str]:
     ]
 
 
-def describe(env) -> str:
+def describe(env: ResolvedEnv) -> str:
     cl = env.cluster
     return (
         f"{env.profile} on {cl.nodes} node(s) x {cl.gpus_per_node} GPU(s) ({env.gpu.name}), "
@@ -291,7 +299,7 @@ def describe(env) -> str:
     )
 
 
-def imex_lines(env) -> list[str]:
+def imex_lines(env: ResolvedEnv) -> list[str]:
     """Shell lines that export the release's NCCL settings for these GPUs (the cluster's
     `without_imex`, verl.yaml `nccl_env`) on a node without IMEX channels, unless set; none
     where the release gives these GPUs none."""
@@ -319,7 +327,9 @@ def ray_worker_args(ip: str, port: str, gpus: str) -> list[str]:
 # -- Slurm ---------------------------------------------------------------------------------------
 
 
-def slurm_script(env, *, sif: str | None = None, image: str | None = None, job: str | None = None) -> str:
+def slurm_script(
+    env: ResolvedEnv, *, sif: str | None = None, image: str | None = None, job: str | None = None
+) -> str:
     """The sbatch script for `env` (sif: an Apptainer image's path, or image: a docker
     reference; each checked here too, for a caller that is not the CLI)."""
     from envbuilder.render.files import jinja_env
@@ -362,7 +372,9 @@ def slurm_script(env, *, sif: str | None = None, image: str | None = None, job: 
 # -- KubeRay --------------------------------------------------------------------------------------
 
 
-def pod_sizes(env, cpus: int | None, memory_gib: int | None, shm_gib: int | None) -> tuple[int, int, int]:
+def pod_sizes(
+    env: ResolvedEnv, cpus: int | None, memory_gib: int | None, shm_gib: int | None
+) -> tuple[int, int, int]:
     """CPUs, memory and /dev/shm (GiB) of each pod: by default 8 CPUs and 32 GiB per GPU, and
     /dev/shm 30% of the memory, which is what Ray's object store takes by default (capped by
     /dev/shm's size); a memory-backed emptyDir counts against the pod's memory limit."""
@@ -380,7 +392,7 @@ def pod_sizes(env, cpus: int | None, memory_gib: int | None, shm_gib: int | None
 
 
 def rayjob(
-    env,
+    env: ResolvedEnv,
     image: str,
     *,
     job: str | None = None,
@@ -388,7 +400,7 @@ def rayjob(
     memory_gib: int | None = None,
     shm_gib: int | None = None,
     data_pvc: str | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """The RayJob (KubeRay ray.io/v1) for `env`, as plain data: a head pod and N-1 worker pods,
     each one whole GPU node (G GPUs), so the N nodes the run script was rendered for are the N
     pods Ray sees; the job runs the image's run script on the head once Ray sees every GPU."""
@@ -407,7 +419,7 @@ def rayjob(
         mounts.append({"name": "data", "mountPath": "/data"})
         volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": claim_name(data_pvc)}})
 
-    def template(container: str) -> dict:
+    def template(container: str) -> dict[str, Any]:
         return {
             "spec": {
                 "containers": [
@@ -456,7 +468,7 @@ def rayjob(
     }
 
 
-def entrypoint(env) -> str:
+def entrypoint(env: ResolvedEnv) -> str:
     """The RayJob's entrypoint (a shell command Ray's job manager runs on the head): the image
     check, the wait for every GPU, then the run script."""
     cl = env.cluster
@@ -470,16 +482,18 @@ def entrypoint(env) -> str:
     return f"{check} && {wait} && exec {shlex.quote(RUN_SCRIPT)}"
 
 
-def rayjob_yaml(env, image: str, **kw) -> str:
+def rayjob_yaml(env: ResolvedEnv, image: str, **kw: Any) -> str:
     """The manifest as YAML (a serializer's, with a comment header of envbuild's own), multi-line
     strings (the entrypoint's Python) as literal blocks."""
     import yaml
 
     class Dumper(yaml.SafeDumper):
-        def ignore_aliases(self, data):  # (the pods' equal parts written out, not as &anchors)
+        def ignore_aliases(
+            self, data: object
+        ) -> bool:  # (the pods' equal parts written out, not as &anchors)
             return True
 
-    def text(dumper, value):
+    def text(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
         style = "|" if "\n" in value else None
         return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
@@ -500,7 +514,7 @@ def rayjob_yaml(env, image: str, **kw) -> str:
 # -- by hand ----------------------------------------------------------------------------------------
 
 
-def ray_commands(env, *, head_ip: str | None = None, port: int = RAY_PORT) -> str:
+def ray_commands(env: ResolvedEnv, *, head_ip: str | None = None, port: int = RAY_PORT) -> str:
     """Plain shell lines for a Ray cluster made by hand: what every node exports, `ray start` on
     the head and on each other node, and the run on the head."""
     cl = env.cluster
@@ -558,7 +572,7 @@ def default_out(kind: str, profile: str) -> Path:
 # -- the commands' whole work (envbuild launch slurm|kuberay|ray), callable without click ---------
 
 
-def resolved(m, profile: str, overrides):
+def resolved(m: Matrix, profile: str, overrides: Overrides | None) -> ResolvedEnv:
     """`profile` resolved for a launcher, without the endpoints' user:password@ (nothing this
     writes or prints carries a credential)."""
     from envbuilder.model import mirrors as M
@@ -596,7 +610,16 @@ def write_launcher(path: Path, text: str, header: str, line: int, force: bool, w
 
 
 def write_slurm(
-    m, profile: str, overrides, *, sif=None, image=None, job=None, out=None, force=False, say=print
+    m: Matrix,
+    profile: str,
+    overrides: Overrides | None,
+    *,
+    sif: str | None = None,
+    image: str | None = None,
+    job: str | None = None,
+    out: str | None = None,
+    force: bool = False,
+    say: Callable[[str], object] = print,
 ) -> Path:
     """`envbuild launch slurm`: the sbatch script of `profile` written to `out` (default
     ./PROFILE.sbatch); exactly one of `sif` (Apptainer) and `image` (docker) names what runs."""
@@ -619,19 +642,19 @@ def write_slurm(
 
 
 def write_kuberay(
-    m,
+    m: Matrix,
     profile: str,
-    overrides,
+    overrides: Overrides | None,
     *,
     image: str,
-    job=None,
-    cpus=None,
-    memory_gib=None,
-    shm_gib=None,
-    data_pvc=None,
-    out=None,
-    force=False,
-    say=print,
+    job: str | None = None,
+    cpus: int | None = None,
+    memory_gib: int | None = None,
+    shm_gib: int | None = None,
+    data_pvc: str | None = None,
+    out: str | None = None,
+    force: bool = False,
+    say: Callable[[str], object] = print,
 ) -> Path:
     """`envbuild launch kuberay`: the RayJob manifest of `profile` written to `out` (default
     ./PROFILE.rayjob.yaml), the pushed `image` by digest."""
@@ -652,7 +675,9 @@ def write_kuberay(
     return path
 
 
-def ray_text(m, profile: str, overrides, *, head_ip: str | None = None, port: int = RAY_PORT) -> str:
+def ray_text(
+    m: Matrix, profile: str, overrides: Overrides | None, *, head_ip: str | None = None, port: int = RAY_PORT
+) -> str:
     """`envbuild launch ray`: the `ray start` commands of `profile` (ray_commands)."""
     head_ip = head_address(head_ip) if head_ip is not None else None
     return ray_commands(resolved(m, profile, overrides), head_ip=head_ip, port=port)
