@@ -4,6 +4,7 @@ requests or rattler stay inside the commands that need them, so `render` starts 
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import click
@@ -39,15 +40,14 @@ LAZY_COMMANDS = {
 
 
 class LazyGroup(click.Group):
-    def list_commands(self, ctx):
+    def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(LAZY_COMMANDS)
 
-    def get_command(self, ctx, name):
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name in LAZY_COMMANDS:
-            import importlib
-
             module, attr = LAZY_COMMANDS[name].split(":")
-            return getattr(importlib.import_module(module), attr)
+            command: click.Command = getattr(importlib.import_module(module), attr)
+            return command
         return super().get_command(ctx, name)
 
 
@@ -55,7 +55,7 @@ class LazyGroup(click.Group):
 # (envvar=...), and docs/reference.md names every variable envbuild reads (tests/test_docs.py)
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="envbuild")
-def cli():
+def cli() -> None:
     """Reproducible GPU environments for LLM RL training, right for the GPU you have."""
 
 
@@ -120,7 +120,7 @@ def bounded_message(text: str) -> str:
     return re.sub(r"\S{200,}", lambda m: f"{m[0][:80]}...({len(m[0])} characters)", text)
 
 
-def internal_error_text(argv, exc: BaseException) -> str:
+def internal_error_text(argv: list[str], exc: BaseException) -> str:
     """The paragraph for an exception envbuild did not expect: which command, what broke, that
     it is envbuild's fault, and where to report it."""
     from envbuilder.text import printable, shorten
@@ -144,7 +144,7 @@ def issue_tracker() -> str:
         for entry in metadata("envbuild").get_all("Project-URL") or []:
             label, _, url = entry.partition(",")
             if label.strip().lower() in ("issues", "bug tracker", "tracker"):
-                return url.strip()
+                return str(url).strip()
     except Exception:
         pass
     return "envbuild's issue tracker"

@@ -15,7 +15,8 @@ import click
 
 from envbuilder.cli import complete
 from envbuilder.cli.callbacks import file_out
-from envbuilder.cli.options import load_matrix, override_options, say
+from envbuilder.cli.options import Dirs, load_matrix, override_options, say
+from envbuilder.model.resolved import Overrides
 
 
 @click.command()
@@ -48,11 +49,30 @@ from envbuilder.cli.options import load_matrix, override_options, say
 )
 @click.option("--force", is_flag=True, help="Replace FILE even when envbuild did not write it.")
 @override_options
-def apptainer(profile, image, oci_archive, out, mirror, force, overrides, matrix_dirs):
+def apptainer(
+    profile: str,
+    image: str | None,
+    oci_archive: str | None,
+    out: str | None,
+    mirror: str | None,
+    force: bool,
+    overrides: Overrides,
+    matrix_dirs: Dirs,
+) -> None:
     """Write an Apptainer definition of PROFILE's image, for clusters without Docker:
     `apptainer build PROFILE.sif PROFILE.def`, then `apptainer run --nv PROFILE.sif`."""
     from envbuilder.engines.apptainer import write_definition
 
     m = load_matrix(matrix_dirs)
-    kw = dict(image=image, oci_archive=oci_archive, out=out, mirror=mirror, force=force, say=say)
-    click.echo(str(write_definition(m, profile, overrides, **kw)))
+    path = write_definition(
+        m,
+        profile,
+        overrides,
+        image=image,
+        oci_archive=oci_archive,
+        out=out,
+        mirror=mirror,
+        force=force,
+        say=say,
+    )
+    click.echo(str(path))

@@ -7,7 +7,8 @@ from pathlib import Path
 import click
 
 from envbuilder.cli import complete
-from envbuilder.cli.options import load_matrix, override_options, say
+from envbuilder.cli.options import Dirs, load_matrix, override_options, say
+from envbuilder.model.resolved import Overrides
 
 
 @click.command()
@@ -41,7 +42,16 @@ from envbuilder.cli.options import load_matrix, override_options, say
     help="Write into a folder envbuild did not write (it still deletes nothing it did not write).",
 )
 @override_options
-def bake(profiles, all_, out, mirror, registry, force, overrides, matrix_dirs):
+def bake(
+    profiles: tuple[str, ...],
+    all_: bool,
+    out: Path,
+    mirror: str | None,
+    registry: str,
+    force: bool,
+    overrides: Overrides,
+    matrix_dirs: Dirs,
+) -> None:
     """Write a docker-bake.hcl with a target per profile (and each one's build context), so
     `docker buildx bake` builds the matrix on any BuildKit builder."""
     from envbuilder.engines.bake import BAKE_FILE, bake as write_bake

@@ -4,11 +4,13 @@ mirror), smoke-test and push it (docker and requests load lazily)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
 from envbuilder.cli import complete
-from envbuilder.cli.options import load_matrix, override_options, say
+from envbuilder.cli.options import Dirs, load_matrix, override_options, say
+from envbuilder.model.resolved import Overrides
 
 
 @click.command()
@@ -68,7 +70,9 @@ from envbuilder.cli.options import load_matrix, override_options, say
     "GH200/GB200; another CPU's under QEMU) and push one manifest list by digest (needs --push).",
 )
 @override_options
-def build(profile, no_probe, overrides, matrix_dirs, **options):
+def build(
+    profile: str | None, no_probe: bool, overrides: Overrides, matrix_dirs: Dirs, **options: Any
+) -> None:
     """Render PROFILE, build it with BuildKit or podman/buildah (through a mirror), smoke-test
     and push it.
 

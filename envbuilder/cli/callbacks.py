@@ -4,11 +4,12 @@ what a right one looks like (click.BadParameter)."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import click
 
 
-def no_empty_url(ctx, param, value):
+def no_empty_url(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     """URL options: an empty value (a careless `--index-url "$MIRROR"`) is refused, exit 2,
     never taken as "the default"."""
     values = value if isinstance(value, (tuple, list)) else (value,)
@@ -19,7 +20,7 @@ def no_empty_url(ctx, param, value):
     return value
 
 
-def not_empty(ctx, param, value):
+def not_empty(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     """An option whose empty value would silently mean something else (`--model ''` no model,
     `--lock-dir ''` the current folder, `--data-pvc ''` no volume) is refused, exit 2."""
     if value is not None and not str(value).strip():
@@ -27,7 +28,7 @@ def not_empty(ctx, param, value):
     return value
 
 
-def file_out(ctx, param, value):
+def file_out(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     """-o FILE (and --html FILE): not empty, and not a name ending in '/' (`-o newdir/` wrote
     a file named newdir)."""
     not_empty(ctx, param, value)
@@ -38,7 +39,7 @@ def file_out(ctx, param, value):
     return value
 
 
-def driver_version(ctx, param, value):
+def driver_version(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     from envbuilder.model.versions import is_driver_version
 
     if value is not None and not is_driver_version(value):
@@ -52,7 +53,7 @@ def driver_version(ctx, param, value):
 INDEX_URL = re.compile(r"^(https?://[^\s/]+(/\S*)?|file:///\S*)$")
 
 
-def index_url(ctx, param, value):
+def index_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     if value is not None and not INDEX_URL.match(value):
         raise click.BadParameter(
             f"{value!r} is not an index URL (http://, https:// or file:///). "
@@ -62,7 +63,7 @@ def index_url(ctx, param, value):
     return value
 
 
-def json_api_root(ctx, param, value):
+def json_api_root(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """refresh's --index-url: the root of PyPI's JSON API (a trailing /simple dropped)."""
     from envbuilder.upstream.pypi import DEFAULT_INDEX
 

@@ -7,7 +7,8 @@ import click
 
 from envbuilder.cli import complete
 from envbuilder.cli.callbacks import no_empty_url
-from envbuilder.cli.options import load_matrix, override_options
+from envbuilder.cli.options import Dirs, load_matrix, override_options
+from envbuilder.model.resolved import Overrides
 
 
 @click.command()
@@ -34,7 +35,14 @@ from envbuilder.cli.options import load_matrix, override_options
     "PyPI's build of the same torch version is resolved instead, and said so).",
 )
 @override_options
-def check(profile, online, index_url, torch_index_url, overrides, matrix_dirs):
+def check(
+    profile: str,
+    online: bool,
+    index_url: str | None,
+    torch_index_url: str | None,
+    overrides: Overrides,
+    matrix_dirs: Dirs,
+) -> None:
     """Exit 0 when PROFILE (with overrides) is a working combination; else explain, exit 2."""
     from envbuilder.model.resolve import picked_for_driver, resolve
 

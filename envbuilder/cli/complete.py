@@ -5,27 +5,37 @@ matrix or config that does not load completes nothing."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # (imported when <Tab> asks: every command names these callbacks)
+    import click
     from click.shell_completion import CompletionItem
 
+    from envbuilder.model.matrix import Matrix
 
-def _matrix(ctx):
+    Complete = Callable[[click.Context | None, click.Parameter | None, str], list[CompletionItem]]
+
+
+def _matrix(ctx: click.Context | None) -> Matrix:
     from envbuilder.model.matrix import load, overlays_from_env
 
     dirs = (ctx.params.get("matrix_dirs") if ctx is not None else None) or overlays_from_env()
     return load(tuple(dirs))
 
 
-def _items(names, incomplete: str, helps: dict | None = None) -> list[CompletionItem]:
+def _items(
+    names: Iterable[str], incomplete: str, helps: dict[str, str | None] | None = None
+) -> list[CompletionItem]:
     from click.shell_completion import CompletionItem
 
     helps = helps or {}
     return [CompletionItem(n, help=helps.get(n)) for n in names if n.startswith(incomplete)]
 
 
-def profiles(ctx, param, incomplete: str) -> list[CompletionItem]:
+def profiles(
+    ctx: click.Context | None, param: click.Parameter | None, incomplete: str
+) -> list[CompletionItem]:
     try:
         m = _matrix(ctx)
         return _items(list(m.profiles), incomplete, {n: p.get("description") for n, p in m.profiles.items()})
@@ -33,7 +43,9 @@ def profiles(ctx, param, incomplete: str) -> list[CompletionItem]:
         return []
 
 
-def mirror_sets(ctx, param, incomplete: str, auto: bool = False) -> list[CompletionItem]:
+def mirror_sets(
+    ctx: click.Context | None, param: click.Parameter | None, incomplete: str, auto: bool = False
+) -> list[CompletionItem]:
     try:
         from envbuilder.model.mirrors import mirror_sets as sets
 
@@ -44,12 +56,14 @@ def mirror_sets(ctx, param, incomplete: str, auto: bool = False) -> list[Complet
         return []
 
 
-def mirror_sets_or_auto(ctx, param, incomplete: str) -> list[CompletionItem]:
+def mirror_sets_or_auto(
+    ctx: click.Context | None, param: click.Parameter | None, incomplete: str
+) -> list[CompletionItem]:
     """For the commands whose --mirror also takes `auto` (the first set that answers)."""
     return mirror_sets(ctx, param, incomplete, auto=True)
 
 
-def gpus(ctx, param, incomplete: str) -> list[CompletionItem]:
+def gpus(ctx: click.Context | None, param: click.Parameter | None, incomplete: str) -> list[CompletionItem]:
     try:
         m = _matrix(ctx)
         return _items([*m.gpus, *(p for p in m.profiles if p not in m.gpus)], incomplete)
@@ -57,18 +71,20 @@ def gpus(ctx, param, incomplete: str) -> list[CompletionItem]:
         return []
 
 
-def pythons(m) -> list[str]:
+def pythons(m: Matrix) -> list[str]:
     from envbuilder.model.versions import version_key
 
     found = {r["python"] for r in m.cuda.values()} | {v for r in m.torch.values() for v in r["python"]}
     return sorted(found, key=version_key)
 
 
-def from_matrix(section: str):
+def from_matrix(section: str) -> Complete:
     """The candidates of an override that names a key of a matrix section (cuda, torch, verl,
     vllm, algorithms, interconnects), newest version first; `components` and `python` too."""
 
-    def complete(ctx, param, incomplete: str) -> list[CompletionItem]:
+    def complete(
+        ctx: click.Context | None, param: click.Parameter | None, incomplete: str
+    ) -> list[CompletionItem]:
         try:
             from envbuilder.model.versions import version_key
 

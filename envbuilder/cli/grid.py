@@ -8,8 +8,8 @@ from pathlib import Path
 import click
 
 from envbuilder.cli import complete
-from envbuilder.cli.callbacks import file_out
-from envbuilder.cli.options import driver_version, load_matrix, matrix_dir_option
+from envbuilder.cli.callbacks import driver_version, file_out
+from envbuilder.cli.options import Dirs, load_matrix, matrix_dir_option
 
 
 @click.command()
@@ -48,7 +48,14 @@ from envbuilder.cli.options import driver_version, load_matrix, matrix_dir_optio
     help="Replace the --html FILE even when envbuild did not write it or it was edited since.",
 )
 @matrix_dir_option
-def grid(gpus, driver, html_file, details, force, matrix_dirs):
+def grid(
+    gpus: tuple[str, ...],
+    driver: str | None,
+    html_file: str | None,
+    details: bool,
+    force: bool,
+    matrix_dirs: Dirs,
+) -> None:
     """GPUs (rows) x the choices render's flags make (torch/CUDA, rollout and vLLM, verl,
     flash-attn, apex): \u2713 resolves, ~ resolves with a named override, \u2717 refused."""
     from envbuilder.render import grid as G

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import cast
 
 import click
 
@@ -27,7 +28,7 @@ def _say(msg: str) -> None:
 )
 @click.option("--force", is_flag=True, help="Replace FILE.tar (and its sidecar) if they exist.")
 @click.option("--json", "as_json", is_flag=True, help="Print the sidecar's data as JSON.")
-def export_image(image, out, force, as_json):
+def export_image(image: str, out: str, force: bool, as_json: bool) -> None:
     """Write IMAGE (an image in the Docker engine, e.g. envbuild/p40:abc, or HOST[:PORT]/NAME:TAG
     in a registry) as an OCI archive with its digest, to carry across an air gap with a
     wheelhouse; prints the manifest digest."""
@@ -37,10 +38,10 @@ def export_image(image, out, force, as_json):
 
     need_extra("export-image", "actions")  # (the engine's SDK, the registry client: exit 2, first)
     data = export(image, out, force, _say)  # (`out` as typed: an empty one is refused there)
-    out = Path(out)
+    dest = Path(out)
     _say(
-        f"wrote {out} ({data['archive_size'] / 2**20:.1f} MiB, sha256 {data['archive_sha256']}) "
-        f"and {sidecar_path(out)}; load it with: envbuild import-image {out}"
+        f"wrote {dest} ({data['archive_size'] / 2**20:.1f} MiB, sha256 {data['archive_sha256']}) "
+        f"and {sidecar_path(dest)}; load it with: envbuild import-image {dest}"
     )
     if as_json:
         click.echo(json.dumps(data, indent=2, sort_keys=True))
@@ -61,7 +62,7 @@ def export_image(image, out, force, as_json):
     "--name", metavar="NAME:TAG", help="Repository and tag there (default: the name the archive recorded)."
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def import_image(archive, registry, name, as_json):
+def import_image(archive: str, registry: str, name: str | None, as_json: bool) -> None:
     """Check ARCHIVE (from export-image) against its sidecar's sha256 and load it into a
     registry; prints REGISTRY/NAME@sha256:DIGEST."""
     from envbuilder.model.config import local_registry, registry_for
@@ -72,7 +73,7 @@ def import_image(archive, registry, name, as_json):
 
     m = load_matrix(())
     host = registry_for(registry, local_registry(m))
-    result = load(archive, host, name, _say)
+    result = load(cast(Path, archive), host, name, _say)  # (as typed: the engine refuses '')
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True))
     else:

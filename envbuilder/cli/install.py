@@ -10,8 +10,9 @@ import click
 
 from envbuilder.cli import complete
 from envbuilder.cli.callbacks import index_url
-from envbuilder.cli.options import load_matrix, override_options, say
+from envbuilder.cli.options import Dirs, load_matrix, override_options, say
 from envbuilder.errors import ActionError, UserError
+from envbuilder.model.resolved import Overrides
 
 
 @click.command()
@@ -59,18 +60,18 @@ from envbuilder.errors import ActionError, UserError
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report on stdout.")
 @override_options
 def install(
-    profile,
-    prefix,
-    wheelhouse,
-    interpreter,
-    index_url,
-    torch_index_url,
-    mirror,
-    locked,
-    as_json,
-    overrides,
-    matrix_dirs,
-):
+    profile: str,
+    prefix: Path,
+    wheelhouse: Path | None,
+    interpreter: str | None,
+    index_url: str | None,
+    torch_index_url: str | None,
+    mirror: str | None,
+    locked: Path | None,
+    as_json: bool,
+    overrides: Overrides,
+    matrix_dirs: Dirs,
+) -> None:
     """Install PROFILE without Docker into a venv (or a conda environment, from a wheelhouse
     with micromamba/mamba/conda on PATH), the way `build` makes the image: the install layers
     with the lock's pins, verl's recorded patches for the GPU, the precision audit, then

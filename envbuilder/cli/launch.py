@@ -4,15 +4,19 @@ is envbuilder/engines/launch.py; this only parses, resolves and writes."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from envbuilder.cli import complete
 from envbuilder.cli.callbacks import file_out, not_empty
-from envbuilder.cli.options import load_matrix, override_options, say
+from envbuilder.cli.options import Dirs, load_matrix, override_options, say
+from envbuilder.engines.launch import ray_text, write_kuberay, write_slurm
+from envbuilder.model.resolved import Overrides
 
 
 @click.group()
-def launch():
+def launch() -> None:
     """Start a profile's run on several nodes: an sbatch script (slurm), a KubeRay RayJob
     (kuberay), or `ray start` commands (ray). Resolve with the same overrides as the render the
     image was built from (--nodes, --gpus-per-node, --algo, ...)."""
@@ -43,11 +47,18 @@ def launch():
 )
 @click.option("--force", is_flag=True, help="Replace FILE even when envbuild did not write it.")
 @override_options
-def slurm(profile, sif, image, job_name, out, force, overrides, matrix_dirs):
+def slurm(
+    profile: str,
+    sif: str | None,
+    image: str | None,
+    job_name: str | None,
+    out: str | None,
+    force: bool,
+    overrides: Overrides,
+    matrix_dirs: Dirs,
+) -> None:
     """An sbatch script: Ray's head on the first node, workers on the others (srun, in the
     image), a wait until Ray sees every GPU, then the image's run script on the head."""
-    from envbuilder.engines.launch import write_slurm
-
     m = load_matrix(matrix_dirs)
     path = write_slurm(
         m, profile, overrides, sif=sif, image=image, job=job_name, out=out, force=force, say=say
@@ -99,16 +110,24 @@ def slurm(profile, sif, image, job_name, out, force, overrides, matrix_dirs):
 @click.option("--force", is_flag=True, help="Replace FILE even when envbuild did not write it.")
 @override_options
 def kuberay(
-    profile, image, job_name, cpus, memory_gib, shm_gib, data_pvc, out, force, overrides, matrix_dirs
-):
+    profile: str,
+    image: str,
+    job_name: str | None,
+    cpus: int | None,
+    memory_gib: int | None,
+    shm_gib: int | None,
+    data_pvc: str | None,
+    out: str | None,
+    force: bool,
+    overrides: Overrides,
+    matrix_dirs: Dirs,
+) -> None:
     """A KubeRay RayJob manifest: a head pod and N-1 worker pods of G GPUs each, the image by
     digest, /dev/shm sized for Ray, the run script as the entrypoint."""
-    from envbuilder.engines.launch import write_kuberay
-
     m = load_matrix(matrix_dirs)
-    kw = dict(job=job_name, cpus=cpus, memory_gib=memory_gib, shm_gib=shm_gib, data_pvc=data_pvc)
-    path = write_kuberay(m, profile, overrides, image=image, out=out, force=force, say=say, **kw)
-    click.echo(str(path))
+    kw: dict[str, Any] = dict(job=job_name, cpus=cpus, memory_gib=memory_gib, shm_gib=shm_gib)
+    kw.update(image=image, out=out, force=force, say=say, data_pvc=data_pvc)
+    click.echo(str(write_kuberay(m, profile, overrides, **kw)))
 
 
 @launch.command()
@@ -126,8 +145,6 @@ def kuberay(
     help="The head's Ray (GCS) port.",
 )
 @override_options
-def ray(profile, head_ip, port, overrides, matrix_dirs):
+def ray(profile: str, head_ip: str | None, port: int, overrides: Overrides, matrix_dirs: Dirs) -> None:
     """Print `ray start` commands for a Ray cluster made by hand, and the run on its head."""
-    from envbuilder.engines.launch import ray_text
-
     click.echo(ray_text(load_matrix(matrix_dirs), profile, overrides, head_ip=head_ip, port=port), nl=False)

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
 from envbuilder.cli import complete
 from envbuilder.cli.callbacks import no_empty_url
-from envbuilder.cli.options import load_matrix, override_options, say
+from envbuilder.cli.options import Dirs, load_matrix, override_options, say
 from envbuilder.errors import UserError
+from envbuilder.model.resolved import Overrides
 
 
 @click.command()
@@ -91,22 +93,22 @@ from envbuilder.errors import UserError
 )
 @override_options
 def lock(
-    profile,
-    all_,
-    check,
-    out,
-    index_url,
-    torch_index_url,
-    channels,
-    registry_mirror,
-    github_url,
-    mirror_set,
-    solver,
-    only,
-    torch_from_pypi,
-    overrides,
-    matrix_dirs,
-):
+    profile: str | None,
+    all_: bool,
+    check: bool,
+    out: Path | None,
+    index_url: str | None,
+    torch_index_url: str | None,
+    channels: tuple[str, ...],
+    registry_mirror: str | None,
+    github_url: str | None,
+    mirror_set: str | None,
+    solver: str,
+    only: tuple[str, ...],
+    torch_from_pypi: bool,
+    overrides: Overrides,
+    matrix_dirs: Dirs,
+) -> None:
     """Pin PROFILE's conda part, pip part and base images for its target machine.
 
     The override options lock a variant of the profile (give it its own -o); `render --locked`
@@ -129,9 +131,9 @@ def lock(
 
             uv_bin("lock")
     m = load_matrix(tuple(matrix_dirs))
-    names = list(m.profiles) if all_ else [profile]
+    names = [profile] if profile else list(m.profiles)  # (one of the two: checked above)
     flags = LockFlags(
         index_url, torch_index_url, channels, registry_mirror, github_url, mirror_set, solver, torch_from_pypi
     )
-    kw = dict(check=check, keep_going=all_, say=say, echo=click.echo)
+    kw: dict[str, Any] = dict(check=check, keep_going=all_, say=say, echo=click.echo)
     lock_profiles(m, names, overrides, out, flags, parts, **kw)

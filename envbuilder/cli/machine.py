@@ -7,15 +7,20 @@ object, so tests hand them recorded answers; by default the real ones are used.
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import click
 
 from envbuilder.cli import complete
 
-from envbuilder.cli.options import load_matrix, matrix_dir_option, override_options
+from envbuilder.cli.options import Dirs, load_matrix, matrix_dir_option, override_options
+from envbuilder.model.resolved import Overrides
+
+if TYPE_CHECKING:
+    from envbuilder.machine.doctor import Probes
 
 
-def _probes(ctx: click.Context):
+def _probes(ctx: click.Context) -> Probes:
     from envbuilder.machine.doctor import Probes
 
     return ctx.obj if ctx.obj is not None else Probes()
@@ -25,7 +30,7 @@ def _probes(ctx: click.Context):
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @matrix_dir_option
 @click.pass_context
-def detect(ctx, as_json, matrix_dirs):
+def detect(ctx: click.Context, as_json: bool, matrix_dirs: Dirs) -> None:
     """GPUs, driver, the newest CUDA it supports, and the profile that fits them best, with why."""
     from envbuilder.machine.detect import detect as detect_machine
     from envbuilder.machine.detect import machine_json, recommend, recommendation_json, report_lines
@@ -60,7 +65,15 @@ def detect(ctx, as_json, matrix_dirs):
 )
 @override_options
 @click.pass_context
-def doctor(ctx, profile, as_json, mirror, conda_required, overrides, matrix_dirs):
+def doctor(
+    ctx: click.Context,
+    profile: str | None,
+    as_json: bool,
+    mirror: str | None,
+    conda_required: bool,
+    overrides: Overrides,
+    matrix_dirs: Dirs,
+) -> None:
     """Is this machine ready to build and run PROFILE? Each check ✓/✗ with the fix; exit 1 if not.
     Without PROFILE: the one `envbuild detect` picks for this machine."""
     from envbuilder.machine.doctor import doctor as run_doctor, report_json

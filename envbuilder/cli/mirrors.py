@@ -9,18 +9,18 @@ import click
 
 from envbuilder.cli import complete
 
-from envbuilder.cli.options import load_matrix, matrix_dir_option
+from envbuilder.cli.options import Dirs, load_matrix, matrix_dir_option
 
 
 @click.group()
-def mirrors():
+def mirrors() -> None:
     """Mirror sets: what each rewrites, and how healthy their endpoints are."""
 
 
 @mirrors.command("list")
 @click.option("--json", "as_json", is_flag=True)
 @matrix_dir_option
-def mirrors_list(as_json, matrix_dirs):
+def mirrors_list(as_json: bool, matrix_dirs: Dirs) -> None:
     """Shipped and configured mirror sets and what each rewrites."""
     from envbuilder.model import mirrors as M
     from envbuilder.model.config import config_path
@@ -41,7 +41,7 @@ def mirrors_list(as_json, matrix_dirs):
 @click.option("--timeout", default=5.0, show_default=True, help="Seconds per endpoint.")
 @click.option("--json", "as_json", is_flag=True)
 @matrix_dir_option
-def mirrors_probe(name, timeout, as_json, matrix_dirs):
+def mirrors_probe(name: str, timeout: float, as_json: bool, matrix_dirs: Dirs) -> None:
     """Health and latency of every endpoint of a set, probed in parallel."""
     from envbuilder.model import mirrors as M
     from envbuilder.errors import need_extra

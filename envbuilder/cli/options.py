@@ -3,19 +3,28 @@ Overrides they make come from envbuilder/model/profiles.py), --matrix-dir, the m
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from envbuilder.cli import complete
 from envbuilder.cli.callbacks import driver_version, not_empty
 from envbuilder.model import flags as F
-from envbuilder.model.profiles import FLAG_FIELDS, split_names  # noqa: F401  (re-exported)
+from envbuilder.model.flags import FLAG_FIELDS
+
+if TYPE_CHECKING:
+    from envbuilder.machine.doctor import Probes
+    from envbuilder.model.matrix import Matrix
+
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+Dirs = tuple[Path, ...]  # --matrix-dir's folders, as a command gets them
 
 
 # what the command line adds to a flag of model/flags.py: completion from the matrix, a check
-_EXTRA = {
+_EXTRA: dict[str, dict[str, Any]] = {
     "cuda": {"shell_complete": complete.from_matrix("cuda")},
     "torch": {"shell_complete": complete.from_matrix("torch")},
     "python": {"shell_complete": complete.from_matrix("python")},
@@ -30,25 +39,26 @@ _EXTRA = {
 }
 
 
-def _option(fl):
-    kind = {
+def _option(fl: F.Flag) -> Decorator:
+    kinds: dict[str, dict[str, Any]] = {
         F.SWITCH: {"is_flag": True},
         F.NAMES: {"multiple": True},
         F.CHOICE: {"type": click.Choice(list(fl.choices))},
         F.INT: {"type": click.IntRange(*fl.bounds) if fl.bounds else int},
-    }.get(fl.kind, {})
-    meta = {"metavar": fl.metavar} if fl.metavar else {}
+    }
+    kind = kinds.get(fl.kind, {})
+    meta: dict[str, Any] = {"metavar": fl.metavar} if fl.metavar else {}
     return click.option(fl.flag, fl.param, help=fl.help, **kind, **meta, **_EXTRA.get(fl.field, {}))
 
 
-def override_options(f):
+def override_options(f: Callable[..., Any]) -> Callable[..., Any]:
     opts = [_option(fl) for fl in F.FLAGS]
     f = matrix_dir_option(f)
     for opt in reversed(opts):
         f = opt(f)
 
     @wraps(f)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         from envbuilder.model.profiles import overrides_from_flags
 
         flags = {name: kwargs.pop(name) for name in FLAG_FIELDS}
@@ -59,7 +69,7 @@ def override_options(f):
     return wrapper
 
 
-def matrix_dir_option(f):
+def matrix_dir_option(f: Callable[..., Any]) -> Callable[..., Any]:
     """--matrix-dir (and ENVBUILD_MATRIX_DIR), the same on every command that reads the
     matrix: the command gets `matrix_dirs`, a tuple of folders."""
     return click.option(
@@ -72,7 +82,7 @@ def matrix_dir_option(f):
     )(f)
 
 
-def load_matrix(matrix_dirs):
+def load_matrix(matrix_dirs: Dirs | list[Path]) -> Matrix:
     from envbuilder.model import matrix
 
     return matrix.load(tuple(matrix_dirs))
@@ -83,7 +93,7 @@ def say(text: str) -> None:
     click.echo(text, err=True)
 
 
-def implied_profile(m, command: str, probes=None) -> str:
+def implied_profile(m: Matrix, command: str, probes: Probes | None = None) -> str:
     """The profile `envbuild detect` picks when PROFILE is not named (machine.doctor)."""
     from envbuilder.machine.doctor import implied_profile as pick
 

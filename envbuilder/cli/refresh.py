@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 
 from envbuilder.cli.callbacks import json_api_root
-from envbuilder.cli.options import load_matrix, matrix_dir_option, say
+from envbuilder.cli.options import Dirs, load_matrix, matrix_dir_option, say
 from envbuilder.errors import UserError
 from envbuilder.upstream.pypi import DEFAULT_INDEX, PyPIJson  # noqa: F401  (cli.refresh.PyPIJson)
 
@@ -60,7 +61,15 @@ from envbuilder.upstream.pypi import DEFAULT_INDEX, PyPIJson  # noqa: F401  (cli
     help="Seconds to wait for each answer of the index.",
 )
 @matrix_dir_option
-def refresh(index_url, as_json, markdown, overlay_dir, newest, timeout, matrix_dirs):
+def refresh(
+    index_url: str,
+    as_json: bool,
+    markdown: bool,
+    overlay_dir: Path | None,
+    newest: int,
+    timeout: float,
+    matrix_dirs: Dirs,
+) -> None:
     """What PyPI says now about torch, vllm, verl, flash-attn, transformers and ray, against the
     matrix: new releases, changed pins, contradicted facts. Prints the drift; edits nothing."""
     from envbuilder.upstream import refresh as R
@@ -68,7 +77,9 @@ def refresh(index_url, as_json, markdown, overlay_dir, newest, timeout, matrix_d
 
     if as_json and markdown:
         raise UserError("--json and --markdown are two forms of the one report; pass one.")
-    kw = dict(newest=newest, timeout=timeout, overlay_dir=overlay_dir, matrix_dirs=matrix_dirs)
+    kw: dict[str, Any] = dict(
+        newest=newest, timeout=timeout, overlay_dir=overlay_dir, matrix_dirs=matrix_dirs
+    )
     report = refresh_report(
         load_matrix(matrix_dirs), index_url, say=(lambda t: None) if as_json else say, **kw
     )
@@ -82,7 +93,7 @@ def refresh(index_url, as_json, markdown, overlay_dir, newest, timeout, matrix_d
 @click.argument("overlay", type=click.Path(path_type=Path, exists=True, file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="The profiles and what changed, as JSON.")
 @matrix_dir_option
-def affected(overlay, as_json, matrix_dirs):
+def affected(overlay: Path, as_json: bool, matrix_dirs: Dirs) -> None:
     """The profiles whose environment the matrix overlay OVERLAY changes (refresh's pull request
     runs `check --resolve` and `verify` on these): each profile resolved with and without it, and
     again with `--verl X` for every stack (stacks.yaml), compared field by field. A profile the

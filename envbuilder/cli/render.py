@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
 from envbuilder.cli import complete
-from envbuilder.cli.options import implied_profile, load_matrix, override_options, say
+from envbuilder.cli.options import Dirs, implied_profile, load_matrix, override_options, say
 from envbuilder.errors import UserError
+from envbuilder.model.resolved import Overrides
 
 
 @click.command()
@@ -58,7 +60,18 @@ from envbuilder.errors import UserError
     "not write).",
 )
 @override_options
-def render(profile, all_, from_, out, locked_dir, wheelhouse, mirror, force, overrides, matrix_dirs):
+def render(
+    profile: str | None,
+    all_: bool,
+    from_: Path | None,
+    out: Path | None,
+    locked_dir: str | None,
+    wheelhouse: Path | None,
+    mirror: str | None,
+    force: bool,
+    overrides: Overrides,
+    matrix_dirs: Dirs,
+) -> None:
     """Write Dockerfile, environment.yml, requirements.txt, run script, preflight.py, envbuild.json."""
     from envbuilder.lock.render import render_profiles, render_replay
 
@@ -79,6 +92,6 @@ def render(profile, all_, from_, out, locked_dir, wheelhouse, mirror, force, ove
     m = load_matrix(matrix_dirs)
     if not (profile or all_):
         profile = implied_profile(m, "render", click.get_current_context().obj)
-    names = list(m.profiles) if all_ else [profile]
-    kw = dict(locked_dir=locked_dir, wheelhouse=wheelhouse, mirror=mirror, force=force)
+    names = [profile] if profile else list(m.profiles)  # (one of the two: checked above)
+    kw: dict[str, Any] = dict(locked_dir=locked_dir, wheelhouse=wheelhouse, mirror=mirror, force=force)
     render_profiles(m, names, overrides, out, say=say, echo=click.echo, **kw)

@@ -10,7 +10,8 @@ import click
 from envbuilder.cli import complete
 
 from envbuilder.cli.callbacks import file_out, not_empty
-from envbuilder.cli.options import load_matrix, override_options, say
+from envbuilder.cli.options import Dirs, load_matrix, override_options, say
+from envbuilder.model.resolved import Overrides
 
 
 @click.command()
@@ -40,7 +41,15 @@ from envbuilder.cli.options import load_matrix, override_options, say
     "writing an SBOM that declares them missing.",
 )
 @override_options
-def sbom(profile, out, lock_dir, force, require_complete, overrides, matrix_dirs):
+def sbom(
+    profile: str,
+    out: str | None,
+    lock_dir: str | None,
+    force: bool,
+    require_complete: bool,
+    overrides: Overrides,
+    matrix_dirs: Dirs,
+) -> None:
     """Write PROFILE's CycloneDX 1.6 SBOM (JSON) from its lock: every pip package (version,
     purl, sha256), the conda packages, the base images by digest, apex's and flash-attn's
     sources, and the patches applied to verl with their reasons. A lock that pins only some
@@ -61,15 +70,15 @@ def sbom(profile, out, lock_dir, force, require_complete, overrides, matrix_dirs
             f"envbuild sbom: the lock in {where} does not pin {', '.join(missing)}: the SBOM "
             "declares them not locked (CycloneDX compositions: incomplete)"
         )
-    out = Path(out) if out is not None else None
-    if out is None:
+    dest = Path(out) if out is not None else None
+    if dest is None:
         click.echo(text, nl=False)
         return
     from envbuilder.render.outdir import write_owned_file
 
     mark = "an SBOM envbuild wrote names envbuild among its tools"
-    write_owned_file(out, text, _ours, force=force, what="SBOM file", mark=mark)
-    click.echo(f"wrote the SBOM of {env.name} ({len(text.encode()):,} bytes, sha256 {_sha(text)}) -> {out}")
+    write_owned_file(dest, text, _ours, force=force, what="SBOM file", mark=mark)
+    click.echo(f"wrote the SBOM of {env.name} ({len(text.encode()):,} bytes, sha256 {_sha(text)}) -> {dest}")
 
 
 def _sha(text: str) -> str:

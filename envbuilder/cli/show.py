@@ -9,13 +9,14 @@ import click
 
 from envbuilder.cli import complete
 
-from envbuilder.cli.options import load_matrix, matrix_dir_option, override_options
+from envbuilder.cli.options import Dirs, load_matrix, matrix_dir_option, override_options
+from envbuilder.model.resolved import Overrides
 
 
 @click.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @matrix_dir_option
-def list_(as_json, matrix_dirs):
+def list_(as_json: bool, matrix_dirs: Dirs) -> None:
     """Profiles with GPU, compute capability, CUDA, torch and rollout, one line each."""
     from envbuilder.render.summary import list_rows, list_table
 
@@ -33,7 +34,7 @@ def list_(as_json, matrix_dirs):
     "batch sizes it gives (with --json: the plan as JSON).",
 )
 @override_options
-def show(profile, as_json, memory, overrides, matrix_dirs):
+def show(profile: str, as_json: bool, memory: bool, overrides: Overrides, matrix_dirs: Dirs) -> None:
     """The resolved environment of PROFILE."""
     from envbuilder.render.summary import show_text
 

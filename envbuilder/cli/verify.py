@@ -10,8 +10,9 @@ import click
 
 from envbuilder.cli import complete
 from envbuilder.cli.callbacks import index_url
-from envbuilder.cli.options import load_matrix, override_options, say
+from envbuilder.cli.options import Dirs, load_matrix, override_options, say
 from envbuilder.errors import ActionError, UserError
+from envbuilder.model.resolved import Overrides
 
 
 @click.command()
@@ -55,18 +56,18 @@ from envbuilder.errors import ActionError, UserError
 )
 @override_options
 def verify(
-    profiles,
-    all_,
-    as_json,
-    keep,
-    index_url,
-    torch_index_url,
-    skip_compose,
-    platform,
-    rootfs,
-    overrides,
-    matrix_dirs,
-):
+    profiles: tuple[str, ...],
+    all_: bool,
+    as_json: bool,
+    keep: Path | None,
+    index_url: str | None,
+    torch_index_url: str | None,
+    skip_compose: bool,
+    platform: str | None,
+    rootfs: Path | None,
+    overrides: Overrides,
+    matrix_dirs: Dirs,
+) -> None:
     """Install PROFILE's real pinned set in a throwaway venv and check it: each Dockerfile layer
     with pip check after it, the source patches, an import of every module of the training path
     (no GPU, no network), and the run script's overrides composed with verl's own Hydra config.
@@ -99,7 +100,15 @@ def verify(
         )
 
 
-def emulated(profiles, platform, rootfs, as_json, index_url, overrides, matrix_dirs) -> None:
+def emulated(
+    profiles: tuple[str, ...],
+    platform: str | None,
+    rootfs: Path | None,
+    as_json: bool,
+    index_url: str | None,
+    overrides: Overrides,
+    matrix_dirs: Dirs,
+) -> None:
     """--platform linux/arm64 --rootfs DIR: machine.emulated's check of one Grace profile."""
     from envbuilder.machine.emulated import check_inputs, verify_emulated
     from envbuilder.model.resolve import resolve

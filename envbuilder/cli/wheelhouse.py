@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
 from envbuilder.cli import complete
 from envbuilder.cli.callbacks import no_empty_url
-from envbuilder.cli.options import load_matrix, matrix_dir_option
+from envbuilder.cli.options import Dirs, load_matrix, matrix_dir_option
 
 
 @click.command()
@@ -64,18 +65,18 @@ from envbuilder.cli.options import load_matrix, matrix_dir_option
 )
 @matrix_dir_option
 def wheelhouse(
-    profiles,
-    out,
-    lock_dir,
-    mirror,
-    url_map,
-    build_index_url,
-    jobs,
-    make_tar,
-    accept_pypi_torch,
-    accept_partial,
-    matrix_dirs,
-):
+    profiles: tuple[str, ...],
+    out: Path,
+    lock_dir: Path | None,
+    mirror: str | None,
+    url_map: tuple[str, ...],
+    build_index_url: str | None,
+    jobs: int,
+    make_tar: bool,
+    accept_pypi_torch: bool,
+    accept_partial: bool,
+    matrix_dirs: Dirs,
+) -> None:
     """Fetch every file PROFILE's lock pins (wheels, conda packages), verified, for offline installs.
 
     Every sdist the lock pins is built into a wheel for the lock's target here, so the far side
@@ -85,7 +86,9 @@ def wheelhouse(
     from envbuilder.offline.wheelhouse import export_profiles
 
     need_extra("wheelhouse", "actions", ("requests",))
-    kw = dict(lock_dir=lock_dir, mirror=mirror, url_map=url_maps(url_map), build_index=build_index_url)
+    kw: dict[str, Any] = dict(
+        lock_dir=lock_dir, mirror=mirror, url_map=url_maps(url_map), build_index=build_index_url
+    )
     kw.update(jobs=jobs, tar=make_tar, accept_pypi_torch=accept_pypi_torch, accept_partial=accept_partial)
     m = load_matrix(matrix_dirs)
     report = export_profiles(m, list(profiles), out, say=lambda s: click.echo(s, err=True), **kw)
