@@ -87,16 +87,11 @@ def _in_range(version: str, spec: str) -> bool:
     text. Raises ValueError for anything it does not read (an epoch, a malformed clause)."""
     v = version_key(version)
     result = True  # (every clause read, so an unreadable one raises wherever it stands)
-    for clause in filter(None, (c.strip() for c in spec.split(","))):
-        arbitrary = _ARBITRARY.fullmatch(clause)
-        if arbitrary:
-            result = result and version.strip().lower() == arbitrary.group(1).lower()
+    for op, text, prefix in _read(spec):
+        if op == "===":
+            result = result and version.strip().lower() == text.lower()
             continue
-        m = _CLAUSE.fullmatch(clause)
-        if not m:
-            raise ValueError(f"not a version range: {spec!r}")
-        op, text = m.group(1), m.group(2)
-        if m.group(3):  # a prefix match, PEP 440's `==5.0.*` / `!=5.0.*`
+        if prefix:  # a prefix match, PEP 440's `==5.0.*` / `!=5.0.*`
             if op not in ("==", "!=") or "+" in text:
                 raise ValueError(f"not a version range: {spec!r}")
             result = result and _has_prefix(version, text) == (op == "==")
@@ -105,11 +100,7 @@ def _in_range(version: str, spec: str) -> bool:
         if "+" in text and op not in ("==", "!="):
             raise ValueError(f"not a version range: {spec!r}")  # (a local label only with ==/!=)
         if op == "~=":
-            head = text.split("+")[0]
-            series = re.match(r"\d+(?:\.\d+)*", head)
-            parts = series.group(0).split(".") if series else []
-            if len(parts) < 2:
-                raise ValueError(f"not a version range: {spec!r}")
+            parts = _series(text.split("+")[0], spec)
             result = result and v >= bound and _has_prefix(version, ".".join(parts[:-1]))
             continue
         same = v == bound and (_local(text) is None or _local(text) == _local(version))
@@ -123,6 +114,31 @@ def _in_range(version: str, spec: str) -> bool:
         }[op]
         result = result and ok
     return result
+
+
+def _read(spec: str, shown: str | None = None) -> list[tuple[str, str, bool]]:
+    """The clauses of `spec` as (op, version text, prefix match `.*`); `===`'s text as it is.
+    The one reader of a clause's grammar; ValueError (naming `shown`, else `spec`) otherwise."""
+    out = []
+    for clause in filter(None, (c.strip() for c in spec.split(","))):
+        arbitrary = _ARBITRARY.fullmatch(clause)
+        if arbitrary:
+            out.append(("===", arbitrary.group(1), False))
+            continue
+        m = _CLAUSE.fullmatch(clause)
+        if not m:
+            raise ValueError(f"not a version range: {shown or spec!r}")
+        out.append((m.group(1), m.group(2), bool(m.group(3))))
+    return out
+
+
+def _series(text: str, spec: str) -> list[str]:
+    """`~=V`'s release segments (two at least: `~=1` means nothing), as text."""
+    series = re.match(r"\d+(?:\.\d+)*", text)
+    parts = series.group(0).split(".") if series else []
+    if len(parts) < 2:
+        raise ValueError(f"not a version range: {spec!r}")
+    return parts
 
 
 def _local(text: str) -> str | None:
@@ -153,17 +169,13 @@ def same_range(a: str, b: str) -> bool:
 
 def _clause_set(spec: str) -> frozenset[tuple[Any, ...]]:
     out: set[tuple[Any, ...]] = set()
-    for clause in filter(None, (c.strip() for c in spec.split(","))):
-        arbitrary = _ARBITRARY.fullmatch(clause)
-        m = _CLAUSE.fullmatch(clause)
-        if arbitrary:
-            out.add(("===", arbitrary.group(1).lower()))
-        elif not m:
-            raise ValueError(f"not a version range: {spec!r}")
-        elif m.group(3):
-            out.add((m.group(1), "*", tuple(int(p) for p in m.group(2).split("."))))
+    for op, text, prefix in _read(spec):
+        if op == "===":
+            out.add(("===", text.lower()))
+        elif prefix:
+            out.add((op, "*", tuple(int(p) for p in text.split("."))))
         else:
-            out.add((m.group(1), version_key(m.group(2)), _local(m.group(2))))
+            out.add((op, version_key(text), _local(text)))
     return frozenset(out)
 
 
@@ -182,24 +194,16 @@ def _has_prefix(version: str, prefix: str) -> bool:
     return version_key(version)[: len(head)] == head
 
 
-def _clauses(clause: str, spec: str) -> tuple[tuple[str, tuple[Any, ...]], ...]:
+def _clauses(op: str, text: str, prefix: bool, spec: str) -> tuple[tuple[str, tuple[Any, ...]], ...]:
     """One clause as (op, key) pairs: `==5.0.*` is >=5.0 and <5.1; `!=5.0.*` gives none (it
     excludes one series, never a whole interval)."""
-    arbitrary = _ARBITRARY.fullmatch(clause)
-    if arbitrary:
-        return (("==", version_key(arbitrary.group(1))),)
-    m = _CLAUSE.fullmatch(clause)
-    if not m:
-        raise ValueError(f"not a version range: {spec!r}")
-    op, text = m.group(1), m.group(2)
-    if op == "~=" and not m.group(3):
-        series = re.match(r"\d+(?:\.\d+)*", text)
-        parts = series.group(0).split(".") if series else []
-        if len(parts) < 2:
-            raise ValueError(f"not a version range: {spec!r}")
+    if op == "===":
+        return (("==", version_key(text)),)
+    if op == "~=" and not prefix:
+        parts = _series(text, spec)
         upper = ".".join(parts[:-2] + [str(int(parts[-2]) + 1)])
         return ((">=", version_key(text)), ("<", version_key(upper)))
-    if not m.group(3):
+    if not prefix:
         return ((op, version_key(text)),)
     if op == "!=":
         return ()
@@ -215,8 +219,9 @@ def ranges_overlap(a: str, b: str) -> bool:
     `!=` clauses are ignored: they exclude single versions or series, never a whole interval."""
     low: tuple[Any, ...] | None = None  # (key, inclusive)
     high: tuple[Any, ...] | None = None
-    for clause in filter(None, (c.strip() for c in f"{a},{b}".split(","))):
-        for op, bound in _clauses(clause, f"{a} / {b}"):
+    shown = f"{a} / {b}"
+    for clause in _read(f"{a},{b}", shown):
+        for op, bound in _clauses(*clause, shown):
             if op in (">=", ">", "=="):
                 cand = (bound, op != ">")
                 if low is None or cand[0] > low[0] or (cand[0] == low[0] and not cand[1]):
