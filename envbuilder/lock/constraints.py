@@ -17,9 +17,7 @@ from envbuilder.lock.pins import constraint_layers
 
 def lock_candidates(profile: str) -> list[tuple[str, Path]]:
     """Where a render looks for a lock of `profile`: the user's ./lockfiles, then the shipped."""
-    from envbuilder.paths import data_dir
-
-    from envbuilder.paths import LOCK_ROOT
+    from envbuilder.paths import LOCK_ROOT, data_dir
 
     out = [(f"{LOCK_ROOT}/{profile}", LOCK_ROOT / profile)]
     try:
@@ -38,7 +36,7 @@ def find_constraints(env: ResolvedEnv, only: tuple[str, Path] | None = None) -> 
     pixi.toml and constraints/ must pin the same)."""
     from envbuilder.errors import UserError
     from envbuilder.limits import MAX_INPUT_BYTES, read_limited
-    from envbuilder.lock.lockfile import pip_sha256, read_meta, recorded_pip_sha256
+    from envbuilder.lock.lockfile import REQUIREMENTS, pip_sha256, read_meta, recorded_pip_sha256
 
     want = pip_sha256(env)
     candidates = [only] if only is not None else lock_candidates(env.name)
@@ -50,14 +48,14 @@ def find_constraints(env: ResolvedEnv, only: tuple[str, Path] | None = None) -> 
             if meta is None or recorded_pip_sha256(meta) != want:  # (no lock, or not this plan's)
                 continue
             listed = meta.get("files") or {}
-            if not isinstance(listed.get("requirements.lock"), str):
+            if not isinstance(listed.get(REQUIREMENTS), str):
                 continue
             # (decoded only to be parsed; never waited on: a FIFO is NotRegularFile, a ValueError)
-            data = read_limited(lock_dir / "requirements.lock", MAX_INPUT_BYTES)
+            data = read_limited(lock_dir / REQUIREMENTS, MAX_INPUT_BYTES)
         except (OSError, ValueError, UserError):
             continue
         digest = hashlib.sha256(data).hexdigest()
-        if digest != listed["requirements.lock"]:
+        if digest != listed[REQUIREMENTS]:
             continue
         swapped = meta.get("torch_swapped")
         if only is not None and isinstance(meta.get("input_sha256"), str):  # (no path: it moves)
