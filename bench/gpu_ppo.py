@@ -58,6 +58,7 @@ MARKERS = [
     ("workers_ready", re.compile(r"actor and ref model engine initialized")),
     ("critic_ready", re.compile(r"critic model engine initialized")),
     ("rollout_start", re.compile(r"\(vLLMHttpServer pid=")),
+    ("graph_capture", re.compile(r"Capturing CUDA graphs")),
     ("vllm_engine_ready", re.compile(r"init engine \(profile, create kv cache, warmup model\) took")),
     ("rollout_ready", re.compile(r"Initializing a V1 LLM engine with config")),
     ("fit_ready", re.compile(r"all initialize finished, ready to fit")),
@@ -502,13 +503,20 @@ def make_data(out, train, test, seed=0, words=18):
 def gpu_info():
     try:
         r = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader,nounits"],
+            [
+                "nvidia-smi",
+                "--query-gpu=name,memory.total,driver_version,compute_cap",
+                "--format=csv,noheader,nounits",
+            ],
             capture_output=True,
             text=True,
             timeout=30,
         )
         rows = [[c.strip() for c in line.split(",")] for line in r.stdout.strip().splitlines()]
-        return [{"name": n, "memory_total_mib": int(float(m)), "driver": d} for n, m, d in rows]
+        return [
+            {"name": n, "memory_total_mib": int(float(m)), "driver": d, "compute_cap": cc}
+            for n, m, d, cc in rows
+        ]
     except (OSError, ValueError, subprocess.SubprocessError):
         return []
 
@@ -740,6 +748,15 @@ def run(args):
             result.update(status=f"{name}-failed", rc=rc, seconds=round(time.time() - t_start, 1))
             save()
             return 1
+    if args.emulate:
+        emulated = emulate(render, work, env, gpus)
+        result["emulated"] = emulated
+        if emulated.get("error"):
+            result.update(status="preflight-failed", rc=1, seconds=round(time.time() - t_start, 1))
+            save()
+            return 1
+        render = emulated["render"]
+    result["script_exports"] = script_exports(script)
     if args.dry_run:
         result.update(status="dry-run", rc=0)
         save()
@@ -856,10 +873,66 @@ def run(args):
     return 0 if result["status"] == "ok" else 1
 
 
+PROFILE_CHECK = re.compile(r"GPU \d+ profile")
+
+
+def emulate(render, work, env, gpus):
+    """Run a profile's render on a bigger card of another compute capability: the render's own
+    preflight runs first and may refuse only its card check (`GPU N profile`: rendered for CC X,
+    running on CC Y); then a copy of the render whose sidecar names the device's compute
+    capability, its one change, is what runs. Returns what was emulated, or an `error`."""
+    out = {
+        "device": gpus[0]["name"] if gpus else None,
+        "device_cc": gpus[0].get("compute_cap") if gpus else None,
+    }
+    side_path = os.path.join(render, "envbuild-scripts.json")
+    try:
+        sidecar = json.load(open(side_path))
+        out["profile_cc"] = sidecar["preflight"]["compute_capability"]
+        out["profile_gpu"] = sidecar["preflight"]["gpu"]
+    except (OSError, ValueError, KeyError) as e:
+        return dict(out, error=f"{side_path}: {e}")
+    if not out["device_cc"]:
+        return dict(out, error="--emulate needs nvidia-smi's compute_cap")
+    try:
+        pf = subprocess.run(
+            [sys.executable, os.path.join(render, "preflight.py"), "--json"],
+            env=env,
+            cwd=work,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        checks = json.loads(pf.stdout)["checks"]
+    except (OSError, ValueError, KeyError, subprocess.SubprocessError) as e:
+        return dict(out, error=f"the render's preflight gave no report: {e}")
+    out["preflight_refused"] = [{"check": c["check"], "detail": c["detail"]} for c in checks if not c["ok"]]
+    others = [c["check"] for c in out["preflight_refused"] if not PROFILE_CHECK.fullmatch(c["check"])]
+    if others:
+        return dict(out, error=f"preflight refused more than the card: {', '.join(others)}")
+    copy = os.path.join(work, "render-emulated")
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(render, copy)
+    sidecar["preflight"]["compute_capability"] = out["device_cc"]
+    with open(os.path.join(copy, "envbuild-scripts.json"), "w") as fh:
+        json.dump(sidecar, fh, indent=1)
+    out["sidecar_changed"] = {"preflight.compute_capability": [out["profile_cc"], out["device_cc"]]}
+    return dict(out, render=copy)
+
+
+EXPORT_RE = re.compile(r"^export ([A-Z_][A-Z0-9_]*)=(.*)$", re.M)
+
+
+def script_exports(script_text):
+    """The environment the run script exports, as written (its defaults), by name."""
+    return {k: v for k, v in EXPORT_RE.findall(script_text)}
+
+
 def _durations(times):
     order = [
         "ray_init",
         "workers_ready",
+        "graph_capture",
         "rollout_ready",
         "fit_ready",
         "validation_done",
@@ -1003,6 +1076,11 @@ def main(argv=None):
     r.add_argument("--n-gpus", type=int, default=1)
     r.add_argument("--work", default=None, help="model and data (default /tmp/envbuild-ppo/CASE)")
     r.add_argument("--dry-run", action="store_true", help="everything but the launch")
+    r.add_argument(
+        "--emulate",
+        action="store_true",
+        help="run a profile for another card (its preflight may refuse only the card's compute capability)",
+    )
     r.add_argument("--assume-total-mib", type=int, default=0, help=argparse.SUPPRESS)  # (tests without a GPU)
     m = sub.add_parser("make-model")
     m.add_argument("--arch", required=True)

@@ -279,6 +279,15 @@ VERL = {
     "batches?": {"engine": bool, "why": WHY, "source": SOURCE},
     # its default trainer, where an estimator needs the other one (algorithms.yaml `v1: false`)
     "trainer_v1?": {"key": S.HYDRA_KEY, "why": WHY, "source": SOURCE},
+    # vLLM's torch.compile cache, which the release turns off for its Ray workers unless the
+    # launching shell sets `env`: the run script keeps it on (`value`) from torch `min_torch` up
+    "compile_cache?": {
+        "env": ENV_NAME,
+        "value": ENV_VALUE,
+        "min_torch": S.VERSION,
+        "why": WHY,
+        "source": SOURCE,
+    },
     # NCCL settings the release gives its Ray workers on GPUs from a compute capability up, when
     # its opt-in variable is 1 (0.9.1's _gb200_nccl_env); `when` says where a launcher sets them
     # (for a GPU of a multi-node NVLink domain, gpus.yaml `mnnvl`)

@@ -872,7 +872,10 @@ class _Resolver:
             ),
             rollout=s.rollout,
             vllm=R.Vllm(
-                version=vllm_v, torch=m.vllm[vllm_v]["torch"], wheel_cuda=m.vllm[vllm_v]["wheel_cuda"]
+                version=vllm_v,
+                torch=m.vllm[vllm_v]["torch"],
+                wheel_cuda=m.vllm[vllm_v]["wheel_cuda"],
+                compile_cache=VLLM.compile_cache(verl, s.torch_v),
             )
             if vllm_v
             else None,

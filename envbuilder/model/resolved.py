@@ -136,10 +136,24 @@ class Torch(Record):
     packages: Annotated[tuple[str, ...], S.ListOf(S.REQUIREMENT, min_len=1)]
 
 
+class CompileCache(Record):
+    """vLLM's torch.compile cache kept on: the variable the run script exports unless set
+    (verl turns the cache off for its Ray workers otherwise), its value, and why it is safe."""
+
+    env: Annotated[str, K.ENV_NAME]
+    value: Annotated[str, K.ENV_VALUE]
+    why: Annotated[str, K.WHY]
+
+
 class Vllm(Record):
+    """compile_cache: None where the release or torch leaves vLLM's compile cache off."""
+
+    _omit_none = ("compile_cache",)
+
     version: Annotated[str, S.VERSION]
     torch: Annotated[str, S.VERSION]
     wheel_cuda: Annotated[str, S.CUDA]
+    compile_cache: CompileCache | None = None
 
 
 class Sglang(Record):

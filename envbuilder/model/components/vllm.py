@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from envbuilder.model import resolved as R
 from envbuilder.model.components import Refusal
 from envbuilder.model.matrix import at_least
 from envbuilder.model.versions import in_range, version_key
@@ -40,6 +41,15 @@ def problems(m: Matrix, s: Any, asked: str | None = None) -> list[Refusal]:
     elif s.vr is not None:
         _release(m, out, s.vllm_v, s.vr, s.torch_v, s.build, s.verl_v, s.verl, s.gpu, s.python)
     return out
+
+
+def compile_cache(verl: dict[str, Any], torch_v: str) -> R.CompileCache | None:
+    """vLLM's torch.compile cache, kept on where the verl release lets the launching shell say
+    so (verl.yaml `compile_cache`) and torch writes the cache's artifacts atomically."""
+    cc = verl.get("compile_cache")
+    if not cc or version_key(torch_v) < version_key(cc["min_torch"]):
+        return None
+    return R.CompileCache(env=cc["env"], value=cc["value"], why=cc["why"])
 
 
 def choose(m: Matrix, torch_v: str, verl: dict[str, Any]) -> str | None:

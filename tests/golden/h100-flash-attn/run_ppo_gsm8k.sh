@@ -28,6 +28,8 @@ for var in MODEL DATA_DIR; do
 done
 case "$N_GPUS" in ''|*[!0-9]*) echo "N_GPUS='$N_GPUS': a number of GPUs, digits only" >&2; exit 2 ;; esac
 export HF_ENDPOINT=${HF_ENDPOINT:-https://huggingface.co}
+# vLLM's compile cache stays on (VLLM_DISABLE_COMPILE_CACHE=0; under $VLLM_CACHE_ROOT, default ~/.cache/vllm, which a volume keeps between containers): verl turns vLLM's torch.compile cache off for its Ray workers (VLLM_DISABLE_COMPILE_CACHE=1, for vllm#31199: engines writing one cache at once corrupted it) unless the launching shell sets the variable; torch 2.10 and later write Inductor's cache artifacts atomically (pytorch#162432), so this run keeps the cache on and a launch after the first loads vLLM's compiled graphs instead of compiling them again. Export VLLM_DISABLE_COMPILE_CACHE=1 to turn it off.
+export VLLM_DISABLE_COMPILE_CACHE=${VLLM_DISABLE_COMPILE_CACHE:-0}
 # GSM8K in verl's layout: made here when missing, from the hub through HF_ENDPOINT (a mirror
 # works) or, with GSM8K_FROM=PATH, from local parquet/jsonl files (e.g. carried across an air gap).
 if [ ! -f "$DATA_DIR/train.parquet" ] || [ ! -f "$DATA_DIR/test.parquet" ]; then
