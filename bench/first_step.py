@@ -13,7 +13,7 @@ their records; CI has no GPU). The defaults are the stored pair:
           kept by the run script (VLLM_DISABLE_COMPILE_CACHE=0) is read back
   ref     tests/fixtures/gpu/ppo/h200-gae.json               verl's default (cache off), h200
 
-Usage: python bench/first_step.py [--before REC] [--after REC] [--ref REC] [--json]
+Usage: python bench/first_step.py [--before REC] [--after REC] [--ref REC|none] [--json]
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ FIX = ROOT / "tests" / "fixtures" / "gpu"
 PHASES = (
     ("Ray up", "launch", "ray_init"),
     ("trainer workers", "ray_init", "workers_ready"),
-    ("rollout server: start and compile", "workers_ready", "graph_capture"),
+    ("rollout server: placed and spawned", "workers_ready", "rollout_start"),
+    ("rollout server: load and compile", "rollout_start", "graph_capture"),
     ("rollout server: CUDA graphs, serve", "graph_capture", "fit_ready"),
     ("first validation", "fit_ready", "validation_done"),
     ("step 1", "validation_done", "step1"),
@@ -65,21 +66,22 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--before", type=Path, default=FIX / "first_step" / "5090-grpo-cold.json")
     ap.add_argument("--after", type=Path, default=FIX / "ppo" / "5090-grpo.json")
-    ap.add_argument("--ref", type=Path, default=FIX / "ppo" / "h200-gae.json")
+    ap.add_argument("--ref", default=str(FIX / "ppo" / "h200-gae.json"), help="a third record, or none")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     try:
         before, after = (json.loads(p.read_text(encoding="utf-8")) for p in (a.before, a.after))
-        ref = json.loads(a.ref.read_text(encoding="utf-8")) if a.ref else None
+        ref = json.loads(Path(a.ref).read_text(encoding="utf-8")) if a.ref != "none" else None
     except (OSError, ValueError) as e:
         print(
             f"first_step: cannot read a record: {e}; pass --before/--after records gpu_ppo.py wrote",
             file=sys.stderr,
         )
         return 2
-    if before.get("case") != after.get("case"):
+    differ = [k for k in ("case", "profile", "card_gib", "extra_overrides") if before.get(k) != after.get(k)]
+    if differ:
         print(
-            f"first_step: --before is {before.get('case')!r}, --after {after.get('case')!r}: compare one case",
+            f"first_step: --before and --after differ in {', '.join(differ)}: compare two runs of one case",
             file=sys.stderr,
         )
         return 2
@@ -88,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(rep, indent=1))
         return 0
     print(
-        f"time to first step, {before['case']} on {before.get('gpu')}: before (first launch) vs after (second launch)"
+        f"time to first step, {before['case']} on {before.get('gpu')}: {a.before.name} (before) vs {a.after.name} (after)"
     )
     print(f"{'phase':38} {'before s':>9} {'after s':>9} {'ratio':>7}")
     for r in rep["rows"]:

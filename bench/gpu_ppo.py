@@ -10,7 +10,9 @@ validation and two PPO steps. The record is the log, a timeline and nvidia-smi's
          cat DIR/part-* | tar x, then pip install --no-deps --no-index --target SITE every wheel
          (sha256-checked against the bundle's SHA256SUMS first)
   run    --render DIR --site DIR --out OUTDIR --case NAME [--card-gib G] [--extra 'k=v ...']
-         [--timeout S] [--train-rows N] [--val-rows N] [--work DIR]
+         [--emulate] [--timeout S] [--train-rows N] [--val-rows N] [--work DIR]
+         --emulate runs another card's profile: its preflight may refuse only the card's compute
+         capability, and a copy of the render naming the device's runs
          writes OUTDIR/NAME.log (every line prefixed with seconds since launch) and
          OUTDIR/NAME.json (always, also on failure or timeout)
   selftest
@@ -501,24 +503,33 @@ def make_data(out, train, test, seed=0, words=18):
 
 
 def gpu_info():
-    try:
+    """name, total memory and driver of every GPU; compute_cap where the driver's nvidia-smi
+    has that field (older ones do not: the rest still comes back)."""
+
+    def query(fields):
         r = subprocess.run(
-            [
-                "nvidia-smi",
-                "--query-gpu=name,memory.total,driver_version,compute_cap",
-                "--format=csv,noheader,nounits",
-            ],
+            ["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
             capture_output=True,
             text=True,
             timeout=30,
         )
-        rows = [[c.strip() for c in line.split(",")] for line in r.stdout.strip().splitlines()]
-        return [
-            {"name": n, "memory_total_mib": int(float(m)), "driver": d, "compute_cap": cc}
-            for n, m, d, cc in rows
+        return [[c.strip() for c in line.split(",")] for line in r.stdout.strip().splitlines()]
+
+    try:
+        gpus = [
+            {"name": n, "memory_total_mib": int(float(m)), "driver": d}
+            for n, m, d in query("name,memory.total,driver_version")
         ]
     except (OSError, ValueError, subprocess.SubprocessError):
         return []
+    try:
+        caps = [row[0] for row in query("compute_cap")]
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        caps = []
+    for g, cc in zip(gpus, caps):
+        if re.fullmatch(r"\d+\.\d+", cc):
+            g["compute_cap"] = cc
+    return gpus
 
 
 class SmiSampler(threading.Thread):
@@ -752,7 +763,7 @@ def run(args):
         emulated = emulate(render, work, env, gpus)
         result["emulated"] = emulated
         if emulated.get("error"):
-            result.update(status="preflight-failed", rc=1, seconds=round(time.time() - t_start, 1))
+            result.update(status="emulate-failed", rc=1, seconds=round(time.time() - t_start, 1))
             save()
             return 1
         render = emulated["render"]
@@ -887,11 +898,12 @@ def emulate(render, work, env, gpus):
     }
     side_path = os.path.join(render, "envbuild-scripts.json")
     try:
-        sidecar = json.load(open(side_path))
+        with open(side_path) as fh:
+            sidecar = json.load(fh)
         out["profile_cc"] = sidecar["preflight"]["compute_capability"]
         out["profile_gpu"] = sidecar["preflight"]["gpu"]
-    except (OSError, ValueError, KeyError) as e:
-        return dict(out, error=f"{side_path}: {e}")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return dict(out, error=f"the render's sidecar {side_path}: {e}")
     if not out["device_cc"]:
         return dict(out, error="--emulate needs nvidia-smi's compute_cap")
     try:
@@ -904,18 +916,21 @@ def emulate(render, work, env, gpus):
             timeout=300,
         )
         checks = json.loads(pf.stdout)["checks"]
-    except (OSError, ValueError, KeyError, subprocess.SubprocessError) as e:
+    except (OSError, ValueError, KeyError, TypeError, subprocess.SubprocessError) as e:
         return dict(out, error=f"the render's preflight gave no report: {e}")
     out["preflight_refused"] = [{"check": c["check"], "detail": c["detail"]} for c in checks if not c["ok"]]
     others = [c["check"] for c in out["preflight_refused"] if not PROFILE_CHECK.fullmatch(c["check"])]
     if others:
         return dict(out, error=f"preflight refused more than the card: {', '.join(others)}")
     copy = os.path.join(work, "render-emulated")
-    shutil.rmtree(copy, ignore_errors=True)
-    shutil.copytree(render, copy)
-    sidecar["preflight"]["compute_capability"] = out["device_cc"]
-    with open(os.path.join(copy, "envbuild-scripts.json"), "w") as fh:
-        json.dump(sidecar, fh, indent=1)
+    try:
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(render, copy)
+        sidecar["preflight"]["compute_capability"] = out["device_cc"]
+        with open(os.path.join(copy, "envbuild-scripts.json"), "w") as fh:
+            json.dump(sidecar, fh, indent=1)
+    except OSError as e:
+        return dict(out, error=f"the render's copy {copy}: {e}")
     out["sidecar_changed"] = {"preflight.compute_capability": [out["profile_cc"], out["device_cc"]]}
     return dict(out, render=copy)
 

@@ -15,9 +15,10 @@ bash expands them. `device` composes each with the installed verl's own Hydra co
 `python -m verl.trainer.main_ppo` does, and calls main_ppo's validate_config(config,
 need_reference_policy(config), need_critic(config)). --model names a local model folder (one
 `bench/gpu_ppo.py run` made will do): verl 0.9's HFModelConfig reads the model's config while the
-config is built, so the cases' placeholder path (MODEL) is replaced by it. Its first device run
-(2026-12-05, H200, verl 0.9.1) ran without --model: the 28 GRPO cases passed, the 28 GAE cases
-stopped at the critic's HFModelConfig on the placeholder. No record is stored yet.
+config is built, so the cases' placeholder path (MODEL) is replaced by it. On the H200 with
+verl 0.9.1 (2026-12-05) all 48 of its cases passed; the record is
+tests/fixtures/gpu/validate/verl-0.9.1.json, and tests/test_verl_validate_record.py holds each
+case's overrides to today's render by their fingerprint.
 """
 
 from __future__ import annotations

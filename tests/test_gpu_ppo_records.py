@@ -50,17 +50,20 @@ def test_an_emulated_card_was_refused_only_for_its_compute_capability(path):
     if e is None:
         assert r["profile"] in r["gpu"].lower() or r["card_gib"], "a record of another card says so"
         return
-    assert [c["check"] for c in e["preflight_refused"]] == ["GPU 0 profile"]
-    assert f"rendered for CC {e['profile_cc']}" in e["preflight_refused"][0]["detail"]
+    # a card of the profile's compute capability or above passes the check: nothing refused
+    assert [c["check"] for c in e["preflight_refused"]] in (["GPU 0 profile"], [])
+    assert all(f"rendered for CC {e['profile_cc']}" in c["detail"] for c in e["preflight_refused"])
     assert e["sidecar_changed"] == {"preflight.compute_capability": [e["profile_cc"], e["device_cc"]]}
     assert e["profile_cc"] == resolved(r["profile"], model=r["model"]).gpu.compute_capability
 
 
 def demand_mib(r: dict) -> float:
-    """nvidia-smi's peak, less the bytes torch's allocator held cached but free at its peak step
-    where the run had more memory than the card it emulates: on the bigger card the cache grows
-    into room the real card does not have (the allocator frees cached blocks and retries before
-    it fails), so the demand is what must fit. On the card itself, nvidia-smi's peak."""
+    """nvidia-smi's peak, less the least of the bytes torch's allocator held cached but free
+    (max reserved - max allocated, per step), where the run had more memory than the card it
+    emulates: on the bigger card the cache grows into room the real card does not have (the
+    allocator frees cached blocks and retries before it fails), so the demand is what must fit.
+    An estimate: the two maxima of a step need not coincide, and vLLM's sleeping memory stays in.
+    On the card itself, nvidia-smi's peak."""
     peak = float(r["smi"]["peak_mib"])
     if not r["card_gib"]:
         return peak
@@ -120,7 +123,10 @@ def test_a_record_ran_two_steps_of_todays_render(path):
 @pytest.mark.parametrize("path", RECORDS, ids=lambda p: p.stem)
 def test_a_records_memory_stayed_under_the_card_it_ran_as(path):
     r = record(path)
-    card_mib = r["card_gib"] * 1024 if r["card_gib"] else r["gpu_total_mib"]
+    card_mib = r["gpu_total_mib"]
+    if r["card_gib"]:  # the card it emulated: the smaller of the cap and the profile's card
+        plan_card = resolved(r["profile"], model=r["model"]).memory["card"]["mib"]
+        card_mib = min(r["card_gib"] * 1024, plan_card)
     peaks = r["smi"]["phase_peak_mib"]
     assert max(peaks.values()) == r["smi"]["peak_mib"]
     assert demand_mib(r) <= card_mib, (demand_mib(r), card_mib)
