@@ -662,3 +662,36 @@ def test_the_gpu_step_footnote_speaks_only_of_rows_that_ran():
     assert "not run" in none_ran and "ran a PPO step" not in none_ran
     one_ran = table([dict(base, gpu_step="ok (H200, 2 steps)"), dict(base, profile="t4")])
     assert "GPU STEP: for p40, verl's workers ran a PPO step" in one_ran and "t4, verl" not in one_ran
+
+
+def test_validate_points_the_model_paths_at_a_folder_of_the_models_shape(tmp_path):
+    """verl >= 0.8's validate_config reads the model's config and tokenizer (HFModelConfig; the
+    critic's asserts one architecture): verify, offline, gives it the render's shape instead."""
+    from envbuilder.machine.verify import with_model_shape, write_model_shape
+
+    arch = resolved("h200").memory["arch"]
+    write_model_shape(arch, tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert config["architectures"] == ["Qwen2ForCausalLM"]
+    assert (config["hidden_size"], config["num_hidden_layers"], config["num_key_value_heads"]) == (
+        arch["hidden_size"],
+        arch["layers"],
+        arch["kv_heads"],
+    )
+    tok = json.loads((tmp_path / "m" / "tokenizer.json").read_text())
+    assert tok["model"]["type"] == "WordLevel" and len(tok["added_tokens"]) == 3
+    assert json.loads((tmp_path / "m" / "tokenizer_config.json").read_text())["eos_token"] == "<|im_end|>"
+    args = [
+        "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct",
+        "critic.model.path=Qwen/Qwen2.5-7B-Instruct",
+        "++critic.model.path=x",
+        "actor_rollout_ref.model.use_remove_padding=False",
+        "data.train_files=/d/train.parquet",
+    ]
+    assert with_model_shape(args, tmp_path / "m") == [
+        f"actor_rollout_ref.model.path={tmp_path / 'm'}",
+        f"critic.model.path={tmp_path / 'm'}",
+        f"++critic.model.path={tmp_path / 'm'}",
+        "actor_rollout_ref.model.use_remove_padding=False",
+        "data.train_files=/d/train.parquet",
+    ]

@@ -1,5 +1,7 @@
-"""verl 0.9.1's own config checks on every default render of it (tests/fixtures/gpu/validate/,
-`bench/verl_validate.py device` on the H200, where verl imports with its torch): each case's
+"""verl's own config checks on every default render of an engine release (tests/fixtures/gpu/validate/,
+`bench/verl_validate.py device`: 0.9.1's on the H200 with its torch 2.11.0; 0.8.0's on this
+machine's CPU in the venv `envbuild verify h100 --verl 0.8.0 --keep` installed from PyPI, torch
+2.9.0, with a model folder `gpu_ppo.py make-model --device cpu` wrote): each case's
 overrides were composed with the release's Hydra config and passed main_ppo's validate_config
 (the actor's, critic's and rollout's validate() with the run's world size). The record counts
 only while today's render writes the same overrides: each case carries the sha256 of the
@@ -15,6 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORD = ROOT / "tests" / "fixtures" / "gpu" / "validate" / "verl-0.9.1.json"
+RECORD_080 = ROOT / "tests" / "fixtures" / "gpu" / "validate" / "verl-0.8.0.json"
 
 
 def _bench():
@@ -26,8 +29,13 @@ def _bench():
 
 
 @pytest.fixture(scope="module")
-def today() -> dict[str, dict]:
-    return {c["case"]: c for c in _bench().grid() if c["verl"] == "0.9.1"}
+def grid() -> list[dict]:
+    return _bench().grid()
+
+
+@pytest.fixture(scope="module")
+def today(grid) -> dict[str, dict]:
+    return {c["case"]: c for c in grid if c["verl"] == "0.9.1"}
 
 
 def stale(rec: dict, today: dict[str, dict]) -> list[str]:
@@ -58,3 +66,10 @@ def test_a_changed_override_or_a_new_case_makes_the_record_stale(today):
     moved = dict(today, **{name: dict(case, fingerprint=bench.fingerprint(case["verl"], changed))})
     assert stale(rec, moved) == [name]
     assert stale(rec, dict(today, **{"x/gae/1x1": case})) == ["x/gae/1x1"]
+
+
+def test_verl_080s_own_checks_passed_its_cases(grid):
+    rec = json.loads(RECORD_080.read_text(encoding="utf-8"))
+    assert (rec["verl"], rec["torch"]) == ("0.8.0", "2.9.0")
+    cases = {c["case"]: c for c in grid if c["verl"] == "0.8.0"}
+    assert len(cases) == 4 and stale(rec, cases) == []

@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Callable, Sequence
+from typing import IO, Any, Callable, Mapping, Sequence
 
 from envbuilder.errors import UserError
 from envbuilder.record import Record
@@ -94,6 +94,87 @@ sys.stdout.write("\\n{RESULT}" + json.dumps(res, default=str) + "\\n")
 sys.stdout.flush()
 os._exit(0)
 """
+
+
+# From verl 0.8, validate_config builds HFModelConfig, which reads the model's config and tokenizer
+# from its path (the critic's asserts one architecture). verify has no network: the run's model
+# paths point at a folder of the render's model shape instead (the memory plan's arch as a Qwen2
+# config) with a three-word tokenizer. Validation reads sizes, never weights.
+_SPECIALS = ("<unk>", "<|endoftext|>", "<|im_end|>")
+MODEL_PATH_KEY = re.compile(r"^([+~]*(?:[\w-]+\.)*model\.path)=")
+
+
+def write_model_shape(arch: Mapping[str, Any], dest: Path) -> None:
+    """config.json, tokenizer.json and tokenizer_config.json of a model of `arch`'s shape."""
+    dest.mkdir(parents=True, exist_ok=True)
+    config = {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_act": "silu",
+        "hidden_size": arch["hidden_size"],
+        "intermediate_size": arch["intermediate_size"],
+        "num_hidden_layers": arch["layers"],
+        "num_attention_heads": arch["attention_heads"],
+        "num_key_value_heads": arch["kv_heads"],
+        "vocab_size": arch["vocab_size"],
+        "tie_word_embeddings": arch["tied_embeddings"],
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "torch_dtype": "bfloat16",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
+    special = [
+        {
+            "id": i,
+            "content": t,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+        for i, t in enumerate(_SPECIALS)
+    ]
+    tokenizer = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": special,
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Whitespace"},
+        "post_processor": None,
+        "decoder": None,
+        "model": {
+            "type": "WordLevel",
+            "vocab": {t: i for i, t in enumerate(_SPECIALS)},
+            "unk_token": "<unk>",
+        },
+    }
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "unk_token": "<unk>",
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "model_max_length": 32768,
+        "chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}",
+    }
+    for name, doc in (
+        ("config.json", config),
+        ("tokenizer.json", tokenizer),
+        ("tokenizer_config.json", tokenizer_config),
+    ):
+        (dest / name).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+
+
+def with_model_shape(args: list[str], folder: Path) -> list[str]:
+    """The run's overrides with every `...model.path` pointed at `folder`."""
+    out = []
+    for a in args:
+        m = MODEL_PATH_KEY.match(a)
+        out.append(f"{m.group(1)}={folder}" if m else a)
+    return out
 
 
 def judge_validation(
@@ -947,6 +1028,13 @@ class _Verifier:
             c["validation"] = {"validated": None, "why": "verl's main_ppo.py not found"}
             return
         config_dir, name = main_ppo_config(site)
+        arch = self.env.memory.get("arch")
+        if arch:
+            shape = base / "model-shape"
+            write_model_shape(arch, shape)
+            args = [a for a in args_file.read_bytes().decode().split("\0") if a]
+            args_file = base / "args-validate"
+            args_file.write_bytes("\0".join(with_model_shape(args, shape)).encode())
         self.say("validate: verl's validate_config and the batch arithmetic")
         got = run(
             [*isolation()[0], str(py), "-c", VALIDATE_SNIPPET, str(args_file), str(config_dir), name],
