@@ -668,6 +668,7 @@ def run(args):
     result["model"] = spec["memory"].get("model")
     result["arch"] = arch
     render_ov = render_overrides(script)
+    result["render_overrides"] = render_ov  # the whole plan as rendered: a replay compares it all
 
     env = dict(os.environ)
     env.update(

@@ -125,3 +125,18 @@ def test_first_step_refuses_two_cases_or_a_missing_record(tmp_path, capsys):
     assert "cannot read a record" in capsys.readouterr().err
     assert fs.main([]) == 0 and "to step 1" in capsys.readouterr().out
     assert fs.main(["--ref", "none"]) == 0 and "reference" not in capsys.readouterr().out
+
+
+def test_a_records_render_overrides_are_todays_plan_in_the_same_form(tmp_path, cli):
+    """gpu_ppo records the rendered script's whole args=( ) block; the replay compares it with
+    today's run plan key for key, so the two must read alike for an unchanged render."""
+    from conftest import resolved
+
+    out = tmp_path / "r"
+    flags = ("--model", "Qwen/Qwen2.5-0.5B-Instruct", "--gpus-per-node", "1", "--algo", "grpo")
+    assert cli("render", "5090", *flags, "-o", str(out))[0] == 0
+    got = _load("gpu_ppo").render_overrides((out / "5090" / "run_ppo_gsm8k.sh").read_text())
+    env = resolved("5090", model="Qwen/Qwen2.5-0.5B-Instruct", gpus_per_node=1, algo="grpo")
+    plan = {a.key.lstrip("+"): str(a.value) for a in env.run}
+    assert got == plan and len(plan) > 40
+    assert got["actor_rollout_ref.rollout.n"] == "5"

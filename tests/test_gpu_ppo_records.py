@@ -103,6 +103,8 @@ def test_a_record_ran_two_steps_of_todays_render(path):
     assert set(r["overrides_changed"]) <= MAY_CHANGE, sorted(set(r["overrides_changed"]) - MAY_CHANGE)
     env = resolved(r["profile"], model=r["model"], gpus_per_node=1, algo=r["case"].split("-")[-1])
     plan = {a.key.lstrip("+"): a.value for a in env.run}
+    if "render_overrides" in r:  # records from 2026-12-05 on carry the render's whole plan
+        assert r["render_overrides"] == {k: str(v) for k, v in plan.items()}
     for key, change in r["overrides_changed"].items():
         if change["render"] is not None:  # the value it was changed from is today's render's
             assert key in plan and str(plan[key]) == change["render"], (key, plan.get(key), change)
