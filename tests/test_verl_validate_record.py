@@ -1,7 +1,8 @@
 """verl's own config checks on every default render of an engine release (tests/fixtures/gpu/validate/,
 `bench/verl_validate.py device`: 0.9.1's on the H200 with its torch 2.11.0; 0.8.0's on this
 machine's CPU in the venv `envbuild verify h100 --verl 0.8.0 --keep` installed from PyPI, torch
-2.9.0, with a model folder `gpu_ppo.py make-model --device cpu` wrote): each case's
+2.9.0, and 0.9.0's likewise, torch 2.10.0, each with a model folder `gpu_ppo.py make-model
+--device cpu` wrote): each case's
 overrides were composed with the release's Hydra config and passed main_ppo's validate_config
 (the actor's, critic's and rollout's validate() with the run's world size). The record counts
 only while today's render writes the same overrides: each case carries the sha256 of the
@@ -18,6 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 RECORD = ROOT / "tests" / "fixtures" / "gpu" / "validate" / "verl-0.9.1.json"
 RECORD_080 = ROOT / "tests" / "fixtures" / "gpu" / "validate" / "verl-0.8.0.json"
+RECORD_090 = ROOT / "tests" / "fixtures" / "gpu" / "validate" / "verl-0.9.0.json"
 
 
 def _bench():
@@ -68,8 +70,16 @@ def test_a_changed_override_or_a_new_case_makes_the_record_stale(today):
     assert stale(rec, dict(today, **{"x/gae/1x1": case})) == ["x/gae/1x1"]
 
 
-def test_verl_080s_own_checks_passed_its_cases(grid):
-    rec = json.loads(RECORD_080.read_text(encoding="utf-8"))
-    assert (rec["verl"], rec["torch"]) == ("0.8.0", "2.9.0")
-    cases = {c["case"]: c for c in grid if c["verl"] == "0.8.0"}
+@pytest.mark.parametrize(
+    ("path", "verl", "torch"), [(RECORD_080, "0.8.0", "2.9.0"), (RECORD_090, "0.9.0", "2.10.0")]
+)
+def test_the_older_engine_releases_own_checks_passed_their_cases(grid, path, verl, torch):
+    rec = json.loads(path.read_text(encoding="utf-8"))
+    assert (rec["verl"], rec["torch"]) == (verl, torch)
+    cases = {c["case"]: c for c in grid if c["verl"] == verl}
     assert len(cases) == 4 and stale(rec, cases) == []
+
+
+def test_every_engine_release_of_the_grid_has_its_own_record(grid):
+    recorded = {json.loads(p.read_text(encoding="utf-8"))["verl"] for p in RECORD.parent.glob("verl-*.json")}
+    assert {c["verl"] for c in grid} == recorded == {"0.8.0", "0.9.0", "0.9.1"}
