@@ -1014,12 +1014,13 @@ class _Verifier:
             self.fail(f"compose: {c['error']}")
         else:
             c["ok"] = True
-            self.validate(py, base, args_file, c)
+            self.validate(py, base, args, c)
 
-    def validate(self, py: Path, base: Path, args_file: Path, c: dict[str, Any]) -> None:
-        """verl's own validate_config on the composed run, then the batch arithmetic its workers
-        assert at run time (envbuilder/model/batches.py): a render verl would reject fails here. `c`:
-        the report's compose entry, which takes the result."""
+    def validate(self, py: Path, base: Path, args: list[str], c: dict[str, Any]) -> None:
+        """verl's own validate_config on the composed run (`args`: the overrides the run script
+        passed), then the batch arithmetic its workers assert at run time
+        (envbuilder/model/batches.py): a render verl would reject fails here. `c`: the report's
+        compose entry, which takes the result."""
         from envbuilder.machine.compose import main_ppo_config
 
         sites = sorted(py.parent.parent.glob("lib/python*/site-packages"))
@@ -1032,9 +1033,9 @@ class _Verifier:
         if arch:
             shape = base / "model-shape"
             write_model_shape(arch, shape)
-            args = [a for a in args_file.read_bytes().decode().split("\0") if a]
-            args_file = base / "args-validate"
-            args_file.write_bytes("\0".join(with_model_shape(args, shape)).encode())
+            args = with_model_shape(args, shape)
+        args_file = base / "args-validate"
+        args_file.write_bytes("\0".join(args).encode())
         self.say("validate: verl's validate_config and the batch arithmetic")
         got = run(
             [*isolation()[0], str(py), "-c", VALIDATE_SNIPPET, str(args_file), str(config_dir), name],
