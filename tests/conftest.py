@@ -29,6 +29,17 @@ GOLDEN = TESTS / "golden"
 FIXTURES = TESTS / "fixtures"
 
 
+def bench_module(name: str):
+    """bench/NAME.py as a module (the bench scripts are files, not a package), loaded afresh."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, TESTS.parent / "bench" / f"{name}.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 @functools.lru_cache(maxsize=None)
 def shipped() -> M.Matrix:
     """The matrix from matrices/*.yaml, loaded once (tests must not mutate it)."""

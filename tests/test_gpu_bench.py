@@ -5,23 +5,16 @@ records, and its refusals)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+from conftest import bench_module
+
 ROOT = Path(__file__).resolve().parent.parent
 FIX = ROOT / "tests" / "fixtures" / "gpu"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_gpu_ppo_selftest_passes():
@@ -32,7 +25,7 @@ def test_gpu_ppo_selftest_passes():
 
 
 def test_the_run_scripts_exports_are_read_as_written():
-    g = _load("gpu_ppo")
+    g = bench_module("gpu_ppo")
     text = "x=1\nexport HF_ENDPOINT=${HF_ENDPOINT:-https://huggingface.co}\n  export NOT_TOP=1\nexport VLLM_DISABLE_COMPILE_CACHE=${VLLM_DISABLE_COMPILE_CACHE:-0}\n"
     assert g.script_exports(text) == {
         "HF_ENDPOINT": "${HF_ENDPOINT:-https://huggingface.co}",
@@ -58,7 +51,7 @@ def _render_with_preflight(tmp_path: Path, cli, refused: list[str]) -> Path:
 
 def test_emulation_runs_a_copy_naming_the_devices_compute_capability(tmp_path, cli):
     render = _render_with_preflight(tmp_path, cli, ["GPU 0 profile"])
-    g = _load("gpu_ppo")
+    g = bench_module("gpu_ppo")
     got = g.emulate(str(render), str(tmp_path), dict(os.environ), H200)
     assert "error" not in got, got
     assert (got["profile_cc"], got["device_cc"], got["profile_gpu"]) == (
@@ -81,7 +74,7 @@ def test_emulation_runs_a_copy_naming_the_devices_compute_capability(tmp_path, c
 
 def test_emulation_stops_where_the_preflight_refuses_more_than_the_card(tmp_path, cli):
     render = _render_with_preflight(tmp_path, cli, ["GPU 0 profile", "GPU 0 memory"])
-    g = _load("gpu_ppo")
+    g = bench_module("gpu_ppo")
     got = g.emulate(str(render), str(tmp_path), dict(os.environ), H200)
     assert got["error"] == "preflight refused more than the card: GPU 0 memory"
     assert "render" not in got and not (tmp_path / "render-emulated").exists()
@@ -91,7 +84,7 @@ def test_emulation_stops_where_the_preflight_refuses_more_than_the_card(tmp_path
 
 
 def test_first_step_reads_each_phase_from_the_two_records():
-    fs = _load("first_step")
+    fs = bench_module("first_step")
     before = json.loads((FIX / "first_step" / "5090-grpo-cold.json").read_text())
     after = json.loads((FIX / "ppo" / "5090-grpo.json").read_text())
     rows = {r["phase"]: r for r in fs.report(before, after, None)["rows"]}
@@ -113,7 +106,7 @@ def test_first_step_reads_each_phase_from_the_two_records():
 
 
 def test_first_step_refuses_two_cases_or_a_missing_record(tmp_path, capsys):
-    fs = _load("first_step")
+    fs = bench_module("first_step")
     assert (
         fs.main(
             ["--before", str(FIX / "ppo" / "h200-gae.json"), "--after", str(FIX / "ppo" / "5090-grpo.json")]
@@ -135,7 +128,7 @@ def test_a_records_render_overrides_are_todays_plan_in_the_same_form(tmp_path, c
     out = tmp_path / "r"
     flags = ("--model", "Qwen/Qwen2.5-0.5B-Instruct", "--gpus-per-node", "1", "--algo", "grpo")
     assert cli("render", "5090", *flags, "-o", str(out))[0] == 0
-    got = _load("gpu_ppo").render_overrides((out / "5090" / "run_ppo_gsm8k.sh").read_text())
+    got = bench_module("gpu_ppo").render_overrides((out / "5090" / "run_ppo_gsm8k.sh").read_text())
     env = resolved("5090", model="Qwen/Qwen2.5-0.5B-Instruct", gpus_per_node=1, algo="grpo")
     plan = {a.key.lstrip("+"): str(a.value) for a in env.run}
     assert got == plan and len(plan) > 40

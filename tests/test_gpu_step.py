@@ -6,14 +6,12 @@ patches, card cap, model shape, pins, precision) fails until the run is repeated
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 
-from conftest import FIXTURES, shipped
+from conftest import FIXTURES, bench_module, shipped
 
-ROOT = FIXTURES.parent.parent
 
 RUN = json.loads((FIXTURES / "gpu" / "step" / "h200-run.json").read_text(encoding="utf-8"))
 RUNS = {r["name"]: r for r in RUN["runs"]}
@@ -24,10 +22,7 @@ TORCH = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("gpu_step", ROOT / "bench" / "gpu_step.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_module("gpu_step")
 
 
 @pytest.fixture(scope="module")

@@ -10,11 +10,12 @@ overrides it checked, and today's grid must give the same."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+
+from conftest import bench_module
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORD = ROOT / "tests" / "fixtures" / "gpu" / "validate" / "verl-0.9.1.json"
@@ -23,11 +24,7 @@ RECORD_090 = ROOT / "tests" / "fixtures" / "gpu" / "validate" / "verl-0.9.0.json
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("verl_validate", ROOT / "bench" / "verl_validate.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_module("verl_validate")
 
 
 @pytest.fixture(scope="module")
