@@ -26,6 +26,7 @@ import pytest
 import yaml
 
 from conftest import FROZEN, clean_env, envbuild_exe, frozen, shipped
+from mounts import mounted  # noqa: F401  (a fixture)
 from test_refresh import PYPI_JSON, WORKFLOW, _Index, rec
 
 SECRET = "s3cr3t-Pw0rd"
@@ -261,38 +262,8 @@ def test_a_pin_the_matrix_schema_would_refuse_is_no_mechanical_fix(
 # -- refresh --write-overlay into a folder that cannot take it ---------------------------------
 
 
-def _unavailable(why: str):
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI=true: this test must run (as root), but {why}")
-    pytest.skip(why)
-
-
-@pytest.fixture
-def tmpfs(tmp_path):
-    """mount(options) -> a fresh tmpfs folder (root only; skipped elsewhere, except under
-    CI=true, where it must run)."""
-    mounted = []
-
-    def mount(options: str) -> Path:
-        if os.geteuid() != 0:
-            _unavailable("mounting a tmpfs needs root")
-        mnt = tmp_path / f"disk{len(mounted)}"
-        mnt.mkdir()
-        r = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", options, "tmpfs", mnt], capture_output=True, text=True
-        )
-        if r.returncode != 0:
-            _unavailable(f"mount -t tmpfs failed: {r.stderr.strip()}")
-        mounted.append(mnt)
-        return mnt
-
-    yield mount
-    for mnt in mounted:
-        subprocess.run(["umount", "-l", mnt], check=False)
-
-
-def test_write_overlay_into_a_read_only_folder_is_one_paragraph(cli, frozen_matrix, hostile_index, tmpfs):
-    ro = tmpfs("size=1m,ro")
+def test_write_overlay_into_a_read_only_folder_is_one_paragraph(cli, frozen_matrix, hostile_index, mounted):
+    ro = mounted("size=1m,ro")
     code, out, err = cli("refresh", "--index-url", hostile_index(), "--write-overlay", ro / "proposed")
     assert code == 2, err
     assert "--write-overlay" in err and "read-only" in err.lower() and "Traceback" not in err
@@ -315,9 +286,9 @@ def _fill(disk: Path) -> Path:
 
 
 def test_write_overlay_into_a_full_folder_is_one_paragraph_and_leaves_nothing(
-    cli, frozen_matrix, hostile_index, tmpfs
+    cli, frozen_matrix, hostile_index, mounted
 ):
-    disk = tmpfs("size=1m")
+    disk = mounted("size=1m")
     target = disk / "proposed"
     target.mkdir()
     filler = _fill(disk)

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from faultserver import FaultServer, resign, wheel_lock, wheels
+from mounts import mounted  # noqa: F401  (a fixture)
 
 ALPHA, BETA, GAMMA = ("alpha-1.0-py3-none-any.whl", "beta-1.0-py3-none-any.whl", "gamma-1.0-py3-none-any.whl")
 
@@ -371,28 +372,10 @@ def test_an_interrupted_first_export_resumes(files, tmp_path, how):
 # ---- 8: a full disk is one paragraph, and the run after freeing space resumes -----------------
 
 
-def _unavailable(why: str):
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI=true: the full-disk test must run (as root), but {why}")
-    pytest.skip(why)
-
-
 @pytest.fixture
-def small_disk(tmp_path):
+def small_disk(mounted):
     """A 2 MiB tmpfs (root only; skipped elsewhere, except under CI=true, where it must run)."""
-    if os.geteuid() != 0:
-        _unavailable("mounting a tmpfs needs root")
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    r = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", mnt], capture_output=True, text=True
-    )
-    if r.returncode != 0:
-        _unavailable(f"mount -t tmpfs failed: {r.stderr.strip()}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", mnt], check=False)
+    return mounted("size=2m")
 
 
 def test_a_full_disk_says_what_to_free_and_the_rerun_resumes(files, tmp_path, cli, small_disk):
