@@ -751,7 +751,7 @@ def run(args):
             ],
             120,
         ),
-        ("apply_patches", [sys.executable, os.path.join(render, "apply_patches.py")], 120),
+        ("apply_patches", [sys.executable, os.path.join(render, "apply_patches.py"), "--site", site], 120),
         ("audit_precision", [sys.executable, os.path.join(render, "audit_precision.py")], 120),
     ]
     for name, cmd, limit in steps:

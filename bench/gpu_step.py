@@ -223,7 +223,7 @@ def device(cases_path: Path, wheels: Path, out: Path, only: list[str], ppo: bool
         (root / SIDECAR).write_text(case["apply_patches"])
         env = dict(os.environ, PYTHONPATH=str(site), PYTHONUNBUFFERED="1")
         patched = subprocess.run(
-            [sys.executable, str(root / "apply_patches.py")],
+            [sys.executable, str(root / "apply_patches.py"), "--site", str(site)],
             env=env,
             capture_output=True,
             text=True,

@@ -487,7 +487,7 @@ def test_rendered_preflight_is_valid_python(m, profile, tmp_path):
             "python3",
             "-c",
             f"import runpy, sys; g = runpy.run_path({str(path)!r}, run_name='x'); "
-            "print(g['load_data'](g['KEY'], g['REQUIRED'])['profile'])",
+            "print(g['load_data'](g['KEY'], g['SHAPE'])['profile'])",
         ],
         capture_output=True,
         text=True,

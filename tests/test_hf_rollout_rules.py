@@ -142,10 +142,10 @@ def test_the_patches_apply_to_the_real_wheel(verl_trees, tmp_path, profile, kw):
     shutil.copytree(verl_trees[env.verl.version], site)
     script = place_script(render_files(env), "apply_patches.py", tmp_path)
     r = subprocess.run(
-        [sys.executable, "-S", str(script)],
+        [sys.executable, "-S", str(script), "--site", str(site)],
         capture_output=True,
         text=True,
-        env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
+        env={"PATH": "/usr/bin:/bin"},
         timeout=120,
     )
     assert r.returncode == 0, r.stderr

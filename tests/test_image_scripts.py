@@ -9,7 +9,9 @@ from __future__ import annotations
 import ast
 import json
 import os
+import runpy
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -70,6 +72,11 @@ def test_the_sidecar_is_the_same_bytes_every_time():
     assert render_files(resolved("t4"))[SIDECAR] == render_files(resolved("t4"))[SIDECAR]
 
 
+# the bounded reader and the checker of each value, written in each script (no shared module in
+# the image), with the constants they read
+SHARED = ("read_regular", "kind_ok", "shape_problem", "load_data", "MAX_SIDECAR_BYTES", "KINDS", "PATTERNS")
+
+
 def test_each_script_reads_the_sidecar_with_the_same_code_and_name():
     """The four scripts are copied out alone (no shared module in the image): the reader is
     written in each, and held the same here."""
@@ -77,14 +84,29 @@ def test_each_script_reads_the_sidecar_with_the_same_code_and_name():
     for name in images.SCRIPTS:
         text = images.script_text(name)
         tree = ast.parse(text)
-        (reader,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "load_data"]
-        readers.add(ast.get_source_segment(text, reader))
+        named = {}
+        for n in tree.body:
+            if isinstance(n, ast.FunctionDef):
+                named[n.name] = ast.get_source_segment(text, n)
+            elif isinstance(n, (ast.Assign, ast.AnnAssign)):
+                target = n.targets[0] if isinstance(n, ast.Assign) else n.target
+                if isinstance(target, ast.Name):
+                    named[target.id] = ast.get_source_segment(text, n)
+        readers.add(tuple(named[s] for s in SHARED))
         g: dict = {}
         for node in tree.body:  # SIDECAR and KEY, as the script spells them
             if isinstance(node, ast.Assign) and node.targets[0].id in ("SIDECAR", "KEY"):
                 exec(compile(ast.Module([node], []), name, "exec"), g)
         assert g["SIDECAR"] == images.SIDECAR and g["KEY"] == images.SCRIPTS[name]
     assert len(readers) == 1
+
+
+def test_a_patch_names_only_what_the_matrix_lets_it_name():
+    """The scripts' rule for a patched file is the matrix's (render, overlays and --from)."""
+    from envbuilder.model.matrix_schema import PATCH_FILES
+
+    g = runpy.run_path(str(images.HERE / "apply_patches.py"), run_name="envbuild_test")
+    assert g["PATTERNS"]["path"] == PATCH_FILES.item.regex
 
 
 def test_the_scripts_parse_on_the_oldest_python_a_profile_ships():
@@ -178,7 +200,7 @@ def test_a_hostile_profile_in_the_sidecar_is_printed_back_never_run(p40, tmp_pat
     site = tmp_path / "site"
     shutil.copytree(FIXTURES / "verl-0.4.1", site)
 
-    patched = run(folder / "apply_patches.py", site=site)
+    patched = run(folder / "apply_patches.py", "--site", str(site), site=site)
     assert patched.returncode == 0, patched.stderr
     assert patched.stdout.startswith(f"apply_patches: {value} ({value}), verl 0.4.1: ")
 
@@ -249,3 +271,237 @@ def test_the_wheel_ships_the_scripts_and_an_installed_envbuild_renders_them(real
     for name in images.SCRIPTS:
         assert (tmp_path / "out" / "p40" / name).read_bytes() == (images.HERE / name).read_bytes()
     assert json.loads((tmp_path / "out" / "p40" / SIDECAR).read_text())["preflight"]["profile"] == "p40"
+
+
+# -- the sidecar is read through one bounded reader (issue 43, item 21) ---------------------------
+
+
+@pytest.mark.parametrize("name", list(images.SCRIPTS))
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "too-large"])
+def test_a_sidecar_that_is_no_regular_file_or_too_large_is_refused_not_waited_on(p40, tmp_path, name, kind):
+    """A FIFO as the sidecar hung every script (read_text waits for a writer); /dev/zero was read
+    without end. Each is refused at once, as is a file larger than any sidecar: exit 2."""
+    folder = copy_of(p40, tmp_path)
+    side = folder / SIDECAR
+    side.unlink()
+    if kind == "fifo":
+        os.mkfifo(side)
+    elif kind == "dev-zero":
+        side.symlink_to("/dev/zero")
+    else:
+        side.write_bytes(b" " * ((4 << 20) + 1))
+    r = run(folder / name, *ARGS.get(name, []))  # (120 s: a hang fails as TimeoutExpired)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    said = "larger than 4194304 bytes" if kind == "too-large" else "not a regular file"
+    assert f"cannot be read (OSError: [Errno {27 if kind == 'too-large' else 22}] {said})" in r.stderr
+
+
+# -- every value is what it should be (issue 43, item 26) -----------------------------------------
+
+BAD_VALUES = {
+    "apply_patches.py": [
+        ("patches", "verl-hardcoded-fa2", "apply_patches.patches = 'verl-hardcoded-fa2', not a list"),
+        ("patches", [{"name": "x", "files": "verl/utils/model.py", "replace": []}], "files = "),
+        ("patches", [{"name": "x", "files": ["verl/utils/model.py"], "replace": [["x"]]}], "not a list of 2"),
+        (
+            "patches",
+            [{"name": "x", "files": ["verl/utils/model.py"], "replace": [[1, "x"]]}],
+            "not a non-empty",
+        ),
+        ("patches", [{"name": "x", "files": ["verl/utils/model.py"]}], "has no 'replace' in its"),
+        ("profile", None, "apply_patches.profile = None, not a string"),
+        ("profile", "\ud800", "not a string"),
+    ],
+    "audit_precision.py": [
+        ("checks", ["fp8"], "audit_precision.checks[0] = 'fp8', not one of"),
+        ("modules", [5], "audit_precision.modules[0] = 5, not a dotted module name"),
+        ("reviewed", [{"file": "verl/x.py"}], "has no 'check' in its 'audit_precision.reviewed[0]' part"),
+        ("reasons", [], "audit_precision.reasons = a list, not an object"),
+    ],
+    "preflight.py": [
+        ("training_path", 5, "preflight.training_path = 5, not a list"),
+        ("torch_dtype", "float8", "preflight.torch_dtype = 'float8', not one of bfloat16, float16, float32"),
+        ("compute_capability", "six", "not a version"),
+        ("model_vram_gb", True, "not a number"),
+        ("built", {"apex": 5}, "preflight.built.apex = 5, not a string or null"),
+    ],
+    "prepare_gsm8k.py": [
+        ("answer_pattern", "(", "prepare_gsm8k.answer_pattern = '(', not a regular expression"),
+        ("files", {"train": 5, "test": "x"}, "prepare_gsm8k.files.train = 5, not a non-empty string"),
+        ("repo", "", "not a non-empty string"),
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    "name, field, value, said",
+    [(name, *case) for name, cases in BAD_VALUES.items() for case in cases],
+)
+def test_a_sidecar_value_of_the_wrong_kind_is_exit_2_naming_it(p40, tmp_path, name, field, value, said):
+    """Before, each of these was a traceback (exit 1) or went on with the value."""
+    folder = copy_of(p40, tmp_path)
+    data = json.loads((folder / SIDECAR).read_text())
+    data[images.SCRIPTS[name]][field] = value
+    (folder / SIDECAR).write_text(json.dumps(data))
+    site = tmp_path / "site"
+    shutil.copytree(FIXTURES / "verl-0.4.1", site)
+    before = {p: p.read_bytes() for p in site.rglob("*.py")}
+    args = ["--site", str(site)] if name == "apply_patches.py" else ARGS.get(name, [])
+    r = run(folder / name, *args, site=site)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    assert said in r.stderr and "render the profile again" in r.stderr
+    assert {p: p.read_bytes() for p in site.rglob("*.py")} == before
+    assert not (folder / "data").exists()
+
+
+def test_an_empty_find_is_refused_not_inserted_everywhere(p40, tmp_path):
+    """`find: ""` matched between every two characters: apply_patches wrote the replacement
+    thousands of times into verl's files and said exit 0."""
+    folder = copy_of(p40, tmp_path)
+    data = json.loads((folder / SIDECAR).read_text())
+    data["apply_patches"]["patches"][0]["replace"] = [["", "X"]]
+    (folder / SIDECAR).write_text(json.dumps(data))
+    site = tmp_path / "site"
+    shutil.copytree(FIXTURES / "verl-0.4.1", site)
+    workers = (site / "verl/workers/fsdp_workers.py").read_bytes()
+    r = run(folder / "apply_patches.py", "--site", str(site), site=site)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "apply_patches.patches[0].replace[0][0] = '', not a non-empty string" in r.stderr
+    assert (site / "verl/workers/fsdp_workers.py").read_bytes() == workers
+
+
+# -- a patch writes only inside the environment's verl (issue 43, items 13 and 2) -----------------
+
+
+@pytest.mark.parametrize(
+    "rel",
+    ["{outside}", "verl/../../victim.py", "../victim.py", "verl/./utils/model.py", "verl//utils/model.py"],
+)
+def test_a_patch_naming_a_file_outside_verl_is_refused(p40, tmp_path, rel):
+    """A crafted sidecar made apply_patches write any file it could (an absolute path or `..`
+    in `files`): the sidecar's paths follow the matrix's rule, as render's do."""
+    folder = copy_of(p40, tmp_path)
+    site = tmp_path / "a" / "site"
+    shutil.copytree(FIXTURES / "verl-0.4.1", site)
+    victim = tmp_path / "a" / "victim.py"
+    victim.write_text('attn_implementation="flash_attention_2"\n')
+    rel = rel.format(outside=victim)
+    data = json.loads((folder / SIDECAR).read_text())
+    data["apply_patches"]["patches"][0]["files"] = [rel]
+    (folder / SIDECAR).write_text(json.dumps(data))
+    r = run(folder / "apply_patches.py", "--site", str(site), site=site)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    assert "apply_patches.patches[0].files[0] = " in r.stderr and "a relative path of a .py file" in r.stderr
+    assert victim.read_text() == 'attn_implementation="flash_attention_2"\n'
+
+
+def test_a_link_out_of_the_environment_is_never_followed(p40, tmp_path):
+    """A patched file that is a symbolic link to a file elsewhere: refused (exit 1), the file it
+    names untouched."""
+    folder = copy_of(p40, tmp_path)
+    site = tmp_path / "site"
+    shutil.copytree(FIXTURES / "verl-0.4.1", site)
+    elsewhere = tmp_path / "elsewhere.py"
+    shutil.move(site / "verl/utils/model.py", elsewhere)
+    (site / "verl/utils/model.py").symlink_to(elsewhere)
+    before = elsewhere.read_bytes()
+    r = run(folder / "apply_patches.py", "--site", str(site), site=site)
+    assert r.returncode == 1 and "verl/utils/model.py does not exist in" in r.stderr, r.stdout + r.stderr
+    assert elsewhere.read_bytes() == before
+    assert 'attn_implementation="flash_attention_2"' in (site / "verl/workers/fsdp_workers.py").read_text()
+
+
+def test_a_hard_linked_file_is_copied_before_it_is_patched(p40, tmp_path):
+    """uv hard-links installed files to its cache: apply_patches wrote through the link, and
+    every later `uv pip install verl==0.4.1` on the machine got the P40's patches. Each patched
+    file is a new file now, with the old one's mode; the cache keeps its bytes."""
+    folder = copy_of(p40, tmp_path)
+    cache, site = tmp_path / "uv-cache", tmp_path / "site"
+    shutil.copytree(FIXTURES / "verl-0.4.1", cache)
+    for src in cache.rglob("*"):
+        dest = site / src.relative_to(cache)
+        if src.is_dir():
+            dest.mkdir(parents=True, exist_ok=True)
+        else:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.link(src, dest)
+    (cache / "verl/utils/model.py").chmod(0o640)
+    cached = {p: p.read_bytes() for p in cache.rglob("*.py")}
+    r = run(folder / "apply_patches.py", "--site", str(site), site=site)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert {p: p.read_bytes() for p in cache.rglob("*.py")} == cached
+    model = site / "verl/utils/model.py"
+    assert 'attn_implementation="eager"' in model.read_text()
+    assert model.stat().st_nlink == 1 and stat.S_IMODE(model.stat().st_mode) == 0o640
+    assert not [p for p in site.rglob(".*envbuild-patch*")]  # (no temporary file left)
+    again = run(folder / "apply_patches.py", "--site", str(site), site=site)
+    assert again.returncode == 0 and "already patched" in again.stdout
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory) -> tuple[Path, Path]:
+    """A venv (the target environment) without pip, and its site-packages."""
+    venv = tmp_path_factory.mktemp("target") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    (site,) = venv.glob("lib/python*/site-packages")
+    return venv, site
+
+
+def test_the_verl_patched_is_the_environments_own_not_a_checkout_on_the_path(p40, tmp_path, target):
+    """A checkout of verl on PYTHONPATH (and one in the working directory) came first for
+    importlib: apply_patches rewrote it and left the environment's verl unpatched. Every route
+    runs the script as envbuild's helper says, or runs it by hand, or through pixi's `patch`
+    task: each patches the environment's own verl and leaves the checkout alone."""
+    import tomllib
+
+    from envbuilder.images import patch_command
+
+    venv, site = target
+    folder = copy_of(p40, tmp_path)
+    checkout = tmp_path / "checkout"
+    shutil.copytree(FIXTURES / "verl-0.4.1", checkout)
+    shutil.copytree(FIXTURES / "verl-0.4.1" / "verl", folder / "verl")  # (the working directory's)
+    mine = {p: p.read_bytes() for p in [*checkout.rglob("*.py"), *(folder / "verl").rglob("*.py")]}
+    environ = {
+        "PATH": f"{venv / 'bin'}:/usr/bin:/bin",
+        "PYTHONPATH": str(checkout),
+        "PYTHONSAFEPATH": "",
+        "LANG": "C.UTF-8",
+    }
+    render(resolved("p40"), tmp_path / "pixi")
+    task = tomllib.loads((tmp_path / "pixi" / "pixi.toml").read_text())["tasks"]["patch"]["cmd"]
+    patch_task = task.split(" && ")[0]  # (the audit that follows audits the training path's files)
+    routes = {
+        "helper": patch_command(venv / "bin" / "python", folder / "apply_patches.py", environ),
+        "by hand": ([str(venv / "bin" / "python"), "apply_patches.py"], environ),
+        "pixi": (["bash", "-c", patch_task], environ),
+    }
+    for route, (argv, env) in routes.items():
+        shutil.rmtree(site / "verl", ignore_errors=True)
+        shutil.copytree(FIXTURES / "verl-0.4.1" / "verl", site / "verl")
+        r = subprocess.run(argv, cwd=folder, env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, (route, r.stdout + r.stderr)
+        assert 'attn_implementation="eager"' in (site / "verl/utils/model.py").read_text(), route
+        assert {p: p.read_bytes() for p in mine} == mine, route
+    argv, env = routes["helper"]
+    assert argv[1] == "-I" and not [k for k in env if k.startswith("PYTHON")]
+
+
+def test_a_verl_only_on_the_path_is_not_installed_for_the_patches(p40, tmp_path, target):
+    """The environment has no verl of its own (an editable install, a checkout): nothing is
+    patched, exit 1, and the message says why and what to do."""
+    venv, site = target
+    shutil.rmtree(site / "verl", ignore_errors=True)
+    folder = copy_of(p40, tmp_path)
+    checkout = tmp_path / "checkout"
+    shutil.copytree(FIXTURES / "verl-0.4.1", checkout)
+    r = subprocess.run(
+        [str(venv / "bin" / "python"), str(folder / "apply_patches.py")],
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(checkout)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"verl is not installed in {site}" in r.stderr and "never a checkout on PYTHONPATH" in r.stderr
+    assert 'attn_implementation="flash_attention_2"' in (checkout / "verl/utils/model.py").read_text()

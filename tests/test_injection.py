@@ -173,7 +173,7 @@ class Rendered:
         package's file, the same bytes whatever the value."""
         assert self.files[name] == images.script_text(name)
         g = self.module(name)
-        return g["load_data"](g["KEY"], g["REQUIRED"])
+        return g["load_data"](g["KEY"], g["SHAPE"])
 
 
 def dockerfile_word(text: str) -> str:
@@ -528,12 +528,11 @@ def run_files(out: Path, work: Path, field: Field) -> Rendered:
         site = work / "site"
         shutil.copytree(FIXTURES / "verl-0.4.1", site)
         p = subprocess.run(
-            [sys.executable, str(out / "apply_patches.py")],
+            [sys.executable, str(out / "apply_patches.py"), "--site", str(site)],
             capture_output=True,
             text=True,
             timeout=60,
             cwd=work,
-            env={"PYTHONPATH": str(site)},
         )
         assert p.returncode == 0, p.stderr
         assert 'attn_implementation="eager"' in (site / "verl/workers/fsdp_workers.py").read_text()

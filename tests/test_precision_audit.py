@@ -37,8 +37,9 @@ BF16 = {"bf16", "bfloat16"}
 
 def run_script(path: Path, site: Path, tmp_path: Path) -> subprocess.CompletedProcess:
     """A rendered script as the Dockerfile's RUN runs it, against the verl under `site`."""
+    site_arg = ["--site", str(site)] if path.name == "apply_patches.py" else []  # (the audit: PYTHONPATH)
     return subprocess.run(
-        [sys.executable, "-S", str(path)],
+        [sys.executable, "-S", str(path), *site_arg],
         capture_output=True,
         text=True,
         cwd=tmp_path,

@@ -401,7 +401,7 @@ def test_the_smoke_test_imports_the_training_path_of_the_installed_image(tmp_pat
     env = {"PYTHONPATH": str(site), "PATH": os.environ.get("PATH", "")}
     if (script.parent / "apply_patches.py").exists():  # as the Dockerfile's RUN does
         subprocess.run(
-            [sys.executable, "-S", str(script.parent / "apply_patches.py")],
+            [sys.executable, "-S", str(script.parent / "apply_patches.py"), "--site", str(site)],
             env=env,
             check=True,
             capture_output=True,

@@ -47,7 +47,7 @@ def test_preflight_reports_the_patches_missing_then_applied_on_the_real_wheel(ve
     assert "python apply_patches.py && python audit_precision.py" in patched["fix"]
     assert audit["ok"] is False and "FAILED" in audit["detail"]
 
-    done = _run(folder, site, "apply_patches.py")
+    done = _run(folder, site, "apply_patches.py", "--site", str(site))
     assert done.returncode == 0, done.stderr
     after, _ = _checks(folder, site)
     assert after["verl patched"]["ok"] is True, after["verl patched"]

@@ -796,3 +796,99 @@ def test_launcher_flags_are_safe_words_or_refused(value):
         except UserError:
             continue
         assert got and not re.search(r"[\s;$`'\"\\()<>|&*?{}#!~]", got), (value, got)
+
+
+# ---- the image scripts' sidecar (issue 43, items 13, 21, 26) ------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def p40_sidecar() -> dict:
+    from envbuilder.images import SIDECAR
+    from envbuilder.render.files import render_files
+
+    return json.loads(render_files(resolved("p40"))[SIDECAR])
+
+
+def _script(folder: Path, name: str) -> dict:
+    """The image script `name`, copied into `folder` (the sidecar beside it is the test's),
+    loaded as a module: its globals, main() not run."""
+    import runpy
+
+    from envbuilder.images import HERE
+
+    shutil.copyfile(HERE / name, folder / name)
+    return runpy.run_path(str(folder / name), run_name="envbuild_sidecar_test")
+
+
+def _files(root: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and not p.is_symlink()}
+
+
+def _sidecar_texts() -> st.SearchStrategy[str]:
+    return st.deferred(lambda: json_texts(p40_sidecar()))
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(text=_sidecar_texts(), raw=st.binary(max_size=80))
+@example(text=dumps(dict(p40_sidecar(), preflight=DEEP_5000)), raw=b"")
+@example(text="", raw=b"\xff\xfe{")
+def test_each_image_script_reads_its_sidecar_or_refuses_it(work, capsys, text, raw):
+    """Any sidecar, as any bytes or any JSON shape: each script's reader returns its part,
+    every value what it should be, or None with what is wrong (the script's exit 2)."""
+    from envbuilder.images import SCRIPTS, SIDECAR
+
+    folder = fresh(work)
+    for blob in (text.encode("utf-8", "surrogatepass"), raw):
+        (folder / SIDECAR).write_bytes(blob)
+        for name, key in SCRIPTS.items():
+            g = _script(folder, name)
+            part = g["load_data"](key, g["SHAPE"])
+            err = capsys.readouterr().err
+            if part is None:
+                assert "render the profile again" in err and "Traceback" not in err
+            else:
+                assert g["shape_problem"](part, g["SHAPE"], key) is None and err == ""
+
+
+@st.composite
+def _patches_sidecar(draw) -> str:
+    """The p40's apply_patches part, mutated, with paths that lead out of verl now and then."""
+    doc = {"apply_patches": p40_sidecar()["apply_patches"]}
+    doc = copy.deepcopy(draw(st.one_of(st.just(doc), mutated(doc), raw_into(doc))))  # (no shared state)
+    part = doc.get("apply_patches") if isinstance(doc, dict) else None
+    patches = part.get("patches") if isinstance(part, dict) else None
+    if isinstance(patches, list) and patches and isinstance(patches[0], dict) and draw(st.booleans()):
+        patches[0]["files"] = [
+            draw(st.sampled_from(["../victim.py", "{victim}", "verl/../../victim.py", "verl/utils/model.py"]))
+        ]
+    return dumps(doc)
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(text=_patches_sidecar())
+@example(text=dumps({"apply_patches": dict(p40_sidecar()["apply_patches"], patches=[])}))
+def test_apply_patches_patches_inside_verl_or_refuses(work, capsys, text):
+    """apply_patches.py's main on any sidecar: exit 0, 1 or 2, no exception, and nothing written
+    outside the verl it patches (a victim file beside the site keeps its bytes)."""
+    from envbuilder.images import SIDECAR
+
+    folder = fresh(work)
+    site = folder / "site"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "verl-0.4.1", site)
+    victim = folder / "victim.py"
+    victim.write_text('attn_implementation="flash_attention_2"\n')
+    (folder / SIDECAR).write_text(text.replace("{victim}", str(victim)), errors="surrogatepass")
+    g = _script(folder, "apply_patches.py")
+    outside = {p: b for p, b in _files(folder).items() if site not in p.parents}
+    code = g["main"](["--site", str(site)])
+    err = capsys.readouterr().err
+    assert code in (0, 1, 2) and "Traceback" not in err
+    assert {p: b for p, b in _files(folder).items() if site not in p.parents} == outside
+    changed = [
+        p
+        for p, b in _files(site).items()
+        if b != (Path(__file__).parent / "fixtures" / "verl-0.4.1" / p.relative_to(site)).read_bytes()
+    ]
+    assert all(p.relative_to(site).parts[0] == "verl" for p in changed)
+    if code != 0:
+        assert not changed  # (a refusal writes nothing)

@@ -431,12 +431,11 @@ def apply_patches(profile: str, site: Path, tmp_path: Path, **kw) -> subprocess.
         render_files(resolved(profile, **kw)), "apply_patches.py", tmp_path / f"scripts-{profile}"
     )
     return subprocess.run(
-        [sys.executable, str(script)],
+        [sys.executable, str(script), "--site", str(site)],
         capture_output=True,
         text=True,
         cwd=tmp_path,
         timeout=60,
-        env=dict(os.environ, PYTHONPATH=str(site)),
     )
 
 

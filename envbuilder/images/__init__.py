@@ -12,6 +12,7 @@ Python (3.10 and later), so this package ranks lowest and imports nothing (bench
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 SIDECAR = "envbuild-scripts.json"  # each script spells it too (SIDECAR), held equal by a test
@@ -30,3 +31,13 @@ def script_text(name: str) -> str:
     if name not in SCRIPTS:
         raise KeyError(name)
     return (HERE / name).read_text(encoding="utf-8")
+
+
+def patch_command(python: Path, script: Path, environ: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+    """(argv, environment) that run apply_patches.py (`script`) on the environment of `python`,
+    as every route runs it: `-I` and no PYTHON* variable, so the verl patched is the one in that
+    Python's own site-packages, never a checkout on PYTHONPATH or a prefix PYTHONHOME names. The
+    script does the same when run by hand (it runs itself again so) and never writes through a
+    link; the helper makes the rule visible where envbuild starts it."""
+    env = {k: v for k, v in environ.items() if not k.startswith("PYTHON")}
+    return [str(python), "-I", str(script)], env

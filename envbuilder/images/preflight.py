@@ -24,10 +24,13 @@ Exit 0 when every check passes, 1 when one fails, 2 on a bad argument or a missi
 from __future__ import annotations
 
 import importlib
+import errno
 import importlib.util
 import json
 import os
 import pathlib
+import re
+import stat
 import subprocess
 import sys
 from typing import Any, Callable, TypeVar
@@ -37,48 +40,154 @@ Data = dict[str, Any]
 
 SIDECAR = "envbuild-scripts.json"  # written beside this file by `envbuild render`
 KEY = "preflight"  # this script's part of it
-REQUIRED = (
-    "profile",
-    "gpu",
-    "compute_capability",
-    "torch_version",
-    "torch_cuda",
-    "torch_requirement",
-    "torch_index",
-    "dtype",
-    "torch_dtype",
-    "torch_compile",
-    "model_vram_gb",
-    "min_driver",
-    "compat_driver",
-    "driver_cuda",
-    "compat_libcuda",
-    "training_path",
-    "verl_version",
-    "config_reads",
-    "refused_overrides",
-    "patches",
-    "finish",
-    "built",
-)
+MAX_SIDECAR_BYTES = 4 << 20  # the sidecar is ~10 KB: anything this large is not one
+KINDS: dict[Any, str] = {
+    str: "a string",
+    bool: "true or false",
+    int: "a whole number",
+    float: "a number",
+    None: "null",
+    "text": "a non-empty string",
+    "path": "a relative path of a .py file (letters, digits, _ and /; no '..', no leading /)",
+    "module": "a dotted module name",
+    "version": "a version (digits and dots)",
+    "pattern": "a regular expression",
+}
+# the matrix's RELPATH (envbuilder/model/schema.py), held equal by a test: what render, overlays
+# and `render --from` let a patch name, so a sidecar names nothing else
+PATTERNS = {
+    "path": r"[A-Za-z0-9_]+(/[A-Za-z0-9_]+)*\.py",
+    "module": r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*",
+    "version": r"[0-9]+(\.[0-9]+)*",
+}
+PATCH = {"name": "text", "files": ["path"], "replace": [["text", "text"]]}  # apply_patches.py's
+SHAPE = {
+    "profile": str,
+    "gpu": str,
+    "compute_capability": "version",
+    "torch_version": str,
+    "torch_cuda": str,
+    "torch_requirement": str,
+    "torch_index": str,
+    "dtype": str,
+    "torch_dtype": {"float32", "float16", "bfloat16"},
+    "torch_compile": bool,
+    "model_vram_gb": float,
+    "min_driver": "version",
+    "compat_driver": "version",
+    "driver_cuda": "version",
+    "compat_libcuda": str,
+    "training_path": ["module"],
+    "verl_version": str,
+    "config_reads": [str],
+    "refused_overrides": [{"key": str, "value": str, "why": str, "fix": str}],
+    "patches": [PATCH],
+    "finish": str,
+    "built": {str: (str, None)},
+}
 FLAGS = ("--json", "--quiet", "--smoke")
 DRIVER_FIX = "run the container with --gpus all (NVIDIA Container Toolkit) and check nvidia-smi"
 
 
-def load_data(key: str, required: tuple[str, ...]) -> Data | None:
-    """This script's part (`key`) of the sidecar beside it, or None, said on stderr, when the
-    file is missing, is no JSON object or lacks a `required` field."""
+def read_regular(path: pathlib.Path, limit: int) -> bytes:
+    """The bytes of `path` when it is a regular file of at most `limit` bytes, OSError otherwise:
+    a FIFO is never waited on, a device such as /dev/zero never read without end."""
+    fd = os.open(str(path), os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise OSError(errno.EFBIG, f"larger than {limit} bytes")
+    finally:
+        os.close(fd)
+
+
+def kind_ok(value: Any, kind: Any) -> bool:
+    """`value` is of `kind`, a key of KINDS (a string: one that UTF-8 can write)."""
+    if kind is None or kind is bool:
+        return value is None if kind is None else isinstance(value, bool)
+    if kind is int or kind is float:
+        return isinstance(value, (int, float) if kind is float else int) and not isinstance(value, bool)
+    if not isinstance(value, str):
+        return False
+    try:
+        value.encode("utf-8")
+        if kind == "pattern":
+            re.compile(value)
+    except (UnicodeError, re.error, RecursionError, OverflowError):
+        return False
+    if kind in PATTERNS:
+        return re.fullmatch(PATTERNS[kind], value) is not None
+    return kind is str or value != ""
+
+
+def shape_problem(value: Any, shape: Any, where: str) -> str | None:
+    """What in `value` is not as `shape` says, as a phrase naming the place; None when all is.
+    A shape is a kind (KINDS), a set of the strings allowed, a tuple (either shape), [item]
+    (a list of items), [first, second] (a list of exactly these), {key: shape} (an object with
+    these keys; others are left alone) or {str: shape} (an object whose every value is shape)."""
+    if isinstance(shape, tuple):
+        if any(shape_problem(value, s, where) is None for s in shape):
+            return None
+        what = " or ".join(KINDS.get(s, "another shape") for s in shape)
+    elif isinstance(shape, (set, frozenset)):
+        if isinstance(value, str) and value in shape:
+            return None
+        what = "one of " + ", ".join(sorted(shape))
+    elif isinstance(shape, list):
+        if isinstance(value, list) and len(shape) in (1, len(value)):
+            for i, item in enumerate(value):
+                problem = shape_problem(item, shape[0] if len(shape) == 1 else shape[i], f"{where}[{i}]")
+                if problem:
+                    return problem
+            return None
+        what = "a list" if len(shape) == 1 else f"a list of {len(shape)}"
+    elif isinstance(shape, dict):
+        if isinstance(value, dict):
+            missing = [k for k in shape if k is not str and k not in value]
+            if missing:
+                return f"has no {missing[0]!r} in its {where!r} part"
+            pairs = [(k, shape[str]) for k in value] if str in shape else list(shape.items())
+            for k, s in pairs:
+                problem = shape_problem(k, str, f"{where} key") or shape_problem(value[k], s, f"{where}.{k}")
+                if problem:
+                    return problem
+            return None
+        what = "an object"
+    else:
+        if kind_ok(value, shape):
+            return None
+        what = KINDS[shape]
+    shown = "a list" if isinstance(value, list) else "an object" if isinstance(value, dict) else ascii(value)
+    return f"has {where} = {shown[:80]}, not {what}"
+
+
+def load_data(key: str, shape: dict[str, Any]) -> Data | None:
+    """This script's part (`key`) of the sidecar beside it, as `shape` says it is, or None, said
+    on stderr, when the file is missing or no regular file, is no JSON object, lacks a field or
+    holds a value that is not what it should be."""
     path = pathlib.Path(__file__).resolve().with_name(SIDECAR)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
+        data = json.loads(read_regular(path, MAX_SIDECAR_BYTES).decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
         why = f"cannot be read ({type(e).__name__}: {e})"
     else:
         part = data.get(key) if isinstance(data, dict) else None
-        missing = [k for k in required if k not in part] if isinstance(part, dict) else []
-        if isinstance(part, dict) and not missing:
-            return part
-        why = f"has no {missing[0]!r} in its {key!r} part" if missing else f"holds no {key!r} object"
+        if not isinstance(part, dict):
+            why = f"holds no {key!r} object"
+        else:
+            problem = shape_problem(part, shape, key)
+            if problem is None:
+                return part
+            why = problem
     print(
         f"{key}: {path} {why}. This script reads the profile's data from the {SIDECAR} that "
         f"`envbuild render` writes beside it: render the profile again and keep the two together.",
@@ -609,7 +718,7 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
-    e = load_data(KEY, REQUIRED)
+    e = load_data(KEY, SHAPE)
     if e is None:
         return 2
     smoke = "--smoke" in argv

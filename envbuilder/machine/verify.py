@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO, Any, Callable, Mapping, Sequence
 
 from envbuilder.errors import UserError
+from envbuilder.images import patch_command
 from envbuilder.record import Record
 from envbuilder.model.resolved import ResolvedEnv
 
@@ -804,10 +805,11 @@ class _Verifier:
         if env.patches:
             names = [p.name for p in env.patches]
             self.say(f"patches: {', '.join(names)}")
-            _unshare_files(venv, [f for p in env.patches for f in p.files])
+            # (the one rule of every route: the venv's own verl, isolated, never written through a link)
+            argv, patch_env = patch_command(py, rendered / "apply_patches.py", _clean_env())
             got = run(
-                [str(py), str(rendered / "apply_patches.py")],
-                env=_clean_env(),
+                argv,
+                env=patch_env,
                 cwd=work,
                 timeout=600,
                 say=self.say,
@@ -1056,19 +1058,6 @@ class _Verifier:
             c["ok"] = False
             c["error"] = failure
             self.fail(failure)
-
-
-def _unshare_files(venv: Path, rels: list[str]) -> None:
-    """Give each file the patches edit an inode of its own. uv hard-links installed files to
-    its cache, and apply_patches.py writes in place: without this, patching one venv patches
-    the cache, and every later venv gets an already-patched verl."""
-    for site in venv.glob("lib/python*/site-packages"):
-        for rel in dict.fromkeys(rels):
-            path = site / rel
-            if path.is_file() and not path.is_symlink() and path.stat().st_nlink > 1:
-                tmp = path.with_name(f".{path.name}.envbuild-copy")
-                shutil.copy2(path, tmp)
-                os.replace(tmp, path)
 
 
 def _first_error(lines: list[str]) -> str:
