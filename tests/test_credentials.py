@@ -135,3 +135,22 @@ def test_redact_splits_userinfo_at_the_last_at_sign_of_the_authority(url, shown,
     assert "Tail77" not in redact(url)
     # the image's standalone copy (standard library only) says the same of one URL
     assert "Tail77" not in flash_attn_wheel._redacted(url.split(" ")[-1])
+
+
+@pytest.mark.parametrize(
+    "command, option",
+    [
+        ("verify", "--index-url"),
+        ("verify", "--torch-index-url"),
+        ("install", "--index-url"),
+        ("install", "--torch-index-url"),
+        ("refresh", "--index-url"),
+    ],
+)
+def test_a_refused_index_url_is_echoed_without_its_password(cli, tmp_path, command, option):
+    prefix = ["--prefix", tmp_path / "env"] if command == "install" else []
+    profile = [] if command == "refresh" else ["p40"]
+    code, out, err = cli(command, *profile, *prefix, option, f"ftp://alice:{HARD}@host/simple")
+    assert code == 2, (out, err)
+    assert "is not an" in err and "'ftp://***@host/simple'" in err
+    assert "Tail77" not in out + err
