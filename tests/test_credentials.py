@@ -122,7 +122,11 @@ HARD = "Re@Tail77:x!$&*+,;=~"
         (f"http://alice:{HARD}@host:8080/simple", "http://***@host:8080/simple", "http://host:8080/simple"),
         (f"https://a:{HARD}@h", "https://***@h", "https://h"),
         (f"https://a:{HARD}@h?x=1@2", "https://***@h?x=1@2", "https://h?x=1@2"),
-        (f"https://h/p@q and http://u:{HARD}@k/", "https://h/p@q and http://***@k/", "https://h/p@q and http://k/"),
+        (
+            f"https://h/p@q and http://u:{HARD}@k/",
+            "https://h/p@q and http://***@k/",
+            "https://h/p@q and http://k/",
+        ),
         ("https://h#frag@x", "https://h#frag@x", "https://h#frag@x"),
     ],
 )

@@ -28,7 +28,6 @@ _SHELL_SAFE = re.compile(r"[\w@%+=:,./-]+", re.ASCII)  # what shlex.quote leaves
 MAX_LINE_VALUE = 8192
 
 
-
 def _escape(ch: str) -> str:
     """Python's escape of one character: \\n, \\x1b, \\u2028, \\U000e0001."""
     return repr(ch)[1:-1]
