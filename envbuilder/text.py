@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import re
 
-# a URL's `user:password@` (any scheme), as a message or a file may carry it
-USERINFO = re.compile(r"(://)[^/@\s]*@")
+# a URL's `user:password@` (any scheme), as a message or a file may carry it: up to the LAST '@'
+# of the authority (it ends at the first '/', '?' or '#'), where requests, uv and pip split it, so a
+# raw '@' in a password (`Re@Tail77`) is hidden whole
+USERINFO = re.compile(r"(://)[^/?#\s]*@")
 # an Authorization value (compiled by `re` when a message is first redacted, not at import)
 _AUTH_VALUE = r"\b(Bearer|Basic)(\s+)(?![A-Za-z]+=\")[A-Za-z0-9._~+/-]{6,}=*"
 

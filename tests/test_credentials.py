@@ -109,3 +109,52 @@ def test_show_prints_credentials_as_stars(cli, planted):
     code, out, err = cli("show", "p40", "--json", "--matrix-dir", planted)
     assert code in (0, None), err
     assert '"pypi": "https://***@pypi.org/simple"' in out
+
+
+# a password as users paste them: '@' and ':' raw (requests, uv and pip split the userinfo at the
+# LAST '@' of the authority, its user and password at the first ':')
+HARD = "Re@Tail77:x!$&*+,;=~"
+
+
+@pytest.mark.parametrize(
+    "url, shown, bare",
+    [
+        (f"http://alice:{HARD}@host:8080/simple", "http://***@host:8080/simple", "http://host:8080/simple"),
+        (f"https://a:{HARD}@h", "https://***@h", "https://h"),
+        (f"https://a:{HARD}@h?x=1@2", "https://***@h?x=1@2", "https://h?x=1@2"),
+        (
+            f"https://h/p@q and http://u:{HARD}@k/",
+            "https://h/p@q and http://***@k/",
+            "https://h/p@q and http://k/",
+        ),
+        ("https://h#frag@x", "https://h#frag@x", "https://h#frag@x"),
+    ],
+)
+def test_redact_splits_userinfo_at_the_last_at_sign_of_the_authority(url, shown, bare):
+    from envbuilder.images import flash_attn_wheel
+    from envbuilder.text import redact, without_credentials
+
+    assert redact(url) == shown
+    assert without_credentials(url) == bare
+    assert "Tail77" not in redact(url)
+    # the image's standalone copy (standard library only) says the same of one URL
+    assert "Tail77" not in flash_attn_wheel._redacted(url.split(" ")[-1])
+
+
+@pytest.mark.parametrize(
+    "command, option",
+    [
+        ("verify", "--index-url"),
+        ("verify", "--torch-index-url"),
+        ("install", "--index-url"),
+        ("install", "--torch-index-url"),
+        ("refresh", "--index-url"),
+    ],
+)
+def test_a_refused_index_url_is_echoed_without_its_password(cli, tmp_path, command, option):
+    prefix = ["--prefix", tmp_path / "env"] if command == "install" else []
+    profile = [] if command == "refresh" else ["p40"]
+    code, out, err = cli(command, *profile, *prefix, option, f"ftp://alice:{HARD}@host/simple")
+    assert code == 2, (out, err)
+    assert "is not an" in err and "'ftp://***@host/simple'" in err
+    assert "Tail77" not in out + err

@@ -629,6 +629,37 @@ def test_source_pin_messages_never_print_the_credentials_of_the_github_mirror():
     assert "418" in str(e.value) and SECRET not in str(e.value) and "***@" in str(e.value)
 
 
+def test_a_proxys_page_where_the_apex_archive_belongs_is_not_locked(cli, tmp_path):
+    """A mirror (or a proxy) that answers 200 with an HTML page for apex's archive: exit 1, the
+    page named for what it is, and no sources.lock pinning its 26 bytes as apex-25.08.tar.gz."""
+    with FaultServer({}, default="html") as srv:
+        code, out, err = cli(
+            "lock", "p40", "--only", "sources", "--github-url", srv.url("gh"), "-o", tmp_path / "lock"
+        )
+    assert code == 1, (out, err)
+    assert "not a gzip tarball" in err and "<!DOCTYPE html>" in err and "--github-url" in err, err
+    assert not list(tmp_path.rglob("sources.lock"))
+
+
+def test_a_truncated_gzip_or_a_gzip_of_no_tar_is_not_a_source_archive():
+    import gzip
+    import io
+    import tarfile
+
+    from envbuilder.lock.sources import archive_problem
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        data = b"setup()\n"
+        info = tarfile.TarInfo("apex-25.08/setup.py")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    assert archive_problem(buf.getvalue()) is None
+    assert "not a gzip tarball" in archive_problem(b"<html>moved</html>")
+    assert "not a tar archive" in archive_problem(gzip.compress(b"x" * 2000))
+    assert "not a gzip tarball" in archive_problem(gzip.compress(b"x" * 2000)[:-30] + b"\0" * 3)
+
+
 # ---- an empty index URL is a mistake, not the public index ----------------------------------------
 
 
@@ -699,7 +730,7 @@ def test_uv_on_an_index_page_that_never_ends_is_stopped_at_its_memory_cap(tmp_pa
         srv.script = {"simple/six/": ["endless-html"]}
         index = srv.url("simple").replace("http://", f"http://envbuild:{SECRET}@")
         with pytest.raises(ActionError) as e:
-            P._run_uv(["requirements.in", "--index-url", index, "--no-cache"], tmp_path, [index])
+            P._run_uv(["requirements.in", "--no-cache"], tmp_path, [index])
     msg = str(e.value)
     assert "was stopped" in msg and "over its cap of 300 MiB" in msg, msg
     assert SECRET not in msg and "***@" in msg

@@ -242,3 +242,59 @@ def test_verls_own_gsm8k_reward_scores_the_prepared_rows(rendered, tmp_path, rea
         final = raw["answer"].rsplit("####", 1)[1].strip()
         assert scope["compute_score"](f"Reasoning...\n#### {final}", truth) == 1.0
         assert scope["compute_score"]("#### 99999", truth) == 0
+
+
+def test_hf_token_goes_only_to_the_endpoints_own_host_across_redirects(rendered, tmp_path):
+    """A mirror that redirects to a CDN on another host (here: another port) gets the token; the
+    CDN does not (urllib's own handler forwards Authorization wherever it is sent)."""
+    from faultserver import FaultServer
+
+    base = "datasets/openai/gsm8k/resolve/main/main/"
+    names = [base + "train-00000-of-00001.parquet", base + "test-00000-of-00001.parquet"]
+    blobs = [parquet_bytes(TRAIN, tmp_path), parquet_bytes(TEST, tmp_path)]
+    with FileServer({f"cdn/{n}": b for n, b in zip(names, blobs)}) as cdn:
+        with FaultServer({}) as mirror:
+            mirror.script = {n: [("redirect", cdn.url(f"cdn/{n}"))] for n in names}
+            r = run(
+                rendered / "prepare_gsm8k.py",
+                "--out",
+                tmp_path / "data",
+                env={"HF_ENDPOINT": mirror.url("").rstrip("/"), "HF_TOKEN": "hf_secret"},
+            )
+            sent_mirror = [q.authorization for q in mirror.log]
+        sent_cdn = [q.authorization for q in cdn.log]
+    assert r.returncode == 0, r.stderr
+    assert sent_mirror and all(a == "Bearer hf_secret" for a in sent_mirror)
+    assert len(sent_cdn) == 2 and sent_cdn == [None, None]
+
+
+def test_an_endpoints_password_is_sent_as_basic_auth_and_never_printed(rendered, tmp_path):
+    """HF_ENDPOINT=http://user:password@mirror: the password (with a raw '@') goes to the mirror
+    as Basic auth, and a failure names the endpoint without it."""
+    import base64
+
+    base = "datasets/openai/gsm8k/resolve/main/main/"
+    files = {
+        base + "train-00000-of-00001.parquet": parquet_bytes(TRAIN, tmp_path),
+        base + "test-00000-of-00001.parquet": parquet_bytes(TEST, tmp_path),
+    }
+    password = "Re@Tail77:x!"
+    with FileServer(files) as srv:
+        endpoint = srv.url("").rstrip("/").replace("://", f"://alice:{password}@")
+        r = run(rendered / "prepare_gsm8k.py", "--out", tmp_path / "data", env={"HF_ENDPOINT": endpoint})
+        sent = [q.authorization for q in srv.log]
+    assert r.returncode == 0, r.stderr
+    assert "Tail77" not in r.stdout + r.stderr
+    want = "Basic " + base64.b64encode(f"alice:{password}".encode()).decode()
+    assert sent and all(a == want for a in sent)
+    # a mirror that does not answer: exit 1, the endpoint named as ***@
+    from httpfixtures import free_port
+
+    r = run(
+        rendered / "prepare_gsm8k.py",
+        "--out",
+        tmp_path / "data2",
+        env={"HF_ENDPOINT": f"http://alice:{password}@127.0.0.1:{free_port()}"},
+    )
+    assert r.returncode == 1 and "cannot download http://127.0.0.1:" in r.stderr, r.stderr  # (bare)
+    assert "Tail77" not in r.stdout + r.stderr and "Traceback" not in r.stderr

@@ -166,7 +166,7 @@ def _uv_compile(pypi: str, reqs: list[str], python: str, glibc: str, tmp_path) -
     """`uv pip compile` of `reqs` for the target, from metadata only (PEP 658: no torch wheel is
     downloaded), as envbuild lock runs it."""
     from envbuilder.lock.pip import compile_args
-    from envbuilder.tools.uv import uv_bin, uv_env
+    from envbuilder.tools.uv import index_env, uv_bin, uv_env
 
     (tmp_path / "requirements.in").write_text("".join(f"{r}\n" for r in reqs))
     return subprocess.run(
@@ -174,11 +174,11 @@ def _uv_compile(pypi: str, reqs: list[str], python: str, glibc: str, tmp_path) -
             uv_bin(),
             "pip",
             "compile",
-            *compile_args("sglang-test", python, glibc, pypi, None),
+            *compile_args("sglang-test", python, glibc, False),
             "requirements.in",
         ],
         cwd=tmp_path,
-        env=uv_env(),
+        env={**uv_env(), **index_env(pypi)},
         capture_output=True,
         text=True,
         timeout=600,

@@ -54,9 +54,11 @@ INDEX_URL = re.compile(r"^(https?://[^\s/]+(/\S*)?|file:///\S*)$")
 
 
 def index_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    from envbuilder.text import redact
+
     if value is not None and not INDEX_URL.match(value):
-        raise click.BadParameter(
-            f"{value!r} is not an index URL (http://, https:// or file:///). "
+        raise click.BadParameter(  # (echoed as ***@: --flash-attn-index does the same)
+            f"{redact(value)!r} is not an index URL (http://, https:// or file:///). "
             "Pass the URL of a PEP 503 simple index, e.g. "
             "https://pypi.org/simple."
         )
@@ -65,6 +67,7 @@ def index_url(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 
 def json_api_root(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """refresh's --index-url: the root of PyPI's JSON API (a trailing /simple dropped)."""
+    from envbuilder.text import redact
     from envbuilder.upstream.pypi import DEFAULT_INDEX
 
     if value is not None and not value.strip():  # (a careless "$MIRROR" is no default)
@@ -75,7 +78,7 @@ def json_api_root(ctx: click.Context, param: click.Parameter, value: str | None)
     value = (value or DEFAULT_INDEX).strip()
     if not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", value):
         raise click.BadParameter(
-            f"{value!r} is not an http(s) URL. Pass the root of an index "
+            f"{redact(value)!r} is not an http(s) URL. Pass the root of an index "
             f"that serves PyPI's JSON API, e.g. {DEFAULT_INDEX}."
         )
     value = value.rstrip("/")

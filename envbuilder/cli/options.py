@@ -89,8 +89,11 @@ def load_matrix(matrix_dirs: Dirs | list[Path]) -> Matrix:
 
 
 def say(text: str) -> None:
-    """A line of progress or a note, on stderr (stdout holds the command's result)."""
-    click.echo(text, err=True)
+    """A line of progress or a note, on stderr (stdout holds the command's result); a URL's
+    user:password@ in it as ***@, whoever wrote the line."""
+    from envbuilder.text import redact
+
+    click.echo(redact(text), err=True)
 
 
 def implied_profile(m: Matrix, command: str, probes: Probes | None = None) -> str:

@@ -93,7 +93,8 @@ DEADLINE_S = 3600.0  # the whole download: a mirror that sends a byte a minute n
 
 
 def _redacted(url: str) -> str:
-    return re.sub(r"//[^/@]*@", "//***@", url, count=1)
+    # (text.USERINFO's rule: up to the authority's last '@', as urllib splits it)
+    return re.sub(r"//[^/?#\s]*@", "//***@", url, count=1)
 
 
 def _request(url: str) -> tuple[Any, str]:

@@ -27,6 +27,7 @@ import stat
 import sys
 import tempfile
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -252,12 +253,49 @@ def local_files(sources: list[str]) -> dict[str, str]:
     return found
 
 
+def redacted(text: str) -> str:
+    """`text` with a URL's user:password@ as ***@, up to the authority's last '@' (envbuild's
+    text.redact, copied: this script runs alone with the standard library)."""
+    return re.sub(r"(://)[^/?#\s]*@", r"\1***@", text)
+
+
+def _origin(url: str) -> tuple[str, str | None, int | None]:
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme, parts.hostname, parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+
+
+class _SameOriginAuth(urllib.request.HTTPRedirectHandler):
+    """Redirects that keep Authorization only on the endpoint's own scheme, host and port:
+    urllib's own handler sends HF_TOKEN (or a mirror's password) wherever a mirror redirects."""
+
+    def redirect_request(self, req: Any, fp: Any, code: Any, msg: Any, headers: Any, newurl: Any) -> Any:
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and _origin(new.full_url) != _origin(req.full_url):
+            new.remove_header("Authorization")
+        return new
+
+
+def endpoint_auth(endpoint: str) -> tuple[str, dict[str, str]]:
+    """(HF_ENDPOINT without its user:password@, the headers to send it): a mirror's userinfo as
+    Basic auth (urllib takes `user:pw@host` for the host name), else HF_TOKEN as a Bearer."""
+    import base64
+
+    headers = {"User-Agent": "envbuild-prepare-gsm8k"}
+    parts = urllib.parse.urlsplit(endpoint)
+    if parts.username is not None:
+        pair = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+        headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
+        host = parts.netloc.rpartition("@")[2]
+        endpoint = urllib.parse.urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+    elif os.environ.get("HF_TOKEN"):
+        headers["Authorization"] = "Bearer " + os.environ["HF_TOKEN"]
+    return endpoint, headers
+
+
 def download(spec: Data, tmp: str) -> dict[str, str]:
     """{split: path} of the dataset's parquet files, fetched through HF_ENDPOINT."""
-    endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
-    headers = {"User-Agent": "envbuild-prepare-gsm8k"}
-    if os.environ.get("HF_TOKEN"):
-        headers["Authorization"] = "Bearer " + os.environ["HF_TOKEN"]
+    endpoint, headers = endpoint_auth(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    opener = urllib.request.build_opener(_SameOriginAuth)
     out = {}
     for split in SPLITS:
         url = "/".join(
@@ -273,7 +311,7 @@ def download(spec: Data, tmp: str) -> dict[str, str]:
         path = os.path.join(tmp, split + ".parquet")
         try:
             request = urllib.request.Request(url, headers=headers)
-            with urllib.request.urlopen(request, timeout=60) as r, open(path, "wb") as fh:
+            with opener.open(request, timeout=60) as r, open(path, "wb") as fh:
                 total = 0
                 while True:
                     chunk = r.read(1 << 16)
@@ -285,8 +323,8 @@ def download(spec: Data, tmp: str) -> dict[str, str]:
                     fh.write(chunk)
         except (urllib.error.URLError, OSError, ValueError) as e:
             raise Failure(
-                f"cannot download {url}: {getattr(e, 'reason', e)}. Set HF_ENDPOINT to a Hugging Face "
-                "mirror that answers, or pass --from with local files.",
+                redacted(f"cannot download {url}: {getattr(e, 'reason', e)}")
+                + ". Set HF_ENDPOINT to a Hugging Face mirror that answers, or pass --from with local files.",
                 1,
             ) from e
         out[split] = path
@@ -339,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         print(", ".join(f"{os.path.basename(dst)}: {n} rows" for _, dst, n in staged) + f" -> {args.out}")
         return 0
     except Failure as e:
-        print(f"prepare_gsm8k: {e}", file=sys.stderr)
+        print(redacted(f"prepare_gsm8k: {e}"), file=sys.stderr)
         return e.code
     except OSError as e:
         print(f"prepare_gsm8k: cannot write {args.out}: {e.strerror}.", file=sys.stderr)

@@ -42,9 +42,9 @@ def python_platform(glibc: str, machine: str = "x86_64") -> str:
     return f"{machine}-manylinux_{glibc.replace('.', '_')}"
 
 
-def compile_args(
-    profile: str, python: str, glibc: str, pypi: str, torch: str | None, machine: str = "x86_64"
-) -> list[str]:
+def compile_args(profile: str, python: str, glibc: str, torch: bool, machine: str = "x86_64") -> list[str]:
+    """uv pip compile's options for the target; its indexes go in its environment (`index_env`:
+    no password in argv), `torch`: with a PyTorch index besides PyPI."""
     args = [
         "--no-config",
         "--python-version",
@@ -54,24 +54,26 @@ def compile_args(
         "--no-python-downloads",
         "--custom-compile-command",
         f"envbuild lock {profile}",
-        "--index-url",
-        pypi,
     ]
     if torch:
-        # uv searches --extra-index-url before --index-url; first-match takes a name from the
-        # first index that has the version asked for (the torch index for `+cuXXX`) and falls
-        # back to the next when it has the name but not the version (numpy on the torch index).
-        args += ["--extra-index-url", torch, "--index-strategy", "unsafe-first-match"]
+        # uv searches the extra index (the torch one) before the index; first-match takes a name
+        # from the first index that has the version asked for (the torch index for `+cuXXX`) and
+        # falls back to the next when it has the name but not the version (numpy on the torch index).
+        args += ["--index-strategy", "unsafe-first-match"]
     return args
 
 
 def _run_uv(args: list[str], cwd: Path, indexes: list[str]) -> None:
+    """uv pip compile `args` from `indexes` (PyPI's, then the PyTorch one), given to it in its
+    environment."""
     from envbuilder.oci.http import redact
     from envbuilder.tools.run import TooMuchMemory, run
+    from envbuilder.tools.uv import index_env
 
+    env = {**uv_env(), **index_env(indexes[0], indexes[1] if len(indexes) > 1 else None)}
     try:
         # (bounded: uv reads an index page whole, and one that never ends filled the memory)
-        proc = run([uv_bin(), "pip", "compile", *args], cwd=cwd, env=uv_env(), timeout=3600)
+        proc = run([uv_bin(), "pip", "compile", *args], cwd=cwd, env=env, timeout=3600)
     except subprocess.TimeoutExpired:
         raise ActionError(
             f"uv pip compile did not finish within an hour against {redact(', '.join(indexes))}."
@@ -139,7 +141,7 @@ def _compile(
     if swap_torch:
         torch = None
     indexes = [pypi] + ([torch] if torch else [])
-    args = compile_args(env.name, env.python, glibc, pypi, torch, env.gpu.machine)
+    args = compile_args(env.name, env.python, glibc, bool(torch), env.gpu.machine)
     with tempfile.TemporaryDirectory(prefix="envbuild-lock-") as tmp_name:
         tmp = Path(tmp_name)
         (tmp / "requirements.in").write_text(requirements_in(env, swap_torch), encoding="utf-8")

@@ -11,6 +11,8 @@ needs (envbuilder/images/flash_attn_wheel.py).
 from __future__ import annotations
 
 import hashlib
+import tarfile
+import zlib
 from typing import Any, Callable
 
 from envbuilder.errors import ActionError, UserError
@@ -28,10 +30,58 @@ MAX_SOURCE_BYTES = 4 << 30  # flash-attn's release wheels are under 1 GiB, apex'
 SOURCE_DEADLINE = 3600.0  # seconds for one file, however slowly it comes
 
 
-def _sha256(url: str, github: str | None, what: str, missing_ok: bool = False) -> tuple[str, int]:
+class TarGz:
+    """A .tar.gz checked as it streams: its gzip stream inflated whole (each piece dropped, at
+    most 1 MiB at a time) to its end, and its first 512 bytes a tar header. `problem()` says
+    what the bytes are instead (a proxy's HTML page, a file cut short), None when it is one."""
+
+    def __init__(self) -> None:
+        self.inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)  # (gzip's header and trailer)
+        self.head = b""  # the first bytes as sent
+        self.first = b""  # the first tar block
+        self.error: str | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        self.head += chunk[: 64 - len(self.head)]
+        data = chunk
+        while data and self.error is None and not self.inflate.eof:
+            try:
+                out = self.inflate.decompress(data, 1 << 20)
+            except zlib.error as e:
+                self.error = str(e)
+                return
+            self.first += out[: 512 - len(self.first)]
+            data = self.inflate.unconsumed_tail
+
+    def problem(self) -> str | None:
+        from envbuilder.text import printable
+
+        if self.head[:2] != b"\x1f\x8b":
+            start = printable(self.head[:48].decode("utf-8", "replace")).replace("\n", " ")
+            return f"is not a gzip tarball: it starts {start!r}" if self.head else "is empty"
+        if self.error or not self.inflate.eof:
+            return "is not a gzip tarball: its gzip stream is damaged or cut short"
+        try:
+            tarfile.TarInfo.frombuf(self.first.ljust(512, b"\0"), "utf-8", "surrogateescape")
+        except tarfile.HeaderError:
+            return "is a gzip stream but not a tar archive"
+        return None
+
+
+def archive_problem(data: bytes) -> str | None:
+    """TarGz's verdict on bytes held whole."""
+    check = TarGz()
+    check.feed(data)
+    return check.problem()
+
+
+def _sha256(
+    url: str, github: str | None, what: str, missing_ok: bool = False, check: TarGz | None = None
+) -> tuple[str, int]:
     """(sha256, size) of `url` fetched through the `github` prefix (net.request: hashed as it
     streams, at most MAX_SOURCE_BYTES within SOURCE_DEADLINE); with `missing_ok`, _Missing on a
-    404 (any other failure: ActionError naming the mirror options)."""
+    404 (any other failure: ActionError naming the mirror options); `check` sees every byte,
+    and a file it says is something else is an ActionError too."""
     from envbuilder.oci import http as net
     from envbuilder.model.mirrors import github_url
 
@@ -42,6 +92,8 @@ def _sha256(url: str, github: str | None, what: str, missing_ok: bool = False) -
     def take(chunk: bytes) -> None:
         h.update(chunk)
         size[0] += len(chunk)
+        if check is not None:
+            check.feed(chunk)
 
     expect = net.Expect(what, MAX_SOURCE_BYTES, SOURCE_DEADLINE)
     fix = (
@@ -63,13 +115,19 @@ def _sha256(url: str, github: str | None, what: str, missing_ok: bool = False) -
         raise ActionError(
             f"Cannot download {what} {shown} to pin its sha256 (it answered HTTP {r.status}). {fix}"
         )
+    problem = check.problem() if check is not None else None
+    if problem:  # (a proxy's or a mirror's sign-in page answers 200 too)
+        raise ActionError(
+            f"{what.capitalize()} {shown} {problem} ({size[0]} bytes), so nothing was locked: "
+            f"the server sent a page of its own, not the file. {fix}"
+        )
     return h.hexdigest(), size[0]
 
 
 def apex_source(env: ResolvedEnv, github: str | None) -> dict[str, Any]:
     apex = env.apex
     assert apex is not None  # (called only for a profile with apex)
-    sha, size = _sha256(apex.url, github, "the apex source")
+    sha, size = _sha256(apex.url, github, "the apex source", check=TarGz())
     ref = apex.ref
     return {"url": apex.url, "filename": f"apex-{ref}.tar.gz", "sha256": sha, "size": size, "ref": ref}
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from envbuilder.errors import ActionError, UserError
+from envbuilder.text import redact
 
 # the training path's compiled dependencies that are light enough to fetch and emulate:
 # distribution -> the module imported (each a C or Rust extension with its own aarch64 wheel)
@@ -121,7 +122,7 @@ def verify_emulated(
     from envbuilder.lock.prepare import find_lock
     from envbuilder.lock.pins import parse
     from envbuilder.tools.run import run
-    from envbuilder.tools.uv import uv_bin, uv_env
+    from envbuilder.tools.uv import index_env, uv_bin, uv_env
 
     rootfs = rootfs.resolve()
     lock = find_lock(env.name)
@@ -172,17 +173,17 @@ def verify_emulated(
                     f"aarch64-manylinux_{glibc.replace('.', '_')}",
                     "--only-binary",
                     ":all:",
-                    "--index-url",
-                    index_url or env.indexes.pypi,
                     "-c",
                     str(constraints),
                     *SUBSET,
                 ],
-                env=uv_env(),
+                env={**uv_env(), **index_env(index_url or env.indexes.pypi)},  # (no password in argv)
                 timeout=1800,
             )
             if installed.returncode != 0:
-                raise ActionError(f"uv could not install the aarch64 wheels:\n{installed.stderr[-2000:]}")
+                raise ActionError(
+                    redact(f"uv could not install the aarch64 wheels:\n{installed.stderr[-2000:]}")
+                )
         report["install_s"] = round(time.monotonic() - t0, 1)
         # every compiled file installed is an aarch64 one (uv picked the target's wheels)
         machines = {elf_machine(f) for f in site.rglob("*.so*") if f.is_file()} - {None}

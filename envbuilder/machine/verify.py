@@ -635,14 +635,18 @@ class _Verifier:
         self.r = Report(profile=env.name, python=env.python, interpreter=f"{interp.path} ({interp.version})")
 
     def fail(self, text: str) -> None:
+        from envbuilder.text import redact
+
+        text = redact(text)  # (a child's message may name an index with its password)
         self.r.failures.append(text)
         self.say(f"FAILED: {text}")
 
     def run(self, work: Path, venv: Path) -> Report:
         from envbuilder.render import files as R
         from envbuilder.render.plan import layer_roots
-        from envbuilder.tools.uv import uv_bin
+        from envbuilder.tools.uv import index_env, uv_bin
         from envbuilder.lock.constraints import with_constraints
+        from envbuilder.text import redact
 
         env, r = self.env, self.r
         r.isolation = isolation()[1]
@@ -658,15 +662,16 @@ class _Verifier:
         torch_index = self.opts.torch_index_url or env.indexes.torch
         swap: dict[str, tuple[str, str]] = {}
         if torch_index:
-            self.say(f"PyTorch index {torch_index}: probing ({PROBE_TIMEOUT_S:.0f} s at most)")
+            self.say(f"PyTorch index {redact(torch_index)}: probing ({PROBE_TIMEOUT_S:.0f} s at most)")
             if not index_answers(torch_index):
                 swap = local_pins(env.torch.packages)
                 self.say(
-                    f"PyTorch index {torch_index} does not answer"
+                    f"PyTorch index {redact(torch_index)} does not answer"
                     + ("; its +cu builds are swapped for PyPI's" if swap else "")
                 )
                 torch_index = None
-        r.index_url, r.torch_index_url = pypi, torch_index
+        # (the report is printed and written: the URLs as ***@)
+        r.index_url, r.torch_index_url = redact(pypi), torch_index and redact(torch_index)
         if swap:
             old, new = swap.get("torch") or next(iter(swap.values()))
             r.torch_swapped = f"{old} -> {new} (PyPI; the PyTorch index is unreachable)"
@@ -709,9 +714,10 @@ class _Verifier:
             )
             return r
 
-        index_args = ["--index-url", pypi]
-        if torch_index:  # as pip merges the Dockerfile's --index-url and --extra-index-url
-            index_args += ["--extra-index-url", torch_index, "--index-strategy", "unsafe-best-match"]
+        # the indexes reach uv through its environment (their passwords are in no argv); with
+        # the PyTorch index, as pip merges the Dockerfile's --index-url and --extra-index-url
+        indexes = index_env(pypi, torch_index)
+        index_args = ["--index-strategy", "unsafe-best-match"] if torch_index else []
         installed_all = True
         for layer, roots in layer_roots(self.env).items():
             roots = [swap_line(x, swap) for x in roots]
@@ -745,7 +751,7 @@ class _Verifier:
                 cmd += ["-c", str(constraints)]
             got = run(
                 cmd + roots,
-                env=_clean_env(),
+                env=_clean_env(**indexes),
                 cwd=work,
                 timeout=INSTALL_TIMEOUT_S,
                 say=self.say,
@@ -763,7 +769,7 @@ class _Verifier:
                 entry["error"] = (
                     ("timed out after " + fmt_seconds(got.seconds))
                     if got.rc is None
-                    else "\n".join(text[-25:])
+                    else redact("\n".join(text[-25:]))
                 )
                 why = _first_error(text) if got.rc else entry["error"]
                 self.fail(f"layer {layer} did not install: {why}")

@@ -259,7 +259,7 @@ def _uv_build(
 ) -> tuple[Path, dict[str, Any]]:
     """(the wheel `uv build` made in `tmp` from a verified copy of `sdist`, its provenance)."""
     from envbuilder.offline.fetch import sha256_file
-    from envbuilder.tools.uv import uv_env, uv_bin, uv_version
+    from envbuilder.tools.uv import index_env, uv_bin, uv_env, uv_version
 
     src = tmp / sdist.name
     shutil.copyfile(sdist, src)  # build from bytes that were hashed, not from a path
@@ -270,7 +270,7 @@ def _uv_build(
             "nothing was built from it. Run the export again."
         )
     backend, requires = build_system(src)
-    env = uv_env()
+    env = {**uv_env(), **index_env(index)}  # (the build index in uv's environment: no password in argv)
     env.setdefault("SOURCE_DATE_EPOCH", SOURCE_DATE_EPOCH)
     exe, full = python
     cmd = [
@@ -281,8 +281,6 @@ def _uv_build(
         "--python",
         exe,
         "--no-python-downloads",
-        "--default-index",
-        index,
         "--out-dir",
         str(tmp / "out"),
         str(src),

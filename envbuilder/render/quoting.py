@@ -28,10 +28,6 @@ _SHELL_SAFE = re.compile(r"[\w@%+=:,./-]+", re.ASCII)  # what shlex.quote leaves
 MAX_LINE_VALUE = 8192
 
 
-# a URL's user:password@ (a secret wherever it comes from: a mirror set, an overlay, the config,
-# a --from file, an --index-url); `[^/@\s]*`: userinfo holds no `/` or `@` (they are %-encoded)
-
-
 def _escape(ch: str) -> str:
     """Python's escape of one character: \\n, \\x1b, \\u2028, \\U000e0001."""
     return repr(ch)[1:-1]

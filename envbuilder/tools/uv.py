@@ -47,3 +47,14 @@ def uv_env() -> dict[str, str]:
     }
     env["UV_PYTHON_DOWNLOADS"] = "never"  # wheels resolve from tags; never fetch a CPython
     return env
+
+
+def index_env(index: str, extra: str | None = None) -> dict[str, str]:
+    """The indexes a uv (or pip) child installs or resolves from, as its environment, never its
+    argv: a URL's user:password@ on a command line is readable by every local user in
+    /proc/PID/cmdline, a process's environment by its owner alone. uv searches the extra index
+    first, as with --index-url / --extra-index-url; pip reads PIP_INDEX_URL the same way."""
+    env = {"UV_INDEX_URL": index, "PIP_INDEX_URL": index}
+    if extra:
+        env.update(UV_EXTRA_INDEX_URL=extra, PIP_EXTRA_INDEX_URL=extra)
+    return env

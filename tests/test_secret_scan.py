@@ -1,0 +1,183 @@
+"""Secrets never in argv, never printed (issue 43 #3, #4, #5): a password with a raw '@' and other
+specials planted in every URL-bearing input of the commands that reach an index (flags, the
+config file's mirror set, ENVBUILD_CONFIG's environment), then stdout, stderr, every file written
+and the argv of every child the command starts are scanned for it.
+
+The commands run in-process (conftest's `cli`) with a stand-in `uv` in place of the real one: it
+appends its argv, its parents' argv (/proc) and whether its environment carried the index to a
+log, then fails, so no package is downloaded; loopback FileServers answer the index probes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from httpfixtures import FileServer, closed_port_url
+
+TAIL = "Tail77"  # the scanned marker: the part of the password after its '@'
+PASSWORD = f"Re@{TAIL}:x!$&*+,;="  # as pasted: '@' and ':' raw (uv and requests split at the last '@')
+ENCODED = f"Re%40{TAIL}"  # a config file's mirror set holds URL characters only
+
+STAND_IN = f"""#!{sys.executable}
+import json, os, sys
+chain, pid = [], os.getppid()
+while pid > 1:  # the argv of every process above this one
+    try:
+        chain.append(open(f"/proc/{{pid}}/cmdline", "rb").read().decode(errors="replace"))
+        pid = int(open(f"/proc/{{pid}}/stat").read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        break
+with open(os.environ["SCAN_LOG"], "a") as f:
+    f.write(json.dumps({{"argv": sys.argv, "parents": chain,
+                        "index": os.environ.get("UV_INDEX_URL", ""),
+                        "extra": os.environ.get("UV_EXTRA_INDEX_URL", "")}}) + "\\n")
+print("error: the stand-in uv of envbuild's tests installs nothing", file=sys.stderr)
+sys.exit(2)
+"""
+
+
+def creds(url: str, password: str = PASSWORD) -> str:
+    return url.replace("://", f"://alice:{password}@", 1)
+
+
+@pytest.fixture
+def scan(cli, monkeypatch, tmp_path):
+    """cli with the stand-in uv and a spy on every child's argv; returns run(*args) ->
+    (code, out, err), and `children` / `uvs` (what the stand-in logged)."""
+    uv = tmp_path / "bin" / "uv"
+    uv.parent.mkdir()
+    uv.write_text(STAND_IN)
+    uv.chmod(0o755)
+    log = tmp_path / "uv-log.jsonl"
+    monkeypatch.setenv("SCAN_LOG", str(log))
+    # (tools.uv.uv_bin asks the uv package each time: a module that imported uv_bin keeps the real one)
+    monkeypatch.setattr("uv.find_uv_bin", lambda: str(uv))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setattr("tempfile.tempdir", None)
+    children: list[list[str]] = []
+
+    class Spy(subprocess.Popen):  # type: ignore[type-arg]
+        def __init__(self, args, *a, **kw):
+            children.append([str(x) for x in ([args] if isinstance(args, (str, Path)) else args)])
+            super().__init__(args, *a, **kw)
+
+    monkeypatch.setattr(subprocess, "Popen", Spy)
+
+    class Scan:
+        def __init__(self):
+            self.children = children
+
+        def __call__(self, *args):
+            return cli(*args)
+
+        @property
+        def uvs(self):
+            return [json.loads(ln) for ln in log.read_text().splitlines()] if log.exists() else []
+
+        def assert_clean(self, out: str, err: str) -> None:
+            printed = [ln for ln in (out + err).splitlines() if TAIL in ln]
+            assert not printed, printed
+            argv = [c for c in self.children if TAIL in " ".join(c)]
+            assert not argv, argv
+            for u in self.uvs:
+                assert TAIL not in " ".join(u["argv"] + u["parents"]), u
+            written = [
+                str(p)
+                for p in tmp_path.rglob("*")
+                if p.is_file()
+                and not p.is_symlink()
+                and p != log
+                and "input" not in p.parts
+                and TAIL.encode() in p.read_bytes()
+            ]
+            assert not written, written
+
+    return Scan()
+
+
+def index_server() -> FileServer:
+    """A loopback PEP 503 index that answers the probes (its root and /simple/ pages)."""
+    page = b"<!DOCTYPE html><html><body></body></html>"
+    return FileServer({"simple/": page, "torch/": page, "simple/pip/": page})
+
+
+def test_verify_keeps_the_index_passwords_out_of_argv_output_and_report(scan, tmp_path):
+    with index_server() as srv:
+        pypi, torch = creds(srv.url("simple/")), creds(srv.url("torch/"))
+        code, out, err = scan("verify", "p40", "--json", "--index-url", pypi, "--torch-index-url", torch)
+    assert code == 1, err  # (the stand-in uv installs nothing)
+    report = json.loads(out)["profiles"][0]
+    assert report["index_url"] == srv.url("simple/").replace("://", "://***@")
+    assert report["torch_index_url"] == srv.url("torch/").replace("://", "://***@")
+    assert "PyTorch index http://***@127.0.0.1" in err
+    scan.assert_clean(out, err)
+    # uv got both indexes, passwords and all, through its environment
+    (first, *_) = scan.uvs
+    assert first["index"] == pypi and first["extra"] == torch
+    assert "--index-url" not in first["argv"] and "--extra-index-url" not in first["argv"]
+
+
+def test_install_through_a_config_mirror_set_keeps_its_passwords_out(scan, tmp_path, monkeypatch):
+    from envbuilder.model import config
+
+    with index_server() as srv:
+        mirror = {
+            "description": "the lab's loopback mirror",
+            "pypi": [creds(srv.url("simple/"), ENCODED)],
+            "pytorch": [creds(srv.url("torch/"), ENCODED)],
+            "huggingface": [creds(srv.url("hf"), ENCODED)],
+        }
+        (tmp_path / "input").mkdir()  # (the one file that holds it: the user's own)
+        (tmp_path / "input" / "config.yaml").write_text(yaml.safe_dump({"mirrors": {"lab": mirror}}))
+        monkeypatch.setenv("ENVBUILD_CONFIG", str(tmp_path / "input" / "config.yaml"))
+        config._load.cache_clear()
+        try:
+            code, out, err = scan("install", "p40", "--prefix", tmp_path / "env", "--mirror", "lab", "--json")
+        finally:
+            config._load.cache_clear()
+    assert code == 1, err
+    assert "PyTorch index http://***@127.0.0.1" in err
+    scan.assert_clean(out, err)
+    assert scan.uvs and ENCODED in scan.uvs[0]["index"]
+
+
+def test_install_from_flags_keeps_the_password_out(scan, tmp_path):
+    with index_server() as srv:
+        code, out, err = scan(
+            "install",
+            "p40",
+            "--prefix",
+            tmp_path / "env",
+            "--index-url",
+            creds(srv.url("simple/")),
+            "--torch-index-url",
+            creds(closed_port_url("whl/cu118")),
+        )
+    assert code == 1, err
+    scan.assert_clean(out, err)
+    assert scan.uvs and scan.uvs[0]["index"] == creds(srv.url("simple/")), err
+
+
+def test_lock_keeps_the_index_password_out_of_uvs_argv(scan, tmp_path):
+    with index_server() as srv:
+        code, out, err = scan(
+            "lock",
+            "p40",
+            "--only",
+            "pip",
+            "-o",
+            tmp_path / "locks",
+            "--index-url",
+            creds(srv.url("simple/")),
+            "--torch-index-url",
+            creds(srv.url("torch/")),
+        )
+    assert code not in (0, None), err
+    scan.assert_clean(out, err)
+    assert scan.uvs and scan.uvs[0]["index"] == creds(srv.url("simple/")), err
