@@ -5,11 +5,16 @@ requests or rattler stay inside the commands that need them, so `render` starts 
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
 
 import click
 
-from envbuilder.errors import EnvbuildError, UserError
+from envbuilder.errors import EnvbuildError, Terminated, UserError
 
 # The actions' commands live in modules of their own, imported only when one of their commands
 # runs (or help lists them), so `render` pays nothing for build, lock, wheelhouse or detect:
@@ -72,10 +77,29 @@ EXTRAS = {
 }
 
 
+def _terminated(signum: int, frame: FrameType | None) -> None:
+    raise Terminated()
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises Terminated (a KeyboardInterrupt) while a command runs: a batch system's or
+    a user's `kill` ends the children and leaves the state Ctrl-C leaves, one a re-run resumes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 def main(argv: list[str] | None = None) -> None:
     try:
         try:
-            cli.main(args=argv, prog_name="envbuild", standalone_mode=False)
+            with sigterm_as_interrupt():
+                cli.main(args=argv, prog_name="envbuild", standalone_mode=False)
         except ModuleNotFoundError as e:
             extra = EXTRAS.get((e.name or "").split(".")[0])
             if not extra:
@@ -86,7 +110,10 @@ def main(argv: list[str] | None = None) -> None:
                 f"`pip install 'envbuild[{extra}]'` (from a checkout: "
                 f"`.venv/bin/pip install -e '.[actions,lock]'`)."
             ) from None
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as e:  # (click turns Ctrl-C, and so SIGTERM, into Abort)
+        if isinstance(e.__cause__, Terminated):
+            click.echo("Terminated.", err=True)
+            sys.exit(143)
         click.echo("Aborted.", err=True)
         sys.exit(130)
     except click.ClickException as e:
@@ -95,6 +122,9 @@ def main(argv: list[str] | None = None) -> None:
     except EnvbuildError as e:
         click.echo(f"envbuild: error: {bounded_message(str(e))}", err=True)
         sys.exit(e.exit_code)
+    except Terminated:
+        click.echo("Terminated.", err=True)
+        sys.exit(143)
     except KeyboardInterrupt:
         click.echo("Interrupted.", err=True)
         sys.exit(130)

@@ -268,6 +268,10 @@ INSTALL_SH = r"""#!/usr/bin/env bash
 # --require-hashes --no-deps --only-binary=:all: from pypi/: nothing is built here (each sdist of
 # the lock was built into a wheel at export), so any pip works, with no compiler and no network.
 set -euo pipefail
+# only the environment's own code: a checkout on PYTHONPATH (or a user site) would be what pip
+# calls installed and what apply_patches.py patches, outside the environment
+unset PYTHONPATH PYTHONHOME PYTHONSTARTUP PYTHONUSERBASE
+export PYTHONNOUSERSITE=1
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 PROFILES=(__PROFILES__)
 declare -A LOCK_PYTHON=(__PYTHONS__)  # the Python each profile's lock was solved for

@@ -44,6 +44,21 @@ def _group_rss(pgid: int) -> int:
     return total
 
 
+def stop_group(proc: subprocess.Popen[Any]) -> None:
+    """End a child started in a session of its own and everything it started (its process
+    group): SIGTERM, then SIGKILL for what is left after 5 s."""
+    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def run(
     cmd: list[str],
     *,
@@ -73,24 +88,28 @@ def run(
         t.start()
     deadline = None if timeout is None else time.monotonic() + timeout
     problem: Exception | None = None
-    while proc.poll() is None:
-        if deadline is not None and time.monotonic() > deadline:
-            problem = subprocess.TimeoutExpired(cmd, timeout or 0.0)
-        else:
-            rss = _group_rss(proc.pid)
-            if rss > max_rss:
-                problem = TooMuchMemory(rss, max_rss)
-        if problem is not None:
+    try:  # Ctrl-C or SIGTERM (cli.main raises it) ends the child's whole group too
+        while proc.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                problem = subprocess.TimeoutExpired(cmd, timeout or 0.0)
+            else:
+                rss = _group_rss(proc.pid)
+                if rss > max_rss:
+                    problem = TooMuchMemory(rss, max_rss)
+            if problem is not None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                proc.wait()
+                break
             try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except OSError:
+                proc.wait(POLL)
+            except subprocess.TimeoutExpired:
                 pass
-            proc.wait()
-            break
-        try:
-            proc.wait(POLL)
-        except subprocess.TimeoutExpired:
-            pass
+    except BaseException:
+        stop_group(proc)
+        raise
     for t in readers:
         t.join(5)
     if problem is not None:
