@@ -107,6 +107,15 @@ def test_install_sh_installs_the_pip_part_with_no_index(exported, tmp_path):
     assert check.stdout.strip() == "2.6.0+cu118"
 
 
+def test_install_sh_goes_on_in_a_venv_left_without_pip(exported, tmp_path):
+    """A venv whose pip never arrived (its venv step stopped by Ctrl-C, or made without pip):
+    the re-run seeds pip and installs, instead of failing on `No module named pip` for good."""
+    subprocess.run([_python310(), "-m", "venv", "--without-pip", str(tmp_path / "env")], check=True)
+    r = run_install_sh(exported, tmp_path / "env")
+    assert r.returncode == 0 and "has no whole pip: seeding it" in r.stderr, r.stderr[-2000:]
+    assert "installed p40 into" in r.stdout
+
+
 def test_install_sh_finds_the_locks_python_or_refuses_before_installing_anything(exported, tmp_path):
     """The p40 lock is for Python 3.10: python3 here is another (3.11), so with no PYTHON the
     script looks for python3.10 by name; where there is none, or PYTHON or an existing

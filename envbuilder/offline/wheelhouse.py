@@ -340,6 +340,12 @@ else
   got="$(py_version "$PY")"
   if [ -n "$WANT" ] && [ "$got" != "$WANT" ]; then refuse_python "$PY" "$got"; fi
 fi
+# pip's RECORD is written last: without it a venv step was stopped (Ctrl-C) while seeding pip,
+# or the environment was made without pip (uv venv); seed it, or no re-run could go on
+if ! compgen -G "$("$PY" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/pip-*.dist-info/RECORD" >/dev/null; then
+  echo "install.sh: $PY has no whole pip: seeding it (python -m ensurepip)" >&2
+  "$PY" -m ensurepip
+fi
 if [ -f "$REQ" ]; then
   "$PY" -m pip install --isolated --no-index --find-links "$HERE/pypi" --require-hashes --no-deps \
     --only-binary=:all: -r "$REQ"
