@@ -5,16 +5,12 @@ requests or rattler stay inside the commands that need them, so `render` starts 
 from __future__ import annotations
 
 import importlib
-import signal
 import sys
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from types import FrameType
 
 import click
 
-from envbuilder.errors import EnvbuildError, Terminated, UserError
+from envbuilder.errors import EnvbuildError, UserError
+from envbuilder.tools.run import interruption, sigterm_as_interrupt
 
 # The actions' commands live in modules of their own, imported only when one of their commands
 # runs (or help lists them), so `render` pays nothing for build, lock, wheelhouse or detect:
@@ -77,24 +73,6 @@ EXTRAS = {
 }
 
 
-def _terminated(signum: int, frame: FrameType | None) -> None:
-    raise Terminated()
-
-
-@contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM raises Terminated (a KeyboardInterrupt) while a command runs: a batch system's or
-    a user's `kill` ends the children and leaves the state Ctrl-C leaves, one a re-run resumes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.signal(signal.SIGTERM, _terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
 def main(argv: list[str] | None = None) -> None:
     try:
         try:
@@ -110,24 +88,16 @@ def main(argv: list[str] | None = None) -> None:
                 f"`pip install 'envbuild[{extra}]'` (from a checkout: "
                 f"`.venv/bin/pip install -e '.[actions,lock]'`)."
             ) from None
-    except click.exceptions.Abort as e:  # (click turns Ctrl-C, and so SIGTERM, into Abort)
-        if isinstance(e.__cause__, Terminated):
-            click.echo("Terminated.", err=True)
-            sys.exit(143)
-        click.echo("Aborted.", err=True)
-        sys.exit(130)
+    except (click.exceptions.Abort, KeyboardInterrupt) as e:  # (click wraps Ctrl-C in Abort)
+        said, code = interruption(e)
+        click.echo(said, err=True)
+        sys.exit(code)
     except click.ClickException as e:
         e.show()
         sys.exit(2 if e.exit_code == 2 else e.exit_code)
     except EnvbuildError as e:
         click.echo(f"envbuild: error: {bounded_message(str(e))}", err=True)
         sys.exit(e.exit_code)
-    except Terminated:
-        click.echo("Terminated.", err=True)
-        sys.exit(143)
-    except KeyboardInterrupt:
-        click.echo("Interrupted.", err=True)
-        sys.exit(130)
     except Exception as e:  # a bug: one paragraph, not a traceback (ENVBUILD_DEBUG=1 shows it)
         import os
 

@@ -39,9 +39,8 @@ from envbuilder.errors import ActionError, UserError
 from envbuilder.limits import read_text_bounded
 from envbuilder.text import printable, redact
 from envbuilder.model.resolved import ResolvedEnv
-from envbuilder.tools.python import isolated_env, own_code_env
+from envbuilder.tools.python import Interpreter, isolated_env, own_code_env
 from envbuilder.tools.run import stop_group
-from envbuilder.tools.python import Interpreter
 
 SMOKE_TIMEOUT_S = 1800
 # PREFIX/.envbuild-install: the profile an online install is making there; a run that finds it
@@ -147,9 +146,9 @@ def prefix_lock(prefix: Path) -> Iterator[None]:
     try:
         if not os.access(prefix, os.W_OK | os.X_OK):
             raise UserError(
-                f"--prefix {prefix} takes no write ({os.strerror(errno.EACCES)} or a read-only "
-                "file system): the environment goes there. Pass a path in a folder you can "
-                "write to, with free space."
+                f"--prefix {prefix} takes no write (no permission, or a read-only file "
+                "system): the environment goes there. Pass a path in a folder you can write "
+                "to, with free space."
             )
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -10,9 +10,13 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import IO, Any
+
+from envbuilder.errors import Terminated
 
 # what a resolver or a wheel build needs is far less; an endless read is more
 # (ENVBUILD_TOOL_MAX_RSS_MB sets another cap: a small machine, or a test)
@@ -42,6 +46,34 @@ def _group_rss(pgid: int) -> int:
         except (OSError, ValueError, IndexError):
             continue
     return total
+
+
+def _terminated(signum: int, frame: FrameType | None) -> None:
+    raise Terminated()
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises Terminated (a KeyboardInterrupt) while a command runs (cli.main): a batch
+    system's or a user's `kill` ends the children and leaves the state Ctrl-C leaves, one a
+    re-run goes on from."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def interruption(e: BaseException) -> tuple[str, int]:
+    """What a command stopped by Ctrl-C or SIGTERM says, and its exit code (130, 143 for
+    SIGTERM); click hands either over wrapped in its Abort."""
+    cause = e if isinstance(e, KeyboardInterrupt) else e.__cause__
+    if isinstance(cause, Terminated):
+        return "Terminated.", 143
+    return ("Interrupted." if isinstance(e, KeyboardInterrupt) else "Aborted."), 130
 
 
 def stop_group(proc: subprocess.Popen[Any]) -> None:
