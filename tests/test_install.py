@@ -394,3 +394,24 @@ def test_install_mirror_fills_the_pytorch_index_variant(cli, monkeypatch, tmp_pa
     assert code == 0, err
     assert got["torch_index_url"] == "https://mirrors.nju.edu.cn/pytorch/whl/cu118"
     assert got["index_url"] == "https://pypi.tuna.tsinghua.edu.cn/simple"
+
+
+def test_a_bounded_tool_run_ends_its_group_on_sigterm(tmp_path):
+    """tools.run.run (lock's uv, the wheelhouse's sdist builds) under cli.main's SIGTERM
+    handler: the tool's whole process group ends with the command, as on Ctrl-C."""
+    pid_file = tmp_path / "tool.pid"
+    code = (
+        "import sys\n"
+        "from envbuilder.tools.run import run, sigterm_as_interrupt\n"
+        "with sigterm_as_interrupt():\n"
+        f"    run(['bash', '-c', 'sleep 300 & echo $! > {pid_file}; wait'])\n"
+    )
+    p = subprocess.Popen(
+        [sys.executable, "-c", code], env=child_env(tmp_path), stderr=subprocess.PIPE, text=True
+    )
+    wait_for(lambda: pid_file.is_file() and pid_file.read_text().strip(), "the tool")
+    tool = int(pid_file.read_text())
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert "Terminated" in err and p.returncode == 1  # (uncaught here: cli.main says it, exit 143)
+    wait_for(lambda: not alive(tool), "the tool's child to end", 20)
