@@ -174,7 +174,9 @@ def test_sigterm_during_a_wheelhouse_install_ends_install_sh_and_what_it_started
     """SIGTERM to envbuild while install.sh's pip runs: envbuild ends install.sh and its
     children (in a session of their own, as the terminal would not), says so, exits 143."""
     pids = tmp_path / "pids"
-    wh = standin_wheelhouse(tmp_path, f'sleep 300 & echo "$$ $!" > {pids}; wait\n')
+    wh = standin_wheelhouse(
+        tmp_path, f'(exec -a "sleep {tmp_path}" sleep 300) & echo "$$ $!" > {pids}; wait\n'
+    )
     p = start(["p40", "--prefix", str(tmp_path / "env"), "--from-wheelhouse", str(wh)], tmp_path)
     wait_for(lambda: pids.is_file() and len(pids.read_text().split()) == 2, "install.sh")
     script, child = map(int, pids.read_text().split())
@@ -245,7 +247,7 @@ def test_a_second_install_into_the_same_prefix_is_refused_while_the_first_runs(t
     """Two installs into one prefix would race (one's pip over the other's venv): the second
     says another install holds the prefix, exit 2, and touches nothing; the first goes on."""
     started = tmp_path / "started"
-    wh = standin_wheelhouse(tmp_path, f"echo $$ > {started}; sleep 300\n")
+    wh = standin_wheelhouse(tmp_path, f'echo $$ > {started}; exec -a "sleep {tmp_path}" sleep 300\n')
     args = ["p40", "--prefix", str(tmp_path / "env"), "--from-wheelhouse", str(wh)]
     first = start(args, tmp_path)
     wait_for(started.is_file, "the first install's install.sh")
@@ -404,7 +406,7 @@ def test_a_bounded_tool_run_ends_its_group_on_sigterm(tmp_path):
         "import sys\n"
         "from envbuilder.tools.run import run, sigterm_as_interrupt\n"
         "with sigterm_as_interrupt():\n"
-        f"    run(['bash', '-c', 'sleep 300 & echo $! > {pid_file}; wait'])\n"
+        f"    run(['bash', '-c', '(exec -a \"sleep {tmp_path}\" sleep 300) & echo $! > {pid_file}; wait'])\n"
     )
     p = subprocess.Popen(
         [sys.executable, "-c", code], env=child_env(tmp_path), stderr=subprocess.PIPE, text=True
