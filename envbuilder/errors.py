@@ -19,6 +19,11 @@ class ActionError(EnvbuildError):
     exit_code = 1
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread (cli.main's handler) as Ctrl-C is: every cleanup that
+    ends children and removes work folders on Ctrl-C runs for it too; the command exits 143."""
+
+
 # the optional-dependency groups of pyproject.toml: which command needs which packages
 EXTRAS = {"actions": ("docker", "requests"), "lock": ("rattler", "conda_lock", "requests")}
 

@@ -79,15 +79,17 @@ def test_export_holds_every_pinned_file_verified(exported, p40_lock):
     assert (exported / "locks" / "p40" / "lock.json").exists()
 
 
-def test_install_sh_installs_the_pip_part_with_no_index(exported, tmp_path):
+def run_install_sh(wheelhouse: Path, prefix: Path, **extra: str) -> subprocess.CompletedProcess:
+    """The wheelhouse's install.sh run by hand, with the lock's Python and no pip settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
-    env.update(PYTHON=_python310(), PIP_CONFIG_FILE=os.devnull, PATH="/usr/bin:/bin")
-    r = subprocess.run(
-        [str(exported / "install.sh"), "--prefix", str(tmp_path / "env")],
-        env=env,
-        capture_output=True,
-        text=True,
+    env.update(PYTHON=_python310(), PIP_CONFIG_FILE=os.devnull, PATH="/usr/bin:/bin", **extra)
+    return subprocess.run(
+        [str(wheelhouse / "install.sh"), "--prefix", str(prefix)], env=env, capture_output=True, text=True
     )
+
+
+def test_install_sh_installs_the_pip_part_with_no_index(exported, tmp_path):
+    r = run_install_sh(exported, tmp_path / "env")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "skipping the conda part" in r.stderr  # no micromamba here: said, not hidden
     # then verl's recorded patches for the P40 and the precision audit, as the image's build does
@@ -103,6 +105,15 @@ def test_install_sh_installs_the_pip_part_with_no_index(exported, tmp_path):
         text=True,
     )
     assert check.stdout.strip() == "2.6.0+cu118"
+
+
+def test_install_sh_goes_on_in_a_venv_left_without_pip(exported, tmp_path):
+    """A venv whose pip never arrived (its venv step stopped by Ctrl-C, or made without pip):
+    the re-run seeds pip and installs, instead of failing on `No module named pip` for good."""
+    subprocess.run([_python310(), "-m", "venv", "--without-pip", str(tmp_path / "env")], check=True)
+    r = run_install_sh(exported, tmp_path / "env")
+    assert r.returncode == 0 and "has no whole pip: seeding it" in r.stderr, r.stderr[-2000:]
+    assert "installed p40 into" in r.stdout
 
 
 def test_install_sh_finds_the_locks_python_or_refuses_before_installing_anything(exported, tmp_path):
@@ -440,11 +451,11 @@ def test_export_profiles_is_the_command_without_click(world, exported, p40_lock,
     assert any("uv" in s and "Dockerfile's runtime stage installs with" in s for s in said)
 
 
-def _install(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+def _install(args: list[str], tmp_path: Path, **extra: str) -> subprocess.CompletedProcess:
     """`envbuild install` in a process of its own, with no network (unshare -n) where the
     sandbox allows a namespace, as on an air-gapped cluster."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "ENVBUILD_"))}
-    env.update(PIP_CONFIG_FILE=os.devnull, PATH=f"{Path(sys.executable).parent}:/usr/bin:/bin")
+    env.update(PIP_CONFIG_FILE=os.devnull, PATH=f"{Path(sys.executable).parent}:/usr/bin:/bin", **extra)
     cmd = [sys.executable, "-m", "envbuilder", "install", *args]
     if subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode == 0:
         cmd = ["unshare", "-n", *cmd]
@@ -477,6 +488,66 @@ def test_envbuild_install_from_the_wheelhouse_patches_and_audits_offline(exporte
     assert smoke["verl patched"]["ok"] and smoke["precision audit"]["ok"], smoke
     assert (tmp_path / "env" / "envbuild" / "run_ppo_gsm8k.sh").is_file()
     assert r.returncode == 1  # (the stand-in torch: not READY, and the report says why)
+
+
+def verl_checkout(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A verl source tree of the patched release, as a user keeps one on PYTHONPATH, and its
+    files' text."""
+    checkout = tmp_path / "verl-src"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "verl-0.4.1", checkout)
+    return checkout, {str(p): p.read_text() for p in sorted(checkout.rglob("*.py"))}
+
+
+def test_a_verl_checkout_on_pythonpath_is_not_what_the_wheelhouse_install_patches(exported, tmp_path):
+    """PYTHONPATH names a verl checkout: envbuild install (and install.sh run by hand) patch the
+    environment's verl and leave the checkout as it was; the smoke test finds verl patched."""
+    import envbuilder
+
+    checkout, before = verl_checkout(tmp_path)
+    ours = Path(envbuilder.__file__).parent.parent
+    r = _install(
+        ["p40", "--prefix", str(tmp_path / "env"), "--from-wheelhouse", str(exported)]
+        + ["--interpreter", _python310(), "--json"],
+        tmp_path,
+        PYTHONPATH=f"{checkout}:{ours}",
+    )
+    assert {str(p): p.read_text() for p in sorted(checkout.rglob("*.py"))} == before, r.stderr[-3000:]
+    smoke = {c["check"]: c for c in json.loads(r.stdout)["smoke"]}
+    assert smoke["verl patched"]["ok"], smoke["verl patched"]
+
+    r = run_install_sh(exported, tmp_path / "env2", PYTHONPATH=str(checkout))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert {str(p): p.read_text() for p in sorted(checkout.rglob("*.py"))} == before
+    site = next((tmp_path / "env2").glob("lib/python*/site-packages"))
+    assert 'attn_implementation="eager"' in (site / "verl/workers/fsdp_workers.py").read_text()
+
+
+def test_a_wheelhouse_install_into_a_uv_made_environment_leaves_uvs_cache_unpatched(exported, tmp_path):
+    """verl installed by uv is hard-linked to uv's cache; pip calls it already satisfied, and a
+    patch written in place would reach every later `uv pip install verl` on the machine. The
+    install gives each patched file its own inode first: the cache keeps verl as released."""
+    from envbuilder.tools.uv import uv_bin
+
+    prefix, cache = tmp_path / "env", tmp_path / "uv-cache"
+    subprocess.run([_python310(), "-m", "venv", str(prefix)], check=True)
+    verl = next((exported / "pypi").glob("verl-*.whl"))
+    subprocess.run(
+        [uv_bin(), "pip", "install", "--no-config", "--python", str(prefix / "bin" / "python")]
+        + ["--no-index", "--no-deps", "--link-mode", "hardlink", str(verl)],
+        env={**os.environ, "UV_CACHE_DIR": str(cache)},
+        check=True,
+        capture_output=True,
+    )
+    site = next(prefix.glob("lib/python*/site-packages"))
+    linked = site / "verl" / "workers" / "fsdp_workers.py"
+    st = linked.stat()
+    assert st.st_nlink > 1  # (uv's hard link to its cache: the case under test)
+    released = linked.read_text()
+    in_cache = [p for p in cache.rglob("fsdp_workers.py") if p.stat().st_ino == st.st_ino]
+    assert in_cache
+    r = _install(["p40", "--prefix", str(prefix), "--from-wheelhouse", str(exported), "--json"], tmp_path)
+    assert 'attn_implementation="eager"' in linked.read_text(), r.stderr[-3000:]
+    assert all(p.read_text() == released for p in in_cache)
 
 
 def test_envbuild_install_of_an_unpatched_wheelhouse_says_so(exported, tmp_path):

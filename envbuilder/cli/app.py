@@ -10,6 +10,7 @@ import sys
 import click
 
 from envbuilder.errors import EnvbuildError, UserError
+from envbuilder.tools.run import interruption, sigterm_as_interrupt
 
 # The actions' commands live in modules of their own, imported only when one of their commands
 # runs (or help lists them), so `render` pays nothing for build, lock, wheelhouse or detect:
@@ -75,7 +76,8 @@ EXTRAS = {
 def main(argv: list[str] | None = None) -> None:
     try:
         try:
-            cli.main(args=argv, prog_name="envbuild", standalone_mode=False)
+            with sigterm_as_interrupt():
+                cli.main(args=argv, prog_name="envbuild", standalone_mode=False)
         except ModuleNotFoundError as e:
             extra = EXTRAS.get((e.name or "").split(".")[0])
             if not extra:
@@ -86,18 +88,16 @@ def main(argv: list[str] | None = None) -> None:
                 f"`pip install 'envbuild[{extra}]'` (from a checkout: "
                 f"`.venv/bin/pip install -e '.[actions,lock]'`)."
             ) from None
-    except click.exceptions.Abort:
-        click.echo("Aborted.", err=True)
-        sys.exit(130)
+    except (click.exceptions.Abort, KeyboardInterrupt) as e:  # (click wraps Ctrl-C in Abort)
+        said, code = interruption(e)
+        click.echo(said, err=True)
+        sys.exit(code)
     except click.ClickException as e:
         e.show()
         sys.exit(2 if e.exit_code == 2 else e.exit_code)
     except EnvbuildError as e:
         click.echo(f"envbuild: error: {bounded_message(str(e))}", err=True)
         sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        click.echo("Interrupted.", err=True)
-        sys.exit(130)
     except Exception as e:  # a bug: one paragraph, not a traceback (ENVBUILD_DEBUG=1 shows it)
         import os
 

@@ -57,6 +57,11 @@ from envbuilder.model.resolved import Overrides
     help="Pin every step to this lock (DIR/<profile>/ or the lock itself), as `render --locked` "
     "does (online route; default: the lock whose plan fits, as a plain render).",
 )
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace files in PREFIX/envbuild/ that envbuild did not write or that were edited since.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report on stdout.")
 @override_options
 def install(
@@ -68,6 +73,7 @@ def install(
     torch_index_url: str | None,
     mirror: str | None,
     locked: Path | None,
+    force: bool,
     as_json: bool,
     overrides: Overrides,
     matrix_dirs: Dirs,
@@ -103,9 +109,10 @@ def install(
     if mirror:
         from envbuilder.model import mirrors as M
 
-        choice = M.choice(mirror, M.get_set(m, mirror))
-        index_url = index_url or choice.pypi
-        torch_index_url = torch_index_url or (choice.pytorch if env.indexes.torch else None)
+        # the endpoints as a build's RUN steps get them: the PyTorch index's {variant} filled in
+        endpoints = M.choice(mirror, M.get_set(m, mirror)).endpoints(env)
+        index_url = index_url or endpoints.get("PIP_INDEX_URL")
+        torch_index_url = torch_index_url or endpoints.get("TORCH_INDEX_URL")
     report = run_install(
         env,
         prefix,
@@ -113,6 +120,7 @@ def install(
         python=interpreter,
         index_url=index_url,
         torch_index_url=torch_index_url,
+        force=force,
         say=say,
     )
     if as_json:

@@ -21,21 +21,26 @@ the report's `not_installed` with what is missing and the command that builds it
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import shlex
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from envbuilder.errors import ActionError, UserError
 from envbuilder.limits import read_text_bounded
-from envbuilder.text import redact
+from envbuilder.text import printable, redact
 from envbuilder.model.resolved import ResolvedEnv
+from envbuilder.tools.python import Interpreter, isolated_env, own_code_env
+from envbuilder.tools.run import stop_group
 
 SMOKE_TIMEOUT_S = 1800
 # PREFIX/.envbuild-install: the profile an online install is making there; a run that finds it
@@ -77,7 +82,9 @@ def check_prefix(prefix: Path, python: str, resumable: bool) -> None:
     the route installs into an existing environment) an environment of another Python."""
     if prefix.is_symlink() or (prefix.exists() and not prefix.is_dir()):
         raise UserError(f"--prefix {prefix} exists and is not a directory; pass a new path.")
-    if not prefix.is_dir() or not any(p.name != MARKER for p in prefix.iterdir()):
+    if not prefix.is_dir() or not any(
+        not p.name.startswith((MARKER, f".{MARKER}.")) for p in prefix.iterdir()
+    ):
         return
     env_python = prefix / "bin" / "python"
     if not env_python.exists():
@@ -98,6 +105,69 @@ def check_prefix(prefix: Path, python: str, resumable: bool) -> None:
             f"profile's lock is for Python {python}: its wheels would not install there. Pass "
             "a new path, or an environment of that Python."
         )
+
+
+def marker_profile(prefix: Path) -> str | None:
+    """The profile the marker says an earlier online install was making at `prefix` (None: no
+    marker), read as every input is (no pipe waited on, bounded); a damaged one is refused with
+    the way on: another prefix."""
+    marker = prefix / MARKER
+    if not os.path.lexists(marker):
+        return None
+    if marker.is_symlink() or not marker.is_file():
+        raise UserError(
+            f"{marker} is not a regular file (a link, pipe or folder); envbuild install writes "
+            "that file itself. Pass a new --prefix."
+        )
+    try:
+        return read_text_bounded(marker, "The install marker", 4096).strip()
+    except UserError as e:
+        raise UserError(
+            f"{e} It is the marker envbuild install leaves in a prefix it is making, so {prefix} "
+            "is not as envbuild left it: pass a new --prefix (or remove the file, if you know "
+            "the environment there is the one you want envbuild to go on with)."
+        ) from None
+
+
+@contextmanager
+def prefix_lock(prefix: Path) -> Iterator[None]:
+    """The prefix, made where missing, held for this install alone (flock on the directory
+    itself: nothing is added to it); a prefix that takes no write, or one another install holds,
+    is refused (exit 2). A prefix this install made and left empty is removed again."""
+    made = not os.path.lexists(prefix)
+    try:
+        prefix.mkdir(parents=True, exist_ok=True)
+        fd = os.open(prefix, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise UserError(
+            f"--prefix {prefix} cannot be made or opened ({e.strerror}): the environment goes "
+            "there. Pass a path in a folder you can write to, with free space."
+        ) from None
+    try:
+        if not os.access(prefix, os.W_OK | os.X_OK):
+            raise UserError(
+                f"--prefix {prefix} takes no write (no permission, or a read-only file "
+                "system): the environment goes there. Pass a path in a folder you can write "
+                "to, with free space."
+            )
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+            raise UserError(
+                f"Another envbuild install is installing into {prefix} right now (it holds the "
+                "prefix). Wait for it to finish and run this again (it goes on from what that "
+                "one made), or pass another --prefix."
+            ) from None
+        yield
+    finally:
+        if made:
+            try:
+                prefix.rmdir()  # (only while empty: nothing was installed)
+            except OSError:
+                pass
+        os.close(fd)  # (the lock goes with it)
 
 
 def _wheelhouse_profile(wh: Path, profile: str) -> dict[str, Any]:
@@ -122,24 +192,35 @@ def _wheelhouse_profile(wh: Path, profile: str) -> dict[str, Any]:
 def _run(
     report: InstallReport, name: str, cmd: list[str], env: dict[str, str], say: Callable[[str], None]
 ) -> bool:
-    """One step, its output passed on line by line; recorded with its time."""
+    """One step, its output passed on line by line (bytes that are no UTF-8 and control
+    characters shown as escapes); recorded with its time. The step runs in a session of its own,
+    ended with all it started on Ctrl-C or SIGTERM (cli.main raises both here)."""
     say(f"{name}: {' '.join(cmd)}")
     start = time.monotonic()
     try:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+            env=env,
+            start_new_session=True,
+        )
     except OSError as e:
         report.steps.append({"step": name, "ok": False, "seconds": 0.0, "error": str(e)})
         return False
     tail: list[str] = []
     assert proc.stdout is not None
     try:
-        for line in proc.stdout:
-            say(f"  {line.rstrip()}")
-            tail = (tail + [line.rstrip()])[-20:]
+        for raw in proc.stdout:
+            line = printable(raw.rstrip())
+            say(f"  {line}")
+            tail = (tail + [line])[-20:]
         rc = proc.wait()
-    except KeyboardInterrupt:
-        proc.terminate()
-        proc.wait()
+    except BaseException:
+        stop_group(proc)
         raise
     entry = {"step": name, "ok": rc == 0, "seconds": round(time.monotonic() - start, 1)}
     if rc:
@@ -218,7 +299,7 @@ def build_extensions(
     ok = True
     for component, cmd in commands:
         say(f"{component}: compiling for sm_{env.gpu.sm} with nvcc {got} (flash-attn's sdist takes hours)")
-        ok = _run(report, f"build {component}", cmd, dict(os.environ), say) and ok
+        ok = _run(report, f"build {component}", cmd, own_code_env(), say) and ok
     return ok
 
 
@@ -230,10 +311,14 @@ def install(
     python: str | None = None,
     index_url: str | None = None,
     torch_index_url: str | None = None,
+    force: bool = False,
     say: Callable[[str], None] = lambda line: None,
 ) -> InstallReport:
     """Install `env` into `prefix` by one of the two routes, then write the rendered folder to
-    PREFIX/envbuild/ and run its preflight smoke test with the prefix's Python."""
+    PREFIX/envbuild/ and run its preflight smoke test with the prefix's Python. Everything the
+    prefix would refuse is refused before anything is installed; the prefix is held by this
+    install alone while it runs (prefix_lock). `force`: replace files in PREFIX/envbuild/ that
+    envbuild did not write (or that were edited since)."""
     from envbuilder.render.files import render_files, write_dir
     from envbuilder.lock.constraints import with_constraints
 
@@ -241,53 +326,22 @@ def install(
     start = time.monotonic()
     route = "wheelhouse" if wheelhouse else "online"
     report = InstallReport(env.profile, str(prefix), route)
-    if wheelhouse:
-        entry = _wheelhouse_profile(wheelhouse, env.profile)
-        want = str(entry.get("python") or env.python)
-        check_prefix(prefix, want, resumable=True)
-        run_env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
-        run_env["PIP_CONFIG_FILE"] = os.devnull
-        if python:
-            run_env["PYTHON"] = python
-        ok = _run(
-            report,
-            "install.sh",
-            ["bash", str(wheelhouse / "install.sh"), env.profile, "--prefix", str(prefix)],
-            run_env,
-            say,
-        )
-    else:
-        from envbuilder.machine.verify import Options, find_python, verify
+    home = prefix / HOME
+    files = render_files(with_constraints(env))
+    # the wheelhouse's lock names its Python (an environment there of another is refused)
+    want = str(_wheelhouse_profile(wheelhouse, env.profile).get("python") or env.python) if wheelhouse else ""
 
-        marker = prefix / MARKER
-        if marker.is_symlink() or (os.path.lexists(marker) and not marker.is_file()):
-            raise UserError(
-                f"{marker} is not a regular file (a link, pipe or folder); envbuild install writes "
-                "that file itself. Pass a new --prefix."
-            )
-        # (read as every input is: no follow, never blocking on a pipe, bounded)
-        resuming = (
-            marker.is_file() and read_text_bounded(marker, "The install marker", 4096).strip() == env.profile
-        )
-        check_prefix(prefix, env.python, resumable=resuming)
-        if python:  # (the one Python discovery's check: CPython of that version, with venv)
-            from envbuilder.tools.python import probe
-
-            interp = probe(python, env.python, need_venv=True)
-            if interp is None:
-                got = _python_version(Path(python))
-                raise UserError(
-                    f"--interpreter {python} is not a CPython {env.python} with venv (it is Python "
-                    f"{got or '(not runnable)'}); {env.profile} needs Python {env.python}."
-                )
+    def check() -> None:  # (before anything is made, and again once the prefix is held)
+        if wheelhouse:
+            check_prefix(prefix, want, resumable=True)
         else:
-            interp = find_python(env.python)
-        if interp is None:
-            raise UserError(
-                f"No Python {env.python} here for {env.profile}'s pins. Install it (e.g. "
-                f"apt-get install python{env.python} python{env.python}-venv, or uv python install "
-                f"{env.python}) or pass --interpreter PATH."
-            )
+            check_prefix(prefix, env.python, resumable=marker_profile(prefix) == env.profile)
+        # the rendered folder goes there at the end: a user's own file in it stops us now
+        write_dir(home, files, force=force, check_only=True, option="--prefix")
+
+    check()
+    if not wheelhouse:
+        interp = _interpreter(env, python)
         # the probe `build` makes before its first step: the index every step installs from
         # answers, or nothing is made (the PyTorch index is verify's: PyPI's builds where it is down)
         from envbuilder.machine.verify import PROBE_TIMEOUT_S, index_answers
@@ -300,54 +354,27 @@ def install(
                 "installed. Use a mirror (--mirror NAME, `envbuild mirrors list`), --index-url "
                 f"URL, or a wheelhouse made where it answers (--from-wheelhouse)."
             )
-        prefix.mkdir(parents=True, exist_ok=True)
-        tmp = prefix / f".{MARKER}.{os.getpid()}"  # (a new file renamed over it: no link followed)
-        tmp.write_text(env.profile + "\n", encoding="utf-8")
-        os.replace(tmp, marker)  # (an interrupted run goes on from here)
-        r = verify(
-            env,
-            interp,
-            Options(
-                resume=True,
-                index_url=index_url,
-                torch_index_url=torch_index_url,
-                keep=prefix,
-                skip_compose=True,
-                imports=False,  # (preflight --smoke imports the training path below)
-                say=say,
-            ),
+    with prefix_lock(prefix):
+        check()  # (another install may have made or finished something here meanwhile)
+        if wheelhouse:
+            ok = _from_wheelhouse(env, wheelhouse, prefix, python, report, say)
+        else:
+            ok = _online(env, prefix, interp, index_url, torch_index_url, report, say)
+        if not ok:
+            report.seconds = round(time.monotonic() - start, 1)
+            return report
+        # the rendered folder beside the environment, and the smoke test of the image's build
+        write_dir(home, files, force=force, option="--prefix")
+        say(f"rendered {env.profile} into {home}")
+        proc = subprocess.run(
+            [str(prefix / "bin" / "python"), str(home / "preflight.py"), "--smoke", "--json"],
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=SMOKE_TIMEOUT_S,
+            env=own_code_env(),
+            cwd=home,
         )
-        for layer in r.layers:
-            report.steps.append(
-                {
-                    "step": f"layer {layer['layer']}",
-                    "ok": layer["ok"],
-                    "seconds": layer["seconds"],
-                    **({"error": layer["error"]} if layer.get("error") else {}),
-                }
-            )
-        for name, part in (("patches", r.patches), ("audit", r.audit)):
-            if part is not None:
-                report.steps.append({"step": name, "ok": bool(part.get("ok"))})
-        ok = not r.failures and build_extensions(env, prefix, report, say)
-        if r.failures:
-            report.steps.append({"step": "install", "ok": False, "error": "; ".join(r.failures[:3])})
-    if not ok:
-        report.seconds = round(time.monotonic() - start, 1)
-        return report
-    # the rendered folder beside the environment, and the smoke test of the image's build
-    home = prefix / HOME
-    write_dir(home, render_files(with_constraints(env)), force=True)
-    say(f"rendered {env.profile} into {home}")
-    smoke_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    proc = subprocess.run(
-        [str(prefix / "bin" / "python"), str(home / "preflight.py"), "--smoke", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=SMOKE_TIMEOUT_S,
-        env=smoke_env,
-        cwd=home,
-    )
     try:
         report.smoke = json.loads(proc.stdout)["checks"]
     except (ValueError, KeyError):
@@ -356,6 +383,102 @@ def install(
     report.ok = all(s.get("ok") for s in report.steps)
     report.seconds = round(time.monotonic() - start, 1)
     return report
+
+
+def _interpreter(env: ResolvedEnv, python: str | None) -> Interpreter:
+    """The Python the online route makes its venv from: --interpreter, checked, or the search."""
+    from envbuilder.machine.verify import find_python
+    from envbuilder.tools.python import probe
+
+    if python:  # (the one Python discovery's check: CPython of that version, with venv)
+        interp = probe(python, env.python, need_venv=True)
+        if interp is None:
+            got = _python_version(Path(python))
+            raise UserError(
+                f"--interpreter {python} is not a CPython {env.python} with venv (it is Python "
+                f"{got or '(not runnable)'}); {env.profile} needs Python {env.python}."
+            )
+        return interp
+    found = find_python(env.python)
+    if found is None:
+        raise UserError(
+            f"No Python {env.python} here for {env.profile}'s pins. Install it (e.g. "
+            f"apt-get install python{env.python} python{env.python}-venv, or uv python install "
+            f"{env.python}) or pass --interpreter PATH."
+        )
+    return found
+
+
+def _from_wheelhouse(
+    env: ResolvedEnv,
+    wheelhouse: Path,
+    prefix: Path,
+    python: str | None,
+    report: InstallReport,
+    say: Callable[[str], None],
+) -> bool:
+    """The offline route: the wheelhouse's install.sh, with nothing of the caller's Python
+    settings (a checkout on PYTHONPATH is not what it patches)."""
+    from envbuilder.machine.verify import unshare_files
+
+    # an environment made by uv shares its files with uv's cache (hard links), and pip leaves a
+    # verl that is there alone ("already satisfied"): the patches get files of their own first
+    unshare_files(prefix, [f for p in env.patches for f in p.files])
+    run_env = isolated_env(**({"PYTHON": python} if python else {}))
+    cmd = ["bash", str(wheelhouse / "install.sh"), env.profile, "--prefix", str(prefix)]
+    return _run(report, "install.sh", cmd, run_env, say)
+
+
+def _online(
+    env: ResolvedEnv,
+    prefix: Path,
+    interp: Interpreter,
+    index_url: str | None,
+    torch_index_url: str | None,
+    report: InstallReport,
+    say: Callable[[str], None],
+) -> bool:
+    """The online route: verify's layers with uv into a venv at the prefix, which the marker
+    names as this profile's (an interrupted run goes on from there), then apex and flash-attn."""
+    from envbuilder.machine.verify import Options, verify
+    from envbuilder.render.outdir import write_text_atomic
+
+    try:
+        write_text_atomic(prefix / MARKER, env.profile + "\n")  # (a new file renamed over it)
+    except OSError as e:
+        raise UserError(
+            f"--prefix {prefix} takes no write ({e.strerror}): the environment goes there. Pass "
+            "a path in a folder you can write to, with free space."
+        ) from None
+    r = verify(
+        env,
+        interp,
+        Options(
+            resume=True,
+            index_url=index_url,
+            torch_index_url=torch_index_url,
+            keep=prefix,
+            skip_compose=True,
+            imports=False,  # (preflight --smoke imports the training path below)
+            say=say,
+        ),
+    )
+    for layer in r.layers:
+        report.steps.append(
+            {
+                "step": f"layer {layer['layer']}",
+                "ok": layer["ok"],
+                "seconds": layer["seconds"],
+                **({"error": layer["error"]} if layer.get("error") else {}),
+            }
+        )
+    for name, part in (("patches", r.patches), ("audit", r.audit)):
+        if part is not None:
+            report.steps.append({"step": name, "ok": bool(part.get("ok"))})
+    ok = not r.failures and build_extensions(env, prefix, report, say)
+    if r.failures:
+        report.steps.append({"step": "install", "ok": False, "error": "; ".join(r.failures[:3])})
+    return ok
 
 
 def summary(report: InstallReport) -> str:
@@ -375,6 +498,19 @@ def summary(report: InstallReport) -> str:
     out.append(
         ("READY" if report.ok else "NOT READY")
         + f": {report.profile} in {report.prefix} ({report.seconds:.0f} s); train with "
-        + f"{report.prefix}/{HOME}/run_ppo_gsm8k.sh after `. {report.prefix}/bin/activate`"
+        + f"`{train_command(Path(report.prefix))}`"
     )
     return "\n".join(out)
+
+
+def train_command(prefix: Path) -> str:
+    """The shell line that trains in the environment at `prefix`: activated (a conda one made by
+    micromamba has no bin/activate: its bin/ first on PATH), and ENVBUILD_HOME at the rendered
+    folder, where the run script finds preflight.py and prepare_gsm8k.py (outside an image)."""
+    from envbuilder.render.image import RUN_SCRIPT
+
+    q = shlex.quote
+    home = prefix / HOME
+    activate = prefix / "bin" / "activate"
+    enter = f". {q(str(activate))} &&" if activate.is_file() else f'PATH={q(str(prefix / "bin"))}:"$PATH"'
+    return f"{enter} ENVBUILD_HOME={q(str(home))} {q(str(home / RUN_SCRIPT))}"

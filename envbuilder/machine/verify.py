@@ -16,7 +16,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import tempfile
 import threading
@@ -28,6 +27,7 @@ from typing import IO, Any, Callable, Mapping, Sequence
 from envbuilder.errors import UserError
 from envbuilder.images import patch_command
 from envbuilder.record import Record
+from envbuilder.tools.run import stop_group
 from envbuilder.model.resolved import ResolvedEnv
 
 # uv's own summary lines, forwarded as progress while a layer installs
@@ -283,19 +283,9 @@ def _clean_env(**extra: str) -> dict[str, str]:
     """The caller's environment minus uv's index settings (lock.pip's rule), pip's settings and
     anything that would put other code on the venv's path: only the indexes named on the command
     line are used, never the host's pip.conf, find-links or global constraints."""
-    from envbuilder.tools.python import clean_env
+    from envbuilder.tools.python import isolated_env
 
-    env = clean_env()
-    env.update(
-        {
-            "PIP_CONFIG_FILE": os.devnull,
-            "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-            "PIP_NO_INPUT": "1",
-            "PYTHONNOUSERSITE": "1",
-        }
-    )
-    env.update(extra)
-    return env
+    return isolated_env(**extra)
 
 
 _ISOLATION: tuple[list[str], str] | None = None
@@ -359,20 +349,6 @@ class Ran(Record):
     seconds: float
 
 
-def _stop(proc: subprocess.Popen[str]) -> None:
-    """End the child's whole process group (it runs in a session of its own)."""
-    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
-        try:
-            proc.wait(wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def run(
     cmd: list[str],
     *,
@@ -421,12 +397,12 @@ def run(
             except subprocess.TimeoutExpired:
                 elapsed = time.monotonic() - start
                 if elapsed >= timeout:
-                    _stop(proc)
+                    stop_group(proc)
                     rc = None
                     break
                 say(f"  {label}: still working ({fmt_seconds(elapsed)})")
     except BaseException:
-        _stop(proc)
+        stop_group(proc)
         raise
     for t in threads:
         t.join(10)
@@ -695,10 +671,10 @@ class _Verifier:
 
         # the venv, pip seeded by ensurepip (no index needed)
         py = venv / "bin" / "python"
-        if self.opts.resume and py.exists():
+        if self.opts.resume and py.exists() and seeded(venv):
             self.say(f"venv {venv}: going on with the environment an earlier run made")
             made = None
-        else:
+        else:  # (a venv an earlier run left without pip, stopped while seeding it, is made again)
             self.say(f"venv {venv} from Python {self.interp.version} ({self.interp.path})")
             made = run(
                 [self.interp.path, "-m", "venv", str(venv)],
@@ -1064,6 +1040,25 @@ class _Verifier:
             c["ok"] = False
             c["error"] = failure
             self.fail(failure)
+
+
+def seeded(venv: Path) -> bool:
+    """Whether the venv's pip is whole: ensurepip writes pip's RECORD last, so a venv step that
+    was stopped (Ctrl-C, SIGTERM) before the end has none."""
+    return any(venv.glob("lib/python*/site-packages/pip-*.dist-info/RECORD"))
+
+
+def unshare_files(venv: Path, rels: list[str]) -> None:
+    """Give each file the patches edit an inode of its own. uv hard-links installed files to
+    its cache, and apply_patches.py writes in place: without this, patching one venv patches
+    the cache, and every later venv gets an already-patched verl."""
+    for site in venv.glob("lib/python*/site-packages"):
+        for rel in dict.fromkeys(rels):
+            path = site / rel
+            if path.is_file() and not path.is_symlink() and path.stat().st_nlink > 1:
+                tmp = path.with_name(f".{path.name}.envbuild-copy")
+                shutil.copy2(path, tmp)
+                os.replace(tmp, path)
 
 
 def _first_error(lines: list[str]) -> str:

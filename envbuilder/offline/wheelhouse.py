@@ -268,6 +268,10 @@ INSTALL_SH = r"""#!/usr/bin/env bash
 # --require-hashes --no-deps --only-binary=:all: from pypi/: nothing is built here (each sdist of
 # the lock was built into a wheel at export), so any pip works, with no compiler and no network.
 set -euo pipefail
+# only the environment's own code: a checkout on PYTHONPATH (or a user site) would be what pip
+# calls installed and what apply_patches.py patches, outside the environment
+unset PYTHONPATH PYTHONHOME PYTHONSTARTUP PYTHONUSERBASE
+export PYTHONNOUSERSITE=1
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 PROFILES=(__PROFILES__)
 declare -A LOCK_PYTHON=(__PYTHONS__)  # the Python each profile's lock was solved for
@@ -335,6 +339,12 @@ if [ -z "$PY" ]; then
 else
   got="$(py_version "$PY")"
   if [ -n "$WANT" ] && [ "$got" != "$WANT" ]; then refuse_python "$PY" "$got"; fi
+fi
+# pip's RECORD is written last: without it a venv step was stopped (Ctrl-C) while seeding pip,
+# or the environment was made without pip (uv venv); seed it, or no re-run could go on
+if ! compgen -G "$("$PY" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/pip-*.dist-info/RECORD" >/dev/null; then
+  echo "install.sh: $PY has no whole pip: seeding it (python -m ensurepip)" >&2
+  "$PY" -m ensurepip
 fi
 if [ -f "$REQ" ]; then
   "$PY" -m pip install --isolated --no-index --find-links "$HERE/pypi" --require-hashes --no-deps \

@@ -303,13 +303,19 @@ def render_files(env: ResolvedEnv, locked: LockedContext | None = None) -> dict[
 
 
 def write_dir(
-    out_dir: Path, files: dict[str, str], links: Mapping[str, Checked] | None = None, force: bool = False
+    out_dir: Path,
+    files: dict[str, str],
+    links: Mapping[str, Checked] | None = None,
+    force: bool = False,
+    check_only: bool = False,
+    option: str = "-o",
 ) -> list[Path]:
     """Write `files` (and hard-link `links`) into `out_dir`, replacing and deleting only what an
-    earlier envbuild write put there (outdir.write_dir); the scripts get mode 0755."""
+    earlier envbuild write put there (outdir.write_dir); the scripts get mode 0755.
+    `check_only`: only refuse what the write would refuse."""
     from envbuilder.render.outdir import write_dir as write
 
-    return write(out_dir, files, links, EXECUTABLE, force)
+    return write(out_dir, files, links, EXECUTABLE, force, check_only, option)
 
 
 def render(

@@ -294,12 +294,16 @@ def write_dir(
     links: Mapping[str, Checked] | None = None,
     executable: frozenset[str] | set[str] = frozenset(),
     force: bool = False,
+    check_only: bool = False,
+    option: str = "-o",
 ) -> list[Path]:
     """Write `files` (text by relative path) and `links` ({relative path: Checked file}, placed
     as their checked bytes: place_checked) into `out_dir`, deleting only files an earlier write
     recorded and nobody changed since. Refuses (exit 2) before writing anything when a file it
     would replace is not envbuild's or was edited, unless `force`, or when a placed file is not
-    what its manifest names (then nothing of this write stays)."""
+    what its manifest names (then nothing of this write stays). `check_only`: the refusals
+    alone, nothing written (a command that writes the folder at its end asks first); `option`:
+    the flag that names another place, as the refusals say it."""
     out_dir = Path(out_dir)
     links = dict(links or {})
     if not all(isinstance(src, Checked) for src in links.values()):
@@ -308,7 +312,7 @@ def write_dir(
     _refuse_links_on_the_way(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(
-            f"{out_dir} exists and is not a directory. Pass -o a new directory or one envbuild wrote."
+            f"{out_dir} exists and is not a directory. Pass {option} a new directory or one envbuild wrote."
         )
     record, journal = out_dir / RECORD, out_dir / JOURNAL
     if out_dir.is_dir():
@@ -357,7 +361,7 @@ def write_dir(
         raise UserError(
             f"{out_dir} is not empty and was not written by envbuild (no {RECORD})"
             f"{clash}. envbuild writes only into new directories or ones it wrote. "
-            "Pass -o a new or empty directory, or --force to write into this one "
+            f"Pass {option} a new or empty directory, or --force to write into this one "
             "(envbuild then overwrites only the files it renders and deletes nothing)."
         )
     if conflicts and not force:
@@ -374,6 +378,8 @@ def write_dir(
             f"({', '.join(n for n in conflicts if Path(out_dir, n).is_dir())}). Move it "
             "away; envbuild deletes no directories it did not make."
         )
+    if check_only:
+        return []
     # files of the last write that this one no longer has, unchanged since: removed at the end
     stale = [
         n

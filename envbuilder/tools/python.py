@@ -24,15 +24,8 @@ class Interpreter(Record):
 
 # what of the caller's environment a child interpreter must not see: pip's settings and anything
 # that puts other code on its path (uv_env drops uv's index settings too)
-HOST_SETTINGS = (
-    "PIP_",
-    "PYTHONPATH",
-    "PYTHONHOME",
-    "PYTHONSTARTUP",
-    "PYTHONUSERBASE",
-    "VIRTUAL_ENV",
-    "CONDA_PREFIX",
-)
+PYTHON_SETTINGS = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE")
+HOST_SETTINGS = ("PIP_", *PYTHON_SETTINGS, "VIRTUAL_ENV", "CONDA_PREFIX")
 
 
 def clean_env() -> dict[str, str]:
@@ -40,6 +33,30 @@ def clean_env() -> dict[str, str]:
     from envbuilder.tools.uv import uv_env
 
     return {k: v for k, v in uv_env().items() if not k.startswith(HOST_SETTINGS)}
+
+
+def own_code_env() -> dict[str, str]:
+    """The caller's environment with nothing that puts other code on a child Python's path (a
+    verl checkout on PYTHONPATH would be what is patched and imported) and no user site; pip's
+    and the rest of the settings stay (a compile of apex may need the user's index)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(PYTHON_SETTINGS)}
+    env["PYTHONNOUSERSITE"] = "1"
+    return env
+
+
+def isolated_env(**extra: str) -> dict[str, str]:
+    """clean_env, with pip reading no configuration file and asking nothing, and no user site:
+    what a child that installs into or runs an environment sees (only the indexes named on its
+    command line; only the environment's own code, never a checkout on the caller's PYTHONPATH)."""
+    env = clean_env()
+    env.update(
+        PIP_CONFIG_FILE=os.devnull,
+        PIP_DISABLE_PIP_VERSION_CHECK="1",
+        PIP_NO_INPUT="1",
+        PYTHONNOUSERSITE="1",
+    )
+    env.update(extra)
+    return env
 
 
 def probe(path: str, version: str, need_venv: bool = False) -> Interpreter | None:

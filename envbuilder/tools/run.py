@@ -10,9 +10,13 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import IO, Any
+
+from envbuilder.errors import Terminated
 
 # what a resolver or a wheel build needs is far less; an endless read is more
 # (ENVBUILD_TOOL_MAX_RSS_MB sets another cap: a small machine, or a test)
@@ -44,6 +48,49 @@ def _group_rss(pgid: int) -> int:
     return total
 
 
+def _terminated(signum: int, frame: FrameType | None) -> None:
+    raise Terminated()
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises Terminated (a KeyboardInterrupt) while a command runs (cli.main): a batch
+    system's or a user's `kill` ends the children and leaves the state Ctrl-C leaves, one a
+    re-run goes on from."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def interruption(e: BaseException) -> tuple[str, int]:
+    """What a command stopped by Ctrl-C or SIGTERM says, and its exit code (130, 143 for
+    SIGTERM); click hands either over wrapped in its Abort."""
+    cause = e if isinstance(e, KeyboardInterrupt) else e.__cause__
+    if isinstance(cause, Terminated):
+        return "Terminated.", 143
+    return ("Interrupted." if isinstance(e, KeyboardInterrupt) else "Aborted."), 130
+
+
+def stop_group(proc: subprocess.Popen[Any]) -> None:
+    """End a child started in a session of its own and everything it started (its process
+    group): SIGTERM, then SIGKILL for what is left after 5 s."""
+    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def run(
     cmd: list[str],
     *,
@@ -73,24 +120,28 @@ def run(
         t.start()
     deadline = None if timeout is None else time.monotonic() + timeout
     problem: Exception | None = None
-    while proc.poll() is None:
-        if deadline is not None and time.monotonic() > deadline:
-            problem = subprocess.TimeoutExpired(cmd, timeout or 0.0)
-        else:
-            rss = _group_rss(proc.pid)
-            if rss > max_rss:
-                problem = TooMuchMemory(rss, max_rss)
-        if problem is not None:
+    try:  # Ctrl-C or SIGTERM (cli.main raises it) ends the child's whole group too
+        while proc.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                problem = subprocess.TimeoutExpired(cmd, timeout or 0.0)
+            else:
+                rss = _group_rss(proc.pid)
+                if rss > max_rss:
+                    problem = TooMuchMemory(rss, max_rss)
+            if problem is not None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                proc.wait()
+                break
             try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except OSError:
+                proc.wait(POLL)
+            except subprocess.TimeoutExpired:
                 pass
-            proc.wait()
-            break
-        try:
-            proc.wait(POLL)
-        except subprocess.TimeoutExpired:
-            pass
+    except BaseException:
+        stop_group(proc)
+        raise
     for t in readers:
         t.join(5)
     if problem is not None:
