@@ -265,8 +265,11 @@ def runnable_archs(cc: str, archs: Sequence[str]) -> list[str]:
     return [a for a in archs if cc_runs(cc, [a])]
 
 
-def fit_profile(m: Matrix, name: str, gpu: Gpu, driver: str | None, cuda: str | None) -> Fit:
-    """Does profile `name` fit this GPU and driver? Each reason says what was compared."""
+def fit_profile(
+    m: Matrix, name: str, gpu: Gpu, driver: str | None, cuda: str | None, count: int | None = None
+) -> Fit:
+    """Does profile `name` fit this GPU and driver (and `count` of them, when the machine has
+    fewer than the profile trains on)? Each reason says what was compared."""
     p = m.profiles[name]
     pgpu = m.gpus[p["gpu"]]
     reasons: list[Reason] = []
@@ -288,7 +291,9 @@ def fit_profile(m: Matrix, name: str, gpu: Gpu, driver: str | None, cuda: str | 
     planned = planned_mib(m, p["gpu"])
     resized = bool(measured and measured != planned)
     flags = f" --gpu-memory {measured}" if resized else ""
-    ov = Overrides(driver=driver, gpu_memory=measured if resized else None)
+    fewer = count if count and count < p["train"]["n_gpus"] else None  # (planned for the GPUs it has)
+    flags += f" --gpus-per-node {fewer}" if fewer else ""
+    ov = Overrides(driver=driver, gpu_memory=measured if resized else None, gpus_per_node=fewer)
     try:
         env, changed = resolve_or_fix(m, name, ov)
     except ResolveError as e:
@@ -388,6 +393,10 @@ def upgrade_path(m: Matrix, name: str, env: ResolvedEnv, driver: str) -> str:
     return "; ".join(parts) or "a newer driver adds nothing: no newer stack resolves on this card"
 
 
+# what the machine decides: a fix that changes one is no fix for this machine
+MACHINE_FLAGS = frozenset({"driver", "ecc", "gpu_memory"})
+
+
 def resolve_or_fix(m: Matrix, name: str, ov: Overrides) -> tuple[ResolvedEnv, str]:
     """The profile on this machine, and the flags it needs beyond the machine's own: where it
     is refused, the first of the refusal's fixes (each checked to resolve) that changes neither
@@ -401,7 +410,7 @@ def resolve_or_fix(m: Matrix, name: str, ov: Overrides) -> tuple[ResolvedEnv, st
     for v in refused.violations:
         for alt in alternatives(v.fix):
             flags = concrete(m, alt)
-            if not flags or set(flags) & {"driver", "ecc", "gpu_memory"}:
+            if not flags or set(flags) & (MACHINE_FLAGS | ({"gpus_per_node"} if ov.gpus_per_node else set())):
                 continue
             try:
                 return resolve(m, name, applied(ov, flags)), render_flags(flags)
@@ -446,7 +455,8 @@ def recommend(m: Matrix, machine: Machine) -> Recommendation:
             "it and the matrix has no such GPU): add it to gpus in a --matrix-dir overlay"
         )
         return Recommendation(gpu, None, (), tuple(notes))
-    fits = [fit_profile(m, n, gpu, machine.driver, machine.cuda) for n in candidates(m, gpu)]
+    count = len(machine.gpus)
+    fits = [fit_profile(m, n, gpu, machine.driver, machine.cuda, count) for n in candidates(m, gpu)]
     fits.sort(key=lambda f: not f.ok)  # stable: the closest fitting profile first
     best = fits[0].profile if fits and fits[0].ok else None
     if not fits:
@@ -457,10 +467,10 @@ def recommend(m: Matrix, machine: Machine) -> Recommendation:
         )
     if best:
         n_gpus = m.profiles[best]["train"]["n_gpus"]
-        if len(machine.gpus) < n_gpus:
+        if count < n_gpus:  # (the fit planned for `count`: its flags say so, and resolve)
             notes.append(
-                f"profile {best} trains on {n_gpus} GPUs and this machine has "
-                f"{len(machine.gpus)}: run the script with N_GPUS={len(machine.gpus)}"
+                f"profile {best} trains on {n_gpus} GPUs and this machine has {count}: "
+                f"planned for {count} (`envbuild check {best}{fits[0].flags}`)"
             )
     return Recommendation(gpu, best, tuple(fits), tuple(notes))
 
