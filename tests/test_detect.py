@@ -687,3 +687,31 @@ def test_the_gpu_count_advice_on_a_one_gpu_box_is_a_check_that_passes(box, cli):
     assert advised and "--gpus-per-node 1" in advised[1], note
     code, _, err = cli(*shlex.split(advised[1]))
     assert code == 0, (advised[1], err)
+
+
+EVIL_NAME = "NVIDIA H200\x1b]0;owned\x07\x1b[2J\x9b31m"
+
+
+class EvilNVML(FakeNVML):
+    def nvmlDeviceGetName(self, h):
+        return EVIL_NAME.encode("utf-8") + b"\xff"  # (and a byte that is no UTF-8)
+
+
+def test_a_gpu_name_reaches_the_terminal_without_its_control_characters(tmp_path):
+    """nvidia-smi's or NVML's GPU name is outside data: detect and doctor show its escapes as
+    text (issue 43, item 28: a terminal title change and a screen clear passed)."""
+    from envbuilder.machine.detect import probe_smi
+
+    def no_nvml_smi(argv):
+        r = smi("h200")(argv)
+        if tuple(argv) == QUERY:
+            r = subprocess.CompletedProcess(argv, 0, r.stdout.replace("NVIDIA H200", EVIL_NAME), "")
+        return r
+
+    assert "\x1b" not in probe_smi(no_nvml_smi).gpus[0].name
+    probes = host("h200")
+    for args in (["detect"], ["doctor", "h200"], ["detect", "--json"]):
+        for p in (Probes(**dict(probes._asdict(), nvml=EvilNVML("h200"))),):
+            code, out = invoke(args, p)
+            assert not any(c in out for c in "\x1b\x07\x9b"), (args, out)
+            assert "\\x1b" in out or "\\\\x1b" in out, (args, out)

@@ -20,6 +20,7 @@ from envbuilder.model.matrix import cc_runs
 from envbuilder.model.resolved import Overrides, ResolvedEnv
 from envbuilder.model.versions import is_driver_version
 from envbuilder.record import Record
+from envbuilder.text import printable
 
 QUERY = (
     "nvidia-smi",
@@ -69,7 +70,9 @@ class NoGpu(Exception):
 
 
 def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    """A value NVML or nvidia-smi reported, as envbuild may print it: its control characters
+    (a terminal's escapes) shown as text, bytes that are no UTF-8 as \ufffd."""
+    return printable(value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value))
 
 
 def cuda_from_int(version: int) -> str:
@@ -121,7 +124,7 @@ def run_command(argv: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
 
 def _first_line(out: subprocess.CompletedProcess[str]) -> str:
     lines = [l.strip() for l in (out.stdout + "\n" + out.stderr).splitlines() if l.strip()]
-    return lines[0] if lines else f"exit status {out.returncode}"
+    return printable(lines[0]) if lines else f"exit status {out.returncode}"
 
 
 def _unreadable(line: str) -> NoGpu:
@@ -153,7 +156,7 @@ def parse_query(text: str, with_cc: bool = True) -> tuple[list[Gpu], str | None]
             raise _unreadable(line)
         cc = cc if cc and re.fullmatch(r"[0-9]{1,2}\.[0-9]{1,2}", cc) else None
         gpus.append(
-            Gpu(int(index), name, cc, int(mem) if re.fullmatch(r"[0-9]{1,9}", mem) else 0)
+            Gpu(int(index), _text(name), cc, int(mem) if re.fullmatch(r"[0-9]{1,9}", mem) else 0)
         )  # ([N/A]: 0)
     return gpus, driver
 
