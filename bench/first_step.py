@@ -24,6 +24,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+import benchsafe  # noqa: E402  (bench/benchsafe.py: the bounded record reader, stdlib only)
+
 FIX = ROOT / "tests" / "fixtures" / "gpu"
 # (phase, from marker, to marker): markers are bench/gpu_ppo.py's timeline names
 PHASES = (
@@ -45,6 +48,24 @@ def phases(rec: dict) -> dict[str, float | None]:
     out["to step 1"] = t.get("step1")
     out["to ready to fit"] = t.get("fit_ready")
     return out
+
+
+def record(path: Path, what: str) -> dict:
+    """A gpu_ppo.py run record (benchsafe.read_json: a regular file, bounded), with the fields
+    this report reads: `case`, and `timeline` mapping marker names to seconds (or null)."""
+    rec = benchsafe.read_json(str(path), what)
+    timeline = rec.get("timeline") if isinstance(rec, dict) else None
+    if (
+        not isinstance(rec, dict)
+        or not isinstance(rec.get("case"), str)
+        or not isinstance(timeline, dict)
+        or not all(isinstance(v, (int, float)) or v is None for v in timeline.values())
+    ):
+        raise benchsafe.Refused(
+            f"{what} {path} is not a gpu_ppo.py run record (it needs `case` and a `timeline` of "
+            "seconds by marker, which a run writes once it launched). Pass a record of a launched run."
+        )
+    return rec
 
 
 def ratio(after: float | None, before: float | None) -> float | None:
@@ -70,13 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     try:
-        before, after = (json.loads(p.read_text(encoding="utf-8")) for p in (a.before, a.after))
-        ref = json.loads(Path(a.ref).read_text(encoding="utf-8")) if a.ref != "none" else None
-    except (OSError, ValueError) as e:
-        print(
-            f"first_step: cannot read a record: {e}; pass --before/--after records gpu_ppo.py wrote",
-            file=sys.stderr,
-        )
+        before, after = record(a.before, "--before"), record(a.after, "--after")
+        ref = record(Path(a.ref), "--ref") if a.ref != "none" else None
+    except benchsafe.Refused as e:
+        print(f"first_step: {e} (--before/--after/--ref take records gpu_ppo.py wrote)", file=sys.stderr)
         return 2
     differ = [k for k in ("case", "profile", "card_gib", "extra_overrides") if before.get(k) != after.get(k)]
     if differ:

@@ -34,6 +34,10 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import benchsafe  # noqa: E402  (bench/benchsafe.py: the folders it may delete, stdlib only)
+
+SCRIPT = "gpu_bundle.py"  # (its folders' marker names it)
 TARGET = {  # marker values on the GPU machine (shared/gpu/carry.md): CPython 3.12.3, Linux x86_64
     "python_full_version": "3.12.3",
     "python_version": "3.12",
@@ -336,8 +340,11 @@ def main():
     ranks, platforms = tag_ranks(args.glibc)
     plan, left_out = load_plan(lock, ranks)
     out, dl, wheels_dir = args.out, args.out / "dl", args.out / "wheels"
-    for d in (wheels_dir, dl, out / "parts", out / "build"):
-        d.mkdir(parents=True, exist_ok=True)
+    try:  # it deletes in each of these (stray wheels, old parts): only folders it made
+        for d in (out, wheels_dir, dl, out / "parts", out / "build"):
+            benchsafe.claim(str(d), SCRIPT)
+    except benchsafe.Refused as e:
+        fail(str(e))
     state_path = out / "derived.json"  # trimmed/built wheels: {file: {"source": sha256, "sha256": sha256}}
     try:
         state = json.loads(state_path.read_text())
@@ -374,9 +381,9 @@ def main():
         state_path.write_text(json.dumps(state, indent=1, sort_keys=True) + "\n")
 
     final = dict(target(p, w) for p, w in plan)
-    for stray in sorted(set(os.listdir(wheels_dir)) - set(final)):
+    for stray in sorted(set(os.listdir(wheels_dir)) - set(final) - {benchsafe.MARK}):
         print(f"removing {wheels_dir / stray} (not in the plan)")
-        (wheels_dir / stray).unlink()
+        benchsafe.remove_in(str(wheels_dir), stray)
     if not all(done(p, w) for p, w in plan):
         fail("a wheel is missing or changed after the build", 1)
     (out / "SHA256SUMS").write_text("".join(f"{final[n]}  {n}\n" for n in sorted(final)))

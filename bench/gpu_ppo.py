@@ -14,7 +14,9 @@ validation and two PPO steps. The record is the log, a timeline and nvidia-smi's
          --emulate runs another card's profile: its preflight may refuse only the card's compute
          capability, and a copy of the render naming the device's runs
          writes OUTDIR/NAME.log (every line prefixed with seconds since launch) and
-         OUTDIR/NAME.json (always, also on failure or timeout)
+         OUTDIR/NAME.json (always, also on failure or timeout); NAME is a plain name, and WORK
+         (default /tmp/envbuild-ppo/NAME) a new or empty folder or one this script made
+         (bench/benchsafe.py's marker: it deletes only in its own folders; else exit 2)
   selftest
          checks the log parser, the override diff and the card scaling (no GPU, stdlib only)
 
@@ -43,6 +45,10 @@ import zipfile
 from collections import deque
 
 HERE = os.path.abspath(__file__)
+sys.path.insert(0, os.path.dirname(HERE))
+import benchsafe  # noqa: E402  (bench/benchsafe.py: the folders it may delete, stdlib only)
+
+SCRIPT = "gpu_ppo.py"  # (its folders' marker names it)
 GIB = 1024**3
 
 # ---------------------------------------------------------------------------------------------
@@ -233,6 +239,8 @@ def setup(parts_dir, site, work=None, force=False):
         print(f"setup: no part-* in {parts_dir}", file=sys.stderr)
         return 2
     work = work or os.path.join(os.path.dirname(os.path.abspath(site)), "bundle")
+    benchsafe.claim(work, SCRIPT)  # (both before any work: a folder that is not its own is refused)
+    benchsafe.claim(site, SCRIPT)
     marker = os.path.join(site, ".envbuild-setup.json")
     sizes = [os.path.getsize(p) for p in parts]
     if not force and os.path.exists(marker):
@@ -242,8 +250,7 @@ def setup(parts_dir, site, work=None, force=False):
                 return 0
         except (OSError, ValueError):
             pass
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
+    benchsafe.empty(work, SCRIPT)
     with tarfile.open(fileobj=_Parts(parts), mode="r|") as tar:
         for member in tar:  # streaming: check each member as it comes
             path = os.path.realpath(os.path.join(work, member.name))
@@ -259,25 +266,33 @@ def setup(parts_dir, site, work=None, force=False):
     t1 = time.time()
     wheels = sorted(glob.glob(os.path.join(work, "wheels", "*.whl")))
     sums = os.path.join(work, "SHA256SUMS")
-    if os.path.exists(sums):
-        want = {}
+    want = {}
+    if os.path.isfile(sums):
         for line in open(sums):
             digest, _, name = line.strip().partition("  ")
             want[name] = digest
-        bad = []
-        for whl in wheels:
-            h = hashlib.sha256()
-            with open(whl, "rb") as fh:
-                for chunk in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(chunk)
-            if want.get(os.path.basename(whl)) != h.hexdigest():
-                bad.append(os.path.basename(whl))
-        missing = sorted(set(want) - {os.path.basename(w) for w in wheels})
-        if bad or missing:
-            print(f"setup: bad wheels {bad}, missing {missing}: resend the parts", file=sys.stderr)
-            return 1
+    if not want:
+        print(
+            f"setup: the bundle in {parts_dir} has no SHA256SUMS (or an empty one), so its wheels cannot be "
+            "checked before they are installed; nothing was installed. Rebuild the parts with "
+            "bench/gpu_bundle.py, which writes it.",
+            file=sys.stderr,
+        )
+        return 2
+    bad = []
+    for whl in wheels:
+        h = hashlib.sha256()
+        with open(whl, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+        if want.get(os.path.basename(whl)) != h.hexdigest():
+            bad.append(os.path.basename(whl))
+    missing = sorted(set(want) - {os.path.basename(w) for w in wheels})
+    if bad or missing:
+        print(f"setup: bad wheels {bad}, missing {missing}: resend the parts", file=sys.stderr)
+        return 1
     t2 = time.time()
-    shutil.rmtree(site, ignore_errors=True)
+    benchsafe.empty(site, SCRIPT)
     env = dict(os.environ, PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1")
     cmd = [
         sys.executable,
@@ -392,8 +407,7 @@ def make_model(arch, out, device=None):
     if os.path.exists(marker) and json.load(open(marker)) == arch:
         print(f"make-model: {out} already holds this shape")
         return 0
-    shutil.rmtree(out, ignore_errors=True)
-    os.makedirs(out)
+    benchsafe.empty(out, SCRIPT)
     eos, pad = SPECIALS["<|im_end|>"], SPECIALS["<|endoftext|>"]
     cfg = transformers.Qwen2Config(
         vocab_size=arch["vocab_size"],
@@ -637,6 +651,8 @@ def _kill_tree(proc, pgid, grace=15):
 def run(args):
     t_start = time.time()
     deadline = t_start + args.timeout
+    benchsafe.plain_name(args.case, "--case")  # (both before anything is written)
+    work = benchsafe.claim(args.work or os.path.join("/tmp/envbuild-ppo", args.case), SCRIPT)
     render = os.path.abspath(args.render)
     if os.path.isdir(os.path.join(render, "h200")) and not os.path.exists(
         os.path.join(render, "envbuild.json")
@@ -645,7 +661,6 @@ def run(args):
     site = os.path.abspath(args.site)
     out_dir = os.path.abspath(args.out)
     os.makedirs(out_dir, exist_ok=True)
-    work = os.path.abspath(args.work or os.path.join("/tmp/envbuild-ppo", args.case))
     json_path = os.path.join(out_dir, args.case + ".json")
     log_path = os.path.join(out_dir, args.case + ".log")
     result = {"case": args.case, "rc": None, "status": "starting", "render": render, "prepare": {}}
@@ -726,9 +741,8 @@ def run(args):
     model_dir = os.path.join(work, "model")
     raw_dir = os.path.join(work, "gsm8k-raw")
     data_dir = os.path.join(work, "data")
-    os.makedirs(work, exist_ok=True)
-    shutil.rmtree(data_dir, ignore_errors=True)
-    shutil.rmtree(raw_dir, ignore_errors=True)
+    benchsafe.remove_in(work, "data")  # (work is its own: claimed above)
+    benchsafe.remove_in(work, "gsm8k-raw")
     save()
     steps = [
         (
@@ -1108,12 +1122,16 @@ def main(argv=None):
     d.add_argument("--test", type=int, required=True)
     sub.add_parser("selftest")
     args = ap.parse_args(argv)
-    if args.cmd == "setup":
-        return setup(args.parts, args.site, args.work, args.force)
-    if args.cmd == "run":
-        return run(args)
-    if args.cmd == "make-model":
-        return make_model(json.loads(args.arch), args.out, args.device)
+    try:
+        if args.cmd == "setup":
+            return setup(args.parts, args.site, args.work, args.force)
+        if args.cmd == "run":
+            return run(args)
+        if args.cmd == "make-model":
+            return make_model(json.loads(args.arch), args.out, args.device)
+    except benchsafe.Refused as e:
+        print(f"{args.cmd}: {e}", file=sys.stderr)
+        return 2
     if args.cmd == "make-data":
         return make_data(args.out, args.train, args.test)
     return selftest()

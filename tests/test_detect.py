@@ -217,7 +217,8 @@ def test_h200_box_gets_h200_and_the_gpu_count_note(m):
     rec = recommend(m, detect(m, FakeNVML("h200")))
     assert rec.profile == "h200"
     assert rec.notes == (
-        "profile h200 trains on 8 GPUs and this machine has 1: run the script with N_GPUS=1",
+        "profile h200 trains on 8 GPUs and this machine has 1: planned for 1 (`envbuild check h200 "
+        "--gpus-per-node 1 --model Qwen/Qwen2.5-1.5B-Instruct`)",
     )
 
 
@@ -227,8 +228,10 @@ def test_driver_too_old_fits_nothing_and_says_the_fix(m):
     [fit] = rec.fits
     assert fit.profile == "a100" and not fit.ok
     assert "driver 470.82.01 is too old for CUDA 12.8: CUDA 12.8 needs >= 570.124.06" in fit.reasons[1].text
-    # no --cuda to suggest: torch 2.8.0 has no build for a CUDA this driver runs
-    assert fit.fixes == ("upgrade the driver to >= 570.124.06",)
+    # no --cuda to suggest: torch 2.8.0 has no build for a CUDA this driver runs; and planned
+    # for the one GPU it has, the profile's 7B model needs another fix too
+    assert fit.fixes[0] == "upgrade the driver to >= 570.124.06"
+    assert [f for f in fit.fixes[1:] if "--model" in f] == list(fit.fixes[1:])
 
 
 def test_unknown_gpu_gets_the_closest_profile_of_its_family(m):
@@ -300,15 +303,20 @@ def test_detect_prints_the_real_h200_run(m):
         k: v for k, v in was.items() if k != "recommendation"
     }
     rec, old = got["recommendation"], was["recommendation"]
-    assert (rec["profile"], rec["notes"]) == (old["profile"], old["notes"])
+    # (its note on the GPU count is now a check command: see the next-but-one test)
+    assert rec["profile"] == old["profile"] and len(rec["notes"]) == len(old["notes"]) == 1
     reasons = rec["candidates"][0]["reasons"]
+    # (planned for its one GPU, the 7B model gives way to a smaller one, and a reason says so)
+    assert reasons.pop(1)["text"] == (
+        "profile h200 as shipped does not fit this machine; with --model Qwen/Qwen2.5-1.5B-Instruct it does"
+    )
     assert reasons[:2] == old["candidates"][0]["reasons"][:2]
     assert old["candidates"][0]["reasons"][2] in reasons
     assert reasons[2] == {
         "ok": None,
         "text": "a newer driver adds nothing: no newer stack resolves on this card",
     }
-    assert reasons[-1]["text"].startswith("Qwen/Qwen2.5-7B-Instruct peaks at ")
+    assert reasons[-1]["text"].startswith("Qwen/Qwen2.5-1.5B-Instruct peaks at ")
 
 
 def test_detect_without_a_gpu_exits_0_and_says_so(m):
@@ -662,3 +670,48 @@ def test_nvidia_smi_printing_other_digits_is_named_not_an_internal_error(tmp_pat
     assert r.exit_code == 0, r.output
     assert "nvidia-smi printed a line envbuild cannot read" in r.output
     assert ascii(row) in r.output and "0-9" in r.output
+
+
+@pytest.mark.parametrize("box", ["h200", "h100-535"])
+def test_the_gpu_count_advice_on_a_one_gpu_box_is_a_check_that_passes(box, cli):
+    """A profile for 8 GPUs on a one-GPU machine: the note's advice is an `envbuild check`
+    command for that one GPU, and it passes (issue 43, item 19: "run the script with N_GPUS=1"
+    was a plan `check h100 --gpus-per-node 1` refuses: 7B does not fit one H100)."""
+    import re
+    import shlex
+
+    code, out = invoke(["detect"], host(box))
+    assert code == 0, out
+    [note] = [line for line in out.splitlines() if "GPUs and this machine has 1" in line]
+    advised = re.search(r"`envbuild (check [^`]+)`", note)
+    assert advised and "--gpus-per-node 1" in advised[1], note
+    code, _, err = cli(*shlex.split(advised[1]))
+    assert code == 0, (advised[1], err)
+
+
+EVIL_NAME = "NVIDIA H200\x1b]0;owned\x07\x1b[2J\x9b31m"
+
+
+class EvilNVML(FakeNVML):
+    def nvmlDeviceGetName(self, h):
+        return EVIL_NAME.encode("utf-8") + b"\xff"  # (and a byte that is no UTF-8)
+
+
+def test_a_gpu_name_reaches_the_terminal_without_its_control_characters(tmp_path):
+    """nvidia-smi's or NVML's GPU name is outside data: detect and doctor show its escapes as
+    text (issue 43, item 28: a terminal title change and a screen clear passed)."""
+    from envbuilder.machine.detect import probe_smi
+
+    def no_nvml_smi(argv):
+        r = smi("h200")(argv)
+        if tuple(argv) == QUERY:
+            r = subprocess.CompletedProcess(argv, 0, r.stdout.replace("NVIDIA H200", EVIL_NAME), "")
+        return r
+
+    assert "\x1b" not in probe_smi(no_nvml_smi).gpus[0].name
+    probes = host("h200")
+    for args in (["detect"], ["doctor", "h200"], ["detect", "--json"]):
+        for p in (Probes(**dict(probes._asdict(), nvml=EvilNVML("h200"))),):
+            code, out = invoke(args, p)
+            assert not any(c in out for c in "\x1b\x07\x9b"), (args, out)
+            assert "\\x1b" in out or "\\\\x1b" in out, (args, out)

@@ -91,3 +91,43 @@ def test_the_emulated_verify_refuses_what_it_cannot_check(args, code, says):
     r = envbuild("verify", *args)
     assert r.returncode == code, r.stdout + r.stderr
     assert says in r.stderr
+
+
+def _rootfs_check(rootfs: Path) -> subprocess.CompletedProcess:
+    """verify's input check of `rootfs` in a child with a time limit (a FIFO hung it for good)."""
+    code = (
+        "import sys; from pathlib import Path; from conftest import resolved; "
+        "from envbuilder.errors import UserError; from envbuilder.machine.emulated import check_inputs\n"
+        "try:\n    check_inputs(resolved('gh200'), 'linux/arm64', Path(sys.argv[1]))\n"
+        "except UserError as e:\n    print(e, file=sys.stderr); sys.exit(2)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'tests'}")
+    return subprocess.run(
+        [sys.executable, "-c", code, str(rootfs)], capture_output=True, text=True, env=env, timeout=30
+    )
+
+
+def test_a_fifo_or_a_link_out_of_the_root_as_its_python3_is_refused_without_waiting(tmp_path):
+    """DIR/usr/bin/python3 a FIFO (issue 43, item 22), or reached through a link that leaves
+    DIR (usr -> the host's /usr): no aarch64 python3, exit 2, nothing read outside DIR."""
+    fifo_root = tmp_path / "fifo"
+    (fifo_root / "usr" / "bin").mkdir(parents=True)
+    os.mkfifo(fifo_root / "usr" / "bin" / "python3.11")
+    (fifo_root / "usr" / "bin" / "python3").symlink_to("python3.11")
+    r = _rootfs_check(fifo_root)
+    assert r.returncode == 2 and "no aarch64 python3" in r.stderr, r.stderr
+    # a link that climbs out of the root: read inside it, as chroot does
+    host = tmp_path / "host" / "usr" / "bin"
+    host.mkdir(parents=True)
+    (host / "python3").write_bytes(
+        b"\x7fELF\x02\x01\x01" + bytes(11) + (183).to_bytes(2, "little") + bytes(8)
+    )
+    out_root = tmp_path / "out"
+    out_root.mkdir()
+    (out_root / "usr").symlink_to(tmp_path / "host" / "usr")
+    r = _rootfs_check(out_root)
+    assert r.returncode == 2 and "no aarch64 python3" in r.stderr, r.stderr
+    (out_root / "usr").unlink()
+    (out_root / "usr").symlink_to("../host/usr")  # (.. from the root's top stays at its top)
+    r = _rootfs_check(out_root)
+    assert r.returncode == 2 and "no aarch64 python3" in r.stderr, r.stderr

@@ -157,3 +157,13 @@ def test_docker_without_buildx_refuses_a_platform_build_with_why(tmp_path):
         pytest.skip("this docker client has buildx")
     assert r.returncode == 2, r.stdout + r.stderr
     assert "Install the buildx plugin" in r.stderr and "--engine buildah or podman" in r.stderr
+
+
+@pytest.mark.parametrize("value", ["", " ", ",", "linux/arm64,", " ,linux/arm64"])
+def test_a_blank_platform_is_refused_not_taken_for_the_default(value, cli):
+    """`--platform ""` (" ", ",") built for the engine's own platform as if no flag were given
+    (issue 43, item 34); a blank entry in a list is refused likewise."""
+    with pytest.raises(UserError, match="--platform .*: an empty platform name"):
+        check_platforms(resolved("gh200"), tuple(value.split(",")), "local")
+    code, _, err = cli("build", "gh200", "--platform", value, "--push", "local", "--engine", "docker")
+    assert code == 2 and "an empty platform name" in err, err

@@ -694,3 +694,53 @@ def test_the_dockerfile_refuses_a_base_image_of_another_python_in_both_stages(re
     text = (rendered["p40"] / "Dockerfile").read_text()
     assert text.count('if [ "$base_python" != 3.10 ]; then') == 2  # builder and runtime
     assert text.count("exit 1;") >= 2
+
+
+def test_concurrent_writes_of_two_variants_into_one_folder_keep_the_record_true(tmp_path, monkeypatch):
+    """Two renders of one profile's variants (`render h100` and `render h100 --algo grpo`) into
+    one -o folder at once: each write read the record, staged, journaled and replaced on its
+    own, so one's journal became the record while the files on disk were the other's, and one
+    swept the other's staging folder away mid-write; the next render then refused its own files
+    as "changed since envbuild wrote them" (issue 43, item 30). Writes to one folder take turns:
+    here the first is held right after its journal while the second starts."""
+    import hashlib
+    import threading
+
+    from envbuilder.errors import EnvbuildError
+    from envbuilder.render import outdir
+
+    out = tmp_path / "out"
+    variants = [{f"f{i:02}.txt": f"variant {v}, file {i}\n" for i in range(20)} for v in (0, 1)]
+    outdir.write_dir(out, variants[1])  # (a folder envbuild wrote)
+    held, go, errors = threading.Event(), threading.Event(), []
+    journal = outdir.write_text_atomic
+
+    def slow_journal(*args, **kwargs):
+        journal(*args, **kwargs)
+        if threading.current_thread().name == "first":
+            held.set()
+            go.wait(10)
+
+    monkeypatch.setattr(outdir, "write_text_atomic", slow_journal)
+
+    def write(files):
+        try:
+            outdir.write_dir(out, files)
+        except (EnvbuildError, OSError) as e:
+            errors.append(e)
+
+    first = threading.Thread(target=write, args=(variants[0],), name="first")
+    first.start()
+    assert held.wait(10)
+    second = threading.Thread(target=write, args=(variants[1],), name="second")
+    second.start()
+    second.join(1.0)  # (it waits for the first's turn to end, or has run into its write)
+    go.set()
+    first.join(30)
+    second.join(30)
+    assert not errors, errors
+    record = json.loads((out / outdir.RECORD).read_text())["files"]
+    on_disk = {n: hashlib.sha256((out / n).read_bytes()).hexdigest() for n in record}
+    assert record == on_disk and set(record) == set(variants[1])  # the second wrote last
+    for files in variants:  # each variant again: the folder is still envbuild's own
+        outdir.write_dir(out, files)

@@ -65,7 +65,7 @@ from envbuilder.model.resolved import Overrides
     "--platform",
     "platforms",
     metavar="OS/ARCH[,...]",
-    callback=lambda _ctx, _param, value: tuple((value or "").split(",")) if value else (),
+    callback=lambda _ctx, _param, value: tuple(value.split(",")) if value is not None else (),
     help="Build for these OCI platforms (the profile's host's: linux/amd64, or linux/arm64 for "
     "GH200/GB200; another CPU's under QEMU) and push one manifest list by digest (needs --push).",
 )

@@ -96,7 +96,13 @@ def check_platforms(env: ResolvedEnv, platforms: tuple[str, ...], push_to: str |
     (GH200 and GB200 aarch64, the others x86_64). A list is pushed, so --push is needed."""
     from envbuilder.render.pixi import OCI_PLATFORMS
 
-    wanted = tuple(dict.fromkeys(p.strip() for p in platforms if p.strip()))
+    if any(not p.strip() for p in platforms):  # (`--platform ""` is no request for the default)
+        raise UserError(
+            f"--platform {','.join(platforms)!r}: an empty platform name (the flag given blank, or "
+            "a ',' with nothing beside it). Name each OCI platform (linux/amd64, linux/arm64, "
+            "comma-separated), or leave --platform out to build for the engine's own."
+        )
+    wanted = tuple(dict.fromkeys(p.strip() for p in platforms))
     if not wanted:
         return ()
     known = {v: k for k, v in OCI_PLATFORMS.items()}

@@ -20,6 +20,7 @@ from envbuilder.model.matrix import cc_runs
 from envbuilder.model.resolved import Overrides, ResolvedEnv
 from envbuilder.model.versions import is_driver_version
 from envbuilder.record import Record
+from envbuilder.text import printable
 
 QUERY = (
     "nvidia-smi",
@@ -69,7 +70,9 @@ class NoGpu(Exception):
 
 
 def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    """A value NVML or nvidia-smi reported, as envbuild may print it: its control characters
+    (a terminal's escapes) shown as text, bytes that are no UTF-8 as \ufffd."""
+    return printable(value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value))
 
 
 def cuda_from_int(version: int) -> str:
@@ -121,7 +124,7 @@ def run_command(argv: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
 
 def _first_line(out: subprocess.CompletedProcess[str]) -> str:
     lines = [l.strip() for l in (out.stdout + "\n" + out.stderr).splitlines() if l.strip()]
-    return lines[0] if lines else f"exit status {out.returncode}"
+    return printable(lines[0]) if lines else f"exit status {out.returncode}"
 
 
 def _unreadable(line: str) -> NoGpu:
@@ -153,7 +156,7 @@ def parse_query(text: str, with_cc: bool = True) -> tuple[list[Gpu], str | None]
             raise _unreadable(line)
         cc = cc if cc and re.fullmatch(r"[0-9]{1,2}\.[0-9]{1,2}", cc) else None
         gpus.append(
-            Gpu(int(index), name, cc, int(mem) if re.fullmatch(r"[0-9]{1,9}", mem) else 0)
+            Gpu(int(index), _text(name), cc, int(mem) if re.fullmatch(r"[0-9]{1,9}", mem) else 0)
         )  # ([N/A]: 0)
     return gpus, driver
 
@@ -265,8 +268,11 @@ def runnable_archs(cc: str, archs: Sequence[str]) -> list[str]:
     return [a for a in archs if cc_runs(cc, [a])]
 
 
-def fit_profile(m: Matrix, name: str, gpu: Gpu, driver: str | None, cuda: str | None) -> Fit:
-    """Does profile `name` fit this GPU and driver? Each reason says what was compared."""
+def fit_profile(
+    m: Matrix, name: str, gpu: Gpu, driver: str | None, cuda: str | None, count: int | None = None
+) -> Fit:
+    """Does profile `name` fit this GPU and driver (and `count` of them, when the machine has
+    fewer than the profile trains on)? Each reason says what was compared."""
     p = m.profiles[name]
     pgpu = m.gpus[p["gpu"]]
     reasons: list[Reason] = []
@@ -288,7 +294,9 @@ def fit_profile(m: Matrix, name: str, gpu: Gpu, driver: str | None, cuda: str | 
     planned = planned_mib(m, p["gpu"])
     resized = bool(measured and measured != planned)
     flags = f" --gpu-memory {measured}" if resized else ""
-    ov = Overrides(driver=driver, gpu_memory=measured if resized else None)
+    fewer = count if count and count < p["train"]["n_gpus"] else None  # (planned for the GPUs it has)
+    flags += f" --gpus-per-node {fewer}" if fewer else ""
+    ov = Overrides(driver=driver, gpu_memory=measured if resized else None, gpus_per_node=fewer)
     try:
         env, changed = resolve_or_fix(m, name, ov)
     except ResolveError as e:
@@ -388,6 +396,10 @@ def upgrade_path(m: Matrix, name: str, env: ResolvedEnv, driver: str) -> str:
     return "; ".join(parts) or "a newer driver adds nothing: no newer stack resolves on this card"
 
 
+# what the machine decides: a fix that changes one is no fix for this machine
+MACHINE_FLAGS = frozenset({"driver", "ecc", "gpu_memory"})
+
+
 def resolve_or_fix(m: Matrix, name: str, ov: Overrides) -> tuple[ResolvedEnv, str]:
     """The profile on this machine, and the flags it needs beyond the machine's own: where it
     is refused, the first of the refusal's fixes (each checked to resolve) that changes neither
@@ -401,7 +413,7 @@ def resolve_or_fix(m: Matrix, name: str, ov: Overrides) -> tuple[ResolvedEnv, st
     for v in refused.violations:
         for alt in alternatives(v.fix):
             flags = concrete(m, alt)
-            if not flags or set(flags) & {"driver", "ecc", "gpu_memory"}:
+            if not flags or set(flags) & (MACHINE_FLAGS | ({"gpus_per_node"} if ov.gpus_per_node else set())):
                 continue
             try:
                 return resolve(m, name, applied(ov, flags)), render_flags(flags)
@@ -446,7 +458,8 @@ def recommend(m: Matrix, machine: Machine) -> Recommendation:
             "it and the matrix has no such GPU): add it to gpus in a --matrix-dir overlay"
         )
         return Recommendation(gpu, None, (), tuple(notes))
-    fits = [fit_profile(m, n, gpu, machine.driver, machine.cuda) for n in candidates(m, gpu)]
+    count = len(machine.gpus)
+    fits = [fit_profile(m, n, gpu, machine.driver, machine.cuda, count) for n in candidates(m, gpu)]
     fits.sort(key=lambda f: not f.ok)  # stable: the closest fitting profile first
     best = fits[0].profile if fits and fits[0].ok else None
     if not fits:
@@ -457,10 +470,10 @@ def recommend(m: Matrix, machine: Machine) -> Recommendation:
         )
     if best:
         n_gpus = m.profiles[best]["train"]["n_gpus"]
-        if len(machine.gpus) < n_gpus:
+        if count < n_gpus:  # (the fit planned for `count`: its flags say so, and resolve)
             notes.append(
-                f"profile {best} trains on {n_gpus} GPUs and this machine has "
-                f"{len(machine.gpus)}: run the script with N_GPUS={len(machine.gpus)}"
+                f"profile {best} trains on {n_gpus} GPUs and this machine has {count}: "
+                f"planned for {count} (`envbuild check {best}{fits[0].flags}`)"
             )
     return Recommendation(gpu, best, tuple(fits), tuple(notes))
 

@@ -69,15 +69,42 @@ print(json.dumps(out))
 
 
 def elf_machine(path: Path) -> int | None:
-    """The e_machine of an ELF file (following links inside its root), or None."""
+    """The e_machine of an ELF file, or None: a regular file only (a FIFO would wait for a
+    writer for good), not through a link (in_root resolves those inside the root)."""
+    from envbuilder.limits import open_regular
+
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, follow=False) as f:
             head = f.read(20)
-    except OSError:
+    except (OSError, ValueError):  # (NotRegularFile is a ValueError)
         return None
     if len(head) < 20 or head[:4] != b"\x7fELF":
         return None
     return int.from_bytes(head[18:20], "little" if head[5] == 1 else "big")
+
+
+def in_root(rootfs: Path, path: str) -> Path | None:
+    """`path` as chroot into `rootfs` finds it: every link on the way read inside the root (an
+    absolute target from its top, `..` never above it), never followed out; None after 40 links."""
+    todo = [p for p in path.split("/") if p not in ("", ".")]
+    done: list[str] = []
+    links = 0
+    while todo:
+        part = todo.pop(0)
+        if part == "..":
+            done = done[:-1]
+            continue
+        here = rootfs.joinpath(*done, part)  # (done holds no link: lstat looks at `part` only)
+        if not here.is_symlink():
+            done.append(part)
+            continue
+        links += 1
+        if links > 40:
+            return None
+        link = os.readlink(here)
+        done = [] if link.startswith("/") else done
+        todo = [p for p in link.split("/") if p not in ("", ".")] + todo
+    return rootfs.joinpath(*done)
 
 
 def check_inputs(env: ResolvedEnv, platform: str, rootfs: Path) -> None:
@@ -91,13 +118,9 @@ def check_inputs(env: ResolvedEnv, platform: str, rootfs: Path) -> None:
             f"(gh200, gb200); {env.name} is {OCI_PLATFORMS[env.gpu.machine]}, which plain "
             f"`envbuild verify {env.name}` checks natively."
         )
-    python = target = rootfs / "usr" / "bin" / "python3"
-    for _ in range(8):  # (its links read inside the root, never out of it)
-        if not target.is_symlink():
-            break
-        link = os.readlink(target)
-        target = rootfs / link.lstrip("/") if link.startswith("/") else target.parent / link
-    if elf_machine(target) != EM_AARCH64:
+    python = rootfs / "usr" / "bin" / "python3"
+    target = in_root(rootfs, "usr/bin/python3")
+    if target is None or elf_machine(target) != EM_AARCH64:
         raise UserError(
             f"--rootfs {rootfs}: no aarch64 python3 at {python}. Make one with `debootstrap "
             "--arch=arm64 --variant=minbase --include=python3 bookworm DIR` (QEMU runs its "

@@ -656,8 +656,10 @@ def plan(
         p["fits"] = fits(
             s, p["bytes"], p["budget_gib"], margin=False, exempt=p.get("exempt_bytes", 0), key=key
         )
-        if not p["fits"]:
-            problems.append({"phase": p["phase"], "gib": p["total_gib"], "budget_gib": p["budget_gib"]})
+        if not p["fits"]:  # (the need as fits() compared it: the allocator's overhead added)
+            exempt = p.get("exempt_bytes", 0)
+            need = ((p["bytes"] - exempt) * (1 + overhead(s, key)) + exempt) / GIB
+            problems.append({"phase": p["phase"], "gib": round(need, 3), "budget_gib": p["budget_gib"]})
 
     g = batch["generation"]
     sizes = {

@@ -393,6 +393,7 @@ class _Resolver:
         if critic_free:
             fix = f"use --algo grpo (no critic to train: it fits); or {fix}"
         worst = max(mem["problems"], key=lambda p: p["gib"] - p["budget_gib"])
+        card = self.m.gpus[self.named.gpu] if self.named.gpu else gpu  # (the card asked for: its memory)
         phase = next(p for p in mem["phases"] if p["phase"] == worst["phase"])
         top = sorted(phase["terms"], key=lambda t: -t["gib"])[:3]
         why = (
@@ -404,7 +405,7 @@ class _Resolver:
         )
         self.add(
             "memory",
-            f"{train['model']} does not fit the {gpu['name']} "
+            f"{train['model']} does not fit the {card['name']} "
             f"({mem['gpu_total_gib']:.0f} GiB) even at batch 1",
             why,
             fix,

@@ -303,17 +303,63 @@ def write_dir(
     would replace is not envbuild's or was edited, unless `force`, or when a placed file is not
     what its manifest names (then nothing of this write stays). `check_only`: the refusals
     alone, nothing written (a command that writes the folder at its end asks first); `option`:
-    the flag that names another place, as the refusals say it."""
+    the flag that names another place, as the refusals say it.
+
+    Writes into one folder take turns (an exclusive flock on the folder, held from reading the
+    record to making the journal the record): two at once each read the record, journaled their
+    own files and swept the other's staging folder, so the record named one write's files while
+    the folder held the other's, and the next write refused them as edited."""
+    import fcntl
+
     out_dir = Path(out_dir)
-    links = dict(links or {})
-    if not all(isinstance(src, Checked) for src in links.values()):
-        raise TypeError("write_dir places only Checked files")
-    names = {str(safe_relpath(n)): n for n in [*files, *links]}
     _refuse_links_on_the_way(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(
             f"{out_dir} exists and is not a directory. Pass {option} a new directory or one envbuild wrote."
         )
+    made = _missing_folders(out_dir)  # (removed again, while empty, when this write fails)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        _remove_while_empty(made)
+        raise ActionError(
+            f"Cannot write into {out_dir}: {e.strerror}. Check the path, its permissions and free space."
+        ) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # (released when fd closes, also when the process dies)
+        return _write_dir_in_turn(out_dir, files, links, executable, force, False, option)
+    except BaseException:
+        _remove_while_empty(made)
+        raise
+    finally:
+        os.close(fd)
+
+
+def _remove_while_empty(folders: list[Path]) -> None:
+    """The folders a write made (deepest first), each removed while it is empty."""
+    for p in folders:
+        try:
+            p.rmdir()
+        except OSError:
+            break
+
+
+def _write_dir_in_turn(
+    out_dir: Path,
+    files: dict[str, str],
+    links: Mapping[str, Checked] | None,
+    executable: frozenset[str] | set[str],
+    force: bool,
+    check_only: bool,
+    option: str,
+) -> list[Path]:
+    """write_dir's work, with the folder made and its lock held (write_dir removes the folders
+    it made when this fails); with `check_only`, its refusals alone."""
+    links = dict(links or {})
+    if not all(isinstance(src, Checked) for src in links.values()):
+        raise TypeError("write_dir places only Checked files")
+    names = {str(safe_relpath(n)): n for n in [*files, *links]}
     record, journal = out_dir / RECORD, out_dir / JOURNAL
     if out_dir.is_dir():
         clean_debris(out_dir)
@@ -380,6 +426,8 @@ def write_dir(
         )
     if check_only:
         return []
+    if check_only:
+        return []
     # files of the last write that this one no longer has, unchanged since: removed at the end
     stale = [
         n
@@ -400,20 +448,9 @@ def write_dir(
     ):
         return [out_dir / n for n in sorted(files)]  # a re-render that changes nothing writes nothing
 
-    made = _missing_folders(out_dir)  # removed again when this write fails
-
-    def undo_folders() -> None:
-        for p in made:
-            try:
-                p.rmdir()  # (only while empty)
-            except OSError:
-                break
-
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
         stage = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out_dir))
     except OSError as e:
-        undo_folders()
         raise ActionError(
             f"Cannot write into {out_dir}: {e.strerror}. Check the path, its permissions and free space."
         ) from None
@@ -447,7 +484,6 @@ def write_dir(
             os.replace(stage / name, target)
     except OSError as e:
         shutil.rmtree(stage, ignore_errors=True)
-        undo_folders()
         raise ActionError(
             f"Cannot write {out_dir}: {e.strerror}. Check free space and permissions, "
             "then run the command again: it finishes or undoes this write (files "
@@ -455,7 +491,6 @@ def write_dir(
         ) from None
     except EnvbuildError:  # a placed file that is not what its manifest names: nothing moved yet
         shutil.rmtree(stage, ignore_errors=True)
-        undo_folders()
         raise
     for name in stale:
         try:
