@@ -426,8 +426,6 @@ def _write_dir_in_turn(
         )
     if check_only:
         return []
-    if check_only:
-        return []
     # files of the last write that this one no longer has, unchanged since: removed at the end
     stale = [
         n
