@@ -100,9 +100,39 @@ def test_rollout_n_and_the_world_scale_the_share_of_each_gpu():
     assert not any("critic" in v or ".ref." in v for v in violations(bad, engine=True))
 
 
-def test_dynamic_batches_are_not_judged_by_counts():
-    cfg = config(actor_rollout_ref__actor__use_dynamic_bsz=True, trainer__n_gpus_per_node=3)
-    assert violations(cfg, engine=True) == []
+def dynamic(**over):
+    """config() with the actor's token budgets on (verl.yaml speed): 1024 + 1024 tokens."""
+    base = {
+        "data__max_prompt_length": 1024,
+        "data__max_response_length": 1024,
+        "actor_rollout_ref__actor__use_dynamic_bsz": True,
+        "actor_rollout_ref__actor__ppo_max_token_len_per_gpu": 65536,
+        "actor_rollout_ref__actor__ppo_micro_batch_size_per_gpu": 7,  # (not a divisor: unused)
+        "actor_rollout_ref__rollout__log_prob_use_dynamic_bsz": True,
+        "actor_rollout_ref__rollout__log_prob_max_token_len_per_gpu": 2048,
+        "actor_rollout_ref__rollout__log_prob_micro_batch_size_per_gpu": 7,
+        "actor_rollout_ref__ref__log_prob_max_token_len_per_gpu": 4096,
+    }
+    return config(**dict(base, **over))
+
+
+def test_dynamic_batches_are_judged_by_their_token_budgets_not_by_counts():
+    assert violations(dynamic(), engine=True) == []
+    short = violations(dynamic(actor_rollout_ref__ref__log_prob_max_token_len_per_gpu=2047), engine=True)
+    assert [v for v in short if "ref.log_prob_max_token_len_per_gpu=2047" in v and "2048" in v] == short != []
+    unset = dynamic()
+    del unset["actor_rollout_ref"]["actor"]["ppo_max_token_len_per_gpu"]
+    assert any("ppo_max_token_len_per_gpu is not set" in v for v in violations(unset, engine=True))
+    apart = violations(dynamic(actor_rollout_ref__rollout__log_prob_use_dynamic_bsz=False), engine=True)
+    assert any("asserts they are equal" in v for v in apart)
+    # what verl asserts whatever the micro-batches still holds: the rollout divides over the world
+    assert any(
+        "does not divide over 3 GPUs" in v
+        for v in violations(dynamic(trainer__n_gpus_per_node=3), engine=True)
+    )
+    # and the critic, whose engine keeps its own count-based micro-batches, is still judged
+    odd_critic = dynamic(critic__fsdp__micro_batch_size_per_gpu=7)
+    assert any("critic" in v for v in violations(odd_critic, engine=True))
 
 
 def test_the_memory_plan_picks_log_prob_micro_batches_that_divide_on_engine_releases():
@@ -159,10 +189,15 @@ def test_every_default_render_on_the_engine_releases_passes_the_arithmetic(verl_
             cfg = compose_run_config(verl_trees[env.verl.version], run_script_overrides(script, world))
             plain = OmegaConf.to_container(cfg, resolve=True)
             assert violations(plain, engine=True, critic_engine=env.verl.critic_fsdp) == [], (algo, topo)
-            # and the same script with the plan's old log-prob size (not a divisor) is refused
-            per_gpu = env.memory["rollout_batch_per_gpu"]
-            odd = next((b for b in range(per_gpu - 1, 0, -1) if per_gpu % b), per_gpu + 1)
-            plain["actor_rollout_ref"]["rollout"]["log_prob_micro_batch_size_per_gpu"] = odd
+            if env.features.dynamic_bsz:
+                # token budgets: one shorter than a whole sequence is refused
+                seq = env.train.max_prompt_length + env.train.max_response_length
+                plain["actor_rollout_ref"]["rollout"]["log_prob_max_token_len_per_gpu"] = seq - 1
+            else:
+                # the same script with the plan's old log-prob size (not a divisor) is refused
+                per_gpu = env.memory["rollout_batch_per_gpu"]
+                odd = next((b for b in range(per_gpu - 1, 0, -1) if per_gpu % b), per_gpu + 1)
+                plain["actor_rollout_ref"]["rollout"]["log_prob_micro_batch_size_per_gpu"] = odd
             assert violations(plain, engine=True, critic_engine=env.verl.critic_fsdp)
             checked += 1
     assert checked == 4

@@ -39,7 +39,12 @@ def setup_of(profile: str):
     env = resolved(profile).to_dict()
     total = m.memory["total_mib"].get(env["gpu"]["key"])
     consts = dict(m.memory, total_gib=total["mib"] / 1024 if total else float(env["gpu"]["vram_gb"]))
-    return memory.setup(env, m.models[env["train"]["model"]], consts, m.datasets["gsm8k"]["rows"]["test"])
+    s = memory.setup(env, m.models[env["train"]["model"]], consts, m.datasets["gsm8k"]["rows"]["test"])
+    # what the harness ran (bench/memory_gpu.py, 2026-12-03): HF generate, and verl's
+    # log-probs over the materialised logits; the fused kernels and vLLM's sampler, which the
+    # verl 0.9.1 renders plan since, are held to the H100 run of tests/fixtures/gpu/speed/
+    s.fused, s.sampler_copies = None, 0
+    return s
 
 
 def measured_peak(run: dict) -> int:
@@ -136,6 +141,10 @@ def test_the_planned_sizes_fit_and_twice_the_generation_batch_does_not(profile):
         "actor": plan["batch"]["actor_ppo_micro_batch_size_per_gpu"],
         "critic": plan["batch"]["critic_ppo_micro_batch_size_per_gpu"],
     }
+    if resolved(profile).features.fused_kernels:
+        # planned for verl's fused log-prob kernels, which these runs predate: the H100 run of
+        # tests/fixtures/gpu/speed/ holds those sizes (test_speed_records.py)
+        del sizes["log_prob"], sizes["actor"]
     for key, planned in sizes.items():
         if (profile, key) in UNCHECKED:
             continue

@@ -20,6 +20,10 @@ legacy workers (0.4-0.7) split with a remainder, so there only the update's spli
                engine: D % log_prob_micro_batch_size_per_gpu == 0 (rollout and ref), and the
                critic's values at its engine's infer micro-batch; the critic's engine must not
                be left on its dynamic default, or the plan's critic micro-batch is not what runs
+  budgets      with actor.use_dynamic_bsz (verl.yaml `speed`), the actor's update and every
+               log-prob pass take token budgets instead: each budget ≥ max_prompt_length +
+               max_response_length (utils/seqlen_balancing.py raises on a longer sequence), and
+               rollout.log_prob_use_dynamic_bsz equals the actor's flag (engine_workers.py)
 """
 
 from __future__ import annotations
@@ -66,8 +70,9 @@ def violations(cfg: Mapping[str, Any], engine: bool, critic_engine: str = "criti
     """What verl's workers would refuse in this composed config, one sentence each (empty: none).
     `critic_engine`: where the release keeps the critic's engine settings."""
     out: list[str] = []
-    if lookup(cfg, "actor_rollout_ref.actor.use_dynamic_bsz", False) is True:
-        return out  # token-based micro-batches: nothing here divides by a count
+    dynamic = lookup(cfg, "actor_rollout_ref.actor.use_dynamic_bsz", False) is True
+    if dynamic:
+        out += _budget_violations(cfg)
     world = (_int(cfg, "trainer.n_gpus_per_node") or 1) * (_int(cfg, "trainer.nnodes") or 1)
     n = _int(cfg, "actor_rollout_ref.rollout.n") or 1
     batch = _int(cfg, "data.train_batch_size")
@@ -80,7 +85,8 @@ def violations(cfg: Mapping[str, Any], engine: bool, critic_engine: str = "criti
         )
         return out
     per_gpu = batch * n // world
-    roles = [("actor", "actor_rollout_ref.actor")]
+    # (token budgets: the actor's update and its log-probs divide nothing by a count)
+    roles = [] if dynamic else [("actor", "actor_rollout_ref.actor")]
     if uses_critic(cfg):
         roles.append(("critic", "critic"))
     for role, root in roles:
@@ -124,8 +130,8 @@ def violations(cfg: Mapping[str, Any], engine: bool, critic_engine: str = "criti
             )
     if not engine:
         return out
-    infer = ["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"]
-    if uses_reference(cfg):
+    infer = [] if dynamic else ["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"]
+    if uses_reference(cfg) and not dynamic:
         infer.append("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu")
     if uses_critic(cfg):
         infer.append(f"{critic_engine}.infer_micro_batch_size_per_gpu")
@@ -140,5 +146,37 @@ def violations(cfg: Mapping[str, Any], engine: bool, critic_engine: str = "criti
                 f"{key}={micro} does not divide the {per_gpu} samples each GPU holds "
                 f"(train_batch_size {batch} × rollout.n {n} / {world} GPUs): verl's engine asserts "
                 "'data size must be divisible by force_group_size * micro_batch_size_per_gpu'"
+            )
+    return out
+
+
+# the token budgets of use_dynamic_bsz and where the release reads each (engine_workers.py
+# 616-636: the rollout's log-prob flag must equal the actor's)
+BUDGETS = (
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
+    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",
+)
+
+
+def _budget_violations(cfg: Mapping[str, Any]) -> list[str]:
+    """With use_dynamic_bsz: each token budget holds one whole sequence (verl's
+    utils/seqlen_balancing.py raises when a sequence is longer than the budget), and the
+    rollout's log-prob flag follows the actor's (engine_workers.py asserts it)."""
+    out = []
+    seq = (_int(cfg, "data.max_prompt_length") or 0) + (_int(cfg, "data.max_response_length") or 0)
+    if lookup(cfg, "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", False) is not True:
+        out.append(
+            "actor_rollout_ref.actor.use_dynamic_bsz is True but rollout.log_prob_use_dynamic_bsz is not "
+            "(verl's engine worker asserts they are equal)"
+        )
+    for key in BUDGETS:
+        budget = _int(cfg, key)
+        if budget is None:
+            out.append(f"{key} is not set (use_dynamic_bsz needs a token budget)")
+        elif budget < seq:
+            out.append(
+                f"{key}={budget} tokens is less than one sequence (max_prompt_length + "
+                f"max_response_length = {seq}): verl's seqlen_balancing raises"
             )
     return out

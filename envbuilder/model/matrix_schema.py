@@ -281,6 +281,18 @@ VERL = {
     "trainer_v1?": {"key": S.HYDRA_KEY, "why": WHY, "source": SOURCE},
     # vLLM's torch.compile cache, which the release turns off for its Ray workers unless the
     # launching shell sets `env`: the run script keeps it on (`value`) from torch `min_torch` up
+    # the speed settings of its training path (runplan.py, memory.py): fused log-prob/entropy
+    # kernels (the first backend whose compute-capability floor the card meets) and token-budget
+    # micro-batches
+    "speed?": {
+        "fused_kernels": S.ListOf(
+            {"backend": S.Pattern(r"triton|torch", "triton"), "min_compute_capability": S.CC}
+        ),
+        "fused_why": WHY,
+        "dynamic_bsz": bool,
+        "dynamic_why": WHY,
+        "source": SOURCE,
+    },
     "compile_cache?": {
         "env": ENV_NAME,
         "value": ENV_VALUE,
@@ -352,6 +364,10 @@ ALLOC_CONF = {
     "value": S.ALLOC_CONF,
     "why": WHY,
     "not_with_rollouts": S.MapOf(WHY, key=S.Pattern(r"hf|vllm|sglang", "vllm")),
+    # rollout releases from `min` that take it whatever the card (features.yaml says why)
+    "with_rollouts?": S.MapOf(
+        {"min": S.VERSION, "why": WHY, "source": SOURCE}, key=S.Pattern(r"hf|vllm|sglang", "vllm")
+    ),
     "source": SOURCE,
 }
 # micro_batch_size_per_gpu: optional; an upper bound on every planned micro-batch (the plan picks
@@ -429,6 +445,7 @@ MEMORY = {
     "hf_generate_overhead": float,
     "margin": float,
     "validation_share": float,
+    "max_micro_tokens?": int,
     "source": SOURCE,
 }
 # endpoints, tried in order: registries (HOST[:PORT][/PREFIX]) by the registry they stand in

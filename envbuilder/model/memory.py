@@ -81,6 +81,21 @@ EAGER_TRAIN_COPIES = 1.0
 # the rest (measured 1.11 to 1.41 on 0.5B models, at least 1.30 on the 7B)
 PREFILL_FACTOR = 1.45
 ROLLOUT_N = 1  # actor_rollout_ref.rollout.n where the plan is not told (GAE: one response)
+# verl's fused log-prob/entropy kernels (use_fused_kernels; verl 0.9.1
+# verl/utils/kernel/kernels.py): no (tokens, vocabulary) logits. Per token the forward keeps
+# fp32 running maxima, sums and entropy terms for each 1024-column split of the vocabulary
+# (3 × ceil(V/1024) × 4 B) and its log-prob and entropy; the backward splits d_logits along the
+# vocabulary, FUSED_DLOGITS_COLUMNS columns at a time in the compute dtype, and returns the
+# hidden states' gradient in fp32; the lm_head's gradient is one vocabulary × hidden fp32 tensor.
+FUSED_DLOGITS_COLUMNS = 9504
+# the torch backend (verl/utils/experimental/torch_functional.py FusedLinearForPPO, chunk_size
+# 512): one chunk's fp32 logits, their log-softmax and the entropy's softmax × logits product
+FUSED_CHUNK_TOKENS = 512
+FUSED_CHUNK_COPIES = 4
+# vLLM's sampler at the last decode step: the next-token logits in fp32 and the copies its
+# sampling makes of them (temperature-scaled logits, probabilities, log-probs for the
+# log-probs verl asks back, the sampled result's gather), [running requests × vocabulary] each
+VLLM_SAMPLER_COPIES = 5
 
 
 class Arch:
@@ -171,7 +186,17 @@ class Setup:
         self.base_bytes = 2 if (self.lora and t.get("actor_model_dtype") == "bf16") else 4
         self.ckpt = t["gradient_checkpointing"]
         self.util = t["gpu_memory_utilization"]
+        # vLLM's sampler at its last decode step (HF generate holds one logits row a sequence)
+        self.sampler_copies = VLLM_SAMPLER_COPIES if self.rollout == "vllm" else 0
+        # verl's fused log-prob/entropy kernels (a backend, or None: the logits materialised)
+        # (the resolver passes it; a resolved environment holds it in its features)
+        feats = env.get("features")
+        self.fused = env.get("fused_kernels", feats.get("fused_kernels") if isinstance(feats, dict) else None)
         self.cap = t.get("micro_batch_size_per_gpu")  # an optional upper bound from the profile
+        if self.fused and consts.get("max_micro_tokens"):
+            # token budgets: a micro-batch takes at most max_micro_tokens (and one whole sequence)
+            by_tokens = max(1, consts["max_micro_tokens"] // self.seq)
+            self.cap = min(self.cap, by_tokens) if self.cap else by_tokens
         # compute bytes of the actor/critic (fp32 where the GPU has no bf16: see the run script)
         self.c = 2 if self.dtype == "bf16" else 4
         # inference bytes (vLLM and the reference run in fp16 where bf16 is missing)
@@ -370,12 +395,44 @@ def _train_work(s: Setup, b: int, logits: bool) -> list[Term]:
                 n_layers * b * a.a * s.seq**2 * (4 + c) * EAGER_TRAIN_COPIES,
             )
         )
-    if logits:
+    if logits and s.fused:
+        out.append(_fused_term(s, T, backward=True))
+    elif logits:
         k = LOGIT_COPIES_TRAIN
         out.append(
             Term("logits", f"{b}×{s.seq} tokens × {a.V} vocab × {c} B × {k:g} copies", T * a.V * c * k)
         )
     return _work(out)
+
+
+def _fused_term(s: Setup, T: int, backward: bool) -> Term:
+    """verl's fused log-prob/entropy kernels at T tokens. torch (FusedLinearForPPO): one chunk
+    of FUSED_CHUNK_TOKENS tokens' fp32 logits and the copies its log-softmax and entropy make,
+    at a time; triton (linear_cross_entropy): fp32 partials for each 1024-column split of the
+    vocabulary, and in backward a FUSED_DLOGITS_COLUMNS-wide slice of d_logits. Both return
+    each token's log-prob and entropy in fp32 and, in backward, the hidden states' gradient in
+    fp32 and lm_head's as one vocabulary × hidden fp32 tensor."""
+    a, c = s.arch, s.c
+    if s.fused == "torch":
+        chunk = min(FUSED_CHUNK_TOKENS, T)
+        k = FUSED_CHUNK_COPIES
+        per_token, fixed = 8, chunk * a.V * 4 * k
+        what = f"{T} tokens × 8 B + a {chunk}-token chunk × {a.V} vocab × 4 B × {k} copies"
+    else:
+        splits = -(-a.V // 1024)
+        per_token, fixed = 3 * splits * 4 + 8, 0
+        what = f"{T} tokens × (3 × {splits} splits × 4 B + 8 B)"
+        if backward:
+            cols = min(FUSED_DLOGITS_COLUMNS, a.V)
+            per_token += cols * c
+            what += f" + {cols} d_logits columns × {c} B a token"
+    if not backward:
+        return Term(f"fused log-probs ({s.fused})", what, T * per_token + fixed)
+    return Term(
+        f"fused log-probs ({s.fused}), backward",
+        f"{what} + {T} tokens × {a.H} × 4 B + lm_head gradient {a.V} × {a.H} × 4 B",
+        T * (per_token + a.H * 4) + fixed + a.V * a.H * 4,
+    )
 
 
 def _nograd_work(s: Setup, b: int) -> list[Term]:
@@ -389,6 +446,9 @@ def _nograd_work(s: Setup, b: int) -> list[Term]:
                 b * a.a * s.seq**2 * (4 + c),
             )
         )
+    if s.fused:
+        out.append(_fused_term(s, T, backward=False))
+        return _work(out)
     k = ENTROPY_COPIES[c]
     out.append(
         Term(
@@ -405,7 +465,13 @@ def generate_work(s: Setup, b: int) -> tuple[str, list[Term]]:
     step (the full cache); whichever is larger."""
     a, g, p = s.arch, s.g, s.prompt
     kvt = a.kv_bytes_per_token(g)
-    last_logits = Term("next-token logits", f"{b} × {a.V} vocab × (4+4+{g}) B", b * a.V * (8 + g))
+    if s.sampler_copies:
+        k = s.sampler_copies
+        last_logits = Term(
+            "sampler", f"{b} running × {a.V} vocab × 4 B × {k} copies (vLLM's sampler)", b * a.V * 4 * k
+        )
+    else:
+        last_logits = Term("next-token logits", f"{b} × {a.V} vocab × (4+4+{g}) B", b * a.V * (8 + g))
     n_mlp = 3 + (1 if (s.lora and s.rollout == "hf") else 0)
     mlp = PREFILL_FACTOR * b * p * n_mlp * a.I * g
     scores = b * a.a * p**2 * (4 + g) if s.eager else 0

@@ -149,6 +149,45 @@ def _stored_plan(inputs: list[Any], compute: Callable[[], dict[str, Any]]) -> di
     return json.loads(sealed_text("plan", h.hexdigest(), lambda: json.dumps(compute())))  # type: ignore[no-any-return]
 
 
+def speed_notes(verl: Mapping[str, Any], s: "Selection", remove_padding: bool) -> tuple[str, ...]:
+    """Why each speed setting of the run is what it is, one sentence each (the run script's
+    SPEED lines): remove padding, the fused log-prob kernels, token-budget micro-batches."""
+    speed = verl.get("speed") or {}
+    v = s.verl_v
+    out = []
+    if remove_padding:
+        out.append(
+            "remove padding on: flash-attn's varlen attention runs packed sequences without their padding"
+        )
+    elif not s.feats.get("remove_padding", True):
+        out.append(
+            f"remove padding off: verl unpads through flash-attn's varlen kernels, which need CC 8.0 "
+            f"(this card is CC {s.cc}); {s.attention} attention runs each micro-batch padded"
+        )
+    else:
+        out.append(
+            f"remove padding off: {s.attention} attention has no varlen path for packed sequences in verl {v} "
+            "(flash-attn has: `--with flash-attn` turns it on), so micro-batches are padded"
+        )
+    if s.fused:
+        out.append(
+            f"log-probs and entropy by verl's fused {s.fused} kernels (use_fused_kernels): {speed['fused_why']}"
+        )
+    elif speed:
+        out.append(f"no fused log-prob kernels: none of verl {v}'s backends runs on CC {s.cc}")
+    else:
+        out.append(
+            f"no fused log-prob kernels or token budgets: the plan knows none for verl {v} (verl.yaml speed); "
+            "micro-batches are counts of padded sequences"
+        )
+    if s.dynamic_bsz:
+        out.append(
+            "micro-batches by token budget (use_dynamic_bsz), each the plan's micro-batch x (prompt + response) "
+            f"tokens: {speed['dynamic_why']}"
+        )
+    return tuple(out)
+
+
 class _Resolver:
     def __init__(self, m: Matrix, profile_name: str, ov: Overrides):
         self.m, self.ov = m, ov
@@ -294,6 +333,7 @@ class _Resolver:
             )
             + str(getattr(self, "nodes", 1))
             + str(self.engine_batches)
+            + str(getattr(self, "fused", None))
         )
         known = _PLANS.setdefault(self.m, {})
         if key in known:
@@ -309,6 +349,7 @@ class _Resolver:
             "extra_generation": algo.get("extra_generation", False),
             "nodes": getattr(self, "nodes", 1),
             "engine_batches": self.engine_batches,
+            "fused_kernels": getattr(self, "fused", None),
         }
         rows = self.m.datasets["gsm8k"]["rows"]["test"]
 
@@ -480,6 +521,18 @@ class _Resolver:
         s.attention = p["attention"]
         if s.attention == "auto":
             s.attention = "flash_attention_2" if fa_usable else "sdpa"
+        # verl's speed settings (verl.yaml `speed`): the first fused-kernel backend the card runs
+        speed = s.verl.get("speed") or {}
+        s.fused = next(
+            (
+                f["backend"]
+                for f in speed.get("fused_kernels", ())
+                if at_least(s.cc, f["min_compute_capability"])
+            ),
+            None,
+        )
+        s.dynamic_bsz = bool(speed.get("dynamic_bsz"))
+        self.fused = s.fused
         s.apex_v = s.components.get("apex")
         s.apex_rec = self.release("apex", s.apex_v, m.apex["versions"]) if s.apex_v else None
         # verl's pins, then the vLLM release's own pairings, then what flash-attn imports, then
@@ -820,7 +873,11 @@ class _Resolver:
                 )
         alloc = None
         ac = m.cuda_alloc_conf
-        if ac and s.gpu["vram_gb"] <= ac["max_vram_gb"]:
+        taken = (ac or {}).get("with_rollouts", {}).get(s.rollout)
+        rollout_v = s.vllm_v if s.rollout == "vllm" else None
+        if ac and taken and rollout_v and in_range(rollout_v, ">=" + taken["min"]):
+            alloc = R.AllocConf(value=ac["value"], why=taken["why"])
+        elif ac and s.gpu["vram_gb"] <= ac["max_vram_gb"]:
             refused = ac["not_with_rollouts"].get(s.rollout)
             alloc = R.AllocConf(value=None if refused else ac["value"], why=refused or ac["why"])
         torch_index = None
@@ -901,6 +958,9 @@ class _Resolver:
                 flash_attention=attention == "flash_attention_2",
                 remove_padding=remove_padding,
                 torch_compile=s.feats.get("torch_compile", True),
+                fused_kernels=s.fused,
+                dynamic_bsz=s.dynamic_bsz,
+                speed=speed_notes(verl, s, remove_padding),
             ),
             flash_attn=FA.record(m.flash_attn, s.fa, s.fa_choice) if s.fa and s.fa_choice else None,
             apex=apex,
@@ -1023,6 +1083,8 @@ class Selection:
     fa_rec: Entry | None
     fa_choice: FA.Choice | None  # where the builder takes flash-attn from first
     attention: str
+    fused: str | None  # verl's fused log-prob backend the card runs (verl.yaml speed), None: none
+    dynamic_bsz: bool  # token-budget micro-batches (verl.yaml speed)
     apex_v: str | None
     apex_rec: Entry | None
     pins: dict[str, str]

@@ -205,10 +205,17 @@ class Precision(Record):
 
 
 class Features(Record):
+    """fused_kernels: verl's fused log-prob/entropy backend (triton, torch) or None;
+    dynamic_bsz: token-budget micro-batches for the actor and every log-prob pass; speed: why
+    each speed setting is what it is, one sentence each, as the run script prints them."""
+
     bf16: bool
     flash_attention: bool
     remove_padding: bool
     torch_compile: bool
+    fused_kernels: Annotated[str | None, S.Pattern(r"triton|torch", "triton")] = None
+    dynamic_bsz: bool = False
+    speed: Annotated[tuple[str, ...], S.ListOf(K.WHY)] = ()
 
 
 class FlashAttn(Record):

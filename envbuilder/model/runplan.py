@@ -140,6 +140,34 @@ def build(env: ResolvedEnv) -> tuple[RunArg, ...]:
         add("+actor_rollout_ref.rollout.micro_batch_size", mb["rollout_micro_batch_size"])
     if mb.get("max_num_seqs"):
         add("actor_rollout_ref.rollout.max_num_seqs", mb["max_num_seqs"])
+    f = d.features
+    if f.fused_kernels:
+        add(
+            "actor_rollout_ref.model.use_fused_kernels",
+            "True",
+            f"log-probs and entropy by verl's fused {f.fused_kernels} kernels: no vocabulary-wide logits (SPEED above)",
+        )
+        add("actor_rollout_ref.model.fused_kernel_options.impl_backend", f.fused_kernels)
+    if f.dynamic_bsz:
+        seq = t.max_prompt_length + t.max_response_length
+        lp = mb["log_prob_micro_batch_size_per_gpu"] * seq
+        add(
+            "actor_rollout_ref.actor.use_dynamic_bsz",
+            "True",
+            f"token budgets per GPU: the plan's micro-batches x {seq} tokens (prompt + response), so a "
+            "budget always holds one whole sequence",
+        )
+        add(
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+            mb["actor_ppo_micro_batch_size_per_gpu"] * seq,
+        )
+        for part in ("ref", "rollout"):
+            add(f"actor_rollout_ref.{part}.log_prob_use_dynamic_bsz", "True")
+            add(f"actor_rollout_ref.{part}.log_prob_max_token_len_per_gpu", lp)
+        if al.critic and d.verl.engine_batches:
+            # (critic.use_dynamic_bsz follows the actor's; the critic's engine keeps its own
+            # micro-batches, set below)
+            add("critic.use_dynamic_bsz", "False")
     add("actor_rollout_ref.rollout.tensor_model_parallel_size", ROLLOUT_TP)
     add("actor_rollout_ref.rollout.gpu_memory_utilization", t.gpu_memory_utilization)
     if t.lora_rank:

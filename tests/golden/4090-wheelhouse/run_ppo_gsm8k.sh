@@ -2,6 +2,8 @@
 # verl PPO on GSM8K for profile 4090: NVIDIA GeForce RTX 4090 (CC 8.9, 24 GB)
 # Rendered by envbuild 0.1.0: bf16, sdpa attention, hf rollout, verl 0.4.1.
 # PLAN: actor_rollout_ref.actor.fsdp_config.use_orig_params=True for LoRA on the HF rollout: the HF rollout wraps the actor with auto_wrap_policy=None (fsdp_workers.py lines 306-308), so the frozen base and the LoRA adapters share one flat parameter, which FSDP refuses with use_orig_params=False (line 326): 'Must flatten tensors with uniform requires_grad when use_orig_params=False'
+# SPEED: remove padding off: sdpa attention has no varlen path for packed sequences in verl 0.4.1 (flash-attn has: `--with flash-attn` turns it on), so micro-batches are padded
+# SPEED: no fused log-prob kernels or token budgets: the plan knows none for verl 0.4.1 (verl.yaml speed); micro-batches are counts of padded sequences
 # Precision, part by part: rollout bf16 · reference log-probs bf16 · actor (log-probs, PPO update) bf16 · critic bf16.
 # Usage: DATA_DIR=~/data/gsm8k MODEL=Qwen/Qwen2.5-0.5B-Instruct ./run_ppo_gsm8k.sh [extra hydra overrides]
 #        GSM8K_FROM=/path/to/gsm8k (local train/test .parquet or .jsonl) instead of the hub;

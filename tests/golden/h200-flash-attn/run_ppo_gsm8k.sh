@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # verl PPO on GSM8K for profile h200: NVIDIA H200 (CC 9.0, 141 GB)
 # Rendered by envbuild 0.1.0: bf16, flash_attention_2 attention, vllm rollout, verl 0.6.1.
+# SPEED: remove padding on: flash-attn's varlen attention runs packed sequences without their padding
+# SPEED: no fused log-prob kernels or token budgets: the plan knows none for verl 0.6.1 (verl.yaml speed); micro-batches are counts of padded sequences
 # Precision, part by part: rollout bf16 · reference log-probs bf16 · actor (log-probs, PPO update) bf16 · critic bf16.
 # Usage: DATA_DIR=~/data/gsm8k MODEL=Qwen/Qwen2.5-7B-Instruct ./run_ppo_gsm8k.sh [extra hydra overrides]
 #        GSM8K_FROM=/path/to/gsm8k (local train/test .parquet or .jsonl) instead of the hub;

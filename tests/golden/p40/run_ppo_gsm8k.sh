@@ -2,6 +2,8 @@
 # verl PPO on GSM8K for profile p40: Tesla P40 (CC 6.1, 24 GB)
 # Rendered by envbuild 0.1.0: fp32, eager attention, hf rollout, verl 0.4.1.
 # PLAN: actor_rollout_ref.actor.fsdp_config.param_offload=False although the profile offloads parameters (the critic's and the reference's still are): verl 0.4.1 offloads the actor's parameters at the end of init_model (fsdp_workers.py lines 542-543) and loads them back in every method but generate_sequences, whose HF rollout runs under BaseShardingManager, which loads nothing (lines 409-414): generate runs with the weights on the CPU and fails with 'Expects tensor to be on the compute device'. The memory plan keeps the actor's weights on the GPU in every phase
+# SPEED: remove padding off: verl unpads through flash-attn's varlen kernels, which need CC 8.0 (this card is CC 6.1); eager attention runs each micro-batch padded
+# SPEED: no fused log-prob kernels or token budgets: the plan knows none for verl 0.4.1 (verl.yaml speed); micro-batches are counts of padded sequences
 # Precision, part by part: rollout fp32 · reference log-probs fp32 · actor (log-probs, PPO update) fp32 · critic fp32.
 # Usage: DATA_DIR=~/data/gsm8k MODEL=Qwen/Qwen2.5-0.5B-Instruct ./run_ppo_gsm8k.sh [extra hydra overrides]
 #        GSM8K_FROM=/path/to/gsm8k (local train/test .parquet or .jsonl) instead of the hub;

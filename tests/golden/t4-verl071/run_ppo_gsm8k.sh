@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # verl PPO on GSM8K for profile t4: Tesla T4 (CC 7.5, 16 GB)
 # Rendered by envbuild 0.1.0: fp16, sdpa attention, vllm rollout, verl 0.7.1.
+# SPEED: remove padding off: verl unpads through flash-attn's varlen kernels, which need CC 8.0 (this card is CC 7.5); sdpa attention runs each micro-batch padded
+# SPEED: no fused log-prob kernels or token budgets: the plan knows none for verl 0.7.1 (verl.yaml speed); micro-batches are counts of padded sequences
 # Precision, part by part: rollout fp16 · reference log-probs fp16 · actor (log-probs, PPO update) fp32 · critic fp32 (training stays in fp32: verl's FSDP critic has no fp16 loss scaler).
 # Usage: DATA_DIR=~/data/gsm8k MODEL=Qwen/Qwen2.5-0.5B-Instruct ./run_ppo_gsm8k.sh [extra hydra overrides]
 #        GSM8K_FROM=/path/to/gsm8k (local train/test .parquet or .jsonl) instead of the hub;
@@ -69,7 +71,7 @@ args=(
   actor_rollout_ref.rollout.mode=async
   actor_rollout_ref.rollout.dtype=float16
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16
-  actor_rollout_ref.rollout.max_num_seqs=276
+  actor_rollout_ref.rollout.max_num_seqs=251
   actor_rollout_ref.rollout.tensor_model_parallel_size=1
   actor_rollout_ref.rollout.gpu_memory_utilization=0.4
   +actor_rollout_ref.model.override_config.attn_implementation=sdpa

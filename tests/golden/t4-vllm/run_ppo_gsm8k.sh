@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # verl PPO on GSM8K for profile t4: Tesla T4 (CC 7.5, 16 GB)
 # Rendered by envbuild 0.1.0: fp16, sdpa attention, vllm rollout, verl 0.9.1.
+# SPEED: remove padding off: verl unpads through flash-attn's varlen kernels, which need CC 8.0 (this card is CC 7.5); sdpa attention runs each micro-batch padded
+# SPEED: log-probs and entropy by verl's fused torch kernels (use_fused_kernels): without flash-attn (no wheel for torch 2.11 on PyPI) verl's logprobs_from_logits falls back to logprobs_from_logits_v2, a Python loop over every token's vocabulary row (one log_softmax, gather and their backward per token), and the engine materialises the whole (tokens, vocabulary) logits; use_fused_kernels computes log-probs and entropy from the hidden states in vocabulary chunks (verl/utils/kernel/linear_cross_entropy.py on Triton, FusedLinearForPPO in plain torch), so neither the loop nor the logits remain
+# SPEED: micro-batches by token budget (use_dynamic_bsz), each the plan's micro-batch x (prompt + response) tokens: use_dynamic_bsz packs each micro-batch up to a token budget instead of a count of padded sequences; verl raises when one sequence exceeds the budget (utils/seqlen_balancing.py), so every budget holds at least a whole prompt plus response
 # Precision, part by part: rollout fp16 · reference log-probs fp16 · actor (log-probs, PPO update) fp32 · critic fp32 (training stays in fp32: verl's FSDP critic has no fp16 loss scaler).
 # Usage: DATA_DIR=~/data/gsm8k MODEL=Qwen/Qwen2.5-0.5B-Instruct ./run_ppo_gsm8k.sh [extra hydra overrides]
 #        GSM8K_FROM=/path/to/gsm8k (local train/test .parquet or .jsonl) instead of the hub;
@@ -29,7 +32,8 @@ case "$N_GPUS" in ''|*[!0-9]*) echo "N_GPUS='$N_GPUS': a number of GPUs, digits 
 export HF_ENDPOINT=${HF_ENDPOINT:-https://huggingface.co}
 # vLLM's compile cache stays on (VLLM_DISABLE_COMPILE_CACHE=0; under $VLLM_CACHE_ROOT, default ~/.cache/vllm, which a volume keeps between containers): verl turns vLLM's torch.compile cache off for its Ray workers (VLLM_DISABLE_COMPILE_CACHE=1, for vllm#31199: engines writing one cache at once corrupted it) unless the launching shell sets the variable; torch 2.10 and later write Inductor's cache artifacts atomically (pytorch#162432), so this run keeps the cache on and a launch after the first loads vLLM's compiled graphs instead of compiling them again. Export VLLM_DISABLE_COMPILE_CACHE=1 to turn it off.
 export VLLM_DISABLE_COMPILE_CACHE=${VLLM_DISABLE_COMPILE_CACHE:-0}
-# PYTORCH_CUDA_ALLOC_CONF stays as it is: vLLM's sleep mode, which verl's vLLM rollout turns on, refuses expandable_segments:True (its CuMemAllocator asserts it is off).
+# PYTORCH_CUDA_ALLOC_CONF expandable_segments:True: vLLM's sampler allocates [running requests x vocabulary] fp32 tensors that grow with the concurrency after each sleep (verl sleeps the engine around every weight sync) has emptied torch's cache; expandable segments let those blocks grow in place instead of leaving the cache fragmented, and vLLM (from 0.21) turns them off only inside its sleep-mode pool. An exported value wins (empty: off).
+export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF-expandable_segments:True}
 # GSM8K in verl's layout: made here when missing, from the hub through HF_ENDPOINT (a mirror
 # works) or, with GSM8K_FROM=PATH, from local parquet/jsonl files (e.g. carried across an air gap).
 if [ ! -f "$DATA_DIR/train.parquet" ] || [ ! -f "$DATA_DIR/test.parquet" ]; then
@@ -46,8 +50,8 @@ args=(
   algorithm.kl_ctrl.kl_coef=0.001
   data.train_files="$DATA_DIR/train.parquet"
   data.val_files="$DATA_DIR/test.parquet"
-  # batch sizes per GPU from the memory plan (envbuild show t4 --memory): peak 11.614 GiB
-  # (log_prob) of 14.5 usable; validation goes to the rollout server as one
+  # batch sizes per GPU from the memory plan (envbuild show t4 --memory): peak 9.202 GiB
+  # (critic_step) of 14.5 usable; validation goes to the rollout server as one
   # batch (verl 0.9.1 deprecates data.val_batch_size), which runs at most max_num_seqs at a time
   data.train_batch_size=16
   data.max_prompt_length=256
@@ -57,7 +61,7 @@ args=(
   actor_rollout_ref.model.enable_gradient_checkpointing=True
   actor_rollout_ref.actor.optim.lr=1e-6
   actor_rollout_ref.actor.ppo_mini_batch_size=8
-  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4
+  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8
   actor_rollout_ref.actor.fsdp_config.param_offload=True
   actor_rollout_ref.actor.fsdp_config.optimizer_offload=True
   ++actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32
@@ -71,7 +75,18 @@ args=(
   actor_rollout_ref.rollout.mode=async
   actor_rollout_ref.rollout.dtype=float16
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16
-  actor_rollout_ref.rollout.max_num_seqs=276
+  actor_rollout_ref.rollout.max_num_seqs=251
+  # log-probs and entropy by verl's fused torch kernels: no vocabulary-wide logits (SPEED above)
+  actor_rollout_ref.model.use_fused_kernels=True
+  actor_rollout_ref.model.fused_kernel_options.impl_backend=torch
+  # token budgets per GPU: the plan's micro-batches x 512 tokens (prompt + response), so a budget always holds one whole sequence
+  actor_rollout_ref.actor.use_dynamic_bsz=True
+  actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096
+  actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True
+  actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=8192
+  actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True
+  actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=8192
+  critic.use_dynamic_bsz=False
   actor_rollout_ref.rollout.tensor_model_parallel_size=1
   actor_rollout_ref.rollout.gpu_memory_utilization=0.4
   +actor_rollout_ref.model.override_config.attn_implementation=sdpa
