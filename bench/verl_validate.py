@@ -16,7 +16,9 @@ bash expands them. `device` composes each with the installed verl's own Hydra co
 need_reference_policy(config), need_critic(config)). --model names a local model folder (one
 `bench/gpu_ppo.py run` made will do): verl 0.9's HFModelConfig reads the model's config while the
 config is built, so the cases' placeholder path (MODEL) is replaced by it. On the H200 with
-verl 0.9.1 (2026-12-05) all 48 of its cases passed; the record is
+verl 0.9.1 (2026-12-05) all 48 of its cases passed, and again on an H100 (2026-12-07); with the
+speed settings of issue 42 all 48 passed on this machine's CPU in the venv `envbuild verify h100
+--keep` made (torch 2.11.0); the record is
 tests/fixtures/gpu/validate/verl-0.9.1.json, and tests/test_verl_validate_record.py holds each
 case's overrides to today's render by their fingerprint.
 """

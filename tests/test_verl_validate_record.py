@@ -1,5 +1,8 @@
 """verl's own config checks on every default render of an engine release (tests/fixtures/gpu/validate/,
-`bench/verl_validate.py device`: 0.9.1's on the H200 with its torch 2.11.0; 0.8.0's on this
+`bench/verl_validate.py device`: 0.9.1's, since the speed settings (issue 42), on this machine's
+CPU in the venv `envbuild verify h100 --keep` installed from PyPI, torch 2.11.0, with a model folder
+of Qwen2.5-0.5B's shape (machine/verify.py write_model_shape; the H200 and then the H100 ran the
+same check on earlier renders); 0.8.0's on this
 machine's CPU in the venv `envbuild verify h100 --verl 0.8.0 --keep` installed from PyPI, torch
 2.9.0, and 0.9.0's likewise, torch 2.10.0, each with a model folder `gpu_ppo.py make-model
 --device cpu` wrote): each case's
