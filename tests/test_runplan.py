@@ -73,12 +73,22 @@ def test_every_plan_passes_the_batch_arithmetic_and_a_broken_one_is_caught():
         env = resolved(profile, **flags)
         cfg = runplan.as_config(env.run, runplan.world(env))
         assert violations(cfg, env.verl.engine_batches, env.verl.critic_fsdp) == [], (profile, flags)
-    env = resolved("h200")
+    # a count the engine cannot split (the p40's legacy workers split with a remainder, so the
+    # h100 on verl 0.9.0: engine workers, no token budgets)
+    env = resolved("h100", verl="0.9.0")
     broken = tuple(
         a._replace(value="22") if a.key.endswith("log_prob_micro_batch_size_per_gpu") else a for a in env.run
     )
     cfg = runplan.as_config(broken, runplan.world(env))
     assert any("log_prob_micro_batch_size_per_gpu=22" in v for v in violations(cfg, True))
+    # and a token budget shorter than one sequence, where the plan takes budgets (verl 0.9.1)
+    env = resolved("h200")
+    assert env.features.dynamic_bsz
+    short = tuple(
+        a._replace(value="1000") if a.key.endswith("log_prob_max_token_len_per_gpu") else a for a in env.run
+    )
+    cfg = runplan.as_config(short, runplan.world(env))
+    assert any("log_prob_max_token_len_per_gpu=1000" in v for v in violations(cfg, True))
 
 
 def test_the_literals_live_in_the_plan_not_the_template():

@@ -2,7 +2,7 @@
 # verl PPO on GSM8K for profile b200: NVIDIA B200 (CC 10.0, 180 GB)
 # Rendered by envbuild 0.1.0: bf16, sdpa attention, vllm rollout, verl 0.9.1.
 # SPEED: remove padding off: sdpa attention has no varlen path for packed sequences in verl 0.9.1 (flash-attn has: `--with flash-attn` turns it on), so micro-batches are padded
-# SPEED: log-probs and entropy by verl's fused triton kernels (use_fused_kernels): without flash-attn (no wheel for torch 2.11 on PyPI) verl's logprobs_from_logits falls back to logprobs_from_logits_v2, a Python loop over every token's vocabulary row (one log_softmax, gather and their backward per token), and the engine materialises the whole (tokens, vocabulary) logits; use_fused_kernels computes log-probs and entropy from the hidden states in vocabulary chunks (verl/utils/kernel/linear_cross_entropy.py on Triton, FusedLinearForPPO in plain torch), so neither the loop nor the logits remain
+# SPEED: log-probs and entropy by verl's fused torch kernels (use_fused_kernels): otherwise the engine materialises the whole (tokens, vocabulary) logits, and where flash-attn's cross-entropy kernel is missing (PyPI has no flash-attn wheel) verl's logprobs_from_logits falls back to logprobs_from_logits_v2, a Python loop over every token's vocabulary row (one log_softmax, gather and their backward per token); use_fused_kernels computes log-probs and entropy from the hidden states in vocabulary chunks (FusedLinearForPPO in plain torch, verl/utils/experimental/torch_functional.py), so neither the loop nor the logits remain
 # SPEED: micro-batches by token budget (use_dynamic_bsz), each the plan's micro-batch x (prompt + response) tokens: use_dynamic_bsz packs each micro-batch up to a token budget instead of a count of padded sequences; verl raises when one sequence exceeds the budget (utils/seqlen_balancing.py), so every budget holds at least a whole prompt plus response
 # Precision, part by part: rollout bf16 · reference log-probs bf16 · actor (log-probs, PPO update) bf16 · critic bf16.
 # Usage: DATA_DIR=~/data/gsm8k MODEL=Qwen/Qwen2.5-7B-Instruct ./run_ppo_gsm8k.sh [extra hydra overrides]
@@ -76,9 +76,9 @@ args=(
   actor_rollout_ref.rollout.dtype=bfloat16
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16
   actor_rollout_ref.rollout.max_num_seqs=165
-  # log-probs and entropy by verl's fused triton kernels: no vocabulary-wide logits (SPEED above)
+  # log-probs and entropy by verl's fused torch kernels: no vocabulary-wide logits (SPEED above)
   actor_rollout_ref.model.use_fused_kernels=True
-  actor_rollout_ref.model.fused_kernel_options.impl_backend=triton
+  actor_rollout_ref.model.fused_kernel_options.impl_backend=torch
   # token budgets per GPU: the plan's micro-batches x 3072 tokens (prompt + response), so a budget always holds one whole sequence
   actor_rollout_ref.actor.use_dynamic_bsz=True
   actor_rollout_ref.actor.ppo_max_token_len_per_gpu=49152

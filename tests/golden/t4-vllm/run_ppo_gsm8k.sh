@@ -2,7 +2,7 @@
 # verl PPO on GSM8K for profile t4: Tesla T4 (CC 7.5, 16 GB)
 # Rendered by envbuild 0.1.0: fp16, sdpa attention, vllm rollout, verl 0.9.1.
 # SPEED: remove padding off: verl unpads through flash-attn's varlen kernels, which need CC 8.0 (this card is CC 7.5); sdpa attention runs each micro-batch padded
-# SPEED: log-probs and entropy by verl's fused torch kernels (use_fused_kernels): without flash-attn (no wheel for torch 2.11 on PyPI) verl's logprobs_from_logits falls back to logprobs_from_logits_v2, a Python loop over every token's vocabulary row (one log_softmax, gather and their backward per token), and the engine materialises the whole (tokens, vocabulary) logits; use_fused_kernels computes log-probs and entropy from the hidden states in vocabulary chunks (verl/utils/kernel/linear_cross_entropy.py on Triton, FusedLinearForPPO in plain torch), so neither the loop nor the logits remain
+# SPEED: log-probs and entropy by verl's fused torch kernels (use_fused_kernels): otherwise the engine materialises the whole (tokens, vocabulary) logits, and where flash-attn's cross-entropy kernel is missing (PyPI has no flash-attn wheel) verl's logprobs_from_logits falls back to logprobs_from_logits_v2, a Python loop over every token's vocabulary row (one log_softmax, gather and their backward per token); use_fused_kernels computes log-probs and entropy from the hidden states in vocabulary chunks (FusedLinearForPPO in plain torch, verl/utils/experimental/torch_functional.py), so neither the loop nor the logits remain
 # SPEED: micro-batches by token budget (use_dynamic_bsz), each the plan's micro-batch x (prompt + response) tokens: use_dynamic_bsz packs each micro-batch up to a token budget instead of a count of padded sequences; verl raises when one sequence exceeds the budget (utils/seqlen_balancing.py), so every budget holds at least a whole prompt plus response
 # Precision, part by part: rollout fp16 · reference log-probs fp16 · actor (log-probs, PPO update) fp32 · critic fp32 (training stays in fp32: verl's FSDP critic has no fp16 loss scaler).
 # Usage: DATA_DIR=~/data/gsm8k MODEL=Qwen/Qwen2.5-0.5B-Instruct ./run_ppo_gsm8k.sh [extra hydra overrides]
@@ -50,8 +50,8 @@ args=(
   algorithm.kl_ctrl.kl_coef=0.001
   data.train_files="$DATA_DIR/train.parquet"
   data.val_files="$DATA_DIR/test.parquet"
-  # batch sizes per GPU from the memory plan (envbuild show t4 --memory): peak 9.202 GiB
-  # (critic_step) of 14.5 usable; validation goes to the rollout server as one
+  # batch sizes per GPU from the memory plan (envbuild show t4 --memory): peak 10.067 GiB
+  # (actor_update) of 14.5 usable; validation goes to the rollout server as one
   # batch (verl 0.9.1 deprecates data.val_batch_size), which runs at most max_num_seqs at a time
   data.train_batch_size=16
   data.max_prompt_length=256
