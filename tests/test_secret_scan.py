@@ -300,3 +300,43 @@ def test_hf_endpoint_with_userinfo_stays_out_of_render_and_install(scan, tmp_pat
         scanned(scan, "render", "p40", "-o", tmp_path / "out2", codes=(0,))
         index = ["--index-url", srv.url("simple/"), "--torch-index-url", srv.url("torch/")]
         scanned(scan, "install", "p40", "--prefix", tmp_path / "env", *index, codes=(1,))
+
+
+def test_a_secret_url_shows_its_password_only_when_revealed():
+    from envbuilder.secret import SecretUrl
+
+    url = creds("http://127.0.0.1:1/simple/")
+    s = SecretUrl(url)
+    shown = "http://***@127.0.0.1:1/simple/"
+    assert str(s) == f"{s}" == f"{s:>10}" == "%s" % s == shown and TAIL not in repr(s)
+    assert s.reveal() == url and s.public == "http://127.0.0.1:1/simple/"
+    with pytest.raises(TypeError):
+        json.dumps({"index": s})  # (no str: never written by accident)
+    import pickle
+
+    with pytest.raises(TypeError):
+        pickle.dumps(s)
+
+
+def test_install_builds_apex_with_pip_reading_the_index_from_its_environment(tmp_path, monkeypatch):
+    """apex's (and flash-attn's) source build: the environment's pip gets the install's index
+    through its environment (it used PyPI, whatever the mirror), and no password in its argv."""
+    from conftest import resolved
+    from envbuilder.machine.install import InstallReport, build_extensions
+    from envbuilder.secret import SecretUrl
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvcc").write_text("#!/bin/sh\necho 'Cuda compilation tools, release 11.8, V11.8.89'\n")
+    (bin_dir / "nvcc").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    python = tmp_path / "env" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    log = tmp_path / "pip.log"
+    python.write_text(f'#!/bin/sh\necho "$PIP_INDEX_URL" > {log}\necho "$*" >> {log}\n')
+    python.chmod(0o755)
+    index = creds("http://127.0.0.1:1/simple/")
+    report = InstallReport("p40", str(tmp_path), "online")
+    assert build_extensions(resolved("p40"), tmp_path / "env", report, lambda s: None, SecretUrl(index))
+    got, argv = log.read_text().splitlines()
+    assert got == index and TAIL not in argv and "apex @ https://" in argv
