@@ -915,6 +915,7 @@ def test_check_co_resolves_is_check_resolve_without_click(world):
     conflict is a UserError, not a traceback)."""
     from envbuilder.errors import UserError
     from envbuilder.lock.pip import check_co_resolves
+    from envbuilder.secret import SecretUrl
     from envbuilder.model import matrix
     from envbuilder.model.resolve import resolve
     from envbuilder.model.resolved import Overrides
@@ -922,11 +923,11 @@ def test_check_co_resolves_is_check_resolve_without_click(world):
     m = matrix.load(())
     env = resolve(m, "p40", Overrides())
     said = []
-    found = check_co_resolves(m, env, world["pypi"], world["torch"], say=said.append)
+    found = check_co_resolves(m, env, SecretUrl(world["pypi"]), SecretUrl(world["torch"]), say=said.append)
     assert found.packages > 3 and not found.torch_swapped and said == []
     assert (found.pypi, found.torch_index, found.python) == (world["pypi"], world["torch"], env.python)
     assert found.platform.startswith("x86_64-manylinux_")
     dead = f"http://127.0.0.1:{closed_port()}/simple/"
     with pytest.raises(UserError):
-        check_co_resolves(m, env, world["pypi"], dead, say=said.append)
+        check_co_resolves(m, env, SecretUrl(world["pypi"]), SecretUrl(dead), say=said.append)
     assert len(said) == 1 and dead in said[0] and "does not answer" in said[0]

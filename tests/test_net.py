@@ -722,6 +722,7 @@ def test_uv_on_an_index_page_that_never_ends_is_stopped_at_its_memory_cap(tmp_pa
     it under envbuild's runner, which stops its process group at a cap (here 300 MiB) and names
     the index, instead of letting it fill the machine."""
     from envbuilder.lock import pip as P
+    from envbuilder.secret import SecretUrl
 
     monkeypatch.setattr("envbuilder.tools.run.MAX_RSS", 300 << 20)
     (tmp_path / "requirements.in").write_text("six==1.16.0\n")
@@ -730,7 +731,7 @@ def test_uv_on_an_index_page_that_never_ends_is_stopped_at_its_memory_cap(tmp_pa
         srv.script = {"simple/six/": ["endless-html"]}
         index = srv.url("simple").replace("http://", f"http://envbuild:{SECRET}@")
         with pytest.raises(ActionError) as e:
-            P._run_uv(["requirements.in", "--no-cache"], tmp_path, [index])
+            P._run_uv(["requirements.in", "--no-cache"], tmp_path, [SecretUrl(index)])
     msg = str(e.value)
     assert "was stopped" in msg and "over its cap of 300 MiB" in msg, msg
     assert SECRET not in msg and "***@" in msg

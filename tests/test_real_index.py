@@ -71,11 +71,12 @@ def test_the_grace_profiles_pins_co_resolve_for_aarch64_with_pypis_cuda_torch(pr
     from conftest import resolved
     from envbuilder.lock import target_glibc
     from envbuilder.lock.pip import co_resolve, python_platform
+    from envbuilder.secret import SecretUrl
 
     env = resolved(profile)
     glibc = target_glibc(shipped(), env)
     assert python_platform(glibc, env.gpu.machine) == "aarch64-manylinux_2_39"
-    found = co_resolve(env, glibc, real_pypi, None)
+    found = co_resolve(env, glibc, SecretUrl(real_pypi), None)
     assert found["torch"].version == "2.11.0" and found["vllm"].version == "0.24.0"
     assert found["verl"].version == "0.9.1"
     assert found["cuda-toolkit"].version.startswith("13.0.")

@@ -181,3 +181,162 @@ def test_lock_keeps_the_index_password_out_of_uvs_argv(scan, tmp_path):
     assert code not in (0, None), err
     scan.assert_clean(out, err)
     assert scan.uvs and scan.uvs[0]["index"] == creds(srv.url("simple/")), err
+
+
+# ---- every other command that takes a URL (issue 43, "the scan covers every command") ---------
+
+
+@pytest.fixture
+def lab(tmp_path, monkeypatch):
+    """A config file (the user's own, under input/) whose mirror set `lab` names loopback
+    endpoints with the planted password, URL-encoded as a config file holds it; yields the
+    FileServer behind them."""
+    from envbuilder.model import config
+
+    page = b"<!DOCTYPE html><html><body></body></html>"
+    with FileServer({"simple/": page, "torch/": page, "simple/pip/": page, "hf/": b"{}"}) as srv:
+        mirror = {
+            "description": "the lab's loopback mirror",
+            "pypi": [creds(srv.url("simple/"), ENCODED)],
+            "pytorch": [creds(srv.url("torch/"), ENCODED)],
+            "huggingface": [creds(srv.url("hf"), ENCODED)],
+            "github": [creds(srv.url("gh"), ENCODED)],
+        }
+        (tmp_path / "input").mkdir()
+        (tmp_path / "input" / "config.yaml").write_text(yaml.safe_dump({"mirrors": {"lab": mirror}}))
+        monkeypatch.setenv("ENVBUILD_CONFIG", str(tmp_path / "input" / "config.yaml"))
+        config._load.cache_clear()
+        try:
+            yield srv
+        finally:
+            config._load.cache_clear()
+
+
+def scanned(scan, *args, codes=(1,)):
+    """Runs the command, requires its exit code among `codes`, scans; returns (out, err)."""
+    code, out, err = scan(*args)
+    assert code in codes, (code, out, err)
+    scan.assert_clean(out, err)
+    return out, err
+
+
+@pytest.mark.parametrize("how", ["flag", "environment"])
+@pytest.mark.parametrize("url", ["ftp://{}host/simple", "http://{}127.0.0.1:1/simple"])
+def test_wheelhouse_keeps_the_build_index_password_out(scan, tmp_path, monkeypatch, how, url):
+    """--build-index-url and ENVBUILD_BUILD_INDEX_URL: a URL that is no index is refused naming
+    it as ***@; one that is (a lock dir that is no lock) fails without naming the password."""
+    index = url.format(f"alice:{PASSWORD}@")
+    args = ["wheelhouse", "p40", "--lock-dir", tmp_path / "nolock", "-o", tmp_path / "wh"]
+    if how == "flag":
+        args += ["--build-index-url", index]
+    else:  # (conftest's cli drops the caller's ENVBUILD_* when the test starts, not per run)
+        monkeypatch.setenv("ENVBUILD_BUILD_INDEX_URL", index)
+    scanned(scan, *args, codes=(1, 2))
+
+
+def test_refresh_keeps_the_index_password_out(scan, tmp_path):
+    with FileServer({}) as srv:  # every page 404s: refresh fails naming the index
+        out, err = scanned(scan, "refresh", "--index-url", creds(srv.url("pypi-root")), "--timeout", "2")
+    assert "***@127.0.0.1" in out + err
+
+
+def test_refresh_refusal_of_a_bad_url_keeps_the_password_out(scan):
+    scanned(scan, "refresh", "--index-url", f"ftp://alice:{PASSWORD}@host/x", codes=(2,))
+
+
+def test_lock_through_a_config_mirror_set_keeps_its_passwords_out(scan, tmp_path, lab):
+    scanned(scan, "lock", "p40", "--only", "pip", "-o", tmp_path / "locks", "--mirror", "lab", codes=(1, 2))
+    assert scan.uvs and ENCODED in scan.uvs[0]["index"]
+
+
+def test_render_with_a_mirror_writes_no_password(scan, tmp_path, lab):
+    scanned(scan, "render", "p40", "--mirror", "lab", "-o", tmp_path / "out", codes=(0,))
+    assert list((tmp_path / "out").rglob("Dockerfile"))
+
+
+def test_mirrors_list_and_probe_keep_the_passwords_out(scan, lab):
+    out, _ = scanned(scan, "mirrors", "list", codes=(0,))
+    assert "***@127.0.0.1" in out
+    scanned(scan, "mirrors", "list", "--json", codes=(0,))
+    scanned(scan, "mirrors", "probe", "--mirror", "lab", "--timeout", "2", codes=(0, 1))
+    scanned(scan, "mirrors", "probe", "--mirror", "lab", "--timeout", "2", "--json", codes=(0, 1))
+
+
+def test_build_through_a_mirror_keeps_its_passwords_out_up_to_the_engine(scan, tmp_path, lab, monkeypatch):
+    """No Docker here: build goes as far as rendering its context, and stops where it needs an
+    engine (no daemon answers; no probe leaves loopback)."""
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")  # (no daemon answers)
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    scanned(
+        scan, "build", "p40", "--mirror", "lab", "--no-probe", "--context", tmp_path / "ctx", codes=(1, 2)
+    )
+
+
+def test_check_resolve_keeps_the_index_passwords_out(scan):
+    with index_server() as srv:
+        scanned(
+            scan,
+            "check",
+            "p40",
+            "--resolve",
+            "--index-url",
+            creds(srv.url("simple/")),
+            "--torch-index-url",
+            creds(srv.url("torch/")),
+            codes=(1, 2),
+        )
+    assert scan.uvs and scan.uvs[0]["index"] == creds(srv.url("simple/"))
+
+
+def test_check_resolve_through_a_mirror_keeps_its_passwords_out(scan, lab):
+    scanned(scan, "check", "p40", "--resolve", "--mirror", "lab", codes=(1, 2))
+
+
+def test_hf_endpoint_with_userinfo_stays_out_of_render_and_install(scan, tmp_path, monkeypatch):
+    with index_server() as srv:  # (the hub answers 404 for the model: a refusal naming HF_ENDPOINT)
+        monkeypatch.setenv("HF_ENDPOINT", creds(srv.url("hf")))
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+        scanned(scan, "render", "p40", "--model", "lab/tiny", "-o", tmp_path / "out", codes=(0, 1, 2))
+        scanned(scan, "render", "p40", "-o", tmp_path / "out2", codes=(0,))
+        index = ["--index-url", srv.url("simple/"), "--torch-index-url", srv.url("torch/")]
+        scanned(scan, "install", "p40", "--prefix", tmp_path / "env", *index, codes=(1,))
+
+
+def test_a_secret_url_shows_its_password_only_when_revealed():
+    from envbuilder.secret import SecretUrl
+
+    url = creds("http://127.0.0.1:1/simple/")
+    s = SecretUrl(url)
+    shown = "http://***@127.0.0.1:1/simple/"
+    assert str(s) == f"{s}" == f"{s:>10}" == "%s" % s == shown and TAIL not in repr(s)
+    assert s.reveal() == url and s.public == "http://127.0.0.1:1/simple/"
+    with pytest.raises(TypeError):
+        json.dumps({"index": s})  # (no str: never written by accident)
+    import pickle
+
+    with pytest.raises(TypeError):
+        pickle.dumps(s)
+
+
+def test_install_builds_apex_with_pip_reading_the_index_from_its_environment(tmp_path, monkeypatch):
+    """apex's (and flash-attn's) source build: the environment's pip gets the install's index
+    through its environment (it used PyPI, whatever the mirror), and no password in its argv."""
+    from conftest import resolved
+    from envbuilder.machine.install import InstallReport, build_extensions
+    from envbuilder.secret import SecretUrl
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvcc").write_text("#!/bin/sh\necho 'Cuda compilation tools, release 11.8, V11.8.89'\n")
+    (bin_dir / "nvcc").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    python = tmp_path / "env" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    log = tmp_path / "pip.log"
+    python.write_text(f'#!/bin/sh\necho "$PIP_INDEX_URL" > {log}\necho "$*" >> {log}\n')
+    python.chmod(0o755)
+    index = creds("http://127.0.0.1:1/simple/")
+    report = InstallReport("p40", str(tmp_path), "online")
+    assert build_extensions(resolved("p40"), tmp_path / "env", report, lambda s: None, SecretUrl(index))
+    got, argv = log.read_text().splitlines()
+    assert got == index and TAIL not in argv and "apex @ https://" in argv

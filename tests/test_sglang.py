@@ -166,6 +166,7 @@ def _uv_compile(pypi: str, reqs: list[str], python: str, glibc: str, tmp_path) -
     """`uv pip compile` of `reqs` for the target, from metadata only (PEP 658: no torch wheel is
     downloaded), as envbuild lock runs it."""
     from envbuilder.lock.pip import compile_args
+    from envbuilder.secret import SecretUrl
     from envbuilder.tools.uv import index_env, uv_bin, uv_env
 
     (tmp_path / "requirements.in").write_text("".join(f"{r}\n" for r in reqs))
@@ -178,7 +179,7 @@ def _uv_compile(pypi: str, reqs: list[str], python: str, glibc: str, tmp_path) -
             "requirements.in",
         ],
         cwd=tmp_path,
-        env={**uv_env(), **index_env(pypi)},
+        env={**uv_env(), **index_env(SecretUrl(pypi))},
         capture_output=True,
         text=True,
         timeout=600,

@@ -8,6 +8,8 @@ from typing import Any
 
 import click
 
+from envbuilder.secret import SecretUrl
+
 
 def no_empty_url(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     """URL options: an empty value (a careless `--index-url "$MIRROR"`) is refused, exit 2,
@@ -18,6 +20,12 @@ def no_empty_url(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
             f"is empty. Give the {param.metavar or 'URL'}, or leave the option out to use the default."
         )
     return value
+
+
+def secret_url(ctx: click.Context, param: click.Parameter, value: str | None) -> SecretUrl | None:
+    """no_empty_url, and the URL carried on as a SecretUrl (its password printed as ***@)."""
+    no_empty_url(ctx, param, value)
+    return None if value is None else SecretUrl(value)
 
 
 def not_empty(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
@@ -53,7 +61,8 @@ def driver_version(ctx: click.Context, param: click.Parameter, value: str | None
 INDEX_URL = re.compile(r"^(https?://[^\s/]+(/\S*)?|file:///\S*)$")
 
 
-def index_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+def index_url(ctx: click.Context, param: click.Parameter, value: str | None) -> SecretUrl | None:
+    """An index URL option, carried from here on as a SecretUrl (its password printed as ***@)."""
     from envbuilder.text import redact
 
     if value is not None and not INDEX_URL.match(value):
@@ -62,10 +71,10 @@ def index_url(ctx: click.Context, param: click.Parameter, value: str | None) -> 
             "Pass the URL of a PEP 503 simple index, e.g. "
             "https://pypi.org/simple."
         )
-    return value
+    return None if value is None else SecretUrl(value)
 
 
-def json_api_root(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+def json_api_root(ctx: click.Context, param: click.Parameter, value: str | None) -> SecretUrl:
     """refresh's --index-url: the root of PyPI's JSON API (a trailing /simple dropped)."""
     from envbuilder.text import redact
     from envbuilder.upstream.pypi import DEFAULT_INDEX
@@ -82,4 +91,4 @@ def json_api_root(ctx: click.Context, param: click.Parameter, value: str | None)
             f"that serves PyPI's JSON API, e.g. {DEFAULT_INDEX}."
         )
     value = value.rstrip("/")
-    return value[: -len("/simple")] if value.endswith("/simple") else value
+    return SecretUrl(value[: -len("/simple")] if value.endswith("/simple") else value)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import click
 
+from envbuilder.secret import SecretUrl
 from envbuilder.cli import complete
-from envbuilder.cli.callbacks import no_empty_url
+from envbuilder.cli.callbacks import secret_url
 from envbuilder.cli.options import Dirs, load_matrix, override_options
 from envbuilder.model.resolved import Overrides
 
@@ -23,13 +24,13 @@ from envbuilder.model.resolved import Overrides
 @click.option(
     "--index-url",
     metavar="URL",
-    callback=no_empty_url,
+    callback=secret_url,
     help="With --resolve: the PyPI index (default the profile's).",
 )
 @click.option(
     "--torch-index-url",
     metavar="URL",
-    callback=no_empty_url,
+    callback=secret_url,
     help="With --resolve: the "
     "PyTorch index for +cuXXX builds (default the profile's; when it does not answer, "
     "PyPI's build of the same torch version is resolved instead, and said so).",
@@ -38,8 +39,8 @@ from envbuilder.model.resolved import Overrides
 def check(
     profile: str,
     online: bool,
-    index_url: str | None,
-    torch_index_url: str | None,
+    index_url: SecretUrl | None,
+    torch_index_url: SecretUrl | None,
     overrides: Overrides,
     matrix_dirs: Dirs,
 ) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from envbuilder.secret import SecretUrl, secret
 from envbuilder.cli import complete
 from envbuilder.cli.callbacks import index_url
 from envbuilder.cli.options import Dirs, load_matrix, override_options, say
@@ -69,8 +70,8 @@ def install(
     prefix: Path,
     wheelhouse: Path | None,
     interpreter: str | None,
-    index_url: str | None,
-    torch_index_url: str | None,
+    index_url: SecretUrl | None,
+    torch_index_url: SecretUrl | None,
     mirror: str | None,
     locked: Path | None,
     force: bool,
@@ -111,8 +112,8 @@ def install(
 
         # the endpoints as a build's RUN steps get them: the PyTorch index's {variant} filled in
         endpoints = M.choice(mirror, M.get_set(m, mirror)).endpoints(env)
-        index_url = index_url or endpoints.get("PIP_INDEX_URL")
-        torch_index_url = torch_index_url or endpoints.get("TORCH_INDEX_URL")
+        index_url = index_url or secret(endpoints.get("PIP_INDEX_URL"))
+        torch_index_url = torch_index_url or secret(endpoints.get("TORCH_INDEX_URL"))
     report = run_install(
         env,
         prefix,

@@ -7,8 +7,9 @@ from typing import Any
 
 import click
 
+from envbuilder.secret import SecretUrl
 from envbuilder.cli import complete
-from envbuilder.cli.callbacks import no_empty_url
+from envbuilder.cli.callbacks import no_empty_url, secret_url
 from envbuilder.cli.options import Dirs, load_matrix, override_options, say
 from envbuilder.errors import UserError
 from envbuilder.model.resolved import Overrides
@@ -31,13 +32,13 @@ from envbuilder.model.resolved import Overrides
 )
 @click.option(
     "--index-url",
-    callback=no_empty_url,
+    callback=secret_url,
     metavar="URL",
     help="PyPI index to use instead of the profile's (a mirror, a local pypiserver).",
 )
 @click.option(
     "--torch-index-url",
-    callback=no_empty_url,
+    callback=secret_url,
     metavar="URL",
     help="PyTorch index to use instead of the profile's (for +cuXXX builds).",
 )
@@ -97,8 +98,8 @@ def lock(
     all_: bool,
     check: bool,
     out: Path | None,
-    index_url: str | None,
-    torch_index_url: str | None,
+    index_url: SecretUrl | None,
+    torch_index_url: SecretUrl | None,
     channels: tuple[str, ...],
     registry_mirror: str | None,
     github_url: str | None,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from envbuilder.secret import SecretUrl
 from envbuilder.cli import complete
 from envbuilder.cli.callbacks import index_url
 from envbuilder.cli.options import Dirs, load_matrix, override_options, say
@@ -60,8 +61,8 @@ def verify(
     all_: bool,
     as_json: bool,
     keep: Path | None,
-    index_url: str | None,
-    torch_index_url: str | None,
+    index_url: SecretUrl | None,
+    torch_index_url: SecretUrl | None,
     skip_compose: bool,
     platform: str | None,
     rootfs: Path | None,
@@ -105,7 +106,7 @@ def emulated(
     platform: str | None,
     rootfs: Path | None,
     as_json: bool,
-    index_url: str | None,
+    index_url: SecretUrl | None,
     overrides: Overrides,
     matrix_dirs: Dirs,
 ) -> None:

@@ -8,7 +8,8 @@ from typing import Any
 import click
 
 from envbuilder.cli import complete
-from envbuilder.cli.callbacks import no_empty_url
+from envbuilder.cli.callbacks import secret_url
+from envbuilder.secret import SecretUrl
 from envbuilder.cli.options import Dirs, load_matrix, matrix_dir_option
 
 
@@ -42,7 +43,7 @@ from envbuilder.cli.options import Dirs, load_matrix, matrix_dir_option
     "--build-index-url",
     metavar="URL",
     envvar="ENVBUILD_BUILD_INDEX_URL",
-    callback=no_empty_url,
+    callback=secret_url,
     help="Index to fetch build backends (setuptools, ...) from when a lock's sdist is "
     "built into a wheel (default: --mirror's PyPI endpoint, else the index the "
     "lock was made from).",
@@ -70,7 +71,7 @@ def wheelhouse(
     lock_dir: Path | None,
     mirror: str | None,
     url_map: tuple[str, ...],
-    build_index_url: str | None,
+    build_index_url: SecretUrl | None,
     jobs: int,
     make_tar: bool,
     accept_pypi_torch: bool,

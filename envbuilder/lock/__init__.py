@@ -26,6 +26,7 @@ from envbuilder.errors import UserError
 from envbuilder.model.resolved import ResolvedEnv
 from envbuilder.lock import lockfile as L
 from envbuilder.record import Record
+from envbuilder.secret import SecretUrl
 
 if TYPE_CHECKING:
     from envbuilder.model.matrix import Matrix
@@ -37,8 +38,8 @@ SOLVERS = ("rattler", "conda-lock")
 class Sources(Record):
     """Where a lock reads from: the profile's own endpoints, a mirror set's, or the flags'."""
 
-    pypi: str
-    torch: str | None
+    pypi: SecretUrl  # (lock.json names it without its user:password@)
+    torch: SecretUrl | None
     channels: tuple[str, ...]
     # one HOST[/PREFIX] for every image, or {upstream registry: HOST[/PREFIX]} from a mirror set
     registry_mirror: str | dict[str, Any] | None
@@ -47,8 +48,8 @@ class Sources(Record):
 
 def sources_for(
     env: ResolvedEnv,
-    index_url: str | None = None,
-    torch_index_url: str | None = None,
+    index_url: SecretUrl | None = None,
+    torch_index_url: SecretUrl | None = None,
     channels: Iterable[str] = (),
     registry_mirror: str | dict[str, Any] | None = None,
     mirror: MirrorChoice | None = None,
@@ -57,10 +58,10 @@ def sources_for(
     """Flags first, then the mirror set (`mirrors.MirrorChoice`), then the profile's own."""
     from envbuilder.lock.conda import default_channels
 
-    pypi = index_url or (mirror and mirror.pypi) or env.indexes.pypi
+    pypi = index_url or SecretUrl((mirror and mirror.pypi) or env.indexes.pypi)
     torch = None
     if env.indexes.torch:
-        torch = torch_index_url or (
+        torch = torch_index_url or SecretUrl(
             mirror.pytorch.format(variant=env.torch.variant)
             if mirror and mirror.pytorch
             else env.indexes.torch
@@ -230,7 +231,11 @@ def lock_profile(
         # where it was solved from, never with a URL's user:password@ (lock.json is committed)
         "sources": _bare(
             {
-                **({"pypi": sources.pypi, "torch": sources.torch} if "pip" in parts else {}),
+                **(
+                    {"pypi": sources.pypi.public, "torch": sources.torch and sources.torch.public}
+                    if "pip" in parts
+                    else {}
+                ),
                 **({"github": sources.github} if "pip" in parts and L.has_sources(env) else {}),
                 **({"channels": list(sources.channels)} if "conda" in parts else {}),
                 **({"registry_mirror": sources.registry_mirror} if "images" in parts else {}),

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from envbuilder.errors import ActionError, UserError
 from envbuilder.record import Record
+from envbuilder.secret import SecretUrl, secret
 from envbuilder.render.plan import (
     BUILD_TOOLS,  # noqa: F401  (re-exported or a fixture)
     LAYERS,  # noqa: F401  (re-exported or a fixture)
@@ -63,7 +64,7 @@ def compile_args(profile: str, python: str, glibc: str, torch: bool, machine: st
     return args
 
 
-def _run_uv(args: list[str], cwd: Path, indexes: list[str]) -> None:
+def _run_uv(args: list[str], cwd: Path, indexes: list[SecretUrl]) -> None:
     """uv pip compile `args` from `indexes` (PyPI's, then the PyTorch one), given to it in its
     environment."""
     from envbuilder.oci.http import redact
@@ -76,19 +77,19 @@ def _run_uv(args: list[str], cwd: Path, indexes: list[str]) -> None:
         proc = run([uv_bin(), "pip", "compile", *args], cwd=cwd, env=env, timeout=3600)
     except subprocess.TimeoutExpired:
         raise ActionError(
-            f"uv pip compile did not finish within an hour against {redact(', '.join(indexes))}."
+            f"uv pip compile did not finish within an hour against {', '.join(map(str, indexes))}."
         ) from None
     except TooMuchMemory as e:
         raise ActionError(
             f"uv pip compile was stopped: it {e} reading "
-            f"{redact(', '.join(indexes))}. An index that sends a page without end "
+            f"{', '.join(map(str, indexes))}. An index that sends a page without end "
             "does that; check the index (or its mirror) in a browser, or pass "
             "another with --index-url."
         ) from None
     if proc.returncode == 0:
         return
     msg = proc.stderr.strip()[-3000:]
-    down = [i for i in indexes if i.startswith(("http://", "https://")) and not index_answers(i)]
+    down = [i for i in indexes if i.public.startswith(("http://", "https://")) and not index_answers(i)]
     if down or any(s in msg for s in _NETWORK):
         raise ActionError(
             redact(
@@ -98,18 +99,18 @@ def _run_uv(args: list[str], cwd: Path, indexes: list[str]) -> None:
         )
     raise UserError(
         redact(
-            f"The pip part cannot be resolved against {', '.join(indexes)}:\n{msg}\n"
+            f"The pip part cannot be resolved against {', '.join(map(str, indexes))}:\n{msg}\n"
             "A pin in the matrix has no release (or no wheel for this Python and "
             "platform) on these indexes."
         )
     )
 
 
-def unreachable(down: list[str], torch: str | None) -> str:
+def unreachable(down: list[SecretUrl], torch: SecretUrl | None) -> str:
     """What does not answer, by name (not every index the lock uses), and each way on: a mirror
     for it, and for the PyTorch index PyPI's build of the same torch, with what that costs."""
     lines = [
-        f"Cannot lock the pip part: {', '.join(down)} "
+        f"Cannot lock the pip part: {', '.join(map(str, down))} "
         f"{'does' if len(down) == 1 else 'do'} not answer from here."
     ]
     if any(d != torch for d in down):
@@ -130,8 +131,8 @@ def unreachable(down: list[str], torch: str | None) -> str:
 def _compile(
     env: ResolvedEnv,
     glibc: str,
-    pypi: str,
-    torch: str | None,
+    pypi: SecretUrl,
+    torch: SecretUrl | None,
     swap_torch: bool,
     outputs: dict[str, list[str]],
 ) -> dict[str, str]:
@@ -151,7 +152,7 @@ def _compile(
 
 
 def co_resolve(
-    env: ResolvedEnv, glibc: str, pypi: str, torch: str | None, swap_torch: bool = False
+    env: ResolvedEnv, glibc: str, pypi: SecretUrl, torch: SecretUrl | None, swap_torch: bool = False
 ) -> dict[str, Locked]:
     """Resolve the whole pinned set with uv for the target's Python and platform, as one
     solution; UserError naming the conflict when there is none."""
@@ -174,8 +175,8 @@ class CoResolved(Record):
 def check_co_resolves(
     m: Matrix,
     env: ResolvedEnv,
-    index_url: str | None = None,
-    torch_index_url: str | None = None,
+    index_url: SecretUrl | None = None,
+    torch_index_url: SecretUrl | None = None,
     say: Callable[[str], None] = print,
 ) -> CoResolved:
     """`check --resolve` as a library: the whole pinned set of `env` resolved with uv as one
@@ -187,8 +188,8 @@ def check_co_resolves(
     from envbuilder.render.plan import torch_swap
 
     glibc = target_glibc(m, env)
-    pypi = index_url or env.indexes.pypi
-    torch_index = torch_index_url or env.indexes.torch
+    pypi = index_url or SecretUrl(env.indexes.pypi)
+    torch_index = torch_index_url or secret(env.indexes.torch)
     swap = bool(torch_index and not index_answers(torch_index))
     if swap:
         say(
@@ -197,11 +198,16 @@ def check_co_resolves(
         )
     found = co_resolve(env, glibc, pypi, torch_index, swap)
     return CoResolved(
-        len(found), pypi, torch_index, swap, env.python, python_platform(glibc, env.gpu.machine)
+        len(found),
+        str(pypi),
+        str(torch_index) if torch_index else None,
+        swap,
+        env.python,
+        python_platform(glibc, env.gpu.machine),
     )
 
 
-def index_answers(url: str, timeout: float = 5.0) -> bool:
+def index_answers(url: str | SecretUrl, timeout: float = 5.0) -> bool:
     """Whether a PEP 503 index answers: net.index_answers, the one rule verify uses too."""
     from envbuilder.oci.http import index_answers as answers
 
@@ -218,7 +224,7 @@ def load_toml(text: str) -> dict[str, Any]:
 
 
 def compile_lock(
-    env: ResolvedEnv, glibc: str, pypi: str, torch: str | None, swap_torch: bool = False
+    env: ResolvedEnv, glibc: str, pypi: SecretUrl, torch: SecretUrl | None, swap_torch: bool = False
 ) -> tuple[str, str, dict[str, Any]]:
     """(requirements.lock text, pylock.toml text, pylock.toml as a dict): the hashed pins, and
     one artifact URL + sha256 per package (PEP 751). `swap_torch`: solve with PyPI's build of

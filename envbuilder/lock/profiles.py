@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 from envbuilder.errors import ActionError, EnvbuildError, UserError
 from envbuilder.paths import LOCK_ROOT
 from envbuilder.record import Record
+from envbuilder.secret import SecretUrl
 
 if TYPE_CHECKING:
     from envbuilder.model.matrix import Matrix
@@ -26,8 +27,8 @@ class LockFlags(Record):
     endpoints come first, the URLs given override them), with which solver, and whether the pip
     part takes PyPI's torch (`--torch-from-pypi`)."""
 
-    index_url: str | None = None
-    torch_index_url: str | None = None
+    index_url: SecretUrl | None = None
+    torch_index_url: SecretUrl | None = None
     channels: tuple[str, ...] = ()
     registry_mirror: str | None = None
     github_url: str | None = None

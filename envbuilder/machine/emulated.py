@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from envbuilder.secret import SecretUrl
 from envbuilder.errors import ActionError, UserError
 from envbuilder.text import redact
 
@@ -137,7 +138,10 @@ def check_inputs(env: ResolvedEnv, platform: str, rootfs: Path) -> None:
 
 
 def verify_emulated(
-    env: ResolvedEnv, rootfs: Path, say: Callable[[str], None] = print, index_url: str | None = None
+    env: ResolvedEnv,
+    rootfs: Path,
+    say: Callable[[str], None] = print,
+    index_url: SecretUrl | None = None,
 ) -> dict[str, Any]:
     """Install SUBSET within the profile's lock for `rootfs`'s Python and glibc and import it
     there under QEMU; the report ({ok, machine, python, packages, modules, seconds, ...}), or
@@ -200,7 +204,10 @@ def verify_emulated(
                     str(constraints),
                     *SUBSET,
                 ],
-                env={**uv_env(), **index_env(index_url or env.indexes.pypi)},  # (no password in argv)
+                env={
+                    **uv_env(),
+                    **index_env(index_url or SecretUrl(env.indexes.pypi)),
+                },  # (no password in argv)
                 timeout=1800,
             )
             if installed.returncode != 0:

@@ -35,9 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from envbuilder.secret import SecretUrl
 from envbuilder.errors import ActionError, UserError
 from envbuilder.limits import read_text_bounded
-from envbuilder.text import printable, redact
+from envbuilder.text import printable
 from envbuilder.model.resolved import ResolvedEnv
 from envbuilder.tools.python import Interpreter, isolated_env, own_code_env
 from envbuilder.tools.run import stop_group
@@ -274,12 +275,19 @@ def extension_commands(env: ResolvedEnv, python: Path) -> list[tuple[str, list[s
 
 
 def build_extensions(
-    env: ResolvedEnv, prefix: Path, report: InstallReport, say: Callable[[str], None]
+    env: ResolvedEnv,
+    prefix: Path,
+    report: InstallReport,
+    say: Callable[[str], None],
+    index: SecretUrl | None = None,
 ) -> bool:
     """apex and flash-attn compiled into the environment where the nvcc on PATH is torch's CUDA
     (apex's setup.py requires it equal); else each is named with what is missing, and the
     install goes on without it (the run's training path does not import them unless the
-    profile uses them: preflight's smoke test then says so)."""
+    profile uses them: preflight's smoke test then says so). `index`: what pip fetches their
+    build dependencies from (default the profile's PyPI index), through its environment."""
+    from envbuilder.tools.uv import index_env
+
     commands = extension_commands(env, prefix / "bin" / "python")
     if not commands:
         return True
@@ -299,7 +307,8 @@ def build_extensions(
     ok = True
     for component, cmd in commands:
         say(f"{component}: compiling for sm_{env.gpu.sm} with nvcc {got} (flash-attn's sdist takes hours)")
-        ok = _run(report, f"build {component}", cmd, own_code_env(), say) and ok
+        child = {**own_code_env(), **index_env(index or SecretUrl(env.indexes.pypi))}  # (pip's index)
+        ok = _run(report, f"build {component}", cmd, child, say) and ok
     return ok
 
 
@@ -309,8 +318,8 @@ def install(
     *,
     wheelhouse: Path | None = None,
     python: str | None = None,
-    index_url: str | None = None,
-    torch_index_url: str | None = None,
+    index_url: SecretUrl | None = None,
+    torch_index_url: SecretUrl | None = None,
     force: bool = False,
     say: Callable[[str], None] = lambda line: None,
 ) -> InstallReport:
@@ -346,11 +355,11 @@ def install(
         # answers, or nothing is made (the PyTorch index is verify's: PyPI's builds where it is down)
         from envbuilder.machine.verify import PROBE_TIMEOUT_S, index_answers
 
-        pypi = index_url or env.indexes.pypi
-        say(f"probe {redact(pypi)} ({PROBE_TIMEOUT_S:.0f} s at most)")
+        pypi = index_url or SecretUrl(env.indexes.pypi)
+        say(f"probe {pypi} ({PROBE_TIMEOUT_S:.0f} s at most)")
         if not index_answers(pypi):
             raise ActionError(
-                f"The package index {redact(pypi)} does not answer from here, so nothing was "
+                f"The package index {pypi} does not answer from here, so nothing was "
                 "installed. Use a mirror (--mirror NAME, `envbuild mirrors list`), --index-url "
                 f"URL, or a wheelhouse made where it answers (--from-wheelhouse)."
             )
@@ -433,8 +442,8 @@ def _online(
     env: ResolvedEnv,
     prefix: Path,
     interp: Interpreter,
-    index_url: str | None,
-    torch_index_url: str | None,
+    index_url: SecretUrl | None,
+    torch_index_url: SecretUrl | None,
     report: InstallReport,
     say: Callable[[str], None],
 ) -> bool:
@@ -475,7 +484,7 @@ def _online(
     for name, part in (("patches", r.patches), ("audit", r.audit)):
         if part is not None:
             report.steps.append({"step": name, "ok": bool(part.get("ok"))})
-    ok = not r.failures and build_extensions(env, prefix, report, say)
+    ok = not r.failures and build_extensions(env, prefix, report, say, index_url)
     if r.failures:
         report.steps.append({"step": "install", "ok": False, "error": "; ".join(r.failures[:3])})
     return ok

@@ -27,6 +27,7 @@ from typing import IO, Any, Callable, Mapping, Sequence
 from envbuilder.errors import UserError
 from envbuilder.images import patch_command
 from envbuilder.record import Record
+from envbuilder.secret import SecretUrl, secret
 from envbuilder.tools.run import stop_group
 from envbuilder.model.resolved import ResolvedEnv
 
@@ -227,8 +228,8 @@ EXTENSION_WHY = {
 
 
 class Options(Record):
-    index_url: str | None = None  # default: the profile's PyPI index
-    torch_index_url: str | None = None  # default: the profile's PyTorch index (+cuXXX builds)
+    index_url: SecretUrl | None = None  # default: the profile's PyPI index
+    torch_index_url: SecretUrl | None = None  # default: the profile's PyTorch index (+cuXXX builds)
     keep: Path | None = None  # keep the venv here instead of a temporary one
     skip_compose: bool = False
     # each module of the training path imported in an interpreter of its own (envbuild install
@@ -445,7 +446,7 @@ def swap_line(line: str, swap: dict[str, tuple[str, str]]) -> str:
     return line
 
 
-def index_answers(url: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
+def index_answers(url: str | SecretUrl, timeout: float = PROBE_TIMEOUT_S) -> bool:
     """Whether a PEP 503 index answers (short timeout; proxies from the environment):
     net.index_answers, the one rule `envbuild lock` and `check --resolve` use too."""
     from envbuilder.oci.http import index_answers as answers
@@ -634,20 +635,20 @@ class _Verifier:
         uv = uv_bin()
 
         # the indexes, and the torch swap when the PyTorch index does not answer
-        pypi = self.opts.index_url or env.indexes.pypi
-        torch_index = self.opts.torch_index_url or env.indexes.torch
+        pypi = self.opts.index_url or SecretUrl(env.indexes.pypi)
+        torch_index = self.opts.torch_index_url or secret(env.indexes.torch)
         swap: dict[str, tuple[str, str]] = {}
         if torch_index:
-            self.say(f"PyTorch index {redact(torch_index)}: probing ({PROBE_TIMEOUT_S:.0f} s at most)")
+            self.say(f"PyTorch index {torch_index}: probing ({PROBE_TIMEOUT_S:.0f} s at most)")
             if not index_answers(torch_index):
                 swap = local_pins(env.torch.packages)
                 self.say(
-                    f"PyTorch index {redact(torch_index)} does not answer"
+                    f"PyTorch index {torch_index} does not answer"
                     + ("; its +cu builds are swapped for PyPI's" if swap else "")
                 )
                 torch_index = None
         # (the report is printed and written: the URLs as ***@)
-        r.index_url, r.torch_index_url = redact(pypi), torch_index and redact(torch_index)
+        r.index_url, r.torch_index_url = str(pypi), str(torch_index) if torch_index else None
         if swap:
             old, new = swap.get("torch") or next(iter(swap.values()))
             r.torch_swapped = f"{old} -> {new} (PyPI; the PyTorch index is unreachable)"

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from envbuilder.secret import SecretUrl
 from envbuilder.errors import UserError
 from envbuilder.record import Record
 
@@ -23,8 +24,8 @@ class VerifyFlags(Record):
     """What the command line says about every profile's run (machine.verify.Options, less
     `keep`, which is one folder per profile here)."""
 
-    index_url: str | None = None
-    torch_index_url: str | None = None
+    index_url: SecretUrl | None = None
+    torch_index_url: SecretUrl | None = None
     keep: Path | None = None  # DIR, or DIR/<profile> with several profiles
     skip_compose: bool = False
 

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, cast
 from envbuilder.errors import ActionError, UserError
 from envbuilder.text import redact as redact  # (callers read it as net.redact)
 from envbuilder.record import Record
+from envbuilder.secret import SecretUrl
 
 if TYPE_CHECKING:
     import requests
@@ -576,7 +577,7 @@ def _depth(doc: Any, limit: int) -> int:
 # ---- does this index answer? ---------------------------------------------------------------------
 
 
-def index_answers(url: str, timeout: float = 5.0, s: requests.Session | None = None) -> bool:
+def index_answers(index: str | SecretUrl, timeout: float = 5.0, s: requests.Session | None = None) -> bool:
     """Whether the PEP 503 index at `url` answers, by one rule for every caller (lock's
     classification of a failed resolution, check --resolve's and verify's choice to take PyPI's
     torch when the PyTorch index is out of reach):
@@ -591,6 +592,7 @@ def index_answers(url: str, timeout: float = 5.0, s: requests.Session | None = N
     from pathlib import Path
     from urllib.parse import unquote, urlsplit
 
+    url = index.reveal() if isinstance(index, SecretUrl) else index  # (sent as Basic auth)
     parts = urlsplit(url)
     if parts.scheme == "file":
         return Path(unquote(parts.path)).is_dir()

@@ -25,6 +25,7 @@ import zipfile
 from pathlib import Path
 from typing import Any, Callable
 
+from envbuilder.secret import SecretUrl
 from envbuilder.errors import ActionError, UserError
 from envbuilder.record import Record
 
@@ -255,7 +256,7 @@ def build_wheel(
 
 
 def _uv_build(
-    sdist: Path, sha256: str, tmp: Path, python: tuple[str, str], index: str, what: str
+    sdist: Path, sha256: str, tmp: Path, python: tuple[str, str], index: str | SecretUrl, what: str
 ) -> tuple[Path, dict[str, Any]]:
     """(the wheel `uv build` made in `tmp` from a verified copy of `sdist`, its provenance)."""
     from envbuilder.offline.fetch import sha256_file
@@ -270,7 +271,10 @@ def _uv_build(
             "nothing was built from it. Run the export again."
         )
     backend, requires = build_system(src)
-    env = {**uv_env(), **index_env(index)}  # (the build index in uv's environment: no password in argv)
+    env = {
+        **uv_env(),
+        **index_env(SecretUrl(index)),
+    }  # (the build index in uv's environment: no password in argv)
     env.setdefault("SOURCE_DATE_EPOCH", SOURCE_DATE_EPOCH)
     exe, full = python
     cmd = [
@@ -295,11 +299,9 @@ def _uv_build(
             "was built. Build on a faster machine, or report the package."
         ) from None
     except TooMuchMemory as e:
-        from envbuilder.oci.http import redact
-
         raise ActionError(
             f"Building a wheel of {what} was stopped: uv {e} reading "
-            f"{redact(index)}. An index that sends a page without end does that; "
+            f"{SecretUrl(index)}. An index that sends a page without end does that; "
             "pass --build-index-url another."
         ) from None
     if proc.returncode != 0:

@@ -44,6 +44,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 from urllib.parse import unquote, urljoin, urlsplit
 
+from envbuilder.secret import SecretUrl
 from envbuilder.text import is_plain_name
 from envbuilder.errors import ActionError, EnvbuildError, UserError
 from envbuilder.images import SIDECAR
@@ -968,7 +969,7 @@ def export_profiles(
     lock_dir: Path | None = None,
     mirror: str | None = None,
     url_map: Sequence[tuple[str, str]] = (),
-    build_index: str | None = None,
+    build_index: str | SecretUrl | None = None,
     jobs: int = 8,
     tar: bool = False,
     accept_pypi_torch: bool = False,
@@ -990,9 +991,12 @@ def export_profiles(
         raise UserError("--lock-dir names one lock; export several profiles from lockfiles/<profile>.")
     if jobs < 1:
         raise UserError("--jobs must be at least 1.")
+    shown = str(SecretUrl(build_index)) if build_index else ""
+    # (as text from here on: each sdist build's uv gets it through index_env, its probes through net)
+    build_index = build_index.reveal() if isinstance(build_index, SecretUrl) else build_index
     if build_index and not build_index.startswith(("http://", "https://", "file://")):
         raise UserError(
-            f"--build-index-url {build_index!r} is not an index URL; pass the "
+            f"--build-index-url {shown!r} is not an index URL; pass the "
             "http(s):// or file:// URL of a PEP 503 index that serves the build "
             "backends (e.g. https://pypi.org/simple or your mirror's)."
         )

@@ -317,6 +317,8 @@ def write_dir(
         raise UserError(
             f"{out_dir} exists and is not a directory. Pass {option} a new directory or one envbuild wrote."
         )
+    if check_only:  # the refusals alone: nothing made, so nothing to hold
+        return _write_dir_in_turn(out_dir, files, links, executable, force, True, option)
     made = _missing_folders(out_dir)  # (removed again, while empty, when this write fails)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)

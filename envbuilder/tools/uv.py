@@ -7,6 +7,7 @@ import os
 import subprocess
 
 from envbuilder.errors import UserError
+from envbuilder.secret import SecretUrl
 
 
 def uv_bin(command: str | None = None) -> str:
@@ -49,12 +50,12 @@ def uv_env() -> dict[str, str]:
     return env
 
 
-def index_env(index: str, extra: str | None = None) -> dict[str, str]:
+def index_env(index: SecretUrl, extra: SecretUrl | None = None) -> dict[str, str]:
     """The indexes a uv (or pip) child installs or resolves from, as its environment, never its
     argv: a URL's user:password@ on a command line is readable by every local user in
     /proc/PID/cmdline, a process's environment by its owner alone. uv searches the extra index
     first, as with --index-url / --extra-index-url; pip reads PIP_INDEX_URL the same way."""
-    env = {"UV_INDEX_URL": index, "PIP_INDEX_URL": index}
+    env = {"UV_INDEX_URL": index.reveal(), "PIP_INDEX_URL": index.reveal()}
     if extra:
-        env.update(UV_EXTRA_INDEX_URL=extra, PIP_EXTRA_INDEX_URL=extra)
+        env.update(UV_EXTRA_INDEX_URL=extra.reveal(), PIP_EXTRA_INDEX_URL=extra.reveal())
     return env

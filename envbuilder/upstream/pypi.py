@@ -14,6 +14,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Iterable
 
 from envbuilder.errors import ActionError
+from envbuilder.secret import SecretUrl
 
 if TYPE_CHECKING:
     from envbuilder.oci.http import BundleSession
@@ -41,8 +42,10 @@ class PyPIJson:
     JSON (HTML, a list, a release that is a string, files of the wrong kind), is an exit-1
     paragraph naming the URL without its credentials."""
 
-    def __init__(self, base: str, timeout: float):
-        self.base, self.timeout = base, timeout
+    def __init__(self, base: str | SecretUrl, timeout: float):
+        # (the HTTP layer: the one place, with index_env, that reads the password)
+        self.base = base.reveal() if isinstance(base, SecretUrl) else base
+        self.timeout = timeout
         self.deadline = max(60.0, 4 * timeout)  # a whole answer, however slowly it drips
         self._local = threading.local()
 
