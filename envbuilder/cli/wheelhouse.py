@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from envbuilder.cli import complete
-from envbuilder.cli.callbacks import no_empty_url
+from envbuilder.cli.callbacks import AbsPath, no_empty_url
 from envbuilder.cli.options import Dirs, load_matrix, matrix_dir_option
 
 
@@ -17,13 +17,13 @@ from envbuilder.cli.options import Dirs, load_matrix, matrix_dir_option
 @click.option(
     "-o",
     "--out",
-    type=click.Path(path_type=Path),
+    type=AbsPath(path_type=Path),
     required=True,
     help="Wheelhouse directory; several profiles exported into one share their files.",
 )
 @click.option(
     "--lock-dir",
-    type=click.Path(path_type=Path),
+    type=AbsPath(path_type=Path),
     help="The lock to export: DIR/<profile>/ as `envbuild lock -o DIR` writes it, or DIR "
     "itself when it is the lock (default lockfiles/<profile>); one profile only.",
 )
