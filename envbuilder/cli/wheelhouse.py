@@ -85,7 +85,12 @@ def wheelhouse(
     from envbuilder.offline.checks import url_maps
     from envbuilder.offline.wheelhouse import export_profiles
 
-    need_extra("wheelhouse", "actions", ("requests",))
+    from envbuilder.tools.uv import uv_bin
+
+    # the `lock` extra, as the README says: requests fetches, uv builds the lock's sdists (both
+    # checked before any file is fetched)
+    need_extra("wheelhouse", "lock", ("requests",))
+    uv_bin("wheelhouse")
     kw: dict[str, Any] = dict(
         lock_dir=lock_dir, mirror=mirror, url_map=url_maps(url_map), build_index=build_index_url
     )
