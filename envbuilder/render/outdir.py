@@ -317,6 +317,8 @@ def write_dir(
         raise UserError(
             f"{out_dir} exists and is not a directory. Pass {option} a new directory or one envbuild wrote."
         )
+    if check_only and not out_dir.exists():
+        return []  # (nothing there to refuse, and nothing is made for a check)
     made = _missing_folders(out_dir)  # (removed again, while empty, when this write fails)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -328,7 +330,7 @@ def write_dir(
         ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # (released when fd closes, also when the process dies)
-        return _write_dir_in_turn(out_dir, files, links, executable, force, False, option)
+        return _write_dir_in_turn(out_dir, files, links, executable, force, check_only, option)
     except BaseException:
         _remove_while_empty(made)
         raise
