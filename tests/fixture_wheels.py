@@ -79,6 +79,30 @@ def make_wheel(
     return path
 
 
+_IN_TREE_BACKEND = """\
+import base64, hashlib, os, zipfile
+
+def _hash(d):
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b"=").decode()
+
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    info = "{dist}-{version}.dist-info"
+    files = {{"{module}/__init__.py": open(os.path.join("{module}", "__init__.py"), "rb").read()}}
+    files[info + "/METADATA"] = b"Metadata-Version: 2.1\\nName: {name}\\nVersion: {version}\\n"
+    files[info + "/WHEEL"] = b"Wheel-Version: 1.0\\nGenerator: standin\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n"
+    rec = "".join(p + "," + _hash(d) + "," + str(len(d)) + "\\n" for p, d in files.items())
+    files[info + "/RECORD"] = (rec + info + "/RECORD,,\\n").encode()
+    name = "{dist}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(os.path.join(wheel_directory, name), "w") as z:
+        for p, d in files.items():
+            z.writestr(zipfile.ZipInfo(p, (2024, 1, 1, 0, 0, 0)), d)
+    return name
+"""
+
+
 def make_sdist(
     dest: Path,
     name: str,
@@ -87,13 +111,16 @@ def make_sdist(
     module: str | None = None,
     platform: bool = False,
     requires: tuple[str, ...] = (),
+    in_tree_backend: bool = False,
 ) -> Path:
     """A real, minimal setuptools sdist laid out like antlr4-python3-runtime 4.9.3's: setup.py
     and PKG-INFO, no pyproject.toml (so a PEP 517 frontend builds it with setuptools'
     legacy backend, `setuptools>=40.8.0`). Its module records its name and version. With
     `platform`, setup.py declares extension modules without compiling any, so the wheel gets
     CPython and platform tags (cp310-cp310-linux_x86_64) and needs no compiler. `module` is the
-    import name (default: the name with _). Byte-reproducible."""
+    import name (default: the name with _). With `in_tree_backend`, a pyproject.toml names a
+    backend inside the sdist that needs nothing (`requires = []`): it builds a pure wheel with no
+    index at all. Byte-reproducible."""
     import gzip
     import io
     import tarfile
@@ -129,6 +156,13 @@ def make_sdist(
         f"{root}/setup.py": setup_py,
         f"{root}/{module}/__init__.py": f'__version__ = "{version}"  # envbuild test stand-in\n',
     }
+    if in_tree_backend:
+        contents[f"{root}/pyproject.toml"] = (
+            '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n'
+        )
+        contents[f"{root}/backend.py"] = _IN_TREE_BACKEND.format(
+            name=name, version=version, module=module, dist=dist_name(name)
+        )
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for path, text in sorted(contents.items()):

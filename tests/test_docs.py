@@ -509,3 +509,42 @@ def test_architecture_names_exactly_the_layers_mypy_holds_to_strict():
     said_relaxed = set(found[1].replace(",", " ").split()) if found else set()
     assert {"model", "render", "tools", "oci"} <= strict
     assert (said_strict, said_relaxed) == (strict, relaxed)
+
+
+def wheelhouse_lines() -> list[tuple[str, list[str]]]:
+    """Each page's `envbuild wheelhouse` calls that export the shipped lock: not one given by
+    --lock-dir, nor one a whole `envbuild lock PROFILE` earlier on the page wrote."""
+    found, locked = [], set()
+    for where, line in COMMANDS:
+        for words in envbuild_commands(line):
+            if words[:1] == ["lock"] and not {"--only", "--torch-from-pypi", "-o", "--out"} & set(words):
+                locked |= {(where, w) for w in words[1:] if not w.startswith("-")}
+            profile = next((w for w in words[1:] if not w.startswith("-")), None)
+            if words[:1] == ["wheelhouse"] and "--lock-dir" not in words and (where, profile) not in locked:
+                found.append((where, words))
+    return found
+
+
+WHEELHOUSE_LINES = wheelhouse_lines()
+
+
+@pytest.mark.parametrize(
+    "where,words", WHEELHOUSE_LINES, ids=[f"{w}:{' '.join(c)}" for w, c in WHEELHOUSE_LINES]
+)
+def test_every_documented_wheelhouse_of_a_shipped_lock_is_accepted_as_written(where, words):
+    """Issue 44, Medium 3. Before: offline.md's `envbuild wheelhouse 4090 -o wh/4090` was
+    refused on the shipped pip-only lock, without the --accept-partial the page did not show.
+    (Only the refusal before any fetch is checked: lock_shortfalls, what export runs first.)"""
+    from conftest import shipped
+    from envbuilder.offline.checks import lock_shortfalls
+
+    profiles = [w for w in words[1:] if not w.startswith("-")][:1]
+    assert profiles, f"{where}: {' '.join(words)} names no profile"
+    why = lock_shortfalls(
+        shipped(),
+        profiles[0],
+        ROOT / "lockfiles" / profiles[0],
+        "--accept-pypi-torch" in words,
+        "--accept-partial" in words,
+    )
+    assert not why, f"{where}: `envbuild {' '.join(words)}` is refused: {why}"

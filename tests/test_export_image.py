@@ -191,9 +191,10 @@ def spawn_export(tmp_path: Path, ref: str, out: Path) -> subprocess.Popen:
     )
 
 
-def run_export(tmp_path: Path, ref: str, out: Path | str, timeout: float = 120):
+def run_export(tmp_path: Path, ref: str, out: Path | str, timeout: float = 120, cwd: Path | None = None):
     r = subprocess.run(
         [envbuild_exe(), "export-image", ref, "-o", str(out)],
+        cwd=cwd,
         env=export_env(tmp_path),
         capture_output=True,
         text=True,
@@ -242,6 +243,20 @@ def test_a_killed_export_leaves_nothing_outside_its_folder_and_the_next_run_clea
                 shutil.rmtree(p, ignore_errors=True)
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in out.iterdir()) == ["base.tar", "base.tar.json"]
+
+
+@pytest.mark.parametrize("out", ["p40.tar", "./p40.tar"])
+def test_a_relative_output_exports_from_the_folder_it_names(tmp_path, skopeo, out):
+    """Issue 44, High 2. Before: skopeo "creating temp directory: stat
+    .p40.tar.envbuild-…: no such file or directory", exit 1 (skopeo ran in its work folder,
+    which export-image named relative to the folder envbuild ran in)."""
+    with OciRegistry(tiny_image()) as registry:
+        r = run_export(tmp_path, registry.ref, out, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("p40")) == [
+        "p40.tar",
+        "p40.tar.json",
+    ]
 
 
 def test_an_export_running_beside_keeps_its_folder(tmp_path, skopeo):

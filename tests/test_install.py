@@ -417,3 +417,34 @@ def test_a_bounded_tool_run_ends_its_group_on_sigterm(tmp_path):
     _, err = p.communicate(timeout=60)
     assert "Terminated" in err and p.returncode == 1  # (uncaught here: cli.main says it, exit 143)
     wait_for(lambda: not alive(tool), "the tool's child to end", 20)
+
+
+def test_the_wheelhouse_route_finds_the_locks_python_as_the_online_route_does(tmp_path):
+    """Issue 44, Medium 4. Before: install.sh took python3 (here 3.11) and refused "the lock is
+    for Python 3.10, and python3 is Python 3.11", though the pyenv 3.10 the online route finds
+    was there. Now install finds it (tools/python.py's one search) and hands it to install.sh."""
+    seen = tmp_path / "seen"
+    wh = standin_wheelhouse(tmp_path, f'echo "${{PYTHON:-}}" > {seen}\nexit 1\n')
+    r = install(["p40", "--prefix", str(tmp_path / "env"), "--from-wheelhouse", str(wh)], tmp_path)
+    assert r.returncode == 1, r.stderr
+    python = seen.read_text().strip()
+    assert python, "install.sh was given no PYTHON"
+    got = subprocess.run(
+        [python, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True
+    )
+    assert got.stdout.strip() == "(3, 10)", (python, got)
+    assert python == _python310() or "3.10" in python
+
+
+def test_no_python_of_the_wheelhouse_lock_names_installs_own_interpreter_option(tmp_path):
+    """No Python 3.99 anywhere: refused before install.sh runs (exit 2), naming install's own
+    --interpreter, not install.sh's PYTHON=."""
+    ran = tmp_path / "ran"
+    wh = standin_wheelhouse(tmp_path, f"touch {ran}\n")
+    manifest = json.loads((wh / "manifest.json").read_text())
+    manifest["profiles"]["p40"]["python"] = "3.99"
+    (wh / "manifest.json").write_text(json.dumps(manifest))
+    r = install(["p40", "--prefix", str(tmp_path / "env"), "--from-wheelhouse", str(wh)], tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Python 3.99" in r.stderr and "--interpreter" in r.stderr and "Traceback" not in r.stderr
+    assert not ran.exists() and not (tmp_path / "env").exists()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import click
 
 from envbuilder.cli import complete
-from envbuilder.cli.callbacks import file_out
+from envbuilder.cli.callbacks import AbsPath, file_out
 from envbuilder.cli.options import Dirs, load_matrix, override_options, say
 from envbuilder.model.resolved import Overrides
 
@@ -28,14 +28,14 @@ from envbuilder.model.resolved import Overrides
 )
 @click.option(
     "--oci-archive",
-    type=click.Path(dir_okay=False),
+    type=AbsPath(dir_okay=False),
     metavar="PATH",
     help="An OCI archive of the image (as `envbuild export-image` writes), instead.",
 )
 @click.option(
     "-o",
     "--out",
-    type=click.Path(dir_okay=False),
+    type=AbsPath(dir_okay=False),
     callback=file_out,
     metavar="FILE",
     help="Where to write the definition (default ./PROFILE.def).",

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from envbuilder.cli.callbacks import AbsPath
 from envbuilder.cli import complete
 from envbuilder.cli.options import Dirs, load_matrix, override_options, say
 from envbuilder.model.resolved import Overrides
@@ -17,7 +18,7 @@ from envbuilder.model.resolved import Overrides
 @click.option(
     "-o",
     "--out",
-    type=click.Path(path_type=Path),
+    type=AbsPath(path_type=Path),
     required=True,
     help="Folder for docker-bake.hcl and a build context per profile.",
 )

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from envbuilder.cli.callbacks import AbsPath
 from envbuilder.cli import complete
 from envbuilder.cli.options import Dirs, load_matrix, override_options, say
 from envbuilder.model.resolved import Overrides
@@ -24,24 +25,22 @@ from envbuilder.model.resolved import Overrides
 @click.option("--tag", help="Image name:tag (default envbuild/<profile>:<spec hash>).")
 @click.option(
     "--ca-cert",
-    type=click.Path(path_type=Path),
+    type=AbsPath(path_type=Path),
     help="CA bundle for TLS-intercepting networks (BuildKit secret).",
 )
 @click.option(
     "--pip-conf",
-    type=click.Path(path_type=Path),
+    type=AbsPath(path_type=Path),
     help="pip.conf for the build's pip "
     "steps (BuildKit secret): the builder stage and uv's own install; the runtime "
     "stage's uv steps take their indexes from --mirror.",
 )
 @click.option("--smoke/--no-smoke", default=True, show_default=True, help="Run imports in the built image.")
-@click.option(
-    "--context", "keep_context", type=click.Path(path_type=Path), help="Keep the build context here."
-)
+@click.option("--context", "keep_context", type=AbsPath(path_type=Path), help="Keep the build context here.")
 @click.option("-v", "--verbose", is_flag=True, help="Show the whole build log.")
 @click.option(
     "--wheelhouse",
-    type=click.Path(path_type=Path),
+    type=AbsPath(path_type=Path),
     metavar="DIR",
     help="pip installs only from this wheelhouse (envbuild wheelhouse): no index at all.",
 )

@@ -3,12 +3,32 @@ what a right one looks like (click.BadParameter)."""
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 from typing import Any
 
 import click
 
 from envbuilder.secret import SecretUrl
+
+
+class AbsPath(click.Path):
+    """A path option or argument, made absolute where it enters (against the folder envbuild
+    runs in): a relative one handed to a child that runs in another folder (uv build in its
+    scratch folder, skopeo in its work folder, the smoke test in the rendered one) named a file
+    that is not there. Empty and '-' stay as given, for their own checks; a trailing '/' stays
+    (file_out refuses it)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        got = super().convert(value, param, ctx)
+        if isinstance(value, str) and value in ("", "-"):
+            return got
+        if isinstance(got, Path):
+            return got.absolute()
+        if isinstance(got, str) and not os.path.isabs(got):
+            return os.path.join(os.getcwd(), got)
+        return got
 
 
 def no_empty_url(ctx: click.Context, param: click.Parameter, value: Any) -> Any:

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from envbuilder.cli import complete
-from envbuilder.cli.callbacks import driver_version, file_out
+from envbuilder.cli.callbacks import AbsPath, driver_version, file_out
 from envbuilder.cli.options import Dirs, load_matrix, matrix_dir_option
 
 
@@ -30,7 +30,7 @@ from envbuilder.cli.options import Dirs, load_matrix, matrix_dir_option
 @click.option(
     "--html",
     "html_file",
-    type=click.Path(dir_okay=False),
+    type=AbsPath(dir_okay=False),
     callback=file_out,
     metavar="FILE",
     help="Write the grid as one self-contained HTML page (no network: it can live on an "

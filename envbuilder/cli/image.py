@@ -9,6 +9,7 @@ from typing import cast
 
 import click
 
+from envbuilder.cli.callbacks import AbsPath
 from envbuilder.cli.options import load_matrix
 
 
@@ -21,7 +22,7 @@ def _say(msg: str) -> None:
 @click.option(
     "-o",
     "--out",
-    type=click.Path(dir_okay=False),
+    type=AbsPath(dir_okay=False),
     required=True,
     metavar="FILE.tar",
     help="The OCI archive to write; its sidecar goes to FILE.tar.json.",
@@ -50,7 +51,7 @@ def export_image(image: str, out: str, force: bool, as_json: bool) -> None:
 
 
 @click.command("import-image")
-@click.argument("archive", type=click.Path())
+@click.argument("archive", type=AbsPath())
 @click.option(
     "--registry",
     default="local",

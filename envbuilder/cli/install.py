@@ -10,7 +10,7 @@ import click
 
 from envbuilder.secret import SecretUrl, secret
 from envbuilder.cli import complete
-from envbuilder.cli.callbacks import index_url
+from envbuilder.cli.callbacks import AbsPath, index_url
 from envbuilder.cli.options import Dirs, load_matrix, override_options, say
 from envbuilder.errors import ActionError, UserError
 from envbuilder.model.resolved import Overrides
@@ -20,7 +20,7 @@ from envbuilder.model.resolved import Overrides
 @click.argument("profile", shell_complete=complete.profiles)
 @click.option(
     "--prefix",
-    type=click.Path(path_type=Path),
+    type=AbsPath(path_type=Path),
     required=True,
     help="Where the environment goes: a new or empty directory (from a wheelhouse also an "
     "environment of the lock's Python, installed into).",
@@ -28,7 +28,7 @@ from envbuilder.model.resolved import Overrides
 @click.option(
     "--from-wheelhouse",
     "wheelhouse",
-    type=click.Path(path_type=Path),
+    type=AbsPath(path_type=Path),
     metavar="WH",
     help="Install offline from this wheelhouse (`envbuild wheelhouse PROFILE -o WH`): no index, "
     "every file hash-checked.",
@@ -53,7 +53,7 @@ from envbuilder.model.resolved import Overrides
 )
 @click.option(
     "--locked",
-    type=click.Path(path_type=Path),
+    type=AbsPath(path_type=Path),
     metavar="DIR",
     help="Pin every step to this lock (DIR/<profile>/ or the lock itself), as `render --locked` "
     "does (online route; default: the lock whose plan fits, as a plain render).",

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from envbuilder.cli import complete
-from envbuilder.cli.callbacks import file_out, not_empty
+from envbuilder.cli.callbacks import AbsPath, file_out, not_empty
 from envbuilder.cli.options import Dirs, load_matrix, override_options, say
 from envbuilder.engines.launch import ray_text, write_kuberay, write_slurm
 from envbuilder.model.resolved import Overrides
@@ -40,7 +40,7 @@ def launch() -> None:
 @click.option(
     "-o",
     "--out",
-    type=click.Path(dir_okay=False),
+    type=AbsPath(dir_okay=False),
     callback=file_out,
     metavar="FILE",
     help="Where to write the script (default ./PROFILE.sbatch).",
@@ -102,7 +102,7 @@ def slurm(
 @click.option(
     "-o",
     "--out",
-    type=click.Path(dir_okay=False),
+    type=AbsPath(dir_okay=False),
     callback=file_out,
     metavar="FILE",
     help="Where to write the manifest (default ./PROFILE.rayjob.yaml).",

@@ -9,7 +9,7 @@ import click
 
 from envbuilder.secret import SecretUrl
 from envbuilder.cli import complete
-from envbuilder.cli.callbacks import no_empty_url, secret_url
+from envbuilder.cli.callbacks import AbsPath, no_empty_url, secret_url
 from envbuilder.cli.options import Dirs, load_matrix, override_options, say
 from envbuilder.errors import UserError
 from envbuilder.model.resolved import Overrides
@@ -27,7 +27,7 @@ from envbuilder.model.resolved import Overrides
 @click.option(
     "-o",
     "--out",
-    type=click.Path(path_type=Path),
+    type=AbsPath(path_type=Path),
     help="Folder of locks: the lock goes into DIR/<profile>/ (default lockfiles/).",
 )
 @click.option(

@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from envbuilder.cli.callbacks import json_api_root
+from envbuilder.cli.callbacks import AbsPath, json_api_root
 from envbuilder.cli.options import Dirs, load_matrix, matrix_dir_option, say
 from envbuilder.errors import UserError
 from envbuilder.upstream.pypi import DEFAULT_INDEX, PyPIJson  # noqa: F401  (cli.refresh.PyPIJson)
@@ -40,7 +40,7 @@ from envbuilder.upstream.pypi import DEFAULT_INDEX, PyPIJson  # noqa: F401  (cli
 @click.option(
     "--write-overlay",
     "overlay_dir",
-    type=click.Path(path_type=Path),
+    type=AbsPath(path_type=Path),
     metavar="DIR",
     help="Write DIR/refresh.yaml: a --matrix-dir overlay of the mechanical fixes, the "
     "rest as a commented TODO report, for review. matrices/ is never edited.",
@@ -90,7 +90,7 @@ def refresh(
 
 
 @click.command()
-@click.argument("overlay", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.argument("overlay", type=AbsPath(path_type=Path, exists=True, file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="The profiles and what changed, as JSON.")
 @matrix_dir_option
 def affected(overlay: Path, as_json: bool, matrix_dirs: Dirs) -> None:

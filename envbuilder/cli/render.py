@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from envbuilder.cli.callbacks import AbsPath
 from envbuilder.cli import complete
 from envbuilder.cli.options import Dirs, implied_profile, load_matrix, override_options, say
 from envbuilder.errors import UserError
@@ -19,13 +20,13 @@ from envbuilder.model.resolved import Overrides
 @click.option(
     "--from",
     "from_",
-    type=click.Path(path_type=Path),
+    type=AbsPath(path_type=Path),
     help="Replay an envbuild.json (from a render or an image's /etc/envbuild.json).",
 )
 @click.option(
     "-o",
     "--out",
-    type=click.Path(path_type=Path),
+    type=AbsPath(path_type=Path),
     help="Output folder: the files go into OUT/<profile>/, with one profile as with --all (default out/).",
 )
 @click.option(
@@ -40,7 +41,7 @@ from envbuilder.model.resolved import Overrides
 )
 @click.option(
     "--wheelhouse",
-    type=click.Path(path_type=Path),
+    type=AbsPath(path_type=Path),
     metavar="DIR",
     help="Install from this wheelhouse (envbuild wheelhouse) with no index at all; "
     "implies --locked with the wheelhouse's copy of the lock.",

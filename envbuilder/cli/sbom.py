@@ -9,7 +9,7 @@ import click
 
 from envbuilder.cli import complete
 
-from envbuilder.cli.callbacks import file_out, not_empty
+from envbuilder.cli.callbacks import AbsPath, file_out, not_empty
 from envbuilder.cli.options import Dirs, load_matrix, override_options, say
 from envbuilder.model.resolved import Overrides
 
@@ -19,14 +19,14 @@ from envbuilder.model.resolved import Overrides
 @click.option(
     "-o",
     "--out",
-    type=click.Path(dir_okay=False),
+    type=AbsPath(dir_okay=False),
     callback=file_out,
     metavar="FILE",
     help="Write the SBOM here (default: standard output).",
 )
 @click.option(
     "--lock-dir",
-    type=click.Path(),
+    type=AbsPath(),
     callback=not_empty,
     metavar="DIR",
     help="The lock: DIR/<profile>/ as `envbuild lock -o DIR` writes it, or DIR itself when "

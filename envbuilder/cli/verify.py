@@ -10,7 +10,7 @@ import click
 
 from envbuilder.secret import SecretUrl
 from envbuilder.cli import complete
-from envbuilder.cli.callbacks import index_url
+from envbuilder.cli.callbacks import AbsPath, index_url
 from envbuilder.cli.options import Dirs, load_matrix, override_options, say
 from envbuilder.errors import ActionError, UserError
 from envbuilder.model.resolved import Overrides
@@ -22,7 +22,7 @@ from envbuilder.model.resolved import Overrides
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report on stdout.")
 @click.option(
     "--keep",
-    type=click.Path(path_type=Path),
+    type=AbsPath(path_type=Path),
     metavar="DIR",
     help="Keep the venv in DIR (a new or empty directory; with several profiles, "
     "DIR/<profile>) instead of removing it.",
@@ -51,7 +51,7 @@ from envbuilder.model.resolved import Overrides
 )
 @click.option(
     "--rootfs",
-    type=click.Path(path_type=Path, file_okay=False),
+    type=AbsPath(path_type=Path, file_okay=False),
     metavar="DIR",
     help="With --platform: a Debian arm64 root with python3 (debootstrap --arch=arm64).",
 )

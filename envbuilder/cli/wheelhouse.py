@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from envbuilder.cli import complete
-from envbuilder.cli.callbacks import secret_url
+from envbuilder.cli.callbacks import AbsPath, secret_url
 from envbuilder.secret import SecretUrl
 from envbuilder.cli.options import Dirs, load_matrix, matrix_dir_option
 
@@ -18,13 +18,13 @@ from envbuilder.cli.options import Dirs, load_matrix, matrix_dir_option
 @click.option(
     "-o",
     "--out",
-    type=click.Path(path_type=Path),
+    type=AbsPath(path_type=Path),
     required=True,
     help="Wheelhouse directory; several profiles exported into one share their files.",
 )
 @click.option(
     "--lock-dir",
-    type=click.Path(path_type=Path),
+    type=AbsPath(path_type=Path),
     help="The lock to export: DIR/<profile>/ as `envbuild lock -o DIR` writes it, or DIR "
     "itself when it is the lock (default lockfiles/<profile>); one profile only.",
 )
@@ -86,7 +86,12 @@ def wheelhouse(
     from envbuilder.offline.checks import url_maps
     from envbuilder.offline.wheelhouse import export_profiles
 
-    need_extra("wheelhouse", "actions", ("requests",))
+    from envbuilder.tools.uv import uv_bin
+
+    # the `lock` extra, as the README says: requests fetches, uv builds the lock's sdists (both
+    # checked before any file is fetched)
+    need_extra("wheelhouse", "lock", ("requests",))
+    uv_bin("wheelhouse")
     kw: dict[str, Any] = dict(
         lock_dir=lock_dir, mirror=mirror, url_map=url_maps(url_map), build_index=build_index_url
     )

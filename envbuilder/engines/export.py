@@ -92,6 +92,12 @@ def resolve_source(image: str, say: Say) -> tuple[str, list[str], str]:
     )
 
 
+def work_folder(out: Path) -> Work:
+    """The private folder skopeo exports `out` in, beside it; absolute, since skopeo runs in it
+    (with TMPDIR set to it) and a relative `-o p40.tar` named a folder skopeo could not find."""
+    return Work(out.absolute().parent, f".{out.name[:40]}.envbuild-")
+
+
 def export_image(image: str, out: Path | str, force: bool, say: Say) -> dict[str, Any]:
     """Write `image` as an OCI archive at `out` and its sidecar next to it; returns the
     sidecar's data."""
@@ -114,7 +120,7 @@ def export_image(image: str, out: Path | str, force: bool, say: Say) -> dict[str
     skopeo = find_skopeo()
     clean_debris(out.parent, EXPORT_WORK)
     try:
-        work = Work(out.parent, f".{out.name[:40]}.envbuild-")
+        work = work_folder(out)
     except OSError as e:
         raise ActionError(
             f"Cannot write into {out.parent}: {e.strerror}. Check that folder's "

@@ -349,8 +349,10 @@ def install(
         write_dir(home, files, force=force, check_only=True, option="--prefix")
 
     check()
-    if not wheelhouse:
-        interp = _interpreter(env, python)
+    if wheelhouse:
+        python = _wheelhouse_python(env.profile, wheelhouse, prefix, want, python)
+    else:
+        interp = _interpreter(env.profile, env.python, python)
         # the probe `build` makes before its first step: the index every step installs from
         # answers, or nothing is made (the PyTorch index is verify's: PyPI's builds where it is down)
         from envbuilder.machine.verify import PROBE_TIMEOUT_S, index_answers
@@ -394,28 +396,45 @@ def install(
     return report
 
 
-def _interpreter(env: ResolvedEnv, python: str | None) -> Interpreter:
-    """The Python the online route makes its venv from: --interpreter, checked, or the search."""
+def _interpreter(profile: str, version: str, python: str | None) -> Interpreter:
+    """The Python either route makes its venv from (`version`: the profile's, or the
+    wheelhouse lock's): --interpreter, checked, or the search (tools/python.py)."""
     from envbuilder.machine.verify import find_python
     from envbuilder.tools.python import probe
 
     if python:  # (the one Python discovery's check: CPython of that version, with venv)
-        interp = probe(python, env.python, need_venv=True)
+        interp = probe(python, version, need_venv=True)
         if interp is None:
             got = _python_version(Path(python))
             raise UserError(
-                f"--interpreter {python} is not a CPython {env.python} with venv (it is Python "
-                f"{got or '(not runnable)'}); {env.profile} needs Python {env.python}."
+                f"--interpreter {python} is not a CPython {version} with venv (it is Python "
+                f"{got or '(not runnable)'}); {profile} needs Python {version}."
             )
         return interp
-    found = find_python(env.python)
+    found = find_python(version)
     if found is None:
         raise UserError(
-            f"No Python {env.python} here for {env.profile}'s pins. Install it (e.g. "
-            f"apt-get install python{env.python} python{env.python}-venv, or uv python install "
-            f"{env.python}) or pass --interpreter PATH."
+            f"No Python {version} here for {profile}'s pins. Install it (e.g. "
+            f"apt-get install python{version} python{version}-venv, or uv python install "
+            f"{version}) or pass --interpreter PATH."
         )
     return found
+
+
+def _wheelhouse_python(
+    profile: str, wheelhouse: Path, prefix: Path, want: str, python: str | None
+) -> str | None:
+    """The Python install.sh makes its venv from (its PYTHON): found as the online route finds
+    one, since install.sh alone looks only for python3.X and python3 on PATH. None where it
+    makes none: the prefix holds an environment already (check_prefix checked its Python), or
+    the wheelhouse's conda part and a conda tool make it."""
+    if (prefix / "bin" / "python").exists():
+        return python
+    if (wheelhouse / "conda" / f"{profile}.txt").is_file() and any(
+        shutil.which(t) for t in ("micromamba", "mamba", "conda")
+    ):
+        return python
+    return _interpreter(profile, want, python).path
 
 
 def _from_wheelhouse(

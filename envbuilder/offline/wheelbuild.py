@@ -215,7 +215,8 @@ def build_wheel(
         f"building a wheel of {what} with Python {python[1]} from {index}"
         + ("" if found else f"; no Python {want} here, so only a pure wheel will do")
     )
-    scratch = dest / PARTIAL_DIR  # where fetch keeps its partial downloads; skipped by --tar
+    # (absolute: uv build runs in the scratch folder and reads the sdist's path from there)
+    scratch = dest.absolute() / PARTIAL_DIR  # where fetch keeps its partial downloads; skipped by --tar
     scratch.mkdir(parents=True, exist_ok=True)
     for stale in scratch.glob("build-*"):  # a killed export's build folder (ours, by its name;
         if stale.is_dir() and not stale.is_symlink():  # one export at a time holds the lock)
