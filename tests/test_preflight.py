@@ -18,21 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, frozen, frozen_with, place_script, resolved
+from conftest import FIXTURES, frozen, frozen_with, need, place_script, resolved
 from fixture_wheels import module_files, wheels_for_env
 from envbuilder.model import matrix as M
 from envbuilder.render.files import smoke_command
 from envbuilder.render.files import render_files
 
 CHECK, CROSS = "\u2713", "\u2717"
-
-
-def need(ok: bool, why: str) -> None:
-    if ok:
-        return
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI=true and {why}")
-    pytest.skip(why)
 
 
 def render(tmp_path: Path, profile: str, matrix: M.Matrix | None = None, **kw) -> tuple[Path, dict]:
