@@ -610,6 +610,10 @@ def test_doctor_probes_what_the_build_fetches_and_names_each_fix(m):
     assert "registry-1.docker.io (the base images): DNS" in net["detail"]
     assert "https://github.com (the builder's source files): TLS verification failed" in net["detail"]
     assert "--mirror NAME" in net["fix"] and "--ca-cert FILE" in net["fix"]
+    # one sentence per fix, not two run together ("... stand in for docker.io this network ...")
+    registry, tls = net["fix"].split(". ")
+    assert registry.startswith("Pull the base images through a mirror") and registry.endswith("docker.io")
+    assert tls.startswith("This network intercepts TLS") and tls.endswith(".")
     code, out = invoke(["doctor", "p40", "--json"], host("p40"))
     net = {c["check"]: c for c in json.loads(out)["checks"]}["network"]
     assert net["status"] == "ok" and "all 4 endpoints" in net["detail"]  # hub, PyPI, torch, GitHub
