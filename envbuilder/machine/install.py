@@ -446,10 +446,13 @@ def _online(
             keep=prefix,
             skip_compose=True,
             imports=False,  # (preflight --smoke imports the training path below)
+            command="install",
             say=say,
         ),
     )
     for layer in r.layers:
+        if layer.get("empty"):
+            continue  # a layer this profile does not have (p40's vllm: its rollout is HF)
         report.steps.append(
             {
                 "step": f"layer {layer['layer']}",
