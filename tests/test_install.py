@@ -419,7 +419,9 @@ def test_a_bounded_tool_run_ends_its_group_on_sigterm(tmp_path):
     wait_for(lambda: not alive(tool), "the tool's child to end", 20)
 
 
-def test_the_online_route_lists_only_the_profiles_layers_from_a_work_folder_named_install(tmp_path, monkeypatch):
+def test_the_online_route_lists_only_the_profiles_layers_from_a_work_folder_named_install(
+    tmp_path, monkeypatch
+):
     """p40 has no vLLM layer (its rollout is HF): install lists no `✓ layer vllm`; and the folder
     it works in says install, not verify (issue 44)."""
     from conftest import resolved
@@ -434,7 +436,14 @@ def test_the_online_route_lists_only_the_profiles_layers_from_a_work_folder_name
         seen["work"] = work.name
         self.r.layers = [
             {"layer": "torch", "requirements": ["torch"], "ok": True, "seconds": 3.0, "pip_check": None},
-            {"layer": "vllm", "requirements": [], "ok": True, "seconds": 0.0, "empty": True, "pip_check": None},
+            {
+                "layer": "vllm",
+                "requirements": [],
+                "ok": True,
+                "seconds": 0.0,
+                "empty": True,
+                "pip_check": None,
+            },
         ]
         return self.r
 
