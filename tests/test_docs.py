@@ -539,7 +539,11 @@ def test_the_architecture_table_names_every_module_and_only_modules_that_exist()
         folder = pkg_root / pkg
         named = PY_NAME.findall(text)
         for name in named:
-            found = (pkg_root / name).is_file() or (ROOT / name).is_file() if "/" in name else any(folder.rglob(name))
+            found = (
+                (pkg_root / name).is_file() or (ROOT / name).is_file()
+                if "/" in name
+                else any(folder.rglob(name))
+            )
             if not found:
                 gone.append(f"{pkg or '(top)'}: {name}")
         if pkg == "cli":
@@ -553,3 +557,13 @@ def test_the_architecture_table_names_every_module_and_only_modules_that_exist()
                 missing.append(f"{pkg or '(top)'}: {rel}")
     assert gone == [], f"docs/ARCHITECTURE.md names modules that do not exist: {gone}"
     assert missing == [], f"docs/ARCHITECTURE.md's table leaves out: {missing}"
+
+
+def test_the_readmes_file_table_names_every_file_a_render_writes():
+    """README's table of what `render` writes leaves none out (it lacked apptainer.def)."""
+    from conftest import resolved
+    from envbuilder.render.files import render_files
+
+    rows = set(re.findall(r"^\| `([^`]+?)/?` \|", README.read_text(encoding="utf-8"), re.M))
+    written = {name.split("/")[0] for p in ("p40", "4090") for name in render_files(resolved(p))}
+    assert written - rows == set()
