@@ -8,6 +8,7 @@ with the standard library only.)"""
 from __future__ import annotations
 
 import re
+from typing import Iterable
 
 # a URL's `user:password@` (any scheme), as a message or a file may carry it: up to the LAST '@'
 # of the authority (it ends at the first '/', '?' or '#'), where requests, uv and pip split it, so a
@@ -39,6 +40,14 @@ def printable(text: str) -> str:
     """`text` with every control character a terminal would act on shown as its escape
     (ESC as \\x1b): a file name or value from outside reaches the terminal as text."""
     return _CONTROL.sub(lambda m: ascii(m[0])[1:-1], str(text))
+
+
+def sentences(clauses: Iterable[str]) -> str:
+    """Clauses written as one message: each its own sentence (a capital, a full stop), each once."""
+    out = []
+    for clause in dict.fromkeys(c.strip().rstrip(".") for c in clauses if c.strip()):
+        out.append(clause[:1].upper() + clause[1:] + ".")
+    return " ".join(out)
 
 
 def without_credentials(url: str) -> str:

@@ -10,10 +10,7 @@ from pathlib import Path
 import pytest
 
 
-def unavailable(why: str):
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI=true: this test must run, but {why}")
-    pytest.skip(why)
+from conftest import unavailable
 
 
 @pytest.fixture

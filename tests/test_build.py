@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import need
 from fixture_wheels import (
     apex_archive,
     flash_attn_release_wheel,
@@ -47,11 +48,7 @@ ENVBUILD = [sys.executable, "-m", "envbuilder.cli"]
 
 
 def _need(ok: bool, why: str) -> None:
-    if ok:
-        return
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI=true and {why}: run tests/run.sh as root (it provisions Docker)")
-    pytest.skip(why)
+    need(ok, f"{why} (tests/run.sh, run as root, provisions Docker)")
 
 
 def _registry_up() -> bool:

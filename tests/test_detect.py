@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -609,6 +610,12 @@ def test_doctor_probes_what_the_build_fetches_and_names_each_fix(m):
     assert "registry-1.docker.io (the base images): DNS" in net["detail"]
     assert "https://github.com (the builder's source files): TLS verification failed" in net["detail"]
     assert "--mirror NAME" in net["fix"] and "--ca-cert FILE" in net["fix"]
+    # one sentence per fix, not two run together ("... stand in for docker.io this network ...")
+    assert net["fix"].endswith(".")
+    fixes = sorted(net["fix"].split(". "))
+    assert len(fixes) == 2, net["fix"]
+    assert fixes[0].startswith("Pull the base images through a mirror"), fixes
+    assert fixes[1].startswith("This network intercepts TLS"), fixes
     code, out = invoke(["doctor", "p40", "--json"], host("p40"))
     net = {c["check"]: c for c in json.loads(out)["checks"]}["network"]
     assert net["status"] == "ok" and "all 4 endpoints" in net["detail"]  # hub, PyPI, torch, GitHub
@@ -715,3 +722,32 @@ def test_a_gpu_name_reaches_the_terminal_without_its_control_characters(tmp_path
             code, out = invoke(args, p)
             assert not any(c in out for c in "\x1b\x07\x9b"), (args, out)
             assert "\\x1b" in out or "\\\\x1b" in out, (args, out)
+
+
+_WITHOUT_ACTIONS = """
+import sys
+for name in ("docker", "pynvml", "requests"):
+    sys.modules[name] = None  # as a base install (no [actions] extra) has them: absent
+from envbuilder.cli import main
+main(sys.argv[1:])
+"""
+
+
+@pytest.mark.parametrize("command", [["detect"], ["doctor"], ["doctor", "p40"]])
+def test_without_the_actions_extra_detect_and_doctor_name_it_with_exit_2(command, tmp_path):
+    """README: `detect` and `doctor` need `[actions]`; without it they say so (exit 2), as
+    `build` does, instead of reporting a machine they could not read."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ENVBUILD_")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    r = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_ACTIONS, *command],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr
+    assert "envbuild[actions]" in " ".join(r.stderr.split()), r.stderr
+    assert r.stdout == ""

@@ -548,3 +548,61 @@ def test_every_documented_wheelhouse_of_a_shipped_lock_is_accepted_as_written(wh
         "--accept-partial" in words,
     )
     assert not why, f"{where}: `envbuild {' '.join(words)}` is refused: {why}"
+
+
+# -- docs/ARCHITECTURE.md's table of packages and their modules -----------------------------------
+ARCH_ROW = re.compile(r"^\| \d+ \| `envbuilder/(?:([a-z_]+)/)?` (?:\(top\) )?\| (.*) \|$")
+PY_NAME = re.compile(r"`((?:[a-z_]+/)*[a-z_0-9]+\.py)`")
+
+
+def architecture_rows() -> dict[str, str]:
+    """{package folder ('' for the top level): what its row says}, from the rank table."""
+    rows = {}
+    for line in (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8").splitlines():
+        m = ARCH_ROW.match(line) or re.match(r"^\| \d+ \| `([a-z_]+)/` \| (.*) \|$", line)
+        if m:
+            rows[m[1] or ""] = m[2]
+    return rows
+
+
+def test_the_architecture_table_names_every_module_and_only_modules_that_exist():
+    """Each package's row names each of its modules (cli/ names its shared ones: the rest are one
+    per command), and every module a row names exists (bare in that package or below it, or as
+    PACKAGE/NAME.py from envbuilder/ or a path from the checkout)."""
+    pkg_root = ROOT / "envbuilder"
+    rows = architecture_rows()
+    packages = {"", *(p.name for p in pkg_root.iterdir() if (p / "__init__.py").exists())}
+    assert set(rows) == packages, "a package without its row, or a row without its package"
+    gone, missing = [], []
+    for pkg, text in rows.items():
+        folder = pkg_root / pkg
+        named = PY_NAME.findall(text)
+        for name in named:
+            found = (
+                (pkg_root / name).is_file() or (ROOT / name).is_file()
+                if "/" in name
+                else any(folder.rglob(name))
+            )
+            if not found:
+                gone.append(f"{pkg or '(top)'}: {name}")
+        if pkg == "cli":
+            continue
+        modules = folder.glob("*.py") if pkg == "" else folder.rglob("*.py")
+        for path in modules:
+            if path.name in ("__init__.py", "__main__.py"):
+                continue
+            rel = path.relative_to(folder).as_posix()
+            if not any(n in (path.name, rel, f"{pkg}/{rel}") for n in named):
+                missing.append(f"{pkg or '(top)'}: {rel}")
+    assert gone == [], f"docs/ARCHITECTURE.md names modules that do not exist: {gone}"
+    assert missing == [], f"docs/ARCHITECTURE.md's table leaves out: {missing}"
+
+
+def test_the_readmes_file_table_names_every_file_a_render_writes():
+    """README's table of what `render` writes leaves none out (it lacked apptainer.def)."""
+    from conftest import resolved
+    from envbuilder.render.files import render_files
+
+    rows = set(re.findall(r"^\| `([^`]+?)/?` \|", README.read_text(encoding="utf-8"), re.M))
+    written = {name.split("/")[0] for p in ("p40", "4090") for name in render_files(resolved(p))}
+    assert written - rows == set()

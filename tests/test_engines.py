@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import unavailable
 from test_build import (
     ENVBUILD,
     REGISTRY,
@@ -33,10 +34,7 @@ pytestmark = pytest.mark.docker
 def _need_tool(name: str) -> None:
     if shutil.which(name):
         return
-    why = f"{name} is not installed (apt-get install podman buildah)"
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI=true and {why}: tests/infra/provision.sh installs it")
-    pytest.skip(why)
+    unavailable(f"{name} is not installed (apt-get install podman buildah; tests/infra/provision.sh does)")
 
 
 def _containers() -> set[str]:

@@ -68,8 +68,50 @@ def test_every_profile_renders_the_package_scripts_byte_for_byte(profile):
     assert data["preflight"]["profile"] == profile
 
 
+# one render of t4's sidecar in a process of its own; with "reversed", every dict of the data is
+# built in the opposite order first (a refactor that fills it otherwise must not change a byte)
+_RENDER_SIDECAR = """
+import sys
+from envbuilder.model.matrix import load
+from envbuilder.model.resolve import Overrides, resolve
+from envbuilder.render import files
+
+def reverse(value):
+    if isinstance(value, dict):
+        return {k: reverse(value[k]) for k in reversed(list(value))}
+    if isinstance(value, list):
+        return [reverse(v) for v in value]
+    return value
+
+if sys.argv[1] == "reversed":
+    data = files.script_data
+    files.script_data = lambda env: reverse(data(env))
+sys.stdout.write(files.render_files(resolve(load(), "t4", Overrides()))[files.SIDECAR])
+"""
+
+
 def test_the_sidecar_is_the_same_bytes_every_time():
-    assert render_files(resolved("t4"))[SIDECAR] == render_files(resolved("t4"))[SIDECAR]
+    """Two processes, each with its own hash seed (set order) and the second with every dict
+    filled in reverse, write the same bytes: the sidecar is sorted where it is written."""
+    tests = Path(__file__).resolve().parent
+    renders = []
+    for seed, order in (("1", "as-built"), ("2", "reversed")):
+        env = {
+            **os.environ,
+            "PYTHONHASHSEED": seed,
+            "PYTHONPATH": os.pathsep.join([str(tests.parent), str(tests)]),
+        }
+        r = subprocess.run(
+            [sys.executable, "-c", _RENDER_SIDECAR, order],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        assert r.returncode == 0, r.stderr
+        renders.append(r.stdout)
+    assert renders[0] == renders[1]
+    assert renders[0] == render_files(resolved("t4"))[SIDECAR]
 
 
 # the bounded reader and the checker of each value, written in each script (no shared module in

@@ -448,3 +448,40 @@ def test_no_python_of_the_wheelhouse_lock_names_installs_own_interpreter_option(
     assert r.returncode == 2, r.stdout + r.stderr
     assert "Python 3.99" in r.stderr and "--interpreter" in r.stderr and "Traceback" not in r.stderr
     assert not ran.exists() and not (tmp_path / "env").exists()
+
+
+def test_the_online_route_lists_only_the_profiles_layers_from_a_work_folder_named_install(
+    tmp_path, monkeypatch
+):
+    """p40 has no vLLM layer (its rollout is HF): install lists no `✓ layer vllm`; and the folder
+    it works in says install, not verify (issue 44)."""
+    from conftest import resolved
+    from envbuilder.machine import install as I
+    from envbuilder.machine import verify as V
+    from envbuilder.tools.python import Interpreter
+
+    env = resolved("p40")
+    seen = {}
+
+    def run(self, work, venv):
+        seen["work"] = work.name
+        self.r.layers = [
+            {"layer": "torch", "requirements": ["torch"], "ok": True, "seconds": 3.0, "pip_check": None},
+            {
+                "layer": "vllm",
+                "requirements": [],
+                "ok": True,
+                "seconds": 0.0,
+                "empty": True,
+                "pip_check": None,
+            },
+        ]
+        return self.r
+
+    monkeypatch.setattr(V._Verifier, "run", run)
+    (tmp_path / "env").mkdir()
+    report = I.InstallReport(env.profile, str(tmp_path / "env"), "online")
+    interp = Interpreter(path=sys.executable, version="3.10.13")
+    assert I._online(env, tmp_path / "env", interp, None, None, report, lambda line: None)
+    assert [s["step"] for s in report.steps] == ["layer torch"]
+    assert seen["work"].startswith("envbuild-install-p40-")

@@ -21,14 +21,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import unavailable
 from envbuilder.cli import main
 
 for module in ("rattler", "rattler_build", "conda_lock", "uv", "pypiserver", "requests"):
     if importlib.util.find_spec(module) is None:  # found, not imported: rattler runs in children
-        message = f"{module} is not installed (pip install -e '.[lock,test]')"
-        if os.environ.get("CI") == "true":
-            raise ImportError(message)
-        pytest.skip(message, allow_module_level=True)
+        unavailable(f"{module} is not installed (pip install -e '.[lock,test]')")
 
 import lockfixtures as F  # noqa: E402
 

@@ -74,3 +74,22 @@ def test_check_says_which_card_a_name_was_taken_for():
         r.output.startswith("OK: a100 resolves")
         and "planned for the NVIDIA A100-SXM4-40GB's memory" in r.output
     )
+
+
+def test_an_unknown_card_is_offered_the_nearest_cards_profile_not_the_nearest_key():
+    """'RTX 3080' is closest to the RTX 3090 of the cards' names, not to the key rtx-pro-6000."""
+    with pytest.raises(UserError) as e:
+        resolve(shipped(), "RTX 3080")
+    assert "did you mean 'RTX 3090' (profile 3090)?" in str(e.value)
+    assert "rtx-pro-6000?" not in str(e.value)
+
+
+def test_a_card_the_grid_knows_without_a_profile_is_named_as_such():
+    """The Tesla P100 is a card of the matrix (a grid row), which no profile's build runs on: the
+    refusal says so and where to look, not 'did you mean a100'."""
+    with pytest.raises(UserError) as e:
+        resolve(shipped(), "Tesla P100")
+    said = str(e.value)
+    assert "'Tesla P100' is the Tesla P100 (CC 6.0)" in said
+    assert "`envbuild grid --gpu p100`" in said
+    assert "did you mean" not in said

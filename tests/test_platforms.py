@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import resolved
+from conftest import need, resolved
 from envbuilder.engines import daemonless as E
 from envbuilder.engines import docker as B
 from envbuilder.errors import UserError
@@ -36,11 +36,7 @@ MANIFESTS = "application/vnd.docker.distribution.manifest.v2+json, application/v
 
 
 def _need(ok: bool, why: str) -> None:
-    if ok:
-        return
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI=true and {why}: tests/infra/provision.sh provisions it")
-    pytest.skip(why)
+    need(ok, f"{why} (tests/infra/provision.sh provisions it)")
 
 
 def _get(path: str, accept: str) -> tuple[bytes, str]:

@@ -18,21 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, frozen, frozen_with, place_script, resolved
+from conftest import FIXTURES, frozen, frozen_with, need, place_script, resolved
 from fixture_wheels import module_files, wheels_for_env
 from envbuilder.model import matrix as M
 from envbuilder.render.files import smoke_command
 from envbuilder.render.files import render_files
 
 CHECK, CROSS = "\u2713", "\u2717"
-
-
-def need(ok: bool, why: str) -> None:
-    if ok:
-        return
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI=true and {why}")
-    pytest.skip(why)
 
 
 def render(tmp_path: Path, profile: str, matrix: M.Matrix | None = None, **kw) -> tuple[Path, dict]:
@@ -508,3 +500,25 @@ def test_a_refused_override_is_refused_however_hydra_would_spell_it(tmp_path, ov
 def test_the_allowed_value_passes_however_it_is_spelt(tmp_path, override):
     r = overrides_run(tmp_path, "p40", override)
     assert "cannot generate from an offloaded actor" not in r.stderr, r.stderr
+
+
+def test_the_driver_fix_says_what_applies_where_preflight_runs(tmp_path, monkeypatch):
+    """`envbuild install` runs preflight in a venv on the host, where "run the container with
+    --gpus all" does not apply; in a Docker/Podman container it does, in Apptainer it is --nv."""
+    from envbuilder.images import preflight as P
+
+    docker, apptainer = tmp_path / ".dockerenv", tmp_path / ".singularity.d"
+    marks = {
+        "docker": str(docker),
+        "podman": str(tmp_path / "run" / ".containerenv"),
+        "apptainer": str(apptainer),
+    }
+    monkeypatch.setattr(P, "CONTAINER_MARKS", marks)
+    monkeypatch.delenv("container", raising=False)
+    host = P.driver_fix()
+    assert "--gpus" not in host and "container" not in host and "nvidia-smi" in host
+    docker.touch()
+    assert "run the container with --gpus all" in P.driver_fix()
+    docker.unlink()
+    apptainer.mkdir()
+    assert "--nv" in P.driver_fix() and "--gpus" not in P.driver_fix()

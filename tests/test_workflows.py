@@ -5,7 +5,6 @@ run the README's test command, and bake and push the matrix on main and tags."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,15 +12,15 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import unavailable
+
 WORKFLOWS = sorted((Path(__file__).resolve().parent.parent / ".github" / "workflows").glob("*.yml"))
 
 
 def check_jsonschema() -> str:
     exe = Path(sys.executable).parent / "check-jsonschema"
     if not exe.exists():
-        if os.environ.get("CI") == "true":
-            pytest.fail("check-jsonschema is not installed (the test extra lists it)")
-        pytest.skip("check-jsonschema is not installed: pip install check-jsonschema")
+        unavailable("check-jsonschema is not installed (the test extra lists it: pip install -e '.[test]')")
     return str(exe)
 
 

@@ -20,10 +20,22 @@ if TYPE_CHECKING:
     from envbuilder.machine.doctor import Probes
 
 
+# what the real probes import: NVML's module for the GPUs; the docker SDK and requests for doctor's
+# engine, registry and network checks (pyproject's `actions` extra)
+_NEEDS = {"detect": ("pynvml",), "doctor": ("pynvml", "docker", "requests")}
+
+
 def _probes(ctx: click.Context) -> Probes:
+    """The probes a test passed, else the real ones, once the extra they import is installed
+    (exit 2 naming it, not a machine reported as having no GPU)."""
+    from envbuilder.errors import need_extra
     from envbuilder.machine.doctor import Probes
 
-    return ctx.obj if ctx.obj is not None else Probes()
+    if ctx.obj is not None:
+        return ctx.obj  # type: ignore[no-any-return]
+    command = ctx.info_name or "doctor"
+    need_extra(command, "actions", _NEEDS.get(command, _NEEDS["doctor"]))
+    return Probes()
 
 
 @click.command()
@@ -35,8 +47,8 @@ def detect(ctx: click.Context, as_json: bool, matrix_dirs: Dirs) -> None:
     from envbuilder.machine.detect import detect as detect_machine
     from envbuilder.machine.detect import machine_json, recommend, recommendation_json, report_lines
 
-    m = load_matrix(matrix_dirs)
     probes = _probes(ctx)
+    m = load_matrix(matrix_dirs)
     machine = detect_machine(m, probes.nvml, probes.run)
     rec = recommend(m, machine)
     if as_json:
@@ -79,12 +91,13 @@ def doctor(
     from envbuilder.machine.doctor import doctor as run_doctor, report_json
     from envbuilder.errors import ActionError
 
+    probes = _probes(ctx)
     m = load_matrix(matrix_dirs)
     if profile is None:
         from envbuilder.cli.options import implied_profile
 
-        profile = implied_profile(m, "doctor", _probes(ctx))
-    report = run_doctor(m, profile, overrides, _probes(ctx), mirror, conda_required)
+        profile = implied_profile(m, "doctor", probes)
+    report = run_doctor(m, profile, overrides, probes, mirror, conda_required)
     failed = [c for c in report.checks if c.status == "fail"]
     if as_json:
         click.echo(json.dumps(report_json(report), indent=2))

@@ -86,7 +86,18 @@ SHAPE = {
     "built": {str: (str, None)},
 }
 FLAGS = ("--json", "--quiet", "--smoke")
-DRIVER_FIX = "run the container with --gpus all (NVIDIA Container Toolkit) and check nvidia-smi"
+# what each container leaves at its root: preflight runs in one (the image) or in a venv on the
+# host (`envbuild install`), and the fix for a GPU it cannot see differs
+CONTAINER_MARKS = {"docker": "/.dockerenv", "podman": "/run/.containerenv", "apptainer": "/.singularity.d"}
+
+
+def driver_fix() -> str:
+    """The fix for a GPU or driver preflight cannot see, for where it runs."""
+    if os.path.exists(CONTAINER_MARKS["apptainer"]):
+        return "run the container with --nv (apptainer run --nv) and check nvidia-smi"
+    if any(os.path.exists(CONTAINER_MARKS[k]) for k in ("docker", "podman")) or os.environ.get("container"):
+        return "run the container with --gpus all (NVIDIA Container Toolkit) and check nvidia-smi"
+    return "install the NVIDIA driver and check that nvidia-smi lists the GPU"
 
 
 def read_regular(path: pathlib.Path, limit: int) -> bytes:
@@ -293,13 +304,13 @@ def load_torch(r: Report, e: Data) -> Any:
 
 
 def gpu_checks(r: Report, e: Data, torch: Any) -> None:
-    available = r.guard("GPU visible", DRIVER_FIX, torch.cuda.is_available)
+    available = r.guard("GPU visible", driver_fix(), torch.cuda.is_available)
     if available is None:
         return
     if not available:
-        r.add("GPU visible", False, "no GPU visible (torch.cuda.is_available() is False)", DRIVER_FIX)
+        r.add("GPU visible", False, "no GPU visible (torch.cuda.is_available() is False)", driver_fix())
         return
-    count = r.guard("GPU visible", DRIVER_FIX, torch.cuda.device_count)
+    count = r.guard("GPU visible", driver_fix(), torch.cuda.device_count)
     if count is None:
         return
     r.add("GPU visible", True, f"{count} device(s)")
@@ -307,7 +318,7 @@ def gpu_checks(r: Report, e: Data, torch: Any) -> None:
         "torch arch list", "torch's CUDA runtime is broken: " + torch_fix(e), torch.cuda.get_arch_list
     )
     for i in range(count):
-        r.guard(f"GPU {i}", DRIVER_FIX, device_checks, r, e, torch, i, arch_list or [])
+        r.guard(f"GPU {i}", driver_fix(), device_checks, r, e, torch, i, arch_list or [])
     r.guard(
         "CUDA kernel runs",
         "the driver or torch build does not fit this GPU; see the checks above",
@@ -340,7 +351,7 @@ def device_checks(r: Report, e: Data, torch: Any, i: int, arch_list: list[Any]) 
     def vram_gib() -> float:
         return float(torch.cuda.get_device_properties(i).total_memory) / 2**30
 
-    vram = r.guard(f"GPU {i} memory", DRIVER_FIX, vram_gib)
+    vram = r.guard(f"GPU {i} memory", driver_fix(), vram_gib)
     if vram is not None:
         r.add(
             f"GPU {i} memory",
@@ -401,7 +412,7 @@ def driver_version() -> str | None:
 
 
 def driver_check(r: Report, e: Data) -> None:
-    driver = r.guard("driver", DRIVER_FIX, driver_version)
+    driver = r.guard("driver", driver_fix(), driver_version)
     if not driver:
         return
     native = version_tuple(driver) >= version_tuple(e["min_driver"])
@@ -434,7 +445,7 @@ def libcuda_for_imports(r: Report, e: Data) -> None:
     try:
         ctypes.CDLL(compat, mode=getattr(ctypes, "RTLD_GLOBAL", 0))
     except OSError as exc:
-        r.add("libcuda for imports", False, first_line(exc), f"{compat} is broken; " + DRIVER_FIX)
+        r.add("libcuda for imports", False, first_line(exc), f"{compat} is broken; " + driver_fix())
         return
     r.add(
         "libcuda for imports",
@@ -466,7 +477,7 @@ def import_check(r: Report, e: Data, module: str) -> None:
         elif missing:
             fix = f"{module} needs {missing}, which is not installed: rebuild the image"
         elif "libcuda.so" in text:
-            fix = f"{module} needs the NVIDIA driver's libcuda.so.1: " + DRIVER_FIX
+            fix = f"{module} needs the NVIDIA driver's libcuda.so.1: " + driver_fix()
         else:
             fix = (
                 f"{module} is broken or was built against another torch/CUDA; rebuild the image "
@@ -533,7 +544,7 @@ def checks(e: Data, smoke: bool) -> list[dict[str, Any]]:
         else:
             gpu_checks(r, e, torch)
         driver_check(r, e)
-    r.guard("libcuda for imports", DRIVER_FIX, libcuda_for_imports, r, e)
+    r.guard("libcuda for imports", driver_fix(), libcuda_for_imports, r, e)
     for module in e["training_path"]:
         import_check(r, e, module)
     patch_check(r, e)

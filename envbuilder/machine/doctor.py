@@ -19,6 +19,7 @@ from envbuilder.model.resolved import Overrides, ResolvedEnv
 from envbuilder.model.matrix import cc_runs
 from envbuilder.engines.docker import NoBuildKit, docker_clients, find_buildkit, which_all
 from envbuilder.record import Record
+from envbuilder.text import sentences
 
 # Rough size of a built image and its build cache, in GB: CUDA runtime + torch + verl, then what
 # vLLM and a build stage (devel image, nvcc, apex/flash-attn compiles) add. An estimate, not a fact.
@@ -392,7 +393,7 @@ def network_check(base: ResolvedEnv, mirror: str | None, probe: Callable[..., An
             "network",
             "fail",
             "; ".join(f"{f.what}: {f.why}" for f in found),
-            " ".join(dict.fromkeys(f.fix for f in found)),
+            sentences(f.fix for f in found),
         )
     body = reach.needs(base)
     n = sum(len(v) for v in body["registries"].values()) + sum(

@@ -249,28 +249,14 @@ def extension_commands(env: ResolvedEnv, python: Path) -> list[tuple[str, list[s
     """(component, the command that compiles it into the environment of `python`) for apex and
     flash-attn, as the image's builder stage does (for this GPU's arch only)."""
     from envbuilder.model.components import apex
-    from envbuilder.model.components.flash_attn import source_build_env
+    from envbuilder.model.components.flash_attn import source_build_argv
 
     out: list[tuple[str, list[str]]] = []
     if env.apex:
         pip = [str(python), "-m", "pip", "install", "-v"]
         out.append(("apex", apex.build_argv(env.apex, pip, f"apex @ {env.apex.url}")))
     if env.flash_attn:
-        out.append(
-            (
-                "flash-attn",
-                [
-                    "env",
-                    *source_build_env(env),
-                    str(python),
-                    "-m",
-                    "pip",
-                    "install",
-                    "--no-build-isolation",
-                    f"flash-attn=={env.flash_attn.version}",
-                ],
-            )
-        )
+        out.append(("flash-attn", ["env", *source_build_argv(env, [str(python), "-m", "pip", "install"])]))
     return out
 
 
@@ -488,10 +474,13 @@ def _online(
             keep=prefix,
             skip_compose=True,
             imports=False,  # (preflight --smoke imports the training path below)
+            command="install",
             say=say,
         ),
     )
     for layer in r.layers:
+        if layer.get("empty"):
+            continue  # a layer this profile does not have (p40's vllm: its rollout is HF)
         report.steps.append(
             {
                 "step": f"layer {layer['layer']}",

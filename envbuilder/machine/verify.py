@@ -239,6 +239,7 @@ class Options(Record):
     # keep it when stopped: the next run goes on from what arrived
     resume: bool = False
     say: Callable[[str], None] = lambda line: None
+    command: str = "verify"  # whose run this is: its work folder is envbuild-COMMAND-PROFILE-...
 
 
 from envbuilder.tools.python import Interpreter  # noqa: E402  (path, full version)
@@ -1076,7 +1077,7 @@ def verify(env: ResolvedEnv, interp: Interpreter, opts: Options) -> Report:
     """Verify one resolved profile. Its temporary directory (and a --keep venv left unfinished by
     Ctrl-C) is removed whatever happens."""
     start = time.monotonic()
-    work = Path(tempfile.mkdtemp(prefix=f"envbuild-verify-{env.name}-"))
+    work = Path(tempfile.mkdtemp(prefix=f"envbuild-{opts.command}-{env.name}-"))
     venv = opts.keep if opts.keep else work / "venv"
     v = _Verifier(env, interp, opts)
     try:

@@ -45,6 +45,43 @@ def nearest_profile(m: Matrix, gpu_key: str) -> str | None:
     )
 
 
+def _card_named(m: Matrix, typed: str) -> str | None:
+    """The matrix card a typed name names. A card's name is words of letters, digits and
+    . _ + / ( ) - ; anything else (a control character, a quote) names no card, however a
+    pattern would find a card's name inside it."""
+    return match_gpu(m, typed) if re.fullmatch(r"[A-Za-z0-9 ._+/()-]{1,100}", typed) else None
+
+
+# the words before a card's model in its names, which a user leaves off (`RTX 3090`)
+_MAKER = re.compile(r"^(NVIDIA\s+)?(GeForce\s+|Tesla\s+)?", re.IGNORECASE)
+
+
+def unknown_name_hint(m: Matrix, typed: str) -> str:
+    """What a refusal of a name that names no profile says first: for a card of the matrix
+    without a profile (a grid row), that card and where to see it; else 'did you mean ...? '
+    for the closest profile key or card name (with the card's profile), or nothing."""
+    import difflib
+
+    gpu = _card_named(m, typed)
+    if gpu is not None:
+        card = m.gpus[gpu]
+        return (
+            f"{typed!r} is the {card['name']} (CC {card['compute_capability']}), a card no profile's "
+            f"build runs on (`envbuild grid --gpu {gpu}` shows it). "
+        )
+    names: dict[str, tuple[str, str]] = {k.casefold(): (k, k) for k in m.profiles}  # folded: (shown, profile)
+    for key, card in m.gpus.items():
+        profile = nearest_profile(m, key)
+        for name in (key, card["name"], _MAKER.sub("", card["name"])):
+            if profile:
+                names.setdefault(name.casefold(), (name, profile))
+    close = difflib.get_close_matches(typed.casefold(), list(names), n=1, cutoff=0.5)
+    if not close:
+        return ""
+    shown, profile = names[close[0]]
+    return f"did you mean {shown!r}{'' if shown == profile else f' (profile {profile})'}? "
+
+
 def profile_named(m: Matrix, typed: str) -> Named | None:
     """The profile a typed name means, or None when it names none."""
     if typed in m.profiles:
@@ -52,9 +89,7 @@ def profile_named(m: Matrix, typed: str) -> Named | None:
     folded = {k.casefold(): k for k in m.profiles}
     if typed.casefold() in folded:
         return Named(folded[typed.casefold()])
-    # a card's name is words of letters, digits and . _ + / ( ) - ; anything else (a control
-    # character, a quote) names no card, however a pattern would find a card's name inside it
-    gpu = match_gpu(m, typed) if re.fullmatch(r"[A-Za-z0-9 ._+/()-]{1,100}", typed) else None
+    gpu = _card_named(m, typed)
     profile = nearest_profile(m, gpu) if gpu else None
     if gpu is None or profile is None:
         return None

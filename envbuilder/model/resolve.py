@@ -30,7 +30,7 @@ from envbuilder.model.components import verl as VERL
 from envbuilder.model.components.verl import INSTALLABLE_ROLLOUTS  # noqa: F401  (the rollouts a profile may name)
 from envbuilder.model.components import vllm as VLLM
 from envbuilder.model.versions import ranges_overlap
-from envbuilder.model.names import profile_named
+from envbuilder.model.names import profile_named, unknown_name_hint
 
 # the torch dtype of each of envbuild's dtype names
 TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -195,7 +195,7 @@ class _Resolver:
         named = profile_named(m, profile_name)
         if named is None:
             raise UserError(
-                f"Unknown profile {profile_name!r}; {suggest(profile_name, list(m.profiles))}"
+                f"Unknown profile {profile_name!r}; {unknown_name_hint(m, profile_name)}"
                 f"Known profiles: {', '.join(m.profiles)}, or a GPU's name (H100, RTX 4090, "
                 "A100-SXM4-40GB). `envbuild list` shows them; add your own with --matrix-dir."
             )

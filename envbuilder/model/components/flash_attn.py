@@ -308,14 +308,18 @@ def source_build_env(env: ResolvedEnv) -> list[str]:
     ]
 
 
+def source_build_argv(env: ResolvedEnv, pip: list[str]) -> list[str]:
+    """THE command that compiles flash-attn for the card, as words: its variables, `pip` (the
+    words that run pip install or pip wheel), and torch from the environment (no isolation)."""
+    fa = env.flash_attn
+    assert fa is not None  # (called only for a profile with flash-attn)
+    return [*source_build_env(env), *pip, "--no-build-isolation", f"flash-attn=={fa.version}"]
+
+
 def source_build_command(env: ResolvedEnv, pip: str = "pip install") -> str:
-    """THE command that compiles flash-attn for the card (by hand into an environment, the
-    Apptainer definition, the builder stage with `pip wheel ...`); "" without flash-attn."""
-    if not env.flash_attn:
-        return ""
-    return " ".join(
-        [*source_build_env(env), pip, "--no-build-isolation", f"flash-attn=={env.flash_attn.version}"]
-    )
+    """source_build_argv as one line (by hand into an environment, the Apptainer definition, the
+    builder stage with `pip wheel ...`); "" without flash-attn."""
+    return " ".join(source_build_argv(env, [pip])) if env.flash_attn else ""
 
 
 def source_build_shell(env: ResolvedEnv, wheels: str, indent: str = "    ") -> list[str]:
