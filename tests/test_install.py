@@ -485,3 +485,57 @@ def test_the_online_route_lists_only_the_profiles_layers_from_a_work_folder_name
     assert I._online(env, tmp_path / "env", interp, None, None, report, lambda line: None)
     assert [s["step"] for s in report.steps] == ["layer torch"]
     assert seen["work"].startswith("envbuild-install-p40-")
+
+
+def test_an_online_install_whose_torch_build_only_the_pytorch_index_has_stops_when_it_is_down(
+    cli, monkeypatch, tmp_path
+):
+    """p40's torch is 2.6.0+cu118, which only the PyTorch index has: with PyPI answering (a
+    loopback index) and the PyTorch index not (a closed loopback port), the install stops
+    before anything is made, naming the index, --torch-index-url and the wheelhouse route,
+    instead of swapping in PyPI's torch of another CUDA (issue 44, Medium 5)."""
+    import envbuilder.machine.install as I
+    from httpfixtures import FileServer, closed_port_url
+
+    def online(*a, **kw):
+        raise AssertionError("the install went on without the PyTorch index")
+
+    monkeypatch.setattr(I, "_online", online)
+    prefix = tmp_path / "env"
+    torch_index = closed_port_url("whl/cu118")
+    with FileServer({"simple/": b"<html></html>"}) as pypi:
+        code, out, err = cli(
+            "install", "p40", "--prefix", prefix, "--interpreter", _python310(),
+            "--index-url", pypi.url("simple/"), "--torch-index-url", torch_index,
+        )  # fmt: skip
+    assert code == 1, err
+    assert torch_index in err and "--torch-index-url" in err
+    assert "envbuild wheelhouse p40" in err and "--from-wheelhouse" in err
+    assert not prefix.exists()
+
+
+def test_an_online_install_probes_the_profiles_own_pytorch_index_and_only_where_it_has_one(
+    monkeypatch, tmp_path
+):
+    """Without --torch-index-url the profile's PyTorch index is the one probed (a stand-in
+    probe: no traffic); a profile on PyPI's default torch build (4090) probes none."""
+    import envbuilder.machine.install as I
+    import envbuilder.machine.verify as V
+    from conftest import resolved
+    from envbuilder.errors import ActionError
+
+    asked: list[str] = []
+
+    def answers(url, timeout=0.0):
+        asked.append(url.reveal() if hasattr(url, "reveal") else url)
+        return "pypi.org" in asked[-1]
+
+    monkeypatch.setattr(V, "index_answers", answers)
+    monkeypatch.setattr(I, "_interpreter", lambda *a: None)
+    monkeypatch.setattr(I, "_online", lambda *a: False)
+    with pytest.raises(ActionError, match="download.pytorch.org/whl/cu118"):
+        I.install(resolved("p40"), tmp_path / "p40")
+    assert asked == ["https://pypi.org/simple", "https://download.pytorch.org/whl/cu118"]
+    asked.clear()
+    assert not I.install(resolved("4090"), tmp_path / "4090").ok
+    assert asked == ["https://pypi.org/simple"]

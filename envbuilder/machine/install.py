@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from envbuilder.secret import SecretUrl
+from envbuilder.secret import SecretUrl, secret
 from envbuilder.errors import ActionError, UserError
 from envbuilder.limits import read_text_bounded
 from envbuilder.text import printable
@@ -339,18 +339,7 @@ def install(
         python = _wheelhouse_python(env.profile, wheelhouse, prefix, want, python)
     else:
         interp = _interpreter(env.profile, env.python, python)
-        # the probe `build` makes before its first step: the index every step installs from
-        # answers, or nothing is made (the PyTorch index is verify's: PyPI's builds where it is down)
-        from envbuilder.machine.verify import PROBE_TIMEOUT_S, index_answers
-
-        pypi = index_url or SecretUrl(env.indexes.pypi)
-        say(f"probe {pypi} ({PROBE_TIMEOUT_S:.0f} s at most)")
-        if not index_answers(pypi):
-            raise ActionError(
-                f"The package index {pypi} does not answer from here, so nothing was "
-                "installed. Use a mirror (--mirror NAME, `envbuild mirrors list`), --index-url "
-                f"URL, or a wheelhouse made where it answers (--from-wheelhouse)."
-            )
+        _probe_indexes(env, prefix, index_url, torch_index_url, say)
     with prefix_lock(prefix):
         check()  # (another install may have made or finished something here meanwhile)
         if wheelhouse:
@@ -380,6 +369,49 @@ def install(
     report.ok = all(s.get("ok") for s in report.steps)
     report.seconds = round(time.monotonic() - start, 1)
     return report
+
+
+def _probe_indexes(
+    env: ResolvedEnv,
+    prefix: Path,
+    index_url: SecretUrl | None,
+    torch_index_url: SecretUrl | None,
+    say: Callable[[str], None],
+) -> None:
+    """The probe `build` makes before its first step: the index every step installs from
+    answers, and so does the PyTorch index where the torch pinned is a build only it has
+    (verify would swap in PyPI's torch of another CUDA, a 3 GB install that ends NOT READY);
+    or nothing is made (ActionError, exit 1)."""
+    from envbuilder.machine.verify import PROBE_TIMEOUT_S, index_answers, local_pins
+
+    pypi = index_url or SecretUrl(env.indexes.pypi)
+    say(f"probe {pypi} ({PROBE_TIMEOUT_S:.0f} s at most)")
+    if not index_answers(pypi):
+        raise ActionError(
+            f"The package index {pypi} does not answer from here, so nothing was "
+            "installed. Use a mirror (--mirror NAME, `envbuild mirrors list`), --index-url "
+            f"URL, or a wheelhouse made where it answers (--from-wheelhouse)."
+        )
+    from envbuilder.lock.constraints import with_constraints
+
+    locked = env.constraints or with_constraints(env).constraints  # (the lock's pins, as verify's)
+    pins = [*env.torch.packages, *(p for layer in (locked.layers.values() if locked else ()) for p in layer)]
+    local = local_pins(pins)
+    torch_index = torch_index_url or secret(env.indexes.torch)
+    if not (local or env.indexes.torch):
+        return  # (PyPI's own torch build: no PyTorch index to ask)
+    say(f"probe {torch_index} ({PROBE_TIMEOUT_S:.0f} s at most)")
+    if torch_index is None or not index_answers(torch_index):
+        pin = local.get("torch", next(iter(local.values()), ("", "")))[0] or env.torch.version
+        p = env.profile
+        raise ActionError(
+            f"The PyTorch index {torch_index or '(none given)'} does not answer from here, and "
+            f"{p}'s torch {pin} (for CUDA {env.torch.cuda}) is a build only "
+            "it has (PyPI's is of another CUDA), so nothing was installed. Pass "
+            "--torch-index-url URL (a mirror of that index), or make a wheelhouse on a machine "
+            f"where it answers (`envbuild wheelhouse {p} -o wh/{p}`) and install from it here "
+            f"(`envbuild install {p} --prefix {shlex.quote(str(prefix))} --from-wheelhouse wh/{p}`)."
+        )
 
 
 def _interpreter(profile: str, version: str, python: str | None) -> Interpreter:
