@@ -393,6 +393,7 @@ def test_a_failing_step_is_reported_as_that_step_not_as_a_pull(docker_client, co
             "--without",
             "apex",
             "--no-smoke",
+            "--no-probe",  # (the probe would refuse the closed index before any step)
             "--tag",
             "envbuild-test/p40:step-fails",
         ],

@@ -102,6 +102,7 @@ def test_a_failing_step_is_reported_as_that_step_with_podman(docker_client, conf
             "--without",
             "apex",
             "--no-smoke",
+            "--no-probe",  # (the probe would refuse the closed index before any step)
             "--tag",
             "envbuild-test/p40:podman-fails",
         ],

@@ -23,9 +23,11 @@ def test_what_each_build_fetches_follows_the_rendered_files():
     assert h100["registries"]["push 127.0.0.1:5000"] == ["127.0.0.1:5000"]
     offline = reach.needs(resolved("p40"), wheelhouse=True)  # a wheelhouse needs no index
     assert set(offline) == {"registries"}
-    assert reach.needs(resolved("p40"), push="r:5000", upstream=False) == {
-        "registries": {"push r:5000": ["r:5000"]}
-    }
+    # a mirror set's registries were picked by probing them: the push target remains, and the
+    # indexes the files name (the upstream ones where the set has none)
+    mirrored = reach.needs(resolved("p40"), push="r:5000", upstream=False)
+    assert mirrored["registries"] == {"push r:5000": ["r:5000"]}
+    assert mirrored["pytorch"] == ["https://download.pytorch.org/whl/cu118"]
 
 
 def test_a_failure_is_named_by_what_fixes_it():
@@ -128,3 +130,42 @@ def test_a_driver_refusal_does_not_hide_the_fixes_of_the_others():
     v = violations("h100", vllm="0.9.2", driver="535.54.03")
     assert v["verl-vllm"].fix == "use --vllm 0.24.0"
     assert "upgrade the driver" in v["driver"].fix
+
+
+def test_a_mirror_build_probes_what_its_dockerfile_fetches_from():
+    """build --mirror NAME (issue 44, Medium 8): a set with a PyTorch endpoint is the index the
+    Dockerfile installs torch from and the one probed ({variant} filled with the profile's, with
+    the set's credentials); a set without one leaves download.pytorch.org in the Dockerfile, so
+    that is probed, and named when it does not answer."""
+    from envbuilder.model import mirrors as M
+    from envbuilder.render.files import render_files
+
+    p40 = resolved("p40")
+    with_pt = M.choice(
+        "lan", {"pypi": ["http://u:pw@127.0.0.1:9/simple"], "pytorch": ["http://127.0.0.1:9/whl/{variant}"]}
+    )
+    env = M.apply_to_env(p40, with_pt)
+    assert "ARG TORCH_INDEX_URL=http://127.0.0.1:9/whl/cu118" in render_files(env)["Dockerfile"]
+    body = reach.needs(env, push="r:5000", upstream=False, credentials=with_pt.endpoints(p40))
+    assert body == {
+        "registries": {"push r:5000": ["r:5000"]},
+        "pypi": ["http://u:pw@127.0.0.1:9/simple"],
+        "pytorch": ["http://127.0.0.1:9/whl/cu118"],
+        "github": ["https://github.com"],  # (the set has no GitHub prefix: apex comes from GitHub)
+    }
+
+    no_pt = M.choice("pypi-only", {"pypi": ["http://127.0.0.1:9/simple"]})
+    env = M.apply_to_env(p40, no_pt)
+    assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu118" in render_files(env)["Dockerfile"]
+    body = reach.needs(env, upstream=False, credentials=no_pt.endpoints(p40))
+    assert body["pytorch"] == ["https://download.pytorch.org/whl/cu118"]
+
+    def probe(body):
+        return [
+            Probe(kind, kind, e, kind != "pytorch", "connection refused/unreachable", 1.0)
+            for kind in ("pypi", "pytorch", "github")
+            for e in body.get(kind, [])
+        ]
+
+    (found,) = reach.check(env, False, None, upstream=False, probe=probe)
+    assert found.what.startswith("https://download.pytorch.org/whl/cu118 (torch 2.6.0+cu118)")

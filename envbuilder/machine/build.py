@@ -173,9 +173,10 @@ def build_image(m: Matrix, env: ResolvedEnv, opts: BuildOptions, say: Callable[[
     links = locked.links if locked else None
     registry = registry_for(opts.push_to, local_registry(m), "--push") if opts.push_to else None
     eng = E.make(engine)  # docker: the daemon must answer before anything is built
-    # what the build fetches and where it pushes, probed before any step (with a mirror set, its
-    # endpoints were probed above and its registries picked: the push target remains; upstream,
-    # the profile's own endpoints are probed with their credentials, and named without them)
+    # what the build fetches and where it pushes, probed before any step: the indexes the
+    # Dockerfile names (a mirror set's, or the profile's own where the set has none of that kind,
+    # probed with their credentials and named without), GitHub, the push target; with a mirror
+    # set its registries were picked above, upstream the base images' registries are probed
     missing = (
         reach.check(
             env if name else probe_env,
@@ -183,6 +184,7 @@ def build_image(m: Matrix, env: ResolvedEnv, opts: BuildOptions, say: Callable[[
             registry,
             upstream=not name,
             ca_cert=opts.ca_cert,
+            credentials=endpoints,
         )
         if opts.probe
         else []

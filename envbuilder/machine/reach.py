@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from envbuilder.model.resolved import ResolvedEnv
     from envbuilder.oci.probe import Probe
 
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from envbuilder.oci.registry import DOCKER_HUB, DOCKER_HUB_API, parse_image
 from envbuilder.record import Record
@@ -29,10 +29,22 @@ class Finding(Record):
 
 
 def needs(
-    env: ResolvedEnv, wheelhouse: bool = False, push: str | None = None, upstream: bool = True
+    env: ResolvedEnv,
+    wheelhouse: bool = False,
+    push: str | None = None,
+    upstream: bool = True,
+    credentials: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The endpoints the build of `env` fetches from (and pushes to), in the shape of a mirror set
-    (oci/probe.run of mirrors.probe_jobs). Not `upstream`: the push target alone (a mirror set stands in for the rest)."""
+    (oci/probe.run of mirrors.probe_jobs): the indexes and GitHub as `env`'s files name them (with
+    a mirror set applied, its endpoints, and the upstream ones for what the set has none of).
+    Not `upstream`: the base images' registries are left out (a mirror set's were picked by
+    probing them). `credentials`: {variable: URL with user:password@} (the build's endpoints
+    secret), probed with them where `env` names the URL without."""
+    from envbuilder.model.mirrors import GITHUB
+    from envbuilder.text import without_credentials
+
+    own = {without_credentials(url): url for url in (credentials or {}).values()}
     registries: dict[str, list[str]] = {}
     for ref in sorted(set(env.cuda.images.values())) if upstream else ():
         host = parse_image(ref).registry
@@ -40,12 +52,14 @@ def needs(
     if push:
         registries.setdefault(f"push {push}", [push])
     body: dict[str, Any] = {"registries": registries}
-    if upstream and not wheelhouse:
-        body["pypi"] = [env.indexes.pypi]
+    if not wheelhouse:
+        body["pypi"] = [own.get(env.indexes.pypi, env.indexes.pypi)]
         if env.indexes.torch:
-            body["pytorch"] = [env.indexes.torch]
-        if env.needs_builder:
-            body["github"] = ["https://github.com"]
+            body["pytorch"] = [own.get(env.indexes.torch, env.indexes.torch)]
+        fetched = [env.apex.url if env.apex else "", env.flash_attn.release if env.flash_attn else ""]
+        # (a mirror set's GitHub prefix was probed with the set)
+        if env.needs_builder and any(url.startswith(GITHUB + "/") for url in fetched):
+            body["github"] = [GITHUB]
     return body
 
 
@@ -111,6 +125,7 @@ def check(
     probe: Callable[[dict[str, Any]], list[Probe]] | None = None,
     ca_cert: str | os.PathLike[str] | None = None,
     auto: bool = True,
+    credentials: Mapping[str, str] | None = None,
 ) -> list[Finding]:
     """Probe what the build of `env` needs (oci/probe.run: in parallel, 5 s each), trusting
     `ca_cert` (the build's --ca-cert) beside the system's CAs; `auto`: whether the fixes may
@@ -122,7 +137,7 @@ def check(
         def probe(body: dict[str, Any]) -> list[Probe]:
             return run(probe_jobs(body), ca_cert=None if ca_cert is None else os.fspath(ca_cert))
 
-    return findings(env, probe(needs(env, wheelhouse, push, upstream)), auto)
+    return findings(env, probe(needs(env, wheelhouse, push, upstream, credentials)), auto)
 
 
 def message(findings_: list[Finding]) -> str:
