@@ -152,6 +152,7 @@ def test_fix_flags_are_declared_flags():
 OTHER_OPTIONS = {
     "--matrix-dir", "--mirror", "--query-gpu", "--memory", "--from", "--format", "--engine",
     "--no-deps", "--all", "--runtime", "--ppo", "--json", "--gpus", "--flag", "--registry", "--resolve",
+    "--gpu",  # (grid's own: `envbuild grid --gpu p100`, names.py's hint for a card with no profile)
 }  # fmt: skip
 
 

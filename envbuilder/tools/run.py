@@ -79,16 +79,35 @@ def interruption(e: BaseException) -> tuple[str, int]:
 def stop_group(proc: subprocess.Popen[Any]) -> None:
     """End a child started in a session of its own and everything it started (its process
     group): SIGTERM, then SIGKILL for what is left after 5 s."""
-    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 10)):
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 10.0)):
         try:
             os.killpg(proc.pid, sig)
         except (ProcessLookupError, PermissionError):
             return
-        try:
-            proc.wait(wait)
-            return
-        except subprocess.TimeoutExpired:
+        # the whole group, not only its leader: a child the leader started may outlive it
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                proc.wait(0.1)
+            except subprocess.TimeoutExpired:
+                continue
+            if not _group_running(proc.pid):
+                return
+
+
+def _group_running(pgid: int) -> bool:
+    """Whether any process of group `pgid` is still running (a zombie has ended)."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
             continue
+        try:
+            with open(f"/proc/{entry.name}/stat", encoding="utf-8", errors="replace") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            return True
+    return False
 
 
 def run(
