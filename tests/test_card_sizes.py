@@ -138,3 +138,27 @@ def test_a_cards_memory_refusal_names_the_card_and_a_need_above_the_usable(cli):
         float, re.search(r"needs ([0-9.]+) GiB per GPU at batch 1 against ([0-9.]+) GiB usable", err).groups()
     )
     assert need > usable, err
+
+
+@pytest.mark.parametrize("profile", ["h100", "h200", "a100", "p40", "5090"])
+def test_show_memory_spells_the_usable_memory_one_way(profile):
+    """`show --memory` named one figure twice, rounded two ways (issue 44: 78.6 and 78.7 GiB on
+    two h100 nodes): every phase budgeted on the usable memory says it as the header does."""
+    import re
+
+    from conftest import resolved
+    from envbuilder.render.summary import memory_lines
+
+    for topo in ({}, {"nodes": 2, "gpus_per_node": 8}):
+        text = "\n".join(memory_lines(resolved(profile, **topo)))
+        usable = re.search(r"= (\d+\.\d) GiB usable", text)
+        assert usable, text[:300]
+        env = resolved(profile, **topo)
+        lines = {ln.split(":")[0].split(" at batch")[0]: ln for ln in text.splitlines() if " GiB of " in ln}
+        checked = 0
+        for p in env.memory["phases"]:
+            if abs(p["budget_gib"] - env.memory["usable_gib"]) < 0.01:
+                line = lines[p["phase"]]
+                assert line.split(" GiB of ")[1].split()[0] == usable[1], (line, usable[1])
+                checked += 1
+        assert checked >= 2

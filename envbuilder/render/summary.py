@@ -189,10 +189,13 @@ def memory_lines(env: ResolvedEnv) -> list[str]:
         oh = overhead(cast(Any, SimpleNamespace(rollout=env.rollout, consts=mem)), key)
         exempt = p.get("exempt_bytes", 0) / 2**30
         need = (p["total_gib"] - exempt) * (1 + oh) + exempt
+        # one figure, one spelling: a phase whose budget is the usable memory says it as the
+        # header does (budget_gib keeps 3 decimals, usable_gib 2: 78.648 and 78.65 read 78.6 and 78.7)
+        budget = mem["usable_gib"] if abs(p["budget_gib"] - mem["usable_gib"]) < 0.01 else p["budget_gib"]
         out += [
             "",
             f"{head}: {p['total_gib']:.2f} GiB + {oh:.0%} allocator headroom = {need:.2f} GiB of "
-            f"{p['budget_gib']:.1f}"
+            f"{budget:.1f}"
             + (f" (batch bounded by {bound})" if bound else "")
             + ("" if p["fits"] else "  DOES NOT FIT"),
         ]
