@@ -169,3 +169,31 @@ def test_a_mirror_build_probes_what_its_dockerfile_fetches_from():
 
     (found,) = reach.check(env, False, None, upstream=False, probe=probe)
     assert found.what.startswith("https://download.pytorch.org/whl/cu118 (torch 2.6.0+cu118)")
+
+
+def test_a_failed_step_names_its_command_once():
+    """A failed build printed its RUN command three times (the title, BuildKit's `> [n/m] RUN`
+    block, its Dockerfile excerpt and `process "/bin/sh -c ..." did not complete`): the title
+    says it once, with the exit code, and the step's own output stays (issue 44, Low)."""
+    from envbuilder.engines.docker import build_failure
+
+    cmd = "uv pip install --index-url https://example.invalid/simple pkg==1.0"
+    log = "\n".join(
+        [
+            f"#9 [3/5] RUN {cmd}",
+            "#9 0.512 error: No solution found when resolving dependencies: pkg==1.0 is missing",
+            f'#9 ERROR: process "/bin/sh -c {cmd}" did not complete successfully: exit code: 1',
+            "------",
+            f" > [3/5] RUN {cmd}:",
+            "0.512 error: No solution found when resolving dependencies: pkg==1.0 is missing",
+            "------",
+            "Dockerfile:12",
+            "--------------------",
+            f"  12 | >>> RUN {cmd}",
+            "--------------------",
+            f'ERROR: failed to solve: process "/bin/sh -c {cmd}" did not complete successfully: exit code: 1',
+        ]
+    )
+    text = str(build_failure("docker", "t:1", log, [("3/5", f"RUN {cmd}")], False))
+    assert text.count(cmd) == 1 and "(exit code 1)" in text.splitlines()[0], text
+    assert "No solution found when resolving" in text and "resolution impossible" in text

@@ -396,6 +396,12 @@ def build_failure(
             "another --mirror."
         )
     where = f" at [{steps[-1][0]}] {step_title(steps[-1][1])}" if steps else ""
+    if steps:
+        # the engine repeats the step's command in its own report (the step's header, the
+        # `> [n/m] RUN` block, the Dockerfile excerpt, "process ... did not complete"): the
+        # title says it once, the tail keeps the step's own output
+        tail, code = _without_the_command(tail, steps[-1][1])
+        where += f" (exit code {code})" if code else ""
     kind, fix = classify(log)
     return ActionError(
         f"{engine} build of {tag} failed{where}.\n{tail}\n"
@@ -466,6 +472,24 @@ def classify(log: str) -> tuple[str | None, str | None]:
         if re.search(pattern, tail):
             return kind, fix
     return None, None
+
+
+def _without_the_command(tail: str, instruction: str) -> tuple[str, str | None]:
+    """The log's tail less the lines that only repeat the step's command, and the exit code
+    the engine reported for it (None when it says none)."""
+    body = re.sub(r"--(mount|network|security)=\S+\s*", "", instruction).strip()
+    body = re.sub(r"^RUN\s+", "", re.sub(r"\s+", " ", body))
+    probe = body[:40]
+    code = None
+    kept = []
+    for line in tail.splitlines():
+        flat = re.sub(r"\s+", " ", line)
+        if probe and probe in flat:
+            found = re.search(r"exit code: (\d+)", flat)
+            code = code or (found[1] if found else None)
+            continue
+        kept.append(line)
+    return "\n".join(kept), code
 
 
 def step_title(instruction: str, limit: int = 120) -> str:
