@@ -37,7 +37,7 @@ fi
 # the code's lint (pyflakes and pycodestyle's errors) and format (pyproject.toml [tool.ruff])
 .venv/bin/ruff check envbuilder tests bench
 .venv/bin/ruff format --check envbuilder tests bench
-# the type check: strict on the model, render, tools, oci and offline layers and the top-level modules (pyproject.toml [tool.mypy])
+# the type check: strict on every package of envbuilder and its top-level modules (pyproject.toml [tool.mypy])
 .venv/bin/mypy
 
 # ENVBUILD_HEAVY=1 adds the heavy tier (real multi-GB images and installs; see the README).
