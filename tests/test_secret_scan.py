@@ -157,11 +157,29 @@ def test_install_from_flags_keeps_the_password_out(scan, tmp_path):
             "--index-url",
             creds(srv.url("simple/")),
             "--torch-index-url",
-            creds(closed_port_url("whl/cu118")),
+            creds(srv.url("torch/")),  # (install probes the PyTorch index before anything: it answers)
         )
     assert code == 1, err
     scan.assert_clean(out, err)
     assert scan.uvs and scan.uvs[0]["index"] == creds(srv.url("simple/")), err
+
+
+def test_install_refusing_an_unanswering_pytorch_index_keeps_the_password_out(scan, tmp_path):
+    """The refusal before anything is installed names the index as ***@ (issue 44, Medium 5)."""
+    with index_server() as srv:
+        code, out, err = scan(
+            "install",
+            "p40",
+            "--prefix",
+            tmp_path / "env",
+            "--index-url",
+            creds(srv.url("simple/")),
+            "--torch-index-url",
+            creds(closed_port_url("whl/cu118")),
+        )
+    assert code == 1 and "does not answer" in err, err
+    scan.assert_clean(out, err)
+    assert not scan.uvs and "***@" in err
 
 
 def test_lock_keeps_the_index_password_out_of_uvs_argv(scan, tmp_path):
