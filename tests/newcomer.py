@@ -142,6 +142,14 @@ def classify(words: list[str]) -> tuple[str, str]:
     return "", ""
 
 
+def fill(word: str) -> str:
+    """A word with the reader's values in place of the page's placeholders (REGISTRY/envbuild/
+    p40@sha256:... is two)."""
+    for name, value in PLACEHOLDERS.items():
+        word = re.sub(rf"(?<![\w.]){re.escape(name)}(?![\w.])", value, word)
+    return word
+
+
 def steps_of(source: str, line: str) -> Iterator[Step]:
     """The envbuild calls of one shell line, each with the folder a `cd` before it moved to."""
     cwd = "."
@@ -149,11 +157,7 @@ def steps_of(source: str, line: str) -> Iterator[Step]:
         if call[0] == "cd" and len(call) == 2:
             cwd = os.path.normpath(os.path.join(cwd, call[1]))
         elif call[0] == "envbuild" or call[0].endswith("/envbuild"):
-            words = [PLACEHOLDERS.get(w, w) for w in call[1:]]
-            words = [
-                re.sub(r"^(\S+@)sha256:\.\.\.$", lambda m: m[1] + PLACEHOLDERS["sha256:..."], w)
-                for w in words
-            ]
+            words = [fill(w) for w in call[1:]]
             kind, why = classify(words)
             yield Step(source, line, words, cwd, kind, why)
 

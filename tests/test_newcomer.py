@@ -64,6 +64,8 @@ def test_the_newcomer_can_fail(tmp_path):
     """A command in no class, an exit code other than the text's, a promised file not written,
     are each caught; a `cd` on a line moves that line's later calls."""
     assert N.classify(["frobnicate", "p40"]) == ("", "")
+    digest = N.PLACEHOLDERS["sha256:..."]
+    assert N.fill("REGISTRY/envbuild/p40@sha256:...") == f"registry.example:5000/envbuild/p40@{digest}"
     assert N.classify(["render", "p40", "--wheelhouse", "wh/p40"])[0] == N.AFTER
     lines = [
         "envbuild render p40 && cd out/p40 && envbuild show p40 --json -o plan.json",
