@@ -110,8 +110,8 @@ def command_lines(text: str) -> list[str]:
     return lines
 
 
-def envbuild_commands(line: str) -> list[list[str]]:
-    """The argument lists of every `envbuild` (or `.../envbuild`) call on a shell line, split at
+def shell_calls(line: str) -> list[list[str]]:
+    """Every call on a shell line, in order (`cd out/p40 && envbuild build` is two), split at
     `&&`, `;`, `|`, parentheses, with leading VAR=value assignments and comments dropped."""
     lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
@@ -122,12 +122,17 @@ def envbuild_commands(line: str) -> list[list[str]]:
         if token and set(token) <= OPERATORS:
             while current and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", current[0]):
                 current.pop(0)
-            if current and (current[0] == "envbuild" or current[0].endswith("/envbuild")):
-                calls.append(current[1:])
+            if current:
+                calls.append(current)
             current = []
         else:
             current.append(token)
     return calls
+
+
+def envbuild_commands(line: str) -> list[list[str]]:
+    """The argument lists of every `envbuild` (or `.../envbuild`) call on a shell line."""
+    return [c[1:] for c in shell_calls(line) if c[0] == "envbuild" or c[0].endswith("/envbuild")]
 
 
 def parse(words: list[str]) -> None:
