@@ -14,6 +14,7 @@ tests/test_structure.py asserts the same facts in CI.
 from __future__ import annotations
 
 import ast
+import hashlib
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -57,6 +58,43 @@ def modules() -> dict[str, Path]:
     return {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
 
 
+class Source:
+    """One module's text and the nodes the checks look at, each list in ast.walk's order."""
+
+    __slots__ = ("text", "imports", "attributes", "classes", "calls")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.imports: list[ast.Import | ast.ImportFrom] = []
+        self.attributes: list[ast.Attribute] = []
+        self.classes: list[ast.ClassDef] = []
+        self.calls: list[ast.Call] = []
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                self.imports.append(node)
+            elif isinstance(node, ast.Attribute):
+                self.attributes.append(node)
+            elif isinstance(node, ast.ClassDef):
+                self.classes.append(node)
+            elif isinstance(node, ast.Call):
+                self.calls.append(node)
+
+
+# What the checks read of a file, by the sha256 of its text: each file is parsed and walked once
+# in a process, however many times facts() runs (the tests call it ~30 times, on the package and
+# on copies with one file changed, which is parsed again because its text is new).
+_SEEN: dict[str, Source] = {}
+
+
+def source(path: Path) -> Source:
+    """`path` read now, parsed only if no file with the same text was parsed before."""
+    text = path.read_text(encoding="utf-8")
+    key = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    if key not in _SEEN:
+        _SEEN[key] = Source(text)
+    return _SEEN[key]
+
+
 def _resolve(mod: str, is_pkg: bool, level: int, name: str | None) -> str:
     if level == 0:
         return name or ""
@@ -69,9 +107,8 @@ def imports(mods: dict[str, Path]) -> dict[str, list[tuple[str, list[str], int]]
     """module -> [(imported module, names taken from it, line)] for envbuilder's own modules."""
     out: dict[str, list[tuple[str, list[str], int]]] = defaultdict(list)
     for mod, path in mods.items():
-        tree = ast.parse(path.read_text(encoding="utf-8"))
         is_pkg = path.name == "__init__.py"
-        for node in ast.walk(tree):
+        for node in source(path).imports:
             if isinstance(node, ast.Import):
                 for a in node.names:
                     if a.name.startswith("envbuilder"):
@@ -119,7 +156,7 @@ def io_imports(mods: dict[str, Path]) -> list[str]:
     for mod, path in mods.items():
         if package_of(mod) not in PURE:
             continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in source(path).imports:
             names = []
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
@@ -169,10 +206,10 @@ def private_attributes(mods: dict[str, Path]) -> list[str]:
     (`from envbuilder.model import matrix`, `import envbuilder.model.matrix as m`, `from . import x`)."""
     found = []
     for mod, path in mods.items():
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        src = source(path)
         is_pkg = path.name == "__init__.py"
         bound: dict[str, str] = {}
-        for node in ast.walk(tree):
+        for node in src.imports:
             if isinstance(node, ast.Import):
                 for a in node.names:
                     if a.name.startswith("envbuilder"):
@@ -197,9 +234,7 @@ def private_attributes(mods: dict[str, Path]) -> list[str]:
                 return f"{base}.{node.attr}" if base else None
             return None
 
-        for node in ast.walk(tree):
-            if not isinstance(node, ast.Attribute):
-                continue
+        for node in src.attributes:
             owner = dotted(node.value)
             name = node.attr
             if owner and owner in mods and owner != mod:
@@ -264,21 +299,19 @@ def other_records(mods: dict[str, Path]) -> list[str]:
     dataclass that does not say why it is no record."""
     found = []
     for mod, path in mods.items():
-        text = path.read_text(encoding="utf-8")
-        lines = text.splitlines()
-        for node in ast.walk(ast.parse(text)):
-            if isinstance(node, ast.ClassDef):
-                if any(_named(b) == "NamedTuple" for b in node.bases):
-                    found.append(f"{mod}:{node.lineno} {node.name} is a NamedTuple")
-                for d in node.decorator_list:
-                    if _named(d) == "dataclass" and not any(
-                        NOT_A_RECORD in lines[n - 1] for n in (d.lineno, node.lineno)
-                    ):
-                        found.append(
-                            f"{mod}:{node.lineno} {node.name} is a dataclass without {NOT_A_RECORD!r}"
-                        )
-            elif isinstance(node, ast.Call) and _named(node.func) == "namedtuple":
-                found.append(f"{mod}:{node.lineno} namedtuple()")
+        src = source(path)
+        lines = src.text.splitlines()
+        for node in src.classes:
+            if any(_named(b) == "NamedTuple" for b in node.bases):
+                found.append(f"{mod}:{node.lineno} {node.name} is a NamedTuple")
+            for d in node.decorator_list:
+                if _named(d) == "dataclass" and not any(
+                    NOT_A_RECORD in lines[n - 1] for n in (d.lineno, node.lineno)
+                ):
+                    found.append(f"{mod}:{node.lineno} {node.name} is a dataclass without {NOT_A_RECORD!r}")
+        for call in src.calls:
+            if _named(call.func) == "namedtuple":
+                found.append(f"{mod}:{call.lineno} namedtuple()")
     return sorted(found)
 
 
@@ -297,12 +330,12 @@ def facts() -> dict:
         for n in names
         if n.startswith("_") and not n.startswith("__") and t != m
     )
-    cli_long = sorted(
-        f"{m}: {len(p.read_text().splitlines())} lines"
+    cli_lines = {
+        m: len(source(p).text.splitlines())
         for m, p in mods.items()
         if m.startswith("envbuilder.cli.") or m == "envbuilder.cli"
-        if len(p.read_text().splitlines()) > CLI_MAX_LINES
-    )
+    }
+    cli_long = sorted(f"{m}: {n} lines" for m, n in cli_lines.items() if n > CLI_MAX_LINES)
     # the command line is the top layer: only envbuilder/__main__.py reaches into it
     upward = sorted(
         f"{m} imports {t}"

@@ -4,6 +4,7 @@ set was prepared, a silently stripped space) are refused before any work, naming
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -11,7 +12,6 @@ import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from hypothesis import strategies as st
 
 from conftest import resolved
@@ -155,7 +155,12 @@ def test_each_value_is_refused_or_reaches_verl_as_one_override_unchanged(multi_n
             assert got == [f"{key}={form.format(value)}"], (var, value, got)
             # one value as Hydra reads it, not a sweep of several (NNODES=1,2 ran two trainings).
             # (Hydra still types a MODEL of `null`, `true` or `1e5` as no string: see issue 43's note)
-            assert not HYDRA.parse_override(got[0]).is_sweep_override(), got
+            assert not hydra().parse_override(got[0]).is_sweep_override(), got
 
 
-HYDRA = OverridesParser.create()
+@functools.lru_cache(maxsize=None)
+def hydra():
+    """Hydra's own override parser, made when a test first asks (not at collection, in every worker)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create()

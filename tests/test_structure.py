@@ -28,11 +28,31 @@ def test_no_module_reaches_through_an_attribute_for_another_modules_private_name
     assert structure.facts()["private_attributes"] == []
 
 
-def _copy_of_the_package(tmp_path, monkeypatch):
-    shutil.copytree(structure.PKG, tmp_path / "envbuilder", ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.setattr(structure, "ROOT", tmp_path)
-    monkeypatch.setattr(structure, "PKG", tmp_path / "envbuilder")
-    return tmp_path / "envbuilder"
+@pytest.fixture(scope="session")
+def package_copy(tmp_path_factory):
+    """One copy of envbuilder/ for the whole session (not one per test): each test that plants
+    an import appends it to one file of this copy, and `plant` puts that file back after."""
+    root = tmp_path_factory.mktemp("structure")
+    shutil.copytree(structure.PKG, root / "envbuilder", ignore=shutil.ignore_patterns("__pycache__"))
+    return root
+
+
+@pytest.fixture
+def plant(package_copy, monkeypatch):
+    """plant("render/quoting.py", text): the facts read the session's copy of the package with
+    `text` appended to that file; the file holds its own bytes again after the test."""
+    monkeypatch.setattr(structure, "ROOT", package_copy)
+    monkeypatch.setattr(structure, "PKG", package_copy / "envbuilder")
+    originals: dict = {}
+
+    def append(relative: str, text: str) -> None:
+        target = package_copy / "envbuilder" / relative
+        originals.setdefault(target, target.read_bytes())
+        target.write_text(target.read_text() + "\n" + text)
+
+    yield append
+    for target, data in originals.items():
+        target.write_bytes(data)
 
 
 @pytest.mark.parametrize(
@@ -44,12 +64,10 @@ def _copy_of_the_package(tmp_path, monkeypatch):
     ],
     ids=["module-level", "in-a-function", "under-TYPE_CHECKING"],
 )
-def test_a_planted_import_against_the_rank_fails(tmp_path, monkeypatch, planted):
+def test_a_planted_import_against_the_rank_fails(plant, planted):
     """render/quoting.py importing machine/ (ranked above render) is found, however it is spelled."""
     before = structure.facts()["against_rank"]
-    pkg = _copy_of_the_package(tmp_path, monkeypatch)
-    quoting = pkg / "render" / "quoting.py"
-    quoting.write_text(quoting.read_text() + "\n" + planted)
+    plant("render/quoting.py", planted)
     f = structure.facts()
     found = [a for a in f["against_rank"] if a not in before]
     assert len(found) == 1
@@ -190,13 +208,11 @@ def test_a_record_of_another_style_is_found(tmp_path, monkeypatch):
     ["from envbuilder.text import shorten\n", "from . import preflight\n", "import envbuilder.images\n"],
     ids=["top-level-module", "a-sibling-script", "its-own-package"],
 )
-def test_an_image_script_importing_envbuilder_fails(tmp_path, monkeypatch, planted):
+def test_an_image_script_importing_envbuilder_fails(plant, planted):
     """envbuilder/images/ is copied into an image alone: an import of anything of envbuilder
     there, a sibling script or its own package included, would fail in the image."""
     assert structure.facts()["standalone_imports"] == []
-    pkg = _copy_of_the_package(tmp_path, monkeypatch)
-    script = pkg / "images" / "audit_precision.py"
-    script.write_text(script.read_text() + "\n" + planted)
+    plant("images/audit_precision.py", planted)
     found = structure.facts()["standalone_imports"]
     assert len(found) == 1 and found[0].startswith("envbuilder.images.audit_precision:"), found
     assert structure.main() == 1
@@ -212,10 +228,49 @@ def test_the_model_and_the_renderers_do_no_io():
     "planted",
     ["import subprocess\n", "def f():\n    from concurrent.futures import ThreadPoolExecutor  # noqa\n"],
 )
-def test_io_planted_in_the_model_is_found(tmp_path, monkeypatch, planted):
-    pkg = _copy_of_the_package(tmp_path, monkeypatch)
-    target = pkg / "model" / "versions.py"
-    target.write_text(target.read_text() + "\n" + planted)
+def test_io_planted_in_the_model_is_found(plant, planted):
+    plant("model/versions.py", planted)
     found = structure.facts()["io_in_pure"]
     assert len(found) == 1 and found[0].startswith("envbuilder.model.versions:"), found
     assert structure.main() == 1
+
+
+def test_each_file_is_parsed_once_however_often_the_facts_are_read(tmp_path, monkeypatch):
+    """The tests read the facts ~30 times: a text is parsed the first time it is met only (two
+    files of the same text, once), and each check reads that one parse."""
+    pkg = tmp_path / "envbuilder"
+    (pkg / "cli").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "cli" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text(
+        "from envbuilder.b import _secret\nimport collections\nT = collections.namedtuple('T', 'x')\n"
+    )
+    (pkg / "b.py").write_text("from envbuilder import a\n_secret = a._hidden\n")
+    (pkg / "cli" / "long.py").write_text("x = 1\n" * 151)
+    monkeypatch.setattr(structure, "ROOT", tmp_path)
+    monkeypatch.setattr(structure, "PKG", pkg)
+    parsed = []
+    real_parse = structure.ast.parse
+    monkeypatch.setattr(structure, "_SEEN", {})
+    monkeypatch.setattr(structure.ast, "parse", lambda text, *a, **k: parsed.append(text) or real_parse(text))
+    first = structure.facts()
+    assert sorted(parsed) == sorted({p.read_text() for p in pkg.rglob("*.py")})
+    assert first["private_imports"] and first["private_attributes"] and first["cycles"]
+    assert first["other_records"] and first["long_cli_modules"]
+    parsed.clear()
+    assert structure.facts() == first
+    assert parsed == []
+
+
+def test_a_file_changed_between_two_readings_is_read_again(tmp_path, monkeypatch):
+    """The facts come from the files' text now, not from what an earlier reading parsed."""
+    pkg = tmp_path / "envbuilder"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("x = 1\n")
+    (pkg / "b.py").write_text("x = 1\n")
+    monkeypatch.setattr(structure, "ROOT", tmp_path)
+    monkeypatch.setattr(structure, "PKG", pkg)
+    assert structure.facts()["private_imports"] == []
+    (pkg / "a.py").write_text("from envbuilder.b import _secret\n")
+    assert structure.facts()["private_imports"] == ["envbuilder.a:1 takes envbuilder.b._secret"]
