@@ -17,41 +17,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import stat
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchsafe  # noqa: E402  (bench/benchsafe.py: the bounded record reader, stdlib only)
 
 PHASES = ("gen", "old_log_prob", "ref", "values", "update_critic", "update_actor", "update_weights", "step")
 CASE_KEYS = ("data.train_batch_size", "data.max_response_length", "actor_rollout_ref.rollout.n")
-MAX_RECORD = 64 * 1024 * 1024
-
-
-class BadInput(Exception):
-    pass
+# the phases of a step that update or score the policy (what issue 42 holds to a fifth)
+UPDATES = ("old_log_prob", "ref", "values", "update_critic", "update_actor")
+BadInput = benchsafe.Refused
 
 
 def read_record(path: str) -> dict:
-    """A JSON record: a regular file of at most MAX_RECORD bytes holding an object."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError as e:
-        raise BadInput(f"{path}: {e.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise BadInput(f"{path}: not a regular file")
-        if st.st_size > MAX_RECORD:
-            raise BadInput(f"{path}: {st.st_size} bytes, more than a record holds ({MAX_RECORD})")
-        with os.fdopen(fd, "rb", closefd=False) as fh:
-            data = fh.read(MAX_RECORD + 1)
-    finally:
-        os.close(fd)
-    try:
-        rec = json.loads(data)
-    except ValueError as e:
-        raise BadInput(f"{path}: not JSON ({e})") from None
+    """A JSON record (benchsafe.read_json: a regular file, bounded) that is an object."""
+    rec = benchsafe.read_json(path, "the record")
     if not isinstance(rec, dict):
-        raise BadInput(f"{path}: not a JSON object")
+        raise BadInput(f"the record {path} is not a JSON object; it is not a record. Pass the right file.")
     return rec
 
 
@@ -107,9 +90,8 @@ def compare(before: dict, after: dict) -> dict:
             b, a = _num(sb[step].get(key)), _num(sa[step].get(key))
             if b is not None or a is not None:
                 rows[name] = {"before": b, "after": a, "ratio": ratio(a, b)}
-        upd = [p for p in ("old_log_prob", "ref", "values", "update_critic", "update_actor")]
-        tb = sum(_num(sb[step].get(f"timing_s/{p}")) or 0 for p in upd)
-        ta = sum(_num(sa[step].get(f"timing_s/{p}")) or 0 for p in upd)
+        tb = sum(_num(sb[step].get(f"timing_s/{p}")) or 0 for p in UPDATES)
+        ta = sum(_num(sa[step].get(f"timing_s/{p}")) or 0 for p in UPDATES)
         rows["update phases s"] = {"before": tb, "after": ta, "ratio": ratio(ta, tb)}
         table[step] = rows
     peaks = {}

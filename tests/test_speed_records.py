@@ -13,6 +13,7 @@ least 5% of the card free.
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -21,7 +22,6 @@ from conftest import FIXTURES, bench_module, resolved
 SPEED = FIXTURES / "gpu" / "speed"
 # what a device run may change of a render: its length, the train batch (device time)
 MAY_CHANGE = {"trainer.total_training_steps", "trainer.val_before_train", "data.train_batch_size"}
-UPDATES = ("old_log_prob", "ref", "values", "update_critic", "update_actor")
 
 
 def load(name: str) -> dict:
@@ -108,8 +108,6 @@ def test_speed_refuses_two_runs_of_different_cases(tmp_path, capsys):
     assert speed.main(["--before", str(tmp_path / "b.json"), "--after", str(SPEED / "h100-grpo.json")]) == 2
     assert "not of one case" in capsys.readouterr().err
     fifo = tmp_path / "fifo"
-    import os
-
     os.mkfifo(fifo)
     assert speed.main(["--before", str(fifo), "--after", str(SPEED / "h100-grpo.json")]) == 2
     assert "not a regular file" in capsys.readouterr().err
