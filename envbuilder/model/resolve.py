@@ -209,6 +209,8 @@ class _Resolver:
         self.algo_rec: dict[str, Any] | None = None  # the selection's estimator (select() sets it)
         # whether the release's workers assert that each GPU's data divides every micro-batch
         self.engine_batches = False
+        # verl's fused log-prob backend for the card (select() sets it; verl.yaml speed)
+        self.fused: str | None = None
         # the model table, with --model's shape where the table lacks it (its config.json)
         self.models = m.models
         if ov.model and ov.model not in m.models:
@@ -333,7 +335,7 @@ class _Resolver:
             )
             + str(getattr(self, "nodes", 1))
             + str(self.engine_batches)
-            + str(getattr(self, "fused", None))
+            + str(self.fused)
         )
         known = _PLANS.setdefault(self.m, {})
         if key in known:
@@ -349,7 +351,7 @@ class _Resolver:
             "extra_generation": algo.get("extra_generation", False),
             "nodes": getattr(self, "nodes", 1),
             "engine_batches": self.engine_batches,
-            "fused_kernels": getattr(self, "fused", None),
+            "fused_kernels": self.fused,
         }
         rows = self.m.datasets["gsm8k"]["rows"]["test"]
 
