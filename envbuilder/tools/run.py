@@ -32,18 +32,28 @@ class TooMuchMemory(Exception):
         self.rss, self.cap = rss, cap
 
 
-def _group_rss(pgid: int) -> int:
-    """Resident bytes of every process in group `pgid` (Linux /proc; 0 where it is absent)."""
-    total = 0
-    page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+def _group_stats(pgid: int) -> Iterator[list[str]]:
+    """The /proc/PID/stat fields after the command's name (state first) of every process in
+    group `pgid` (Linux /proc; none where it is absent)."""
     for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
         if not entry.name.isdigit():
             continue
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            fields = (entry / "stat").read_text(errors="replace").rsplit(")", 1)[1].split()
             if int(fields[2]) == pgid:  # (pgrp is the 5th field, the 3rd after the name)
-                total += int(fields[21]) * page  # rss in pages, the 24th field
+                yield fields
         except (OSError, ValueError, IndexError):
+            continue
+
+
+def _group_rss(pgid: int) -> int:
+    """Resident bytes of every process in group `pgid` (0 where /proc is absent)."""
+    page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+    total = 0
+    for fields in _group_stats(pgid):
+        try:
+            total += int(fields[21]) * page  # rss in pages, the 24th field
+        except (ValueError, IndexError):
             continue
     return total
 
@@ -97,17 +107,7 @@ def stop_group(proc: subprocess.Popen[Any]) -> None:
 
 def _group_running(pgid: int) -> bool:
     """Whether any process of group `pgid` is still running (a zombie has ended)."""
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", encoding="utf-8", errors="replace") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
-            return True
-    return False
+    return any(fields[0] != "Z" for fields in _group_stats(pgid))
 
 
 def run(
