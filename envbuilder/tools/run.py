@@ -135,11 +135,13 @@ def run(
         threading.Thread(target=drain, args=(n, s), daemon=True)
         for n, s in (("stdout", proc.stdout), ("stderr", proc.stderr))
     ]
-    for t in readers:
-        t.start()
     deadline = None if timeout is None else time.monotonic() + timeout
     problem: Exception | None = None
-    try:  # Ctrl-C or SIGTERM (cli.main raises it) ends the child's whole group too
+    # Ctrl-C or SIGTERM (cli.main raises it) ends the child's whole group too, also while the
+    # readers start: the child may already have started its own children by then
+    try:
+        for t in readers:
+            t.start()
         while proc.poll() is None:
             if deadline is not None and time.monotonic() > deadline:
                 problem = subprocess.TimeoutExpired(cmd, timeout or 0.0)
