@@ -5,10 +5,17 @@ from a fresh folder: the exit code and the files the text promises."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 
 import newcomer as N
 from conftest import PROFILES
+from newcomer import ROOT
+from test_docs import FIRST_COMMANDS
 
 DOC_PAGES = N.doc_pages()
 
@@ -83,3 +90,52 @@ def test_the_newcomer_can_fail(tmp_path):
         "planted: `envbuild check p40 --rollout vllm` (cwd .): exit 2, the text says 0",
         "planted: `envbuild render t4` (cwd .): no elsewhere/t4/",
     ]
+
+
+def test_the_readmes_first_line_then_each_extra_as_the_readme_names_it(real_pypi, tmp_path):
+    """The README's first line, as written, in a copy of the tree with no venv: a real
+    `pip install .` (the base, no extras) from the index the machine's pip uses, then
+    `envbuild render p40`. In that bare venv the actions stop at once naming the extra the README
+    lists them under (exit 2, nothing written); `pip install '.[actions]'` as the README says then
+    makes `detect` run (no GPU here: it says so, not a missing module)."""
+    tree = tmp_path / "envbuild"
+    files = (
+        subprocess.run(
+            ["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
+    for name in filter(None, files):
+        src = Path(ROOT, name)
+        if src.is_file():
+            (tree / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, tree / name)
+
+    def sh(line: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+        return subprocess.run(
+            ["bash", "-c", line], cwd=tree, capture_output=True, text=True, timeout=timeout, env=env
+        )
+
+    r = sh(FIRST_COMMANDS[0])
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert (tree / "out/p40/Dockerfile").is_file() and (tree / "out/p40/run_ppo_gsm8k.sh").is_file()
+    frozen = sh(".venv/bin/python -m pip freeze --exclude-editable").stdout.lower()
+    # what the README says the base brings: render, list, show and check
+    r = sh(".venv/bin/envbuild list && .venv/bin/envbuild show p40 && .venv/bin/envbuild check p40")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    for heavy in ("docker==", "uv==", "py-rattler==", "nvidia-ml-py=="):
+        assert heavy not in frozen, f"the base install brought {heavy}: {frozen}"
+
+    for argv, extra in (("detect", "actions"), ("wheelhouse p40 -o wh", "lock")):
+        r = sh(f".venv/bin/envbuild {argv}")
+        assert r.returncode == 2, (argv, r.stdout, r.stderr)
+        assert f"envbuild[{extra}]" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tree / "wh").exists()
+
+    r = sh(".venv/bin/pip install -q '.[actions]' && .venv/bin/envbuild detect")
+    assert "Traceback" not in r.stderr and "envbuild[actions]" not in r.stderr, r.stderr
+    assert r.returncode in (0, 1, 2) and "No module named" not in r.stdout + r.stderr
