@@ -318,11 +318,9 @@ def other_records(mods: dict[str, Path]) -> list[str]:
 def facts() -> dict:
     mods = modules()
     imp = imports(mods)
-    # a module importing its own package's __init__ (from . import x) is no dependency edge
-    graph = {
-        m: {t for t, _, _ in lst if t in mods and t != m and not m.startswith(t + ".")}
-        for m, lst in imp.items()
-    }
+    # `from . import x` with x a module is an edge to x (imports() maps it there); a name taken
+    # from a module's own package is an edge to the package's __init__, which may close a circle
+    graph = {m: {t for t, _, _ in lst if t in mods and t != m} for m, lst in imp.items()}
     private = sorted(
         f"{m}:{line} takes {t}.{n}"
         for m, lst in imp.items()

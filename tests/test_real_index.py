@@ -69,7 +69,7 @@ def test_the_grace_profiles_pins_co_resolve_for_aarch64_with_pypis_cuda_torch(pr
     the CUDA build: cuda-toolkit 13.0.x comes with it (PyPI's aarch64 torch up to 2.10.0 pulls
     none). Run 2026-12-04: 245 packages."""
     from conftest import resolved
-    from envbuilder.lock import target_glibc
+    from envbuilder.lock.pip import target_glibc
     from envbuilder.lock.pip import co_resolve, python_platform
     from envbuilder.secret import SecretUrl
 

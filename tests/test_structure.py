@@ -152,6 +152,16 @@ def test_the_facts_can_fail(tmp_path, monkeypatch):
     assert f["private_imports"] == ["envbuilder.a:1 takes envbuilder.b._secret"]
 
 
+def test_a_circle_through_a_modules_own_package_is_found(plant):
+    """Issue 46: the check skipped a module's imports of its own parent package, so the circle
+    lock/__init__ -> lockfile -> conda -> pip -> lock (pip took target_glibc from the package)
+    went unseen. A planted one is found now: the package's __init__ imports its module, which
+    takes a name back from the package."""
+    plant("render/__init__.py", "from envbuilder.render import quoting\nPLANTED = 1\n")
+    plant("render/quoting.py", "def later():\n    from envbuilder.render import PLANTED  # noqa\n")
+    assert ["envbuilder.render", "envbuilder.render.quoting"] in structure.facts()["cycles"]
+
+
 def test_no_command_line_module_is_over_150_lines():
     """Each command only parses, calls one library function and formats (issue 22)."""
     assert structure.CLI_MAX_LINES == 150

@@ -22,14 +22,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from envbuilder.errors import UserError
 from envbuilder.model.resolved import ResolvedEnv
 from envbuilder.lock import lockfile as L
 from envbuilder.record import Record
 from envbuilder.secret import SecretUrl
 
 if TYPE_CHECKING:
-    from envbuilder.model.matrix import Matrix
     from envbuilder.model.mirrors import MirrorChoice
 
 SOLVERS = ("rattler", "conda-lock")
@@ -85,18 +83,6 @@ def _mirrored_channel(channel: str, conda: dict[str, Any]) -> str:
     if not base:
         return channel
     return base.rstrip("/") + (f"/{label}" if label and channel not in conda else "")
-
-
-def target_glibc(matrix: Matrix, env: ResolvedEnv) -> str:
-    cuda_v = env.cuda.version
-    glibc: str | None = (matrix.cuda.get(cuda_v) or {}).get("glibc")
-    if not glibc:
-        raise UserError(
-            f"{matrix.where('cuda', cuda_v)}: cuda.{cuda_v} has no `glibc` fact (the C "
-            f"library of its Ubuntu {env.cuda.ubuntu} image); a lock is "
-            "solved for it. Add it with its source."
-        )
-    return glibc
 
 
 def _bare(value: Any, strip: Callable[[str], str]) -> Any:

@@ -184,7 +184,6 @@ def check_co_resolves(
     and `torch_index_url` (default the profile's). A PyTorch index that does not answer is
     said (`say`) and PyPI's build of the same torch resolved in its place. UserError naming the
     conflict when there is no solution."""
-    from envbuilder.lock import target_glibc
     from envbuilder.render.plan import torch_swap
 
     glibc = target_glibc(m, env)
@@ -330,3 +329,16 @@ def pip_artifact(package: dict[str, Any]) -> tuple[str, str]:
     if not art:
         raise ActionError(f"pylock.toml has no file for {package['name']}; cannot lock it.")
     return art["url"], art["hashes"]["sha256"]
+
+
+def target_glibc(matrix: Matrix, env: ResolvedEnv) -> str:
+    """The glibc of the profile's CUDA image (cuda.yaml), the platform a lock is solved for."""
+    cuda_v = env.cuda.version
+    glibc: str | None = (matrix.cuda.get(cuda_v) or {}).get("glibc")
+    if not glibc:
+        raise UserError(
+            f"{matrix.where('cuda', cuda_v)}: cuda.{cuda_v} has no `glibc` fact (the C "
+            f"library of its Ubuntu {env.cuda.ubuntu} image); a lock is "
+            "solved for it. Add it with its source."
+        )
+    return glibc

@@ -127,7 +127,8 @@ def lock_profiles(
                 else:
                     echo(check_line(name, target))
                 continue
-            from envbuilder.lock import lock_profile, sources_for, target_glibc
+            from envbuilder.lock import lock_profile, sources_for
+            from envbuilder.lock.pip import target_glibc
 
             src = sources_for(
                 env,
