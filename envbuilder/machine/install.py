@@ -40,6 +40,7 @@ from envbuilder.errors import ActionError, UserError
 from envbuilder.limits import read_text_bounded
 from envbuilder.text import printable
 from envbuilder.model.resolved import ResolvedEnv
+from envbuilder.render import steps as S
 from envbuilder.tools.python import Interpreter, isolated_env, own_code_env
 from envbuilder.tools.run import stop_group
 
@@ -246,18 +247,52 @@ def nvcc_version() -> str | None:
 
 
 def extension_commands(env: ResolvedEnv, python: Path) -> list[tuple[str, list[str]]]:
-    """(component, the command that compiles it into the environment of `python`) for apex and
-    flash-attn, as the image's builder stage does (for this GPU's arch only)."""
-    from envbuilder.model.components import apex
-    from envbuilder.model.components.flash_attn import source_build_argv
+    """(component, the command that compiles it into the environment of `python`) for each
+    Compile step of the install (render/steps.py), as the image's builder stage compiles it
+    (for this GPU's arch only)."""
+    return [
+        (step.component, S.compile_argv(env, step, [str(python), "-m", "pip", "install"]))
+        for step in _compiles(env)
+    ]
 
-    out: list[tuple[str, list[str]]] = []
-    if env.apex:
-        pip = [str(python), "-m", "pip", "install", "-v"]
-        out.append(("apex", apex.build_argv(env.apex, pip, f"apex @ {env.apex.url}")))
-    if env.flash_attn:
-        out.append(("flash-attn", ["env", *source_build_argv(env, [str(python), "-m", "pip", "install"])]))
-    return out
+
+def _compiles(env: ResolvedEnv) -> list[S.Compile]:
+    from envbuilder.render.plan import install_plan
+
+    return [s for s in S.install_steps(env, install_plan(env)) if isinstance(s, S.Compile)]
+
+
+def compile_step(
+    env: ResolvedEnv,
+    step: S.Compile,
+    prefix: Path,
+    report: InstallReport,
+    say: Callable[[str], None],
+    index: SecretUrl | None = None,
+) -> bool:
+    """One Compile step, run where the nvcc on PATH is torch's CUDA (apex's setup.py requires
+    it equal); else it is named with what is missing and the command that builds it, and the
+    install goes on without it (the run's training path does not import it unless the profile
+    uses it: preflight's smoke test then says so). `index`: what pip fetches the build
+    dependencies from (default the profile's PyPI index), through its environment."""
+    from envbuilder.tools.uv import index_env
+
+    cmd = S.compile_argv(env, step, [str(prefix / "bin" / "python"), "-m", "pip", "install"])
+    got = nvcc_version()
+    if got != env.cuda.version:
+        report.not_installed.append(
+            {
+                "component": step.component,
+                "version": step.version,
+                "why": f"needs nvcc {env.cuda.version} on PATH (torch's CUDA) to compile; "
+                + (f"nvcc here is {got}" if got else "there is no nvcc here")
+                + f". With it: {shlex.join(cmd)}",
+            }
+        )
+        return True
+    say(f"{step.component}: compiling for sm_{step.arch} with nvcc {got} (flash-attn's sdist takes hours)")
+    child = {**own_code_env(), **index_env(index or SecretUrl(env.indexes.pypi))}  # (pip's index)
+    return _run(report, f"build {step.component}", cmd, child, say)
 
 
 def build_extensions(
@@ -267,34 +302,10 @@ def build_extensions(
     say: Callable[[str], None],
     index: SecretUrl | None = None,
 ) -> bool:
-    """apex and flash-attn compiled into the environment where the nvcc on PATH is torch's CUDA
-    (apex's setup.py requires it equal); else each is named with what is missing, and the
-    install goes on without it (the run's training path does not import them unless the
-    profile uses them: preflight's smoke test then says so). `index`: what pip fetches their
-    build dependencies from (default the profile's PyPI index), through its environment."""
-    from envbuilder.tools.uv import index_env
-
-    commands = extension_commands(env, prefix / "bin" / "python")
-    if not commands:
-        return True
-    got = nvcc_version()
-    if got != env.cuda.version:
-        for component, cmd in commands:
-            report.not_installed.append(
-                {
-                    "component": component,
-                    "version": (env.apex if component == "apex" else env.flash_attn).version,  # type: ignore[union-attr]
-                    "why": f"needs nvcc {env.cuda.version} on PATH (torch's CUDA) to compile; "
-                    + (f"nvcc here is {got}" if got else "there is no nvcc here")
-                    + f". With it: {shlex.join(cmd)}",
-                }
-            )
-        return True
+    """Every Compile step of the install in turn (compile_step)."""
     ok = True
-    for component, cmd in commands:
-        say(f"{component}: compiling for sm_{env.gpu.sm} with nvcc {got} (flash-attn's sdist takes hours)")
-        child = {**own_code_env(), **index_env(index or SecretUrl(env.indexes.pypi))}  # (pip's index)
-        ok = _run(report, f"build {component}", cmd, child, say) and ok
+    for step in _compiles(env):
+        ok = compile_step(env, step, prefix, report, say, index) and ok
     return ok
 
 
@@ -484,8 +495,9 @@ def _online(
     report: InstallReport,
     say: Callable[[str], None],
 ) -> bool:
-    """The online route: verify's layers with uv into a venv at the prefix, which the marker
-    names as this profile's (an interrupted run goes on from there), then apex and flash-attn."""
+    """The online route: the install's steps through verify's executor, with uv into a venv at
+    the prefix, which the marker names as this profile's (an interrupted run goes on from there);
+    its Compile steps are compiled here (compile_step)."""
     from envbuilder.machine.verify import Options, verify
     from envbuilder.render.outdir import write_text_atomic
 
@@ -496,6 +508,7 @@ def _online(
             f"--prefix {prefix} takes no write ({e.strerror}): the environment goes there. Pass "
             "a path in a folder you can write to, with free space."
         ) from None
+    built = InstallReport(env.profile, str(prefix), "online")  # (the Compile steps' entries)
     r = verify(
         env,
         interp,
@@ -508,6 +521,7 @@ def _online(
             imports=False,  # (preflight --smoke imports the training path below)
             command="install",
             say=say,
+            compile=lambda step: compile_step(env, step, prefix, built, say, index_url),
         ),
     )
     for layer in r.layers:
@@ -521,10 +535,12 @@ def _online(
                 **({"error": layer["error"]} if layer.get("error") else {}),
             }
         )
+    report.steps += built.steps
+    report.not_installed += built.not_installed
     for name, part in (("patches", r.patches), ("audit", r.audit)):
         if part is not None:
             report.steps.append({"step": name, "ok": bool(part.get("ok"))})
-    ok = not r.failures and build_extensions(env, prefix, report, say, index_url)
+    ok = not r.failures
     if r.failures:
         report.steps.append({"step": "install", "ok": False, "error": "; ".join(r.failures[:3])})
     return ok

@@ -5,7 +5,8 @@ every layer; then the recorded source patches, an import of every module on the 
 rendered run script's overrides (`--cfg job`: composed and printed, never run).
 
 Nothing here decides compatibility: the env comes from the resolver, the files from the
-renderer, the layers from `lock.pip.layer_roots`. Only stdlib at import time; uv runs as a
+renderer, the steps from `render/steps.py` (this module is their one executor, for verify and
+install). Only stdlib at import time; uv runs as a
 child process.
 """
 
@@ -30,6 +31,8 @@ from envbuilder.record import Record
 from envbuilder.secret import SecretUrl, secret
 from envbuilder.tools.run import stop_group
 from envbuilder.model.resolved import ResolvedEnv
+from envbuilder.render.plan import layer_roots
+from envbuilder.render.steps import PATCHES, Compile, PipLayer, RunScript, Step, Venv
 
 # uv's own summary lines, forwarded as progress while a layer installs
 _UV_PROGRESS = ("Resolved ", "Prepared ", "Installed ", "Uninstalled ", "Downloading ", "Building ", "Built ")
@@ -240,6 +243,9 @@ class Options(Record):
     resume: bool = False
     say: Callable[[str], None] = lambda line: None
     command: str = "verify"  # whose run this is: its work folder is envbuild-COMMAND-PROFILE-...
+    # how a Compile step is done (envbuild install: compiled where torch's nvcc is on PATH);
+    # None: named under not_installed, as verify compiles nothing
+    compile: Callable[[Compile], bool] | None = None
 
 
 from envbuilder.tools.python import Interpreter  # noqa: E402  (path, full version)
@@ -620,22 +626,62 @@ class _Verifier:
         self.say(f"FAILED: {text}")
 
     def run(self, work: Path, venv: Path) -> Report:
+        """The install's steps (render/steps.py) in turn, as every route runs them, then the
+        imports of the training path and verl's composed config."""
         from envbuilder.render import files as R
-        from envbuilder.render.plan import layer_roots
-        from envbuilder.tools.uv import index_env, uv_bin
+        from envbuilder.render.plan import install_plan
+        from envbuilder.render.steps import install_steps
         from envbuilder.lock.constraints import with_constraints
-        from envbuilder.text import redact
 
         env, r = self.env, self.r
         r.isolation = isolation()[1]
         # as `envbuild render` does: the pins of the lock whose plan this is, per layer
         # (an environment already held to a lock, `install --locked`, keeps it)
-        files = R.render_files(self.env if self.env.constraints else with_constraints(self.env))
-        rendered = work / "render"
-        R.write_dir(rendered, files)
-        uv = uv_bin()
+        held = env if env.constraints else with_constraints(env)
+        files = R.render_files(held)
+        self.rendered = work / "render"
+        R.write_dir(self.rendered, files)
+        self.work, self.venv, self.py = work, venv, venv / "bin" / "python"
+        self.indexes(files)
+        self.audit = "audit_precision.py" in files
+        self.installed_all = True
+        self.empty = [name for name, roots in layer_roots(env).items() if not roots]
+        for step in install_steps(held, install_plan(held)):
+            if not self.step(step):
+                return r
+        self.empty_layers(None)
+        if self.opts.imports:
+            self.imports(self.py, work)
+        if self.opts.skip_compose:
+            r.compose = {"skipped": "--skip-compose"}
+        else:
+            self.compose(self.py, work, self.rendered)
+        return r
 
-        # the indexes, and the torch swap when the PyTorch index does not answer
+    def step(self, step: Step) -> bool:
+        """Run one step; False: the run stops here (no environment to go on in)."""
+        if isinstance(step, Venv):
+            return self.make_venv()
+        if isinstance(step, PipLayer):
+            self.empty_layers(step.layer.name)
+            self.layer(step)
+            return True
+        if isinstance(step, Compile):
+            self.compile(step)
+            return True
+        if not self.installed_all:
+            self.empty_layers(None)
+            return False  # (nothing to patch or audit: an earlier layer did not install)
+        self.script(step)
+        return True
+
+    def indexes(self, files: Mapping[str, str]) -> None:
+        """The indexes, and the torch swap when the PyTorch index does not answer; the lock's
+        pins (render's constraints/<layer>.txt, one set per layer, all from one lock) as one
+        file: their union constrains every layer, as the Dockerfile's cumulative -c does."""
+        from envbuilder.tools.uv import index_env
+
+        env, r = self.env, self.r
         pypi = self.opts.index_url or SecretUrl(env.indexes.pypi)
         torch_index = self.opts.torch_index_url or secret(env.indexes.torch)
         swap: dict[str, tuple[str, str]] = {}
@@ -654,13 +700,12 @@ class _Verifier:
             old, new = swap.get("torch") or next(iter(swap.values()))
             r.torch_swapped = f"{old} -> {new} (PyPI; the PyTorch index is unreachable)"
             self.say(f"torch {r.torch_swapped}")
-        # the lock's pins (render's constraints/<layer>.txt, one set per layer, all from one
-        # lock): their union constrains every layer, as the Dockerfile's cumulative -c does
-        constraints = None
+        self.swap = swap
+        self.constraints: Path | None = None
         layer_files = [name for name in sorted(files) if name.startswith("constraints/")]
         if layer_files:
-            constraints = work / "constraints.txt"
-            constraints.write_text(
+            self.constraints = self.work / "constraints.txt"
+            self.constraints.write_text(
                 "".join(
                     swap_line(ln, swap) + "\n"
                     for name in layer_files
@@ -670,168 +715,171 @@ class _Verifier:
                 "utf-8",
             )
             r.constraints = True
+        # the indexes reach uv through its environment (their passwords are in no argv); with
+        # the PyTorch index, as pip merges the Dockerfile's --index-url and --extra-index-url
+        self.index_env = index_env(pypi, torch_index)
+        self.index_args = ["--index-strategy", "unsafe-best-match"] if torch_index else []
 
-        # the venv, pip seeded by ensurepip (no index needed)
-        py = venv / "bin" / "python"
+    def make_venv(self) -> bool:
+        """The venv, pip seeded by ensurepip (no index needed); False where it failed."""
+        venv, py = self.venv, self.py
         if self.opts.resume and py.exists() and seeded(venv):
             self.say(f"venv {venv}: going on with the environment an earlier run made")
-            made = None
-        else:  # (a venv an earlier run left without pip, stopped while seeding it, is made again)
-            self.say(f"venv {venv} from Python {self.interp.version} ({self.interp.path})")
-            made = run(
-                [self.interp.path, "-m", "venv", str(venv)],
-                env=_clean_env(),
-                timeout=600,
-                say=self.say,
-                label="venv",
-            )
-        if made is not None and (made.rc != 0 or not py.exists()):
+            return True
+        # (a venv an earlier run left without pip, stopped while seeding it, is made again)
+        self.say(f"venv {venv} from Python {self.interp.version} ({self.interp.path})")
+        made = run(
+            [self.interp.path, "-m", "venv", str(venv)],
+            env=_clean_env(),
+            timeout=600,
+            say=self.say,
+            label="venv",
+        )
+        if made.rc != 0 or not py.exists():
             self.fail(
                 f"venv: {self.interp.path} -m venv failed: "
                 f"{(made.err.strip().splitlines() or ['timed out'])[-1]}"
             )
-            return r
+            return False
+        return True
 
-        # the indexes reach uv through its environment (their passwords are in no argv); with
-        # the PyTorch index, as pip merges the Dockerfile's --index-url and --extra-index-url
-        indexes = index_env(pypi, torch_index)
-        index_args = ["--index-strategy", "unsafe-best-match"] if torch_index else []
-        installed_all = True
-        for layer, roots in layer_roots(self.env).items():
-            roots = [swap_line(x, swap) for x in roots]
-            if not roots:
-                r.layers.append(
-                    {
-                        "layer": layer,
-                        "requirements": [],
-                        "ok": True,
-                        "seconds": 0.0,
-                        "empty": True,
-                        "pip_check": None,
-                    }
-                )
-                continue
-            entry = {
-                "layer": layer,
-                "requirements": roots,
-                "ok": False,
-                "seconds": 0.0,
-                "error": None,
-                "pip_check": None,
+    def empty_layers(self, before: str | None) -> None:
+        """The report's entries for the layers this profile has none of (p40's vllm: its
+        rollout is HF), each where the Dockerfile's order puts it: those before `before` (None:
+        the rest)."""
+        order = list(layer_roots(self.env))
+        upto = order.index(before) if before in order else len(order)
+        for name in [n for n in self.empty if order.index(n) < upto]:
+            self.empty.remove(name)
+            self.r.layers.append(
+                {
+                    "layer": name,
+                    "requirements": [],
+                    "ok": True,
+                    "seconds": 0.0,
+                    "empty": True,
+                    "pip_check": None,
+                }
+            )
+
+    def layer(self, step: PipLayer) -> None:
+        """One pip layer with uv, within the lock's pins, then `pip check`."""
+        from envbuilder.text import redact
+        from envbuilder.tools.uv import uv_bin
+
+        name, py = step.layer.name, self.py
+        roots = [swap_line(x, self.swap) for x in step.layer.requirements]
+        entry: dict[str, Any] = {
+            "layer": name,
+            "requirements": roots,
+            "ok": False,
+            "seconds": 0.0,
+            "error": None,
+            "pip_check": None,
+        }
+        self.r.layers.append(entry)
+        if not self.installed_all:
+            entry["error"] = "not run: an earlier layer did not install"
+            return
+        self.say(f"layer {name}: uv pip install {' '.join(roots)}")
+        cmd = [uv_bin(), "pip", "install", "--no-config", "--python", str(py), *self.index_args]
+        if self.constraints:
+            cmd += ["-c", str(self.constraints)]
+        got = run(
+            cmd + roots,
+            env=_clean_env(**self.index_env),
+            cwd=self.work,
+            timeout=INSTALL_TIMEOUT_S,
+            say=self.say,
+            label=f"layer {name}",
+            forward=lambda ln: ln.startswith(_UV_PROGRESS),
+        )
+        entry["seconds"] = round(got.seconds, 1)
+        if got.rc != 0:
+            self.installed_all = False
+            text = [
+                ln for ln in got.err.strip().splitlines() if ln.strip() and not ln.startswith("Using Python")
+            ]
+            entry["error"] = (
+                ("timed out after " + fmt_seconds(got.seconds))
+                if got.rc is None
+                else redact("\n".join(text[-25:]))
+            )
+            why = _first_error(text) if got.rc else entry["error"]
+            self.fail(f"layer {name} did not install: {why}")
+            return
+        entry["ok"] = True
+        self.say(f"layer {name}: installed in {fmt_seconds(got.seconds)}; pip check")
+        chk = run(
+            [str(py), "-m", "pip", "check"],
+            env=_clean_env(),
+            cwd=self.work,
+            timeout=600,
+            say=self.say,
+            label="pip check",
+        )
+        problems = [ln.strip() for ln in (chk.out + chk.err).splitlines() if ln.strip()]
+        entry["pip_check"] = {"ok": chk.rc == 0, "problems": [] if chk.rc == 0 else problems}
+        if chk.rc != 0:
+            self.fail(
+                f"pip check after layer {name}: "
+                + "; ".join(problems[:3])
+                + (f" (+{len(problems) - 3} more)" if len(problems) > 3 else "")
+            )
+
+    def compile(self, step: Compile) -> None:
+        """A Compile step: done by the caller's `compile` (envbuild install), once every layer
+        installed; else named under not_installed with why nothing is compiled here."""
+        if self.opts.compile is not None:
+            if self.installed_all and not self.r.failures and not self.opts.compile(step):
+                self.fail(f"{step.component} did not compile")
+            return
+        comp = step.component.replace("-", "_")
+        _, ext = import_plan(self.env)
+        self.r.not_installed.append(
+            {
+                "component": comp,
+                "version": step.version,
+                "modules": sorted(m for m, c in ext.items() if c == comp),
+                "why": EXTENSION_WHY[comp].format(version=step.version, cuda=self.env.cuda.version),
             }
-            r.layers.append(entry)
-            if not installed_all:
-                entry["error"] = "not run: an earlier layer did not install"
-                continue
-            self.say(f"layer {layer}: uv pip install {' '.join(roots)}")
-            cmd = [uv, "pip", "install", "--no-config", "--python", str(py), *index_args]
-            if constraints:
-                cmd += ["-c", str(constraints)]
-            got = run(
-                cmd + roots,
-                env=_clean_env(**indexes),
-                cwd=work,
-                timeout=INSTALL_TIMEOUT_S,
-                say=self.say,
-                label=f"layer {layer}",
-                forward=lambda ln: ln.startswith(_UV_PROGRESS),
-            )
-            entry["seconds"] = round(got.seconds, 1)
-            if got.rc != 0:
-                installed_all = False
-                text = [
-                    ln
-                    for ln in got.err.strip().splitlines()
-                    if ln.strip() and not ln.startswith("Using Python")
-                ]
-                entry["error"] = (
-                    ("timed out after " + fmt_seconds(got.seconds))
-                    if got.rc is None
-                    else redact("\n".join(text[-25:]))
-                )
-                why = _first_error(text) if got.rc else entry["error"]
-                self.fail(f"layer {layer} did not install: {why}")
-                continue
-            entry["ok"] = True
-            self.say(f"layer {layer}: installed in {fmt_seconds(got.seconds)}; pip check")
-            chk = run(
-                [str(py), "-m", "pip", "check"],
-                env=_clean_env(),
-                cwd=work,
-                timeout=600,
-                say=self.say,
-                label="pip check",
-            )
-            problems = [ln.strip() for ln in (chk.out + chk.err).splitlines() if ln.strip()]
-            entry["pip_check"] = {"ok": chk.rc == 0, "problems": [] if chk.rc == 0 else problems}
-            if chk.rc != 0:
-                self.fail(
-                    f"pip check after layer {layer}: "
-                    + "; ".join(problems[:3])
-                    + (f" (+{len(problems) - 3} more)" if len(problems) > 3 else "")
-                )
+        )
 
-        for comp, why in EXTENSION_WHY.items():
-            if getattr(env, comp):
-                _, ext = import_plan(env)
-                version = getattr(env, comp).version
-                r.not_installed.append(
-                    {
-                        "component": comp,
-                        "version": version,
-                        "modules": sorted(m for m, c in ext.items() if c == comp),
-                        "why": why.format(version=version, cuda=env.cuda.version),
-                    }
-                )
-        if not installed_all:
-            return r
-
-        if env.patches:
-            names = [p.name for p in env.patches]
+    def script(self, step: RunScript) -> None:
+        """A script of the rendered folder with the venv's Python: verl's recorded patches (the
+        one rule of every route: the venv's own verl, isolated, never written through a link),
+        or the precision audit, as the image build runs it right after the patches."""
+        py, work, rendered = self.py, self.work, self.rendered
+        if step.script == PATCHES:
+            names = [p.name for p in self.env.patches]
             self.say(f"patches: {', '.join(names)}")
-            # (the one rule of every route: the venv's own verl, isolated, never written through a link)
-            argv, patch_env = patch_command(py, rendered / "apply_patches.py", _clean_env())
-            got = run(
-                argv,
-                env=patch_env,
-                cwd=work,
-                timeout=600,
-                say=self.say,
-                label="patches",
-            )
-            r.patches = {
+            argv, patch_env = patch_command(py, rendered / step.script, _clean_env())
+            got = run(argv, env=patch_env, cwd=work, timeout=600, say=self.say, label="patches")
+            self.r.patches = {
                 "ok": got.rc == 0,
                 "names": names,
                 "output": (got.out + got.err).strip().splitlines(),
             }
             if got.rc != 0:
                 msg = (got.err.strip().splitlines() or ["timed out" if got.rc is None else "failed"])[-1]
-                r.patches["error"] = msg
+                self.r.patches["error"] = msg
                 self.fail(f"patches: {msg}")
-
-        # the precision audit, as the image build runs it right after the patches
-        if "audit_precision.py" in files:
-            self.say("precision audit")
-            got = run(
-                [str(py), str(rendered / "audit_precision.py")],
-                env=_clean_env(),
-                cwd=work,
-                timeout=600,
-                say=self.say,
-                label="audit",
-            )
-            r.audit = {"ok": got.rc == 0, "output": (got.out + got.err).strip().splitlines()}
-            if got.rc != 0:
-                lines = r.audit["output"] or ["timed out" if got.rc is None else "failed"]
-                self.fail("precision audit: " + "; ".join(lines[-3:]))
-
-        if self.opts.imports:
-            self.imports(py, work)
-        if self.opts.skip_compose:
-            r.compose = {"skipped": "--skip-compose"}
-        else:
-            self.compose(py, work, rendered)
-        return r
+            return
+        if not self.audit:
+            return
+        self.say("precision audit")
+        got = run(
+            [str(py), str(rendered / step.script)],
+            env=_clean_env(),
+            cwd=work,
+            timeout=600,
+            say=self.say,
+            label="audit",
+        )
+        self.r.audit = {"ok": got.rc == 0, "output": (got.out + got.err).strip().splitlines()}
+        if got.rc != 0:
+            lines = self.r.audit["output"] or ["timed out" if got.rc is None else "failed"]
+            self.fail("precision audit: " + "; ".join(lines[-3:]))
 
     def imports(self, py: Path, work: Path) -> None:
         modules, ext = import_plan(self.env)

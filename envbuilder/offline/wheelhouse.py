@@ -353,9 +353,10 @@ if [ -f "$REQ" ]; then
 fi
 # verl's recorded patches for this GPU, then the precision audit, as the image's build does
 S="$HERE/scripts/$PROFILE"
-if [ -f "$S/audit_precision.py" ]; then
-  if [ -f "$S/apply_patches.py" ]; then "$PY" "$S/apply_patches.py"; fi
-  "$PY" "$S/audit_precision.py"
+if [ -f "$S/__AUDIT__" ]; then
+  for script in __FINISH__; do  # (the install's last steps, render/steps.py: each the profile has)
+    if [ -f "$S/$script" ]; then "$PY" "$S/$script"; fi
+  done
 else
   echo "install.sh: this wheelhouse has no patch scripts for $PROFILE (its lock pins another verl" \
        "than the profile): render the same variant (envbuild render $PROFILE ...) and run its" \
@@ -363,6 +364,19 @@ else
 fi
 echo "installed $PROFILE into $PREFIX"
 """
+
+
+def _install_sh(names: str, pythons: str) -> str:
+    """install.sh for the profiles `names` (bash words) of Pythons `pythons` (an associative
+    array's pairs): after the pip part, the install's scripts in render/steps.py's order."""
+    from envbuilder.render.steps import AUDIT, FINISH
+
+    return (
+        INSTALL_SH.replace("__PROFILES__", names)
+        .replace("__PYTHONS__", pythons)
+        .replace("__FINISH__", " ".join(FINISH))
+        .replace("__AUDIT__", AUDIT)
+    )
 
 
 def uv_artifacts(
@@ -674,9 +688,7 @@ def _export_into(
         for n, e in sorted(manifest["profiles"].items())
         if re.fullmatch(r"3\.\d+", str(e.get("python") or ""))
     )
-    _write_text(
-        out, "install.sh", INSTALL_SH.replace("__PROFILES__", names).replace("__PYTHONS__", pythons), 0o755
-    )
+    _write_text(out, "install.sh", _install_sh(names, pythons), 0o755)
     _write_text(out, MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     if no_space:
         raise _no_space(out, wanted)

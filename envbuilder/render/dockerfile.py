@@ -19,6 +19,7 @@ from envbuilder.model.components import flash_attn as FA
 from envbuilder import images
 from envbuilder.record import Record, plain
 from envbuilder.render import image as I
+from envbuilder.render import steps as S
 from envbuilder.render.plan import InstallPlan, Layer
 from envbuilder.render.quoting import arg, comment, dq, sh
 
@@ -80,18 +81,12 @@ def _tojson(value: Any) -> str:
     return text
 
 
-def apex_command(env: ResolvedEnv) -> str:
-    """How to build apex by hand into an environment (requirements.txt's, environment.yml's and
-    pixi.toml's note, preflight's record of what was built): the apex block's one command; ""
-    when the profile has no apex."""
-    return APEX.shell_command(env.apex) if env.apex else ""
-
-
 class _Steps:
     """The steps of one render: the environment, its plan and its `locked` context."""
 
     def __init__(self, env: ResolvedEnv, plan: InstallPlan, locked: LockedContext | None):
         self.env, self.plan, self.locked = env, plan, locked
+        self.steps = S.install_steps(env, plan)
         self.wheelhouse = bool(locked and locked.wheelhouse)
         # uv installs the runtime stage, except from a wheelhouse exported without its wheel
         self.uv = not (self.wheelhouse and locked is not None and not locked.uv_wheel)
@@ -314,10 +309,9 @@ class _Steps:
         out.append(
             _i("ENV", f'TORCH_CUDA_ARCH_LIST="{dq(env.gpu.compute_capability)}"', "MAX_JOBS=${MAX_JOBS}")
         )
-        if env.apex:
-            out += self.apex()
-        if env.flash_attn:
-            out += self.flash_attn()
+        for step in self.steps:
+            if isinstance(step, S.Compile):
+                out += self.apex() if step.component == S.APEX else self.flash_attn()
         return out
 
     def apex(self) -> list[Instruction]:
@@ -411,50 +405,29 @@ class _Steps:
             )
         cache = UV_CACHE if self.uv else PIP_CACHE
         wheels_before = next((ly.name for ly in plan.layers if ly.name in WHEELS_BEFORE), None)
-        for layer in plan.layers:
-            if plan.builder and layer.name == wheels_before:
-                out.append(
-                    self.run(
-                        cache,
-                        [f"--mount=type=bind,from=builder,source={I.WHEELS},target={I.WHEELS}"],
-                        [f"{'uv ' if self.uv else ''}pip install --no-deps {I.WHEELS}/*.whl"],
-                        secrets=False,
-                        comments=[
-                            *pending,
-                            "compiled extensions from the builder, bind-mounted so no build tree lands in a layer.",
-                        ],
-                    )
+        for step in self.steps:
+            if isinstance(step, S.PipLayer):
+                layer = step.layer
+                if plan.builder and layer.name == wheels_before:
+                    out.append(self.builder_wheels(cache, pending))
+                    pending = []
+                if locked and not locked.layers.get(layer.name):
+                    continue  # (the lock installs nothing in this step)
+                pending.append(self.step_comment(layer))
+                if layer.arg:
+                    _name, _, version = layer.requirements[0].partition("==")
+                    out.append(_i("ARG", f"{layer.arg}={arg(version)}", comments=pending))
+                    pending = []
+                run = self.run(
+                    cache,
+                    self.mounts(self.step_files(layer, step.within)),
+                    [self.install(layer, step.within, self.uv)],
                 )
+                out.append(run._replace(comments=tuple(pending)))
                 pending = []
-            if locked and not locked.layers.get(layer.name):
-                continue  # (the lock installs nothing in this step)
-            pending.append(self.step_comment(layer))
-            upto = plan.upto(layer.name)
-            if layer.arg:
-                _name, _, version = layer.requirements[0].partition("==")
-                out.append(_i("ARG", f"{layer.arg}={arg(version)}", comments=pending))
+            elif isinstance(step, S.RunScript):
+                out += self.copy_and_run(step.script, [*pending, self.script_comment(step.script)])
                 pending = []
-            run = self.run(
-                cache, self.mounts(self.step_files(layer, upto)), [self.install(layer, upto, self.uv)]
-            )
-            out.append(run._replace(comments=tuple(pending)))
-            pending = []
-        if env.patches:
-            names = ", ".join(comment(p.name) for p in env.patches)
-            pending.append(f"Recorded source patches ({names}); each must match or the build stops.")
-            out += self.copy_and_run("apply_patches.py", pending)
-            pending = []
-        checks = env.audit.checks
-        pending.append(
-            "Precision audit: "
-            + (
-                f"no {' or '.join(checks)} left in the verl files the run loads, except reviewed lines"
-                if checks
-                else "nothing to check (bf16 and flash-attn)"
-            )
-            + "; a finding stops the build."
-        )
-        out += self.copy_and_run("audit_precision.py", pending)
         out.append(_i("COPY", "envbuild.json", I.RECORD))
         if self.locked and self.locked.sbom:
             out.append(_i("COPY", "sbom.cdx.json", I.SBOM))
@@ -471,6 +444,34 @@ class _Steps:
         out.append(_i("WORKDIR", "/workspace"))
         out.append(_i("CMD", json.dumps(["python", I.PREFLIGHT])))
         return out
+
+    def builder_wheels(self, cache: str, pending: list[str]) -> Instruction:
+        """The builder's compiled wheels, installed before the first of WHEELS_BEFORE."""
+        return self.run(
+            cache,
+            [f"--mount=type=bind,from=builder,source={I.WHEELS},target={I.WHEELS}"],
+            [f"{'uv ' if self.uv else ''}pip install --no-deps {I.WHEELS}/*.whl"],
+            secrets=False,
+            comments=[
+                *pending,
+                "compiled extensions from the builder, bind-mounted so no build tree lands in a layer.",
+            ],
+        )
+
+    def script_comment(self, script: str) -> str:
+        if script == S.PATCHES:
+            names = ", ".join(comment(p.name) for p in self.env.patches)
+            return f"Recorded source patches ({names}); each must match or the build stops."
+        checks = self.env.audit.checks
+        return (
+            "Precision audit: "
+            + (
+                f"no {' or '.join(checks)} left in the verl files the run loads, except reviewed lines"
+                if checks
+                else "nothing to check (bf16 and flash-attn)"
+            )
+            + "; a finding stops the build."
+        )
 
     def step_comment(self, layer: Layer) -> str:
         if layer.name == "vllm":

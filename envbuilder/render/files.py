@@ -14,8 +14,8 @@ from typing import Any, TYPE_CHECKING
 
 from envbuilder.paths import data_dir
 from envbuilder import images
-from envbuilder.model.components import flash_attn as FA
-from envbuilder.render.dockerfile import FLASH_ATTN_SCRIPT, apex_command, dockerfile_plan
+from envbuilder.render.dockerfile import FLASH_ATTN_SCRIPT, dockerfile_plan
+from envbuilder.render.steps import APEX, FLASH_ATTN, by_hand, finish_command
 from envbuilder.render.image import HOME as IMAGE_HOME
 from envbuilder.render.image import PREFLIGHT, RUN_SCRIPT  # (where the image puts them)
 from envbuilder.render.image import default_tag
@@ -117,12 +117,6 @@ def jinja_env() -> jinja2.Environment:
     return _jinja
 
 
-def plan_finish_command(env: ResolvedEnv) -> str:
-    from envbuilder.render.plan import finish_command
-
-    return finish_command(env)
-
-
 def preflight_expectations(env: ResolvedEnv) -> dict[str, Any]:
     """What preflight.py checks, as data (its part of the sidecar). training_path: every module a
     training run imports, which the build's smoke test (preflight.py --smoke) imports too."""
@@ -153,12 +147,12 @@ def preflight_expectations(env: ResolvedEnv) -> dict[str, Any]:
             {"name": p.name, "files": list(p.files), "replace": [[r["find"], r["with"]] for r in p.replace]}
             for p in env.patches
         ],
-        "finish": plan_finish_command(env),
+        "finish": finish_command(env),
         # compiled from source in the image's builder stage, never in requirements.txt: how to
         # build each by hand (the Dockerfile's and apptainer.def's own spelling of the build)
         "built": {
-            "apex": apex_command(env) or None,
-            "flash_attn": FA.source_build_command(env) if env.flash_attn else None,
+            "apex": by_hand(env).get(APEX),
+            "flash_attn": by_hand(env).get(FLASH_ATTN),
         },
     }
 
@@ -256,15 +250,15 @@ def render_files(env: ResolvedEnv, locked: LockedContext | None = None) -> dict[
         "run_script": RUN_SCRIPT,
         "image_home": IMAGE_HOME,
         "spec_sha256": spec_sha256,
-        "apex_command": apex_command(env),
-        "flash_attn_command": FA.source_build_command(env),
+        "apex_command": by_hand(env).get(APEX, ""),
+        "flash_attn_command": by_hand(env).get(FLASH_ATTN, ""),
         "locked": locked,
         "image_tag": default_tag(env, d),
         "lock_hint": lock_hint(env.profile, env.overrides),
         "override_flags": override_flags(env.overrides),
         "credentials": credentials,
         "pixi": pixi.context(env, plan, RUN_SCRIPT),
-        "finish_command": plan_finish_command(env),
+        "finish_command": finish_command(env),
         "sif": sif.context(env, plan, RUN_SCRIPT),
     }
     j = jinja_env()

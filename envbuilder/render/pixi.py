@@ -108,7 +108,7 @@ def tasks(env: ResolvedEnv, run_script: str) -> list[dict[str, Any]]:
     """pixi's tasks, in the rendered folder (the workspace's root): preflight, prepare-data
     (where the profile trains on a dataset) and train. `pixi run train ARGS` passes ARGS on as
     the run script's extra Hydra overrides, which preflight checks."""
-    from envbuilder.render.plan import finish_command
+    from envbuilder.render.steps import finish_command
 
     out: list[dict[str, Any]] = [
         {

@@ -189,11 +189,3 @@ def lock_hint(profile: str, overrides: Overrides, out: str | Path | None = None)
         f"`envbuild lock {sh(profile)}{flags} -o {lock_dir}` makes one, and `envbuild render "
         f"{sh(profile)}{flags} --locked {lock_dir}" + (f" -o {sh(str(out))}" if out else "") + "` uses it"
     )
-
-
-def finish_command(env: ResolvedEnv) -> str:
-    """What finishes an environment installed without Docker, run in the rendered folder with its
-    Python: the recorded patches of verl for this GPU (where there are any), then the precision
-    audit, as the Dockerfile's build does after the installs (README, requirements.txt,
-    environment.yml, pixi's patch task and preflight's fix all name this one command)."""
-    return ("python apply_patches.py && " if env.patches else "") + "python audit_precision.py"

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from envbuilder.model.components import apex as APEX
 from envbuilder.images import SIDECAR
 from envbuilder.model.resolved import ResolvedEnv
-from envbuilder.model.components import flash_attn as FA
+from envbuilder.render import steps as S
 from envbuilder.render.image import HOME, VENV, runtime_env
 from envbuilder.render.plan import InstallPlan
 from envbuilder.render.quoting import sh
@@ -33,10 +32,47 @@ def _pip(env: ResolvedEnv, plan: InstallPlan, torch: bool) -> str:
 
 
 def post_steps(env: ResolvedEnv, plan: InstallPlan) -> list[tuple[str, str]]:
-    """(comment, command) for %post, in the Dockerfile's order."""
+    """(comment, command) for %post: the install's steps (render/steps.py), each as one line."""
     py = f"{VENV}/bin/python"
-    want = env.python
-    steps: list[tuple[str, str]] = [
+    out: list[tuple[str, str]] = []
+    for step in S.install_steps(env, plan):
+        if isinstance(step, S.Venv):
+            out += _venv(step.python, py)
+        elif isinstance(step, S.PipLayer):
+            constraints = " ".join(f"-c {HOME}/{ly.constraints_file}" for ly in step.within)
+            torch = any(ly.name == "torch" for ly in step.within)
+            reqs = " ".join(sh(r) for r in step.layer.requirements)
+            out.append(
+                (
+                    f"{step.layer.name}: within the lock's constraints of this step and the earlier ones",
+                    f"{py} -m pip install {_pip(env, plan, torch)} {constraints} {reqs}",
+                )
+            )
+        elif isinstance(step, S.Compile) and step.component == S.APEX:
+            out.append(
+                (
+                    f"apex {step.version}: compiled against this torch (nvcc {env.cuda.version}, the devel base)",
+                    S.compile_shell(env, step, f"{VENV}/bin/pip install"),
+                )
+            )
+        elif isinstance(step, S.Compile):
+            within = " ".join(f"-c {HOME}/{ly.constraints_file}" for ly in plan.layers)
+            out.append(
+                (
+                    f"flash-attn {step.version}: compiled for sm_{step.arch} (hours without a prebuilt wheel)",
+                    S.compile_shell(env, step, f"{py} -m pip install {_pip(env, plan, True)} {within}"),
+                )
+            )
+        elif step.script == S.PATCHES:
+            names = ", ".join(p.name for p in env.patches)
+            out.append((f"verl's recorded patches ({names})", f"{py} {HOME}/{step.script}"))
+        else:
+            out.append(("the precision audit: a finding stops the build", f"{py} {HOME}/{step.script}"))
+    return out
+
+
+def _venv(want: str, py: str) -> list[tuple[str, str]]:
+    return [
         (
             f"Python {want}: the image's own; from apt only when the base image lacks it",
             "if ! command -v python3 >/dev/null || ! python3 -c 'import venv, ensurepip' 2>/dev/null; then "
@@ -51,39 +87,6 @@ def post_steps(env: ResolvedEnv, plan: InstallPlan) -> list[tuple[str, str]]:
             f'the pins are for {want}" >&2; exit 1; fi',
         ),
     ]
-    constraints: list[str] = []
-    for layer in plan.layers:
-        constraints.append(f"-c {HOME}/{layer.constraints_file}")
-        torch = any(c.endswith("torch.txt") for c in constraints)
-        reqs = " ".join(sh(r) for r in layer.requirements)
-        steps.append(
-            (
-                f"{layer.name}: within the lock's constraints of this step and the earlier ones",
-                f"{py} -m pip install {_pip(env, plan, torch)} {' '.join(constraints)} {reqs}",
-            )
-        )
-    if env.apex:
-        steps.append(
-            (
-                f"apex {env.apex.version}: compiled against this torch (nvcc {env.cuda.version}, the devel base)",
-                APEX.shell_command(env.apex, f"{VENV}/bin/pip install -v"),
-            )
-        )
-    if env.flash_attn:
-        steps.append(
-            (
-                f"flash-attn {env.flash_attn.version}: compiled for sm_{env.flash_attn.arch or env.gpu.sm} "
-                "(hours without a prebuilt wheel)",
-                FA.source_build_command(
-                    env, f"{py} -m pip install {_pip(env, plan, True)} {' '.join(constraints)}"
-                ),
-            )
-        )
-    if env.patches:
-        names = ", ".join(p.name for p in env.patches)
-        steps.append((f"verl's recorded patches ({names})", f"{py} {HOME}/apply_patches.py"))
-    steps.append(("the precision audit: a finding stops the build", f"{py} {HOME}/audit_precision.py"))
-    return steps
 
 
 def context(env: ResolvedEnv, plan: InstallPlan, run_script: str) -> dict[str, Any]:
