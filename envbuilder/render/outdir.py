@@ -347,6 +347,43 @@ def _remove_while_empty(folders: list[Path]) -> None:
             break
 
 
+class WritePlan(Record):
+    """What one write_dir does to a folder, decided before anything is written: the new files'
+    digests, the record of the last write and an interrupted one's journal, which files are
+    already there as they would be written (`unchanged`), which stand in the way (`conflicts`:
+    edited, not envbuild's, a link or a folder), and which of the last write's are gone from
+    this one and unchanged since (`stale`, removed at the end). `foreign`: the folder holds
+    things and no record says envbuild wrote it."""
+
+    out_dir: Path
+    files: Mapping[str, str]
+    links: Mapping[str, Checked]
+    executable: frozenset[str]
+    digests: Mapping[str, str]
+    old: Mapping[str, str]
+    pending: Mapping[str, str]
+    conflicts: tuple[str, ...]
+    unchanged: frozenset[str]
+    stale: tuple[str, ...]
+    foreign: bool
+
+    @property
+    def noop(self) -> bool:
+        """A re-render that changes nothing writes nothing."""
+        return (
+            not self.links
+            and not self.pending
+            and not self.stale
+            and self.unchanged == set(self.files)
+            and dict(self.old) == dict(self.digests)
+            and not (self.out_dir / JOURNAL).exists()
+        )
+
+    @property
+    def written(self) -> list[Path]:
+        return [self.out_dir / n for n in sorted(self.files)] + [self.out_dir / n for n in sorted(self.links)]
+
+
 def _write_dir_in_turn(
     out_dir: Path,
     files: dict[str, str],
@@ -357,14 +394,30 @@ def _write_dir_in_turn(
     option: str,
 ) -> list[Path]:
     """write_dir's work, with the folder made and its lock held (write_dir removes the folders
-    it made when this fails); with `check_only`, its refusals alone."""
+    it made when this fails): the plan, its refusals, then (unless `check_only`) the plan
+    applied."""
     links = dict(links or {})
     if not all(isinstance(src, Checked) for src in links.values()):
         raise TypeError("write_dir places only Checked files")
-    names = {str(safe_relpath(n)): n for n in [*files, *links]}
-    record, journal = out_dir / RECORD, out_dir / JOURNAL
     if out_dir.is_dir():
         clean_debris(out_dir)
+    plan = plan_write(out_dir, files, links, frozenset(executable))
+    _refusals(plan, force, option)
+    if check_only:
+        return []
+    if plan.noop:
+        return [out_dir / n for n in sorted(files)]
+    _apply(plan)
+    return plan.written
+
+
+def plan_write(
+    out_dir: Path, files: Mapping[str, str], links: Mapping[str, Checked], executable: frozenset[str]
+) -> WritePlan:
+    """What writing `files` and `links` into `out_dir` would do, read from the folder as it is
+    now (it writes nothing)."""
+    names = {str(safe_relpath(n)): n for n in [*files, *links]}
+    record, journal = out_dir / RECORD, out_dir / JOURNAL
     # what envbuild wrote here: the record, and a journal an interrupted write left behind
     old = _read_record(record) if out_dir.is_dir() else {}
     pending = _read_record(journal) if out_dir.is_dir() else {}
@@ -372,11 +425,11 @@ def _write_dir_in_turn(
     def ours(name: str, digest: str | None) -> bool:
         return digest is not None and digest in (old.get(name), pending.get(name))
 
-    new_digests = {n: hashlib.sha256(t.encode("utf-8")).hexdigest() for n, t in files.items()}
+    digests = {n: hashlib.sha256(t.encode("utf-8")).hexdigest() for n, t in files.items()}
     has_record = bool(old or pending) or (record.is_file() and not record.is_symlink())
-    foreign = [p for p in out_dir.iterdir() if p.name not in (RECORD, JOURNAL)] if out_dir.is_dir() else []
-    conflicts = []
-    unchanged = set()  # already there with these bytes and this mode: nothing to write
+    foreign = any(p.name not in (RECORD, JOURNAL) for p in out_dir.iterdir()) if out_dir.is_dir() else False
+    conflicts: list[str] = []
+    unchanged: set[str] = set()  # already there with these bytes and this mode: nothing to write
     for name in sorted(names):
         target = _inside(out_dir, PurePosixPath(name))
         if target is None:
@@ -393,41 +446,10 @@ def _write_dir_in_turn(
             conflicts.append(name)
             continue
         digest = _sha256(target)
-        if not (ours(name, digest) or digest == new_digests.get(name)):
+        if not (ours(name, digest) or digest == digests.get(name)):
             conflicts.append(name)
-        elif digest == new_digests.get(name) and stat.S_IMODE(st.st_mode) == _mode_of(name, executable):
+        elif digest == digests.get(name) and stat.S_IMODE(st.st_mode) == _mode_of(name, executable):
             unchanged.add(name)
-    if foreign and not has_record and not force:
-        clash = (
-            (
-                f" and has {', '.join(conflicts[:5])}"
-                + (f" and {len(conflicts) - 5} more" if len(conflicts) > 5 else "")
-            )
-            if conflicts
-            else ""
-        )
-        raise UserError(
-            f"{out_dir} is not empty and was not written by envbuild (no {RECORD})"
-            f"{clash}. envbuild writes only into new directories or ones it wrote. "
-            f"Pass {option} a new or empty directory, or --force to write into this one "
-            "(envbuild then overwrites only the files it renders and deletes nothing)."
-        )
-    if conflicts and not force:
-        raise UserError(
-            f"{out_dir}: {', '.join(conflicts[:5])}"
-            + (f" and {len(conflicts) - 5} more" if len(conflicts) > 5 else "")
-            + " changed since envbuild wrote them (or envbuild did not write them). "
-            "envbuild does not overwrite edits: move them away, or pass --force to "
-            "overwrite them."
-        )
-    if conflicts and any(Path(out_dir, n).is_dir() and not Path(out_dir, n).is_symlink() for n in conflicts):
-        raise UserError(
-            f"{out_dir}: a directory stands where envbuild writes a file "
-            f"({', '.join(n for n in conflicts if Path(out_dir, n).is_dir())}). Move it "
-            "away; envbuild deletes no directories it did not make."
-        )
-    if check_only:
-        return []
     # files of the last write that this one no longer has, unchanged since: removed at the end
     stale = [
         n
@@ -438,16 +460,53 @@ def _write_dir_in_turn(
         and not p.is_symlink()
         and ours(n, _sha256(p))
     ]
-    if (
-        not links
-        and not pending
-        and not stale
-        and unchanged == set(files)
-        and old == new_digests
-        and not journal.exists()
-    ):
-        return [out_dir / n for n in sorted(files)]  # a re-render that changes nothing writes nothing
+    return WritePlan(
+        out_dir,
+        files,
+        links,
+        executable,
+        digests,
+        old,
+        pending,
+        tuple(conflicts),
+        frozenset(unchanged),
+        tuple(stale),
+        foreign and not has_record,
+    )
 
+
+def _refusals(plan: WritePlan, force: bool, option: str) -> None:
+    """What stops a write before anything is written (exit 2): a folder envbuild did not write,
+    edited files (both unless `force`), a directory where a file goes (always)."""
+    out_dir, conflicts = plan.out_dir, list(plan.conflicts)
+    named = ", ".join(conflicts[:5]) + (f" and {len(conflicts) - 5} more" if len(conflicts) > 5 else "")
+    if plan.foreign and not force:
+        raise UserError(
+            f"{out_dir} is not empty and was not written by envbuild (no {RECORD})"
+            f"{f' and has {named}' if conflicts else ''}. envbuild writes only into new directories or ones it wrote. "
+            f"Pass {option} a new or empty directory, or --force to write into this one "
+            "(envbuild then overwrites only the files it renders and deletes nothing)."
+        )
+    if conflicts and not force:
+        raise UserError(
+            f"{out_dir}: {named}"
+            " changed since envbuild wrote them (or envbuild did not write them). "
+            "envbuild does not overwrite edits: move them away, or pass --force to "
+            "overwrite them."
+        )
+    folders = [n for n in conflicts if Path(out_dir, n).is_dir() and not Path(out_dir, n).is_symlink()]
+    if folders:
+        raise UserError(
+            f"{out_dir}: a directory stands where envbuild writes a file "
+            f"({', '.join(n for n in conflicts if Path(out_dir, n).is_dir())}). Move it "
+            "away; envbuild deletes no directories it did not make."
+        )
+
+
+def _apply(plan: WritePlan) -> None:
+    """The plan written: every new file staged, the journal, each file renamed into place, the
+    stale ones removed, the journal made the record."""
+    out_dir, journal = plan.out_dir, plan.out_dir / JOURNAL
     try:
         stage = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out_dir))
     except OSError as e:
@@ -463,22 +522,22 @@ def _write_dir_in_turn(
             ready.add(d)
 
     try:
-        for name, text in sorted(files.items()):
-            written[name] = new_digests[name]
-            if name in unchanged:
+        for name, text in sorted(plan.files.items()):
+            written[name] = plan.digests[name]
+            if name in plan.unchanged:
                 continue
             path = stage / name
             folder(path.parent)
             path.write_text(text, encoding="utf-8")
-            path.chmod(_mode_of(name, executable))
-        for name, src in sorted(links.items()):
+            path.chmod(_mode_of(name, plan.executable))
+        for name, src in sorted(plan.links.items()):
             path = stage / name
             folder(path.parent)
             place_checked(src, path)
             written[name] = src.sha256
         # the journal first: from here on a killed run leaves files that hash to old or new
         write_text_atomic(journal, _record_text(written), tmp_dir=stage)
-        for name in sorted(set(written) - unchanged):
+        for name in sorted(set(written) - plan.unchanged):
             target = out_dir / name
             folder(target.parent)
             os.replace(stage / name, target)
@@ -492,14 +551,14 @@ def _write_dir_in_turn(
     except EnvbuildError:  # a placed file that is not what its manifest names: nothing moved yet
         shutil.rmtree(stage, ignore_errors=True)
         raise
-    for name in stale:
+    for name in plan.stale:
         try:
             (out_dir / name).unlink()
         except OSError:
             pass
-    _remove_empty_dirs(out_dir, stale)
+    _remove_empty_dirs(out_dir, list(plan.stale))
     try:
-        os.replace(journal, record)
+        os.replace(journal, out_dir / RECORD)
     except OSError:
         pass  # the journal still counts on the next run
     shutil.rmtree(stage, ignore_errors=True)
@@ -507,7 +566,6 @@ def _write_dir_in_turn(
         out_dir.chmod(0o755)
     except OSError:
         pass
-    return [out_dir / n for n in sorted(files)] + [out_dir / n for n in sorted(links)]
 
 
 def _mode_of(name: str, executable: frozenset[str] | set[str]) -> int:
