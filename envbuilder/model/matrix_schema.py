@@ -386,6 +386,8 @@ TRAIN = {
     "gradient_checkpointing": bool,
     "gpu_memory_utilization": float,
     "lora_rank": int,
+    # the host memory (GiB) a node offers offload: the memory plan counts what it keeps there
+    "host_memory_gib?": int,
 }
 COMPONENT_VERSIONS = S.MapOf(S.VERSION, key=S.NAME)  # (matrix._cross_check: apex, flash-attn)
 # a whole pinned set by verl release (stacks.yaml): what `--verl X` selects on a profile that
@@ -446,6 +448,8 @@ MEMORY = {
     "margin": float,
     "validation_share": float,
     "max_micro_tokens?": int,
+    "rollout_seqs_per_gpu": int,
+    "host_memory_gib_per_gpu": int,
     "source": SOURCE,
 }
 # endpoints, tried in order: registries (HOST[:PORT][/PREFIX]) by the registry they stand in
