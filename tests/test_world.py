@@ -124,3 +124,10 @@ def test_the_fix_search_offers_the_world_flags():
 
     for field in ("rollout_tp", "offload", "sp", "host_memory"):
         assert BY_FIELD[field].fix, field
+
+
+def test_a_model_too_big_for_the_node_is_offered_more_nodes_before_a_smaller_model():
+    # the model the user asked for, on a larger world, comes first; a smaller model is the fallback
+    v = violations("h100", model=Q32, algo="grpo")["memory"]
+    assert v.fix.startswith("use --nodes 2"), v.fix
+    assert v.fix.index("--nodes 2") < v.fix.index("--model Qwen/Qwen2.5-14B-Instruct")

@@ -451,10 +451,10 @@ class _Resolver:
         )
         if fixes and fixes[0].startswith("pass --host-memory"):
             fix = fixes[0] + (f"; or {'; or '.join(fixes[1:])}" if fixes[1:] else "")
-        if more:
-            fix = f"use {more}; or {fix}"
         if smaller:  # (a model of the table: --model takes it, and the fix walk checks it)
             fix = f"use --model {smaller[-1][1]} (a smaller model from the table); or {fix}"
+        if more:  # (the model the user asked for, on a larger world, first)
+            fix = f"use {more}; or {fix}"
         if critic_free:
             fix = f"use --algo grpo (no critic to train: it fits); or {fix}"
         worst = max(mem["problems"], key=lambda p: p["gib"] - p["budget_gib"])
