@@ -145,8 +145,7 @@ FLAGS: tuple[Flag, ...] = (
         "host_memory",
         "--host-memory",
         INT,
-        "Host memory (GiB) of each node that offload may fill. Default: the profile's, else "
-        "64 GiB a GPU.",
+        "Host memory (GiB) of each node that offload may fill. Default: the profile's, else 64 GiB a GPU.",
         "GiB",
         bounds=(1, 1 << 20),
         fix=True,

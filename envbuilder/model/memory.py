@@ -230,7 +230,7 @@ class Setup:
         # the host memory of a node that offload may fill (--host-memory, else memory.yaml's
         # figure a GPU)
         self.host_gib = t.get("host_memory_gib") or consts["host_memory_gib_per_gpu"] * self.per_node
-        self.total_gib = consts["total_gib"]
+        self.total_gib: float = consts["total_gib"]
         self.usable_gib = (
             self.total_gib - consts["cuda_context_gib"] - (consts["nccl_gib"] if self.n > 1 else 0)
         )
@@ -391,9 +391,7 @@ def _train_work(s: Setup, b: int, logits: bool) -> list[Term]:
     width = _layer_width(a)
     out = []
     if s.ckpt:
-        out.append(
-            Term("checkpoints", f"{a.L} layers × {tok} tokens × {a.H} × {c} B", a.L * T * a.H * c)
-        )
+        out.append(Term("checkpoints", f"{a.L} layers × {tok} tokens × {a.H} × {c} B", a.L * T * a.H * c))
         out.append(
             Term(
                 "recomputed layer",
@@ -422,9 +420,7 @@ def _train_work(s: Setup, b: int, logits: bool) -> list[Term]:
         out.append(_fused_term(s, T, backward=True))
     elif logits:
         k = LOGIT_COPIES_TRAIN
-        out.append(
-            Term("logits", f"{tok} tokens × {a.V} vocab × {c} B × {k:g} copies", T * a.V * c * k)
-        )
+        out.append(Term("logits", f"{tok} tokens × {a.V} vocab × {c} B × {k:g} copies", T * a.V * c * k))
     return _work(out)
 
 
@@ -493,7 +489,9 @@ def generate_work(s: Setup, b: int) -> tuple[str, list[Term]]:
     tp = s.tp if s.rollout == "vllm" else 1
     kv_heads = max(a.k // tp, 1) * tp
     kvt = a.L * 2 * kv_heads * a.d * g
-    kv_what = f"{a.k}×{a.d}" if kv_heads == a.k else f"{tp} × 1×{a.d} (a KV head replicated on each of {tp} GPUs)"
+    kv_what = (
+        f"{a.k}×{a.d}" if kv_heads == a.k else f"{tp} × 1×{a.d} (a KV head replicated on each of {tp} GPUs)"
+    )
     if s.sampler_copies:
         k = s.sampler_copies
         running = f"{b} running" if tp == 1 else f"{tp}×{b} running (the engine's)"
@@ -731,9 +729,7 @@ def split_ways(n: int, arch: Arch, per_node: int) -> list[int]:
     Ulysses' sequence parallelism): divisors of the node's GPUs that divide the attention heads,
     and the KV heads or a multiple of them (vLLM replicates KV heads past their count)."""
     return [
-        w
-        for w in divisors(per_node)
-        if w <= n and arch.a % w == 0 and (arch.k % w == 0 or w % arch.k == 0)
+        w for w in divisors(per_node) if w <= n and arch.a % w == 0 and (arch.k % w == 0 or w % arch.k == 0)
     ]
 
 
@@ -748,7 +744,13 @@ def host(s: Setup) -> dict[str, Any]:
         if s.optimizer_offload:
             terms.append(st["adam"])
     if s.param_offload and not s.lora:
-        terms.append(Term("reference weights", f"{s.inf} B × {_m(s.arch.params())} params / {s.n} GPUs", s.inf * s.arch.params() / s.n))
+        terms.append(
+            Term(
+                "reference weights",
+                f"{s.inf} B × {_m(s.arch.params())} params / {s.n} GPUs",
+                s.inf * s.arch.params() / s.n,
+            )
+        )
     per_gpu = sum(t.nbytes for t in terms)
     budget = s.host_gib
     return {
@@ -766,7 +768,7 @@ def vllm_share(s: Setup) -> float:
     resident = sum(t.nbytes for t in _resident(s, "rollout"))
     room = s.usable_gib * (1 - s.consts["margin"]) - _gib(resident) * (1 + overhead(s, "generate_outside"))
     share = min(s.max_util * s.total_gib, room)
-    return max(math.floor(share / s.total_gib * 100) / 100, 0.01)
+    return max(math.floor(float(share / s.total_gib) * 100) / 100, 0.01)
 
 
 def plan(
@@ -815,10 +817,20 @@ def _trials(env: dict[str, Any], arch: Arch, pinned: set[str]) -> list[tuple[dic
     if "offload" not in pinned:
         if not t["optimizer_offload"]:
             t = dict(t, optimizer_offload=True)
-            out.append((t, off(t, "Adam's state offloaded while idle: the resident state does not fit beside the rest")))
+            out.append(
+                (
+                    t,
+                    off(
+                        t,
+                        "Adam's state offloaded while idle: the resident state does not fit beside the rest",
+                    ),
+                )
+            )
         if not t["param_offload"]:
             t = dict(t, param_offload=True, actor_param_offload=ok)
-            out.append((t, off(t, "the idle weights and Adam's state offloaded: sharding alone does not fit")))
+            out.append(
+                (t, off(t, "the idle weights and Adam's state offloaded: sharding alone does not fit"))
+            )
     if "sequence_parallel" not in pinned and env.get("remove_padding", False):
         world = t["n_gpus"] * env.get("nodes", 1)
         for sp in split_ways(world, arch, t["n_gpus"])[1:]:

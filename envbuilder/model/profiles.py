@@ -12,7 +12,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from envbuilder.errors import EnvbuildError, UserError
-from envbuilder.model.flags import FLAG_FIELDS, FLAGS, NAMES  # the flags' parameter names -> Overrides' fields
+
+# the flags' parameter names -> Overrides' fields
+from envbuilder.model.flags import FLAG_FIELDS, FLAGS, NAMES
 
 if TYPE_CHECKING:
     from envbuilder.model.matrix import Matrix

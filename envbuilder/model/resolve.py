@@ -338,7 +338,13 @@ class _Resolver:
             + str(getattr(self, "nodes", 1))
             + str(self.engine_batches)
             + str(self.fused)
-            + str((getattr(self, "pinned", ()), getattr(self, "unpadded", False), getattr(self, "actor_offload_ok", True)))
+            + str(
+                (
+                    getattr(self, "pinned", ()),
+                    getattr(self, "unpadded", False),
+                    getattr(self, "actor_offload_ok", True),
+                )
+            )
         )
         known = _PLANS.setdefault(self.m, {})
         if key in known:
@@ -374,7 +380,7 @@ class _Resolver:
     def memory_rule(self, s: "Selection") -> None:
         """When no batch fits the GPU (the selection's memory plan, envbuilder/model/memory.py): why,
         and which change to the profile would fit."""
-        gpu, rollout = s.gpu, s.rollout
+        gpu = s.gpu
         train = s.train
         mem = s.memory
         if not mem["problems"]:
@@ -462,7 +468,11 @@ class _Resolver:
         phase = next((p for p in mem["phases"] if p["phase"] == worst["phase"]), host)
         top = sorted(phase["terms"], key=lambda t: -t["gib"])[:3]
         where = "a node's host" if phase is host else "per GPU at batch 1"
-        tried = [f"{k} {c['value']}" for k, c in sorted((mem.get("choices") or {}).items()) if k != "gpu_memory_utilization"]
+        tried = [
+            f"{k} {c['value']}"
+            for k, c in sorted((mem.get("choices") or {}).items())
+            if k != "gpu_memory_utilization"
+        ]
         why = (
             f"its {worst['phase']} phase needs {worst['gib']:.1f} GiB {where} "
             f"against {worst['budget_gib']:.1f} GiB usable, with {', '.join(tried)} ("

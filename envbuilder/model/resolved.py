@@ -335,7 +335,13 @@ class Train(Record):
     sequence_parallel: Annotated[int | None, S.Int(1, 64)] = None
     host_memory_gib: Annotated[int | None, S.Int(1, 1 << 20)] = None
 
-    _omit_none = ("micro_batch_size_per_gpu", "actor_model_dtype", "rollout_tp", "sequence_parallel", "host_memory_gib")
+    _omit_none = (
+        "micro_batch_size_per_gpu",
+        "actor_model_dtype",
+        "rollout_tp",
+        "sequence_parallel",
+        "host_memory_gib",
+    )
 
 
 class Algorithm(Record):

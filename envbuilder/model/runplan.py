@@ -180,7 +180,11 @@ def build(env: ResolvedEnv) -> tuple[RunArg, ...]:
     add(
         "actor_rollout_ref.rollout.gpu_memory_utilization",
         t.gpu_memory_utilization,
-        *((f"vLLM's share {mem['vllm_share_gib']} GiB, {util['why']}",) if util and d.rollout == "vllm" else ()),
+        *(
+            (f"vLLM's share {mem['vllm_share_gib']} GiB, {util['why']}",)
+            if util and d.rollout == "vllm"
+            else ()
+        ),
     )
     if sp > 1:
         add(
