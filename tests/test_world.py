@@ -131,3 +131,17 @@ def test_a_model_too_big_for_the_node_is_offered_more_nodes_before_a_smaller_mod
     v = violations("h100", model=Q32, algo="grpo")["memory"]
     assert v.fix.startswith("use --nodes 2"), v.fix
     assert v.fix.index("--nodes 2") < v.fix.index("--model Qwen/Qwen2.5-14B-Instruct")
+
+
+def test_a_moe_plan_counts_every_expert_in_the_state_and_shards_the_rollout():
+    # Qwen3-30B-A3B on the FSDP engine, as verl trains it: Adam state for all 128 experts (30.5B
+    # parameters, like a 32B: refused on one node of H100s), a second node fits
+    moe = "Qwen/Qwen3-30B-A3B"
+    v = violations("h100", model=moe, algo="grpo")["memory"]
+    assert "actor_step" in v.why and v.fix.startswith("use --nodes 2")
+    env = resolved("h100", model=moe, algo="grpo", nodes=2)
+    terms = {t["term"]: t for p in env.memory["phases"] if p["key"] == "actor_step" for t in p["terms"]}
+    assert terms["actor Adam state"]["bytes"] == pytest.approx(8 * 30_532_122_624 / 16)
+    assert env.memory["arch"]["experts"] == 128
+    assert int(args(env)["actor_rollout_ref.rollout.tensor_model_parallel_size"]) > 1
+    assert not arithmetic(env)

@@ -435,6 +435,11 @@ MODEL = {
     "tied_embeddings": bool,
     "qkv_bias": bool,
     "qk_norm?": bool,
+    # a mixture of experts (Qwen3-MoE): every decoder layer's MLP is `experts` experts of
+    # moe_intermediate_size, `experts_per_token` of them run for each token
+    "experts?": int,
+    "experts_per_token?": int,
+    "moe_intermediate_size?": int,
     "max_position_embeddings": int,
     "parameters": int,
     "source": SOURCE,

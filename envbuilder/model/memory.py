@@ -101,7 +101,9 @@ VLLM_SAMPLER_COPIES = 5
 class Arch:
     """A decoder's shape (a models.yaml record) and the parameter counts that follow from it:
     L layers, H hidden size, a attention heads, k KV heads, d head dim, I intermediate size,
-    V vocabulary."""
+    V vocabulary; a mixture of experts (Qwen3-MoE): E experts of intermediate size Ie in every
+    layer's MLP, with a router, `topk` of them run for each token. Weights, gradients and Adam
+    state count every expert; activations and compute count the experts a token runs."""
 
     name: str
     L: int
@@ -122,6 +124,22 @@ class Arch:
         self.I, self.V = rec["intermediate_size"], rec["vocab_size"]
         self.tied, self.bias = rec["tied_embeddings"], rec["qkv_bias"]
         self.qk_norm = rec.get("qk_norm", False)  # Qwen3: an RMSNorm of head_dim on q and on k
+        self.E: int = rec.get("experts", 0)
+        self.topk: int = rec.get("experts_per_token", 0)
+        self.Ie: int = rec.get("moe_intermediate_size", 0)
+
+    @property
+    def moe(self) -> bool:
+        return self.E > 0
+
+    @property
+    def I_act(self) -> int:
+        """The MLP width a token runs through: I, or its experts' (topk × Ie)."""
+        return self.topk * self.Ie if self.moe else self.I
+
+    def mlp_params(self) -> int:
+        """A layer's gated MLP (gate, up, down), or its experts and their router (H -> E)."""
+        return self.E * 3 * self.H * self.Ie + self.H * self.E if self.moe else 3 * self.H * self.I
 
     def layer_params(self) -> int:
         qkv = (self.a + 2 * self.k) * self.d
@@ -129,7 +147,7 @@ class Arch:
             self.H * qkv
             + (qkv if self.bias else 0)
             + self.a * self.d * self.H
-            + 3 * self.H * self.I
+            + self.mlp_params()
             + 2 * self.H
             + (2 * self.d if self.qk_norm else 0)
         )
@@ -146,9 +164,11 @@ class Arch:
         return self.params() - (0 if self.tied else self.V * self.H) + self.H + 1
 
     def lora_params(self, rank: int) -> int:
-        """peft's all-linear targets q, k, v, o, gate, up, down: rank × (in + out) each."""
-        H, I, q, kv = self.H, self.I, self.a * self.d, self.k * self.d
-        return self.L * rank * ((H + q) + 2 * (H + kv) + (q + H) + 2 * (H + I) + (I + H))
+        """peft's all-linear targets q, k, v, o, gate, up, down (every expert's): rank × (in +
+        out) each."""
+        H, q, kv = self.H, self.a * self.d, self.k * self.d
+        mlp = 3 * self.E * (H + self.Ie) if self.moe else 3 * (H + self.I)
+        return self.L * rank * ((H + q) + 2 * (H + kv) + (q + H) + mlp)
 
     def kv_bytes_per_token(self, nbytes: int) -> int:
         return self.L * 2 * self.k * self.d * nbytes
@@ -372,8 +392,11 @@ def _work(terms: list[Term]) -> list[Term]:
 def _layer_width(a: Arch) -> int:
     """Activation values one decoder layer keeps per token: norm inputs and outputs (4H), q/k/v
     ((a+2k)d), K and V repeated to every head for grouped-query attention (2ad), the attention
-    output (ad), the MLP's gate, activation, up and product (4I)."""
-    return 4 * a.H + (a.a + 2 * a.k) * a.d + 2 * a.a * a.d + a.a * a.d + 4 * a.I
+    output (ad), the MLP's gate, activation, up and product (4I; a mixture of experts: those of
+    the topk experts a token runs, its hidden state copied to each (topk × H) and the router's
+    fp32 logits (2E))."""
+    moe = a.topk * a.H + 2 * a.E if a.moe else 0
+    return 4 * a.H + (a.a + 2 * a.k) * a.d + 2 * a.a * a.d + a.a * a.d + 4 * a.I_act + moe
 
 
 def _tokens(s: Setup, b: int) -> tuple[int, str]:
@@ -457,7 +480,7 @@ def _fused_term(s: Setup, T: int, backward: bool) -> Term:
 def _nograd_work(s: Setup, b: int) -> list[Term]:
     a, c = s.arch, s.c
     T, tok = _tokens(s, b)
-    out = [Term("forward transient", f"{tok} tokens × (2H + 3I) × {c} B", T * (2 * a.H + 3 * a.I) * c)]
+    out = [Term("forward transient", f"{tok} tokens × (2H + 3I) × {c} B", T * (2 * a.H + 3 * a.I_act) * c)]
     if s.eager:
         out.append(
             Term(
@@ -501,14 +524,14 @@ def generate_work(s: Setup, b: int) -> tuple[str, list[Term]]:
     else:
         last_logits = Term("next-token logits", f"{b} × {a.V} vocab × (4+4+{g}) B", b * a.V * (8 + g))
     n_mlp = 3 + (1 if (s.lora and s.rollout == "hf") else 0)
-    mlp = PREFILL_FACTOR * b * p * n_mlp * a.I * g
+    mlp = PREFILL_FACTOR * b * p * n_mlp * a.I_act * g
     scores = b * a.a * p**2 * (4 + g) if s.eager else 0
     prefill = [
         Term("KV cache (prompt)", f"{b} × {p} tokens × {a.L} layers × 2 × {kv_what} × {g} B", b * p * kvt),
         Term(
             "prefill transient",
             f"max(MLP {PREFILL_FACTOR:g} × {b}×{p} tokens × "
-            f"{n_mlp}×{a.I} × {g} B"
+            f"{n_mlp}×{a.I_act} × {g} B"
             + (f", eager scores {b} × {a.a} heads × {p}² × (4+{g}) B)" if s.eager else ")"),
             max(mlp, scores),
         ),
@@ -953,6 +976,7 @@ def _plan_one(s: Setup, consts: dict[str, Any], val_rows: int) -> dict[str, Any]
             "kv_heads": a.k,
             "head_dim": a.d,
             "intermediate_size": a.I,
+            **({"experts": a.E, "experts_per_token": a.topk, "moe_intermediate_size": a.Ie} if a.moe else {}),
             "vocab_size": a.V,
             "tied_embeddings": a.tied,
             "parameters": a.params(),
