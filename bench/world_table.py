@@ -24,7 +24,11 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 
-MODELS = tuple(f"Qwen/Qwen2.5-{s}-Instruct" for s in ("0.5B", "1.5B", "3B", "7B", "14B", "32B", "72B"))
+MODELS = (
+    *(f"Qwen/Qwen2.5-{s}-Instruct" for s in ("0.5B", "1.5B", "3B", "7B", "14B", "32B", "72B")),
+    "Qwen/Qwen3-30B-A3B",  # a mixture of experts (128 experts, 8 a token)
+)
+MOE = {"Qwen/Qwen3-30B-A3B": "30B-A3B"}
 ALGOS = ("gae", "grpo")
 # (label, profile, overrides): a 24 GB and a 48 GB card alone (the 3090 profile's verl 0.9.1
 # stack; the 48 GB card at the size an L40S reports, memory.yaml), 8 GPUs of each datacenter
@@ -75,6 +79,14 @@ ANCHORS: tuple[tuple[str, str, str, str, str, dict[str, Any]], ...] = (
         "h100",
         {},
     ),
+    (
+        "30B-A3B",
+        "grpo",
+        "examples/gmpo_trainer/test_dapo_qwen3_30b_math.sh",
+        "8 × 8 GPUs, rollout TP 4, param and optimizer offload, Ulysses SP 4 (8K responses), vLLM 0.8",
+        "h100",
+        {"nodes": 8},
+    ),
 )
 
 
@@ -85,11 +97,11 @@ def _setup_path() -> None:
 
 
 def model_of(size: str) -> str:
-    return f"Qwen/Qwen2.5-{size}-Instruct"
+    return next((m for m, s in MOE.items() if s == size), f"Qwen/Qwen2.5-{size}-Instruct")
 
 
 def size_of(model: str) -> str:
-    return model.split("-")[1]
+    return MOE.get(model) or model.split("-")[1]
 
 
 _CELLS: dict[
@@ -162,11 +174,12 @@ def table() -> str:
         "offloaded while idle, Ulysses SP, vLLM's planned share of the card, the actor's update and",
         "the log-prob micro-batches per GPU), or a refusal (✗) with the fixes it offers, each the",
         "flags it sets (`·` between alternatives); the fix search resolved each before offering it,",
-        "and the test resolves each again. Qwen2.5 Instruct models (matrices/models.yaml, from their",
-        "Hugging Face config.json), GSM8K at the profile's sequence lengths and batch sizes. Every",
-        "plan's run overrides passed verl 0.9.1's own `validate_config`, composed with its Hydra",
-        "config and a model folder of that model's shape (tests/fixtures/gpu/validate/",
-        "world-verl-0.9.1.json, held to today's overrides by their fingerprint).",
+        "and the test resolves each again. Qwen2.5 Instruct models and the Qwen3-30B-A3B mixture of",
+        "experts (matrices/models.yaml, from their Hugging Face config.json), GSM8K at the profile's",
+        "sequence lengths and batch sizes. Every plan's run overrides passed verl 0.9.1's own",
+        "`validate_config`, composed with its Hydra config and a model folder of that model's shape",
+        "(tests/fixtures/gpu/validate/world-verl-0.9.1.json, held to today's overrides by their",
+        "fingerprint).",
         "",
         "Setups: "
         + "; ".join(f"{label} = `{profile}`{_flags(over)}" for label, profile, over in SETUPS)
@@ -178,13 +191,14 @@ def table() -> str:
         out.append("|---" * (len(SETUPS) + 1) + "|")
         for model in MODELS:
             cells = [short(cell(profile, model, algo, over)) for _, profile, over in SETUPS]
-            out.append(f"| {size_of(model)} | " + " | ".join(cells) + " |")
+            label = f"{size_of(model)} MoE" if model in MOE else size_of(model)
+            out.append(f"| {label} | " + " | ".join(cells) + " |")
         out.append("")
     out += [
         "## Read against verl's own examples",
         "",
         f"verl's example scripts (volcengine/verl `examples/` at {VERL_EXAMPLES_AT}) for these sizes,",
-        "and the plan for the same model (`--model SIZE` stands for Qwen/Qwen2.5-SIZE-Instruct),",
+        "and the plan for the same model (`--model SIZE` stands for the table's model of that size),",
         "algorithm and world here:",
         "",
         "| size | verl's example | what it runs | `envbuild check` | this plan |",
@@ -204,7 +218,12 @@ def table() -> str:
         "of 80 GB cards here (verl's 32B example runs four, with the same TP 4 and no offload), a",
         "14B GRPO is refused on four 80 GB cards where verl's example runs it at the edge of an",
         "H800, and a full-parameter 72B needs four nodes (verl's 72B example on one node trains a",
-        "LoRA adapter, which the plan does not offer yet). MoE models are not planned yet.",
+        "LoRA adapter, which the plan does not offer yet). A mixture of experts (Qwen3-30B-A3B)",
+        "is planned on the FSDP engine as verl trains it: weights, gradients and Adam state count",
+        "all 128 experts of every layer (30.5B parameters, like a 32B), activations the 8 a token",
+        "runs; verl's example trains it with SP 4 for 8K-token responses, where GSM8K's 1K need",
+        "none. DeepSeek-V2/V3 are refused with the reason: verl trains them on its Megatron engine,",
+        "which envbuild does not render.",
         "",
     ]
     return "\n".join(out)

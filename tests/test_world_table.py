@@ -56,7 +56,8 @@ def test_docs_world_md_is_the_table_todays_matrix_plans(wt):
         "B200 × 8",
         "2 × 8 H100",
     ]
-    assert [wt.size_of(m) for m in wt.MODELS] == ["0.5B", "1.5B", "3B", "7B", "14B", "32B", "72B"]
+    assert [wt.size_of(m) for m in wt.MODELS] == ["0.5B", "1.5B", "3B", "7B", "14B", "32B", "72B", "30B-A3B"]
+    assert "| 30B-A3B MoE |" in today  # the mixture of experts
     assert today.count("\n| ") == 2 * (len(wt.MODELS) + 1) + len(wt.ANCHORS) + 1
 
 
@@ -67,6 +68,7 @@ def test_the_table_has_plans_and_refusals_on_every_scale(cells):
     # a 0.5B fits every setup; a 72B none without more nodes
     assert all((label, "Qwen/Qwen2.5-0.5B-Instruct") in planned for label, *_ in cells)
     assert not any(m == "Qwen/Qwen2.5-72B-Instruct" for _, m in planned)
+    assert ("2 × 8 H100", "Qwen/Qwen3-30B-A3B") in planned  # the MoE on two nodes
     # every refusal is the memory rule's: the table's models all exist and every setup is valid
     assert {c["refused"] for c in refused} == {"memory"}
 
@@ -106,6 +108,7 @@ def test_every_plan_in_the_table_passed_verl_own_validate_config(wt):
     assert any("tensor_model_parallel_size=4" in o for o in ov)
     assert any("actor.fsdp_config.optimizer_offload=True" in o for o in ov)
     assert any("trainer.nnodes=2" in o for o in ov)
+    assert any("/30B-A3B/" in n for n in today)  # and the mixture of experts
 
 
 def test_the_32b_gae_on_verl_examples_world_takes_its_rollout_layout(wt):
