@@ -15,7 +15,8 @@ bash expands them. `device` composes each with the installed verl's own Hydra co
 `python -m verl.trainer.main_ppo` does, and calls main_ppo's validate_config(config,
 need_reference_policy(config), need_critic(config)). --model names a local model folder (one
 `bench/gpu_ppo.py run` made will do): verl 0.9's HFModelConfig reads the model's config while the
-config is built, so the cases' placeholder path (MODEL) is replaced by it. On the H200 with
+config is built, so the cases' placeholder path (MODEL) is replaced by it; --model-dir DIR gives a
+case that names its model's shape (bench/world_table.py cases) the folder DIR/SHAPE instead. On the H200 with
 verl 0.9.1 (2026-12-05) all 48 of its cases passed, and again on an H100 (2026-12-07); with the
 speed settings of issue 42 all 48 passed on this machine's CPU in the venv `envbuild verify h100
 --keep` made (torch 2.11.0); the record is
@@ -80,7 +81,7 @@ def grid() -> list[dict]:
 PLACEHOLDER_MODEL = "/models/m"  # what `cases` writes for the run script's MODEL
 
 
-def device(cases: Path, out: Path, model: Path | None = None) -> int:
+def device(cases: Path, out: Path, model: Path | None = None, model_dir: Path | None = None) -> int:
     import importlib.metadata as md
     import os
 
@@ -98,8 +99,10 @@ def device(cases: Path, out: Path, model: Path | None = None) -> int:
             continue
         t = time.time()
         entry = {k: case[k] for k in ("case", "verl", "fingerprint")}
+        # a case of a model's own shape (bench/world_table.py) takes its folder under model_dir
+        folder = model_dir / case["shape"] if model_dir is not None and "shape" in case else model
         overrides = [
-            o.replace(PLACEHOLDER_MODEL, str(model)) if model is not None else o for o in case["overrides"]
+            o.replace(PLACEHOLDER_MODEL, str(folder)) if folder is not None else o for o in case["overrides"]
         ]
         try:
             with initialize_config_dir(config_dir=config_dir, version_base=None):
@@ -136,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--cases", type=Path, required=True)
     d.add_argument("--out", type=Path, required=True)
     d.add_argument("--model", type=Path, help="a local model folder for the run script's MODEL")
+    d.add_argument("--model-dir", type=Path, help="for cases with a shape: the folder of each shape's model")
     a = ap.parse_args(argv)
     if a.cmd == "cases":
         runs = grid()
@@ -143,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         a.out.write_text(json.dumps(runs, indent=1) + "\n")
         print(f"{len(runs)} cases -> {a.out}")
         return 0
-    return device(a.cases, a.out, a.model)
+    return device(a.cases, a.out, a.model, a.model_dir)
 
 
 if __name__ == "__main__":

@@ -102,12 +102,21 @@ def test_gpu_memory_out_of_range_is_refused_with_why():
 
 def test_a_40gb_a100_is_no_longer_planned_as_80gb():
     """The A100 40GB's plan runs out where the 80 GB card's fits: the default 7B with a critic
-    does not fit 40 GiB, and the refusal names what does."""
+    fits 40 GiB only with Adam's state offloaded and smaller micro-batches (the world plan,
+    issue 45), a 14B not at all, and the refusal names the card and what does fit."""
     from envbuilder.model.resolve import ResolveError
 
+    big, small = (resolve(shipped(), "a100", Overrides(gpu_memory=g)) for g in (None, 40960))
+    assert (big.memory["gpu_total_gib"], small.memory["gpu_total_gib"]) == (80.0, 40.0)
+    assert small.train.optimizer_offload and not big.train.optimizer_offload
+    assert small.memory["vllm_share_gib"] < big.memory["vllm_share_gib"]
+    assert (
+        small.memory["batch"]["actor_ppo_micro_batch_size_per_gpu"]
+        < big.memory["batch"]["actor_ppo_micro_batch_size_per_gpu"]
+    )
     with pytest.raises(ResolveError) as e:
-        resolve(shipped(), "a100", Overrides(gpu_memory=40960))
-    assert "(40 GiB)" in str(e.value) and "--algo grpo" in str(e.value)
+        resolve(shipped(), "a100", Overrides(gpu_memory=40960, model="Qwen/Qwen2.5-14B-Instruct"))
+    assert "(40 GiB)" in str(e.value) and "--nodes 2" in str(e.value)
 
 
 def test_show_memory_prints_the_headroom_that_decides_fit():
@@ -126,10 +135,11 @@ def test_show_memory_prints_the_headroom_that_decides_fit():
 def test_a_cards_memory_refusal_names_the_card_and_a_need_above_the_usable(cli):
     """`check "NVIDIA A10"` (planned on profile 3090) named the RTX 3090 and quoted 21.0 GiB
     needed against 22.0 usable: the need left out the allocator's overhead the check adds
-    (issue 43, item 32). The card asked for is named, and the need is the one compared."""
+    (issue 43, item 32). The card asked for is named, and the need is the one compared. (The
+    default 0.5B now fits it, vLLM's share planned (issue 45): a 3B does not.)"""
     import re
 
-    code, _, err = cli("check", "NVIDIA A10")
+    code, _, err = cli("check", "NVIDIA A10", "--model", "Qwen/Qwen2.5-3B-Instruct")
     assert code == 2, err
     assert "does not fit the NVIDIA A10 (" in err and "does not fit the NVIDIA GeForce RTX 3090" not in err, (
         err

@@ -751,3 +751,16 @@ def test_without_the_actions_extra_detect_and_doctor_name_it_with_exit_2(command
     assert "Traceback" not in r.stderr
     assert "envbuild[actions]" in " ".join(r.stderr.split()), r.stderr
     assert r.stdout == ""
+
+
+def test_a_fit_planned_for_the_gpus_a_machine_has_never_adds_gpus_per_node_again():
+    # one H200 of an 8-GPU profile: the 7B GAE's refusal offers --gpus-per-node 4 first (more
+    # GPUs of the same node), which this machine does not have; the fix detect takes changes
+    # neither the card nor the GPU count it planned for
+    from envbuilder.machine.detect import resolve_or_fix
+
+    from conftest import shipped
+
+    env, changed = resolve_or_fix(shipped(), "h200", Overrides(gpus_per_node=1))
+    assert changed and "--gpus-per-node" not in changed and "--gpu-memory" not in changed
+    assert env.train.n_gpus == 1

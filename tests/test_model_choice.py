@@ -64,9 +64,31 @@ def test_other_families_count_the_parameters_their_cards_state(repo, params):
     assert rec["parameters"] == params == Arch(repo, rec).params()
 
 
-def test_a_mixture_of_experts_or_an_unknown_layout_is_refused_with_the_reason():
-    with pytest.raises(UserError, match="mixture-of-experts.*num_experts"):
-        arch_from_config(config("Qwen/Qwen3-30B-A3B"), "config.json", "Qwen/Qwen3-30B-A3B")
+def test_a_qwen3_moe_counts_every_expert_as_its_card_states():
+    # "30.5B in total and 3.3B activated": the plan's state is the total, all 128 experts
+    rec = arch_from_config(config("Qwen/Qwen3-30B-A3B"), "config.json", "Qwen/Qwen3-30B-A3B")
+    assert (rec["experts"], rec["experts_per_token"], rec["moe_intermediate_size"]) == (128, 8, 768)
+    assert rec["parameters"] == 30_532_122_624 == shipped().models["Qwen/Qwen3-30B-A3B"]["parameters"]
+    a = Arch("m", rec)
+    assert a.I_act == 8 * 768
+    assert a.I_act * 2 == Arch("m", dict(rec, experts_per_token=16)).I_act  # activations: a token's experts
+    active = a.params() - a.L * (a.E - a.topk) * 3 * a.H * a.Ie
+    assert 3.3e9 < active < 3.4e9
+
+
+def test_a_mixture_of_experts_the_plan_does_not_count_is_refused_with_the_reason():
+    cfg = config("Qwen/Qwen3-30B-A3B")
+    with pytest.raises(UserError, match="mixture-of-experts.*num_local_experts"):
+        arch_from_config(
+            dict(cfg, model_type="mixtral", num_local_experts=8, num_experts=None), "config.json", "mixtral"
+        )
+    with pytest.raises(UserError, match="Megatron engine.*FSDP engine only"):
+        arch_from_config(dict(cfg, model_type="deepseek_v3", n_routed_experts=256), "config.json", "dsv3")
+    with pytest.raises(UserError, match="mixes dense and expert layers"):
+        arch_from_config(dict(cfg, mlp_only_layers=[0]), "config.json", "q")
+
+
+def test_an_unknown_layout_is_refused_with_the_reason():
     with pytest.raises(UserError, match="'gpt2' model.*knows the layouts"):
         arch_from_config({"model_type": "gpt2"}, "config.json", "gpt2")
     for bad in (

@@ -690,3 +690,17 @@ def test_validate_points_the_model_paths_at_a_folder_of_the_models_shape(tmp_pat
         "actor_rollout_ref.model.use_remove_padding=False",
         "data.train_files=/d/train.parquet",
     ]
+
+
+def test_a_moe_renders_model_shape_is_a_qwen3_moe_config_of_the_same_parameters(tmp_path):
+    # verify's offline validate_config reads a folder of the render's shape: a Qwen3-MoE's holds
+    # its experts, and reads back as the same model
+    from envbuilder.machine.verify import write_model_shape
+    from envbuilder.model.architectures import arch_from_config
+
+    env = resolved("h100", model="Qwen/Qwen3-30B-A3B", algo="grpo", nodes=2)
+    write_model_shape(env.memory["arch"], tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3MoeForCausalLM"] and config["num_experts"] == 128
+    back = arch_from_config(config, "config.json", "m")
+    assert back["parameters"] == env.memory["arch"]["parameters"] == 30_532_122_624

@@ -397,7 +397,7 @@ def upgrade_path(m: Matrix, name: str, env: ResolvedEnv, driver: str) -> str:
 
 
 # what the machine decides: a fix that changes one is no fix for this machine
-MACHINE_FLAGS = frozenset({"driver", "ecc", "gpu_memory"})
+MACHINE_FLAGS = frozenset({"driver", "ecc", "gpu-memory"})  # (as a fix names them: concrete()'s keys)
 
 
 def resolve_or_fix(m: Matrix, name: str, ov: Overrides) -> tuple[ResolvedEnv, str]:
@@ -413,7 +413,7 @@ def resolve_or_fix(m: Matrix, name: str, ov: Overrides) -> tuple[ResolvedEnv, st
     for v in refused.violations:
         for alt in alternatives(v.fix):
             flags = concrete(m, alt)
-            if not flags or set(flags) & (MACHINE_FLAGS | ({"gpus_per_node"} if ov.gpus_per_node else set())):
+            if not flags or set(flags) & (MACHINE_FLAGS | ({"gpus-per-node"} if ov.gpus_per_node else set())):
                 continue
             try:
                 return resolve(m, name, applied(ov, flags)), render_flags(flags)

@@ -112,9 +112,10 @@ MODEL_PATH_KEY = re.compile(r"^([+~]*(?:[\w-]+\.)*model\.path)=")
 def write_model_shape(arch: Mapping[str, Any], dest: Path) -> None:
     """config.json, tokenizer.json and tokenizer_config.json of a model of `arch`'s shape."""
     dest.mkdir(parents=True, exist_ok=True)
+    moe = bool(arch.get("experts"))  # (a Qwen3-MoE: models.yaml's expert fields)
     config = {
-        "architectures": ["Qwen2ForCausalLM"],
-        "model_type": "qwen2",
+        "architectures": ["Qwen3MoeForCausalLM"] if moe else ["Qwen2ForCausalLM"],
+        "model_type": "qwen3_moe" if moe else "qwen2",
         "hidden_act": "silu",
         "hidden_size": arch["hidden_size"],
         "intermediate_size": arch["intermediate_size"],
@@ -130,6 +131,16 @@ def write_model_shape(arch: Mapping[str, Any], dest: Path) -> None:
         "bos_token_id": 1,
         "eos_token_id": 2,
     }
+    if moe:
+        config.update(
+            head_dim=arch["head_dim"],
+            num_experts=arch["experts"],
+            num_experts_per_tok=arch["experts_per_token"],
+            moe_intermediate_size=arch["moe_intermediate_size"],
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            norm_topk_prob=True,
+        )
     special = [
         {
             "id": i,

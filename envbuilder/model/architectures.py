@@ -33,6 +33,13 @@ FAMILIES = {
     "qwen3": ("qwen3", False, True),
 }
 MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
+# mixtures of experts the plan counts (verl 0.9.1 trains Qwen3-MoE on the FSDP engine: its
+# examples/gmpo_trainer/test_dapo_qwen3_30b_math.sh): every layer's MLP is num_experts experts of
+# moe_intermediate_size and a router, num_experts_per_tok of them run for each token
+MOE_FAMILIES = {"qwen3_moe": ("qwen3", False, True)}
+# mixtures only verl's Megatron engine makes practical (expert and pipeline parallelism; verl's
+# own DeepSeek-V3 runs: examples/grpo_trainer/run_deepseek671b_math_megatron_80gb.sh)
+MEGATRON_ONLY = ("deepseek_v2", "deepseek_v3")
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KB; an endpoint that sends more is refused
 DEFAULT_HF = "https://huggingface.co"
 _LOCAL = re.compile(r"/(?!.*(?:\.\.|//))[A-Za-z0-9_.+/-]{1,200}")
@@ -54,6 +61,31 @@ def _positive(cfg: dict[str, Any], key: str, origin: str, default: Any = None) -
     return value
 
 
+def _moe_arch(cfg: dict[str, Any], origin: str, name: str, kind: str) -> dict[str, Any]:
+    """A Qwen3-MoE's record: the dense fields with the experts' (every layer a sparse one)."""
+    sparse_step = cfg.get("decoder_sparse_step", 1)
+    if sparse_step != 1 or cfg.get("mlp_only_layers"):
+        raise UserError(
+            f"{name} ({origin}) mixes dense and expert layers (decoder_sparse_step "
+            f"{sparse_step!r}, mlp_only_layers {cfg.get('mlp_only_layers')!r}); the plan counts a "
+            "Qwen3-MoE whose every layer is a mixture of experts. Plan this one by hand."
+        )
+    experts = _positive(cfg, "num_experts", origin)
+    per_token = _positive(cfg, "num_experts_per_tok", origin)
+    if per_token > experts:
+        raise UserError(f"{origin}: num_experts_per_tok {per_token} is more than num_experts {experts}.")
+    dense = dict(cfg, model_type=MOE_FAMILIES[kind][0])
+    for k in MOE_KEYS:
+        dense.pop(k, None)
+    rec = arch_from_config(dense, origin, name)
+    rec.update(experts=experts, experts_per_token=per_token)
+    rec["moe_intermediate_size"] = _positive(cfg, "moe_intermediate_size", origin)
+    from envbuilder.model.memory import Arch
+
+    rec["parameters"] = Arch(name, rec).params()
+    return dict(rec, source=origin)
+
+
 def arch_from_config(cfg: Any, origin: str, name: str) -> dict[str, Any]:
     """A models.yaml record from a transformers config.json (its parameter count computed)."""
     from envbuilder.model.memory import Arch
@@ -65,11 +97,21 @@ def arch_from_config(cfg: Any, origin: str, name: str) -> dict[str, Any]:
         )
     kind = cfg.get("model_type")
     moe = [k for k in MOE_KEYS if cfg.get(k)]
+    if kind in MEGATRON_ONLY:
+        raise UserError(
+            f"{name} is a {kind} mixture of experts ({origin}): verl trains it with its Megatron "
+            "engine (expert and pipeline parallelism, MLA attention; verl's "
+            "examples/grpo_trainer/run_deepseek671b_math_megatron_80gb.sh), and envbuild renders "
+            "and plans the FSDP engine only. Render that example's Megatron setup by hand, or pick "
+            "a model the FSDP engine trains (a dense decoder, or Qwen3-MoE such as Qwen/Qwen3-30B-A3B)."
+        )
+    if moe and kind in MOE_FAMILIES:
+        return _moe_arch(cfg, origin, name, kind)
     if moe:
         raise UserError(
             f"{name} is a mixture-of-experts model ({origin} sets {', '.join(moe)}): "
-            "the memory plan models dense decoders only, and an expert layout needs "
-            "other sums. Pick a dense model, or plan this one by hand and render a "
+            "the memory plan models dense decoders and Qwen3-MoE only, and this expert layout needs "
+            "other sums. Pick a dense model or a Qwen3-MoE, or plan this one by hand and render a "
             "profile whose train block you size yourself."
         )
     if not isinstance(kind, str) or kind not in FAMILIES:  # (a list or an object is no model type)

@@ -9,7 +9,9 @@ judge a run the same way. `engine`: the release's engine workers (verl 0.8+, mat
 `batches`), which split each GPU's data with `tu.chunk_tensordict` and assert it divides; the
 legacy workers (0.4-0.7) split with a remainder, so there only the update's split is asserted.
 
-  world        W = trainer.n_gpus_per_node × trainer.nnodes
+  world        W = trainer.n_gpus_per_node × trainer.nnodes; with Ulysses SP of sp GPUs the
+               batches divide over D = W / sp data-parallel ranks (each rule below that divides
+               by W per GPU divides by D), and a token budget holds budget × sp tokens
   rollout      B = data.train_batch_size prompts × n = rollout.n responses; B·n % W == 0
                (validate_config, `real_train_batch_size must be divisible by minimal possible
                batch size`); each GPU holds D = B·n / W
@@ -85,6 +87,16 @@ def violations(cfg: Mapping[str, Any], engine: bool, critic_engine: str = "criti
         )
         return out
     per_gpu = batch * n // world
+    # Ulysses: an SP group of sp GPUs is one data-parallel rank; verl divides the batches by
+    # world / sp (the worker's normalisation of ppo_mini_batch_size and the engine's split)
+    sps = {
+        "actor": _int(cfg, "actor_rollout_ref.actor.ulysses_sequence_parallel_size") or 1,
+        "critic": _int(cfg, "critic.ulysses_sequence_parallel_size") or 1,
+    }
+    for role, sp in sps.items():
+        if world % sp:
+            out.append(f"the {role}'s ulysses_sequence_parallel_size {sp} does not divide the {world} GPUs")
+            return out
     # (token budgets: the actor's update and its log-probs divide nothing by a count)
     roles = [] if dynamic else [("actor", "actor_rollout_ref.actor")]
     if uses_critic(cfg):
@@ -109,7 +121,8 @@ def violations(cfg: Mapping[str, Any], engine: bool, critic_engine: str = "criti
                 f"{mini}: the last mini-batch is short and its micro-batches do not divide it"
             )
             continue
-        mini_gpu = mini * n // world
+        dp = world // sps[role]
+        mini_gpu = mini * n // dp
         micro_key = f"{root}.ppo_micro_batch_size_per_gpu"
         if role == "critic" and engine:
             if lookup(cfg, f"{critic_engine}.use_dynamic_bsz", True) is not False:
@@ -126,7 +139,7 @@ def violations(cfg: Mapping[str, Any], engine: bool, critic_engine: str = "criti
         elif mini_gpu % micro:
             out.append(
                 f"{micro_key}={micro} does not divide the {role}'s mini-batch of {mini_gpu} per GPU "
-                f"({root}.ppo_mini_batch_size {mini} × {n} responses / {world} GPUs)"
+                f"({root}.ppo_mini_batch_size {mini} × {n} responses / {dp} data-parallel ranks)"
             )
     if not engine:
         return out
@@ -137,6 +150,8 @@ def violations(cfg: Mapping[str, Any], engine: bool, critic_engine: str = "criti
         infer.append(f"{critic_engine}.infer_micro_batch_size_per_gpu")
     for key in infer:
         micro = _int(cfg, key)
+        dp = world // sps["critic" if key.startswith("critic") else "actor"]
+        per_gpu = batch * n // dp
         if micro is None:
             if key.endswith("infer_micro_batch_size_per_gpu"):
                 continue  # (reported above with the critic's dynamic default)
@@ -144,7 +159,7 @@ def violations(cfg: Mapping[str, Any], engine: bool, critic_engine: str = "criti
         elif per_gpu % micro:
             out.append(
                 f"{key}={micro} does not divide the {per_gpu} samples each GPU holds "
-                f"(train_batch_size {batch} × rollout.n {n} / {world} GPUs): verl's engine asserts "
+                f"(train_batch_size {batch} × rollout.n {n} / {dp} data-parallel ranks): verl's engine asserts "
                 "'data size must be divisible by force_group_size * micro_batch_size_per_gpu'"
             )
     return out
@@ -170,11 +185,13 @@ def _budget_violations(cfg: Mapping[str, Any]) -> list[str]:
             "actor_rollout_ref.actor.use_dynamic_bsz is True but rollout.log_prob_use_dynamic_bsz is not "
             "(verl's engine worker asserts they are equal)"
         )
+    # (verl's engine multiplies each budget by the SP size: a group's budget)
+    sp = _int(cfg, "actor_rollout_ref.actor.ulysses_sequence_parallel_size") or 1
     for key in BUDGETS:
         budget = _int(cfg, key)
         if budget is None:
             out.append(f"{key} is not set (use_dynamic_bsz needs a token budget)")
-        elif budget < seq:
+        elif budget * sp < seq:
             out.append(
                 f"{key}={budget} tokens is less than one sequence (max_prompt_length + "
                 f"max_response_length = {seq}): verl's seqlen_balancing raises"

@@ -54,6 +54,11 @@ def _valid(m: Matrix, flag: str, value: str | None) -> bool:
         "algo": lambda: value in m.algorithms,
         "interconnect": lambda: value in (m.sections.get("interconnects") or {}),
         "gpus-per-node": lambda: value.isdigit() and 1 <= int(value) <= 64,
+        "nodes": lambda: value.isdigit() and 1 <= int(value) <= 1024,
+        "rollout-tp": lambda: value.isdigit() and 1 <= int(value) <= 64,
+        "sp": lambda: value.isdigit() and 1 <= int(value) <= 64,
+        "host-memory": lambda: value.isdigit() and 1 <= int(value) <= 1 << 20,
+        "offload": lambda: all(w in F.OFFLOAD for w in value.split(",")),
     }[flag]()
 
 

@@ -17,6 +17,8 @@ from envbuilder.model.resolved import GPU_MEMORY_MIB, Overrides
 
 # the kinds of value: a string, a whole number, a comma list (repeatable), a switch, a choice
 TEXT, INT, NAMES, SWITCH, CHOICE = "text", "int", "names", "switch", "choice"
+# what --offload names: the idle weights, Adam's state, or nothing
+OFFLOAD = ("params", "optimizer", "none")
 
 
 class Flag(Record):
@@ -93,7 +95,12 @@ FLAGS: tuple[Flag, ...] = (
         fix=True,
     ),
     Flag(
-        "nodes", "--nodes", INT, "Train across this many nodes (a Ray cluster); default 1.", bounds=(1, 1024)
+        "nodes",
+        "--nodes",
+        INT,
+        "Train across this many nodes (a Ray cluster); default 1.",
+        bounds=(1, 1024),
+        fix=True,
     ),
     Flag(
         "gpus_per_node",
@@ -101,6 +108,46 @@ FLAGS: tuple[Flag, ...] = (
         INT,
         "GPUs on each node (default: the profile's count). The memory plan shards over nodes x GPUs.",
         bounds=(1, 64),
+        fix=True,
+    ),
+    Flag(
+        "rollout_tp",
+        "--rollout-tp",
+        INT,
+        "GPUs of a node each vLLM engine is split over (tensor parallelism; it divides the GPUs "
+        "a node has and the model's heads). Default: the smallest whose weight shard, KV cache "
+        "and sampler fit.",
+        "N",
+        bounds=(1, 64),
+        fix=True,
+    ),
+    Flag(
+        "offload",
+        "--offload",
+        NAMES,
+        "Keep what is idle in host memory: params, optimizer (comma-separated), or none. "
+        "Default: the profile's, and what the memory plan needs to fit.",
+        "params,optimizer|none",
+        fix=True,
+    ),
+    Flag(
+        "sp",
+        "--sp",
+        INT,
+        "Ulysses sequence parallelism: split each sequence over N GPUs (it divides the GPUs a "
+        "node has and the attention heads; needs remove padding). Default: 1 unless one "
+        "sequence does not fit.",
+        "N",
+        bounds=(1, 64),
+        fix=True,
+    ),
+    Flag(
+        "host_memory",
+        "--host-memory",
+        INT,
+        "Host memory (GiB) of each node that offload may fill. Default: the profile's, else 64 GiB a GPU.",
+        "GiB",
+        bounds=(1, 1 << 20),
         fix=True,
     ),
     Flag(

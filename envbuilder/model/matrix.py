@@ -415,6 +415,8 @@ def _check_models(m: Matrix) -> None:
         ("validation_share", 0.01, 1),
         ("cuda_context_gib", 0, 64),
         ("nccl_gib", 0, 64),
+        ("rollout_seqs_per_gpu", 1, 4096),
+        ("host_memory_gib_per_gpu", 1, 1 << 20),
     ):
         if not lo <= mem[key] <= hi:
             raise UserError(

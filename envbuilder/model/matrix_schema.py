@@ -386,6 +386,8 @@ TRAIN = {
     "gradient_checkpointing": bool,
     "gpu_memory_utilization": float,
     "lora_rank": int,
+    # the host memory (GiB) a node offers offload: the memory plan counts what it keeps there
+    "host_memory_gib?": int,
 }
 COMPONENT_VERSIONS = S.MapOf(S.VERSION, key=S.NAME)  # (matrix._cross_check: apex, flash-attn)
 # a whole pinned set by verl release (stacks.yaml): what `--verl X` selects on a profile that
@@ -433,6 +435,11 @@ MODEL = {
     "tied_embeddings": bool,
     "qkv_bias": bool,
     "qk_norm?": bool,
+    # a mixture of experts (Qwen3-MoE): every decoder layer's MLP is `experts` experts of
+    # moe_intermediate_size, `experts_per_token` of them run for each token
+    "experts?": int,
+    "experts_per_token?": int,
+    "moe_intermediate_size?": int,
     "max_position_embeddings": int,
     "parameters": int,
     "source": SOURCE,
@@ -446,6 +453,8 @@ MEMORY = {
     "margin": float,
     "validation_share": float,
     "max_micro_tokens?": int,
+    "rollout_seqs_per_gpu": int,
+    "host_memory_gib_per_gpu": int,
     "source": SOURCE,
 }
 # endpoints, tried in order: registries (HOST[:PORT][/PREFIX]) by the registry they stand in

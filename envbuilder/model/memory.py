@@ -101,7 +101,9 @@ VLLM_SAMPLER_COPIES = 5
 class Arch:
     """A decoder's shape (a models.yaml record) and the parameter counts that follow from it:
     L layers, H hidden size, a attention heads, k KV heads, d head dim, I intermediate size,
-    V vocabulary."""
+    V vocabulary; a mixture of experts (Qwen3-MoE): E experts of intermediate size Ie in every
+    layer's MLP, with a router, `topk` of them run for each token. Weights, gradients and Adam
+    state count every expert; activations and compute count the experts a token runs."""
 
     name: str
     L: int
@@ -122,6 +124,22 @@ class Arch:
         self.I, self.V = rec["intermediate_size"], rec["vocab_size"]
         self.tied, self.bias = rec["tied_embeddings"], rec["qkv_bias"]
         self.qk_norm = rec.get("qk_norm", False)  # Qwen3: an RMSNorm of head_dim on q and on k
+        self.E: int = rec.get("experts", 0)
+        self.topk: int = rec.get("experts_per_token", 0)
+        self.Ie: int = rec.get("moe_intermediate_size", 0)
+
+    @property
+    def moe(self) -> bool:
+        return self.E > 0
+
+    @property
+    def I_act(self) -> int:
+        """The MLP width a token runs through: I, or its experts' (topk × Ie)."""
+        return self.topk * self.Ie if self.moe else self.I
+
+    def mlp_params(self) -> int:
+        """A layer's gated MLP (gate, up, down), or its experts and their router (H -> E)."""
+        return self.E * 3 * self.H * self.Ie + self.H * self.E if self.moe else 3 * self.H * self.I
 
     def layer_params(self) -> int:
         qkv = (self.a + 2 * self.k) * self.d
@@ -129,7 +147,7 @@ class Arch:
             self.H * qkv
             + (qkv if self.bias else 0)
             + self.a * self.d * self.H
-            + 3 * self.H * self.I
+            + self.mlp_params()
             + 2 * self.H
             + (2 * self.d if self.qk_norm else 0)
         )
@@ -146,9 +164,11 @@ class Arch:
         return self.params() - (0 if self.tied else self.V * self.H) + self.H + 1
 
     def lora_params(self, rank: int) -> int:
-        """peft's all-linear targets q, k, v, o, gate, up, down: rank × (in + out) each."""
-        H, I, q, kv = self.H, self.I, self.a * self.d, self.k * self.d
-        return self.L * rank * ((H + q) + 2 * (H + kv) + (q + H) + 2 * (H + I) + (I + H))
+        """peft's all-linear targets q, k, v, o, gate, up, down (every expert's): rank × (in +
+        out) each."""
+        H, q, kv = self.H, self.a * self.d, self.k * self.d
+        mlp = 3 * self.E * (H + self.Ie) if self.moe else 3 * (H + self.I)
+        return self.L * rank * ((H + q) + 2 * (H + kv) + (q + H) + mlp)
 
     def kv_bytes_per_token(self, nbytes: int) -> int:
         return self.L * 2 * self.k * self.d * nbytes
@@ -170,6 +190,7 @@ class Setup:
         self.arch, self.consts, self.val_rows = arch, consts, val_rows
         self.dtype, self.rollout = env["dtype"], env["rollout"]
         self.eager = env["attention"] == "eager"
+        self.per_node = t["n_gpus"]
         self.n = t["n_gpus"] * env.get("nodes", 1)  # the world: every GPU of every node
         self.prompt, self.response = t["max_prompt_length"], t["max_response_length"]
         self.seq = self.prompt + self.response
@@ -185,7 +206,12 @@ class Setup:
         # resolve.lora_plan): 2 B a parameter and no separate compute copy of it
         self.base_bytes = 2 if (self.lora and t.get("actor_model_dtype") == "bf16") else 4
         self.ckpt = t["gradient_checkpointing"]
-        self.util = t["gpu_memory_utilization"]
+        # vLLM's share of the card: at most the profile's figure; plan() sets what it needs
+        self.util = self.max_util = t["gpu_memory_utilization"]
+        # the rollout's tensor parallelism (GPUs per vLLM engine, within a node) and Ulysses
+        # sequence parallelism (GPUs one sequence is split over); plan() chooses both
+        self.tp = t.get("rollout_tp") or 1
+        self.sp = t.get("sequence_parallel") or 1
         # vLLM's sampler at its last decode step (HF generate holds one logits row a sequence)
         self.sampler_copies = VLLM_SAMPLER_COPIES if self.rollout == "vllm" else 0
         # verl's fused log-prob/entropy kernels (a backend, or None: the logits materialised)
@@ -195,7 +221,7 @@ class Setup:
         self.cap = t.get("micro_batch_size_per_gpu")  # an optional upper bound from the profile
         if self.fused and consts.get("max_micro_tokens"):
             # token budgets: a micro-batch takes at most max_micro_tokens (and one whole sequence)
-            by_tokens = max(1, consts["max_micro_tokens"] // self.seq)
+            by_tokens = max(1, consts["max_micro_tokens"] * self.sp // self.seq)
             self.cap = min(self.cap, by_tokens) if self.cap else by_tokens
         # compute bytes of the actor/critic (fp32 where the GPU has no bf16: see the run script)
         self.c = 2 if self.dtype == "bf16" else 4
@@ -208,7 +234,11 @@ class Setup:
         self.critic = env.get("critic", True)
         self.rollout_n = env.get("rollout_n", ROLLOUT_N)
         self.gen_per_gpu = t["train_batch_size"] * self.rollout_n // self.n
-        self.mini_per_gpu = max(t["ppo_mini_batch_size"] * self.rollout_n // self.n, 1)
+        # an SP group of sp GPUs trains one data-parallel rank's sequences, each split over the
+        # group: verl divides the batches by the data-parallel size, world / sp
+        self.dp = max(self.n // self.sp, 1)
+        self.data_per_rank = t["train_batch_size"] * self.rollout_n // self.dp
+        self.mini_per_gpu = max(t["ppo_mini_batch_size"] * self.rollout_n // self.dp, 1)
         self.val_per_gpu = math.ceil(val_rows / self.n)
         # verl's engine workers (0.8+) assert that each GPU's share of the rollout is a whole
         # number of log-prob micro-batches; the legacy workers split it with a remainder
@@ -217,7 +247,10 @@ class Setup:
         self.engine_batches = bool(
             env.get("engine_batches", verl.get("engine_batches", False) if isinstance(verl, dict) else False)
         )
-        self.total_gib = consts["total_gib"]
+        # the host memory of a node that offload may fill (--host-memory, else memory.yaml's
+        # figure a GPU)
+        self.host_gib = t.get("host_memory_gib") or consts["host_memory_gib_per_gpu"] * self.per_node
+        self.total_gib: float = consts["total_gib"]
         self.usable_gib = (
             self.total_gib - consts["cuda_context_gib"] - (consts["nccl_gib"] if self.n > 1 else 0)
         )
@@ -359,22 +392,33 @@ def _work(terms: list[Term]) -> list[Term]:
 def _layer_width(a: Arch) -> int:
     """Activation values one decoder layer keeps per token: norm inputs and outputs (4H), q/k/v
     ((a+2k)d), K and V repeated to every head for grouped-query attention (2ad), the attention
-    output (ad), the MLP's gate, activation, up and product (4I)."""
-    return 4 * a.H + (a.a + 2 * a.k) * a.d + 2 * a.a * a.d + a.a * a.d + 4 * a.I
+    output (ad), the MLP's gate, activation, up and product (4I; a mixture of experts: those of
+    the topk experts a token runs, its hidden state copied to each (topk × H) and the router's
+    fp32 logits (2E))."""
+    moe = a.topk * a.H + 2 * a.E if a.moe else 0
+    return 4 * a.H + (a.a + 2 * a.k) * a.d + 2 * a.a * a.d + a.a * a.d + 4 * a.I_act + moe
+
+
+def _tokens(s: Setup, b: int) -> tuple[int, str]:
+    """The tokens one GPU holds at micro-batch b, and how they are written: Ulysses splits each
+    sequence over its sp GPUs (attention gathers the whole sequence for a/sp heads)."""
+    if s.sp == 1:
+        return b * s.seq, f"{b}×{s.seq}"
+    return -(-b * s.seq // s.sp), f"{b}×{s.seq}/{s.sp} (Ulysses SP)"
 
 
 def _train_work(s: Setup, b: int, logits: bool) -> list[Term]:
-    a, c, T = s.arch, s.c, b * s.seq
+    a, c = s.arch, s.c
+    T, tok = _tokens(s, b)
+    heads = a.a // s.sp
     width = _layer_width(a)
     out = []
     if s.ckpt:
-        out.append(
-            Term("checkpoints", f"{a.L} layers × {b}×{s.seq} tokens × {a.H} × {c} B", a.L * T * a.H * c)
-        )
+        out.append(Term("checkpoints", f"{a.L} layers × {tok} tokens × {a.H} × {c} B", a.L * T * a.H * c))
         out.append(
             Term(
                 "recomputed layer",
-                f"{LAYER_FACTOR:g} × {b}×{s.seq} tokens × {width} values × {c} B",
+                f"{LAYER_FACTOR:g} × {tok} tokens × {width} values × {c} B",
                 LAYER_FACTOR * T * width * c,
             )
         )
@@ -382,7 +426,7 @@ def _train_work(s: Setup, b: int, logits: bool) -> list[Term]:
         out.append(
             Term(
                 "activations",
-                f"{a.L} layers × {b}×{s.seq} tokens × {width} values × {c} B (no checkpointing)",
+                f"{a.L} layers × {tok} tokens × {width} values × {c} B (no checkpointing)",
                 a.L * T * width * c,
             )
         )
@@ -391,17 +435,15 @@ def _train_work(s: Setup, b: int, logits: bool) -> list[Term]:
         out.append(
             Term(
                 "eager attention scores",
-                f"{n_layers} × {b} × {a.a} heads × {s.seq}² × (4+{c}) B × {EAGER_TRAIN_COPIES:g}",
-                n_layers * b * a.a * s.seq**2 * (4 + c) * EAGER_TRAIN_COPIES,
+                f"{n_layers} × {b} × {heads} heads × {s.seq}² × (4+{c}) B × {EAGER_TRAIN_COPIES:g}",
+                n_layers * b * heads * s.seq**2 * (4 + c) * EAGER_TRAIN_COPIES,
             )
         )
     if logits and s.fused:
         out.append(_fused_term(s, T, backward=True))
     elif logits:
         k = LOGIT_COPIES_TRAIN
-        out.append(
-            Term("logits", f"{b}×{s.seq} tokens × {a.V} vocab × {c} B × {k:g} copies", T * a.V * c * k)
-        )
+        out.append(Term("logits", f"{tok} tokens × {a.V} vocab × {c} B × {k:g} copies", T * a.V * c * k))
     return _work(out)
 
 
@@ -436,14 +478,15 @@ def _fused_term(s: Setup, T: int, backward: bool) -> Term:
 
 
 def _nograd_work(s: Setup, b: int) -> list[Term]:
-    a, c, T = s.arch, s.c, b * s.seq
-    out = [Term("forward transient", f"{b}×{s.seq} tokens × (2H + 3I) × {c} B", T * (2 * a.H + 3 * a.I) * c)]
+    a, c = s.arch, s.c
+    T, tok = _tokens(s, b)
+    out = [Term("forward transient", f"{tok} tokens × (2H + 3I) × {c} B", T * (2 * a.H + 3 * a.I_act) * c)]
     if s.eager:
         out.append(
             Term(
                 "eager attention scores",
-                f"{b} × {a.a} heads × {s.seq}² × (4+{c}) B",
-                b * a.a * s.seq**2 * (4 + c),
+                f"{b} × {a.a // s.sp} heads × {s.seq}² × (4+{c}) B",
+                b * (a.a // s.sp) * s.seq**2 * (4 + c),
             )
         )
     if s.fused:
@@ -453,8 +496,8 @@ def _nograd_work(s: Setup, b: int) -> list[Term]:
     out.append(
         Term(
             "logits + entropy",
-            f"{b} × ({s.seq} + {k:g}×{s.response}) tokens × {a.V} vocab × {c} B",
-            b * (s.seq + k * s.response) * a.V * c,
+            f"{b} × ({s.seq} + {k:g}×{s.response}) tokens{f' / {s.sp} (Ulysses SP)' if s.sp > 1 else ''} × {a.V} vocab × {c} B",
+            b * (s.seq + k * s.response) * a.V * c / s.sp,
         )
     )
     return _work(out)
@@ -464,30 +507,38 @@ def generate_work(s: Setup, b: int) -> tuple[str, list[Term]]:
     """HF generate's peak at batch b: the prefill (the whole prompt at once) or the last decode
     step (the full cache); whichever is larger."""
     a, g, p = s.arch, s.g, s.prompt
-    kvt = a.kv_bytes_per_token(g)
+    # a TP engine of tp GPUs runs tp × b sequences; each GPU keeps k / tp of the KV heads (a
+    # copy of one where tp exceeds them: vLLM replicates KV heads) and samples over all of them
+    tp = s.tp if s.rollout == "vllm" else 1
+    kv_heads = max(a.k // tp, 1) * tp
+    kvt = a.L * 2 * kv_heads * a.d * g
+    kv_what = (
+        f"{a.k}×{a.d}" if kv_heads == a.k else f"{tp} × 1×{a.d} (a KV head replicated on each of {tp} GPUs)"
+    )
     if s.sampler_copies:
         k = s.sampler_copies
+        running = f"{b} running" if tp == 1 else f"{tp}×{b} running (the engine's)"
         last_logits = Term(
-            "sampler", f"{b} running × {a.V} vocab × 4 B × {k} copies (vLLM's sampler)", b * a.V * 4 * k
+            "sampler", f"{running} × {a.V} vocab × 4 B × {k} copies (vLLM's sampler)", tp * b * a.V * 4 * k
         )
     else:
         last_logits = Term("next-token logits", f"{b} × {a.V} vocab × (4+4+{g}) B", b * a.V * (8 + g))
     n_mlp = 3 + (1 if (s.lora and s.rollout == "hf") else 0)
-    mlp = PREFILL_FACTOR * b * p * n_mlp * a.I * g
+    mlp = PREFILL_FACTOR * b * p * n_mlp * a.I_act * g
     scores = b * a.a * p**2 * (4 + g) if s.eager else 0
     prefill = [
-        Term("KV cache (prompt)", f"{b} × {p} tokens × {a.L} layers × 2 × {a.k}×{a.d} × {g} B", b * p * kvt),
+        Term("KV cache (prompt)", f"{b} × {p} tokens × {a.L} layers × 2 × {kv_what} × {g} B", b * p * kvt),
         Term(
             "prefill transient",
             f"max(MLP {PREFILL_FACTOR:g} × {b}×{p} tokens × "
-            f"{n_mlp}×{a.I} × {g} B"
+            f"{n_mlp}×{a.I_act} × {g} B"
             + (f", eager scores {b} × {a.a} heads × {p}² × (4+{g}) B)" if s.eager else ")"),
             max(mlp, scores),
         ),
         last_logits,
     ]
     decode = [
-        Term("KV cache", f"{b} × {s.seq} tokens × {a.L} layers × 2 × {a.k}×{a.d} × {g} B", b * s.seq * kvt),
+        Term("KV cache", f"{b} × {s.seq} tokens × {a.L} layers × 2 × {kv_what} × {g} B", b * s.seq * kvt),
         Term(
             "cache growth copy",
             f"{b} × {s.seq} tokens × {a.k}×{a.d} × {g} B (torch.cat re-allocates one layer's K)",
@@ -515,7 +566,15 @@ def _gen_weights(s: Setup) -> list[Term]:
     if s.rollout == "hf":  # the actor's own module, loaded on the GPU to generate
         st = _role_state(s, "actor")
         return [st["weights"]] + ([st["copy"]] if "copy" in st else [])
-    return [Term("vLLM weights", f"{s.inf} B × {_m(s.arch.params())} params", s.inf * s.arch.params())]
+    if s.tp == 1:
+        return [Term("vLLM weights", f"{s.inf} B × {_m(s.arch.params())} params", s.inf * s.arch.params())]
+    return [
+        Term(
+            "vLLM weight shard",
+            f"{s.inf} B × {_m(s.arch.params())} params / {s.tp} (tensor parallel)",
+            s.inf * s.arch.params() / s.tp,
+        )
+    ]
 
 
 def phase(s: Setup, name: str, b: int) -> dict[str, Any]:
@@ -651,9 +710,9 @@ def candidates(s: Setup, key: str) -> Sequence[int]:
             return divisors(s.gen_per_gpu) + list(range(s.gen_per_gpu + 1, top + 1))
         return range(1, top + 1)
     if key == "log_prob" and s.engine_batches:
-        return [b for b in divisors(s.gen_per_gpu) if not cap or b <= cap] or [1]
+        return [b for b in divisors(s.data_per_rank) if not cap or b <= cap] or [1]
     if key == "log_prob":  # (a range: a huge batch costs no memory here)
-        return range(1, min(s.gen_per_gpu, cap or s.gen_per_gpu) + 1)
+        return range(1, min(s.data_per_rank, cap or s.data_per_rank) + 1)
     out = divisors(s.mini_per_gpu)
     return [b for b in out if b <= cap] or [1] if cap else out
 
@@ -688,13 +747,171 @@ def estimate(s: Setup, key: str, batch: int) -> dict[str, Any]:
 BATCHED = ("generation", "log_prob", "actor", "critic")
 
 
+def split_ways(n: int, arch: Arch, per_node: int) -> list[int]:
+    """How many GPUs of one node a model's heads can be split over (vLLM's tensor parallelism,
+    Ulysses' sequence parallelism): divisors of the node's GPUs that divide the attention heads,
+    and the KV heads or a multiple of them (vLLM replicates KV heads past their count)."""
+    return [
+        w for w in divisors(per_node) if w <= n and arch.a % w == 0 and (arch.k % w == 0 or w % arch.k == 0)
+    ]
+
+
+def host(s: Setup) -> dict[str, Any]:
+    """What offload keeps in the host's memory, per node: each GPU's offloaded share of the
+    idle weights (fp32 actor and critic, the reference in its dtype) and of Adam's state."""
+    terms = []
+    for role in ("actor", "critic") if s.critic else ("actor",):
+        st = _role_state(s, role)
+        if s.actor_param_offload if role == "actor" else s.param_offload:
+            terms.append(st["weights"])
+        if s.optimizer_offload:
+            terms.append(st["adam"])
+    if s.param_offload and not s.lora:
+        terms.append(
+            Term(
+                "reference weights",
+                f"{s.inf} B × {_m(s.arch.params())} params / {s.n} GPUs",
+                s.inf * s.arch.params() / s.n,
+            )
+        )
+    per_gpu = sum(t.nbytes for t in terms)
+    budget = s.host_gib
+    return {
+        "terms": [dict(t.as_dict(), kind="host") for t in terms],
+        "gpus_per_node": s.per_node,
+        "gib": round(_gib(per_gpu * s.per_node), 3),
+        "budget_gib": round(budget, 3),
+        "fits": per_gpu * s.per_node <= budget * GIB * (1 - s.consts["margin"]),
+    }
+
+
+def vllm_share(s: Setup) -> float:
+    """vLLM's gpu_memory_utilization: the room the resident roles leave on the card while it
+    generates (the margin kept free), at most the profile's figure, in hundredths of the card."""
+    resident = sum(t.nbytes for t in _resident(s, "rollout"))
+    room = s.usable_gib * (1 - s.consts["margin"]) - _gib(resident) * (1 + overhead(s, "generate_outside"))
+    share = min(s.max_util * s.total_gib, room)
+    return max(math.floor(float(share / s.total_gib) * 100) / 100, 0.01)
+
+
 def plan(
     env: dict[str, Any], arch_rec: dict[str, Any], consts: dict[str, Any], val_rows: int
 ) -> dict[str, Any]:
     """The memory budget and the batch sizes of a resolved profile (`env`: at least dtype,
     attention, rollout and train of a resolved environment, as plain data; `consts`: matrices/memory.yaml's `memory`
-    with the card's total_gib)."""
-    s = Setup(env, Arch(env["train"]["model"], arch_rec), consts, val_rows)
+    with the card's total_gib), with what makes it fit and run, chosen in order of cost:
+      1. the rollout's tensor parallelism: the smallest that holds the weight shard, the KV cache
+         for the planned concurrency and the sampler (a TP group within a node);
+      2. FSDP sharding over the whole world (nodes × GPUs: every role's state divided by it);
+      3. offload of what is idle: Adam's state, then the weights (host memory counted);
+      4. Ulysses sequence parallelism where one sequence's activations do not fit;
+      5. vLLM's share of the card: what the resident roles leave, at most the profile's figure.
+    `env["pinned"]` names the choices the user made (rollout_tp, offload, sequence_parallel):
+    those are taken as given."""
+    arch = Arch(env["train"]["model"], arch_rec)
+    pinned = set(env.get("pinned") or ())
+    tried: list[dict[str, Any]] = []
+    for train, why in _trials(env, arch, pinned):
+        out = _with_tp(dict(env, train=train), arch, consts, val_rows, pinned)
+        out["choices"].update(why)
+        tried.append(out)
+        if not out["problems"]:
+            return out
+    # none fits: the last (everything tried) says what is still short
+    out = tried[-1]
+    out["tried"] = len(tried)
+    return out
+
+
+def _trials(env: dict[str, Any], arch: Arch, pinned: set[str]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """The train blocks to try, cheapest first, each with why its choices are what they are."""
+    t = dict(env["train"])
+    ok = env.get("actor_offload_ok", True)
+    t.setdefault("actor_param_offload", t["param_offload"] and ok)
+
+    def off(train: dict[str, Any], why: str) -> dict[str, Any]:
+        return {
+            "param_offload": {"value": train["param_offload"], "why": why},
+            "optimizer_offload": {"value": train["optimizer_offload"], "why": why},
+        }
+
+    given = "as given (--offload)" if "offload" in pinned else "the profile's"
+    out = [(t, off(t, given))]
+    if "offload" not in pinned:
+        if not t["optimizer_offload"]:
+            t = dict(t, optimizer_offload=True)
+            out.append(
+                (
+                    t,
+                    off(
+                        t,
+                        "Adam's state offloaded while idle: the resident state does not fit beside the rest",
+                    ),
+                )
+            )
+        if not t["param_offload"]:
+            t = dict(t, param_offload=True, actor_param_offload=ok)
+            out.append(
+                (t, off(t, "the idle weights and Adam's state offloaded: sharding alone does not fit"))
+            )
+    if "sequence_parallel" not in pinned and env.get("remove_padding", False):
+        world = t["n_gpus"] * env.get("nodes", 1)
+        for sp in split_ways(world, arch, t["n_gpus"])[1:]:
+            if t["train_batch_size"] * env.get("rollout_n", ROLLOUT_N) % (world // sp) == 0:
+                t = dict(t, sequence_parallel=sp)
+                why = off(t, "offloaded first: cheaper than splitting sequences")
+                why["sequence_parallel"] = {
+                    "value": sp,
+                    "why": f"Ulysses over {sp} GPUs: one sequence's activations do not fit one GPU",
+                }
+                out.append((t, why))
+    return out
+
+
+def _with_tp(
+    env: dict[str, Any], arch: Arch, consts: dict[str, Any], val_rows: int, pinned: set[str]
+) -> dict[str, Any]:
+    """The plan at the smallest rollout TP whose generation reaches the planned concurrency
+    (memory.yaml rollout_seqs_per_gpu, or the whole rollout where it is smaller)."""
+    t = env["train"]
+    if env["rollout"] != "vllm":
+        ways = [1]
+    elif "rollout_tp" in pinned:
+        ways = [t["rollout_tp"]]
+    else:
+        ways = split_ways(t["n_gpus"], arch, t["n_gpus"])
+    best: dict[str, Any] | None = None
+    for tp in ways:
+        s = Setup(dict(env, train=dict(t, rollout_tp=tp)), arch, consts, val_rows)
+        out = _plan_one(s, consts, val_rows)
+        target = min(s.gen_per_gpu, consts.get("rollout_seqs_per_gpu", 1))
+        if not out["problems"] and out["generation_per_gpu"] >= target:
+            best = out
+            break
+        if best is None or (bool(best["problems"]), -best["generation_per_gpu"]) > (
+            bool(out["problems"]),
+            -out["generation_per_gpu"],
+        ):
+            best = out
+    assert best is not None
+    tp = best["rollout_tp"]
+    if "rollout_tp" in pinned:
+        why = "as given (--rollout-tp)"
+    elif env["rollout"] != "vllm":
+        why = f"the {env['rollout']} rollout generates on each GPU alone"
+    else:
+        why = (
+            f"the smallest of {ways} (GPUs of a node dividing the {arch.a} attention and {arch.k} KV heads) "
+            f"whose weight shard, KV cache and sampler hold {best['generation_per_gpu']} sequences a GPU"
+        )
+    best["choices"]["rollout_tp"] = {"value": tp, "why": why}
+    return best
+
+
+def _plan_one(s: Setup, consts: dict[str, Any], val_rows: int) -> dict[str, Any]:
+    """The plan of one choice of parallelism and offload."""
+    if s.rollout == "vllm":
+        s.util = vllm_share(s)
     phases: dict[str, dict[str, Any]] = {}
     batch: dict[str, int] = {}
     bound: dict[str, str] = {}
@@ -727,12 +944,18 @@ def plan(
             need = ((p["bytes"] - exempt) * (1 + overhead(s, key)) + exempt) / GIB
             problems.append({"phase": p["phase"], "gib": round(need, 3), "budget_gib": p["budget_gib"]})
 
+    host_plan = host(s)
+    if not host_plan["fits"]:
+        problems.append(
+            {"phase": "host memory (offload)", "gib": host_plan["gib"], "budget_gib": host_plan["budget_gib"]}
+        )
     g = batch["generation"]
     sizes = {
         "val_batch_size": g * s.n,
         # (HF: in prompts, each generating rollout.n sequences)
         "rollout_micro_batch_size": g // s.rollout_n if s.rollout == "hf" else None,
-        "max_num_seqs": g if s.rollout == "vllm" else None,
+        # (per engine: a TP group of tp GPUs runs tp × g sequences)
+        "max_num_seqs": g * s.tp if s.rollout == "vllm" else None,
         "log_prob_micro_batch_size_per_gpu": batch["log_prob"],
         "actor_ppo_micro_batch_size_per_gpu": batch["actor"],
         "critic_ppo_micro_batch_size_per_gpu": batch.get("critic"),
@@ -753,6 +976,7 @@ def plan(
             "kv_heads": a.k,
             "head_dim": a.d,
             "intermediate_size": a.I,
+            **({"experts": a.E, "experts_per_token": a.topk, "moe_intermediate_size": a.Ie} if a.moe else {}),
             "vocab_size": a.V,
             "tied_embeddings": a.tied,
             "parameters": a.params(),
@@ -777,6 +1001,24 @@ def plan(
         "batch": sizes,
         "bound_by": bound,
         "problems": problems,
+        "generation_per_gpu": g,
+        "rollout_tp": s.tp,
+        "sequence_parallel": s.sp,
+        "host": host_plan,
+        "choices": {
+            "gpu_memory_utilization": {
+                "value": s.util,
+                "why": (
+                    f"planned: what the resident roles leave on the card while vLLM generates, "
+                    f"at most the profile's {s.max_util:g}"
+                )
+                if s.rollout == "vllm"
+                else f"unused: the {s.rollout} rollout has no engine share",
+            },
+            "sequence_parallel": {"value": s.sp, "why": "one sequence's activations fit one GPU"}
+            if s.sp == 1
+            else {"value": s.sp, "why": "as given (--sp)"},
+        },
     }
 
 

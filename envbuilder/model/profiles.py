@@ -12,7 +12,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from envbuilder.errors import EnvbuildError, UserError
-from envbuilder.model.flags import FLAG_FIELDS  # the flags' parameter names -> Overrides' fields
+
+# the flags' parameter names -> Overrides' fields
+from envbuilder.model.flags import FLAG_FIELDS, FLAGS, NAMES
 
 if TYPE_CHECKING:
     from envbuilder.model.matrix import Matrix
@@ -34,7 +36,7 @@ def overrides_from_flags(
     from envbuilder.model.resolved import Overrides
 
     given: dict[str, Any] = {FLAG_FIELDS[k]: v for k, v in flags.items() if v is not None}
-    for key in ("with_", "without"):
+    for key in (f.field for f in FLAGS if f.kind == NAMES):  # (--with, --without, --offload)
         given[key] = split_names(given.get(key) or ())
     both = sorted(set(given["with_"]) & set(given["without"]))
     if both:

@@ -8,6 +8,7 @@ warnings that are written into the rendered files.
 
 from __future__ import annotations
 
+import math
 import weakref
 from typing import Any, Callable
 from collections.abc import Mapping
@@ -31,6 +32,7 @@ from envbuilder.model.components.verl import INSTALLABLE_ROLLOUTS  # noqa: F401 
 from envbuilder.model.components import vllm as VLLM
 from envbuilder.model.versions import ranges_overlap
 from envbuilder.model.names import profile_named, unknown_name_hint
+from envbuilder.model import flags as F
 
 # the torch dtype of each of envbuild's dtype names
 TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -336,6 +338,13 @@ class _Resolver:
             + str(getattr(self, "nodes", 1))
             + str(self.engine_batches)
             + str(self.fused)
+            + str(
+                (
+                    getattr(self, "pinned", ()),
+                    getattr(self, "unpadded", False),
+                    getattr(self, "actor_offload_ok", True),
+                )
+            )
         )
         known = _PLANS.setdefault(self.m, {})
         if key in known:
@@ -352,6 +361,9 @@ class _Resolver:
             "nodes": getattr(self, "nodes", 1),
             "engine_batches": self.engine_batches,
             "fused_kernels": self.fused,
+            "pinned": sorted(getattr(self, "pinned", ())),
+            "remove_padding": getattr(self, "unpadded", False),
+            "actor_offload_ok": getattr(self, "actor_offload_ok", True),
         }
         rows = self.m.datasets["gsm8k"]["rows"]["test"]
 
@@ -368,7 +380,7 @@ class _Resolver:
     def memory_rule(self, s: "Selection") -> None:
         """When no batch fits the GPU (the selection's memory plan, envbuilder/model/memory.py): why,
         and which change to the profile would fit."""
-        gpu, rollout = s.gpu, s.rollout
+        gpu = s.gpu
         train = s.train
         mem = s.memory
         if not mem["problems"]:
@@ -396,10 +408,6 @@ class _Resolver:
             for name, r in self.m.models.items()
             if r["parameters"] < size and fits(model=name)
         )
-        if not (train["param_offload"] and train["optimizer_offload"]) and fits(
-            param_offload=True, optimizer_offload=True
-        ):
-            fixes.append("offload what is idle: train.param_offload and train.optimizer_offload true")
         prompt, response = train["max_prompt_length"], train["max_response_length"]
         while prompt + response > 128:
             prompt, response = max(prompt // 2, 32), max(response // 2, 32)
@@ -408,40 +416,66 @@ class _Resolver:
                     f"shorter sequences: train.max_prompt_length {prompt} and max_response_length {response}"
                 )
                 break
-        if rollout == "vllm" and fits(gpu_memory_utilization=round(train["gpu_memory_utilization"] / 2, 2)):
-            fixes.append(
-                f"a smaller vLLM share: train.gpu_memory_utilization "
-                f"{round(train['gpu_memory_utilization'] / 2, 2)}"
-            )
-        # more GPUs shard the state: --gpus-per-node, the flag (train.n_gpus is no flag)
+        # more GPUs shard the state: more of them in the node, up to what a node holds
+        # (gpus.yaml max_per_node, else 8), then more nodes (--gpus-per-node, --nodes: flags)
+        per_node, nodes = train["n_gpus"], getattr(self, "nodes", 1)
+        most = max(int(gpu.get("max_per_node", 8)), per_node)
+
+        def divides(world: int) -> bool:
+            return not (train["train_batch_size"] % world or train["ppo_mini_batch_size"] % world)
+
+        def fits_on(n_nodes: int) -> bool:
+            self.nodes = n_nodes  # (the world memory_plan reads)
+            try:
+                return fits()
+            finally:
+                self.nodes = nodes
+
         more = next(
             (
-                n
+                f"--gpus-per-node {n} (the state sharded over {n} GPUs fits)"
                 for n in (2, 4, 8, 16)
-                if n > train["n_gpus"]
-                and not (train["train_batch_size"] % n or train["ppo_mini_batch_size"] % n)
-                and fits(n_gpus=n)
+                if per_node < n <= most and divides(n * nodes) and fits(n_gpus=n)
+            ),
+            None,
+        ) or next(
+            (
+                f"--nodes {k} (the state sharded over {k} × {per_node} GPUs fits)"
+                for k in (2, 4, 8, 16)
+                if k > nodes and divides(k * per_node) and fits_on(k)
             ),
             None,
         )
+        host = mem.get("host") or {}
+        if host and not host.get("fits", True):
+            need = math.ceil(host["gib"] / (1 - self.m.memory["margin"]))
+            fixes.insert(0, f"pass --host-memory {need} where each node has {need} GiB for offload")
         fix = (
             ("in a --matrix-dir overlay of the profile, " + "; or ".join(fixes))
             if fixes
             else "a GPU with more memory"
         )
-        if more:
-            fix = f"use --gpus-per-node {more} (the state sharded over {more} GPUs fits); or {fix}"
+        if fixes and fixes[0].startswith("pass --host-memory"):
+            fix = fixes[0] + (f"; or {'; or '.join(fixes[1:])}" if fixes[1:] else "")
         if smaller:  # (a model of the table: --model takes it, and the fix walk checks it)
             fix = f"use --model {smaller[-1][1]} (a smaller model from the table); or {fix}"
+        if more:  # (the model the user asked for, on a larger world, first)
+            fix = f"use {more}; or {fix}"
         if critic_free:
             fix = f"use --algo grpo (no critic to train: it fits); or {fix}"
         worst = max(mem["problems"], key=lambda p: p["gib"] - p["budget_gib"])
         card = self.m.gpus[self.named.gpu] if self.named.gpu else gpu  # (the card asked for: its memory)
-        phase = next(p for p in mem["phases"] if p["phase"] == worst["phase"])
+        phase = next((p for p in mem["phases"] if p["phase"] == worst["phase"]), host)
         top = sorted(phase["terms"], key=lambda t: -t["gib"])[:3]
+        where = "a node's host" if phase is host else "per GPU at batch 1"
+        tried = [
+            f"{k} {c['value']}"
+            for k, c in sorted((mem.get("choices") or {}).items())
+            if k != "gpu_memory_utilization"
+        ]
         why = (
-            f"its {worst['phase']} phase needs {worst['gib']:.1f} GiB per GPU at batch 1 "
-            f"against {worst['budget_gib']:.1f} GiB usable ("
+            f"its {worst['phase']} phase needs {worst['gib']:.1f} GiB {where} "
+            f"against {worst['budget_gib']:.1f} GiB usable, with {', '.join(tried)} ("
             + ", ".join(f"{t['term']} {t['gib']:.1f}" for t in top)
             + "; `envbuild show "
             f"{self.name} --memory --allow-unsupported` prints the whole budget)"
@@ -556,6 +590,7 @@ class _Resolver:
             )
         self.cluster_plan(s)
         s.memory, bf16_base = self.lora_memory(s, s.train)
+        self.apply_choices(s)
         if bf16_base:
             s.train["actor_model_dtype"] = "bf16"
             s.notes.append(
@@ -565,6 +600,26 @@ class _Resolver:
                 "unit of its own; the reference is the same weights with the adapters off"
             )
         return s
+
+    def apply_choices(self, s: "Selection") -> None:
+        """What the memory plan chose (offload, vLLM's share, the rollout's TP, Ulysses SP) into
+        the train block the run plan prints; a choice the plan changed is noted with its why."""
+        t, ch = s.train, s.memory.get("choices") or {}
+        for key in ("param_offload", "optimizer_offload"):
+            if key in ch and ch[key]["value"] != t[key]:
+                t[key] = ch[key]["value"]
+                s.notes.append(f"{key}: {ch[key]['why']}")
+        t["actor_param_offload"] = t["param_offload"] and s.actor_offload_ok
+        if "gpu_memory_utilization" in ch and s.rollout == "vllm":
+            t["gpu_memory_utilization"] = ch["gpu_memory_utilization"]["value"]
+        for key in ("rollout_tp", "sequence_parallel"):
+            value = ch.get(key, {}).get("value", 1)
+            if value > 1:
+                t[key] = value
+                if key not in s.pinned:
+                    s.notes.append(f"{key} {value}: {ch[key]['why']}")
+            else:
+                t.pop(key, None)
 
     def lora_memory(
         self, s: "Selection", train: dict[str, Any], algo: dict[str, Any] | None = None
@@ -629,6 +684,64 @@ class _Resolver:
         }
         return q
 
+    def world_flags(self, s: "Selection") -> None:
+        """--rollout-tp, --offload, --sp and --host-memory: the choices the memory plan would
+        make, made by the user (the plan takes them as given: Selection.pinned), each checked
+        against the world and the model's heads as vLLM and verl require."""
+        ov, t = self.ov, s.train
+        s.pinned = []
+        arch = self.models[t["model"]]
+        heads, kv, per_node = arch["attention_heads"], arch["kv_heads"], t["n_gpus"]
+
+        def splits(flag: str, n: int, what: str) -> None:
+            if per_node % n or heads % n or not (kv % n == 0 or n % kv == 0):
+                from envbuilder.model.memory import Arch, split_ways
+
+                ways = split_ways(per_node, Arch(t["model"], arch), per_node)
+                raise UserError(
+                    f"{flag} {n}: {what} over {n} GPUs needs a number that divides the {per_node} GPUs "
+                    f"of a node and {t['model']}'s {heads} attention heads ({kv} KV heads: a divisor "
+                    f"or a multiple of them). Use {flag} " + " or ".join(map(str, ways)) + "."
+                )
+
+        if ov.rollout_tp is not None:
+            if s.rollout != "vllm":
+                raise UserError(
+                    f"--rollout-tp {ov.rollout_tp}: the {s.rollout} rollout generates on each GPU alone; "
+                    "tensor parallelism is vLLM's. Drop --rollout-tp, or use --rollout vllm."
+                )
+            splits("--rollout-tp", ov.rollout_tp, "splitting each vLLM engine")
+            t["rollout_tp"] = ov.rollout_tp
+            s.pinned.append("rollout_tp")
+        if ov.offload:
+            words = set(ov.offload)
+            if not words <= set(F.OFFLOAD) or ("none" in words and len(words) > 1):
+                raise UserError(
+                    f"--offload {','.join(ov.offload)}: offload takes params, optimizer or both "
+                    "(params,optimizer), or none alone. Use one of those."
+                )
+            t["param_offload"], t["optimizer_offload"] = "params" in words, "optimizer" in words
+            s.pinned.append("offload")
+        if ov.sp is not None:
+            splits("--sp", ov.sp, "splitting each sequence (Ulysses)")
+            if ov.sp > 1 and not self.remove_padding(s):
+                raise UserError(
+                    f"--sp {ov.sp}: verl's Ulysses sequence parallelism needs use_remove_padding, which "
+                    f"runs on flash-attn's varlen kernels; this render uses {s.attention} attention. "
+                    "Add --with flash-attn (CC 8.0 and up), or drop --sp."
+                )
+            t["sequence_parallel"] = ov.sp
+            s.pinned.append("sequence_parallel")
+        if ov.host_memory is not None:
+            t["host_memory_gib"] = ov.host_memory
+        # (what the memory plan reads beside the train block: memory_plan's inputs)
+        self.pinned, self.unpadded = tuple(s.pinned), self.remove_padding(s)
+        self.actor_offload_ok = s.actor_offload_ok
+
+    def remove_padding(self, s: "Selection") -> bool:
+        """Whether the run unpads its micro-batches (flash-attn's varlen kernels, CC 8.0)."""
+        return s.attention == "flash_attention_2" and bool(s.feats.get("remove_padding", True))
+
     def cluster_plan(self, s: "Selection") -> None:
         """--nodes and --gpus-per-node: the world the run shards over (the memory plan divides
         every role's state by it; verl splits the batches evenly over it, so they are rounded
@@ -678,6 +791,7 @@ class _Resolver:
             )
         s.nodes, s.world = nodes, world
         self.nodes = nodes
+        self.world_flags(s)
         name = ov.interconnect or ("tcp" if nodes > 1 else None)
         table = self.m.sections.get("interconnects") or {}
         s.interconnect = self.pick("interconnect (--interconnect)", "interconnects", name) if name else None
@@ -815,7 +929,7 @@ class _Resolver:
         """The resolved environment of a selection every rule accepted."""
         p, ov, m = self.p, self.ov, self.m
         cc, verl, dtype, attention = s.cc, s.verl, s.dtype, s.attention
-        remove_padding = attention == "flash_attention_2" and s.feats.get("remove_padding", True)
+        remove_padding = self.remove_padding(s)
         apex = APEX.record(m.apex, s.apex_v, s.apex_rec, cc) if s.apex_v and s.apex_rec else None
         # what each part of the run computes in: the profile's dtype where this verl can run the
         # part in it, fp32 otherwise (verl.yaml precision: no fp16 training without a loss scaler)
@@ -1104,6 +1218,7 @@ class Selection:
     refused: list[R.RefusedOverride]
     lora_key: str | None
     actor_offload_ok: bool
+    pinned: list[str]  # the world choices the user made (--rollout-tp, --offload, --sp)
 
 
 # -- the rules: each takes the selection and adds what it finds wrong ----------------------------

@@ -62,6 +62,13 @@ class Overrides(Record):
     nodes: int | None = None
     gpus_per_node: int | None = None
     interconnect: Annotated[str | None, S.NAME] = None
+    # the world's parallelism and offload (the memory plan chooses each the user leaves out):
+    # GPUs a vLLM engine spans, what is offloaded to the host while idle, GPUs one sequence is
+    # split over (Ulysses), and the host memory (GiB a node) offload may fill
+    rollout_tp: int | None = None
+    offload: Annotated[tuple[str, ...], S.ListOf(S.NAME)] = ()
+    sp: int | None = None
+    host_memory: int | None = None
     # the PEP 503 index flash-attn's wheel comes from first (model/components/flash_attn.py)
     flash_attn_index: Annotated[str | None, S.URL] = None
 
@@ -322,8 +329,19 @@ class Train(Record):
     actor_param_offload: bool
     micro_batch_size_per_gpu: Annotated[int | None, K.COUNT] = None
     actor_model_dtype: Annotated[str | None, S.OneOf(("bf16",))] = None
+    # the memory plan's parallelism (envbuilder/model/memory.py), where above one: GPUs a vLLM
+    # engine spans, GPUs one sequence is split over (Ulysses); the host memory offload may fill
+    rollout_tp: Annotated[int | None, S.Int(1, 64)] = None
+    sequence_parallel: Annotated[int | None, S.Int(1, 64)] = None
+    host_memory_gib: Annotated[int | None, S.Int(1, 1 << 20)] = None
 
-    _omit_none = ("micro_batch_size_per_gpu", "actor_model_dtype")
+    _omit_none = (
+        "micro_batch_size_per_gpu",
+        "actor_model_dtype",
+        "rollout_tp",
+        "sequence_parallel",
+        "host_memory_gib",
+    )
 
 
 class Algorithm(Record):

@@ -29,11 +29,10 @@ ResolvedEnv = Any
 TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 # the learning rates, KL coefficient and tensor parallelism of verl's own GSM8K PPO example
 # (examples/ppo_trainer/run_qwen2-7b_seq_balance.sh and the quickstart: actor 1e-6, critic 1e-5,
-# kl_ctrl.kl_coef 0.001, one GPU per vLLM engine)
+# kl_ctrl.kl_coef 0.001); the rollout's tensor parallelism is the memory plan's
 ACTOR_LR = "1e-6"
 CRITIC_LR = "1e-5"
 KL_COEF = "0.001"
-ROLLOUT_TP = 1
 # the run script's variables a `shell` value may name, and what each stands for
 SHELL_VARS = ("MODEL", "DATA_DIR", "N_GPUS", "NNODES")
 _SHELL_VALUE = re.compile(r"\$(" + "|".join(SHELL_VARS) + r")(/[A-Za-z0-9._-]+)?")
@@ -83,6 +82,7 @@ def build(env: ResolvedEnv) -> tuple[RunArg, ...]:
     add("data.train_files", "$DATA_DIR/train.parquet", shell=True)
     add("data.val_files", "$DATA_DIR/test.parquet", shell=True)
     mem = d.memory
+    sp = mem.get("sequence_parallel", 1)  # (Ulysses: GPUs one sequence is split over)
     head = (
         f"batch sizes per GPU from the memory plan (envbuild show {d.profile} --memory): peak "
         f"{mem['peak']['gib']} GiB"
@@ -150,7 +150,8 @@ def build(env: ResolvedEnv) -> tuple[RunArg, ...]:
         add("actor_rollout_ref.model.fused_kernel_options.impl_backend", f.fused_kernels)
     if f.dynamic_bsz:
         seq = t.max_prompt_length + t.max_response_length
-        lp = mb["log_prob_micro_batch_size_per_gpu"] * seq
+        # (a GPU of an SP group holds 1/sp of each sequence; verl multiplies the budget by sp)
+        lp = -(-mb["log_prob_micro_batch_size_per_gpu"] * seq // sp)
         add(
             "actor_rollout_ref.actor.use_dynamic_bsz",
             "True",
@@ -159,7 +160,7 @@ def build(env: ResolvedEnv) -> tuple[RunArg, ...]:
         )
         add(
             "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
-            mb["actor_ppo_micro_batch_size_per_gpu"] * seq,
+            -(-mb["actor_ppo_micro_batch_size_per_gpu"] * seq // sp),
         )
         for part in ("ref", "rollout"):
             add(f"actor_rollout_ref.{part}.log_prob_use_dynamic_bsz", "True")
@@ -168,8 +169,29 @@ def build(env: ResolvedEnv) -> tuple[RunArg, ...]:
             # (critic.use_dynamic_bsz follows the actor's; the critic's engine keeps its own
             # micro-batches, set below)
             add("critic.use_dynamic_bsz", "False")
-    add("actor_rollout_ref.rollout.tensor_model_parallel_size", ROLLOUT_TP)
-    add("actor_rollout_ref.rollout.gpu_memory_utilization", t.gpu_memory_utilization)
+    ch = mem.get("choices") or {}
+    tp = mem.get("rollout_tp", 1)
+    add(
+        "actor_rollout_ref.rollout.tensor_model_parallel_size",
+        tp,
+        *((f"rollout TP {tp}: {ch['rollout_tp']['why']}",) if tp > 1 else ()),
+    )
+    util = ch.get("gpu_memory_utilization")
+    add(
+        "actor_rollout_ref.rollout.gpu_memory_utilization",
+        t.gpu_memory_utilization,
+        *(
+            (f"vLLM's share {mem['vllm_share_gib']} GiB, {util['why']}",)
+            if util and d.rollout == "vllm"
+            else ()
+        ),
+    )
+    if sp > 1:
+        add(
+            "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+            sp,
+            f"Ulysses SP {sp}: {ch['sequence_parallel']['why']} (the reference follows the actor's)",
+        )
     if t.lora_rank:
         add("++actor_rollout_ref.model.lora_rank", t.lora_rank)
         add("++actor_rollout_ref.model.lora_alpha", t.lora_rank)
@@ -210,6 +232,9 @@ def build(env: ResolvedEnv) -> tuple[RunArg, ...]:
             )
             add(f"++{fsdp}.micro_batch_size_per_gpu", critic_micro)
             add(f"++{fsdp}.infer_micro_batch_size_per_gpu", critic_micro)
+        if sp > 1:
+            add("critic.ulysses_sequence_parallel_size", sp)
+            add(f"++{fsdp}.ulysses_sequence_parallel_size", sp)
         add(f"{fsdp}.param_offload", _b(t.param_offload))
         add(f"{fsdp}.optimizer_offload", _b(t.optimizer_offload))
         add(f"++{fsdp}.mixed_precision.param_dtype", pr.critic)

@@ -165,7 +165,12 @@ def memory_lines(env: ResolvedEnv) -> list[str]:
         + f" and leaves {mem['margin']:.0%} free",
         f"model {mem['model']}: {a['layers']} layers, hidden {a['hidden_size']}, "
         f"{a['attention_heads']} heads ({a['kv_heads']} KV) x {a['head_dim']}, MLP "
-        f"{a['intermediate_size']}, vocab {a['vocab_size']}, "
+        + (
+            f"{a['experts']} experts of {a['moe_intermediate_size']} ({a['experts_per_token']} a token)"
+            if a.get("experts")
+            else f"{a['intermediate_size']}"
+        )
+        + f", vocab {a['vocab_size']}, "
         f"{'tied' if a['tied_embeddings'] else 'untied'} embeddings, {a['parameters']:,} params"
         + (f" (+{a['lora_parameters']:,} LoRA)" if a["lora_parameters"] else ""),
         (

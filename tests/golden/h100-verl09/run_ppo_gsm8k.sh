@@ -50,7 +50,7 @@ args=(
   algorithm.kl_ctrl.kl_coef=0.001
   data.train_files="$DATA_DIR/train.parquet"
   data.val_files="$DATA_DIR/test.parquet"
-  # batch sizes per GPU from the memory plan (envbuild show h100 --memory): peak 70.078 GiB
+  # batch sizes per GPU from the memory plan (envbuild show h100 --memory): peak 68.485 GiB
   # (generate (vLLM)) of 78.65 usable; validation goes to the rollout server as one
   # batch (verl 0.9.1 deprecates data.val_batch_size), which runs at most max_num_seqs at a time
   data.train_batch_size=1024
@@ -75,7 +75,7 @@ args=(
   actor_rollout_ref.rollout.mode=async
   actor_rollout_ref.rollout.dtype=bfloat16
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32
-  actor_rollout_ref.rollout.max_num_seqs=116
+  actor_rollout_ref.rollout.max_num_seqs=109
   # log-probs and entropy by verl's fused torch kernels: no vocabulary-wide logits (SPEED above)
   actor_rollout_ref.model.use_fused_kernels=True
   actor_rollout_ref.model.fused_kernel_options.impl_backend=torch
@@ -88,7 +88,8 @@ args=(
   actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=65536
   critic.use_dynamic_bsz=False
   actor_rollout_ref.rollout.tensor_model_parallel_size=1
-  actor_rollout_ref.rollout.gpu_memory_utilization=0.6
+  # vLLM's share 46.2 GiB, planned: what the resident roles leave on the card while vLLM generates, at most the profile's 0.6
+  actor_rollout_ref.rollout.gpu_memory_utilization=0.58
   +actor_rollout_ref.model.override_config.attn_implementation=sdpa
   +critic.model.override_config.attn_implementation=sdpa
   actor_rollout_ref.actor.fsdp_config.dtype=bfloat16

@@ -71,6 +71,7 @@ args=(
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=18
   actor_rollout_ref.rollout.max_num_seqs=165
   actor_rollout_ref.rollout.tensor_model_parallel_size=1
+  # vLLM's share 84.24 GiB, planned: what the resident roles leave on the card while vLLM generates, at most the profile's 0.6
   actor_rollout_ref.rollout.gpu_memory_utilization=0.6
   +actor_rollout_ref.model.override_config.attn_implementation=flash_attention_2
   +critic.model.override_config.attn_implementation=flash_attention_2

@@ -73,6 +73,7 @@ args=(
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16
   actor_rollout_ref.rollout.max_num_seqs=251
   actor_rollout_ref.rollout.tensor_model_parallel_size=1
+  # vLLM's share 6.0 GiB, planned: what the resident roles leave on the card while vLLM generates, at most the profile's 0.4
   actor_rollout_ref.rollout.gpu_memory_utilization=0.4
   +actor_rollout_ref.model.override_config.attn_implementation=sdpa
   +critic.model.override_config.attn_implementation=sdpa
