@@ -139,6 +139,40 @@ def fetch_all(
     if jobs < 1:
         raise UserError(f"jobs must be at least 1, got {jobs}. Pass a positive number of parallel downloads.")
     dest = Path(dest)
+    _partial_dir(dest, items)
+    emit = progress or TerminalProgress()
+    own_session = session is None
+    session = session or _pooled_session(jobs)
+    report = FetchReport()
+    activity = _Activity(emit, stall_notice)
+    try:
+        outcomes = _run_workers(items, dest, jobs, session, retries, backoff, timeout, activity, emit)
+    finally:
+        report.bytes_transferred = activity.total
+        if own_session:
+            try:
+                session.close()
+            except Exception:
+                pass  # (nothing raised while closing may take an interrupt's place)
+    for index, item in enumerate(items):  # in input order, so reports are stable
+        outcome = outcomes.get(index)  # (None, _Stopped, _NoSpace: left undone by a full disk)
+        if outcome == "skipped":
+            report.skipped.append(item.filename)
+        elif outcome == "downloaded":
+            report.downloaded.append(item.filename)
+        elif isinstance(outcome, _ItemFailed):
+            report.failed.append(FetchFailure(item.filename, str(outcome)))
+    no_space = any(isinstance(o, _NoSpace) for o in outcomes.values())
+    _remove_if_empty(dest / PARTIAL_DIR)
+    if no_space:
+        raise _no_space_error(report, dest, items)
+    if report.failed:
+        raise _failure_error(report, dest, len(items))
+    return report
+
+
+def _partial_dir(dest: Path, items: list[FetchItem]) -> None:
+    """The folder the partial downloads go to (resumed from there), made or refused."""
     if (dest / PARTIAL_DIR).is_symlink():
         raise UserError(
             f"{dest / PARTIAL_DIR} is a symbolic link; envbuild does not write "
@@ -153,11 +187,22 @@ def fetch_all(
             f"Cannot make {dest / PARTIAL_DIR}: {exc.strerror}. Check the "
             "directory's permissions and free space."
         ) from None
-    emit = progress or TerminalProgress()
-    own_session = session is None
-    session = session or _pooled_session(jobs)
-    report = FetchReport()
-    activity = _Activity(emit, stall_notice)
+
+
+def _run_workers(
+    items: list[FetchItem],
+    dest: Path,
+    jobs: int,
+    session: requests.Session,
+    retries: int,
+    backoff: float,
+    timeout: float,
+    activity: _Activity,
+    emit: ProgressCallback,
+) -> dict[int, object]:
+    """Each item fetched by one of `jobs` worker threads; {item index: its outcome} ("skipped",
+    "downloaded", or the exception that ended it). A full disk stops them all; Ctrl-C (or a
+    bug in a worker, re-raised here with its own traceback) stops them and is raised."""
     stop = threading.Event()
     todo: queue.SimpleQueue[tuple[int, FetchItem]] = queue.SimpleQueue()
     for index, item in enumerate(items):
@@ -208,31 +253,11 @@ def fetch_all(
         try:
             _stop(stop, activity, workers)
             emit(FetchEvent("end"))
-            if own_session:
-                session.close()
         except Exception:
             pass
-        report.bytes_transferred = activity.total
         raise
-    report.bytes_transferred = activity.total
     emit(FetchEvent("end"))
-    if own_session:
-        session.close()
-    for index, item in enumerate(items):  # in input order, so reports are stable
-        outcome = outcomes.get(index)  # (None, _Stopped, _NoSpace: left undone by a full disk)
-        if outcome == "skipped":
-            report.skipped.append(item.filename)
-        elif outcome == "downloaded":
-            report.downloaded.append(item.filename)
-        elif isinstance(outcome, _ItemFailed):
-            report.failed.append(FetchFailure(item.filename, str(outcome)))
-    no_space = any(isinstance(o, _NoSpace) for o in outcomes.values())
-    _remove_if_empty(dest / PARTIAL_DIR)
-    if no_space:
-        raise _no_space_error(report, dest, items)
-    if report.failed:
-        raise _failure_error(report, dest, len(items))
-    return report
+    return outcomes
 
 
 def _stop(stop: threading.Event, activity: "_Activity", workers: list[threading.Thread]) -> None:

@@ -590,6 +590,21 @@ def _holder(fd: int) -> str:
     return ""
 
 
+class _Fetched(Record):
+    """What the downloads of one export brought (fetch checked every byte): the paths fetched
+    and found, the bytes moved, the failures met, and whether the disk filled."""
+
+    downloaded: tuple[str, ...]
+    skipped: tuple[str, ...]
+    nbytes: int
+    failures: tuple[EnvbuildError, ...]
+    no_space: bool
+
+    @property
+    def present(self) -> set[str]:
+        return set(self.downloaded) | set(self.skipped)
+
+
 def _export_into(
     out: Path,
     plans: dict[str, LockPlan],
@@ -602,10 +617,55 @@ def _export_into(
     say: Say,
     scripts: Mapping[str, Mapping[str, str]],
 ) -> ExportReport:
-    """export()'s work, while it holds `out`'s lock."""
-    from envbuilder.offline.fetch import FetchFailed, FetchItem, fetch_all
-
+    """export()'s work, while it holds `out`'s lock: the folders and the manifest checked, the
+    files fetched, sdists built into wheels, each complete profile's files written, then the
+    index pages, install.sh and the manifest."""
     manifest = _read_manifest(out)
+    _check_existing(out, plans, wanted, manifest)
+    got = _fetch(out, wanted, url_map, jobs, progress, session, say)
+    present, failures = got.present, list(got.failures)  # (a build's failure joins them)
+    for path in sorted(present):
+        a = wanted[path]
+        manifest["files"][path] = {
+            "kind": a.kind,
+            "name": a.name,
+            "version": a.version,
+            "size": (out / path).stat().st_size,
+            "sha256": a.sha256,
+        }
+    wheels, built = (
+        ({}, [])
+        if got.no_space
+        else _wheels_from_sdists(out, plans, present, manifest, build_index, failures, say)
+    )
+    _keep_only_valid(out, manifest, present | {p for w in wheels.values() for p in w.values()}, say)
+    _write_profiles(out, plans, present, wheels, manifest, scripts, say)
+    _simple_index(out, manifest["files"])
+    if any(p.startswith("conda/") for p in present):
+        _conda_index(out)
+    names = " ".join(map(sh, sorted(manifest["profiles"])))  # one bash word each, whatever the name
+    pythons = " ".join(
+        f"[{sh(n)}]={sh(e.get('python') or '')}"
+        for n, e in sorted(manifest["profiles"].items())
+        if re.fullmatch(r"3\.\d+", str(e.get("python") or ""))
+    )
+    _write_text(out, "install.sh", _install_sh(names, pythons), 0o755)
+    _write_text(out, MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    _raise_failures(out, plans, wanted, got.no_space, failures)
+    return ExportReport(
+        list(got.downloaded),
+        list(got.skipped),
+        got.nbytes,
+        len(wanted) + len({p for w in wheels.values() for p in w.values()}),
+        built,
+    )
+
+
+def _check_existing(
+    out: Path, plans: dict[str, LockPlan], wanted: dict[str, Artifact], manifest: Doc
+) -> None:
+    """Before any download: a link planted in the wheelhouse's folders is refused, and so is a
+    file already here under another sha256 than the lock pins."""
     for folder in (
         "simple",
         "requirements",
@@ -613,7 +673,7 @@ def _export_into(
         *(f"locks/{n}" for n in plans),
         *{a.subdir for a in wanted.values()},
     ):
-        _real_dir(out, folder)  # a link planted in the wheelhouse is refused before any download
+        _real_dir(out, folder)
     for path, a in wanted.items():
         old = manifest["files"].get(path)
         if old and old["sha256"] != a.sha256:
@@ -621,8 +681,23 @@ def _export_into(
                 f"{out / path} is in this wheelhouse with another sha256 than the lock "
                 "pins; export into a new directory."
             )
+
+
+def _fetch(
+    out: Path,
+    wanted: dict[str, Artifact],
+    url_map: Sequence[tuple[str, str]],
+    jobs: int,
+    progress: ProgressCallback | None,
+    session: requests.Session | None,
+    say: Say,
+) -> _Fetched:
+    """Every wanted file fetched into its folder, a folder at a time; a failure is recorded
+    with what did arrive, and a full disk stops the rest (no other group could land)."""
+    from envbuilder.offline.fetch import FetchFailed, FetchItem, fetch_all
+
     groups: dict[str, list[FetchItem]] = {}
-    for path, a in sorted(wanted.items()):
+    for _path, a in sorted(wanted.items()):
         groups.setdefault(a.subdir, []).append(
             FetchItem(a.filename, a.sha256, mirrored_urls(a.url, list(url_map)), a.size)
         )
@@ -643,23 +718,21 @@ def _export_into(
         skipped += [f"{subdir}/{n}" for n in report.skipped]
         nbytes += report.bytes_transferred
         if no_space:
-            break  # the other groups cannot land either
-    present = set(downloaded) | set(skipped)  # fetch checked their bytes on disk just now
-    for path in sorted(present):
-        a = wanted[path]
-        manifest["files"][path] = {
-            "kind": a.kind,
-            "name": a.name,
-            "version": a.version,
-            "size": (out / path).stat().st_size,
-            "sha256": a.sha256,
-        }
-    wheels, built = (
-        ({}, [])
-        if no_space
-        else _wheels_from_sdists(out, plans, present, manifest, build_index, failures, say)
-    )
-    _keep_only_valid(out, manifest, present | {p for w in wheels.values() for p in w.values()}, say)
+            break
+    return _Fetched(tuple(downloaded), tuple(skipped), nbytes, tuple(failures), no_space)
+
+
+def _write_profiles(
+    out: Path,
+    plans: dict[str, LockPlan],
+    present: set[str],
+    wheels: dict[str, dict[str, str]],
+    manifest: Doc,
+    scripts: Mapping[str, Mapping[str, str]],
+    say: Say,
+) -> None:
+    """Each profile whose every file is here: its manifest entry, lock files and scripts; a
+    profile listed before that is no longer complete is taken off the list."""
     for name, plan in plans.items():
         if name in wheels and all(a.path in present for a in plan.artifacts):
             manifest["profiles"][name] = {
@@ -679,17 +752,17 @@ def _export_into(
                 f"{name} is no longer complete here (a file it uses is missing or damaged): "
                 f"export {name} again"
             )
-    _simple_index(out, manifest["files"])
-    if any(p.startswith("conda/") for p in present):
-        _conda_index(out)
-    names = " ".join(map(sh, sorted(manifest["profiles"])))  # one bash word each, whatever the name
-    pythons = " ".join(
-        f"[{sh(n)}]={sh(e.get('python') or '')}"
-        for n, e in sorted(manifest["profiles"].items())
-        if re.fullmatch(r"3\.\d+", str(e.get("python") or ""))
-    )
-    _write_text(out, "install.sh", _install_sh(names, pythons), 0o755)
-    _write_text(out, MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+def _raise_failures(
+    out: Path,
+    plans: dict[str, LockPlan],
+    wanted: dict[str, Artifact],
+    no_space: bool,
+    failures: list[EnvbuildError],
+) -> None:
+    """The export's failures, once everything that did arrive is recorded: a full disk first,
+    one failure as itself, several as one message (a user's error where any is one)."""
     if no_space:
         raise _no_space(out, wanted)
     if len(failures) == 1:
@@ -700,13 +773,6 @@ def _export_into(
             f"The export of {', '.join(plans)} failed in {len(failures)} ways:\n"
             + "\n".join(f"- {f}" for f in failures)
         )
-    return ExportReport(
-        downloaded,
-        skipped,
-        nbytes,
-        len(wanted) + len({p for w in wheels.values() for p in w.values()}),
-        built,
-    )
 
 
 def _keep_only_valid(out: Path, manifest: Doc, checked: set[str], say: Say) -> None:
