@@ -29,6 +29,7 @@ LAZY_COMMANDS = {
     "sbom": "envbuilder.cli.sbom:sbom",
     "detect": "envbuilder.cli.machine:detect",
     "doctor": "envbuilder.cli.machine:doctor",
+    "diagnose": "envbuilder.cli.diagnose:diagnose",
     "verify": "envbuilder.cli.verify:verify",
     "install": "envbuilder.cli.install:install",
     "refresh": "envbuilder.cli.refresh:refresh",

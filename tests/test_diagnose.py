@@ -1,0 +1,373 @@
+"""`envbuild diagnose` (issue 47): environments broken as users break them, each diagnosed, its
+fix followed, and diagnosed again clean.
+
+How the environments are made, honestly:
+- The packages a profile installs (~250 for h200) are their dist-info folders as pip leaves them
+  (METADATA, RECORD), written here (`stub_install`): diagnose reads only those files, and a real
+  torch wheel is 0.9-2 GB. torch's version.py is written as the wheel has it.
+- verl and transformers, where a test is about their declared ranges, are the real wheels from
+  PyPI (the `pypi` tier; pip installs them with --no-deps over the stand-ins).
+- Extensions are real shared objects made by gcc here: one built against a stand-in libtorch that
+  exports a c10 symbol the torch beside it does not; one with a `.nv_fatbin` section holding a
+  fat binary whose header this test writes (elf.fatbin_container: there is no nvcc here, so its
+  payloads are placeholders, not SASS; the headers are what diagnose reads).
+- The machines are the recorded ones of tests/fixtures/gpu (NVML and nvidia-smi answers).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import PYPI, shipped
+from click.testing import CliRunner
+from test_detect import FakeNVML, smi
+
+from envbuilder.cli import cli
+from envbuilder.machine.detect import detect
+from envbuilder.machine.diagnose import Host, diagnose, planned_pins
+from envbuilder.machine.doctor import Probes
+from envbuilder.machine.elf import fatbin_container, read_elf
+from envbuilder.machine.target import read_target
+from envbuilder.model.resolve import resolve
+from envbuilder.model.resolved import Overrides, ResolvedEnv
+
+PY = "3.12"
+HOST = Host("2.36", None, None)  # (the libc checks read the real host where a test says so)
+
+
+def machine(box: str):
+    return detect(shipped(), FakeNVML(box), smi(box))
+
+
+def probes(box: str) -> Probes:
+    return Probes(nvml=FakeNVML(box), run=smi(box))
+
+
+def invoke(args: list[str], box: str) -> tuple[int, str]:
+    """The CLI on a recorded machine: the exit code main() would give, the output and the
+    message of the error main() would print."""
+    r = CliRunner().invoke(cli, args, obj=probes(box))
+    code = getattr(r.exception, "exit_code", r.exit_code) if r.exception else r.exit_code
+    return code, r.output + (str(r.exception) if r.exception else "")
+
+
+def site_of(prefix: Path) -> Path:
+    return prefix / "lib" / f"python{PY}" / "site-packages"
+
+
+def dist_info(site: Path, name: str, version: str, requires: tuple[str, ...] = (), files: tuple[str, ...] = ()):
+    folder = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    lines += [f"Requires-Dist: {r}" for r in requires]
+    (folder / "METADATA").write_text("\n".join(lines) + "\n\n")
+    (folder / "RECORD").write_text("".join(f"{f},,\n" for f in (*files, f"{folder.name}/METADATA")))
+    return folder
+
+
+def stub_install(prefix: Path, env: ResolvedEnv, envbuild_json: bool = True) -> Path:
+    """What `envbuild install` leaves, as far as diagnose reads it: each planned package's
+    dist-info, torch's version.py for its CUDA build, PREFIX/envbuild/envbuild.json."""
+    site = site_of(prefix)
+    site.mkdir(parents=True)
+    (prefix / "bin").mkdir()
+    (prefix / "bin" / "python").symlink_to(sys.executable)
+    for name, version in planned_pins(env).items():
+        dist_info(site, name, version)
+    write_torch(site, f"{env.torch.version}+{env.torch.variant}", env.torch.cuda)
+    if envbuild_json:
+        (prefix / "envbuild").mkdir()
+        (prefix / "envbuild" / "envbuild.json").write_text(env.to_json())
+    return site
+
+
+def write_torch(site: Path, version: str, cuda: str | None) -> None:
+    for old in site.glob("torch-*.dist-info"):
+        shutil.rmtree(old)
+    dist_info(site, "torch", version)
+    (site / "torch").mkdir(exist_ok=True)
+    (site / "torch" / "version.py").write_text(
+        f"from typing import Optional\n\n__all__ = ['__version__']\n__version__ = '{version}'\n"
+        f"debug = False\ncuda: Optional[str] = {cuda!r}\ngit_version = 'abc'\n"
+    )
+
+
+def diagnosed(prefix: Path, box: str, profile: str | None = None, host: Host = HOST):
+    return diagnose(shipped(), read_target(prefix), machine(box), profile, host)
+
+
+def rules(d) -> list[str]:
+    return [f.rule for f in d.findings]
+
+
+# -- gcc-made shared objects ---------------------------------------------------------------------
+
+
+def gcc(tmp: Path, name: str, source: str, *args: str) -> Path:
+    if not shutil.which("gcc"):
+        pytest.skip("gcc is not installed")
+    src = tmp / f"{name}.c"
+    src.write_text(source)
+    out = tmp / name
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(out), str(src), *args], check=True, capture_output=True)
+    return out
+
+
+# a c10 function by its mangled name (C has no namespaces; the symbol is what the linker sees)
+OLD_SYMBOL = "_ZN3c1019UndefinedTensorImpl10_singletonE"
+NEW_SYMBOL = "_ZN3c1020UndefinedTensorImpl210_singletonE"
+
+
+def libtorch(folder: Path, symbol: str) -> Path:
+    """A stand-in torch/lib/libc10.so exporting one c10 symbol."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return gcc(folder, "libc10.so", f"int {symbol} = 1;\n")
+
+
+def extension(folder: Path, name: str, needs: str, against: Path) -> Path:
+    """An extension that uses `needs` from the libc10.so it is linked against."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return gcc(
+        folder,
+        name,
+        f"extern int {needs};\nint ext_entry(void) {{ return {needs}; }}\n",
+        f"-L{against.parent}",
+        "-lc10",
+    )
+
+
+def with_fatbin(path: Path, entries: list[tuple[str, int, bytes]]) -> Path:
+    """`path` with a .nv_fatbin section holding one fat binary of these entries."""
+    blob = path.with_suffix(".fatbin")
+    blob.write_bytes(fatbin_container(entries))
+    subprocess.run(
+        ["objcopy", "--add-section", f".nv_fatbin={blob}", "--set-section-flags", ".nv_fatbin=alloc,readonly", str(path)],
+        check=True,
+        capture_output=True,
+    )
+    blob.unlink()
+    return path
+
+
+# -- the ELF reader ------------------------------------------------------------------------------
+
+
+def test_elf_reader_reads_the_fat_binary_and_the_symbols_gcc_wrote(tmp_path):
+    lib = libtorch(tmp_path / "torch", OLD_SYMBOL)
+    ext = with_fatbin(
+        extension(tmp_path, "ext.so", OLD_SYMBOL, lib),
+        [("sass", 80, b"\x01" * 13), ("sass", 90, b"\x02" * 8), ("ptx", 90, b".version 8.0")],
+    )
+    elf = read_elf(ext)
+    assert elf is not None and elf.has_fatbin
+    assert [c.label() for c in elf.gpu] == ["compute_90", "sm_80", "sm_90"]
+    assert OLD_SYMBOL in elf.undefined and "ext_entry" in elf.defined
+    assert OLD_SYMBOL in read_elf(lib).defined
+
+
+def test_elf_reader_refuses_what_is_not_an_elf_it_reads(tmp_path):
+    (tmp_path / "text.so").write_text("not an ELF")
+    assert read_elf(tmp_path / "text.so") is None
+    ext = with_fatbin(gcc(tmp_path, "x.so", "int f(void){return 1;}\n"), [("sass", 80, b"\0" * 8)])
+    data = bytearray(ext.read_bytes())
+    data[0x28:0x30] = (len(data) * 4).to_bytes(8, "little")  # section headers past the end
+    bad = tmp_path / "bad.so"
+    bad.write_bytes(bytes(data))
+    assert read_elf(bad) is None
+
+
+# -- an environment envbuild installed ----------------------------------------------------------
+
+
+def h200_env() -> ResolvedEnv:
+    return resolve(shipped(), "h200", Overrides())
+
+
+def test_an_envbuild_installed_environment_is_clean(tmp_path):
+    stub_install(tmp_path / "env", h200_env())
+    d = diagnosed(tmp_path / "env", "h200")
+    assert d.findings == (), d.findings
+    assert d.nearest is not None and d.nearest.profile == "h200" and d.nearest.changes == ()
+    code, out = invoke(["diagnose", "--prefix", str(tmp_path / "env")], "h200")
+    assert code == 0, out
+    assert "CLEAN" in out and "nearest profile: h200" in out
+
+
+def test_bad_input_is_exit_2_with_what_to_do(tmp_path):
+    code, out = invoke(["diagnose", "--prefix", str(tmp_path / "nothing")], "h200")
+    assert code == 2 and "not a folder" in out
+    (tmp_path / "empty").mkdir()
+    code, out = invoke(["diagnose", "--prefix", str(tmp_path / "empty")], "h200")
+    assert code == 2 and "no lib/pythonX.Y/site-packages" in out
+    code, out = invoke(["diagnose"], "h200")
+    assert code == 2 and "either --python" in out
+    code, out = invoke(["diagnose", "--python", str(tmp_path / "python")], "h200")
+    assert code == 2 and "bin/python" in out
+
+
+# -- torch cu130 on a 535 driver ------------------------------------------------------------------
+
+
+def test_torch_cu130_on_a_recorded_535_driver_names_the_stack_it_runs(tmp_path):
+    prefix = tmp_path / "env"
+    stub_install(prefix, resolve(shipped(), "h100", Overrides()), envbuild_json=False)  # torch 2.11 cu130
+    d = diagnosed(prefix, "h100-535")
+    assert "driver" in rules(d)
+    finding = next(f for f in d.findings if f.rule == "driver")
+    assert "CUDA 13.0" in finding.what and "535.183.01" in finding.why
+    near = d.nearest
+    assert near is not None and near.profile == "h100" and "--driver" in near.flags
+    assert near.env.driver.mode in ("native", "minor-version-compatibility")
+    assert f"envbuild install h100{near.command_flags}" in finding.fix
+    code, out = invoke(["diagnose", "--prefix", str(prefix), "--json"], "h100-535")
+    assert code == 1
+    report = json.loads(out[: out.rindex("}") + 1])
+    assert report["nearest"]["profile"] == "h100" and not report["clean"]
+    # the fix followed: the nearest profile's environment, as envbuild install makes it
+    fixed = tmp_path / "fixed"
+    stub_install(fixed, near.env)
+    again = diagnosed(fixed, "h100-535")
+    assert again.findings == (), again.findings
+
+
+# -- an extension without the card's SM ----------------------------------------------------------
+
+
+def test_an_extension_without_the_cards_sm_is_named_and_a_rebuild_for_it_passes(tmp_path):
+    prefix = tmp_path / "env"
+    site = stub_install(prefix, h200_env())
+    pkg = site / "flash_attn_2_cuda.cpython-312-x86_64-linux-gnu.so"
+    shutil.copy(with_fatbin(gcc(tmp_path, "fa.so", "int f(void){return 1;}\n"), [("sass", 80, b"\1" * 8)]), pkg)
+    dist_info(site, "flash-attn", "2.8.3", files=(pkg.name,))
+    d = diagnosed(prefix, "h200")
+    assert rules(d) == ["gpu-code"]
+    f = d.findings[0]
+    assert "flash-attn" in f.what and "CC 9.0" in f.what and "sm_80" in f.why
+    assert "TORCH_CUDA_ARCH_LIST=9.0" in f.fix
+    # PTX for an older arch is compiled by the driver on this card: no finding
+    shutil.copy(with_fatbin(gcc(tmp_path, "ptx.so", "int f(void){return 1;}\n"), [("ptx", 80, b"x" * 8)]), pkg)
+    assert diagnosed(prefix, "h200").findings == ()
+    # the fix followed: rebuilt with sm_90
+    shutil.copy(with_fatbin(gcc(tmp_path, "fa90.so", "int f(void){return 1;}\n"), [("sass", 90, b"\1" * 8)]), pkg)
+    assert diagnosed(prefix, "h200").findings == ()
+
+
+# -- an extension built against another torch ---------------------------------------------------
+
+
+def test_an_extension_built_against_another_torch_is_named(tmp_path):
+    prefix = tmp_path / "env"
+    site = stub_install(prefix, h200_env())
+    libtorch(site / "torch" / "lib", NEW_SYMBOL)  # the torch installed: exports the new name
+    old = libtorch(tmp_path / "old-torch" / "lib", OLD_SYMBOL)  # the torch it was built against
+    ext = site / "sgl_kernel" / "common_ops.so"
+    ext.parent.mkdir()
+    shutil.copy(extension(tmp_path / "build", "common_ops.so", OLD_SYMBOL, old), ext)
+    dist_info(site, "sgl-kernel", "0.3.0", files=("sgl_kernel/common_ops.so",))
+    d = diagnosed(prefix, "h200")
+    assert rules(d) == ["abi"]
+    f = d.findings[0]
+    assert "sgl-kernel" in f.what and OLD_SYMBOL in f.why and "--force-reinstall sgl-kernel==0.3.0" in f.fix
+    # the fix followed: rebuilt against the torch beside it
+    new = site / "torch" / "lib" / "libc10.so"
+    shutil.copy(extension(tmp_path / "rebuild", "common_ops.so", NEW_SYMBOL, new), ext)
+    assert diagnosed(prefix, "h200").findings == ()
+
+
+def test_an_extension_that_needs_a_newer_glibc_than_the_host_has(tmp_path):
+    prefix = tmp_path / "env"
+    site = stub_install(prefix, h200_env())
+    built = gcc(tmp_path, "c.so", "#include <string.h>\nint f(char *a, char *b){ return (int)strlen(a) + (int)strlen(b); }\n")
+    host = Host("2.36", None, None)
+    assert b"GLIBC_2.2.5" in built.read_bytes()
+    # as if built on a newer host: the version its .dynstr names (same length, the ELF stays whole)
+    (site / "newer.so").write_bytes(built.read_bytes().replace(b"GLIBC_2.2.5", b"GLIBC_9.2.5"))
+    d = diagnosed(prefix, "h200", host=host)
+    assert rules(d) == ["libc"], d.findings
+    assert "GLIBC_9.2.5" in d.findings[0].what and "GLIBC_2.36" in d.findings[0].why
+    # the fix followed: built on this host
+    shutil.copy(built, site / "newer.so")
+    assert diagnosed(prefix, "h200", host=host).findings == ()
+
+
+# -- verl unpatched on a P40 ---------------------------------------------------------------------
+
+
+def test_verl_unpatched_on_a_p40_is_found_and_apply_patches_fixes_it(tmp_path, verl_trees, cli):
+    env = resolve(shipped(), "p40", Overrides())
+    assert env.patches
+    prefix = tmp_path / "env"
+    site = stub_install(prefix, env, envbuild_json=False)
+    shutil.rmtree(next(site.glob("verl-*.dist-info")))
+    tree = verl_trees[env.verl.version]
+    for item in tree.iterdir():
+        (shutil.copytree if item.is_dir() else shutil.copy)(item, site / item.name)
+    d = diagnosed(prefix, "p40")
+    assert d.nearest is not None and d.nearest.profile == "p40"
+    assert {f.rule for f in d.findings} == {"patch"}, d.findings
+    assert {f.what.split("(")[-1].rstrip(")") for f in d.findings} <= {p.name for p in env.patches}
+    fix = d.findings[0].fix
+    assert "apply_patches.py --site" in fix
+    # the fix followed: render p40, run its apply_patches.py on that site-packages
+    out = tmp_path / "out"
+    code, _, err = cli("render", "p40", "-o", out)
+    assert code == 0, err
+    r = subprocess.run(
+        [sys.executable, str(out / "p40" / "apply_patches.py"), "--site", str(site)], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert diagnosed(prefix, "p40").findings == ()
+
+
+# -- transformers outside verl 0.9.1's range (real wheels) --------------------------------------
+
+
+def pip_into(site: Path, *reqs: str, cache: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env["PIP_CONFIG_FILE"] = os.devnull
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--index-url", PYPI,
+         "-d", str(cache), *reqs],
+        capture_output=True, text=True, env=env, timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--find-links", str(cache),
+         "--target", str(site), "--upgrade", *reqs],
+        capture_output=True, text=True, env=env, timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+@pytest.fixture(scope="session")
+def wheel_cache(real_pypi, tmp_path_factory):
+    return tmp_path_factory.mktemp("diagnose-wheels")
+
+
+def test_transformers_outside_verl_091s_range_and_the_pin_that_fixes_it(tmp_path, wheel_cache):
+    env = h200_env()
+    assert env.verl.version == "0.9.1"
+    prefix = tmp_path / "env"
+    site = stub_install(prefix, env)
+    for name in ("verl", "transformers"):
+        for old in site.glob(f"{name}-*.dist-info"):
+            shutil.rmtree(old)
+    pip_into(site, "verl==0.9.1", "transformers==5.12.0", cache=wheel_cache)
+    d = diagnosed(prefix, "h200")
+    bad = [f for f in d.findings if f.rule == "requires"]
+    assert bad and all("transformers 5.12.0" in f.what for f in bad), d.findings
+    assert "verl 0.9.1" in bad[0].what
+    want = planned_pins(env)["transformers"]
+    assert f"transformers=={want}" in bad[0].fix
+    # the fix followed: the profile's pin
+    shutil.rmtree(next(site.glob("transformers-*.dist-info")))
+    pip_into(site, f"transformers=={want}", cache=wheel_cache)
+    again = diagnosed(prefix, "h200")
+    assert [f for f in again.findings if f.rule == "requires"] == [], again.findings
