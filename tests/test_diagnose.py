@@ -62,7 +62,9 @@ def site_of(prefix: Path) -> Path:
     return prefix / "lib" / f"python{PY}" / "site-packages"
 
 
-def dist_info(site: Path, name: str, version: str, requires: tuple[str, ...] = (), files: tuple[str, ...] = ()):
+def dist_info(
+    site: Path, name: str, version: str, requires: tuple[str, ...] = (), files: tuple[str, ...] = ()
+):
     folder = site / f"{name.replace('-', '_')}-{version}.dist-info"
     folder.mkdir(parents=True, exist_ok=True)
     lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
@@ -116,7 +118,9 @@ def gcc(tmp: Path, name: str, source: str, *args: str) -> Path:
     src = tmp / f"{name}.c"
     src.write_text(source)
     out = tmp / name
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(out), str(src), *args], check=True, capture_output=True)
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-o", str(out), str(src), *args], check=True, capture_output=True
+    )
     return out
 
 
@@ -148,7 +152,14 @@ def with_fatbin(path: Path, entries: list[tuple[str, int, bytes]]) -> Path:
     blob = path.with_suffix(".fatbin")
     blob.write_bytes(fatbin_container(entries))
     subprocess.run(
-        ["objcopy", "--add-section", f".nv_fatbin={blob}", "--set-section-flags", ".nv_fatbin=alloc,readonly", str(path)],
+        [
+            "objcopy",
+            "--add-section",
+            f".nv_fatbin={blob}",
+            "--set-section-flags",
+            ".nv_fatbin=alloc,readonly",
+            str(path),
+        ],
         check=True,
         capture_output=True,
     )
@@ -244,7 +255,9 @@ def test_an_extension_without_the_cards_sm_is_named_and_a_rebuild_for_it_passes(
     prefix = tmp_path / "env"
     site = stub_install(prefix, h200_env())
     pkg = site / "flash_attn_2_cuda.cpython-312-x86_64-linux-gnu.so"
-    shutil.copy(with_fatbin(gcc(tmp_path, "fa.so", "int f(void){return 1;}\n"), [("sass", 80, b"\1" * 8)]), pkg)
+    shutil.copy(
+        with_fatbin(gcc(tmp_path, "fa.so", "int f(void){return 1;}\n"), [("sass", 80, b"\1" * 8)]), pkg
+    )
     dist_info(site, "flash-attn", "2.8.3", files=(pkg.name,))
     d = diagnosed(prefix, "h200")
     assert rules(d) == ["gpu-code"]
@@ -252,10 +265,14 @@ def test_an_extension_without_the_cards_sm_is_named_and_a_rebuild_for_it_passes(
     assert "flash-attn" in f.what and "CC 9.0" in f.what and "sm_80" in f.why
     assert "TORCH_CUDA_ARCH_LIST=9.0" in f.fix
     # PTX for an older arch is compiled by the driver on this card: no finding
-    shutil.copy(with_fatbin(gcc(tmp_path, "ptx.so", "int f(void){return 1;}\n"), [("ptx", 80, b"x" * 8)]), pkg)
+    shutil.copy(
+        with_fatbin(gcc(tmp_path, "ptx.so", "int f(void){return 1;}\n"), [("ptx", 80, b"x" * 8)]), pkg
+    )
     assert diagnosed(prefix, "h200").findings == ()
     # the fix followed: rebuilt with sm_90
-    shutil.copy(with_fatbin(gcc(tmp_path, "fa90.so", "int f(void){return 1;}\n"), [("sass", 90, b"\1" * 8)]), pkg)
+    shutil.copy(
+        with_fatbin(gcc(tmp_path, "fa90.so", "int f(void){return 1;}\n"), [("sass", 90, b"\1" * 8)]), pkg
+    )
     assert diagnosed(prefix, "h200").findings == ()
 
 
@@ -284,7 +301,11 @@ def test_an_extension_built_against_another_torch_is_named(tmp_path):
 def test_an_extension_that_needs_a_newer_glibc_than_the_host_has(tmp_path):
     prefix = tmp_path / "env"
     site = stub_install(prefix, h200_env())
-    built = gcc(tmp_path, "c.so", "#include <string.h>\nint f(char *a, char *b){ return (int)strlen(a) + (int)strlen(b); }\n")
+    built = gcc(
+        tmp_path,
+        "c.so",
+        "#include <string.h>\nint f(char *a, char *b){ return (int)strlen(a) + (int)strlen(b); }\n",
+    )
     host = Host("2.36", None, None)
     assert b"GLIBC_2.2.5" in built.read_bytes()
     # as if built on a newer host: the version its .dynstr names (same length, the ELF stays whole)
@@ -320,7 +341,9 @@ def test_verl_unpatched_on_a_p40_is_found_and_apply_patches_fixes_it(tmp_path, v
     code, _, err = cli("render", "p40", "-o", out)
     assert code == 0, err
     r = subprocess.run(
-        [sys.executable, str(out / "p40" / "apply_patches.py"), "--site", str(site)], capture_output=True, text=True
+        [sys.executable, str(out / "p40" / "apply_patches.py"), "--site", str(site)],
+        capture_output=True,
+        text=True,
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert diagnosed(prefix, "p40").findings == ()
@@ -333,15 +356,44 @@ def pip_into(site: Path, *reqs: str, cache: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
     env["PIP_CONFIG_FILE"] = os.devnull
     r = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--index-url", PYPI,
-         "-d", str(cache), *reqs],
-        capture_output=True, text=True, env=env, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--index-url",
+            PYPI,
+            "-d",
+            str(cache),
+            *reqs,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
     )
     assert r.returncode == 0, r.stderr[-2000:]
     r = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--find-links", str(cache),
-         "--target", str(site), "--upgrade", *reqs],
-        capture_output=True, text=True, env=env, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-index",
+            "--find-links",
+            str(cache),
+            "--target",
+            str(site),
+            "--upgrade",
+            *reqs,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
     )
     assert r.returncode == 0, r.stderr[-2000:]
 

@@ -33,7 +33,7 @@ from typing import Any
 
 from envbuilder.machine.detect import Gpu, Machine, candidates, weakest
 from envbuilder.machine.elf import read_elf
-from envbuilder.machine.target import Dist, Extension, Target, torch_exports
+from envbuilder.machine.target import Extension, Target, torch_exports
 from envbuilder.model.components.cuda import driver_info
 from envbuilder.model.matrix import Matrix, cc_runs, cc_tuple
 from envbuilder.model.requires import requirements
@@ -43,13 +43,19 @@ from envbuilder.model.versions import in_range, satisfies, version_key
 from envbuilder.record import Record
 from envbuilder.text import printable
 
-# a C++ symbol of torch's own namespaces (c10::, at::, torch::, caffe2::), mangled: what an
-# extension built against torch needs from libtorch/libc10
-TORCH_SYMBOL = re.compile(r"^_Z(?:N[KVRO]*|T[IVS]N)(?:3c10|2at|5torch|6caffe2)")
-LIBSTDCXX_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib")
+LIBSTDCXX_DIRS = (
+    "/lib/x86_64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu",
+    "/lib64",
+    "/usr/lib64",
+    "/lib/aarch64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib",
+)
 # the stack flags the installed versions give the fix search, and what each is in a resolved env
 STACK = ("python", "cuda", "torch", "vllm", "verl")
 MAX_RECORD = 16 << 20
+VERSIONS = re.compile(rb"GLIBCXX_")  # (of libstdc++: only the version names of its .dynstr)
 
 
 class Finding(Record):
@@ -119,7 +125,7 @@ def read_host(prefix: Path, dirs: tuple[str, ...] = LIBSTDCXX_DIRS) -> Host:
     for d in (str(prefix / "lib"), *dirs):
         so = Path(d) / "libstdc++.so.6"
         if so.exists():
-            elf = read_elf(so, symbols=True, gpu=False)
+            elf = read_elf(so, symbols=VERSIONS, gpu=False)
             if elf is not None:
                 return Host(glibc, str(so), _newest(elf.versions, "GLIBCXX_"))
     return Host(glibc, None, None)
@@ -166,7 +172,13 @@ def planned_pins(env: ResolvedEnv) -> dict[str, str]:
 
 
 def _key(env: ResolvedEnv) -> tuple[Any, ...]:
-    return (env.python, env.torch.version, env.torch.variant, env.verl.version, env.vllm.version if env.vllm else None)
+    return (
+        env.python,
+        env.torch.version,
+        env.torch.variant,
+        env.verl.version,
+        env.vllm.version if env.vllm else None,
+    )
 
 
 def _fewest_flags(m: Matrix, profile: str, ov: Overrides, env: ResolvedEnv) -> tuple[Overrides, ResolvedEnv]:
@@ -185,14 +197,21 @@ def _fewest_flags(m: Matrix, profile: str, ov: Overrides, env: ResolvedEnv) -> t
 
 
 def nearest_profile(
-    m: Matrix, t: Target, machine: Machine, card: Gpu | None, asked: str | None, installed: ResolvedEnv | None
+    m: Matrix,
+    t: Target,
+    machine: Machine,
+    card: Gpu | None,
+    asked: str | None,
+    installed: ResolvedEnv | None,
 ) -> Nearest | None:
     """The profile (asked; else the one envbuild installed here; else this card's) and the
-    flags under which it resolves with the fewest changes to the installed packages."""
+    flags under which it resolves with the fewest changes to the installed packages. Without a
+    card (and no profile asked), only the profiles that resolve as installed are compared: the
+    fix search is for a machine whose card is known."""
     from envbuilder.model.fixes import applied, smallest_change
-    from envbuilder.model.flags import words
 
     driver = machine.driver
+    search = True
     if asked:
         names = [asked]
     elif installed is not None:
@@ -200,13 +219,17 @@ def nearest_profile(
     elif card is not None and card.compute_capability:
         names = candidates(m, card) or list(m.profiles)
     else:
-        names = list(m.profiles)
-    best: Nearest | None = None
+        names, search = list(m.profiles), False
+    best: tuple[int, str, Overrides, ResolvedEnv, dict[str, str]] | None = None
     for name in names:
-        base = installed.overrides._replace(driver=driver) if installed is not None and name == installed.profile else installed_overrides(m, t, driver)
-        env = _resolved(m, name, base)
-        ov = base
-        if env is None:
+        mine = installed is not None and name == installed.profile
+        base = (
+            installed.overrides._replace(driver=driver)
+            if mine and installed
+            else installed_overrides(m, t, driver)
+        )
+        ov, env = base, _resolved(m, name, base)
+        if env is None and search:
 
             def run(o: Overrides, name: str = name) -> object:
                 try:
@@ -215,25 +238,34 @@ def nearest_profile(
                     return {v.rule for v in e.violations}
 
             change = smallest_change(m, name, base, run)
-            if change is None:
-                continue
-            ov = applied(base, change)
-            env = _resolved(m, name, ov)
-            if env is None:
-                continue
-        ov, env = _fewest_flags(m, name, ov, env)
+            if change is not None:
+                ov = applied(base, change)
+                env = _resolved(m, name, ov)
+        if env is None:
+            continue
         pins = planned_pins(env)
-        changes, same = [], []
-        for pkg, want in sorted(pins.items()):
+        changed = sum(1 for pkg, want in pins.items() if not _same(t, pkg, want))
+        if best is None or changed < best[0]:
+            best = (changed, name, ov, env, pins)
+    if best is None:
+        return None
+    _, name, ov, env, _pins = best
+    ov, env = _fewest_flags(m, name, ov, env)
+    changes, same = [], []
+    for pkg, want in sorted(planned_pins(env).items()):
+        if _same(t, pkg, want):
+            same.append(pkg)
+        else:
             have = t.dists.get(pkg)
-            if have is not None and base_version(have.version) == base_version(want):
-                same.append(pkg)
-            else:
-                changes.append((pkg, have.version if have else None, want))
-        found = Nearest(name, tuple(words(ov)), tuple(changes), tuple(same), env)
-        if best is None or len(found.changes) < len(best.changes):
-            best = found
-    return best
+            changes.append((pkg, have.version if have else None, want))
+    from envbuilder.model.flags import words
+
+    return Nearest(name, tuple(words(ov)), tuple(changes), tuple(same), env)
+
+
+def _same(t: Target, pkg: str, want: str) -> bool:
+    have = t.dists.get(pkg)
+    return have is not None and base_version(have.version) == base_version(want)
 
 
 def _resolved(m: Matrix, name: str, ov: Overrides) -> ResolvedEnv | None:
@@ -249,7 +281,9 @@ def _resolved(m: Matrix, name: str, ov: Overrides) -> ResolvedEnv | None:
 class _Checks:
     """The findings of one diagnosis, each check a method (module docstring)."""
 
-    def __init__(self, m: Matrix, t: Target, machine: Machine, card: Gpu | None, host: Host, near: Nearest | None):
+    def __init__(
+        self, m: Matrix, t: Target, machine: Machine, card: Gpu | None, host: Host, near: Nearest | None
+    ):
         self.m, self.t, self.machine, self.card, self.host, self.near = m, t, machine, card, host, near
         self.found: list[Finding] = []
         self.notes: list[str] = []
@@ -326,9 +360,15 @@ class _Checks:
         if card is None or not card.compute_capability:
             return
         cc = card.compute_capability
-        no_jit = self.machine.driver is not None and self.t.torch_cuda in self.m.cuda and (
-            driver_info(self.m, self.t.torch_cuda, self.m.cuda[self.t.torch_cuda], [], self.machine.driver).mode
-            == "minor-version-compatibility"
+        no_jit = (
+            self.machine.driver is not None
+            and self.t.torch_cuda in self.m.cuda
+            and (
+                driver_info(
+                    self.m, self.t.torch_cuda, self.m.cuda[self.t.torch_cuda], [], self.machine.driver
+                ).mode
+                == "minor-version-compatibility"
+            )
         )
         for ext in self.t.extensions:
             if not ext.elf.gpu:
@@ -353,10 +393,7 @@ class _Checks:
             )
 
     def abi(self) -> None:
-        needing = [
-            (ext, {s for s in ext.elf.undefined if TORCH_SYMBOL.match(s)}) for ext in self.t.extensions
-        ]
-        needing = [(ext, syms) for ext, syms in needing if syms]
+        needing = [(ext, set(ext.elf.undefined)) for ext in self.t.extensions if ext.elf.undefined]
         if not needing:
             return
         exports = torch_exports(Path(self.t.site))
@@ -445,7 +482,9 @@ class _Checks:
         if not v or card is None or not card.compute_capability:
             return
         rec = self.m.vllm.get(base_version(v)) or {}
-        floor = rec.get("min_compute_capability") or self.m.sections.get("vllm", {}).get("min_compute_capability")
+        floor = rec.get("min_compute_capability") or self.m.sections.get("vllm", {}).get(
+            "min_compute_capability"
+        )
         if not floor or cc_tuple(card.compute_capability) >= cc_tuple(str(floor)):
             return
         self.add(
@@ -528,7 +567,9 @@ CHECKS: tuple[Callable[[_Checks], None], ...] = (
 )
 
 
-def diagnose(m: Matrix, t: Target, machine: Machine, profile: str | None = None, host: Host | None = None) -> Diagnosis:
+def diagnose(
+    m: Matrix, t: Target, machine: Machine, profile: str | None = None, host: Host | None = None
+) -> Diagnosis:
     """Judge the environment `t` on `machine` (module docstring)."""
     card = weakest(machine.gpus) if machine.gpus else None
     host = host or read_host(Path(t.where))
@@ -550,7 +591,9 @@ def _installed_env(t: Target) -> ResolvedEnv | None:
     from envbuilder.errors import UserError
 
     try:
-        return ResolvedEnv.from_json(t.installed_json, origin=str(Path(t.where) / "envbuild" / "envbuild.json"))
+        return ResolvedEnv.from_json(
+            t.installed_json, origin=str(Path(t.where) / "envbuild" / "envbuild.json")
+        )
     except (UserError, ValueError):
         return None
 
@@ -570,7 +613,9 @@ def report_json(d: Diagnosis) -> dict[str, Any]:
             "torch": t.torch_version,
             "torch_cuda": t.torch_cuda,
             "extensions": [
-                {"path": e.path, "gpu_code": [c.label() for c in e.elf.gpu]} for e in t.extensions if e.elf.has_fatbin
+                {"path": e.path, "gpu_code": [c.label() for c in e.elf.gpu]}
+                for e in t.extensions
+                if e.elf.has_fatbin
             ],
         },
         "machine": {
@@ -620,6 +665,8 @@ def report_lines(d: Diagnosis) -> list[str]:
         )
         out += [f"  {c}" for c in near.commands()]
     out.append(
-        "CLEAN: nothing wrong found" if not d.findings else f"{len(d.findings)} finding(s): see the fixes above"
+        "CLEAN: nothing wrong found"
+        if not d.findings
+        else f"{len(d.findings)} finding(s): see the fixes above"
     )
     return [printable(line) for line in out]

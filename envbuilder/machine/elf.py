@@ -34,6 +34,7 @@ PTX, SASS = 1, 2  # a fat binary entry's kind (0x10: another SASS form)
 MAX_SECTIONS = 1 << 16
 MAX_SYMBOL_BYTES = 256 << 20  # .dynsym + .dynstr of the largest libtorch_cpu.so are ~40 MiB
 MAX_FATBIN_ENTRIES = 1 << 20  # libcublasLt has ~5,000; flash-attn's largest ~3,000
+ANY = re.compile(rb"")
 _VERSION_NAME = re.compile(rb"\b(GLIBC|GLIBCXX|CXXABI)_(\d+(?:\.\d+)*)\b")
 
 _EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
@@ -82,10 +83,10 @@ def is_elf(path: Path) -> bool:
         return False
 
 
-def read_elf(path: Path, symbols: bool = True, gpu: bool = True) -> Elf | None:
+def read_elf(path: Path, symbols: re.Pattern[bytes] | None = ANY, gpu: bool = True) -> Elf | None:
     """The dynamic symbols and GPU code of `path`; None when it is not a 64-bit little-endian ELF
-    this reader understands, or cannot be read. `symbols=False` skips the symbol tables (only
-    the fat binaries), `gpu=False` skips the fat binaries."""
+    this reader understands, or cannot be read. `symbols`: only the names it matches are kept
+    (None skips the symbol tables); `gpu=False` skips the fat binaries."""
     try:
         with open_regular(path) as f:
             return _read(f, os.fstat(f.fileno()).st_size, symbols, gpu)
@@ -107,7 +108,7 @@ def _bytes(f: BinaryIO, size: int, offset: int, length: int, cap: int) -> bytes:
     return data
 
 
-def _read(f: BinaryIO, size: int, symbols: bool, gpu: bool) -> Elf | None:
+def _read(f: BinaryIO, size: int, symbols: re.Pattern[bytes] | None, gpu: bool) -> Elf | None:
     head = f.read(_EHDR.size)
     if len(head) < _EHDR.size or head[:4] != ELF_MAGIC or head[4] != 2 or head[5] != 1:
         return None  # (not ELF, not 64-bit, not little-endian)
@@ -126,16 +127,24 @@ def _read(f: BinaryIO, size: int, symbols: bool, gpu: bool) -> Elf | None:
     defined: set[str] = set()
     versions: tuple[str, ...] = ()
     dynsym = by_name.get(".dynsym")
-    if symbols and dynsym is not None and dynsym.link < len(sections):
+    if symbols is not None and dynsym is not None and dynsym.link < len(sections):
         strtab = sections[dynsym.link]
         strings = _bytes(f, size, strtab.offset, strtab.size, MAX_SYMBOL_BYTES)
-        table = _bytes(f, size, dynsym.offset, dynsym.size, MAX_SYMBOL_BYTES)
-        for i in range(1, dynsym.size // _SYM.size):  # (entry 0 is the null symbol)
-            name_at, info, _other, shndx, _value, _size = _SYM.unpack_from(table, i * _SYM.size)
+        # (no wanted name in the strings: the table is not walked)
+        table = (
+            _bytes(f, size, dynsym.offset, dynsym.size, MAX_SYMBOL_BYTES) if symbols.search(strings) else b""
+        )
+        for name_at, info, _other, shndx, _value, _size in _SYM.iter_unpack(
+            table[_SYM.size : len(table) - len(table) % _SYM.size]
+        ):
             bind = info >> 4
             if bind not in (STB_GLOBAL, STB_WEAK, STB_GNU_UNIQUE):
                 continue
-            name = _cstr(strings, name_at)
+            end = strings.find(b"\0", name_at)
+            raw = strings[name_at : end if end >= 0 else len(strings)]
+            if not symbols.match(raw):
+                continue
+            name = raw.decode("utf-8", "replace")
             if shndx == SHN_UNDEF:
                 if bind != STB_WEAK:  # (a weak reference may stay unresolved)
                     undefined.add(name)

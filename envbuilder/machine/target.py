@@ -28,6 +28,9 @@ MAX_FILES = 500_000  # a venv with torch, vLLM and their CUDA wheels holds ~60,0
 # the packages whose libraries are not extensions built against the torch beside them: torch's
 # own and NVIDIA's CUDA wheels (their GPU code is judged by the torch build's arch list)
 OWN_LIBRARIES = ("torch", "torch.libs", "nvidia", "triton")
+# a C++ symbol of torch's own namespaces (c10::, at::, torch::, caffe2::), mangled: what an
+# extension built against torch needs from libtorch/libc10 (the only symbols diagnose compares)
+TORCH_SYMBOL = re.compile(rb"_Z(?:N[KVRO]*|T[IVS]N)(?:3c10|2at|5torch|6caffe2)")
 _SITE = re.compile(r"python(3\.\d+)$")
 _CUDA = re.compile(r"^cuda\s*(?::[^=]*)?=\s*(?:'([^']*)'|\"([^\"]*)\"|None)", re.M)
 _VERSION = re.compile(r"^__version__\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", re.M)
@@ -125,7 +128,12 @@ def read_dists(site: Path) -> tuple[dict[str, Dist], list[tuple[str, tuple[str, 
         name, version = msg.get("Name"), msg.get("Version")
         if not name or not version:
             continue
-        dist = Dist(canonical_name(str(name)), str(version).strip(), tuple(map(str, msg.get_all("Requires-Dist") or ())), entry.name)
+        dist = Dist(
+            canonical_name(str(name)),
+            str(version).strip(),
+            tuple(map(str, msg.get_all("Requires-Dist") or ())),
+            entry.name,
+        )
         if dist.name in dists:
             twice.setdefault(dist.name, [dists[dist.name].version]).append(dist.version)
         dists[dist.name] = dist
@@ -172,7 +180,7 @@ def torch_exports(site: Path) -> frozenset[str]:
     if not lib.is_dir():
         return frozenset()
     for so in sorted(lib.glob("*.so*")):
-        elf = read_elf(so, symbols=True, gpu=False)
+        elf = read_elf(so, symbols=TORCH_SYMBOL, gpu=False)
         if elf is not None:
             out |= elf.defined
     return frozenset(out)
@@ -185,8 +193,8 @@ def read_target(prefix: Path) -> Target:
     version, cuda = torch_build(site)
     extensions = []
     for so in shared_objects(site):
-        elf = read_elf(so)
-        if elf is not None and (elf.has_fatbin or elf.undefined):
+        elf = read_elf(so, symbols=TORCH_SYMBOL)
+        if elf is not None:
             extensions.append(Extension(str(so.relative_to(site)), elf))
     installed = _read(prefix / "envbuild" / "envbuild.json", 8 << 20)
     return Target(

@@ -4,6 +4,7 @@ which of a package's requirements apply on a target platform, Python and extras.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from envbuilder.text import canonical_name
@@ -18,6 +19,8 @@ TARGET = {
     "platform_python_implementation": "CPython",
 }
 
+_EXTRA = re.compile(r"\bextra\s*==\s*['\"]([^'\"]+)['\"]")
+
 
 def requirements(
     requires_dist: list[str], python: str, extras: tuple[str, ...] = (), machine: str = "x86_64"
@@ -27,9 +30,15 @@ def requirements(
     from packaging.markers import InvalidMarker, UndefinedComparison, UndefinedEnvironmentName
     from packaging.requirements import InvalidRequirement, Requirement
 
+    wanted = {canonical_name(e) for e in extras}
     env = dict(TARGET, platform_machine=machine, python_version=python, python_full_version=f"{python}.0")
     out = []
     for text in requires_dist or []:
+        # (most lines of a large METADATA belong to an extra not asked for: not parsed)
+        marker = text.partition(";")[2]
+        names = _EXTRA.findall(marker)
+        if names and " or " not in marker and not wanted & {canonical_name(n) for n in names}:
+            continue
         try:
             req = Requirement(text)
             applies = req.marker is None or any(
