@@ -141,10 +141,10 @@ def _read(f: BinaryIO, size: int, symbols: re.Pattern[bytes] | None, gpu: bool) 
             if bind not in (STB_GLOBAL, STB_WEAK, STB_GNU_UNIQUE):
                 continue
             end = strings.find(b"\0", name_at)
-            raw = strings[name_at : end if end >= 0 else len(strings)]
-            if not symbols.match(raw):
+            sym = strings[name_at : end if end >= 0 else len(strings)]
+            if not symbols.match(sym):
                 continue
-            name = raw.decode("utf-8", "replace")
+            name = sym.decode("utf-8", "replace")
             if shndx == SHN_UNDEF:
                 if bind != STB_WEAK:  # (a weak reference may stay unresolved)
                     undefined.add(name)
