@@ -71,7 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="envbuild-bench-diagnose-"))
     count = installed_like(work / "env", args.profile)
     worst = 0.0
-    for name, prefix in ((f"envbuild-installed {args.profile} ({count} packages)", work / "env"), (f"{args.venv}", args.venv)):
+    for name, prefix in (
+        (f"envbuild-installed {args.profile} ({count} packages)", work / "env"),
+        (f"{args.venv}", args.venv),
+    ):
         times, codes = [], set()
         for _ in range(args.runs):
             seconds, code = timed(["diagnose", "--prefix", str(prefix)])

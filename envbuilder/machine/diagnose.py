@@ -91,7 +91,7 @@ class Nearest(Record):
         p = shlex.quote(self.profile) + self.command_flags
         return [
             f"envbuild install {p} --prefix NEW_PREFIX",
-            f"envbuild render {p} -o out/{self.profile} && envbuild build {p}",
+            f"envbuild build {p}  # (the image route: render, build, smoke-test)",
         ]
 
 
@@ -433,7 +433,7 @@ class _Checks:
                     "install a newer libstdc++ into the prefix (`conda install -c conda-forge "
                     f"'libstdcxx-ng>=...'` in a conda prefix), or build {dist} on this host; the "
                     "image route brings its own: "
-                    + (f"`{self.near.commands()[1]}`" if self.near else "`envbuild detect`"),
+                    + (f"`{self.near.commands()[1].split('  #')[0]}`" if self.near else "`envbuild detect`"),
                 )
 
     def requires(self) -> None:
@@ -661,7 +661,7 @@ def report_lines(d: Diagnosis) -> list[str]:
         out.append(
             f"nearest profile: {near.profile}{near.command_flags} ("
             + (f"changes {len(near.changes)}: {changed}{more}; " if near.changes else "no package changes; ")
-            + f"{len(near.same)} packages stay as installed)"
+            + f"{len(near.same)} of its {len(near.same) + len(near.changes)} pinned packages installed as it pins them)"
         )
         out += [f"  {c}" for c in near.commands()]
     out.append(
