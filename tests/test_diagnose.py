@@ -423,3 +423,24 @@ def test_transformers_outside_verl_091s_range_and_the_pin_that_fixes_it(tmp_path
     pip_into(site, f"transformers=={want}", cache=wheel_cache)
     again = diagnosed(prefix, "h200")
     assert [f for f in again.findings if f.rule == "requires"] == [], again.findings
+
+
+def test_python_names_the_environment_without_running_it(tmp_path):
+    prefix = tmp_path / "env"
+    stub_install(prefix, h200_env())
+    (prefix / "bin" / "python").unlink()
+    (prefix / "bin" / "python").write_text("#!/bin/sh\ntouch ran\nexit 3\n")  # never run
+    (prefix / "bin" / "python").chmod(0o755)
+    code, out = invoke(["diagnose", "--python", str(prefix / "bin" / "python"), "--json"], "h200")
+    assert code == 0, out
+    report = json.loads(out)
+    assert report["clean"] and report["nearest"]["profile"] == "h200"
+    assert report["environment"]["distributions"] > 200 and report["machine"]["compute_capability"] == "9.0"
+    assert not (tmp_path / "ran").exists() and not Path("ran").exists()
+
+
+def test_the_bench_finds_an_installed_200_package_environment_clean_in_under_5_s():
+    from conftest import bench_module
+
+    bench = bench_module("bench_diagnose")
+    assert bench.main(["--runs", "1", "--venv", str(Path(sys.prefix))]) == 0
