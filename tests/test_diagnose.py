@@ -444,3 +444,152 @@ def test_the_bench_finds_an_installed_200_package_environment_clean_in_under_5_s
 
     bench = bench_module("bench_diagnose")
     assert bench.main(["--runs", "1", "--venv", str(Path(sys.prefix))]) == 0
+
+
+# -- an image, read from a registry ---------------------------------------------------------------
+
+
+def layer(files: dict[str, bytes]) -> bytes:
+    """A gzip'd tar layer of these files (an empty `.wh.NAME` file is a whiteout)."""
+    import io
+    import tarfile
+
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        for name, data in sorted(files.items()):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def tree(folder: Path, under: str) -> dict[str, bytes]:
+    return {
+        f"{under}/{p.relative_to(folder)}": p.read_bytes()
+        for p in folder.rglob("*")
+        if p.is_file() and not p.is_symlink()
+    }
+
+
+def image_blobs(layers: list[bytes]) -> tuple[bytes, dict[str, bytes]]:
+    """(manifest, {digest: blob}) of an image of these layers, as a registry stores them."""
+    import hashlib
+
+    def digest(b: bytes) -> str:
+        return "sha256:" + hashlib.sha256(b).hexdigest()
+
+    config = json.dumps({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers"}}).encode()
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+        "config": {
+            "mediaType": "application/vnd.docker.container.image.v1+json",
+            "size": len(config),
+            "digest": digest(config),
+        },
+        "layers": [
+            {
+                "mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip",
+                "size": len(b),
+                "digest": digest(b),
+            }
+            for b in layers
+        ],
+    }
+    return json.dumps(manifest).encode(), {digest(b): b for b in [config, *layers]}
+
+
+def broken_image_layers(tmp_path: Path) -> tuple[bytes, bytes]:
+    """Layer 1: h200's environment as envbuild installs it at /opt/venv (and /etc/envbuild.json);
+    layer 2: a `pip install vllm==0.8.5` over it (the old dist-info whited out)."""
+    env = h200_env()
+    stub_install(tmp_path / "venv", env)
+    base = tree(tmp_path / "venv", "opt/venv")
+    base["etc/envbuild.json"] = env.to_json().encode()
+    site = f"opt/venv/lib/python{PY}/site-packages"
+    old = f"vllm-{env.vllm.version}.dist-info"
+    top = {
+        f"{site}/.wh.{old}": b"",
+        f"{site}/vllm-0.8.5.dist-info/METADATA": b"Metadata-Version: 2.1\nName: vllm\nVersion: 0.8.5\n\n",
+    }
+    return layer(base), layer(top)
+
+
+def served(manifest: bytes, blobs: dict[str, bytes], repo: str = "team/rl") -> dict[str, bytes]:
+    return {f"v2/{repo}/manifests/1": manifest, **{f"v2/{repo}/blobs/{d}": b for d, b in blobs.items()}}
+
+
+def test_an_image_whose_top_layer_breaks_verls_range_names_that_layer(tmp_path):
+    from httpfixtures import FileServer
+
+    base, top = broken_image_layers(tmp_path)
+    manifest, blobs = image_blobs([base, top])
+    with FileServer(served(manifest, blobs)) as srv:
+        code, out = invoke(["diagnose", "--image", f"127.0.0.1:{srv.port}/team/rl:1"], "h200")
+    assert code == 1, out
+    assert "vllm 0.8.5 is outside verl 0.9.1's range ==0.24.0, installed by layer 2/2" in out
+    assert "nearest profile: h200" in out and "/opt/venv/bin/python -m pip install vllm==0.24.0" in out
+    # the fix followed: the image without that layer
+    manifest, blobs = image_blobs([base])
+    with FileServer(served(manifest, blobs)) as srv:
+        code, out = invoke(["diagnose", "--image", f"127.0.0.1:{srv.port}/team/rl:1"], "h200")
+    assert code == 0, out
+    assert "CLEAN" in out and "environment: /opt/venv" in out
+
+
+def test_an_image_layer_whose_bytes_do_not_match_its_digest_is_refused(tmp_path):
+    from httpfixtures import FileServer
+
+    base, top = broken_image_layers(tmp_path)
+    manifest, blobs = image_blobs([base, top])
+    files = served(manifest, blobs)
+    top_digest = json.loads(manifest)["layers"][1]["digest"]
+    with FileServer(files, script={f"v2/team/rl/blobs/{top_digest}": ["corrupt"]}) as srv:
+        code, out = invoke(["diagnose", "--image", f"127.0.0.1:{srv.port}/team/rl:1"], "h200")
+    assert code == 1, out
+    assert f"Layer {top_digest}" in out and "hashes to sha256:" in out and "Push the image again" in out
+
+
+REGISTRY = f"127.0.0.1:{os.environ.get('ENVBUILD_TEST_REGISTRY_PORT', '5000')}"
+
+
+def push(repo: str, tag: str, manifest: bytes, blobs: dict[str, bytes]) -> None:
+    """An image pushed to the loopback registry through its v2 API (no engine needed)."""
+    import requests
+
+    for digest, blob in blobs.items():
+        r = requests.post(f"http://{REGISTRY}/v2/{repo}/blobs/uploads/", timeout=30)
+        assert r.status_code == 202, r.text
+        location = r.headers["Location"]
+        location = location if location.startswith("http") else f"http://{REGISTRY}{location}"
+        sep = "&" if "?" in location else "?"
+        r = requests.put(f"{location}{sep}digest={digest}", data=blob, timeout=60)
+        assert r.status_code == 201, r.text
+    r = requests.put(
+        f"http://{REGISTRY}/v2/{repo}/manifests/{tag}",
+        data=manifest,
+        headers={"Content-Type": "application/vnd.docker.distribution.manifest.v2+json"},
+        timeout=30,
+    )
+    assert r.status_code == 201, r.text
+
+
+@pytest.mark.docker
+def test_an_image_in_the_loopback_registry_with_a_mismatched_layer(tmp_path):
+    import requests
+
+    from conftest import need
+
+    try:
+        up = requests.get(f"http://{REGISTRY}/v2/", timeout=3).status_code in (200, 401)
+    except requests.RequestException:
+        up = False
+    need(up, f"no registry on {REGISTRY} (tests/run.sh, run as root, provisions it)")
+    base, top = broken_image_layers(tmp_path)
+    push("envbuild-test/diagnose", "broken", *image_blobs([base, top]))
+    push("envbuild-test/diagnose", "fixed", *image_blobs([base]))
+    code, out = invoke(["diagnose", "--image", f"{REGISTRY}/envbuild-test/diagnose:broken"], "h200")
+    assert code == 1 and "installed by layer 2/2" in out, out
+    code, out = invoke(["diagnose", "--image", f"{REGISTRY}/envbuild-test/diagnose:fixed", "--json"], "h200")
+    assert code == 0, out
+    assert json.loads(out[out.index("{") :])["clean"]

@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from envbuilder.cli import complete
 from envbuilder.cli.machine import probes_for
 from envbuilder.cli.options import Dirs, load_matrix, matrix_dir_option
+
+if TYPE_CHECKING:
+    from envbuilder.machine.detect import Machine
+    from envbuilder.machine.diagnose import Diagnosis
+    from envbuilder.model.matrix import Matrix
 
 
 @click.command()
@@ -29,6 +35,12 @@ from envbuilder.cli.options import Dirs, load_matrix, matrix_dir_option
     help="The environment's folder (a venv or a conda prefix).",
 )
 @click.option(
+    "--image",
+    metavar="REF",
+    help="An image in a registry (REGISTRY/NAME:TAG): its layers are read over the registry's API, "
+    "each checked against its digest; nothing is pulled into an engine or run.",
+)
+@click.option(
     "--profile",
     shell_complete=complete.profiles,
     metavar="NAME",
@@ -42,6 +54,7 @@ def diagnose(
     ctx: click.Context,
     python: Path | None,
     prefix: Path | None,
+    image: str | None,
     profile: str | None,
     as_json: bool,
     matrix_dirs: Dirs,
@@ -61,10 +74,10 @@ def diagnose(
     from envbuilder.machine.target import prefix_of, read_target
     from envbuilder.model.names import profile_named
 
-    if (python is None) == (prefix is None):
+    if sum(x is not None for x in (python, prefix, image)) != 1:
         raise UserError(
-            "diagnose reads one environment: pass either --python PATH (its bin/python) or "
-            "--prefix DIR (its folder), not both and not neither."
+            "diagnose reads one environment: pass one of --python PATH (its bin/python), --prefix "
+            "DIR (its folder) or --image REF (an image in a registry)."
         )
     m = load_matrix(matrix_dirs)
     if profile is not None:
@@ -72,11 +85,13 @@ def diagnose(
         if named is None:
             raise UserError(f"--profile {profile!r} is no profile of the matrix; `envbuild list` shows them.")
         profile = named.profile
-    where = prefix_of(python) if python is not None else Path(prefix or ".").absolute()
-    target = read_target(where)
     probes = probes_for(ctx, "diagnose")
     machine = detect(m, probes.nvml, probes.run)
-    d = judge(m, target, machine, profile)
+    if image is not None:
+        d = _image(m, image, machine, profile)
+    else:
+        where = prefix_of(python) if python is not None else Path(prefix or ".").absolute()
+        d = judge(m, read_target(where), machine, profile)
     if as_json:
         click.echo(json.dumps(report_json(d), indent=2))
     else:
@@ -84,7 +99,31 @@ def diagnose(
             click.echo(line)
     if d.findings:
         raise ActionError(
-            f"{len(d.findings)} finding(s) in {target.where}: "
+            f"{len(d.findings)} finding(s) in {d.target.image or d.target.where}: "
             + ", ".join(dict.fromkeys(f.rule for f in d.findings))
             + "; each names its fix above."
         )
+
+
+def _image(m: Matrix, image: str, machine: Machine, profile: str | None) -> Diagnosis:
+    """The image's files unpacked into a folder of ours (removed after), then judged as a prefix."""
+    import shutil
+    import tempfile
+
+    from envbuilder.cli.options import say
+    from envbuilder.machine.diagnose import diagnose as judge, read_host
+    from envbuilder.machine.target import image_prefix, read_target, unpack_image
+    from envbuilder.oci.registry import parse_image
+
+    parse_image(image)  # (a malformed reference is refused before anything is fetched)
+    work = Path(tempfile.mkdtemp(prefix="envbuild-diagnose-"))
+    try:
+        root = work / "root"
+        root.mkdir()
+        origins = unpack_image(image, root, say)
+        prefix = image_prefix(root)
+        shown = "/" + str(prefix.relative_to(root))
+        target = read_target(prefix)._replace(where=shown, origins=origins, image=image)
+        return judge(m, target, machine, profile, read_host(prefix, root))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

@@ -55,7 +55,7 @@ LIBSTDCXX_DIRS = (
 # the stack flags the installed versions give the fix search, and what each is in a resolved env
 STACK = ("python", "cuda", "torch", "vllm", "verl")
 MAX_RECORD = 16 << 20
-VERSIONS = re.compile(rb"GLIBCXX_")  # (of libstdc++: only the version names of its .dynstr)
+VERSIONS = re.compile(rb"GLIBC")  # (of libc and libstdc++: only the version names of their .dynstr)
 
 
 class Finding(Record):
@@ -113,21 +113,28 @@ def _newest(versions: Iterable[str], prefix: str) -> str | None:
     return max(found, key=version_key) if found else None
 
 
-def read_host(prefix: Path, dirs: tuple[str, ...] = LIBSTDCXX_DIRS) -> Host:
-    """glibc (the C library this process runs on, which the environment's Python runs on too)
-    and the libstdc++ the environment loads: the prefix's own (a conda prefix ships one), else
-    the system's."""
-    try:
-        libc = os.confstr("CS_GNU_LIBC_VERSION") or ""
-    except (ValueError, OSError):
-        libc = ""
-    glibc = libc.split()[-1] if libc.startswith("glibc ") else None
-    for d in (str(prefix / "lib"), *dirs):
-        so = Path(d) / "libstdc++.so.6"
+def read_host(prefix: Path, root: Path | None = None) -> Host:
+    """glibc and the libstdc++ the environment loads: the prefix's own (a conda prefix ships one),
+    else the system's. The system is this machine's (glibc: the C library this process runs on,
+    as the environment's Python does), or an unpacked image's at `root`."""
+    dirs = [Path(d) if root is None else root / d.lstrip("/") for d in LIBSTDCXX_DIRS]
+    if root is None:
+        try:
+            libc = os.confstr("CS_GNU_LIBC_VERSION") or ""
+        except (ValueError, OSError):
+            libc = ""
+        glibc = libc.split()[-1] if libc.startswith("glibc ") else None
+    else:
+        found = next((d / "libc.so.6" for d in dirs if (d / "libc.so.6").exists()), None)
+        elf = read_elf(found, symbols=VERSIONS, gpu=False) if found else None
+        glibc = _newest(elf.versions, "GLIBC_") if elf else None
+    for d in (prefix / "lib", *dirs):
+        so = d / "libstdc++.so.6"
         if so.exists():
             elf = read_elf(so, symbols=VERSIONS, gpu=False)
             if elf is not None:
-                return Host(glibc, str(so), _newest(elf.versions, "GLIBCXX_"))
+                shown = "/" + str(so.relative_to(root)) if root and root in so.parents else str(so)
+                return Host(glibc, shown, _newest(elf.versions, "GLIBCXX_"))
     return Host(glibc, None, None)
 
 
@@ -293,6 +300,12 @@ class _Checks:
     def add(self, rule: str, what: str, why: str, fix: str) -> None:
         self.found.append(Finding(rule, printable(what), printable(why), printable(fix)))
 
+    def layer(self, name: str) -> str:
+        """ ", from layer 2/3 sha256:..." for a package an image's layer installed."""
+        d = self.t.dists.get(name)
+        origin = self.t.origins.get(d.folder) if d else None
+        return f", installed by {origin}" if origin else ""
+
     def version(self, name: str) -> str | None:
         d = self.t.dists.get(name)
         return d.version if d else None
@@ -452,7 +465,7 @@ class _Checks:
                 elif spec and not satisfies(have, spec):
                     self.add(
                         "requires",
-                        f"{name} {have} is outside {dist.name} {dist.version}'s range {spec}",
+                        f"{name} {have} is outside {dist.name} {dist.version}'s range {spec}{self.layer(name)}",
                         f"{dist.name}'s METADATA says Requires-Dist: {r['text']}",
                         self._pip(name, spec),
                     )
@@ -475,7 +488,12 @@ class _Checks:
             if not have or not isinstance(spec, str) or in_range(base_version(have), spec):
                 continue
             why = rec.get(f"{key}_why") or f"verl {v}'s range for {name}, which its METADATA does not declare"
-            self.add("verl", f"{name} {have} is outside verl {v}'s range {spec}", why, self._pip(name, spec))
+            self.add(
+                "verl",
+                f"{name} {have} is outside verl {v}'s range {spec}{self.layer(name)}",
+                why,
+                self._pip(name, spec),
+            )
 
     def vllm_card(self) -> None:
         v, card = self.version("vllm"), self.card
@@ -515,7 +533,7 @@ class _Checks:
                 patch.why,
                 f"apply profile {self.near.profile}'s patches: `envbuild render {self.near.profile}"
                 f"{self.near.command_flags} -o out/{self.near.profile} && {self.python} "
-                f"out/{self.near.profile}/apply_patches.py --site {shlex.quote(self.t.site)}`",
+                f"out/{self.near.profile}/apply_patches.py --site {shlex.quote(self.t.site_shown)}`",
             )
 
     def twice(self) -> None:

@@ -13,8 +13,9 @@ from __future__ import annotations
 import email.parser
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from envbuilder.errors import UserError
 from envbuilder.limits import NotRegularFile, TooLarge, read_limited
@@ -62,6 +63,13 @@ class Target(Record):
     torch_cuda: str | None  # "12.4"; None: a CPU build, or no torch
     extensions: tuple[Extension, ...]
     installed_json: str | None  # PREFIX/envbuild/envbuild.json: what envbuild installed there
+    origins: Mapping[str, str] = {}  # an image's: dist-info folder -> the layer that wrote it
+    image: str | None = None  # the image it was read from (where: the prefix inside it)
+
+    @property
+    def site_shown(self) -> str:
+        """site-packages as the user finds it (inside the image, for an image)."""
+        return f"{self.where}/lib/python{self.python}/site-packages" if self.image else self.site
 
 
 def prefix_of(python: Path) -> Path:
@@ -208,3 +216,139 @@ def read_target(prefix: Path) -> Target:
         tuple(extensions),
         installed.decode("utf-8", "replace") if installed else None,
     )
+
+
+# -- an image's files, read from its registry ----------------------------------------------------
+
+_IN_SITE = re.compile(
+    r"(?:^|/)lib/python3\.\d+/site-packages/(?:[^/]+\.dist-info/(?:METADATA|RECORD)|[^/]+\.egg-info/PKG-INFO"
+    r"|torch/version\.py|verl/.+\.py|.+\.so(?:\.[0-9.]+)?)$"
+)
+_SYSTEM = re.compile(
+    r"^(?:usr/)?lib(?:64)?(?:/(?:x86_64|aarch64)-linux-gnu)?/(?:libstdc\+\+\.so\.6[0-9.]*|libc\.so\.6)$"
+)
+MAX_MEMBER = 8 << 30
+
+
+def wanted_in_image(path: str) -> bool:
+    """The files of an image diagnose reads: site-packages' METADATA, RECORD, torch's
+    version.py, verl's sources, shared objects; the system's libc and libstdc++; envbuild.json."""
+    return path == "etc/envbuild.json" or bool(_IN_SITE.search(path) or _SYSTEM.match(path))
+
+
+def unpack_image(ref: str, root: Path, say: Callable[[str], None] = lambda line: None) -> dict[str, str]:
+    """The files of `ref` that diagnose reads, unpacked under `root` (a folder of ours) layer by
+    layer as an engine applies them (whiteouts remove what a lower layer added), each layer's
+    bytes checked against its digest as they stream (oci/registry.py). Returns, for each
+    dist-info folder, the layer that wrote it ("layer 3/5 sha256:..."). Nothing is run; no
+    member is written outside `root` nor through a link; only links to a sibling are made."""
+    import tarfile
+    import tempfile
+
+    from envbuilder.oci.registry import fetch_layer, image_layers, session
+
+    origins: dict[str, str] = {}
+    with session() as s:
+        _, layers = image_layers(ref, s)
+        for n, layer in enumerate(layers, 1):
+            say(f"layer {n}/{len(layers)} {layer.digest} ({layer.size} bytes)")
+            with tempfile.TemporaryFile(dir=root.parent) as blob:
+                fetch_layer(ref, layer, s, blob.write)
+                blob.seek(0)
+                try:
+                    with tarfile.open(fileobj=blob, mode="r:*") as tar:
+                        for member in tar:
+                            rel = _member_path(member.name)
+                            if rel is None:
+                                continue
+                            written = _apply(tar, member, rel, root)
+                            if written and rel.endswith("/METADATA") and ".dist-info/" in rel:
+                                origins[rel.split("/")[-2]] = f"layer {n}/{len(layers)} {layer.digest}"
+                except (tarfile.TarError, EOFError, OSError) as e:
+                    raise UserError(
+                        f"Layer {n} ({layer.digest}) of {printable(ref)} is no tar archive diagnose reads "
+                        f"({e}); gzip, bzip2, xz or plain tar layers are read, zstd ones are not."
+                    ) from None
+    return origins
+
+
+def _member_path(name: str) -> str | None:
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if not parts or any(p == ".." for p in parts):
+        return None
+    return "/".join(parts)
+
+
+def _inside(root: Path, rel: str) -> Path | None:
+    """root/rel when no folder on the way is a link (so a write stays under root)."""
+    here = root
+    for part in rel.split("/")[:-1]:
+        here = here / part
+        if here.is_symlink():
+            return None
+    return root / rel
+
+
+def _apply(tar: Any, member: Any, rel: str, root: Path) -> bool:
+    """One tar member applied to `root`: a whiteout removes, a wanted file is written (True)."""
+    import shutil
+
+    from envbuilder.text import is_plain_name
+
+    folder, _, base = rel.rpartition("/")
+    if base.startswith(".wh."):
+        target = _inside(root, rel)
+        if target is None:
+            return False
+        if base == ".wh..wh..opq":  # (an opaque folder: what lower layers put there is gone)
+            for child in list(target.parent.iterdir()) if target.parent.is_dir() else []:
+                shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+        else:
+            gone = target.parent / base[4:]
+            if gone.is_dir() and not gone.is_symlink():
+                shutil.rmtree(gone)
+            elif gone.exists() or gone.is_symlink():
+                gone.unlink()
+        return False
+    if not wanted_in_image(rel):
+        return False
+    path = _inside(root, rel)
+    if path is None or member.size > MAX_MEMBER:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_symlink() or path.exists():
+        path.unlink()
+    if member.issym() and is_plain_name(member.linkname):  # (libstdc++.so.6 -> libstdc++.so.6.0.30)
+        os.symlink(member.linkname, path)
+        return True
+    if not member.isfile():
+        return False
+    source = tar.extractfile(member)
+    if source is None:
+        return False
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "wb") as out:
+        shutil.copyfileobj(source, out, 1 << 20)
+    return True
+
+
+def image_prefix(root: Path) -> Path:
+    """The environment inside an unpacked image: the site-packages folder with torch, else the
+    one with the most distributions (envbuild's images: /opt/venv)."""
+    found = []
+    for site in root.glob("**/lib/python3.*/site-packages"):
+        if any(p.is_symlink() for p in (site, *site.parents) if root in p.parents):
+            continue
+        found.append(((site / "torch" / "version.py").exists(), len(list(site.glob("*.dist-info"))), site))
+    if not found:
+        raise UserError(
+            "The image holds no lib/pythonX.Y/site-packages with packages in it, so no Python "
+            "environment diagnose can read. Check the image reference."
+        )
+    *_, site = max(found, key=lambda f: (f[0], f[1], -len(f[2].parts)))
+    prefix = site.parent.parent.parent
+    made = root / "etc" / "envbuild.json"
+    if made.is_file() and not (prefix / "envbuild" / "envbuild.json").exists():
+        (prefix / "envbuild").mkdir(exist_ok=True)
+        (prefix / "envbuild" / "envbuild.json").write_bytes(made.read_bytes())
+    return prefix
