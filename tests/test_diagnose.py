@@ -593,3 +593,21 @@ def test_an_image_in_the_loopback_registry_with_a_mismatched_layer(tmp_path):
     code, out = invoke(["diagnose", "--image", f"{REGISTRY}/envbuild-test/diagnose:fixed", "--json"], "h200")
     assert code == 0, out
     assert json.loads(out[out.index("{") :])["clean"]
+
+
+def test_a_package_installed_twice_and_versions_no_one_reads_are_judged_without_a_traceback(tmp_path):
+    prefix = tmp_path / "env"
+    site = stub_install(prefix, h200_env())
+    dist_info(site, "numpy", "1.26.4")  # (a second dist-info beside the planned one)
+    dist_info(site, "odd", "not/a version\x1b[31m", requires=("numpy>=oops", "verl ; extra == 'x'"))
+    d = diagnosed(prefix, "h200")
+    assert rules(d) == ["twice"], d.findings
+    assert "numpy is installed 2 times" in d.findings[0].what
+    code, out = invoke(["diagnose", "--prefix", str(prefix)], "h200")
+    assert code == 1 and "\x1b" not in out
+
+
+def test_an_unknown_profile_is_exit_2(tmp_path):
+    stub_install(tmp_path / "env", h200_env())
+    code, out = invoke(["diagnose", "--prefix", str(tmp_path / "env"), "--profile", "nope"], "h200")
+    assert code == 2 and "no profile of the matrix" in out

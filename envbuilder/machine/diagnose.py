@@ -39,7 +39,7 @@ from envbuilder.model.matrix import Matrix, cc_runs, cc_tuple
 from envbuilder.model.requires import requirements
 from envbuilder.model.resolve import ResolveError, resolve
 from envbuilder.model.resolved import Overrides, ResolvedEnv
-from envbuilder.model.versions import in_range, satisfies, version_key
+from envbuilder.model.versions import satisfies, version_key
 from envbuilder.record import Record
 from envbuilder.text import printable
 
@@ -485,7 +485,7 @@ class _Checks:
             return
         for name, key in (("vllm", "vllm"), ("torch", "torch")):
             have, spec = self.version(name), rec.get(key)
-            if not have or not isinstance(spec, str) or in_range(base_version(have), spec):
+            if not have or not isinstance(spec, str) or satisfies(base_version(have), spec):
                 continue
             why = rec.get(f"{key}_why") or f"verl {v}'s range for {name}, which its METADATA does not declare"
             self.add(
