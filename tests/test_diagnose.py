@@ -218,7 +218,7 @@ def test_bad_input_is_exit_2_with_what_to_do(tmp_path):
     code, out = invoke(["diagnose", "--prefix", str(tmp_path / "empty")], "h200")
     assert code == 2 and "no lib/pythonX.Y/site-packages" in out
     code, out = invoke(["diagnose"], "h200")
-    assert code == 2 and "either --python" in out
+    assert code == 2 and "pass one of --python PATH" in out
     code, out = invoke(["diagnose", "--python", str(tmp_path / "python")], "h200")
     assert code == 2 and "bin/python" in out
 
@@ -611,3 +611,31 @@ def test_an_unknown_profile_is_exit_2(tmp_path):
     stub_install(tmp_path / "env", h200_env())
     code, out = invoke(["diagnose", "--prefix", str(tmp_path / "env"), "--profile", "nope"], "h200")
     assert code == 2 and "no profile of the matrix" in out
+
+
+def test_requirement_markers_are_judged_for_the_machine_the_environment_is_on(tmp_path, monkeypatch):
+    """A local environment is judged for this host's machine (an aarch64 venv does not lack torch's
+    x86_64-only wheels); an image is read as linux/amd64."""
+    prefix = tmp_path / "env"
+    site = stub_install(prefix, h200_env())
+    dist_info(
+        site,
+        "arm-only",
+        "1.0",
+        requires=(
+            "nvidia-x86-only-cu12 ; platform_machine == 'x86_64'",
+            "nvidia-arm-only-cu12 ; platform_machine == 'aarch64'",
+        ),
+    )
+    here = os.uname()
+    arm = os.uname_result((here.sysname, here.nodename, here.release, here.version, "aarch64"))
+    monkeypatch.setattr(os, "uname", lambda: arm)
+    d = diagnosed(prefix, "h200")
+    assert [f.what for f in d.findings] == [
+        "arm-only 1.0 requires nvidia-arm-only-cu12, which is not installed"
+    ], d.findings
+    image = read_target(prefix)._replace(image="127.0.0.1:5000/team/rl:1")
+    d = diagnose(shipped(), image, machine("h200"), None, HOST)
+    assert [f.what for f in d.findings] == [
+        "arm-only 1.0 requires nvidia-x86-only-cu12, which is not installed"
+    ], d.findings

@@ -451,8 +451,9 @@ class _Checks:
 
     def requires(self) -> None:
         python = self.t.python or "3.12"
+        machine = "x86_64" if self.t.image else os.uname().machine  # (an image is read as linux/amd64)
         for dist in self.t.dists.values():
-            for r in requirements(list(dist.requires), python):
+            for r in requirements(list(dist.requires), python, machine=machine):
                 name, spec = r["name"], r["spec"]
                 have = self.version(name)
                 if have is None:
