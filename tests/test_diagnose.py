@@ -639,3 +639,28 @@ def test_requirement_markers_are_judged_for_the_machine_the_environment_is_on(tm
     assert [f.what for f in d.findings] == [
         "arm-only 1.0 requires nvidia-x86-only-cu12, which is not installed"
     ], d.findings
+
+
+# -- an attention the card cannot run ------------------------------------------------------------
+
+
+def test_flash_attn_on_a_card_below_its_floor_is_named_and_uninstalling_it_passes(tmp_path):
+    env = resolve(shipped(), "p40", Overrides())
+    assert env.flash_attn is None and env.attention == "eager"
+    prefix = tmp_path / "env"
+    site = stub_install(prefix, env)
+    # flash-attn as its sm_80 wheel installs it (a gcc-made ELF with the fat binary's header)
+    ext = site / "flash_attn_2_cuda.cpython-312-x86_64-linux-gnu.so"
+    shutil.copy(
+        with_fatbin(gcc(tmp_path, "fa.so", "int f(void){return 1;}\n"), [("sass", 80, b"\1" * 8)]), ext
+    )
+    folder = dist_info(site, "flash-attn", "2.8.3", files=(ext.name,))
+    d = diagnosed(prefix, "p40")
+    assert rules(d) == ["attention"], d.findings  # (not gpu-code: no rebuild gives it a P40 kernel)
+    f = d.findings[0]
+    assert "flash-attn 2.8.3" in f.what and "CC 6.1" in f.what and "CC >= 8.0" in f.why
+    assert "pip uninstall -y flash-attn" in f.fix and "eager" in f.fix
+    # the fix followed: uninstalled
+    ext.unlink()
+    shutil.rmtree(folder)
+    assert diagnosed(prefix, "p40").findings == ()

@@ -8,6 +8,7 @@ The checks, each from one source of facts:
   driver     torch's CUDA build (torch/version.py) and vLLM's wheel CUDA against the driver
              (cuda.yaml's floors, minor-version compatibility's included: model/components/cuda)
   torch-arch torch's build has no kernels for the card (torch.yaml's arch lists)
+  attention  flash-attn installed for a card below its compute capability floor (extensions.yaml)
   gpu-code   an extension's fat binaries hold neither SASS that runs on the card nor PTX the
              driver could compile for it (machine/elf.py)
   abi        an extension needs C++ symbols of c10/at/torch that the torch beside it does not
@@ -35,7 +36,7 @@ from envbuilder.machine.detect import Gpu, Machine, candidates, weakest
 from envbuilder.machine.elf import read_elf
 from envbuilder.machine.target import Extension, Target, torch_exports
 from envbuilder.model.components.cuda import driver_info
-from envbuilder.model.matrix import Matrix, cc_runs, cc_tuple
+from envbuilder.model.matrix import Matrix, at_least, cc_runs, cc_tuple
 from envbuilder.model.requires import requirements
 from envbuilder.model.resolve import ResolveError, resolve
 from envbuilder.model.resolved import Overrides, ResolvedEnv
@@ -296,6 +297,7 @@ class _Checks:
         self.notes: list[str] = []
         self.python = shlex.quote(str(Path(t.where) / "bin" / "python"))
         self._owners: dict[str, str] | None = None
+        self.cannot_run: set[str] = set()  # distributions no build of runs on this card
 
     def add(self, rule: str, what: str, why: str, fix: str) -> None:
         self.found.append(Finding(rule, printable(what), printable(why), printable(fix)))
@@ -368,6 +370,28 @@ class _Checks:
             self.profile_fix("install a torch built for this card, as in"),
         )
 
+    def attention(self) -> None:
+        v, card = self.version("flash-attn"), self.card
+        floor = (self.m.flash_attn or {}).get("min_compute_capability")
+        if not v or not floor or card is None or not card.compute_capability:
+            return
+        if at_least(card.compute_capability, str(floor)):
+            return
+        self.cannot_run.add("flash-attn")
+        run = (
+            f"; runs use attention {self.near.env.attention}, as profile {self.near.profile}'s run "
+            f"script does (`envbuild render {self.near.profile}{self.near.command_flags}`)"
+            if self.near
+            else ""
+        )
+        self.add(
+            "attention",
+            f"flash-attn {v} cannot run on the {card.name} (CC {card.compute_capability})",
+            f"FlashAttention-2 only supports Ampere GPUs or newer (CC >= {floor}): no build of it has "
+            "kernels for this card, and a run that asks for flash_attention_2 or remove-padding fails",
+            f"`{self.python} -m pip uninstall -y flash-attn`{run}",
+        )
+
     def gpu_code(self) -> None:
         card = self.card
         if card is None or not card.compute_capability:
@@ -391,6 +415,8 @@ class _Checks:
             if cc_runs(cc, sass) or (ptx and not no_jit):
                 continue
             dist = self.owner(ext)
+            if dist in self.cannot_run:
+                continue  # (the rule that found it says no rebuild runs here)
             has = ", ".join(c.label() for c in ext.elf.gpu)
             self.add(
                 "gpu-code",
@@ -575,6 +601,7 @@ def _read_text(path: Path, limit: int = 8 << 20) -> str | None:
 CHECKS: tuple[Callable[[_Checks], None], ...] = (
     _Checks.driver,
     _Checks.torch_arch,
+    _Checks.attention,
     _Checks.gpu_code,
     _Checks.abi,
     _Checks.libc,
