@@ -550,6 +550,30 @@ def test_an_image_layer_whose_bytes_do_not_match_its_digest_is_refused(tmp_path)
     assert f"Layer {top_digest}" in out and "hashes to sha256:" in out and "Push the image again" in out
 
 
+def declaring(manifest: bytes, layer: int, size: int) -> bytes:
+    """The manifest with layer `layer`'s declared size changed (its digest left as it is)."""
+    doc = json.loads(manifest)
+    doc["layers"][layer]["size"] = size
+    return json.dumps(doc).encode()
+
+
+def test_an_image_layer_whose_size_is_not_the_manifests_is_refused(tmp_path):
+    from httpfixtures import FileServer
+
+    base, top = broken_image_layers(tmp_path)
+    manifest, blobs = image_blobs([base, top])
+    digest = json.loads(manifest)["layers"][1]["digest"]
+    for declared, says in (
+        (len(top) - 10, f"more than the {len(top) - 10} bytes its manifest declares"),
+        (len(top) + 1000, f"{len(top)} bytes, not the {len(top) + 1000} its manifest declares"),
+    ):
+        with FileServer(served(declaring(manifest, 1, declared), blobs)) as srv:
+            code, out = invoke(["diagnose", "--image", f"127.0.0.1:{srv.port}/team/rl:1"], "h200")
+        assert code == 1, out
+        assert f"Layer {digest}" in out and says in out and "Push the image again" in out, out
+        assert "nearest profile" not in out  # (nothing of the image was judged)
+
+
 REGISTRY = f"127.0.0.1:{os.environ.get('ENVBUILD_TEST_REGISTRY_PORT', '5000')}"
 
 
@@ -590,9 +614,21 @@ def test_an_image_in_the_loopback_registry_with_a_mismatched_layer(tmp_path):
     push("envbuild-test/diagnose", "fixed", *image_blobs([base]))
     code, out = invoke(["diagnose", "--image", f"{REGISTRY}/envbuild-test/diagnose:broken"], "h200")
     assert code == 1 and "installed by layer 2/2" in out, out
+    assert "nearest profile: h200" in out and "-m pip install vllm==0.24.0" in out, out
     code, out = invoke(["diagnose", "--image", f"{REGISTRY}/envbuild-test/diagnose:fixed", "--json"], "h200")
     assert code == 0, out
     assert json.loads(out[out.index("{") :])["clean"]
+    # a manifest whose layer is not the blob the registry serves (distribution accepts it: it
+    # checks that the blob exists, not its size); an engine's pull refuses it, and so does diagnose
+    manifest, blobs = image_blobs([base])
+    digest = json.loads(manifest)["layers"][0]["digest"]
+    push("envbuild-test/diagnose", "mismatched", declaring(manifest, 0, len(base) + 7), blobs)
+    code, out = invoke(["diagnose", "--image", f"{REGISTRY}/envbuild-test/diagnose:mismatched"], "h200")
+    assert code == 1 and f"Layer {digest}" in out and "its manifest declares" in out, out
+    # the fix followed: the image pushed again, whole
+    push("envbuild-test/diagnose", "mismatched", manifest, blobs)
+    code, out = invoke(["diagnose", "--image", f"{REGISTRY}/envbuild-test/diagnose:mismatched"], "h200")
+    assert code == 0 and "CLEAN" in out, out
 
 
 def test_a_package_installed_twice_and_versions_no_one_reads_are_judged_without_a_traceback(tmp_path):

@@ -302,9 +302,11 @@ def _get(
     headers: dict[str, str],
     repository: str,
     shown: str,
+    too_large: str | None = None,
     **kw: Any,
 ) -> Any:
-    """GET `url`, with an anonymous token where the registry answers 401 with a Bearer challenge."""
+    """GET `url`, with an anonymous token where the registry answers 401 with a Bearer challenge.
+    `too_large`: the message for a body over `expect`'s cap (else the network's)."""
     from envbuilder.oci import http as net
 
     try:
@@ -319,6 +321,8 @@ def _get(
             headers["Authorization"] = f"Bearer {_token(s, ch, repository, shown)}"
             r = net.request(s, "GET", url, expect, headers=headers, timeout=TIMEOUT, **kw)
     except net.NetError as e:
+        if too_large is not None and e.kind == "too-large":
+            raise ActionError(too_large) from None
         raise ActionError(f"Cannot read {url} from the registry {shown}: {e.reason}.") from None
     return r
 
@@ -381,24 +385,46 @@ def image_layers(ref: str, s: requests.Session, platform: str = "linux/amd64") -
 
 def fetch_layer(ref: str, layer: Layer, s: requests.Session, sink: Callable[[bytes], object]) -> None:
     """Stream `layer`'s blob into `sink`, at most its declared size, and check that its bytes
-    hash to its digest: ActionError naming the layer where they do not (a registry serving a
-    damaged or replaced blob)."""
+    are that size and hash to its digest: ActionError naming the layer where they do not (a
+    registry serving a damaged or replaced blob, a manifest that declares another size)."""
     from envbuilder.oci import http as net
 
     parsed = parse_image(ref)
     base, repository = api_location(parsed)
     shown = net.redact(base)
     h = hashlib.sha256()
+    served = [0]
 
     def take(chunk: bytes) -> None:
         h.update(chunk)
+        served[0] += len(chunk)
         sink(chunk)
+
+    def mismatch(size: str) -> str:
+        return (
+            f"Layer {layer.digest} of {ref}, as the registry {shown} serves it, is {size} its manifest "
+            "declares: the manifest and the layer do not match (an engine's pull refuses it too). "
+            "Nothing of the image was judged. Push the image again (or pull it from a registry "
+            "that serves it whole)."
+        )
 
     expect = net.Expect(f"layer {layer.digest}", max(layer.size, 1), 3600.0)
     url = f"{base}/v2/{repository}/blobs/{layer.digest}"
-    r = _get(s, url, expect, {}, repository, shown, sink=take, body_if=lambda status: status == 200)
+    r = _get(
+        s,
+        url,
+        expect,
+        {},
+        repository,
+        shown,
+        too_large=mismatch(f"more than the {layer.size} bytes"),
+        sink=take,
+        body_if=lambda status: status == 200,
+    )
     if r.status != 200:
         raise ActionError(f"The registry {shown} answered HTTP {r.status} for layer {layer.digest} of {ref}.")
+    if served[0] != layer.size:
+        raise ActionError(mismatch(f"{served[0]} bytes, not the {layer.size}"))
     got = "sha256:" + h.hexdigest()
     if got != layer.digest:
         raise ActionError(
