@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYPI, shipped
+from conftest import PYPI, pip_run, shipped
 from click.testing import CliRunner
 from test_detect import FakeNVML, smi
 
@@ -353,49 +353,19 @@ def test_verl_unpatched_on_a_p40_is_found_and_apply_patches_fixes_it(tmp_path, v
 
 
 def pip_into(site: Path, *reqs: str, cache: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
-    env["PIP_CONFIG_FILE"] = os.devnull
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--index-url",
-            PYPI,
-            "-d",
-            str(cache),
-            *reqs,
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
+    """The real wheels of `reqs` from PyPI (kept in `cache`), installed into `site` as pip does."""
+    pip_run("download", "--no-deps", "--only-binary=:all:", "--index-url", PYPI, "-d", str(cache), *reqs)
+    pip_run(
+        "install",
+        "--no-deps",
+        "--no-index",
+        "--find-links",
+        str(cache),
+        "--target",
+        str(site),
+        "--upgrade",
+        *reqs,
     )
-    assert r.returncode == 0, r.stderr[-2000:]
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--no-deps",
-            "--no-index",
-            "--find-links",
-            str(cache),
-            "--target",
-            str(site),
-            "--upgrade",
-            *reqs,
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
 
 
 @pytest.fixture(scope="session")
