@@ -448,7 +448,12 @@ def image_blobs(layers: list[bytes]) -> tuple[bytes, dict[str, bytes]]:
     def digest(b: bytes) -> str:
         return "sha256:" + hashlib.sha256(b).hexdigest()
 
-    config = json.dumps({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers"}}).encode()
+    import gzip
+
+    diff_ids = [digest(gzip.decompress(b)) for b in layers]  # (what an engine checks on a pull)
+    config = json.dumps(
+        {"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": diff_ids}}
+    ).encode()
     manifest = {
         "schemaVersion": 2,
         "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
@@ -670,3 +675,48 @@ def test_flash_attn_on_a_card_below_its_floor_is_named_and_uninstalling_it_passe
     ext.unlink()
     shutil.rmtree(folder)
     assert diagnosed(prefix, "p40").findings == ()
+
+
+@pytest.mark.docker
+def test_an_image_in_the_local_engine_is_read_from_it(tmp_path):
+    """An image only in the Docker engine (pulled from the loopback registry, renamed, the
+    registry's name removed): read through `docker save`, each layer against its diff_id."""
+    import requests
+
+    from conftest import need
+    from envbuilder.engines.docker import engine
+
+    try:
+        up = requests.get(f"http://{REGISTRY}/v2/", timeout=3).status_code in (200, 401)
+    except requests.RequestException:
+        up = False
+    need(up, f"no registry on {REGISTRY} (tests/run.sh, run as root, provisions it)")
+    client = engine()
+    base, top = broken_image_layers(tmp_path)
+    push("envbuild-test/diagnose", "engine-broken", *image_blobs([base, top]))
+    push("envbuild-test/diagnose", "engine-fixed", *image_blobs([base]))
+    local = "envbuild-test-diagnose-local"
+    try:
+        for tag in ("broken", "fixed"):
+            remote = f"{REGISTRY}/envbuild-test/diagnose:engine-{tag}"
+            client.images.pull(remote).tag(local, tag)
+            client.images.remove(remote)
+        code, out = invoke(["diagnose", "--image", f"{local}:broken"], "h200")
+        assert code == 1, out
+        assert "from the Docker engine" in out and "vllm 0.8.5 is outside verl 0.9.1's range" in out
+        assert "installed by layer 2/2" in out and "-m pip install vllm==0.24.0" in out
+        # the fix followed: the image without that layer
+        code, out = invoke(["diagnose", "--image", f"{local}:fixed"], "h200")
+        assert code == 0 and "CLEAN" in out, out
+    finally:
+        for tag in ("broken", "fixed"):
+            try:
+                client.images.remove(f"{local}:{tag}")
+            except Exception:  # noqa: BLE001 - (already gone)
+                pass
+
+
+def test_an_image_neither_the_engine_nor_a_registry_has_is_refused_without_asking_docker_hub(tmp_path):
+    code, out = invoke(["diagnose", "--image", "envbuild-test-nothing-here:1"], "h200")
+    assert code == 1 and "No image envbuild-test-nothing-here:1 in the Docker engine" in out, out
+    assert "no registry host" in out and "docker.io" not in out.split("(docker.io/NAME:TAG")[0]

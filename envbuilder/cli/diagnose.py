@@ -37,8 +37,8 @@ if TYPE_CHECKING:
 @click.option(
     "--image",
     metavar="REF",
-    help="An image in a registry (REGISTRY/NAME:TAG): its layers are read over the registry's API, "
-    "each checked against its digest; nothing is pulled into an engine or run.",
+    help="An image: the Docker engine's by that name, else the registry's (REGISTRY/NAME:TAG); its "
+    "layers are read, each checked against its digest; nothing is pulled or run.",
 )
 @click.option(
     "--profile",
@@ -77,7 +77,7 @@ def diagnose(
     if sum(x is not None for x in (python, prefix, image)) != 1:
         raise UserError(
             "diagnose reads one environment: pass one of --python PATH (its bin/python), --prefix "
-            "DIR (its folder) or --image REF (an image in a registry)."
+            "DIR (its folder) or --image REF (an image in the engine or a registry)."
         )
     m = load_matrix(matrix_dirs)
     if profile is not None:

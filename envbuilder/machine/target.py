@@ -15,9 +15,9 @@ import os
 import re
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
-from envbuilder.errors import UserError
+from envbuilder.errors import ActionError, UserError
 from envbuilder.limits import NotRegularFile, TooLarge, read_limited
 from envbuilder.machine.elf import Elf, read_elf
 from envbuilder.record import Record
@@ -238,15 +238,29 @@ def wanted_in_image(path: str) -> bool:
 
 def unpack_image(ref: str, root: Path, say: Callable[[str], None] = lambda line: None) -> dict[str, str]:
     """The files of `ref` that diagnose reads, unpacked under `root` (a folder of ours) layer by
-    layer as an engine applies them (whiteouts remove what a lower layer added), each layer's
-    bytes checked against its digest as they stream (oci/registry.py). Returns, for each
-    dist-info folder, the layer that wrote it ("layer 3/5 sha256:..."). Nothing is run; no
+    layer as an engine applies them (whiteouts remove what a lower layer added): the Docker
+    engine's image when it has one by that name (as `build` made it, through `docker save`, each
+    layer checked against its config's diff_id), else the registry a reference with a host names
+    (each layer's bytes checked against its digest as they stream: oci/registry.py). Returns, for
+    each dist-info folder, the layer that wrote it ("layer 3/5 sha256:..."). Nothing is run; no
     member is written outside `root` nor through a link; only links to a sibling are made."""
-    import tarfile
     import tempfile
 
+    from envbuilder.engines.archive import has_registry
+    from envbuilder.engines.docker import engine_image
     from envbuilder.oci.registry import fetch_layer, image_layers, session
 
+    found, problem = engine_image(ref)
+    if found is not None:
+        say(f"{ref} ({str(found.id)[:19]}) from the Docker engine")
+        return _unpack_saved(ref, found, root, say)
+    if not has_registry(ref):
+        raise ActionError(
+            f"No image {printable(ref)} in the Docker engine"
+            + (f" ({problem})" if problem else " (`docker images` lists them)")
+            + ", and the name has no registry host to read it from. Check the name and tag, or give "
+            "HOST[:PORT]/NAME:TAG (docker.io/NAME:TAG for Docker Hub)."
+        )
     origins: dict[str, str] = {}
     with session() as s:
         _, layers = image_layers(ref, s)
@@ -255,20 +269,90 @@ def unpack_image(ref: str, root: Path, say: Callable[[str], None] = lambda line:
             with tempfile.TemporaryFile(dir=root.parent) as blob:
                 fetch_layer(ref, layer, s, blob.write)
                 blob.seek(0)
-                try:
-                    with tarfile.open(fileobj=blob, mode="r:*") as tar:
-                        for member in tar:
-                            rel = _member_path(member.name)
-                            if rel is None:
-                                continue
-                            written = _apply(tar, member, rel, root)
-                            if written and rel.endswith("/METADATA") and ".dist-info/" in rel:
-                                origins[rel.split("/")[-2]] = f"layer {n}/{len(layers)} {layer.digest}"
-                except (tarfile.TarError, EOFError, OSError) as e:
-                    raise UserError(
-                        f"Layer {n} ({layer.digest}) of {printable(ref)} is no tar archive diagnose reads "
-                        f"({e}); gzip, bzip2, xz or plain tar layers are read, zstd ones are not."
-                    ) from None
+                _apply_layer(blob, f"layer {n}/{len(layers)} {layer.digest}", ref, root, origins)
+    return origins
+
+
+def _apply_layer(blob: IO[bytes], label: str, ref: str, root: Path, origins: dict[str, str]) -> None:
+    """One layer's tar (any compression tarfile reads) applied to `root`; `origins` records the
+    dist-info folders it wrote."""
+    import tarfile
+
+    try:
+        with tarfile.open(fileobj=blob, mode="r:*") as tar:
+            for member in tar:
+                rel = _member_path(member.name)
+                if rel is None:
+                    continue
+                written = _apply(tar, member, rel, root)
+                if written and rel.endswith("/METADATA") and ".dist-info/" in rel:
+                    origins[rel.split("/")[-2]] = label
+    except (tarfile.TarError, EOFError, OSError) as e:
+        raise UserError(
+            f"{label.capitalize()} of {printable(ref)} is no tar archive diagnose reads ({e}); gzip, "
+            "bzip2, xz or plain tar layers are read, zstd ones are not."
+        ) from None
+
+
+def _unpack_saved(ref: str, image: Any, root: Path, say: Callable[[str], None]) -> dict[str, str]:
+    """The engine's image through `docker save` (streamed into a file of ours beside `root`: as
+    large as the image): manifest.json's layers in order, each hashed (decompressed) against the
+    config's rootfs.diff_ids before it is applied."""
+    import gzip
+    import hashlib
+    import json
+    import tarfile
+    import tempfile
+
+    from envbuilder.engines.docker import first_line
+
+    origins: dict[str, str] = {}
+    with tempfile.TemporaryFile(dir=root.parent) as saved:
+        try:
+            for chunk in image.save(named=False):
+                saved.write(chunk)
+        except Exception as e:  # noqa: BLE001 - the SDK raises requests' and its own errors alike
+            raise ActionError(
+                f"The Docker engine could not save {printable(ref)} ({first_line(e)}). Check the engine "
+                "and the free space in the temporary folder, and run again."
+            ) from None
+        saved.seek(0)
+        try:
+            with tarfile.open(fileobj=saved, mode="r:") as tar:
+
+                def member(name: str) -> IO[bytes]:
+                    f = tar.extractfile(str(name))
+                    if f is None:
+                        raise KeyError(name)
+                    return f
+
+                entry = json.loads(member("manifest.json").read(MAX_SMALL))[0]
+                config = json.loads(member(entry["Config"]).read(MAX_SMALL))
+                paths, diff_ids = list(entry["Layers"]), list(config["rootfs"]["diff_ids"])
+                if len(paths) != len(diff_ids):
+                    raise ValueError(f"{len(paths)} layers but {len(diff_ids)} diff_ids")
+                for n, (path, diff_id) in enumerate(zip(paths, diff_ids), 1):
+                    label = f"layer {n}/{len(paths)} {diff_id}"
+                    say(label)
+                    raw = member(path)
+                    gzipped = raw.read(2) == b"\x1f\x8b"
+                    raw.seek(0)
+                    stream = cast(IO[bytes], gzip.GzipFile(fileobj=raw)) if gzipped else raw
+                    h = hashlib.sha256()
+                    for chunk in iter(lambda: stream.read(1 << 20), b""):
+                        h.update(chunk)
+                    if "sha256:" + h.hexdigest() != diff_id:
+                        raise ActionError(
+                            f"Layer {n} of {printable(ref)} in the Docker engine hashes to sha256:"
+                            f"{h.hexdigest()}, not its config's diff_id {diff_id}: the engine's copy is "
+                            "damaged. Nothing of the image was judged. Pull or build it again."
+                        )
+                    _apply_layer(member(path), label, ref, root, origins)
+        except (tarfile.TarError, EOFError, OSError, KeyError, IndexError, TypeError, ValueError) as e:
+            raise ActionError(
+                f"What the Docker engine saved of {printable(ref)} is no image archive diagnose reads "
+                f"({first_line(e)}). Check the engine, or push the image to a registry and read it there."
+            ) from None
     return origins
 
 
