@@ -720,3 +720,14 @@ def test_an_image_neither_the_engine_nor_a_registry_has_is_refused_without_askin
     code, out = invoke(["diagnose", "--image", "envbuild-test-nothing-here:1"], "h200")
     assert code == 1 and "No image envbuild-test-nothing-here:1 in the Docker engine" in out, out
     assert "no registry host" in out and "docker.io" not in out.split("(docker.io/NAME:TAG")[0]
+
+
+def test_image_without_the_actions_extra_names_it(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "requests" else real(name, *a)
+    )
+    code, out = invoke(["diagnose", "--image", "127.0.0.1:9/team/rl:1"], "h200")
+    assert code == 2 and "envbuild[actions]" in out and "requests" in out, out

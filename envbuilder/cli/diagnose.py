@@ -68,7 +68,7 @@ def diagnose(
       envbuild diagnose --python ~/venvs/rl/bin/python
       envbuild diagnose --prefix /opt/conda/envs/verl --profile p40 --json
     """
-    from envbuilder.errors import ActionError, UserError
+    from envbuilder.errors import ActionError, UserError, need_extra
     from envbuilder.machine.detect import detect
     from envbuilder.machine.diagnose import diagnose as judge, report_json, report_lines
     from envbuilder.machine.target import prefix_of, read_target
@@ -79,6 +79,8 @@ def diagnose(
             "diagnose reads one environment: pass one of --python PATH (its bin/python), --prefix "
             "DIR (its folder) or --image REF (an image in the engine or a registry)."
         )
+    if image is not None:
+        need_extra("diagnose --image", "actions", ("requests",))  # (the registry client's)
     m = load_matrix(matrix_dirs)
     if profile is not None:
         named = profile_named(m, profile)
