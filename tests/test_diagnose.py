@@ -731,3 +731,51 @@ def test_image_without_the_actions_extra_names_it(monkeypatch):
     )
     code, out = invoke(["diagnose", "--image", "127.0.0.1:9/team/rl:1"], "h200")
     assert code == 2 and "envbuild[actions]" in out and "requests" in out, out
+
+
+def libstdcxx(folder: Path, newest: str) -> Path:
+    """A stand-in libstdc++.so.6 whose version nodes go up to GLIBCXX_`newest` (gcc and a
+    version script: the names the loader matches, as the real one defines them)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / "v.map"
+    script.write_text(
+        "GLIBCXX_3.4 { global: base_fn; local: *; };\n"
+        f"GLIBCXX_{newest} {{ global: new_fn; }} GLIBCXX_3.4;\n"
+    )
+    return gcc(
+        folder,
+        "libstdc++.so.6",
+        "int base_fn(void){return 1;}\nint new_fn(void){return 2;}\n",
+        f"-Wl,--version-script={script}",
+        "-Wl,-soname,libstdc++.so.6",
+    )
+
+
+def test_a_conda_prefixs_own_older_libstdcxx_is_the_one_judged_and_a_newer_one_fixes_it(tmp_path):
+    """GLIBCXX_3.4.30 not found (AReaL#282): an extension built with a newer compiler than the
+    libstdc++ the conda prefix ships, which the environment loads before the system's."""
+    from envbuilder.machine.diagnose import read_host
+
+    prefix = tmp_path / "env"
+    site = stub_install(prefix, h200_env())
+    new = libstdcxx(tmp_path / "new", "3.4.30")
+    ext = gcc(
+        tmp_path,
+        "needs_new.so",
+        "extern int new_fn(void);\nint ext_entry(void){ return new_fn(); }\n",
+        f"-L{new.parent}",
+        "-l:libstdc++.so.6",
+    )
+    assert b"GLIBCXX_3.4.30" in ext.read_bytes()
+    shutil.copy(ext, site / "needs_new.so")
+    shutil.copy(libstdcxx(tmp_path / "old", "3.4.20"), prefix / "lib" / "libstdc++.so.6")
+    host = read_host(prefix)
+    assert host.libstdcxx == str(prefix / "lib" / "libstdc++.so.6") and host.glibcxx == "3.4.20"
+    d = diagnosed(prefix, "h200", host=host)
+    assert rules(d) == ["libc"], d.findings
+    f = d.findings[0]
+    assert "needs GLIBCXX_3.4.30" in f.what and str(prefix / "lib") in f.why and "3.4.20" in f.why
+    assert "libstdcxx-ng" in f.fix
+    # the fix followed: a newer libstdc++ in the prefix
+    shutil.copy(new, prefix / "lib" / "libstdc++.so.6")
+    assert diagnosed(prefix, "h200", host=read_host(prefix)).findings == ()
