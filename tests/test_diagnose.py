@@ -291,7 +291,11 @@ def test_an_extension_built_against_another_torch_is_named(tmp_path):
     d = diagnosed(prefix, "h200")
     assert rules(d) == ["abi"]
     f = d.findings[0]
-    assert "sgl-kernel" in f.what and OLD_SYMBOL in f.why and "--force-reinstall sgl-kernel==0.3.0" in f.fix
+    assert (
+        "sgl-kernel" in f.what
+        and OLD_SYMBOL in f.why
+        and "--no-cache-dir --no-binary sgl-kernel --force-reinstall sgl-kernel==0.3.0" in f.fix
+    )
     # the fix followed: rebuilt against the torch beside it
     new = site / "torch" / "lib" / "libc10.so"
     shutil.copy(extension(tmp_path / "rebuild", "common_ops.so", NEW_SYMBOL, new), ext)
@@ -779,3 +783,93 @@ def test_a_conda_prefixs_own_older_libstdcxx_is_the_one_judged_and_a_newer_one_f
     # the fix followed: a newer libstdc++ in the prefix
     shutil.copy(new, prefix / "lib" / "libstdc++.so.6")
     assert diagnosed(prefix, "h200", host=read_host(prefix)).findings == ()
+
+
+def standin_torch(folder: Path, symbol: str) -> Path:
+    """torch/ as an extension build sees it: lib/libc10.so exporting `symbol`, and the header
+    that names it (as c10's headers give each torch release's mangled names)."""
+    libtorch(folder / "lib", symbol)
+    (folder / "include").mkdir(parents=True, exist_ok=True)
+    (folder / "include" / "c10_api.h").write_text(f"#define C10_SINGLETON {symbol}\nextern int {symbol};\n")
+    return folder
+
+
+def sgl_kernel_sdist(folder: Path) -> Path:
+    """An sdist whose setup.py builds sgl_kernel.common_ops against the torch at $STANDIN_TORCH."""
+    import tarfile
+
+    src = folder / "sgl_kernel-0.3.0"
+    (src / "sgl_kernel").mkdir(parents=True)
+    (src / "sgl_kernel" / "__init__.py").write_text("")
+    (src / "csrc").mkdir()
+    (src / "csrc" / "ops.c").write_text(
+        '#include "c10_api.h"\nint ext_entry(void) { return C10_SINGLETON; }\n'
+    )
+    (src / "setup.py").write_text(
+        "import os\nfrom setuptools import Extension, setup\n"
+        "torch = os.environ['STANDIN_TORCH']\n"
+        "setup(name='sgl-kernel', version='0.3.0', packages=['sgl_kernel'], ext_modules=[Extension("
+        "'sgl_kernel.common_ops', ['csrc/ops.c'], include_dirs=[torch + '/include'], "
+        "library_dirs=[torch + '/lib'], libraries=['c10'])])\n"
+    )
+    (src / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: sgl-kernel\nVersion: 0.3.0\n")
+    out = folder / "sgl_kernel-0.3.0.tar.gz"
+    with tarfile.open(out, "w:gz") as tar:
+        tar.add(src, arcname=src.name)
+    return out
+
+
+def test_an_extension_wheel_built_against_one_torch_then_torch_upgraded_and_the_printed_fix_run(
+    tmp_path, monkeypatch
+):
+    """A real wheel built here (setuptools, gcc) against one torch and pip-installed; torch then
+    upgraded under it (sglang#30562's shape). The fix diagnose prints is run with pip, as
+    printed, pointed at this site-packages and the local sdist (no index)."""
+    pytest.importorskip("setuptools")
+    prefix = tmp_path / "env"
+    site = stub_install(prefix, h200_env())
+    sdists = tmp_path / "sdists"
+    sdists.mkdir()
+    sgl_kernel_sdist(sdists)
+    old = standin_torch(tmp_path / "old" / "torch", OLD_SYMBOL)
+    monkeypatch.setenv("STANDIN_TORCH", str(old))
+    cache = str(tmp_path / "pip-cache")  # (pip's wheel cache, as a user's ~/.cache/pip keeps it)
+    pip_run(
+        "wheel",
+        "--cache-dir",
+        cache,
+        "--no-build-isolation",
+        "--no-deps",
+        "--no-index",
+        "-w",
+        str(tmp_path / "wheels"),
+        str(sdists / "sgl_kernel-0.3.0.tar.gz"),
+    )
+    wheel = next((tmp_path / "wheels").glob("sgl_kernel-0.3.0-*.whl"))
+    pip_run("install", "--no-deps", "--no-index", "--target", str(site), str(wheel))
+    standin_torch(site / "torch", NEW_SYMBOL)  # torch upgraded: the new release's c10
+    d = diagnosed(prefix, "h200")
+    assert rules(d) == ["abi"], d.findings
+    f = d.findings[0]
+    assert f.what.startswith("sgl_kernel/common_ops.") and "(sgl-kernel)" in f.what and OLD_SYMBOL in f.why
+    fix = f.fix.split("`")[1]
+    assert fix.startswith(
+        f"{prefix}/bin/python -m pip install --no-build-isolation --no-cache-dir --no-binary sgl-kernel"
+    )
+    # the fix followed: the printed pip command, built against the torch now beside it
+    monkeypatch.setenv("STANDIN_TORCH", str(site / "torch"))
+    args = fix.split(" -m pip ")[1].split()
+    pip_run(
+        args[0],
+        "--cache-dir",
+        cache,
+        *args[1:],
+        "--no-deps",
+        "--no-index",
+        "--find-links",
+        str(sdists),
+        "--target",
+        str(site),
+        "--upgrade",
+    )
+    assert diagnosed(prefix, "h200").findings == ()

@@ -425,9 +425,7 @@ class _Checks:
                 "card's, PTX only on a card at or above it"
                 + (" and never under minor-version compatibility (no PTX JIT)" if ptx and no_jit else "")
                 + "; its kernels fail with 'no kernel image is available'",
-                f"rebuild {dist} for this card: `TORCH_CUDA_ARCH_LIST={cc} {self.python} -m pip install "
-                f"--no-build-isolation --no-binary {shlex.quote(dist)} --force-reinstall "
-                f"{shlex.quote(dist)}=={self.version(dist) or ''}`"
+                f"rebuild {dist} for this card: `TORCH_CUDA_ARCH_LIST={cc} {self.rebuild(dist)}`"
                 + (f", or {self.profile_fix()}" if self.near else ""),
             )
 
@@ -448,9 +446,8 @@ class _Checks:
                 f"{ext.path} ({dist}) was built against another torch",
                 f"it needs {len(missing)} C++ symbol(s) of torch that {beside} does not export, "
                 f"e.g. {missing[0][:200]}; importing it fails with 'undefined symbol'",
-                f"reinstall {dist} built against torch {torch}: `{self.python} -m pip install "
-                f"--no-build-isolation --no-binary {shlex.quote(dist)} --force-reinstall "
-                f"{shlex.quote(dist)}=={self.version(dist) or ''}`, or install the torch it was built for",
+                f"reinstall {dist} built against torch {torch}: `{self.rebuild(dist)}`, or install the "
+                "torch it was built for",
             )
 
     def libc(self) -> None:
@@ -496,6 +493,15 @@ class _Checks:
                         f"{dist.name}'s METADATA says Requires-Dist: {r['text']}",
                         self._pip(name, spec),
                     )
+
+    def rebuild(self, dist: str) -> str:
+        """pip building `dist` from source against what is installed: no build isolation (the
+        build sees this torch), no cache (pip would reuse the wheel it built before, against the
+        old torch or for the old archs)."""
+        return (
+            f"{self.python} -m pip install --no-build-isolation --no-cache-dir --no-binary "
+            f"{shlex.quote(dist)} --force-reinstall {shlex.quote(dist)}=={self.version(dist) or ''}"
+        )
 
     def _pip(self, name: str, spec: str) -> str:
         pin = self.pin(name)
