@@ -873,3 +873,20 @@ def test_an_extension_wheel_built_against_one_torch_then_torch_upgraded_and_the_
         "--upgrade",
     )
     assert diagnosed(prefix, "h200").findings == ()
+
+
+def test_an_h200_environment_carried_to_a_p40_names_torchs_archs_and_vllms_floor(tmp_path):
+    """torch 2.11+cu130 (no sm_61 in its arch list) and vLLM on a recorded P40 with a 535
+    driver: each finding, and the P40's profile as the fix, which then diagnoses clean."""
+    prefix = tmp_path / "env"
+    stub_install(prefix, h200_env(), envbuild_json=False)
+    d = diagnosed(prefix, "p40")
+    assert rules(d) == ["driver", "torch-arch", "vllm-card"], d.findings
+    arch = d.findings[1]
+    assert "Tesla P40 (CC 6.1)" in arch.what and "7.5;8.0" in arch.why and "no kernel image" in arch.why
+    assert "vLLM 0.24.0" in d.findings[2].what and ">= 7.5" in d.findings[2].why
+    assert d.nearest is not None and d.nearest.profile == "p40"
+    assert all("`envbuild install p40 --prefix NEW_PREFIX`" in f.fix for f in d.findings)
+    # the fix followed: p40's environment, as envbuild install makes it
+    stub_install(tmp_path / "fixed", d.nearest.env)
+    assert diagnosed(tmp_path / "fixed", "p40").findings == ()
