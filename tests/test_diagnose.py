@@ -890,3 +890,55 @@ def test_an_h200_environment_carried_to_a_p40_names_torchs_archs_and_vllms_floor
     # the fix followed: p40's environment, as envbuild install makes it
     stub_install(tmp_path / "fixed", d.nearest.env)
     assert diagnosed(tmp_path / "fixed", "p40").findings == ()
+
+
+def test_a_hostile_image_layer_writes_nothing_outside_diagnoses_folder(tmp_path, monkeypatch):
+    """Members that climb out (`../`), links that point out (absolute, `..`), then a later
+    layer's files through those links: nothing lands outside the temporary folder."""
+    import io
+    import tarfile
+
+    from httpfixtures import FileServer
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    site = f"opt/venv/lib/python{PY}/site-packages"
+
+    def hostile() -> bytes:
+        out = io.BytesIO()
+        with tarfile.open(fileobj=out, mode="w:gz") as tar:
+            links = (
+                (f"{site}/abs.so", str(outside)),
+                (f"{site}/up.so", "../../.."),
+                ("lib/libc.so.6", str(outside)),
+            )
+            for name, target in links:
+                info = tarfile.TarInfo(name)
+                info.type, info.linkname = tarfile.SYMTYPE, target
+                tar.addfile(info)
+            for name in (f"../../outside/{site}/climb.so", f"/{outside}/{site}/rooted.dist-info/METADATA"):
+                data = b"Metadata-Version: 2.1\nName: climb\nVersion: 1\n\n"
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        return out.getvalue()
+
+    through = layer(
+        {
+            f"{site}/abs.so/evil.so": b"\x7fELF written through a link",
+            f"{site}/up.so/{site}/evil.so": b"\x7fELF written through a link",
+            "lib/libc.so.6/libstdc++.so.6": b"\x7fELF written through a link",
+        }
+    )
+    base, _ = broken_image_layers(tmp_path / "img")
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    with FileServer(served(*image_blobs([base, hostile(), through]))) as srv:
+        code, out = invoke(["diagnose", "--image", f"127.0.0.1:{srv.port}/team/rl:1"], "h200")
+    assert code in (0, 1) and "Traceback" not in out, out
+    assert list(outside.iterdir()) == [], list(outside.rglob("*"))
+    assert not (tmp_path / "opt").exists() and not (tmp_path / "outside" / "opt").exists()
+    assert list((tmp_path / "tmp").iterdir()) == []  # (the temporary folder removed)
