@@ -512,8 +512,13 @@ def test_an_image_whose_top_layer_breaks_verls_range_names_that_layer(tmp_path):
     manifest, blobs = image_blobs([base])
     with FileServer(served(manifest, blobs)) as srv:
         code, out = invoke(["diagnose", "--image", f"127.0.0.1:{srv.port}/team/rl:1"], "h200")
-    assert code == 0, out
-    assert "CLEAN" in out and "environment: /opt/venv" in out
+        assert code == 0, out
+        assert "CLEAN" in out and "environment: /opt/venv" in out
+        code, out = invoke(["diagnose", "--image", f"127.0.0.1:{srv.port}/team/rl:1", "--json"], "h200")
+    report = json.loads(out[out.index("{") :])
+    assert report["clean"] and report["environment"]["image"] == f"127.0.0.1:{srv.port}/team/rl:1"
+    assert report["environment"]["prefix"] == "/opt/venv"
+    assert report["environment"]["site_packages"] == f"/opt/venv/lib/python{PY}/site-packages"
 
 
 def test_an_image_layer_whose_bytes_do_not_match_its_digest_is_refused(tmp_path):

@@ -658,8 +658,9 @@ def report_json(d: Diagnosis) -> dict[str, Any]:
     return {
         "clean": not d.findings,
         "environment": {
+            "image": t.image,
             "prefix": t.where,
-            "site_packages": t.site,
+            "site_packages": t.site_shown,
             "python": t.python,
             "distributions": len(t.dists),
             "torch": t.torch_version,
