@@ -265,35 +265,34 @@ def real_pypi():
     unavailable(f"{PYPI} does not answer: the real-index tests need it")
 
 
+def pip_run(*args: str) -> None:
+    """`python -m pip ARGS` without the host's pip config (no find-links, extra indexes or
+    constraints of its own); a failure fails the test with pip's last words."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env["PIP_CONFIG_FILE"] = os.devnull
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", *args], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert r.returncode == 0, f"pip {' '.join(args)} failed:\n{r.stderr[-2000:]}"
+
+
 @pytest.fixture(scope="session")
 def verl_wheels(real_pypi, tmp_path_factory) -> dict:
     """The real wheel of every verl release in the matrix, from PyPI (`pip download --no-deps`,
     about 1 MB each, once per session): {version: path}."""
     dest = tmp_path_factory.mktemp("verl-wheels")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
-    env["PIP_CONFIG_FILE"] = os.devnull  # no host find-links, extra indexes or constraints
     wheels = {}
     for version in shipped().verl:
-        r = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--only-binary=:all:",
-                "--index-url",
-                real_pypi,
-                "-d",
-                str(dest),
-                f"verl=={version}",
-            ],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=600,
+        pip_run(
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--index-url",
+            real_pypi,
+            "-d",
+            str(dest),
+            f"verl=={version}",
         )
-        assert r.returncode == 0, f"pip download verl=={version} failed:\n{r.stderr[-2000:]}"
         found = sorted(dest.glob(f"verl-{version}-*.whl"))
         assert found, f"no verl {version} wheel in {dest}"
         wheels[version] = found[0]

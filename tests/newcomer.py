@@ -52,6 +52,7 @@ AFTER = "needs what a command not run here writes"
 # (pattern over the command's words joined by spaces, class, why): the first match decides.
 CLASSES: list[tuple[str, str, str]] = [
     (r"^(detect|doctor)\b", GPU, "reads this machine's GPU, driver and container runtime"),
+    (r"^diagnose\b", AFTER, "reads an environment of the reader's own (a venv or conda prefix)"),
     (
         r"^build\b",
         DOCKER,

@@ -12,9 +12,8 @@ import click
 from envbuilder.errors import EnvbuildError, UserError
 from envbuilder.tools.run import interruption, sigterm_as_interrupt
 
-# The actions' commands live in modules of their own, imported only when one of their commands
-# runs (or help lists them), so `render` pays nothing for build, lock, wheelhouse or detect:
-# click's documented lazy subcommands, name -> "module:command" (no registration by import).
+# The actions' commands live in modules of their own, imported only when one runs (or help lists
+# them): `render` pays nothing for build, lock or detect. click's lazy subcommands, name -> "module:command".
 LAZY_COMMANDS = {
     "list": "envbuilder.cli.show:list_",
     "show": "envbuilder.cli.show:show",
@@ -29,6 +28,7 @@ LAZY_COMMANDS = {
     "sbom": "envbuilder.cli.sbom:sbom",
     "detect": "envbuilder.cli.machine:detect",
     "doctor": "envbuilder.cli.machine:doctor",
+    "diagnose": "envbuilder.cli.diagnose:diagnose",
     "verify": "envbuilder.cli.verify:verify",
     "install": "envbuilder.cli.install:install",
     "refresh": "envbuilder.cli.refresh:refresh",

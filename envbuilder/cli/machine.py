@@ -22,10 +22,14 @@ if TYPE_CHECKING:
 
 # what the real probes import: NVML's module for the GPUs; the docker SDK and requests for doctor's
 # engine, registry and network checks (pyproject's `actions` extra)
-_NEEDS = {"detect": ("pynvml",), "doctor": ("pynvml", "docker", "requests")}
+_NEEDS = {"detect": ("pynvml",), "diagnose": ("pynvml",), "doctor": ("pynvml", "docker", "requests")}
 
 
 def _probes(ctx: click.Context) -> Probes:
+    return probes_for(ctx, ctx.info_name or "doctor")
+
+
+def probes_for(ctx: click.Context, command: str) -> Probes:
     """The probes a test passed, else the real ones, once the extra they import is installed
     (exit 2 naming it, not a machine reported as having no GPU)."""
     from envbuilder.errors import need_extra
@@ -33,7 +37,6 @@ def _probes(ctx: click.Context) -> Probes:
 
     if ctx.obj is not None:
         return ctx.obj  # type: ignore[no-any-return]
-    command = ctx.info_name or "doctor"
     need_extra(command, "actions", _NEEDS.get(command, _NEEDS["doctor"]))
     return Probes()
 

@@ -188,6 +188,28 @@ def engine() -> Any:
         ) from None
 
 
+def engine_image(image: str) -> tuple[Any | None, str | None]:
+    """(the Docker engine's image by that name or ID, None), (None, None) when the engine has none
+    by that name, or (None, why) when no engine answers. ActionError for an engine that errors."""
+    try:
+        client = engine()
+    except ActionError as e:
+        return None, str(e)
+    import docker.errors
+
+    try:
+        return client.images.get(image), None
+    except docker.errors.ImageNotFound:
+        return None, None
+    except Exception as e:  # noqa: BLE001 - an engine that errors is reported as such
+        from envbuilder.text import shorten
+
+        raise ActionError(
+            f"The Docker engine could not look up {shorten(image, 120)} ({first_line(e)}). Check the "
+            "engine and run again."
+        ) from None
+
+
 def first_line(e: Exception) -> str:
     text = str(e).strip().splitlines()
     return text[0][:200] if text else type(e).__name__

@@ -40,31 +40,15 @@ def resolve_source(image: str, say: Say) -> tuple[str, list[str], str]:
     """(skopeo source, its flags, description) for `image`: the Docker engine's image when it
     has one by that name or ID, else the registry a reference with a host names. ActionError
     (exit 1) when neither has it."""
-    from envbuilder.engines import docker as B
+    from envbuilder.engines.docker import engine_image
 
-    daemon_problem = None
-    try:
-        client = B.engine()
-    except ActionError as e:
-        client, daemon_problem = None, str(e)
-    if client is not None:
-        import docker.errors
-
-        try:
-            found = client.images.get(image)
-        except docker.errors.ImageNotFound:
-            found = None
-        except Exception as e:  # noqa: BLE001 - an engine that errors is reported as such
-            raise ActionError(
-                f"The Docker engine could not look up {short(image)} "
-                f"({B.first_line(e)}). Check the engine and run again."
-            ) from None
-        if found is not None:
-            args = []
-            host = os.environ.get("DOCKER_HOST")
-            if host:
-                args += ["--src-daemon-host", host]
-            return (f"docker-daemon:{found.id}", args, f"{image} ({found.id[:19]}) from the Docker engine")
+    found, daemon_problem = engine_image(image)
+    if found is not None:
+        args = []
+        host = os.environ.get("DOCKER_HOST")
+        if host:
+            args += ["--src-daemon-host", host]
+        return (f"docker-daemon:{found.id}", args, f"{image} ({found.id[:19]}) from the Docker engine")
     if has_registry(image):
         from envbuilder.oci.registry import digest
 

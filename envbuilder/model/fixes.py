@@ -274,3 +274,12 @@ def checked(
         )
         out.append(v._replace(fix=fix) if fix != v.fix else v)
     return out
+
+
+def smallest_change(
+    m: Matrix, profile: str, ov: Overrides, run: Callable[[Overrides], object]
+) -> dict[str, Any] | None:
+    """The smallest change of `ov` under which `profile` resolves (whole_fix's search), each
+    flag with the value it then has; None when none does. `run` as for `checked`. For callers
+    that start from what is installed (diagnose) rather than from a refusal."""
+    return whole_fix(m, profile, ov, _Attempts(run))

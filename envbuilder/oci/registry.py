@@ -19,7 +19,8 @@ from __future__ import annotations
 import hashlib
 import re
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from envbuilder.errors import ActionError
 from envbuilder.record import Record
@@ -279,4 +280,155 @@ def check_served(reference: str, want: str, after: str, what: str) -> None:
         raise ActionError(
             f"After {after}, {reference} is not served with digest {want} (the "
             f"registry serves {served}). The {what} is not complete; run again."
+        )
+
+
+# -- an image's layers (envbuild diagnose --image) ------------------------------------------------
+
+LAYER_TYPES = ("application/vnd.oci.image.layer.v1.tar", "application/vnd.docker.image.rootfs.diff.tar")
+MAX_LAYER = 64 << 30  # (a CUDA devel base's largest layer is ~4 GiB)
+
+
+class Layer(Record):
+    digest: str
+    size: int
+    media_type: str
+
+
+def _get(
+    s: requests.Session,
+    url: str,
+    expect: Any,
+    headers: dict[str, str],
+    repository: str,
+    shown: str,
+    too_large: str | None = None,
+    **kw: Any,
+) -> Any:
+    """GET `url`, with an anonymous token where the registry answers 401 with a Bearer challenge.
+    `too_large`: the message for a body over `expect`'s cap (else the network's)."""
+    from envbuilder.oci import http as net
+
+    try:
+        r = net.request(s, "GET", url, expect, headers=headers, timeout=TIMEOUT, **kw)
+        if r.status == 401:
+            ch = _challenge(r.headers.get("WWW-Authenticate", ""))
+            if ch["scheme"] != "bearer" or "realm" not in ch:
+                raise ActionError(
+                    f"The registry {shown} wants credentials for {repository}; envbuild reads "
+                    "public images anonymously only. Use a mirror that serves it."
+                )
+            headers["Authorization"] = f"Bearer {_token(s, ch, repository, shown)}"
+            r = net.request(s, "GET", url, expect, headers=headers, timeout=TIMEOUT, **kw)
+    except net.NetError as e:
+        if too_large is not None and e.kind == "too-large":
+            raise ActionError(too_large) from None
+        raise ActionError(f"Cannot read {url} from the registry {shown}: {e.reason}.") from None
+    return r
+
+
+def image_layers(ref: str, s: requests.Session, platform: str = "linux/amd64") -> tuple[str, list[Layer]]:
+    """The manifest digest of `ref` for `platform` (an index's child) and its layers in order."""
+    from envbuilder.oci import http as net
+
+    parsed = parse_image(ref)
+    base, repository = api_location(parsed)
+    shown = net.redact(base)
+    headers = {"Accept": ACCEPT}
+    reference = parsed.reference[1:]
+    for _ in range(2):  # (an index, then the platform's manifest)
+        url = f"{base}/v2/{repository}/manifests/{reference}"
+        r = _get(s, url, net.MANIFEST, headers, repository, shown)
+        if r.status != 200:
+            raise ActionError(
+                f"The registry {shown} answered HTTP {r.status} for {repository}:{reference} ({ref})."
+            )
+        try:
+            doc = net.json_object(r.body, url, "a manifest")
+        except net.BadAnswer as e:
+            raise ActionError(f"The manifest of {ref} at {e.url} {e.detail}.") from None
+        found = "sha256:" + hashlib.sha256(r.body).hexdigest()
+        if "manifests" in doc:
+            os_, _, arch = platform.partition("/")
+            child = next(
+                (
+                    c
+                    for c in doc.get("manifests") or []
+                    if isinstance(c, dict)
+                    and isinstance(c.get("platform"), dict)
+                    and (c["platform"].get("os"), c["platform"].get("architecture")) == (os_, arch)
+                ),
+                None,
+            )
+            if child is None or not re.fullmatch(r"sha256:[0-9a-f]{64}", str(child.get("digest"))):
+                raise ActionError(f"{ref} has no {platform} image in its index.")
+            reference = str(child["digest"])
+            continue
+        layers = []
+        for entry in doc.get("layers") or []:
+            if not isinstance(entry, dict):
+                continue
+            digest_, size, media = entry.get("digest"), entry.get("size"), str(entry.get("mediaType", ""))
+            if not isinstance(digest_, str) or not re.fullmatch(r"sha256:[0-9a-f]{64}", digest_):
+                raise ActionError(
+                    f"The manifest of {ref} names a layer {str(digest_)[:80]!r} that is no sha256 digest."
+                )
+            if not isinstance(size, int) or not 0 <= size <= MAX_LAYER or not media.startswith(LAYER_TYPES):
+                raise ActionError(
+                    f"The manifest of {ref} declares layer {digest_} as {str(media)[:80]!r} of "
+                    f"{str(size)[:20]} bytes: envbuild reads tar layers up to {MAX_LAYER >> 30} GiB."
+                )
+            layers.append(Layer(digest_, size, media))
+        return found, layers
+    raise ActionError(f"{ref}: an index inside an index; envbuild reads one level.")
+
+
+def fetch_layer(ref: str, layer: Layer, s: requests.Session, sink: Callable[[bytes], object]) -> None:
+    """Stream `layer`'s blob into `sink`, at most its declared size, and check that its bytes
+    are that size and hash to its digest: ActionError naming the layer where they do not (a
+    registry serving a damaged or replaced blob, a manifest that declares another size)."""
+    from envbuilder.oci import http as net
+
+    parsed = parse_image(ref)
+    base, repository = api_location(parsed)
+    shown = net.redact(base)
+    h = hashlib.sha256()
+    served = [0]
+
+    def take(chunk: bytes) -> None:
+        h.update(chunk)
+        served[0] += len(chunk)
+        sink(chunk)
+
+    def mismatch(size: str) -> str:
+        return (
+            f"Layer {layer.digest} of {ref}, as the registry {shown} serves it, is {size} its manifest "
+            "declares: the manifest and the layer do not match (an engine's pull refuses it too). "
+            "Nothing of the image was judged. Push the image again (or pull it from a registry "
+            "that serves it whole)."
+        )
+
+    expect = net.Expect(f"layer {layer.digest}", max(layer.size, 1), 3600.0)
+    url = f"{base}/v2/{repository}/blobs/{layer.digest}"
+    r = _get(
+        s,
+        url,
+        expect,
+        {},
+        repository,
+        shown,
+        too_large=mismatch(f"more than the {layer.size} bytes"),
+        sink=take,
+        body_if=lambda status: status == 200,
+    )
+    if r.status != 200:
+        raise ActionError(f"The registry {shown} answered HTTP {r.status} for layer {layer.digest} of {ref}.")
+    if served[0] != layer.size:
+        raise ActionError(mismatch(f"{served[0]} bytes, not the {layer.size}"))
+    got = "sha256:" + h.hexdigest()
+    if got != layer.digest:
+        raise ActionError(
+            f"Layer {layer.digest} of {ref}, as the registry {shown} serves it, hashes to {got}: its "
+            "bytes are not the layer the manifest names (a damaged or replaced blob). Nothing of the "
+            "image was judged. Push the image again (or pull it from a registry that serves it whole)."
         )

@@ -29,6 +29,8 @@ import os
 import re
 from typing import TYPE_CHECKING, Any, Callable
 
+from envbuilder.model.requires import requirements
+
 from envbuilder.render import quoting
 from envbuilder.model.versions import VERSION_PATTERN, ranges_overlap, same_range, satisfies, version_key
 
@@ -49,15 +51,6 @@ CATALOG = {
     "vllm": ("vllm",),
     "verl": ("verl",),
     "flash-attn": ("flash_attn", "versions"),
-}
-# the platform the rendered images run on: what requirement markers are evaluated against
-TARGET = {
-    "sys_platform": "linux",
-    "platform_system": "Linux",
-    "platform_machine": "x86_64",
-    "os_name": "posix",
-    "implementation_name": "cpython",
-    "platform_python_implementation": "CPython",
 }
 KINDS = ("new", "prerelease", "changed", "contradicted", "unrecorded")
 
@@ -97,34 +90,6 @@ def canon(name: str) -> str:  # (PEP 503: text.canonical_name)
 def extras_of(spec: str) -> tuple[str, ...]:
     m = re.search(r"\[([^\]]*)\]", spec)
     return tuple(sorted(e.strip() for e in m.group(1).split(",") if e.strip())) if m else ()
-
-
-def requirements(requires_dist: list[str], python: str, extras: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """The requirements that apply on the target platform with this Python and these extras:
-    [{"name", "extras", "spec", "text"}]. Lines `packaging` can't read are skipped."""
-    from packaging.markers import InvalidMarker, UndefinedComparison, UndefinedEnvironmentName
-    from packaging.requirements import InvalidRequirement, Requirement
-
-    env = dict(TARGET, python_version=python, python_full_version=f"{python}.0")
-    out = []
-    for text in requires_dist or []:
-        try:
-            req = Requirement(text)
-            applies = req.marker is None or any(
-                req.marker.evaluate(dict(env, extra=e)) for e in ("", *extras)
-            )
-        except (InvalidRequirement, InvalidMarker, UndefinedComparison, UndefinedEnvironmentName):
-            continue
-        if applies:
-            out.append(
-                {
-                    "name": canon(req.name),
-                    "extras": tuple(sorted(req.extras)),
-                    "spec": str(req.specifier),
-                    "text": text.split(";")[0].strip(),
-                }
-            )
-    return out
 
 
 def plain_range(spec: str) -> str | None:
