@@ -36,6 +36,21 @@ EXPECTED = {
     "NVIDIA GH200 480GB": "gh200",
     "NVIDIA B200": "b200",
     "NVIDIA GeForce RTX 5090": "5090",
+    "Tesla P100-PCIE-16GB": "p100",
+    "NVIDIA A10G": "a10g",
+    "NVIDIA A40": "a40",
+    "NVIDIA RTX A6000": "rtx-a6000",
+    "NVIDIA GeForce RTX 3080": "3080",
+    "NVIDIA GeForce RTX 3090": "3090",
+    "NVIDIA GeForce RTX 3090 Ti": "3090-ti",
+    "NVIDIA A800-SXM4-80GB": "a800",
+    "NVIDIA A800 80GB PCIe": "a800",
+    "NVIDIA L40": "l40",
+    "NVIDIA L20": "l20",
+    "NVIDIA RTX 6000 Ada Generation": "rtx-6000-ada",
+    "NVIDIA GeForce RTX 4080": "4080",
+    "NVIDIA H20": "h20",
+    "NVIDIA GeForce RTX 5080": "5080",
 }
 
 
@@ -57,12 +72,14 @@ def test_each_card_has_its_own_record_at_the_size_nvidia_smi_prints(gpu):
     assert m.memory["total_mib"][named.model]["source"]
 
 
-@pytest.mark.parametrize("name, mib", [("NVIDIA GH200 144G HBM3e", 144 * 1024), ("NVIDIA H20", 96 * 1024)])
-def test_a_card_without_a_sourced_size_is_planned_at_its_nominal_size(name, mib):
+def test_a_card_without_an_nvidia_smi_size_is_recorded_at_its_nominal_size_and_says_so():
+    """The GH200 144G has no nvidia-smi log here: its record is the nominal 144 GiB, and its
+    source says that it is not a measured size."""
     m = shipped()
-    gpu, _ = parse_query(f"0, {name}, 9.0, {mib}, 580.95.05")
+    gpu, _ = parse_query("0, NVIDIA GH200 144G HBM3e, 9.0, 147456, 580.95.05")
     [named] = identify(m, Machine(tuple(gpu), None, None, "nvidia-smi")).gpus
-    assert named.model not in m.memory["total_mib"] and planned_mib(m, named.model) == mib
+    assert planned_mib(m, named.model) == 144 * 1024 == m.gpus[named.model]["vram_gb"] * 1024
+    assert "gh200_smi" in m.memory["total_mib"][named.model]["source"]
 
 
 @pytest.mark.parametrize(

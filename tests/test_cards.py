@@ -1,0 +1,176 @@
+"""Every common card by its own name (issue 45 item 3, issue 44 Medium 7 and its Low item on
+titles): a memory record and an identity for each, and a card without a profile of its own
+keeps its name where it borrows another profile's stack: the plan, the title, the folder, the
+grid, check and detect."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import shipped
+from envbuilder.errors import UserError
+from envbuilder.model.names import match_gpu, profile_named
+from envbuilder.model.resolve import ResolveError, resolve
+
+# what people type for the cards of the issues -> the matrix's card it names
+CARDS = {
+    "L4": "l4",
+    "NVIDIA L40S": "l40s",
+    "NVIDIA L40": "l40",
+    "NVIDIA L20": "l20",
+    "NVIDIA A10": "a10",
+    "NVIDIA A10G": "a10g",
+    "NVIDIA A40": "a40",
+    "NVIDIA RTX A6000": "rtx-a6000",
+    "NVIDIA RTX 6000 Ada Generation": "rtx-6000-ada",
+    "NVIDIA GeForce RTX 3080": "3080",
+    "NVIDIA GeForce RTX 3090 Ti": "3090-ti",
+    "NVIDIA GeForce RTX 4080": "4080",
+    "NVIDIA GeForce RTX 5080": "5080",
+    "NVIDIA A800-SXM4-80GB": "a800",
+    "NVIDIA A800 80GB PCIe": "a800",
+    "NVIDIA H800": "h800",
+    "NVIDIA H20": "h20",
+    "NVIDIA H100 NVL": "h100-nvl",
+    "NVIDIA A100-SXM4-40GB": "a100-40gb",
+    "NVIDIA A100-PCIE-40GB": "a100-40gb-pcie",
+    "Tesla P100-PCIE-16GB": "p100",
+}
+
+
+@pytest.mark.parametrize("typed, card", CARDS.items())
+def test_each_common_card_is_a_card_of_its_own(typed, card):
+    assert match_gpu(shipped(), typed) == card
+
+
+@pytest.mark.parametrize("card", list(shipped().gpus))
+def test_every_card_has_a_sourced_memory_record_and_an_identity(card):
+    m = shipped()
+    rec = m.memory["total_mib"].get(card)
+    assert rec is not None and rec["source"], f"{card}: no nvidia-smi size recorded"
+    gpu = m.gpus[card]
+    assert gpu.get("form_factor") and gpu.get("interconnect") in m.sections["interconnects"]
+    assert m.sections["interconnects"][gpu["interconnect"]]["scope"] == "node"
+
+
+def test_a_gpu_key_names_its_own_card_not_a_prefix_of_it():
+    """`h100-nvl` (the key the grid prints) is the H100 NVL, not the H100 its pattern would find."""
+    named = profile_named(shipped(), "h100-nvl")
+    assert named is not None and named.gpu == "h100-nvl"
+
+
+def test_a_borrowed_card_is_planned_and_named_as_itself():
+    env = resolve(shipped(), "L40S")
+    assert (env.profile, env.card, env.gpu.name) == ("4090", "l40s", "NVIDIA L40S")
+    assert env.memory["card"]["mib"] == 46068
+    assert env.overrides.gpu_memory is None  # (the card's name carries its size)
+    assert resolve(shipped(), "4090").card is None
+
+
+def test_check_of_a_borrowed_card_never_names_the_profiles_card(cli):
+    code, out, err = cli("check", "A10")
+    said = out + err
+    assert "RTX 3090" not in said and "NVIDIA A10" in said
+    assert "envbuild show 3090" not in said
+
+
+def test_check_titles_a_40gb_a100_as_itself(cli):
+    code, out, _ = cli("check", "A100-SXM4-40GB", "--algo", "grpo")
+    assert code == 0, out
+    assert out.startswith("OK: a100-40gb resolves") and "NVIDIA A100-SXM4-40GB" in out
+    assert "A100 80GB" not in out and "profile a100" in out
+
+
+def test_render_of_a_borrowed_card_writes_its_own_folder(cli, tmp_path):
+    code, out, err = cli("render", "L40S", "-o", str(tmp_path / "out"))
+    assert code == 0, out + err
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["l40s"]
+    folder = tmp_path / "out" / "l40s"
+    readme = (folder / "README.md").read_text()
+    title = readme.splitlines()[0]
+    assert title.startswith("# l40s: NVIDIA L40S") and "profile 4090" in title
+    assert "RTX 4090" not in readme.split("## Next steps")[0].replace(title, "")
+    assert "envbuild render l40s`" in readme and "--gpu-memory" not in readme
+    data = json.loads((folder / "envbuild.json").read_text())
+    assert (data["profile"], data["card"], data["gpu"]["name"]) == ("4090", "l40s", "NVIDIA L40S")
+
+
+def test_a_replayed_borrowed_card_keeps_its_folder(cli, tmp_path):
+    assert cli("render", "L40S", "-o", str(tmp_path / "a"))[0] == 0
+    code, out, err = cli("render", "--from", str(tmp_path / "a" / "l40s" / "envbuild.json"), "-o", str(tmp_path / "b"))
+    assert code == 0, out + err
+    assert (tmp_path / "b" / "l40s" / "envbuild.json").read_bytes() == (
+        tmp_path / "a" / "l40s" / "envbuild.json"
+    ).read_bytes()
+
+
+def _verdict(m, name):
+    try:
+        resolve(m, name, check_fixes=False, pick_stack=False)
+        return "ok"
+    except ResolveError:
+        return "refused"
+    except UserError:
+        return "none"
+
+
+def test_grid_and_check_agree_on_every_card():
+    """Each card of the matrix, through the grid's as-shipped column and through check by its
+    key: a card check resolves has a row the grid resolves (✓, or ~/✗ where check refuses), a
+    card check knows no profile for is the grid's · row."""
+    from envbuilder.render import grid as G
+
+    m = shipped()
+    g = G.build(m)
+    for card in m.gpus:
+        rows = [i for i, r in enumerate(g.rows) if r.gpu == card]
+        assert rows, card
+        for i in rows:
+            row = g.rows[i]
+            cell = g.cells[None][(i, 0)]
+            asked = row.asked
+            if cell.state == "none":
+                assert _verdict(m, card) == "none", card
+            else:
+                want = "ok" if cell.state == "ok" else "refused"
+                assert _verdict(m, asked) == want, (card, asked, cell.state)
+        own = [n for n, p in m.profiles.items() if p["gpu"] == card]
+        if not own and _verdict(m, card) != "none":
+            [i] = rows
+            assert g.rows[i].profile is not None and g.rows[i].asked == card
+
+
+def test_the_grid_names_a_borrowed_card_and_its_profile():
+    from envbuilder.render import grid as G
+
+    m = shipped()
+    g = G.build(m, ("l40s",))
+    assert [(r.gpu, r.profile, r.asked) for r in g.rows] == [("l40s", "4090", "l40s")]
+    assert g.cells[None][(0, 0)].command.startswith("envbuild render l40s")
+    assert "l40s (4090)" in G.text(g, None)
+
+
+def test_a_known_card_is_no_did_you_mean():
+    """RTX 3080 and Tesla P100 are cards of the matrix: the 3080 resolves as itself on the 3090's
+    stack; the P100 is named as a card no profile runs on, never offered a100."""
+    try:  # (a 10 GB card: the 3090's default run may not fit it; the refusal names the card)
+        said = resolve(shipped(), "RTX 3080").gpu.name
+    except ResolveError as e:
+        said = str(e)
+    assert "NVIDIA GeForce RTX 3080" in said and "did you mean" not in said and "rtx-pro-6000" not in said
+    with pytest.raises(UserError) as e:
+        resolve(shipped(), "Tesla P100")
+    assert "did you mean" not in str(e.value) and "a100" not in str(e.value)
+
+
+def test_detect_names_a_borrowed_card_by_its_own_name():
+    from envbuilder.machine.detect import Machine, identify, parse_query, recommend
+
+    m = shipped()
+    gpus, driver = parse_query("0, NVIDIA L40S, 8.9, 46068, 580.95.05")
+    rec = recommend(m, identify(m, Machine(tuple(gpus), driver, "13.0", "nvidia-smi")))
+    fit = rec.fits[0]
+    assert fit.name == "l40s" and fit.profile == "4090"
+    assert "--gpu-memory" not in fit.flags
