@@ -446,13 +446,23 @@ class ResolvedEnv(Record):
     # the run script's overrides as data (envbuilder/model/runplan.py), derived from the rest:
     # a file's copy is checked against the derivation, never trusted (from_dict)
     run: tuple[RunArg, ...] = ()
+    # the matrix's card asked for by name where it has no profile of its own and takes this
+    # profile's stack (gpu is that card's); None: the profile's own card
+    card: Annotated[str | None, S.NAME] = None
 
-    _omit_none = ("mirror", "sglang")
-    _absent = ("constraints", "mirror", "sglang", "run")
+    _omit_none = ("mirror", "sglang", "card")
+    _absent = ("constraints", "mirror", "sglang", "run", "card")
 
     @property
     def name(self) -> str:
+        """The profile: its stack, its lock and its wheelhouse."""
         return self.profile
+
+    @property
+    def asked(self) -> str:
+        """What the user asked for and types again: the card's key where a card took the
+        profile's stack, else the profile; the rendered folder's name."""
+        return self.card or self.profile
 
     @property
     def needs_builder(self) -> bool:
