@@ -176,3 +176,23 @@ def test_detect_names_a_borrowed_card_by_its_own_name():
     fit = rec.fits[0]
     assert fit.name == "l40s" and fit.profile == "4090"
     assert "--gpu-memory" not in fit.flags
+
+
+def test_a_command_without_profile_takes_the_card_by_its_own_name():
+    """render/doctor/build without PROFILE on an L40S machine: the l40s (its own memory), not
+    the 4090 profile planned for the 4090's 24 GB."""
+    import subprocess
+
+    from test_detect import NO_NVML
+
+    from envbuilder.machine.detect import QUERY
+    from envbuilder.machine.doctor import Probes, implied_profile
+
+    def smi(argv):
+        if tuple(argv) == QUERY:
+            return subprocess.CompletedProcess(argv, 0, "0, NVIDIA L40S, 8.9, 46068, 580.95.05\n", "")
+        return subprocess.CompletedProcess(argv, 0, "| Driver Version: 580.95.05  CUDA Version: 13.0 |\n", "")
+
+    said = []
+    assert implied_profile(shipped(), "render", Probes(nvml=NO_NVML, run=smi), said.append) == "l40s"
+    assert "profile 4090 best, as l40s" in said[0]
