@@ -196,3 +196,36 @@ def test_a_command_without_profile_takes_the_card_by_its_own_name():
     said = []
     assert implied_profile(shipped(), "render", Probes(nvml=NO_NVML, run=smi), said.append) == "l40s"
     assert "profile 4090 best, as l40s" in said[0]
+
+
+def test_no_file_of_a_borrowed_card_is_headed_or_replayed_as_the_profile(cli, tmp_path):
+    """Every header, label and command a rendered folder prints names the card asked for: the
+    profile appears only as the stack it takes (its lock, its pins), never as the title (issue
+    44's Low item: 'titles follow the profile, not the card planned') nor as a command that
+    would plan for the profile's own card."""
+    code, out, err = cli("render", "L40S", "--algo", "grpo", "-o", str(tmp_path / "out"))
+    assert code == 0, out + err
+    folder = tmp_path / "out" / "l40s"
+    texts = {p.name: p.read_text() for p in folder.rglob("*") if p.is_file()}
+    for name, text in texts.items():
+        assert "profile 4090: RTX 4090" not in text, name
+        for verb in ("render", "show", "check", "build", "doctor"):
+            assert f"envbuild {verb} 4090" not in text, (name, verb)
+        assert "4090.sif" not in text, name
+    docker = texts["Dockerfile"]
+    assert docker.splitlines()[0].startswith("# Rendered by envbuild ") and (
+        "for l40s: NVIDIA L40S on profile 4090's stack" in docker.splitlines()[0]
+    )
+    assert 'org.opencontainers.image.title="envbuild l40s"' in docker
+    assert "l40s: NVIDIA L40S on profile 4090's stack" in texts["apptainer.def"]
+    assert "apptainer build l40s.sif" in texts["apptainer.def"]
+
+
+def test_show_of_a_borrowed_card_heads_with_the_card():
+    from envbuilder.render.summary import show_text
+
+    text = show_text(shipped(), "L40S")
+    first = text.splitlines()[0]
+    assert first.startswith("card       l40s: NVIDIA L40S on profile 4090's stack"), first
+    assert "profile    4090: " in text  # (the stack it takes, on a line of its own)
+    assert show_text(shipped(), "4090").startswith("profile    4090: ")

@@ -147,7 +147,7 @@ def definition(env: ResolvedEnv, source: str, bootstrap: str, digest: str | None
     from envbuilder.render.files import jinja_env, smoke_command
     from envbuilder.render.image import PREFLIGHT, RUN_SCRIPT_PATH
 
-    sif = f"{PurePosixPath(def_name).stem or env.profile}.sif"
+    sif = f"{PurePosixPath(def_name).stem or env.asked}.sif"
     context = {
         "d": env,
         "header": HEADER,

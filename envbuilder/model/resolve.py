@@ -751,7 +751,7 @@ class _Resolver:
                     value="true",
                     why=f"{where} cannot generate from an offloaded actor: {off['why']}",
                     fix="leave it False (the memory plan keeps the actor's weights on "
-                    f"the GPU: envbuild show {self.name} --memory), offload the optimizer instead, or use "
+                    f"the GPU: envbuild show {self.named.gpu or self.name} --memory), offload the optimizer instead, or use "
                     f"the vLLM rollout on a GPU of CC >= {self.m.min_compute_capability}",
                 )
             )

@@ -465,6 +465,22 @@ class ResolvedEnv(Record):
         return self.card or self.profile
 
     @property
+    def described(self) -> str:
+        """The profile's description, or for a card on another profile's stack `NVIDIA L40S on
+        profile 4090's stack (<the profile's description>)`: the image's description label."""
+        if self.card:
+            return f"{self.gpu.name} on profile {self.profile}'s stack ({self.description})"
+        return self.description
+
+    @property
+    def title(self) -> str:
+        """What a file's header and `show` name it: `profile 4090: <its description>`, or
+        `l40s: NVIDIA L40S on profile 4090's stack (...)` for a card on another's stack."""
+        return (
+            f"{self.card}: {self.described}" if self.card else f"profile {self.profile}: {self.description}"
+        )
+
+    @property
     def needs_builder(self) -> bool:
         """A builder stage compiles or fetches extensions (apex, flash-attn) against the torch."""
         return bool(self.apex or self.flash_attn)

@@ -84,7 +84,7 @@ def build(env: ResolvedEnv) -> tuple[RunArg, ...]:
     add("data.val_files", "$DATA_DIR/test.parquet", shell=True)
     mem = d.memory
     head = (
-        f"batch sizes per GPU from the memory plan (envbuild show {d.profile} --memory): peak "
+        f"batch sizes per GPU from the memory plan (envbuild show {d.asked} --memory): peak "
         f"{mem['peak']['gib']} GiB"
     )
     if d.verl.rollout_mode == "async":

@@ -85,6 +85,7 @@ def _show_text(
     if as_json:
         return env.to_json()
     lines = [
+        *([f"card       {env.title}"] if env.card else []),  # (the card asked for, on the profile's stack)
         f"profile    {env.profile}: {env.description}",
         f"gpu        {env.gpu.name} (CC {env.gpu.compute_capability}, {env.gpu.vram_gb} GB)",
         f"cuda       {env.cuda.version} ({env.cuda.images['runtime']}), driver >= {env.driver.min_driver}",
