@@ -30,10 +30,14 @@ CARDS = {
     "NVIDIA GeForce RTX 4080": "4080",
     "NVIDIA GeForce RTX 5080": "5080",
     "NVIDIA A800-SXM4-80GB": "a800",
-    "NVIDIA A800 80GB PCIe": "a800",
+    "NVIDIA A800 80GB PCIe": "a800-pcie",
     "NVIDIA H800": "h800",
     "NVIDIA H20": "h20",
     "NVIDIA H100 NVL": "h100-nvl",
+    "NVIDIA H100 PCIe": "h100-pcie",
+    "Tesla V100-PCIE-16GB": "v100-16gb-pcie",
+    "Tesla V100-PCIE-32GB": "v100-pcie",
+    "Tesla V100S-PCIE-32GB": "v100-pcie",
     "NVIDIA A100-SXM4-40GB": "a100-40gb",
     "NVIDIA A100-PCIE-40GB": "a100-40gb-pcie",
     "Tesla P100-PCIE-16GB": "p100",
@@ -53,6 +57,20 @@ def test_every_card_has_a_sourced_memory_record_and_an_identity(card):
     gpu = m.gpus[card]
     assert gpu.get("form_factor") and gpu.get("interconnect") in m.sections["interconnects"]
     assert m.sections["interconnects"][gpu["interconnect"]]["scope"] == "node"
+
+
+def test_a_pcie_board_is_a_card_whose_identity_says_pcie():
+    """A board nvidia-smi names PCIe (tests/fixtures/gpu/skus.csv) is not taken for its SXM
+    sibling: its own card, built as a PCIe card, its GPUs talking over PCIe."""
+    from test_card_sizes import SKUS
+
+    m = shipped()
+    names = [line.split(",")[1].strip() for line in SKUS.read_text().splitlines() if not line.startswith("#")]
+    pcie = [n for n in names if "pcie" in n.casefold()]
+    assert len(pcie) >= 5, pcie
+    for name in pcie:
+        gpu = m.gpus[match_gpu(m, name)]
+        assert (gpu["form_factor"], gpu["interconnect"]) == ("pcie", "pcie"), name
 
 
 def test_a_gpu_key_names_its_own_card_not_a_prefix_of_it():
