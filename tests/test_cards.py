@@ -247,3 +247,17 @@ def test_show_of_a_borrowed_card_heads_with_the_card():
     assert first.startswith("card       l40s: NVIDIA L40S on profile 4090's stack"), first
     assert "profile    4090: " in text  # (the stack it takes, on a line of its own)
     assert show_text(shipped(), "4090").startswith("profile    4090: ")
+
+
+@pytest.mark.parametrize(
+    "typed, line",
+    [
+        ("H100 PCIe", "board      a PCIe card; PCIe between the GPUs of one node (no NVLink)"),
+        ("h100", "board      an SXM module; NVLink/NVSwitch between the GPUs of one node"),
+        ("gh200", "board      a superchip; NVLink/NVSwitch between the GPUs of one node"),
+    ],
+)
+def test_show_states_the_cards_identity(typed, line):
+    from envbuilder.render.summary import show_text
+
+    assert line in show_text(shipped(), typed).splitlines()
