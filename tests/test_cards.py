@@ -261,3 +261,17 @@ def test_show_states_the_cards_identity(typed, line):
     from envbuilder.render.summary import show_text
 
     assert line in show_text(shipped(), typed).splitlines()
+
+
+def test_the_grid_and_check_say_the_same_of_a_card_no_build_runs_on():
+    """The P100 (CC 6.0, no profile's build runs on it): the grid's · cell and check's refusal
+    say the same thing, and neither offers a profile's name as a guess."""
+    from envbuilder.render import grid as G
+
+    m = shipped()
+    g = G.build(m, ("p100",))
+    summary = g.cells[None][(0, 0)].summary
+    with pytest.raises(UserError) as e:
+        resolve(m, "p100")
+    assert "no profile's build runs on the Tesla P100 (CC 6.0)" in summary
+    assert "a card no profile's build runs on" in str(e.value) and "did you mean" not in str(e.value)

@@ -1,8 +1,9 @@
 """The compatibility grid: every GPU of the matrix against the choices render's flags offer (a
 torch/CUDA pair, a rollout and vLLM release, a verl release, flash-attn, apex), each cell the
-resolver's own verdict for `envbuild check PROFILE FLAGS` on the GPU's profile: ✓ it resolves,
-~ it resolves once a named override is added (a fix the refusal names, or a whole stack), ✗ it
-does not, · no profile targets that GPU. One resolve per combination, cached, so the grid
+resolver's own verdict for `envbuild check PROFILE FLAGS` on the GPU's profile (`check CARD
+FLAGS` for a card without a profile of its own): ✓ it resolves, ~ it resolves once a named
+override is added (a fix the refusal names, or a whole stack), ✗ it does not, · no profile's
+build runs on that GPU. One resolve per combination, cached, so the grid
 cannot disagree with `render`.
 
 The page (`grid.html.j2`) is one self-contained file: inline CSS and script, the verdicts as
@@ -186,7 +187,7 @@ def cell(m: Matrix, verdicts: Verdicts, row: Row, col: Column, driver: str | Non
     if row.profile is None:
         near = [n for n, p in m.profiles.items() if cc_runs(row.cc, [m.gpus[p["gpu"]]["compute_capability"]])]
         near.sort(key=lambda n: cc_tuple(m.gpus[m.profiles[n]["gpu"]]["compute_capability"]), reverse=True)
-        why = f"no profile targets the {row.name} (CC {row.cc}), so render has nothing to resolve for it"
+        why = f"no profile's build runs on the {row.name} (CC {row.cc}), so render has nothing to resolve for it"
         if near:
             why += f"; the code of profile {near[0]} runs on CC {row.cc} (`envbuild detect` weighs it)"
         rule = {"rule": "profile", "what": why, "why": "", "fix": "add a profile in a --matrix-dir overlay"}
