@@ -275,3 +275,46 @@ def test_the_grid_and_check_say_the_same_of_a_card_no_build_runs_on():
         resolve(m, "p100")
     assert "no profile's build runs on the Tesla P100 (CC 6.0)" in summary
     assert "a card no profile's build runs on" in str(e.value) and "did you mean" not in str(e.value)
+
+
+def test_a_launcher_for_a_borrowed_card_builds_names_and_checks_the_card(tmp_path, monkeypatch):
+    """`envbuild launch slurm L40S`: the image it asks for is `envbuild build l40s` (planned for
+    the L40S's 48 GB), its script and job are named l40s, and the check the script runs first
+    refuses an image rendered for profile 4090's own card (the same stack, other batch sizes)."""
+    import subprocess
+    import sys
+
+    from envbuilder.engines import launch as L
+    from envbuilder.render.files import render_files
+
+    m = shipped()
+    card, profile = resolve(m, "L40S"), resolve(m, "4090")
+    assert L.build_command(card).startswith("envbuild build l40s")
+    monkeypatch.chdir(tmp_path)
+    said: list[str] = []
+    path = L.write_slurm(m, "L40S", None, sif="/x.sif", say=said.append)
+    assert path.name == "l40s.sbatch" and "envbuild build l40s" in said[-1]
+    assert "#SBATCH --job-name=envbuild-l40s" in path.read_text() or "job-name=l40s" in path.read_text()
+    record = tmp_path / "envbuild.json"
+
+    def check(record_env):
+        record.write_text(render_files(record_env)["envbuild.json"])
+        argv = [sys.executable, "-c", L.IMAGE_CHECK, str(record), *L.check_args(card)]
+        return subprocess.run(argv, capture_output=True, text=True)
+
+    assert check(card).returncode == 0
+    r = check(profile)
+    assert r.returncode == 2 and "4090 (this job: l40s)" in r.stderr, r.stderr
+
+
+def test_an_apptainer_definition_of_a_borrowed_card_is_named_for_it(cli, tmp_path):
+    """`envbuild apptainer L40S --image .../envbuild/l40s@...` (the image `build L40S` names):
+    written to l40s.def, no note that the image is named for another profile; an image of the
+    4090 profile's own card gets that note."""
+    digest = "sha256:" + "0123456789abcdef" * 4
+    code, out, err = cli("apptainer", "L40S", "--image", f"127.0.0.1:5000/envbuild/l40s@{digest}")
+    assert code == 0, err
+    assert (tmp_path / "l40s.def").is_file() and not (tmp_path / "4090.def").exists()
+    assert "not named after" not in err
+    code, out, err = cli("apptainer", "L40S", "--image", f"127.0.0.1:5000/envbuild/4090@{digest}", "--force")
+    assert code == 0 and "is not named after l40s" in err, err
