@@ -318,3 +318,12 @@ def test_an_apptainer_definition_of_a_borrowed_card_is_named_for_it(cli, tmp_pat
     assert "not named after" not in err
     code, out, err = cli("apptainer", "L40S", "--image", f"127.0.0.1:5000/envbuild/4090@{digest}", "--force")
     assert code == 0 and "is not named after l40s" in err, err
+
+
+@pytest.mark.parametrize("typed", ["L40S", "NVIDIA L40S", "l40s"])
+def test_grid_takes_a_card_as_check_does(typed):
+    """`grid --gpu L40S` shows the row `check L40S` resolves (it knew keys and profiles only)."""
+    from envbuilder.render import grid as G
+
+    g = G.build(shipped(), (typed,))
+    assert [(r.gpu, r.asked) for r in g.rows] == [("l40s", "l40s")]

@@ -21,7 +21,7 @@ from envbuilder.model import fixes
 from envbuilder.model.matrix import Matrix, cc_tuple
 from envbuilder.model.resolve import ResolveError, resolve
 from envbuilder.model.matrix import cc_runs
-from envbuilder.model.names import nearest_profile
+from envbuilder.model.names import match_gpu, nearest_profile, profile_named
 from envbuilder.model.resolved import Overrides, ResolvedEnv
 from envbuilder.model.versions import version_key
 from envbuilder.record import Record
@@ -89,11 +89,23 @@ def columns(m: Matrix) -> list[Column]:
     return cols
 
 
+def _known(m: Matrix, typed: str) -> str:
+    """A --gpu value as `check` takes it (a profile, a GPU key, a card's name in any case: `L40S`,
+    `NVIDIA L40S`) as the key rows() looks for: the card's, or the profile's; else as typed."""
+    if typed in m.gpus or typed in m.profiles:
+        return typed
+    named = profile_named(m, typed)
+    if named is not None:
+        return named.gpu or named.profile
+    return match_gpu(m, typed) or typed
+
+
 def rows(m: Matrix, gpus: tuple[str, ...] = ()) -> list[Row]:
     """One row per profile, in gpus.yaml's order; a card without a profile of its own gets one
     row of the profile whose stack it takes (names.nearest_profile, as `check CARD` resolves
     it, planned for the card), or one row of · where no profile's build runs on it. `gpus`
     narrows to those GPU keys (or profile names)."""
+    gpus = tuple(_known(m, typed) for typed in gpus)
     out: list[Row] = []
     for key, g in m.gpus.items():
         names = [n for n, p in m.profiles.items() if p["gpu"] == key]
