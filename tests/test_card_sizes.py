@@ -18,7 +18,7 @@ EXPECTED = {
     "Tesla P40": "p40",
     "Tesla T4": "t4",
     "Tesla V100-SXM2-16GB": "v100-16gb",
-    "Tesla V100-PCIE-16GB": "v100-16gb",
+    "Tesla V100-PCIE-16GB": "v100-16gb-pcie",
     "Tesla V100-SXM2-32GB": "v100",
     "NVIDIA A10": "a10",
     "NVIDIA A100-SXM4-40GB": "a100-40gb",
@@ -29,13 +29,28 @@ EXPECTED = {
     "NVIDIA L40S": "l40s",
     "NVIDIA GeForce RTX 4090": "4090",
     "NVIDIA H100 80GB HBM3": "h100",
-    "NVIDIA H100 PCIe": "h100",
+    "NVIDIA H100 PCIe": "h100-pcie",
     "NVIDIA H100 NVL": "h100-nvl",
     "NVIDIA H800": "h800",
     "NVIDIA H200": "h200",
     "NVIDIA GH200 480GB": "gh200",
     "NVIDIA B200": "b200",
     "NVIDIA GeForce RTX 5090": "5090",
+    "Tesla P100-PCIE-16GB": "p100",
+    "NVIDIA A10G": "a10g",
+    "NVIDIA A40": "a40",
+    "NVIDIA RTX A6000": "rtx-a6000",
+    "NVIDIA GeForce RTX 3080": "3080",
+    "NVIDIA GeForce RTX 3090": "3090",
+    "NVIDIA GeForce RTX 3090 Ti": "3090-ti",
+    "NVIDIA A800-SXM4-80GB": "a800",
+    "NVIDIA A800 80GB PCIe": "a800-pcie",
+    "NVIDIA L40": "l40",
+    "NVIDIA L20": "l20",
+    "NVIDIA RTX 6000 Ada Generation": "rtx-6000-ada",
+    "NVIDIA GeForce RTX 4080": "4080",
+    "NVIDIA H20": "h20",
+    "NVIDIA GeForce RTX 5080": "5080",
 }
 
 
@@ -57,32 +72,42 @@ def test_each_card_has_its_own_record_at_the_size_nvidia_smi_prints(gpu):
     assert m.memory["total_mib"][named.model]["source"]
 
 
-@pytest.mark.parametrize("name, mib", [("NVIDIA GH200 144G HBM3e", 144 * 1024), ("NVIDIA H20", 96 * 1024)])
-def test_a_card_without_a_sourced_size_is_planned_at_its_nominal_size(name, mib):
+def test_a_card_without_an_nvidia_smi_size_is_recorded_at_its_nominal_size_and_says_so():
+    """The GH200 144G has no nvidia-smi log here: its record is the nominal 144 GiB, and its
+    source says that it is not a measured size."""
     m = shipped()
-    gpu, _ = parse_query(f"0, {name}, 9.0, {mib}, 580.95.05")
+    gpu, _ = parse_query("0, NVIDIA GH200 144G HBM3e, 9.0, 147456, 580.95.05")
     [named] = identify(m, Machine(tuple(gpu), None, None, "nvidia-smi")).gpus
-    assert named.model not in m.memory["total_mib"] and planned_mib(m, named.model) == mib
+    assert planned_mib(m, named.model) == 144 * 1024 == m.gpus[named.model]["vram_gb"] * 1024
+    assert "gh200_smi" in m.memory["total_mib"][named.model]["source"]
 
 
 @pytest.mark.parametrize(
-    "line, profile",
+    "line, profile, card, flags",
     [
-        ("0, NVIDIA A100-SXM4-40GB, 8.0, 40960, 580.95.05", "a100"),
-        ("0, Tesla V100-SXM2-16GB, 7.0, 16384, 580.95.05", "v100"),
-        ("0, NVIDIA L4, 8.9, 23034, 580.95.05", "4090"),
+        ("0, NVIDIA A100-SXM4-40GB, 8.0, 40960, 580.95.05", "a100", "a100-40gb", ""),
+        ("0, Tesla V100-SXM2-16GB, 7.0, 16384, 580.95.05", "v100", "v100-16gb", ""),
+        ("0, NVIDIA L4, 8.9, 23034, 580.95.05", "4090", "l4", ""),
+        # (an A100 40GB on driver 470 reports 40536 MiB: the plan takes what it reports)
+        ("0, NVIDIA A100-SXM4-40GB, 8.0, 40536, 470.82.01", "a100", "a100-40gb", " --gpu-memory 40536"),
     ],
 )
-def test_detect_plans_with_the_size_the_card_reports(line, profile):
+def test_detect_plans_with_the_size_the_card_reports(line, profile, card, flags):
     """A card whose profile is another SKU's (the A100 40GB: profile a100, an 80 GB card) is
-    planned at what it reports, and the commands it prints carry that size."""
+    planned at what it reports: by its own name where that is its recorded size, with
+    --gpu-memory where it reports another; the commands it prints carry both."""
     m = shipped()
     gpus, driver = parse_query(line)
     machine = identify(m, Machine(tuple(gpus), driver, "13.0", "nvidia-smi"))
     rec = recommend(m, machine)
     fit = next(f for f in rec.fits if f.profile == profile)
-    assert fit.flags.startswith(f" --gpu-memory {gpus[0].vram_mib}")
-    assert any(f"{gpus[0].vram_mib} MiB this card reports" in r.text for r in fit.reasons) or not fit.ok
+    assert fit.name == card and fit.flags.startswith(flags)
+    assert flags or "--gpu-memory" not in fit.flags
+    assert (
+        any(f"{gpus[0].vram_mib} MiB this card reports" in r.text for r in fit.reasons)
+        or not fit.ok
+        or not flags
+    )
 
 
 def test_gpu_memory_plans_for_a_card_the_matrix_lacks():

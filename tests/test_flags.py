@@ -108,7 +108,7 @@ def test_every_override_at_once_parses_back(parse):
     assert parse(shlex.split(f"render p40{override_flags(ov)}")) == ov
 
     class Env:  # what build_command reads of a resolved environment
-        profile = "p40"
+        profile = asked = "p40"  # (asked: what the user named, the card or the profile)
         overrides = ov
 
         class cluster:

@@ -62,11 +62,11 @@ def test_every_cell_is_what_check_says(grid):
         if row.profile is None:
             assert cell.state == "none"
             continue
-        argv = [row.profile, *flags_argv(col.flags)]
+        argv = [row.asked, *flags_argv(col.flags)]  # (a card without a profile: by its own name)
         got = check(argv)
-        assert got == (0 if cell.state == "ok" else 2), (row.profile, col, cell.state, got)
+        assert got == (0 if cell.state == "ok" else 2), (row.asked, col, cell.state, got)
         if cell.state == "fix":
-            assert check([*argv, *flags_argv(cell.fix)]) == 0, (row.profile, col, cell.fix)
+            assert check([*argv, *flags_argv(cell.fix)]) == 0, (row.asked, col, cell.fix)
             assert cell.command == "envbuild render " + " ".join([*argv, *flags_argv(cell.fix)])
         elif cell.state == "ok":
             assert cell.command == "envbuild render " + " ".join(argv)
@@ -419,7 +419,7 @@ def test_completion(tmp_path, m):
     assert complete("envbuild check 4090 --verl ", tmp_path) == sorted(m.verl, key=version_key, reverse=True)
     assert complete("envbuild render 4090 --vllm 0.8", tmp_path) == ["0.8.5.post1", "0.8.5"]
     assert complete("envbuild render p40 --with ", tmp_path) == ["apex", "flash-attn"]
-    assert complete("envbuild grid --gpu rtx", tmp_path) == ["rtx-pro-6000"]
+    assert complete("envbuild grid --gpu rtx", tmp_path) == ["rtx-a6000", "rtx-6000-ada", "rtx-pro-6000"]
     # an overlay's profile completes too (--matrix-dir read from the command line)
     overlay = tmp_path / "overlay"
     overlay.mkdir()

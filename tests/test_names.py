@@ -40,7 +40,7 @@ def test_a_card_named_is_planned_at_its_own_size():
     m = shipped()
     env = resolve(m, "H100 NVL")
     assert env.profile == "h100" and env.memory["card"]["mib"] == 95830
-    assert env.overrides.gpu_memory == 95830  # (so the rendered README's command replays it)
+    assert env.card == "h100-nvl"  # (the rendered README's command replays it by its name)
     assert any("H100 NVL" in n and "memory" in n for n in env.notes)
     assert resolve(m, "H100").memory["card"]["mib"] == 81559
 
@@ -71,15 +71,16 @@ def test_check_says_which_card_a_name_was_taken_for():
     r = CliRunner().invoke(cli, ["check", "A100-SXM4-40GB", "--algo", "grpo"])
     assert r.exit_code == 0, r.output
     assert (
-        r.output.startswith("OK: a100 resolves")
-        and "planned for the NVIDIA A100-SXM4-40GB's memory" in r.output
+        r.output.startswith("OK: a100-40gb resolves on profile a100's stack")
+        and "planned for the NVIDIA A100-SXM4-40GB's own memory" in r.output
     )
 
 
 def test_an_unknown_card_is_offered_the_nearest_cards_profile_not_the_nearest_key():
-    """'RTX 3080' is closest to the RTX 3090 of the cards' names, not to the key rtx-pro-6000."""
+    """'RTX 3070' (no card of the matrix) is closest to the RTX 3090 of the cards' names, not
+    to the key rtx-pro-6000. (The RTX 3080 is a card of its own now: tests/test_cards.py.)"""
     with pytest.raises(UserError) as e:
-        resolve(shipped(), "RTX 3080")
+        resolve(shipped(), "RTX 3070")
     assert "did you mean 'RTX 3090' (profile 3090)?" in str(e.value)
     assert "rtx-pro-6000?" not in str(e.value)
 

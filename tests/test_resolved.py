@@ -91,6 +91,7 @@ def test_every_field_has_a_kind_and_a_record_is_declared_once():
         "constraints": None,
         "mirror": None,
         "run": (),
+        "card": None,
     }
 
 

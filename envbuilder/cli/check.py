@@ -54,7 +54,9 @@ def check(
     m = load_matrix(matrix_dirs)
     env = resolve(m, profile, overrides)
     click.echo(
-        f"OK: {env.profile} resolves: {env.gpu.name} (CC {env.gpu.compute_capability}), "
+        f"OK: {env.asked} resolves"
+        + (f" on profile {env.profile}'s stack" if env.card else "")
+        + f": {env.gpu.name} (CC {env.gpu.compute_capability}), "
         f"CUDA {env.cuda.version}, torch {env.torch.version}+{env.torch.variant}, "
         f"verl {env.verl.version} with the {env.rollout} rollout, {env.dtype}."
     )

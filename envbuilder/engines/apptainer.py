@@ -147,7 +147,7 @@ def definition(env: ResolvedEnv, source: str, bootstrap: str, digest: str | None
     from envbuilder.render.files import jinja_env, smoke_command
     from envbuilder.render.image import PREFLIGHT, RUN_SCRIPT_PATH
 
-    sif = f"{PurePosixPath(def_name).stem or env.profile}.sif"
+    sif = f"{PurePosixPath(def_name).stem or env.asked}.sif"
     context = {
         "d": env,
         "header": HEADER,
@@ -228,15 +228,17 @@ def write_definition(
     env = M.split_credentials(resolve(m, profile, overrides))[0]  # (no user:password@ in it)
     if mirror:
         env = M.apply_to_env(env, M.choice(mirror, M.get_set(m, mirror)))
-    path = out_path if out_path is not None else Path(f"{folder_name(env.name, 'The profile name')}.def")
+    # (a card on another profile's stack: named for the card, as `envbuild build CARD` names its image)
+    name = env.asked
+    path = out_path if out_path is not None else Path(f"{folder_name(name, 'The profile name')}.def")
     if path.is_dir():  # (checked again by write_owned_file; here to name the file it wants)
         raise UserError(
-            f"{path} is a folder; -o names the definition file to write (e.g. {path / (env.name + '.def')})."
+            f"{path} is a folder; -o names the definition file to write (e.g. {path / (name + '.def')})."
         )
-    if image and not re.search(rf"(^|/){re.escape(env.name)}(:[^/@]*)?@", source):
+    if image and not re.search(rf"(^|/){re.escape(name)}(:[^/@]*)?@", source):
         say(
-            f"note: {source} is not named after profile {env.name}; the labels and "
-            f"%environment describe {env.name} as resolved here. Check it is that image."
+            f"note: {source} is not named after {name if env.card else 'profile ' + name}; the labels "
+            f"and %environment describe {name} as resolved here. Check it is that image."
         )
     text = definition(env, source, bootstrap, digest, path.name)
     mark = f"its first line is not {HEADER!r}..."

@@ -77,7 +77,7 @@ except (OSError, ValueError) as e:
     sys.exit(f"envbuild: the image has no readable {path} ({e}): it was not built by envbuild. "
              f"Build it with: {fix}")
 cluster = d.get("cluster") or {"nodes": 1, "gpus_per_node": d["train"]["n_gpus"]}
-got = {"profile": d["profile"], "nodes": str(cluster["nodes"]),
+got = {"profile": d.get("card") or d["profile"], "nodes": str(cluster["nodes"]),
        "gpus_per_node": str(cluster["gpus_per_node"]),
        "algorithm": (d.get("algorithm") or {"name": "gae"})["name"], "model": d["train"]["model"]}
 wrong = [f"{k} {got[k]} (this job: {want[k]})" for k in want if got[k] != want[k]]
@@ -276,13 +276,13 @@ def build_command(env: ResolvedEnv) -> str:
     from envbuilder.model.flags import words
 
     given = words(env.overrides, nodes=env.cluster.nodes, gpus_per_node=env.cluster.gpus_per_node)
-    return shlex.join(["envbuild", "build", env.profile, *given])
+    return shlex.join(["envbuild", "build", env.asked, *given])
 
 
 def check_args(env: ResolvedEnv) -> list[str]:
     """IMAGE_CHECK's arguments after the record's path."""
     return [
-        env.profile,
+        env.asked,
         str(env.cluster.nodes),
         str(env.cluster.gpus_per_node),
         env.algorithm.name,
@@ -294,7 +294,7 @@ def check_args(env: ResolvedEnv) -> list[str]:
 def describe(env: ResolvedEnv) -> str:
     cl = env.cluster
     return (
-        f"{env.profile} on {cl.nodes} node(s) x {cl.gpus_per_node} GPU(s) ({env.gpu.name}), "
+        f"{env.asked} on {cl.nodes} node(s) x {cl.gpus_per_node} GPU(s) ({env.gpu.name}), "
         f"verl {env.verl.version}, {env.algorithm.name}" + (f", {cl.interconnect}" if cl.interconnect else "")
     )
 
@@ -347,7 +347,7 @@ def slurm_script(
         "d": env,
         "header": SLURM_HEADER,
         "describe": describe(env),
-        "job_name": job_name(job, env.profile),
+        "job_name": job_name(job, env.asked),
         "runtime": "apptainer" if sif else "docker",
         "image": sif or image,
         "nodes": cl.nodes,
@@ -408,7 +408,7 @@ def rayjob(
     image = image_reference(image, digest=True)
     cpus, memory_gib, shm_gib = pod_sizes(env, cpus, memory_gib, shm_gib)
     label = label_value(env.profile)  # (before the job's name, which --job-name can fix)
-    name = job_name(job, env.profile, kubernetes=True)
+    name = job_name(job, env.asked, kubernetes=True)
     variables = {**dict(cl.env), "RAY_USAGE_STATS_ENABLED": "0"}
     if data_pvc is not None:
         variables.update(DATA_DIR="/data/gsm8k", HF_HOME="/data/huggingface")
@@ -630,8 +630,8 @@ def write_slurm(
     sif = sif_path(sif) if sif is not None else None
     image = image_reference(image, digest=False) if image is not None else None
     env = resolved(m, profile, overrides)
-    job = job_name(job, env.profile)
-    path = out_path(out, "slurm", env.profile)
+    job = job_name(job, env.asked)
+    path = out_path(out, "slurm", env.asked)
     write_launcher(
         path, slurm_script(env, sif=sif, image=image, job=job), SLURM_HEADER, 1, force, "sbatch script"
     )
@@ -660,8 +660,8 @@ def write_kuberay(
     ./PROFILE.rayjob.yaml), the pushed `image` by digest."""
     image = image_reference(image, digest=True)
     env = resolved(m, profile, overrides)
-    job_name(job, env.profile, kubernetes=True)
-    path = out_path(out, "kuberay", env.profile)
+    job_name(job, env.asked, kubernetes=True)
+    path = out_path(out, "kuberay", env.asked)
     text = rayjob_yaml(
         env, image, job=job, cpus=cpus, memory_gib=memory_gib, shm_gib=shm_gib, data_pvc=data_pvc
     )

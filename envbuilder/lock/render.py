@@ -41,7 +41,7 @@ def render_replay(
     # every value's kind and the whole shape checked, all problems named at once, before any
     # template reads it
     env = ResolvedEnv.from_json(text, str(from_))
-    target = Path(out or "out") / folder_name(env.name, "the profile named in " + str(from_))
+    target = Path(out or "out") / folder_name(env.asked, "the profile named in " + str(from_))
     locked = locked_context(env, locked_dir, wheelhouse)
     where = named_lock(env, locked_dir, wheelhouse)
     if locked is not None and where is not None:
@@ -86,7 +86,7 @@ def render_profiles(
         choice = M.choice(mirror, M.get_set(m, mirror))
     written = []
     for env in envs:
-        target = base / folder_name(env.name, "a profile")
+        target = base / folder_name(env.asked, "a profile")
         picked = picked_for_driver(env, overrides)
         if picked:
             say(f"  note: {env.name}: {picked} (as --verl {env.overrides.verl})")
@@ -102,7 +102,7 @@ def render_profiles(
         env = p.env
         R.render(env, target, p.locked, force=force)
         written.append(target)
-        echo(f"rendered {env.name} -> {target}/")
+        echo(f"rendered {env.asked} -> {target}/")
         for note in FA.announcements(env):
             say(f"  note: {note}")
         for w in env.warnings:

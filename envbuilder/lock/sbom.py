@@ -238,9 +238,9 @@ def build(
             "component": {
                 "type": "container",
                 "bom-ref": ROOT_REF,
-                "name": f"envbuild/{env.name}",
+                "name": f"envbuild/{env.asked}",
                 "version": meta["input_sha256"],
-                "description": f"envbuild's {env.name} image: {env.gpu.name}, CUDA {env.cuda.version}, "
+                "description": f"envbuild's {env.asked} image: {env.gpu.name}, CUDA {env.cuda.version}, "
                 f"torch {env.torch.version}+{env.torch.variant}, verl {env.verl.version}",
             },
             "properties": [

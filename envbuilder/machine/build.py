@@ -83,7 +83,7 @@ def target_env(
         )
     env = ResolvedEnv.from_json(read_text_bounded(here, "envbuild.json"), "./envbuild.json")
     say(
-        f"build: no PROFILE given: building {env.name} as ./envbuild.json holds it "
+        f"build: no PROFILE given: building {env.asked} as ./envbuild.json holds it "
         "(the folder `envbuild render` wrote)"
     )
     return env
@@ -116,7 +116,7 @@ def check_platforms(env: ResolvedEnv, platforms: tuple[str, ...], push_to: str |
     other = [p for p in wanted if p != own]
     if other:
         raise UserError(
-            f"--platform {','.join(wanted)}: {env.name} is for the {env.gpu.name}, an "
+            f"--platform {','.join(wanted)}: {env.asked} is for the {env.gpu.name}, an "
             f"{env.gpu.machine} system, so its image is {own} only: the render pins the "
             f"{env.gpu.machine} files (uv's wheel by sha256, the lock's wheels) and a run "
             f"script sized for that GPU, which would be wrong in an {', '.join(other)} image. "
@@ -212,7 +212,7 @@ def build_image(m: Matrix, env: ResolvedEnv, opts: BuildOptions, say: Callable[[
             digest = eng.platforms(context, registry, tag, platforms, {}, secrets, echo, say)
             say(
                 f"pushed {', '.join(platforms)} as one manifest list; not smoke-tested here "
-                f"(`envbuild verify {env.name}` checks the installs, the smoke test runs on the host)"
+                f"(`envbuild verify {env.asked}` checks the installs, the smoke test runs on the host)"
             )
             return f"{registry}/{tag.rsplit(':', 1)[0]}@{digest}"
         result = eng.build(context, tag, {}, secrets, echo, say)

@@ -14,7 +14,7 @@ import subprocess
 from typing import Any, Callable, Sequence
 
 from envbuilder.model.matrix import Matrix, cc_tuple
-from envbuilder.model.names import match_gpu
+from envbuilder.model.names import match_gpu, nearest_profile
 from envbuilder.model.resolve import ResolveError, picked_for_driver, resolve
 from envbuilder.model.matrix import cc_runs
 from envbuilder.model.resolved import Overrides, ResolvedEnv
@@ -253,7 +253,8 @@ class Fit(Record):
     ok: bool
     reasons: tuple[Reason, ...]
     fixes: tuple[str, ...]
-    flags: str = ""  # what `render PROFILE` needs on this machine (" --gpu-memory 40960")
+    flags: str = ""  # what `render NAME` needs on this machine (" --gpu-memory 40960")
+    name: str = ""  # what to render: the profile, or the card's own key where it takes this profile's stack
 
 
 class Recommendation(Record):
@@ -289,21 +290,25 @@ def fit_profile(
                 f"whose code runs on CC {gpu.compute_capability}",
             )
         )
-    # the plan counts on the memory this card reports, not on the profile's card's record
+    # a card of the matrix that takes this profile's stack is resolved by its own name (its
+    # identity and its recorded memory); the plan counts on the memory this card reports
+    asked = (
+        gpu.model if gpu.model and gpu.model != p["gpu"] and nearest_profile(m, gpu.model) == name else name
+    )
     measured = gpu.vram_mib or None
-    planned = planned_mib(m, p["gpu"])
+    planned = planned_mib(m, gpu.model if asked != name and gpu.model else p["gpu"])
     resized = bool(measured and measured != planned)
     flags = f" --gpu-memory {measured}" if resized else ""
     fewer = count if count and count < p["train"]["n_gpus"] else None  # (planned for the GPUs it has)
     flags += f" --gpus-per-node {fewer}" if fewer else ""
     ov = Overrides(driver=driver, gpu_memory=measured if resized else None, gpus_per_node=fewer)
     try:
-        env, changed = resolve_or_fix(m, name, ov)
+        env, changed = resolve_or_fix(m, asked, ov)
     except ResolveError as e:
         for v in e.violations:
             reasons.append(Reason(False, f"{v.what}: {v.why}"))
             fixes.append(v.fix)
-        return Fit(name, False, tuple(reasons), tuple(fixes), flags)
+        return Fit(name, False, tuple(reasons), tuple(fixes), flags, asked)
     picked = picked_for_driver(env, ov)
     if picked:  # (render takes the same stack from the driver, and says why)
         flags += f" --driver {driver}"
@@ -361,12 +366,13 @@ def fit_profile(
         reasons.append(
             Reason(
                 None,
-                f"memory planned for the {measured} MiB this card reports (profile {name}'s "
-                f"{pgpu['name']} is recorded at {planned} MiB)",
+                f"memory planned for the {measured} MiB this card reports ("
+                + (f"the {m.gpus[asked]['name']}" if asked != name else f"profile {name}'s {pgpu['name']}")
+                + f" is recorded at {planned} MiB)",
             )
         )
     ok = all(r.ok is not False for r in reasons)
-    return Fit(name, ok, tuple(reasons), tuple(fixes), flags)
+    return Fit(name, ok, tuple(reasons), tuple(fixes), flags, asked)
 
 
 def upgrade_path(m: Matrix, name: str, env: ResolvedEnv, driver: str) -> str:
@@ -473,7 +479,7 @@ def recommend(m: Matrix, machine: Machine) -> Recommendation:
         if count < n_gpus:  # (the fit planned for `count`: its flags say so, and resolve)
             notes.append(
                 f"profile {best} trains on {n_gpus} GPUs and this machine has {count}: "
-                f"planned for {count} (`envbuild check {best}{fits[0].flags}`)"
+                f"planned for {count} (`envbuild check {fits[0].name or best}{fits[0].flags}`)"
             )
     return Recommendation(gpu, best, tuple(fits), tuple(notes))
 
@@ -495,6 +501,7 @@ def recommendation_json(rec: Recommendation) -> dict[str, Any]:
         "candidates": [
             {
                 "profile": f.profile,
+                **({"as": f.name} if f.name and f.name != f.profile else {}),
                 "fits": f.ok,
                 "reasons": [{"ok": r.ok, "text": r.text} for r in f.reasons],
                 "fixes": list(f.fixes),
@@ -523,13 +530,17 @@ def report_lines(machine: Machine, rec: Recommendation) -> list[str]:
     out += [f"note: {note}" for note in rec.notes]
     if rec.profile:
         best = next(f for f in rec.fits if f.profile == rec.profile)
-        out.append(f"profile: {rec.profile}")
+        what = best.name or rec.profile
+        out.append(
+            f"profile: {rec.profile}"
+            + (f", as {what} (this card by its own name)" if what != rec.profile else "")
+        )
         out += [f"  {r.line()}" for r in best.reasons]
         others = [f.profile for f in rec.fits if f.ok and f.profile != rec.profile]
         if others:
             out.append(f"  also fits: {', '.join(others)}")
         flags = best.flags
-        out.append(f"next: envbuild doctor {rec.profile}{flags}; envbuild render {rec.profile}{flags}")
+        out.append(f"next: envbuild doctor {what}{flags}; envbuild render {what}{flags}")
     elif rec.fits and rec.gpu is not None:  # (a GPU was found whenever a profile was tried)
         out.append(f"no profile fits {rec.gpu.label()}:")
         for f in rec.fits:

@@ -434,12 +434,15 @@ def implied_profile(
     machine = detect(m, probes.nvml, probes.run)
     rec = recommend(m, machine)
     if rec.profile and rec.gpu is not None:
+        # (a card without a profile of its own: by its own name, on the profile's stack)
+        name = next((f.name for f in rec.fits if f.profile == rec.profile and f.name), rec.profile)
         say(
             f"{command}: no PROFILE given: this machine's {rec.gpu.name} (CC "
-            f"{rec.gpu.compute_capability}) fits profile {rec.profile} best (`envbuild "
-            f"detect` says why); name another to override"
+            f"{rec.gpu.compute_capability}) fits profile {rec.profile} best"
+            + (f", as {name} (this card by its own name)" if name != rec.profile else "")
+            + " (`envbuild detect` says why); name another to override"
         )
-        return rec.profile
+        return name
     why = machine.problem if not machine.gpus else "; ".join(rec.notes) or "no profile fits its GPU"
     raise UserError(
         f"Name a profile: `envbuild {command} PROFILE`"

@@ -38,6 +38,10 @@ GPU = {
     # its nodes join a multi-node NVLink domain (GB200 NVL72: 18 trays, one NVLink fabric),
     # which NCCL reaches through the IMEX service
     "mnnvl?": bool,
+    # its identity beside name and CC: how the board is built, and the interconnects.yaml key
+    # (scope node) its GPUs of one node talk over as shipped
+    "form_factor?": S.OneOf(("sxm", "pcie", "superchip")),
+    "interconnect?": S.NAME,
     "source": SOURCE,
 }
 # an environment variable NCCL or Gloo reads, set to a plain value

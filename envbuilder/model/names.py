@@ -89,16 +89,19 @@ def profile_named(m: Matrix, typed: str) -> Named | None:
     folded = {k.casefold(): k for k in m.profiles}
     if typed.casefold() in folded:
         return Named(folded[typed.casefold()])
-    gpu = _card_named(m, typed)
+    keys = {k.casefold(): k for k in m.gpus}  # (a card's key names it: `h100-nvl`, which the grid prints)
+    gpu = keys.get(typed.casefold()) or _card_named(m, typed)
     profile = nearest_profile(m, gpu) if gpu else None
     if gpu is None or profile is None:
         return None
     own = m.profiles[profile]["gpu"]
     if gpu == own:
         return Named(profile, None, f"{typed!r} is the {m.gpus[gpu]['name']}, profile {profile}'s GPU")
+    card = m.gpus[gpu]
     return Named(
         profile,
         gpu,
-        f"{typed!r} is the {m.gpus[gpu]['name']}: profile {profile} (the {m.gpus[own]['name']}'s, "
-        f"CC {m.gpus[own]['compute_capability']}), planned for the {m.gpus[gpu]['name']}'s memory",
+        f"{typed!r} is the {card['name']} (CC {card['compute_capability']}), which has no profile "
+        f"of its own: it takes profile {profile}'s stack (built for CC "
+        f"{m.gpus[own]['compute_capability']}), planned for the {card['name']}'s own memory",
     )

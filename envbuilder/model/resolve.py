@@ -201,11 +201,8 @@ class _Resolver:
                 f"Known profiles: {', '.join(m.profiles)}, or a GPU's name (H100, RTX 4090, "
                 "A100-SXM4-40GB). `envbuild list` shows them; add your own with --matrix-dir."
             )
-        self.named = named
+        self.named = named  # (a card without a profile: the profile's stack, on that card)
         profile_name = named.profile
-        if named.gpu and ov.gpu_memory is None:  # (the card named, at its own size)
-            total = m.memory["total_mib"].get(named.gpu)
-            self.ov = ov = ov._replace(gpu_memory=card_size(total, m.gpus[named.gpu], ov.ecc)["mib"])
         self.name = profile_name
         self.p = m.profiles[profile_name]
         self.algo_rec: dict[str, Any] | None = None  # the selection's estimator (select() sets it)
@@ -464,7 +461,6 @@ class _Resolver:
         if critic_free:
             fix = f"use --algo grpo (no critic to train: it fits); or {fix}"
         worst = max(mem["problems"], key=lambda p: p["gib"] - p["budget_gib"])
-        card = self.m.gpus[self.named.gpu] if self.named.gpu else gpu  # (the card asked for: its memory)
         phase = next((p for p in mem["phases"] if p["phase"] == worst["phase"]), host)
         top = sorted(phase["terms"], key=lambda t: -t["gib"])[:3]
         where = "a node's host" if phase is host else "per GPU at batch 1"
@@ -478,11 +474,11 @@ class _Resolver:
             f"against {worst['budget_gib']:.1f} GiB usable, with {', '.join(tried)} ("
             + ", ".join(f"{t['term']} {t['gib']:.1f}" for t in top)
             + "; `envbuild show "
-            f"{self.name} --memory --allow-unsupported` prints the whole budget)"
+            f"{self.named.gpu or self.name} --memory --allow-unsupported` prints the whole budget)"
         )
         self.add(
             "memory",
-            f"{train['model']} does not fit the {card['name']} "
+            f"{train['model']} does not fit the {gpu['name']} "
             f"({mem['gpu_total_gib']:.0f} GiB) even at batch 1",
             why,
             fix,
@@ -496,7 +492,7 @@ class _Resolver:
         ov, m = self.ov, self.m
         s = Selection()
         p = self.p = self.stacked(self.p)
-        s.gpu_key = p["gpu"]
+        s.gpu_key = self.named.gpu or p["gpu"]  # (the card asked for: its identity and memory)
         s.gpu = m.gpus[s.gpu_key]
         s.cc = s.gpu["compute_capability"]
         s.cuda_v, s.torch_v = ov.cuda or p["cuda"], ov.torch or p["torch"]
@@ -869,7 +865,7 @@ class _Resolver:
                     value="true",
                     why=f"{where} cannot generate from an offloaded actor: {off['why']}",
                     fix="leave it False (the memory plan keeps the actor's weights on "
-                    f"the GPU: envbuild show {self.name} --memory), offload the optimizer instead, or use "
+                    f"the GPU: envbuild show {self.named.gpu or self.name} --memory), offload the optimizer instead, or use "
                     f"the vLLM rollout on a GPU of CC >= {self.m.min_compute_capability}",
                 )
             )
@@ -1008,6 +1004,7 @@ class _Resolver:
             schema_version=SCHEMA_VERSION,
             envbuild_version=__version__,
             profile=self.name,
+            card=self.named.gpu,
             description=p["description"],
             overrides=ov,
             gpu=R.Gpu(

@@ -464,13 +464,39 @@ class ResolvedEnv(Record):
     # the run script's overrides as data (envbuilder/model/runplan.py), derived from the rest:
     # a file's copy is checked against the derivation, never trusted (from_dict)
     run: tuple[RunArg, ...] = ()
+    # the matrix's card asked for by name where it has no profile of its own and takes this
+    # profile's stack (gpu is that card's); None: the profile's own card
+    card: Annotated[str | None, S.NAME] = None
 
-    _omit_none = ("mirror", "sglang")
-    _absent = ("constraints", "mirror", "sglang", "run")
+    _omit_none = ("mirror", "sglang", "card")
+    _absent = ("constraints", "mirror", "sglang", "run", "card")
 
     @property
     def name(self) -> str:
+        """The profile: its stack, its lock and its wheelhouse."""
         return self.profile
+
+    @property
+    def asked(self) -> str:
+        """What the user asked for and types again: the card's key where a card took the
+        profile's stack, else the profile; the rendered folder's name."""
+        return self.card or self.profile
+
+    @property
+    def described(self) -> str:
+        """The profile's description, or for a card on another profile's stack `NVIDIA L40S on
+        profile 4090's stack (<the profile's description>)`: the image's description label."""
+        if self.card:
+            return f"{self.gpu.name} on profile {self.profile}'s stack ({self.description})"
+        return self.description
+
+    @property
+    def title(self) -> str:
+        """What a file's header and `show` name it: `profile 4090: <its description>`, or
+        `l40s: NVIDIA L40S on profile 4090's stack (...)` for a card on another's stack."""
+        return (
+            f"{self.card}: {self.described}" if self.card else f"profile {self.profile}: {self.description}"
+        )
 
     @property
     def needs_builder(self) -> bool:

@@ -84,7 +84,7 @@ def build(env: ResolvedEnv) -> tuple[RunArg, ...]:
     mem = d.memory
     sp = mem.get("sequence_parallel", 1)  # (Ulysses: GPUs one sequence is split over)
     head = (
-        f"batch sizes per GPU from the memory plan (envbuild show {d.profile} --memory): peak "
+        f"batch sizes per GPU from the memory plan (envbuild show {d.asked} --memory): peak "
         f"{mem['peak']['gib']} GiB"
     )
     if d.verl.rollout_mode == "async":

@@ -237,7 +237,7 @@ class _Steps:
         message = (
             f"but {env.profile}'s pins and wheels are for Python {env.python}: build with the profile's "
             f"own base images (the defaults of the BASE_ build args, CUDA {env.cuda.version}), or render "
-            f"for this base: envbuild render {env.profile} --python X.Y with a --cuda whose image ships it"
+            f"for this base: envbuild render {env.asked} --python X.Y with a --cuda whose image ships it"
         )
         shell = [
             "if ! command -v python3 >/dev/null || ! python3 -c 'import venv, ensurepip' 2>/dev/null; then",
@@ -492,8 +492,8 @@ class _Steps:
     def label(self, spec_sha256: str) -> Instruction:
         env = self.env
         pairs = [
-            ("org.opencontainers.image.title", f"envbuild {env.profile}"),
-            ("org.opencontainers.image.description", env.description),
+            ("org.opencontainers.image.title", f"envbuild {env.asked}"),
+            ("org.opencontainers.image.description", env.described),
             *I.labels(env),
             (I.LABEL + "spec-sha256", spec_sha256),
         ]

@@ -1,8 +1,9 @@
 """The compatibility grid: every GPU of the matrix against the choices render's flags offer (a
 torch/CUDA pair, a rollout and vLLM release, a verl release, flash-attn, apex), each cell the
-resolver's own verdict for `envbuild check PROFILE FLAGS` on the GPU's profile: ✓ it resolves,
-~ it resolves once a named override is added (a fix the refusal names, or a whole stack), ✗ it
-does not, · no profile targets that GPU. One resolve per combination, cached, so the grid
+resolver's own verdict for `envbuild check PROFILE FLAGS` on the GPU's profile (`check CARD
+FLAGS` for a card without a profile of its own): ✓ it resolves, ~ it resolves once a named
+override is added (a fix the refusal names, or a whole stack), ✗ it does not, · no profile's
+build runs on that GPU. One resolve per combination, cached, so the grid
 cannot disagree with `render`.
 
 The page (`grid.html.j2`) is one self-contained file: inline CSS and script, the verdicts as
@@ -20,6 +21,7 @@ from envbuilder.model import fixes
 from envbuilder.model.matrix import Matrix, cc_tuple
 from envbuilder.model.resolve import ResolveError, resolve
 from envbuilder.model.matrix import cc_runs
+from envbuilder.model.names import match_gpu, nearest_profile, profile_named
 from envbuilder.model.resolved import Overrides, ResolvedEnv
 from envbuilder.model.versions import version_key
 from envbuilder.record import Record
@@ -42,7 +44,8 @@ class Row(Record):
     gpu: str  # the matrix's key
     name: str
     cc: str
-    profile: str | None  # None: no profile targets this GPU
+    profile: str | None  # None: no profile's build runs on this GPU
+    asked: str = ""  # what each cell resolves (`envbuild check ASKED`): the profile, or the card's key where it takes another card's profile
 
 
 class Cell(Record):
@@ -86,19 +89,35 @@ def columns(m: Matrix) -> list[Column]:
     return cols
 
 
+def _known(m: Matrix, typed: str) -> str:
+    """A --gpu value as `check` takes it (a profile, a GPU key, a card's name in any case: `L40S`,
+    `NVIDIA L40S`) as the key rows() looks for: the card's, or the profile's; else as typed."""
+    if typed in m.gpus or typed in m.profiles:
+        return typed
+    named = profile_named(m, typed)
+    if named is not None:
+        return named.gpu or named.profile
+    return match_gpu(m, typed) or typed
+
+
 def rows(m: Matrix, gpus: tuple[str, ...] = ()) -> list[Row]:
-    """One row per profile, in gpus.yaml's order; a GPU no profile targets gets one row of ·.
-    `gpus` narrows to those GPU keys (or profile names)."""
+    """One row per profile, in gpus.yaml's order; a card without a profile of its own gets one
+    row of the profile whose stack it takes (names.nearest_profile, as `check CARD` resolves
+    it, planned for the card), or one row of · where no profile's build runs on it. `gpus`
+    narrows to those GPU keys (or profile names)."""
+    gpus = tuple(_known(m, typed) for typed in gpus)
     out: list[Row] = []
     for key, g in m.gpus.items():
         names = [n for n, p in m.profiles.items() if p["gpu"] == key]
         if gpus and key not in gpus and not set(names) & set(gpus):
             continue
-        profiles: list[str | None] = [*names] or [None]  # (None: a row of no profile)
-        for name in profiles:
-            if gpus and names and key not in gpus and name not in gpus:
+        if not names:  # (the card by its own name: its identity and memory, another's stack)
+            out.append(Row(key, g["name"], g["compute_capability"], nearest_profile(m, key), key))
+            continue
+        for name in names:
+            if gpus and key not in gpus and name not in gpus:
                 continue
-            out.append(Row(key, g["name"], g["compute_capability"], name))
+            out.append(Row(key, g["name"], g["compute_capability"], name, name))
     if gpus and not out:
         raise UserError(
             f"--gpu {', '.join(gpus)} names no GPU of the matrix: known are "
@@ -180,13 +199,13 @@ def cell(m: Matrix, verdicts: Verdicts, row: Row, col: Column, driver: str | Non
     if row.profile is None:
         near = [n for n, p in m.profiles.items() if cc_runs(row.cc, [m.gpus[p["gpu"]]["compute_capability"]])]
         near.sort(key=lambda n: cc_tuple(m.gpus[m.profiles[n]["gpu"]]["compute_capability"]), reverse=True)
-        why = f"no profile targets the {row.name} (CC {row.cc}), so render has nothing to resolve for it"
+        why = f"no profile's build runs on the {row.name} (CC {row.cc}), so render has nothing to resolve for it"
         if near:
             why += f"; the code of profile {near[0]} runs on CC {row.cc} (`envbuild detect` weighs it)"
         rule = {"rule": "profile", "what": why, "why": "", "fix": "add a profile in a --matrix-dir overlay"}
         return Cell("none", (), (rule,), why, "", tuple(links(m.gpus[row.gpu], "gpus", row.gpu, row.name)))
     base = overrides(col.flags, driver)
-    got = verdicts(row.profile, base)
+    got = verdicts(row.asked, base)
     if not isinstance(got, UserError):
         return _done("ok", (), (), got, row, col, driver, links)
     rules = _rules(got)
@@ -196,13 +215,13 @@ def cell(m: Matrix, verdicts: Verdicts, row: Row, col: Column, driver: str | Non
         if key in seen or not _keeps(col, flags):
             continue
         seen.add(key)
-        env = verdicts(row.profile, fixes.applied(base, flags))
+        env = verdicts(row.asked, fixes.applied(base, flags))
         if not isinstance(env, UserError):
             return _done("fix", tuple(flags.items()), rules, env, row, col, driver, links)
     first = rules[0]
     summary = f"{first['what']}: {first['why']}" if first["why"] else first["what"]
     return Cell(
-        "no", (), rules, summary, command(row.profile, col.flags, (), driver), _sources(m, row, col, links)
+        "no", (), rules, summary, command(row.asked, col.flags, (), driver), _sources(m, row, col, links)
     )
 
 
@@ -234,7 +253,7 @@ def _done(
     )
     if driver:
         summary += f"; driver {driver}: {env.driver.mode}"
-    cmd = command(row.profile or "", col.flags, fix, driver)
+    cmd = command(row.asked, col.flags, fix, driver)
     need = (env.driver.for_cuda, env.driver.min_driver, env.driver.compat_driver)
     return Cell(state, fix, rules, summary, cmd, _env_sources(env, row, links), need)
 
@@ -371,7 +390,7 @@ def details(grid: Grid, driver: str | None) -> list[str]:
     cells, out = grid.cells[driver], []
     for (i, j), c in sorted(cells.items()):
         if c.state in ("fix", "no"):
-            who = grid.rows[i].profile
+            who = grid.rows[i].asked
             col = grid.columns[j]
             what = f"{who} {col.group} {col.label}"
             if c.state == "fix":

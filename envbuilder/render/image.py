@@ -70,7 +70,7 @@ def labels(env: ResolvedEnv, sif: bool = False) -> list[tuple[str, str]]:
 
 
 def default_tag(env: ResolvedEnv, d: dict[str, Any] | None = None) -> str:
-    """envbuild/<profile>:<12 hex of the upstream spec>: the same image whichever mirror,
+    """envbuild/<profile or card asked for>:<12 hex of the upstream spec>: the same image whichever mirror,
     machine or builder made it (`envbuild build` names images the same way). The lock's pins and
     a mirror are left out of the spec hashed: a rendered folder's envbuild.json (which has them)
     names the image `envbuild build PROFILE` names."""
@@ -80,4 +80,4 @@ def default_tag(env: ResolvedEnv, d: dict[str, Any] | None = None) -> str:
     d = dict(d if d is not None else env.to_dict(), constraints=None)  # (d: env.to_dict(), if at hand)
     d.pop("mirror", None)
     spec = json.dumps(d, sort_keys=True, separators=(",", ":"))
-    return f"envbuild/{env.name}:{hashlib.sha256(spec.encode()).hexdigest()[:12]}"
+    return f"envbuild/{env.asked}:{hashlib.sha256(spec.encode()).hexdigest()[:12]}"

@@ -85,8 +85,10 @@ def _show_text(
     if as_json:
         return env.to_json()
     lines = [
+        *([f"card       {env.title}"] if env.card else []),  # (the card asked for, on the profile's stack)
         f"profile    {env.profile}: {env.description}",
         f"gpu        {env.gpu.name} (CC {env.gpu.compute_capability}, {env.gpu.vram_gb} GB)",
+        *board_lines(m, env),
         f"cuda       {env.cuda.version} ({env.cuda.images['runtime']}), driver >= {env.driver.min_driver}",
         f"python     {env.python}",
         f"torch      {' '.join(env.torch.packages)}"
@@ -114,6 +116,20 @@ def _show_text(
     lines += [f"held back  {h}" for h in held_back(m, profile, overrides)]
     lines += [f"WARNING    {w}" for w in env.warnings]
     return "\n".join(lines) + "\n"
+
+
+BOARDS = {"sxm": "an SXM module", "pcie": "a PCIe card", "superchip": "a superchip"}
+
+
+def board_lines(m: Matrix, env: ResolvedEnv) -> list[str]:
+    """The card's identity beside its name and CC (gpus.yaml's form_factor and interconnect,
+    the latter in interconnects.yaml's words), where its record has them."""
+    gpu = m.gpus.get(env.gpu.key) or {}
+    ic = (m.sections.get("interconnects") or {}).get(gpu.get("interconnect") or "")
+    form: str = gpu.get("form_factor") or ""
+    said = [BOARDS.get(form, form)] if form else []
+    said += [str(ic["description"])] if ic else []
+    return [f"board      {'; '.join(said)}"] if said else []
 
 
 def available_algorithms(m: Matrix, env: ResolvedEnv) -> list[str]:
