@@ -8,8 +8,9 @@ profiles'). The image must import the whole training path (verl.workers.fsdp_wor
 module torch 2.3.1 broke), pass `pip check`, and be served by the loopback registry after
 `--push`.
 
-In the default suite (the docker and pypi tiers), not the heavy one: about 4 minutes of build and
-several of push on a 2-core machine (see docs/CONTRIBUTING.md's test tiers)."""
+In the default suite (the docker and pypi tiers), not the heavy one: 12 minutes cold on a busy
+2-core machine (4 of build, 7 of push, whose gzip of the 4.9 GB venv alone is 6 CPU-minutes), so
+the parallel run starts it first (tests/schedule.py)."""
 
 from __future__ import annotations
 
