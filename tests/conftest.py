@@ -356,3 +356,13 @@ def pytest_testnodedown(node, error):
     if new:
         _DESELECTED.update(new)
         node.config.hook.pytest_deselected(items=[_Deselected(i) for i in new])
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """The longest files first (tests/schedule.py), under tests/run.sh's --dist loadfile."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from schedule import long_first_scheduler
+
+    return long_first_scheduler(config, log)

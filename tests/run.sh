@@ -15,7 +15,8 @@ python3 -m venv .venv
 # Docker engine, loopback registry and base images for the build tests (root only; under
 # CI=true a machine that can't provision fails here rather than skipping those tests).
 if [ "$(id -u)" = 0 ]; then
-  bash tests/infra/provision.sh --images-file tests/infra/images.txt
+  # (and the bases with the shipped profiles' own Python, 3.10 and 3.12, for tests/test_real_build.py)
+  bash tests/infra/provision.sh --images-file tests/infra/images.txt --python-images-file tests/infra/python-images.txt
   # the builder stages' base: the same image plus the compilers (one debootstrap, not two)
   ENVBUILD_TEST_BASE_IMAGE=envbuild-test/devel:bookworm \
   ENVBUILD_TEST_DERIVE_FROM=envbuild-test/base:bookworm ENVBUILD_TEST_APT="python3-dev build-essential" \

@@ -153,3 +153,37 @@ def test_mirrors_list_and_probe_read_an_overlay_mirror_set(capsys, tmp_path):
     assert probes == {server.url("simple/"): True, dead: False}
     code, _, err = run(capsys, "mirrors", "probe", "--mirror", "lab")
     assert code == 2 and "lab" in err  # without the overlay, no such set
+
+
+def test_build_through_a_mirror_asks_it_only_for_the_base_images_the_dockerfile_uses(tmp_path, monkeypatch):
+    """4090 without flash-attn has no builder stage, so its Dockerfile's one FROM is the runtime
+    image: a mirror that carries that image alone (what docs/mirrors.md's "only PyPI answers"
+    route has a user push) serves the build. It was refused for lacking the devel image."""
+    import uuid
+
+    import lockfixtures as F
+    from envbuilder.engines.docker import mirror_choice
+    from envbuilder.model import config, matrix
+    from envbuilder.model.resolve import resolve
+
+    m = matrix.load()
+    env = resolve(m, "4090")
+    assert not env.needs_builder
+    prefix = f"mirror-pick-{uuid.uuid4().hex[:12]}"
+    with F.registry(tmp_path / "registry") as url:
+        repo, tag = env.cuda.images["runtime"].split(":", 1)
+        F.Registry(url).image(f"{prefix}/{repo}", tag, "amd64", oci=False)
+        endpoint = f"{url.removeprefix('http://')}/{prefix}"
+        cfg = tmp_path / "config.yaml"
+        cfg.write_text(
+            json.dumps({"mirrors": {"own": {"description": "own", "registries": {"docker.io": [endpoint]}}}})
+        )
+        monkeypatch.setenv("ENVBUILD_CONFIG", str(cfg))
+        config._load.cache_clear()
+        said: list[str] = []
+        try:
+            choice, _ = mirror_choice(m, "own", env, {}, said.append)
+        finally:
+            config._load.cache_clear()
+    assert choice is not None and choice.registries == {"docker.io": endpoint}
+    assert f"serves {env.cuda.images['runtime']}" in "\n".join(said)

@@ -796,7 +796,7 @@ def mirror_choice(
     healthy = M.health(run(M.probe_jobs(body)))
     for e, (ok, ms) in sorted(healthy.items()):
         say(f"  probe {M.redacted(e)}: {'ok' if ok else 'DOWN'} ({ms:.0f} ms)")
-    picks = pick_registries(name, body, list(env.cuda.images.values()), healthy, say)
+    picks = pick_registries(name, body, list(env.base_images), healthy, say)
     choice = M.choice(name, body, healthy)._replace(registries=picks)
     endpoints.update(choice.endpoints(env))
     return choice, endpoints

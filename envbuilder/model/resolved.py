@@ -503,6 +503,13 @@ class ResolvedEnv(Record):
         """A builder stage compiles or fetches extensions (apex, flash-attn) against the torch."""
         return bool(self.apex or self.flash_attn)
 
+    @property
+    def base_images(self) -> tuple[str, ...]:
+        """The images the Dockerfile's FROM lines take: the runtime one, and the devel one
+        where a builder stage compiles (a mirror need carry no other)."""
+        roles = ("devel", "runtime") if self.needs_builder else ("runtime",)
+        return tuple(self.cuda.images[role] for role in roles)
+
     def to_json(self, d: dict[str, Any] | None = None, compact: str | None = None) -> str:
         """envbuild.json's text: indented, sorted. json's indenting encoder is pure Python (a
         third of `render --all`), so the text is kept in the cache folder by the sha256 of the

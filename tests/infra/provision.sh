@@ -11,6 +11,10 @@
 #   IMAGE_REF       e.g. 127.0.0.1:5000/nvidia/cuda:11.8.0-cudnn8-devel-ubuntu22.04
 #   --images-file   file with one image reference per line ('#' comments, blank lines ok)
 #   --no-smoke      skip the container run and BuildKit smoke build at the end
+#   --python-images-file FILE
+#                   lines 'X.Y IMAGE_REF': the base plus CPython X.Y (a copy of this machine's
+#                   pyenv build, at /usr/local), pushed as IMAGE_REF: a shipped profile's base
+#                   with that profile's own Python, for the real-image build test
 #
 # Environment (all optional):
 #   ENVBUILD_TEST_REGISTRY_PORT   registry port on 127.0.0.1 (5000)
@@ -26,6 +30,8 @@
 #   ENVBUILD_TEST_CACHE_DIR       (/var/cache/envbuild-test) cached rootfs tarball
 #   ENVBUILD_TEST_LOG_DIR         (/var/log/envbuild-test)   dockerd/registry/apt/debootstrap logs
 #   ENVBUILD_TEST_WAIT_S          seconds to wait for dockerd / the registry (60)
+#   ENVBUILD_TEST_PYTHONS         folder of CPython builds named X.Y.Z, the newest X.Y is copied
+#                                 (${PYENV_ROOT:-/root/.pyenv}/versions)
 set -Eeuo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -47,6 +53,7 @@ INCLUDE="${ENVBUILD_TEST_INCLUDE:-python3,python3-venv,python3-pip,ca-certificat
 PACKAGES=(docker.io docker-registry debootstrap curl skopeo podman buildah qemu-user-static binfmt-support)
 
 IMAGES=()
+PY_IMAGES=()  # "X.Y REF" pairs
 SMOKE=1
 while (($#)); do
   case "$1" in
@@ -55,6 +62,16 @@ while (($#)); do
       while IFS= read -r line || [[ -n "$line" ]]; do
         line="${line%%#*}"; line="${line//[[:space:]]/}"
         if [[ -n "$line" ]]; then IMAGES+=("$line"); fi
+      done <"$2"
+      shift 2 ;;
+    --python-images-file)
+      [[ $# -ge 2 && -r "$2" ]] || { echo "provision: --python-images-file needs a readable file" >&2; exit 2; }
+      while IFS= read -r line || [[ -n "$line" ]]; do
+        line="${line%%#*}"; read -r -a words <<<"$line"
+        ((${#words[@]} == 0)) && continue
+        [[ ${#words[@]} -eq 2 && "${words[0]}" =~ ^3\.[0-9]+$ ]] ||
+          { echo "provision: $2: '$line' is not 'X.Y IMAGE_REF' (e.g. 3.10 $REGISTRY/nvidia/cuda:TAG)" >&2; exit 2; }
+        PY_IMAGES+=("${words[0]} ${words[1]}")
       done <"$2"
       shift 2 ;;
     --no-smoke) SMOKE=0; shift ;;
@@ -91,7 +108,7 @@ on_exit() {
 trap on_exit EXIT
 
 [[ $EUID -eq 0 ]] || die "run as root (installs packages, starts dockerd)"
-for ref in "${IMAGES[@]}"; do
+for ref in "${IMAGES[@]}" "${PY_IMAGES[@]#* }"; do
   [[ "$ref" == "$REGISTRY/"* ]] || die "image reference '$ref' is not in the loopback registry $REGISTRY/ (refusing to push anywhere else)"
   [[ "$ref" != *@* ]] || die "image reference '$ref' has a digest; give a tag"
 done
@@ -303,26 +320,88 @@ registry_config() {  # registry_config NAME TAG: the image ID (config digest) th
     "http://$REGISTRY/v2/$1/manifests/$2" 2>/dev/null \
     | python3 -c 'import json,sys; print(json.load(sys.stdin)["config"]["digest"])' 2>/dev/null || true
 }
+push_as() {  # push_as LOCAL_IMAGE REF: push it under REF unless the registry has that image there
+  local path="${2#"$REGISTRY"/}" name tag want
+  if [[ "${path##*/}" == *:* ]]; then name="${path%:*}"; tag="${path##*:}"; else name="$path"; tag=latest; fi
+  want=$("$DOCKER" image inspect -f '{{.Id}}' "$1")
+  # the same image already under that name: nothing to do (another image there is replaced)
+  if [[ "$(registry_config "$name" "$tag")" == "$want" ]]; then echo same; return 0; fi
+  "$DOCKER" tag "$1" "$REGISTRY/$name:$tag"
+  if ! "$DOCKER" push "$REGISTRY/$name:$tag" >>"$LOG_DIR/push.log" 2>&1; then
+    echo "docker push $REGISTRY/$name:$tag failed; see $LOG_DIR/push.log" >&2; return 1
+  fi
+  # Drop the local alias so tests that use the name really go through the registry.
+  "$DOCKER" rmi "$REGISTRY/$name:$tag" >/dev/null
+  registry_has "$name" "$tag" || { echo "pushed $2 but the registry does not list it" >&2; return 1; }
+  echo pushed
+}
 push_images() {
-  local ref path name tag pushed=0 skipped=0 want
-  want=$("$DOCKER" image inspect -f '{{.Id}}' "$BASE_IMAGE")
+  local ref pushed=0 skipped=0 did
   for ref in "${IMAGES[@]}"; do
-    path="${ref#"$REGISTRY"/}"
-    if [[ "${path##*/}" == *:* ]]; then name="${path%:*}"; tag="${path##*:}"; else name="$path"; tag=latest; fi
-    # the same image already under that name: nothing to do (another image there is replaced)
-    if [[ "$(registry_config "$name" "$tag")" == "$want" ]]; then skipped=$((skipped + 1)); continue; fi
-    "$DOCKER" tag "$BASE_IMAGE" "$REGISTRY/$name:$tag"
-    if ! "$DOCKER" push "$REGISTRY/$name:$tag" >>"$LOG_DIR/push.log" 2>&1; then
-      echo "docker push $REGISTRY/$name:$tag failed; see $LOG_DIR/push.log" >&2; return 1
-    fi
-    # Drop the local alias so tests that use the name really go through the registry.
-    "$DOCKER" rmi "$REGISTRY/$name:$tag" >/dev/null
-    registry_has "$name" "$tag" || { echo "pushed $ref but the registry does not list it" >&2; return 1; }
-    pushed=$((pushed + 1))
+    did=$(push_as "$BASE_IMAGE" "$ref") || return 1
+    if [[ "$did" == same ]]; then skipped=$((skipped + 1)); else pushed=$((pushed + 1)); fi
   done
   echo "${#IMAGES[@]} reference(s): pushed $pushed, already there $skipped"
 }
 step push push_images
+
+# ---------------------------------------------------------------- bases with a profile's Python
+# The stand-in base's python3 is Debian's 3.11, and a profile's Dockerfile refuses a base whose
+# python3 is not the profile's Python. Debian has no 3.10 or 3.12, and python.org and Docker Hub
+# do not answer here, so the base gets this machine's own CPython build (pyenv's, built against
+# bookworm's libraries) copied to /usr/local, as the python:X.Y images lay it out. It is built
+# with --enable-shared and a RUNPATH into pyenv's folder, which is absent in the image: ldconfig
+# puts /usr/local/lib's libpython in the loader's cache instead. The test suites, IDLE, Tk and the
+# static library stay out (~120 MB of the 200-300).
+PYTHONS="${ENVBUILD_TEST_PYTHONS:-${PYENV_ROOT:-/root/.pyenv}/versions}"
+python_source() {  # python_source X.Y: the newest X.Y.Z build in $PYTHONS
+  local d
+  d=$(find "$PYTHONS" -mindepth 1 -maxdepth 1 -name "$1.*" -type d 2>/dev/null | sort -V | tail -n 1)
+  [[ -n "$d" && -x "$d/bin/python$1" ]] || return 1
+  echo "$d"
+}
+python_base() {  # python_base X.Y: the local image envbuild-test/python:X.Y-bookworm, made if stale
+  local v="$1" src image="envbuild-test/python:$1-$SUITE" base_id stamp ctx
+  src=$(python_source "$v") || {
+    echo "no CPython $v build in $PYTHONS (ENVBUILD_TEST_PYTHONS: a folder of X.Y.Z installs, as pyenv's versions/)" >&2; return 1; }
+  base_id=$("$DOCKER" image inspect -f '{{.Id}}' "$BASE_IMAGE")
+  stamp="$base_id $src"
+  if [[ "$("$DOCKER" image inspect -f '{{index .Config.Labels "io.envbuild.test.from"}}' "$image" 2>/dev/null)" == "$stamp" ]]; then
+    echo "$image"; return 0
+  fi
+  ctx=$(mktemp -d)
+  mkdir "$ctx/python"
+  tar -C "$src" -c --exclude="./lib/python$v/test" --exclude="./lib/python$v/idlelib" \
+    --exclude="./lib/python$v/tkinter" --exclude="./lib/python$v/turtledemo" \
+    --exclude="./lib/python$v/lib-dynload/_tkinter*" --exclude="./lib/python$v/config-*/*.a" \
+    --exclude="./bin/idle*" --exclude="./bin/pydoc*" --exclude="./bin/2to3*" --exclude="./bin/pip*" \
+    --exclude="./share" . | tar -C "$ctx/python" -x
+  # (the version check: python3 on PATH must be this one, not Debian's /usr/bin/python3)
+  printf '%s\n' "FROM $BASE_IMAGE" "LABEL io.envbuild.test.from=\"$stamp\"" "COPY python/ /usr/local/" \
+    "RUN ldconfig && python3 -c 'import sys; assert sys.version.startswith(\"$v.\"), sys.version; import venv, ensurepip, ssl, sqlite3, ctypes, lzma, bz2, zlib, uuid'" \
+    >"$ctx/Dockerfile"
+  if ! DOCKER_BUILDKIT=1 "$DOCKER" build --progress=plain --network=host -t "$image" "$ctx" \
+      >"$LOG_DIR/python-$v.log" 2>&1; then
+    rm -rf "$ctx"; echo "building $image from $src failed; see $LOG_DIR/python-$v.log" >&2; return 1
+  fi
+  rm -rf "$ctx"
+  echo "$image"
+}
+push_python_bases() {
+  local pair v ref image did pushed=0 skipped=0 made=() absent=()
+  for pair in "${PY_IMAGES[@]}"; do
+    v="${pair%% *}"; ref="${pair#* }"
+    # a machine without that CPython build provisions the rest: tests/test_real_build.py skips
+    # (and fails under CI=true, whose machine has them)
+    if [[ "${CI:-}" != true ]] && ! python_source "$v" >/dev/null; then absent+=("$v"); continue; fi
+    image=$(python_base "$v") || return 1
+    made+=("$image")
+    did=$(push_as "$image" "$ref") || return 1
+    if [[ "$did" == same ]]; then skipped=$((skipped + 1)); else pushed=$((pushed + 1)); fi
+  done
+  echo "${#PY_IMAGES[@]} reference(s) from $(printf '%s\n' "${made[@]}" | sort -u | tr '\n' ' ')(CPython from $PYTHONS): pushed $pushed, already there $skipped${absent[*]:+; none made for Python ${absent[*]} (no build in $PYTHONS)}"
+}
+if ((${#PY_IMAGES[@]})); then step python push_python_bases; fi
 
 # ---------------------------------------------------------------- a two-platform base
 # linux/amd64 (the base above) and linux/arm64 under one reference, for the --platform build
