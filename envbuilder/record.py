@@ -165,7 +165,7 @@ class Record(metaclass=RecordMeta):
     @classmethod
     def from_plain(cls, data: Mapping[str, Any]) -> Self:
         """The record of plain data shaped as `to_dict` writes it, unchecked (data from a file
-        goes through resolved.ResolvedEnv.from_dict, which checks it first). A key the record
+        goes through runplan.env_from_dict, which checks it first). A key the record
         does not know is left behind (a file of an older envbuild may hold keys this one no
         longer writes)."""
         values: dict[str, Any] = {}

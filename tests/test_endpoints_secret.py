@@ -112,8 +112,9 @@ def test_credentials_in_overlay_defaults_reach_the_build_only_as_the_secret(
 
 def test_credentials_in_a_from_file_are_written_into_no_rendered_file(cli, tmp_path, no_config):
     from envbuilder.model import mirrors
+    from envbuilder.model.runplan import env_from_json
     from envbuilder.render.files import MARKER, render_files
-    from envbuilder.model.resolve import ResolvedEnv, resolve
+    from envbuilder.model.resolve import resolve
 
     spec = json.loads(render_files(resolve(shipped(), "p40"))[MARKER])
     assert spec["indexes"]["torch"] and spec["apex"]  # (p40: a +cu118 torch, apex compiled)
@@ -136,7 +137,7 @@ def test_credentials_in_a_from_file_are_written_into_no_rendered_file(cli, tmp_p
     assert pixi["pypi-dependencies"]["torch"]["index"] == mirrors.without_credentials(
         spec["indexes"]["torch"]
     )
-    env, _, own = mirrors.split_credentials(ResolvedEnv.from_json(json.dumps(spec), "spec.json"))
+    env, _, own = mirrors.split_credentials(env_from_json(json.dumps(spec), "spec.json"))
     assert own["PIP_INDEX_URL"] == spec["indexes"]["pypi"]
     assert own["HF_ENDPOINT"] == spec["huggingface"]
     assert own["TORCH_INDEX_URL"] == spec["indexes"]["torch"] and own["APEX_URL"] == spec["apex"]["url"]

@@ -30,10 +30,10 @@ from conftest import (
 )
 from fixture_wheels import module_files
 from envbuilder import images
+from envbuilder.model.runplan import env_from_json
 from envbuilder.render.dockerfile import FLASH_ATTN_SCRIPT
 from envbuilder.model import matrix as M
 from envbuilder.render.files import MARKER, RUN_SCRIPT, render, render_files
-from envbuilder.model.resolve import ResolvedEnv
 
 ALWAYS = {
     "Dockerfile",
@@ -193,7 +193,7 @@ def test_two_renders_in_separate_processes_are_byte_identical(tmp_path, cache_ho
 @pytest.mark.parametrize("profile", PROFILES)
 def test_render_from_envbuild_json_reproduces_every_byte(profile, rendered, tmp_path):
     spec = (rendered[profile] / MARKER).read_text()
-    render(ResolvedEnv.from_json(spec), tmp_path / "again")
+    render(env_from_json(spec), tmp_path / "again")
     assert snapshot(tmp_path / "again") == snapshot(rendered[profile])
 
 
@@ -684,7 +684,7 @@ def test_the_folders_readme_names_commands_that_parse_for_this_very_variant(argv
             and "--from" not in command
         ):
             assert " ".join(overrides) in command, command
-    tag = default_tag(ResolvedEnv.from_json((out / "envbuild.json").read_text()))
+    tag = default_tag(env_from_json((out / "envbuild.json").read_text()))
     assert f"docker run --rm --gpus all {tag}`" in text
 
 

@@ -14,6 +14,7 @@ import pytest
 import conftest
 from conftest import frozen, frozen_with
 from envbuilder.errors import UserError
+from envbuilder.model.runplan import env_from_json
 from envbuilder.render.files import render_files
 from envbuilder.model.resolve import ResolveError
 
@@ -564,7 +565,6 @@ def test_every_resolved_environment_is_of_the_kinds_render_from_checks():
     ],
 )
 def test_a_spec_file_value_of_the_wrong_kind_is_refused_naming_its_key(path, value, named):
-    from envbuilder.model.resolve import ResolvedEnv
 
     data = json.loads(resolved("p40").to_json())
     node = data
@@ -572,26 +572,24 @@ def test_a_spec_file_value_of_the_wrong_kind_is_refused_naming_its_key(path, val
         node = node[key]
     node[path[-1]] = value
     with pytest.raises(UserError) as e:
-        ResolvedEnv.from_json(json.dumps(data), "edited.json")
+        env_from_json(json.dumps(data), "edited.json")
     assert f"edited.json: {named}" in str(e.value)
 
 
 def test_a_spec_file_from_an_older_envbuild_may_hold_keys_this_one_no_longer_writes():
     from envbuilder.lock.constraints import with_constraints
-    from envbuilder.model.resolve import ResolvedEnv
 
     data = json.loads(with_constraints(resolved("4090")).to_json())
     data["constraints"]["order"] = ["torch", "verl-deps", "verl"]  # (dropped in 80dbd6c)
-    env = ResolvedEnv.from_json(json.dumps(data))
+    env = env_from_json(json.dumps(data))
     assert env.constraints == with_constraints(resolved("4090")).constraints
     assert "order" not in env.to_dict()["constraints"]  # (read, not carried on)
 
 
 def test_a_spec_file_that_lacks_keys_is_refused_naming_them_all():
-    from envbuilder.model.resolve import ResolvedEnv
 
     with pytest.raises(UserError) as e:
-        ResolvedEnv.from_json('{"schema_version": 1, "profile": "p40", "gpu": {"sm": "61"}}')
+        env_from_json('{"schema_version": 1, "profile": "p40", "gpu": {"sm": "61"}}')
     msg = str(e.value)
     assert (
         "envbuild_version is missing; description is missing; overrides is missing; gpu.key is missing" in msg

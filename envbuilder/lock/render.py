@@ -34,13 +34,13 @@ def render_replay(
     """The files of the environment an envbuild.json (`from_`) holds, written into
     OUT/<its profile>/; returns (the environment, the folder)."""
     from envbuilder.limits import read_text_bounded
-    from envbuilder.model.resolved import ResolvedEnv
+    from envbuilder.model.runplan import env_from_json
     from envbuilder.render import files as R
 
     text = read_text_bounded(Path(from_), "--from file")
     # every value's kind and the whole shape checked, all problems named at once, before any
     # template reads it
-    env = ResolvedEnv.from_json(text, str(from_))
+    env = env_from_json(text, str(from_))
     target = Path(out or "out") / folder_name(env.asked, "the profile named in " + str(from_))
     locked = locked_context(env, locked_dir, wheelhouse)
     where = named_lock(env, locked_dir, wheelhouse)

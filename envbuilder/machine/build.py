@@ -65,7 +65,7 @@ def target_env(
             profile = implied_profile(m, "build", probes, say)
         return resolve(m, profile, overrides)
     from envbuilder.limits import read_text_bounded
-    from envbuilder.model.resolved import ResolvedEnv
+    from envbuilder.model.runplan import env_from_json
 
     if overrides.to_dict():
         raise UserError(
@@ -81,7 +81,7 @@ def target_env(
             "as it is (`docker buildx build --network=host -t TAG .`), or name the "
             "profile and the same flags: `envbuild build PROFILE --wheelhouse DIR`."
         )
-    env = ResolvedEnv.from_json(read_text_bounded(here, "envbuild.json"), "./envbuild.json")
+    env = env_from_json(read_text_bounded(here, "envbuild.json"), "./envbuild.json")
     say(
         f"build: no PROFILE given: building {env.asked} as ./envbuild.json holds it "
         "(the folder `envbuild render` wrote)"

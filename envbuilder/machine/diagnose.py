@@ -40,6 +40,7 @@ from envbuilder.model.matrix import Matrix, at_least, cc_runs, cc_tuple
 from envbuilder.model.requires import requirements
 from envbuilder.model.resolve import ResolveError, resolve
 from envbuilder.model.resolved import Overrides, ResolvedEnv
+from envbuilder.model.runplan import env_from_json
 from envbuilder.model.versions import satisfies, version_key
 from envbuilder.record import Record
 from envbuilder.text import printable
@@ -643,9 +644,7 @@ def _installed_env(t: Target) -> ResolvedEnv | None:
     from envbuilder.errors import UserError
 
     try:
-        return ResolvedEnv.from_json(
-            t.installed_json, origin=str(Path(t.where) / "envbuild" / "envbuild.json")
-        )
+        return env_from_json(t.installed_json, origin=str(Path(t.where) / "envbuild" / "envbuild.json"))
     except (UserError, ValueError):
         return None
 

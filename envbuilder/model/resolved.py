@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 from envbuilder.errors import UserError
 from envbuilder.record import Record
-from envbuilder.model.runplan import RunArg
 
 if TYPE_CHECKING:  # (the kinds in the annotations: read by field_spec, which imports them)
     from envbuilder.model import matrix_schema as K
@@ -35,6 +35,30 @@ FROM_FIX = (
     "Pass the envbuild.json that `envbuild render` wrote, unedited, or re-resolve the "
     "profile (envbuild render PROFILE)."
 )
+
+
+# the run script's variables a `shell` value may name, and what each stands for
+SHELL_VARS = ("MODEL", "DATA_DIR", "N_GPUS", "NNODES")
+_SHELL_VALUE = re.compile(r"\$(" + "|".join(SHELL_VARS) + r")(/[A-Za-z0-9._-]+)?")
+
+
+class RunArg(Record):
+    """One override of the run: `key=value`; `shell`: the value names the script's variables."""
+
+    key: Annotated[
+        str, S.Pattern(r"\+{0,2}[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", "trainer.nnodes")
+    ]
+    value: Annotated[str, S.Text(200)]
+    shell: bool = False
+    notes: Annotated[tuple[str, ...], S.ListOf(S.Text(400))] = ()
+
+    def text(self, env: Mapping[str, str] | None = None) -> str:
+        """`key=value`, with the script's variables taken from `env` where `shell`."""
+        if not self.shell:
+            return f"{self.key}={self.value}"
+        if env is None:
+            raise ValueError(f"{self.key}: its value names the run script's variables; pass them")
+        return f"{self.key}={_SHELL_VALUE.sub(lambda m: env[m.group(1)] + (m.group(2) or ''), self.value)}"
 
 
 class Overrides(Record):
@@ -525,17 +549,19 @@ class ResolvedEnv(Record):
         return sealed_text("env", key, lambda: json.dumps(d, indent=2, sort_keys=True) + "\n")
 
     @classmethod
-    def from_json(cls, text: str, origin: str = "envbuild.json") -> "ResolvedEnv":
+    def read_json(cls, text: str, origin: str = "envbuild.json") -> tuple["ResolvedEnv", Any]:
         """The environment a file holds (JSON), read by the one bounded reader (readers.py: no
         NaN, no number of hundreds of digits, no key twice, nested at most a few levels) and
-        checked as from_dict checks it."""
+        checked as read_dict checks it."""
         from envbuilder.model.readers import parse_json
 
-        return cls.from_dict(parse_json(text, origin, fix=FROM_FIX), origin)
+        return cls.read_dict(parse_json(text, origin, fix=FROM_FIX), origin)
 
     @classmethod
-    def from_dict(cls, data: Any, origin: str = "envbuild.json") -> "ResolvedEnv":
-        """The environment of plain data from outside (a file, an image's /etc/envbuild.json).
+    def read_dict(cls, data: Any, origin: str = "envbuild.json") -> tuple["ResolvedEnv", Any]:
+        """The environment of plain data from outside (a file, an image's /etc/envbuild.json),
+        without its run, and the run the data holds (None: none): the run plan is derived from
+        the rest, and model/runplan.env_from_dict derives it and holds the file's to it.
         Every value is checked against the kind of the matrix field it came from
         (field_spec: names, versions, URLs, model ids, pins, one-line text) and the shape
         against the fields here, all problems named at once: an edited or foreign file
@@ -569,17 +595,7 @@ class ResolvedEnv(Record):
                 f"re-resolve it: envbuild render {profile} with the same overrides "
                 "(they are under `overrides` in the file)."
             )
-        env = cls.from_plain({k: v for k, v in data.items() if k != "run"})
-        from envbuilder.model import runplan
-
-        run = runplan.build(env)
-        if "run" in data and data["run"] != [a.to_dict() for a in run]:
-            raise UserError(
-                f"{origin}: its `run` (the run script's overrides) is not what its own settings "
-                "give: the file was edited. Pass the envbuild.json that `envbuild render` wrote, "
-                "unedited, or re-resolve it from its profile."
-            )
-        return env._replace(run=run)
+        return cls.from_plain({k: v for k, v in data.items() if k != "run"}), data.get("run")
 
 
 def shape_problems(data: dict[str, Any]) -> list[str]:

@@ -16,15 +16,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Any
 
-from envbuilder.record import Record
-
-if TYPE_CHECKING:  # (the kinds in the annotations: read by resolved.field_spec)
-    from envbuilder.model import schema as S
-
-# (a ResolvedEnv: resolved.py holds the plan's records, so this module does not import it)
-ResolvedEnv = Any
+# (the run's records are the resolved environment's, declared there: resolved.py reads no plan)
+from envbuilder.model.resolved import ResolvedEnv, RunArg
 
 TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 # the learning rates, KL coefficient and tensor parallelism of verl's own GSM8K PPO example
@@ -33,28 +28,32 @@ TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 ACTOR_LR = "1e-6"
 CRITIC_LR = "1e-5"
 KL_COEF = "0.001"
-# the run script's variables a `shell` value may name, and what each stands for
-SHELL_VARS = ("MODEL", "DATA_DIR", "N_GPUS", "NNODES")
-_SHELL_VALUE = re.compile(r"\$(" + "|".join(SHELL_VARS) + r")(/[A-Za-z0-9._-]+)?")
 
 
-class RunArg(Record):
-    """One override of the run: `key=value`; `shell`: the value names the script's variables."""
+def env_from_json(text: str, origin: str = "envbuild.json") -> ResolvedEnv:
+    """The environment a file holds (ResolvedEnv.read_json), its run derived and the file's
+    held to it (env_from_dict)."""
+    return _with_run(*ResolvedEnv.read_json(text, origin), origin)
 
-    key: Annotated[
-        str, S.Pattern(r"\+{0,2}[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", "trainer.nnodes")
-    ]
-    value: Annotated[str, S.Text(200)]
-    shell: bool = False
-    notes: Annotated[tuple[str, ...], S.ListOf(S.Text(400))] = ()
 
-    def text(self, env: Mapping[str, str] | None = None) -> str:
-        """`key=value`, with the script's variables taken from `env` where `shell`."""
-        if not self.shell:
-            return f"{self.key}={self.value}"
-        if env is None:
-            raise ValueError(f"{self.key}: its value names the run script's variables; pass them")
-        return f"{self.key}={_SHELL_VALUE.sub(lambda m: env[m.group(1)] + (m.group(2) or ''), self.value)}"
+def env_from_dict(data: Any, origin: str = "envbuild.json") -> ResolvedEnv:
+    """The environment of plain data from outside (ResolvedEnv.read_dict: every value checked
+    against its matrix kind), with its run plan derived from the rest; a file whose `run` is
+    not what its own settings give was edited (UserError, exit 2)."""
+    return _with_run(*ResolvedEnv.read_dict(data, origin), origin)
+
+
+def _with_run(env: ResolvedEnv, stored: Any, origin: str) -> ResolvedEnv:
+    from envbuilder.errors import UserError
+
+    run = build(env)
+    if stored is not None and stored != [a.to_dict() for a in run]:
+        raise UserError(
+            f"{origin}: its `run` (the run script's overrides) is not what its own settings "
+            "give: the file was edited. Pass the envbuild.json that `envbuild render` wrote, "
+            "unedited, or re-resolve it from its profile."
+        )
+    return env._replace(run=run)
 
 
 def _b(flag: bool) -> str:
