@@ -32,6 +32,7 @@ from envbuilder.model.components.verl import INSTALLABLE_ROLLOUTS  # noqa: F401 
 from envbuilder.model.components import vllm as VLLM
 from envbuilder.model.versions import ranges_overlap
 from envbuilder.model.names import profile_named, unknown_name_hint
+from envbuilder.model.selection import Selection
 from envbuilder.model import flags as F
 
 # the torch dtype of each of envbuild's dtype names
@@ -1158,64 +1159,6 @@ def card_size(
         "ecc": "on",
         "why": f"ECC on, the board's default (--ecc off plans with {total['ecc_off_mib']} MiB)",
     }
-
-
-class Selection:
-    """What a profile and its overrides name (versions, the matrix's records, the torch build,
-    the vLLM release, dtype and attention as the profile asks): the input of every rule.
-    Filled in order by _Resolver.select (and its cluster and HF-rollout plans); a record of
-    the matrix (`Entry`) is its YAML's, validated. `_v`: a version, `_rec`: its record."""
-
-    gpu_key: str
-    gpu: Entry
-    cc: str
-    cuda_v: str
-    cuda: Entry
-    torch_v: str
-    torch: Entry
-    verl_v: str
-    verl: Entry
-    rollout: str
-    algo: str
-    algo_rec: Entry
-    components: dict[str, str]  # flash-attn, apex -> version
-    python: str
-    picked: tuple[str, Entry] | None  # (variant, build) of the torch release, None: no build
-    variant: str
-    build: Entry
-    vllm_v: str | None
-    vr: Entry | None  # the vLLM release's record
-    sglang_v: str | None
-    sr: Entry | None  # the SGLang release's record
-    extra_cudas: list[str]
-    usable_cudas: list[str]
-    driver: R.Driver
-    feats: dict[str, bool]
-    dtype: str
-    fa: str | None
-    fa_rec: Entry | None
-    fa_choice: FA.Choice | None  # where the builder takes flash-attn from first
-    attention: str
-    fused: str | None  # verl's fused log-prob backend the card runs (verl.yaml speed), None: none
-    dynamic_bsz: bool  # token-budget micro-batches (verl.yaml speed)
-    apex_v: str | None
-    apex_rec: Entry | None
-    pins: dict[str, str]
-    memory: dict[str, Any]
-    # the cluster plan
-    nodes: int
-    world: int
-    interconnect: Entry | None
-    ic_name: str | None
-    cluster_env: dict[str, str]
-    imex_env: dict[str, str] | None
-    # the HF-rollout plan
-    train: dict[str, Any]
-    notes: list[str]
-    refused: list[R.RefusedOverride]
-    lora_key: str | None
-    actor_offload_ok: bool
-    pinned: list[str]  # the world choices the user made (--rollout-tp, --offload, --sp)
 
 
 # -- the rules: each takes the selection and adds what it finds wrong ----------------------------

@@ -19,6 +19,7 @@ from envbuilder.model.versions import in_range, version_key
 
 if TYPE_CHECKING:
     from envbuilder.model.matrix import Entry, Matrix
+    from envbuilder.model.selection import Selection
 
 
 def record(version: str, sr: dict[str, Any]) -> R.Sglang:
@@ -51,7 +52,7 @@ def cuda_flag(m: Matrix, torch_v: str, cuda_v: str) -> str:
     return "" if cuda_v in cudas or not cudas else f" --cuda {cudas[-1]}"
 
 
-def problems(m: Matrix, s: Any) -> list[Refusal]:
+def problems(m: Matrix, s: Selection) -> list[Refusal]:
     """The SGLang rollout (sglang.yaml, verl.yaml `sglang`): a release verl's extra pins that
     can be installed beside it, kernels for this GPU, the torch, Python, glibc and CUDA its
     wheels are built for. Each refusal names the change that works (fixes.checked keeps it).

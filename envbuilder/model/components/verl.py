@@ -14,13 +14,14 @@ from envbuilder.model.versions import in_range, version_key
 
 if TYPE_CHECKING:
     from envbuilder.model.matrix import Matrix
+    from envbuilder.model.selection import Selection
 
 # Rollouts whose packages the matrix knows how to pin (hf needs none, vllm: matrices/vllm.yaml,
 # sglang: matrices/sglang.yaml, the release verl's `sglang` extra pins).
 INSTALLABLE_ROLLOUTS = ("hf", "vllm", "sglang")
 
 
-def problems(m: Matrix, s: Any) -> list[Refusal]:
+def problems(m: Matrix, s: Selection) -> list[Refusal]:
     """The refusals of verl release `s.verl_v` (the resolver's Selection: verl, python, torch,
     torch_v, cuda_v, cc, rollout)."""
     out: list[Refusal] = []

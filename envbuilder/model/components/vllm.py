@@ -16,9 +16,10 @@ from envbuilder.model.versions import in_range, version_key
 
 if TYPE_CHECKING:
     from envbuilder.model.matrix import Matrix
+    from envbuilder.model.selection import Selection
 
 
-def problems(m: Matrix, s: Any, asked: str | None = None) -> list[Refusal]:
+def problems(m: Matrix, s: Selection, asked: str | None = None) -> list[Refusal]:
     """The refusals of the vLLM rollout of selection `s` (the resolver's Selection: rollout, gpu,
     vr, vllm_v, torch_v, build, verl_v, verl, python); `asked`: the --vllm given, which another
     rollout refuses."""
