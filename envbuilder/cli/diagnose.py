@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 
 import click
 
+from envbuilder.cli.callbacks import AbsPath
+
 from envbuilder.cli import complete
 from envbuilder.cli.machine import probes_for
 from envbuilder.cli.options import Dirs, load_matrix, matrix_dir_option
@@ -24,13 +26,13 @@ if TYPE_CHECKING:
 @click.option(
     "--python",
     "python",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=AbsPath(path_type=Path, dir_okay=False),
     metavar="PATH",
     help="The environment's interpreter (PREFIX/bin/python); it is not run.",
 )
 @click.option(
     "--prefix",
-    type=click.Path(path_type=Path, file_okay=False),
+    type=AbsPath(path_type=Path, file_okay=False),
     metavar="DIR",
     help="The environment's folder (a venv or a conda prefix).",
 )
