@@ -419,6 +419,30 @@ def test_a_bounded_tool_run_ends_its_group_on_sigterm(tmp_path):
     wait_for(lambda: not alive(tool), "the tool's child to end", 20)
 
 
+def test_a_signal_on_the_first_line_after_the_tool_starts_still_ends_its_group(tmp_path):
+    """The race the test above lost under CI's load: the tool had started its own child before
+    this process ran again, and the signal was raised on run()'s first line after Popen, before
+    its guard (there: making the readers), so nothing stopped the tool. The signal is planted
+    exactly there: the readers' Thread raises Terminated as it is made."""
+    pid_file = tmp_path / "tool.pid"
+    code = (
+        "import threading, time\n"
+        "from envbuilder.tools import run as R\n"
+        "class Late(threading.Thread):\n"
+        "    def __init__(self, *a, **k):\n"
+        f"        while not __import__('os').path.exists({str(pid_file)!r}): time.sleep(0.05)\n"
+        "        raise R.Terminated()\n"
+        "R.threading.Thread = Late\n"
+        f"R.run(['bash', '-c', '(exec -a \"sleep {tmp_path}\" sleep 300) & echo $! > {pid_file}; wait'])\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code], env=child_env(tmp_path), capture_output=True, text=True, timeout=60
+    )
+    assert "Terminated" in p.stderr and p.returncode == 1, p.stderr
+    tool = int(pid_file.read_text())
+    wait_for(lambda: not alive(tool), "the tool's child to end", 20)
+
+
 def test_the_wheelhouse_route_finds_the_locks_python_as_the_online_route_does(tmp_path):
     """Issue 44, Medium 4. Before: install.sh took python3 (here 3.11) and refused "the lock is
     for Python 3.10, and python3 is Python 3.11", though the pyenv 3.10 the online route finds

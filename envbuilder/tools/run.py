@@ -126,20 +126,22 @@ def run(
     proc = subprocess.Popen(
         cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
     )
-    out: dict[str, bytes] = {}
-
-    def drain(name: str, stream: IO[bytes]) -> None:
-        out[name] = stream.read()
-
-    readers = [
-        threading.Thread(target=drain, args=(n, s), daemon=True)
-        for n, s in (("stdout", proc.stdout), ("stderr", proc.stderr))
-    ]
-    deadline = None if timeout is None else time.monotonic() + timeout
-    problem: Exception | None = None
-    # Ctrl-C or SIGTERM (cli.main raises it) ends the child's whole group too, also while the
-    # readers start: the child may already have started its own children by then
+    # Ctrl-C or SIGTERM (cli.main raises it) ends the child's whole group too, from the first
+    # bytecode after Popen: on a loaded machine the child has started its own children before
+    # this process runs again, and the signal is raised on the first line it runs
     try:
+        out: dict[str, bytes] = {}
+        readers: list[threading.Thread] = []
+        problem: Exception | None = None
+
+        def drain(name: str, stream: IO[bytes]) -> None:
+            out[name] = stream.read()
+
+        readers += [
+            threading.Thread(target=drain, args=(n, s), daemon=True)
+            for n, s in (("stdout", proc.stdout), ("stderr", proc.stderr))
+        ]
+        deadline = None if timeout is None else time.monotonic() + timeout
         for t in readers:
             t.start()
         while proc.poll() is None:
