@@ -4,7 +4,9 @@
 no module imports or reaches through an attribute (`matrix._load`) for another module's private
 names, no module of the command-line layer is longer than about 150 lines, and records
 are of one style (envbuilder/record.Record: no NamedTuple, and a dataclass only for a mutable working
-object, which says so in a `# not a record: why` comment on its decorator or class line).
+object, which says so in a `# not a record: why` comment on its decorator or class line), and
+no function is above McCabe complexity 30 (radon's rank D) unless a `# complexity: why` comment
+right above it says why it stays one piece.
 
     python bench/structure.py          # prints the facts; exit 1 when one does not hold
 
@@ -61,7 +63,7 @@ def modules() -> dict[str, Path]:
 class Source:
     """One module's text and the nodes the checks look at, each list in ast.walk's order."""
 
-    __slots__ = ("text", "imports", "attributes", "classes", "calls")
+    __slots__ = ("text", "imports", "attributes", "classes", "calls", "functions")
 
     def __init__(self, text: str) -> None:
         self.text = text
@@ -69,6 +71,7 @@ class Source:
         self.attributes: list[ast.Attribute] = []
         self.classes: list[ast.ClassDef] = []
         self.calls: list[ast.Call] = []
+        self.functions: list[ast.FunctionDef | ast.AsyncFunctionDef] = []
         for node in ast.walk(ast.parse(text)):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 self.imports.append(node)
@@ -78,6 +81,8 @@ class Source:
                 self.classes.append(node)
             elif isinstance(node, ast.Call):
                 self.calls.append(node)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                self.functions.append(node)
 
 
 # What the checks read of a file, by the sha256 of its text: each file is parsed and walked once
@@ -315,6 +320,54 @@ def other_records(mods: dict[str, Path]) -> list[str]:
     return sorted(found)
 
 
+MAX_COMPLEXITY = 30  # radon's rank D at most; above it a function says why (COMPLEXITY_REASON)
+COMPLEXITY_REASON = "# complexity:"  # in the comment block right above the def: why it stays one piece
+
+
+def complexity(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """McCabe's count as radon takes it: 1, plus each branch (if/elif, a loop, an except, a
+    conditional expression, an assert, a case), each comprehension's loops and conditions, and
+    each boolean operator's extra operands; a function defined inside counts on its own."""
+    n = 1
+    todo: list[ast.AST] = list(fn.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(
+            node, (ast.If, ast.For, ast.AsyncFor, ast.While, ast.IfExp, ast.ExceptHandler, ast.Assert)
+        ):
+            n += 1
+        elif isinstance(node, ast.comprehension):
+            n += 1 + len(node.ifs)
+        elif isinstance(node, ast.BoolOp):
+            n += len(node.values) - 1
+        elif isinstance(node, ast.match_case):
+            n += 1
+        todo.extend(ast.iter_child_nodes(node))
+    return n
+
+
+def complex_functions(mods: dict[str, Path]) -> list[str]:
+    """Functions above MAX_COMPLEXITY without a written reason (COMPLEXITY_REASON)."""
+    out = []
+    for m, path in mods.items():
+        src = source(path)
+        lines = src.text.splitlines()
+        for fn in src.functions:
+            c = complexity(fn)
+            if c <= MAX_COMPLEXITY:
+                continue
+            first = min([fn.lineno, *(d.lineno for d in fn.decorator_list)]) - 1  # (0-based)
+            above = first
+            while above > 0 and lines[above - 1].strip().startswith("#"):
+                above -= 1  # (the comment block right above it)
+            near = lines[above : fn.body[0].lineno - 1]
+            if not any(COMPLEXITY_REASON in line for line in near):
+                out.append(f"{m}:{fn.lineno} {fn.name}: {c}")
+    return sorted(out)
+
+
 def facts() -> dict:
     mods = modules()
     imp = imports(mods)
@@ -367,6 +420,7 @@ def facts() -> dict:
         "other_records": other_records(mods),
         "standalone_imports": standalone,
         "io_in_pure": io_imports(mods),
+        "complex_functions": complex_functions(mods),
     }
 
 
@@ -419,6 +473,11 @@ def main() -> int:
     )
     for r in f["io_in_pure"]:
         print("  " + r)
+    print(
+        f"functions above complexity {MAX_COMPLEXITY} without a written reason: {len(f['complex_functions'])}"
+    )
+    for c in f["complex_functions"]:
+        print("  " + c)
     failed = (
         "standalone_imports",
         "io_in_pure",
@@ -431,6 +490,7 @@ def main() -> int:
         "long_cli_modules",
         "cli_imported_below",
         "other_records",
+        "complex_functions",
     )
     return 1 if any(f[k] for k in failed) else 0
 

@@ -4,6 +4,7 @@ module of the command line is over 150 lines, and records are of one style (issu
 
 from __future__ import annotations
 
+import ast
 import shutil
 import sys
 from pathlib import Path
@@ -284,3 +285,25 @@ def test_a_file_changed_between_two_readings_is_read_again(tmp_path, monkeypatch
     assert structure.facts()["private_imports"] == []
     (pkg / "a.py").write_text("from envbuilder.b import _secret\n")
     assert structure.facts()["private_imports"] == ["envbuilder.a:1 takes envbuilder.b._secret"]
+
+
+def _branchy(name: str, branches: int) -> str:
+    body = "".join(f"    if x == {i}:\n        return {i}\n" for i in range(branches))
+    return f"def {name}(x):\n{body}    return -1\n"
+
+
+def test_a_function_above_complexity_30_needs_a_written_reason(plant):
+    """Issue 46: no function above radon's rank D (McCabe 30) without a `# complexity:` comment
+    right above it; the count is radon's (31 branches: 32), and each shipped exception says why."""
+    assert structure.facts()["complex_functions"] == []
+    assert structure.complexity(ast.parse(_branchy("f", 31)).body[0]) == 32
+    plant("render/quoting.py", _branchy("planted_complex", 31))
+    found = structure.facts()["complex_functions"]
+    assert len(found) == 1 and "planted_complex: 32" in found[0]
+    assert structure.main() == 1
+    plant(
+        "render/quoting.py", "# complexity: a planted table, one branch a row\n" + _branchy("explained", 31)
+    )
+    assert [c for c in structure.facts()["complex_functions"] if "explained" in c] == []
+    plant("render/quoting.py", _branchy("simple_enough", 29))
+    assert not any("simple_enough" in c for c in structure.facts()["complex_functions"])

@@ -68,6 +68,8 @@ def uses_reference(cfg: Mapping[str, Any]) -> bool:
     )
 
 
+# complexity: one branch per assertion verl's workers make, in the order they make them, each
+# readable beside the verl source line it mirrors
 def violations(cfg: Mapping[str, Any], engine: bool, critic_engine: str = "critic.fsdp") -> list[str]:
     """What verl's workers would refuse in this composed config, one sentence each (empty: none).
     `critic_engine`: where the release keeps the critic's engine settings."""

@@ -227,53 +227,79 @@ def checked(
     """`violations` with every fix checked (module docstring): each keeps the alternatives under
     which the profile resolves; one with none gets the change that resolves it, when there is
     one. Prose without flags (an overlay to write, another image) stays as it is."""
-    attempt = _Attempts(run)
-    before = {v.rule for v in violations}
-    whole: list[Any] = []  # computed once, when first needed
-    # the user's own stack flags, and a change that keeps them all (when one resolves): a fix
-    # that changes one of them gives way to it
-    mine = {f: getattr(ov, f) for f in VALUE_OF if getattr(ov, f) is not None}
-    keeping = next((c for c in completions(m, ov) if attempt(applied(ov, c)) is None), None)
+    c = _Checker(m, profile, ov, violations, run)
+    return [c.check(v) for v in violations]
 
-    def drops_mine(a: str) -> bool:
-        flags = concrete(m, a) or {}
-        return any(f in mine and mine[f] != value for f, value in flags.items())
 
-    out = []
-    for v in violations:
+class _Checker:
+    """The fixes of one refusal's violations, each tried (`attempt`): `before`, the rules the
+    profile broke; `mine`, the user's own stack flags; `keeping`, a change that keeps them all
+    (when one resolves): a fix that changes one of them gives way to it."""
+
+    def __init__(
+        self,
+        m: Matrix,
+        profile: str,
+        ov: Overrides,
+        violations: list[Any],
+        run: Callable[[Overrides], object],
+    ):
+        self.m, self.profile, self.ov = m, profile, ov
+        self.attempt = _Attempts(run)
+        self.before = {v.rule for v in violations}
+        self.whole: list[Any] = []  # computed once, when first needed
+        self.mine = {f: getattr(ov, f) for f in VALUE_OF if getattr(ov, f) is not None}
+        self.keeping = next((c for c in completions(m, ov) if self.attempt(applied(ov, c)) is None), None)
+
+    def drops_mine(self, a: str) -> bool:
+        flags = concrete(self.m, a) or {}
+        return any(f in self.mine and self.mine[f] != value for f, value in flags.items())
+
+    def check(self, v: Any) -> Any:
+        m, ov = self.m, self.ov
         alts = [a.rstrip(" ,;") for a in alternatives(v.fix)]
-        results = {a: attempt(applied(ov, flags)) for a in alts if (flags := concrete(m, a)) is not None}
+        results = {a: self.attempt(applied(ov, flags)) for a in alts if (flags := concrete(m, a)) is not None}
         prose = [a for a in alts if concrete(m, a) is None and not FIX_FLAG.search(a)]
-        if v.rule in FIXED_BY_MACHINE:  # the machine's: its upgrade stands, each stack offered resolves
-            stacks = [a for a, after in results.items() if after is None]
-            if keeping and any(drops_mine(a) for a in stacks):
-                stacks = [f"use {render_flags(keeping)}"] + [a for a in stacks if not drops_mine(a)]
-            fix = " or ".join(prose + stacks)
-            out.append(v._replace(fix=fix) if fix and fix != v.fix else v)
-            continue
-        # alternatives that resolve whole first; those that leave only the driver after them
+        if v.rule in FIXED_BY_MACHINE:
+            fix = self.machine_fix(results, prose)
+            return v._replace(fix=fix) if fix and fix != v.fix else v
+        fix = self.rule_fix(results, prose)
+        return v._replace(fix=fix) if fix != v.fix else v
+
+    def machine_fix(self, results: dict[str, Any], prose: list[str]) -> str:
+        """The machine's: its upgrade stands, each stack offered resolves."""
+        stacks = [a for a, after in results.items() if after is None]
+        if self.keeping and any(self.drops_mine(a) for a in stacks):
+            stacks = [f"use {render_flags(self.keeping)}"] + [a for a in stacks if not self.drops_mine(a)]
+        return " or ".join(prose + stacks)
+
+    def rule_fix(self, results: dict[str, Any], prose: list[str]) -> str:
+        """Alternatives that resolve whole first, then those that leave only the driver after
+        them; none: the smallest change that resolves the profile (whole_fix), if any."""
         kept = [a for a, after in results.items() if after is None]
-        kept += [a for a, after in results.items() if after is not None and _resolves(after, before)]
-        if keeping and any(drops_mine(a) for a in kept):
-            kept = [
-                f"use {render_flags(keeping)} (keeps your {', '.join(f'{f} {v}' for f, v in mine.items())})"
-            ] + [a for a in kept if not drops_mine(a)]
+        kept += [a for a, after in results.items() if after is not None and _resolves(after, self.before)]
+        if self.keeping and any(self.drops_mine(a) for a in kept):
+            keeps = ", ".join(f"{f} {v}" for f, v in self.mine.items())
+            kept = [f"use {render_flags(self.keeping)} (keeps your {keeps})"] + [
+                a for a in kept if not self.drops_mine(a)
+            ]
         if not kept:
-            if not whole:
-                whole.append(whole_fix(m, profile, ov, attempt, before))
-            if whole[0]:
-                kept = [
-                    f"{render_flags(whole[0])} (with it {profile} resolves"
-                    + (", but for the driver)" if attempt(applied(ov, whole[0])) else ")")
-                ]
+            kept = self.whole_change()
         if kept and not re.match(r"(use|add|pass|drop)\b", kept[0]):
             kept[0] = f"use {kept[0]}"
-        fix = " or ".join(kept + prose) or (
+        return " or ".join(kept + prose) or (
             "no one change of --verl, --rollout, --cuda, --torch, --vllm, nor a torch with a CUDA "
-            f"it is built for, makes {profile} resolve: `envbuild list` shows the profiles"
+            f"it is built for, makes {self.profile} resolve: `envbuild list` shows the profiles"
         )
-        out.append(v._replace(fix=fix) if fix != v.fix else v)
-    return out
+
+    def whole_change(self) -> list[str]:
+        if not self.whole:
+            self.whole.append(whole_fix(self.m, self.profile, self.ov, self.attempt, self.before))
+        change = self.whole[0]
+        if not change:
+            return []
+        but = ", but for the driver)" if self.attempt(applied(self.ov, change)) else ")"
+        return [f"{render_flags(change)} (with it {self.profile} resolves{but}"]
 
 
 def smallest_change(

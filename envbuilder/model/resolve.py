@@ -448,19 +448,19 @@ class _Resolver:
         if host and not host.get("fits", True):
             need = math.ceil(host["gib"] / (1 - self.m.memory["margin"]))
             fixes.insert(0, f"pass --host-memory {need} where each node has {need} GiB for offload")
-        fix = (
-            ("in a --matrix-dir overlay of the profile, " + "; or ".join(fixes))
-            if fixes
-            else "a GPU with more memory"
+        fix = memory_fix(fixes, smaller, more, critic_free)
+        why = self.memory_why(mem, host)
+        self.add(
+            "memory",
+            f"{train['model']} does not fit the {gpu['name']} "
+            f"({mem['gpu_total_gib']:.0f} GiB) even at batch 1",
+            why,
+            fix,
         )
-        if fixes and fixes[0].startswith("pass --host-memory"):
-            fix = fixes[0] + (f"; or {'; or '.join(fixes[1:])}" if fixes[1:] else "")
-        if smaller:  # (a model of the table: --model takes it, and the fix walk checks it)
-            fix = f"use --model {smaller[-1][1]} (a smaller model from the table); or {fix}"
-        if more:  # (the model the user asked for, on a larger world, first)
-            fix = f"use {more}; or {fix}"
-        if critic_free:
-            fix = f"use --algo grpo (no critic to train: it fits); or {fix}"
+
+    def memory_why(self, mem: Entry, host: Entry) -> str:
+        """Why a plan does not fit: its worst phase against the budget, with the choices tried
+        and the three largest terms, and the command that prints the whole budget."""
         worst = max(mem["problems"], key=lambda p: p["gib"] - p["budget_gib"])
         phase = next((p for p in mem["phases"] if p["phase"] == worst["phase"]), host)
         top = sorted(phase["terms"], key=lambda t: -t["gib"])[:3]
@@ -470,29 +470,50 @@ class _Resolver:
             for k, c in sorted((mem.get("choices") or {}).items())
             if k != "gpu_memory_utilization"
         ]
-        why = (
+        return (
             f"its {worst['phase']} phase needs {worst['gib']:.1f} GiB {where} "
             f"against {worst['budget_gib']:.1f} GiB usable, with {', '.join(tried)} ("
             + ", ".join(f"{t['term']} {t['gib']:.1f}" for t in top)
             + "; `envbuild show "
             f"{self.named.gpu or self.name} --memory --allow-unsupported` prints the whole budget)"
         )
-        self.add(
-            "memory",
-            f"{train['model']} does not fit the {gpu['name']} "
-            f"({mem['gpu_total_gib']:.0f} GiB) even at batch 1",
-            why,
-            fix,
-        )
 
     # -- the whole: select, then every rule over the selection, then assemble ---------------
 
     def select(self) -> "Selection":
         """What the profile and the overrides name, read from the matrix, with nothing judged:
-        an unknown version is bad input (UserError); every judgement is a rule's."""
-        ov, m = self.ov, self.m
+        an unknown version is bad input (UserError); every judgement is a rule's. In stages:
+        the versions and their records, the rollout's release, the kernels and precision, the
+        pins, then the HF-rollout, cluster and memory plans."""
         s = Selection()
         p = self.p = self.stacked(self.p)
+        self.select_versions(s, p)
+        self.select_rollout(s, p)
+        self.select_kernels(s, p)
+        self.select_pins(s, p)
+        self.hf_rollout_plan(s)
+        if legacy_trainer(s.verl, s.algo_rec):
+            s.notes.append(
+                f"trainer.use_v1=False: {s.algo} on verl {s.verl_v} needs the legacy trainer, "
+                f"since {s.verl['trainer_v1']['why']}"
+            )
+        self.cluster_plan(s)
+        s.memory, bf16_base = self.lora_memory(s, s.train)
+        self.apply_choices(s)
+        if bf16_base:
+            s.train["actor_model_dtype"] = "bf16"
+            s.notes.append(
+                "++actor_rollout_ref.actor.fsdp_config.model_dtype=bf16 and the patch "
+                "verl-hf-rollout-lora-wrap: with an fp32 base in one flat parameter the model does "
+                "not fit, so the frozen base loads in bf16 and each LoRA adapter (fp32) is an FSDP "
+                "unit of its own; the reference is the same weights with the adapters off"
+            )
+        return s
+
+    def select_versions(self, s: "Selection", p: Entry) -> None:
+        """The card, the CUDA, torch, verl and algorithm asked for, with their records, the
+        components, the Python and the torch build."""
+        ov, m = self.ov, self.m
         s.gpu_key = self.named.gpu or p["gpu"]  # (the card asked for: its identity and memory)
         s.gpu = m.gpus[s.gpu_key]
         s.cc = s.gpu["compute_capability"]
@@ -509,6 +530,11 @@ class _Resolver:
         s.python = ov.python or p.get("python") or s.cuda["python"]
         s.picked = TORCH.build_for(s.torch, s.cuda_v)
         s.variant, s.build = s.picked or (f"cu{s.cuda_v.replace('.', '')}", {"cuda": s.cuda_v, "archs": []})
+
+    def select_rollout(self, s: "Selection", p: Entry) -> None:
+        """The vLLM or SGLang release, the CUDAs their wheels bring, the CUDAs a --cuda
+        suggestion may name, and the driver they all need."""
+        ov, m = self.ov, self.m
         s.vllm_v = s.vr = None
         s.extra_cudas = []
         if s.rollout == "vllm":
@@ -530,6 +556,11 @@ class _Resolver:
             and all(c.split(".")[0] == x.split(".")[0] for x in s.extra_cudas)
         ]
         s.driver = CUDA.driver_info(m, s.cuda_v, s.cuda, s.extra_cudas, ov.driver)
+
+    def select_kernels(self, s: "Selection", p: Entry) -> None:
+        """The card's features, dtype, flash-attn and where it comes from, the attention,
+        verl's fused-kernel backend and token budgets (verl.yaml `speed`), apex."""
+        m = self.m
         s.feats = {k: at_least(s.cc, f["min_compute_capability"]) for k, f in m.features.items()}
         s.dtype = p["dtype"]
         if s.dtype == "auto":
@@ -568,8 +599,11 @@ class _Resolver:
         self.fused = s.fused
         s.apex_v = s.components.get("apex")
         s.apex_rec = self.release("apex", s.apex_v, m.apex["versions"]) if s.apex_v else None
-        # verl's pins, then the vLLM release's own pairings, then what flash-attn imports, then
-        # the profile's: later ones win
+
+    def select_pins(self, s: "Selection", p: Entry) -> None:
+        """verl's pins, then the vLLM release's own pairings, then what flash-attn imports, then
+        the profile's: later ones win."""
+        m = self.m
         s.pins = dict(s.verl["pins"])
         if s.vllm_v:
             s.pins.update(m.vllm[s.vllm_v].get("pins") or {})
@@ -579,24 +613,6 @@ class _Resolver:
         if s.fa:  # its wheel installs with --no-deps: what it imports at run time is pinned here
             s.pins.update(m.flash_attn.get("runtime_pins") or {})
         s.pins.update(p.get("pins", {}))
-        self.hf_rollout_plan(s)
-        if legacy_trainer(s.verl, s.algo_rec):
-            s.notes.append(
-                f"trainer.use_v1=False: {s.algo} on verl {s.verl_v} needs the legacy trainer, "
-                f"since {s.verl['trainer_v1']['why']}"
-            )
-        self.cluster_plan(s)
-        s.memory, bf16_base = self.lora_memory(s, s.train)
-        self.apply_choices(s)
-        if bf16_base:
-            s.train["actor_model_dtype"] = "bf16"
-            s.notes.append(
-                "++actor_rollout_ref.actor.fsdp_config.model_dtype=bf16 and the patch "
-                "verl-hf-rollout-lora-wrap: with an fp32 base in one flat parameter the model does "
-                "not fit, so the frozen base loads in bf16 and each LoRA adapter (fp32) is an FSDP "
-                "unit of its own; the reference is the same weights with the adapters off"
-            )
-        return s
 
     def apply_choices(self, s: "Selection") -> None:
         """What the memory plan chose (offload, vLLM's share, the rollout's TP, Ulysses SP) into
@@ -754,9 +770,18 @@ class _Resolver:
             )
         t["n_gpus"] = per_node
         world = nodes * per_node
-        # the mini-batch a multiple of the world (verl splits it evenly over the GPUs), then the
-        # train batch a multiple of the mini-batch (else the last mini-batch is short and its
-        # micro-batches do not divide it: envbuilder/model/batches.py)
+        self.round_batches(s, nodes, per_node)
+        s.nodes, s.world = nodes, world
+        self.nodes = nodes
+        self.world_flags(s)
+        self.network_plan(s, nodes, per_node)
+
+    def round_batches(self, s: "Selection", nodes: int, per_node: int) -> None:
+        """The mini-batch a multiple of the world (verl splits it evenly over the GPUs), then the
+        train batch a multiple of the mini-batch (else the last mini-batch is short and its
+        micro-batches do not divide it: envbuilder/model/batches.py); a world whose step takes
+        more prompts than the data set has is refused."""
+        t, world = s.train, nodes * per_node
         t["ppo_mini_batch_size"] = min(t["ppo_mini_batch_size"], t["train_batch_size"])
         for key, unit, why in (
             ("ppo_mini_batch_size", world, f"of the {world} GPUs (verl splits it evenly over them)"),
@@ -786,9 +811,13 @@ class _Resolver:
                 + (f"Use at most {fits} GPUs in all" if fits else "Use fewer GPUs")
                 + " (--nodes × --gpus-per-node), or train on a larger data set."
             )
-        s.nodes, s.world = nodes, world
-        self.nodes = nodes
-        self.world_flags(s)
+
+    def network_plan(self, s: "Selection", nodes: int, per_node: int) -> None:
+        """--interconnect: what NCCL and Gloo are told (interconnects.yaml), with
+        NCCL_P2P_DISABLE=1 for several GPUs per node of a card without peer-to-peer (or a
+        driver on which its P2P transport hangs), and verl's own NCCL settings for a
+        multi-node NVLink GPU."""
+        ov = self.ov
         name = ov.interconnect or ("tcp" if nodes > 1 else None)
         table = self.m.sections.get("interconnects") or {}
         s.interconnect = self.pick("interconnect (--interconnect)", "interconnects", name) if name else None
@@ -922,19 +951,15 @@ class _Resolver:
             raise ResolveError(self.name, self.v)
         return with_run_plan(self.assemble(s))
 
-    def assemble(self, s: "Selection") -> ResolvedEnv:
-        """The resolved environment of a selection every rule accepted."""
-        p, ov, m = self.p, self.ov, self.m
-        cc, verl, dtype, attention = s.cc, s.verl, s.dtype, s.attention
-        remove_padding = self.remove_padding(s)
-        apex = APEX.record(m.apex, s.apex_v, s.apex_rec, cc) if s.apex_v and s.apex_rec else None
-        # what each part of the run computes in: the profile's dtype where this verl can run the
-        # part in it, fp32 otherwise (verl.yaml precision: no fp16 training without a loss scaler)
-        precision = {
-            part: dtype if dtype in allowed else "fp32" for part, allowed in sorted(verl["precision"].items())
-        }
+    def patches_and_audit(
+        self, s: "Selection", precision: dict[str, str]
+    ) -> tuple[tuple[R.Patch, ...], R.Audit]:
+        """verl's recorded patches this run needs (each one's `when` holds), their placeholders
+        filled with the run's attention and precision, and the precision audit's checks with the
+        reviewed lines that hold."""
         from envbuilder.model.matrix_schema import fill_placeholders  # (the matrix checked every template)
 
+        m, verl, attention, dtype = self.m, s.verl, s.attention, s.dtype
         values = {"attention": attention}
         for part, pd in precision.items():
             values[f"{part}_dtype"] = TORCH_DTYPE[pd]
@@ -984,15 +1009,35 @@ class _Resolver:
                         holds=frozen(holds),
                     )
                 )
-        alloc = None
-        ac = m.cuda_alloc_conf
+        return tuple(patches), R.Audit(checks=checks, reviewed=tuple(reviewed))
+
+    def alloc_conf(self, s: "Selection") -> R.AllocConf | None:
+        """PYTORCH_CUDA_ALLOC_CONF (cuda_alloc_conf.yaml): expandable segments where the
+        rollout's release allows them under sleep mode, else on small cards unless the rollout
+        refuses them."""
+        ac = self.m.cuda_alloc_conf
         taken = (ac or {}).get("with_rollouts", {}).get(s.rollout)
         rollout_v = s.vllm_v if s.rollout == "vllm" else None
         if ac and taken and rollout_v and in_range(rollout_v, ">=" + taken["min"]):
-            alloc = R.AllocConf(value=ac["value"], why=taken["why"])
-        elif ac and s.gpu["vram_gb"] <= ac["max_vram_gb"]:
+            return R.AllocConf(value=ac["value"], why=taken["why"])
+        if ac and s.gpu["vram_gb"] <= ac["max_vram_gb"]:
             refused = ac["not_with_rollouts"].get(s.rollout)
-            alloc = R.AllocConf(value=None if refused else ac["value"], why=refused or ac["why"])
+            return R.AllocConf(value=None if refused else ac["value"], why=refused or ac["why"])
+        return None
+
+    def assemble(self, s: "Selection") -> ResolvedEnv:
+        """The resolved environment of a selection every rule accepted."""
+        p, ov, m = self.p, self.ov, self.m
+        cc, verl, dtype, attention = s.cc, s.verl, s.dtype, s.attention
+        remove_padding = self.remove_padding(s)
+        apex = APEX.record(m.apex, s.apex_v, s.apex_rec, cc) if s.apex_v and s.apex_rec else None
+        # what each part of the run computes in: the profile's dtype where this verl can run the
+        # part in it, fp32 otherwise (verl.yaml precision: no fp16 training without a loss scaler)
+        precision = {
+            part: dtype if dtype in allowed else "fp32" for part, allowed in sorted(verl["precision"].items())
+        }
+        patches, audit = self.patches_and_audit(s, precision)
+        alloc = self.alloc_conf(s)
         torch_index = None
         local = ""
         if s.variant != s.torch["pypi_default"]:
@@ -1078,8 +1123,8 @@ class _Resolver:
             ),
             flash_attn=FA.record(m.flash_attn, s.fa, s.fa_choice) if s.fa and s.fa_choice else None,
             apex=apex,
-            patches=tuple(patches),
-            audit=R.Audit(checks=checks, reviewed=tuple(reviewed)),
+            patches=patches,
+            audit=audit,
             cuda_alloc_conf=alloc,
             indexes=R.Indexes(pypi=defaults.get("pypi_index", "https://pypi.org/simple"), torch=torch_index),
             uv=uv_pin(defaults, gpu.get("machine", "x86_64")),
@@ -1111,6 +1156,26 @@ class _Resolver:
             memory=frozen(s.memory),
             warnings=tuple(v.text() for v in self.v),
         )
+
+
+def memory_fix(fixes: list[str], smaller: list[tuple[int, str]], more: str | None, critic_free: bool) -> str:
+    """A memory refusal's fix, cheapest first: GRPO where the critic is what does not fit, the
+    model on a larger world, a smaller model of the table, then more host memory for offload or
+    an overlay's changes (shorter sequences, ...)."""
+    fix = (
+        ("in a --matrix-dir overlay of the profile, " + "; or ".join(fixes))
+        if fixes
+        else "a GPU with more memory"
+    )
+    if fixes and fixes[0].startswith("pass --host-memory"):
+        fix = fixes[0] + (f"; or {'; or '.join(fixes[1:])}" if fixes[1:] else "")
+    if smaller:  # (a model of the table: --model takes it, and the fix walk checks it)
+        fix = f"use --model {smaller[-1][1]} (a smaller model from the table); or {fix}"
+    if more:  # (the model the user asked for, on a larger world, first)
+        fix = f"use {more}; or {fix}"
+    if critic_free:
+        fix = f"use --algo grpo (no critic to train: it fits); or {fix}"
+    return fix
 
 
 def card_size(

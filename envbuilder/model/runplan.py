@@ -60,6 +60,8 @@ def _b(flag: bool) -> str:
     return "True" if flag else "False"
 
 
+# complexity: one flat recipe, each condition one override in the order the script passes them;
+# split, the order of the run script would be spread over functions that each print a few lines
 def build(env: ResolvedEnv) -> tuple[RunArg, ...]:
     """The run's overrides, in the order the script passes them."""
     d, t, pr, al = env, env.train, env.precision, env.algorithm
