@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -194,6 +195,22 @@ def test_elf_reader_refuses_what_is_not_an_elf_it_reads(tmp_path):
     assert read_elf(bad) is None
 
 
+def test_a_fat_binary_container_that_does_not_move_the_walk_on_is_refused_at_once(tmp_path):
+    """A crafted container of header size 0 and fat size 0 (an image's extension may be one):
+    the walk stood on it forever. Run in a child with a deadline, so a hang fails the test."""
+    import struct
+
+    ext = gcc(tmp_path, "x.so", "int f(void){return 1;}\n")
+    blob = tmp_path / "zero.fatbin"
+    blob.write_bytes(struct.pack("<IHHQ", 0xBA55ED50, 1, 0, 0))
+    subprocess.run(
+        ["objcopy", "--add-section", f".nv_fatbin={blob}", str(ext)], check=True, capture_output=True
+    )
+    code = f"from envbuilder.machine.elf import read_elf; print(read_elf(__import__('pathlib').Path({str(ext)!r})))"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0 and p.stdout.strip() == "None", p.stderr
+
+
 # -- an environment envbuild installed ----------------------------------------------------------
 
 
@@ -221,6 +238,11 @@ def test_bad_input_is_exit_2_with_what_to_do(tmp_path):
     assert code == 2 and "pass one of --python PATH" in out
     code, out = invoke(["diagnose", "--python", str(tmp_path / "python")], "h200")
     assert code == 2 and "bin/python" in out
+    # a malformed image reference: refused before any engine or registry is asked (it was exit 1,
+    # the code of findings, from the engine's own error)
+    for ref in ("a b", "x@sha256:zz", "Team/RL:1", "127.0.0.1:5000/"):
+        code, out = invoke(["diagnose", "--image", ref], "h200")
+        assert code == 2 and "is not an image reference" in out, (ref, code, out)
 
 
 # -- torch cu130 on a 535 driver ------------------------------------------------------------------
@@ -264,6 +286,9 @@ def test_an_extension_without_the_cards_sm_is_named_and_a_rebuild_for_it_passes(
     f = d.findings[0]
     assert "flash-attn" in f.what and "CC 9.0" in f.what and "sm_80" in f.why
     assert "TORCH_CUDA_ARCH_LIST=9.0" in f.fix
+    # flash-attn's setup.py builds only when told to (else it fetches its prebuilt wheel, for
+    # whatever archs that has), and the rebuild leaves torch as it is
+    assert "FLASH_ATTENTION_FORCE_BUILD=TRUE" in f.fix and "--no-deps" in f.fix
     # PTX for an older arch is compiled by the driver on this card: no finding
     shutil.copy(
         with_fatbin(gcc(tmp_path, "ptx.so", "int f(void){return 1;}\n"), [("ptx", 80, b"x" * 8)]), pkg
@@ -325,7 +350,7 @@ def test_an_extension_that_needs_a_newer_glibc_than_the_host_has(tmp_path):
 # -- verl unpatched on a P40 ---------------------------------------------------------------------
 
 
-def test_verl_unpatched_on_a_p40_is_found_and_apply_patches_fixes_it(tmp_path, verl_trees, cli):
+def test_verl_unpatched_on_a_p40_is_found_and_apply_patches_fixes_it(tmp_path, verl_trees, cli, monkeypatch):
     env = resolve(shipped(), "p40", Overrides())
     assert env.patches
     prefix = tmp_path / "env"
@@ -340,15 +365,17 @@ def test_verl_unpatched_on_a_p40_is_found_and_apply_patches_fixes_it(tmp_path, v
     assert {f.what.split("(")[-1].rstrip(")") for f in d.findings} <= {p.name for p in env.patches}
     fix = d.findings[0].fix
     assert "apply_patches.py --site" in fix
-    # the fix followed: render p40, run its apply_patches.py on that site-packages
-    out = tmp_path / "out"
-    code, _, err = cli("render", "p40", "-o", out)
+    # the fix followed as printed, in a folder of its own: its render, then its apply_patches.py
+    # (with this Python: the stub environment's bin/python runs nothing)
+    render_cmd, apply_cmd = fix.split("`")[1].split(" && ")
+    render_words = shlex.split(render_cmd)
+    assert render_words[0] == "envbuild"
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli(*render_words[1:])
     assert code == 0, err
-    r = subprocess.run(
-        [sys.executable, str(out / "p40" / "apply_patches.py"), "--site", str(site)],
-        capture_output=True,
-        text=True,
-    )
+    _python, script, *rest = shlex.split(apply_cmd)
+    assert (tmp_path / script).is_file(), f"the printed fix runs {script}, which its render did not write"
+    r = subprocess.run([sys.executable, script, *rest], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert diagnosed(prefix, "p40").findings == ()
 
@@ -859,9 +886,10 @@ def test_an_extension_wheel_built_against_one_torch_then_torch_upgraded_and_the_
     assert f.what.startswith("sgl_kernel/common_ops.") and "(sgl-kernel)" in f.what and OLD_SYMBOL in f.why
     fix = f.fix.split("`")[1]
     assert fix.startswith(
-        f"{prefix}/bin/python -m pip install --no-build-isolation --no-cache-dir --no-binary sgl-kernel"
+        f"{prefix}/bin/python -m pip install --no-build-isolation --no-cache-dir --no-deps --no-binary sgl-kernel"
     )
-    # the fix followed: the printed pip command, built against the torch now beside it
+    # the fix followed: the printed pip command (its own --no-deps: --force-reinstall would
+    # reinstall torch), built against the torch now beside it; only where it finds things is ours
     monkeypatch.setenv("STANDIN_TORCH", str(site / "torch"))
     args = fix.split(" -m pip ")[1].split()
     pip_run(
@@ -869,7 +897,6 @@ def test_an_extension_wheel_built_against_one_torch_then_torch_upgraded_and_the_
         "--cache-dir",
         cache,
         *args[1:],
-        "--no-deps",
         "--no-index",
         "--find-links",
         str(sdists),
@@ -893,6 +920,20 @@ def test_an_h200_environment_carried_to_a_p40_names_torchs_archs_and_vllms_floor
     assert d.nearest is not None and d.nearest.profile == "p40"
     assert all("`envbuild install p40 --prefix NEW_PREFIX`" in f.fix for f in d.findings)
     # the fix followed: p40's environment, as envbuild install makes it
+    stub_install(tmp_path / "fixed", d.nearest.env)
+    assert diagnosed(tmp_path / "fixed", "p40").findings == ()
+
+
+def test_an_envbuild_installed_h200_environment_on_a_p40_is_pointed_at_the_p40s_profile(tmp_path):
+    """The same environment with the envbuild.json envbuild install leaves: its own profile
+    (h200) does not run on the card found, so the fix is the card's profile, not `envbuild
+    install h200` (which, followed, gave the same broken environment again)."""
+    prefix = tmp_path / "env"
+    stub_install(prefix, h200_env(), envbuild_json=True)
+    d = diagnosed(prefix, "p40")
+    assert "torch-arch" in rules(d), d.findings
+    assert d.nearest is not None and d.nearest.profile == "p40"
+    assert not any("install h200" in f.fix for f in d.findings), [f.fix for f in d.findings]
     stub_install(tmp_path / "fixed", d.nearest.env)
     assert diagnosed(tmp_path / "fixed", "p40").findings == ()
 

@@ -119,7 +119,16 @@ def _image(m: Matrix, image: str, machine: Machine, profile: str | None) -> Diag
     from envbuilder.machine.target import image_prefix, read_target, unpack_image
     from envbuilder.oci.registry import parse_image
 
-    parse_image(image)  # (a malformed reference is refused before anything is fetched)
+    from envbuilder.errors import UserError
+    from envbuilder.oci.reference import match
+
+    if match(image) is None:  # (a malformed reference is refused before anything is fetched)
+        raise UserError(
+            f"--image {image!r} is not an image reference: give [REGISTRY/]NAME[:TAG][@sha256:DIGEST] "
+            "(lowercase name components), e.g. --image 127.0.0.1:5000/envbuild/h200:TAG or the name "
+            "of an image in the local engine."
+        )
+    parse_image(image)
     work = Path(tempfile.mkdtemp(prefix="envbuild-diagnose-"))
     try:
         root = work / "root"

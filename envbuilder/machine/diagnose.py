@@ -221,12 +221,13 @@ def nearest_profile(
 
     driver = machine.driver
     search = True
+    on_card = candidates(m, card) if card is not None and card.compute_capability else []
     if asked:
         names = [asked]
-    elif installed is not None:
-        names = [installed.profile]
-    elif card is not None and card.compute_capability:
-        names = candidates(m, card) or list(m.profiles)
+    elif installed is not None and (not on_card or installed.profile in on_card):
+        names = [installed.profile]  # (its own profile, where this card is one it runs on)
+    elif on_card:
+        names = on_card
     else:
         names, search = list(m.profiles), False
     best: tuple[int, str, Overrides, ResolvedEnv, dict[str, str]] | None = None
@@ -426,7 +427,11 @@ class _Checks:
                 "card's, PTX only on a card at or above it"
                 + (" and never under minor-version compatibility (no PTX JIT)" if ptx and no_jit else "")
                 + "; its kernels fail with 'no kernel image is available'",
-                f"rebuild {dist} for this card: `TORCH_CUDA_ARCH_LIST={cc} {self.rebuild(dist)}`"
+                f"rebuild {dist} for this card: `TORCH_CUDA_ARCH_LIST={cc} "
+                # (flash-attn's setup.py fetches its prebuilt wheel, whatever the arch list, unless
+                # told to build: the same variable its source build in the image sets)
+                + ("FLASH_ATTENTION_FORCE_BUILD=TRUE " if dist == "flash-attn" else "")
+                + f"{self.rebuild(dist)}`"
                 + (f", or {self.profile_fix()}" if self.near else ""),
             )
 
@@ -498,9 +503,10 @@ class _Checks:
     def rebuild(self, dist: str) -> str:
         """pip building `dist` from source against what is installed: no build isolation (the
         build sees this torch), no cache (pip would reuse the wheel it built before, against the
-        old torch or for the old archs)."""
+        old torch or for the old archs), no dependencies (--force-reinstall would reinstall torch
+        too, perhaps another build of it)."""
         return (
-            f"{self.python} -m pip install --no-build-isolation --no-cache-dir --no-binary "
+            f"{self.python} -m pip install --no-build-isolation --no-cache-dir --no-deps --no-binary "
             f"{shlex.quote(dist)} --force-reinstall {shlex.quote(dist)}=={self.version(dist) or ''}"
         )
 
@@ -566,7 +572,7 @@ class _Checks:
                 f"verl {self.version('verl')} is not patched for the {env.gpu.name} ({patch.name})",
                 patch.why,
                 f"apply profile {self.near.profile}'s patches: `envbuild render {self.near.profile}"
-                f"{self.near.command_flags} -o out/{self.near.profile} && {self.python} "
+                f"{self.near.command_flags} -o out && {self.python} "
                 f"out/{self.near.profile}/apply_patches.py --site {shlex.quote(self.t.site_shown)}`",
             )
 

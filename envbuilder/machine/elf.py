@@ -188,6 +188,8 @@ def _fatbin_entries(f: BinaryIO, size: int, section: _Section) -> set[GpuCode]:
                 break
             pos = nxt
             continue
+        if header < _FATBIN.size:  # (a container that does not move the walk on: a crafted one)
+            raise _Malformed("a fat binary container header shorter than its own fields")
         entry, stop = pos + header, min(pos + header + fat_size, end)
         while entry + _ENTRY.size <= stop:
             seen += 1
