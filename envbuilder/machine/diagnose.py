@@ -110,6 +110,26 @@ class Diagnosis(Record):
 # -- the host ----------------------------------------------------------------------------------
 
 
+# The GCC release whose libstdc++ first provides each GLIBCXX symbol version (GCC's libstdc++ ABI
+# policy: https://gcc.gnu.org/onlinedocs/libstdc++/manual/abi.html, "GLIBCXX_3.4.x"); conda-forge's
+# libstdcxx-ng is versioned as GCC is.
+_GCC_OF_GLIBCXX = {
+    "3.4.21": "5.1",
+    "3.4.22": "6.1",
+    "3.4.23": "7.1",
+    "3.4.24": "7.2",
+    "3.4.25": "8.1",
+    "3.4.26": "9.1",
+    "3.4.27": "9.2",
+    "3.4.28": "9.3",
+    "3.4.29": "11.1",
+    "3.4.30": "12.1",
+    "3.4.31": "13.1",
+    "3.4.32": "13.2",
+    "3.4.33": "14.1",
+}
+
+
 def _newest(versions: Iterable[str], prefix: str) -> str | None:
     found = [v[len(prefix) :] for v in versions if v.startswith(prefix)]
     return max(found, key=version_key) if found else None
@@ -467,15 +487,30 @@ class _Checks:
                 if not need or not have or version_key(need) <= version_key(have):
                     continue
                 dist = self.owner(ext)
+                image = f"`{self.near.commands()[1].split('  #')[0]}`" if self.near else "`envbuild detect`"
+                if prefix == "GLIBC_":  # (no package manager replaces the host's C library)
+                    fix = (
+                        f"build {dist} on this host (its glibc {have}), or take the image route, which "
+                        f"brings its own glibc: {image}"
+                    )
+                else:
+                    gcc = _GCC_OF_GLIBCXX.get(need)
+                    fix = (
+                        "install a newer libstdc++ into the prefix ("
+                        + (
+                            f"`conda install -c conda-forge 'libstdcxx-ng>={gcc}'` in a conda prefix, GCC "
+                            f"{gcc}'s"
+                            if gcc
+                            else f"one whose libstdc++ provides GLIBCXX_{need}"
+                        )
+                        + f"), or build {dist} on this host; the image route brings its own: {image}"
+                    )
                 self.add(
                     "libc",
                     f"{ext.path} ({dist}) needs {prefix}{need}",
                     f"{what} provides up to {prefix}{have}; importing it fails with "
                     f"'version `{prefix}{need}' not found'",
-                    "install a newer libstdc++ into the prefix (`conda install -c conda-forge "
-                    f"'libstdcxx-ng>=...'` in a conda prefix), or build {dist} on this host; the "
-                    "image route brings its own: "
-                    + (f"`{self.near.commands()[1].split('  #')[0]}`" if self.near else "`envbuild detect`"),
+                    fix,
                 )
 
     def requires(self) -> None:
