@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from envbuilder.model.components.flash_attn import FORCE_BUILD as FA_FORCE_BUILD
 from envbuilder.machine.detect import Gpu, Machine, candidates, weakest
 from envbuilder.machine.elf import read_elf
 from envbuilder.machine.target import Extension, Target, torch_exports
@@ -450,7 +451,7 @@ class _Checks:
                 f"rebuild {dist} for this card: `TORCH_CUDA_ARCH_LIST={cc} "
                 # (flash-attn's setup.py fetches its prebuilt wheel, whatever the arch list, unless
                 # told to build: the same variable its source build in the image sets)
-                + ("FLASH_ATTENTION_FORCE_BUILD=TRUE " if dist == "flash-attn" else "")
+                + (f"{FA_FORCE_BUILD} " if dist == "flash-attn" else "")
                 + f"{self.rebuild(dist)}`"
                 + (f", or {self.profile_fix()}" if self.near else ""),
             )

@@ -296,6 +296,10 @@ def check_index_url(url: str) -> str:
 # ---- the builder: one source-build command and each way's shell ------------------------------
 
 
+# setup.py downloads a prebuilt wheel (whatever the arch list) unless told to build
+FORCE_BUILD = "FLASH_ATTENTION_FORCE_BUILD=TRUE"
+
+
 def source_build_env(env: ResolvedEnv) -> list[str]:
     """The variables of flash-attn's source build for the card: its one arch, and a build even
     where setup.py would download a prebuilt wheel."""
@@ -303,7 +307,7 @@ def source_build_env(env: ResolvedEnv) -> list[str]:
     assert fa is not None  # (called only for a profile with flash-attn)
     return [
         f"TORCH_CUDA_ARCH_LIST={env.gpu.compute_capability}",
-        "FLASH_ATTENTION_FORCE_BUILD=TRUE",
+        FORCE_BUILD,
         f"FLASH_ATTN_CUDA_ARCHS={fa.arch or env.gpu.sm}",
     ]
 
