@@ -991,3 +991,27 @@ def test_a_hostile_image_layer_writes_nothing_outside_diagnoses_folder(tmp_path,
     assert list(outside.iterdir()) == [], list(outside.rglob("*"))
     assert not (tmp_path / "opt").exists() and not (tmp_path / "outside" / "opt").exists()
     assert list((tmp_path / "tmp").iterdir()) == []  # (the temporary folder removed)
+
+
+def test_a_whiteout_of_its_own_folder_or_the_one_above_removes_nothing(tmp_path):
+    """A layer's `.wh..` or `.wh...` named `.` or `..` as the file it deletes: the folder it is
+    in, or the one above (diagnose's own unpacking root). They are not files a layer can delete."""
+    from envbuilder.machine.target import _apply
+
+    root = tmp_path / "root"
+    (root / "a" / "b").mkdir(parents=True)
+    (root / "a" / "b" / "keep.txt").write_text("x")
+    for rel in ("a/b/.wh..", "a/b/.wh...", "a/.wh..."):
+        assert _apply(None, None, rel, root) is False
+        assert (root / "a" / "b" / "keep.txt").is_file(), rel
+
+
+def test_a_compiled_file_diagnose_cannot_read_is_named_not_passed_over(tmp_path):
+    """A `.so` that is no ELF this reads (a linker script, a truncated file) is no extension any
+    check saw: the report names it instead of saying nothing."""
+    prefix = tmp_path / "env"
+    site = stub_install(prefix, h200_env())
+    (site / "odd.so").write_text("/* GNU ld script */ GROUP ( libodd.so.1 )\n")
+    d = diagnosed(prefix, "h200")
+    assert d.findings == ()
+    assert any("odd.so" in n and "not checked" in n for n in d.notes), d.notes

@@ -321,6 +321,9 @@ class _Checks:
         self.python = shlex.quote(str(Path(t.where) / "bin" / "python"))
         self._owners: dict[str, str] | None = None
         self.cannot_run: set[str] = set()  # distributions no build of runs on this card
+        if t.unread:  # (what no check saw: never a silent CLEAN)
+            shown = ", ".join(t.unread[:5]) + (f" and {len(t.unread) - 5} more" if len(t.unread) > 5 else "")
+            self.notes.append(f"not read (no ELF file this reads), so not checked: {shown}")
 
     def add(self, rule: str, what: str, why: str, fix: str) -> None:
         self.found.append(Finding(rule, printable(what), printable(why), printable(fix)))

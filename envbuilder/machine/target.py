@@ -65,6 +65,9 @@ class Target(Record):
     installed_json: str | None  # PREFIX/envbuild/envbuild.json: what envbuild installed there
     origins: Mapping[str, str] = {}  # an image's: dist-info folder -> the layer that wrote it
     image: str | None = None  # the image it was read from (where: the prefix inside it)
+    # what was not read (a compiled file that is no ELF this reads, a walk stopped at
+    # MAX_FILES): its checks did not see it, and the report says so
+    unread: tuple[str, ...] = ()
 
     @property
     def site_shown(self) -> str:
@@ -159,9 +162,11 @@ def torch_build(site: Path) -> tuple[str | None, str | None]:
     return (version[1] if version else None), (cuda[1] or cuda[2] if cuda else None) or None
 
 
-def shared_objects(site: Path, skip: tuple[str, ...] = OWN_LIBRARIES) -> Iterator[Path]:
+def shared_objects(
+    site: Path, skip: tuple[str, ...] = OWN_LIBRARIES, stopped: list[bool] | None = None
+) -> Iterator[Path]:
     """Every `*.so` / `*.so.N` file under site-packages, but for the folders in `skip` (links
-    are not followed; the walk stops at MAX_FILES entries)."""
+    are not followed; the walk stops at MAX_FILES entries, and says so in `stopped`)."""
     seen = 0
     stack = [site]
     while stack:
@@ -173,6 +178,8 @@ def shared_objects(site: Path, skip: tuple[str, ...] = OWN_LIBRARIES) -> Iterato
         for e in entries:
             seen += 1
             if seen > MAX_FILES:
+                if stopped is not None:
+                    stopped.append(True)
                 return
             if e.is_dir(follow_symlinks=False):
                 if folder != site or e.name not in skip:
@@ -199,11 +206,16 @@ def read_target(prefix: Path) -> Target:
     site, python = site_packages(prefix)
     dists, twice = read_dists(site)
     version, cuda = torch_build(site)
-    extensions = []
-    for so in shared_objects(site):
+    extensions, unread = [], []
+    walked: list[bool] = []
+    for so in shared_objects(site, stopped=walked):
         elf = read_elf(so, symbols=TORCH_SYMBOL)
         if elf is not None:
             extensions.append(Extension(str(so.relative_to(site)), elf))
+        else:
+            unread.append(str(so.relative_to(site)))
+    if walked:
+        unread.append(f"(the walk of site-packages stopped at {MAX_FILES} entries)")
     installed = _read(prefix / "envbuild" / "envbuild.json", 8 << 20)
     return Target(
         str(prefix),
@@ -215,6 +227,7 @@ def read_target(prefix: Path) -> Target:
         cuda,
         tuple(extensions),
         installed.decode("utf-8", "replace") if installed else None,
+        unread=tuple(unread),
     )
 
 
@@ -388,6 +401,8 @@ def _apply(tar: Any, member: Any, rel: str, root: Path) -> bool:
             for child in list(target.parent.iterdir()) if target.parent.is_dir() else []:
                 shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
         else:
+            if base[4:] in ("", ".", ".."):  # (a whiteout of its own folder or the one above)
+                return False
             gone = target.parent / base[4:]
             if gone.is_dir() and not gone.is_symlink():
                 shutil.rmtree(gone)
