@@ -7,6 +7,7 @@ config, and this runs the release's own checks where torch is: the GPU machine, 
 with the profile's stack installed.
 
   python bench/verl_validate.py cases -o .gpu/validate-cases.json      (here: needs envbuilder)
+  python bench/verl_validate.py cases -o FILE --megatron SHAPES        (the Megatron engine's)
   python bench/verl_validate.py device --cases FILE --out FILE --model DIR  (where verl imports)
 
 `cases` renders each default profile on verl >= 0.8 (and the 0.8/0.9 stacks on the h100) with
@@ -80,6 +81,65 @@ def grid() -> list[dict]:
 
 PLACEHOLDER_MODEL = "/models/m"  # what `cases` writes for the run script's MODEL
 
+# verl's Megatron engine (issue 48): the model each plan is for, on the worlds of issue 48 (8 GPUs,
+# 2 x 8) and with the host memory a DGX H100 has (its plan is verl's 8-GPU example layout)
+MEGATRON = (
+    ("h100", "Qwen/Qwen3-30B-A3B", ("grpo",), {}),
+    ("h100", "Qwen/Qwen3-30B-A3B", ("grpo",), {"host_memory": 1024}),
+    ("h100", "Qwen/Qwen3-30B-A3B", ("grpo", "gae"), {"nodes": 2, "gpus_per_node": 8}),
+    ("h200", "Qwen/Qwen3-30B-A3B", ("grpo",), {}),
+    ("h100", "Qwen/Qwen2.5-7B-Instruct", ("grpo", "gae"), {}),
+    # a DeepSeek-V3-style mixture (MLA, shared experts, a dense first layer), on both engines
+    ("h100", "moonshotai/Moonlight-16B-A3B", ("grpo", "gae"), {}),
+    ("h100", "moonshotai/Moonlight-16B-A3B", ("grpo",), {"engine": "fsdp"}),
+)
+
+
+def shape_name(model: str) -> str:
+    return model.replace("/", "_")
+
+
+def megatron_grid() -> list[dict]:
+    """The Megatron engine's renders (MEGATRON), each case with its model's shape folder."""
+    sys.path.insert(0, str(HERE.parent))
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    from conftest import resolved
+
+    from envbuilder.model import runplan
+
+    out = []
+    for profile, model, algos, over in MEGATRON:
+        for algo in algos:
+            env = resolved(profile, algo=algo, model=model, **dict({"engine": "megatron"}, **over))
+            lay = env.train.megatron
+            world = dict(runplan.world(env), MODEL=PLACEHOLDER_MODEL, DATA_DIR="/data/gsm8k")
+            ov = runplan.overrides(env.run, world)
+            extra = "".join(
+                f"+{k}{v}" for k, v in sorted(over.items()) if k not in ("nodes", "gpus_per_node")
+            )
+            out.append(
+                {
+                    "case": f"{profile}/{shape_name(model)}/{algo}/{env.cluster.nodes}x{env.train.n_gpus}{extra}",
+                    "verl": env.verl.version,
+                    "shape": shape_name(model),
+                    "layout": lay.to_dict() if lay else None,
+                    "overrides": ov,
+                    "fingerprint": fingerprint(env.verl.version, ov),
+                }
+            )
+    return out
+
+
+def megatron_shapes(dest: Path) -> None:
+    """A model folder of each MEGATRON model's shape under dest/<shape_name>."""
+    sys.path.insert(0, str(HERE.parent))
+    from envbuilder.machine.verify import write_model_shape
+    from envbuilder.model.matrix import load
+
+    m = load()
+    for model in sorted({row[1] for row in MEGATRON}):
+        write_model_shape(m.models[model], dest / shape_name(model))
+
 
 def device(cases: Path, out: Path, model: Path | None = None, model_dir: Path | None = None) -> int:
     import importlib.metadata as md
@@ -98,7 +158,7 @@ def device(cases: Path, out: Path, model: Path | None = None, model_dir: Path | 
         if case["verl"] != have:
             continue
         t = time.time()
-        entry = {k: case[k] for k in ("case", "verl", "fingerprint")}
+        entry = {k: case[k] for k in ("case", "verl", "fingerprint", "layout") if k in case}
         # a case of a model's own shape (bench/world_table.py) takes its folder under model_dir
         folder = model_dir / case["shape"] if model_dir is not None and "shape" in case else model
         overrides = [
@@ -111,6 +171,7 @@ def device(cases: Path, out: Path, model: Path | None = None, model_dir: Path | 
                 config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg)
             )
             entry["validated"] = True
+            entry["strategy"] = str(cfg.actor_rollout_ref.actor.strategy)
         except BaseException as e:  # noqa: BLE001  (the record says what verl raised)
             entry["validated"] = False
             entry["error"] = f"{type(e).__name__}: {e}"[:2000]
@@ -135,6 +196,12 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("cases")
     c.add_argument("-o", "--out", type=Path, required=True)
+    c.add_argument(
+        "--megatron",
+        type=Path,
+        metavar="SHAPES",
+        help="the Megatron engine's cases instead (MEGATRON), their model shapes written under SHAPES",
+    )
     d = sub.add_parser("device")
     d.add_argument("--cases", type=Path, required=True)
     d.add_argument("--out", type=Path, required=True)
@@ -142,7 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--model-dir", type=Path, help="for cases with a shape: the folder of each shape's model")
     a = ap.parse_args(argv)
     if a.cmd == "cases":
-        runs = grid()
+        runs = grid() if a.megatron is None else megatron_grid()
+        if a.megatron is not None:
+            megatron_shapes(a.megatron)
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(json.dumps(runs, indent=1) + "\n")
         print(f"{len(runs)} cases -> {a.out}")

@@ -222,8 +222,9 @@ def table() -> str:
         "is planned on the FSDP engine as verl trains it: weights, gradients and Adam state count",
         "all 128 experts of every layer (30.5B parameters, like a 32B), activations the 8 a token",
         "runs; verl's example trains it with SP 4 for 8K-token responses, where GSM8K's 1K need",
-        "none. DeepSeek-V2/V3 are refused with the reason: verl trains them on its Megatron engine,",
-        "which envbuild does not render.",
+        "none; `--engine megatron` plans it on verl's Megatron engine instead (docs/megatron.md).",
+        "DeepSeek-V2/V3-style mixtures (MLA attention, shared experts, leading dense layers; e.g.",
+        "moonshotai/Moonlight-16B-A3B) are planned on both engines too.",
         "",
     ]
     return "\n".join(out)

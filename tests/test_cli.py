@@ -341,10 +341,10 @@ def test_build_with_no_profile_in_a_rendered_folder_builds_what_its_envbuild_jso
     assert cli("render", "t4", "--verl", "0.6.1", "-o", tmp_path / "out")[0] == 0
     monkeypatch.chdir(tmp_path / "out" / "t4")
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")
-    code, _, err = cli("build", "--push", "local", "--engine", "docker", "--no-smoke")
+    code, _, err = cli("build", "--push", "local", "--builder", "docker", "--no-smoke")
     assert "building t4 as ./envbuild.json holds it" in err, err
     assert code == 1 and "no-docker.sock" in err
-    code, _, err = cli("build", "--verl", "0.9.1", "--engine", "docker")
+    code, _, err = cli("build", "--verl", "0.9.1", "--builder", "docker")
     assert code == 2 and "already fixes every choice" in err
 
 
@@ -355,7 +355,7 @@ def test_build_with_no_profile_refuses_a_folder_rendered_from_a_wheelhouse(cli, 
 
     assert cli("render", "4090", "--wheelhouse", FIXTURES / "wheelhouse-4090", "-o", tmp_path / "o")[0] == 0
     monkeypatch.chdir(tmp_path / "o" / "4090")
-    code, _, err = cli("build", "--push", "local", "--engine", "docker")
+    code, _, err = cli("build", "--push", "local", "--builder", "docker")
     assert code == 2 and "rendered --locked or --wheelhouse" in err
     assert "--wheelhouse DIR" in err
 

@@ -1,4 +1,4 @@
-"""`envbuild build --engine podman|buildah`: the same rendered Dockerfile built daemonless, through
+"""`envbuild build --builder podman|buildah`: the same rendered Dockerfile built daemonless, through
 the loopback test mirror, smoke-tested in a buildah container, pushed to the loopback registry and
 pulled back with docker. The engine infrastructure comes from tests/infra/provision.sh (podman
 and buildah from Debian); under CI=true these fail, never skip, when it is missing. The unit
@@ -50,7 +50,7 @@ def test_daemonless_build_through_the_mirror_smokes_pushes_and_pulls_back(docker
         [
             "build",
             "p40",
-            "--engine",
+            "--builder",
             engine,
             "--mirror",
             "test",
@@ -95,7 +95,7 @@ def test_a_failing_step_is_reported_as_that_step_with_podman(docker_client, conf
         [
             "build",
             "p40",
-            "--engine",
+            "--builder",
             "podman",
             "--mirror",
             "offline",
@@ -125,9 +125,9 @@ def bare_config(tmp_path):
 
 def test_engine_podman_missing_is_exit_2_with_what_to_install(bare_config, tmp_path):
     config = bare_config
-    r = envbuild(["build", "p40", "--engine", "podman", "--without", "apex"], config, PATH=str(tmp_path))
+    r = envbuild(["build", "p40", "--builder", "podman", "--without", "apex"], config, PATH=str(tmp_path))
     assert r.returncode == 2, r.stderr
-    assert "--engine podman: `podman` is not on PATH" in r.stderr
+    assert "--builder podman: `podman` is not on PATH" in r.stderr
     assert "apt-get install podman buildah" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -135,7 +135,7 @@ def test_engine_from_the_environment(bare_config, tmp_path):
     config = bare_config
     r = envbuild(["build", "p40", "--without", "apex"], config, PATH=str(tmp_path), ENVBUILD_ENGINE="buildah")
     assert r.returncode == 2, r.stderr
-    assert "--engine buildah: `buildah` is not on PATH" in r.stderr
+    assert "--builder buildah: `buildah` is not on PATH" in r.stderr
 
 
 def test_podman_without_buildah_needs_no_smoke(bare_config, tmp_path):
@@ -144,7 +144,7 @@ def test_podman_without_buildah_needs_no_smoke(bare_config, tmp_path):
     fake.mkdir()
     (fake / "podman").write_text("#!/bin/sh\nexit 0\n")
     (fake / "podman").chmod(0o755)
-    r = envbuild(["build", "p40", "--engine", "podman", "--without", "apex"], config, PATH=str(fake))
+    r = envbuild(["build", "p40", "--builder", "podman", "--without", "apex"], config, PATH=str(fake))
     assert r.returncode == 2, r.stderr
     assert "`buildah` is not on PATH" in r.stderr and "--no-smoke" in r.stderr
 
@@ -262,7 +262,7 @@ def test_podman_builds_apex_in_the_devel_stage_and_ships_only_the_wheel(docker_c
     _need_tool("podman")
     _need_tool("buildah")
     tag = "envbuild-test/p40:podman-apex"
-    r = envbuild(["build", "p40", "--engine", "podman", "--mirror", "test", "--tag", tag, "-v"], config)
+    r = envbuild(["build", "p40", "--builder", "podman", "--mirror", "test", "--tag", tag, "-v"], config)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "[1/2] STEP " in r.stderr and "[2/2] STEP " in r.stderr  # both stages
     assert "smoke ok: p40" in r.stderr and "amp_C" in r.stderr
@@ -297,7 +297,7 @@ def test_a_docker_timeout_that_is_no_number_is_named(run_envbuild, tmp_path, val
     r = run_envbuild(
         "build",
         "t4",
-        "--engine",
+        "--builder",
         "docker",
         "--no-probe",
         env={

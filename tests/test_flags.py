@@ -37,6 +37,8 @@ VALUES = {
     "ecc": "off",
     "gpu_memory": 40960,
     "flash_attn_index": "https://verl-project.github.io/verl-wheelhouse/cu130/torch2.11/simple/",
+    "engine": "megatron",
+    "megatron": ("tp=2", "ep=8"),
 }
 
 
@@ -154,7 +156,7 @@ def test_fix_flags_are_declared_flags():
 
 # the options of other commands (and other tools) that the resolver's and detect's messages name
 OTHER_OPTIONS = {
-    "--matrix-dir", "--mirror", "--query-gpu", "--memory", "--from", "--format", "--engine",
+    "--matrix-dir", "--mirror", "--query-gpu", "--memory", "--from", "--format", "--builder",
     "--no-deps", "--all", "--runtime", "--ppo", "--json", "--gpus", "--flag", "--registry", "--resolve",
     "--gpu",  # (grid's own: `envbuild grid --gpu p100`, names.py's hint for a card with no profile)
 }  # fmt: skip

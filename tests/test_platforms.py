@@ -141,7 +141,7 @@ def test_docker_without_buildx_refuses_a_platform_build_with_why(tmp_path):
 
     _need(Path("/usr/bin/docker").exists(), "Debian's docker client is not installed")
     r = subprocess.run(
-        [*ENVBUILD, "build", "gh200", "--engine", "docker", "--platform", "linux/arm64"]
+        [*ENVBUILD, "build", "gh200", "--builder", "docker", "--platform", "linux/arm64"]
         + ["--push", REGISTRY, "--no-probe", "--no-smoke"],
         capture_output=True,
         text=True,
@@ -161,5 +161,5 @@ def test_a_blank_platform_is_refused_not_taken_for_the_default(value, cli):
     (issue 43, item 34); a blank entry in a list is refused likewise."""
     with pytest.raises(UserError, match="--platform .*: an empty platform name"):
         check_platforms(resolved("gh200"), tuple(value.split(",")), "local")
-    code, _, err = cli("build", "gh200", "--platform", value, "--push", "local", "--engine", "docker")
+    code, _, err = cli("build", "gh200", "--platform", value, "--push", "local", "--builder", "docker")
     assert code == 2 and "an empty platform name" in err, err

@@ -84,6 +84,19 @@ GOLDEN_CASES = {  # tests/golden/<case>: what `envbuild render ARGS` writes
     # T4: fp16 inference, the critic's hard-coded bf16 autocast and attention both patched
     "t4-verl071": ["t4", "--verl", "0.7.1"],
     "b200": ["b200"],  # Blackwell: torch 2.11.0 cu130 from PyPI, the critic's attention patched
+    # verl's Megatron engine (issue 48): Qwen3-30B-A3B on 2 x 8 H100 at TP 1, EP 8 (the plan's
+    # layout), the Megatron pip layer, TransformerEngine's PyTorch extension compiled for sm_90
+    "h100-megatron": [
+        "h100",
+        "--engine",
+        "megatron",
+        "--model",
+        "Qwen/Qwen3-30B-A3B",
+        "--algo",
+        "grpo",
+        "--nodes",
+        "2",
+    ],
     "4090-mirror-cn": ["4090", "--mirror", "cn"],  # every endpoint through a mirror set
     # hashed per-step files and base images by digest (a fixture lock: its digests are made up)
     "4090-locked": ["4090", "--locked", str(FIXTURES / "locks" / "4090")],

@@ -93,6 +93,7 @@ def test_every_field_has_a_kind_and_a_record_is_declared_once():
         "mirror": None,
         "run": (),
         "card": None,
+        "megatron": None,
     }
 
 

@@ -52,13 +52,15 @@ from envbuilder.model.resolved import Overrides
     "proxy reaches).",
 )
 @click.option(
-    "--engine",
+    "--builder",
+    "builder",
     type=click.Choice(["auto", "docker", "podman", "buildah"]),
     default="auto",
-    envvar="ENVBUILD_ENGINE",
+    envvar=["ENVBUILD_BUILDER", "ENVBUILD_ENGINE"],
     show_default=True,
     help="What builds: docker (BuildKit), or daemonless podman or buildah. auto: docker "
-    "when its client has BuildKit and the daemon answers, else podman, else buildah.",
+    "when its client has BuildKit and the daemon answers, else podman, else buildah. "
+    "(--engine is verl's training engine: fsdp or megatron.)",
 )
 @click.option(
     "--platform",

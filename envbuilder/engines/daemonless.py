@@ -79,7 +79,7 @@ def docker_usable() -> tuple[bool, str]:
 
 
 def auto(docker: Callable[[], tuple[bool, str]] | None = None) -> tuple[str, str]:
-    """(engine, why) for `--engine auto`: docker when it can build (a BuildKit-capable client and
+    """(engine, why) for `--builder auto`: docker when it can build (a BuildKit-capable client and
     a daemon that answers), else podman, else buildah. DOCKER_HOST set means docker (its error
     then says what is wrong with that daemon); with none of the three, docker, for the same."""
     if os.environ.get("DOCKER_HOST"):
@@ -107,12 +107,12 @@ def choose(requested: str | None, smoke: bool, say: Callable[[str], None]) -> st
     missing = [n for n in need if not shutil.which(n)]
     if name in missing:
         raise UserError(
-            f"--engine {name}: `{name}` is not on PATH. Install it ({INSTALL[name]}), "
-            f"or choose another --engine ({', '.join(n for n in NAMES if n != name)})."
+            f"--builder {name}: `{name}` is not on PATH. Install it ({INSTALL[name]}), "
+            f"or choose another --builder ({', '.join(n for n in NAMES if n != name)})."
         )
     if missing:
         raise UserError(
-            "--engine podman smoke-tests the image in a buildah container (`podman "
+            "--builder podman smoke-tests the image in a buildah container (`podman "
             "run` cannot start containers where setting rlimits is not allowed), but "
             "`buildah` is not on PATH. Install it (apt-get install buildah), or pass "
             "--no-smoke."

@@ -356,7 +356,7 @@ def platforms_client(client: BuildKitClient, platforms: tuple[str, ...], metadat
             "store: one platform a tag, no manifest list to push. Install the buildx plugin "
             "(docker-buildx-plugin or docker-buildx) and create a builder that can "
             "(`docker buildx create --use`, with QEMU's binfmt handlers for a foreign platform), "
-            "or build with --engine buildah or podman (with Debian's qemu-user-static for a "
+            "or build with --builder buildah or podman (with Debian's qemu-user-static for a "
             "foreign platform)."
         )
     argv = (client.argv[0], "buildx", "build", "--platform", ",".join(platforms), "--push")

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from envbuilder.record import Record
 from envbuilder.model.resolved import ResolvedEnv
-from envbuilder.render.plan import BUILD_TOOLS, LAYERS, REQ, layer_roots, normalize
+from envbuilder.render.plan import BUILD_TOOLS, REQ, layer_roots, normalize
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -114,7 +114,8 @@ def layers(env: ResolvedEnv, locked: dict[str, Locked]) -> dict[str, list[str]]:
         done |= mine
         out[layer] = sorted(mine)
     build = closure(BUILD_TOOLS) if env.needs_builder else set()
-    out[LAYERS[-1]] = sorted(set(out[LAYERS[-1]]) | (set(locked) - done - build))
+    last = list(out)[-1]  # (verl's layer, or the Megatron engine's after it)
+    out[last] = sorted(set(out[last]) | (set(locked) - done - build))
     if env.needs_builder:
         out["build"] = sorted(build)
     return out

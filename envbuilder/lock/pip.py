@@ -146,8 +146,18 @@ def _compile(
     with tempfile.TemporaryDirectory(prefix="envbuild-lock-") as tmp_name:
         tmp = Path(tmp_name)
         (tmp / "requirements.in").write_text(requirements_in(env, swap_torch), encoding="utf-8")
-        for name, extra in outputs.items():
-            _run_uv(["requirements.in", *args, *extra, "--quiet", "-o", name], tmp, indexes)
+        for i, (name, extra) in enumerate(outputs.items()):
+            argv = ["requirements.in", *args, *extra, "--quiet", "-o", name]
+            if i == 0:
+                _run_uv(argv, tmp, indexes)
+                continue
+            # the later outputs from the index pages and metadata the first run left in uv's
+            # cache: a release published in between (or a cached page one run revalidated and
+            # the other did not) cannot make two formats of one lock differ
+            try:
+                _run_uv([*argv, "--offline"], tmp, indexes)
+            except (UserError, ActionError):
+                _run_uv(argv, tmp, indexes)  # (something was not cached: the index, as before)
         return {name: (tmp / name).read_text(encoding="utf-8") for name in outputs}
 
 

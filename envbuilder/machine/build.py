@@ -39,7 +39,7 @@ class BuildOptions(Record):
     verbose: bool = False
     wheelhouse: Path | None = None
     probe: bool = True
-    engine: str = "auto"  # auto, docker, podman, buildah
+    builder: str = "auto"  # auto, docker, podman, buildah (--builder)
     # OCI platforms to build, pushed as one manifest list (--platform); () builds for the engine's own
     platforms: tuple[str, ...] = ()
 
@@ -161,7 +161,7 @@ def build_image(m: Matrix, env: ResolvedEnv, opts: BuildOptions, say: Callable[[
     platforms = check_platforms(env, opts.platforms, opts.push_to)
     for note in env.notes:  # before anything starts: a source build of flash-attn takes long
         say(f"plan: {note}")
-    engine = E.choose(opts.engine, opts.smoke, say)
+    engine = E.choose(opts.builder, opts.smoke, say)
     name = B.auto_mirror(m, say) if opts.mirror == "auto" else opts.mirror
     choice, endpoints = B.mirror_choice(m, name, env, own_credentials, say)
     # credentials reach the RUN steps as a secret only (a wheelhouse build uses its own files,

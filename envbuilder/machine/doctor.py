@@ -235,7 +235,7 @@ def buildkit_check(
 def engines_check(
     engine: Engine, buildkit: Check, which: Callable[[str], str | None], run: Callable[..., Any]
 ) -> Check:
-    """Which engines `envbuild build --engine` can use: docker (its daemon and BuildKit, as the
+    """Which engines `envbuild build --builder` can use: docker (its daemon and BuildKit, as the
     checks above found), podman and buildah (installed, and their version answers)."""
     from envbuilder.engines.daemonless import statuses
 
@@ -256,10 +256,10 @@ def engines_check(
             "fail",
             detail,
             "start Docker (with BuildKit), or install podman "
-            "and buildah (apt-get install podman buildah) and build with --engine podman",
+            "and buildah (apt-get install podman buildah) and build with --builder podman",
         )
     pick = "docker" if docker_ok else usable[0]
-    return Check("engines", "ok", f"{detail}; --engine auto builds with {pick}")
+    return Check("engines", "ok", f"{detail}; --builder auto builds with {pick}")
 
 
 def image_gb(env: ResolvedEnv) -> int:

@@ -32,7 +32,7 @@ from envbuilder.secret import SecretUrl, secret
 from envbuilder.tools.run import stop_group
 from envbuilder.model.resolved import ResolvedEnv
 from envbuilder.render.plan import layer_roots
-from envbuilder.render.steps import PATCHES, Compile, PipLayer, RunScript, Step, Venv
+from envbuilder.render.steps import PATCHES, TRANSFORMER_ENGINE, Compile, PipLayer, RunScript, Step, Venv
 
 # uv's own summary lines, forwarded as progress while a layer installs
 _UV_PROGRESS = ("Resolved ", "Prepared ", "Installed ", "Uninstalled ", "Downloading ", "Building ", "Built ")
@@ -40,6 +40,8 @@ HEARTBEAT_S = 30.0
 PROBE_TIMEOUT_S = 5.0
 INSTALL_TIMEOUT_S = 3600.0
 IMPORT_TIMEOUT_S = 600.0
+# TransformerEngine's PyTorch extension, compiled by verify and install (11 min on 2 cores)
+COMPILE_TIMEOUT_S = 3 * 3600.0
 COMPOSE_TIMEOUT_S = 600.0
 RESULT = "envbuild-verify-result: "
 
@@ -113,9 +115,14 @@ def write_model_shape(arch: Mapping[str, Any], dest: Path) -> None:
     """config.json, tokenizer.json and tokenizer_config.json of a model of `arch`'s shape."""
     dest.mkdir(parents=True, exist_ok=True)
     moe = bool(arch.get("experts"))  # (a Qwen3-MoE: models.yaml's expert fields)
+    mla = arch.get("mla")  # (a DeepSeek-V3-style mixture)
     config = {
-        "architectures": ["Qwen3MoeForCausalLM"] if moe else ["Qwen2ForCausalLM"],
-        "model_type": "qwen3_moe" if moe else "qwen2",
+        "architectures": ["DeepseekV3ForCausalLM"]
+        if mla
+        else ["Qwen3MoeForCausalLM"]
+        if moe
+        else ["Qwen2ForCausalLM"],
+        "model_type": "deepseek_v3" if mla else "qwen3_moe" if moe else "qwen2",
         "hidden_act": "silu",
         "hidden_size": arch["hidden_size"],
         "intermediate_size": arch["intermediate_size"],
@@ -131,7 +138,24 @@ def write_model_shape(arch: Mapping[str, Any], dest: Path) -> None:
         "bos_token_id": 1,
         "eos_token_id": 2,
     }
-    if moe:
+    if mla:
+        config.update(
+            n_routed_experts=arch["experts"],
+            num_experts_per_tok=arch["experts_per_token"],
+            moe_intermediate_size=arch["moe_intermediate_size"],
+            n_shared_experts=arch.get("shared_experts", 0),
+            first_k_dense_replace=arch.get("dense_layers", 0),
+            moe_layer_freq=1,
+            q_lora_rank=mla["q_lora_rank"] or None,
+            kv_lora_rank=mla["kv_lora_rank"],
+            qk_nope_head_dim=arch["head_dim"] - mla["qk_rope_head_dim"],
+            qk_rope_head_dim=mla["qk_rope_head_dim"],
+            v_head_dim=mla["v_head_dim"],
+            n_group=1,
+            topk_group=1,
+            norm_topk_prob=True,
+        )
+    elif moe:
         config.update(
             head_dim=arch["head_dim"],
             num_experts=arch["experts"],
@@ -278,6 +302,7 @@ class Report:
     patches: dict[str, Any] | None = None
     audit: dict[str, Any] | None = None
     not_installed: list[Any] = field(default_factory=list)
+    compiled: list[Any] = field(default_factory=list)  # what verify compiled itself (Compile steps)
     imports: list[Any] = field(default_factory=list)
     compose: dict[str, Any] | None = None
     failures: list[Any] = field(default_factory=list)
@@ -840,7 +865,13 @@ class _Verifier:
 
     def compile(self, step: Compile) -> None:
         """A Compile step: done by the caller's `compile` (envbuild install), once every layer
-        installed; else named under not_installed with why nothing is compiled here."""
+        installed; TransformerEngine's PyTorch extension here, with PyPI's CUDA compiler (the
+        Megatron engine's every module imports it); else named under not_installed with why
+        nothing is compiled here."""
+        if step.component == TRANSFORMER_ENGINE:  # (verify and install alike: torch's CUDA, exactly)
+            if self.installed_all and not self.r.failures:
+                self.compile_with_pypi_toolchain(step)
+            return
         if self.opts.compile is not None:
             if self.installed_all and not self.r.failures and not self.opts.compile(step):
                 self.fail(f"{step.component} did not compile")
@@ -855,6 +886,77 @@ class _Verifier:
                 "why": EXTENSION_WHY[comp].format(version=step.version, cuda=self.env.cuda.version),
             }
         )
+
+    def compile_with_pypi_toolchain(self, step: Compile) -> None:
+        """Compile `step` into the venv with PyPI's CUDA compiler for torch's CUDA
+        (model/components/transformer_engine.py TOOLCHAIN), as the builder stage does with the
+        devel image's: the toolchain's wheels first, then the component's own command. Reported
+        under `compiled`, with how long each part took."""
+        from envbuilder.model.components import transformer_engine as TE
+        from envbuilder.render.steps import compile_argv
+        from envbuilder.tools.uv import uv_bin
+
+        py, env = self.py, self.env
+        entry: dict[str, Any] = {
+            "component": step.component,
+            "version": step.version,
+            "arch": step.arch,
+            "ok": False,
+        }
+        self.r.compiled.append(entry)
+        tools = TE.toolchain(env)
+        self.say(f"{step.component}: PyPI's CUDA {env.torch.cuda} compiler into the venv: {' '.join(tools)}")
+        got = run(
+            [uv_bin(), "pip", "install", "--no-config", "--python", str(py), *self.index_args, *tools],
+            env=_clean_env(**self.index_env),
+            cwd=self.work,
+            timeout=INSTALL_TIMEOUT_S,
+            say=self.say,
+            label="toolchain",
+        )
+        entry["toolchain"], entry["toolchain_seconds"] = tools, round(got.seconds, 1)
+        if got.rc != 0:
+            self.fail(
+                f"{step.component}: PyPI's CUDA compiler did not install: {_first_error(got.err.splitlines())}"
+            )
+            return
+        site = run(
+            [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            env=_clean_env(),
+            timeout=60,
+            label="site",
+        ).out.strip()
+        home = TE.toolchain_home(env, site)
+        jobs = str(os.cpu_count() or 1)
+        cmd = compile_argv(env, step, [str(py), "-m", "pip", "install", "-v"])
+        minutes = TE.BUILD_MINUTES_2_CORES * 2 // max(int(jobs), 1)
+        self.say(
+            f"{step.component}: compiling {TE.DIST} {step.version} for sm_{step.arch} with {jobs} jobs "
+            f"(expect about {minutes} min)"
+        )
+        path = os.pathsep.join([f"{home}/bin", str(py.parent), os.environ.get("PATH", "")])
+        got = run(
+            cmd,
+            env=_clean_env(
+                **self.index_env, CUDA_HOME=home, PATH=path, MAX_JOBS=jobs, CPATH=TE.include_path(site)
+            ),
+            cwd=self.work,
+            timeout=COMPILE_TIMEOUT_S,
+            say=self.say,
+            label=f"build {step.component}",
+        )
+        entry["seconds"], entry["jobs"] = round(got.seconds, 1), int(jobs)
+        if got.rc != 0:
+            why = (
+                "timed out after " + fmt_seconds(got.seconds)
+                if got.rc is None
+                else _first_error(got.err.splitlines())
+            )
+            entry["error"] = why
+            self.fail(f"{step.component} did not compile: {why}")
+            return
+        entry["ok"] = True
+        self.say(f"{step.component}: compiled in {fmt_seconds(got.seconds)}")
 
     def script(self, step: RunScript) -> None:
         """A script of the rendered folder with the venv's Python: verl's recorded patches (the

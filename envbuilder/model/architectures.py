@@ -37,9 +37,11 @@ MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_interme
 # examples/gmpo_trainer/test_dapo_qwen3_30b_math.sh): every layer's MLP is num_experts experts of
 # moe_intermediate_size and a router, num_experts_per_tok of them run for each token
 MOE_FAMILIES = {"qwen3_moe": ("qwen3", False, True)}
-# mixtures only verl's Megatron engine makes practical (expert and pipeline parallelism; verl's
-# own DeepSeek-V3 runs: examples/grpo_trainer/run_deepseek671b_math_megatron_80gb.sh)
-MEGATRON_ONLY = ("deepseek_v2", "deepseek_v3")
+# DeepSeek-style mixtures (verl trains them on its Megatron engine: examples/grpo_trainer/
+# run_deepseek671b_math_megatron_80gb.sh, run_moonlight16b_a3b_gsm8k_megatron.sh): MLA attention,
+# routed and shared experts, the first first_k_dense_replace layers dense (transformers'
+# modeling_deepseek_v3.py)
+DEEPSEEK = ("deepseek_v2", "deepseek_v3")
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KB; an endpoint that sends more is refused
 DEFAULT_HF = "https://huggingface.co"
 _LOCAL = re.compile(r"/(?!.*(?:\.\.|//))[A-Za-z0-9_.+/-]{1,200}")
@@ -80,15 +82,79 @@ def _moe_arch(cfg: dict[str, Any], origin: str, name: str, kind: str) -> dict[st
     rec = arch_from_config(dense, origin, name)
     rec.update(experts=experts, experts_per_token=per_token)
     rec["moe_intermediate_size"] = _positive(cfg, "moe_intermediate_size", origin)
-    from envbuilder.model.memory import Arch
+    from envbuilder.model.arch import Arch
 
     rec["parameters"] = Arch(name, rec).params()
     return dict(rec, source=origin)
 
 
+def _deepseek_arch(cfg: dict[str, Any], origin: str, name: str) -> dict[str, Any]:
+    """A DeepSeek-V2/V3-style record: MLA attention (a q_lora_rank bottleneck or none, one
+    kv_lora_rank latent and a rope part for keys and values), n_routed_experts experts and
+    n_shared_experts shared ones of moe_intermediate_size in every layer from
+    first_k_dense_replace on, a dense MLP of intermediate_size before."""
+    from envbuilder.model.arch import Arch
+
+    freq = cfg.get("moe_layer_freq", 1)
+    if freq != 1:
+        raise UserError(
+            f"{name} ({origin}) has an expert layer every {freq!r} layers (moe_layer_freq); the plan "
+            "counts DeepSeek-style models whose layers from first_k_dense_replace on are all experts. "
+            "Plan this one by hand."
+        )
+    heads = _positive(cfg, "num_attention_heads", origin)
+    nope = _positive(cfg, "qk_nope_head_dim", origin)
+    rope = _positive(cfg, "qk_rope_head_dim", origin)
+    q_lora = cfg.get("q_lora_rank") or 0
+    if q_lora:
+        q_lora = _positive(cfg, "q_lora_rank", origin)
+    experts = _positive(cfg, "n_routed_experts", origin)
+    per_token = _positive(cfg, "num_experts_per_tok", origin)
+    if per_token > experts:
+        raise UserError(f"{origin}: num_experts_per_tok {per_token} is more than n_routed_experts {experts}.")
+    layers = _positive(cfg, "num_hidden_layers", origin)
+    dense = cfg.get("first_k_dense_replace", 0)
+    if isinstance(dense, bool) or not isinstance(dense, int) or not 0 <= dense < layers:
+        raise UserError(f"{origin}: first_k_dense_replace {dense!r} is not a layer count below {layers}.")
+    shared = cfg.get("n_shared_experts") or 0
+    if shared:
+        shared = _positive(cfg, "n_shared_experts", origin)
+    tied = cfg.get("tie_word_embeddings", False)
+    if not isinstance(tied, bool):
+        raise UserError(f"{origin}: tie_word_embeddings must be true or false.")
+    rec: dict[str, Any] = {
+        "family": "deepseek",
+        "layers": layers,
+        "hidden_size": _positive(cfg, "hidden_size", origin),
+        "attention_heads": heads,
+        "kv_heads": heads,  # (MLA: every head has its own keys and values, from one latent)
+        "head_dim": nope + rope,
+        "intermediate_size": _positive(cfg, "intermediate_size", origin),
+        "vocab_size": _positive(cfg, "vocab_size", origin),
+        "tied_embeddings": tied,
+        "qkv_bias": False,
+        "max_position_embeddings": _positive(cfg, "max_position_embeddings", origin),
+        "experts": experts,
+        "experts_per_token": per_token,
+        "moe_intermediate_size": _positive(cfg, "moe_intermediate_size", origin),
+        **({"shared_experts": shared} if shared else {}),
+        **({"dense_layers": dense} if dense else {}),
+        **({"router_bias": True} if cfg.get("model_type") == "deepseek_v3" else {}),
+        "mla": {
+            "q_lora_rank": q_lora,
+            "kv_lora_rank": _positive(cfg, "kv_lora_rank", origin),
+            "qk_rope_head_dim": rope,
+            "v_head_dim": _positive(cfg, "v_head_dim", origin),
+        },
+    }
+    rec["parameters"] = Arch(name, rec).params()
+    rec["source"] = origin
+    return rec
+
+
 def arch_from_config(cfg: Any, origin: str, name: str) -> dict[str, Any]:
     """A models.yaml record from a transformers config.json (its parameter count computed)."""
-    from envbuilder.model.memory import Arch
+    from envbuilder.model.arch import Arch
 
     if not isinstance(cfg, dict):
         raise UserError(
@@ -97,14 +163,8 @@ def arch_from_config(cfg: Any, origin: str, name: str) -> dict[str, Any]:
         )
     kind = cfg.get("model_type")
     moe = [k for k in MOE_KEYS if cfg.get(k)]
-    if kind in MEGATRON_ONLY:
-        raise UserError(
-            f"{name} is a {kind} mixture of experts ({origin}): verl trains it with its Megatron "
-            "engine (expert and pipeline parallelism, MLA attention; verl's "
-            "examples/grpo_trainer/run_deepseek671b_math_megatron_80gb.sh), and envbuild renders "
-            "and plans the FSDP engine only. Render that example's Megatron setup by hand, or pick "
-            "a model the FSDP engine trains (a dense decoder, or Qwen3-MoE such as Qwen/Qwen3-30B-A3B)."
-        )
+    if kind in DEEPSEEK:
+        return _deepseek_arch(cfg, origin, name)
     if moe and kind in MOE_FAMILIES:
         return _moe_arch(cfg, origin, name, kind)
     if moe:

@@ -11,7 +11,8 @@ legacy workers (0.4-0.7) split with a remainder, so there only the update's spli
 
   world        W = trainer.n_gpus_per_node × trainer.nnodes; with Ulysses SP of sp GPUs the
                batches divide over D = W / sp data-parallel ranks (each rule below that divides
-               by W per GPU divides by D), and a token budget holds budget × sp tokens
+               by W per GPU divides by D), and a token budget holds budget × sp tokens; on the
+               Megatron engine D = W / (TP × PP × CP) (validate_config's megatron_dp)
   rollout      B = data.train_batch_size prompts × n = rollout.n responses; B·n % W == 0
                (validate_config, `real_train_batch_size must be divisible by minimal possible
                batch size`); each GPU holds D = B·n / W
@@ -91,13 +92,23 @@ def violations(cfg: Mapping[str, Any], engine: bool, critic_engine: str = "criti
     per_gpu = batch * n // world
     # Ulysses: an SP group of sp GPUs is one data-parallel rank; verl divides the batches by
     # world / sp (the worker's normalisation of ppo_mini_batch_size and the engine's split)
+    # Megatron: a data-parallel rank spans TP × PP × CP GPUs (validate_config's megatron_dp)
     sps = {
-        "actor": _int(cfg, "actor_rollout_ref.actor.ulysses_sequence_parallel_size") or 1,
-        "critic": _int(cfg, "critic.ulysses_sequence_parallel_size") or 1,
+        "actor": _megatron_split(cfg, "actor_rollout_ref.actor.megatron")
+        or _int(cfg, "actor_rollout_ref.actor.ulysses_sequence_parallel_size")
+        or 1,
+        "critic": _megatron_split(cfg, "critic.megatron")
+        or _int(cfg, "critic.ulysses_sequence_parallel_size")
+        or 1,
     }
+    if isinstance(lookup(cfg, "critic.megatron", None), Mapping):
+        critic_engine = "critic.megatron"  # (the Megatron engine keeps the critic's settings there)
     for role, sp in sps.items():
         if world % sp:
-            out.append(f"the {role}'s ulysses_sequence_parallel_size {sp} does not divide the {world} GPUs")
+            out.append(
+                f"the {role}'s data-parallel group of {sp} GPUs (Ulysses SP, or Megatron's TP × PP × CP) "
+                f"does not divide the {world} GPUs"
+            )
             return out
     # (token budgets: the actor's update and its log-probs divide nothing by a count)
     roles = [] if dynamic else [("actor", "actor_rollout_ref.actor")]
@@ -165,6 +176,17 @@ def violations(cfg: Mapping[str, Any], engine: bool, critic_engine: str = "criti
                 "'data size must be divisible by force_group_size * micro_batch_size_per_gpu'"
             )
     return out
+
+
+def _megatron_split(cfg: Mapping[str, Any], section: str) -> int | None:
+    """GPUs one data-parallel rank of the Megatron engine spans (TP × PP × CP), None where the
+    section sets no Megatron layout."""
+    sizes = [_int(cfg, f"{section}.{k}_model_parallel_size") for k in ("tensor", "pipeline")] + [
+        _int(cfg, f"{section}.context_parallel_size")
+    ]
+    if all(v is None for v in sizes):
+        return None
+    return (sizes[0] or 1) * (sizes[1] or 1) * (sizes[2] or 1)
 
 
 # the token budgets of use_dynamic_bsz and where the release reads each (engine_workers.py

@@ -142,6 +142,24 @@ FLAGS: tuple[Flag, ...] = (
         fix=True,
     ),
     Flag(
+        "engine",
+        "--engine",
+        CHOICE,
+        "verl's training engine: fsdp (the default) or megatron (megatron-core, TransformerEngine "
+        "and mbridge installed; tensor, pipeline and expert parallelism planned for the model).",
+        choices=("fsdp", "megatron"),
+        fix=True,
+    ),
+    Flag(
+        "megatron",
+        "--megatron",
+        NAMES,
+        "With --engine megatron: the layout, e.g. tp=2,pp=1,ep=8 (tensor, pipeline, expert, "
+        "context parallel). Default: the fewest GPUs a model replica spans that fit.",
+        "tp=N,pp=N,ep=N,cp=N",
+        fix=True,
+    ),
+    Flag(
         "host_memory",
         "--host-memory",
         INT,

@@ -385,7 +385,7 @@ def _check_fields(text: str, where: str) -> None:
 
 def _check_models(m: Matrix) -> None:
     """The model table agrees with itself, and every profile's training run can be sized."""
-    from envbuilder.model.memory import Arch
+    from envbuilder.model.arch import Arch
 
     for name, rec in m.models.items():
         where = f"{m.where('models', name)}: models.{name}"

@@ -297,6 +297,22 @@ VERL = {
         "dynamic_why": WHY,
         "source": SOURCE,
     },
+    # its Megatron engine (--engine megatron; model/megatron.py): the packages its pip layer
+    # installs, TransformerEngine's PyTorch extension (compiled), where it runs, the run keys that
+    # select it, and the modules its training path imports
+    "megatron?": {
+        "packages": PINS,
+        "transformer_engine": S.VERSION,
+        "transformer_engine_why": WHY,
+        "cuda_major": S.Pattern(r"\d{2}", "13"),
+        "min_compute_capability": S.CC,
+        "machines": S.ListOf(S.OneOf(("x86_64", "aarch64"))),
+        "python": S.Range(),
+        "keys": S.MapOf(S.Scalar(), key=S.HYDRA_KEY),
+        "modules": MODULES,
+        "why": WHY,
+        "source": SOURCE,
+    },
     "compile_cache?": {
         "env": ENV_NAME,
         "value": ENV_VALUE,
@@ -428,7 +444,7 @@ PROFILE = {
 # a decoder's architecture (its config.json) for the memory estimate; `parameters` is checked
 # against the count the architecture gives (matrix._cross_check)
 MODEL = {
-    "family": S.OneOf(("qwen2", "llama", "qwen3")),
+    "family": S.OneOf(("qwen2", "llama", "qwen3", "deepseek")),
     "layers": int,
     "hidden_size": int,
     "attention_heads": int,
@@ -444,6 +460,11 @@ MODEL = {
     "experts?": int,
     "experts_per_token?": int,
     "moe_intermediate_size?": int,
+    # DeepSeek-style: shared experts beside the routed ones, the first layers dense, MLA attention
+    "shared_experts?": int,
+    "dense_layers?": int,
+    "router_bias?": bool,
+    "mla?": {"q_lora_rank": int, "kv_lora_rank": int, "qk_rope_head_dim": int, "v_head_dim": int},
     "max_position_embeddings": int,
     "parameters": int,
     "source": SOURCE,

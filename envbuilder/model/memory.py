@@ -59,6 +59,9 @@ from typing import Any
 
 import math
 
+from envbuilder.model.arch import Arch  # noqa: F401  (re-exported: the plan's view of a model)
+from envbuilder.model.megatron import Layout, layouts, shard_params
+
 GIB = 1024**3
 
 # How many tensors of a shape are alive at a phase's peak. Counted in the code that runs
@@ -96,82 +99,6 @@ FUSED_CHUNK_COPIES = 4
 # sampling makes of them (temperature-scaled logits, probabilities, log-probs for the
 # log-probs verl asks back, the sampled result's gather), [running requests × vocabulary] each
 VLLM_SAMPLER_COPIES = 5
-
-
-class Arch:
-    """A decoder's shape (a models.yaml record) and the parameter counts that follow from it:
-    L layers, H hidden size, a attention heads, k KV heads, d head dim, I intermediate size,
-    V vocabulary; a mixture of experts (Qwen3-MoE): E experts of intermediate size Ie in every
-    layer's MLP, with a router, `topk` of them run for each token. Weights, gradients and Adam
-    state count every expert; activations and compute count the experts a token runs."""
-
-    name: str
-    L: int
-    H: int
-    a: int
-    k: int
-    d: int
-    I: int
-    V: int
-    tied: bool
-    bias: bool
-    qk_norm: bool
-
-    def __init__(self, name: str, rec: dict[str, Any]):
-        self.name = name
-        self.L, self.H = rec["layers"], rec["hidden_size"]
-        self.a, self.k, self.d = rec["attention_heads"], rec["kv_heads"], rec["head_dim"]
-        self.I, self.V = rec["intermediate_size"], rec["vocab_size"]
-        self.tied, self.bias = rec["tied_embeddings"], rec["qkv_bias"]
-        self.qk_norm = rec.get("qk_norm", False)  # Qwen3: an RMSNorm of head_dim on q and on k
-        self.E: int = rec.get("experts", 0)
-        self.topk: int = rec.get("experts_per_token", 0)
-        self.Ie: int = rec.get("moe_intermediate_size", 0)
-
-    @property
-    def moe(self) -> bool:
-        return self.E > 0
-
-    @property
-    def I_act(self) -> int:
-        """The MLP width a token runs through: I, or its experts' (topk × Ie)."""
-        return self.topk * self.Ie if self.moe else self.I
-
-    def mlp_params(self) -> int:
-        """A layer's gated MLP (gate, up, down), or its experts and their router (H -> E)."""
-        return self.E * 3 * self.H * self.Ie + self.H * self.E if self.moe else 3 * self.H * self.I
-
-    def layer_params(self) -> int:
-        qkv = (self.a + 2 * self.k) * self.d
-        return (
-            self.H * qkv
-            + (qkv if self.bias else 0)
-            + self.a * self.d * self.H
-            + self.mlp_params()
-            + 2 * self.H
-            + (2 * self.d if self.qk_norm else 0)
-        )
-
-    def root_params(self) -> int:
-        """Outside the decoder layers: embeddings, the final norm, an untied lm_head."""
-        return self.V * self.H * (1 if self.tied else 2) + self.H
-
-    def params(self) -> int:
-        return self.L * self.layer_params() + self.root_params()
-
-    def critic_params(self) -> int:
-        """verl's critic is AutoModelForTokenClassification: no lm_head, a (H -> 1) score head."""
-        return self.params() - (0 if self.tied else self.V * self.H) + self.H + 1
-
-    def lora_params(self, rank: int) -> int:
-        """peft's all-linear targets q, k, v, o, gate, up, down (every expert's): rank × (in +
-        out) each."""
-        H, q, kv = self.H, self.a * self.d, self.k * self.d
-        mlp = 3 * self.E * (H + self.Ie) if self.moe else 3 * (H + self.I)
-        return self.L * rank * ((H + q) + 2 * (H + kv) + (q + H) + mlp)
-
-    def kv_bytes_per_token(self, nbytes: int) -> int:
-        return self.L * 2 * self.k * self.d * nbytes
 
 
 def _gib(nbytes: float) -> float:
@@ -237,6 +164,12 @@ class Setup:
         # an SP group of sp GPUs trains one data-parallel rank's sequences, each split over the
         # group: verl divides the batches by the data-parallel size, world / sp
         self.dp = max(self.n // self.sp, 1)
+        # verl's Megatron engine (--engine megatron): its layout (megatron.py) sets the
+        # data-parallel size the batches are divided by, world / (TP × PP × CP)
+        self.engine: str = env.get("engine") or "fsdp"
+        self.layout = Layout(**t["megatron"]) if t.get("megatron") else Layout()
+        if self.engine == "megatron":
+            self.dp = self.layout.dp(self.n)
         self.data_per_rank = t["train_batch_size"] * self.rollout_n // self.dp
         self.mini_per_gpu = max(t["ppo_mini_batch_size"] * self.rollout_n // self.dp, 1)
         self.val_per_gpu = math.ceil(val_rows / self.n)
@@ -278,8 +211,33 @@ class Term:
 # -- state -------------------------------------------------------------------------------------
 
 
+def _megatron_state(s: Setup, role: str) -> dict[str, Term]:
+    """A role's state on one GPU of the Megatron engine (megatron.py): bf16 weights and fp32
+    main gradients of its shard, the distributed optimizer's fp32 main weights and Adam moments
+    over the data-parallel ranks."""
+    a, lay = s.arch, s.layout
+    params = a.params() if role == "actor" else a.critic_params()
+    dense, experts = shard_params(a, lay, params)
+    shard = dense + experts
+    opt = dense / (lay.dp(s.n) * lay.cp) + experts / lay.edp(s.n)
+    where = f"{_m(int(shard))} params a GPU ({lay.words()})"
+    ranks = f"{lay.dp(s.n) * lay.cp}" + (f" (experts {lay.edp(s.n)})" if a.moe else "")
+    return {
+        "weights": Term(f"{role} weights", f"2 B × {where} (bf16)", 2 * shard),
+        "grads": Term(f"{role} gradients", f"4 B × {where} (fp32 main gradients)", 4 * shard),
+        "adam": Term(
+            f"{role} optimizer state",
+            f"12 B × {_m(int(opt))} params (fp32 main weights + Adam, distributed over {ranks} data-parallel ranks)",
+            12 * opt,
+        ),
+        # (no step temporary: Megatron's Adam (TransformerEngine's FusedAdam) updates in place)
+    }
+
+
 def _role_state(s: Setup, role: str) -> dict[str, Term]:
     """A role's own state (weights, compute copy, grads, Adam, step temporary) on one GPU."""
+    if s.engine == "megatron":
+        return _megatron_state(s, role)
     a, n = s.arch, s.n
     params = a.params() if role == "actor" else a.critic_params()
     lora = a.lora_params(s.lora) if (role == "actor" and s.lora) else 0
@@ -346,6 +304,14 @@ def _role_state(s: Setup, role: str) -> dict[str, Term]:
 def _reference(s: Setup) -> Term | None:
     if s.lora or s.param_offload:
         return None
+    if s.engine == "megatron":
+        dense, experts = shard_params(s.arch, s.layout, s.arch.params())
+        return Term(
+            "reference weights (resident)",
+            f"2 B × {_m(int(dense + experts))} params a GPU ({s.layout.words()}, bf16)",
+            2 * (dense + experts),
+            "resident",
+        )
     return Term(
         "reference weights (resident)",
         f"{s.inf} B × {_m(s.arch.params())} params" + (f" / {s.n} GPUs" if s.n > 1 else ""),
@@ -396,6 +362,9 @@ def _layer_width(a: Arch) -> int:
     the topk experts a token runs, its hidden state copied to each (topk × H) and the router's
     fp32 logits (2E))."""
     moe = a.topk * a.H + 2 * a.E if a.moe else 0
+    if a.mla:  # q, the latent, K and V expanded to every head, the attention output
+        attn = a.a * a.d + (a.kv_lora + a.rope) + a.a * a.d + 2 * a.a * a.v_dim
+        return 4 * a.H + attn + 4 * a.I_act + moe
     return 4 * a.H + (a.a + 2 * a.k) * a.d + 2 * a.a * a.d + a.a * a.d + 4 * a.I_act + moe
 
 
@@ -515,6 +484,10 @@ def generate_work(s: Setup, b: int) -> tuple[str, list[Term]]:
     kv_what = (
         f"{a.k}×{a.d}" if kv_heads == a.k else f"{tp} × 1×{a.d} (a KV head replicated on each of {tp} GPUs)"
     )
+    kv_mult = "2 × "  # (K and V)
+    if a.mla:  # MLA caches one latent of kv_lora + rope a token and layer, whole on each TP rank
+        kvt, kv_mult = tp * a.L * (a.kv_lora + a.rope) * g, ""
+        kv_what = f"({a.kv_lora}+{a.rope}) MLA latent" + (f" (whole on each of {tp} GPUs)" if tp > 1 else "")
     if s.sampler_copies:
         k = s.sampler_copies
         running = f"{b} running" if tp == 1 else f"{tp}×{b} running (the engine's)"
@@ -527,7 +500,9 @@ def generate_work(s: Setup, b: int) -> tuple[str, list[Term]]:
     mlp = PREFILL_FACTOR * b * p * n_mlp * a.I_act * g
     scores = b * a.a * p**2 * (4 + g) if s.eager else 0
     prefill = [
-        Term("KV cache (prompt)", f"{b} × {p} tokens × {a.L} layers × 2 × {kv_what} × {g} B", b * p * kvt),
+        Term(
+            "KV cache (prompt)", f"{b} × {p} tokens × {a.L} layers × {kv_mult}{kv_what} × {g} B", b * p * kvt
+        ),
         Term(
             "prefill transient",
             f"max(MLP {PREFILL_FACTOR:g} × {b}×{p} tokens × "
@@ -538,7 +513,9 @@ def generate_work(s: Setup, b: int) -> tuple[str, list[Term]]:
         last_logits,
     ]
     decode = [
-        Term("KV cache", f"{b} × {s.seq} tokens × {a.L} layers × 2 × {kv_what} × {g} B", b * s.seq * kvt),
+        Term(
+            "KV cache", f"{b} × {s.seq} tokens × {a.L} layers × {kv_mult}{kv_what} × {g} B", b * s.seq * kvt
+        ),
         Term(
             "cache growth copy",
             f"{b} × {s.seq} tokens × {a.k}×{a.d} × {g} B (torch.cat re-allocates one layer's K)",
@@ -600,6 +577,12 @@ def phase(s: Setup, name: str, b: int) -> dict[str, Any]:
         terms += _resident(s, "actor") + _actor_resident_optimizer(s)
     else:
         raise ValueError(name)
+    split = s.layout.tp * s.layout.cp if s.engine == "megatron" and name != "generate" else 1
+    if split > 1:  # sequence parallelism and the vocabulary-parallel logits (megatron.py)
+        for t in terms:
+            if t.kind == "work":
+                t.nbytes /= split
+                t.formula += f" / {split} (TP {s.layout.tp} sequence parallel)"
     total = sum(t.nbytes for t in terms)
     return {
         "phase": name + (f" ({note})" if note else ""),
@@ -812,15 +795,39 @@ def plan(
     pinned = set(env.get("pinned") or ())
     tried: list[dict[str, Any]] = []
     for train, why in _trials(env, arch, pinned):
-        out = _with_tp(dict(env, train=train), arch, consts, val_rows, pinned)
-        out["choices"].update(why)
-        tried.append(out)
-        if not out["problems"]:
-            return out
+        for lay in _layouts(env, arch):
+            t = dict(train, megatron=lay.as_dict()) if lay else train
+            out = _with_tp(dict(env, train=t), arch, consts, val_rows, pinned)
+            out["choices"].update(why)
+            if lay:
+                out["megatron"] = lay.as_dict()
+                out["choices"]["megatron"] = {"value": lay.as_dict(), "why": _layout_why(env, arch, lay)}
+            tried.append(out)
+            if not out["problems"]:
+                return out
     # none fits: the last (everything tried) says what is still short
     out = tried[-1]
     out["tried"] = len(tried)
     return out
+
+
+def _layouts(env: dict[str, Any], arch: Arch) -> list[Layout | None]:
+    """The Megatron layouts to try, in order (megatron.layouts), or the given one; [None] on FSDP."""
+    if env.get("engine") != "megatron":
+        return [None]
+    t = env["train"]
+    if t.get("megatron_pinned"):
+        return [Layout(**t["megatron_pinned"])]
+    return list(layouts(arch, t["n_gpus"], t["n_gpus"] * env.get("nodes", 1))) or [Layout()]
+
+
+def _layout_why(env: dict[str, Any], arch: Arch, lay: Layout) -> str:
+    if env["train"].get("megatron_pinned"):
+        return "as given (--megatron)"
+    what = "the fewest GPUs a model replica spans (TP x PP) whose shard, gradients and optimizer state fit"
+    if arch.moe:
+        what += f", the {arch.E} experts over as many GPUs of a node as divide them (EP {lay.ep}: {arch.E // lay.ep} a GPU)"
+    return what
 
 
 def _trials(env: dict[str, Any], arch: Arch, pinned: set[str]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
@@ -854,7 +861,11 @@ def _trials(env: dict[str, Any], arch: Arch, pinned: set[str]) -> list[tuple[dic
             out.append(
                 (t, off(t, "the idle weights and Adam's state offloaded: sharding alone does not fit"))
             )
-    if "sequence_parallel" not in pinned and env.get("remove_padding", False):
+    if (
+        "sequence_parallel" not in pinned
+        and env.get("remove_padding", False)
+        and env.get("engine") != "megatron"
+    ):
         world = t["n_gpus"] * env.get("nodes", 1)
         for sp in split_ways(world, arch, t["n_gpus"])[1:]:
             if t["train_batch_size"] * env.get("rollout_n", ROLLOUT_N) % (world // sp) == 0:

@@ -341,6 +341,8 @@ class _Resolver:
                     getattr(self, "pinned", ()),
                     getattr(self, "unpadded", False),
                     getattr(self, "actor_offload_ok", True),
+                    getattr(self, "engine", "fsdp"),
+                    getattr(self, "megatron_layout", None),
                 )
             )
         )
@@ -362,7 +364,10 @@ class _Resolver:
             "pinned": sorted(getattr(self, "pinned", ())),
             "remove_padding": getattr(self, "unpadded", False),
             "actor_offload_ok": getattr(self, "actor_offload_ok", True),
+            "engine": getattr(self, "engine", "fsdp"),
         }
+        if getattr(self, "megatron_layout", None):
+            env["train"] = dict(train, megatron_pinned=self.megatron_layout)
         rows = self.m.datasets["gsm8k"]["rows"]["test"]
 
         def compute() -> dict[str, Any]:
@@ -401,11 +406,17 @@ class _Resolver:
             and fits(algo=grpo)
         )
         size = self.models[train["model"]]["parameters"]
-        smaller = sorted(
+        moe = bool(self.models[train["model"]].get("experts"))
+        # (the largest that fits, of the same kind where one does: a dense model for a dense one,
+        # a mixture for a mixture)
+        smaller = [
             (r["parameters"], name)
-            for name, r in self.m.models.items()
-            if r["parameters"] < size and fits(model=name)
-        )
+            for _, _, name, r in sorted(
+                (bool(r.get("experts")) == moe, r["parameters"], name, r)
+                for name, r in self.m.models.items()
+                if r["parameters"] < size and fits(model=name)
+            )
+        ]
         prompt, response = train["max_prompt_length"], train["max_response_length"]
         while prompt + response > 128:
             prompt, response = max(prompt // 2, 32), max(response // 2, 32)
@@ -491,6 +502,7 @@ class _Resolver:
         self.select_rollout(s, p)
         self.select_kernels(s, p)
         self.select_pins(s, p)
+        self.select_engine(s)
         self.hf_rollout_plan(s)
         if legacy_trainer(s.verl, s.algo_rec):
             s.notes.append(
@@ -614,6 +626,88 @@ class _Resolver:
             s.pins.update(m.flash_attn.get("runtime_pins") or {})
         s.pins.update(p.get("pins", {}))
 
+    def select_engine(self, s: "Selection") -> None:
+        """--engine megatron: the release's Megatron record, refused where it cannot run (no
+        record for this verl, the card below TransformerEngine's floor, a machine without its
+        wheels, a Python megatron-core has no wheel for); --megatron's layout, checked."""
+        ov = self.ov
+        s.engine, s.megatron, s.megatron_layout = ov.engine or "fsdp", None, None
+        if ov.megatron and s.engine != "megatron":
+            raise UserError(
+                f"--megatron {','.join(ov.megatron)}: a Megatron layout needs --engine megatron. "
+                "Add --engine megatron, or drop --megatron."
+            )
+        self.engine = s.engine
+        self.megatron_layout: dict[str, int] | None = None
+        if s.engine != "megatron":
+            return
+        rec = s.verl.get("megatron")
+        have = sorted(v for v, r in self.m.verl.items() if r.get("megatron"))
+        if not rec:
+            raise UserError(
+                f"--engine megatron: envbuild has no Megatron stack for verl {s.verl_v} (megatron-core, "
+                "TransformerEngine and the bridge are pinned per release). Use --verl "
+                + " or --verl ".join(have)
+                + ", or drop --engine megatron (the FSDP engine)."
+            )
+        machine = s.gpu.get("machine") or "x86_64"
+        if not at_least(s.cc, rec["min_compute_capability"]):
+            raise UserError(
+                f"--engine megatron on the {s.gpu['name']} (compute capability {s.cc}): TransformerEngine "
+                f"{rec['transformer_engine']}, which verl's Megatron engine runs on, supports compute "
+                f"capability {rec['min_compute_capability']} (Ampere) and later. Drop --engine megatron: "
+                "the FSDP engine trains on this card."
+            )
+        if machine not in rec["machines"]:
+            raise UserError(
+                f"--engine megatron on {machine}: TransformerEngine {rec['transformer_engine']}'s core "
+                f"wheel (transformer-engine-cu13) is published for {', '.join(rec['machines'])} only. "
+                "Drop --engine megatron (the FSDP engine), or train on an x86_64 host."
+            )
+        if s.build["cuda"].split(".")[0] != rec["cuda_major"]:
+            raise UserError(
+                f"--engine megatron with torch {s.torch_v} for CUDA {s.build['cuda']}: TransformerEngine "
+                f"{rec['transformer_engine']}'s core wheel is built for CUDA {rec['cuda_major']}. Use --cuda "
+                f"{rec['cuda_major']}.0, or drop --engine megatron."
+            )
+        if not in_range(s.python, rec["python"]):
+            raise UserError(
+                f"--engine megatron with Python {s.python}: megatron-core "
+                f"{rec['packages']['megatron-core']} needs Python {rec['python']}. Add --python 3.12."
+            )
+        if s.rollout != "vllm":
+            raise UserError(
+                f"--engine megatron with the {s.rollout} rollout: envbuild plans the Megatron engine "
+                "with vLLM's rollout only. Add --rollout vllm."
+            )
+        s.megatron = rec
+
+    def megatron_flag(self, s: "Selection", words: tuple[str, ...]) -> dict[str, int]:
+        """--megatron tp=N,pp=N,ep=N,cp=N: checked against the model and the world as
+        megatron-core checks it (model/megatron.py fits_model)."""
+        from envbuilder.model.megatron import Layout, fits_model
+        from envbuilder.model.arch import Arch
+
+        given: dict[str, int] = {}
+        for w in words:
+            key, _, value = w.partition("=")
+            if key not in ("tp", "pp", "ep", "cp") or not value.isdigit() or int(value) < 1 or key in given:
+                raise UserError(
+                    f"--megatron {','.join(words)}: a layout is tp=N,pp=N,ep=N,cp=N (each at most once, "
+                    "each a whole number from 1). Use e.g. --megatron tp=2,pp=1,ep=8."
+                )
+            given[key] = int(value)
+        lay = Layout(**given)
+        t = s.train
+        per_node, world = t["n_gpus"], t["n_gpus"] * s.nodes
+        why = fits_model(Arch(t["model"], self.models[t["model"]]), lay, per_node, world)
+        if why:
+            raise UserError(
+                f"--megatron {','.join(words)}: {why} ({t['model']} on {world} GPUs). Drop --megatron "
+                "and the plan chooses a layout that fits, or give one that divides them."
+            )
+        return lay.as_dict()
+
     def apply_choices(self, s: "Selection") -> None:
         """What the memory plan chose (offload, vLLM's share, the rollout's TP, Ulysses SP) into
         the train block the run plan prints; a choice the plan changed is noted with its why."""
@@ -625,6 +719,10 @@ class _Resolver:
         t["actor_param_offload"] = t["param_offload"] and s.actor_offload_ok
         if "gpu_memory_utilization" in ch and s.rollout == "vllm":
             t["gpu_memory_utilization"] = ch["gpu_memory_utilization"]["value"]
+        if s.engine == "megatron" and "megatron" in ch:
+            t["megatron"] = dict(ch["megatron"]["value"], etp=1)
+            if not s.megatron_layout:
+                s.notes.append(f"Megatron layout {_layout_words(t['megatron'])}: {ch['megatron']['why']}")
         for key in ("rollout_tp", "sequence_parallel"):
             value = ch.get(key, {}).get("value", 1)
             if value > 1:
@@ -708,7 +806,8 @@ class _Resolver:
 
         def splits(flag: str, n: int, what: str) -> None:
             if per_node % n or heads % n or not (kv % n == 0 or n % kv == 0):
-                from envbuilder.model.memory import Arch, split_ways
+                from envbuilder.model.arch import Arch
+                from envbuilder.model.memory import split_ways
 
                 ways = split_ways(per_node, Arch(t["model"], arch), per_node)
                 raise UserError(
@@ -747,6 +846,10 @@ class _Resolver:
             s.pinned.append("sequence_parallel")
         if ov.host_memory is not None:
             t["host_memory_gib"] = ov.host_memory
+        if ov.megatron and s.megatron:
+            s.megatron_layout = self.megatron_flag(s, ov.megatron)
+            self.megatron_layout = s.megatron_layout
+            s.pinned.append("megatron")
         # (what the memory plan reads beside the train block: memory_plan's inputs)
         self.pinned, self.unpadded = tuple(s.pinned), self.remove_padding(s)
         self.actor_offload_ok = s.actor_offload_ok
@@ -1152,10 +1255,33 @@ class _Resolver:
             ),
             notes=tuple(s.notes),
             dataset=R.Dataset.from_plain(dict(dataset, name="gsm8k")) if dataset else None,
-            training_path=tuple(training_path(m, s.verl_v, s.rollout, tuple(s.components), s.vllm_v)),
+            training_path=tuple(training_path(m, s.verl_v, s.rollout, tuple(s.components), s.vllm_v))
+            + (tuple(s.megatron["modules"]) if s.megatron else ()),
             memory=frozen(s.memory),
+            megatron=megatron_record(s),
             warnings=tuple(v.text() for v in self.v),
         )
+
+
+def megatron_record(s: "Selection") -> R.Megatron | None:
+    """The Megatron engine's record of a selection (None on FSDP): what it installs, the arch
+    TransformerEngine's extension is compiled for, and the run keys that select it."""
+    rec = s.megatron
+    if not rec:
+        return None
+    return R.Megatron(
+        packages=frozen(dict(rec["packages"])),
+        transformer_engine=rec["transformer_engine"],
+        te_arch=s.cc.replace(".", ""),
+        keys=frozen({k: str(v) for k, v in rec["keys"].items()}),
+        modules=tuple(rec["modules"]),
+    )
+
+
+def _layout_words(lay: dict[str, int]) -> str:
+    from envbuilder.model.megatron import Layout
+
+    return Layout(**lay).words()
 
 
 def memory_fix(fixes: list[str], smaller: list[tuple[int, str]], more: str | None, critic_free: bool) -> str:

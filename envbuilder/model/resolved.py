@@ -95,6 +95,10 @@ class Overrides(Record):
     host_memory: int | None = None
     # the PEP 503 index flash-attn's wheel comes from first (model/components/flash_attn.py)
     flash_attn_index: Annotated[str | None, S.URL] = None
+    # verl's training engine: fsdp (the default) or megatron (verl.yaml `megatron`), and a
+    # Megatron layout the user gave (--megatron tp=4,pp=2,ep=8: the plan takes it as given)
+    engine: Annotated[str | None, S.OneOf(("fsdp", "megatron"))] = None
+    megatron: Annotated[tuple[str, ...], S.ListOf(S.Pattern(r"[A-Za-z0-9_.=-]{1,32}", "tp=4"))] = ()
 
     _keys = {"with_": "with"}
     _derived: ClassVar[tuple[str, ...]] = ("model_arch",)
@@ -280,6 +284,56 @@ class Apex(Record):
     modules: Annotated[tuple[str, ...], K.MODULES]
 
 
+class MegatronLayout(Record):
+    """Megatron's parallel sizes (envbuilder/model/megatron.py): tensor, pipeline, expert,
+    expert-tensor and context parallel."""
+
+    tp: Annotated[int, S.Int(1, 1024)] = 1
+    pp: Annotated[int, S.Int(1, 1024)] = 1
+    ep: Annotated[int, S.Int(1, 1024)] = 1
+    etp: Annotated[int, S.Int(1, 1024)] = 1
+    cp: Annotated[int, S.Int(1, 1024)] = 1
+
+    @property
+    def model_parallel(self) -> int:
+        """GPUs one data-parallel rank of the dense part spans (verl's validate_config:
+        n_gpus % (tp × pp × cp) == 0)."""
+        return self.tp * self.pp * self.cp
+
+    def dp(self, world: int) -> int:
+        """The dense part's data-parallel ranks."""
+        return max(world // self.model_parallel, 1)
+
+    def edp(self, world: int) -> int:
+        """The experts' data-parallel ranks."""
+        return max(world // (self.ep * self.etp * self.pp), 1)
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self._asdict())
+
+    def words(self) -> str:
+        parts = [f"TP {self.tp}", f"PP {self.pp}"]
+        if self.ep > 1:
+            parts.append(f"EP {self.ep}")
+        if self.cp > 1:
+            parts.append(f"CP {self.cp}")
+        return ", ".join(parts)
+
+
+class Megatron(Record):
+    """verl's Megatron engine (verl.yaml `megatron`): what it installs (megatron-core, the
+    bridge that loads Hugging Face weights into it, TransformerEngine's core wheel and its
+    PyTorch extension, compiled for the card's arch where no wheel exists), the run keys that
+    select and set it up (the config group first: model_engine=megatron), and the modules its
+    training path imports."""
+
+    packages: Annotated[Mapping[str, str], K.PINS]
+    transformer_engine: Annotated[str, S.VERSION]
+    te_arch: Annotated[str, S.Pattern(r"\d{2,3}[af]?", "90")]
+    keys: Annotated[Mapping[str, str], S.MapOf(S.Scalar(), key=S.HYDRA_KEY)]
+    modules: Annotated[tuple[str, ...], K.MODULES]
+
+
 class Patch(Record):
     """A patch of verl's source: replace is a tuple of {"find", "with"} (source text)."""
 
@@ -358,8 +412,11 @@ class Train(Record):
     rollout_tp: Annotated[int | None, S.Int(1, 64)] = None
     sequence_parallel: Annotated[int | None, S.Int(1, 64)] = None
     host_memory_gib: Annotated[int | None, S.Int(1, 1 << 20)] = None
+    # the Megatron engine's layout (the memory plan's choice, or --megatron's)
+    megatron: MegatronLayout | None = None
 
     _omit_none = (
+        "megatron",
         "micro_batch_size_per_gpu",
         "actor_model_dtype",
         "rollout_tp",
@@ -491,9 +548,11 @@ class ResolvedEnv(Record):
     # the matrix's card asked for by name where it has no profile of its own and takes this
     # profile's stack (gpu is that card's); None: the profile's own card
     card: Annotated[str | None, S.NAME] = None
+    # verl's Megatron engine where --engine megatron asked for it; None: FSDP
+    megatron: Megatron | None = None
 
-    _omit_none = ("mirror", "sglang", "card")
-    _absent = ("constraints", "mirror", "sglang", "run", "card")
+    _omit_none = ("mirror", "sglang", "card", "megatron")
+    _absent = ("constraints", "mirror", "sglang", "run", "card", "megatron")
 
     @property
     def name(self) -> str:
@@ -524,8 +583,9 @@ class ResolvedEnv(Record):
 
     @property
     def needs_builder(self) -> bool:
-        """A builder stage compiles or fetches extensions (apex, flash-attn) against the torch."""
-        return bool(self.apex or self.flash_attn)
+        """A builder stage compiles or fetches extensions (apex, flash-attn, TransformerEngine's
+        PyTorch extension) against the torch."""
+        return bool(self.apex or self.flash_attn or self.megatron)
 
     @property
     def base_images(self) -> tuple[str, ...]:

@@ -252,7 +252,77 @@ def build(env: ResolvedEnv) -> tuple[RunArg, ...]:
     add("trainer.save_freq", -1)
     add("trainer.test_freq", mb["test_freq"])
     add("trainer.total_epochs", 1)
-    return tuple(out)
+    return tuple(_megatron(env, out)) if env.megatron else tuple(out)
+
+
+# the FSDP sections' keys and where the Megatron engine keeps the same setting (its mixed
+# precision and model dtype have no counterpart: megatron.dtype is its one compute dtype)
+_FSDP_SECTIONS = (
+    ("actor_rollout_ref.actor.fsdp_config.", "actor_rollout_ref.actor.megatron."),
+    ("actor_rollout_ref.ref.fsdp_config.", "actor_rollout_ref.ref.megatron."),
+    ("critic.fsdp.", "critic.megatron."),
+)
+_LAYOUT_KEYS = (
+    ("tensor_model_parallel_size", "tp"),
+    ("pipeline_model_parallel_size", "pp"),
+    ("expert_model_parallel_size", "ep"),
+    ("expert_tensor_parallel_size", "etp"),
+    ("context_parallel_size", "cp"),
+)
+
+
+def _megatron(env: ResolvedEnv, out: list[RunArg]) -> list[RunArg]:
+    """The run on verl's Megatron engine: the release's keys that select it first
+    (model_engine=megatron), each FSDP section's setting moved to the Megatron section, and the
+    layout of the memory plan for the actor (the reference follows it) and the critic."""
+    mg, lay = env.megatron, env.train.megatron
+    assert mg is not None and lay is not None  # (the resolver sets both for --engine megatron)
+    critic = env.algorithm.critic
+    keys = [(k, v) for k, v in mg.keys.items() if critic or not k.startswith("critic.")]
+    why = env.memory.get("choices", {}).get("megatron", {}).get("why", "")
+    head = [
+        RunArg(
+            key=keys[0][0],
+            value=keys[0][1],
+            notes=(f"verl's Megatron engine: layout {_layout(lay)}" + (f", {why}" if why else ""),),
+        )
+    ]
+    moved: list[RunArg] = []
+    for a in out:
+        bare = a.key.lstrip("+")
+        for fsdp, megatron in _FSDP_SECTIONS:
+            if bare.startswith(fsdp):
+                rest = bare[len(fsdp) :]
+                if rest.startswith("mixed_precision.") or rest == "model_dtype":
+                    break  # (no counterpart)
+                moved.append(a._replace(key=a.key[: len(a.key) - len(bare)] + megatron + rest))
+                break
+        else:
+            moved.append(a)
+    sections = ["actor_rollout_ref.actor.megatron"] + (["critic.megatron"] if critic else [])
+    layout = [
+        RunArg(key=f"{section}.{key}", value=str(getattr(lay, field)))
+        for section in sections
+        for key, field in _LAYOUT_KEYS
+    ]
+    extra = [RunArg(key=k, value=str(v)) for k, v in keys[1:]]
+    tp = env.train.rollout_tp or 1
+    if env.memory.get("arch", {}).get("experts") and tp > 1:
+        extra.append(
+            RunArg(
+                key="actor_rollout_ref.rollout.expert_parallel_size",
+                value=str(tp),
+                notes=(f"vLLM spreads the experts over the rollout's {tp} GPUs (verl: EP = TP x DP)",),
+            )
+        )
+    return head + moved + layout + extra
+
+
+def _layout(lay: Any) -> str:
+    parts = [f"TP {lay.tp}", f"PP {lay.pp}"] + [
+        f"{n} {v}" for n, v in (("EP", lay.ep), ("ETP", lay.etp), ("CP", lay.cp)) if v > 1
+    ]
+    return ", ".join(parts)
 
 
 def overrides(args: tuple[RunArg, ...], env: Mapping[str, str]) -> list[str]:

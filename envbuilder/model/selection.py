@@ -68,3 +68,6 @@ class Selection:
     lora_key: str | None
     actor_offload_ok: bool
     pinned: list[str]  # the world choices the user made (--rollout-tp, --offload, --sp)
+    engine: str  # verl's training engine: fsdp or megatron (--engine)
+    megatron: Entry | None  # the release's Megatron record (verl.yaml `megatron`), None on FSDP
+    megatron_layout: dict[str, int] | None  # --megatron's layout, taken as given; None: planned

@@ -39,6 +39,7 @@ STEP_COMMENT = {
     "torch": "torch: the largest layer, first, so it stays cached.",
     "verl-deps": "verl's dependencies, pinned to versions that work together.",
     "verl": "verl itself: the cheapest layer, last.",
+    "megatron": "verl's Megatron engine: megatron-core, mbridge and TransformerEngine's core wheel, within verl's pins.",
 }
 
 
@@ -311,8 +312,24 @@ class _Steps:
         )
         for step in self.steps:
             if isinstance(step, S.Compile):
-                out += self.apex() if step.component == S.APEX else self.flash_attn()
+                out += {S.APEX: self.apex, S.TRANSFORMER_ENGINE: self.transformer_engine}.get(
+                    step.component, self.flash_attn
+                )()
         return out
+
+    def transformer_engine(self) -> list[Instruction]:
+        """TransformerEngine's PyTorch extension (model/components/transformer_engine.py), an
+        sdist only: compiled for the card's arch into the builder's wheels."""
+        from envbuilder.model.components import transformer_engine as TE
+
+        shell = TE.build_shell(self.env, I.WHEELS, "")
+        shell = [shell[0], *("    " + line for line in shell[1:])]
+        comments = [
+            "TransformerEngine's PyTorch extension (verl's Megatron engine) has no wheel on PyPI: "
+            "compiled against this torch,",
+            "for this card's arch only, with the cuDNN headers of the nvidia-cudnn wheel torch installed.",
+        ]
+        return [self.run(PIP_CACHE, self.mounts([]), shell, comments=comments)]
 
     def apex(self) -> list[Instruction]:
         env = self.env

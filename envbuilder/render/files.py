@@ -15,7 +15,7 @@ from typing import Any, TYPE_CHECKING
 from envbuilder.paths import data_dir
 from envbuilder import images
 from envbuilder.render.dockerfile import FLASH_ATTN_SCRIPT, dockerfile_plan
-from envbuilder.render.steps import APEX, FLASH_ATTN, by_hand, finish_command
+from envbuilder.render.steps import APEX, FLASH_ATTN, TRANSFORMER_ENGINE, by_hand, finish_command
 from envbuilder.render.image import HOME as IMAGE_HOME
 from envbuilder.render.image import PREFLIGHT, RUN_SCRIPT  # (where the image puts them)
 from envbuilder.render.image import default_tag
@@ -252,6 +252,7 @@ def render_files(env: ResolvedEnv, locked: LockedContext | None = None) -> dict[
         "spec_sha256": spec_sha256,
         "apex_command": by_hand(env).get(APEX, ""),
         "flash_attn_command": by_hand(env).get(FLASH_ATTN, ""),
+        "te_command": by_hand(env).get(TRANSFORMER_ENGINE, ""),
         "locked": locked,
         "image_tag": default_tag(env, d),
         "lock_hint": lock_hint(env.profile, env.overrides),

@@ -15,7 +15,7 @@ from envbuilder.model.resolved import Overrides, ResolvedEnv
 
 # Dockerfile install layers, most expensive first; each installs what its roots pull in that no
 # earlier layer installed.
-LAYERS = ("torch", "vllm", "sglang", "verl-deps", "verl")
+LAYERS = ("torch", "vllm", "sglang", "verl-deps", "verl", "megatron")
 # What the builder stage installs beside torch to compile apex / flash-attn; locked with the rest
 # so a locked or offline build pins them too. Installed in the builder only, never at run time.
 BUILD_TOOLS = ("packaging", "ninja", "wheel", "setuptools", "psutil")
@@ -44,9 +44,16 @@ def layer_roots(env: ResolvedEnv) -> dict[str, list[str]]:
         "sglang": [env.sglang.requirement, env.sglang.kernel] if env.sglang else [],
         "verl-deps": [f"{name}=={version}" for name, version in env.verl.pins.items()],
         "verl": [f"verl=={env.verl.version}"],
+        # verl's Megatron engine: megatron-core, the bridge, TransformerEngine's core wheel and what
+        # its PyTorch extension (compiled, installed with --no-deps) imports
+        "megatron": [f"{name}=={version}" for name, version in env.megatron.packages.items()]
+        if env.megatron
+        else [],
     }
     if not env.sglang:
         del roots["sglang"]
+    if not env.megatron:
+        del roots["megatron"]
     return roots
 
 
@@ -180,7 +187,7 @@ def lock_hint(profile: str, overrides: Overrides, out: str | Path | None = None)
     lock_dir = sh(
         f"lockfiles/{profile}-"
         + "-".join(
-            f"{k}{','.join(v) if isinstance(v, list) else v}"
+            f"{k}{','.join(v) if isinstance(v, list) else str(v).replace('/', '_')}"
             for k, v in overrides.to_dict().items()
             if v is not True
         )

@@ -55,6 +55,14 @@ def post_steps(env: ResolvedEnv, plan: InstallPlan) -> list[tuple[str, str]]:
                     S.compile_shell(env, step, f"{VENV}/bin/pip install"),
                 )
             )
+        elif isinstance(step, S.Compile) and step.component == S.TRANSFORMER_ENGINE:
+            out.append(
+                (
+                    f"TransformerEngine's PyTorch extension {step.version}: compiled for sm_{step.arch} "
+                    "(an sdist only; its dependencies are the Megatron layer's)",
+                    S.compile_shell(env, step, f"{py} -m pip install {_pip(env, plan, True)}"),
+                )
+            )
         elif isinstance(step, S.Compile):
             within = " ".join(f"-c {HOME}/{ly.constraints_file}" for ly in plan.layers)
             out.append(

@@ -23,7 +23,7 @@ from envbuilder.render.plan import InstallPlan, Layer
 if TYPE_CHECKING:
     from envbuilder.model.resolved import ResolvedEnv
 
-APEX, FLASH_ATTN = "apex", "flash-attn"
+APEX, FLASH_ATTN, TRANSFORMER_ENGINE = "apex", "flash-attn", "transformer-engine"
 PATCHES, AUDIT = "apply_patches.py", "audit_precision.py"
 FINISH = (PATCHES, AUDIT)  # the scripts an install ends with, in order (patches where verl has any)
 
@@ -70,6 +70,8 @@ def install_steps(env: ResolvedEnv, plan: InstallPlan) -> tuple[Step, ...]:
         steps.append(Compile(APEX, env.apex.version, env.gpu.sm))
     if env.flash_attn:
         steps.append(Compile(FLASH_ATTN, env.flash_attn.version, env.flash_attn.arch or env.gpu.sm))
+    if env.megatron:  # (TransformerEngine's PyTorch extension: an sdist only)
+        steps.append(Compile(TRANSFORMER_ENGINE, env.megatron.transformer_engine, env.megatron.te_arch))
     steps += [RunScript(script) for script in FINISH if script != PATCHES or env.patches]
     return tuple(steps)
 
@@ -80,11 +82,14 @@ def compile_argv(env: ResolvedEnv, step: Compile, pip: list[str]) -> list[str]:
     the component's variables, pip, its options and requirement. The components' own blocks
     (model/components/apex.py, flash_attn.py) spell each one's flags."""
     from envbuilder.model.components import apex
+    from envbuilder.model.components import transformer_engine as te
     from envbuilder.model.components.flash_attn import source_build_argv
 
     if step.component == APEX:
         assert env.apex is not None  # (a Compile step of apex exists only where the profile has it)
         return apex.build_argv(env.apex, [*pip, "-v"], f"apex @ {env.apex.url}")
+    if step.component == TRANSFORMER_ENGINE:
+        return ["env", *te.build_argv(env, pip)]
     return ["env", *source_build_argv(env, pip)]
 
 
@@ -93,11 +98,15 @@ def compile_shell(env: ResolvedEnv, step: Compile, pip: str) -> str:
     them), as the rendered files print it. (apex's build is always verbose: its compile log is
     the only sign of what nvcc built.)"""
     from envbuilder.model.components import apex
+    from envbuilder.model.components import transformer_engine as te
     from envbuilder.model.components.flash_attn import source_build_command
 
     if step.component == APEX:
         assert env.apex is not None
         return apex.shell_command(env.apex, f"{pip} -v")
+    if step.component == TRANSFORMER_ENGINE:
+        # (CPATH from the same Python: `X -m pip ...` names it, else the one on PATH)
+        return te.build_command(env, pip, pip.split(" -m pip")[0] if " -m pip" in pip else "python")
     return source_build_command(env, pip)
 
 
