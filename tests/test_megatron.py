@@ -270,3 +270,17 @@ def test_a_deepseek_style_moe_plans_on_both_engines():
     assert not fsdp.memory["problems"] and not mega.memory["problems"]
     assert mega.train.megatron.ep == 8 and 64 % mega.train.megatron.ep == 0
     assert args(mega)["model_engine"] == "megatron" and "model_engine" not in args(fsdp)
+
+
+def test_an_offline_megatron_build_is_refused_before_anything_is_written(cli, tmp_path):
+    # (the wheelhouse holds no TransformerEngine sdist nor CUDA compiler: its build would stop)
+    wh = ROOT / "tests" / "fixtures" / "wheelhouse-4090"
+    code, _, err = cli("render", "h100", "--engine", "megatron", "--wheelhouse", wh, "-o", "out")
+    assert code == 2 and "--wheelhouse with --engine megatron" in err and "export-image" in err
+    assert not Path("out").exists()
+    from envbuilder.errors import UserError
+    from envbuilder.machine.install import install
+
+    with pytest.raises(UserError, match="--from-wheelhouse with --engine megatron"):
+        install(resolved("h100", engine="megatron"), tmp_path / "prefix", wheelhouse=wh)
+    assert not (tmp_path / "prefix").exists()

@@ -60,6 +60,7 @@ def locked_context(
     from envbuilder.lock.lockfile import for_render
 
     if wheelhouse is not None:
+        refuse_megatron_offline(env, "--wheelhouse")
         if not (Path(wheelhouse) / "manifest.json").is_file():
             raise UserError(
                 f"{wheelhouse} is not an envbuild wheelhouse (no manifest.json). Make "
@@ -67,6 +68,22 @@ def locked_context(
             )
         return for_render(env, where, Path(wheelhouse), mirror)
     return for_render(env, where, mirror=mirror)
+
+
+def refuse_megatron_offline(env: ResolvedEnv, flag: str) -> None:
+    """A wheelhouse does not carry the Megatron engine's compile yet: TransformerEngine's PyTorch
+    extension is an sdist the build compiles (with the devel image's nvcc, or PyPI's CUDA compiler
+    for verify and install), and neither that sdist nor the compiler is in a lock: an offline
+    build would stop at that step, so it is refused before anything is written."""
+    if env.megatron:
+        raise UserError(
+            f"{flag} with --engine megatron: the wheelhouse carries the lock's wheels, but not "
+            f"TransformerEngine's PyTorch extension (transformer_engine_torch "
+            f"{env.megatron.transformer_engine}, an sdist the build compiles for sm_{env.megatron.te_arch}) "
+            "nor the CUDA compiler verify and install build it with. Build the image where PyPI "
+            "answers (--mirror NAME for a PyPI mirror) and carry the image (`envbuild export-image`), "
+            "or drop --engine megatron."
+        )
 
 
 def find_lock(profile: str, lock_dir: str | Path | None = None) -> Path:

@@ -328,6 +328,10 @@ def install(
     from envbuilder.render.files import render_files, write_dir
     from envbuilder.lock.constraints import with_constraints
 
+    if wheelhouse:
+        from envbuilder.lock.prepare import refuse_megatron_offline
+
+        refuse_megatron_offline(env, "--from-wheelhouse")
     prefix = prefix.absolute()
     start = time.monotonic()
     route = "wheelhouse" if wheelhouse else "online"

@@ -107,6 +107,14 @@ def _show_text(
         f"extensions {', '.join(x for x in ('apex', 'flash_attn') if getattr(env, x)) or 'none'}",
         f"patches    {', '.join(p.name for p in env.patches) or 'none'}",
     ]
+    if env.megatron and env.train.megatron:
+        mg, lay = env.megatron, env.train.megatron
+        lines.insert(
+            -2,
+            f"engine     megatron, {lay.words()} ("
+            + ", ".join(f"{k} {v}" for k, v in mg.packages.items() if k in ("megatron-core", "mbridge"))
+            + f", TransformerEngine {mg.transformer_engine}: its PyTorch extension compiled for sm_{mg.te_arch})",
+        )
     mem = env.memory
     lines.append(
         f"memory     peak {mem['peak']['gib']:.1f} GiB of {mem['usable_gib']:.1f} usable "
