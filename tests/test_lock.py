@@ -401,6 +401,37 @@ def test_relocking_unchanged_inputs_changes_no_byte(world, p40_lock, tmp_path, c
     assert rc == 0, err
 
 
+def test_a_release_published_between_the_two_uv_runs_does_not_split_the_lock(world, tmp_path, capsys, monkeypatch):
+    """requirements.lock and pylock.toml come from two uv runs; a release that appears between
+    them (PyPI, 2026-12-07: loguru 0.8.0 and sentry-sdk 3.0.1 split `lock h100 --engine
+    megatron` twice) must not make them differ: the second is resolved from the first's cache."""
+    from fixture_wheels import make_wheel
+
+    from envbuilder.lock import pip as P
+
+    real, calls = P._run_uv, []
+    newer = tmp_path / "newer"
+
+    def run_uv(args, cwd, indexes):
+        calls.append(list(args))
+        real(args, cwd, indexes)
+        if len(calls) == 1:  # (typing-extensions is pinned by nothing: the newest one wins)
+            newer.mkdir()
+            wheel = make_wheel(newer, "typing-extensions", "4.99.0")
+            shutil.copy(wheel, world["root"] / "pypi" / wheel.name)
+
+    monkeypatch.setattr(P, "_run_uv", run_uv)
+    try:
+        rc, _, err = envbuild(capsys, *lock_args(world, tmp_path / "locks", "--only", "pip"))
+    finally:
+        for w in (world["root"] / "pypi").glob("typing_extensions-4.99.0*"):
+            w.unlink()
+    assert rc == 0, err
+    assert "--offline" in calls[1] and "--offline" not in calls[0]
+    locked = (tmp_path / "locks" / "p40" / "requirements.lock").read_text()
+    assert "typing-extensions==4.12.2" in locked
+
+
 def test_check_passes_offline_and_detects_a_changed_matrix(world, tmp_path, capsys, monkeypatch):
     overlay = tmp_path / "overlay"
     overlay.mkdir()
