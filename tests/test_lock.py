@@ -401,7 +401,9 @@ def test_relocking_unchanged_inputs_changes_no_byte(world, p40_lock, tmp_path, c
     assert rc == 0, err
 
 
-def test_a_release_published_between_the_two_uv_runs_does_not_split_the_lock(world, tmp_path, capsys, monkeypatch):
+def test_a_release_published_between_the_two_uv_runs_does_not_split_the_lock(
+    world, tmp_path, capsys, monkeypatch
+):
     """requirements.lock and pylock.toml come from two uv runs; a release that appears between
     them (PyPI, 2026-12-07: loguru 0.8.0 and sentry-sdk 3.0.1 split `lock h100 --engine
     megatron` twice) must not make them differ: the second is resolved from the first's cache."""
