@@ -284,3 +284,24 @@ def test_an_offline_megatron_build_is_refused_before_anything_is_written(cli, tm
     with pytest.raises(UserError, match="--from-wheelhouse with --engine megatron"):
         install(resolved("h100", engine="megatron"), tmp_path / "prefix", wheelhouse=wh)
     assert not (tmp_path / "prefix").exists()
+
+
+def test_the_megatron_dockerfile_passes_hadolint_and_its_scripts_bash_n(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    golden = ROOT / "tests" / "golden" / "h100-megatron"
+    tool = Path(sys.executable).parent / "hadolint"
+    r = subprocess.run(
+        [str(tool), "--format", "json", str(golden / "Dockerfile")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+        env=dict(os.environ, HOME=str(tmp_path), XDG_CONFIG_HOME=str(tmp_path)),
+    )
+    assert [f for f in json.loads(r.stdout) if f["level"] == "error"] == []
+    for name in ("run_ppo_gsm8k.sh", "envbuild-secrets.sh"):
+        got = subprocess.run(["bash", "-n", str(golden / name)], capture_output=True, text=True)
+        assert got.returncode == 0, got.stderr
