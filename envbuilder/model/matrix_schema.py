@@ -584,11 +584,17 @@ MEMORY_BATCH: dict[str, Any] = {
         "val_batch_size",
         "log_prob_micro_batch_size_per_gpu",
         "actor_ppo_micro_batch_size_per_gpu",
-        "critic_ppo_micro_batch_size_per_gpu",
         "test_freq",
     )
 }
-MEMORY_BATCH.update({key: (COUNT, None) for key in ("rollout_micro_batch_size", "max_num_seqs")})
+# (None where the run has none: the HF rollout's micro-batch on vLLM, vLLM's max_num_seqs on
+# the HF rollout, the critic's micro-batch for an estimator without a critic: GRPO)
+MEMORY_BATCH.update(
+    {
+        key: (COUNT, None)
+        for key in ("rollout_micro_batch_size", "max_num_seqs", "critic_ppo_micro_batch_size_per_gpu")
+    }
+)
 MEMORY_PLAN = {
     "peak": {"phase": S.Text(200), "gib": GIB},
     "usable_gib": GIB,

@@ -1270,7 +1270,7 @@ def megatron_record(s: "Selection") -> R.Megatron | None:
     if not rec:
         return None
     return R.Megatron(
-        packages=frozen(dict(rec["packages"])),
+        packages=frozen(dict(sorted(rec["packages"].items()))),  # (as envbuild.json reads back)
         transformer_engine=rec["transformer_engine"],
         te_arch=s.cc.replace(".", ""),
         keys=frozen({k: str(v) for k, v in rec["keys"].items()}),

@@ -278,7 +278,12 @@ def _megatron(env: ResolvedEnv, out: list[RunArg]) -> list[RunArg]:
     mg, lay = env.megatron, env.train.megatron
     assert mg is not None and lay is not None  # (the resolver sets both for --engine megatron)
     critic = env.algorithm.critic
-    keys = [(k, v) for k, v in mg.keys.items() if critic or not k.startswith("critic.")]
+    # the config-group choice (a key without a dot: model_engine) first, then the settings in
+    # their sorted order (as envbuild.json holds them: a file's record reads back the same)
+    keys = sorted(
+        ((k, v) for k, v in mg.keys.items() if critic or not k.startswith("critic.")),
+        key=lambda kv: ("." in kv[0], kv[0]),
+    )
     why = env.memory.get("choices", {}).get("megatron", {}).get("why", "")
     head = [
         RunArg(
