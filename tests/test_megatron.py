@@ -140,6 +140,7 @@ def test_the_fsdp_plan_counts_every_expert_sharded_and_megatron_only_its_own():
         ("h100", {"rollout": "sglang"}, "vLLM's rollout only"),
         ("h100", {"megatron": ("tp=3",)}, "does not divide"),
         ("h100", {"megatron": ("zz=2",)}, "tp=N,pp=N,ep=N,cp=N"),
+        ("h100", {"sp": "2"}, "--megatron cp=2"),  # (Ulysses is FSDP's)
     ],
 )
 def test_what_cannot_run_the_megatron_engine_is_refused_with_a_fix(cli, profile, kw, words):
@@ -322,3 +323,8 @@ def test_render_from_its_own_envbuild_json_writes_the_same_files(cli, flags):
     for f in Path("a/h100").iterdir():
         if f.is_file() and f.name != "README.md":  # (the README names the command that wrote it)
             assert (Path("b/h100") / f.name).read_bytes() == f.read_bytes(), f.name
+
+
+def test_a_given_layout_that_does_not_fit_names_the_plans_own(cli):
+    v = violations("h100", model=MOE, algo="grpo", engine="megatron", nodes=2, megatron=("cp=2",))["memory"]
+    assert v.fix.startswith("drop --megatron (the plan's own layout, TP 1, PP 1, EP 8, fits)")

@@ -460,6 +460,15 @@ class _Resolver:
             need = math.ceil(host["gib"] / (1 - self.m.memory["margin"]))
             fixes.insert(0, f"pass --host-memory {need} where each node has {need} GiB for offload")
         fix = memory_fix(fixes, smaller, more, critic_free)
+        if getattr(self, "megatron_layout", None):  # (the user's layout: the plan's own may fit)
+            given, self.megatron_layout = self.megatron_layout, None
+            try:
+                own = self.lora_memory(s, train)[0]
+            finally:
+                self.megatron_layout = given
+            if not own["problems"]:
+                lay = _layout_words(own["megatron"])
+                fix = f"drop --megatron (the plan's own layout, {lay}, fits); or {fix}"
         why = self.memory_why(mem, host)
         self.add(
             "memory",
@@ -834,6 +843,11 @@ class _Resolver:
                 )
             t["param_offload"], t["optimizer_offload"] = "params" in words, "optimizer" in words
             s.pinned.append("offload")
+        if ov.sp is not None and s.megatron and ov.sp > 1:
+            raise UserError(
+                f"--sp {ov.sp}: Ulysses sequence parallelism is the FSDP engine's; the Megatron engine "
+                f"splits a sequence with context parallelism. Use --megatron cp={ov.sp}, or drop --sp."
+            )
         if ov.sp is not None:
             splits("--sp", ov.sp, "splitting each sequence (Ulysses)")
             if ov.sp > 1 and not self.remove_padding(s):
