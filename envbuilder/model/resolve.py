@@ -209,6 +209,9 @@ class _Resolver:
         self.algo_rec: dict[str, Any] | None = None  # the selection's estimator (select() sets it)
         # whether the release's workers assert that each GPU's data divides every micro-batch
         self.engine_batches = False
+        # verl's training engine and the Megatron layout the user gave (select_engine sets them)
+        self.engine = "fsdp"
+        self.megatron_layout: dict[str, int] | None = None
         # verl's fused log-prob backend for the card (select() sets it; verl.yaml speed)
         self.fused: str | None = None
         # the model table, with --model's shape where the table lacks it (its config.json)
@@ -460,7 +463,7 @@ class _Resolver:
             need = math.ceil(host["gib"] / (1 - self.m.memory["margin"]))
             fixes.insert(0, f"pass --host-memory {need} where each node has {need} GiB for offload")
         fix = memory_fix(fixes, smaller, more, critic_free)
-        if getattr(self, "megatron_layout", None):  # (the user's layout: the plan's own may fit)
+        if self.megatron_layout:  # (the user's layout: the plan's own may fit)
             given, self.megatron_layout = self.megatron_layout, None
             try:
                 own = self.lora_memory(s, train)[0]
@@ -647,7 +650,7 @@ class _Resolver:
                 "Add --engine megatron, or drop --megatron."
             )
         self.engine = s.engine
-        self.megatron_layout: dict[str, int] | None = None
+        self.megatron_layout = None
         if s.engine != "megatron":
             return
         rec = s.verl.get("megatron")
