@@ -152,7 +152,7 @@ def test_docker_without_buildx_refuses_a_platform_build_with_why(tmp_path):
     if "buildx (" in r.stderr + r.stdout:  # (a machine with the plugin builds: not this test's case)
         pytest.skip("this docker client has buildx")
     assert r.returncode == 2, r.stdout + r.stderr
-    assert "Install the buildx plugin" in r.stderr and "--engine buildah or podman" in r.stderr
+    assert "Install the buildx plugin" in r.stderr and "--builder buildah or podman" in r.stderr
 
 
 @pytest.mark.parametrize("value", ["", " ", ",", "linux/arm64,", " ,linux/arm64"])
