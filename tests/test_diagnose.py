@@ -270,6 +270,17 @@ def test_torch_cu130_on_a_recorded_535_driver_names_the_stack_it_runs(tmp_path):
     assert again.findings == (), again.findings
 
 
+def test_a_torch_cuda_the_matrix_does_not_know_is_named_not_passed_over(tmp_path):
+    # (the driver check needs the matrix's record of torch's CUDA; without one it was skipped in
+    # silence and the report could say CLEAN on a driver too old for it)
+    prefix = tmp_path / "env"
+    site = stub_install(prefix, resolve(shipped(), "h100", Overrides()), envbuild_json=False)
+    version = site / "torch" / "version.py"
+    version.write_text(version.read_text().replace("= '13.0'", "= '13.9'"))
+    d = diagnosed(prefix, "h100-535")
+    assert any("CUDA 13.9" in n and "not checked" in n for n in d.notes), d.notes
+
+
 # -- an extension without the card's SM ----------------------------------------------------------
 
 

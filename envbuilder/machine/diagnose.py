@@ -353,6 +353,12 @@ class _Checks:
     def driver(self) -> None:
         cuda, driver = self.t.torch_cuda, self.machine.driver
         if not cuda or not driver or cuda not in self.m.cuda:
+            # (never passed over in silence: the report says what it could not judge)
+            if cuda and driver:
+                self.notes.append(
+                    f"torch's CUDA {cuda} is one the matrix does not know: the driver {driver} was not "
+                    "checked against it"
+                )
             return
         vllm = self.m.vllm.get(base_version(self.version("vllm") or ""))
         extra = [vllm["wheel_cuda"]] if vllm and vllm.get("wheel_cuda") in self.m.cuda else []
