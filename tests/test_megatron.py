@@ -273,18 +273,82 @@ def test_a_deepseek_style_moe_plans_on_both_engines():
     assert args(mega)["model_engine"] == "megatron" and "model_engine" not in args(fsdp)
 
 
-def test_an_offline_megatron_build_is_refused_before_anything_is_written(cli, tmp_path):
-    # (the wheelhouse holds no TransformerEngine sdist nor CUDA compiler: its build would stop)
+def test_an_offline_megatron_install_is_refused_before_anything_is_written(tmp_path):
+    # (the wheelhouse holds the extension's sdist, not the CUDA compiler install builds it with)
     wh = ROOT / "tests" / "fixtures" / "wheelhouse-4090"
-    code, _, err = cli("render", "h100", "--engine", "megatron", "--wheelhouse", wh, "-o", "out")
-    assert code == 2 and "--wheelhouse with --engine megatron" in err and "export-image" in err
-    assert not Path("out").exists()
     from envbuilder.errors import UserError
     from envbuilder.machine.install import install
 
-    with pytest.raises(UserError, match="--from-wheelhouse with --engine megatron"):
+    with pytest.raises(UserError, match="--from-wheelhouse with --engine megatron.*export-image"):
         install(resolved("h100", engine="megatron"), tmp_path / "prefix", wheelhouse=wh)
     assert not (tmp_path / "prefix").exists()
+
+
+def test_the_lock_pins_the_extensions_sdist_from_its_index():
+    """sources.lock's entry: the sdist's link on the index's PEP 503 page, downloaded and hashed
+    (a loopback index with a stand-in sdist)."""
+    import hashlib
+    import io
+    import tarfile
+
+    from httpfixtures import FileServer
+
+    from envbuilder.errors import ActionError
+    from envbuilder.lock.sources import TE_KEY, lock_sources
+    from envbuilder.offline.wheelhouse import Artifact
+    from envbuilder.secret import SecretUrl
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        data = b"[metadata]\nname = transformer_engine_torch\n"
+        info = tarfile.TarInfo("transformer_engine_torch-2.12.0/setup.cfg")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    sdist = buf.getvalue()
+    sha = hashlib.sha256(sdist).hexdigest()
+    name = "transformer_engine_torch-2.12.0.tar.gz"
+    page = f'<a href="../../files/{name}#sha256={sha}">{name}</a>'.encode()
+    env = resolved("h100", engine="megatron")
+    with FileServer({"simple/transformer-engine-torch/": page, f"files/{name}": sdist}) as srv:
+        index = SecretUrl(srv.url("/simple").rstrip("/"))
+        got = lock_sources(env, None, pypi=index)
+        assert got[TE_KEY] == {
+            "url": srv.url(f"/files/{name}"),
+            "filename": name,
+            "sha256": sha,
+            "size": len(sdist),
+            "ref": "2.12.0",
+        }
+        assert lock_sources(resolved("h100"), None, pypi=index) == {}  # (FSDP: no sdist to pin)
+        # the wheelhouse keeps it under the name the builder's step reads (sources/<filename>)
+        e = got[TE_KEY]
+        art = Artifact("source", TE_KEY, e["ref"], e["url"], e["sha256"], e["size"], "sources")
+        assert art.path == f"sources/{name}"
+    bad = page.replace(sha.encode(), b"0" * 64)
+    with FileServer({"simple/transformer-engine-torch/": bad, f"files/{name}": sdist}) as srv:
+        with pytest.raises(ActionError, match="its index lists"):
+            lock_sources(env, None, pypi=SecretUrl(srv.url("/simple").rstrip("/")))
+
+
+def test_a_wheelhouse_build_compiles_the_locked_sdist_with_no_index():
+    from test_dockerfile_plan import fake_locked, runs, shell
+
+    from envbuilder.lock.constraints import with_constraints
+    from envbuilder.render.dockerfile import dockerfile_plan
+
+    env = with_constraints(resolved("h100", model=MOE, algo="grpo", engine="megatron", nodes=2))
+    locked = fake_locked(env, wheelhouse=True)
+    locked = locked._replace(
+        layers=dict(locked.layers, megatron="locked-megatron.txt"),
+        te_source={"filename": "transformer_engine_torch-2.12.0.tar.gz", "sha256": "9" * 64},
+    )
+    df = dockerfile_plan(env, install_plan(env), locked)
+    te = next(r for b in df.blocks for r in runs(b) if "transformer_engine_torch" in shell(r))
+    text = shell(te)
+    path = "/wheelhouse/sources/transformer_engine_torch-2.12.0.tar.gz"
+    assert f'echo "{"9" * 64}  {path}" | sha256sum -c -' in text
+    assert f"pip wheel -v --no-index -w /wheels --no-build-isolation --no-deps {path}" in text
+    assert "--mount=type=bind,source=wheelhouse,target=/wheelhouse" in te.words
 
 
 def test_the_megatron_dockerfile_passes_hadolint_and_its_scripts_bash_n(tmp_path):

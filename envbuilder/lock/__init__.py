@@ -161,7 +161,7 @@ def lock_profile(
         from envbuilder.lock.sources import lock_sources
 
         with Heartbeat(f"{env.name}: sources", say, every=beat):
-            files[L.SOURCES] = L.dumps(lock_sources(env, sources.github, say))
+            files[L.SOURCES] = L.dumps(lock_sources(env, sources.github, say, sources.pypi))
     if "conda" in parts:
         import tempfile
 

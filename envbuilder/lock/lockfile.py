@@ -14,6 +14,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from envbuilder.model import schema as S
@@ -570,22 +571,7 @@ def for_render(
         requirements = replace_hashes(requirements, built)
         uv_wheel = _wheelhouse_uv(env, Path(wheelhouse), links)
     layers, files = layer_files(env, requirements)
-    sources = parse(SOURCES, texts[SOURCES], str(lock_dir / SOURCES)) if SOURCES in texts else {}
-    apex_source = sources.get("apex") if env.apex else None
-    fa_wheels = None
-    if env.flash_attn:
-        from envbuilder.lock.sources import flash_attn_pins
-
-        fa_wheels = flash_attn_pins(sources)
-        if not fa_wheels:
-            raise UserError(
-                f"{lock_dir / SOURCES} pins no flash-attn wheel (made by an older "
-                f"envbuild). Re-lock with `envbuild lock {env.name}`."
-            )
-    if env.apex and not apex_source:
-        raise UserError(
-            f"{lock_dir / SOURCES} pins no apex source archive. Re-lock with `envbuild lock {env.name}`."
-        )
+    apex_source, fa_wheels, te_source = _builder_sources(env, texts, lock_dir, wheelhouse is not None)
     from envbuilder.lock.sbom import sha256
 
     # what the image holds, from this lock (the wheelhouse's built wheels where they install)
@@ -603,7 +589,41 @@ def for_render(
         apex_source=apex_source,
         flash_attn_wheels=fa_wheels,
         uv_wheel=uv_wheel,
+        te_source=te_source,
     )
+
+
+def _builder_sources(
+    env: ResolvedEnv, texts: Mapping[str, str], lock_dir: Path, wheelhouse: bool
+) -> tuple[Mapping[str, Any] | None, dict[str, str] | None, Mapping[str, Any] | None]:
+    """What the builder stage takes from sources.lock: apex's archive, flash-attn's wheels and
+    the sdist of TransformerEngine's PyTorch extension (each refused missing where it is needed)."""
+    sources = parse(SOURCES, texts[SOURCES], str(lock_dir / SOURCES)) if SOURCES in texts else {}
+    apex_source = sources.get("apex") if env.apex else None
+    fa_wheels = None
+    if env.flash_attn:
+        from envbuilder.lock.sources import flash_attn_pins
+
+        fa_wheels = flash_attn_pins(sources)
+        if not fa_wheels:
+            raise UserError(
+                f"{lock_dir / SOURCES} pins no flash-attn wheel (made by an older "
+                f"envbuild). Re-lock with `envbuild lock {env.name}`."
+            )
+    if env.apex and not apex_source:
+        raise UserError(
+            f"{lock_dir / SOURCES} pins no apex source archive. Re-lock with `envbuild lock {env.name}`."
+        )
+    from envbuilder.lock.sources import TE_KEY
+
+    te_source = sources.get(TE_KEY) if env.megatron else None
+    if env.megatron and wheelhouse and not te_source:
+        raise UserError(
+            f"{lock_dir / SOURCES} pins no sdist of TransformerEngine's PyTorch extension, which the "
+            "builder compiles from the wheelhouse (a lock made without its sources part, or by an "
+            "older envbuild). Re-lock with the sources part, then export the wheelhouse again."
+        )
+    return apex_source, fa_wheels, te_source
 
 
 # what each part pins, for an SBOM that declares the parts its lock lacks

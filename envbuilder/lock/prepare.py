@@ -60,7 +60,6 @@ def locked_context(
     from envbuilder.lock.lockfile import for_render
 
     if wheelhouse is not None:
-        refuse_megatron_offline(env, "--wheelhouse")
         if not (Path(wheelhouse) / "manifest.json").is_file():
             raise UserError(
                 f"{wheelhouse} is not an envbuild wheelhouse (no manifest.json). Make "
@@ -71,18 +70,18 @@ def locked_context(
 
 
 def refuse_megatron_offline(env: ResolvedEnv, flag: str) -> None:
-    """A wheelhouse does not carry the Megatron engine's compile yet: TransformerEngine's PyTorch
-    extension is an sdist the build compiles (with the devel image's nvcc, or PyPI's CUDA compiler
-    for verify and install), and neither that sdist nor the compiler is in a lock: an offline
-    build would stop at that step, so it is refused before anything is written."""
+    """A wheelhouse carries the sdist of TransformerEngine's PyTorch extension, which the image's
+    builder compiles with the devel image's nvcc, but not the CUDA compiler that install needs on
+    a machine without the toolkit (PyPI's, fetched when installing online): an offline install
+    would stop at that step, so it is refused before anything is written."""
     if env.megatron:
         raise UserError(
-            f"{flag} with --engine megatron: the wheelhouse carries the lock's wheels, but not "
-            f"TransformerEngine's PyTorch extension (transformer_engine_torch "
-            f"{env.megatron.transformer_engine}, an sdist the build compiles for sm_{env.megatron.te_arch}) "
-            "nor the CUDA compiler verify and install build it with. Build the image where PyPI "
-            "answers (--mirror NAME for a PyPI mirror) and carry the image (`envbuild export-image`), "
-            "or drop --engine megatron."
+            f"{flag} with --engine megatron: the wheelhouse carries TransformerEngine's PyTorch "
+            f"extension as an sdist (transformer_engine_torch {env.megatron.transformer_engine}), "
+            "which the image's builder compiles with its CUDA toolkit, but not the CUDA compiler "
+            "install would compile it with here. Build the image from the wheelhouse "
+            "(`envbuild render ... --wheelhouse DIR`, then build that folder) and carry it "
+            "(`envbuild export-image`), install online, or drop --engine megatron."
         )
 
 

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from envbuilder.errors import ActionError, UserError
 from envbuilder.model.resolved import ResolvedEnv
+from envbuilder.secret import SecretUrl
 
 # sources.lock keys of flash-attn's wheels: flash-attn-cxx11abiFALSE, flash-attn-cxx11abiTRUE
 FLASH_ATTN_KEY = "flash-attn-cxx11abi"
@@ -195,12 +196,75 @@ def flash_attn_wheels(env: ResolvedEnv, github: str | None) -> dict[str, dict[st
     return out
 
 
+# sources.lock's key of TransformerEngine's PyTorch extension (the Megatron engine): its sdist,
+# which a wheelhouse keeps as sources/<key>-<ref>.tar.gz, the sdist's own name
+TE_KEY = "transformer_engine_torch"
+TE_PROJECT = "transformer-engine-torch"  # (its PEP 503 name on an index)
+MAX_INDEX_PAGE = 16 << 20  # a PEP 503 page of one project: a few hundred KB
+
+
+def te_sdist(env: ResolvedEnv, pypi: SecretUrl) -> dict[str, Any]:
+    """sources.lock's entry of TransformerEngine's PyTorch extension: its sdist on the lock's
+    PyPI index (the PEP 503 page's link and sha256, then the file downloaded and hashed), which
+    a wheelhouse carries and the builder compiles with no index (the sdist has dynamic
+    requirements, so it is no pin of the pip part)."""
+    import re
+    from urllib.parse import urljoin, urlsplit, urlunsplit
+
+    from envbuilder.oci import http as net
+
+    mg = env.megatron
+    assert mg is not None  # (called only for an environment on the Megatron engine)
+    want = f"{TE_KEY}-{mg.transformer_engine}.tar.gz"  # (the wheelhouse's name for it too)
+    page = f"{pypi.reveal().rstrip('/')}/{TE_PROJECT}/"
+    body: list[bytes] = []
+    with net.session() as s:
+        try:
+            r = net.request(
+                s,
+                "GET",
+                page,
+                net.Expect(f"{pypi}'s page of {TE_PROJECT}", MAX_INDEX_PAGE, 120.0),
+                headers={"Accept": "text/html"},
+                timeout=60,
+                sink=body.append,
+                body_if=lambda status: status == 200,
+            )
+        except net.NetError as e:
+            raise ActionError(f"Cannot read {pypi}'s page of {TE_KEY} ({e.reason}).") from None
+    if r.status != 200:
+        raise ActionError(f"{pypi} answered HTTP {r.status} for {TE_KEY}; the lock cannot pin its sdist.")
+    html = b"".join(body).decode("utf-8", "replace")
+    for href in re.findall(r'href="([^"]+)"', html):
+        link = urljoin(page, href.replace("&amp;", "&"))
+        path, _, fragment = link.partition("#")
+        if path.rsplit("/", 1)[-1] != want:
+            continue
+        sha, size = _sha256(path, None, f"{TE_KEY}'s sdist", check=TarGz())
+        listed = fragment.partition("sha256=")[2][:64]
+        if listed and listed != sha:
+            raise ActionError(f"{want} from {pypi} hashes to {sha}, but its index lists {listed}.")
+        parts = urlsplit(path)  # (the lock names no password: the host without its user part)
+        public = urlunsplit(parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else "")))
+        return {"url": public, "filename": want, "sha256": sha, "size": size, "ref": mg.transformer_engine}
+    raise ActionError(
+        f"{pypi} has no {want} on its page of {TE_KEY}; the lock cannot pin the extension's sdist."
+    )
+
+
 def lock_sources(
-    env: ResolvedEnv, github: str | None = None, say: Callable[[str], None] = lambda msg: None
+    env: ResolvedEnv,
+    github: str | None = None,
+    say: Callable[[str], None] = lambda msg: None,
+    pypi: SecretUrl | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """sources.lock's content: apex's archive and flash-attn's wheels, downloaded and hashed.
-    The URLs are the upstream ones (a mirror serves the same bytes)."""
+    """sources.lock's content: apex's archive and flash-attn's wheels, downloaded and hashed,
+    and on the Megatron engine TransformerEngine's extension's sdist from `pypi`. The URLs are
+    the upstream ones (a mirror serves the same bytes)."""
     out: dict[str, dict[str, Any]] = {}
+    if env.megatron and pypi is not None:
+        say(f"{env.name}: {TE_KEY} {env.megatron.transformer_engine} sdist from {pypi}")
+        out[TE_KEY] = te_sdist(env, pypi)
     if env.apex:
         say(f"{env.name}: apex source {env.apex.url}" + (f" via {github}" if github else ""))
         out["apex"] = apex_source(env, github)

@@ -322,14 +322,20 @@ class _Steps:
         sdist only: compiled for the card's arch into the builder's wheels."""
         from envbuilder.model.components import transformer_engine as TE
 
-        shell = TE.build_shell(self.env, I.WHEELS, "")
+        source = self.locked.te_source if self.locked else None
+        mounts: list[str] = []
+        sdist = None
+        if source and self.wheelhouse:  # (the lock's sdist from the wheelhouse, no index)
+            sdist = (f"{I.WHEELHOUSE}/sources/{source['filename']}", str(source["sha256"]))
+            mounts = [f"--mount=type=bind,source=wheelhouse,target={I.WHEELHOUSE}"]
+        shell = TE.build_shell(self.env, I.WHEELS, "", sdist)
         shell = [shell[0], *("    " + line for line in shell[1:])]
         comments = [
             "TransformerEngine's PyTorch extension (verl's Megatron engine) has no wheel on PyPI: "
             "compiled against this torch,",
             "for this card's arch only, with the cuDNN headers of the nvidia-cudnn wheel torch installed.",
         ]
-        return [self.run(PIP_CACHE, self.mounts([]), shell, comments=comments)]
+        return [self.run(PIP_CACHE, mounts or self.mounts([]), shell, comments=comments)]
 
     def apex(self) -> list[Instruction]:
         env = self.env

@@ -37,3 +37,6 @@ class LockedContext(Record):
     apex_source: Mapping[str, Any] | None
     flash_attn_wheels: Mapping[str, str] | None
     uv_wheel: str | None
+    # the sdist of TransformerEngine's PyTorch extension the lock pins (filename, sha256), which
+    # the builder compiles from the wheelhouse (the Megatron engine); None elsewhere
+    te_source: Mapping[str, Any] | None = None

@@ -40,13 +40,20 @@ def build_env(env: ResolvedEnv) -> list[str]:
     ]
 
 
-def build_argv(env: ResolvedEnv, pip: list[str]) -> list[str]:
+def build_argv(env: ResolvedEnv, pip: list[str], requirement: str | None = None) -> list[str]:
     """THE command that compiles the extension into the environment `pip` installs into (or, with
     `pip wheel ... -w DIR`, into a wheel), as words: its variables, pip, no build isolation (it
-    builds against the installed torch) and no dependencies (the Megatron layer pins them)."""
+    builds against the installed torch) and no dependencies (the Megatron layer pins them).
+    `requirement`: the sdist to build (a wheelhouse's file) in place of the index's release."""
     mg = env.megatron
     assert mg is not None
-    return [*build_env(env), *pip, "--no-build-isolation", "--no-deps", f"{DIST}=={mg.transformer_engine}"]
+    return [
+        *build_env(env),
+        *pip,
+        "--no-build-isolation",
+        "--no-deps",
+        requirement or f"{DIST}=={mg.transformer_engine}",
+    ]
 
 
 # Its build takes the CUDA toolkit's include folder alone where there is a toolkit (2.12.0
@@ -67,25 +74,35 @@ def include_path(site: str) -> str:
     return os.pathsep.join(sorted(glob.glob(os.path.join(site, "nvidia", "*", "include"))))
 
 
-def build_command(env: ResolvedEnv, pip: str = "pip install", python: str = "python") -> str:
+def build_command(
+    env: ResolvedEnv, pip: str = "pip install", python: str = "python", requirement: str | None = None
+) -> str:
     """build_argv as one shell line (by hand, apptainer's %post, the builder stage), CPATH set
     from the environment's nvidia-* wheels by `python`."""
-    return f'CPATH="$({python} -c "{NVIDIA_INCLUDES}")" ' + " ".join(build_argv(env, [pip]))
+    return f'CPATH="$({python} -c "{NVIDIA_INCLUDES}")" ' + " ".join(build_argv(env, [pip], requirement))
 
 
-def build_shell(env: ResolvedEnv, wheels: str, indent: str = "    ") -> list[str]:
+def build_shell(
+    env: ResolvedEnv, wheels: str, indent: str = "    ", sdist: tuple[str, str] | None = None
+) -> list[str]:
     """The builder's lines that compile the extension into a wheel in `wheels`, saying first the
-    time it expects for this machine's cores (min(nproc, MAX_JOBS) jobs)."""
+    time it expects for this machine's cores (min(nproc, MAX_JOBS) jobs). `sdist`: (path, sha256)
+    of the lock's sdist in a wheelhouse, checked, then built with no index."""
     mg = env.megatron
     assert mg is not None
     m = BUILD_MINUTES_2_CORES * 2  # (core-minutes)
-    return [
+    lines = [
         f'{indent}jobs="$(nproc)"; [ "$jobs" -gt "${{MAX_JOBS:-$jobs}}" ] && jobs="$MAX_JOBS";',
-        f'{indent}echo "envbuild: transformer-engine: compiling {DIST} {mg.transformer_engine} from its PyPI '
-        f"sdist for sm_{mg.te_arch} only with $jobs jobs: expect about $(( ({m} + jobs - 1) / jobs )) min "
-        f'({m} core-minutes)";',
-        f"{indent}MAX_JOBS=$jobs {build_command(env, f'pip wheel -v -w {wheels}')}",
+        f'{indent}echo "envbuild: transformer-engine: compiling {DIST} {mg.transformer_engine} from its '
+        f"{'wheelhouse' if sdist else 'PyPI'} sdist for sm_{mg.te_arch} only with $jobs jobs: expect about "
+        f'$(( ({m} + jobs - 1) / jobs )) min ({m} core-minutes)";',
     ]
+    if sdist:
+        path, sha = sdist
+        lines.append(f'{indent}echo "{sha}  {path}" | sha256sum -c - >/dev/null;')
+        pip = f"pip wheel -v --no-index -w {wheels}"
+        return [*lines, f"{indent}MAX_JOBS=$jobs {build_command(env, pip, requirement=path)}"]
+    return [*lines, f"{indent}MAX_JOBS=$jobs {build_command(env, f'pip wheel -v -w {wheels}')}"]
 
 
 # PyPI's CUDA compiler, for a machine without the toolkit (envbuild verify and install without
