@@ -69,22 +69,6 @@ def locked_context(
     return for_render(env, where, mirror=mirror)
 
 
-def refuse_megatron_offline(env: ResolvedEnv, flag: str) -> None:
-    """A wheelhouse carries the sdist of TransformerEngine's PyTorch extension, which the image's
-    builder compiles with the devel image's nvcc, but not the CUDA compiler that install needs on
-    a machine without the toolkit (PyPI's, fetched when installing online): an offline install
-    would stop at that step, so it is refused before anything is written."""
-    if env.megatron:
-        raise UserError(
-            f"{flag} with --engine megatron: the wheelhouse carries TransformerEngine's PyTorch "
-            f"extension as an sdist (transformer_engine_torch {env.megatron.transformer_engine}), "
-            "which the image's builder compiles with its CUDA toolkit, but not the CUDA compiler "
-            "install would compile it with here. Build the image from the wheelhouse "
-            "(`envbuild render ... --wheelhouse DIR`, then build that folder) and carry it "
-            "(`envbuild export-image`), install online, or drop --engine megatron."
-        )
-
-
 def find_lock(profile: str, lock_dir: str | Path | None = None) -> Path:
     """The one way every command finds a profile's lock: in `lock_dir` (ROOT/<profile>/, or ROOT
     when it is the lock: lock.lockfile.lock_dir_in); without one ("-" or None), ./lockfiles/<profile>,

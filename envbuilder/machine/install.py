@@ -309,6 +309,25 @@ def build_extensions(
     return ok
 
 
+def _refuse_megatron_offline(env: ResolvedEnv) -> None:
+    """A wheelhouse carries the sdist of TransformerEngine's PyTorch extension, which the image's
+    builder compiles with the devel image's nvcc, but not the CUDA compiler that install needs on
+    a machine without the toolkit (PyPI's, fetched when installing online): an offline install
+    would stop at that step, so it is refused before anything is written."""
+    if env.megatron:
+        from envbuilder.render.plan import override_flags
+
+        raise UserError(
+            "--from-wheelhouse with --engine megatron: the wheelhouse carries TransformerEngine's PyTorch "
+            f"extension as an sdist (transformer_engine_torch {env.megatron.transformer_engine}), "
+            "which the image's builder compiles with its CUDA toolkit, but not the CUDA compiler "
+            "install would compile it with here. Build the image from the wheelhouse "
+            f"(`envbuild render {env.asked}{override_flags(env.overrides)} --wheelhouse DIR`, then "
+            "build that folder) and carry it "
+            "(`envbuild export-image`), install online, or drop --engine megatron."
+        )
+
+
 def install(
     env: ResolvedEnv,
     prefix: Path,
@@ -329,9 +348,7 @@ def install(
     from envbuilder.lock.constraints import with_constraints
 
     if wheelhouse:
-        from envbuilder.lock.prepare import refuse_megatron_offline
-
-        refuse_megatron_offline(env, "--from-wheelhouse")
+        _refuse_megatron_offline(env)
     prefix = prefix.absolute()
     start = time.monotonic()
     route = "wheelhouse" if wheelhouse else "online"

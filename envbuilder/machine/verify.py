@@ -887,6 +887,15 @@ class _Verifier:
             }
         )
 
+    def site_packages(self, py: Path) -> str:
+        """The venv's site-packages folder, as its Python says ("" where it says nothing)."""
+        return run(
+            [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['platlib'])"],
+            env=_clean_env(),
+            timeout=60,
+            label="site-packages",
+        ).out.strip()
+
     def compile_with_pypi_toolchain(self, step: Compile) -> None:
         """Compile `step` into the venv with PyPI's CUDA compiler for torch's CUDA
         (model/components/transformer_engine.py TOOLCHAIN), as the builder stage does with the
@@ -920,16 +929,11 @@ class _Verifier:
                 f"{step.component}: PyPI's CUDA compiler did not install: {_first_error(got.err.splitlines())}"
             )
             return
-        site = run(
-            [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            env=_clean_env(),
-            timeout=60,
-            label="site",
-        ).out.strip()
+        site = self.site_packages(py)
         home = TE.toolchain_home(env, site)
         jobs = str(os.cpu_count() or 1)
         cmd = compile_argv(env, step, [str(py), "-m", "pip", "install", "-v"])
-        minutes = TE.BUILD_MINUTES_2_CORES * 2 // max(int(jobs), 1)
+        minutes = TE.CORE_MINUTES // max(int(jobs), 1)
         self.say(
             f"{step.component}: compiling {TE.DIST} {step.version} for sm_{step.arch} with {jobs} jobs "
             f"(expect about {minutes} min)"
@@ -1063,12 +1067,7 @@ class _Verifier:
         if probe.rc == 0:
             self.r.libcuda = "the host's NVIDIA driver"
             return None
-        site = run(
-            [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['platlib'])"],
-            env=_clean_env(),
-            timeout=60,
-            label="site-packages",
-        ).out.strip()
+        site = self.site_packages(py)
         linked = libcuda_users(Path(site), packages) if site else {}
         if not linked:
             return None

@@ -796,12 +796,12 @@ def plan(
     tried: list[dict[str, Any]] = []
     for train, why in _trials(env, arch, pinned):
         for lay in _layouts(env, arch):
-            t = dict(train, megatron=lay.as_dict()) if lay else train
+            t = dict(train, megatron=lay.to_dict()) if lay else train
             out = _with_tp(dict(env, train=t), arch, consts, val_rows, pinned)
             out["choices"].update(why)
             if lay:
-                out["megatron"] = lay.as_dict()
-                out["choices"]["megatron"] = {"value": lay.as_dict(), "why": _layout_why(env, arch, lay)}
+                out["megatron"] = lay.to_dict()
+                out["choices"]["megatron"] = {"value": lay.to_dict(), "why": _layout_why(env, arch, lay)}
             tried.append(out)
             if not out["problems"]:
                 return out

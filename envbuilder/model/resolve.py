@@ -718,7 +718,7 @@ class _Resolver:
                 f"--megatron {','.join(words)}: {why} ({t['model']} on {world} GPUs). Drop --megatron "
                 "and the plan chooses a layout that fits, or give one that divides them."
             )
-        return lay.as_dict()
+        return lay.to_dict()
 
     def apply_choices(self, s: "Selection") -> None:
         """What the memory plan chose (offload, vLLM's share, the rollout's TP, Ulysses SP) into

@@ -308,16 +308,11 @@ class MegatronLayout(Record):
         """The experts' data-parallel ranks."""
         return max(world // (self.ep * self.etp * self.pp), 1)
 
-    def as_dict(self) -> dict[str, int]:
-        return dict(self._asdict())
-
     def words(self) -> str:
-        parts = [f"TP {self.tp}", f"PP {self.pp}"]
-        if self.ep > 1:
-            parts.append(f"EP {self.ep}")
-        if self.cp > 1:
-            parts.append(f"CP {self.cp}")
-        return ", ".join(parts)
+        """The sizes as a person reads them (TP 2, PP 1, EP 8): TP and PP always, the others
+        where above one."""
+        more = (("EP", self.ep), ("ETP", self.etp), ("CP", self.cp))
+        return ", ".join([f"TP {self.tp}", f"PP {self.pp}"] + [f"{n} {v}" for n, v in more if v > 1])
 
 
 class Megatron(Record):

@@ -289,7 +289,7 @@ def _megatron(env: ResolvedEnv, out: list[RunArg]) -> list[RunArg]:
         RunArg(
             key=keys[0][0],
             value=keys[0][1],
-            notes=(f"verl's Megatron engine: layout {_layout(lay)}" + (f", {why}" if why else ""),),
+            notes=(f"verl's Megatron engine: layout {lay.words()}" + (f", {why}" if why else ""),),
         )
     ]
     moved: list[RunArg] = []
@@ -321,13 +321,6 @@ def _megatron(env: ResolvedEnv, out: list[RunArg]) -> list[RunArg]:
             )
         )
     return head + moved + layout + extra
-
-
-def _layout(lay: Any) -> str:
-    parts = [f"TP {lay.tp}", f"PP {lay.pp}"] + [
-        f"{n} {v}" for n, v in (("EP", lay.ep), ("ETP", lay.etp), ("CP", lay.cp)) if v > 1
-    ]
-    return ", ".join(parts)
 
 
 def overrides(args: tuple[RunArg, ...], env: Mapping[str, str]) -> list[str]:

@@ -26,6 +26,7 @@ FORCE_BUILD = "NVTE_PYTORCH_FORCE_BUILD=TRUE"
 # on this project's 2-core machine (MAX_JOBS=2, nvcc 13.0.88 from PyPI's nvidia-cuda-nvcc, by
 # `envbuild verify h100 --engine megatron`, 2026-12-07); a builder with more cores divides it
 BUILD_MINUTES_2_CORES = 11
+CORE_MINUTES = BUILD_MINUTES_2_CORES * 2  # (what a builder of N cores divides by N)
 
 
 def build_env(env: ResolvedEnv) -> list[str]:
@@ -90,7 +91,7 @@ def build_shell(
     of the lock's sdist in a wheelhouse, checked, then built with no index."""
     mg = env.megatron
     assert mg is not None
-    m = BUILD_MINUTES_2_CORES * 2  # (core-minutes)
+    m = CORE_MINUTES
     lines = [
         f'{indent}jobs="$(nproc)"; [ "$jobs" -gt "${{MAX_JOBS:-$jobs}}" ] && jobs="$MAX_JOBS";',
         f'{indent}echo "envbuild: transformer-engine: compiling {DIST} {mg.transformer_engine} from its '
