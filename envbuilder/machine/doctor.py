@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from envbuilder.errors import UserError
 from envbuilder.machine.detect import Machine, NO_GPU_FIX, Nvml, Runner, detect, run_command, runnable_archs
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from envbuilder.oci.probe import Probe
 
 # a mirror set's (or the build's) endpoints, shaped as model/mirrors.py writes them -> each one probed
-MirrorProbe = Callable[[dict[str, Any]], "list[Probe]"]
+MirrorProbe = Callable[[dict[str, object]], "list[Probe]"]
 
 # Rough size of a built image and its build cache, in GB: CUDA runtime + torch + verl, then what
 # vLLM and a build stage (devel image, nvcc, apex/flash-attn compiles) add. An estimate, not a fact.
@@ -80,7 +80,7 @@ def free_bytes(path: str) -> int:
     return shutil.disk_usage(path).free
 
 
-def probe_mirror(body: dict[str, Any]) -> list[Probe]:
+def probe_mirror(body: dict[str, object]) -> list[Probe]:
     from envbuilder.model.mirrors import probe_jobs
     from envbuilder.oci.probe import run
 
