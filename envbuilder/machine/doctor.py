@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol
 
 from envbuilder.errors import UserError
 from envbuilder.machine.detect import Machine, NO_GPU_FIX, Nvml, Runner, detect, run_command, runnable_archs
@@ -54,6 +54,13 @@ class Engine(Record):
     root_dir: str | None = None
 
 
+class _DockerClient(Protocol):
+    """What the doctor asks of the docker SDK's client."""
+
+    def ping(self) -> object: ...
+    def info(self) -> object: ...  # `docker info`'s JSON object
+
+
 def probe_engine(timeout: int = 5) -> Engine:
     """Ping the Docker engine through the docker SDK and read `docker info`."""
     try:
@@ -61,9 +68,9 @@ def probe_engine(timeout: int = 5) -> Engine:
     except ImportError:
         return Engine(False, "the docker Python SDK is not installed")
     try:
-        client = docker.from_env(timeout=timeout)
+        client: _DockerClient = docker.from_env(timeout=timeout)
         client.ping()
-        answer: object = client.info()
+        answer = client.info()
     except Exception as e:  # the SDK raises DockerException, requests' and OS errors alike
         return Engine(False, str(e).splitlines()[0] if str(e) else type(e).__name__)
     info: Mapping[str, object] = answer if isinstance(answer, Mapping) else {}
