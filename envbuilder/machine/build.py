@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from envbuilder.errors import ActionError, UserError
 from envbuilder.record import Record
@@ -50,7 +50,7 @@ def target_env(
     overrides: Overrides,
     wheelhouse: Path | None = None,
     probes: Probes | None = None,
-    say: Callable[..., Any] = print,
+    say: Callable[[str], None] = print,
 ) -> ResolvedEnv:
     """The environment `build` builds: PROFILE resolved; without PROFILE, the envbuild.json of
     the rendered folder it runs in (refused with overrides, or when that folder was rendered

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import subprocess
-from typing import Any, Callable, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 from envbuilder.model.matrix import Matrix, cc_tuple
 from envbuilder.model.names import match_gpu, nearest_profile
@@ -66,10 +66,35 @@ class NoGpu(Exception):
     """One probe's reason for finding no GPU."""
 
 
+class NvmlMemory(Protocol):
+    @property
+    def total(self) -> int: ...  # bytes
+
+
+class Nvml(Protocol):
+    """What detect reads of a pynvml-like module (nvidia-ml-py; tests pass recorded answers).
+    nvmlSystemGetCudaDriverVersion(_v2), which older modules lack, is looked up by name."""
+
+    @property
+    def NVMLError(self) -> type[Exception]: ...
+    def nvmlInit(self) -> object: ...
+    def nvmlShutdown(self) -> object: ...
+    def nvmlSystemGetDriverVersion(self) -> str | bytes: ...
+    def nvmlDeviceGetCount(self) -> int: ...
+    def nvmlDeviceGetHandleByIndex(self, index: int, /) -> object: ...
+    def nvmlDeviceGetCudaComputeCapability(self, handle: object, /) -> tuple[int, int]: ...
+    def nvmlDeviceGetName(self, handle: object, /) -> str | bytes: ...
+    def nvmlDeviceGetMemoryInfo(self, handle: object, /) -> NvmlMemory: ...
+
+
+# argv -> a CompletedProcess (or one alike); FileNotFoundError where the program is missing
+Runner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
+
+
 # -- reading the machine ---------------------------------------------------------------------
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     """A value NVML or nvidia-smi reported, as envbuild may print it: its control characters
     (a terminal's escapes) shown as text, bytes that are no UTF-8 as \ufffd."""
     return printable(value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value))
@@ -80,7 +105,7 @@ def cuda_from_int(version: int) -> str:
     return f"{version // 1000}.{version % 1000 // 10}"
 
 
-def probe_nvml(nvml: Any) -> Machine:
+def probe_nvml(nvml: Nvml) -> Machine:
     """Read the GPUs through a pynvml-like module; raises NoGpu with NVML's reason."""
     try:
         nvml.nvmlInit()
@@ -92,7 +117,8 @@ def probe_nvml(nvml: Any) -> Machine:
         for fn in ("nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion"):
             if hasattr(nvml, fn):
                 try:
-                    cuda = cuda_from_int(getattr(nvml, fn)())
+                    version: Callable[[], int] = getattr(nvml, fn)
+                    cuda = cuda_from_int(version())
                     break
                 except nvml.NVMLError:
                     continue
@@ -118,7 +144,7 @@ def probe_nvml(nvml: Any) -> Machine:
     return Machine(tuple(gpus), driver, cuda, "nvml")
 
 
-def run_command(argv: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
+def run_command(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(list(argv), capture_output=True, text=True, timeout=30)
 
 
@@ -167,7 +193,7 @@ def parse_cuda_version(table: str) -> str | None:
     return m.group(1) if m else None
 
 
-def probe_smi(run: Callable[[tuple[str, ...]], Any]) -> Machine:
+def probe_smi(run: Runner) -> Machine:
     """Read the GPUs through nvidia-smi; raises NoGpu with its reason."""
     try:
         out = run(QUERY)
@@ -186,7 +212,7 @@ def probe_smi(run: Callable[[tuple[str, ...]], Any]) -> Machine:
     return Machine(tuple(gpus), driver, cuda, "nvidia-smi")
 
 
-def detect(m: Matrix, nvml: Any = None, run: Callable[..., Any] | None = None) -> Machine:
+def detect(m: Matrix, nvml: Nvml | None = None, run: Runner | None = None) -> Machine:
     """The machine's GPUs, named by the matrix; NVML first, then nvidia-smi. Never raises for a
     missing GPU or driver: the Machine's `problem` says why none was found."""
     reasons = []
@@ -354,12 +380,12 @@ def fit_profile(
         )
         fixes.append("render with a --torch/--cuda whose build lists this CC (envbuild show)")
     # (the resolver's memory plan refused what does not fit; this says what it planned)
-    mem = env.memory
+    peak: Mapping[str, object] = env.memory["peak"]
+    usable: float = env.memory["usable_gib"]
     reasons.append(
         Reason(
             True,
-            f"{env.train.model} peaks at {mem['peak']['gib']:.1f} GiB ({mem['peak']['phase']}) of "
-            f"{mem['usable_gib']:.1f} GiB usable",
+            f"{env.train.model} peaks at {peak['gib']:.1f} GiB ({peak['phase']}) of {usable:.1f} GiB usable",
         )
     )
     if resized:
@@ -386,7 +412,7 @@ def upgrade_path(m: Matrix, name: str, env: ResolvedEnv, driver: str) -> str:
     if drv.mode == "minor-version-compatibility":
         parts.append(f"with driver >= {drv.min_driver}: CUDA {drv.for_cuda} natively (the same stack)")
     runs_here = {v for v, _ in stacks_for_driver(m, driver)}
-    stacks = sorted(m.sections.get("stacks") or {}, key=version_key, reverse=True)
+    stacks: list[str] = sorted(m.sections.get("stacks") or {}, key=version_key, reverse=True)
     for v in (v for v in stacks if version_key(v) > version_key(env.verl.version)):
         try:
             newer = resolve(m, name, env.overrides._replace(verl=v, driver=None), check_fixes=False)
@@ -484,7 +510,7 @@ def recommend(m: Matrix, machine: Machine) -> Recommendation:
     return Recommendation(gpu, best, tuple(fits), tuple(notes))
 
 
-def machine_json(machine: Machine) -> dict[str, Any]:
+def machine_json(machine: Machine) -> dict[str, object]:
     return {
         "gpus": [dict(g._asdict(), vram_gb=round(g.vram_gb, 1)) for g in machine.gpus],
         "driver": machine.driver,
@@ -494,7 +520,7 @@ def machine_json(machine: Machine) -> dict[str, Any]:
     }
 
 
-def recommendation_json(rec: Recommendation) -> dict[str, Any]:
+def recommendation_json(rec: Recommendation) -> dict[str, object]:
     return {
         "for_gpu": rec.gpu.index if rec.gpu else None,
         "profile": rec.profile,

@@ -28,9 +28,8 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
 
 from envbuilder.model.components.flash_attn import FORCE_BUILD as FA_FORCE_BUILD
 from envbuilder.machine.detect import Gpu, Machine, candidates, weakest
@@ -171,7 +170,7 @@ def base_version(v: str) -> str:
 def installed_overrides(m: Matrix, t: Target, driver: str | None) -> Overrides:
     """The stack flags that say what is installed (where the matrix knows the release)."""
 
-    def known(name: str, table: dict[str, Any]) -> str | None:
+    def known(name: str, table: Mapping[str, object]) -> str | None:
         d = t.dists.get(name)
         return base_version(d.version) if d and base_version(d.version) in table else None
 
@@ -201,7 +200,7 @@ def planned_pins(env: ResolvedEnv) -> dict[str, str]:
     return out
 
 
-def _key(env: ResolvedEnv) -> tuple[Any, ...]:
+def _key(env: ResolvedEnv) -> tuple[str | None, ...]:
     return (
         env.python,
         env.torch.version,
@@ -528,20 +527,22 @@ class _Checks:
         machine = "x86_64" if self.t.image else os.uname().machine  # (an image is read as linux/amd64)
         for dist in self.t.dists.values():
             for r in requirements(list(dist.requires), python, machine=machine):
-                name, spec = r["name"], r["spec"]
+                name: str = r["name"]
+                spec: str = r["spec"]
+                text: str = r["text"]
                 have = self.version(name)
                 if have is None:
                     self.add(
                         "requires",
-                        f"{dist.name} {dist.version} requires {r['text']}, which is not installed",
-                        f"its METADATA says Requires-Dist: {r['text']}; importing {dist.name} can fail",
+                        f"{dist.name} {dist.version} requires {text}, which is not installed",
+                        f"its METADATA says Requires-Dist: {text}; importing {dist.name} can fail",
                         self._pip(name, spec),
                     )
                 elif spec and not satisfies(have, spec):
                     self.add(
                         "requires",
                         f"{name} {have} is outside {dist.name} {dist.version}'s range {spec}{self.layer(name)}",
-                        f"{dist.name}'s METADATA says Requires-Dist: {r['text']}",
+                        f"{dist.name}'s METADATA says Requires-Dist: {text}",
                         self._pip(name, spec),
                     )
 
@@ -585,7 +586,7 @@ class _Checks:
         if not v or card is None or not card.compute_capability:
             return
         rec = self.m.vllm.get(base_version(v)) or {}
-        floor = rec.get("min_compute_capability") or self.m.sections.get("vllm", {}).get(
+        floor: object = rec.get("min_compute_capability") or self.m.sections.get("vllm", {}).get(
             "min_compute_capability"
         )
         if not floor or cc_tuple(card.compute_capability) >= cc_tuple(str(floor)):
@@ -703,7 +704,7 @@ def _installed_env(t: Target) -> ResolvedEnv | None:
 # -- the report --------------------------------------------------------------------------------
 
 
-def report_json(d: Diagnosis) -> dict[str, Any]:
+def report_json(d: Diagnosis) -> dict[str, object]:
     t, near = d.target, d.nearest
     return {
         "clean": not d.findings,

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol
 
 from envbuilder.errors import UserError
-from envbuilder.machine.detect import Machine, NO_GPU_FIX, detect, run_command, runnable_archs
+from envbuilder.machine.detect import Machine, NO_GPU_FIX, Nvml, Runner, detect, run_command, runnable_archs
 from envbuilder.model.matrix import Matrix, cc_tuple
 from envbuilder.model.resolve import ResolveError, picked_for_driver, resolve
 from envbuilder.model.resolved import Overrides, ResolvedEnv
@@ -20,6 +20,12 @@ from envbuilder.model.matrix import cc_runs
 from envbuilder.engines.docker import NoBuildKit, docker_clients, find_buildkit, which_all
 from envbuilder.record import Record
 from envbuilder.text import sentences
+
+if TYPE_CHECKING:
+    from envbuilder.oci.probe import Probe
+
+# a mirror set's (or the build's) endpoints, shaped as model/mirrors.py writes them -> each one probed
+MirrorProbe = Callable[[dict[str, object]], "list[Probe]"]
 
 # Rough size of a built image and its build cache, in GB: CUDA runtime + torch + verl, then what
 # vLLM and a build stage (devel image, nvcc, apex/flash-attn compiles) add. An estimate, not a fact.
@@ -48,6 +54,13 @@ class Engine(Record):
     root_dir: str | None = None
 
 
+class _DockerClient(Protocol):
+    """What the doctor asks of the docker SDK's client."""
+
+    def ping(self) -> object: ...
+    def info(self) -> object: ...  # `docker info`'s JSON object
+
+
 def probe_engine(timeout: int = 5) -> Engine:
     """Ping the Docker engine through the docker SDK and read `docker info`."""
     try:
@@ -55,16 +68,18 @@ def probe_engine(timeout: int = 5) -> Engine:
     except ImportError:
         return Engine(False, "the docker Python SDK is not installed")
     try:
-        client = docker.from_env(timeout=timeout)
+        client: _DockerClient = docker.from_env(timeout=timeout)
         client.ping()
-        info = client.info()
+        answer = client.info()
     except Exception as e:  # the SDK raises DockerException, requests' and OS errors alike
         return Engine(False, str(e).splitlines()[0] if str(e) else type(e).__name__)
+    info: Mapping[str, object] = answer if isinstance(answer, Mapping) else {}
+    runtimes, root = info.get("Runtimes") or {}, info.get("DockerRootDir")
     return Engine(
         True,
         f"Docker {info.get('ServerVersion', '?')}",
-        tuple(sorted(info.get("Runtimes") or {})),
-        info.get("DockerRootDir"),
+        tuple(sorted(map(str, runtimes))) if isinstance(runtimes, Mapping) else (),
+        root if isinstance(root, str) else None,
     )
 
 
@@ -72,7 +87,7 @@ def free_bytes(path: str) -> int:
     return shutil.disk_usage(path).free
 
 
-def probe_mirror(body: dict[str, Any]) -> list[Any]:
+def probe_mirror(body: dict[str, object]) -> list[Probe]:
     from envbuilder.model.mirrors import probe_jobs
     from envbuilder.oci.probe import run
 
@@ -82,14 +97,14 @@ def probe_mirror(body: dict[str, Any]) -> list[Any]:
 class Probes(Record):
     """How the doctor reads the machine; tests pass recorded answers instead."""
 
-    nvml: Any = None  # a pynvml-like module; None imports pynvml
-    run: Callable[..., Any] = run_command  # argv tuple -> CompletedProcess-like; FileNotFoundError if missing
+    nvml: Nvml | None = None  # a pynvml-like module; None imports pynvml
+    run: Runner = run_command  # argv -> CompletedProcess-like; FileNotFoundError if missing
     engine: Callable[[], Engine] = probe_engine
     which: Callable[[str], str | None] = shutil.which
     which_all: Callable[[str], list[str]] = which_all
     free_bytes: Callable[[str], int] = free_bytes
     exists: Callable[[str], bool] = os.path.exists
-    mirror_probe: Callable[[dict[str, Any]], list[Any]] = probe_mirror
+    mirror_probe: MirrorProbe = probe_mirror
 
 
 # -- GPU checks (pure) -----------------------------------------------------------------------
@@ -222,7 +237,7 @@ def docker_checks(engine: Engine) -> list[Check]:
 
 
 def buildkit_check(
-    run: Callable[..., Any], which_all_: Callable[[str], list[str]], exists: Callable[[str], bool]
+    run: Runner, which_all_: Callable[[str], list[str]], exists: Callable[[str], bool]
 ) -> Check:
     """What `envbuild build` would build with (build.find_buildkit, ENVBUILD_DOCKER included)."""
     try:
@@ -232,9 +247,7 @@ def buildkit_check(
     return Check("buildkit", "ok", client.description)
 
 
-def engines_check(
-    engine: Engine, buildkit: Check, which: Callable[[str], str | None], run: Callable[..., Any]
-) -> Check:
+def engines_check(engine: Engine, buildkit: Check, which: Callable[[str], str | None], run: Runner) -> Check:
     """Which engines `envbuild build --builder` can use: docker (its daemon and BuildKit, as the
     checks above found), podman and buildah (installed, and their version answers)."""
     from envbuilder.engines.daemonless import statuses
@@ -302,7 +315,7 @@ def conda_check(which: Callable[[str], str | None], required: bool) -> Check:
     )
 
 
-def mirror_check(m: Matrix, mirror: str | None, probe: Callable[..., Any]) -> Check:
+def mirror_check(m: Matrix, mirror: str | None, probe: MirrorProbe) -> Check:
     """Every target of the set (each registry, the indexes, ...) needs one endpoint that answers."""
     from envbuilder.model import mirrors as M
     from envbuilder.model.config import user_config
@@ -313,7 +326,7 @@ def mirror_check(m: Matrix, mirror: str | None, probe: Callable[..., Any]) -> Ch
             "mirrors", "skip", "no mirror set chosen (pass --mirror NAME, or set `mirror:` in your config)"
         )
     results = probe(M.get_set(m, name))
-    targets: dict[tuple[str, str], list[Any]] = {}
+    targets: dict[tuple[str, str], list[Probe]] = {}
     for p in results:
         targets.setdefault((p.kind, p.target), []).append(p)
     down = [
@@ -374,7 +387,7 @@ def doctor(
     return Report(profile, machine, tuple(checks))
 
 
-def network_check(base: ResolvedEnv, mirror: str | None, probe: Callable[..., Any]) -> Check:
+def network_check(base: ResolvedEnv, mirror: str | None, probe: MirrorProbe) -> Check:
     """What the profile's build fetches (base images' registry, the indexes, GitHub), probed as
     `envbuild build` probes it before its first step; through a mirror set, mirror_check."""
     from envbuilder.machine import reach
@@ -396,13 +409,13 @@ def network_check(base: ResolvedEnv, mirror: str | None, probe: Callable[..., An
             sentences(f.fix for f in found),
         )
     body = reach.needs(base)
-    n = sum(len(v) for v in body["registries"].values()) + sum(
-        len(body.get(k) or []) for k in ("pypi", "pytorch", "github")
-    )
+    registries: dict[str, list[str]] = body["registries"]
+    others: list[list[str]] = [body.get(k) or [] for k in ("pypi", "pytorch", "github")]
+    n = sum(len(v) for v in registries.values()) + sum(len(v) for v in others)
     return Check("network", "ok", f"all {n} endpoints the build fetches from answer")
 
 
-def report_json(r: Report) -> dict[str, Any]:
+def report_json(r: Report) -> dict[str, object]:
     from envbuilder.machine.detect import machine_json
 
     return {

@@ -17,8 +17,9 @@ from __future__ import annotations
 import os
 import re
 import struct
+from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 from envbuilder.limits import NotRegularFile, open_regular
 from envbuilder.record import Record
@@ -37,11 +38,29 @@ MAX_FATBIN_ENTRIES = 1 << 20  # libcublasLt has ~5,000; flash-attn's largest ~3,
 ANY = re.compile(rb"")
 _VERSION_NAME = re.compile(rb"\b(GLIBC|GLIBCXX|CXXABI)_(\d+(?:\.\d+)*)\b")
 
-_EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
-_SHDR = struct.Struct("<IIQQQQIIQQ")
-_SYM = struct.Struct("<IBBHQQ")
-_FATBIN = struct.Struct("<IHHQ")
-_ENTRY = struct.Struct("<HHIQIIII")  # kind, -, header size, padded payload size, size, -, -, sm
+
+def _int_struct(layout: str) -> struct.Struct:
+    """A little-endian layout of integer fields and pad bytes only, so that `_ints` holds."""
+    if not re.fullmatch(r"<(\d*[xBHIQ])+", layout):
+        raise ValueError(f"not an integer-only layout: {layout}")
+    return struct.Struct(layout)
+
+
+_EHDR = _int_struct("<16xHHIQQQIHHHHHH")  # (e_ident, checked byte by byte, is skipped)
+_SHDR = _int_struct("<IIQQQQIIQQ")
+_SYM = _int_struct("<IBBHQQ")
+_FATBIN = _int_struct("<IHHQ")
+_ENTRY = _int_struct("<HHIQIIII")  # kind, -, header size, padded payload size, size, -, -, sm
+
+
+def _ints(layout: struct.Struct, data: bytes, offset: int = 0) -> tuple[int, ...]:
+    """The fields of `layout` (an `_int_struct`: every one an int) at `offset` of `data`."""
+    return cast("tuple[int, ...]", layout.unpack_from(data, offset))
+
+
+def _each_ints(layout: struct.Struct, data: bytes) -> Iterator[tuple[int, ...]]:
+    """`_ints` of each whole `layout` in `data` (whose length is a multiple of its size)."""
+    return cast("Iterator[tuple[int, ...]]", layout.iter_unpack(data))
 
 
 class GpuCode(Record):
@@ -112,11 +131,11 @@ def _read(f: BinaryIO, size: int, symbols: re.Pattern[bytes] | None, gpu: bool) 
     head = f.read(_EHDR.size)
     if len(head) < _EHDR.size or head[:4] != ELF_MAGIC or head[4] != 2 or head[5] != 1:
         return None  # (not ELF, not 64-bit, not little-endian)
-    *_, shoff, _flags, _eh, _ph, _phn, shentsize, shnum, shstrndx = _EHDR.unpack(head)
+    *_, shoff, _flags, _eh, _ph, _phn, shentsize, shnum, shstrndx = _ints(_EHDR, head)
     if shnum == 0 or shnum > MAX_SECTIONS or shentsize != _SHDR.size or shstrndx >= shnum:
         return None
     table = _bytes(f, size, shoff, shnum * _SHDR.size, MAX_SECTIONS * _SHDR.size)
-    raw = [_SHDR.unpack_from(table, i * _SHDR.size) for i in range(shnum)]
+    raw = [_ints(_SHDR, table, i * _SHDR.size) for i in range(shnum)]
     names_at = raw[shstrndx]
     names = _bytes(f, size, names_at[4], names_at[5], MAX_SYMBOL_BYTES)
     sections = [
@@ -134,8 +153,8 @@ def _read(f: BinaryIO, size: int, symbols: re.Pattern[bytes] | None, gpu: bool) 
         table = (
             _bytes(f, size, dynsym.offset, dynsym.size, MAX_SYMBOL_BYTES) if symbols.search(strings) else b""
         )
-        for name_at, info, _other, shndx, _value, _size in _SYM.iter_unpack(
-            table[_SYM.size : len(table) - len(table) % _SYM.size]
+        for name_at, info, _other, shndx, _value, _size in _each_ints(
+            _SYM, table[_SYM.size : len(table) - len(table) % _SYM.size]
         ):
             bind = info >> 4
             if bind not in (STB_GLOBAL, STB_WEAK, STB_GNU_UNIQUE):
@@ -181,7 +200,7 @@ def _fatbin_entries(f: BinaryIO, size: int, section: _Section) -> set[GpuCode]:
         raise _Malformed("fat binary section past the end of the file")
     seen = 0
     while pos + _FATBIN.size <= end:
-        magic, _version, header, fat_size = _FATBIN.unpack(_bytes(f, size, pos, _FATBIN.size, _FATBIN.size))
+        magic, _version, header, fat_size = _ints(_FATBIN, _bytes(f, size, pos, _FATBIN.size, _FATBIN.size))
         if magic != FATBIN_MAGIC:
             nxt = (pos + 8) & ~7  # (containers are padded to 8 bytes; anything else ends the walk)
             if nxt - pos > 8 or magic != 0:
@@ -195,8 +214,8 @@ def _fatbin_entries(f: BinaryIO, size: int, section: _Section) -> set[GpuCode]:
             seen += 1
             if seen > MAX_FATBIN_ENTRIES:
                 raise _Malformed("too many fat binary entries")
-            kind, _v, hsize, padded, _size, _a, _b, sm = _ENTRY.unpack(
-                _bytes(f, size, entry, _ENTRY.size, _ENTRY.size)
+            kind, _v, hsize, padded, _size, _a, _b, sm = _ints(
+                _ENTRY, _bytes(f, size, entry, _ENTRY.size, _ENTRY.size)
             )
             if hsize < _ENTRY.size:
                 break

@@ -20,10 +20,11 @@ if TYPE_CHECKING:
 
 import os
 import shutil
+import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from envbuilder.secret import SecretUrl
 from envbuilder.errors import ActionError, UserError
@@ -142,7 +143,7 @@ def verify_emulated(
     rootfs: Path,
     say: Callable[[str], None] = print,
     index_url: SecretUrl | None = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Install SUBSET within the profile's lock for `rootfs`'s Python and glibc and import it
     there under QEMU; the report ({ok, machine, python, packages, modules, seconds, ...}), or
     ActionError naming the step that failed."""
@@ -157,7 +158,7 @@ def verify_emulated(
     missing = [d for d in SUBSET if d not in pins]
     if missing:
         raise UserError(f"The lock {lock} pins no {', '.join(missing)}: re-lock {env.name}.")
-    probe = run(
+    probe: subprocess.CompletedProcess[str] = run(
         [
             "chroot",
             str(rootfs),
@@ -174,7 +175,7 @@ def verify_emulated(
         )
     python, glibc = ".".join(words[0].split(".")[:2]), words[1]
     say(f"{env.name}: Python {words[0]} on aarch64 (glibc {glibc}) in {rootfs}, under QEMU")
-    report: dict[str, Any] = {
+    report: dict[str, object] = {
         "profile": env.name,
         "machine": "aarch64",
         "python": words[0],
@@ -186,7 +187,7 @@ def verify_emulated(
             constraints = Path(tmp) / "constraints.txt"
             constraints.write_text("".join(f"{n}=={p.version}\n" for n, p in sorted(pins.items())))
             t0 = time.monotonic()
-            installed = run(
+            installed: subprocess.CompletedProcess[str] = run(
                 [
                     uv_bin("verify"),
                     "pip",
@@ -217,11 +218,11 @@ def verify_emulated(
         report["install_s"] = round(time.monotonic() - t0, 1)
         # every compiled file installed is an aarch64 one (uv picked the target's wheels)
         machines = {elf_machine(f) for f in site.rglob("*.so*") if f.is_file()} - {None}
-        report["extensions_aarch64"] = machines == {EM_AARCH64}
-        report["packages"] = sorted(p.name.split("-")[0].lower() for p in site.glob("*.dist-info"))
+        report["extensions_aarch64"] = all_aarch64 = machines == {EM_AARCH64}
+        report["packages"] = packages = sorted(p.name.split("-")[0].lower() for p in site.glob("*.dist-info"))
         t0 = time.monotonic()
         inner = "/" + str(site.relative_to(rootfs))
-        ran = run(
+        ran: subprocess.CompletedProcess[str] = run(
             ["chroot", str(rootfs), "/usr/bin/python3", "-c", CHECK, inner, *SUBSET.values()], timeout=1800
         )
         report["import_s"] = round(time.monotonic() - t0, 1)
@@ -229,16 +230,17 @@ def verify_emulated(
             raise ActionError(f"Importing the aarch64 wheels under QEMU failed:\n{ran.stderr[-2000:]}")
         import json
 
-        result = json.loads(ran.stdout.strip().splitlines()[-1])
+        printed: object = json.loads(ran.stdout.strip().splitlines()[-1])
+        result: dict[str, object] = printed if isinstance(printed, dict) else {}
+        modules = result.get("modules")
+        if not isinstance(modules, dict):
+            raise ActionError(f"The check under QEMU printed no report of its imports: {ran.stdout[-500:]}")
         report.update(result)
-        report["ok"] = (
-            result["machine"] == "aarch64"
-            and len(result["modules"]) == len(SUBSET)
-            and report["extensions_aarch64"]
-        )
+        imported = len(modules)
+        report["ok"] = result["machine"] == "aarch64" and imported == len(SUBSET) and all_aarch64
         say(
-            f"{env.name}: {len(report['packages'])} aarch64 distributions installed in {report['install_s']} s "
-            f"(uv), {len(result['modules'])} modules imported and used under QEMU in {report['import_s']} s"
+            f"{env.name}: {len(packages)} aarch64 distributions installed in {report['install_s']} s "
+            f"(uv), {imported} modules imported and used under QEMU in {report['import_s']} s"
         )
         return report
     finally:

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict, cast
 
 from envbuilder.secret import SecretUrl, secret
 from envbuilder.errors import ActionError, UserError
@@ -43,6 +43,10 @@ from envbuilder.model.resolved import ResolvedEnv
 from envbuilder.render import steps as S
 from envbuilder.tools.python import Interpreter, isolated_env, own_code_env
 from envbuilder.tools.run import stop_group
+from envbuilder.machine.verify_report import NotInstalled
+
+if TYPE_CHECKING:
+    from typing_extensions import NotRequired
 
 SMOKE_TIMEOUT_S = 1800
 # PREFIX/.envbuild-install: the profile an online install is making there; a run that finds it
@@ -51,19 +55,78 @@ MARKER = ".envbuild-install"
 HOME = "envbuild"  # PREFIX/envbuild/: the rendered folder
 
 
+class InstallStep(TypedDict):
+    step: str
+    ok: bool
+    seconds: NotRequired[float]
+    error: NotRequired[str]
+
+
+class SmokeCheck(TypedDict):
+    """One check of `preflight.py --smoke --json`."""
+
+    check: str
+    ok: bool
+    detail: str
+    fix: NotRequired[str]
+
+
+class InstallReportDict(TypedDict):
+    profile: str
+    prefix: str
+    route: str
+    steps: list[InstallStep]
+    not_installed: list[NotInstalled]
+    smoke: list[SmokeCheck]
+    ok: bool
+    seconds: float
+
+
 @dataclass  # not a record: the install fills it in as it goes
 class InstallReport:
     profile: str
     prefix: str
     route: str
-    steps: list[dict[str, Any]] = field(default_factory=list)
-    not_installed: list[dict[str, Any]] = field(default_factory=list)
-    smoke: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[InstallStep] = field(default_factory=list)
+    not_installed: list[NotInstalled] = field(default_factory=list)
+    smoke: list[SmokeCheck] = field(default_factory=list)
     ok: bool = False
     seconds: float = 0.0
 
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+    def as_dict(self) -> InstallReportDict:
+        """The fields in their order (the JSON's keys)."""
+        return InstallReportDict(
+            profile=self.profile,
+            prefix=self.prefix,
+            route=self.route,
+            steps=self.steps,
+            not_installed=self.not_installed,
+            smoke=self.smoke,
+            ok=self.ok,
+            seconds=self.seconds,
+        )
+
+
+def smoke_checks(printed: str) -> list[SmokeCheck]:
+    """The checks `preflight.py --smoke --json` printed (ValueError, or KeyError for a missing
+    list, where it printed none)."""
+    doc: object = json.loads(printed)
+    if not isinstance(doc, dict):
+        raise ValueError("the smoke test printed no JSON object")
+    checks: object = doc["checks"]
+    if not isinstance(checks, list) or not all(_is_smoke_check(c) for c in checks):
+        raise ValueError("the smoke test printed no list of checks")
+    return cast("list[SmokeCheck]", checks)
+
+
+def _is_smoke_check(c: object) -> bool:
+    return (
+        isinstance(c, dict)
+        and isinstance(c.get("check"), str)
+        and isinstance(c.get("ok"), bool)
+        and isinstance(c.get("detail"), str)
+        and isinstance(c.get("fix", ""), str)
+    )
 
 
 def _python_version(python: Path) -> str | None:
@@ -172,7 +235,7 @@ def prefix_lock(prefix: Path) -> Iterator[None]:
         os.close(fd)  # (the lock goes with it)
 
 
-def _wheelhouse_profile(wh: Path, profile: str) -> dict[str, Any]:
+def _wheelhouse_profile(wh: Path, profile: str) -> dict[str, object]:
     from envbuilder.lock import lockfile as L
 
     if not (wh / "install.sh").is_file() or not (wh / "manifest.json").is_file():
@@ -224,7 +287,7 @@ def _run(
     except BaseException:
         stop_group(proc)
         raise
-    entry = {"step": name, "ok": rc == 0, "seconds": round(time.monotonic() - start, 1)}
+    entry: InstallStep = {"step": name, "ok": rc == 0, "seconds": round(time.monotonic() - start, 1)}
     if rc:
         entry["error"] = next((t for t in reversed(tail) if t.strip()), f"exit {rc}")
     report.steps.append(entry)
@@ -394,7 +457,7 @@ def install(
             cwd=home,
         )
     try:
-        report.smoke = json.loads(proc.stdout)["checks"]
+        report.smoke = smoke_checks(proc.stdout)
     except (ValueError, KeyError):
         report.smoke = [{"check": "preflight", "ok": False, "detail": proc.stderr.strip()[-500:], "fix": ""}]
     report.steps.append({"step": "preflight --smoke", "ok": proc.returncode == 0})
@@ -548,14 +611,15 @@ def _online(
     for layer in r.layers:
         if layer.get("empty"):
             continue  # a layer this profile does not have (p40's vllm: its rollout is HF)
-        report.steps.append(
-            {
-                "step": f"layer {layer['layer']}",
-                "ok": layer["ok"],
-                "seconds": layer["seconds"],
-                **({"error": layer["error"]} if layer.get("error") else {}),
-            }
-        )
+        step: InstallStep = {
+            "step": f"layer {layer['layer']}",
+            "ok": layer["ok"],
+            "seconds": layer["seconds"],
+        }
+        error = layer.get("error")
+        if error:
+            step["error"] = error
+        report.steps.append(step)
     report.steps += built.steps
     report.not_installed += built.not_installed
     for name, part in (("patches", r.patches), ("audit", r.audit)):
@@ -572,7 +636,8 @@ def summary(report: InstallReport) -> str:
     out = [f"envbuild install {report.profile} into {report.prefix} ({report.route})"]
     for s in report.steps:
         mark = "\u2713" if s.get("ok") else "\u2717"
-        secs = f" ({s['seconds']:.0f} s)" if isinstance(s.get("seconds"), (int, float)) else ""
+        seconds = s.get("seconds")
+        secs = f" ({seconds:.0f} s)" if isinstance(seconds, (int, float)) else ""
         out.append(f"{mark} {s['step']}{secs}" + (f": {s['error']}" if s.get("error") else ""))
     for c in report.smoke:
         if not c.get("ok"):

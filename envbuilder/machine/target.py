@@ -13,15 +13,18 @@ from __future__ import annotations
 import email.parser
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, TYPE_CHECKING, Protocol, cast
 
 from envbuilder.errors import ActionError, UserError
 from envbuilder.limits import NotRegularFile, TooLarge, read_limited
 from envbuilder.machine.elf import Elf, read_elf
 from envbuilder.record import Record
 from envbuilder.text import canonical_name, printable
+
+if TYPE_CHECKING:
+    import tarfile
 
 MAX_METADATA = 4 << 20  # torch's METADATA is ~40 KB
 MAX_SMALL = 1 << 20  # version.py, envbuild.json's profile line
@@ -249,6 +252,14 @@ def wanted_in_image(path: str) -> bool:
     return path == "etc/envbuild.json" or bool(_IN_SITE.search(path) or _SYSTEM.match(path))
 
 
+class SavedImage(Protocol):
+    """What diagnose reads of a Docker SDK image: its ID and `docker save`'s stream."""
+
+    @property
+    def id(self) -> str: ...
+    def save(self, named: bool = ...) -> Iterable[bytes]: ...
+
+
 def unpack_image(ref: str, root: Path, say: Callable[[str], None] = lambda line: None) -> dict[str, str]:
     """The files of `ref` that diagnose reads, unpacked under `root` (a folder of ours) layer by
     layer as an engine applies them (whiteouts remove what a lower layer added): the Docker
@@ -263,7 +274,8 @@ def unpack_image(ref: str, root: Path, say: Callable[[str], None] = lambda line:
     from envbuilder.engines.docker import engine_image
     from envbuilder.oci.registry import fetch_layer, image_layers, session
 
-    found, problem = engine_image(ref)
+    image, problem = engine_image(ref)
+    found: SavedImage | None = image
     if found is not None:
         say(f"{ref} ({str(found.id)[:19]}) from the Docker engine")
         return _unpack_saved(ref, found, root, say)
@@ -307,7 +319,7 @@ def _apply_layer(blob: IO[bytes], label: str, ref: str, root: Path, origins: dic
         ) from None
 
 
-def _unpack_saved(ref: str, image: Any, root: Path, say: Callable[[str], None]) -> dict[str, str]:
+def _unpack_saved(ref: str, image: SavedImage, root: Path, say: Callable[[str], None]) -> dict[str, str]:
     """The engine's image through `docker save` (streamed into a file of ours beside `root`: as
     large as the image): manifest.json's layers in order, each hashed (decompressed) against the
     config's rootfs.diff_ids before it is applied."""
@@ -339,9 +351,12 @@ def _unpack_saved(ref: str, image: Any, root: Path, say: Callable[[str], None]) 
                         raise KeyError(name)
                     return f
 
-                entry = json.loads(member("manifest.json").read(MAX_SMALL))[0]
-                config = json.loads(member(entry["Config"]).read(MAX_SMALL))
-                paths, diff_ids = list(entry["Layers"]), list(config["rootfs"]["diff_ids"])
+                manifest: object = json.loads(member("manifest.json").read(MAX_SMALL))
+                config: object = json.loads(member(str(_at(manifest, 0, "Config"))).read(MAX_SMALL))
+                paths, diff_ids = (
+                    _strings(_at(manifest, 0, "Layers")),
+                    _strings(_at(config, "rootfs", "diff_ids")),
+                )
                 if len(paths) != len(diff_ids):
                     raise ValueError(f"{len(paths)} layers but {len(diff_ids)} diff_ids")
                 for n, (path, diff_id) in enumerate(zip(paths, diff_ids), 1):
@@ -369,6 +384,26 @@ def _unpack_saved(ref: str, image: Any, root: Path, say: Callable[[str], None]) 
     return origins
 
 
+def _at(doc: object, *keys: str | int) -> object:
+    """The JSON value at doc[key][key]...: KeyError or IndexError where one is missing, TypeError
+    where a value on the way is no object or list to look in."""
+    for key in keys:
+        if isinstance(doc, dict) and isinstance(key, str):
+            doc = doc[key]
+        elif isinstance(doc, list) and isinstance(key, int):
+            doc = doc[key]
+        else:
+            raise TypeError(f"{type(doc).__name__} has no {key!r}")
+    return doc
+
+
+def _strings(value: object) -> list[str]:
+    """A JSON list of strings (TypeError where it is no such list)."""
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise TypeError(f"not a list of strings: {str(value)[:80]}")
+    return [str(v) for v in value]
+
+
 def _member_path(name: str) -> str | None:
     parts = [p for p in name.split("/") if p not in ("", ".")]
     if not parts or any(p == ".." for p in parts):
@@ -386,7 +421,7 @@ def _inside(root: Path, rel: str) -> Path | None:
     return root / rel
 
 
-def _apply(tar: Any, member: Any, rel: str, root: Path) -> bool:
+def _apply(tar: tarfile.TarFile, member: tarfile.TarInfo, rel: str, root: Path) -> bool:
     """One tar member applied to `root`: a whiteout removes, a wanted file is written (True)."""
     import shutil
 

@@ -33,6 +33,18 @@ from envbuilder.tools.run import stop_group
 from envbuilder.model.resolved import ResolvedEnv
 from envbuilder.render.plan import layer_roots
 from envbuilder.render.steps import PATCHES, TRANSFORMER_ENGINE, Compile, PipLayer, RunScript, Step, Venv
+from envbuilder.machine.verify_report import (
+    Audit,
+    Compiled,
+    Compose,
+    ImportEntry,
+    LayerEntry,
+    Mismatch,
+    NotInstalled,
+    Patches,
+    Validation,
+    VerifyReport,
+)
 
 # uv's own summary lines, forwarded as progress while a layer installs
 _UV_PROGRESS = ("Resolved ", "Prepared ", "Installed ", "Uninstalled ", "Downloading ", "Building ", "Built ")
@@ -111,11 +123,11 @@ _SPECIALS = ("<unk>", "<|endoftext|>", "<|im_end|>")
 MODEL_PATH_KEY = re.compile(r"^([+~]*(?:[\w-]+\.)*model\.path)=")
 
 
-def write_model_shape(arch: Mapping[str, Any], dest: Path) -> None:
+def write_model_shape(arch: Mapping[str, object], dest: Path) -> None:
     """config.json, tokenizer.json and tokenizer_config.json of a model of `arch`'s shape."""
     dest.mkdir(parents=True, exist_ok=True)
     moe = bool(arch.get("experts"))  # (a Qwen3-MoE: models.yaml's expert fields)
-    mla = arch.get("mla")  # (a DeepSeek-V3-style mixture)
+    mla = _fields(arch.get("mla"))  # (a DeepSeek-V3-style mixture)
     config = {
         "architectures": ["DeepseekV3ForCausalLM"]
         if mla
@@ -148,7 +160,7 @@ def write_model_shape(arch: Mapping[str, Any], dest: Path) -> None:
             moe_layer_freq=1,
             q_lora_rank=mla["q_lora_rank"] or None,
             kv_lora_rank=mla["kv_lora_rank"],
-            qk_nope_head_dim=arch["head_dim"] - mla["qk_rope_head_dim"],
+            qk_nope_head_dim=_int(arch, "head_dim") - _int(mla, "qk_rope_head_dim"),
             qk_rope_head_dim=mla["qk_rope_head_dim"],
             v_head_dim=mla["v_head_dim"],
             n_group=1,
@@ -208,6 +220,22 @@ def write_model_shape(arch: Mapping[str, Any], dest: Path) -> None:
         (dest / name).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
 
 
+def _fields(value: object) -> Mapping[str, object]:
+    """A mapping of the model's shape (an absent one: empty)."""
+    if not value:
+        return {}
+    if isinstance(value, Mapping):
+        return value
+    raise TypeError(f"model shape: {value!r} is not a mapping")
+
+
+def _int(fields: Mapping[str, object], key: str) -> int:
+    value = fields[key]
+    if not isinstance(value, int):
+        raise TypeError(f"model shape: {key} is {value!r}, not a whole number")
+    return value
+
+
 def with_model_shape(args: list[str], folder: Path) -> list[str]:
     """The run's overrides with every `...model.path` pointed at `folder`."""
     out = []
@@ -218,15 +246,15 @@ def with_model_shape(args: list[str], folder: Path) -> list[str]:
 
 
 def judge_validation(
-    res: dict[str, Any] | None, engine: bool, critic_engine: str
-) -> tuple[dict[str, Any], str | None]:
+    res: Mapping[str, object] | None, engine: bool, critic_engine: str
+) -> tuple[Validation, str | None]:
     """What verify reports of verl's own validation and envbuild's batch arithmetic: (the report's
     `validation` entry, the failure to report or None)."""
     from envbuilder.model.batches import violations
 
     if res is None:
         return {"validated": None, "violations": []}, "validate: the interpreter printed no result"
-    out: dict[str, Any] = {"validated": res.get("validated"), "why": res.get("why"), "violations": []}
+    out: Validation = {"validated": res.get("validated"), "why": res.get("why"), "violations": []}
     if not res.get("ok"):
         return out, f"validate: {res.get('error')}"
     if res.get("validated") is False:
@@ -298,19 +326,41 @@ class Report:
     constraints: bool = False
     libcuda: str | None = None
     isolation: str | None = None
-    layers: list[Any] = field(default_factory=list)
-    patches: dict[str, Any] | None = None
-    audit: dict[str, Any] | None = None
-    not_installed: list[Any] = field(default_factory=list)
-    compiled: list[Any] = field(default_factory=list)  # what verify compiled itself (Compile steps)
-    imports: list[Any] = field(default_factory=list)
-    compose: dict[str, Any] | None = None
-    failures: list[Any] = field(default_factory=list)
+    layers: list[LayerEntry] = field(default_factory=list)
+    patches: Patches | None = None
+    audit: Audit | None = None
+    not_installed: list[NotInstalled] = field(default_factory=list)
+    compiled: list[Compiled] = field(default_factory=list)  # what verify compiled itself (Compile steps)
+    imports: list[ImportEntry] = field(default_factory=list)
+    compose: Compose | None = None
+    failures: list[str] = field(default_factory=list)
     venv: str | None = None
     seconds: float = 0.0
 
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+    def as_dict(self) -> VerifyReport:
+        """The fields in their order (the JSON's keys)."""
+        return VerifyReport(
+            profile=self.profile,
+            python=self.python,
+            ok=self.ok,
+            interpreter=self.interpreter,
+            index_url=self.index_url,
+            torch_index_url=self.torch_index_url,
+            torch_swapped=self.torch_swapped,
+            constraints=self.constraints,
+            libcuda=self.libcuda,
+            isolation=self.isolation,
+            layers=self.layers,
+            patches=self.patches,
+            audit=self.audit,
+            not_installed=self.not_installed,
+            compiled=self.compiled,
+            imports=self.imports,
+            compose=self.compose,
+            failures=self.failures,
+            venv=self.venv,
+            seconds=self.seconds,
+        )
 
 
 # ---- the profile's Python ---------------------------------------------------------------------
@@ -502,8 +552,8 @@ def import_plan(env: ResolvedEnv) -> tuple[list[str], dict[str, str]]:
     compiled extensions among them, from each component's `modules` in the resolved env)."""
     modules = list(env.training_path)
     ext: dict[str, str] = {}
-    for comp in ("apex", "flash_attn"):
-        for mod in getattr(env, comp).modules if getattr(env, comp) else ():
+    for comp, part in (("apex", env.apex), ("flash_attn", env.flash_attn)):
+        for mod in part.modules if part else ():
             ext[mod.split(".")[0]] = comp
     return modules, ext
 
@@ -573,7 +623,7 @@ def build_libcuda_stub(symbols: list[str], out: Path) -> bool | str:
 # ---- the composed config ----------------------------------------------------------------------------
 
 
-def parse_printed_config(text: str) -> dict[str, Any] | None:
+def parse_printed_config(text: str) -> dict[str, object] | None:
     """The YAML that `--cfg job` prints, skipping anything imports printed before it."""
     import yaml
 
@@ -593,7 +643,7 @@ from envbuilder.model.batches import MISSING as _MISSING  # noqa: E402
 from envbuilder.model.batches import lookup as _lookup  # noqa: E402  (one dotted-key walk)
 
 
-def _same(composed: Any, text: str) -> bool:
+def _same(composed: object, text: str) -> bool:
     """Whether a Hydra override value (as the script passed it) is what the config holds."""
     text = text.strip()
     if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
@@ -610,21 +660,23 @@ def _same(composed: Any, text: str) -> bool:
     if isinstance(composed, list):
         if not (text.startswith("[") and text.endswith("]")):
             return False
+        values: list[object] = composed
         items = [x.strip() for x in text[1:-1].split(",") if x.strip()]
-        return len(items) == len(composed) and all(_same(c, t) for c, t in zip(composed, items))
+        return len(items) == len(values) and all(_same(c, t) for c, t in zip(values, items))
     return str(composed) == text
 
 
-def check_overrides(cfg: dict[str, Any], args: list[str]) -> tuple[int, list[dict[str, Any]]]:
+def check_overrides(cfg: Mapping[str, object], args: list[str]) -> tuple[int, list[Mismatch]]:
     """(how many overrides were compared, the ones whose value the composed config does not
     hold). Deletions (~key) and interpolated values are not compared."""
+    wrong: list[Mismatch]
     checked, wrong = 0, []
     for arg in args:
         key, sep, value = arg.partition("=")
         if not sep or key.startswith("~") or "${" in value:
             continue
         key = key.lstrip("+")
-        got = _lookup(cfg, key)
+        got: object = _lookup(cfg, key)
         checked += 1
         if got is _MISSING or not _same(got, value):
             wrong.append(
@@ -805,7 +857,7 @@ class _Verifier:
 
         name, py = step.layer.name, self.py
         roots = [swap_line(x, self.swap) for x in step.layer.requirements]
-        entry: dict[str, Any] = {
+        entry: LayerEntry = {
             "layer": name,
             "requirements": roots,
             "ok": False,
@@ -906,7 +958,7 @@ class _Verifier:
         from envbuilder.tools.uv import uv_bin
 
         py, env = self.py, self.env
-        entry: dict[str, Any] = {
+        entry: Compiled = {
             "component": step.component,
             "version": step.version,
             "arch": step.arch,
@@ -1023,12 +1075,8 @@ class _Verifier:
                 say=self.say,
                 label=f"import {mod}",
             )
-            res = None
-            for line in reversed(got.out.splitlines()):
-                if line.startswith(RESULT):
-                    res = json.loads(line[len(RESULT) :])
-                    break
-            entry: dict[str, Any] = {
+            res = _result(got.out)
+            entry: ImportEntry = {
                 "module": mod,
                 "ok": bool(res and res["ok"]),
                 "seconds": round(got.seconds, 1),
@@ -1042,11 +1090,11 @@ class _Verifier:
                     else f"the interpreter died (exit {got.rc})" + (f": {tail[-1]}" if tail else "")
                 )
             elif not res["ok"]:
-                entry["error"] = res["error"]
-                missing = (res.get("missing") or "").split(".")[0]
+                entry["error"] = str(res["error"])
+                missing = str(res.get("missing") or "").split(".")[0]
                 if missing in ext:
                     entry["needs"] = ext[missing]
-                    entry["error"] += f" ({ext[missing]} is not installed here)"
+                    entry["error"] = f"{res['error']} ({ext[missing]} is not installed here)"
             self.r.imports.append(entry)
             if not entry["ok"]:
                 self.fail(f"import {mod}: {entry['error']}")
@@ -1119,7 +1167,7 @@ class _Verifier:
             say=self.say,
             label="compose",
         )
-        c: dict[str, Any] = {
+        c: Compose = {
             "ok": False,
             "checked": 0,
             "mismatches": [],
@@ -1141,13 +1189,13 @@ class _Verifier:
             self.fail(f"compose: {c['error']}")
             return
         c["checked"], c["mismatches"] = check_overrides(cfg, args)
-        spot: dict[str, Any] = {}
+        spot: dict[str, object] = {}
         for key in (
             "actor_rollout_ref.rollout.name",
             "actor_rollout_ref.rollout.dtype",
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
         ):
-            got_v = _lookup(cfg, key)
+            got_v: object = _lookup(cfg, key)
             spot[key] = None if got_v is _MISSING else got_v
         c["values"] = spot
         if c["checked"] == 0:
@@ -1162,7 +1210,7 @@ class _Verifier:
             c["ok"] = True
             self.validate(py, base, args, c)
 
-    def validate(self, py: Path, base: Path, args: list[str], c: dict[str, Any]) -> None:
+    def validate(self, py: Path, base: Path, args: list[str], c: Compose) -> None:
         """verl's own validate_config on the composed run (`args`: the overrides the run script
         passed), then the batch arithmetic its workers assert at run time
         (envbuilder/model/batches.py): a render verl would reject fails here. `c`: the report's
@@ -1191,17 +1239,24 @@ class _Verifier:
             say=self.say,
             label="validate",
         )
-        res = None
-        for line in reversed(got.out.splitlines()):
-            if line.startswith(RESULT):
-                res = json.loads(line[len(RESULT) :])
-                break
-        entry, failure = judge_validation(res, self.env.verl.engine_batches, self.env.verl.critic_fsdp)
+        entry, failure = judge_validation(
+            _result(got.out), self.env.verl.engine_batches, self.env.verl.critic_fsdp
+        )
         c["validation"] = entry
         if failure:
             c["ok"] = False
             c["error"] = failure
             self.fail(failure)
+
+
+def _result(out: str) -> dict[str, object] | None:
+    """The JSON object of a snippet's last marked line (IMPORT_SNIPPET's, VALIDATE_SNIPPET's),
+    None where it printed none."""
+    for line in reversed(out.splitlines()):
+        if line.startswith(RESULT):
+            res: object = json.loads(line[len(RESULT) :])
+            return res if isinstance(res, dict) else None
+    return None
 
 
 def seeded(venv: Path) -> bool:

@@ -8,13 +8,14 @@ runs, callable without click (the command line parses, calls `verify_profiles`, 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from envbuilder.secret import SecretUrl
 from envbuilder.errors import UserError
 from envbuilder.record import Record
 
 if TYPE_CHECKING:
+    from envbuilder.machine.verify_report import VerifyReport
     from envbuilder.model.matrix import Matrix
     from envbuilder.model.resolved import Overrides
     from envbuilder.tools.python import Interpreter
@@ -36,7 +37,7 @@ def verify_profiles(
     overrides: Overrides | None,
     flags: VerifyFlags,
     say: Callable[[str], None] = print,
-) -> list[dict[str, Any]]:
+) -> list[VerifyReport]:
     """Each named profile resolved, its keep folder and its Python found (all bad input before
     anything is downloaded), then installed and checked (machine.verify.verify); one report
     dict each, with the GPU tier's record of this very render under "gpu_step"."""
@@ -65,7 +66,7 @@ def verify_profiles(
                 f"{py} with venv and ensurepip (e.g. `pyenv install {py}`) and run "
                 "again."
             )
-    reports = []
+    reports: list[VerifyReport] = []
     for env in envs:
         opts = Options(
             index_url=flags.index_url,
@@ -81,7 +82,7 @@ def verify_profiles(
     return reports
 
 
-def row(r: dict[str, Any]) -> tuple[str, ...]:
+def row(r: VerifyReport) -> tuple[str, ...]:
     from envbuilder.machine.verify import fmt_seconds
 
     layers = [x for x in r["layers"] if not x.get("empty")]
@@ -95,8 +96,8 @@ def row(r: dict[str, Any]) -> tuple[str, ...]:
         ]
         if failed:
             install += f" ({failed[0]} failed)"
-    checks = [x for x in layers if x.get("pip_check")]
-    bad = [x["layer"] for x in checks if not x["pip_check"]["ok"]]
+    checks = [(x["layer"], check) for x in layers if (check := x.get("pip_check"))]
+    bad = [layer for layer, check in checks if not check["ok"]]
     pip_check = "-" if not checks else (f"fails after {bad[0]}" if bad else "clean")
     p = r["patches"]
     patches = "-" if p is None else (f"{len(p['names'])} applied" if p["ok"] else "failed")
@@ -132,7 +133,7 @@ def row(r: dict[str, Any]) -> tuple[str, ...]:
     )
 
 
-def table(reports: list[dict[str, Any]]) -> str:
+def table(reports: Sequence[VerifyReport]) -> str:
     header = (
         "PROFILE",
         "PYTHON",
