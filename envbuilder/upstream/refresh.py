@@ -76,7 +76,7 @@ class Fix(TypedDict):
     value: object  # the value PyPI's metadata gives it (text, or a list of text)
 
 
-class Drift(TypedDict):
+class DriftRecord(TypedDict):
     """One drift record of the report (its keys in this order in the JSON)."""
 
     kind: str
@@ -104,7 +104,7 @@ class Comparison(TypedDict):
     """compare's answer: per package, the drift records and the notes."""
 
     packages: dict[str, PackageSummary]
-    drift: list[Drift]
+    drift: list[DriftRecord]
     notes: list[str]
 
 
@@ -114,7 +114,7 @@ class Report(TypedDict):
 
     index: str
     packages: dict[str, PackageSummary]
-    drift: list[Drift]
+    drift: list[DriftRecord]
     notes: list[str]
     overlay: NotRequired[str]
 
@@ -364,7 +364,7 @@ def wanted_metadata(m: Matrix, projects: Mapping[str, Project], newest: int = 3)
 class _Drift:
     def __init__(self, m: Matrix, where: Callable[[str, str], str] | None):
         self.m = m
-        self.records: list[Drift] = []
+        self.records: list[DriftRecord] = []
         self.notes: list[str] = []
         self._where = where or (lambda section, key: "matrices")
 
@@ -393,7 +393,7 @@ class _Drift:
         details: dict[str, dict[str, object]] | None = None,
         combinations: list[str] | None = None,
     ) -> None:
-        rec: Drift = {
+        rec: DriftRecord = {
             "kind": kind,
             "package": package,
             "version": version,
@@ -1085,7 +1085,7 @@ def overlay_text(report: Report, m: Matrix, sources_of: Callable[[str, str], Map
 
     units: dict[tuple[str, str], dict[str, object]] = {}
     fixed: list[str] = []
-    refused: list[Drift] = []
+    refused: list[DriftRecord] = []
     for r in report["drift"]:
         fix = r.get("fix")
         if not fix:
@@ -1094,12 +1094,12 @@ def overlay_text(report: Report, m: Matrix, sources_of: Callable[[str, str], Map
         unit = units.get((section, key))
         if unit is None:
             unit = _urls(
-                _record(copy.deepcopy(_rec(_rec(m.sections)[section])[key])), sources_of(section, key)
+                _editable(copy.deepcopy(_rec(_rec(m.sections)[section])[key])), sources_of(section, key)
             )
         unit = copy.deepcopy(unit)
         node, holder = unit, None
         for part in inner[:-1]:
-            holder, node = node, _record(node[part])
+            holder, node = node, _editable(node[part])
         node[inner[-1]] = fix["value"]
         cite = project_url(r["package"], r["version"])
         for rec in (node, holder, unit):  # the nearest record that carries a source
@@ -1210,7 +1210,7 @@ def _template(pkg: str, version: str, facts: Mapping[str, object]) -> list[str]:
     ]
 
 
-def _record(value: object) -> dict[str, object]:
+def _editable(value: object) -> dict[str, object]:
     """A matrix record (or a mapping inside one: `needs`) to edit in a copy; TypeError for
     anything else (a fix's path names records only)."""
     if not isinstance(value, dict):
