@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -94,5 +93,15 @@ def render(
     if not (profile or all_):
         profile = implied_profile(m, "render", passed_probes())
     names = [profile] if profile else list(m.profiles)  # (one of the two: checked above)
-    kw: dict[str, Any] = dict(locked_dir=locked_dir, wheelhouse=wheelhouse, mirror=mirror, force=force)
-    render_profiles(m, names, overrides, out, say=say, echo=click.echo, **kw)
+    render_profiles(
+        m,
+        names,
+        overrides,
+        out,
+        locked_dir=locked_dir,
+        wheelhouse=wheelhouse,
+        mirror=mirror,
+        force=force,
+        say=say,
+        echo=click.echo,
+    )

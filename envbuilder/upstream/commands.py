@@ -9,7 +9,7 @@ profiles a matrix overlay changes.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from envbuilder.errors import EnvbuildError
 
@@ -77,7 +77,7 @@ def affected(base: Matrix, over: Matrix) -> dict[str, list[str]]:
     for name in over.profiles:
         for verl in (None, *stacks):
             ov = Overrides(verl=verl) if verl else Overrides()
-            got: list[dict[str, Any] | str | None] = []
+            got: list[dict[str, object] | str | None] = []
             for m in (base, over):
                 try:
                     got.append(resolve(m, name, ov).to_dict() if name in m.profiles else None)
