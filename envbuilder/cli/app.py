@@ -141,7 +141,7 @@ def issue_tracker() -> str:
     try:
         from importlib.metadata import metadata
 
-        for entry in metadata("envbuild").get_all("Project-URL") or []:
+        for entry in map(str, metadata("envbuild").get_all("Project-URL") or []):
             label, _, url = entry.partition(",")
             if label.strip().lower() in ("issues", "bug tracker", "tracker"):
                 return str(url).strip()

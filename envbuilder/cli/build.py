@@ -10,7 +10,7 @@ import click
 
 from envbuilder.cli.callbacks import AbsPath
 from envbuilder.cli import complete
-from envbuilder.cli.options import Dirs, load_matrix, override_options, say
+from envbuilder.cli.options import Dirs, load_matrix, override_options, passed_probes, say
 from envbuilder.model.resolved import Overrides
 
 
@@ -87,5 +87,5 @@ def build(
     # (each option's parameter is named as its BuildOptions field: the options, listed once)
     opts = BuildOptions(**options, probe=not no_probe)
     m = load_matrix(matrix_dirs)
-    env = target_env(m, profile, overrides, opts.wheelhouse, click.get_current_context().obj, say)
+    env = target_env(m, profile, overrides, opts.wheelhouse, passed_probes(), say)
     click.echo(build_image(m, env, opts, say))

@@ -6,11 +6,13 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Sequence, TypeVar
 
 import click
 
 from envbuilder.secret import SecretUrl
+
+T = TypeVar("T")  # an option's value, as click parsed it (text, a path, a tuple of them)
 
 
 class AbsPath(click.Path):
@@ -20,7 +22,9 @@ class AbsPath(click.Path):
     that is not there. Empty and '-' stay as given, for their own checks; a trailing '/' stays
     (file_out refuses it)."""
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+    def convert(
+        self, value: str | os.PathLike[str], param: click.Parameter | None, ctx: click.Context | None
+    ) -> str | bytes | os.PathLike[str]:
         got = super().convert(value, param, ctx)
         if isinstance(value, str) and value in ("", "-"):
             return got
@@ -31,10 +35,10 @@ class AbsPath(click.Path):
         return got
 
 
-def no_empty_url(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+def no_empty_url(ctx: click.Context, param: click.Parameter, value: T) -> T:
     """URL options: an empty value (a careless `--index-url "$MIRROR"`) is refused, exit 2,
     never taken as "the default"."""
-    values = value if isinstance(value, (tuple, list)) else (value,)
+    values: Sequence[object] = value if isinstance(value, (tuple, list)) else (value,)
     if any(v is not None and not str(v).strip() for v in values):
         raise click.BadParameter(
             f"is empty. Give the {param.metavar or 'URL'}, or leave the option out to use the default."
@@ -48,7 +52,7 @@ def secret_url(ctx: click.Context, param: click.Parameter, value: str | None) ->
     return None if value is None else SecretUrl(value)
 
 
-def not_empty(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+def not_empty(ctx: click.Context, param: click.Parameter, value: T) -> T:
     """An option whose empty value would silently mean something else (`--model ''` no model,
     `--lock-dir ''` the current folder, `--data-pvc ''` no volume) is refused, exit 2."""
     if value is not None and not str(value).strip():
@@ -56,7 +60,7 @@ def not_empty(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     return value
 
 
-def file_out(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+def file_out(ctx: click.Context, param: click.Parameter, value: T) -> T:
     """-o FILE (and --html FILE): not empty, and not a name ending in '/' (`-o newdir/` wrote
     a file named newdir)."""
     not_empty(ctx, param, value)

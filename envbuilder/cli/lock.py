@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -136,5 +135,6 @@ def lock(
     flags = LockFlags(
         index_url, torch_index_url, channels, registry_mirror, github_url, mirror_set, solver, torch_from_pypi
     )
-    kw: dict[str, Any] = dict(check=check, keep_going=all_, say=say, echo=click.echo)
-    lock_profiles(m, names, overrides, out, flags, parts, **kw)
+    lock_profiles(
+        m, names, overrides, out, flags, parts, check=check, keep_going=all_, say=say, echo=click.echo
+    )

@@ -13,7 +13,7 @@ import click
 
 from envbuilder.cli import complete
 
-from envbuilder.cli.options import Dirs, load_matrix, matrix_dir_option, override_options
+from envbuilder.cli.options import Dirs, load_matrix, matrix_dir_option, override_options, passed_probes
 from envbuilder.model.resolved import Overrides
 
 if TYPE_CHECKING:
@@ -35,8 +35,9 @@ def probes_for(ctx: click.Context, command: str) -> Probes:
     from envbuilder.errors import need_extra
     from envbuilder.machine.doctor import Probes
 
-    if ctx.obj is not None:
-        return ctx.obj  # type: ignore[no-any-return]
+    probes = passed_probes(ctx)
+    if probes is not None:
+        return probes
     need_extra(command, "actions", _NEEDS.get(command, _NEEDS["doctor"]))
     return Probes()
 

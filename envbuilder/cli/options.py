@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 
@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from envbuilder.machine.doctor import Probes
     from envbuilder.model.matrix import Matrix
 
-Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+Command = Callable[..., object]  # a click command's function
+Decorator = Callable[[Command], Command]
 Dirs = tuple[Path, ...]  # --matrix-dir's folders, as a command gets them
 
 
@@ -51,25 +52,28 @@ def _option(fl: F.Flag) -> Decorator:
     return click.option(fl.flag, fl.param, help=fl.help, **kind, **meta, **_EXTRA.get(fl.field, {}))
 
 
-def override_options(f: Callable[..., Any]) -> Callable[..., Any]:
+def override_options(f: Command) -> Command:
     opts = [_option(fl) for fl in F.FLAGS]
     f = matrix_dir_option(f)
     for opt in reversed(opts):
         f = opt(f)
 
     @wraps(f)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: object, **kwargs: object) -> object:
         from envbuilder.model.profiles import overrides_from_flags
 
         flags = {name: kwargs.pop(name) for name in FLAG_FIELDS}
-        dirs = kwargs.get("matrix_dirs") or ()
-        kwargs["overrides"] = overrides_from_flags(flags, lambda: load_matrix(dirs), kwargs.get("mirror"))
+        dirs = cast(Dirs, kwargs.get("matrix_dirs") or ())  # (matrix_dir_option's folders)
+        mirror = kwargs.get("mirror")  # (text, where the command has --mirror)
+        kwargs["overrides"] = overrides_from_flags(
+            flags, lambda: load_matrix(dirs), mirror if isinstance(mirror, str) else None
+        )
         return f(*args, **kwargs)
 
     return wrapper
 
 
-def matrix_dir_option(f: Callable[..., Any]) -> Callable[..., Any]:
+def matrix_dir_option(f: Command) -> Command:
     """--matrix-dir (and ENVBUILD_MATRIX_DIR), the same on every command that reads the
     matrix: the command gets `matrix_dirs`, a tuple of folders."""
     return click.option(
@@ -94,6 +98,19 @@ def say(text: str) -> None:
     from envbuilder.text import redact
 
     click.echo(redact(text), err=True)
+
+
+def passed_probes(ctx: click.Context | None = None) -> Probes | None:
+    """The probes a test passed as click's context object (`invoke(cli, args, obj=Probes(...))`),
+    None where there are none (the real ones are used)."""
+    obj: object = (ctx or click.get_current_context()).obj
+    if obj is None:
+        return None
+    from envbuilder.machine.doctor import Probes
+
+    if not isinstance(obj, Probes):
+        raise TypeError(f"click's context object is {type(obj).__name__}, not Probes")
+    return obj
 
 
 def implied_profile(m: Matrix, command: str, probes: Probes | None = None) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -77,11 +76,14 @@ def refresh(
 
     if as_json and markdown:
         raise UserError("--json and --markdown are two forms of the one report; pass one.")
-    kw: dict[str, Any] = dict(
-        newest=newest, timeout=timeout, overlay_dir=overlay_dir, matrix_dirs=matrix_dirs
-    )
     report = refresh_report(
-        load_matrix(matrix_dirs), index_url, say=(lambda t: None) if as_json else say, **kw
+        load_matrix(matrix_dirs),
+        index_url,
+        newest=newest,
+        timeout=timeout,
+        overlay_dir=overlay_dir,
+        matrix_dirs=matrix_dirs,
+        say=(lambda t: None) if as_json else say,
     )
     if as_json:
         click.echo(json.dumps(report, indent=2))

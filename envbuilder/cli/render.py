@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 
 from envbuilder.cli.callbacks import AbsPath
 from envbuilder.cli import complete
-from envbuilder.cli.options import Dirs, implied_profile, load_matrix, override_options, say
+from envbuilder.cli.options import Dirs, implied_profile, load_matrix, override_options, passed_probes, say
 from envbuilder.errors import UserError
 from envbuilder.model.resolved import Overrides
 
@@ -92,7 +91,17 @@ def render(
         return
     m = load_matrix(matrix_dirs)
     if not (profile or all_):
-        profile = implied_profile(m, "render", click.get_current_context().obj)
+        profile = implied_profile(m, "render", passed_probes())
     names = [profile] if profile else list(m.profiles)  # (one of the two: checked above)
-    kw: dict[str, Any] = dict(locked_dir=locked_dir, wheelhouse=wheelhouse, mirror=mirror, force=force)
-    render_profiles(m, names, overrides, out, say=say, echo=click.echo, **kw)
+    render_profiles(
+        m,
+        names,
+        overrides,
+        out,
+        locked_dir=locked_dir,
+        wheelhouse=wheelhouse,
+        mirror=mirror,
+        force=force,
+        say=say,
+        echo=click.echo,
+    )

@@ -4,6 +4,7 @@ carries at /opt/envbuild/sbom.cdx.json)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import click
 
@@ -92,8 +93,17 @@ def _ours(path: Path) -> bool:
     from envbuilder.model.readers import read
 
     try:
-        doc = read(path, "SBOM")
-        tools = doc["metadata"]["tools"]["components"]
-        return doc.get("bomFormat") == "CycloneDX" and any(t.get("name") == "envbuild" for t in tools)
+        doc = _object(read(path, "SBOM"))
+        tools = _object(_object(doc["metadata"])["tools"])["components"]
+        if doc.get("bomFormat") != "CycloneDX" or not isinstance(tools, list):
+            return False
+        return any(_object(t).get("name") == "envbuild" for t in cast("list[object]", tools))
     except Exception:  # anything else is not ours
         return False
+
+
+def _object(value: object) -> dict[str, object]:
+    """A JSON object (its keys are text); TypeError for anything else."""
+    if not isinstance(value, dict):
+        raise TypeError(f"not a JSON object: {type(value).__name__}")
+    return cast("dict[str, object]", value)

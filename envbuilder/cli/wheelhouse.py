@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -92,12 +91,22 @@ def wheelhouse(
     # checked before any file is fetched)
     need_extra("wheelhouse", "lock", ("requests",))
     uv_bin("wheelhouse")
-    kw: dict[str, Any] = dict(
-        lock_dir=lock_dir, mirror=mirror, url_map=url_maps(url_map), build_index=build_index_url
-    )
-    kw.update(jobs=jobs, tar=make_tar, accept_pypi_torch=accept_pypi_torch, accept_partial=accept_partial)
+    maps = url_maps(url_map)  # (a bad --url-map is refused before the matrix loads)
     m = load_matrix(matrix_dirs)
-    report = export_profiles(m, list(profiles), out, say=lambda s: click.echo(s, err=True), **kw)
+    report = export_profiles(
+        m,
+        list(profiles),
+        out,
+        say=lambda s: click.echo(s, err=True),
+        lock_dir=lock_dir,
+        mirror=mirror,
+        url_map=maps,
+        build_index=build_index_url,
+        jobs=jobs,
+        tar=make_tar,
+        accept_pypi_torch=accept_pypi_torch,
+        accept_partial=accept_partial,
+    )
     click.echo(
         f"wheelhouse {out}/: {report.files} file(s), {len(report.downloaded)} downloaded "
         f"({report.bytes_transferred / 1e6:.1f} MB), {len(report.skipped)} already there, "

@@ -9,12 +9,13 @@ profiles a matrix overlay changes.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from envbuilder.errors import EnvbuildError
 
 if TYPE_CHECKING:
     from envbuilder.model.matrix import Matrix
+    from envbuilder.upstream.refresh import Report
 
 
 def refresh_report(
@@ -26,7 +27,7 @@ def refresh_report(
     overlay_dir: Path | None = None,
     matrix_dirs: Iterable[str | Path] = (),
     say: Callable[[str], None] = print,
-) -> dict[str, Any]:
+) -> Report:
     """What the index at `index_url` (the root of PyPI's JSON API) says now against matrix `m`:
     the drift report (upstream.refresh.compare) under "index" (without user:password@); with
     `overlay_dir`, DIR/refresh.yaml written (an overlay over `matrix_dirs`) and named under
@@ -49,7 +50,13 @@ def refresh_report(
     wanted = R.wanted_metadata(m, projects, newest)
     say(f"reading the metadata of {sum(map(len, wanted.values()))} releases ...")
     metadata = index.metadata_of(wanted, projects)
-    report = {"index": shown, **R.compare(m, projects, metadata, where=m.where)}
+    drift = R.compare(m, projects, metadata, where=m.where)
+    report: Report = {
+        "index": shown,
+        "packages": drift["packages"],
+        "drift": drift["drift"],
+        "notes": drift["notes"],
+    }
     if overlay_dir is not None:
         path = write_overlay(Path(overlay_dir), R.overlay_text(report, m, sources_of(m)), matrix_dirs)
         report["overlay"] = str(path)
@@ -70,7 +77,7 @@ def affected(base: Matrix, over: Matrix) -> dict[str, list[str]]:
     for name in over.profiles:
         for verl in (None, *stacks):
             ov = Overrides(verl=verl) if verl else Overrides()
-            got: list[dict[str, Any] | str | None] = []
+            got: list[dict[str, object] | str | None] = []
             for m in (base, over):
                 try:
                     got.append(resolve(m, name, ov).to_dict() if name in m.profiles else None)

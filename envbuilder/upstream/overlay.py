@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable, cast
 
 from envbuilder.errors import ActionError, EnvbuildError, UserError
 
@@ -47,22 +47,30 @@ def check_overlay_dir(folder: Path, matrix_dirs: Iterable[str | Path]) -> None:
             )
 
 
-def sources_of(m: Matrix) -> Callable[[str, str], dict[str, Any]]:
+def sources_of(m: Matrix) -> Callable[[str, str], dict[str, str]]:
     """(section, key) -> its file's `sources:` map, to write a copied record's sources as URLs."""
     from envbuilder.limits import load_yaml, read_text_bounded
 
-    cache: dict[str, dict[str, Any]] = {}
+    cache: dict[str, dict[str, str]] = {}
 
-    def sources(section: str, key: str) -> dict[str, Any]:
+    def sources(section: str, key: str) -> dict[str, str]:
         path = m.origin.get((section, key))
         if not path:
             return {}
         if path not in cache:
-            doc = load_yaml(read_text_bounded(Path(path), "matrix file"), path) or {}
-            cache[path] = doc.get("sources") or {}
+            doc: object = load_yaml(read_text_bounded(Path(path), "matrix file"), path)
+            cache[path] = _sources(doc)
         return cache[path]
 
     return sources
+
+
+def _sources(doc: object) -> dict[str, str]:
+    """A matrix file's `sources:` (key -> URL; the matrix checked it when it loaded), {} for none."""
+    top = cast("dict[object, object]", doc) if isinstance(doc, dict) else {}
+    got = top.get("sources")
+    items = cast("dict[object, object]", got).items() if isinstance(got, dict) else ()
+    return {k: v for k, v in items if isinstance(k, str) and isinstance(v, str)}
 
 
 def write_overlay(folder: Path, text: str, matrix_dirs: Iterable[str | Path]) -> Path:

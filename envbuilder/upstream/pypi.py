@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Iterable, Mapping, TypedDict, cast
 
 from envbuilder.errors import ActionError
 from envbuilder.secret import SecretUrl
@@ -35,6 +35,43 @@ MAX_WHEEL_READ_BYTES = 64 << 20  # what a zip directory and one METADATA can tak
 WORKERS = 8
 
 
+class PyPIFile(TypedDict, total=False):
+    """A file of a release in PyPI's project JSON, in what refresh reads (each field of its kind
+    or null, as _check_project checked it)."""
+
+    filename: str | None
+    url: str | None
+    yanked: bool | str | None
+    yanked_reason: str | None
+    requires_python: str | None
+    size: int | None
+
+
+class ProjectInfo(TypedDict, total=False):
+    version: str | None
+
+
+class Project(TypedDict, total=False):
+    """PyPI's project JSON (`/pypi/<name>/json`) in what refresh reads: `info.version` and the
+    files of each release (null for none)."""
+
+    info: ProjectInfo | None
+    releases: dict[str, list[PyPIFile] | None]
+
+
+# One release's metadata: {"requires_python", "requires_dist", "from"} where it was read (the
+# per-release JSON or the wheel's METADATA), {"error": why} where it was not.
+ReleaseMeta = TypedDict(
+    "ReleaseMeta",
+    {"requires_python": "str | None", "requires_dist": "list[str]", "from": str, "error": str},
+    total=False,
+)
+
+
+class _Local(threading.local):
+    session: BundleSession | None = None  # (each thread's own)
+
+
 class PyPIJson:
     """GETs on `<index>/pypi/<name>/json` and `<index>/pypi/<name>/<version>/json` through
     net.session (retries, proxies, CAs), each body within its cap and every exchange within
@@ -47,10 +84,10 @@ class PyPIJson:
         self.base = base.reveal() if isinstance(base, SecretUrl) else base
         self.timeout = timeout
         self.deadline = max(60.0, 4 * timeout)  # a whole answer, however slowly it drips
-        self._local = threading.local()
+        self._local = _Local()
 
     def session(self) -> BundleSession:
-        s = getattr(self._local, "session", None)
+        s = self._local.session
         if s is None:
             from envbuilder.oci.http import session
 
@@ -66,10 +103,10 @@ class PyPIJson:
         r = net.request(self.session(), "GET", url, expect, headers=headers, timeout=self.timeout)
         return r.status, (r.body if r.status < 400 else b"")
 
-    def projects(self, names: Iterable[str]) -> dict[str, dict[str, Any]]:
+    def projects(self, names: Iterable[str]) -> dict[str, Project]:
         from envbuilder.oci import http as net
 
-        out = {}
+        out: dict[str, Project] = {}
         shown = net.redact(self.base)
         for name in names:
             url = f"{self.base}/pypi/{name}/json"
@@ -102,8 +139,7 @@ class PyPIJson:
                     "--index-url."
                 )
             try:
-                doc = net.json_object(body, url, "PyPI's project JSON")
-                _check_project(doc, url)
+                doc = _check_project(net.json_object(body, url, "PyPI's project JSON"), url)
             except net.BadAnswer as e:
                 raise ActionError(
                     f"{e.url} is not PyPI's project JSON: it {e.detail}. The "
@@ -113,18 +149,20 @@ class PyPIJson:
             out[name] = doc
         return out
 
-    def metadata_of(self, wanted: dict[str, list[str]], projects: dict[str, Any]) -> dict[str, Any]:
+    def metadata_of(
+        self, wanted: dict[str, list[str]], projects: Mapping[str, Project]
+    ) -> dict[str, dict[str, ReleaseMeta]]:
         from concurrent.futures import ThreadPoolExecutor
 
         jobs = [(pkg, v) for pkg, versions in wanted.items() for v in versions]
         with ThreadPoolExecutor(WORKERS) as pool:
             got = list(pool.map(lambda job: self.metadata(job[0], job[1], projects[job[0]]), jobs))
-        out: dict[str, dict[str, Any]] = {}
+        out: dict[str, dict[str, ReleaseMeta]] = {}
         for (pkg, v), md in zip(jobs, got):
             out.setdefault(pkg, {})[v] = md
         return out
 
-    def metadata(self, name: str, version: str, project: dict[str, Any]) -> dict[str, Any]:
+    def metadata(self, name: str, version: str, project: Project) -> ReleaseMeta:
         """{"requires_python", "requires_dist", "from"}, or {"error": why}."""
         from envbuilder.oci import http as net
 
@@ -142,42 +180,48 @@ class PyPIJson:
             ) from None
         if status < 400:
             try:
-                info = net.json_object(body, url, "PyPI's release JSON").get("info")
-                if not isinstance(info, dict):
-                    raise net.BadAnswer(url, f"has {net.kind_of(info)} for `info`, not an object")
+                got: object = net.json_object(body, url, "PyPI's release JSON").get("info")
+                info = _object(got)
+                if info is None:
+                    raise net.BadAnswer(url, f"has {net.kind_of(got)} for `info`, not an object")
                 rp, rd = info.get("requires_python"), info.get("requires_dist")
                 if rp is not None and not isinstance(rp, str):
                     raise net.BadAnswer(url, f"has {net.kind_of(rp)} for `info.requires_python`")
-                if rd is not None and not (isinstance(rd, list) and all(isinstance(r, str) for r in rd)):
+                texts = _texts(rd)
+                if rd is not None and texts is None:
                     raise net.BadAnswer(url, "has `info.requires_dist` that is no list of text")
-                return {"requires_python": rp or None, "requires_dist": rd or [], "from": url}
+                return {"requires_python": rp or None, "requires_dist": texts or [], "from": url}
             except net.BadAnswer as e:
                 return {"error": f"{e.url} is not PyPI's release JSON: it {e.detail}"}
         if status != 404:
             return {"error": f"{shown} answered HTTP {status}"}
         return self.from_wheel(name, version, project)
 
-    def from_wheel(self, name: str, version: str, project: dict[str, Any]) -> dict[str, Any]:
+    def from_wheel(self, name: str, version: str, project: Project) -> ReleaseMeta:
         import zipfile
         import zlib
 
         from envbuilder.oci import http as net
 
         files = (project.get("releases") or {}).get(version) or []
-        wheels = [f for f in files if str(f.get("filename", "")).endswith(".whl") and f.get("url")]
+        wheels: list[tuple[str, str, int | None]] = []  # (filename, url, size)
+        for f in files:
+            filename, link = f.get("filename") or "", f.get("url")
+            if filename.endswith(".whl") and link:
+                wheels.append((filename, link, f.get("size")))
         if not wheels:
             return {
                 "error": "no per-release JSON at this index (404) and no wheel to read "
                 "METADATA from (PyPI has only its sdist)"
             }
-        wheel = min(
-            wheels, key=lambda f: (not re.search(r"linux.*x86_64|none-any", f["filename"]), f["filename"])
+        filename, link, size = min(
+            wheels, key=lambda w: (not re.search(r"linux.*x86_64|none-any", w[0]), w[0])
         )
         from urllib.parse import urljoin
 
-        url = urljoin(f"{self.base}/pypi/{name}/json", wheel["url"])
+        url = urljoin(f"{self.base}/pypi/{name}/json", link)
         try:
-            text = _wheel_metadata(self, url, wheel.get("size"))
+            text = _wheel_metadata(self, url, size)
         except (
             net.NetError,
             ValueError,
@@ -193,7 +237,7 @@ class PyPIJson:
             # zipfile does not read: the wheel cannot give its METADATA)
             return {
                 "error": f"no per-release JSON at this index (404), and the METADATA of "
-                f"{wheel['filename']} could not be read ({_why(e)})"
+                f"{filename} could not be read ({_why(e)})"
             }
         import email.parser
 
@@ -201,7 +245,7 @@ class PyPIJson:
         return {
             "requires_python": msg.get("Requires-Python") or None,
             "requires_dist": msg.get_all("Requires-Dist") or [],
-            "from": f"{wheel['filename']} METADATA (no per-release JSON at this index)",
+            "from": f"{filename} METADATA (no per-release JSON at this index)",
         }
 
 
@@ -215,34 +259,50 @@ _FILE_FIELDS = {
 }
 
 
-def _check_project(doc: dict[str, Any], url: str) -> None:
-    """net.BadAnswer unless `doc` has the shape of PyPI's project JSON in what refresh reads:
-    `info` an object (its `version` text), `releases` an object of lists of file objects whose
-    filename, url, yanked, yanked_reason, requires_python and size are of their kinds."""
+def _object(value: object) -> dict[str, object] | None:
+    """A JSON object (its keys are text), or None for any other value."""
+    return cast("dict[str, object]", value) if isinstance(value, dict) else None
+
+
+def _texts(value: object) -> list[str] | None:
+    """A JSON list of text, or None for any other value."""
+    if not isinstance(value, list):
+        return None
+    texts = [v for v in cast("list[object]", value) if isinstance(v, str)]
+    return texts if len(texts) == len(value) else None
+
+
+def _check_project(doc: Mapping[str, object], url: str) -> Project:
+    """`doc` as PyPI's project JSON, or net.BadAnswer unless it has that shape in what refresh
+    reads: `info` an object (its `version` text), `releases` an object of lists of file objects
+    whose filename, url, yanked, yanked_reason, requires_python and size are of their kinds."""
     from envbuilder.oci.http import BadAnswer, kind_of
 
-    info = doc.get("info")
-    if info is not None and not isinstance(info, dict):
-        raise BadAnswer(url, f"has {kind_of(info)} for `info`, not an object")
+    got = doc.get("info")
+    info = _object(got)
+    if got is not None and info is None:
+        raise BadAnswer(url, f"has {kind_of(got)} for `info`, not an object")
     if info and info.get("version") is not None and not isinstance(info["version"], str):
         raise BadAnswer(url, f"has {kind_of(info['version'])} for `info.version`, not text")
-    releases = doc.get("releases")
-    if not isinstance(releases, dict):
+    got = doc.get("releases")
+    releases = _object(got)
+    if releases is None:
         raise BadAnswer(
             url,
             "has no `releases` object"
-            if releases is None
-            else f"has {kind_of(releases)} for `releases`, not an object",
+            if got is None
+            else f"has {kind_of(got)} for `releases`, not an object",
         )
     for version, files in releases.items():
         if files is None:
             continue
         if not isinstance(files, list):
             raise BadAnswer(url, f"has {kind_of(files)} for release {version[:60]!r}, not a list of files")
-        for i, f in enumerate(files):
-            if not isinstance(f, dict):
+        for i, item in enumerate(cast("list[object]", files)):
+            f = _object(item)
+            if f is None:
                 raise BadAnswer(
-                    url, f"has {kind_of(f)} as file {i} of release {version[:60]!r}, not an object"
+                    url, f"has {kind_of(item)} as file {i} of release {version[:60]!r}, not an object"
                 )
             for key, kinds in _FILE_FIELDS.items():
                 value = f.get(key)
@@ -253,6 +313,7 @@ def _check_project(doc: dict[str, Any], url: str) -> None:
                     raise BadAnswer(
                         url, f"has {kind_of(value)} for `{key}` of file {i} of release {version[:60]!r}"
                     )
+    return cast(Project, doc)  # (its shape, checked above)
 
 
 class _RangeFile:
@@ -319,7 +380,8 @@ def _wheel_metadata(index: PyPIJson, url: str, size: int | None) -> str:
         r = net.request(
             index.session(), "HEAD", url, net.STATUS, timeout=index.timeout, deadline=index.deadline
         )
-        length = r.headers.get("Content-Length") or ""
+        headers: Mapping[str, str] = r.headers  # (requests' case-insensitive headers)
+        length = headers.get("Content-Length") or ""
         size = int(length) if length.isdigit() else 0
         if r.status >= 400 or not size:
             raise ValueError(f"HEAD answered HTTP {r.status} without a length")

@@ -27,22 +27,125 @@ import copy
 import json
 import os
 import re
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable, Mapping, TypedDict, cast
 
-from envbuilder.model.requires import requirements
+from envbuilder.model import requires
+from envbuilder.record import Record
 
 from envbuilder.render import quoting
 from envbuilder.model.versions import VERSION_PATTERN, ranges_overlap, same_range, satisfies, version_key
 
 if TYPE_CHECKING:
+    from typing_extensions import NotRequired
+
     from envbuilder.model.matrix import Matrix
     from envbuilder.model.resolved import ResolvedEnv
+    from envbuilder.upstream.pypi import Project, PyPIFile, ReleaseMeta
 
 # what a combination installs, by canonical name: (version, extras, where the matrix pins it, the
 # name as pinned)
 _Install = tuple[str, tuple[str, ...], str, str]
 # (package, version) -> its release's metadata (pypi.PyPIJson.metadata), None where not read
-_Meta = Callable[[str, str], "dict[str, Any] | None"]
+_Meta = Callable[[str, str], "ReleaseMeta | None"]
+# a matrix section or record as refresh reads it: schema-checked, its keys text
+_Rec = Mapping[str, object]
+
+
+class Requirement(TypedDict):
+    """One requirement of a release's requires_dist, as model.requires.requirements reads it."""
+
+    name: str  # canonical
+    extras: tuple[str, ...]
+    spec: str  # its specifier ("" for any version)
+    text: str  # the line without its marker
+
+
+class ReleaseState(TypedDict):
+    """One release's files on PyPI (release_state)."""
+
+    files: int
+    yanked: bool
+    some_yanked: bool
+    reason: str | None
+    requires_python: str | None
+    pythons: list[str]
+
+
+class Fix(TypedDict):
+    path: list[str]  # the matrix key: section, record key, field ...
+    value: object  # the value PyPI's metadata gives it (text, or a list of text)
+
+
+class DriftRecord(TypedDict):
+    """One drift record of the report (its keys in this order in the JSON)."""
+
+    kind: str
+    package: str
+    version: str | None
+    fact: str
+    matrix: object
+    pypi: object
+    where: list[str]
+    message: str
+    fix: NotRequired[Fix]
+    versions: NotRequired[list[str]]
+    details: NotRequired[dict[str, dict[str, object]]]
+    combinations: NotRequired[list[str]]
+
+
+class PackageSummary(TypedDict):
+    latest: str | None
+    newest_in_matrix: str | None
+    releases: int
+    metadata_read: int
+
+
+class Comparison(TypedDict):
+    """compare's answer: per package, the drift records and the notes."""
+
+    packages: dict[str, PackageSummary]
+    drift: list[DriftRecord]
+    notes: list[str]
+
+
+class Report(TypedDict):
+    """The refresh report (commands.refresh_report): the index (without its credentials), the
+    comparison, and the overlay file where one was written."""
+
+    index: str
+    packages: dict[str, PackageSummary]
+    drift: list[DriftRecord]
+    notes: list[str]
+    overlay: NotRequired[str]
+
+
+def requirements(requires_dist: list[str], python: str, extras: tuple[str, ...] = ()) -> list[Requirement]:
+    """model.requires.requirements (its dicts: name, extras, spec, text), typed."""
+    return cast("list[Requirement]", requires.requirements(requires_dist, python, extras))
+
+
+def _rec(value: object) -> _Rec:
+    """A matrix section or record (a mapping with text keys, as the schema checked it); {} for
+    an absent one."""
+    return cast(_Rec, value) if isinstance(value, dict) else {}
+
+
+def _records(value: object) -> dict[str, _Rec]:
+    """A section of records (torch, vllm, verl, profiles, ...): key -> record."""
+    return {k: _rec(v) for k, v in _rec(value).items()}
+
+
+def _str(rec: _Rec, key: str) -> str:
+    """A field the schema holds to text (a version, a range)."""
+    value = rec[key]
+    return value if isinstance(value, str) else str(value)
+
+
+def _strs(value: object) -> list[str]:
+    """A list of text the schema checked (a record's `python`), [] for none."""
+    items = cast("list[object]", value) if isinstance(value, list) else []
+    return [v if isinstance(v, str) else str(v) for v in items]
+
 
 PACKAGES = ("torch", "vllm", "verl", "flash-attn", "transformers", "ray")
 # the packages whose releases the matrix records one by one (section path); the others it pins
@@ -63,7 +166,7 @@ def project_url(package: str, version: str | None = None) -> str:
 # -- versions and requirements ----------------------------------------------------------------
 
 
-def _key(version: str) -> tuple[Any, ...] | None:
+def _key(version: str) -> tuple[object, ...] | None:
     try:
         return version_key(version)
     except ValueError:
@@ -127,7 +230,7 @@ def pythons_allowed(requires_python: str | None, universe: list[str]) -> list[st
     return [p for p in universe if not requires_python or satisfies(p, requires_python)]
 
 
-def default_cuda(reqs: list[dict[str, Any]]) -> str | None:
+def default_cuda(reqs: list[Requirement]) -> str | None:
     """torch's PyPI build: the CUDA runtime its Linux wheel pins (nvidia-cuda-runtime-cu12==12.4.127
     -> cu124; cuda-toolkit[...]==13.0.2 -> cu130)."""
     for r in reqs:
@@ -141,7 +244,7 @@ def default_cuda(reqs: list[dict[str, Any]]) -> str | None:
 # -- the project JSON --------------------------------------------------------------------------
 
 
-def release_state(files: list[dict[str, Any]]) -> dict[str, Any]:
+def release_state(files: list[PyPIFile]) -> ReleaseState:
     """One release's files: yanked (all files), reason, requires_python, and the CPython
     versions of its Linux x86_64 wheels (none for abi3/pure wheels: Python is requires_python's)."""
     yanked = [f for f in files if f.get("yanked")]
@@ -164,65 +267,65 @@ def release_state(files: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def releases(project: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def releases(project: Project) -> dict[str, ReleaseState]:
     return {v: release_state(files or []) for v, files in (project.get("releases") or {}).items()}
 
 
 # -- what the matrix names -----------------------------------------------------------------------
 
 
-def named_versions(sections: dict[str, Any]) -> dict[str, dict[str, list[str]]]:
+def named_versions(sections: _Rec) -> dict[str, dict[str, list[str]]]:
     """package -> version -> the matrix keys that name it (torch.2.6.0, profiles.t4.torch,
     verl.0.4.1.pins.transformers, requires.ray[default].2.49.2)."""
     out: dict[str, dict[str, list[str]]] = {p: {} for p in PACKAGES}
 
-    def add(package: str, version: Any, where: str) -> None:
+    def add(package: str, version: object, where: str) -> None:
         name = canon(package)
         if name in out and version is not None:
             out[name].setdefault(str(version), []).append(where)
 
-    def pins(mapping: dict[str, Any] | None, where: str) -> None:
-        for pkg, v in (mapping or {}).items():
+    def pins(mapping: object, where: str) -> None:
+        for pkg, v in _rec(mapping).items():
             add(pkg, v, f"{where}.pins.{pkg}")
 
-    for v in sections.get("torch") or {}:
+    for v in _rec(sections.get("torch")):
         add("torch", v, f"torch.{v}")
-    for v, r in (sections.get("vllm") or {}).items():
+    for v, r in _records(sections.get("vllm")).items():
         add("vllm", v, f"vllm.{v}")
         add("torch", r["torch"], f"vllm.{v}.torch")
         pins(r.get("pins"), f"vllm.{v}")
-    for v, r in (sections.get("verl") or {}).items():
+    for v, r in _records(sections.get("verl")).items():
         add("verl", v, f"verl.{v}")
         pins(r.get("pins"), f"verl.{v}")
-    for v in (sections.get("flash_attn") or {}).get("versions") or {}:
+    for v in _rec(_rec(sections.get("flash_attn")).get("versions")):
         add("flash-attn", v, f"flash_attn.versions.{v}")
-    for name, p in (sections.get("profiles") or {}).items():
+    for name, p in _records(sections.get("profiles")).items():
         for field in ("torch", "verl", "vllm"):
             add(field, p.get(field), f"profiles.{name}.{field}")
         for field in ("components", "optional_components"):
-            for comp, v in (p.get(field) or {}).items():
-                add(comp, v, f"profiles.{name}.{field}.{comp}")
+            for comp, cv in _rec(p.get(field)).items():
+                add(comp, cv, f"profiles.{name}.{field}.{comp}")
         pins(p.get("pins"), f"profiles.{name}")
-    for pkg, by_version in (sections.get("requires") or {}).items():
-        for v in by_version:
+    for pkg, by_version in _rec(sections.get("requires")).items():
+        for v in _rec(by_version):
             add(pkg, v, f"requires.{pkg}.{v}")
     return out
 
 
-def newest_named(package: str, sections: dict[str, Any], named: dict[str, list[str]]) -> str | None:
+def newest_named(package: str, sections: _Rec, named: dict[str, list[str]]) -> str | None:
     """The newest release the matrix records (catalog packages) or pins (the others)."""
     if package in CATALOG:
-        node: Any = sections
+        node = sections
         for part in CATALOG[package]:
-            node = (node or {}).get(part)
-        candidates = list(node or {})
+            node = _rec(node.get(part))
+        candidates = list(node)
     else:
         candidates = list(named)
     keyed = [(k, v) for v in candidates if (k := _key(v)) is not None]
     return max(keyed)[1] if keyed else None
 
 
-def new_versions(newest: str | None, rels: dict[str, dict[str, Any]]) -> tuple[list[str], list[str]]:
+def new_versions(newest: str | None, rels: Mapping[str, ReleaseState]) -> tuple[list[str], list[str]]:
     """(final releases newer than `newest`, pre-releases newer than it whose final is not out),
     oldest first; yanked ones left out."""
     floor = _key(newest) if newest else None
@@ -240,7 +343,7 @@ def new_versions(newest: str | None, rels: dict[str, dict[str, Any]]) -> tuple[l
     return sorted(finals, key=lambda v: _key(v) or ()), sorted(pres, key=lambda v: _key(v) or ())
 
 
-def wanted_metadata(m: Matrix, projects: dict[str, dict[str, Any]], newest: int = 3) -> dict[str, list[str]]:
+def wanted_metadata(m: Matrix, projects: Mapping[str, Project], newest: int = 3) -> dict[str, list[str]]:
     """The releases whose metadata the comparison reads: every release the matrix names that
     PyPI has, and the `newest` newest final releases past the matrix's (catalog packages)."""
     named = named_versions(m.sections)
@@ -261,7 +364,7 @@ def wanted_metadata(m: Matrix, projects: dict[str, dict[str, Any]], newest: int 
 class _Drift:
     def __init__(self, m: Matrix, where: Callable[[str, str], str] | None):
         self.m = m
-        self.records: list[dict[str, Any]] = []
+        self.records: list[DriftRecord] = []
         self.notes: list[str] = []
         self._where = where or (lambda section, key: "matrices")
 
@@ -271,7 +374,7 @@ class _Drift:
         if section in ("torch", "vllm", "verl", "profiles"):
             key = _record_key(section, rest, self.m.sections)
         elif section == "requires":
-            key = next((p for p in (self.m.sections.get("requires") or {}) if rest.startswith(p + ".")), rest)
+            key = next((p for p in _rec(self.m.sections.get("requires")) if rest.startswith(p + ".")), rest)
         return f"{self._where(section, key)}: {path}"
 
     def add(
@@ -282,12 +385,15 @@ class _Drift:
         fact: str,
         message: str,
         where: list[str],
-        matrix: Any = None,
-        pypi: Any = None,
-        fix: dict[str, Any] | None = None,
-        **extra: Any,
+        matrix: object = None,
+        pypi: object = None,
+        fix: Fix | None = None,
+        *,
+        versions: list[str] | None = None,
+        details: dict[str, dict[str, object]] | None = None,
+        combinations: list[str] | None = None,
     ) -> None:
-        rec = {
+        rec: DriftRecord = {
             "kind": kind,
             "package": package,
             "version": version,
@@ -299,22 +405,27 @@ class _Drift:
         }
         if fix:
             rec["fix"] = fix
-        rec.update(extra)
+        if versions is not None:
+            rec["versions"] = versions
+        if details is not None:
+            rec["details"] = details
+        if combinations is not None:
+            rec["combinations"] = combinations
         self.records.append(rec)
 
 
-def _record_key(section: str, rest: str, sections: dict[str, Any]) -> str:
+def _record_key(section: str, rest: str, sections: _Rec) -> str:
     """The record key a dotted path starts with (versions hold dots: vllm.0.8.5.post1.torch)."""
-    keys = sorted(sections.get(section) or {}, key=len, reverse=True)
+    keys = sorted(_rec(sections.get(section)), key=len, reverse=True)
     return next((k for k in keys if rest == k or rest.startswith(k + ".")), rest)
 
 
 def compare(
     m: Matrix,
-    projects: dict[str, dict[str, Any]],
-    metadata: dict[str, dict[str, dict[str, Any]]],
+    projects: Mapping[str, Project],
+    metadata: Mapping[str, Mapping[str, ReleaseMeta]],
     where: Callable[[str, str], str] | None = None,
-) -> dict[str, Any]:
+) -> Comparison:
     """The drift between the matrix `m` and PyPI: {"packages": {...}, "drift": [...],
     "notes": [...]}. `metadata[pkg][version]` is {"requires_python", "requires_dist"}, or
     {"error": why} where it could not be read."""
@@ -326,18 +437,18 @@ def compare(
         {
             p
             for sec in ("torch", "vllm")
-            for r in (sections.get(sec) or {}).values()
-            for p in r.get("python", [])
+            for r in _records(sections.get(sec)).values()
+            for p in _strs(r.get("python"))
         }
-        | {r["python"] for r in (sections.get("cuda") or {}).values()},
+        | {_str(r, "python") for r in _records(sections.get("cuda")).values()},
         key=lambda p: tuple(map(int, p.split("."))),
     )
 
-    def meta(pkg: str, version: str) -> dict[str, Any] | None:
+    def meta(pkg: str, version: str) -> ReleaseMeta | None:
         got = (metadata.get(pkg) or {}).get(version)
         return got if got and "error" not in got else None
 
-    summary = {}
+    summary: dict[str, PackageSummary] = {}
     for pkg in PACKAGES:
         project = projects.get(pkg) or {}
         newest = newest_named(pkg, sections, named[pkg])
@@ -387,7 +498,7 @@ def compare(
     return {"packages": summary, "drift": d.records, "notes": d.notes}
 
 
-def _existence(d: _Drift, pkg: str, named: dict[str, list[str]], rels: dict[str, dict[str, Any]]) -> None:
+def _existence(d: _Drift, pkg: str, named: dict[str, list[str]], rels: dict[str, ReleaseState]) -> None:
     for version, where in sorted(named.items(), key=lambda kv: _key(kv[0]) or ()):
         st = rels.get(version)
         if st is None:
@@ -434,11 +545,11 @@ def _existence(d: _Drift, pkg: str, named: dict[str, list[str]], rels: dict[str,
 
 
 def _new(
-    d: _Drift, pkg: str, newest: str | None, rels: dict[str, Any], meta: _Meta, universe: list[str]
+    d: _Drift, pkg: str, newest: str | None, rels: dict[str, ReleaseState], meta: _Meta, universe: list[str]
 ) -> None:
     finals, pres = new_versions(newest, rels)
     if finals:
-        details = {}
+        details: dict[str, dict[str, object]] = {}
         for v in finals:
             info = _release_facts(pkg, v, rels[v], meta(pkg, v), universe)
             if info:
@@ -472,11 +583,11 @@ def _new(
 
 
 def _release_facts(
-    pkg: str, version: str, st: dict[str, Any], md: dict[str, Any] | None, universe: list[str]
-) -> dict[str, Any]:
+    pkg: str, version: str, st: ReleaseState, md: ReleaseMeta | None, universe: list[str]
+) -> dict[str, object]:
     """What PyPI says of a release the matrix lacks: the facts a record of it would derive."""
     rp = (md or {}).get("requires_python") or st["requires_python"]
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     if pkg == "torch":
         if st["pythons"]:
             out["python"] = st["pythons"]
@@ -497,7 +608,7 @@ def _release_facts(
     return out if pkg in CATALOG else {}
 
 
-def _pin(md: dict[str, Any], name: str, universe: list[str]) -> str | None:
+def _pin(md: ReleaseMeta, name: str, universe: list[str]) -> str | None:
     """The exact version `md` pins `name` to (vllm's torch==2.8.0), on the target platform."""
     for python in reversed(universe):
         for r in requirements(md.get("requires_dist") or [], python):
@@ -507,57 +618,58 @@ def _pin(md: dict[str, Any], name: str, universe: list[str]) -> str | None:
     return None
 
 
-def _verl_vllm_range(md: dict[str, Any], universe: list[str]) -> str | None:
+def _verl_vllm_range(md: ReleaseMeta, universe: list[str]) -> str | None:
     for python in reversed(universe):
         for r in requirements(md.get("requires_dist") or [], python, ("vllm",)):
             if r["name"] == "vllm":
-                spec: str | None = r["spec"]
-                return spec
+                return r["spec"]
     return None
 
 
-def _torch_records(d: _Drift, sections: dict[str, Any], rels: dict[str, Any], meta: _Meta) -> None:
-    for v, rec in (sections.get("torch") or {}).items():
+def _torch_records(d: _Drift, sections: _Rec, rels: dict[str, ReleaseState], meta: _Meta) -> None:
+    for v, rec in _records(sections.get("torch")).items():
         st, md = rels.get(v), meta("torch", v)
         if not st or not st["files"]:
             continue
-        if st["pythons"] and st["pythons"] != list(rec["python"]):
+        python, pypi_default = _strs(rec["python"]), _str(rec, "pypi_default")
+        if st["pythons"] and st["pythons"] != python:
             d.add(
                 "changed",
                 "torch",
                 v,
                 "python",
                 f"torch {v}: the matrix says wheels for Python "
-                f"{', '.join(rec['python'])}; PyPI's Linux x86_64 wheels are for "
+                f"{', '.join(python)}; PyPI's Linux x86_64 wheels are for "
                 f"{', '.join(st['pythons'])}.",
                 [f"torch.{v}.python"],
-                matrix=list(rec["python"]),
+                matrix=python,
                 pypi=st["pythons"],
                 fix={"path": ["torch", v, "python"], "value": st["pythons"]},
             )
-        cuda = default_cuda(requirements(md["requires_dist"] or [], rec["python"][-1])) if md else None
-        if cuda and cuda != rec["pypi_default"]:
+        cuda = default_cuda(requirements(md["requires_dist"] or [], python[-1])) if md else None
+        if cuda and cuda != pypi_default:
             d.add(
                 "changed",
                 "torch",
                 v,
                 "pypi_default",
                 f"torch {v}: the matrix says PyPI's build "
-                f"is {rec['pypi_default']}; its Linux wheel pins the CUDA {cuda[2:-1]}."
+                f"is {pypi_default}; its Linux wheel pins the CUDA {cuda[2:-1]}."
                 f"{cuda[-1]} runtime ({cuda}).",
                 [f"torch.{v}.pypi_default"],
-                matrix=rec["pypi_default"],
+                matrix=pypi_default,
                 pypi=cuda,
                 fix={"path": ["torch", v, "pypi_default"], "value": cuda},
             )
 
 
-def _vllm_records(d: _Drift, sections: dict[str, Any], rels: dict[str, Any], meta: _Meta) -> None:
-    for v, rec in (sections.get("vllm") or {}).items():
+def _vllm_records(d: _Drift, sections: _Rec, rels: dict[str, ReleaseState], meta: _Meta) -> None:
+    for v, rec in _records(sections.get("vllm")).items():
         md = meta("vllm", v)
         if md is None:
             continue
-        pin = _pin(md, "torch", list(rec["python"]))
+        python = _strs(rec["python"])
+        pin = _pin(md, "torch", python)
         if pin != rec["torch"]:
             d.add(
                 "changed",
@@ -572,10 +684,11 @@ def _vllm_records(d: _Drift, sections: dict[str, Any], rels: dict[str, Any], met
                 pypi=pin,
                 fix={"path": ["vllm", v, "torch"], "value": pin} if pin else None,
             )
-        rp = md.get("requires_python") or rels.get(v, {}).get("requires_python")
-        bad = [p for p in rec["python"] if rp and not satisfies(p, rp)]
+        st = rels.get(v)
+        rp = md.get("requires_python") or (st["requires_python"] if st else None)
+        bad = [p for p in python if rp and not satisfies(p, rp)]
         if bad:
-            keep = [p for p in rec["python"] if p not in bad]
+            keep = [p for p in python if p not in bad]
             d.add(
                 "contradicted",
                 "vllm",
@@ -584,18 +697,18 @@ def _vllm_records(d: _Drift, sections: dict[str, Any], rels: dict[str, Any], met
                 f"vllm {v}: the matrix lists Python "
                 f"{', '.join(bad)}, which its requires_python {rp!r} refuses.",
                 [f"vllm.{v}.python"],
-                matrix=list(rec["python"]),
+                matrix=python,
                 pypi=rp,
                 fix={"path": ["vllm", v, "python"], "value": keep} if keep else None,
             )
 
 
-def _verl_records(d: _Drift, sections: dict[str, Any], meta: _Meta, universe: list[str]) -> None:
-    for v, rec in (sections.get("verl") or {}).items():
+def _verl_records(d: _Drift, sections: _Rec, meta: _Meta, universe: list[str]) -> None:
+    for v, rec in _records(sections.get("verl")).items():
         md = meta("verl", v)
         if md is None:
             continue
-        rng = _verl_vllm_range(md, universe)
+        rng, vllm = _verl_vllm_range(md, universe), _str(rec, "vllm")
         if rng is None:
             d.add(
                 "changed",
@@ -603,33 +716,32 @@ def _verl_records(d: _Drift, sections: dict[str, Any], meta: _Meta, universe: li
                 v,
                 "vllm range",
                 f"verl {v}: the matrix says it accepts vllm "
-                f"{rec['vllm']}; its requires_dist (extra 'vllm') names no vllm.",
+                f"{vllm}; its requires_dist (extra 'vllm') names no vllm.",
                 [f"verl.{v}.vllm"],
-                matrix=rec["vllm"],
+                matrix=vllm,
                 pypi=None,
             )
-        elif not same_range(rng, rec["vllm"]):
+        elif not same_range(rng, vllm):
             fix = plain_range(rng)
             d.add(
                 "changed",
                 "verl",
                 v,
                 "vllm range",
-                f"verl {v}: the matrix says vllm "
-                f"{rec['vllm']}; its requires_dist (extra 'vllm') says vllm{rng}.",
+                f"verl {v}: the matrix says vllm {vllm}; its requires_dist (extra 'vllm') says vllm{rng}.",
                 [f"verl.{v}.vllm"],
-                matrix=rec["vllm"],
+                matrix=vllm,
                 pypi=rng,
                 fix={"path": ["verl", v, "vllm"], "value": fix} if fix and "!=" not in rng else None,
             )
 
 
-def _requires_records(d: _Drift, sections: dict[str, Any], meta: _Meta, universe: list[str]) -> None:
-    for spec, by_version in (sections.get("requires") or {}).items():
+def _requires_records(d: _Drift, sections: _Rec, meta: _Meta, universe: list[str]) -> None:
+    for spec, by_version in _rec(sections.get("requires")).items():
         pkg, extras = canon(spec), extras_of(spec)
         if pkg not in PACKAGES:
             continue
-        for v, rec in by_version.items():
+        for v, rec in _records(by_version).items():
             md = meta(pkg, v)
             if md is None:
                 continue
@@ -638,7 +750,7 @@ def _requires_records(d: _Drift, sections: dict[str, Any], meta: _Meta, universe
                 for r in requirements(md.get("requires_dist") or [], python, extras):
                     if r["spec"] not in found.setdefault(r["name"], []):
                         found[r["name"]].append(r["spec"])
-            for dep, rng in rec["needs"].items():
+            for dep, rng in _needs(rec).items():
                 now = [s for s in found.get(canon(dep), []) if s]
                 if any(same_range(s, rng) for s in now):
                     continue
@@ -662,7 +774,28 @@ def _requires_records(d: _Drift, sections: dict[str, Any], meta: _Meta, universe
 # -- what is installed together ------------------------------------------------------------------
 
 
-def _combinations(d: _Drift, m: Matrix, rels: dict[str, Any], meta: _Meta) -> None:
+class _Combo(Record):
+    label: str
+    python: str
+    installs: dict[str, _Install]
+    pair: bool = False  # a verl release with a vLLM release (no Python of a profile's)
+
+
+class _Found(TypedDict):
+    """A drift record of the combinations, before the list of those it was found in."""
+
+    kind: str
+    package: str
+    version: str
+    fact: str
+    matrix: str | None
+    pypi: str
+    where: list[str]
+    labels: list[str]
+    message: str
+
+
+def _combinations(d: _Drift, m: Matrix, rels: dict[str, dict[str, ReleaseState]], meta: _Meta) -> None:
     """Each profile as the resolver resolves it, and each verl release with each vLLM release
     its range admits: every pin against the requires_dist of the releases installed with it,
     the profile's Python against their requires_python, and shared dependencies."""
@@ -670,14 +803,15 @@ def _combinations(d: _Drift, m: Matrix, rels: dict[str, Any], meta: _Meta) -> No
     from envbuilder.model.resolve import resolve
 
     sections = m.sections
-    combos: list[dict[str, Any]] = []
-    for name in sections.get("profiles") or {}:
+    combos: list[_Combo] = []
+    installs: dict[str, _Install]
+    for name in _rec(sections.get("profiles")):
         try:
             env = resolve(m, name)
         except EnvbuildError as e:
             d.notes.append(f"profile {name}: not checked: it does not resolve ({str(e).splitlines()[0]})")
             continue
-        installs: dict[str, _Install] = {
+        installs = {
             "torch": (env.torch.version, (), f"profiles.{name}.torch", "torch"),
             "verl": (env.verl.version, (), f"profiles.{name}.verl", "verl"),
         }
@@ -692,65 +826,86 @@ def _combinations(d: _Drift, m: Matrix, rels: dict[str, Any], meta: _Meta) -> No
             )
         for pkg, v in env.verl.pins.items():
             installs[canon(pkg)] = (v, extras_of(pkg), _pin_origin(sections, name, env, pkg), pkg)
-        combos.append({"label": f"profile {name}", "python": env.python, "installs": installs})
-    pythons = sorted({c["python"] for c in combos}) or ["3.10"]
+        combos.append(_Combo(f"profile {name}", env.python, installs))
+    pythons = sorted({c.python for c in combos}) or ["3.10"]
     from envbuilder.model.versions import in_range
 
-    for vv, vrec in (sections.get("verl") or {}).items():
-        for lv, lrec in (sections.get("vllm") or {}).items():
-            if not in_range(lv, vrec["vllm"]):
+    for vv, vrec in _records(sections.get("verl")).items():
+        for lv, lrec in _records(sections.get("vllm")).items():
+            if not in_range(lv, _str(vrec, "vllm")):
                 continue
             # verl's pins, then the vLLM release's own (the resolver's order: resolve.py); no
             # torch: the pair's is the vLLM record's pin, which "changed" compares already
-            installs = {"verl": (vv, (), f"verl.{vv}", "verl"), "vllm": (lv, (), f"vllm.{lv}", "vllm")}
+            installs = {
+                "verl": (vv, (), f"verl.{vv}", "verl"),
+                "vllm": (lv, (), f"vllm.{lv}", "vllm"),
+            }
             for src, pins in ((f"verl.{vv}", vrec.get("pins")), (f"vllm.{lv}", lrec.get("pins"))):
-                for pkg, v in (pins or {}).items():
+                for pkg, v in _pins(pins).items():
                     installs[canon(pkg)] = (v, extras_of(pkg), f"{src}.pins.{pkg}", pkg)
             for python in pythons:
-                combos.append(
-                    {"label": f"verl {vv} + vllm {lv}", "python": python, "installs": installs, "pair": True}
-                )
-    found: dict[tuple[Any, ...], dict[str, Any]] = {}
+                combos.append(_Combo(f"verl {vv} + vllm {lv}", python, installs, pair=True))
+    found: dict[tuple[str, ...], _Found] = {}
     for c in combos:
         _check_combo(c, rels, meta, found, sections)
     for rec in found.values():
-        labels = rec.pop("labels")
+        labels = rec["labels"]
         shown = ", ".join(labels[:4]) + (f" (+{len(labels) - 4} more)" if len(labels) > 4 else "")
-        rec["message"] += f" In: {shown}."
-        rec["combinations"] = labels
-        d.add(**rec)
+        d.add(
+            rec["kind"],
+            rec["package"],
+            rec["version"],
+            rec["fact"],
+            rec["message"] + f" In: {shown}.",
+            rec["where"],
+            matrix=rec["matrix"],
+            pypi=rec["pypi"],
+            combinations=labels,
+        )
 
 
-def _pin_origin(sections: dict[str, Any], profile: str, env: ResolvedEnv, pkg: str) -> str:
-    p = sections["profiles"][profile]
-    if pkg in (p.get("pins") or {}):
+def _pins(value: object) -> dict[str, str]:
+    """A record's `pins` (package -> version), {} for none."""
+    pins = _rec(value)
+    return {pkg: _str(pins, pkg) for pkg in pins}
+
+
+def _needs(rec: _Rec) -> dict[str, str]:
+    """A `requires` record's `needs` (dependency -> the range it needs)."""
+    needs = _rec(rec["needs"])
+    return {dep: _str(needs, dep) for dep in needs}
+
+
+def _pin_origin(sections: _Rec, profile: str, env: ResolvedEnv, pkg: str) -> str:
+    p = _records(sections["profiles"])[profile]
+    if pkg in _rec(p.get("pins")):
         return f"profiles.{profile}.pins.{pkg}"
     vllm = env.vllm.version if env.vllm else None
-    if vllm and pkg in ((sections["vllm"][vllm].get("pins")) or {}):
+    if vllm and pkg in _rec(_records(sections["vllm"])[vllm].get("pins")):
         return f"vllm.{vllm}.pins.{pkg}"
-    if pkg in (sections["verl"][env.verl.version].get("pins") or {}):
+    if pkg in _rec(_records(sections["verl"])[env.verl.version].get("pins")):
         return f"verl.{env.verl.version}.pins.{pkg}"
     return "flash_attn.runtime_pins"
 
 
 def _check_combo(
-    c: dict[str, Any],
-    rels: dict[str, Any],
+    c: _Combo,
+    rels: dict[str, dict[str, ReleaseState]],
     meta: _Meta,
-    found: dict[tuple[Any, ...], dict[str, Any]],
-    sections: dict[str, Any],
+    found: dict[tuple[str, ...], _Found],
+    sections: _Rec,
 ) -> None:
-    installs: dict[str, _Install] = c["installs"]
-    python: str = c["python"]
-    reqs: dict[str, list[dict[str, Any]]] = {}
+    installs, python = c.installs, c.python
+    reqs: dict[str, list[Requirement]] = {}
     key: tuple[str, ...]
     for pkg, (v, extras, origin, _) in installs.items():
         if pkg not in PACKAGES:
             continue
         md = meta(pkg, v)
-        rp = (md or {}).get("requires_python") or (rels[pkg].get(v) or {}).get("requires_python")
-        if not c.get("pair") and rp and not satisfies(python, rp):
-            key = ("python", c["label"], pkg, v)
+        st = rels[pkg].get(v)
+        rp = (md or {}).get("requires_python") or (st["requires_python"] if st else None)
+        if not c.pair and rp and not satisfies(python, rp):
+            key = ("python", c.label, pkg, v)
             found.setdefault(
                 key,
                 {
@@ -764,7 +919,7 @@ def _check_combo(
                     "labels": [],
                     "message": f"{pkg} {v} requires Python {rp}; the profile's Python is {python}.",
                 },
-            )["labels"].append(c["label"])
+            )["labels"].append(c.label)
         if md is not None:
             reqs[pkg] = requirements(md.get("requires_dist") or [], python, extras)
     for pkg, rs in reqs.items():
@@ -790,7 +945,7 @@ def _check_combo(
                 )
                 if target[2] not in rec["where"]:
                     rec["where"].append(target[2])
-                rec["labels"].append(c["label"])
+                rec["labels"].append(c.label)
     names = sorted(reqs)
     for i, a in enumerate(names):
         for b in names[i + 1 :]:
@@ -819,13 +974,13 @@ def _check_combo(
                             f"{rb['text']}: no version satisfies both, and dependencies.yaml "
                             "(`requires`) does not record it, so the resolver lets the pair through.",
                         },
-                    )["labels"].append(c["label"])
+                    )["labels"].append(c.label)
 
 
-def _recorded(sections: dict[str, Any], pkg: str, version: str, dep: str) -> bool:
-    for spec, by_version in (sections.get("requires") or {}).items():
+def _recorded(sections: _Rec, pkg: str, version: str, dep: str) -> bool:
+    for spec, by_version in _rec(sections.get("requires")).items():
         if canon(spec) == pkg and any(
-            canon(x) == dep for x in ((by_version.get(version) or {}).get("needs") or {})
+            canon(x) == dep for x in _rec(_rec(_rec(by_version).get(version)).get("needs"))
         ):
             return True
     return False
@@ -848,7 +1003,7 @@ def _short(versions: list[str], keep: int = 12) -> str:
     return f"{', '.join(versions[:3])}, ... ({len(versions) - 6} more), {', '.join(versions[-3:])}"
 
 
-def text(report: dict[str, Any]) -> str:
+def text(report: Report) -> str:
     """The human report: one section per kind, one entry per drift, each with its matrix key."""
     drift = report["drift"]
     lines = [f"envbuild refresh: {report['index']} against the matrix"]
@@ -898,15 +1053,15 @@ def text(report: dict[str, Any]) -> str:
     return "\n".join(map(quoting.line, lines)) + "\n"
 
 
-def markdown(report: dict[str, Any]) -> str:
+def markdown(report: Report) -> str:
     """The human report as one Markdown code block (the refresh workflow's pull request body):
     nothing an index wrote renders, and no line of it can end the block."""
     return quoting.md_code_block(text(report))
 
 
-def _fmt(value: Any) -> str:
+def _fmt(value: object) -> str:
     if isinstance(value, list):
-        return "[" + ", ".join(map(str, value)) + "]"
+        return "[" + ", ".join(map(str, cast("list[object]", value))) + "]"
     return "none" if value is None else str(value)
 
 
@@ -915,7 +1070,7 @@ def _fmt(value: Any) -> str:
 OVERLAY_HEADER = "# envbuild refresh overlay"
 
 
-def overlay_text(report: dict[str, Any], m: Matrix, sources_of: Callable[[str, str], dict[str, Any]]) -> str:
+def overlay_text(report: Report, m: Matrix, sources_of: Callable[[str, str], Mapping[str, str]]) -> str:
     """A --matrix-dir file for review: the records a mechanical fix changes, each copied whole
     from the matrix with the fix applied and its sources written out as URLs (an overlay file
     checks `source:` against its own `sources:`); everything else as a commented TODO report,
@@ -928,8 +1083,9 @@ def overlay_text(report: dict[str, Any], m: Matrix, sources_of: Callable[[str, s
     string of the index can add a key, a record or a line of YAML."""
     import yaml
 
-    units: dict[tuple[str, str], Any] = {}
-    fixed, refused = [], []
+    units: dict[tuple[str, str], dict[str, object]] = {}
+    fixed: list[str] = []
+    refused: list[DriftRecord] = []
     for r in report["drift"]:
         fix = r.get("fix")
         if not fix:
@@ -937,16 +1093,18 @@ def overlay_text(report: dict[str, Any], m: Matrix, sources_of: Callable[[str, s
         section, key, *inner = fix["path"]
         unit = units.get((section, key))
         if unit is None:
-            unit = _urls(copy.deepcopy(m.sections[section][key]), sources_of(section, key))
+            unit = _urls(
+                _editable(copy.deepcopy(_rec(_rec(m.sections)[section])[key])), sources_of(section, key)
+            )
         unit = copy.deepcopy(unit)
         node, holder = unit, None
         for part in inner[:-1]:
-            holder, node = node, node[part]
+            holder, node = node, _editable(node[part])
         node[inner[-1]] = fix["value"]
         cite = project_url(r["package"], r["version"])
         for rec in (node, holder, unit):  # the nearest record that carries a source
-            if isinstance(rec, dict) and "source" in rec:
-                if cite not in rec["source"]:
+            if rec is not None and "source" in rec:
+                if cite not in str(rec["source"]):
                     rec["source"] = f"{cite}, {rec['source']}"
                 break
         if not _schema_takes(section, key, unit):
@@ -964,7 +1122,7 @@ def overlay_text(report: dict[str, Any], m: Matrix, sources_of: Callable[[str, s
     ) + [""]
     if fixed:
         lines += _comment_lines(["mechanical fixes:", *(f"  {f}" for f in fixed)])
-        by_section: dict[str, dict[str, Any]] = {}
+        by_section: dict[str, dict[str, dict[str, object]]] = {}
         for (section, key), unit in sorted(
             units.items(), key=lambda kv: (kv[0][0], _key(kv[0][1]) or (), kv[0][1])
         ):
@@ -1003,7 +1161,7 @@ def _comment_lines(texts: list[str]) -> list[str]:
     return [f"# {quoting.line(t)}".rstrip() for t in texts]
 
 
-def _schema_takes(section: str, key: str, unit: Any) -> bool:
+def _schema_takes(section: str, key: str, unit: object) -> bool:
     """Whether the matrix schema takes `unit` as the record `section.key` (its `source:` URLs
     aside, which matrix._check_sources checks against the file's own `sources:`)."""
     from envbuilder.model import schema as S
@@ -1016,7 +1174,7 @@ def _schema_takes(section: str, key: str, unit: Any) -> bool:
     return True
 
 
-def _scalar(value: Any) -> str:
+def _scalar(value: object) -> str:
     """A value of PyPI's as YAML writes it, on one line: a plain token as itself, anything else
     double-quoted with JSON's escapes (YAML reads them the same)."""
     if isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]*", value):
@@ -1024,7 +1182,7 @@ def _scalar(value: Any) -> str:
     return json.dumps(value)
 
 
-def _template(pkg: str, version: str, facts: dict[str, Any]) -> list[str]:
+def _template(pkg: str, version: str, facts: Mapping[str, object]) -> list[str]:
     """A commented record for a new release: what PyPI gives, TODO for the rest."""
     src = project_url(pkg, version)
     v = _scalar(version)
@@ -1052,15 +1210,27 @@ def _template(pkg: str, version: str, facts: dict[str, Any]) -> list[str]:
     ]
 
 
-def _urls(node: Any, sources: dict[str, Any]) -> Any:
+def _editable(value: object) -> dict[str, object]:
+    """A matrix record (or a mapping inside one: `needs`) to edit in a copy; TypeError for
+    anything else (a fix's path names records only)."""
+    if not isinstance(value, dict):
+        raise TypeError(f"not a record: {value!r}")
+    return cast("dict[str, object]", value)
+
+
+def _urls(node: dict[str, object], sources: Mapping[str, str]) -> dict[str, object]:
     """`source:` tokens that are keys of the origin file's `sources:`, as their URLs."""
+    _urls_in(node, sources)
+    return node
+
+
+def _urls_in(node: object, sources: Mapping[str, str]) -> None:
     if isinstance(node, dict):
-        for k, v in node.items():
+        for k, v in cast("dict[str, object]", node).items():
             if k in ("source", "min_compute_capability_source", "torch_source") and isinstance(v, str):
                 node[k] = ", ".join(sources.get(t.strip(), t.strip()) for t in v.split(","))
             else:
-                _urls(v, sources)
+                _urls_in(v, sources)
     elif isinstance(node, list):
-        for v in node:
-            _urls(v, sources)
-    return node
+        for v in cast("list[object]", node):
+            _urls_in(v, sources)
