@@ -482,7 +482,16 @@ def entrypoint(env: ResolvedEnv) -> str:
     return f"{check} && {wait} && exec {shlex.quote(RUN_SCRIPT)}"
 
 
-def rayjob_yaml(env: ResolvedEnv, image: str, **kw: Any) -> str:
+def rayjob_yaml(
+    env: ResolvedEnv,
+    image: str,
+    *,
+    job: str | None = None,
+    cpus: int | None = None,
+    memory_gib: int | None = None,
+    shm_gib: int | None = None,
+    data_pvc: str | None = None,
+) -> str:
     """The manifest as YAML (a serializer's, with a comment header of envbuild's own), multi-line
     strings (the entrypoint's Python) as literal blocks."""
     import yaml
@@ -498,7 +507,7 @@ def rayjob_yaml(env: ResolvedEnv, image: str, **kw: Any) -> str:
         return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
     Dumper.add_representer(str, text)
-    doc = rayjob(env, image, **kw)
+    doc = rayjob(env, image, job=job, cpus=cpus, memory_gib=memory_gib, shm_gib=shm_gib, data_pvc=data_pvc)
     body = yaml.dump(
         doc, Dumper=Dumper, sort_keys=False, default_flow_style=False, width=100, allow_unicode=False
     )
