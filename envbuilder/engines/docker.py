@@ -27,7 +27,6 @@ from typing import (
     TextIO,
     TypedDict,
     cast,
-    runtime_checkable,
 )
 
 from envbuilder.errors import ActionError, UserError
@@ -288,16 +287,6 @@ def redacted(text: str) -> str:
     return redact(text)
 
 
-@runtime_checkable
-class _Ticks(Protocol):  # an echo with a heartbeat (StepLog)
-    def tick(self) -> None: ...
-
-
-@runtime_checkable
-class _Closes(Protocol):  # an echo that ends with the build's exit status (StepLog)
-    def close(self, rc: int) -> None: ...
-
-
 def run_build(
     client: BuildKitClient,
     context: Path,
@@ -320,13 +309,14 @@ def run_build(
     )
     assert proc.stdout is not None
     done = threading.Event()
-    said: object = echo
-    if isinstance(said, _Ticks):  # the step log's heartbeat while a step runs quietly
-        ticks = said
+    tick: object = getattr(echo, "tick", None)  # (StepLog's: its heartbeat, and its close)
+    close: object = getattr(echo, "close", None)
+    if callable(tick):  # the step log's heartbeat while a step runs quietly
+        ticking = tick
 
         def beat() -> None:
             while not done.wait(1.0):
-                ticks.tick()
+                ticking()
 
         threading.Thread(target=beat, daemon=True).start()
     try:
@@ -337,8 +327,8 @@ def run_build(
         rc = proc.wait()
     finally:
         done.set()
-    if isinstance(said, _Closes):
-        said.close(rc)
+    if callable(close):
+        close(rc)
     return rc, "".join(lines)
 
 

@@ -17,7 +17,7 @@ import os
 import re
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from envbuilder.errors import UserError
 from envbuilder.render.image import RECORD  # (the image's own resolved environment)
@@ -400,7 +400,7 @@ def rayjob(
     memory_gib: int | None = None,
     shm_gib: int | None = None,
     data_pvc: str | None = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The RayJob (KubeRay ray.io/v1) for `env`, as plain data: a head pod and N-1 worker pods,
     each one whole GPU node (G GPUs), so the N nodes the run script was rendered for are the N
     pods Ray sees; the job runs the image's run script on the head once Ray sees every GPU."""
@@ -419,7 +419,7 @@ def rayjob(
         mounts.append({"name": "data", "mountPath": "/data"})
         volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": claim_name(data_pvc)}})
 
-    def template(container: str) -> dict[str, Any]:
+    def template(container: str) -> dict[str, object]:
         return {
             "spec": {
                 "containers": [
@@ -514,7 +514,7 @@ def rayjob_yaml(
     head = [
         f"{KUBERAY_HEADER}: {comment(describe(env))}",
         f"# Rendered by envbuild {comment(env.envbuild_version)}. Apply: kubectl apply -f FILE;"
-        " follow: kubectl logs -f job/" + doc["metadata"]["name"],
+        " follow: kubectl logs -f job/" + job_name(job, env.asked, kubernetes=True),  # (its metadata.name)
         f"# The image must be built for this run: {comment(build_command(env))} --push REGISTRY",
     ]
     return "\n".join(head) + "\n" + body

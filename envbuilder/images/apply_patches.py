@@ -302,8 +302,11 @@ def patched(site: pathlib.Path, patches: list[Patch]) -> tuple[dict[str, str], s
 
 def main(argv: list[str]) -> int:
     try:
-        sys.stdout.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
-        sys.stderr.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
+        for stream in (sys.stdout, sys.stderr):
+            reconfigure: object = getattr(stream, "reconfigure", None)
+            if not callable(reconfigure):
+                break  # (as the AttributeError did: the next stream is left as it is too)
+            reconfigure(errors="backslashreplace")
     except Exception:
         pass
     sites = target_sites(argv)

@@ -835,8 +835,10 @@ def main(argv: list[str]) -> int:
             return 2
     results = stdout_to_stderr(lambda: checks(e, smoke))
     ready = all(r["ok"] for r in results)
-    try:
-        sys.stdout.reconfigure(errors="replace")  # type: ignore[union-attr]  # (a non-UTF-8 terminal gets '?')
+    try:  # (a non-UTF-8 terminal gets '?')
+        reconfigure: object = getattr(sys.stdout, "reconfigure", None)
+        if callable(reconfigure):
+            reconfigure(errors="replace")
     except Exception:
         pass
     if "--json" in argv:
