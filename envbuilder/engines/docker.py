@@ -312,7 +312,7 @@ def run_build(
     tick: object = getattr(echo, "tick", None)  # (StepLog's: its heartbeat, and its close)
     close: object = getattr(echo, "close", None)
     if callable(tick):  # the step log's heartbeat while a step runs quietly
-        ticking = tick
+        ticking: Callable[[], object] = tick
 
         def beat() -> None:
             while not done.wait(1.0):
@@ -328,7 +328,8 @@ def run_build(
     finally:
         done.set()
     if callable(close):
-        close(rc)
+        closing: Callable[[int], object] = close
+        closing(rc)
     return rc, "".join(lines)
 
 

@@ -31,7 +31,7 @@ import re
 import stat
 import sys
 import sysconfig
-from typing import TypedDict, Union, cast
+from typing import Callable, TypedDict, Union, cast
 
 # what a sidecar value may be: a kind (a key of KINDS) or a shape made of kinds (shape_problem)
 Kind = Union[type, str, None]
@@ -303,9 +303,10 @@ def patched(site: pathlib.Path, patches: list[Patch]) -> tuple[dict[str, str], s
 def main(argv: list[str]) -> int:
     try:
         for stream in (sys.stdout, sys.stderr):
-            reconfigure: object = getattr(stream, "reconfigure", None)
-            if not callable(reconfigure):
+            found: object = getattr(stream, "reconfigure", None)
+            if not callable(found):
                 break  # (as the AttributeError did: the next stream is left as it is too)
+            reconfigure: Callable[..., object] = found
             reconfigure(errors="backslashreplace")
     except Exception:
         pass

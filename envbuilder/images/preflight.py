@@ -836,8 +836,9 @@ def main(argv: list[str]) -> int:
     results = stdout_to_stderr(lambda: checks(e, smoke))
     ready = all(r["ok"] for r in results)
     try:  # (a non-UTF-8 terminal gets '?')
-        reconfigure: object = getattr(sys.stdout, "reconfigure", None)
-        if callable(reconfigure):
+        found: object = getattr(sys.stdout, "reconfigure", None)
+        if callable(found):
+            reconfigure: Callable[..., object] = found
             reconfigure(errors="replace")
     except Exception:
         pass
