@@ -14,9 +14,12 @@ import errno
 import os
 import stat
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from envbuilder.errors import UserError
+
+if TYPE_CHECKING:
+    import yaml
 
 # Far above any real input: the shipped matrices together are ~100 KB and ~20,000 nodes.
 MAX_INPUT_BYTES = 8 << 20
@@ -133,9 +136,9 @@ def load_yaml(text: str, origin: str) -> Any:
         finally:
             loader.dispose()
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
+        mark = e.problem_mark if isinstance(e, yaml.MarkedYAMLError) else None
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0][:200]
+        problem = (e.problem if isinstance(e, yaml.MarkedYAMLError) else None) or str(e).splitlines()[0][:200]
         raise UserError(
             f"{origin}{at}: malformed YAML ({problem}). Fix the file's syntax "
             "(indentation, quotes, colons) and run again."
@@ -152,25 +155,26 @@ def load_yaml(text: str, origin: str) -> Any:
         ) from None
 
 
-def _check_nodes(root: Any, origin: str) -> None:
+def _check_nodes(root: yaml.Node, origin: str) -> None:
     """Count the nodes the document expands to (an alias counts its whole target again) without
     expanding it, and refuse duplicate keys in any mapping."""
     import yaml
 
     sizes: dict[int, int] = {}
-    stack = [(root, False, 0)]
+    stack: list[tuple[yaml.Node, bool, int]] = [(root, False, 0)]
     while stack:
         node, done, depth = stack.pop()
         key = id(node)
         if key in sizes and not done:
             continue
         if isinstance(node, yaml.ScalarNode):
-            if node.tag == "tag:yaml.org,2002:int" and len(node.value) > MAX_YAML_INT_CHARS:
+            text = _text(node)
+            if node.tag == "tag:yaml.org,2002:int" and len(text) > MAX_YAML_INT_CHARS:
                 from envbuilder.text import shorten
 
                 raise UserError(
                     f"{origin}: line {node.start_mark.line + 1} holds a whole number "
-                    f"of {len(node.value):,} characters ({shorten(node.value, 30)}), "
+                    f"of {len(text):,} characters ({shorten(text, 30)}), "
                     "far beyond any value of an envbuild file. Fix that value."
                 )
             sizes[key] = 1
@@ -181,11 +185,7 @@ def _check_nodes(root: Any, origin: str) -> None:
                 f"{node.start_mark.line + 1}; no envbuild file is. Pass the right "
                 "file."
             )
-        children = (
-            [n for pair in node.value for n in pair]
-            if isinstance(node, yaml.MappingNode)
-            else list(node.value)
-        )
+        children = _children(node)
         if not done:
             if key in sizes:
                 continue
@@ -211,19 +211,37 @@ def _check_nodes(root: Any, origin: str) -> None:
         sizes[key] = total
 
 
-def _duplicates(node: Any, origin: str) -> None:
+def _text(node: yaml.ScalarNode) -> str:
+    value: object = node.value  # (a scalar's: its text)
+    return value if isinstance(value, str) else str(value)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    """A collection's nodes in order: a sequence's items, a mapping's keys and values."""
+    import yaml
+
+    value: object = node.value
+    items: list[object] = value if isinstance(value, list) else []
+    if isinstance(node, yaml.MappingNode):
+        pairs: list[tuple[yaml.Node, yaml.Node]] = [p for p in items if isinstance(p, tuple)]
+        return [n for pair in pairs for n in pair]
+    return [n for n in items if isinstance(n, yaml.Node)]
+
+
+def _duplicates(node: yaml.MappingNode, origin: str) -> None:
     import yaml
 
     seen: dict[str, int] = {}
-    for k, _ in node.value:
+    for k in _children(node)[::2]:
         if not isinstance(k, yaml.ScalarNode) or k.tag == "tag:yaml.org,2002:merge":
             continue
-        if k.value in seen:
+        key = _text(k)
+        if key in seen:
             from envbuilder.text import shorten
 
             raise UserError(
-                f"{origin}: the key {shorten(k.value, 60)!r} appears twice in one "
-                f"mapping (lines {seen[k.value]} and {k.start_mark.line + 1}); YAML "
+                f"{origin}: the key {shorten(key, 60)!r} appears twice in one "
+                f"mapping (lines {seen[key]} and {k.start_mark.line + 1}); YAML "
                 "would keep only the last silently. Keep one of them."
             )
-        seen[k.value] = k.start_mark.line + 1
+        seen[key] = k.start_mark.line + 1

@@ -34,7 +34,7 @@ import subprocess
 import tarfile
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypedDict, cast
 
 from envbuilder.model import schema as S
 from envbuilder.errors import ActionError, UserError
@@ -162,7 +162,62 @@ SIDECAR_SHAPE = {
 _ARCHIVE_FIX = "It is not an OCI archive envbuild export-image wrote: copy it again, or export it again."
 
 
-def index_manifests(tar: tarfile.TarFile, archive: Path, fix: str = _ARCHIVE_FIX) -> list[dict[str, Any]]:
+class _DescriptorDigest(TypedDict):
+    digest: str
+
+
+class Descriptor(_DescriptorDigest, total=False):
+    """A manifest of an OCI index (_DESCRIPTOR: what of it is read here)."""
+
+    mediaType: str
+    annotations: dict[str, str]
+
+
+class _Config(TypedDict, total=False):
+    digest: str
+
+
+class _Manifest(TypedDict, total=False):  # (MANIFEST_SHAPE)
+    config: _Config
+
+
+class IndexInfo(TypedDict):
+    """An archive's one manifest (read_index)."""
+
+    digest: str
+    media_type: str
+    ref_name: str | None
+    config_digest: str | None
+
+
+class _SidecarFields(TypedDict):
+    format: str
+    manifest_digest: str
+    archive_sha256: str
+    archive_size: int
+
+
+class Sidecar(_SidecarFields, total=False):
+    """An archive's sidecar, as SIDECAR_SHAPE holds it (export-image writes every key)."""
+
+    image: str | None
+    name: str | None
+    source: str | None
+    media_type: str | None
+    config_digest: str | None
+    archive: str
+
+
+class Imported(TypedDict):
+    """What import-image loaded (its --json)."""
+
+    reference: str
+    digest: str
+    target: str
+    config_digest: str | None
+
+
+def index_manifests(tar: tarfile.TarFile, archive: Path, fix: str = _ARCHIVE_FIX) -> list[Descriptor]:
     """The manifests listed by the index.json of the OCI layout in `tar` (export-image's archive,
     or any OCI archive apptainer is given), read by the one bounded reader (readers.py) against
     the shape of an OCI index; UserError (exit 2) naming the key otherwise."""
@@ -171,15 +226,14 @@ def index_manifests(tar: tarfile.TarFile, archive: Path, fix: str = _ARCHIVE_FIX
     member = next((m for m in tar.getmembers() if m.name in ("index.json", "./index.json")), None)
     if member is None:
         raise UserError(f"{archive} is not an OCI archive (index.json missing in it). {fix}")
-    index = parse_json(
+    index: dict[str, object] = parse_json(
         _member_bytes(tar, member, archive, fix),
         f"{archive}: index.json",
         shape=INDEX_SHAPE,
         fix=fix,
         bounds=Bounds(max_bytes=MAX_INDEX_BYTES),
     )
-    manifests: list[dict[str, Any]] = index["manifests"]  # (INDEX_SHAPE: a list of objects)
-    return manifests
+    return cast(list[Descriptor], index["manifests"])  # (INDEX_SHAPE: a list of descriptors)
 
 
 def _member_bytes(tar: tarfile.TarFile, member: tarfile.TarInfo, archive: Path, fix: str) -> bytes:
@@ -189,7 +243,7 @@ def _member_bytes(tar: tarfile.TarFile, member: tarfile.TarInfo, archive: Path, 
     return f.read(MAX_INDEX_BYTES + 1)
 
 
-def read_index(archive: Path) -> dict[str, Any]:
+def read_index(archive: Path) -> IndexInfo:
     """The archive's one manifest: {digest, media_type, ref_name, config_digest}. UserError
     when the file is not an OCI archive of one image."""
     from envbuilder.model.readers import Bounds, parse_json
@@ -218,7 +272,7 @@ def read_index(archive: Path) -> dict[str, Any]:
                     f"{archive}: the manifest blob does not hash to {digest}: the "
                     "archive is corrupt. Copy it again, or export it again."
                 )
-            manifest = parse_json(
+            manifest: _Manifest = parse_json(
                 blob,
                 f"{archive}: manifest {digest[:19]}",
                 shape=MANIFEST_SHAPE,
@@ -409,7 +463,7 @@ def publish(src: Path, dest: Path, force: bool) -> None:
     os.unlink(src)
 
 
-def read_sidecar(archive: Path) -> dict[str, Any]:
+def read_sidecar(archive: Path) -> Sidecar:
     """The sidecar of `archive`, read by the one bounded reader (readers.py) against the shape
     export-image writes; UserError (exit 2) naming what is wrong otherwise."""
     from envbuilder.model.readers import BadData, Bounds, check_shape, read
@@ -422,11 +476,11 @@ def read_sidecar(archive: Path) -> dict[str, Any]:
             "writes both), or export the image again."
         )
     fix = "It is not a sidecar export-image wrote, or it was edited: copy it again from the source."
-    data = read(side, "The sidecar", fix=fix, bounds=Bounds(max_bytes=MAX_SIDECAR_BYTES))
+    raw: object = read(side, "The sidecar", fix=fix, bounds=Bounds(max_bytes=MAX_SIDECAR_BYTES))
     bad = []
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
+    data: dict[str, object] = raw if isinstance(raw, dict) else {}
+    if not isinstance(raw, dict) or data.get("format") != FORMAT:
         bad.append(f"format (expected {FORMAT})")
-        data = data if isinstance(data, dict) else {}
     if not _DIGEST.fullmatch(str(data.get("manifest_digest", ""))):
         bad.append("manifest_digest")
     if not _HEX64.fullmatch(str(data.get("archive_sha256", ""))):
@@ -448,10 +502,10 @@ def read_sidecar(archive: Path) -> dict[str, Any]:
             f"{side}: {e.detail}: not a sidecar export-image wrote, or it was "
             "edited. Copy it again from the source."
         ) from None
-    return data
+    return cast(Sidecar, data)  # (held to SIDECAR_SHAPE just above)
 
 
-def verify_archive(archive: Path, data: dict[str, Any], say: Say) -> dict[str, Any]:
+def verify_archive(archive: Path, data: Sidecar, say: Say) -> IndexInfo:
     """The archive's bytes against its sidecar: size, sha256, then the manifest inside.
     UserError (exit 2: corrupt input) on any mismatch."""
     size = archive.stat().st_size
@@ -479,7 +533,7 @@ def verify_archive(archive: Path, data: dict[str, Any], say: Say) -> dict[str, A
     return info
 
 
-def import_image(archive: Path, registry: str, name: str | None, say: Say) -> dict[str, Any]:
+def import_image(archive: Path, registry: str, name: str | None, say: Say) -> Imported:
     """Check `archive` against its sidecar and copy it into `registry` as `name` (default: the
     name the archive recorded). Returns {reference, digest, target}."""
     if not str(archive):
@@ -499,12 +553,13 @@ def import_image(archive: Path, registry: str, name: str | None, say: Say) -> di
         )
     data = read_sidecar(archive)
     if name is None:
-        if not data.get("name"):
+        recorded = data.get("name")
+        if not recorded:
             raise UserError(
                 f"{archive} records no image name (it was exported by image ID): "
                 "give one with --name NAME:TAG."
             )
-        name = data["name"]
+        name = recorded
     target_name = check_name(name)
     skopeo = find_skopeo()
     registry = registry.rstrip("/")

@@ -68,7 +68,7 @@ def docker_usable() -> tuple[bool, str]:
     except B.NoBuildKit as e:
         return False, e.detail
     try:
-        import docker
+        docker = B.sdk()
     except ImportError:
         return False, "the docker Python SDK is not installed (pip install 'envbuild[actions]')"
     try:
@@ -276,7 +276,7 @@ def daemonless_build(
     rc, log = _stream(argv, echo)
     if rc == 0:
         return B.BuildResult(tag, log[-2000:])
-    steps = STEP.findall(log)
+    steps: list[tuple[str, str]] = STEP.findall(log)  # (its two groups)
     pulled = (PULL_FAILED.search(log) or B.PULL_FAILURE.search(log)) and (
         not steps or steps[-1][1].upper().startswith("FROM ")
     )

@@ -18,7 +18,16 @@ import threading
 import time
 from pathlib import Path
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Callable, TextIO
+from typing import (
+    TYPE_CHECKING,
+    Callable,
+    Iterable,
+    Iterator,
+    Protocol,
+    TextIO,
+    TypedDict,
+    cast,
+)
 
 from envbuilder.errors import ActionError, UserError
 from envbuilder.record import Record
@@ -52,6 +61,44 @@ class BuildKitClient(Record):
     argv: tuple[str, ...]  # ("docker", "buildx", "build") or ("docker", "build")
     env: dict[str, str]
     description: str
+
+
+# -- what envbuild calls of the docker SDK (untyped): each call's result is read as the SDK
+# documents it (an Image, the command's output); what the engine streams is read as `object`
+class DockerImage(Protocol):
+    @property
+    def id(self) -> str: ...
+    def tag(self, repository: str, tag: str | None = None) -> bool: ...
+    def save(self, *, named: bool = False) -> Iterator[bytes]: ...
+
+
+class DockerImages(Protocol):
+    def get(self, name: str) -> DockerImage: ...
+    def push(self, repository: str, tag: str, *, stream: bool, decode: bool) -> Iterable[object]: ...
+
+
+class DockerContainers(Protocol):
+    def run(
+        self, image: str, command: list[str], *, remove: bool, network_mode: str, stdout: bool, stderr: bool
+    ) -> bytes: ...
+
+
+class DockerClient(Protocol):
+    @property
+    def images(self) -> DockerImages: ...
+    @property
+    def containers(self) -> DockerContainers: ...
+    def ping(self) -> bool: ...
+
+
+class _DockerErrors(Protocol):
+    ImageNotFound: type[Exception]
+
+
+class _DockerSDK(Protocol):
+    errors: _DockerErrors
+
+    def from_env(self, *, timeout: int) -> DockerClient: ...
 
 
 def _run(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
@@ -168,10 +215,18 @@ def docker_timeout() -> int:
     return int(value)
 
 
-def engine() -> Any:
+def sdk() -> _DockerSDK:
+    """The docker SDK (ImportError without it), as envbuild calls it."""
+    import importlib
+
+    importlib.import_module("docker.errors")
+    return cast(_DockerSDK, importlib.import_module("docker"))
+
+
+def engine() -> DockerClient:
     """A docker SDK client that answers, or ActionError naming the fix."""
     try:
-        import docker
+        docker = sdk()
     except ImportError:
         raise ActionError("The docker Python SDK is missing: pip install 'envbuild[actions]'.") from None
     host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
@@ -188,18 +243,18 @@ def engine() -> Any:
         ) from None
 
 
-def engine_image(image: str) -> tuple[Any | None, str | None]:
+def engine_image(image: str) -> tuple[DockerImage | None, str | None]:
     """(the Docker engine's image by that name or ID, None), (None, None) when the engine has none
     by that name, or (None, why) when no engine answers. ActionError for an engine that errors."""
     try:
         client = engine()
     except ActionError as e:
         return None, str(e)
-    import docker.errors
+    not_found = sdk().errors.ImageNotFound
 
     try:
         return client.images.get(image), None
-    except docker.errors.ImageNotFound:
+    except not_found:
         return None, None
     except Exception as e:  # noqa: BLE001 - an engine that errors is reported as such
         from envbuilder.text import shorten
@@ -254,11 +309,14 @@ def run_build(
     )
     assert proc.stdout is not None
     done = threading.Event()
-    if hasattr(echo, "tick"):  # the step log's heartbeat while a step runs quietly
+    tick: object = getattr(echo, "tick", None)  # (StepLog's: its heartbeat, and its close)
+    close: object = getattr(echo, "close", None)
+    if callable(tick):  # the step log's heartbeat while a step runs quietly
+        ticking: Callable[[], object] = tick
 
         def beat() -> None:
             while not done.wait(1.0):
-                echo.tick()
+                ticking()
 
         threading.Thread(target=beat, daemon=True).start()
     try:
@@ -269,8 +327,9 @@ def run_build(
         rc = proc.wait()
     finally:
         done.set()
-    if hasattr(echo, "close"):
-        echo.close(rc)
+    if callable(close):
+        closing: Callable[[int], object] = close
+        closing(rc)
     return rc, "".join(lines)
 
 
@@ -279,11 +338,20 @@ def run_build(
 NETWORK_ARGS = ("PIP_INDEX_URL", "TORCH_INDEX_URL", "APEX_URL", "FLASH_ATTN_RELEASE")
 
 
+def _endpoints(body: Mapping[str, object], registry: str) -> list[str]:
+    """A mirror set's endpoints for `registry` (its `registries:`, as the matrix schema checked it)."""
+    registries = body.get("registries")
+    by_name: Mapping[object, object] = registries if isinstance(registries, dict) else {}
+    found = by_name.get(registry)
+    listed: list[object] = found if isinstance(found, list) else []
+    return [e for e in listed if isinstance(e, str)]
+
+
 def pick_registries(
     set_name: str,
-    body: dict[str, Any],
+    body: Mapping[str, object],
     refs: list[str],
-    healthy: dict[str, Any] | None,
+    healthy: dict[str, tuple[bool, float]] | None,
     say: Callable[[str], None],
 ) -> dict[str, str | None]:
     """For each registry the base images come from, the first endpoint of the mirror set
@@ -299,7 +367,7 @@ def pick_registries(
     picks: dict[str, str | None] = {}
     with R.session() as s:
         for reg, images in sorted(by_registry.items()):
-            endpoints = (body.get("registries") or {}).get(reg) or []
+            endpoints = _endpoints(body, reg)
             if not endpoints:
                 picks[reg] = None
                 continue
@@ -340,7 +408,7 @@ def build(
     rc, log = run_build(client, context, tag, build_args, secrets, echo)
     if rc == 0:
         return BuildResult(tag, log[-2000:])
-    steps = _FAILED_STEP.findall(log)
+    steps: list[tuple[str, str]] = _FAILED_STEP.findall(log)  # (its two groups)
     raise build_failure("docker", tag, log, steps, PULL_FAILURE.search(log) is not None and not steps)
 
 
@@ -384,19 +452,21 @@ def platforms(
         say(f"builder: {client.description}, {', '.join(platforms)} pushed to {target}")
         rc, log = run_build(client, context, target, build_args, secrets, echo)
         if rc != 0:
-            steps = _FAILED_STEP.findall(log)
+            steps: list[tuple[str, str]] = _FAILED_STEP.findall(log)  # (its two groups)
             raise build_failure(
                 "docker", target, log, steps, PULL_FAILURE.search(log) is not None and not steps
             )
         from envbuilder.limits import read_text_bounded
 
         try:
-            digest: str = json.loads(
+            meta: object = json.loads(
                 read_text_bounded(Path(tmp) / "metadata.json", "buildx's metadata file")
-            ).get("containerimage.digest", "")
-        except (OSError, ValueError, AttributeError, UserError):
-            digest = ""
-    if not re.fullmatch(r"sha256:[0-9a-f]{64}", str(digest)):
+            )
+        except (OSError, ValueError, UserError):
+            meta = None
+        found = _field(meta, "containerimage.digest", "")
+        digest = found if isinstance(found, str) else ""
+    if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
         raise ActionError(
             f"buildx pushed {target} but wrote no manifest-list digest in its metadata file; "
             "check the builder (`docker buildx ls`) and the registry's logs."
@@ -525,10 +595,10 @@ def step_title(instruction: str, limit: int = 120) -> str:
     return cut + " ..."
 
 
-def smoke(client: Any, image: str, command: list[str]) -> str:
+def smoke(client: DockerClient, image: str, command: list[str]) -> str:
     """Run `command` in the image (no GPU needed); returns its output or raises ActionError."""
     try:
-        out: bytes = client.containers.run(
+        out = client.containers.run(
             image, command, remove=True, network_mode="host", stdout=True, stderr=True
         )
     except Exception as e:
@@ -548,7 +618,20 @@ def smoke(client: Any, image: str, command: list[str]) -> str:
     return out.decode(errors="replace")
 
 
-def push(client: Any, image: str, registry: str, repo_tag: str, say: Callable[[str], None]) -> str:
+def _field(event: object, key: str, default: object = None) -> object:
+    """event[key] of a JSON object the engine sent (`default` without one)."""
+    if not isinstance(event, dict):
+        return default
+    fields: dict[object, object] = event
+    return fields.get(key, default)
+
+
+def _text(event: object, key: str) -> str:
+    value = _field(event, key, "")
+    return value if isinstance(value, str) else ""
+
+
+def push(client: DockerClient, image: str, registry: str, repo_tag: str, say: Callable[[str], None]) -> str:
     """Tag `image` as registry/repo_tag, push it with progress, return the pushed digest."""
     from envbuilder.oci.registry import check_registry, check_served
 
@@ -559,19 +642,19 @@ def push(client: Any, image: str, registry: str, repo_tag: str, say: Callable[[s
     say(f"pushing {target}:{tag}")
     digest: str | None = None
     shown: set[tuple[str, str]] = set()
-    for event in client.images.push(target, tag, stream=True, decode=True):
-        if "error" in event or "errorDetail" in event:
-            detail = event.get("error") or event["errorDetail"].get("message")
+    for event in client.images.push(target, tag, stream=True, decode=True):  # (decoded JSON objects)
+        if isinstance(event, dict) and ("error" in event or "errorDetail" in event):
+            detail = _field(event, "error") or _field(_field(event, "errorDetail"), "message")
             raise ActionError(
                 f"Push of {target}:{tag} failed: {detail}. Check the registry's "
                 "logs and your credentials (docker login); the tag is not there."
             )
-        status, layer = event.get("status", ""), event.get("id", "")
+        status, layer = _text(event, "status"), _text(event, "id")
         if status and (layer, status) not in shown and status != "Pushing":
             shown.add((layer, status))
             say(f"  {layer + ': ' if layer else ''}{status}")
-        aux = event.get("aux") or {}
-        digest = aux.get("Digest", digest)
+        pushed = _field(_field(event, "aux"), "Digest", digest)
+        digest = pushed if pushed is None or isinstance(pushed, str) else digest
     if not digest:
         raise ActionError(
             f"Push of {target}:{tag} reported no digest; the registry may have "
@@ -607,6 +690,13 @@ def stage_context(files: dict[str, str], links: Mapping[str, Checked] | None = N
     return root / "ctx"
 
 
+class _Step(TypedDict):
+    label: str
+    title: str
+    started: float
+    last: str
+
+
 class StepLog:
     """BuildKit's --progress=plain, parsed into steps (the progress a person reads while a build
     runs): each step when it ends, CACHED or with its time; cached steps in the Dockerfile's
@@ -630,9 +720,9 @@ class StepLog:
         self.tty = self.out.isatty() if tty is None else tty
         self.beat, self.clock = beat, clock
         self.start = clock()
-        self.steps: dict[str, dict[str, Any]] = {}  # id -> {label, title, started, last}
+        self.steps: dict[str, _Step] = {}  # id -> {label, title, started, last}
         self.stages: list[str] = []
-        self.cached: list[dict[str, Any]] = []  # waiting to be printed in the Dockerfile's order
+        self.cached: list[_Step] = []  # waiting to be printed in the Dockerfile's order
         self.counts = {"cached": 0, "run": 0}
         self.running: str | None = None
         self.last_beat = self.start
@@ -654,7 +744,7 @@ class StepLog:
 
         return clock_text(seconds)
 
-    def _order(self, step: dict[str, Any]) -> tuple[int, int]:
+    def _order(self, step: _Step) -> tuple[int, int]:
         stage, _, pos = step["label"].partition(" ")
         k = pos.split("/")[0]
         return (self.stages.index(stage) if stage in self.stages else 99, int(k) if k.isdigit() else 0)
@@ -764,8 +854,9 @@ def auto_mirror(m: Matrix, say: Callable[[str], None]) -> str:
     from envbuilder.model import mirrors as M
     from envbuilder.oci.probe import run
 
-    name = user_config().get("mirror")
-    candidates = [name] if name else list(M.mirror_sets(m))
+    config: Mapping[str, object] = user_config()
+    name = config.get("mirror")  # (a NAME: the config's schema checked it)
+    candidates = [name] if isinstance(name, str) and name else list(M.mirror_sets(m))
     for cand in candidates:
         if any(p.ok for p in run(M.probe_jobs(M.get_set(m, cand), kinds=("registry",)))):
             say(f"--mirror auto chose {cand!r}")
@@ -793,7 +884,7 @@ def mirror_choice(
     body = M.get_set(m, name)
     from envbuilder.oci.probe import run
 
-    healthy = M.health(run(M.probe_jobs(body)))
+    healthy: dict[str, tuple[bool, float]] = M.health(run(M.probe_jobs(body)))
     for e, (ok, ms) in sorted(healthy.items()):
         say(f"  probe {M.redacted(e)}: {'ok' if ok else 'DOWN'} ({ms:.0f} ms)")
     picks = pick_registries(name, body, list(env.base_images), healthy, say)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 from envbuilder.errors import ActionError, UserError
 from envbuilder.engines.archive import (
@@ -17,6 +16,7 @@ from envbuilder.engines.archive import (
     FORMAT,
     INNER,
     Say,
+    Sidecar,
     Work,
     archive_name,
     check_reference,
@@ -82,7 +82,7 @@ def work_folder(out: Path) -> Work:
     return Work(out.absolute().parent, f".{out.name[:40]}.envbuild-")
 
 
-def export_image(image: str, out: Path | str, force: bool, say: Say) -> dict[str, Any]:
+def export_image(image: str, out: Path | str, force: bool, say: Say) -> Sidecar:
     """Write `image` as an OCI archive at `out` and its sidecar next to it; returns the
     sidecar's data."""
     check_reference(image)
@@ -125,7 +125,7 @@ def export_image(image: str, out: Path | str, force: bool, say: Say) -> dict[str
 
 def _export_into(
     image: str, out: Path, side: Path, force: bool, skopeo: str, work: Work, say: Say
-) -> dict[str, Any]:
+) -> Sidecar:
     source, src_args, described = resolve_source(image, say)
     say(f"exporting {described} to {out}")
     name = archive_name(image)
@@ -154,7 +154,7 @@ def _export_into(
         )
     fsync_path(archive)
     sha, size = sha256_file(archive)
-    data = {
+    data: Sidecar = {
         "format": FORMAT,
         "image": image,
         "name": name,

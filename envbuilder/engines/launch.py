@@ -17,7 +17,7 @@ import os
 import re
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from envbuilder.errors import UserError
 from envbuilder.render.image import RECORD  # (the image's own resolved environment)
@@ -400,7 +400,7 @@ def rayjob(
     memory_gib: int | None = None,
     shm_gib: int | None = None,
     data_pvc: str | None = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The RayJob (KubeRay ray.io/v1) for `env`, as plain data: a head pod and N-1 worker pods,
     each one whole GPU node (G GPUs), so the N nodes the run script was rendered for are the N
     pods Ray sees; the job runs the image's run script on the head once Ray sees every GPU."""
@@ -419,7 +419,7 @@ def rayjob(
         mounts.append({"name": "data", "mountPath": "/data"})
         volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": claim_name(data_pvc)}})
 
-    def template(container: str) -> dict[str, Any]:
+    def template(container: str) -> dict[str, object]:
         return {
             "spec": {
                 "containers": [
@@ -482,7 +482,16 @@ def entrypoint(env: ResolvedEnv) -> str:
     return f"{check} && {wait} && exec {shlex.quote(RUN_SCRIPT)}"
 
 
-def rayjob_yaml(env: ResolvedEnv, image: str, **kw: Any) -> str:
+def rayjob_yaml(
+    env: ResolvedEnv,
+    image: str,
+    *,
+    job: str | None = None,
+    cpus: int | None = None,
+    memory_gib: int | None = None,
+    shm_gib: int | None = None,
+    data_pvc: str | None = None,
+) -> str:
     """The manifest as YAML (a serializer's, with a comment header of envbuild's own), multi-line
     strings (the entrypoint's Python) as literal blocks."""
     import yaml
@@ -498,14 +507,14 @@ def rayjob_yaml(env: ResolvedEnv, image: str, **kw: Any) -> str:
         return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
     Dumper.add_representer(str, text)
-    doc = rayjob(env, image, **kw)
+    doc = rayjob(env, image, job=job, cpus=cpus, memory_gib=memory_gib, shm_gib=shm_gib, data_pvc=data_pvc)
     body = yaml.dump(
         doc, Dumper=Dumper, sort_keys=False, default_flow_style=False, width=100, allow_unicode=False
     )
     head = [
         f"{KUBERAY_HEADER}: {comment(describe(env))}",
         f"# Rendered by envbuild {comment(env.envbuild_version)}. Apply: kubectl apply -f FILE;"
-        " follow: kubectl logs -f job/" + doc["metadata"]["name"],
+        " follow: kubectl logs -f job/" + job_name(job, env.asked, kubernetes=True),  # (its metadata.name)
         f"# The image must be built for this run: {comment(build_command(env))} --push REGISTRY",
     ]
     return "\n".join(head) + "\n" + body

@@ -31,18 +31,36 @@ import re
 import stat
 import sys
 import sysconfig
-from typing import Any
+from typing import Callable, TypedDict, Union, cast
 
-Data = dict[str, Any]
+# what a sidecar value may be: a kind (a key of KINDS) or a shape made of kinds (shape_problem)
+Kind = Union[type, str, None]
+Shape = Union[Kind, "frozenset[str]", "set[str]", "tuple[Kind, ...]", "list[Shape]", "dict[Kind, Shape]"]
 
 SIDECAR = "envbuild-scripts.json"  # written beside this file by `envbuild render`
 KEY = "apply_patches"  # this script's part of it
-PATCH = {"name": "text", "files": ["path"], "replace": [["text", "text"]]}
-SHAPE = {"profile": str, "gpu": str, "verl": str, "patches": [PATCH]}
+PATCH: Shape = {"name": "text", "files": ["path"], "replace": [["text", "text"]]}
+SHAPE: dict[Kind, Shape] = {"profile": str, "gpu": str, "verl": str, "patches": [PATCH]}
 MAX_SOURCE_BYTES = 16 << 20  # a verl source file is tens of KB
 
+
+class Patch(TypedDict):
+    name: str
+    files: list[str]
+    replace: list[list[str]]
+
+
+class Patches(TypedDict):
+    """This script's part of the sidecar, as SHAPE holds it."""
+
+    profile: str
+    gpu: str
+    verl: str
+    patches: list[Patch]
+
+
 MAX_SIDECAR_BYTES = 4 << 20  # the sidecar is ~10 KB: anything this large is not one
-KINDS: dict[Any, str] = {
+KINDS: dict[Kind, str] = {
     str: "a string",
     bool: "true or false",
     int: "a whole number",
@@ -84,7 +102,7 @@ def read_regular(path: pathlib.Path, limit: int) -> bytes:
         os.close(fd)
 
 
-def kind_ok(value: Any, kind: Any) -> bool:
+def kind_ok(value: object, kind: Kind) -> bool:
     """`value` is of `kind`, a key of KINDS (a string: one that UTF-8 can write)."""
     if kind is None or kind is bool:
         return value is None if kind is None else isinstance(value, bool)
@@ -98,12 +116,12 @@ def kind_ok(value: Any, kind: Any) -> bool:
             re.compile(value)
     except (UnicodeError, re.error, RecursionError, OverflowError):
         return False
-    if kind in PATTERNS:
+    if isinstance(kind, str) and kind in PATTERNS:
         return re.fullmatch(PATTERNS[kind], value) is not None
     return kind is str or value != ""
 
 
-def shape_problem(value: Any, shape: Any, where: str) -> str | None:
+def shape_problem(value: object, shape: Shape, where: str) -> str | None:
     """What in `value` is not as `shape` says, as a phrase naming the place; None when all is.
     A shape is a kind (KINDS), a set of the strings allowed, a tuple (either shape), [item]
     (a list of items), [first, second] (a list of exactly these), {key: shape} (an object with
@@ -118,7 +136,8 @@ def shape_problem(value: Any, shape: Any, where: str) -> str | None:
         what = "one of " + ", ".join(sorted(shape))
     elif isinstance(shape, list):
         if isinstance(value, list) and len(shape) in (1, len(value)):
-            for i, item in enumerate(value):
+            items: list[object] = value
+            for i, item in enumerate(items):
                 problem = shape_problem(item, shape[0] if len(shape) == 1 else shape[i], f"{where}[{i}]")
                 if problem:
                     return problem
@@ -126,12 +145,14 @@ def shape_problem(value: Any, shape: Any, where: str) -> str | None:
         what = "a list" if len(shape) == 1 else f"a list of {len(shape)}"
     elif isinstance(shape, dict):
         if isinstance(value, dict):
-            missing = [k for k in shape if k is not str and k not in value]
+            fields: dict[object, object] = value
+            missing = [k for k in shape if k is not str and k not in fields]
             if missing:
                 return f"has no {missing[0]!r} in its {where!r} part"
-            pairs = [(k, shape[str]) for k in value] if str in shape else list(shape.items())
+            pairs: list[tuple[object, Shape]]
+            pairs = [(k, shape[str]) for k in fields] if str in shape else list(shape.items())
             for k, s in pairs:
-                problem = shape_problem(k, str, f"{where} key") or shape_problem(value[k], s, f"{where}.{k}")
+                problem = shape_problem(k, str, f"{where} key") or shape_problem(fields[k], s, f"{where}.{k}")
                 if problem:
                     return problem
             return None
@@ -144,17 +165,18 @@ def shape_problem(value: Any, shape: Any, where: str) -> str | None:
     return f"has {where} = {shown[:80]}, not {what}"
 
 
-def load_data(key: str, shape: dict[str, Any]) -> Data | None:
+def load_data(key: str, shape: dict[Kind, Shape]) -> dict[str, object] | None:
     """This script's part (`key`) of the sidecar beside it, as `shape` says it is, or None, said
     on stderr, when the file is missing or no regular file, is no JSON object, lacks a field or
     holds a value that is not what it should be."""
     path = pathlib.Path(__file__).resolve().with_name(SIDECAR)
     try:
-        data = json.loads(read_regular(path, MAX_SIDECAR_BYTES).decode("utf-8"))
+        data: object = json.loads(read_regular(path, MAX_SIDECAR_BYTES).decode("utf-8"))
     except (OSError, ValueError, RecursionError) as e:
         why = f"cannot be read ({type(e).__name__}: {e})"
     else:
-        part = data.get(key) if isinstance(data, dict) else None
+        doc: dict[object, object] = data if isinstance(data, dict) else {}
+        part = doc.get(key)
         if not isinstance(part, dict):
             why = f"holds no {key!r} object"
         else:
@@ -242,7 +264,7 @@ def replace_file(path: pathlib.Path, text: str) -> None:
         raise
 
 
-def patched(site: pathlib.Path, patches: list[Data]) -> tuple[dict[str, str], str | None]:
+def patched(site: pathlib.Path, patches: list[Patch]) -> tuple[dict[str, str], str | None]:
     """({file: its patched text} for each file that changes, None), or ({}, why) when a
     patch does not fit this release; nothing is written."""
     texts: dict[str, str] = {}
@@ -280,16 +302,21 @@ def patched(site: pathlib.Path, patches: list[Data]) -> tuple[dict[str, str], st
 
 def main(argv: list[str]) -> int:
     try:
-        sys.stdout.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
-        sys.stderr.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
+        for stream in (sys.stdout, sys.stderr):
+            found: object = getattr(stream, "reconfigure", None)
+            if not callable(found):
+                break  # (as the AttributeError did: the next stream is left as it is too)
+            reconfigure: Callable[..., object] = found
+            reconfigure(errors="backslashreplace")
     except Exception:
         pass
     sites = target_sites(argv)
     if sites is None:
         return 2
-    data = load_data(KEY, SHAPE)
-    if data is None:
+    part = load_data(KEY, SHAPE)
+    if part is None:
         return 2
+    data = cast(Patches, part)  # (load_data held it to SHAPE, which Patches spells)
     patches = data["patches"]
     names = ", ".join(p["name"] for p in patches)
     print(f"apply_patches: {data['profile']} ({data['gpu']}), verl {data['verl']}: {names}")

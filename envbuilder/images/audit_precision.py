@@ -24,14 +24,16 @@ import pathlib
 import re
 import stat
 import sys
-from typing import Any
+from typing import TypedDict, Union, cast
 
-Data = dict[str, Any]
+# what a sidecar value may be: a kind (a key of KINDS) or a shape made of kinds (shape_problem)
+Kind = Union[type, str, None]
+Shape = Union[Kind, "frozenset[str]", "set[str]", "tuple[Kind, ...]", "list[Shape]", "dict[Kind, Shape]"]
 
 SIDECAR = "envbuild-scripts.json"  # written beside this file by `envbuild render`
 KEY = "audit_precision"  # this script's part of it
 MAX_SIDECAR_BYTES = 4 << 20  # the sidecar is ~10 KB: anything this large is not one
-KINDS: dict[Any, str] = {
+KINDS: dict[Kind, str] = {
     str: "a string",
     bool: "true or false",
     int: "a whole number",
@@ -57,7 +59,7 @@ WHAT = {
 AUTOCAST = re.compile(r"\b(?:torch\.(?:cuda\.amp\.|amp\.)?)?autocast\s*\(")
 BF16 = re.compile(r"\btorch\.bfloat16\b|[\"'](?:bfloat16|bf16)[\"']")
 FA2 = re.compile(r"[\"']flash_attention_2[\"']")
-SHAPE = {
+SHAPE: dict[Kind, Shape] = {
     "profile": str,
     "gpu": str,
     "verl": str,
@@ -67,6 +69,27 @@ SHAPE = {
     "files": ["path"],
     "reviewed": [{"file": "path", "check": set(WHAT), "line": str, "name": str, "why": str}],
 }
+
+
+class Reviewed(TypedDict):
+    file: str
+    check: str
+    line: str
+    name: str
+    why: str
+
+
+class Plan(TypedDict):
+    """This script's part of the sidecar, as SHAPE holds it."""
+
+    profile: str
+    gpu: str
+    verl: str
+    checks: list[str]
+    reasons: dict[str, str]
+    modules: list[str]
+    files: list[str]
+    reviewed: list[Reviewed]
 
 
 def read_regular(path: pathlib.Path, limit: int) -> bytes:
@@ -90,7 +113,7 @@ def read_regular(path: pathlib.Path, limit: int) -> bytes:
         os.close(fd)
 
 
-def kind_ok(value: Any, kind: Any) -> bool:
+def kind_ok(value: object, kind: Kind) -> bool:
     """`value` is of `kind`, a key of KINDS (a string: one that UTF-8 can write)."""
     if kind is None or kind is bool:
         return value is None if kind is None else isinstance(value, bool)
@@ -104,12 +127,12 @@ def kind_ok(value: Any, kind: Any) -> bool:
             re.compile(value)
     except (UnicodeError, re.error, RecursionError, OverflowError):
         return False
-    if kind in PATTERNS:
+    if isinstance(kind, str) and kind in PATTERNS:
         return re.fullmatch(PATTERNS[kind], value) is not None
     return kind is str or value != ""
 
 
-def shape_problem(value: Any, shape: Any, where: str) -> str | None:
+def shape_problem(value: object, shape: Shape, where: str) -> str | None:
     """What in `value` is not as `shape` says, as a phrase naming the place; None when all is.
     A shape is a kind (KINDS), a set of the strings allowed, a tuple (either shape), [item]
     (a list of items), [first, second] (a list of exactly these), {key: shape} (an object with
@@ -124,7 +147,8 @@ def shape_problem(value: Any, shape: Any, where: str) -> str | None:
         what = "one of " + ", ".join(sorted(shape))
     elif isinstance(shape, list):
         if isinstance(value, list) and len(shape) in (1, len(value)):
-            for i, item in enumerate(value):
+            items: list[object] = value
+            for i, item in enumerate(items):
                 problem = shape_problem(item, shape[0] if len(shape) == 1 else shape[i], f"{where}[{i}]")
                 if problem:
                     return problem
@@ -132,12 +156,14 @@ def shape_problem(value: Any, shape: Any, where: str) -> str | None:
         what = "a list" if len(shape) == 1 else f"a list of {len(shape)}"
     elif isinstance(shape, dict):
         if isinstance(value, dict):
-            missing = [k for k in shape if k is not str and k not in value]
+            fields: dict[object, object] = value
+            missing = [k for k in shape if k is not str and k not in fields]
             if missing:
                 return f"has no {missing[0]!r} in its {where!r} part"
-            pairs = [(k, shape[str]) for k in value] if str in shape else list(shape.items())
+            pairs: list[tuple[object, Shape]]
+            pairs = [(k, shape[str]) for k in fields] if str in shape else list(shape.items())
             for k, s in pairs:
-                problem = shape_problem(k, str, f"{where} key") or shape_problem(value[k], s, f"{where}.{k}")
+                problem = shape_problem(k, str, f"{where} key") or shape_problem(fields[k], s, f"{where}.{k}")
                 if problem:
                     return problem
             return None
@@ -150,17 +176,18 @@ def shape_problem(value: Any, shape: Any, where: str) -> str | None:
     return f"has {where} = {shown[:80]}, not {what}"
 
 
-def load_data(key: str, shape: dict[str, Any]) -> Data | None:
+def load_data(key: str, shape: dict[Kind, Shape]) -> dict[str, object] | None:
     """This script's part (`key`) of the sidecar beside it, as `shape` says it is, or None, said
     on stderr, when the file is missing or no regular file, is no JSON object, lacks a field or
     holds a value that is not what it should be."""
     path = pathlib.Path(__file__).resolve().with_name(SIDECAR)
     try:
-        data = json.loads(read_regular(path, MAX_SIDECAR_BYTES).decode("utf-8"))
+        data: object = json.loads(read_regular(path, MAX_SIDECAR_BYTES).decode("utf-8"))
     except (OSError, ValueError, RecursionError) as e:
         why = f"cannot be read ({type(e).__name__}: {e})"
     else:
-        part = data.get(key) if isinstance(data, dict) else None
+        doc: dict[object, object] = data if isinstance(data, dict) else {}
+        part = doc.get(key)
         if not isinstance(part, dict):
             why = f"holds no {key!r} object"
         else:
@@ -239,9 +266,10 @@ def module_file(root: pathlib.Path, module: str) -> pathlib.Path | None:
 
 
 def main() -> int:
-    plan = load_data(KEY, SHAPE)
-    if plan is None:
+    part = load_data(KEY, SHAPE)
+    if part is None:
         return 2
+    plan = cast(Plan, part)  # (load_data held it to SHAPE, which Plan spells)
     checks = plan["checks"]
     if not checks:
         print(f"audit_precision: nothing to audit: the {plan['gpu']} computes in bf16 with flash-attn")

@@ -22,16 +22,23 @@ the lock pins another file): the build must stop; 2 bad arguments.
 
 from __future__ import annotations
 
+import argparse
 import base64
 import csv
 import hashlib
+import importlib
 import io
 import json
 import os
 import re
 import sys
 import zipfile
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, cast
+
+if TYPE_CHECKING:  # (imported where they are used, as the script runs)
+    import urllib.request
+    from http.client import HTTPMessage
+    from typing import IO
 
 NOT_AVAILABLE, BAD_FILE, BAD_ARGS = 3, 1, 2
 MAX_BYTES = 4 << 30  # the largest release wheels are under 1 GiB
@@ -97,7 +104,7 @@ def _redacted(url: str) -> str:
     return re.sub(r"//[^/?#\s]*@", "//***@", url, count=1)
 
 
-def _request(url: str) -> tuple[Any, str]:
+def _request(url: str) -> tuple[urllib.request.Request, str]:
     """(urllib Request, printable URL): user:password@ in the URL becomes Basic auth."""
     import urllib.request
     from urllib.parse import unquote, urlsplit, urlunsplit
@@ -127,10 +134,10 @@ class _Cut:
         import threading
 
         self.lock = threading.Lock()
-        self.socks: list[Any] = []
+        self.socks: list[object] = []
         self.expired = False
 
-    def add(self, sock: Any) -> None:
+    def add(self, sock: object) -> None:
         with self.lock:
             self.socks.append(sock)
             if not self.expired:
@@ -145,16 +152,18 @@ class _Cut:
             self._shut(sock)
 
     @staticmethod
-    def _shut(sock: Any) -> None:
+    def _shut(sock: object) -> None:
         import socket
 
+        if not isinstance(sock, socket.socket):
+            return  # (no socket: nothing to shut, as shutdown's TypeError said)
         try:
             socket.socket.shutdown(sock, socket.SHUT_RDWR)
         except (OSError, TypeError):
             pass
 
 
-def _opener(cut: _Cut) -> Any:
+def _opener(cut: _Cut) -> urllib.request.OpenerDirector:
     """A urllib opener whose connections `cut` can shut down, and whose redirects keep the
     Authorization header only on the same scheme, host and port (urllib's own handler sends it
     wherever a mirror redirects: the mirror's credentials to another host)."""
@@ -175,7 +184,15 @@ def _opener(cut: _Cut) -> Any:
     class SameOriginAuth(urllib.request.HTTPRedirectHandler):
         max_redirections = 10
 
-        def redirect_request(self, req: Any, fp: Any, code: Any, msg: Any, headers: Any, newurl: Any) -> Any:
+        def redirect_request(
+            self,
+            req: urllib.request.Request,
+            fp: IO[bytes],
+            code: int,
+            msg: str,
+            headers: HTTPMessage,
+            newurl: str,
+        ) -> urllib.request.Request | None:
             new = super().redirect_request(req, fp, code, msg, headers, newurl)
             if new is not None and _origin(new.full_url) != _origin(req.full_url):
                 new.remove_header("Authorization")
@@ -288,14 +305,24 @@ def check_wheel(path: str, filename: str, version: str) -> str:
     return got.group(1)
 
 
+class _TorchVersion(Protocol):
+    cuda: str | None
+
+
+class _Torch(Protocol):  # what installed_torch reads of torch
+    __version__: str
+    version: _TorchVersion
+
+
 def installed_torch() -> tuple[str, str, bool]:
     """(torch.__version__, torch.version.cuda, torch._C._GLIBCXX_USE_CXX11_ABI): what
     flash-attn's setup.py reads."""
-    import torch
-    import torch.version
+    torch = cast(_Torch, importlib.import_module("torch"))
+    importlib.import_module("torch.version")
     from torch._C import _GLIBCXX_USE_CXX11_ABI
 
-    return str(torch.__version__), str(torch.version.cuda or ""), bool(_GLIBCXX_USE_CXX11_ABI)
+    abi: object = _GLIBCXX_USE_CXX11_ABI
+    return str(torch.__version__), str(torch.version.cuda or ""), bool(abi)
 
 
 def fetch(
@@ -305,7 +332,7 @@ def fetch(
     cuda_tags: dict[str, str],
     pins: dict[str, str] | None,
     dest: str,
-    say: Callable[[str], Any] = print,
+    say: Callable[[str], object] = print,
 ) -> str:
     """Fetch, verify and place the wheel for the installed torch into `dest`; returns its path."""
     import platform
@@ -372,7 +399,8 @@ NO_DEVICE_CODE = "does not contain device code"
 def listed_archs(listing: str) -> set[str]:
     """The SASS archs ("9.0", "9.0a", "10.0") of a `cuobjdump --list-elf` output."""
     out = set()
-    for digits, suffix in _ELF_LINE.findall(listing):
+    found: list[tuple[str, str]] = _ELF_LINE.findall(listing)  # (its two groups)
+    for digits, suffix in found:
         out.add(f"{int(digits) // 10}.{int(digits) % 10}{suffix}")
     return out
 
@@ -424,7 +452,7 @@ def wheel_archs(path: str, cuobjdump: str) -> set[str]:
 
 
 def check_archs(
-    paths: list[str], cc: str, cuobjdump: str | None = None, say: Callable[[str], Any] = print
+    paths: list[str], cc: str, cuobjdump: str | None = None, say: Callable[[str], object] = print
 ) -> int:
     """0 when every wheel in `paths` carries SASS the card of `cc` runs (or, said so, where no
     cuobjdump is at hand); 1 when one does not."""
@@ -457,16 +485,29 @@ def check_archs(
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    import argparse
+class _CheckArgs(argparse.Namespace):
+    cc: str
+    cuobjdump: str | None
+    wheels: list[str]
 
+
+class _FetchArgs(argparse.Namespace):
+    version: str
+    release: str
+    filename: str
+    cuda_tags: str
+    pins: str | None
+    dest: str
+
+
+def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["check-archs"]:
         cp = argparse.ArgumentParser(description="Check wheels' fatbins for a card (cuobjdump --list-elf).")
         cp.add_argument("--cc", required=True, help="the card's compute capability, e.g. 9.0")
         cp.add_argument("--cuobjdump", help="the cuobjdump to run (default: PATH, then CUDA_HOME/bin)")
         cp.add_argument("wheels", nargs="*")
-        c = cp.parse_args(argv[1:])
+        c = cp.parse_args(argv[1:], namespace=_CheckArgs())
         if not re.fullmatch(r"\d+\.\d", c.cc):
             print(
                 f"envbuild: flash-attn: --cc {c.cc!r} is not a compute capability like 9.0", file=sys.stderr
@@ -483,10 +524,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cuda-tags", required=True, help='JSON: {"12": "12"} (CUDA major -> tag)')
     ap.add_argument("--pins", help="JSON: {file name: sha256} (a locked build)")
     ap.add_argument("--dest", required=True)
-    a = ap.parse_args(argv)
+    a = ap.parse_args(argv, namespace=_FetchArgs())
     try:
-        cuda_tags = json.loads(a.cuda_tags)
-        pins = json.loads(a.pins) if a.pins else None
+        cuda_tags: dict[str, str] = json.loads(a.cuda_tags)  # (the render writes both)
+        pins: dict[str, str] | None = json.loads(a.pins) if a.pins else None
     except json.JSONDecodeError as e:
         print(f"envbuild: flash-attn: bad JSON argument ({e})", file=sys.stderr)
         return BAD_ARGS

@@ -33,15 +33,18 @@ import re
 import stat
 import subprocess
 import sys
-from typing import Any, Callable, TypeVar
+from typing import Callable, ParamSpec, Protocol, TypedDict, TypeVar, Union, cast
 
 T = TypeVar("T")
-Data = dict[str, Any]
+P = ParamSpec("P")
+# what a sidecar value may be: a kind (a key of KINDS) or a shape made of kinds (shape_problem)
+Kind = Union[type, str, None]
+Shape = Union[Kind, "frozenset[str]", "set[str]", "tuple[Kind, ...]", "list[Shape]", "dict[Kind, Shape]"]
 
 SIDECAR = "envbuild-scripts.json"  # written beside this file by `envbuild render`
 KEY = "preflight"  # this script's part of it
 MAX_SIDECAR_BYTES = 4 << 20  # the sidecar is ~10 KB: anything this large is not one
-KINDS: dict[Any, str] = {
+KINDS: dict[Kind, str] = {
     str: "a string",
     bool: "true or false",
     int: "a whole number",
@@ -60,8 +63,8 @@ PATTERNS = {
     "module": r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*",
     "version": r"[0-9]+(\.[0-9]+)*",
 }
-PATCH = {"name": "text", "files": ["path"], "replace": [["text", "text"]]}  # apply_patches.py's
-SHAPE = {
+PATCH: Shape = {"name": "text", "files": ["path"], "replace": [["text", "text"]]}  # apply_patches.py's
+SHAPE: dict[Kind, Shape] = {
     "profile": str,
     "gpu": str,
     "compute_capability": "version",
@@ -89,6 +92,86 @@ FLAGS = ("--json", "--quiet", "--smoke")
 # what each container leaves at its root: preflight runs in one (the image) or in a venv on the
 # host (`envbuild install`), and the fix for a GPU it cannot see differs
 CONTAINER_MARKS = {"docker": "/.dockerenv", "podman": "/run/.containerenv", "apptainer": "/.singularity.d"}
+
+
+class Patch(TypedDict):
+    name: str
+    files: list[str]
+    replace: list[list[str]]
+
+
+class Refused(TypedDict):
+    key: str
+    value: str
+    why: str
+    fix: str
+
+
+class Expect(TypedDict):
+    """This script's part of the sidecar, as SHAPE holds it."""
+
+    profile: str
+    gpu: str
+    compute_capability: str
+    torch_version: str
+    torch_cuda: str
+    torch_requirement: str
+    torch_index: str
+    dtype: str
+    torch_dtype: str
+    torch_compile: bool
+    model_vram_gb: float
+    min_driver: str
+    compat_driver: str
+    driver_cuda: str
+    compat_libcuda: str
+    training_path: list[str]
+    verl_version: str
+    config_reads: list[str]
+    refused_overrides: list[Refused]
+    patches: list[Patch]
+    finish: str
+    built: dict[str, str | None]
+
+
+class Check(TypedDict):
+    check: str
+    ok: bool
+    detail: str
+    fix: str | None
+
+
+# what the checks call of torch and of NVML: each call is guarded
+# (Report.guard, or a try around it), so a module without them is a failed check, not a crash
+class Tensor(Protocol):
+    def __mul__(self, other: int) -> Tensor: ...
+    def sum(self) -> Tensor: ...
+    def item(self) -> float: ...
+
+
+class DeviceProperties(Protocol):
+    total_memory: int
+
+
+class Cuda(Protocol):
+    def is_available(self) -> bool: ...
+    def device_count(self) -> int: ...
+    def get_arch_list(self) -> list[str]: ...
+    def get_device_name(self, device: int) -> str: ...
+    def get_device_capability(self, device: int) -> tuple[int, int]: ...
+    def get_device_properties(self, device: int) -> DeviceProperties: ...
+    def is_bf16_supported(self) -> bool: ...
+
+
+class Torch(Protocol):
+    cuda: Cuda
+
+    def ones(self, size: int, *, device: str, dtype: object) -> Tensor: ...
+
+
+class Nvml(Protocol):
+    def nvmlInit(self) -> None: ...
+    def nvmlSystemGetDriverVersion(self) -> object: ...
 
 
 def driver_fix() -> str:
@@ -121,7 +204,7 @@ def read_regular(path: pathlib.Path, limit: int) -> bytes:
         os.close(fd)
 
 
-def kind_ok(value: Any, kind: Any) -> bool:
+def kind_ok(value: object, kind: Kind) -> bool:
     """`value` is of `kind`, a key of KINDS (a string: one that UTF-8 can write)."""
     if kind is None or kind is bool:
         return value is None if kind is None else isinstance(value, bool)
@@ -135,12 +218,12 @@ def kind_ok(value: Any, kind: Any) -> bool:
             re.compile(value)
     except (UnicodeError, re.error, RecursionError, OverflowError):
         return False
-    if kind in PATTERNS:
+    if isinstance(kind, str) and kind in PATTERNS:
         return re.fullmatch(PATTERNS[kind], value) is not None
     return kind is str or value != ""
 
 
-def shape_problem(value: Any, shape: Any, where: str) -> str | None:
+def shape_problem(value: object, shape: Shape, where: str) -> str | None:
     """What in `value` is not as `shape` says, as a phrase naming the place; None when all is.
     A shape is a kind (KINDS), a set of the strings allowed, a tuple (either shape), [item]
     (a list of items), [first, second] (a list of exactly these), {key: shape} (an object with
@@ -155,7 +238,8 @@ def shape_problem(value: Any, shape: Any, where: str) -> str | None:
         what = "one of " + ", ".join(sorted(shape))
     elif isinstance(shape, list):
         if isinstance(value, list) and len(shape) in (1, len(value)):
-            for i, item in enumerate(value):
+            items: list[object] = value
+            for i, item in enumerate(items):
                 problem = shape_problem(item, shape[0] if len(shape) == 1 else shape[i], f"{where}[{i}]")
                 if problem:
                     return problem
@@ -163,12 +247,14 @@ def shape_problem(value: Any, shape: Any, where: str) -> str | None:
         what = "a list" if len(shape) == 1 else f"a list of {len(shape)}"
     elif isinstance(shape, dict):
         if isinstance(value, dict):
-            missing = [k for k in shape if k is not str and k not in value]
+            fields: dict[object, object] = value
+            missing = [k for k in shape if k is not str and k not in fields]
             if missing:
                 return f"has no {missing[0]!r} in its {where!r} part"
-            pairs = [(k, shape[str]) for k in value] if str in shape else list(shape.items())
+            pairs: list[tuple[object, Shape]]
+            pairs = [(k, shape[str]) for k in fields] if str in shape else list(shape.items())
             for k, s in pairs:
-                problem = shape_problem(k, str, f"{where} key") or shape_problem(value[k], s, f"{where}.{k}")
+                problem = shape_problem(k, str, f"{where} key") or shape_problem(fields[k], s, f"{where}.{k}")
                 if problem:
                     return problem
             return None
@@ -181,17 +267,18 @@ def shape_problem(value: Any, shape: Any, where: str) -> str | None:
     return f"has {where} = {shown[:80]}, not {what}"
 
 
-def load_data(key: str, shape: dict[str, Any]) -> Data | None:
+def load_data(key: str, shape: dict[Kind, Shape]) -> dict[str, object] | None:
     """This script's part (`key`) of the sidecar beside it, as `shape` says it is, or None, said
     on stderr, when the file is missing or no regular file, is no JSON object, lacks a field or
     holds a value that is not what it should be."""
     path = pathlib.Path(__file__).resolve().with_name(SIDECAR)
     try:
-        data = json.loads(read_regular(path, MAX_SIDECAR_BYTES).decode("utf-8"))
+        data: object = json.loads(read_regular(path, MAX_SIDECAR_BYTES).decode("utf-8"))
     except (OSError, ValueError, RecursionError) as e:
         why = f"cannot be read ({type(e).__name__}: {e})"
     else:
-        part = data.get(key) if isinstance(data, dict) else None
+        doc: dict[object, object] = data if isinstance(data, dict) else {}
+        part = doc.get(key)
         if not isinstance(part, dict):
             why = f"holds no {key!r} object"
         else:
@@ -207,7 +294,7 @@ def load_data(key: str, shape: dict[str, Any]) -> Data | None:
     return None
 
 
-def torch_fix(e: Data) -> str:
+def torch_fix(e: Expect) -> str:
     req, index = e["torch_requirement"], e["torch_index"]
     return (
         f"reinstall {req} from {index} (pip install --force-reinstall --no-deps '{req}' "
@@ -232,7 +319,7 @@ def version_tuple(text: object) -> tuple[int, ...]:
     return tuple(int(p) for p in str(text).split(".") if p.isdigit())
 
 
-def arch_runs(cc: tuple[int, ...], arch_list: list[Any]) -> bool:
+def arch_runs(cc: tuple[int, ...], arch_list: list[str]) -> bool:
     """A cubin sm_XY runs on CC X.Z when Z >= Y; compute_XY (PTX) JIT-compiles for later GPUs."""
     major, minor = cc[0], cc[1]
     for arch in arch_list:
@@ -249,15 +336,15 @@ def arch_runs(cc: tuple[int, ...], arch_list: list[Any]) -> bool:
 
 class Report:
     def __init__(self) -> None:
-        self.results: list[dict[str, Any]] = []
+        self.results: list[Check] = []
 
     def add(self, name: str, ok: object, detail: object, fix: str | None = "") -> None:
         self.results.append({"check": name, "ok": bool(ok), "detail": str(detail), "fix": "" if ok else fix})
 
-    def guard(self, name: str, fix: str, fn: Callable[..., T], *args: Any) -> T | None:
+    def guard(self, name: str, fix: str, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T | None:
         """fn(*args), or None with a failed check `name` when it raises anything."""
         try:
-            return fn(*args)
+            return fn(*args, **kwargs)
         except KeyboardInterrupt:
             raise
         except BaseException as e:  # SystemExit from a module is a failure too, not an exit
@@ -265,18 +352,18 @@ class Report:
             return None
 
 
-def load_torch(r: Report, e: Data) -> Any:
+def load_torch(r: Report, e: Expect) -> Torch | None:
     """torch, or None with the reason reported: missing, raising, or not PyTorch at all."""
     try:
-        import torch
+        torch = importlib.import_module("torch")
     except KeyboardInterrupt:
         raise
     except BaseException as exc:
         r.add("import torch", False, first_line(exc), "torch is missing or broken: " + torch_fix(e))
         return None
     where = getattr(torch, "__file__", None) or "(no file)"
-    version = getattr(torch, "__version__", None)
-    info = getattr(torch, "version", None)
+    version: object = getattr(torch, "__version__", None)
+    info: object = getattr(torch, "version", None)
     if info is None:
         try:
             info = importlib.import_module("torch.version")
@@ -293,17 +380,18 @@ def load_torch(r: Report, e: Data) -> Any:
         )
         return None
     base = str(version).split("+")[0]
-    ok = str(info.cuda) == e["torch_cuda"] and base == e["torch_version"]
+    cuda: object = info.cuda
+    ok = str(cuda) == e["torch_cuda"] and base == e["torch_version"]
     r.add(
         "torch build",
         ok,
-        f"torch {version}, CUDA {info.cuda} (expected {e['torch_version']} for CUDA {e['torch_cuda']})",
+        f"torch {version}, CUDA {cuda} (expected {e['torch_version']} for CUDA {e['torch_cuda']})",
         "the image holds another torch than the one rendered: " + torch_fix(e),
     )
-    return torch
+    return cast(Torch, torch)  # (a PyTorch build, as checked: what the checks call of it is guarded)
 
 
-def gpu_checks(r: Report, e: Data, torch: Any) -> None:
+def gpu_checks(r: Report, e: Expect, torch: Torch) -> None:
     available = r.guard("GPU visible", driver_fix(), torch.cuda.is_available)
     if available is None:
         return
@@ -329,7 +417,7 @@ def gpu_checks(r: Report, e: Data, torch: Any) -> None:
     )
 
 
-def device_checks(r: Report, e: Data, torch: Any, i: int, arch_list: list[Any]) -> None:
+def device_checks(r: Report, e: Expect, torch: Torch, i: int, arch_list: list[str]) -> None:
     name = torch.cuda.get_device_name(i)
     cc = tuple(int(x) for x in torch.cuda.get_device_capability(i))
     cc_text = f"{cc[0]}.{cc[1]}"
@@ -377,8 +465,9 @@ def device_checks(r: Report, e: Data, torch: Any, i: int, arch_list: list[Any]) 
         )
 
 
-def kernel_check(r: Report, e: Data, torch: Any) -> None:
-    t = torch.ones(4, device="cuda", dtype=getattr(torch, e["torch_dtype"]))
+def kernel_check(r: Report, e: Expect, torch: Torch) -> None:
+    dtype: object = getattr(torch, e["torch_dtype"])
+    t = torch.ones(4, device="cuda", dtype=dtype)
     ok = float((t * 2).sum().item()) == 8.0
     r.add(
         "CUDA kernel runs",
@@ -390,7 +479,7 @@ def kernel_check(r: Report, e: Data, torch: Any) -> None:
 
 def driver_version() -> str | None:
     try:
-        import pynvml  # optional: nvidia-ml-py
+        pynvml = cast(Nvml, importlib.import_module("pynvml"))  # optional: nvidia-ml-py
 
         pynvml.nvmlInit()
         driver = pynvml.nvmlSystemGetDriverVersion()
@@ -411,7 +500,7 @@ def driver_version() -> str | None:
     return lines[0].strip() if lines else None
 
 
-def driver_check(r: Report, e: Data) -> None:
+def driver_check(r: Report, e: Expect) -> None:
     driver = r.guard("driver", driver_fix(), driver_version)
     if not driver:
         return
@@ -427,7 +516,7 @@ def driver_check(r: Report, e: Data) -> None:
     )
 
 
-def libcuda_for_imports(r: Report, e: Data) -> None:
+def libcuda_for_imports(r: Report, e: Expect) -> None:
     """Compiled modules may link libcuda.so.1 (vllm._C does), which only the driver provides.
     Without one, the CUDA image's forward-compat libcuda stands in, for loading modules only."""
     try:
@@ -455,14 +544,14 @@ def libcuda_for_imports(r: Report, e: Data) -> None:
     )
 
 
-def import_check(r: Report, e: Data, module: str) -> None:
+def import_check(r: Report, e: Expect, module: str) -> None:
     try:
         mod = importlib.import_module(module)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:
         text = first_line(exc)
-        missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+        missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
         built = e["built"]
         if missing and built.get(missing) and (module == missing or module.startswith(missing + ".")):
             fix = (
@@ -489,7 +578,7 @@ def import_check(r: Report, e: Data, module: str) -> None:
     r.add(f"import {module}", True, str(version) if isinstance(version, str) else "ok")
 
 
-def patch_check(r: Report, e: Data) -> None:
+def patch_check(r: Report, e: Expect) -> None:
     """verl patched for this GPU and audited, without importing verl: each recorded replacement of
     apply_patches.py in place in the installed release's files, then audit_precision.py (beside
     this file) run on them. A route without Docker that skipped them leaves a verl that computes
@@ -535,7 +624,7 @@ def patch_check(r: Report, e: Data) -> None:
     r.add("precision audit", p.returncode == 0, last, None if p.returncode == 0 else fix)
 
 
-def checks(e: Data, smoke: bool) -> list[dict[str, Any]]:
+def checks(e: Expect, smoke: bool) -> list[Check]:
     r = Report()
     torch = load_torch(r, e)
     if not smoke:
@@ -576,7 +665,7 @@ def config_keys() -> tuple[set[str], set[str]]:
     keys: set[str] = set()
     open_maps: set[str] = set()
 
-    def walk(node: dict[Any, Any], prefix: str) -> None:
+    def walk(node: dict[object, object], prefix: str) -> None:
         for k, v in node.items():
             key = f"{prefix}{k}"
             keys.add(key)
@@ -585,12 +674,12 @@ def config_keys() -> tuple[set[str], set[str]]:
                     open_maps.add(key)
                 walk(v, key + ".")
 
-    tree = OmegaConf.to_container(cfg, resolve=False)
+    tree: object = OmegaConf.to_container(cfg, resolve=False)
     walk(tree if isinstance(tree, dict) else {}, "")
     return keys, open_maps
 
 
-def parsed_overrides(args: list[str]) -> list[tuple[str, str, Any, str]]:
+def parsed_overrides(args: list[str]) -> list[tuple[str, str, object, str]]:
     """[(prefix, key, value, arg)] of the run's overrides as Hydra itself parses them (its own
     override grammar: quotes, numbers, dicts, lists, sweeps), a dict set on a parent key spread
     into its leaves ({param_offload: true} on fsdp_config is fsdp_config.param_offload=True).
@@ -598,17 +687,18 @@ def parsed_overrides(args: list[str]) -> list[tuple[str, str, Any, str]]:
     plain KEY=VALUE form, as text, if it has one (Hydra itself refuses the rest)."""
     import re
 
-    parser: Any
+    parser: OverridesParser | None
     try:
         from hydra.core.override_parser.overrides_parser import OverridesParser
+        from hydra.core.override_parser.types import Override
 
         parser = OverridesParser.create()
     except Exception:
         parser = None
-    out: list[tuple[str, str, Any, str]] = []
+    out: list[tuple[str, str, object, str]] = []
     for arg in args:
-        o: Any = None
-        value: Any = None
+        o: Override | None = None
+        value: object = None
         if parser is not None:
             try:
                 (o,) = parser.parse_overrides([arg])
@@ -623,18 +713,20 @@ def parsed_overrides(args: list[str]) -> list[tuple[str, str, Any, str]]:
         if o.is_delete():
             continue
         prefix = "++" if o.is_force_add() else "+" if o.is_add() else ""
+        values: list[object]
         values = list(value.list) if o.is_sweep_override() and hasattr(value, "list") else [value]
         for v in values:
-            todo: list[tuple[str, Any]] = [(str(o.key_or_group), v)]
+            todo: list[tuple[str, object]] = [(str(o.key_or_group), v)]
             while todo:
                 key, leaf = todo.pop()
                 if isinstance(leaf, dict):
-                    todo += [(f"{key}.{k}", x) for k, x in leaf.items()]
+                    spread: dict[object, object] = leaf
+                    todo += [(f"{key}.{k}", x) for k, x in spread.items()]
                 out.append((prefix, key, leaf, arg))
     return out
 
 
-def same_value(value: Any, ref: str) -> bool:
+def same_value(value: object, ref: str) -> bool:
     """Whether `value` (as Hydra parsed it) is what the refused `ref` value ("true", "false",
     or a word) becomes in verl's config: a bool field takes 1, 'yes', "True" as True, as
     OmegaConf's BooleanNode converts them. An interpolation (${...}) is known only at run
@@ -654,7 +746,7 @@ def same_value(value: Any, ref: str) -> bool:
     return str(value).strip().lower() == ref
 
 
-def override_problems(e: Data, args: list[str]) -> list[tuple[str, str]]:
+def override_problems(e: Expect, args: list[str]) -> list[tuple[str, str]]:
     """[(what, fix)] for the run's extra Hydra overrides."""
     import difflib
 
@@ -729,9 +821,10 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
-    e = load_data(KEY, SHAPE)
-    if e is None:
+    part = load_data(KEY, SHAPE)
+    if part is None:
         return 2
+    e = cast(Expect, part)  # (load_data held it to SHAPE, which Expect spells)
     smoke = "--smoke" in argv
     if overrides:
         refused = stdout_to_stderr(lambda: override_problems(e, overrides))
@@ -742,8 +835,11 @@ def main(argv: list[str]) -> int:
             return 2
     results = stdout_to_stderr(lambda: checks(e, smoke))
     ready = all(r["ok"] for r in results)
-    try:
-        sys.stdout.reconfigure(errors="replace")  # type: ignore[union-attr]  # (a non-UTF-8 terminal gets '?')
+    try:  # (a non-UTF-8 terminal gets '?')
+        found: object = getattr(sys.stdout, "reconfigure", None)
+        if callable(found):
+            reconfigure: Callable[..., object] = found
+            reconfigure(errors="replace")
     except Exception:
         pass
     if "--json" in argv:

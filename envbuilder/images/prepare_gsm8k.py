@@ -18,6 +18,7 @@ failed, 2 bad input (a missing sidecar too).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import errno
 import os
@@ -29,14 +30,18 @@ import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any
+from http.client import HTTPMessage
+from typing import IO, Protocol, TypedDict, Union, cast
 
-Data = dict[str, Any]
+# what a sidecar value may be: a kind (a key of KINDS) or a shape made of kinds (shape_problem)
+Kind = Union[type, str, None]
+Shape = Union[Kind, "frozenset[str]", "set[str]", "tuple[Kind, ...]", "list[Shape]", "dict[Kind, Shape]"]
+Row = dict[str, object]
 
 SIDECAR = "envbuild-scripts.json"  # written beside this file by `envbuild render`
 KEY = "prepare_gsm8k"  # this script's part of it
 MAX_SIDECAR_BYTES = 4 << 20  # the sidecar is ~10 KB: anything this large is not one
-KINDS: dict[Any, str] = {
+KINDS: dict[Kind, str] = {
     str: "a string",
     bool: "true or false",
     int: "a whole number",
@@ -55,7 +60,7 @@ PATTERNS = {
     "module": r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*",
     "version": r"[0-9]+(\.[0-9]+)*",
 }
-SHAPE = {
+SHAPE: dict[Kind, Shape] = {
     "profile": str,
     "repo": "text",
     "revision": "text",
@@ -67,6 +72,37 @@ SHAPE = {
 }
 SPLITS = ("train", "test")
 MAX_BYTES = 256 * 1024 * 1024  # a GSM8K split is ~3 MB: anything this large is not it
+
+
+class Spec(TypedDict):
+    """This script's part of the sidecar, as SHAPE holds it."""
+
+    profile: str
+    repo: str
+    revision: str
+    files: dict[str, str]
+    data_source: str
+    instruction: str
+    ability: str
+    answer_pattern: str
+
+
+# what is called of pyarrow (verl's dependency, imported only where it is used)
+class Table(Protocol):
+    def to_pylist(self) -> list[object]: ...
+
+
+class TableClass(Protocol):
+    def from_pylist(self, rows: list[Row]) -> Table: ...
+
+
+class Arrow(Protocol):
+    Table: TableClass
+
+
+class Parquet(Protocol):
+    def read_table(self, source: str, *, columns: list[str]) -> Table: ...
+    def write_table(self, table: Table, where: str) -> None: ...
 
 
 class Failure(Exception):
@@ -96,7 +132,7 @@ def read_regular(path: pathlib.Path, limit: int) -> bytes:
         os.close(fd)
 
 
-def kind_ok(value: Any, kind: Any) -> bool:
+def kind_ok(value: object, kind: Kind) -> bool:
     """`value` is of `kind`, a key of KINDS (a string: one that UTF-8 can write)."""
     if kind is None or kind is bool:
         return value is None if kind is None else isinstance(value, bool)
@@ -110,12 +146,12 @@ def kind_ok(value: Any, kind: Any) -> bool:
             re.compile(value)
     except (UnicodeError, re.error, RecursionError, OverflowError):
         return False
-    if kind in PATTERNS:
+    if isinstance(kind, str) and kind in PATTERNS:
         return re.fullmatch(PATTERNS[kind], value) is not None
     return kind is str or value != ""
 
 
-def shape_problem(value: Any, shape: Any, where: str) -> str | None:
+def shape_problem(value: object, shape: Shape, where: str) -> str | None:
     """What in `value` is not as `shape` says, as a phrase naming the place; None when all is.
     A shape is a kind (KINDS), a set of the strings allowed, a tuple (either shape), [item]
     (a list of items), [first, second] (a list of exactly these), {key: shape} (an object with
@@ -130,7 +166,8 @@ def shape_problem(value: Any, shape: Any, where: str) -> str | None:
         what = "one of " + ", ".join(sorted(shape))
     elif isinstance(shape, list):
         if isinstance(value, list) and len(shape) in (1, len(value)):
-            for i, item in enumerate(value):
+            items: list[object] = value
+            for i, item in enumerate(items):
                 problem = shape_problem(item, shape[0] if len(shape) == 1 else shape[i], f"{where}[{i}]")
                 if problem:
                     return problem
@@ -138,12 +175,14 @@ def shape_problem(value: Any, shape: Any, where: str) -> str | None:
         what = "a list" if len(shape) == 1 else f"a list of {len(shape)}"
     elif isinstance(shape, dict):
         if isinstance(value, dict):
-            missing = [k for k in shape if k is not str and k not in value]
+            fields: dict[object, object] = value
+            missing = [k for k in shape if k is not str and k not in fields]
             if missing:
                 return f"has no {missing[0]!r} in its {where!r} part"
-            pairs = [(k, shape[str]) for k in value] if str in shape else list(shape.items())
+            pairs: list[tuple[object, Shape]]
+            pairs = [(k, shape[str]) for k in fields] if str in shape else list(shape.items())
             for k, s in pairs:
-                problem = shape_problem(k, str, f"{where} key") or shape_problem(value[k], s, f"{where}.{k}")
+                problem = shape_problem(k, str, f"{where} key") or shape_problem(fields[k], s, f"{where}.{k}")
                 if problem:
                     return problem
             return None
@@ -156,17 +195,18 @@ def shape_problem(value: Any, shape: Any, where: str) -> str | None:
     return f"has {where} = {shown[:80]}, not {what}"
 
 
-def load_data(key: str, shape: dict[str, Any]) -> Data | None:
+def load_data(key: str, shape: dict[Kind, Shape]) -> dict[str, object] | None:
     """This script's part (`key`) of the sidecar beside it, as `shape` says it is, or None, said
     on stderr, when the file is missing or no regular file, is no JSON object, lacks a field or
     holds a value that is not what it should be."""
     path = pathlib.Path(__file__).resolve().with_name(SIDECAR)
     try:
-        data = json.loads(read_regular(path, MAX_SIDECAR_BYTES).decode("utf-8"))
+        data: object = json.loads(read_regular(path, MAX_SIDECAR_BYTES).decode("utf-8"))
     except (OSError, ValueError, RecursionError) as e:
         why = f"cannot be read ({type(e).__name__}: {e})"
     else:
-        part = data.get(key) if isinstance(data, dict) else None
+        doc: dict[object, object] = data if isinstance(data, dict) else {}
+        part = doc.get(key)
         if not isinstance(part, dict):
             why = f"holds no {key!r} object"
         else:
@@ -182,14 +222,31 @@ def load_data(key: str, shape: dict[str, Any]) -> Data | None:
     return None
 
 
-def answer_of(spec: Data, text: str | None) -> str | None:
+def answer_of(spec: Spec, text: str | None) -> str | None:
     """The final number of a GSM8K answer (or a model's response): the last `#### N`."""
-    found = re.findall(spec["answer_pattern"], text or "")
+    found: list[object] = re.findall(spec["answer_pattern"], text or "")
     return str(found[-1]).replace(",", "").replace("$", "") if found else None
 
 
-def row(spec: Data, split: str, index: int, question: Any, answer: Any) -> Data:
-    truth = answer_of(spec, answer)
+def text_or_empty(value: object) -> str:
+    """`value or ""` when that is a string; the TypeError re raises on anything else."""
+    if not value:
+        return ""
+    if isinstance(value, str):
+        return value
+    raise TypeError(f"expected string or bytes-like object, got {type(value).__name__!r}")
+
+
+def field(r: object, name: str) -> object:
+    """r.get(name) of a row (a JSON object); the AttributeError of .get on anything else."""
+    if isinstance(r, dict):
+        found: object = r.get(name)
+        return found
+    raise AttributeError(f"{type(r).__name__!r} object has no attribute 'get'")
+
+
+def row(spec: Spec, split: str, index: int, question: object, answer: object) -> Row:
+    truth = answer_of(spec, text_or_empty(answer))
     if not isinstance(question, str) or not question.strip() or truth is None:
         raise Failure(
             f"{split} row {index} has no question or no final '#### N' in its answer; GSM8K rows "
@@ -205,17 +262,18 @@ def row(spec: Data, split: str, index: int, question: Any, answer: Any) -> Data:
     }
 
 
-def read_rows(path: str) -> list[Data]:
+def read_rows(path: str) -> list[object]:
     """[{question, answer}, ...] from a .parquet or .jsonl file."""
     try:
         if os.path.getsize(path) > MAX_BYTES:
             raise Failure(f"{path} is larger than {MAX_BYTES >> 20} MiB: not a GSM8K split.", 2)
         if path.endswith(".parquet"):
-            import pyarrow.parquet as pq
+            pq = cast(Parquet, importlib.import_module("pyarrow.parquet"))
 
             return list(pq.read_table(path, columns=["question", "answer"]).to_pylist())
         with open(path, encoding="utf-8") as fh:
-            return [json.loads(line) for line in fh if line.strip()]
+            rows: list[object] = [json.loads(line) for line in fh if line.strip()]
+            return rows
     except Failure:
         raise
     except (OSError, ValueError, KeyError, UnicodeDecodeError) as e:
@@ -268,7 +326,15 @@ class _SameOriginAuth(urllib.request.HTTPRedirectHandler):
     """Redirects that keep Authorization only on the endpoint's own scheme, host and port:
     urllib's own handler sends HF_TOKEN (or a mirror's password) wherever a mirror redirects."""
 
-    def redirect_request(self, req: Any, fp: Any, code: Any, msg: Any, headers: Any, newurl: Any) -> Any:
+    def redirect_request(
+        self,
+        req: urllib.request.Request,
+        fp: IO[bytes],
+        code: int,
+        msg: str,
+        headers: HTTPMessage,
+        newurl: str,
+    ) -> urllib.request.Request | None:
         new = super().redirect_request(req, fp, code, msg, headers, newurl)
         if new is not None and _origin(new.full_url) != _origin(req.full_url):
             new.remove_header("Authorization")
@@ -292,11 +358,11 @@ def endpoint_auth(endpoint: str) -> tuple[str, dict[str, str]]:
     return endpoint, headers
 
 
-def download(spec: Data, tmp: str) -> dict[str, str]:
+def download(spec: Spec, tmp: str) -> dict[str, str]:
     """{split: path} of the dataset's parquet files, fetched through HF_ENDPOINT."""
     endpoint, headers = endpoint_auth(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
     opener = urllib.request.build_opener(_SameOriginAuth)
-    out = {}
+    out: dict[str, str] = {}
     for split in SPLITS:
         url = "/".join(
             [
@@ -331,6 +397,12 @@ def download(spec: Data, tmp: str) -> dict[str, str]:
     return out
 
 
+class Args(argparse.Namespace):
+    out: str
+    sources: list[str]
+    limit: int
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--out", required=True, help="folder for train.parquet and test.parquet")
@@ -342,14 +414,15 @@ def main(argv: list[str] | None = None) -> int:
         help="local GSM8K files (a folder, or one file per split)",
     )
     ap.add_argument("--limit", type=int, default=0, help="keep the first N rows of each split")
-    args = ap.parse_args(argv)
-    spec = load_data(KEY, SHAPE)
-    if spec is None:
+    args = ap.parse_args(argv, namespace=Args())
+    part = load_data(KEY, SHAPE)
+    if part is None:
         return 2
+    spec = cast(Spec, part)  # (load_data held it to SHAPE, which Spec spells)
     try:
         try:
-            import pyarrow as pa
-            import pyarrow.parquet as pq
+            pa = cast(Arrow, importlib.import_module("pyarrow"))
+            pq = cast(Parquet, importlib.import_module("pyarrow.parquet"))
         except ImportError:
             raise Failure(
                 "pyarrow is not installed (it comes with verl's dependencies); run this inside the "
@@ -368,7 +441,9 @@ def main(argv: list[str] | None = None) -> int:
                     raw = raw[: args.limit]
                 if not raw:
                     raise Failure(f"{files[split]} holds no rows.", 2)
-                rows = [row(spec, split, i, r.get("question"), r.get("answer")) for i, r in enumerate(raw)]
+                rows = [
+                    row(spec, split, i, field(r, "question"), field(r, "answer")) for i, r in enumerate(raw)
+                ]
                 path = os.path.join(tmp, split + ".out.parquet")
                 pq.write_table(pa.Table.from_pylist(rows), path)
                 staged.append((path, os.path.join(args.out, split + ".parquet"), len(rows)))

@@ -38,7 +38,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from envbuilder.errors import ActionError, UserError
@@ -90,7 +90,7 @@ STATUS = Expect("a status", 0, 60.0)
 
 class Answer(Record):
     status: int
-    headers: Any  # requests' case-insensitive headers
+    headers: Mapping[str, str]  # requests' case-insensitive headers
     body: bytes
     url: str  # where it came from, after redirects
 
@@ -179,16 +179,17 @@ def _classes() -> tuple[type[HTTPAdapter], type[Retry], type[BundleSession]]:
     from urllib3.connection import HTTPConnection, HTTPSConnection
     from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
     from urllib3.poolmanager import ProxyManager
+    from urllib3.response import BaseHTTPResponse
     from urllib3.util.retry import Retry
 
     # (an HTTPConnection itself, so that WatchedHTTPS's order is Watched, HTTPSConnection,
     # HTTPConnection: super() in Watched is the TLS connection's method there)
     class Watched(HTTPConnection):
-        def connect(self, *args: Any, **kwargs: Any) -> None:
+        def connect(self) -> None:
             flight = _current()
             if flight is not None:
                 flight.on(self)
-            return super().connect(*args, **kwargs)
+            return super().connect()
 
         def request(self, *args: Any, **kwargs: Any) -> None:
             flight = _current()
@@ -196,7 +197,7 @@ def _classes() -> tuple[type[HTTPAdapter], type[Retry], type[BundleSession]]:
                 flight.on(self)
             return super().request(*args, **kwargs)
 
-        def getresponse(self, *args: Any, **kwargs: Any) -> Any:
+        def getresponse(self, *args: Any, **kwargs: Any) -> Any:  # (urllib3's and http.client's differ)
             flight = _current()
             if flight is not None:
                 flight.on(self)
@@ -217,7 +218,7 @@ def _classes() -> tuple[type[HTTPAdapter], type[Retry], type[BundleSession]]:
     pools: dict[str, type[HTTPConnectionPool]] = {"http": Pool, "https": TLSPool}
 
     class CappedRetry(Retry):
-        def get_retry_after(self, response: Any) -> float | None:
+        def get_retry_after(self, response: BaseHTTPResponse) -> float | None:
             seconds = super().get_retry_after(response)
             if seconds is None:
                 return None
@@ -225,12 +226,14 @@ def _classes() -> tuple[type[HTTPAdapter], type[Retry], type[BundleSession]]:
             return max(0.0, min(seconds, MAX_RETRY_AFTER, flight.left() if flight else MAX_RETRY_AFTER))
 
     class Adapter(HTTPAdapter):
-        def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
-            super().init_poolmanager(*args, **kwargs)
+        def init_poolmanager(
+            self, connections: int, maxsize: int, block: bool = False, **kwargs: object
+        ) -> None:
+            super().init_poolmanager(connections, maxsize, block, **kwargs)
             self.poolmanager.pool_classes_by_scheme = pools
 
-        def proxy_manager_for(self, proxy: Any, **kwargs: Any) -> Any:
-            manager = super().proxy_manager_for(proxy, **kwargs)
+        def proxy_manager_for(self, proxy: str, **kwargs: object) -> object:
+            manager: object = super().proxy_manager_for(proxy, **kwargs)
             if type(manager) is ProxyManager:  # (a SOCKS proxy keeps its own pools)
                 manager.pool_classes_by_scheme = pools
             return manager
@@ -302,7 +305,7 @@ def session(
     return s
 
 
-def _drop_redirect_body(r: requests.Response, **kwargs: Any) -> requests.Response:
+def _drop_redirect_body(r: requests.Response, **kwargs: object) -> requests.Response:
     """A redirect's body is never read: requests reads it whole (resp.content) before it
     follows the Location, so a 302 with a body that does not end would fill the memory. The
     connection is closed instead, with whatever it still had to send."""
@@ -503,7 +506,7 @@ def reason(e: Exception, timeout: float) -> str:
 # ---- JSON of the kind expected ----------------------------------------------------------------
 
 
-def kind_of(value: Any) -> str:
+def kind_of(value: object) -> str:
     """A JSON value's kind, as messages name it."""
     return {
         dict: "an object",
@@ -519,7 +522,7 @@ def kind_of(value: Any) -> str:
 _ADVICE = "Check the URL, or whether a proxy answers in the server's place."
 
 
-def json_value(body: bytes, url: str, what: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
+def json_value(body: bytes, url: str, what: str, max_depth: int = MAX_JSON_DEPTH) -> object:
     """`body` as JSON, or BadAnswer naming `url` (redacted) and `what` was expected: an HTML
     page (a captive portal, a proxy's sign-in or error page), text that is not JSON, NaN or
     Infinity, nesting deeper than `max_depth`."""
@@ -534,6 +537,7 @@ def json_value(body: bytes, url: str, what: str, max_depth: int = MAX_JSON_DEPTH
     def refuse(constant: str) -> float:
         raise ValueError(f"{constant} is not a JSON number")
 
+    doc: object
     try:
         doc = json.loads(body, parse_constant=refuse)
     except RecursionError:
@@ -552,7 +556,7 @@ def json_value(body: bytes, url: str, what: str, max_depth: int = MAX_JSON_DEPTH
     return doc
 
 
-def json_object(body: bytes, url: str, what: str) -> dict[str, Any]:
+def json_object(body: bytes, url: str, what: str) -> dict[str, object]:
     """`body` as a JSON object (json_value's checks, and then the kind)."""
     doc = json_value(body, url, what)
     if not isinstance(doc, dict):
@@ -560,7 +564,7 @@ def json_object(body: bytes, url: str, what: str) -> dict[str, Any]:
     return doc
 
 
-def _depth(doc: Any, limit: int) -> int:
+def _depth(doc: object, limit: int) -> int:
     """The nesting depth of `doc` (stops counting past `limit`)."""
     deepest, stack = 0, [(doc, 1)]
     while stack:
@@ -569,7 +573,7 @@ def _depth(doc: Any, limit: int) -> int:
             deepest = max(deepest, depth)
             if depth > limit:
                 return depth
-            children = node.values() if isinstance(node, dict) else node
+            children: Iterable[object] = node.values() if isinstance(node, dict) else node
             stack.extend((v, depth + 1) for v in children)
     return deepest
 

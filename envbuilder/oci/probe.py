@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING
 
 from envbuilder.record import Record
+
+if TYPE_CHECKING:
+    import requests
 
 
 class ProbeJob(Record):
@@ -39,7 +42,7 @@ _STATUS = {
 }
 
 
-def _one(job: ProbeJob, timeout: float, s: Any) -> Probe:
+def _one(job: ProbeJob, timeout: float, s: requests.Session) -> Probe:
     from envbuilder.oci import http as net
 
     start = time.perf_counter()

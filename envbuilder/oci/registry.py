@@ -20,13 +20,15 @@ import hashlib
 import re
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from envbuilder.errors import ActionError
 from envbuilder.record import Record
 
 if TYPE_CHECKING:
     import requests
+
+    from envbuilder.oci.http import Answer, Expect
 
 DOCKER_HUB = "docker.io"  # Docker Hub as image references (and mirror sets) name it
 DOCKER_HUB_API = "registry-1.docker.io"  # ... and where its v2 API answers
@@ -128,7 +130,8 @@ def session() -> requests.Session:
 
 def _challenge(header: str) -> dict[str, str]:
     scheme, _, params = header.partition(" ")
-    out = {k.lower(): v for k, v in re.findall(r'(\w+)="([^"]*)"', params)}
+    pairs: list[tuple[str, str]] = re.findall(r'(\w+)="([^"]*)"', params)  # (its two groups)
+    out = {k.lower(): v for k, v in pairs}
     out["scheme"] = scheme.lower()
     return out
 
@@ -298,19 +301,20 @@ class Layer(Record):
 def _get(
     s: requests.Session,
     url: str,
-    expect: Any,
+    expect: Expect,
     headers: dict[str, str],
     repository: str,
     shown: str,
     too_large: str | None = None,
-    **kw: Any,
-) -> Any:
+    sink: Callable[[bytes], object] | None = None,
+    body_if: Callable[[int], bool] | None = None,
+) -> Answer:
     """GET `url`, with an anonymous token where the registry answers 401 with a Bearer challenge.
     `too_large`: the message for a body over `expect`'s cap (else the network's)."""
     from envbuilder.oci import http as net
 
     try:
-        r = net.request(s, "GET", url, expect, headers=headers, timeout=TIMEOUT, **kw)
+        r = net.request(s, "GET", url, expect, headers=headers, timeout=TIMEOUT, sink=sink, body_if=body_if)
         if r.status == 401:
             ch = _challenge(r.headers.get("WWW-Authenticate", ""))
             if ch["scheme"] != "bearer" or "realm" not in ch:
@@ -319,12 +323,27 @@ def _get(
                     "public images anonymously only. Use a mirror that serves it."
                 )
             headers["Authorization"] = f"Bearer {_token(s, ch, repository, shown)}"
-            r = net.request(s, "GET", url, expect, headers=headers, timeout=TIMEOUT, **kw)
+            r = net.request(
+                s, "GET", url, expect, headers=headers, timeout=TIMEOUT, sink=sink, body_if=body_if
+            )
     except net.NetError as e:
         if too_large is not None and e.kind == "too-large":
             raise ActionError(too_large) from None
         raise ActionError(f"Cannot read {url} from the registry {shown}: {e.reason}.") from None
     return r
+
+
+def _objects(value: object) -> list[dict[str, object]]:
+    """The JSON objects of a manifest's list (`value or []`: what is no object is passed over)."""
+    items: list[object] = value if isinstance(value, list) else []
+    return [item for item in items if isinstance(item, dict)]
+
+
+def _field(doc: dict[str, object], key: str, inner: str) -> object:
+    """doc[key][inner] of a JSON object; None where doc[key] is no object or has no `inner`."""
+    part = doc.get(key)
+    fields: dict[object, object] = part if isinstance(part, dict) else {}
+    return fields.get(inner)
 
 
 def image_layers(ref: str, s: requests.Session, platform: str = "linux/amd64") -> tuple[str, list[Layer]]:
@@ -353,10 +372,8 @@ def image_layers(ref: str, s: requests.Session, platform: str = "linux/amd64") -
             child = next(
                 (
                     c
-                    for c in doc.get("manifests") or []
-                    if isinstance(c, dict)
-                    and isinstance(c.get("platform"), dict)
-                    and (c["platform"].get("os"), c["platform"].get("architecture")) == (os_, arch)
+                    for c in _objects(doc.get("manifests"))
+                    if (_field(c, "platform", "os"), _field(c, "platform", "architecture")) == (os_, arch)
                 ),
                 None,
             )
@@ -365,9 +382,7 @@ def image_layers(ref: str, s: requests.Session, platform: str = "linux/amd64") -
             reference = str(child["digest"])
             continue
         layers = []
-        for entry in doc.get("layers") or []:
-            if not isinstance(entry, dict):
-                continue
+        for entry in _objects(doc.get("layers")):
             digest_, size, media = entry.get("digest"), entry.get("size"), str(entry.get("mediaType", ""))
             if not isinstance(digest_, str) or not re.fullmatch(r"sha256:[0-9a-f]{64}", digest_):
                 raise ActionError(

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any
+from typing import IO, Literal, overload
 
 from envbuilder.errors import Terminated
 
@@ -86,7 +86,7 @@ def interruption(e: BaseException) -> tuple[str, int]:
     return ("Interrupted." if isinstance(e, KeyboardInterrupt) else "Aborted."), 130
 
 
-def stop_group(proc: subprocess.Popen[Any]) -> None:
+def stop_group(proc: subprocess.Popen[str] | subprocess.Popen[bytes]) -> None:
     """End a child started in a session of its own and everything it started (its process
     group): SIGTERM, then SIGKILL for what is left after 5 s."""
     for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 10.0)):
@@ -110,6 +110,26 @@ def _group_running(pgid: int) -> bool:
     return any(fields[0] != "Z" for fields in _group_stats(pgid))
 
 
+@overload
+def run(
+    cmd: list[str],
+    *,
+    cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+    max_rss: int | None = None,
+    text: Literal[True] = True,
+) -> subprocess.CompletedProcess[str]: ...
+@overload
+def run(
+    cmd: list[str],
+    *,
+    cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+    max_rss: int | None = None,
+    text: Literal[False],
+) -> subprocess.CompletedProcess[bytes]: ...
 def run(
     cmd: list[str],
     *,
@@ -118,7 +138,7 @@ def run(
     timeout: float | None = None,
     max_rss: int | None = None,
     text: bool = True,
-) -> subprocess.CompletedProcess[Any]:
+) -> subprocess.CompletedProcess[str] | subprocess.CompletedProcess[bytes]:
     """`subprocess.run(cmd, capture_output=True)` in a process group of its own, stopped (the
     whole group) when it runs past `timeout` (subprocess.TimeoutExpired) or its resident
     memory passes `max_rss` (TooMuchMemory; default MAX_RSS)."""
