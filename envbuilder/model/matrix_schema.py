@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import re
-from typing import Any
-
 from envbuilder.model import schema as S
 
 # the precision audit's checks and the condition under which each runs (a patch's `when`)
@@ -223,17 +221,18 @@ def fill_placeholders(text: str, values: dict[str, str]) -> str:
 class TemplateCode(S.Code):
     """Source text with `{name}` placeholders (a patch's `with`)."""
 
-    def check(self, value: Any, where: str) -> None:
-        super().check(value, where)
-        why = placeholder_error(value)
+    def string(self, value: object, where: str) -> str:
+        text = super().string(value, where)
+        why = placeholder_error(text)
         if why:
             raise S.SchemaError(where, why)
+        return text
 
 
 class TemplateScalar(S.Scalar):
     """A config value; a string one with `{name}` placeholders (a reviewed exception's `holds`)."""
 
-    def check(self, value: Any, where: str) -> None:
+    def check(self, value: object, where: str) -> None:
         super().check(value, where)
         why = placeholder_error(value) if isinstance(value, str) else None
         if why:
@@ -530,7 +529,7 @@ DEFAULTS = {
 }
 
 # section -> (schema of the section, whether records merge by key)
-SECTIONS: dict[str, tuple[Any, bool]] = {
+SECTIONS: dict[str, tuple[S.Spec, bool]] = {
     "gpus": (S.MapOf(GPU, key=S.NAME), True),
     "cuda": (S.MapOf(CUDA, key=S.CUDA), True),
     "torch": (S.MapOf(TORCH, key=S.VERSION), True),
@@ -578,7 +577,7 @@ DRIVER_MODES = ("native", "minor-version-compatibility", "too-old")
 COUNT = S.Int(1, 10**9)
 GIB = S.Num(0, 1 << 20)
 # the run script's batch sizes (memory.plan's `sizes`): every one it writes, by name
-MEMORY_BATCH: dict[str, Any] = {
+MEMORY_BATCH: dict[str, S.Spec] = {
     key: COUNT
     for key in (
         "val_batch_size",
