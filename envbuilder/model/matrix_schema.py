@@ -565,6 +565,18 @@ SECTIONS: dict[str, tuple[S.Spec, bool]] = {
 }
 
 
+def matrix_json_schema() -> dict[str, object]:
+    """The JSON Schema of one file of matrices/ (or an overlay): a mapping of sections, each
+    as SECTIONS declares it (schema.json_schema; matrix.load's own check says more)."""
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "envbuild matrix file",
+        "type": "object",
+        "properties": {name: S.json_schema(spec) for name, (spec, _) in SECTIONS.items()},
+        "additionalProperties": False,
+    }
+
+
 # The kinds of the resolved environment's values that its records (envbuilder/model/resolved.py)
 # name in their annotations, where the spec `render --from` checks a file against is derived
 # from (resolved.field_spec). Every value a file carries is checked with the kind of the matrix

@@ -538,3 +538,57 @@ def _check_record(value: object, spec: Mapping[str, Spec], where: str, partial: 
                 raise SchemaError(_at(where, key), "required key is missing")
             continue
         check(record[key], sub, _at(where, key), partial)
+
+
+# ---- the same declarations as a JSON Schema (for editors and other tools) -------------------
+
+_JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", dict: "object", list: "array"}
+
+
+def json_schema(spec: Spec) -> dict[str, object]:
+    """The JSON Schema (draft 2020-12) of what `check(value, spec, ...)` accepts, from the same
+    spec. It says less than check() does: a text kind's printable-characters rule, a Range's
+    comparison and a Regex's compiling are check()'s alone, and a pattern is matched as written
+    (check() reads `\\d` and `\\w` as ASCII only); check() stays the one validator envbuild runs."""
+    if isinstance(spec, Pattern):
+        # (named groups are Python's spelling: plain groups read the same in ECMA-262's)
+        regex = re.sub(r"\(\?P<\w+>", "(", spec.regex)
+        return {"type": "string", "pattern": f"^(?:{regex})$", "maxLength": spec.max_len}
+    if isinstance(spec, Code):
+        return {"type": "string", "minLength": 1, "maxLength": spec.max_len}
+    if isinstance(spec, Text):
+        return {"type": "string", "maxLength": spec.max_len}
+    if isinstance(spec, Scalar):
+        return {"type": ["string", "number", "boolean"]}
+    if isinstance(spec, Int):
+        return {"type": "integer", "minimum": spec.lo, "maximum": spec.hi}
+    if isinstance(spec, Num):
+        low = "exclusiveMinimum" if spec.above else "minimum"
+        return {"type": "number", low: spec.lo, "maximum": spec.hi}
+    if isinstance(spec, OneOf):
+        return {"enum": list(spec.choices)}
+    if isinstance(spec, ListOf):
+        out: dict[str, object] = {"type": "array", "items": json_schema(spec.item)}
+        return dict(out, minItems=spec.min_len) if spec.min_len else out
+    if isinstance(spec, MapOf):
+        out = {"type": "object", "additionalProperties": json_schema(spec.value)}
+        return dict(out, propertyNames=json_schema(spec.key)) if spec.key is not None else out
+    if isinstance(spec, Tree) or spec is Any:
+        return {}
+    if isinstance(spec, dict):
+        return _record_schema(spec)
+    if isinstance(spec, tuple):  # nullable: (spec, None)
+        return {"anyOf": [json_schema(_nullable(spec)), {"type": "null"}]}
+    if isinstance(spec, type) and spec in _JSON_TYPES:
+        return {"type": _JSON_TYPES[spec]}
+    raise TypeError(f"{spec!r} is no schema spec")
+
+
+def _record_schema(spec: Mapping[str, Spec]) -> dict[str, object]:
+    fields = {k.rstrip("?"): v for k, v in spec.items() if k != "*"}
+    return {
+        "type": "object",
+        "properties": {k: json_schema(v) for k, v in fields.items()},
+        "required": [k for k in spec if k != "*" and not k.endswith("?")],
+        "additionalProperties": json_schema(spec["*"]) if "*" in spec else False,
+    }
