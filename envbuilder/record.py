@@ -262,12 +262,12 @@ def _plain(value: object) -> object:
 
 
 def _hashable(value: object) -> object:
-    """`value` as nested tuples (a record's type and fields) and frozensets (a mapping's items)."""
+    """`value` as nested tuples (a record's type and fields, a mapping's sorted items)."""
     if isinstance(value, Record):
         return (type(value).__name__, *(_hashable(v) for v in value._values().values()))
     if isinstance(value, Mapping):
         entries: Mapping[object, object] = value
-        return frozenset((k, _hashable(v)) for k, v in entries.items())
+        return tuple(sorted((k, _hashable(v)) for k, v in entries.items()))
     if isinstance(value, (list, tuple)):
         items: Sequence[object] = value
         return tuple(_hashable(v) for v in items)
