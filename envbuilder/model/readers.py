@@ -231,11 +231,9 @@ def parse_toml(
     text = _text(data, origin, fix, bounds)
     try:
         doc: object = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise BadData(origin, "", f"is not valid TOML ({_first_line(e)})", fix) from None
     except RecursionError:
         raise BadData(origin, "", f"is nested more than {bounds.max_depth} levels deep", fix) from None
-    except (ValueError, TypeError, OverflowError) as e:
+    except (ValueError, TypeError, OverflowError) as e:  # (TOMLDecodeError is a ValueError)
         raise BadData(origin, "", f"is not valid TOML ({_first_line(e)})", fix) from None
     import datetime
 
