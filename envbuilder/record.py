@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 if TYPE_CHECKING:
     from typing_extensions import Self, dataclass_transform
@@ -44,16 +44,17 @@ class RecordMeta(type):
     order, each default taken out of the class into `_defaults` (a slot and a class attribute of
     one name cannot coexist). A ClassVar annotation is no field."""
 
-    def __new__(mcs, name: str, bases: tuple[type, ...], ns: dict[str, Any], **kw: Any) -> RecordMeta:
+    def __new__(mcs, name: str, bases: tuple[type, ...], ns: dict[str, object], **kw: object) -> RecordMeta:
         if bases:
             if "_fields" in ns or "__slots__" in ns:
                 raise TypeError(f"{name}: declare a record's fields as annotations, not _fields/__slots__")
-            annotations: dict[str, Any] = ns.get("__annotations__", {})
-            if any(not isinstance(a, str) for a in annotations.values()):
+            annotations = _annotations(ns)
+            if annotations is None:
                 raise TypeError(f"{name}: declare records under `from __future__ import annotations`")
             fields = tuple(f for f, a in annotations.items() if not a.startswith("ClassVar"))
-            inherited = tuple(f for b in bases for f in getattr(b, "_fields", ()))
-            defaults = {f: d for b in bases for f, d in getattr(b, "_defaults", {}).items()}
+            records = [b for b in bases if issubclass(b, Record)]
+            inherited = tuple(f for b in records for f in b._fields)
+            defaults = {f: d for b in records for f, d in b._defaults.items()}
             for f in fields:
                 if f in ns:
                     defaults[f] = ns.pop(f)
@@ -63,6 +64,19 @@ class RecordMeta(type):
             ns["_fields"] = inherited + tuple(f for f in fields if f not in inherited)
             ns["_defaults"] = defaults
         return super().__new__(mcs, name, bases, ns, **kw)
+
+
+def _annotations(ns: Mapping[str, object]) -> dict[str, str] | None:
+    """A class's own annotations (its namespace's), None when one is not a string."""
+    found = ns.get("__annotations__", {})
+    written: dict[object, object] = found if isinstance(found, dict) else {}
+    texts = {f: a for f, a in written.items() if isinstance(f, str) and isinstance(a, str)}
+    return texts if len(texts) == len(written) else None
+
+
+# what a field holding records holds: the record class, or `(Class,)` for a tuple of them
+Nested: TypeAlias = "type[Record] | tuple[type[Record]]"
+_NESTED: dict[type[Record], dict[str, Nested]] = {}  # Record.nested's, by class
 
 
 class Record(metaclass=RecordMeta):
@@ -76,12 +90,12 @@ class Record(metaclass=RecordMeta):
 
     __slots__ = ()
     _fields: ClassVar[tuple[str, ...]] = ()
-    _defaults: ClassVar[dict[str, Any]] = {}
+    _defaults: ClassVar[dict[str, object]] = {}
     _keys: ClassVar[dict[str, str]] = {}
     _omit_none: ClassVar[tuple[str, ...]] = ()
     _absent: ClassVar[tuple[str, ...] | None] = None
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: object, **kwargs: object) -> None:
         if len(args) > len(self._fields):
             raise TypeError(f"{type(self).__name__} takes {len(self._fields)} fields")
         values = dict(zip(self._fields, args))
@@ -96,31 +110,35 @@ class Record(metaclass=RecordMeta):
                 values[f] = self._defaults[f]
             object.__setattr__(self, f, values[f])
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"{type(self).__name__} is immutable")
 
     def __delattr__(self, name: str) -> None:
         raise AttributeError(f"{type(self).__name__} is immutable")
 
     def _asdict(self) -> dict[str, Any]:
+        """field -> value (typed Any for callers that know their record's field types)."""
+        return self._values()
+
+    def _values(self) -> dict[str, object]:
         return {f: getattr(self, f) for f in self._fields}
 
-    def _replace(self, **changes: Any) -> Self:
-        return type(self)(**dict(self._asdict(), **changes))
+    def _replace(self, **changes: object) -> Self:
+        return type(self)(**dict(self._values(), **changes))
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Record) and type(other) is type(self) and self._asdict() == other._asdict()
+        return isinstance(other, Record) and type(other) is type(self) and self._values() == other._values()
 
     def __hash__(self) -> int:
         return hash(_hashable(self))
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[object, ...]:
         """copy, deepcopy and pickle rebuild a record through its constructor (the slots refuse
         the assignment they would make; a read-only mapping travels as a dict)."""
-        return (_rebuild, (type(self), tuple(_unproxied(v) for v in self._asdict().values())))
+        return (_rebuild, (type(self), tuple(_unproxied(v) for v in self._values().values())))
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self._asdict().items())})"
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self._values().items())})"
 
     # -- plain data (JSON) ------------------------------------------------------------------
 
@@ -135,40 +153,40 @@ class Record(metaclass=RecordMeta):
         return cls.omitted() if cls._absent is None else cls._absent
 
     @classmethod
-    def nested(cls) -> dict[str, Any]:
+    def nested(cls) -> dict[str, Nested]:
         """field -> the record class it holds (`Class`), or a tuple of them (`(Class,)`), read
         off the annotations once (a record named in them may be declared after this one)."""
-        found = cls.__dict__.get("_nested_cache")
+        found = _NESTED.get(cls)
         if found is not None:
-            return found  # type: ignore[no-any-return]
+            return found
         found = {}
-        names = vars(sys.modules[cls.__module__])
+        names: Mapping[str, object] = vars(sys.modules[cls.__module__])
         for klass in reversed(cls.__mro__):
-            for f, text in klass.__dict__.get("__annotations__", {}).items():
+            for f, text in (_annotations(klass.__dict__) or {}).items():
                 m = _RECORD_ANNOTATION.fullmatch(text) if f in cls._fields else None
                 kind = names.get(m["name"]) if m else None
                 if isinstance(kind, type) and issubclass(kind, Record):
                     found[f] = (kind,) if m and m["tuple"] else kind
-        type.__setattr__(cls, "_nested_cache", found)
+        _NESTED[cls] = found
         return found
 
     def to_dict(self) -> dict[str, Any]:
         """The record as plain data: dicts, lists, strings, numbers, true/false, null."""
         keys, omit, out = self._keys, self._omit_none, {}
         for f in self._fields:
-            v = getattr(self, f)
+            v: object = getattr(self, f)
             if v is None and f in omit:
                 continue
-            out[keys.get(f, f)] = v if type(v) in _SCALARS else plain(v)
+            out[keys.get(f, f)] = v if type(v) in _SCALARS else _plain(v)
         return out
 
     @classmethod
-    def from_plain(cls, data: Mapping[str, Any]) -> Self:
+    def from_plain(cls, data: Mapping[str, object]) -> Self:
         """The record of plain data shaped as `to_dict` writes it, unchecked (data from a file
         goes through runplan.env_from_dict, which checks it first). A key the record
         does not know is left behind (a file of an older envbuild may hold keys this one no
         longer writes)."""
-        values: dict[str, Any] = {}
+        values: dict[str, object] = {}
         nested = cls.nested()
         for f in cls._fields:
             key = cls._keys.get(f, f)
@@ -176,65 +194,95 @@ class Record(metaclass=RecordMeta):
                 continue  # (a default, or the missing-field TypeError)
             value, kind = data[key], nested.get(f)
             if value is None or kind is None:
-                values[f] = frozen(value)
+                values[f] = _frozen(value)
             elif isinstance(kind, tuple):
-                values[f] = tuple(kind[0].from_plain(v) for v in value)
+                values[f] = tuple(kind[0].from_plain(_data(v)) for v in _items(value))
             else:
-                values[f] = kind.from_plain(value)
+                values[f] = kind.from_plain(_data(value))
         return cls(**values)
+
+
+def _data(value: object) -> Mapping[str, object]:
+    """A nested record's plain data (from_plain's), a mapping."""
+    if isinstance(value, Mapping):
+        return value
+    raise TypeError(f"expected a record's data (a mapping), got {type(value).__name__}")
+
+
+def _items(value: object) -> Sequence[object]:
+    """A tuple of records' plain data (from_plain's), a list."""
+    if isinstance(value, (list, tuple)):
+        return value
+    raise TypeError(f"expected a list of records' data, got {type(value).__name__}")
 
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})  # the JSON leaves, tested first: most
 # values are these, and isinstance against an ABC (Mapping) is slow
 
 
-def frozen(value: Any) -> Any:
-    """`value` with every list a tuple and every dict a read-only mapping, all the way down."""
+def frozen(value: object) -> Any:
+    """`value` with every list a tuple and every dict a read-only mapping, all the way down.
+    (Typed Any for the record field it fills, whose type the caller's data has, frozen.)"""
+    return _frozen(value)
+
+
+def _frozen(value: object) -> object:
     if type(value) in _SCALARS:
         return value
     if isinstance(value, (list, tuple)):
-        return tuple(frozen(v) for v in value)
+        items: Sequence[object] = value
+        return tuple(_frozen(v) for v in items)
     if isinstance(value, Mapping) and not isinstance(value, MappingProxyType):
-        return MappingProxyType({k: frozen(v) for k, v in value.items()})
+        entries: Mapping[object, object] = value
+        return MappingProxyType({k: _frozen(v) for k, v in entries.items()})
     return value
 
 
-def plain(value: Any) -> Any:
-    """Plain data of a record, a read-only mapping or a tuple, all the way down (JSON's)."""
-    kind = type(value)
-    if kind in _SCALARS:
+def plain(value: object) -> Any:
+    """Plain data of a record, a read-only mapping or a tuple, all the way down (JSON's).
+    (Typed Any for its callers, which know the shape of what they pass.)"""
+    return _plain(value)
+
+
+def _plain(value: object) -> object:
+    if type(value) in _SCALARS:
         return value
-    if kind is tuple or kind is list:  # (the common shapes first: exact types, no ABC checks)
-        return [plain(v) for v in value]
-    if kind is MappingProxyType or kind is dict:
-        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):  # (the common shapes first: no ABC checks)
+        items: Sequence[object] = value
+        return [_plain(v) for v in items]
+    if isinstance(value, (MappingProxyType, dict)):
+        entries: Mapping[object, object] = value
+        return {k: _plain(v) for k, v in entries.items()}
     if isinstance(value, Record):
         return value.to_dict()
     if isinstance(value, Mapping):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
+        others: Mapping[object, object] = value
+        return {k: _plain(v) for k, v in others.items()}
     return value
 
 
-def _hashable(value: Any) -> Any:
+def _hashable(value: object) -> object:
     """`value` as nested tuples (a record's type and fields, a mapping's sorted items)."""
     if isinstance(value, Record):
-        return (type(value).__name__, *(_hashable(v) for v in value._asdict().values()))
+        return (type(value).__name__, *(_hashable(v) for v in value._values().values()))
     if isinstance(value, Mapping):
-        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+        entries: Mapping[object, object] = value
+        return tuple(sorted((k, _hashable(v)) for k, v in entries.items()))
     if isinstance(value, (list, tuple)):
-        return tuple(_hashable(v) for v in value)
+        items: Sequence[object] = value
+        return tuple(_hashable(v) for v in items)
     return value
 
 
-def _unproxied(value: Any) -> Any:
+def _unproxied(value: object) -> object:
     if isinstance(value, MappingProxyType):
-        return {k: _unproxied(v) for k, v in value.items()}
+        entries: Mapping[object, object] = value
+        return {k: _unproxied(v) for k, v in entries.items()}
     if isinstance(value, tuple):
-        return tuple(_unproxied(v) for v in value)
+        items: tuple[object, ...] = value
+        return tuple(_unproxied(v) for v in items)
     return value
 
 
-def _rebuild(cls: type[Record], values: tuple[Any, ...]) -> Record:
-    return cls(*(frozen(v) for v in values))
+def _rebuild(cls: type[Record], values: tuple[object, ...]) -> Record:
+    return cls(*(_frozen(v) for v in values))

@@ -15,7 +15,8 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from envbuilder.errors import UserError
 from envbuilder.text import redact
@@ -52,7 +53,11 @@ def is_local(name: str) -> bool:
     return name.startswith(("/", "./", "../", "~")) or name in (".", "..")
 
 
-def _positive(cfg: dict[str, Any], key: str, origin: str, default: Any = None) -> int:
+# a models.yaml record (matrix_schema.MODEL), as the plan reads it
+ModelRecord = dict[str, object]
+
+
+def _positive(cfg: Mapping[str, object], key: str, origin: str, default: object = None) -> int:
     value = cfg.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 10**7:
         raise UserError(
@@ -63,7 +68,7 @@ def _positive(cfg: dict[str, Any], key: str, origin: str, default: Any = None) -
     return value
 
 
-def _moe_arch(cfg: dict[str, Any], origin: str, name: str, kind: str) -> dict[str, Any]:
+def _moe_arch(cfg: Mapping[str, object], origin: str, name: str, kind: str) -> ModelRecord:
     """A Qwen3-MoE's record: the dense fields with the experts' (every layer a sparse one)."""
     sparse_step = cfg.get("decoder_sparse_step", 1)
     if sparse_step != 1 or cfg.get("mlp_only_layers"):
@@ -88,7 +93,7 @@ def _moe_arch(cfg: dict[str, Any], origin: str, name: str, kind: str) -> dict[st
     return dict(rec, source=origin)
 
 
-def _deepseek_arch(cfg: dict[str, Any], origin: str, name: str) -> dict[str, Any]:
+def _deepseek_arch(cfg: Mapping[str, object], origin: str, name: str) -> ModelRecord:
     """A DeepSeek-V2/V3-style record: MLA attention (a q_lora_rank bottleneck or none, one
     kv_lora_rank latent and a rope part for keys and values), n_routed_experts experts and
     n_shared_experts shared ones of moe_intermediate_size in every layer from
@@ -122,7 +127,7 @@ def _deepseek_arch(cfg: dict[str, Any], origin: str, name: str) -> dict[str, Any
     tied = cfg.get("tie_word_embeddings", False)
     if not isinstance(tied, bool):
         raise UserError(f"{origin}: tie_word_embeddings must be true or false.")
-    rec: dict[str, Any] = {
+    rec: ModelRecord = {
         "family": "deepseek",
         "layers": layers,
         "hidden_size": _positive(cfg, "hidden_size", origin),
@@ -152,20 +157,25 @@ def _deepseek_arch(cfg: dict[str, Any], origin: str, name: str) -> dict[str, Any
     return rec
 
 
-def arch_from_config(cfg: Any, origin: str, name: str) -> dict[str, Any]:
+def arch_from_config(cfg: object, origin: str, name: str) -> ModelRecord:
     """A models.yaml record from a transformers config.json (its parameter count computed)."""
-    from envbuilder.model.arch import Arch
-
     if not isinstance(cfg, dict):
         raise UserError(
             f"{origin} is not a config.json: it holds {type(cfg).__name__}, where "
             "transformers writes an object of the model's settings."
         )
+    return _dense_arch(cfg, origin, name)
+
+
+def _dense_arch(cfg: Mapping[str, object], origin: str, name: str) -> ModelRecord:
+    """arch_from_config's, for a config.json's object."""
+    from envbuilder.model.arch import Arch
+
     kind = cfg.get("model_type")
     moe = [k for k in MOE_KEYS if cfg.get(k)]
     if kind in DEEPSEEK:
         return _deepseek_arch(cfg, origin, name)
-    if moe and kind in MOE_FAMILIES:
+    if moe and isinstance(kind, str) and kind in MOE_FAMILIES:
         return _moe_arch(cfg, origin, name, kind)
     if moe:
         raise UserError(
@@ -187,7 +197,7 @@ def arch_from_config(cfg: Any, origin: str, name: str) -> dict[str, Any]:
     hidden = _positive(cfg, "hidden_size", origin)
     heads = _positive(cfg, "num_attention_heads", origin)
     kv = _positive(cfg, "num_key_value_heads", origin, heads)
-    head_dim = cfg.get("head_dim")
+    head_dim: object = cfg.get("head_dim")
     if head_dim is None:
         if hidden % heads:
             raise UserError(
@@ -204,7 +214,7 @@ def arch_from_config(cfg: Any, origin: str, name: str) -> dict[str, Any]:
     attention_bias = cfg.get("attention_bias", False)
     if not isinstance(tied, bool) or not isinstance(attention_bias, bool):
         raise UserError(f"{origin}: tie_word_embeddings and attention_bias must be true or false.")
-    rec = {
+    rec: ModelRecord = {
         "family": family,
         "layers": layers,
         "hidden_size": hidden,
@@ -223,9 +233,10 @@ def arch_from_config(cfg: Any, origin: str, name: str) -> dict[str, Any]:
     return rec
 
 
-def _parse(data: bytes, origin: str) -> Any:
+def _parse(data: bytes, origin: str) -> object:
     try:
-        return json.loads(data.decode("utf-8"))
+        doc: object = json.loads(data.decode("utf-8"))
+        return doc
     except (ValueError, RecursionError) as e:  # (UnicodeDecodeError is a ValueError)
         raise UserError(
             f"{origin} is not a readable config.json ({str(e)[:120]}). Check that "
@@ -233,7 +244,7 @@ def _parse(data: bytes, origin: str) -> Any:
         ) from None
 
 
-def local_config(folder: str) -> tuple[str, dict[str, Any]]:
+def local_config(folder: str) -> tuple[str, ModelRecord]:
     """(the folder as an absolute path, its shape) for a --model that is a folder."""
     from envbuilder.limits import read_text_bounded
 
@@ -265,7 +276,7 @@ def hf_endpoint() -> str:
     return (os.environ.get("HF_ENDPOINT") or DEFAULT_HF).rstrip("/")
 
 
-def hub_config(repo: str, endpoint: str | None = None, timeout: float = 10.0) -> dict[str, Any]:
+def hub_config(repo: str, endpoint: str | None = None, timeout: float = 10.0) -> ModelRecord:
     """The shape of hub model `repo` from its config.json at ENDPOINT/REPO/resolve/main/, kept
     in envbuild's cache (sealed, paths.read_sealed: read back only when this user's envbuild
     wrote it; validated again on every read) so a render after the first is offline."""
@@ -320,7 +331,7 @@ def with_model(m: Matrix, name: str | None, hub: str | None = None) -> tuple[Mat
             ) from None
         key, rec = name, hub_config(name, hub)
     sections = dict(m.sections, models={**m.models, key: rec})
-    return type(m)(sections, {**m.origin, ("models", key): rec["source"]}), key
+    return type(m)(sections, {**m.origin, ("models", key): str(rec["source"])}), key
 
 
 def scaled_vram_gb(profile_gb: float, profile_params: int, params: int) -> float:

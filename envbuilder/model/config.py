@@ -18,12 +18,21 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict, cast
 
 from envbuilder.errors import UserError
 
 if TYPE_CHECKING:
     from envbuilder.model.matrix import Matrix
+
+
+class UserConfig(TypedDict, total=False):
+    """The config file, as _load checks it: registry names -> endpoints, the mirror set to
+    use, and the user's own mirror sets (matrix_schema.MIRROR each)."""
+
+    registries: dict[str, str]
+    mirror: str
+    mirrors: dict[str, dict[str, object]]
 
 
 def config_path() -> Path:
@@ -35,7 +44,7 @@ def config_path() -> Path:
 
 
 @lru_cache(maxsize=None)
-def _load(path: str) -> dict[str, Any]:
+def _load(path: str) -> UserConfig:
     from envbuilder.model import schema as S
     from envbuilder.limits import load_yaml, read_text_bounded
     from envbuilder.model.matrix_schema import MIRROR
@@ -47,7 +56,7 @@ def _load(path: str) -> dict[str, Any]:
                 f"ENVBUILD_CONFIG points at {p}, which does not exist. Create it or unset the variable."
             )
         return {}
-    doc = load_yaml(read_text_bounded(p, "envbuild config"), str(p)) or {}
+    doc: object = load_yaml(read_text_bounded(p, "envbuild config"), str(p)) or {}
     # every value is checked for what it is (a registry endpoint, a name, a mirror set's URLs):
     # they reach image references, build args and rendered files
     spec = {
@@ -59,10 +68,10 @@ def _load(path: str) -> dict[str, Any]:
         S.check(doc, spec, str(p))
     except S.SchemaError as e:
         raise UserError(f"{e}. Fix the config file.") from None
-    return doc
+    return cast(UserConfig, doc)  # (the shape S.check just checked)
 
 
-def user_config() -> dict[str, Any]:
+def user_config() -> UserConfig:
     return _load(str(config_path()))
 
 

@@ -13,16 +13,36 @@ Only the error path pays for this: a few resolutions per refusal, a search of ab
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, TypeVar
 
 from envbuilder.errors import UserError
 from envbuilder.model import flags as F
-from envbuilder.model.resolved import Overrides
+from envbuilder.model.resolved import Overrides, ResolvedEnv
 from envbuilder.model.versions import is_driver_version, version_key
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
     from envbuilder.model.matrix import Matrix
+
+# a change of the user's flags: flag (as typed, "gpus-per-node") -> its value, None to drop it
+Change = dict[str, "str | None"]
+
+
+class Fixable(Protocol):
+    """A broken rule with its fix (resolve.Violation)."""
+
+    @property
+    def rule(self) -> str: ...
+
+    @property
+    def fix(self) -> str: ...
+
+    def _replace(self, **changes: object) -> Self: ...
+
+
+V = TypeVar("V", bound=Fixable)
 
 # a flag a fix may offer (model/flags.py), with the value a user would type after it (values
 # may be comma lists: apex,flash-attn)
@@ -65,28 +85,30 @@ def _valid(m: Matrix, flag: str, value: str | None) -> bool:
 DROP = re.compile(r"\bdrop --([a-z]+)")
 
 
-def concrete(m: Matrix, alternative: str) -> dict[str, Any] | None:
+def concrete(m: Matrix, alternative: str) -> Change | None:
     """The overrides an alternative names ({"torch": "2.9.0", "cuda": "12.6"}; "drop --vllm":
     {"vllm": None}); None when it names a flag without a value the matrix knows ("a --torch
     that supports Python 3.10") or names none."""
-    dropped = {f: None for f in DROP.findall(alternative)}
-    found = FIX_FLAG.findall(DROP.sub("", alternative))
+    drops: list[str] = DROP.findall(alternative)
+    dropped: Change = dict.fromkeys(drops)
+    found: list[tuple[str, str]] = FIX_FLAG.findall(DROP.sub("", alternative))
     if not (found or dropped) or not all(_valid(m, f, v) for f, v in found):
         return None
     return {**dropped, **{f: v.rstrip(".") for f, v in found}}
 
 
-def applied(ov: Overrides, flags: dict[str, Any]) -> Overrides:
+def applied(ov: Overrides, flags: Mapping[str, str | None]) -> Overrides:
     """The user's overrides with these flags set (a flag replaces the user's value of it; None
     drops it)."""
-    changes: dict[str, Any] = {}
+    changes: dict[str, object] = {}
     for flag, value in flags.items():
         decl = _FLAG[flag]
         if decl.kind == F.NAMES:  # (tuples: "drop --with" is the empty one, never None)
-            value = tuple(value.split(",")) if value else ()
+            changes[decl.field] = tuple(value.split(",")) if value else ()
         elif value is not None and decl.kind == F.INT:
-            value = int(value)
-        changes[decl.field] = value
+            changes[decl.field] = int(value)
+        else:
+            changes[decl.field] = value
     return ov._replace(**changes)
 
 
@@ -97,7 +119,7 @@ def alternatives(fix: str) -> list[str]:
     ]
 
 
-def render_flags(flags: dict[str, Any]) -> str:
+def render_flags(flags: Mapping[str, str | None]) -> str:
     """A change as a fix offers it ("--torch 2.6.0 drop --vllm"), each flag as declared."""
     return " ".join(
         F.spell(_FLAG[f].field, v) if v is not None else f"drop {_FLAG[f].flag}" for f, v in flags.items()
@@ -112,7 +134,7 @@ class _Attempts:
     def __init__(self, run: Callable[[Overrides], object]):
         self.run = run
         self.seen: dict[Overrides, set[str] | None] = {}
-        self.envs: dict[Overrides, Any] = {}
+        self.envs: dict[Overrides, ResolvedEnv] = {}
 
     def __call__(self, ov: Overrides) -> set[str] | None:
         if ov not in self.seen:
@@ -123,13 +145,15 @@ class _Attempts:
             if isinstance(got, set):
                 self.seen[ov] = got
             else:
-                self.seen[ov], self.envs[ov] = None, got
+                self.seen[ov] = None
+                if isinstance(got, ResolvedEnv):
+                    self.envs[ov] = got
         return self.seen[ov]
 
 
 # what a flag's value is in a resolved environment (to name the value a dropped flag falls
 # back to: `--cuda 13.0` refused on a P40 -> "use --cuda 11.8")
-VALUE_OF: dict[str, Callable[[Any], str | None]] = {
+VALUE_OF: dict[str, Callable[[ResolvedEnv], str | None]] = {
     "cuda": lambda e: e.cuda.version,
     "torch": lambda e: e.torch.version,
     "verl": lambda e: e.verl.version,
@@ -139,11 +163,18 @@ VALUE_OF: dict[str, Callable[[Any], str | None]] = {
 }
 
 
+def _given(ov: Overrides, flags: Iterable[str]) -> dict[str, str]:
+    """The values the user gave of these flags (of VALUE_OF's), by flag."""
+    values = {"cuda": ov.cuda, "torch": ov.torch, "verl": ov.verl, "rollout": ov.rollout}
+    values.update(vllm=ov.vllm, python=ov.python)
+    return {f: v for f in flags if (v := values[f]) is not None}
+
+
 def completions(m: Matrix, ov: Overrides) -> Iterator[dict[str, str | None]]:
     """Changes that keep every stack flag the user gave and fill in the others: a vLLM release
     (newest first), the torch it pins and a CUDA that torch is built for (`--verl 0.5.0` ->
     `--vllm 0.8.5 --torch 2.6.0 --cuda 12.4`). Nothing when the user gave no stack flag."""
-    given = {f: getattr(ov, f) for f in ("verl", "vllm", "torch", "cuda") if getattr(ov, f) is not None}
+    given = _given(ov, ("verl", "vllm", "torch", "cuda"))
     if not given or ov.rollout not in (None, "vllm"):
         return
 
@@ -151,8 +182,8 @@ def completions(m: Matrix, ov: Overrides) -> Iterator[dict[str, str | None]]:
         return sorted(xs, key=version_key, reverse=True)
 
     for vllm in newest(m.vllm):
-        torch = m.vllm[vllm]["torch"]
-        builds = (m.torch.get(torch) or {}).get("builds") or {}
+        torch: str = m.vllm[vllm]["torch"]
+        builds: Mapping[str, Mapping[str, str]] = (m.torch.get(torch) or {}).get("builds") or {}
         for cuda in newest({b["cuda"] for b in builds.values() if b["cuda"] in m.cuda}):
             full = {"vllm": vllm, "torch": torch, "cuda": cuda}
             if any(given.get(f, v) != v for f, v in full.items()):
@@ -168,13 +199,13 @@ def _candidates(m: Matrix, profile: str, ov: Overrides) -> Iterator[dict[str, st
     def newest(xs: Iterable[str]) -> list[str]:
         return sorted(xs, key=version_key, reverse=True)
 
-    mine = [flag for flag in VALUE_OF if getattr(ov, flag) is not None]
+    mine = list(_given(ov, VALUE_OF))
     yield from completions(m, ov)
     for flag in mine:
         yield {flag: None}
     if len(mine) > 1:
         yield dict.fromkeys(mine)  # the profile as shipped
-    stacks = m.sections.get("stacks") or {}
+    stacks: Mapping[str, object] = m.sections.get("stacks") or {}
     for v in newest(stacks):
         yield {"verl": v}
     for r in ROLLOUTS:
@@ -183,7 +214,8 @@ def _candidates(m: Matrix, profile: str, ov: Overrides) -> Iterator[dict[str, st
         for v in newest(table):
             yield {flag: v}
     for t in newest(m.torch):
-        for c in newest({b["cuda"] for b in m.torch[t]["builds"].values()}):
+        builds: Mapping[str, Mapping[str, str]] = m.torch[t]["builds"]
+        for c in newest({b["cuda"] for b in builds.values()}):
             if c in m.cuda:
                 yield {"torch": t, "cuda": c}
 
@@ -203,27 +235,35 @@ def whole_fix(
     ov: Overrides,
     attempt: _Attempts,
     before: set[str] | frozenset[str] = frozenset(),
-) -> dict[str, Any] | None:
+) -> Change | None:
     """The first candidate change under which the profile resolves, each flag with the value
     it then has; else the first under which it resolves but for the machine's own refusals (a
     stack the driver runs beats an upgrade); None when none does."""
     for whole in (True, False):
         for flags in _candidates(m, profile, ov):
-            if any(getattr(ov, _FLAG[f].field) == v for f, v in flags.items()):
+            if any(_value(ov, _FLAG[f].field) == v for f, v in flags.items()):
                 continue  # the user already has it
             changed = applied(ov, flags)
             after = attempt(changed)
             if after is None if whole else _resolves(after, before):
                 env = attempt.envs.get(changed)
-                if env is None and any(v is None for v in flags.values()):
-                    continue  # (a dropped flag's value is read from the resolved environment)
+                if env is None:
+                    if any(v is None for v in flags.values()):
+                        continue  # (a dropped flag's value is read from the resolved environment)
+                    return dict(flags)
                 return {f: v if v is not None else VALUE_OF[f](env) for f, v in flags.items()}
     return None
 
 
+def _value(ov: Overrides, field: str) -> object:
+    """The user's value of one of Overrides' fields."""
+    value: object = getattr(ov, field)
+    return value
+
+
 def checked(
-    m: Matrix, profile: str, ov: Overrides, violations: list[Any], run: Callable[[Overrides], object]
-) -> list[Any]:
+    m: Matrix, profile: str, ov: Overrides, violations: list[V], run: Callable[[Overrides], object]
+) -> list[V]:
     """`violations` with every fix checked (module docstring): each keeps the alternatives under
     which the profile resolves; one with none gets the change that resolves it, when there is
     one. Prose without flags (an overlay to write, another image) stays as it is."""
@@ -241,21 +281,21 @@ class _Checker:
         m: Matrix,
         profile: str,
         ov: Overrides,
-        violations: list[Any],
+        violations: Sequence[Fixable],
         run: Callable[[Overrides], object],
     ):
         self.m, self.profile, self.ov = m, profile, ov
         self.attempt = _Attempts(run)
         self.before = {v.rule for v in violations}
-        self.whole: list[Any] = []  # computed once, when first needed
-        self.mine = {f: getattr(ov, f) for f in VALUE_OF if getattr(ov, f) is not None}
+        self.whole: list[Change | None] = []  # computed once, when first needed
+        self.mine = _given(ov, VALUE_OF)
         self.keeping = next((c for c in completions(m, ov) if self.attempt(applied(ov, c)) is None), None)
 
     def drops_mine(self, a: str) -> bool:
         flags = concrete(self.m, a) or {}
         return any(f in self.mine and self.mine[f] != value for f, value in flags.items())
 
-    def check(self, v: Any) -> Any:
+    def check(self, v: V) -> V:
         m, ov = self.m, self.ov
         alts = [a.rstrip(" ,;") for a in alternatives(v.fix)]
         results = {a: self.attempt(applied(ov, flags)) for a in alts if (flags := concrete(m, a)) is not None}
@@ -266,14 +306,14 @@ class _Checker:
         fix = self.rule_fix(results, prose)
         return v._replace(fix=fix) if fix != v.fix else v
 
-    def machine_fix(self, results: dict[str, Any], prose: list[str]) -> str:
+    def machine_fix(self, results: dict[str, set[str] | None], prose: list[str]) -> str:
         """The machine's: its upgrade stands, each stack offered resolves."""
         stacks = [a for a, after in results.items() if after is None]
         if self.keeping and any(self.drops_mine(a) for a in stacks):
             stacks = [f"use {render_flags(self.keeping)}"] + [a for a in stacks if not self.drops_mine(a)]
         return " or ".join(prose + stacks)
 
-    def rule_fix(self, results: dict[str, Any], prose: list[str]) -> str:
+    def rule_fix(self, results: dict[str, set[str] | None], prose: list[str]) -> str:
         """Alternatives that resolve whole first, then those that leave only the driver after
         them; none: the smallest change that resolves the profile (whole_fix), if any."""
         kept = [a for a, after in results.items() if after is None]
@@ -304,7 +344,7 @@ class _Checker:
 
 def smallest_change(
     m: Matrix, profile: str, ov: Overrides, run: Callable[[Overrides], object]
-) -> dict[str, Any] | None:
+) -> Change | None:
     """The smallest change of `ov` under which `profile` resolves (whole_fix's search), each
     flag with the value it then has; None when none does. `run` as for `checked`. For callers
     that start from what is installed (diagnose) rather than from a refusal."""

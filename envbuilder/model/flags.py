@@ -9,8 +9,6 @@ once is spelled the same everywhere, and a README's command parses back to the s
 
 from __future__ import annotations
 
-from typing import Any
-
 from envbuilder.model.matrix_schema import ROLLOUTS
 from envbuilder.record import Record
 from envbuilder.model.resolved import GPU_MEMORY_MIB, Overrides
@@ -210,26 +208,26 @@ BY_FLAG = {f.flag: f for f in FLAGS}
 FLAG_FIELDS = {f.param: f.field for f in FLAGS}
 
 
-def words(ov: Overrides, **changes: Any) -> list[str]:
+def words(ov: Overrides, **changes: object) -> list[str]:
     """The flags that give `ov` (with `changes` to its fields), as a user types them again, in the
     order of their spelling: a switch alone, a list comma-joined, each value one word (quote them
     for where they land)."""
     given = ov._replace(**changes) if changes else ov
     out: list[str] = []
     for f in sorted(FLAGS, key=lambda f: f.flag):
-        value = getattr(given, f.field)
+        value: object = getattr(given, f.field)
         if value is None or value == () or value is False:
             continue
         if f.kind == SWITCH:
             out.append(f.flag)
-        elif f.kind == NAMES:
+        elif f.kind == NAMES and isinstance(value, (tuple, list)):  # (a tuple of names)
             out += [f.flag, ",".join(value)]
         else:
             out += [f.flag, str(value)]
     return out
 
 
-def spell(field: str, value: Any = None) -> str:
+def spell(field: str, value: object = None) -> str:
     """One flag as a hint writes it: `--gpus-per-node 8`, `--allow-unsupported`."""
     f = BY_FIELD[field]
     if value is None or f.kind == SWITCH:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import re
-from typing import Any
-
 from envbuilder.model import schema as S
 
 # the precision audit's checks and the condition under which each runs (a patch's `when`)
@@ -223,17 +221,18 @@ def fill_placeholders(text: str, values: dict[str, str]) -> str:
 class TemplateCode(S.Code):
     """Source text with `{name}` placeholders (a patch's `with`)."""
 
-    def check(self, value: Any, where: str) -> None:
-        super().check(value, where)
-        why = placeholder_error(value)
+    def string(self, value: object, where: str) -> str:
+        text = super().string(value, where)
+        why = placeholder_error(text)
         if why:
             raise S.SchemaError(where, why)
+        return text
 
 
 class TemplateScalar(S.Scalar):
     """A config value; a string one with `{name}` placeholders (a reviewed exception's `holds`)."""
 
-    def check(self, value: Any, where: str) -> None:
+    def check(self, value: object, where: str) -> None:
         super().check(value, where)
         why = placeholder_error(value) if isinstance(value, str) else None
         if why:
@@ -530,7 +529,7 @@ DEFAULTS = {
 }
 
 # section -> (schema of the section, whether records merge by key)
-SECTIONS: dict[str, tuple[Any, bool]] = {
+SECTIONS: dict[str, tuple[S.Spec, bool]] = {
     "gpus": (S.MapOf(GPU, key=S.NAME), True),
     "cuda": (S.MapOf(CUDA, key=S.CUDA), True),
     "torch": (S.MapOf(TORCH, key=S.VERSION), True),
@@ -566,6 +565,18 @@ SECTIONS: dict[str, tuple[Any, bool]] = {
 }
 
 
+def matrix_json_schema() -> dict[str, object]:
+    """The JSON Schema of one file of matrices/ (or an overlay): a mapping of sections, each
+    as SECTIONS declares it (schema.json_schema; matrix.load's own check says more)."""
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "envbuild matrix file",
+        "type": "object",
+        "properties": {name: S.json_schema(spec) for name, (spec, _) in SECTIONS.items()},
+        "additionalProperties": False,
+    }
+
+
 # The kinds of the resolved environment's values that its records (envbuilder/model/resolved.py)
 # name in their annotations, where the spec `render --from` checks a file against is derived
 # from (resolved.field_spec). Every value a file carries is checked with the kind of the matrix
@@ -578,7 +589,7 @@ DRIVER_MODES = ("native", "minor-version-compatibility", "too-old")
 COUNT = S.Int(1, 10**9)
 GIB = S.Num(0, 1 << 20)
 # the run script's batch sizes (memory.plan's `sizes`): every one it writes, by name
-MEMORY_BATCH: dict[str, Any] = {
+MEMORY_BATCH: dict[str, S.Spec] = {
     key: COUNT
     for key in (
         "val_batch_size",

@@ -11,6 +11,8 @@ endpoints that carry credentials to the RUN steps as a BuildKit secret (never a 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from envbuilder.errors import UserError
@@ -31,10 +33,10 @@ class MirrorChoice(Record):
     """One endpoint per kind (None: leave that kind as upstream)."""
 
     name: str
-    registries: dict[str, Any]  # upstream registry -> endpoint host[/prefix]
+    registries: dict[str, str | None]  # upstream registry -> endpoint host[/prefix]
     pypi: str | None = None
     pytorch: str | None = None
-    conda: dict[str, Any] | None = None
+    conda: dict[str, str | None] | None = None
     huggingface: str | None = None
     apt: str | None = None
     github: str | None = None
@@ -117,21 +119,23 @@ def split_credentials(
     """(the environment with no URL's user:password@ anywhere in it, its to_dict(), and
     {variable: URL with its credentials} of env_endpoints): what the files may name, and what
     only the `endpoints` secret may carry. `d`: env.to_dict(), if at hand."""
-    d = env.to_dict() if d is None else d
-    bare = _without_userinfo(d)
-    if bare == d:
-        return env, d, {}
+    plain: dict[str, object] = env.to_dict() if d is None else d
+    bare = {k: _without_userinfo(v) for k, v in plain.items()}
+    if bare == plain:
+        return env, plain, {}
     secret = {var: url for var, url in env_endpoints(env).items() if url and url != without_credentials(url)}
     return type(env).from_plain(bare), bare, secret
 
 
-def _without_userinfo(node: Any) -> Any:
+def _without_userinfo(node: object) -> object:
     if isinstance(node, str):
         return without_credentials(node) if "@" in node else node
     if isinstance(node, dict):
-        return {k: _without_userinfo(v) for k, v in node.items()}
+        entries: dict[object, object] = node
+        return {k: _without_userinfo(v) for k, v in entries.items()}
     if isinstance(node, (list, tuple)):
-        return [_without_userinfo(v) for v in node]
+        items: list[object] | tuple[object, ...] = node
+        return [_without_userinfo(v) for v in items]
     return node
 
 
@@ -157,13 +161,12 @@ def apply_to_env(env: ResolvedEnv, mirror: MirrorChoice) -> ResolvedEnv:
     images, the PyPI and PyTorch indexes, the Hugging Face endpoint, the conda channels, the apex
     source URL, flash-attn's release folder and an apt mirror. Rendering it gives files whose
     defaults already point at the mirror (build args can still override them)."""
-    from envbuilder.record import frozen
     from envbuilder.model.resolved import Mirror
 
     # every endpoint without its credentials: what the files (and the image's envbuild.json)
     # name; `envbuild build` hands the credentials to RUN steps as a secret (credentials_env)
     bare = without_credentials
-    images = frozen({role: mirror.image(ref) for role, ref in env.cuda.images.items()})
+    images = MappingProxyType({role: mirror.image(ref) for role, ref in env.cuda.images.items()})
     indexes, torch = env.indexes, env.torch
     if mirror.pypi:
         indexes = indexes._replace(pypi=bare(mirror.pypi))
@@ -195,10 +198,13 @@ def apply_to_env(env: ResolvedEnv, mirror: MirrorChoice) -> ResolvedEnv:
 
 
 def mirror_sets(m: Matrix) -> dict[str, dict[str, Any]]:
+    """The mirror sets by name (matrix_schema.MIRROR each): the user's config's, then the
+    matrix's. (Typed Any for callers that read a set's lists as the schema checked them.)"""
     from envbuilder.model.config import user_config
 
     sets = dict(user_config().get("mirrors") or {})
-    for name, body in (m.mirrors or {}).items():
+    matrix_sets: Mapping[str, dict[str, object]] = m.mirrors or {}
+    for name, body in matrix_sets.items():
         sets.setdefault(name, body)
     return sets
 
@@ -216,30 +222,50 @@ def get_set(m: Matrix, name: str) -> dict[str, Any]:
     return sets[name]
 
 
-def choice(name: str, body: dict[str, Any], healthy: dict[str, Any] | None = None) -> MirrorChoice:
+# A mirror set's body as the schema checked it (matrix_schema.MIRROR): a kind's endpoints, a
+# list of strings; the registries, conda channels and wheel indexes, such lists by name.
+def endpoints_of(body: Mapping[str, object], kind: str) -> list[str]:
+    """The endpoints a set lists for `kind` (pypi, pytorch, huggingface, apt, github)."""
+    listed = body.get(kind) or []
+    return [e for e in listed if isinstance(e, str)] if isinstance(listed, list) else []
+
+
+def endpoints_by_name(body: Mapping[str, object], kind: str) -> dict[str, list[str]]:
+    """The endpoints a set lists by name for `kind` (registries, conda, wheel_indexes)."""
+    named = body.get(kind) or {}
+    if not isinstance(named, dict):
+        return {}
+    lists: dict[str, object] = named
+    return {k: endpoints_of(lists, k) for k in lists}
+
+
+def choice(
+    name: str, body: Mapping[str, object], healthy: Mapping[str, tuple[bool, float]] | None = None
+) -> MirrorChoice:
     """The first endpoint of every kind (answering ones first when `healthy` is given)."""
 
-    def pick(endpoints: list[str] | None) -> str | None:
+    def pick(endpoints: list[str]) -> str | None:
         if not endpoints:
             return None
         return (order_by_health(endpoints, healthy) if healthy is not None else list(endpoints))[0]
 
-    registries = {reg: pick(eps) for reg, eps in (body.get("registries") or {}).items()}
-    conda = {ch: pick(eps) for ch, eps in (body.get("conda") or {}).items()}
+    registries = {reg: pick(eps) for reg, eps in endpoints_by_name(body, "registries").items()}
+    conda = {ch: pick(eps) for ch, eps in endpoints_by_name(body, "conda").items()}
+    indexes = endpoints_by_name(body, "wheel_indexes")
     return MirrorChoice(
         name,
         registries,
-        pick(body.get("pypi")),
-        pick(body.get("pytorch")),
+        pick(endpoints_of(body, "pypi")),
+        pick(endpoints_of(body, "pytorch")),
         conda or None,
-        pick(body.get("huggingface")),
-        pick(body.get("apt")),
-        pick(body.get("github")),
-        {name: p for name, eps in (body.get("wheel_indexes") or {}).items() if (p := pick(eps))} or None,
+        pick(endpoints_of(body, "huggingface")),
+        pick(endpoints_of(body, "apt")),
+        pick(endpoints_of(body, "github")),
+        {name: p for name, eps in indexes.items() if (p := pick(eps))} or None,
     )
 
 
-def order_by_health(endpoints: list[str], healthy: dict[str, Any]) -> list[str]:
+def order_by_health(endpoints: list[str], healthy: Mapping[str, tuple[bool, float]]) -> list[str]:
     """Healthy endpoints first, then the rest; each group in its listed order."""
     up = [e for e in endpoints if healthy.get(e, (False, 0))[0]]
     return up + [e for e in endpoints if e not in up]
@@ -248,18 +274,18 @@ def order_by_health(endpoints: list[str], healthy: dict[str, Any]) -> list[str]:
 # -- probing: which endpoints to probe and how an answer counts (data); oci/probe.py sends them --
 
 
-def probe_jobs(body: dict[str, Any], kinds: tuple[str, ...] | None = None) -> list[ProbeJob]:
+def probe_jobs(body: Mapping[str, object], kinds: tuple[str, ...] | None = None) -> list[ProbeJob]:
     """Every endpoint of a mirror set as a probe (oci/probe.run sends them): a registry's /v2/
     (200, or 401 asking for credentials, is alive), an index, channel or download prefix's own
     URL (any 2xx or 3xx); `kinds`: only these kinds."""
     from envbuilder.oci.probe import ProbeJob
 
     listed = []
-    for reg, eps in (body.get("registries") or {}).items():
+    for reg, eps in endpoints_by_name(body, "registries").items():
         listed += [("registry", reg, e) for e in eps]
     for kind in ("pypi", "pytorch", "huggingface", "apt", "github"):
-        listed += [(kind, kind, e) for e in body.get(kind) or []]
-    for ch, eps in (body.get("conda") or {}).items():
+        listed += [(kind, kind, e) for e in endpoints_of(body, kind)]
+    for ch, eps in endpoints_by_name(body, "conda").items():
         listed += [("conda", ch, e) for e in eps]
     jobs = []
     for kind, target, endpoint in listed:
@@ -274,33 +300,33 @@ def probe_jobs(body: dict[str, Any], kinds: tuple[str, ...] | None = None) -> li
     return jobs
 
 
-def health(probes: list[Probe]) -> dict[str, Any]:
+def health(probes: list[Probe]) -> dict[str, tuple[bool, float]]:
     return {p.endpoint: (p.ok, p.latency_ms) for p in probes}
 
 
-def redacted_sets(sets: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def redacted_sets(sets: Mapping[str, Mapping[str, object]]) -> dict[str, dict[str, object]]:
     """Mirror sets (as mirror_sets gives them) with every endpoint's user:password@ as ***@,
     as `mirrors list` shows them, in text and in JSON."""
     import json
 
-    return json.loads(redacted(json.dumps(sets)))  # type: ignore[no-any-return]
+    out: dict[str, dict[str, object]] = json.loads(redacted(json.dumps(sets)))  # (sets, redacted)
+    return out
 
 
-def sets_lines(sets: dict[str, dict[str, Any]]) -> list[str]:
+def sets_lines(sets: Mapping[str, Mapping[str, object]]) -> list[str]:
     """`envbuild mirrors list`'s text: each set, what it rewrites and to which endpoints
     (`sets` as mirror_sets gives them; a credential is shown as ***@, as every log shows it)."""
     out = []
-    sets = redacted_sets(sets)
-    for name, body in sets.items():
+    for name, body in redacted_sets(sets).items():
         out.append(f"{name}: {body.get('description', '')}")
-        for reg, eps in sorted((body.get("registries") or {}).items()):
+        for reg, eps in sorted(endpoints_by_name(body, "registries").items()):
             out.append(f"  {reg:<22} -> {', '.join(eps)}")
         for kind in ("pypi", "pytorch", "huggingface", "apt", "github"):
             if body.get(kind):
-                out.append(f"  {kind:<22} -> {', '.join(body[kind])}")
-        for ch, eps in sorted((body.get("conda") or {}).items()):
+                out.append(f"  {kind:<22} -> {', '.join(endpoints_of(body, kind))}")
+        for ch, eps in sorted(endpoints_by_name(body, "conda").items()):
             out.append(f"  conda:{ch:<16} -> {', '.join(eps)}")
-        for idx, eps in sorted((body.get("wheel_indexes") or {}).items()):
+        for idx, eps in sorted(endpoints_by_name(body, "wheel_indexes").items()):
             out.append(f"  index:{idx:<16} -> {', '.join(eps)}")
     return out
 

@@ -9,7 +9,8 @@ its flags through.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from envbuilder.errors import EnvbuildError, UserError
 
@@ -21,13 +22,22 @@ if TYPE_CHECKING:
     from envbuilder.model.resolved import Overrides, ResolvedEnv
 
 
-def split_names(values: Any) -> tuple[str, ...]:
+def split_names(values: Iterable[str]) -> tuple[str, ...]:
     """--without apex,flash-attn and --without apex --without flash-attn both work."""
     return tuple(v.strip() for value in values for v in value.split(",") if v.strip())
 
 
+def _names(value: object, flag: str) -> tuple[str, ...]:
+    """A repeated flag's values (click's tuple of strings), split at commas; () when unset."""
+    if not value:
+        return ()
+    if isinstance(value, (tuple, list)) and all(isinstance(v, str) for v in value):
+        return split_names(value)
+    raise TypeError(f"{flag}: expected a tuple of names, got {value!r}")
+
+
 def overrides_from_flags(
-    flags: Mapping[str, Any], load_matrix: Callable[[], Any], mirror: str | None = None
+    flags: Mapping[str, object], load_matrix: Callable[[], Matrix], mirror: str | None = None
 ) -> Overrides:
     """The Overrides the override flags ask for (keys: FLAG_FIELDS'; a missing one is unset).
     --with and --without naming one component is refused; --model (a hub id or a folder) is
@@ -35,20 +45,23 @@ def overrides_from_flags(
     through `mirror`'s Hugging Face endpoint where that mirror set (--mirror) has one."""
     from envbuilder.model.resolved import Overrides
 
-    given: dict[str, Any] = {FLAG_FIELDS[k]: v for k, v in flags.items() if v is not None}
-    for key in (f.field for f in FLAGS if f.kind == NAMES):  # (--with, --without, --offload)
-        given[key] = split_names(given.get(key) or ())
-    both = sorted(set(given["with_"]) & set(given["without"]))
+    given = {FLAG_FIELDS[k]: v for k, v in flags.items() if v is not None}
+    # (--with, --without, --offload)
+    names = {f.field: _names(given.get(f.field), f.flag) for f in FLAGS if f.kind == NAMES}
+    given.update(names)
+    both = sorted(set(names["with_"]) & set(names["without"]))
     if both:
         raise UserError(
             f"--with and --without both name {', '.join(both)}: say once whether the profile gets it."
         )
     given["allow_unsupported"] = bool(given.get("allow_unsupported"))
-    if given.get("flash_attn_index") is not None:
+    index = given.get("flash_attn_index")
+    if index is not None:
         from envbuilder.model.components.flash_attn import check_index_url
 
-        given["flash_attn_index"] = check_index_url(given["flash_attn_index"])
-    if given.get("model") is not None:
+        given["flash_attn_index"] = check_index_url(str(index))
+    model = given.get("model")
+    if model is not None:
         from envbuilder.model.architectures import with_model
 
         table = load_matrix()
@@ -57,10 +70,10 @@ def overrides_from_flags(
             from envbuilder.model import mirrors as Mi
 
             hub = Mi.choice(mirror, Mi.get_set(table, mirror)).huggingface
-        m, model_key = with_model(table, given["model"], hub)
+        m, model_key = with_model(table, str(model), hub)
         given["model"] = model_key
         given["model_arch"] = None if model_key is None or model_key in table.models else m.models[model_key]
-    return Overrides(**given)
+    return Overrides()._replace(**given)  # (each value of its field's type: click's, checked above)
 
 
 def resolve_all(

@@ -24,12 +24,16 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from envbuilder.errors import UserError
 from envbuilder.limits import MAX_INPUT_BYTES
 from envbuilder.record import Record
+
+if TYPE_CHECKING:
+    from envbuilder.model.schema import Spec
 
 
 class Bounds(Record):
@@ -123,7 +127,7 @@ class _Refused:
         self.why = why
 
 
-class _Duplicate(dict[str, Any]):
+class _Duplicate(dict[str, object]):
     """An object that named a key twice (json keeps the last silently); the tree check names
     it with its path."""
 
@@ -134,44 +138,45 @@ def parse_json(
     data: bytes | str,
     origin: str,
     *,
-    shape: Any = None,
+    shape: Spec = None,
     fix: str = DEFAULT_FIX,
     bounds: Bounds = BOUNDS,
     partial: bool = False,
 ) -> Any:
-    """The document `data` holds, checked (see the module's docstring); BadData otherwise."""
+    """The document `data` holds, checked (see the module's docstring); BadData otherwise.
+    (Typed Any for its callers, which read into the shape it checked; it is JSON's data.)"""
     import json
 
     text = _text(data, origin, fix, bounds)
     digits = bounds.max_int_digits
 
-    def number(s: str) -> Any:
+    def number(s: str) -> int | _Refused:
         if len(s) - (s[0] == "-") > digits:
             return _Refused(
                 f"a whole number of {len(s.lstrip('-')):,} digits is far beyond any value envbuild writes"
             )
         return int(s)
 
-    def real(s: str) -> Any:
+    def real(s: str) -> float | _Refused:
         if len(s) > 64:
             return _Refused(f"a number written with {len(s):,} characters is no value envbuild writes")
         f = float(s)
         return f if math.isfinite(f) else _Refused(f"{s} is beyond the largest number")
 
-    def constant(s: str) -> Any:
+    def constant(s: str) -> _Refused:
         return _Refused(f"{s} is not a number envbuild reads (JSON has no {s})")
 
-    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+    def pairs(items: list[tuple[str, object]]) -> dict[str, object]:
         out = dict(items)
         if len(out) != len(items):
             seen: set[str] = set()
             dup = _Duplicate(out)
-            dup.key = next(k for k, _ in items if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+            dup.key = next(k for k, _ in items if k in seen or _added(seen, k))
             return dup
         return out
 
     try:
-        doc = json.loads(
+        doc: object = json.loads(
             text, parse_int=number, parse_float=real, parse_constant=constant, object_pairs_hook=pairs
         )
     except json.JSONDecodeError as e:
@@ -188,8 +193,14 @@ def parse_json(
     return doc
 
 
+def _added(seen: set[str], key: str) -> bool:
+    """Adds `key` to `seen`: False (a key not met before)."""
+    seen.add(key)
+    return False
+
+
 def parse_yaml(
-    data: bytes | str, origin: str, *, shape: Any = None, fix: str = DEFAULT_FIX, bounds: Bounds = BOUNDS
+    data: bytes | str, origin: str, *, shape: Spec = None, fix: str = DEFAULT_FIX, bounds: Bounds = BOUNDS
 ) -> Any:
     """The YAML document `data` holds (safe, aliases counted, no key twice), checked like
     parse_json; None for an empty document."""
@@ -197,7 +208,7 @@ def parse_yaml(
 
     text = _text(data, origin, fix, bounds)
     try:
-        doc = load_yaml(text, origin)
+        doc: object = load_yaml(text, origin)
     except BadData:
         raise
     except UserError as e:  # load_yaml's own paragraph: malformed, an alias bomb, a key twice
@@ -209,7 +220,7 @@ def parse_yaml(
 
 
 def parse_toml(
-    data: bytes | str, origin: str, *, shape: Any = None, fix: str = DEFAULT_FIX, bounds: Bounds = BOUNDS
+    data: bytes | str, origin: str, *, shape: Spec = None, fix: str = DEFAULT_FIX, bounds: Bounds = BOUNDS
 ) -> Any:
     """The TOML document `data` holds, checked like parse_json."""
     if sys.version_info >= (3, 11):
@@ -219,12 +230,10 @@ def parse_toml(
 
     text = _text(data, origin, fix, bounds)
     try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise BadData(origin, "", f"is not valid TOML ({_first_line(e)})", fix) from None
+        doc: object = tomllib.loads(text)
     except RecursionError:
         raise BadData(origin, "", f"is nested more than {bounds.max_depth} levels deep", fix) from None
-    except (ValueError, TypeError, OverflowError) as e:
+    except (ValueError, TypeError, OverflowError) as e:  # (TOMLDecodeError is a ValueError)
         raise BadData(origin, "", f"is not valid TOML ({_first_line(e)})", fix) from None
     import datetime
 
@@ -235,7 +244,15 @@ def parse_toml(
     return doc
 
 
-PARSERS = {"json": parse_json, "yaml": parse_yaml, "toml": parse_toml}
+class Parser(Protocol):
+    """parse_json, parse_yaml or parse_toml."""
+
+    def __call__(
+        self, data: bytes | str, origin: str, *, shape: Spec = None, fix: str = ..., bounds: Bounds = ...
+    ) -> object: ...
+
+
+PARSERS: dict[str, Parser] = {"json": parse_json, "yaml": parse_yaml, "toml": parse_toml}
 
 
 def read(
@@ -243,7 +260,7 @@ def read(
     what: str,
     kind: str = "json",
     *,
-    shape: Any = None,
+    shape: Spec = None,
     fix: str = DEFAULT_FIX,
     bounds: Bounds = BOUNDS,
     missing_ok: bool = False,
@@ -270,7 +287,7 @@ def _first_line(e: BaseException) -> str:
 # ---- the tree and the shape ------------------------------------------------------------------
 
 
-def _path(parts: tuple[Any, ...]) -> str:
+def _path(parts: tuple[object, ...]) -> str:
     """`packages[3].version` for ("packages", 3, "version"); a key that is not a plain word is
     quoted, and cut to its start."""
     from envbuilder.text import shorten
@@ -297,7 +314,7 @@ _KINDS = (dict, list, str, int, float, bool, type(None))
 
 
 def check_tree(
-    doc: Any, origin: str, fix: str = DEFAULT_FIX, bounds: Bounds = BOUNDS, allow: tuple[type, ...] = ()
+    doc: object, origin: str, fix: str = DEFAULT_FIX, bounds: Bounds = BOUNDS, allow: tuple[type, ...] = ()
 ) -> None:
     """Depth, lengths, kinds and numbers of the whole document (iterative: a deep one cannot
     exhaust Python's stack here); BadData at the first value out of bounds. `allow`: kinds
@@ -307,9 +324,9 @@ def check_tree(
     max_string, max_depth, max_items = bounds.max_string, bounds.max_depth, bounds.max_items
     limit = (1 << 63) - 1
     # (container, depth, index of its parent here, its key there)
-    seen: list[tuple[Any, int, int, Any]] = []
+    seen: list[tuple[dict[object, object] | list[object], int, int, object]] = []
 
-    def path(index: int, key: Any = None, has_key: bool = False) -> tuple[Any, ...]:
+    def path(index: int, key: object = None, has_key: bool = False) -> tuple[object, ...]:
         out = [key] if has_key else []
         while index >= 0:
             _, _, parent, k = seen[index]
@@ -318,11 +335,11 @@ def check_tree(
             index = parent
         return tuple(reversed(out))
 
-    def bad(at: tuple[Any, ...], problem: str) -> BadData:
+    def bad(at: tuple[object, ...], problem: str) -> BadData:
         where = _path(at)
         return BadData(origin, where, problem, fix, head=None if where else f"{origin}: {problem}")
 
-    def odd(value: Any, at: tuple[Any, ...]) -> None:  # a value that is no str, dict, list, int, float
+    def odd(value: object, at: tuple[object, ...]) -> None:  # a value that is no str, dict, list, int, float
         if value is None or value is True or value is False:
             return
         if isinstance(value, _Refused):
@@ -331,36 +348,34 @@ def check_tree(
             return
         if allow and isinstance(value, allow):
             return
-        kind: type
         if isinstance(value, float):
-            kind = float
+            scalar(float(value), at)
         elif isinstance(value, int) and not isinstance(value, bool):
-            kind = int
+            scalar(int(value), at)
         elif isinstance(value, str):
-            kind = str
+            scalar(str(value), at)
         else:
             raise bad(
                 at,
                 f"it holds {_kind_name(value)}, which no file of envbuild's has (only "
                 "text, numbers, true/false, null, lists and objects)",
             )
-        scalar(kind(value), at)
 
-    def scalar(value: Any, at: tuple[Any, ...]) -> None:  # a str, int or float out of bounds, or fine
-        if type(value) is str:
+    def scalar(value: object, at: tuple[object, ...]) -> None:  # a str, int or float out of bounds, or fine
+        if isinstance(value, str):  # (exactly a str, float or int: odd() made it one)
             if len(value) > max_string:
                 raise bad(
                     at,
                     f"a string of {len(value):,} characters is longer than any "
                     f"envbuild writes (at most {max_string:,})",
                 )
-        elif type(value) is float:
+        elif isinstance(value, float):
             if not math.isfinite(value):
                 raise bad(at, f"{value!r} is not a number envbuild reads (a finite number expected)")
-        elif type(value) is int and not -limit <= value <= limit:
+        elif isinstance(value, int) and not -limit <= value <= limit:
             raise bad(at, "a whole number this large is far beyond any value envbuild writes")
 
-    def container(value: Any, depth: int, parent: int, key: Any) -> None:
+    def container(value: dict[object, object] | list[object], depth: int, parent: int, key: object) -> None:
         if depth >= max_depth:
             raise bad(
                 path(parent, key, parent >= 0),
@@ -385,9 +400,10 @@ def check_tree(
         return
     container(doc, 0, -1, None)
     i = 0
+    items: Iterable[tuple[object, object]]
     while i < len(seen):
         value, depth, _, _ = seen[i]
-        if type(value) is list:
+        if isinstance(value, list):
             items = enumerate(value)
         else:
             for k in value:
@@ -401,19 +417,18 @@ def check_tree(
                     raise bad(path(i), f"a key that is {_kind_name(k)} is no key of envbuild's files")
             items = value.items()
         for k, v in items:
-            kind = type(v)
-            if kind is str:
+            if type(v) is str:
                 if len(v) > max_string:
                     scalar(v, path(i, k, True))
-            elif kind is dict or kind is list:
+            elif type(v) is dict or type(v) is list:
                 container(v, depth + 1, i, k)
-            elif kind is int:
+            elif type(v) is int:
                 if not -limit <= v <= limit:
                     scalar(v, path(i, k, True))
-            elif kind is float:
+            elif type(v) is float:
                 if v - v != 0.0:  # (NaN and the infinities)
                     scalar(v, path(i, k, True))
-            elif v is not None and kind is not bool:
+            elif v is not None and type(v) is not bool:
                 if isinstance(v, (dict, list)):
                     container(v, depth + 1, i, k)
                 else:
@@ -427,7 +442,7 @@ def _key(key: str) -> str:
     return shorten(repr(key), 60)
 
 
-def _kind_name(value: Any) -> str:
+def _kind_name(value: object) -> str:
     names = {
         "date": "a date",
         "datetime": "a date and time",
@@ -440,7 +455,7 @@ def _kind_name(value: Any) -> str:
     return names.get(type(value).__name__, f"a {type(value).__name__}")
 
 
-def check_shape(doc: Any, shape: Any, origin: str, fix: str = DEFAULT_FIX, partial: bool = False) -> None:
+def check_shape(doc: object, shape: Spec, origin: str, fix: str = DEFAULT_FIX, partial: bool = False) -> None:
     """`doc` against a schema.py spec; BadData naming the path of the first mismatch."""
     from envbuilder.model import schema as S
 

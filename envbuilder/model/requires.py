@@ -36,7 +36,7 @@ def requirements(
     for text in requires_dist or []:
         # (most lines of a large METADATA belong to an extra not asked for: not parsed)
         marker = text.partition(";")[2]
-        names = _EXTRA.findall(marker)
+        names: list[str] = _EXTRA.findall(marker)
         if names and " or " not in marker and not wanted & {canonical_name(n) for n in names}:
             continue
         try:

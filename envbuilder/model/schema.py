@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import re
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeAlias
 
 from envbuilder.oci.reference import PATTERN as _REFERENCE  # (the one image grammar)
 
@@ -28,13 +29,20 @@ from envbuilder.model.versions import DRIVER_PATTERN, VERSION_PATTERN
 MAX_INT = 2**63 - 1  # any whole number a file of envbuild's holds (bytes, counts) is far below
 
 
+# A spec: a Python type, a `Pattern`, `Text`, `Code`, `Scalar`, `Int`, `Num`, `ListOf`, `MapOf`,
+# `OneOf`, `Tree`, a dict of field -> spec, `(spec, None)` for a nullable value, or `typing.Any`
+# for any value. Written as plain data by every module that reads a file, so its type is any
+# object: check() and json_schema() tell the kinds apart.
+Spec: TypeAlias = object
+
+
 class SchemaError(ValueError):
     def __init__(self, where: str, message: str):
         super().__init__(f"{where}: {message}")
         self.where = where
 
 
-def shown(value: Any, limit: int = 60) -> str:
+def shown(value: object, limit: int = 60) -> str:
     """A value as a message echoes it: its repr, cut to `limit` characters and its length."""
     from envbuilder.text import shorten
 
@@ -46,16 +54,16 @@ def shown(value: Any, limit: int = 60) -> str:
     return shorten(text, limit)
 
 
-def _at(where: str, key: Any) -> str:
+def _at(where: str, key: object) -> str:
     """`where`.key (or `where` key after "file: "); a huge key is not printed whole either."""
     if not (isinstance(key, str) and len(key) <= 60):
         from envbuilder.text import shorten
 
-        key = shorten(str(key), 60) if isinstance(key, str) else shown(key)
+        key = shorten(key, 60) if isinstance(key, str) else shown(key)
     return f"{where}{key}" if where.endswith(": ") else f"{where}.{key}"
 
 
-def _not_a_string(value: Any, what: str, where: str) -> SchemaError:
+def _not_a_string(value: object, what: str, where: str) -> SchemaError:
     hint = " (quote it, YAML read it as a number)" if isinstance(value, (int, float)) else ""
     return SchemaError(where, f"expected {what}, got {shown(value)}{hint}")
 
@@ -97,15 +105,22 @@ class Pattern:
         self.regex, self.example, self.max_len = regex, example, max_len
         self.what = what or f"of the form {example!r}"
 
-    def check(self, value: Any, where: str) -> None:
+        self._compiled: re.Pattern[str] | None = None  # (compiled at its first use)
+
+    def check(self, value: object, where: str) -> None:
+        self.string(value, where)
+
+    def string(self, value: object, where: str) -> str:
+        """`value`, a string of this form; SchemaError otherwise."""
         if not isinstance(value, str):
             raise _not_a_string(value, f"a string like {self.example!r}", where)
         # (ASCII: a \d is 0-9, not any script's digit, which no version or name may hold)
-        compiled = self.__dict__.get("_compiled")
+        compiled = self._compiled
         if compiled is None:
             compiled = self._compiled = re.compile(self.regex, re.ASCII)
         if len(value) > self.max_len or not compiled.fullmatch(value):
             raise SchemaError(where, f"{shown(value)} is not {self.what}")
+        return value
 
 
 class Text:
@@ -115,19 +130,25 @@ class Text:
     def __init__(self, max_len: int = 300):
         self.max_len = max_len
 
-    def check(self, value: Any, where: str) -> None:
+    def check(self, value: object, where: str) -> None:
+        self.string(value, where)
+
+    def string(self, value: object, where: str) -> str:
+        """`value`, text of this kind; SchemaError otherwise."""
         if not isinstance(value, str):
             raise _not_a_string(value, "text", where)
         _check_text(value, where, self.max_len, "text here")
+        return value
 
 
 class Code(Text):
     """Source text (a patch's find / with): lines of printable characters and tabs."""
 
-    def check(self, value: Any, where: str) -> None:
+    def string(self, value: object, where: str) -> str:
         if not isinstance(value, str) or not value:
             raise _not_a_string(value, "non-empty source text", where)
         _check_text(value, where, self.max_len, "source text", allow="\n\t")
+        return value
 
 
 class Tree:
@@ -135,45 +156,50 @@ class Tree:
     included, is of the kind `leaf` (the parts of a resolved environment no template reads
     one by one, such as the memory plan's phases)."""
 
-    def __init__(self, leaf: Any):
+    def __init__(self, leaf: Spec):
         self.leaf = leaf
 
 
 class ListOf:
     """A list of `item`s, at least `min_len` of them (a torch install names torch first)."""
 
-    def __init__(self, item: Any, min_len: int = 0):
+    def __init__(self, item: Spec, min_len: int = 0):
         self.item, self.min_len = item, min_len
 
 
 class MapOf:
-    def __init__(self, value: Any, key: Pattern | OneOf | Text | None = None):
-        self.value, self.key = (
-            value,
-            key,
-        )  # key: a Pattern, OneOf or Text for the keys, or None for any string
+    """A mapping of `value`s; `key`: a Pattern, OneOf or Text for the keys, or None for any string."""
+
+    def __init__(self, value: Spec, key: Pattern | OneOf | Text | None = None):
+        self.value, self.key = value, key
 
 
 class OneOf:
-    def __init__(self, choices: tuple[Any, ...]):
+    def __init__(self, choices: tuple[object, ...]):
         self.choices = choices
 
 
 class Scalar:
     """A string (one line of text), number or true/false (a config value)."""
 
-    def check(self, value: Any, where: str) -> None:
+    def check(self, value: object, where: str) -> None:
         if not isinstance(value, (str, int, float, bool)):
             raise SchemaError(where, f"expected a string, number or true/false, got {shown(value)}")
         if isinstance(value, str):
             _check_text(value, where, 300, "a value here")
         elif not isinstance(value, bool):
-            why = _number_problem(value, whole=False)
-            if why:
-                raise SchemaError(where, why)
+            _number(value, False, where)
 
 
-def _number_problem(value: Any, whole: bool) -> str | None:
+def _number(value: object, whole: bool, where: str) -> int | float:
+    """`value`, a number of this kind (see _number_problem); SchemaError otherwise."""
+    why = _number_problem(value, whole)
+    if why or not isinstance(value, (int, float)):
+        raise SchemaError(where, why or f"expected a number, got {shown(value)}")
+    return value
+
+
+def _number_problem(value: object, whole: bool) -> str | None:
     """Why `value` is no number of this kind (None when it is one): true/false, text, NaN,
     infinity and a whole number beyond MAX_INT are none."""
     import math
@@ -200,10 +226,8 @@ class Int:
     def __init__(self, lo: int = 0, hi: int = MAX_INT):
         self.lo, self.hi = lo, hi
 
-    def check(self, value: Any, where: str) -> None:
-        why = _number_problem(value, whole=True)
-        if why:
-            raise SchemaError(where, why)
+    def check(self, value: object, where: str) -> None:
+        value = _number(value, True, where)
         if not self.lo <= value <= self.hi:
             raise SchemaError(where, f"{shown(value)} is outside {self.lo:,}..{self.hi:,}")
 
@@ -215,10 +239,8 @@ class Num:
     def __init__(self, lo: float = 0, hi: float = 1e12, above: bool = False):
         self.lo, self.hi, self.above = lo, hi, above
 
-    def check(self, value: Any, where: str) -> None:
-        why = _number_problem(value, whole=False)
-        if why:
-            raise SchemaError(where, why)
+    def check(self, value: object, where: str) -> None:
+        value = _number(value, False, where)
         if not ((self.lo < value) if self.above else (self.lo <= value)) or value > self.hi:
             interval = f"({self.lo}, {self.hi}]" if self.above else f"{self.lo}..{self.hi}"
             raise SchemaError(where, f"{shown(value)} is outside {interval}")
@@ -230,14 +252,15 @@ class Range(Pattern):
     def __init__(self) -> None:
         super().__init__(r"[ -~]*", ">=0.7.3,<=0.8.5", "a version range like '>=0.7.3,<=0.8.5'")
 
-    def check(self, value: Any, where: str) -> None:
-        super().check(value, where)
+    def string(self, value: object, where: str) -> str:
+        text = super().string(value, where)
         from envbuilder.model.versions import in_range
 
         try:
-            in_range("0", value)
+            in_range("0", text)
         except ValueError:
             raise SchemaError(where, f"{shown(value)} is not {self.what}") from None
+        return text
 
 
 class Regex(Pattern):
@@ -246,12 +269,13 @@ class Regex(Pattern):
     def __init__(self) -> None:
         super().__init__(r"[^\x00-\x1f\x7f]*", r"\bP40\b", "a regular expression on one line")
 
-    def check(self, value: Any, where: str) -> None:
-        super().check(value, where)
+    def string(self, value: object, where: str) -> str:
+        text = super().string(value, where)
         try:
-            re.compile(value)
+            re.compile(text)
         except re.error as e:
             raise SchemaError(where, f"{shown(value)} is not a valid regular expression ({e})") from None
+        return text
 
 
 _URL_CHAR = r"[A-Za-z0-9._~:/?@!%+=,\[\]-]"  # (quoting.BARE's characters: a URL is one plain word)
@@ -277,7 +301,7 @@ class Url(Pattern):
             500,
         )
 
-    def check(self, value: Any, where: str) -> None:
+    def string(self, value: object, where: str) -> str:
         if isinstance(value, str) and "{" in value and len(value) <= self.max_len:
             import string
 
@@ -299,7 +323,7 @@ class Url(Pattern):
                     f"{{{shorten(unknown[0], 40)}}} in {shown(value)} is not a "
                     f"field envbuild fills in ({fills}): write the value itself",
                 )
-        super().check(value, where)
+        return super().string(value, where)
 
 
 VERSION = Pattern(VERSION_PATTERN, "2.6.0", max_len=64)  # exactly what versions.version_key orders
@@ -399,7 +423,7 @@ _TYPE_NAMES = {
 }
 
 
-def check(value: Any, spec: Any, where: str, partial: bool = False) -> None:
+def check(value: object, spec: Spec, where: str, partial: bool = False) -> None:
     """Raise SchemaError naming `where` (file: dotted.key) at the first mismatch. `partial`: a
     document someone may have edited or an older envbuild wrote (render --from), whose missing
     keys and numbers in place of text the caller's shape check names, all at once, and whose keys
@@ -415,18 +439,20 @@ def check(value: Any, spec: Any, where: str, partial: bool = False) -> None:
     elif isinstance(spec, ListOf):
         if not isinstance(value, list):
             raise SchemaError(where, f"expected a list, got {shown(value)}")
-        if len(value) < spec.min_len:
+        items: list[object] = value
+        if len(items) < spec.min_len:
             raise SchemaError(
                 where,
                 f"expected a list of at least {spec.min_len} "
                 f"item{'s' if spec.min_len > 1 else ''}, got {shown(value)}",
             )
-        for i, item in enumerate(value):
+        for i, item in enumerate(items):
             check(item, spec.item, f"{where}[{i}]", partial)
     elif isinstance(spec, MapOf):
         if not isinstance(value, dict):
             raise SchemaError(where, f"expected a mapping, got {shown(value)}")
-        for key, item in value.items():
+        entries: dict[object, object] = value
+        for key, item in entries.items():
             key_where = _at(where, key)
             if spec.key is not None:
                 check(key, spec.key, key_where)
@@ -438,22 +464,26 @@ def check(value: Any, spec: Any, where: str, partial: bool = False) -> None:
     elif isinstance(spec, dict):
         _check_record(value, spec, where, partial)
     elif spec is float or spec is int:
-        why = _number_problem(value, whole=spec is int)
-        if why:
-            raise SchemaError(where, why)
+        _number(value, spec is int, where)
     elif spec is Any:
         return
     elif isinstance(spec, tuple):  # nullable: (type, None)
         if value is not None:
-            check(value, spec[0], where, partial)
-    else:
-        if not isinstance(value, spec) or (spec is int and isinstance(value, bool)):
-            raise SchemaError(where, f"expected {_TYPE_NAMES.get(spec, spec.__name__)}, got {shown(value)}")
+            check(value, _nullable(spec), where, partial)
+    elif not isinstance(spec, type):
+        raise TypeError(f"{spec!r} is no schema spec")
+    elif not isinstance(value, spec) or (spec is int and isinstance(value, bool)):
+        raise SchemaError(where, f"expected {_TYPE_NAMES.get(spec, spec.__name__)}, got {shown(value)}")
 
 
-def _is_text_kind(spec: Any) -> bool:
+def _nullable(spec: tuple[object, ...]) -> Spec:
+    """The spec of a nullable value's `(spec, None)`."""
+    return spec[0]
+
+
+def _is_text_kind(spec: Spec) -> bool:
     if isinstance(spec, tuple):
-        return _is_text_kind(spec[0])
+        return _is_text_kind(_nullable(spec))
     return (
         spec is str
         or isinstance(spec, (Pattern, Text))
@@ -462,20 +492,20 @@ def _is_text_kind(spec: Any) -> bool:
     )
 
 
-def _check_tree(value: Any, leaf: Any, where: str) -> None:
+def _check_tree(value: object, leaf: Spec, where: str) -> None:
     if isinstance(value, dict):
-        for key, item in value.items():
+        entries: dict[object, object] = value
+        for key, item in entries.items():
             check(key, leaf, _at(where, key))
             _check_tree(item, leaf, _at(where, key))
     elif isinstance(value, list):
-        for i, item in enumerate(value):
+        items: list[object] = value
+        for i, item in enumerate(items):
             _check_tree(item, leaf, f"{where}[{i}]")
     elif isinstance(value, str):
         check(value, leaf, where)
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        why = _number_problem(value, whole=False)
-        if why:
-            raise SchemaError(where, why)
+        _number(value, False, where)
     elif value is not None and not isinstance(value, bool):
         raise SchemaError(where, f"expected data, got {shown(value)}")
 
@@ -483,17 +513,18 @@ def _check_tree(value: Any, leaf: Any, where: str) -> None:
 _OLD_KEY = Text(4000)
 
 
-def _check_record(value: Any, spec: dict[str, Any], where: str, partial: bool = False) -> None:
+def _check_record(value: object, spec: Mapping[str, Spec], where: str, partial: bool = False) -> None:
     if not isinstance(value, dict):
         raise SchemaError(where, f"expected a mapping, got {shown(value)}")
+    record: dict[object, object] = value
     fields = {k.rstrip("?"): k.endswith("?") for k in spec if k != "*"}
-    for key in value:
+    for key in record:
         if key not in fields:
             if "*" in spec and isinstance(key, str):  # any other key, of this kind
-                check(value[key], spec["*"], _at(where, key), partial)
+                check(record[key], spec["*"], _at(where, key), partial)
                 continue
             if partial and isinstance(key, str):  # (one an older envbuild wrote: no template
-                _check_tree(value[key], _OLD_KEY, _at(where, key))  # reads it, but it is text)
+                _check_tree(record[key], _OLD_KEY, _at(where, key))  # reads it, but it is text)
                 continue
             import difflib
 
@@ -502,8 +533,62 @@ def _check_record(value: Any, spec: dict[str, Any], where: str, partial: bool = 
             raise SchemaError(_at(where, key), f"unknown key{hint}")
     for key, optional in fields.items():
         sub = spec[key + "?"] if optional else spec[key]
-        if key not in value:
+        if key not in record:
             if not optional and not partial:
                 raise SchemaError(_at(where, key), "required key is missing")
             continue
-        check(value[key], sub, _at(where, key), partial)
+        check(record[key], sub, _at(where, key), partial)
+
+
+# ---- the same declarations as a JSON Schema (for editors and other tools) -------------------
+
+_JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", dict: "object", list: "array"}
+
+
+def json_schema(spec: Spec) -> dict[str, object]:
+    """The JSON Schema (draft 2020-12) of what `check(value, spec, ...)` accepts, from the same
+    spec. It says less than check() does: a text kind's printable-characters rule, a Range's
+    comparison and a Regex's compiling are check()'s alone, and a pattern is matched as written
+    (check() reads `\\d` and `\\w` as ASCII only); check() stays the one validator envbuild runs."""
+    if isinstance(spec, Pattern):
+        # (named groups are Python's spelling: plain groups read the same in ECMA-262's)
+        regex = re.sub(r"\(\?P<\w+>", "(", spec.regex)
+        return {"type": "string", "pattern": f"^(?:{regex})$", "maxLength": spec.max_len}
+    if isinstance(spec, Code):
+        return {"type": "string", "minLength": 1, "maxLength": spec.max_len}
+    if isinstance(spec, Text):
+        return {"type": "string", "maxLength": spec.max_len}
+    if isinstance(spec, Scalar):
+        return {"type": ["string", "number", "boolean"]}
+    if isinstance(spec, Int):
+        return {"type": "integer", "minimum": spec.lo, "maximum": spec.hi}
+    if isinstance(spec, Num):
+        low = "exclusiveMinimum" if spec.above else "minimum"
+        return {"type": "number", low: spec.lo, "maximum": spec.hi}
+    if isinstance(spec, OneOf):
+        return {"enum": list(spec.choices)}
+    if isinstance(spec, ListOf):
+        out: dict[str, object] = {"type": "array", "items": json_schema(spec.item)}
+        return dict(out, minItems=spec.min_len) if spec.min_len else out
+    if isinstance(spec, MapOf):
+        out = {"type": "object", "additionalProperties": json_schema(spec.value)}
+        return dict(out, propertyNames=json_schema(spec.key)) if spec.key is not None else out
+    if isinstance(spec, Tree) or spec is Any:
+        return {}
+    if isinstance(spec, dict):
+        return _record_schema(spec)
+    if isinstance(spec, tuple):  # nullable: (spec, None)
+        return {"anyOf": [json_schema(_nullable(spec)), {"type": "null"}]}
+    if isinstance(spec, type) and spec in _JSON_TYPES:
+        return {"type": _JSON_TYPES[spec]}
+    raise TypeError(f"{spec!r} is no schema spec")
+
+
+def _record_schema(spec: Mapping[str, Spec]) -> dict[str, object]:
+    fields = {k.rstrip("?"): v for k, v in spec.items() if k != "*"}
+    return {
+        "type": "object",
+        "properties": {k: json_schema(v) for k, v in fields.items()},
+        "required": [k for k in spec if k != "*" and not k.endswith("?")],
+        "additionalProperties": json_schema(spec["*"]) if "*" in spec else False,
+    }

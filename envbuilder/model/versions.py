@@ -7,8 +7,6 @@ Own code rather than `packaging`: importing packaging.specifiers costs more than
 
 from __future__ import annotations
 
-from typing import Any
-
 import re
 
 # what the matrix schema accepts as a version, and exactly what version_key orders (which also
@@ -28,12 +26,12 @@ def is_driver_version(text: object) -> bool:
 
 # version_key and in_range of the matrix's few hundred versions, each computed once (a grid or a
 # fix walk asks them tens of thousands of times); bounded, so odd input cannot grow them
-_KEYS: dict[str, tuple[Any, ...]] = {}
+_KEYS: dict[str, tuple[int, ...]] = {}
 _RANGES: dict[tuple[str, str], bool] = {}
 _MAX_CACHED = 4096
 
 
-def version_key(text: str) -> tuple[Any, ...]:
+def version_key(text: str) -> tuple[int, ...]:
     """A sort key, PEP 440's order: X.devN < XaN < XbN < XrcN < X < X.postN; the release
     numbers zero-padded. Raises ValueError (naming the text) for anything else."""
     plain = str(text).strip()
@@ -45,7 +43,7 @@ def version_key(text: str) -> tuple[Any, ...]:
     return key
 
 
-def _version_key(text: object, plain: str) -> tuple[Any, ...]:
+def _version_key(text: object, plain: str) -> tuple[int, ...]:
     m = _VERSION.fullmatch(plain)
     if not m:
         raise ValueError(f"not a release version: {text!r}")
@@ -63,7 +61,7 @@ def _version_key(text: object, plain: str) -> tuple[Any, ...]:
     )
 
 
-def _is_post_of(version: tuple[Any, ...], base: tuple[Any, ...]) -> bool:
+def _is_post_of(version: tuple[int, ...], base: tuple[int, ...]) -> bool:
     """`version` is a post-release of `base` (which is none): `>base` excludes it (PEP 440)."""
     return version[:-2] == base[:-2] and base[-2] == -1 and version[-2] >= 0
 
@@ -147,7 +145,7 @@ def _local(text: str) -> str | None:
     return re.sub(r"[-_]", ".", local.lower()) if plus else None
 
 
-def _is_pre_of(version: tuple[Any, ...], bound: tuple[Any, ...]) -> bool:
+def _is_pre_of(version: tuple[int, ...], bound: tuple[int, ...]) -> bool:
     """`<bound` is `<bound.dev0` unless bound is a pre- or dev release: it excludes the pre- and
     dev releases of a final bound's release, and the dev releases of a post-release bound."""
     if bound[8:10] != (3, 0) or bound[11] != 1 << 62:
@@ -167,8 +165,8 @@ def same_range(a: str, b: str) -> bool:
         return a.replace(" ", "") == b.replace(" ", "")
 
 
-def _clause_set(spec: str) -> frozenset[tuple[Any, ...]]:
-    out: set[tuple[Any, ...]] = set()
+def _clause_set(spec: str) -> frozenset[tuple[object, ...]]:
+    out: set[tuple[object, ...]] = set()
     for op, text, prefix in _read(spec):
         if op == "===":
             out.add(("===", text.lower()))
@@ -194,7 +192,7 @@ def _has_prefix(version: str, prefix: str) -> bool:
     return version_key(version)[: len(head)] == head
 
 
-def _clauses(op: str, text: str, prefix: bool, spec: str) -> tuple[tuple[str, tuple[Any, ...]], ...]:
+def _clauses(op: str, text: str, prefix: bool, spec: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
     """One clause as (op, key) pairs: `==5.0.*` is >=5.0 and <5.1; `!=5.0.*` gives none (it
     excludes one series, never a whole interval)."""
     if op == "===":
@@ -217,8 +215,8 @@ def _clauses(op: str, text: str, prefix: bool, spec: str) -> tuple[tuple[str, tu
 def ranges_overlap(a: str, b: str) -> bool:
     """True when some version can satisfy both ranges (">=1.26.0,<1.27.0" and ">=1.30.0": no).
     `!=` clauses are ignored: they exclude single versions or series, never a whole interval."""
-    low: tuple[Any, ...] | None = None  # (key, inclusive)
-    high: tuple[Any, ...] | None = None
+    low: tuple[tuple[int, ...], bool] | None = None  # (key, inclusive)
+    high: tuple[tuple[int, ...], bool] | None = None
     shown = f"{a} / {b}"
     for clause in _read(f"{a},{b}", shown):
         for op, bound in _clauses(*clause, shown):
