@@ -83,8 +83,8 @@ def case(env: ResolvedEnv, files: dict[str, str], models: dict[str, Any]) -> dic
         "apply_patches": json.dumps({"apply_patches": json.loads(files[SIDECAR])["apply_patches"]}, indent=1),
         # the card: what the plan calls usable (its memory less the CUDA context), the cap of
         # torch's caching allocator (the context lives outside it)
-        "cap_bytes": int(mem["usable_gib"] * GIB),
-        "card_gib": mem["gpu_total_gib"],
+        "cap_bytes": int(mem.usable_gib * GIB),
+        "card_gib": mem.gpu_total_gib,
         "arch": {
             k: v for k, v in models[env.train.model].items() if k not in ("source", "parameters", "family")
         },
@@ -95,9 +95,9 @@ def case(env: ResolvedEnv, files: dict[str, str], models: dict[str, Any]) -> dic
         "dtype": env.dtype,
         "lora_rank": env.train.lora_rank,
         "plan": {
-            "batch": dict(mem["batch"]),
-            "peak": dict(mem["peak"]),
-            "phases": {p["key"]: p["total_gib"] for p in mem["phases"]},
+            "batch": mem.batch.to_dict(),
+            "peak": mem.peak.to_dict(),
+            "phases": {p.key: p.total_gib for p in mem.phases},
         },
     }
     out["fingerprint"] = fingerprint(out)
