@@ -1014,25 +1014,9 @@ def _plan_one(s: Setup) -> P.MemoryPlan:
     # the process's peak (vLLM's engine phase is inside its share, counted by generate_outside)
     in_process = [p for k, p in phases.items() if not (k == "generation" and s.rollout == "vllm")]
     peak = max(in_process, key=lambda p: p.bytes)
-    a = s.arch
     return P.MemoryPlan(
-        model=a.name,
-        arch=P.PlanArch(
-            layers=a.L,
-            hidden_size=a.H,
-            attention_heads=a.a,
-            kv_heads=a.k,
-            head_dim=a.d,
-            intermediate_size=a.I,
-            experts=a.E if a.moe else None,
-            experts_per_token=a.topk if a.moe else None,
-            moe_intermediate_size=a.Ie if a.moe else None,
-            vocab_size=a.V,
-            tied_embeddings=a.tied,
-            parameters=a.params(),
-            critic_parameters=a.critic_params() if s.critic else 0,
-            lora_parameters=a.lora_params(s.lora) if s.lora else 0,
-        ),
+        model=s.arch.name,
+        arch=_plan_arch(s),
         gpu_total_gib=round(s.total_gib, 2),
         cuda_context_gib=s.cuda_context_gib,
         nccl_gib=s.nccl_gib if s.n > 1 else 0,
@@ -1069,6 +1053,27 @@ def _plan_one(s: Setup) -> P.MemoryPlan:
             if s.sp == 1
             else P.Choice(value=s.sp, why="as given (--sp)"),
         ),
+    )
+
+
+def _plan_arch(s: Setup) -> P.PlanArch:
+    """The model's shape as the plan counted it."""
+    a = s.arch
+    return P.PlanArch(
+        layers=a.L,
+        hidden_size=a.H,
+        attention_heads=a.a,
+        kv_heads=a.k,
+        head_dim=a.d,
+        intermediate_size=a.I,
+        experts=a.E if a.moe else None,
+        experts_per_token=a.topk if a.moe else None,
+        moe_intermediate_size=a.Ie if a.moe else None,
+        vocab_size=a.V,
+        tied_embeddings=a.tied,
+        parameters=a.params(),
+        critic_parameters=a.critic_params() if s.critic else 0,
+        lora_parameters=a.lora_params(s.lora) if s.lora else 0,
     )
 
 

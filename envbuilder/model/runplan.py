@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 # (the run's records are the resolved environment's, declared there: resolved.py reads no plan)
+from envbuilder.model.batches import lookup
 from envbuilder.model.resolved import ResolvedEnv, RunArg
 
 TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -326,7 +327,7 @@ def overrides(args: tuple[RunArg, ...], env: Mapping[str, str]) -> list[str]:
     return [a.text(env) for a in args]
 
 
-def _value(text: str) -> Any:
+def _value(text: str) -> int | bool | str:
     """A plain override value as Hydra reads it, for the arithmetic (ints, booleans, text)."""
     if re.fullmatch(r"-?\d+", text):
         return int(text)
@@ -335,21 +336,29 @@ def _value(text: str) -> Any:
     return text
 
 
-def as_config(args: tuple[RunArg, ...], env: Mapping[str, str]) -> dict[str, Any]:
+def _section(node: dict[str, object], key: str) -> dict[str, object]:
+    """The mapping at `key` of a config being built, made where it is missing."""
+    sub = node.setdefault(key, {})
+    if not isinstance(sub, dict):
+        raise ValueError(f"{key}: set as a value and as a section")
+    return sub
+
+
+def as_config(args: tuple[RunArg, ...], env: Mapping[str, str]) -> dict[str, object]:
     """The overrides as a nested mapping (what they set of the composed config), for
     envbuilder/model/batches.py; the release's defaults (rollout.n 1, one node) stay implied."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for a in args:
         key, _, value = a.text(env).partition("=")
         node = out
         *parents, last = key.lstrip("+").split(".")
         for p in parents:
-            node = node.setdefault(p, {})
+            node = _section(node, p)
         node[last] = _value(value)
     # what verl's config interpolates (critic.yaml: ppo_mini_batch_size follows the actor's)
     critic = out.get("critic")
-    if isinstance(critic, dict) and "ppo_mini_batch_size" not in critic:
-        actor = out.get("actor_rollout_ref", {}).get("actor", {})
+    actor = lookup(out, "actor_rollout_ref.actor", {})
+    if isinstance(critic, dict) and "ppo_mini_batch_size" not in critic and isinstance(actor, dict):
         if "ppo_mini_batch_size" in actor:
             critic["ppo_mini_batch_size"] = actor["ppo_mini_batch_size"]
     return out
