@@ -19,7 +19,7 @@ from envbuilder.model.components import flash_attn as FA
 from envbuilder.errors import UserError
 from envbuilder.model.matrix import Entry, Matrix, at_least
 from envbuilder.model.versions import in_range, version_key
-from envbuilder.record import Record, frozen
+from envbuilder.record import Record, frozen, plain
 from envbuilder.model.resolved import SCHEMA_VERSION, Overrides, ResolvedEnv  # noqa: F401  (re-exported)
 from envbuilder.model.memory_plan import Card, MemoryPlan
 from envbuilder.model.components import Refusal
@@ -150,8 +150,8 @@ def _stored_plan(inputs: list[object], compute: Callable[[], MemoryPlan]) -> Mem
             h.update(source(os.path.join(os.path.dirname(__file__), name)))
         h.update(json.dumps(inputs, sort_keys=True).encode())
     except (OSError, TypeError, ValueError):  # (no source to key on, or not plain data)
-        return MemoryPlan.from_plain(json.loads(json.dumps(compute().to_dict())))
-    data = json.loads(sealed_text("plan", h.hexdigest(), lambda: json.dumps(compute().to_dict())))
+        return MemoryPlan.from_plain(json.loads(json.dumps(plain(compute()))))
+    data = json.loads(sealed_text("plan", h.hexdigest(), lambda: json.dumps(plain(compute()))))
     if not isinstance(data, dict):
         raise ValueError("a memory plan of the cache is no JSON object")
     return MemoryPlan.from_plain(data)
