@@ -23,11 +23,10 @@ class PlanRecord(Record):
     `rec.get(key, default)`, `key in rec` (a field left out of the JSON while None is absent)."""
 
     def _field(self, key: str) -> str | None:
-        names = {v: k for k, v in self._keys.items()}
-        f = names.get(key, key)
-        if f not in self._fields or (f in self._omit_none and getattr(self, f) is None):
+        """The field of a JSON key (the plan's are its fields' names), None where its JSON has none."""
+        if key not in self._fields or (key in self._omit_none and getattr(self, key) is None):
             return None
-        return f
+        return key
 
     def __getitem__(self, key: str) -> Any:
         f = self._field(key)
@@ -43,7 +42,7 @@ class PlanRecord(Record):
         return isinstance(key, str) and self._field(key) is not None
 
     def keys(self) -> list[str]:
-        return [self._keys.get(f, f) for f in self._fields if self._field(self._keys.get(f, f))]
+        return [f for f in self._fields if self._field(f)]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.keys())
