@@ -98,7 +98,7 @@ def case(env: ResolvedEnv, files: dict[str, str], models: Mapping[str, Mapping[s
         "dtype": env.dtype,
         "lora_rank": env.train.lora_rank,
         "plan": {
-            "batch": mem.batch.to_dict(),
+            "batch": mem.batch.sizes(),
             "peak": mem.peak.to_dict(),
             "phases": {p.key: p.total_gib for p in mem.phases},
         },

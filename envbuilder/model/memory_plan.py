@@ -121,6 +121,18 @@ class BatchSizes(PlanRecord):
     critic_ppo_micro_batch_size_per_gpu: Annotated[int | None, K.COUNT]
     test_freq: Annotated[int, K.COUNT]
 
+    def sizes(self) -> dict[str, int | None]:
+        """Each size by its name (the JSON's keys)."""
+        return {
+            "val_batch_size": self.val_batch_size,
+            "rollout_micro_batch_size": self.rollout_micro_batch_size,
+            "max_num_seqs": self.max_num_seqs,
+            "log_prob_micro_batch_size_per_gpu": self.log_prob_micro_batch_size_per_gpu,
+            "actor_ppo_micro_batch_size_per_gpu": self.actor_ppo_micro_batch_size_per_gpu,
+            "critic_ppo_micro_batch_size_per_gpu": self.critic_ppo_micro_batch_size_per_gpu,
+            "test_freq": self.test_freq,
+        }
+
 
 class Problem(PlanRecord):
     """A phase (or the host's memory) that does not fit: what it needs against its budget."""

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
 
 # (the run's records are the resolved environment's, declared there: resolved.py reads no plan)
 from envbuilder.model.batches import lookup
@@ -37,14 +36,14 @@ def env_from_json(text: str, origin: str = "envbuild.json") -> ResolvedEnv:
     return _with_run(*ResolvedEnv.read_json(text, origin), origin)
 
 
-def env_from_dict(data: Any, origin: str = "envbuild.json") -> ResolvedEnv:
+def env_from_dict(data: object, origin: str = "envbuild.json") -> ResolvedEnv:
     """The environment of plain data from outside (ResolvedEnv.read_dict: every value checked
     against its matrix kind), with its run plan derived from the rest; a file whose `run` is
     not what its own settings give was edited (UserError, exit 2)."""
     return _with_run(*ResolvedEnv.read_dict(data, origin), origin)
 
 
-def _with_run(env: ResolvedEnv, stored: Any, origin: str) -> ResolvedEnv:
+def _with_run(env: ResolvedEnv, stored: object, origin: str) -> ResolvedEnv:
     from envbuilder.errors import UserError
 
     run = build(env)

@@ -8,7 +8,7 @@ resolved environment (no click, no I/O):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import json
 
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from envbuilder.model.resolved import Overrides, ResolvedEnv
 
 
-def list_rows(m: Matrix) -> list[dict[str, Any]]:
+def list_rows(m: Matrix) -> list[dict[str, object]]:
     """Each profile's line of `envbuild list` (its --json form)."""
     rows = []
     for name, p in m.profiles.items():
@@ -38,7 +38,7 @@ def list_rows(m: Matrix) -> list[dict[str, Any]]:
     return rows
 
 
-def list_table(rows: list[dict[str, Any]]) -> str:
+def list_table(rows: list[dict[str, object]]) -> str:
     """`envbuild list`: the rows as aligned columns under a header."""
     header = ("PROFILE", "GPU", "CC", "CUDA", "TORCH", "VERL", "ROLLOUT")
     table = [header] + [
@@ -234,6 +234,6 @@ def memory_lines(env: ResolvedEnv) -> list[str]:
         "batch sizes (run_ppo_gsm8k.sh):",
     ]
     kw = max(len(k) for _, k in BATCH_KEYS)
-    sizes = mem.batch.to_dict()
+    sizes = mem.batch.sizes()
     out += [f"  {key:<{kw}}  {sizes[name]}" for name, key in BATCH_KEYS if sizes[name] is not None]
     return out
