@@ -602,8 +602,13 @@ def _gen_weights(s: Setup) -> list[Term]:
     ]
 
 
-def phase(s: Setup, name: str, b: int) -> P.Phase:
-    """One phase at batch b: {phase, batch, terms, total_gib}."""
+# a phase worked out, not yet a record: its name, batch, terms and the bytes of them already
+# whole (vLLM's share); the batch search sums its terms, the plan keeps the chosen one's records
+Draft = tuple[str, int | None, list[Term], int | None]
+
+
+def phase(s: Setup, name: str, b: int) -> Draft:
+    """One phase at batch b: its name and terms."""
     note = ""
     if name == "generate":
         note, work = generate_work(s, b)
@@ -631,21 +636,7 @@ def phase(s: Setup, name: str, b: int) -> P.Phase:
             if t.kind == "work":
                 t.nbytes /= split
                 t.formula += f" / {split} (TP {s.layout.tp} sequence parallel)"
-    return _phase(name + (f" ({note})" if note else ""), b, terms)
-
-
-def _phase(name: str, b: int | None, terms: list[Term], exempt: int | None = None) -> P.Phase:
-    """A phase of `terms` at batch b, its budget still to be set (estimate)."""
-    total = sum(t.nbytes for t in terms)
-    return P.Phase(
-        phase=name,
-        batch=b,
-        terms=tuple(t.record() for t in terms),
-        total_gib=round(_gib(total), 3),
-        bytes=int(total),
-        budget_gib=0.0,
-        exempt_bytes=exempt,
-    )
+    return name + (f" ({note})" if note else ""), b, terms, None
 
 
 def _actor_resident_optimizer(s: Setup) -> list[Term]:
@@ -656,19 +647,19 @@ def _actor_resident_optimizer(s: Setup) -> list[Term]:
     return [Term(f"{st['adam'].name} (resident)", st["adam"].formula, st["adam"].nbytes, "resident")]
 
 
-def vllm_phase(s: Setup, b: int) -> P.Phase:
+def vllm_phase(s: Setup, b: int) -> Draft:
     """Inside vLLM's share (gpu_memory_utilization × the card): its weights and, sized the HF way
     (whole-batch prefill: more than vLLM's chunked prefill needs), max_num_seqs sequences."""
     note, work = generate_work(s, b)
-    return _phase(f"vLLM engine ({note})", b, _gen_weights(s) + work)
+    return f"vLLM engine ({note})", b, _gen_weights(s) + work, None
 
 
-def vllm_outside(s: Setup) -> P.Phase:
+def vllm_outside(s: Setup) -> Draft:
     """While vLLM generates, the rest of the process: the engine's share and the resident roles."""
     share = s.util * s.total_gib * GIB
     terms = [Term("vLLM share", f"gpu_memory_utilization {s.util:g} × {s.total_gib:.1f} GiB", share, "work")]
     terms += _resident(s, "rollout")  # (not a role: the actor's and critic's state both count)
-    return _phase("generate (vLLM)", None, terms, exempt=int(share))
+    return "generate (vLLM)", None, terms, int(share)
 
 
 # -- the plan ---------------------------------------------------------------------------------
@@ -746,6 +737,26 @@ def candidates(s: Setup, key: str) -> Sequence[int]:
 
 def estimate(s: Setup, key: str, batch: int) -> P.Phase:
     """One phase at `batch`: its terms, total and budget."""
+    (name, b, terms, exempt), budget = _draft(s, key, batch)
+    total = sum(t.nbytes for t in terms)
+    return P.Phase(
+        phase=name,
+        batch=b,
+        terms=tuple(t.record() for t in terms),
+        total_gib=round(_gib(total), 3),
+        bytes=int(total),
+        budget_gib=round(budget, 3),
+        exempt_bytes=exempt,
+    )
+
+
+def _need(s: Setup, key: str, batch: int) -> int:
+    """The bytes of one phase's tensors at `batch` (estimate's `bytes`, no records made)."""
+    return int(sum(t.nbytes for t in _draft(s, key, batch)[0][2]))
+
+
+def _draft(s: Setup, key: str, batch: int) -> tuple[Draft, float]:
+    """One phase at `batch`, and its budget (GiB)."""
     budget = s.usable_gib
     if key == "generation":
         if s.rollout == "hf":
@@ -766,7 +777,7 @@ def estimate(s: Setup, key: str, batch: int) -> P.Phase:
             }[key],
             batch,
         )
-    return out._replace(budget_gib=round(budget, 3))
+    return out, budget
 
 
 BATCHED = ("generation", "log_prob", "actor", "critic")
@@ -970,8 +981,8 @@ def _plan_one(s: Setup) -> P.MemoryPlan:
         if key == "critic" and not s.critic:
             continue  # (no critic: nothing to size)
         cands = candidates(s, key)
-        budget = estimate(s, key, 1).budget_gib
-        best = _largest(cands, lambda b: fits(s, estimate(s, key, b).bytes, budget, key=key))
+        budget = round(_draft(s, key, 1)[1], 3)
+        best = _largest(cands, lambda b: fits(s, _need(s, key, b), budget, key=key))
         if best is None:
             best = 1
             bound[key] = "does not fit"
