@@ -3,7 +3,15 @@ it: what the memory plan (memory.py) and the Megatron layout (megatron.py) both 
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+
+
+def _n(rec: Mapping[str, object], key: str, default: int | None = None) -> int:
+    """A whole number of a models.yaml record (`default` where the key is absent)."""
+    value = rec.get(key, default)
+    if not isinstance(value, int):
+        raise TypeError(f"{key}: {value!r} is not a whole number")
+    return value
 
 
 class Arch:
@@ -25,29 +33,30 @@ class Arch:
     bias: bool
     qk_norm: bool
 
-    def __init__(self, name: str, rec: dict[str, Any]):
+    def __init__(self, name: str, rec: Mapping[str, object]):
         self.name = name
-        self.L, self.H = rec["layers"], rec["hidden_size"]
-        self.a, self.k, self.d = rec["attention_heads"], rec["kv_heads"], rec["head_dim"]
-        self.I, self.V = rec["intermediate_size"], rec["vocab_size"]
-        self.tied, self.bias = rec["tied_embeddings"], rec["qkv_bias"]
-        self.qk_norm = rec.get("qk_norm", False)  # Qwen3: an RMSNorm of head_dim on q and on k
-        self.E: int = rec.get("experts", 0)
-        self.topk: int = rec.get("experts_per_token", 0)
-        self.Ie: int = rec.get("moe_intermediate_size", 0)
+        self.L, self.H = _n(rec, "layers"), _n(rec, "hidden_size")
+        self.a, self.k, self.d = _n(rec, "attention_heads"), _n(rec, "kv_heads"), _n(rec, "head_dim")
+        self.I, self.V = _n(rec, "intermediate_size"), _n(rec, "vocab_size")
+        self.tied, self.bias = bool(rec["tied_embeddings"]), bool(rec["qkv_bias"])
+        self.qk_norm = bool(rec.get("qk_norm", False))  # Qwen3: an RMSNorm of head_dim on q and on k
+        self.E = _n(rec, "experts", 0)
+        self.topk = _n(rec, "experts_per_token", 0)
+        self.Ie = _n(rec, "moe_intermediate_size", 0)
         # DeepSeek-style: shared experts beside the routed ones (each of Ie, run for every
         # token), the first `dense_layers` layers a dense MLP of I, and MLA attention (queries
         # through a q_lora_rank bottleneck or none, keys and values from one kv_lora_rank latent
         # and a rope part shared by the heads; head_dim is qk_nope + qk_rope)
-        self.shared: int = rec.get("shared_experts", 0)
+        self.shared = _n(rec, "shared_experts", 0)
         # DeepSeek-V3's router keeps a bias of E a layer (e_score_correction_bias, noaux_tc)
-        self.router_bias: bool = rec.get("router_bias", False)
-        self.dense_layers: int = rec.get("dense_layers", 0)
-        mla = rec.get("mla") or {}
-        self.q_lora: int = mla.get("q_lora_rank", 0)
-        self.kv_lora: int = mla.get("kv_lora_rank", 0)
-        self.rope: int = mla.get("qk_rope_head_dim", 0)
-        self.v_dim: int = mla.get("v_head_dim", 0)
+        self.router_bias = bool(rec.get("router_bias", False))
+        self.dense_layers = _n(rec, "dense_layers", 0)
+        mla = rec.get("mla")
+        mla = mla if isinstance(mla, Mapping) else {}
+        self.q_lora = _n(mla, "q_lora_rank", 0)
+        self.kv_lora = _n(mla, "kv_lora_rank", 0)
+        self.rope = _n(mla, "qk_rope_head_dim", 0)
+        self.v_dim = _n(mla, "v_head_dim", 0)
 
     @property
     def moe(self) -> bool:

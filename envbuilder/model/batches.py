@@ -32,15 +32,15 @@ legacy workers (0.4-0.7) split with a remainder, so there only the update's spli
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 MISSING = object()
+Config = Mapping[str, object]  # (a composed run config as plain data)
 
 
-def lookup(cfg: Mapping[str, Any], dotted: str, default: Any = MISSING) -> Any:
+def lookup(cfg: Config, dotted: str, default: object = MISSING) -> object:
     """The value at a dotted key of a composed config as plain data, `default` where the
     config lacks it (verify reads its composed config through this too)."""
-    node: Any = cfg
+    node: object = cfg
     for part in dotted.split("."):
         if not isinstance(node, Mapping) or part not in node:
             return default
@@ -48,12 +48,12 @@ def lookup(cfg: Mapping[str, Any], dotted: str, default: Any = MISSING) -> Any:
     return node
 
 
-def _int(cfg: Mapping[str, Any], dotted: str) -> int | None:
+def _int(cfg: Config, dotted: str) -> int | None:
     value = lookup(cfg, dotted, None)
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def uses_critic(cfg: Mapping[str, Any]) -> bool:
+def uses_critic(cfg: Config) -> bool:
     """verl's need_critic: critic.enable where it is set, else the GAE estimator only."""
     enable = lookup(cfg, "critic.enable", None)
     if isinstance(enable, bool):
@@ -61,7 +61,7 @@ def uses_critic(cfg: Mapping[str, Any]) -> bool:
     return bool(lookup(cfg, "algorithm.adv_estimator", "gae") == "gae")
 
 
-def uses_reference(cfg: Mapping[str, Any]) -> bool:
+def uses_reference(cfg: Config) -> bool:
     """verl's need_reference_policy: a KL to the reference, in the reward or in the loss."""
     return (
         lookup(cfg, "algorithm.use_kl_in_reward", False) is True
@@ -71,7 +71,7 @@ def uses_reference(cfg: Mapping[str, Any]) -> bool:
 
 # complexity: one branch per assertion verl's workers make, in the order they make them, each
 # readable beside the verl source line it mirrors
-def violations(cfg: Mapping[str, Any], engine: bool, critic_engine: str = "critic.fsdp") -> list[str]:
+def violations(cfg: Config, engine: bool, critic_engine: str = "critic.fsdp") -> list[str]:
     """What verl's workers would refuse in this composed config, one sentence each (empty: none).
     `critic_engine`: where the release keeps the critic's engine settings."""
     out: list[str] = []
@@ -178,7 +178,7 @@ def violations(cfg: Mapping[str, Any], engine: bool, critic_engine: str = "criti
     return out
 
 
-def _megatron_split(cfg: Mapping[str, Any], section: str) -> int | None:
+def _megatron_split(cfg: Config, section: str) -> int | None:
     """GPUs one data-parallel rank of the Megatron engine spans (TP × PP × CP), None where the
     section sets no Megatron layout."""
     sizes = [_int(cfg, f"{section}.{k}_model_parallel_size") for k in ("tensor", "pipeline")] + [
@@ -198,7 +198,7 @@ BUDGETS = (
 )
 
 
-def _budget_violations(cfg: Mapping[str, Any]) -> list[str]:
+def _budget_violations(cfg: Config) -> list[str]:
     """With use_dynamic_bsz: each token budget holds one whole sequence (verl's
     utils/seqlen_balancing.py raises when a sequence is longer than the budget), and the
     rollout's log-prob flag follows the actor's (engine_workers.py asserts it)."""

@@ -6,7 +6,7 @@ shape, the pins of what verl imports, the precision and the attention."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 import hashlib
 import json
@@ -55,12 +55,15 @@ _KEYS = (
 )
 
 
-def fingerprint(case: dict[str, Any]) -> str:
+Record = dict[str, object]  # (a run record, or a case: JSON data)
+
+
+def fingerprint(case: Mapping[str, object]) -> str:
     blob = json.dumps({k: case[k] for k in _KEYS}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def case(env: ResolvedEnv, files: dict[str, str], models: dict[str, Any]) -> dict[str, Any]:
+def case(env: ResolvedEnv, files: dict[str, str], models: Mapping[str, Mapping[str, object]]) -> Record:
     """The GPU run of a resolved, rendered profile (`files`: render_files(env))."""
     exports = {}
     if env.cuda_alloc_conf and env.cuda_alloc_conf.value:
@@ -68,7 +71,7 @@ def case(env: ResolvedEnv, files: dict[str, str], models: dict[str, Any]) -> dic
     if not env.features.torch_compile:
         exports["TORCHDYNAMO_DISABLE"] = "1"
     mem = env.memory
-    out = {
+    out: Record = {
         "profile": env.profile,
         "gpu": env.gpu.name,
         "verl": env.verl.version,
@@ -83,8 +86,8 @@ def case(env: ResolvedEnv, files: dict[str, str], models: dict[str, Any]) -> dic
         "apply_patches": json.dumps({"apply_patches": json.loads(files[SIDECAR])["apply_patches"]}, indent=1),
         # the card: what the plan calls usable (its memory less the CUDA context), the cap of
         # torch's caching allocator (the context lives outside it)
-        "cap_bytes": int(mem["usable_gib"] * GIB),
-        "card_gib": mem["gpu_total_gib"],
+        "cap_bytes": int(mem.usable_gib * GIB),
+        "card_gib": mem.gpu_total_gib,
         "arch": {
             k: v for k, v in models[env.train.model].items() if k not in ("source", "parameters", "family")
         },
@@ -95,9 +98,9 @@ def case(env: ResolvedEnv, files: dict[str, str], models: dict[str, Any]) -> dic
         "dtype": env.dtype,
         "lora_rank": env.train.lora_rank,
         "plan": {
-            "batch": dict(mem["batch"]),
-            "peak": dict(mem["peak"]),
-            "phases": {p["key"]: p["total_gib"] for p in mem["phases"]},
+            "batch": mem.batch.sizes(),
+            "peak": mem.peak.to_dict(),
+            "phases": {p.key: p.total_gib for p in mem.phases},
         },
     }
     out["fingerprint"] = fingerprint(out)
@@ -113,7 +116,7 @@ def records_dir() -> Path | None:
 
 
 @lru_cache(maxsize=None)
-def _runs() -> tuple[dict[str, Any], ...]:
+def _runs() -> tuple[Record, ...]:
     where = records_dir()
     out = []
     for path in sorted(where.glob("*.json")) if where else ():
@@ -127,17 +130,27 @@ def _runs() -> tuple[dict[str, Any], ...]:
     return tuple(out)
 
 
-def records() -> tuple[dict[str, Any], ...]:
+def records() -> tuple[Record, ...]:
     """Every recorded in-process worker run (the profiles' own, not the controls)."""
     return tuple(r for r in _runs() if r.get("mode") != "main_ppo")
 
 
-def trainer_records() -> tuple[dict[str, Any], ...]:
+def trainer_records() -> tuple[Record, ...]:
     """Every recorded `python -m verl.trainer.main_ppo` run through Ray (bench/gpu_step.py --ppo)."""
     return tuple(r for r in _runs() if r.get("mode") == "main_ppo")
 
 
-def status(env: ResolvedEnv, files: dict[str, str], models: dict[str, Any]) -> str:
+def _map(r: Mapping[str, object], key: str) -> Mapping[str, object]:
+    value = r.get(key)
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(r: Mapping[str, object], key: str) -> list[object]:
+    value = r.get(key)
+    return value if isinstance(value, list) else []
+
+
+def status(env: ResolvedEnv, files: dict[str, str], models: Mapping[str, Mapping[str, object]]) -> str:
     """What the GPU tier says of this render: `ran (...)`, `stale` (a run of another
     configuration), or `not run`."""
     mine = [r for r in records() if r.get("profile") == env.profile]
@@ -147,14 +160,17 @@ def status(env: ResolvedEnv, files: dict[str, str], models: dict[str, Any]) -> s
     for r in mine:
         if r.get("fingerprint") == fp:
             if not r.get("ok"):
-                return f"FAILED in {(r.get('error') or {}).get('phase')}"
-            steps = len([p for p in r.get("phases", []) if p["phase"].endswith("update_actor")])
+                return f"FAILED in {_map(r, 'error').get('phase')}"
+            phases = [p for p in _list(r, "phases") if isinstance(p, Mapping)]
+            steps = len([p for p in phases if str(p["phase"]).endswith("update_actor")])
             ray = [
                 p
                 for p in trainer_records()
                 if p.get("profile") == env.profile and p.get("fingerprint") == fp and p.get("rc") == 0
             ]
-            return f"ran: {steps} steps ({(r.get('meta') or {}).get('device', 'GPU')})" + (
-                f", main_ppo+Ray {max(ray[0]['steps'])} steps" if ray else ""
+            return f"ran: {steps} steps ({_map(r, 'meta').get('device', 'GPU')})" + (
+                f", main_ppo+Ray {max(n for n in _list(ray[0], 'steps') if isinstance(n, int))} steps"
+                if ray
+                else ""
             )
     return "stale (another configuration ran)"

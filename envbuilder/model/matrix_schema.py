@@ -581,36 +581,12 @@ def matrix_json_schema() -> dict[str, object]:
 # name in their annotations, where the spec `render --from` checks a file against is derived
 # from (resolved.field_spec). Every value a file carries is checked with the kind of the matrix
 # field it came from, so an edited or foreign file reaches no template with a value the matrix
-# itself would refuse. The memory plan's parts no template reads one by one are any data of
-# one-line text ("*").
+# itself would refuse. (The memory plan's records name their kinds in
+# envbuilder/model/memory_plan.py.)
 DRIVER_MODES = ("native", "minor-version-compatibility", "too-old")
 # The numbers of a resolved environment, each in the range it means (a count is never 0 or
 # negative, a share of memory is in (0, 1]): a file can hold any number, the matrix only these.
 COUNT = S.Int(1, 10**9)
 GIB = S.Num(0, 1 << 20)
-# the run script's batch sizes (memory.plan's `sizes`): every one it writes, by name
-MEMORY_BATCH: dict[str, S.Spec] = {
-    key: COUNT
-    for key in (
-        "val_batch_size",
-        "log_prob_micro_batch_size_per_gpu",
-        "actor_ppo_micro_batch_size_per_gpu",
-        "test_freq",
-    )
-}
-# (None where the run has none: the HF rollout's micro-batch on vLLM, vLLM's max_num_seqs on
-# the HF rollout, the critic's micro-batch for an estimator without a critic: GRPO)
-MEMORY_BATCH.update(
-    {
-        key: (COUNT, None)
-        for key in ("rollout_micro_batch_size", "max_num_seqs", "critic_ppo_micro_batch_size_per_gpu")
-    }
-)
-MEMORY_PLAN = {
-    "peak": {"phase": S.Text(200), "gib": GIB},
-    "usable_gib": GIB,
-    "batch": MEMORY_BATCH,
-    "*": S.Tree(S.Text(1000)),
-}
 ATTENTION = S.OneOf(("flash_attention_2", "sdpa", "eager"))
 NOTE = S.Text(4000)  # a note or warning of the resolver, one paragraph

@@ -54,11 +54,12 @@ Qwen2 and generate, verl's dp_actor / dp_critic / torch_functional); the H200 de
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 
 import math
 
+from envbuilder.model import memory_plan as P
 from envbuilder.model.arch import Arch  # noqa: F401  (re-exported: the plan's view of a model)
 from envbuilder.model.megatron import Layout, layouts, shard_params
 
@@ -109,46 +110,89 @@ def _m(count: int) -> str:
     return f"{count / 1e6:.1f}M" if count < 1e9 else f"{count / 1e9:.2f}B"
 
 
+Data = Mapping[str, object]  # (plain data: a resolved environment's, memory.yaml's)
+
+
+def _get(d: Data, key: str, default: object = None) -> object:
+    value = d.get(key, default)
+    return default if value is None else value
+
+
+def _int(d: Data, key: str, default: int | None = None) -> int:
+    value = _get(d, key, default)
+    if not isinstance(value, int):
+        raise TypeError(f"{key}: {value!r} is not a whole number")
+    return value
+
+
+def _num(d: Data, key: str, default: float | None = None) -> float:
+    value = _get(d, key, default)
+    if not isinstance(value, (int, float)):
+        raise TypeError(f"{key}: {value!r} is not a number")
+    return value
+
+
+def _str(d: Data, key: str, default: str | None = None) -> str:
+    value = _get(d, key, default)
+    if not isinstance(value, str):
+        raise TypeError(f"{key}: {value!r} is not a string")
+    return value
+
+
+def _map(d: Data, key: str) -> Data:
+    value = d.get(key)
+    return value if isinstance(value, Mapping) else {}
+
+
 class Setup:
     """What of a resolved environment the estimate reads."""
 
-    def __init__(self, env: dict[str, Any], arch: Arch, consts: dict[str, Any], val_rows: int):
-        t = env["train"]
-        self.arch, self.consts, self.val_rows = arch, consts, val_rows
-        self.dtype, self.rollout = env["dtype"], env["rollout"]
+    def __init__(self, env: Data, arch: Arch, consts: Data, val_rows: int):
+        t = _map(env, "train")
+        self.arch, self.val_rows = arch, val_rows
+        # memory.yaml's constants (with the card's total_gib)
+        self.margin = _num(consts, "margin")
+        self.alloc_overhead = _num(consts, "allocator_overhead")
+        self.hf_overhead = _num(consts, "hf_generate_overhead")
+        self.cuda_context_gib = _num(consts, "cuda_context_gib")
+        self.nccl_gib = _num(consts, "nccl_gib")
+        self.validation_share = _num(consts, "validation_share")
+        self.dtype, self.rollout = _str(env, "dtype"), _str(env, "rollout")
         self.eager = env["attention"] == "eager"
-        self.per_node = t["n_gpus"]
-        self.n = t["n_gpus"] * env.get("nodes", 1)  # the world: every GPU of every node
-        self.prompt, self.response = t["max_prompt_length"], t["max_response_length"]
+        self.per_node = _int(t, "n_gpus")
+        self.n = self.per_node * _int(env, "nodes", 1)  # the world: every GPU of every node
+        self.prompt, self.response = _int(t, "max_prompt_length"), _int(t, "max_response_length")
         self.seq = self.prompt + self.response
-        self.lora = t["lora_rank"]
-        self.param_offload, self.optimizer_offload = t["param_offload"], t["optimizer_offload"]
+        self.lora = _int(t, "lora_rank")
+        self.param_offload, self.optimizer_offload = bool(t["param_offload"]), bool(t["optimizer_offload"])
         # the actor's own parameter offload: off where the release's HF rollout cannot generate
         # from an offloaded actor (the resolver decides; verl.yaml hf_rollout.offload)
-        self.actor_param_offload = t.get("actor_param_offload", self.param_offload)
+        self.actor_param_offload = bool(t.get("actor_param_offload", self.param_offload))
         # LoRA on the HF rollout: one FSDP unit holds base and adapters (use_orig_params=True),
         # and FSDP keeps a gradient for the whole flat parameter, frozen base included
-        self.lora_flat = bool(self.lora) and env.get("lora_flat_grads", False)
+        self.lora_flat = bool(self.lora) and bool(env.get("lora_flat_grads", False))
         # the actor's frozen base in bf16 (fsdp_config.model_dtype; LoRA on one GPU, see
         # resolve.lora_plan): 2 B a parameter and no separate compute copy of it
         self.base_bytes = 2 if (self.lora and t.get("actor_model_dtype") == "bf16") else 4
-        self.ckpt = t["gradient_checkpointing"]
+        self.ckpt = bool(t["gradient_checkpointing"])
         # vLLM's share of the card: at most the profile's figure; plan() sets what it needs
-        self.util = self.max_util = t["gpu_memory_utilization"]
+        self.util = self.max_util = _num(t, "gpu_memory_utilization")
         # the rollout's tensor parallelism (GPUs per vLLM engine, within a node) and Ulysses
         # sequence parallelism (GPUs one sequence is split over); plan() chooses both
-        self.tp = t.get("rollout_tp") or 1
-        self.sp = t.get("sequence_parallel") or 1
+        self.tp = _int(t, "rollout_tp", 1) or 1
+        self.sp = _int(t, "sequence_parallel", 1) or 1
         # vLLM's sampler at its last decode step (HF generate holds one logits row a sequence)
         self.sampler_copies = VLLM_SAMPLER_COPIES if self.rollout == "vllm" else 0
         # verl's fused log-prob/entropy kernels (a backend, or None: the logits materialised)
         # (the resolver passes it; a resolved environment holds it in its features)
-        feats = env.get("features")
-        self.fused = env.get("fused_kernels", feats.get("fused_kernels") if isinstance(feats, dict) else None)
-        self.cap = t.get("micro_batch_size_per_gpu")  # an optional upper bound from the profile
-        if self.fused and consts.get("max_micro_tokens"):
+        fused = env.get("fused_kernels", _map(env, "features").get("fused_kernels"))
+        self.fused = fused if isinstance(fused, str) and fused else None
+        # an optional upper bound from the profile
+        self.cap: int | None = _int(t, "micro_batch_size_per_gpu", 0) or None
+        max_tokens = _int(consts, "max_micro_tokens", 0)
+        if self.fused and max_tokens:
             # token budgets: a micro-batch takes at most max_micro_tokens (and one whole sequence)
-            by_tokens = max(1, consts["max_micro_tokens"] * self.sp // self.seq)
+            by_tokens = max(1, max_tokens * self.sp // self.seq)
             self.cap = min(self.cap, by_tokens) if self.cap else by_tokens
         # compute bytes of the actor/critic (fp32 where the GPU has no bf16: see the run script)
         self.c = 2 if self.dtype == "bf16" else 4
@@ -158,35 +202,38 @@ class Setup:
         self.g = self.c if self.rollout == "hf" else self.inf
         # the estimator (algorithms.yaml): a critic (gae only), and rollout.n responses per
         # prompt, so the rollout and each mini-batch hold n times the prompts
-        self.critic = env.get("critic", True)
-        self.rollout_n = env.get("rollout_n", ROLLOUT_N)
-        self.gen_per_gpu = t["train_batch_size"] * self.rollout_n // self.n
+        self.critic = bool(env.get("critic", True))
+        self.rollout_n = _int(env, "rollout_n", ROLLOUT_N)
+        self.gen_per_gpu = _int(t, "train_batch_size") * self.rollout_n // self.n
         # an SP group of sp GPUs trains one data-parallel rank's sequences, each split over the
         # group: verl divides the batches by the data-parallel size, world / sp
         self.dp = max(self.n // self.sp, 1)
         # verl's Megatron engine (--engine megatron): its layout (megatron.py) sets the
         # data-parallel size the batches are divided by, world / (TP × PP × CP)
-        self.engine: str = env.get("engine") or "fsdp"
-        self.layout = Layout(**t["megatron"]) if t.get("megatron") else Layout()
+        self.engine = _str(env, "engine", "fsdp") or "fsdp"
+        lay = _map(t, "megatron")
+        self.layout = _layout(lay) if lay else Layout()
         if self.engine == "megatron":
             self.dp = self.layout.dp(self.n)
-        self.data_per_rank = t["train_batch_size"] * self.rollout_n // self.dp
-        self.mini_per_gpu = max(t["ppo_mini_batch_size"] * self.rollout_n // self.dp, 1)
+        self.data_per_rank = _int(t, "train_batch_size") * self.rollout_n // self.dp
+        self.mini_per_gpu = max(_int(t, "ppo_mini_batch_size") * self.rollout_n // self.dp, 1)
         self.val_per_gpu = math.ceil(val_rows / self.n)
         # verl's engine workers (0.8+) assert that each GPU's share of the rollout is a whole
         # number of log-prob micro-batches; the legacy workers split it with a remainder
         # (the resolver passes it; a resolved environment holds it in its verl record)
-        verl = env.get("verl")
-        self.engine_batches = bool(
-            env.get("engine_batches", verl.get("engine_batches", False) if isinstance(verl, dict) else False)
-        )
+        self.engine_batches = bool(env.get("engine_batches", _map(env, "verl").get("engine_batches", False)))
         # the host memory of a node that offload may fill (--host-memory, else memory.yaml's
         # figure a GPU)
-        self.host_gib = t.get("host_memory_gib") or consts["host_memory_gib_per_gpu"] * self.per_node
-        self.total_gib: float = consts["total_gib"]
-        self.usable_gib = (
-            self.total_gib - consts["cuda_context_gib"] - (consts["nccl_gib"] if self.n > 1 else 0)
+        self.host_gib = (
+            _num(t, "host_memory_gib", 0) or _num(consts, "host_memory_gib_per_gpu") * self.per_node
         )
+        self.total_gib = _num(consts, "total_gib")
+        self.usable_gib = self.total_gib - self.cuda_context_gib - (self.nccl_gib if self.n > 1 else 0)
+
+
+def _layout(d: Data) -> Layout:
+    """A Megatron layout of plain data ({tp, pp, ep, cp, etp}: the keys given)."""
+    return Layout(**{k: _int(d, k) for k in d})
 
 
 class Term:
@@ -198,14 +245,15 @@ class Term:
     def __init__(self, name: str, formula: str, nbytes: float, kind: str = "state"):
         self.name, self.formula, self.nbytes, self.kind = name, formula, nbytes, kind
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "term": self.name,
-            "formula": self.formula,
-            "gib": round(_gib(self.nbytes), 3),
-            "kind": self.kind,
-            "bytes": int(self.nbytes),
-        }
+    def record(self, kind: str | None = None) -> P.Term:
+        """The term as the plan keeps it (`kind`: another kind, as `host` gives its terms)."""
+        return P.Term(
+            term=self.name,
+            formula=self.formula,
+            gib=round(_gib(self.nbytes), 3),
+            kind=kind or self.kind,
+            bytes=int(self.nbytes),
+        )
 
 
 # -- state -------------------------------------------------------------------------------------
@@ -554,8 +602,13 @@ def _gen_weights(s: Setup) -> list[Term]:
     ]
 
 
-def phase(s: Setup, name: str, b: int) -> dict[str, Any]:
-    """One phase at batch b: {phase, batch, terms, total_gib}."""
+# a phase worked out, not yet a record: its name, batch, terms and the bytes of them already
+# whole (vLLM's share); the batch search sums its terms, the plan keeps the chosen one's records
+Draft = tuple[str, int | None, list[Term], int | None]
+
+
+def phase(s: Setup, name: str, b: int) -> Draft:
+    """One phase at batch b: its name and terms."""
     note = ""
     if name == "generate":
         note, work = generate_work(s, b)
@@ -583,14 +636,7 @@ def phase(s: Setup, name: str, b: int) -> dict[str, Any]:
             if t.kind == "work":
                 t.nbytes /= split
                 t.formula += f" / {split} (TP {s.layout.tp} sequence parallel)"
-    total = sum(t.nbytes for t in terms)
-    return {
-        "phase": name + (f" ({note})" if note else ""),
-        "batch": b,
-        "terms": [t.as_dict() for t in terms],
-        "total_gib": round(_gib(total), 3),
-        "_bytes": total,
-    }
+    return name + (f" ({note})" if note else ""), b, terms, None
 
 
 def _actor_resident_optimizer(s: Setup) -> list[Term]:
@@ -601,46 +647,35 @@ def _actor_resident_optimizer(s: Setup) -> list[Term]:
     return [Term(f"{st['adam'].name} (resident)", st["adam"].formula, st["adam"].nbytes, "resident")]
 
 
-def vllm_phase(s: Setup, b: int) -> dict[str, Any]:
+def vllm_phase(s: Setup, b: int) -> Draft:
     """Inside vLLM's share (gpu_memory_utilization × the card): its weights and, sized the HF way
     (whole-batch prefill: more than vLLM's chunked prefill needs), max_num_seqs sequences."""
     note, work = generate_work(s, b)
-    terms = _gen_weights(s) + work
-    total = sum(t.nbytes for t in terms)
-    return {
-        "phase": f"vLLM engine ({note})",
-        "batch": b,
-        "terms": [t.as_dict() for t in terms],
-        "total_gib": round(_gib(total), 3),
-        "_bytes": total,
-    }
+    return f"vLLM engine ({note})", b, _gen_weights(s) + work, None
 
 
-def vllm_outside(s: Setup) -> dict[str, Any]:
+def vllm_outside(s: Setup) -> Draft:
     """While vLLM generates, the rest of the process: the engine's share and the resident roles."""
     share = s.util * s.total_gib * GIB
     terms = [Term("vLLM share", f"gpu_memory_utilization {s.util:g} × {s.total_gib:.1f} GiB", share, "work")]
     terms += _resident(s, "rollout")  # (not a role: the actor's and critic's state both count)
-    total = sum(t.nbytes for t in terms)
-    return {
-        "phase": "generate (vLLM)",
-        "batch": None,
-        "terms": [t.as_dict() for t in terms],
-        "total_gib": round(_gib(total), 3),
-        "_bytes": total,
-        "exempt_bytes": int(share),
-    }
+    return "generate (vLLM)", None, terms, int(share)
 
 
 # -- the plan ---------------------------------------------------------------------------------
 
 
 def overhead(s: Setup, key: str) -> float:
+    """The allocator's overhead for a phase (allocator_overhead)."""
+    return allocator_overhead(s.rollout, key, s.hf_overhead, s.alloc_overhead)
+
+
+def allocator_overhead(rollout: str, key: str, hf_generate: float, common: float) -> float:
     """The allocator's overhead for a phase: HF generate's own where it generates (its KV cache
     grows a token at a time and eager attention's score blocks come and go), else the common one."""
-    if key == "generation" and s.rollout == "hf":
-        return float(s.consts["hf_generate_overhead"])
-    return float(s.consts["allocator_overhead"])
+    if key == "generation" and rollout == "hf":
+        return float(hf_generate)
+    return float(common)
 
 
 def fits(
@@ -650,7 +685,7 @@ def fits(
     is added (and, with `margin`, leaving the margin free). `exempt`: bytes of a budget already
     whole (vLLM's share), which takes no overhead."""
     if margin:
-        budget_gib *= 1 - s.consts["margin"]
+        budget_gib *= 1 - s.margin
     return (nbytes - exempt) * (1 + overhead(s, key)) + exempt <= budget_gib * GIB
 
 
@@ -700,8 +735,28 @@ def candidates(s: Setup, key: str) -> Sequence[int]:
     return [b for b in out if b <= cap] or [1] if cap else out
 
 
-def estimate(s: Setup, key: str, batch: int) -> dict[str, Any]:
-    """One phase at `batch`: {phase, batch, terms, total_gib, bytes, budget_gib}."""
+def estimate(s: Setup, key: str, batch: int) -> P.Phase:
+    """One phase at `batch`: its terms, total and budget."""
+    (name, b, terms, exempt), budget = _draft(s, key, batch)
+    total = sum(t.nbytes for t in terms)
+    return P.Phase(
+        phase=name,
+        batch=b,
+        terms=tuple(t.record() for t in terms),
+        total_gib=round(_gib(total), 3),
+        bytes=int(total),
+        budget_gib=round(budget, 3),
+        exempt_bytes=exempt,
+    )
+
+
+def _need(s: Setup, key: str, batch: int) -> int:
+    """The bytes of one phase's tensors at `batch` (estimate's `bytes`, no records made)."""
+    return int(sum(t.nbytes for t in _draft(s, key, batch)[0][2]))
+
+
+def _draft(s: Setup, key: str, batch: int) -> tuple[Draft, float]:
+    """One phase at `batch`, and its budget (GiB)."""
     budget = s.usable_gib
     if key == "generation":
         if s.rollout == "hf":
@@ -722,9 +777,7 @@ def estimate(s: Setup, key: str, batch: int) -> dict[str, Any]:
             }[key],
             batch,
         )
-    out["bytes"] = int(out.pop("_bytes"))
-    out["budget_gib"] = round(budget, 3)
-    return out
+    return out, budget
 
 
 BATCHED = ("generation", "log_prob", "actor", "critic")
@@ -739,7 +792,7 @@ def split_ways(n: int, arch: Arch, per_node: int) -> list[int]:
     ]
 
 
-def host(s: Setup) -> dict[str, Any]:
+def host(s: Setup) -> P.Host:
     """What offload keeps in the host's memory, per node: each GPU's offloaded share of the
     idle weights (fp32 actor and critic, the reference in its dtype) and of Adam's state."""
     terms = []
@@ -759,27 +812,25 @@ def host(s: Setup) -> dict[str, Any]:
         )
     per_gpu = sum(t.nbytes for t in terms)
     budget = s.host_gib
-    return {
-        "terms": [dict(t.as_dict(), kind="host") for t in terms],
-        "gpus_per_node": s.per_node,
-        "gib": round(_gib(per_gpu * s.per_node), 3),
-        "budget_gib": round(budget, 3),
-        "fits": per_gpu * s.per_node <= budget * GIB * (1 - s.consts["margin"]),
-    }
+    return P.Host(
+        terms=tuple(t.record(kind="host") for t in terms),
+        gpus_per_node=s.per_node,
+        gib=round(_gib(per_gpu * s.per_node), 3),
+        budget_gib=round(budget, 3),
+        fits=per_gpu * s.per_node <= budget * GIB * (1 - s.margin),
+    )
 
 
 def vllm_share(s: Setup) -> float:
     """vLLM's gpu_memory_utilization: the room the resident roles leave on the card while it
     generates (the margin kept free), at most the profile's figure, in hundredths of the card."""
     resident = sum(t.nbytes for t in _resident(s, "rollout"))
-    room = s.usable_gib * (1 - s.consts["margin"]) - _gib(resident) * (1 + overhead(s, "generate_outside"))
+    room = s.usable_gib * (1 - s.margin) - _gib(resident) * (1 + overhead(s, "generate_outside"))
     share = min(s.max_util * s.total_gib, room)
     return max(math.floor(float(share / s.total_gib) * 100) / 100, 0.01)
 
 
-def plan(
-    env: dict[str, Any], arch_rec: dict[str, Any], consts: dict[str, Any], val_rows: int
-) -> dict[str, Any]:
+def plan(env: Data, arch_rec: Data, consts: Data, val_rows: int) -> P.MemoryPlan:
     """The memory budget and the batch sizes of a resolved profile (`env`: at least dtype,
     attention, rollout and train of a resolved environment, as plain data; `consts`: matrices/memory.yaml's `memory`
     with the card's total_gib), with what makes it fit and run, chosen in order of cost:
@@ -791,38 +842,46 @@ def plan(
       5. vLLM's share of the card: what the resident roles leave, at most the profile's figure.
     `env["pinned"]` names the choices the user made (rollout_tp, offload, sequence_parallel):
     those are taken as given."""
-    arch = Arch(env["train"]["model"], arch_rec)
-    pinned = set(env.get("pinned") or ())
-    tried: list[dict[str, Any]] = []
-    for train, why in _trials(env, arch, pinned):
+    train = _map(env, "train")
+    arch = Arch(_str(train, "model"), arch_rec)
+    pinned = {str(p) for p in _list(env, "pinned")}
+    tried: list[P.MemoryPlan] = []
+    for t, why in _trials(env, arch, pinned):
         for lay in _layouts(env, arch):
-            t = dict(train, megatron=lay.to_dict()) if lay else train
-            out = _with_tp(dict(env, train=t), arch, consts, val_rows, pinned)
-            out["choices"].update(why)
+            trial = dict(t, megatron=lay.to_dict()) if lay else t
+            out = _with_tp(dict(env, train=trial), arch, consts, val_rows, pinned)
+            choices = out.choices._replace(**why)
             if lay:
-                out["megatron"] = lay.to_dict()
-                out["choices"]["megatron"] = {"value": lay.to_dict(), "why": _layout_why(env, arch, lay)}
+                words = P.LayoutChoice(value=MappingProxyType(lay.to_dict()), why=_layout_why(env, arch, lay))
+                out = out._replace(megatron=MappingProxyType(lay.to_dict()))
+                choices = choices._replace(megatron=words)
+            out = out._replace(choices=choices)
             tried.append(out)
-            if not out["problems"]:
+            if not out.problems:
                 return out
     # none fits: the last (everything tried) says what is still short
-    out = tried[-1]
-    out["tried"] = len(tried)
-    return out
+    return tried[-1]._replace(tried=len(tried))
 
 
-def _layouts(env: dict[str, Any], arch: Arch) -> list[Layout | None]:
+def _list(d: Data, key: str) -> list[object]:
+    value = d.get(key)
+    return list(value) if isinstance(value, (list, tuple, set, frozenset)) else []
+
+
+def _layouts(env: Data, arch: Arch) -> list[Layout | None]:
     """The Megatron layouts to try, in order (megatron.layouts), or the given one; [None] on FSDP."""
     if env.get("engine") != "megatron":
         return [None]
-    t = env["train"]
-    if t.get("megatron_pinned"):
-        return [Layout(**t["megatron_pinned"])]
-    return list(layouts(arch, t["n_gpus"], t["n_gpus"] * env.get("nodes", 1))) or [Layout()]
+    t = _map(env, "train")
+    given = _map(t, "megatron_pinned")
+    if given:
+        return [_layout(given)]
+    per_node = _int(t, "n_gpus")
+    return list(layouts(arch, per_node, per_node * _int(env, "nodes", 1))) or [Layout()]
 
 
-def _layout_why(env: dict[str, Any], arch: Arch, lay: Layout) -> str:
-    if env["train"].get("megatron_pinned"):
+def _layout_why(env: Data, arch: Arch, lay: Layout) -> str:
+    if _map(env, "train").get("megatron_pinned"):
         return "as given (--megatron)"
     what = "the fewest GPUs a model replica spans (TP x PP) whose shard, gradients and optimizer state fit"
     if arch.moe:
@@ -830,109 +889,100 @@ def _layout_why(env: dict[str, Any], arch: Arch, lay: Layout) -> str:
     return what
 
 
-def _trials(env: dict[str, Any], arch: Arch, pinned: set[str]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+def _offload(train: Data, why: str) -> dict[str, P.Choice]:
+    """The offload choices of a train block, with why."""
+    return {
+        "param_offload": P.Choice(value=bool(train["param_offload"]), why=why),
+        "optimizer_offload": P.Choice(value=bool(train["optimizer_offload"]), why=why),
+    }
+
+
+def _trials(env: Data, arch: Arch, pinned: set[str]) -> list[tuple[dict[str, object], dict[str, P.Choice]]]:
     """The train blocks to try, cheapest first, each with why its choices are what they are."""
-    t = dict(env["train"])
-    ok = env.get("actor_offload_ok", True)
-    t.setdefault("actor_param_offload", t["param_offload"] and ok)
-
-    def off(train: dict[str, Any], why: str) -> dict[str, Any]:
-        return {
-            "param_offload": {"value": train["param_offload"], "why": why},
-            "optimizer_offload": {"value": train["optimizer_offload"], "why": why},
-        }
-
+    t = dict(_map(env, "train"))
+    ok = bool(env.get("actor_offload_ok", True))
+    t.setdefault("actor_param_offload", bool(t["param_offload"]) and ok)
     given = "as given (--offload)" if "offload" in pinned else "the profile's"
-    out = [(t, off(t, given))]
+    out = [(t, _offload(t, given))]
     if "offload" not in pinned:
         if not t["optimizer_offload"]:
             t = dict(t, optimizer_offload=True)
-            out.append(
-                (
-                    t,
-                    off(
-                        t,
-                        "Adam's state offloaded while idle: the resident state does not fit beside the rest",
-                    ),
-                )
-            )
+            why = "Adam's state offloaded while idle: the resident state does not fit beside the rest"
+            out.append((t, _offload(t, why)))
         if not t["param_offload"]:
             t = dict(t, param_offload=True, actor_param_offload=ok)
             out.append(
-                (t, off(t, "the idle weights and Adam's state offloaded: sharding alone does not fit"))
+                (t, _offload(t, "the idle weights and Adam's state offloaded: sharding alone does not fit"))
             )
     if (
         "sequence_parallel" not in pinned
         and env.get("remove_padding", False)
         and env.get("engine") != "megatron"
     ):
-        world = t["n_gpus"] * env.get("nodes", 1)
-        for sp in split_ways(world, arch, t["n_gpus"])[1:]:
-            if t["train_batch_size"] * env.get("rollout_n", ROLLOUT_N) % (world // sp) == 0:
+        per_node = _int(t, "n_gpus")
+        world = per_node * _int(env, "nodes", 1)
+        for sp in split_ways(world, arch, per_node)[1:]:
+            if _int(t, "train_batch_size") * _int(env, "rollout_n", ROLLOUT_N) % (world // sp) == 0:
                 t = dict(t, sequence_parallel=sp)
-                why = off(t, "offloaded first: cheaper than splitting sequences")
-                why["sequence_parallel"] = {
-                    "value": sp,
-                    "why": f"Ulysses over {sp} GPUs: one sequence's activations do not fit one GPU",
-                }
-                out.append((t, why))
+                choices = _offload(t, "offloaded first: cheaper than splitting sequences")
+                choices["sequence_parallel"] = P.Choice(
+                    value=sp, why=f"Ulysses over {sp} GPUs: one sequence's activations do not fit one GPU"
+                )
+                out.append((t, choices))
     return out
 
 
-def _with_tp(
-    env: dict[str, Any], arch: Arch, consts: dict[str, Any], val_rows: int, pinned: set[str]
-) -> dict[str, Any]:
+def _with_tp(env: Data, arch: Arch, consts: Data, val_rows: int, pinned: set[str]) -> P.MemoryPlan:
     """The plan at the smallest rollout TP whose generation reaches the planned concurrency
     (memory.yaml rollout_seqs_per_gpu, or the whole rollout where it is smaller)."""
-    t = env["train"]
-    if env["rollout"] != "vllm":
+    t = _map(env, "train")
+    rollout = _str(env, "rollout")
+    if rollout != "vllm":
         ways = [1]
     elif "rollout_tp" in pinned:
-        ways = [t["rollout_tp"]]
+        ways = [_int(t, "rollout_tp")]
     else:
-        ways = split_ways(t["n_gpus"], arch, t["n_gpus"])
-    best: dict[str, Any] | None = None
+        ways = split_ways(_int(t, "n_gpus"), arch, _int(t, "n_gpus"))
+    best: P.MemoryPlan | None = None
     for tp in ways:
         s = Setup(dict(env, train=dict(t, rollout_tp=tp)), arch, consts, val_rows)
-        out = _plan_one(s, consts, val_rows)
-        target = min(s.gen_per_gpu, consts.get("rollout_seqs_per_gpu", 1))
-        if not out["problems"] and out["generation_per_gpu"] >= target:
+        out = _plan_one(s)
+        target = min(s.gen_per_gpu, _int(consts, "rollout_seqs_per_gpu", 1))
+        if not out.problems and out.generation_per_gpu >= target:
             best = out
             break
-        if best is None or (bool(best["problems"]), -best["generation_per_gpu"]) > (
-            bool(out["problems"]),
-            -out["generation_per_gpu"],
+        if best is None or (bool(best.problems), -best.generation_per_gpu) > (
+            bool(out.problems),
+            -out.generation_per_gpu,
         ):
             best = out
     assert best is not None
-    tp = best["rollout_tp"]
     if "rollout_tp" in pinned:
         why = "as given (--rollout-tp)"
-    elif env["rollout"] != "vllm":
-        why = f"the {env['rollout']} rollout generates on each GPU alone"
+    elif rollout != "vllm":
+        why = f"the {rollout} rollout generates on each GPU alone"
     else:
         why = (
             f"the smallest of {ways} (GPUs of a node dividing the {arch.a} attention and {arch.k} KV heads) "
-            f"whose weight shard, KV cache and sampler hold {best['generation_per_gpu']} sequences a GPU"
+            f"whose weight shard, KV cache and sampler hold {best.generation_per_gpu} sequences a GPU"
         )
-    best["choices"]["rollout_tp"] = {"value": tp, "why": why}
-    return best
+    return best._replace(choices=best.choices._replace(rollout_tp=P.Choice(value=best.rollout_tp, why=why)))
 
 
-def _plan_one(s: Setup, consts: dict[str, Any], val_rows: int) -> dict[str, Any]:
+def _plan_one(s: Setup) -> P.MemoryPlan:
     """The plan of one choice of parallelism and offload."""
     if s.rollout == "vllm":
         s.util = vllm_share(s)
-    phases: dict[str, dict[str, Any]] = {}
+    phases: dict[str, P.Phase] = {}
     batch: dict[str, int] = {}
     bound: dict[str, str] = {}
-    problems: list[dict[str, Any]] = []
+    problems: list[P.Problem] = []
     for key in BATCHED:
         if key == "critic" and not s.critic:
             continue  # (no critic: nothing to size)
         cands = candidates(s, key)
-        budget = estimate(s, key, 1)["budget_gib"]
-        best = _largest(cands, lambda b: fits(s, estimate(s, key, b)["bytes"], budget, key=key))
+        budget = round(_draft(s, key, 1)[1], 3)
+        best = _largest(cands, lambda b: fits(s, _need(s, key, b), budget, key=key))
         if best is None:
             best = 1
             bound[key] = "does not fit"
@@ -946,93 +996,98 @@ def _plan_one(s: Setup, consts: dict[str, Any], val_rows: int) -> dict[str, Any]
     for key in steps + (("generate_outside",) if s.rollout == "vllm" else ()):
         phases[key] = estimate(s, key, 0)
     for key, p in phases.items():
-        p["key"] = key
-        p["fits"] = fits(
-            s, p["bytes"], p["budget_gib"], margin=False, exempt=p.get("exempt_bytes", 0), key=key
-        )
-        if not p["fits"]:  # (the need as fits() compared it: the allocator's overhead added)
-            exempt = p.get("exempt_bytes", 0)
-            need = ((p["bytes"] - exempt) * (1 + overhead(s, key)) + exempt) / GIB
-            problems.append({"phase": p["phase"], "gib": round(need, 3), "budget_gib": p["budget_gib"]})
+        exempt = p.exempt_bytes or 0
+        ok = fits(s, p.bytes, p.budget_gib, margin=False, exempt=exempt, key=key)
+        phases[key] = p = p._replace(key=key, fits=ok)
+        if not ok:  # (the need as fits() compared it: the allocator's overhead added)
+            need = ((p.bytes - exempt) * (1 + overhead(s, key)) + exempt) / GIB
+            problems.append(P.Problem(phase=p.phase, gib=round(need, 3), budget_gib=p.budget_gib))
 
     host_plan = host(s)
-    if not host_plan["fits"]:
+    if not host_plan.fits:
         problems.append(
-            {"phase": "host memory (offload)", "gib": host_plan["gib"], "budget_gib": host_plan["budget_gib"]}
+            P.Problem(phase="host memory (offload)", gib=host_plan.gib, budget_gib=host_plan.budget_gib)
         )
     g = batch["generation"]
-    sizes = {
-        "val_batch_size": g * s.n,
+    sizes = P.BatchSizes(
+        val_batch_size=g * s.n,
         # (HF: in prompts, each generating rollout.n sequences)
-        "rollout_micro_batch_size": g // s.rollout_n if s.rollout == "hf" else None,
+        rollout_micro_batch_size=g // s.rollout_n if s.rollout == "hf" else None,
         # (per engine: a TP group of tp GPUs runs tp × g sequences)
-        "max_num_seqs": g * s.tp if s.rollout == "vllm" else None,
-        "log_prob_micro_batch_size_per_gpu": batch["log_prob"],
-        "actor_ppo_micro_batch_size_per_gpu": batch["actor"],
-        "critic_ppo_micro_batch_size_per_gpu": batch.get("critic"),
+        max_num_seqs=g * s.tp if s.rollout == "vllm" else None,
+        log_prob_micro_batch_size_per_gpu=batch["log_prob"],
+        actor_ppo_micro_batch_size_per_gpu=batch["actor"],
+        critic_ppo_micro_batch_size_per_gpu=batch.get("critic"),
         # validation generates val_per_gpu sequences; between two validations the rollouts
         # generate test_freq × gen_per_gpu: validation stays within validation_share of that
-        "test_freq": max(1, math.ceil(s.val_per_gpu / (s.gen_per_gpu * consts["validation_share"]))),
-    }
+        test_freq=max(1, math.ceil(s.val_per_gpu / (s.gen_per_gpu * s.validation_share))),
+    )
     # the process's peak (vLLM's engine phase is inside its share, counted by generate_outside)
     in_process = [p for k, p in phases.items() if not (k == "generation" and s.rollout == "vllm")]
-    peak = max(in_process, key=lambda p: p["bytes"])
-    a = s.arch
-    return {
-        "model": a.name,
-        "arch": {
-            "layers": a.L,
-            "hidden_size": a.H,
-            "attention_heads": a.a,
-            "kv_heads": a.k,
-            "head_dim": a.d,
-            "intermediate_size": a.I,
-            **({"experts": a.E, "experts_per_token": a.topk, "moe_intermediate_size": a.Ie} if a.moe else {}),
-            "vocab_size": a.V,
-            "tied_embeddings": a.tied,
-            "parameters": a.params(),
-            "critic_parameters": a.critic_params() if s.critic else 0,
-            "lora_parameters": a.lora_params(s.lora) if s.lora else 0,
-        },
-        "gpu_total_gib": round(s.total_gib, 2),
-        "cuda_context_gib": consts["cuda_context_gib"],
-        "nccl_gib": consts["nccl_gib"] if s.n > 1 else 0,
-        "usable_gib": round(s.usable_gib, 2),
-        "allocator_overhead": consts["allocator_overhead"],
-        "hf_generate_overhead": consts["hf_generate_overhead"],
-        "margin": consts["margin"],
-        "vllm_share_gib": round(s.util * s.total_gib, 2) if s.rollout == "vllm" else None,
-        "sequence": {"prompt": s.prompt, "response": s.response},
-        "validation_rows": val_rows,
-        "rollout_n": s.rollout_n,
-        "rollout_batch_per_gpu": s.gen_per_gpu,
-        "mini_batch_per_gpu": s.mini_per_gpu,
-        "phases": list(phases.values()),
-        "peak": {"phase": peak["phase"], "gib": peak["total_gib"]},
-        "batch": sizes,
-        "bound_by": bound,
-        "problems": problems,
-        "generation_per_gpu": g,
-        "rollout_tp": s.tp,
-        "sequence_parallel": s.sp,
-        "host": host_plan,
-        "choices": {
-            "gpu_memory_utilization": {
-                "value": s.util,
-                "why": (
+    peak = max(in_process, key=lambda p: p.bytes)
+    return P.MemoryPlan(
+        model=s.arch.name,
+        arch=_plan_arch(s),
+        gpu_total_gib=round(s.total_gib, 2),
+        cuda_context_gib=s.cuda_context_gib,
+        nccl_gib=s.nccl_gib if s.n > 1 else 0,
+        usable_gib=round(s.usable_gib, 2),
+        allocator_overhead=s.alloc_overhead,
+        hf_generate_overhead=s.hf_overhead,
+        margin=s.margin,
+        vllm_share_gib=round(s.util * s.total_gib, 2) if s.rollout == "vllm" else None,
+        sequence=P.Sequence(prompt=s.prompt, response=s.response),
+        validation_rows=s.val_rows,
+        rollout_n=s.rollout_n,
+        rollout_batch_per_gpu=s.gen_per_gpu,
+        mini_batch_per_gpu=s.mini_per_gpu,
+        phases=tuple(phases.values()),
+        peak=P.Peak(phase=peak.phase, gib=peak.total_gib),
+        batch=sizes,
+        bound_by=MappingProxyType(bound),
+        problems=tuple(problems),
+        generation_per_gpu=g,
+        rollout_tp=s.tp,
+        sequence_parallel=s.sp,
+        host=host_plan,
+        choices=P.Choices(
+            gpu_memory_utilization=P.Choice(
+                value=s.util,
+                why=(
                     f"planned: what the resident roles leave on the card while vLLM generates, "
                     f"at most the profile's {s.max_util:g}"
                 )
                 if s.rollout == "vllm"
                 else f"unused: the {s.rollout} rollout has no engine share",
-            },
-            "sequence_parallel": {"value": s.sp, "why": "one sequence's activations fit one GPU"}
+            ),
+            sequence_parallel=P.Choice(value=s.sp, why="one sequence's activations fit one GPU")
             if s.sp == 1
-            else {"value": s.sp, "why": "as given (--sp)"},
-        },
-    }
+            else P.Choice(value=s.sp, why="as given (--sp)"),
+        ),
+    )
 
 
-def setup(env: dict[str, Any], arch_rec: dict[str, Any], consts: dict[str, Any], val_rows: int) -> Setup:
+def _plan_arch(s: Setup) -> P.PlanArch:
+    """The model's shape as the plan counted it."""
+    a = s.arch
+    return P.PlanArch(
+        layers=a.L,
+        hidden_size=a.H,
+        attention_heads=a.a,
+        kv_heads=a.k,
+        head_dim=a.d,
+        intermediate_size=a.I,
+        experts=a.E if a.moe else None,
+        experts_per_token=a.topk if a.moe else None,
+        moe_intermediate_size=a.Ie if a.moe else None,
+        vocab_size=a.V,
+        tied_embeddings=a.tied,
+        parameters=a.params(),
+        critic_parameters=a.critic_params() if s.critic else 0,
+        lora_parameters=a.lora_params(s.lora) if s.lora else 0,
+    )
+
+
+def setup(env: Data, arch_rec: Data, consts: Data, val_rows: int) -> Setup:
     """The estimate's view of a resolved environment (for `estimate` at chosen batches)."""
-    return Setup(env, Arch(env["train"]["model"], arch_rec), consts, val_rows)
+    return Setup(env, Arch(_str(_map(env, "train"), "model"), arch_rec), consts, val_rows)

@@ -19,8 +19,9 @@ from envbuilder.model.components import flash_attn as FA
 from envbuilder.errors import UserError
 from envbuilder.model.matrix import Entry, Matrix, at_least
 from envbuilder.model.versions import in_range, version_key
-from envbuilder.record import Record, frozen
+from envbuilder.record import Record, frozen, plain
 from envbuilder.model.resolved import SCHEMA_VERSION, Overrides, ResolvedEnv  # noqa: F401  (re-exported)
+from envbuilder.model.memory_plan import Card, MemoryPlan
 from envbuilder.model.components import Refusal
 from envbuilder.model.components import apex as APEX
 from envbuilder.model.components import cuda as CUDA
@@ -42,7 +43,7 @@ TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 from envbuilder.model.matrix_schema import AUDIT_CHECKS  # noqa: E402,F401  (re-exported)
 
 # each matrix's memory plans by their inputs (_Resolver.memory_plan)
-_PLANS: "weakref.WeakKeyDictionary[Matrix, dict[str, dict[str, Any]]]" = weakref.WeakKeyDictionary()
+_PLANS: "weakref.WeakKeyDictionary[Matrix, dict[str, MemoryPlan]]" = weakref.WeakKeyDictionary()
 
 
 class Violation(Record):
@@ -132,24 +133,28 @@ def training_path(
     return list(dict.fromkeys(name for part in parts for name in part))
 
 
-def _stored_plan(inputs: list[Any], compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+def _stored_plan(inputs: list[object], compute: Callable[[], MemoryPlan]) -> MemoryPlan:
     """compute(), the memory plan of `inputs` (plain data), kept as a sealed cache entry
-    (paths.sealed_text) by the sha256 of the inputs and of memory.py's code (it imports nothing
-    of envbuilder's). The plan's search over batch sizes is most of a profile's resolution,
-    and every `envbuild render` resolves in a fresh process. Plain JSON both ways: the plan is
-    ints, floats, strings, lists, dicts."""
+    (paths.sealed_text) by the sha256 of the inputs and of memory.py's code. The plan's search
+    over batch sizes is most of a profile's resolution, and every `envbuild render` resolves
+    in a fresh process. Plain JSON both ways: the plan's records to_dict() and from_plain()."""
     import hashlib
     import json
     import os
 
     from envbuilder.paths import sealed_text, source
 
-    try:  # (memory.py by its path: a plan read back needs none of its code)
-        h = hashlib.sha256(source(os.path.join(os.path.dirname(__file__), "memory.py")))
+    try:  # (the plan's code by its paths: a plan read back needs none of it)
+        h = hashlib.sha256()
+        for name in ("memory.py", "memory_plan.py", "arch.py", "megatron.py"):
+            h.update(source(os.path.join(os.path.dirname(__file__), name)))
         h.update(json.dumps(inputs, sort_keys=True).encode())
     except (OSError, TypeError, ValueError):  # (no source to key on, or not plain data)
-        return compute()
-    return json.loads(sealed_text("plan", h.hexdigest(), lambda: json.dumps(compute())))  # type: ignore[no-any-return]
+        return MemoryPlan.from_plain(json.loads(json.dumps(plain(compute()))))
+    data = json.loads(sealed_text("plan", h.hexdigest(), lambda: json.dumps(plain(compute()))))
+    if not isinstance(data, dict):
+        raise ValueError("a memory plan of the cache is no JSON object")
+    return MemoryPlan.from_plain(data)
 
 
 def speed_notes(verl: Mapping[str, Any], s: "Selection", remove_padding: bool) -> tuple[str, ...]:
@@ -318,12 +323,12 @@ class _Resolver:
         rollout: str,
         train: dict[str, Any],
         lora_flat: bool = False,
-        algo: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
+        algo: Entry | None = None,
+    ) -> MemoryPlan:
         mem = self.m.memory
-        total = mem["total_mib"].get(gpu_key)
+        total: Entry | None = mem["total_mib"].get(gpu_key)
         card = card_size(total, gpu, self.ov.ecc, self.ov.gpu_memory)
-        consts = dict(mem, total_gib=card["mib"] / 1024)
+        consts = dict(mem, total_gib=card.mib / 1024)
         algo = algo or self.algo_rec or {"critic": True, "n": 1}
         # the same inputs give the same plan: computed once per matrix (a grid or a fix walk
         # resolves one profile under many overrides; the plan is most of a resolution's time)
@@ -332,7 +337,7 @@ class _Resolver:
         arch = self.models[train["model"]]
         key = (
             json.dumps(
-                [gpu_key, gpu, dtype, attention, rollout, train, lora_flat, algo, arch, card],
+                [gpu_key, gpu, dtype, attention, rollout, train, lora_flat, algo, arch, card.to_dict()],
                 sort_keys=True,
                 default=str,
             )
@@ -352,7 +357,7 @@ class _Resolver:
         known = _PLANS.setdefault(self.m, {})
         if key in known:
             return known[key]
-        env = {
+        env: dict[str, object] = {
             "dtype": dtype,
             "attention": attention,
             "rollout": rollout,
@@ -371,16 +376,15 @@ class _Resolver:
         }
         if getattr(self, "megatron_layout", None):
             env["train"] = dict(train, megatron_pinned=self.megatron_layout)
-        rows = self.m.datasets["gsm8k"]["rows"]["test"]
+        rows: int = self.m.datasets["gsm8k"]["rows"]["test"]
 
-        def compute() -> dict[str, Any]:
+        def compute() -> MemoryPlan:
             from envbuilder.model.memory import plan
 
             return plan(env, arch, consts, rows)
 
-        out = _stored_plan([key, consts, rows], compute)
-        out["card"] = card
-        known[key] = out  # (read, never changed: the resolved environment freezes a copy)
+        out = _stored_plan([key, consts, rows], compute)._replace(card=card)
+        known[key] = out  # (a record: nothing changes it)
         return out
 
     def memory_rule(self, s: "Selection") -> None:
@@ -388,15 +392,15 @@ class _Resolver:
         and which change to the profile would fit."""
         gpu = s.gpu
         train = s.train
-        mem = s.memory
-        if not mem["problems"]:
+        mem: MemoryPlan = s.memory
+        if not mem.problems:
             return
 
         def fits(algo: Entry | None = None, **changes: Any) -> bool:
             changed = dict(train, **changes)
             if "param_offload" in changes:  # the actor's only where its rollout allows it
                 changed["actor_param_offload"] = changes["param_offload"] and s.actor_offload_ok
-            return not self.lora_memory(s, changed, algo)[0]["problems"]
+            return not self.lora_memory(s, changed, algo)[0].problems
 
         fixes = []
         # without a critic (GRPO: no critic weights, gradients or Adam state) a run fits where
@@ -458,9 +462,8 @@ class _Resolver:
             ),
             None,
         )
-        host = mem.get("host") or {}
-        if host and not host.get("fits", True):
-            need = math.ceil(host["gib"] / (1 - self.m.memory["margin"]))
+        if not mem.host.fits:
+            need = math.ceil(mem.host.gib / (1 - mem.margin))
             fixes.insert(0, f"pass --host-memory {need} where each node has {need} GiB for offload")
         fix = memory_fix(fixes, smaller, more, critic_free)
         if self.megatron_layout:  # (the user's layout: the plan's own may fit)
@@ -469,34 +472,33 @@ class _Resolver:
                 own = self.lora_memory(s, train)[0]
             finally:
                 self.megatron_layout = given
-            if not own["problems"]:
-                lay = _layout_words(own["megatron"])
+            if not own.problems and own.megatron:
+                lay = _layout_words(dict(own.megatron))
                 fix = f"drop --megatron (the plan's own layout, {lay}, fits); or {fix}"
-        why = self.memory_why(mem, host)
         self.add(
             "memory",
-            f"{train['model']} does not fit the {gpu['name']} "
-            f"({mem['gpu_total_gib']:.0f} GiB) even at batch 1",
-            why,
+            f"{train['model']} does not fit the {gpu['name']} ({mem.gpu_total_gib:.0f} GiB) even at batch 1",
+            self.memory_why(mem),
             fix,
         )
 
-    def memory_why(self, mem: Entry, host: Entry) -> str:
+    def memory_why(self, mem: MemoryPlan) -> str:
         """Why a plan does not fit: its worst phase against the budget, with the choices tried
         and the three largest terms, and the command that prints the whole budget."""
-        worst = max(mem["problems"], key=lambda p: p["gib"] - p["budget_gib"])
-        phase = next((p for p in mem["phases"] if p["phase"] == worst["phase"]), host)
-        top = sorted(phase["terms"], key=lambda t: -t["gib"])[:3]
-        where = "a node's host" if phase is host else "per GPU at batch 1"
+        worst = max(mem.problems, key=lambda p: p.gib - p.budget_gib)
+        phase = next((p for p in mem.phases if p.phase == worst.phase), None)
+        top = sorted((phase or mem.host).terms, key=lambda t: -t.gib)[:3]
+        where = "per GPU at batch 1" if phase else "a node's host"
+        choices = mem.choices
         tried = [
-            f"{k} {c['value']}"
-            for k, c in sorted((mem.get("choices") or {}).items())
-            if k != "gpu_memory_utilization"
+            f"{k} {dict(v) if isinstance(v := choice.value, Mapping) else v}"  # (a layout as the JSON's dict)
+            for k in sorted(choices._fields)
+            if k != "gpu_memory_utilization" and (choice := getattr(choices, k)) is not None
         ]
         return (
-            f"its {worst['phase']} phase needs {worst['gib']:.1f} GiB {where} "
-            f"against {worst['budget_gib']:.1f} GiB usable, with {', '.join(tried)} ("
-            + ", ".join(f"{t['term']} {t['gib']:.1f}" for t in top)
+            f"its {worst.phase} phase needs {worst.gib:.1f} GiB {where} "
+            f"against {worst.budget_gib:.1f} GiB usable, with {', '.join(tried)} ("
+            + ", ".join(f"{t.term} {t.gib:.1f}" for t in top)
             + "; `envbuild show "
             f"{self.named.gpu or self.name} --memory --allow-unsupported` prints the whole budget)"
         )
@@ -745,8 +747,8 @@ class _Resolver:
                 t.pop(key, None)
 
     def lora_memory(
-        self, s: "Selection", train: dict[str, Any], algo: dict[str, Any] | None = None
-    ) -> tuple[dict[str, Any], bool]:
+        self, s: "Selection", train: dict[str, Any], algo: Entry | None = None
+    ) -> tuple[MemoryPlan, bool]:
         """The memory plan of `train`, and whether LoRA's frozen base loads in bf16 for it.
 
         verl 0.4.x-0.5.x put the HF rollout's actor in one flat parameter (use_orig_params): an
@@ -760,7 +762,7 @@ class _Resolver:
         plan = self.memory_plan(
             s.gpu_key, s.gpu, s.dtype, s.attention, s.rollout, flat, lora_flat=bool(s.lora_key), algo=algo
         )
-        if plan["problems"] and s.lora_key and s.world == 1 and s.dtype == "bf16":
+        if plan.problems and s.lora_key and s.world == 1 and s.dtype == "bf16":
             slim = dict(flat, actor_model_dtype="bf16")
             return (
                 self.memory_plan(s.gpu_key, s.gpu, s.dtype, s.attention, s.rollout, slim, algo=algo),
@@ -1321,9 +1323,7 @@ def memory_fix(fixes: list[str], smaller: list[tuple[int, str]], more: str | Non
     return fix
 
 
-def card_size(
-    total: dict[str, Any] | None, gpu: dict[str, Any], ecc: str | None, given: int | None = None
-) -> dict[str, Any]:
+def card_size(total: Entry | None, gpu: Entry, ecc: str | None, given: int | None = None) -> Card:
     """The memory the plan counts on (--gpu-memory, else memory.yaml total_mib, else the nominal
     vram_gb) and what the board's ECC does to it: `ecc` is the --ecc override (None: the board's
     default), `given` the --gpu-memory override (MiB, as nvidia-smi reports the card)."""
@@ -1335,19 +1335,19 @@ def card_size(
                 "memory.total prints it (an A100 40GB: 40960)."
             )
         recorded = total["mib"] if total else int(gpu["vram_gb"] * 1024)
-        return {
-            "mib": given,
-            "ecc": "as measured",
-            "why": f"--gpu-memory {given} (the {gpu['name']} is recorded at {recorded} MiB)"
+        return Card(
+            mib=given,
+            ecc="as measured",
+            why=f"--gpu-memory {given} (the {gpu['name']} is recorded at {recorded} MiB)"
             + (f"; --ecc {ecc} changes nothing: the size given is the card's as it runs" if ecc else ""),
-        }
+        )
     if total is None:
-        return {
-            "mib": int(gpu["vram_gb"] * 1024),
-            "ecc": "as shipped",
-            "why": "no nvidia-smi size recorded: the nominal size"
+        return Card(
+            mib=int(gpu["vram_gb"] * 1024),
+            ecc="as shipped",
+            why="no nvidia-smi size recorded: the nominal size"
             + (f"; --ecc {ecc} changes nothing here" if ecc else ""),
-        }
+        )
     if "ecc_off_mib" not in total:
         why = (
             "the board's default"
@@ -1355,18 +1355,18 @@ def card_size(
             else f"--ecc {ecc}: no other size is recorded for this board (its ECC takes no memory, "
             "or the size with ECC off is unknown)"
         )
-        return {"mib": total["mib"], "ecc": "as shipped", "why": why}
+        return Card(mib=total["mib"], ecc="as shipped", why=why)
     if ecc == "off":
-        return {
-            "mib": total["ecc_off_mib"],
-            "ecc": "off",
-            "why": f"--ecc off (with ECC on, its default, the board shows {total['mib']} MiB)",
-        }
-    return {
-        "mib": total["mib"],
-        "ecc": "on",
-        "why": f"ECC on, the board's default (--ecc off plans with {total['ecc_off_mib']} MiB)",
-    }
+        return Card(
+            mib=total["ecc_off_mib"],
+            ecc="off",
+            why=f"--ecc off (with ECC on, its default, the board shows {total['mib']} MiB)",
+        )
+    return Card(
+        mib=total["mib"],
+        ecc="on",
+        why=f"ECC on, the board's default (--ecc off plans with {total['ecc_off_mib']} MiB)",
+    )
 
 
 # -- the rules: each takes the selection and adds what it finds wrong ----------------------------

@@ -2,7 +2,7 @@
 the wheelhouse, build and doctor read, and what envbuild.json holds.
 
 Frozen records (record.py): fields by name, nested records, tuples for lists, read-only mappings
-for the maps (pins, images, the memory plan). Nothing changes an environment in place: a mirror
+for the maps (pins, images). Nothing changes an environment in place: a mirror
 (mirrors.apply_to_env) or a lock's constraints (plan.with_constraints) give a new one.
 
 Each field is declared once, here: its Python type, and (`Annotated`) the kind of its value as
@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 from envbuilder.errors import UserError
+from envbuilder.model.memory_plan import MemoryPlan
 from envbuilder.record import Record
 
 if TYPE_CHECKING:  # (the kinds in the annotations: read by field_spec, which imports them)
@@ -495,7 +496,7 @@ class ResolvedEnv(Record):
     """Everything the templates need. JSON round-trips to the same bytes.
 
     memory: the memory plan (envbuilder/model/memory.py: peak, usable_gib, batch sizes, the budget
-    term by term) as read-only data; warnings: what --allow-unsupported let through;
+    term by term; its records in memory_plan.py); warnings: what --allow-unsupported let through;
     constraints: None until plan.with_constraints looked for a lock (and when none fits; render
     adds it, so a file may lack it); mirror: None unless a mirror set was applied (then left out
     of the file)."""
@@ -531,7 +532,7 @@ class ResolvedEnv(Record):
     cluster: Cluster
     dataset: Dataset | None
     training_path: Annotated[tuple[str, ...], K.MODULES]
-    memory: Annotated[Mapping[str, Any], K.MEMORY_PLAN]
+    memory: MemoryPlan  # (its records declare the kinds envbuild.json's `memory` is checked against)
     warnings: Annotated[tuple[str, ...], S.ListOf(K.NOTE)]
     notes: Annotated[tuple[str, ...], S.ListOf(K.NOTE)] = ()
     sglang: Sglang | None = None

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
 
 # (the run's records are the resolved environment's, declared there: resolved.py reads no plan)
+from envbuilder.model.batches import lookup
 from envbuilder.model.resolved import ResolvedEnv, RunArg
 
 TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -36,14 +36,14 @@ def env_from_json(text: str, origin: str = "envbuild.json") -> ResolvedEnv:
     return _with_run(*ResolvedEnv.read_json(text, origin), origin)
 
 
-def env_from_dict(data: Any, origin: str = "envbuild.json") -> ResolvedEnv:
+def env_from_dict(data: object, origin: str = "envbuild.json") -> ResolvedEnv:
     """The environment of plain data from outside (ResolvedEnv.read_dict: every value checked
     against its matrix kind), with its run plan derived from the rest; a file whose `run` is
     not what its own settings give was edited (UserError, exit 2)."""
     return _with_run(*ResolvedEnv.read_dict(data, origin), origin)
 
 
-def _with_run(env: ResolvedEnv, stored: Any, origin: str) -> ResolvedEnv:
+def _with_run(env: ResolvedEnv, stored: object, origin: str) -> ResolvedEnv:
     from envbuilder.errors import UserError
 
     run = build(env)
@@ -65,7 +65,7 @@ def _b(flag: bool) -> str:
 def build(env: ResolvedEnv) -> tuple[RunArg, ...]:
     """The run's overrides, in the order the script passes them."""
     d, t, pr, al = env, env.train, env.precision, env.algorithm
-    mb = env.memory["batch"]
+    mb = env.memory.batch
     out: list[RunArg] = []
 
     def add(key: str, value: object, *notes: str, shell: bool = False) -> None:
@@ -83,17 +83,17 @@ def build(env: ResolvedEnv) -> tuple[RunArg, ...]:
     add("data.train_files", "$DATA_DIR/train.parquet", shell=True)
     add("data.val_files", "$DATA_DIR/test.parquet", shell=True)
     mem = d.memory
-    sp = mem.get("sequence_parallel", 1)  # (Ulysses: GPUs one sequence is split over)
+    sp = mem.sequence_parallel  # (Ulysses: GPUs one sequence is split over)
     head = (
         f"batch sizes per GPU from the memory plan (envbuild show {d.asked} --memory): peak "
-        f"{mem['peak']['gib']} GiB"
+        f"{mem.peak.gib} GiB"
     )
     if d.verl.rollout_mode == "async":
         add(
             "data.train_batch_size",
             t.train_batch_size,
             head,
-            f"({mem['peak']['phase']}) of {mem['usable_gib']} usable; validation goes to the rollout server as one",
+            f"({mem.peak.phase}) of {mem.usable_gib} usable; validation goes to the rollout server as one",
             f"batch (verl {d.verl.version} deprecates data.val_batch_size), which runs at most max_num_seqs at a time",
         )
     else:
@@ -101,9 +101,9 @@ def build(env: ResolvedEnv) -> tuple[RunArg, ...]:
             "data.train_batch_size",
             t.train_batch_size,
             head,
-            f"({mem['peak']['phase']}) of {mem['usable_gib']} usable; validation in batches, never the whole set at once",
+            f"({mem.peak.phase}) of {mem.usable_gib} usable; validation in batches, never the whole set at once",
         )
-        add("data.val_batch_size", mb["val_batch_size"])
+        add("data.val_batch_size", mb.val_batch_size)
     add("data.max_prompt_length", t.max_prompt_length)
     add("data.max_response_length", t.max_response_length)
     add("actor_rollout_ref.model.path", "$MODEL", shell=True)
@@ -111,7 +111,7 @@ def build(env: ResolvedEnv) -> tuple[RunArg, ...]:
     add("actor_rollout_ref.model.enable_gradient_checkpointing", _b(t.gradient_checkpointing))
     add("actor_rollout_ref.actor.optim.lr", ACTOR_LR)
     add("actor_rollout_ref.actor.ppo_mini_batch_size", t.ppo_mini_batch_size)
-    add("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", mb["actor_ppo_micro_batch_size_per_gpu"])
+    add("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", mb.actor_ppo_micro_batch_size_per_gpu)
     add("actor_rollout_ref.actor.fsdp_config.param_offload", _b(t.actor_param_offload))
     add("actor_rollout_ref.actor.fsdp_config.optimizer_offload", _b(t.optimizer_offload))
     add("++actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype", pr.actor)
@@ -123,7 +123,7 @@ def build(env: ResolvedEnv) -> tuple[RunArg, ...]:
             t.actor_model_dtype,
             f"LoRA: the frozen base loads in {t.actor_model_dtype} (the adapters stay fp32)",
         )
-    add("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", mb["log_prob_micro_batch_size_per_gpu"])
+    add("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", mb.log_prob_micro_batch_size_per_gpu)
     add("actor_rollout_ref.ref.fsdp_config.param_offload", _b(t.param_offload))
     add("++actor_rollout_ref.ref.fsdp_config.model_dtype", pr.ref)
     add("++actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype", pr.ref)
@@ -134,13 +134,11 @@ def build(env: ResolvedEnv) -> tuple[RunArg, ...]:
     if d.verl.rollout_mode == "async":
         add("actor_rollout_ref.rollout.mode", "async")
     add("actor_rollout_ref.rollout.dtype", TORCH_DTYPE[pr.rollout])
-    add(
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", mb["log_prob_micro_batch_size_per_gpu"]
-    )
-    if mb.get("rollout_micro_batch_size"):
-        add("+actor_rollout_ref.rollout.micro_batch_size", mb["rollout_micro_batch_size"])
-    if mb.get("max_num_seqs"):
-        add("actor_rollout_ref.rollout.max_num_seqs", mb["max_num_seqs"])
+    add("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", mb.log_prob_micro_batch_size_per_gpu)
+    if mb.rollout_micro_batch_size:
+        add("+actor_rollout_ref.rollout.micro_batch_size", mb.rollout_micro_batch_size)
+    if mb.max_num_seqs:
+        add("actor_rollout_ref.rollout.max_num_seqs", mb.max_num_seqs)
     f = d.features
     if f.fused_kernels:
         add(
@@ -152,7 +150,7 @@ def build(env: ResolvedEnv) -> tuple[RunArg, ...]:
     if f.dynamic_bsz:
         seq = t.max_prompt_length + t.max_response_length
         # (a GPU of an SP group holds 1/sp of each sequence; verl multiplies the budget by sp)
-        lp = -(-mb["log_prob_micro_batch_size_per_gpu"] * seq // sp)
+        lp = -(-mb.log_prob_micro_batch_size_per_gpu * seq // sp)
         add(
             "actor_rollout_ref.actor.use_dynamic_bsz",
             "True",
@@ -161,7 +159,7 @@ def build(env: ResolvedEnv) -> tuple[RunArg, ...]:
         )
         add(
             "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
-            -(-mb["actor_ppo_micro_batch_size_per_gpu"] * seq // sp),
+            -(-mb.actor_ppo_micro_batch_size_per_gpu * seq // sp),
         )
         for part in ("ref", "rollout"):
             add(f"actor_rollout_ref.{part}.log_prob_use_dynamic_bsz", "True")
@@ -170,20 +168,18 @@ def build(env: ResolvedEnv) -> tuple[RunArg, ...]:
             # (critic.use_dynamic_bsz follows the actor's; the critic's engine keeps its own
             # micro-batches, set below)
             add("critic.use_dynamic_bsz", "False")
-    ch = mem.get("choices") or {}
-    tp = mem.get("rollout_tp", 1)
+    ch, tp = mem.choices, mem.rollout_tp
     add(
         "actor_rollout_ref.rollout.tensor_model_parallel_size",
         tp,
-        *((f"rollout TP {tp}: {ch['rollout_tp']['why']}",) if tp > 1 else ()),
+        *((f"rollout TP {tp}: {ch.rollout_tp.why}",) if tp > 1 and ch.rollout_tp else ()),
     )
-    util = ch.get("gpu_memory_utilization")
     add(
         "actor_rollout_ref.rollout.gpu_memory_utilization",
         t.gpu_memory_utilization,
         *(
-            (f"vLLM's share {mem['vllm_share_gib']} GiB, {util['why']}",)
-            if util and d.rollout == "vllm"
+            (f"vLLM's share {mem.vllm_share_gib} GiB, {ch.gpu_memory_utilization.why}",)
+            if d.rollout == "vllm"
             else ()
         ),
     )
@@ -219,7 +215,7 @@ def build(env: ResolvedEnv) -> tuple[RunArg, ...]:
         add(key, value)
     if al.critic:
         fsdp = d.verl.critic_fsdp
-        critic_micro = mb["critic_ppo_micro_batch_size_per_gpu"]
+        critic_micro = mb.critic_ppo_micro_batch_size_per_gpu
         add("critic.optim.lr", CRITIC_LR)
         add("critic.model.path", "$MODEL", shell=True)
         add("critic.model.use_remove_padding", _b(d.features.remove_padding))
@@ -250,7 +246,7 @@ def build(env: ResolvedEnv) -> tuple[RunArg, ...]:
     else:
         add("trainer.nnodes", 1)
     add("trainer.save_freq", -1)
-    add("trainer.test_freq", mb["test_freq"])
+    add("trainer.test_freq", mb.test_freq)
     add("trainer.total_epochs", 1)
     return tuple(_megatron(env, out)) if env.megatron else tuple(out)
 
@@ -284,7 +280,8 @@ def _megatron(env: ResolvedEnv, out: list[RunArg]) -> list[RunArg]:
         ((k, v) for k, v in mg.keys.items() if critic or not k.startswith("critic.")),
         key=lambda kv: ("." in kv[0], kv[0]),
     )
-    why = env.memory.get("choices", {}).get("megatron", {}).get("why", "")
+    chosen = env.memory.choices.megatron
+    why = chosen.why if chosen else ""
     head = [
         RunArg(
             key=keys[0][0],
@@ -312,7 +309,7 @@ def _megatron(env: ResolvedEnv, out: list[RunArg]) -> list[RunArg]:
     ]
     extra = [RunArg(key=k, value=str(v)) for k, v in keys[1:]]
     tp = env.train.rollout_tp or 1
-    if env.memory.get("arch", {}).get("experts") and tp > 1:
+    if env.memory.arch.experts and tp > 1:
         extra.append(
             RunArg(
                 key="actor_rollout_ref.rollout.expert_parallel_size",
@@ -329,7 +326,7 @@ def overrides(args: tuple[RunArg, ...], env: Mapping[str, str]) -> list[str]:
     return [a.text(env) for a in args]
 
 
-def _value(text: str) -> Any:
+def _value(text: str) -> int | bool | str:
     """A plain override value as Hydra reads it, for the arithmetic (ints, booleans, text)."""
     if re.fullmatch(r"-?\d+", text):
         return int(text)
@@ -338,21 +335,29 @@ def _value(text: str) -> Any:
     return text
 
 
-def as_config(args: tuple[RunArg, ...], env: Mapping[str, str]) -> dict[str, Any]:
+def _section(node: dict[str, object], key: str) -> dict[str, object]:
+    """The mapping at `key` of a config being built, made where it is missing."""
+    sub = node.setdefault(key, {})
+    if not isinstance(sub, dict):
+        raise ValueError(f"{key}: set as a value and as a section")
+    return sub
+
+
+def as_config(args: tuple[RunArg, ...], env: Mapping[str, str]) -> dict[str, object]:
     """The overrides as a nested mapping (what they set of the composed config), for
     envbuilder/model/batches.py; the release's defaults (rollout.n 1, one node) stay implied."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for a in args:
         key, _, value = a.text(env).partition("=")
         node = out
         *parents, last = key.lstrip("+").split(".")
         for p in parents:
-            node = node.setdefault(p, {})
+            node = _section(node, p)
         node[last] = _value(value)
     # what verl's config interpolates (critic.yaml: ppo_mini_batch_size follows the actor's)
     critic = out.get("critic")
-    if isinstance(critic, dict) and "ppo_mini_batch_size" not in critic:
-        actor = out.get("actor_rollout_ref", {}).get("actor", {})
+    actor = lookup(out, "actor_rollout_ref.actor", {})
+    if isinstance(critic, dict) and "ppo_mini_batch_size" not in critic and isinstance(actor, dict):
         if "ppo_mini_batch_size" in actor:
             critic["ppo_mini_batch_size"] = actor["ppo_mini_batch_size"]
     return out

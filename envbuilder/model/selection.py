@@ -10,6 +10,7 @@ from typing import Any
 from envbuilder.model import resolved as R
 from envbuilder.model.components import flash_attn as FA
 from envbuilder.model.matrix import Entry
+from envbuilder.model.memory_plan import MemoryPlan
 
 
 class Selection:
@@ -53,7 +54,7 @@ class Selection:
     apex_v: str | None
     apex_rec: Entry | None
     pins: dict[str, str]
-    memory: dict[str, Any]
+    memory: MemoryPlan
     # the cluster plan
     nodes: int
     world: int

@@ -8,8 +8,7 @@ resolved environment (no click, no I/O):
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING
 
 import json
 
@@ -18,7 +17,7 @@ if TYPE_CHECKING:
     from envbuilder.model.resolved import Overrides, ResolvedEnv
 
 
-def list_rows(m: Matrix) -> list[dict[str, Any]]:
+def list_rows(m: Matrix) -> list[dict[str, object]]:
     """Each profile's line of `envbuild list` (its --json form)."""
     rows = []
     for name, p in m.profiles.items():
@@ -39,7 +38,7 @@ def list_rows(m: Matrix) -> list[dict[str, Any]]:
     return rows
 
 
-def list_table(rows: list[dict[str, Any]]) -> str:
+def list_table(rows: list[dict[str, object]]) -> str:
     """`envbuild list`: the rows as aligned columns under a header."""
     header = ("PROFILE", "GPU", "CC", "CUDA", "TORCH", "VERL", "ROLLOUT")
     table = [header] + [
@@ -117,8 +116,8 @@ def _show_text(
         )
     mem = env.memory
     lines.append(
-        f"memory     peak {mem['peak']['gib']:.1f} GiB of {mem['usable_gib']:.1f} usable "
-        f"({mem['peak']['phase']}); `--memory` for the budget"
+        f"memory     peak {mem.peak.gib:.1f} GiB of {mem.usable_gib:.1f} usable "
+        f"({mem.peak.phase}); `--memory` for the budget"
     )
     lines += [f"plan       {n}" for n in env.notes]
     lines += [f"held back  {h}" for h in held_back(m, profile, overrides)]
@@ -173,30 +172,29 @@ PHASE_BATCH = {"generation": "generation", "log_prob": "log_prob", "actor": "act
 
 def memory_lines(env: ResolvedEnv) -> list[str]:
     """`show --memory`: the budget line by line (term, formula, GiB) and the chosen sizes."""
-    from envbuilder.model.memory import overhead  # (the one rule of the allocator's headroom)
+    from envbuilder.model.memory import allocator_overhead  # (the one rule of the allocator's headroom)
 
-    mem, a = env.memory, env.memory["arch"]
-    card = mem.get("card") or {}
+    mem, a, card = env.memory, env.memory.arch, env.memory.card
     out = [
-        f"memory per GPU: {env.gpu.name}, {mem['gpu_total_gib']:.1f} GiB"
-        + (f" ({card['mib']} MiB: {card['why']})" if card else "")
+        f"memory per GPU: {env.gpu.name}, {mem.gpu_total_gib:.1f} GiB"
+        + (f" ({card.mib} MiB: {card.why})" if card else "")
         + " - "
-        f"{mem['cuda_context_gib']:g} CUDA context"
-        + (f" - {mem['nccl_gib']:g} NCCL" if mem["nccl_gib"] else "")
-        + f" = {mem['usable_gib']:.1f} GiB usable; a planned batch adds "
-        f"{mem['allocator_overhead']:.0%} for the allocator"
-        + (f" ({mem['hf_generate_overhead']:.0%} in HF generate)" if env.rollout == "hf" else "")
-        + f" and leaves {mem['margin']:.0%} free",
-        f"model {mem['model']}: {a['layers']} layers, hidden {a['hidden_size']}, "
-        f"{a['attention_heads']} heads ({a['kv_heads']} KV) x {a['head_dim']}, MLP "
+        f"{mem.cuda_context_gib:g} CUDA context"
+        + (f" - {mem.nccl_gib:g} NCCL" if mem.nccl_gib else "")
+        + f" = {mem.usable_gib:.1f} GiB usable; a planned batch adds "
+        f"{mem.allocator_overhead:.0%} for the allocator"
+        + (f" ({mem.hf_generate_overhead:.0%} in HF generate)" if env.rollout == "hf" else "")
+        + f" and leaves {mem.margin:.0%} free",
+        f"model {mem.model}: {a.layers} layers, hidden {a.hidden_size}, "
+        f"{a.attention_heads} heads ({a.kv_heads} KV) x {a.head_dim}, MLP "
         + (
-            f"{a['experts']} experts of {a['moe_intermediate_size']} ({a['experts_per_token']} a token)"
-            if a.get("experts")
-            else f"{a['intermediate_size']}"
+            f"{a.experts} experts of {a.moe_intermediate_size} ({a.experts_per_token} a token)"
+            if a.experts
+            else f"{a.intermediate_size}"
         )
-        + f", vocab {a['vocab_size']}, "
-        f"{'tied' if a['tied_embeddings'] else 'untied'} embeddings, {a['parameters']:,} params"
-        + (f" (+{a['lora_parameters']:,} LoRA)" if a["lora_parameters"] else ""),
+        + f", vocab {a.vocab_size}, "
+        f"{'tied' if a.tied_embeddings else 'untied'} embeddings, {a.parameters:,} params"
+        + (f" (+{a.lora_parameters:,} LoRA)" if a.lora_parameters else ""),
         (
             f"{env.cluster.nodes} nodes x {env.train.n_gpus} GPUs = "
             f"{env.cluster.nodes * env.train.n_gpus} GPUs"
@@ -204,39 +202,38 @@ def memory_lines(env: ResolvedEnv) -> list[str]:
             else f"{env.train.n_gpus} GPU(s)"
         )
         + f", {env.dtype}, {env.attention} attention, "
-        f"{env.rollout} rollout, sequences {mem['sequence']['prompt']} + "
-        f"{mem['sequence']['response']}, rollout batch {mem['rollout_batch_per_gpu']} and "
-        f"mini-batch {mem['mini_batch_per_gpu']} per GPU, {mem['validation_rows']} validation "
+        f"{env.rollout} rollout, sequences {mem.sequence.prompt} + "
+        f"{mem.sequence.response}, rollout batch {mem.rollout_batch_per_gpu} and "
+        f"mini-batch {mem.mini_batch_per_gpu} per GPU, {mem.validation_rows} validation "
         "prompts",
     ]
-    width = max(len(t["term"]) for p in mem["phases"] for t in p["terms"])
-    for p in mem["phases"]:
-        key = p["key"]
-        head = f"{p['phase']}" + (f" at batch {p['batch']}" if key in PHASE_BATCH else "")
-        bound = mem["bound_by"].get(key)
+    width = max(len(t.term) for p in mem.phases for t in p.terms)
+    for p in mem.phases:
+        key = p.key
+        head = f"{p.phase}" + (f" at batch {p.batch}" if key in PHASE_BATCH else "")
+        bound = mem.bound_by.get(key)
         # the comparison that decides "fits": the tensors plus the allocator's headroom
-        oh = overhead(cast(Any, SimpleNamespace(rollout=env.rollout, consts=mem)), key)
-        exempt = p.get("exempt_bytes", 0) / 2**30
-        need = (p["total_gib"] - exempt) * (1 + oh) + exempt
+        oh = allocator_overhead(env.rollout, key, mem.hf_generate_overhead, mem.allocator_overhead)
+        exempt = (p.exempt_bytes or 0) / 2**30
+        need = (p.total_gib - exempt) * (1 + oh) + exempt
         # one figure, one spelling: a phase whose budget is the usable memory says it as the
         # header does (budget_gib keeps 3 decimals, usable_gib 2: 78.648 and 78.65 read 78.6 and 78.7)
-        budget = mem["usable_gib"] if abs(p["budget_gib"] - mem["usable_gib"]) < 0.01 else p["budget_gib"]
+        budget = mem.usable_gib if abs(p.budget_gib - mem.usable_gib) < 0.01 else p.budget_gib
         out += [
             "",
-            f"{head}: {p['total_gib']:.2f} GiB + {oh:.0%} allocator headroom = {need:.2f} GiB of "
+            f"{head}: {p.total_gib:.2f} GiB + {oh:.0%} allocator headroom = {need:.2f} GiB of "
             f"{budget:.1f}"
             + (f" (batch bounded by {bound})" if bound else "")
-            + ("" if p["fits"] else "  DOES NOT FIT"),
+            + ("" if p.fits else "  DOES NOT FIT"),
         ]
-        out += [f"  {t['term']:<{width}}  {t['gib']:7.2f}  {t['formula']}" for t in p["terms"]]
+        out += [f"  {t.term:<{width}}  {t.gib:7.2f}  {t.formula}" for t in p.terms]
     out += [
         "",
-        f"peak: {mem['peak']['phase']}, {mem['peak']['gib']:.2f} GiB of {mem['usable_gib']:.1f} usable",
+        f"peak: {mem.peak.phase}, {mem.peak.gib:.2f} GiB of {mem.usable_gib:.1f} usable",
         "",
         "batch sizes (run_ppo_gsm8k.sh):",
     ]
     kw = max(len(k) for _, k in BATCH_KEYS)
-    out += [
-        f"  {key:<{kw}}  {mem['batch'][name]}" for name, key in BATCH_KEYS if mem["batch"][name] is not None
-    ]
+    sizes = mem.batch.sizes()
+    out += [f"  {key:<{kw}}  {sizes[name]}" for name, key in BATCH_KEYS if sizes[name] is not None]
     return out
