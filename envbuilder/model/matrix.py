@@ -15,6 +15,7 @@ from typing import Any, Generic, TypeVar
 
 from envbuilder.errors import UserError
 from envbuilder.paths import SEAL, cache_file, data_dir, read_cache, read_sealed, write_sealed
+from envbuilder.model import entries as E
 from envbuilder.model.versions import in_range, version_key  # noqa: F401  (re-exported)
 
 
@@ -24,21 +25,64 @@ Entry = dict[str, Any]
 T = TypeVar("T")
 
 
+class _Sections:
+    """Something that holds the matrix's sections by name (Matrix, Typed)."""
+
+    sections: dict[str, Any]
+
+
 class _Section(Generic[T]):
-    """A section of the matrix as a typed attribute (`m.gpus`), read from `Matrix.sections`;
+    """A section of the matrix as a typed attribute (`m.gpus`), read from `sections`;
     an absent section is an AttributeError, as a missing attribute is."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
 
-    def __get__(self, m: Matrix, owner: type | None = None) -> T:
+    def __get__(self, m: _Sections, owner: type | None = None) -> T:
         try:
             return m.sections[self.name]  # type: ignore[no-any-return]
         except KeyError:
             raise AttributeError(self.name) from None
 
 
-class Matrix:
+class Typed(_Sections):
+    """The sections the resolver reads, each record typed field by field as matrix_schema
+    checked it (entries.py): the very dicts of `Matrix.sections`, seen through TypedDicts (no
+    copy, no code at run time). `Matrix.typed` is the matrix's."""
+
+    gpus: _Section[dict[str, E.GpuEntry]] = _Section()
+    cuda: _Section[dict[str, E.CudaEntry]] = _Section()
+    torch: _Section[dict[str, E.TorchEntry]] = _Section()
+    vllm: _Section[dict[str, E.VllmEntry]] = _Section()
+    sglang: _Section[dict[str, E.SglangEntry]] = _Section()
+    features: _Section[dict[str, E.FeatureEntry]] = _Section()
+    verl: _Section[dict[str, E.VerlEntry]] = _Section()
+    algorithms: _Section[dict[str, E.AlgorithmEntry]] = _Section()
+    interconnects: _Section[dict[str, E.InterconnectEntry]] = _Section()
+    patches: _Section[dict[str, E.PatchEntry]] = _Section()
+    reviewed: _Section[dict[str, E.ReviewedEntry]] = _Section()
+    profiles: _Section[dict[str, E.ProfileEntry]] = _Section()
+    stacks: _Section[dict[str, E.StackEntry]] = _Section()
+    datasets: _Section[dict[str, E.DatasetEntry]] = _Section()
+    models: _Section[dict[str, E.ModelEntry]] = _Section()
+    requires: _Section[dict[str, dict[str, E.Needs]]] = _Section()
+    pypi_names: _Section[dict[str, E.PypiName] | None] = _Section()
+    # (None where no matrix file has the section)
+    vllm_training_path: _Section[E.TrainingPath] = _Section()
+    sglang_training_path: _Section[E.TrainingPath | None] = _Section()
+    cuda_compat: _Section[E.CudaCompat] = _Section()
+    flash_attn: _Section[E.FlashAttnSection | None] = _Section()
+    apex: _Section[E.ApexSection | None] = _Section()
+    cuda_alloc_conf: _Section[E.AllocConfSection | None] = _Section()
+    defaults: _Section[E.DefaultsSection | None] = _Section()
+    index_url: _Section[str] = _Section()
+    min_compute_capability: _Section[str | None] = _Section()
+
+    def __init__(self, sections: dict[str, Any]):
+        self.sections = sections
+
+
+class Matrix(_Sections):
     """The merged, validated matrix: `sections` (section -> its body, as matrix_schema.SECTIONS
     checked it), each also a typed attribute; `origin`, (section, key) -> the file it came
     from. A section with no attribute here fails tests/test_matrix.py."""
@@ -81,6 +125,7 @@ class Matrix:
     def __init__(self, sections: dict[str, Any], origin: dict[tuple[str, str], str] | None = None):
         self.sections = sections
         self.origin = origin or {}  # (section, key) -> the file it came from
+        self.typed = Typed(sections)  # (the same sections, each record typed: the resolver's view)
 
     def where(self, section: str, key: str) -> str:
         where = self.origin.get((section, key))
