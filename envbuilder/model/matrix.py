@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -288,7 +289,9 @@ def _from_sealed(body: str) -> Matrix | None:
     is read."""
     try:
         doc = json.loads(body)
-        return Matrix(doc["sections"], {(sec, key): w for sec, key, w in doc["origin"]})
+        sections: dict[str, object] = doc["sections"]
+        came_from: list[list[str]] = doc["origin"]  # [section, key, file]
+        return Matrix(sections, {(sec, key): w for sec, key, w in came_from})
     except (ValueError, KeyError, TypeError):
         return None
 
@@ -307,15 +310,16 @@ def _from_cache(text: str, origin: str) -> Matrix | None:
     shape = {"sections": S.MapOf(Any), "origin": S.ListOf(S.ListOf(where, min_len=3))}
     try:
         doc = parse_json(text, origin, shape=shape)
-        sections = doc["sections"]
-        if set(sections) != set(SECTIONS) or any(len(o) != 3 for o in doc["origin"]):
+        sections: dict[str, object] = doc["sections"]
+        came_from: list[list[str]] = doc["origin"]  # [section, key, file]
+        if set(sections) != set(SECTIONS) or any(len(o) != 3 for o in came_from):
             return None
         for name, (spec, merged) in SECTIONS.items():
             body = sections[name]
             if body is None and not merged:
                 continue  # (a section none of the files has)
             S.check(body, spec, f"{origin}: {name}")
-        m = Matrix(sections, {(sec, key): w for sec, key, w in doc["origin"]})
+        m = Matrix(sections, {(sec, key): w for sec, key, w in came_from})
         _cross_check(m)
         return m
     except (UserError, S.SchemaError):
@@ -386,7 +390,14 @@ def _cross_check(m: Matrix) -> None:
             if isinstance(value, str):
                 _check_fields(value, f"{m.where('reviewed', key)}: reviewed.{key}.holds.{hkey}")
     _check_models(m)
-    refs = (("gpu", "gpus"), ("cuda", "cuda"), ("torch", "torch"), ("verl", "verl"), ("vllm", "vllm"))
+    t = m.typed
+    refs: tuple[tuple[str, str, Mapping[str, object]], ...] = (
+        ("gpu", "gpus", t.gpus),
+        ("cuda", "cuda", t.cuda),
+        ("torch", "torch", t.torch),
+        ("verl", "verl", t.verl),
+        ("vllm", "vllm", t.vllm),
+    )
     for key, prof in m.profiles.items():
         for field_ in ("components", "optional_components"):
             for comp in prof.get(field_) or {}:
@@ -395,12 +406,12 @@ def _cross_check(m: Matrix) -> None:
                         f"{m.where('profiles', key)}: profiles.{key}.{field_}.{comp}: "
                         f"unknown component; components are {', '.join(COMPONENTS)}."
                     )
-        for field_, section in refs:
+        for field_, section, table in refs:
             value = prof.get(field_)
-            if value is not None and value not in m.sections[section]:
+            if value is not None and value not in table:
                 import difflib
 
-                close = difflib.get_close_matches(str(value), list(m.sections[section]), n=1)
+                close = difflib.get_close_matches(str(value), list(table), n=1)
                 hint = f" Did you mean {close[0]!r}?" if close else ""
                 raise UserError(
                     f"{m.where('profiles', key)}: profiles.{key}.{field_} is "

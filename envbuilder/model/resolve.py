@@ -82,7 +82,7 @@ def suggest(name: str, known: list[str]) -> str:
     return f"did you mean {folded[close[0]]!r}? " if close else ""
 
 
-def rounded_batch(train: Mapping[str, Any], world: int) -> int:
+def rounded_batch(train: E.TrainBlock, world: int) -> int:
     """The train batch a profile's `train` block takes on `world` GPUs: the mini-batch rounded up
     to a multiple of the world, the batch to a multiple of that (cluster_plan)."""
     mini = min(train["ppo_mini_batch_size"], train["train_batch_size"])
@@ -1268,7 +1268,7 @@ class _Resolver:
             indexes=R.Indexes(
                 pypi=defaults["pypi_index"] if defaults else "https://pypi.org/simple", torch=torch_index
             ),
-            uv=uv_pin(m.defaults or {}, gpu.get("machine", "x86_64")),
+            uv=_uv_pin(defaults.get("uv") if defaults else None, gpu.get("machine", "x86_64")),
             huggingface=defaults["huggingface"] if defaults else "https://huggingface.co",
             conda_channels=tuple(defaults["conda_channels"] if defaults else ["conda-forge", "nvidia"]),
             train=R.Train.from_plain(s.train),
@@ -1716,10 +1716,13 @@ def held_back(m: Matrix, profile: str, overrides: Overrides | None = None) -> li
     ]
 
 
-def uv_pin(defaults: dict[str, Any], machine: str = "x86_64") -> R.Uv:
+def uv_pin(defaults: Mapping[str, Any], machine: str = "x86_64") -> R.Uv:
     """The uv wheel the runtime stage's pip steps install with (defaults.uv: version, url,
     sha256, size; its `aarch64` file for an aarch64 host)."""
-    uv = defaults.get("uv")
+    return _uv_pin(defaults.get("uv"), machine)
+
+
+def _uv_pin(uv: E.UvPin | None, machine: str) -> R.Uv:
     if not uv:
         raise UserError(
             "The matrix's `defaults:` section has no `uv:` pin (version, url, sha256, "
@@ -1727,12 +1730,14 @@ def uv_pin(defaults: dict[str, Any], machine: str = "x86_64") -> R.Uv:
             "pip steps with. An overlay that replaces `defaults:` must carry it; copy "
             "it from envbuild's matrices/defaults.yaml."
         )
-    if machine != "x86_64":
-        if not uv.get(machine):
-            raise UserError(
-                f"The matrix's `defaults.uv` pins no {machine} wheel of uv {uv['version']} "
-                f"(`{machine}:` with url, sha256 and size), which an {machine} image installs its "
-                "pip steps with. Add it (matrices/defaults.yaml carries one)."
-            )
-        uv = {**uv, **uv[machine]}
-    return R.Uv(**{k: uv[k] for k in R.Uv._fields})
+    # (x86_64's file is the pin's own; aarch64, the one other machine, has a file of its own)
+    wheel: E.UvFile | None = (
+        uv if machine == "x86_64" else uv.get("aarch64") if machine == "aarch64" else None
+    )
+    if not wheel:
+        raise UserError(
+            f"The matrix's `defaults.uv` pins no {machine} wheel of uv {uv['version']} "
+            f"(`{machine}:` with url, sha256 and size), which an {machine} image installs its "
+            "pip steps with. Add it (matrices/defaults.yaml carries one)."
+        )
+    return R.Uv(version=uv["version"], url=wheel["url"], sha256=wheel["sha256"], size=wheel["size"])
