@@ -354,23 +354,25 @@ def load_files(files: list[Path]) -> Matrix:
 
 def _cross_check(m: Matrix) -> None:
     """References between files and facts that must agree."""
-    bf16_floor = (m.features.get("bf16") or {}).get("min_compute_capability")
-    for key, gpu in m.gpus.items():
+    t = m.typed
+    bf16 = t.features.get("bf16")
+    bf16_floor = bf16["min_compute_capability"] if bf16 else None
+    for key, gpu in t.gpus.items():
         if bf16_floor and gpu["bf16"] != (cc_tuple(gpu["compute_capability"]) >= cc_tuple(bf16_floor)):
             raise UserError(
                 f"{m.where('gpus', key)}: gpus.{key}.bf16 is {gpu['bf16']} but CC "
                 f"{gpu['compute_capability']} vs the bf16 floor {bf16_floor} says "
                 "otherwise. Correct one of the two facts."
             )
-    for key, ver in m.verl.items():
+    for key, ver in t.verl.items():
         for p in ver["patches"]:
-            if p not in m.patches:
+            if p not in t.patches:
                 raise UserError(
                     f"{m.where('verl', key)}: verl.{key}.patches names {p!r}, which "
                     "patches.yaml does not define."
                 )
         for r in ver.get("reviewed") or []:
-            if r not in m.reviewed:
+            if r not in t.reviewed:
                 raise UserError(
                     f"{m.where('verl', key)}: verl.{key}.reviewed names {r!r}, which "
                     "no `reviewed:` section defines."
@@ -382,15 +384,14 @@ def _cross_check(m: Matrix) -> None:
                     f"verl {key} has no {rollout!r} rollout (its rollouts are "
                     f"{', '.join(ver['rollouts'])}). Remove the entry or fix `rollouts`."
                 )
-    for key, patch in m.patches.items():
-        for i, r in enumerate(patch["replace"]):
-            _check_fields(r["with"], f"{m.where('patches', key)}: patches.{key}.replace[{i}].with")
-    for key, rec in m.reviewed.items():
+    for key, patch in t.patches.items():
+        for i, rep in enumerate(patch["replace"]):
+            _check_fields(rep["with"], f"{m.where('patches', key)}: patches.{key}.replace[{i}].with")
+    for key, rec in t.reviewed.items():
         for hkey, value in rec["holds"].items():
             if isinstance(value, str):
                 _check_fields(value, f"{m.where('reviewed', key)}: reviewed.{key}.holds.{hkey}")
     _check_models(m)
-    t = m.typed
     refs: tuple[tuple[str, str, Mapping[str, object]], ...] = (
         ("gpu", "gpus", t.gpus),
         ("cuda", "cuda", t.cuda),
@@ -398,24 +399,25 @@ def _cross_check(m: Matrix) -> None:
         ("verl", "verl", t.verl),
         ("vllm", "vllm", t.vllm),
     )
-    for key, prof in m.profiles.items():
-        for field_ in ("components", "optional_components"):
-            for comp in prof.get(field_) or {}:
+    for key, prof in t.profiles.items():
+        both = (("components", prof["components"]), ("optional_components", prof.get("optional_components")))
+        for field_, comps in both:
+            for comp in comps or {}:
                 if comp not in COMPONENTS:
                     raise UserError(
                         f"{m.where('profiles', key)}: profiles.{key}.{field_}.{comp}: "
                         f"unknown component; components are {', '.join(COMPONENTS)}."
                     )
-        for field_, section, table in refs:
-            value = prof.get(field_)
-            if value is not None and value not in table:
+        for ref, section, table in refs:
+            named = prof.get(ref)
+            if named is not None and named not in table:
                 import difflib
 
-                close = difflib.get_close_matches(str(value), list(table), n=1)
+                close = difflib.get_close_matches(str(named), list(table), n=1)
                 hint = f" Did you mean {close[0]!r}?" if close else ""
                 raise UserError(
-                    f"{m.where('profiles', key)}: profiles.{key}.{field_} is "
-                    f"{value!r}, which {section} does not define.{hint}"
+                    f"{m.where('profiles', key)}: profiles.{key}.{ref} is "
+                    f"{named!r}, which {section} does not define.{hint}"
                 )
 
 
