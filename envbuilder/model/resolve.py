@@ -934,7 +934,8 @@ class _Resolver:
                     else "data.train_batch_size"
                 )
                 s.notes.append(f"{label} {t[key]}: the profile's {was} rounded up to a multiple {why}")
-        rows = ((self.m.datasets or {}).get("gsm8k") or {}).get("rows", {}).get("train")
+        gsm8k = self.m.typed.datasets.get("gsm8k")
+        rows = gsm8k["rows"]["train"] if gsm8k else None
         if rows and t["train_batch_size"] > rows:
             p_train = self.p["train"]
             fits = next(
