@@ -585,8 +585,8 @@ class _Resolver:
         s.sglang_v = SGLANG.of(m, s.verl_v) if s.rollout == "sglang" else None
         s.sr = t.sglang.get(s.sglang_v) if s.sglang_v else None
         wheel_cuda = s.sr.get("wheel_cuda") if s.sr else None
-        if wheel_cuda in m.cuda:
-            s.extra_cudas.append(str(wheel_cuda))
+        if wheel_cuda and wheel_cuda in m.cuda:
+            s.extra_cudas.append(wheel_cuda)
         # CUDAs a --cuda suggestion may name: the torch release has a build for them, and the
         # vLLM wheel (if any) shares their major
         s.usable_cudas = [
