@@ -47,10 +47,13 @@ class _Section(Generic[T]):
 
 
 class Typed(_Sections):
-    """The sections the resolver reads, each record typed field by field as matrix_schema
-    checked it (entries.py): the very dicts of `Matrix.sections`, seen through TypedDicts (no
-    copy, no code at run time). `Matrix.typed` is the matrix's."""
+    """The matrix's sections, each record typed field by field as matrix_schema checked it
+    (entries.py): the very dicts of `Matrix.sections`, seen through TypedDicts (no copy, no
+    code at run time). `Matrix.typed` is the matrix's; the resolver and the components read it
+    (Matrix's own attributes, records typed `Entry`, are the rest of envbuild's until it reads
+    these too)."""
 
+    # records by key
     gpus: _Section[dict[str, E.GpuEntry]] = _Section()
     cuda: _Section[dict[str, E.CudaEntry]] = _Section()
     torch: _Section[dict[str, E.TorchEntry]] = _Section()
@@ -64,20 +67,25 @@ class Typed(_Sections):
     reviewed: _Section[dict[str, E.ReviewedEntry]] = _Section()
     profiles: _Section[dict[str, E.ProfileEntry]] = _Section()
     stacks: _Section[dict[str, E.StackEntry]] = _Section()
+    mirrors: _Section[dict[str, E.MirrorEntry]] = _Section()
     datasets: _Section[dict[str, E.DatasetEntry]] = _Section()
     models: _Section[dict[str, E.ModelEntry]] = _Section()
+    arch_lists: _Section[dict[str, list[str]]] = _Section()
     requires: _Section[dict[str, dict[str, E.Needs]]] = _Section()
+    # one record or value each: None where no matrix file has the section (the resolver takes
+    # `vllm_training_path`, `cuda_compat` and `index_url` as there, as the shipped files have them)
     pypi_names: _Section[dict[str, E.PypiName] | None] = _Section()
-    # (None where no matrix file has the section)
     vllm_training_path: _Section[E.TrainingPath] = _Section()
     sglang_training_path: _Section[E.TrainingPath | None] = _Section()
     cuda_compat: _Section[E.CudaCompat] = _Section()
     flash_attn: _Section[E.FlashAttnSection | None] = _Section()
     apex: _Section[E.ApexSection | None] = _Section()
     cuda_alloc_conf: _Section[E.AllocConfSection | None] = _Section()
+    memory: _Section[E.MemorySection | None] = _Section()
     defaults: _Section[E.DefaultsSection | None] = _Section()
     index_url: _Section[str] = _Section()
     min_compute_capability: _Section[str | None] = _Section()
+    min_compute_capability_source: _Section[str | None] = _Section()
 
     def __init__(self, sections: dict[str, Any]):
         self.sections = sections
