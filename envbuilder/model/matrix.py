@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from envbuilder.errors import UserError
 from envbuilder.paths import SEAL, cache_file, data_dir, read_cache, read_sealed, write_sealed
+from envbuilder.model import entries as E
 from envbuilder.model.versions import in_range, version_key  # noqa: F401  (re-exported)
 
 
@@ -24,21 +26,72 @@ Entry = dict[str, Any]
 T = TypeVar("T")
 
 
+class _Sections:
+    """Something that holds the matrix's sections by name (Matrix, Typed)."""
+
+    sections: dict[str, Any]
+
+
 class _Section(Generic[T]):
-    """A section of the matrix as a typed attribute (`m.gpus`), read from `Matrix.sections`;
+    """A section of the matrix as a typed attribute (`m.gpus`), read from `sections`;
     an absent section is an AttributeError, as a missing attribute is."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
 
-    def __get__(self, m: Matrix, owner: type | None = None) -> T:
+    def __get__(self, m: _Sections, owner: type | None = None) -> T:
         try:
             return m.sections[self.name]  # type: ignore[no-any-return]
         except KeyError:
             raise AttributeError(self.name) from None
 
 
-class Matrix:
+class Typed(_Sections):
+    """The matrix's sections, each record typed field by field as matrix_schema checked it
+    (entries.py): the very dicts of `Matrix.sections`, seen through TypedDicts (no copy, no
+    code at run time). `Matrix.typed` is the matrix's; the resolver and the components read it
+    (Matrix's own attributes, records typed `Entry`, are the rest of envbuild's until it reads
+    these too)."""
+
+    # records by key
+    gpus: _Section[dict[str, E.GpuEntry]] = _Section()
+    cuda: _Section[dict[str, E.CudaEntry]] = _Section()
+    torch: _Section[dict[str, E.TorchEntry]] = _Section()
+    vllm: _Section[dict[str, E.VllmEntry]] = _Section()
+    sglang: _Section[dict[str, E.SglangEntry]] = _Section()
+    features: _Section[dict[str, E.FeatureEntry]] = _Section()
+    verl: _Section[dict[str, E.VerlEntry]] = _Section()
+    algorithms: _Section[dict[str, E.AlgorithmEntry]] = _Section()
+    interconnects: _Section[dict[str, E.InterconnectEntry]] = _Section()
+    patches: _Section[dict[str, E.PatchEntry]] = _Section()
+    reviewed: _Section[dict[str, E.ReviewedEntry]] = _Section()
+    profiles: _Section[dict[str, E.ProfileEntry]] = _Section()
+    stacks: _Section[dict[str, E.StackEntry]] = _Section()
+    mirrors: _Section[dict[str, E.MirrorEntry]] = _Section()
+    datasets: _Section[dict[str, E.DatasetEntry]] = _Section()
+    models: _Section[dict[str, E.ModelEntry]] = _Section()
+    arch_lists: _Section[dict[str, list[str]]] = _Section()
+    requires: _Section[dict[str, dict[str, E.Needs]]] = _Section()
+    # one record or value each: None where no matrix file has the section (the resolver takes
+    # `vllm_training_path`, `cuda_compat` and `index_url` as there, as the shipped files have them)
+    pypi_names: _Section[dict[str, E.PypiName] | None] = _Section()
+    vllm_training_path: _Section[E.TrainingPath] = _Section()
+    sglang_training_path: _Section[E.TrainingPath | None] = _Section()
+    cuda_compat: _Section[E.CudaCompat] = _Section()
+    flash_attn: _Section[E.FlashAttnSection | None] = _Section()
+    apex: _Section[E.ApexSection | None] = _Section()
+    cuda_alloc_conf: _Section[E.AllocConfSection | None] = _Section()
+    memory: _Section[E.MemorySection | None] = _Section()
+    defaults: _Section[E.DefaultsSection | None] = _Section()
+    index_url: _Section[str] = _Section()
+    min_compute_capability: _Section[str | None] = _Section()
+    min_compute_capability_source: _Section[str | None] = _Section()
+
+    def __init__(self, sections: dict[str, Any]):
+        self.sections = sections
+
+
+class Matrix(_Sections):
     """The merged, validated matrix: `sections` (section -> its body, as matrix_schema.SECTIONS
     checked it), each also a typed attribute; `origin`, (section, key) -> the file it came
     from. A section with no attribute here fails tests/test_matrix.py."""
@@ -81,6 +134,7 @@ class Matrix:
     def __init__(self, sections: dict[str, Any], origin: dict[tuple[str, str], str] | None = None):
         self.sections = sections
         self.origin = origin or {}  # (section, key) -> the file it came from
+        self.typed = Typed(sections)  # (the same sections, each record typed: the resolver's view)
 
     def where(self, section: str, key: str) -> str:
         where = self.origin.get((section, key))
@@ -243,7 +297,9 @@ def _from_sealed(body: str) -> Matrix | None:
     is read."""
     try:
         doc = json.loads(body)
-        return Matrix(doc["sections"], {(sec, key): w for sec, key, w in doc["origin"]})
+        sections: dict[str, object] = doc["sections"]
+        came_from: list[list[str]] = doc["origin"]  # [section, key, file]
+        return Matrix(sections, {(sec, key): w for sec, key, w in came_from})
     except (ValueError, KeyError, TypeError):
         return None
 
@@ -262,15 +318,16 @@ def _from_cache(text: str, origin: str) -> Matrix | None:
     shape = {"sections": S.MapOf(Any), "origin": S.ListOf(S.ListOf(where, min_len=3))}
     try:
         doc = parse_json(text, origin, shape=shape)
-        sections = doc["sections"]
-        if set(sections) != set(SECTIONS) or any(len(o) != 3 for o in doc["origin"]):
+        sections: dict[str, object] = doc["sections"]
+        came_from: list[list[str]] = doc["origin"]  # [section, key, file]
+        if set(sections) != set(SECTIONS) or any(len(o) != 3 for o in came_from):
             return None
         for name, (spec, merged) in SECTIONS.items():
             body = sections[name]
             if body is None and not merged:
                 continue  # (a section none of the files has)
             S.check(body, spec, f"{origin}: {name}")
-        m = Matrix(sections, {(sec, key): w for sec, key, w in doc["origin"]})
+        m = Matrix(sections, {(sec, key): w for sec, key, w in came_from})
         _cross_check(m)
         return m
     except (UserError, S.SchemaError):
@@ -305,23 +362,25 @@ def load_files(files: list[Path]) -> Matrix:
 
 def _cross_check(m: Matrix) -> None:
     """References between files and facts that must agree."""
-    bf16_floor = (m.features.get("bf16") or {}).get("min_compute_capability")
-    for key, gpu in m.gpus.items():
+    t = m.typed
+    bf16 = t.features.get("bf16")
+    bf16_floor = bf16["min_compute_capability"] if bf16 else None
+    for key, gpu in t.gpus.items():
         if bf16_floor and gpu["bf16"] != (cc_tuple(gpu["compute_capability"]) >= cc_tuple(bf16_floor)):
             raise UserError(
                 f"{m.where('gpus', key)}: gpus.{key}.bf16 is {gpu['bf16']} but CC "
                 f"{gpu['compute_capability']} vs the bf16 floor {bf16_floor} says "
                 "otherwise. Correct one of the two facts."
             )
-    for key, ver in m.verl.items():
+    for key, ver in t.verl.items():
         for p in ver["patches"]:
-            if p not in m.patches:
+            if p not in t.patches:
                 raise UserError(
                     f"{m.where('verl', key)}: verl.{key}.patches names {p!r}, which "
                     "patches.yaml does not define."
                 )
         for r in ver.get("reviewed") or []:
-            if r not in m.reviewed:
+            if r not in t.reviewed:
                 raise UserError(
                     f"{m.where('verl', key)}: verl.{key}.reviewed names {r!r}, which "
                     "no `reviewed:` section defines."
@@ -333,33 +392,40 @@ def _cross_check(m: Matrix) -> None:
                     f"verl {key} has no {rollout!r} rollout (its rollouts are "
                     f"{', '.join(ver['rollouts'])}). Remove the entry or fix `rollouts`."
                 )
-    for key, patch in m.patches.items():
-        for i, r in enumerate(patch["replace"]):
-            _check_fields(r["with"], f"{m.where('patches', key)}: patches.{key}.replace[{i}].with")
-    for key, rec in m.reviewed.items():
+    for key, patch in t.patches.items():
+        for i, rep in enumerate(patch["replace"]):
+            _check_fields(rep["with"], f"{m.where('patches', key)}: patches.{key}.replace[{i}].with")
+    for key, rec in t.reviewed.items():
         for hkey, value in rec["holds"].items():
             if isinstance(value, str):
                 _check_fields(value, f"{m.where('reviewed', key)}: reviewed.{key}.holds.{hkey}")
     _check_models(m)
-    refs = (("gpu", "gpus"), ("cuda", "cuda"), ("torch", "torch"), ("verl", "verl"), ("vllm", "vllm"))
-    for key, prof in m.profiles.items():
-        for field_ in ("components", "optional_components"):
-            for comp in prof.get(field_) or {}:
+    refs: tuple[tuple[str, str, Mapping[str, object]], ...] = (
+        ("gpu", "gpus", t.gpus),
+        ("cuda", "cuda", t.cuda),
+        ("torch", "torch", t.torch),
+        ("verl", "verl", t.verl),
+        ("vllm", "vllm", t.vllm),
+    )
+    for key, prof in t.profiles.items():
+        both = (("components", prof["components"]), ("optional_components", prof.get("optional_components")))
+        for field_, comps in both:
+            for comp in comps or {}:
                 if comp not in COMPONENTS:
                     raise UserError(
                         f"{m.where('profiles', key)}: profiles.{key}.{field_}.{comp}: "
                         f"unknown component; components are {', '.join(COMPONENTS)}."
                     )
-        for field_, section in refs:
-            value = prof.get(field_)
-            if value is not None and value not in m.sections[section]:
+        for ref, section, table in refs:
+            named = prof.get(ref)
+            if named is not None and named not in table:
                 import difflib
 
-                close = difflib.get_close_matches(str(value), list(m.sections[section]), n=1)
+                close = difflib.get_close_matches(str(named), list(table), n=1)
                 hint = f" Did you mean {close[0]!r}?" if close else ""
                 raise UserError(
-                    f"{m.where('profiles', key)}: profiles.{key}.{field_} is "
-                    f"{value!r}, which {section} does not define.{hint}"
+                    f"{m.where('profiles', key)}: profiles.{key}.{ref} is "
+                    f"{named!r}, which {section} does not define.{hint}"
                 )
 
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import math
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 from collections.abc import Mapping
 
 from envbuilder import __version__
 from envbuilder.model import resolved as R
 from envbuilder.model.components import flash_attn as FA
 from envbuilder.errors import UserError
+from envbuilder.model import entries as E
 from envbuilder.model.matrix import Entry, Matrix, at_least
 from envbuilder.model.versions import in_range, version_key
 from envbuilder.record import Record, frozen, plain
@@ -41,6 +42,8 @@ TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 # the precision audit's checks (envbuilder/images/audit_precision.py implements them) and the
 # condition under which each applies (one of the conditions a patch's `when` names)
 from envbuilder.model.matrix_schema import AUDIT_CHECKS  # noqa: E402,F401  (re-exported)
+
+T = TypeVar("T")
 
 # each matrix's memory plans by their inputs (_Resolver.memory_plan)
 _PLANS: "weakref.WeakKeyDictionary[Matrix, dict[str, MemoryPlan]]" = weakref.WeakKeyDictionary()
@@ -80,7 +83,7 @@ def suggest(name: str, known: list[str]) -> str:
     return f"did you mean {folded[close[0]]!r}? " if close else ""
 
 
-def rounded_batch(train: Mapping[str, Any], world: int) -> int:
+def rounded_batch(train: E.TrainBlock, world: int) -> int:
     """The train batch a profile's `train` block takes on `world` GPUs: the mini-batch rounded up
     to a multiple of the world, the batch to a multiple of that (cluster_plan)."""
     mini = min(train["ppo_mini_batch_size"], train["train_batch_size"])
@@ -103,7 +106,7 @@ def with_run_plan(env: ResolvedEnv) -> ResolvedEnv:
     return env._replace(run=run)
 
 
-def legacy_trainer(verl: Mapping[str, Any], algo: Mapping[str, Any]) -> tuple[str, ...]:
+def legacy_trainer(verl: E.VerlEntry, algo: E.AlgorithmEntry) -> tuple[str, ...]:
     """`trainer.use_v1=False` where the release's default trainer (v1) never computes what the
     estimator needs (algorithms.yaml `v1: false`, verl.yaml `trainer_v1`), else nothing."""
     v1 = verl.get("trainer_v1")
@@ -119,18 +122,31 @@ def training_path(
     smoke test import them: the compiled parts first (each names the package that is broken:
     vllm's ops for the vllm rollout, then `components`, "flash-attn"/"apex"), then verl's trainer,
     workers, dataset and reward, then the rollout's own modules. Every name comes from the matrix."""
-    parts = []
+    t = m.typed
+    parts: list[list[str]] = []
     if rollout == "vllm":  # a release whose compiled ops moved records its own (vllm.yaml)
-        own = (m.vllm.get(vllm_v) or {}).get("modules") if vllm_v else None
-        parts.append(own or m.vllm_training_path["modules"])
-    if rollout == "sglang" and m.sglang_training_path:  # its compiled ops first, as vLLM's
-        own = (m.sglang.get(SGLANG.of(m, verl_v) or "") or {}).get("modules")
-        parts.append(own or m.sglang_training_path["modules"])
-    sections = {"flash-attn": m.flash_attn, "apex": m.apex}
-    parts += [sections[c]["training_path"]["modules"] for c in ("flash-attn", "apex") if c in components]
-    path = m.verl[verl_v]["training_path"]
+        vr = t.vllm.get(vllm_v) if vllm_v else None
+        parts.append((vr.get("modules") if vr else None) or t.vllm_training_path["modules"])
+    if rollout == "sglang" and t.sglang_training_path:  # its compiled ops first, as vLLM's
+        sr = t.sglang.get(SGLANG.of(m, verl_v) or "")
+        parts.append((sr.get("modules") if sr else None) or t.sglang_training_path["modules"])
+    sections = {"flash-attn": t.flash_attn, "apex": t.apex}
+    parts += [_modules(sections[c]) for c in ("flash-attn", "apex") if c in components]
+    path = t.verl[verl_v]["training_path"]
     parts += [path["modules"], path["rollouts"].get(rollout, [])]
     return list(dict.fromkeys(name for part in parts for name in part))
+
+
+def _section(section: T | None) -> T:
+    """A section of the matrix that the selection's components need (extensions.yaml
+    `flash_attn`, `apex`): a matrix without it has no release of them to name."""
+    assert section is not None, "a component without its matrix section"
+    return section
+
+
+def _modules(section: E.FlashAttnSection | E.ApexSection | None) -> list[str]:
+    """A compiled component's training-path modules."""
+    return _section(section)["training_path"]["modules"]
 
 
 def _stored_plan(inputs: list[object], compute: Callable[[], MemoryPlan]) -> MemoryPlan:
@@ -157,10 +173,10 @@ def _stored_plan(inputs: list[object], compute: Callable[[], MemoryPlan]) -> Mem
     return MemoryPlan.from_plain(data)
 
 
-def speed_notes(verl: Mapping[str, Any], s: "Selection", remove_padding: bool) -> tuple[str, ...]:
+def speed_notes(verl: E.VerlEntry, s: "Selection", remove_padding: bool) -> tuple[str, ...]:
     """Why each speed setting of the run is what it is, one sentence each (the run script's
     SPEED lines): remove padding, the fused log-prob kernels, token-budget micro-batches."""
-    speed = verl.get("speed") or {}
+    speed = verl.get("speed")
     v = s.verl_v
     out = []
     if remove_padding:
@@ -177,7 +193,7 @@ def speed_notes(verl: Mapping[str, Any], s: "Selection", remove_padding: bool) -
             f"remove padding off: {s.attention} attention has no varlen path for packed sequences in verl {v} "
             "(flash-attn has: `--with flash-attn` turns it on), so micro-batches are padded"
         )
-    if s.fused:
+    if s.fused and speed:
         out.append(
             f"log-probs and entropy by verl's fused {s.fused} kernels (use_fused_kernels): {speed['fused_why']}"
         )
@@ -188,7 +204,7 @@ def speed_notes(verl: Mapping[str, Any], s: "Selection", remove_padding: bool) -
             f"no fused log-prob kernels or token budgets: the plan knows none for verl {v} (verl.yaml speed); "
             "micro-batches are counts of padded sequences"
         )
-    if s.dynamic_bsz:
+    if s.dynamic_bsz and speed:
         out.append(
             "micro-batches by token budget (use_dynamic_bsz), each the plan's micro-batch x (prompt + response) "
             f"tokens: {speed['dynamic_why']}"
@@ -238,7 +254,7 @@ class _Resolver:
     def add(self, rule: str, what: str, why: str, fix: str, hard: bool = False) -> None:
         self.v.append(Violation(rule, what, why, fix, hard))
 
-    def release(self, kind: str, version: str, releases: dict[str, Entry]) -> Entry:
+    def release(self, kind: str, version: str, releases: dict[str, T]) -> T:
         """A component's release record (apex, flash-attn), or a clear error naming the known ones."""
         if version not in releases:
             raise UserError(
@@ -247,14 +263,11 @@ class _Resolver:
             )
         return releases[version]
 
-    def pick(self, kind: str, section: str, value: str) -> dict[str, Any]:
-        table: dict[str, Entry] = self.m.sections[section]
+    def pick(self, kind: str, table: dict[str, T], value: str, by_name: bool = False) -> T:
+        """The record of `value` in `table` (a section of the matrix), or a clear error naming
+        the known ones (by name as the matrix lists them, else by version)."""
         if value not in table:
-            known = (
-                list(table)
-                if section in ("gpus", "algorithms", "interconnects")
-                else sorted(table, key=version_key)
-            )
+            known = list(table) if by_name else sorted(table, key=version_key)
             raise UserError(
                 f"{kind} {value!r} is not in the matrix; {suggest(value, known)}known: "
                 f"{', '.join(known)}. Add it in a --matrix-dir overlay if you need it."
@@ -265,7 +278,7 @@ class _Resolver:
 
     def pypi_name_rule(self, pins: dict[str, str]) -> None:
         """A pin of a name that PyPI gives to another project (dependencies.yaml pypi_names)."""
-        names = self.m.sections.get("pypi_names") or {}
+        names = self.m.typed.pypi_names or {}
         for pkg in sorted(pins):
             rec = names.get(pkg.split("[", 1)[0].lower())
             if rec:
@@ -282,8 +295,8 @@ class _Resolver:
         installs them in different layers without noticing), or a pin outside a requirement."""
         needs: dict[str, list[tuple[str, str]]] = {}
         for pkg, ver in sorted(packages.items()):
-            rec = (self.m.requires.get(pkg) or {}).get(ver)
-            for dep, spec in sorted(((rec or {}).get("needs") or {}).items()):
+            rec = self.m.typed.requires.get(pkg, {}).get(ver)
+            for dep, spec in sorted((rec["needs"] if rec else {}).items()):
                 needs.setdefault(dep, []).append((f"{pkg}=={ver}", spec))
         for dep, wants in sorted(needs.items()):
             pinned = packages.get(dep)
@@ -539,40 +552,43 @@ class _Resolver:
     def select_versions(self, s: "Selection", p: Entry) -> None:
         """The card, the CUDA, torch, verl and algorithm asked for, with their records, the
         components, the Python and the torch build."""
-        ov, m = self.ov, self.m
-        s.gpu_key = self.named.gpu or p["gpu"]  # (the card asked for: its identity and memory)
-        s.gpu = m.gpus[s.gpu_key]
-        s.cc = s.gpu["compute_capability"]
-        s.cuda_v, s.torch_v = ov.cuda or p["cuda"], ov.torch or p["torch"]
-        s.verl_v, s.rollout = ov.verl or p["verl"], ov.rollout or p["rollout"]
-        s.cuda = self.pick("CUDA", "cuda", s.cuda_v)
-        s.torch = self.pick("torch", "torch", s.torch_v)
-        s.verl = self.pick("verl", "verl", s.verl_v)
-        s.algo = ov.algo or p.get("algorithm", "gae")
-        s.algo_rec = self.pick("algorithm (--algo)", "algorithms", s.algo)
-        self.algo_rec = s.algo_rec
-        self.engine_batches = bool((s.verl.get("batches") or {}).get("engine"))
+        ov, m, t = self.ov, self.m, self.m.typed
+        s.gpu_key = self.named.gpu or str(p["gpu"])  # (the card asked for: its identity and memory)
+        s.gpu, s.card = m.gpus[s.gpu_key], t.gpus[s.gpu_key]
+        s.cc = s.card["compute_capability"]
+        s.cuda_v, s.torch_v = ov.cuda or str(p["cuda"]), ov.torch or str(p["torch"])
+        s.verl_v, s.rollout = ov.verl or str(p["verl"]), ov.rollout or str(p["rollout"])
+        s.cuda = self.pick("CUDA", t.cuda, s.cuda_v)
+        s.torch = self.pick("torch", t.torch, s.torch_v)
+        s.verl = self.pick("verl", t.verl, s.verl_v)
+        s.algo = ov.algo or str(p.get("algorithm", "gae"))
+        s.algo_rec = self.pick("algorithm (--algo)", t.algorithms, s.algo, by_name=True)
+        self.algo_rec = m.algorithms[s.algo]  # (the same record, as the memory plan takes it)
+        batches = s.verl.get("batches")
+        self.engine_batches = bool(batches and batches["engine"])
         s.components = self.select_components(s.torch_v)
-        s.python = ov.python or p.get("python") or s.cuda["python"]
+        s.python = ov.python or str(p.get("python") or s.cuda["python"])
         s.picked = TORCH.build_for(s.torch, s.cuda_v)
         s.variant, s.build = s.picked or (f"cu{s.cuda_v.replace('.', '')}", {"cuda": s.cuda_v, "archs": []})
 
     def select_rollout(self, s: "Selection", p: Entry) -> None:
         """The vLLM or SGLang release, the CUDAs their wheels bring, the CUDAs a --cuda
         suggestion may name, and the driver they all need."""
-        ov, m = self.ov, self.m
+        ov, m, t = self.ov, self.m, self.m.typed
         s.vllm_v = s.vr = None
         s.extra_cudas = []
         if s.rollout == "vllm":
-            s.vllm_v = ov.vllm or p.get("vllm") or VLLM.choose(m, s.torch_v, s.verl)
+            given: str | None = ov.vllm or p.get("vllm")
+            s.vllm_v = given or VLLM.choose(m, s.torch_v, s.verl)
             if s.vllm_v:
-                s.vr = self.pick("vllm", "vllm", s.vllm_v)
+                s.vr = self.pick("vllm", t.vllm, s.vllm_v)
                 if s.vr["wheel_cuda"] in m.cuda:
                     s.extra_cudas.append(s.vr["wheel_cuda"])
         s.sglang_v = SGLANG.of(m, s.verl_v) if s.rollout == "sglang" else None
-        s.sr = m.sglang.get(s.sglang_v) if s.sglang_v else None
-        if s.sr and s.sr.get("wheel_cuda") in m.cuda:
-            s.extra_cudas.append(s.sr["wheel_cuda"])
+        s.sr = t.sglang.get(s.sglang_v) if s.sglang_v else None
+        wheel_cuda = s.sr.get("wheel_cuda") if s.sr else None
+        if wheel_cuda and wheel_cuda in m.cuda:
+            s.extra_cudas.append(wheel_cuda)
         # CUDAs a --cuda suggestion may name: the torch release has a build for them, and the
         # vLLM wheel (if any) shares their major
         s.usable_cudas = [
@@ -586,59 +602,61 @@ class _Resolver:
     def select_kernels(self, s: "Selection", p: Entry) -> None:
         """The card's features, dtype, flash-attn and where it comes from, the attention,
         verl's fused-kernel backend and token budgets (verl.yaml `speed`), apex."""
-        m = self.m
-        s.feats = {k: at_least(s.cc, f["min_compute_capability"]) for k, f in m.features.items()}
-        s.dtype = p["dtype"]
+        t = self.m.typed
+        fa_section = t.flash_attn
+        s.feats = {k: at_least(s.cc, f["min_compute_capability"]) for k, f in t.features.items()}
+        s.dtype = str(p["dtype"])
         if s.dtype == "auto":
-            s.dtype = "bf16" if s.gpu["bf16"] else ("fp16" if s.gpu["fp16_fast"] else "fp32")
+            s.dtype = "bf16" if s.card["bf16"] else ("fp16" if s.card["fp16_fast"] else "fp32")
         s.fa = s.components.get("flash-attn")
-        s.fa_rec = self.release("flash-attn", s.fa, m.flash_attn["versions"]) if s.fa else None
+        s.fa_rec = self.release("flash-attn", s.fa, _section(fa_section)["versions"]) if s.fa else None
         s.fa_choice = (
             FA.choose(
-                m.flash_attn,
+                _section(fa_section),
                 s.fa,
                 cc=s.cc,
                 torch_v=s.torch_v,
                 torch_cuda=s.build["cuda"],
                 python=s.python,
-                machine=s.gpu.get("machine") or "x86_64",
+                machine=s.card.get("machine") or "x86_64",
                 index=self.ov.flash_attn_index,
             )
             if s.fa
             else None
         )
-        fa_usable = s.fa is not None and at_least(s.cc, m.flash_attn["min_compute_capability"])
-        s.attention = p["attention"]
+        fa_usable = s.fa is not None and at_least(s.cc, _section(fa_section)["min_compute_capability"])
+        s.attention = str(p["attention"])
         if s.attention == "auto":
             s.attention = "flash_attention_2" if fa_usable else "sdpa"
         # verl's speed settings (verl.yaml `speed`): the first fused-kernel backend the card runs
-        speed = s.verl.get("speed") or {}
+        speed = s.verl.get("speed")
         s.fused = next(
             (
                 f["backend"]
-                for f in speed.get("fused_kernels", ())
+                for f in (speed["fused_kernels"] if speed else ())
                 if at_least(s.cc, f["min_compute_capability"])
             ),
             None,
         )
-        s.dynamic_bsz = bool(speed.get("dynamic_bsz"))
+        s.dynamic_bsz = bool(speed and speed["dynamic_bsz"])
         self.fused = s.fused
         s.apex_v = s.components.get("apex")
-        s.apex_rec = self.release("apex", s.apex_v, m.apex["versions"]) if s.apex_v else None
+        s.apex_rec = self.release("apex", s.apex_v, _section(t.apex)["versions"]) if s.apex_v else None
 
     def select_pins(self, s: "Selection", p: Entry) -> None:
         """verl's pins, then the vLLM release's own pairings, then what flash-attn imports, then
         the profile's: later ones win."""
-        m = self.m
+        t = self.m.typed
         s.pins = dict(s.verl["pins"])
         if s.vllm_v:
-            s.pins.update(m.vllm[s.vllm_v].get("pins") or {})
+            s.pins.update(t.vllm[s.vllm_v].get("pins") or {})
         if s.sr:  # SGLang pins what it shares exactly (transformers), then what verl's extra adds
             s.pins.update(s.sr.get("pins") or {})
             s.pins.update(s.verl["sglang"].get("pins") or {})
         if s.fa:  # its wheel installs with --no-deps: what it imports at run time is pinned here
-            s.pins.update(m.flash_attn.get("runtime_pins") or {})
-        s.pins.update(p.get("pins", {}))
+            s.pins.update(_section(t.flash_attn).get("runtime_pins") or {})
+        profile_pins: dict[str, str] = p.get("pins", {})
+        s.pins.update(profile_pins)
 
     def select_engine(self, s: "Selection") -> None:
         """--engine megatron: the release's Megatron record, refused where it cannot run (no
@@ -656,7 +674,7 @@ class _Resolver:
         if s.engine != "megatron":
             return
         rec = s.verl.get("megatron")
-        have = sorted(v for v, r in self.m.verl.items() if r.get("megatron"))
+        have = sorted(v for v, r in self.m.typed.verl.items() if r.get("megatron"))
         if not rec:
             raise UserError(
                 f"--engine megatron: envbuild has no Megatron stack for verl {s.verl_v} (megatron-core, "
@@ -664,10 +682,10 @@ class _Resolver:
                 + " or --verl ".join(have)
                 + ", or drop --engine megatron (the FSDP engine)."
             )
-        machine = s.gpu.get("machine") or "x86_64"
+        machine = s.card.get("machine") or "x86_64"
         if not at_least(s.cc, rec["min_compute_capability"]):
             raise UserError(
-                f"--engine megatron on the {s.gpu['name']} (compute capability {s.cc}): TransformerEngine "
+                f"--engine megatron on the {s.card['name']} (compute capability {s.cc}): TransformerEngine "
                 f"{rec['transformer_engine']}, which verl's Megatron engine runs on, supports compute "
                 f"capability {rec['min_compute_capability']} (Ampere) and later. Drop --engine megatron: "
                 "the FSDP engine trains on this card."
@@ -918,7 +936,8 @@ class _Resolver:
                     else "data.train_batch_size"
                 )
                 s.notes.append(f"{label} {t[key]}: the profile's {was} rounded up to a multiple {why}")
-        rows = ((self.m.datasets or {}).get("gsm8k") or {}).get("rows", {}).get("train")
+        gsm8k = self.m.typed.datasets.get("gsm8k")
+        rows = gsm8k["rows"]["train"] if gsm8k else None
         if rows and t["train_batch_size"] > rows:
             p_train = self.p["train"]
             fits = next(
@@ -941,26 +960,28 @@ class _Resolver:
         multi-node NVLink GPU."""
         ov = self.ov
         name = ov.interconnect or ("tcp" if nodes > 1 else None)
-        table = self.m.sections.get("interconnects") or {}
-        s.interconnect = self.pick("interconnect (--interconnect)", "interconnects", name) if name else None
+        table = self.m.typed.interconnects
+        s.interconnect = (
+            self.pick("interconnect (--interconnect)", table, name, by_name=True) if name else None
+        )
         s.ic_name = name
         if nodes > 1 and not ov.interconnect:
             s.notes.append(
                 f"the {nodes} nodes talk over plain TCP (NCCL_IB_DISABLE=1): pass "
                 "--interconnect ib or roce where they have an RDMA network"
             )
-        env = dict((s.interconnect or {}).get("env") or {})
-        p2p_driver, drv = s.gpu.get("p2p_driver"), self.ov.driver
-        if per_node > 1 and s.gpu.get("p2p") is False:
+        env = dict(s.interconnect["env"] if s.interconnect else {})
+        p2p_driver, drv = s.card.get("p2p_driver"), self.ov.driver
+        if per_node > 1 and s.card.get("p2p") is False:
             env["NCCL_P2P_DISABLE"] = "1"
             s.notes.append(
-                f"NCCL_P2P_DISABLE=1: {per_node} {s.gpu['name']}s in a node have no "
+                f"NCCL_P2P_DISABLE=1: {per_node} {s.card['name']}s in a node have no "
                 "peer-to-peer (NCCL's P2P transport hangs on them)"
             )
         elif per_node > 1 and p2p_driver and (drv is None or version_key(drv) < version_key(p2p_driver)):
             env["NCCL_P2P_DISABLE"] = "1"
             s.notes.append(
-                f"NCCL_P2P_DISABLE=1: {per_node} {s.gpu['name']}s in a node, and NCCL's P2P "
+                f"NCCL_P2P_DISABLE=1: {per_node} {s.card['name']}s in a node, and NCCL's P2P "
                 f"transport hangs on them with drivers older than {p2p_driver} "
                 + (f"(--driver {drv})" if drv else f"(pass --driver; from {p2p_driver} it stays on)")
             )
@@ -969,7 +990,7 @@ class _Resolver:
         # `when` holds (an HGX B200 has no IMEX channels and keeps NVLS)
         nccl = s.verl.get("nccl_env")
         s.imex_env = None
-        if nccl and s.gpu.get("mnnvl") and at_least(s.cc, nccl["min_compute_capability"]):
+        if nccl and s.card.get("mnnvl") and at_least(s.cc, nccl["min_compute_capability"]):
             s.imex_env = dict(sorted(nccl["env"].items()))
         if table and s.interconnect and s.interconnect.get("note"):
             s.notes.append(f"{name}: {s.interconnect['note']}")
@@ -997,13 +1018,12 @@ class _Resolver:
                 f"hold: mount it at the same path (docker run -v "
                 f"{self.ov.model}:{self.ov.model}:ro ...)"
             )
-        hf = (s.verl.get("hf_rollout") or {}) if s.rollout == "hf" else {}
-        off: Entry = hf.get("offload") or {}
-        lora: Entry = hf.get("lora") or {}
+        hf = s.verl.get("hf_rollout") if s.rollout == "hf" else None
+        off, lora = (hf.get("offload"), hf.get("lora")) if hf else (None, None)
         s.actor_offload_ok = not (off and not off["works"])
         s.train["actor_param_offload"] = s.train["param_offload"] and s.actor_offload_ok
         where = f"verl {s.verl_v}'s HF rollout"
-        if not s.actor_offload_ok:
+        if off and not off["works"]:  # (not s.actor_offload_ok)
             key = "actor_rollout_ref.actor.fsdp_config.param_offload"
             if s.train["param_offload"]:
                 s.notes.append(
@@ -1035,24 +1055,24 @@ class _Resolver:
 
     def select_components(self, torch_v: str) -> dict[str, str]:
         """The profile's compiled components with --with / --without applied."""
-        m, ov = self.m, self.ov
-        components = dict(self.p["components"])
-        optional = self.p.get("optional_components", {})
+        t, ov = self.m.typed, self.ov
+        components: dict[str, str] = dict(self.p["components"])
+        optional: dict[str, str] = self.p.get("optional_components", {})
         for name in ov.with_:
             if name in components:
                 continue
             if name in optional:
                 components[name] = optional[name]
-            elif name == "flash-attn" and m.flash_attn:
-                fitting = [v for v, r in m.flash_attn["versions"].items() if in_range(torch_v, r["torch"])]
+            elif name == "flash-attn" and t.flash_attn:
+                fitting = [v for v, r in t.flash_attn["versions"].items() if in_range(torch_v, r["torch"])]
                 if not fitting:
                     raise UserError(
                         f"No flash-attn release in the matrix supports torch {torch_v}; "
                         "pick another --torch or leave flash-attn out."
                     )
                 components[name] = max(fitting, key=version_key)
-            elif name == "apex" and m.apex:
-                components[name] = max(m.apex["versions"], key=version_key)
+            elif name == "apex" and t.apex:
+                components[name] = max(t.apex["versions"], key=version_key)
             else:
                 raise UserError(f"Unknown component {name!r} for --with; components are apex, flash-attn.")
         for name in ov.without:
@@ -1081,7 +1101,7 @@ class _Resolver:
         reviewed lines that hold."""
         from envbuilder.model.matrix_schema import fill_placeholders  # (the matrix checked every template)
 
-        m, verl, attention, dtype = self.m, s.verl, s.attention, s.dtype
+        t, verl, attention, dtype = self.m.typed, s.verl, s.attention, s.dtype
         values = {"attention": attention}
         for part, pd in precision.items():
             values[f"{part}_dtype"] = TORCH_DTYPE[pd]
@@ -1097,7 +1117,7 @@ class _Resolver:
         }
         patches = []
         for pname in verl["patches"]:
-            pr = m.patches[pname]
+            pr = t.patches[pname]
             if conditions[pr["when"]]:
                 patches.append(
                     R.Patch(
@@ -1115,7 +1135,7 @@ class _Resolver:
         checks = tuple(c for c, when in AUDIT_CHECKS.items() if conditions[when])
         reviewed = []
         for rname in verl.get("reviewed") or []:
-            rec = m.reviewed[rname]
+            rec = t.reviewed[rname]
             if rec["check"] in checks:
                 holds = {
                     k: fill_placeholders(v, values) if isinstance(v, str) else v
@@ -1137,22 +1157,22 @@ class _Resolver:
         """PYTORCH_CUDA_ALLOC_CONF (cuda_alloc_conf.yaml): expandable segments where the
         rollout's release allows them under sleep mode, else on small cards unless the rollout
         refuses them."""
-        ac = self.m.cuda_alloc_conf
-        taken = (ac or {}).get("with_rollouts", {}).get(s.rollout)
+        ac = self.m.typed.cuda_alloc_conf
+        taken = ac.get("with_rollouts", {}).get(s.rollout) if ac else None
         rollout_v = s.vllm_v if s.rollout == "vllm" else None
         if ac and taken and rollout_v and in_range(rollout_v, ">=" + taken["min"]):
             return R.AllocConf(value=ac["value"], why=taken["why"])
-        if ac and s.gpu["vram_gb"] <= ac["max_vram_gb"]:
+        if ac and s.card["vram_gb"] <= ac["max_vram_gb"]:
             refused = ac["not_with_rollouts"].get(s.rollout)
             return R.AllocConf(value=None if refused else ac["value"], why=refused or ac["why"])
         return None
 
     def assemble(self, s: "Selection") -> ResolvedEnv:
         """The resolved environment of a selection every rule accepted."""
-        p, ov, m = self.p, self.ov, self.m
+        p, ov, m, t = self.p, self.ov, self.m, self.m.typed
         cc, verl, dtype, attention = s.cc, s.verl, s.dtype, s.attention
         remove_padding = self.remove_padding(s)
-        apex = APEX.record(m.apex, s.apex_v, s.apex_rec, cc) if s.apex_v and s.apex_rec else None
+        apex = APEX.record(_section(t.apex), s.apex_v, s.apex_rec, cc) if s.apex_v and s.apex_rec else None
         # what each part of the run computes in: the profile's dtype where this verl can run the
         # part in it, fp32 otherwise (verl.yaml precision: no fp16 training without a loss scaler)
         precision = {
@@ -1165,9 +1185,9 @@ class _Resolver:
         if s.variant != s.torch["pypi_default"]:
             torch_index = m.index_url.format(variant=s.variant)
             local = f"+{s.variant}"
-        defaults = m.defaults or {}
-        gpu, cuda, torch_v, vllm_v = s.gpu, s.cuda, s.torch_v, s.vllm_v
-        dataset = m.datasets.get("gsm8k")
+        defaults = t.defaults
+        gpu, cuda, torch_v, vllm_v = s.card, s.cuda, s.torch_v, s.vllm_v
+        dataset = t.datasets.get("gsm8k")
         return ResolvedEnv(
             schema_version=SCHEMA_VERSION,
             envbuild_version=__version__,
@@ -1193,7 +1213,7 @@ class _Resolver:
                 glibc=cuda.get("glibc"),
                 images=frozen(cuda["images"]),
                 conda_nvcc=cuda["conda_nvcc"],
-                compat_libcuda=m.cuda_compat["libcuda"],
+                compat_libcuda=t.cuda_compat["libcuda"],
             ),
             driver=s.driver,
             python=s.python,
@@ -1212,8 +1232,8 @@ class _Resolver:
             rollout=s.rollout,
             vllm=R.Vllm(
                 version=vllm_v,
-                torch=m.vllm[vllm_v]["torch"],
-                wheel_cuda=m.vllm[vllm_v]["wheel_cuda"],
+                torch=t.vllm[vllm_v]["torch"],
+                wheel_cuda=t.vllm[vllm_v]["wheel_cuda"],
                 compile_cache=VLLM.compile_cache(verl, s.torch_v),
             )
             if vllm_v
@@ -1229,7 +1249,7 @@ class _Resolver:
                 refused_overrides=tuple(s.refused),
                 rollout_mode=verl.get("rollout_mode", "sync"),
                 critic_fsdp=verl.get("critic_fsdp", "critic.model.fsdp_config"),
-                engine_batches=bool((verl.get("batches") or {}).get("engine")),
+                engine_batches=self.engine_batches,
             ),
             dtype=dtype,
             precision=R.Precision(**precision),
@@ -1243,15 +1263,17 @@ class _Resolver:
                 dynamic_bsz=s.dynamic_bsz,
                 speed=speed_notes(verl, s, remove_padding),
             ),
-            flash_attn=FA.record(m.flash_attn, s.fa, s.fa_choice) if s.fa and s.fa_choice else None,
+            flash_attn=FA.record(_section(t.flash_attn), s.fa, s.fa_choice) if s.fa and s.fa_choice else None,
             apex=apex,
             patches=patches,
             audit=audit,
             cuda_alloc_conf=alloc,
-            indexes=R.Indexes(pypi=defaults.get("pypi_index", "https://pypi.org/simple"), torch=torch_index),
-            uv=uv_pin(defaults, gpu.get("machine", "x86_64")),
-            huggingface=defaults.get("huggingface", "https://huggingface.co"),
-            conda_channels=tuple(defaults.get("conda_channels", ["conda-forge", "nvidia"])),
+            indexes=R.Indexes(
+                pypi=defaults["pypi_index"] if defaults else "https://pypi.org/simple", torch=torch_index
+            ),
+            uv=_uv_pin(defaults.get("uv") if defaults else None, gpu.get("machine", "x86_64")),
+            huggingface=defaults["huggingface"] if defaults else "https://huggingface.co",
+            conda_channels=tuple(defaults["conda_channels"] if defaults else ["conda-forge", "nvidia"]),
             train=R.Train.from_plain(s.train),
             algorithm=R.Algorithm(
                 name=s.algo,
@@ -1385,14 +1407,14 @@ def _rule_python(r: _Resolver, s: Selection) -> None:
 
 def _rule_arch(r: _Resolver, s: Selection) -> None:
     if s.picked:
-        r.refuse(TORCH.arch_refusal(r.m, s.gpu, s.torch_v, s.variant, s.build))
+        r.refuse(TORCH.arch_refusal(r.m, s.card, s.torch_v, s.variant, s.build))
 
 
 def _rule_machine(r: _Resolver, s: Selection) -> None:
     """An aarch64 host (GH200, GB200) runs a stack only where PyPI serves aarch64 CUDA wheels of
     its torch (torch.yaml pypi_aarch64: a CPU build up to 2.10.0, cu130 from 2.11.0) and of its
     vLLM (vllm.yaml aarch64: from 0.10.2); the extensions are planned for x86_64 only."""
-    machine = s.gpu.get("machine", "x86_64")
+    machine, t = s.card.get("machine", "x86_64"), r.m.typed
     if machine == "x86_64":
         return
     why = []
@@ -1403,7 +1425,7 @@ def _rule_machine(r: _Resolver, s: Selection) -> None:
         why.append(f"no {machine} CUDA build of torch {s.torch_v} on PyPI is recorded")
     elif s.picked and s.variant != built:
         why.append(f"PyPI's {machine} torch {s.torch_v} is its {built} build, not {s.variant}")
-    if s.rollout == "vllm" and s.vllm_v and not r.m.vllm[s.vllm_v].get("aarch64"):
+    if s.rollout == "vllm" and s.vllm_v and not t.vllm[s.vllm_v].get("aarch64"):
         why.append(f"vLLM {s.vllm_v} publishes no {machine} wheel on PyPI")
     if s.rollout == "sglang":
         why.append(f"SGLang's {machine} wheels are not checked here")
@@ -1426,12 +1448,12 @@ def _rule_machine(r: _Resolver, s: Selection) -> None:
         return
     fits = [
         v
-        for v, st in sorted(r.m.stacks.items(), key=lambda kv: version_key(kv[0]))
-        if str(r.m.torch.get(str(st["torch"]), {}).get("pypi_aarch64", "")).startswith("cu")
+        for v, st in sorted(t.stacks.items(), key=lambda kv: version_key(kv[0]))
+        if st["torch"] in t.torch and t.torch[st["torch"]].get("pypi_aarch64", "").startswith("cu")
     ]
     r.add(
         "machine",
-        f"the {s.gpu['name']} is an {machine} system, which verl {s.verl_v}'s stack "
+        f"the {s.card['name']} is an {machine} system, which verl {s.verl_v}'s stack "
         f"(torch {s.torch_v}" + (f", vLLM {s.vllm_v}" if s.vllm_v else "") + ") cannot serve from PyPI",
         "; ".join(why),
         f"use --verl {fits[-1]}"
@@ -1464,23 +1486,22 @@ def _rule_driver(r: _Resolver, s: Selection) -> None:
 
 
 def _rule_bf16(r: _Resolver, s: Selection) -> None:
-    if r.p["dtype"] == "bf16" and not s.gpu["bf16"]:
+    if r.p["dtype"] == "bf16" and not s.card["bf16"]:
         r.add(
             "bf16",
-            f"bf16 on the {s.gpu['name']} (CC {s.cc})",
-            f"native bfloat16 needs CC >= {r.m.features['bf16']['min_compute_capability']}",
+            f"bf16 on the {s.card['name']} (CC {s.cc})",
+            f"native bfloat16 needs CC >= {r.m.typed.features['bf16']['min_compute_capability']}",
             "set dtype to fp16 or fp32 in the profile",
         )
 
 
 def _rule_extensions(r: _Resolver, s: Selection) -> None:
-    m, cc = r.m, s.cc
+    t, cc = r.m.typed, s.cc
     if s.fa and s.fa_choice:
-        for p in FA.problems(
-            m.flash_attn, s.fa, torch_v=s.torch_v, cc=cc, gpu=s.gpu["name"], choice=s.fa_choice
-        ):
+        fa = _section(t.flash_attn)
+        for p in FA.problems(fa, s.fa, torch_v=s.torch_v, cc=cc, gpu=s.card["name"], choice=s.fa_choice):
             r.add(p.rule, p.what, p.why, p.fix, p.hard)
-        s.notes.extend(FA.notes(FA.record(m.flash_attn, s.fa, s.fa_choice), s.fa_choice.reason, m.flash_attn))
+        s.notes.extend(FA.notes(FA.record(fa, s.fa, s.fa_choice), s.fa_choice.reason, fa))
     if s.attention == "flash_attention_2" and s.fa is None:
         r.add(
             "attention",
@@ -1489,7 +1510,7 @@ def _rule_extensions(r: _Resolver, s: Selection) -> None:
             "use --with flash-attn, or set attention to sdpa",
             hard=True,
         )
-    nvcc = APEX.nvcc_problem(m.apex, s.build["cuda"], s.cuda_v) if s.apex_v else None
+    nvcc = APEX.nvcc_problem(_section(t.apex), s.build["cuda"], s.cuda_v) if s.apex_v else None
     if nvcc:
         r.add("apex-nvcc", *nvcc, hard=True)
     if (s.apex_v or s.fa) and cc not in s.cuda["nvcc_archs"]:
@@ -1667,7 +1688,7 @@ def resolve(
 def held_back(m: Matrix, profile: str, overrides: Overrides | None = None) -> list[str]:
     """Why the profile does not run the newest stack (stacks.yaml): what the resolver says of
     `--verl NEWEST` on it, the hard refusals first. Empty when it already runs that verl."""
-    stacks = m.sections.get("stacks") or {}
+    stacks = m.typed.stacks
     ov = overrides or Overrides()
     if not stacks or profile not in m.profiles:
         return []
@@ -1696,10 +1717,13 @@ def held_back(m: Matrix, profile: str, overrides: Overrides | None = None) -> li
     ]
 
 
-def uv_pin(defaults: dict[str, Any], machine: str = "x86_64") -> R.Uv:
+def uv_pin(defaults: Mapping[str, Any], machine: str = "x86_64") -> R.Uv:
     """The uv wheel the runtime stage's pip steps install with (defaults.uv: version, url,
     sha256, size; its `aarch64` file for an aarch64 host)."""
-    uv = defaults.get("uv")
+    return _uv_pin(defaults.get("uv"), machine)
+
+
+def _uv_pin(uv: E.UvPin | None, machine: str) -> R.Uv:
     if not uv:
         raise UserError(
             "The matrix's `defaults:` section has no `uv:` pin (version, url, sha256, "
@@ -1707,12 +1731,14 @@ def uv_pin(defaults: dict[str, Any], machine: str = "x86_64") -> R.Uv:
             "pip steps with. An overlay that replaces `defaults:` must carry it; copy "
             "it from envbuild's matrices/defaults.yaml."
         )
-    if machine != "x86_64":
-        if not uv.get(machine):
-            raise UserError(
-                f"The matrix's `defaults.uv` pins no {machine} wheel of uv {uv['version']} "
-                f"(`{machine}:` with url, sha256 and size), which an {machine} image installs its "
-                "pip steps with. Add it (matrices/defaults.yaml carries one)."
-            )
-        uv = {**uv, **uv[machine]}
-    return R.Uv(**{k: uv[k] for k in R.Uv._fields})
+    # (x86_64's file is the pin's own; aarch64, the one other machine, has a file of its own)
+    wheel: E.UvFile | None = (
+        uv if machine == "x86_64" else uv.get("aarch64") if machine == "aarch64" else None
+    )
+    if not wheel:
+        raise UserError(
+            f"The matrix's `defaults.uv` pins no {machine} wheel of uv {uv['version']} "
+            f"(`{machine}:` with url, sha256 and size), which an {machine} image installs its "
+            "pip steps with. Add it (matrices/defaults.yaml carries one)."
+        )
+    return R.Uv(version=uv["version"], url=wheel["url"], sha256=wheel["sha256"], size=wheel["size"])

@@ -669,7 +669,7 @@ def shape_problems(data: dict[str, Any]) -> list[str]:
         float: "a number",
     }
 
-    def want(spec: Any) -> set[str]:
+    def want(spec: object) -> set[str]:
         if isinstance(spec, tuple):
             return want(spec[0])
         if isinstance(spec, (dict, S.MapOf, S.Tree)):
@@ -686,23 +686,24 @@ def shape_problems(data: dict[str, Any]) -> list[str]:
             return {kinds.get(type(c), "a string") for c in spec.choices}
         return {"a string"}  # (the text kinds)
 
-    def value(v: Any, spec: Any, where: str) -> list[str]:
+    def value(v: object, spec: object, where: str) -> list[str]:
         if v is None:
             return []
         got = kinds.get(type(v), type(v).__name__)
         wanted = want(spec)
         if got not in wanted:
             return [f"{where} is {got}, not {' or '.join(sorted(wanted))}"]
-        inner = spec[0] if isinstance(spec, tuple) else spec
-        if isinstance(inner, dict):
+        # (past that check an object is a dict and a list a list: `got` is of the exact type)
+        inner: object = spec[0] if isinstance(spec, tuple) else spec
+        if isinstance(inner, dict) and isinstance(v, dict):
             return walk(v, inner, f"{where}.")
-        if isinstance(inner, S.ListOf):
+        if isinstance(inner, S.ListOf) and isinstance(v, list):
             return [p for i, item in enumerate(v) for p in value(item, inner.item, f"{where}[{i}]")]
-        if isinstance(inner, S.MapOf):
+        if isinstance(inner, S.MapOf) and isinstance(v, dict):
             return [p for k, item in v.items() for p in value(item, inner.value, f"{where}.{k}")]
         return []
 
-    def walk(data: dict[str, Any], spec: dict[str, Any], where: str) -> list[str]:
+    def walk(data: dict[str, object], spec: dict[str, object], where: str) -> list[str]:
         out = []
         for key, sub in spec.items():
             if key == "*":

@@ -12,16 +12,16 @@ preflight's record print or run it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from envbuilder.model import resolved as R
 
 if TYPE_CHECKING:
+    from envbuilder.model.entries import ApexRelease, ApexSection
     from envbuilder.model.resolved import Apex
 
 
-def record(section: Mapping[str, Any], version: str, rec: Mapping[str, Any], cc: str) -> R.Apex:
+def record(section: ApexSection, version: str, rec: ApexRelease, cc: str) -> R.Apex:
     """The resolved apex of `version` (its release record `rec` of extensions.yaml's `apex`) for
     a card of compute capability `cc`."""
     return R.Apex(
@@ -34,9 +34,9 @@ def record(section: Mapping[str, Any], version: str, rec: Mapping[str, Any], cc:
     )
 
 
-def nvcc_problem(section: Mapping[str, Any], torch_cuda: str, image_cuda: str) -> tuple[str, str, str] | None:
+def nvcc_problem(section: ApexSection, torch_cuda: str, image_cuda: str) -> tuple[str, str, str] | None:
     """(what, why, fix) when the image's nvcc cannot build apex for this torch; None when it can."""
-    if section.get("nvcc_must_match_torch_cuda") and torch_cuda != image_cuda:
+    if section["nvcc_must_match_torch_cuda"] and torch_cuda != image_cuda:
         return (
             f"apex needs nvcc == torch.version.cuda, but the image's nvcc is {image_cuda} and torch "
             f"is built for {torch_cuda}",

@@ -5,8 +5,9 @@ Facts: matrices/cuda.yaml (each CUDA's images, driver floors, Python, glibc), st
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
+from envbuilder.model import entries as E
 from envbuilder.model import resolved as R
 from envbuilder.model.components import Refusal
 from envbuilder.model.matrix import Matrix, cc_runs
@@ -17,10 +18,8 @@ def stacks_for_driver(m: Matrix, driver: str) -> list[tuple[str, str]]:
     """The stacks (stacks.yaml, by verl release) whose CUDA this driver runs, newest first, each
     with how: natively or under minor-version compatibility (12.x on >= 525.60.13)."""
     out = []
-    for v, st in sorted(
-        (m.sections.get("stacks") or {}).items(), key=lambda vs: version_key(vs[0]), reverse=True
-    ):
-        rec = m.cuda.get(st["cuda"])
+    for v, st in sorted(m.typed.stacks.items(), key=lambda vs: version_key(vs[0]), reverse=True):
+        rec = m.typed.cuda.get(st["cuda"])
         if rec is None:
             continue
         if version_key(driver) >= version_key(rec["min_driver"]):
@@ -31,18 +30,20 @@ def stacks_for_driver(m: Matrix, driver: str) -> list[tuple[str, str]]:
 
 
 def driver_info(
-    m: Matrix, cuda_v: str, cuda: dict[str, Any], extra_cudas: list[str], drv: str | None
+    m: Matrix, cuda_v: str, cuda: Mapping[str, object], extra_cudas: list[str], drv: str | None
 ) -> R.Driver:
     """The driver the image needs (its CUDA's, or the vLLM wheel's if newer) and, with
-    --driver, how the given one runs it: native, minor-version compatibility, too old."""
+    --driver, how the given one runs it: native, minor-version compatibility, too old.
+    (`cuda`: the record of `cuda_v`, for a CUDA the matrix does not list.)"""
     need = max([cuda_v, *extra_cudas], key=version_key)
-    need_rec = m.cuda.get(need, cuda)
-    info = R.Driver(min_driver=need_rec["min_driver"], compat_driver=need_rec["compat_driver"], for_cuda=need)
+    need_rec: Mapping[str, object] = m.typed.cuda.get(need) or cuda
+    min_driver, compat_driver = str(need_rec["min_driver"]), str(need_rec["compat_driver"])
+    info = R.Driver(min_driver=min_driver, compat_driver=compat_driver, for_cuda=need)
     if drv is None:
         return info
-    if version_key(drv) >= version_key(need_rec["min_driver"]):
+    if version_key(drv) >= version_key(min_driver):
         mode = "native"
-    elif version_key(drv) >= version_key(need_rec["compat_driver"]):
+    elif version_key(drv) >= version_key(compat_driver):
         mode = "minor-version-compatibility"
     else:
         mode = "too-old"
@@ -57,11 +58,11 @@ def driver_refusal(m: Matrix, info: R.Driver, drv: str | None, usable_cudas: lis
     need = info.for_cuda
     usable = set(usable_cudas)
     native = [
-        c for c, r in m.cuda.items() if c in usable and version_key(drv) >= version_key(r["min_driver"])
+        c for c, r in m.typed.cuda.items() if c in usable and version_key(drv) >= version_key(r["min_driver"])
     ]
     compat = [
         c
-        for c, r in m.cuda.items()
+        for c, r in m.typed.cuda.items()
         if c in usable and c not in native and version_key(drv) >= version_key(r["compat_driver"])
     ]
     fix = f"upgrade the driver to >= {info.min_driver}"
@@ -85,7 +86,7 @@ def driver_refusal(m: Matrix, info: R.Driver, drv: str | None, usable_cudas: lis
 
 
 def python_refusal(
-    m: Matrix, cuda_v: str, cuda: dict[str, Any], python: str, torch: dict[str, Any], cc: str
+    m: Matrix, cuda_v: str, cuda: E.CudaEntry, python: str, torch: E.TorchEntry, cc: str
 ) -> Refusal | None:
     """Why a venv of Python `python` cannot be made in the CUDA `cuda_v` image (its system Python
     is another), with the CUDA images that ship it and have a torch build for the card."""
@@ -93,7 +94,7 @@ def python_refusal(
         return None
     same = [
         c
-        for c, rec in m.cuda.items()
+        for c, rec in m.typed.cuda.items()
         if rec["python"] == python
         and any(b["cuda"] == c and cc_runs(cc, b["archs"]) for b in torch["builds"].values())
     ]

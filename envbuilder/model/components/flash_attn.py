@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from envbuilder.errors import UserError
 from envbuilder.model import resolved as R
@@ -37,6 +37,7 @@ from envbuilder.model.versions import in_range
 from envbuilder.record import Record, frozen
 
 if TYPE_CHECKING:
+    from envbuilder.model.entries import FlashAttnRelease, FlashAttnSection
     from envbuilder.model.resolved import ResolvedEnv
 
 INDEX, RELEASE, SOURCE = "index", "release", "source"
@@ -58,7 +59,7 @@ class Choice(Record):
 # ---- facts and selection --------------------------------------------------------------------
 
 
-def wheel_gap(rec: Mapping[str, Any], torch_v: str, torch_cuda: str, python: str) -> str | None:
+def wheel_gap(rec: FlashAttnRelease, torch_v: str, torch_cuda: str, python: str) -> str | None:
     """What the flash-attn release's published wheels lack for this torch, its CUDA and the
     Python (extensions.yaml, from the tag's publish.yml), or None when a wheel exists."""
     gaps = []
@@ -81,13 +82,19 @@ def build_arch(cc: str, archs: Sequence[str]) -> str | None:
     return max(fits, key=int) if fits else None
 
 
+def _sdist_archs(fa_data: FlashAttnSection) -> list[str]:
+    """The archs flash-attn's setup.py builds for (extensions.yaml sdist_build), [] if none listed."""
+    sdist = fa_data.get("sdist_build")
+    return (sdist.get("archs") if sdist else None) or []
+
+
 def _world(torch_v: str, torch_cuda: str) -> tuple[str, str]:
     """(torch major.minor, CUDA tag) as a wheel index's world names them: ("2.11", "130")."""
     return ".".join(torch_v.split("+")[0].split(".")[:2]), torch_cuda.replace(".", "")
 
 
 def known_index(
-    fa_data: Mapping[str, Any],
+    fa_data: FlashAttnSection,
     version: str,
     torch_v: str,
     torch_cuda: str,
@@ -115,7 +122,7 @@ def known_index(
 
 
 def choose(
-    fa_data: Mapping[str, Any],
+    fa_data: FlashAttnSection,
     version: str,
     *,
     cc: str,
@@ -127,7 +134,7 @@ def choose(
 ) -> Choice:
     """Where the builder takes flash-attn `version` from first (the module's order)."""
     rec = fa_data["versions"][version]
-    archs = (fa_data.get("sdist_build") or {}).get("archs")
+    archs = _sdist_archs(fa_data)
     arch = build_arch(cc, archs) if archs else cc.replace(".", "")  # (no list: the card's own)
     if index:
         return Choice(INDEX, index, arch, f"its wheel from the index --flash-attn-index names ({index})")
@@ -161,7 +168,7 @@ class Problem(Record):
 
 
 def problems(
-    fa_data: Mapping[str, Any], version: str, *, torch_v: str, cc: str, gpu: str, choice: Choice
+    fa_data: FlashAttnSection, version: str, *, torch_v: str, cc: str, gpu: str, choice: Choice
 ) -> list[Problem]:
     """flash-attn's rules: its torch range, its compute-capability floor (below it the attention
     is sdpa: a warning that --allow-unsupported keeps), and a card no arch of setup.py runs."""
@@ -187,7 +194,7 @@ def problems(
             )
         )
     elif choice.arch is None:
-        archs = ", ".join((fa_data.get("sdist_build") or {}).get("archs") or ())
+        archs = ", ".join(_sdist_archs(fa_data))
         out.append(
             Problem(
                 "flash-attn-arch",
@@ -200,10 +207,10 @@ def problems(
     return out
 
 
-def record(fa_data: Mapping[str, Any], version: str, choice: Choice) -> R.FlashAttn:
+def record(fa_data: FlashAttnSection, version: str, choice: Choice) -> R.FlashAttn:
     """The flash-attn part of a ResolvedEnv: the version, the modules the run imports of it,
     where its release wheel is, and what `choice` decided."""
-    rel = fa_data["release_wheels"]
+    rel, sdist = fa_data["release_wheels"], fa_data.get("sdist_build")
     tags = dict(sorted((fa_data["versions"][version].get("wheel_cuda") or {}).items()))
     return R.FlashAttn(
         version=version,
@@ -216,8 +223,8 @@ def record(fa_data: Mapping[str, Any], version: str, choice: Choice) -> R.FlashA
         index_name=choice.index_name,
         index_path=choice.index_path,
         # (below every arch, a card that --allow-unsupported lets through: the lowest, which it cannot run)
-        arch=choice.arch or next(iter((fa_data.get("sdist_build") or {}).get("archs") or ()), None),
-        core_minutes=int((fa_data.get("sdist_build") or {}).get("core_minutes_per_arch") or 0),
+        arch=choice.arch or next(iter(_sdist_archs(fa_data)), None),
+        core_minutes=int((sdist.get("core_minutes_per_arch") if sdist else None) or 0),
     )
 
 
@@ -242,10 +249,11 @@ def estimate(fa: R.FlashAttn) -> str:
     )
 
 
-def notes(fa: R.FlashAttn, reason: str, fa_data: Mapping[str, Any]) -> list[str]:
+def notes(fa: R.FlashAttn, reason: str, fa_data: FlashAttnSection) -> list[str]:
     """What the resolver says of the choice (rendered into the files' notes)."""
     if fa.how == SOURCE:
-        readme = (fa_data.get("sdist_build") or {}).get("estimate") or "hours without many cores"
+        sdist = fa_data.get("sdist_build")
+        readme = (sdist["estimate"] if sdist else None) or "hours without many cores"
         return [
             f"flash-attn {fa.version}: {reason}: the builder stage compiles it from the sdist for "
             f"sm_{fa.arch} only ({estimate(fa) or readme}); a torch, Python or CUDA its release "

@@ -10,7 +10,7 @@ wheel, pinned (render/plan.py's sglang layer); the resolver adds each refusal `p
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from envbuilder.model import resolved as R
 from envbuilder.model.components import Refusal
@@ -18,11 +18,12 @@ from envbuilder.model.matrix import at_least, cc_runs
 from envbuilder.model.versions import in_range, version_key
 
 if TYPE_CHECKING:
-    from envbuilder.model.matrix import Entry, Matrix
+    from envbuilder.model.entries import SglangEntry
+    from envbuilder.model.matrix import Matrix
     from envbuilder.model.selection import Selection
 
 
-def record(version: str, sr: dict[str, Any]) -> R.Sglang:
+def record(version: str, sr: SglangEntry) -> R.Sglang:
     extras = f"[{','.join(sr['extras'])}]" if sr.get("extras") else ""
     k = sr["kernel"]
     return R.Sglang(
@@ -35,7 +36,9 @@ def record(version: str, sr: dict[str, Any]) -> R.Sglang:
 
 def of(m: Matrix, verl_v: str) -> str | None:
     """The SGLang release verl's `sglang` extra pins (verl.yaml), None where none is recorded."""
-    return ((m.verl.get(verl_v) or {}).get("sglang") or {}).get("version")
+    verl = m.typed.verl.get(verl_v)
+    sglang = verl.get("sglang") if verl else None
+    return sglang["version"] if sglang else None
 
 
 def kernel_runs(gpu_cc: str, archs: list[str]) -> bool:
@@ -47,7 +50,8 @@ def kernel_runs(gpu_cc: str, archs: list[str]) -> bool:
 
 def cuda_flag(m: Matrix, torch_v: str, cuda_v: str) -> str:
     """ "" when torch `torch_v` has a build for CUDA `cuda_v`, else " --cuda C" (its newest)."""
-    builds = (m.torch.get(torch_v) or {}).get("builds") or {}
+    torch = m.typed.torch.get(torch_v)
+    builds = torch["builds"] if torch else {}
     cudas = sorted({b["cuda"] for b in builds.values()} & set(m.cuda), key=version_key)
     return "" if cuda_v in cudas or not cudas else f" --cuda {cudas[-1]}"
 
@@ -76,14 +80,15 @@ def problems(m: Matrix, s: Selection) -> list[Refusal]:
         return out
     sr, cc = s.sr, s.cc
 
-    def working(ok: Callable[[Entry], bool]) -> list[str]:
+    def working(ok: Callable[[SglangEntry], bool]) -> list[str]:
         """`--verl V --torch T` for the verl releases, newest first, whose SGLang installs
         beside them and passes `ok(sglang release)`."""
         found = []
-        for v in sorted(m.verl, key=version_key, reverse=True):
-            other = m.verl[v].get("sglang") or {}
-            srv = m.sglang.get(other.get("version") or "")
-            if "sglang" in m.verl[v]["rollouts"] and srv and not other.get("refused") and ok(srv):
+        t = m.typed
+        for v in sorted(t.verl, key=version_key, reverse=True):
+            other = t.verl[v].get("sglang")
+            srv = t.sglang.get(other["version"]) if other else None
+            if "sglang" in t.verl[v]["rollouts"] and other and srv and not other.get("refused") and ok(srv):
                 found.append(f"--verl {v} --torch {srv['torch']}{cuda_flag(m, srv['torch'], s.cuda_v)}")
         return found
 
@@ -107,7 +112,7 @@ def problems(m: Matrix, s: Selection) -> list[Refusal]:
         out.append(
             Refusal(
                 "sglang-cc",
-                f"SGLang {s.sglang_v} cannot run on the {s.gpu['name']} (CC {cc})",
+                f"SGLang {s.sglang_v} cannot run on the {s.card['name']} (CC {cc})",
                 f"its compiled ops ({kernel['package']} {kernel['version']}) are built for sm_"
                 + ", sm_".join(a.replace(".", "") for a in kernel["archs"])
                 + f" only, with no PTX (the floor is CC {sr['min_compute_capability']}; SGLang "
@@ -144,7 +149,7 @@ def problems(m: Matrix, s: Selection) -> list[Refusal]:
     if sr.get("glibc") and glibc and version_key(glibc) < version_key(sr["glibc"]):
         newer = [
             c
-            for c, rec_ in m.cuda.items()
+            for c, rec_ in m.typed.cuda.items()
             if version_key(rec_.get("glibc") or "0") >= version_key(sr["glibc"])
         ]
         out.append(

@@ -6,13 +6,14 @@ Facts: matrices/verl.yaml."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from envbuilder.model.components import Refusal
 from envbuilder.model.matrix import cc_runs
 from envbuilder.model.versions import in_range, version_key
 
 if TYPE_CHECKING:
+    from envbuilder.model.entries import VerlEntry
     from envbuilder.model.matrix import Matrix
     from envbuilder.model.selection import Selection
 
@@ -29,7 +30,7 @@ def problems(m: Matrix, s: Selection) -> list[Refusal]:
     if spec and not in_range(s.python, spec):
         fit = [
             c
-            for c, rec in m.cuda.items()
+            for c, rec in m.typed.cuda.items()
             if in_range(rec["python"], spec) and any(b["cuda"] == c for b in s.torch["builds"].values())
         ]
         out.append(
@@ -38,7 +39,7 @@ def problems(m: Matrix, s: Selection) -> list[Refusal]:
                 f"verl {s.verl_v} does not install on Python {s.python}",
                 s.verl.get("python_why") or f"its wheel says Requires-Python {spec}",
                 (
-                    f"use --cuda {fit[-1]} (its image ships Python {m.cuda[fit[-1]]['python']})"
+                    f"use --cuda {fit[-1]} (its image ships Python {m.typed.cuda[fit[-1]]['python']})"
                     if fit
                     else "use another --verl"
                 ),
@@ -51,7 +52,7 @@ def problems(m: Matrix, s: Selection) -> list[Refusal]:
     return out
 
 
-def _rollout(m: Matrix, verl_v: str, verl: dict[str, Any], rollout: str, out: list[Refusal]) -> None:
+def _rollout(m: Matrix, verl_v: str, verl: VerlEntry, rollout: str, out: list[Refusal]) -> None:
     if rollout not in INSTALLABLE_ROLLOUTS:
         out.append(
             Refusal(
@@ -66,7 +67,7 @@ def _rollout(m: Matrix, verl_v: str, verl: dict[str, Any], rollout: str, out: li
         return
     if rollout in verl["rollouts"]:
         return
-    having = [v for v, r in m.verl.items() if rollout in r["rollouts"]]
+    having = [v for v, r in m.typed.verl.items() if rollout in r["rollouts"]]
     fix = f"use --verl {having[-1]}" if having else "choose another rollout"
     others = [r for r in verl["rollouts"] if r != rollout and r in INSTALLABLE_ROLLOUTS]
     if others:
@@ -77,7 +78,7 @@ def _rollout(m: Matrix, verl_v: str, verl: dict[str, Any], rollout: str, out: li
     out.append(Refusal("rollout", f"verl {verl_v} has no {rollout!r} rollout", why, fix, hard=True))
 
 
-def _training_path(verl_v: str, verl: dict[str, Any], rollout: str, out: list[Refusal]) -> None:
+def _training_path(verl_v: str, verl: VerlEntry, rollout: str, out: list[Refusal]) -> None:
     if rollout in verl["rollouts"] and rollout not in verl["training_path"]["rollouts"]:
         out.append(
             Refusal(
@@ -93,7 +94,7 @@ def _training_path(verl_v: str, verl: dict[str, Any], rollout: str, out: list[Re
 
 
 def _torch(
-    m: Matrix, verl_v: str, verl: dict[str, Any], torch_v: str, cuda_v: str, cc: str, out: list[Refusal]
+    m: Matrix, verl_v: str, verl: VerlEntry, torch_v: str, cuda_v: str, cc: str, out: list[Refusal]
 ) -> None:
     """verl's own code imports torch APIs that its METADATA does not pin (torch comes from
     the image), so no resolver catches this: the matrix records the floor."""
@@ -104,9 +105,9 @@ def _torch(
     same_cuda = [
         t
         for t in fits
-        if any(b["cuda"] == cuda_v and cc_runs(cc, b["archs"]) for b in m.torch[t]["builds"].values())
+        if any(b["cuda"] == cuda_v and cc_runs(cc, b["archs"]) for b in m.typed.torch[t]["builds"].values())
     ]
-    older = [v for v, r in m.verl.items() if in_range(torch_v, r["torch"])]
+    older = [v for v, r in m.typed.verl.items() if in_range(torch_v, r["torch"])]
     fix = (
         f"use --torch {same_cuda[0]} (it has a CUDA {cuda_v} build)"
         if same_cuda

@@ -7,8 +7,9 @@ release), verl.yaml (`vllm`, `vllm_max`), stacks.yaml (the newest stack per card
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from envbuilder.model import entries as E
 from envbuilder.model import resolved as R
 from envbuilder.model.components import Refusal
 from envbuilder.model.matrix import at_least
@@ -36,15 +37,15 @@ def problems(m: Matrix, s: Selection, asked: str | None = None) -> list[Refusal]
                 )
             )
         return out
-    _cc(m, s.gpu, s.vr, out)
+    _cc(m, s.card, s.vr, out)
     if s.vllm_v is None:
         _choice(m, s.torch_v, s.verl_v, s.verl, out)
     elif s.vr is not None:
-        _release(m, out, s.vllm_v, s.vr, s.torch_v, s.build, s.verl_v, s.verl, s.gpu, s.python)
+        _release(m, out, s.vllm_v, s.vr, s.torch_v, s.build, s.verl_v, s.verl, s.python)
     return out
 
 
-def compile_cache(verl: dict[str, Any], torch_v: str) -> R.CompileCache | None:
+def compile_cache(verl: E.VerlEntry, torch_v: str) -> R.CompileCache | None:
     """vLLM's torch.compile cache, kept on where the verl release lets the launching shell say
     so (verl.yaml `compile_cache`) and torch writes the cache's artifacts atomically."""
     cc = verl.get("compile_cache")
@@ -53,14 +54,14 @@ def compile_cache(verl: dict[str, Any], torch_v: str) -> R.CompileCache | None:
     return R.CompileCache(env=cc["env"], value=cc["value"], why=cc["why"])
 
 
-def choose(m: Matrix, torch_v: str, verl: dict[str, Any]) -> str | None:
+def choose(m: Matrix, torch_v: str, verl: E.VerlEntry) -> str | None:
     """The newest vLLM release that pins this torch within verl's range, or None."""
-    fitting = [v for v, r in m.vllm.items() if r["torch"] == torch_v and in_range(v, verl["vllm"])]
+    fitting = [v for v, r in m.typed.vllm.items() if r["torch"] == torch_v and in_range(v, verl["vllm"])]
     return max(fitting, key=version_key) if fitting else None
 
 
-def _choice(m: Matrix, torch_v: str, verl_v: str, verl: dict[str, Any], out: list[Refusal]) -> None:
-    pins = ", ".join(f"{v}->torch {r['torch']}" for v, r in m.vllm.items())
+def _choice(m: Matrix, torch_v: str, verl_v: str, verl: E.VerlEntry, out: list[Refusal]) -> None:
+    pins = ", ".join(f"{v}->torch {r['torch']}" for v, r in m.typed.vllm.items())
     out.append(
         Refusal(
             "vllm-torch",
@@ -76,16 +77,16 @@ def _release(
     m: Matrix,
     out: list[Refusal],
     vllm_v: str,
-    vr: dict[str, Any],
+    vr: E.VllmEntry,
     torch_v: str,
-    build: dict[str, Any],
+    build: E.TorchBuild,
     verl_v: str,
-    verl: dict[str, Any],
-    gpu: dict[str, Any],
+    verl: E.VerlEntry,
     python: str,
 ) -> None:
+    t = m.typed
     if vr["torch"] != torch_v:
-        same = [v for v, r in m.vllm.items() if r["torch"] == torch_v and in_range(v, verl["vllm"])]
+        same = [v for v, r in t.vllm.items() if r["torch"] == torch_v and in_range(v, verl["vllm"])]
         fix = f"use --torch {vr['torch']}" + (f" or --vllm {same[-1]}" if same else "")
         out.append(
             Refusal(
@@ -125,7 +126,7 @@ def _release(
     major = vr["wheel_cuda"].split(".")[0]
     if major != build["cuda"].split(".")[0]:
         fits = sorted(
-            {b["cuda"] for b in m.torch[torch_v]["builds"].values() if b["cuda"].split(".")[0] == major},
+            {b["cuda"] for b in t.torch[torch_v]["builds"].values() if b["cuda"].split(".")[0] == major},
             key=version_key,
         )
         out.append(
@@ -150,9 +151,10 @@ def _release(
         )
 
 
-def _cc(m: Matrix, gpu: dict[str, Any], vr: dict[str, Any] | None, out: list[Refusal]) -> None:
-    floor = m.min_compute_capability
-    own = (vr or {}).get("min_compute_capability")
+def _cc(m: Matrix, gpu: E.GpuEntry, vr: E.VllmEntry | None, out: list[Refusal]) -> None:
+    t = m.typed
+    floor = t.min_compute_capability
+    own = vr.get("min_compute_capability") if vr else None
     if (
         own
         and at_least(gpu["compute_capability"], floor or "0.0")
@@ -161,9 +163,9 @@ def _cc(m: Matrix, gpu: dict[str, Any], vr: dict[str, Any] | None, out: list[Ref
         cc = gpu["compute_capability"]
         runs = [
             (v, st)
-            for v, st in (m.sections.get("stacks") or {}).items()
-            if st.get("vllm") in m.vllm
-            and at_least(cc, m.vllm[st["vllm"]].get("min_compute_capability") or floor or "0.0")
+            for v, st in t.stacks.items()
+            if st.get("vllm") in t.vllm
+            and at_least(cc, t.vllm[st["vllm"]].get("min_compute_capability") or floor or "0.0")
         ]
         best = max(runs, key=lambda vs: version_key(vs[0])) if runs else None
         out.append(
@@ -179,7 +181,7 @@ def _cc(m: Matrix, gpu: dict[str, Any], vr: dict[str, Any] | None, out: list[Ref
         )
         return
     if floor and not at_least(gpu["compute_capability"], floor):
-        hf = [v for v, r in m.verl.items() if "hf" in r["rollouts"]]
+        hf = [v for v, r in t.verl.items() if "hf" in r["rollouts"]]
         fix = "use --rollout hf" + (
             f" with --verl {hf[-1]} (the last verl with the HF rollout)" if hf else ""
         )
