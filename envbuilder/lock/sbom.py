@@ -19,6 +19,7 @@ from pathlib import PurePosixPath
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+from envbuilder.lock.documents import LockMeta
 from envbuilder.model.resolved import ResolvedEnv
 from envbuilder.render.image import HOME, SBOM as SBOM_PATH
 
@@ -196,7 +197,7 @@ def patch_pedigree(env: ResolvedEnv) -> dict[str, Any] | None:
 
 def build(
     env: ResolvedEnv,
-    meta: dict[str, Any],
+    meta: LockMeta,
     requirements: str,
     conda_lock: dict[str, Any] | None = None,
     images: dict[str, Any] | None = None,
@@ -239,7 +240,7 @@ def build(
                 "type": "container",
                 "bom-ref": ROOT_REF,
                 "name": f"envbuild/{env.asked}",
-                "version": meta["input_sha256"],
+                "version": meta.input_sha256,
                 "description": f"envbuild's {env.asked} image: {env.gpu.name}, CUDA {env.cuda.version}, "
                 f"torch {env.torch.version}+{env.torch.variant}, verl {env.verl.version}",
             },
@@ -248,10 +249,10 @@ def build(
                 _prop("gpu", env.gpu.name),
                 _prop("cuda", env.cuda.version),
                 _prop("python", env.python),
-                _prop("lock-input-sha256", meta["input_sha256"]),
-                _prop("lock-parts", ",".join(sorted(meta.get("parts", [])))),
+                _prop("lock-input-sha256", meta.input_sha256),
+                _prop("lock-parts", ",".join(sorted(meta.parts))),
             ]
-            + [_prop(f"lock-file-sha256:{n}", d) for n, d in sorted(meta.get("files", {}).items())],
+            + [_prop(f"lock-file-sha256:{n}", d) for n, d in sorted(meta.files.items())],
         },
         "components": components,
         "dependencies": [{"ref": ROOT_REF, "dependsOn": root_depends}]

@@ -59,12 +59,12 @@ def lock_shortfalls(
         meta = read_meta(Path(lock_dir))  # (the one reader of lock.json)
     except (OSError, ValueError, UserError):
         return []  # no readable lock: export's own check names it
-    if not isinstance(meta, dict):
+    if meta is None:
         return []
     import re
 
     out = []
-    swapped = meta.get("torch_swapped")
+    swapped = meta.torch_swapped
     if swapped and not accept_pypi_torch:
         asked = re.match(r"([0-9][0-9.]*)\+(cu\d+)", str(swapped))
         t = m.torch.get(asked.group(1)) if asked else None
@@ -90,7 +90,7 @@ def lock_shortfalls(
     env = resolve(m, profile)
     if recorded_pip_sha256(meta) != pip_sha256(env):
         return out  # a lock of a variant (lock --without apex ...): its parts are its own
-    missing = [p for p in parts_for(env, ("conda", "sources")) if p not in meta.get("parts", [])]
+    missing = [p for p in parts_for(env, ("conda", "sources")) if p not in meta.parts]
     if missing and not accept_partial:
         names = {
             "conda": "conda part (conda-lock.yml)",
@@ -103,7 +103,7 @@ def lock_shortfalls(
         }
         out.append(
             f"{lock_dir}: no {' and no '.join(names[p] for p in missing)}: it was made with "
-            f"--only {','.join(meta.get('parts', []))}, so the far side would have to "
+            f"--only {','.join(meta.parts)}, so the far side would have to "
             f"fetch {'them' if len(missing) > 1 else 'it'}. Fix: `envbuild lock {profile}` "
             f"where {' and '.join(reach[p] for p in missing)} can be reached, or pass "
             "--accept-partial."
