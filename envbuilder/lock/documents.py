@@ -13,9 +13,10 @@ with sorted keys).
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, ClassVar, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Union
 
-from typing_extensions import Self, TypeAlias
+if TYPE_CHECKING:
+    from typing_extensions import Self, TypeAlias
 
 from envbuilder.model import schema as S
 from envbuilder.record import Record
@@ -190,14 +191,133 @@ class WheelhouseManifest(Document):
 
     @classmethod
     def of(cls, data: Mapping[str, object]) -> Self:
-        files = {p: WheelhouseFile.of(f) for p, f in _objects(data["files"])}
-        profiles = {n: WheelhouseProfile.of(e) for n, e in _objects(data["profiles"])}
+        files = {p: WheelhouseFile.of(f) for p, f in objects(data["files"])}
+        profiles = {n: WheelhouseProfile.of(e) for n, e in objects(data["profiles"])}
         return cls.from_plain({**data, "files": files, "profiles": profiles})
 
 
-def _objects(table: object) -> Iterator[tuple[str, Mapping[str, object]]]:
+def objects(table: object) -> Iterator[tuple[str, Mapping[str, object]]]:
     """The entries of a checked table of objects (MapOf of a record's shape)."""
     assert isinstance(table, dict)
     for key, value in table.items():
         assert isinstance(key, str) and isinstance(value, dict)
         yield key, value
+
+
+# ---- the lock's other files: what envbuild reads of them (uv's and conda-lock's formats) ---------
+
+URL_TEXT = S.Pattern(
+    r"https?://(?:(?![\"'`$\\])[!-~])+",
+    "https://files.pythonhosted.org/...",
+    "a plain http(s) URL (no space, quote or shell character)",
+    4000,
+)
+FILE_NAME = r"[A-Za-z0-9][A-Za-z0-9._+-]*"
+
+
+class FileHashes(Document):
+    sha256: str
+    _checks = {"sha256": S.SHA256}
+
+
+class PylockFile(Document):
+    """A wheel or sdist of pylock.toml (PEP 751): where it is and its sha256."""
+
+    url: str
+    hashes: FileHashes
+    size: int | None = None
+    _omit_none = ("size",)
+    _checks = {"url": URL_TEXT, "hashes": FileHashes.shape(), "size": (SIZE, None)}
+
+
+class PylockPackage(Document):
+    name: str
+    version: str
+    wheels: tuple[PylockFile, ...] = ()
+    sdist: PylockFile | None = None
+    _absent = ("wheels", "sdist")
+    _checks = {
+        "name": S.PACKAGE,
+        "version": S.Text(200),
+        "wheels": S.ListOf(PylockFile.shape()),
+        "sdist": PylockFile.shape(),
+    }
+
+
+class Pylock(Document):
+    """pylock.toml, uv's export of the pip part: every package with its files."""
+
+    packages: tuple[PylockPackage, ...]
+    _checks = {"packages": S.ListOf(PylockPackage.shape())}
+
+
+class CondaHash(Document):
+    sha256: str | None = None
+    md5: str | None = None
+    _omit_none = ("sha256", "md5")
+    _checks = {"sha256": (S.SHA256, None), "md5": (S.Text(64), None)}
+
+
+class CondaPackage(Document):
+    """A package of conda-lock.yml: a conda one, or a pip pin of the same lock."""
+
+    name: str
+    version: str | int | float | bool  # (YAML may read a version as a number)
+    manager: str  # conda | pip
+    url: str
+    hash: CondaHash
+    _checks = {
+        "name": S.Text(300),
+        "version": S.Scalar(),
+        "manager": S.OneOf(("conda", "pip")),
+        "url": URL_TEXT,
+        "hash": CondaHash.shape(),
+    }
+
+
+class CondaLock(Document):
+    """conda-lock.yml, in conda-lock's own format."""
+
+    package: tuple[CondaPackage, ...]
+    _checks = {"package": S.ListOf(CondaPackage.shape())}
+
+
+class SourcePin(Document):
+    """A file of sources.lock that the builder fetches from GitHub (or an sdist from PyPI)."""
+
+    url: str
+    sha256: str
+    filename: str | None = None
+    size: int | None = None
+    ref: str | None = None
+    _omit_none = ("filename", "size", "ref")
+    _checks = {
+        "url": URL_TEXT,
+        "sha256": S.SHA256,
+        "filename": S.Pattern(FILE_NAME, "apex-25.08.tar.gz", "a plain file name", 255),
+        "size": (SIZE, None),
+        "ref": S.Text(200),
+    }
+
+
+SOURCES_SHAPE = S.MapOf(SourcePin.shape(), key=S.NAME)  # sources.lock: name -> SourcePin
+
+
+class ImagePin(Document):
+    digest: str
+    _checks = {"digest": S.Pattern(r"sha256:[0-9a-f]{64}", "sha256:...")}
+
+
+# images.lock: image reference -> ImagePin (schema.check takes any spec as a key; MapOf's annotation
+# names only Pattern | OneOf)
+IMAGES_SHAPE = S.MapOf(ImagePin.shape(), key=S.Text(500))
+
+
+def source_pins(doc: object) -> dict[str, SourcePin]:
+    """sources.lock's checked content (SOURCES_SHAPE) as records."""
+    return {k: SourcePin.of(v) for k, v in objects(doc)}
+
+
+def image_digests(doc: object) -> dict[str, str]:
+    """images.lock's checked content (IMAGES_SHAPE): image reference -> digest."""
+    return {k: ImagePin.of(v).digest for k, v in objects(doc)}

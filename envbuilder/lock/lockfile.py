@@ -17,11 +17,11 @@ from pathlib import Path
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from envbuilder.model import schema as S
 from envbuilder.errors import UserError
 from envbuilder.render.locked import LockedContext
 from envbuilder.render.outdir import Checked
-from envbuilder.lock.documents import MORE, SIZE, LockMeta, WheelhouseManifest
+from envbuilder.lock.documents import IMAGES_SHAPE, SOURCES_SHAPE, CondaLock, LockMeta, Pylock, SourcePin
+from envbuilder.lock.documents import WheelhouseManifest, image_digests, source_pins
 from envbuilder.record import plain
 from envbuilder.text import is_plain_name
 from envbuilder.model.resolved import ResolvedEnv
@@ -268,8 +268,7 @@ def integrity(lock_dir: Path) -> tuple[LockMeta | None, dict[str, str], list[str
         from envbuilder.render.plan import normalize
 
         files = {
-            (normalize(p["name"]), p["version"])
-            for p in parse(PYLOCK, texts[PYLOCK], str(lock_dir / PYLOCK))["packages"]
+            (normalize(p.name), p.version) for p in pylock_of(texts[PYLOCK], str(lock_dir / PYLOCK)).packages
         }
         copies: dict[str, Callable[[str], set[tuple[str, str]]]] = {
             REQUIREMENTS: lambda t: {(n, e.version) for n, e in parse_requirements(t).items()},
@@ -286,8 +285,7 @@ def integrity(lock_dir: Path) -> tuple[LockMeta | None, dict[str, str], list[str
 
 
 def _conda_lock_pip_pins(text: str, origin: str) -> set[tuple[str, str]]:
-    doc = parse(CONDA_LOCK, text, origin)
-    return {(p["name"], str(p["version"])) for p in doc["package"] if p["manager"] == "pip"}
+    return {(p.name, str(p.version)) for p in conda_lock_of(text, origin).package if p.manager == "pip"}
 
 
 def verified(lock_dir: Path, profile: str | None = None) -> tuple[LockMeta, dict[str, str]]:
@@ -370,60 +368,18 @@ RELOCK = (
     "It is not as `envbuild lock` wrote it: re-create the lock with `envbuild lock` (a "
     "lock is used only whole and unedited)."
 )
-# (what a tool (uv, conda-lock) or a newer envbuild adds that nothing here reads is MORE: any
-# data, bounded by the reader; lock.json's shape is its record's, documents.LockMeta)
-_URL_TEXT = S.Pattern(
-    r"https?://(?:(?![\"'`$\\])[!-~])+",
-    "https://files.pythonhosted.org/...",
-    "a plain http(s) URL (no space, quote or shell character)",
-    4000,
-)
-_FILE = {"url": _URL_TEXT, "hashes": {"sha256": S.SHA256, **MORE}, "size?": (SIZE, None), **MORE}
-PYLOCK_SHAPE = {
-    "packages": S.ListOf(
-        {"name": S.PACKAGE, "version": S.Text(200), "wheels?": S.ListOf(_FILE), "sdist?": _FILE, **MORE}
-    ),
-    **MORE,
-}
-CONDA_LOCK_SHAPE = {
-    "package": S.ListOf(
-        {
-            "name": S.Text(300),
-            "version": S.Scalar(),
-            "manager": S.OneOf(("conda", "pip")),
-            "url": _URL_TEXT,
-            "hash": {"sha256?": (S.SHA256, None), "md5?": (S.Text(64), None), **MORE},
-            **MORE,
-        }
-    ),
-    **MORE,
-}
-SOURCES_SHAPE = S.MapOf(
-    {
-        "url": _URL_TEXT,
-        "sha256": S.SHA256,
-        "filename?": S.Pattern(_FILE_NAME.pattern, "apex-25.08.tar.gz", "a plain file name", 255),
-        "size?": (SIZE, None),
-        "ref?": S.Text(200),
-        **MORE,
-    },
-    key=S.NAME,
-)
-IMAGES_SHAPE = S.MapOf(
-    {"digest": S.Pattern(r"sha256:[0-9a-f]{64}", "sha256:..."), **MORE},
-    # (schema.check takes any spec as a key; MapOf's annotation names only Pattern | OneOf)
-    key=S.Text(500),
-)
+# (each file's shape is that of its records, documents.py: what a tool (uv, conda-lock) or a newer
+# envbuild adds that nothing here reads is any data there, bounded by the reader)
 _SHAPES = {
     META: ("json", LockMeta.shape()),
     SOURCES: ("json", SOURCES_SHAPE),
     IMAGES: ("json", IMAGES_SHAPE),
-    PYLOCK: ("toml", PYLOCK_SHAPE),
-    CONDA_LOCK: ("yaml", CONDA_LOCK_SHAPE),
+    PYLOCK: ("toml", Pylock.shape()),
+    CONDA_LOCK: ("yaml", CondaLock.shape()),
 }
 
 
-def parse(name: str, text: str, origin: str, shape: bool = True) -> Any:
+def parse(name: str, text: str, origin: str, shape: bool = True) -> object:
     """The content of the lock file `name` (lock.json, sources.lock, images.lock, pylock.toml,
     conda-lock.yml) read by the one bounded reader (readers.py) and checked against the shape
     `envbuild lock` writes (`shape`=False: bounds only); readers.BadData (exit 2, naming the
@@ -432,13 +388,39 @@ def parse(name: str, text: str, origin: str, shape: bool = True) -> Any:
 
 
 @functools.lru_cache(maxsize=16)
-def _parse(name: str, text: str, origin: str, shape: bool) -> Any:
+def _parse(name: str, text: str, origin: str, shape: bool) -> object:
     from envbuilder.model import readers
 
     kind, spec = _SHAPES[name]
-    return readers.PARSERS[kind](
+    doc: object = readers.PARSERS[kind](
         text, origin, shape=spec if shape else None, fix=RELOCK, bounds=readers.Bounds(max_bytes=MAX_FILE)
     )
+    return doc
+
+
+def _table(doc: object) -> Mapping[str, object]:
+    if not isinstance(doc, dict):  # (parse held it to its shape: a table)
+        raise TypeError(f"a lock file's shape is a table, not {type(doc).__name__}")
+    return doc
+
+
+def pylock_of(text: str, origin: str) -> Pylock:
+    """pylock.toml's text, parsed and checked (parse), as its record."""
+    return Pylock.of(_table(parse(PYLOCK, text, origin)))
+
+
+def conda_lock_of(text: str, origin: str) -> CondaLock:
+    return CondaLock.of(_table(parse(CONDA_LOCK, text, origin)))
+
+
+def sources_of(text: str, origin: str) -> dict[str, SourcePin]:
+    """sources.lock's pins by name (apex, flash-attn's wheels, TransformerEngine's sdist)."""
+    return source_pins(parse(SOURCES, text, origin))
+
+
+def images_of(text: str, origin: str) -> dict[str, str]:
+    """images.lock: image reference -> the digest it was locked at."""
+    return image_digests(parse(IMAGES, text, origin))
 
 
 def write_dir(lock_dir: Path, files: dict[str, str]) -> None:
@@ -511,12 +493,12 @@ def for_render(
                 f"sources). Re-lock with `envbuild lock {env.name}`."
             )
         texts[name] = lock_texts[name]  # (verified: each locked part has its file)
-    images = parse(IMAGES, texts[IMAGES], str(lock_dir / IMAGES)) if IMAGES in texts else {}
+    images = images_of(texts[IMAGES], str(lock_dir / IMAGES)) if IMAGES in texts else {}
     pinned = {}
     for role, ref in sorted(env.cuda.images.items()):
         where = mirror.image(ref) if mirror else ref
         if ref in images:
-            pinned[role] = f"{where}@{images[ref]['digest']}"
+            pinned[role] = f"{where}@{images[ref]}"
         elif IMAGES in texts:
             raise UserError(f"{lock_dir / IMAGES} has no digest for {ref}; re-lock.")
         else:
@@ -554,10 +536,10 @@ def for_render(
 
 def _builder_sources(
     env: ResolvedEnv, texts: Mapping[str, str], lock_dir: Path, wheelhouse: bool
-) -> tuple[Mapping[str, Any] | None, dict[str, str] | None, Mapping[str, Any] | None]:
+) -> tuple[Mapping[str, object] | None, dict[str, str] | None, Mapping[str, object] | None]:
     """What the builder stage takes from sources.lock: apex's archive, flash-attn's wheels and
     the sdist of TransformerEngine's PyTorch extension (each refused missing where it is needed)."""
-    sources = parse(SOURCES, texts[SOURCES], str(lock_dir / SOURCES)) if SOURCES in texts else {}
+    sources = sources_of(texts[SOURCES], str(lock_dir / SOURCES)) if SOURCES in texts else {}
     apex_source = sources.get("apex") if env.apex else None
     fa_wheels = None
     if env.flash_attn:
@@ -582,7 +564,11 @@ def _builder_sources(
             "builder compiles from the wheelhouse (a lock made without its sources part, or by an "
             "older envbuild). Re-lock with the sources part, then export the wheelhouse again."
         )
-    return apex_source, fa_wheels, te_source
+    return (
+        apex_source.to_dict() if apex_source else None,
+        fa_wheels,
+        te_source.to_dict() if te_source else None,
+    )
 
 
 # what each part pins, for an SBOM that declares the parts its lock lacks
@@ -643,8 +629,8 @@ def sbom_text_of(
     requirements.lock (a wheelhouse's built wheels in place of their sdists)."""
     from envbuilder.lock import sbom
 
-    def doc(name: str) -> Any:
-        return parse(name, texts[name], str(Path(lock_dir) / name)) if name in texts else None
+    def origin(name: str) -> str:
+        return str(Path(lock_dir) / name)
 
     why = {
         p: f"{PART_HOLDS[p]}: not in this lock (made with --only {','.join(meta.parts)})"
@@ -654,9 +640,9 @@ def sbom_text_of(
         env,
         meta,
         texts[REQUIREMENTS] if requirements is None else requirements,
-        doc(CONDA_LOCK),
-        doc(IMAGES),
-        doc(SOURCES) if has_sources(env) else None,
+        conda_lock_of(texts[CONDA_LOCK], origin(CONDA_LOCK)) if CONDA_LOCK in texts else None,
+        images_of(texts[IMAGES], origin(IMAGES)) if IMAGES in texts else None,
+        sources_of(texts[SOURCES], origin(SOURCES)) if has_sources(env) and SOURCES in texts else None,
         missing=why,
     )
 

@@ -114,50 +114,39 @@ def artifacts(lock_dir: Path, profile: str | None = None) -> LockPlan:
                 f"The lock in {lock_dir} has no {L.PYLOCK} (made by an older envbuild), "
                 "so it names no file URLs. Re-lock with `envbuild lock`."
             )
-        for p in L.parse(L.PYLOCK, texts[L.PYLOCK], str(lock_dir / L.PYLOCK))["packages"]:
-            files = p.get("wheels") or ([p["sdist"]] if p.get("sdist") else [])
+        for p in L.pylock_of(texts[L.PYLOCK], str(lock_dir / L.PYLOCK)).packages:
+            files = p.wheels or ((p.sdist,) if p.sdist else ())
             if not files:
-                raise UserError(f"{lock_dir / L.PYLOCK}: {p['name']} has no file to download.")
+                raise UserError(f"{lock_dir / L.PYLOCK}: {p.name} has no file to download.")
             for f in files:
                 out.append(
-                    Artifact(
-                        "pip",
-                        normalize(p["name"]),
-                        p["version"],
-                        f["url"],
-                        f["hashes"]["sha256"],
-                        f.get("size"),
-                        "pypi",
-                    )
+                    Artifact("pip", normalize(p.name), p.version, f.url, f.hashes.sha256, f.size, "pypi")
                 )
     if L.SOURCES in texts:  # GitHub files the builder uses (apex, flash-attn)
-        for name, src in sorted(L.parse(L.SOURCES, texts[L.SOURCES], str(lock_dir / L.SOURCES)).items()):
+        for name, src in sorted(L.sources_of(texts[L.SOURCES], str(lock_dir / L.SOURCES)).items()):
             out.append(
                 Artifact(
-                    "source", name, src.get("ref", ""), src["url"], src["sha256"], src.get("size"), "sources"
+                    "source",
+                    name,
+                    src.ref if src.ref is not None else "",
+                    src.url,
+                    src.sha256,
+                    src.size,
+                    "sources",
                 )
             )
     if "conda" in meta.parts:
-        doc = L.parse(L.CONDA_LOCK, texts[L.CONDA_LOCK], str(lock_dir / L.CONDA_LOCK))
-        for p in doc["package"]:
-            if p["manager"] != "conda":
+        for c in L.conda_lock_of(texts[L.CONDA_LOCK], str(lock_dir / L.CONDA_LOCK)).package:
+            if c.manager != "conda":
                 continue
-            if not p["hash"].get("sha256"):
+            if not c.hash.sha256:
                 raise UserError(
-                    f"{lock_dir / L.CONDA_LOCK}: {p['name']} has no sha256, so its "
+                    f"{lock_dir / L.CONDA_LOCK}: {c.name} has no sha256, so its "
                     "download cannot be checked. Re-lock with `envbuild lock`."
                 )
-            platform = ([""] + urlsplit(p["url"]).path.rstrip("/").split("/"))[-2]
+            platform = ([""] + urlsplit(c.url).path.rstrip("/").split("/"))[-2]
             out.append(
-                Artifact(
-                    "conda",
-                    p["name"],
-                    str(p["version"]),
-                    p["url"],
-                    p["hash"]["sha256"],
-                    None,
-                    f"conda/{platform}",
-                )
+                Artifact("conda", c.name, str(c.version), c.url, c.hash.sha256, None, f"conda/{platform}")
             )
     if not out:
         raise UserError(
