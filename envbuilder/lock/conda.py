@@ -68,7 +68,7 @@ def virtual_packages(env: ResolvedEnv, glibc: str) -> dict[str, str]:
 
 
 def _hint(message: str, vpkgs: dict[str, str], subdir: str = PLATFORM) -> str:
-    need = re.findall(r"__cuda\s*>=\s*([\d.]+)", message)
+    need: list[str] = re.findall(r"__cuda\s*>=\s*([\d.]+)", message)
     if need:
         return (
             f"A package needs a CUDA driver for __cuda >= {max(need, key=_vkey)}, but the "
@@ -119,7 +119,8 @@ def solve_rattler(env: ResolvedEnv, channels: list[str], vpkgs: dict[str, str]) 
     if "invalid" in result:
         raise UserError(f"A conda channel or spec of {env.name} is malformed: {result['invalid']}")
     out = []
-    for r in result["ok"]:
+    solved = result.get("ok")
+    for r in solved if isinstance(solved, list) else []:
         if not r["md5"]:
             raise ActionError(f"{r['url']} has no md5 in its channel's repodata; conda-lock.yml needs one.")
         out.append(

@@ -242,7 +242,8 @@ def te_sdist(env: ResolvedEnv, pypi: SecretUrl) -> Pin:
     if r.status != 200:
         raise ActionError(f"{pypi} answered HTTP {r.status} for {TE_KEY}; the lock cannot pin its sdist.")
     html = b"".join(body).decode("utf-8", "replace")
-    for href in re.findall(r'href="([^"]+)"', html):
+    hrefs: list[str] = re.findall(r'href="([^"]+)"', html)  # (one group: each a str)
+    for href in hrefs:
         link = urljoin(page, href.replace("&amp;", "&"))
         path, _, fragment = link.partition("#")
         if path.rsplit("/", 1)[-1] != want:

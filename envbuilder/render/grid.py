@@ -13,8 +13,8 @@ driver rule compares a driver with those only, so every driver falls in one leve
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TypedDict
 
 from envbuilder.errors import UserError
 from envbuilder.model import fixes
@@ -48,13 +48,29 @@ class Row(Record):
     asked: str = ""  # what each cell resolves (`envbuild check ASKED`): the profile, or the card's key where it takes another card's profile
 
 
+class _Rule(TypedDict):
+    rule: str
+    what: str
+    why: str
+    fix: str
+
+
+class Rule(_Rule, total=False):
+    """A rule of a refusal, as the page shows it (a resolver violation's fields)."""
+
+    hard: bool
+
+
+Source = tuple[str, str]  # (what, URL or text) of a record involved
+
+
 class Cell(Record):
     state: str  # ok, fix, no, none
     fix: tuple[tuple[str, str], ...]  # (state fix) the override that makes it resolve
-    rules: tuple[dict[str, Any], ...]  # the refusal: rule, what, why, fix, hard
+    rules: tuple[Rule, ...]  # the refusal
     summary: str  # what resolves (ok, fix), or the refusal in one line
     command: str  # the `envbuild render` line for the combination (with the fix, if any)
-    sources: tuple[tuple[str, str], ...]  # (what, URL or text) of the records involved
+    sources: tuple[Source, ...]  # the records involved
     driver: tuple[str, str, str] | None = None  # (ok, fix) the CUDA it needs, min and compat driver
 
 
@@ -164,7 +180,7 @@ def overrides(flags: Iterable[tuple[str, str]], driver: str | None) -> Overrides
     return fixes.applied(Overrides(driver=driver), dict(flags))
 
 
-def _keeps(col: Column, flags: dict[str, Any]) -> bool:
+def _keeps(col: Column, flags: dict[str, str]) -> bool:
     """A fix that leaves the column's own choice as it is (and the machine's driver alone)."""
     mine = dict(col.flags)
     if "driver" in flags or mine.get("with") in (flags.get("without") or "").split(","):
@@ -172,7 +188,7 @@ def _keeps(col: Column, flags: dict[str, Any]) -> bool:
     return all(f not in mine or flags[f] == mine[f] for f in flags)
 
 
-def _candidates(m: Matrix, col: Column, refusal: UserError) -> Iterator[dict[str, Any]]:
+def _candidates(m: Matrix, col: Column, refusal: UserError) -> Iterator[dict[str, str]]:
     """The overrides that may lift a refusal: each concrete alternative the resolver's fixes
     name, then each stack (stacks.yaml, newest first), then, for a vLLM release, the torch it
     pins with each CUDA of the same major."""
@@ -202,7 +218,12 @@ def cell(m: Matrix, verdicts: Verdicts, row: Row, col: Column, driver: str | Non
         why = f"no profile's build runs on the {row.name} (CC {row.cc}), so render has nothing to resolve for it"
         if near:
             why += f"; the code of profile {near[0]} runs on CC {row.cc} (`envbuild detect` weighs it)"
-        rule = {"rule": "profile", "what": why, "why": "", "fix": "add a profile in a --matrix-dir overlay"}
+        rule: Rule = {
+            "rule": "profile",
+            "what": why,
+            "why": "",
+            "fix": "add a profile in a --matrix-dir overlay",
+        }
         return Cell("none", (), (rule,), why, "", tuple(links(m.gpus[row.gpu], "gpus", row.gpu, row.name)))
     base = overrides(col.flags, driver)
     got = verdicts(row.asked, base)
@@ -225,7 +246,7 @@ def cell(m: Matrix, verdicts: Verdicts, row: Row, col: Column, driver: str | Non
     )
 
 
-def _rules(refusal: UserError) -> tuple[dict[str, Any], ...]:
+def _rules(refusal: UserError) -> tuple[Rule, ...]:
     if isinstance(refusal, ResolveError):
         return tuple(
             {"rule": v.rule, "what": v.what, "why": v.why, "fix": v.fix, "hard": v.hard}
@@ -237,7 +258,7 @@ def _rules(refusal: UserError) -> tuple[dict[str, Any], ...]:
 def _done(
     state: str,
     fix: tuple[tuple[str, str], ...],
-    rules: tuple[dict[str, Any], ...],
+    rules: tuple[Rule, ...],
     env: ResolvedEnv,
     row: Row,
     col: Column,
@@ -271,7 +292,7 @@ def command(
     return " ".join(parts)
 
 
-def _env_sources(env: ResolvedEnv, row: Row, links: Links) -> tuple[Any, ...]:
+def _env_sources(env: ResolvedEnv, row: Row, links: Links) -> tuple[Source, ...]:
     m = links.m
     out = [*links(m.gpus[row.gpu], "gpus", row.gpu, env.gpu.name)]
     out += links(m.cuda[env.cuda.version], "cuda", env.cuda.version, f"CUDA {env.cuda.version}")
@@ -286,7 +307,7 @@ def _env_sources(env: ResolvedEnv, row: Row, links: Links) -> tuple[Any, ...]:
     return tuple(dict.fromkeys(out))
 
 
-def _sources(m: Matrix, row: Row, col: Column, links: Links) -> tuple[Any, ...]:
+def _sources(m: Matrix, row: Row, col: Column, links: Links) -> tuple[Source, ...]:
     p, flags = m.profiles[row.profile or ""], dict(col.flags)
     out = [*links(m.gpus[row.gpu], "gpus", row.gpu, row.name)]
     for sec, what in (("cuda", "CUDA"), ("torch", "torch"), ("verl", "verl"), ("vllm", "vLLM")):
@@ -311,14 +332,15 @@ class Links:
 
     def __init__(self, m: Matrix):
         self.m = m
-        self.maps: dict[Any, dict[str, Any]] = {}
+        # (section, key) -> the `sources:` of the file it came from; that file's path -> the same
+        self.maps: dict[tuple[str, str | None] | str, Mapping[str, object]] = {}
 
-    def _map(self, section: str, key: str | None) -> dict[str, Any]:
+    def _map(self, section: str, key: str | None) -> Mapping[str, object]:
         if (section, key) not in self.maps:
             self.maps[(section, key)] = self._read(section, key)
         return self.maps[(section, key)]
 
-    def _read(self, section: str, key: str | None) -> dict[str, Any]:
+    def _read(self, section: str, key: str | None) -> Mapping[str, object]:
         from pathlib import Path
 
         from envbuilder.limits import load_yaml, read_text_bounded
@@ -332,18 +354,21 @@ class Links:
             return {}
         if path not in self.maps:
             try:
-                doc = load_yaml(read_text_bounded(Path(path), "matrix file"), path) or {}
+                doc: object = load_yaml(read_text_bounded(Path(path), "matrix file"), path)
             except (OSError, UserError):
-                doc = {}
-            self.maps[path] = doc.get("sources") or {} if isinstance(doc, dict) else {}
+                doc = None
+            found = doc.get("sources") if isinstance(doc, dict) else None
+            self.maps[path] = found if isinstance(found, dict) else {}
         return self.maps[path]
 
-    def __call__(self, record: dict[str, Any], section: str, key: str | None, what: str) -> list[Any]:
+    def __call__(
+        self, record: Mapping[str, object], section: str, key: str | None, what: str
+    ) -> list[Source]:
         tokens = [t.strip() for t in str(record.get("source") or "").split(",") if t.strip()]
         out = []
         for t in tokens:
             text = t if URL.match(t) else self._map(section, key).get(t, t)
-            found = URL.search(text)
+            found = URL.search(str(text))
             # (a URL's user:password@ is a secret wherever it comes from: the page names none)
             link = without_credentials(found[0] if found else str(text))
             out.append((f"{what}: {without_credentials(t)}", link))
@@ -400,12 +425,12 @@ def details(grid: Grid, driver: str | None) -> list[str]:
     return out
 
 
-def page_data(grid: Grid, driver: str | None = None) -> dict[str, Any]:
+def page_data(grid: Grid, driver: str | None = None) -> dict[str, object]:
     """What the page's script reads: rows, columns and cells (each with the driver facts of the
     environment it resolved to, for the picker)."""
     sources: dict[tuple[str, str], int] = {}  # each (what, URL) once; a cell lists their numbers
 
-    def numbered(pairs: Iterable[Any]) -> list[int]:
+    def numbered(pairs: Iterable[Source]) -> list[int]:
         return [sources.setdefault(p, len(sources)) for p in pairs]
 
     cells = [
