@@ -13,9 +13,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from envbuilder.errors import ActionError, UserError
+from envbuilder.lock.documents import Pylock
 from envbuilder.render.plan import conda_specs
 from envbuilder.model.resolved import ResolvedEnv
 from envbuilder.record import Record
@@ -85,7 +85,8 @@ def _hint(message: str, vpkgs: dict[str, str], subdir: str = PLATFORM) -> str:
 
 
 def _vkey(v: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", v))
+    numbers: list[str] = re.findall(r"\d+", v)
+    return tuple(int(x) for x in numbers)
 
 
 def solve_rattler(env: ResolvedEnv, channels: list[str], vpkgs: dict[str, str]) -> list[CondaRecord]:
@@ -226,7 +227,7 @@ def _dependencies(depends: tuple[str, ...]) -> dict[str, str]:
 def write_conda_lock(
     path: Path,
     conda: list[CondaRecord],
-    pylock: dict[str, Any] | None,
+    pylock: Pylock | None,
     pip_parents: dict[str, frozenset[str]],
     *,
     channels: list[str],
@@ -257,14 +258,14 @@ def write_conda_lock(
         )
         for r in conda
     ]
-    for p in (pylock or {}).get("packages", []):
-        name = normalize(p["name"])
+    for p in pylock.packages if pylock else ():
+        name = normalize(p.name)
         url, sha256 = pip_artifact(p)
         deps = {child: "*" for child, parents in pip_parents.items() if name in parents}
         packages.append(
             LockedDependency(
                 name=name,
-                version=p["version"],
+                version=p.version,
                 manager="pip",
                 platform=subdir,
                 dependencies=dict(sorted(deps.items())),

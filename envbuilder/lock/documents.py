@@ -232,7 +232,7 @@ class PylockFile(Document):
 
 class PylockPackage(Document):
     name: str
-    version: str
+    version: str = ""  # (required in a file: not `absent`)
     wheels: tuple[PylockFile, ...] = ()
     sdist: PylockFile | None = None
     _absent = ("wheels", "sdist")

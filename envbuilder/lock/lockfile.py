@@ -59,7 +59,7 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def solver_inputs(env: ResolvedEnv, parts: Iterable[str] = tuple(PARTS)) -> dict[str, dict[str, Any]]:
+def solver_inputs(env: ResolvedEnv, parts: Iterable[str] = tuple(PARTS)) -> dict[str, dict[str, object]]:
     """part -> what that part's solution depends on, and nothing else: the requirements, the
     target (Python, platform, the image's glibc and CUDA) and the upstream indexes or channels.
     Not the templates, envbuild's version or matrix facts the solver never sees, so a comment
@@ -77,7 +77,7 @@ def solver_inputs(env: ResolvedEnv, parts: Iterable[str] = tuple(PARTS)) -> dict
         "glibc": env.cuda.glibc,
         "cuda": env.cuda.version,
     }
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, dict[str, object]] = {}
     if "pip" in parts:
         out["pip"] = {
             "requirements": requirements_in(env),

@@ -253,7 +253,8 @@ def te_sdist(env: ResolvedEnv, pypi: SecretUrl) -> Pin:
         if listed and listed != sha:
             raise ActionError(f"{want} from {pypi} hashes to {sha}, but its index lists {listed}.")
         parts = urlsplit(path)  # (the lock names no password: the host without its user part)
-        public = urlunsplit(parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else "")))
+        host = parts.hostname or ""  # (an http URL: _sha256 fetched it)
+        public = urlunsplit(parts._replace(netloc=host + (f":{parts.port}" if parts.port else "")))
         return {"url": public, "filename": want, "sha256": sha, "size": size, "ref": mg.transformer_engine}
     raise ActionError(
         f"{pypi} has no {want} on its page of {TE_KEY}; the lock cannot pin the extension's sdist."

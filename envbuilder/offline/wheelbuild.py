@@ -167,10 +167,12 @@ def build_system(sdist: Path) -> tuple[str, list[str]]:
                     if f is None:
                         break
                     doc = load_toml(f.read().decode("utf-8"))
-                    bs = doc.get("build-system") or {}
-                    if bs.get("requires") is None:
+                    found = doc.get("build-system")
+                    bs: Mapping[str, object] = found if isinstance(found, dict) else {}
+                    requires = bs.get("requires")
+                    if not isinstance(requires, list):  # (none: PEP 517's default)
                         break
-                    return str(bs.get("build-backend") or LEGACY_BACKEND), [str(r) for r in bs["requires"]]
+                    return str(bs.get("build-backend") or LEGACY_BACKEND), [str(r) for r in requires]
     except (tarfile.TarError, OSError, UnicodeDecodeError, ValueError) as e:
         raise UserError(
             f"{sdist.name} is not a readable source archive ({e}); the lock pins "

@@ -405,7 +405,8 @@ def uv_artifacts(
                 continue
             if r.status != 200:
                 continue
-            for href in re.findall(r'href="([^"]+)"', r.body.decode("utf-8", "replace")):
+            hrefs: list[str] = re.findall(r'href="([^"]+)"', r.body.decode("utf-8", "replace"))
+            for href in hrefs:
                 url = urljoin(page, html.unescape(href)).split("#", 1)[0]
                 if unquote(urlsplit(url).path.rsplit("/", 1)[-1]) == filename:
                     return [Artifact("pip", "uv", pin.version, url, pin.sha256, pin.size, "pypi")]
