@@ -40,9 +40,6 @@ IMAGES = "images.lock"
 PARTS = {"conda": CONDA_LOCK, "pip": REQUIREMENTS, "sources": SOURCES, "images": IMAGES}
 FILES = (CONDA_LOCK, REQUIREMENTS, PYLOCK, SOURCES, IMAGES)  # all that lock.json may list
 MAX_FILE = 256 << 20  # far above any real lock file (a big conda-lock.yml is ~1 MiB)
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-_URL = re.compile(r"https?://[^\s\"'`$\\]+")  # no space, quote or shell character
-_FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 
 
 def has_sources(env: ResolvedEnv) -> bool:
