@@ -34,6 +34,21 @@ def NEWEST(xs: Iterable[str]) -> list[str]:
     return sorted(xs, key=version_key, reverse=True)
 
 
+# the matrix's records are plain data its schema checked: these read a field of one as that type
+def _table(value: object) -> Mapping[str, object]:
+    return value if isinstance(value, dict) else {}
+
+
+def _text(record: Mapping[str, object], key: str) -> str:
+    value = record[key]
+    return value if isinstance(value, str) else str(value)
+
+
+def _maybe(record: Mapping[str, object], key: str) -> str | None:
+    value = record.get(key)
+    return value if isinstance(value, str) else None
+
+
 class Column(Record):
     group: str
     label: str
@@ -87,9 +102,10 @@ def columns(m: Matrix) -> list[Column]:
     """The choices, from the matrix: the profile as shipped; each torch/CUDA pair and vLLM
     release that a profile or a stack runs; the HF rollout; every verl release; each optional
     component. Every one is a set of render's own flags."""
-    runs = [*m.profiles.values(), *(m.sections.get("stacks") or {}).values()]
-    pairs = {(r["torch"], r["cuda"]) for r in runs if r.get("torch") and r.get("cuda")}
-    vllms = {r["vllm"] for r in runs if r.get("vllm") in m.vllm}
+    stacks = _table(m.sections.get("stacks"))
+    runs = [*m.profiles.values(), *(_table(s) for s in stacks.values())]
+    pairs = {(_text(r, "torch"), _text(r, "cuda")) for r in runs if r.get("torch") and r.get("cuda")}
+    vllms = {_text(r, "vllm") for r in runs if r.get("vllm") in m.vllm}
     cols = [Column("profile", "as shipped", ())]
     for t, c in sorted(pairs, key=lambda tc: (version_key(tc[0]), version_key(tc[1]))):
         cols.append(Column("torch / CUDA", f"{t} / {c}", (("torch", t), ("cuda", c))))
@@ -124,16 +140,18 @@ def rows(m: Matrix, gpus: tuple[str, ...] = ()) -> list[Row]:
     gpus = tuple(_known(m, typed) for typed in gpus)
     out: list[Row] = []
     for key, g in m.gpus.items():
-        names = [n for n, p in m.profiles.items() if p["gpu"] == key]
+        names = [n for n, p in m.profiles.items() if p.get("gpu") == key]
         if gpus and key not in gpus and not set(names) & set(gpus):
             continue
         if not names:  # (the card by its own name: its identity and memory, another's stack)
-            out.append(Row(key, g["name"], g["compute_capability"], nearest_profile(m, key), key))
+            out.append(
+                Row(key, _text(g, "name"), _text(g, "compute_capability"), nearest_profile(m, key), key)
+            )
             continue
         for name in names:
             if gpus and key not in gpus and name not in gpus:
                 continue
-            out.append(Row(key, g["name"], g["compute_capability"], name, name))
+            out.append(Row(key, _text(g, "name"), _text(g, "compute_capability"), name, name))
     if gpus and not out:
         raise UserError(
             f"--gpu {', '.join(gpus)} names no GPU of the matrix: known are "
@@ -198,23 +216,22 @@ def _candidates(m: Matrix, col: Column, refusal: UserError) -> Iterator[dict[str
                 flags = fixes.concrete(m, alt)
                 if flags and all(x is not None for x in flags.values()):
                     yield flags
-    for s in NEWEST(m.sections.get("stacks") or {}):
+    for s in NEWEST(_table(m.sections.get("stacks"))):
         yield {"verl": s}
     vllm = dict(col.flags).get("vllm")
     if vllm:
         rec = m.vllm[vllm]
-        major = rec["wheel_cuda"].split(".")[0]
-        builds = m.torch.get(rec["torch"], {}).get("builds", {}).values()
-        for c in NEWEST(
-            {b["cuda"] for b in builds if b["cuda"].split(".")[0] == major and b["cuda"] in m.cuda}
-        ):
-            yield {"torch": rec["torch"], "cuda": c}
+        major, torch = _text(rec, "wheel_cuda").split(".")[0], _text(rec, "torch")
+        builds = _table(_table(m.torch.get(torch)).get("builds")).values()
+        cudas = [_text(_table(b), "cuda") for b in builds]
+        for c in NEWEST({c for c in cudas if c.split(".")[0] == major and c in m.cuda}):
+            yield {"torch": torch, "cuda": c}
 
 
 def cell(m: Matrix, verdicts: Verdicts, row: Row, col: Column, driver: str | None, links: Links) -> Cell:
     if row.profile is None:
-        near = [n for n, p in m.profiles.items() if cc_runs(row.cc, [m.gpus[p["gpu"]]["compute_capability"]])]
-        near.sort(key=lambda n: cc_tuple(m.gpus[m.profiles[n]["gpu"]]["compute_capability"]), reverse=True)
+        near = [n for n, p in m.profiles.items() if cc_runs(row.cc, [_cc(m, p)])]
+        near.sort(key=lambda n: cc_tuple(_cc(m, m.profiles[n])), reverse=True)
         why = f"no profile's build runs on the {row.name} (CC {row.cc}), so render has nothing to resolve for it"
         if near:
             why += f"; the code of profile {near[0]} runs on CC {row.cc} (`envbuild detect` weighs it)"
@@ -244,6 +261,11 @@ def cell(m: Matrix, verdicts: Verdicts, row: Row, col: Column, driver: str | Non
     return Cell(
         "no", (), rules, summary, command(row.asked, col.flags, (), driver), _sources(m, row, col, links)
     )
+
+
+def _cc(m: Matrix, profile: Mapping[str, object]) -> str:
+    """The compute capability of a profile's GPU."""
+    return _text(m.gpus[_text(profile, "gpu")], "compute_capability")
 
 
 def _rules(refusal: UserError) -> tuple[Rule, ...]:
@@ -311,13 +333,14 @@ def _sources(m: Matrix, row: Row, col: Column, links: Links) -> tuple[Source, ..
     p, flags = m.profiles[row.profile or ""], dict(col.flags)
     out = [*links(m.gpus[row.gpu], "gpus", row.gpu, row.name)]
     for sec, what in (("cuda", "CUDA"), ("torch", "torch"), ("verl", "verl"), ("vllm", "vLLM")):
-        v = flags.get(sec) or p.get(sec)
-        if v and v in m.sections[sec]:
-            out += links(m.sections[sec][v], sec, v, f"{what} {v}")
+        v = flags.get(sec) or _maybe(p, sec)
+        records = _table(m.sections.get(sec))
+        if v and v in records:
+            out += links(_table(records[v]), sec, v, f"{what} {v}")
     comp = flags.get("with")
     if comp:
         sec = comp.replace("-", "_")
-        out += links(m.sections[sec], sec, None, comp)
+        out += links(_table(m.sections.get(sec)), sec, None, comp)
     return tuple(dict.fromkeys(out))
 
 
