@@ -19,11 +19,13 @@ conda_lock, requests and uv load inside the steps that use them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from envbuilder.model.resolved import ResolvedEnv
 from envbuilder.lock import lockfile as L
+from envbuilder.lock.documents import Json, LockMeta, LockTarget
 from envbuilder.record import Record
 from envbuilder.secret import SecretUrl
 
@@ -85,11 +87,11 @@ def _mirrored_channel(channel: str, conda: dict[str, Any]) -> str:
     return base.rstrip("/") + (f"/{label}" if label and channel not in conda else "")
 
 
-def _bare(value: Any, strip: Callable[[str], str]) -> Any:
+def _bare(value: Json, strip: Callable[[str], str]) -> Json:
     """`value` (a str, or lists and dicts of them) with `strip` applied to every string."""
     if isinstance(value, str):
         return strip(value)
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         return {k: _bare(v, strip) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_bare(v, strip) for v in value]
@@ -116,7 +118,7 @@ def lock_profile(
     swap_torch: bool = False,
     say: Callable[[str], None] = lambda msg: None,
     beat: float = 12.0,
-) -> dict[str, Any]:
+) -> LockMeta:
     """Solve, pin and write lockfiles for `env` into `out_dir`; returns lock.json's content.
     `swap_torch` solves the pip part with PyPI's build of the profile's torch version: such a
     lock pins everything else (render's constraints) but cannot install the +cuXXX torch.
@@ -200,37 +202,30 @@ def lock_profile(
         with Heartbeat(f"{env.name}: images", say, every=beat):
             files[L.IMAGES] = L.dumps(lock_images(refs, sources.registry_mirror))
         tools["requests"] = _version("requests")
-    meta = {
-        "format": L.FORMAT,
-        "profile": env.name,
-        "input_sha256": input_sha,
-        **({"torch_swapped": swapped} if swapped else {}),
-        "inputs": digests,
-        "parts": sorted(parts),
-        "solver": solver if "conda" in parts else None,
-        "target": {
-            "platform": platform(env),
-            "python": env.python,
-            "python_platform": python_platform(glibc, env.gpu.machine),
-            "virtual_packages": vpkgs,
-        },
-        # where it was solved from, never with a URL's user:password@ (lock.json is committed)
-        "sources": _bare(
-            {
-                **(
-                    {"pypi": sources.pypi.public, "torch": sources.torch and sources.torch.public}
-                    if "pip" in parts
-                    else {}
-                ),
-                **({"github": sources.github} if "pip" in parts and L.has_sources(env) else {}),
-                **({"channels": list(sources.channels)} if "conda" in parts else {}),
-                **({"registry_mirror": sources.registry_mirror} if "images" in parts else {}),
-            },
-            without_credentials,
+    solved_from: dict[str, Json] = {
+        **(
+            {"pypi": sources.pypi.public, "torch": sources.torch.public if sources.torch else None}
+            if "pip" in parts
+            else {}
         ),
-        "tools": tools,
-        "files": {name: L.sha256_text(text) for name, text in sorted(files.items())},
+        **({"github": sources.github} if "pip" in parts and L.has_sources(env) else {}),
+        **({"channels": list(sources.channels)} if "conda" in parts else {}),
+        **({"registry_mirror": sources.registry_mirror} if "images" in parts else {}),
     }
-    files[L.META] = L.dumps(meta)
+    meta = LockMeta(
+        format=L.FORMAT,
+        profile=env.name,
+        input_sha256=input_sha,
+        torch_swapped=swapped or None,
+        inputs=digests,
+        parts=tuple(sorted(parts)),
+        solver=solver if "conda" in parts else None,
+        target=LockTarget(platform(env), env.python, python_platform(glibc, env.gpu.machine), vpkgs),
+        # where it was solved from, never with a URL's user:password@ (lock.json is committed)
+        sources={k: _bare(v, without_credentials) for k, v in solved_from.items()},
+        tools=tools,
+        files={name: L.sha256_text(text) for name, text in sorted(files.items())},
+    )
+    files[L.META] = L.dumps(meta.to_dict())
     L.write_dir(out_dir, files)
     return meta

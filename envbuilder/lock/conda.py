@@ -13,9 +13,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from envbuilder.errors import ActionError, UserError
+from envbuilder.lock.documents import Pylock
 from envbuilder.render.plan import conda_specs
 from envbuilder.model.resolved import ResolvedEnv
 from envbuilder.record import Record
@@ -68,7 +68,7 @@ def virtual_packages(env: ResolvedEnv, glibc: str) -> dict[str, str]:
 
 
 def _hint(message: str, vpkgs: dict[str, str], subdir: str = PLATFORM) -> str:
-    need = re.findall(r"__cuda\s*>=\s*([\d.]+)", message)
+    need: list[str] = re.findall(r"__cuda\s*>=\s*([\d.]+)", message)
     if need:
         return (
             f"A package needs a CUDA driver for __cuda >= {max(need, key=_vkey)}, but the "
@@ -85,7 +85,8 @@ def _hint(message: str, vpkgs: dict[str, str], subdir: str = PLATFORM) -> str:
 
 
 def _vkey(v: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", v))
+    numbers: list[str] = re.findall(r"\d+", v)
+    return tuple(int(x) for x in numbers)
 
 
 def solve_rattler(env: ResolvedEnv, channels: list[str], vpkgs: dict[str, str]) -> list[CondaRecord]:
@@ -119,7 +120,8 @@ def solve_rattler(env: ResolvedEnv, channels: list[str], vpkgs: dict[str, str]) 
     if "invalid" in result:
         raise UserError(f"A conda channel or spec of {env.name} is malformed: {result['invalid']}")
     out = []
-    for r in result["ok"]:
+    solved = result.get("ok")
+    for r in solved if isinstance(solved, list) else []:
         if not r["md5"]:
             raise ActionError(f"{r['url']} has no md5 in its channel's repodata; conda-lock.yml needs one.")
         out.append(
@@ -225,7 +227,7 @@ def _dependencies(depends: tuple[str, ...]) -> dict[str, str]:
 def write_conda_lock(
     path: Path,
     conda: list[CondaRecord],
-    pylock: dict[str, Any] | None,
+    pylock: Pylock | None,
     pip_parents: dict[str, frozenset[str]],
     *,
     channels: list[str],
@@ -256,14 +258,14 @@ def write_conda_lock(
         )
         for r in conda
     ]
-    for p in (pylock or {}).get("packages", []):
-        name = normalize(p["name"])
+    for p in pylock.packages if pylock else ():
+        name = normalize(p.name)
         url, sha256 = pip_artifact(p)
         deps = {child: "*" for child, parents in pip_parents.items() if name in parents}
         packages.append(
             LockedDependency(
                 name=name,
-                version=p["version"],
+                version=p.version,
                 manager="pip",
                 platform=subdir,
                 dependencies=dict(sorted(deps.items())),

@@ -47,19 +47,19 @@ def find_constraints(env: ResolvedEnv, only: tuple[str, Path] | None = None) -> 
             meta = read_meta(lock_dir)  # (the one reader of lock.json: bounded, shape-checked)
             if meta is None or recorded_pip_sha256(meta) != want:  # (no lock, or not this plan's)
                 continue
-            listed = meta.get("files") or {}
-            if not isinstance(listed.get(REQUIREMENTS), str):
+            recorded = meta.files.get(REQUIREMENTS)
+            if recorded is None:
                 continue
             # (decoded only to be parsed; never waited on: a FIFO is NotRegularFile, a ValueError)
             data = read_limited(lock_dir / REQUIREMENTS, MAX_INPUT_BYTES)
         except (OSError, ValueError, UserError):
             continue
         digest = hashlib.sha256(data).hexdigest()
-        if digest != listed[REQUIREMENTS]:
+        if digest != recorded:
             continue
-        swapped = meta.get("torch_swapped")
-        if only is not None and isinstance(meta.get("input_sha256"), str):  # (no path: it moves)
-            label = f"{label} (input_sha256 {meta['input_sha256'][:16]})"
+        swapped = meta.torch_swapped
+        if only is not None:  # (no path: it moves)
+            label = f"{label} (input_sha256 {meta.input_sha256[:16]})"
         try:
             layers_ = constraint_layers(env, data, bool(swapped), digest)
         except UnicodeDecodeError:

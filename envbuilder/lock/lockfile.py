@@ -17,10 +17,11 @@ from pathlib import Path
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from envbuilder.model import schema as S
 from envbuilder.errors import UserError
 from envbuilder.render.locked import LockedContext
 from envbuilder.render.outdir import Checked
+from envbuilder.lock.documents import IMAGES_SHAPE, SOURCES_SHAPE, CondaLock, LockMeta, Pylock, SourcePin
+from envbuilder.lock.documents import WheelhouseManifest, image_digests, source_pins
 from envbuilder.record import plain
 from envbuilder.text import is_plain_name
 from envbuilder.model.resolved import ResolvedEnv
@@ -39,9 +40,6 @@ IMAGES = "images.lock"
 PARTS = {"conda": CONDA_LOCK, "pip": REQUIREMENTS, "sources": SOURCES, "images": IMAGES}
 FILES = (CONDA_LOCK, REQUIREMENTS, PYLOCK, SOURCES, IMAGES)  # all that lock.json may list
 MAX_FILE = 256 << 20  # far above any real lock file (a big conda-lock.yml is ~1 MiB)
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-_URL = re.compile(r"https?://[^\s\"'`$\\]+")  # no space, quote or shell character
-_FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 
 
 def has_sources(env: ResolvedEnv) -> bool:
@@ -58,7 +56,7 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def solver_inputs(env: ResolvedEnv, parts: Iterable[str] = tuple(PARTS)) -> dict[str, dict[str, Any]]:
+def solver_inputs(env: ResolvedEnv, parts: Iterable[str] = tuple(PARTS)) -> dict[str, dict[str, object]]:
     """part -> what that part's solution depends on, and nothing else: the requirements, the
     target (Python, platform, the image's glibc and CUDA) and the upstream indexes or channels.
     Not the templates, envbuild's version or matrix facts the solver never sees, so a comment
@@ -76,7 +74,7 @@ def solver_inputs(env: ResolvedEnv, parts: Iterable[str] = tuple(PARTS)) -> dict
         "glibc": env.cuda.glibc,
         "cuda": env.cuda.version,
     }
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, dict[str, object]] = {}
     if "pip" in parts:
         out["pip"] = {
             "requirements": requirements_in(env),
@@ -130,19 +128,16 @@ def pip_sha256(env: ResolvedEnv) -> str:
     return input_sha256(input_digests(env, ["pip"]))
 
 
-def recorded_pip_sha256(meta: dict[str, Any]) -> str | None:
+def recorded_pip_sha256(meta: LockMeta) -> str | None:
     """pip_sha256 of the environment a lock (its lock.json `meta`) was solved for, from the
     input digests it recorded; None for a lock without a pip part."""
-    inputs = meta.get("inputs")
-    if not isinstance(inputs, dict) or "pip" not in (meta.get("parts") or []):
+    if "pip" not in meta.parts:
         return None
-    pip = {
-        k: v for k, v in inputs.items() if isinstance(k, str) and k.startswith("pip.") and isinstance(v, str)
-    }
+    pip = {k: v for k, v in meta.inputs.items() if k.startswith("pip.")}
     return input_sha256(pip) if pip else None
 
 
-def dumps(obj: Any) -> str:
+def dumps(obj: object) -> str:
     return json.dumps(obj, indent=2, sort_keys=True) + "\n"
 
 
@@ -157,7 +152,7 @@ def lock_dir_in(root: Path, profile: str, writing: bool = False) -> Path:
         return root / profile
     if writing:
         meta = read_meta(root)
-        return root if isinstance(meta, dict) and meta.get("profile") == profile else root / profile
+        return root if meta is not None and meta.profile == profile else root / profile
     return root
 
 
@@ -172,15 +167,13 @@ def _shipped(lock_dir: Path) -> bool:
         return False
 
 
-def read_meta(lock_dir: Path) -> dict[str, Any] | None:
+def read_meta(lock_dir: Path) -> LockMeta | None:
     return _read_meta(Path(lock_dir))[0]
 
 
-def _read_meta(lock_dir: Path) -> tuple[dict[str, Any] | None, str]:
+def _read_meta(lock_dir: Path) -> tuple[LockMeta | None, str]:
     """(lock.json, its text), (None, "") when there is none; UserError (exit 2, naming the key)
     when it is no lock.json of this format, or not in the shape `envbuild lock` writes."""
-    from envbuilder.model.readers import check_shape
-
     text, why = _read_bounded(lock_dir / META)
     if text is None and why.startswith("missing:"):
         return None, ""
@@ -192,18 +185,17 @@ def _read_meta(lock_dir: Path) -> tuple[dict[str, Any] | None, str]:
             f"{lock_dir / META} is not an envbuild lock of format {FORMAT}. "
             "Re-create it with `envbuild lock`."
         )
-    check_shape(meta, META_SHAPE, str(lock_dir / META), RELOCK)
-    return meta, text
+    return LockMeta.read(meta, str(lock_dir / META), RELOCK), text
 
 
-def _stale(env: ResolvedEnv, meta: dict[str, Any], parts: Iterable[str]) -> list[str]:
+def _stale(env: ResolvedEnv, meta: LockMeta, parts: Iterable[str]) -> list[str]:
     """Why a lock (its lock.json `meta`) was made for other inputs than `env` has now, for the
     `parts` it holds: another profile, or what a part's solver sees has moved."""
     out = []
-    if meta.get("profile") != env.name:
-        out.append(f"is the lock of profile {meta.get('profile')!r}, not {env.name!r}")
-    locked = [p for p in parts if p in meta.get("parts", [])]
-    now, then = input_digests(env, locked), meta.get("inputs", {})
+    if meta.profile != env.name:
+        out.append(f"is the lock of profile {meta.profile!r}, not {env.name!r}")
+    locked = [p for p in parts if p in meta.parts]
+    now, then = input_digests(env, locked), meta.inputs
     changed = sorted(k for k in now if now[k] != then.get(k))
     if changed:
         out.append(
@@ -224,20 +216,17 @@ def problems(env: ResolvedEnv, lock_dir: Path, parts: Iterable[str] = tuple(PART
     parts = parts_for(env, parts)
     out = _stale(env, meta, parts)
     for part in parts:
-        if part not in meta.get("parts", []):
-            out.append(
-                f"incomplete: {PARTS[part]} was not locked (made with --only "
-                f"{','.join(meta.get('parts', []))})"
-            )
+        if part not in meta.parts:
+            out.append(f"incomplete: {PARTS[part]} was not locked (made with --only {','.join(meta.parts)})")
     out += damaged
-    if "pip" in meta.get("parts", []) and "pip" in parts:
+    if "pip" in meta.parts and "pip" in parts:
         for name in [PYLOCK]:
-            if name not in meta.get("files", {}):
+            if name not in meta.files:
                 out.append(f"incomplete: no {name} (made by an older envbuild; re-lock)")
     return out
 
 
-def integrity(lock_dir: Path) -> tuple[dict[str, Any] | None, dict[str, str], list[str]]:
+def integrity(lock_dir: Path) -> tuple[LockMeta | None, dict[str, str], list[str]]:
     """(lock.json, {name: text} of it and of the files it lists, why the directory is not as
     `envbuild lock` wrote it); lock.json None: there is no lock. The one check of a lock
     directory, which `lock --check`, `render --locked` and `wheelhouse` all use: every file
@@ -248,9 +237,7 @@ def integrity(lock_dir: Path) -> tuple[dict[str, Any] | None, dict[str, str], li
     meta, meta_text = _read_meta(lock_dir)
     if meta is None:
         return None, {}, [f"missing: no {lock_dir / META}"]
-    listed, parts = meta.get("files"), meta.get("parts")
-    if not isinstance(listed, dict) or not isinstance(parts, list):
-        return meta, {}, [f"unreadable: {META} has no `files` table or no `parts` list"]
+    listed, parts = meta.files, meta.parts  # (its shape: a table and a list)
     out: list[str] = []
     texts: dict[str, str] = {META: meta_text}
     for part in parts:
@@ -265,7 +252,7 @@ def integrity(lock_dir: Path) -> tuple[dict[str, Any] | None, dict[str, str], li
         text, why = _read_bounded(lock_dir / name)
         if text is None:
             out.append(why)
-        elif not isinstance(digest, str) or sha256_text(text) != digest:
+        elif sha256_text(text) != digest:
             out.append(f"modified: {name} differs from what `envbuild lock` wrote (sha256)")
         else:
             texts[name] = text
@@ -278,8 +265,7 @@ def integrity(lock_dir: Path) -> tuple[dict[str, Any] | None, dict[str, str], li
         from envbuilder.render.plan import normalize
 
         files = {
-            (normalize(p["name"]), p["version"])
-            for p in parse(PYLOCK, texts[PYLOCK], str(lock_dir / PYLOCK))["packages"]
+            (normalize(p.name), p.version) for p in pylock_of(texts[PYLOCK], str(lock_dir / PYLOCK)).packages
         }
         copies: dict[str, Callable[[str], set[tuple[str, str]]]] = {
             REQUIREMENTS: lambda t: {(n, e.version) for n, e in parse_requirements(t).items()},
@@ -296,11 +282,10 @@ def integrity(lock_dir: Path) -> tuple[dict[str, Any] | None, dict[str, str], li
 
 
 def _conda_lock_pip_pins(text: str, origin: str) -> set[tuple[str, str]]:
-    doc = parse(CONDA_LOCK, text, origin)
-    return {(p["name"], str(p["version"])) for p in doc["package"] if p["manager"] == "pip"}
+    return {(p.name, str(p.version)) for p in conda_lock_of(text, origin).package if p.manager == "pip"}
 
 
-def verified(lock_dir: Path, profile: str | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+def verified(lock_dir: Path, profile: str | None = None) -> tuple[LockMeta, dict[str, str]]:
     """(lock.json, {name: text} of its files) of an intact lock (integrity), or an exit-2
     paragraph saying what is wrong with it."""
     lock_dir = Path(lock_dir)
@@ -380,91 +365,18 @@ RELOCK = (
     "It is not as `envbuild lock` wrote it: re-create the lock with `envbuild lock` (a "
     "lock is used only whole and unedited)."
 )
-# what a tool (uv, conda-lock) or a newer envbuild adds that nothing here reads: any data, bounded
-# by the reader (depth, lengths, finite numbers)
-_MORE = {"*": Any}
-_TEXT = S.Text(4000)
-_URL_TEXT = S.Pattern(
-    r"https?://(?:(?![\"'`$\\])[!-~])+",
-    "https://files.pythonhosted.org/...",
-    "a plain http(s) URL (no space, quote or shell character)",
-    4000,
-)
-_SIZE = S.Int(0, 1 << 44)
-META_SHAPE = {
-    "format": int,
-    "profile": S.NAME,
-    "input_sha256": S.SHA256,
-    "plan_sha256?": S.SHA256,  # (written up to 0.1: what pip_sha256 now derives from `inputs`)
-    "torch_swapped?": (_TEXT, None),
-    "inputs": S.MapOf(S.SHA256, key=S.Pattern(r"[a-z_]+\.[a-z_]+", "pip.requirements")),
-    "parts": S.ListOf(S.Text(200)),
-    "solver?": (S.NAME, None),
-    "target?": {
-        "platform?": _TEXT,
-        "python?": _TEXT,
-        "python_platform?": _TEXT,
-        "virtual_packages?": S.MapOf(_TEXT),
-        **_MORE,
-    },
-    "sources?": {
-        "pypi?": (_TEXT, None),
-        "torch?": (_TEXT, None),
-        "github?": (_TEXT, None),
-        "channels?": S.ListOf(_TEXT),
-        "registry_mirror?": S.Tree(_TEXT),
-        **_MORE,
-    },
-    "tools?": S.Tree(_TEXT),
-    "files": S.MapOf(S.SHA256),
-    **_MORE,
-}
-_FILE = {"url": _URL_TEXT, "hashes": {"sha256": S.SHA256, **_MORE}, "size?": (_SIZE, None), **_MORE}
-PYLOCK_SHAPE = {
-    "packages": S.ListOf(
-        {"name": S.PACKAGE, "version": S.Text(200), "wheels?": S.ListOf(_FILE), "sdist?": _FILE, **_MORE}
-    ),
-    **_MORE,
-}
-CONDA_LOCK_SHAPE = {
-    "package": S.ListOf(
-        {
-            "name": S.Text(300),
-            "version": S.Scalar(),
-            "manager": S.OneOf(("conda", "pip")),
-            "url": _URL_TEXT,
-            "hash": {"sha256?": (S.SHA256, None), "md5?": (S.Text(64), None), **_MORE},
-            **_MORE,
-        }
-    ),
-    **_MORE,
-}
-SOURCES_SHAPE = S.MapOf(
-    {
-        "url": _URL_TEXT,
-        "sha256": S.SHA256,
-        "filename?": S.Pattern(_FILE_NAME.pattern, "apex-25.08.tar.gz", "a plain file name", 255),
-        "size?": (_SIZE, None),
-        "ref?": S.Text(200),
-        **_MORE,
-    },
-    key=S.NAME,
-)
-IMAGES_SHAPE = S.MapOf(
-    {"digest": S.Pattern(r"sha256:[0-9a-f]{64}", "sha256:..."), **_MORE},
-    # (schema.check takes any spec as a key; MapOf's annotation names only Pattern | OneOf)
-    key=S.Text(500),
-)
+# (each file's shape is that of its records, documents.py: what a tool (uv, conda-lock) or a newer
+# envbuild adds that nothing here reads is any data there, bounded by the reader)
 _SHAPES = {
-    META: ("json", META_SHAPE),
+    META: ("json", LockMeta.shape()),
     SOURCES: ("json", SOURCES_SHAPE),
     IMAGES: ("json", IMAGES_SHAPE),
-    PYLOCK: ("toml", PYLOCK_SHAPE),
-    CONDA_LOCK: ("yaml", CONDA_LOCK_SHAPE),
+    PYLOCK: ("toml", Pylock.shape()),
+    CONDA_LOCK: ("yaml", CondaLock.shape()),
 }
 
 
-def parse(name: str, text: str, origin: str, shape: bool = True) -> Any:
+def parse(name: str, text: str, origin: str, shape: bool = True) -> object:
     """The content of the lock file `name` (lock.json, sources.lock, images.lock, pylock.toml,
     conda-lock.yml) read by the one bounded reader (readers.py) and checked against the shape
     `envbuild lock` writes (`shape`=False: bounds only); readers.BadData (exit 2, naming the
@@ -473,13 +385,39 @@ def parse(name: str, text: str, origin: str, shape: bool = True) -> Any:
 
 
 @functools.lru_cache(maxsize=16)
-def _parse(name: str, text: str, origin: str, shape: bool) -> Any:
+def _parse(name: str, text: str, origin: str, shape: bool) -> object:
     from envbuilder.model import readers
 
     kind, spec = _SHAPES[name]
-    return readers.PARSERS[kind](
+    doc: object = readers.PARSERS[kind](
         text, origin, shape=spec if shape else None, fix=RELOCK, bounds=readers.Bounds(max_bytes=MAX_FILE)
     )
+    return doc
+
+
+def _table(doc: object) -> Mapping[str, object]:
+    if not isinstance(doc, dict):  # (parse held it to its shape: a table)
+        raise TypeError(f"a lock file's shape is a table, not {type(doc).__name__}")
+    return doc
+
+
+def pylock_of(text: str, origin: str) -> Pylock:
+    """pylock.toml's text, parsed and checked (parse), as its record."""
+    return Pylock.of(_table(parse(PYLOCK, text, origin)))
+
+
+def conda_lock_of(text: str, origin: str) -> CondaLock:
+    return CondaLock.of(_table(parse(CONDA_LOCK, text, origin)))
+
+
+def sources_of(text: str, origin: str) -> dict[str, SourcePin]:
+    """sources.lock's pins by name (apex, flash-attn's wheels, TransformerEngine's sdist)."""
+    return source_pins(parse(SOURCES, text, origin))
+
+
+def images_of(text: str, origin: str) -> dict[str, str]:
+    """images.lock: image reference -> the digest it was locked at."""
+    return image_digests(parse(IMAGES, text, origin))
 
 
 def write_dir(lock_dir: Path, files: dict[str, str]) -> None:
@@ -522,42 +460,42 @@ def for_render(
             f"The lock in {lock_dir} was made for other inputs than {env.name!r} has "
             f"now ({'; '.join(stale)}). Re-lock: {relock}."
         )
-    if meta.get("torch_swapped"):
+    if meta.torch_swapped:
         raise UserError(
             f"The lock in {lock_dir} was solved with PyPI's torch in place of the "
-            f"profile's ({meta['torch_swapped']}), because the PyTorch index was out "
+            f"profile's ({meta.torch_swapped}), because the PyTorch index was out "
             "of reach: it pins everything else (a plain render uses it as constraints) "
             f"but cannot install this torch with --require-hashes. Re-lock where the PyTorch "
             f"index (or its mirror: --torch-index-url) answers: {relock}."
         )
     needed = ("pip",) if wheelhouse is not None else ("pip", "images")
-    missing = [PARTS[p] for p in needed if p not in meta.get("parts", [])]
+    missing = [PARTS[p] for p in needed if p not in meta.parts]
     if missing:
         raise UserError(
             f"The lock in {lock_dir} has no {' and no '.join(missing)} (made with "
-            f"--only {','.join(meta.get('parts', []))}); a locked Dockerfile needs "
+            f"--only {','.join(meta.parts)}); a locked Dockerfile needs "
             f"{'it' if len(needed) == 1 else 'both'}. On a machine that reaches the registry "
             f"and the indexes: {relock}."
         )
     texts = {}
     for name in (REQUIREMENTS, IMAGES, SOURCES):
-        if name == IMAGES and "images" not in meta.get("parts", []):
+        if name == IMAGES and "images" not in meta.parts:
             continue
         if name == SOURCES and not has_sources(env):
             continue
-        if name == SOURCES and name not in meta.get("files", {}):
+        if name == SOURCES and name not in meta.files:
             raise UserError(
                 f"The lock in {lock_dir} pins no {' or '.join(_sourced(env))} (no "
                 f"{SOURCES}; made by an older envbuild, or with --only without "
                 f"sources). Re-lock with `envbuild lock {env.name}`."
             )
         texts[name] = lock_texts[name]  # (verified: each locked part has its file)
-    images = parse(IMAGES, texts[IMAGES], str(lock_dir / IMAGES)) if IMAGES in texts else {}
+    images = images_of(texts[IMAGES], str(lock_dir / IMAGES)) if IMAGES in texts else {}
     pinned = {}
     for role, ref in sorted(env.cuda.images.items()):
         where = mirror.image(ref) if mirror else ref
         if ref in images:
-            pinned[role] = f"{where}@{images[ref]['digest']}"
+            pinned[role] = f"{where}@{images[ref]}"
         elif IMAGES in texts:
             raise UserError(f"{lock_dir / IMAGES} has no digest for {ref}; re-lock.")
         else:
@@ -583,7 +521,7 @@ def for_render(
         images_pinned=IMAGES in texts,
         layers=layers,
         files=files,
-        input_sha256=meta["input_sha256"],
+        input_sha256=meta.input_sha256,
         wheelhouse=wheelhouse is not None,
         links=links,
         apex_source=apex_source,
@@ -595,10 +533,10 @@ def for_render(
 
 def _builder_sources(
     env: ResolvedEnv, texts: Mapping[str, str], lock_dir: Path, wheelhouse: bool
-) -> tuple[Mapping[str, Any] | None, dict[str, str] | None, Mapping[str, Any] | None]:
+) -> tuple[Mapping[str, object] | None, dict[str, str] | None, Mapping[str, object] | None]:
     """What the builder stage takes from sources.lock: apex's archive, flash-attn's wheels and
     the sdist of TransformerEngine's PyTorch extension (each refused missing where it is needed)."""
-    sources = parse(SOURCES, texts[SOURCES], str(lock_dir / SOURCES)) if SOURCES in texts else {}
+    sources = sources_of(texts[SOURCES], str(lock_dir / SOURCES)) if SOURCES in texts else {}
     apex_source = sources.get("apex") if env.apex else None
     fa_wheels = None
     if env.flash_attn:
@@ -623,7 +561,11 @@ def _builder_sources(
             "builder compiles from the wheelhouse (a lock made without its sources part, or by an "
             "older envbuild). Re-lock with the sources part, then export the wheelhouse again."
         )
-    return apex_source, fa_wheels, te_source
+    return (
+        apex_source.to_dict() if apex_source else None,
+        fa_wheels,
+        te_source.to_dict() if te_source else None,
+    )
 
 
 # what each part pins, for an SBOM that declares the parts its lock lacks
@@ -645,7 +587,7 @@ def sbom_of(env: ResolvedEnv, lock_dir: Path, require_complete: bool = False) ->
     meta, texts = verified(lock_dir, env.name)
     missing = missing_parts(env, meta)
     present = [p for p in parts_for(env) if p not in missing]
-    if require_complete or "pip" in missing or meta.get("torch_swapped") or _stale(env, meta, present):
+    if require_complete or "pip" in missing or meta.torch_swapped or _stale(env, meta, present):
         return for_render(env, lock_dir).sbom, missing  # (its refusal, word for word)
     return sbom_text_of(env, meta, texts, lock_dir), missing
 
@@ -654,7 +596,7 @@ def pip_part(env: ResolvedEnv, lock_dir: Path) -> None:
     """Refuse (exit 2) a lock that cannot pin `env`'s pip installs: missing, damaged, without a
     pip part or stale for it (what `envbuild install --locked` needs; no images part)."""
     meta, _ = verified(lock_dir, env.name)
-    if "pip" not in meta.get("parts", []):
+    if "pip" not in meta.parts:
         raise UserError(f"The lock in {lock_dir} has no pip part; re-lock with `envbuild lock {env.name}`.")
     stale = _stale(env, meta, ["pip"])
     if stale:
@@ -664,17 +606,17 @@ def pip_part(env: ResolvedEnv, lock_dir: Path) -> None:
         )
 
 
-def missing_parts(env: ResolvedEnv, meta: dict[str, Any]) -> list[str]:
+def missing_parts(env: ResolvedEnv, meta: LockMeta) -> list[str]:
     """The parts of `env` a lock (its lock.json `meta`) does not pin."""
-    missing = [p for p in parts_for(env) if p not in meta.get("parts", [])]
-    if has_sources(env) and "sources" not in missing and SOURCES not in meta.get("files", {}):
+    missing = [p for p in parts_for(env) if p not in meta.parts]
+    if has_sources(env) and "sources" not in missing and SOURCES not in meta.files:
         missing.append("sources")
     return missing
 
 
 def sbom_text_of(
     env: ResolvedEnv,
-    meta: dict[str, Any],
+    meta: LockMeta,
     texts: dict[str, str],
     lock_dir: Path,
     requirements: str | None = None,
@@ -684,20 +626,20 @@ def sbom_text_of(
     requirements.lock (a wheelhouse's built wheels in place of their sdists)."""
     from envbuilder.lock import sbom
 
-    def doc(name: str) -> Any:
-        return parse(name, texts[name], str(Path(lock_dir) / name)) if name in texts else None
+    def origin(name: str) -> str:
+        return str(Path(lock_dir) / name)
 
     why = {
-        p: f"{PART_HOLDS[p]}: not in this lock (made with --only {','.join(meta.get('parts', []))})"
+        p: f"{PART_HOLDS[p]}: not in this lock (made with --only {','.join(meta.parts)})"
         for p in missing_parts(env, meta)
     }
     return sbom.build(
         env,
         meta,
         texts[REQUIREMENTS] if requirements is None else requirements,
-        doc(CONDA_LOCK),
-        doc(IMAGES),
-        doc(SOURCES) if has_sources(env) else None,
+        conda_lock_of(texts[CONDA_LOCK], origin(CONDA_LOCK)) if CONDA_LOCK in texts else None,
+        images_of(texts[IMAGES], origin(IMAGES)) if IMAGES in texts else None,
+        sources_of(texts[SOURCES], origin(SOURCES)) if has_sources(env) and SOURCES in texts else None,
         missing=why,
     )
 
@@ -707,8 +649,9 @@ def _wheelhouse_uv(env: ResolvedEnv, wheelhouse: Path, links: dict[str, Checked]
     profile with that sha256 (its runtime stage then installs with uv), else None (pip)."""
     pin = env.uv
     name = pin.filename
-    entry = (read_wheelhouse_manifest(wheelhouse) or {}).get("files", {}).get(f"pypi/{name}")
-    ok = f"wheelhouse/{name}" in links and entry and entry.get("sha256") == pin.sha256
+    manifest = wheelhouse_manifest(wheelhouse)
+    entry = manifest.files.get(f"pypi/{name}") if manifest is not None else None
+    ok = f"wheelhouse/{name}" in links and entry is not None and entry.sha256 == pin.sha256
     return name if ok else None
 
 
@@ -722,24 +665,24 @@ def wheelhouse_files(
     """({build-context path: wheelhouse file, with the size and sha256 the manifest records}
     for the pip files the profile needs, {package: ("sha256:..." of the wheel built from its
     sdist,)}). outdir.write_dir places each file only as those bytes, never through a link."""
-    manifest = read_wheelhouse_manifest(wheelhouse)
+    manifest = wheelhouse_manifest(wheelhouse)
     if manifest is None:
         raise UserError(
             f"{wheelhouse} is not an envbuild wheelhouse (no {WHEELHOUSE_MANIFEST}). "
             f"Make one with `envbuild wheelhouse {env.name} -o {wheelhouse}`."
         )
-    profile = manifest["profiles"].get(env.name)
+    profile = manifest.profiles.get(env.name)
     if profile is None:
         raise UserError(
             f"The wheelhouse {wheelhouse} holds no complete export of {env.name} "
-            f"(it has: {', '.join(manifest['profiles']) or 'none'}). Run "
+            f"(it has: {', '.join(manifest.profiles) or 'none'}). Run "
             f"`envbuild wheelhouse {env.name} -o {wheelhouse}`."
         )
-    built, files = profile.get("built") or {}, manifest["files"]
+    built, files = profile.built or {}, manifest.files
     unbuilt = sorted(
-        f["name"]
+        f.name
         for p, f in files.items()
-        if p in profile["files"] and f.get("kind") == "pip" and is_sdist(p) and f.get("name") not in built
+        if p in profile.files and f.kind == "pip" and is_sdist(p) and f.name not in built
     )
     if unbuilt:
         raise UserError(
@@ -748,17 +691,13 @@ def wheelhouse_files(
             "cannot build. Export it again with `envbuild wheelhouse "
             f"{env.name} -o {wheelhouse}`: that builds them into wheels."
         )
-    if any(p not in files for p in profile["files"]) or any(
-        p not in profile["files"] for p in built.values()
-    ):
+    if any(p not in files for p in profile.files) or any(p not in profile.files for p in built.values()):
         raise UserError(
             f"{wheelhouse / WHEELHOUSE_MANIFEST} names files of {env.name} it does "
             f"not list; export it again with `envbuild wheelhouse {env.name} -o "
             f"{wheelhouse}`."
         )
-    hashes: dict[str, tuple[str, ...]] = {
-        name: (f"sha256:{files[p]['sha256']}",) for name, p in built.items()
-    }
+    hashes: dict[str, tuple[str, ...]] = {name: (f"sha256:{files[p].sha256}",) for name, p in built.items()}
     # pip files flat (pip's --find-links), source archives under sources/ (every path was
     # checked to be pypi/NAME or sources/NAME: none leads out of the build context)
     fix = (
@@ -766,8 +705,8 @@ def wheelhouse_files(
         f"wheelhouse {env.name} -o {wheelhouse}` (or copy it again from its source)."
     )
     links: dict[str, Checked] = {}
-    for p in profile["files"]:
-        checked = Checked(Path(wheelhouse), p, files[p]["size"], files[p]["sha256"], fix)
+    for p in profile.files:
+        checked = Checked(Path(wheelhouse), p, files[p].size, files[p].sha256, fix)
         if p.startswith("pypi/"):
             links["wheelhouse/" + p[len("pypi/") :]] = checked
         elif p.startswith("sources/"):
@@ -779,7 +718,6 @@ def wheelhouse_files(
 
 WHEELHOUSE_MANIFEST = "manifest.json"
 WHEELHOUSE_FORMAT = 1
-KINDS = ("pip", "conda", "source")
 PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")  # a file name and a shell word
 PIP_NAME = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")  # PEP 503's normalized form
 
@@ -799,11 +737,11 @@ def wheelhouse_path(path: object) -> bool:
     return shape and all(is_plain_name(p) for p in parts[1:])
 
 
-def read_wheelhouse_manifest(wheelhouse: Path) -> dict[str, Any] | None:
+def wheelhouse_manifest(wheelhouse: Path) -> WheelhouseManifest | None:
     """manifest.json of `wheelhouse` (None when there is none), read by the one bounded reader
-    (readers.py) against the shape envbuild writes, every path in it checked to stay inside the
-    wheelhouse and every entry to have the shape envbuild writes; UserError (exit 2) otherwise,
-    since everything that reads it joins its paths to directories and writes."""
+    (readers.py) into its record (documents.WheelhouseManifest), every path in it checked to stay
+    inside the wheelhouse and every entry to have the shape envbuild writes; UserError (exit 2)
+    otherwise, since everything that reads it joins its paths to directories and writes."""
     from envbuilder.model.readers import BadData, Bounds, parse_json
 
     path = Path(wheelhouse) / WHEELHOUSE_MANIFEST
@@ -815,7 +753,7 @@ def read_wheelhouse_manifest(wheelhouse: Path) -> dict[str, Any] | None:
         "something else; nothing was done with it. Export into a new directory with "
         "`envbuild wheelhouse PROFILE -o NEWDIR`."
     )
-    doc = None
+    doc: object = None
     if text is not None:
         try:
             doc = parse_json(text, str(path), fix=fix, bounds=Bounds(max_bytes=MAX_FILE))
@@ -827,85 +765,42 @@ def read_wheelhouse_manifest(wheelhouse: Path) -> dict[str, Any] | None:
             f"({why or 'not a JSON object'}). Export into a new directory with "
             "`envbuild wheelhouse PROFILE -o NEWDIR`."
         )
-    bad = None
+    manifest, bad = None, None
     if doc.get("format") != WHEELHOUSE_FORMAT:
         bad = f"its format is {str(doc.get('format'))[:20]!r}, not {WHEELHOUSE_FORMAT}"
     else:
         try:
-            from envbuilder.model.readers import check_shape
-
-            check_shape(doc, MANIFEST_SHAPE, str(path), fix)
+            manifest = WheelhouseManifest.read(doc, str(path), fix)
         except BadData as e:
             bad = e.detail
-    bad = bad or _manifest_problem(doc)
-    if bad:
+    bad = bad or (_manifest_problem(manifest) if manifest is not None else None)
+    if bad or manifest is None:
         raise UserError(f"{path} is not as envbuild wrote it: {bad}. {fix}")
-    return doc
+    return manifest
 
 
-_WH_PATH = S.Text(1000)  # (wheelhouse_path checks each: pypi/NAME, sources/NAME, conda/SUB/NAME)
-MANIFEST_SHAPE = {
-    "format": int,
-    "files": S.MapOf(
-        {
-            "kind": S.OneOf(KINDS),
-            "name": S.Text(300),
-            "version": S.Text(200),
-            "size": _SIZE,
-            "sha256": S.SHA256,
-            "built_from?": {"path": _WH_PATH, "sha256": S.SHA256, **_MORE},
-            "build?": {"python?": S.Text(100), "machine?": S.Text(100), "glibc?": S.Text(100), **_MORE},
-            **_MORE,
-        },
-        key=_WH_PATH,
-    ),
-    "profiles": S.MapOf(
-        {
-            "input_sha256?": S.SHA256,
-            "python?": S.Text(100),
-            "files": S.ListOf(_WH_PATH),
-            "built?": (S.MapOf(_WH_PATH), None),
-            **_MORE,
-        },
-        key=S.Text(200),
-    ),
-    **_MORE,
-}
+def read_wheelhouse_manifest(wheelhouse: Path) -> dict[str, Any] | None:
+    """wheelhouse_manifest as plain data (for machine/install.py, which reads it as a dict)."""
+    manifest = wheelhouse_manifest(wheelhouse)
+    return None if manifest is None else manifest.to_dict()
 
 
-def _manifest_problem(doc: dict[str, Any]) -> str | None:
-    if doc.get("format") != WHEELHOUSE_FORMAT:
-        return f"its format is {str(doc.get('format'))[:20]!r}, not {WHEELHOUSE_FORMAT}"
-    files, profiles = doc.get("files"), doc.get("profiles")
-    if not isinstance(files, dict) or not isinstance(profiles, dict):
-        return "it has no `files` or no `profiles` table"
-    for path, f in files.items():
+def _manifest_problem(doc: WheelhouseManifest) -> str | None:
+    """What the shape cannot say of a manifest: its paths stay inside the wheelhouse, its names
+    are plain (a pip one in PEP 503's form), its profiles' names too."""
+    for path, f in doc.files.items():
         if not wheelhouse_path(path):
             return f"it lists a file at {path[:80]!r}, which is not a wheelhouse path"
-        if not (
-            isinstance(f, dict)
-            and f.get("kind") in KINDS
-            and is_plain_name(f.get("name"))
-            and (f["kind"] != "pip" or PIP_NAME.fullmatch(f["name"]))
-            and isinstance(f.get("version"), str)
-            and isinstance(f.get("size"), int)
-            and isinstance(f.get("sha256"), str)
-            and _SHA256.fullmatch(f["sha256"])
-        ):
+        if not (is_plain_name(f.name) and (f.kind != "pip" or PIP_NAME.fullmatch(f.name))):
             return f"its entry for {path[:80]!r} is malformed"
-        src = f.get("built_from")
-        if src is not None and not (isinstance(src, dict) and wheelhouse_path(src.get("path"))):
+        if f.built_from is not None and not wheelhouse_path(f.built_from.path):
             return f"its entry for {path[:80]!r} was built from no wheelhouse path"
-    for name, p in profiles.items():
+    for name, p in doc.profiles.items():
         if not PROFILE_NAME.fullmatch(name):
             return f"it names a profile {name[:80]!r}, which is not a plain profile name"
-        built = (p.get("built") or {}) if isinstance(p, dict) else None
         if not (
-            isinstance(p, dict)
-            and isinstance(p.get("files"), list)
-            and all(wheelhouse_path(x) for x in p["files"])
-            and isinstance(built, dict)
-            and all(isinstance(k, str) and wheelhouse_path(v) for k, v in built.items())
+            all(wheelhouse_path(x) for x in p.files)
+            and all(wheelhouse_path(v) for v in (p.built or {}).values())
         ):
             return f"its profile {name!r} lists paths that are not wheelhouse paths"
     return None

@@ -6,10 +6,12 @@ from __future__ import annotations
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from envbuilder.errors import ActionError, UserError
+from envbuilder.lock.documents import Pylock, PylockPackage
 from envbuilder.record import Record
 from envbuilder.secret import SecretUrl, secret
 from envbuilder.render.plan import (
@@ -223,19 +225,25 @@ def index_answers(url: str | SecretUrl, timeout: float = 5.0) -> bool:
     return answers(url, timeout)
 
 
-def load_toml(text: str) -> dict[str, Any]:
+UV_EXPORT_FIX = (
+    "uv's export is not in the shape envbuild reads (PEP 751's pylock.toml); nothing was "
+    "written. Report it, with `uv --version`."
+)
+
+
+def load_toml(text: str) -> dict[str, object]:
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # Python 3.10
         import tomli as tomllib
-    doc: dict[str, Any] = tomllib.loads(text)
+    doc: dict[str, object] = tomllib.loads(text)
     return doc
 
 
 def compile_lock(
     env: ResolvedEnv, glibc: str, pypi: SecretUrl, torch: SecretUrl | None, swap_torch: bool = False
-) -> tuple[str, str, dict[str, Any]]:
-    """(requirements.lock text, pylock.toml text, pylock.toml as a dict): the hashed pins, and
+) -> tuple[str, str, Pylock]:
+    """(requirements.lock text, pylock.toml text, pylock.toml's record): the hashed pins, and
     one artifact URL + sha256 per package (PEP 751). `swap_torch`: solve with PyPI's build of
     the profile's torch version (no PyTorch index)."""
 
@@ -244,9 +252,9 @@ def compile_lock(
         env, glibc, pypi, torch, swap_torch, {"requirements.lock": ["--generate-hashes"], "pylock.toml": []}
     )
     text, pylock_text = out["requirements.lock"], out["pylock.toml"]
-    pylock = load_toml(pylock_text)
+    pylock = Pylock.read(load_toml(pylock_text), "uv's pylock.toml", UV_EXPORT_FIX)
     locked = {(n, p.version) for n, p in parse(text).items()}
-    other = {(normalize(p["name"]), p["version"]) for p in pylock.get("packages", [])}
+    other = {(normalize(p.name), p.version) for p in pylock.packages}
     if locked != other:
         raise ActionError(
             "uv gave two different resolutions for the same input "
@@ -326,19 +334,21 @@ def _build_tag(url: str) -> tuple[int, str] | tuple[()]:
         return ()
 
 
-def pip_artifact(package: dict[str, Any]) -> tuple[str, str]:
+def pip_artifact(package: PylockPackage | Mapping[str, object]) -> tuple[str, str]:
     """(url, sha256) of the artifact conda-lock.yml records for a pylock.toml package: a
     platform wheel before a pure one, of the same tags the one with the highest build tag (pip
     and uv install that one: torch 2.10.0's x86_64 `-3` rebuilds beside the untagged files,
     torch.yaml build_tag210), a wheel before the sdist."""
+    p = (
+        package if isinstance(package, PylockPackage) else PylockPackage.of(package)
+    )  # (plain: as uv writes it)
     wheels = sorted(
-        package.get("wheels", []),
-        key=lambda w: (w["url"].rsplit("-", 1)[-1] == "any.whl", _neg(_build_tag(w["url"])), w["url"]),
+        p.wheels, key=lambda w: (w.url.rsplit("-", 1)[-1] == "any.whl", _neg(_build_tag(w.url)), w.url)
     )
-    art = wheels[0] if wheels else package.get("sdist")
+    art = wheels[0] if wheels else p.sdist
     if not art:
-        raise ActionError(f"pylock.toml has no file for {package['name']}; cannot lock it.")
-    return art["url"], art["hashes"]["sha256"]
+        raise ActionError(f"pylock.toml has no file for {p.name}; cannot lock it.")
+    return art.url, art.hashes.sha256
 
 
 def target_glibc(matrix: Matrix, env: ResolvedEnv) -> str:

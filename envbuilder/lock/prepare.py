@@ -98,9 +98,8 @@ def lock_used(lock_path: Path, env: ResolvedEnv | None = None) -> str:
         return printable(f"{lock_path} (verl {env.verl.version}, Python {env.python})")
     verl, python = "?", "?"
     try:
-        meta = read_meta(lock_path) or {}
-        target = meta.get("target")
-        python = str(target.get("python") or "?") if isinstance(target, dict) else "?"
+        meta = read_meta(lock_path)
+        python = str((meta.python if meta is not None else None) or "?")
         from envbuilder.limits import read_text_bounded
 
         pins = read_text_bounded(lock_path / "requirements.lock", "requirements.lock")

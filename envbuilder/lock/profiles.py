@@ -77,8 +77,8 @@ def check_line(name: str, target: Path) -> str:
     """`lock --check`'s line for a lock that holds: where, and a torch swap if it has one."""
     from envbuilder.lock import lockfile as L
 
-    meta = L.read_meta(target) or {}
-    swapped = meta.get("torch_swapped")
+    meta = L.read_meta(target)
+    swapped = meta.torch_swapped if meta is not None else None
     note = f"; torch {swapped}: constraints only, not --locked" if swapped else ""
     return f"{name}: ok ({target}/){note}"
 

@@ -12,12 +12,46 @@ import json
 import os
 import subprocess
 import sys
-from typing import Any
+from typing import TypedDict, Union
 
 MARK = "envbuild-rattler-result: "
 
 
-def call(request: dict[str, Any]) -> dict[str, Any]:
+class SolveRequest(TypedDict):
+    channels: list[str]
+    specs: list[str]
+    platforms: list[str]
+    virtual_packages: dict[str, str]
+
+
+class IndexRequest(TypedDict):
+    op: str  # "index"
+    channel_dir: str
+
+
+class Solved(TypedDict):
+    """A package of the solution, as conda.CondaRecord takes it."""
+
+    name: str
+    version: str
+    build: str
+    url: str
+    md5: str
+    sha256: str
+    depends: list[str]
+
+
+class Result(TypedDict, total=False):
+    """The worker's answer: one key, ok (the solution, or True for an index), unsat, fetch or
+    invalid (rattler's message)."""
+
+    ok: Union[list[Solved], bool]
+    unsat: str
+    fetch: str
+    invalid: str
+
+
+def call(request: Union[SolveRequest, IndexRequest]) -> Result:
     """Run the solve described by `request` in a fresh interpreter; its result as a dict with
     one key: ok (records), unsat, fetch or invalid (rattler's message)."""
     proc = subprocess.run(
@@ -25,7 +59,7 @@ def call(request: dict[str, Any]) -> dict[str, Any]:
     )
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(MARK):
-            result: dict[str, Any] = json.loads(line[len(MARK) :])
+            result: Result = json.loads(line[len(MARK) :])  # (main's own, written just now)
             return result
     raise RuntimeError(
         f"the py-rattler worker ended with exit code {proc.returncode} and no "
@@ -33,11 +67,12 @@ def call(request: dict[str, Any]) -> dict[str, Any]:
     )
 
 
-def _solve(req: dict[str, Any]) -> list[dict[str, Any]]:
+def _solve(req: SolveRequest) -> list[Solved]:
     import asyncio
 
     from rattler import Channel, GenericVirtualPackage, PackageName, Version, solve
     from rattler.package import BuildString
+    from rattler.platform import Subdir
 
     def vp(name: str, spec: str) -> GenericVirtualPackage:
         version, _, build = spec.partition(" ")
@@ -47,7 +82,7 @@ def _solve(req: dict[str, Any]) -> list[dict[str, Any]]:
         solve(
             sources=[Channel(c) for c in req["channels"]],
             specs=req["specs"],
-            platforms=req["platforms"],
+            platforms=[Subdir(p) for p in req["platforms"]],
             virtual_packages=[vp(n, s) for n, s in sorted(req["virtual_packages"].items())],
         )
     )
@@ -65,7 +100,7 @@ def _solve(req: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def _index(req: dict[str, Any]) -> bool:
+def _index(req: IndexRequest) -> bool:
     """Write repodata.json for every subdir of a local channel folder."""
     import asyncio
     from pathlib import Path
@@ -79,10 +114,10 @@ def _index(req: dict[str, Any]) -> bool:
 def main() -> None:
     from rattler import exceptions as rx
 
-    req = json.loads(sys.stdin.read())
-    result: dict[str, bool | list[dict[str, Any]] | str]
+    req = json.loads(sys.stdin.read())  # (call's request)
+    result: Result
     try:
-        result = {"ok": (_index if req.get("op") == "index" else _solve)(req)}
+        result = {"ok": _index(req) if req.get("op") == "index" else _solve(req)}
     except rx.SolverError as e:
         result = {"unsat": str(e)}
     except (rx.GatewayError, rx.FetchRepoDataError, rx.IoError, OSError) as e:

@@ -16,9 +16,11 @@ import hashlib
 import json
 import uuid
 from pathlib import PurePosixPath
-from typing import Any
+from collections.abc import Mapping
+from typing import TypedDict
 from urllib.parse import quote, urlsplit
 
+from envbuilder.lock.documents import CondaLock, LockMeta, SourcePin
 from envbuilder.model.resolved import ResolvedEnv
 from envbuilder.render.image import HOME, SBOM as SBOM_PATH
 
@@ -27,6 +29,40 @@ FILE = "sbom.cdx.json"  # in the rendered folder, and in the image under /opt/en
 IN_IMAGE = SBOM_PATH
 ROOT_REF = "envbuild-image"
 _CONDA_EXTS = (".conda", ".tar.bz2")
+
+
+class Hash(TypedDict):
+    alg: str
+    content: str
+
+
+class _Reference(TypedDict):
+    type: str
+    url: str
+
+
+class Reference(_Reference, total=False):
+    hashes: list[Hash]
+
+
+# a CycloneDX component, as the SBOM lists it ("bom-ref" is no Python name)
+_Component = TypedDict(
+    "_Component",
+    {
+        "type": str,
+        "bom-ref": str,
+        "name": str,
+        "version": str,
+        "purl": str,
+        "hashes": list[Hash],
+        "properties": list[dict[str, str]],
+    },
+)
+
+
+class Component(_Component, total=False):
+    externalReferences: list[Reference]
+    pedigree: dict[str, object]  # (verl's: the patches envbuild applies, patch_pedigree)
 
 
 def _q(text: str) -> str:
@@ -47,7 +83,7 @@ def _prop(name: str, value: object) -> dict[str, str]:
     return {"name": f"envbuild:{name}", "value": str(value)}
 
 
-def pip_components(env: ResolvedEnv, requirements: str) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
+def pip_components(env: ResolvedEnv, requirements: str) -> tuple[list[Component], dict[str, list[str]]]:
     """(components, {bom-ref: refs of what it pulls in}) of requirements.lock: one component per
     package, every sha256 the lock allows for it (the files of its release that pip may take)."""
     from envbuilder.lock.pins import parse
@@ -56,7 +92,7 @@ def pip_components(env: ResolvedEnv, requirements: str) -> tuple[list[dict[str, 
     torch_index = env.torch.index_url
     torch_own = {p.split("==")[0].split("[")[0].lower() for p in env.torch.packages}
     refs: dict[str, str] = {}
-    out: list[dict[str, Any]] = []
+    out: list[Component] = []
     for name, entry in sorted(locked.items()):
         repo = torch_index if torch_index and name in torch_own else None
         ref = _purl("pypi", name, entry.version, repository_url=repo)
@@ -81,46 +117,44 @@ def pip_components(env: ResolvedEnv, requirements: str) -> tuple[list[dict[str, 
     return out, {k: sorted(set(v)) for k, v in children.items()}
 
 
-def conda_components(conda_lock: dict[str, Any]) -> list[dict[str, Any]]:
+def conda_components(conda_lock: CondaLock) -> list[Component]:
     """The conda packages of conda-lock.yml (its pip entries are requirements.lock's)."""
-    out = []
-    for p in sorted(conda_lock["package"], key=lambda p: (p["name"], str(p["version"]), p["url"])):
-        if p["manager"] != "conda":
+    out: list[Component] = []
+    for p in sorted(conda_lock.package, key=lambda p: (p.name, str(p.version), p.url)):
+        if p.manager != "conda":
             continue
-        path = PurePosixPath(urlsplit(p["url"]).path)
+        path = PurePosixPath(urlsplit(p.url).path)
         subdir, filename = path.parent.name, path.name
-        channel = p["url"][: p["url"].rindex(f"/{subdir}/")]
+        channel = p.url[: p.url.rindex(f"/{subdir}/")]
         stem = next((filename[: -len(e)] for e in _CONDA_EXTS if filename.endswith(e)), filename)
-        prefix = f"{p['name']}-{p['version']}-"
+        prefix = f"{p.name}-{p.version}-"
         build = stem[len(prefix) :] if stem.startswith(prefix) else None
         kind = next((e.lstrip(".") for e in _CONDA_EXTS if filename.endswith(e)), None)
-        ref = _purl(
-            "conda", p["name"], str(p["version"]), build=build, channel=channel, subdir=subdir, type=kind
-        )
-        hashes = [{"alg": "SHA-256", "content": p["hash"]["sha256"]}] if p["hash"].get("sha256") else []
-        hashes += [{"alg": "MD5", "content": p["hash"]["md5"]}] if p["hash"].get("md5") else []
+        ref = _purl("conda", p.name, str(p.version), build=build, channel=channel, subdir=subdir, type=kind)
+        hashes: list[Hash] = [{"alg": "SHA-256", "content": p.hash.sha256}] if p.hash.sha256 else []
+        hashes += [{"alg": "MD5", "content": p.hash.md5}] if p.hash.md5 else []
         out.append(
             {
                 "type": "library",
                 "bom-ref": ref,
-                "name": p["name"],
-                "version": str(p["version"]),
+                "name": p.name,
+                "version": str(p.version),
                 "purl": ref,
                 "hashes": hashes,
-                "externalReferences": [{"type": "distribution", "url": p["url"]}],
+                "externalReferences": [{"type": "distribution", "url": p.url}],
                 "properties": [_prop("manager", "conda")],
             }
         )
     return out
 
 
-def image_components(env: ResolvedEnv, images: dict[str, Any]) -> list[dict[str, Any]]:
+def image_components(env: ResolvedEnv, images: Mapping[str, str]) -> list[Component]:
     """The base images (runtime, devel) at the digests the lock recorded."""
-    out = []
+    out: list[Component] = []
     for role, ref in sorted(env.cuda.images.items()):
         if ref not in images:
             continue
-        digest = images[ref]["digest"]
+        digest = images[ref]
         repo, _, tag = ref.rpartition(":") if ":" in ref.rsplit("/", 1)[-1] else (ref, "", "")
         host = repo.split("/")[0]
         full = repo if "." in host or ":" in host or host == "localhost" else f"docker.io/{repo}"
@@ -141,16 +175,16 @@ def image_components(env: ResolvedEnv, images: dict[str, Any]) -> list[dict[str,
     return out
 
 
-def source_components(env: ResolvedEnv, sources: dict[str, Any]) -> list[dict[str, Any]]:
+def source_components(env: ResolvedEnv, sources: Mapping[str, SourcePin]) -> list[Component]:
     """apex's source archive and flash-attn's release wheels (each ABI the lock pins)."""
-    out = []
+    out: list[Component] = []
     for key, s in sorted(sources.items()):
         if key == "apex" and env.apex:
-            name, version = "apex", str(s.get("ref") or env.apex.ref)
+            name, version = "apex", str(s.ref or env.apex.ref)
             purl = _purl("github", "apex", version, namespace="NVIDIA")
         elif key.startswith("flash-attn") and env.flash_attn:
             name, version = "flash-attn", env.flash_attn.version
-            purl = _purl("pypi", "flash-attn", version, download_url=s["url"], file_name=s.get("filename"))
+            purl = _purl("pypi", "flash-attn", version, download_url=s.url, file_name=s.filename)
         else:
             continue
         out.append(
@@ -160,12 +194,12 @@ def source_components(env: ResolvedEnv, sources: dict[str, Any]) -> list[dict[st
                 "name": name,
                 "version": version,
                 "purl": purl,
-                "hashes": [{"alg": "SHA-256", "content": s["sha256"]}],
+                "hashes": [{"alg": "SHA-256", "content": s.sha256}],
                 "externalReferences": [
                     {
                         "type": "distribution",
-                        "url": s["url"],
-                        "hashes": [{"alg": "SHA-256", "content": s["sha256"]}],
+                        "url": s.url,
+                        "hashes": [{"alg": "SHA-256", "content": s.sha256}],
                     }
                 ],
                 "properties": [_prop("source", key)]
@@ -175,7 +209,7 @@ def source_components(env: ResolvedEnv, sources: dict[str, Any]) -> list[dict[st
     return out
 
 
-def patch_pedigree(env: ResolvedEnv) -> dict[str, Any] | None:
+def patch_pedigree(env: ResolvedEnv) -> dict[str, object] | None:
     """The recorded patches that apply_patches.py applies to the installed verl: each as an
     unofficial patch whose `resolves` names it and says why (matrices/patches.yaml), and whose
     diff is its replacement rules (the find and with texts, per file)."""
@@ -196,11 +230,11 @@ def patch_pedigree(env: ResolvedEnv) -> dict[str, Any] | None:
 
 def build(
     env: ResolvedEnv,
-    meta: dict[str, Any],
+    meta: LockMeta,
     requirements: str,
-    conda_lock: dict[str, Any] | None = None,
-    images: dict[str, Any] | None = None,
-    sources: dict[str, Any] | None = None,
+    conda_lock: CondaLock | None = None,
+    images: Mapping[str, str] | None = None,
+    sources: Mapping[str, SourcePin] | None = None,
     missing: dict[str, str] | None = None,
 ) -> str:
     """The SBOM's JSON text (sorted keys, two-space indent, a final newline) of a lock: its
@@ -227,7 +261,17 @@ def build(
     components = image_list + conda + pip + source_list
     direct = [c["bom-ref"] for c in pip if _prop("direct", "true") in c["properties"]]
     root_depends = sorted({c["bom-ref"] for c in image_list + conda + source_list} | set(direct))
-    bom: dict[str, Any] = {
+    properties = [
+        _prop("profile", env.name),
+        _prop("gpu", env.gpu.name),
+        _prop("cuda", env.cuda.version),
+        _prop("python", env.python),
+        _prop("lock-input-sha256", meta.input_sha256),
+        _prop("lock-parts", ",".join(sorted(meta.parts))),
+    ] + [_prop(f"lock-file-sha256:{n}", d) for n, d in sorted(meta.files.items())]
+    if missing:
+        properties += [_prop(f"not-locked:{part}", why) for part, why in sorted(missing.items())]
+    bom: dict[str, object] = {
         "bomFormat": "CycloneDX",
         "specVersion": SPEC_VERSION,
         "version": 1,
@@ -239,19 +283,11 @@ def build(
                 "type": "container",
                 "bom-ref": ROOT_REF,
                 "name": f"envbuild/{env.asked}",
-                "version": meta["input_sha256"],
+                "version": meta.input_sha256,
                 "description": f"envbuild's {env.asked} image: {env.gpu.name}, CUDA {env.cuda.version}, "
                 f"torch {env.torch.version}+{env.torch.variant}, verl {env.verl.version}",
             },
-            "properties": [
-                _prop("profile", env.name),
-                _prop("gpu", env.gpu.name),
-                _prop("cuda", env.cuda.version),
-                _prop("python", env.python),
-                _prop("lock-input-sha256", meta["input_sha256"]),
-                _prop("lock-parts", ",".join(sorted(meta.get("parts", [])))),
-            ]
-            + [_prop(f"lock-file-sha256:{n}", d) for n, d in sorted(meta.get("files", {}).items())],
+            "properties": properties,
         },
         "components": components,
         "dependencies": [{"ref": ROOT_REF, "dependsOn": root_depends}]
@@ -262,9 +298,6 @@ def build(
         bom["compositions"] = [
             {"aggregate": "incomplete", "assemblies": [ROOT_REF]},
             {"aggregate": "complete", "assemblies": sorted(c["bom-ref"] for c in pip)},
-        ]
-        bom["metadata"]["properties"] += [
-            _prop(f"not-locked:{part}", why) for part, why in sorted(missing.items())
         ]
     body = json.dumps(bom, sort_keys=True).encode()
     bom["serialNumber"] = f"urn:uuid:{uuid.UUID(bytes=hashlib.sha256(body).digest()[:16], version=5)}"

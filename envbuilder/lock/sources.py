@@ -13,14 +13,21 @@ from __future__ import annotations
 import hashlib
 import tarfile
 import zlib
-from typing import Any, Callable
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Callable, Union
 
 from envbuilder.errors import ActionError, UserError
 from envbuilder.model.resolved import ResolvedEnv
 from envbuilder.secret import SecretUrl
 
 # sources.lock keys of flash-attn's wheels: flash-attn-cxx11abiFALSE, flash-attn-cxx11abiTRUE
+if TYPE_CHECKING:
+    from envbuilder.lock.documents import SourcePin
+
 FLASH_ATTN_KEY = "flash-attn-cxx11abi"
+# a pin as sources.lock holds it: url, filename, sha256, size, ref (documents.SourcePin reads
+# it back), and a flash-attn wheel's cxx11_abi
+Pin = dict[str, Union[str, int, bool, None]]
 
 
 class _Missing(Exception):
@@ -125,7 +132,7 @@ def _sha256(
     return h.hexdigest(), size[0]
 
 
-def apex_source(env: ResolvedEnv, github: str | None) -> dict[str, Any]:
+def apex_source(env: ResolvedEnv, github: str | None) -> Pin:
     apex = env.apex
     assert apex is not None  # (called only for a profile with apex)
     sha, size = _sha256(apex.url, github, "the apex source", check=TarGz())
@@ -133,7 +140,7 @@ def apex_source(env: ResolvedEnv, github: str | None) -> dict[str, Any]:
     return {"url": apex.url, "filename": f"apex-{ref}.tar.gz", "sha256": sha, "size": size, "ref": ref}
 
 
-def flash_attn_wheels(env: ResolvedEnv, github: str | None) -> dict[str, dict[str, Any]]:
+def flash_attn_wheels(env: ResolvedEnv, github: str | None) -> dict[str, Pin]:
     """{sources.lock key: {url, filename, sha256, size, ref, cxx11_abi}} for each ABI variant of
     the target's release wheel that the release has."""
     from envbuilder.images.flash_attn_wheel import wheel_filename
@@ -168,7 +175,7 @@ def flash_attn_wheels(env: ResolvedEnv, github: str | None) -> dict[str, dict[st
             "would compile it from the unpinned sdist. Lock with --without flash-attn, "
             "or pick a flash-attn release that builds for this CUDA."
         )
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, Pin] = {}
     missing: list[str] = []
     for abi, filename in names.items():
         url = f"{fa.release.rstrip('/')}/{filename}"
@@ -203,7 +210,7 @@ TE_PROJECT = "transformer-engine-torch"  # (its PEP 503 name on an index)
 MAX_INDEX_PAGE = 16 << 20  # a PEP 503 page of one project: a few hundred KB
 
 
-def te_sdist(env: ResolvedEnv, pypi: SecretUrl) -> dict[str, Any]:
+def te_sdist(env: ResolvedEnv, pypi: SecretUrl) -> Pin:
     """sources.lock's entry of TransformerEngine's PyTorch extension: its sdist on the lock's
     PyPI index (the PEP 503 page's link and sha256, then the file downloaded and hashed), which
     a wheelhouse carries and the builder compiles with no index (the sdist has dynamic
@@ -235,7 +242,8 @@ def te_sdist(env: ResolvedEnv, pypi: SecretUrl) -> dict[str, Any]:
     if r.status != 200:
         raise ActionError(f"{pypi} answered HTTP {r.status} for {TE_KEY}; the lock cannot pin its sdist.")
     html = b"".join(body).decode("utf-8", "replace")
-    for href in re.findall(r'href="([^"]+)"', html):
+    hrefs: list[str] = re.findall(r'href="([^"]+)"', html)  # (one group: each a str)
+    for href in hrefs:
         link = urljoin(page, href.replace("&amp;", "&"))
         path, _, fragment = link.partition("#")
         if path.rsplit("/", 1)[-1] != want:
@@ -245,7 +253,8 @@ def te_sdist(env: ResolvedEnv, pypi: SecretUrl) -> dict[str, Any]:
         if listed and listed != sha:
             raise ActionError(f"{want} from {pypi} hashes to {sha}, but its index lists {listed}.")
         parts = urlsplit(path)  # (the lock names no password: the host without its user part)
-        public = urlunsplit(parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else "")))
+        host = parts.hostname or ""  # (an http URL: _sha256 fetched it)
+        public = urlunsplit(parts._replace(netloc=host + (f":{parts.port}" if parts.port else "")))
         return {"url": public, "filename": want, "sha256": sha, "size": size, "ref": mg.transformer_engine}
     raise ActionError(
         f"{pypi} has no {want} on its page of {TE_KEY}; the lock cannot pin the extension's sdist."
@@ -257,11 +266,11 @@ def lock_sources(
     github: str | None = None,
     say: Callable[[str], None] = lambda msg: None,
     pypi: SecretUrl | None = None,
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, Pin]:
     """sources.lock's content: apex's archive and flash-attn's wheels, downloaded and hashed,
     and on the Megatron engine TransformerEngine's extension's sdist from `pypi`. The URLs are
     the upstream ones (a mirror serves the same bytes)."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, Pin] = {}
     if env.megatron and pypi is not None:
         say(f"{env.name}: {TE_KEY} {env.megatron.transformer_engine} sdist from {pypi}")
         out[TE_KEY] = te_sdist(env, pypi)
@@ -278,6 +287,10 @@ def lock_sources(
     return out
 
 
-def flash_attn_pins(sources: dict[str, Any]) -> dict[str, str]:
+def flash_attn_pins(sources: Mapping[str, SourcePin]) -> dict[str, str]:
     """{file name: sha256} of the flash-attn wheels a sources.lock pins (what the builder checks)."""
-    return {e["filename"]: e["sha256"] for k, e in sorted(sources.items()) if k.startswith(FLASH_ATTN_KEY)}
+    return {
+        e.filename: e.sha256
+        for k, e in sorted(sources.items())
+        if k.startswith(FLASH_ATTN_KEY) and e.filename is not None
+    }

@@ -4,9 +4,9 @@ torch swapped for PyPI's, a part it lacks), and the URL maps a mirror set gives.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from envbuilder.errors import UserError
 
@@ -14,13 +14,23 @@ if TYPE_CHECKING:
     from envbuilder.model.matrix import Matrix
 
 
-def url_map_for_mirror(body: dict[str, Any]) -> list[tuple[str, str]]:
+def _table(value: object) -> Mapping[str, object]:
+    """A mapping of the matrix's (checked by its schema), or {} where there is none."""
+    return value if isinstance(value, dict) else {}
+
+
+def _texts(value: object) -> list[str]:
+    """A list of strings of the matrix's (checked by its schema), or [] where there is none."""
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+def url_map_for_mirror(body: Mapping[str, object]) -> list[tuple[str, str]]:
     """Prefix rewrites that send a lock's upstream URLs through a mirror set's endpoints."""
     out = []
-    for endpoint in body.get("pytorch") or []:
+    for endpoint in _texts(body.get("pytorch")):
         if "{variant}" in endpoint:
             out.append(("https://download.pytorch.org/whl/", endpoint.split("{variant}")[0]))
-    for endpoint in body.get("pypi") or []:
+    for endpoint in _texts(body.get("pypi")):
         if endpoint.rstrip("/").endswith("/simple"):  # PEP 503 mirrors keep PyPI's /packages/ paths
             out.append(
                 (
@@ -28,10 +38,10 @@ def url_map_for_mirror(body: dict[str, Any]) -> list[tuple[str, str]]:
                     endpoint.rstrip("/")[: -len("simple")] + "packages/",
                 )
             )
-    for endpoint in body.get("github") or []:  # GitHub files (apex archive, flash-attn wheels)
+    for endpoint in _texts(body.get("github")):  # GitHub files (apex archive, flash-attn wheels)
         out.append(("https://github.com/", endpoint.rstrip("/") + "/"))
-    for channel, endpoints in (body.get("conda") or {}).items():
-        for endpoint in endpoints:
+    for channel, endpoints in _table(body.get("conda")).items():
+        for endpoint in _texts(endpoints):
             out.append((f"https://conda.anaconda.org/{channel}/", endpoint.rstrip("/") + "/"))
     return [(a, b) for a, b in out if a != b]
 
@@ -59,25 +69,27 @@ def lock_shortfalls(
         meta = read_meta(Path(lock_dir))  # (the one reader of lock.json)
     except (OSError, ValueError, UserError):
         return []  # no readable lock: export's own check names it
-    if not isinstance(meta, dict):
+    if meta is None:
         return []
     import re
 
     out = []
-    swapped = meta.get("torch_swapped")
+    swapped = meta.torch_swapped
     if swapped and not accept_pypi_torch:
         asked = re.match(r"([0-9][0-9.]*)\+(cu\d+)", str(swapped))
-        t = m.torch.get(asked.group(1)) if asked else None
-        mine = (t or {}).get("builds", {}).get(asked.group(2)) if asked else None
-        pypi = (t or {}).get("builds", {}).get((t or {}).get("pypi_default") or "")
+        t = _table(m.torch.get(asked.group(1)) if asked else None)
+        builds = _table(t.get("builds"))
+        mine = _table(builds.get(asked.group(2))) if asked else {}
+        pypi = _table(builds.get(str(t.get("pypi_default") or "")))
+        cuda = pypi.get("cuda")
         what = ""
-        if asked is not None and mine and pypi and pypi["cuda"] in m.cuda:
-            c = m.cuda[pypi["cuda"]]
+        if asked is not None and mine and isinstance(cuda, str) and cuda in m.cuda:
+            c = _table(m.cuda[cuda])
             what = (
-                f" PyPI's torch {asked.group(1)} is its CUDA {pypi['cuda']} build (the "
-                f"nvidia-*-cu{pypi['cuda'].split('.')[0]} runtime; driver >= "
-                f"{c.get('compat_driver') or c['min_driver']}), not the {asked.group(2)} build "
-                f"for CUDA {mine['cuda']} that {profile} is made for."
+                f" PyPI's torch {asked.group(1)} is its CUDA {cuda} build (the "
+                f"nvidia-*-cu{cuda.split('.')[0]} runtime; driver >= "
+                f"{c.get('compat_driver') or c.get('min_driver')}), not the {asked.group(2)} build "
+                f"for CUDA {mine.get('cuda')} that {profile} is made for."
             )
         out.append(
             f"{lock_dir}: torch is a swap ({swapped}): the PyTorch index was out of reach "
@@ -90,7 +102,7 @@ def lock_shortfalls(
     env = resolve(m, profile)
     if recorded_pip_sha256(meta) != pip_sha256(env):
         return out  # a lock of a variant (lock --without apex ...): its parts are its own
-    missing = [p for p in parts_for(env, ("conda", "sources")) if p not in meta.get("parts", [])]
+    missing = [p for p in parts_for(env, ("conda", "sources")) if p not in meta.parts]
     if missing and not accept_partial:
         names = {
             "conda": "conda part (conda-lock.yml)",
@@ -103,7 +115,7 @@ def lock_shortfalls(
         }
         out.append(
             f"{lock_dir}: no {' and no '.join(names[p] for p in missing)}: it was made with "
-            f"--only {','.join(meta.get('parts', []))}, so the far side would have to "
+            f"--only {','.join(meta.parts)}, so the far side would have to "
             f"fetch {'them' if len(missing) > 1 else 'it'}. Fix: `envbuild lock {profile}` "
             f"where {' and '.join(reach[p] for p in missing)} can be reached, or pass "
             "--accept-partial."

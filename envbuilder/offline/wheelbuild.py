@@ -22,8 +22,9 @@ import sys
 import tarfile
 import tempfile
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from envbuilder.secret import SecretUrl
 from envbuilder.errors import ActionError, UserError
@@ -45,7 +46,7 @@ class BuiltWheel(Record):
     filename: str
     sha256: str
     size: int
-    build: dict[str, Any]  # provenance: backend, its requirements, generator, interpreter, tool, index
+    build: dict[str, object]  # provenance: backend, its requirements, generator, interpreter, tool, index
 
 
 def dist_name(name: str) -> str:
@@ -71,7 +72,7 @@ def is_pure(filename: str) -> bool:
     return abis == {"none"} and plats == {"any"}
 
 
-def _target(target: dict[str, Any]) -> tuple[int, int, str, tuple[int, int]]:
+def _target(target: Mapping[str, object]) -> tuple[int, int, str, tuple[int, int]]:
     """(major, minor, machine, glibc) of lock.json's target, e.g. 3.10 on x86_64-manylinux_2_35."""
     m = re.fullmatch(r"(\d+)\.(\d+)", str(target.get("python", "")))
     p = re.fullmatch(r"([a-z0-9_]+)-manylinux_(\d+)_(\d+)", str(target.get("python_platform", "")))
@@ -84,7 +85,7 @@ def _target(target: dict[str, Any]) -> tuple[int, int, str, tuple[int, int]]:
     return int(m[1]), int(m[2]), p[1], (int(p[2]), int(p[3]))
 
 
-def misfit(filename: str, target: dict[str, Any]) -> str | None:
+def misfit(filename: str, target: Mapping[str, object]) -> str | None:
     """Why the wheel `filename` cannot install on the lock's target, or None when it can."""
     major, minor, machine, glibc = _target(target)
     pys, abis, plats = wheel_tags(filename)
@@ -106,7 +107,7 @@ def misfit(filename: str, target: dict[str, Any]) -> str | None:
     return f"its platform {'.'.join(sorted(plats))} is not {machine} Linux with glibc {glibc[0]}.{glibc[1]}"
 
 
-def unfit(filename: str, build: dict[str, Any], target: dict[str, Any]) -> str | None:
+def unfit(filename: str, build: Mapping[str, object], target: Mapping[str, object]) -> str | None:
     """Why a wheel built here (`build`: its provenance, with the interpreter's full version, the
     machine and the glibc it was built on) cannot serve `target`, or None when it can."""
     why = misfit(filename, target)
@@ -166,10 +167,12 @@ def build_system(sdist: Path) -> tuple[str, list[str]]:
                     if f is None:
                         break
                     doc = load_toml(f.read().decode("utf-8"))
-                    bs = doc.get("build-system") or {}
-                    if bs.get("requires") is None:
+                    found = doc.get("build-system")
+                    bs: Mapping[str, object] = found if isinstance(found, dict) else {}
+                    requires = bs.get("requires")
+                    if not isinstance(requires, list):  # (none: PEP 517's default)
                         break
-                    return str(bs.get("build-backend") or LEGACY_BACKEND), [str(r) for r in bs["requires"]]
+                    return str(bs.get("build-backend") or LEGACY_BACKEND), [str(r) for r in requires]
     except (tarfile.TarError, OSError, UnicodeDecodeError, ValueError) as e:
         raise UserError(
             f"{sdist.name} is not a readable source archive ({e}); the lock pins "
@@ -193,7 +196,7 @@ def build_wheel(
     sha256: str,
     name: str,
     version: str,
-    target: dict[str, Any],
+    target: Mapping[str, object],
     index: str,
     dest: Path,
     *,
@@ -258,7 +261,7 @@ def build_wheel(
 
 def _uv_build(
     sdist: Path, sha256: str, tmp: Path, python: tuple[str, str], index: str | SecretUrl, what: str
-) -> tuple[Path, dict[str, Any]]:
+) -> tuple[Path, dict[str, object]]:
     """(the wheel `uv build` made in `tmp` from a verified copy of `sdist`, its provenance)."""
     from envbuilder.offline.fetch import sha256_file
     from envbuilder.tools.uv import index_env, uv_bin, uv_env, uv_version

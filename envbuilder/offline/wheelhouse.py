@@ -41,7 +41,7 @@ import shutil
 import time
 from pathlib import Path
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 from urllib.parse import unquote, urljoin, urlsplit
 
 from envbuilder.secret import SecretUrl
@@ -49,6 +49,8 @@ from envbuilder.text import is_plain_name
 from envbuilder.errors import ActionError, EnvbuildError, UserError
 from envbuilder.images import SIDECAR
 from envbuilder.lock import lockfile as L
+from envbuilder.lock.documents import BuiltFrom, LockMeta, LockTarget, WheelhouseFile, WheelhouseManifest
+from envbuilder.lock.documents import WheelhouseProfile
 from envbuilder.record import Record
 from envbuilder.render.quoting import sh
 
@@ -62,8 +64,6 @@ if TYPE_CHECKING:
     from envbuilder.offline.fetch import ProgressCallback
 
 Say = Callable[[str], None]
-# manifest.json (lockfile.read_wheelhouse_manifest), a wheel's build provenance, a target
-Doc = dict[str, Any]
 
 MANIFEST = L.WHEELHOUSE_MANIFEST
 FORMAT = L.WHEELHOUSE_FORMAT
@@ -97,7 +97,7 @@ from envbuilder.text import canonical_name as normalize  # noqa: E402  (PEP 503,
 
 
 class LockPlan(Record):
-    meta: Doc  # lock.json
+    meta: LockMeta  # lock.json
     artifacts: list[Artifact]
     texts: dict[str, str]  # every file of the lock as it was verified, lock.json too
 
@@ -108,60 +108,49 @@ def artifacts(lock_dir: Path, profile: str | None = None) -> LockPlan:
     lock_dir = Path(lock_dir)
     meta, texts = L.verified(lock_dir, profile)
     out: list[Artifact] = []
-    if "pip" in meta["parts"]:
+    if "pip" in meta.parts:
         if L.PYLOCK not in texts:
             raise UserError(
                 f"The lock in {lock_dir} has no {L.PYLOCK} (made by an older envbuild), "
                 "so it names no file URLs. Re-lock with `envbuild lock`."
             )
-        for p in L.parse(L.PYLOCK, texts[L.PYLOCK], str(lock_dir / L.PYLOCK))["packages"]:
-            files = p.get("wheels") or ([p["sdist"]] if p.get("sdist") else [])
+        for p in L.pylock_of(texts[L.PYLOCK], str(lock_dir / L.PYLOCK)).packages:
+            files = p.wheels or ((p.sdist,) if p.sdist else ())
             if not files:
-                raise UserError(f"{lock_dir / L.PYLOCK}: {p['name']} has no file to download.")
+                raise UserError(f"{lock_dir / L.PYLOCK}: {p.name} has no file to download.")
             for f in files:
                 out.append(
-                    Artifact(
-                        "pip",
-                        normalize(p["name"]),
-                        p["version"],
-                        f["url"],
-                        f["hashes"]["sha256"],
-                        f.get("size"),
-                        "pypi",
-                    )
+                    Artifact("pip", normalize(p.name), p.version, f.url, f.hashes.sha256, f.size, "pypi")
                 )
     if L.SOURCES in texts:  # GitHub files the builder uses (apex, flash-attn)
-        for name, src in sorted(L.parse(L.SOURCES, texts[L.SOURCES], str(lock_dir / L.SOURCES)).items()):
+        for name, src in sorted(L.sources_of(texts[L.SOURCES], str(lock_dir / L.SOURCES)).items()):
             out.append(
                 Artifact(
-                    "source", name, src.get("ref", ""), src["url"], src["sha256"], src.get("size"), "sources"
+                    "source",
+                    name,
+                    src.ref if src.ref is not None else "",
+                    src.url,
+                    src.sha256,
+                    src.size,
+                    "sources",
                 )
             )
-    if "conda" in meta["parts"]:
-        doc = L.parse(L.CONDA_LOCK, texts[L.CONDA_LOCK], str(lock_dir / L.CONDA_LOCK))
-        for p in doc["package"]:
-            if p["manager"] != "conda":
+    if "conda" in meta.parts:
+        for c in L.conda_lock_of(texts[L.CONDA_LOCK], str(lock_dir / L.CONDA_LOCK)).package:
+            if c.manager != "conda":
                 continue
-            if not p["hash"].get("sha256"):
+            if not c.hash.sha256:
                 raise UserError(
-                    f"{lock_dir / L.CONDA_LOCK}: {p['name']} has no sha256, so its "
+                    f"{lock_dir / L.CONDA_LOCK}: {c.name} has no sha256, so its "
                     "download cannot be checked. Re-lock with `envbuild lock`."
                 )
-            platform = ([""] + urlsplit(p["url"]).path.rstrip("/").split("/"))[-2]
+            platform = ([""] + urlsplit(c.url).path.rstrip("/").split("/"))[-2]
             out.append(
-                Artifact(
-                    "conda",
-                    p["name"],
-                    str(p["version"]),
-                    p["url"],
-                    p["hash"]["sha256"],
-                    None,
-                    f"conda/{platform}",
-                )
+                Artifact("conda", c.name, str(c.version), c.url, c.hash.sha256, None, f"conda/{platform}")
             )
     if not out:
         raise UserError(
-            f"The lock in {lock_dir} pins no packages (parts: {', '.join(meta.get('parts', [])) or 'none'})."
+            f"The lock in {lock_dir} pins no packages (parts: {', '.join(meta.parts) or 'none'})."
         )
     for a in out:  # a name from a lock becomes a path here: it must stay where it belongs
         size_ok = a.size is None or (isinstance(a.size, int) and a.size >= 0)
@@ -186,9 +175,21 @@ def mirrored_urls(url: str, url_map: list[tuple[str, str]]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(urls + [url]))
 
 
-def _read_manifest(out: Path) -> Doc:
-    doc = L.read_wheelhouse_manifest(out)  # every path checked to stay inside `out`
-    return doc if doc is not None else {"format": FORMAT, "files": {}, "profiles": {}}
+class _Manifest:
+    """manifest.json while an export changes it: files and profiles added and dropped, then
+    written whole (text)."""
+
+    def __init__(self, doc: WheelhouseManifest | None) -> None:
+        self.files: dict[str, WheelhouseFile] = dict(doc.files) if doc is not None else {}
+        self.profiles: dict[str, WheelhouseProfile] = dict(doc.profiles) if doc is not None else {}
+
+    def text(self) -> str:
+        doc = WheelhouseManifest(FORMAT, self.files, self.profiles)
+        return json.dumps(doc.to_dict(), indent=2, sort_keys=True) + "\n"
+
+
+def _read_manifest(out: Path) -> _Manifest:
+    return _Manifest(L.wheelhouse_manifest(out))  # every path checked to stay inside `out`
 
 
 def _real_dir(out: Path, rel: str) -> Path:
@@ -217,13 +218,13 @@ def _write_text(out: Path, rel: str, text: str, mode: int = 0o644) -> None:
     write_text_atomic(parent / name, text, mode)  # (over a link, the link is replaced)
 
 
-def _simple_index(out: Path, files: Doc) -> None:
+def _simple_index(out: Path, files: Mapping[str, WheelhouseFile]) -> None:
     """PEP 503 pages for every pip file in the manifest: each project's page rewritten, the
     pages of projects no longer listed removed (only the index.html envbuild writes)."""
     projects: dict[str, list[str]] = {}
     for path, f in sorted(files.items()):
-        if f["kind"] == "pip":
-            projects.setdefault(f["name"], []).append(path)
+        if f.kind == "pip":
+            projects.setdefault(f.name, []).append(path)
     simple = _real_dir(out, "simple")
     for folder in sorted(simple.iterdir()):
         page = folder / "index.html"
@@ -241,7 +242,7 @@ def _simple_index(out: Path, files: Doc) -> None:
     _write_text(out, "simple/index.html", f"<!DOCTYPE html>\n<html><body>\n{links}</body></html>\n")
     for name, paths in projects.items():
         body = "".join(
-            f'    <a href="../../{html.escape(p)}#sha256={files[p]["sha256"]}">'
+            f'    <a href="../../{html.escape(p)}#sha256={files[p].sha256}">'
             f"{html.escape(p.rsplit('/', 1)[-1])}</a><br>\n"
             for p in paths
         )
@@ -390,7 +391,7 @@ def uv_artifacts(
     from envbuilder.oci import http as net
 
     filename = pin.filename
-    indexes = [build_index] + [(p.meta.get("sources") or {}).get("pypi") for p in plans.values()]
+    indexes = [build_index] + [p.meta.source("pypi") for p in plans.values()]
     own = session is None
     s = session or net.session()
     try:
@@ -404,7 +405,8 @@ def uv_artifacts(
                 continue
             if r.status != 200:
                 continue
-            for href in re.findall(r'href="([^"]+)"', r.body.decode("utf-8", "replace")):
+            hrefs: list[str] = re.findall(r'href="([^"]+)"', r.body.decode("utf-8", "replace"))
+            for href in hrefs:
                 url = urljoin(page, html.unescape(href)).split("#", 1)[0]
                 if unquote(urlsplit(url).path.rsplit("/", 1)[-1]) == filename:
                     return [Artifact("pip", "uv", pin.version, url, pin.sha256, pin.size, "pypi")]
@@ -626,13 +628,9 @@ def _export_into(
     present, failures = got.present, list(got.failures)  # (a build's failure joins them)
     for path in sorted(present):
         a = wanted[path]
-        manifest["files"][path] = {
-            "kind": a.kind,
-            "name": a.name,
-            "version": a.version,
-            "size": (out / path).stat().st_size,
-            "sha256": a.sha256,
-        }
+        manifest.files[path] = WheelhouseFile(
+            a.kind, a.name, a.version, (out / path).stat().st_size, a.sha256
+        )
     wheels, built = (
         ({}, [])
         if got.no_space
@@ -640,17 +638,17 @@ def _export_into(
     )
     _keep_only_valid(out, manifest, present | {p for w in wheels.values() for p in w.values()}, say)
     _write_profiles(out, plans, present, wheels, manifest, scripts, say)
-    _simple_index(out, manifest["files"])
+    _simple_index(out, manifest.files)
     if any(p.startswith("conda/") for p in present):
         _conda_index(out)
-    names = " ".join(map(sh, sorted(manifest["profiles"])))  # one bash word each, whatever the name
+    names = " ".join(map(sh, sorted(manifest.profiles)))  # one bash word each, whatever the name
     pythons = " ".join(
-        f"[{sh(n)}]={sh(e.get('python') or '')}"
-        for n, e in sorted(manifest["profiles"].items())
-        if re.fullmatch(r"3\.\d+", str(e.get("python") or ""))
+        f"[{sh(n)}]={sh(e.python or '')}"
+        for n, e in sorted(manifest.profiles.items())
+        if re.fullmatch(r"3\.\d+", e.python or "")
     )
     _write_text(out, "install.sh", _install_sh(names, pythons), 0o755)
-    _write_text(out, MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    _write_text(out, MANIFEST, manifest.text())
     _raise_failures(out, plans, wanted, got.no_space, failures)
     return ExportReport(
         list(got.downloaded),
@@ -662,7 +660,7 @@ def _export_into(
 
 
 def _check_existing(
-    out: Path, plans: dict[str, LockPlan], wanted: dict[str, Artifact], manifest: Doc
+    out: Path, plans: dict[str, LockPlan], wanted: dict[str, Artifact], manifest: _Manifest
 ) -> None:
     """Before any download: a link planted in the wheelhouse's folders is refused, and so is a
     file already here under another sha256 than the lock pins."""
@@ -675,8 +673,8 @@ def _check_existing(
     ):
         _real_dir(out, folder)
     for path, a in wanted.items():
-        old = manifest["files"].get(path)
-        if old and old["sha256"] != a.sha256:
+        old = manifest.files.get(path)
+        if old and old.sha256 != a.sha256:
             raise UserError(
                 f"{out / path} is in this wheelhouse with another sha256 than the lock "
                 "pins; export into a new directory."
@@ -727,7 +725,7 @@ def _write_profiles(
     plans: dict[str, LockPlan],
     present: set[str],
     wheels: dict[str, dict[str, str]],
-    manifest: Doc,
+    manifest: _Manifest,
     scripts: Mapping[str, Mapping[str, str]],
     say: Say,
 ) -> None:
@@ -735,19 +733,17 @@ def _write_profiles(
     profile listed before that is no longer complete is taken off the list."""
     for name, plan in plans.items():
         if name in wheels and all(a.path in present for a in plan.artifacts):
-            manifest["profiles"][name] = {
-                "input_sha256": plan.meta["input_sha256"],
-                "python": str((plan.meta.get("target") or {}).get("python") or ""),
-                "files": sorted([a.path for a in plan.artifacts] + list(wheels[name].values())),
-                "built": wheels[name],
-            }
-            _profile_files(
-                out, name, plan, {n: manifest["files"][p]["sha256"] for n, p in wheels[name].items()}
+            manifest.profiles[name] = WheelhouseProfile(
+                files=tuple(sorted([a.path for a in plan.artifacts] + list(wheels[name].values()))),
+                input_sha256=plan.meta.input_sha256,
+                python=plan.meta.python or "",
+                built=wheels[name],
             )
+            _profile_files(out, name, plan, {n: manifest.files[p].sha256 for n, p in wheels[name].items()})
             _profile_scripts(out, name, scripts.get(name) or {})
-    for name, entry in sorted(manifest["profiles"].items()):  # complete, or not listed
-        if any(p not in manifest["files"] for p in entry["files"]):
-            del manifest["profiles"][name]
+    for name, entry in sorted(manifest.profiles.items()):  # complete, or not listed
+        if any(p not in manifest.files for p in entry.files):
+            del manifest.profiles[name]
             say(
                 f"{name} is no longer complete here (a file it uses is missing or damaged): "
                 f"export {name} again"
@@ -775,22 +771,22 @@ def _raise_failures(
         )
 
 
-def _keep_only_valid(out: Path, manifest: Doc, checked: set[str], say: Say) -> None:
+def _keep_only_valid(out: Path, manifest: _Manifest, checked: set[str], say: Say) -> None:
     """Drop from the manifest every file whose bytes on disk no longer hash right (and remove
     the file: the manifest says envbuild wrote it, and its bytes are wrong). `checked`: the
     paths this export verified already."""
     from envbuilder.offline.fetch import sha256_file
 
-    for path, f in sorted(manifest["files"].items()):
+    for path, f in sorted(manifest.files.items()):
         if path in checked:
             continue
         file = out / path
         try:
-            ok = file.is_file() and not file.is_symlink() and sha256_file(file) == f["sha256"]
+            ok = file.is_file() and not file.is_symlink() and sha256_file(file) == f.sha256
         except OSError:
             ok = False
         if not ok:
-            del manifest["files"][path]
+            del manifest.files[path]
             say(f"{path} is missing or no longer hashes right: it leaves the manifest and the index")
             if file.is_file() and not file.is_symlink():
                 file.unlink()
@@ -850,7 +846,7 @@ def _wheels_from_sdists(
     out: Path,
     plans: dict[str, LockPlan],
     present: set[str],
-    manifest: Doc,
+    manifest: _Manifest,
     build_index: str | None,
     failures: list[EnvbuildError],
     say: Say,
@@ -869,18 +865,19 @@ def _wheels_from_sdists(
     )  # (sdist, target) whose build failed in this run: not tried twice
     for name, plan in plans.items():
         meta = plan.meta
-        target = meta.get("target") or {}
+        target = meta.target or LockTarget()
+        as_read: Mapping[str, object] = target.to_dict()  # (wheelbuild reads it as lock.json holds it)
         mine, complete = {}, True
         for a in plan.artifacts:
             if a.kind != "pip" or not L.is_sdist(a.filename):
                 continue
-            key = (a.path, target.get("python"), target.get("python_platform"))
+            key = (a.path, target.python, target.python_platform)
             if a.path not in present or key in failed:
                 complete = False  # its download or build failed: reported already
                 continue
-            path = _built_wheel(out, manifest, a, target)
+            path = _built_wheel(out, manifest, a, as_read)
             if path is None:
-                index = build_index or (meta.get("sources") or {}).get("pypi")
+                index = build_index or meta.source("pypi")
                 if not index:
                     failures.append(
                         UserError(
@@ -898,7 +895,7 @@ def _wheels_from_sdists(
                         a.sha256,
                         a.name,
                         a.version,
-                        target,
+                        as_read,
                         index,
                         out / a.subdir,
                         reserved=reserved,
@@ -911,15 +908,9 @@ def _wheels_from_sdists(
                     continue
                 path = f"{a.subdir}/{w.filename}"
                 _forget_profiles_using(manifest, path, w.sha256, keep=set(plans), say=say)
-                manifest["files"][path] = {
-                    "kind": "pip",
-                    "name": a.name,
-                    "version": a.version,
-                    "size": w.size,
-                    "sha256": w.sha256,
-                    "built_from": {"path": a.path, "sha256": a.sha256},
-                    "build": w.build,
-                }
+                manifest.files[path] = WheelhouseFile(
+                    "pip", a.name, a.version, w.size, w.sha256, BuiltFrom(a.path, a.sha256), w.build
+                )
                 built.append(path)
             mine[a.name] = path
         if complete:
@@ -927,32 +918,32 @@ def _wheels_from_sdists(
     return wheels, built
 
 
-def _built_wheel(out: Path, manifest: Doc, sdist: Artifact, target: Doc) -> str | None:
+def _built_wheel(out: Path, manifest: _Manifest, sdist: Artifact, target: Mapping[str, object]) -> str | None:
     """The wheelhouse's wheel built from this sdist that fits `target` and hashes right, if any."""
     from envbuilder.offline.fetch import sha256_file
     from envbuilder.offline.wheelbuild import unfit
 
-    files: dict[str, Doc] = manifest["files"]
-    for path, f in sorted(files.items()):
+    for path, f in sorted(manifest.files.items()):
         if (
-            (f.get("built_from") or {}).get("sha256") == sdist.sha256
-            and unfit(path.rsplit("/", 1)[-1], f.get("build") or {}, target) is None
+            f.built_from is not None
+            and f.built_from.sha256 == sdist.sha256
+            and unfit(path.rsplit("/", 1)[-1], f.build or {}, target) is None
             and (out / path).is_file()
-            and sha256_file(out / path) == f["sha256"]
+            and sha256_file(out / path) == f.sha256
         ):
             return path
     return None
 
 
-def _forget_profiles_using(manifest: Doc, path: str, sha256: str, keep: set[str], say: Say) -> None:
+def _forget_profiles_using(manifest: _Manifest, path: str, sha256: str, keep: set[str], say: Say) -> None:
     """A wheel rebuilt with other bytes than the manifest had: the profiles of earlier exports
     whose requirements name the old hash are no longer complete here."""
-    old = manifest["files"].get(path)
-    if not old or old["sha256"] == sha256:
+    old = manifest.files.get(path)
+    if not old or old.sha256 == sha256:
         return
-    for name in sorted(manifest["profiles"]):
-        if name not in keep and path in manifest["profiles"][name]["files"]:
-            del manifest["profiles"][name]
+    for name in sorted(manifest.profiles):
+        if name not in keep and path in manifest.profiles[name].files:
+            del manifest.profiles[name]
             say(f"{path} was rebuilt with other bytes: export {name} again to use it")
 
 
@@ -976,7 +967,7 @@ def _profile_files(out: Path, name: str, plan: LockPlan, built: dict[str, str]) 
     `built` ({package: sha256}) are the wheels that stand in for the lock's sdists. Written from
     the lock's texts as they were verified, not read again."""
     meta, arts, texts = plan.meta, plan.artifacts, plan.texts
-    if "pip" in meta["parts"]:
+    if "pip" in meta.parts:
         from envbuilder.lock.pip import replace_hashes
 
         text = texts[L.REQUIREMENTS]

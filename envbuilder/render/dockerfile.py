@@ -12,7 +12,7 @@ goes through the filter of the place it lands (quoting.py) before it reaches the
 from __future__ import annotations
 
 import json
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 from envbuilder.model.components import apex as APEX
 from envbuilder.model.components import flash_attn as FA
@@ -73,7 +73,7 @@ def _cache(target: str) -> str:
     return f"--mount=type=cache,target={target}"
 
 
-def _tojson(value: Any) -> str:
+def _tojson(value: object) -> str:
     """JSON as the template's `tojson` wrote it: sorted keys, records as plain data, and <, >,
     & and ' as \\u escapes (jinja's htmlsafe_json_dumps)."""
     text = json.dumps(value, sort_keys=True, default=plain)

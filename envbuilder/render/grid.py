@@ -13,8 +13,8 @@ driver rule compares a driver with those only, so every driver falls in one leve
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TypedDict
 
 from envbuilder.errors import UserError
 from envbuilder.model import fixes
@@ -34,6 +34,21 @@ def NEWEST(xs: Iterable[str]) -> list[str]:
     return sorted(xs, key=version_key, reverse=True)
 
 
+# the matrix's records are plain data its schema checked: these read a field of one as that type
+def _table(value: object) -> Mapping[str, object]:
+    return value if isinstance(value, dict) else {}
+
+
+def _text(record: Mapping[str, object], key: str) -> str:
+    value = record[key]
+    return value if isinstance(value, str) else str(value)
+
+
+def _maybe(record: Mapping[str, object], key: str) -> str | None:
+    value = record.get(key)
+    return value if isinstance(value, str) else None
+
+
 class Column(Record):
     group: str
     label: str
@@ -48,13 +63,29 @@ class Row(Record):
     asked: str = ""  # what each cell resolves (`envbuild check ASKED`): the profile, or the card's key where it takes another card's profile
 
 
+class _Rule(TypedDict):
+    rule: str
+    what: str
+    why: str
+    fix: str
+
+
+class Rule(_Rule, total=False):
+    """A rule of a refusal, as the page shows it (a resolver violation's fields)."""
+
+    hard: bool
+
+
+Source = tuple[str, str]  # (what, URL or text) of a record involved
+
+
 class Cell(Record):
     state: str  # ok, fix, no, none
     fix: tuple[tuple[str, str], ...]  # (state fix) the override that makes it resolve
-    rules: tuple[dict[str, Any], ...]  # the refusal: rule, what, why, fix, hard
+    rules: tuple[Rule, ...]  # the refusal
     summary: str  # what resolves (ok, fix), or the refusal in one line
     command: str  # the `envbuild render` line for the combination (with the fix, if any)
-    sources: tuple[tuple[str, str], ...]  # (what, URL or text) of the records involved
+    sources: tuple[Source, ...]  # the records involved
     driver: tuple[str, str, str] | None = None  # (ok, fix) the CUDA it needs, min and compat driver
 
 
@@ -71,9 +102,10 @@ def columns(m: Matrix) -> list[Column]:
     """The choices, from the matrix: the profile as shipped; each torch/CUDA pair and vLLM
     release that a profile or a stack runs; the HF rollout; every verl release; each optional
     component. Every one is a set of render's own flags."""
-    runs = [*m.profiles.values(), *(m.sections.get("stacks") or {}).values()]
-    pairs = {(r["torch"], r["cuda"]) for r in runs if r.get("torch") and r.get("cuda")}
-    vllms = {r["vllm"] for r in runs if r.get("vllm") in m.vllm}
+    stacks = _table(m.sections.get("stacks"))
+    runs = [*m.profiles.values(), *(_table(s) for s in stacks.values())]
+    pairs = {(_text(r, "torch"), _text(r, "cuda")) for r in runs if r.get("torch") and r.get("cuda")}
+    vllms = {_text(r, "vllm") for r in runs if r.get("vllm") in m.vllm}
     cols = [Column("profile", "as shipped", ())]
     for t, c in sorted(pairs, key=lambda tc: (version_key(tc[0]), version_key(tc[1]))):
         cols.append(Column("torch / CUDA", f"{t} / {c}", (("torch", t), ("cuda", c))))
@@ -108,16 +140,18 @@ def rows(m: Matrix, gpus: tuple[str, ...] = ()) -> list[Row]:
     gpus = tuple(_known(m, typed) for typed in gpus)
     out: list[Row] = []
     for key, g in m.gpus.items():
-        names = [n for n, p in m.profiles.items() if p["gpu"] == key]
+        names = [n for n, p in m.profiles.items() if p.get("gpu") == key]
         if gpus and key not in gpus and not set(names) & set(gpus):
             continue
         if not names:  # (the card by its own name: its identity and memory, another's stack)
-            out.append(Row(key, g["name"], g["compute_capability"], nearest_profile(m, key), key))
+            out.append(
+                Row(key, _text(g, "name"), _text(g, "compute_capability"), nearest_profile(m, key), key)
+            )
             continue
         for name in names:
             if gpus and key not in gpus and name not in gpus:
                 continue
-            out.append(Row(key, g["name"], g["compute_capability"], name, name))
+            out.append(Row(key, _text(g, "name"), _text(g, "compute_capability"), name, name))
     if gpus and not out:
         raise UserError(
             f"--gpu {', '.join(gpus)} names no GPU of the matrix: known are "
@@ -164,7 +198,7 @@ def overrides(flags: Iterable[tuple[str, str]], driver: str | None) -> Overrides
     return fixes.applied(Overrides(driver=driver), dict(flags))
 
 
-def _keeps(col: Column, flags: dict[str, Any]) -> bool:
+def _keeps(col: Column, flags: dict[str, str]) -> bool:
     """A fix that leaves the column's own choice as it is (and the machine's driver alone)."""
     mine = dict(col.flags)
     if "driver" in flags or mine.get("with") in (flags.get("without") or "").split(","):
@@ -172,7 +206,7 @@ def _keeps(col: Column, flags: dict[str, Any]) -> bool:
     return all(f not in mine or flags[f] == mine[f] for f in flags)
 
 
-def _candidates(m: Matrix, col: Column, refusal: UserError) -> Iterator[dict[str, Any]]:
+def _candidates(m: Matrix, col: Column, refusal: UserError) -> Iterator[dict[str, str]]:
     """The overrides that may lift a refusal: each concrete alternative the resolver's fixes
     name, then each stack (stacks.yaml, newest first), then, for a vLLM release, the torch it
     pins with each CUDA of the same major."""
@@ -182,27 +216,31 @@ def _candidates(m: Matrix, col: Column, refusal: UserError) -> Iterator[dict[str
                 flags = fixes.concrete(m, alt)
                 if flags and all(x is not None for x in flags.values()):
                     yield flags
-    for s in NEWEST(m.sections.get("stacks") or {}):
+    for s in NEWEST(_table(m.sections.get("stacks"))):
         yield {"verl": s}
     vllm = dict(col.flags).get("vllm")
     if vllm:
         rec = m.vllm[vllm]
-        major = rec["wheel_cuda"].split(".")[0]
-        builds = m.torch.get(rec["torch"], {}).get("builds", {}).values()
-        for c in NEWEST(
-            {b["cuda"] for b in builds if b["cuda"].split(".")[0] == major and b["cuda"] in m.cuda}
-        ):
-            yield {"torch": rec["torch"], "cuda": c}
+        major, torch = _text(rec, "wheel_cuda").split(".")[0], _text(rec, "torch")
+        builds = _table(_table(m.torch.get(torch)).get("builds")).values()
+        cudas = [_text(_table(b), "cuda") for b in builds]
+        for c in NEWEST({c for c in cudas if c.split(".")[0] == major and c in m.cuda}):
+            yield {"torch": torch, "cuda": c}
 
 
 def cell(m: Matrix, verdicts: Verdicts, row: Row, col: Column, driver: str | None, links: Links) -> Cell:
     if row.profile is None:
-        near = [n for n, p in m.profiles.items() if cc_runs(row.cc, [m.gpus[p["gpu"]]["compute_capability"]])]
-        near.sort(key=lambda n: cc_tuple(m.gpus[m.profiles[n]["gpu"]]["compute_capability"]), reverse=True)
+        near = [n for n, p in m.profiles.items() if cc_runs(row.cc, [_cc(m, p)])]
+        near.sort(key=lambda n: cc_tuple(_cc(m, m.profiles[n])), reverse=True)
         why = f"no profile's build runs on the {row.name} (CC {row.cc}), so render has nothing to resolve for it"
         if near:
             why += f"; the code of profile {near[0]} runs on CC {row.cc} (`envbuild detect` weighs it)"
-        rule = {"rule": "profile", "what": why, "why": "", "fix": "add a profile in a --matrix-dir overlay"}
+        rule: Rule = {
+            "rule": "profile",
+            "what": why,
+            "why": "",
+            "fix": "add a profile in a --matrix-dir overlay",
+        }
         return Cell("none", (), (rule,), why, "", tuple(links(m.gpus[row.gpu], "gpus", row.gpu, row.name)))
     base = overrides(col.flags, driver)
     got = verdicts(row.asked, base)
@@ -225,7 +263,12 @@ def cell(m: Matrix, verdicts: Verdicts, row: Row, col: Column, driver: str | Non
     )
 
 
-def _rules(refusal: UserError) -> tuple[dict[str, Any], ...]:
+def _cc(m: Matrix, profile: Mapping[str, object]) -> str:
+    """The compute capability of a profile's GPU."""
+    return _text(m.gpus[_text(profile, "gpu")], "compute_capability")
+
+
+def _rules(refusal: UserError) -> tuple[Rule, ...]:
     if isinstance(refusal, ResolveError):
         return tuple(
             {"rule": v.rule, "what": v.what, "why": v.why, "fix": v.fix, "hard": v.hard}
@@ -237,7 +280,7 @@ def _rules(refusal: UserError) -> tuple[dict[str, Any], ...]:
 def _done(
     state: str,
     fix: tuple[tuple[str, str], ...],
-    rules: tuple[dict[str, Any], ...],
+    rules: tuple[Rule, ...],
     env: ResolvedEnv,
     row: Row,
     col: Column,
@@ -271,7 +314,7 @@ def command(
     return " ".join(parts)
 
 
-def _env_sources(env: ResolvedEnv, row: Row, links: Links) -> tuple[Any, ...]:
+def _env_sources(env: ResolvedEnv, row: Row, links: Links) -> tuple[Source, ...]:
     m = links.m
     out = [*links(m.gpus[row.gpu], "gpus", row.gpu, env.gpu.name)]
     out += links(m.cuda[env.cuda.version], "cuda", env.cuda.version, f"CUDA {env.cuda.version}")
@@ -286,17 +329,18 @@ def _env_sources(env: ResolvedEnv, row: Row, links: Links) -> tuple[Any, ...]:
     return tuple(dict.fromkeys(out))
 
 
-def _sources(m: Matrix, row: Row, col: Column, links: Links) -> tuple[Any, ...]:
+def _sources(m: Matrix, row: Row, col: Column, links: Links) -> tuple[Source, ...]:
     p, flags = m.profiles[row.profile or ""], dict(col.flags)
     out = [*links(m.gpus[row.gpu], "gpus", row.gpu, row.name)]
     for sec, what in (("cuda", "CUDA"), ("torch", "torch"), ("verl", "verl"), ("vllm", "vLLM")):
-        v = flags.get(sec) or p.get(sec)
-        if v and v in m.sections[sec]:
-            out += links(m.sections[sec][v], sec, v, f"{what} {v}")
+        v = flags.get(sec) or _maybe(p, sec)
+        records = _table(m.sections.get(sec))
+        if v and v in records:
+            out += links(_table(records[v]), sec, v, f"{what} {v}")
     comp = flags.get("with")
     if comp:
         sec = comp.replace("-", "_")
-        out += links(m.sections[sec], sec, None, comp)
+        out += links(_table(m.sections.get(sec)), sec, None, comp)
     return tuple(dict.fromkeys(out))
 
 
@@ -311,14 +355,15 @@ class Links:
 
     def __init__(self, m: Matrix):
         self.m = m
-        self.maps: dict[Any, dict[str, Any]] = {}
+        # (section, key) -> the `sources:` of the file it came from; that file's path -> the same
+        self.maps: dict[tuple[str, str | None] | str, Mapping[str, object]] = {}
 
-    def _map(self, section: str, key: str | None) -> dict[str, Any]:
+    def _map(self, section: str, key: str | None) -> Mapping[str, object]:
         if (section, key) not in self.maps:
             self.maps[(section, key)] = self._read(section, key)
         return self.maps[(section, key)]
 
-    def _read(self, section: str, key: str | None) -> dict[str, Any]:
+    def _read(self, section: str, key: str | None) -> Mapping[str, object]:
         from pathlib import Path
 
         from envbuilder.limits import load_yaml, read_text_bounded
@@ -332,18 +377,21 @@ class Links:
             return {}
         if path not in self.maps:
             try:
-                doc = load_yaml(read_text_bounded(Path(path), "matrix file"), path) or {}
+                doc: object = load_yaml(read_text_bounded(Path(path), "matrix file"), path)
             except (OSError, UserError):
-                doc = {}
-            self.maps[path] = doc.get("sources") or {} if isinstance(doc, dict) else {}
+                doc = None
+            found = doc.get("sources") if isinstance(doc, dict) else None
+            self.maps[path] = found if isinstance(found, dict) else {}
         return self.maps[path]
 
-    def __call__(self, record: dict[str, Any], section: str, key: str | None, what: str) -> list[Any]:
+    def __call__(
+        self, record: Mapping[str, object], section: str, key: str | None, what: str
+    ) -> list[Source]:
         tokens = [t.strip() for t in str(record.get("source") or "").split(",") if t.strip()]
         out = []
         for t in tokens:
             text = t if URL.match(t) else self._map(section, key).get(t, t)
-            found = URL.search(text)
+            found = URL.search(str(text))
             # (a URL's user:password@ is a secret wherever it comes from: the page names none)
             link = without_credentials(found[0] if found else str(text))
             out.append((f"{what}: {without_credentials(t)}", link))
@@ -400,12 +448,12 @@ def details(grid: Grid, driver: str | None) -> list[str]:
     return out
 
 
-def page_data(grid: Grid, driver: str | None = None) -> dict[str, Any]:
+def page_data(grid: Grid, driver: str | None = None) -> dict[str, object]:
     """What the page's script reads: rows, columns and cells (each with the driver facts of the
     environment it resolved to, for the picker)."""
     sources: dict[tuple[str, str], int] = {}  # each (what, URL) once; a cell lists their numbers
 
-    def numbered(pairs: Iterable[Any]) -> list[int]:
+    def numbered(pairs: Iterable[Source]) -> list[int]:
         return [sources.setdefault(p, len(sources)) for p in pairs]
 
     cells = [

@@ -7,7 +7,8 @@ imports it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from envbuilder.model.resolved import ResolvedEnv
@@ -69,7 +70,7 @@ def labels(env: ResolvedEnv, sif: bool = False) -> list[tuple[str, str]]:
     return [(LABEL + key, str(value)) for key, value, image, in_sif in rows if (in_sif if sif else image)]
 
 
-def default_tag(env: ResolvedEnv, d: dict[str, Any] | None = None) -> str:
+def default_tag(env: ResolvedEnv, d: Mapping[str, object] | None = None) -> str:
     """envbuild/<profile or card asked for>:<12 hex of the upstream spec>: the same image whichever mirror,
     machine or builder made it (`envbuild build` names images the same way). The lock's pins and
     a mirror are left out of the spec hashed: a rendered folder's envbuild.json (which has them)

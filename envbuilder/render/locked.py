@@ -7,7 +7,7 @@ templates read it), so render names the type without importing the lock."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from envbuilder.record import Record
 
@@ -34,9 +34,9 @@ class LockedContext(Record):
     input_sha256: str
     wheelhouse: bool
     links: Mapping[str, Checked]
-    apex_source: Mapping[str, Any] | None
+    apex_source: Mapping[str, object] | None
     flash_attn_wheels: Mapping[str, str] | None
     uv_wheel: str | None
     # the sdist of TransformerEngine's PyTorch extension the lock pins (filename, sha256), which
     # the builder compiles from the wheelhouse (the Megatron engine); None elsewhere
-    te_source: Mapping[str, Any] | None = None
+    te_source: Mapping[str, object] | None = None

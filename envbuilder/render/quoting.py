@@ -156,7 +156,8 @@ def md_code_block(text: str) -> str:
     """`text` (lines already passed through `line`) as one fenced Markdown code block: the fence
     is a run of backticks longer than any in `text`, so no line of it can close the block, and
     nothing in it renders (links, HTML, mentions)."""
-    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    runs: list[str] = re.findall(r"`+", text)
+    longest = max((len(run) for run in runs), default=0)
     fence = "`" * max(3, longest + 1)
     return f"{fence}\n{text.rstrip(chr(10))}\n{fence}\n"
 
