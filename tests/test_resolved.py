@@ -99,14 +99,13 @@ def test_every_field_has_a_kind_and_a_record_is_declared_once():
 
 # objects of fixed keys that the environment keeps as read-only mappings: role -> image,
 # part -> its autocast key, a patch's {find, with} ("with" is no field name), split -> file,
-# split -> rows, and the memory plan (memory.py's data, read by key)
+# split -> rows (the memory plan is records of its own: model/memory_plan.py)
 FIXED_KEY_MAPS = {
     "cuda.images",
     "verl.autocast_keys",
     "patches[].replace[]",
     "dataset.files",
     "dataset.rows",
-    "memory",
 }
 
 

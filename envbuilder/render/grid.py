@@ -214,8 +214,9 @@ def _candidates(m: Matrix, col: Column, refusal: UserError) -> Iterator[dict[str
         for v in refusal.violations:
             for alt in fixes.alternatives(v.fix):
                 flags = fixes.concrete(m, alt)
-                if flags and all(x is not None for x in flags.values()):
-                    yield flags
+                given = {f: x for f, x in (flags or {}).items() if x is not None}
+                if given and len(given) == len(flags or {}):
+                    yield given
     for s in NEWEST(_table(m.sections.get("stacks"))):
         yield {"verl": s}
     vllm = dict(col.flags).get("vllm")
