@@ -212,7 +212,7 @@ def mirror_sets(m: Matrix) -> dict[str, dict[str, Any]]:
 def get_set(m: Matrix, name: str) -> dict[str, Any]:
     sets = mirror_sets(m)
     if name not in sets:
-        from envbuilder.model.resolve import suggest
+        from envbuilder.model.names import suggest
 
         raise UserError(
             f"Unknown mirror set {name!r}; {suggest(name, list(sets))}known: "

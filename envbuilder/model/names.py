@@ -105,3 +105,13 @@ def profile_named(m: Matrix, typed: str) -> Named | None:
         f"of its own: it takes profile {profile}'s stack (built for CC "
         f"{m.gpus[own]['compute_capability']}), planned for the {card['name']}'s own memory",
     )
+
+
+def suggest(name: str, known: list[str]) -> str:
+    """'did you mean ...? ' for the known name closest to `name`, compared without case (`H10`
+    is close to h100, not to v100)."""
+    import difflib
+
+    folded = {k.casefold(): k for k in known}
+    close = difflib.get_close_matches(name.casefold(), list(folded), n=1, cutoff=0.5)
+    return f"did you mean {folded[close[0]]!r}? " if close else ""

@@ -24,7 +24,7 @@ from envbuilder.record import Record, frozen, plain
 from envbuilder.model.resolved import SCHEMA_VERSION, Overrides, ResolvedEnv  # noqa: F401  (re-exported)
 from envbuilder.model.memory_plan import Card, MemoryPlan
 from envbuilder.model.components import Refusal
-from envbuilder.model.components import apex as APEX
+from envbuilder.model.components import registry as COMPONENTS
 from envbuilder.model.components import cuda as CUDA
 from envbuilder.model.components.cuda import stacks_for_driver
 from envbuilder.model.components import sglang as SGLANG
@@ -33,7 +33,7 @@ from envbuilder.model.components import verl as VERL
 from envbuilder.model.components.verl import INSTALLABLE_ROLLOUTS  # noqa: F401  (the rollouts a profile may name)
 from envbuilder.model.components import vllm as VLLM
 from envbuilder.model.versions import ranges_overlap
-from envbuilder.model.names import profile_named, unknown_name_hint
+from envbuilder.model.names import profile_named, suggest, unknown_name_hint
 from envbuilder.model.selection import Selection
 from envbuilder.model import flags as F
 
@@ -71,16 +71,6 @@ class ResolveError(UserError):
         if not any(v.hard for v in violations):
             lines.append("  (--allow-unsupported renders anyway and writes these warnings into the files.)")
         super().__init__("\n".join(lines))
-
-
-def suggest(name: str, known: list[str]) -> str:
-    """'did you mean ...? ' for the known name closest to `name`, compared without case (`H10`
-    is close to h100, not to v100)."""
-    import difflib
-
-    folded = {k.casefold(): k for k in known}
-    close = difflib.get_close_matches(name.casefold(), list(folded), n=1, cutoff=0.5)
-    return f"did you mean {folded[close[0]]!r}? " if close else ""
 
 
 def rounded_batch(train: E.TrainBlock, world: int) -> int:
@@ -130,8 +120,7 @@ def training_path(
     if rollout == "sglang" and t.sglang_training_path:  # its compiled ops first, as vLLM's
         sr = t.sglang.get(SGLANG.of(m, verl_v) or "")
         parts.append((sr.get("modules") if sr else None) or t.sglang_training_path["modules"])
-    sections = {"flash-attn": t.flash_attn, "apex": t.apex}
-    parts += [_modules(sections[c]) for c in ("flash-attn", "apex") if c in components]
+    parts += COMPONENTS.training_modules(m, components)
     path = t.verl[verl_v]["training_path"]
     parts += [path["modules"], path["rollouts"].get(rollout, [])]
     return list(dict.fromkeys(name for part in parts for name in part))
@@ -142,11 +131,6 @@ def _section(section: T | None) -> T:
     `flash_attn`, `apex`): a matrix without it has no release of them to name."""
     assert section is not None, "a component without its matrix section"
     return section
-
-
-def _modules(section: E.FlashAttnSection | E.ApexSection | None) -> list[str]:
-    """A compiled component's training-path modules."""
-    return _section(section)["training_path"]["modules"]
 
 
 def _stored_plan(inputs: list[object], compute: Callable[[], MemoryPlan]) -> MemoryPlan:
@@ -1054,35 +1038,11 @@ class _Resolver:
             )
 
     def select_components(self, torch_v: str) -> dict[str, str]:
-        """The profile's compiled components with --with / --without applied."""
-        t, ov = self.m.typed, self.ov
-        components: dict[str, str] = dict(self.p["components"])
+        """The profile's compiled components with --with / --without applied (registry.select)."""
         optional: dict[str, str] = self.p.get("optional_components", {})
-        for name in ov.with_:
-            if name in components:
-                continue
-            if name in optional:
-                components[name] = optional[name]
-            elif name == "flash-attn" and t.flash_attn:
-                fitting = [v for v, r in t.flash_attn["versions"].items() if in_range(torch_v, r["torch"])]
-                if not fitting:
-                    raise UserError(
-                        f"No flash-attn release in the matrix supports torch {torch_v}; "
-                        "pick another --torch or leave flash-attn out."
-                    )
-                components[name] = max(fitting, key=version_key)
-            elif name == "apex" and t.apex:
-                components[name] = max(t.apex["versions"], key=version_key)
-            else:
-                raise UserError(f"Unknown component {name!r} for --with; components are apex, flash-attn.")
-        for name in ov.without:
-            if name not in ("apex", "flash-attn"):
-                raise UserError(
-                    f"Unknown component {name!r} for --without; "
-                    f"{suggest(name, ['apex', 'flash-attn'])}components are apex, flash-attn."
-                )
-            components.pop(name, None)
-        return components
+        return COMPONENTS.select(
+            self.m, dict(self.p["components"]), optional, self.ov.with_, self.ov.without, torch_v
+        )
 
     def run(self) -> ResolvedEnv:
         s = self.select()
@@ -1172,7 +1132,7 @@ class _Resolver:
         p, ov, m, t = self.p, self.ov, self.m, self.m.typed
         cc, verl, dtype, attention = s.cc, s.verl, s.dtype, s.attention
         remove_padding = self.remove_padding(s)
-        apex = APEX.record(_section(t.apex), s.apex_v, s.apex_rec, cc) if s.apex_v and s.apex_rec else None
+        apex = COMPONENTS.APEX_.record(m, s)
         # what each part of the run computes in: the profile's dtype where this verl can run the
         # part in it, fp32 otherwise (verl.yaml precision: no fp16 training without a loss scaler)
         precision = {
@@ -1263,7 +1223,7 @@ class _Resolver:
                 dynamic_bsz=s.dynamic_bsz,
                 speed=speed_notes(verl, s, remove_padding),
             ),
-            flash_attn=FA.record(_section(t.flash_attn), s.fa, s.fa_choice) if s.fa and s.fa_choice else None,
+            flash_attn=COMPONENTS.FLASH_ATTN.record(m, s),
             apex=apex,
             patches=patches,
             audit=audit,
@@ -1496,31 +1456,9 @@ def _rule_bf16(r: _Resolver, s: Selection) -> None:
 
 
 def _rule_extensions(r: _Resolver, s: Selection) -> None:
-    t, cc = r.m.typed, s.cc
-    if s.fa and s.fa_choice:
-        fa = _section(t.flash_attn)
-        for p in FA.problems(fa, s.fa, torch_v=s.torch_v, cc=cc, gpu=s.card["name"], choice=s.fa_choice):
-            r.add(p.rule, p.what, p.why, p.fix, p.hard)
-        s.notes.extend(FA.notes(FA.record(fa, s.fa, s.fa_choice), s.fa_choice.reason, fa))
-    if s.attention == "flash_attention_2" and s.fa is None:
-        r.add(
-            "attention",
-            "attention flash_attention_2 without the flash-attn package",
-            "the profile asks for it but flash-attn is not installed",
-            "use --with flash-attn, or set attention to sdpa",
-            hard=True,
-        )
-    nvcc = APEX.nvcc_problem(_section(t.apex), s.build["cuda"], s.cuda_v) if s.apex_v else None
-    if nvcc:
-        r.add("apex-nvcc", *nvcc, hard=True)
-    if (s.apex_v or s.fa) and cc not in s.cuda["nvcc_archs"]:
-        r.add(
-            "nvcc-arch",
-            f"nvcc {s.cuda_v} cannot build for sm_{cc.replace('.', '')}",
-            f"it targets {', '.join(s.cuda['nvcc_archs'])}",
-            "use another --cuda, or --without apex,flash-attn",
-            hard=True,
-        )
+    for x in COMPONENTS.problems(r.m, s):
+        r.refuse(x)
+    s.notes.extend(COMPONENTS.notes(r.m, s))
 
 
 def _rule_shared_dependencies(r: _Resolver, s: Selection) -> None:

@@ -63,6 +63,7 @@ def lock_shortfalls(
     torch swapped for PyPI's build (what that means: its CUDA and driver floor), a part the
     profile needs and the lock lacks. Empty when nothing is short, or the user accepted it."""
     from envbuilder.lock.lockfile import parts_for, pip_sha256, read_meta, recorded_pip_sha256
+    from envbuilder.model.components.registry import built
     from envbuilder.model.resolve import resolve
 
     try:
@@ -106,8 +107,7 @@ def lock_shortfalls(
     if missing and not accept_partial:
         names = {
             "conda": "conda part (conda-lock.yml)",
-            "sources": "source archive of "
-            + " or ".join(n for n in ("apex", "flash-attn") if getattr(env, n.replace("-", "_"))),
+            "sources": "source archive of " + " or ".join(c.name for c in built(env)),
         }
         reach = {
             "conda": "the conda channels (or --channel a mirror)",
@@ -134,7 +134,7 @@ def known_profiles_or_locks(m: Matrix, profiles: Iterable[str]) -> None:
 
     for p in profiles:
         if p not in m.profiles and not (LOCK_ROOT / p).is_dir() and not find_lock(p).is_dir():
-            from envbuilder.model.resolve import suggest
+            from envbuilder.model.names import suggest
 
             raise UserError(
                 f"Unknown profile {p!r}; {suggest(p, list(m.profiles))}known: "

@@ -15,10 +15,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from envbuilder.model import resolved as R
+from envbuilder.model.components import Refusal
 
 if TYPE_CHECKING:
     from envbuilder.model.entries import ApexRelease, ApexSection
     from envbuilder.model.resolved import Apex
+
+NAME = "apex"  # as --with/--without take it (registry.py)
 
 
 def record(section: ApexSection, version: str, rec: ApexRelease, cc: str) -> R.Apex:
@@ -34,14 +37,16 @@ def record(section: ApexSection, version: str, rec: ApexRelease, cc: str) -> R.A
     )
 
 
-def nvcc_problem(section: ApexSection, torch_cuda: str, image_cuda: str) -> tuple[str, str, str] | None:
-    """(what, why, fix) when the image's nvcc cannot build apex for this torch; None when it can."""
+def nvcc_problem(section: ApexSection, torch_cuda: str, image_cuda: str) -> Refusal | None:
+    """The refusal when the image's nvcc cannot build apex for this torch; None when it can."""
     if section["nvcc_must_match_torch_cuda"] and torch_cuda != image_cuda:
-        return (
+        return Refusal(
+            "apex-nvcc",
             f"apex needs nvcc == torch.version.cuda, but the image's nvcc is {image_cuda} and torch "
             f"is built for {torch_cuda}",
             "apex's setup.py refuses a CUDA version mismatch",
             f"use --cuda {torch_cuda} or --without apex",
+            hard=True,
         )
     return None
 

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from envbuilder.errors import UserError
 from envbuilder.model import resolved as R
+from envbuilder.model.components import Refusal
 from envbuilder.model.matrix import at_least, cc_runs
 from envbuilder.model.versions import in_range
 from envbuilder.record import Record, frozen
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from envbuilder.model.entries import FlashAttnRelease, FlashAttnSection
     from envbuilder.model.resolved import ResolvedEnv
 
+NAME = "flash-attn"  # as --with/--without take it (registry.py)
 INDEX, RELEASE, SOURCE = "index", "release", "source"
 CCACHE_DIR = "/root/.ccache"  # the builder's BuildKit cache mount for compiled objects
 DOWNLOAD_DIR = "/tmp/flash-attn"  # where the builder puts an index's wheel before its check
@@ -157,26 +159,16 @@ def choose(
     return Choice(SOURCE, None, arch, f"no prebuilt flash-attn {version} wheel for {gap}")
 
 
-class Problem(Record):
-    """A rule the profile breaks with flash-attn (the resolver's Violation: what, why, fix)."""
-
-    rule: str
-    what: str
-    why: str
-    fix: str
-    hard: bool = False
-
-
 def problems(
     fa_data: FlashAttnSection, version: str, *, torch_v: str, cc: str, gpu: str, choice: Choice
-) -> list[Problem]:
+) -> list[Refusal]:
     """flash-attn's rules: its torch range, its compute-capability floor (below it the attention
     is sdpa: a warning that --allow-unsupported keeps), and a card no arch of setup.py runs."""
     rec, floor = fa_data["versions"][version], fa_data["min_compute_capability"]
-    out = []
+    out: list[Refusal] = []
     if not in_range(torch_v, rec["torch"]):
         out.append(
-            Problem(
+            Refusal(
                 "flash-attn-torch",
                 f"flash-attn {version} does not support torch {torch_v}",
                 f"it supports torch{rec['torch']}",
@@ -186,7 +178,7 @@ def problems(
         )
     if not at_least(cc, floor):
         out.append(
-            Problem(
+            Refusal(
                 "flash-attn-cc",
                 f"flash-attn on the {gpu} (CC {cc})",
                 f"FlashAttention-2 only supports Ampere GPUs or newer (CC >= {floor})",
@@ -196,7 +188,7 @@ def problems(
     elif choice.arch is None:
         archs = ", ".join(_sdist_archs(fa_data))
         out.append(
-            Problem(
+            Refusal(
                 "flash-attn-arch",
                 f"flash-attn's setup.py builds no kernel the {gpu} (CC {cc}) runs",
                 f"FLASH_ATTN_CUDA_ARCHS takes {archs}",
