@@ -90,7 +90,9 @@ def from_matrix(section: str) -> Complete:
 
             m = _matrix(ctx)
             if section == "components":
-                return _items(["apex", "flash-attn"], incomplete)
+                from envbuilder.model.components.registry import names
+
+                return _items(names(), incomplete)
             if section == "python":
                 return _items(list(reversed(pythons(m))), incomplete)
             table = m.sections.get(section) or {}

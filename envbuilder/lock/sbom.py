@@ -21,6 +21,7 @@ from typing import TypedDict
 from urllib.parse import quote, urlsplit
 
 from envbuilder.lock.documents import CondaLock, LockMeta, SourcePin
+from envbuilder.model.components import registry as COMPONENTS
 from envbuilder.model.resolved import ResolvedEnv
 from envbuilder.render.image import HOME, SBOM as SBOM_PATH
 
@@ -176,17 +177,16 @@ def image_components(env: ResolvedEnv, images: Mapping[str, str]) -> list[Compon
 
 
 def source_components(env: ResolvedEnv, sources: Mapping[str, SourcePin]) -> list[Component]:
-    """apex's source archive and flash-attn's release wheels (each ABI the lock pins)."""
+    """The files of sources.lock a registered component is built from (registry.Source): apex's
+    source archive and flash-attn's release wheels (each ABI the lock pins)."""
     out: list[Component] = []
     for key, s in sorted(sources.items()):
-        if key == "apex" and env.apex:
-            name, version = "apex", str(s.ref or env.apex.ref)
-            purl = _purl("github", "apex", version, namespace="NVIDIA")
-        elif key.startswith("flash-attn") and env.flash_attn:
-            name, version = "flash-attn", env.flash_attn.version
-            purl = _purl("pypi", "flash-attn", version, download_url=s.url, file_name=s.filename)
-        else:
+        src = next((x for c in COMPONENTS.REGISTRY if (x := c.source(env, key, s.ref)) is not None), None)
+        if src is None:
             continue
+        name, version = src.name, src.version
+        where = {"download_url": s.url, "file_name": s.filename} if src.kind == "pypi" else {}
+        purl = _purl(src.kind, name, version, namespace=src.namespace, **where)
         out.append(
             {
                 "type": "library",
@@ -203,7 +203,7 @@ def source_components(env: ResolvedEnv, sources: Mapping[str, SourcePin]) -> lis
                     }
                 ],
                 "properties": [_prop("source", key)]
-                + ([_prop("compiled-for", f"sm_{env.gpu.sm}")] if key == "apex" else []),
+                + ([_prop("compiled-for", f"sm_{env.gpu.sm}")] if src.compiled else []),
             }
         )
     return out

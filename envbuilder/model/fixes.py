@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable, Protocol, TypeVar
 
 from envbuilder.errors import UserError
 from envbuilder.model import flags as F
+from envbuilder.model.components import registry as COMPONENTS
 from envbuilder.model.resolved import Overrides, ResolvedEnv
 from envbuilder.model.versions import is_driver_version, version_key
 
@@ -51,7 +52,6 @@ FIX_FLAG = re.compile(
     r"(?:[ =]([^\s,;()]+(?:,[^\s,;()]+)*))?"
 )
 ROLLOUTS = F.BY_FIELD["rollout"].choices
-COMPONENTS = ("apex", "flash-attn")
 _FLAG = {f.flag[2:]: f for f in F.FLAGS}  # "gpus-per-node" -> its declaration
 
 
@@ -66,8 +66,8 @@ def _valid(m: Matrix, flag: str, value: str | None) -> bool:
         "vllm": lambda: value in m.vllm,
         "rollout": lambda: value in ROLLOUTS,
         "python": lambda: re.fullmatch(r"3\.\d+", value) is not None,
-        "with": lambda: all(c in COMPONENTS for c in value.split(",")),
-        "without": lambda: all(c in COMPONENTS for c in value.split(",")),
+        "with": lambda: all(COMPONENTS.by_name(c) for c in value.split(",")),
+        "without": lambda: all(COMPONENTS.by_name(c) for c in value.split(",")),
         "driver": lambda: is_driver_version(value),
         "ecc": lambda: value in ("on", "off"),
         "model": lambda: value in m.models,

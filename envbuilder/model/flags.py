@@ -9,6 +9,7 @@ once is spelled the same everywhere, and a README's command parses back to the s
 
 from __future__ import annotations
 
+from envbuilder.model.components import registry as COMPONENTS
 from envbuilder.model.matrix_schema import ROLLOUTS
 from envbuilder.record import Record
 from envbuilder.model.resolved import GPU_MEMORY_MIB, Overrides
@@ -46,7 +47,7 @@ FLAGS: tuple[Flag, ...] = (
         "with_",
         "--with",
         NAMES,
-        "Add optional components: apex, flash-attn (comma-separated).",
+        f"Add optional components: {COMPONENTS.listed()} (comma-separated).",
         "NAMES",
         fix=True,
     ),
@@ -54,7 +55,7 @@ FLAGS: tuple[Flag, ...] = (
         "without",
         "--without",
         NAMES,
-        "Leave components out: apex, flash-attn (comma-separated).",
+        f"Leave components out: {COMPONENTS.listed()} (comma-separated).",
         "NAMES",
         fix=True,
     ),

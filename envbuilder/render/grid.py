@@ -18,6 +18,7 @@ from typing import TypedDict
 
 from envbuilder.errors import UserError
 from envbuilder.model import fixes
+from envbuilder.model.components import registry as COMPONENTS
 from envbuilder.model.matrix import Matrix, cc_tuple
 from envbuilder.model.resolve import ResolveError, resolve
 from envbuilder.model.matrix import cc_runs
@@ -116,8 +117,7 @@ def columns(m: Matrix) -> list[Column]:
         cols.append(Column("rollout", "SGLang", (("rollout", "sglang"),)))
     for v in sorted(m.verl, key=version_key):
         cols.append(Column("verl", v, (("verl", v),)))
-    cols.append(Column("flash-attn", "flash-attn", (("with", "flash-attn"),)))
-    cols.append(Column("apex", "apex", (("with", "apex"),)))
+    cols += [Column(c.name, c.name, (("with", c.name),)) for c in COMPONENTS.REGISTRY]
     return cols
 
 
@@ -293,7 +293,7 @@ def _done(
         f"{env.verl.version} with the {env.rollout} rollout"
         + (f" (vLLM {env.vllm.version})" if env.vllm else "")
         + f", {env.dtype}"
-        + "".join(f", {c}" for c in ("flash-attn", "apex") if getattr(env, c.replace("-", "_")))
+        + "".join(f", {c.name}" for c in COMPONENTS.REGISTRY if c.part(env) is not None)
     )
     if driver:
         summary += f"; driver {driver}: {env.driver.mode}"
@@ -323,10 +323,9 @@ def _env_sources(env: ResolvedEnv, row: Row, links: Links) -> tuple[Source, ...]
     out += links(m.verl[env.verl.version], "verl", env.verl.version, f"verl {env.verl.version}")
     if env.vllm:
         out += links(m.vllm[env.vllm.version], "vllm", env.vllm.version, f"vLLM {env.vllm.version}")
-    if env.flash_attn:
-        out += links(m.flash_attn, "flash_attn", None, "flash-attn")
-    if env.apex:
-        out += links(m.apex, "apex", None, "apex")
+    for c in COMPONENTS.REGISTRY:
+        if c.part(env) is not None:
+            out += links(c.entry(m), c.section, None, c.name)
     return tuple(dict.fromkeys(out))
 
 
@@ -352,7 +351,7 @@ class Links:
     """A record's `source:` tokens as (what, URL): a token is a URL or a key of its file's
     `sources:` (read from the file the record came from; the loaded matrix keeps no sources)."""
 
-    FILES = {"flash_attn": "extensions.yaml", "apex": "extensions.yaml"}
+    FILES = {c.section: "extensions.yaml" for c in COMPONENTS.REGISTRY}  # (the components' sections)
 
     def __init__(self, m: Matrix):
         self.m = m
