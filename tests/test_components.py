@@ -25,6 +25,9 @@ def codes(text: str) -> set[str]:
         ("vllm", "vllm-"),
         ("sglang", "sglang"),
         ("apex", "apex-"),
+        ("flash_attn", "flash-attn-"),
+        ("registry", "nvcc-arch"),
+        ("registry", "attention"),
         ("torch", "torch-"),
         ("torch", "arch"),
         ("cuda", "driver"),
@@ -36,13 +39,9 @@ def codes(text: str) -> set[str]:
 )
 def test_a_components_refusals_are_spelled_in_its_block_alone(block, prefix):
     mine = {c for c in codes((BLOCKS / f"{block}.py").read_text()) if c.startswith(prefix)}
-    if block == "apex":  # (its one refusal is added by the resolver under the block's code)
-        mine = {"apex-nvcc"}
     assert mine, block
     resolver = (ROOT / "envbuilder" / "model" / "resolve.py").read_text()
-    elsewhere = {c for c in codes(resolver) if c.startswith(prefix)} - (
-        {"apex-nvcc"} if block == "apex" else set()
-    )
+    elsewhere = {c for c in codes(resolver) if c.startswith(prefix)}
     assert elsewhere == set(), f"resolve.py spells {sorted(elsewhere)}: that is the {block} block's to say"
 
 

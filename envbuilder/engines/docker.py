@@ -30,6 +30,7 @@ from typing import (
 )
 
 from envbuilder.errors import ActionError, UserError
+from envbuilder.model.components import registry as COMPONENTS
 from envbuilder.record import Record
 
 if TYPE_CHECKING:
@@ -551,7 +552,7 @@ FAILURES = (
         r"nvcc fatal|fatal error: |error: command '[^']*' failed|"
         r"subprocess-exited-with-error|Failed to build ",
         "check that nvcc's CUDA is torch's (envbuild check PROFILE), the arch list of the GPU; or "
-        "leave the compiled part out (--without apex / --without flash-attn)",
+        f"leave the compiled part out ({' / '.join(f'--without {n}' for n in COMPONENTS.names())})",
     ),
 )
 

@@ -91,7 +91,9 @@ def _fix(kind: str, target: str, status: str, env: ResolvedEnv, auto: bool = Tru
             f"--torch-from-pypi takes PyPI's build of torch {env.torch.version} instead (PyPI's "
             "CUDA, not the profile's)"
         )
-    parts = " or ".join(n for n, on in (("apex", env.apex), ("flash-attn", env.flash_attn)) if on)
+    from envbuilder.model.components.registry import built
+
+    parts = " or ".join(c.name for c in built(env))
     return f"--mirror NAME with a GitHub endpoint, or a wheelhouse (it carries {parts}'s files)" + (
         ", or --without apex" if env.apex else ""
     )

@@ -81,33 +81,24 @@ def compile_argv(env: ResolvedEnv, step: Compile, pip: list[str]) -> list[str]:
     (its words: ["python", "-m", "pip", "install"], or `pip wheel ... -w DIR`), as argv: `env`,
     the component's variables, pip, its options and requirement. The components' own blocks
     (model/components/apex.py, flash_attn.py) spell each one's flags."""
-    from envbuilder.model.components import apex
     from envbuilder.model.components import transformer_engine as te
-    from envbuilder.model.components.flash_attn import source_build_argv
+    from envbuilder.model.components.registry import by_name
 
-    if step.component == APEX:
-        assert env.apex is not None  # (a Compile step of apex exists only where the profile has it)
-        return apex.build_argv(env.apex, [*pip, "-v"], f"apex @ {env.apex.url}")
-    if step.component == TRANSFORMER_ENGINE:
-        return ["env", *te.build_argv(env, pip)]
-    return ["env", *source_build_argv(env, pip)]
+    c = by_name(step.component)  # (TransformerEngine comes with the Megatron engine: no registered one)
+    return c.build_argv(env, pip) if c else ["env", *te.build_argv(env, pip)]
 
 
 def compile_shell(env: ResolvedEnv, step: Compile, pip: str) -> str:
     """The same command as one shell line (`pip`: the installer's words as the shell reads
     them), as the rendered files print it. (apex's build is always verbose: its compile log is
     the only sign of what nvcc built.)"""
-    from envbuilder.model.components import apex
     from envbuilder.model.components import transformer_engine as te
-    from envbuilder.model.components.flash_attn import source_build_command
+    from envbuilder.model.components.registry import by_name
 
-    if step.component == APEX:
-        assert env.apex is not None
-        return apex.shell_command(env.apex, f"{pip} -v")
-    if step.component == TRANSFORMER_ENGINE:
-        # (CPATH from the same Python: `X -m pip ...` names it, else the one on PATH)
-        return te.build_command(env, pip, pip.split(" -m pip")[0] if " -m pip" in pip else "python")
-    return source_build_command(env, pip)
+    if c := by_name(step.component):
+        return c.build_shell(env, pip)
+    # (CPATH from the same Python: `X -m pip ...` names it, else the one on PATH)
+    return te.build_command(env, pip, pip.split(" -m pip")[0] if " -m pip" in pip else "python")
 
 
 def by_hand(env: ResolvedEnv) -> dict[str, str]:

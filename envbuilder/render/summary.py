@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 import json
 
+from envbuilder.model.components import registry as COMPONENTS
+
 if TYPE_CHECKING:
     from envbuilder.model.matrix import Matrix
     from envbuilder.model.resolved import Overrides, ResolvedEnv
@@ -103,7 +105,7 @@ def _show_text(
         + (f" ({', '.join(f'{k}={v}' for k, v in env.cluster.env.items())})" if env.cluster.env else ""),
         f"precision  {env.dtype}, attention {env.attention}, remove_padding "
         f"{env.features.remove_padding}, torch.compile {env.features.torch_compile}",
-        f"extensions {', '.join(x for x in ('apex', 'flash_attn') if getattr(env, x)) or 'none'}",
+        f"extensions {', '.join(c.section for c in COMPONENTS.built(env)) or 'none'}",
         f"patches    {', '.join(p.name for p in env.patches) or 'none'}",
     ]
     if env.megatron and env.train.megatron:
