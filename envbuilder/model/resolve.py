@@ -110,7 +110,7 @@ def training_path(
 ) -> list[str]:
     """The modules a PPO run (verl.trainer.main_ppo, FSDP) imports, in the order preflight and the
     smoke test import them: the compiled parts first (each names the package that is broken:
-    vllm's ops for the vllm rollout, then `components`, "flash-attn"/"apex"), then verl's trainer,
+    vllm's ops for the vllm rollout, then `components` in the registry's order), then verl's trainer,
     workers, dataset and reward, then the rollout's own modules. Every name comes from the matrix."""
     t = m.typed
     parts: list[list[str]] = []
