@@ -39,11 +39,13 @@ RANKS: dict[str, int] = {
     "model": 3,
     "render": 4,
     "lock": 5,
-    "offline": 6,
-    "engines": 7,
-    "machine": 8,
-    "upstream": 9,
-    "cli": 10,
+    # prepare (the lock, its pins, the mirror, into render's BuildContext) and `envbuild render`
+    "context": 6,
+    "offline": 7,
+    "engines": 8,
+    "machine": 9,
+    "upstream": 10,
+    "cli": 11,
 }
 STANDALONE = ("images",)  # packages whose modules are copied out alone: no envbuilder import at all
 PACKAGE_OF = {"envbuilder.__main__": "cli"}  # modules that belong to another package than their folder's

@@ -21,6 +21,7 @@ import pytest
 
 from conftest import FIXTURES, PROFILES, resolved
 from envbuilder import images
+from envbuilder.render.context import BuildContext
 from envbuilder.render.files import SIDECAR, render, render_files
 
 ARGS = {"prepare_gsm8k.py": ["--out", "data"]}  # (its one required argument)
@@ -44,7 +45,7 @@ def run(script: Path, *args: str, site: Path | None = None) -> subprocess.Comple
 @pytest.fixture(scope="module")
 def p40(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("render") / "p40"
-    render(resolved("p40"), out)
+    render(BuildContext.of(resolved("p40")), out)
     return out
 
 
@@ -510,7 +511,7 @@ def test_the_verl_patched_is_the_environments_own_not_a_checkout_on_the_path(p40
         "PYTHONSAFEPATH": "",
         "LANG": "C.UTF-8",
     }
-    render(resolved("p40"), tmp_path / "pixi")
+    render(BuildContext.of(resolved("p40")), tmp_path / "pixi")
     task = tomllib.loads((tmp_path / "pixi" / "pixi.toml").read_text())["tasks"]["patch"]["cmd"]
     patch_task = task.split(" && ")[0]  # (the audit that follows audits the training path's files)
     routes = {

@@ -343,11 +343,11 @@ def test_no_library_module_imports_click():
     assert users == []
 
 
-# -- lock/render.py -------------------------------------------------------------------------------
+# -- context/render.py ----------------------------------------------------------------------------
 
 
 def test_render_profiles_and_replay_without_click(tmp_path):
-    from envbuilder.lock.render import render_profiles, render_replay
+    from envbuilder.context.render import render_profiles, render_replay
 
     said, echoed = [], []
     written = render_profiles(

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from envbuilder.paths import data_dir
-from envbuilder.lock.prepare import find_lock, lock_used
+from envbuilder.lock.locate import find_lock, lock_used
 
 SHIPPED = data_dir("lockfiles")
 
@@ -37,7 +37,7 @@ def test_outside_a_checkout_every_command_finds_the_shipped_lock(elsewhere, caps
     from envbuilder.lock.profiles import lock_dir_for
     from envbuilder.model import matrix
     from envbuilder.model.resolve import resolve
-    from envbuilder.lock.prepare import named_lock
+    from envbuilder.lock.locate import named_lock
 
     assert find_lock("4090") == SHIPPED / "4090"
     assert lock_dir_for("4090", None, check=True) == SHIPPED / "4090"  # lock --check

@@ -18,6 +18,7 @@ from conftest import resolved, snapshot
 from mounts import unavailable as _unavailable
 from envbuilder.render import outdir
 from envbuilder.errors import UserError
+from envbuilder.render.context import BuildContext
 from envbuilder.render.files import MARKER, render, render_files
 
 RECORD = outdir.RECORD
@@ -74,9 +75,9 @@ def test_a_re_render_keeps_the_users_files_and_refuses_to_overwrite_their_edits(
 
 def test_a_deleted_rendered_file_is_just_written_again(tmp_path):
     out = tmp_path / "o"
-    render(resolved("p40"), out)
+    render(BuildContext.of(resolved("p40")), out)
     (out / "preflight.py").unlink()
-    render(resolved("p40"), out)
+    render(BuildContext.of(resolved("p40")), out)
     assert (out / "preflight.py").is_file()
 
 
@@ -84,10 +85,10 @@ def test_a_re_render_leaves_files_that_already_hold_their_bytes_alone(tmp_path):
     """Unchanged files are not written again (their inode and mtime stay, as make leaves an
     up-to-date target); a changed one, or one whose mode was changed, is written."""
     out = tmp_path / "o"
-    render(resolved("p40"), out)
+    render(BuildContext.of(resolved("p40")), out)
     before = {p.name: p.stat() for p in out.iterdir() if p.is_file()}
     os.chmod(out / "preflight.py", 0o644)  # (rendered 0755)
-    render(resolved("p40"), out)
+    render(BuildContext.of(resolved("p40")), out)
     after = {p.name: p.stat() for p in out.iterdir() if p.is_file()}
     for name in ("Dockerfile", "run_ppo_gsm8k.sh", "requirements.txt"):
         assert (after[name].st_ino, after[name].st_mtime_ns) == (
@@ -96,7 +97,7 @@ def test_a_re_render_leaves_files_that_already_hold_their_bytes_alone(tmp_path):
         ), name
     assert after["preflight.py"].st_ino != before["preflight.py"].st_ino
     assert after["preflight.py"].st_mode & 0o777 == 0o755
-    render(resolved("p40", driver="560.35.03"), out)  # envbuild.json now says the driver
+    render(BuildContext.of(resolved("p40", driver="560.35.03")), out)  # envbuild.json now says the driver
     assert (out / MARKER).stat().st_ino != after[MARKER].st_ino
     assert '"driver": "560.35.03"' in (out / MARKER).read_text()
     assert outdir._read_record(out / outdir.RECORD)[MARKER] == outdir._sha256(out / MARKER)
@@ -106,13 +107,13 @@ def test_a_re_render_that_changes_nothing_writes_nothing_not_even_the_record(tmp
     """Every file already holds its bytes and mode and the record says so: the folder's entries,
     the record's inode included, stay as they were (no staging folder, no journal)."""
     out = tmp_path / "o"
-    render(resolved("p40"), out)
+    render(BuildContext.of(resolved("p40")), out)
     before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.iterdir()}
-    render(resolved("p40"), out)
+    render(BuildContext.of(resolved("p40")), out)
     assert {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.iterdir()} == before
     (out / outdir.RECORD).unlink()  # without its record the folder is not known to be envbuild's
     with pytest.raises(UserError, match="not written by envbuild"):
-        render(resolved("p40"), out)
+        render(BuildContext.of(resolved("p40")), out)
 
 
 @pytest.mark.parametrize("name", ["../../escaped", "../p40", "a/b", "..", "/etc/x"])
@@ -138,13 +139,13 @@ def test_a_linked_folder_inside_the_output_is_not_written_through(tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     out = tmp_path / "o"
-    render(resolved("p40"), out)
+    render(BuildContext.of(resolved("p40")), out)
     import shutil
 
     shutil.rmtree(out / "constraints")
     (out / "constraints").symlink_to(elsewhere)
     with pytest.raises(UserError, match="symbolic link"):
-        render(resolved("p40"), out)
+        render(BuildContext.of(resolved("p40")), out)
     assert list(elsewhere.iterdir()) == []
 
 
@@ -153,7 +154,7 @@ def test_an_interrupted_swap_is_finished_by_the_next_run(tmp_path, monkeypatch):
     and the journal are left. The next run counts old and new files as envbuild's, cleans the
     debris and ends with exactly a fresh render."""
     out = tmp_path / "o"
-    render(resolved("p40"), out)
+    render(BuildContext.of(resolved("p40")), out)
     real_replace, calls = os.replace, []
 
     def dying_replace(src, dst, **kw):
@@ -166,19 +167,21 @@ def test_an_interrupted_swap_is_finished_by_the_next_run(tmp_path, monkeypatch):
 
     monkeypatch.setattr(outdir.os, "replace", dying_replace)
     with pytest.raises(KeyboardInterrupt):
-        render(resolved("4090"), out)
+        render(BuildContext.of(resolved("4090")), out)
     monkeypatch.setattr(outdir.os, "replace", real_replace)
     assert any(p.name.startswith(outdir.STAGING_PREFIX) for p in out.iterdir())
     assert (out / outdir.JOURNAL).exists()
-    render(resolved("4090"), out)  # not refused as "edited": the half-moved files are envbuild's
+    render(
+        BuildContext.of(resolved("4090")), out
+    )  # not refused as "edited": the half-moved files are envbuild's
     fresh = tmp_path / "fresh"
-    render(resolved("4090"), fresh)
+    render(BuildContext.of(resolved("4090")), fresh)
     assert snapshot(out) == snapshot(fresh)
 
 
 def test_a_failed_write_changes_nothing(tmp_path, monkeypatch):
     out = tmp_path / "o"
-    render(resolved("p40"), out)
+    render(BuildContext.of(resolved("p40")), out)
     before = snapshot(out)
     real_write = Path.write_text
 
@@ -192,7 +195,7 @@ def test_a_failed_write_changes_nothing(tmp_path, monkeypatch):
     from envbuilder.errors import ActionError
 
     with pytest.raises(ActionError, match="No space left"):
-        render(resolved("4090"), out)
+        render(BuildContext.of(resolved("4090")), out)
     monkeypatch.undo()
     assert snapshot(out) == before
     assert not any(p.name.startswith(outdir.STAGING_PREFIX) for p in out.iterdir())
@@ -202,13 +205,13 @@ def test_a_tampered_record_cannot_make_envbuild_delete_outside(tmp_path):
     victim = tmp_path / "victim.txt"
     victim.write_text("precious\n")
     out = tmp_path / "o"
-    render(resolved("p40"), out)
+    render(BuildContext.of(resolved("p40")), out)
     rec = json.loads((out / RECORD).read_text())
     import hashlib
 
     rec["files"]["../victim.txt"] = hashlib.sha256(b"precious\n").hexdigest()
     (out / RECORD).write_text(json.dumps(rec))
-    render(resolved("3090"), out)
+    render(BuildContext.of(resolved("3090")), out)
     assert victim.read_text() == "precious\n"
 
 

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import resolved
-from envbuilder.render.files import render
+from envbuilder.render.files import render_files, write_dir
 from httpfixtures import FileServer
 
 TRAIN = [
@@ -57,7 +57,7 @@ TEST = [
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("render") / "p40"
-    render(resolved("p40"), out)
+    write_dir(out, render_files(resolved("p40")))
     return out
 
 

@@ -33,6 +33,7 @@ from envbuilder import images
 from envbuilder.model.runplan import env_from_json
 from envbuilder.render.dockerfile import FLASH_ATTN_SCRIPT
 from envbuilder.model import matrix as M
+from envbuilder.render.context import BuildContext
 from envbuilder.render.files import MARKER, RUN_SCRIPT, render, render_files
 
 ALWAYS = {
@@ -59,7 +60,7 @@ def rendered(tmp_path_factory):
     """Every shipped profile rendered once: {profile: its directory}."""
     base = tmp_path_factory.mktemp("rendered")
     for name in PROFILES:
-        render(resolved(name), base / name)
+        render(BuildContext.of(resolved(name)), base / name)
     return {name: base / name for name in PROFILES}
 
 
@@ -206,7 +207,7 @@ def test_two_renders_in_separate_processes_are_byte_identical(tmp_path, cache_ho
 @pytest.mark.parametrize("profile", PROFILES)
 def test_render_from_envbuild_json_reproduces_every_byte(profile, rendered, tmp_path):
     spec = (rendered[profile] / MARKER).read_text()
-    render(env_from_json(spec), tmp_path / "again")
+    render(BuildContext.of(env_from_json(spec)), tmp_path / "again")
     assert snapshot(tmp_path / "again") == snapshot(rendered[profile])
 
 
@@ -251,9 +252,9 @@ def test_render_refuses_a_non_empty_directory_envbuild_did_not_write(run_envbuil
 
 def test_rendering_again_replaces_an_envbuild_directory_completely(tmp_path):
     out = tmp_path / "out"
-    render(resolved("p40"), out)  # has apply_patches.py
-    render(resolved("3090"), out)  # needs no patches
-    assert snapshot(out) == snapshot(render(resolved("3090"), tmp_path / "fresh")[0].parent)
+    render(BuildContext.of(resolved("p40")), out)  # has apply_patches.py
+    render(BuildContext.of(resolved("3090")), out)  # needs no patches
+    assert snapshot(out) == snapshot(render(BuildContext.of(resolved("3090")), tmp_path / "fresh")[0].parent)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh", "out"]
 
 
@@ -597,7 +598,7 @@ def test_preflight_catches_a_torch_without_kernels_for_the_gpu(tmp_path):
 def rendered_fa(tmp_path_factory):
     """3090 on the verl 0.6.1 stack, whose flash-attn 2.8.3 publishes wheels for its torch."""
     out = tmp_path_factory.mktemp("rendered-fa") / "3090"
-    render(resolved("3090", verl="0.6.1"), out)
+    render(BuildContext.of(resolved("3090", verl="0.6.1")), out)
     return out
 
 
@@ -649,7 +650,7 @@ def test_a_mirrors_credentials_are_in_no_rendered_file_only_in_the_builds_secret
         github="https://u:s3cret@gh.corp",
     )
     env = M.apply_to_env(resolved("p40"), choice)
-    files = render(env, tmp_path / "o")
+    files = render(BuildContext.of(env), tmp_path / "o")
     assert not [p.name for p in files if "s3cret" in p.read_text()]
     assert env.indexes.pypi == "https://pypi.corp/simple"
     secret = choice.credentials_env(resolved("p40"))

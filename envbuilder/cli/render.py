@@ -73,7 +73,7 @@ def render(
     matrix_dirs: Dirs,
 ) -> None:
     """Write Dockerfile, environment.yml, requirements.txt, run script, preflight.py, envbuild.json."""
-    from envbuilder.lock.render import render_profiles, render_replay
+    from envbuilder.context.render import render_profiles, render_replay
 
     if sum(bool(x) for x in (profile, all_, from_)) > 1:
         raise UserError(

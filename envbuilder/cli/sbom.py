@@ -58,7 +58,7 @@ def sbom(
     rest (--require-complete refuses it); a missing, stale or damaged lock is refused."""
     from envbuilder.lock.lockfile import sbom_of
     from envbuilder.model.resolve import resolve
-    from envbuilder.lock.prepare import lock_used, named_lock
+    from envbuilder.lock.locate import lock_used, named_lock
 
     env = resolve(load_matrix(matrix_dirs), profile, overrides)
     # the lock found as `render --locked DIR` finds it (./lockfiles, else the shipped one)

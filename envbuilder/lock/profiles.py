@@ -45,7 +45,7 @@ def lock_dir_for(name: str, out: Path | None, check: bool = False) -> Path:
     from envbuilder.lock.lockfile import lock_dir_in
 
     if check:  # (the lock render, sbom and wheelhouse find: ./lockfiles, else the shipped one)
-        from envbuilder.lock.prepare import find_lock
+        from envbuilder.lock.locate import find_lock
 
         return find_lock(name, out)
     return lock_dir_in(LOCK_ROOT if out is None else Path(out), name, writing=True)
@@ -116,7 +116,7 @@ def lock_profiles(
             env = resolve(m, name, overrides)
             if check:
                 if (target / L.META).is_file():
-                    from envbuilder.lock.prepare import lock_used
+                    from envbuilder.lock.locate import lock_used
 
                     say(f"{name}: the lock {lock_used(target)}")
                 found = L.problems(env, target, parts)

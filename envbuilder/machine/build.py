@@ -1,6 +1,6 @@
 """`envbuild build` as a library: which environment to build (a profile, or the envbuild.json of
 the rendered folder it runs in), then the one order of a build: the mirror set picked and
-probed, the lock and the mirror applied (lock.prepare), what the build fetches probed, the
+probed, the lock and the mirror applied (context.prepare), what the build fetches probed, the
 context staged, the credentials handed over as a BuildKit secret only, the build, the smoke
 test and the push. Callable without click:
 
@@ -149,8 +149,8 @@ def build_image(m: Matrix, env: ResolvedEnv, opts: BuildOptions, say: Callable[[
     from envbuilder.engines import docker as B
     from envbuilder.machine import reach
     from envbuilder.model import mirrors as M
-    from envbuilder.render.files import render_files, smoke_command, write_dir
-    from envbuilder.lock.prepare import prepare
+    from envbuilder.render.files import context_files, smoke_command, write_dir
+    from envbuilder.context.prepare import prepare
 
     # the endpoints' user:password@ (an overlay's index, say) reach the RUN steps only as the
     # `endpoints` secret; the image's name, its files and its labels name them without
@@ -167,10 +167,10 @@ def build_image(m: Matrix, env: ResolvedEnv, opts: BuildOptions, say: Callable[[
     # credentials reach the RUN steps as a secret only (a wheelhouse build uses its own files,
     # never an index)
     credentials = M.endpoints_secret(endpoints, B.NETWORK_ARGS if opts.wheelhouse else ())
-    prepared = prepare(env, wheelhouse=opts.wheelhouse, mirror=choice)
-    env, locked = prepared.env, prepared.locked
-    files = render_files(env, locked)
-    links = locked.links if locked else None
+    ctx = prepare(env, wheelhouse=opts.wheelhouse, mirror=choice)
+    env = ctx.env
+    files = context_files(ctx)
+    links = ctx.links
     registry = registry_for(opts.push_to, local_registry(m), "--push") if opts.push_to else None
     eng = E.make(engine)  # docker: the daemon must answer before anything is built
     # what the build fetches and where it pushes, probed before any step: the indexes the

@@ -147,7 +147,7 @@ def verify_emulated(
     """Install SUBSET within the profile's lock for `rootfs`'s Python and glibc and import it
     there under QEMU; the report ({ok, machine, python, packages, modules, seconds, ...}), or
     ActionError naming the step that failed."""
-    from envbuilder.lock.prepare import find_lock
+    from envbuilder.lock.locate import find_lock
     from envbuilder.lock.pins import parse
     from envbuilder.tools.run import run
     from envbuilder.tools.uv import index_env, uv_bin, uv_env

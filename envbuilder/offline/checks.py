@@ -130,7 +130,7 @@ def known_profiles_or_locks(m: Matrix, profiles: Iterable[str]) -> None:
     from envbuilder.errors import UserError
     from envbuilder.paths import LOCK_ROOT
 
-    from envbuilder.lock.prepare import find_lock
+    from envbuilder.lock.locate import find_lock
 
     for p in profiles:
         if p not in m.profiles and not (LOCK_ROOT / p).is_dir() and not find_lock(p).is_dir():

@@ -1054,7 +1054,7 @@ def export_profiles(
     backends unless `build_index` says otherwise."""
     from envbuilder.model.resolve import uv_pin
     from envbuilder.offline.checks import known_profiles_or_locks, lock_shortfalls, url_map_for_mirror
-    from envbuilder.lock.prepare import find_lock, lock_used
+    from envbuilder.lock.locate import find_lock, lock_used
 
     if lock_dir and len(profiles) > 1:
         raise UserError("--lock-dir names one lock; export several profiles from lockfiles/<profile>.")

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
     from envbuilder.render.outdir import Checked
     from envbuilder.render.locked import LockedContext
+    from envbuilder.render.context import BuildContext
 # output file -> template; executables get mode 0755
 FILES = {
     "Dockerfile": "Dockerfile.j2",
@@ -313,7 +314,12 @@ def write_dir(
     return write(out_dir, files, links, EXECUTABLE, force, check_only, option)
 
 
-def render(
-    env: ResolvedEnv, out_dir: Path, locked: LockedContext | None = None, force: bool = False
-) -> list[Path]:
-    return write_dir(out_dir, render_files(env, locked), locked.links if locked else None, force=force)
+def context_files(ctx: BuildContext) -> dict[str, str]:
+    """The files of a prepared environment (context.prepare): what it prints, with its lock's
+    `locked` context."""
+    return render_files(ctx.env, ctx.locked)
+
+
+def render(ctx: BuildContext, out_dir: Path, force: bool = False) -> list[Path]:
+    """The files of `ctx` written into `out_dir` (a wheelhouse's files linked there)."""
+    return write_dir(out_dir, context_files(ctx), ctx.links, force=force)

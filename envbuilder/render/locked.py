@@ -1,7 +1,7 @@
 """The `locked` context of the templates (`render --locked`, `--wheelhouse`): what a lock pins of
 one profile, as lock.lockfile.for_render reads it from the lock folder or a wheelhouse's copy.
 
-Its own module in render/, below the lock package (lock.prepare and lock.lockfile make it; the
+Its own module in render/, below the lock package (context.prepare and lock.lockfile make it; the
 templates read it), so render names the type without importing the lock."""
 
 from __future__ import annotations

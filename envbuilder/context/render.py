@@ -1,11 +1,12 @@
 """`envbuild render` as a library: profiles resolved (all of them first: one that does not
-resolve writes nothing), each prepared (lock.prepare: its lock, then a mirror set) and written
+resolve writes nothing), each prepared (context.prepare: its lock, then a mirror set) and written
 into OUT/<profile>/; or a saved envbuild.json replayed. Callable without click:
 
     render_profiles(m, ["p40"], Overrides(), Path("out"), say=print, echo=print)
     render_replay(Path("out/p40/envbuild.json"), Path("again"))
 
-It sits in lock/, above render/, because every render is prepared against its lock first.
+It sits in context/, beside `prepare`, above lock/ and render/: every render is prepared against
+its lock first, and render/ knows no lock.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from envbuilder.errors import UserError
-from envbuilder.lock.prepare import lock_used, locked_context, named_lock, prepare
+from envbuilder.context.prepare import prepare, replayed
+from envbuilder.lock.locate import lock_used
 from envbuilder.render.outdir import folder_name
 from envbuilder.model.resolve import picked_for_driver
 
@@ -42,12 +44,10 @@ def render_replay(
     # template reads it
     env = env_from_json(text, str(from_))
     target = Path(out or "out") / folder_name(env.asked, "the profile named in " + str(from_))
-    locked = locked_context(env, locked_dir, wheelhouse)
-    where = named_lock(env, locked_dir, wheelhouse)
-    if locked is not None and where is not None:
-        say(f"  {env.name}: pins from the lock {lock_used(where, env)}")
-    files = R.render_files(env, locked)  # (a failure past the check is a bug: a traceback)
-    R.write_dir(target, files, locked.links if locked else None, force=force)
+    ctx = replayed(env, locked_dir, wheelhouse)
+    if ctx.lock_path is not None:
+        say(f"  {env.name}: pins from the lock {lock_used(ctx.lock_path, env)}")
+    R.render(ctx, target, force=force)  # (a failure past the check is a bug: a traceback)
     return env, target
 
 
@@ -91,16 +91,16 @@ def render_profiles(
         if picked:
             say(f"  note: {env.name}: {picked} (as --verl {env.overrides.verl})")
         # its lock against the upstream spec (what the lock recorded), then the mirror
-        p = prepare(env, lock_dir=locked_dir, wheelhouse=wheelhouse, mirror=choice)
-        if not p.locked and not p.env.constraints:
+        ctx = prepare(env, lock_dir=locked_dir, wheelhouse=wheelhouse, mirror=choice)
+        if not ctx.locked and not ctx.constraints:
             from envbuilder.render.plan import lock_hint
 
             how = lock_hint(env.name, env.overrides, out)
             say(f"  note: {env.name} is not pinned beyond its top-level pins (no lock matches it): {how}.")
-        if p.lock_path is not None:
-            say(f"  {env.name}: pins from the lock {lock_used(p.lock_path, p.env)}")
-        env = p.env
-        R.render(env, target, p.locked, force=force)
+        if ctx.lock_path is not None:
+            say(f"  {env.name}: pins from the lock {lock_used(ctx.lock_path, ctx.env)}")
+        env = ctx.env
+        R.render(ctx, target, force=force)
         written.append(target)
         echo(f"rendered {env.asked} -> {target}/")
         for note in FA.announcements(env):

@@ -1,22 +1,16 @@
-"""The one order a resolved environment goes through before it is rendered, built, baked or
-verified: its lock is found against the upstream environment (what `envbuild lock` recorded),
-then the lock's pins become its constraints, then a mirror set's endpoints replace the
-upstream ones. Every command that renders files calls `prepare`, so none can do it in
-another order. It sits in lock/, above render/: it reads the lock (lockfile.for_render) that
-render/ knows only as the LockedContext it is handed.
-
-    prepared = prepare(env, lock_dir="lockfiles", mirror=choice)
-    render(prepared.env, out, prepared.locked)
+"""Where a profile's lock is and what a render takes of it: `find_lock` (the one way every
+command finds a lock), `named_lock` (the lock a `--locked DIR` or `--wheelhouse DIR` names),
+`locked_context` (the `locked` context of the templates, lock.lockfile.for_render) and
+`lock_used` (what a command says of the lock it used). The one order before anything is
+rendered, built or installed is `envbuilder.context.prepare`, above this package.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from envbuilder.errors import UserError
-from envbuilder.record import Record
 from envbuilder.model.resolved import ResolvedEnv
 from envbuilder.paths import LOCK_ROOT
 from envbuilder.render.locked import LockedContext
@@ -24,25 +18,8 @@ from envbuilder.render.outdir import folder_name
 
 if TYPE_CHECKING:
     from envbuilder.model.mirrors import MirrorChoice
-    from envbuilder.render.outdir import Checked
 
-__all__ = ["LockedContext", "Prepared", "find_lock", "lock_used", "locked_context", "folder_name", "prepare"]
-
-
-class Prepared(Record):
-    """What rendering needs: the environment with its constraints (and mirror), and the
-    `locked` context of the templates (lock.lockfile.for_render: base images by digest, the
-    hashed requirement files, a wheelhouse's files), None when not --locked."""
-
-    env: ResolvedEnv
-    locked: LockedContext | None
-    # the lock folder whose pins it took (named, or the one whose plan fits), None when none
-    lock_path: Path | None = None
-
-    @property
-    def links(self) -> Mapping[str, Checked] | None:
-        """The files a wheelhouse render places into the folder (outdir.Checked)."""
-        return self.locked.links if self.locked else None
+__all__ = ["find_lock", "lock_used", "locked_context", "named_lock"]
 
 
 def locked_context(
@@ -121,30 +98,3 @@ def named_lock(
     if wheelhouse is not None:
         return Path(wheelhouse) / "locks" / name
     return find_lock(name, lock_dir)
-
-
-def prepare(
-    env: ResolvedEnv,
-    *,
-    lock_dir: str | Path | None = None,
-    wheelhouse: str | Path | None = None,
-    mirror: MirrorChoice | None = None,
-) -> Prepared:
-    """`env` ready to render: the lock (against the upstream environment), its constraints,
-    then the mirror set (`mirrors.MirrorChoice`), in that order."""
-    from envbuilder.lock.constraints import with_constraints
-
-    locked = locked_context(env, lock_dir, wheelhouse, mirror)
-    # (requirements.txt and environment.yml, also when locked: then from that lock alone)
-    where = named_lock(env, lock_dir, wheelhouse)
-    what = "the wheelhouse's lock" if wheelhouse is not None else "the lock --locked names"
-    env = with_constraints(env, (what, where) if where is not None else None)
-    if where is None and env.constraints is not None:
-        from envbuilder.lock.constraints import lock_candidates
-
-        where = next((d for label, d in lock_candidates(env.name) if label == env.constraints.from_), None)
-    if mirror is not None:
-        from envbuilder.model.mirrors import apply_to_env
-
-        env = apply_to_env(env, mirror)
-    return Prepared(env, locked, where if env.constraints is not None or locked else None)
