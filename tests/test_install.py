@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 import envbuilder
+from envbuilder.context.prepare import prepare
 from mounts import mounted  # noqa: F401  (a fixture)
 from test_lock import _python310
 
@@ -394,9 +395,9 @@ def test_install_mirror_fills_the_pytorch_index_variant(cli, monkeypatch, tmp_pa
 
     got = {}
 
-    def fake(env, prefix, **kw):
+    def fake(ctx, prefix, **kw):
         got.update(kw)
-        return I.InstallReport(env.profile, str(prefix), "online", ok=True)
+        return I.InstallReport(ctx.env.profile, str(prefix), "online", ok=True)
 
     monkeypatch.setattr(I, "install", fake)
     code, out, err = cli("install", "p40", "--prefix", tmp_path / "env", "--mirror", "cn")
@@ -513,7 +514,7 @@ def test_the_online_route_lists_only_the_profiles_layers_from_a_work_folder_name
     (tmp_path / "env").mkdir()
     report = I.InstallReport(env.profile, str(tmp_path / "env"), "online")
     interp = Interpreter(path=sys.executable, version="3.10.13")
-    assert I._online(env, tmp_path / "env", interp, None, None, report, lambda line: None)
+    assert I._online(prepare(env), tmp_path / "env", interp, None, None, report, lambda line: None)
     assert [s["step"] for s in report.steps] == ["layer torch"]
     assert seen["work"].startswith("envbuild-install-p40-")
 
@@ -565,8 +566,8 @@ def test_an_online_install_probes_the_profiles_own_pytorch_index_and_only_where_
     monkeypatch.setattr(I, "_interpreter", lambda *a: None)
     monkeypatch.setattr(I, "_online", lambda *a: False)
     with pytest.raises(ActionError, match="download.pytorch.org/whl/cu118"):
-        I.install(resolved("p40"), tmp_path / "p40")
+        I.install(prepare(resolved("p40")), tmp_path / "p40")
     assert asked == ["https://pypi.org/simple", "https://download.pytorch.org/whl/cu118"]
     asked.clear()
-    assert not I.install(resolved("4090"), tmp_path / "4090").ok
+    assert not I.install(prepare(resolved("4090")), tmp_path / "4090").ok
     assert asked == ["https://pypi.org/simple"]

@@ -277,10 +277,11 @@ def test_an_offline_megatron_install_is_refused_before_anything_is_written(tmp_p
     # (the wheelhouse holds the extension's sdist, not the CUDA compiler install builds it with)
     wh = ROOT / "tests" / "fixtures" / "wheelhouse-4090"
     from envbuilder.errors import UserError
+    from envbuilder.context.prepare import prepare
     from envbuilder.machine.install import install
 
     with pytest.raises(UserError, match="--from-wheelhouse with --engine megatron.*export-image"):
-        install(resolved("h100", engine="megatron"), tmp_path / "prefix", wheelhouse=wh)
+        install(prepare(resolved("h100", engine="megatron")), tmp_path / "prefix", wheelhouse=wh)
     assert not (tmp_path / "prefix").exists()
 
 
@@ -333,10 +334,10 @@ def test_the_lock_pins_the_extensions_sdist_from_its_index():
 def test_a_wheelhouse_build_compiles_the_locked_sdist_with_no_index():
     from test_dockerfile_plan import fake_locked, runs, shell
 
-    from envbuilder.lock.constraints import with_constraints
+    from envbuilder.context.prepare import prepare
     from envbuilder.render.dockerfile import dockerfile_plan
 
-    env = with_constraints(resolved("h100", model=MOE, algo="grpo", engine="megatron", nodes=2))
+    env = prepare(resolved("h100", model=MOE, algo="grpo", engine="megatron", nodes=2)).env
     locked = fake_locked(env, wheelhouse=True)
     locked = locked._replace(
         layers=dict(locked.layers, megatron="locked-megatron.txt"),

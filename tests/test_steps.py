@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import resolved
-from envbuilder.lock.constraints import with_constraints
+from envbuilder.context.prepare import prepare
 from envbuilder.render import steps as S
 from envbuilder.render.dockerfile import dockerfile_plan
 from envbuilder.render.plan import install_plan
@@ -33,7 +33,7 @@ def _sif_scripts(env) -> list[str]:
 def test_the_steps_of_a_profile_in_order():
     """p40: the venv, its pip layers (HF rollout: no vLLM), apex compiled, then verl's patches
     and the audit."""
-    env = with_constraints(resolved("p40"))
+    env = prepare(resolved("p40")).env
     steps = S.install_steps(env, install_plan(env))
     kinds = [type(s).__name__ for s in steps]
     assert kinds == ["Venv", "PipLayer", "PipLayer", "PipLayer", "Compile", "RunScript", "RunScript"]
@@ -49,7 +49,7 @@ def test_a_step_dropped_in_one_place_leaves_every_route(monkeypatch):
     """The audit taken out of install_steps alone: the Dockerfile, apptainer.def and the by-hand
     command all lose it, and the Compile step gone takes apex out of the builder stage,
     apptainer.def, the rendered notes and `envbuild install`."""
-    env = with_constraints(resolved("p40"))
+    env = prepare(resolved("p40")).env
     assert _dockerfile_scripts(env) == _sif_scripts(env) == list(S.FINISH)
     real = S.install_steps
 
@@ -73,7 +73,7 @@ def test_steps_moved_in_one_place_move_in_every_route(monkeypatch):
     by-hand command and the wheelhouse's install.sh all run the audit first."""
     from envbuilder.offline.wheelhouse import _install_sh
 
-    env = with_constraints(resolved("p40"))
+    env = prepare(resolved("p40")).env
     before = _install_sh("p40", "[p40]=3.10")
     assert f"for script in {S.PATCHES} {S.AUDIT}; do" in before
     monkeypatch.setattr(S, "FINISH", tuple(reversed(S.FINISH)))
@@ -94,7 +94,7 @@ def test_the_executor_runs_the_steps_it_is_given(monkeypatch, tmp_path):
     monkeypatch.setattr(S, "install_steps", lambda e, plan: (S.Venv(e.python), S.RunScript(S.AUDIT)))
     here = f"{sys.version_info[0]}.{sys.version_info[1]}"
     r = verify(
-        env,
+        prepare(env),
         Interpreter(sys.executable, here),
         Options(
             index_url=SecretUrl("http://127.0.0.1:9/simple"),
@@ -113,7 +113,7 @@ def test_the_executor_runs_the_steps_it_is_given(monkeypatch, tmp_path):
 @pytest.mark.parametrize("profile", ["p40", "h100", "4090"])
 def test_every_route_compiles_with_the_one_command(profile):
     """A Compile step's command is the component's, whichever route prints or runs it."""
-    env = with_constraints(resolved(profile, **({"with_": ["flash-attn"]} if profile == "h100" else {})))
+    env = prepare(resolved(profile, **({"with_": ["flash-attn"]} if profile == "h100" else {}))).env
     compiles = [s for s in S.install_steps(env, install_plan(env)) if isinstance(s, S.Compile)]
     for step in compiles:
         argv = S.compile_argv(env, step, ["pip", "install"])

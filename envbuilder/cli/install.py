@@ -87,6 +87,7 @@ def install(
     Exit 0 when every step passes, 1 when one fails, 2 for bad input."""
     from envbuilder.machine.install import install as run_install
     from envbuilder.machine.install import summary
+    from envbuilder.context.prepare import prepare
     from envbuilder.model.resolve import resolve
 
     if wheelhouse is None:
@@ -100,13 +101,14 @@ def install(
         )
     m = load_matrix(matrix_dirs)
     env = resolve(m, profile, overrides)
+    pins_from = None
     if locked is not None:  # every step within that lock's pins alone, as render --locked
         from envbuilder.lock.lockfile import lock_dir_in, pip_part
-        from envbuilder.lock.constraints import with_constraints
 
-        where = lock_dir_in(locked, env.name)
-        pip_part(env, where)  # (a missing, damaged or stale lock refused before anything is made)
-        env = with_constraints(env, ("the lock --locked names", where))
+        pins_from = lock_dir_in(locked, env.name)
+        pip_part(env, pins_from)  # (a missing, damaged or stale lock refused before anything is made)
+    # the lock's pins (--locked's alone); the mirror reaches the steps as their index URLs below
+    ctx = prepare(env, pins_from=("the lock --locked names", pins_from) if pins_from else None)
     if mirror:
         from envbuilder.model import mirrors as M
 
@@ -115,7 +117,7 @@ def install(
         index_url = index_url or secret(endpoints.get("PIP_INDEX_URL"))
         torch_index_url = torch_index_url or secret(endpoints.get("TORCH_INDEX_URL"))
     report = run_install(
-        env,
+        ctx,
         prefix,
         wheelhouse=wheelhouse,
         python=interpreter,

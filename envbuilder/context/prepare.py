@@ -31,13 +31,13 @@ def prepare(
     lock_dir: str | Path | None = None,
     wheelhouse: str | Path | None = None,
     mirror: MirrorChoice | None = None,
-    pins_from: Path | None = None,
+    pins_from: tuple[str, Path] | None = None,
 ) -> BuildContext:
     """`env` (the resolver's output) ready to render, build or install: the lock (against the
     upstream environment), its constraints, then the mirror set (`mirrors.MirrorChoice`), in
     that order. `lock_dir` / `wheelhouse`: the lock a `--locked` / `--wheelhouse` render names
-    (its `locked` context too); `pins_from`: a lock whose pins alone an install takes (`install
-    --locked`: no `locked` context, the lock already checked by the caller)."""
+    (its `locked` context too); `pins_from`: (what to call it, where it is) of a lock whose
+    pins alone are taken, with no `locked` context (`install --locked`, a wheelhouse's lock)."""
     from envbuilder.lock.constraints import find_constraints
 
     resolved = env
@@ -46,7 +46,7 @@ def prepare(
     where = named_lock(env, lock_dir, wheelhouse)
     what = "the wheelhouse's lock" if wheelhouse is not None else "the lock --locked names"
     if pins_from is not None:
-        where = pins_from
+        what, where = pins_from
     constraints = find_constraints(env, (what, where) if where is not None else None)
     if where is None and constraints is not None:
         from envbuilder.lock.constraints import lock_candidates

@@ -188,11 +188,11 @@ def installed_overrides(m: Matrix, t: Target, driver: str | None) -> Overrides:
 
 def planned_pins(env: ResolvedEnv) -> dict[str, str]:
     """Every package the profile's install plan pins (the lock's too, where one fits)."""
-    from envbuilder.lock.constraints import with_constraints
-    from envbuilder.render.plan import REQ, install_plan, normalize
+    from envbuilder.context.prepare import prepare
+    from envbuilder.render.plan import REQ, normalize
 
     out = {}
-    for layer in install_plan(with_constraints(env)).layers:
+    for layer in prepare(env).plan.layers:
         for pin in layer.pins:
             m = REQ.match(pin)
             if m:

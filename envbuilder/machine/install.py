@@ -48,6 +48,8 @@ from envbuilder.machine.verify_report import NotInstalled
 if TYPE_CHECKING:
     from typing_extensions import NotRequired
 
+    from envbuilder.render.context import BuildContext
+
 SMOKE_TIMEOUT_S = 1800
 # PREFIX/.envbuild-install: the profile an online install is making there; a run that finds it
 # (an earlier one stopped) goes on in that environment instead of refusing the prefix
@@ -392,7 +394,7 @@ def _refuse_megatron_offline(env: ResolvedEnv) -> None:
 
 
 def install(
-    env: ResolvedEnv,
+    ctx: BuildContext,
     prefix: Path,
     *,
     wheelhouse: Path | None = None,
@@ -402,14 +404,15 @@ def install(
     force: bool = False,
     say: Callable[[str], None] = lambda line: None,
 ) -> InstallReport:
-    """Install `env` into `prefix` by one of the two routes, then write the rendered folder to
+    """Install a prepared environment (`ctx`, context.prepare) into `prefix` by one of the two
+    routes, then write the rendered folder to
     PREFIX/envbuild/ and run its preflight smoke test with the prefix's Python. Everything the
     prefix would refuse is refused before anything is installed; the prefix is held by this
     install alone while it runs (prefix_lock). `force`: replace files in PREFIX/envbuild/ that
     envbuild did not write (or that were edited since)."""
-    from envbuilder.render.files import render_files, write_dir
-    from envbuilder.lock.constraints import with_constraints
+    from envbuilder.render.files import context_files, write_dir
 
+    env = ctx.env  # (within the lock's pins: the ones context.prepare found, or --locked's)
     if wheelhouse:
         _refuse_megatron_offline(env)
     prefix = prefix.absolute()
@@ -417,7 +420,7 @@ def install(
     route = "wheelhouse" if wheelhouse else "online"
     report = InstallReport(env.profile, str(prefix), route)
     home = prefix / HOME
-    files = render_files(with_constraints(env))
+    files = context_files(ctx)
     # the wheelhouse's lock names its Python (an environment there of another is refused)
     want = str(_wheelhouse_profile(wheelhouse, env.profile).get("python") or env.python) if wheelhouse else ""
 
@@ -434,13 +437,13 @@ def install(
         python = _wheelhouse_python(env.profile, wheelhouse, prefix, want, python)
     else:
         interp = _interpreter(env.profile, env.python, python)
-        _probe_indexes(env, prefix, index_url, torch_index_url, say)
+        _probe_indexes(ctx, prefix, index_url, torch_index_url, say)
     with prefix_lock(prefix):
         check()  # (another install may have made or finished something here meanwhile)
         if wheelhouse:
             ok = _from_wheelhouse(env, wheelhouse, prefix, python, report, say)
         else:
-            ok = _online(env, prefix, interp, index_url, torch_index_url, report, say)
+            ok = _online(ctx, prefix, interp, index_url, torch_index_url, report, say)
         if not ok:
             report.seconds = round(time.monotonic() - start, 1)
             return report
@@ -467,7 +470,7 @@ def install(
 
 
 def _probe_indexes(
-    env: ResolvedEnv,
+    ctx: BuildContext,
     prefix: Path,
     index_url: SecretUrl | None,
     torch_index_url: SecretUrl | None,
@@ -479,6 +482,7 @@ def _probe_indexes(
     or nothing is made (ActionError, exit 1)."""
     from envbuilder.machine.verify import PROBE_TIMEOUT_S, index_answers, local_pins
 
+    env = ctx.env
     pypi = index_url or SecretUrl(env.indexes.pypi)
     say(f"probe {pypi} ({PROBE_TIMEOUT_S:.0f} s at most)")
     if not index_answers(pypi):
@@ -487,9 +491,7 @@ def _probe_indexes(
             "installed. Use a mirror (--mirror NAME, `envbuild mirrors list`), --index-url "
             f"URL, or a wheelhouse made where it answers (--from-wheelhouse)."
         )
-    from envbuilder.lock.constraints import with_constraints
-
-    locked = env.constraints or with_constraints(env).constraints  # (the lock's pins, as verify's)
+    locked = ctx.constraints  # (the lock's pins, as verify's)
     pins = [*env.torch.packages, *(p for layer in (locked.layers.values() if locked else ()) for p in layer)]
     local = local_pins(pins)
     torch_index = torch_index_url or secret(env.indexes.torch)
@@ -571,7 +573,7 @@ def _from_wheelhouse(
 
 
 def _online(
-    env: ResolvedEnv,
+    ctx: BuildContext,
     prefix: Path,
     interp: Interpreter,
     index_url: SecretUrl | None,
@@ -585,6 +587,8 @@ def _online(
     from envbuilder.machine.verify import Options, verify
     from envbuilder.render.outdir import write_text_atomic
 
+    env = ctx.env
+
     try:
         write_text_atomic(prefix / MARKER, env.profile + "\n")  # (a new file renamed over it)
     except OSError as e:
@@ -594,7 +598,7 @@ def _online(
         ) from None
     built = InstallReport(env.profile, str(prefix), "online")  # (the Compile steps' entries)
     r = verify(
-        env,
+        ctx,
         interp,
         Options(
             resume=True,

@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Callable, Mapping, Sequence
+from typing import IO, TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from envbuilder.errors import UserError
 from envbuilder.images import patch_command
@@ -45,6 +45,9 @@ from envbuilder.machine.verify_report import (
     Validation,
     VerifyReport,
 )
+
+if TYPE_CHECKING:
+    from envbuilder.render.context import BuildContext
 
 # uv's own summary lines, forwarded as progress while a layer installs
 _UV_PROGRESS = ("Resolved ", "Prepared ", "Installed ", "Uninstalled ", "Downloading ", "Building ", "Built ")
@@ -699,7 +702,9 @@ def hydra_error(stderr: str) -> str:
 
 
 class _Verifier:
-    def __init__(self, env: ResolvedEnv, interp: Interpreter, opts: Options):
+    def __init__(self, ctx: BuildContext, interp: Interpreter, opts: Options):
+        env = ctx.env  # (the resolver's, within the lock's pins: what the steps install)
+        self.ctx = ctx
         self.env = env
         self.interp = interp
         self.opts = opts
@@ -717,16 +722,13 @@ class _Verifier:
         """The install's steps (render/steps.py) in turn, as every route runs them, then the
         imports of the training path and verl's composed config."""
         from envbuilder.render import files as R
-        from envbuilder.render.plan import install_plan
         from envbuilder.render.steps import install_steps
-        from envbuilder.lock.constraints import with_constraints
 
         env, r = self.env, self.r
         r.isolation = isolation()[1]
-        # as `envbuild render` does: the pins of the lock whose plan this is, per layer
-        # (an environment already held to a lock, `install --locked`, keeps it)
-        held = env if env.constraints else with_constraints(env)
-        files = R.render_files(held)
+        # as `envbuild render` does: the pins of the lock whose plan this is, per layer, as
+        # context.prepare found them (`install --locked`: that lock's alone)
+        files = R.context_files(self.ctx)
         self.rendered = work / "render"
         R.write_dir(self.rendered, files)
         self.work, self.venv, self.py = work, venv, venv / "bin" / "python"
@@ -734,7 +736,7 @@ class _Verifier:
         self.audit = "audit_precision.py" in files
         self.installed_all = True
         self.empty = [name for name, roots in layer_roots(env).items() if not roots]
-        for step in install_steps(held, install_plan(held)):
+        for step in install_steps(env, self.ctx.plan):
             if not self.step(step):
                 return r
         self.empty_layers(None)
@@ -1288,13 +1290,14 @@ def _first_error(lines: list[str]) -> str:
     return lines[-1].strip() if lines else "(no message)"
 
 
-def verify(env: ResolvedEnv, interp: Interpreter, opts: Options) -> Report:
-    """Verify one resolved profile. Its temporary directory (and a --keep venv left unfinished by
-    Ctrl-C) is removed whatever happens."""
+def verify(ctx: BuildContext, interp: Interpreter, opts: Options) -> Report:
+    """Verify one prepared profile (context.prepare). Its temporary directory (and a --keep venv
+    left unfinished by Ctrl-C) is removed whatever happens."""
+    env = ctx.env
     start = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix=f"envbuild-{opts.command}-{env.name}-"))
     venv = opts.keep if opts.keep else work / "venv"
-    v = _Verifier(env, interp, opts)
+    v = _Verifier(ctx, interp, opts)
     try:
         report = v.run(work, venv)
     except BaseException:

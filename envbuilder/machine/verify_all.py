@@ -44,7 +44,8 @@ def verify_profiles(
     from envbuilder.machine.verify import Options, check_keep, find_python, verify
     from envbuilder.model import gpu_tier
     from envbuilder.model.profiles import resolve_all
-    from envbuilder.render.files import render_files
+    from envbuilder.context.prepare import prepare
+    from envbuilder.render.files import context_files
 
     envs = resolve_all(m, names, overrides, "nothing was installed", say=say)
     keeps: dict[str, Path] = {}
@@ -75,9 +76,10 @@ def verify_profiles(
             skip_compose=flags.skip_compose,
             say=say,
         )
-        report = verify(env, interps[env.python], opts).as_dict()
+        ctx = prepare(env)  # (the pins of the lock whose plan this is, as render takes them)
+        report = verify(ctx, interps[env.python], opts).as_dict()
         # the GPU tier is not run here (no GPU): what its records say of this very render
-        report["gpu_step"] = gpu_tier.status(env, render_files(env), m.models)
+        report["gpu_step"] = gpu_tier.status(env, context_files(ctx), m.models)
         reports.append(report)
     return reports
 

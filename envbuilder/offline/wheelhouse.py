@@ -1103,8 +1103,9 @@ def profile_scripts(m: Matrix, profile: str, lock_dir: Path, say: Callable[[str]
     the lock pins the verl the profile resolves to (a lock of a variant, another verl, gets none,
     and install.sh says how to patch it)."""
     from envbuilder.errors import EnvbuildError
+    from envbuilder.context.prepare import prepare
     from envbuilder.model.resolve import resolve
-    from envbuilder.render.files import render_files
+    from envbuilder.render.files import context_files
 
     try:
         env = resolve(m, profile)
@@ -1121,5 +1122,6 @@ def profile_scripts(m: Matrix, profile: str, lock_dir: Path, say: Callable[[str]
             "its apply_patches.py and audit_precision.py)"
         )
         return {}
-    files = render_files(env)
+    # (prepared as every render is, within this lock's pins: the scripts read none of them)
+    files = context_files(prepare(env, pins_from=("the wheelhouse's lock", lock_dir)))
     return {name: files[name] for name in SCRIPTS if name in files}
