@@ -33,10 +33,10 @@ def steps(profile: str, work: Path) -> float:
     from envbuilder.model import matrix
     from envbuilder.model.resolve import resolve
     from envbuilder.render.files import render_files, write_dir
-    from envbuilder.lock.constraints import with_constraints
+    from envbuilder.context.prepare import prepare
     from envbuilder.tools.uv import uv_bin
 
-    env = with_constraints(resolve(matrix.load(), profile))
+    env = prepare(resolve(matrix.load(), profile)).env
     files = render_files(env)
     write_dir(work / "render", files)
     constraints = work / "constraints.txt"

@@ -41,12 +41,12 @@ def main() -> int:
     from envbuilder.model import matrix
     from envbuilder.lock.pip import uv_bin
     from envbuilder.render.plan import install_plan
-    from envbuilder.lock.constraints import with_constraints
+    from envbuilder.context.prepare import prepare
     from envbuilder.render.files import render_files
     from envbuilder.model.resolve import resolve
     from envbuilder.machine.verify import find_python
 
-    env = with_constraints(resolve(matrix.load(), args.profile))
+    env = prepare(resolve(matrix.load(), args.profile)).env
     plan = install_plan(env)
     if plan.torch_index:
         print(

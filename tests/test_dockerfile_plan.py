@@ -18,14 +18,14 @@ from envbuilder.render.dockerfile import (
 )
 from envbuilder.render.files import render_files
 from envbuilder.render.plan import install_plan
-from envbuilder.lock.constraints import with_constraints
+from envbuilder.context.prepare import prepare
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = ROOT / "templates"
 
 
 def steps_of(profile: str, locked=None, **kw):
-    env = with_constraints(resolved(profile, **kw))
+    env = prepare(resolved(profile, **kw)).env
     return env, dockerfile_plan(env, install_plan(env), locked, (), "f" * 64)
 
 
@@ -143,7 +143,7 @@ def test_the_builders_wheels_go_in_once_right_before_verls_first_step():
 
 
 def test_locked_steps_install_hashed_files_and_skip_an_empty_one():
-    env = with_constraints(resolved("p40"))
+    env = prepare(resolved("p40")).env
     locked = fake_locked(env, empty=("verl-deps",))
     df = dockerfile_plan(env, install_plan(env), locked)
     text = " ".join(shell(r) for r in runs(df.blocks[-1]))
@@ -158,7 +158,7 @@ def test_locked_steps_install_hashed_files_and_skip_an_empty_one():
 
 
 def test_a_wheelhouse_without_a_uv_wheel_installs_the_runtime_with_pip_and_no_index():
-    env = with_constraints(resolved("4090"))
+    env = prepare(resolved("4090")).env
     for uv_wheel, installer in ((None, "pip install"), ("uv.whl", "uv pip install")):
         df = dockerfile_plan(env, install_plan(env), fake_locked(env, wheelhouse=True, uv_wheel=uv_wheel))
         steps = [r for r in runs(df.blocks[-1]) if "locked-" in shell(r)]
@@ -215,7 +215,7 @@ def test_no_file_but_the_apex_block_spells_apexs_build_flags():
 
 @pytest.mark.parametrize("pinned", [False, True])
 def test_flash_attn_takes_the_locked_wheel_or_falls_back_to_the_sdist(pinned):
-    env = with_constraints(resolved("h200", verl="0.6.1"))
+    env = prepare(resolved("h200", verl="0.6.1")).env
     assert env.flash_attn
     df = dockerfile_plan(env, install_plan(env), fake_locked(env) if pinned else None)
     [fa] = [r for r in runs(df.blocks[1]) if "flash_attn_wheel.py" in shell(r)]
@@ -241,7 +241,7 @@ def test_labels_are_the_images_in_the_dockerfile_and_in_the_sif():
 def test_the_runtime_env_is_what_the_dockerfile_sets():
     for profile in ("p40", "h200"):
         env = resolved(profile)
-        text = render_files(with_constraints(env))["Dockerfile"]
+        text = render_files(prepare(env).env)["Dockerfile"]
         for name, value in I.runtime_env(env):
             assert re.search(rf"^ENV .*{name}=", text, re.M) or f"{name}={value}" in text, name
         assert f"VIRTUAL_ENV={I.VENV} PATH={I.VENV}/bin:$PATH" in text

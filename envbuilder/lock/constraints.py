@@ -2,7 +2,8 @@
 the shipped one, or the one `--locked` / `--wheelhouse` names) whose pip part was solved for
 this environment's pip inputs (lockfile.solver_inputs, as lock.json records their digests), read
 only when its requirements.lock hashes to what lock.json says. render/ reads no lock: it prints
-`env.constraints`, which these set.
+the pins context.prepare takes from here into its BuildContext. Nothing here writes into the
+resolved environment.
 """
 
 from __future__ import annotations
@@ -66,9 +67,3 @@ def find_constraints(env: ResolvedEnv, only: tuple[str, Path] | None = None) -> 
             continue
         return Constraints(from_=label, torch_swapped=swapped, plan_sha256=want, layers=frozen(layers_))
     return None
-
-
-def with_constraints(env: ResolvedEnv, only: tuple[str, Path] | None = None) -> ResolvedEnv:
-    """`env` with `constraints`: the pins of the lock whose plan it is (`only`: of that lock
-    alone), or None (it floats)."""
-    return env._replace(constraints=find_constraints(env, only))

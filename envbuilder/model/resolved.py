@@ -3,7 +3,8 @@ the wheelhouse, build and doctor read, and what envbuild.json holds.
 
 Frozen records (record.py): fields by name, nested records, tuples for lists, read-only mappings
 for the maps (pins, images). Nothing changes an environment in place: a mirror
-(mirrors.apply_to_env) or a lock's constraints (plan.with_constraints) give a new one.
+(mirrors.apply_to_env) or a lock's constraints (context.prepare) give a new one, which the
+render.context.BuildContext holds beside the resolver's own.
 
 Each field is declared once, here: its Python type, and (`Annotated`) the kind of its value as
 the matrix field it came from checks it (a name, a version, a URL, one line of text: schema.py
@@ -472,7 +473,7 @@ class Dataset(Record):
 
 
 class Constraints(Record):
-    """The pins of the lock that fits the environment's install plan (plan.with_constraints):
+    """The pins of the lock that fits the environment's install plan (context.prepare):
     from_: which lock; torch_swapped: solved with PyPI's torch ('2.6.0+cu118 -> 2.6.0 ...');
     layers: install layer -> name==version pins."""
 
@@ -497,7 +498,7 @@ class ResolvedEnv(Record):
 
     memory: the memory plan (envbuilder/model/memory.py: peak, usable_gib, batch sizes, the budget
     term by term; its records in memory_plan.py); warnings: what --allow-unsupported let through;
-    constraints: None until plan.with_constraints looked for a lock (and when none fits; render
+    constraints: None until context.prepare looked for a lock (and when none fits; render
     adds it, so a file may lack it); mirror: None unless a mirror set was applied (then left out
     of the file)."""
 

@@ -1,6 +1,7 @@
 """The install plan of a resolved environment, as the Dockerfile's pip layers run it: each
 layer's requirements, the requirements.in a lock solves, and the constraints (env.constraints,
-which lock/constraints.py reads from a lock) that pin everything beyond the top-level pins.
+the pins context.prepare took from a lock: lock/constraints.py) that pin everything beyond the
+top-level pins.
 Pure and light: `render` imports it; it reads no lock.
 """
 
@@ -110,7 +111,7 @@ def conda_specs(env: ResolvedEnv) -> list[str]:
 
 
 def install_plan(env: ResolvedEnv) -> InstallPlan:
-    """The plan of `env` (with its `constraints`, plan.with_constraints, where a lock fits)."""
+    """The plan of `env` (with its `constraints`, where context.prepare found a lock that fits)."""
     c = env.constraints
     locked = c.layers if c else {}
 
