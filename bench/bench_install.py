@@ -40,14 +40,14 @@ def main() -> int:
 
     from envbuilder.model import matrix
     from envbuilder.lock.pip import uv_bin
-    from envbuilder.render.plan import install_plan
     from envbuilder.context.prepare import prepare
     from envbuilder.render.files import render_files
     from envbuilder.model.resolve import resolve
     from envbuilder.machine.verify import find_python
 
-    env = prepare(resolve(matrix.load(), args.profile)).env
-    plan = install_plan(env)
+    ctx = prepare(resolve(matrix.load(), args.profile))
+    env = ctx.env
+    plan = ctx.plan
     if plan.torch_index:
         print(
             f"{args.profile} needs the PyTorch index ({plan.torch_index}); pick a profile whose "
@@ -58,7 +58,7 @@ def main() -> int:
     python = find_python(env.python).path
     uv = uv_bin()
     work = Path(tempfile.mkdtemp(prefix="envbuild-bench-install-"))
-    files = render_files(env)
+    files = render_files(env, None, ctx.constraints)
     for name, text in files.items():
         if name.startswith("constraints/"):
             (work / name).parent.mkdir(parents=True, exist_ok=True)

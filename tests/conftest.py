@@ -62,6 +62,15 @@ def resolved(profile: str, matrix: M.Matrix | None = None, **kw) -> ResolvedEnv:
     return resolve(matrix or shipped(), profile, overrides(**kw))
 
 
+def pinned(env: ResolvedEnv) -> ResolvedEnv:
+    """`env` as a rendered envbuild.json records it (what `render --from` reads back): prepared
+    (context.prepare), with the lock's pins beside it in its `constraints`."""
+    from envbuilder.context.prepare import prepare
+
+    ctx = prepare(env)
+    return ctx.env._replace(constraints=ctx.constraints)
+
+
 def violations(profile: str, matrix: M.Matrix | None = None, **kw) -> dict:
     """The rules `profile` with these overrides breaks, by rule name."""
     with pytest.raises(ResolveError) as e:

@@ -47,7 +47,7 @@ def test_the_definition_builds_the_dockerfiles_steps_from_the_base_image(tmp_pat
     assert r.returncode == 0, r.stderr
     # each pip step of the Dockerfile, in order, with its constraints and the earlier steps'
     commands = [ln.strip() for ln in post.splitlines() if "pip install" in ln]
-    plan = install_plan(env)
+    plan = install_plan(env, None)
     for i, layer in enumerate(plan.layers):
         cmd = commands[i]
         for req in layer.requirements:

@@ -16,7 +16,7 @@ from envbuilder.render.dockerfile import (
     _tojson,
     dockerfile_plan,
 )
-from envbuilder.render.files import render_files
+from envbuilder.render.files import context_files
 from envbuilder.render.plan import install_plan
 from envbuilder.context.prepare import prepare
 
@@ -25,8 +25,9 @@ TEMPLATES = ROOT / "templates"
 
 
 def steps_of(profile: str, locked=None, **kw):
-    env = prepare(resolved(profile, **kw)).env
-    return env, dockerfile_plan(env, install_plan(env), locked, (), "f" * 64)
+    ctx = prepare(resolved(profile, **kw))
+    env = ctx.env
+    return env, dockerfile_plan(env, ctx.plan, locked, (), "f" * 64)
 
 
 def fake_locked(env, *, wheelhouse=False, uv_wheel=None, build=True, empty=()):
@@ -114,7 +115,7 @@ def test_an_unlocked_plain_profile_installs_each_step_with_uv_within_the_earlier
     assert runtime[0].words == ("${BASE_RUNTIME}", "AS", "runtime")
     assert any(i.keyword == "ENV" and "UV_LINK_MODE=copy" in i.words for i in runtime)
     steps = [r for r in runs(runtime) if "uv pip install" in shell(r)]
-    assert len(steps) == len(install_plan(env).layers) == 3
+    assert len(steps) == len(install_plan(env, None).layers) == 3
     torch, deps, verl = steps
     assert "-c /tmp/envbuild/constraints/torch.txt" in shell(deps)
     assert "-c /tmp/envbuild/constraints/verl-deps.txt" not in shell(torch)
@@ -135,7 +136,7 @@ def test_the_builders_wheels_go_in_once_right_before_verls_first_step():
     wheels = [k for k, r in enumerate(runtime) if "from=builder" in " ".join(r.words)]
     assert len(wheels) == 1
     nxt = runtime[wheels[0] + 1]
-    first_verl = next(ly for ly in install_plan(env).layers if ly.name in ("verl-deps", "verl"))
+    first_verl = next(ly for ly in install_plan(env, None).layers if ly.name in ("verl-deps", "verl"))
     assert f"constraints/{first_verl.name}.txt" in shell(nxt) or "verl==" in shell(nxt)
     got = runtime[wheels[0]]
     assert not set(SECRETS) & set(got.words)  # (installs local files: no index, no secrets)
@@ -143,9 +144,10 @@ def test_the_builders_wheels_go_in_once_right_before_verls_first_step():
 
 
 def test_locked_steps_install_hashed_files_and_skip_an_empty_one():
-    env = prepare(resolved("p40")).env
+    ctx = prepare(resolved("p40"))
+    env = ctx.env
     locked = fake_locked(env, empty=("verl-deps",))
-    df = dockerfile_plan(env, install_plan(env), locked)
+    df = dockerfile_plan(env, ctx.plan, locked)
     text = " ".join(shell(r) for r in runs(df.blocks[-1]))
     assert "--require-hashes" in text and "-r /tmp/envbuild/locked-torch.txt" in text
     assert "locked-verl-deps.txt" not in text and "constraints/" not in text
@@ -158,9 +160,10 @@ def test_locked_steps_install_hashed_files_and_skip_an_empty_one():
 
 
 def test_a_wheelhouse_without_a_uv_wheel_installs_the_runtime_with_pip_and_no_index():
-    env = prepare(resolved("4090")).env
+    ctx = prepare(resolved("4090"))
+    env = ctx.env
     for uv_wheel, installer in ((None, "pip install"), ("uv.whl", "uv pip install")):
-        df = dockerfile_plan(env, install_plan(env), fake_locked(env, wheelhouse=True, uv_wheel=uv_wheel))
+        df = dockerfile_plan(env, ctx.plan, fake_locked(env, wheelhouse=True, uv_wheel=uv_wheel))
         steps = [r for r in runs(df.blocks[-1]) if "locked-" in shell(r)]
         assert steps and all(
             f"    . {I.SECRETS_SCRIPT} && {installer} --no-index --find-links /wheelhouse" in r.lines[0]
@@ -188,12 +191,12 @@ def test_apex_flags_are_spelled_once_for_the_dockerfile_and_the_by_hand_command(
         assert ("APEX_CPP_EXT=1" in argv) == (install == "env") == ("--build-option=--cpp_ext" not in argv)
         assert f"TORCH_CUDA_ARCH_LIST={env.gpu.compute_capability}" in argv
         env = env._replace(apex=apex)
-        df = dockerfile_plan(env, install_plan(env), None)
+        df = dockerfile_plan(env, install_plan(env, None), None)
         [step] = [r for r in runs(df.blocks[1]) if "apex @" in shell(r)]
         for w in A.build_env(apex) + A.build_options(apex):
             assert w in shell(step), w
         [(_, post)] = [
-            (what, cmd) for what, cmd in post_steps(env, install_plan(env)) if what.startswith("apex")
+            (what, cmd) for what, cmd in post_steps(env, install_plan(env, None)) if what.startswith("apex")
         ]
         assert all(w in post for w in A.build_env(apex) + A.build_options(apex)), post
 
@@ -215,9 +218,10 @@ def test_no_file_but_the_apex_block_spells_apexs_build_flags():
 
 @pytest.mark.parametrize("pinned", [False, True])
 def test_flash_attn_takes_the_locked_wheel_or_falls_back_to_the_sdist(pinned):
-    env = prepare(resolved("h200", verl="0.6.1")).env
+    ctx = prepare(resolved("h200", verl="0.6.1"))
+    env = ctx.env
     assert env.flash_attn
-    df = dockerfile_plan(env, install_plan(env), fake_locked(env) if pinned else None)
+    df = dockerfile_plan(env, ctx.plan, fake_locked(env) if pinned else None)
     [fa] = [r for r in runs(df.blocks[1]) if "flash_attn_wheel.py" in shell(r)]
     text = shell(fa)
     assert ("--pins " in text) == pinned
@@ -241,7 +245,7 @@ def test_labels_are_the_images_in_the_dockerfile_and_in_the_sif():
 def test_the_runtime_env_is_what_the_dockerfile_sets():
     for profile in ("p40", "h200"):
         env = resolved(profile)
-        text = render_files(prepare(env).env)["Dockerfile"]
+        text = context_files(prepare(env))["Dockerfile"]
         for name, value in I.runtime_env(env):
             assert re.search(rf"^ENV .*{name}=", text, re.M) or f"{name}={value}" in text, name
         assert f"VIRTUAL_ENV={I.VENV} PATH={I.VENV}/bin:$PATH" in text

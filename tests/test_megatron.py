@@ -171,7 +171,7 @@ def test_the_install_adds_the_megatron_layer_and_compiles_transformer_engine():
     assert list(roots)[-1] == "megatron"
     assert "megatron-core==0.18.0" in roots["megatron"] and "mbridge==0.15.1" in roots["megatron"]
     assert "transformer-engine-cu13==2.12.0" in roots["megatron"]
-    steps = install_steps(env, install_plan(env))
+    steps = install_steps(env, install_plan(env, None))
     te = [s for s in steps if isinstance(s, Compile)]
     assert te == [Compile(TRANSFORMER_ENGINE, "2.12.0", "90")] and env.needs_builder
     plain = resolved("h100")
@@ -337,13 +337,14 @@ def test_a_wheelhouse_build_compiles_the_locked_sdist_with_no_index():
     from envbuilder.context.prepare import prepare
     from envbuilder.render.dockerfile import dockerfile_plan
 
-    env = prepare(resolved("h100", model=MOE, algo="grpo", engine="megatron", nodes=2)).env
+    ctx = prepare(resolved("h100", model=MOE, algo="grpo", engine="megatron", nodes=2))
+    env = ctx.env
     locked = fake_locked(env, wheelhouse=True)
     locked = locked._replace(
         layers=dict(locked.layers, megatron="locked-megatron.txt"),
         te_source={"filename": "transformer_engine_torch-2.12.0.tar.gz", "sha256": "9" * 64},
     )
-    df = dockerfile_plan(env, install_plan(env), locked)
+    df = dockerfile_plan(env, ctx.plan, locked)
     te = next(r for b in df.blocks for r in runs(b) if "transformer_engine_torch" in shell(r))
     text = shell(te)
     path = "/wheelhouse/sources/transformer_engine_torch-2.12.0.tar.gz"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import conftest
-from conftest import frozen, frozen_with
+from conftest import frozen, frozen_with, pinned
 from envbuilder.errors import UserError
 from envbuilder.model.runplan import env_from_json
 from envbuilder.render.files import render_files
@@ -527,15 +527,14 @@ def resolved_variants(matrix=None):
     its lock, through a mirror set; and one with each optional part (--driver, overrides,
     warnings, no dataset)."""
     from envbuilder.model import mirrors
-    from envbuilder.context.prepare import prepare
 
     m = matrix or frozen()
     cn = mirrors.choice("cn", mirrors.get_set(m, "cn"))
     for name in m.profiles:
         env = resolved(name, m)
         yield name, env
-        yield f"{name} locked", prepare(env).env
-        yield f"{name} --mirror cn", mirrors.apply_to_env(prepare(env).env, cn)
+        yield f"{name} locked", pinned(env)
+        yield f"{name} --mirror cn", mirrors.apply_to_env(pinned(env), cn)
     yield "driver", resolved("t4", driver="535.104.05")
     yield "overrides", resolved("4090", with_=["flash-attn"], python="3.10", torch="2.4.0")
     yield "warnings", resolved("p40", rollout="vllm", cuda="12.4", allow_unsupported=True)
@@ -577,12 +576,10 @@ def test_a_spec_file_value_of_the_wrong_kind_is_refused_naming_its_key(path, val
 
 
 def test_a_spec_file_from_an_older_envbuild_may_hold_keys_this_one_no_longer_writes():
-    from envbuilder.context.prepare import prepare
-
-    data = json.loads(prepare(resolved("4090")).env.to_json())
+    data = json.loads(pinned(resolved("4090")).to_json())
     data["constraints"]["order"] = ["torch", "verl-deps", "verl"]  # (dropped in 80dbd6c)
     env = env_from_json(json.dumps(data))
-    assert env.constraints == prepare(resolved("4090")).env.constraints
+    assert env.constraints == pinned(resolved("4090")).constraints
     assert "order" not in env.to_dict()["constraints"]  # (read, not carried on)
 
 

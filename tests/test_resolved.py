@@ -10,10 +10,9 @@ from types import MappingProxyType
 
 import pytest
 
-from conftest import PROFILES, frozen, resolved
+from conftest import PROFILES, frozen, pinned, resolved
 from envbuilder.model import schema as S
 from envbuilder.errors import UserError
-from envbuilder.context.prepare import prepare
 from envbuilder.record import Record, plain
 from envbuilder.model.resolved import ResolvedEnv, field_spec, record_spec
 from envbuilder.model.runplan import env_from_dict, env_from_json
@@ -144,7 +143,7 @@ def test_every_object_of_the_schema_is_a_record_or_a_declared_mapping():
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_json_round_trips_to_the_same_bytes_and_the_same_record(profile):
-    env = prepare(resolved(profile)).env
+    env = pinned(resolved(profile))
     text = env.to_json()
     back = env_from_json(text)
     assert back == env
@@ -190,7 +189,7 @@ def test_a_mirror_and_a_lock_make_new_environments_and_leave_the_old_one_as_it_w
     choice = M.MirrorChoice(
         "cn", {"docker.io": "mirror.example"}, pypi="https://pypi.example/simple", github="https://gh.example"
     )
-    mirrored = M.apply_to_env(prepare(env).env, choice)
+    mirrored = M.apply_to_env(pinned(env), choice)
     assert env.to_json() == before
     assert mirrored.indexes.pypi == "https://pypi.example/simple"
     assert mirrored.apex.url.startswith("https://gh.example/")
@@ -223,7 +222,7 @@ def test_from_dict_checks_what_it_is_given():
 
 
 def test_plain_data_of_an_environment_is_what_the_file_holds():
-    env = prepare(resolved("t4")).env
+    env = pinned(resolved("t4"))
     assert plain(env) == json.loads(env.to_json())
     assert env.to_dict()["overrides"] == {}
     over = resolved("4090", with_=["flash-attn"], driver="560.35.03")
@@ -236,7 +235,7 @@ def test_an_environment_copies_pickles_and_hashes_as_the_value_it_is():
     import copy
     import pickle
 
-    env = prepare(resolved("h200")).env
+    env = pinned(resolved("h200"))
     for twin in (copy.copy(env), copy.deepcopy(env), pickle.loads(pickle.dumps(env))):
         assert twin == env and twin.to_json() == env.to_json()
         assert hash(twin) == hash(env)

@@ -42,7 +42,7 @@ def test_the_sglang_release_is_the_one_verls_extra_pins_with_its_torch(profile, 
 
 def test_the_install_plan_has_an_sglang_step_between_torch_and_verls_dependencies():
     env = resolved("h100", rollout="sglang", verl="0.8.0", torch="2.9.1")
-    plan = install_plan(env)
+    plan = install_plan(env, None)
     assert [s.name for s in plan.layers] == ["torch", "sglang", "verl-deps", "verl"]
     step = plan.layers[1]
     assert step.requirements == ("sglang==0.5.8", "sgl-kernel==0.3.21")
@@ -67,7 +67,7 @@ def test_verls_own_extra_packages_and_extras_are_asked_for_on_0_4():
 def test_a_vllm_profile_is_unchanged_by_the_sglang_step():
     env = resolved("h100")
     assert env.sglang is None and "sglang" not in env.to_dict()
-    assert [s.name for s in install_plan(env).layers] == ["torch", "vllm", "verl-deps", "verl"]
+    assert [s.name for s in install_plan(env, None).layers] == ["torch", "vllm", "verl-deps", "verl"]
 
 
 @pytest.mark.parametrize("profile, ov", WORKING)

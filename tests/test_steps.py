@@ -20,21 +20,26 @@ from envbuilder.render.sif import post_steps
 
 def _dockerfile_scripts(env) -> list[str]:
     """The scripts the Dockerfile's runtime stage runs, in order."""
-    df = dockerfile_plan(env, install_plan(env), None)
+    df = dockerfile_plan(env, install_plan(env, None), None)
     return [
         i.words[1].rsplit("/", 1)[-1] for i in df.blocks[-1] if i.keyword == "RUN" and i.words[0] == "python"
     ]
 
 
 def _sif_scripts(env) -> list[str]:
-    return [cmd.rsplit("/", 1)[-1] for _, cmd in post_steps(env, install_plan(env)) if cmd.endswith(S.FINISH)]
+    return [
+        cmd.rsplit("/", 1)[-1]
+        for _, cmd in post_steps(env, install_plan(env, None))
+        if cmd.endswith(S.FINISH)
+    ]
 
 
 def test_the_steps_of_a_profile_in_order():
     """p40: the venv, its pip layers (HF rollout: no vLLM), apex compiled, then verl's patches
     and the audit."""
-    env = prepare(resolved("p40")).env
-    steps = S.install_steps(env, install_plan(env))
+    ctx = prepare(resolved("p40"))
+    env = ctx.env
+    steps = S.install_steps(env, ctx.plan)
     kinds = [type(s).__name__ for s in steps]
     assert kinds == ["Venv", "PipLayer", "PipLayer", "PipLayer", "Compile", "RunScript", "RunScript"]
     assert [s.layer.name for s in steps if isinstance(s, S.PipLayer)] == ["torch", "verl-deps", "verl"]
@@ -49,7 +54,8 @@ def test_a_step_dropped_in_one_place_leaves_every_route(monkeypatch):
     """The audit taken out of install_steps alone: the Dockerfile, apptainer.def and the by-hand
     command all lose it, and the Compile step gone takes apex out of the builder stage,
     apptainer.def, the rendered notes and `envbuild install`."""
-    env = prepare(resolved("p40")).env
+    ctx = prepare(resolved("p40"))
+    env = ctx.env
     assert _dockerfile_scripts(env) == _sif_scripts(env) == list(S.FINISH)
     real = S.install_steps
 
@@ -59,9 +65,9 @@ def test_a_step_dropped_in_one_place_leaves_every_route(monkeypatch):
     monkeypatch.setattr(S, "install_steps", planted)
     assert _dockerfile_scripts(env) == _sif_scripts(env) == [S.PATCHES]
     assert S.finish_command(env) == "python apply_patches.py"
-    df = dockerfile_plan(env, install_plan(env), None)
+    df = dockerfile_plan(env, ctx.plan, None)
     assert not any("apex @" in " ".join(i.lines) for block in df.blocks for i in block)
-    assert not any(what.startswith("apex") for what, _ in post_steps(env, install_plan(env)))
+    assert not any(what.startswith("apex") for what, _ in post_steps(env, ctx.plan))
     assert S.by_hand(env) == {}
     from envbuilder.machine.install import extension_commands
 
@@ -73,7 +79,8 @@ def test_steps_moved_in_one_place_move_in_every_route(monkeypatch):
     by-hand command and the wheelhouse's install.sh all run the audit first."""
     from envbuilder.offline.wheelhouse import _install_sh
 
-    env = prepare(resolved("p40")).env
+    ctx = prepare(resolved("p40"))
+    env = ctx.env
     before = _install_sh("p40", "[p40]=3.10")
     assert f"for script in {S.PATCHES} {S.AUDIT}; do" in before
     monkeypatch.setattr(S, "FINISH", tuple(reversed(S.FINISH)))
@@ -113,8 +120,9 @@ def test_the_executor_runs_the_steps_it_is_given(monkeypatch, tmp_path):
 @pytest.mark.parametrize("profile", ["p40", "h100", "4090"])
 def test_every_route_compiles_with_the_one_command(profile):
     """A Compile step's command is the component's, whichever route prints or runs it."""
-    env = prepare(resolved(profile, **({"with_": ["flash-attn"]} if profile == "h100" else {}))).env
-    compiles = [s for s in S.install_steps(env, install_plan(env)) if isinstance(s, S.Compile)]
+    ctx = prepare(resolved(profile, **({"with_": ["flash-attn"]} if profile == "h100" else {})))
+    env = ctx.env
+    compiles = [s for s in S.install_steps(env, ctx.plan) if isinstance(s, S.Compile)]
     for step in compiles:
         argv = S.compile_argv(env, step, ["pip", "install"])
         assert "--no-build-isolation" in argv

@@ -1,7 +1,7 @@
 """The one order a resolved environment goes through before it is rendered, built, baked,
 installed or verified: its lock is found against the upstream environment (what `envbuild
-lock` recorded), then the lock's pins become its constraints, then a mirror set's endpoints
-replace the upstream ones. Every command that renders or installs calls `prepare` and hands
+lock` recorded), then the lock's pins are taken (beside the environment, in the context: the
+environment itself never carries them), then a mirror set's endpoints replace the upstream ones. Every command that renders or installs calls `prepare` and hands
 the `BuildContext` it returns (render/context.py) to the renderers and actions, so none can do
 it in another order. It sits above lock/ and render/: it reads the lock (lock.locate,
 lock.constraints) that render/ knows only as the context it is handed.
@@ -52,8 +52,8 @@ def prepare(
         from envbuilder.lock.constraints import lock_candidates
 
         where = next((d for label, d in lock_candidates(env.name) if label == constraints.from_), None)
-    # (the files print the pins: envbuild.json carries them, render/plan.py reads them)
-    env = env._replace(constraints=constraints)
+    # (the pins stay beside the environment, in the context: render/plan.py and envbuild.json
+    # take them from there)
     if mirror is not None:
         from envbuilder.model.mirrors import apply_to_env
 

@@ -324,7 +324,8 @@ def extension_commands(env: ResolvedEnv, python: Path) -> list[tuple[str, list[s
 def _compiles(env: ResolvedEnv) -> list[S.Compile]:
     from envbuilder.render.plan import install_plan
 
-    return [s for s in S.install_steps(env, install_plan(env)) if isinstance(s, S.Compile)]
+    # (a lock's pins reach only the pip layers, never a Compile step: no pins needed)
+    return [s for s in S.install_steps(env, install_plan(env, None)) if isinstance(s, S.Compile)]
 
 
 def compile_step(

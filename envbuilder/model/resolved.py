@@ -3,8 +3,8 @@ the wheelhouse, build and doctor read, and what envbuild.json holds.
 
 Frozen records (record.py): fields by name, nested records, tuples for lists, read-only mappings
 for the maps (pins, images). Nothing changes an environment in place: a mirror
-(mirrors.apply_to_env) or a lock's constraints (context.prepare) give a new one, which the
-render.context.BuildContext holds beside the resolver's own.
+(mirrors.apply_to_env, through context.prepare) gives a new one, which the
+render.context.BuildContext holds beside the resolver's own and the lock's pins.
 
 Each field is declared once, here: its Python type, and (`Annotated`) the kind of its value as
 the matrix field it came from checks it (a name, a version, a URL, one line of text: schema.py
@@ -498,8 +498,9 @@ class ResolvedEnv(Record):
 
     memory: the memory plan (envbuilder/model/memory.py: peak, usable_gib, batch sizes, the budget
     term by term; its records in memory_plan.py); warnings: what --allow-unsupported let through;
-    constraints: None until context.prepare looked for a lock (and when none fits; render
-    adds it, so a file may lack it); mirror: None unless a mirror set was applied (then left out
+    constraints: None as the resolver gives it (a lock's pins live in the BuildContext, not
+    here); envbuild.json records the context's pins under it (render/files.py, so a file may
+    lack it) and `render --from` reads them back into it (context.replayed); mirror: None unless a mirror set was applied (then left out
     of the file)."""
 
     schema_version: int

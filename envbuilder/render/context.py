@@ -2,7 +2,8 @@
 `envbuilder.context.prepare` (above lock/ and render/) from what the resolver gave. It holds the
 resolved environment as the resolver gave it, the pins the lock gives (`constraints`), the mirror
 set chosen, the lock's `locked` context and folder, and the environment the files print (`env`:
-the resolved one with those pins, then the mirror set's endpoints). Its own module in render/,
+the resolved one with the mirror set's endpoints; the pins stay in `constraints`, which the
+install plan and envbuild.json take). Its own module in render/,
 below the lock package: only the types of the layers below render are in it.
 """
 
@@ -26,7 +27,7 @@ __all__ = ["BuildContext"]
 
 class BuildContext(Record):
     """resolved: the resolver's output, untouched. env: what the files print and the install
-    runs (resolved, with `constraints`, then `mirror`'s endpoints). constraints: the pins of the
+    runs (resolved, with `mirror`'s endpoints). constraints: the pins of the
     lock whose plan this is (or the one --locked / --wheelhouse names), None when no lock fits.
     mirror: the mirror set chosen, None for the upstream endpoints. locked: the `locked` context
     of the templates (lock.lockfile.for_render: base images by digest, the hashed requirement
@@ -51,7 +52,7 @@ class BuildContext(Record):
         """The install plan within the lock's pins (render/plan.py)."""
         from envbuilder.render.plan import install_plan
 
-        return install_plan(self.env)
+        return install_plan(self.env, self.constraints)
 
     @property
     def links(self) -> Mapping[str, Checked] | None:

@@ -23,7 +23,7 @@ from envbuilder.render.quoting import FILTERS, comment, word
 from envbuilder.text import USERINFO
 from envbuilder.record import plain
 from envbuilder.model.resolve import TORCH_DTYPE
-from envbuilder.model.resolved import ResolvedEnv
+from envbuilder.model.resolved import Constraints, ResolvedEnv
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -217,9 +217,13 @@ def sidecar_text(data: dict[str, Any]) -> str:
     return json.dumps(data, indent=1, sort_keys=True) + "\n"
 
 
-def render_files(env: ResolvedEnv, locked: LockedContext | None = None) -> dict[str, str]:
+def render_files(
+    env: ResolvedEnv, locked: LockedContext | None = None, constraints: Constraints | None = None
+) -> dict[str, str]:
     """All rendered files by name, in memory. `locked` (lock.lockfile.for_render) pins the base
-    images by digest and installs each layer from its hashed requirement file."""
+    images by digest and installs each layer from its hashed requirement file; `constraints`
+    (BuildContext.constraints: the lock's pins context.prepare found, None where none fits) pin
+    the plan's layers and are envbuild.json's `constraints`."""
     from envbuilder.render import pixi, sif
     from envbuilder.render.plan import install_plan, lock_hint, override_flags
 
@@ -228,6 +232,8 @@ def render_files(env: ResolvedEnv, locked: LockedContext | None = None) -> dict[
 
         env = env._replace(run=runplan.build(env))
     d = env.to_dict()
+    # (the pins the plan takes, where envbuild.json records them; `render --from` reads them back)
+    d["constraints"] = constraints.to_dict() if constraints is not None else None
     # A URL's user:password@ (an overlay's index, a --from file's endpoint) is a secret: no file
     # written here names it, envbuild.json included; `envbuild build` hands the ones the RUN
     # steps read to the build as the `endpoints` BuildKit secret (mirrors.split_credentials).
@@ -243,7 +249,7 @@ def render_files(env: ResolvedEnv, locked: LockedContext | None = None) -> dict[
         compact = json.dumps(d, sort_keys=True, separators=(",", ":"))
     spec = env.to_json(d, compact)
     spec_sha256 = hashlib.sha256(spec.encode()).hexdigest()
-    plan = install_plan(env)
+    plan = install_plan(env, constraints)
     context = {
         "env": env,
         "plan": plan,
@@ -317,7 +323,7 @@ def write_dir(
 def context_files(ctx: BuildContext) -> dict[str, str]:
     """The files of a prepared environment (context.prepare): what it prints, with its lock's
     `locked` context."""
-    return render_files(ctx.env, ctx.locked)
+    return render_files(ctx.env, ctx.locked, ctx.constraints)
 
 
 def render(ctx: BuildContext, out_dir: Path, force: bool = False) -> list[Path]:

@@ -1,7 +1,7 @@
 """The install plan of a resolved environment, as the Dockerfile's pip layers run it: each
-layer's requirements, the requirements.in a lock solves, and the constraints (env.constraints,
-the pins context.prepare took from a lock: lock/constraints.py) that pin everything beyond the
-top-level pins.
+layer's requirements, the requirements.in a lock solves, and the constraints (BuildContext.constraints,
+the pins context.prepare took from a lock: lock/constraints.py, handed to `install_plan`) that
+pin everything beyond the top-level pins.
 Pure and light: `render` imports it; it reads no lock.
 """
 
@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from envbuilder.record import Record
-from envbuilder.model.resolved import Overrides, ResolvedEnv
+from envbuilder.model.resolved import Constraints, Overrides, ResolvedEnv
 
 # Dockerfile install layers, most expensive first; each installs what its roots pull in that no
 # earlier layer installed.
@@ -110,10 +110,10 @@ def conda_specs(env: ResolvedEnv) -> list[str]:
     return out
 
 
-def install_plan(env: ResolvedEnv) -> InstallPlan:
-    """The plan of `env` (with its `constraints`, where context.prepare found a lock that fits)."""
-    c = env.constraints
-    locked = c.layers if c else {}
+def install_plan(env: ResolvedEnv, constraints: Constraints | None) -> InstallPlan:
+    """The plan of `env` within `constraints`: the pins of the lock context.prepare found for it
+    (BuildContext.constraints), None where none fits."""
+    locked = constraints.layers if constraints else {}
 
     def pins(name: str, own: list[str]) -> tuple[str, ...]:
         """(a constraint names no extras: ray[default]==2.46.0 pins ray==2.46.0)"""
@@ -141,8 +141,8 @@ def install_plan(env: ResolvedEnv) -> InstallPlan:
         tuple(layers),
         builder,
         tuple(conda_specs(env)),
-        c.from_ if c else None,
-        c.torch_swapped if c else None,
+        constraints.from_ if constraints else None,
+        constraints.torch_swapped if constraints else None,
     )
 
 

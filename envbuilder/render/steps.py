@@ -107,7 +107,8 @@ def by_hand(env: ResolvedEnv) -> dict[str, str]:
     record print; the builder stage and apptainer.def run the same command)."""
     from envbuilder.render.plan import install_plan
 
-    steps = install_steps(env, install_plan(env))
+    # (a lock's pins reach only the pip layers, never a Compile step: no pins needed)
+    steps = install_steps(env, install_plan(env, None))
     return {s.component: compile_shell(env, s, "pip install") for s in steps if isinstance(s, Compile)}
 
 
@@ -119,5 +120,6 @@ def finish_command(env: ResolvedEnv) -> str:
     all name this one command."""
     from envbuilder.render.plan import install_plan
 
-    steps = install_steps(env, install_plan(env))
+    # (a lock's pins reach only the pip layers, never a RunScript step: no pins needed)
+    steps = install_steps(env, install_plan(env, None))
     return " && ".join(f"python {s.script}" for s in steps if isinstance(s, RunScript))
