@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import subprocess
-from typing import Callable, Mapping, Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from envbuilder.model.matrix import Matrix, cc_tuple
 from envbuilder.model.names import match_gpu, nearest_profile
@@ -380,12 +380,11 @@ def fit_profile(
         )
         fixes.append("render with a --torch/--cuda whose build lists this CC (envbuild show)")
     # (the resolver's memory plan refused what does not fit; this says what it planned)
-    peak: Mapping[str, object] = env.memory["peak"]
-    usable: float = env.memory["usable_gib"]
+    peak, usable = env.memory.peak, env.memory.usable_gib
     reasons.append(
         Reason(
             True,
-            f"{env.train.model} peaks at {peak['gib']:.1f} GiB ({peak['phase']}) of {usable:.1f} GiB usable",
+            f"{env.train.model} peaks at {peak.gib:.1f} GiB ({peak.phase}) of {usable:.1f} GiB usable",
         )
     )
     if resized:

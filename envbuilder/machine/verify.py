@@ -1225,11 +1225,9 @@ class _Verifier:
             c["validation"] = {"validated": None, "why": "verl's main_ppo.py not found"}
             return
         config_dir, name = main_ppo_config(site)
-        arch = self.env.memory.get("arch")
-        if arch:
-            shape = base / "model-shape"
-            write_model_shape(arch, shape)
-            args = with_model_shape(args, shape)
+        shape = base / "model-shape"
+        write_model_shape(self.env.memory.arch.to_dict(), shape)
+        args = with_model_shape(args, shape)
         args_file = base / "args-validate"
         args_file.write_bytes("\0".join(args).encode())
         self.say("validate: verl's validate_config and the batch arithmetic")

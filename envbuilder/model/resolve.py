@@ -727,24 +727,26 @@ class _Resolver:
     def apply_choices(self, s: "Selection") -> None:
         """What the memory plan chose (offload, vLLM's share, the rollout's TP, Ulysses SP) into
         the train block the run plan prints; a choice the plan changed is noted with its why."""
-        t, ch = s.train, s.memory.get("choices") or {}
-        for key in ("param_offload", "optimizer_offload"):
-            if key in ch and ch[key]["value"] != t[key]:
-                t[key] = ch[key]["value"]
-                s.notes.append(f"{key}: {ch[key]['why']}")
+        t, ch = s.train, s.memory.choices
+        for key, offload in (
+            ("param_offload", ch.param_offload),
+            ("optimizer_offload", ch.optimizer_offload),
+        ):
+            if offload is not None and offload.value != t[key]:
+                t[key] = offload.value
+                s.notes.append(f"{key}: {offload.why}")
         t["actor_param_offload"] = t["param_offload"] and s.actor_offload_ok
-        if "gpu_memory_utilization" in ch and s.rollout == "vllm":
-            t["gpu_memory_utilization"] = ch["gpu_memory_utilization"]["value"]
-        if s.engine == "megatron" and "megatron" in ch:
-            t["megatron"] = dict(ch["megatron"]["value"], etp=1)
+        if s.rollout == "vllm":
+            t["gpu_memory_utilization"] = ch.gpu_memory_utilization.value
+        if s.engine == "megatron" and ch.megatron is not None:
+            t["megatron"] = dict(ch.megatron.value, etp=1)
             if not s.megatron_layout:
-                s.notes.append(f"Megatron layout {_layout_words(t['megatron'])}: {ch['megatron']['why']}")
-        for key in ("rollout_tp", "sequence_parallel"):
-            value = ch.get(key, {}).get("value", 1)
-            if value > 1:
-                t[key] = value
+                s.notes.append(f"Megatron layout {_layout_words(t['megatron'])}: {ch.megatron.why}")
+        for key, split in (("rollout_tp", ch.rollout_tp), ("sequence_parallel", ch.sequence_parallel)):
+            if split is not None and split.value > 1:
+                t[key] = split.value
                 if key not in s.pinned:
-                    s.notes.append(f"{key} {value}: {ch[key]['why']}")
+                    s.notes.append(f"{key} {split.value}: {split.why}")
             else:
                 t.pop(key, None)
 
