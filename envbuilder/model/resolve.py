@@ -126,13 +126,6 @@ def training_path(
     return list(dict.fromkeys(name for part in parts for name in part))
 
 
-def _section(section: T | None) -> T:
-    """A section of the matrix that the selection's components need (extensions.yaml
-    `flash_attn`, `apex`): a matrix without it has no release of them to name."""
-    assert section is not None, "a component without its matrix section"
-    return section
-
-
 def _stored_plan(inputs: list[object], compute: Callable[[], MemoryPlan]) -> MemoryPlan:
     """compute(), the memory plan of `inputs` (plain data), kept as a sealed cache entry
     (paths.sealed_text) by the sha256 of the inputs and of memory.py's code. The plan's search
@@ -593,10 +586,12 @@ class _Resolver:
         if s.dtype == "auto":
             s.dtype = "bf16" if s.card["bf16"] else ("fp16" if s.card["fp16_fast"] else "fp32")
         s.fa = s.components.get("flash-attn")
-        s.fa_rec = self.release("flash-attn", s.fa, _section(fa_section)["versions"]) if s.fa else None
+        s.fa_rec = (
+            self.release("flash-attn", s.fa, COMPONENTS.required(fa_section)["versions"]) if s.fa else None
+        )
         s.fa_choice = (
             FA.choose(
-                _section(fa_section),
+                COMPONENTS.required(fa_section),
                 s.fa,
                 cc=s.cc,
                 torch_v=s.torch_v,
@@ -608,7 +603,9 @@ class _Resolver:
             if s.fa
             else None
         )
-        fa_usable = s.fa is not None and at_least(s.cc, _section(fa_section)["min_compute_capability"])
+        fa_usable = s.fa is not None and at_least(
+            s.cc, COMPONENTS.required(fa_section)["min_compute_capability"]
+        )
         s.attention = str(p["attention"])
         if s.attention == "auto":
             s.attention = "flash_attention_2" if fa_usable else "sdpa"
@@ -625,7 +622,9 @@ class _Resolver:
         s.dynamic_bsz = bool(speed and speed["dynamic_bsz"])
         self.fused = s.fused
         s.apex_v = s.components.get("apex")
-        s.apex_rec = self.release("apex", s.apex_v, _section(t.apex)["versions"]) if s.apex_v else None
+        s.apex_rec = (
+            self.release("apex", s.apex_v, COMPONENTS.required(t.apex)["versions"]) if s.apex_v else None
+        )
 
     def select_pins(self, s: "Selection", p: Entry) -> None:
         """verl's pins, then the vLLM release's own pairings, then what flash-attn imports, then
@@ -638,7 +637,7 @@ class _Resolver:
             s.pins.update(s.sr.get("pins") or {})
             s.pins.update(s.verl["sglang"].get("pins") or {})
         if s.fa:  # its wheel installs with --no-deps: what it imports at run time is pinned here
-            s.pins.update(_section(t.flash_attn).get("runtime_pins") or {})
+            s.pins.update(COMPONENTS.required(t.flash_attn).get("runtime_pins") or {})
         profile_pins: dict[str, str] = p.get("pins", {})
         s.pins.update(profile_pins)
 

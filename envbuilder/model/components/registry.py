@@ -98,7 +98,7 @@ class Component(Protocol):
         ...
 
 
-def _section(section: T | None) -> T:
+def required(section: T | None) -> T:
     """A section of the matrix that the selection's components need: a matrix without it has no
     release of them to name."""
     assert section is not None, "a component without its matrix section"
@@ -115,7 +115,7 @@ class FlashAttn:
         return m.flash_attn
 
     def modules(self, m: Matrix) -> list[str]:
-        return _section(m.typed.flash_attn)["training_path"]["modules"]
+        return required(m.typed.flash_attn)["training_path"]["modules"]
 
     def newest(self, m: Matrix, torch_v: str) -> str | None:
         fa = m.typed.flash_attn
@@ -132,7 +132,7 @@ class FlashAttn:
     def problems(self, m: Matrix, s: Selection) -> list[Refusal]:
         out: list[Refusal] = []
         if s.fa and s.fa_choice:
-            fa = _section(m.typed.flash_attn)
+            fa = required(m.typed.flash_attn)
             out += FA.problems(fa, s.fa, torch_v=s.torch_v, cc=s.cc, gpu=s.card["name"], choice=s.fa_choice)
         if s.attention == "flash_attention_2" and s.fa is None:
             out.append(
@@ -150,12 +150,12 @@ class FlashAttn:
         rec = self.record(m, s)
         if rec is None or s.fa_choice is None:
             return []
-        return FA.notes(rec, s.fa_choice.reason, _section(m.typed.flash_attn))
+        return FA.notes(rec, s.fa_choice.reason, required(m.typed.flash_attn))
 
     def record(self, m: Matrix, s: Selection) -> R.FlashAttn | None:
         if not (s.fa and s.fa_choice):
             return None
-        return FA.record(_section(m.typed.flash_attn), s.fa, s.fa_choice)
+        return FA.record(required(m.typed.flash_attn), s.fa, s.fa_choice)
 
     def part(self, env: ResolvedEnv) -> R.FlashAttn | None:
         return env.flash_attn
@@ -184,7 +184,7 @@ class Apex:
         return m.apex
 
     def modules(self, m: Matrix) -> list[str]:
-        return _section(m.typed.apex)["training_path"]["modules"]
+        return required(m.typed.apex)["training_path"]["modules"]
 
     def newest(self, m: Matrix, torch_v: str) -> str | None:
         apex = m.typed.apex
@@ -193,7 +193,7 @@ class Apex:
     def problems(self, m: Matrix, s: Selection) -> list[Refusal]:
         if not s.apex_v:
             return []
-        nvcc = APEX.nvcc_problem(_section(m.typed.apex), s.build["cuda"], s.cuda_v)
+        nvcc = APEX.nvcc_problem(required(m.typed.apex), s.build["cuda"], s.cuda_v)
         return [nvcc] if nvcc else []
 
     def notes(self, m: Matrix, s: Selection) -> list[str]:
@@ -202,7 +202,7 @@ class Apex:
     def record(self, m: Matrix, s: Selection) -> R.Apex | None:
         if not (s.apex_v and s.apex_rec):
             return None
-        return APEX.record(_section(m.typed.apex), s.apex_v, s.apex_rec, s.cc)
+        return APEX.record(required(m.typed.apex), s.apex_v, s.apex_rec, s.cc)
 
     def part(self, env: ResolvedEnv) -> R.Apex | None:
         return env.apex
