@@ -32,13 +32,13 @@ def steps(profile: str, work: Path) -> float:
     from envbuilder.machine.verify import find_python
     from envbuilder.model import matrix
     from envbuilder.model.resolve import resolve
-    from envbuilder.render.files import context_files, write_dir
+    from envbuilder.render.files import render_files, write_dir
     from envbuilder.context.prepare import prepare
     from envbuilder.tools.uv import uv_bin
 
     ctx = prepare(resolve(matrix.load(), profile))
     env = ctx.env
-    files = context_files(ctx)
+    files = render_files(ctx)
     write_dir(work / "render", files)
     constraints = work / "constraints.txt"
     constraints.write_text(

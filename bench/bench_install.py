@@ -58,7 +58,7 @@ def main() -> int:
     python = find_python(env.python).path
     uv = uv_bin()
     work = Path(tempfile.mkdtemp(prefix="envbuild-bench-install-"))
-    files = render_files(env, None, ctx.constraints)
+    files = render_files(ctx)
     for name, text in files.items():
         if name.startswith("constraints/"):
             (work / name).parent.mkdir(parents=True, exist_ok=True)

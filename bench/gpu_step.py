@@ -80,13 +80,14 @@ def case_of(
     with `envbuild render PROFILE --algo ALGO --model MODEL` where they are given."""
     from envbuilder.model import gpu_tier
     from envbuilder.model.resolve import Overrides
+    from envbuilder.render.context import BuildContext
 
     if model is not None:
         from envbuilder.model.architectures import with_model
 
         m, model = with_model(m, model)
     env = resolve(m, profile, Overrides(algo=algo, model=model))
-    case = gpu_tier.case(env, render_files(env), m.models)
+    case = gpu_tier.case(env, render_files(BuildContext.of(env)), m.models)
     # where the profile's pin cannot import on the GPU machine's torch, the nearest release that
     # can, said in the record (the profile's torch itself cannot be carried)
     case["substitutes"] = {

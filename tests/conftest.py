@@ -24,6 +24,7 @@ os.environ["XDG_CACHE_HOME"] = str(_CACHE_HOME)
 
 from envbuilder.model import matrix as M  # noqa: E402
 from envbuilder.model.resolve import Overrides, ResolveError, ResolvedEnv, resolve  # noqa: E402
+from envbuilder.render.context import BuildContext  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 GOLDEN = TESTS / "golden"
@@ -62,13 +63,18 @@ def resolved(profile: str, matrix: M.Matrix | None = None, **kw) -> ResolvedEnv:
     return resolve(matrix or shipped(), profile, overrides(**kw))
 
 
-def pinned(env: ResolvedEnv) -> ResolvedEnv:
-    """`env` as a rendered envbuild.json records it (what `render --from` reads back): prepared
-    (context.prepare), with the lock's pins beside it in its `constraints`."""
+def pinned(env: ResolvedEnv) -> BuildContext:
+    """`env` prepared (context.prepare): its context, with the lock's pins beside it in its
+    `constraints` (the environment carries none)."""
     from envbuilder.context.prepare import prepare
 
-    ctx = prepare(env)
-    return ctx.env._replace(constraints=ctx.constraints)
+    return prepare(env)
+
+
+def saved_text(ctx: BuildContext) -> str:
+    """envbuild.json's text as a render of `ctx` writes it (what `render --from` reads back):
+    the environment, with the context's pins beside it under `constraints`."""
+    return ctx.env.to_json(ctx.env.saved_dict(ctx.constraints))
 
 
 def violations(profile: str, matrix: M.Matrix | None = None, **kw) -> dict:

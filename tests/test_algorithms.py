@@ -8,6 +8,7 @@ import pytest
 
 from conftest import resolved, shipped, violations
 from envbuilder.render.files import render_files
+from envbuilder.render.context import BuildContext
 
 ALGOS = list(shipped().algorithms)
 RUNNABLE = [a for a in ALGOS if not shipped().algorithms[a].get("refused")]
@@ -16,7 +17,7 @@ RUNNABLE = [a for a in ALGOS if not shipped().algorithms[a].get("refused")]
 def test_gae_stays_the_default_and_keeps_its_critic():
     env = resolved("h100")
     assert env.algorithm.name == "gae" and env.algorithm.critic and env.algorithm.n == 1
-    script = render_files(env)["run_ppo_gsm8k.sh"]
+    script = render_files(BuildContext.of(env))["run_ppo_gsm8k.sh"]
     assert "algorithm.adv_estimator=gae" in script and "critic.model.path" in script
     assert "rollout.n=" not in script
     assert env.memory["batch"]["critic_ppo_micro_batch_size_per_gpu"] is not None
@@ -26,7 +27,7 @@ def test_grpo_drops_the_critic_samples_a_group_and_puts_the_kl_in_the_loss():
     env = resolved("h100", algo="grpo")
     a = env.algorithm
     assert (a.critic, a.group, a.n, a.kl, a.kl_loss_type) == (False, True, 5, "loss", "low_var_kl")
-    script = render_files(env)["run_ppo_gsm8k.sh"]
+    script = render_files(BuildContext.of(env))["run_ppo_gsm8k.sh"]
     for line in (
         "algorithm.adv_estimator=grpo",
         "actor_rollout_ref.rollout.n=5",
@@ -45,9 +46,9 @@ def test_grpo_drops_the_critic_samples_a_group_and_puts_the_kl_in_the_loss():
 
 
 def test_an_estimator_with_the_kl_in_the_reward_and_one_with_extra_keys():
-    rloo = render_files(resolved("h100", algo="rloo"))["run_ppo_gsm8k.sh"]
+    rloo = render_files(BuildContext.of(resolved("h100", algo="rloo")))["run_ppo_gsm8k.sh"]
     assert "algorithm.use_kl_in_reward=True" in rloo and "use_kl_loss" not in rloo
-    otb = render_files(resolved("h100", algo="optimal_token_baseline"))["run_ppo_gsm8k.sh"]
+    otb = render_files(BuildContext.of(resolved("h100", algo="optimal_token_baseline")))["run_ppo_gsm8k.sh"]
     assert "actor_rollout_ref.actor.calculate_sum_pi_squared=True" in otb
 
 
@@ -101,7 +102,7 @@ def test_every_estimator_composes_with_every_release_that_has_it(verl_trees, alg
             continue
         env = resolved(profile, verl=flag, algo=algo)
         cfg = compose_run_config(
-            verl_trees[verl], run_script_overrides(render_files(env)["run_ppo_gsm8k.sh"])
+            verl_trees[verl], run_script_overrides(render_files(BuildContext.of(env))["run_ppo_gsm8k.sh"])
         )
         assert OmegaConf.select(cfg, "algorithm.adv_estimator") == algo
         assert OmegaConf.select(cfg, "actor_rollout_ref.rollout.n") == rec["n"]

@@ -26,6 +26,7 @@ from envbuilder.engines.apptainer import HEADER, definition
 from envbuilder.render.files import PREFLIGHT, smoke_command
 from envbuilder.errors import UserError
 from envbuilder.render.files import render_files
+from envbuilder.render.context import BuildContext
 
 DIGEST = "sha256:" + "0123456789abcdef" * 4
 REGISTRY = "127.0.0.1:5000"
@@ -183,7 +184,7 @@ def test_environment_matches_the_images_env(cli, tmp_path, profile):
     assert cli("apptainer", profile, "--image", image(profile))[0] == 0
     _, body = sections((tmp_path / f"{profile}.def").read_text())
     env = sourced(body["environment"], tmp_path)
-    dockerfile = render_files(resolved(profile))["Dockerfile"]
+    dockerfile = render_files(BuildContext.of(resolved(profile)))["Dockerfile"]
     assert f"ARG HF_ENDPOINT={env['HF_ENDPOINT']}\n" in dockerfile
     assert ("ENV TORCHDYNAMO_DISABLE=1" in dockerfile) == ("TORCHDYNAMO_DISABLE" in env)
     assert "VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH" in dockerfile

@@ -14,13 +14,14 @@ import pytest
 
 from conftest import resolved
 from envbuilder.render.files import render_files
+from envbuilder.render.context import BuildContext
 from envbuilder.render.plan import install_plan
 from test_apptainer import parse, sections
 
 
 def _render(tmp_path, profile, **flags):
     env = resolved(profile, **flags)
-    files = render_files(env)
+    files = render_files(BuildContext.of(env))
     path = tmp_path / "apptainer.def"
     path.write_text(files["apptainer.def"])
     return env, files, path

@@ -10,6 +10,7 @@ from conftest import resolved, shipped
 from envbuilder.model.batches import violations
 from envbuilder.model.versions import version_key
 from envbuilder.render.files import render_files
+from envbuilder.render.context import BuildContext
 
 SCRIPT_ENV = {"MODEL": "/models/m", "DATA_DIR": "/data/gsm8k"}
 
@@ -156,9 +157,9 @@ def test_remax_and_the_otb_estimators_run_the_legacy_trainer_on_verl_09():
 
 
 def test_async_releases_leave_validation_to_the_rollout_server():
-    script = render_files(resolved("h200"))["run_ppo_gsm8k.sh"]
+    script = render_files(BuildContext.of(resolved("h200")))["run_ppo_gsm8k.sh"]
     assert "data.val_batch_size=" not in script and "deprecates data.val_batch_size" in script
-    assert "data.val_batch_size=" in render_files(resolved("p40"))["run_ppo_gsm8k.sh"]
+    assert "data.val_batch_size=" in render_files(BuildContext.of(resolved("p40")))["run_ppo_gsm8k.sh"]
 
 
 def _runs():
@@ -184,7 +185,7 @@ def test_every_default_render_on_the_engine_releases_passes_the_arithmetic(verl_
         for topo in ({}, {"nodes": 2, "gpus_per_node": 8}):
             env = resolved(profile, verl=verl, algo=algo, **topo)
             assert env.verl.engine_batches
-            script = render_files(env)["run_ppo_gsm8k.sh"]
+            script = render_files(BuildContext.of(env))["run_ppo_gsm8k.sh"]
             world = {"N_GPUS": str(env.train.n_gpus), "NNODES": str(env.cluster.nodes)}
             cfg = compose_run_config(verl_trees[env.verl.version], run_script_overrides(script, world))
             plain = OmegaConf.to_container(cfg, resolve=True)

@@ -13,6 +13,7 @@ from conftest import shipped
 from envbuilder.errors import UserError
 from envbuilder.model.names import match_gpu, profile_named
 from envbuilder.model.resolve import ResolveError, resolve
+from envbuilder.render.context import BuildContext
 
 # what people type for the cards of the issues -> the matrix's card it names
 CARDS = {
@@ -298,7 +299,7 @@ def test_a_launcher_for_a_borrowed_card_builds_names_and_checks_the_card(tmp_pat
     record = tmp_path / "envbuild.json"
 
     def check(record_env):
-        record.write_text(render_files(record_env)["envbuild.json"])
+        record.write_text(render_files(BuildContext.of(record_env))["envbuild.json"])
         argv = [sys.executable, "-c", L.IMAGE_CHECK, str(record), *L.check_args(card)]
         return subprocess.run(argv, capture_output=True, text=True)
 

@@ -13,10 +13,11 @@ import pytest
 
 from conftest import resolved, violations
 from envbuilder.render.files import render_files
+from envbuilder.render.context import BuildContext
 
 
 def script(env) -> str:
-    return render_files(env)["run_ppo_gsm8k.sh"]
+    return render_files(BuildContext.of(env))["run_ppo_gsm8k.sh"]
 
 
 def test_one_node_is_todays_run_with_nothing_exported():

@@ -138,11 +138,28 @@ def test_a_tampered_lock_is_not_used(cli, tmp_path):
     assert "shipped lockfiles/4090" in cons and "numpy==1.26.4" in cons
 
 
-def test_render_from_replays_the_same_constraints(cli, tmp_path):
+def test_render_from_replays_the_same_constraints(cli, tmp_path, monkeypatch):
+    """The lock's pins a render took reach a `render --from` of its envbuild.json through the
+    file alone (runplan.saved_from_json into the replayed context; the environment carries
+    none): every file the same bytes, the lock's pins in them, with no lock to look at."""
+    import json
+
     assert cli("render", "t4", "-o", tmp_path / "a")[0] == 0
-    assert cli("render", "--from", tmp_path / "a" / "t4" / "envbuild.json", "-o", tmp_path / "b")[0] == 0
-    for name in ("constraints/torch.txt", "constraints/verl.txt", "Dockerfile", "requirements.txt"):
-        assert (tmp_path / "a" / "t4" / name).read_bytes() == (tmp_path / "b" / "t4" / name).read_bytes()
+    spec = tmp_path / "a" / "t4" / "envbuild.json"
+    assert json.loads(spec.read_text())["constraints"]["layers"]["verl"]  # (pinned by its lock)
+    assert "from envbuild's shipped lockfiles/t4" in all_constraints(tmp_path / "a" / "t4")
+    from envbuilder.lock import constraints as C
+
+    def no_lock(*a, **k):
+        raise AssertionError("render --from looked for a lock")
+
+    monkeypatch.setattr(C, "find_constraints", no_lock)  # (the pins come from the file alone)
+    assert cli("render", "--from", spec, "-o", tmp_path / "b")[0] == 0
+    a, b = tmp_path / "a" / "t4", tmp_path / "b" / "t4"
+    assert sorted(p.relative_to(a) for p in a.rglob("*")) == sorted(p.relative_to(b) for p in b.rglob("*"))
+    for path in a.rglob("*"):
+        if path.is_file():
+            assert path.read_bytes() == (b / path.relative_to(a)).read_bytes(), path
 
 
 def test_the_shipped_pip_locks_are_fresh(cli):

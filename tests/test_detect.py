@@ -27,6 +27,7 @@ from envbuilder.machine.detect import (
 )
 from envbuilder.machine.doctor import Engine, Probes, buildkit_check, doctor, image_gb
 from envbuilder.render.files import render_files
+from envbuilder.render.context import BuildContext
 from envbuilder.model.resolve import Overrides, resolve
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gpu"
@@ -490,7 +491,7 @@ def test_doctor_asks_the_client_build_would_use_envbuild_docker_first(monkeypatc
 
 @pytest.mark.parametrize("profile", ["p40", "4090", "h200"])
 def test_rendered_preflight_is_valid_python(m, profile, tmp_path):
-    path = place_script(render_files(resolve(m, profile)), "preflight.py", tmp_path)
+    path = place_script(render_files(BuildContext.of(resolve(m, profile))), "preflight.py", tmp_path)
     out = subprocess.run(
         [
             "python3",

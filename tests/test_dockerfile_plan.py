@@ -16,7 +16,7 @@ from envbuilder.render.dockerfile import (
     _tojson,
     dockerfile_plan,
 )
-from envbuilder.render.files import context_files
+from envbuilder.render.files import render_files
 from envbuilder.render.plan import install_plan
 from envbuilder.context.prepare import prepare
 
@@ -245,7 +245,7 @@ def test_labels_are_the_images_in_the_dockerfile_and_in_the_sif():
 def test_the_runtime_env_is_what_the_dockerfile_sets():
     for profile in ("p40", "h200"):
         env = resolved(profile)
-        text = context_files(prepare(env))["Dockerfile"]
+        text = render_files(prepare(env))["Dockerfile"]
         for name, value in I.runtime_env(env):
             assert re.search(rf"^ENV .*{name}=", text, re.M) or f"{name}={value}" in text, name
         assert f"VIRTUAL_ENV={I.VENV} PATH={I.VENV}/bin:$PATH" in text

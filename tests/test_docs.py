@@ -15,6 +15,7 @@ from pathlib import Path
 
 import click
 import pytest
+from envbuilder.render.context import BuildContext
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -609,5 +610,7 @@ def test_the_readmes_file_table_names_every_file_a_render_writes():
     from envbuilder.render.files import render_files
 
     rows = set(re.findall(r"^\| `([^`]+?)/?` \|", README.read_text(encoding="utf-8"), re.M))
-    written = {name.split("/")[0] for p in ("p40", "4090") for name in render_files(resolved(p))}
+    written = {
+        name.split("/")[0] for p in ("p40", "4090") for name in render_files(BuildContext.of(resolved(p)))
+    }
     assert written - rows == set()

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import shipped
+from envbuilder.render.context import BuildContext
 from test_refresh_overlay import hostile_index  # noqa: F401  (a fixture)
 
 SECRET = "s3cr3t-Pw0rd"
@@ -116,7 +117,7 @@ def test_credentials_in_a_from_file_are_written_into_no_rendered_file(cli, tmp_p
     from envbuilder.render.files import MARKER, render_files
     from envbuilder.model.resolve import resolve
 
-    spec = json.loads(render_files(resolve(shipped(), "p40"))[MARKER])
+    spec = json.loads(render_files(BuildContext.of(resolve(shipped(), "p40")))[MARKER])
     assert spec["indexes"]["torch"] and spec["apex"]  # (p40: a +cu118 torch, apex compiled)
     spec["indexes"]["pypi"] = creds(spec["indexes"]["pypi"])
     spec["huggingface"] = creds(spec["huggingface"])

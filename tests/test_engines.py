@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import unavailable
+from envbuilder.render.context import BuildContext
 from test_build import (
     ENVBUILD,
     REGISTRY,
@@ -280,7 +281,7 @@ def test_no_rendered_step_holds_two_locked_cache_mounts():
     import re
 
     for profile in PROFILES:
-        for line in render_files(resolved(profile))["Dockerfile"].splitlines():
+        for line in render_files(BuildContext.of(resolved(profile)))["Dockerfile"].splitlines():
             caches = re.findall(r"--mount=type=cache,\S+", line)
             locked = [c for c in caches if "sharing=locked" in c]
             assert len(locked) <= 1 and (not locked or caches[-1] == locked[0]), (profile, line)

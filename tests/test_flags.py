@@ -12,6 +12,7 @@ import pytest
 
 from envbuilder.model import flags as F
 from envbuilder.model.resolved import Overrides
+from envbuilder.render.context import BuildContext
 
 # a value of every override, as a user would give it
 VALUES = {
@@ -134,7 +135,7 @@ def test_a_rendered_readme_and_launch_lines_parse_back(parse):
     given = {"algo": "grpo", "gpus_per_node": 2, "nodes": 2, "interconnect": "ib", "ecc": "off"}
     ov = overrides_from_flags({F.BY_FIELD[k].param: v for k, v in given.items()}, lambda: m)
     env = parse.real(m, "4090", ov)
-    readme = render_files(env)["README.md"]
+    readme = render_files(BuildContext.of(env))["README.md"]
     written = re.search(r"Written by `envbuild (render [^`]*)`", readme)
     assert written, readme[:600]
     assert parse(shlex.split(written.group(1))) == ov

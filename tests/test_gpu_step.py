@@ -11,6 +11,7 @@ import json
 import pytest
 
 from conftest import FIXTURES, bench_module, shipped
+from envbuilder.render.context import BuildContext
 
 
 RUN = json.loads((FIXTURES / "gpu" / "step" / "h200-run.json").read_text(encoding="utf-8"))
@@ -182,16 +183,16 @@ def test_verify_reports_the_gpu_tier_for_this_very_render():
     m = shipped()
     for profile in ("p40", "4090"):
         env = resolve(m, profile)
-        assert gpu_tier.status(env, render_files(env), m.models) == (
+        assert gpu_tier.status(env, render_files(BuildContext.of(env)), m.models) == (
             "ran: 2 steps (NVIDIA H200), main_ppo+Ray 2 steps"
         )
     env = resolve(m, "t4")
-    assert gpu_tier.status(env, render_files(env), m.models) == "not run"
+    assert gpu_tier.status(env, render_files(BuildContext.of(env)), m.models) == "not run"
     # another configuration of a profile that ran: the record does not count for it
     from envbuilder.model.resolve import Overrides
 
     env = resolve(m, "p40", Overrides(verl="0.5.0"))
-    assert gpu_tier.status(env, render_files(env), m.models).startswith("stale")
+    assert gpu_tier.status(env, render_files(BuildContext.of(env)), m.models).startswith("stale")
 
 
 # -- the seed 4090 report's own run: Qwen2-7B with LoRA, GRPO, one RTX 4090 ---------------------

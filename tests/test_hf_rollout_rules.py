@@ -16,6 +16,7 @@ import pytest
 
 from conftest import place_script, resolved, shipped
 from envbuilder.render.files import render_files
+from envbuilder.render.context import BuildContext
 
 OFFLOAD = "actor_rollout_ref.actor.fsdp_config.param_offload"
 ORIG = "actor_rollout_ref.actor.fsdp_config.use_orig_params"
@@ -30,7 +31,7 @@ def test_the_p40_keeps_its_actor_on_the_gpu_and_offloads_the_rest():
     assert env.train.param_offload is True and env.train.actor_param_offload is False
     assert any(n.startswith(f"{OFFLOAD}=False") for n in env.notes)
     assert refused(env)[OFFLOAD].value == "true"
-    script = render_files(env)["run_ppo_gsm8k.sh"]
+    script = render_files(BuildContext.of(env))["run_ppo_gsm8k.sh"]
     assert f"{OFFLOAD}=False" in script and "critic.model.fsdp_config.param_offload=True" in script
 
 
@@ -52,13 +53,13 @@ def test_lora_on_the_hf_rollout_gets_use_orig_params_patched_into_041_and_set():
     env = resolved("4090")
     assert env.verl.lora_orig_params_key == ORIG
     assert "verl-actor-use-orig-params" in [p.name for p in env.patches]
-    assert f"++{ORIG}=True" in render_files(env)["run_ppo_gsm8k.sh"]
+    assert f"++{ORIG}=True" in render_files(BuildContext.of(env))["run_ppo_gsm8k.sh"]
     assert refused(env)[ORIG].value == "false"
     # verl 0.5.0 reads the key itself: set, no patch
     env50 = resolved("4090", verl="0.5.0")
     assert env50.verl.lora_orig_params_key == ORIG
     assert "verl-actor-use-orig-params" not in [p.name for p in env50.patches]
-    assert f"++{ORIG}=True" in render_files(env50)["run_ppo_gsm8k.sh"]
+    assert f"++{ORIG}=True" in render_files(BuildContext.of(env50))["run_ppo_gsm8k.sh"]
 
 
 def test_lora_grads_span_the_flat_parameter_in_the_plan():
@@ -140,7 +141,7 @@ def test_the_patches_apply_to_the_real_wheel(verl_trees, tmp_path, profile, kw):
     env = resolved(profile, **kw)
     site = tmp_path / "site"
     shutil.copytree(verl_trees[env.verl.version], site)
-    script = place_script(render_files(env), "apply_patches.py", tmp_path)
+    script = place_script(render_files(BuildContext.of(env)), "apply_patches.py", tmp_path)
     r = subprocess.run(
         [sys.executable, "-S", str(script), "--site", str(site)],
         capture_output=True,
@@ -157,7 +158,7 @@ def test_the_patches_apply_to_the_real_wheel(verl_trees, tmp_path, profile, kw):
 
 
 def preflight(env, verl_tree, tmp_path, *overrides) -> subprocess.CompletedProcess:
-    script = place_script(render_files(env), "preflight.py", tmp_path)
+    script = place_script(render_files(BuildContext.of(env)), "preflight.py", tmp_path)
     return subprocess.run(
         [sys.executable, str(script), "--quiet", "--overrides", *overrides],
         capture_output=True,
@@ -174,7 +175,7 @@ def test_preflight_lets_the_run_scripts_own_overrides_through(verl_trees, tmp_pa
     from verlconfig import run_script_overrides
 
     env = resolved(profile)
-    own = run_script_overrides(render_files(env)["run_ppo_gsm8k.sh"])
+    own = run_script_overrides(render_files(BuildContext.of(env))["run_ppo_gsm8k.sh"])
     r = preflight(env, verl_trees[env.verl.version], tmp_path, *own, "trainer.total_epochs=2")
     assert r.returncode != 2 and "run override" not in r.stderr, r.stderr
 

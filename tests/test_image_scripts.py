@@ -60,7 +60,7 @@ def copy_of(folder: Path, tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_every_profile_renders_the_package_scripts_byte_for_byte(profile):
-    files = render_files(resolved(profile))
+    files = render_files(BuildContext.of(resolved(profile)))
     data = json.loads(files[SIDECAR])
     for name, key in images.SCRIPTS.items():
         assert (name in files) == (key in data), name  # a script and its data, or neither
@@ -76,6 +76,7 @@ import sys
 from envbuilder.model.matrix import load
 from envbuilder.model.resolve import Overrides, resolve
 from envbuilder.render import files
+from envbuilder.render.context import BuildContext
 
 def reverse(value):
     if isinstance(value, dict):
@@ -87,7 +88,7 @@ def reverse(value):
 if sys.argv[1] == "reversed":
     data = files.script_data
     files.script_data = lambda env: reverse(data(env))
-sys.stdout.write(files.render_files(resolve(load(), "t4", Overrides()))[files.SIDECAR])
+sys.stdout.write(files.render_files(BuildContext.of(resolve(load(), "t4", Overrides())))[files.SIDECAR])
 """
 
 
@@ -112,7 +113,7 @@ def test_the_sidecar_is_the_same_bytes_every_time():
         assert r.returncode == 0, r.stderr
         renders.append(r.stdout)
     assert renders[0] == renders[1]
-    assert renders[0] == render_files(resolved("t4"))[SIDECAR]
+    assert renders[0] == render_files(BuildContext.of(resolved("t4")))[SIDECAR]
 
 
 # the bounded reader and the checker of each value, written in each script (no shared module in

@@ -46,6 +46,7 @@ from envbuilder.render import quoting
 from envbuilder.model.mirrors import without_credentials as bare
 from envbuilder.errors import UserError
 from envbuilder.render.files import MARKER, RUN_SCRIPT, render_files
+from envbuilder.render.context import BuildContext
 from envbuilder.model.resolve import ResolvedEnv
 
 URL = "https://example.org/lab"
@@ -705,7 +706,7 @@ def test_a_benign_value_of_every_field_renders_and_arrives(render_cli, tmp_path,
 
 @pytest.fixture(scope="module")
 def p40_spec() -> dict:
-    return json.loads(render_files(resolved("p40"))[MARKER])
+    return json.loads(render_files(BuildContext.of(resolved("p40")))[MARKER])
 
 
 def render_from(cli, spec: dict, field: Field, value: str, work: Path):
@@ -747,7 +748,7 @@ def render_direct(spec: dict, field: Field, value: str, work: Path) -> Path | No
     data.pop("run", None)  # (derived from the rest, edited value included, as render_files does)
     field.edit(data, value)
     try:
-        files = render_files(ResolvedEnv.from_plain(data))
+        files = render_files(BuildContext.of(ResolvedEnv.from_plain(data)))
     except ValueError as e:  # quoting.word / quoting.sh: a value with no safe way into its file
         assert str(e)
         return None

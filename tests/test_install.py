@@ -23,6 +23,7 @@ import pytest
 
 import envbuilder
 from envbuilder.context.prepare import prepare
+from envbuilder.render.context import BuildContext
 from mounts import mounted  # noqa: F401  (a fixture)
 from test_lock import _python310
 
@@ -365,7 +366,7 @@ def test_the_closing_line_trains_as_written(tmp_path):
 
     prefix = venv_310(tmp_path / "env")
     home = prefix / "envbuild"
-    write_dir(home, render_files(resolved("p40")))
+    write_dir(home, render_files(BuildContext.of(resolved("p40"))))
     reached = tmp_path / "reached"
     (home / "preflight.py").write_text(
         f"import pathlib, sys; pathlib.Path({str(reached)!r}).write_text(sys.executable)\nsys.exit(7)\n"

@@ -38,6 +38,7 @@ from conftest import TESTS, resolved
 from envbuilder.engines import launch as L
 from envbuilder.errors import UserError
 from envbuilder.render.files import render_files
+from envbuilder.render.context import BuildContext
 
 BIN = Path(sys.executable).parent  # the test interpreter's venv: python3 with ray, shellcheck
 DIGEST = "sha256:" + "0123456789abcdef" * 4
@@ -357,7 +358,9 @@ def loopback(tmp_path):
             if runtime == "apptainer"
             else IMAGE
         )
-        cluster = Loopback(tmp_path, list(nodes), runtime, image, render_files(env)["envbuild.json"])
+        cluster = Loopback(
+            tmp_path, list(nodes), runtime, image, render_files(BuildContext.of(env))["envbuild.json"]
+        )
         made.append(cluster)
         script = tmp_path / "job.sbatch"
         script.write_text(
@@ -420,7 +423,7 @@ def test_a_worker_whose_ray_start_fails_stops_the_job_at_once_naming_it(loopback
 
 def test_an_image_built_for_another_run_is_refused_before_ray_starts(loopback):
     cluster, script = loopback()
-    one_node = render_files(resolved("h100", algo="grpo"))["envbuild.json"]
+    one_node = render_files(BuildContext.of(resolved("h100", algo="grpo")))["envbuild.json"]
     (cluster.shim / "root" / "etc" / "envbuild.json").write_text(one_node)
     code, _, err, _ = cluster.run(script)
     assert code == 2
@@ -629,7 +632,7 @@ def test_render_and_launch_agree_and_the_image_check_says_when_they_do_not(tmp_p
     launcher: the same world in the run script, the memory plan and the sbatch script; an image
     rendered for another run is refused by the check the script runs first."""
     env = resolved("h100", algo="grpo", nodes=2, gpus_per_node=8)
-    files = render_files(env)
+    files = render_files(BuildContext.of(env))
     run = files["run_ppo_gsm8k.sh"]
     assert "NNODES=${NNODES:-2}" in run and "N_GPUS=${N_GPUS:-8}" in run
     # the memory plan shards the rollout over all 16 GPUs
@@ -640,7 +643,7 @@ def test_render_and_launch_agree_and_the_image_check_says_when_they_do_not(tmp_p
     record = tmp_path / "envbuild.json"
 
     def check(record_env, launch_env):
-        record.write_text(render_files(record_env)["envbuild.json"])
+        record.write_text(render_files(BuildContext.of(record_env))["envbuild.json"])
         return subprocess.run(
             [sys.executable, "-c", L.IMAGE_CHECK, str(record), *L.check_args(launch_env)],
             capture_output=True,

@@ -17,6 +17,7 @@ from envbuilder.model import matrix as M
 from envbuilder.model import memory
 from envbuilder.errors import UserError
 from envbuilder.render.files import RUN_SCRIPT, render_files
+from envbuilder.render.context import BuildContext
 
 CONFIGS = FIXTURES / "verl-configs"
 CONFIG_FILE = {
@@ -270,7 +271,7 @@ def test_show_memory_prints_the_budget_and_a_refusal_is_exit_2(cli, overlay):
 
 
 def _overrides(profile: str, **options) -> list[str]:
-    script = render_files(resolved(profile, **options), None)[RUN_SCRIPT]
+    script = render_files(BuildContext.of(resolved(profile, **options)))[RUN_SCRIPT]
     body = script.split("args=(", 1)[1].split("\n)", 1)[0]
     # one word a line, as bash reads it (quotes removed: 'trainer.logger=[console]')
     return [

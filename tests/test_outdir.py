@@ -32,7 +32,7 @@ def test_a_render_into_a_project_folder_holding_an_envbuild_json_deletes_nothing
     envbuild's: the render replaced the folder and every other file in it was gone."""
     project = tmp_path / "work" / "p40"  # where `render p40 -o work` writes
     project.mkdir(parents=True)
-    (project / MARKER).write_text(render_files(resolved("p40"))[MARKER])
+    (project / MARKER).write_text(render_files(BuildContext.of(resolved("p40")))[MARKER])
     (project / "train.py").write_text("my training code\n")
     (project / "Dockerfile").write_text("FROM my-own-image\n")
     before = snapshot(project)
@@ -118,7 +118,7 @@ def test_a_re_render_that_changes_nothing_writes_nothing_not_even_the_record(tmp
 
 @pytest.mark.parametrize("name", ["../../escaped", "../p40", "a/b", "..", "/etc/x"])
 def test_a_profile_name_from_a_from_file_never_leaves_out(cli, tmp_path, name):
-    spec = json.loads(render_files(resolved("p40"))[MARKER])
+    spec = json.loads(render_files(BuildContext.of(resolved("p40")))[MARKER])
     spec["profile"] = name
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(spec))

@@ -10,7 +10,7 @@ import pytest
 from conftest import resolved
 from envbuilder.render.plan import BUILD_TOOLS, normalize
 from envbuilder.context.prepare import prepare
-from envbuilder.render.files import context_files
+from envbuilder.render.files import render_files
 
 
 def plan_of(profile: str, **kw):
@@ -46,12 +46,12 @@ def test_each_step_asks_for_its_own_pins_and_fixes_them_without_extras():
 def test_the_verl_step_keeps_its_build_arg():
     plan = plan_of("4090")
     assert plan.layers[-1].arg == "VERL_VERSION"
-    line = step_line(context_files(prepare(resolved("4090")))["Dockerfile"], '"verl==${VERL_VERSION}"')
+    line = step_line(render_files(prepare(resolved("4090")))["Dockerfile"], '"verl==${VERL_VERSION}"')
     assert "torch==" not in line.split("constraints/verl.txt")[-1]  # not repeated: constrained
 
 
 def test_a_later_step_installs_within_the_earlier_steps_pins_and_asks_only_its_own():
-    dockerfile = context_files(prepare(resolved("4090")))["Dockerfile"]
+    dockerfile = render_files(prepare(resolved("4090")))["Dockerfile"]
     line = step_line(dockerfile, "accelerate==")
     assert "-c /tmp/envbuild/constraints/torch.txt -c /tmp/envbuild/constraints/verl-deps.txt" in line
     assert "source=constraints/torch.txt" in line and "source=constraints/verl-deps.txt" in line
@@ -71,7 +71,7 @@ def test_a_compiling_profile_has_a_builder_with_torch_and_the_tools_and_nvcc_for
     assert plan.builder.requirements == (d["torch"]["packages"][0], *BUILD_TOOLS)
     assert d["torch"]["packages"][0] in plan.builder.pins
     assert d["cuda"]["conda_nvcc"] in plan.conda_specs
-    dockerfile = context_files(prepare(resolved(profile)))["Dockerfile"]
+    dockerfile = render_files(prepare(resolved(profile)))["Dockerfile"]
     line = step_line(dockerfile, " ".join(BUILD_TOOLS))
     assert "constraints/torch.txt" in line and "constraints/build.txt" in line
 
@@ -101,7 +101,7 @@ def runtime_and_builder_steps(dockerfile: str) -> tuple[list[str], list[str]]:
 @pytest.mark.parametrize("profile", ["p40", "4090", "t4"])
 def test_the_runtime_steps_install_with_uv_pinned_by_sha256_and_the_builder_keeps_pip(profile):
     d = resolved(profile).to_dict()
-    dockerfile = context_files(prepare(resolved(profile)))["Dockerfile"]
+    dockerfile = render_files(prepare(resolved(profile)))["Dockerfile"]
     runtime, builder = runtime_and_builder_steps(dockerfile)
     first, *steps = runtime
     # uv itself: pip installs the one wheel the matrix pins, by its sha256, before any step

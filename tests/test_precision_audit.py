@@ -29,6 +29,7 @@ from conftest import FIXTURES, PROFILES, frozen, place_script, record, resolved,
 from envbuilder import images
 from envbuilder.model import matrix as M
 from envbuilder.render.files import RUN_SCRIPT, render_files
+from envbuilder.render.context import BuildContext
 from envbuilder.model.resolve import TORCH_DTYPE
 from fixture_wheels import module_files, wheels_for_env
 
@@ -90,7 +91,7 @@ def fixture_site(version: str, d: dict, tmp_path: Path) -> Path:
 def test_the_p40_audit_fails_on_unpatched_verl_naming_file_and_line(tmp_path):
     d = resolved("p40").to_dict()
     site = fixture_site("0.4.1", d, tmp_path)
-    scripts = write_scripts(render_files(resolved("p40")), tmp_path)
+    scripts = write_scripts(render_files(BuildContext.of(resolved("p40"))), tmp_path)
     r = run_script(scripts["audit_precision.py"], site, tmp_path)
     assert r.returncode == 1, r.stdout
     for where in (
@@ -113,7 +114,7 @@ def test_the_p40_audit_fails_on_unpatched_verl_naming_file_and_line(tmp_path):
 def test_the_audit_passes_once_the_recorded_patches_are_applied(profile, version, tmp_path):
     d = resolved(profile, verl=version).to_dict()
     site = fixture_site(version, d, tmp_path)
-    scripts = write_scripts(render_files(resolved(profile, verl=version)), tmp_path)
+    scripts = write_scripts(render_files(BuildContext.of(resolved(profile, verl=version))), tmp_path)
     assert run_script(scripts["apply_patches.py"], site, tmp_path).returncode == 0
     r = run_script(scripts["audit_precision.py"], site, tmp_path)
     assert r.returncode == 0, r.stderr
@@ -129,7 +130,7 @@ def test_the_audit_passes_on_what_the_image_build_installs(tmp_path):
     site = tmp_path / "site-packages"
     with zipfile.ZipFile(next(w for w in wheels if w.name.startswith("verl-"))) as z:
         z.extractall(site)
-    scripts = write_scripts(render_files(env), tmp_path)
+    scripts = write_scripts(render_files(BuildContext.of(env)), tmp_path)
     assert run_script(scripts["apply_patches.py"], site, tmp_path).returncode == 0
     r = run_script(scripts["audit_precision.py"], site, tmp_path)
     assert r.returncode == 0, r.stderr
@@ -138,7 +139,7 @@ def test_the_audit_passes_on_what_the_image_build_installs(tmp_path):
 def test_a_multiline_autocast_is_found_and_a_commented_one_is_not(tmp_path):
     d = resolved("p40").to_dict()
     site = fixture_site("0.4.1", d, tmp_path)
-    scripts = write_scripts(render_files(resolved("p40")), tmp_path)
+    scripts = write_scripts(render_files(BuildContext.of(resolved("p40"))), tmp_path)
     assert run_script(scripts["apply_patches.py"], site, tmp_path).returncode == 0
     dataset = site / "verl/utils/dataset/rl_dataset.py"
     dataset.write_text(
@@ -160,7 +161,7 @@ def test_a_multiline_autocast_is_found_and_a_commented_one_is_not(tmp_path):
 def test_a_reviewed_line_that_is_gone_fails_the_audit(tmp_path):
     d = resolved("p40").to_dict()
     site = fixture_site("0.4.1", d, tmp_path)
-    scripts = write_scripts(render_files(resolved("p40")), tmp_path)
+    scripts = write_scripts(render_files(BuildContext.of(resolved("p40"))), tmp_path)
     assert run_script(scripts["apply_patches.py"], site, tmp_path).returncode == 0
     workers = site / "verl/workers/fsdp_workers.py"
     workers.write_text(
@@ -180,7 +181,7 @@ def test_a_missing_training_path_module_or_verl_fails_the_audit(tmp_path):
     d = resolved("p40").to_dict()
     site = fixture_site("0.4.1", d, tmp_path)
     (site / "verl/trainer/main_ppo.py").unlink()
-    scripts = write_scripts(render_files(resolved("p40")), tmp_path)
+    scripts = write_scripts(render_files(BuildContext.of(resolved("p40"))), tmp_path)
     r = run_script(scripts["audit_precision.py"], site, tmp_path)
     assert r.returncode == 1
     assert "verl.trainer.main_ppo: no file for this module of the training path" in r.stderr
@@ -189,7 +190,7 @@ def test_a_missing_training_path_module_or_verl_fails_the_audit(tmp_path):
 
 
 def test_a_bf16_card_with_flash_attn_has_nothing_to_audit(tmp_path):
-    scripts = write_scripts(render_files(resolved("h200", frozen())), tmp_path)
+    scripts = write_scripts(render_files(BuildContext.of(resolved("h200", frozen()))), tmp_path)
     assert "apply_patches.py" not in scripts
     r = run_script(scripts["audit_precision.py"], tmp_path / "empty", tmp_path)
     assert r.returncode == 0
@@ -197,7 +198,7 @@ def test_a_bf16_card_with_flash_attn_has_nothing_to_audit(tmp_path):
 
 
 def test_the_audit_holds_its_plan_as_data_not_as_code():
-    files = render_files(resolved("t4", frozen()))
+    files = render_files(BuildContext.of(resolved("t4", frozen())))
     assert files["audit_precision.py"] == images.script_text("audit_precision.py")  # (no profile in it)
     plan = script_data(files, "audit_precision.py")
     assert plan["checks"] == ["autocast_bf16", "flash_attention_2"]
@@ -215,7 +216,7 @@ def test_the_audit_holds_its_plan_as_data_not_as_code():
 
 
 def test_the_dockerfile_runs_the_audit_right_after_the_patches():
-    lines = render_files(resolved("p40"))["Dockerfile"].splitlines()
+    lines = render_files(BuildContext.of(resolved("p40")))["Dockerfile"].splitlines()
     patches = lines.index("RUN python /opt/envbuild/apply_patches.py")
     assert lines[patches + 2 : patches + 4] == [
         "COPY audit_precision.py envbuild-scripts.json /opt/envbuild/",  # (with the data it reads)
@@ -227,7 +228,7 @@ def test_the_dockerfile_runs_the_audit_right_after_the_patches():
 
 
 def test_the_p40_run_script_says_each_parts_dtype_and_turns_compile_off_for_ray_workers():
-    script = render_files(resolved("p40"))[RUN_SCRIPT]
+    script = render_files(BuildContext.of(resolved("p40")))[RUN_SCRIPT]
     assert (
         "# Precision, part by part: rollout fp32 · reference log-probs fp32 · actor (log-probs, "
         "PPO update) fp32 · critic fp32."
@@ -237,7 +238,7 @@ def test_the_p40_run_script_says_each_parts_dtype_and_turns_compile_off_for_ray_
 
 
 def test_the_t4_run_script_trains_in_fp32_and_infers_in_fp16():
-    script = render_files(resolved("t4", frozen()))[RUN_SCRIPT]
+    script = render_files(BuildContext.of(resolved("t4", frozen())))[RUN_SCRIPT]
     assert (
         "rollout fp16 · reference log-probs fp16 · actor (log-probs, PPO update) fp32 · critic fp32 (training stays in fp32"
         in script
@@ -255,7 +256,7 @@ def test_the_t4_run_script_trains_in_fp32_and_infers_in_fp16():
 
 
 def test_the_allocator_setting_runs_in_bash_and_an_exported_value_wins(tmp_path):
-    script = render_files(resolved("p40"))[RUN_SCRIPT]
+    script = render_files(BuildContext.of(resolved("p40")))[RUN_SCRIPT]
     line = next(l for l in script.splitlines() if l.startswith("export PYTORCH_CUDA_ALLOC_CONF="))
     probe = f'{line}\nprintf "%s" "$PYTORCH_CUDA_ALLOC_CONF"'
     env = {"PATH": "/usr/bin:/bin"}
@@ -337,7 +338,7 @@ def test_the_recorded_patches_apply_to_the_real_wheel_and_the_audit_passes(verl_
     d = env.to_dict()
     site = tmp_path / "site"
     shutil.copytree(verl_trees[d["verl"]["version"]], site)
-    scripts = write_scripts(render_files(env), tmp_path)
+    scripts = write_scripts(render_files(BuildContext.of(env)), tmp_path)
     if d["patches"]:
         r = run_script(scripts["apply_patches.py"], site, tmp_path)
         assert r.returncode == 0, r.stderr
@@ -374,7 +375,7 @@ def test_the_audit_fails_on_the_unpatched_real_wheel_naming_every_line_a_patch_f
     env = combo(name)
     d = env.to_dict()
     site = verl_trees[d["verl"]["version"]]  # read only: the audit does not write
-    scripts = write_scripts(render_files(env), tmp_path)
+    scripts = write_scripts(render_files(BuildContext.of(env)), tmp_path)
     r = run_script(scripts["audit_precision.py"], site, tmp_path)
     assert r.returncode == 1, r.stdout
     named = set(re.findall(r"^audit_precision: (verl/\S+?:\d+): ", r.stderr, re.M))
@@ -399,7 +400,7 @@ def test_the_run_scripts_overrides_compose_with_the_releases_own_config(verl_tre
     env = combo(name)
     d = env.to_dict()
     cfg = compose_run_config(
-        verl_trees[d["verl"]["version"]], run_script_overrides(render_files(env)[RUN_SCRIPT])
+        verl_trees[d["verl"]["version"]], run_script_overrides(render_files(BuildContext.of(env))[RUN_SCRIPT])
     )
     parts = ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "actor_rollout_ref.rollout", "critic")
     dtypes = keys_ending(cfg, parts, "dtype")

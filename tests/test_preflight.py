@@ -23,6 +23,7 @@ from fixture_wheels import module_files, wheels_for_env
 from envbuilder.model import matrix as M
 from envbuilder.render.files import smoke_command
 from envbuilder.render.files import render_files
+from envbuilder.render.context import BuildContext
 
 CHECK, CROSS = "\u2713", "\u2717"
 
@@ -32,7 +33,7 @@ def render(tmp_path: Path, profile: str, matrix: M.Matrix | None = None, **kw) -
     env = resolved(profile, matrix or frozen(), **kw)
     out = tmp_path / "rendered"
     out.mkdir(exist_ok=True)
-    for name, text in render_files(env).items():
+    for name, text in render_files(BuildContext.of(env)).items():
         (out / name).parent.mkdir(parents=True, exist_ok=True)
         (out / name).write_text(text)
     return out / "preflight.py", env.to_dict()
@@ -452,7 +453,7 @@ OFFLOAD = "actor_rollout_ref.actor.fsdp_config.param_offload"
 def overrides_run(tmp_path: Path, profile: str, *overrides: str) -> subprocess.CompletedProcess:
     """preflight.py --overrides with this interpreter (hydra-core and omegaconf, as verl's
     image has them); the refused overrides are judged before anything else runs."""
-    script = place_script(render_files(resolved(profile)), "preflight.py", tmp_path)
+    script = place_script(render_files(BuildContext.of(resolved(profile))), "preflight.py", tmp_path)
     return subprocess.run(
         [sys.executable, str(script), "--quiet", "--overrides", *overrides],
         capture_output=True,

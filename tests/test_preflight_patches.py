@@ -16,6 +16,7 @@ import pytest
 
 from conftest import resolved
 from envbuilder.render.files import render_files
+from envbuilder.render.context import BuildContext
 
 
 def _run(folder, site, *args):
@@ -36,7 +37,7 @@ def test_preflight_reports_the_patches_missing_then_applied_on_the_real_wheel(ve
     env = resolved(profile)
     folder, site = tmp_path / "rendered", tmp_path / "site"
     folder.mkdir()
-    for name, text in render_files(env).items():
+    for name, text in render_files(BuildContext.of(env)).items():
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_text(text)
     shutil.copytree(verl_trees[env.verl.version], site)

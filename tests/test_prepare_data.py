@@ -16,6 +16,7 @@ import pytest
 
 from conftest import resolved
 from envbuilder.render.files import render_files, write_dir
+from envbuilder.render.context import BuildContext
 from httpfixtures import FileServer
 
 TRAIN = [
@@ -57,7 +58,7 @@ TEST = [
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("render") / "p40"
-    write_dir(out, render_files(resolved("p40")))
+    write_dir(out, render_files(BuildContext.of(resolved("p40"))))
     return out
 
 

@@ -10,6 +10,7 @@ from conftest import resolved
 from envbuilder.machine import reach
 from envbuilder.oci.http import reason as failure_reason
 from envbuilder.oci.probe import Probe
+from envbuilder.render.context import BuildContext
 
 
 def test_what_each_build_fetches_follows_the_rendered_files():
@@ -145,7 +146,9 @@ def test_a_mirror_build_probes_what_its_dockerfile_fetches_from():
         "lan", {"pypi": ["http://u:pw@127.0.0.1:9/simple"], "pytorch": ["http://127.0.0.1:9/whl/{variant}"]}
     )
     env = M.apply_to_env(p40, with_pt)
-    assert "ARG TORCH_INDEX_URL=http://127.0.0.1:9/whl/cu118" in render_files(env)["Dockerfile"]
+    assert (
+        "ARG TORCH_INDEX_URL=http://127.0.0.1:9/whl/cu118" in render_files(BuildContext.of(env))["Dockerfile"]
+    )
     body = reach.needs(env, push="r:5000", upstream=False, credentials=with_pt.endpoints(p40))
     assert body == {
         "registries": {"push r:5000": ["r:5000"]},
@@ -156,7 +159,10 @@ def test_a_mirror_build_probes_what_its_dockerfile_fetches_from():
 
     no_pt = M.choice("pypi-only", {"pypi": ["http://127.0.0.1:9/simple"]})
     env = M.apply_to_env(p40, no_pt)
-    assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu118" in render_files(env)["Dockerfile"]
+    assert (
+        "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu118"
+        in render_files(BuildContext.of(env))["Dockerfile"]
+    )
     body = reach.needs(env, upstream=False, credentials=no_pt.endpoints(p40))
     assert body["pytorch"] == ["https://download.pytorch.org/whl/cu118"]
 

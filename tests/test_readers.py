@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import resolved
+from envbuilder.render.context import BuildContext
 
 LOCKS = Path(__file__).resolve().parent.parent / "lockfiles"
 
@@ -27,7 +28,7 @@ def p40_json() -> str:
     """envbuild.json of p40, as `envbuild render p40` writes it."""
     from envbuilder.render.files import MARKER, render_files
 
-    return render_files(resolved("p40"))[MARKER]
+    return render_files(BuildContext.of(resolved("p40")))[MARKER]
 
 
 def refused(code: int, err: str, *words: str) -> None:

@@ -30,6 +30,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import resolved
+from envbuilder.render.context import BuildContext
 
 LOCKS = Path(__file__).resolve().parent.parent / "lockfiles"
 SETTINGS = dict(
@@ -399,7 +400,7 @@ def test_parse_toml_returns_or_says_what_is_wrong(text):
 def p40_spec() -> dict:
     from envbuilder.render.files import MARKER, render_files
 
-    return json.loads(render_files(resolved("p40"))[MARKER])
+    return json.loads(render_files(BuildContext.of(resolved("p40")))[MARKER])
 
 
 def _spec_text(edit) -> str:
@@ -806,7 +807,7 @@ def p40_sidecar() -> dict:
     from envbuilder.images import SIDECAR
     from envbuilder.render.files import render_files
 
-    return json.loads(render_files(resolved("p40"))[SIDECAR])
+    return json.loads(render_files(BuildContext.of(resolved("p40")))[SIDECAR])
 
 
 def _script(folder: Path, name: str) -> dict:

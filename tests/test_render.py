@@ -422,8 +422,8 @@ def test_a_verl_pin_change_leaves_the_torch_layer_and_all_before_it_cached(overl
             "profiles": {"p40": record("profiles", "p40", verl="0.4.2", source="https://example.org")},
         }
     )
-    before = instructions(render_files(resolved("p40"))["Dockerfile"])
-    after = instructions(render_files(resolved("p40", M.load((folder,))))["Dockerfile"])
+    before = instructions(render_files(BuildContext.of(resolved("p40")))["Dockerfile"])
+    after = instructions(render_files(BuildContext.of(resolved("p40", M.load((folder,)))))["Dockerfile"])
     first_diff = next(i for i, (a, b) in enumerate(zip(before, after)) if a.original != b.original)
     torch_layer = next(c for c in before if c.cmd == "RUN" and "torchvision==" in c.original)
     assert before[first_diff].start_line > torch_layer.end_line
@@ -442,7 +442,9 @@ def patched_tree(version: str, tmp_path: Path) -> Path:
 
 def apply_patches(profile: str, site: Path, tmp_path: Path, **kw) -> subprocess.CompletedProcess:
     script = place_script(
-        render_files(resolved(profile, **kw)), "apply_patches.py", tmp_path / f"scripts-{profile}"
+        render_files(BuildContext.of(resolved(profile, **kw))),
+        "apply_patches.py",
+        tmp_path / f"scripts-{profile}",
     )
     return subprocess.run(
         [sys.executable, str(script), "--site", str(site)],
@@ -551,7 +553,7 @@ def preflight(profile: str, tmp_path: Path, **gpu) -> subprocess.CompletedProces
     for path, text in module_files(env.to_dict()["training_path"]).items():
         (site / path).parent.mkdir(parents=True, exist_ok=True)
         (site / path).write_text(text)
-    script = place_script(render_files(env), "preflight.py", tmp_path)
+    script = place_script(render_files(BuildContext.of(env)), "preflight.py", tmp_path)
     empty_path = tmp_path / "no-nvidia-smi"
     empty_path.mkdir(exist_ok=True)
     return subprocess.run(

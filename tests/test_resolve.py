@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 import conftest
-from conftest import frozen, frozen_with, pinned
+from conftest import frozen, frozen_with, pinned, saved_text
 from envbuilder.errors import UserError
 from envbuilder.model.runplan import env_from_json
 from envbuilder.render.files import render_files
+from envbuilder.render.context import BuildContext
 from envbuilder.model.resolve import ResolveError
 
 # Every rule here runs on the frozen fixture matrix (conftest.FROZEN), never the shipped one: a
@@ -234,7 +235,7 @@ def test_allow_unsupported_writes_soft_violations_into_every_rendered_file():
     env = resolved("p40", rollout="vllm", cuda="12.4", allow_unsupported=True)
     [warning] = env.to_dict()["warnings"]
     assert "vLLM cannot run on the Tesla P40 (CC 6.1)" in warning
-    files = render_files(env)
+    files = render_files(BuildContext.of(env))
     for name in RENDERED_WITH_WARNINGS:
         assert warning in files[name], name
     assert warning in files["envbuild.json"]
@@ -522,22 +523,23 @@ def test_overlapping_requirements_pass():
 # -- what render --from checks a file against is what the resolver writes -----------------------
 
 
-def resolved_variants(matrix=None):
-    """Every profile (of the frozen matrix, or `matrix`) as render writes it: plain, pinned by
-    its lock, through a mirror set; and one with each optional part (--driver, overrides,
-    warnings, no dataset)."""
+def saved_variants(matrix=None):
+    """The envbuild.json of every profile (of the frozen matrix, or `matrix`) as render writes
+    it: plain, pinned by its lock, through a mirror set; and one with each optional part
+    (--driver, overrides, warnings, no dataset)."""
+    from envbuilder.context.prepare import prepare
     from envbuilder.model import mirrors
 
     m = matrix or frozen()
     cn = mirrors.choice("cn", mirrors.get_set(m, "cn"))
     for name in m.profiles:
         env = resolved(name, m)
-        yield name, env
-        yield f"{name} locked", pinned(env)
-        yield f"{name} --mirror cn", mirrors.apply_to_env(pinned(env), cn)
-    yield "driver", resolved("t4", driver="535.104.05")
-    yield "overrides", resolved("4090", with_=["flash-attn"], python="3.10", torch="2.4.0")
-    yield "warnings", resolved("p40", rollout="vllm", cuda="12.4", allow_unsupported=True)
+        yield name, env.to_json()
+        yield f"{name} locked", saved_text(pinned(env))
+        yield f"{name} --mirror cn", saved_text(prepare(env, mirror=cn))
+    yield "driver", resolved("t4", driver="535.104.05").to_json()
+    yield "overrides", resolved("4090", with_=["flash-attn"], python="3.10", torch="2.4.0").to_json()
+    yield "warnings", resolved("p40", rollout="vllm", cuda="12.4", allow_unsupported=True).to_json()
 
 
 def test_every_resolved_environment_is_of_the_kinds_render_from_checks():
@@ -546,9 +548,8 @@ def test_every_resolved_environment_is_of_the_kinds_render_from_checks():
     from envbuilder.model import schema as S
     from envbuilder.model.resolved import field_spec
 
-    for label, env in resolved_variants():
-        data = json.loads(env.to_json())
-        S.check(data, field_spec(), f"{label}: ")
+    for label, text in saved_variants():
+        S.check(json.loads(text), field_spec(), f"{label}: ")
 
 
 @pytest.mark.parametrize(
@@ -576,11 +577,14 @@ def test_a_spec_file_value_of_the_wrong_kind_is_refused_naming_its_key(path, val
 
 
 def test_a_spec_file_from_an_older_envbuild_may_hold_keys_this_one_no_longer_writes():
-    data = json.loads(pinned(resolved("4090")).to_json())
+    from envbuilder.model.runplan import saved_from_json
+
+    ctx = pinned(resolved("4090"))
+    data = json.loads(saved_text(ctx))
     data["constraints"]["order"] = ["torch", "verl-deps", "verl"]  # (dropped in 80dbd6c)
-    env = env_from_json(json.dumps(data))
-    assert env.constraints == pinned(resolved("4090")).constraints
-    assert "order" not in env.to_dict()["constraints"]  # (read, not carried on)
+    env, pins = saved_from_json(json.dumps(data))
+    assert pins == ctx.constraints and env == ctx.env
+    assert "order" not in pins.to_dict()  # (read, not carried on)
 
 
 def test_a_spec_file_that_lacks_keys_is_refused_naming_them_all():

@@ -10,17 +10,18 @@ from types import MappingProxyType
 
 import pytest
 
-from conftest import PROFILES, frozen, pinned, resolved
+from conftest import PROFILES, frozen, pinned, resolved, saved_text
 from envbuilder.model import schema as S
 from envbuilder.errors import UserError
 from envbuilder.record import Record, plain
-from envbuilder.model.resolved import ResolvedEnv, field_spec, record_spec
-from envbuilder.model.runplan import env_from_dict, env_from_json
+from envbuilder.model.resolved import Constraints, ResolvedEnv, field_spec, record_spec
+from envbuilder.model.runplan import env_from_dict, env_from_json, saved_from_json
 
 
 def record_classes() -> dict[str, type]:
-    """Every record of the resolved environment by the path of its field ("" for the whole,
-    "patches[]." for a tuple's items)."""
+    """Every record of envbuild.json by the path of its field ("" for the whole,
+    "patches[]." for a tuple's items): the resolved environment's, and the lock's pins the file
+    records beside it ("constraints.")."""
     out: dict[str, type] = {}
 
     def walk(cls, path: str) -> None:
@@ -33,6 +34,7 @@ def record_classes() -> dict[str, type]:
                 walk(kind, f"{path}{key}.")
 
     walk(ResolvedEnv, "")
+    walk(Constraints, "constraints.")
     return out
 
 
@@ -61,9 +63,11 @@ def test_every_record_has_the_fields_the_spec_checks(path):
     keys = {k.rstrip("?") for k in spec if k != "*"}
     # (a derived field is never written: Overrides.model_arch follows from model)
     written = [f for f in cls._fields if f not in getattr(cls, "_derived", ())]
-    assert {cls._keys.get(f, f) for f in written} == keys
+    # (the file's one key of no field: the lock's pins, recorded beside the environment)
+    beside = {"constraints"} if path == "" else set()
+    assert {cls._keys.get(f, f) for f in written} | beside == keys
     optional = {k.rstrip("?") for k in spec if k.endswith("?")}
-    assert optional <= {cls._keys.get(f, f) for f in cls._defaults}
+    assert optional <= {cls._keys.get(f, f) for f in cls._defaults} | beside
     from envbuilder.model import matrix_schema as K
 
     hints = typing.get_type_hints(cls, localns={"S": S, "K": K})
@@ -88,7 +92,6 @@ def test_every_field_has_a_kind_and_a_record_is_declared_once():
     assert ResolvedEnv._defaults == {
         "notes": (),
         "sglang": None,
-        "constraints": None,
         "mirror": None,
         "run": (),
         "card": None,
@@ -141,13 +144,30 @@ def test_every_object_of_the_schema_is_a_record_or_a_declared_mapping():
     assert isinstance(env.patches[0].replace[0], MappingProxyType)
 
 
+def test_the_resolvers_output_carries_no_lock_pins():
+    """ResolvedEnv is the resolver's output only (issue 46): it has no field for a lock's pins.
+    They live in the BuildContext beside it, and envbuild.json records them next to the
+    environment's own keys, from where `render --from` reads them back into a context."""
+    assert "constraints" not in ResolvedEnv._fields
+    env = resolved("4090")
+    ctx = pinned(env)
+    assert ctx.constraints is not None  # (the shipped lock fits the 4090)
+    assert ctx.env == ctx.resolved == env  # (the pins beside the environment, not in it)
+    assert "constraints" not in env.to_dict() and "constraints" not in plain(env)
+    data = json.loads(saved_text(ctx))
+    assert data["constraints"] == plain(ctx.constraints)
+    assert saved_from_json(saved_text(ctx)) == (env, ctx.constraints)
+
+
 @pytest.mark.parametrize("profile", PROFILES)
 def test_json_round_trips_to_the_same_bytes_and_the_same_record(profile):
-    env = pinned(resolved(profile))
-    text = env.to_json()
-    back = env_from_json(text)
-    assert back == env
-    assert back.to_json() == text
+    ctx = pinned(resolved(profile))
+    env = ctx.env
+    text = saved_text(ctx)
+    back, pins = saved_from_json(text)
+    assert back == env and pins == ctx.constraints
+    assert back.to_json(back.saved_dict(pins)) == text
+    assert env_from_json(text) == env  # (the environment alone: its pins left to the context)
     assert type(back.gpu).__name__ == "Gpu" and back.gpu.compute_capability == env.gpu.compute_capability
 
 
@@ -189,7 +209,7 @@ def test_a_mirror_and_a_lock_make_new_environments_and_leave_the_old_one_as_it_w
     choice = M.MirrorChoice(
         "cn", {"docker.io": "mirror.example"}, pypi="https://pypi.example/simple", github="https://gh.example"
     )
-    mirrored = M.apply_to_env(pinned(env), choice)
+    mirrored = M.apply_to_env(pinned(env).env, choice)
     assert env.to_json() == before
     assert mirrored.indexes.pypi == "https://pypi.example/simple"
     assert mirrored.apex.url.startswith("https://gh.example/")
@@ -222,8 +242,10 @@ def test_from_dict_checks_what_it_is_given():
 
 
 def test_plain_data_of_an_environment_is_what_the_file_holds():
-    env = pinned(resolved("t4"))
-    assert plain(env) == json.loads(env.to_json())
+    ctx = pinned(resolved("t4"))
+    env = ctx.env
+    assert plain(env) == env.to_dict()
+    assert json.loads(saved_text(ctx)) == dict(env.to_dict(), constraints=plain(ctx.constraints))
     assert env.to_dict()["overrides"] == {}
     over = resolved("4090", with_=["flash-attn"], driver="560.35.03")
     assert over.to_dict()["overrides"] == {"driver": "560.35.03", "with": ["flash-attn"]}
@@ -235,7 +257,7 @@ def test_an_environment_copies_pickles_and_hashes_as_the_value_it_is():
     import copy
     import pickle
 
-    env = pinned(resolved("h200"))
+    env = pinned(resolved("h200")).env
     for twin in (copy.copy(env), copy.deepcopy(env), pickle.loads(pickle.dumps(env))):
         assert twin == env and twin.to_json() == env.to_json()
         assert hash(twin) == hash(env)
@@ -250,7 +272,7 @@ def test_envbuild_json_text_is_the_environment_even_with_a_tampered_cache(tmp_pa
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     env = resolved("p40", frozen())
-    want = _json.dumps(env.to_dict(), indent=2, sort_keys=True) + "\n"
+    want = _json.dumps(env.saved_dict(), indent=2, sort_keys=True) + "\n"
     assert env.to_json() == want  # a miss: written to the cache
     [cached] = (tmp_path / "envbuild").glob("env-*.json")
     from envbuilder.paths import read_sealed

@@ -16,12 +16,13 @@ from hypothesis import strategies as st
 
 from conftest import resolved
 from envbuilder.render.files import render_files
+from envbuilder.render.context import BuildContext
 
 
 @pytest.fixture(scope="module")
 def script(tmp_path_factory):
     path = tmp_path_factory.mktemp("run") / "run_ppo_gsm8k.sh"
-    path.write_text(render_files(resolved("p40"))["run_ppo_gsm8k.sh"])
+    path.write_text(render_files(BuildContext.of(resolved("p40")))["run_ppo_gsm8k.sh"])
     return path
 
 
@@ -92,7 +93,7 @@ REACHES = {
 def multi_node(tmp_path_factory):
     """A two-node render's run script, python3 on its PATH a stand-in that records its argv."""
     folder = tmp_path_factory.mktemp("multi")
-    text = render_files(resolved("h100", algo="grpo", nodes=2))["run_ppo_gsm8k.sh"]
+    text = render_files(BuildContext.of(resolved("h100", algo="grpo", nodes=2)))["run_ppo_gsm8k.sh"]
     assert 'trainer.nnodes="$NNODES"' in text
     (folder / "run_ppo_gsm8k.sh").write_text(text)
     (folder / "bin").mkdir()

@@ -15,6 +15,7 @@ from envbuilder.model import runplan
 from envbuilder.model.batches import violations
 from envbuilder.model.runplan import env_from_json
 from envbuilder.render.files import render_files
+from envbuilder.render.context import BuildContext
 from verlconfig import SCRIPT_ENV, run_script_overrides
 
 CASES = [(p, {}) for p in PROFILES] + [
@@ -33,13 +34,13 @@ CASES = [(p, {}) for p in PROFILES] + [
 def test_the_script_passes_exactly_the_plan(profile, flags):
     env = resolved(profile, **flags)
     world = dict(SCRIPT_ENV, NNODES=str(env.cluster.nodes))
-    script = render_files(env)["run_ppo_gsm8k.sh"]
+    script = render_files(BuildContext.of(env))["run_ppo_gsm8k.sh"]
     assert run_script_overrides(script, world) == runplan.overrides(env.run, world)
 
 
 def test_the_plan_is_in_envbuild_json_and_show_json(cli):
     env = resolved("h200")
-    doc = json.loads(render_files(env)["envbuild.json"])
+    doc = json.loads(render_files(BuildContext.of(env))["envbuild.json"])
     assert doc["run"] == [a.to_dict() for a in env.run]
     code, out, _ = cli("show", "h200", "--json")
     assert code == 0 and json.loads(out)["run"] == doc["run"]
@@ -48,7 +49,7 @@ def test_the_plan_is_in_envbuild_json_and_show_json(cli):
 def test_an_edited_plan_in_envbuild_json_is_refused_and_an_absent_one_derived():
     from envbuilder.errors import UserError
 
-    text = render_files(resolved("h200"))["envbuild.json"]
+    text = render_files(BuildContext.of(resolved("h200")))["envbuild.json"]
     doc = json.loads(text)
     assert env_from_json(text).run == resolved("h200").run
     for arg in doc["run"]:

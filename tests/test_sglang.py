@@ -15,6 +15,7 @@ from conftest import frozen, resolved, shipped, violations
 from envbuilder.model.components.sglang import kernel_runs
 from envbuilder.model.resolve import training_path
 from envbuilder.render.files import render_files
+from envbuilder.render.context import BuildContext
 from envbuilder.render.plan import install_plan, requirements_in
 
 # (profile, overrides) that resolve with the SGLang rollout: verl 0.6.1 (sync rollout, sglang
@@ -49,7 +50,7 @@ def test_the_install_plan_has_an_sglang_step_between_torch_and_verls_dependencie
     assert "sglang==0.5.8\nsgl-kernel==0.3.21\n" in requirements_in(env)
     deps = dict(r.split("==") for r in plan.layers[2].requirements)
     assert deps["transformers"] == "4.57.1"
-    files = render_files(env)
+    files = render_files(BuildContext.of(env))
     assert "-c constraints/sglang.txt" in files["requirements.txt"]
     assert "sglang==0.5.8" in files["requirements.txt"] and "sgl-kernel==0.3.21" in files["environment.yml"]
     assert "# SGLang 0.5.8 and its kernels: pins torch==2.9.1" in files["Dockerfile"]
@@ -83,9 +84,11 @@ def test_the_training_path_loads_sglangs_compiled_ops_first_then_verls_rollout(p
 
 
 def test_the_run_script_names_the_sglang_rollout_and_async_mode_where_the_release_has_only_it():
-    sync = render_files(resolved("h100", rollout="sglang", verl="0.6.1"))["run_ppo_gsm8k.sh"]
+    sync = render_files(BuildContext.of(resolved("h100", rollout="sglang", verl="0.6.1")))["run_ppo_gsm8k.sh"]
     assert "actor_rollout_ref.rollout.name=sglang" in sync and "rollout.mode=async" not in sync
-    asy = render_files(resolved("h100", rollout="sglang", verl="0.8.0", torch="2.9.1"))["run_ppo_gsm8k.sh"]
+    asy = render_files(BuildContext.of(resolved("h100", rollout="sglang", verl="0.8.0", torch="2.9.1")))[
+        "run_ppo_gsm8k.sh"
+    ]
     assert "actor_rollout_ref.rollout.name=sglang" in asy and "actor_rollout_ref.rollout.mode=async" in asy
 
 
@@ -230,7 +233,8 @@ def test_the_sglang_run_script_composes_with_the_releases_own_config(verl_trees,
 
     env = resolved(profile, **ov)
     cfg = compose_run_config(
-        verl_trees[env.verl.version], run_script_overrides(render_files(env)["run_ppo_gsm8k.sh"])
+        verl_trees[env.verl.version],
+        run_script_overrides(render_files(BuildContext.of(env))["run_ppo_gsm8k.sh"]),
     )
     assert OmegaConf.select(cfg, "actor_rollout_ref.rollout.name") == "sglang"
     mode = OmegaConf.select(cfg, "actor_rollout_ref.rollout.mode")

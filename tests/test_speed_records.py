@@ -18,6 +18,7 @@ import os
 import pytest
 
 from conftest import FIXTURES, bench_module, resolved
+from envbuilder.render.context import BuildContext
 
 SPEED = FIXTURES / "gpu" / "speed"
 # what a device run may change of a render: its length, the train batch (device time)
@@ -118,7 +119,7 @@ def test_every_profile_says_which_speed_settings_it_uses_and_why(profile, tmp_pa
     from envbuilder.render.files import render_files
 
     env = resolved(profile)
-    script = render_files(env)["run_ppo_gsm8k.sh"]
+    script = render_files(BuildContext.of(env))["run_ppo_gsm8k.sh"]
     lines = [ln for ln in script.splitlines() if ln.startswith("# SPEED: ")]
     assert len(lines) == len(env.features.speed) >= 2
     assert any("remove padding" in ln for ln in lines)

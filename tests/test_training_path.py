@@ -11,6 +11,7 @@ from envbuilder.model import matrix as M
 from envbuilder.render.files import smoke_command
 from envbuilder.errors import UserError
 from envbuilder.render.files import preflight_expectations, render_files
+from envbuilder.render.context import BuildContext
 
 VERL_041_HF = [
     "verl",
@@ -213,10 +214,10 @@ def test_preflight_and_the_smoke_test_take_the_training_path_from_the_resolved_e
     expected = preflight_expectations(env)
     assert expected["training_path"] == list(env.training_path)
     assert expected["compat_libcuda"] == shipped().cuda_compat["libcuda"]
-    data = script_data(render_files(resolved("t4", frozen())), "preflight.py")
+    data = script_data(render_files(BuildContext.of(resolved("t4", frozen()))), "preflight.py")
     assert "verl.workers.rollout.vllm_rollout.vllm_rollout_spmd" in data["training_path"]
     cmd = smoke_command()
     assert cmd[:2] == ["python", "-c"] and "'--smoke'" in cmd[2]
-    dockerfile = render_files(resolved("t4"))["Dockerfile"]
+    dockerfile = render_files(BuildContext.of(resolved("t4")))["Dockerfile"]
     copy = next(ln.split() for ln in dockerfile.splitlines() if ln.startswith("COPY preflight.py"))
     assert cmd[-1] == copy[-1].rstrip("/") + "/preflight.py"  # where the image holds it

@@ -33,6 +33,7 @@ from envbuilder.machine.verify import (
     parse_printed_config,
     swap_line,
 )
+from envbuilder.render.context import BuildContext
 from httpfixtures import closed_port_url
 
 # installed, not imported: Hydra alone takes ~0.8 s to import, in every worker that collects this
@@ -232,7 +233,7 @@ def test_the_run_scripts_overrides_compose_with_verls_hydra_config(happy):
     d = happy["world"].env.to_dict()
     from envbuilder.render.files import RUN_SCRIPT, render_files
 
-    script = render_files(happy["world"].env)[RUN_SCRIPT]
+    script = render_files(BuildContext.of(happy["world"].env))[RUN_SCRIPT]
     block = script.split("\nargs=(\n", 1)[1].split("\n)\n", 1)[0]
     n_args = sum(1 for ln in block.splitlines() if "=" in ln and not ln.strip().startswith("#"))
     assert c["overrides"] == n_args and c["checked"] == n_args and c["mismatches"] == []
@@ -600,7 +601,7 @@ def test_the_multi_node_overrides_compose_with_verls_hydra_config(tmp_path):
     from envbuilder.render.files import RUN_SCRIPT, render_files
 
     env = tiny_env(w.overlay, cuda="11.8", nodes=2, gpus_per_node=2, algo="grpo")
-    script = render_files(env)[RUN_SCRIPT]
+    script = render_files(BuildContext.of(env))[RUN_SCRIPT]
     block = script.split("\nargs=(\n", 1)[1].split("\n)\n", 1)[0]
     args = [ln.strip() for ln in block.splitlines() if "=" in ln and not ln.strip().startswith("#")]
     assert 'trainer.nnodes="$NNODES"' in args and 'trainer.n_gpus_per_node="$N_GPUS"' in args

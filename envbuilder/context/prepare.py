@@ -20,7 +20,7 @@ from envbuilder.render.context import BuildContext
 
 if TYPE_CHECKING:
     from envbuilder.model.mirrors import MirrorChoice
-    from envbuilder.model.resolved import ResolvedEnv
+    from envbuilder.model.resolved import Constraints, ResolvedEnv
 
 __all__ = ["BuildContext", "prepare", "replayed"]
 
@@ -63,11 +63,15 @@ def prepare(
 
 
 def replayed(
-    env: ResolvedEnv, lock_dir: str | Path | None = None, wheelhouse: str | Path | None = None
+    env: ResolvedEnv,
+    constraints: Constraints | None,
+    lock_dir: str | Path | None = None,
+    wheelhouse: str | Path | None = None,
 ) -> BuildContext:
-    """The context of an environment a saved envbuild.json holds (`render --from`): its pins and
-    endpoints as the file says them (no lock looked for), the `locked` context of the lock a
-    `--locked DIR` or `--wheelhouse DIR` names."""
+    """The context of what a saved envbuild.json holds (`render --from`,
+    runplan.saved_from_json): the environment with its endpoints and the pins the file
+    records beside it (`constraints`), as the file says them (no lock looked for), and the
+    `locked` context of the lock a `--locked DIR` or `--wheelhouse DIR` names."""
     locked = locked_context(env, lock_dir, wheelhouse)
     where = named_lock(env, lock_dir, wheelhouse)
-    return BuildContext(env, env, env.constraints, None, locked, where if locked is not None else None)
+    return BuildContext(env, env, constraints, None, locked, where if locked is not None else None)

@@ -36,15 +36,15 @@ def render_replay(
     """The files of the environment an envbuild.json (`from_`) holds, written into
     OUT/<its profile>/; returns (the environment, the folder)."""
     from envbuilder.limits import read_text_bounded
-    from envbuilder.model.runplan import env_from_json
+    from envbuilder.model.runplan import saved_from_json
     from envbuilder.render import files as R
 
     text = read_text_bounded(Path(from_), "--from file")
     # every value's kind and the whole shape checked, all problems named at once, before any
-    # template reads it
-    env = env_from_json(text, str(from_))
+    # template reads it; the pins it records go to the context, beside the environment
+    env, pins = saved_from_json(text, str(from_))
     target = Path(out or "out") / folder_name(env.asked, "the profile named in " + str(from_))
-    ctx = replayed(env, locked_dir, wheelhouse)
+    ctx = replayed(env, pins, locked_dir, wheelhouse)
     if ctx.lock_path is not None:
         say(f"  {env.name}: pins from the lock {lock_used(ctx.lock_path, env)}")
     R.render(ctx, target, force=force)  # (a failure past the check is a bug: a traceback)

@@ -161,7 +161,7 @@ def bake(
     from envbuilder.model.config import local_registry, registry_for
     from envbuilder.model import mirrors as M
     from envbuilder.model.profiles import resolve_all
-    from envbuilder.render.files import EXECUTABLE, context_files
+    from envbuilder.render.files import EXECUTABLE, render_files
     from envbuilder.render.outdir import write_dir
     from envbuilder.context.prepare import prepare
     from envbuilder.render.outdir import folder_name
@@ -180,7 +180,7 @@ def bake(
         tag = default_tag(env)  # (the upstream spec: the same tag `envbuild build` gives it)
         ctx = prepare(env, mirror=choice)
         env = ctx.env
-        contexts[folder_name(env.name, "a profile")] = context_files(ctx)
+        contexts[folder_name(env.name, "a profile")] = render_files(ctx)
         targets.append(bake_target(env, tag))
         shared = shared or variables(env, host)
     files = {f"{name}/{path}": text for name, ctx in contexts.items() for path, text in ctx.items()}

@@ -149,7 +149,7 @@ def build_image(m: Matrix, env: ResolvedEnv, opts: BuildOptions, say: Callable[[
     from envbuilder.engines import docker as B
     from envbuilder.machine import reach
     from envbuilder.model import mirrors as M
-    from envbuilder.render.files import context_files, smoke_command, write_dir
+    from envbuilder.render.files import render_files, smoke_command, write_dir
     from envbuilder.context.prepare import prepare
 
     # the endpoints' user:password@ (an overlay's index, say) reach the RUN steps only as the
@@ -169,7 +169,7 @@ def build_image(m: Matrix, env: ResolvedEnv, opts: BuildOptions, say: Callable[[
     credentials = M.endpoints_secret(endpoints, B.NETWORK_ARGS if opts.wheelhouse else ())
     ctx = prepare(env, wheelhouse=opts.wheelhouse, mirror=choice)
     env = ctx.env
-    files = context_files(ctx)
+    files = render_files(ctx)
     links = ctx.links
     registry = registry_for(opts.push_to, local_registry(m), "--push") if opts.push_to else None
     eng = E.make(engine)  # docker: the daemon must answer before anything is built

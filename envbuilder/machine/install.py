@@ -411,7 +411,7 @@ def install(
     prefix would refuse is refused before anything is installed; the prefix is held by this
     install alone while it runs (prefix_lock). `force`: replace files in PREFIX/envbuild/ that
     envbuild did not write (or that were edited since)."""
-    from envbuilder.render.files import context_files, write_dir
+    from envbuilder.render.files import render_files, write_dir
 
     env = ctx.env  # (within the lock's pins: the ones context.prepare found, or --locked's)
     if wheelhouse:
@@ -421,7 +421,7 @@ def install(
     route = "wheelhouse" if wheelhouse else "online"
     report = InstallReport(env.profile, str(prefix), route)
     home = prefix / HOME
-    files = context_files(ctx)
+    files = render_files(ctx)
     # the wheelhouse's lock names its Python (an environment there of another is refused)
     want = str(_wheelhouse_profile(wheelhouse, env.profile).get("python") or env.python) if wheelhouse else ""
 

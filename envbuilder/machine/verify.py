@@ -728,7 +728,7 @@ class _Verifier:
         r.isolation = isolation()[1]
         # as `envbuild render` does: the pins of the lock whose plan this is, per layer, as
         # context.prepare found them (`install --locked`: that lock's alone)
-        files = R.context_files(self.ctx)
+        files = R.render_files(self.ctx)
         self.rendered = work / "render"
         R.write_dir(self.rendered, files)
         self.work, self.venv, self.py = work, venv, venv / "bin" / "python"

@@ -45,7 +45,7 @@ def verify_profiles(
     from envbuilder.model import gpu_tier
     from envbuilder.model.profiles import resolve_all
     from envbuilder.context.prepare import prepare
-    from envbuilder.render.files import context_files
+    from envbuilder.render.files import render_files
 
     envs = resolve_all(m, names, overrides, "nothing was installed", say=say)
     keeps: dict[str, Path] = {}
@@ -79,7 +79,7 @@ def verify_profiles(
         ctx = prepare(env)  # (the pins of the lock whose plan this is, as render takes them)
         report = verify(ctx, interps[env.python], opts).as_dict()
         # the GPU tier is not run here (no GPU): what its records say of this very render
-        report["gpu_step"] = gpu_tier.status(env, context_files(ctx), m.models)
+        report["gpu_step"] = gpu_tier.status(env, render_files(ctx), m.models)
         reports.append(report)
     return reports
 

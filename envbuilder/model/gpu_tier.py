@@ -64,7 +64,7 @@ def fingerprint(case: Mapping[str, object]) -> str:
 
 
 def case(env: ResolvedEnv, files: dict[str, str], models: Mapping[str, Mapping[str, object]]) -> Record:
-    """The GPU run of a resolved, rendered profile (`files`: render_files(env))."""
+    """The GPU run of a resolved, rendered profile (`files`: render.files.render_files of its context)."""
     exports = {}
     if env.cuda_alloc_conf and env.cuda_alloc_conf.value:
         exports["PYTORCH_CUDA_ALLOC_CONF"] = env.cuda_alloc_conf.value

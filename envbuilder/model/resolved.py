@@ -498,10 +498,10 @@ class ResolvedEnv(Record):
 
     memory: the memory plan (envbuilder/model/memory.py: peak, usable_gib, batch sizes, the budget
     term by term; its records in memory_plan.py); warnings: what --allow-unsupported let through;
-    constraints: None as the resolver gives it (a lock's pins live in the BuildContext, not
-    here); envbuild.json records the context's pins under it (render/files.py, so a file may
-    lack it) and `render --from` reads them back into it (context.replayed); mirror: None unless a mirror set was applied (then left out
-    of the file)."""
+    mirror: None unless a mirror set was applied (then left out of the file). No lock's pins:
+    they live in the BuildContext beside the environment; envbuild.json records them next to
+    it under `constraints` (saved_dict), and `render --from` reads them back into a context
+    (runplan.saved_from_json, context.replayed), never into an environment."""
 
     schema_version: int
     envbuild_version: Annotated[str, S.VERSION]
@@ -538,7 +538,6 @@ class ResolvedEnv(Record):
     warnings: Annotated[tuple[str, ...], S.ListOf(K.NOTE)]
     notes: Annotated[tuple[str, ...], S.ListOf(K.NOTE)] = ()
     sglang: Sglang | None = None
-    constraints: Constraints | None = None
     mirror: Mirror | None = None
     # the run script's overrides as data (envbuilder/model/runplan.py), derived from the rest:
     # a file's copy is checked against the derivation, never trusted (from_dict)
@@ -550,7 +549,7 @@ class ResolvedEnv(Record):
     megatron: Megatron | None = None
 
     _omit_none = ("mirror", "sglang", "card", "megatron")
-    _absent = ("constraints", "mirror", "sglang", "run", "card", "megatron")
+    _absent = ("mirror", "sglang", "run", "card", "megatron")
 
     @property
     def name(self) -> str:
@@ -592,22 +591,34 @@ class ResolvedEnv(Record):
         roles = ("devel", "runtime") if self.needs_builder else ("runtime",)
         return tuple(self.cuda.images[role] for role in roles)
 
+    def saved_dict(self, constraints: Constraints | None = None) -> dict[str, object]:
+        """envbuild.json's plain data: the environment's (to_dict), and beside it, under
+        `constraints`, the pins of the context it was rendered in (BuildContext.constraints;
+        null where no lock fits). The file records them; the environment never carries them."""
+        d: dict[str, object] = self.to_dict()
+        d["constraints"] = constraints.to_dict() if constraints is not None else None
+        return d
+
     def to_json(self, d: dict[str, Any] | None = None, compact: str | None = None) -> str:
-        """envbuild.json's text: indented, sorted. json's indenting encoder is pure Python (a
+        """envbuild.json's text: indented, sorted; of `d` (saved_dict: this environment with
+        the context's pins), the environment rendered with no lock's pins when not given (what
+        `show --json` prints). json's indenting encoder is pure Python (a
         third of `render --all`), so the text is kept in the cache folder by the sha256 of the
         compact form (C-encoded) and used only when it reads back as this environment: its own
-        compact form is this one's, byte for byte. (`d`: this environment's to_dict(), and
+        compact form is this one's, byte for byte. (`d`: this environment's saved_dict(), and
         `compact`: its sorted compact JSON, where the caller has them.)"""
         from envbuilder.paths import sealed_text
 
-        d = self.to_dict() if d is None else d
+        d = self.saved_dict() if d is None else d
         if compact is None:
             compact = json.dumps(d, sort_keys=True, separators=(",", ":"))
         key = hashlib.sha256(compact.encode()).hexdigest()  # (the indented form is json's own)
         return sealed_text("env", key, lambda: json.dumps(d, indent=2, sort_keys=True) + "\n")
 
     @classmethod
-    def read_json(cls, text: str, origin: str = "envbuild.json") -> tuple["ResolvedEnv", Any]:
+    def read_json(
+        cls, text: str, origin: str = "envbuild.json"
+    ) -> tuple["ResolvedEnv", Constraints | None, Any]:
         """The environment a file holds (JSON), read by the one bounded reader (readers.py: no
         NaN, no number of hundreds of digits, no key twice, nested at most a few levels) and
         checked as read_dict checks it."""
@@ -616,9 +627,13 @@ class ResolvedEnv(Record):
         return cls.read_dict(parse_json(text, origin, fix=FROM_FIX), origin)
 
     @classmethod
-    def read_dict(cls, data: Any, origin: str = "envbuild.json") -> tuple["ResolvedEnv", Any]:
+    def read_dict(
+        cls, data: Any, origin: str = "envbuild.json"
+    ) -> tuple["ResolvedEnv", Constraints | None, Any]:
         """The environment of plain data from outside (a file, an image's /etc/envbuild.json),
-        without its run, and the run the data holds (None: none): the run plan is derived from
+        without its run; the lock's pins the file records beside it (`constraints`, None:
+        none), which a context takes (context.replayed), never the environment; and the run
+        the data holds (None: none): the run plan is derived from
         the rest, and model/runplan.env_from_dict derives it and holds the file's to it.
         Every value is checked against the kind of the matrix field it came from
         (field_spec: names, versions, URLs, model ids, pins, one-line text) and the shape
@@ -653,7 +668,9 @@ class ResolvedEnv(Record):
                 f"re-resolve it: envbuild render {profile} with the same overrides "
                 "(they are under `overrides` in the file)."
             )
-        return cls.from_plain({k: v for k, v in data.items() if k != "run"}), data.get("run")
+        pins = data.get("constraints")
+        env = cls.from_plain({k: v for k, v in data.items() if k not in ("run", "constraints")})
+        return env, Constraints.from_plain(pins) if isinstance(pins, dict) else None, data.get("run")
 
 
 def shape_problems(data: dict[str, Any]) -> list[str]:
@@ -727,9 +744,11 @@ _SPEC: dict[str, Any] = {}
 def field_spec() -> dict[str, Any]:
     """The spec of envbuild.json (schema.py's form: key -> kind, `key?` for a key a file may
     leave out, `(kind, None)` for a value that may be null, a dict for an object), derived once
-    from the records' annotations (record_spec)."""
+    from the records' annotations (record_spec): the environment's, and the lock's pins the
+    file records beside it (`constraints`: ResolvedEnv.saved_dict; a file may lack the key)."""
     if not _SPEC:
         _SPEC.update(record_spec(ResolvedEnv))
+        _SPEC["constraints?"] = (record_spec(Constraints), None)
     return _SPEC
 
 

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 
 # (the run's records are the resolved environment's, declared there: resolved.py reads no plan)
 from envbuilder.model.batches import lookup
-from envbuilder.model.resolved import ResolvedEnv, RunArg
+from envbuilder.model.resolved import Constraints, ResolvedEnv, RunArg
 
 TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 # the learning rates, KL coefficient and tensor parallelism of verl's own GSM8K PPO example
@@ -30,17 +30,25 @@ CRITIC_LR = "1e-5"
 KL_COEF = "0.001"
 
 
+def saved_from_json(text: str, origin: str = "envbuild.json") -> tuple[ResolvedEnv, Constraints | None]:
+    """What a saved envbuild.json holds (ResolvedEnv.read_json): the environment, its run
+    derived and the file's held to it (env_from_dict), and the lock's pins the file records
+    beside it (None: rendered with none), for the context that replays it (context.replayed)."""
+    env, pins, run = ResolvedEnv.read_json(text, origin)
+    return _with_run(env, run, origin), pins
+
+
 def env_from_json(text: str, origin: str = "envbuild.json") -> ResolvedEnv:
-    """The environment a file holds (ResolvedEnv.read_json), its run derived and the file's
-    held to it (env_from_dict)."""
-    return _with_run(*ResolvedEnv.read_json(text, origin), origin)
+    """The environment a file holds (saved_from_json, without the pins it records)."""
+    return saved_from_json(text, origin)[0]
 
 
 def env_from_dict(data: object, origin: str = "envbuild.json") -> ResolvedEnv:
     """The environment of plain data from outside (ResolvedEnv.read_dict: every value checked
-    against its matrix kind), with its run plan derived from the rest; a file whose `run` is
-    not what its own settings give was edited (UserError, exit 2)."""
-    return _with_run(*ResolvedEnv.read_dict(data, origin), origin)
+    against its matrix kind, the pins it records left out), with its run plan derived from the
+    rest; a file whose `run` is not what its own settings give was edited (UserError, exit 2)."""
+    env, _, run = ResolvedEnv.read_dict(data, origin)
+    return _with_run(env, run, origin)
 
 
 def _with_run(env: ResolvedEnv, stored: object, origin: str) -> ResolvedEnv:

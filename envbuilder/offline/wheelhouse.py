@@ -1105,7 +1105,7 @@ def profile_scripts(m: Matrix, profile: str, lock_dir: Path, say: Callable[[str]
     from envbuilder.errors import EnvbuildError
     from envbuilder.context.prepare import prepare
     from envbuilder.model.resolve import resolve
-    from envbuilder.render.files import context_files
+    from envbuilder.render.files import render_files
 
     try:
         env = resolve(m, profile)
@@ -1123,5 +1123,5 @@ def profile_scripts(m: Matrix, profile: str, lock_dir: Path, say: Callable[[str]
         )
         return {}
     # (prepared as every render is, within this lock's pins: the scripts read none of them)
-    files = context_files(prepare(env, pins_from=("the wheelhouse's lock", lock_dir)))
+    files = render_files(prepare(env, pins_from=("the wheelhouse's lock", lock_dir)))
     return {name: files[name] for name in SCRIPTS if name in files}

@@ -43,9 +43,8 @@ class BuildContext(Record):
 
     @classmethod
     def of(cls, env: ResolvedEnv, locked: LockedContext | None = None) -> BuildContext:
-        """`env` rendered as it is: its own pins (none, as the resolver gives it; a saved
-        envbuild.json's), no lock looked for, no mirror set."""
-        return cls(env, env, env.constraints, None, locked, None)
+        """`env` rendered as it is: no lock looked for (no pins), no mirror set."""
+        return cls(env, env, None, None, locked, None)
 
     @property
     def plan(self) -> InstallPlan:

@@ -23,7 +23,7 @@ from envbuilder.render.quoting import FILTERS, comment, word
 from envbuilder.text import USERINFO
 from envbuilder.record import plain
 from envbuilder.model.resolve import TORCH_DTYPE
-from envbuilder.model.resolved import Constraints, ResolvedEnv
+from envbuilder.model.resolved import ResolvedEnv
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     import jinja2
 
     from envbuilder.render.outdir import Checked
-    from envbuilder.render.locked import LockedContext
     from envbuilder.render.context import BuildContext
 # output file -> template; executables get mode 0755
 FILES = {
@@ -217,23 +216,23 @@ def sidecar_text(data: dict[str, Any]) -> str:
     return json.dumps(data, indent=1, sort_keys=True) + "\n"
 
 
-def render_files(
-    env: ResolvedEnv, locked: LockedContext | None = None, constraints: Constraints | None = None
-) -> dict[str, str]:
-    """All rendered files by name, in memory. `locked` (lock.lockfile.for_render) pins the base
-    images by digest and installs each layer from its hashed requirement file; `constraints`
-    (BuildContext.constraints: the lock's pins context.prepare found, None where none fits) pin
-    the plan's layers and are envbuild.json's `constraints`."""
+def render_files(ctx: BuildContext) -> dict[str, str]:
+    """All rendered files of a prepared environment (context.prepare; BuildContext.of for one
+    rendered as it is) by name, in memory: what `ctx.env` prints. Its `locked` context
+    (lock.lockfile.for_render) pins the base images by digest and installs each layer from its
+    hashed requirement file; its `constraints` (the lock's pins context.prepare found, None
+    where none fits) pin the plan's layers and are envbuild.json's `constraints`."""
     from envbuilder.render import pixi, sif
     from envbuilder.render.plan import install_plan, lock_hint, override_flags
 
+    env, locked, constraints = ctx.env, ctx.locked, ctx.constraints
     if not env.run:  # (an environment a caller built without its run plan: derived, as resolve does)
         from envbuilder.model import runplan
 
         env = env._replace(run=runplan.build(env))
-    d = env.to_dict()
-    # (the pins the plan takes, where envbuild.json records them; `render --from` reads them back)
-    d["constraints"] = constraints.to_dict() if constraints is not None else None
+    # (with the pins the plan takes, where envbuild.json records them; `render --from` reads
+    # them back into its context: runplan.saved_from_json)
+    d = env.saved_dict(constraints)
     # A URL's user:password@ (an overlay's index, a --from file's endpoint) is a secret: no file
     # written here names it, envbuild.json included; `envbuild build` hands the ones the RUN
     # steps read to the build as the `endpoints` BuildKit secret (mirrors.split_credentials).
@@ -320,12 +319,6 @@ def write_dir(
     return write(out_dir, files, links, EXECUTABLE, force, check_only, option)
 
 
-def context_files(ctx: BuildContext) -> dict[str, str]:
-    """The files of a prepared environment (context.prepare): what it prints, with its lock's
-    `locked` context."""
-    return render_files(ctx.env, ctx.locked, ctx.constraints)
-
-
 def render(ctx: BuildContext, out_dir: Path, force: bool = False) -> list[Path]:
     """The files of `ctx` written into `out_dir` (a wheelhouse's files linked there)."""
-    return write_dir(out_dir, context_files(ctx), ctx.links, force=force)
+    return write_dir(out_dir, render_files(ctx), ctx.links, force=force)
