@@ -359,6 +359,30 @@ def test_mirror_sets_hf_endpoint(cli, tmp_path):
     assert sourced(body["environment"], tmp_path)["HF_ENDPOINT"] == "https://hf-mirror.com"
 
 
+def test_a_mirror_joins_the_definition_through_prepare(cli, tmp_path, monkeypatch):
+    """--mirror cn joins the environment in context.prepare, the one place a mirror set joins
+    one: the definition is the one of prepare(env, mirror=cn)'s environment."""
+    from conftest import shipped
+    from envbuilder.context import prepare as P
+    from envbuilder.model import mirrors as M
+
+    asked = []
+    real = P.prepare
+
+    def spy(env, **kw):
+        asked.append(kw.get("mirror"))
+        return real(env, **kw)
+
+    monkeypatch.setattr(P, "prepare", spy)
+    assert cli("apptainer", "p40", "--image", image("p40"), "--mirror", "cn")[0] == 0
+    choice = M.choice("cn", M.get_set(shipped(), "cn"))
+    assert asked == [choice]
+    env = M.split_credentials(resolved("p40"))[0]
+    want = definition(real(env, mirror=choice).env, image("p40"), "docker", DIGEST, "p40.def")
+    assert (tmp_path / "p40.def").read_text() == want
+    assert "https://hf-mirror.com" in want
+
+
 def test_overrides_reach_the_labels(cli, tmp_path):
     assert cli("apptainer", "4090", "--image", image("4090"), "--torch", "2.5.1")[0] == 0
     _, recipe, _ = parse(tmp_path / "4090.def")

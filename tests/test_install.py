@@ -407,6 +407,30 @@ def test_install_mirror_fills_the_pytorch_index_variant(cli, monkeypatch, tmp_pa
     assert got["index_url"].reveal() == "https://pypi.tuna.tsinghua.edu.cn/simple"
 
 
+def test_install_mirror_goes_through_prepare(cli, monkeypatch, tmp_path):
+    """--mirror cn joins the environment in context.prepare, as it does for render and build:
+    the install's steps and its PREFIX/envbuild/ are the files of prepare(env, mirror=cn)."""
+    import envbuilder.machine.install as I
+    from conftest import resolved, shipped
+    from envbuilder.model import mirrors as M
+    from envbuilder.render.files import render_files
+
+    got = {}
+
+    def fake(ctx, prefix, **kw):
+        got["ctx"] = ctx
+        return I.InstallReport(ctx.env.profile, str(prefix), "online", ok=True)
+
+    monkeypatch.setattr(I, "install", fake)
+    assert cli("install", "p40", "--prefix", tmp_path / "env", "--mirror", "cn")[0] == 0
+    m = shipped()
+    want = prepare(resolved("p40"), mirror=M.choice("cn", M.get_set(m, "cn")))
+    ctx = got["ctx"]
+    assert ctx.mirror == want.mirror and ctx.env == want.env and ctx.constraints == want.constraints
+    assert ctx.env.mirror is not None and ctx.env.mirror.name == "cn"
+    assert render_files(ctx) == render_files(want)
+
+
 def test_a_bounded_tool_run_ends_its_group_on_sigterm(tmp_path):
     """tools.run.run (lock's uv, the wheelhouse's sdist builds) under cli.main's SIGTERM
     handler: the tool's whole process group ends with the command, as on Ctrl-C."""

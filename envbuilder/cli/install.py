@@ -107,13 +107,17 @@ def install(
 
         pins_from = lock_dir_in(locked, env.name)
         pip_part(env, pins_from)  # (a missing, damaged or stale lock refused before anything is made)
-    # the lock's pins (--locked's alone); the mirror reaches the steps as their index URLs below
-    ctx = prepare(env, pins_from=("the lock --locked names", pins_from) if pins_from else None)
+    choice = None
     if mirror:
         from envbuilder.model import mirrors as M
 
-        # the endpoints as a build's RUN steps get them: the PyTorch index's {variant} filled in
-        endpoints = M.choice(mirror, M.get_set(m, mirror)).endpoints(env)
+        choice = M.choice(mirror, M.get_set(m, mirror))
+    # the lock's pins (--locked's alone), then the mirror set's endpoints, as build has them
+    ctx = prepare(env, pins_from=("the lock --locked names", pins_from) if pins_from else None, mirror=choice)
+    if ctx.mirror is not None:
+        # the endpoints as a build's RUN steps get them (credentials too, which the files never
+        # name): the PyTorch index's {variant} filled in
+        endpoints = ctx.mirror.endpoints(ctx.resolved)
         index_url = index_url or secret(endpoints.get("PIP_INDEX_URL"))
         torch_index_url = torch_index_url or secret(endpoints.get("TORCH_INDEX_URL"))
     report = run_install(

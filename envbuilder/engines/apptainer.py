@@ -194,6 +194,7 @@ def write_definition(
     """`envbuild apptainer`: the definition of `profile`'s image written to `out` (default
     ./PROFILE.def), starting from `image` (REF@sha256:DIGEST) or `oci_archive` (exactly one),
     with `mirror`'s endpoints in %environment; notes go to `say`. Returns the file written."""
+    from envbuilder.context.prepare import prepare
     from envbuilder.model import mirrors as M
     from envbuilder.model.resolve import resolve
     from envbuilder.render.outdir import write_owned_file
@@ -226,8 +227,9 @@ def write_definition(
         if not full.exists():
             say(f"note: {full} does not exist yet; `apptainer build` needs it there.")
     env = M.split_credentials(resolve(m, profile, overrides))[0]  # (no user:password@ in it)
-    if mirror:
-        env = M.apply_to_env(env, M.choice(mirror, M.get_set(m, mirror)))
+    # the mirror set's endpoints join it where they join every environment (context.prepare)
+    choice = M.choice(mirror, M.get_set(m, mirror)) if mirror else None
+    env = prepare(env, mirror=choice).env
     # (a card on another profile's stack: named for the card, as `envbuild build CARD` names its image)
     name = env.asked
     path = out_path if out_path is not None else Path(f"{folder_name(name, 'The profile name')}.def")
