@@ -20,6 +20,11 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 from envbuilder.errors import UserError
 from envbuilder.render.locked import LockedContext
 from envbuilder.render.outdir import Checked
+
+# what each part's solver sees is the install plan's (render/, ranked below lock/): its layers'
+# top-level requirements and conda specs, and the platforms of the profile's host
+from envbuilder.render.pixi import OCI_PLATFORMS, PLATFORMS
+from envbuilder.render.plan import conda_specs, lock_hint, normalize, requirements_in
 from envbuilder.lock.documents import IMAGES_SHAPE, SOURCES_SHAPE, CondaLock, LockMeta, Pylock, SourcePin
 from envbuilder.lock.documents import WheelhouseManifest, image_digests, source_pins
 from envbuilder.record import plain
@@ -65,9 +70,6 @@ def solver_inputs(env: ResolvedEnv, parts: Iterable[str] = tuple(PARTS)) -> dict
     solvers' versions are recorded in lock.json (`tools`), not hashed: a uv release would
     otherwise stale every lock without changing what it pins. `parts`: only these (a render
     asks the pip part's alone, and need not load the conda solver's module for it)."""
-    from envbuilder.render.plan import conda_specs, requirements_in
-    from envbuilder.render.pixi import OCI_PLATFORMS, PLATFORMS
-
     target = {
         "platform": PLATFORMS[env.gpu.machine],  # (lock.conda.platform: the conda subdir)
         "python": env.python,
@@ -262,7 +264,6 @@ def integrity(lock_dir: Path) -> tuple[LockMeta | None, dict[str, str], list[str
             out.append(f"unreadable: {name} {bad}")
     if not out and PYLOCK in texts:  # the pip pins, written thrice in one run, agree
         from envbuilder.lock.pins import parse as parse_requirements
-        from envbuilder.render.plan import normalize
 
         files = {
             (normalize(p.name), p.version) for p in pylock_of(texts[PYLOCK], str(lock_dir / PYLOCK)).packages
@@ -438,8 +439,6 @@ def for_render(
     images are the mirror's references at the digests the lock recorded upstream (a digest names
     the content, wherever it is pulled from)."""
     from envbuilder.lock.pip import layer_files
-
-    from envbuilder.render.plan import lock_hint
     from envbuilder.render.quoting import sh
 
     lock_dir = Path(lock_dir)
