@@ -78,7 +78,7 @@ def default_tag(env: ResolvedEnv, d: Mapping[str, object] | None = None) -> str:
     import hashlib
     import json
 
-    d = dict(d if d is not None else env.to_dict(), constraints=None)  # (d: env.to_dict(), if at hand)
+    d = dict(d if d is not None else env.to_dict(), constraints=None)  # (d: env.saved_dict(...), if at hand)
     d.pop("mirror", None)
     spec = json.dumps(d, sort_keys=True, separators=(",", ":"))
     return f"envbuild/{env.asked}:{hashlib.sha256(spec.encode()).hexdigest()[:12]}"
