@@ -12,6 +12,8 @@ from conftest import resolved
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCKS = ROOT / "envbuilder" / "model" / "components"
+# the resolver's modules: none spells a block's refusal codes
+RESOLVER = ("resolve.py", "stages.py", "selection.py", "sizing.py", "rules.py", "assemble.py")
 
 
 def codes(text: str) -> set[str]:
@@ -40,9 +42,10 @@ def codes(text: str) -> set[str]:
 def test_a_components_refusals_are_spelled_in_its_block_alone(block, prefix):
     mine = {c for c in codes((BLOCKS / f"{block}.py").read_text()) if c.startswith(prefix)}
     assert mine, block
-    resolver = (ROOT / "envbuilder" / "model" / "resolve.py").read_text()
-    elsewhere = {c for c in codes(resolver) if c.startswith(prefix)}
-    assert elsewhere == set(), f"resolve.py spells {sorted(elsewhere)}: that is the {block} block's to say"
+    for module in RESOLVER:  # (the resolver's path: entry points, stages, rules, assembly)
+        resolver = (ROOT / "envbuilder" / "model" / module).read_text()
+        elsewhere = {c for c in codes(resolver) if c.startswith(prefix)}
+        assert elsewhere == set(), f"{module} spells {sorted(elsewhere)}: that is the {block} block's to say"
 
 
 def test_the_resolver_takes_the_blocks_refusals_as_they_are_given():

@@ -485,9 +485,9 @@ def test_a_template_comment_or_a_new_envbuild_leaves_a_lock_current(
     """A lock depends on what its solvers see, not on templates that cannot change a solution,
     nor on envbuild's version."""
     import envbuilder
-    from envbuilder.model import resolve as RS
+    from envbuilder.model import assemble as AS  # (the assembly writes envbuild_version)
 
-    monkeypatch.setattr(RS, "__version__", envbuilder.__version__ + ".post1", raising=False)
+    monkeypatch.setattr(AS, "__version__", envbuilder.__version__ + ".post1")
     rc, out, _ = envbuild(capsys, "lock", "p40", "--check", "-o", p40_lock)
     assert rc == 0 and "p40: ok" in out, out
     rc, _, err = envbuild(capsys, "render", "p40", "-o", tmp_path / "out", "--locked", p40_lock)

@@ -420,7 +420,7 @@ def test_the_run_scripts_overrides_compose_with_the_releases_own_config(verl_tre
         assert (
             OmegaConf.select(cfg, d["verl"]["critic_fsdp"] + ".mixed_precision.param_dtype") == pr["critic"]
         )
-    # LoRA's frozen base in bf16 where the fp32 base does not fit (resolve.lora_memory)
+    # LoRA's frozen base in bf16 where the fp32 base does not fit (sizing.lora_memory)
     if d["train"].get("actor_model_dtype"):
         want = d["train"]["actor_model_dtype"]
         assert OmegaConf.select(cfg, "actor_rollout_ref.actor.fsdp_config.model_dtype") == want

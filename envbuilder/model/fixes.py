@@ -32,7 +32,7 @@ Change = dict[str, "str | None"]
 
 
 class Fixable(Protocol):
-    """A broken rule with its fix (resolve.Violation)."""
+    """A broken rule with its fix (rules.Violation)."""
 
     @property
     def rule(self) -> str: ...

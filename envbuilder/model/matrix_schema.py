@@ -510,7 +510,7 @@ DATASET = {
     "source": SOURCE,
 }
 # uv: the installer of the runtime stage's pip steps, its linux x86_64 wheel (and aarch64 one) pinned by sha256
-# (an overlay that replaces `defaults` must carry it: resolve.uv_pin says so)
+# (an overlay that replaces `defaults` must carry it: assemble.uv_pin says so)
 UV = {
     "version": S.VERSION,
     "url": S.URL,

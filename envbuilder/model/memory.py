@@ -172,7 +172,7 @@ class Setup:
         # and FSDP keeps a gradient for the whole flat parameter, frozen base included
         self.lora_flat = bool(self.lora) and bool(env.get("lora_flat_grads", False))
         # the actor's frozen base in bf16 (fsdp_config.model_dtype; LoRA on one GPU, see
-        # resolve.lora_plan): 2 B a parameter and no separate compute copy of it
+        # sizing.lora_memory): 2 B a parameter and no separate compute copy of it
         self.base_bytes = 2 if (self.lora and t.get("actor_model_dtype") == "bf16") else 4
         self.ckpt = bool(t["gradient_checkpointing"])
         # vLLM's share of the card: at most the profile's figure; plan() sets what it needs

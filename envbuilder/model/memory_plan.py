@@ -180,7 +180,7 @@ class Choices(PlanRecord):
 
 
 class Card(PlanRecord):
-    """The card's memory the plan counts on (resolve.card_size) and what its ECC does to it."""
+    """The card's memory the plan counts on (sizing.card_size) and what its ECC does to it."""
 
     mib: int
     ecc: Annotated[str, S.Text(1000)]

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from envbuilder.render.plan import InstallPlan
 
 # the pixi platform of the profile's host: x86_64, or aarch64 for the Grace systems (GH200, GB200:
-# only the stacks PyPI serves for aarch64 resolve there, resolve._rule_machine)
+# only the stacks PyPI serves for aarch64 resolve there, rules._rule_machine)
 PLATFORMS = {"x86_64": "linux-64", "aarch64": "linux-aarch64"}
 # and its OCI platform (an image's, BuildKit's --platform)
 OCI_PLATFORMS = {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}

@@ -5,7 +5,7 @@ Facts: matrices/cuda.yaml (each CUDA's images, driver floors, Python, glibc), st
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from envbuilder.model import entries as E
 from envbuilder.model import resolved as R
@@ -30,7 +30,7 @@ def stacks_for_driver(m: Matrix, driver: str) -> list[tuple[str, str]]:
 
 
 def driver_info(
-    m: Matrix, cuda_v: str, cuda: Mapping[str, object], extra_cudas: list[str], drv: str | None
+    m: Matrix, cuda_v: str, cuda: Mapping[str, object], extra_cudas: Sequence[str], drv: str | None
 ) -> R.Driver:
     """The driver the image needs (its CUDA's, or the vLLM wheel's if newer) and, with
     --driver, how the given one runs it: native, minor-version compatibility, too old.
@@ -50,7 +50,7 @@ def driver_info(
     return info._replace(mode=mode, driver=drv)
 
 
-def driver_refusal(m: Matrix, info: R.Driver, drv: str | None, usable_cudas: list[str]) -> Refusal | None:
+def driver_refusal(m: Matrix, info: R.Driver, drv: str | None, usable_cudas: Sequence[str]) -> Refusal | None:
     """Why the given driver (--driver) cannot run the image's CUDA, with the CUDA and the stacks
     it does run; None when it runs it (natively or under minor-version compatibility)."""
     if info.mode != "too-old" or drv is None:  # (too-old: --driver given)
