@@ -546,12 +546,67 @@ def gpu_info():
     return gpus
 
 
+class SmiSeries:
+    """nvidia-smi's `index, memory.used` lines as they come (pure): `samples`, the sum over every
+    GPU of each sweep (a sweep starts at index 0; its time is the sweep's), and `per_gpu`, each
+    GPU's own series at the same times. A line that does not parse is skipped."""
+
+    def __init__(self):
+        self.samples, self.per_gpu = [], {}
+        self._t, self._total = None, 0
+
+    def feed(self, line, t):
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 2:
+            return
+        try:
+            idx, used = int(parts[0]), int(float(parts[1]))
+        except ValueError:
+            return
+        if idx == 0:
+            if self._t is not None:
+                self.samples.append((self._t, self._total))
+            self._t, self._total = t, 0
+        if self._t is None:  # (the tail of a sweep begun before the first index 0)
+            return
+        self._total += used
+        self.per_gpu.setdefault(idx, []).append((self._t, used))
+
+
+def per_gpu_peaks(per_gpu, times, end, plan_peak_gib=None):
+    """{index: {peak_mib, baseline_mib, phase_peak_mib[, of_plan]}} of SmiSeries.per_gpu: each
+    GPU's peak, first sample and peaks per phase (phase_peaks), and where the plan's per-GPU
+    peak is known, the peak as a share of it (issue 49: within 1.1 on every GPU)."""
+    out = {}
+    for idx in sorted(per_gpu):
+        series = per_gpu[idx]
+        peak = max((m for _, m in series), default=None)
+        one = {
+            "peak_mib": peak,
+            "baseline_mib": series[0][1] if series else None,
+            "phase_peak_mib": phase_peaks(series, times, end),
+        }
+        if plan_peak_gib and peak is not None:
+            one["of_plan"] = round(peak / (float(plan_peak_gib) * 1024), 3)
+        out[str(idx)] = one
+    return out
+
+
 class SmiSampler(threading.Thread):
-    """nvidia-smi memory.used of every GPU every 0.5 s (one long-running nvidia-smi)."""
+    """nvidia-smi memory.used of every GPU every 0.5 s (one long-running nvidia-smi), summed per
+    sweep (`samples`) and per GPU (`per_gpu`), through SmiSeries."""
 
     def __init__(self, t0):
         super().__init__(daemon=True)
-        self.t0, self.samples, self.proc, self.error = t0, [], None, None
+        self.t0, self.series, self.proc, self.error = t0, SmiSeries(), None, None
+
+    @property
+    def samples(self):
+        return self.series.samples
+
+    @property
+    def per_gpu(self):
+        return self.series.per_gpu
 
     def run(self):
         try:
@@ -567,18 +622,8 @@ class SmiSampler(threading.Thread):
                 stderr=subprocess.DEVNULL,
                 text=True,
             )
-            cur, total = None, 0
             for line in self.proc.stdout:
-                parts = [p.strip() for p in line.split(",")]
-                if len(parts) != 2:
-                    continue
-                idx, used = int(parts[0]), int(float(parts[1]))
-                if idx == 0 and cur is not None:
-                    self.samples.append((cur, total))
-                    total = 0
-                if idx == 0:
-                    cur = round(time.time() - self.t0, 1)
-                total += used
+                self.series.feed(line, round(time.time() - self.t0, 1))
         except (OSError, ValueError) as e:
             self.error = str(e)
 
@@ -682,6 +727,7 @@ def run(args):
     result["profile"] = spec.get("profile")
     result["model"] = spec["memory"].get("model")
     result["arch"] = arch
+    result["plan"] = plan_memory(spec)
     render_ov = render_overrides(script)
     result["render_overrides"] = render_ov  # the whole plan as rendered: a replay compares it all
 
@@ -883,6 +929,7 @@ def run(args):
             "peak_mib": max((m for _, m in samples), default=None),
             "baseline_mib": samples[0][1] if samples else None,
             "phase_peak_mib": phase_peaks(samples, watch.times, end),
+            "per_gpu": per_gpu_peaks(sampler.per_gpu, watch.times, end, result["plan"].get("peak_gib")),
             "samples": len(samples),
             "series": [[t, m] for t, m in samples[:: max(1, len(samples) // 600)]],
             "error": sampler.error,
@@ -948,6 +995,24 @@ def emulate(render, work, env, gpus):
         return dict(out, error=f"the render's copy {copy}: {e}")
     out["sidecar_changed"] = {"preflight.compute_capability": [out["profile_cc"], out["device_cc"]]}
     return dict(out, render=copy)
+
+
+def plan_memory(spec):
+    """The memory plan's per-GPU figures in envbuild.json (GiB): its peak, that peak's phase, and
+    each phase's bytes, which a run's per-GPU peaks are held to."""
+    mem = spec.get("memory") or {}
+    peak = mem.get("peak") or {}
+    phases = {}
+    for ph in mem.get("phases") or []:
+        if isinstance(ph, dict) and ph.get("phase") and isinstance(ph.get("bytes"), (int, float)):
+            phases[ph["phase"]] = round(ph["bytes"] / GIB, 3)
+    return {
+        "peak_gib": peak.get("gib"),
+        "peak_phase": peak.get("phase"),
+        "phases_gib": phases,
+        "rollout_tp": mem.get("rollout_tp"),
+        "cluster": spec.get("cluster"),
+    }
 
 
 EXPORT_RE = re.compile(r"^export ([A-Z_][A-Z0-9_]*)=(.*)$", re.M)
@@ -1066,6 +1131,38 @@ def selftest():
     )
     assert peaks["launch->workers_ready"] == 500 and peaks["validation_done->step1"] == 20000, peaks
     assert peaks["step1->step2"] == 30000 and peaks["step2->exit"] == 100, peaks
+    # two GPUs' interleaved nvidia-smi lines: each GPU's own series, and their sum per sweep
+    sm = SmiSeries()
+    lines = [
+        (0.2, "1, 7"),  # (a sweep's tail before the first index 0: skipped)
+        (0.5, "0, 100"),
+        (0.5, "1, 200"),
+        (1.5, "0, 9000"),
+        (1.5, "1, 300"),
+        (5.5, "0, 400"),
+        (5.5, "1, [N/A]"),  # (does not parse: skipped)
+        (6.5, "0, 500"),
+        (6.5, "1, 30000"),
+        (7.5, "0, 600"),
+    ]
+    for t, line in lines:
+        sm.feed(line + "\n", t)
+    assert sm.samples == [(0.5, 300), (1.5, 9300), (5.5, 400), (6.5, 30500)], sm.samples
+    assert sm.per_gpu == {
+        0: [(0.5, 100), (1.5, 9000), (5.5, 400), (6.5, 500), (7.5, 600)],
+        1: [(0.5, 200), (1.5, 300), (6.5, 30000)],
+    }, sm.per_gpu
+    marks = {"workers_ready": 1.0, "rollout_ready": 3.0, "validation_done": 5.0, "step1": 6.0, "step2": 7.0}
+    pg = per_gpu_peaks(sm.per_gpu, marks, 9.0, plan_peak_gib=10)
+    assert pg["0"]["peak_mib"] == 9000 and pg["1"]["peak_mib"] == 30000, pg
+    assert pg["0"]["phase_peak_mib"]["workers_ready->rollout_ready"] == 9000, pg
+    assert pg["1"]["phase_peak_mib"]["workers_ready->rollout_ready"] == 300, pg
+    assert (
+        pg["1"]["phase_peak_mib"]["step1->step2"] == 30000
+        and pg["0"]["phase_peak_mib"]["step1->step2"] == 500
+    )
+    assert pg["1"]["phase_peak_mib"]["validation_done->step1"] is None, pg  # (its one sample did not parse)
+    assert pg["0"]["of_plan"] == round(9000 / 10240, 3) and pg["1"]["baseline_mib"] == 200, pg
     d = _durations({"ray_init": 1.0, "workers_ready": 70.0, "step1": 200.0, "exit": 300.0})
     assert d == {
         "launch->ray_init": 1.0,
