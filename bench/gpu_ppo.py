@@ -17,8 +17,25 @@ validation and two PPO steps. The record is the log, a timeline and nvidia-smi's
          OUTDIR/NAME.json (always, also on failure or timeout); NAME is a plain name, and WORK
          (default /tmp/envbuild-ppo/NAME) a new or empty folder or one this script made
          (bench/benchsafe.py's marker: it deletes only in its own folders; else exit 2)
+         [--n-gpus G] GPUs a node, the run script's N_GPUS (default 1)
+         [--nodes N --launcher FILE] N Ray nodes on this host (default 1: the script starts its
+         own Ray). FILE is what `envbuild launch ray PROFILE --nodes N --gpus-per-node G
+         --head-ip 127.0.0.1` printed for the render: its export lines and its `ray start` lines
+         (bash expands them) start node i with GPUs i*G..(i+1)*G-1 (CUDA_VISIBLE_DEVICES), a
+         temp dir and ports of its own (node_words) and NVLink multicast off (MULTICAST_OFF);
+         once every GPU joined, the run script runs on the head with RAY_ADDRESS and NNODES,
+         and at the end, also on timeout, the processes marked with the run's
+         ENVBUILD_GPU_PPO_MARK (never found by name) are stopped. Exit 2 where G x N exceeds
+         the GPUs nvidia-smi lists (or N does not divide them without --n-gpus), the render or
+         the launcher is for another world, or there is no GPU and no --dry-run.
+         [--dry-run] everything but the launch (and, with --nodes, Ray): the record's `layout`
+         holds each node's command and environment; [--no-prepare] skips the model, the data,
+         the patches and the audit (a dry run without torch, a stand-in run script)
+         The record's smi.per_gpu holds each GPU's peak and per-phase peaks (smi.peak_mib and
+         smi.phase_peak_mib: their sum, per nvidia-smi sweep) and its share of the plan's peak.
   selftest
-         checks the log parser, the override diff and the card scaling (no GPU, stdlib only)
+         checks the log parser, the override diff, the card scaling, the per-GPU memory split
+         and the launcher's parsing and node layout (no GPU, stdlib only)
 
 Standard library only at the top level: the heavy imports (torch, transformers, tokenizers,
 pyarrow) happen in child processes under PYTHONPATH=SITE (`make-model`, `make-data`).
@@ -1542,6 +1559,21 @@ args=(
 exec python3 -m verl.trainer.main_ppo "${args[@]}" "$@"
 """
 
+SAMPLE_LAUNCHER = """\
+# envbuild launch ray: h100 on 2 node(s) x 4 GPU(s) (NVIDIA H100), verl 0.9.1, gae, tcp
+HEAD_IP=127.0.0.1
+# 1. on every node, before `ray start` (Ray's workers inherit it; a value you export wins):
+export NCCL_IB_DISABLE=${NCCL_IB_DISABLE:-1}
+iface=$(awk '$2 == "00000000" {print $1; exit}' /proc/net/route)  # the default route's interface
+export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-$iface} GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-$iface}
+# 2. on the head node:
+ray start --head --node-ip-address="$HEAD_IP" --port=6379 --num-gpus=4 --disable-usage-stats
+# 3. on each of the other 1 node(s):
+ray start --address="$HEAD_IP":6379 --num-gpus=4 --disable-usage-stats
+# 4. on the head, once `ray status` shows 8 GPUs; the image must be built for this run: envbuild build h100
+RAY_ADDRESS="$HEAD_IP:6379" /opt/envbuild/run_ppo_gsm8k.sh
+"""
+
 
 def selftest():
     w = LogWatch()
@@ -1630,6 +1662,34 @@ def selftest():
     )
     assert pg["1"]["phase_peak_mib"]["validation_done->step1"] is None, pg  # (its one sample did not parse)
     assert pg["0"]["of_plan"] == round(9000 / 10240, 3) and pg["1"]["baseline_mib"] == 200, pg
+    # the launcher's text: the head's and the other nodes' `ray start` lines, what runs before them
+    lp = parse_launcher(SAMPLE_LAUNCHER)
+    assert (
+        lp["head"] == '--head --node-ip-address="$HEAD_IP" --port=6379 --num-gpus=4 --disable-usage-stats'
+    ), lp
+    assert lp["worker"] == '--address="$HEAD_IP":6379 --num-gpus=4 --disable-usage-stats', lp
+    assert lp["run"] == 'RAY_ADDRESS="$HEAD_IP:6379" /opt/envbuild/run_ppo_gsm8k.sh', lp
+    assert lp["prelude"][0] == "HEAD_IP=127.0.0.1" and lp["prelude"][-1].startswith("export NCCL_SOCKET"), lp
+    assert not any(line.lstrip().startswith("#") for line in lp["prelude"]), lp
+    for bad in ("", "# only comments\nray start --address=x:1 --num-gpus=4\n"):
+        try:
+            parse_launcher(bad)
+            raise AssertionError(f"parse_launcher took {bad!r}")
+        except ValueError:
+            pass
+    assert split_gpus(8, 2, 4) == split_gpus(8, 2, None) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert split_gpus(8, 4, 2) == [[0, 1], [2, 3], [4, 5], [6, 7]] and split_gpus(8, 2, 2) == [[0, 1], [2, 3]]
+    for visible, nodes, per in ((6, 2, 4), (7, 2, None), (8, 0, 4), (0, 2, None)):
+        try:
+            split_gpus(visible, nodes, per)
+            raise AssertionError(f"split_gpus took {visible} GPUs, {nodes} nodes, {per} each")
+        except ValueError:
+            pass
+    w0, w1 = node_words(0, 20000, "/tmp/x"), node_words(1, 20000, "/tmp/x")
+    ports = [[int(x.split("=")[1]) for x in w if x.split("=")[0].endswith("port")] for w in (w0, w1)]
+    assert not set(ports[0]) & set(ports[1]) and max(ports[0]) < min(ports[1]), ports
+    assert _flag(w0, "temp-dir") == "/tmp/x/0" and _flag(w1, "temp-dir") == "/tmp/x/1" and w0[-1] == "--block"
+    assert _flag(w1, "max-worker-port") == str(20000 + 2 * (NODE_FIXED_PORTS + NODE_WORKER_PORTS) - 1), w1
     d = _durations({"ray_init": 1.0, "workers_ready": 70.0, "step1": 200.0, "exit": 300.0})
     assert d == {
         "launch->ray_init": 1.0,
