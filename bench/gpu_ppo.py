@@ -916,6 +916,7 @@ def plan_nodes(args, env, spec, visible, work):
     temp_root = "/tmp/ebr-" + hashlib.sha256(os.path.abspath(work).encode()).hexdigest()[:10]
     marker = f"{args.case}-{os.getpid()}-{int(time.time())}"
     extra = shlex.split(args.ray_node_args or "")
+    head_extra = shlex.split(args.ray_head_args or "")
     nodes = []
     for i, group in enumerate(groups):
         node_env = dict(exports)
@@ -934,7 +935,14 @@ def plan_nodes(args, env, spec, visible, work):
                 "role": "head" if i == 0 else "worker",
                 "gpus": group,
                 "launcher_words": ["ray", "start", *launcher_words],
-                "argv": ["ray", "start", *launcher_words, *extra, *node_words(i, base, temp_root)],
+                "argv": [
+                    "ray",
+                    "start",
+                    *launcher_words,
+                    *extra,
+                    *(head_extra if i == 0 else []),
+                    *node_words(i, base, temp_root),
+                ],
                 "env": node_env,
                 "temp_dir": f"{temp_root}/{i}",
             }
@@ -962,9 +970,21 @@ def ray_argv(argv, env):
     return ([exe] if exe else [sys.executable, "-m", "ray.scripts.scripts"]) + argv[1:]
 
 
-def marked_pids(marker):
-    """This user's processes whose environment holds MARK_VAR=marker (never found by name)."""
+def _state_session(pid):
+    """The state and session id of `pid` (fields 3 and 6 of /proc/PID/stat, after the command's
+    parentheses)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return fields[0], int(fields[3])
+
+
+def marked_pids(marker, sessions=()):
+    """This user's processes whose environment holds MARK_VAR=marker, or that are in one of
+    `sessions` (each node's `ray start` began one: Ray's agents and workers stay in it, and a
+    process that sets its title, as Ray's Python processes do, overwrites its /proc environ).
+    Never found by name."""
     needle = f"{MARK_VAR}={marker}".encode()
+    sessions = set(sessions)
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == os.getpid():
@@ -972,28 +992,34 @@ def marked_pids(marker):
         try:
             if os.stat(f"/proc/{name}").st_uid != os.getuid():
                 continue
+            state, session = _state_session(name)
+            if state in ("Z", "X"):  # (exited, not yet reaped: nothing to stop)
+                continue
+            if session in sessions:
+                found.append(int(name))
+                continue
             with open(f"/proc/{name}/environ", "rb") as fh:
                 if needle in fh.read().split(b"\0"):
                     found.append(int(name))
-        except OSError:
+        except (OSError, ValueError, IndexError):
             continue
     return found
 
 
-def stop_marked(marker, grace=10):
-    """SIGTERM, then SIGKILL, to every process marked with `marker` (Ray's nodes, their workers
-    and agents, the waiter), until none is left; what was found and what outlived it."""
-    first = marked_pids(marker)
+def stop_marked(marker, sessions=(), grace=10):
+    """SIGTERM, then SIGKILL, to every process of the run's nodes (marked_pids: Ray's nodes, their
+    workers and agents, the waiter), until none is left; what was found and what outlived it."""
+    first = marked_pids(marker, sessions)
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5)):
-        for pid in marked_pids(marker):
+        for pid in marked_pids(marker, sessions):
             try:
                 os.kill(pid, sig)
             except OSError:
                 pass
         end = time.time() + wait
-        while marked_pids(marker) and time.time() < end:
+        while marked_pids(marker, sessions) and time.time() < end:
             time.sleep(0.2)
-    return {"marked": len(first), "left": marked_pids(marker)}
+    return {"found": len(first), "left": marked_pids(marker, sessions)}
 
 
 WAITER = """\
@@ -1032,6 +1058,7 @@ def start_nodes(layout, env, work, deadline, wait):
     an `error` where a node exited or the cluster did not form (the caller stops the marked)."""
     out = {"started": [], "logs": {}}
     benchsafe.empty(layout["temp_root"], SCRIPT)  # (its own: a folder of another is refused)
+    layout["sessions"] = []
     t0 = time.time()
     procs = []
     for node in layout["node_list"]:
@@ -1049,6 +1076,7 @@ def start_nodes(layout, env, work, deadline, wait):
                 start_new_session=True,
             )
         procs.append(proc)
+        layout["sessions"].append(proc.pid)  # (start_new_session: its pid is its session's id)
         out["started"].append({"node": node["node"], "pid": proc.pid, "argv": argv})
         if node["role"] == "head":  # the others join its port: it must answer first
             while True:
@@ -1068,7 +1096,7 @@ def start_nodes(layout, env, work, deadline, wait):
     want = layout["nodes"] * layout["gpus_per_node"]
     left = max(5.0, min(deadline, t0 + wait) - time.time())
     head_env = dict(env, **layout["node_list"][0]["env"])
-    waiter = subprocess.Popen(
+    waiter = subprocess.Popen(  # (marked through head_env; a session of its own)
         [sys.executable, "-c", WAITER, layout["ray_address"], str(want), str(layout["nodes"]), str(left)],
         env=head_env,
         cwd=work,
@@ -1077,6 +1105,7 @@ def start_nodes(layout, env, work, deadline, wait):
         text=True,
         start_new_session=True,
     )
+    layout["sessions"].append(waiter.pid)
     while waiter.poll() is None:
         dead = [n for n, p in zip(layout["node_list"], procs) if p.poll() is not None]
         if dead:
@@ -1299,7 +1328,7 @@ def run(args):
         result["status"] = "ray-starting"
         save()
         # an exception or SIGTERM on the way out of this run still stops its nodes (never by name)
-        teardown = lambda: stop_marked(layout["marker"], grace=5)  # noqa: E731
+        teardown = lambda: stop_marked(layout["marker"], layout.get("sessions", ()), grace=5)  # noqa: E731
         atexit.register(teardown)
         previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
@@ -1313,7 +1342,7 @@ def run(args):
             started = {"error": str(e)}
         result["ray_cluster"] = started
         if started.get("error"):
-            result["ray_teardown"] = stop_marked(layout["marker"])
+            result["ray_teardown"] = stop_marked(layout["marker"], layout.get("sessions", ()))
             untrap()
             result["ray_node_logs"] = {k: _tail(v) for k, v in started.get("logs", {}).items()}
             result.update(status="ray-failed", rc=1, seconds=round(time.time() - t_start, 1))
@@ -1378,8 +1407,8 @@ def run(args):
         th.join(timeout=10)
     sampler.stop()
     sampler.join(timeout=5)
-    if layout:  # the nodes this run started, by their marker (never by name)
-        result["ray_teardown"] = stop_marked(layout["marker"])
+    if layout:  # the nodes this run started, by their marker and sessions (never by name)
+        result["ray_teardown"] = stop_marked(layout["marker"], layout.get("sessions", ()))
         untrap()
     else:  # Ray's own daemons can outlive the group: stop the cluster this run started
         try:
@@ -1749,6 +1778,7 @@ def main(argv=None):
         "--ray-port-base", type=int, default=0, help="the nodes' own ports from here (default: a free block)"
     )
     r.add_argument("--ray-node-args", default="", help="more `ray start` words on every node, one string")
+    r.add_argument("--ray-head-args", default="", help="more `ray start` words on the head only, one string")
     r.add_argument("--ray-wait", type=float, default=RAY_WAIT, help="seconds for every node's GPUs to join")
     r.add_argument(
         "--no-prepare",
