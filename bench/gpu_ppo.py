@@ -1219,6 +1219,7 @@ def run(args):
         save()
         return 2
     n_gpus = n_gpus or 1
+    result.update(n_gpus=n_gpus, nodes=args.nodes, algorithm=(spec.get("algorithm") or {}).get("name"))
 
     # the run's overrides: two steps with a first validation, then --extra, then the card
     extras = ["trainer.total_training_steps=2", "trainer.val_before_train=True"]

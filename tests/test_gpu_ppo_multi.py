@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import bench_module
+from conftest import bench_module, resolved
 
 ROOT = Path(__file__).resolve().parent.parent
 GPU_PPO = ROOT / "bench" / "gpu_ppo.py"
@@ -367,3 +367,122 @@ def test_the_harness_forms_a_two_node_cluster_of_eight_gpus_and_tears_it_down(mu
     assert {i: per[str(i)]["peak_mib"] for i in range(8)} == {i: (i + 1) * 1000 for i in range(8)}
     assert rec["smi"]["peak_mib"] == 36000
     assert per["7"]["of_plan"] == round(8000 / (rec["plan"]["peak_gib"] * 1024), 3)
+
+
+# -- the device records' replay ---------------------------------------------------------------------
+
+# Records of multi-GPU device runs (bench/multi_gpu.md): kept apart from tests/fixtures/gpu/ppo/,
+# whose replay resolves every record at one GPU.
+MULTI_RECORDS = sorted((ROOT / "tests" / "fixtures" / "gpu" / "multi").glob("*.json"))
+# a multi-GPU run keeps the render's own batch: it changes only its length
+MAY_CHANGE = {"trainer.total_training_steps", "trainer.val_before_train"}
+HEADROOM = 1.1  # issue 49: every GPU within the plan's per-GPU peak + 10 %
+
+
+def record_problems(r: dict) -> list[str]:
+    """What keeps a multi-GPU record from counting against today's render (empty: it counts):
+    a first validation and two steps with rc 0; nothing of the render changed but the run's
+    length, and the render today's for its world; the pins today's; on every GPU of the run, a
+    peak within the plan's per-GPU peak + 10 %; with several nodes, each started with today's
+    launcher words, multicast off, the whole world joined and nothing left after the teardown."""
+    from envbuilder.engines import launch as L
+
+    out = []
+    if (r.get("rc"), r.get("status")) != (0, "ok"):
+        out.append(f"status {r.get('status')}, rc {r.get('rc')}")
+    if not {"0", "1", "2"} <= set(r.get("steps") or {}):
+        out.append("no first validation and two steps")
+    if sorted(set(r.get("overrides_changed") or {}) - MAY_CHANGE):
+        out.append(f"changed the render's {sorted(set(r['overrides_changed']) - MAY_CHANGE)}")
+    world = r["plan"]["cluster"]
+    env = resolved(
+        r["profile"],
+        model=r["model"],
+        nodes=world["nodes"],
+        gpus_per_node=world["gpus_per_node"],
+        algo=r["algorithm"],
+    )
+    if r.get("render_overrides") != {a.key.lstrip("+"): str(a.value) for a in env.run}:
+        out.append("the render it ran is not today's")
+    if (r.get("nodes"), r.get("n_gpus")) != (world["nodes"], world["gpus_per_node"]):
+        out.append(
+            f"ran {r.get('nodes')} x {r.get('n_gpus')}, the render is {world['nodes']} x {world['gpus_per_node']}"
+        )
+    pins = {
+        "verl": env.verl.version,
+        "vllm": env.vllm.version if env.vllm else None,
+        "torch": env.torch.version,
+    }
+    if {k: (r.get("versions") or {}).get(k) for k in pins} != pins:
+        out.append(f"versions {r.get('versions')}, today's pins {pins}")
+    limit = HEADROOM * env.memory.peak.gib * 1024
+    lay = r.get("layout")
+    used = [g for node in lay["node_list"] for g in node["gpus"]] if lay else list(range(r["n_gpus"]))
+    per = r["smi"].get("per_gpu") or {}
+    for g in used:
+        one = per.get(str(g))
+        if not one or one.get("peak_mib") is None:
+            out.append(f"GPU {g}: no nvidia-smi samples")
+        elif one["peak_mib"] > limit:
+            out.append(f"GPU {g}: {one['peak_mib']} MiB, over the plan's {env.memory.peak.gib} GiB + 10 %")
+    if lay:
+        head, worker = launcher_lines(L.ray_commands(env, head_ip="127.0.0.1", port=lay["head_port"]))
+        for node in lay["node_list"]:
+            if node["launcher_words"] != (head if node["role"] == "head" else worker):
+                out.append(f"node {node['node']} was not started with today's launcher words")
+            if node["env"].get("NCCL_NVLS_ENABLE") != "0":
+                out.append(f"node {node['node']}: NVLink multicast not off")
+        seen = (r.get("ray_cluster") or {}).get("seen") or {}
+        if (seen.get("nodes"), seen.get("gpus")) != (world["nodes"], world["nodes"] * world["gpus_per_node"]):
+            out.append(f"Ray saw {seen}")
+        if (r.get("ray_teardown") or {}).get("left") != []:
+            out.append(f"left after the teardown: {(r.get('ray_teardown') or {}).get('left')}")
+    return out
+
+
+@pytest.mark.parametrize("path", MULTI_RECORDS, ids=lambda p: p.stem)
+def test_a_multi_gpu_record_ran_todays_render_within_the_plan_on_every_gpu(path):
+    assert record_problems(json.loads(path.read_text(encoding="utf-8"))) == []
+
+
+def test_the_replay_takes_a_good_record_and_names_what_is_wrong_with_a_bad_one(multi):
+    """A record made from the dry run of the real render, as a passing device run would fill it,
+    counts; each fault is named."""
+    rc, rec, _, err = multi("--dry-run", "--nodes", "2", "--n-gpus", "4")
+    assert rc == 0, err
+    env = resolved("h100", model=MODEL, nodes=2, gpus_per_node=4, algo="gae")
+    plan_mib = env.memory.peak.gib * 1024
+    rec.update(
+        rc=0,
+        status="ok",
+        steps={"0": {}, "1": {}, "2": {}},
+        versions={"verl": env.verl.version, "vllm": env.vllm.version, "torch": env.torch.version},
+        ray_cluster={"seen": {"nodes": 2, "gpus": 8}},
+        ray_teardown={"found": 40, "left": []},
+    )
+    rec["smi"] = {"per_gpu": {str(g): {"peak_mib": int(plan_mib * 1.05)} for g in range(8)}}
+    assert record_problems(rec) == []
+
+    def broken(change) -> list[str]:
+        bad = json.loads(json.dumps(rec))
+        change(bad)
+        return record_problems(bad)
+
+    assert broken(lambda b: b["smi"]["per_gpu"]["5"].update(peak_mib=int(plan_mib * 1.15))) == [
+        f"GPU 5: {int(plan_mib * 1.15)} MiB, over the plan's {env.memory.peak.gib} GiB + 10 %"
+    ]
+    assert broken(lambda b: b["smi"]["per_gpu"].pop("7")) == ["GPU 7: no nvidia-smi samples"]
+    assert broken(lambda b: b["overrides_changed"].update({"data.train_batch_size": {}})) == [
+        "changed the render's ['data.train_batch_size']"
+    ]
+    assert broken(lambda b: b["render_overrides"].update({"data.train_batch_size": "512"})) == [
+        "the render it ran is not today's"
+    ]
+    assert broken(lambda b: b["layout"]["node_list"][1]["launcher_words"].append("--num-cpus=8")) == [
+        "node 1 was not started with today's launcher words"
+    ]
+    assert broken(lambda b: b["layout"]["node_list"][0]["env"].pop("NCCL_NVLS_ENABLE")) == [
+        "node 0: NVLink multicast not off"
+    ]
+    assert broken(lambda b: b["ray_teardown"].update(left=[4242])) == ["left after the teardown: [4242]"]
+    assert broken(lambda b: b["steps"].pop("2")) == ["no first validation and two steps"]
