@@ -17,8 +17,25 @@ validation and two PPO steps. The record is the log, a timeline and nvidia-smi's
          OUTDIR/NAME.json (always, also on failure or timeout); NAME is a plain name, and WORK
          (default /tmp/envbuild-ppo/NAME) a new or empty folder or one this script made
          (bench/benchsafe.py's marker: it deletes only in its own folders; else exit 2)
+         [--n-gpus G] GPUs a node, the run script's N_GPUS (default 1)
+         [--nodes N --launcher FILE] N Ray nodes on this host (default 1: the script starts its
+         own Ray). FILE is what `envbuild launch ray PROFILE --nodes N --gpus-per-node G
+         --head-ip 127.0.0.1` printed for the render: its export lines and its `ray start` lines
+         (bash expands them) start node i with GPUs i*G..(i+1)*G-1 (CUDA_VISIBLE_DEVICES), a
+         temp dir and ports of its own (node_words) and NVLink multicast off (MULTICAST_OFF);
+         once every GPU joined, the run script runs on the head with RAY_ADDRESS and NNODES,
+         and at the end, also on timeout, the processes marked with the run's
+         ENVBUILD_GPU_PPO_MARK (never found by name) are stopped. Exit 2 where G x N exceeds
+         the GPUs nvidia-smi lists (or N does not divide them without --n-gpus), the render or
+         the launcher is for another world, or there is no GPU and no --dry-run.
+         [--dry-run] everything but the launch (and, with --nodes, Ray): the record's `layout`
+         holds each node's command and environment; [--no-prepare] skips the model, the data,
+         the patches and the audit (a dry run without torch, a stand-in run script)
+         The record's smi.per_gpu holds each GPU's peak and per-phase peaks (smi.peak_mib and
+         smi.phase_peak_mib: their sum, per nvidia-smi sweep) and its share of the plan's peak.
   selftest
-         checks the log parser, the override diff and the card scaling (no GPU, stdlib only)
+         checks the log parser, the override diff, the card scaling, the per-GPU memory split
+         and the launcher's parsing and node layout (no GPU, stdlib only)
 
 Standard library only at the top level: the heavy imports (torch, transformers, tokenizers,
 pyarrow) happen in child processes under PYTHONPATH=SITE (`make-model`, `make-data`).
@@ -27,6 +44,7 @@ pyarrow) happen in child processes under PYTHONPATH=SITE (`make-model`, `make-da
 from __future__ import annotations
 
 import argparse
+import atexit
 import glob
 import hashlib
 import json
@@ -36,6 +54,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
@@ -546,12 +565,67 @@ def gpu_info():
     return gpus
 
 
+class SmiSeries:
+    """nvidia-smi's `index, memory.used` lines as they come (pure): `samples`, the sum over every
+    GPU of each sweep (a sweep starts at index 0; its time is the sweep's), and `per_gpu`, each
+    GPU's own series at the same times. A line that does not parse is skipped."""
+
+    def __init__(self):
+        self.samples, self.per_gpu = [], {}
+        self._t, self._total = None, 0
+
+    def feed(self, line, t):
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 2:
+            return
+        try:
+            idx, used = int(parts[0]), int(float(parts[1]))
+        except ValueError:
+            return
+        if idx == 0:
+            if self._t is not None:
+                self.samples.append((self._t, self._total))
+            self._t, self._total = t, 0
+        if self._t is None:  # (the tail of a sweep begun before the first index 0)
+            return
+        self._total += used
+        self.per_gpu.setdefault(idx, []).append((self._t, used))
+
+
+def per_gpu_peaks(per_gpu, times, end, plan_peak_gib=None):
+    """{index: {peak_mib, baseline_mib, phase_peak_mib[, of_plan]}} of SmiSeries.per_gpu: each
+    GPU's peak, first sample and peaks per phase (phase_peaks), and where the plan's per-GPU
+    peak is known, the peak as a share of it (issue 49: within 1.1 on every GPU)."""
+    out = {}
+    for idx in sorted(per_gpu):
+        series = per_gpu[idx]
+        peak = max((m for _, m in series), default=None)
+        one = {
+            "peak_mib": peak,
+            "baseline_mib": series[0][1] if series else None,
+            "phase_peak_mib": phase_peaks(series, times, end),
+        }
+        if plan_peak_gib and peak is not None:
+            one["of_plan"] = round(peak / (float(plan_peak_gib) * 1024), 3)
+        out[str(idx)] = one
+    return out
+
+
 class SmiSampler(threading.Thread):
-    """nvidia-smi memory.used of every GPU every 0.5 s (one long-running nvidia-smi)."""
+    """nvidia-smi memory.used of every GPU every 0.5 s (one long-running nvidia-smi), summed per
+    sweep (`samples`) and per GPU (`per_gpu`), through SmiSeries."""
 
     def __init__(self, t0):
         super().__init__(daemon=True)
-        self.t0, self.samples, self.proc, self.error = t0, [], None, None
+        self.t0, self.series, self.proc, self.error = t0, SmiSeries(), None, None
+
+    @property
+    def samples(self):
+        return self.series.samples
+
+    @property
+    def per_gpu(self):
+        return self.series.per_gpu
 
     def run(self):
         try:
@@ -567,18 +641,8 @@ class SmiSampler(threading.Thread):
                 stderr=subprocess.DEVNULL,
                 text=True,
             )
-            cur, total = None, 0
             for line in self.proc.stdout:
-                parts = [p.strip() for p in line.split(",")]
-                if len(parts) != 2:
-                    continue
-                idx, used = int(parts[0]), int(float(parts[1]))
-                if idx == 0 and cur is not None:
-                    self.samples.append((cur, total))
-                    total = 0
-                if idx == 0:
-                    cur = round(time.time() - self.t0, 1)
-                total += used
+                self.series.feed(line, round(time.time() - self.t0, 1))
         except (OSError, ValueError) as e:
             self.error = str(e)
 
@@ -648,6 +712,428 @@ def _kill_tree(proc, pgid, grace=15):
             time.sleep(0.2)
 
 
+# ---------------------------------------------------------------------------------------------
+# several Ray nodes on one host (--nodes N): the launcher's own `ray start` words
+# ---------------------------------------------------------------------------------------------
+
+# The device keeps NVLink multicast off in NCCL, PyTorch and NVSHMEM (a program that uses it can
+# take the host's GPUs out of service): every process the run starts, Ray's nodes and so their
+# workers included, gets these, whatever the launcher or the caller's environment says.
+MULTICAST_OFF = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+MARK_VAR = "ENVBUILD_GPU_PPO_MARK"  # in every Ray process's environment: the teardown's only key
+NODE_FIXED_PORTS = 8  # a node's own ports before its worker range (node_words)
+NODE_WORKER_PORTS = 400  # Ray's worker ports per node (verl: several actors and servers a GPU)
+RAY_WAIT = 300  # seconds for every node's GPUs to join (as the launchers' ENVBUILD_RAY_WAIT)
+SHELL_NOISE = {"PWD", "OLDPWD", "SHLVL", "_"}  # what bash itself sets in `env`
+RAY_START_RE = re.compile(r"^ray\s+start\s+(.*)$")
+HEAD_WORD_RE = re.compile(r"(?:^|\s)--head(?:\s|$)")
+
+
+def parse_launcher(text):
+    """`envbuild launch ray PROFILE --nodes N --head-ip IP` as printed, split (pure): `prelude`,
+    the shell lines every node runs before `ray start` (HEAD_IP=, the exports, the interface and
+    IMEX lines, comments left out); `head` and `worker`, the rest of the `ray start --head` and
+    `ray start --address` lines as shell text; `run`, the line that starts the run script on the
+    head. ValueError where the text is not that output."""
+    prelude, head, worker, run = [], None, None, None
+    for line in text.splitlines():
+        s = line.strip()
+        if not s or s.startswith("#"):
+            continue
+        m = RAY_START_RE.match(s)
+        if m:
+            if HEAD_WORD_RE.search(m.group(1)):
+                if head is not None:
+                    raise ValueError("two `ray start --head` lines")
+                head = m.group(1)
+            else:
+                if worker is not None:
+                    raise ValueError("two `ray start --address` lines")
+                worker = m.group(1)
+        elif s.endswith("run_ppo_gsm8k.sh"):
+            run = s
+        else:
+            prelude.append(line)
+    if head is None:
+        raise ValueError("no `ray start --head` line: not what `envbuild launch ray` prints")
+    return {"prelude": prelude, "head": head, "worker": worker, "run": run}
+
+
+def expand_launcher(parsed, env):
+    """The launcher's lines as bash runs them with `env`: what its prelude exports (the
+    variables that differ from env's), the head's and the other nodes' `ray start` words and the
+    run line's NAME=VALUE assignments, each word as bash expands it. ValueError where bash fails
+    (HEAD_IP unset: render the launcher with --head-ip)."""
+    script = "\n".join(parsed["prelude"]) + "\n"
+    script += f"head=({parsed['head']})\nworker=({parsed['worker'] or ''})\nrun=({parsed['run'] or ''})\n"
+    script += (
+        'printf "%s\\0" "${#head[@]}" "${head[@]}" "${#worker[@]}" "${worker[@]}" "${#run[@]}" "${run[@]}"\n'
+    )
+    script += "env -0\n"
+    r = subprocess.run(["bash", "-c", script], env=env, capture_output=True, timeout=30)
+    if r.returncode != 0:
+        raise ValueError(
+            f"bash could not run the launcher's lines: {r.stderr.decode(errors='replace')[-500:]}"
+        )
+    fields = r.stdout.decode("utf-8", "replace").split("\0")
+    out = {}
+    for name in ("head", "worker", "run"):
+        n = int(fields.pop(0))
+        out[name], fields = fields[:n], fields[n:]
+    exported = {}
+    for item in fields:
+        key, sep, value = item.partition("=")
+        if sep and key not in SHELL_NOISE and env.get(key) != value:
+            exported[key] = value
+    assigns = {}
+    for word in out["run"]:
+        key, sep, value = word.partition("=")
+        if not (sep and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key)):
+            break
+        assigns[key] = value
+    return {"exports": exported, "head": out["head"], "worker": out["worker"], "run_env": assigns}
+
+
+def split_gpus(visible, nodes, per_node):
+    """The GPU groups of `nodes` nodes on one host (pure): node i takes indexes i*per_node ..
+    (i+1)*per_node - 1 of `visible` listed GPUs; per_node None takes visible / nodes. ValueError
+    where they exceed what is listed or do not divide it."""
+    if nodes < 1:
+        raise ValueError(f"--nodes {nodes}: at least 1")
+    if per_node is None:
+        if visible % nodes:
+            raise ValueError(f"{visible} GPUs do not divide into {nodes} equal nodes: pass --n-gpus")
+        per_node = visible // nodes
+    if per_node < 1:
+        raise ValueError(f"{per_node} GPUs a node ({visible} listed, {nodes} nodes)")
+    if per_node * nodes > visible:
+        raise ValueError(
+            f"--n-gpus {per_node} x --nodes {nodes} = {per_node * nodes} GPUs, but {visible} are listed"
+        )
+    return [list(range(i * per_node, (i + 1) * per_node)) for i in range(nodes)]
+
+
+def node_words(i, base, temp_root):
+    """The `ray start` words node i adds to the launcher's where several raylets share a host
+    (pure): a temp dir and a block of ports of its own (its Ray agents and its workers), and
+    --block (the harness holds each node's process)."""
+    p = base + i * (NODE_FIXED_PORTS + NODE_WORKER_PORTS)
+    w = p + NODE_FIXED_PORTS
+    return [
+        f"--temp-dir={temp_root}/{i}",
+        f"--node-manager-port={p}",
+        f"--object-manager-port={p + 1}",
+        f"--dashboard-agent-listen-port={p + 2}",
+        f"--dashboard-agent-grpc-port={p + 3}",
+        f"--metrics-export-port={p + 4}",
+        f"--runtime-env-agent-port={p + 5}",
+        f"--min-worker-port={w}",
+        f"--max-worker-port={w + NODE_WORKER_PORTS - 1}",
+        "--block",
+    ]
+
+
+def _port_free(port):
+    s = socket.socket()
+    try:
+        s.bind(("", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def free_port_block(size, start=20000):
+    """The first of `size` consecutive TCP ports free now, from `start` up, below the kernel's
+    ephemeral range (where no outgoing connection takes one before Ray binds it)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
+            high = int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        high = 32768
+    base = start
+    while base + size <= high:
+        if all(_port_free(p) for p in range(base, base + size)):
+            return base
+        base += size
+    raise ValueError(f"no {size} free consecutive ports in {start}..{high}")
+
+
+def _flag(words, name):
+    """The value of --name=VALUE (or --name VALUE) in words, or None."""
+    for k, w in enumerate(words):
+        if w.startswith(f"--{name}="):
+            return w.split("=", 1)[1]
+        if w == f"--{name}" and k + 1 < len(words):
+            return words[k + 1]
+    return None
+
+
+def plan_nodes(args, env, spec, visible, work):
+    """The node layout of `--nodes N` (N > 1): the launcher's words expanded, the GPU groups, each
+    node's `ray start` argv and environment (what differs from `env`). ValueError: refused."""
+    if not args.launcher:
+        raise ValueError(
+            "--nodes above 1 needs --launcher FILE: what `envbuild launch ray` printed for the render"
+        )
+    with open(args.launcher) as fh:
+        parsed = parse_launcher(fh.read())
+    if parsed["worker"] is None:
+        raise ValueError(f"{args.launcher} has no `ray start --address` line: it was printed for one node")
+    words = expand_launcher(parsed, env)
+    groups = split_gpus(visible, args.nodes, args.n_gpus)
+    per_node = len(groups[0])
+    cluster = spec.get("cluster") or {}
+    world = (cluster.get("nodes"), cluster.get("gpus_per_node"))
+    if world != (args.nodes, per_node):
+        raise ValueError(
+            f"the render is for {world[0]} node(s) x {world[1]} GPU(s), this run {args.nodes} x {per_node}: "
+            "its batch sizes and trainer.nnodes follow the render's world"
+        )
+    for role in ("head", "worker"):
+        got = _flag(words[role], "num-gpus")
+        if got != str(per_node):
+            raise ValueError(
+                f"the launcher's {role} line declares --num-gpus={got}, this run {per_node} a node"
+            )
+    port = _flag(words["head"], "port")
+    address = words["run_env"].get("RAY_ADDRESS")
+    if not address or not port:
+        raise ValueError("the launcher names no head port or RAY_ADDRESS for the run")
+    exports = dict(words["exports"])
+    notes = []
+    for key in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
+        if key in exports and not exports[key]:
+            # no default route on this host: every node is on it, so loopback is their network
+            exports[key] = "lo"
+            notes.append(f"{key} came out empty (no default route): lo, since every node is on this host")
+    base = args.ray_port_base or free_port_block(args.nodes * (NODE_FIXED_PORTS + NODE_WORKER_PORTS))
+    temp_root = "/tmp/ebr-" + hashlib.sha256(os.path.abspath(work).encode()).hexdigest()[:10]
+    marker = f"{args.case}-{os.getpid()}-{int(time.time())}"
+    extra = shlex.split(args.ray_node_args or "")
+    head_extra = shlex.split(args.ray_head_args or "")
+    nodes = []
+    for i, group in enumerate(groups):
+        node_env = dict(exports)
+        node_env.update(MULTICAST_OFF)
+        node_env.update(
+            {
+                "CUDA_VISIBLE_DEVICES": ",".join(map(str, group)),
+                "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # (CUDA's indexes as nvidia-smi's)
+                MARK_VAR: marker,
+            }
+        )
+        launcher_words = words["head"] if i == 0 else words["worker"]
+        nodes.append(
+            {
+                "node": i,
+                "role": "head" if i == 0 else "worker",
+                "gpus": group,
+                "launcher_words": ["ray", "start", *launcher_words],
+                "argv": [
+                    "ray",
+                    "start",
+                    *launcher_words,
+                    *extra,
+                    *(head_extra if i == 0 else []),
+                    *node_words(i, base, temp_root),
+                ],
+                "env": node_env,
+                "temp_dir": f"{temp_root}/{i}",
+            }
+        )
+    return {
+        "nodes": args.nodes,
+        "gpus_per_node": per_node,
+        "visible_gpus": visible,
+        "launcher": os.path.abspath(args.launcher),
+        "launcher_exports": words["exports"],
+        "notes": notes,
+        "ray_address": address,
+        "head_port": int(port),
+        "port_base": base,
+        "temp_root": temp_root,
+        "marker": marker,
+        "node_list": nodes,
+    }
+
+
+def ray_argv(argv, env):
+    """`ray start ...` as this machine runs it: the ray script on PATH, else `python -m
+    ray.scripts.scripts` (a site unzipped without pip has no scripts)."""
+    exe = shutil.which("ray", path=env.get("PATH"))
+    return ([exe] if exe else [sys.executable, "-m", "ray.scripts.scripts"]) + argv[1:]
+
+
+def _state_session(pid):
+    """The state and session id of `pid` (fields 3 and 6 of /proc/PID/stat, after the command's
+    parentheses)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return fields[0], int(fields[3])
+
+
+def marked_pids(marker, sessions=()):
+    """This user's processes whose environment holds MARK_VAR=marker, or that are in one of
+    `sessions` (each node's `ray start` began one: Ray's agents and workers stay in it, and a
+    process that sets its title, as Ray's Python processes do, overwrites its /proc environ).
+    Never found by name."""
+    needle = f"{MARK_VAR}={marker}".encode()
+    sessions = set(sessions)
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            if os.stat(f"/proc/{name}").st_uid != os.getuid():
+                continue
+            state, session = _state_session(name)
+            if state in ("Z", "X"):  # (exited, not yet reaped: nothing to stop)
+                continue
+            if session in sessions:
+                found.append(int(name))
+                continue
+            with open(f"/proc/{name}/environ", "rb") as fh:
+                if needle in fh.read().split(b"\0"):
+                    found.append(int(name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def stop_marked(marker, sessions=(), grace=10):
+    """SIGTERM, then SIGKILL, to every process of the run's nodes (marked_pids: Ray's nodes, their
+    workers and agents, the waiter), until none is left; what was found and what outlived it."""
+    first = marked_pids(marker, sessions)
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5)):
+        for pid in marked_pids(marker, sessions):
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        end = time.time() + wait
+        while marked_pids(marker, sessions) and time.time() < end:
+            time.sleep(0.2)
+    return {"found": len(first), "left": marked_pids(marker, sessions)}
+
+
+WAITER = """\
+import json, sys, time
+import ray
+address, want, nodes, wait = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+deadline = time.monotonic() + wait
+ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+while True:
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    gpus = sum(n.get("Resources", {}).get("GPU", 0) for n in alive)
+    seen = {"nodes": len(alive), "gpus": gpus,
+            "per_node": sorted([n.get("NodeManagerPort"), n.get("Resources", {}).get("GPU", 0)] for n in alive)}
+    if gpus >= want and len(alive) >= nodes:
+        print(json.dumps(seen), flush=True)
+        break
+    if time.monotonic() > deadline:
+        print(json.dumps(seen), flush=True)
+        sys.exit(1)
+    time.sleep(2)
+"""
+
+
+def _tail(path, lines=40):
+    try:
+        with open(path, errors="replace") as fh:
+            return "".join(deque(fh, maxlen=lines))
+    except OSError:
+        return None
+
+
+def start_nodes(layout, env, work, deadline, wait):
+    """Starts every node of `layout` (`ray start ... --block`, each in a session of its own, its
+    output in WORK/ray-node-I.log), the head first: the head must listen on its port, then every
+    node's GPUs join (WAITER, within `wait` seconds and the run's deadline). Returns what it saw;
+    an `error` where a node exited or the cluster did not form (the caller stops the marked)."""
+    out = {"started": [], "logs": {}}
+    benchsafe.empty(layout["temp_root"], SCRIPT)  # (its own: a folder of another is refused)
+    layout["sessions"] = []
+    t0 = time.time()
+    procs = []
+    for node in layout["node_list"]:
+        log_path = os.path.join(work, f"ray-node-{node['node']}.log")
+        out["logs"][str(node["node"])] = log_path
+        argv = ray_argv(node["argv"], env)
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(
+                argv,
+                env=dict(env, **node["env"]),
+                cwd=work,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        procs.append(proc)
+        layout["sessions"].append(proc.pid)  # (start_new_session: its pid is its session's id)
+        out["started"].append({"node": node["node"], "pid": proc.pid, "argv": argv})
+        if node["role"] == "head":  # the others join its port: it must answer first
+            while True:
+                if proc.poll() is not None:
+                    return dict(
+                        out, error=f"ray start on the head exited ({proc.returncode}) before it listened"
+                    )
+                try:
+                    socket.create_connection(("127.0.0.1", layout["head_port"]), timeout=2).close()
+                    break
+                except OSError:
+                    pass
+                if time.time() > min(deadline, t0 + wait):
+                    return dict(out, error=f"the head did not listen on port {layout['head_port']} in time")
+                time.sleep(1)
+            out["head_listening_s"] = round(time.time() - t0, 1)
+    want = layout["nodes"] * layout["gpus_per_node"]
+    left = max(5.0, min(deadline, t0 + wait) - time.time())
+    head_env = dict(env, **layout["node_list"][0]["env"])
+    waiter = subprocess.Popen(  # (marked through head_env; a session of its own)
+        [sys.executable, "-c", WAITER, layout["ray_address"], str(want), str(layout["nodes"]), str(left)],
+        env=head_env,
+        cwd=work,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    layout["sessions"].append(waiter.pid)
+    while waiter.poll() is None:
+        dead = [n for n, p in zip(layout["node_list"], procs) if p.poll() is not None]
+        if dead:
+            waiter.kill()
+            n = dead[0]
+            return dict(
+                out,
+                error=f"ray start on node {n['node']} exited ({procs[n['node']].returncode}) before every GPU joined",
+            )
+        if time.time() > min(deadline, t0 + wait) + 60:
+            waiter.kill()
+            return dict(out, error="Ray did not report its nodes within a minute past the wait")
+        time.sleep(1)
+    stdout, stderr = waiter.communicate()
+    try:
+        out["seen"] = json.loads(stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        out["seen"] = None
+    out["joined_s"] = round(time.time() - t0, 1)
+    if waiter.returncode != 0:
+        return dict(
+            out,
+            error=f"after {wait:.0f} s Ray did not see {want} GPUs on {layout['nodes']} nodes: "
+            f"{out['seen']} {stderr.strip()[-800:]}",
+        )
+    return out
+
+
 def run(args):
     t_start = time.time()
     deadline = t_start + args.timeout
@@ -682,6 +1168,7 @@ def run(args):
     result["profile"] = spec.get("profile")
     result["model"] = spec["memory"].get("model")
     result["arch"] = arch
+    result["plan"] = plan_memory(spec)
     render_ov = render_overrides(script)
     result["render_overrides"] = render_ov  # the whole plan as rendered: a replay compares it all
 
@@ -705,6 +1192,34 @@ def run(args):
     result["gpu"] = gpus[0]["name"] if gpus else None
     result["gpu_total_mib"] = gpus[0]["memory_total_mib"] if gpus else None
     result["driver"] = gpus[0]["driver"] if gpus else None
+    n_gpus = args.n_gpus
+    layout = None
+    if args.nodes != 1:
+        visible, assumed = args.assume_gpus or len(gpus), bool(args.assume_gpus)
+        if not visible and args.dry_run:  # (a dry run on a machine without GPUs: as many as asked)
+            visible, assumed = (n_gpus or 0) * args.nodes, True
+        try:
+            if not visible:
+                raise ValueError("nvidia-smi lists no GPU: only --dry-run runs --nodes without GPUs")
+            layout = plan_nodes(args, env, spec, visible, work)
+        except (ValueError, OSError, subprocess.SubprocessError) as e:
+            print(f"run: --nodes {args.nodes}: {e}", file=sys.stderr)
+            result.update(status="bad-layout", rc=2, error=str(e))
+            save()
+            return 2
+        layout["assumed_gpus"] = assumed
+        n_gpus = layout["gpus_per_node"]
+        result["layout"] = layout
+    elif args.launcher:
+        print(
+            "run: --launcher is for --nodes above 1 (one node: the script starts its own Ray)",
+            file=sys.stderr,
+        )
+        result.update(status="bad-layout", rc=2, error="--launcher without --nodes")
+        save()
+        return 2
+    n_gpus = n_gpus or 1
+    result.update(n_gpus=n_gpus, nodes=args.nodes, algorithm=(spec.get("algorithm") or {}).get("name"))
 
     # the run's overrides: two steps with a first validation, then --extra, then the card
     extras = ["trainer.total_training_steps=2", "trainer.val_before_train=True"]
@@ -768,7 +1283,8 @@ def run(args):
         ("apply_patches", [sys.executable, os.path.join(render, "apply_patches.py"), "--site", site], 120),
         ("audit_precision", [sys.executable, os.path.join(render, "audit_precision.py")], 120),
     ]
-    for name, cmd, limit in steps:
+    result["prepared"] = not args.no_prepare
+    for name, cmd, limit in [] if args.no_prepare else steps:
         rc = _step(result, name, cmd, env, work, max(10, min(limit, deadline - time.time())))
         if rc != 0:
             result.update(status=f"{name}-failed", rc=rc, seconds=round(time.time() - t_start, 1))
@@ -783,6 +1299,16 @@ def run(args):
             return 1
         render = emulated["render"]
     result["script_exports"] = script_exports(script)
+    if layout:
+        # what the run script exports that no node's environment holds: Ray's workers inherit
+        # their node's, not the script's (verl hands them none of the launching shell's)
+        on_nodes = set(layout["node_list"][0]["env"])
+        result["script_exports_not_on_nodes"] = sorted(set(result["script_exports"]) - on_nodes)
+        for node in layout["node_list"]:
+            shown = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(node["env"].items()))
+            print(
+                f"[node {node['node']} {node['role']}, GPUs {node['gpus']}] {shown} {shlex.join(node['argv'])}"
+            )
     if args.dry_run:
         result.update(status="dry-run", rc=0)
         save()
@@ -794,8 +1320,37 @@ def run(args):
         DATA_DIR=data_dir,
         GSM8K_FROM=raw_dir,
         ENVBUILD_HOME=render,
-        N_GPUS=str(args.n_gpus),
+        N_GPUS=str(n_gpus),
     )
+    run_env.update(MULTICAST_OFF)
+    if layout:  # the script on the head, joining the cluster the launcher's words form
+        run_env.update(layout["node_list"][0]["env"])
+        run_env.update(RAY_ADDRESS=layout["ray_address"], NNODES=str(layout["nodes"]))
+        result["status"] = "ray-starting"
+        save()
+        # an exception or SIGTERM on the way out of this run still stops its nodes (never by name)
+        teardown = lambda: stop_marked(layout["marker"], layout.get("sessions", ()), grace=5)  # noqa: E731
+        atexit.register(teardown)
+        previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+        def untrap():
+            atexit.unregister(teardown)
+            signal.signal(signal.SIGTERM, previous)
+
+        try:
+            started = start_nodes(layout, env, work, deadline, args.ray_wait)
+        except (OSError, benchsafe.Refused) as e:
+            started = {"error": str(e)}
+        result["ray_cluster"] = started
+        if started.get("error"):
+            result["ray_teardown"] = stop_marked(layout["marker"], layout.get("sessions", ()))
+            untrap()
+            result["ray_node_logs"] = {k: _tail(v) for k, v in started.get("logs", {}).items()}
+            result.update(status="ray-failed", rc=1, seconds=round(time.time() - t_start, 1))
+            save()
+            print(f"[run] {args.case}: Ray's nodes: {started['error']}", file=sys.stderr, flush=True)
+            return 1
+        print(f"[run] Ray: {started.get('seen')} after {started.get('joined_s')} s", flush=True)
     cmd = ["bash", os.path.join(render, "run_ppo_gsm8k.sh"), *extras]
     result["command"] = " ".join(shlex.quote(c) for c in cmd)
     result["status"] = "running"
@@ -853,16 +1408,19 @@ def run(args):
         th.join(timeout=10)
     sampler.stop()
     sampler.join(timeout=5)
-    # Ray's own daemons can outlive the group: stop the cluster this run started
-    try:
-        subprocess.run(
-            [sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"],
-            env=env,
-            capture_output=True,
-            timeout=30,
-        )
-    except (OSError, subprocess.SubprocessError):
-        pass
+    if layout:  # the nodes this run started, by their marker and sessions (never by name)
+        result["ray_teardown"] = stop_marked(layout["marker"], layout.get("sessions", ()))
+        untrap()
+    else:  # Ray's own daemons can outlive the group: stop the cluster this run started
+        try:
+            subprocess.run(
+                [sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"],
+                env=env,
+                capture_output=True,
+                timeout=30,
+            )
+        except (OSError, subprocess.SubprocessError):
+            pass
     rc = proc.returncode
     samples = sampler.samples
     times = dict(watch.times, exit=round(end, 1))
@@ -883,6 +1441,7 @@ def run(args):
             "peak_mib": max((m for _, m in samples), default=None),
             "baseline_mib": samples[0][1] if samples else None,
             "phase_peak_mib": phase_peaks(samples, watch.times, end),
+            "per_gpu": per_gpu_peaks(sampler.per_gpu, watch.times, end, result["plan"].get("peak_gib")),
             "samples": len(samples),
             "series": [[t, m] for t, m in samples[:: max(1, len(samples) // 600)]],
             "error": sampler.error,
@@ -890,6 +1449,8 @@ def run(args):
     )
     if result["status"] != "ok" or not {"1", "2"} <= set(watch.steps):
         result["log_tail"] = "\n".join(watch.tail)
+        if layout:
+            result["ray_node_logs"] = {k: _tail(v) for k, v in result["ray_cluster"]["logs"].items()}
     save()
     print(
         f"[run] {args.case}: {result['status']} rc={result['rc']} in {end:.0f}s; timeline {times}; "
@@ -948,6 +1509,24 @@ def emulate(render, work, env, gpus):
         return dict(out, error=f"the render's copy {copy}: {e}")
     out["sidecar_changed"] = {"preflight.compute_capability": [out["profile_cc"], out["device_cc"]]}
     return dict(out, render=copy)
+
+
+def plan_memory(spec):
+    """The memory plan's per-GPU figures in envbuild.json (GiB): its peak, that peak's phase, and
+    each phase's bytes, which a run's per-GPU peaks are held to."""
+    mem = spec.get("memory") or {}
+    peak = mem.get("peak") or {}
+    phases = {}
+    for ph in mem.get("phases") or []:
+        if isinstance(ph, dict) and ph.get("phase") and isinstance(ph.get("bytes"), (int, float)):
+            phases[ph["phase"]] = round(ph["bytes"] / GIB, 3)
+    return {
+        "peak_gib": peak.get("gib"),
+        "peak_phase": peak.get("phase"),
+        "phases_gib": phases,
+        "rollout_tp": mem.get("rollout_tp"),
+        "cluster": spec.get("cluster"),
+    }
 
 
 EXPORT_RE = re.compile(r"^export ([A-Z_][A-Z0-9_]*)=(.*)$", re.M)
@@ -1010,6 +1589,21 @@ args=(
 exec python3 -m verl.trainer.main_ppo "${args[@]}" "$@"
 """
 
+SAMPLE_LAUNCHER = """\
+# envbuild launch ray: h100 on 2 node(s) x 4 GPU(s) (NVIDIA H100), verl 0.9.1, gae, tcp
+HEAD_IP=127.0.0.1
+# 1. on every node, before `ray start` (Ray's workers inherit it; a value you export wins):
+export NCCL_IB_DISABLE=${NCCL_IB_DISABLE:-1}
+iface=$(awk '$2 == "00000000" {print $1; exit}' /proc/net/route)  # the default route's interface
+export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-$iface} GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-$iface}
+# 2. on the head node:
+ray start --head --node-ip-address="$HEAD_IP" --port=6379 --num-gpus=4 --disable-usage-stats
+# 3. on each of the other 1 node(s):
+ray start --address="$HEAD_IP":6379 --num-gpus=4 --disable-usage-stats
+# 4. on the head, once `ray status` shows 8 GPUs; the image must be built for this run: envbuild build h100
+RAY_ADDRESS="$HEAD_IP:6379" /opt/envbuild/run_ppo_gsm8k.sh
+"""
+
 
 def selftest():
     w = LogWatch()
@@ -1066,6 +1660,66 @@ def selftest():
     )
     assert peaks["launch->workers_ready"] == 500 and peaks["validation_done->step1"] == 20000, peaks
     assert peaks["step1->step2"] == 30000 and peaks["step2->exit"] == 100, peaks
+    # two GPUs' interleaved nvidia-smi lines: each GPU's own series, and their sum per sweep
+    sm = SmiSeries()
+    lines = [
+        (0.2, "1, 7"),  # (a sweep's tail before the first index 0: skipped)
+        (0.5, "0, 100"),
+        (0.5, "1, 200"),
+        (1.5, "0, 9000"),
+        (1.5, "1, 300"),
+        (5.5, "0, 400"),
+        (5.5, "1, [N/A]"),  # (does not parse: skipped)
+        (6.5, "0, 500"),
+        (6.5, "1, 30000"),
+        (7.5, "0, 600"),
+    ]
+    for t, line in lines:
+        sm.feed(line + "\n", t)
+    assert sm.samples == [(0.5, 300), (1.5, 9300), (5.5, 400), (6.5, 30500)], sm.samples
+    assert sm.per_gpu == {
+        0: [(0.5, 100), (1.5, 9000), (5.5, 400), (6.5, 500), (7.5, 600)],
+        1: [(0.5, 200), (1.5, 300), (6.5, 30000)],
+    }, sm.per_gpu
+    marks = {"workers_ready": 1.0, "rollout_ready": 3.0, "validation_done": 5.0, "step1": 6.0, "step2": 7.0}
+    pg = per_gpu_peaks(sm.per_gpu, marks, 9.0, plan_peak_gib=10)
+    assert pg["0"]["peak_mib"] == 9000 and pg["1"]["peak_mib"] == 30000, pg
+    assert pg["0"]["phase_peak_mib"]["workers_ready->rollout_ready"] == 9000, pg
+    assert pg["1"]["phase_peak_mib"]["workers_ready->rollout_ready"] == 300, pg
+    assert (
+        pg["1"]["phase_peak_mib"]["step1->step2"] == 30000
+        and pg["0"]["phase_peak_mib"]["step1->step2"] == 500
+    )
+    assert pg["1"]["phase_peak_mib"]["validation_done->step1"] is None, pg  # (its one sample did not parse)
+    assert pg["0"]["of_plan"] == round(9000 / 10240, 3) and pg["1"]["baseline_mib"] == 200, pg
+    # the launcher's text: the head's and the other nodes' `ray start` lines, what runs before them
+    lp = parse_launcher(SAMPLE_LAUNCHER)
+    assert (
+        lp["head"] == '--head --node-ip-address="$HEAD_IP" --port=6379 --num-gpus=4 --disable-usage-stats'
+    ), lp
+    assert lp["worker"] == '--address="$HEAD_IP":6379 --num-gpus=4 --disable-usage-stats', lp
+    assert lp["run"] == 'RAY_ADDRESS="$HEAD_IP:6379" /opt/envbuild/run_ppo_gsm8k.sh', lp
+    assert lp["prelude"][0] == "HEAD_IP=127.0.0.1" and lp["prelude"][-1].startswith("export NCCL_SOCKET"), lp
+    assert not any(line.lstrip().startswith("#") for line in lp["prelude"]), lp
+    for bad in ("", "# only comments\nray start --address=x:1 --num-gpus=4\n"):
+        try:
+            parse_launcher(bad)
+            raise AssertionError(f"parse_launcher took {bad!r}")
+        except ValueError:
+            pass
+    assert split_gpus(8, 2, 4) == split_gpus(8, 2, None) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert split_gpus(8, 4, 2) == [[0, 1], [2, 3], [4, 5], [6, 7]] and split_gpus(8, 2, 2) == [[0, 1], [2, 3]]
+    for visible, nodes, per in ((6, 2, 4), (7, 2, None), (8, 0, 4), (0, 2, None)):
+        try:
+            split_gpus(visible, nodes, per)
+            raise AssertionError(f"split_gpus took {visible} GPUs, {nodes} nodes, {per} each")
+        except ValueError:
+            pass
+    w0, w1 = node_words(0, 20000, "/tmp/x"), node_words(1, 20000, "/tmp/x")
+    ports = [[int(x.split("=")[1]) for x in w if x.split("=")[0].endswith("port")] for w in (w0, w1)]
+    assert not set(ports[0]) & set(ports[1]) and max(ports[0]) < min(ports[1]), ports
+    assert _flag(w0, "temp-dir") == "/tmp/x/0" and _flag(w1, "temp-dir") == "/tmp/x/1" and w0[-1] == "--block"
+    assert _flag(w1, "max-worker-port") == str(20000 + 2 * (NODE_FIXED_PORTS + NODE_WORKER_PORTS) - 1), w1
     d = _durations({"ray_init": 1.0, "workers_ready": 70.0, "step1": 200.0, "exit": 300.0})
     assert d == {
         "launch->ray_init": 1.0,
@@ -1103,7 +1757,35 @@ def main(argv=None):
     )
     r.add_argument("--train-rows", type=int, default=0, help="default: 2 x train batch + 8")
     r.add_argument("--val-rows", type=int, default=300)
-    r.add_argument("--n-gpus", type=int, default=1)
+    r.add_argument(
+        "--n-gpus",
+        type=int,
+        default=None,
+        help="GPUs a node (N_GPUS of the run script); default 1, with --nodes the listed GPUs / N",
+    )
+    r.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help="Ray nodes on this host, each --n-gpus GPUs of its own, started with --launcher's words "
+        "(default 1: the run script starts its own Ray)",
+    )
+    r.add_argument(
+        "--launcher",
+        default=None,
+        help="what `envbuild launch ray PROFILE --nodes N --head-ip 127.0.0.1` printed",
+    )
+    r.add_argument(
+        "--ray-port-base", type=int, default=0, help="the nodes' own ports from here (default: a free block)"
+    )
+    r.add_argument("--ray-node-args", default="", help="more `ray start` words on every node, one string")
+    r.add_argument("--ray-head-args", default="", help="more `ray start` words on the head only, one string")
+    r.add_argument("--ray-wait", type=float, default=RAY_WAIT, help="seconds for every node's GPUs to join")
+    r.add_argument(
+        "--no-prepare",
+        action="store_true",
+        help="make no model or data and run no patches or audit (a dry run without torch, a stand-in script)",
+    )
     r.add_argument("--work", default=None, help="model and data (default /tmp/envbuild-ppo/CASE)")
     r.add_argument("--dry-run", action="store_true", help="everything but the launch")
     r.add_argument(
@@ -1112,6 +1794,7 @@ def main(argv=None):
         help="run a profile for another card (its preflight may refuse only the card's compute capability)",
     )
     r.add_argument("--assume-total-mib", type=int, default=0, help=argparse.SUPPRESS)  # (tests without a GPU)
+    r.add_argument("--assume-gpus", type=int, default=0, help=argparse.SUPPRESS)  # (tests without a GPU)
     m = sub.add_parser("make-model")
     m.add_argument("--arch", required=True)
     m.add_argument("--out", required=True)
