@@ -165,8 +165,10 @@ def test_the_dry_run_starts_each_node_with_the_launchers_own_words_and_its_own_g
     assert lay["ray_address"] == "127.0.0.1:6379" and lay["head_port"] == 6379
     assert "NCCL_NVLS_ENABLE=0" in out and "CUDA_VISIBLE_DEVICES=4,5,6,7" in out
     assert rec["plan"]["cluster"]["nodes"] == 2 and rec["plan"]["peak_gib"] > 0
-    # what the run script exports that the launcher does not give the nodes (their workers')
-    assert "PYTORCH_CUDA_ALLOC_CONF" in rec["script_exports_not_on_nodes"]
+    # every variable the run script exports for its workers, the launcher gives each node too
+    # (engines/launch.node_env): the allocator's expandable segments reach a two-node run's workers
+    assert "PYTORCH_CUDA_ALLOC_CONF" in rec["script_exports"]
+    assert rec["script_exports_not_on_nodes"] == [], rec["script_exports_not_on_nodes"]
 
 
 def test_without_gpus_only_the_dry_run_passes(multi):

@@ -1050,3 +1050,40 @@ def test_gb200s_sbatch_script_sets_them_and_passes_them_into_docker(tmp_path):
     names = next(line for line in script.splitlines() if line.startswith("for name in ")).split()
     assert {"NCCL_MNNVL_ENABLE", "NCCL_NVLS_ENABLE"} <= set(names)
     assert "MNNVL" not in L.slurm_script(resolved("h100", nodes=2), image=IMAGE)
+
+
+@pytest.mark.parametrize("profile,kw", [("h100", {"nodes": 2}), ("p40", {}), ("4090", {"nodes": 2})])
+def test_every_launcher_gives_each_node_the_run_scripts_own_worker_variables(profile, kw):
+    """Issue 49: on a cluster `ray start` made, Ray's workers inherit their node's raylet, not
+    the shell that runs the script, and verl hands them none of its variables; so each variable
+    the run script exports for its workers (expandable segments, vLLM's compile cache, the hub,
+    torch.compile off below Triton's floor) is exported the same way on every node, by every
+    launcher: the same line as the run script's, the same default and the same empty-value rule."""
+    from envbuilder.render.context import BuildContext
+
+    env = resolved(profile, **kw)
+    script = render_files(BuildContext.of(env))["run_ppo_gsm8k.sh"]
+    exported = {ln.split("=", 1)[0].split()[1]: ln for ln in script.splitlines() if ln.startswith("export ")}
+    want = L.node_env(env)
+    assert {v.name for v in want} >= {"HF_ENDPOINT"}
+    if env.cuda_alloc_conf is not None and env.cuda_alloc_conf.value:
+        assert "PYTORCH_CUDA_ALLOC_CONF" in {v.name for v in want}
+    for var in want:
+        assert exported.get(var.name) == var.export(), (var, exported.get(var.name))
+    ray = L.ray_commands(env, head_ip="10.0.0.1")
+    sbatch = L.slurm_script(env, sif="/images/x.sif")
+    pods = L.rayjob(env, IMAGE)["spec"]["rayClusterSpec"]
+    containers = [pods["headGroupSpec"]["template"]["spec"]["containers"][0]]
+    containers += [g["template"]["spec"]["containers"][0] for g in pods.get("workerGroupSpecs", [])]
+    for var in want:
+        line = var.export()
+        assert ray.index(line) < ray.index("ray start --head"), var
+        rows = sbatch.splitlines()
+        first_srun = next(i for i, r in enumerate(rows) if "srun " in r and not r.lstrip().startswith("#"))
+        assert line in rows and rows.index(line) < first_srun, var
+        for c in containers:
+            assert {"name": var.name, "value": var.value} in c["env"], (var, c["env"])
+    docker = L.slurm_script(env, image="registry.example:5000/envbuild/x:1")
+    names = next(ln for ln in docker.splitlines() if ln.startswith("for name in ")).split()[3:-1]
+    names[-1] = names[-1].rstrip(";")
+    assert {var.name for var in want} <= set(names), names

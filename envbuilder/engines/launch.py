@@ -17,7 +17,7 @@ import os
 import re
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Literal, NamedTuple
 
 from envbuilder.errors import UserError
 from envbuilder.render.image import RECORD  # (the image's own resolved environment)
@@ -316,6 +316,40 @@ def imex_lines(env: ResolvedEnv) -> list[str]:
     ]
 
 
+class NodeVar(NamedTuple):
+    """A variable of the run script's own that Ray's workers need on every node: its name, the
+    value the run script gives it, and how an exported value meets it: ":-" an exported value
+    wins unless empty (`${NAME:-v}`), "-" an exported one wins even empty (empty turns it off),
+    "" none does (the run script sets it outright)."""
+
+    name: str
+    value: str
+    form: Literal[":-", "-", ""] = ":-"
+
+    def export(self) -> str:
+        if not self.form:
+            return f"export {self.name}={sh(self.value)}"
+        return f"export {self.name}=${{{self.name}{self.form}{sh(self.value)}}}"
+
+
+def node_env(env: ResolvedEnv) -> list[NodeVar]:
+    """What the rendered run script exports for its workers (templates/run_ppo_gsm8k.sh.j2:
+    the hub, vLLM's compile cache, torch.compile off below Triton's floor, the allocator's
+    expandable segments). On one node verl's own `ray.init` starts Ray from that shell, so its
+    workers inherit them; on a cluster started by `ray start` the workers inherit the raylet's
+    environment instead, and verl hands them none of the launching shell's, so every node's
+    `ray start` needs them (issue 49: a two-node run's workers had no expandable segments)."""
+    out = [NodeVar("HF_ENDPOINT", env.huggingface)]
+    cc = env.vllm.compile_cache if env.vllm else None
+    if cc is not None:
+        out.append(NodeVar(cc.env, cc.value))
+    if not env.features.torch_compile:
+        out.append(NodeVar("TORCHDYNAMO_DISABLE", "1", ""))
+    if env.cuda_alloc_conf is not None and env.cuda_alloc_conf.value:
+        out.append(NodeVar("PYTORCH_CUDA_ALLOC_CONF", env.cuda_alloc_conf.value, "-"))
+    return out
+
+
 def ray_head_args(ip: str, port: str, gpus: str) -> list[str]:
     return ["--head", f"--node-ip-address={ip}", f"--port={port}", f"--num-gpus={gpus}", RAY_QUIET]
 
@@ -353,8 +387,11 @@ def slurm_script(
         "nodes": cl.nodes,
         "gpus_per_node": cl.gpus_per_node,
         "env": dict(cl.env),
+        "node_exports": [var.export() for var in node_env(env)],
         "interface": cl.interface,
-        "docker_env": sorted(set(DOCKER_ENV) | set(cl.env) | set(cl.without_imex or {})),
+        "docker_env": sorted(
+            set(DOCKER_ENV) | set(cl.env) | set(cl.without_imex or {}) | {var.name for var in node_env(env)}
+        ),
         "imex_lines": imex_lines(env),
         "run_script": RUN_SCRIPT,
         "record": RECORD,
@@ -409,7 +446,13 @@ def rayjob(
     cpus, memory_gib, shm_gib = pod_sizes(env, cpus, memory_gib, shm_gib)
     label = label_value(env.profile)  # (before the job's name, which --job-name can fix)
     name = job_name(job, env.asked, kubernetes=True)
-    variables = {**dict(cl.env), "RAY_USAGE_STATS_ENABLED": "0"}
+    # (the run script's own variables too: Ray's workers on each pod inherit the pod's, not the
+    # entrypoint's; node_env)
+    variables = {
+        **dict(cl.env),
+        **{var.name: var.value for var in node_env(env)},
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
     if data_pvc is not None:
         variables.update(DATA_DIR="/data/gsm8k", HF_HOME="/data/huggingface")
     resources = {"cpu": str(cpus), "memory": f"{memory_gib}Gi", "nvidia.com/gpu": str(cl.gpus_per_node)}
@@ -535,22 +578,23 @@ def ray_commands(env: ResolvedEnv, *, head_ip: str | None = None, port: int = RA
         if head_ip
         else "HEAD_IP=${HEAD_IP:?set HEAD_IP to the address the other nodes reach the head at}",
     ]
-    if cl.env or cl.interface or cl.without_imex:
-        lines.append(
-            "# 1. on every node, before `ray start` (Ray's workers inherit it; a value " + "you export wins):"
-        )
-        lines += [f"export {k}=${{{k}:-{sh(v)}}}" for k, v in cl.env.items()]
-        if cl.interface:
-            lines += [
-                (
-                    "iface=$(awk '$2 == \"00000000\" {print $1; exit}' /proc/net/route)  "
-                    "# the default route's interface"
-                ),
-                (
-                    "export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-$iface} "
-                    "GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-$iface}"
-                ),
-            ]
+    lines.append(
+        "# 1. on every node, before `ray start` (Ray's workers inherit it, and verl hands them "
+        "nothing of the shell that runs step 4; a value you export wins):"
+    )
+    lines += [f"export {k}=${{{k}:-{sh(v)}}}" for k, v in cl.env.items()]
+    lines += [var.export() for var in node_env(env)]
+    if cl.interface:
+        lines += [
+            (
+                "iface=$(awk '$2 == \"00000000\" {print $1; exit}' /proc/net/route)  "
+                "# the default route's interface"
+            ),
+            (
+                "export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-$iface} "
+                "GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-$iface}"
+            ),
+        ]
     lines += imex_lines(env)
     ip, p, g = '"$HEAD_IP"', str(port), str(cl.gpus_per_node)
     # (an IPv6 address joins its port in brackets: [::1]:6379)

@@ -2,8 +2,10 @@
 # Run these in the image on each node (apptainer exec --nv IMAGE.sif bash, or docker
 # run --gpus all --network host --ipc host -it IMAGE bash), or beside a rendered run script.
 HEAD_IP=192.168.1.10
-# 1. on every node, before `ray start` (Ray's workers inherit it; a value you export wins):
+# 1. on every node, before `ray start` (Ray's workers inherit it, and verl hands them nothing of the shell that runs step 4; a value you export wins):
 export NCCL_IB_DISABLE=${NCCL_IB_DISABLE:-1}
+export HF_ENDPOINT=${HF_ENDPOINT:-https://huggingface.co}
+export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF-expandable_segments:True}
 iface=$(awk '$2 == "00000000" {print $1; exit}' /proc/net/route)  # the default route's interface
 export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-$iface} GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-$iface}
 # 2. on the head node:
