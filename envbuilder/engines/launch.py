@@ -17,9 +17,10 @@ import os
 import re
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Literal, NamedTuple
+from typing import TYPE_CHECKING, Callable, Literal
 
 from envbuilder.errors import UserError
+from envbuilder.record import Record
 from envbuilder.render.image import RECORD  # (the image's own resolved environment)
 from envbuilder.render.image import RUN_SCRIPT_PATH as RUN_SCRIPT  # (where the Dockerfile copies it)
 from envbuilder.render.quoting import comment, sh
@@ -316,7 +317,7 @@ def imex_lines(env: ResolvedEnv) -> list[str]:
     ]
 
 
-class NodeVar(NamedTuple):
+class NodeVar(Record):
     """A variable of the run script's own that Ray's workers need on every node: its name, the
     value the run script gives it, and how an exported value meets it: ":-" an exported value
     wins unless empty (`${NAME:-v}`), "-" an exported one wins even empty (empty turns it off),
