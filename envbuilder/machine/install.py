@@ -17,6 +17,9 @@ build, every module of the training path, verl patched and audited.
 apex and flash-attn (where the profile has them) are compiled into the environment when the
 nvcc on PATH is torch's CUDA, as the image's builder stage compiles them; else each is named in
 the report's `not_installed` with what is missing and the command that builds it.
+TransformerEngine's PyTorch extension (the Megatron engine) compiles with PyPI's CUDA compiler
+on both routes: online from the index (verify's executor), from a wheelhouse with the compiler
+wheels its lock's sources part pins (compile_te_offline).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple, TypedDict, cast
+from typing import TYPE_CHECKING, TypedDict, cast
 
 from envbuilder.secret import SecretUrl, secret
 from envbuilder.errors import ActionError, UserError
@@ -44,6 +47,7 @@ from envbuilder.render import steps as S
 from envbuilder.tools.python import Interpreter, isolated_env, own_code_env
 from envbuilder.tools.run import stop_group
 from envbuilder.machine.verify_report import NotInstalled
+from envbuilder.record import Record
 
 if TYPE_CHECKING:
     from typing_extensions import NotRequired
@@ -375,7 +379,7 @@ def build_extensions(
     return ok
 
 
-class WheelhouseToolchain(NamedTuple):
+class WheelhouseToolchain(Record):
     """What a wheelhouse carries for compiling TransformerEngine's PyTorch extension (the
     Megatron engine) with no index: the extension's sdist and PyPI's CUDA compiler and build
     requirements (sources/, each pinned by the lock's sources part), by (file name, sha256)."""
