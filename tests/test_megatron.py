@@ -662,3 +662,76 @@ def test_render_from_its_own_envbuild_json_writes_the_same_files(cli, flags):
 def test_a_given_layout_that_does_not_fit_names_the_plans_own(cli):
     v = violations("h100", model=MOE, algo="grpo", engine="megatron", nodes=2, megatron=("cp=2",))["memory"]
     assert v.fix.startswith("drop --megatron (the plan's own layout, TP 1, PP 1, EP 8, fits)")
+
+
+def test_pypis_real_cuda_compiler_is_locked_and_runs_from_the_venv_with_no_network(real_pypi, tmp_path):
+    """The real thing, short of the 10-minute compile: the lock's pins of PyPI's CUDA 13.0
+    compiler for h100 (the newest 13.0.* wheel of each, hashed), those wheels in a wheelhouse's
+    sources/, installed by install's own argv (pip --no-index --require-hashes from there) into
+    a venv with no network (unshare -n where the sandbox allows it), and the nvcc the build's
+    PATH finds first is the venv's, CUDA_HOME/bin/nvcc, saying release 13.0."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    import requests
+
+    from envbuilder.lock.sources import TOOLCHAIN_KEY, te_toolchain
+    from envbuilder.machine.install import WheelhouseToolchain, offline_te_commands
+    from envbuilder.model.components import transformer_engine as TE
+    from envbuilder.secret import SecretUrl
+
+    env = resolved("h100", engine="megatron")
+    pins = te_toolchain(env, SecretUrl(real_pypi))
+    assert sorted(pins) == sorted(TOOLCHAIN_KEY + t for t in (*TE.TOOLCHAIN, *TE.BUILD_REQUIRES))
+    for t in TE.TOOLCHAIN:
+        assert str(pins[TOOLCHAIN_KEY + t]["ref"]).startswith("13.0."), pins[TOOLCHAIN_KEY + t]
+        assert "x86_64" in str(pins[TOOLCHAIN_KEY + t]["filename"])
+    wh = tmp_path / "wh"
+    sources = wh / "sources"
+    sources.mkdir(parents=True)
+    for pin in pins.values():
+        got = requests.get(str(pin["url"]), timeout=300)
+        got.raise_for_status()
+        assert hashlib.sha256(got.content).hexdigest() == pin["sha256"]
+        (sources / str(pin["filename"])).write_bytes(got.content)
+    prefix = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", str(prefix)], check=True)
+    py = prefix / "bin" / "python"
+    site = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['platlib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    tc = WheelhouseToolchain(
+        ("transformer_engine_torch-2.12.0.tar.gz", "0" * 64),
+        {
+            k.removeprefix(TOOLCHAIN_KEY): (str(p["ref"]), str(p["filename"]), str(p["sha256"]))
+            for k, p in pins.items()
+        },
+    )
+    tools, req, build, variables = offline_te_commands(env, wh, prefix, tc, site, set())
+    (tmp_path / "toolchain.txt").write_text(req)
+    cmd = [*tools, str(tmp_path / "toolchain.txt")]
+    if (
+        shutil.which("unshare")
+        and subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode == 0
+    ):
+        cmd = ["unshare", "-n", *cmd]
+    child = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    r = subprocess.run(
+        cmd, capture_output=True, text=True, env=dict(child, PIP_CONFIG_FILE=os.devnull), timeout=600
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    home = variables["CUDA_HOME"]
+    assert home == f"{site}/nvidia/cu13"
+    nvcc = shutil.which("nvcc", path=variables["PATH"])
+    assert nvcc == f"{home}/bin/nvcc"
+    said = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
+    assert "release 13.0" in said, said
+    # the build: the wheelhouse's sdist, pip with no index and the wheelhouse's files alone
+    assert build[-1] == str(sources / "transformer_engine_torch-2.12.0.tar.gz")
+    assert ["--no-index", "--find-links", str(sources)] == build[build.index("--no-index") :][:3]
+    assert "--no-build-isolation" in build and "NVTE_CUDA_ARCHS=90" in build
