@@ -735,3 +735,23 @@ def test_pypis_real_cuda_compiler_is_locked_and_runs_from_the_venv_with_no_netwo
     assert build[-1] == str(sources / "transformer_engine_torch-2.12.0.tar.gz")
     assert ["--no-index", "--find-links", str(sources)] == build[build.index("--no-index") :][:3]
     assert "--no-build-isolation" in build and "NVTE_CUDA_ARCHS=90" in build
+
+
+def test_the_compiler_is_an_input_of_the_megatron_locks_sources_part_alone():
+    """A Megatron lock made before its sources part pinned the compiler is stale (lock --check
+    says so, and a re-lock pins it); every other profile's inputs are as they were."""
+    from envbuilder.lock.lockfile import solver_inputs
+
+    mega = solver_inputs(resolved("h100", engine="megatron"), ("sources",))["sources"]
+    assert mega["toolchain"] == [
+        "nvidia-cuda-nvcc==13.0.*",
+        "nvidia-cuda-crt==13.0.*",
+        "nvidia-nvvm==13.0.*",
+        "nvidia-cuda-cccl==13.0.*",
+        "setuptools",
+        "pybind11",
+        "ninja",
+        "wheel",
+    ]
+    for profile in ("p40", "a100", "h100"):
+        assert "toolchain" not in solver_inputs(resolved(profile), ("sources",)).get("sources", {})
