@@ -431,21 +431,9 @@ def test_an_offline_megatron_install_compiles_the_extension_with_the_wheelhouses
     py = _python312()
     wh = megatron_wheelhouse(tmp_path, py)
     prefix = tmp_path / "env"
-    r = _install(
-        [
-            "h100",
-            "--engine",
-            "megatron",
-            "--prefix",
-            str(prefix),
-            "--from-wheelhouse",
-            str(wh),
-            "--interpreter",
-            py,
-            "--json",
-        ],
-        tmp_path,
-    )
+    args = ["h100", "--engine", "megatron", "--prefix", str(prefix), "--from-wheelhouse", str(wh)]
+    args += ["--interpreter", py, "--json"]
+    r = _install(args, tmp_path)
     assert "Traceback" not in r.stderr and "--from-wheelhouse with --engine megatron" not in r.stderr, (
         r.stderr[-3000:]
     )
@@ -473,6 +461,12 @@ def test_an_offline_megatron_install_compiles_the_extension_with_the_wheelhouses
     ).stdout.strip()
     assert seen["CUDA_HOME"] == f"{site}/nvidia/cu13" and seen["nvcc"] == f"{site}/nvidia/cu13/bin/nvcc"
     assert "release 13.0" in seen["version"] and seen["NVTE_CUDA_ARCHS"] == "90"
+    # run again (an install is resumable): the extension is there, nothing compiles again
+    again = _install(args, tmp_path)
+    steps = [s["step"] for s in json.loads(again.stdout)["steps"]]
+    assert "build transformer-engine" not in steps and "is compiled into" in again.stderr, again.stderr[
+        -2000:
+    ]
 
 
 def test_a_wheelhouse_without_the_compiler_is_refused_saying_to_export_it_again(tmp_path):

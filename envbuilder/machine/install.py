@@ -507,19 +507,32 @@ def compile_te_offline(
 
     from envbuilder.model.components import transformer_engine as TE
 
+    mg = env.megatron
+    assert mg is not None
     py = prefix / "bin" / "python"
+    probe = f"import importlib.metadata as m; print(m.version({TE.DIST!r}))"
+    had = subprocess.run(
+        [str(py), "-c", probe], capture_output=True, text=True, timeout=120, env=isolated_env()
+    )
+    if had.returncode == 0 and had.stdout.strip() == mg.transformer_engine:
+        say(f"transformer-engine: {TE.DIST} {mg.transformer_engine} is compiled into {prefix} already")
+        return True  # (a re-run of an install that got this far compiles nothing again)
     sdist = wheelhouse / "sources" / tc.sdist[0]
     h = hashlib.sha256()
-    with open(sdist, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    if h.hexdigest() != tc.sdist[1]:
+    try:
+        with open(sdist, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        got = h.hexdigest()
+    except OSError as e:
+        got = f"nothing readable ({e.strerror})"
+    if got != tc.sdist[1]:
         report.steps.append(
             {
                 "step": "build transformer-engine",
                 "ok": False,
                 "seconds": 0.0,
-                "error": f"{sdist} hashes to {h.hexdigest()}, not the lock's {tc.sdist[1]}: export the wheelhouse again",
+                "error": f"{sdist} hashes to {got}, not the lock's {tc.sdist[1]}: export the wheelhouse again",
             }
         )
         return False
@@ -538,9 +551,11 @@ def compile_te_offline(
         say(f"transformer-engine: PyPI's CUDA {env.torch.cuda} compiler from the wheelhouse into {prefix}")
         if req and not _run(report, "toolchain", [*tools, str(path)], isolated_env(), say):
             return False
+    jobs = int(variables["MAX_JOBS"])
     say(
-        f"transformer-engine: compiling {TE.DIST} {env.megatron.transformer_engine if env.megatron else ''} "
-        f"from the wheelhouse's sdist with {variables['CUDA_HOME']}/bin/nvcc and {variables['MAX_JOBS']} jobs"
+        f"transformer-engine: compiling {TE.DIST} {mg.transformer_engine} for sm_{mg.te_arch} from the "
+        f"wheelhouse's sdist with {variables['CUDA_HOME']}/bin/nvcc and {jobs} jobs (expect about "
+        f"{-(-TE.CORE_MINUTES // jobs)} min)"
     )
     return _run(report, "build transformer-engine", build, isolated_env(**variables), say)
 
