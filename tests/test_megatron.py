@@ -749,3 +749,34 @@ def test_the_compiler_is_an_input_of_the_megatron_locks_sources_part_alone():
     ]
     for profile in ("p40", "a100", "h100"):
         assert "toolchain" not in solver_inputs(resolved(profile), ("sources",)).get("sources", {})
+
+
+def test_the_sbom_names_the_extensions_sdist_and_the_compiler_it_is_built_with():
+    """sources.lock's sdist and compiler wheels are components of a Megatron lock's SBOM, each a
+    PyPI purl with its file and sha256 (the sdist compiled for the card); no other profile's
+    SBOM gains anything from keys it never has."""
+    from envbuilder.lock.documents import SourcePin
+    from envbuilder.lock.sbom import source_components
+
+    nvcc = f"nvidia_cuda_nvcc-13.0.88-{PLAT}.whl"
+    sources = {
+        "transformer_engine_torch": SourcePin.of(
+            {
+                "url": "https://files.example/t.tar.gz",
+                "sha256": "1" * 64,
+                "filename": "t.tar.gz",
+                "ref": "2.12.0",
+            }
+        ),
+        "toolchain-nvidia-cuda-nvcc": SourcePin.of(
+            {"url": f"https://files.example/{nvcc}", "sha256": "2" * 64, "filename": nvcc, "ref": "13.0.88"}
+        ),
+    }
+    got = {c["name"]: c for c in source_components(resolved("h100", engine="megatron"), sources)}
+    assert got["nvidia-cuda-nvcc"]["purl"].startswith("pkg:pypi/nvidia-cuda-nvcc@13.0.88?")
+    assert got["nvidia-cuda-nvcc"]["hashes"] == [{"alg": "SHA-256", "content": "2" * 64}]
+    te = got["transformer_engine_torch"]
+    assert (
+        te["version"] == "2.12.0" and {"name": "envbuild:compiled-for", "value": "sm_90"} in te["properties"]
+    )
+    assert source_components(resolved("h100"), sources) == []
