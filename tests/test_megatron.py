@@ -8,6 +8,7 @@ on this machine's CPU) counts only while today's renders give the same overrides
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -273,16 +274,266 @@ def test_a_deepseek_style_moe_plans_on_both_engines():
     assert args(mega)["model_engine"] == "megatron" and "model_engine" not in args(fsdp)
 
 
-def test_an_offline_megatron_install_is_refused_before_anything_is_written(tmp_path):
-    # (the wheelhouse holds the extension's sdist, not the CUDA compiler install builds it with)
-    wh = ROOT / "tests" / "fixtures" / "wheelhouse-4090"
+# ---- the offline route: the wheelhouse carries PyPI's CUDA compiler ----------------------------
+
+NVCC_SH = '#!/bin/sh\necho "Cuda compilation tools, release 13.0, V13.0.88 (wheelhouse stand-in)"\n'
+# the extension's stand-in sdist: an in-tree backend that builds only with the nvcc of CUDA_HOME
+# (the first on PATH), and records which one it ran and what it said
+TE_BACKEND = """\
+import base64, hashlib, os, shutil, subprocess, zipfile
+
+def _hash(d):
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b"=").decode()
+
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    nvcc = shutil.which("nvcc")
+    assert nvcc == os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc"), (nvcc, os.environ["CUDA_HOME"])
+    said = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
+    seen = {"nvcc": nvcc, "version": said, "CUDA_HOME": os.environ["CUDA_HOME"],
+            "NVTE_CUDA_ARCHS": os.environ.get("NVTE_CUDA_ARCHS"), "CPATH": os.environ.get("CPATH")}
+    info = "transformer_engine_torch-2.12.0.dist-info"
+    files = {"transformer_engine_torch/__init__.py": ("SEEN = " + repr(seen) + "\\n").encode()}
+    files[info + "/METADATA"] = b"Metadata-Version: 2.1\\nName: transformer_engine_torch\\nVersion: 2.12.0\\n"
+    files[info + "/WHEEL"] = b"Wheel-Version: 1.0\\nGenerator: standin\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n"
+    rec = "".join(p + "," + _hash(d) + "," + str(len(d)) + "\\n" for p, d in files.items())
+    files[info + "/RECORD"] = (rec + info + "/RECORD,,\\n").encode()
+    name = "transformer_engine_torch-2.12.0-py3-none-any.whl"
+    with zipfile.ZipFile(os.path.join(wheel_directory, name), "w") as z:
+        for p, d in files.items():
+            z.writestr(zipfile.ZipInfo(p, (2024, 1, 1, 0, 0, 0)), d)
+    return name
+"""
+
+
+def _te_sdist(dest: Path) -> Path:
+    import gzip
+    import io
+    import tarfile
+
+    root = "transformer_engine_torch-2.12.0"
+    contents = {
+        f"{root}/PKG-INFO": "Metadata-Version: 2.1\nName: transformer_engine_torch\nVersion: 2.12.0\n",
+        f"{root}/pyproject.toml": '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n',
+        f"{root}/backend.py": TE_BACKEND,
+    }
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path, text in sorted(contents.items()):
+            data = text.encode()
+            info = tarfile.TarInfo(path)
+            info.size, info.mtime, info.mode = len(data), 1704067200, 0o644
+            tar.addfile(info, io.BytesIO(data))
+    dest.mkdir(parents=True, exist_ok=True)
+    path = dest / f"{root}.tar.gz"
+    path.write_bytes(gzip.compress(raw.getvalue(), mtime=0))
+    return path
+
+
+def toolchain_wheels(dest: Path) -> dict[str, Path]:
+    """Stand-ins of PyPI's CUDA 13.0 compiler wheels (nvcc an executable under nvidia/cu13/bin,
+    as the real wheel unpacks it) and of the build requirements (a dist-info, no module: the
+    stand-in build needs none), {project: wheel}."""
+    import zipfile
+
+    from fixture_wheels import make_wheel
+
+    from envbuilder.model.components import transformer_engine as TE
+
+    out = {}
+    plat = "py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64"
+    for name in TE.TOOLCHAIN:
+        files = {"nvidia/cu13/bin/nvcc": NVCC_SH} if name == "nvidia-cuda-nvcc" else {}
+        out[name] = make_wheel(dest, name, "13.0.88", tag=plat, files=files)
+    for name in TE.BUILD_REQUIRES:
+        out[name] = make_wheel(dest, name, "1.0", tag=plat if name == "ninja" else "py3-none-any")
+    nvcc = out["nvidia-cuda-nvcc"]  # (rewritten with nvcc's mode: pip keeps an executable bit)
+    with zipfile.ZipFile(nvcc) as z:
+        entries = [(i, z.read(i)) for i in z.infolist()]
+    with zipfile.ZipFile(nvcc, "w") as z:
+        for info, data in entries:
+            if info.filename.endswith("/bin/nvcc"):
+                info.external_attr = 0o100755 << 16  # (a regular file, executable)
+            z.writestr(info, data)
+    return out
+
+
+def megatron_wheelhouse(root: Path, python: str, toolchain: bool = True) -> Path:
+    """A wheelhouse of h100 on the Megatron engine as `envbuild install` reads it: its manifest,
+    its copy of the lock's sources part (the extension's sdist and, unless not `toolchain`, the
+    compiler's wheels, each in sources/), and an install.sh that makes a bare venv of `python`."""
+    import hashlib
+
+    from envbuilder.lock.sources import TE_KEY, TOOLCHAIN_KEY
+
+    wh = root / "wh"
+    sources = wh / "sources"
+    files = {"sdist": _te_sdist(sources)}
+    if toolchain:
+        files |= toolchain_wheels(sources)
+    pins, listed = {}, {}
+    for name, path in files.items():
+        data = path.read_bytes()
+        sha = hashlib.sha256(data).hexdigest()
+        key = TE_KEY if name == "sdist" else TOOLCHAIN_KEY + name
+        version = "2.12.0" if name == "sdist" else path.name.split("-")[1]
+        pins[key] = {
+            "url": f"https://pypi.invalid/{path.name}",
+            "filename": path.name,
+            "sha256": sha,
+            "size": len(data),
+            "ref": version,
+        }
+        listed[f"sources/{path.name}"] = {
+            "kind": "source",
+            "name": key,
+            "version": version,
+            "size": len(data),
+            "sha256": sha,
+        }
+    (wh / "locks" / "h100").mkdir(parents=True)
+    (wh / "locks" / "h100" / "sources.lock").write_text(json.dumps(pins, indent=2, sort_keys=True) + "\n")
+    manifest = {
+        "format": 1,
+        "files": listed,
+        "profiles": {"h100": {"python": "3.12", "files": sorted(listed)}},
+    }
+    (wh / "manifest.json").write_text(json.dumps(manifest))
+    (wh / "install.sh").write_text(
+        '#!/usr/bin/env bash\nset -eu\n[ -x "$3/bin/python" ] || "${PYTHON:-%s}" -m venv "$3"\n' % python
+    )
+    return wh
+
+
+def _python312() -> str:
+    import os
+    import shutil
+    import subprocess
+
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    for exe in [shutil.which("python3.12"), *sorted(root.glob("versions/3.12*/bin/python3.12"))]:
+        if exe and subprocess.run([str(exe), "-c", "pass"], capture_output=True).returncode == 0:
+            return str(exe)
+    pytest.skip("no python3.12 here (h100's lock is for Python 3.12)")
+
+
+def test_an_offline_megatron_install_compiles_the_extension_with_the_wheelhouses_nvcc(tmp_path):
+    """`envbuild install h100 --engine megatron --from-wheelhouse WH` with no network (unshare
+    -n): past the former refusal, PyPI's CUDA compiler installed from WH/sources/ by hash with no
+    index, then the extension's sdist built with it: the build saw CUDA_HOME under the venv, that
+    nvcc first on PATH, and `nvcc --version` said CUDA 13.0 (torch's)."""
+    import subprocess
+
+    from test_wheelhouse import _install
+
+    py = _python312()
+    wh = megatron_wheelhouse(tmp_path, py)
+    prefix = tmp_path / "env"
+    args = ["h100", "--engine", "megatron", "--prefix", str(prefix), "--from-wheelhouse", str(wh)]
+    args += ["--interpreter", py, "--json"]
+    r = _install(args, tmp_path)
+    assert "Traceback" not in r.stderr and "--from-wheelhouse with --engine megatron" not in r.stderr, (
+        r.stderr[-3000:]
+    )
+    report = json.loads(r.stdout)
+    steps = {s["step"]: s for s in report["steps"]}
+    assert [s["step"] for s in report["steps"]][:3] == ["install.sh", "toolchain", "build transformer-engine"]
+    assert all(steps[s]["ok"] for s in ("install.sh", "toolchain", "build transformer-engine")), r.stderr[
+        -3000:
+    ]
+    assert "--no-index --find-links" in r.stderr and "--require-hashes" in r.stderr
+    seen = subprocess.run(
+        [str(prefix / "bin" / "python"), "-c", "import transformer_engine_torch as t; print(repr(t.SEEN))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    import ast
+
+    seen = ast.literal_eval(seen.strip())
+    site = subprocess.run(
+        [str(prefix / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['platlib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert seen["CUDA_HOME"] == f"{site}/nvidia/cu13" and seen["nvcc"] == f"{site}/nvidia/cu13/bin/nvcc"
+    assert "release 13.0" in seen["version"] and seen["NVTE_CUDA_ARCHS"] == "90"
+    # run again (an install is resumable): the extension is there, nothing compiles again
+    again = _install(args, tmp_path)
+    steps = [s["step"] for s in json.loads(again.stdout)["steps"]]
+    assert "build transformer-engine" not in steps and "is compiled into" in again.stderr, again.stderr[
+        -2000:
+    ]
+
+
+def test_a_wheelhouse_without_the_compiler_is_refused_saying_to_export_it_again(tmp_path):
+    """A wheelhouse exported before the lock pinned PyPI's CUDA compiler carries the extension's
+    sdist alone: refused before anything is written, naming what is missing, why it is needed
+    and the commands that make one that has it."""
     from envbuilder.errors import UserError
     from envbuilder.context.prepare import prepare
     from envbuilder.machine.install import install
 
-    with pytest.raises(UserError, match="--from-wheelhouse with --engine megatron.*export-image"):
+    wh = megatron_wheelhouse(tmp_path, "python3.12", toolchain=False)
+    with pytest.raises(UserError) as e:
         install(prepare(resolved("h100", engine="megatron")), tmp_path / "prefix", wheelhouse=wh)
+    msg = str(e.value)
+    assert "does not carry nvidia-cuda-nvcc, nvidia-cuda-crt" in msg and "CUDA 13.0 compiler" in msg
+    assert (
+        "envbuild lock h100 --engine megatron" in msg
+        and f"envbuild wheelhouse h100 --engine megatron -o {wh}" in msg
+    )
     assert not (tmp_path / "prefix").exists()
+    # what is no wheelhouse of h100 is refused as before, for that
+    with pytest.raises(UserError, match="is not an envbuild wheelhouse"):
+        install(
+            prepare(resolved("h100", engine="megatron")),
+            tmp_path / "prefix",
+            wheelhouse=ROOT / "tests" / "fixtures" / "wheelhouse-4090",
+        )
+
+
+# what the lock must pick of each toolchain page below: the newest release of torch's CUDA X.Y
+# (13.0 for h100) with a wheel for x86_64, never another CUDA's, another machine's or a pre-release
+PLAT = "py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64"
+TOOLCHAIN_PINS = {
+    "nvidia-cuda-nvcc": ("13.0.88", f"nvidia_cuda_nvcc-13.0.88-{PLAT}.whl"),
+    "nvidia-cuda-crt": ("13.0.88", f"nvidia_cuda_crt-13.0.88-{PLAT}.whl"),
+    "nvidia-nvvm": ("13.0.88", f"nvidia_nvvm-13.0.88-{PLAT}.whl"),
+    "nvidia-cuda-cccl": ("13.0.85", f"nvidia_cuda_cccl-13.0.85-{PLAT}.whl"),
+    "setuptools": ("80.9.0", "setuptools-80.9.0-py3-none-any.whl"),
+    "pybind11": ("3.0.1", "pybind11-3.0.1-py3-none-any.whl"),
+    "ninja": ("1.13.0", f"ninja-1.13.0-{PLAT}.whl"),
+    "wheel": ("0.45.1", "wheel-0.45.1-py3-none-any.whl"),
+}
+
+
+def toolchain_pages() -> dict[str, bytes]:
+    """A loopback index's pages and files of the toolchain's projects: the pins above among
+    files the lock must pass over."""
+    out: dict[str, bytes] = {}
+    for project, (version, want) in TOOLCHAIN_PINS.items():
+        dist = project.replace("-", "_")
+        names = [want, f"{dist}-{version}.tar.gz", f"{dist}-0.1-{PLAT}.whl"]
+        if project.startswith("nvidia"):
+            names += [
+                f"{dist}-13.1.80-{PLAT}.whl",  # (CUDA 13.1's: another CUDA)
+                f"{dist}-13.0.99-py3-none-manylinux2014_aarch64.manylinux_2_17_aarch64.whl",
+                f"{dist}-13.0.98-py3-none-win_amd64.whl",
+                f"{dist}-12.9.86-{PLAT}.whl",
+            ]
+        else:
+            names += [f"{dist}-99.0rc1-py3-none-any.whl", f"{dist}-98.0-py3-none-musllinux_1_2_x86_64.whl"]
+        links = []
+        for n in names:
+            data = f"{n} stand-in".encode()
+            out[f"files/{n}"] = data
+            links.append(f'<a href="../../files/{n}#sha256={hashlib.sha256(data).hexdigest()}">{n}</a>')
+        out[f"simple/{project}/"] = "\n".join(links).encode()
+    return out
 
 
 def test_the_lock_pins_the_extensions_sdist_from_its_index():
@@ -310,9 +561,20 @@ def test_the_lock_pins_the_extensions_sdist_from_its_index():
     name = "transformer_engine_torch-2.12.0.tar.gz"
     page = f'<a href="../../files/{name}#sha256={sha}">{name}</a>'.encode()
     env = resolved("h100", engine="megatron")
-    with FileServer({"simple/transformer-engine-torch/": page, f"files/{name}": sdist}) as srv:
+    tools = toolchain_pages()
+    with FileServer({"simple/transformer-engine-torch/": page, f"files/{name}": sdist, **tools}) as srv:
         index = SecretUrl(srv.url("/simple").rstrip("/"))
         got = lock_sources(env, None, pypi=index)
+        assert sorted(got) == sorted([TE_KEY, *(f"toolchain-{t}" for t in TOOLCHAIN_PINS)])
+        for project, (version, filename) in TOOLCHAIN_PINS.items():
+            data = tools[f"files/{filename}"]
+            assert got[f"toolchain-{project}"] == {
+                "url": srv.url(f"/files/{filename}"),
+                "filename": filename,
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "size": len(data),
+                "ref": version,
+            }
         assert got[TE_KEY] == {
             "url": srv.url(f"/files/{name}"),
             "filename": name,
@@ -326,7 +588,7 @@ def test_the_lock_pins_the_extensions_sdist_from_its_index():
         art = Artifact("source", TE_KEY, e["ref"], e["url"], e["sha256"], e["size"], "sources")
         assert art.path == f"sources/{name}"
     bad = page.replace(sha.encode(), b"0" * 64)
-    with FileServer({"simple/transformer-engine-torch/": bad, f"files/{name}": sdist}) as srv:
+    with FileServer({"simple/transformer-engine-torch/": bad, f"files/{name}": sdist, **tools}) as srv:
         with pytest.raises(ActionError, match="its index lists"):
             lock_sources(env, None, pypi=SecretUrl(srv.url("/simple").rstrip("/")))
 
@@ -394,3 +656,127 @@ def test_render_from_its_own_envbuild_json_writes_the_same_files(cli, flags):
 def test_a_given_layout_that_does_not_fit_names_the_plans_own(cli):
     v = violations("h100", model=MOE, algo="grpo", engine="megatron", nodes=2, megatron=("cp=2",))["memory"]
     assert v.fix.startswith("drop --megatron (the plan's own layout, TP 1, PP 1, EP 8, fits)")
+
+
+def test_pypis_real_cuda_compiler_is_locked_and_runs_from_the_venv_with_no_network(real_pypi, tmp_path):
+    """The real thing, short of the 10-minute compile: the lock's pins of PyPI's CUDA 13.0
+    compiler for h100 (the newest 13.0.* wheel of each, hashed), those wheels in a wheelhouse's
+    sources/, installed by install's own argv (pip --no-index --require-hashes from there) into
+    a venv with no network (unshare -n where the sandbox allows it), and the nvcc the build's
+    PATH finds first is the venv's, CUDA_HOME/bin/nvcc, saying release 13.0."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    import requests
+
+    from envbuilder.lock.sources import TOOLCHAIN_KEY, te_toolchain
+    from envbuilder.machine.install import WheelhouseToolchain, offline_te_commands
+    from envbuilder.model.components import transformer_engine as TE
+    from envbuilder.secret import SecretUrl
+
+    env = resolved("h100", engine="megatron")
+    pins = te_toolchain(env, SecretUrl(real_pypi))
+    assert sorted(pins) == sorted(TOOLCHAIN_KEY + t for t in (*TE.TOOLCHAIN, *TE.BUILD_REQUIRES))
+    for t in TE.TOOLCHAIN:
+        assert str(pins[TOOLCHAIN_KEY + t]["ref"]).startswith("13.0."), pins[TOOLCHAIN_KEY + t]
+        assert "x86_64" in str(pins[TOOLCHAIN_KEY + t]["filename"])
+    wh = tmp_path / "wh"
+    sources = wh / "sources"
+    sources.mkdir(parents=True)
+    for pin in pins.values():
+        got = requests.get(str(pin["url"]), timeout=300)
+        got.raise_for_status()
+        assert hashlib.sha256(got.content).hexdigest() == pin["sha256"]
+        (sources / str(pin["filename"])).write_bytes(got.content)
+    prefix = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", str(prefix)], check=True)
+    py = prefix / "bin" / "python"
+    site = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['platlib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    tc = WheelhouseToolchain(
+        ("transformer_engine_torch-2.12.0.tar.gz", "0" * 64),
+        {
+            k.removeprefix(TOOLCHAIN_KEY): (str(p["ref"]), str(p["filename"]), str(p["sha256"]))
+            for k, p in pins.items()
+        },
+    )
+    tools, req, build, variables = offline_te_commands(env, wh, prefix, tc, site, set())
+    (tmp_path / "toolchain.txt").write_text(req)
+    cmd = [*tools, str(tmp_path / "toolchain.txt")]
+    if (
+        shutil.which("unshare")
+        and subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode == 0
+    ):
+        cmd = ["unshare", "-n", *cmd]
+    child = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    r = subprocess.run(
+        cmd, capture_output=True, text=True, env=dict(child, PIP_CONFIG_FILE=os.devnull), timeout=600
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    home = variables["CUDA_HOME"]
+    assert home == f"{site}/nvidia/cu13"
+    nvcc = shutil.which("nvcc", path=variables["PATH"])
+    assert nvcc == f"{home}/bin/nvcc"
+    said = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
+    assert "release 13.0" in said, said
+    # the build: the wheelhouse's sdist, pip with no index and the wheelhouse's files alone
+    assert build[-1] == str(sources / "transformer_engine_torch-2.12.0.tar.gz")
+    assert ["--no-index", "--find-links", str(sources)] == build[build.index("--no-index") :][:3]
+    assert "--no-build-isolation" in build and "NVTE_CUDA_ARCHS=90" in build
+
+
+def test_the_compiler_is_an_input_of_the_megatron_locks_sources_part_alone():
+    """A Megatron lock made before its sources part pinned the compiler is stale (lock --check
+    says so, and a re-lock pins it); every other profile's inputs are as they were."""
+    from envbuilder.lock.lockfile import solver_inputs
+
+    mega = solver_inputs(resolved("h100", engine="megatron"), ("sources",))["sources"]
+    assert mega["toolchain"] == [
+        "nvidia-cuda-nvcc==13.0.*",
+        "nvidia-cuda-crt==13.0.*",
+        "nvidia-nvvm==13.0.*",
+        "nvidia-cuda-cccl==13.0.*",
+        "setuptools",
+        "pybind11",
+        "ninja",
+        "wheel",
+    ]
+    for profile in ("p40", "a100", "h100"):
+        assert "toolchain" not in solver_inputs(resolved(profile), ("sources",)).get("sources", {})
+
+
+def test_the_sbom_names_the_extensions_sdist_and_the_compiler_it_is_built_with():
+    """sources.lock's sdist and compiler wheels are components of a Megatron lock's SBOM, each a
+    PyPI purl with its file and sha256 (the sdist compiled for the card); no other profile's
+    SBOM gains anything from keys it never has."""
+    from envbuilder.lock.documents import SourcePin
+    from envbuilder.lock.sbom import source_components
+
+    nvcc = f"nvidia_cuda_nvcc-13.0.88-{PLAT}.whl"
+    sources = {
+        "transformer_engine_torch": SourcePin.of(
+            {
+                "url": "https://files.example/t.tar.gz",
+                "sha256": "1" * 64,
+                "filename": "t.tar.gz",
+                "ref": "2.12.0",
+            }
+        ),
+        "toolchain-nvidia-cuda-nvcc": SourcePin.of(
+            {"url": f"https://files.example/{nvcc}", "sha256": "2" * 64, "filename": nvcc, "ref": "13.0.88"}
+        ),
+    }
+    got = {c["name"]: c for c in source_components(resolved("h100", engine="megatron"), sources)}
+    assert got["nvidia-cuda-nvcc"]["purl"].startswith("pkg:pypi/nvidia-cuda-nvcc@13.0.88?")
+    assert got["nvidia-cuda-nvcc"]["hashes"] == [{"alg": "SHA-256", "content": "2" * 64}]
+    te = got["transformer_engine_torch"]
+    assert (
+        te["version"] == "2.12.0" and {"name": "envbuild:compiled-for", "value": "sm_90"} in te["properties"]
+    )
+    assert source_components(resolved("h100"), sources) == []

@@ -301,6 +301,50 @@ def test_render_with_a_wheelhouse_builds_apex_from_its_pinned_source(exported, t
     assert src.read_bytes() == (exported / "sources" / "apex-25.08.tar.gz").read_bytes()
 
 
+def test_the_wheelhouse_carries_the_cuda_compiler_its_lock_pins(world, p40_lock, tmp_path, capsys):
+    """What the Megatron engine's lock pins beside the extension's sdist, PyPI's CUDA compiler
+    and the build's requirements (sources.lock's toolchain-<project> keys), the export fetches
+    and verifies like every source file: under sources/, each in the manifest's files with its
+    sha256 and in the profile's (what install --from-wheelhouse checks before it compiles)."""
+    from test_megatron import toolchain_wheels
+
+    from envbuilder.lock.sources import TOOLCHAIN_KEY
+
+    wheels = toolchain_wheels(tmp_path / "files")
+    with FileServer({f"files/{w.name}": w.read_bytes() for w in wheels.values()}) as srv:
+        lock = tmp_path / "lock" / "p40"
+        shutil.copytree(p40_lock, lock)
+        pins = json.loads((lock / "sources.lock").read_text())
+        for project, w in wheels.items():
+            data = w.read_bytes()
+            pins[TOOLCHAIN_KEY + project] = {
+                "url": srv.url(f"/files/{w.name}"),
+                "filename": w.name,
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "size": len(data),
+                "ref": w.name.split("-")[1],
+            }
+        text = json.dumps(pins, indent=2, sort_keys=True) + "\n"
+        (lock / "sources.lock").write_text(text)
+        meta = json.loads((lock / "lock.json").read_text())
+        meta["files"]["sources.lock"] = hashlib.sha256(text.encode()).hexdigest()
+        (lock / "lock.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        wh = tmp_path / "wh"
+        code, _, err = envbuild(capsys, "wheelhouse", "p40", "--lock-dir", lock, "-o", wh, *github(world))
+    assert code == 0, err
+    manifest = json.loads((wh / "manifest.json").read_text())
+    for project, w in wheels.items():
+        path = f"sources/{w.name}"
+        assert manifest["files"][path]["sha256"] == hashlib.sha256(w.read_bytes()).hexdigest()
+        assert (
+            manifest["files"][path]["kind"] == "source"
+            and manifest["files"][path]["name"] == TOOLCHAIN_KEY + project
+        )
+        assert path in manifest["profiles"]["p40"]["files"]
+        assert (wh / path).read_bytes() == w.read_bytes()
+    assert json.loads((wh / "locks" / "p40" / "sources.lock").read_text()) == pins
+
+
 def test_render_with_a_wheelhouse_takes_flash_attn_profiles_from_their_export(exported, capsys):
     """flash-attn's release wheel is pinned in sources.lock now, so a flash-attn profile is no
     longer refused; it needs its own export (tests/test_build.py builds one offline)."""

@@ -9,7 +9,10 @@ lockfiles/<profile>/ holds
   pylock.toml        the same pins as PEP 751 with each file's URL and sha256 (what
                      `envbuild wheelhouse` downloads)
   sources.lock       files from GitHub releases: apex's source archive (where apex is compiled)
-                     and flash-attn's prebuilt wheels (both C++ ABIs), each URL and sha256
+                     and flash-attn's prebuilt wheels (both C++ ABIs); on the Megatron engine
+                     TransformerEngine's extension's sdist and PyPI's CUDA compiler wheels for
+                     torch's CUDA (with the build's requirements) that it is built with offline;
+                     each URL and sha256
   images.lock        the digest of every base image, from the registry's v2 API
   lock.json          the input hash (resolved env + templates + matrices), tool versions, sources
 

@@ -104,6 +104,11 @@ def solver_inputs(env: ResolvedEnv, parts: Iterable[str] = tuple(PARTS)) -> dict
             "target": target,
             "torch": env.torch.version,
         }
+        if env.megatron:  # (the CUDA compiler the extension builds with offline: a lock from
+            # before it was pinned is stale; no other profile's inputs change)
+            from envbuilder.model.components import transformer_engine as TE
+
+            out["sources"]["toolchain"] = TE.toolchain(env)
     return out
 
 

@@ -176,12 +176,28 @@ def image_components(env: ResolvedEnv, images: Mapping[str, str]) -> list[Compon
     return out
 
 
+def _megatron_source(env: ResolvedEnv, key: str, s: SourcePin) -> COMPONENTS.Source | None:
+    """On the Megatron engine, TransformerEngine's extension's sdist (compiled for the card) and
+    the PyPI wheels of the CUDA compiler and build requirements it is built with offline."""
+    from envbuilder.lock.sources import TE_KEY, TOOLCHAIN_KEY
+
+    if not env.megatron or s.ref is None:
+        return None
+    if key == TE_KEY:
+        return COMPONENTS.Source(TE_KEY, s.ref, "pypi", compiled=True)
+    if key.startswith(TOOLCHAIN_KEY):
+        return COMPONENTS.Source(key.removeprefix(TOOLCHAIN_KEY), s.ref, "pypi")
+    return None
+
+
 def source_components(env: ResolvedEnv, sources: Mapping[str, SourcePin]) -> list[Component]:
     """The files of sources.lock a registered component is built from (registry.Source): apex's
     source archive and flash-attn's release wheels (each ABI the lock pins)."""
     out: list[Component] = []
     for key, s in sorted(sources.items()):
         src = next((x for c in COMPONENTS.REGISTRY if (x := c.source(env, key, s.ref)) is not None), None)
+        if src is None:
+            src = _megatron_source(env, key, s)
         if src is None:
             continue
         name, version = src.name, src.version

@@ -210,20 +210,15 @@ TE_PROJECT = "transformer-engine-torch"  # (its PEP 503 name on an index)
 MAX_INDEX_PAGE = 16 << 20  # a PEP 503 page of one project: a few hundred KB
 
 
-def te_sdist(env: ResolvedEnv, pypi: SecretUrl) -> Pin:
-    """sources.lock's entry of TransformerEngine's PyTorch extension: its sdist on the lock's
-    PyPI index (the PEP 503 page's link and sha256, then the file downloaded and hashed), which
-    a wheelhouse carries and the builder compiles with no index (the sdist has dynamic
-    requirements, so it is no pin of the pip part)."""
+def _index_page(pypi: SecretUrl, project: str) -> tuple[str, list[tuple[str, str]]]:
+    """(the page's URL, [(link without its fragment, its sha256 as listed or "")]) of `project`
+    on the lock's PyPI index (its PEP 503 page)."""
     import re
-    from urllib.parse import urljoin, urlsplit, urlunsplit
+    from urllib.parse import urljoin
 
     from envbuilder.oci import http as net
 
-    mg = env.megatron
-    assert mg is not None  # (called only for an environment on the Megatron engine)
-    want = f"{TE_KEY}-{mg.transformer_engine}.tar.gz"  # (the wheelhouse's name for it too)
-    page = f"{pypi.reveal().rstrip('/')}/{TE_PROJECT}/"
+    page = f"{pypi.reveal().rstrip('/')}/{project}/"
     body: list[bytes] = []
     with net.session() as s:
         try:
@@ -231,34 +226,111 @@ def te_sdist(env: ResolvedEnv, pypi: SecretUrl) -> Pin:
                 s,
                 "GET",
                 page,
-                net.Expect(f"{pypi}'s page of {TE_PROJECT}", MAX_INDEX_PAGE, 120.0),
+                net.Expect(f"{pypi}'s page of {project}", MAX_INDEX_PAGE, 120.0),
                 headers={"Accept": "text/html"},
                 timeout=60,
                 sink=body.append,
                 body_if=lambda status: status == 200,
             )
         except net.NetError as e:
-            raise ActionError(f"Cannot read {pypi}'s page of {TE_KEY} ({e.reason}).") from None
+            raise ActionError(f"Cannot read {pypi}'s page of {project} ({e.reason}).") from None
     if r.status != 200:
-        raise ActionError(f"{pypi} answered HTTP {r.status} for {TE_KEY}; the lock cannot pin its sdist.")
+        raise ActionError(f"{pypi} answered HTTP {r.status} for {project}; the lock cannot pin it.")
     html = b"".join(body).decode("utf-8", "replace")
     hrefs: list[str] = re.findall(r'href="([^"]+)"', html)  # (one group: each a str)
+    out = []
     for href in hrefs:
-        link = urljoin(page, href.replace("&amp;", "&"))
-        path, _, fragment = link.partition("#")
-        if path.rsplit("/", 1)[-1] != want:
-            continue
-        sha, size = _sha256(path, None, f"{TE_KEY}'s sdist", check=TarGz())
-        listed = fragment.partition("sha256=")[2][:64]
-        if listed and listed != sha:
-            raise ActionError(f"{want} from {pypi} hashes to {sha}, but its index lists {listed}.")
-        parts = urlsplit(path)  # (the lock names no password: the host without its user part)
-        host = parts.hostname or ""  # (an http URL: _sha256 fetched it)
-        public = urlunsplit(parts._replace(netloc=host + (f":{parts.port}" if parts.port else "")))
-        return {"url": public, "filename": want, "sha256": sha, "size": size, "ref": mg.transformer_engine}
+        path, _, fragment = urljoin(page, href.replace("&amp;", "&")).partition("#")
+        out.append((path, fragment.partition("sha256=")[2][:64]))
+    return page, out
+
+
+def _pinned(pypi: SecretUrl, path: str, listed: str, what: str, ref: str, check: TarGz | None = None) -> Pin:
+    """The pin of a file of the index: downloaded and hashed, its sha256 held to the listed one,
+    its URL without a user part (the lock names no password)."""
+    from urllib.parse import unquote, urlsplit, urlunsplit
+
+    sha, size = _sha256(path, None, what, check=check)
+    name = unquote(path.rsplit("/", 1)[-1])
+    if listed and listed != sha:
+        raise ActionError(f"{name} from {pypi} hashes to {sha}, but its index lists {listed}.")
+    parts = urlsplit(path)
+    host = parts.hostname or ""  # (an http URL: _sha256 fetched it)
+    public = urlunsplit(parts._replace(netloc=host + (f":{parts.port}" if parts.port else "")))
+    return {"url": public, "filename": name, "sha256": sha, "size": size, "ref": ref}
+
+
+def te_sdist(env: ResolvedEnv, pypi: SecretUrl) -> Pin:
+    """sources.lock's entry of TransformerEngine's PyTorch extension: its sdist on the lock's
+    PyPI index (the PEP 503 page's link and sha256, then the file downloaded and hashed), which
+    a wheelhouse carries and the builder compiles with no index (the sdist has dynamic
+    requirements, so it is no pin of the pip part)."""
+    mg = env.megatron
+    assert mg is not None  # (called only for an environment on the Megatron engine)
+    want = f"{TE_KEY}-{mg.transformer_engine}.tar.gz"  # (the wheelhouse's name for it too)
+    _, links = _index_page(pypi, TE_PROJECT)
+    for path, listed in links:
+        if path.rsplit("/", 1)[-1] == want:
+            return _pinned(pypi, path, listed, f"{TE_KEY}'s sdist", mg.transformer_engine, check=TarGz())
     raise ActionError(
         f"{pypi} has no {want} on its page of {TE_KEY}; the lock cannot pin the extension's sdist."
     )
+
+
+# sources.lock's keys of the CUDA compiler's wheels and the extension's build requirements
+# (model/components/transformer_engine.py TOOLCHAIN, BUILD_REQUIRES): toolchain-<project>. They
+# are the build's alone, as the sdist is: what `envbuild install --from-wheelhouse` installs
+# into the environment before it compiles the extension there, as the online install does
+TOOLCHAIN_KEY = "toolchain-"
+
+
+def _wheel_fits(filename: str, machine: str) -> bool:
+    """A wheel that installs on the target: a pure one, or a manylinux one of its machine."""
+    tags = filename[: -len(".whl")].split("-")
+    if len(tags) < 5:
+        return False
+    plat = tags[-1].split(".")
+    return plat == ["any"] or any(t.startswith("manylinux") and t.endswith("_" + machine) for t in plat)
+
+
+def te_toolchain(env: ResolvedEnv, pypi: SecretUrl) -> dict[str, Pin]:
+    """sources.lock's entries of the extension's build: PyPI's CUDA compiler for torch's CUDA X.Y
+    (the newest X.Y.* release of each wheel, as the online install's `==X.Y.*` takes) and the
+    newest of each build requirement, each one wheel for the target's machine, hashed."""
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+    from packaging.version import Version
+
+    from envbuilder.model.components import transformer_engine as TE
+
+    machine = env.gpu.machine
+    out: dict[str, Pin] = {}
+    for project in (*TE.TOOLCHAIN, *TE.BUILD_REQUIRES):
+        compiler = project in TE.TOOLCHAIN
+        _, links = _index_page(pypi, project)
+        best: tuple[Version, str, str] | None = None
+        for path, listed in links:
+            name = path.rsplit("/", 1)[-1]
+            if not name.endswith(".whl") or not _wheel_fits(name, machine):
+                continue
+            try:
+                _, version, _, _ = parse_wheel_filename(name)
+            except InvalidWheelFilename:
+                continue
+            if version.is_prerelease or (
+                compiler and version.release[:2] != Version(env.torch.cuda).release[:2]
+            ):
+                continue
+            if best is None or version > best[0]:
+                best = (version, path, listed)
+        if best is None:
+            want = f"=={env.torch.cuda}.*" if compiler else ""
+            raise ActionError(
+                f"{pypi} has no {project}{want} wheel for {machine}; the lock cannot pin the CUDA "
+                "compiler TransformerEngine's extension builds with."
+            )
+        version, path, listed = best
+        out[TOOLCHAIN_KEY + project] = _pinned(pypi, path, listed, f"{project}'s wheel", str(version))
+    return out
 
 
 def lock_sources(
@@ -274,6 +346,8 @@ def lock_sources(
     if env.megatron and pypi is not None:
         say(f"{env.name}: {TE_KEY} {env.megatron.transformer_engine} sdist from {pypi}")
         out[TE_KEY] = te_sdist(env, pypi)
+        say(f"{env.name}: PyPI's CUDA {env.torch.cuda} compiler for {TE_KEY} from {pypi}")
+        out.update(te_toolchain(env, pypi))
     if env.apex:
         say(f"{env.name}: apex source {env.apex.url}" + (f" via {github}" if github else ""))
         out["apex"] = apex_source(env, github)

@@ -17,6 +17,9 @@ build, every module of the training path, verl patched and audited.
 apex and flash-attn (where the profile has them) are compiled into the environment when the
 nvcc on PATH is torch's CUDA, as the image's builder stage compiles them; else each is named in
 the report's `not_installed` with what is missing and the command that builds it.
+TransformerEngine's PyTorch extension (the Megatron engine) compiles with PyPI's CUDA compiler
+on both routes: online from the index (verify's executor), from a wheelhouse with the compiler
+wheels its lock's sources part pins (compile_te_offline).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from envbuilder.render import steps as S
 from envbuilder.tools.python import Interpreter, isolated_env, own_code_env
 from envbuilder.tools.run import stop_group
 from envbuilder.machine.verify_report import NotInstalled
+from envbuilder.record import Record
 
 if TYPE_CHECKING:
     from typing_extensions import NotRequired
@@ -375,23 +379,185 @@ def build_extensions(
     return ok
 
 
-def _refuse_megatron_offline(env: ResolvedEnv) -> None:
-    """A wheelhouse carries the sdist of TransformerEngine's PyTorch extension, which the image's
-    builder compiles with the devel image's nvcc, but not the CUDA compiler that install needs on
-    a machine without the toolkit (PyPI's, fetched when installing online): an offline install
-    would stop at that step, so it is refused before anything is written."""
-    if env.megatron:
-        from envbuilder.render.plan import override_flags
+class WheelhouseToolchain(Record):
+    """What a wheelhouse carries for compiling TransformerEngine's PyTorch extension (the
+    Megatron engine) with no index: the extension's sdist and PyPI's CUDA compiler and build
+    requirements (sources/, each pinned by the lock's sources part), by (file name, sha256)."""
 
-        raise UserError(
-            "--from-wheelhouse with --engine megatron: the wheelhouse carries TransformerEngine's PyTorch "
-            f"extension as an sdist (transformer_engine_torch {env.megatron.transformer_engine}), "
-            "which the image's builder compiles with its CUDA toolkit, but not the CUDA compiler "
-            "install would compile it with here. Build the image from the wheelhouse "
-            f"(`envbuild render {env.asked}{override_flags(env.overrides)} --wheelhouse DIR`, then "
-            "build that folder) and carry it "
-            "(`envbuild export-image`), install online, or drop --engine megatron."
+    sdist: tuple[str, str]
+    wheels: dict[str, tuple[str, str, str]]  # project -> (version, file name, sha256)
+
+
+def wheelhouse_toolchain(env: ResolvedEnv, wheelhouse: Path) -> WheelhouseToolchain:
+    """The wheelhouse's files for compiling the extension here, as its copy of the lock pins
+    them (locks/<profile>/sources.lock) and its manifest lists them for the profile; refused
+    (before anything is written) where it has none of the compiler: a wheelhouse exported
+    before the lock pinned it carries the sdist alone, which nothing here could compile."""
+    from envbuilder.lock import lockfile as L
+    from envbuilder.lock.sources import TE_KEY, TOOLCHAIN_KEY
+    from envbuilder.model.components import transformer_engine as TE
+    from envbuilder.render.plan import override_flags
+
+    mg = env.megatron
+    assert mg is not None
+    entry = _wheelhouse_profile(wheelhouse, env.profile)
+    listed = {str(f) for f in cast("list[object]", entry.get("files") or [])}
+    lock = wheelhouse / "locks" / env.profile / L.SOURCES
+    try:
+        pins = (
+            L.sources_of(read_text_bounded(lock, "the wheelhouse's sources.lock"), str(lock))
+            if lock.is_file()
+            else {}
         )
+    except OSError:
+        pins = {}
+    wanted = (*TE.TOOLCHAIN, *TE.BUILD_REQUIRES)
+    missing = [
+        name
+        for name in (TE_KEY, *(TOOLCHAIN_KEY + t for t in wanted))
+        if name not in pins or f"sources/{pins[name].filename}" not in listed
+    ]
+    if missing:
+        flags = override_flags(env.overrides)
+        raise UserError(
+            f"--from-wheelhouse {wheelhouse} with --engine megatron: install compiles TransformerEngine's "
+            f"PyTorch extension (transformer_engine_torch {mg.transformer_engine}, an sdist) here with "
+            f"PyPI's CUDA {env.torch.cuda} compiler, and this wheelhouse does not carry "
+            f"{', '.join(m.removeprefix(TOOLCHAIN_KEY) for m in missing)} (it was exported before "
+            "the lock pinned the compiler). Re-export it on a machine that reaches PyPI: "
+            f"`envbuild lock {env.asked}{flags}`, then `envbuild wheelhouse {env.asked}{flags} -o "
+            f"{wheelhouse}`; or build the image from it (`envbuild render {env.asked}{flags} "
+            "--wheelhouse DIR`) and carry that (`envbuild export-image`), or install online."
+        )
+    sdist = pins[TE_KEY]
+    return WheelhouseToolchain(
+        (sdist.filename or "", sdist.sha256),
+        {
+            t: (
+                pins[TOOLCHAIN_KEY + t].ref or "",
+                pins[TOOLCHAIN_KEY + t].filename or "",
+                pins[TOOLCHAIN_KEY + t].sha256,
+            )
+            for t in wanted
+        },
+    )
+
+
+def _installed(python: Path, names: list[str]) -> set[str]:
+    """Which of `names` (distributions) the environment of `python` has installed."""
+    probe = (
+        "import importlib.metadata as m, sys\n"
+        "for n in sys.argv[1:]:\n"
+        "    try: m.version(n); print(n)\n"
+        "    except m.PackageNotFoundError: pass\n"
+    )
+    out = subprocess.run(
+        [str(python), "-c", probe, *names], capture_output=True, text=True, timeout=120, env=isolated_env()
+    ).stdout
+    return set(out.split())
+
+
+def offline_te_commands(
+    env: ResolvedEnv, wheelhouse: Path, prefix: Path, tc: WheelhouseToolchain, site: str, skip: set[str]
+) -> tuple[list[str], str, list[str], dict[str, str]]:
+    """(the toolchain's install argv, its requirements file's text, the extension's build argv,
+    the build's variables) for the environment at `prefix` (`site`: its site-packages folder):
+    pip --no-index from the wheelhouse's sources/ with the lock's hashes, then the build with
+    CUDA_HOME the compiler's wheels make there, their nvcc first on PATH, CPATH the nvidia-*
+    wheels' headers, as the online install compiles it (machine/verify.py
+    compile_with_pypi_toolchain). `skip`: the build requirements the environment has already."""
+    from envbuilder.model.components import transformer_engine as TE
+
+    py = str(prefix / "bin" / "python")
+    found = str(wheelhouse / "sources")
+    req = "".join(
+        f"{name}=={version} --hash=sha256:{sha}\n"
+        for name, (version, _, sha) in sorted(tc.wheels.items())
+        if name not in skip
+    )
+    tools = [py, "-m", "pip", "install", "--isolated", "--no-index", "--find-links", found]
+    tools += ["--require-hashes", "--no-deps", "--only-binary=:all:", "-r"]
+    pip = [py, "-m", "pip", "install", "--isolated", "-v", "--no-index", "--find-links", found]
+    build = ["env", *TE.build_argv(env, pip, requirement=str(wheelhouse / "sources" / tc.sdist[0]))]
+    home = TE.toolchain_home(env, site)
+    jobs = str(os.cpu_count() or 1)
+    variables = {
+        "CUDA_HOME": home,
+        "PATH": os.pathsep.join([f"{home}/bin", str(prefix / "bin"), os.environ.get("PATH", "")]),
+        "MAX_JOBS": jobs,
+        "CPATH": TE.include_path(site),
+    }
+    return tools, req, build, variables
+
+
+def compile_te_offline(
+    env: ResolvedEnv,
+    wheelhouse: Path,
+    prefix: Path,
+    tc: WheelhouseToolchain,
+    report: InstallReport,
+    say: Callable[[str], None],
+) -> bool:
+    """TransformerEngine's PyTorch extension compiled into the environment at `prefix` from the
+    wheelhouse alone: PyPI's CUDA compiler installed there from sources/ (hash-checked, no
+    index), as the online install installs it, then the sdist (its sha256 checked) built with
+    it. Each part is a step of the report."""
+    import hashlib
+    import tempfile
+
+    from envbuilder.model.components import transformer_engine as TE
+
+    mg = env.megatron
+    assert mg is not None
+    py = prefix / "bin" / "python"
+    probe = f"import importlib.metadata as m; print(m.version({TE.DIST!r}))"
+    had = subprocess.run(
+        [str(py), "-c", probe], capture_output=True, text=True, timeout=120, env=isolated_env()
+    )
+    if had.returncode == 0 and had.stdout.strip() == mg.transformer_engine:
+        say(f"transformer-engine: {TE.DIST} {mg.transformer_engine} is compiled into {prefix} already")
+        return True  # (a re-run of an install that got this far compiles nothing again)
+    sdist = wheelhouse / "sources" / tc.sdist[0]
+    h = hashlib.sha256()
+    try:
+        with open(sdist, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        got = h.hexdigest()
+    except OSError as e:
+        got = f"nothing readable ({e.strerror})"
+    if got != tc.sdist[1]:
+        report.steps.append(
+            {
+                "step": "build transformer-engine",
+                "ok": False,
+                "seconds": 0.0,
+                "error": f"{sdist} hashes to {got}, not the lock's {tc.sdist[1]}: export the wheelhouse again",
+            }
+        )
+        return False
+    site = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['platlib'])"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=isolated_env(),
+    ).stdout.strip()
+    skip = _installed(py, list(TE.BUILD_REQUIRES)) & set(TE.BUILD_REQUIRES)
+    tools, req, build, variables = offline_te_commands(env, wheelhouse, prefix, tc, site, skip)
+    with tempfile.TemporaryDirectory(prefix="envbuild-toolchain-") as tmp:
+        path = Path(tmp) / "toolchain.txt"
+        path.write_text(req)
+        say(f"transformer-engine: PyPI's CUDA {env.torch.cuda} compiler from the wheelhouse into {prefix}")
+        if req and not _run(report, "toolchain", [*tools, str(path)], isolated_env(), say):
+            return False
+    jobs = int(variables["MAX_JOBS"])
+    say(
+        f"transformer-engine: compiling {TE.DIST} {mg.transformer_engine} for sm_{mg.te_arch} from the "
+        f"wheelhouse's sdist with {variables['CUDA_HOME']}/bin/nvcc and {jobs} jobs (expect about "
+        f"{-(-TE.CORE_MINUTES // jobs)} min)"
+    )
+    return _run(report, "build transformer-engine", build, isolated_env(**variables), say)
 
 
 def install(
@@ -414,8 +580,8 @@ def install(
     from envbuilder.render.files import render_files, write_dir
 
     env = ctx.env  # (within the lock's pins: the ones context.prepare found, or --locked's)
-    if wheelhouse:
-        _refuse_megatron_offline(env)
+    # (the wheelhouse's compiler for TransformerEngine's extension; one without it is refused now)
+    toolchain = wheelhouse_toolchain(env, wheelhouse) if wheelhouse and env.megatron else None
     prefix = prefix.absolute()
     start = time.monotonic()
     route = "wheelhouse" if wheelhouse else "online"
@@ -443,6 +609,8 @@ def install(
         check()  # (another install may have made or finished something here meanwhile)
         if wheelhouse:
             ok = _from_wheelhouse(env, wheelhouse, prefix, python, report, say)
+            if ok and toolchain is not None:
+                ok = compile_te_offline(env, wheelhouse, prefix, toolchain, report, say)
         else:
             ok = _online(ctx, prefix, interp, index_url, torch_index_url, report, say)
         if not ok:
