@@ -436,6 +436,11 @@ def test_a_context_parallel_run_carries_its_size_and_divides_the_batches_by_dp(l
     for section in ("actor_rollout_ref.actor.megatron", "critic.megatron"):
         assert a[f"{section}.context_parallel_size"] == "2"
         assert a[f"{section}.tensor_model_parallel_size"] == "2"
+    # the token budgets hold one whole sequence: verl's Megatron engine multiplies a GPU's budget
+    # by CP (its micro-batcher's sp_size), as it does by Ulysses SP on FSDP
+    seq = env.train.max_prompt_length + env.train.max_response_length
+    micro = env.memory["batch"]["actor_ppo_micro_batch_size_per_gpu"]
+    assert int(a["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"]) * 2 == micro * seq
     # (verl's ref/megatron_ref.yaml takes the actor's: context_parallel_size:
     # ${oc.select:actor_rollout_ref.actor.megatron.context_parallel_size,1})
     cfg = runplan.as_config(env.run, runplan.world(env))
@@ -443,6 +448,10 @@ def test_a_context_parallel_run_carries_its_size_and_divides_the_batches_by_dp(l
     # data parallelism is world / (TP × PP × CP) = 4 / 4: each rank holds the whole mini-batch
     assert env.train.megatron.dp(4) == 1
     assert env.memory["mini_batch_per_gpu"] == env.train.ppo_mini_batch_size * env.memory["rollout_n"]
+    cfg["actor_rollout_ref"]["actor"]["megatron"]["context_parallel_size"] = (
+        1  # (the budget: half a sequence)
+    )
+    assert any("less than one sequence" in v for v in batch_violations(cfg, True))
     cfg["actor_rollout_ref"]["actor"]["megatron"]["context_parallel_size"] = 3  # (4 GPUs: no whole DP)
     assert any("data-parallel group" in v for v in batch_violations(cfg, True))
 
