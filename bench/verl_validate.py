@@ -92,6 +92,10 @@ MEGATRON = (
     # a DeepSeek-V3-style mixture (MLA, shared experts, a dense first layer), on both engines
     ("h100", "moonshotai/Moonlight-16B-A3B", ("grpo", "gae"), {}),
     ("h100", "moonshotai/Moonlight-16B-A3B", ("grpo",), {"engine": "fsdp"}),
+    # 32K-token responses on 4 x RTX 3090 (tests/fixtures/long-context, a --matrix-dir overlay):
+    # one sequence fits no layout at CP 1, so the plan chooses context parallelism (TP 2, CP 2;
+    # GAE's critic too)
+    ("3090-long", "Qwen/Qwen2.5-3B-Instruct", ("grpo", "gae"), {"matrix_dir": "tests/fixtures/long-context"}),
 )
 
 
@@ -106,11 +110,15 @@ def megatron_grid() -> list[dict]:
     from conftest import resolved
 
     from envbuilder.model import runplan
+    from envbuilder.model.matrix import load
 
     out = []
-    for profile, model, algos, over in MEGATRON:
+    for profile, model, algos, given in MEGATRON:
+        over = {k: v for k, v in given.items() if k != "matrix_dir"}
+        # (a profile of an overlay: the shipped matrix with that --matrix-dir on top)
+        matrix = load((HERE.parent / str(given["matrix_dir"]),)) if "matrix_dir" in given else None
         for algo in algos:
-            env = resolved(profile, algo=algo, model=model, **dict({"engine": "megatron"}, **over))
+            env = resolved(profile, matrix, algo=algo, model=model, **dict({"engine": "megatron"}, **over))
             lay = env.train.megatron
             world = dict(runplan.world(env), MODEL=PLACEHOLDER_MODEL, DATA_DIR="/data/gsm8k")
             ov = runplan.overrides(env.run, world)

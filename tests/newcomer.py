@@ -106,7 +106,12 @@ def _my_facts(folder: Path) -> None:
 
 
 # Folders a page assumes the reader made before its commands.
-READER_MADE: dict[str, Callable[[Path], None]] = {"my-facts": _my_facts}
+def _long_context(folder: Path) -> None:
+    """megatron.md's overlay folder: a copy of tests/fixtures/long-context (32K-token responses)."""
+    shutil.copytree(Path(__file__).resolve().parent / "fixtures" / "long-context", folder)
+
+
+READER_MADE: dict[str, Callable[[Path], None]] = {"my-facts": _my_facts, "long-context": _long_context}
 
 
 @dataclass

@@ -780,3 +780,91 @@ def test_the_sbom_names_the_extensions_sdist_and_the_compiler_it_is_built_with()
         te["version"] == "2.12.0" and {"name": "envbuild:compiled-for", "value": "sm_90"} in te["properties"]
     )
     assert source_components(resolved("h100"), sources) == []
+
+
+# ---- context parallelism: chosen where one sequence's activations fit no layout at CP 1 ---------
+
+LONG = ROOT / "tests" / "fixtures" / "long-context"  # 3090-long: 4 x RTX 3090, 32K-token responses
+
+
+@pytest.fixture(scope="module")
+def long_matrix():
+    return load((LONG,))
+
+
+def test_long_responses_choose_context_parallelism_where_cp_1_fits_no_layout(long_matrix):
+    env = resolved("3090-long", long_matrix, algo="grpo", engine="megatron")
+    lay = env.train.megatron
+    assert (lay.tp, lay.pp, lay.ep, lay.cp) == (2, 1, 1, 2) and not env.memory["problems"]
+    assert "context parallel over 2 GPUs" in env.memory["choices"]["megatron"]["why"]
+    # the before: every layout megatron-core takes at CP 1 (TP 1 and 2, PP up to 4), given as
+    # --megatron (offload still the plan's), is refused on memory, and the fix names the plan's own
+    arch = Arch("Qwen/Qwen2.5-3B-Instruct", long_matrix.models["Qwen/Qwen2.5-3B-Instruct"])
+    at_cp_1 = layouts(arch, 4, 4)
+    assert at_cp_1 and all(lay.cp == 1 for lay in at_cp_1)
+    for lay in at_cp_1:
+        v = violations(
+            "3090-long",
+            long_matrix,
+            algo="grpo",
+            engine="megatron",
+            megatron=(f"tp={lay.tp}", f"pp={lay.pp}"),
+        )
+        assert "drop --megatron (the plan's own layout, TP 2, PP 1, CP 2, fits)" in v["memory"].fix
+    # the activations are split over TP × CP: the update's working set says so
+    actor = next(p for p in env.memory["phases"] if p["key"] == "actor")
+    assert any("CP 2 context parallel" in t["formula"] for t in actor["terms"])
+
+
+def test_a_context_parallel_run_carries_its_size_and_divides_the_batches_by_dp(long_matrix):
+    env = resolved("3090-long", long_matrix, algo="gae", engine="megatron")
+    a = args(env)
+    for section in ("actor_rollout_ref.actor.megatron", "critic.megatron"):
+        assert a[f"{section}.context_parallel_size"] == "2"
+        assert a[f"{section}.tensor_model_parallel_size"] == "2"
+    # the token budgets hold one whole sequence: verl's Megatron engine multiplies a GPU's budget
+    # by CP (its micro-batcher's sp_size), as it does by Ulysses SP on FSDP
+    seq = env.train.max_prompt_length + env.train.max_response_length
+    micro = env.memory["batch"]["actor_ppo_micro_batch_size_per_gpu"]
+    assert int(a["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"]) * 2 == micro * seq
+    # (verl's ref/megatron_ref.yaml takes the actor's: context_parallel_size:
+    # ${oc.select:actor_rollout_ref.actor.megatron.context_parallel_size,1})
+    cfg = runplan.as_config(env.run, runplan.world(env))
+    assert batch_violations(cfg, True) == []
+    # data parallelism is world / (TP × PP × CP) = 4 / 4: each rank holds the whole mini-batch
+    assert env.train.megatron.dp(4) == 1
+    assert env.memory["mini_batch_per_gpu"] == env.train.ppo_mini_batch_size * env.memory["rollout_n"]
+    cfg["actor_rollout_ref"]["actor"]["megatron"]["context_parallel_size"] = (
+        1  # (the budget: half a sequence)
+    )
+    assert any("less than one sequence" in v for v in batch_violations(cfg, True))
+    cfg["actor_rollout_ref"]["actor"]["megatron"]["context_parallel_size"] = 3  # (4 GPUs: no whole DP)
+    assert any("data-parallel group" in v for v in batch_violations(cfg, True))
+
+
+def test_the_render_of_a_long_profile_writes_cp_and_a_given_cp_is_honoured(cli):
+    code, _, err = cli(
+        "render", "3090-long", "--matrix-dir", LONG, "--engine", "megatron", "--algo", "grpo", "-o", "out"
+    )
+    assert code == 0, err
+    script = Path("out/3090-long/run_ppo_gsm8k.sh").read_text()
+    assert "actor_rollout_ref.actor.megatron.context_parallel_size=2" in script
+    # --megatron cp=N is the user's, even where the plan would take CP 1
+    given = resolved("h100", algo="grpo", engine="megatron", megatron=("tp=2", "cp=2"))
+    assert (given.train.megatron.tp, given.train.megatron.cp) == (2, 2)
+    assert args(given)["actor_rollout_ref.actor.megatron.context_parallel_size"] == "2"
+    assert resolved("h100", algo="grpo", engine="megatron").train.megatron.cp == 1  # (the default)
+
+
+def test_context_parallelism_is_never_chosen_on_fsdp(long_matrix):
+    v = violations("3090-long", long_matrix, algo="grpo")["memory"]  # (FSDP: no CP to take)
+    assert "megatron" not in v.why and "--gpus-per-node 8" in v.fix
+    assert not any("context_parallel" in o for o in args(resolved("h100", algo="grpo")))
+
+
+def test_where_no_cp_helps_the_refusal_reports_the_cp_1_plan_and_a_fix(long_matrix):
+    # a 7B's state does not fit 4 x 24 GiB at any layout: CP, which splits only activations,
+    # cannot help, so the refusal is the one at CP 1 (everything else tried)
+    v = violations("3090-long", long_matrix, algo="grpo", engine="megatron", model="Qwen/Qwen2.5-7B-Instruct")
+    mem = v["memory"]
+    assert "'cp': 1" in mem.why and "--nodes 4" in mem.fix

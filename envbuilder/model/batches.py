@@ -209,8 +209,11 @@ def _budget_violations(cfg: Config) -> list[str]:
             "actor_rollout_ref.actor.use_dynamic_bsz is True but rollout.log_prob_use_dynamic_bsz is not "
             "(verl's engine worker asserts they are equal)"
         )
-    # (verl's engine multiplies each budget by the SP size: a group's budget)
-    sp = _int(cfg, "actor_rollout_ref.actor.ulysses_sequence_parallel_size") or 1
+    # (verl's engine multiplies each budget by the SP size: a group's budget; on the Megatron
+    # engine that size is its CP, transformer_impl.py:836 sp_size=context_parallel_size)
+    sp = (_int(cfg, "actor_rollout_ref.actor.ulysses_sequence_parallel_size") or 1) * (
+        _int(cfg, "actor_rollout_ref.actor.megatron.context_parallel_size") or 1
+    )
     for key in BUDGETS:
         budget = _int(cfg, key)
         if budget is None:

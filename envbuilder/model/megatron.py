@@ -28,7 +28,7 @@ from __future__ import annotations
 from envbuilder.model.arch import Arch
 from envbuilder.model.resolved import MegatronLayout as Layout  # noqa: F401  (re-exported: the layout)
 
-__all__ = ["Layout", "fits_model", "layouts", "shard_params"]
+__all__ = ["Layout", "cp_ways", "fits_model", "layouts", "shard_params"]
 
 
 def shard_params(a: Arch, lay: Layout, params: int) -> tuple[float, float]:
@@ -61,20 +61,36 @@ def fits_model(a: Arch, lay: Layout, per_node: int, world: int) -> str | None:
     return None
 
 
-def layouts(a: Arch, per_node: int, world: int) -> list[Layout]:
-    """Every layout megatron-core accepts for this model and world, in the order the plan tries
-    them: the fewest GPUs per model replica first (TP × PP: the least communication on the
-    critical path), TP before PP at the same product (TP stays inside a node's NVLink, PP's
-    bubbles cost time), and for a mixture of experts the experts spread as widely as the world
-    allows within a node (EP's all-to-all on NVLink; fewer experts a GPU)."""
-    tps = [t for t in range(1, per_node + 1) if per_node % t == 0]
+def layouts(a: Arch, per_node: int, world: int, cp: int = 1) -> list[Layout]:
+    """Every layout megatron-core accepts for this model and world at context parallelism `cp`,
+    in the order the plan tries them: the fewest GPUs per model replica first (TP × PP: the
+    least communication on the critical path), TP before PP at the same product (TP stays inside
+    a node's NVLink, PP's bubbles cost time), and for a mixture of experts the experts spread as
+    widely as the world allows within a node (EP's all-to-all on NVLink; fewer experts a GPU).
+    With cp > 1, TP × CP divides the node's GPUs: megatron-core orders the ranks TP, CP, EP,
+    DP, PP (parallel_state's default order "tp-cp-ep-dp-pp"), so each CP group, whose ring
+    passes every attention layer's keys and values around, then stays inside a node."""
+    tps = [t for t in range(1, per_node + 1) if per_node % (t * cp) == 0]
     pps = [p for p in range(1, a.L + 1) if a.L % p == 0 and p <= world]
     eps = [e for e in range(1, min(a.E, per_node) + 1) if a.E % e == 0] if a.moe else [1]
     out = [
-        Layout(tp=t, pp=p, ep=e)
+        Layout(tp=t, pp=p, ep=e, cp=cp)
         for t in tps
         for p in pps
         for e in eps
-        if fits_model(a, Layout(tp=t, pp=p, ep=e), per_node, world) is None
+        if fits_model(a, Layout(tp=t, pp=p, ep=e, cp=cp), per_node, world) is None
     ]
     return sorted(out, key=lambda lay: (lay.tp * lay.pp, lay.pp, -lay.ep))
+
+
+def cp_ways(per_node: int, world: int) -> list[int]:
+    """The context-parallel sizes the plan tries past CP 1, smallest first: those dividing a
+    node's GPUs (the ring within NVLink, see layouts) and the world (TP × PP × CP × DP = world).
+    megatron-core's load balancing splits each sequence into 2 × CP chunks, so its length must
+    divide by 2 × CP (× TP with sequence parallelism); verl 0.9.1 pads every sequence to that
+    multiple itself, on both of its engine's input paths (verl/models/mcore/util.py:
+    preprocess_packed_seqs, the remove-padding "thd" path, align_size = tp × cp × 2, line 77;
+    preprocess_bshd_engine, the padded "bshd" path, line 690), so the profile's lengths need
+    no check; only dynamic CP needs use_remove_padding (workers/engine/megatron/
+    transformer_impl.py:113-116), and the plan sets a static context_parallel_size."""
+    return [c for c in range(2, per_node + 1) if per_node % c == 0 and world % c == 0]

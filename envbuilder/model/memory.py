@@ -61,7 +61,7 @@ import math
 
 from envbuilder.model import memory_plan as P
 from envbuilder.model.arch import Arch  # noqa: F401  (re-exported: the plan's view of a model)
-from envbuilder.model.megatron import Layout, layouts, shard_params
+from envbuilder.model.megatron import Layout, cp_ways, layouts, shard_params
 
 GIB = 1024**3
 
@@ -635,7 +635,9 @@ def phase(s: Setup, name: str, b: int) -> Draft:
         for t in terms:
             if t.kind == "work":
                 t.nbytes /= split
-                t.formula += f" / {split} (TP {s.layout.tp} sequence parallel)"
+                t.formula += f" / {split} (TP {s.layout.tp} sequence parallel" + (
+                    f", CP {s.layout.cp} context parallel)" if s.layout.cp > 1 else ")"
+                )
     return name + (f" ({note})" if note else ""), b, terms, None
 
 
@@ -838,7 +840,9 @@ def plan(env: Data, arch_rec: Data, consts: Data, val_rows: int) -> P.MemoryPlan
          for the planned concurrency and the sampler (a TP group within a node);
       2. FSDP sharding over the whole world (nodes × GPUs: every role's state divided by it);
       3. offload of what is idle: Adam's state, then the weights (host memory counted);
-      4. Ulysses sequence parallelism where one sequence's activations do not fit;
+      4. Ulysses sequence parallelism where one sequence's activations do not fit (FSDP), or
+         on the Megatron engine its layout (TP, PP, EP), then context parallelism (CP) where
+         no layout at CP 1 fits one sequence's activations;
       5. vLLM's share of the card: what the resident roles leave, at most the profile's figure.
     `env["pinned"]` names the choices the user made (rollout_tp, offload, sequence_parallel):
     those are taken as given."""
@@ -846,21 +850,58 @@ def plan(env: Data, arch_rec: Data, consts: Data, val_rows: int) -> P.MemoryPlan
     arch = Arch(_str(train, "model"), arch_rec)
     pinned = {str(p) for p in _list(env, "pinned")}
     tried: list[P.MemoryPlan] = []
-    for t, why in _trials(env, arch, pinned):
-        for lay in _layouts(env, arch):
-            trial = dict(t, megatron=lay.to_dict()) if lay else t
-            out = _with_tp(dict(env, train=trial), arch, consts, val_rows, pinned)
-            choices = out.choices._replace(**why)
-            if lay:
-                words = P.LayoutChoice(value=MappingProxyType(lay.to_dict()), why=_layout_why(env, arch, lay))
-                out = out._replace(megatron=MappingProxyType(lay.to_dict()))
-                choices = choices._replace(megatron=words)
-            out = out._replace(choices=choices)
-            tried.append(out)
-            if not out.problems:
-                return out
-    # none fits: the last (everything tried) says what is still short
-    return tried[-1]._replace(tried=len(tried))
+    trials = _trials(env, arch, pinned)
+    # The Megatron engine's context parallelism (CP) last: after every CP 1 layout (any TP,
+    # PP, EP) at every offload. A GPU's weights, gradients and distributed optimizer state are
+    # the same at any CP (the optimizer shards over DP × CP = world / (TP × PP) whatever CP
+    # is), so CP helps only one sequence's activations, while it passes every attention
+    # layer's keys and values around a ring and takes GPUs from data parallelism; offload and
+    # PP are cheaper, as FSDP's Ulysses SP comes after offload (_trials). Within CP: the
+    # smallest CP, then the cheapest offload, then the layout order (megatron.layouts).
+    short: P.MemoryPlan | None = None
+    for cp in [1, *_cp_ways(env)]:
+        for t, why in trials:
+            for lay in _layouts(env, arch, cp):
+                out = _layout_plan(env, arch, consts, val_rows, pinned, t, why, lay)
+                tried.append(out)
+                if not out.problems:
+                    return out
+        short = short or tried[-1]._replace(tried=len(tried))
+    # none fits: the last at CP 1 (everything tried but splitting sequences) says what is
+    # still short: where a larger CP fits nothing, the sequences are not what is short
+    assert short is not None  # (CP 1 tries at least one plan)
+    return short
+
+
+def _layout_plan(
+    env: Data,
+    arch: Arch,
+    consts: Data,
+    val_rows: int,
+    pinned: set[str],
+    t: dict[str, object],
+    why: dict[str, P.Choice],
+    lay: Layout | None,
+) -> P.MemoryPlan:
+    """The plan of one train block (`why`: its choices) at one Megatron layout (None: FSDP)."""
+    trial = dict(t, megatron=lay.to_dict()) if lay else t
+    out = _with_tp(dict(env, train=trial), arch, consts, val_rows, pinned)
+    choices = out.choices._replace(**why)
+    if lay:
+        words = P.LayoutChoice(value=MappingProxyType(lay.to_dict()), why=_layout_why(env, arch, lay))
+        out = out._replace(megatron=MappingProxyType(lay.to_dict()))
+        choices = choices._replace(megatron=words)
+    return out._replace(choices=choices)
+
+
+def _cp_ways(env: Data) -> list[int]:
+    """The context-parallel sizes past 1 the plan may choose (megatron.cp_ways): none on FSDP
+    (Ulysses SP is its way) or where --megatron gives the layout (its CP is the user's)."""
+    t = _map(env, "train")
+    if env.get("engine") != "megatron" or t.get("megatron_pinned"):
+        return []
+    per_node = _int(t, "n_gpus")
+    return cp_ways(per_node, per_node * _int(env, "nodes", 1))
 
 
 def _list(d: Data, key: str) -> list[object]:
@@ -868,8 +909,9 @@ def _list(d: Data, key: str) -> list[object]:
     return list(value) if isinstance(value, (list, tuple, set, frozenset)) else []
 
 
-def _layouts(env: Data, arch: Arch) -> list[Layout | None]:
-    """The Megatron layouts to try, in order (megatron.layouts), or the given one; [None] on FSDP."""
+def _layouts(env: Data, arch: Arch, cp: int = 1) -> list[Layout | None]:
+    """The Megatron layouts to try at context parallelism `cp`, in order (megatron.layouts), or
+    the given one; [None] on FSDP."""
     if env.get("engine") != "megatron":
         return [None]
     t = _map(env, "train")
@@ -877,7 +919,8 @@ def _layouts(env: Data, arch: Arch) -> list[Layout | None]:
     if given:
         return [_layout(given)]
     per_node = _int(t, "n_gpus")
-    return list(layouts(arch, per_node, per_node * _int(env, "nodes", 1))) or [Layout()]
+    found = layouts(arch, per_node, per_node * _int(env, "nodes", 1), cp)
+    return list(found) or ([Layout()] if cp == 1 else [])
 
 
 def _layout_why(env: Data, arch: Arch, lay: Layout) -> str:
@@ -886,6 +929,11 @@ def _layout_why(env: Data, arch: Arch, lay: Layout) -> str:
     what = "the fewest GPUs a model replica spans (TP x PP) whose shard, gradients and optimizer state fit"
     if arch.moe:
         what += f", the {arch.E} experts over as many GPUs of a node as divide them (EP {lay.ep}: {arch.E // lay.ep} a GPU)"
+    if lay.cp > 1:
+        what += (
+            f"; context parallel over {lay.cp} GPUs: one sequence's activations fit no layout at a"
+            " smaller CP, at any offload"
+        )
     return what
 
 

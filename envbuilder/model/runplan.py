@@ -92,6 +92,10 @@ def build(env: ResolvedEnv) -> tuple[RunArg, ...]:
     add("data.val_files", "$DATA_DIR/test.parquet", shell=True)
     mem = d.memory
     sp = mem.sequence_parallel  # (Ulysses: GPUs one sequence is split over)
+    # GPUs one sequence is split over for the token budgets: Ulysses SP on FSDP, CP on the
+    # Megatron engine, which verl 0.9.1 passes to its micro-batcher as sp_size
+    # (workers/engine/megatron/transformer_impl.py:836; workers/engine/utils.py:111 multiplies)
+    split = sp * (d.train.megatron.cp if d.train.megatron else 1)
     head = (
         f"batch sizes per GPU from the memory plan (envbuild show {d.asked} --memory): peak "
         f"{mem.peak.gib} GiB"
@@ -157,8 +161,9 @@ def build(env: ResolvedEnv) -> tuple[RunArg, ...]:
         add("actor_rollout_ref.model.fused_kernel_options.impl_backend", f.fused_kernels)
     if f.dynamic_bsz:
         seq = t.max_prompt_length + t.max_response_length
-        # (a GPU of an SP group holds 1/sp of each sequence; verl multiplies the budget by sp)
-        lp = -(-mb.log_prob_micro_batch_size_per_gpu * seq // sp)
+        # (a GPU of an SP or CP group holds 1/split of each sequence; verl multiplies the
+        # budget by split)
+        lp = -(-mb.log_prob_micro_batch_size_per_gpu * seq // split)
         add(
             "actor_rollout_ref.actor.use_dynamic_bsz",
             "True",
@@ -167,7 +172,7 @@ def build(env: ResolvedEnv) -> tuple[RunArg, ...]:
         )
         add(
             "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
-            -(-mb.actor_ppo_micro_batch_size_per_gpu * seq // sp),
+            -(-mb.actor_ppo_micro_batch_size_per_gpu * seq // split),
         )
         for part in ("ref", "rollout"):
             add(f"actor_rollout_ref.{part}.log_prob_use_dynamic_bsz", "True")
