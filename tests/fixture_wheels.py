@@ -112,6 +112,7 @@ def make_sdist(
     platform: bool = False,
     requires: tuple[str, ...] = (),
     in_tree_backend: bool = False,
+    backend: str | None = None,
 ) -> Path:
     """A real, minimal setuptools sdist laid out like antlr4-python3-runtime 4.9.3's: setup.py
     and PKG-INFO, no pyproject.toml (so a PEP 517 frontend builds it with setuptools'
@@ -120,7 +121,8 @@ def make_sdist(
     CPython and platform tags (cp310-cp310-linux_x86_64) and needs no compiler. `module` is the
     import name (default: the name with _). With `in_tree_backend`, a pyproject.toml names a
     backend inside the sdist that needs nothing (`requires = []`): it builds a pure wheel with no
-    index at all. Byte-reproducible."""
+    index at all. `backend`: the in-tree backend's own text instead (a stand-in whose build
+    checks what it is built with). Byte-reproducible."""
     import gzip
     import io
     import tarfile
@@ -156,12 +158,14 @@ def make_sdist(
         f"{root}/setup.py": setup_py,
         f"{root}/{module}/__init__.py": f'__version__ = "{version}"  # envbuild test stand-in\n',
     }
-    if in_tree_backend:
+    if in_tree_backend or backend is not None:
         contents[f"{root}/pyproject.toml"] = (
             '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n'
         )
-        contents[f"{root}/backend.py"] = _IN_TREE_BACKEND.format(
-            name=name, version=version, module=module, dist=dist_name(name)
+        contents[f"{root}/backend.py"] = (
+            backend
+            if backend is not None
+            else _IN_TREE_BACKEND.format(name=name, version=version, module=module, dist=dist_name(name))
         )
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:

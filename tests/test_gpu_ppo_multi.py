@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from conftest import bench_module, resolved
+from test_launch import RAY_SHARED_HOST
 
 ROOT = Path(__file__).resolve().parent.parent
 GPU_PPO = ROOT / "bench" / "gpu_ppo.py"
@@ -263,17 +264,6 @@ print("step:2 - x:2", flush=True)
 PY
 """
 
-# Ray on a host shared with other work (tests/test_launch.py's Loopback: no memory monitor, slow
-# health checks tolerated), and each node small
-RAY_ENV = {
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "RAY_memory_monitor_refresh_ms": "0",
-    "RAY_health_check_period_ms": "5000",
-    "RAY_health_check_timeout_ms": "30000",
-    "RAY_health_check_failure_threshold": "24",
-    "RAY_worker_register_timeout_seconds": "180",
-    "RAY_enable_metrics_collection": "0",
-}
 NODE_ARGS = "--num-cpus=1 --object-store-memory=80000000 --include-log-monitor=false"
 HEAD_ARGS = "--include-dashboard=false"  # (Ray refuses it on a node that is not the head)
 
@@ -324,7 +314,7 @@ def test_the_harness_forms_a_two_node_cluster_of_eight_gpus_and_tears_it_down(mu
     shutil.copytree(multi.render, render)
     (render / "run_ppo_gsm8k.sh").write_text(TRAINER)
     probe = multi.tmp / "probe.json"
-    env = dict(RAY_ENV, PROBE=str(probe), HOME=str(multi.tmp))
+    env = dict(RAY_SHARED_HOST, PROBE=str(probe), HOME=str(multi.tmp))
     args = [
         "--nodes",
         "2",

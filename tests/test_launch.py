@@ -54,6 +54,22 @@ def shellcheck() -> str:
     return path
 
 
+# Ray on a host shared with other test workers (Docker builds, pip, uv): no reason for Ray to give
+# up on its own processes. Its memory monitor would kill workers for the whole host's use, and under
+# CPU load a raylet misses the GCS's health checks (15 s by default) or a worker its registration
+# deadline (60 s), which ended in a hang of the job rather than a failure. The tests' own deadlines
+# (Loopback.run here, tests/test_gpu_ppo_multi.py's) bound the run.
+RAY_SHARED_HOST = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_memory_monitor_refresh_ms": "0",
+    "RAY_health_check_period_ms": "5000",
+    "RAY_health_check_timeout_ms": "30000",
+    "RAY_health_check_failure_threshold": "24",
+    "RAY_worker_register_timeout_seconds": "180",
+    "RAY_enable_metrics_collection": "0",  # (no metrics agent to wait for)
+}
+
+
 # -- the loopback Slurm ---------------------------------------------------------------------------
 
 SRUN = r"""#!/bin/bash
@@ -269,18 +285,7 @@ class Loopback:
             "SLURM_CPUS_ON_NODE": "1",
             "ENVBUILD_RAY_PORT": str(self.port),
             "ENVBUILD_TEST_MARK": self.marker,
-            "RAY_USAGE_STATS_ENABLED": "0",
-            # A host shared with other test workers (Docker builds, pip, uv) is no reason for Ray to
-            # give up on its own processes: its memory monitor would kill workers for the whole
-            # host's use, and under CPU load a raylet misses the GCS's health checks (15 s by
-            # default) or a worker its registration deadline (60 s), which ended in a hang of the
-            # job rather than a failure. The test's own deadlines (Loopback.run) bound the run.
-            "RAY_memory_monitor_refresh_ms": "0",
-            "RAY_health_check_period_ms": "5000",
-            "RAY_health_check_timeout_ms": "30000",
-            "RAY_health_check_failure_threshold": "24",
-            "RAY_worker_register_timeout_seconds": "180",
-            "RAY_enable_metrics_collection": "0",  # (no metrics agent to wait for)
+            **RAY_SHARED_HOST,
         }
 
     def node(self, name: str, state: str) -> None:

@@ -309,27 +309,9 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
 
 
 def _te_sdist(dest: Path) -> Path:
-    import gzip
-    import io
-    import tarfile
+    from fixture_wheels import make_sdist
 
-    root = "transformer_engine_torch-2.12.0"
-    contents = {
-        f"{root}/PKG-INFO": "Metadata-Version: 2.1\nName: transformer_engine_torch\nVersion: 2.12.0\n",
-        f"{root}/pyproject.toml": '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n',
-        f"{root}/backend.py": TE_BACKEND,
-    }
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for path, text in sorted(contents.items()):
-            data = text.encode()
-            info = tarfile.TarInfo(path)
-            info.size, info.mtime, info.mode = len(data), 1704067200, 0o644
-            tar.addfile(info, io.BytesIO(data))
-    dest.mkdir(parents=True, exist_ok=True)
-    path = dest / f"{root}.tar.gz"
-    path.write_bytes(gzip.compress(raw.getvalue(), mtime=0))
-    return path
+    return make_sdist(dest, "transformer_engine_torch", "2.12.0", backend=TE_BACKEND)
 
 
 def toolchain_wheels(dest: Path) -> dict[str, Path]:
