@@ -46,6 +46,14 @@ def case_of(rec: dict) -> dict:
     for key in CASE_KEYS + ("algorithm.adv_estimator",):
         value = (changed.get(key) or {}).get("run") if key in changed else ov.get(key)
         out[key] = value
+    if (
+        not ov
+        and out["algorithm.adv_estimator"] is None
+        and any("critic/vf_loss" in m for m in steps(rec).values())
+    ):
+        # a record from before gpu_ppo.py kept the render's overrides (tests/fixtures/gpu/ppo/):
+        # a run that trained a critic ran verl's one estimator with a critic, gae
+        out["algorithm.adv_estimator"] = "gae"
     return out
 
 
@@ -112,7 +120,8 @@ def compare(before: dict, after: dict) -> dict:
         }
         for mark in sorted(set(tb) & set(ta), key=lambda m: _num(ta.get(m)) or 0)
     }
-    return {"case": ca, "steps": table, "smi_peak_mib": peaks, "time_to_first_step_s": first}
+    gpus = {"before": before.get("gpu"), "after": after.get("gpu")}
+    return {"case": ca, "gpus": gpus, "steps": table, "smi_peak_mib": peaks, "time_to_first_step_s": first}
 
 
 def micro_table(micro: dict) -> dict:
@@ -148,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out, indent=1, sort_keys=True))
         return 0
     print(f"case: {json.dumps(out['case'], sort_keys=True)}")
+    g = out["gpus"]
+    print(f"gpu: before {g['before']}, after {g['after']}")
+    if g["before"] != g["after"]:
+        print("  (two kinds of card: the ratios hold the card's difference too, not only the render's)")
     for step, rows in out["steps"].items():
         print(f"\nstep {step}:               before      after   after/before")
         for name, r in rows.items():

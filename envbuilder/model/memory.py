@@ -187,13 +187,17 @@ class Setup:
         # (the resolver passes it; a resolved environment holds it in its features)
         fused = env.get("fused_kernels", _map(env, "features").get("fused_kernels"))
         self.fused = fused if isinstance(fused, str) and fused else None
-        # an optional upper bound from the profile
-        self.cap: int | None = _int(t, "micro_batch_size_per_gpu", 0) or None
+        # an optional upper bound from the profile, on every micro-batch
+        self.profile_cap: int | None = _int(t, "micro_batch_size_per_gpu", 0) or None
+        # token budgets (the actor's update and the log-prob passes, where verl's fused kernels
+        # run): a micro-batch takes at most max_micro_tokens (and one whole sequence). The
+        # critic keeps count-based micro-batches (runplan: its engine's use_dynamic_bsz=False),
+        # so this bound is not its own: capped by it, the h100 GAE critic ran 32 sequences a
+        # micro-batch where 128 fit, at 0.17 MFU against 0.27 (tests/fixtures/gpu/speed)
         max_tokens = _int(consts, "max_micro_tokens", 0)
-        if self.fused and max_tokens:
-            # token budgets: a micro-batch takes at most max_micro_tokens (and one whole sequence)
-            by_tokens = max(1, max_tokens * self.sp // self.seq)
-            self.cap = min(self.cap, by_tokens) if self.cap else by_tokens
+        self.token_cap: int | None = (
+            max(1, max_tokens * self.sp // self.seq) if self.fused and max_tokens else None
+        )
         # compute bytes of the actor/critic (fp32 where the GPU has no bf16: see the run script)
         self.c = 2 if self.dtype == "bf16" else 4
         # inference bytes (vLLM and the reference run in fp16 where bf16 is missing)
@@ -229,6 +233,14 @@ class Setup:
         )
         self.total_gib = _num(consts, "total_gib")
         self.usable_gib = self.total_gib - self.cuda_context_gib - (self.nccl_gib if self.n > 1 else 0)
+
+    def cap(self, key: str) -> int | None:
+        """The most sequences one micro-batch of phase `key` may take (None: no bound). The
+        rollout's concurrency has none; the critic only the profile's."""
+        if key == "generation":
+            return None
+        caps = [c for c in (self.profile_cap, None if key == "critic" else self.token_cap) if c]
+        return min(caps) if caps else None
 
 
 def _layout(d: Data) -> Layout:
@@ -718,7 +730,7 @@ def candidates(s: Setup, key: str) -> Sequence[int]:
       may be short); only its divisors where the release's engine workers assert that they
       divide it (verl 0.8+, workers/engine/utils.py prepare_micro_batches).
     actor, critic: divisors of the mini-batch (verl asserts mini % micro == 0)."""
-    cap = s.cap if (s.cap and key != "generation") else None
+    cap = s.cap(key)
     if key == "generation":
         top = max(s.gen_per_gpu, s.val_per_gpu)
         if s.rollout == "hf" and s.rollout_n > 1:
@@ -1037,7 +1049,7 @@ def _plan_one(s: Setup) -> P.MemoryPlan:
         elif cands.index(best) + 1 < len(cands):
             bound[key] = "memory"
         else:
-            bound[key] = "profile cap" if (s.cap and key != "generation" and best == s.cap) else "batch"
+            bound[key] = "profile cap" if best == s.cap(key) else "batch"
         batch[key] = best
         phases[key] = estimate(s, key, best)
     steps = ("actor_step", "critic_step") if s.critic else ("actor_step",)

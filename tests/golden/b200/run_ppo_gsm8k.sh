@@ -99,11 +99,11 @@ args=(
   critic.model.path="$MODEL"
   critic.model.use_remove_padding=False
   critic.model.enable_gradient_checkpointing=True
-  critic.ppo_micro_batch_size_per_gpu=16
+  critic.ppo_micro_batch_size_per_gpu=32
   # the critic's engine takes its own micro-batches (left alone it packs 32768-token dynamic ones)
   ++critic.fsdp.use_dynamic_bsz=False
-  ++critic.fsdp.micro_batch_size_per_gpu=16
-  ++critic.fsdp.infer_micro_batch_size_per_gpu=16
+  ++critic.fsdp.micro_batch_size_per_gpu=32
+  ++critic.fsdp.infer_micro_batch_size_per_gpu=32
   critic.fsdp.param_offload=False
   critic.fsdp.optimizer_offload=False
   ++critic.fsdp.mixed_precision.param_dtype=bf16
