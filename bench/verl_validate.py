@@ -92,6 +92,11 @@ MEGATRON = (
     # a DeepSeek-V3-style mixture (MLA, shared experts, a dense first layer), on both engines
     ("h100", "moonshotai/Moonlight-16B-A3B", ("grpo", "gae"), {}),
     ("h100", "moonshotai/Moonlight-16B-A3B", ("grpo",), {"engine": "fsdp"}),
+    # a 7B GRPO on one H100 (issue 45): full fine-tuning fits no single card, LoRA adapters do
+    # (the memory refusal's --lora-rank fix), served to vLLM as its LoRA
+    ("h100", "Qwen/Qwen2.5-7B-Instruct", ("grpo",), {"engine": "fsdp", "gpus_per_node": 1, "lora_rank": 32}),
+    # verl's 72B LoRA example's world (examples/tuning/70b: rank 32 on 8 H100, rollout TP 8)
+    ("h100", "Qwen/Qwen2.5-72B-Instruct", ("grpo",), {"engine": "fsdp", "lora_rank": 32}),
     # 32K-token responses on 4 x RTX 3090 (tests/fixtures/long-context, a --matrix-dir overlay):
     # one sequence fits no layout at CP 1, so the plan chooses context parallelism (TP 2, CP 2;
     # GAE's critic too)

@@ -35,6 +35,7 @@ VALUES = {
     "offload": ("params", "optimizer"),
     "sp": 2,
     "host_memory": 512,
+    "lora_rank": 32,
     "ecc": "off",
     "gpu_memory": 40960,
     "flash_attn_index": "https://verl-project.github.io/verl-wheelhouse/cu130/torch2.11/simple/",

@@ -145,3 +145,46 @@ def test_a_moe_plan_counts_every_expert_in_the_state_and_shards_the_rollout():
     assert env.memory["arch"]["experts"] == 128
     assert int(args(env)["actor_rollout_ref.rollout.tensor_model_parallel_size"]) > 1
     assert not arithmetic(env)
+
+
+def test_a_7b_grpo_fits_one_card_only_as_lora_and_the_refusal_offers_it():
+    # full fine-tuning: 20 B a parameter at Adam's step (152 GiB) on any one card; LoRA rank 32:
+    # the frozen base without gradients or Adam state, and no reference of its own
+    v = violations("h100", model=Q7, algo="grpo", gpus_per_node=1)["memory"]
+    assert "use --lora-rank 32 (LoRA adapters" in v.fix, v.fix
+    assert v.fix.index("--gpus-per-node") < v.fix.index("--lora-rank") < v.fix.index("--model")
+    env = resolved("h100", model=Q7, algo="grpo", gpus_per_node=1, lora_rank=32)
+    assert not env.memory["problems"] and env.train.lora_rank == 32
+    a = args(env)
+    assert (a["actor_rollout_ref.model.lora_rank"], a["actor_rollout_ref.model.target_modules"]) == (
+        "32",
+        "all-linear",
+    )
+    terms = {t["term"]: t for p in env.memory["phases"] for t in p["terms"]}
+    assert "reference weights (resident)" not in terms  # (verl: ref_in_actor for LoRA)
+    assert terms["actor gradients"]["gib"] < 1 and "LoRA" in terms["actor gradients"]["formula"]
+    assert "vLLM LoRA slot" in terms
+    assert not arithmetic(env)
+
+
+def test_lora_rank_is_a_flag_within_vllms_ranks_and_the_fsdp_engine():
+    from envbuilder.model.flags import BY_FIELD, LORA_RANK_MAX
+
+    assert BY_FIELD["lora_rank"].fix and BY_FIELD["lora_rank"].bounds == (0, LORA_RANK_MAX) == (0, 512)
+    with pytest.raises(UserError) as e:
+        resolved("h100", model=Q7, algo="grpo", lora_rank=32, engine="megatron")
+    assert "FSDP engine only" in str(e.value) and "--lora-rank" in str(e.value)
+    # 0 trains every weight, where the profile's default is LoRA (the 4090's seed run)
+    assert resolved("4090").train.lora_rank == 32
+    full = resolved("4090", lora_rank=0)
+    assert full.train.lora_rank == 0 and "actor_rollout_ref.model.lora_rank" not in args(full)
+
+
+def test_the_lora_fix_is_offered_for_dense_models_only():
+    # a mixture's experts as vLLM LoRA: no record says they serve, so the fix is not offered
+    v = violations("h100", model="Qwen/Qwen3-30B-A3B", algo="grpo", gpus_per_node=2)["memory"]
+    assert "--lora-rank" not in v.fix, v.fix
+    # a 72B on one node of 8 H100s: verl's own LoRA example's world (rollout TP 8)
+    env = resolved("h100", model=Q72, algo="grpo", lora_rank=32)
+    assert args(env)["actor_rollout_ref.rollout.tensor_model_parallel_size"] == "8"
+    assert not env.memory["problems"] and not arithmetic(env)

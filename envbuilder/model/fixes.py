@@ -78,6 +78,7 @@ def _valid(m: Matrix, flag: str, value: str | None) -> bool:
         "rollout-tp": lambda: value.isdigit() and 1 <= int(value) <= 64,
         "sp": lambda: value.isdigit() and 1 <= int(value) <= 64,
         "host-memory": lambda: value.isdigit() and 1 <= int(value) <= 1 << 20,
+        "lora-rank": lambda: value.isdigit() and 0 <= int(value) <= F.LORA_RANK_MAX,
         "offload": lambda: all(w in F.OFFLOAD for w in value.split(",")),
     }[flag]()
 

@@ -18,6 +18,9 @@ from envbuilder.model.resolved import GPU_MEMORY_MIB, Overrides
 TEXT, INT, NAMES, SWITCH, CHOICE = "text", "int", "names", "switch", "choice"
 # what --offload names: the idle weights, Adam's state, or nothing
 OFFLOAD = ("params", "optimizer", "none")
+# the largest LoRA rank vLLM serves (vllm/config/lora.py MaxLoRARanks, which verl 0.9.1's
+# get_vllm_max_lora_rank rounds a rank up to; a larger one raises there)
+LORA_RANK_MAX = 512
 
 
 class Flag(Record):
@@ -165,6 +168,17 @@ FLAGS: tuple[Flag, ...] = (
         "Host memory (GiB) of each node that offload may fill. Default: the profile's, else 64 GiB a GPU.",
         "GiB",
         bounds=(1, 1 << 20),
+        fix=True,
+    ),
+    Flag(
+        "lora_rank",
+        "--lora-rank",
+        INT,
+        "Train LoRA adapters of this rank (e.g. 32) in place of every weight: the frozen base needs "
+        "no gradients or Adam state, and the reference is the actor without its adapters. "
+        "0 trains every weight. Default: the profile's.",
+        "N",
+        bounds=(0, LORA_RANK_MAX),
         fix=True,
     ),
     Flag(

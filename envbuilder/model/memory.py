@@ -604,14 +604,27 @@ def _gen_weights(s: Setup) -> list[Term]:
         st = _role_state(s, "actor")
         return [st["weights"]] + ([st["copy"]] if "copy" in st else [])
     if s.tp == 1:
-        return [Term("vLLM weights", f"{s.inf} B × {_m(s.arch.params())} params", s.inf * s.arch.params())]
-    return [
-        Term(
-            "vLLM weight shard",
-            f"{s.inf} B × {_m(s.arch.params())} params / {s.tp} (tensor parallel)",
-            s.inf * s.arch.params() / s.tp,
+        out = [Term("vLLM weights", f"{s.inf} B × {_m(s.arch.params())} params", s.inf * s.arch.params())]
+    else:
+        out = [
+            Term(
+                "vLLM weight shard",
+                f"{s.inf} B × {_m(s.arch.params())} params / {s.tp} (tensor parallel)",
+                s.inf * s.arch.params() / s.tp,
+            )
+        ]
+    if s.lora:
+        # verl serves the adapters as a LoRA of vLLM's (enable_lora, max_loras=1): vLLM keeps one
+        # slot of every target module's A and B at the rank, in its dtype, beside the base
+        lora = s.arch.lora_params(s.lora)
+        out.append(
+            Term(
+                "vLLM LoRA slot",
+                f"{s.inf} B × {_m(lora)} LoRA params" + (f" / {s.tp}" if s.tp > 1 else ""),
+                s.inf * lora / s.tp,
+            )
         )
-    ]
+    return out
 
 
 # a phase worked out, not yet a record: its name, batch, terms and the bytes of them already

@@ -95,6 +95,8 @@ class Overrides(Record):
     offload: Annotated[tuple[str, ...], S.ListOf(S.NAME)] = ()
     sp: int | None = None
     host_memory: int | None = None
+    # LoRA adapters of this rank in place of training every weight (0: every weight)
+    lora_rank: int | None = None
     # the PEP 503 index flash-attn's wheel comes from first (model/components/flash_attn.py)
     flash_attn_index: Annotated[str | None, S.URL] = None
     # verl's training engine: fsdp (the default) or megatron (verl.yaml `megatron`), and a

@@ -137,6 +137,10 @@ def selection_sizing(s: Selection) -> Sizing:
     return sizing(s.versions, s.kernels, s.engine_pick, s.train_plan, s.cluster)
 
 
+# the rank a memory refusal's LoRA fix offers (verl's LoRA examples use 32 to 64)
+LORA_FIX_RANK = 32
+
+
 def memory_rule(r: Findings, s: Selection) -> None:
     """When no batch fits the GPU (the selection's memory plan, envbuilder/model/memory.py): why,
     and which change to the profile would fit. Each change is asked of a new train block or a
@@ -208,7 +212,14 @@ def memory_rule(r: Findings, s: Selection) -> None:
     if not mem.host.fits:
         need = math.ceil(mem.host.gib / (1 - mem.margin))
         fixes.insert(0, f"pass --host-memory {need} where each node has {need} GiB for offload")
-    fix = memory_fix(fixes, smaller, more, bool(critic_free))
+    # LoRA adapters in place of every weight (verl's own examples train the largest dense models
+    # so; a mixture's experts as vLLM LoRA are not offered: no record here says they serve)
+    lora = (
+        f"--lora-rank {LORA_FIX_RANK} (LoRA adapters: the frozen base needs no gradients or Adam state)"
+        if not train.get("lora_rank") and not moe and z.engine != "megatron" and fits(lora_rank=LORA_FIX_RANK)
+        else None
+    )
+    fix = memory_fix(fixes, smaller, more, bool(critic_free), lora)
     if z.megatron_layout:  # (the user's layout: the plan's own may fit)
         own = lora_memory(a, z._replace(megatron_layout=None), train)[0]
         if not own.problems and own.megatron:
@@ -243,10 +254,16 @@ def memory_why(r: Findings, mem: MemoryPlan) -> str:
     )
 
 
-def memory_fix(fixes: list[str], smaller: list[tuple[int, str]], more: str | None, critic_free: bool) -> str:
+def memory_fix(
+    fixes: list[str],
+    smaller: list[tuple[int, str]],
+    more: str | None,
+    critic_free: bool,
+    lora: str | None = None,
+) -> str:
     """A memory refusal's fix, cheapest first: GRPO where the critic is what does not fit, the
-    model on a larger world, a smaller model of the table, then more host memory for offload or
-    an overlay's changes (shorter sequences, ...)."""
+    model on a larger world, LoRA adapters of the same model, a smaller model of the table, then
+    more host memory for offload or an overlay's changes (shorter sequences, ...)."""
     fix = (
         ("in a --matrix-dir overlay of the profile, " + "; or ".join(fixes))
         if fixes
@@ -256,6 +273,8 @@ def memory_fix(fixes: list[str], smaller: list[tuple[int, str]], more: str | Non
         fix = fixes[0] + (f"; or {'; or '.join(fixes[1:])}" if fixes[1:] else "")
     if smaller:  # (a model of the table: --model takes it, and the fix walk checks it)
         fix = f"use --model {smaller[-1][1]} (a smaller model from the table); or {fix}"
+    if lora:
+        fix = f"use {lora}; or {fix}"
     if more:  # (the model the user asked for, on a larger world, first)
         fix = f"use {more}; or {fix}"
     if critic_free:

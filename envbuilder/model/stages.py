@@ -608,6 +608,13 @@ def world_flags(
         pinned.append("sequence_parallel")
     if ov.host_memory is not None:
         t["host_memory_gib"] = ov.host_memory
+    if ov.lora_rank is not None:
+        if ov.lora_rank and e.megatron:
+            raise UserError(
+                f"--lora-rank {ov.lora_rank}: envbuild plans LoRA on the FSDP engine only (the "
+                "Megatron engine's memory plan has no adapters). Drop --engine megatron, or drop --lora-rank."
+            )
+        t["lora_rank"] = ov.lora_rank
     layout = None
     if ov.megatron and e.megatron:
         layout = megatron_flag(a, t, nodes, ov.megatron)
