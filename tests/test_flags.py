@@ -36,6 +36,8 @@ VALUES = {
     "sp": 2,
     "host_memory": 512,
     "lora_rank": 32,
+    "max_prompt_length": 2048,
+    "max_response_length": 8192,
     "ecc": "off",
     "gpu_memory": 40960,
     "flash_attn_index": "https://verl-project.github.io/verl-wheelhouse/cu130/torch2.11/simple/",

@@ -188,3 +188,48 @@ def test_the_lora_fix_is_offered_for_dense_models_only():
     env = resolved("h100", model=Q72, algo="grpo", lora_rank=32)
     assert args(env)["actor_rollout_ref.rollout.tensor_model_parallel_size"] == "8"
     assert not env.memory["problems"] and not arithmetic(env)
+
+
+def test_prompt_and_response_lengths_are_flags_the_plan_and_run_script_follow():
+    Q05 = "Qwen/Qwen2.5-0.5B-Instruct"
+    one = resolved("h100", model=Q05, algo="grpo", gpus_per_node=1)
+    env = resolved(
+        "h100", model=Q05, algo="grpo", gpus_per_node=1, max_response_length=4096, max_prompt_length=512
+    )
+    a = args(env)
+    assert (a["data.max_prompt_length"], a["data.max_response_length"]) == ("512", "4096")
+    assert (env.train.max_prompt_length, env.train.max_response_length) == (512, 4096)
+    # longer sequences: fewer of them at once, and each token budget still holds one whole sequence
+    assert env.memory["batch"]["max_num_seqs"] < one.memory["batch"]["max_num_seqs"]
+    assert int(a["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"]) >= 512 + 4096
+    assert not arithmetic(env)
+
+
+def test_a_run_longer_than_the_models_context_is_offered_the_response_that_fits():
+    v = violations("h100", model="Qwen/Qwen2.5-0.5B-Instruct", gpus_per_node=1, max_response_length=40000)
+    fix = v["model-context"].fix
+    assert "(1024 + 40000)" in v["model-context"].what
+    assert fix.startswith("use --max-response-length 31744 "), fix  # 32768 less the 1024-token prompts
+    env = resolved("h100", model="Qwen/Qwen2.5-0.5B-Instruct", gpus_per_node=1, max_response_length=31744)
+    assert env.train.max_prompt_length + env.train.max_response_length == 32768
+
+
+def test_a_memory_refusal_offers_shorter_sequences_as_flags():
+    v = violations(
+        "4090",
+        model="Qwen/Qwen2.5-1.5B-Instruct",
+        algo="grpo",
+        max_prompt_length=4096,
+        max_response_length=16384,
+    )["memory"]
+    assert v.fix.startswith("use --max-prompt-length 2048 --max-response-length 8192 (shorter sequences)"), (
+        v.fix
+    )
+    assert "--matrix-dir" not in v.fix
+    resolved(
+        "4090",
+        model="Qwen/Qwen2.5-1.5B-Instruct",
+        algo="grpo",
+        max_prompt_length=2048,
+        max_response_length=8192,
+    )

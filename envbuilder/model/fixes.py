@@ -79,6 +79,8 @@ def _valid(m: Matrix, flag: str, value: str | None) -> bool:
         "sp": lambda: value.isdigit() and 1 <= int(value) <= 64,
         "host-memory": lambda: value.isdigit() and 1 <= int(value) <= 1 << 20,
         "lora-rank": lambda: value.isdigit() and 0 <= int(value) <= F.LORA_RANK_MAX,
+        "max-prompt-length": lambda: value.isdigit() and F.SEQ_MIN <= int(value) <= F.SEQ_MAX,
+        "max-response-length": lambda: value.isdigit() and F.SEQ_MIN <= int(value) <= F.SEQ_MAX,
         "offload": lambda: all(w in F.OFFLOAD for w in value.split(",")),
     }[flag]()
 

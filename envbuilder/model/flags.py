@@ -21,6 +21,9 @@ OFFLOAD = ("params", "optimizer", "none")
 # the largest LoRA rank vLLM serves (vllm/config/lora.py MaxLoRARanks, which verl 0.9.1's
 # get_vllm_max_lora_rank rounds a rank up to; a larger one raises there)
 LORA_RANK_MAX = 512
+# the bounds of --max-prompt-length and --max-response-length (tokens): the longest contexts of
+# the table's models are 128K; a million bounds a typo, the model's context bounds the run
+SEQ_MIN, SEQ_MAX = 16, 1 << 20
 
 
 class Flag(Record):
@@ -179,6 +182,26 @@ FLAGS: tuple[Flag, ...] = (
         "0 trains every weight. Default: the profile's.",
         "N",
         bounds=(0, LORA_RANK_MAX),
+        fix=True,
+    ),
+    Flag(
+        "max_prompt_length",
+        "--max-prompt-length",
+        INT,
+        "The longest prompt in tokens (verl's data.max_prompt_length; longer prompts are filtered "
+        "out). Default: the profile's. The memory plan, token budgets and vLLM's max_model_len follow.",
+        "TOKENS",
+        bounds=(SEQ_MIN, SEQ_MAX),
+        fix=True,
+    ),
+    Flag(
+        "max_response_length",
+        "--max-response-length",
+        INT,
+        "The longest response in tokens (verl's data.max_response_length). Default: the profile's. "
+        "Prompt + response must fit the model's context; the memory plan follows.",
+        "TOKENS",
+        bounds=(SEQ_MIN, SEQ_MAX),
         fix=True,
     ),
     Flag(

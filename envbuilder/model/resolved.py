@@ -97,6 +97,9 @@ class Overrides(Record):
     host_memory: int | None = None
     # LoRA adapters of this rank in place of training every weight (0: every weight)
     lora_rank: int | None = None
+    # the longest prompt and response a run takes (tokens; verl's data.max_*_length)
+    max_prompt_length: int | None = None
+    max_response_length: int | None = None
     # the PEP 503 index flash-attn's wheel comes from first (model/components/flash_attn.py)
     flash_attn_index: Annotated[str | None, S.URL] = None
     # verl's training engine: fsdp (the default) or megatron (verl.yaml `megatron`), and a

@@ -14,6 +14,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from envbuilder.model import flags as F
 from envbuilder.model.components import Refusal
 from envbuilder.model.components import cuda as CUDA
 from envbuilder.model.components import flash_attn as FA
@@ -156,7 +157,7 @@ def memory_rule(r: Findings, s: Selection) -> None:
             changed["actor_param_offload"] = changes["param_offload"] and s.actor_offload_ok
         return not lora_memory(a, on, changed, algo)[0].problems
 
-    fixes = []
+    host = None
     # without a critic (GRPO: no critic weights, gradients or Adam state) a run fits where
     # the critic's state does not: the seed 4090 report's 7B LoRA run is that case
     grpo = r.m.algorithms.get("grpo")
@@ -179,12 +180,11 @@ def memory_rule(r: Findings, s: Selection) -> None:
         )
     ]
     prompt, response = train["max_prompt_length"], train["max_response_length"]
+    shorter = None
     while prompt + response > 128:
         prompt, response = max(prompt // 2, 32), max(response // 2, 32)
         if fits(max_prompt_length=prompt, max_response_length=response):
-            fixes.append(
-                f"shorter sequences: train.max_prompt_length {prompt} and max_response_length {response}"
-            )
+            shorter = f"--max-prompt-length {prompt} --max-response-length {response} (shorter sequences)"
             break
     # more GPUs shard the state: more of them in the node, up to what a node holds
     # (gpus.yaml max_per_node, else 8), then more nodes (--gpus-per-node, --nodes: flags)
@@ -211,7 +211,7 @@ def memory_rule(r: Findings, s: Selection) -> None:
     )
     if not mem.host.fits:
         need = math.ceil(mem.host.gib / (1 - mem.margin))
-        fixes.insert(0, f"pass --host-memory {need} where each node has {need} GiB for offload")
+        host = f"pass --host-memory {need} where each node has {need} GiB for offload"
     # LoRA adapters in place of every weight (verl's own examples train the largest dense models
     # so; a mixture's experts as vLLM LoRA are not offered: no record here says they serve)
     lora = (
@@ -219,7 +219,7 @@ def memory_rule(r: Findings, s: Selection) -> None:
         if not train.get("lora_rank") and not moe and z.engine != "megatron" and fits(lora_rank=LORA_FIX_RANK)
         else None
     )
-    fix = memory_fix(fixes, smaller, more, bool(critic_free), lora)
+    fix = memory_fix(host, smaller, more, bool(critic_free), lora, shorter)
     if z.megatron_layout:  # (the user's layout: the plan's own may fit)
         own = lora_memory(a, z._replace(megatron_layout=None), train)[0]
         if not own.problems and own.megatron:
@@ -255,22 +255,19 @@ def memory_why(r: Findings, mem: MemoryPlan) -> str:
 
 
 def memory_fix(
-    fixes: list[str],
+    host: str | None,
     smaller: list[tuple[int, str]],
     more: str | None,
     critic_free: bool,
     lora: str | None = None,
+    shorter: str | None = None,
 ) -> str:
     """A memory refusal's fix, cheapest first: GRPO where the critic is what does not fit, the
-    model on a larger world, LoRA adapters of the same model, a smaller model of the table, then
-    more host memory for offload or an overlay's changes (shorter sequences, ...)."""
-    fix = (
-        ("in a --matrix-dir overlay of the profile, " + "; or ".join(fixes))
-        if fixes
-        else "a GPU with more memory"
-    )
-    if fixes and fixes[0].startswith("pass --host-memory"):
-        fix = fixes[0] + (f"; or {'; or '.join(fixes[1:])}" if fixes[1:] else "")
+    model on a larger world, LoRA adapters of the same model, a smaller model of the table,
+    shorter sequences, then more host memory for offload."""
+    fix = host or "a GPU with more memory"
+    if shorter:
+        fix = f"use {shorter}; or {fix}"
     if smaller:  # (a model of the table: --model takes it, and the fix walk checks it)
         fix = f"use --model {smaller[-1][1]} (a smaller model from the table); or {fix}"
     if lora:
@@ -437,13 +434,19 @@ def _rule_model(r: Findings, s: Selection) -> None:
     longest = r.models[t["model"]]["max_position_embeddings"]
     need = t["max_prompt_length"] + t["max_response_length"]
     if need > longest:
+        prompt = t["max_prompt_length"]
+        shorter = (
+            f"use --max-response-length {longest - prompt} (the model's {longest} tokens less the "
+            f"{prompt}-token prompts)"
+            if longest - prompt >= F.SEQ_MIN
+            else f"use --max-prompt-length {longest // 2} --max-response-length {longest - longest // 2}"
+        )
         r.add(
             "model-context",
-            f"{t['model']} reads at most {longest} tokens, but the profile's "
-            f"prompts and responses take {need}",
+            f"{t['model']} reads at most {longest} tokens, but the run's "
+            f"prompts and responses take {need} ({prompt} + {t['max_response_length']})",
             "max_position_embeddings in its config.json bounds prompt + response",
-            "pick a model with a longer context, or shorten train.max_prompt_length and "
-            "max_response_length in a --matrix-dir overlay",
+            f"{shorter}; or a model with a longer context",
             hard=True,
         )
 

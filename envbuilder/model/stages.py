@@ -608,6 +608,9 @@ def world_flags(
         pinned.append("sequence_parallel")
     if ov.host_memory is not None:
         t["host_memory_gib"] = ov.host_memory
+    for key in ("max_prompt_length", "max_response_length"):
+        if getattr(ov, key) is not None:
+            t[key] = getattr(ov, key)
     if ov.lora_rank is not None:
         if ov.lora_rank and e.megatron:
             raise UserError(
