@@ -65,7 +65,9 @@ def plant(kind: str) -> None:
     def planted(*args, **kwargs):
         out = real(*args, **kwargs)
         if kind == "state":
-            out = dict(out, margin=out["margin"] + (os.getpid() % 7 + 1) * 1e-6)
+            # (a residue of 997, not 7: the test needs two of its fresh processes to differ,
+            # which three pids of one residue mod 7 made a 1-in-49 miss)
+            out = dict(out, margin=out["margin"] + (os.getpid() % 997 + 1) * 1e-6)
         elif kind == "write":
             with open(os.path.join(os.getcwd(), "planted.json"), "w") as f:
                 json.dump(out, f, default=str)

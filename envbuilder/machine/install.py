@@ -268,30 +268,34 @@ def _run(
     ended with all it started on Ctrl-C or SIGTERM (cli.main raises both here)."""
     say(f"{name}: {' '.join(cmd)}")
     start = time.monotonic()
-    try:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            errors="replace",
-            env=env,
-            start_new_session=True,
-        )
-    except OSError as e:
-        report.steps.append({"step": name, "ok": False, "seconds": 0.0, "error": str(e)})
-        return False
     tail: list[str] = []
-    assert proc.stdout is not None
+    proc: subprocess.Popen[str] | None = None
+    # (one try from the Popen on: a SIGTERM that lands between the child's start and the read
+    # loop, which a loaded machine makes wide enough to hit, still ends the child's group)
     try:
+        try:
+            proc = subprocess.Popen(
+                cmd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                text=True,
+                errors="replace",
+                env=env,
+                start_new_session=True,
+            )
+        except OSError as e:
+            report.steps.append({"step": name, "ok": False, "seconds": 0.0, "error": str(e)})
+            return False
+        assert proc.stdout is not None
         for raw in proc.stdout:
             line = printable(raw.rstrip())
             say(f"  {line}")
             tail = (tail + [line])[-20:]
         rc = proc.wait()
     except BaseException:
-        stop_group(proc)
+        if proc is not None:
+            stop_group(proc)
         raise
     entry: InstallStep = {"step": name, "ok": rc == 0, "seconds": round(time.monotonic() - start, 1)}
     if rc:
