@@ -82,6 +82,8 @@ def make_wheel(
 _IN_TREE_BACKEND = """\
 import base64, hashlib, os, zipfile
 
+{hook}
+
 def _hash(d):
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b"=").decode()
 
@@ -90,7 +92,8 @@ def get_requires_for_build_wheel(config_settings=None):
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     info = "{dist}-{version}.dist-info"
-    files = {{"{module}/__init__.py": open(os.path.join("{module}", "__init__.py"), "rb").read()}}
+    init = open(os.path.join("{module}", "__init__.py"), "rb").read() + _built()
+    files = {{"{module}/__init__.py": init}}
     files[info + "/METADATA"] = b"Metadata-Version: 2.1\\nName: {name}\\nVersion: {version}\\n"
     files[info + "/WHEEL"] = b"Wheel-Version: 1.0\\nGenerator: standin\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n"
     rec = "".join(p + "," + _hash(d) + "," + str(len(d)) + "\\n" for p, d in files.items())
@@ -101,6 +104,9 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
             z.writestr(zipfile.ZipInfo(p, (2024, 1, 1, 0, 0, 0)), d)
     return name
 """
+# what the in-tree backend's build adds to the module's __init__.py: nothing, unless make_sdist's
+# build_hook defines its own _built() (a stand-in whose build checks what it is built with)
+_NO_HOOK = 'def _built():\n    return b""\n'
 
 
 def make_sdist(
@@ -112,7 +118,7 @@ def make_sdist(
     platform: bool = False,
     requires: tuple[str, ...] = (),
     in_tree_backend: bool = False,
-    backend: str | None = None,
+    build_hook: str | None = None,
 ) -> Path:
     """A real, minimal setuptools sdist laid out like antlr4-python3-runtime 4.9.3's: setup.py
     and PKG-INFO, no pyproject.toml (so a PEP 517 frontend builds it with setuptools'
@@ -121,8 +127,8 @@ def make_sdist(
     CPython and platform tags (cp310-cp310-linux_x86_64) and needs no compiler. `module` is the
     import name (default: the name with _). With `in_tree_backend`, a pyproject.toml names a
     backend inside the sdist that needs nothing (`requires = []`): it builds a pure wheel with no
-    index at all. `backend`: the in-tree backend's own text instead (a stand-in whose build
-    checks what it is built with). Byte-reproducible."""
+    index at all. `build_hook`: code defining `_built()`, run by that backend's build, whose
+    bytes it appends to the module's __init__.py (implies the in-tree backend). Byte-reproducible."""
     import gzip
     import io
     import tarfile
@@ -158,14 +164,12 @@ def make_sdist(
         f"{root}/setup.py": setup_py,
         f"{root}/{module}/__init__.py": f'__version__ = "{version}"  # envbuild test stand-in\n',
     }
-    if in_tree_backend or backend is not None:
+    if in_tree_backend or build_hook is not None:
         contents[f"{root}/pyproject.toml"] = (
             '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n'
         )
-        contents[f"{root}/backend.py"] = (
-            backend
-            if backend is not None
-            else _IN_TREE_BACKEND.format(name=name, version=version, module=module, dist=dist_name(name))
+        contents[f"{root}/backend.py"] = _IN_TREE_BACKEND.format(
+            name=name, version=version, module=module, dist=dist_name(name), hook=build_hook or _NO_HOOK
         )
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:

@@ -277,41 +277,25 @@ def test_a_deepseek_style_moe_plans_on_both_engines():
 # ---- the offline route: the wheelhouse carries PyPI's CUDA compiler ----------------------------
 
 NVCC_SH = '#!/bin/sh\necho "Cuda compilation tools, release 13.0, V13.0.88 (wheelhouse stand-in)"\n'
-# the extension's stand-in sdist: an in-tree backend that builds only with the nvcc of CUDA_HOME
-# (the first on PATH), and records which one it ran and what it said
-TE_BACKEND = """\
-import base64, hashlib, os, shutil, subprocess, zipfile
+# the extension's stand-in sdist: fixture_wheels' in-tree backend, whose build runs only with the
+# nvcc of CUDA_HOME (the first on PATH) and records in the module which one it ran and what it said
+TE_BUILD_HOOK = """\
+import shutil, subprocess
 
-def _hash(d):
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b"=").decode()
-
-def get_requires_for_build_wheel(config_settings=None):
-    return []
-
-def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+def _built():
     nvcc = shutil.which("nvcc")
     assert nvcc == os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc"), (nvcc, os.environ["CUDA_HOME"])
     said = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
     seen = {"nvcc": nvcc, "version": said, "CUDA_HOME": os.environ["CUDA_HOME"],
             "NVTE_CUDA_ARCHS": os.environ.get("NVTE_CUDA_ARCHS"), "CPATH": os.environ.get("CPATH")}
-    info = "transformer_engine_torch-2.12.0.dist-info"
-    files = {"transformer_engine_torch/__init__.py": ("SEEN = " + repr(seen) + "\\n").encode()}
-    files[info + "/METADATA"] = b"Metadata-Version: 2.1\\nName: transformer_engine_torch\\nVersion: 2.12.0\\n"
-    files[info + "/WHEEL"] = b"Wheel-Version: 1.0\\nGenerator: standin\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n"
-    rec = "".join(p + "," + _hash(d) + "," + str(len(d)) + "\\n" for p, d in files.items())
-    files[info + "/RECORD"] = (rec + info + "/RECORD,,\\n").encode()
-    name = "transformer_engine_torch-2.12.0-py3-none-any.whl"
-    with zipfile.ZipFile(os.path.join(wheel_directory, name), "w") as z:
-        for p, d in files.items():
-            z.writestr(zipfile.ZipInfo(p, (2024, 1, 1, 0, 0, 0)), d)
-    return name
+    return ("SEEN = " + repr(seen) + "\\n").encode()
 """
 
 
 def _te_sdist(dest: Path) -> Path:
     from fixture_wheels import make_sdist
 
-    return make_sdist(dest, "transformer_engine_torch", "2.12.0", backend=TE_BACKEND)
+    return make_sdist(dest, "transformer_engine_torch", "2.12.0", build_hook=TE_BUILD_HOOK)
 
 
 def toolchain_wheels(dest: Path) -> dict[str, Path]:
