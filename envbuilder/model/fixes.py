@@ -59,6 +59,10 @@ def _valid(m: Matrix, flag: str, value: str | None) -> bool:
     if value is None:
         return False
     value = value.rstrip(".")
+    decl = _FLAG[flag]
+    if decl.kind == F.INT and decl.bounds:  # (a whole number within the declaration's bounds)
+        lo, hi = decl.bounds
+        return value.isdigit() and lo <= int(value) <= hi
     return {
         "cuda": lambda: value in m.cuda,
         "torch": lambda: value in m.torch,
@@ -73,14 +77,6 @@ def _valid(m: Matrix, flag: str, value: str | None) -> bool:
         "model": lambda: value in m.models,
         "algo": lambda: value in m.algorithms,
         "interconnect": lambda: value in (m.sections.get("interconnects") or {}),
-        "gpus-per-node": lambda: value.isdigit() and 1 <= int(value) <= 64,
-        "nodes": lambda: value.isdigit() and 1 <= int(value) <= 1024,
-        "rollout-tp": lambda: value.isdigit() and 1 <= int(value) <= 64,
-        "sp": lambda: value.isdigit() and 1 <= int(value) <= 64,
-        "host-memory": lambda: value.isdigit() and 1 <= int(value) <= 1 << 20,
-        "lora-rank": lambda: value.isdigit() and 0 <= int(value) <= F.LORA_RANK_MAX,
-        "max-prompt-length": lambda: value.isdigit() and F.SEQ_MIN <= int(value) <= F.SEQ_MAX,
-        "max-response-length": lambda: value.isdigit() and F.SEQ_MIN <= int(value) <= F.SEQ_MAX,
         "offload": lambda: all(w in F.OFFLOAD for w in value.split(",")),
     }[flag]()
 

@@ -21,8 +21,8 @@ OFFLOAD = ("params", "optimizer", "none")
 # the largest LoRA rank vLLM serves (vllm/config/lora.py MaxLoRARanks, which verl 0.9.1's
 # get_vllm_max_lora_rank rounds a rank up to; a larger one raises there)
 LORA_RANK_MAX = 512
-# the bounds of --max-prompt-length and --max-response-length (tokens): the longest contexts of
-# the table's models are 128K; a million bounds a typo, the model's context bounds the run
+# the bounds of --max-prompt-length and --max-response-length (tokens): a million bounds a typo;
+# the model's own context (max_position_embeddings, the model-context rule) bounds the run
 SEQ_MIN, SEQ_MAX = 16, 1 << 20
 
 

@@ -554,8 +554,9 @@ def world_flags(
 ) -> tuple[dict[str, object], tuple[str, ...], dict[str, int] | None]:
     """--rollout-tp, --offload, --sp, --host-memory and --megatron: the choices the memory plan
     would make, made by the user (the plan takes them as given: ClusterPlan.pinned), each
-    checked against the world and the model's heads as vLLM and verl require. A copy of
-    `train` with them, the choices made, and --megatron's layout (None: the plan's)."""
+    checked against the world and the model's heads as vLLM and verl require; and what the plan
+    sizes for, --max-prompt-length, --max-response-length and --lora-rank. A copy of `train`
+    with them, the choices made, and --megatron's layout (None: the plan's)."""
     ov, t = a.ov, dict(train)
     pinned: list[str] = []
     arch = a.models[t["model"]]
